@@ -1,0 +1,36 @@
+# Two entry points for a fresh machine: `make demo` (the main job on real text)
+# and `make test` (the default test suite). Both create .venv when missing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+DEMO   ?= build/demo
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-slow bench clean
+
+$(VENV)/.deps: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -c constraints.txt '.[train,test]'
+	touch $@
+
+# Tests and the demo run against an installed copy of the package (not the source
+# tree), so that missing package data or a wrong package-dir shows up here.
+install: $(VENV)/.deps
+	$(PY) -m pip install -q --no-deps --force-reinstall --no-build-isolation . 2>&1 | grep -v "already satisfied" || true
+	rm -rf build/lib build/bdist* *.egg-info
+
+demo: install
+	DEMO=$(DEMO) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
+
+test: install
+	$(VENV)/bin/pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: install
+	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/pipeline.py
+
+clean:
+	rm -rf $(VENV) build

@@ -1,0 +1,49 @@
+"""The ``seqcache`` command line (click).
+
+Each command lives in its own module under ``seqcache/commands``; this module only
+assembles the group. Commands import heavy dependencies (Beam, JAX) lazily so that
+``seqcache --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from seqcache import __version__
+
+# (module under seqcache.commands, attribute): every command the CLI offers.
+_COMMANDS = (
+    ("build", "build"),
+    ("inspect", "info"),
+    ("inspect", "show"),
+    ("inspect", "verify"),
+    ("inspect", "tasks_cmd"),
+    ("vocab", "vocab"),
+    ("which", "which"),
+    ("train", "train"),
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="seqcache")
+def main():
+    """Deterministic token caches and exactly-once feeders for LM training."""
+
+
+def _register():
+    for module_name, attr in _COMMANDS:
+        try:
+            module = importlib.import_module(f"seqcache.commands.{module_name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"seqcache.commands.{module_name}":
+                continue  # an area that is not installed in this build
+            raise
+        main.add_command(getattr(module, attr))
+
+
+_register()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,369 @@
+"""The on-disk cache format, version 1: record encoding and the manifest.
+
+This module is shared by the writer (``seqcache.pipelines``) and the readers
+(``seqcache.feeders``, the CLI). It imports neither Beam nor JAX.
+
+Layout of one cache (one task, one split)::
+
+    CACHE_DIR/<task>/<split>/
+        manifest.json                                 written last, atomically
+        data.array_record-00000-of-00004              examples, in cache order
+        provenance.array_record-00000-of-00004        one record per example
+
+Record encoding (``encode_example`` / ``decode_example``): the features of the
+record, in manifest order, each as a little-endian ``uint32`` element count
+followed by that many elements of the feature's dtype, little-endian. There is no
+padding and no per-record header; the manifest says which features, in which order,
+with which dtypes. Decoding is ``numpy.frombuffer`` over the record bytes, without
+copying. No pickle anywhere.
+
+The byte layout is documented in docs/cache-format.md; changing it needs a
+``FORMAT_VERSION`` bump.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+FORMAT_NAME = "seqcache"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+DATA_PREFIX = "data"
+PROVENANCE_PREFIX = "provenance"
+QUARANTINE_NAME = "quarantine.jsonl"
+
+# ArrayRecord writer options, pinned: group_size:1 makes every record its own
+# chunk so that random access reads exactly one record's bytes. Token records are
+# incompressible enough at chunk size 1 that compression costs more CPU than it
+# saves bytes; see benchmarks/ for the measurement.
+WRITER_OPTIONS = "group_size:1,uncompressed"
+
+_DTYPES = {
+    "int8": "<i1",
+    "uint8": "<u1",
+    "int16": "<i2",
+    "uint16": "<u2",
+    "int32": "<i4",
+    "uint32": "<u4",
+    "int64": "<i8",
+    "uint64": "<u8",
+    "float32": "<f4",
+}
+
+_LEN = np.dtype("<u4")
+_SHARD_RE = re.compile(r"^(?P<prefix>[a-z_]+)\.array_record-(?P<index>\d{5})-of-(?P<count>\d{5})$")
+
+
+class CacheError(Exception):
+    """A cache on disk is missing, incomplete, corrupt or does not match."""
+
+
+class IncompleteCacheError(CacheError):
+    """The cache folder has no manifest: a build did not finish."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+    """One feature of a cached record.
+
+    Attributes:
+      name: feature name, e.g. ``"targets"`` or ``"targets_segment_ids"``.
+      dtype: one of int8, uint8, int16, uint16, int32, uint32, int64, uint64, float32.
+    """
+
+    name: str
+    dtype: str
+
+    def __post_init__(self):
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"feature {self.name!r}: unsupported dtype {self.dtype!r} (expected one of {sorted(_DTYPES)})")
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(_DTYPES[self.dtype])
+
+
+# Provenance sidecar: one record per example, one element per segment.
+#   source_index:  index into manifest["sources"] (the source file table)
+#   record_number: 0-based record number inside that file (line, JSON line, row)
+#   token_offset:  offset, in tokens of the primary feature after preprocessing,
+#                  at which this segment starts inside its source record (non-zero
+#                  when language-model packing split a long document)
+PROVENANCE_FEATURES = (
+    FeatureSpec("source_index", "uint32"),
+    FeatureSpec("record_number", "uint64"),
+    FeatureSpec("token_offset", "uint32"),
+)
+
+
+def shard_name(prefix: str, index: int, count: int) -> str:
+    """``data.array_record-00003-of-00064`` for prefix ``data``, index 3, count 64."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard index {index} out of range for {count} shards")
+    return f"{prefix}.array_record-{index:05d}-of-{count:05d}"
+
+
+def encode_example(specs: Sequence[FeatureSpec], example: Mapping[str, Any]) -> bytes:
+    """Encodes one example as record bytes (see module docstring).
+
+    Args:
+      specs: the features, in manifest order.
+      example: feature name -> 1-D array-like of that feature's elements.
+
+    Raises:
+      KeyError: a feature of ``specs`` is missing from ``example``.
+      ValueError: a value is not 1-D or does not fit the feature's dtype.
+    """
+    parts = []
+    for spec in specs:
+        try:
+            value = example[spec.name]
+        except KeyError:
+            raise KeyError(f"example has no feature {spec.name!r} (has {sorted(example)})") from None
+        arr = np.asarray(value)
+        if arr.ndim != 1:
+            raise ValueError(f"feature {spec.name!r} must be 1-D (got shape {arr.shape})")
+        target = spec.np_dtype
+        if arr.dtype != target:
+            if arr.size and arr.dtype.kind in "iu" and target.kind in "iu":
+                info = np.iinfo(target)
+                lo, hi = int(arr.min()), int(arr.max())
+                if lo < info.min or hi > info.max:
+                    raise ValueError(
+                        f"feature {spec.name!r}: values in [{lo}, {hi}] do not fit {spec.dtype}"
+                    )
+            arr = arr.astype(target)
+        parts.append(np.uint32(arr.size).astype(_LEN).tobytes())
+        parts.append(arr.tobytes())
+    return b"".join(parts)
+
+
+def decode_example(specs: Sequence[FeatureSpec], record: bytes, *, where: str = "record") -> dict[str, np.ndarray]:
+    """Decodes record bytes into read-only numpy views (no copy).
+
+    Args:
+      specs: the features, in manifest order.
+      record: the record bytes.
+      where: a description of the record for error messages (file and index).
+
+    Returns:
+      feature name -> 1-D array of the feature's dtype.
+
+    Raises:
+      CacheError: the record is truncated or has trailing bytes.
+    """
+    out = {}
+    offset = 0
+    size = len(record)
+    for spec in specs:
+        if offset + 4 > size:
+            raise CacheError(f"{where}: truncated record: no length for feature {spec.name!r} at byte {offset} of {size}")
+        (n,) = np.frombuffer(record, dtype=_LEN, count=1, offset=offset)
+        offset += 4
+        nbytes = int(n) * spec.np_dtype.itemsize
+        if offset + nbytes > size:
+            raise CacheError(
+                f"{where}: truncated record: feature {spec.name!r} needs {nbytes} bytes at byte {offset}, record has {size}"
+            )
+        out[spec.name] = np.frombuffer(record, dtype=spec.np_dtype, count=int(n), offset=offset)
+        offset += nbytes
+    if offset != size:
+        raise CacheError(f"{where}: {size - offset} trailing bytes after the last feature")
+    return out
+
+
+def file_sha256(path: str, chunk_bytes: int = 1 << 22) -> str:
+    """Hex sha256 of a local file, read in chunks (memory does not grow with size)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk_bytes)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def canonical_json(obj: Any) -> bytes:
+    """JSON with sorted keys and no whitespace: the input of every fingerprint."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def fingerprint_of(obj: Any) -> str:
+    """sha256 (hex) of the canonical JSON of ``obj``."""
+    return hashlib.sha256(canonical_json(obj)).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """One shard file as the manifest records it."""
+
+    file: str
+    num_records: int
+    num_bytes: int
+    sha256: str
+    provenance_file: str
+    provenance_num_bytes: int
+    provenance_sha256: str
+
+
+@dataclasses.dataclass
+class Manifest:
+    """The parsed manifest.json of one cache. See docs/cache-format.md for fields."""
+
+    task: str
+    split: str
+    fingerprint: str
+    features: tuple[FeatureSpec, ...]
+    shards: tuple[ShardInfo, ...]
+    raw: dict
+
+    @property
+    def num_examples(self) -> int:
+        return sum(s.num_records for s in self.shards)
+
+    @property
+    def shard_starts(self) -> np.ndarray:
+        """int64 array (num_shards + 1,): global index of each shard's first record, then the total."""
+        counts = np.array([s.num_records for s in self.shards], dtype=np.int64)
+        return np.concatenate([[0], np.cumsum(counts)])
+
+    @property
+    def sources(self) -> list[dict]:
+        return self.raw.get("sources", [])
+
+    @property
+    def vocabularies(self) -> dict:
+        return self.raw.get("vocabularies", {})
+
+    @property
+    def sequence_length(self) -> dict | None:
+        return self.raw.get("sequence_length")
+
+    @property
+    def statistics(self) -> dict:
+        return self.raw.get("statistics", {})
+
+    def to_json(self) -> str:
+        return json.dumps(self.raw, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+
+
+def _require(cond: bool, path: str, message: str):
+    if not cond:
+        raise CacheError(f"{path}: {message}")
+
+
+def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME) -> Manifest:
+    """Validates a manifest dict and returns a ``Manifest``.
+
+    Raises:
+      CacheError: wrong format name or version, missing fields, or a shard name
+        that is not a plain file name of this cache (for instance one that leads
+        outside the cache folder).
+    """
+    _require(isinstance(raw, dict), path, "manifest is not a JSON object")
+    _require(raw.get("format") == FORMAT_NAME, path, f"format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
+    version = raw.get("format_version")
+    _require(
+        version == FORMAT_VERSION,
+        path,
+        f"format_version is {version!r}, this seqcache reads version {FORMAT_VERSION}",
+    )
+    for key in ("task", "split", "fingerprint", "features", "shards"):
+        _require(key in raw, path, f"missing field {key!r}")
+    try:
+        features = tuple(FeatureSpec(f["name"], f["dtype"]) for f in raw["features"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CacheError(f"{path}: bad features entry: {e}") from None
+    shards = []
+    count = len(raw["shards"])
+    for i, s in enumerate(raw["shards"]):
+        try:
+            info = ShardInfo(
+                file=s["file"],
+                num_records=int(s["num_records"]),
+                num_bytes=int(s["num_bytes"]),
+                sha256=s["sha256"],
+                provenance_file=s["provenance_file"],
+                provenance_num_bytes=int(s["provenance_num_bytes"]),
+                provenance_sha256=s["provenance_sha256"],
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CacheError(f"{path}: shard {i}: bad entry: {e}") from None
+        for name, prefix in ((info.file, DATA_PREFIX), (info.provenance_file, PROVENANCE_PREFIX)):
+            _require(
+                name == os.path.basename(name) and name not in (".", "..") and "/" not in name and "\\" not in name,
+                path,
+                f"shard {i}: file name {name!r} is not a plain file name inside the cache folder",
+            )
+            _require(
+                name == shard_name(prefix, i, count),
+                path,
+                f"shard {i}: file name {name!r}, expected {shard_name(prefix, i, count)!r}",
+            )
+        _require(info.num_records >= 0, path, f"shard {i}: negative num_records {info.num_records}")
+        shards.append(info)
+    return Manifest(
+        task=raw["task"],
+        split=raw["split"],
+        fingerprint=raw["fingerprint"],
+        features=features,
+        shards=tuple(shards),
+        raw=raw,
+    )
+
+
+def read_manifest(cache_dir: str) -> Manifest:
+    """Reads and validates ``cache_dir/manifest.json``.
+
+    Raises:
+      IncompleteCacheError: there is no manifest (an unfinished build, or not a cache).
+      CacheError: the manifest is not valid JSON or not a valid manifest.
+    """
+    path = os.path.join(cache_dir, MANIFEST_NAME)
+    if not os.path.exists(path):
+        if os.path.isdir(cache_dir):
+            raise IncompleteCacheError(
+                f"{cache_dir}: no {MANIFEST_NAME}: the cache is incomplete (an unfinished or failed build) "
+                "or this is not a cache folder; re-run the build"
+            )
+        raise IncompleteCacheError(f"{cache_dir}: no such cache folder")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CacheError(f"{path}: cannot read manifest: {e}") from None
+    return parse_manifest(raw, path=path)
+
+
+def check_shard_files(cache_dir: str, manifest: Manifest) -> None:
+    """Cheap integrity checks run whenever a cache is opened: every shard file
+    exists and has the byte size the manifest records. Full checksums are
+    ``verify_cache``'s job.
+
+    Raises:
+      CacheError: naming the file, the expected and the actual value.
+    """
+    for s in manifest.shards:
+        for name, size in ((s.file, s.num_bytes), (s.provenance_file, s.provenance_num_bytes)):
+            p = os.path.join(cache_dir, name)
+            try:
+                actual = os.path.getsize(p)
+            except OSError:
+                raise CacheError(f"{p}: shard file is missing (the manifest lists it with {size} bytes)") from None
+            if actual != size:
+                raise CacheError(f"{p}: shard file has {actual} bytes, the manifest expects {size}")
+
+
+def iter_json_lines(path: str) -> Iterable[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)

@@ -1,0 +1,301 @@
+"""Writing cache shards and the manifest.
+
+A shard is written under a temporary name, checksummed while it is written, and
+moved into place only when complete; the manifest is written last, atomically, by
+the driver. A folder without manifest.json is never read as a cache (G7).
+
+Paths that are not local (gs://, s3://, hdfs://) go through Beam's FileSystems:
+ArrayRecord writes a local temporary file that is then copied to its destination.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Iterable, Mapping, Sequence
+
+from array_record.python.array_record_module import ArrayRecordWriter
+
+from seqcache import __version__
+from seqcache import format as fmt
+
+TMP_DIR_NAME = "_tmp"
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def join(base: str, *parts: str) -> str:
+    if is_local(base):
+        return os.path.join(_local(base), *parts)
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.join(base, *parts)
+
+
+def exists(path: str) -> bool:
+    if is_local(path):
+        return os.path.exists(_local(path))
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.exists(path)
+
+
+def makedirs(path: str) -> None:
+    if is_local(path):
+        os.makedirs(_local(path), exist_ok=True)
+    # Object stores have no folders: nothing to create.
+
+
+def read_text(path: str) -> str:
+    if is_local(path):
+        with open(_local(path), encoding="utf-8") as f:
+            return f.read()
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as f:
+        return f.read().decode("utf-8")
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Writes ``data`` to ``path`` so that readers see either nothing or all of it."""
+    if is_local(path):
+        path = _local(path)
+        d = os.path.dirname(path) or "."
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return
+    from apache_beam.io.filesystems import FileSystems
+
+    # Object stores make a finished upload visible at once: create() then close()
+    # publishes the whole object or nothing.
+    with FileSystems.create(path) as f:
+        f.write(data)
+
+
+def move_into_place(local_tmp: str, dest: str) -> None:
+    """Moves a finished local file to ``dest`` (local rename, or upload then delete)."""
+    if is_local(dest):
+        os.replace(local_tmp, _local(dest))
+        return
+    from apache_beam.io.filesystems import FileSystems
+
+    with open(local_tmp, "rb") as src, FileSystems.create(dest) as out:
+        shutil.copyfileobj(src, out, length=1 << 22)
+    os.unlink(local_tmp)
+
+
+def remove_tree(path: str) -> None:
+    if is_local(path):
+        shutil.rmtree(_local(path), ignore_errors=True)
+        return
+    from apache_beam.io.filesystems import FileSystems
+
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+
+
+class _HashingArrayRecordFile:
+    """An ArrayRecord file being written at a local temporary path."""
+
+    def __init__(self, local_path: str):
+        self.path = local_path
+        self.writer = ArrayRecordWriter(local_path, fmt.WRITER_OPTIONS)
+        self.num_records = 0
+
+    def write(self, record: bytes) -> None:
+        self.writer.write(record)
+        self.num_records += 1
+
+    def close(self) -> tuple[int, str]:
+        """Closes the file; returns (size in bytes, sha256 hex)."""
+        self.writer.close()
+        return os.path.getsize(self.path), fmt.file_sha256(self.path)
+
+
+def write_shard(
+    cache_dir: str,
+    *,
+    index: int,
+    num_shards: int,
+    features: Sequence[fmt.FeatureSpec],
+    examples: Iterable[tuple[Mapping[str, Any], Sequence[tuple[int, int, int]]]],
+    local_tmp_dir: str | None = None,
+) -> dict:
+    """Writes one data shard and its provenance sidecar into ``cache_dir``.
+
+    Args:
+      cache_dir: the cache folder (local or gs://...); it must exist.
+      index, num_shards: which shard this is.
+      features: the record features, in manifest order.
+      examples: (example, provenance) pairs in cache order. ``example`` maps feature
+        name -> 1-D array; ``provenance`` is a list, one per segment, of
+        (source_index, record_number, token_offset).
+      local_tmp_dir: where the local temporary files go (default: the cache folder
+        itself when local, else the system temp folder).
+
+    Returns:
+      The shard's manifest entry (a dict, see ``seqcache.format.ShardInfo``).
+
+    Both files are written under temporary names and moved into place only when
+    complete, so a killed worker leaves no file with a final name.
+    """
+    data_name = fmt.shard_name(fmt.DATA_PREFIX, index, num_shards)
+    prov_name = fmt.shard_name(fmt.PROVENANCE_PREFIX, index, num_shards)
+    if local_tmp_dir is None:
+        local_tmp_dir = _local(cache_dir) if is_local(cache_dir) else tempfile.gettempdir()
+    os.makedirs(local_tmp_dir, exist_ok=True)
+    # A unique temporary name per attempt: a retried bundle never collides with a
+    # half-written file of an earlier attempt.
+    token = os.urandom(6).hex()
+    data_tmp = os.path.join(local_tmp_dir, f".tmp-{token}-{data_name}")
+    prov_tmp = os.path.join(local_tmp_dir, f".tmp-{token}-{prov_name}")
+    data = _HashingArrayRecordFile(data_tmp)
+    prov = _HashingArrayRecordFile(prov_tmp)
+    try:
+        for example, provenance in examples:
+            data.write(fmt.encode_example(features, example))
+            cols = list(zip(*provenance)) if provenance else ([], [], [])
+            prov.write(
+                fmt.encode_example(
+                    fmt.PROVENANCE_FEATURES,
+                    {"source_index": cols[0], "record_number": cols[1], "token_offset": cols[2]},
+                )
+            )
+        data_bytes, data_sha = data.close()
+        prov_bytes, prov_sha = prov.close()
+        move_into_place(data_tmp, join(cache_dir, data_name))
+        move_into_place(prov_tmp, join(cache_dir, prov_name))
+    except BaseException:
+        for p in (data_tmp, prov_tmp):
+            if os.path.exists(p):
+                os.unlink(p)
+        raise
+    return {
+        "file": data_name,
+        "num_records": data.num_records,
+        "num_bytes": data_bytes,
+        "sha256": data_sha,
+        "provenance_file": prov_name,
+        "provenance_num_bytes": prov_bytes,
+        "provenance_sha256": prov_sha,
+    }
+
+
+def build_manifest(
+    *,
+    task: str,
+    split: str,
+    fingerprint: str,
+    fingerprint_inputs: Mapping[str, Any],
+    features: Sequence[Mapping[str, Any]],
+    shards: Sequence[Mapping[str, Any]],
+    sources: Sequence[Mapping[str, Any]],
+    statistics: Mapping[str, Any],
+    seed: int,
+    sequence_length: Mapping[str, int] | None,
+    packing: str | None,
+    vocabularies: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> dict:
+    """Assembles manifest.json's content (see docs/cache-format.md, field by field)."""
+    raw = {
+        "format": fmt.FORMAT_NAME,
+        "format_version": fmt.FORMAT_VERSION,
+        "task": task,
+        "split": split,
+        "fingerprint": fingerprint,
+        "seed": seed,
+        "sequence_length": dict(sequence_length) if sequence_length else None,
+        "packing": packing,
+        "writer_options": fmt.WRITER_OPTIONS,
+        "record_encoding": "features in manifest order; each a little-endian uint32 count then the elements, little-endian",
+        "features": [dict(f) for f in features],
+        "vocabularies": dict(vocabularies),
+        "num_examples": int(sum(int(s["num_records"]) for s in shards)),
+        "shards": [dict(s) for s in shards],
+        "statistics": dict(statistics),
+        "sources": [dict(s) for s in sources],
+        "fingerprint_inputs": dict(fingerprint_inputs),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seqcache_version": __version__,
+    }
+    if extra:
+        raw.update(extra)
+    fmt.parse_manifest(raw)  # never write a manifest the readers would refuse
+    return raw
+
+
+def write_manifest(cache_dir: str, raw: Mapping[str, Any]) -> None:
+    """Writes manifest.json atomically: the last step of every build."""
+    data = (json.dumps(raw, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    write_bytes_atomic(join(cache_dir, fmt.MANIFEST_NAME), data)
+
+
+def write_cache(
+    cache_dir: str,
+    *,
+    task: str,
+    split: str,
+    features: Sequence[fmt.FeatureSpec],
+    shards: Sequence[Sequence[tuple[Mapping[str, Any], Sequence[tuple[int, int, int]]]]],
+    sources: Sequence[Mapping[str, Any]] = (),
+    seed: int = 0,
+    sequence_length: Mapping[str, int] | None = None,
+    packing: str | None = None,
+    vocabularies: Mapping[str, Any] | None = None,
+    fingerprint_inputs: Mapping[str, Any] | None = None,
+) -> fmt.Manifest:
+    """Writes a whole cache from in-memory examples, already in cache order.
+
+    For small caches and tests; the Beam pipeline writes shards in parallel with
+    ``write_shard`` and then calls ``build_manifest`` / ``write_manifest``.
+    The fingerprint is the sha256 of ``fingerprint_inputs`` (default: the task,
+    split, seed and a hash of every record).
+    """
+    makedirs(cache_dir)
+    entries = []
+    digest = hashlib.sha256()
+    for i, shard in enumerate(shards):
+        shard = list(shard)
+        for example, _ in shard:
+            digest.update(fmt.encode_example(features, example))
+        entries.append(
+            write_shard(cache_dir, index=i, num_shards=len(shards), features=features, examples=shard)
+        )
+    inputs = dict(fingerprint_inputs or {"task": task, "split": split, "seed": seed, "records": digest.hexdigest()})
+    raw = build_manifest(
+        task=task,
+        split=split,
+        fingerprint=fmt.fingerprint_of(inputs),
+        fingerprint_inputs=inputs,
+        features=[{"name": f.name, "dtype": f.dtype} for f in features],
+        shards=entries,
+        sources=list(sources),
+        statistics={"num_examples": sum(e["num_records"] for e in entries)},
+        seed=seed,
+        sequence_length=sequence_length,
+        packing=packing,
+        vocabularies=vocabularies or {},
+    )
+    write_manifest(cache_dir, raw)
+    return fmt.parse_manifest(raw)

@@ -26,39 +26,40 @@ from seqcache import format as fmt
 TMP_DIR_NAME = "_tmp"
 
 
-def is_local(path: str) -> bool:
+def islocal_path(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
 
 
-def _local(path: str) -> str:
+def local_path(path: str) -> str:
+    """The local file system path of a local path or file:// URL."""
     return path[len("file://"):] if path.startswith("file://") else path
 
 
 def join(base: str, *parts: str) -> str:
-    if is_local(base):
-        return os.path.join(_local(base), *parts)
+    if islocal_path(base):
+        return os.path.join(local_path(base), *parts)
     from apache_beam.io.filesystems import FileSystems
 
     return FileSystems.join(base, *parts)
 
 
 def exists(path: str) -> bool:
-    if is_local(path):
-        return os.path.exists(_local(path))
+    if islocal_path(path):
+        return os.path.exists(local_path(path))
     from apache_beam.io.filesystems import FileSystems
 
     return FileSystems.exists(path)
 
 
 def makedirs(path: str) -> None:
-    if is_local(path):
-        os.makedirs(_local(path), exist_ok=True)
+    if islocal_path(path):
+        os.makedirs(local_path(path), exist_ok=True)
     # Object stores have no folders: nothing to create.
 
 
 def read_text(path: str) -> str:
-    if is_local(path):
-        with open(_local(path), encoding="utf-8") as f:
+    if islocal_path(path):
+        with open(local_path(path), encoding="utf-8") as f:
             return f.read()
     from apache_beam.io.filesystems import FileSystems
 
@@ -68,8 +69,8 @@ def read_text(path: str) -> str:
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path`` so that readers see either nothing or all of it."""
-    if is_local(path):
-        path = _local(path)
+    if islocal_path(path):
+        path = local_path(path)
         d = os.path.dirname(path) or "."
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
         try:
@@ -94,8 +95,8 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
 
 def move_into_place(local_tmp: str, dest: str) -> None:
     """Moves a finished local file to ``dest`` (local rename, or upload then delete)."""
-    if is_local(dest):
-        os.replace(local_tmp, _local(dest))
+    if islocal_path(dest):
+        os.replace(local_tmp, local_path(dest))
         return
     from apache_beam.io.filesystems import FileSystems
 
@@ -105,8 +106,8 @@ def move_into_place(local_tmp: str, dest: str) -> None:
 
 
 def remove_tree(path: str) -> None:
-    if is_local(path):
-        shutil.rmtree(_local(path), ignore_errors=True)
+    if islocal_path(path):
+        shutil.rmtree(local_path(path), ignore_errors=True)
         return
     from apache_beam.io.filesystems import FileSystems
 
@@ -162,7 +163,7 @@ def write_shard(
     data_name = fmt.shard_name(fmt.DATA_PREFIX, index, num_shards)
     prov_name = fmt.shard_name(fmt.PROVENANCE_PREFIX, index, num_shards)
     if local_tmp_dir is None:
-        local_tmp_dir = _local(cache_dir) if is_local(cache_dir) else tempfile.gettempdir()
+        local_tmp_dir = local_path(cache_dir) if islocal_path(cache_dir) else tempfile.gettempdir()
     os.makedirs(local_tmp_dir, exist_ok=True)
     # A unique temporary name per attempt: a retried bundle never collides with a
     # half-written file of an earlier attempt.

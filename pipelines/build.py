@@ -1,0 +1,510 @@
+"""The deterministic cache build: a Beam pipeline and its driver.
+
+Data flow (DESIGN.md, Data flow)::
+
+    files ──Reshuffle──> read + preprocess in batches ──(shard, [values])──> GroupByKey
+      ──> sort each shard by (key, sub-index, bytes, provenance) ──> [pack] ──> write shard
+    driver: verify every shard, add empty shards, write manifest.json last
+
+The pipeline runs on Beam's DirectRunner by default and unchanged on any other
+runner: every pipeline option passes through. Workers get everything they need
+pickled with the DoFns (the task, its source and vocabularies; SentencePiece
+vocabularies pickle their model bytes), so fresh worker processes need no access
+to the driver's files except the corpus itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from seqcache import format as fmt
+from seqcache.pipelines import shuffle, writer
+
+log = logging.getLogger(__name__)
+
+STATS_PREFIX = "shard-stats-"
+
+
+class BuildError(Exception):
+    """A build cannot start or cannot finish (the message says why and what to do)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildConfig:
+    """The options that define a cache. Every field is part of the fingerprint.
+
+    Attributes:
+      split: split name, the last folder of the cache path (``<task>/<split>``).
+      seed: shuffle seed in [0, 2**64); also seeds random preprocessing per record.
+      sequence_length: feature name -> length in tokens; used by ``trim`` and by
+        packing. None leaves examples at their natural length.
+      num_shards: shard count; None derives it from the corpus size
+        (``shuffle.choose_num_shards``, about 128 MiB of raw text per shard).
+    """
+
+    split: str = "train"
+    seed: int = 0
+    sequence_length: Mapping[str, int] | None = None
+    num_shards: int | None = None
+
+    def __post_init__(self):
+        shuffle.seed_key(self.seed)  # validates the range
+        if self.num_shards is not None and self.num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1 (got {self.num_shards})")
+        if not self.split or "/" in self.split or self.split in (".", ".."):
+            raise ValueError(f"split must be a plain name (got {self.split!r})")
+
+
+@dataclasses.dataclass
+class BuildResult:
+    """What ``build_task`` did: the cache folder, its manifest, and whether an
+    existing cache with the same fingerprint was reused without work."""
+
+    cache_dir: str
+    manifest: fmt.Manifest
+    reused: bool
+    seconds: float
+
+
+def _features_in(task) -> list[fmt.FeatureSpec]:
+    return [fmt.FeatureSpec(name, f.dtype) for name, f in task.output_features.items()]
+
+
+def _features_out(task) -> list[fmt.FeatureSpec]:
+    specs = _features_in(task)
+    if task.packing == "lm":
+        (name,) = task.output_features
+        specs += [fmt.FeatureSpec(f"{name}_segment_ids", "int32"), fmt.FeatureSpec(f"{name}_positions", "int32")]
+    return specs
+
+
+def _check_task(task, config: BuildConfig) -> None:
+    if task.packing not in (None, "lm"):
+        raise BuildError(f"task {task.name!r}: unknown packing {task.packing!r} (expected None or 'lm')")
+    if task.packing == "lm":
+        if len(task.output_features) != 1:
+            raise BuildError(
+                f"task {task.name!r}: packing='lm' needs exactly one output feature (has {sorted(task.output_features)})"
+            )
+        (name,) = task.output_features
+        if not config.sequence_length or name not in config.sequence_length:
+            raise BuildError(
+                f"task {task.name!r}: packing='lm' needs a sequence length for feature {name!r} "
+                f"(pass --sequence-length {name}=N)"
+            )
+
+
+class _ReadAndPreprocess:
+    """Reads one source file, preprocesses its records in batches, and emits
+    ``(shard, [values])`` with one list per shard per batch (few, large elements:
+    the DirectRunner's per-element cost is high).
+
+    A value is ``(key, sub_index, example_bytes, file_index, record_number,
+    truncated_tokens)``.
+    """
+
+    def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=512):
+        self.task = task
+        self.seed = seed
+        self.sequence_length = dict(sequence_length) if sequence_length else None
+        self.num_shards = num_shards
+        self.batch_records = batch_records
+        self.features = _features_in(task)
+
+    def __call__(self, file_entry):
+        import apache_beam as beam
+
+        file_index, path = file_entry
+        key = shuffle.seed_key(self.seed)
+        records_read = beam.metrics.Metrics.counter("seqcache", "records_read")
+        examples_out = beam.metrics.Metrics.counter("seqcache", "examples")
+        batch = []
+        for record in self.task.source.read_file(file_index, path):
+            batch.append(record)
+            if len(batch) >= self.batch_records:
+                records_read.inc(len(batch))
+                yield from self._flush(batch, key, examples_out)
+                batch = []
+        if batch:
+            records_read.inc(len(batch))
+            yield from self._flush(batch, key, examples_out)
+
+    def _flush(self, records, key, examples_out):
+        keys = [shuffle.record_key(r.raw, key) for r in records]
+        out = self.task.preprocess_batch(records, keys, seed=self.seed, sequence_length=self.sequence_length)
+        per_shard = collections.defaultdict(list)
+        sub_index = collections.Counter()
+        for idx, example in out:
+            record = records[idx]
+            k = keys[idx]
+            truncated = int(example.pop("_truncated_tokens", 0) or 0)
+            j = sub_index[idx]
+            sub_index[idx] += 1
+            try:
+                data = fmt.encode_example(self.features, example)
+            except (KeyError, ValueError) as e:
+                raise ValueError(
+                    f"task {self.task.name!r}: file {record.file_index} record {record.record_number}: {e}"
+                ) from None
+            per_shard[shuffle.shard_of(k, self.num_shards)].append(
+                (k, j, data, record.file_index, record.record_number, truncated)
+            )
+        examples_out.inc(len(out))
+        for shard, values in per_shard.items():
+            yield shard, values
+
+
+class _WriteShard:
+    """Sorts one shard's values, packs them if the task packs, writes the shard
+    and its provenance sidecar, and leaves a statistics file for the driver."""
+
+    def __init__(self, task, *, out_dir, stats_dir, num_shards, sequence_length):
+        self.task_name = task.name
+        self.packing = task.packing
+        self.features_in = _features_in(task)
+        self.features_out = _features_out(task)
+        self.pack_feature = next(iter(task.output_features)) if task.packing == "lm" else None
+        self.pack_length = int(sequence_length[self.pack_feature]) if self.pack_feature else None
+        self.out_dir = out_dir
+        self.stats_dir = stats_dir
+        self.num_shards = num_shards
+
+    def __call__(self, element):
+        shard, groups = element
+        values = [v for group in groups for v in group]
+        # A total order that does not depend on arrival order (see shuffle.py).
+        values.sort(key=lambda v: (v[0], v[1], v[2], v[3], v[4]))
+        stats = _ShardStats(self.features_out)
+        stats.source_examples = len(values)
+        stats.truncated_tokens = sum(v[5] for v in values)
+
+        def unpacked():
+            for v in values:
+                example = fmt.decode_example(self.features_in, v[2])
+                stats.add(example, 1)
+                yield example, [(v[3], v[4], 0)]
+
+        def packed():
+            from seqcache.tasks import pack_lm
+
+            stream = ((fmt.decode_example(self.features_in, v[2]), (v[3], v[4])) for v in values)
+            for example, segments in pack_lm(stream, feature=self.pack_feature, sequence_length=self.pack_length):
+                stats.add(example, len(segments))
+                yield example, [(prov[0], prov[1], offset) for prov, offset in segments]
+
+        entry = writer.write_shard(
+            self.out_dir,
+            index=shard,
+            num_shards=self.num_shards,
+            features=self.features_out,
+            examples=packed() if self.packing == "lm" else unpacked(),
+        )
+        payload = {"shard": entry, "statistics": stats.to_json()}
+        writer.write_bytes_atomic(
+            writer.join(self.stats_dir, f"{STATS_PREFIX}{shard:05d}.json"), json.dumps(payload).encode("utf-8")
+        )
+        yield shard
+
+
+class _ShardStats:
+    def __init__(self, features):
+        self.names = [f.name for f in features if not f.name.endswith(("_segment_ids", "_positions"))]
+        self.examples = 0
+        self.segments = 0
+        self.source_examples = 0
+        self.truncated_tokens = 0
+        self.tokens = dict.fromkeys(self.names, 0)
+        self.max_length = dict.fromkeys(self.names, 0)
+
+    def add(self, example, segments):
+        self.examples += 1
+        self.segments += segments
+        for name in self.names:
+            n = int(example[name].size)
+            self.tokens[name] += n
+            if n > self.max_length[name]:
+                self.max_length[name] = n
+
+    def to_json(self):
+        return {
+            "examples": self.examples,
+            "segments": self.segments,
+            "source_examples": self.source_examples,
+            "truncated_tokens": self.truncated_tokens,
+            "tokens": self.tokens,
+            "max_length": self.max_length,
+        }
+
+
+def _merge_stats(per_shard: Sequence[Mapping[str, Any]], records_read: int | None) -> dict:
+    names = sorted({n for s in per_shard for n in s["tokens"]})
+    examples = sum(s["examples"] for s in per_shard)
+    tokens = {n: sum(s["tokens"].get(n, 0) for s in per_shard) for n in names}
+    out = {
+        "examples": examples,
+        "segments": sum(s["segments"] for s in per_shard),
+        "source_examples": sum(s["source_examples"] for s in per_shard),
+        "tokens": tokens,
+        "max_length": {n: max((s["max_length"].get(n, 0) for s in per_shard), default=0) for n in names},
+        "mean_length": {n: (tokens[n] / examples if examples else 0.0) for n in names},
+        "truncated_tokens": sum(s["truncated_tokens"] for s in per_shard),
+        "skipped_records": 0,
+        "units": "examples and segments in records; tokens, lengths in tokens",
+    }
+    if records_read is not None:
+        out["source_records"] = records_read
+    return out
+
+
+def cache_path(cache_dir: str, task_name: str, split: str) -> str:
+    """``cache_dir/<task>/<split>``: where one task's cache lives."""
+    return writer.join(cache_dir, task_name, split)
+
+
+def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int) -> dict:
+    return {
+        "format_version": fmt.FORMAT_VERSION,
+        "writer_options": fmt.WRITER_OPTIONS,
+        "split": config.split,
+        "num_shards": num_shards,
+        "task": task.fingerprint(seed=config.seed, sequence_length=config.sequence_length),
+    }
+
+
+def _read_existing(out_dir: str):
+    path = writer.join(out_dir, fmt.MANIFEST_NAME)
+    if not writer.exists(path):
+        return None
+    return fmt.parse_manifest(json.loads(writer.read_text(path)), path=path)
+
+
+def _pipeline_options(pipeline_args):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    if pipeline_args is None:
+        pipeline_args = []
+    if isinstance(pipeline_args, PipelineOptions):
+        return pipeline_args
+    return PipelineOptions(list(pipeline_args))
+
+
+class _ShardProgress:
+    """Polls the statistics folder while the pipeline runs and reports
+    ``callback(shards_written, num_shards)``: progress that works on any runner
+    whose workers write to the same file system the driver reads."""
+
+    def __init__(self, stats_dir, num_shards, callback, interval_s=0.5):
+        self.stats_dir, self.num_shards, self.callback, self.interval_s = stats_dir, num_shards, callback, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="seqcache-build-progress", daemon=True)
+
+    def _count(self):
+        if not writer.is_local(self.stats_dir):
+            return None
+        try:
+            return sum(1 for n in os.listdir(self.stats_dir) if n.startswith(STATS_PREFIX))
+        except OSError:
+            return 0
+
+    def _run(self):
+        while not self._stop.wait(self.interval_s):
+            n = self._count()
+            if n is not None:
+                self.callback(n, self.num_shards)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        n = self._count()
+        if n is not None:
+            self.callback(n, self.num_shards)
+
+
+def build_task(
+    task,
+    *,
+    cache_dir: str,
+    config: BuildConfig = BuildConfig(),
+    pipeline_args: Sequence[str] | Any = None,
+    overwrite: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> BuildResult:
+    """Builds (or reuses) the cache of one task at ``cache_dir/<task>/<split>``.
+
+    Args:
+      task: a ``seqcache.tasks.Task``.
+      cache_dir: the caches root (local path or gs://, s3://, hdfs:// URL).
+      config: the options that define the cache (see ``BuildConfig``).
+      pipeline_args: Beam pipeline options (a list of ``--flag=value`` strings or
+        a ``PipelineOptions``); the runner defaults to the DirectRunner.
+      overwrite: replace an existing cache whose fingerprint differs.
+      progress: called as ``progress(shards_written, num_shards)`` while writing.
+
+    Returns:
+      A ``BuildResult``. A cache whose fingerprint matches is reused without work.
+
+    Raises:
+      FileNotFoundError: the task's source matches no file.
+      BuildError: a different cache exists and ``overwrite`` is False; the task
+        produced zero examples; a shard failed verification.
+      Any error of the task's sources or preprocessors, naming file and record.
+    """
+    import apache_beam as beam
+
+    start = time.monotonic()
+    _check_task(task, config)
+    files = task.source.list_files()
+    if not files:
+        raise FileNotFoundError(f"task {task.name!r}: source {task.source.describe()} matches no file")
+    total_bytes = sum(f.num_bytes for f in files)
+    num_shards = config.num_shards or shuffle.choose_num_shards(total_bytes)
+    inputs = task_fingerprint_inputs(task, config, num_shards)
+    fingerprint = fmt.fingerprint_of(inputs)
+    out_dir = cache_path(cache_dir, task.name, config.split)
+
+    existing = _read_existing(out_dir)
+    if existing is not None:
+        if existing.fingerprint == fingerprint:
+            log.info("cache %s is up to date (fingerprint %s); reusing it", out_dir, fingerprint[:12])
+            return BuildResult(out_dir, existing, reused=True, seconds=time.monotonic() - start)
+        if not overwrite:
+            raise BuildError(
+                f"{out_dir}: holds a cache with fingerprint {existing.fingerprint[:12]}, this build's fingerprint is "
+                f"{fingerprint[:12]} (the task, its sources or the build options changed); "
+                "pass --overwrite to replace it, or choose another --cache-dir"
+            )
+    # Either a replaced cache or the leftovers of an unfinished build: start clean.
+    # Remove the manifest first so that the folder never looks complete meanwhile.
+    if writer.exists(out_dir):
+        manifest_path = writer.join(out_dir, fmt.MANIFEST_NAME)
+        if writer.exists(manifest_path) and writer.is_local(manifest_path):
+            os.unlink(manifest_path)
+        writer.remove_tree(out_dir)
+    writer.makedirs(out_dir)
+    stats_dir = writer.join(out_dir, writer.TMP_DIR_NAME)
+    writer.makedirs(stats_dir)
+
+    vocabularies = {}
+    for name, feature in task.output_features.items():
+        desc = dict(feature.vocabulary.to_json())
+        model = feature.vocabulary.model_bytes()
+        if model is not None:
+            desc["file"] = f"vocabulary-{name}.model"
+            writer.write_bytes_atomic(writer.join(out_dir, desc["file"]), model)
+        vocabularies[name] = desc
+
+    options = _pipeline_options(pipeline_args)
+    read = _ReadAndPreprocess(
+        task, seed=config.seed, sequence_length=config.sequence_length, num_shards=num_shards
+    )
+    write = _WriteShard(
+        task, out_dir=out_dir, stats_dir=stats_dir, num_shards=num_shards, sequence_length=config.sequence_length
+    )
+    file_entries = [(i, f.path) for i, f in enumerate(files)]
+    log.info(
+        "building %s: %d files, %.1f MB, %d shards -> %s", task.name, len(files), total_bytes / 1e6, num_shards, out_dir
+    )
+    pipeline = beam.Pipeline(options=options)
+    _ = (
+        pipeline
+        | "ListFiles" >> beam.Create(file_entries)
+        | "SpreadFiles" >> beam.Reshuffle()
+        | "ReadAndPreprocess" >> beam.FlatMap(read)
+        | "GroupByShard" >> beam.GroupByKey()
+        | "SortPackWrite" >> beam.FlatMap(write)
+    )
+    records_read = None
+    with _ShardProgress(stats_dir, num_shards, progress) if progress else contextlib.nullcontext():
+        result = pipeline.run()
+        result.wait_until_finish()
+    try:
+        counters = result.metrics().query(beam.metrics.MetricsFilter().with_name("records_read"))["counters"]
+        if counters:
+            records_read = int(sum(c.committed or c.attempted or 0 for c in counters))
+    except Exception:  # metrics are optional on some runners
+        records_read = None
+
+    entries, stats = [], []
+    for shard in range(num_shards):
+        stats_path = writer.join(stats_dir, f"{STATS_PREFIX}{shard:05d}.json")
+        if writer.exists(stats_path):
+            payload = json.loads(writer.read_text(stats_path))
+            entries.append(payload["shard"])
+            stats.append(payload["statistics"])
+        else:
+            # No record hashed into this key range: an empty shard keeps the layout regular.
+            entries.append(
+                writer.write_shard(
+                    out_dir, index=shard, num_shards=num_shards, features=_features_out(task), examples=[]
+                )
+            )
+            stats.append(_ShardStats(_features_out(task)).to_json())
+    statistics = _merge_stats(stats, records_read)
+    if statistics["examples"] == 0:
+        writer.remove_tree(out_dir)
+        raise BuildError(
+            f"task {task.name!r} split {config.split!r}: zero examples "
+            f"(source {task.source.describe()}, {len(files)} files, {total_bytes} bytes); nothing was written"
+        )
+    _verify_written(out_dir, entries)
+
+    raw = writer.build_manifest(
+        task=task.name,
+        split=config.split,
+        fingerprint=fingerprint,
+        fingerprint_inputs=inputs,
+        features=[
+            {"name": f.name, "dtype": f.dtype, **_feature_meta(task, f.name)} for f in _features_out(task)
+        ],
+        shards=entries,
+        sources=[{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in files],
+        statistics=statistics,
+        seed=config.seed,
+        sequence_length=config.sequence_length,
+        packing=task.packing,
+        vocabularies=vocabularies,
+    )
+    writer.remove_tree(stats_dir)
+    writer.write_manifest(out_dir, raw)
+    return BuildResult(out_dir, fmt.parse_manifest(raw), reused=False, seconds=time.monotonic() - start)
+
+
+def _feature_meta(task, name):
+    if name in task.output_features:
+        f = task.output_features[name]
+        return {"vocabulary": name, "add_eos": bool(f.add_eos)}
+    return {}
+
+
+def _verify_written(out_dir: str, entries) -> None:
+    """The driver's check of every shard before the manifest is written: the file
+    exists with the size and record count its writer reported."""
+    if not writer.is_local(out_dir):
+        return
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    for e in entries:
+        for name, size in ((e["file"], e["num_bytes"]), (e["provenance_file"], e["provenance_num_bytes"])):
+            path = os.path.join(writer.local_path(out_dir), name)
+            actual = os.path.getsize(path) if os.path.exists(path) else None
+            if actual != size:
+                raise BuildError(f"{path}: shard has {actual} bytes after the build, its writer reported {size}")
+            reader = ArrayRecordReader(path)
+            try:
+                n = reader.num_records()
+            finally:
+                reader.close()
+            if n != e["num_records"]:
+                raise BuildError(f"{path}: shard holds {n} records, its writer reported {e['num_records']}")

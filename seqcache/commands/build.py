@@ -1,0 +1,148 @@
+"""``seqcache build``: build the cache of a registered task or mixture, or of an
+ad-hoc task described on the command line."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+
+import click
+
+from seqcache.commands import common
+
+
+def parse_sequence_length(values, default_feature="targets"):
+    """``("1024",)`` or ``("targets=1024", "inputs=512")`` -> {feature: length}."""
+    out = {}
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, length = part.rpartition("=")
+            name = name if sep else default_feature
+            try:
+                n = int(length)
+            except ValueError:
+                raise click.BadParameter(f"{part!r}: expected N or FEATURE=N") from None
+            if n < 1:
+                raise click.BadParameter(f"{part!r}: a sequence length must be >= 1")
+            out[name] = n
+    return out or None
+
+
+def adhoc_task(*, name, source_spec, vocabulary_spec, extra_ids, sequence_length, pack):
+    """The task ``build --source ... --vocabulary ...`` describes: one feature,
+    ``targets``, tokenized with EOS appended, trimmed to the sequence length (or
+    packed to it with ``--pack``)."""
+    from seqcache import tasks
+
+    try:
+        source = tasks.parse_source_spec(source_spec)
+        vocabulary = tasks.vocabulary_from_spec(vocabulary_spec, extra_ids=extra_ids)
+    except (ValueError, FileNotFoundError) as e:
+        raise click.UsageError(str(e)) from None
+    pre = [tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(), tasks.preprocessors.append_eos()]
+    if sequence_length and not pack:
+        pre.append(tasks.preprocessors.trim())
+    return tasks.Task(
+        name,
+        source=source,
+        output_features={"targets": tasks.Feature(vocabulary, add_eos=True)},
+        preprocessors=pre,
+        packing="lm" if pack else None,
+    )
+
+
+def import_modules(modules):
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            raise click.UsageError(f"--module {m}: cannot import it: {e}") from None
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    epilog="Any other --flag is passed to Beam as a pipeline option, for example --runner=DataflowRunner "
+    "--project=P --region=R --temp_location=gs://..., or --direct_num_workers=2 --direct_running_mode=multi_processing.",
+)
+@click.argument("name", required=False)
+@click.option("--cache-dir", required=True, help="Root folder of caches (local path or gs://...).")
+@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
+@click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte or a SentencePiece .model path.")
+@click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary.")
+@click.option("--name", "adhoc_name", help="Name of the ad-hoc task (the cache folder name).")
+@click.option("--split", default="train", show_default=True)
+@click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens); repeatable.")
+@click.option("--pack/--no-pack", default=False, show_default=True, help="Language-model packing to the sequence length (ad-hoc tasks).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Shuffle seed.")
+@click.option("--num-shards", type=int, help="Shard count (default: from the corpus size, ~128 MiB of text per shard).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing cache whose fingerprint differs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
+@click.pass_context
+def build(ctx, name, cache_dir, modules, source_spec, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
+          pack, seed, num_shards, overwrite, as_json, verbose):
+    """Build the deterministic cache of NAME (a registered task or mixture), or of
+    an ad-hoc task given by --source/--vocabulary/--name.
+
+    The cache of task T goes to CACHE_DIR/T/SPLIT. A cache with the same
+    fingerprint is reused; a different one is refused unless --overwrite.
+    """
+    from seqcache import tasks
+    from seqcache.pipelines import BuildConfig, BuildError, build_task
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    import_modules(modules)
+    seq_len = parse_sequence_length(sequence_length)
+    if source_spec:
+        if name:
+            raise click.UsageError("give either NAME (a registered task) or --source (an ad-hoc task), not both")
+        if not adhoc_name:
+            raise click.UsageError("an ad-hoc task needs --name")
+        if pack and not seq_len:
+            raise click.UsageError("--pack needs --sequence-length")
+        task_list = [adhoc_task(name=adhoc_name, source_spec=source_spec, vocabulary_spec=vocabulary_spec,
+                                extra_ids=extra_ids, sequence_length=seq_len, pack=pack)]
+    elif name:
+        try:
+            obj = tasks.get_task_or_mixture(name)
+        except KeyError as e:
+            raise click.UsageError(e.args[0] if e.args else str(e)) from None
+        if isinstance(obj, tasks.Mixture):
+            task_list = [tasks.TaskRegistry.get(t) for t in obj.task_names]
+        else:
+            task_list = [obj]
+    else:
+        raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
+
+    config = BuildConfig(split=split, seed=seed, sequence_length=seq_len, num_shards=num_shards)
+    results = []
+    console = common.stderr_console()
+    for task in task_list:
+        with common.shard_progress(console, f"{task.name}/{split}") as progress:
+            try:
+                result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=ctx.args,
+                                    overwrite=overwrite, progress=progress)
+            except (BuildError, FileNotFoundError, ValueError) as e:
+                console.print(f"[red]error:[/red] {e}")
+                sys.exit(1)
+        results.append(result)
+        m = result.manifest
+        if not as_json:
+            verb = "reused" if result.reused else f"built in {result.seconds:.1f} s"
+            console.print(
+                f"[green]{task.name}/{split}[/green]: {m.num_examples:,} examples in {len(m.shards)} shards, "
+                f"{verb} -> {result.cache_dir}"
+            )
+    if as_json:
+        click.echo(json.dumps([
+            {"task": r.manifest.task, "split": r.manifest.split, "cache_dir": r.cache_dir, "reused": r.reused,
+             "seconds": round(r.seconds, 3), "num_examples": r.manifest.num_examples,
+             "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint}
+            for r in results
+        ], indent=2))

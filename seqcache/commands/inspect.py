@@ -1,0 +1,218 @@
+"""``seqcache info | show | verify | tasks``: look inside caches and registries."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from seqcache import format as fmt
+from seqcache.commands import common
+
+
+def _open(cache_dir):
+    from seqcache.reading import CacheReader
+
+    try:
+        return CacheReader(cache_dir)
+    except fmt.CacheError as e:
+        common.stderr_console().print(f"[red]error:[/red] {e}")
+        sys.exit(1)
+
+
+def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
+    raw = manifest.raw
+    return {
+        "cache_dir": cache_dir,
+        "task": manifest.task,
+        "split": manifest.split,
+        "fingerprint": manifest.fingerprint,
+        "format_version": raw.get("format_version"),
+        "seed": raw.get("seed"),
+        "sequence_length": raw.get("sequence_length"),
+        "packing": raw.get("packing"),
+        "features": raw.get("features"),
+        "vocabularies": manifest.vocabularies,
+        "num_examples": manifest.num_examples,
+        "num_shards": len(manifest.shards),
+        "num_bytes": sum(s.num_bytes for s in manifest.shards),
+        "statistics": manifest.statistics,
+        "num_sources": len(manifest.sources),
+        "created": raw.get("created"),
+        "seqcache_version": raw.get("seqcache_version"),
+        "shards": [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes} for s in manifest.shards],
+    }
+
+
+@click.command()
+@click.argument("cache_dir")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--shards/--no-shards", default=False, help="List every shard.")
+def info(cache_dir, as_json, shards):
+    """Summarise the cache at CACHE_DIR (a folder with manifest.json)."""
+    reader = _open(cache_dir)
+    m = reader.manifest
+    d = info_dict(m, cache_dir)
+    if as_json:
+        click.echo(json.dumps(d, indent=2, ensure_ascii=False))
+        return
+    console = Console()
+    t = Table(title=f"{m.task}/{m.split}", show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value")
+    stats = m.statistics
+    t.add_row("cache", cache_dir)
+    t.add_row("fingerprint", m.fingerprint)
+    t.add_row("examples", f"{m.num_examples:,}")
+    t.add_row("shards", f"{len(m.shards)} ({d['num_bytes'] / 1e6:,.1f} MB)")
+    t.add_row("seed", str(d["seed"]))
+    t.add_row("sequence length", json.dumps(d["sequence_length"]))
+    t.add_row("packing", str(d["packing"]))
+    t.add_row("features", ", ".join(f"{f['name']}:{f['dtype']}" for f in d["features"]))
+    for name, vocab in m.vocabularies.items():
+        t.add_row(f"vocabulary[{name}]", ", ".join(f"{k}={v}" for k, v in vocab.items() if k != "sha256"))
+    for name, n in stats.get("tokens", {}).items():
+        t.add_row(
+            f"tokens[{name}]",
+            f"{n:,} (mean {stats.get('mean_length', {}).get(name, 0):,.1f}, max {stats.get('max_length', {}).get(name, 0):,} per example)",
+        )
+    for key in ("source_records", "source_examples", "segments", "truncated_tokens", "skipped_records"):
+        if key in stats:
+            t.add_row(key.replace("_", " "), f"{stats[key]:,}")
+    t.add_row("sources", f"{len(m.sources):,} files")
+    t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
+    console.print(t)
+    if shards:
+        st = Table(title="shards")
+        for col in ("file", "records", "bytes"):
+            st.add_column(col)
+        for s in m.shards:
+            st.add_row(s.file, f"{s.num_records:,}", f"{s.num_bytes:,}")
+        console.print(st)
+
+
+@click.command()
+@click.argument("cache_dir")
+@click.option("--index", "indices", type=int, multiple=True, help="Cache index to show (repeatable; default 0).")
+@click.option("--count", type=int, default=None, help="Show COUNT examples from the first --index.")
+@click.option("--ids/--no-ids", default=False, help="Also print token ids.")
+@click.option("--max-chars", type=int, default=600, show_default=True, help="Cut decoded text after this many characters (0: no limit).")
+@click.option("--json", "as_json", is_flag=True)
+def show(cache_dir, indices, count, ids, max_chars, as_json):
+    """Decode examples of the cache at CACHE_DIR, with their provenance."""
+    reader = _open(cache_dir)
+    indices = list(indices) or [0]
+    if count is not None:
+        indices = list(range(indices[0], indices[0] + count))
+    try:
+        examples = reader.read(indices)
+        provenance = reader.read_provenance(indices)
+    except IndexError as e:
+        raise click.UsageError(str(e)) from None
+    vocabs = {}
+    for name in reader.manifest.vocabularies:
+        vocabs[name] = reader.vocabulary(name)
+    out = []
+    for i, ex, prov in zip(indices, examples, provenance):
+        item = {"index": i, "provenance": prov, "features": {}}
+        for name, arr in ex.items():
+            entry = {"length": int(arr.size)}
+            if name in vocabs and vocabs[name] is not None:
+                entry["text"] = vocabs[name].decode(arr.tolist())
+            if ids or name not in vocabs:
+                entry["ids"] = arr.tolist()
+            item["features"][name] = entry
+        out.append(item)
+    if as_json:
+        click.echo(json.dumps(out, indent=2, ensure_ascii=False))
+        return
+    console = Console()
+    for item in out:
+        console.rule(f"[bold]example {item['index']}")
+        for seg_no, seg in enumerate(item["provenance"], 1):
+            console.print(
+                f"[cyan]segment {seg_no}[/cyan]: {seg['path']} record {seg['record_number']}"
+                + (f" (from token {seg['token_offset']})" if seg["token_offset"] else ""),
+                highlight=False,
+            )
+        for name, entry in item["features"].items():
+            text = entry.get("text")
+            if text is not None:
+                if max_chars and len(text) > max_chars:
+                    text = text[:max_chars] + f"… [{len(text) - max_chars} more characters]"
+                console.print(f"[bold]{name}[/bold] ({entry['length']} tokens):", highlight=False)
+                console.out(text, highlight=False)
+            if "ids" in entry:
+                console.print(f"[bold]{name}[/bold] ids ({entry['length']}): {entry['ids'][:64]}"
+                              + (" …" if entry["length"] > 64 else ""), highlight=False)
+
+
+@click.command()
+@click.argument("cache_dir")
+@click.option("--json", "as_json", is_flag=True)
+def verify(cache_dir, as_json):
+    """Check every shard of CACHE_DIR: counts, checksums, decodability.
+
+    Exits with status 1 and names each bad file when anything is wrong."""
+    from seqcache.verify import verify_cache
+
+    try:
+        report = verify_cache(cache_dir)
+    except fmt.CacheError as e:
+        if as_json:
+            click.echo(json.dumps({"cache_dir": cache_dir, "ok": False, "problems": [str(e)], "shards": []}, indent=2))
+        else:
+            common.stderr_console().print(f"[red]error:[/red] {e}")
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        console = Console()
+        n = len(report.shards)
+        bad = [s for s in report.shards if not s.ok]
+        if report.ok:
+            console.print(f"[green]ok[/green]: {cache_dir}: {n} files verified (sizes, sha256, record counts, every record decoded)")
+        else:
+            console.print(f"[red]FAILED[/red]: {cache_dir}: {len(bad)} of {n} files bad")
+            for p in report.problems:
+                console.print(f"  - {p}", highlight=False)
+    sys.exit(0 if report.ok else 1)
+
+
+@click.command(name="tasks")
+@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@click.option("--json", "as_json", is_flag=True)
+def tasks_cmd(modules, as_json):
+    """List registered tasks and mixtures."""
+    from seqcache import tasks
+    from seqcache.commands.build import import_modules
+
+    import_modules(modules)
+    task_rows = []
+    for name in tasks.TaskRegistry.names():
+        t = tasks.TaskRegistry.get(name)
+        task_rows.append({"name": name, "source": t.source.describe(), "features": sorted(t.output_features),
+                          "packing": t.packing})
+    mixture_rows = []
+    for name in tasks.MixtureRegistry.names():
+        m = tasks.MixtureRegistry.get(name)
+        mixture_rows.append({"name": name, "tasks": list(m.task_names)})
+    if as_json:
+        click.echo(json.dumps({"tasks": task_rows, "mixtures": mixture_rows}, indent=2))
+        return
+    console = Console()
+    t = Table(title="tasks")
+    for col in ("name", "source", "features", "packing"):
+        t.add_column(col)
+    for r in task_rows:
+        t.add_row(r["name"], r["source"], ", ".join(r["features"]), str(r["packing"]))
+    console.print(t)
+    m = Table(title="mixtures")
+    m.add_column("name")
+    m.add_column("tasks")
+    for r in mixture_rows:
+        m.add_row(r["name"], ", ".join(r["tasks"]))
+    console.print(m)

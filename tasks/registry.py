@@ -1,0 +1,151 @@
+"""Registries of tasks and mixtures by name (seqio style, class-level).
+
+User code registers tasks at import time (``TaskRegistry.add("name", source=...,
+output_features=...)``); the ``seqcache build`` command imports the user's module
+(``import_definitions``) and looks the name up with ``get_task_or_mixture``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import os
+import sys
+from typing import ClassVar, Generic, TypeVar
+
+from seqcache.tasks.mixture import Mixture
+from seqcache.tasks.task import Task
+
+T = TypeVar("T")
+
+
+def _suggest(name: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    if close:
+        return f"did you mean {', '.join(repr(c) for c in close)}?"
+    if not names:
+        return "nothing is registered; import the module that defines your tasks (seqcache build --module ...)"
+    shown = ", ".join(repr(n) for n in sorted(names)[:10])
+    return f"registered: {shown}{' ...' if len(names) > 10 else ''}"
+
+
+class _Registry(Generic[T]):
+    _kind: ClassVar[str]
+    _items: ClassVar[dict]
+
+    @classmethod
+    def _add(cls, obj: T) -> T:
+        if obj.name in cls._items:
+            raise ValueError(f"{cls._kind} {obj.name!r} is already registered; remove it first or pick another name")
+        cls._items[obj.name] = obj
+        return obj
+
+    @classmethod
+    def get(cls, name: str) -> T:
+        """The registered object of that name.
+
+        Raises:
+          KeyError: no such name; the message lists the closest registered names.
+        """
+        try:
+            return cls._items[name]
+        except KeyError:
+            raise KeyError(f"no {cls._kind} named {name!r}; {_suggest(name, list(cls._items))}") from None
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """Registered names, sorted."""
+        return sorted(cls._items)
+
+    @classmethod
+    def remove(cls, name: str) -> None:
+        """Unregisters ``name`` (KeyError with suggestions if unknown)."""
+        cls.get(name)
+        del cls._items[name]
+
+    @classmethod
+    def reset(cls) -> None:
+        """Removes everything (for tests)."""
+        cls._items.clear()
+
+
+class TaskRegistry(_Registry[Task]):
+    """Global registry of tasks."""
+
+    _kind = "task"
+    _items: ClassVar[dict[str, Task]] = {}
+
+    @classmethod
+    def add(cls, name_or_task: str | Task, **kwargs) -> Task:
+        """Registers a Task, or builds one with ``Task(name, **kwargs)`` and registers it.
+
+        Raises:
+          ValueError: the name is already registered (or the Task is invalid).
+        """
+        if isinstance(name_or_task, Task):
+            if kwargs:
+                raise TypeError("TaskRegistry.add(task) takes no other arguments")
+            return cls._add(name_or_task)
+        return cls._add(Task(name_or_task, **kwargs))
+
+
+class MixtureRegistry(_Registry[Mixture]):
+    """Global registry of mixtures."""
+
+    _kind = "mixture"
+    _items: ClassVar[dict[str, Mixture]] = {}
+
+    @classmethod
+    def add(cls, name_or_mixture: str | Mixture, tasks=None, **kwargs) -> Mixture:
+        """Registers a Mixture, or builds one with ``Mixture(name, tasks, **kwargs)``.
+
+        Raises:
+          ValueError: the name is already registered (or the Mixture is invalid).
+        """
+        if isinstance(name_or_mixture, Mixture):
+            if tasks is not None or kwargs:
+                raise TypeError("MixtureRegistry.add(mixture) takes no other arguments")
+            return cls._add(name_or_mixture)
+        if tasks is None:
+            raise TypeError(f"MixtureRegistry.add({name_or_mixture!r}) needs tasks")
+        return cls._add(Mixture(name_or_mixture, tasks, **kwargs))
+
+
+def get_task_or_mixture(name: str) -> Task | Mixture:
+    """The registered task, or else mixture, of that name.
+
+    Raises:
+      KeyError: neither is registered; the message lists the closest names.
+    """
+    if name in TaskRegistry._items:
+        return TaskRegistry._items[name]
+    if name in MixtureRegistry._items:
+        return MixtureRegistry._items[name]
+    every = TaskRegistry.names() + MixtureRegistry.names()
+    raise KeyError(f"no task or mixture named {name!r}; {_suggest(name, every)}")
+
+
+def import_definitions(module_or_path: str) -> None:
+    """Imports a module that registers tasks: a dotted module name or a ``.py`` path.
+
+    Raises:
+      ImportError / FileNotFoundError: the module or file cannot be found.
+    """
+    if module_or_path.endswith(".py") or os.sep in module_or_path:
+        path = os.path.abspath(module_or_path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"task definitions file {module_or_path!r} does not exist")
+        mod_name = f"_seqcache_user_{abs(hash(path))}"
+        if mod_name in sys.modules:
+            return
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[mod_name]
+            raise
+        return
+    importlib.import_module(module_or_path)

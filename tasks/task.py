@@ -1,0 +1,186 @@
+"""Features and tasks (seqio's vocabulary, rebuilt for deterministic caches).
+
+A ``Task`` names a source, the output features (each with a vocabulary) and the
+preprocessors that turn the source's records into examples; optionally packing.
+``Task.fingerprint`` is the identity of everything that shapes the cache's
+content; ``Task.preprocess_batch`` is what pipeline workers run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from seqcache.tasks.preprocessors import (
+    TRUNCATED_TOKENS_KEY,
+    PreprocessContext,
+    Preprocessor,
+    run_preprocessors,
+)
+from seqcache.tasks.sources import SOURCE_ERROR_KEY, Source, SourceRecord
+from seqcache.tasks.vocabularies import Vocabulary
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float32")
+PACKING_MODES = (None, "lm")
+
+
+def check_name(name: str, what: str) -> str:
+    """Validates a task or mixture name (it becomes a folder name in caches)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"bad {what} name {name!r}: use letters, digits, '_', '.', '-', starting with a letter or digit")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    """One output feature of a task (seqio meaning).
+
+    Attributes:
+      vocabulary: the vocabulary that tokenizes and decodes the feature.
+      add_eos: whether ``append_eos`` / ``append_eos_after_trim`` end the feature
+        with the vocabulary's EOS id.
+      required: whether every example must have it; a missing optional feature
+        is stored as an empty array.
+      dtype: numpy dtype name of the stored 1-D array (default int32).
+    """
+
+    vocabulary: Vocabulary
+    add_eos: bool = True
+    required: bool = True
+    dtype: str = "int32"
+
+    def __post_init__(self):
+        if not isinstance(self.vocabulary, Vocabulary):
+            raise TypeError(f"Feature.vocabulary must be a Vocabulary (got {type(self.vocabulary).__name__})")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"unsupported feature dtype {self.dtype!r} (expected one of {_DTYPES})")
+
+    def fingerprint(self) -> dict:
+        return {"vocabulary": self.vocabulary.fingerprint(), "add_eos": self.add_eos,
+                "required": self.required, "dtype": self.dtype}
+
+
+class Task:
+    """A source, output features and preprocessors: one cache per (task, split).
+
+    Args:
+      name: task name; letters, digits, ``_ . -`` (it names a cache folder).
+      source: where the records come from.
+      output_features: feature name -> Feature; the cache stores exactly these.
+      preprocessors: applied in order to each batch of records.
+      packing: None, or ``"lm"`` (concatenate the single output feature of all
+        examples of a shard and split it into chunks of the sequence length; see
+        ``seqcache.tasks.packing.pack_lm``). ``"lm"`` needs exactly one output
+        feature.
+
+    Raises:
+      ValueError / TypeError: a bad name, no output features, a preprocessor that
+        is not a Preprocessor, or an unknown packing mode.
+    """
+
+    def __init__(self, name: str, *, source: Source, output_features: Mapping[str, Feature],
+                 preprocessors: Sequence[Preprocessor] = (), packing: str | None = None):
+        self.name = check_name(name, "task")
+        if not isinstance(source, Source):
+            raise TypeError(f"task {name!r}: source must be a Source (got {type(source).__name__})")
+        if not output_features:
+            raise ValueError(f"task {name!r} needs at least one output feature")
+        for fname, f in output_features.items():
+            if not isinstance(f, Feature):
+                raise TypeError(f"task {name!r}: output feature {fname!r} must be a Feature (got {type(f).__name__})")
+        for p in preprocessors:
+            if not isinstance(p, Preprocessor):
+                raise TypeError(
+                    f"task {name!r}: preprocessor {p!r} is not a Preprocessor; wrap functions in FunctionPreprocessor")
+        if packing not in PACKING_MODES:
+            raise ValueError(f"task {name!r}: packing must be one of {PACKING_MODES} (got {packing!r})")
+        if packing == "lm" and len(output_features) != 1:
+            raise ValueError(f"task {name!r}: packing='lm' needs exactly one output feature "
+                             f"(got {sorted(output_features)})")
+        self.source = source
+        self.output_features = dict(output_features)
+        self.preprocessors = tuple(preprocessors)
+        self.packing = packing
+
+    @property
+    def packing_feature(self) -> str | None:
+        """The feature that ``packing="lm"`` packs (the only output feature), else None."""
+        return next(iter(self.output_features)) if self.packing == "lm" else None
+
+    def fingerprint(self, *, seed: int, sequence_length: Mapping[str, int] | None) -> dict:
+        """JSON-able identity of the task's cache content for this seed and length.
+
+        Keys: name, source (its fingerprint, with the file list), preprocessors
+        (list of [name, params]), features ({name: vocabulary fingerprint, add_eos,
+        required, dtype}), packing, seed, sequence_length.
+        """
+        return {
+            "name": self.name,
+            "source": self.source.fingerprint(),
+            "preprocessors": [[p.name, p.params()] for p in self.preprocessors],
+            "features": {k: f.fingerprint() for k, f in sorted(self.output_features.items())},
+            "packing": self.packing,
+            "seed": int(seed),
+            "sequence_length": dict(sorted(sequence_length.items())) if sequence_length else None,
+        }
+
+    def preprocess_batch(self, records: Sequence[SourceRecord], keys: Sequence[bytes], *, seed: int,
+                         sequence_length: Mapping[str, int] | None) -> list[tuple[int, dict[str, np.ndarray]]]:
+        """Runs the preprocessors on a batch of records.
+
+        Args:
+          records: source records.
+          keys: one shuffle key (bytes) per record; seeds the per-example RNG.
+          seed: the task seed.
+          sequence_length: feature name -> length in tokens, or None.
+
+        Returns:
+          (index into ``records``, example) pairs in input order, where the example
+          holds exactly the output features as 1-D arrays of the feature dtype,
+          plus ``"_truncated_tokens"`` (int) if a trimming preprocessor ran.
+          Dropped examples and records a source marked unreadable are absent.
+
+        Raises:
+          ValueError: ``len(keys) != len(records)``; a required feature is missing,
+            still a string (no ``tokenize``) or not 1-D; the message names the
+            record (file_index, record_number) and the feature.
+        """
+        if len(keys) != len(records):
+            raise ValueError(f"task {self.name!r}: got {len(keys)} keys for {len(records)} records")
+        live = [i for i, r in enumerate(records) if SOURCE_ERROR_KEY not in r.data]
+        ctx = PreprocessContext(output_features=self.output_features, sequence_length=sequence_length,
+                                seed=int(seed), keys=[bytes(keys[i]) for i in live])
+        survivors = run_preprocessors(self.preprocessors, [dict(records[i].data) for i in live], ctx)
+        out = []
+        for j, ex in survivors:
+            index = live[j]
+            out.append((index, self._finalize(ex, records[index])))
+        return out
+
+    def _finalize(self, ex: dict, record: SourceRecord) -> dict[str, np.ndarray]:
+        where = f"task {self.name!r}, record (file_index={record.file_index}, record_number={record.record_number})"
+        result = {}
+        for name, feature in self.output_features.items():
+            value = ex.get(name)
+            if value is None:
+                if feature.required:
+                    raise ValueError(f"{where}: required feature {name!r} is missing (example keys: {sorted(ex)})")
+                result[name] = np.zeros((0,), dtype=feature.dtype)
+                continue
+            if isinstance(value, (str, bytes)):
+                raise ValueError(f"{where}: feature {name!r} is still text; add the tokenize() preprocessor")
+            arr = np.asarray(value)
+            if arr.ndim != 1:
+                raise ValueError(f"{where}: feature {name!r} must be 1-D (got shape {arr.shape})")
+            result[name] = arr.astype(feature.dtype, copy=False)
+        if TRUNCATED_TOKENS_KEY in ex:
+            result[TRUNCATED_TOKENS_KEY] = int(ex[TRUNCATED_TOKENS_KEY])
+        return result
+
+    def __repr__(self) -> str:
+        return (f"Task({self.name!r}, source={self.source.describe()!r}, features={sorted(self.output_features)}, "
+                f"preprocessors={[p.name for p in self.preprocessors]}, packing={self.packing!r})")

@@ -1,0 +1,502 @@
+"""Vocabularies: text <-> token ids.
+
+Two vocabularies, both with the T5 id layout for special ids:
+
+============  ====  ====  ====  ==================================================
+vocabulary    pad   eos   unk   other ids
+============  ====  ====  ====  ==================================================
+byte          0     1     2     byte ``b`` -> ``b + 3`` (ByT5, arXiv 2105.13626)
+sentencepiece 0     1     2     pieces of the model (models trained by seqcache)
+============  ====  ====  ====  ==================================================
+
+Both can add ``extra_ids`` sentinel ids after the base vocabulary, numbered as in
+seqio/T5: ``<extra_id_0>`` is the last id (``vocab_size - 1``) and
+``<extra_id_i>`` is ``base_vocab_size + extra_ids - 1 - i``.
+
+``encode`` never adds EOS (the ``append_eos`` preprocessor does); ``decode`` drops
+pad, EOS, unknown-to-the-model ids and sentinels, and never stops early.
+
+A vocabulary is stored in a cache as ``to_json()`` (plus, for SentencePiece, the
+model file named by ``desc["file"]`` next to the manifest) and rebuilt with
+``vocabulary_from_json``.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import heapq
+import io
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from seqcache.tasks.sources import Source, is_error_record
+
+
+class Vocabulary(abc.ABC):
+    """Maps text to int32 token ids and back.
+
+    Subclasses implement the base vocabulary; ``extra_ids`` sentinels are added on
+    top (see the module docstring for their numbering).
+    """
+
+    def __init__(self, extra_ids: int = 0):
+        if extra_ids < 0:
+            raise ValueError(f"extra_ids must be >= 0 (got {extra_ids=})")
+        self.extra_ids = int(extra_ids)
+
+    # -- sizes and special ids
+    @property
+    @abc.abstractmethod
+    def base_vocab_size(self) -> int:
+        """Number of ids of the underlying vocabulary, without extra ids."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Total number of ids, including the extra ids."""
+        return self.base_vocab_size + self.extra_ids
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    @property
+    def eos_id(self) -> int:
+        return 1
+
+    @property
+    def unk_id(self) -> int:
+        return 2
+
+    def sentinel_id(self, i: int) -> int:
+        """Id of ``<extra_id_i>`` (seqio numbering: extra id 0 is the last id).
+
+        Raises:
+          ValueError: ``i`` is not in ``[0, extra_ids)``.
+        """
+        if not 0 <= i < self.extra_ids:
+            raise ValueError(f"sentinel index {i} is out of range: this vocabulary has {self.extra_ids} extra ids")
+        return self.base_vocab_size + self.extra_ids - 1 - i
+
+    # -- encoding
+    @abc.abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no EOS appended)."""
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of many texts: a list of 1-D int32 arrays, one per text."""
+        return [np.asarray(self.encode(t), dtype=np.int32) for t in texts]
+
+    @abc.abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; pad, EOS and sentinel ids are dropped."""
+
+    # -- identity and storage
+    @abc.abstractmethod
+    def fingerprint(self) -> dict:
+        """JSON-able identity: kind, sha256 of the model bytes (or None), extra_ids."""
+
+    @abc.abstractmethod
+    def to_json(self) -> dict:
+        """JSON description stored in cache manifests; see ``vocabulary_from_json``."""
+
+    def model_bytes(self) -> bytes | None:
+        """The serialized model to store next to a cache, or None if there is none."""
+        return None
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and self.fingerprint() == other.fingerprint()
+
+    def __hash__(self) -> int:
+        return hash(repr(sorted(self.fingerprint().items())))
+
+
+class ByteVocabulary(Vocabulary):
+    """UTF-8 bytes as tokens, in the ByT5 layout (Xue et al. 2021, arXiv 2105.13626).
+
+    Ids: 0 pad, 1 eos, 2 unk, byte ``b`` -> ``b + 3``; ``vocab_size`` is
+    ``259 + extra_ids``. Every string is encodable; ``decode`` drops ids below 3
+    and sentinels and decodes the bytes as UTF-8 with ``errors="replace"``.
+    """
+
+    _OFFSET = 3
+
+    def __init__(self, extra_ids: int = 0):
+        super().__init__(extra_ids)
+
+    @property
+    def base_vocab_size(self) -> int:
+        return 256 + self._OFFSET
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode_array(text).tolist()
+
+    def _encode_array(self, text: str) -> np.ndarray:
+        b = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        return b.astype(np.int32) + self._OFFSET
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [self._encode_array(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        a = np.asarray(ids, dtype=np.int64).ravel()
+        a = a[(a >= self._OFFSET) & (a < self.base_vocab_size)]
+        return (a - self._OFFSET).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def fingerprint(self) -> dict:
+        return {"kind": "byte", "sha256": None, "extra_ids": self.extra_ids}
+
+    def to_json(self) -> dict:
+        return {"kind": "byte", "extra_ids": self.extra_ids, "vocab_size": self.vocab_size}
+
+    def __repr__(self) -> str:
+        return f"ByteVocabulary(extra_ids={self.extra_ids})"
+
+
+def _read_bytes(path: str) -> bytes:
+    if "://" in path:
+        from apache_beam.io.filesystems import CompressionTypes, FileSystems
+
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return f.read()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    if "://" in path:
+        from apache_beam.io.filesystems import CompressionTypes, FileSystems
+
+        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write(data)
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class SentencePieceVocabulary(Vocabulary):
+    """A SentencePiece model (Kudo & Richardson 2018, arXiv 1808.06226).
+
+    The model is loaded lazily, on first use. A pickled vocabulary carries the
+    model bytes, not the path, so that pipeline workers in fresh processes (or on
+    other machines) can use it.
+
+    Special ids come from the model: models trained by ``train_sentencepiece`` use
+    pad 0, eos 1, unk 2 and no bos (T5 layout). For a model without a pad piece
+    ``pad_id`` is 0 (padding is masked by loss weights anyway).
+
+    Args:
+      model_path: path of a ``.model`` file (local or a Beam FileSystems URL).
+      model_bytes: the serialized model, instead of ``model_path``.
+      extra_ids: number of sentinel ids added after the model's pieces.
+
+    Raises:
+      ValueError: neither or both of model_path and model_bytes are given; the
+        file is missing or is not a SentencePiece model (the message names it).
+        Reported on first use for a path, at once for bytes.
+    """
+
+    def __init__(self, model_path: str | None = None, *, model_bytes: bytes | None = None, extra_ids: int = 0):
+        super().__init__(extra_ids)
+        if (model_path is None) == (model_bytes is None):
+            raise ValueError("SentencePieceVocabulary needs exactly one of model_path and model_bytes")
+        self.model_path = os.fspath(model_path) if model_path is not None else None
+        self._model_bytes = bytes(model_bytes) if model_bytes is not None else None
+        self._sp = None
+        if self._model_bytes is not None:
+            self._processor()
+
+    # -- loading and pickling
+    def _where(self) -> str:
+        return self.model_path if self.model_path is not None else "<model bytes>"
+
+    def model_bytes(self) -> bytes:
+        if self._model_bytes is None:
+            try:
+                self._model_bytes = _read_bytes(self.model_path)
+            except OSError as e:
+                raise ValueError(f"cannot read SentencePiece model {self.model_path!r}: {e}") from e
+        return self._model_bytes
+
+    def _processor(self):
+        if self._sp is None:
+            import sentencepiece as spm
+
+            data = self.model_bytes()
+            sp = spm.SentencePieceProcessor()
+            try:
+                sp.LoadFromSerializedProto(data)
+            except Exception as e:  # the C++ loader raises RuntimeError/OSError variants
+                raise ValueError(
+                    f"{self._where()} is not a valid SentencePiece model ({len(data)} bytes): {e}") from e
+            if sp.get_piece_size() <= 0:
+                raise ValueError(f"{self._where()} is not a valid SentencePiece model (no pieces)")
+            self._sp = sp
+        return self._sp
+
+    def __getstate__(self):
+        return {"model_bytes": self.model_bytes(), "model_path": self.model_path, "extra_ids": self.extra_ids}
+
+    def __setstate__(self, state):
+        self.extra_ids = state["extra_ids"]
+        self.model_path = state["model_path"]
+        self._model_bytes = state["model_bytes"]
+        self._sp = None
+
+    # -- sizes and special ids
+    @property
+    def base_vocab_size(self) -> int:
+        return self._processor().get_piece_size()
+
+    @property
+    def pad_id(self) -> int:
+        p = self._processor().pad_id()
+        return p if p >= 0 else 0
+
+    @property
+    def eos_id(self) -> int:
+        return self._processor().eos_id()
+
+    @property
+    def unk_id(self) -> int:
+        return self._processor().unk_id()
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.model_bytes()).hexdigest()
+
+    # -- encoding
+    def encode(self, text: str) -> list[int]:
+        return list(self._processor().encode(text, out_type=int))
+
+    def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[np.ndarray]:
+        """Token ids of many texts in one call into SentencePiece (int32 arrays).
+
+        Args:
+          texts: the texts.
+          num_threads: SentencePiece's encoding threads (None: its default).
+        """
+        if not texts:
+            return []
+        kwargs = {} if num_threads is None else {"num_threads": int(num_threads)}
+        ids = self._processor().encode(list(texts), out_type=int, **kwargs)
+        return [np.asarray(x, dtype=np.int32) for x in ids]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        sp = self._processor()
+        n = sp.get_piece_size()
+        drop = {self.pad_id, self.eos_id}
+        clean = [int(i) for i in ids if 0 <= int(i) < n and int(i) not in drop]
+        return sp.decode(clean)
+
+    def id_to_piece(self, i: int) -> str:
+        """The piece of id ``i``; sentinels show as ``<extra_id_k>``."""
+        n = self.base_vocab_size
+        if n <= i < self.vocab_size:
+            return f"<extra_id_{n + self.extra_ids - 1 - i}>"
+        return self._processor().id_to_piece(int(i))
+
+    # -- identity and storage
+    def fingerprint(self) -> dict:
+        return {"kind": "sentencepiece", "sha256": self.sha256, "extra_ids": self.extra_ids}
+
+    def to_json(self) -> dict:
+        """``{"kind", "file", "sha256", "extra_ids", "vocab_size"}``.
+
+        ``file`` is the name under which a cache stores ``model_bytes()``; it is
+        derived from the model's hash, so two features with different models never
+        share a file.
+        """
+        sha = self.sha256
+        return {"kind": "sentencepiece", "file": f"spm-{sha[:16]}.model", "sha256": sha,
+                "extra_ids": self.extra_ids, "vocab_size": self.vocab_size}
+
+    def __repr__(self) -> str:
+        return f"SentencePieceVocabulary({self._where()!r}, extra_ids={self.extra_ids})"
+
+
+def vocabulary_from_json(desc: dict, base_dir: str) -> Vocabulary:
+    """Rebuilds a vocabulary from ``Vocabulary.to_json()``.
+
+    Args:
+      desc: the JSON description.
+      base_dir: folder holding the model file ``desc["file"]`` (SentencePiece).
+
+    Raises:
+      ValueError: an unknown kind, a missing model file, or a model whose sha256
+        differs from ``desc["sha256"]`` (the message names the file and both hashes).
+    """
+    kind = desc.get("kind")
+    extra_ids = int(desc.get("extra_ids", 0))
+    if kind == "byte":
+        return ByteVocabulary(extra_ids=extra_ids)
+    if kind == "sentencepiece":
+        name = desc.get("file")
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise ValueError(f"vocabulary description has a bad model file name {name!r} (expected a plain file name)")
+        path = f"{base_dir.rstrip('/')}/{name}"
+        try:
+            data = _read_bytes(path)
+        except OSError as e:
+            raise ValueError(f"SentencePiece model {path!r} named by the cache is missing: {e}") from e
+        want = desc.get("sha256")
+        got = hashlib.sha256(data).hexdigest()
+        if want is not None and got != want:
+            raise ValueError(f"SentencePiece model {path!r} has sha256 {got}, but the cache expects {want}")
+        vocab = SentencePieceVocabulary(model_bytes=data, extra_ids=extra_ids)
+        vocab.model_path = path
+        return vocab
+    raise ValueError(f"unknown vocabulary kind {kind!r} in {desc!r} (expected 'byte' or 'sentencepiece')")
+
+
+def vocabulary_from_spec(spec: str, extra_ids: int = 0) -> Vocabulary:
+    """``"byte"`` -> ByteVocabulary; a path to a ``.model`` file -> SentencePieceVocabulary.
+
+    Raises:
+      ValueError: anything else (the message says what is accepted).
+    """
+    if spec == "byte":
+        return ByteVocabulary(extra_ids=extra_ids)
+    if spec.endswith(".model") or ("://" not in spec and os.path.isfile(spec)):
+        vocab = SentencePieceVocabulary(spec, extra_ids=extra_ids)
+        vocab._processor()  # fail now, naming the path
+        return vocab
+    raise ValueError(f"bad vocabulary {spec!r}: expected 'byte' or the path of a SentencePiece .model file")
+
+
+# ---------------------------------------------------------------------------
+# Training.
+
+
+def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int, seed: int,
+                          field: str = "text") -> list[str]:
+    """A deterministic sample of record texts to train a vocabulary on.
+
+    Keeps the ``max_records`` records with the smallest keyed hash
+    ``blake2b(raw, key=seed, digest_size=8)`` (a bottom-k sample): the sample
+    depends only on the multiset of records and the seed, not on file order or on
+    how records are split across files. Streams with a bounded heap, so memory is
+    O(max_records) texts. Empty texts, non-string values and records a source
+    skipped are left out. The result is ordered by hash.
+
+    Args:
+      source: one source or several (sampled together).
+      max_records: sample size (records).
+      seed: non-negative int, the hash key.
+      field: the key of the text in ``SourceRecord.data``.
+
+    Raises:
+      ValueError: max_records < 1, seed < 0, or the sources hold no text.
+    """
+    if max_records < 1:
+        raise ValueError(f"max_records must be >= 1 (got {max_records=})")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0 (got {seed=})")
+    sources = [source] if isinstance(source, Source) else list(source)
+    key = int(seed).to_bytes(max(8, (int(seed).bit_length() + 7) // 8), "little")[:64]
+    heap: list[tuple[int, bytes, str]] = []  # (-hash, -> max-heap on hash), raw, text
+    for src in sources:
+        for record in src.read_all():
+            if is_error_record(record):
+                continue
+            text = record.data.get(field)
+            if not isinstance(text, str) or not text:
+                continue
+            h = int.from_bytes(hashlib.blake2b(record.raw, key=key, digest_size=8).digest(), "big")
+            item = (-h, _neg_bytes(record.raw), text)
+            if len(heap) < max_records:
+                heapq.heappush(heap, item)
+            elif item > heap[0]:
+                heapq.heapreplace(heap, item)
+    if not heap:
+        raise ValueError(f"no non-empty {field!r} text found in {[s.describe() for s in sources]}")
+    heap.sort(reverse=True)
+    return [text for _, _, text in heap]
+
+
+def _neg_bytes(b: bytes) -> bytes:
+    # Orders ties on the hash by raw bytes, smallest kept, inside a max-heap.
+    return bytes(255 - x for x in b) + b"\xff"
+
+
+def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: int, model_type: str = "unigram",
+                        character_coverage: float = 0.9995, max_sentence_length: int = 16384,
+                        input_sentence_size: int = 0, seed: int = 0, split_lines: bool = True,
+                        extra_ids: int = 0) -> SentencePieceVocabulary:
+    """Trains a SentencePiece model with the T5 id layout and writes it to ``output_path``.
+
+    Ids: pad 0, eos 1, unk 2, no bos; ``byte_fallback`` is on, so every string is
+    encodable (unknown characters become byte pieces ``<0x..>``).
+
+    Determinism: the same texts, in the same order, with the same options give a
+    byte-identical ``.model`` file, in the same or another process (training runs
+    on one thread with a fixed random seed and no input shuffling). Pass texts from
+    ``sample_for_vocabulary`` to make the result independent of file order too.
+
+    Args:
+      texts: training texts; with ``split_lines`` each is split into lines and
+        empty lines are skipped (SentencePiece trains on sentences).
+      output_path: where to write the ``.model`` file (local or a Beam URL).
+      vocab_size: number of pieces, including pad/eos/unk and the 256 byte pieces.
+      model_type: ``"unigram"`` (Kudo 2018, arXiv 1804.10959) or ``"bpe"``.
+      character_coverage: fraction of characters covered by single-character
+        pieces (the rest fall back to bytes).
+      max_sentence_length: longer sentences (in bytes) are skipped by SentencePiece.
+      input_sentence_size: if > 0, train on the first this many sentences.
+      seed: SentencePiece's random seed.
+      split_lines: split texts into lines.
+      extra_ids: sentinels of the returned vocabulary (not stored in the model).
+
+    Raises:
+      ValueError: bad options, no text, or SentencePiece refused to train (for
+        example ``vocab_size`` too large for the text); the message says which.
+    """
+    import sentencepiece as spm
+
+    if model_type not in ("unigram", "bpe"):
+        raise ValueError(f"model_type must be 'unigram' or 'bpe' (got {model_type!r})")
+    if vocab_size < 260:
+        raise ValueError(f"vocab_size must be >= 260 (3 special ids + 256 byte pieces + 1) (got {vocab_size=})")
+
+    def sentences():
+        for text in texts:
+            if split_lines:
+                for line in text.splitlines():
+                    if line.strip():
+                        yield line
+            elif text.strip():
+                yield text
+
+    writer = io.BytesIO()
+    spm.set_random_generator_seed(int(seed))
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=sentences(),
+            model_writer=writer,
+            vocab_size=int(vocab_size),
+            model_type=model_type,
+            character_coverage=float(character_coverage),
+            max_sentence_length=int(max_sentence_length),
+            input_sentence_size=int(input_sentence_size),
+            shuffle_input_sentence=False,
+            num_threads=1,
+            pad_id=0,
+            eos_id=1,
+            unk_id=2,
+            bos_id=-1,
+            byte_fallback=True,
+            minloglevel=2,
+        )
+    except (RuntimeError, OSError) as e:
+        raise ValueError(f"SentencePiece training failed (vocab_size={vocab_size}, model_type={model_type}): {e}") from e
+    data = writer.getvalue()
+    if not data:
+        raise ValueError("SentencePiece training produced no model: were there any non-empty texts?")
+    _write_bytes(os.fspath(output_path), data)
+    vocab = SentencePieceVocabulary(model_bytes=data, extra_ids=extra_ids)
+    vocab.model_path = os.fspath(output_path)
+    return vocab

@@ -26,7 +26,7 @@ from seqcache import format as fmt
 TMP_DIR_NAME = "_tmp"
 
 
-def islocal_path(path: str) -> bool:
+def is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
 
 
@@ -36,7 +36,7 @@ def local_path(path: str) -> str:
 
 
 def join(base: str, *parts: str) -> str:
-    if islocal_path(base):
+    if is_local(base):
         return os.path.join(local_path(base), *parts)
     from apache_beam.io.filesystems import FileSystems
 
@@ -44,7 +44,7 @@ def join(base: str, *parts: str) -> str:
 
 
 def exists(path: str) -> bool:
-    if islocal_path(path):
+    if is_local(path):
         return os.path.exists(local_path(path))
     from apache_beam.io.filesystems import FileSystems
 
@@ -52,13 +52,13 @@ def exists(path: str) -> bool:
 
 
 def makedirs(path: str) -> None:
-    if islocal_path(path):
+    if is_local(path):
         os.makedirs(local_path(path), exist_ok=True)
     # Object stores have no folders: nothing to create.
 
 
 def read_text(path: str) -> str:
-    if islocal_path(path):
+    if is_local(path):
         with open(local_path(path), encoding="utf-8") as f:
             return f.read()
     from apache_beam.io.filesystems import FileSystems
@@ -69,7 +69,7 @@ def read_text(path: str) -> str:
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path`` so that readers see either nothing or all of it."""
-    if islocal_path(path):
+    if is_local(path):
         path = local_path(path)
         d = os.path.dirname(path) or "."
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
@@ -95,7 +95,7 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
 
 def move_into_place(local_tmp: str, dest: str) -> None:
     """Moves a finished local file to ``dest`` (local rename, or upload then delete)."""
-    if islocal_path(dest):
+    if is_local(dest):
         os.replace(local_tmp, local_path(dest))
         return
     from apache_beam.io.filesystems import FileSystems
@@ -106,7 +106,7 @@ def move_into_place(local_tmp: str, dest: str) -> None:
 
 
 def remove_tree(path: str) -> None:
-    if islocal_path(path):
+    if is_local(path):
         shutil.rmtree(local_path(path), ignore_errors=True)
         return
     from apache_beam.io.filesystems import FileSystems
@@ -163,7 +163,7 @@ def write_shard(
     data_name = fmt.shard_name(fmt.DATA_PREFIX, index, num_shards)
     prov_name = fmt.shard_name(fmt.PROVENANCE_PREFIX, index, num_shards)
     if local_tmp_dir is None:
-        local_tmp_dir = local_path(cache_dir) if islocal_path(cache_dir) else tempfile.gettempdir()
+        local_tmp_dir = local_path(cache_dir) if is_local(cache_dir) else tempfile.gettempdir()
     os.makedirs(local_tmp_dir, exist_ok=True)
     # A unique temporary name per attempt: a retried bundle never collides with a
     # half-written file of an earlier attempt.

@@ -73,10 +73,10 @@ def info(cache_dir, as_json, shards):
     t.add_row("packing", str(d["packing"]))
     t.add_row("features", ", ".join(f"{f['name']}:{f['dtype']}" for f in d["features"]))
     for name, vocab in m.vocabularies.items():
-        t.add_row(f"vocabulary[{name}]", ", ".join(f"{k}={v}" for k, v in vocab.items() if k != "sha256"))
+        t.add_row(f"vocabulary ({name})", ", ".join(f"{k}={v}" for k, v in vocab.items() if k != "sha256"))
     for name, n in stats.get("tokens", {}).items():
         t.add_row(
-            f"tokens[{name}]",
+            f"tokens ({name})",
             f"{n:,} (mean {stats.get('mean_length', {}).get(name, 0):,.1f}, max {stats.get('max_length', {}).get(name, 0):,} per example)",
         )
     for key in ("source_records", "source_examples", "segments", "truncated_tokens", "skipped_records"):

@@ -426,6 +426,7 @@ def _neg_bytes(b: bytes) -> bytes:
 def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: int, model_type: str = "unigram",
                         character_coverage: float = 0.9995, max_sentence_length: int = 16384,
                         input_sentence_size: int = 0, seed: int = 0, split_lines: bool = True,
+                        normalization_rule_name: str = "nmt_nfkc", remove_extra_whitespaces: bool = True,
                         extra_ids: int = 0) -> SentencePieceVocabulary:
     """Trains a SentencePiece model with the T5 id layout and writes it to ``output_path``.
 
@@ -449,6 +450,11 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
       input_sentence_size: if > 0, train on the first this many sentences.
       seed: SentencePiece's random seed.
       split_lines: split texts into lines.
+      normalization_rule_name: SentencePiece normalisation: ``"nmt_nfkc"`` (T5's
+        choice) or ``"identity"``. With ``"identity"`` and
+        ``remove_extra_whitespaces=False``, ``decode(encode(text)) == text`` for
+        every text (lossless; useful for code); NFKC changes some characters.
+      remove_extra_whitespaces: collapse runs of spaces and strip ends.
       extra_ids: sentinels of the returned vocabulary (not stored in the model).
 
     Raises:
@@ -489,6 +495,8 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
             unk_id=2,
             bos_id=-1,
             byte_fallback=True,
+            normalization_rule_name=normalization_rule_name,
+            remove_extra_whitespaces=bool(remove_extra_whitespaces),
             minloglevel=2,
         )
     except (RuntimeError, OSError) as e:

@@ -1,0 +1,84 @@
+"""``seqcache vocab``: train and try vocabularies."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import click
+
+
+@click.group()
+def vocab():
+    """Train a SentencePiece vocabulary or encode text with one."""
+
+
+@vocab.command("train")
+@click.option("--source", "sources", multiple=True, required=True,
+              help="Source spec: text:PATTERN, files:PATTERN, jsonl:PATTERN#FIELD or parquet:PATTERN#COLUMN. "
+                   "Repeat to sample from several sources.")
+@click.option("--vocab-size", type=click.IntRange(min=260), required=True, help="Number of pieces.")
+@click.option("--output", type=click.Path(dir_okay=False), required=True, help="Where to write the .model file.")
+@click.option("--max-records", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="Records sampled (deterministically, by keyed hash) to train on.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Sampling and training seed.")
+@click.option("--model-type", type=click.Choice(["unigram", "bpe"]), default="unigram", show_default=True)
+@click.option("--character-coverage", type=click.FloatRange(0.5, 1.0), default=0.9995, show_default=True)
+def train(sources, vocab_size, output, max_records, seed, model_type, character_coverage):
+    """Train a SentencePiece model (T5 ids: pad 0, eos 1, unk 2; byte fallback).
+
+    The same sources, options and seed give a byte-identical model file.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from seqcache.tasks import parse_source_spec, sample_for_vocabulary, train_sentencepiece
+
+    console = Console(stderr=True)
+    try:
+        parsed = [parse_source_spec(s) for s in sources]
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--source") from None
+    start = time.perf_counter()
+    try:
+        texts = sample_for_vocabulary(parsed, max_records=max_records, seed=seed)
+        sample_s = time.perf_counter() - start
+        vocabulary = train_sentencepiece(texts, output_path=output, vocab_size=vocab_size, model_type=model_type,
+                                         character_coverage=character_coverage, seed=seed)
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    total_s = time.perf_counter() - start
+    chars = sum(len(t) for t in texts)
+    tokens = sum(len(a) for a in vocabulary.encode_batch(texts[:2000]))
+    chars_head = sum(len(t) for t in texts[:2000])
+
+    table = Table(title="SentencePiece vocabulary", show_header=False)
+    table.add_row("model", f"{output} ({os.path.getsize(output):,} bytes)" if os.path.exists(output) else output)
+    table.add_row("sha256", vocabulary.sha256)
+    table.add_row("pieces", f"{vocabulary.vocab_size:,} ({model_type})")
+    table.add_row("ids", f"pad {vocabulary.pad_id}, eos {vocabulary.eos_id}, unk {vocabulary.unk_id}")
+    table.add_row("sample", f"{len(texts):,} records, {chars:,} characters (seed {seed})")
+    if tokens:
+        table.add_row("characters / token", f"{chars_head / tokens:.2f} (first {min(len(texts), 2000):,} records)")
+    table.add_row("time", f"{sample_s:.1f} s sampling, {total_s - sample_s:.1f} s training")
+    console.print(table)
+
+
+@vocab.command("encode")
+@click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,
+              help="'byte' or the path of a SentencePiece .model file.")
+@click.option("--extra-ids", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--pieces/--no-pieces", default=False, help="Also print each id's piece (SentencePiece).")
+@click.argument("text")
+def encode(vocabulary_spec, extra_ids, pieces, text):
+    """Print the token ids of TEXT (no EOS appended)."""
+    from seqcache.tasks import SentencePieceVocabulary, vocabulary_from_spec
+
+    try:
+        vocabulary = vocabulary_from_spec(vocabulary_spec, extra_ids=extra_ids)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--vocabulary") from None
+    ids = vocabulary.encode(text)
+    click.echo(" ".join(str(i) for i in ids))
+    if pieces and isinstance(vocabulary, SentencePieceVocabulary):
+        click.echo(" ".join(vocabulary.id_to_piece(i) for i in ids))

@@ -1,0 +1,191 @@
+"""Sources: record ids, raw bytes, formats and errors, on the shared corpora."""
+
+import gzip
+import json
+import pickle
+
+import pytest
+
+from seqcache.tasks import sources as S
+
+
+def _first(source, n=None):
+    out = []
+    for r in source.read_all():
+        out.append(r)
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def test_text_lines_tinyshakespeare(shared_data):
+    src = S.TextLineSource(str(shared_data / "tinyshakespeare" / "input.txt"))
+    (f,) = src.list_files()
+    assert f.num_bytes == 1_115_394
+    records = list(src.read_file(7, f.path))
+    assert len(records) == 40_000
+    assert [r.record_number for r in records[:5]] == [0, 1, 2, 3, 4]
+    assert all(r.file_index == 7 for r in records)
+    assert records[0] == S.SourceRecord(7, 0, {"text": "First Citizen:"}, b"First Citizen:")
+    # Empty lines are records.
+    assert records[2].data == {"text": ""} and records[2].raw == b""
+    assert sum(1 for r in records if r.raw == b"") > 1000
+    # raw is the UTF-8 line without its terminator: the lines rebuild the file.
+    with open(f.path, "rb") as fh:
+        assert b"\n".join(r.raw for r in records) + b"\n" == fh.read()
+
+
+def test_text_lines_crlf(shared_data):
+    src = S.TextLineSource(str(shared_data / "wikitext2" / "wiki.test.raw.crlf"))
+    records = _first(src)
+    assert len(records) == 2891
+    assert records[0].data["text"] == " = Robert Boulter = "
+    assert not any(r.raw.endswith(b"\r") or b"\n" in r.raw for r in records)
+    with open(src.list_files()[0].path, "rb") as fh:
+        assert b"\r\n".join(r.raw for r in records) + b"\r\n" == fh.read()
+
+
+def test_text_lines_bom_gz_and_last_line(tmp_path, shared_data):
+    # botchan.txt starts with a UTF-8 BOM, removed from the first record.
+    (first,) = _first(S.TextLineSource(str(shared_data / "sentencepiece_data" / "botchan.txt")), 1)
+    assert not first.raw.startswith(b"\xef\xbb\xbf") and not first.data["text"].startswith("\ufeff")
+    p = tmp_path / "a.txt.gz"
+    with gzip.open(p, "wb") as fh:
+        fh.write("één\r\n\nlast".encode("utf-8"))
+    records = _first(S.TextLineSource(str(p), field="line"))
+    assert [(r.record_number, r.data["line"], r.raw) for r in records] == [
+        (0, "één", "één".encode()), (1, "", b""), (2, "last", b"last")]
+
+
+def test_text_lines_invalid_utf8(tmp_path):
+    p = tmp_path / "bad.txt"
+    p.write_bytes(b"good\n\xff\xfe broken\n\xc0\xaf overlong\nfine\n")
+    with pytest.raises(ValueError, match=r"bad.txt: line 2 \(record 1\) is not valid UTF-8"):
+        _first(S.TextLineSource(str(p)))
+    records = _first(S.TextLineSource(str(p), on_error="skip"))
+    assert [S.is_error_record(r) for r in records] == [False, True, True, False]
+    assert records[1].raw == b"\xff\xfe broken"  # kept for the quarantine file
+    assert "not valid UTF-8" in records[2].data[S.SOURCE_ERROR_KEY]
+
+
+def test_glob_sorted_recursive_and_no_match(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "deep").mkdir()
+    for rel in ["z.txt", "a.txt", "b/m.txt", "b/deep/c.txt"]:
+        (tmp_path / rel).write_text("x\n")
+    files = S.TextLineSource(str(tmp_path / "**" / "*.txt")).list_files()
+    assert [f.path for f in files] == sorted(str(tmp_path / r) for r in ["z.txt", "a.txt", "b/m.txt", "b/deep/c.txt"])
+    # Two overlapping patterns: the union, once each.
+    both = S.TextLineSource([str(tmp_path / "*.txt"), str(tmp_path / "a.txt")]).list_files()
+    assert [f.path for f in both] == [str(tmp_path / "a.txt"), str(tmp_path / "z.txt")]
+    pattern = str(tmp_path / "*.nothing")
+    with pytest.raises(FileNotFoundError, match=r"\*\.nothing"):
+        S.TextLineSource(pattern).list_files()
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        S.TextLineSource(str(tmp_path / "missing.txt")).list_files()
+
+
+def test_text_file_source(tmp_path):
+    (tmp_path / "a.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "b.py").write_text("x = 2\n")
+    src = S.TextFileSource(str(tmp_path / "*.py"))
+    records = _first(src)
+    assert [(r.file_index, r.record_number, r.data["text"]) for r in records] == [
+        (0, 0, "def f():\n    return 1\n"), (1, 0, "x = 2\n")]
+    assert records[1].raw == b"x = 2\n"
+
+
+def test_jsonl_dotted_field(shared_data):
+    src = S.JsonLinesSource(str(shared_data / "dolma_cc" / "*.jsonl.gz"), field="metadata.title")
+    files = src.list_files()
+    assert [f.path.rsplit("/", 1)[1] for f in files] == ["cc_en_head-0091.jsonl.gz", "cc_en_head-0174.jsonl.gz"]
+    records = _first(src)
+    assert len(records) == 20
+    assert [(r.file_index, r.record_number) for r in records[9:12]] == [(0, 9), (1, 0), (1, 1)]
+    assert records[0].data == {"text": "First Teleconference Calls for Invoice Factoring, and more. — 100K Investing, LLC."}
+    # raw is the whole stripped line: it parses back to the full record.
+    full = json.loads(records[0].raw)
+    assert full["metadata"]["title"] == records[0].data["text"] and "text" in full
+
+
+def test_jsonl_several_fields_and_errors(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"a": {"b": "one"}, "c": 1}\n\n{"a": {"b": "two"}, "c": 2}\n{"a": {}}\nnot json\n[1]\n')
+    src = S.JsonLinesSource(str(p), fields={"text": "a.b", "n": "c"}, on_error="skip")
+    records = _first(src)
+    assert [r.record_number for r in records] == [0, 2, 3, 4, 5]  # blank line 1 skipped
+    assert records[0].data == {"n": 1, "text": "one"} and records[1].data == {"n": 2, "text": "two"}
+    assert all(S.is_error_record(r) for r in records[2:])
+    with pytest.raises(ValueError, match=r"x.jsonl: line 4 \(record 3\) has no field 'a.b'"):
+        _first(S.JsonLinesSource(str(p), field="a.b"))
+    q = tmp_path / "y.jsonl"
+    q.write_text('{"text": "ok"}\n{"text": \n')
+    with pytest.raises(ValueError, match=r"y.jsonl: line 2 \(record 1\) is not valid JSON"):
+        _first(S.JsonLinesSource(str(q)))
+
+
+def test_parquet_c4(shared_data):
+    src = S.ParquetSource(str(shared_data / "c4" / "c4_validation_2k.parquet"), batch_size=300)
+    records = _first(src)
+    assert len(records) == 2000
+    assert [r.record_number for r in records] == list(range(2000))
+    assert records[0].raw == S.canonical_json_bytes({"text": records[0].data["text"]})
+    assert records[0].data["text"].startswith("We offer valet parking")
+    # Several columns: raw holds the selected columns under their column names.
+    two = S.ParquetSource(str(shared_data / "c4" / "*.parquet"), columns={"text": "text", "link": "url"})
+    (r0,) = _first(two, 1)
+    assert json.loads(r0.raw) == {"text": r0.data["text"], "url": r0.data["link"]}
+
+
+def test_parquet_missing_column(shared_data):
+    src = S.ParquetSource(str(shared_data / "c4" / "c4_validation_2k.parquet"), column="body")
+    with pytest.raises(ValueError, match=r"c4_validation_2k.parquet: Parquet file has no column 'body'"):
+        _first(src)
+
+
+def _numbers():
+    return [{"text": f"n{i}", "i": i} for i in range(5)]
+
+
+def test_function_source():
+    src = S.FunctionSource(_numbers, name="numbers", version="2")
+    assert src.list_files() == [S.SourceFile("<function numbers>", 0, 0)]
+    records = _first(src)
+    assert [r.record_number for r in records] == [0, 1, 2, 3, 4]
+    assert records[3].raw == b'{"i":3,"text":"n3"}'
+    assert src.fingerprint()["version"] == "2"
+    assert pickle.loads(pickle.dumps(src)).fingerprint() == src.fingerprint()
+
+
+def test_fingerprint_and_pickle(tmp_path):
+    p = tmp_path / "a.txt"
+    p.write_text("one\ntwo\n")
+    src = S.TextLineSource(str(p))
+    fp = src.fingerprint()
+    assert fp["kind"] == "text" and fp["files"][0]["num_bytes"] == 8 and fp["params"] == {"field": "text"}
+    clone = pickle.loads(pickle.dumps(src))
+    assert clone.fingerprint() == fp
+    assert len(pickle.dumps(src)) < 1000
+    p.write_text("one\ntwo\nthree\n")
+    assert src.fingerprint() != fp  # size changed
+    assert S.TextLineSource(str(p), field="x").fingerprint()["params"] != fp["params"]
+
+
+@pytest.mark.parametrize("spec, cls, attrs", [
+    ("text:data/*.txt", S.TextLineSource, {"patterns": ("data/*.txt",)}),
+    ("files:src/**/*.py", S.TextFileSource, {"patterns": ("src/**/*.py",)}),
+    ("jsonl:d/*.jsonl.gz#metadata.title", S.JsonLinesSource, {"fields": {"text": "metadata.title"}}),
+    ("jsonl:d/*.jsonl", S.JsonLinesSource, {"fields": {"text": "text"}}),
+    ("parquet:c4/*.parquet#body", S.ParquetSource, {"columns": {"text": "body"}}),
+])
+def test_parse_source_spec(spec, cls, attrs):
+    src = S.parse_source_spec(spec)
+    assert type(src) is cls
+    for k, v in attrs.items():
+        assert getattr(src, k) == v
+
+
+@pytest.mark.parametrize("spec", ["csv:x.csv", "x.txt", "text:", "jsonl:x.jsonl#"])
+def test_parse_source_spec_errors(spec):
+    with pytest.raises(ValueError, match="accepted source specs"):
+        S.parse_source_spec(spec)

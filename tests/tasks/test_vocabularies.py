@@ -1,0 +1,174 @@
+"""Vocabularies: byte layout, SentencePiece training determinism, sentinels, pickling."""
+
+import hashlib
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from seqcache.tasks import sources as S
+from seqcache.tasks import vocabularies as V
+
+
+def _blns_lines(shared_data):
+    lines = (shared_data / "unicode_edge" / "blns.txt").read_text(encoding="utf-8").split("\n")
+    return [l for l in lines if l and not l.startswith("#")]
+
+
+def test_byte_layout_and_round_trip(shared_data):
+    v = V.ByteVocabulary()
+    assert (v.vocab_size, v.pad_id, v.eos_id, v.unk_id) == (259, 0, 1, 2)
+    assert v.encode("Ab") == [ord("A") + 3, ord("b") + 3]
+    assert v.encode("é") == [0xC3 + 3, 0xA9 + 3]
+    lines = _blns_lines(shared_data)
+    assert len(lines) > 500
+    arrays = v.encode_batch(lines)
+    for line, ids in zip(lines, arrays):
+        assert ids.dtype == np.int32
+        assert ids.tolist() == v.encode(line)
+        assert v.decode(ids) == line
+    # pad and eos decode to nothing; a cut UTF-8 sequence becomes U+FFFD.
+    assert v.decode([0, *v.encode("hi"), 1, 0]) == "hi"
+    assert v.decode(v.encode("é")[:1]) == "\ufffd"
+
+
+def test_byte_extra_ids():
+    v = V.ByteVocabulary(extra_ids=100)
+    assert v.vocab_size == 359
+    assert v.sentinel_id(0) == 358 and v.sentinel_id(99) == 259
+    assert v.decode([v.sentinel_id(0), *v.encode("x")]) == "x"
+    with pytest.raises(ValueError, match="sentinel index 100 is out of range"):
+        v.sentinel_id(100)
+    assert v.fingerprint() == {"kind": "byte", "sha256": None, "extra_ids": 100}
+    assert V.vocabulary_from_json(v.to_json(), "/nonexistent") == v
+    assert v.model_bytes() is None
+
+
+@pytest.fixture(scope="module")
+def botchan_sample(shared_data):
+    src = S.TextLineSource(str(shared_data / "sentencepiece_data" / "botchan.txt"))
+    return V.sample_for_vocabulary(src, max_records=3000, seed=7)
+
+
+@pytest.fixture(scope="module")
+def spm_model(botchan_sample, tmp_path_factory):
+    path = tmp_path_factory.mktemp("spm") / "botchan.model"
+    V.train_sentencepiece(botchan_sample, output_path=str(path), vocab_size=800)
+    return path
+
+
+def test_sample_for_vocabulary_independent_of_file_order(tmp_path, shared_data):
+    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text().split("\n")[:4000]
+    (tmp_path / "a.txt").write_text("\n".join(lines[:2500]) + "\n")
+    (tmp_path / "b.txt").write_text("\n".join(lines[2500:]) + "\n")
+    (tmp_path / "c.txt").write_text("\n".join(reversed(lines)) + "\n")
+    split = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "[ab].txt")), max_records=500, seed=3)
+    reordered = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "c.txt")), max_records=500, seed=3)
+    assert len(split) == 500 and split == reordered
+    other_seed = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "c.txt")), max_records=500, seed=4)
+    assert other_seed != split
+    assert "" not in split
+    # The kept records are exactly the 500 smallest keyed hashes of the distinct non-empty lines.
+    key = (3).to_bytes(8, "little")
+    h = lambda s: hashlib.blake2b(s.encode(), key=key, digest_size=8).digest()
+    nonempty = [l for l in lines if l]
+    expected = sorted(nonempty, key=lambda s: (h(s), s.encode()))[:500]
+    assert split == expected
+
+
+def test_train_sentencepiece_deterministic(botchan_sample, spm_model, shared_data, tmp_path):
+    # A second training, in a fresh process, gives the same bytes.
+    again = tmp_path / "again.model"
+    code = (
+        "import sys; from seqcache.tasks import TextLineSource, sample_for_vocabulary, train_sentencepiece\n"
+        "texts = sample_for_vocabulary(TextLineSource(sys.argv[1]), max_records=3000, seed=7)\n"
+        "train_sentencepiece(texts, output_path=sys.argv[2], vocab_size=800)\n"
+    )
+    botchan = str(shared_data / "sentencepiece_data" / "botchan.txt")
+    subprocess.run([sys.executable, "-c", code, botchan, str(again)], check=True, timeout=120)
+    assert hashlib.sha256(again.read_bytes()).hexdigest() == hashlib.sha256(spm_model.read_bytes()).hexdigest()
+    # Different training text gives a different model.
+    other = V.train_sentencepiece(botchan_sample[:1500], output_path=str(tmp_path / "o.model"), vocab_size=800)
+    assert other.sha256 != hashlib.sha256(spm_model.read_bytes()).hexdigest()
+
+
+def test_identity_normalization_is_lossless(botchan_sample, shared_data, tmp_path):
+    v = V.train_sentencepiece(botchan_sample[:2000], output_path=str(tmp_path / "id.model"), vocab_size=600,
+                              model_type="bpe", normalization_rule_name="identity", remove_extra_whitespaces=False)
+    texts = _blns_lines(shared_data) + ["  two  spaces ", "tab\tand ｆｕｌｌ width"]
+    for text, ids in zip(texts, v.encode_batch(texts)):
+        assert v.decode(ids) == text
+
+
+def test_sentencepiece_layout_and_round_trip(spm_model, botchan_sample):
+    v = V.SentencePieceVocabulary(str(spm_model))
+    assert (v.vocab_size, v.pad_id, v.eos_id, v.unk_id) == (800, 0, 1, 2)
+    texts = botchan_sample[:200]
+    arrays = v.encode_batch(texts)
+    assert len(arrays) == 200 and all(a.dtype == np.int32 for a in arrays)
+    for text, ids in zip(texts, arrays):
+        assert ids.tolist() == v.encode(text)
+        # nmt_nfkc collapses runs of spaces; botchan is otherwise plain ASCII.
+        assert v.decode(ids) == " ".join(text.split())
+    # Byte fallback: characters never seen in training stay encodable.
+    snow = "雪 ☃ 🎉"
+    ids = v.encode(snow)
+    assert v.unk_id not in ids and v.decode(ids) == snow
+    assert v.decode([0, *v.encode("hello"), 1, 0]) == "hello"
+
+
+def test_sentencepiece_extra_ids_and_json(spm_model, tmp_path):
+    v = V.SentencePieceVocabulary(str(spm_model), extra_ids=5)
+    assert v.vocab_size == 805
+    assert [v.sentinel_id(i) for i in range(5)] == [804, 803, 802, 801, 800]
+    assert v.id_to_piece(804) == "<extra_id_0>" and v.id_to_piece(800) == "<extra_id_4>"
+    assert v.decode([804, *v.encode("a cat"), 800]) == "a cat"
+    desc = v.to_json()
+    assert desc["kind"] == "sentencepiece" and desc["extra_ids"] == 5 and desc["sha256"] == v.sha256
+    (tmp_path / desc["file"]).write_bytes(v.model_bytes())
+    back = V.vocabulary_from_json(desc, str(tmp_path))
+    assert back == v and back.vocab_size == 805
+    (tmp_path / desc["file"]).write_bytes(v.model_bytes()[:-1] + b"x")
+    with pytest.raises(ValueError, match="has sha256 .* but the cache expects"):
+        V.vocabulary_from_json(desc, str(tmp_path))
+    with pytest.raises(ValueError, match="bad model file name"):
+        V.vocabulary_from_json({**desc, "file": "../x.model"}, str(tmp_path))
+
+
+def test_sentencepiece_pickles_by_bytes(spm_model, tmp_path):
+    path = tmp_path / "moved.model"
+    path.write_bytes(spm_model.read_bytes())
+    v = V.SentencePieceVocabulary(str(path), extra_ids=2)
+    blob = pickle.dumps(v)
+    path.unlink()  # a worker elsewhere has no access to the file
+    w = pickle.loads(blob)
+    assert w.encode("the school") == V.SentencePieceVocabulary(str(spm_model)).encode("the school")
+    assert w.fingerprint() == {"kind": "sentencepiece", "sha256": hashlib.sha256(spm_model.read_bytes()).hexdigest(),
+                               "extra_ids": 2}
+
+
+def test_sentencepiece_bad_model(tmp_path):
+    bad = tmp_path / "corrupt.model"
+    bad.write_bytes(b"this is not a protobuf" * 10)
+    with pytest.raises(ValueError, match="corrupt.model is not a valid SentencePiece model"):
+        V.SentencePieceVocabulary(str(bad)).encode("x")
+    with pytest.raises(ValueError, match="cannot read SentencePiece model .*missing.model"):
+        V.SentencePieceVocabulary(str(tmp_path / "missing.model")).encode("x")
+    with pytest.raises(ValueError, match="exactly one of"):
+        V.SentencePieceVocabulary()
+
+
+def test_vocabulary_from_spec(spm_model):
+    assert V.vocabulary_from_spec("byte", extra_ids=3) == V.ByteVocabulary(extra_ids=3)
+    assert isinstance(V.vocabulary_from_spec(str(spm_model)), V.SentencePieceVocabulary)
+    with pytest.raises(ValueError, match="expected 'byte' or the path"):
+        V.vocabulary_from_spec("bytes")
+
+
+def test_train_errors(tmp_path):
+    with pytest.raises(ValueError, match="model_type"):
+        V.train_sentencepiece(["a"], output_path=str(tmp_path / "x.model"), vocab_size=300, model_type="word")
+    with pytest.raises(ValueError, match="SentencePiece training failed"):
+        V.train_sentencepiece(["tiny text"] * 10, output_path=str(tmp_path / "x.model"), vocab_size=5000)

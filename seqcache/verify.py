@@ -70,7 +70,11 @@ def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decod
     except Exception as e:
         problems.append(f"{path}: cannot read records: {e}")
     finally:
-        reader.close()
+        try:
+            reader.close()
+        except Exception as e:  # a corrupt file can fail again on close
+            if not problems:
+                problems.append(f"{path}: corrupt ArrayRecord file: {e}")
     return ShardReport(name, not problems, problems, count)
 
 

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True)
+    return Console(stderr=True, soft_wrap=True)
 
 
 @contextlib.contextmanager

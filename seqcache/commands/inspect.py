@@ -170,7 +170,7 @@ def verify(cache_dir, as_json):
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        console = Console()
+        console = Console(soft_wrap=True)
         n = len(report.shards)
         bad = [s for s in report.shards if not s.ok]
         if report.ok:

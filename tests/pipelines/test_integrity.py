@@ -1,0 +1,184 @@
+"""G7 integrity: verify names bad shards; unfinished builds never look complete;
+fingerprints decide reuse; zero examples is an error (G8)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from seqcache import format as fmt
+from seqcache import tasks
+from seqcache.cli import main as cli
+from seqcache.pipelines import BuildConfig, BuildError, build_task
+from seqcache.reading import CacheReader
+from seqcache.verify import verify_cache
+
+
+def _task(pattern, name="lines"):
+    return tasks.Task(
+        name,
+        source=tasks.TextLineSource(pattern),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.append_eos()],
+    )
+
+
+@pytest.fixture
+def corpus(tmp_path, shared_data):
+    src = tmp_path / "in"
+    src.mkdir()
+    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:4000]
+    (src / "a.txt").write_text("\n".join(lines[:2000]) + "\n", encoding="utf-8")
+    (src / "b.txt").write_text("\n".join(lines[2000:]) + "\n", encoding="utf-8")
+    return str(src / "*.txt")
+
+
+@pytest.fixture
+def cache(tmp_path, corpus):
+    return build_task(_task(corpus), cache_dir=str(tmp_path / "cache"), config=BuildConfig(num_shards=3)).cache_dir
+
+
+def _verify_cli(cache_dir):
+    result = CliRunner().invoke(cli, ["verify", cache_dir, "--json"])
+    return result.exit_code, json.loads(result.output)
+
+
+def test_verify_passes_on_a_good_cache(cache):
+    code, report = _verify_cli(cache)
+    assert code == 0 and report["ok"] and report["problems"] == []
+    assert len(report["shards"]) == 6  # 3 data shards + 3 provenance sidecars
+
+
+def test_verify_catches_truncated_shard(cache):
+    m = fmt.read_manifest(cache)
+    path = os.path.join(cache, m.shards[1].file)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 100)
+    code, report = _verify_cli(cache)
+    assert code == 1
+    assert any(m.shards[1].file in p and f"size {size - 100} bytes, expected {size}" in p for p in report["problems"])
+    # Opening the cache for reading refuses it too (cheap size check).
+    with pytest.raises(fmt.CacheError, match=m.shards[1].file):
+        CacheReader(cache)
+
+
+def test_verify_catches_flipped_byte(cache):
+    m = fmt.read_manifest(cache)
+    path = os.path.join(cache, m.shards[0].file)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 3] ^= 0x40
+    open(path, "wb").write(bytes(data))
+    code, report = _verify_cli(cache)
+    assert code == 1
+    actual = hashlib.sha256(bytes(data)).hexdigest()
+    assert any(m.shards[0].file in p and actual in p and m.shards[0].sha256 in p for p in report["problems"])
+
+
+def test_verify_catches_missing_shard(cache):
+    m = fmt.read_manifest(cache)
+    os.unlink(os.path.join(cache, m.shards[2].file))
+    code, report = _verify_cli(cache)
+    assert code == 1
+    assert any(m.shards[2].file in p and "missing" in p and str(m.shards[2].num_records) in p for p in report["problems"])
+
+
+def test_verify_catches_manifest_claiming_one_more_record(cache):
+    path = os.path.join(cache, fmt.MANIFEST_NAME)
+    raw = json.load(open(path))
+    n = raw["shards"][0]["num_records"]
+    raw["shards"][0]["num_records"] = n + 1
+    json.dump(raw, open(path, "w"))
+    code, report = _verify_cli(cache)
+    assert code == 1
+    assert any(raw["shards"][0]["file"] in p and f"{n} records, expected {n + 1}" in p for p in report["problems"])
+
+
+def test_manifest_with_path_outside_the_cache_is_refused(cache):
+    path = os.path.join(cache, fmt.MANIFEST_NAME)
+    raw = json.load(open(path))
+    raw["shards"][0]["file"] = "../../etc/passwd"
+    json.dump(raw, open(path, "w"))
+    with pytest.raises(fmt.CacheError, match="not a plain file name"):
+        fmt.read_manifest(cache)
+
+
+def test_same_fingerprint_is_reused_and_different_is_refused(tmp_path, corpus, cache):
+    root = os.path.dirname(os.path.dirname(cache))
+    before = {n: os.stat(os.path.join(cache, n)).st_mtime_ns for n in os.listdir(cache)}
+    again = build_task(_task(corpus), cache_dir=root, config=BuildConfig(num_shards=3))
+    assert again.reused
+    assert {n: os.stat(os.path.join(cache, n)).st_mtime_ns for n in os.listdir(cache)} == before
+    with pytest.raises(BuildError, match="--overwrite"):
+        build_task(_task(corpus), cache_dir=root, config=BuildConfig(num_shards=3, seed=7))
+    replaced = build_task(_task(corpus), cache_dir=root, config=BuildConfig(num_shards=3, seed=7), overwrite=True)
+    assert not replaced.reused and replaced.manifest.raw["seed"] == 7
+
+
+def test_zero_examples_is_an_error_naming_task_and_split(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(BuildError, match=r"task 'nothing' split 'validation': zero examples"):
+        build_task(_task(str(empty), name="nothing"), cache_dir=str(tmp_path / "c"),
+                   config=BuildConfig(split="validation", num_shards=2))
+    assert not os.path.exists(tmp_path / "c" / "nothing" / "validation" / fmt.MANIFEST_NAME)
+
+
+_KILLED_BUILD = textwrap.dedent(
+    """
+    import sys, threading
+    from seqcache import tasks
+    from seqcache.pipelines import BuildConfig, build_task, writer
+
+    real = writer.write_shard
+    def write_shard(cache_dir, *, index, **kw):
+        if index == 2:
+            print("BLOCKED", flush=True)
+            threading.Event().wait()  # killed here, after shards 0 and 1 are in place
+        return real(cache_dir, index=index, **kw)
+    writer.write_shard = write_shard
+
+    task = tasks.Task(
+        "lines",
+        source=tasks.TextLineSource(sys.argv[1]),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.append_eos()],
+    )
+    build_task(task, cache_dir=sys.argv[2], config=BuildConfig(num_shards=3))
+    """
+)
+
+
+def test_killed_build_leaves_no_manifest_and_rerun_gives_same_bytes(tmp_path, corpus, cache):
+    root = str(tmp_path / "killed")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_BUILD, corpus, root], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "BLOCKED"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    out_dir = os.path.join(root, "lines", "train")
+    names = os.listdir(out_dir)
+    assert fmt.MANIFEST_NAME not in names
+    assert "data.array_record-00000-of-00003" in names  # it did get that far
+    with pytest.raises(fmt.IncompleteCacheError, match="incomplete"):
+        CacheReader(out_dir)
+    code, report = _verify_cli(out_dir)
+    assert code == 1 and "incomplete" in report["problems"][0]
+    # Re-running the same build finishes and gives the uninterrupted build's bytes.
+    result = build_task(_task(corpus), cache_dir=root, config=BuildConfig(num_shards=3))
+    assert not result.reused
+    for s in result.manifest.shards:
+        assert open(os.path.join(out_dir, s.file), "rb").read() == open(os.path.join(cache, s.file), "rb").read()
+    assert sorted(os.listdir(out_dir)) == sorted(os.listdir(cache))  # no leftovers

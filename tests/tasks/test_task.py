@@ -143,3 +143,30 @@ def test_task_validation(shakespeare):
     with pytest.raises(ValueError, match="unsupported feature dtype"):
         Feature(ByteVocabulary(), dtype="int4")
     assert Task("t", source=shakespeare, output_features=feats, packing="lm").packing_feature == "targets"
+
+
+def test_task_pickles_for_workers(shared_data, tmp_path):
+    import pickle
+
+    from seqcache.tasks import sample_for_vocabulary, train_sentencepiece
+
+    src = TextLineSource(str(shared_data / "sentencepiece_data" / "botchan.txt"))
+    model = tmp_path / "v.model"
+    vocab = train_sentencepiece(sample_for_vocabulary(src, max_records=1500, seed=0), output_path=str(model),
+                                vocab_size=500)
+    task = Task("botchan", source=src, output_features={"targets": Feature(vocab)},
+                preprocessors=[rekey({"targets": "text"}), tokenize(), filter_empty(), append_eos()], packing="lm")
+    records = []
+    for r in src.read_all():
+        records.append(r)
+        if len(records) == 200:
+            break
+    blob = pickle.dumps(task)
+    model.unlink()  # workers do not see the driver's files
+    clone = pickle.loads(blob)
+    assert clone.fingerprint(seed=0, sequence_length=None) == task.fingerprint(seed=0, sequence_length=None)
+    a = task.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)
+    b = clone.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)
+    assert len(a) == len(b) > 100
+    for (i, x), (j, y) in zip(a, b):
+        assert i == j and x["targets"].tobytes() == y["targets"].tobytes()

@@ -1,0 +1,67 @@
+"""TrainConfig: presets, JSON round trip, dotted overrides and their errors."""
+
+import json
+import re
+
+import pytest
+
+from seqcache.training import config as C
+
+
+def test_json_round_trip_is_identity(tmp_path):
+    cfg = C.apply_overrides(C.TrainConfig(), ["model.vocab_size=100", "optimizer.clip_norm=none", "rules=fsdp"])
+    path = tmp_path / "c.json"
+    path.write_text(C.to_json(cfg))
+    assert C.load_config_file(str(path)) == cfg
+    assert json.loads(path.read_text())["model"]["vocab_size"] == 100
+
+
+def test_overrides_parse_and_check_types():
+    cfg = C.apply_overrides(
+        C.TrainConfig(),
+        ["model.d_model=128", "optimizer.lr=1e-3", "model.tie_embeddings=false", "data.task=c4", "data.mixture={\"a\": 1}"],
+    )
+    assert cfg.model.d_model == 128 and isinstance(cfg.model.d_model, int)
+    assert cfg.optimizer.lr == pytest.approx(1e-3)
+    assert cfg.model.tie_embeddings is False
+    assert cfg.data.task == "c4"
+    assert cfg.data.mixture == {"a": 1}
+    # a string field keeps a value that would parse as a number
+    assert C.apply_overrides(cfg, ["data.split=2019"]).data.split == "2019"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.d_modle=3", "no field 'd_modle'"),
+        ("model.d_model=abc", "model.d_model: expected an integer (got 'abc')"),
+        ("model.d_model", "key=value"),
+        ("model=3", "is a group"),
+        ("steps.x=1", "not a group"),
+        ("model.tie_embeddings=3", "expected true or false"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(C.ConfigError, match=re.escape(message)):
+        C.apply_overrides(C.TrainConfig(), [override])
+
+
+def test_config_file_with_unknown_field_is_refused(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"model": {"widht": 3}}))
+    with pytest.raises(C.ConfigError, match=r"bad\.json.*unknown field.*widht"):
+        C.load_config_file(str(path))
+
+
+def test_presets_and_validation():
+    assert C.model_preset("tiny") == C.ModelConfig(d_model=64, num_layers=2, num_heads=4, mlp_dim=256)
+    with pytest.raises(C.ConfigError, match="presets"):
+        C.model_preset("huge")
+    with pytest.raises(C.ConfigError, match="vocab_size is not set"):
+        C.TrainConfig().validate()
+    cfg = C.apply_overrides(C.TrainConfig(), ["model.vocab_size=10", "global_batch_size=6", "num_microbatches=4"])
+    with pytest.raises(C.ConfigError, match="global_batch_size=6 is not divisible by num_microbatches=4"):
+        cfg.validate()
+    with pytest.raises(C.ConfigError, match="head_dim must be even"):
+        C.ModelConfig(vocab_size=8, d_model=12, num_heads=4).validate()
+    assert C.TrainConfig(global_batch_size=4, sequence_length=32).tokens_per_step == 128

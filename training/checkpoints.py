@@ -1,0 +1,189 @@
+"""Checkpoints: model, optimizer state, step and feeder state saved together.
+
+One Orbax ``CheckpointManager`` step folder per saved step::
+
+    CHECKPOINT_DIR/
+        config.json            the resolved TrainConfig (written by the trainer)
+        metrics.jsonl          one JSON line per step (written by the trainer)
+        <step>/state/          params, opt_state, step (Orbax StandardSave)
+        <step>/feeder/         the feeder's JSON state (Orbax JsonSave)
+
+``<step>`` is the number of optimizer updates applied; the feeder state saved with
+it is positioned at global batch ``<step>``, the first batch not yet trained on.
+
+Atomicity: Orbax writes a step into a temporary folder
+(``<step>.orbax-checkpoint-tmp-*``) and renames it into place only when every
+item is written and committed; a step folder without that commit is never
+listed, so an interrupted save cannot become the latest checkpoint.
+
+Restore refuses a checkpoint without feeder state (the data stream could not be
+resumed exactly) and one whose feeder state was saved with another global batch
+size (every step would see different examples).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+import orbax.checkpoint as ocp
+
+STATE_ITEM = "state"
+FEEDER_ITEM = "feeder"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be restored into this run (the message says why and
+    what to do)."""
+
+
+@dataclasses.dataclass
+class Restored:
+    """A restored checkpoint.
+
+    Attributes:
+      step: number of optimizer updates applied.
+      state: ``{"params", "opt_state", "step"}`` with the shardings asked for.
+      feeder_state: the feeder's JSON state, positioned at global batch ``step``.
+      path: the step folder.
+    """
+
+    step: int
+    state: dict
+    feeder_state: dict
+    path: str
+
+
+class Checkpointer:
+    """Saves and restores training state with an Orbax CheckpointManager.
+
+    Args:
+      directory: checkpoint folder (created if missing).
+      max_to_keep: keep only the most recent this many steps.
+      async_save: write in a background thread; ``wait()`` blocks until done.
+    """
+
+    def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            create=True,
+            enable_async_checkpointing=async_save,
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=options,
+            item_handlers={
+                STATE_ITEM: ocp.StandardCheckpointHandler(),
+                FEEDER_ITEM: ocp.JsonCheckpointHandler(),
+            },
+        )
+
+    def all_steps(self) -> list[int]:
+        """Steps with a complete (committed) checkpoint, ascending."""
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The most recent complete checkpoint's step, or None."""
+        return self._manager.latest_step()
+
+    def step_path(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def save(self, step: int, *, state: Mapping[str, Any], feeder_state: Mapping[str, Any]) -> bool:
+        """Saves ``state`` (a pytree of jax.Arrays) and ``feeder_state`` (a JSON
+        dict) as step ``step``. Returns False if the step already exists.
+
+        Raises:
+          CheckpointError: ``feeder_state`` is not a dict with ``global_batch_size``.
+        """
+        if not isinstance(feeder_state, Mapping) or "global_batch_size" not in feeder_state:
+            raise CheckpointError(
+                f"feeder state to save with step {step} must be a dict with 'global_batch_size' "
+                f"(got {feeder_state!r})"
+            )
+        if step in self._manager.all_steps():
+            return False
+        return self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    STATE_ITEM: ocp.args.StandardSave(dict(state)),
+                    FEEDER_ITEM: ocp.args.JsonSave(dict(feeder_state)),
+                }
+            ),
+            force=True,
+        )
+
+    def restore(self, step: int | None, *, abstract_state: Any, global_batch_size: int) -> Restored:
+        """Restores step ``step`` (default: the latest).
+
+        Args:
+          step: the step to restore, or None for the latest.
+          abstract_state: the ``state`` tree with ShapeDtypeStructs carrying the
+            shardings to restore into (a different mesh than at save time is fine).
+          global_batch_size: the current run's global batch size.
+
+        Raises:
+          CheckpointError: no checkpoint; the step has no feeder state; the feeder
+            state has no or a different global batch size (the message names both
+            values).
+        """
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointError(f"{self.directory}: no complete checkpoint to restore")
+        path = self.step_path(step)
+        if step not in self._manager.all_steps():
+            raise CheckpointError(f"{path}: no complete checkpoint for step {step} (have {self.all_steps()})")
+        items = self._item_names(step)
+        if FEEDER_ITEM not in items:
+            raise CheckpointError(
+                f"{path}: checkpoint has no feeder state (item {FEEDER_ITEM!r}; found {sorted(items)}), so "
+                "the data stream cannot be resumed exactly. Train from scratch with an empty checkpoint "
+                "directory, or restore this checkpoint's parameters yourself."
+            )
+        feeder_state = self._manager.restore(
+            step, args=ocp.args.Composite(**{FEEDER_ITEM: ocp.args.JsonRestore()})
+        )[FEEDER_ITEM]
+        if not isinstance(feeder_state, dict) or "global_batch_size" not in feeder_state:
+            raise CheckpointError(
+                f"{path}: the feeder state has no 'global_batch_size' (got keys "
+                f"{sorted(feeder_state) if isinstance(feeder_state, dict) else type(feeder_state).__name__})"
+            )
+        saved = int(feeder_state["global_batch_size"])
+        if saved != int(global_batch_size):
+            raise CheckpointError(
+                f"{path}: checkpoint was saved with global batch size {saved}, the current config has "
+                f"global_batch_size={global_batch_size}; resuming would change which examples every later step "
+                f"sees. Use --batch-size {saved}, or start a new run in another checkpoint directory."
+            )
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state)})
+        )
+        return Restored(step=step, state=restored[STATE_ITEM], feeder_state=feeder_state, path=path)
+
+    def _item_names(self, step: int) -> set[str]:
+        # Orbax lists the items found in the step folder (a JSON item's metadata
+        # value is None, so only the names count).
+        return set(self._manager.item_metadata(step).keys())
+
+    def reached_preemption(self, step: int) -> bool:
+        """True when JAX's distributed preemption service says every host should
+        save now (multi-host runs); False in a single process."""
+        return bool(self._manager.reached_preemption(step))
+
+    def wait(self) -> None:
+        """Blocks until pending asynchronous saves are committed."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,428 @@
+"""Configuration of a training run: frozen dataclasses, presets, overrides.
+
+A run is fully described by one ``TrainConfig``. It is built in this order, each
+layer overriding the previous one:
+
+1. the defaults below,
+2. a model preset (``MODEL_PRESETS``: ``tiny``, ``small``, ``base``),
+3. a JSON config file (``load_config_file``), nested like ``to_dict`` writes it,
+4. command line flags,
+5. dotted overrides such as ``model.d_model=128 optimizer.lr=1e-3``
+   (``apply_overrides``).
+
+The resolved config is written as JSON beside the checkpoints (``to_json``) and can
+be read back with ``config_from_dict``.
+
+Vocabulary of sizes used everywhere in ``seqcache.training``:
+  global batch size B: rows per step over all hosts; host batch: B / host count.
+  sequence length L: tokens per row. Tokens per step: B * L.
+  microbatches M: the global batch is split into M microbatches whose gradients
+  are accumulated inside one compiled step (B must be divisible by M).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from typing import Any, Mapping, Sequence
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+    """A config value, file or override is invalid (the message names it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only Transformer (see ``seqcache.training.model``).
+
+    Attributes:
+      vocab_size: number of token ids (embedding rows). None = take it from the
+        data (the cache manifest's vocabulary of the ``targets`` feature).
+      d_model: width of the residual stream.
+      num_layers: number of Transformer blocks.
+      num_heads: attention heads per block.
+      head_dim: width of one head; None = d_model // num_heads. Must be even
+        (rotary positions rotate pairs of dimensions).
+      mlp_dim: hidden width of the gated (SwiGLU) MLP.
+      rope_theta: base of the rotary position frequencies (RoFormer: 10000).
+      norm_eps: epsilon of RMSNorm, added to the mean square.
+      dropout_rate: dropout on attention probabilities and on each residual branch;
+        0 disables it (the RNG plumbing still runs, keyed by fold_in(seed, step)).
+      dtype: compute dtype, "float32" or "bfloat16". Parameters are always float32;
+        logits and the loss are always computed in float32.
+      tie_embeddings: True (default) uses the input embedding matrix, transposed,
+        as the output projection (Press & Wolf 2017, arXiv 1608.05859); False adds
+        a separate (d_model, vocab) output matrix.
+      init_std: standard deviation of the normal initialisation of matrices.
+    """
+
+    vocab_size: int | None = None
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    head_dim: int | None = None
+    mlp_dim: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    dropout_rate: float = 0.0
+    dtype: str = "float32"
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the field when a value cannot work."""
+        if self.vocab_size is None:
+            raise ConfigError(
+                "model.vocab_size is not set: pass a cache (the vocabulary size is read from its manifest) "
+                "or set it, e.g. --set model.vocab_size=32128"
+            )
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}; "
+                "set model.head_dim explicitly or change one of them"
+            )
+        if self.resolved_head_dim % 2:
+            raise ConfigError(f"model head_dim must be even for rotary positions (got {self.resolved_head_dim})")
+        if self.dtype not in COMPUTE_DTYPES:
+            raise ConfigError(f"model.dtype must be one of {COMPUTE_DTYPES} (got {self.dtype!r})")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ConfigError(f"model.dropout_rate must be in [0, 1) (got {self.dropout_rate})")
+
+
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    # Trains in seconds on CPU; used by the tests.
+    "tiny": ModelConfig(d_model=64, num_layers=2, num_heads=4, mlp_dim=256),
+    # A few million parameters (plus embeddings); CPU benchmarks.
+    "small": ModelConfig(d_model=256, num_layers=4, num_heads=4, mlp_dim=1024),
+    # GPT-2 small shape (Radford et al. 2019) with SwiGLU width 2048 (about 8/3 * d_model).
+    "base": ModelConfig(d_model=768, num_layers=12, num_heads=12, mlp_dim=2048),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW (Loshchilov & Hutter 2019) with linear warmup then cosine decay, and
+    clipping of the gradient's global norm (Pascanu et al. 2013) before the update.
+
+    Attributes:
+      lr: peak learning rate, reached at the end of warmup.
+      warmup_steps: steps of linear warmup from 0 to ``lr``.
+      decay_steps: total length of the schedule (warmup included); None = the
+        run's ``steps``. After it the rate stays at ``lr * end_lr_ratio``.
+      end_lr_ratio: final learning rate as a fraction of ``lr``.
+      b1, b2, eps: Adam moments' decay rates and epsilon.
+      weight_decay: decoupled weight decay, applied to matrices only (not to
+        RMSNorm scales).
+      clip_norm: maximum global L2 norm of the gradient; None disables clipping.
+    """
+
+    lr: float = 3e-3
+    warmup_steps: int = 10
+    decay_steps: int | None = None
+    end_lr_ratio: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip_norm: float | None = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Shape of the device mesh, axes ('data', 'fsdp', 'model').
+
+    One axis may be -1: it takes all devices the others leave. The product must
+    equal the number of devices used.
+    """
+
+    data: int = -1
+    fsdp: int = 1
+    model: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints (see ``seqcache.training.checkpoints``).
+
+    Attributes:
+      directory: where step folders, config.json and metrics.jsonl go; None trains
+        without checkpoints (and without resume).
+      every_steps: save after every this many steps, and always after the last step
+        and on SIGTERM.
+      max_to_keep: keep the most recent this many checkpoints.
+      async_save: write checkpoints in a background thread while training goes on.
+    """
+
+    directory: str | None = None
+    every_steps: int = 100
+    max_to_keep: int = 3
+    async_save: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where batches come from (used by the CLI to build feeders).
+
+    Attributes:
+      cache_dir: root of the caches (``CACHE_DIR/<task>/<split>``).
+      task: a task name under ``cache_dir``, or a path to one cache folder.
+      split: split of the training data.
+      eval_split: split evaluated with exactly-once semantics; None = no eval.
+      mixture: explicit mixture, cache path -> rate; replaces ``task`` when set.
+    """
+
+    cache_dir: str | None = None
+    task: str | None = None
+    split: str = "train"
+    eval_split: str | None = None
+    mixture: dict | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """One training run.
+
+    Attributes:
+      model, optimizer, mesh, checkpoint, data: see their classes.
+      rules: logical axis rules preset: "dp", "fsdp", "tp" or "fsdp+tp"
+        (``seqcache.training.partitioning.RULES``).
+      steps: number of optimizer steps of the whole run (a resumed run continues
+        up to this number).
+      global_batch_size: rows per step over all hosts (B).
+      sequence_length: tokens per row (L).
+      num_microbatches: gradient accumulation inside the step (M divides B).
+      seed: seeds parameter initialisation and the per-step RNG
+        (``fold_in(key(seed), step)``); the feeder has its own seed.
+      eval_every: evaluate every this many steps (0 = only after the last step).
+      metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``
+        (or no file without a checkpoint directory).
+      progress: show a progress bar.
+    """
+
+    model: ModelConfig = dataclasses.field(default_factory=lambda: MODEL_PRESETS["tiny"])
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    rules: str = "dp"
+    steps: int = 100
+    global_batch_size: int = 8
+    sequence_length: int = 128
+    num_microbatches: int = 1
+    seed: int = 0
+    eval_every: int = 0
+    metrics_file: str | None = None
+    progress: bool = True
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.sequence_length
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the field when a value cannot work."""
+        self.model.validate()
+        for name in ("steps", "global_batch_size", "sequence_length", "num_microbatches"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.global_batch_size % self.num_microbatches:
+            raise ConfigError(
+                f"global_batch_size={self.global_batch_size} is not divisible by "
+                f"num_microbatches={self.num_microbatches}"
+            )
+        if self.checkpoint.every_steps < 1 or self.checkpoint.max_to_keep < 1:
+            raise ConfigError(
+                f"checkpoint.every_steps and checkpoint.max_to_keep must be >= 1 (got "
+                f"{self.checkpoint.every_steps}, {self.checkpoint.max_to_keep})"
+            )
+        if self.seed < 0 or self.seed >= 2**32:
+            raise ConfigError(f"seed must be in [0, 2**32) (got {self.seed})")
+        if self.optimizer.warmup_steps < 0:
+            raise ConfigError(f"optimizer.warmup_steps must be >= 0 (got {self.optimizer.warmup_steps})")
+
+
+# -- dict / JSON round trip --------------------------------------------------
+
+
+def to_dict(config: Any) -> dict:
+    """The config as nested plain dicts (JSON-able)."""
+    return dataclasses.asdict(config)
+
+
+def to_json(config: Any) -> str:
+    return json.dumps(to_dict(config), indent=2, sort_keys=True) + "\n"
+
+
+def _field_types(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_dataclass_type(tp) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Checks/converts a JSON value to the annotated field type ``tp``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if _is_dataclass_type(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected an object with fields of {tp.__name__} (got {value!r})")
+        return _from_mapping(tp, value, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false (got {value!r})")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{where}: expected an integer (got {value!r})")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number (got {value!r})")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string (got {value!r})")
+        return value
+    if tp is dict or origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected an object (got {value!r})")
+        return dict(value)
+    raise ConfigError(f"{where}: unsupported field type {tp!r}")
+
+
+def _from_mapping(cls, raw: Mapping[str, Any], where: str, base: Any = None):
+    types_ = _field_types(cls)
+    unknown = sorted(set(raw) - set(types_))
+    if unknown:
+        raise ConfigError(f"{where or 'config'}: unknown field(s) {unknown}; valid fields: {sorted(types_)}")
+    values = {}
+    for name, value in raw.items():
+        sub = f"{where}.{name}" if where else name
+        tp = types_[name]
+        if _is_dataclass_type(tp) and isinstance(value, Mapping):
+            inner_base = getattr(base, name) if base is not None else tp()
+            values[name] = _from_mapping(tp, value, sub, base=inner_base)
+        else:
+            values[name] = _coerce(value, tp, sub)
+    if base is None:
+        return cls(**values)
+    return dataclasses.replace(base, **values)
+
+
+def config_from_dict(raw: Mapping[str, Any], base: TrainConfig | None = None) -> TrainConfig:
+    """Builds a TrainConfig from nested dicts; fields not given keep ``base``'s
+    (default: ``TrainConfig()``) values.
+
+    Raises:
+      ConfigError: an unknown field (the message lists the valid ones) or a value
+        of the wrong type.
+    """
+    return _from_mapping(TrainConfig, raw, "", base=base if base is not None else TrainConfig())
+
+
+def load_config_file(path: str, base: TrainConfig | None = None) -> TrainConfig:
+    """Reads a JSON config file (nested like ``to_json`` writes it) over ``base``.
+
+    Raises:
+      ConfigError: the file cannot be read or parsed, or has a bad field.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read config file: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a config file must hold a JSON object (got {type(raw).__name__})")
+    try:
+        return config_from_dict(raw, base)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def _parse_scalar(text: str, tp: Any) -> Any:
+    """Parses the right-hand side of ``key=value`` for a field of type ``tp``."""
+    if text.lower() in ("none", "null"):
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # a bare string
+
+
+def apply_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
+    """Applies dotted ``key=value`` overrides, e.g. ``["model.d_model=128", "optimizer.lr=1e-3"]``.
+
+    Values are parsed as JSON where possible (numbers, true/false, null/none,
+    objects), otherwise taken as strings, then checked against the field's type.
+
+    Raises:
+      ConfigError: no ``=``, an unknown key (the message lists the valid ones at that
+        level), or a value of the wrong type.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value, e.g. model.d_model=128")
+        key, text = item.split("=", 1)
+        parts = key.strip().split(".")
+        config = _set_path(config, parts, text, key)
+    return config
+
+
+def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
+    types_ = _field_types(type(obj))
+    name = parts[0]
+    if name not in types_:
+        raise ConfigError(f"override {key!r}: {type(obj).__name__} has no field {name!r}; valid fields: {sorted(types_)}")
+    tp = types_[name]
+    if len(parts) > 1:
+        child = getattr(obj, name)
+        if not dataclasses.is_dataclass(child):
+            raise ConfigError(f"override {key!r}: {name!r} is a value, not a group of fields")
+        return dataclasses.replace(obj, **{name: _set_path(child, parts[1:], text, key)})
+    if _is_dataclass_type(tp):
+        raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{next(iter(_field_types(tp)))}=...")
+    value = _parse_scalar(text, tp)
+    if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
+        if value is not None and not isinstance(value, str):
+            value = text  # a string field given something that parses as JSON, e.g. "1"
+    return dataclasses.replace(obj, **{name: _coerce(value, tp, key)})
+
+
+def model_preset(name: str) -> ModelConfig:
+    """The preset ``name`` from MODEL_PRESETS.
+
+    Raises:
+      ConfigError: unknown name (the message lists the presets).
+    """
+    try:
+        return MODEL_PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown model preset {name!r}; presets: {sorted(MODEL_PRESETS)}") from None

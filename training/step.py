@@ -1,0 +1,179 @@
+"""The pure functions that run inside ``jax.jit``: loss, gradients with
+accumulation over microbatches, the train step and the eval step.
+
+A batch is a dict of (batch, length) arrays with the feeder's feature names:
+
+    targets               int32    token ids to predict
+    targets_segment_ids   int32    packed-segment number per token, 0 = padding
+    targets_positions     int32    position of the token in its segment
+    targets_loss_weights  float32  weight of the token in the loss (0 on padding)
+
+Loss: the mean token cross-entropy weighted by loss weights over the *global*
+batch, sum(w * ce) / sum(w). With microbatches, per-microbatch sums of the
+weighted loss and of its gradient are accumulated and divided by the global
+weight sum at the end, which gives the full-batch gradient (up to float
+rounding), whatever the number of microbatches or how padding falls among them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from seqcache.training import model as model_lib
+from seqcache.training import partitioning
+
+BATCH_KEYS = ("targets", "targets_segment_ids", "targets_positions", "targets_loss_weights")
+BATCH_DTYPES = {
+    "targets": jnp.int32,
+    "targets_segment_ids": jnp.int32,
+    "targets_positions": jnp.int32,
+    "targets_loss_weights": jnp.float32,
+}
+
+
+def loss_sums(graphdef, params, batch: dict, dropout_key: jax.Array | None) -> dict[str, jax.Array]:
+    """Weighted sums over one (micro)batch.
+
+    Returns:
+      dict of float32 scalars: ``loss_sum`` = sum(w * cross-entropy) in nats,
+      ``weight_sum`` = sum(w), ``correct_sum`` = sum(w * [argmax == target]).
+    """
+    targets = batch["targets"]
+    segment_ids = batch["targets_segment_ids"]
+    weights = batch["targets_loss_weights"].astype(jnp.float32)
+    inputs = model_lib.shift_right_by_segment(targets, segment_ids)
+    logits = model_lib.apply(
+        graphdef, params, inputs, segment_ids, batch["targets_positions"], dropout_key=dropout_key
+    )  # (batch, length, vocab) float32
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    cross_entropy = log_z - target_logit
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    return {
+        "loss_sum": jnp.sum(cross_entropy * weights),
+        "weight_sum": jnp.sum(weights),
+        "correct_sum": jnp.sum(correct * weights),
+    }
+
+
+def split_microbatches(batch: dict, num_microbatches: int, mesh=None) -> dict:
+    """(B, L) arrays -> (M, B/M, L): microbatch m holds rows m, m+M, m+2M, ...
+
+    Interleaving (rather than contiguous blocks) keeps every microbatch spread over
+    all batch shards, so each device works on every microbatch.
+    """
+
+    def split(x):
+        b = x.shape[0]
+        y = x.reshape((b // num_microbatches, num_microbatches) + x.shape[1:]).swapaxes(0, 1)
+        if mesh is not None:
+            spec = P(None, partitioning.BATCH_AXES, *([None] * (x.ndim - 1)))
+            y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, spec))
+        return y
+
+    return jax.tree.map(split, batch)
+
+
+def grad_sums(graphdef, params, batch: dict, key: jax.Array, num_microbatches: int, mesh=None):
+    """Gradient of ``loss_sum`` and the sums of ``loss_sums``, accumulated over
+    ``num_microbatches`` microbatches with ``lax.scan`` (inside the caller's jit).
+
+    Microbatch m uses dropout key ``fold_in(key, m)``.
+
+    Returns:
+      (grads: params-shaped tree of float32, sums: dict as ``loss_sums``).
+    """
+
+    def one(mb, k):
+        def f(p):
+            sums = loss_sums(graphdef, p, mb, k)
+            return sums["loss_sum"], sums
+
+        (_, sums), grads = jax.value_and_grad(f, has_aux=True)(params)
+        return grads, sums
+
+    if num_microbatches == 1:
+        return one(batch, jax.random.fold_in(key, 0))
+
+    micro = split_microbatches(batch, num_microbatches, mesh)
+    zeros = (
+        jax.tree.map(jnp.zeros_like, params),
+        {"loss_sum": jnp.zeros((), jnp.float32), "weight_sum": jnp.zeros((), jnp.float32),
+         "correct_sum": jnp.zeros((), jnp.float32)},
+    )
+
+    def body(carry, xs):
+        index, mb = xs
+        grads, sums = one(mb, jax.random.fold_in(key, index))
+        return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+    (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(num_microbatches), micro))
+    return grads, sums
+
+
+def mean_grads(graphdef, params, batch, key, num_microbatches: int, mesh=None):
+    """(loss, grads, sums): the weighted-mean loss over the global batch and its
+    gradient. A batch with zero total weight gives loss 0 and zero gradients."""
+    grads, sums = grad_sums(graphdef, params, batch, key, num_microbatches, mesh)
+    denom = jnp.where(sums["weight_sum"] > 0, sums["weight_sum"], 1.0)
+    grads = jax.tree.map(lambda g: g / denom, grads)
+    return sums["loss_sum"] / denom, grads, sums
+
+
+def make_train_step(
+    graphdef,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    *,
+    seed: int,
+    num_microbatches: int,
+    mesh=None,
+) -> Callable:
+    """``train_step(params, opt_state, step, batch) -> (params, opt_state, metrics)``.
+
+    ``step`` is an int32 scalar: the number of updates applied so far; the step's
+    RNG key is ``fold_in(key(seed), step)``. ``metrics`` holds float32 scalars:
+    loss (weighted mean cross-entropy, nats/token), grad_norm (global L2 norm
+    before clipping), learning_rate (the rate this update used), accuracy
+    (weighted token accuracy) and loss_weight_sum.
+    """
+
+    def train_step(params, opt_state, step, batch):
+        key = jax.random.fold_in(jax.random.key(seed), step)
+        loss, grads, sums = mean_grads(graphdef, params, batch, key, num_microbatches, mesh)
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        denom = jnp.where(sums["weight_sum"] > 0, sums["weight_sum"], 1.0)
+        metrics = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "learning_rate": jnp.asarray(schedule(step), jnp.float32),
+            "accuracy": sums["correct_sum"] / denom,
+            "loss_weight_sum": sums["weight_sum"],
+        }
+        return params, opt_state, metrics
+
+    return train_step
+
+
+def make_eval_step(graphdef) -> Callable:
+    """``eval_step(params, batch) -> sums`` (see ``loss_sums``), no dropout."""
+
+    def eval_step(params, batch):
+        return loss_sums(graphdef, params, batch, None)
+
+    return eval_step
+
+
+def abstract_batch(batch_size: int, sequence_length: int, sharding) -> dict[str, Any]:
+    """ShapeDtypeStructs of a global batch, for ahead-of-time lowering."""
+    return {
+        k: jax.ShapeDtypeStruct((batch_size, sequence_length), dt, sharding=sharding)
+        for k, dt in BATCH_DTYPES.items()
+    }

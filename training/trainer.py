@@ -1,0 +1,571 @@
+"""The training loop: sharded initialisation, an ahead-of-time compiled train
+step, checkpoints with feeder state, SIGTERM handling, metrics and evaluation.
+
+Vocabulary (shared with the feeder):
+  step s        the s-th optimizer update (0-based); it trains on global batch s.
+  checkpoint k  state after k updates; its feeder state is positioned at global
+                batch k, the first one not yet trained on.
+  global batch  B rows over all hosts; each host feeds its B / host_count rows,
+                which ``jax.make_array_from_process_local_data`` assembles into
+                one (B, L) ``jax.Array`` sharded over ('data', 'fsdp').
+
+The feeder is used through a small duck-typed interface (``seqcache.feeders.Feeder``
+provides it): ``iter(feeder)`` yields host-local batches (dicts of (B / host_count,
+L) numpy arrays named as in ``seqcache.training.step.BATCH_KEYS``) from the current
+position; ``feeder.state()`` returns a JSON dict with ``global_batch_size`` and the
+position; ``type(feeder).restore(state, host_index=..., host_count=...)`` rebuilds
+the same stream from a state; ``feeder.step`` is the current position;
+``feeder.close()`` releases it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from seqcache.training import config as config_lib
+from seqcache.training import model as model_lib
+from seqcache.training import optimizer as optimizer_lib
+from seqcache.training import partitioning
+from seqcache.training import step as step_lib
+from seqcache.training.checkpoints import Checkpointer, CheckpointError
+from seqcache.training.metrics import MetricsWriter, ProgressBar
+
+log = logging.getLogger("seqcache.training")
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What ``Trainer.fit`` did.
+
+    Attributes:
+      start_step: the step training (re)started at (0, or a restored checkpoint's).
+      end_step: number of updates applied when ``fit`` returned.
+      metrics: one dict per step trained in this call (as in the metrics file).
+      eval: the last evaluation's metrics, or None.
+      stopped_by_signal: SIGTERM (or a multi-host preemption notice) stopped the run
+        after saving a checkpoint.
+      data_exhausted: the feeder's stream ended before ``config.steps``.
+      compile_time_s: seconds to lower and compile the train step.
+      memory_analysis: ``compiled.memory_analysis()`` as a dict of byte counts (may
+        be empty on backends that do not report it).
+      params, opt_state: the final state (sharded jax.Arrays).
+    """
+
+    start_step: int
+    end_step: int
+    metrics: list[dict]
+    eval: dict | None
+    stopped_by_signal: bool
+    data_exhausted: bool
+    compile_time_s: float
+    memory_analysis: dict
+    params: Any
+    opt_state: Any
+
+    @property
+    def losses(self) -> list[float]:
+        return [m["loss"] for m in self.metrics]
+
+
+def memory_analysis_dict(compiled) -> dict:
+    """``compiled.memory_analysis()`` as ``{field: bytes}`` (empty if unavailable)."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception as e:  # some backends do not implement it
+        log.info("memory analysis unavailable: %s", e)
+        return {}
+    if stats is None:
+        return {}
+    out = {}
+    for name in dir(stats):
+        if name.endswith("_in_bytes"):
+            value = getattr(stats, name)
+            if isinstance(value, (int, np.integer)):
+                out[name] = int(value)
+    return out
+
+
+class _StopFlag:
+    """Set by SIGTERM; installed only in the main thread for the duration of ``fit``."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self._previous = None
+        self._installed = False
+
+    def install(self):
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._installed = True
+
+    def _handle(self, signum, frame):
+        self.event.set()
+
+    def uninstall(self):
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._installed = False
+
+
+class Trainer:
+    """Builds the mesh, shardings, optimizer and compiled steps for one config.
+
+    Args:
+      config: the run; ``config.model.vocab_size`` must be set.
+      devices: devices for the mesh; default ``jax.devices()``.
+
+    Raises:
+      ConfigError: an invalid config, or a global batch that cannot be split over
+        the hosts, the microbatches and the batch shards.
+      PartitioningError: the mesh does not fit the devices, or a rule cannot be
+        applied to a parameter (the message names the parameter, its shape and
+        the mesh axis).
+    """
+
+    def __init__(self, config: config_lib.TrainConfig, *, devices=None):
+        config.validate()
+        self.config = config
+        self.mesh = partitioning.make_mesh(dataclasses.asdict(config.mesh), devices)
+        self.rules = partitioning.get_rules(config.rules)
+        self._check_batch_divisibility()
+
+        abstract = model_lib.abstract_model(config.model)
+        self.graphdef, self.abstract_params = model_lib.split_params(abstract)
+        self.logical_axes = model_lib.logical_axes(abstract)
+        self.param_specs = partitioning.param_specs(self.abstract_params, self.logical_axes, self.rules, self.mesh)
+        self.param_shardings = partitioning.named_shardings(self.param_specs, self.mesh)
+        self.replicated = partitioning.replicated(self.mesh)
+        self.batch_sharding = partitioning.batch_sharding(self.mesh)
+
+        self.optimizer, self.schedule = optimizer_lib.make_optimizer(config.optimizer, config.steps)
+        self.abstract_opt_state = jax.eval_shape(self.optimizer.init, self.abstract_params)
+        # Optimizer moments mirror the parameters' shardings (ZeRO-3 under 'fsdp');
+        # scalars such as the update count are replicated.
+        self.opt_shardings = optax.tree_map_params(
+            self.optimizer,
+            lambda _, sharding: sharding,
+            self.abstract_opt_state,
+            self.param_shardings,
+            transform_non_params=lambda _: self.replicated,
+            is_leaf=lambda x: isinstance(x, NamedSharding),
+        )
+        self.num_params = model_lib.count_params(self.abstract_params)
+        self._compiled = None
+        self._eval_step = None
+        self.compile_time_s = 0.0
+        self.memory_analysis: dict = {}
+
+    # -- sizes -------------------------------------------------------------------
+
+    def _check_batch_divisibility(self):
+        cfg = self.config
+        hosts = jax.process_count()
+        if cfg.global_batch_size % hosts:
+            raise config_lib.ConfigError(
+                f"global_batch_size={cfg.global_batch_size} is not divisible by the {hosts} hosts"
+            )
+        shards = partitioning.data_parallel_size(self.mesh)
+        micro = cfg.global_batch_size // cfg.num_microbatches
+        if micro % shards:
+            raise config_lib.ConfigError(
+                f"microbatch size {micro} (global_batch_size={cfg.global_batch_size} / num_microbatches="
+                f"{cfg.num_microbatches}) is not divisible by the {shards} batch shards of the mesh "
+                f"(data={self.mesh.shape['data']} x fsdp={self.mesh.shape['fsdp']})"
+            )
+
+    def describe(self) -> dict:
+        """Derived quantities of the run, printed before training starts."""
+        cfg = self.config
+        return {
+            "parameters": self.num_params,
+            "tokens_per_step": cfg.tokens_per_step,
+            "global_batch_size": cfg.global_batch_size,
+            "sequence_length": cfg.sequence_length,
+            "microbatches": cfg.num_microbatches,
+            "microbatch_size": cfg.global_batch_size // cfg.num_microbatches,
+            "host_batch_size": cfg.global_batch_size // jax.process_count(),
+            "hosts": jax.process_count(),
+            "devices": int(self.mesh.size),
+            "mesh": dict(self.mesh.shape),
+            "rules": cfg.rules,
+            "steps": cfg.steps,
+            "total_tokens": cfg.tokens_per_step * cfg.steps,
+            "compute_dtype": cfg.model.dtype,
+        }
+
+    # -- state -------------------------------------------------------------------
+
+    def init_state(self) -> tuple[Any, Any]:
+        """(params, opt_state) initialised from ``config.seed``, created directly
+        with their shardings (no full copy on one device). The values do not depend
+        on the mesh (JAX's partitionable threefry RNG)."""
+        cfg = self.config
+
+        def init():
+            model = model_lib.Transformer(cfg.model, rngs=nnx.Rngs(params=cfg.seed))
+            _, params = model_lib.split_params(model)
+            return params, self.optimizer.init(params)
+
+        with nnx.use_eager_sharding(False):
+            return jax.jit(init, out_shardings=(self.param_shardings, self.opt_shardings))()
+
+    def abstract_state(self) -> dict:
+        """The checkpointed state as ShapeDtypeStructs with this run's shardings."""
+
+        def sds(x, sharding):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+        return {
+            "params": jax.tree.map(sds, self.abstract_params, self.param_shardings),
+            "opt_state": jax.tree.map(sds, self.abstract_opt_state, self.opt_shardings),
+            "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated),
+        }
+
+    # -- compiled steps ------------------------------------------------------------
+
+    def compile(self):
+        """Lowers and compiles the train step ahead of time (once); logs the compile
+        time and the compiled memory analysis. Returns the compiled step
+        ``(params, opt_state, step, batch) -> (params, opt_state, metrics)``;
+        params and opt_state are donated."""
+        if self._compiled is not None:
+            return self._compiled
+        cfg = self.config
+        train_step = step_lib.make_train_step(
+            self.graphdef,
+            self.optimizer,
+            self.schedule,
+            seed=cfg.seed,
+            num_microbatches=cfg.num_microbatches,
+            mesh=self.mesh,
+        )
+        batch_shardings = {k: self.batch_sharding for k in step_lib.BATCH_KEYS}
+        jitted = jax.jit(
+            train_step,
+            in_shardings=(self.param_shardings, self.opt_shardings, self.replicated, batch_shardings),
+            out_shardings=(self.param_shardings, self.opt_shardings, self.replicated),
+            donate_argnums=(0, 1),
+        )
+        abstract = self.abstract_state()
+        batch = step_lib.abstract_batch(cfg.global_batch_size, cfg.sequence_length, self.batch_sharding)
+        start = time.perf_counter()
+        with partitioning.activation_rules(self.mesh, self.rules):
+            lowered = jitted.lower(abstract["params"], abstract["opt_state"], abstract["step"], batch)
+        compiled = lowered.compile()
+        self.compile_time_s = time.perf_counter() - start
+        self.memory_analysis = memory_analysis_dict(compiled)
+        log.info("compiled train step in %.2f s; memory analysis (bytes): %s", self.compile_time_s, self.memory_analysis)
+        self._compiled = compiled
+        return compiled
+
+    def _eval_fn(self):
+        if self._eval_step is None:
+            eval_step = step_lib.make_eval_step(self.graphdef)
+            jitted = jax.jit(
+                eval_step,
+                in_shardings=(self.param_shardings, {k: self.batch_sharding for k in step_lib.BATCH_KEYS}),
+                out_shardings=self.replicated,
+            )
+
+            def run(params, batch):
+                with partitioning.activation_rules(self.mesh, self.rules):
+                    return jitted(params, batch)
+
+            self._eval_step = run
+        return self._eval_step
+
+    # -- batches -------------------------------------------------------------------
+
+    def global_batch(self, host_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Host-local batch (B / host_count, L) -> global (B, L) jax.Arrays sharded
+        over ('data', 'fsdp').
+
+        Raises:
+          ValueError: a feature is missing or has the wrong number of rows or columns
+            (the message names it and the expected shape).
+        """
+        out = {}
+        for key, dtype in step_lib.BATCH_DTYPES.items():
+            if key not in host_batch:
+                raise ValueError(f"feeder batch has no feature {key!r} (has {sorted(host_batch)})")
+            array = np.asarray(host_batch[key], dtype=dtype)
+            if array.ndim != 2:
+                raise ValueError(f"feeder batch feature {key!r} has shape {array.shape}; expected (rows, length)")
+            rows = array.shape[0] * jax.process_count()
+            out[key] = jax.make_array_from_process_local_data(
+                self.batch_sharding, array, global_shape=(rows, array.shape[1])
+            )
+        return out
+
+    def _check_train_batch(self, batch: Mapping[str, jax.Array]):
+        cfg = self.config
+        expected = (cfg.global_batch_size, cfg.sequence_length)
+        shape = tuple(batch["targets"].shape)
+        if shape != expected:
+            raise ValueError(
+                f"feeder gives global batches of shape {shape}, the config expects (global_batch_size, "
+                f"sequence_length) = {expected}"
+            )
+
+    # -- evaluation ------------------------------------------------------------------
+
+    def evaluate(self, params, feeder) -> dict:
+        """Loss and token accuracy over a finite feeder, every example once.
+
+        The feeder must end (``num_epochs=1``); its last batch may be padded with
+        rows of zero loss weight, which count for nothing. Sums are accumulated in
+        float64 on the host.
+
+        Returns:
+          ``{"eval_loss": nats per weighted token, "eval_accuracy": weighted token
+          accuracy, "eval_tokens": sum of loss weights, "eval_batches": int}``.
+        """
+        run = self._eval_fn()
+        loss_sum = correct_sum = weight_sum = 0.0
+        batches = 0
+        try:
+            for host_batch in feeder:
+                sums = jax.device_get(run(params, self.global_batch(host_batch)))
+                loss_sum += float(sums["loss_sum"])
+                correct_sum += float(sums["correct_sum"])
+                weight_sum += float(sums["weight_sum"])
+                batches += 1
+        finally:
+            feeder.close()
+        denom = weight_sum if weight_sum > 0 else 1.0
+        return {
+            "eval_loss": loss_sum / denom,
+            "eval_accuracy": correct_sum / denom,
+            "eval_tokens": weight_sum,
+            "eval_batches": batches,
+        }
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def fit(
+        self,
+        feeder,
+        *,
+        eval_feeder_fn: Callable[[], Any] | None = None,
+        stop_at: int | None = None,
+        on_step: Callable[[dict], None] | None = None,
+    ) -> TrainResult:
+        """Trains up to ``config.steps``, resuming from the latest checkpoint in
+        ``config.checkpoint.directory`` when there is one.
+
+        Takes ownership of ``feeder`` (it is closed, or replaced by the restored
+        feeder, and that one is closed at the end).
+
+        Args:
+          feeder: the training stream (see the module docstring for the interface).
+          eval_feeder_fn: returns a fresh finite feeder over the eval split; called
+            for each evaluation (every ``config.eval_every`` steps and at the end).
+          stop_at: stop once this many updates are applied (a checkpoint is saved
+            there), as a preemption would; the learning rate schedule still spans
+            ``config.steps``. None = ``config.steps``.
+          on_step: called with each step's metrics record after it is written.
+
+        Raises:
+          CheckpointError: the latest checkpoint has no feeder state or another
+            global batch size, or its feeder state does not restore to its step.
+          ValueError: the feeder's global batch size or batch shape differs from
+            the config.
+        """
+        cfg = self.config
+        is_chief = jax.process_index() == 0
+        ckpt_dir = cfg.checkpoint.directory
+        metrics_path = cfg.metrics_file or (os.path.join(ckpt_dir, METRICS_FILE) if ckpt_dir else None)
+        checkpointer = None
+        metrics_writer = None
+        progress = None
+        stop = _StopFlag()
+        try:
+            self._check_feeder(feeder)
+            if ckpt_dir:
+                checkpointer = Checkpointer(
+                    ckpt_dir, max_to_keep=cfg.checkpoint.max_to_keep, async_save=cfg.checkpoint.async_save
+                )
+                if is_chief:
+                    _write_json_atomic(os.path.join(ckpt_dir, CONFIG_FILE), config_lib.to_dict(cfg))
+
+            start = 0
+            if checkpointer is not None and checkpointer.latest_step() is not None:
+                restored = checkpointer.restore(
+                    None, abstract_state=self.abstract_state(), global_batch_size=cfg.global_batch_size
+                )
+                params, opt_state = restored.state["params"], restored.state["opt_state"]
+                start = restored.step
+                feeder = self._restore_feeder(feeder, restored)
+                log.info("restored %s (step %d)", restored.path, start)
+            else:
+                params, opt_state = self.init_state()
+
+            compiled = self.compile()
+            metrics_writer = MetricsWriter(metrics_path if is_chief else None)
+            progress = ProgressBar(total=cfg.steps, start=start, enabled=cfg.progress and is_chief)
+            stop.install()
+            end = cfg.steps if stop_at is None else min(int(stop_at), cfg.steps)
+            return self._loop(
+                feeder, params, opt_state, compiled, start, end, checkpointer, metrics_writer, progress, stop,
+                eval_feeder_fn, on_step,
+            )
+        finally:
+            stop.uninstall()
+            if progress is not None:
+                progress.close()
+            if metrics_writer is not None:
+                metrics_writer.close()
+            if checkpointer is not None:
+                checkpointer.close()
+            feeder.close()
+
+    def _check_feeder(self, feeder):
+        state = feeder.state()
+        gbs = state.get("global_batch_size") if isinstance(state, Mapping) else None
+        if gbs is None:
+            raise ValueError(f"feeder state has no 'global_batch_size' (got {state!r}); it cannot be checkpointed")
+        if int(gbs) != self.config.global_batch_size:
+            raise ValueError(
+                f"feeder has global batch size {gbs}, the config has global_batch_size="
+                f"{self.config.global_batch_size}; build the feeder with the config's value"
+            )
+
+    def _restore_feeder(self, feeder, restored):
+        host_index = getattr(feeder, "host_index", None)
+        host_count = getattr(feeder, "host_count", None)
+        host_index = jax.process_index() if host_index is None else host_index
+        host_count = jax.process_count() if host_count is None else host_count
+        new = type(feeder).restore(restored.feeder_state, host_index=host_index, host_count=host_count)
+        feeder.close()
+        position = getattr(new, "step", restored.step)
+        if position != restored.step:
+            new.close()
+            raise CheckpointError(
+                f"{restored.path}: the feeder state restores to global batch {position}, but the checkpoint "
+                f"is at step {restored.step}; the checkpoint is inconsistent"
+            )
+        return new
+
+    def _loop(
+        self, feeder, params, opt_state, compiled, start, end, checkpointer, writer, progress, stop, eval_feeder_fn,
+        on_step,
+    ):
+        cfg = self.config
+        tokens = cfg.tokens_per_step
+        multi_host = jax.process_count() > 1
+        iterator = iter(feeder)
+
+        def fetch():
+            t0 = time.perf_counter()
+            host_batch = next(iterator)
+            waited = time.perf_counter() - t0
+            return host_batch, feeder.state(), waited
+
+        records: list[dict] = []
+        last_eval = None
+        stopped = exhausted = False
+        step = start
+        pending = None
+        if start < end:
+            try:
+                pending = fetch()
+            except StopIteration:
+                exhausted = True
+        last_time = time.perf_counter()
+        while pending is not None and step < end:
+            host_batch, feeder_state_after, data_wait = pending
+            batch = self.global_batch(host_batch)
+            self._check_train_batch(batch)
+            step_arr = jax.device_put(np.int32(step), self.replicated)
+            params, opt_state, metrics = compiled(params, opt_state, step_arr, batch)
+            done = step + 1
+            # Fetch the next host batch while the device computes this step.
+            pending = None
+            if done < end and not stop.event.is_set():
+                try:
+                    pending = fetch()
+                except StopIteration:
+                    exhausted = True
+            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            now = time.perf_counter()
+            step_time = now - last_time
+            last_time = now
+            record = {
+                "step": step,
+                **values,
+                "tokens_per_s": tokens / step_time if step_time > 0 else float("inf"),
+                "step_time_s": step_time,
+                "data_wait_s": data_wait,
+            }
+            records.append(record)
+            writer.write(record)
+            progress.update(completed=done, loss=values["loss"], tokens_per_s=record["tokens_per_s"])
+            if on_step is not None:
+                on_step(record)
+
+            if multi_host and checkpointer is not None and checkpointer.reached_preemption(done):
+                stop.event.set()
+            stopped = stop.event.is_set()
+            if checkpointer is not None and (
+                done % cfg.checkpoint.every_steps == 0 or done == end or stopped or exhausted
+            ):
+                state = {"params": params, "opt_state": opt_state, "step": step_arr + 1}
+                checkpointer.save(done, state=state, feeder_state=feeder_state_after)
+            if eval_feeder_fn is not None and not stopped:
+                if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps or exhausted:
+                    last_eval = self.evaluate(params, eval_feeder_fn())
+                    writer.write({"step": step, **last_eval})
+                    log.info("eval after step %d: %s", step, last_eval)
+            step = done
+            if stopped:
+                log.warning("SIGTERM: stopped after step %d with a checkpoint saved", step - 1)
+                break
+            if exhausted:
+                log.warning("the feeder's stream ended after %d steps (config.steps=%d)", step, cfg.steps)
+                break
+        if checkpointer is not None:
+            checkpointer.wait()
+        return TrainResult(
+            start_step=start,
+            end_step=step,
+            metrics=records,
+            eval=last_eval,
+            stopped_by_signal=stopped,
+            data_exhausted=exhausted,
+            compile_time_s=self.compile_time_s,
+            memory_analysis=self.memory_analysis,
+            params=params,
+            opt_state=opt_state,
+        )
+
+
+def _write_json_atomic(path: str, obj: Any) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def train(config: config_lib.TrainConfig, feeder, *, eval_feeder_fn=None, devices=None) -> TrainResult:
+    """``Trainer(config, devices=devices).fit(feeder, eval_feeder_fn=eval_feeder_fn)``."""
+    return Trainer(config, devices=devices).fit(feeder, eval_feeder_fn=eval_feeder_fn)

@@ -108,7 +108,8 @@ class _ReadAndPreprocess:
     the DirectRunner's per-element cost is high).
 
     A value is ``(key, sub_index, example_bytes, file_index, record_number,
-    truncated_tokens)``.
+    truncated_tokens, lengths)`` where lengths holds the element count of each
+    feature, in feature order.
     """
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=512):
@@ -154,8 +155,9 @@ class _ReadAndPreprocess:
                 raise ValueError(
                     f"task {self.task.name!r}: file {record.file_index} record {record.record_number}: {e}"
                 ) from None
+            lengths = tuple(int(example[f.name].size) for f in self.features)
             per_shard[shuffle.shard_of(k, self.num_shards)].append(
-                (k, j, data, record.file_index, record.record_number, truncated)
+                (k, j, data, record.file_index, record.record_number, truncated, lengths)
             )
         examples_out.inc(len(out))
         for shard, values in per_shard.items():
@@ -188,9 +190,8 @@ class _WriteShard:
 
         def unpacked():
             for v in values:
-                example = fmt.decode_example(self.features_in, v[2])
-                stats.add(example, 1)
-                yield example, [(v[3], v[4], 0)]
+                stats.add_lengths(v[6], 1)
+                yield v[2], [(v[3], v[4], 0)]  # already encoded: written as is
 
         def packed():
             from seqcache.tasks import pack_lm
@@ -225,10 +226,13 @@ class _ShardStats:
         self.max_length = dict.fromkeys(self.names, 0)
 
     def add(self, example, segments):
+        self.add_lengths([int(example[name].size) for name in self.names], segments)
+
+    def add_lengths(self, lengths, segments):
+        """``lengths``: tokens per feature, in ``self.names`` order."""
         self.examples += 1
         self.segments += segments
-        for name in self.names:
-            n = int(example[name].size)
+        for name, n in zip(self.names, lengths):
             self.tokens[name] += n
             if n > self.max_length[name]:
                 self.max_length[name] = n

@@ -149,7 +149,7 @@ def write_shard(
       index, num_shards: which shard this is.
       features: the record features, in manifest order.
       examples: (example, provenance) pairs in cache order. ``example`` maps feature
-        name -> 1-D array; ``provenance`` is a list, one per segment, of
+        name -> 1-D array, or is already encoded record bytes; ``provenance`` is a list, one per segment, of
         (source_index, record_number, token_offset).
       local_tmp_dir: where the local temporary files go (default: the cache folder
         itself when local, else the system temp folder).
@@ -174,14 +174,8 @@ def write_shard(
     prov = _HashingArrayRecordFile(prov_tmp)
     try:
         for example, provenance in examples:
-            data.write(fmt.encode_example(features, example))
-            cols = list(zip(*provenance)) if provenance else ([], [], [])
-            prov.write(
-                fmt.encode_example(
-                    fmt.PROVENANCE_FEATURES,
-                    {"source_index": cols[0], "record_number": cols[1], "token_offset": cols[2]},
-                )
-            )
+            data.write(example if isinstance(example, bytes) else fmt.encode_example(features, example))
+            prov.write(fmt.encode_provenance(provenance))
         data_bytes, data_sha = data.close()
         prov_bytes, prov_sha = prov.close()
         move_into_place(data_tmp, join(cache_dir, data_name))

@@ -103,6 +103,10 @@ class rekey(Preprocessor):  # noqa: N801 (seqio's name)
     def params(self) -> dict:
         return {"key_map": dict(sorted(self.key_map.items()))}
 
+    def process_batch(self, examples, ctx):
+        # rekey draws no randomness: no per-example context needed (the fast path).
+        return [self(ex, ctx) for ex in examples]
+
     def __call__(self, example, ctx):
         out = {}
         for new, old in self.key_map.items():

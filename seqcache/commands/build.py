@@ -69,7 +69,7 @@ def import_modules(modules):
     epilog="Any other --flag is passed to Beam as a pipeline option, for example --runner=DataflowRunner "
     "--project=P --region=R --temp_location=gs://..., or --direct_num_workers=2 --direct_running_mode=multi_processing.",
 )
-@click.argument("name", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--cache-dir", required=True, help="Root folder of caches (local path or gs://...).")
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
 @click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
@@ -85,7 +85,7 @@ def import_modules(modules):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
 @click.pass_context
-def build(ctx, name, cache_dir, modules, source_spec, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
+def build(ctx, args, cache_dir, modules, source_spec, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
           pack, seed, num_shards, overwrite, as_json, verbose):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
@@ -96,6 +96,12 @@ def build(ctx, name, cache_dir, modules, source_spec, vocabulary_spec, extra_ids
     from seqcache import tasks
     from seqcache.pipelines import BuildConfig, BuildError, build_task
 
+    # NAME and the Beam pipeline options share the free arguments: options start with "-".
+    names = [a for a in args if not a.startswith("-")]
+    pipeline_args = [a for a in args if a.startswith("-")] + list(ctx.args)
+    if len(names) > 1:
+        raise click.UsageError(f"one task or mixture NAME at a time (got {names}); Beam options take the --flag=value form")
+    name = names[0] if names else None
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import_modules(modules)
     seq_len = parse_sequence_length(sequence_length)
@@ -126,7 +132,7 @@ def build(ctx, name, cache_dir, modules, source_spec, vocabulary_spec, extra_ids
     for task in task_list:
         with common.shard_progress(console, f"{task.name}/{split}") as progress:
             try:
-                result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=ctx.args,
+                result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                     overwrite=overwrite, progress=progress)
             except (BuildError, FileNotFoundError, ValueError) as e:
                 console.print(f"[red]error:[/red] {e}")

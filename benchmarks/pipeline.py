@@ -1,0 +1,142 @@
+"""Pipeline throughput against the tokenizer-only bound, measured in one run.
+
+For each corpus the benchmark measures, on this machine's cores:
+  bound: SentencePiece batch encode of exactly the records the build reads
+         (``SentencePieceProcessor.encode(list, num_threads=cores)``), no I/O;
+  build: ``seqcache build`` of the same files (Beam DirectRunner, multi_processing
+         with one worker per core, or in_memory with --workers 1),
+and reports raw MB/s, tokens/s and the ratio build/bound. Machines here are noisy:
+compare the ratio, not the absolute numbers.
+
+Corpora (from ../shared/data, repeated to the requested size with a copy number
+prefixed to every record so that copies are distinct records):
+  lines:     tinyshakespeare, one record per line (short records)
+  documents: the C4 validation sample, one record per document
+
+Usage: python benchmarks/pipeline.py [--mb 50] [--workers N] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+
+
+def make_lines(folder: pathlib.Path, target_bytes: int, num_files: int = 8) -> tuple[str, list[str]]:
+    base = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")
+    records, size, copy = [], 0, 0
+    while size < target_bytes:
+        for line in base:
+            r = f"{copy} {line}"
+            records.append(r)
+            size += len(r.encode()) + 1
+        copy += 1
+    folder.mkdir(parents=True)
+    per = -(-len(records) // num_files)
+    for k in range(num_files):
+        (folder / f"part-{k:03d}.txt").write_text("\n".join(records[k * per:(k + 1) * per]) + "\n", encoding="utf-8")
+    return f"text:{folder}/*.txt", records
+
+
+def make_documents(folder: pathlib.Path, target_bytes: int, num_files: int = 8) -> tuple[str, list[str]]:
+    base = pq.read_table(DATA / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
+    records, size, copy = [], 0, 0
+    while size < target_bytes:
+        for doc in base:
+            r = f"{copy} {doc}"
+            records.append(r)
+            size += len(r.encode())
+        copy += 1
+    folder.mkdir(parents=True)
+    per = -(-len(records) // num_files)
+    for k in range(num_files):
+        pq.write_table(pa.table({"text": records[k * per:(k + 1) * per]}), folder / f"part-{k:03d}.parquet")
+    return f"parquet:{folder}/*.parquet#text", records
+
+
+def bound(model_path: str, records: list[str], cores: int, batch: int = 4096) -> tuple[float, int]:
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=model_path)
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(records), batch):
+        for ids in sp.encode(records[i:i + batch], out_type=int, num_threads=cores):
+            tokens += len(ids) + 1
+    return time.perf_counter() - start, tokens
+
+
+def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str) -> tuple[float, dict]:
+    from click.testing import CliRunner
+
+    from seqcache.cli import main
+
+    args = ["build", "--source", spec, "--vocabulary", model_path, "--name", name, "--cache-dir", cache_dir, "--json"]
+    if workers > 1:
+        args += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+    start = time.perf_counter()
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    seconds = time.perf_counter() - start
+    if result.exit_code != 0:
+        raise SystemExit(result.output)
+    manifest = json.load(open(os.path.join(cache_dir, name, "train", "manifest.json")))
+    return seconds, manifest["statistics"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=float, default=50.0, help="corpus size per case, MB")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--cases", default="lines,documents")
+    ap.add_argument("--json", dest="json_out")
+    args = ap.parse_args()
+    from seqcache import tasks
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="seqcache-bench-"))
+    rows = []
+    try:
+        model = tmp / "spm.model"
+        sample = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")
+        sample += pq.read_table(DATA / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
+        tasks.train_sentencepiece(sample, output_path=str(model), vocab_size=8000)
+        for case in args.cases.split(","):
+            maker = {"lines": make_lines, "documents": make_documents}[case]
+            spec, records = maker(tmp / case, int(args.mb * 1e6))
+            raw_mb = sum(len(r.encode()) for r in records) / 1e6
+            b_s, b_tokens = bound(str(model), records, args.workers)
+            del records
+            s, stats = build(spec, str(model), str(tmp / f"cache-{case}"), args.workers, case)
+            tokens = stats["tokens"]["targets"]
+            assert tokens == b_tokens, (tokens, b_tokens)
+            rows.append({
+                "case": case, "raw_mb": round(raw_mb, 1), "cores": args.workers,
+                "bound_mb_s": round(raw_mb / b_s, 2), "bound_tokens_s": round(b_tokens / b_s),
+                "build_mb_s": round(raw_mb / s, 2), "build_tokens_s": round(tokens / s),
+                "build_s": round(s, 2), "bound_s": round(b_s, 2), "ratio": round(b_s / s, 3),
+            })
+            shutil.rmtree(tmp / f"cache-{case}", ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{'case':10} {'MB':>7} {'cores':>5} {'bound MB/s':>11} {'build MB/s':>11} {'build tok/s':>12} {'build/bound':>12}")
+    for r in rows:
+        print(f"{r['case']:10} {r['raw_mb']:7.1f} {r['cores']:5d} {r['bound_mb_s']:11.2f} {r['build_mb_s']:11.2f} "
+              f"{r['build_tokens_s']:12,d} {r['ratio']:12.1%}")
+    if args.json_out:
+        json.dump(rows, open(args.json_out, "w"), indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

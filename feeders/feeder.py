@@ -1,0 +1,614 @@
+"""The Feeder: exactly-once, resumable, host-sliced batches from task caches.
+
+Index vocabulary (used across seqcache.feeders, its tests and docs/feeder.md):
+
+  global position p  0-based index of an example in the global stream.
+  global batch B     examples per step, over all hosts.
+  step s             p = s * B + r.
+  row r              in [0, B): the example's row in its global batch.
+  host h of H        host h owns rows [h * B / H, (h + 1) * B / H) of every step.
+  task t             index of a task (cache) in mixture order, 0 <= t < T.
+  ordinal k          the k-th example drawn from task t (0-based): the number of
+                     positions before p assigned to the same task.
+  N_t                number of examples in task t's cache.
+  epoch e            e = k // N_t.
+  element            k mod N_t.
+  cache index i      i = perm_{seed,t,e}(k mod N_t): the record index in the task
+                     cache, in cache order. Its shard s and offset in the shard
+                     follow from the manifest's cumulative counts:
+                     starts[s] <= i < starts[s + 1], offset = i - starts[s].
+
+The stream is a pure function of (caches, rates, seed, B, num_epochs): the number
+of hosts, threads or prefetch depth never changes it (G5), and any step is
+computed directly, in O(log T + B), whatever its position (G4).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import os
+import sys
+import threading
+from typing import Any, Callable, Iterator, Mapping, Sequence, Union
+
+import numpy as np
+
+from seqcache import format as fmt
+from seqcache.feeders import mixing
+from seqcache.feeders import state as state_lib
+from seqcache.feeders.decode import decode_batch
+from seqcache.feeders.reader import CacheReader
+from seqcache.feeders.stream import IndexStream
+
+Rate = Union[float, int, Callable[[int], float]]
+
+THREAD_NAME_PREFIX = "seqcache-feeder"
+
+
+def default_hosts() -> tuple[int, int]:
+    """(host index, host count): ``jax.process_index()/process_count()`` when JAX is
+    installed, else (0, 1)."""
+    if "jax" in sys.modules or importlib.util.find_spec("jax") is not None:
+        import jax
+
+        return int(jax.process_index()), int(jax.process_count())
+    return 0, 1
+
+
+def check_hosts(global_batch_size: int, host_index: int, host_count: int) -> None:
+    """Raises ValueError unless 1 <= H <= B, H divides B and 0 <= h < H."""
+    b, h, n = global_batch_size, host_index, host_count
+    if not isinstance(b, (int, np.integer)) or b < 1:
+        raise ValueError(f"global_batch_size must be an integer >= 1 (got {b!r})")
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"host_count must be an integer >= 1 (got {n!r})")
+    if n > b:
+        raise ValueError(
+            f"host_count={n} is larger than global_batch_size={b}: every host needs at least one row; "
+            f"use a global batch of at least {n} rows"
+        )
+    if b % n:
+        raise ValueError(
+            f"global_batch_size={b} is not divisible by host_count={n}: every host reads B / H rows; "
+            f"use a global batch that is a multiple of {n} (e.g. {b - b % n} or {b + n - b % n})"
+        )
+    if not isinstance(h, (int, np.integer)) or not 0 <= h < n:
+        raise ValueError(f"host_index must be in [0, {n}) for host_count={n} (got {h!r})")
+
+
+def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str, Rate]], str | None]:
+    """[(cache path, rate or rate callable)], and the mixture's name when it has one."""
+    if (cache is None) == (mixture is None):
+        raise ValueError("give exactly one of cache= (one task cache folder) or mixture=")
+    if cache is not None:
+        if caches_root is not None:
+            raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+        return [(os.fspath(cache), 1.0)], None
+    if hasattr(mixture, "get_rates") and hasattr(mixture, "task_names"):
+        # A seqcache.tasks.Mixture: tasks resolve to CACHE_DIR/<task>/<split>.
+        if caches_root is None:
+            raise ValueError(
+                f"mixture {getattr(mixture, 'name', mixture)!r} names tasks; give caches_root= (the folder holding "
+                "<task>/<split> caches) to find them"
+            )
+        names = list(mixture.task_names)
+        paths = {n: os.path.join(os.fspath(caches_root), n, split) for n in names}
+        counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
+        rates = mixture.get_rates(counts)
+        # seqio semantics: a task with rate 0 is part of the mixture but never read.
+        return [(paths[n], float(rates[n])) for n in names if rates[n] > 0], getattr(mixture, "name", None)
+    if caches_root is not None:
+        raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+    items = list(mixture.items()) if isinstance(mixture, Mapping) else list(mixture)
+    if not items:
+        raise ValueError("mixture= is empty: give {cache_path: rate, ...}")
+    out = []
+    for item in items:
+        try:
+            path, rate = item
+        except (TypeError, ValueError):
+            raise ValueError(f"mixture entries are (cache path, rate) pairs (got {item!r})") from None
+        out.append((os.fspath(path), rate))
+    paths = [p for p, _ in out]
+    dup = sorted({p for p in paths if paths.count(p) > 1})
+    if dup:
+        raise ValueError(f"mixture lists cache(s) {dup} more than once")
+    return out, None
+
+
+class Feeder:
+    """Exactly-once, resumable batches from a task cache or a mixture of them.
+
+    Args (keyword-only):
+      cache: one task cache folder (``CACHE_DIR/<task>/<split>``, with manifest.json).
+      mixture: instead of ``cache``: {cache folder: rate} (or a list of pairs), a
+        rate being a number > 0 or a callable ``num_examples -> rate`` such as
+        ``rate_num_examples(maximum=, temperature=, scale=)``; or a
+        ``seqcache.tasks.Mixture`` together with ``caches_root`` and ``split``
+        (each task resolves to ``caches_root/<task>/<split>``; tasks with rate 0 are
+        left out). Rates are relative; see ``mixing.integer_weights`` for how they
+        become exact integer weights. Changing rates needs no rebuild of caches.
+      caches_root, split: see ``mixture``.
+      global_batch_size: B, rows per step over all hosts.
+      sequence_length: L, tokens per row.
+      host_index, host_count: h and H (default: ``jax.process_index()`` /
+        ``jax.process_count()`` when JAX is installed, else 0 / 1). H must divide B.
+      seed: in [0, 2^64); selects the per-epoch orders.
+      num_epochs: None (repeat forever) or E >= 1: every example of every task is
+        read exactly E times, then iteration stops (see ``stream`` for the rule).
+      start_step: the step iteration starts from.
+      feature: the token feature to feed (e.g. "targets"); packed caches also
+        provide ``<feature>_segment_ids`` and ``<feature>_positions``.
+      num_threads: reader threads (default min(4, CPU count)).
+      prefetch: steps prepared ahead of the last requested one (default num_threads).
+
+    Batches (``get_batch(step)`` and iteration) are dicts of numpy arrays for this
+    host's B / H rows (R = B / H):
+
+      "<feature>"               int32 (R, L): tokens, 0 after the end of the record.
+      "<feature>_segment_ids"   int32 (R, L): 0 = padding; 1 on every token of an
+                                unpacked record; the packed segment ids otherwise.
+      "<feature>_positions"     int32 (R, L): position of the token in its segment.
+      "<feature>_loss_weights"  float32 (R, L): 1 on tokens, 0 on padding tokens and
+                                on padding rows.
+      "task_index"              int32 (R,): t, or -1 on a padding row.
+      "cache_index"             int64 (R,): i, or -1 on a padding row.
+      "epoch"                   int64 (R,): e, or -1 on a padding row.
+
+    Padding rows (only in finite runs, once a task is exhausted) have zeros
+    everywhere and zero loss weight. Records longer than L are truncated to L
+    (like seqio's trimming); a packed cache built for a longer sequence length is
+    refused.
+
+    Raises:
+      ValueError: bad arguments (host count that does not divide the global batch,
+        more hosts than rows, unknown feature, bad rates, ...).
+      seqcache.format.CacheError: a cache is missing, incomplete or inconsistent.
+    """
+
+    def __init__(
+        self,
+        *,
+        cache: str | os.PathLike | None = None,
+        mixture: Mapping[str, Rate] | Sequence[tuple[str, Rate]] | Any = None,
+        caches_root: str | os.PathLike | None = None,
+        split: str = "train",
+        global_batch_size: int,
+        sequence_length: int,
+        host_index: int | None = None,
+        host_count: int | None = None,
+        seed: int = 0,
+        num_epochs: int | None = None,
+        start_step: int = 0,
+        feature: str = "targets",
+        num_threads: int | None = None,
+        prefetch: int | None = None,
+    ):
+        if host_index is None or host_count is None:
+            dh, dn = default_hosts()
+            host_index = dh if host_index is None else host_index
+            host_count = dn if host_count is None else host_count
+        check_hosts(global_batch_size, host_index, host_count)
+        if not isinstance(sequence_length, (int, np.integer)) or sequence_length < 1:
+            raise ValueError(f"sequence_length must be an integer >= 1 (got {sequence_length!r})")
+        if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be an integer in [0, 2**64) (got {seed=})")
+        if num_epochs is not None and (not isinstance(num_epochs, (int, np.integer)) or num_epochs < 1):
+            raise ValueError(f"num_epochs must be None (forever) or an integer >= 1 (got {num_epochs!r})")
+        if num_threads is None:
+            num_threads = min(4, os.cpu_count() or 1)
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1 (got {num_threads})")
+        if prefetch is None:
+            prefetch = num_threads
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0 (got {prefetch})")
+
+        entries, self.mixture_name = _resolve_mixture(cache, mixture, caches_root, split)
+        self.global_batch_size = int(global_batch_size)
+        self.sequence_length = int(sequence_length)
+        self.host_index = int(host_index)
+        self.host_count = int(host_count)
+        self.seed = int(seed)
+        self.num_epochs = None if num_epochs is None else int(num_epochs)
+        self.feature = feature
+        self.num_threads = int(num_threads)
+        self.prefetch = int(prefetch)
+        self.rows_per_host = self.global_batch_size // self.host_count
+        self.first_row = self.host_index * self.rows_per_host
+
+        self.readers: list[CacheReader] = []
+        try:
+            for path, _ in entries:
+                self.readers.append(CacheReader(path))
+            self.paths = [p for p, _ in entries]
+            rates = []
+            for (path, rate), reader in zip(entries, self.readers):
+                value = rate(reader.num_examples) if callable(rate) else rate
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"mixture rate of {path} must be a number (got {value!r})")
+                rates.append(float(value))
+            self.rates = rates
+            self.weights = mixing.integer_weights(rates)
+            self._layouts = [self._layout(r) for r in self.readers]
+            self.stream = IndexStream(readers=self.readers, weights=self.weights, seed=self.seed,
+                                      num_epochs=self.num_epochs)
+        except BaseException:
+            for r in self.readers:
+                r.close()
+            raise
+        self.num_steps = self.stream.num_steps(self.global_batch_size)
+        self._step = 0
+        self._lock = threading.Lock()
+        self._futures: dict[int, concurrent.futures.Future] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
+        self._ar = np.arange(self.sequence_length, dtype=np.int32)
+        self.step = start_step
+
+    # --- configuration ---------------------------------------------------------
+
+    def _layout(self, reader: CacheReader) -> dict:
+        names = [f.name for f in reader.features]
+        f = self.feature
+        if f not in names:
+            raise ValueError(f"{reader.cache_dir}: the cache has no feature {f!r} (features: {names}); pass feature=")
+        layout = {"tokens": f, "segment_ids": None, "positions": None}
+        if f"{f}_segment_ids" in names:
+            layout["segment_ids"] = f"{f}_segment_ids"
+            if f"{f}_positions" in names:
+                layout["positions"] = f"{f}_positions"
+            lengths = reader.manifest.sequence_length or {}
+            built = lengths.get(f) if isinstance(lengths, Mapping) else None
+            if built is not None and int(built) > self.sequence_length:
+                raise ValueError(
+                    f"{reader.cache_dir}: the cache is packed to sequence length {built} for {f!r}, longer than "
+                    f"sequence_length={self.sequence_length}; truncating would cut packed segments. Rebuild the cache "
+                    f"with --sequence-length {self.sequence_length} or feed with sequence_length={built}"
+                )
+        return layout
+
+    @property
+    def step(self) -> int:
+        """The next step iteration returns; assigning it moves the iterator."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        value = int(value)
+        self._check_step(value, allow_end=True)
+        with self._lock:
+            self._step = value
+
+    @property
+    def position(self) -> int:
+        """The global position of the next example iteration returns (step * B)."""
+        return self._step * self.global_batch_size
+
+    def _check_step(self, step: int, *, allow_end: bool = False) -> None:
+        if step < 0:
+            raise ValueError(f"step must be >= 0 (got {step})")
+        if (step + 1) * self.global_batch_size > mixing.MAX_POSITION:
+            raise ValueError(f"step {step} is beyond the largest supported global position 2^62")
+        if self.num_steps is not None:
+            limit = self.num_steps if allow_end else self.num_steps - 1
+            if step > limit:
+                raise ValueError(
+                    f"step {step} is past the end of this finite run: {self.num_epochs} epoch(s) take "
+                    f"{self.num_steps} steps (0..{self.num_steps - 1})"
+                )
+
+    # --- batches ---------------------------------------------------------------
+
+    def _compute(self, step: int) -> dict[str, np.ndarray]:
+        b_host, length, f = self.rows_per_host, self.sequence_length, self.feature
+        positions = step * self.global_batch_size + self.first_row + np.arange(b_host, dtype=np.int64)
+        loc = self.stream.locate(positions)
+        names = (f, f"{f}_segment_ids", f"{f}_positions", f"{f}_loss_weights")
+        out: dict[str, np.ndarray] | None = None
+        groups = []
+        for t in np.unique(loc.task[loc.valid]):
+            rows = np.flatnonzero((loc.task == t) & loc.valid)
+            groups.append((int(t), rows))
+        for t, rows in groups:
+            block = self._read_block(t, loc.cache_index[rows])
+            if rows.size == b_host:  # one task fills the host batch: no scatter
+                out = dict(zip(names, block))
+                break
+            if out is None:
+                out = {
+                    f: np.zeros((b_host, length), np.int32),
+                    names[1]: np.zeros((b_host, length), np.int32),
+                    names[2]: np.zeros((b_host, length), np.int32),
+                    names[3]: np.zeros((b_host, length), np.float32),
+                }
+            for name, arr in zip(names, block):
+                out[name][rows] = arr
+        if out is None:  # every row is padding
+            out = {
+                f: np.zeros((b_host, length), np.int32),
+                names[1]: np.zeros((b_host, length), np.int32),
+                names[2]: np.zeros((b_host, length), np.int32),
+                names[3]: np.zeros((b_host, length), np.float32),
+            }
+        valid = loc.valid
+        out["task_index"] = np.where(valid, loc.task, -1).astype(np.int32)
+        out["cache_index"] = np.where(valid, loc.cache_index, -1)
+        out["epoch"] = np.where(valid, loc.epoch, -1)
+        return out
+
+    def _read_block(self, task: int, cache_index: np.ndarray):
+        """Reads and decodes the records of one task: 4 arrays (n, L)."""
+        reader, layout, length = self.readers[task], self._layouts[task], self.sequence_length
+        records = reader.read(cache_index)
+        wanted = {layout["tokens"]: np.int32}
+        if layout["segment_ids"]:
+            wanted[layout["segment_ids"]] = np.int32
+        if layout["positions"]:
+            wanted[layout["positions"]] = np.int32
+        try:
+            values, counts = decode_batch(reader.features, records, length=length, outputs=wanted)
+        except fmt.CacheError:
+            # Re-decode record by record so the error names the shard and record.
+            for rec, i in zip(records, cache_index.tolist()):
+                reader.decode(rec, i)
+            raise
+        tokens = values[layout["tokens"]]
+        n = tokens.shape[0]
+        if layout["segment_ids"]:
+            seg = values[layout["segment_ids"]]
+            if layout["positions"]:
+                pos = values[layout["positions"]]
+            else:
+                pos = positions_from_segment_ids(seg)
+            weights = (seg != 0).astype(np.float32)
+            return tokens, seg, pos, weights
+        keep = np.minimum(counts[layout["tokens"]], length)
+        if (keep == length).all():
+            seg = np.ones((n, length), np.int32)
+            pos = np.empty((n, length), np.int32)
+            pos[:] = self._ar
+            weights = np.ones((n, length), np.float32)
+        else:
+            mask = self._ar[None, :] < keep[:, None]
+            seg = mask.astype(np.int32)
+            pos = self._ar * seg
+            weights = mask.astype(np.float32)
+        return tokens, seg, pos, weights
+
+    def _executor_or_none(self):
+        if self.prefetch == 0:
+            return None
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.num_threads, thread_name_prefix=THREAD_NAME_PREFIX
+            )
+        return self._executor
+
+    def get_batch(self, step: int) -> dict[str, np.ndarray]:
+        """This host's rows of global batch ``step`` (see the class docstring for
+        keys, shapes and dtypes). Random access: any step, in any order, at the
+        same cost. Prepares steps step+1 .. step+prefetch in the background.
+
+        Raises:
+          ValueError: a negative step, or a step past the end of a finite run.
+          RuntimeError: the feeder is closed.
+        """
+        step = int(step)
+        self._check_step(step)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the feeder is closed")
+            fut = self._futures.pop(step, None)
+            executor = self._executor_or_none()
+            if executor is not None:
+                window = range(step + 1, step + 1 + self.prefetch)
+                for s in list(self._futures):
+                    if s not in window:
+                        self._futures.pop(s).cancel()
+                for s in window:
+                    if self.num_steps is not None and s >= self.num_steps:
+                        break
+                    if s not in self._futures:
+                        self._futures[s] = executor.submit(self._compute, s)
+        if fut is not None:
+            return fut.result()
+        return self._compute(step)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        step = self._step
+        if self.num_steps is not None and step >= self.num_steps:
+            raise StopIteration
+        batch = self.get_batch(step)
+        self._step = step + 1
+        return batch
+
+    # --- state -----------------------------------------------------------------
+
+    def state(self) -> dict:
+        """A small JSON-serialisable dict: everything needed to resume (G4)."""
+        return {
+            "kind": state_lib.STATE_KIND,
+            "version": state_lib.STATE_VERSION,
+            "cache_format_version": fmt.FORMAT_VERSION,
+            "mixture": [
+                {
+                    "path": path,
+                    "rate": rate,
+                    "weight": weight,
+                    "task": reader.manifest.task,
+                    "split": reader.manifest.split,
+                    "num_examples": reader.num_examples,
+                    "fingerprint": reader.fingerprint,
+                }
+                for path, rate, weight, reader in zip(self.paths, self.rates, self.weights, self.readers)
+            ],
+            "seed": self.seed,
+            "global_batch_size": self.global_batch_size,
+            "sequence_length": self.sequence_length,
+            "feature": self.feature,
+            "num_epochs": self.num_epochs,
+            "position": self.position,
+        }
+
+    def _check_caches(self, state: Mapping[str, Any]) -> None:
+        for entry, path, reader, weight in zip(state["mixture"], self.paths, self.readers, self.weights):
+            if entry["fingerprint"] != reader.fingerprint:
+                raise state_lib.FeederStateError(
+                    f"cache {path} has fingerprint {reader.fingerprint}, but the feeder state was saved with "
+                    f"fingerprint {entry['fingerprint']}: the cache was rebuilt or replaced, so the saved position "
+                    "no longer denotes the same examples. Restore the original cache, or start a new run"
+                )
+            if entry["weight"] != weight:
+                raise state_lib.FeederStateError(
+                    f"cache {path}: the state's integer weight {entry['weight']} differs from {weight} computed from "
+                    f"rate {entry['rate']}; the state was written by an incompatible seqcache"
+                )
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Moves this feeder to a saved state's position after checking that the
+        state was saved by the same configuration (caches and their fingerprints,
+        mixture rates, seed, global batch size, sequence length, feature, epochs).
+
+        Raises:
+          FeederStateError (a ValueError): naming the differing field and both values.
+        """
+        state_lib.check_state(state)
+        state_lib.compare(state, self._config())
+        self._check_caches(state)
+        self.step = state["position"] // self.global_batch_size
+
+    def _config(self) -> dict:
+        return {
+            "mixture": list(zip(self.paths, self.rates)),
+            "seed": self.seed,
+            "global_batch_size": self.global_batch_size,
+            "sequence_length": self.sequence_length,
+            "feature": self.feature,
+            "num_epochs": self.num_epochs,
+        }
+
+    _UNSET = object()
+
+    @classmethod
+    def restore(
+        cls,
+        state: Mapping[str, Any],
+        *,
+        host_index: int | None = None,
+        host_count: int | None = None,
+        num_threads: int | None = None,
+        prefetch: int | None = None,
+        mixture: Mapping[str, float] | Sequence[tuple[str, float]] | None = None,
+        seed: int | None = None,
+        global_batch_size: int | None = None,
+        sequence_length: int | None = None,
+        feature: str | None = None,
+        num_epochs: Any = _UNSET,
+    ) -> "Feeder":
+        """A feeder positioned where ``state`` was saved: the same global stream,
+        for any host count that divides the global batch (G4, G5).
+
+        ``mixture``, ``seed``, ``global_batch_size``, ``sequence_length``,
+        ``feature`` and ``num_epochs`` are optional expectations (the current run's
+        configuration): a state that differs is refused.
+
+        Raises:
+          FeederStateError (a ValueError): another state/format version, a cache
+            whose fingerprint changed since the state was saved, or a state that
+            differs from an expectation; the message names both values.
+          ValueError: the host count does not divide the global batch.
+        """
+        state_lib.check_state(state)
+        expected: dict[str, Any] = {}
+        if mixture is not None:
+            expected["mixture"] = list(mixture.items()) if isinstance(mixture, Mapping) else list(mixture)
+        for key, value in (("seed", seed), ("global_batch_size", global_batch_size),
+                           ("sequence_length", sequence_length), ("feature", feature)):
+            if value is not None:
+                expected[key] = value
+        if num_epochs is not cls._UNSET:
+            expected["num_epochs"] = num_epochs
+        state_lib.compare(state, expected)
+        b = state["global_batch_size"]
+        feeder = cls(
+            mixture=state_lib.mixture_pairs(state),
+            global_batch_size=b,
+            sequence_length=state["sequence_length"],
+            host_index=host_index,
+            host_count=host_count,
+            seed=state["seed"],
+            num_epochs=state["num_epochs"],
+            feature=state["feature"],
+            num_threads=num_threads,
+            prefetch=prefetch,
+        )
+        try:
+            feeder._check_caches(state)
+            feeder.step = state["position"] // b
+        except BaseException:
+            feeder.close()
+            raise
+        return feeder
+
+    # --- provenance --------------------------------------------------------------
+
+    def which(self, step: int, row: int, *, tokens: bool = True) -> dict:
+        """Where row ``row`` of global batch ``step`` comes from (G6); see
+        ``seqcache.feeders.provenance.which``."""
+        from seqcache.feeders.provenance import which
+
+        return which(self.stream, self.paths, global_batch_size=self.global_batch_size, step=step, row=row,
+                     feature=self.feature, tokens=tokens)
+
+    # --- lifetime ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stops the reader threads (waiting for running reads) and closes every
+        shard reader. Idempotent; the feeder cannot be used afterwards."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            futures, self._futures = self._futures, {}
+            executor, self._executor = self._executor, None
+        for fut in futures.values():
+            fut.cancel()
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+        for r in self.readers:
+            r.close()
+
+    def __enter__(self) -> "Feeder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Feeder({len(self.paths)} task(s), B={self.global_batch_size}, L={self.sequence_length}, "
+            f"host {self.host_index}/{self.host_count}, seed={self.seed}, num_epochs={self.num_epochs}, step={self._step})"
+        )
+
+
+def positions_from_segment_ids(segment_ids: np.ndarray) -> np.ndarray:
+    """Positions restarting at 0 at each segment, 0 on padding.
+
+    Args:
+      segment_ids: int (rows, L); 0 = padding.
+
+    Returns:
+      int32 (rows, L).
+    """
+    seg = np.asarray(segment_ids)
+    rows, length = seg.shape
+    idx = np.broadcast_to(np.arange(length), seg.shape)
+    starts = np.ones(seg.shape, bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    first = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
+    return np.where(seg != 0, idx - first, 0).astype(np.int32)

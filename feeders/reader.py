@@ -1,0 +1,161 @@
+"""Random access to one task cache: batched ArrayRecord reads by cache index.
+
+A cache index i (0-based, in cache order) lives in shard s with
+shard_starts[s] <= i < shard_starts[s + 1], at record offset i - shard_starts[s] of
+that shard's file. ``CacheReader.read`` takes a batch of cache indices, sorts them
+(which groups them by shard and orders them within each shard), issues one
+``ArrayRecordReader.read(offsets)`` per shard touched, and returns the records in
+the order asked for. Each shard's reader is opened once, on first use, with
+``READER_OPTIONS`` and shared by all threads (ArrayRecord readers are thread-safe;
+``read`` releases the GIL).
+
+Memory: the reader holds the shard start offsets (one int64 per shard) and, inside
+ArrayRecord, each opened shard's chunk index. With the pinned writer option
+``group_size:1`` that index has one entry per record; it is ArrayRecord's, kept in
+memory because the offloaded index makes random reads about 30x slower on this
+format (measured in benchmarks/feeder.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Sequence
+
+import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader
+
+from seqcache import format as fmt
+
+# readahead_buffer_size:0 -> no read-ahead (random access); max_parallelism:0 ->
+# read() runs in the calling thread (the feeder has its own thread pool; measured
+# faster than ArrayRecord's internal pool for batches of ~1000 records).
+READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+
+
+class CacheReader:
+    """Batched random access to the records of one task cache.
+
+    Args:
+      cache_dir: the cache folder (``CACHE_DIR/<task>/<split>``, with manifest.json).
+      reader_options: ArrayRecord reader options.
+
+    Opening runs ``seqcache.format.read_manifest`` and ``check_shard_files`` (file
+    sizes only; checksums are ``seqcache verify``'s job).
+
+    Raises:
+      seqcache.format.IncompleteCacheError: no manifest.json (an unfinished build).
+      seqcache.format.CacheError: an invalid manifest or a missing/resized shard.
+    """
+
+    def __init__(self, cache_dir: str, *, reader_options: str = READER_OPTIONS):
+        self.cache_dir = str(cache_dir)
+        self.manifest = fmt.read_manifest(self.cache_dir)
+        fmt.check_shard_files(self.cache_dir, self.manifest)
+        self.shard_starts = self.manifest.shard_starts  # int64 (num_shards + 1,)
+        self.num_examples = int(self.shard_starts[-1])
+        if self.num_examples == 0:
+            raise fmt.CacheError(f"{self.cache_dir}: the cache has no examples")
+        self.features = self.manifest.features
+        self._options = reader_options
+        self._lock = threading.Lock()
+        self._data: list[ArrayRecordReader | None] = [None] * len(self.manifest.shards)
+        self._prov: list[ArrayRecordReader | None] = [None] * len(self.manifest.shards)
+        self._closed = False
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest.fingerprint
+
+    def _open(self, table: list, shard: int, name: str) -> ArrayRecordReader:
+        reader = table[shard]
+        if reader is not None:
+            return reader
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.cache_dir}: reader is closed")
+            reader = table[shard]
+            if reader is None:
+                path = os.path.join(self.cache_dir, name)
+                reader = ArrayRecordReader(path, self._options)
+                expected = self.manifest.shards[shard].num_records
+                if reader.num_records() != expected:
+                    actual = reader.num_records()
+                    reader.close()
+                    raise fmt.CacheError(
+                        f"{path}: shard has {actual} records, the manifest expects {expected}; "
+                        "the cache was modified after it was built: rebuild it"
+                    )
+                table[shard] = reader
+        return reader
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """(shard int64, record offset in the shard int64) of each cache index."""
+        idx = np.asarray(indices, dtype=np.int64)
+        shard = np.searchsorted(self.shard_starts, idx, side="right") - 1
+        return shard, idx - self.shard_starts[shard]
+
+    def _read(self, table: list, names: Sequence[str], indices) -> list[bytes]:
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size == 0:
+            return []
+        if idx.min() < 0 or idx.max() >= self.num_examples:
+            raise IndexError(f"{self.cache_dir}: cache index out of range [0, {self.num_examples}) (got {idx.min()}..{idx.max()})")
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]  # grouped by shard, ascending within each shard
+        bounds = np.searchsorted(sorted_idx, self.shard_starts)
+        records: list[bytes] = []
+        for s in np.flatnonzero(bounds[1:] > bounds[:-1]):
+            lo, hi = bounds[s], bounds[s + 1]
+            reader = self._open(table, int(s), names[s])
+            records.extend(reader.read((sorted_idx[lo:hi] - self.shard_starts[s]).tolist()))
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        return list(map(records.__getitem__, inverse.tolist()))
+
+    def read(self, indices) -> list[bytes]:
+        """The data records at ``indices`` (cache indices, any order, repeats
+        allowed), in that order. One ArrayRecord ``read`` call per shard touched."""
+        return self._read(self._data, [s.file for s in self.manifest.shards], indices)
+
+    def read_provenance(self, indices) -> list[dict[str, np.ndarray]]:
+        """The decoded provenance records (source_index, record_number,
+        token_offset; one element per segment) at ``indices``."""
+        recs = self._read(self._prov, [s.provenance_file for s in self.manifest.shards], indices)
+        return [
+            fmt.decode_example(fmt.PROVENANCE_FEATURES, r, where=self.describe(int(i), provenance=True))
+            for r, i in zip(recs, np.asarray(indices).ravel())
+        ]
+
+    def describe(self, index: int, *, provenance: bool = False) -> str:
+        """'CACHE/data.array_record-00001-of-00004 record 17 (cache index 1041)'."""
+        shard, offset = self.locate([index])
+        info = self.manifest.shards[int(shard[0])]
+        name = info.provenance_file if provenance else info.file
+        return f"{os.path.join(self.cache_dir, name)} record {int(offset[0])} (cache index {index})"
+
+    def decode(self, record: bytes, index: int) -> dict[str, np.ndarray]:
+        """``decode_example`` of one data record, with errors naming it."""
+        return fmt.decode_example(self.features, record, where=self.describe(index))
+
+    def close(self) -> None:
+        """Closes every opened shard reader. Idempotent."""
+        with self._lock:
+            self._closed = True
+            for table in (self._data, self._prov):
+                for i, r in enumerate(table):
+                    if r is not None:
+                        r.close()
+                        table[i] = None
+
+    def __getstate__(self):
+        # Picklable for multiprocess loaders: readers are reopened lazily.
+        state = self.__dict__.copy()
+        state["_lock"] = None
+        state["_data"] = [None] * len(self._data)
+        state["_prov"] = [None] * len(self._prov)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()

@@ -1,0 +1,148 @@
+"""The global stream: global position -> (task, ordinal, epoch, cache index).
+
+This is the index arithmetic of the feeder, without reading or threads; the index
+vocabulary is defined at the top of ``seqcache.feeders.feeder``. For a global
+position p:
+
+1. mixing (``seqcache.feeders.mixing``): task t and ordinal k, in O(log T);
+2. epochs: epoch e = k // N_t, element k mod N_t;
+3. order (``seqcache.feeders.permutation``): cache index
+   i = perm_{seed,t,e}(k mod N_t), in O(1).
+
+Finite runs (``num_epochs`` = E): task t provides E * N_t ordinals. A position whose
+ordinal is k >= E * N_t (its task is exhausted) is a padding row. The stream ends
+at P_end, the first position by which every task has provided all its E * N_t
+ordinals: P_end = max_t min{P : c_t(P) = E * N_t}, and the run has
+ceil(P_end / B) steps; rows at positions >= P_end are padding too. So every
+example of every task is read exactly E times, and exactly once per epoch.
+With one task, P_end = E * N and padding appears only in the last step.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Sequence
+
+import numpy as np
+
+from seqcache.feeders import mixing
+from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation
+from seqcache.feeders.reader import CacheReader
+
+_PERM_CACHE_SIZE = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Located:
+    """Where a batch of global positions comes from; arrays of shape (n,).
+
+    Attributes:
+      position: int64, the global positions p.
+      task: int32, the task index t (mixture order).
+      ordinal: int64, k: how many earlier positions went to the same task.
+      epoch: int64, e = k // N_t.
+      cache_index: int64, i = perm_{seed,t,e}(k mod N_t); -1 on padding rows.
+      valid: bool, False on padding rows (exhausted task in a finite run).
+    """
+
+    position: np.ndarray
+    task: np.ndarray
+    ordinal: np.ndarray
+    epoch: np.ndarray
+    cache_index: np.ndarray
+    valid: np.ndarray
+
+
+class IndexStream:
+    """Random access to the global stream of a mixture of task caches.
+
+    Args:
+      readers: one opened ``CacheReader`` per task, in mixture order.
+      weights: positive integer weights, one per task (``mixing.integer_weights``).
+      seed: the feeder seed, in [0, 2^64).
+      num_epochs: None (repeat forever) or E >= 1.
+
+    Everything is O(log T) per position plus O(1) per (task, epoch) for the round
+    keys, which are cached (a bounded LRU).
+    """
+
+    def __init__(self, *, readers: Sequence[CacheReader], weights: Sequence[int], seed: int, num_epochs: int | None):
+        if len(readers) != len(weights):
+            raise ValueError(f"{len(readers)} caches but {len(weights)} weights")
+        self.readers = list(readers)
+        self.sizes = [r.num_examples for r in readers]
+        self.keys = [r.fingerprint for r in readers]
+        self.mixer = mixing.Mixer(weights)
+        self.seed = int(seed)
+        self.num_epochs = num_epochs
+        self._perms: collections.OrderedDict[tuple[int, int], FeistelPermutation] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        if num_epochs is None:
+            self.limits = None
+            self.end_position = None
+        else:
+            self.limits = [num_epochs * n for n in self.sizes]
+            self.end_position = max(
+                self.mixer.first_position_with_count(t, lim) for t, lim in enumerate(self.limits)
+            )
+
+    def num_steps(self, global_batch_size: int) -> int | None:
+        """ceil(P_end / B) for a finite run, None when it repeats forever."""
+        if self.end_position is None:
+            return None
+        return -(-self.end_position // global_batch_size)
+
+    def permutation(self, task: int, epoch: int) -> FeistelPermutation:
+        """perm_{seed, task, epoch}, a bijection of [0, N_task)."""
+        key = (task, epoch)
+        with self._lock:
+            perm = self._perms.get(key)
+            if perm is not None:
+                self._perms.move_to_end(key)
+                return perm
+        perm = epoch_permutation(n=self.sizes[task], seed=self.seed, task_key=self.keys[task], epoch=epoch)
+        with self._lock:
+            self._perms[key] = perm
+            while len(self._perms) > _PERM_CACHE_SIZE:
+                self._perms.popitem(last=False)
+        return perm
+
+    def locate(self, positions) -> Located:
+        """Locates global positions (int64 array (n,), each in [0, 2^62))."""
+        p = np.asarray(positions, dtype=np.int64)
+        task, ordinal = self.mixer.locate_many(p)
+        n = p.size
+        epoch = np.empty(n, np.int64)
+        cache_index = np.full(n, -1, np.int64)
+        valid = np.ones(n, bool)
+        single = self.mixer.num_tasks == 1
+        for t in range(self.mixer.num_tasks) if not single else (0,):
+            sel = slice(None) if single else np.flatnonzero(task == t)
+            k = ordinal[sel]
+            if not single and k.size == 0:
+                continue
+            size = self.sizes[t]
+            e, elem = np.divmod(k, size)
+            epoch[sel] = e
+            ok = np.ones(k.shape, bool) if self.limits is None else k < self.limits[t]
+            valid[sel] = ok
+            ci = np.full(k.shape, -1, np.int64)
+            e_lo, e_hi = int(e.min()), int(e.max())
+            for ep in range(e_lo, e_hi + 1):
+                m = (e == ep) & ok
+                if m.any():
+                    ci[m] = self.permutation(t, ep).permute(elem[m]).astype(np.int64)
+            cache_index[sel] = ci
+        return Located(position=p, task=task, ordinal=ordinal, epoch=epoch, cache_index=cache_index, valid=valid)
+
+    def locate_one(self, position: int) -> dict:
+        """Python-integer version of ``locate`` for one position (any size)."""
+        t, k = self.mixer.locate(int(position))
+        size = self.sizes[t]
+        e, elem = divmod(k, size)
+        valid = self.limits is None or k < self.limits[t]
+        ci = int(self.permutation(t, e).permute(np.array([elem]))[0]) if valid else -1
+        return {"position": int(position), "task": t, "ordinal": k, "epoch": e, "element": elem,
+                "cache_index": ci, "valid": valid}

@@ -1,0 +1,119 @@
+"""Fixture caches for the feeder tests, written with the real cache writer.
+
+Example i of a fixture cache (its cache index) has tokens whose first element is
+``i + 1`` (so a batch row identifies its example) followed by a deterministic
+pattern, and a provenance entry (source 0, record number 1000 + i, offset 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from seqcache import format as fmt
+from seqcache.pipelines.writer import write_cache
+
+UNPACKED = (fmt.FeatureSpec("targets", "int32"),)
+PACKED = (
+    fmt.FeatureSpec("targets", "int32"),
+    fmt.FeatureSpec("targets_segment_ids", "int32"),
+    fmt.FeatureSpec("targets_positions", "int32"),
+)
+
+
+def example_tokens(i: int, length: int) -> np.ndarray:
+    """Tokens of fixture example i: [i + 1, then (i * 31 + j) % 250 + 3 ...]."""
+    rest = (i * 31 + np.arange(1, length)) % 250 + 3
+    return np.concatenate([[i + 1], rest]).astype(np.int32)
+
+
+def write_fixture_cache(
+    path,
+    *,
+    n: int,
+    num_shards: int = 3,
+    length=8,
+    task: str = "fixture",
+    split: str = "train",
+    tag: str = "",
+    vocabularies=None,
+):
+    """Writes an unpacked cache of ``n`` examples; ``length`` is an int or a
+    function i -> length. ``tag`` changes the fingerprint (a "rebuilt" cache)."""
+    length_of = length if callable(length) else (lambda i: length)
+    per = [n // num_shards + (1 if s < n % num_shards else 0) for s in range(num_shards)]
+    shards, i = [], 0
+    for count in per:
+        shard = []
+        for _ in range(count):
+            shard.append(({"targets": example_tokens(i, length_of(i))}, [(0, 1000 + i, 0)]))
+            i += 1
+        shards.append(shard)
+    return write_cache(
+        str(path),
+        task=task,
+        split=split,
+        features=UNPACKED,
+        shards=shards,
+        sources=[{"path": f"corpus/{task}.txt"}],
+        vocabularies=vocabularies,
+        fingerprint_inputs={"task": task, "split": split, "n": n, "shards": num_shards, "tag": tag,
+                            "length": None if callable(length) else length},
+    )
+
+
+def write_packed_cache(path, *, n: int, sequence_length: int = 12, num_shards: int = 2, task: str = "packed"):
+    """A packed cache: record i holds segments of lengths (3 + i % 4) and the rest
+    (at most 2 segments, zero-padded to the sequence length when short)."""
+    shards = [[] for _ in range(num_shards)]
+    for i in range(n):
+        a = 3 + i % 4
+        b = sequence_length - a - (i % 3)  # i % 3 padding tokens at the end
+        toks = np.concatenate([example_tokens(i, a), example_tokens(10_000 + i, b), np.zeros(i % 3, np.int32)])
+        seg = np.concatenate([np.full(a, 1), np.full(b, 2), np.zeros(i % 3)]).astype(np.int32)
+        pos = np.concatenate([np.arange(a), np.arange(b), np.zeros(i % 3)]).astype(np.int32)
+        shards[i * num_shards // n].append(
+            ({"targets": toks, "targets_segment_ids": seg, "targets_positions": pos},
+             [(0, 2 * i, 0), (1, 2 * i + 1, 5)])
+        )
+    return write_cache(
+        str(path),
+        task=task,
+        split="train",
+        features=PACKED,
+        shards=shards,
+        sources=[{"path": "corpus/a.txt"}, {"path": "corpus/b.txt"}],
+        sequence_length={"targets": sequence_length},
+        packing="lm",
+        fingerprint_inputs={"task": task, "n": n, "packed": sequence_length},
+    )
+
+
+@pytest.fixture
+def make_cache(tmp_path):
+    """make_cache(name, n=..., **kw) -> path of a fresh unpacked fixture cache."""
+
+    def make(name: str = "c", **kw) -> str:
+        path = tmp_path / name
+        write_fixture_cache(path, **kw)
+        return str(path)
+
+    return make
+
+
+def example_ids(batch) -> np.ndarray:
+    """The fixture example (cache index) of each row, -1 on padding rows."""
+    return np.where(batch["targets_loss_weights"][:, 0] > 0, batch["targets"][:, 0] - 1, -1)
+
+
+@pytest.fixture
+def fx():
+    """The helpers of this module (test modules cannot import a conftest by name)."""
+    import types
+
+    return types.SimpleNamespace(
+        example_tokens=example_tokens,
+        write_fixture_cache=write_fixture_cache,
+        write_packed_cache=write_packed_cache,
+        example_ids=example_ids,
+    )

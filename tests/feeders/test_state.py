@@ -1,0 +1,199 @@
+"""Feeder state (G4, G5): O(1) exact resume in a fresh process, elastic restore, refusals."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from seqcache.feeders import Feeder, FeederStateError
+
+N, B = 60, 4  # one epoch = 15 steps exactly
+
+# Runs in a fresh interpreter: restores each state on H hosts, reads `steps` global
+# batches (the hosts' batches concatenated) and prints one digest per state.
+CHILD = r"""
+import hashlib, json, sys
+import numpy as np
+from seqcache.feeders import Feeder
+req = json.load(sys.stdin)
+out = []
+for state in req["states"]:
+    H = req["host_count"]
+    feeders = [Feeder.restore(state, host_index=h, host_count=H, num_threads=2) for h in range(H)]
+    h = hashlib.sha256()
+    for _ in range(req["steps"]):
+        parts = [next(f) for f in feeders]
+        for k in sorted(parts[0]):
+            h.update(np.concatenate([p[k] for p in parts]).tobytes())
+    out.append({"position": feeders[0].position, "digest": h.hexdigest(), "state": feeders[0].state()})
+    for f in feeders:
+        f.close()
+json.dump(out, sys.stdout)
+"""
+
+
+def _digest(batches) -> str:
+    h = hashlib.sha256()
+    for b in batches:
+        for k in sorted(b):
+            h.update(np.ascontiguousarray(b[k]).tobytes())
+    return h.hexdigest()
+
+
+def _run_child(states, *, host_count, steps):
+    proc = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps({"states": states, "host_count": host_count,
+                          "steps": steps}), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_state_is_small_json(make_cache):
+    path = make_cache(n=N)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1, seed=3) as f:
+        for _ in zip(range(5), f):
+            pass
+        state = f.state()
+    assert json.loads(json.dumps(state)) == state
+    assert len(json.dumps(state)) < 1024
+    assert state["position"] == 5 * B
+    assert state["seed"] == 3 and state["global_batch_size"] == B and state["num_epochs"] is None
+    assert state["sequence_length"] == 4 and state["version"] == 1 and state["cache_format_version"] == 1
+    assert [(e["path"], e["rate"]) for e in state["mixture"]] == [(path, 1.0)]
+    assert state["mixture"][0]["num_examples"] == N and len(state["mixture"][0]["fingerprint"]) == 64
+
+
+def test_resume_in_a_fresh_process_with_other_host_counts(make_cache):
+    path = make_cache(n=N, num_shards=3, length=lambda i: 1 + i % 6)
+    steps_after = 3
+    # Steps: 0, 1, mid-epoch, one before the epoch boundary, exactly at it, one after.
+    resume_steps = [0, 1, 7, 14, 15, 16]
+    kw = dict(cache=path, global_batch_size=B, sequence_length=5, seed=2)
+    # The uninterrupted run, on one host; the state saved after consuming s batches.
+    with Feeder(**kw, host_index=0, host_count=1) as f:
+        batches, states = [], {}
+        for s in range(max(resume_steps) + steps_after):
+            if s in resume_steps:
+                states[s] = f.state()
+            batches.append(next(f))
+    far = 10**12 // B  # position 10^12
+    with Feeder(**kw, host_index=0, host_count=1, start_step=far) as f:
+        states[far] = f.state()
+        assert states[far]["position"] == 10**12
+        far_batches = [next(f) for _ in range(steps_after)]
+    ordered = resume_steps + [far]
+    for host_count in (2, 4):
+        results = _run_child([states[s] for s in ordered], host_count=host_count, steps=steps_after)
+        assert len(results) == len(ordered)
+        for s, res in zip(ordered, results):
+            want = far_batches if s == far else batches[s: s + steps_after]
+            assert res["digest"] == _digest(want), (s, host_count)
+            assert res["position"] == (s + steps_after) * B
+
+
+def test_resume_at_the_far_position_costs_what_position_zero_costs(make_cache):
+    # O(1): restoring at 10^12 performs the same index arithmetic as at 0 -- no
+    # replay. Counted, not timed: the number of records read equals B either way.
+    path = make_cache(n=N)
+    for position in (0, 10**12):
+        with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1,
+                    start_step=position // B, prefetch=0) as f:
+            calls = []
+            reader = f.readers[0]
+            original = reader.read
+            reader.read = lambda idx: calls.append(len(idx)) or original(idx)
+            b = next(f)
+            assert sum(calls) == B
+            assert (b["epoch"] == position // N).all()
+
+
+def test_restore_refuses_a_rebuilt_cache(make_cache):
+    path = make_cache("c", n=N)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        state = f.state()
+    old = state["mixture"][0]["fingerprint"]
+    make_cache("c", n=N, tag="rebuilt")  # same folder, new content
+    with pytest.raises(FeederStateError) as e:
+        Feeder.restore(state, host_index=0, host_count=1)
+    msg = str(e.value)
+    assert old in msg and path in msg and "rebuilt" in msg
+    assert "fingerprint" in msg and msg.count("fingerprint ") >= 2
+
+
+@pytest.mark.parametrize(
+    "kwargs,field,have,want",
+    [
+        ({"seed": 1}, "seed", "0", "1"),
+        ({"global_batch_size": 8}, "global_batch_size", "4", "8"),
+        ({"sequence_length": 16}, "sequence_length", "4", "16"),
+        ({"num_epochs": 2}, "num_epochs", "null", "2"),
+    ],
+)
+def test_restore_refuses_another_configuration(make_cache, kwargs, field, have, want):
+    path = make_cache(n=N)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        state = f.state()
+    with pytest.raises(FeederStateError, match=f"state has {field}={have}, but this run has {field}={want}"):
+        Feeder.restore(state, host_index=0, host_count=1, **kwargs)
+
+
+def test_restore_refuses_another_mixture(tmp_path, fx):
+    fx.write_fixture_cache(tmp_path / "a", n=10, task="a")
+    fx.write_fixture_cache(tmp_path / "b", n=10, task="b")
+    mixture = {str(tmp_path / "a"): 2.0, str(tmp_path / "b"): 1.0}
+    with Feeder(mixture=mixture, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        state = f.state()
+    changed = {str(tmp_path / "a"): 1.0, str(tmp_path / "b"): 1.0}
+    with pytest.raises(FeederStateError, match=r"mixture=.*2\.0.*this run has mixture=.*1\.0"):
+        Feeder.restore(state, host_index=0, host_count=1, mixture=changed)
+    with Feeder(mixture=changed, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as g:
+        with pytest.raises(FeederStateError, match="mixture"):
+            g.set_state(state)
+    restored = Feeder.restore(state, host_index=0, host_count=1, mixture=mixture)
+    restored.close()
+
+
+def test_set_state_checks_the_feeder_configuration(make_cache):
+    path = make_cache(n=N)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        f.step = 9
+        state = f.state()
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1, seed=5) as g:
+        with pytest.raises(FeederStateError, match="seed=0, but this run has seed=5"):
+            g.set_state(state)
+    with Feeder(cache=path, global_batch_size=2 * B, sequence_length=4, host_index=0, host_count=1) as g:
+        with pytest.raises(FeederStateError, match=f"global_batch_size={B}, but this run has global_batch_size={2 * B}"):
+            g.set_state(state)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=1, host_count=2) as g:
+        g.set_state(state)  # another host count is fine (G5)
+        assert g.step == 9
+
+
+def test_restore_refuses_a_host_count_that_does_not_divide_the_batch(make_cache):
+    path = make_cache(n=N)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        state = f.state()
+    with pytest.raises(ValueError, match="not divisible by host_count=3"):
+        Feeder.restore(state, host_index=0, host_count=3)
+    with pytest.raises(ValueError, match="larger than global_batch_size"):
+        Feeder.restore(state, host_index=0, host_count=8)
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("version", 2, "feeder state version is 2"),
+        ("cache_format_version", 2, "cache format version 2"),
+        ("kind", "grain", "not a feeder state"),
+        ("position", 5, "multiple of global_batch_size"),
+    ],
+)
+def test_malformed_or_foreign_states_are_refused(make_cache, field, value, match):
+    path = make_cache(n=N)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        state = f.state()
+    state[field] = value
+    with pytest.raises(FeederStateError, match=match):
+        Feeder.restore(state, host_index=0, host_count=1)

@@ -247,9 +247,20 @@ def shift_right_by_segment(targets: jax.Array, segment_ids: jax.Array) -> jax.Ar
     return jnp.where(segment_ids == prev_seg, shifted, 0).astype(jnp.int32)
 
 
+def init_params(cfg: ModelConfig, seed: int) -> dict:
+    """Parameters initialised from ``seed``, as a nested dict of float32 arrays.
+
+    Meant to run inside ``jax.jit`` (the trainer passes out_shardings so that each
+    device creates only its shard); values do not depend on the sharding.
+    """
+    with nnx.use_eager_sharding(False):
+        return split_params(Transformer(cfg, rngs=nnx.Rngs(params=seed)))[1]
+
+
 def create(cfg: ModelConfig, seed: int) -> Transformer:
-    """A Transformer with parameters initialised from ``seed`` (no sharding applied;
-    see ``seqcache.training.trainer`` for sharded initialisation)."""
+    """A Transformer with parameters initialised eagerly from ``seed``, on the
+    default device, without sharding (for inspection and tests; the trainer
+    initialises inside jit with ``init_params``)."""
     with nnx.use_eager_sharding(False):
         return Transformer(cfg, rngs=nnx.Rngs(params=seed))
 

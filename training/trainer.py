@@ -220,12 +220,10 @@ class Trainer:
         cfg = self.config
 
         def init():
-            model = model_lib.Transformer(cfg.model, rngs=nnx.Rngs(params=cfg.seed))
-            _, params = model_lib.split_params(model)
+            params = model_lib.init_params(cfg.model, cfg.seed)
             return params, self.optimizer.init(params)
 
-        with nnx.use_eager_sharding(False):
-            return jax.jit(init, out_shardings=(self.param_shardings, self.opt_shardings))()
+        return jax.jit(init, out_shardings=(self.param_shardings, self.opt_shardings))()
 
     def abstract_state(self) -> dict:
         """The checkpointed state as ShapeDtypeStructs with this run's shardings."""

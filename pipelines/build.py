@@ -31,6 +31,8 @@ from seqcache.pipelines import shuffle, writer
 log = logging.getLogger(__name__)
 
 STATS_PREFIX = "shard-stats-"
+QUARANTINE_TAG = "quarantine"
+QUARANTINE_STATS = "quarantine-stats.json"
 
 
 class BuildError(Exception):
@@ -139,6 +141,20 @@ class _ReadAndPreprocess:
             yield from self._flush(batch, key, examples_out)
 
     def _flush(self, records, key, examples_out):
+        import apache_beam as beam
+        from seqcache.tasks import SOURCE_ERROR_KEY
+
+        bad = [r for r in records if SOURCE_ERROR_KEY in r.data]
+        if bad:
+            # Records the source could not read (on_error="skip"): counted and
+            # quarantined with their location, never dropped silently.
+            for r in bad:
+                yield beam.pvalue.TaggedOutput(
+                    QUARANTINE_TAG, (r.file_index, r.record_number, str(r.data[SOURCE_ERROR_KEY]))
+                )
+            records = [r for r in records if SOURCE_ERROR_KEY not in r.data]
+            if not records:
+                return
         keys = [shuffle.record_key(r.raw, key) for r in records]
         out = self.task.preprocess_batch(records, keys, seed=self.seed, sequence_length=self.sequence_length)
         per_shard = collections.defaultdict(list)
@@ -213,6 +229,30 @@ class _WriteShard:
             writer.join(self.stats_dir, f"{STATS_PREFIX}{shard:05d}.json"), json.dumps(payload).encode("utf-8")
         )
         yield shard
+
+
+class _WriteQuarantine:
+    """Writes every skipped record's location and error, sorted, to the cache's
+    quarantine file (only when there is one) and leaves the count for the driver."""
+
+    def __init__(self, *, out_dir, stats_dir, file_paths):
+        self.out_dir, self.stats_dir, self.file_paths = out_dir, stats_dir, list(file_paths)
+
+    def __call__(self, entries):
+        entries = sorted(entries)
+        if entries:
+            lines = [
+                json.dumps({"source_index": fi, "path": self.file_paths[fi], "record_number": rn, "error": msg},
+                           ensure_ascii=False)
+                for fi, rn, msg in entries
+            ]
+            writer.write_bytes_atomic(
+                writer.join(self.out_dir, fmt.QUARANTINE_NAME), ("\n".join(lines) + "\n").encode("utf-8")
+            )
+        writer.write_bytes_atomic(
+            writer.join(self.stats_dir, QUARANTINE_STATS), json.dumps({"skipped_records": len(entries)}).encode()
+        )
+        return len(entries)
 
 
 class _ShardStats:
@@ -421,13 +461,19 @@ def build_task(
         "building %s: %d files, %.1f MB, %d shards -> %s", task.name, len(files), total_bytes / 1e6, num_shards, out_dir
     )
     pipeline = beam.Pipeline(options=options)
-    _ = (
+    outputs = (
         pipeline
         | "ListFiles" >> beam.Create(file_entries)
         | "SpreadFiles" >> beam.Reshuffle()
-        | "ReadAndPreprocess" >> beam.FlatMap(read)
-        | "GroupByShard" >> beam.GroupByKey()
-        | "SortPackWrite" >> beam.FlatMap(write)
+        | "ReadAndPreprocess" >> beam.FlatMap(read).with_outputs(QUARANTINE_TAG, main="examples")
+    )
+    _ = outputs.examples | "GroupByShard" >> beam.GroupByKey() | "SortPackWrite" >> beam.FlatMap(write)
+    _ = (
+        outputs[QUARANTINE_TAG]
+        | "CollectSkipped" >> beam.combiners.ToList()
+        | "WriteQuarantine" >> beam.Map(
+            _WriteQuarantine(out_dir=out_dir, stats_dir=stats_dir, file_paths=[f.path for f in files])
+        )
     )
     records_read = None
     with _ShardProgress(stats_dir, num_shards, progress) if progress else contextlib.nullcontext():
@@ -456,6 +502,14 @@ def build_task(
             )
             stats.append(_ShardStats(_features_out(task)).to_json())
     statistics = _merge_stats(stats, records_read)
+    quarantine_stats = writer.join(stats_dir, QUARANTINE_STATS)
+    if writer.exists(quarantine_stats):
+        statistics["skipped_records"] = int(json.loads(writer.read_text(quarantine_stats))["skipped_records"])
+    if statistics["skipped_records"]:
+        log.warning(
+            "task %s: skipped %d unreadable records; their locations are in %s",
+            task.name, statistics["skipped_records"], writer.join(out_dir, fmt.QUARANTINE_NAME),
+        )
     if statistics["examples"] == 0:
         writer.remove_tree(out_dir)
         raise BuildError(
@@ -479,6 +533,7 @@ def build_task(
         sequence_length=config.sequence_length,
         packing=task.packing,
         vocabularies=vocabularies,
+        extra={"quarantine": fmt.QUARANTINE_NAME if statistics["skipped_records"] else None},
     )
     writer.remove_tree(stats_dir)
     writer.write_manifest(out_dir, raw)

@@ -14,14 +14,14 @@ mkdir -p "$DEMO"
 
 echo "== corpus: $STDLIB/**/*.py (without site-packages)"
 if [ ! -f "$DEMO/stdlib-8k.model" ]; then
-  seqcache vocab train --source "text:$STDLIB/**/*.py" --exclude '*/site-packages/*' \
-    --vocab-size 8000 --max-records 200000 --output "$DEMO/stdlib-8k.model"
+  seqcache vocab train --source "text:$STDLIB/**/*.py" --exclude "*/site-packages/*" --on-error skip \
+    --normalization identity --vocab-size 8000 --max-records 200000 --output "$DEMO/stdlib-8k.model"
 fi
 
 echo "== build: SentencePiece tokens, packed to 1024, seed 0"
-seqcache build --source "files:$STDLIB/**/*.py" --exclude '*/site-packages/*' \
+seqcache build --source "files:$STDLIB/**/*.py" --exclude "*/site-packages/*" --on-error skip \
   --vocabulary "$DEMO/stdlib-8k.model" --name stdlib_code \
-  --sequence-length 1024 --pack --seed 0 --cache-dir "$CACHES"
+  --sequence-length 1024 --pack --seed 0 --num-shards 8 --cache-dir "$CACHES"
 
 seqcache info "$CACHE"
 seqcache verify "$CACHE"

@@ -38,6 +38,7 @@ and options, never file contents or open handles.
 from __future__ import annotations
 
 import abc
+import fnmatch
 import glob
 import gzip
 import io
@@ -100,8 +101,10 @@ def _has_magic(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
 
-def match_files(patterns: Sequence[str]) -> list[SourceFile]:
-    """Files matching any of ``patterns`` (glob; ``**`` is recursive), sorted by path.
+def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list[SourceFile]:
+    """Files matching any of ``patterns`` (glob; ``**`` is recursive), sorted by path,
+    less those whose path matches any of the ``exclude`` patterns (fnmatch, where
+    ``*`` also crosses ``/``: ``*/site-packages/*`` drops a whole folder).
 
     Local paths are made absolute so that the list (and every fingerprint built on
     it) does not depend on the working directory. Directories are ignored.
@@ -128,6 +131,13 @@ def match_files(patterns: Sequence[str]) -> list[SourceFile]:
                     matched.append(SourceFile(os.path.abspath(name), st.st_size, st.st_mtime_ns))
         if not matched:
             raise FileNotFoundError(f"no file matches the source pattern {pattern!r}")
+        if exclude:
+            kept = [f for f in matched if not any(fnmatch.fnmatchcase(f.path, x) for x in exclude)]
+            if not kept:
+                raise FileNotFoundError(
+                    f"every file matching the source pattern {pattern!r} is excluded by {list(exclude)}"
+                )
+            matched = kept
         for f in matched:
             found[f.path] = f
     return [found[p] for p in sorted(found)]
@@ -215,12 +225,13 @@ class Source(abc.ABC):
 class _FileSource(Source):
     """Shared code of the sources that read files matched by glob patterns."""
 
-    def __init__(self, pattern: str | Sequence[str], *, on_error: str = "raise"):
+    def __init__(self, pattern: str | Sequence[str], *, on_error: str = "raise", exclude: str | Sequence[str] = ()):
         self.patterns = _patterns(pattern)
         self.on_error = _check_on_error(on_error)
+        self.exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)
 
     def list_files(self) -> list[SourceFile]:
-        return match_files(self.patterns)
+        return match_files(self.patterns, exclude=self.exclude)
 
     def _params(self) -> dict:
         return {}
@@ -229,6 +240,7 @@ class _FileSource(Source):
         return {
             "kind": self.kind,
             "patterns": list(self.patterns),
+            "exclude": list(self.exclude),
             "params": self._params(),
             "on_error": self.on_error,
             "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in self.list_files()],
@@ -259,8 +271,9 @@ class TextLineSource(_FileSource):
 
     kind = "text"
 
-    def __init__(self, pattern: str | Sequence[str], *, field: str = "text", on_error: str = "raise"):
-        super().__init__(pattern, on_error=on_error)
+    def __init__(self, pattern: str | Sequence[str], *, field: str = "text", on_error: str = "raise",
+                 exclude: str | Sequence[str] = ()):
+        super().__init__(pattern, on_error=on_error, exclude=exclude)
         self.field = field
 
     def _params(self) -> dict:
@@ -300,8 +313,9 @@ class TextFileSource(_FileSource):
 
     kind = "files"
 
-    def __init__(self, pattern: str | Sequence[str], *, field: str = "text", on_error: str = "raise"):
-        super().__init__(pattern, on_error=on_error)
+    def __init__(self, pattern: str | Sequence[str], *, field: str = "text", on_error: str = "raise",
+                 exclude: str | Sequence[str] = ()):
+        super().__init__(pattern, on_error=on_error, exclude=exclude)
         self.field = field
 
     def _params(self) -> dict:
@@ -362,8 +376,9 @@ class JsonLinesSource(_FileSource):
     kind = "jsonl"
 
     def __init__(self, pattern: str | Sequence[str], *, field: str = "text", output_key: str = "text",
-                 fields: dict[str, str] | None = None, on_error: str = "raise"):
-        super().__init__(pattern, on_error=on_error)
+                 fields: dict[str, str] | None = None, on_error: str = "raise",
+                 exclude: str | Sequence[str] = ()):
+        super().__init__(pattern, on_error=on_error, exclude=exclude)
         if fields is None:
             fields = {output_key: field}
         if not fields:
@@ -432,8 +447,9 @@ class ParquetSource(_FileSource):
     kind = "parquet"
 
     def __init__(self, pattern: str | Sequence[str], *, column: str = "text", output_key: str = "text",
-                 columns: dict[str, str] | None = None, batch_size: int = 1024, on_error: str = "raise"):
-        super().__init__(pattern, on_error=on_error)
+                 columns: dict[str, str] | None = None, batch_size: int = 1024, on_error: str = "raise",
+                 exclude: str | Sequence[str] = ()):
+        super().__init__(pattern, on_error=on_error, exclude=exclude)
         if columns is None:
             columns = {output_key: column}
         if not columns:
@@ -530,12 +546,13 @@ _SPEC_HELP = (
 )
 
 
-def parse_source_spec(spec: str) -> Source:
+def parse_source_spec(spec: str, *, exclude: Sequence[str] = (), on_error: str = "raise") -> Source:
     """Builds a source from its command-line form.
 
     Forms: ``text:PATTERN``, ``files:PATTERN``, ``jsonl:PATTERN#FIELD`` and
     ``parquet:PATTERN#COLUMN`` (FIELD / COLUMN default to ``text``). The value is
-    stored under the key ``"text"``.
+    stored under the key ``"text"``. ``exclude``: glob patterns of paths to leave out;
+    ``on_error``: "raise" or "skip" (see the module docstring).
 
     Raises:
       ValueError: an unknown kind or an empty pattern; the message lists the forms.
@@ -544,14 +561,14 @@ def parse_source_spec(spec: str) -> Source:
     if not sep or not rest:
         raise ValueError(f"bad source spec {spec!r}: {_SPEC_HELP}")
     if kind == "text":
-        return TextLineSource(rest)
+        return TextLineSource(rest, exclude=exclude, on_error=on_error)
     if kind == "files":
-        return TextFileSource(rest)
+        return TextFileSource(rest, exclude=exclude, on_error=on_error)
     if kind in ("jsonl", "parquet"):
         pattern, _, name = rest.rpartition("#") if "#" in rest else (rest, "", "text")
         if not pattern or not name:
             raise ValueError(f"bad source spec {spec!r}: {_SPEC_HELP}")
         if kind == "jsonl":
-            return JsonLinesSource(pattern, field=name)
-        return ParquetSource(pattern, column=name)
+            return JsonLinesSource(pattern, field=name, exclude=exclude, on_error=on_error)
+        return ParquetSource(pattern, column=name, exclude=exclude, on_error=on_error)
     raise ValueError(f"bad source spec {spec!r}: unknown kind {kind!r}; {_SPEC_HELP}")

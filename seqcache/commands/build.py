@@ -3,7 +3,6 @@ ad-hoc task described on the command line."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import sys
@@ -33,14 +32,14 @@ def parse_sequence_length(values, default_feature="targets"):
     return out or None
 
 
-def adhoc_task(*, name, source_spec, vocabulary_spec, extra_ids, sequence_length, pack):
+def adhoc_task(*, name, source_spec, exclude=(), on_error="raise", vocabulary_spec, extra_ids, sequence_length, pack):
     """The task ``build --source ... --vocabulary ...`` describes: one feature,
     ``targets``, tokenized with EOS appended, trimmed to the sequence length (or
     packed to it with ``--pack``)."""
     from seqcache import tasks
 
     try:
-        source = tasks.parse_source_spec(source_spec)
+        source = tasks.parse_source_spec(source_spec, exclude=exclude, on_error=on_error)
         vocabulary = tasks.vocabulary_from_spec(vocabulary_spec, extra_ids=extra_ids)
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from None
@@ -57,10 +56,12 @@ def adhoc_task(*, name, source_spec, vocabulary_spec, extra_ids, sequence_length
 
 
 def import_modules(modules):
+    from seqcache import tasks
+
     for m in modules:
         try:
-            importlib.import_module(m)
-        except ImportError as e:
+            tasks.import_definitions(m)
+        except (ImportError, FileNotFoundError) as e:
             raise click.UsageError(f"--module {m}: cannot import it: {e}") from None
 
 
@@ -73,6 +74,10 @@ def import_modules(modules):
 @click.option("--cache-dir", required=True, help="Root folder of caches (local path or gs://...).")
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
 @click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
+@click.option("--on-error", "on_error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+              help="Unreadable source records (bad UTF-8, bad JSON, missing field): fail naming the file and record, "
+                   "or skip them, counted and listed in the cache's quarantine file.")
+@click.option("--exclude", "exclude", multiple=True, help="Ad-hoc task: leave out files whose path matches this glob (repeatable).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte or a SentencePiece .model path.")
 @click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary.")
 @click.option("--name", "adhoc_name", help="Name of the ad-hoc task (the cache folder name).")
@@ -85,7 +90,7 @@ def import_modules(modules):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
 @click.pass_context
-def build(ctx, args, cache_dir, modules, source_spec, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
+def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
           pack, seed, num_shards, overwrite, as_json, verbose):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
@@ -112,7 +117,7 @@ def build(ctx, args, cache_dir, modules, source_spec, vocabulary_spec, extra_ids
             raise click.UsageError("an ad-hoc task needs --name")
         if pack and not seq_len:
             raise click.UsageError("--pack needs --sequence-length")
-        task_list = [adhoc_task(name=adhoc_name, source_spec=source_spec, vocabulary_spec=vocabulary_spec,
+        task_list = [adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error, vocabulary_spec=vocabulary_spec,
                                 extra_ids=extra_ids, sequence_length=seq_len, pack=pack)]
     elif name:
         try:
@@ -120,7 +125,7 @@ def build(ctx, args, cache_dir, modules, source_spec, vocabulary_spec, extra_ids
         except KeyError as e:
             raise click.UsageError(e.args[0] if e.args else str(e)) from None
         if isinstance(obj, tasks.Mixture):
-            task_list = [tasks.TaskRegistry.get(t) for t in obj.task_names]
+            task_list = list(obj.get_tasks())
         else:
             task_list = [obj]
     else:

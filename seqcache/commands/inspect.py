@@ -115,39 +115,55 @@ def show(cache_dir, indices, count, ids, max_chars, as_json):
     vocabs = {}
     for name in reader.manifest.vocabularies:
         vocabs[name] = reader.vocabulary(name)
-    out = []
-    for i, ex, prov in zip(indices, examples, provenance):
-        item = {"index": i, "provenance": prov, "features": {}}
-        for name, arr in ex.items():
-            entry = {"length": int(arr.size)}
-            if name in vocabs and vocabs[name] is not None:
-                entry["text"] = vocabs[name].decode(arr.tolist())
-            if ids or name not in vocabs:
-                entry["ids"] = arr.tolist()
-            item["features"][name] = entry
-        out.append(item)
+    out = [_describe_example(i, ex, prov, vocabs, ids) for i, ex, prov in zip(indices, examples, provenance)]
     if as_json:
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))
         return
-    console = Console()
+    console = Console(soft_wrap=True)
     for item in out:
         console.rule(f"[bold]example {item['index']}")
-        for seg_no, seg in enumerate(item["provenance"], 1):
-            console.print(
-                f"[cyan]segment {seg_no}[/cyan]: {seg['path']} record {seg['record_number']}"
-                + (f" (from token {seg['token_offset']})" if seg["token_offset"] else ""),
-                highlight=False,
-            )
         for name, entry in item["features"].items():
-            text = entry.get("text")
-            if text is not None:
-                if max_chars and len(text) > max_chars:
-                    text = text[:max_chars] + f"… [{len(text) - max_chars} more characters]"
-                console.print(f"[bold]{name}[/bold] ({entry['length']} tokens):", highlight=False)
-                console.out(text, highlight=False)
-            if "ids" in entry:
-                console.print(f"[bold]{name}[/bold] ids ({entry['length']}): {entry['ids'][:64]}"
-                              + (" …" if entry["length"] > 64 else ""), highlight=False)
+            console.print(f"[bold]{name}[/bold]: {entry['length']} tokens, {len(entry['segments'])} segment(s)",
+                          highlight=False)
+            for k, seg in enumerate(entry["segments"], 1):
+                p = seg.get("provenance") or {}
+                where = f"{p.get('path')} record {p.get('record_number')}" if p else "unknown source"
+                if p.get("token_offset"):
+                    where += f", from token {p['token_offset']}"
+                console.print(f"[cyan]segment {k}[/cyan] ({seg['length']} tokens) <- {where}", highlight=False)
+                text = seg.get("text")
+                if text is not None:
+                    if max_chars and len(text) > max_chars:
+                        text = text[:max_chars] + f"… [{len(text) - max_chars} more characters]"
+                    console.out(text, highlight=False)
+                if "ids" in seg:
+                    console.print(f"ids: {seg['ids'][:64]}" + (" …" if seg["length"] > 64 else ""), highlight=False)
+
+
+def _describe_example(index, example, provenance, vocabs, with_ids):
+    """One example as JSON-able dict: per token feature, its segments with
+    provenance, decoded text and (optionally) ids."""
+    item = {"index": index, "provenance": provenance, "features": {}}
+    for name, arr in example.items():
+        if name.endswith(("_segment_ids", "_positions")):
+            continue
+        seg_ids = example.get(f"{name}_segment_ids")
+        vocab = vocabs.get(name)
+        if seg_ids is None:
+            pieces = [(arr, provenance[0] if provenance else None)]
+        else:
+            pieces = [(arr[seg_ids == k], provenance[k - 1] if k - 1 < len(provenance) else None)
+                      for k in range(1, int(seg_ids.max(initial=0)) + 1)]
+        segments = []
+        for tokens, prov in pieces:
+            seg = {"length": int(tokens.size), "provenance": prov}
+            if vocab is not None:
+                seg["text"] = vocab.decode(tokens.tolist())
+            if with_ids or vocab is None:
+                seg["ids"] = tokens.tolist()
+            segments.append(seg)
+        item["features"][name] = {"length": int(arr.size), "segments": segments}
+    return item
 
 
 @click.command()

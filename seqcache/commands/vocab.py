@@ -17,14 +17,21 @@ def vocab():
 @click.option("--source", "sources", multiple=True, required=True,
               help="Source spec: text:PATTERN, files:PATTERN, jsonl:PATTERN#FIELD or parquet:PATTERN#COLUMN. "
                    "Repeat to sample from several sources.")
+@click.option("--on-error", "on_error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+              help="Unreadable source records (bad UTF-8, bad JSON, missing field): fail naming the file and record, "
+                   "or skip them, counted and listed in the cache's quarantine file.")
+@click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
 @click.option("--vocab-size", type=click.IntRange(min=260), required=True, help="Number of pieces.")
 @click.option("--output", type=click.Path(dir_okay=False), required=True, help="Where to write the .model file.")
 @click.option("--max-records", type=click.IntRange(min=1), default=1_000_000, show_default=True,
               help="Records sampled (deterministically, by keyed hash) to train on.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Sampling and training seed.")
 @click.option("--model-type", type=click.Choice(["unigram", "bpe"]), default="unigram", show_default=True)
+@click.option("--normalization", type=click.Choice(["nmt_nfkc", "identity"]), default="nmt_nfkc", show_default=True,
+              help="nmt_nfkc (T5's choice: NFKC, runs of spaces collapsed) or identity (lossless: keeps every "
+                   "character and space, for code).")
 @click.option("--character-coverage", type=click.FloatRange(0.5, 1.0), default=0.9995, show_default=True)
-def train(sources, vocab_size, output, max_records, seed, model_type, character_coverage):
+def train(sources, exclude, on_error, vocab_size, output, max_records, seed, model_type, normalization, character_coverage):
     """Train a SentencePiece model (T5 ids: pad 0, eos 1, unk 2; byte fallback).
 
     The same sources, options and seed give a byte-identical model file.
@@ -36,7 +43,7 @@ def train(sources, vocab_size, output, max_records, seed, model_type, character_
 
     console = Console(stderr=True)
     try:
-        parsed = [parse_source_spec(s) for s in sources]
+        parsed = [parse_source_spec(s, exclude=exclude, on_error=on_error) for s in sources]
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--source") from None
     start = time.perf_counter()
@@ -44,7 +51,9 @@ def train(sources, vocab_size, output, max_records, seed, model_type, character_
         texts = sample_for_vocabulary(parsed, max_records=max_records, seed=seed)
         sample_s = time.perf_counter() - start
         vocabulary = train_sentencepiece(texts, output_path=output, vocab_size=vocab_size, model_type=model_type,
-                                         character_coverage=character_coverage, seed=seed)
+                                         character_coverage=character_coverage, seed=seed,
+                                         normalization_rule_name=normalization,
+                                         remove_extra_whitespaces=normalization != "identity")
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
     total_s = time.perf_counter() - start

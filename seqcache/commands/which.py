@@ -1,0 +1,142 @@
+"""``seqcache which``: what did the model see at step S, row R? (G6)"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from seqcache import format as fmt
+
+
+def _parse_rates(pairs, root: str) -> list[tuple[str, float]]:
+    out = []
+    for pair in pairs:
+        path, sep, rate = pair.rpartition("=")
+        if not sep or not path:
+            raise click.BadParameter(f"expected PATH=RATE (got {pair!r})", param_hint="--mixture-rate")
+        try:
+            value = float(rate)
+        except ValueError:
+            raise click.BadParameter(f"rate {rate!r} of {path} is not a number", param_hint="--mixture-rate") from None
+        out.append((path if os.path.isabs(path) else os.path.join(root, path), value))
+    return out
+
+
+def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs):
+    """Returns the keyword arguments of ``locate_row`` (without step/row)."""
+    if mixture_rates:
+        if not os.path.isdir(target):
+            raise click.UsageError(f"with --mixture-rate, {target} must be the folder the cache paths are relative to")
+        return {"mixture": _parse_rates(mixture_rates, target), "global_batch_size": batch_size, "seed": seed,
+                "num_epochs": num_epochs}
+    if os.path.isfile(target):
+        # A saved feeder state (the "feeder" item of a checkpoint): it fixes the stream.
+        from seqcache.feeders.state import FeederStateError, check_state, mixture_pairs
+
+        try:
+            with open(target, encoding="utf-8") as f:
+                state = json.load(f)
+            check_state(state)
+        except (OSError, json.JSONDecodeError, FeederStateError) as e:
+            raise click.UsageError(f"{target}: not a readable feeder state: {e}") from None
+        for name, given in (("global_batch_size", batch_size), ("seed", seed)):
+            if given is not None and given != state[name]:
+                raise click.UsageError(f"{target} has {name}={state[name]}, but {given} was given; drop the option")
+        return {"mixture": mixture_pairs(state), "global_batch_size": state["global_batch_size"],
+                "seed": state["seed"], "num_epochs": state["num_epochs"]}
+    if os.path.isdir(target):
+        return {"cache": target, "global_batch_size": batch_size, "seed": seed, "num_epochs": num_epochs}
+    # A registered task or mixture name.
+    if cache_dir is None:
+        raise click.UsageError(
+            f"{target}: not a cache folder, state file or folder; to use a registered task or mixture name, "
+            "give --cache-dir (the root of <task>/<split> caches)"
+        )
+    from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions
+
+    for m in modules:
+        import_definitions(m)
+    try:
+        obj = get_task_or_mixture(target)
+    except KeyError as e:
+        raise click.UsageError(str(e.args[0] if e.args else e)) from None
+    common_kw = {"global_batch_size": batch_size, "seed": seed, "num_epochs": num_epochs}
+    if isinstance(obj, Mixture):
+        return {"mixture": obj, "caches_root": cache_dir, "split": split, **common_kw}
+    return {"cache": os.path.join(cache_dir, obj.name, split), **common_kw}
+
+
+def format_text(d: dict) -> str:
+    """The human-readable form of a ``which`` result."""
+    lines = [f"step {d['step']}, row {d['row']}: global position {d['position']} "
+             f"(global batch {d['global_batch_size']}, seed {d['seed']})"]
+    if d["padding"]:
+        lines.append(f"padding row: task {d['task']} is exhausted in this finite run (zero loss weight)")
+        return "\n".join(lines)
+    lines += [
+        f"task         {d['task']} ({d['split']}), task index {d['task_index']} of {len(d['mixture'])}",
+        f"cache        {d['cache']}",
+        f"ordinal      {d['ordinal']} -> epoch {d['epoch']}, element {d['element']} of {d['num_examples']}",
+        f"cache index  {d['cache_index']}: {d['shard']} record {d['record']}",
+    ]
+    for seg in d["segments"]:
+        src = seg.get("source") or f"source #{seg.get('source_index')}"
+        lines.append(
+            f"segment {seg['segment']}: {src} record {seg.get('record_number')} "
+            f"(token offset {seg.get('token_offset')}), {seg.get('num_tokens', '?')} tokens"
+        )
+        if seg.get("text") is not None:
+            lines.append("  " + seg["text"].replace("\n", "\n  "))
+        elif "token_ids" in seg:
+            lines.append(f"  token ids: {seg['token_ids']}")
+            if seg.get("vocabulary_error"):
+                lines.append(f"  (no text: {seg['vocabulary_error']})")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("target", metavar="CACHE_OR_MIXTURE")
+@click.option("--step", type=click.IntRange(min=0), required=True, help="Training step s.")
+@click.option("--row", type=click.IntRange(min=0), required=True, help="Row r of the global batch, in [0, B).")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Global batch size B (taken from a state file).")
+@click.option("--seed", type=click.IntRange(min=0), help="Feeder seed (default 0; taken from a state file).")
+@click.option("--num-epochs", type=click.IntRange(min=1), help="For finite runs: epochs per task.")
+@click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE",
+              help="A cache of the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE.")
+@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a registered name.")
+@click.option("--split", default="train", show_default=True)
+@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@click.option("--feature", default="targets", show_default=True, help="The token feature.")
+@click.option("--tokens/--no-tokens", default=True, show_default=True, help="Show token ids and text.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def which(target, step, row, batch_size, seed, num_epochs, mixture_rates, cache_dir, split, modules, feature, tokens,
+          as_json):
+    """Show what row ROW of global batch STEP was: task, cache index, source file and
+    record number of each segment, and the decoded text.
+
+    CACHE_OR_MIXTURE is a cache folder (one task), a saved feeder state (JSON; it
+    fixes the caches, rates, seed and batch size), a registered task or mixture name
+    (with --cache-dir), or, with --mixture-rate, the folder the mixture's cache
+    paths are relative to.
+    """
+    from seqcache.feeders.provenance import locate_row
+
+    kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs)
+    if kw["global_batch_size"] is None:
+        raise click.UsageError("--batch-size is required (the global batch size B of the run)")
+    if kw["seed"] is None:
+        kw["seed"] = 0
+    if row >= kw["global_batch_size"]:
+        raise click.UsageError(f"--row {row} is outside the global batch of {kw['global_batch_size']} rows")
+    try:
+        d = locate_row(step=step, row=row, feature=feature, tokens=tokens, **kw)
+    except (fmt.CacheError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(d, indent=2, ensure_ascii=False))
+    else:
+        click.echo(format_text(d))

@@ -30,7 +30,7 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Any, Callable, Iterator, Mapping, Sequence, Union
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -39,9 +39,7 @@ from seqcache.feeders import mixing
 from seqcache.feeders import state as state_lib
 from seqcache.feeders.decode import decode_batch
 from seqcache.feeders.reader import CacheReader
-from seqcache.feeders.stream import IndexStream
-
-Rate = Union[float, int, Callable[[int], float]]
+from seqcache.feeders.stream import IndexStream, Rate, open_mixture
 
 THREAD_NAME_PREFIX = "seqcache-feeder"
 
@@ -75,46 +73,6 @@ def check_hosts(global_batch_size: int, host_index: int, host_count: int) -> Non
         )
     if not isinstance(h, (int, np.integer)) or not 0 <= h < n:
         raise ValueError(f"host_index must be in [0, {n}) for host_count={n} (got {h!r})")
-
-
-def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str, Rate]], str | None]:
-    """[(cache path, rate or rate callable)], and the mixture's name when it has one."""
-    if (cache is None) == (mixture is None):
-        raise ValueError("give exactly one of cache= (one task cache folder) or mixture=")
-    if cache is not None:
-        if caches_root is not None:
-            raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
-        return [(os.fspath(cache), 1.0)], None
-    if hasattr(mixture, "get_rates") and hasattr(mixture, "task_names"):
-        # A seqcache.tasks.Mixture: tasks resolve to CACHE_DIR/<task>/<split>.
-        if caches_root is None:
-            raise ValueError(
-                f"mixture {getattr(mixture, 'name', mixture)!r} names tasks; give caches_root= (the folder holding "
-                "<task>/<split> caches) to find them"
-            )
-        names = list(mixture.task_names)
-        paths = {n: os.path.join(os.fspath(caches_root), n, split) for n in names}
-        counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
-        rates = mixture.get_rates(counts)
-        # seqio semantics: a task with rate 0 is part of the mixture but never read.
-        return [(paths[n], float(rates[n])) for n in names if rates[n] > 0], getattr(mixture, "name", None)
-    if caches_root is not None:
-        raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
-    items = list(mixture.items()) if isinstance(mixture, Mapping) else list(mixture)
-    if not items:
-        raise ValueError("mixture= is empty: give {cache_path: rate, ...}")
-    out = []
-    for item in items:
-        try:
-            path, rate = item
-        except (TypeError, ValueError):
-            raise ValueError(f"mixture entries are (cache path, rate) pairs (got {item!r})") from None
-        out.append((os.fspath(path), rate))
-    paths = [p for p, _ in out]
-    dup = sorted({p for p in paths if paths.count(p) > 1})
-    if dup:
-        raise ValueError(f"mixture lists cache(s) {dup} more than once")
-    return out, None
 
 
 class Feeder:
@@ -205,7 +163,6 @@ class Feeder:
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0 (got {prefetch})")
 
-        entries, self.mixture_name = _resolve_mixture(cache, mixture, caches_root, split)
         self.global_batch_size = int(global_batch_size)
         self.sequence_length = int(sequence_length)
         self.host_index = int(host_index)
@@ -218,19 +175,10 @@ class Feeder:
         self.rows_per_host = self.global_batch_size // self.host_count
         self.first_row = self.host_index * self.rows_per_host
 
-        self.readers: list[CacheReader] = []
+        opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+        self.mixture_name = opened.name
+        self.paths, self.readers, self.rates, self.weights = opened.paths, opened.readers, opened.rates, opened.weights
         try:
-            for path, _ in entries:
-                self.readers.append(CacheReader(path))
-            self.paths = [p for p, _ in entries]
-            rates = []
-            for (path, rate), reader in zip(entries, self.readers):
-                value = rate(reader.num_examples) if callable(rate) else rate
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ValueError(f"mixture rate of {path} must be a number (got {value!r})")
-                rates.append(float(value))
-            self.rates = rates
-            self.weights = mixing.integer_weights(rates)
             self._layouts = [self._layout(r) for r in self.readers]
             self.stream = IndexStream(readers=self.readers, weights=self.weights, seed=self.seed,
                                       num_epochs=self.num_epochs)
@@ -245,7 +193,11 @@ class Feeder:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
         self._ar = np.arange(self.sequence_length, dtype=np.int32)
-        self.step = start_step
+        try:
+            self.step = start_step
+        except BaseException:
+            self.close()
+            raise
 
     # --- configuration ---------------------------------------------------------
 

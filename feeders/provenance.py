@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from seqcache.feeders.stream import IndexStream
+from seqcache.feeders.stream import IndexStream, open_mixture
 
 
 def _vocabulary(reader, feature: str):
@@ -147,3 +147,34 @@ def which(
         segments.append(seg)
     out["segments"] = segments
     return out
+
+
+def locate_row(
+    *,
+    cache=None,
+    mixture=None,
+    caches_root=None,
+    split: str = "train",
+    global_batch_size: int,
+    step: int,
+    row: int,
+    seed: int = 0,
+    num_epochs: int | None = None,
+    feature: str = "targets",
+    tokens: bool = True,
+) -> dict:
+    """``which`` without a Feeder: opens the caches (``cache=`` or ``mixture=``, as
+    for ``Feeder``), locates (step, row) of the stream with this seed, global batch
+    size and number of epochs, and closes them. See ``which`` for the result.
+    No sequence length is needed: records are shown whole."""
+    opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    try:
+        stream = IndexStream(readers=opened.readers, weights=opened.weights, seed=seed, num_epochs=num_epochs)
+        out = which(stream, opened.paths, global_batch_size=global_batch_size, step=step, row=row,
+                    feature=feature, tokens=tokens)
+        out["seed"] = seed
+        out["global_batch_size"] = global_batch_size
+        out["mixture"] = [{"path": p, "rate": r} for p, r in zip(opened.paths, opened.rates)]
+        return out
+    finally:
+        opened.close()

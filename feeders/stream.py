@@ -23,15 +23,19 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import Sequence
+import os
+from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
 
+from seqcache import format as fmt
 from seqcache.feeders import mixing
 from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation
 from seqcache.feeders.reader import CacheReader
 
 _PERM_CACHE_SIZE = 256
+
+Rate = Union[float, int, Callable[[int], float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,3 +150,87 @@ class IndexStream:
         ci = int(self.permutation(t, e).permute(np.array([elem]))[0]) if valid else -1
         return {"position": int(position), "task": t, "ordinal": k, "epoch": e, "element": elem,
                 "cache_index": ci, "valid": valid}
+
+
+def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str, Rate]], str | None]:
+    """[(cache path, rate or rate callable)], and the mixture's name when it has one."""
+    if (cache is None) == (mixture is None):
+        raise ValueError("give exactly one of cache= (one task cache folder) or mixture=")
+    if cache is not None:
+        if caches_root is not None:
+            raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+        return [(os.fspath(cache), 1.0)], None
+    if hasattr(mixture, "get_rates") and hasattr(mixture, "task_names"):
+        # A seqcache.tasks.Mixture: tasks resolve to CACHE_DIR/<task>/<split>.
+        if caches_root is None:
+            raise ValueError(
+                f"mixture {getattr(mixture, 'name', mixture)!r} names tasks; give caches_root= (the folder holding "
+                "<task>/<split> caches) to find them"
+            )
+        names = list(mixture.task_names)
+        paths = {n: os.path.join(os.fspath(caches_root), n, split) for n in names}
+        counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
+        rates = mixture.get_rates(counts)
+        # seqio semantics: a task with rate 0 is part of the mixture but never read.
+        return [(paths[n], float(rates[n])) for n in names if rates[n] > 0], getattr(mixture, "name", None)
+    if caches_root is not None:
+        raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+    items = list(mixture.items()) if isinstance(mixture, Mapping) else list(mixture)
+    if not items:
+        raise ValueError("mixture= is empty: give {cache_path: rate, ...}")
+    out = []
+    for item in items:
+        try:
+            path, rate = item
+        except (TypeError, ValueError):
+            raise ValueError(f"mixture entries are (cache path, rate) pairs (got {item!r})") from None
+        out.append((os.fspath(path), rate))
+    paths = [p for p, _ in out]
+    dup = sorted({p for p in paths if paths.count(p) > 1})
+    if dup:
+        raise ValueError(f"mixture lists cache(s) {dup} more than once")
+    return out, None
+
+
+@dataclasses.dataclass
+class OpenedMixture:
+    """The caches of a mixture, opened: paths, readers, float rates and integer weights, in mixture order."""
+
+    paths: list[str]
+    readers: list[CacheReader]
+    rates: list[float]
+    weights: list[int]
+    name: str | None
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
+
+
+def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "train") -> OpenedMixture:
+    """Resolves ``cache=`` or ``mixture=`` (see ``Feeder``) and opens every cache.
+
+    Rate callables are evaluated with the cache's example count; rates become
+    integer weights with ``mixing.integer_weights``.
+
+    Raises:
+      ValueError: both or neither of cache/mixture, bad pairs or rates, a cache listed twice.
+      seqcache.format.CacheError: a cache is missing, incomplete or inconsistent.
+    """
+    entries, name = _resolve_mixture(cache, mixture, caches_root, split)
+    readers: list[CacheReader] = []
+    try:
+        for path, _ in entries:
+            readers.append(CacheReader(path))
+        rates = []
+        for (path, rate), reader in zip(entries, readers):
+            value = rate(reader.num_examples) if callable(rate) else rate
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise ValueError(f"mixture rate of {path} must be a number (got {value!r})")
+            rates.append(float(value))
+        weights = mixing.integer_weights(rates)
+    except BaseException:
+        for r in readers:
+            r.close()
+        raise
+    return OpenedMixture(paths=[p for p, _ in entries], readers=readers, rates=rates, weights=weights, name=name)

@@ -182,3 +182,36 @@ def test_killed_build_leaves_no_manifest_and_rerun_gives_same_bytes(tmp_path, co
     for s in result.manifest.shards:
         assert open(os.path.join(out_dir, s.file), "rb").read() == open(os.path.join(cache, s.file), "rb").read()
     assert sorted(os.listdir(out_dir)) == sorted(os.listdir(cache))  # no leftovers
+
+
+def _bad_utf8_corpus(tmp_path):
+    src = tmp_path / "bad"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"first line\nsecond \xff\xfe line\nthird line\n")
+    (src / "b.txt").write_bytes(b"fourth line\n")
+    return str(src / "*.txt")
+
+
+def test_bad_record_raises_naming_file_and_line_by_default(tmp_path):
+    pattern = _bad_utf8_corpus(tmp_path)
+    with pytest.raises(Exception, match=r"a\.txt.*(line 2|record 1)"):
+        build_task(_task(pattern), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
+    assert not os.path.exists(tmp_path / "c" / "lines" / "train" / fmt.MANIFEST_NAME)
+
+
+def test_skipped_records_are_counted_and_quarantined(tmp_path):
+    pattern = _bad_utf8_corpus(tmp_path)
+    task = tasks.Task(
+        "lines",
+        source=tasks.TextLineSource(pattern, on_error="skip"),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+    )
+    result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
+    m = result.manifest
+    assert m.num_examples == 3
+    assert m.statistics["skipped_records"] == 1
+    assert m.raw["quarantine"] == fmt.QUARANTINE_NAME
+    entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
+    assert [(os.path.basename(e["path"]), e["record_number"]) for e in entries] == [("a.txt", 1)]
+    assert "UTF-8" in entries[0]["error"]

@@ -151,3 +151,21 @@ def test_sentencepiece_vocabulary_travels_with_the_cache(tmp_path, shared_data):
     line = all_lines[prov["record_number"]]
     assert ex.tolist() == vocab.encode(line) + [vocab.eos_id]
     assert v.decode(ex.tolist()) == vocab.decode(vocab.encode(line))  # same model, rebuilt from the cache
+
+
+def test_fresh_worker_processes_get_the_sentencepiece_model(tmp_path, shared_data):
+    """multi_processing workers are fresh processes: the vocabulary travels with the
+    task (as model bytes), not as a path they would have to open."""
+    model = tmp_path / "spm.model"
+    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()
+    vocab = tasks.train_sentencepiece(lines[:3000], output_path=str(model), vocab_size=600)
+    vocab = tasks.SentencePieceVocabulary(str(model))
+    vocab.encode("load it")  # loaded from the file ...
+    model.unlink()  # ... which is now gone
+    task = _task("botchan", tasks.TextLineSource(str(shared_data / "sentencepiece_data" / "botchan.txt")), vocab)
+    args = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+    a = build_task(task, cache_dir=str(tmp_path / "a"), config=BuildConfig(num_shards=2), pipeline_args=args)
+    b = build_task(task, cache_dir=str(tmp_path / "b"), config=BuildConfig(num_shards=2))
+    assert [s.sha256 for s in a.manifest.shards] == [s.sha256 for s in b.manifest.shards]
+    data = (shared_data / "sentencepiece_data" / "botchan.txt").read_bytes()
+    assert a.manifest.num_examples == data.count(b"\n") + (0 if data.endswith(b"\n") else 1)

@@ -16,6 +16,18 @@ import pytest
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _run_outside_the_source_tree(tmp_path_factory):
+    """Every test (and every process it starts: Beam workers, resume checks) runs
+    from an empty folder. From the repository root, ``python -m``/``-c`` would put
+    the source folder ``seqcache/`` first on sys.path and shadow the installed
+    package, whose subpackages live elsewhere in the source tree."""
+    old = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(old)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
     """The real corpora in ../shared/data (never copied into the repository)."""

@@ -8,7 +8,7 @@ elements) with a constant number of numpy operations:
 
 1. The records are laid side by side in one (rows, W) uint8 matrix (one copy, done
    by numpy from the list of ``bytes``; shorter records are zero-filled on the
-   right).
+   right), a scratch buffer reused per thread.
 2. Each feature's count is gathered from every row at once, which gives every
    row's offset of the next feature.
 3. A feature's elements are copied out as one strided block when it starts at the
@@ -22,11 +22,28 @@ itself, so the error names the record as the single-record decoder would.
 
 from __future__ import annotations
 
+import threading
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from seqcache import format as fmt
+
+
+_scratch = threading.local()
+
+
+def _record_matrix(records: Sequence[bytes], width: int) -> np.ndarray:
+    """The records side by side in a (rows, width) uint8 matrix, zero-filled on
+    the right. The matrix is a per-thread scratch buffer reused by the next call
+    in the same thread (no allocation per batch): callers copy what they keep."""
+    n = len(records)
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < n * width:
+        buf = _scratch.buf = np.empty(max(n * width, 1 << 16), np.uint8)
+    mat = buf[: n * width].view(f"S{width}")
+    mat[...] = records  # one copy; numpy zero-fills records shorter than width
+    return buf[: n * width].reshape(n, width)
 
 
 def _gather_u32(mat: np.ndarray, offsets: np.ndarray, uniform: int | None) -> np.ndarray:
@@ -79,7 +96,7 @@ def decode_batch(
         return values, counts
     lens = np.fromiter(map(len, records), dtype=np.int64, count=n)
     width = max(8, (int(lens.max()) + 7) // 8 * 8)
-    mat = np.array(records, dtype=f"S{width}").view(np.uint8).reshape(n, width)
+    mat = _record_matrix(records, width)
 
     def fail(bad: np.ndarray):
         i = int(np.flatnonzero(bad)[0])

@@ -114,6 +114,11 @@ class Feeder:
       "cache_index"             int64 (R,): i, or -1 on a padding row.
       "epoch"                   int64 (R,): e, or -1 on a padding row.
 
+    The arrays are read-only (``arr.flags.writeable`` is False): arrays that are
+    the same in every batch (the segment ids, positions and loss weights of
+    unpacked rows that fill the sequence length) are shared between batches
+    rather than rebuilt. Copy an array (``np.array(a)``) to modify it in place.
+
     Padding rows (only in finite runs, once a task is exhausted) have zeros
     everywhere and zero loss weight. Records longer than L are truncated to L
     (like seqio's trimming); a packed cache built for a longer sequence length is
@@ -193,6 +198,7 @@ class Feeder:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
         self._ar = np.arange(self.sequence_length, dtype=np.int32)
+        self._constants: dict[int, tuple] = {}
         try:
             self.step = start_step
         except BaseException:
@@ -288,6 +294,8 @@ class Feeder:
         out["task_index"] = np.where(valid, loc.task, -1).astype(np.int32)
         out["cache_index"] = np.where(valid, loc.cache_index, -1)
         out["epoch"] = np.where(valid, loc.epoch, -1)
+        for arr in out.values():
+            arr.flags.writeable = False
         return out
 
     def _read_block(self, task: int, cache_index: np.ndarray):
@@ -318,16 +326,28 @@ class Feeder:
             return tokens, seg, pos, weights
         keep = np.minimum(counts[layout["tokens"]], length)
         if (keep == length).all():
-            seg = np.ones((n, length), np.int32)
-            pos = np.empty((n, length), np.int32)
-            pos[:] = self._ar
-            weights = np.ones((n, length), np.float32)
+            seg, pos, weights = self._full_rows(n)
         else:
             mask = self._ar[None, :] < keep[:, None]
             seg = mask.astype(np.int32)
             pos = self._ar * seg
             weights = mask.astype(np.float32)
         return tokens, seg, pos, weights
+
+    def _full_rows(self, n: int):
+        """Segment ids, positions and loss weights of n unpacked rows that fill the
+        sequence length: constant, so built once and shared (read-only)."""
+        const = self._constants.get(n)
+        if const is None:
+            shape = (n, self.sequence_length)
+            seg = np.ones(shape, np.int32)
+            pos = np.empty(shape, np.int32)
+            pos[:] = self._ar
+            weights = np.ones(shape, np.float32)
+            for a in (seg, pos, weights):
+                a.flags.writeable = False
+            const = self._constants[n] = (seg, pos, weights)
+        return const
 
     def _executor_or_none(self):
         if self.prefetch == 0:

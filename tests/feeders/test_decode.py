@@ -74,3 +74,13 @@ def test_trailing_bytes_are_reported():
 def test_unknown_feature_is_refused():
     with pytest.raises(KeyError, match="'nope' is not in the cache"):
         decode_batch(SPECS, [], length=4, outputs={"nope": np.int32})
+
+
+def test_outputs_do_not_alias_the_per_thread_scratch_buffer():
+    rng = np.random.default_rng(3)
+    first = [r for _, r in _records(16, rng, fixed=(2, 5, 1))]
+    second = [r for _, r in _records(16, rng, fixed=(2, 5, 1))]
+    a, _ = decode_batch(SPECS, first, length=5, outputs={"targets": np.int32})
+    snapshot = a["targets"].copy()
+    decode_batch(SPECS, second, length=5, outputs={"targets": np.int32})
+    assert np.array_equal(a["targets"], snapshot)

@@ -1,0 +1,285 @@
+"""Feeder throughput against the raw ArrayRecord read bound and grain, in one run.
+
+On one cache (built here with ``seqcache.pipelines.writer.write_cache``: synthetic
+token records of ``--length`` int32 tokens, ``--shards`` shards), with the same
+global batch size and the same number of threads everywhere, it measures per host
+(this process is host 0 of 1):
+
+  feeder: ``Feeder`` iteration (mixing, permutation, batched reads, decoding into
+          the (B, L) arrays with segment ids, positions and loss weights);
+  raw:    ``ArrayRecordReader.read(offsets)`` per shard for exactly the cache
+          indices the feeder reads, already grouped by shard and sorted outside the
+          timing, on a thread pool of the same size with the same prefetch depth;
+          records are read, nothing else (the bound);
+  grain:  ``grain.python.DataLoader`` over ``CacheDataSource`` (the same cache)
+          with a shuffling ``IndexSampler`` and a ``Batch`` operation of the same
+          batch size, ``ReadOptions(num_threads=threads)``, in-process;
+  ttfb:   time to first batch after ``Feeder.restore`` at position 0 and at
+          position 10^12 (opening the cache included), median of 5;
+  memory: RSS growth of a fresh process that opens the feeder and reads one
+          batch, for this cache and for one 10x smaller.
+
+Rounds alternate raw/feeder (swapping the order every round) to share the
+machine's noise; the medians over rounds are reported, and feeder/raw is the median
+of the per-round ratios, in wall-clock time and in CPU time of the process. Machines here are shared and noisy: compare the ratios, not the
+absolute numbers.
+
+Usage: python benchmarks/feeder.py [--records 300000] [--length 512]
+       [--batch-size 1024] [--threads 2] [--steps 60] [--rounds 3]
+       [--cache-dir DIR (kept and reused)] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from seqcache import format as fmt
+from seqcache.feeders import CacheDataSource, Feeder
+from seqcache.feeders.reader import READER_OPTIONS
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its threads so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def build_cache(path: str, *, records: int, length: int, shards: int) -> None:
+    if os.path.exists(os.path.join(path, fmt.MANIFEST_NAME)):
+        m = fmt.read_manifest(path)
+        if m.num_examples == records and m.raw.get("fingerprint_inputs", {}).get("length") == length:
+            print(f"reusing {path} ({records:,} records)")
+            return
+    from seqcache.pipelines.writer import write_cache
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    per = [records // shards + (1 if s < records % shards else 0) for s in range(shards)]
+
+    def shard(count: int, first: int):
+        block = rng.integers(3, 32_000, size=(count, length), dtype=np.int32)
+        for j in range(count):
+            yield {"targets": block[j]}, [(0, first + j, 0)]
+
+    starts = np.concatenate([[0], np.cumsum(per)])
+    write_cache(
+        path,
+        task="bench",
+        split="train",
+        features=(fmt.FeatureSpec("targets", "int32"),),
+        shards=[shard(c, int(s)) for c, s in zip(per, starts)],
+        sources=[{"path": "synthetic"}],
+        fingerprint_inputs={"records": records, "length": length, "shards": shards},
+    )
+    size = sum(s.num_bytes for s in fmt.read_manifest(path).shards)
+    print(f"built {path}: {records:,} records x {length} tokens, {size / 1e6:,.0f} MB, "
+          f"{time.perf_counter() - t0:.1f} s")
+
+
+def run_feeder(path, *, batch_size, length, threads, first_step, steps) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) for ``steps`` batches after the first one."""
+    with Feeder(cache=path, global_batch_size=batch_size, sequence_length=length, host_index=0, host_count=1,
+                num_threads=threads, prefetch=threads, start_step=first_step) as f:
+        next(f)  # open every shard reader and fill the prefetch window (steps + 1 .. steps + threads)
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        for _ in range(steps):
+            next(f)
+        return time.perf_counter() - t0, cpu_seconds() - c0
+
+
+def raw_plan(path, *, batch_size, first_step, steps):
+    """Per step: [(shard, sorted offsets)] of the cache indices the feeder reads."""
+    with Feeder(cache=path, global_batch_size=batch_size, sequence_length=1, host_index=0, host_count=1,
+                prefetch=0) as f:
+        starts = f.readers[0].shard_starts
+        plan = []
+        for s in range(first_step, first_step + steps):
+            p = s * batch_size + np.arange(batch_size)
+            idx = np.sort(f.stream.locate(p).cache_index)
+            bounds = np.searchsorted(idx, starts)
+            plan.append([(int(k), (idx[bounds[k]:bounds[k + 1]] - starts[k]).tolist())
+                         for k in range(len(starts) - 1) if bounds[k + 1] > bounds[k]])
+    return plan
+
+
+def run_raw(path, plan, *, threads, steps) -> tuple[float, float]:
+    """Reads plan[0] (warm-up), then times ``steps`` steps with ``threads`` steps
+    in flight ahead of the consumer, as the feeder's prefetch does; ``plan`` has
+    ``steps + 1 + threads`` entries so the window stays full to the end."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    m = fmt.read_manifest(path)
+    readers = [ArrayRecordReader(os.path.join(path, s.file), READER_OPTIONS) for s in m.shards]
+
+    def step(groups):
+        return [readers[k].read(offsets) for k, offsets in groups]
+
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="raw") as pool:
+        step(plan[0])
+        futures = {j: pool.submit(step, plan[j]) for j in range(1, min(len(plan), 1 + threads))}
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        for j in range(1, min(len(plan), steps + 1)):
+            futures.pop(j).result()
+            if j + threads < len(plan):
+                futures[j + threads] = pool.submit(step, plan[j + threads])
+        dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        for fut in futures.values():
+            fut.cancel()
+    for r in readers:
+        r.close()
+    return dt, cpu
+
+
+def run_grain(path, *, batch_size, threads, steps) -> float:
+    import grain.python as grain
+
+    src = CacheDataSource(path)
+    sampler = grain.IndexSampler(num_records=len(src), shard_options=grain.NoSharding(), shuffle=True,
+                                 num_epochs=None, seed=0)
+    loader = grain.DataLoader(data_source=src, sampler=sampler, operations=[grain.Batch(batch_size=batch_size)],
+                              worker_count=0,
+                              read_options=grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * batch_size))
+    it = iter(loader)
+    next(it)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        next(it)
+    dt = time.perf_counter() - t0
+    src.close()
+    return dt
+
+
+def time_to_first_batch(path, *, batch_size, length, threads, position) -> float:
+    with Feeder(cache=path, global_batch_size=batch_size, sequence_length=length, host_index=0, host_count=1,
+                prefetch=0) as f:
+        state = f.state()
+    state["position"] = position
+    t0 = time.perf_counter()
+    f = Feeder.restore(state, host_index=0, host_count=1, num_threads=threads)
+    batch = next(f)
+    dt = time.perf_counter() - t0
+    assert batch["targets"].shape == (batch_size, length)
+    f.close()
+    return dt
+
+
+RSS_CHILD = r"""
+import sys, psutil
+from seqcache.feeders import Feeder
+proc = psutil.Process()
+before = proc.memory_info().rss
+f = Feeder(cache=sys.argv[1], global_batch_size=int(sys.argv[2]), sequence_length=int(sys.argv[3]),
+           host_index=0, host_count=1, prefetch=0)
+f.get_batch(0)
+print(proc.memory_info().rss - before)
+f.close()
+"""
+
+
+def rss_growth(path, *, batch_size, length) -> int:
+    out = subprocess.run([sys.executable, "-c", RSS_CHILD, path, str(batch_size), str(length)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=300_000)
+    ap.add_argument("--length", type=int, default=512, help="tokens per record (and sequence length)")
+    ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per round")
+    ap.add_argument("--grain-steps", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--cache-dir", help="where to build (or reuse) the cache; default: a temporary folder")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+
+    tmp = None
+    root = args.cache_dir
+    if root is None:
+        tmp = tempfile.TemporaryDirectory(prefix="seqcache-bench-")
+        root = tmp.name
+    big = os.path.join(root, f"bench-{args.records}x{args.length}")
+    small = os.path.join(root, f"bench-{args.records // 10}x{args.length}")
+    build_cache(big, records=args.records, length=args.length, shards=args.shards)
+    build_cache(small, records=args.records // 10, length=args.length, shards=args.shards)
+
+    B, L, T = args.batch_size, args.length, args.threads
+    print(f"global batch {B} x {L} tokens = {B * L:,} tokens/step; {args.records:,} examples = "
+          f"{args.records / B:,.1f} steps/epoch; {T} threads; this host reads all {B} rows")
+    first_step = 7
+    plan = raw_plan(big, batch_size=B, first_step=first_step, steps=args.steps + 1 + T)
+    # Read the whole cache once so that every method starts from a warm page cache.
+    warm = -(-args.records // B)
+    run_raw(big, raw_plan(big, batch_size=B, first_step=0, steps=warm), threads=T, steps=warm)
+
+    # Alternate the order each round so that drift in the machine's load hits both.
+    feeder_s, raw_s, ratios, cpu_ratios = [], [], [], []
+    for r in range(args.rounds):
+        timed = {}
+        for name in (("raw", "feeder") if r % 2 == 0 else ("feeder", "raw")):
+            if name == "raw":
+                timed[name] = run_raw(big, plan, threads=T, steps=args.steps)
+            else:
+                timed[name] = run_feeder(big, batch_size=B, length=L, threads=T, first_step=first_step,
+                                         steps=args.steps)
+        raw_s.append(timed["raw"][0])
+        feeder_s.append(timed["feeder"][0])
+        ratios.append(timed["raw"][0] / timed["feeder"][0])
+        cpu_ratios.append(timed["raw"][1] / timed["feeder"][1])
+        print(f"round {r}: raw {args.steps * B / raw_s[-1]:,.0f} ex/s, feeder {args.steps * B / feeder_s[-1]:,.0f} ex/s,"
+              f" feeder/raw {ratios[-1]:.3f} (CPU time: {cpu_ratios[-1]:.3f})")
+    grain_s = run_grain(big, batch_size=B, threads=T, steps=args.grain_steps)
+    ttfb0 = statistics.median(time_to_first_batch(big, batch_size=B, length=L, threads=T, position=0) for _ in range(5))
+    ttfb_far = statistics.median(
+        time_to_first_batch(big, batch_size=B, length=L, threads=T, position=10**12 // B * B) for _ in range(5))
+    rss_big = rss_growth(big, batch_size=B, length=L)
+    rss_small = rss_growth(small, batch_size=B, length=L)
+
+    feeder_eps = args.steps * B / statistics.median(feeder_s)
+    raw_eps = args.steps * B / statistics.median(raw_s)
+    grain_eps = args.grain_steps * B / grain_s
+    res = {
+        "records": args.records, "length": L, "shards": args.shards, "batch_size": B, "threads": T,
+        "feeder_examples_per_s": feeder_eps, "feeder_tokens_per_s": feeder_eps * L,
+        "raw_examples_per_s": raw_eps, "raw_tokens_per_s": raw_eps * L,
+        "grain_examples_per_s": grain_eps, "grain_tokens_per_s": grain_eps * L,
+        "feeder_over_raw": statistics.median(ratios), "feeder_over_raw_cpu_time": statistics.median(cpu_ratios),
+        "feeder_over_grain": feeder_eps / grain_eps,
+        "ttfb_position_0_s": ttfb0, "ttfb_position_1e12_s": ttfb_far, "ttfb_ratio_1e12_over_0": ttfb_far / ttfb0,
+        "rss_growth_bytes": rss_big, "rss_growth_bytes_10x_smaller_cache": rss_small,
+    }
+    print()
+    print(f"{'':10}{'examples/s':>14}{'tokens/s':>16}")
+    for name in ("feeder", "raw", "grain"):
+        print(f"{name:10}{res[name + '_examples_per_s']:>14,.0f}{res[name + '_tokens_per_s']:>16,.0f}")
+    print(f"feeder/raw   {res['feeder_over_raw']:.3f} (median of per-round ratios; "
+          f"raw CPU time / feeder CPU time {res['feeder_over_raw_cpu_time']:.3f})")
+    print(f"feeder/grain {res['feeder_over_grain']:.2f}")
+    print(f"time to first batch: position 0 {ttfb0 * 1e3:.1f} ms, position 10^12 {ttfb_far * 1e3:.1f} ms, "
+          f"ratio {res['ttfb_ratio_1e12_over_0']:.2f}")
+    print(f"RSS growth (open + one batch): {rss_big / 2**20:.1f} MiB for {args.records:,} records, "
+          f"{rss_small / 2**20:.1f} MiB for {args.records // 10:,}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    if tmp is not None:
+        tmp.cleanup()
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -3,8 +3,10 @@
 For each corpus the benchmark measures, on this machine's cores:
   bound: SentencePiece batch encode of exactly the records the build reads
          (``SentencePieceProcessor.encode(list, num_threads=cores)``), no I/O;
-  build: ``seqcache build`` of the same files (Beam DirectRunner, multi_processing
-         with one worker per core, or in_memory with --workers 1),
+  build: ``seqcache build`` of the same files in a child process (Beam
+         DirectRunner, multi_processing with one worker per core, or in_memory
+         with --workers 1), and its peak RSS (ru_maxrss from wait4: the largest
+         single process of that build),
 and reports raw MB/s, tokens/s and the ratio build/bound. Machines here are noisy:
 compare the ratio, not the absolute numbers.
 
@@ -23,6 +25,7 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,21 +81,26 @@ def bound(model_path: str, records: list[str], cores: int, batch: int = 4096) ->
     return time.perf_counter() - start, tokens
 
 
-def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str) -> tuple[float, dict]:
-    from click.testing import CliRunner
-
-    from seqcache.cli import main
-
+def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str) -> tuple[float, dict, float]:
+    """Runs ``seqcache build`` in a child process; returns (seconds, statistics,
+    peak RSS of the build process tree in MB)."""
     args = ["build", "--source", spec, "--vocabulary", model_path, "--name", name, "--cache-dir", cache_dir, "--json"]
     if workers > 1:
         args += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+    code = "import sys; from seqcache.cli import main; sys.argv = ['seqcache'] + sys.argv[1:]; main()"
     start = time.perf_counter()
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=log, stderr=subprocess.STDOUT,
+                            cwd=tempfile.gettempdir())
+    _, status, usage = os.wait4(proc.pid, 0)  # this build's own peak RSS (and its waited-for workers')
+    proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - start
-    if result.exit_code != 0:
-        raise SystemExit(result.output)
+    if proc.returncode != 0:
+        log.seek(0)
+        raise SystemExit(log.read().decode(errors="replace"))
+    peak_mb = usage.ru_maxrss / 1024
     manifest = json.load(open(os.path.join(cache_dir, name, "train", "manifest.json")))
-    return seconds, manifest["statistics"]
+    return seconds, manifest["statistics"], peak_mb
 
 
 def main():
@@ -117,7 +125,7 @@ def main():
             raw_mb = sum(len(r.encode()) for r in records) / 1e6
             b_s, b_tokens = bound(str(model), records, args.workers)
             del records
-            s, stats = build(spec, str(model), str(tmp / f"cache-{case}"), args.workers, case)
+            s, stats, peak_mb = build(spec, str(model), str(tmp / f"cache-{case}"), args.workers, case)
             tokens = stats["tokens"]["targets"]
             assert tokens == b_tokens, (tokens, b_tokens)
             rows.append({
@@ -125,14 +133,16 @@ def main():
                 "bound_mb_s": round(raw_mb / b_s, 2), "bound_tokens_s": round(b_tokens / b_s),
                 "build_mb_s": round(raw_mb / s, 2), "build_tokens_s": round(tokens / s),
                 "build_s": round(s, 2), "bound_s": round(b_s, 2), "ratio": round(b_s / s, 3),
+                "peak_rss_mb": round(peak_mb), "rss_per_raw_mb": round(peak_mb / raw_mb, 2),
             })
             shutil.rmtree(tmp / f"cache-{case}", ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'case':10} {'MB':>7} {'cores':>5} {'bound MB/s':>11} {'build MB/s':>11} {'build tok/s':>12} {'build/bound':>12}")
+    print(f"{'case':10} {'MB':>7} {'cores':>5} {'bound MB/s':>11} {'build MB/s':>11} {'build tok/s':>12} "
+          f"{'build/bound':>12} {'peak RSS MB':>12}")
     for r in rows:
         print(f"{r['case']:10} {r['raw_mb']:7.1f} {r['cores']:5d} {r['bound_mb_s']:11.2f} {r['build_mb_s']:11.2f} "
-              f"{r['build_tokens_s']:12,d} {r['ratio']:12.1%}")
+              f"{r['build_tokens_s']:12,d} {r['ratio']:12.1%} {r['peak_rss_mb']:12,d}")
     if args.json_out:
         json.dump(rows, open(args.json_out, "w"), indent=2)
     return rows

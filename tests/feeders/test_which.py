@@ -107,3 +107,22 @@ def test_cli_names_a_missing_cache(tmp_path):
     (tmp_path / "empty").mkdir()
     res = CliRunner().invoke(main, ["which", str(tmp_path / "empty"), "--step", "0", "--row", "0", "--batch-size", "2"])
     assert res.exit_code == 1 and "incomplete" in res.output and str(tmp_path / "empty") in res.output
+
+
+def test_cli_on_a_registered_mixture_name(tmp_path, fx):
+    tasks = pytest.importorskip("seqcache.tasks")
+    fx.write_fixture_cache(tmp_path / "which_a" / "validation", n=8, task="which_a", split="validation")
+    fx.write_fixture_cache(tmp_path / "which_b" / "validation", n=4, task="which_b", split="validation")
+    name = "feeders_test_which_mixture"
+    tasks.MixtureRegistry.add(name, [("which_a", 2.0), ("which_b", 1.0)])
+    try:
+        res = CliRunner().invoke(main, ["which", name, "--cache-dir", str(tmp_path), "--split", "validation",
+                                        "--step", "3", "--row", "1", "--batch-size", "3", "--json"])
+    finally:
+        tasks.MixtureRegistry.remove(name)
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    mixture = {str(tmp_path / "which_a" / "validation"): 2.0, str(tmp_path / "which_b" / "validation"): 1.0}
+    with Feeder(mixture=mixture, global_batch_size=3, sequence_length=2, host_index=0, host_count=1) as f:
+        b = f.get_batch(3)
+    assert (d["task_index"], d["cache_index"]) == (int(b["task_index"][1]), int(b["cache_index"][1]))

@@ -103,6 +103,16 @@ def test_elastic_hosts_give_identical_global_batches(make_cache, num_epochs):
         assert _digest(got) == _digest(ref), H
 
 
+def test_elastic_hosts_for_a_finite_mixture(tmp_path, fx):
+    fx.write_fixture_cache(tmp_path / "a", n=9, num_shards=2, task="a")
+    fx.write_fixture_cache(tmp_path / "b", n=14, num_shards=3, task="b")
+    mixture = [(str(tmp_path / "a"), 1.0), (str(tmp_path / "b"), 2.0)]
+    ref = _global(mixture, B=8, H=1, steps=4, num_epochs=1, seed=6)  # the whole run
+    assert (np.concatenate([b["cache_index"] for b in ref]) == -1).any()  # padding rows are included
+    for H in (2, 4, 8):
+        assert _digest(_global(mixture, B=8, H=H, steps=4, num_epochs=1, seed=6)) == _digest(ref), H
+
+
 def test_two_epochs_exactly_once_per_epoch(make_cache, fx):
     n, B = 13, 4
     path = make_cache(n=n, num_shards=2)

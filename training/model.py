@@ -27,8 +27,10 @@ Parameters are float32 and carry logical axis names (see
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+import threading
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,9 +42,41 @@ from seqcache.training.config import ModelConfig
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
+@dataclasses.dataclass(frozen=True)
+class Normal:
+    """Initializer: normal with mean 0 and standard deviation ``std``."""
+
+    std: float
+
+    def __call__(self, key, shape, dtype=jnp.float32):
+        return _normal(key, jnp.float32(self.std), shape, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ones:
+    """Initializer: all ones."""
+
+    def __call__(self, key, shape, dtype=jnp.float32):
+        return jnp.ones(shape, dtype)
+
+
+def _normal(key, std, shape, dtype):
+    return std * jax.random.normal(key, shape, dtype)
+
+
+# Set by ``init_params``: creates each parameter value from (initializer, key,
+# shape, logical axis names). Unset, initializers run where the model is built
+# (eagerly, or traced by nnx.eval_shape).
+_PARAM_FACTORY = threading.local()
+
+
 def _param(rngs: nnx.Rngs, init, shape: tuple[int, ...], names: tuple[str, ...]) -> nnx.Param:
-    """A float32 parameter annotated with logical axis names."""
-    return nnx.Param(nnx.with_partitioning(init, names)(rngs.params(), shape, jnp.float32))
+    """A float32 parameter annotated with logical axis names (``out_sharding``
+    metadata, as ``nnx.with_partitioning`` sets it)."""
+    key = rngs.params()
+    factory = getattr(_PARAM_FACTORY, "fn", None)
+    value = init(key, shape, jnp.float32) if factory is None else factory(init, key, shape, names)
+    return nnx.Param(value, out_sharding=names, eager_sharding=False)
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -89,7 +123,7 @@ class RMSNorm(nnx.Module):
 
     def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
         self.eps = eps
-        self.scale = _param(rngs, nnx.initializers.ones, (dim,), ("norm",))
+        self.scale = _param(rngs, Ones(), (dim,), ("norm",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
@@ -102,10 +136,10 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, h, k = cfg.d_model, cfg.num_heads, cfg.resolved_head_dim
-        init = nnx.initializers.normal(cfg.init_std)
+        init = Normal(cfg.init_std)
         # Output projection scaled down with depth (GPT-2 style) to keep the
         # residual stream's variance stable at initialisation.
-        out_init = nnx.initializers.normal(cfg.init_std / math.sqrt(2 * cfg.num_layers))
+        out_init = Normal(cfg.init_std / math.sqrt(2 * cfg.num_layers))
         self.cfg = cfg
         self.wq = _param(rngs, init, (d, h, k), ("embed", "heads", "kv"))
         self.wk = _param(rngs, init, (d, h, k), ("embed", "heads", "kv"))
@@ -137,8 +171,8 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, f = cfg.d_model, cfg.mlp_dim
-        init = nnx.initializers.normal(cfg.init_std)
-        out_init = nnx.initializers.normal(cfg.init_std / math.sqrt(2 * cfg.num_layers))
+        init = Normal(cfg.init_std)
+        out_init = Normal(cfg.init_std / math.sqrt(2 * cfg.num_layers))
         self.w_gate = _param(rngs, init, (d, f), ("embed", "mlp"))
         self.w_up = _param(rngs, init, (d, f), ("embed", "mlp"))
         self.w_down = _param(rngs, out_init, (f, d), ("mlp", "embed"))
@@ -186,13 +220,13 @@ class Transformer(nnx.Module):
         cfg.validate()
         self.cfg = cfg
         self.embedding = _param(
-            rngs, nnx.initializers.normal(cfg.init_std), (cfg.vocab_size, cfg.d_model), ("vocab", "embed")
+            rngs, Normal(cfg.init_std), (cfg.vocab_size, cfg.d_model), ("vocab", "embed")
         )
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
         if not cfg.tie_embeddings:
             self.unembedding = _param(
-                rngs, nnx.initializers.normal(cfg.init_std), (cfg.d_model, cfg.vocab_size), ("embed", "vocab")
+                rngs, Normal(cfg.init_std), (cfg.d_model, cfg.vocab_size), ("embed", "vocab")
             )
 
     def __call__(
@@ -247,22 +281,68 @@ def shift_right_by_segment(targets: jax.Array, segment_ids: jax.Array) -> jax.Ar
     return jnp.where(segment_ids == prev_seg, shifted, 0).astype(jnp.int32)
 
 
-def init_params(cfg: ModelConfig, seed: int) -> dict:
+_COMPILED_INITS: dict = {}
+
+
+def _compiled_init(init, key, shape, sharding):
+    """Runs ``init`` as a compiled computation placed with ``sharding``; compiled
+    programs are shared by all parameters of the same kind, shape and sharding
+    (the standard deviation is an argument, not a constant)."""
+    shape = tuple(shape)
+    if isinstance(init, Normal):
+        cache_key = ("normal", shape, sharding)
+        if cache_key not in _COMPILED_INITS:
+            _COMPILED_INITS[cache_key] = jax.jit(
+                lambda k, std: _normal(k, std, shape, jnp.float32), out_shardings=sharding
+            )
+        return _COMPILED_INITS[cache_key](key, jnp.float32(init.std))
+    cache_key = (init, shape, sharding)
+    if cache_key not in _COMPILED_INITS:
+        _COMPILED_INITS[cache_key] = jax.jit(lambda k: init(k, shape, jnp.float32), out_shardings=sharding)
+    return _COMPILED_INITS[cache_key](key)
+
+
+def init_params(
+    cfg: ModelConfig,
+    seed: int,
+    sharding_of: Callable[[tuple[str, ...], tuple[int, ...]], Any] | None = None,
+) -> dict:
     """Parameters initialised from ``seed``, as a nested dict of float32 arrays.
 
-    Meant to run inside ``jax.jit`` (the trainer passes out_shardings so that each
-    device creates only its shard); values do not depend on the sharding.
+    Each parameter is created by its own compiled initializer, placed directly
+    with its sharding (each device computes only its shard), and compiled
+    initializers are shared between parameters of the same shape and sharding,
+    so compile time does not grow with depth. Keys come from
+    ``nnx.Rngs(params=seed)`` in construction order; with JAX's partitionable
+    threefry the values do not depend on the sharding.
+
+    Args:
+      cfg: the model config.
+      seed: parameter seed.
+      sharding_of: (logical axis names, shape) -> a jax Sharding, or None for
+        the default device.
     """
-    with nnx.use_eager_sharding(False):
-        return split_params(Transformer(cfg, rngs=nnx.Rngs(params=seed)))[1]
+
+    def factory(init, key, shape, names):
+        sharding = None if sharding_of is None else sharding_of(names, shape)
+        return _compiled_init(init, key, shape, sharding)
+
+    previous = getattr(_PARAM_FACTORY, "fn", None)
+    _PARAM_FACTORY.fn = factory
+    try:
+        with nnx.use_eager_sharding(False):
+            model = Transformer(cfg, rngs=nnx.Rngs(params=seed))
+    finally:
+        _PARAM_FACTORY.fn = previous
+    return split_params(model)[1]
 
 
 def create(cfg: ModelConfig, seed: int) -> Transformer:
-    """A Transformer with parameters initialised eagerly from ``seed``, on the
-    default device, without sharding (for inspection and tests; the trainer
-    initialises inside jit with ``init_params``)."""
-    with nnx.use_eager_sharding(False):
-        return Transformer(cfg, rngs=nnx.Rngs(params=seed))
+    """A Transformer with parameters initialised from ``seed`` on the default
+    device (for inspection and tests; the same values as the trainer's sharded
+    initialisation)."""
+    graphdef, _ = split_params(abstract_model(cfg))
+    return nnx.merge(graphdef, init_params(cfg, seed))
 
 
 def abstract_model(cfg: ModelConfig) -> Transformer:

@@ -169,6 +169,7 @@ class Trainer:
         )
         self.num_params = model_lib.count_params(self.abstract_params)
         self._compiled = None
+        self._opt_init_fn = None
         self._eval_step = None
         self.compile_time_s = 0.0
         self.memory_analysis: dict = {}
@@ -214,16 +215,22 @@ class Trainer:
     # -- state -------------------------------------------------------------------
 
     def init_state(self) -> tuple[Any, Any]:
-        """(params, opt_state) initialised from ``config.seed``, created directly
-        with their shardings (no full copy on one device). The values do not depend
-        on the mesh (JAX's partitionable threefry RNG)."""
+        """(params, opt_state) initialised from ``config.seed``, each array created
+        directly with its sharding (see ``model.init_params``). The values do not
+        depend on the mesh (JAX's partitionable threefry RNG)."""
         cfg = self.config
 
-        def init():
-            params = model_lib.init_params(cfg.model, cfg.seed)
-            return params, self.optimizer.init(params)
 
-        return jax.jit(init, out_shardings=(self.param_shardings, self.opt_shardings))()
+        def sharding_of(names, shape):
+            spec = partitioning.logical_to_spec(names, shape, self.rules, self.mesh)
+            return NamedSharding(self.mesh, spec)
+
+        params = model_lib.init_params(cfg.model, cfg.seed, sharding_of)
+        if self._opt_init_fn is None:
+            self._opt_init_fn = jax.jit(
+                self.optimizer.init, in_shardings=(self.param_shardings,), out_shardings=self.opt_shardings
+            )
+        return params, self._opt_init_fn(params)
 
     def abstract_state(self) -> dict:
         """The checkpointed state as ShapeDtypeStructs with this run's shardings."""

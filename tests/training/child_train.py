@@ -3,9 +3,11 @@
 Usage: python child_train.py SPEC.json
 
 SPEC holds ``config`` (a TrainConfig dict), ``feeder`` (FakeFeeder keyword
-arguments), optional ``stop_at``, ``devices`` (how many devices to use) and
-``out`` (an .npz path for the final parameters and the per-step losses). Every
-step's metrics record is printed to stdout as one JSON line.
+arguments), optional ``stop_at``, ``devices`` (how many devices to use), ``out``
+(an .npz path for the final parameters and the per-step losses) and
+``lockstep``. Every step's metrics record is printed to stdout as one JSON line;
+with ``lockstep`` the child then waits for a line on stdin before going on, so
+that a parent can deliver a signal at an exact step.
 """
 
 import os
@@ -48,6 +50,8 @@ def main(spec_path: str) -> int:
 
     def on_step(record):
         print(json.dumps(record), flush=True)
+        if spec.get("lockstep"):
+            sys.stdin.readline()
 
     result = trainer_lib.Trainer(config, devices=devices).fit(feeder, stop_at=spec.get("stop_at"), on_step=on_step)
     if spec.get("out"):

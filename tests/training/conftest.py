@@ -23,3 +23,33 @@ def _load_fakes():
 
 
 _load_fakes()
+
+
+import jax
+import pytest
+
+
+@pytest.fixture(scope="session")
+def _compilation_cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("jax-compilation-cache"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _reuse_compiled_programs(_compilation_cache_dir):
+    """A per-session persistent compilation cache for these tests: several tests
+    build trainers whose programs are identical (same config, same mesh), and
+    loading the executable instead of compiling it again keeps the suite fast.
+    A cached executable is the one XLA compiled for the same program, so results
+    are the same. Subprocesses started by tests do not use it (they compile)."""
+    names = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    previous = {name: getattr(jax.config, name) for name in names}
+    jax.config.update("jax_compilation_cache_dir", _compilation_cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    yield
+    for name, value in previous.items():
+        jax.config.update(name, value)

@@ -157,16 +157,21 @@ class FakeFeeder:
 
 
 def tiny_config_dict(**overrides) -> dict:
-    """A TrainConfig dict for a model that compiles in about a second on CPU
-    (1 layer, d_model 32). Nested keys are merged one level deep."""
+    """The tests' common TrainConfig dict: a model that compiles in about a second
+    on CPU (1 layer, d_model 32), dropout on (so the per-step RNG matters), two
+    microbatches. Tests share it where they can, so that identical programs are
+    compiled once per session (see conftest.py). Nested keys are merged one level
+    deep."""
     base = {
-        "model": {"vocab_size": 64, "d_model": 32, "num_layers": 1, "num_heads": 4, "mlp_dim": 64},
+        "model": {"vocab_size": 64, "d_model": 32, "num_layers": 1, "num_heads": 4, "mlp_dim": 64,
+                  "dropout_rate": 0.1},
         "optimizer": {"lr": 1e-2, "warmup_steps": 2},
         "mesh": {"data": 1, "fsdp": 1, "model": 1},
         "checkpoint": {"every_steps": 100, "max_to_keep": 3},
         "steps": 6,
-        "global_batch_size": 8,
+        "global_batch_size": 16,
         "sequence_length": 16,
+        "num_microbatches": 2,
         "progress": False,
     }
     for key, value in overrides.items():
@@ -175,3 +180,6 @@ def tiny_config_dict(**overrides) -> dict:
         else:
             base[key] = value
     return base
+
+
+FEEDER_KWARGS = {"global_batch_size": 16, "sequence_length": 16, "seed": 4, "num_examples": 40}

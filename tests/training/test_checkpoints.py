@@ -91,16 +91,16 @@ def test_trainer_refuses_checkpoints_it_cannot_resume(tmp_path):
     manager.close()
     cfg = C.config_from_dict(tiny_config_dict(checkpoint={"directory": str(missing)}))
     trainer = T.Trainer(cfg, devices=jax.devices()[:1])
-    feeder = FakeFeeder(global_batch_size=8, sequence_length=16)
+    feeder = FakeFeeder(global_batch_size=16, sequence_length=16)
     with pytest.raises(CheckpointError, match="no feeder state"):
         trainer.fit(feeder)
     assert feeder.closed and feeder.batches_read == 0
 
     changed = tmp_path / "changed"
     with Checkpointer(str(changed)) as ckpt:
-        ckpt.save(2, state=_state(2), feeder_state=_feeder_state(2, gbs=16))
-    feeder = FakeFeeder(global_batch_size=8, sequence_length=16)
+        ckpt.save(2, state=_state(2), feeder_state=_feeder_state(2, gbs=8))
+    feeder = FakeFeeder(global_batch_size=16, sequence_length=16)
     cfg = C.config_from_dict(tiny_config_dict(checkpoint={"directory": str(changed)}))
-    with pytest.raises(CheckpointError, match="global batch size 16, the current config has global_batch_size=8"):
+    with pytest.raises(CheckpointError, match="global batch size 8, the current config has global_batch_size=16"):
         T.Trainer(cfg, devices=jax.devices()[:1]).fit(feeder)
     assert feeder.batches_read == 0

@@ -1,0 +1,113 @@
+"""One single-device training run: metrics lines, resolved config, checkpoints
+with feeder state, learning, and exactly-once evaluation."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from seqcache.training import config as C
+from seqcache.training import model as M
+from seqcache.training import step as S
+from seqcache.training import trainer as T
+from seqcache.training.checkpoints import Checkpointer
+from seqcache.training.metrics import read_metrics
+from seqcache_training_test_fakes import FEEDER_KWARGS, FakeFeeder, tiny_config_dict
+
+EVAL_EXAMPLES = 37  # not a multiple of the batch size 16: the last batch has 11 padding rows
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    ckpt_dir = tmp_path_factory.mktemp("run")
+    cfg = C.config_from_dict(
+        tiny_config_dict(checkpoint={"directory": str(ckpt_dir), "every_steps": 4, "max_to_keep": 2})
+    )
+    trainer = T.Trainer(cfg, devices=jax.devices()[:1])
+    feeder = FakeFeeder(**FEEDER_KWARGS)
+
+    def eval_feeder():
+        return FakeFeeder(global_batch_size=16, sequence_length=16, seed=9, num_epochs=1, num_examples=EVAL_EXAMPLES)
+
+    result = trainer.fit(feeder, eval_feeder_fn=eval_feeder)
+    return cfg, trainer, result, ckpt_dir
+
+
+def test_metrics_file_has_one_line_per_step(run):
+    cfg, _, result, ckpt_dir = run
+    lines = read_metrics(str(ckpt_dir / "metrics.jsonl"))
+    train_lines = [x for x in lines if "loss" in x]
+    assert [x["step"] for x in train_lines] == list(range(6))
+    for line in train_lines:
+        for key in ("loss", "learning_rate", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s"):
+            assert math.isfinite(line[key]), key
+        assert line["tokens_per_s"] == pytest.approx(16 * 16 / line["step_time_s"])
+    # Linear warmup over 2 steps then cosine decay: step 0 uses rate 0, step 1 half.
+    assert train_lines[0]["learning_rate"] == 0.0
+    assert train_lines[1]["learning_rate"] == pytest.approx(0.5e-2)
+    assert train_lines[2]["learning_rate"] == pytest.approx(1e-2)
+    assert [x["loss"] for x in train_lines] == pytest.approx(result.losses)
+    eval_lines = [x for x in lines if "eval_loss" in x]
+    assert len(eval_lines) == 1 and eval_lines[0]["step"] == 5
+
+
+def test_resolved_config_is_written_beside_checkpoints(run):
+    cfg, _, _, ckpt_dir = run
+    written = json.loads((ckpt_dir / "config.json").read_text())
+    assert C.config_from_dict(written) == cfg
+
+
+def test_loss_goes_down(run):
+    _, _, result, _ = run
+    assert result.losses[-1] < result.losses[0] - 0.2
+
+
+def test_checkpoints_hold_feeder_state_at_their_step(run):
+    _, trainer, result, ckpt_dir = run
+    with Checkpointer(str(ckpt_dir), max_to_keep=2) as ckpt:
+        assert ckpt.all_steps() == [4, 6]
+        restored = ckpt.restore(None, abstract_state=trainer.abstract_state(), global_batch_size=16)
+    assert restored.feeder_state["step"] == 6 and restored.feeder_state["global_batch_size"] == 16
+    assert int(restored.state["step"]) == 6
+    assert int(restored.state["opt_state"][1][0].count) == 6  # AdamW's update count
+    for a, b in zip(jax.tree.leaves(restored.state["params"]), jax.tree.leaves(result.params)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_eval_reads_every_example_once(run):
+    _, trainer, result, _ = run
+    ev = result.eval
+    assert ev["eval_batches"] == 3
+    # Reference: all 21 eval examples in one batch, no padding rows.
+    fake = FakeFeeder(global_batch_size=16, sequence_length=16, seed=9, num_epochs=1, num_examples=EVAL_EXAMPLES)
+    rows = [fake.example(i) for i in range(EVAL_EXAMPLES)]
+    batch = {k: jnp.asarray(np.stack([r[k] for r in rows])) for k in S.BATCH_KEYS}
+    params = jax.device_get(result.params)
+    sums = jax.jit(lambda p, b: S.loss_sums(trainer.graphdef, p, b, None))(params, batch)
+    assert ev["eval_tokens"] == float(sum(r["targets_loss_weights"].sum() for r in rows))
+    assert ev["eval_loss"] == pytest.approx(float(sums["loss_sum"]) / float(sums["weight_sum"]), rel=1e-5)
+    assert ev["eval_accuracy"] == pytest.approx(float(sums["correct_sum"]) / float(sums["weight_sum"]), rel=1e-5)
+
+
+def test_describe_and_compile_report(run):
+    _, trainer, result, _ = run
+    d = trainer.describe()
+    assert d["tokens_per_step"] == 256 and d["parameters"] == M.count_params(result.params)
+    assert result.compile_time_s > 0
+    assert result.memory_analysis.get("argument_size_in_bytes", 0) > 0
+
+
+def test_feeder_with_other_global_batch_is_refused(tmp_path):
+    cfg = C.config_from_dict(tiny_config_dict())
+    trainer = T.Trainer(cfg, devices=jax.devices()[:1])
+    with pytest.raises(ValueError, match="feeder has global batch size 8, the config has global_batch_size=16"):
+        trainer.fit(FakeFeeder(global_batch_size=8, sequence_length=16))
+
+
+def test_batch_not_divisible_over_shards_is_refused():
+    cfg = C.config_from_dict(tiny_config_dict(mesh={"data": 8}, global_batch_size=8, num_microbatches=2))
+    with pytest.raises(C.ConfigError, match=r"microbatch size 4 \(global_batch_size=8 / num_microbatches=2\) is not divisible by the 8 batch shards"):
+        T.Trainer(cfg)

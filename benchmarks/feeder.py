@@ -15,7 +15,7 @@ global batch size and the same number of threads everywhere, it measures per hos
           with a shuffling ``IndexSampler`` and a ``Batch`` operation of the same
           batch size, ``ReadOptions(num_threads=threads)``, in-process;
   ttfb:   time to first batch after ``Feeder.restore`` at position 0 and at
-          position 10^12 (opening the cache included), median of 5;
+          position 10^12 (opening the cache included), median of 7, interleaved;
   memory: RSS growth of a fresh process that opens the feeder and reads one
           batch, for this cache and for one 10x smaller.
 
@@ -202,7 +202,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=30, help="timed steps per round")
     ap.add_argument("--grain-steps", type=int, default=15)
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--cache-dir", help="where to build (or reuse) the cache; default: a temporary folder")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
@@ -243,9 +243,12 @@ def main(argv=None):
         print(f"round {r}: raw {args.steps * B / raw_s[-1]:,.0f} ex/s, feeder {args.steps * B / feeder_s[-1]:,.0f} ex/s,"
               f" feeder/raw {ratios[-1]:.3f} (CPU time: {cpu_ratios[-1]:.3f})")
     grain_s = run_grain(big, batch_size=B, threads=T, steps=args.grain_steps)
-    ttfb0 = statistics.median(time_to_first_batch(big, batch_size=B, length=L, threads=T, position=0) for _ in range(5))
-    ttfb_far = statistics.median(
-        time_to_first_batch(big, batch_size=B, length=L, threads=T, position=10**12 // B * B) for _ in range(5))
+    far = 10**12 // B * B
+    ttfb = {0: [], far: []}
+    for _ in range(7):  # interleaved, so that both positions see the same machine
+        for position in ttfb:
+            ttfb[position].append(time_to_first_batch(big, batch_size=B, length=L, threads=T, position=position))
+    ttfb0, ttfb_far = statistics.median(ttfb[0]), statistics.median(ttfb[far])
     rss_big = rss_growth(big, batch_size=B, length=L)
     rss_small = rss_growth(small, batch_size=B, length=L)
 

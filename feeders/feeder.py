@@ -198,7 +198,7 @@ class Feeder:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
         self._ar = np.arange(self.sequence_length, dtype=np.int32)
-        self._constants: dict[int, tuple] = {}
+        self._constants: tuple | None = None
         try:
             self.step = start_step
         except BaseException:
@@ -275,21 +275,11 @@ class Feeder:
                 out = dict(zip(names, block))
                 break
             if out is None:
-                out = {
-                    f: np.zeros((b_host, length), np.int32),
-                    names[1]: np.zeros((b_host, length), np.int32),
-                    names[2]: np.zeros((b_host, length), np.int32),
-                    names[3]: np.zeros((b_host, length), np.float32),
-                }
+                out = _zeros(names, b_host, length)
             for name, arr in zip(names, block):
                 out[name][rows] = arr
         if out is None:  # every row is padding
-            out = {
-                f: np.zeros((b_host, length), np.int32),
-                names[1]: np.zeros((b_host, length), np.int32),
-                names[2]: np.zeros((b_host, length), np.int32),
-                names[3]: np.zeros((b_host, length), np.float32),
-            }
+            out = _zeros(names, b_host, length)
         valid = loc.valid
         out["task_index"] = np.where(valid, loc.task, -1).astype(np.int32)
         out["cache_index"] = np.where(valid, loc.cache_index, -1)
@@ -335,19 +325,19 @@ class Feeder:
         return tokens, seg, pos, weights
 
     def _full_rows(self, n: int):
-        """Segment ids, positions and loss weights of n unpacked rows that fill the
-        sequence length: constant, so built once and shared (read-only)."""
-        const = self._constants.get(n)
-        if const is None:
-            shape = (n, self.sequence_length)
+        """Segment ids, positions and loss weights of n <= B/H unpacked rows that
+        fill the sequence length: the same in every batch, so built once for B/H
+        rows and shared, read-only (n < B/H gives views of the first n rows)."""
+        if self._constants is None:
+            shape = (self.rows_per_host, self.sequence_length)
             seg = np.ones(shape, np.int32)
             pos = np.empty(shape, np.int32)
             pos[:] = self._ar
             weights = np.ones(shape, np.float32)
             for a in (seg, pos, weights):
                 a.flags.writeable = False
-            const = self._constants[n] = (seg, pos, weights)
-        return const
+            self._constants = (seg, pos, weights)
+        return tuple(a[:n] for a in self._constants)
 
     def _executor_or_none(self):
         if self.prefetch == 0:
@@ -566,6 +556,12 @@ class Feeder:
             f"Feeder({len(self.paths)} task(s), B={self.global_batch_size}, L={self.sequence_length}, "
             f"host {self.host_index}/{self.host_count}, seed={self.seed}, num_epochs={self.num_epochs}, step={self._step})"
         )
+
+
+def _zeros(names, rows: int, length: int) -> dict[str, np.ndarray]:
+    """All-padding arrays for (tokens, segment ids, positions, loss weights)."""
+    dtypes = (np.int32, np.int32, np.int32, np.float32)
+    return {name: np.zeros((rows, length), dt) for name, dt in zip(names, dtypes)}
 
 
 def positions_from_segment_ids(segment_ids: np.ndarray) -> np.ndarray:

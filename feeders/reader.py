@@ -27,9 +27,10 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from seqcache import format as fmt
 
-# readahead_buffer_size:0 -> no read-ahead (random access); max_parallelism:0 ->
-# read() runs in the calling thread (the feeder has its own thread pool; measured
-# faster than ArrayRecord's internal pool for batches of ~1000 records).
+# readahead_buffer_size:0 -> no read-ahead (random access). max_parallelism:0 turns
+# off the read-ahead threads; a batched read(indices) is still spread over
+# ArrayRecord's own thread pool. Measured on 16 shards x 64 records per step, it is
+# a few percent faster than the default parallelism.
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 
 

@@ -53,6 +53,10 @@ def test_batch_layout_and_values(make_cache, fx):
             assert b["targets_positions"][r].tolist() == list(range(n)) + [0] * (6 - n)
             assert b["targets_loss_weights"][r].tolist() == [1.0] * n + [0.0] * (6 - n)
         assert b["epoch"].tolist() == [0] * 8 and b["task_index"].tolist() == [0] * 8
+        # Batches are read-only (constant arrays are shared between batches).
+        for k in KEYS:
+            with pytest.raises(ValueError, match="read-only"):
+                b[k][0] = 0
 
 
 def test_packed_cache_keeps_segments_and_positions(tmp_path, fx):

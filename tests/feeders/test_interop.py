@@ -107,3 +107,10 @@ def test_cache_errors_name_the_file(tmp_path, make_cache):
     shard.write_bytes(shard.read_bytes()[:-10])
     with pytest.raises(fmt.CacheError, match="data.array_record-00001-of-00002: shard file has"):
         Feeder(cache=path, global_batch_size=2, sequence_length=2, host_index=0, host_count=1)
+
+
+def test_host_defaults_come_from_jax(make_cache):
+    jax = pytest.importorskip("jax")
+    path = make_cache(n=10)
+    with Feeder(cache=path, global_batch_size=4, sequence_length=2) as f:
+        assert (f.host_index, f.host_count) == (jax.process_index(), jax.process_count())

@@ -180,6 +180,8 @@ class DataConfig:
       split: split of the training data.
       eval_split: split evaluated with exactly-once semantics; None = no eval.
       mixture: explicit mixture, cache path -> rate; replaces ``task`` when set.
+      seed: the feeder's shuffle seed (the order of examples in each epoch);
+        None = the run's ``seed``.
     """
 
     cache_dir: str | None = None
@@ -187,6 +189,7 @@ class DataConfig:
     split: str = "train"
     eval_split: str | None = None
     mixture: dict | None = None
+    seed: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -408,8 +408,6 @@ class Trainer:
                 checkpointer = Checkpointer(
                     ckpt_dir, max_to_keep=cfg.checkpoint.max_to_keep, async_save=cfg.checkpoint.async_save
                 )
-                if is_chief:
-                    _write_json_atomic(os.path.join(ckpt_dir, CONFIG_FILE), config_lib.to_dict(cfg))
 
             start = 0
             if checkpointer is not None and checkpointer.latest_step() is not None:
@@ -423,6 +421,9 @@ class Trainer:
             else:
                 params, opt_state = self.init_state()
 
+            if ckpt_dir and is_chief:
+                # Written once the checkpoint (if any) is known to fit this config.
+                _write_json_atomic(os.path.join(ckpt_dir, CONFIG_FILE), config_lib.to_dict(cfg))
             compiled = self.compile()
             metrics_writer = MetricsWriter(metrics_path if is_chief else None)
             progress = ProgressBar(total=cfg.steps, start=start, enabled=cfg.progress and is_chief)
@@ -458,6 +459,7 @@ class Trainer:
         host_count = getattr(feeder, "host_count", None)
         host_index = jax.process_index() if host_index is None else host_index
         host_count = jax.process_count() if host_count is None else host_count
+        _check_same_stream(restored.path, restored.feeder_state, feeder.state())
         new = type(feeder).restore(restored.feeder_state, host_index=host_index, host_count=host_count)
         feeder.close()
         position = getattr(new, "step", restored.step)
@@ -560,6 +562,29 @@ class Trainer:
             params=params,
             opt_state=opt_state,
         )
+
+
+# Keys of a feeder state that say where the stream is, not which stream it is.
+_POSITION_KEYS = ("position", "step")
+
+
+def _check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Refuses to resume when the run's feeder reads another stream than the
+    checkpoint's (other data, mixture, seed, sequence length, ...): the saved
+    position would denote other examples.
+
+    Raises:
+      CheckpointError: naming the first differing key and both values.
+    """
+    for key in sorted(set(saved) | set(current)):
+        if key in _POSITION_KEYS:
+            continue
+        if saved.get(key) != current.get(key):
+            raise CheckpointError(
+                f"{path}: the checkpoint's feeder state has {key}={saved.get(key)!r}, but this run's feeder has "
+                f"{key}={current.get(key)!r}; the checkpoint belongs to another data stream. Train with the "
+                "checkpoint's data settings, or start a new run in another checkpoint directory."
+            )
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:

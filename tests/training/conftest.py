@@ -34,22 +34,31 @@ def _compilation_cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("jax-compilation-cache"))
 
 
+_CACHE_OPTIONS = {
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
+    "jax_persistent_cache_min_entry_size_bytes": -1,
+}
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _reuse_compiled_programs(_compilation_cache_dir):
     """A per-session persistent compilation cache for these tests: several tests
     build trainers whose programs are identical (same config, same mesh), and
     loading the executable instead of compiling it again keeps the suite fast.
     A cached executable is the one XLA compiled for the same program, so results
-    are the same. Subprocesses started by tests do not use it (they compile)."""
-    names = (
-        "jax_compilation_cache_dir",
-        "jax_persistent_cache_min_compile_time_secs",
-        "jax_persistent_cache_min_entry_size_bytes",
-    )
-    previous = {name: getattr(jax.config, name) for name in names}
-    jax.config.update("jax_compilation_cache_dir", _compilation_cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    are the same."""
+    options = {"jax_compilation_cache_dir": _compilation_cache_dir, **_CACHE_OPTIONS}
+    previous = {name: getattr(jax.config, name) for name in options}
+    for name, value in options.items():
+        jax.config.update(name, value)
     yield
     for name, value in previous.items():
         jax.config.update(name, value)
+
+
+@pytest.fixture(scope="session")
+def compilation_cache_env(_compilation_cache_dir) -> dict:
+    """Environment variables that give a child process the same compilation cache."""
+    env = {"JAX_COMPILATION_CACHE_DIR": _compilation_cache_dir}
+    env.update({name.upper(): str(value) for name, value in _CACHE_OPTIONS.items()})
+    return env

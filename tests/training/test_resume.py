@@ -8,12 +8,17 @@ parameter bytes must equal the uninterrupted run's. Dropout is on and gradients
 are accumulated over 2 microbatches, so the per-step RNG (fold_in(seed, step))
 and the accumulation are covered too.
 
+The children share this session's compilation cache (conftest.py): they load
+the executables this process compiled for the same programs instead of
+compiling them again; all state comes from the checkpoint on disk.
+
 The first child runs in lockstep with this test (it waits for a line on stdin
 after each step), so SIGTERM arrives at an exact step and nothing depends on
 timing.
 """
 
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -42,7 +47,7 @@ def _flat(params):
     return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
 
 
-def _child(tmp_path, name, *, sigterm_at_step=None):
+def _child(tmp_path, name, compilation_cache_env, *, sigterm_at_step=None):
     spec = {
         "config": _config(tmp_path / "resumed"),
         "feeder": FEEDER_KWARGS,
@@ -55,6 +60,7 @@ def _child(tmp_path, name, *, sigterm_at_step=None):
         proc = subprocess.Popen(
             [sys.executable, str(HERE / "child_train.py"), str(spec_path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            env={**os.environ, **compilation_cache_env},
         )
         records = []
         for line in proc.stdout:
@@ -74,13 +80,13 @@ def _child(tmp_path, name, *, sigterm_at_step=None):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, compilation_cache_env):
     tmp_path = tmp_path_factory.mktemp("resume")
     trainer = T.Trainer(C.config_from_dict(_config(tmp_path / "straight")), devices=jax.devices()[:1])
     straight = trainer.fit(FakeFeeder(**FEEDER_KWARGS))
     init = _flat(trainer.init_state()[0])
-    preempted = _child(tmp_path, "preempted", sigterm_at_step=N - 1)
-    resumed = _child(tmp_path, "resumed")
+    preempted = _child(tmp_path, "preempted", compilation_cache_env, sigterm_at_step=N - 1)
+    resumed = _child(tmp_path, "resumed", compilation_cache_env)
     return tmp_path, straight, init, preempted, resumed
 
 

@@ -13,7 +13,7 @@ from seqcache.training import config as C
 from seqcache.training import model as M
 from seqcache.training import step as S
 from seqcache.training import trainer as T
-from seqcache.training.checkpoints import Checkpointer
+from seqcache.training.checkpoints import Checkpointer, CheckpointError
 from seqcache.training.metrics import read_metrics
 from seqcache_training_test_fakes import FEEDER_KWARGS, FakeFeeder, tiny_config_dict
 
@@ -111,3 +111,12 @@ def test_batch_not_divisible_over_shards_is_refused():
     cfg = C.config_from_dict(tiny_config_dict(mesh={"data": 8}, global_batch_size=8, num_microbatches=2))
     with pytest.raises(C.ConfigError, match=r"microbatch size 4 \(global_batch_size=8 / num_microbatches=2\) is not divisible by the 8 batch shards"):
         T.Trainer(cfg)
+
+
+def test_checkpoint_of_another_data_stream_is_refused(run):
+    cfg, _, _, ckpt_dir = run
+    trainer = T.Trainer(cfg, devices=jax.devices()[:1])
+    other = FakeFeeder(**{**FEEDER_KWARGS, "seed": FEEDER_KWARGS["seed"] + 1})
+    with pytest.raises(CheckpointError, match=r"feeder state has seed=4, but this run's feeder has seed=5"):
+        trainer.fit(other)
+    assert other.closed and other.batches_read == 0

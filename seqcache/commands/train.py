@@ -1,0 +1,154 @@
+"""``seqcache train``: the bundled JAX trainer on a cache (seqcache.training)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+
+import click
+
+# Exit status after SIGTERM: the run stopped early with a checkpoint saved
+# (128 + SIGTERM, as a shell reports a process ended by the signal).
+EXIT_PREEMPTED = 143
+
+
+def _split_overrides(values) -> list[str]:
+    out = []
+    for value in values:
+        out.extend(v for v in value.split() if v)
+    return out
+
+
+@click.command("train")
+@click.option("--cache-dir", help="Root folder of caches (CACHE_DIR/<task>/<split>).")
+@click.option("--task", help="A cache folder, a task name under --cache-dir, or a registered task or mixture name.")
+@click.option("--split", help="Training split [default: train].")
+@click.option("--eval-split", help="Split to evaluate on (every example once) after training and every eval_every steps.")
+@click.option("--module", "modules", multiple=True, help="Python module or .py file that registers tasks and mixtures (repeatable).")
+@click.option("--steps", type=int, help="Total optimizer steps of the run.")
+@click.option("--batch-size", type=int, help="Global batch size (rows per step over all hosts).")
+@click.option("--sequence-length", type=int, help="Tokens per row.")
+@click.option("--mesh", "mesh_flag", help="Mesh shape, e.g. data=2,fsdp=4,model=1 (one axis may be -1).")
+@click.option("--rules", type=click.Choice(["dp", "fsdp", "tp", "fsdp+tp"]), help="Logical axis rules preset.")
+@click.option("--checkpoint-dir", help="Checkpoints, config.json and metrics.jsonl; resumes from the latest checkpoint.")
+@click.option("--seed", type=int, help="Seed of parameters, dropout and (unless data.seed is set) the feeder.")
+@click.option("--model", "model_preset", help="Model preset: tiny, small or base.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="JSON config file (nested like the config.json a run writes).")
+@click.option("--set", "overrides", multiple=True, help="Dotted overrides, e.g. --set 'model.d_model=128 optimizer.lr=1e-3' (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Resolve the config, print the derived quantities and exit.")
+def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequence_length, mesh_flag, rules,
+          checkpoint_dir, seed, model_preset, config_file, overrides, dry_run):
+    """Train a decoder-only Transformer on a cache with the exactly-once feeder.
+
+    The config is built from the defaults, then --model, then --config, then the
+    other flags, then --set. Re-running the same command resumes from the latest
+    checkpoint in --checkpoint-dir. On SIGTERM the trainer saves a checkpoint and
+    exits with status 143.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("absl", "jax", "orbax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    from seqcache.training import config as config_lib
+    from seqcache.training import data as data_lib
+    from seqcache.training import partitioning
+
+    try:
+        cfg = config_lib.TrainConfig()
+        if model_preset:
+            cfg = dataclasses.replace(cfg, model=config_lib.model_preset(model_preset))
+        if config_file:
+            cfg = config_lib.load_config_file(config_file, base=cfg)
+        data = cfg.data
+        data = dataclasses.replace(
+            data,
+            cache_dir=cache_dir if cache_dir is not None else data.cache_dir,
+            task=task if task is not None else data.task,
+            split=split if split is not None else data.split,
+            eval_split=eval_split if eval_split is not None else data.eval_split,
+        )
+        updates = {"data": data}
+        for name, value in (("steps", steps), ("global_batch_size", batch_size),
+                            ("sequence_length", sequence_length), ("rules", rules), ("seed", seed)):
+            if value is not None:
+                updates[name] = value
+        if mesh_flag:
+            updates["mesh"] = config_lib.MeshConfig(**partitioning.parse_mesh_flag(mesh_flag))
+        if checkpoint_dir is not None:
+            updates["checkpoint"] = dataclasses.replace(cfg.checkpoint, directory=checkpoint_dir)
+        cfg = dataclasses.replace(cfg, **updates)
+        cfg = config_lib.apply_overrides(cfg, _split_overrides(overrides))
+
+        source = data_lib.resolve_source(cfg.data, cfg.data.split, tuple(modules))
+        if cfg.model.vocab_size is None:
+            cfg = dataclasses.replace(
+                cfg, model=dataclasses.replace(cfg.model, vocab_size=data_lib.vocab_size_of(source))
+            )
+        cfg.validate()
+        eval_source = (
+            data_lib.resolve_source(cfg.data, cfg.data.eval_split, tuple(modules)) if cfg.data.eval_split else None
+        )
+    except (config_lib.ConfigError, partitioning.PartitioningError) as e:
+        raise click.UsageError(str(e)) from None
+
+    from seqcache.training.checkpoints import CheckpointError
+    from seqcache.training.trainer import Trainer
+
+    try:
+        trainer = Trainer(cfg)
+    except (config_lib.ConfigError, partitioning.PartitioningError) as e:
+        raise click.UsageError(str(e)) from None
+
+    derived = trainer.describe()
+    derived["data"] = source.name
+    derived["examples"] = data_lib.num_examples_of(source)
+    derived["steps_per_epoch"] = data_lib.steps_per_epoch(source, cfg.global_batch_size)
+    if derived["steps_per_epoch"]:
+        derived["epochs"] = round(cfg.steps / derived["steps_per_epoch"], 3)
+    derived["vocab_size"] = cfg.model.vocab_size
+    derived["model"] = model_preset or "config"
+    derived["checkpoint_dir"] = cfg.checkpoint.directory
+    _print_derived(derived)
+    if dry_run:
+        click.echo(config_lib.to_json(cfg), nl=False)
+        return
+
+    feeder_seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
+    feeder = data_lib.make_feeder(cfg, source, seed=feeder_seed)
+    eval_fn = data_lib.eval_feeder_factory(cfg, eval_source, seed=feeder_seed) if eval_source else None
+    from seqcache.feeders import FeederStateError
+
+    try:
+        result = trainer.fit(feeder, eval_feeder_fn=eval_fn)
+    except (CheckpointError, FeederStateError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    summary = {
+        "start_step": result.start_step,
+        "end_step": result.end_step,
+        "final_loss": result.losses[-1] if result.losses else None,
+        "compile_time_s": round(result.compile_time_s, 3),
+        "stopped_by_signal": result.stopped_by_signal,
+        "data_exhausted": result.data_exhausted,
+    }
+    if result.eval:
+        summary.update(result.eval)
+    click.echo(json.dumps(summary, sort_keys=True))
+    if result.stopped_by_signal:
+        sys.exit(EXIT_PREEMPTED)
+
+
+def _print_derived(derived: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="seqcache train", show_header=False)
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    for key, value in derived.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = f"{value:,}"
+        table.add_row(key.replace("_", " "), "-" if value is None else str(value))
+    Console(stderr=True).print(table)

@@ -1,0 +1,93 @@
+"""``seqcache train`` end to end with the real feeder on a real cache (a packed
+byte-level language-modelling cache of tinyshakespeare built by the pipeline),
+on the 8 CPU devices: train, evaluate every example once, resume, refuse a
+changed global batch."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from seqcache import format as fmt
+from seqcache.commands.train import train
+from seqcache.training.metrics import read_metrics
+
+L = 64
+SMALL_MODEL = "model.d_model=32 model.num_layers=1 model.num_heads=4 model.mlp_dim=64"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, shared_data):
+    tasks = pytest.importorskip("seqcache.tasks")
+    pipelines = pytest.importorskip("seqcache.pipelines")
+    src = tmp_path_factory.mktemp("corpus")
+    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:600]
+    (src / "play.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    task = tasks.Task(
+        "shakespeare_lm",
+        source=tasks.TextLineSource(str(src / "*.txt")),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.filter_empty(), tasks.preprocessors.append_eos()],
+        packing="lm",
+    )
+    root = tmp_path_factory.mktemp("caches")
+    pipelines.build_task(task, cache_dir=str(root), config=pipelines.BuildConfig(num_shards=2, sequence_length={"targets": L}))
+    return root
+
+
+def _train(cache, ckpt, *extra):
+    args = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8", "--sequence-length", str(L),
+            "--checkpoint-dir", str(ckpt), "--model", "tiny", "--set", SMALL_MODEL, "--set", "progress=false",
+            *extra]
+    return CliRunner().invoke(train, args, catch_exceptions=False)
+
+
+def _last_json(output: str) -> dict:
+    return json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
+
+
+def test_train_eval_resume_and_refuse(cache, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    manifest = fmt.read_manifest(str(cache / "shakespeare_lm" / "train"))
+
+    first = _train(cache, ckpt, "--steps", "4", "--eval-split", "train", "--set", "checkpoint.every_steps=2")
+    assert first.exit_code == 0, first.output
+    out = _last_json(first.output)
+    assert out["start_step"] == 0 and out["end_step"] == 4
+    # Derived quantities up front: 8 x 64 tokens per step, steps per epoch from the manifest.
+    assert "tokens per step" in first.output and "512" in first.output
+    assert "steps per epoch" in first.output and str(-(-manifest.num_examples // 8)) in first.output
+    # Evaluation read every example of the split once: its weighted tokens are the
+    # cache's token count, and its batches cover the examples (the last one padded).
+    assert out["eval_tokens"] == manifest.statistics["tokens"]["targets"]
+    assert out["eval_batches"] == -(-manifest.num_examples // 8)
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["model"]["vocab_size"] == 259 and config["global_batch_size"] == 8
+    assert config["mesh"] == {"data": -1, "fsdp": 1, "model": 1}
+
+    second = _train(cache, ckpt, "--steps", "6", "--set", "checkpoint.every_steps=2")
+    assert second.exit_code == 0, second.output
+    out = _last_json(second.output)
+    assert out["start_step"] == 4 and out["end_step"] == 6
+    metrics = [m for m in read_metrics(str(ckpt / "metrics.jsonl")) if "loss" in m]
+    assert [m["step"] for m in metrics] == list(range(6))
+    feeder_state = json.loads((ckpt / "6" / "feeder" / "metadata").read_text())
+    assert feeder_state["position"] == 6 * 8 and feeder_state["global_batch_size"] == 8
+
+    refused = _train(cache, ckpt, "--steps", "8", "--batch-size", "16")
+    assert refused.exit_code == 1
+    assert "global batch size 8, the current config has global_batch_size=16" in refused.output
+    assert json.loads((ckpt / "config.json").read_text())["global_batch_size"] == 8  # untouched
+
+
+def test_bad_flags_are_usage_errors(cache, tmp_path):
+    bad_mesh = _train(cache, tmp_path / "a", "--mesh", "data=3,model=2")
+    assert bad_mesh.exit_code == 2 and "has 6 devices but 8 are available" in bad_mesh.output
+    bad_set = _train(cache, tmp_path / "b", "--set", "model.d_modle=3")
+    assert bad_set.exit_code == 2 and "no field 'd_modle'" in bad_set.output
+    bad_task = _train(cache, tmp_path / "c", "--task", "no_such_task")
+    assert bad_task.exit_code == 2 and "no_such_task" in bad_task.output
+    # 4 heads cannot be split over a 'model' axis of 8 devices: named parameter.
+    bad_rule = _train(cache, tmp_path / "d", "--mesh", "data=1,model=8", "--rules", "tp")
+    assert bad_rule.exit_code == 2 and "blocks/0/attn/w" in bad_rule.output and "'model' of size 8" in bad_rule.output

@@ -1,0 +1,152 @@
+"""Feeders for a run, from its ``DataConfig`` (used by ``seqcache train``).
+
+The training source is, in this order of precedence:
+
+1. ``data.mixture``: {cache folder: rate}; relative folders are under ``cache_dir``;
+2. ``data.task`` naming a cache folder (one with manifest.json);
+3. ``data.task`` naming ``CACHE_DIR/<task>/<split>``;
+4. ``data.task`` naming a registered task or mixture (``seqcache.tasks``), its
+   caches under ``cache_dir``.
+
+Evaluation uses the same source with ``data.eval_split`` and ``num_epochs=1``:
+a finite stream that reads every example exactly once, the last batch padded
+with rows of zero loss weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Callable
+
+from seqcache import format as fmt
+from seqcache.training.config import ConfigError, DataConfig, TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Resolved feeder arguments for one split.
+
+    Attributes:
+      kwargs: ``cache=...`` or ``mixture=...`` (+ ``caches_root``/``split``) for Feeder.
+      cache_dirs: every cache folder the source reads.
+      name: a label for messages.
+    """
+
+    kwargs: dict
+    cache_dirs: tuple[str, ...]
+    name: str
+
+
+def _is_cache(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, fmt.MANIFEST_NAME))
+
+
+def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = ()) -> Source:
+    """Where batches of ``split`` come from (see the module docstring).
+
+    Raises:
+      ConfigError: nothing to train on, or a name that is neither a cache folder nor
+        a registered task or mixture (the message says what was tried).
+    """
+    if data.mixture:
+        pairs = {}
+        for path, rate in data.mixture.items():
+            full = path if os.path.isabs(path) or data.cache_dir is None else os.path.join(data.cache_dir, path)
+            pairs[full] = rate
+        return Source({"mixture": pairs}, tuple(pairs), "mixture")
+    task = data.task
+    if not task:
+        raise ConfigError("no training data: give --task (a cache folder, task or mixture name) or data.mixture")
+    if _is_cache(task):
+        if split != data.split:
+            # A cache folder is one split; the sibling folder holds the other one.
+            sibling = os.path.join(os.path.dirname(os.path.normpath(task)), split)
+            if not _is_cache(sibling):
+                raise ConfigError(f"{task} is the cache of one split; no cache for split {split!r} at {sibling}")
+            return Source({"cache": sibling}, (sibling,), sibling)
+        return Source({"cache": task}, (task,), task)
+    if data.cache_dir:
+        path = os.path.join(data.cache_dir, task, split)
+        if _is_cache(path):
+            return Source({"cache": path}, (path,), f"{task}/{split}")
+    try:
+        from seqcache import tasks as tasks_lib
+    except ImportError:
+        tasks_lib = None
+    if tasks_lib is not None and data.cache_dir:
+        for module in modules:
+            tasks_lib.import_definitions(module)
+        try:
+            obj = tasks_lib.get_task_or_mixture(task)
+        except KeyError:
+            obj = None
+        if obj is not None:
+            if isinstance(obj, tasks_lib.Mixture):
+                dirs = tuple(os.path.join(data.cache_dir, t.name, split) for t in obj.get_tasks())
+                return Source({"mixture": obj, "caches_root": data.cache_dir, "split": split}, dirs, task)
+            path = os.path.join(data.cache_dir, obj.name, split)
+            return Source({"cache": path}, (path,), f"{task}/{split}")
+    where = f" or {os.path.join(data.cache_dir, task, split)}" if data.cache_dir else ""
+    raise ConfigError(
+        f"--task {task!r}: not a cache folder{where}, nor a registered task or mixture"
+        + ("" if data.cache_dir else " (give --cache-dir to look up names)")
+    )
+
+
+def vocab_size_of(source: Source, feature: str = "targets") -> int:
+    """The vocabulary size of ``feature`` recorded in the caches' manifests.
+
+    Raises:
+      ConfigError: a manifest without it, or caches with different vocabularies.
+    """
+    seen = {}
+    for path in source.cache_dirs:
+        manifest = fmt.read_manifest(path)
+        desc = manifest.vocabularies.get(feature)
+        if not isinstance(desc, dict) or "vocab_size" not in desc:
+            raise ConfigError(
+                f"{path}: the manifest records no vocabulary size for feature {feature!r}; "
+                "set it with --set model.vocab_size=N"
+            )
+        seen[path] = desc
+    descs = list(seen.values())
+    if any(d != descs[0] for d in descs[1:]):
+        raise ConfigError(f"the caches use different vocabularies for {feature!r}: {seen}")
+    return int(descs[0]["vocab_size"])
+
+
+def num_examples_of(source: Source) -> int:
+    """Examples in the source's caches (all tasks together)."""
+    return sum(fmt.read_manifest(path).num_examples for path in source.cache_dirs)
+
+
+def steps_per_epoch(source: Source, global_batch_size: int) -> int | None:
+    """ceil(examples / B) for one cache; None for a mixture (an epoch is per task)."""
+    if len(source.cache_dirs) != 1:
+        return None
+    return math.ceil(num_examples_of(source) / global_batch_size)
+
+
+def make_feeder(config: TrainConfig, source: Source, *, seed: int, num_epochs: int | None = None):
+    """A ``seqcache.feeders.Feeder`` over ``source`` with the run's global batch
+    size and sequence length (host index and count from JAX)."""
+    from seqcache.feeders import Feeder
+
+    return Feeder(
+        **source.kwargs,
+        global_batch_size=config.global_batch_size,
+        sequence_length=config.sequence_length,
+        seed=seed,
+        num_epochs=num_epochs,
+    )
+
+
+def eval_feeder_factory(config: TrainConfig, source: Source, *, seed: int) -> Callable[[], Any]:
+    """A function returning a fresh finite (one epoch) feeder over ``source``."""
+
+    def make():
+        return make_feeder(config, source, seed=seed, num_epochs=1)
+
+    return make

@@ -128,6 +128,48 @@ class CacheReader:
             for r, i in zip(recs, np.asarray(indices).ravel())
         ]
 
+    def __len__(self) -> int:
+        return self.num_examples
+
+    def read_examples(self, indices) -> list[dict[str, np.ndarray]]:
+        """The decoded examples (feature -> 1-D array view) at ``indices``."""
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        return [self.decode(r, int(i)) for r, i in zip(self.read(idx), idx)]
+
+    def read_sources(self, indices) -> list[list[dict]]:
+        """Per example, one dict per segment: ``source_index``, ``path`` (from the
+        manifest's source table), ``record_number`` and ``token_offset``."""
+        sources = self.manifest.sources
+        out = []
+        for p in self.read_provenance(indices):
+            segs = []
+            for src, rec, off in zip(p["source_index"].tolist(), p["record_number"].tolist(), p["token_offset"].tolist()):
+                path = sources[src]["path"] if src < len(sources) else None
+                segs.append({"source_index": src, "path": path, "record_number": rec, "token_offset": off})
+            out.append(segs)
+        return out
+
+    def vocabulary(self, feature: str):
+        """The vocabulary of ``feature``, rebuilt from the manifest and the model
+        file stored in the cache; None when the manifest describes none.
+
+        Raises:
+          ImportError: seqcache.tasks is not importable.
+          ValueError: the stored model is missing or corrupt.
+        """
+        desc = self.manifest.vocabularies.get(feature)
+        if not desc:
+            return None
+        from seqcache.tasks import vocabulary_from_json
+
+        return vocabulary_from_json(desc, self.cache_dir)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def describe(self, index: int, *, provenance: bool = False) -> str:
         """'CACHE/data.array_record-00001-of-00004 record 17 (cache index 1041)'."""
         shard, offset = self.locate([index])

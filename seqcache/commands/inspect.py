@@ -14,7 +14,7 @@ from seqcache.commands import common
 
 
 def _open(cache_dir):
-    from seqcache.reading import CacheReader
+    from seqcache.feeders.reader import CacheReader
 
     try:
         return CacheReader(cache_dir)
@@ -108,8 +108,8 @@ def show(cache_dir, indices, count, ids, max_chars, as_json):
     if count is not None:
         indices = list(range(indices[0], indices[0] + count))
     try:
-        examples = reader.read(indices)
-        provenance = reader.read_provenance(indices)
+        examples = reader.read_examples(indices)
+        provenance = reader.read_sources(indices)
     except IndexError as e:
         raise click.UsageError(str(e)) from None
     vocabs = {}

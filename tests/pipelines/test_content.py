@@ -13,7 +13,7 @@ import pytest
 
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, build_task
-from seqcache.reading import CacheReader
+from seqcache.feeders.reader import CacheReader
 
 
 def _task(name, source, vocab, *, sequence_length=None, pack=False):
@@ -31,7 +31,7 @@ def _task(name, source, vocab, *, sequence_length=None, pack=False):
 
 def _decoded_multiset(cache_dir):
     with CacheReader(cache_dir) as r:
-        return collections.Counter(tuple(e["targets"].tolist()) for e in r.read(range(len(r))))
+        return collections.Counter(tuple(e["targets"].tolist()) for e in r.read_examples(range(len(r))))
 
 
 def _expected(texts, vocab, trim_to=None):
@@ -107,8 +107,8 @@ def test_lm_packing_keeps_every_token_and_records_provenance(tmp_path, shared_da
             for rn, line in enumerate(f):
                 texts[(fi, rn)] = json.loads(line)["text"]
     with CacheReader(result.cache_dir) as r:
-        examples = r.read(range(len(r)))
-        provenance = r.read_provenance(range(len(r)))
+        examples = r.read_examples(range(len(r)))
+        provenance = r.read_sources(range(len(r)))
     total = 0
     pieces = collections.defaultdict(dict)
     for ex, prov in zip(examples, provenance):
@@ -145,8 +145,8 @@ def test_sentencepiece_vocabulary_travels_with_the_cache(tmp_path, shared_data):
     model.unlink()  # the cache must not depend on the model file outside it
     with CacheReader(result.cache_dir) as r:
         v = r.vocabulary("targets")
-        ex = r.read([0])[0]["targets"]
-        prov = r.read_provenance([0])[0][0]
+        ex = r.read_examples([0])[0]["targets"]
+        prov = r.read_sources([0])[0][0]
     all_lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").split("\n")
     line = all_lines[prov["record_number"]]
     assert ex.tolist() == vocab.encode(line) + [vocab.eos_id]

@@ -17,7 +17,7 @@ import pytest
 from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, build_task
-from seqcache.reading import CacheReader
+from seqcache.feeders.reader import CacheReader
 
 NUM_LINES = 6000
 NUM_SHARDS = 4
@@ -113,7 +113,7 @@ def test_resplitting_files_does_not_matter(reference, tmp_path):
 
 def _cache_sequences(cache_dir):
     with CacheReader(cache_dir) as r:
-        return [tuple(e["targets"].tolist()) for e in r.read(range(len(r)))]
+        return [tuple(e["targets"].tolist()) for e in r.read_examples(range(len(r)))]
 
 
 def test_global_shuffle_order(reference, tmp_path):

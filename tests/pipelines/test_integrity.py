@@ -19,7 +19,7 @@ from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.cli import main as cli
 from seqcache.pipelines import BuildConfig, BuildError, build_task
-from seqcache.reading import CacheReader
+from seqcache.feeders.reader import CacheReader
 from seqcache.verify import verify_cache
 
 

@@ -308,6 +308,19 @@ def _merge_stats(per_shard: Sequence[Mapping[str, Any]], records_read: int | Non
     return out
 
 
+def import_beam():
+    """Imports Beam without its import-time warning about optional GCP client
+    libraries (root logger, WARNING), which says nothing about this build."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        import apache_beam
+    finally:
+        root.setLevel(level)
+    return apache_beam
+
+
 def cache_path(cache_dir: str, task_name: str, split: str) -> str:
     """``cache_dir/<task>/<split>``: where one task's cache lives."""
     return writer.join(cache_dir, task_name, split)
@@ -405,7 +418,7 @@ def build_task(
         produced zero examples; a shard failed verification.
       Any error of the task's sources or preprocessors, naming file and record.
     """
-    import apache_beam as beam
+    beam = import_beam()
 
     start = time.monotonic()
     _check_task(task, config)

@@ -2,8 +2,10 @@
 
 Data flow (DESIGN.md, Data flow)::
 
-    files ──Reshuffle──> read + preprocess in batches ──(shard, [values])──> GroupByKey
-      ──> sort each shard by (key, sub-index, bytes, provenance) ──> [pack] ──> write shard
+    files ──Reshuffle──> read + preprocess in batches ──> spill files per shard
+      ──(shard, spill path)──> GroupByKey
+      ──> read the shard's spill files, sort by (key, sub-index, bytes, provenance)
+      ──> [pack] ──> write shard
     driver: verify every shard, add empty shards, write manifest.json last
 
 The pipeline runs on Beam's DirectRunner by default and unchanged on any other
@@ -26,7 +28,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from seqcache import format as fmt
-from seqcache.pipelines import shuffle, writer
+from seqcache.pipelines import shuffle, spill, writer
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +107,13 @@ def _check_task(task, config: BuildConfig) -> None:
 
 
 class _ReadAndPreprocess:
-    """Reads one source file, preprocesses its records in batches, and emits
-    ``(shard, [values])`` with one list per shard per batch (few, large elements:
-    the DirectRunner's per-element cost is high).
+    """Reads one source file and preprocesses its records in batches of
+    ``batch_records`` (one tokenizer call per batch).
 
-    A value is ``(key, sub_index, example_bytes, file_index, record_number,
-    truncated_tokens, lengths)`` where lengths holds the element count of each
-    feature, in feature order.
+    Yields ``("examples", [(shard, entry_bytes), ...])`` per batch, where an entry
+    is a spill entry (``spill.encode_entry``), and ``("skipped", (file_index,
+    record_number, message))`` for each record the source could not read
+    (``on_error="skip"``): counted and quarantined, never dropped silently.
     """
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=512):
@@ -122,42 +124,30 @@ class _ReadAndPreprocess:
         self.batch_records = batch_records
         self.features = _features_in(task)
 
-    def __call__(self, file_entry):
-        import apache_beam as beam
-
-        file_index, path = file_entry
+    def read(self, file_index, path):
         key = shuffle.seed_key(self.seed)
-        records_read = beam.metrics.Metrics.counter("seqcache", "records_read")
-        examples_out = beam.metrics.Metrics.counter("seqcache", "examples")
         batch = []
         for record in self.task.source.read_file(file_index, path):
             batch.append(record)
             if len(batch) >= self.batch_records:
-                records_read.inc(len(batch))
-                yield from self._flush(batch, key, examples_out)
+                yield from self._flush(batch, key)
                 batch = []
         if batch:
-            records_read.inc(len(batch))
-            yield from self._flush(batch, key, examples_out)
+            yield from self._flush(batch, key)
 
-    def _flush(self, records, key, examples_out):
-        import apache_beam as beam
+    def _flush(self, records, key):
         from seqcache.tasks import SOURCE_ERROR_KEY
 
-        bad = [r for r in records if SOURCE_ERROR_KEY in r.data]
-        if bad:
-            # Records the source could not read (on_error="skip"): counted and
-            # quarantined with their location, never dropped silently.
-            for r in bad:
-                yield beam.pvalue.TaggedOutput(
-                    QUARANTINE_TAG, (r.file_index, r.record_number, str(r.data[SOURCE_ERROR_KEY]))
-                )
+        if any(SOURCE_ERROR_KEY in r.data for r in records):
+            for r in records:
+                if SOURCE_ERROR_KEY in r.data:
+                    yield "skipped", (r.file_index, r.record_number, str(r.data[SOURCE_ERROR_KEY]))
             records = [r for r in records if SOURCE_ERROR_KEY not in r.data]
             if not records:
                 return
         keys = [shuffle.record_key(r.raw, key) for r in records]
         out = self.task.preprocess_batch(records, keys, seed=self.seed, sequence_length=self.sequence_length)
-        per_shard = collections.defaultdict(list)
+        entries = []
         sub_index = collections.Counter()
         for idx, example in out:
             record = records[idx]
@@ -171,13 +161,62 @@ class _ReadAndPreprocess:
                 raise ValueError(
                     f"task {self.task.name!r}: file {record.file_index} record {record.record_number}: {e}"
                 ) from None
-            lengths = tuple(int(example[f.name].size) for f in self.features)
-            per_shard[shuffle.shard_of(k, self.num_shards)].append(
-                (k, j, data, record.file_index, record.record_number, truncated, lengths)
-            )
-        examples_out.inc(len(out))
-        for shard, values in per_shard.items():
-            yield shard, values
+            lengths = [int(example[f.name].size) for f in self.features]
+            entries.append((
+                shuffle.shard_of(k, self.num_shards),
+                spill.encode_entry(k, j, record.file_index, record.record_number, truncated, data, lengths),
+            ))
+        yield "examples", entries
+
+
+def _make_spill_dofn(beam):
+    class _ReadAndSpill(beam.DoFn):
+        """Beam step around ``_ReadAndPreprocess``: buffers entries per shard,
+        writes them to spill files (see spill.py) and emits ``(shard, path)``."""
+
+        def __init__(self, reader, spill_dir, spill_bytes=spill.SPILL_BYTES):
+            self.reader = reader
+            self.spill_dir = spill_dir
+            self.spill_bytes = spill_bytes
+
+        def start_bundle(self):
+            self._buffers = collections.defaultdict(list)
+            self._buffered = 0
+            self._token = os.urandom(8).hex()
+            self._flushes = 0
+
+        def _spill(self):
+            out = []
+            for shard in sorted(self._buffers):
+                path = writer.join(self.spill_dir, f"{shard:05d}-{self._token}-{self._flushes:05d}.bin")
+                writer.write_bytes(path, b"".join(self._buffers[shard]))
+                out.append((shard, path))
+            self._flushes += 1
+            self._buffers = collections.defaultdict(list)
+            self._buffered = 0
+            return out
+
+        def process(self, file_entry):
+            records_read = beam.metrics.Metrics.counter("seqcache", "records_read")
+            file_index, path = file_entry
+            for kind, payload in self.reader.read(file_index, path):
+                if kind == "skipped":
+                    records_read.inc()
+                    yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, payload)
+                    continue
+                records_read.inc(len(payload))
+                for shard, entry in payload:
+                    self._buffers[shard].append(entry)
+                    self._buffered += len(entry)
+                if self._buffered >= self.spill_bytes:
+                    yield from self._spill()
+
+        def finish_bundle(self):
+            if self._buffered:
+                for element in self._spill():
+                    yield beam.transforms.window.GlobalWindows.windowed_value(element)
+
+    return _ReadAndSpill
 
 
 class _WriteShard:
@@ -196,8 +235,10 @@ class _WriteShard:
         self.num_shards = num_shards
 
     def __call__(self, element):
-        shard, groups = element
-        values = [v for group in groups for v in group]
+        shard, paths = element
+        values = []
+        for path in sorted(paths):
+            values.extend(spill.decode_entries(writer.read_bytes(path), len(self.features_in), where=path))
         # A total order that does not depend on arrival order (see shuffle.py).
         values.sort(key=lambda v: (v[0], v[1], v[2], v[3], v[4]))
         stats = _ShardStats(self.features_out)
@@ -466,6 +507,8 @@ def build_task(
     read = _ReadAndPreprocess(
         task, seed=config.seed, sequence_length=config.sequence_length, num_shards=num_shards
     )
+    spill_dir = writer.join(stats_dir, "spill")
+    writer.makedirs(spill_dir)
     write = _WriteShard(
         task, out_dir=out_dir, stats_dir=stats_dir, num_shards=num_shards, sequence_length=config.sequence_length
     )
@@ -478,7 +521,9 @@ def build_task(
         pipeline
         | "ListFiles" >> beam.Create(file_entries)
         | "SpreadFiles" >> beam.Reshuffle()
-        | "ReadAndPreprocess" >> beam.FlatMap(read).with_outputs(QUARANTINE_TAG, main="examples")
+        | "ReadPreprocessSpill" >> beam.ParDo(_make_spill_dofn(beam)(read, spill_dir)).with_outputs(
+            QUARANTINE_TAG, main="examples"
+        )
     )
     _ = outputs.examples | "GroupByShard" >> beam.GroupByKey() | "SortPackWrite" >> beam.FlatMap(write)
     _ = (

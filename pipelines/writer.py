@@ -67,6 +67,29 @@ def read_text(path: str) -> str:
         return f.read().decode("utf-8")
 
 
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes a new file (not atomically: for build-internal files that are named
+    to a reader only after they are complete)."""
+    if is_local(path):
+        with open(local_path(path), "wb") as f:
+            f.write(data)
+        return
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.create(path) as f:
+        f.write(data)
+
+
+def read_bytes(path: str) -> bytes:
+    if is_local(path):
+        with open(local_path(path), "rb") as f:
+            return f.read()
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as f:
+        return f.read()
+
+
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path`` so that readers see either nothing or all of it."""
     if is_local(path):

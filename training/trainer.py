@@ -506,7 +506,7 @@ class Trainer:
             done = step + 1
             # Fetch the next host batch while the device computes this step.
             pending = None
-            if done < end and not stop.event.is_set():
+            if done < end and not (stop.event.is_set() and not multi_host):
                 try:
                     pending = fetch()
                 except StopIteration:
@@ -528,9 +528,12 @@ class Trainer:
             if on_step is not None:
                 on_step(record)
 
-            if multi_host and checkpointer is not None and checkpointer.reached_preemption(done):
-                stop.event.set()
-            stopped = stop.event.is_set()
+            if multi_host:
+                # Hosts must stop at the same step: JAX's preemption service agrees
+                # on it (a local SIGTERM flag could differ between hosts).
+                stopped = checkpointer is not None and checkpointer.reached_preemption(done)
+            else:
+                stopped = stop.event.is_set()
             if checkpointer is not None and (
                 done % cfg.checkpoint.every_steps == 0 or done == end or stopped or exhausted
             ):

@@ -38,8 +38,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 N = 3
 
 
-def _config(directory):
-    return tiny_config_dict(steps=2 * N, checkpoint={"directory": str(directory), "every_steps": 100})
+def _config(directory, every_steps=100):
+    return tiny_config_dict(steps=2 * N, checkpoint={"directory": str(directory), "every_steps": every_steps})
 
 
 def _flat(params):
@@ -82,7 +82,9 @@ def _child(tmp_path, name, compilation_cache_env, *, sigterm_at_step=None):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, compilation_cache_env):
     tmp_path = tmp_path_factory.mktemp("resume")
-    trainer = T.Trainer(C.config_from_dict(_config(tmp_path / "straight")), devices=jax.devices()[:1])
+    # The uninterrupted run also saves at step N (asynchronously, while the next
+    # steps reuse the donated buffers); that checkpoint must equal the preempted one.
+    trainer = T.Trainer(C.config_from_dict(_config(tmp_path / "straight", every_steps=N)), devices=jax.devices()[:1])
     straight = trainer.fit(FakeFeeder(**FEEDER_KWARGS))
     init = _flat(trainer.init_state()[0])
     preempted = _child(tmp_path, "preempted", compilation_cache_env, sigterm_at_step=N - 1)
@@ -107,6 +109,12 @@ def test_sigterm_saves_a_final_checkpoint_and_exits_cleanly(runs):
     assert int(restored.state["step"]) == N
     for name, value in _flat(restored.state["params"]).items():
         assert value.tobytes() == out[f"param:{name}"].tobytes(), name
+    with Checkpointer(str(tmp_path / "straight")) as ckpt:
+        assert ckpt.all_steps() == [N, 2 * N]
+        straight_n = ckpt.restore(N, abstract_state=trainer.abstract_state(), global_batch_size=16)
+    assert straight_n.feeder_state == restored.feeder_state
+    for a, b in zip(jax.tree.leaves(straight_n.state), jax.tree.leaves(restored.state)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
 def test_resume_in_fresh_process_is_bit_exact(runs):

@@ -1,0 +1,191 @@
+"""Training throughput with the feeder, and the share of step time spent waiting
+for data, on CPU.
+
+On a real cache (tinyshakespeare from ../shared/data, built here by the pipeline:
+byte vocabulary, language-model packing to ``--length`` tokens), for each model
+preset (default: tiny and small) it trains ``--steps`` steps with ``seqcache
+train``'s Trainer twice, alternating, ``--rounds`` times:
+
+  feeder:    batches from ``seqcache.feeders.Feeder`` (reader threads, prefetch);
+  in-memory: the same batches, read beforehand and replayed from memory (the
+             bound: no data loading at all).
+
+Reported per model (medians over rounds, the first ``--warmup`` steps of each run
+left out): tokens/s (B * L tokens per step over wall time between completed
+steps), the fraction of step time the host spent inside the feeder's ``next``
+(``data_wait_s / step_time_s``; the fetch overlaps the device's computation of the
+previous step, so this is an upper bound on the time the device waits), and
+feeder/in-memory throughput. Compile time is excluded (the step is compiled ahead
+of time, once per model). Machines here are shared and noisy: compare the
+ratios, not the absolute numbers.
+
+Usage: python benchmarks/train.py [--models tiny,small] [--batch-size 16]
+       [--length 128] [--steps 12] [--warmup 2] [--rounds 2]
+       [--cache-dir DIR (kept and reused)] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+
+def build_cache(root: str, length: int) -> str:
+    from seqcache import format as fmt
+    from seqcache import pipelines, tasks
+
+    if not SHARED.is_file():
+        sys.exit(f"corpus not found: {SHARED}")
+    src = pathlib.Path(root) / "corpus"
+    src.mkdir(parents=True, exist_ok=True)
+    corpus = src / "input.txt"
+    if not corpus.exists():
+        corpus.write_bytes(SHARED.read_bytes())
+    task = tasks.Task(
+        "shakespeare_lm",
+        source=tasks.TextLineSource(str(src / "*.txt")),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.filter_empty(), tasks.preprocessors.append_eos()],
+        packing="lm",
+    )
+    t0 = time.perf_counter()
+    result = pipelines.build_task(task, cache_dir=os.path.join(root, "caches"),
+                                  config=pipelines.BuildConfig(num_shards=4, sequence_length={"targets": length}))
+    m = fmt.read_manifest(result.cache_dir)
+    verb = "reused" if result.reused else f"built in {time.perf_counter() - t0:.1f} s"
+    print(f"cache {result.cache_dir}: {m.num_examples:,} packed examples of {length} tokens, {verb}")
+    return result.cache_dir
+
+
+class InMemoryFeeder:
+    """Replays host batches from memory, with the feeder interface the trainer uses."""
+
+    def __init__(self, batches, global_batch_size):
+        self.batches = batches
+        self.global_batch_size = global_batch_size
+        self.step = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = self.batches[self.step % len(self.batches)]
+        self.step += 1
+        return batch
+
+    def state(self):
+        return {"global_batch_size": self.global_batch_size, "position": self.step * self.global_batch_size}
+
+    def close(self):
+        pass
+
+
+def summarize(result, warmup: int, tokens_per_step: int) -> dict:
+    records = result.metrics[warmup:]
+    step_time = sum(r["step_time_s"] for r in records)
+    wait = sum(r["data_wait_s"] for r in records)
+    return {
+        "tokens_per_s": tokens_per_step * len(records) / step_time,
+        "step_time_s": statistics.median(r["step_time_s"] for r in records),
+        "data_wait_fraction": wait / step_time,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+
+    import jax
+
+    from seqcache.feeders import Feeder
+    from seqcache.training import config as config_lib
+    from seqcache.training import data as data_lib
+    from seqcache.training.trainer import Trainer
+
+    root = args.cache_dir or tempfile.mkdtemp(prefix="seqcache-train-bench-")
+    cache = build_cache(root, args.length)
+    vocab = data_lib.vocab_size_of(data_lib.Source({"cache": cache}, (cache,), cache))
+    total = args.steps + args.warmup
+    with Feeder(cache=cache, global_batch_size=args.batch_size, sequence_length=args.length) as f:
+        replay = [{k: v.copy() for k, v in f.get_batch(s).items()} for s in range(total)]
+
+    rows = []
+    for name in args.models.split(","):
+        model = dataclasses.replace(config_lib.model_preset(name), vocab_size=vocab)
+        cfg = config_lib.TrainConfig(
+            model=model,
+            steps=total,
+            global_batch_size=args.batch_size,
+            sequence_length=args.length,
+            mesh=config_lib.MeshConfig(data=-1),
+            progress=False,
+        )
+        trainer = Trainer(cfg)
+        trainer.compile()
+        runs = {"feeder": [], "in-memory": []}
+        for r in range(args.rounds):
+            order = ["feeder", "in-memory"] if r % 2 == 0 else ["in-memory", "feeder"]
+            for kind in order:
+                if kind == "feeder":
+                    feeder = Feeder(cache=cache, global_batch_size=args.batch_size, sequence_length=args.length)
+                else:
+                    feeder = InMemoryFeeder(replay, args.batch_size)
+                result = trainer.fit(feeder)
+                runs[kind].append(summarize(result, args.warmup, cfg.tokens_per_step))
+        med = {kind: {k: statistics.median(x[k] for x in v) for k in v[0]} for kind, v in runs.items()}
+        rows.append({
+            "model": name,
+            "parameters": trainer.num_params,
+            "tokens_per_step": cfg.tokens_per_step,
+            "compile_time_s": trainer.compile_time_s,
+            "feeder_tokens_per_s": med["feeder"]["tokens_per_s"],
+            "in_memory_tokens_per_s": med["in-memory"]["tokens_per_s"],
+            "feeder_over_in_memory": med["feeder"]["tokens_per_s"] / med["in-memory"]["tokens_per_s"],
+            "step_time_s": med["feeder"]["step_time_s"],
+            "data_wait_fraction": med["feeder"]["data_wait_fraction"],
+        })
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"training on CPU ({jax.device_count()} device(s)), B={args.batch_size}, L={args.length}")
+    for col in ("model", "params", "tok/s feeder", "tok/s in-memory", "feeder/in-mem", "step s",
+                "data wait", "compile s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["model"], f"{r['parameters']:,}", f"{r['feeder_tokens_per_s']:,.0f}",
+                      f"{r['in_memory_tokens_per_s']:,.0f}", f"{r['feeder_over_in_memory']:.3f}",
+                      f"{r['step_time_s']:.4f}", f"{100 * r['data_wait_fraction']:.2f}%",
+                      f"{r['compile_time_s']:.1f}")
+    Console(width=120).print(table)
+    report = {"batch_size": args.batch_size, "sequence_length": args.length, "steps": args.steps,
+              "warmup": args.warmup, "rounds": args.rounds, "devices": jax.device_count(), "results": rows}
+    print(json.dumps(report, indent=2))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -125,7 +125,7 @@ def main(argv=None) -> int:
 
     root = args.cache_dir or tempfile.mkdtemp(prefix="seqcache-train-bench-")
     cache = build_cache(root, args.length)
-    vocab = data_lib.vocab_size_of(data_lib.Source({"cache": cache}, (cache,), cache))
+    vocab = data_lib.vocab_size_of(data_lib.Source(kwargs={"cache": cache}, cache_dirs=(cache,), name=cache))
     total = args.steps + args.warmup
     with Feeder(cache=cache, global_batch_size=args.batch_size, sequence_length=args.length) as f:
         replay = [{k: v.copy() for k, v in f.get_batch(s).items()} for s in range(total)]

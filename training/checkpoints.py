@@ -38,7 +38,7 @@ class CheckpointError(RuntimeError):
     what to do)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Restored:
     """A restored checkpoint.
 

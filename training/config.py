@@ -35,7 +35,7 @@ class ConfigError(ValueError):
     """A config value, file or override is invalid (the message names it)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A decoder-only Transformer (see ``seqcache.training.model``).
 
@@ -110,7 +110,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     """AdamW (Loshchilov & Hutter 2019) with linear warmup then cosine decay, and
     clipping of the gradient's global norm (Pascanu et al. 2013) before the update.
@@ -138,7 +138,7 @@ class OptimizerConfig:
     clip_norm: float | None = 1.0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig:
     """Shape of the device mesh, axes ('data', 'fsdp', 'model').
 
@@ -151,7 +151,7 @@ class MeshConfig:
     model: int = 1
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
     """Orbax checkpoints (see ``seqcache.training.checkpoints``).
 
@@ -170,7 +170,7 @@ class CheckpointConfig:
     async_save: bool = True
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Where batches come from (used by the CLI to build feeders).
 
@@ -192,7 +192,7 @@ class DataConfig:
     seed: int | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One training run.
 

@@ -24,7 +24,7 @@ from seqcache import format as fmt
 from seqcache.training.config import ConfigError, DataConfig, TrainConfig
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Source:
     """Resolved feeder arguments for one split.
 
@@ -55,7 +55,7 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = ()) 
         for path, rate in data.mixture.items():
             full = path if os.path.isabs(path) or data.cache_dir is None else os.path.join(data.cache_dir, path)
             pairs[full] = rate
-        return Source({"mixture": pairs}, tuple(pairs), "mixture")
+        return Source(kwargs={"mixture": pairs}, cache_dirs=tuple(pairs), name="mixture")
     task = data.task
     if not task:
         raise ConfigError("no training data: give --task (a cache folder, task or mixture name) or data.mixture")
@@ -65,12 +65,12 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = ()) 
             sibling = os.path.join(os.path.dirname(os.path.normpath(task)), split)
             if not _is_cache(sibling):
                 raise ConfigError(f"{task} is the cache of one split; no cache for split {split!r} at {sibling}")
-            return Source({"cache": sibling}, (sibling,), sibling)
-        return Source({"cache": task}, (task,), task)
+            return Source(kwargs={"cache": sibling}, cache_dirs=(sibling,), name=sibling)
+        return Source(kwargs={"cache": task}, cache_dirs=(task,), name=task)
     if data.cache_dir:
         path = os.path.join(data.cache_dir, task, split)
         if _is_cache(path):
-            return Source({"cache": path}, (path,), f"{task}/{split}")
+            return Source(kwargs={"cache": path}, cache_dirs=(path,), name=f"{task}/{split}")
     try:
         from seqcache import tasks as tasks_lib
     except ImportError:
@@ -85,9 +85,10 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = ()) 
         if obj is not None:
             if isinstance(obj, tasks_lib.Mixture):
                 dirs = tuple(os.path.join(data.cache_dir, t.name, split) for t in obj.get_tasks())
-                return Source({"mixture": obj, "caches_root": data.cache_dir, "split": split}, dirs, task)
+                kwargs = {"mixture": obj, "caches_root": data.cache_dir, "split": split}
+                return Source(kwargs=kwargs, cache_dirs=dirs, name=task)
             path = os.path.join(data.cache_dir, obj.name, split)
-            return Source({"cache": path}, (path,), f"{task}/{split}")
+            return Source(kwargs={"cache": path}, cache_dirs=(path,), name=f"{task}/{split}")
     where = f" or {os.path.join(data.cache_dir, task, split)}" if data.cache_dir else ""
     raise ConfigError(
         f"--task {task!r}: not a cache folder{where}, nor a registered task or mixture"

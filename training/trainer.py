@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 from jax.sharding import NamedSharding
 
 from seqcache.training import config as config_lib
@@ -50,7 +49,7 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class TrainResult:
     """What ``Trainer.fit`` did.
 

@@ -27,6 +27,8 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from seqcache import format as fmt
 from seqcache.pipelines import shuffle, spill, writer
 
@@ -110,8 +112,8 @@ class _ReadAndPreprocess:
     """Reads one source file and preprocesses its records in batches of
     ``batch_records`` (one tokenizer call per batch).
 
-    Yields ``("examples", [(shard, entry_bytes), ...])`` per batch, where an entry
-    is a spill entry (``spill.encode_entry``), and ``("skipped", (file_index,
+    Yields ``("examples", [(shard, key, sub_index, file_index, record_number,
+    truncated, example_bytes, lengths), ...])`` per batch, and ``("skipped", (file_index,
     record_number, message))`` for each record the source could not read
     (``on_error="skip"``): counted and quarantined, never dropped silently.
     """
@@ -162,10 +164,8 @@ class _ReadAndPreprocess:
                     f"task {self.task.name!r}: file {record.file_index} record {record.record_number}: {e}"
                 ) from None
             lengths = [int(example[f.name].size) for f in self.features]
-            entries.append((
-                shuffle.shard_of(k, self.num_shards),
-                spill.encode_entry(k, j, record.file_index, record.record_number, truncated, data, lengths),
-            ))
+            entries.append((shuffle.shard_of(k, self.num_shards), k, j, record.file_index, record.record_number,
+                            truncated, data, lengths))
         yield "examples", entries
 
 
@@ -180,7 +180,7 @@ def _make_spill_dofn(beam):
             self.spill_bytes = spill_bytes
 
         def start_bundle(self):
-            self._buffers = collections.defaultdict(list)
+            self._buffers = collections.defaultdict(spill.SpillBuffer)
             self._buffered = 0
             self._token = os.urandom(8).hex()
             self._flushes = 0
@@ -189,10 +189,10 @@ def _make_spill_dofn(beam):
             out = []
             for shard in sorted(self._buffers):
                 path = writer.join(self.spill_dir, f"{shard:05d}-{self._token}-{self._flushes:05d}.bin")
-                writer.write_bytes(path, b"".join(self._buffers[shard]))
+                writer.write_bytes(path, self._buffers[shard].to_bytes(len(self.reader.features)))
                 out.append((shard, path))
             self._flushes += 1
-            self._buffers = collections.defaultdict(list)
+            self._buffers = collections.defaultdict(spill.SpillBuffer)
             self._buffered = 0
             return out
 
@@ -205,9 +205,10 @@ def _make_spill_dofn(beam):
                     yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, payload)
                     continue
                 records_read.inc(len(payload))
-                for shard, entry in payload:
-                    self._buffers[shard].append(entry)
-                    self._buffered += len(entry)
+                for shard, *entry in payload:
+                    buffer = self._buffers[shard]
+                    buffer.add(*entry)
+                    self._buffered += len(entry[5]) + spill.ENTRY_OVERHEAD
                 if self._buffered >= self.spill_bytes:
                     yield from self._spill()
 
@@ -236,24 +237,20 @@ class _WriteShard:
 
     def __call__(self, element):
         shard, paths = element
-        values = []
-        for path in sorted(paths):
-            values.extend(spill.decode_entries(writer.read_bytes(path), len(self.features_in), where=path))
-        # A total order that does not depend on arrival order (see shuffle.py).
-        values.sort(key=lambda v: (v[0], v[1], v[2], v[3], v[4]))
+        entries = spill.load_shard(((p, writer.read_bytes(p)) for p in sorted(paths)), len(self.features_in))
         stats = _ShardStats(self.features_out)
-        stats.source_examples = len(values)
-        stats.truncated_tokens = sum(v[5] for v in values)
+        stats.source_examples = len(entries)
+        stats.truncated_tokens = int(entries.truncated.sum(dtype=np.int64))
 
         def unpacked():
-            for v in values:
-                stats.add_lengths(v[6], 1)
-                yield v[2], [(v[3], v[4], 0)]  # already encoded: written as is
+            stats.add_many(entries.lengths)
+            for data, (fi, rn) in entries.items():
+                yield data, [(fi, rn, 0)]  # already encoded: written as is
 
         def packed():
             from seqcache.tasks import pack_lm
 
-            stream = ((fmt.decode_example(self.features_in, v[2]), (v[3], v[4])) for v in values)
+            stream = ((fmt.decode_example(self.features_in, data), prov) for data, prov in entries.items())
             for example, segments in pack_lm(stream, feature=self.pack_feature, sequence_length=self.pack_length):
                 stats.add(example, len(segments))
                 yield example, [(prov[0], prov[1], offset) for prov, offset in segments]
@@ -308,6 +305,16 @@ class _ShardStats:
 
     def add(self, example, segments):
         self.add_lengths([int(example[name].size) for name in self.names], segments)
+
+    def add_many(self, lengths):
+        """Unpacked examples, one segment each; ``lengths`` (n, F) in ``self.names`` order."""
+        n = int(lengths.shape[0])
+        self.examples += n
+        self.segments += n
+        for k, name in enumerate(self.names):
+            if n:
+                self.tokens[name] += int(lengths[:, k].sum(dtype=np.int64))
+                self.max_length[name] = max(self.max_length[name], int(lengths[:, k].max()))
 
     def add_lengths(self, lengths, segments):
         """``lengths``: tokens per feature, in ``self.names`` order."""

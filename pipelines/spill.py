@@ -3,7 +3,7 @@ writers without passing through the runner's shuffle.
 
 The read step appends each example to an in-memory buffer of its shard and, when
 the buffers of a bundle pass ``SPILL_BYTES`` (and at the end of every bundle),
-writes every non-empty buffer to a new file ``_tmp/spill/<shard>/<unique>.bin``
+writes every non-empty buffer to a new file ``_tmp/spill/<shard>-<unique>.bin``
 and emits only ``(shard, path)``. The runner then shuffles a few small elements;
 each shard writer reads its own files, sorts and writes the shard. Memory per
 worker is one shard (to sort it) plus the spill buffers, whatever the corpus size;
@@ -14,58 +14,165 @@ Retries are safe: a bundle that fails has its outputs discarded by the runner, s
 the files it wrote are never named to a writer; the driver deletes ``_tmp`` at the
 end of the build.
 
-A spill file is a sequence of entries, all little-endian::
+A spill file is columnar, so that a writer loads it with ``numpy.frombuffer``
+and sorts a whole shard with one ``numpy.lexsort`` (memory: the example bytes
+plus 44 bytes per example, not one Python object per example). All integers are
+little-endian; ``n`` entries, ``F`` features::
 
-    key            16 bytes   the record's shuffle key
-    sub_index      uint32     which example of the record (a record may give several)
-    file_index     uint32     source file (index into the source file table)
-    record_number  uint64     record in that file
-    truncated      uint32     tokens trimmed away by preprocessing
-    data_length    uint32     length of the encoded example
-    lengths        uint32 x F element count of each of the F features
-    data           data_length bytes: the example, encoded (seqcache.format)
+    n               uint64
+    F               uint32
+    keys            n x 16 bytes    shuffle keys
+    sub_index       n x uint32      which example of its record (a record may give several)
+    file_index      n x uint32      source file (index into the source file table)
+    record_number   n x uint64      record in that file
+    truncated       n x uint32      tokens trimmed away by preprocessing
+    lengths         n x F x uint32  element count of each feature
+    data_offsets    (n + 1) x uint64
+    data            the encoded examples (seqcache.format), back to back
 
 Spill files are build-internal and never part of a cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
-from typing import Iterator, Sequence
+from typing import Iterable, Sequence
 
-_HEAD = struct.Struct("<16sIIQII")
+import numpy as np
 
 SPILL_BYTES = 64 << 20
+# Python memory of one buffered entry besides its example bytes (the key, four
+# ints and a lengths list in SpillBuffer's lists): counted against SPILL_BYTES so
+# that the buffers of a bundle stay near SPILL_BYTES of real memory.
+ENTRY_OVERHEAD = 320
+_HEAD = struct.Struct("<QI")
 
 
-def encode_entry(key: bytes, sub_index: int, file_index: int, record_number: int, truncated: int,
-                 data: bytes, lengths: Sequence[int]) -> bytes:
-    """One spill entry (see the module docstring)."""
-    return b"".join((
-        _HEAD.pack(key, sub_index, file_index, record_number, truncated, len(data)),
-        struct.pack(f"<{len(lengths)}I", *lengths),
-        data,
-    ))
+class SpillBuffer:
+    """The entries of one shard gathered by one bundle, before they are written."""
+
+    __slots__ = ("keys", "subs", "files", "records", "truncated", "lengths", "data", "nbytes")
+
+    def __init__(self):
+        self.keys, self.subs, self.files, self.records = [], [], [], []
+        self.truncated, self.lengths, self.data = [], [], []
+        self.nbytes = 0
+
+    def add(self, key: bytes, sub_index: int, file_index: int, record_number: int, truncated: int,
+            data: bytes, lengths: Sequence[int]) -> None:
+        self.keys.append(key)
+        self.subs.append(sub_index)
+        self.files.append(file_index)
+        self.records.append(record_number)
+        self.truncated.append(truncated)
+        self.lengths.append(lengths)
+        self.data.append(data)
+        self.nbytes += len(data) + ENTRY_OVERHEAD
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def to_bytes(self, num_features: int) -> bytes:
+        n = len(self.keys)
+        offsets = np.zeros(n + 1, dtype="<u8")
+        np.cumsum([len(d) for d in self.data], out=offsets[1:])
+        return b"".join((
+            _HEAD.pack(n, num_features),
+            b"".join(self.keys),
+            np.asarray(self.subs, dtype="<u4").tobytes(),
+            np.asarray(self.files, dtype="<u4").tobytes(),
+            np.asarray(self.records, dtype="<u8").tobytes(),
+            np.asarray(self.truncated, dtype="<u4").tobytes(),
+            np.asarray(self.lengths, dtype="<u4").reshape(n, num_features).tobytes(),
+            offsets.tobytes(),
+            b"".join(self.data),
+        ))
 
 
-def decode_entries(buf: bytes, num_features: int, *, where: str = "spill file") -> Iterator[tuple]:
-    """Yields ``(key, sub_index, data, file_index, record_number, truncated,
-    lengths)`` for every entry of ``buf``.
+@dataclasses.dataclass
+class ShardEntries:
+    """Every entry of one shard, in columns, sorted by (key, sub_index,
+    file_index, record_number).
+
+    That order equals the documented total order (key, sub-index, example bytes,
+    provenance): two entries with the same key and sub-index come from identical
+    raw records (a 128-bit hash collision aside), and preprocessing is a function
+    of the raw record and its key, so their example bytes are identical too.
+    """
+
+    sub_index: np.ndarray      # uint32 (n,)
+    file_index: np.ndarray     # uint32 (n,)
+    record_number: np.ndarray  # uint64 (n,)
+    truncated: np.ndarray      # uint32 (n,)
+    lengths: np.ndarray        # uint32 (n, F)
+    part: np.ndarray           # int32 (n,): record i is parts[part[i]][begin[i]:end[i]]
+    begin: np.ndarray          # int64 (n,)
+    end: np.ndarray            # int64 (n,)
+    parts: list                # the spill files' data sections (memoryviews, not copied)
+
+    def __len__(self) -> int:
+        return len(self.sub_index)
+
+    def items(self, chunk: int = 1 << 16) -> Iterable[tuple[bytes, tuple[int, int]]]:
+        """(encoded example, (file_index, record_number)) in sorted order; converted
+        to Python objects a chunk at a time so that memory stays near the arrays'."""
+        parts = self.parts
+        for lo in range(0, len(self.begin), chunk):
+            hi = lo + chunk
+            yield from zip(
+                (bytes(parts[p][x:y]) for p, x, y in
+                 zip(self.part[lo:hi].tolist(), self.begin[lo:hi].tolist(), self.end[lo:hi].tolist())),
+                zip(self.file_index[lo:hi].tolist(), self.record_number[lo:hi].tolist()),
+            )
+
+
+def _parse(buf: bytes, num_features: int, where: str) -> dict:
+    if len(buf) < _HEAD.size:
+        raise ValueError(f"{where}: truncated spill file ({len(buf)} bytes)")
+    n, f = _HEAD.unpack_from(buf, 0)
+    if f != num_features:
+        raise ValueError(f"{where}: spill file has {f} features, expected {num_features}")
+    pos = _HEAD.size
+    cols = {}
+    for name, dtype, count in (
+        ("keys", "V16", n), ("sub_index", "<u4", n), ("file_index", "<u4", n), ("record_number", "<u8", n),
+        ("truncated", "<u4", n), ("lengths", "<u4", n * f), ("offsets", "<u8", n + 1),
+    ):
+        size = np.dtype(dtype).itemsize * count
+        if pos + size > len(buf):
+            raise ValueError(f"{where}: truncated spill file: column {name} ends at byte {pos + size} of {len(buf)}")
+        cols[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=pos)
+        pos += size
+    cols["lengths"] = cols["lengths"].reshape(n, f)
+    if pos + int(cols["offsets"][-1]) != len(buf):
+        raise ValueError(f"{where}: spill file data has {len(buf) - pos} bytes, offsets say {int(cols['offsets'][-1])}")
+    cols["data"] = memoryview(buf)[pos:]
+    return cols
+
+
+def load_shard(buffers: Iterable[tuple[str, bytes]], num_features: int) -> ShardEntries:
+    """Loads the spill files of one shard (``(path, bytes)`` pairs) and sorts them.
 
     Raises:
-      ValueError: the buffer ends inside an entry (a truncated spill file).
+      ValueError: a truncated or inconsistent spill file (named).
     """
-    lengths_fmt = struct.Struct(f"<{num_features}I")
-    offset, size = 0, len(buf)
-    view = memoryview(buf)
-    while offset < size:
-        if offset + _HEAD.size + lengths_fmt.size > size:
-            raise ValueError(f"{where}: truncated entry at byte {offset} of {size}")
-        key, sub, fi, rn, trunc, n = _HEAD.unpack_from(buf, offset)
-        offset += _HEAD.size
-        lengths = lengths_fmt.unpack_from(buf, offset)
-        offset += lengths_fmt.size
-        if offset + n > size:
-            raise ValueError(f"{where}: truncated entry data at byte {offset} of {size}")
-        yield key, sub, bytes(view[offset:offset + n]), fi, rn, trunc, lengths
-        offset += n
+    parts = [_parse(buf, num_features, path) for path, buf in buffers]
+    if not parts:
+        empty = np.zeros(0, dtype=np.uint32)
+        none = np.zeros(0, np.int64)
+        return ShardEntries(empty, empty, np.zeros(0, np.uint64), empty, np.zeros((0, num_features), np.uint32),
+                            np.zeros(0, np.int32), none, none, [])
+    keys = np.concatenate([p["keys"] for p in parts])
+    sub = np.concatenate([p["sub_index"] for p in parts])
+    files = np.concatenate([p["file_index"] for p in parts])
+    recs = np.concatenate([p["record_number"] for p in parts])
+    trunc = np.concatenate([p["truncated"] for p in parts])
+    lengths = np.concatenate([p["lengths"] for p in parts])
+    part = np.concatenate([np.full(len(p["sub_index"]), k, dtype=np.int32) for k, p in enumerate(parts)])
+    begin = np.concatenate([p["offsets"][:-1].astype(np.int64) for p in parts])
+    end = np.concatenate([p["offsets"][1:].astype(np.int64) for p in parts])
+    hi_lo = keys.view(">u8").reshape(-1, 2) if len(keys) else np.zeros((0, 2), ">u8")
+    order = np.lexsort((recs, files, sub, hi_lo[:, 1], hi_lo[:, 0]))
+    return ShardEntries(sub[order], files[order], recs[order], trunc[order], lengths[order],
+                        part[order], begin[order], end[order], [p["data"] for p in parts])

@@ -251,14 +251,18 @@ class Transformer(nnx.Module):
         """
         cfg = self.cfg
         dtype = _DTYPES[cfg.dtype]
-        x = jnp.take(self.embedding[...], inputs, axis=0).astype(dtype)  # (batch, length, d_model)
+        # Under fsdp the table is sharded along d_model; gather it whole before the
+        # lookup (ZeRO-3 gathers parameters per use) so that the looked-up rows come
+        # out split by batch rows, not by d_model.
+        table = partitioning.constrain(self.embedding[...], ("act_vocab", "act_embed"))
+        x = jnp.take(table, inputs, axis=0).astype(dtype)  # (batch, length, d_model)
         x = partitioning.constrain(x, ("batch", "length", "act_embed"))
         for i, block in enumerate(self.blocks):
             key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
             x = block(x, segment_ids, positions, key)
         x = self.final_norm(x)
         if cfg.tie_embeddings:
-            logits = jnp.einsum("bld,vd->blv", x, self.embedding[...].astype(dtype))
+            logits = jnp.einsum("bld,vd->blv", x, table.astype(dtype))
         else:
             logits = jnp.einsum("bld,dv->blv", x, self.unembedding[...].astype(dtype))
         return logits.astype(jnp.float32)

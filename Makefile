@@ -30,7 +30,9 @@ test-slow: install
 	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
 
 bench: install
-	$(PY) benchmarks/pipeline.py
+	$(PY) benchmarks/pipeline.py --memory
+	$(PY) benchmarks/feeder.py
+	$(PY) benchmarks/train.py
 
 clean:
 	rm -rf $(VENV) build

@@ -81,12 +81,15 @@ def bound(model_path: str, records: list[str], cores: int, batch: int = 4096) ->
     return time.perf_counter() - start, tokens
 
 
-def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str) -> tuple[float, dict, float]:
+def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
+          num_shards: int | None = None) -> tuple[float, dict, float]:
     """Runs ``seqcache build`` in a child process; returns (seconds, statistics,
     peak RSS of the build process tree in MB)."""
     args = ["build", "--source", spec, "--vocabulary", model_path, "--name", name, "--cache-dir", cache_dir, "--json"]
     if workers > 1:
         args += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+    if num_shards:
+        args += ["--num-shards", str(num_shards)]
     code = "import sys; from seqcache.cli import main; sys.argv = ['seqcache'] + sys.argv[1:]; main()"
     start = time.perf_counter()
     log = tempfile.TemporaryFile()
@@ -109,11 +112,13 @@ def main():
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--cases", default="lines,documents")
     ap.add_argument("--json", dest="json_out")
+    ap.add_argument("--memory", action="store_true",
+                    help="also build the lines corpus with 1, 4 and 16 shards: peak RSS should fall with the shard size")
     args = ap.parse_args()
     from seqcache import tasks
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="seqcache-bench-"))
-    rows = []
+    rows, memory = [], []
     try:
         model = tmp / "spm.model"
         sample = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")
@@ -136,6 +141,15 @@ def main():
                 "peak_rss_mb": round(peak_mb), "rss_per_raw_mb": round(peak_mb / raw_mb, 2),
             })
             shutil.rmtree(tmp / f"cache-{case}", ignore_errors=True)
+        if args.memory:
+            spec, records = make_lines(tmp / "memory", int(args.mb * 1e6))
+            raw_mb = sum(len(r.encode()) for r in records) / 1e6
+            del records
+            for shards in (1, 4, 16):
+                s, stats, peak_mb = build(spec, str(model), str(tmp / f"cache-m{shards}"), 1, "m", num_shards=shards)
+                memory.append({"shards": shards, "raw_mb_per_shard": round(raw_mb / shards, 1),
+                               "peak_rss_mb": round(peak_mb), "build_s": round(s, 2)})
+                shutil.rmtree(tmp / f"cache-m{shards}", ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{'case':10} {'MB':>7} {'cores':>5} {'bound MB/s':>11} {'build MB/s':>11} {'build tok/s':>12} "
@@ -143,8 +157,12 @@ def main():
     for r in rows:
         print(f"{r['case']:10} {r['raw_mb']:7.1f} {r['cores']:5d} {r['bound_mb_s']:11.2f} {r['build_mb_s']:11.2f} "
               f"{r['build_tokens_s']:12,d} {r['ratio']:12.1%} {r['peak_rss_mb']:12,d}")
+    if memory:
+        print(f"\n{'shards':>6} {'raw MB/shard':>13} {'peak RSS MB':>12}")
+        for m in memory:
+            print(f"{m['shards']:6d} {m['raw_mb_per_shard']:13.1f} {m['peak_rss_mb']:12,d}")
     if args.json_out:
-        json.dump(rows, open(args.json_out, "w"), indent=2)
+        json.dump({"throughput": rows, "memory": memory}, open(args.json_out, "w"), indent=2)
     return rows
 
 

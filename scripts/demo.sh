@@ -26,3 +26,14 @@ seqcache build --source "files:$STDLIB/**/*.py" --exclude "*/site-packages/*" --
 seqcache info "$CACHE"
 seqcache verify "$CACHE"
 seqcache show "$CACHE" --index 0 --index 1 --max-chars 400
+
+echo "== train: the tiny model, 30 steps in one go"
+TRAIN=(seqcache train --cache-dir "$CACHES" --task stdlib_code --model tiny --batch-size 4
+       --sequence-length 1024 --steps 30 --set 'checkpoint.every_steps=10 optimizer.warmup_steps=5')
+rm -rf "$DEMO/run-full" "$DEMO/run-resumed"
+"${TRAIN[@]}" --checkpoint-dir "$DEMO/run-full" | tee "$DEMO/full.json"
+
+echo "== train: the same run stopped at step 15; a new process resumes it from the checkpoint"
+"${TRAIN[@]}" --checkpoint-dir "$DEMO/run-resumed" --stop-at-step 15 > /dev/null
+"${TRAIN[@]}" --checkpoint-dir "$DEMO/run-resumed" | tee "$DEMO/resumed.json"
+python scripts/compare_runs.py "$DEMO/run-full" "$DEMO/full.json" "$DEMO/run-resumed" "$DEMO/resumed.json"

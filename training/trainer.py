@@ -21,6 +21,7 @@ the same stream from a state; ``feeder.step`` is the current position;
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -81,6 +82,20 @@ class TrainResult:
     @property
     def losses(self) -> list[float]:
         return [m["loss"] for m in self.metrics]
+
+
+def params_digest(params) -> str:
+    """sha256 (hex) of every parameter's path, dtype, shape and bytes, in path
+    order: two runs with the same digest have bit-identical parameters, whatever
+    their shardings."""
+    h = hashlib.sha256()
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    for path, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
+        value = np.asarray(jax.device_get(leaf))
+        h.update(jax.tree_util.keystr(path).encode())
+        h.update(f"{value.dtype}{value.shape}".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
 
 
 def memory_analysis_dict(compiled) -> dict:

@@ -37,9 +37,13 @@ def _split_overrides(values) -> list[str]:
 @click.option("--model", "model_preset", help="Model preset: tiny, small or base.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="JSON config file (nested like the config.json a run writes).")
 @click.option("--set", "overrides", multiple=True, help="Dotted overrides, e.g. --set 'model.d_model=128 optimizer.lr=1e-3' (repeatable).")
+@click.option("--stop-at-step", type=click.IntRange(min=1),
+              help="Stop once this many steps are done, saving a checkpoint, as a preemption would; the run's "
+                   "config (and so its learning-rate schedule) is unchanged, and the same command without this "
+                   "flag resumes it.")
 @click.option("--dry-run", is_flag=True, help="Resolve the config, print the derived quantities and exit.")
 def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequence_length, mesh_flag, rules,
-          checkpoint_dir, seed, model_preset, config_file, overrides, dry_run):
+          checkpoint_dir, seed, model_preset, config_file, overrides, stop_at_step, dry_run):
     """Train a decoder-only Transformer on a cache with the exactly-once feeder.
 
     The config is built from the defaults, then --model, then --config, then the
@@ -94,7 +98,7 @@ def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequen
         raise click.UsageError(str(e)) from None
 
     from seqcache.training.checkpoints import CheckpointError
-    from seqcache.training.trainer import Trainer
+    from seqcache.training.trainer import Trainer, params_digest
 
     try:
         trainer = Trainer(cfg)
@@ -121,7 +125,7 @@ def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequen
     from seqcache.feeders import FeederStateError
 
     try:
-        result = trainer.fit(feeder, eval_feeder_fn=eval_fn)
+        result = trainer.fit(feeder, eval_feeder_fn=eval_fn, stop_at=stop_at_step)
     except (CheckpointError, FeederStateError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -132,6 +136,7 @@ def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequen
         "compile_time_s": round(result.compile_time_s, 3),
         "stopped_by_signal": result.stopped_by_signal,
         "data_exhausted": result.data_exhausted,
+        "params_sha256": params_digest(result.params),
     }
     if result.eval:
         summary.update(result.eval)

@@ -255,7 +255,19 @@ class _FileSource(Source):
         return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: message}, raw)
 
 
-class TextLineSource(_FileSource):
+class _TextSource(_FileSource):
+    """Shared constructor of the sources whose records are plain text."""
+
+    def __init__(self, pattern: str | Sequence[str], *, field: str = "text", on_error: str = "raise",
+                 exclude: str | Sequence[str] = ()):
+        super().__init__(pattern, on_error=on_error, exclude=exclude)
+        self.field = field
+
+    def _params(self) -> dict:
+        return {"field": self.field}
+
+
+class TextLineSource(_TextSource):
     """One record per line of text files (plain or ``.gz``).
 
     The line terminator (``"\\n"`` or ``"\\r\\n"``) is removed; a last line without
@@ -270,14 +282,6 @@ class TextLineSource(_FileSource):
     """
 
     kind = "text"
-
-    def __init__(self, pattern: str | Sequence[str], *, field: str = "text", on_error: str = "raise",
-                 exclude: str | Sequence[str] = ()):
-        super().__init__(pattern, on_error=on_error, exclude=exclude)
-        self.field = field
-
-    def _params(self) -> dict:
-        return {"field": self.field}
 
     def describe(self) -> str:
         return f"text lines of {self._pattern_text()}"
@@ -299,7 +303,7 @@ class TextLineSource(_FileSource):
                 yield SourceRecord(file_index, number, {field: text}, line)
 
 
-class TextFileSource(_FileSource):
+class TextFileSource(_TextSource):
     """One record per whole file (plain or ``.gz``), e.g. for code corpora.
 
     ``record_number`` is always 0 and ``raw`` is the file's (decompressed) bytes; a
@@ -312,14 +316,6 @@ class TextFileSource(_FileSource):
     """
 
     kind = "files"
-
-    def __init__(self, pattern: str | Sequence[str], *, field: str = "text", on_error: str = "raise",
-                 exclude: str | Sequence[str] = ()):
-        super().__init__(pattern, on_error=on_error, exclude=exclude)
-        self.field = field
-
-    def _params(self) -> dict:
-        return {"field": self.field}
 
     def describe(self) -> str:
         return f"whole files of {self._pattern_text()}"

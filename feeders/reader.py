@@ -40,16 +40,19 @@ class CacheReader:
     Args:
       cache_dir: the cache folder (``CACHE_DIR/<task>/<split>``, with manifest.json).
       reader_options: ArrayRecord reader options.
+      open_shards: open every data shard now and check its record count against
+        the manifest (default); False defers each shard to its first read.
 
-    Opening runs ``seqcache.format.read_manifest`` and ``check_shard_files`` (file
-    sizes only; checksums are ``seqcache verify``'s job).
+    Opening runs ``seqcache.format.read_manifest``, ``check_shard_files`` (file
+    sizes) and, with ``open_shards``, compares every data shard's record count
+    with the manifest; checksums are ``seqcache verify``'s job.
 
     Raises:
       seqcache.format.IncompleteCacheError: no manifest.json (an unfinished build).
       seqcache.format.CacheError: an invalid manifest or a missing/resized shard.
     """
 
-    def __init__(self, cache_dir: str, *, reader_options: str = READER_OPTIONS):
+    def __init__(self, cache_dir: str, *, reader_options: str = READER_OPTIONS, open_shards: bool = True):
         self.cache_dir = str(cache_dir)
         self.manifest = fmt.read_manifest(self.cache_dir)
         fmt.check_shard_files(self.cache_dir, self.manifest)
@@ -63,6 +66,13 @@ class CacheReader:
         self._data: list[ArrayRecordReader | None] = [None] * len(self.manifest.shards)
         self._prov: list[ArrayRecordReader | None] = [None] * len(self.manifest.shards)
         self._closed = False
+        if open_shards:
+            # Cheap open-time check of every data shard: ArrayRecord reads its
+            # footer, and the record count must be the manifest's (an edited
+            # manifest or a shard swapped in from another cache is refused here,
+            # not in the middle of a run). The readers stay open for reading.
+            for shard, info in enumerate(self.manifest.shards):
+                self._open(self._data, shard, info.file)
 
     @property
     def fingerprint(self) -> str:

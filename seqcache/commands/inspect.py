@@ -13,11 +13,11 @@ from seqcache import format as fmt
 from seqcache.commands import common
 
 
-def _open(cache_dir):
+def _open(cache_dir, *, open_shards=True):
     from seqcache.feeders.reader import CacheReader
 
     try:
-        return CacheReader(cache_dir)
+        return CacheReader(cache_dir, open_shards=open_shards)
     except fmt.CacheError as e:
         common.stderr_console().print(f"[red]error:[/red] {e}")
         sys.exit(1)
@@ -53,7 +53,7 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
 @click.option("--shards/--no-shards", default=False, help="List every shard.")
 def info(cache_dir, as_json, shards):
     """Summarise the cache at CACHE_DIR (a folder with manifest.json)."""
-    reader = _open(cache_dir)
+    reader = _open(cache_dir, open_shards=False)  # the manifest and file sizes suffice
     m = reader.manifest
     d = info_dict(m, cache_dir)
     if as_json:
@@ -103,7 +103,7 @@ def info(cache_dir, as_json, shards):
 @click.option("--json", "as_json", is_flag=True)
 def show(cache_dir, indices, count, ids, max_chars, as_json):
     """Decode examples of the cache at CACHE_DIR, with their provenance."""
-    reader = _open(cache_dir)
+    reader = _open(cache_dir, open_shards=False)  # reads only the shards it shows
     indices = list(indices) or [0]
     if count is not None:
         indices = list(range(indices[0], indices[0] + count))

@@ -215,3 +215,25 @@ def test_skipped_records_are_counted_and_quarantined(tmp_path):
     entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
     assert [(os.path.basename(e["path"]), e["record_number"]) for e in entries] == [("a.txt", 1)]
     assert "UTF-8" in entries[0]["error"]
+
+
+def test_opening_refuses_a_manifest_with_edited_counts(cache):
+    """Refused when the cache is opened (not at the first read of that shard)."""
+    path = os.path.join(cache, fmt.MANIFEST_NAME)
+    raw = json.load(open(path))
+    n = raw["shards"][2]["num_records"]
+    raw["shards"][2]["num_records"] = n - 1
+    raw["num_examples"] -= 1
+    json.dump(raw, open(path, "w"))
+    with pytest.raises(fmt.CacheError, match=rf"{raw['shards'][2]['file']}: shard has {n} records, the manifest expects {n - 1}"):
+        CacheReader(cache)
+
+
+def test_opening_refuses_a_shard_swapped_in_from_another_cache(tmp_path, corpus, cache):
+    other = build_task(_task(corpus), cache_dir=str(tmp_path / "other"), config=BuildConfig(num_shards=3, seed=5))
+    m = fmt.read_manifest(cache)
+    shutil.copy(os.path.join(other.cache_dir, m.shards[0].file), os.path.join(cache, m.shards[0].file))
+    with pytest.raises(fmt.CacheError, match=m.shards[0].file):
+        CacheReader(cache)
+    code, report = _verify_cli(cache)
+    assert code == 1 and any(m.shards[0].file in p and "sha256" in p for p in report["problems"])

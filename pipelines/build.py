@@ -479,6 +479,42 @@ def build_task(
     fingerprint = fmt.fingerprint_of(inputs)
     out_dir = cache_path(cache_dir, task.name, config.split)
 
+    with _build_lock(out_dir):
+        return _build_locked(task, config=config, pipeline_args=pipeline_args, overwrite=overwrite,
+                             progress=progress, beam=beam, start=start, files=files, total_bytes=total_bytes,
+                             num_shards=num_shards, inputs=inputs, fingerprint=fingerprint, out_dir=out_dir)
+
+
+@contextlib.contextmanager
+def _build_lock(out_dir: str):
+    """An exclusive lock on one cache folder for the length of a build (local
+    file systems: ``fcntl.flock`` on ``<task>/.<split>.lock``), so that two builds
+    of the same cache never interleave. A second build fails at once, saying so.
+    Object stores have no such lock; there, run one build per cache at a time."""
+    if not writer.is_local(out_dir):
+        yield
+        return
+    import fcntl
+
+    path = writer.local_path(out_dir)
+    lock_path = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    with open(lock_path, "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BuildError(
+                f"{out_dir}: another build of this cache is running (it holds {lock_path}); "
+                "wait for it to finish, or build into another --cache-dir"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, start, files, total_bytes,
+                  num_shards, inputs, fingerprint, out_dir) -> BuildResult:
     existing = _read_existing(out_dir)
     if existing is not None:
         if existing.fingerprint == fingerprint:

@@ -237,3 +237,15 @@ def test_opening_refuses_a_shard_swapped_in_from_another_cache(tmp_path, corpus,
         CacheReader(cache)
     code, report = _verify_cli(cache)
     assert code == 1 and any(m.shards[0].file in p and "sha256" in p for p in report["problems"])
+
+
+def test_a_second_concurrent_build_of_the_same_cache_is_refused(tmp_path, corpus):
+    import fcntl
+
+    root = tmp_path / "c"
+    (root / "lines").mkdir(parents=True)
+    with open(root / "lines" / ".train.lock", "a+") as held:  # as a running build holds it
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(BuildError, match="another build of this cache is running"):
+            build_task(_task(corpus), cache_dir=str(root), config=BuildConfig(num_shards=2))
+    assert build_task(_task(corpus), cache_dir=str(root), config=BuildConfig(num_shards=2)).manifest.num_examples == 4000

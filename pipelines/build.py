@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 STATS_PREFIX = "shard-stats-"
 QUARANTINE_TAG = "quarantine"
+# More shards than max(FREE_SHARDS, input bytes / MIN_SHARD_BYTES) is refused.
+MIN_SHARD_BYTES = 1024
+FREE_SHARDS = 64
 QUARANTINE_STATS = "quarantine-stats.json"
 
 
@@ -93,6 +96,12 @@ def _features_out(task) -> list[fmt.FeatureSpec]:
 
 
 def _check_task(task, config: BuildConfig) -> None:
+    unknown = sorted(set(config.sequence_length or {}) - set(task.output_features))
+    if unknown:
+        raise BuildError(
+            f"task {task.name!r}: sequence length given for {unknown}, which the task does not produce "
+            f"(its features: {sorted(task.output_features)})"
+        )
     if task.packing not in (None, "lm"):
         raise BuildError(f"task {task.name!r}: unknown packing {task.packing!r} (expected None or 'lm')")
     if task.packing == "lm":
@@ -129,13 +138,19 @@ class _ReadAndPreprocess:
     def read(self, file_index, path):
         key = shuffle.seed_key(self.seed)
         batch = []
-        for record in self.task.source.read_file(file_index, path):
-            batch.append(record)
-            if len(batch) >= self.batch_records:
+        try:
+            for record in self.task.source.read_file(file_index, path):
+                batch.append(record)
+                if len(batch) >= self.batch_records:
+                    yield from self._flush(batch, key)
+                    batch = []
+            if batch:
                 yield from self._flush(batch, key)
-                batch = []
-        if batch:
-            yield from self._flush(batch, key)
+        except ValueError as e:
+            if str(e).startswith(str(path)):
+                raise
+            # Preprocessing errors know the record number, not the file: add it.
+            raise ValueError(f"{path}: {e}") from None
 
     def _flush(self, records, key):
         from seqcache.tasks import SOURCE_ERROR_KEY
@@ -356,6 +371,39 @@ def _merge_stats(per_shard: Sequence[Mapping[str, Any]], records_read: int | Non
     return out
 
 
+def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
+    """The differing fields of two fingerprint inputs, as dotted paths with both
+    values, e.g. ``task.seed: 0 -> 1; task.source.files[3].mtime_ns: ... -> ...``."""
+    diffs: list[str] = []
+
+    def short(v):
+        text = json.dumps(v, sort_keys=True, ensure_ascii=False)
+        return text if len(text) <= 80 else text[:77] + "..."
+
+    def walk(a, b, path):
+        if len(diffs) > limit:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                if k not in a:
+                    diffs.append(f"{path}{k}: added {short(b[k])}")
+                elif k not in b:
+                    diffs.append(f"{path}{k}: removed (was {short(a[k])})")
+                else:
+                    walk(a[k], b[k], f"{path}{k}.")
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{path[:-1]}[{i}].")
+        elif a != b:
+            diffs.append(f"{path[:-1]}: {short(a)} -> {short(b)}")
+
+    walk(old, new, "")
+    if not diffs:
+        return "nothing recorded differs (an older seqcache wrote it)"
+    more = f"; and more" if len(diffs) > limit else ""
+    return "; ".join(diffs[:limit]) + more
+
+
 def import_beam():
     """Imports Beam without its import-time warning about optional GCP client
     libraries (root logger, WARNING), which says nothing about this build."""
@@ -475,6 +523,12 @@ def build_task(
         raise FileNotFoundError(f"task {task.name!r}: source {task.source.describe()} matches no file")
     total_bytes = sum(f.num_bytes for f in files)
     num_shards = config.num_shards or shuffle.choose_num_shards(total_bytes)
+    max_shards = max(FREE_SHARDS, total_bytes // MIN_SHARD_BYTES)
+    if num_shards > max_shards:
+        raise BuildError(
+            f"task {task.name!r}: {num_shards:,} shards for {total_bytes:,} bytes of input is too many (each shard, "
+            f"even empty, is a file); use at most {max_shards:,}, or leave --num-shards out"
+        )
     inputs = task_fingerprint_inputs(task, config, num_shards)
     fingerprint = fmt.fingerprint_of(inputs)
     out_dir = cache_path(cache_dir, task.name, config.split)
@@ -521,10 +575,11 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
             log.info("cache %s is up to date (fingerprint %s); reusing it", out_dir, fingerprint[:12])
             return BuildResult(out_dir, existing, reused=True, seconds=time.monotonic() - start)
         if not overwrite:
+            changed = describe_changes(existing.raw.get("fingerprint_inputs", {}), inputs)
             raise BuildError(
                 f"{out_dir}: holds a cache with fingerprint {existing.fingerprint[:12]}, this build's fingerprint is "
-                f"{fingerprint[:12]} (the task, its sources or the build options changed); "
-                "pass --overwrite to replace it, or choose another --cache-dir"
+                f"{fingerprint[:12]}; what changed: {changed}. "
+                "Pass --overwrite to replace it, or choose another --cache-dir"
             )
     # Either a replaced cache or the leftovers of an unfinished build: start clean.
     # Remove the manifest first so that the folder never looks complete meanwhile.

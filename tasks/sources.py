@@ -237,10 +237,11 @@ class _FileSource(Source):
         return {}
 
     def fingerprint(self) -> dict:
+        # The files themselves (absolute paths, sizes, mtimes) identify the input;
+        # the patterns as typed do not: "*.txt", "./a.txt" and "/abs/a.txt" that
+        # match the same file give the same fingerprint.
         return {
             "kind": self.kind,
-            "patterns": list(self.patterns),
-            "exclude": list(self.exclude),
             "params": self._params(),
             "on_error": self.on_error,
             "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in self.list_files()],

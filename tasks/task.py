@@ -168,14 +168,21 @@ class Task:
             value = ex.get(name)
             if value is None:
                 if feature.required:
+                    if name in ex:
+                        raise ValueError(f"{where}: feature {name!r} is null (expected text or token ids)")
                     raise ValueError(f"{where}: required feature {name!r} is missing (example keys: {sorted(ex)})")
                 result[name] = np.zeros((0,), dtype=feature.dtype)
                 continue
             if isinstance(value, (str, bytes)):
                 raise ValueError(f"{where}: feature {name!r} is still text; add the tokenize() preprocessor")
             arr = np.asarray(value)
-            if arr.ndim != 1:
-                raise ValueError(f"{where}: feature {name!r} must be 1-D (got shape {arr.shape})")
+            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+                shown = repr(value)
+                shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                raise ValueError(
+                    f"{where}: feature {name!r} is a {type(value).__name__} ({shown}); "
+                    "expected text (a string) or a 1-D sequence of integer token ids"
+                )
             result[name] = arr.astype(feature.dtype, copy=False)
         if TRUNCATED_TOKENS_KEY in ex:
             result[TRUNCATED_TOKENS_KEY] = int(ex[TRUNCATED_TOKENS_KEY])

@@ -50,3 +50,31 @@ def test_unknown_task_suggests_close_names(tmp_path):
     out = CliRunner().invoke(main, ["build", "definitely_not_registered", "--cache-dir", str(tmp_path)])
     assert out.exit_code != 0
     assert "definitely_not_registered" in out.output
+
+
+def test_usage_errors_and_warnings(tmp_path, shared_data):
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:500]
+    (corpus / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    runner = CliRunner()
+    base = ["build", "--source", f"text:{corpus}/*.txt", "--cache-dir", str(tmp_path / "c")]
+    for bad in (["--name", "x", "--num-shards", "0"], ["--name", "x", "--seed", "-1"], ["--name", "bad name/x"]):
+        out = runner.invoke(main, base + bad)
+        assert out.exit_code == 2, (bad, out.output)
+        assert "Traceback" not in out.output
+    trimmed = runner.invoke(main, base + ["--name", "t", "--sequence-length", "8", "--num-shards", "2"])
+    assert trimmed.exit_code == 0
+    assert "dropped" in trimmed.output and "--pack keeps every token" in trimmed.output
+
+    cache = os.path.join(tmp_path, "c", "t", "train")
+    n = json.loads(runner.invoke(main, ["info", cache, "--json"]).output)["num_examples"]
+    shown = json.loads(runner.invoke(main, ["show", cache, "--index", str(n - 2), "--count", "5", "--json"]).output)
+    assert [s["index"] for s in shown] == [n - 2, n - 1]  # stops at the end
+    assert runner.invoke(main, ["show", cache, "--count", "0"]).exit_code == 2
+    # info still describes a cache with a damaged shard, warns and exits 1.
+    shard = sorted(f for f in os.listdir(cache) if f.startswith("data."))[0]
+    with open(os.path.join(cache, shard), "ab") as f:
+        f.write(b"junk")
+    damaged = runner.invoke(main, ["info", cache])
+    assert damaged.exit_code == 1 and "examples" in damaged.output and shard in damaged.output

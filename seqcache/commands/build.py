@@ -46,13 +46,16 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error="raise", vocabulary_sp
     pre = [tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(), tasks.preprocessors.append_eos()]
     if sequence_length and not pack:
         pre.append(tasks.preprocessors.trim())
-    return tasks.Task(
-        name,
-        source=source,
-        output_features={"targets": tasks.Feature(vocabulary, add_eos=True)},
-        preprocessors=pre,
-        packing="lm" if pack else None,
-    )
+    try:
+        return tasks.Task(
+            name,
+            source=source,
+            output_features={"targets": tasks.Feature(vocabulary, add_eos=True)},
+            preprocessors=pre,
+            packing="lm" if pack else None,
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--name") from None
 
 
 def import_modules(modules):
@@ -84,8 +87,8 @@ def import_modules(modules):
 @click.option("--split", default="train", show_default=True)
 @click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens); repeatable.")
 @click.option("--pack/--no-pack", default=False, show_default=True, help="Language-model packing to the sequence length (ad-hoc tasks).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Shuffle seed.")
-@click.option("--num-shards", type=int, help="Shard count (default: from the corpus size, ~128 MiB of text per shard).")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**64 - 1), help="Shuffle seed.")
+@click.option("--num-shards", type=click.IntRange(min=1), help="Shard count (default: from the corpus size, ~128 MiB of text per shard).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing cache whose fingerprint differs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
@@ -131,24 +134,51 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     else:
         raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
 
-    config = BuildConfig(split=split, seed=seed, sequence_length=seq_len, num_shards=num_shards)
+    try:
+        config = BuildConfig(split=split, seed=seed, sequence_length=seq_len, num_shards=num_shards)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if not verbose:
+        # Beam's own logs (and its workers', in multi_processing mode) only at WARNING+.
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+        if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
+            pipeline_args.append("--default_sdk_harness_log_level=ERROR")
     results = []
     console = common.stderr_console()
     for task in task_list:
-        with common.shard_progress(console, f"{task.name}/{split}") as progress:
+        with common.shard_progress(console, f"{task.name}/{split}") as progress, common.sigterm_as_interrupt():
             try:
                 result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                     overwrite=overwrite, progress=progress)
-            except (BuildError, FileNotFoundError, ValueError) as e:
-                console.print(f"[red]error:[/red] {e}")
+            except (BuildError, FileNotFoundError, ValueError, OSError) as e:
+                console.print(f"[red]error:[/red] {_cause(e)}", highlight=False)
                 sys.exit(1)
+            except KeyboardInterrupt:
+                console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} has no manifest, so it is not a cache; "
+                              "run the same command again to build it")
+                sys.exit(130)
         results.append(result)
         m = result.manifest
         if not as_json:
             verb = "reused" if result.reused else f"built in {result.seconds:.1f} s"
             console.print(
-                f"[green]{task.name}/{split}[/green]: {m.num_examples:,} examples in {len(m.shards)} shards, "
-                f"{verb} -> {result.cache_dir}"
+                f"[green]{task.name}/{split}[/green]: {m.num_examples:,} examples in "
+                f"{common.plural(len(m.shards), 'shard')}, {verb} -> {result.cache_dir}",
+                highlight=False,
+            )
+        stats = m.statistics
+        if stats.get("truncated_tokens"):
+            total = stats["truncated_tokens"] + sum(stats.get("tokens", {}).values())
+            console.print(
+                f"[yellow]warning[/yellow]: trimming to the sequence length dropped {stats['truncated_tokens']:,} tokens "
+                f"({stats['truncated_tokens'] / max(total, 1):.1%}); --pack keeps every token",
+                highlight=False,
+            )
+        if stats.get("skipped_records"):
+            console.print(
+                f"[yellow]warning[/yellow]: skipped {stats['skipped_records']:,} unreadable records, listed in "
+                f"{result.cache_dir}/quarantine.jsonl",
+                highlight=False,
             )
     if as_json:
         click.echo(json.dumps([
@@ -157,3 +187,13 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
              "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint}
             for r in results
         ], indent=2))
+
+
+def _cause(error: BaseException) -> str:
+    """The message of the error a worker raised, without the layers Beam wraps
+    around it (``RuntimeError: ValueError: ...``)."""
+    text = str(error)
+    for prefix in ("RuntimeError: ", "ValueError: ", "FileNotFoundError: ", "OSError: "):
+        while text.startswith(prefix):
+            text = text[len(prefix):]
+    return text.split(" [while running ")[0]

@@ -41,3 +41,29 @@ def resolve_cache(path: str) -> str:
     if not os.path.isdir(path):
         raise click.UsageError(f"{path}: no such cache folder")
     return path
+
+
+def plural(n: int, word: str) -> str:
+    """``plural(1, "shard")`` -> "1 shard"; ``plural(3, "shard")`` -> "3 shards"."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt while the block runs, so that a terminated
+    build cleans up like a Ctrl-C one (and Beam shuts its workers down)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -52,13 +52,25 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.option("--shards/--no-shards", default=False, help="List every shard.")
 def info(cache_dir, as_json, shards):
-    """Summarise the cache at CACHE_DIR (a folder with manifest.json)."""
-    reader = _open(cache_dir, open_shards=False)  # the manifest and file sizes suffice
-    m = reader.manifest
+    """Summarise the cache at CACHE_DIR (a folder with manifest.json).
+
+    Reads the manifest only; a missing or resized shard is reported as a warning
+    (run `seqcache verify` for the full check) and makes the exit status 1."""
+    try:
+        m = fmt.read_manifest(cache_dir)
+    except fmt.CacheError as e:
+        common.stderr_console().print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(1)
+    try:
+        fmt.check_shard_files(cache_dir, m)
+        problem = None
+    except fmt.CacheError as e:
+        problem = str(e)
     d = info_dict(m, cache_dir)
+    d["problem"] = problem
     if as_json:
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
-        return
+        sys.exit(1 if problem else 0)
     console = Console()
     t = Table(title=f"{m.task}/{m.split}", show_header=False)
     t.add_column("field", style="bold")
@@ -67,7 +79,7 @@ def info(cache_dir, as_json, shards):
     t.add_row("cache", cache_dir)
     t.add_row("fingerprint", m.fingerprint)
     t.add_row("examples", f"{m.num_examples:,}")
-    t.add_row("shards", f"{len(m.shards)} ({d['num_bytes'] / 1e6:,.1f} MB)")
+    t.add_row("shards", f"{common.plural(len(m.shards), 'shard')} ({d['num_bytes'] / 1e6:,.1f} MB)")
     t.add_row("seed", str(d["seed"]))
     t.add_row("sequence length", json.dumps(d["sequence_length"]))
     t.add_row("packing", str(d["packing"]))
@@ -82,7 +94,7 @@ def info(cache_dir, as_json, shards):
     for key in ("source_records", "source_examples", "segments", "truncated_tokens", "skipped_records"):
         if key in stats:
             t.add_row(key.replace("_", " "), f"{stats[key]:,}")
-    t.add_row("sources", f"{len(m.sources):,} files")
+    t.add_row("sources", common.plural(len(m.sources), "file"))
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
     console.print(t)
     if shards:
@@ -92,6 +104,10 @@ def info(cache_dir, as_json, shards):
         for s in m.shards:
             st.add_row(s.file, f"{s.num_records:,}", f"{s.num_bytes:,}")
         console.print(st)
+    if problem:
+        common.stderr_console().print(f"[red]warning:[/red] {problem}; run `seqcache verify {cache_dir}`",
+                                      highlight=False)
+        sys.exit(1)
 
 
 @click.command()
@@ -106,7 +122,10 @@ def show(cache_dir, indices, count, ids, max_chars, as_json):
     reader = _open(cache_dir, open_shards=False)  # reads only the shards it shows
     indices = list(indices) or [0]
     if count is not None:
-        indices = list(range(indices[0], indices[0] + count))
+        if count < 1:
+            raise click.BadParameter(f"must be >= 1 (got {count})", param_hint="--count")
+        # Stops at the end of the cache.
+        indices = list(range(indices[0], min(indices[0] + count, len(reader))))
     try:
         examples = reader.read_examples(indices)
         provenance = reader.read_sources(indices)

@@ -249,3 +249,43 @@ def test_a_second_concurrent_build_of_the_same_cache_is_refused(tmp_path, corpus
         with pytest.raises(BuildError, match="another build of this cache is running"):
             build_task(_task(corpus), cache_dir=str(root), config=BuildConfig(num_shards=2))
     assert build_task(_task(corpus), cache_dir=str(root), config=BuildConfig(num_shards=2)).manifest.num_examples == 4000
+
+
+def test_refusal_names_what_changed(tmp_path, corpus, cache):
+    root = os.path.dirname(os.path.dirname(cache))
+    with pytest.raises(BuildError, match=r"what changed: task\.seed: 0 -> 7"):
+        build_task(_task(corpus), cache_dir=root, config=BuildConfig(num_shards=3, seed=7))
+
+
+def test_pattern_spelling_does_not_change_the_fingerprint(tmp_path, corpus, cache, monkeypatch):
+    root = os.path.dirname(os.path.dirname(cache))
+    folder = os.path.dirname(corpus)
+    monkeypatch.chdir(folder)
+    # The same two files, matched by other patterns: the cache is reused.
+    again = build_task(_task(["./a.txt", os.path.join(folder, "b.txt")]), cache_dir=root, config=BuildConfig(num_shards=3))
+    assert again.reused
+
+
+def test_absurd_shard_counts_and_unknown_sequence_length_features_are_refused(tmp_path, corpus):
+    with pytest.raises(BuildError, match="too many"):
+        build_task(_task(corpus), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=100_000))
+    with pytest.raises(BuildError, match=r"sequence length given for \['inputs'\]"):
+        build_task(_task(corpus), cache_dir=str(tmp_path / "c"),
+                   config=BuildConfig(num_shards=2, sequence_length={"inputs": 8}))
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [("[\"a\", \"b\"]", "is a list"), ("5", "is a int"), ("null", "is null")],
+)
+def test_wrong_json_types_name_the_file_and_record(tmp_path, value, message):
+    src = tmp_path / "d.jsonl"
+    src.write_text('{"text": "fine"}\n{"text": ' + value + '}\n', encoding="utf-8")
+    task = tasks.Task(
+        "j",
+        source=tasks.JsonLinesSource(str(src)),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+    )
+    with pytest.raises(ValueError, match=rf"d\.jsonl: .*record_number=1\).*{message}"):
+        build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))

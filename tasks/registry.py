@@ -148,4 +148,17 @@ def import_definitions(module_or_path: str) -> None:
             del sys.modules[mod_name]
             raise
         return
-    importlib.import_module(module_or_path)
+    # Like `python -m`: a module in the working folder is importable by name.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        importlib.import_module(module_or_path)
+    except ModuleNotFoundError as e:
+        if e.name != module_or_path.split(".")[0]:
+            raise
+        raise ModuleNotFoundError(
+            f"no module named {module_or_path!r} (looked in {cwd} and on PYTHONPATH); "
+            "pass the file's path (my_tasks.py) or add its folder to PYTHONPATH",
+            name=e.name,
+        ) from None

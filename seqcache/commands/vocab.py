@@ -19,7 +19,7 @@ def vocab():
                    "Repeat to sample from several sources.")
 @click.option("--on-error", "on_error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
               help="Unreadable source records (bad UTF-8, bad JSON, missing field): fail naming the file and record, "
-                   "or skip them, counted and listed in the cache's quarantine file.")
+                   "or leave them out of the training sample.")
 @click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
 @click.option("--vocab-size", type=click.IntRange(min=260), required=True, help="Number of pieces.")
 @click.option("--output", type=click.Path(dir_okay=False), required=True, help="Where to write the .model file.")
@@ -30,7 +30,8 @@ def vocab():
 @click.option("--normalization", type=click.Choice(["nmt_nfkc", "identity"]), default="nmt_nfkc", show_default=True,
               help="nmt_nfkc (T5's choice: NFKC, runs of spaces collapsed) or identity (lossless: keeps every "
                    "character and space, for code).")
-@click.option("--character-coverage", type=click.FloatRange(0.5, 1.0), default=0.9995, show_default=True)
+@click.option("--character-coverage", type=click.FloatRange(0.98, 1.0), default=0.9995, show_default=True,
+              help="Fraction of characters covered by their own pieces; the rarest fall back to byte pieces.")
 def train(sources, exclude, on_error, vocab_size, output, max_records, seed, model_type, normalization, character_coverage):
     """Train a SentencePiece model (T5 ids: pad 0, eos 1, unk 2; byte fallback).
 
@@ -46,6 +47,11 @@ def train(sources, exclude, on_error, vocab_size, output, max_records, seed, mod
         parsed = [parse_source_spec(s, exclude=exclude, on_error=on_error) for s in sources]
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--source") from None
+    out_dir = os.path.dirname(os.path.abspath(output))
+    try:
+        os.makedirs(out_dir, exist_ok=True)  # before minutes of training, not after
+    except OSError as e:
+        raise click.BadParameter(f"cannot create {out_dir}: {e}", param_hint="--output") from None
     start = time.perf_counter()
     try:
         texts = sample_for_vocabulary(parsed, max_records=max_records, seed=seed)
@@ -56,6 +62,9 @@ def train(sources, exclude, on_error, vocab_size, output, max_records, seed, mod
                                          remove_extra_whitespaces=normalization != "identity")
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
+    except RuntimeError as e:  # SentencePiece's trainer reports bad settings this way
+        message = str(e).replace("--character_coverage", "--character-coverage").replace("--vocab_size", "--vocab-size")
+        raise click.ClickException(f"SentencePiece could not train: {message}") from None
     total_s = time.perf_counter() - start
     chars = sum(len(t) for t in texts)
     tokens = sum(len(a) for a in vocabulary.encode_batch(texts[:2000]))

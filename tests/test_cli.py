@@ -78,3 +78,26 @@ def test_usage_errors_and_warnings(tmp_path, shared_data):
         f.write(b"junk")
     damaged = runner.invoke(main, ["info", cache])
     assert damaged.exit_code == 1 and "examples" in damaged.output and shard in damaged.output
+
+
+def test_module_in_the_working_folder_is_found(tmp_path, monkeypatch):
+    (tmp_path / "my_registered_tasks.py").write_text(
+        "from seqcache import tasks\n"
+        "tasks.TaskRegistry.add('cwd_module_task', source=tasks.TextLineSource('unused.txt'),\n"
+        "    output_features={'targets': tasks.Feature(tasks.ByteVocabulary())})\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, ["tasks", "--module", "my_registered_tasks", "--json"])
+    assert out.exit_code == 0, out.output
+    assert "cwd_module_task" in [t["name"] for t in json.loads(out.output)["tasks"]]
+    missing = CliRunner().invoke(main, ["tasks", "--module", "no_such_module_here"])
+    assert missing.exit_code == 2 and "PYTHONPATH" in missing.output
+
+
+def test_vocab_train_creates_the_output_folder(tmp_path, shared_data):
+    out = tmp_path / "new" / "folder" / "spm.model"
+    result = CliRunner().invoke(main, ["vocab", "train", "--source", f"text:{shared_data}/sentencepiece_data/botchan.txt",
+                                       "--vocab-size", "400", "--max-records", "2000", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.stat().st_size > 0

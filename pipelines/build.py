@@ -371,6 +371,21 @@ def _merge_stats(per_shard: Sequence[Mapping[str, Any]], records_read: int | Non
     return out
 
 
+def _is_no_space(error: BaseException) -> bool:
+    """ENOSPC, raised here or by a worker (Beam wraps workers' errors in others)."""
+    import errno
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
     """The differing fields of two fingerprint inputs, as dotted paths with both
     values, e.g. ``task.seed: 0 -> 1; task.source.files[3].mtime_ns: ... -> ...``."""
@@ -632,9 +647,21 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
         )
     )
     records_read = None
-    with _ShardProgress(stats_dir, num_shards, progress) if progress else contextlib.nullcontext():
-        result = pipeline.run()
-        result.wait_until_finish()
+    try:
+        with _ShardProgress(stats_dir, num_shards, progress) if progress else contextlib.nullcontext():
+            result = pipeline.run()
+            result.wait_until_finish()
+    except BaseException as e:
+        # No manifest was written, so nothing looks complete; free the spill files
+        # (a full disk is a common cause) and say what to do.
+        writer.remove_tree(stats_dir)
+        if _is_no_space(e):
+            raise BuildError(
+                f"{out_dir}: no space left on the device while building; nothing was published (no manifest). "
+                "Free space (the build needs about twice the cache's size while it runs) or use another "
+                "--cache-dir, then run the build again"
+            ) from e
+        raise
     try:
         counters = result.metrics().query(beam.metrics.MetricsFilter().with_name("records_read"))["counters"]
         if counters:

@@ -48,9 +48,11 @@ def restore_feeder(restored_json: Mapping[str, Any], *, host_index: int | None =
                    host_count: int | None = None, **kwargs) -> Feeder:
     """``Feeder.restore(restored_json, host_index=, host_count=, **kwargs)``.
 
-    ``kwargs`` are passed on: ``num_threads``, ``prefetch`` and the expectations
-    (``mixture``, ``seed``, ``global_batch_size``, ``sequence_length``, ``feature``,
-    ``num_epochs``) that make a checkpoint from another configuration be refused.
+    ``kwargs`` are passed on: ``num_threads``, ``prefetch``, the caches' current
+    locations (``cache`` or ``mixture``, matched to the state's caches by
+    fingerprint) and the expectations (``seed``, ``global_batch_size``,
+    ``sequence_length``, ``feature``, ``num_epochs``) that make a checkpoint from
+    another configuration be refused.
 
     Raises:
       FeederStateError (a ValueError): no feeder state in the checkpoint, or a state

@@ -392,14 +392,17 @@ class Feeder:
     # --- state -----------------------------------------------------------------
 
     def state(self) -> dict:
-        """A small JSON-serialisable dict: everything needed to resume (G4)."""
+        """A small JSON-serialisable dict: everything needed to resume (G4).
+
+        Cache paths are stored absolute (``state.location``); a cache is identified
+        by its fingerprint, the path only says where it was (see ``restore``)."""
         return {
             "kind": state_lib.STATE_KIND,
             "version": state_lib.STATE_VERSION,
             "cache_format_version": fmt.FORMAT_VERSION,
             "mixture": [
                 {
-                    "path": path,
+                    "path": state_lib.location(path),
                     "rate": rate,
                     "weight": weight,
                     "task": reader.manifest.task,
@@ -417,42 +420,22 @@ class Feeder:
             "position": self.position,
         }
 
-    def _check_caches(self, state: Mapping[str, Any]) -> None:
-        for entry, path, reader, weight in zip(state["mixture"], self.paths, self.readers, self.weights):
-            if entry["fingerprint"] != reader.fingerprint:
-                raise state_lib.FeederStateError(
-                    f"cache {path} has fingerprint {reader.fingerprint}, but the feeder state was saved with "
-                    f"fingerprint {entry['fingerprint']}: the cache was rebuilt or replaced, so the saved position "
-                    "no longer denotes the same examples. Restore the original cache, or start a new run"
-                )
-            if entry["weight"] != weight:
-                raise state_lib.FeederStateError(
-                    f"cache {path}: the state's integer weight {entry['weight']} differs from {weight} computed from "
-                    f"rate {entry['rate']}; the state was written by an incompatible seqcache"
-                )
-
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Moves this feeder to a saved state's position after checking that the
-        state was saved by the same configuration (caches and their fingerprints,
-        mixture rates, seed, global batch size, sequence length, feature, epochs).
+        state denotes this feeder's stream: the same caches (by fingerprint, in the
+        same mixture order, wherever they are now), rates, seed, global batch size,
+        sequence length, feature and number of epochs.
 
         Raises:
-          FeederStateError (a ValueError): naming the differing field and both values.
+          FeederStateError (a ValueError): naming the first difference and both
+            values, e.g. "the cache at PATH was rebuilt (fingerprint A, the state
+            was saved with fingerprint B)".
         """
         state_lib.check_state(state)
-        state_lib.compare(state, self._config())
-        self._check_caches(state)
+        diff = state_lib.stream_difference(state, self.state())
+        if diff:
+            raise state_lib.FeederStateError(diff + state_lib.RESTORE_HINT)
         self.step = state["position"] // self.global_batch_size
-
-    def _config(self) -> dict:
-        return {
-            "mixture": list(zip(self.paths, self.rates)),
-            "seed": self.seed,
-            "global_batch_size": self.global_batch_size,
-            "sequence_length": self.sequence_length,
-            "feature": self.feature,
-            "num_epochs": self.num_epochs,
-        }
 
     _UNSET = object()
 
@@ -465,7 +448,10 @@ class Feeder:
         host_count: int | None = None,
         num_threads: int | None = None,
         prefetch: int | None = None,
-        mixture: Mapping[str, float] | Sequence[tuple[str, float]] | None = None,
+        cache: str | os.PathLike | None = None,
+        mixture: Mapping[str, Rate] | Sequence[tuple[str, Rate]] | Any = None,
+        caches_root: str | os.PathLike | None = None,
+        split: str = "train",
         seed: int | None = None,
         global_batch_size: int | None = None,
         sequence_length: int | None = None,
@@ -475,20 +461,28 @@ class Feeder:
         """A feeder positioned where ``state`` was saved: the same global stream,
         for any host count that divides the global batch (G4, G5).
 
-        ``mixture``, ``seed``, ``global_batch_size``, ``sequence_length``,
-        ``feature`` and ``num_epochs`` are optional expectations (the current run's
+        Where the caches are: by default the paths stored in the state. ``cache=``
+        or ``mixture=`` (with ``caches_root=``/``split=`` for a
+        ``seqcache.tasks.Mixture``), as for the constructor, give their current
+        locations instead: caches moved, copied or reached by another path string
+        are accepted when their fingerprints (and rates, in mixture order) are the
+        state's.
+
+        ``seed``, ``global_batch_size``, ``sequence_length``, ``feature`` and
+        ``num_epochs`` are optional expectations (the current run's
         configuration): a state that differs is refused.
 
         Raises:
-          FeederStateError (a ValueError): another state/format version, a cache
-            whose fingerprint changed since the state was saved, or a state that
-            differs from an expectation; the message names both values.
-          ValueError: the host count does not divide the global batch.
+          FeederStateError (a ValueError): another state/format version; a cache
+            whose fingerprint differs from the state's ("the cache at PATH was
+            rebuilt (fingerprint A, the state was saved with fingerprint B)");
+            other rates, caches or mixture order; a state that differs from an
+            expectation. The message names both values.
+          ValueError: the host count does not divide the saved global batch.
+          seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """
         state_lib.check_state(state)
         expected: dict[str, Any] = {}
-        if mixture is not None:
-            expected["mixture"] = list(mixture.items()) if isinstance(mixture, Mapping) else list(mixture)
         for key, value in (("seed", seed), ("global_batch_size", global_batch_size),
                            ("sequence_length", sequence_length), ("feature", feature)):
             if value is not None:
@@ -497,21 +491,32 @@ class Feeder:
             expected["num_epochs"] = num_epochs
         state_lib.compare(state, expected)
         b = state["global_batch_size"]
-        feeder = cls(
-            mixture=state_lib.mixture_pairs(state),
-            global_batch_size=b,
-            sequence_length=state["sequence_length"],
-            host_index=host_index,
-            host_count=host_count,
-            seed=state["seed"],
-            num_epochs=state["num_epochs"],
-            feature=state["feature"],
-            num_threads=num_threads,
-            prefetch=prefetch,
-        )
+        if cache is None and mixture is None:
+            where = {"mixture": state_lib.mixture_pairs(state)}
+        else:
+            where = {"cache": cache, "mixture": mixture, "caches_root": caches_root, "split": split}
         try:
-            feeder._check_caches(state)
-            feeder.step = state["position"] // b
+            feeder = cls(
+                **where,
+                global_batch_size=b,
+                sequence_length=state["sequence_length"],
+                host_index=host_index,
+                host_count=host_count,
+                seed=state["seed"],
+                num_epochs=state["num_epochs"],
+                feature=state["feature"],
+                num_threads=num_threads,
+                prefetch=prefetch,
+            )
+        except fmt.CacheError as e:
+            if cache is not None or mixture is not None:
+                raise
+            raise type(e)(
+                f"{e}. The feeder state names its caches by the paths they had when it was saved; if they moved, "
+                "pass their current locations with cache= or mixture= (matched by fingerprint)"
+            ) from e
+        try:
+            feeder.set_state(state)
         except BaseException:
             feeder.close()
             raise

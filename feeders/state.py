@@ -3,7 +3,7 @@
 Example (one task, position 4096 = step 16 of a global batch of 256)::
 
     {"kind": "seqcache.feeders.Feeder", "version": 1, "cache_format_version": 1,
-     "mixture": [{"path": "caches/wiki/train", "rate": 1.0, "weight": 1,
+     "mixture": [{"path": "/data/caches/wiki/train", "rate": 1.0, "weight": 1,
                   "task": "wiki", "split": "train", "num_examples": 36718,
                   "fingerprint": "9f2c..."}],
      "seed": 0, "global_batch_size": 256, "sequence_length": 512,
@@ -12,12 +12,19 @@ Example (one task, position 4096 = step 16 of a global batch of 256)::
 ``position`` is the global position of the next example to read (step * B): the
 state does not depend on the number of hosts (G5). Nothing else is needed to resume
 (G4): the stream is a pure function of the other fields and the caches.
+
+A cache in a state is identified by its fingerprint (with its rate, its weight and
+its place in the mixture order); ``path`` (absolute when saved) only says where the
+cache was. A state restores onto the same caches found elsewhere (moved, copied,
+or reached by another path string) when the fingerprints match, and is refused when
+a cache was rebuilt (``stream_difference``).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+import os
+from typing import Any, Mapping, Sequence
 
 from seqcache import format as fmt
 
@@ -75,6 +82,14 @@ def check_state(state: Mapping[str, Any]) -> None:
         )
 
 
+def location(path: str | os.PathLike) -> str:
+    """The form of a cache path stored in a state: absolute for a local path (so
+    that it does not depend on the working directory), unchanged for a URL
+    (``scheme://...``)."""
+    path = os.fspath(path)
+    return path if "://" in path else os.path.abspath(path)
+
+
 def mixture_pairs(state: Mapping[str, Any]) -> list[tuple[str, float]]:
     """[(cache path, rate)] in mixture order."""
     return [(str(e["path"]), float(e["rate"])) for e in state["mixture"]]
@@ -85,21 +100,108 @@ def compare(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
 
     Args:
       state: a checked state.
-      expected: a subset of {"mixture": [(path, rate)], "seed", "global_batch_size",
-        "sequence_length", "feature", "num_epochs"}; entries whose value is None
-        are not compared, except num_epochs (None means forever).
+      expected: a subset of {"seed", "global_batch_size", "sequence_length",
+        "feature", "num_epochs"} (num_epochs None means forever). Caches and rates
+        are compared by ``stream_difference``.
 
     Raises:
       FeederStateError: naming the field, the state's value and the expected one.
     """
     for key, want in expected.items():
-        if key == "mixture":
-            have = mixture_pairs(state)
-            want = [(str(p), float(r)) for p, r in want]
-        else:
-            have = state[key]
+        have = state[key]
         if have != want:
-            raise FeederStateError(
-                f"feeder state has {key}={json.dumps(have)}, but this run has {key}={json.dumps(want)}; "
-                "a state restores only into the configuration that saved it (or start a new run from step 0)"
+            raise FeederStateError(_scalar_difference(key, have, want) + RESTORE_HINT)
+
+
+# What to do about a difference, appended to the messages of ``Feeder.set_state``/``restore``.
+RESTORE_HINT = (
+    "; a state restores only onto the caches (same fingerprints, found at any path) and the configuration that "
+    "saved it, or start a new run from step 0"
+)
+
+# The fields besides the mixture that define the stream a state denotes.
+_STREAM_FIELDS = ("version", "cache_format_version", "seed", "global_batch_size", "sequence_length", "feature",
+                  "num_epochs")
+
+
+def _scalar_difference(key: str, have: Any, want: Any) -> str:
+    return f"feeder state has {key}={json.dumps(have)}, but this run has {key}={json.dumps(want)}"
+
+
+def _paths(entries: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(str(e.get("path")) for e in entries)
+
+
+def _cache_difference(i: int, saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """Why mixture entry ``i`` of two states denotes other examples, or None."""
+    path, saved_path = current.get("path"), saved.get("path")
+    if saved.get("fingerprint") != current.get("fingerprint"):
+        same_task = (saved.get("task"), saved.get("split")) == (current.get("task"), current.get("split"))
+        if same_task:
+            where = "" if saved_path == path else f" at {saved_path}"
+            return (
+                f"the cache at {path} was rebuilt (fingerprint {current.get('fingerprint')}, the state was saved "
+                f"with fingerprint {saved.get('fingerprint')}{where}), so the saved position no longer denotes the same "
+                "examples"
             )
+        return (
+            f"mixture entry {i}: this run reads {path} (task {current.get('task')!r}, split {current.get('split')!r}, "
+            f"fingerprint {current.get('fingerprint')}), but the state was saved with {saved_path} (task "
+            f"{saved.get('task')!r}, split {saved.get('split')!r}, fingerprint {saved.get('fingerprint')})"
+        )
+    if saved.get("num_examples") != current.get("num_examples"):
+        return (
+            f"the cache at {path} has {current.get('num_examples')} examples, but the state records "
+            f"{saved.get('num_examples')} for the same fingerprint; the state or the manifest was edited"
+        )
+    if float(saved.get("rate")) != float(current.get("rate")):
+        return (
+            f"the state was saved with rate {float(saved.get('rate'))!r} for the cache at {path} (mixture entry {i}), "
+            f"but this run has rate {float(current.get('rate'))!r}; rates change which task every position reads"
+        )
+    if saved.get("weight") != current.get("weight"):
+        return (
+            f"the cache at {path}: the state's integer weight {saved.get('weight')} differs from "
+            f"{current.get('weight')} computed from rate {saved.get('rate')}; the state was written by an "
+            "incompatible seqcache"
+        )
+    return None
+
+
+def stream_difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """Why two feeder states denote different streams, ignoring their positions
+    and where their caches are; None when they denote the same stream.
+
+    Caches are compared by fingerprint, example count, rate and integer weight, in
+    mixture order; the other compared fields are the versions, seed, global batch
+    size, sequence length, feature and number of epochs.
+
+    Args:
+      saved: the state being restored.
+      current: the state of the feeder it is restored into (``Feeder.state()``).
+
+    Returns:
+      One sentence naming the first difference and both values (a rebuilt cache
+      reads "the cache at PATH was rebuilt (fingerprint A, the state was saved with
+      fingerprint B)"), or None.
+    """
+    have, want = list(saved["mixture"]), list(current["mixture"])
+    if len(have) != len(want):
+        return (
+            f"the state was saved with a mixture of {len(have)} cache(s) ({_paths(have)}), but this run reads "
+            f"{len(want)} ({_paths(want)})"
+        )
+    fingerprints = lambda entries: [e.get("fingerprint") for e in entries]  # noqa: E731
+    if fingerprints(have) != fingerprints(want) and sorted(fingerprints(have)) == sorted(fingerprints(want)):
+        return (
+            f"this run lists the state's caches in another order (state: {_paths(have)}; this run: {_paths(want)}); "
+            "the mixture order is part of the stream"
+        )
+    for i, (a, b) in enumerate(zip(have, want)):
+        diff = _cache_difference(i, a, b)
+        if diff:
+            return diff
+    for key in _STREAM_FIELDS:
+        if saved.get(key) != current.get(key):
+            return _scalar_difference(key, saved.get(key), current.get(key))
+    return None

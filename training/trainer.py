@@ -13,9 +13,11 @@ The feeder is used through a small duck-typed interface (``seqcache.feeders.Feed
 provides it): ``iter(feeder)`` yields host-local batches (dicts of (B / host_count,
 L) numpy arrays named as in ``seqcache.training.step.BATCH_KEYS``) from the current
 position; ``feeder.state()`` returns a JSON dict with ``global_batch_size`` and the
-position; ``type(feeder).restore(state, host_index=..., host_count=...)`` rebuilds
-the same stream from a state; ``feeder.step`` is the current position;
-``feeder.close()`` releases it.
+position; on resume, ``feeder.set_state(state)`` moves the run's feeder to a saved
+state (when the feeder has it: it keeps the run's cache locations and hosts), or else
+``type(feeder).restore(state, host_index=..., host_count=...)`` rebuilds the same
+stream from a state; ``feeder.step`` is the current position; ``feeder.close()``
+releases it.
 """
 
 from __future__ import annotations
@@ -469,13 +471,21 @@ class Trainer:
             )
 
     def _restore_feeder(self, feeder, restored):
-        host_index = getattr(feeder, "host_index", None)
-        host_count = getattr(feeder, "host_count", None)
-        host_index = jax.process_index() if host_index is None else host_index
-        host_count = jax.process_count() if host_count is None else host_count
         _check_same_stream(restored.path, restored.feeder_state, feeder.state())
-        new = type(feeder).restore(restored.feeder_state, host_index=host_index, host_count=host_count)
-        feeder.close()
+        set_state = getattr(feeder, "set_state", None)
+        if callable(set_state):
+            # The run's feeder already reads this run's caches, where they are now,
+            # on this run's hosts: move it to the saved position (its own checks
+            # compare the caches by fingerprint, not by path).
+            set_state(restored.feeder_state)
+            new = feeder
+        else:
+            host_index = getattr(feeder, "host_index", None)
+            host_count = getattr(feeder, "host_count", None)
+            host_index = jax.process_index() if host_index is None else host_index
+            host_count = jax.process_count() if host_count is None else host_count
+            new = type(feeder).restore(restored.feeder_state, host_index=host_index, host_count=host_count)
+            feeder.close()
         position = getattr(new, "step", restored.step)
         if position != restored.step:
             new.close()
@@ -583,24 +593,44 @@ class Trainer:
 
 # Keys of a feeder state that say where the stream is, not which stream it is.
 _POSITION_KEYS = ("position", "step")
+_STREAM_HINT = (
+    "; the checkpoint belongs to another data stream. Train with the checkpoint's data settings, or start a new "
+    "run in another checkpoint directory."
+)
 
 
 def _check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """Refuses to resume when the run's feeder reads another stream than the
-    checkpoint's (other data, mixture, seed, sequence length, ...): the saved
-    position would denote other examples.
+    checkpoint's (rebuilt caches, another mixture, seed, sequence length, ...):
+    the saved position would denote other examples.
+
+    States of ``seqcache.feeders.Feeder`` are compared with
+    ``seqcache.feeders.state.stream_difference``: caches by fingerprint, rate and
+    mixture order, not by path, so a run may reach the same caches by another path
+    (absolute or relative, moved or copied). Other feeders' states are compared
+    key by key, positions excepted.
 
     Raises:
-      CheckpointError: naming the first differing key and both values.
+      CheckpointError: naming the first difference and both values.
     """
+    from seqcache.feeders import state as feeder_state
+
+    if saved.get("kind") == feeder_state.STATE_KIND and current.get("kind") == feeder_state.STATE_KIND:
+        try:
+            feeder_state.check_state(saved)
+        except feeder_state.FeederStateError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+        diff = feeder_state.stream_difference(saved, current)
+        if diff:
+            raise CheckpointError(f"{path}: {diff}{_STREAM_HINT}")
+        return
     for key in sorted(set(saved) | set(current)):
         if key in _POSITION_KEYS:
             continue
         if saved.get(key) != current.get(key):
             raise CheckpointError(
                 f"{path}: the checkpoint's feeder state has {key}={saved.get(key)!r}, but this run's feeder has "
-                f"{key}={current.get(key)!r}; the checkpoint belongs to another data stream. Train with the "
-                "checkpoint's data settings, or start a new run in another checkpoint directory."
+                f"{key}={current.get(key)!r}{_STREAM_HINT}"
             )
 
 

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 
@@ -146,13 +147,73 @@ def test_restore_refuses_another_mixture(tmp_path, fx):
     with Feeder(mixture=mixture, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
         state = f.state()
     changed = {str(tmp_path / "a"): 1.0, str(tmp_path / "b"): 1.0}
-    with pytest.raises(FeederStateError, match=r"mixture=.*2\.0.*this run has mixture=.*1\.0"):
+    rate_msg = f"saved with rate 2.0 for the cache at {tmp_path / 'a'} (mixture entry 0), but this run has rate 1.0"
+    with pytest.raises(FeederStateError, match=re.escape(rate_msg)):
         Feeder.restore(state, host_index=0, host_count=1, mixture=changed)
     with Feeder(mixture=changed, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as g:
-        with pytest.raises(FeederStateError, match="mixture"):
+        with pytest.raises(FeederStateError, match=re.escape(rate_msg)):
             g.set_state(state)
+    swapped = {str(tmp_path / "b"): 1.0, str(tmp_path / "a"): 2.0}
+    with pytest.raises(FeederStateError, match="in another order"):
+        Feeder.restore(state, host_index=0, host_count=1, mixture=swapped)
+    with pytest.raises(FeederStateError, match=r"mixture of 2 cache\(s\).*this run reads 1"):
+        Feeder.restore(state, host_index=0, host_count=1, cache=str(tmp_path / "a"))
     restored = Feeder.restore(state, host_index=0, host_count=1, mixture=mixture)
     restored.close()
+
+
+def test_state_names_caches_by_absolute_path(tmp_path, monkeypatch, fx):
+    fx.write_fixture_cache(tmp_path / "c", n=N)
+    monkeypatch.chdir(tmp_path)
+    with Feeder(cache="c", global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        assert f.state()["mixture"][0]["path"] == str(tmp_path / "c")
+
+
+def test_restore_onto_moved_caches_matched_by_fingerprint(tmp_path, monkeypatch, fx):
+    # A run started with relative cache paths, resumed from another working
+    # directory, with absolute paths, and after the caches were moved: the caches
+    # are the state's (same fingerprints), so the stream continues unchanged.
+    fx.write_fixture_cache(tmp_path / "caches" / "a", n=N, task="a")
+    fx.write_fixture_cache(tmp_path / "caches" / "b", n=17, task="b")
+    monkeypatch.chdir(tmp_path)
+    relative = {"caches/a": 2.0, "caches/b": 1.0}
+    with Feeder(mixture=relative, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        f.step = 5
+        state = f.state()
+        want = _digest([f.get_batch(5), f.get_batch(6)])
+    # A state written with the relative paths (as earlier releases did).
+    old_style = json.loads(json.dumps(state))
+    for entry, path in zip(old_style["mixture"], relative):
+        entry["path"] = path
+    absolute = {str(tmp_path / p): r for p, r in relative.items()}
+    for s in (state, old_style):
+        with Feeder.restore(s, host_index=0, host_count=1, mixture=absolute) as g:
+            assert g.step == 5 and _digest([next(g), next(g)]) == want
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "caches").rename(tmp_path / "moved" / "caches")
+    monkeypatch.chdir(tmp_path / "moved")
+    with pytest.raises(Exception, match="pass their current locations with cache= or mixture="):
+        Feeder.restore(state, host_index=0, host_count=1)
+    moved = [(str(tmp_path / "moved" / p), r) for p, r in relative.items()]
+    with Feeder.restore(state, host_index=0, host_count=1, mixture=moved) as g:
+        assert _digest([next(g), next(g)]) == want
+        assert [e["path"] for e in g.state()["mixture"]] == [p for p, _ in moved]
+    with Feeder.restore(old_style, host_index=0, host_count=1) as g:  # relative to the new directory
+        assert _digest([next(g), next(g)]) == want
+
+
+def test_restore_onto_a_rebuilt_cache_at_another_path_names_both_fingerprints(tmp_path, fx):
+    fx.write_fixture_cache(tmp_path / "old", n=N)
+    with Feeder(cache=str(tmp_path / "old"), global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        state = f.state()
+    new = fx.write_fixture_cache(tmp_path / "new", n=N, tag="rebuilt")
+    with pytest.raises(FeederStateError) as e:
+        Feeder.restore(state, host_index=0, host_count=1, cache=str(tmp_path / "new"))
+    msg = str(e.value)
+    old_fp = state["mixture"][0]["fingerprint"]
+    assert msg.startswith(f"the cache at {tmp_path / 'new'} was rebuilt (fingerprint {new.fingerprint}, the state was "
+                          f"saved with fingerprint {old_fp} at {tmp_path / 'old'})")
+    assert "'path'" not in msg and "mixture=" not in msg
 
 
 def test_set_state_checks_the_feeder_configuration(make_cache):

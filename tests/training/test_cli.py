@@ -4,6 +4,8 @@ on the 8 CPU devices: train, evaluate every example once, resume, refuse a
 changed global batch."""
 
 import json
+import pathlib
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -93,17 +95,24 @@ def test_bad_flags_are_usage_errors(cache, tmp_path):
     assert bad_rule.exit_code == 2 and "blocks/0/attn/w" in bad_rule.output and "'model' of size 8" in bad_rule.output
 
 
-def test_stop_at_step_then_resume_matches_an_uninterrupted_run(cache, tmp_path):
+def test_stop_at_step_then_resume_matches_an_uninterrupted_run(cache, tmp_path, monkeypatch):
     """--stop-at-step stops like a preemption (same config, same schedule); the
     same command without it resumes in a new invocation. Per-step losses and the
-    final parameter digest equal the uninterrupted run's."""
+    final parameter digest equal the uninterrupted run's. The resumed invocation
+    reads a copy of the caches through a relative --cache-dir: caches are matched
+    by fingerprint, not by path."""
     common = ("--steps", "6", "--set", "checkpoint.every_steps=3 optimizer.warmup_steps=2")
     full = _train(cache, tmp_path / "full", *common)
     assert full.exit_code == 0, full.output
     stopped = _train(cache, tmp_path / "resumed", *common, "--stop-at-step", "3")
     assert stopped.exit_code == 0, stopped.output
     assert _last_json(stopped.output)["end_step"] == 3
-    resumed = _train(cache, tmp_path / "resumed", *common)
+    shutil.copytree(cache, tmp_path / "moved" / "caches")
+    monkeypatch.chdir(tmp_path / "moved")
+    resumed = _train(pathlib.Path("caches"), tmp_path / "resumed", *common)
+    assert resumed.exit_code == 0, resumed.output
+    saved = json.loads((tmp_path / "resumed" / "6" / "feeder" / "metadata").read_text())
+    assert saved["mixture"][0]["path"] == str(tmp_path / "moved" / "caches" / "shakespeare_lm" / "train")
     a, b = _last_json(full.output), _last_json(resumed.output)
     assert b["start_step"] == 3 and b["end_step"] == 6
     assert a["params_sha256"] == b["params_sha256"]

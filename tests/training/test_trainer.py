@@ -136,3 +136,30 @@ def test_checkpoint_restores_onto_another_mesh(run):
     assert wq.addressable_shards[0].data.shape == (32 // 2, 4 // 4, 8)
     for a, b in zip(jax.tree.leaves(restored.state["params"]), jax.tree.leaves(result.params)):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def _seqcache_state(path, fingerprint, rate=1.0, seed=0):
+    """A seqcache.feeders.Feeder state of one cache (the fields the check compares)."""
+    return {"kind": "seqcache.feeders.Feeder", "version": 1, "cache_format_version": 1,
+            "mixture": [{"path": path, "rate": rate, "weight": 1, "task": "t", "split": "train",
+                         "num_examples": 10, "fingerprint": fingerprint}],
+            "seed": seed, "global_batch_size": 8, "sequence_length": 16, "feature": "targets",
+            "num_epochs": None, "position": 16}
+
+
+def test_another_data_stream_is_named_by_its_real_difference():
+    saved = _seqcache_state("caches/t/train", "a" * 64)
+    # The same cache reached by another path (absolute, moved): the same stream.
+    T._check_same_stream("ckpt/2", saved, {**_seqcache_state("/abs/caches/t/train", "a" * 64), "position": 0})
+    with pytest.raises(CheckpointError) as e:
+        T._check_same_stream("ckpt/2", saved, _seqcache_state("/abs/caches/t/train", "b" * 64))
+    assert str(e.value).startswith(
+        f"ckpt/2: the cache at /abs/caches/t/train was rebuilt (fingerprint {'b' * 64}, the state was saved with "
+        f"fingerprint {'a' * 64} at caches/t/train)")
+    assert "another data stream" in str(e.value) and "'path'" not in str(e.value)
+    with pytest.raises(CheckpointError, match=r"ckpt/2: feeder state has seed=0, but this run has seed=3; the "
+                                              r"checkpoint belongs to another data stream"):
+        T._check_same_stream("ckpt/2", saved, _seqcache_state("/abs/caches/t/train", "a" * 64, seed=3))
+    with pytest.raises(CheckpointError, match=r"saved with rate 1\.0 for the cache at /x \(mixture entry 0\), but "
+                                              r"this run has rate 2\.0"):
+        T._check_same_stream("ckpt/2", saved, _seqcache_state("/x", "a" * 64, rate=2.0))

@@ -400,18 +400,7 @@ class Feeder:
             "kind": state_lib.STATE_KIND,
             "version": state_lib.STATE_VERSION,
             "cache_format_version": fmt.FORMAT_VERSION,
-            "mixture": [
-                {
-                    "path": state_lib.location(path),
-                    "rate": rate,
-                    "weight": weight,
-                    "task": reader.manifest.task,
-                    "split": reader.manifest.split,
-                    "num_examples": reader.num_examples,
-                    "fingerprint": reader.fingerprint,
-                }
-                for path, rate, weight, reader in zip(self.paths, self.rates, self.weights, self.readers)
-            ],
+            "mixture": state_lib.mixture_entries(self.paths, self.rates, self.weights, self.readers),
             "seed": self.seed,
             "global_batch_size": self.global_batch_size,
             "sequence_length": self.sequence_length,

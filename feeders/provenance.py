@@ -11,10 +11,11 @@ rebuilt (``seqcache.tasks.vocabulary_from_json``), its text.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from seqcache.feeders import state as state_lib
 from seqcache.feeders.stream import IndexStream, open_mixture
 
 
@@ -174,6 +175,58 @@ def locate_row(
                     feature=feature, tokens=tokens)
         out["seed"] = seed
         out["global_batch_size"] = global_batch_size
+        out["mixture"] = [{"path": p, "rate": r} for p, r in zip(opened.paths, opened.rates)]
+        return out
+    finally:
+        opened.close()
+
+
+def locate_row_in_state(
+    state: Mapping[str, Any],
+    *,
+    step: int,
+    row: int,
+    cache=None,
+    mixture=None,
+    caches_root=None,
+    split: str = "train",
+    feature: str | None = None,
+    tokens: bool = True,
+) -> dict:
+    """``locate_row`` for the stream a saved feeder state denotes: its caches,
+    rates, seed, global batch size and number of epochs.
+
+    The caches are opened at the state's paths, or at ``cache=``/``mixture=`` (their
+    current locations, as for ``Feeder.restore``), and must be the state's: the
+    same fingerprints, rates and mixture order. ``feature`` defaults to the state's.
+
+    Raises:
+      FeederStateError (a ValueError): not a valid state, or a cache that differs
+        from the state's, e.g. "the cache at PATH was rebuilt (fingerprint A, the
+        state was saved with fingerprint B)".
+      ValueError: a row outside [0, B).
+      seqcache.format.CacheError: a cache cannot be opened.
+    """
+    state_lib.check_state(state)
+    if cache is None and mixture is None:
+        mixture = state_lib.mixture_pairs(state)
+    opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    try:
+        current = dict(state, mixture=state_lib.mixture_entries(opened.paths, opened.rates, opened.weights,
+                                                                opened.readers))
+        diff = state_lib.stream_difference(state, current)
+        if diff:
+            raise state_lib.FeederStateError(
+                f"{diff}; the state's steps and rows denote examples of the caches it was saved with: restore "
+                "those caches (or give their current locations) to ask which examples the model saw"
+            )
+        b, seed = state["global_batch_size"], state["seed"]
+        stream = IndexStream(readers=opened.readers, weights=opened.weights, seed=seed,
+                             num_epochs=state["num_epochs"])
+        out = which(stream, opened.paths, global_batch_size=b, step=step, row=row,
+                    feature=feature or state["feature"], tokens=tokens)
+        out["seed"] = seed
+        out["global_batch_size"] = b
         out["mixture"] = [{"path": p, "rate": r} for p, r in zip(opened.paths, opened.rates)]
         return out
     finally:

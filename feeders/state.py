@@ -90,6 +90,24 @@ def location(path: str | os.PathLike) -> str:
     return path if "://" in path else os.path.abspath(path)
 
 
+def mixture_entries(paths: Sequence[str], rates: Sequence[float], weights: Sequence[int], readers) -> list[dict]:
+    """The ``mixture`` field of a state: one dict per cache, in mixture order, with
+    its absolute path, rate, integer weight, task, split, example count and
+    fingerprint (``readers``: opened ``CacheReader``s)."""
+    return [
+        {
+            "path": location(path),
+            "rate": rate,
+            "weight": weight,
+            "task": reader.manifest.task,
+            "split": reader.manifest.split,
+            "num_examples": reader.num_examples,
+            "fingerprint": reader.fingerprint,
+        }
+        for path, rate, weight, reader in zip(paths, rates, weights, readers)
+    ]
+
+
 def mixture_pairs(state: Mapping[str, Any]) -> list[tuple[str, float]]:
     """[(cache path, rate)] in mixture order."""
     return [(str(e["path"]), float(e["rate"])) for e in state["mixture"]]

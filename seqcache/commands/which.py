@@ -34,7 +34,7 @@ def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed,
                 "num_epochs": num_epochs}
     if os.path.isfile(target):
         # A saved feeder state (the "feeder" item of a checkpoint): it fixes the stream.
-        from seqcache.feeders.state import FeederStateError, check_state, mixture_pairs
+        from seqcache.feeders.state import FeederStateError, check_state
 
         try:
             with open(target, encoding="utf-8") as f:
@@ -42,11 +42,11 @@ def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed,
             check_state(state)
         except (OSError, json.JSONDecodeError, FeederStateError) as e:
             raise click.UsageError(f"{target}: not a readable feeder state: {e}") from None
-        for name, given in (("global_batch_size", batch_size), ("seed", seed)):
+        for name, given in (("global_batch_size", batch_size), ("seed", seed), ("num_epochs", num_epochs)):
             if given is not None and given != state[name]:
                 raise click.UsageError(f"{target} has {name}={state[name]}, but {given} was given; drop the option")
-        return {"mixture": mixture_pairs(state), "global_batch_size": state["global_batch_size"],
-                "seed": state["seed"], "num_epochs": state["num_epochs"]}
+        # The state fixes the stream; its caches are checked against it (fingerprints).
+        return {"state": state, "global_batch_size": state["global_batch_size"]}
     if os.path.isdir(target):
         return {"cache": target, "global_batch_size": batch_size, "seed": seed, "num_epochs": num_epochs}
     # A registered task or mixture name.
@@ -109,7 +109,7 @@ def format_text(d: dict) -> str:
 @click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a registered name.")
 @click.option("--split", default="train", show_default=True)
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
-@click.option("--feature", default="targets", show_default=True, help="The token feature.")
+@click.option("--feature", help="The token feature [default: the state's, else targets].")
 @click.option("--tokens/--no-tokens", default=True, show_default=True, help="Show token ids and text.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def which(target, step, row, batch_size, seed, num_epochs, mixture_rates, cache_dir, split, modules, feature, tokens,
@@ -118,21 +118,25 @@ def which(target, step, row, batch_size, seed, num_epochs, mixture_rates, cache_
     record number of each segment, and the decoded text.
 
     CACHE_OR_MIXTURE is a cache folder (one task), a saved feeder state (JSON; it
-    fixes the caches, rates, seed and batch size), a registered task or mixture name
+    fixes the caches, rates, seed and batch size, and a cache rebuilt since the state
+    was saved is refused), a registered task or mixture name
     (with --cache-dir), or, with --mixture-rate, the folder the mixture's cache
     paths are relative to.
     """
-    from seqcache.feeders.provenance import locate_row
+    from seqcache.feeders.provenance import locate_row, locate_row_in_state
 
     kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs)
     if kw["global_batch_size"] is None:
         raise click.UsageError("--batch-size is required (the global batch size B of the run)")
-    if kw["seed"] is None:
-        kw["seed"] = 0
     if row >= kw["global_batch_size"]:
         raise click.UsageError(f"--row {row} is outside the global batch of {kw['global_batch_size']} rows")
     try:
-        d = locate_row(step=step, row=row, feature=feature, tokens=tokens, **kw)
+        if "state" in kw:
+            d = locate_row_in_state(kw["state"], step=step, row=row, feature=feature, tokens=tokens)
+        else:
+            if kw["seed"] is None:
+                kw["seed"] = 0
+            d = locate_row(step=step, row=row, feature=feature or "targets", tokens=tokens, **kw)
     except (fmt.CacheError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

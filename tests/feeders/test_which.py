@@ -126,3 +126,19 @@ def test_cli_on_a_registered_mixture_name(tmp_path, fx):
     with Feeder(mixture=mixture, global_batch_size=3, sequence_length=2, host_index=0, host_count=1) as f:
         b = f.get_batch(3)
     assert (d["task_index"], d["cache_index"]) == (int(b["task_index"][1]), int(b["cache_index"][1]))
+
+
+def test_cli_on_a_saved_state_refuses_a_rebuilt_cache(tmp_path, fx):
+    path = str(tmp_path / "c")
+    fx.write_fixture_cache(path, n=12)
+    with Feeder(cache=path, global_batch_size=4, sequence_length=4, host_index=0, host_count=1) as f:
+        state = f.state()
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    args = ["which", str(tmp_path / "state.json"), "--step", "0", "--row", "0", "--json"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    rebuilt = fx.write_fixture_cache(path, n=12, tag="seed 1")  # rebuilt in place, another order
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1
+    old = state["mixture"][0]["fingerprint"]
+    assert f"the cache at {path} was rebuilt (fingerprint {rebuilt.fingerprint}, the state was saved with " \
+           f"fingerprint {old})" in res.output

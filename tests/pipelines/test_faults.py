@@ -3,6 +3,7 @@ a re-run with space succeeds with the bytes of an undisturbed build."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -52,3 +53,86 @@ def test_full_disk_is_a_clear_error_and_a_rerun_succeeds(tmp_path, small_disk, s
     fresh = build_task(_task(corpus), cache_dir=str(tmp_path / "fresh"), config=BuildConfig(num_shards=2))
     assert [s.sha256 for s in again.manifest.shards] == [s.sha256 for s in fresh.manifest.shards]
     assert again.manifest.num_examples == 40000
+
+
+class _FlakyReader:
+    """Wraps _ReadAndPreprocess: the first attempt fails after `fail_after` batches."""
+
+    def __init__(self, inner, fail_after):
+        self.inner, self.fail_after, self.features = inner, fail_after, inner.features
+
+    def read(self, file_index, path):
+        for n, item in enumerate(self.inner.read(file_index, path)):
+            if self.fail_after is not None and n == self.fail_after:
+                raise RuntimeError("worker lost (first attempt)")
+            yield item
+
+
+def _attempt(dofn, file_entry, *, fail_in_finish=False):
+    """Runs one bundle attempt the way a runner does; returns its main outputs, or
+    None when the attempt failed (a runner then discards everything it emitted)."""
+    import apache_beam as beam
+
+    outputs = []
+    dofn.start_bundle()
+    try:
+        for out in dofn.process(file_entry):
+            if not isinstance(out, beam.pvalue.TaggedOutput):
+                outputs.append(out)
+        if fail_in_finish:
+            list(dofn.finish_bundle())  # writes its spill files ...
+            raise RuntimeError("worker lost in finish_bundle")  # ... then dies
+        outputs.extend(w.value for w in dofn.finish_bundle())
+    except RuntimeError:
+        return None
+    return outputs
+
+
+@pytest.mark.parametrize("where", ["process", "finish_bundle"])
+def test_a_retried_bundle_gives_exactly_the_input_multiset(tmp_path, shared_data, where):
+    """Beam retries a failed bundle and discards the failed attempt's outputs. The
+    spill files a failed attempt wrote are never named by an output, so the shards
+    hold exactly the input records, once each (the DirectRunner does not retry, so
+    the retry is played here, step by step, on the real DoFns)."""
+    import collections
+
+    import apache_beam as beam
+
+    from seqcache.feeders.reader import CacheReader
+    from seqcache.pipelines import build as b
+    from seqcache.pipelines import writer
+
+    path = str(shared_data / "tinyshakespeare" / "input.txt")
+    task = _task(path)
+    out_dir = tmp_path / "cache"
+    spill_dir = out_dir / "_tmp" / "spill"
+    spill_dir.mkdir(parents=True)
+    reader = b._ReadAndPreprocess(task, seed=0, sequence_length=None, num_shards=2)
+    spill_bytes = 200_000  # several spills per bundle: outputs are emitted before the failure
+    dofn_class = b._make_spill_dofn(beam)
+
+    failed = dofn_class(_FlakyReader(reader, fail_after=40 if where == "process" else None), str(spill_dir), spill_bytes)
+    assert _attempt(failed, (0, path), fail_in_finish=(where == "finish_bundle")) is None
+    orphans = set(os.listdir(spill_dir))
+    assert orphans  # the failed attempt did leave files behind
+    retried = dofn_class(reader, str(spill_dir), spill_bytes)
+    outputs = _attempt(retried, (0, path))
+    assert not orphans & {os.path.basename(p) for _, p in outputs}
+
+    groups = collections.defaultdict(list)
+    for shard, p in outputs:
+        groups[shard].append(p)
+    write = b._WriteShard(task, out_dir=str(out_dir), stats_dir=str(out_dir / "_tmp"), num_shards=2, sequence_length=None)
+    entries = []
+    for shard in range(2):
+        list(write((shard, groups[shard])))
+        entries.append(json.loads((out_dir / "_tmp" / f"{b.STATS_PREFIX}{shard:05d}.json").read_text())["shard"])
+    raw = writer.build_manifest(task="lines", split="train", fingerprint="f", fingerprint_inputs={}, features=[
+        {"name": "targets", "dtype": "int32"}], shards=entries, sources=[{"path": path}], statistics={}, seed=0,
+        sequence_length=None, packing=None, vocabularies={})
+    writer.write_manifest(str(out_dir), raw)
+    with CacheReader(str(out_dir)) as r:
+        got = collections.Counter(tuple(e["targets"].tolist()) for e in r.read_examples(range(len(r))))
+    lines = open(path, encoding="utf-8").read().split("\n")[:-1]
+    want = collections.Counter(tuple(x + 3 for x in line.encode()) for line in lines)
+    assert got == want and sum(got.values()) == 40000

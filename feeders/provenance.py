@@ -217,8 +217,8 @@ def locate_row_in_state(
         diff = state_lib.stream_difference(state, current)
         if diff:
             raise state_lib.FeederStateError(
-                f"{diff}; the state's steps and rows denote examples of the caches it was saved with: restore "
-                "those caches (or give their current locations) to ask which examples the model saw"
+                f"{diff}; the state's steps and rows denote examples of the caches it was saved with: ask with "
+                "those caches"
             )
         b, seed = state["global_batch_size"], state["seed"]
         stream = IndexStream(readers=opened.readers, weights=opened.weights, seed=seed,

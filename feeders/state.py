@@ -156,7 +156,7 @@ def _cache_difference(i: int, saved: Mapping[str, Any], current: Mapping[str, An
     if saved.get("fingerprint") != current.get("fingerprint"):
         same_task = (saved.get("task"), saved.get("split")) == (current.get("task"), current.get("split"))
         if same_task:
-            where = "" if saved_path == path else f" at {saved_path}"
+            where = "" if saved_path is None or location(saved_path) == path else f" at {saved_path}"
             return (
                 f"the cache at {path} was rebuilt (fingerprint {current.get('fingerprint')}, the state was saved "
                 f"with fingerprint {saved.get('fingerprint')}{where}), so the saved position no longer denotes the same "

@@ -25,36 +25,78 @@ def _parse_rates(pairs, root: str) -> list[tuple[str, float]]:
     return out
 
 
+# Where a checkpoint step folder of ``seqcache train`` (an Orbax CheckpointManager
+# step) keeps the feeder state: the "feeder" item, a JSON file named "metadata".
+FEEDER_STATE_IN_STEP = os.path.join("feeder", "metadata")
+
+
+def _read_state(path: str, label: str, batch_size, seed, num_epochs) -> dict:
+    """The keyword arguments for a saved feeder state read from ``path``."""
+    from seqcache.feeders.state import FeederStateError, check_state
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        check_state(state)
+    except (OSError, json.JSONDecodeError, FeederStateError) as e:
+        raise click.UsageError(f"{label}: not a readable feeder state: {e}") from None
+    for name, given in (("global_batch_size", batch_size), ("seed", seed), ("num_epochs", num_epochs)):
+        if given is not None and given != state[name]:
+            raise click.UsageError(f"{label} has {name}={state[name]}, but {given} was given; drop the option")
+    # The state fixes the stream; its caches are checked against it (fingerprints).
+    return {"state": state, "global_batch_size": state["global_batch_size"]}
+
+
+def _checkpoint_steps(folder: str) -> list[int]:
+    """The step folders of a checkpoint directory that hold a feeder state."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit() and os.path.isfile(os.path.join(folder, n, FEEDER_STATE_IN_STEP)))
+
+
+def _is_cache(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, fmt.MANIFEST_NAME))
+
+
 def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs):
-    """Returns the keyword arguments of ``locate_row`` (without step/row)."""
+    """Returns the keyword arguments of ``locate_row`` (without step/row), or
+    ``{"state": ..., "global_batch_size": ...}`` for a saved feeder state."""
+    common_kw = {"global_batch_size": batch_size, "seed": seed, "num_epochs": num_epochs}
     if mixture_rates:
+        if not os.path.exists(target):
+            raise click.UsageError(f"no such file or folder: {target}")
         if not os.path.isdir(target):
             raise click.UsageError(f"with --mixture-rate, {target} must be the folder the cache paths are relative to")
-        return {"mixture": _parse_rates(mixture_rates, target), "global_batch_size": batch_size, "seed": seed,
-                "num_epochs": num_epochs}
+        return {"mixture": _parse_rates(mixture_rates, target), **common_kw}
     if os.path.isfile(target):
         # A saved feeder state (the "feeder" item of a checkpoint): it fixes the stream.
-        from seqcache.feeders.state import FeederStateError, check_state
-
-        try:
-            with open(target, encoding="utf-8") as f:
-                state = json.load(f)
-            check_state(state)
-        except (OSError, json.JSONDecodeError, FeederStateError) as e:
-            raise click.UsageError(f"{target}: not a readable feeder state: {e}") from None
-        for name, given in (("global_batch_size", batch_size), ("seed", seed), ("num_epochs", num_epochs)):
-            if given is not None and given != state[name]:
-                raise click.UsageError(f"{target} has {name}={state[name]}, but {given} was given; drop the option")
-        # The state fixes the stream; its caches are checked against it (fingerprints).
-        return {"state": state, "global_batch_size": state["global_batch_size"]}
+        return _read_state(target, target, batch_size, seed, num_epochs)
     if os.path.isdir(target):
-        return {"cache": target, "global_batch_size": batch_size, "seed": seed, "num_epochs": num_epochs}
-    # A registered task or mixture name.
+        in_step = os.path.join(target, FEEDER_STATE_IN_STEP)
+        if os.path.isfile(in_step):
+            # A checkpoint step folder of `seqcache train`: its saved feeder state.
+            return _read_state(in_step, in_step, batch_size, seed, num_epochs)
+        if not _is_cache(target):
+            steps = _checkpoint_steps(target)
+            if steps:
+                raise click.UsageError(
+                    f"{target} is a checkpoint directory; give one of its step folders, e.g. "
+                    f"{os.path.join(target, str(steps[-1]))} (steps with a feeder state: "
+                    f"{', '.join(map(str, steps))})"
+                )
+        return {"cache": target, **common_kw}
     if cache_dir is None:
         raise click.UsageError(
-            f"{target}: not a cache folder, state file or folder; to use a registered task or mixture name, "
-            "give --cache-dir (the root of <task>/<split> caches)"
+            f"no such file or folder: {target} (to look up a task or mixture name, give --cache-dir, the root of "
+            "<task>/<split> caches)"
         )
+    # A task cache under --cache-dir, as `seqcache train --task NAME --cache-dir DIR` finds it.
+    under = os.path.join(cache_dir, target, split)
+    if _is_cache(under):
+        return {"cache": under, **common_kw}
+    # A registered task or mixture name.
     from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions
 
     for m in modules:
@@ -62,8 +104,10 @@ def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed,
     try:
         obj = get_task_or_mixture(target)
     except KeyError as e:
-        raise click.UsageError(str(e.args[0] if e.args else e)) from None
-    common_kw = {"global_batch_size": batch_size, "seed": seed, "num_epochs": num_epochs}
+        reason = str(e.args[0] if e.args else e)
+        raise click.UsageError(
+            f"no such file or folder: {target}; no cache at {under}; and {reason}"
+        ) from None
     if isinstance(obj, Mixture):
         return {"mixture": obj, "caches_root": cache_dir, "split": split, **common_kw}
     return {"cache": os.path.join(cache_dir, obj.name, split), **common_kw}
@@ -101,12 +145,12 @@ def format_text(d: dict) -> str:
 @click.argument("target", metavar="CACHE_OR_MIXTURE")
 @click.option("--step", type=click.IntRange(min=0), required=True, help="Training step s.")
 @click.option("--row", type=click.IntRange(min=0), required=True, help="Row r of the global batch, in [0, B).")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Global batch size B (taken from a state file).")
-@click.option("--seed", type=click.IntRange(min=0), help="Feeder seed (default 0; taken from a state file).")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Global batch size B (taken from a saved state).")
+@click.option("--seed", type=click.IntRange(min=0), help="Feeder seed (default 0; taken from a saved state).")
 @click.option("--num-epochs", type=click.IntRange(min=1), help="For finite runs: epochs per task.")
 @click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE",
               help="A cache of the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE.")
-@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a registered name.")
+@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or mixture name.")
 @click.option("--split", default="train", show_default=True)
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
 @click.option("--feature", help="The token feature [default: the state's, else targets].")
@@ -117,11 +161,17 @@ def which(target, step, row, batch_size, seed, num_epochs, mixture_rates, cache_
     """Show what row ROW of global batch STEP was: task, cache index, source file and
     record number of each segment, and the decoded text.
 
-    CACHE_OR_MIXTURE is a cache folder (one task), a saved feeder state (JSON; it
-    fixes the caches, rates, seed and batch size, and a cache rebuilt since the state
-    was saved is refused), a registered task or mixture name
-    (with --cache-dir), or, with --mixture-rate, the folder the mixture's cache
-    paths are relative to.
+    CACHE_OR_MIXTURE is one of:
+
+    \b
+    - a cache folder (one task);
+    - a saved feeder state: a JSON file, or a checkpoint step folder of
+      `seqcache train` (e.g. runs/c4/12, whose state is runs/c4/12/feeder/metadata).
+      The state fixes the caches, rates, seed and batch size; a cache rebuilt
+      since it was saved is refused;
+    - with --cache-dir: a task name whose cache is CACHE_DIR/NAME/SPLIT, or a
+      registered task or mixture name;
+    - with --mixture-rate: the folder the mixture's cache paths are relative to.
     """
     from seqcache.feeders.provenance import locate_row, locate_row_in_state
 

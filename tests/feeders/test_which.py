@@ -142,3 +142,51 @@ def test_cli_on_a_saved_state_refuses_a_rebuilt_cache(tmp_path, fx):
     old = state["mixture"][0]["fingerprint"]
     assert f"the cache at {path} was rebuilt (fingerprint {rebuilt.fingerprint}, the state was saved with " \
            f"fingerprint {old})" in res.output
+
+
+def test_cli_on_a_task_cache_under_cache_dir(tmp_path, fx):
+    # As `seqcache train --task NAME --cache-dir DIR` finds it: DIR/NAME/SPLIT.
+    fx.write_fixture_cache(tmp_path / "caches" / "which_plain" / "validation", n=10, task="which_plain",
+                           split="validation")
+    path = str(tmp_path / "caches" / "which_plain" / "validation")
+    with Feeder(cache=path, global_batch_size=4, sequence_length=4, host_index=0, host_count=1) as f:
+        i = int(f.get_batch(2)["cache_index"][3])
+    res = CliRunner().invoke(main, ["which", "which_plain", "--cache-dir", str(tmp_path / "caches"), "--split",
+                                    "validation", "--step", "2", "--row", "3", "--batch-size", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["cache"] == path and d["cache_index"] == i
+    res = CliRunner().invoke(main, ["which", "which_nothing", "--cache-dir", str(tmp_path / "caches"), "--step", "0",
+                                    "--row", "0", "--batch-size", "4"])
+    assert res.exit_code == 2
+    assert "no such file or folder: which_nothing" in res.output
+    assert "no cache at " + str(tmp_path / "caches" / "which_nothing" / "train") in res.output
+
+
+def test_cli_on_a_checkpoint_step_folder(tmp_path, fx):
+    # `seqcache train` saves the feeder state of step 12 as runs/12/feeder/metadata.
+    path = str(tmp_path / "c")
+    fx.write_fixture_cache(path, n=30)
+    with Feeder(cache=path, global_batch_size=4, sequence_length=4, host_index=0, host_count=1, seed=3) as f:
+        f.step = 12
+        state = f.state()
+        i = int(f.get_batch(12)["cache_index"][1])
+    for step in (8, 12):
+        (tmp_path / "runs" / str(step) / "feeder").mkdir(parents=True)
+        (tmp_path / "runs" / str(step) / "feeder" / "metadata").write_text(json.dumps(state))
+    res = CliRunner().invoke(main, ["which", str(tmp_path / "runs" / "12"), "--step", "12", "--row", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert (d["cache_index"], d["seed"], d["global_batch_size"]) == (i, 3, 4)
+    res = CliRunner().invoke(main, ["which", str(tmp_path / "runs"), "--step", "12", "--row", "1"])
+    assert res.exit_code == 2
+    assert f"{tmp_path / 'runs'} is a checkpoint directory; give one of its step folders, e.g. " \
+           f"{tmp_path / 'runs' / '12'} (steps with a feeder state: 8, 12)" in res.output
+
+
+def test_cli_names_a_missing_path(tmp_path):
+    missing = str(tmp_path / "runs" / "7")
+    res = CliRunner().invoke(main, ["which", missing, "--step", "0", "--row", "0"])
+    assert res.exit_code == 2 and f"no such file or folder: {missing}" in res.output
+    res = CliRunner().invoke(main, ["which", missing, "--mixture-rate", "a=1", "--step", "0", "--row", "0"])
+    assert res.exit_code == 2 and f"no such file or folder: {missing}" in res.output

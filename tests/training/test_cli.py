@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import format as fmt
+from seqcache.cli import main
 from seqcache.commands.train import train
 from seqcache.training.metrics import read_metrics
 
@@ -76,6 +77,10 @@ def test_train_eval_resume_and_refuse(cache, tmp_path):
     assert [m["step"] for m in metrics] == list(range(6))
     feeder_state = json.loads((ckpt / "6" / "feeder" / "metadata").read_text())
     assert feeder_state["position"] == 6 * 8 and feeder_state["global_batch_size"] == 8
+    # `seqcache which` reads the feeder state of a checkpoint step folder.
+    which = CliRunner().invoke(main, ["which", str(ckpt / "6"), "--step", "5", "--row", "7", "--json"])
+    assert which.exit_code == 0, which.output
+    assert json.loads(which.output)["position"] == 5 * 8 + 7
 
     refused = _train(cache, ckpt, "--steps", "8", "--batch-size", "16")
     assert refused.exit_code == 1

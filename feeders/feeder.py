@@ -75,6 +75,36 @@ def check_hosts(global_batch_size: int, host_index: int, host_count: int) -> Non
         raise ValueError(f"host_index must be in [0, {n}) for host_count={n} (got {h!r})")
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n >= 1, ascending (O(sqrt n))."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def host_counts_for(global_batch_size: int, wanted: int, *, shown: int = 8) -> str:
+    """The host counts a state saved with this global batch restores onto, for a
+    message: the first ``shown`` divisors of B, and the ones nearest ``wanted``
+    (e.g. "1, 2, 3, 4, 6, 8, 12, 16, ..., 256 (nearest to 100: 96, 128)")."""
+    ds = divisors(int(global_batch_size))
+    text = ", ".join(map(str, ds[:shown]))
+    if len(ds) > shown:
+        text += f", ..., {ds[-1]}"
+        below = [d for d in ds if d < wanted]
+        above = [d for d in ds if d > wanted]
+        near = [x for x in (below[-1] if below else None, above[0] if above else None)
+                if x is not None and x not in ds[:shown] and x != ds[-1]]
+        if near:
+            text += f" (nearest to {wanted}: {', '.join(map(str, near))})"
+    return text
+
+
 class Feeder:
     """Exactly-once, resumable batches from a task cache or a mixture of them.
 
@@ -467,7 +497,8 @@ class Feeder:
             rebuilt (fingerprint A, the state was saved with fingerprint B)");
             other rates, caches or mixture order; a state that differs from an
             expectation. The message names both values.
-          ValueError: the host count does not divide the saved global batch.
+          ValueError: the host count does not divide the saved global batch (the
+            message lists host counts that do).
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """
         state_lib.check_state(state)
@@ -480,6 +511,15 @@ class Feeder:
             expected["num_epochs"] = num_epochs
         state_lib.compare(state, expected)
         b = state["global_batch_size"]
+        hosts = host_count if host_count is not None else default_hosts()[1]
+        if isinstance(hosts, (int, np.integer)) and hosts >= 1 and b % hosts:
+            # The global batch is part of the stream a state denotes: restoring
+            # cannot change it, so say which host counts work instead.
+            raise ValueError(
+                f"the feeder state was saved with global_batch_size={b}, which host_count={hosts} does not "
+                f"divide (every host reads B / H rows, and a restored run keeps B): restore on a host count that "
+                f"divides {b}: {host_counts_for(b, hosts)}"
+            )
         if cache is None and mixture is None:
             where = {"mixture": state_lib.mixture_pairs(state)}
         else:

@@ -236,10 +236,23 @@ def test_restore_refuses_a_host_count_that_does_not_divide_the_batch(make_cache)
     path = make_cache(n=N)
     with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
         state = f.state()
-    with pytest.raises(ValueError, match="not divisible by host_count=3"):
-        Feeder.restore(state, host_index=0, host_count=3)
-    with pytest.raises(ValueError, match="larger than global_batch_size"):
-        Feeder.restore(state, host_index=0, host_count=8)
+    # The global batch cannot change on restore: the message lists the host counts
+    # that work instead of suggesting another global batch.
+    for hosts in (3, 8):
+        with pytest.raises(ValueError) as e:
+            Feeder.restore(state, host_index=0, host_count=hosts)
+        msg = str(e.value)
+        assert f"saved with global_batch_size={B}, which host_count={hosts} does not divide" in msg
+        assert msg.endswith(f"restore on a host count that divides {B}: 1, 2, 4") and "multiple of" not in msg
+
+
+def test_host_counts_that_divide_a_large_global_batch():
+    from seqcache.feeders.feeder import divisors, host_counts_for
+
+    assert divisors(1) == [1] and divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert host_counts_for(12, 5) == "1, 2, 3, 4, 6, 12"
+    assert host_counts_for(1536, 100) == "1, 2, 3, 4, 6, 8, 12, 16, ..., 1536 (nearest to 100: 96, 128)"
+    assert host_counts_for(1536, 5) == "1, 2, 3, 4, 6, 8, 12, 16, ..., 1536"
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,10 @@ from seqcache import format as fmt
 # a few percent faster than the default parallelism.
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 
+# What ArrayRecord raises on a damaged file (a corrupted chunk or footer is a
+# RuntimeError carrying Riegeli's status message); reported as CacheError.
+_ARRAY_RECORD_ERRORS = (RuntimeError, OSError, ValueError)
+
 
 class CacheReader:
     """Batched random access to the records of one task cache.
@@ -49,7 +53,10 @@ class CacheReader:
 
     Raises:
       seqcache.format.IncompleteCacheError: no manifest.json (an unfinished build).
-      seqcache.format.CacheError: an invalid manifest or a missing/resized shard.
+      seqcache.format.CacheError: an invalid manifest or a missing/resized shard;
+        also, from the reads, a shard that ArrayRecord cannot open or read (a
+        damaged chunk): the message names the shard file and says to run
+        ``seqcache verify CACHE``.
     """
 
     def __init__(self, cache_dir: str, *, reader_options: str = READER_OPTIONS, open_shards: bool = True):
@@ -88,10 +95,17 @@ class CacheReader:
             reader = table[shard]
             if reader is None:
                 path = os.path.join(self.cache_dir, name)
-                reader = ArrayRecordReader(path, self._options)
-                expected = self.manifest.shards[shard].num_records
-                if reader.num_records() != expected:
+                try:
+                    reader = ArrayRecordReader(path, self._options)
+                except _ARRAY_RECORD_ERRORS as e:
+                    raise self._corrupt(path, "cannot open the shard", e) from e
+                try:
                     actual = reader.num_records()
+                except _ARRAY_RECORD_ERRORS as e:
+                    reader.close()
+                    raise self._corrupt(path, "cannot open the shard", e) from e
+                expected = self.manifest.shards[shard].num_records
+                if actual != expected:
                     reader.close()
                     raise fmt.CacheError(
                         f"{path}: shard has {actual} records, the manifest expects {expected}; "
@@ -99,6 +113,14 @@ class CacheReader:
                     )
                 table[shard] = reader
         return reader
+
+    def _corrupt(self, path: str, what: str, error: BaseException) -> fmt.CacheError:
+        """The CacheError for an ArrayRecord failure on shard file ``path``."""
+        return fmt.CacheError(
+            f"{path}: {what} of this shard of cache {self.cache_dir}: {error}. The shard file is damaged or was "
+            f"modified after the build; run `seqcache verify {self.cache_dir}` to check every shard against the "
+            "manifest's checksums, then rebuild the cache (or restore the file)"
+        )
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """(shard int64, record offset in the shard int64) of each cache index."""
@@ -119,7 +141,12 @@ class CacheReader:
         for s in np.flatnonzero(bounds[1:] > bounds[:-1]):
             lo, hi = bounds[s], bounds[s + 1]
             reader = self._open(table, int(s), names[s])
-            records.extend(reader.read((sorted_idx[lo:hi] - self.shard_starts[s]).tolist()))
+            offsets = (sorted_idx[lo:hi] - self.shard_starts[s]).tolist()
+            try:
+                records.extend(reader.read(offsets))
+            except _ARRAY_RECORD_ERRORS as e:
+                what = f"cannot read records {offsets[0]}..{offsets[-1]} ({len(offsets)} records)"
+                raise self._corrupt(os.path.join(self.cache_dir, names[s]), what, e) from e
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
         return list(map(records.__getitem__, inverse.tolist()))

@@ -283,3 +283,37 @@ def test_close_leaves_no_threads_and_refuses_use(make_cache):
     with pytest.raises(RuntimeError, match="closed"):
         f.get_batch(0)
     f.close()  # idempotent
+
+
+def test_a_damaged_shard_is_a_cache_error_naming_the_shard(tmp_path, fx):
+    # One flipped byte inside a record's chunk: the shard keeps its size and record
+    # count (so opening succeeds), and ArrayRecord's chunk hash check fails on read.
+    from seqcache import format as fmt
+
+    fx.write_fixture_cache(tmp_path / "c", n=30, num_shards=1, length=40)
+    shard = tmp_path / "c" / "data.array_record-00000-of-00001"
+    data = bytearray(shard.read_bytes())
+    data[200] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with Feeder(cache=str(tmp_path / "c"), global_batch_size=30, sequence_length=8, host_index=0, host_count=1) as f:
+        with pytest.raises(fmt.CacheError) as e:
+            f.get_batch(0)
+    msg = str(e.value)
+    assert msg.startswith(f"{shard}: cannot read records 0..29 (30 records)")
+    assert "hash mismatch" in msg and f"run `seqcache verify {tmp_path / 'c'}`" in msg
+
+
+def test_a_shard_arrayrecord_cannot_open_is_a_cache_error(tmp_path, fx, monkeypatch):
+    from seqcache import format as fmt
+    from seqcache.feeders import reader as reader_mod
+
+    fx.write_fixture_cache(tmp_path / "c", n=6, num_shards=2)
+
+    def refuse(path, options):
+        raise RuntimeError(f"Corrupted Riegeli/records file: footer hash mismatch; at byte 17 of {path}")
+
+    monkeypatch.setattr(reader_mod, "ArrayRecordReader", refuse)
+    with pytest.raises(fmt.CacheError) as e:
+        reader_mod.CacheReader(str(tmp_path / "c"))
+    assert str(e.value).startswith(f"{tmp_path / 'c' / 'data.array_record-00000-of-00002'}: cannot open the shard")
+    assert f"run `seqcache verify {tmp_path / 'c'}`" in str(e.value)

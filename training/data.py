@@ -118,6 +118,27 @@ def vocab_size_of(source: Source, feature: str = "targets") -> int:
     return int(descs[0]["vocab_size"])
 
 
+def check_sequence_length(source: Source, sequence_length: int, feature: str = "targets") -> None:
+    """Refuses a sequence length shorter than a packed cache's: the feeder would
+    have to cut packed segments (it refuses it too; this says so before anything
+    is compiled, also in a dry run, in the CLI's terms).
+
+    Raises:
+      ConfigError: naming the cache, its packed sequence length and the requested one.
+    """
+    for path in source.cache_dirs:
+        manifest = fmt.read_manifest(path)
+        names = {f.name for f in manifest.features}
+        lengths = manifest.sequence_length or {}
+        built = lengths.get(feature) if isinstance(lengths, dict) else None
+        if f"{feature}_segment_ids" in names and built is not None and int(built) > sequence_length:
+            raise ConfigError(
+                f"{path}: the cache is packed to sequence length {built} (feature {feature!r}), but "
+                f"--sequence-length is {sequence_length}: rows would cut packed segments. Train with "
+                f"--sequence-length {built} (or more), or rebuild the cache with --sequence-length {sequence_length}"
+            )
+
+
 def num_examples_of(source: Source) -> int:
     """Examples in the source's caches (all tasks together)."""
     return sum(fmt.read_manifest(path).num_examples for path in source.cache_dirs)

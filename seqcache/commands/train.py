@@ -9,6 +9,8 @@ import sys
 
 import click
 
+from seqcache import format as fmt
+
 # Exit status after SIGTERM: the run stopped early with a checkpoint saved
 # (128 + SIGTERM, as a shell reports a process ended by the signal).
 EXIT_PREEMPTED = 143
@@ -94,8 +96,13 @@ def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequen
         eval_source = (
             data_lib.resolve_source(cfg.data, cfg.data.eval_split, tuple(modules)) if cfg.data.eval_split else None
         )
+        for src in (source, eval_source):
+            if src is not None:
+                data_lib.check_sequence_length(src, cfg.sequence_length)
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
+    except fmt.CacheError as e:
+        _fail(e)
 
     from seqcache.training.checkpoints import CheckpointError
     from seqcache.training.trainer import Trainer, params_digest
@@ -103,6 +110,22 @@ def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequen
     try:
         trainer = Trainer(cfg)
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
+        raise click.UsageError(str(e)) from None
+
+    # The feeders are built (caches opened and checked) before anything is
+    # compiled, and in a dry run too: their errors are messages, not tracebacks.
+    feeder_seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
+    feeder = None
+    try:
+        feeder = data_lib.make_feeder(cfg, source, seed=feeder_seed)
+        eval_fn = data_lib.eval_feeder_factory(cfg, eval_source, seed=feeder_seed) if eval_source else None
+        if eval_fn is not None:
+            eval_fn().close()
+    except (ValueError, fmt.CacheError) as e:
+        if feeder is not None:
+            feeder.close()
+        if isinstance(e, fmt.CacheError):
+            _fail(e)
         raise click.UsageError(str(e)) from None
 
     derived = trainer.describe()
@@ -116,19 +139,16 @@ def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequen
     derived["checkpoint_dir"] = cfg.checkpoint.directory
     _print_derived(derived)
     if dry_run:
+        feeder.close()
         click.echo(config_lib.to_json(cfg), nl=False)
         return
 
-    feeder_seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
-    feeder = data_lib.make_feeder(cfg, source, seed=feeder_seed)
-    eval_fn = data_lib.eval_feeder_factory(cfg, eval_source, seed=feeder_seed) if eval_source else None
     from seqcache.feeders import FeederStateError
 
     try:
         result = trainer.fit(feeder, eval_feeder_fn=eval_fn, stop_at=stop_at_step)
-    except (CheckpointError, FeederStateError) as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    except (CheckpointError, FeederStateError, fmt.CacheError) as e:
+        _fail(e)
     summary = {
         "start_step": result.start_step,
         "end_step": result.end_step,
@@ -143,6 +163,13 @@ def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequen
     click.echo(json.dumps(summary, sort_keys=True))
     if result.stopped_by_signal:
         sys.exit(EXIT_PREEMPTED)
+
+
+def _fail(error: BaseException) -> None:
+    """Prints ``error: MESSAGE`` and exits with status 1 (an error that is not a
+    usage error: a damaged cache, a checkpoint that cannot be resumed)."""
+    click.echo(f"error: {error}", err=True)
+    sys.exit(1)
 
 
 def _print_derived(derived: dict) -> None:

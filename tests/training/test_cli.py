@@ -98,6 +98,27 @@ def test_bad_flags_are_usage_errors(cache, tmp_path):
     # 4 heads cannot be split over a 'model' axis of 8 devices: named parameter.
     bad_rule = _train(cache, tmp_path / "d", "--mesh", "data=1,model=8", "--rules", "tp")
     assert bad_rule.exit_code == 2 and "blocks/0/attn/w" in bad_rule.output and "'model' of size 8" in bad_rule.output
+    # A sequence length shorter than the cache's packed one: a usage error naming
+    # the cache and both lengths, in a dry run too, before anything is compiled.
+    for extra in ((), ("--dry-run",)):
+        short = _train(cache, tmp_path / "e", "--sequence-length", str(L // 2), *extra)
+        assert short.exit_code == 2, short.output
+        assert (f"{cache / 'shakespeare_lm' / 'train'}: the cache is packed to sequence length {L} (feature "
+                f"'targets'), but --sequence-length is {L // 2}") in short.output
+        assert "Traceback" not in short.output and not (tmp_path / "e").exists()
+
+
+def test_feeder_errors_are_messages_not_tracebacks(cache, tmp_path):
+    # A damaged shard (another size than the manifest's) is found when the feeder
+    # opens the cache: "error: ..." and exit status 1, in a dry run too.
+    damaged = tmp_path / "caches"
+    shutil.copytree(cache, damaged)
+    shard = damaged / "shakespeare_lm" / "train" / "data.array_record-00001-of-00002"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    for extra in ((), ("--dry-run",)):
+        res = _train(damaged, tmp_path / "ckpt", *extra)
+        assert res.exit_code == 1, res.output
+        assert f"error: {shard}: shard file has" in res.output and "Traceback" not in res.output
 
 
 def test_stop_at_step_then_resume_matches_an_uninterrupted_run(cache, tmp_path, monkeypatch):

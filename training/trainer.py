@@ -434,6 +434,7 @@ class Trainer:
                 start = restored.step
                 feeder = self._restore_feeder(feeder, restored)
                 log.info("restored %s (step %d)", restored.path, start)
+                _warn_schedule_changes(os.path.join(ckpt_dir, CONFIG_FILE), cfg, start)
             else:
                 params, opt_state = self.init_state()
 
@@ -632,6 +633,54 @@ def _check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str
                 f"{path}: the checkpoint's feeder state has {key}={saved.get(key)!r}, but this run's feeder has "
                 f"{key}={current.get(key)!r}{_STREAM_HINT}"
             )
+
+
+# Config fields that change the learning-rate schedule or the optimizer of a run
+# (``steps`` is the schedule's length unless optimizer.decay_steps is set).
+SCHEDULE_FIELDS = ("steps",) + tuple(f"optimizer.{f.name}" for f in dataclasses.fields(config_lib.OptimizerConfig))
+
+
+def schedule_changes(saved: Mapping[str, Any], config: config_lib.TrainConfig) -> list[tuple[str, Any, Any]]:
+    """The schedule and optimizer fields (``SCHEDULE_FIELDS``) whose value in
+    ``config`` differs from a saved config dict (a run's config.json).
+
+    Returns:
+      [(dotted field name, saved value, new value)], in ``SCHEDULE_FIELDS`` order;
+      fields missing from ``saved`` are not compared.
+    """
+    current = config_lib.to_dict(config)
+    out = []
+    for name in SCHEDULE_FIELDS:
+        old, new, present = saved, current, True
+        for part in name.split("."):
+            present = present and isinstance(old, Mapping) and part in old
+            old = old.get(part) if isinstance(old, Mapping) else None
+            new = new.get(part) if isinstance(new, Mapping) else None
+        if present and old != new:
+            out.append((name, old, new))
+    return out
+
+
+def _warn_schedule_changes(config_path: str, config: config_lib.TrainConfig, step: int) -> None:
+    """Logs a WARNING when a resumed run's schedule or optimizer differs from the
+    config the run was saved with. Extending a run (more steps) is legitimate, so
+    this does not refuse; it makes the change visible."""
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        log.info("no saved config to compare the schedule with (%s): %s", config_path, e)
+        return
+    changes = schedule_changes(saved, config)
+    if not changes:
+        return
+    listed = ", ".join(f"{name} {json.dumps(old)} -> {json.dumps(new)}" for name, old, new in changes)
+    log.warning(
+        "resuming at step %d with another learning-rate schedule or optimizer than the run's %s: %s (saved -> "
+        "now). From step %d on, the learning rate and updates follow the new values; resume with the saved "
+        "values to keep the original schedule.",
+        step, config_path, listed, step,
+    )
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:

@@ -4,6 +4,7 @@ on the 8 CPU devices: train, evaluate every example once, resume, refuse a
 changed global batch."""
 
 import json
+import logging
 import pathlib
 import shutil
 
@@ -50,7 +51,12 @@ def _last_json(output: str) -> dict:
     return json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
 
 
-def test_train_eval_resume_and_refuse(cache, tmp_path):
+def _schedule_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "learning-rate schedule" in r.getMessage()]
+
+
+def test_train_eval_resume_and_refuse(cache, tmp_path, caplog):
     ckpt = tmp_path / "ckpt"
     manifest = fmt.read_manifest(str(cache / "shakespeare_lm" / "train"))
 
@@ -69,8 +75,13 @@ def test_train_eval_resume_and_refuse(cache, tmp_path):
     assert config["model"]["vocab_size"] == 259 and config["global_batch_size"] == 8
     assert config["mesh"] == {"data": -1, "fsdp": 1, "model": 1}
 
+    assert _schedule_warnings(caplog) == []
     second = _train(cache, ckpt, "--steps", "6", "--set", "checkpoint.every_steps=2")
     assert second.exit_code == 0, second.output
+    # Extending the run changes the cosine schedule's length: allowed, but said.
+    (warning,) = _schedule_warnings(caplog)
+    assert warning.startswith(f"resuming at step 4 with another learning-rate schedule or optimizer than the run's "
+                              f"{ckpt / 'config.json'}: steps 4 -> 6 (saved -> now)")
     out = _last_json(second.output)
     assert out["start_step"] == 4 and out["end_step"] == 6
     metrics = [m for m in read_metrics(str(ckpt / "metrics.jsonl")) if "loss" in m]
@@ -121,7 +132,7 @@ def test_feeder_errors_are_messages_not_tracebacks(cache, tmp_path):
         assert f"error: {shard}: shard file has" in res.output and "Traceback" not in res.output
 
 
-def test_stop_at_step_then_resume_matches_an_uninterrupted_run(cache, tmp_path, monkeypatch):
+def test_stop_at_step_then_resume_matches_an_uninterrupted_run(cache, tmp_path, monkeypatch, caplog):
     """--stop-at-step stops like a preemption (same config, same schedule); the
     same command without it resumes in a new invocation. Per-step losses and the
     final parameter digest equal the uninterrupted run's. The resumed invocation
@@ -137,6 +148,7 @@ def test_stop_at_step_then_resume_matches_an_uninterrupted_run(cache, tmp_path, 
     monkeypatch.chdir(tmp_path / "moved")
     resumed = _train(pathlib.Path("caches"), tmp_path / "resumed", *common)
     assert resumed.exit_code == 0, resumed.output
+    assert _schedule_warnings(caplog) == []  # --stop-at-step keeps the schedule
     saved = json.loads((tmp_path / "resumed" / "6" / "feeder" / "metadata").read_text())
     assert saved["mixture"][0]["path"] == str(tmp_path / "moved" / "caches" / "shakespeare_lm" / "train")
     a, b = _last_json(full.output), _last_json(resumed.output)

@@ -163,3 +163,12 @@ def test_another_data_stream_is_named_by_its_real_difference():
     with pytest.raises(CheckpointError, match=r"saved with rate 1\.0 for the cache at /x \(mixture entry 0\), but "
                                               r"this run has rate 2\.0"):
         T._check_same_stream("ckpt/2", saved, _seqcache_state("/x", "a" * 64, rate=2.0))
+
+
+def test_schedule_changes_name_each_field_and_both_values():
+    saved = C.to_dict(C.config_from_dict(tiny_config_dict()))
+    cfg = C.config_from_dict(tiny_config_dict(steps=10, optimizer={"lr": 2e-2, "warmup_steps": 2, "decay_steps": 8},
+                                              seed=3))
+    assert T.schedule_changes(saved, cfg) == [("steps", 6, 10), ("optimizer.lr", 1e-2, 2e-2),
+                                              ("optimizer.decay_steps", None, 8)]
+    assert T.schedule_changes(saved, C.config_from_dict(tiny_config_dict(seed=3))) == []

@@ -118,6 +118,31 @@ def memory_analysis_dict(compiled) -> dict:
     return out
 
 
+# The memory_analysis fields logged after compiling, with their labels.
+_MEMORY_FIELDS = (
+    ("argument_size_in_bytes", "arguments"),
+    ("output_size_in_bytes", "outputs"),
+    ("alias_size_in_bytes", "aliased"),
+    ("temp_size_in_bytes", "temporaries"),
+    ("generated_code_size_in_bytes", "code"),
+    ("peak_memory_in_bytes", "peak"),
+)
+
+
+def format_memory_analysis(memory: Mapping[str, int]) -> str:
+    """One line for the log: the device memory of a compiled program in MB
+    (10^6 bytes), e.g. "arguments 7.5 MB, outputs 7.4 MB, temporaries 1,396.9 MB,
+    peak 7.5 MB". Fields that are absent or zero (aliased bytes, code size) are
+    left out, except arguments and outputs; an empty dict gives "unavailable"."""
+    parts = []
+    for key, label in _MEMORY_FIELDS:
+        value = memory.get(key)
+        if value is None or (value == 0 and label not in ("arguments", "outputs")):
+            continue
+        parts.append(f"{label} {value / 1e6:,.1f} MB")
+    return ", ".join(parts) if parts else "unavailable"
+
+
 class _StopFlag:
     """Set by SIGTERM; installed only in the main thread for the duration of ``fit``."""
 
@@ -293,7 +318,8 @@ class Trainer:
         compiled = lowered.compile()
         self.compile_time_s = time.perf_counter() - start
         self.memory_analysis = memory_analysis_dict(compiled)
-        log.info("compiled train step in %.2f s; memory analysis (bytes): %s", self.compile_time_s, self.memory_analysis)
+        log.info("compiled train step in %.2f s; memory: %s", self.compile_time_s,
+                 format_memory_analysis(self.memory_analysis))
         self._compiled = compiled
         return compiled
 

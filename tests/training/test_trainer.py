@@ -172,3 +172,22 @@ def test_schedule_changes_name_each_field_and_both_values():
     assert T.schedule_changes(saved, cfg) == [("steps", 6, 10), ("optimizer.lr", 1e-2, 2e-2),
                                               ("optimizer.decay_steps", None, 8)]
     assert T.schedule_changes(saved, C.config_from_dict(tiny_config_dict(seed=3))) == []
+
+
+def test_memory_analysis_is_logged_in_one_compact_line(run, caplog):
+    memory = {"argument_size_in_bytes": 7_512_345, "output_size_in_bytes": 7_400_000, "alias_size_in_bytes": 0,
+              "temp_size_in_bytes": 1_396_912_345, "generated_code_size_in_bytes": 0,
+              "host_temp_size_in_bytes": 0, "peak_memory_in_bytes": 7_500_000}
+    assert T.format_memory_analysis(memory) == \
+        "arguments 7.5 MB, outputs 7.4 MB, temporaries 1,396.9 MB, peak 7.5 MB"
+    assert T.format_memory_analysis({}) == "unavailable"
+    # The line the trainer logs after compiling (a fresh trainer: the compiled
+    # program comes from the session's compilation cache).
+    cfg, _, result, _ = run
+    trainer = T.Trainer(dataclasses.replace(cfg, checkpoint=C.CheckpointConfig()), devices=jax.devices()[:1])
+    with caplog.at_level("INFO", logger="seqcache.training"):
+        trainer.compile()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compiled train step")]
+    assert line == (f"compiled train step in {trainer.compile_time_s:.2f} s; memory: "
+                    f"{T.format_memory_analysis(trainer.memory_analysis)}")
+    assert "_in_bytes" not in line and "arguments " in line and line.endswith(" MB")

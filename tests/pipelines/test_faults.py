@@ -128,7 +128,7 @@ def test_a_retried_bundle_gives_exactly_the_input_multiset(tmp_path, shared_data
         list(write((shard, groups[shard])))
         entries.append(json.loads((out_dir / "_tmp" / f"{b.STATS_PREFIX}{shard:05d}.json").read_text())["shard"])
     raw = writer.build_manifest(task="lines", split="train", fingerprint="f", fingerprint_inputs={}, features=[
-        {"name": "targets", "dtype": "int32"}], shards=entries, sources=[{"path": path}], statistics={}, seed=0,
+        {"name": f.name, "dtype": f.dtype} for f in b._features_out(task)], shards=entries, sources=[{"path": path}], statistics={}, seed=0,
         sequence_length=None, packing=None, vocabularies={})
     writer.write_manifest(str(out_dir), raw)
     with CacheReader(str(out_dir)) as r:

@@ -213,21 +213,16 @@ class trim(Preprocessor):  # noqa: N801
         return out
 
 
-class append_eos_after_trim(Preprocessor):  # noqa: N801
+class append_eos_after_trim(trim):  # noqa: N801
     """Trims to length - 1 and then appends EOS, for features with ``add_eos=True``.
 
     Unlike ``trim`` followed by ``append_eos`` the EOS is never cut off. Features
     with ``add_eos=False`` are trimmed to their full length. Removed tokens are
-    counted in ``example["_truncated_tokens"]`` as in ``trim``.
+    counted in ``example["_truncated_tokens"]`` as in ``trim``. Same parameters
+    as ``trim``.
     """
 
     name = "append_eos_after_trim"
-
-    def __init__(self, feature_lengths: Mapping[str, int] | None = None):
-        self.feature_lengths = dict(feature_lengths) if feature_lengths is not None else None
-
-    def params(self) -> dict:
-        return {"feature_lengths": dict(sorted(self.feature_lengths.items())) if self.feature_lengths else None}
 
     def process_batch(self, examples, ctx):
         lengths = _lengths(self.feature_lengths, ctx) or {}

@@ -177,7 +177,12 @@ class _ReadAndPreprocess:
             if not records:
                 return
         keys = [shuffle.record_key(r.raw, key) for r in records]
-        out = self.task.preprocess_batch(records, keys, seed=self.seed, sequence_length=self.sequence_length)
+        rejected: list = []
+        out = self.task.preprocess_batch(records, keys, seed=self.seed, sequence_length=self.sequence_length,
+                                         skipped=rejected)
+        for idx, message in rejected:
+            r = records[idx]
+            yield "skipped", (r.file_index, r.record_number, message)
         entries = []
         sub_index = collections.Counter()
         for idx, example in out:

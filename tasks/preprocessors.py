@@ -169,7 +169,11 @@ class append_eos(Preprocessor):  # noqa: N801
             eos = np.asarray([feature.vocabulary.eos_id], dtype=np.int32)
             for ex in out:
                 if _is_tokens(ex.get(name)):
-                    ex[name] = np.concatenate([np.asarray(ex[name], dtype=np.int32), eos])
+                    ids = np.asarray(ex[name])
+                    if ids.ndim == 1 and (ids.dtype.kind in "iu" or ids.size == 0):
+                        ex[name] = np.concatenate([ids.astype(np.int32), eos])
+                    # Anything else (strings, floats, nested lists) is left as it is
+                    # for the task to reject, naming the record.
         return out
 
 

@@ -129,7 +129,8 @@ class Task:
         }
 
     def preprocess_batch(self, records: Sequence[SourceRecord], keys: Sequence[bytes], *, seed: int,
-                         sequence_length: Mapping[str, int] | None) -> list[tuple[int, dict[str, np.ndarray]]]:
+                         sequence_length: Mapping[str, int] | None,
+                         skipped: list | None = None) -> list[tuple[int, dict[str, np.ndarray]]]:
         """Runs the preprocessors on a batch of records.
 
         Args:
@@ -144,10 +145,15 @@ class Task:
           plus ``"_truncated_tokens"`` (int) if a trimming preprocessor ran.
           Dropped examples and records a source marked unreadable are absent.
 
+          skipped: when given and the source's ``on_error`` is ``"skip"``, examples
+            that fail the checks below are left out and ``(index, message)`` is
+            appended here instead of raising (the pipeline quarantines them).
+
         Raises:
           ValueError: ``len(keys) != len(records)``; a required feature is missing,
-            still a string (no ``tokenize``) or not 1-D; the message names the
-            record (file_index, record_number) and the feature.
+            null, still a string (no ``tokenize``), not a 1-D sequence of integers,
+            or holds an id outside its vocabulary; the message names the record
+            (file_index, record_number), the feature and the value.
         """
         if len(keys) != len(records):
             raise ValueError(f"task {self.name!r}: got {len(keys)} keys for {len(records)} records")
@@ -158,7 +164,12 @@ class Task:
         out = []
         for j, ex in survivors:
             index = live[j]
-            out.append((index, self._finalize(ex, records[index])))
+            try:
+                out.append((index, self._finalize(ex, records[index])))
+            except ValueError as e:
+                if skipped is None or getattr(self.source, "on_error", "raise") != "skip":
+                    raise
+                skipped.append((index, str(e)))
         return out
 
     def _finalize(self, ex: dict, record: SourceRecord) -> dict[str, np.ndarray]:
@@ -175,7 +186,10 @@ class Task:
                 continue
             if isinstance(value, (str, bytes)):
                 raise ValueError(f"{where}: feature {name!r} is still text; add the tokenize() preprocessor")
-            arr = np.asarray(value)
+            try:
+                arr = np.asarray(value)
+            except ValueError:  # ragged nesting
+                arr = np.asarray(None)
             if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
                 shown = repr(value)
                 shown = shown if len(shown) <= 60 else shown[:57] + "..."
@@ -183,6 +197,14 @@ class Task:
                     f"{where}: feature {name!r} is a {type(value).__name__} ({shown}); "
                     "expected text (a string) or a 1-D sequence of integer token ids"
                 )
+            if arr.size:
+                lo, hi = int(arr.min()), int(arr.max())
+                size = feature.vocabulary.vocab_size
+                if lo < 0 or hi >= size:
+                    bad = lo if lo < 0 else hi
+                    raise ValueError(
+                        f"{where}: feature {name!r} has token id {bad}, outside its vocabulary [0, {size})"
+                    )
             result[name] = arr.astype(feature.dtype, copy=False)
         if TRUNCATED_TOKENS_KEY in ex:
             result[TRUNCATED_TOKENS_KEY] = int(ex[TRUNCATED_TOKENS_KEY])

@@ -101,3 +101,16 @@ def test_vocab_train_creates_the_output_folder(tmp_path, shared_data):
                                        "--vocab-size", "400", "--max-records", "2000", "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert out.stat().st_size > 0
+
+
+def test_an_interrupt_inside_a_beam_step_is_reported_as_an_interrupt(tmp_path, monkeypatch):
+    import seqcache.pipelines
+
+    def interrupted(*args, **kwargs):  # what Beam raises when Ctrl-C lands inside a step
+        raise RuntimeError("KeyboardInterrupt [while running 'SortPackWrite']")
+
+    monkeypatch.setattr(seqcache.pipelines, "build_task", interrupted)
+    (tmp_path / "a.txt").write_text("one line\n", encoding="utf-8")
+    out = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/a.txt", "--name", "x",
+                                    "--cache-dir", str(tmp_path / "c")])
+    assert out.exit_code == 130 and "interrupted" in out.output and "Traceback" not in out.output

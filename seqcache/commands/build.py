@@ -150,9 +150,13 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
             try:
                 result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                     overwrite=overwrite, progress=progress)
-            except (BuildError, FileNotFoundError, ValueError, OSError) as e:
-                console.print(f"[red]error:[/red] {_cause(e)}", highlight=False)
-                sys.exit(1)
+            except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError) as e:
+                if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
+                    console.print(f"[red]error:[/red] {_cause(e)}", highlight=False)
+                    sys.exit(1)
+                console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} has no manifest, so it is not a cache; "
+                              "run the same command again to build it")
+                sys.exit(130)
             except KeyboardInterrupt:
                 console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} has no manifest, so it is not a cache; "
                               "run the same command again to build it")
@@ -193,7 +197,7 @@ def _cause(error: BaseException) -> str:
     """The message of the error a worker raised, without the layers Beam wraps
     around it (``RuntimeError: ValueError: ...``)."""
     text = str(error)
-    for prefix in ("RuntimeError: ", "ValueError: ", "FileNotFoundError: ", "OSError: "):
+    for prefix in ("RuntimeError: ", "ValueError: ", "FileNotFoundError: ", "OSError: ", "BuildError: "):
         while text.startswith(prefix):
             text = text[len(prefix):]
     return text.split(" [while running ")[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import sys
 
 import click
@@ -161,6 +162,11 @@ def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequen
     if result.eval:
         summary.update(result.eval)
     click.echo(json.dumps(summary, sort_keys=True))
+    bad = next((result.start_step + i + 1 for i, x in enumerate(result.losses) if not math.isfinite(float(x))), None)
+    if bad is not None:
+        click.echo(f"error: the loss is not finite from step {bad} on (a learning rate too high, or bad data: "
+                   "run `seqcache verify` on the cache)", err=True)
+        sys.exit(1)
     if result.stopped_by_signal:
         sys.exit(EXIT_PREEMPTED)
 

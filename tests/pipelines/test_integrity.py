@@ -276,7 +276,9 @@ def test_absurd_shard_counts_and_unknown_sequence_length_features_are_refused(tm
 
 @pytest.mark.parametrize(
     "value, message",
-    [("[\"a\", \"b\"]", "is a list"), ("5", "is a int"), ("null", "is null")],
+    [("[\"a\", \"b\"]", "is a list"), ("5", "is a int"), ("null", "is null"), ("[1.5, 2]", "is a list"),
+     ("[true, false]", "is a list"), ("[[1, 2]]", "is a list"), ("[300, 5]", "token id 300, outside its vocabulary"),
+     ("[-1]", "token id -1, outside")],
 )
 def test_wrong_json_types_name_the_file_and_record(tmp_path, value, message):
     src = tmp_path / "d.jsonl"
@@ -289,3 +291,19 @@ def test_wrong_json_types_name_the_file_and_record(tmp_path, value, message):
     )
     with pytest.raises(ValueError, match=rf"d\.jsonl: .*record_number=1\).*{message}"):
         build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
+
+
+def test_records_failing_the_task_checks_are_skipped_when_asked(tmp_path):
+    src = tmp_path / "d.jsonl"
+    src.write_text('{"text": "fine"}\n{"text": [300, 5]}\n{"text": "also fine"}\n', encoding="utf-8")
+    task = tasks.Task(
+        "j",
+        source=tasks.JsonLinesSource(str(src), on_error="skip"),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.append_eos()],
+    )
+    result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
+    assert result.manifest.num_examples == 2 and result.manifest.statistics["skipped_records"] == 1
+    (entry,) = fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
+    assert entry["record_number"] == 1 and "outside its vocabulary" in entry["error"]

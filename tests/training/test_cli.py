@@ -159,3 +159,9 @@ def test_stop_at_step_then_resume_matches_an_uninterrupted_run(cache, tmp_path, 
     # And the digest does tell runs apart: another seed, other parameters.
     other = _train(cache, tmp_path / "other", *common, "--seed", "1")
     assert _last_json(other.output)["params_sha256"] != a["params_sha256"]
+
+
+def test_a_non_finite_loss_fails_the_run(cache, tmp_path):
+    out = _train(cache, tmp_path / "nan", "--steps", "3", "--set", "optimizer.lr=1e30 optimizer.warmup_steps=0 optimizer.clip_norm=null")
+    assert out.exit_code == 1, out.output
+    assert "the loss is not finite from step" in out.output

@@ -135,7 +135,8 @@ class _ReadAndPreprocess:
     """Reads one source file and preprocesses its records in batches of
     ``batch_records`` (one tokenizer call per batch).
 
-    Yields ``("examples", [(shard, key, sub_index, file_index, record_number,
+    Yields ``("records", n)`` for every batch of n source records read,
+    ``("examples", [(shard, key, sub_index, file_index, record_number,
     truncated, example_bytes, lengths), ...])`` per batch, and ``("skipped", (file_index,
     record_number, message))`` for each record the source could not read
     (``on_error="skip"``): counted and quarantined, never dropped silently.
@@ -169,6 +170,7 @@ class _ReadAndPreprocess:
     def _flush(self, records, key):
         from seqcache.tasks import SOURCE_ERROR_KEY
 
+        yield "records", len(records)
         if any(SOURCE_ERROR_KEY in r.data for r in records):
             for r in records:
                 if SOURCE_ERROR_KEY in r.data:
@@ -234,11 +236,12 @@ def _make_spill_dofn(beam):
             records_read = beam.metrics.Metrics.counter("seqcache", "records_read")
             file_index, path = file_entry
             for kind, payload in self.reader.read(file_index, path):
+                if kind == "records":
+                    records_read.inc(payload)
+                    continue
                 if kind == "skipped":
-                    records_read.inc()
                     yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, payload)
                     continue
-                records_read.inc(len(payload))
                 for shard, *entry in payload:
                     buffer = self._buffers[shard]
                     buffer.add(*entry)

@@ -211,6 +211,7 @@ def test_skipped_records_are_counted_and_quarantined(tmp_path):
     m = result.manifest
     assert m.num_examples == 3
     assert m.statistics["skipped_records"] == 1
+    assert m.statistics["source_records"] == 4  # every record read, the skipped one included
     assert m.raw["quarantine"] == fmt.QUARANTINE_NAME
     entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
     assert [(os.path.basename(e["path"]), e["record_number"]) for e in entries] == [("a.txt", 1)]

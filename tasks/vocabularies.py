@@ -27,6 +27,7 @@ import abc
 import hashlib
 import heapq
 import io
+import logging
 import os
 from typing import Iterable, Sequence
 
@@ -468,14 +469,29 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
     if vocab_size < 260:
         raise ValueError(f"vocab_size must be >= 260 (3 special ids + 256 byte pieces + 1) (got {vocab_size=})")
 
+    counts = {"sentences": 0, "too_long": 0}
+
+    def count(sentence):
+        counts["sentences"] += 1
+        if len(sentence.encode("utf-8")) > max_sentence_length:
+            counts["too_long"] += 1  # SentencePiece skips these
+        return sentence
+
     def sentences():
         for text in texts:
             if split_lines:
                 for line in text.splitlines():
                     if line.strip():
-                        yield line
+                        yield count(line)
             elif text.strip():
-                yield text
+                yield count(text)
+
+    def too_long_error():
+        return ValueError(
+            f"every one of the {counts['sentences']:,} training sentences is longer than max_sentence_length "
+            f"({max_sentence_length:,} bytes), so SentencePiece skipped them all; split the text into lines "
+            "(split_lines=True) or raise max_sentence_length"
+        )
 
     writer = io.BytesIO()
     spm.set_random_generator_seed(int(seed))
@@ -500,7 +516,16 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
             minloglevel=2,
         )
     except (RuntimeError, OSError) as e:
+        if counts["sentences"] and counts["too_long"] == counts["sentences"]:
+            raise too_long_error() from e
         raise ValueError(f"SentencePiece training failed (vocab_size={vocab_size}, model_type={model_type}): {e}") from e
+    if counts["sentences"] and counts["too_long"] == counts["sentences"]:
+        raise too_long_error()
+    if counts["too_long"]:
+        logging.getLogger(__name__).warning(
+            "SentencePiece skipped %d of %d training sentences longer than max_sentence_length (%d bytes)",
+            counts["too_long"], counts["sentences"], max_sentence_length,
+        )
     data = writer.getvalue()
     if not data:
         raise ValueError("SentencePiece training produced no model: were there any non-empty texts?")

@@ -308,3 +308,21 @@ def test_records_failing_the_task_checks_are_skipped_when_asked(tmp_path):
     assert result.manifest.num_examples == 2 and result.manifest.statistics["skipped_records"] == 1
     (entry,) = fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
     assert entry["record_number"] == 1 and "outside its vocabulary" in entry["error"]
+
+
+def test_parquet_schema_that_differs_between_files_names_the_file_and_record(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "pq"
+    src.mkdir()
+    pq.write_table(pa.table({"text": ["one", "two"]}), src / "a.parquet")
+    pq.write_table(pa.table({"text": [3, 4]}), src / "b.parquet")  # same column, another type
+    task = tasks.Task(
+        "p",
+        source=tasks.ParquetSource(str(src / "*.parquet")),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+    )
+    with pytest.raises(ValueError, match=r"b\.parquet: .*record_number=0\).*is a int"):
+        build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))

@@ -172,3 +172,9 @@ def test_train_errors(tmp_path):
         V.train_sentencepiece(["a"], output_path=str(tmp_path / "x.model"), vocab_size=300, model_type="word")
     with pytest.raises(ValueError, match="SentencePiece training failed"):
         V.train_sentencepiece(["tiny text"] * 10, output_path=str(tmp_path / "x.model"), vocab_size=5000)
+
+
+def test_training_when_every_line_is_too_long_names_the_count(tmp_path):
+    texts = ["x" * 300 + f" {i}" for i in range(50)]
+    with pytest.raises(ValueError, match=r"every one of the 50 training sentences is longer than max_sentence_length \(100 bytes\)"):
+        V.train_sentencepiece(texts, output_path=str(tmp_path / "m.model"), vocab_size=300, max_sentence_length=100)

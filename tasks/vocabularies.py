@@ -533,3 +533,33 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
     vocab = SentencePieceVocabulary(model_bytes=data, extra_ids=extra_ids)
     vocab.model_path = os.fspath(output_path)
     return vocab
+
+
+META_SPACE = "\u2581"  # SentencePiece's whitespace symbol: decodes as a space
+
+
+def round_trip_problems(vocabulary: Vocabulary, texts: Sequence[str]) -> list[dict]:
+    """Where ``decode(encode(text)) != text`` under the vocabulary's normalisation.
+
+    Returns, for each such text (by index), a dict with ``index``, ``offset`` (the
+    first differing character), ``expected`` and ``got`` (a few characters around
+    it) and ``reason``: ``"contains U+2581"`` (SentencePiece's whitespace symbol,
+    which decodes as a space), or ``"normalisation"`` (NFKC, collapsed or stripped
+    spaces; ``identity`` normalisation without whitespace removal avoids it), or
+    ``"unknown characters"`` when the vocabulary maps them to unk.
+    """
+    out = []
+    for i, (text, ids) in enumerate(zip(texts, vocabulary.encode_batch(list(texts)))):
+        got = vocabulary.decode(ids.tolist())
+        if got == text:
+            continue
+        k = next((j for j, (a, b) in enumerate(zip(text, got)) if a != b), min(len(text), len(got)))
+        if META_SPACE in text:
+            reason = "contains U+2581"
+        elif vocabulary.unk_id in set(ids.tolist()):
+            reason = "unknown characters"
+        else:
+            reason = "normalisation"
+        out.append({"index": i, "offset": k, "expected": text[max(0, k - 10):k + 20],
+                    "got": got[max(0, k - 10):k + 20], "reason": reason})
+    return out

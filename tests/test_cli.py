@@ -114,3 +114,21 @@ def test_an_interrupt_inside_a_beam_step_is_reported_as_an_interrupt(tmp_path, m
     out = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/a.txt", "--name", "x",
                                     "--cache-dir", str(tmp_path / "c")])
     assert out.exit_code == 130 and "interrupted" in out.output and "Traceback" not in out.output
+
+
+def test_vocab_check_reports_what_does_not_survive_the_round_trip(tmp_path, shared_data):
+    model = tmp_path / "nfkc.model"
+    runner = CliRunner()
+    trained = runner.invoke(main, ["vocab", "train", "--source", f"text:{shared_data}/sentencepiece_data/botchan.txt",
+                                   "--vocab-size", "400", "--max-records", "2000", "--output", str(model)])
+    assert trained.exit_code == 0, trained.output
+    text = tmp_path / "t.txt"
+    text.write_text("plain line\nspaces  collapsed\nmeta \u2581 symbol\n", encoding="utf-8")
+    out = runner.invoke(main, ["vocab", "check", "--vocabulary", str(model), "--source", f"text:{text}", "--json"])
+    assert out.exit_code == 1
+    report = json.loads(out.output)
+    assert report["records"] == 3 and report["changed"] == 2
+    reasons = {p["record_number"]: p["reason"] for p in report["examples"]}
+    assert reasons == {1: "normalisation", 2: "contains U+2581"}
+    clean = runner.invoke(main, ["vocab", "check", "--vocabulary", "byte", "--source", f"text:{text}"])
+    assert clean.exit_code == 0 and "0 change" in clean.output

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 
 import click
@@ -100,3 +102,61 @@ def encode(vocabulary_spec, extra_ids, pieces, text):
     click.echo(" ".join(str(i) for i in ids))
     if pieces and isinstance(vocabulary, SentencePieceVocabulary):
         click.echo(" ".join(vocabulary.id_to_piece(i) for i in ids))
+
+
+@vocab.command("check")
+@click.option("--vocabulary", "vocabulary_spec", required=True, help="'byte' or the path of a SentencePiece .model file.")
+@click.option("--source", "sources", multiple=True, required=True,
+              help="Source spec (text:, files:, jsonl:, parquet:); repeatable.")
+@click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
+@click.option("--on-error", "on_error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True)
+@click.option("--max-records", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Check at most this many records (in source order).")
+@click.option("--show", "show_n", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Print this many of the records that do not survive.")
+@click.option("--json", "as_json", is_flag=True)
+def check(vocabulary_spec, sources, exclude, on_error, max_records, show_n, as_json):
+    """Report the records where decode(encode(text)) != text under the
+    vocabulary's normalisation: text that contains U+2581 (decoded as a space),
+    characters NFKC rewrites, collapsed spaces, or characters the vocabulary cannot
+    represent. Exits 1 when any record does not survive the round trip.
+
+    The normalisation lives in the model file, whose sha256 is part of every cache
+    fingerprint: a model with other normalisation gives another cache."""
+    from seqcache.tasks import SOURCE_ERROR_KEY, parse_source_spec, round_trip_problems, vocabulary_from_spec
+
+    try:
+        vocabulary = vocabulary_from_spec(vocabulary_spec)
+        parsed = [parse_source_spec(s, exclude=exclude, on_error=on_error) for s in sources]
+    except (ValueError, FileNotFoundError) as e:
+        raise click.UsageError(str(e)) from None
+    rows, texts = [], []
+    try:
+        for src in parsed:
+            for i, f in enumerate(src.list_files()):
+                for r in src.read_file(i, f.path):
+                    if len(texts) >= max_records:
+                        break
+                    text = r.data.get("text")
+                    if SOURCE_ERROR_KEY in r.data or not isinstance(text, str):
+                        continue
+                    rows.append((f.path, r.record_number))
+                    texts.append(text)
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    problems = round_trip_problems(vocabulary, texts)
+    for p in problems:
+        p["path"], p["record_number"] = rows[p["index"]]
+    by_reason = {}
+    for p in problems:
+        by_reason[p["reason"]] = by_reason.get(p["reason"], 0) + 1
+    report = {"records": len(texts), "changed": len(problems), "by_reason": by_reason, "examples": problems[:show_n]}
+    if as_json:
+        click.echo(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        click.echo(f"{len(texts):,} records checked, {len(problems):,} change in decode(encode(text))"
+                   + (f": {', '.join(f'{k} {v:,}' for k, v in sorted(by_reason.items()))}" if problems else ""))
+        for p in problems[:show_n]:
+            click.echo(f"  {p['path']} record {p['record_number']} ({p['reason']}, at character {p['offset']}): "
+                       f"{p['expected']!r} -> {p['got']!r}")
+    sys.exit(1 if problems else 0)

@@ -168,13 +168,16 @@ class _ReadAndPreprocess:
             raise ValueError(f"{path}: {e}") from None
 
     def _flush(self, records, key):
-        from seqcache.tasks import SOURCE_ERROR_KEY
+        from seqcache.tasks import SOURCE_ERROR_KEY, SOURCE_REPLACED_KEY
 
         yield "records", len(records)
+        for r in records:
+            if SOURCE_REPLACED_KEY in r.data:
+                yield "replaced", (r.file_index, r.record_number, str(r.data[SOURCE_REPLACED_KEY]), "replaced")
         if any(SOURCE_ERROR_KEY in r.data for r in records):
             for r in records:
                 if SOURCE_ERROR_KEY in r.data:
-                    yield "skipped", (r.file_index, r.record_number, str(r.data[SOURCE_ERROR_KEY]))
+                    yield "skipped", (r.file_index, r.record_number, str(r.data[SOURCE_ERROR_KEY]), "skipped")
             records = [r for r in records if SOURCE_ERROR_KEY not in r.data]
             if not records:
                 return
@@ -184,7 +187,7 @@ class _ReadAndPreprocess:
                                          skipped=rejected)
         for idx, message in rejected:
             r = records[idx]
-            yield "skipped", (r.file_index, r.record_number, message)
+            yield "skipped", (r.file_index, r.record_number, message, "skipped")
         entries = []
         sub_index = collections.Counter()
         for idx, example in out:
@@ -239,7 +242,7 @@ def _make_spill_dofn(beam):
                 if kind == "records":
                     records_read.inc(payload)
                     continue
-                if kind == "skipped":
+                if kind in ("skipped", "replaced"):
                     yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, payload)
                     continue
                 for shard, *entry in payload:
@@ -317,16 +320,18 @@ class _WriteQuarantine:
         entries = sorted(entries)
         if entries:
             lines = [
-                json.dumps({"source_index": fi, "path": self.file_paths[fi], "record_number": rn, "error": msg},
-                           ensure_ascii=False)
-                for fi, rn, msg in entries
+                json.dumps({"source_index": fi, "path": self.file_paths[fi], "record_number": rn, "action": action,
+                            "error": msg}, ensure_ascii=False)
+                for fi, rn, msg, action in entries
             ]
             writer.write_bytes_atomic(
                 writer.join(self.out_dir, fmt.QUARANTINE_NAME), ("\n".join(lines) + "\n").encode("utf-8")
             )
-        writer.write_bytes_atomic(
-            writer.join(self.stats_dir, QUARANTINE_STATS), json.dumps({"skipped_records": len(entries)}).encode()
-        )
+        counts = {
+            "skipped_records": sum(1 for e in entries if e[3] == "skipped"),
+            "replaced_records": sum(1 for e in entries if e[3] == "replaced"),
+        }
+        writer.write_bytes_atomic(writer.join(self.stats_dir, QUARANTINE_STATS), json.dumps(counts).encode())
         return len(entries)
 
 
@@ -709,8 +714,11 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
             stats.append(_ShardStats(_features_out(task, config.sequence_length)).to_json())
     statistics = _merge_stats(stats, records_read)
     quarantine_stats = writer.join(stats_dir, QUARANTINE_STATS)
+    statistics["replaced_records"] = 0
     if writer.exists(quarantine_stats):
-        statistics["skipped_records"] = int(json.loads(writer.read_text(quarantine_stats))["skipped_records"])
+        counts = json.loads(writer.read_text(quarantine_stats))
+        statistics["skipped_records"] = int(counts["skipped_records"])
+        statistics["replaced_records"] = int(counts["replaced_records"])
     if statistics["skipped_records"]:
         log.warning(
             "task %s: skipped %d unreadable records; their locations are in %s",
@@ -740,7 +748,8 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
         sequence_length=config.sequence_length,
         packing=task.packing,
         vocabularies=vocabularies,
-        extra={"quarantine": fmt.QUARANTINE_NAME if statistics["skipped_records"] else None},
+        extra={"quarantine": fmt.QUARANTINE_NAME
+               if statistics["skipped_records"] or statistics["replaced_records"] else None},
     )
     writer.remove_tree(stats_dir)
     writer.write_manifest(out_dir, raw)

@@ -23,6 +23,7 @@ from seqcache.tasks.preprocessors import (
 from seqcache.tasks.registry import MixtureRegistry, TaskRegistry, get_task_or_mixture, import_definitions
 from seqcache.tasks.sources import (
     SOURCE_ERROR_KEY,
+    SOURCE_REPLACED_KEY,
     FunctionSource,
     JsonLinesSource,
     ParquetSource,
@@ -49,6 +50,7 @@ from seqcache.tasks.vocabularies import (
 
 __all__ = [
     "SOURCE_ERROR_KEY",
+    "SOURCE_REPLACED_KEY",
     "TRUNCATED_TOKENS_KEY",
     "ByteVocabulary",
     "Feature",

@@ -27,7 +27,12 @@ Bad records (invalid UTF-8, malformed JSON, a missing field or column) raise
 With ``on_error="skip"`` the source yields the record with ``data ==
 {SOURCE_ERROR_KEY: "<message>"}`` instead, so that the pipeline can count it and
 write it to the quarantine file; ``Task.preprocess_batch`` never turns such a
-record into an example.
+record into an example. With ``on_error="replace"`` text that can be repaired is
+kept, repaired, and marked with ``data[SOURCE_REPLACED_KEY] = "<message>"`` so
+that the pipeline counts and lists it: invalid UTF-8 becomes U+FFFD, and a
+carriage return inside a line (old Mac line endings) becomes a newline. Errors
+that cannot be repaired (malformed JSON, a missing field) are skipped as with
+``"skip"``.
 
 Paths are local paths or, when they contain ``://`` (``gs://``, ``s3://``,
 ``hdfs://``), are matched and opened through Apache Beam's ``FileSystems``
@@ -49,8 +54,11 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 # Key of ``SourceRecord.data`` that marks a record a source could not read when
 # ``on_error="skip"``; its value is the error message.
 SOURCE_ERROR_KEY = "_source_error"
+# Present in ``SourceRecord.data`` of a record repaired under ``on_error="replace"``;
+# its value says what was repaired.
+SOURCE_REPLACED_KEY = "_source_replaced"
 
-_ON_ERROR = ("raise", "skip")
+_ON_ERROR = ("raise", "skip", "replace")
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -293,13 +301,29 @@ class TextLineSource(_TextSource):
             for number, line in enumerate(f):
                 if line.endswith(b"\n"):
                     line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+                elif line.endswith(b"\r"):
+                    line = line[:-1]  # a last line ended by a lone CR
                 if number == 0 and line.startswith(_BOM):
                     line = line[len(_BOM):]
+                where = f"{path}: line {number + 1} (record {number})"
                 try:
                     text = line.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    yield self._bad(file_index, number, line,
-                                    f"{path}: line {number + 1} (record {number}) is not valid UTF-8: {e}")
+                    message = f"{where} is not valid UTF-8: {e}"
+                    if self.on_error == "replace":
+                        text = line.decode("utf-8", errors="replace")
+                        yield SourceRecord(file_index, number, {field: text, SOURCE_REPLACED_KEY: message}, line)
+                    else:
+                        yield self._bad(file_index, number, line, message)
+                    continue
+                if "\r" in text:
+                    message = (f"{where} contains a carriage return that does not end the line "
+                               "(old Mac line endings?)")
+                    if self.on_error == "replace":
+                        data = {field: text.replace("\r", "\n"), SOURCE_REPLACED_KEY: message}
+                        yield SourceRecord(file_index, number, data, line)
+                    else:
+                        yield self._bad(file_index, number, line, message)
                     continue
                 yield SourceRecord(file_index, number, {field: text}, line)
 
@@ -329,7 +353,12 @@ class TextFileSource(_TextSource):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            yield self._bad(file_index, 0, raw, f"{path}: file is not valid UTF-8: {e}")
+            message = f"{path}: file is not valid UTF-8: {e}"
+            if self.on_error == "replace":
+                data = {self.field: raw.decode("utf-8", errors="replace"), SOURCE_REPLACED_KEY: message}
+                yield SourceRecord(file_index, 0, data, raw)
+            else:
+                yield self._bad(file_index, 0, raw, message)
             return
         yield SourceRecord(file_index, 0, {self.field: text}, raw)
 

@@ -20,7 +20,7 @@ from seqcache.tasks.preprocessors import (
     Preprocessor,
     run_preprocessors,
 )
-from seqcache.tasks.sources import SOURCE_ERROR_KEY, Source, SourceRecord
+from seqcache.tasks.sources import SOURCE_ERROR_KEY, SOURCE_REPLACED_KEY, Source, SourceRecord
 from seqcache.tasks.vocabularies import Vocabulary
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -160,14 +160,19 @@ class Task:
         live = [i for i, r in enumerate(records) if SOURCE_ERROR_KEY not in r.data]
         ctx = PreprocessContext(output_features=self.output_features, sequence_length=sequence_length,
                                 seed=int(seed), keys=[bytes(keys[i]) for i in live])
-        survivors = run_preprocessors(self.preprocessors, [dict(records[i].data) for i in live], ctx)
+        inputs = []
+        for i in live:
+            data = dict(records[i].data)
+            data.pop(SOURCE_REPLACED_KEY, None)  # the pipeline counts it; preprocessors never see it
+            inputs.append(data)
+        survivors = run_preprocessors(self.preprocessors, inputs, ctx)
         out = []
         for j, ex in survivors:
             index = live[j]
             try:
                 out.append((index, self._finalize(ex, records[index])))
             except ValueError as e:
-                if skipped is None or getattr(self.source, "on_error", "raise") != "skip":
+                if skipped is None or getattr(self.source, "on_error", "raise") not in ("skip", "replace"):
                     raise
                 skipped.append((index, str(e)))
         return out

@@ -19,9 +19,10 @@ def vocab():
 @click.option("--source", "sources", multiple=True, required=True,
               help="Source spec: text:PATTERN, files:PATTERN, jsonl:PATTERN#FIELD or parquet:PATTERN#COLUMN. "
                    "Repeat to sample from several sources.")
-@click.option("--on-error", "on_error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+@click.option("--on-error", "on_error", type=click.Choice(["raise", "skip", "replace"]), default="raise",
+              show_default=True,
               help="Unreadable source records (bad UTF-8, bad JSON, missing field): fail naming the file and record, "
-                   "or leave them out of the training sample.")
+                   "leave them out of the training sample, or repair what can be repaired.")
 @click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
 @click.option("--vocab-size", type=click.IntRange(min=260), required=True, help="Number of pieces.")
 @click.option("--output", type=click.Path(dir_okay=False), required=True, help="Where to write the .model file.")
@@ -109,7 +110,8 @@ def encode(vocabulary_spec, extra_ids, pieces, text):
 @click.option("--source", "sources", multiple=True, required=True,
               help="Source spec (text:, files:, jsonl:, parquet:); repeatable.")
 @click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
-@click.option("--on-error", "on_error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True)
+@click.option("--on-error", "on_error", type=click.Choice(["raise", "skip", "replace"]), default="raise",
+              show_default=True)
 @click.option("--max-records", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Check at most this many records (in source order).")
 @click.option("--show", "show_n", type=click.IntRange(min=0), default=10, show_default=True,

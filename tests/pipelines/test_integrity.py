@@ -326,3 +326,29 @@ def test_parquet_schema_that_differs_between_files_names_the_file_and_record(tmp
     )
     with pytest.raises(ValueError, match=r"b\.parquet: .*record_number=0\).*is a int"):
         build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
+
+
+def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
+    src = tmp_path / "mac.txt"
+    src.write_bytes(b"first\rsecond\nthird \xff\nfourth\r")  # a lone CR mid-line, bad UTF-8, a CR ending the file
+    def task(on_error):
+        return tasks.Task(
+            "mac",
+            source=tasks.TextLineSource(str(src), on_error=on_error),
+            output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+            preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+        )
+    with pytest.raises(ValueError, match=r"mac\.txt: line 1 \(record 0\) contains a carriage return"):
+        build_task(task("raise"), cache_dir=str(tmp_path / "a"), config=BuildConfig(num_shards=1))
+    skipped = build_task(task("skip"), cache_dir=str(tmp_path / "b"), config=BuildConfig(num_shards=1))
+    assert skipped.manifest.num_examples == 1 and skipped.manifest.statistics["skipped_records"] == 2
+    repaired = build_task(task("replace"), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
+    stats = repaired.manifest.statistics
+    assert repaired.manifest.num_examples == 3 and stats["replaced_records"] == 2 and stats["skipped_records"] == 0
+    vocab = tasks.ByteVocabulary()
+    with CacheReader(repaired.cache_dir) as r:
+        texts = sorted(vocab.decode(e["targets"].tolist()) for e in r.read_examples(range(len(r))))
+    assert texts == ["first\nsecond", "fourth", "third \ufffd"]
+    actions = [(e["record_number"], e["action"]) for e in
+               fmt.iter_json_lines(os.path.join(repaired.cache_dir, fmt.QUARANTINE_NAME))]
+    assert actions == [(0, "replaced"), (1, "replaced")]

@@ -720,7 +720,7 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
         statistics["skipped_records"] = int(counts["skipped_records"])
         statistics["replaced_records"] = int(counts["replaced_records"])
     if statistics["skipped_records"]:
-        log.warning(
+        log.info(
             "task %s: skipped %d unreadable records; their locations are in %s",
             task.name, statistics["skipped_records"], writer.join(out_dir, fmt.QUARANTINE_NAME),
         )

@@ -170,13 +170,8 @@ def locate_row(
     No sequence length is needed: records are shown whole."""
     opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
-        stream = IndexStream(readers=opened.readers, weights=opened.weights, seed=seed, num_epochs=num_epochs)
-        out = which(stream, opened.paths, global_batch_size=global_batch_size, step=step, row=row,
-                    feature=feature, tokens=tokens)
-        out["seed"] = seed
-        out["global_batch_size"] = global_batch_size
-        out["mixture"] = [{"path": p, "rate": r} for p, r in zip(opened.paths, opened.rates)]
-        return out
+        return _answer(opened, seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size,
+                       step=step, row=row, feature=feature, tokens=tokens)
     finally:
         opened.close()
 
@@ -220,14 +215,19 @@ def locate_row_in_state(
                 f"{diff}; the state's steps and rows denote examples of the caches it was saved with: ask with "
                 "those caches"
             )
-        b, seed = state["global_batch_size"], state["seed"]
-        stream = IndexStream(readers=opened.readers, weights=opened.weights, seed=seed,
-                             num_epochs=state["num_epochs"])
-        out = which(stream, opened.paths, global_batch_size=b, step=step, row=row,
-                    feature=feature or state["feature"], tokens=tokens)
-        out["seed"] = seed
-        out["global_batch_size"] = b
-        out["mixture"] = [{"path": p, "rate": r} for p, r in zip(opened.paths, opened.rates)]
-        return out
+        return _answer(opened, seed=state["seed"], num_epochs=state["num_epochs"],
+                       global_batch_size=state["global_batch_size"], step=step, row=row,
+                       feature=feature or state["feature"], tokens=tokens)
     finally:
         opened.close()
+
+
+def _answer(opened, *, seed, num_epochs, global_batch_size, step, row, feature, tokens) -> dict:
+    """``which`` over opened caches, with the stream's parameters in the answer."""
+    stream = IndexStream(readers=opened.readers, weights=opened.weights, seed=seed, num_epochs=num_epochs)
+    out = which(stream, opened.paths, global_batch_size=global_batch_size, step=step, row=row,
+                feature=feature, tokens=tokens)
+    out["seed"] = seed
+    out["global_batch_size"] = global_batch_size
+    out["mixture"] = [{"path": p, "rate": r} for p, r in zip(opened.paths, opened.rates)]
+    return out

@@ -258,6 +258,12 @@ class _FileSource(Source):
     def _pattern_text(self) -> str:
         return ", ".join(self.patterns)
 
+    def _repair(self, file_index: int, record_number: int, raw: bytes, message: str, repaired: dict) -> SourceRecord:
+        """``repaired`` (marked as such) under ``on_error="replace"``, else as ``_bad``."""
+        if self.on_error == "replace":
+            return SourceRecord(file_index, record_number, {**repaired, SOURCE_REPLACED_KEY: message}, raw)
+        return self._bad(file_index, record_number, raw, message)
+
     def _bad(self, file_index: int, record_number: int, raw: bytes, message: str) -> SourceRecord:
         if self.on_error == "raise":
             raise ValueError(message)
@@ -287,7 +293,8 @@ class TextLineSource(_TextSource):
     Args:
       pattern: a glob pattern (``**`` recursive) or a sequence of them.
       field: key of the line's text in ``SourceRecord.data``.
-      on_error: ``"raise"`` or ``"skip"`` for a line that is not valid UTF-8.
+      on_error: ``"raise"``, ``"skip"`` or ``"replace"`` for a line that is not
+        valid UTF-8 or holds a carriage return that does not end it.
     """
 
     kind = "text"
@@ -309,21 +316,12 @@ class TextLineSource(_TextSource):
                 try:
                     text = line.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    message = f"{where} is not valid UTF-8: {e}"
-                    if self.on_error == "replace":
-                        text = line.decode("utf-8", errors="replace")
-                        yield SourceRecord(file_index, number, {field: text, SOURCE_REPLACED_KEY: message}, line)
-                    else:
-                        yield self._bad(file_index, number, line, message)
+                    yield self._repair(file_index, number, line, f"{where} is not valid UTF-8: {e}",
+                                       {field: line.decode("utf-8", errors="replace")})
                     continue
                 if "\r" in text:
-                    message = (f"{where} contains a carriage return that does not end the line "
-                               "(old Mac line endings?)")
-                    if self.on_error == "replace":
-                        data = {field: text.replace("\r", "\n"), SOURCE_REPLACED_KEY: message}
-                        yield SourceRecord(file_index, number, data, line)
-                    else:
-                        yield self._bad(file_index, number, line, message)
+                    message = f"{where} contains a carriage return that does not end the line (old Mac line endings?)"
+                    yield self._repair(file_index, number, line, message, {field: text.replace("\r", "\n")})
                     continue
                 yield SourceRecord(file_index, number, {field: text}, line)
 
@@ -337,7 +335,8 @@ class TextFileSource(_TextSource):
     Args:
       pattern: a glob pattern (``**`` recursive) or a sequence of them.
       field: key of the file's text in ``SourceRecord.data``.
-      on_error: ``"raise"`` or ``"skip"`` for a file that is not valid UTF-8.
+      on_error: ``"raise"``, ``"skip"`` or ``"replace"`` for a file that is not
+        valid UTF-8.
     """
 
     kind = "files"
@@ -353,12 +352,8 @@ class TextFileSource(_TextSource):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            message = f"{path}: file is not valid UTF-8: {e}"
-            if self.on_error == "replace":
-                data = {self.field: raw.decode("utf-8", errors="replace"), SOURCE_REPLACED_KEY: message}
-                yield SourceRecord(file_index, 0, data, raw)
-            else:
-                yield self._bad(file_index, 0, raw, message)
+            yield self._repair(file_index, 0, raw, f"{path}: file is not valid UTF-8: {e}",
+                               {self.field: raw.decode("utf-8", errors="replace")})
             return
         yield SourceRecord(file_index, 0, {self.field: text}, raw)
 

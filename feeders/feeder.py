@@ -537,7 +537,10 @@ class Feeder:
                 num_threads=num_threads,
                 prefetch=prefetch,
             )
-        except fmt.CacheError as e:
+        except fmt.IncompleteCacheError as e:
+            # No cache folder or no manifest where the state says: the caches
+            # may have moved. (A damaged cache found there, e.g. a missing
+            # shard, is reported as it is: its message says what to run.)
             if cache is not None or mixture is not None:
                 raise
             raise type(e)(

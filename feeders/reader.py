@@ -55,14 +55,19 @@ class CacheReader:
       seqcache.format.IncompleteCacheError: no manifest.json (an unfinished build).
       seqcache.format.CacheError: an invalid manifest or a missing/resized shard;
         also, from the reads, a shard that ArrayRecord cannot open or read (a
-        damaged chunk): the message names the shard file and says to run
+        damaged chunk, or a shard deleted after opening: an opened shard stays
+        readable, a lazily opened one, e.g. a provenance shard, is reported
+        missing). The message names the shard file and says to run
         ``seqcache verify CACHE``.
     """
 
     def __init__(self, cache_dir: str, *, reader_options: str = READER_OPTIONS, open_shards: bool = True):
         self.cache_dir = str(cache_dir)
         self.manifest = fmt.read_manifest(self.cache_dir)
-        fmt.check_shard_files(self.cache_dir, self.manifest)
+        try:
+            fmt.check_shard_files(self.cache_dir, self.manifest)
+        except fmt.CacheError as e:
+            raise fmt.CacheError(f"{e}; {self._verify_hint()}") from None
         self.shard_starts = self.manifest.shard_starts  # int64 (num_shards + 1,)
         self.num_examples = int(self.shard_starts[-1])
         if self.num_examples == 0:
@@ -98,15 +103,21 @@ class CacheReader:
                 try:
                     reader = ArrayRecordReader(path, self._options)
                 except _ARRAY_RECORD_ERRORS as e:
-                    raise self._corrupt(path, "cannot open the shard", e) from e
-                try:
-                    actual = reader.num_records()
-                except _ARRAY_RECORD_ERRORS as e:
-                    reader.close()
-                    raise self._corrupt(path, "cannot open the shard", e) from e
+                    raise self._open_failed(path, e) from e
+                # A failed open does not raise: the reader is not ok(), counts
+                # 0 records, and its close() raises the failure's status.
+                error = None if reader.ok() else _failure_of(reader)
+                if error is None:
+                    try:
+                        actual = reader.num_records()
+                    except _ARRAY_RECORD_ERRORS as e:
+                        _close_quietly(reader)
+                        error = e
+                if error is not None:
+                    raise self._open_failed(path, error) from error
                 expected = self.manifest.shards[shard].num_records
                 if actual != expected:
-                    reader.close()
+                    _close_quietly(reader)
                     raise fmt.CacheError(
                         f"{path}: shard has {actual} records, the manifest expects {expected}; "
                         "the cache was modified after it was built: rebuild it"
@@ -114,13 +125,29 @@ class CacheReader:
                 table[shard] = reader
         return reader
 
+    def _verify_hint(self) -> str:
+        return (
+            f"run `seqcache verify {self.cache_dir}` to check every shard against the manifest's checksums, "
+            "then rebuild the cache (or restore the file)"
+        )
+
     def _corrupt(self, path: str, what: str, error: BaseException) -> fmt.CacheError:
         """The CacheError for an ArrayRecord failure on shard file ``path``."""
         return fmt.CacheError(
             f"{path}: {what} of this shard of cache {self.cache_dir}: {error}. The shard file is damaged or was "
-            f"modified after the build; run `seqcache verify {self.cache_dir}` to check every shard against the "
-            "manifest's checksums, then rebuild the cache (or restore the file)"
+            f"modified after the build; {self._verify_hint()}"
         )
+
+    def _open_failed(self, path: str, error: BaseException) -> fmt.CacheError:
+        """The CacheError for a shard file ArrayRecord cannot open: 'missing'
+        when the file is gone (deleted or moved after the cache was opened; the
+        open-time size check saw it), else ``_corrupt``."""
+        if not os.path.exists(path):
+            return fmt.CacheError(
+                f"{path}: shard file is missing: it was deleted or moved after cache {self.cache_dir} was opened; "
+                f"{self._verify_hint()}"
+            )
+        return self._corrupt(path, "cannot open the shard", error)
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """(shard int64, record offset in the shard int64) of each cache index."""
@@ -239,3 +266,21 @@ class CacheReader:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+
+def _failure_of(reader: ArrayRecordReader) -> BaseException:
+    """The error of a reader that is not ok(): the status its close() raises."""
+    try:
+        reader.close()
+    except _ARRAY_RECORD_ERRORS as e:
+        return e
+    return RuntimeError("ArrayRecord reader is not ok")
+
+
+def _close_quietly(reader: ArrayRecordReader) -> None:
+    """Closes a reader whose open or check failed; its close() re-raises the
+    failure (already being reported), which is dropped here."""
+    try:
+        reader.close()
+    except _ARRAY_RECORD_ERRORS:
+        pass

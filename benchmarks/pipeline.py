@@ -86,6 +86,8 @@ def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
     """Runs ``seqcache build`` in a child process; returns (seconds, statistics,
     peak RSS of the build process tree in MB)."""
     args = ["build", "--source", spec, "--vocabulary", model_path, "--name", name, "--cache-dir", cache_dir, "--json"]
+    # The bound encodes every record: keep them all (the content checks still run).
+    args += ["--on-error", "empty=keep", "--on-error", "whitespace=keep", "--on-error", "control_characters=keep"]
     if workers > 1:
         args += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
     if num_shards:

@@ -55,10 +55,10 @@ def build_cache(root: str, length: int) -> str:
         corpus.write_bytes(SHARED.read_bytes())
     task = tasks.Task(
         "shakespeare_lm",
-        source=tasks.TextLineSource(str(src / "*.txt")),
+        source=tasks.TextLineSource(str(src / "*.txt"), on_error={"empty": "skip"}),  # blank lines separate speeches
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
         preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.filter_empty(), tasks.preprocessors.append_eos()],
+                       tasks.preprocessors.append_eos()],
         packing="lm",
     )
     t0 = time.perf_counter()

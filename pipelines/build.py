@@ -721,7 +721,7 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
         statistics["replaced_records"] = int(counts["replaced_records"])
     if statistics["skipped_records"]:
         log.info(
-            "task %s: skipped %d unreadable records; their locations are in %s",
+            "task %s: skipped %d bad records; their locations and reasons are in %s",
             task.name, statistics["skipped_records"], writer.join(out_dir, fmt.QUARANTINE_NAME),
         )
     if statistics["examples"] == 0:

@@ -24,6 +24,8 @@ from seqcache.tasks.registry import MixtureRegistry, TaskRegistry, get_task_or_m
 from seqcache.tasks.sources import (
     SOURCE_ERROR_KEY,
     SOURCE_REPLACED_KEY,
+    ERROR_KINDS,
+    ErrorPolicy,
     FunctionSource,
     JsonLinesSource,
     ParquetSource,
@@ -34,6 +36,7 @@ from seqcache.tasks.sources import (
     TextLineSource,
     canonical_json_bytes,
     is_error_record,
+    parse_on_error,
     parse_source_spec,
 )
 from seqcache.tasks.task import Feature, Task
@@ -51,6 +54,8 @@ from seqcache.tasks.vocabularies import (
 __all__ = [
     "SOURCE_ERROR_KEY",
     "SOURCE_REPLACED_KEY",
+    "ERROR_KINDS",
+    "ErrorPolicy",
     "TRUNCATED_TOKENS_KEY",
     "ByteVocabulary",
     "Feature",
@@ -80,6 +85,7 @@ __all__ = [
     "import_definitions",
     "is_error_record",
     "pack_lm",
+    "parse_on_error",
     "parse_source_spec",
     "rate_num_examples",
     "rekey",

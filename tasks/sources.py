@@ -22,17 +22,38 @@ FunctionSource      index of the yielded dict                   canonical JSON o
 "Canonical JSON" is ``json.dumps(obj, sort_keys=True, separators=(",", ":"),
 ensure_ascii=False)`` encoded as UTF-8.
 
-Bad records (invalid UTF-8, malformed JSON, a missing field or column) raise
-``ValueError`` naming the file and the record by default (``on_error="raise"``).
-With ``on_error="skip"`` the source yields the record with ``data ==
-{SOURCE_ERROR_KEY: "<message>"}`` instead, so that the pipeline can count it and
-write it to the quarantine file; ``Task.preprocess_batch`` never turns such a
-record into an example. With ``on_error="replace"`` text that can be repaired is
-kept, repaired, and marked with ``data[SOURCE_REPLACED_KEY] = "<message>"`` so
-that the pipeline counts and lists it: invalid UTF-8 becomes U+FFFD, and a
-carriage return inside a line (old Mac line endings) becomes a newline. Errors
-that cannot be repaired (malformed JSON, a missing field) are skipped as with
-``"skip"``.
+Bad input is sorted into kinds, and each source has a policy per kind
+(``on_error``; see ``ErrorPolicy``):
+
+======================  ==================================================  ==========================
+kind                    what                                                actions (default first)
+======================  ==================================================  ==========================
+``invalid_utf8``        bytes that are not UTF-8                            raise, skip, replace
+``carriage_return``     a CR inside a text line (old Mac line endings)      raise, skip, replace
+``control_characters``  Unicode Cc characters other than the White_Space    raise, skip, replace, keep
+                        ones (U+0000-0008, U+000E-001F, U+007F-0084,
+                        U+0086-009F)
+``u2581``               U+2581, SentencePiece's whitespace symbol, in the   raise, skip, replace, keep
+                        text (usually text that was already tokenized)
+``empty``               a text value that is ``""`` (an empty line or file)  raise, skip, keep
+``whitespace``          a text value of whitespace only (``str.isspace``)    raise, skip, keep
+``malformed``           a JSON line that does not parse or is not an object  raise, skip
+``missing_field``       a selected JSON field that is absent                 raise, skip
+``bad_value``           a value the task cannot use: a wrong type, a null,   raise, skip
+                        a token id outside the vocabulary (``Task`` checks)
+======================  ==================================================  ==========================
+
+``"raise"`` raises ``ValueError`` naming the file, the record and what is wrong,
+and says which option accepts it. ``"skip"`` yields the record with ``data ==
+{SOURCE_ERROR_KEY: "<message>"}`` instead, so that the pipeline counts it and
+writes it to the quarantine file; ``Task.preprocess_batch`` never turns such a
+record into an example. ``"replace"`` keeps the record, repaired, and marks it
+with ``data[SOURCE_REPLACED_KEY] = "<message>"`` so that the pipeline counts and
+lists it: invalid UTF-8 and control characters become U+FFFD, a carriage return
+inside a line becomes a newline, U+2581 becomes a space (what a SentencePiece
+model reads it as). ``"keep"`` accepts the text as it is. The content checks
+(control characters, U+2581, empty, whitespace) apply to every string value a
+source yields, after any repair.
 
 Paths are local paths or, when they contain ``://`` (``gs://``, ``s3://``,
 ``hdfs://``), are matched and opened through Apache Beam's ``FileSystems``
@@ -49,7 +70,8 @@ import gzip
 import io
 import json
 import os
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+import re
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 # Key of ``SourceRecord.data`` that marks a record a source could not read when
 # ``on_error="skip"``; its value is the error message.
@@ -58,9 +80,190 @@ SOURCE_ERROR_KEY = "_source_error"
 # its value says what was repaired.
 SOURCE_REPLACED_KEY = "_source_replaced"
 
+# The kinds of bad input and the actions each allows (the first is the default).
+ERROR_KINDS: dict[str, tuple[str, ...]] = {
+    "invalid_utf8": ("raise", "skip", "replace"),
+    "carriage_return": ("raise", "skip", "replace"),
+    "control_characters": ("raise", "skip", "replace", "keep"),
+    "u2581": ("raise", "skip", "replace", "keep"),
+    "empty": ("raise", "skip", "keep"),
+    "whitespace": ("raise", "skip", "keep"),
+    "malformed": ("raise", "skip"),
+    "missing_field": ("raise", "skip"),
+    "bad_value": ("raise", "skip"),
+}
 _ON_ERROR = ("raise", "skip", "replace")
 _BOM = b"\xef\xbb\xbf"
 
+
+
+class ErrorPolicy:
+    """What a source does with each kind of bad input (see the module docstring).
+
+    ``ErrorPolicy("raise")`` (the default), ``ErrorPolicy("skip")`` and
+    ``ErrorPolicy("replace")`` apply one action to every kind; ``"replace"``
+    skips the kinds that cannot be repaired. A mapping sets the action per kind,
+    with ``"default"`` (``"raise"`` unless given) for the kinds it does not name::
+
+        ErrorPolicy({"empty": "skip", "control_characters": "keep"})
+        ErrorPolicy({"default": "skip", "u2581": "replace"})
+
+    Raises:
+      ValueError: an unknown kind or action, or an action a kind does not allow
+        (e.g. ``{"empty": "replace"}``); the message lists what is allowed.
+    """
+
+    __slots__ = ("actions",)
+
+    def __init__(self, spec: "str | Mapping[str, str] | ErrorPolicy" = "raise"):
+        if isinstance(spec, ErrorPolicy):
+            self.actions = dict(spec.actions)
+            return
+        if isinstance(spec, str):
+            spec = {"default": spec}
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"on_error must be one of {_ON_ERROR} or a mapping kind -> action (got {spec!r})")
+        spec = dict(spec)
+        default = spec.pop("default", "raise")
+        if default not in _ON_ERROR:
+            raise ValueError(f"on_error must be one of {_ON_ERROR} (got {default!r}); "
+                             "'keep' is set per kind, e.g. {'empty': 'keep'}")
+        actions = {}
+        for kind, allowed in ERROR_KINDS.items():
+            actions[kind] = default if default in allowed else "skip"
+        for kind, action in spec.items():
+            if kind not in ERROR_KINDS:
+                raise ValueError(f"unknown kind of bad input {kind!r} in on_error (kinds: {', '.join(ERROR_KINDS)})")
+            if action not in ERROR_KINDS[kind]:
+                raise ValueError(f"on_error[{kind!r}] must be one of {ERROR_KINDS[kind]} (got {action!r})")
+            actions[kind] = action
+        self.actions = actions
+
+    def action(self, kind: str) -> str:
+        """The action for ``kind``: ``"raise"``, ``"skip"``, ``"replace"`` or ``"keep"``."""
+        return self.actions[kind]
+
+    def to_json(self) -> dict[str, str]:
+        """Every kind with its action (part of the source's fingerprint)."""
+        return dict(self.actions)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (str, Mapping)):
+            other = ErrorPolicy(other)
+        return isinstance(other, ErrorPolicy) and self.actions == other.actions
+
+    def __getstate__(self):
+        return self.actions
+
+    def __setstate__(self, state):
+        self.actions = state
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.actions.items() if v != "raise"}
+        return f"ErrorPolicy({changed or 'raise'!r})"
+
+
+def parse_on_error(values: "str | Sequence[str]") -> "str | dict[str, str]":
+    """The ``on_error`` of command-line values: ``"raise"``, ``"skip"``,
+    ``"replace"`` or ``"KIND=ACTION"`` (several may be given, e.g.
+    ``["skip", "empty=keep"]``).
+
+    Raises:
+      ValueError: a malformed value, an unknown kind or action.
+    """
+    if isinstance(values, str):
+        values = [values]
+    spec: dict[str, str] = {}
+    for value in values:
+        kind, sep, action = value.partition("=")
+        if not sep:
+            kind, action = "default", value
+        spec[kind.strip()] = action.strip()
+    ErrorPolicy(spec)  # validates
+    return spec.get("default", "raise") if set(spec) <= {"default"} else spec
+
+
+_CONTROL_RE = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
+_HOW = {
+    "invalid_utf8": "'replace' (U+FFFD) or 'skip'",
+    "carriage_return": "'replace' (a newline) or 'skip'",
+    "control_characters": "'keep', 'replace' (U+FFFD) or 'skip'",
+    "u2581": "'keep', 'replace' (a space) or 'skip'",
+    "empty": "'skip' or 'keep'",
+    "whitespace": "'skip' or 'keep'",
+    "malformed": "'skip'",
+    "missing_field": "'skip'",
+    "bad_value": "'skip'",
+}
+
+
+def error_hint(kind: str) -> str:
+    """How to accept, repair or skip records of ``kind``, for error messages."""
+    return f"set on_error={{{kind!r}: ...}} to {_HOW[kind]} (command line: --on-error {kind}=ACTION)"
+
+
+def text_problems(text: str) -> list[tuple[str, str]]:
+    """The content problems of one text value, as ``(kind, description)`` pairs
+    (kinds ``control_characters``, ``u2581``, ``empty``, ``whitespace``).
+    The description locates the first offending character (0-based index)."""
+    if not text:
+        return [("empty", "is empty")]
+    out = []
+    m = _CONTROL_RE.search(text)
+    if m:
+        n = len(_CONTROL_RE.findall(text))
+        out.append(("control_characters",
+                    f"contains control character U+{ord(m.group()):04X} at character {m.start()}"
+                    + (f" ({n} in all)" if n > 1 else "")))
+    i = text.find("\u2581")
+    if i >= 0:
+        out.append(("u2581", f"contains U+2581 (SentencePiece's whitespace symbol) at character {i}"))
+    if text.isspace():
+        out.append(("whitespace", "holds only whitespace"))
+    return out
+
+
+_REPAIRS = {
+    "control_characters": lambda t: _CONTROL_RE.sub("\ufffd", t),
+    "u2581": lambda t: t.replace("\u2581", " "),
+}
+
+
+def check_text_values(data: dict, where: str, policy: ErrorPolicy) -> tuple[dict | None, list[str], str | None]:
+    """Applies ``policy`` to the content problems of the string values of ``data``.
+
+    Returns ``(data, repairs, skip_message)``: the (possibly repaired) data, the
+    messages of the repairs made, and the message when the record is to be skipped
+    (then ``data`` is None).
+
+    Raises:
+      ValueError: a problem whose action is ``"raise"``; names ``where`` (file and
+        record), the field when there are several, the problem and the option.
+    """
+    repairs: list[str] = []
+    out = data
+    for key, value in data.items():
+        if not isinstance(value, str) or (key.startswith("_source_")):
+            continue
+        label = where if len(data) == 1 else f"{where}, field {key!r},"
+        while True:  # each repair removes its kind, but can expose another (U+2581 -> whitespace)
+            problems = [(k, d) for k, d in text_problems(value) if policy.actions[k] != "keep"]
+            if not problems:
+                break
+            kind, description = problems[0]
+            message = f"{label} {description}"
+            action = policy.actions[kind]
+            if action == "raise":
+                raise ValueError(f"{message}; {error_hint(kind)}")
+            if action == "skip":
+                return None, repairs, message
+            value = _REPAIRS[kind](value)
+            repairs.append(message)
+        if value is not data[key]:
+            if out is data:
+                out = dict(data)
+            out[key] = value
+    return out, repairs, None
 
 class SourceRecord(NamedTuple):
     """One raw record of a source.
@@ -173,10 +376,8 @@ def _patterns(pattern: str | Sequence[str]) -> tuple[str, ...]:
     return out
 
 
-def _check_on_error(on_error: str) -> str:
-    if on_error not in _ON_ERROR:
-        raise ValueError(f"on_error must be one of {_ON_ERROR} (got {on_error!r})")
-    return on_error
+def _check_on_error(on_error) -> ErrorPolicy:
+    return ErrorPolicy(on_error)
 
 
 # ---------------------------------------------------------------------------
@@ -191,6 +392,7 @@ class Source(abc.ABC):
     """
 
     kind: str = "source"
+    on_error: ErrorPolicy = ErrorPolicy("raise")
 
     @abc.abstractmethod
     def list_files(self) -> list[SourceFile]:
@@ -229,11 +431,30 @@ class Source(abc.ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.describe()}>"
 
+    def _record(self, file_index: int, record_number: int, raw: bytes, where: str, data: dict,
+                repairs: Sequence[str] = ()) -> SourceRecord:
+        """The record after the content checks of ``check_text_values``; marked
+        as repaired when ``repairs`` (made earlier) or the checks repaired it."""
+        checked, more, skip = check_text_values(data, where, self.on_error)
+        if skip is not None:
+            return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: skip}, raw)
+        repairs = [*repairs, *more]
+        if repairs:
+            checked = {**checked, SOURCE_REPLACED_KEY: "; ".join(repairs)}
+        return SourceRecord(file_index, record_number, checked, raw)
+
+    def _bad(self, kind: str, file_index: int, record_number: int, raw: bytes, message: str) -> SourceRecord:
+        """A record of ``kind`` that cannot be repaired: raised or marked skipped."""
+        if self.on_error.actions[kind] == "raise":
+            raise ValueError(f"{message}; {error_hint(kind)}")
+        return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: message}, raw)
+
 
 class _FileSource(Source):
     """Shared code of the sources that read files matched by glob patterns."""
 
-    def __init__(self, pattern: str | Sequence[str], *, on_error: str = "raise", exclude: str | Sequence[str] = ()):
+    def __init__(self, pattern: str | Sequence[str], *, on_error: "str | Mapping[str, str]" = "raise",
+                 exclude: str | Sequence[str] = ()):
         self.patterns = _patterns(pattern)
         self.on_error = _check_on_error(on_error)
         self.exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)
@@ -251,30 +472,18 @@ class _FileSource(Source):
         return {
             "kind": self.kind,
             "params": self._params(),
-            "on_error": self.on_error,
+            "on_error": self.on_error.to_json(),
             "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in self.list_files()],
         }
 
     def _pattern_text(self) -> str:
         return ", ".join(self.patterns)
 
-    def _repair(self, file_index: int, record_number: int, raw: bytes, message: str, repaired: dict) -> SourceRecord:
-        """``repaired`` (marked as such) under ``on_error="replace"``, else as ``_bad``."""
-        if self.on_error == "replace":
-            return SourceRecord(file_index, record_number, {**repaired, SOURCE_REPLACED_KEY: message}, raw)
-        return self._bad(file_index, record_number, raw, message)
-
-    def _bad(self, file_index: int, record_number: int, raw: bytes, message: str) -> SourceRecord:
-        if self.on_error == "raise":
-            raise ValueError(message)
-        return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: message}, raw)
-
-
 class _TextSource(_FileSource):
     """Shared constructor of the sources whose records are plain text."""
 
-    def __init__(self, pattern: str | Sequence[str], *, field: str = "text", on_error: str = "raise",
-                 exclude: str | Sequence[str] = ()):
+    def __init__(self, pattern: str | Sequence[str], *, field: str = "text",
+                 on_error: "str | Mapping[str, str]" = "raise", exclude: str | Sequence[str] = ()):
         super().__init__(pattern, on_error=on_error, exclude=exclude)
         self.field = field
 
@@ -286,15 +495,23 @@ class TextLineSource(_TextSource):
     """One record per line of text files (plain or ``.gz``).
 
     The line terminator (``"\\n"`` or ``"\\r\\n"``) is removed; a last line without
-    a newline is a record; empty lines are records too (``""``), so record numbers
-    equal 0-based line numbers. A UTF-8 byte order mark at the start of a file is
-    removed from the first record (from both ``data`` and ``raw``).
+    a newline is a record. Every line is numbered, so record numbers equal
+    0-based line numbers; empty and whitespace-only lines are bad input of the
+    kinds ``empty`` and ``whitespace`` (raised by default; for paragraph-separated
+    text use ``on_error={"empty": "skip"}``). A UTF-8 byte order mark at the start
+    of a file is removed from the first record (from both ``data`` and ``raw``).
 
     Args:
       pattern: a glob pattern (``**`` recursive) or a sequence of them.
       field: key of the line's text in ``SourceRecord.data``.
-      on_error: ``"raise"``, ``"skip"`` or ``"replace"`` for a line that is not
-        valid UTF-8 or holds a carriage return that does not end it.
+      on_error: the ``ErrorPolicy`` spec: ``"raise"``, ``"skip"``, ``"replace"``
+        or a mapping kind -> action. Kinds met here: ``invalid_utf8``,
+        ``carriage_return`` (a CR that does not end the line) and the content
+        kinds.
+
+    Raises (from ``read_file``):
+      ValueError: bad input whose action is ``"raise"``; names the file, the
+        line and the option that accepts, repairs or skips it.
     """
 
     kind = "text"
@@ -313,17 +530,24 @@ class TextLineSource(_TextSource):
                 if number == 0 and line.startswith(_BOM):
                     line = line[len(_BOM):]
                 where = f"{path}: line {number + 1} (record {number})"
+                repairs = []
                 try:
                     text = line.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    yield self._repair(file_index, number, line, f"{where} is not valid UTF-8: {e}",
-                                       {field: line.decode("utf-8", errors="replace")})
-                    continue
+                    message = f"{where} is not valid UTF-8: {e}"
+                    if self.on_error.actions["invalid_utf8"] != "replace":
+                        yield self._bad("invalid_utf8", file_index, number, line, message)
+                        continue
+                    text = line.decode("utf-8", errors="replace")
+                    repairs.append(message)
                 if "\r" in text:
                     message = f"{where} contains a carriage return that does not end the line (old Mac line endings?)"
-                    yield self._repair(file_index, number, line, message, {field: text.replace("\r", "\n")})
-                    continue
-                yield SourceRecord(file_index, number, {field: text}, line)
+                    if self.on_error.actions["carriage_return"] != "replace":
+                        yield self._bad("carriage_return", file_index, number, line, message)
+                        continue
+                    text = text.replace("\r", "\n")
+                    repairs.append(message)
+                yield self._record(file_index, number, line, where, {field: text}, repairs)
 
 
 class TextFileSource(_TextSource):
@@ -335,8 +559,11 @@ class TextFileSource(_TextSource):
     Args:
       pattern: a glob pattern (``**`` recursive) or a sequence of them.
       field: key of the file's text in ``SourceRecord.data``.
-      on_error: ``"raise"``, ``"skip"`` or ``"replace"`` for a file that is not
-        valid UTF-8.
+      on_error: the ``ErrorPolicy`` spec. Kinds met here: ``invalid_utf8`` and the
+        content kinds (an empty file is ``empty``).
+
+    Raises (from ``read_file``):
+      ValueError: bad input whose action is ``"raise"``; names the file.
     """
 
     kind = "files"
@@ -349,13 +576,18 @@ class TextFileSource(_TextSource):
             raw = f.read()
         if raw.startswith(_BOM):
             raw = raw[len(_BOM):]
+        where = f"{path}: file"
+        repairs = []
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            yield self._repair(file_index, 0, raw, f"{path}: file is not valid UTF-8: {e}",
-                               {self.field: raw.decode("utf-8", errors="replace")})
-            return
-        yield SourceRecord(file_index, 0, {self.field: text}, raw)
+            message = f"{where} is not valid UTF-8: {e}"
+            if self.on_error.actions["invalid_utf8"] != "replace":
+                yield self._bad("invalid_utf8", file_index, 0, raw, message)
+                return
+            text = raw.decode("utf-8", errors="replace")
+            repairs.append(message)
+        yield self._record(file_index, 0, raw, where, {self.field: text}, repairs)
 
 
 def _split_path(dotted: str) -> tuple[str, ...]:
@@ -387,7 +619,8 @@ class JsonLinesSource(_FileSource):
       field: dotted path of the value to read.
       output_key: key of that value in ``SourceRecord.data``.
       fields: optional mapping output key -> dotted path (several values).
-      on_error: ``"raise"`` or ``"skip"`` for a malformed line or a missing field.
+      on_error: the ``ErrorPolicy`` spec. Kinds met here: ``malformed``,
+        ``missing_field`` and the content kinds (for string values).
 
     Raises (from ``read_file``):
       ValueError: a line is not a JSON object or lacks a field; names the file,
@@ -397,7 +630,7 @@ class JsonLinesSource(_FileSource):
     kind = "jsonl"
 
     def __init__(self, pattern: str | Sequence[str], *, field: str = "text", output_key: str = "text",
-                 fields: dict[str, str] | None = None, on_error: str = "raise",
+                 fields: dict[str, str] | None = None, on_error: "str | Mapping[str, str]" = "raise",
                  exclude: str | Sequence[str] = ()):
         super().__init__(pattern, on_error=on_error, exclude=exclude)
         if fields is None:
@@ -426,10 +659,10 @@ class JsonLinesSource(_FileSource):
                 try:
                     obj = json.loads(raw)
                 except (ValueError, UnicodeDecodeError) as e:
-                    yield self._bad(file_index, number, raw, f"{where} is not valid JSON: {e}")
+                    yield self._bad("malformed", file_index, number, raw, f"{where} is not valid JSON: {e}")
                     continue
                 if not isinstance(obj, dict):
-                    yield self._bad(file_index, number, raw,
+                    yield self._bad("malformed", file_index, number, raw,
                                     f"{where} is a JSON {type(obj).__name__}, expected an object")
                     continue
                 data = {}
@@ -437,11 +670,11 @@ class JsonLinesSource(_FileSource):
                     for key, parts in self._parts.items():
                         data[key] = _lookup(obj, parts)
                 except KeyError:
-                    yield self._bad(file_index, number, raw,
+                    yield self._bad("missing_field", file_index, number, raw,
                                     f"{where} has no field {self.fields[key]!r} "
                                     f"(top-level keys: {sorted(obj)[:20]})")
                     continue
-                yield SourceRecord(file_index, number, data, raw)
+                yield self._record(file_index, number, raw, where, data)
 
 
 class ParquetSource(_FileSource):
@@ -457,8 +690,9 @@ class ParquetSource(_FileSource):
       output_key: key of the value in ``SourceRecord.data``.
       columns: optional mapping output key -> column (several values).
       batch_size: rows per record batch.
-      on_error: ``"raise"`` or ``"skip"``; a missing column always raises (it is
-        a property of the file, not of a record).
+      on_error: the ``ErrorPolicy`` spec for the content kinds (string values)
+        and the task's checks; a missing column always raises (it is a property
+        of the file, not of a record).
 
     Raises (from ``read_file``):
       ValueError: a column is missing from a file; names the file, the column and
@@ -468,7 +702,8 @@ class ParquetSource(_FileSource):
     kind = "parquet"
 
     def __init__(self, pattern: str | Sequence[str], *, column: str = "text", output_key: str = "text",
-                 columns: dict[str, str] | None = None, batch_size: int = 1024, on_error: str = "raise",
+                 columns: dict[str, str] | None = None, batch_size: int = 1024,
+                 on_error: "str | Mapping[str, str]" = "raise",
                  exclude: str | Sequence[str] = ()):
         super().__init__(pattern, on_error=on_error, exclude=exclude)
         if columns is None:
@@ -503,7 +738,8 @@ class ParquetSource(_FileSource):
                 for i in range(batch.num_rows):
                     row = {c: values[c][i] for c in wanted}
                     raw = canonical_json_bytes(row)
-                    yield SourceRecord(file_index, number, {k: row[c] for k, c in self.columns.items()}, raw)
+                    yield self._record(file_index, number, raw, f"{path}: row {number} (record {number})",
+                                       {k: row[c] for k, c in self.columns.items()})
                     number += 1
 
 
@@ -522,11 +758,17 @@ class FunctionSource(Source):
       fn: a callable with no arguments returning an iterable of dicts.
       name: the source's name (in the pseudo-file name and the fingerprint).
       version: the version of the function's output.
+      on_error: the policy for the content of string values (control
+        characters, U+2581, empty, whitespace) and for the task's checks.
+
+    Raises (from ``read_file``):
+      ValueError: ``fn`` yields something that is not a dict.
     """
 
     kind = "function"
 
-    def __init__(self, fn: Callable[[], Iterable[dict]], *, name: str, version: str = "0"):
+    def __init__(self, fn: Callable[[], Iterable[dict]], *, name: str, version: str = "0",
+                 on_error: "str | Mapping[str, str]" = "raise"):
         if not callable(fn):
             raise TypeError(f"FunctionSource {name!r}: fn must be callable (got {type(fn).__name__})")
         if not name:
@@ -534,6 +776,7 @@ class FunctionSource(Source):
         self.fn = fn
         self.name = name
         self.version = str(version)
+        self.on_error = _check_on_error(on_error)
 
     @property
     def path(self) -> str:
@@ -546,13 +789,15 @@ class FunctionSource(Source):
         for number, item in enumerate(self.fn()):
             if not isinstance(item, dict):
                 raise ValueError(f"{self.path}: record {number} is a {type(item).__name__}, expected a dict")
-            yield SourceRecord(file_index, number, dict(item), canonical_json_bytes(item))
+            yield self._record(file_index, number, canonical_json_bytes(item), f"{self.path}: record {number}",
+                               dict(item))
 
     def fingerprint(self) -> dict:
         return {
             "kind": self.kind,
             "name": self.name,
             "version": self.version,
+            "on_error": self.on_error.to_json(),
             "files": [{"path": self.path, "num_bytes": 0, "mtime_ns": 0}],
         }
 
@@ -567,13 +812,14 @@ _SPEC_HELP = (
 )
 
 
-def parse_source_spec(spec: str, *, exclude: Sequence[str] = (), on_error: str = "raise") -> Source:
+def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
+                      on_error: "str | Mapping[str, str]" = "raise") -> Source:
     """Builds a source from its command-line form.
 
     Forms: ``text:PATTERN``, ``files:PATTERN``, ``jsonl:PATTERN#FIELD`` and
     ``parquet:PATTERN#COLUMN`` (FIELD / COLUMN default to ``text``). The value is
     stored under the key ``"text"``. ``exclude``: glob patterns of paths to leave out;
-    ``on_error``: "raise" or "skip" (see the module docstring).
+    ``on_error``: the source's ``ErrorPolicy`` spec (see ``parse_on_error``).
 
     Raises:
       ValueError: an unknown kind or an empty pattern; the message lists the forms.

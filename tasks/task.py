@@ -20,7 +20,7 @@ from seqcache.tasks.preprocessors import (
     Preprocessor,
     run_preprocessors,
 )
-from seqcache.tasks.sources import SOURCE_ERROR_KEY, SOURCE_REPLACED_KEY, Source, SourceRecord
+from seqcache.tasks.sources import SOURCE_ERROR_KEY, SOURCE_REPLACED_KEY, Source, SourceRecord, error_hint
 from seqcache.tasks.vocabularies import Vocabulary
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -143,9 +143,9 @@ class Task:
           (index into ``records``, example) pairs in input order, where the example
           holds exactly the output features as 1-D arrays of the feature dtype,
           plus ``"_truncated_tokens"`` (int) if a trimming preprocessor ran.
-          Dropped examples and records a source marked unreadable are absent.
+          Dropped examples and records a source marked skipped are absent.
 
-          skipped: when given and the source's ``on_error`` is ``"skip"``, examples
+          skipped: when given and the source's ``on_error`` skips ``bad_value``, examples
             that fail the checks below are left out and ``(index, message)`` is
             appended here instead of raising (the pipeline quarantines them).
 
@@ -172,8 +172,8 @@ class Task:
             try:
                 out.append((index, self._finalize(ex, records[index])))
             except ValueError as e:
-                if skipped is None or getattr(self.source, "on_error", "raise") not in ("skip", "replace"):
-                    raise
+                if skipped is None or self.source.on_error.action("bad_value") != "skip":
+                    raise ValueError(f"{e}; {error_hint('bad_value')}") from None
                 skipped.append((index, str(e)))
         return out
 

@@ -17,19 +17,20 @@ def test_build_info_show_verify(tmp_path, shared_data):
     (corpus / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (corpus / "skip-me.txt").write_text("not part of the corpus\n", encoding="utf-8")
     runner = CliRunner()
-    args = ["build", "--source", f"text:{corpus}/*.txt", "--exclude", "*/skip-me.txt", "--name", "shk",
+    args = ["build", "--source", f"text:{corpus}/*.txt", "--exclude", "*/skip-me.txt", "--on-error", "empty=skip", "--name", "shk",
             "--sequence-length", "256", "--pack", "--num-shards", "2", "--cache-dir", str(tmp_path / "c"), "--json"]
     first = runner.invoke(main, args, catch_exceptions=False)
     assert first.exit_code == 0, first.output
-    built = json.loads(first.output)[0]
+    built = json.loads(first.stdout)[0]  # warnings go to stderr
     assert built["reused"] is False and built["num_shards"] == 2
     again = runner.invoke(main, args, catch_exceptions=False)
-    assert json.loads(again.output)[0]["reused"] is True
+    assert json.loads(again.stdout)[0]["reused"] is True
 
     cache = os.path.join(tmp_path, "c", "shk", "train")
     info = json.loads(runner.invoke(main, ["info", cache, "--json"]).output)
-    total_bytes = sum(len(line.encode()) + 1 for line in lines)  # byte vocabulary: 1 token per byte, + EOS
+    total_bytes = sum(len(line.encode()) + 1 for line in lines if line)  # byte vocabulary: 1 token per byte, + EOS
     assert info["statistics"]["tokens"]["targets"] == total_bytes
+    assert info["statistics"]["skipped_records"] == lines.count("") > 0  # the blank lines, counted
     assert info["num_sources"] == 1 and info["packing"] == "lm"
     assert info["num_examples"] == built["num_examples"] >= total_bytes // 256
 
@@ -58,8 +59,10 @@ def test_usage_errors_and_warnings(tmp_path, shared_data):
     lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:500]
     (corpus / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     runner = CliRunner()
-    base = ["build", "--source", f"text:{corpus}/*.txt", "--cache-dir", str(tmp_path / "c")]
-    for bad in (["--name", "x", "--num-shards", "0"], ["--name", "x", "--seed", "-1"], ["--name", "bad name/x"]):
+    base = ["build", "--source", f"text:{corpus}/*.txt", "--on-error", "empty=keep", "--cache-dir", str(tmp_path / "c")]
+    for bad in (["--name", "x", "--num-shards", "0"], ["--name", "x", "--seed", "-1"], ["--name", "bad name/x"],
+                ["--name", "x", "--on-error", "empty=replace"], ["--name", "x", "--on-error", "no_such_kind=skip"],
+                ["--name", "x", "--on-error", "keep"]):
         out = runner.invoke(main, base + bad)
         assert out.exit_code == 2, (bad, out.output)
         assert "Traceback" not in out.output

@@ -77,12 +77,7 @@ def import_modules(modules):
 @click.option("--cache-dir", required=True, help="Root folder of caches (local path or gs://...).")
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
 @click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
-@click.option("--on-error", "on_error", type=click.Choice(["raise", "skip", "replace"]), default="raise",
-              show_default=True,
-              help="Unreadable source records (bad UTF-8, a carriage return inside a line, bad JSON, a missing field, "
-                   "a wrong type): fail naming the file and record; or skip them; or repair what can be repaired "
-                   "(bad UTF-8 -> U+FFFD, CR -> newline) and skip the rest. Skipped and repaired records are "
-                   "counted in the manifest and listed in the cache's quarantine file.")
+@common.on_error_option()
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc task: leave out files whose path matches this glob (repeatable).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte or a SentencePiece .model path.")
 @click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary.")
@@ -183,13 +178,13 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
             )
         if stats.get("replaced_records"):
             console.print(
-                f"[yellow]warning[/yellow]: repaired {stats['replaced_records']:,} records (U+FFFD for bad UTF-8, "
-                f"newlines for stray carriage returns), listed in {result.cache_dir}/quarantine.jsonl",
+                f"[yellow]warning[/yellow]: repaired {stats['replaced_records']:,} records, listed with what was "
+                f"repaired in {result.cache_dir}/quarantine.jsonl",
                 highlight=False,
             )
         if stats.get("skipped_records"):
             console.print(
-                f"[yellow]warning[/yellow]: skipped {stats['skipped_records']:,} unreadable records, listed in "
+                f"[yellow]warning[/yellow]: skipped {stats['skipped_records']:,} bad records, listed with the reason in "
                 f"{result.cache_dir}/quarantine.jsonl",
                 highlight=False,
             )

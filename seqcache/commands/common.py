@@ -67,3 +67,32 @@ def sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _on_error_parser(base: tuple[str, ...]):
+    def parse(ctx, param, values):
+        from seqcache.tasks import parse_on_error
+
+        try:
+            return parse_on_error([*base, *values] or ["raise"])
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+
+    return parse
+
+
+ON_ERROR_HELP = (
+    "Bad source records: 'raise' (the default: fail naming the file and record), 'skip' (leave them out, "
+    "counted and listed in the cache's quarantine file) or 'replace' (repair what can be repaired: bad UTF-8 "
+    "and control characters -> U+FFFD, a CR inside a line -> newline, U+2581 -> space; skip the rest). "
+    "KIND=ACTION sets one kind: invalid_utf8, carriage_return, control_characters, u2581, empty, whitespace, "
+    "malformed, missing_field, bad_value; ACTION is raise, skip, replace or keep (accept as is). Repeatable, "
+    "e.g. --on-error empty=skip --on-error control_characters=keep."
+)
+
+
+def on_error_option(help_text: str = ON_ERROR_HELP, *, base: tuple[str, ...] = ()):
+    """The ``--on-error`` option: repeatable, parsed into an ``ErrorPolicy`` spec;
+    ``base`` values come first, so the user's values override them."""
+    return click.option("--on-error", "on_error", multiple=True, metavar="ACTION|KIND=ACTION",
+                        callback=_on_error_parser(base), help=help_text)

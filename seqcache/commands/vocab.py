@@ -9,6 +9,8 @@ import time
 
 import click
 
+from seqcache.commands.common import on_error_option
+
 
 @click.group()
 def vocab():
@@ -19,10 +21,7 @@ def vocab():
 @click.option("--source", "sources", multiple=True, required=True,
               help="Source spec: text:PATTERN, files:PATTERN, jsonl:PATTERN#FIELD or parquet:PATTERN#COLUMN. "
                    "Repeat to sample from several sources.")
-@click.option("--on-error", "on_error", type=click.Choice(["raise", "skip", "replace"]), default="raise",
-              show_default=True,
-              help="Unreadable source records (bad UTF-8, bad JSON, missing field): fail naming the file and record, "
-                   "leave them out of the training sample, or repair what can be repaired.")
+@on_error_option()
 @click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
 @click.option("--vocab-size", type=click.IntRange(min=260), required=True, help="Number of pieces.")
 @click.option("--output", type=click.Path(dir_okay=False), required=True, help="Where to write the .model file.")
@@ -110,8 +109,10 @@ def encode(vocabulary_spec, extra_ids, pieces, text):
 @click.option("--source", "sources", multiple=True, required=True,
               help="Source spec (text:, files:, jsonl:, parquet:); repeatable.")
 @click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
-@click.option("--on-error", "on_error", type=click.Choice(["raise", "skip", "replace"]), default="raise",
-              show_default=True)
+@on_error_option(
+    "As for build, except that the content kinds (control_characters, u2581, empty, whitespace) are kept unless "
+    "set here: this command exists to report them.",
+    base=("control_characters=keep", "u2581=keep", "empty=keep", "whitespace=keep"))
 @click.option("--max-records", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Check at most this many records (in source order).")
 @click.option("--show", "show_n", type=click.IntRange(min=0), default=10, show_default=True,

@@ -6,11 +6,13 @@ from __future__ import annotations
 import collections
 import gzip
 import json
+import os
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, build_task
 from seqcache.feeders.reader import CacheReader
@@ -43,27 +45,36 @@ def _expected(texts, vocab, trim_to=None):
 
 
 def test_tinyshakespeare_every_line_once(tmp_path, shared_data):
+    """Blank lines separate the speeches: skipped on request, counted and listed."""
     path = shared_data / "tinyshakespeare" / "input.txt"
     vocab = tasks.ByteVocabulary()
     result = build_task(
-        _task("shakespeare", tasks.TextLineSource(str(path)), vocab),
+        _task("shakespeare", tasks.TextLineSource(str(path), on_error={"empty": "skip"}), vocab),
         cache_dir=str(tmp_path),
         config=BuildConfig(num_shards=5),
     )
     lines = path.read_text(encoding="utf-8").split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the file ends with a newline: no record after it
-    assert result.manifest.num_examples == len(lines) == 40000
-    assert _decoded_multiset(result.cache_dir) == _expected(lines, vocab)
+    assert len(lines) == 40000
+    kept = [line for line in lines if line]
+    empty = [i for i, line in enumerate(lines) if not line]
+    assert result.manifest.num_examples == len(kept) and len(empty) > 7000
+    assert _decoded_multiset(result.cache_dir) == _expected(kept, vocab)
     stats = result.manifest.statistics
-    assert stats["tokens"]["targets"] == sum(len(line.encode()) + 1 for line in lines)
+    assert stats["tokens"]["targets"] == sum(len(line.encode()) + 1 for line in kept)
+    assert stats["skipped_records"] == len(empty) and stats["source_records"] == 40000
+    quarantined = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
+    assert [e["record_number"] for e in quarantined] == empty
+    assert all(e["error"].endswith("is empty") and e["action"] == "skipped" for e in quarantined)
 
 
 def test_c4_parquet_every_document_once_with_trim(tmp_path, shared_data):
     path = shared_data / "c4" / "c4_validation_2k.parquet"
     vocab = tasks.ByteVocabulary()
     result = build_task(
-        _task("c4", tasks.ParquetSource(str(path), column="text"), vocab, sequence_length={"targets": 512}),
+        _task("c4", tasks.ParquetSource(str(path), column="text", on_error={"control_characters": "keep"}), vocab,
+              sequence_length={"targets": 512}),
         cache_dir=str(tmp_path),
         config=BuildConfig(num_shards=3, sequence_length={"targets": 512}),
     )
@@ -80,7 +91,7 @@ def test_dolma_jsonl_gz_every_document_once(tmp_path, shared_data):
     pattern = str(shared_data / "dolma_cc" / "*.jsonl.gz")
     vocab = tasks.ByteVocabulary()
     result = build_task(
-        _task("dolma", tasks.JsonLinesSource(pattern, field="text"), vocab),
+        _task("dolma", tasks.JsonLinesSource(pattern, field="text", on_error={"control_characters": "keep"}), vocab),
         cache_dir=str(tmp_path),
         config=BuildConfig(num_shards=2),
     )
@@ -97,7 +108,8 @@ def test_lm_packing_keeps_every_token_and_records_provenance(tmp_path, shared_da
     vocab = tasks.ByteVocabulary()
     length = 1024
     result = build_task(
-        _task("dolma_packed", tasks.JsonLinesSource(pattern, field="text"), vocab, sequence_length={"targets": length}, pack=True),
+        _task("dolma_packed", tasks.JsonLinesSource(pattern, field="text", on_error={"control_characters": "keep"}),
+              vocab, sequence_length={"targets": length}, pack=True),
         cache_dir=str(tmp_path),
         config=BuildConfig(num_shards=2, sequence_length={"targets": length}),
     )

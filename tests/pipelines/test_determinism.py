@@ -40,7 +40,7 @@ def _write_files(folder, lines, num_files, names=None):
 def _task(pattern, name="shakespeare"):
     return tasks.Task(
         name,
-        source=tasks.TextLineSource(pattern),
+        source=tasks.TextLineSource(pattern, on_error={"empty": "keep"}),
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
         preprocessors=[
             tasks.preprocessors.rekey({"targets": "text"}),

@@ -32,7 +32,7 @@ def small_disk(tmp_path):
 def _task(pattern):
     return tasks.Task(
         "lines",
-        source=tasks.TextLineSource(pattern),
+        source=tasks.TextLineSource(pattern, on_error={"empty": "keep"}),
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
         preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
     )

@@ -26,7 +26,7 @@ from seqcache.verify import verify_cache
 def _task(pattern, name="lines"):
     return tasks.Task(
         name,
-        source=tasks.TextLineSource(pattern),
+        source=tasks.TextLineSource(pattern, on_error={"empty": "keep"}),
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
         preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
                        tasks.preprocessors.append_eos()],
@@ -150,7 +150,7 @@ _KILLED_BUILD = textwrap.dedent(
 
     task = tasks.Task(
         "lines",
-        source=tasks.TextLineSource(sys.argv[1]),
+        source=tasks.TextLineSource(sys.argv[1], on_error={"empty": "keep"}),
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
         preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
                        tasks.preprocessors.append_eos()],

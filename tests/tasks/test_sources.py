@@ -19,7 +19,10 @@ def _first(source, n=None):
 
 
 def test_text_lines_tinyshakespeare(shared_data):
-    src = S.TextLineSource(str(shared_data / "tinyshakespeare" / "input.txt"))
+    path = str(shared_data / "tinyshakespeare" / "input.txt")
+    with pytest.raises(ValueError, match=r"input.txt: line 3 \(record 2\) is empty; .*--on-error empty="):
+        _first(S.TextLineSource(path))  # empty lines raise by default
+    src = S.TextLineSource(path, on_error={"empty": "keep"})
     (f,) = src.list_files()
     assert f.num_bytes == 1_115_394
     records = list(src.read_file(7, f.path))
@@ -27,7 +30,7 @@ def test_text_lines_tinyshakespeare(shared_data):
     assert [r.record_number for r in records[:5]] == [0, 1, 2, 3, 4]
     assert all(r.file_index == 7 for r in records)
     assert records[0] == S.SourceRecord(7, 0, {"text": "First Citizen:"}, b"First Citizen:")
-    # Empty lines are records.
+    # Kept empty lines are records.
     assert records[2].data == {"text": ""} and records[2].raw == b""
     assert sum(1 for r in records if r.raw == b"") > 1000
     # raw is the UTF-8 line without its terminator: the lines rebuild the file.
@@ -52,7 +55,7 @@ def test_text_lines_bom_gz_and_last_line(tmp_path, shared_data):
     p = tmp_path / "a.txt.gz"
     with gzip.open(p, "wb") as fh:
         fh.write("één\r\n\nlast".encode("utf-8"))
-    records = _first(S.TextLineSource(str(p), field="line"))
+    records = _first(S.TextLineSource(str(p), field="line", on_error={"empty": "keep"}))
     assert [(r.record_number, r.data["line"], r.raw) for r in records] == [
         (0, "één", "één".encode()), (1, "", b""), (2, "last", b"last")]
 
@@ -125,7 +128,8 @@ def test_jsonl_several_fields_and_errors(tmp_path):
 
 
 def test_parquet_c4(shared_data):
-    src = S.ParquetSource(str(shared_data / "c4" / "c4_validation_2k.parquet"), batch_size=300)
+    src = S.ParquetSource(str(shared_data / "c4" / "c4_validation_2k.parquet"), batch_size=300,
+                          on_error={"control_characters": "keep"})
     records = _first(src)
     assert len(records) == 2000
     assert [r.record_number for r in records] == list(range(2000))
@@ -189,3 +193,114 @@ def test_parse_source_spec(spec, cls, attrs):
 def test_parse_source_spec_errors(spec):
     with pytest.raises(ValueError, match="accepted source specs"):
         S.parse_source_spec(spec)
+
+
+# ---------------------------------------------------------------------------
+# The content kinds: control characters, U+2581, empty and whitespace-only text.
+
+
+def _texts(source):
+    return [(r.record_number, r.data.get("text"), r.data.get(S.SOURCE_ERROR_KEY), r.data.get(S.SOURCE_REPLACED_KEY))
+            for r in source.read_all()]
+
+
+def test_control_characters_raise_skip_replace_or_keep(tmp_path):
+    p = tmp_path / "ctl.txt"
+    # ESC, a C1 control (U+0092, cp1252 mojibake) and NUL; tab, form feed and NEL are whitespace, not controls.
+    p.write_bytes("plain\ncolour \x1b[31mred\nit\u0092s\ttab\x0cff\u0085nel\nnul\x00\n".encode())
+    with pytest.raises(ValueError, match=r"ctl.txt: line 2 \(record 1\) contains control character U\+001B at "
+                                         r"character 7; .*--on-error control_characters="):
+        _first(S.TextLineSource(str(p)))
+    skipped = _texts(S.TextLineSource(str(p), on_error={"control_characters": "skip"}))
+    assert [(n, t) for n, t, err, _ in skipped if err is None] == [(0, "plain")]
+    assert "U+0092 at character 2" in skipped[2][2] and "U+0000" in skipped[3][2]
+    replaced = _texts(S.TextLineSource(str(p), on_error={"control_characters": "replace"}))
+    assert [t for _, t, _, _ in replaced] == ["plain", "colour \ufffd[31mred", "it\ufffds\ttab\x0cff\x85nel", "nul\ufffd"]
+    assert [rep is not None for *_, rep in replaced] == [False, True, True, True]
+    kept = _texts(S.TextLineSource(str(p), on_error={"control_characters": "keep"}))
+    assert [t for _, t, _, _ in kept] == p.read_text().split("\n")[:-1] and all(e is None for _, _, e, _ in kept)
+
+
+def test_u2581_raises_and_can_become_a_space(tmp_path):
+    p = tmp_path / "pieces.txt"
+    p.write_text("▁already ▁tokenized\nclean\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 1 \(record 0\) contains U\+2581 .* at character 0"):
+        _first(S.TextLineSource(str(p)))
+    assert [t for _, t, _, _ in _texts(S.TextLineSource(str(p), on_error={"u2581": "replace"}))] == [
+        " already  tokenized", "clean"]
+    assert _texts(S.TextLineSource(str(p), on_error={"u2581": "keep"}))[0][1] == "▁already ▁tokenized"
+    # A repair that leaves only whitespace meets the whitespace policy next.
+    q = tmp_path / "only.txt"
+    q.write_text("▁\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="holds only whitespace"):
+        _first(S.TextLineSource(str(q), on_error={"u2581": "replace"}))
+
+
+def test_whitespace_only_lines_of_wikitext(shared_data):
+    path = shared_data / "wikitext2" / "wiki.test.tokens"
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    blank = [i for i, line in enumerate(lines) if line.isspace()]
+    with pytest.raises(ValueError, match=rf"line {blank[0] + 1} \(record {blank[0]}\) holds only whitespace"):
+        _first(S.TextLineSource(str(path)))
+    records = _first(S.TextLineSource(str(path), on_error={"whitespace": "skip"}))
+    assert [r.record_number for r in records if S.is_error_record(r)] == blank and len(blank) > 1000
+    assert [r.data["text"] for r in records if not S.is_error_record(r)] == [l for l in lines if not l.isspace()]
+
+
+def test_empty_values_in_every_kind_of_source(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "zero.txt").write_bytes(b"")
+    (tmp_path / "zero.py").write_bytes(b"")
+    (tmp_path / "e.jsonl").write_text('{"text": "x"}\n{"text": ""}\n', encoding="utf-8")
+    pq.write_table(pa.table({"text": ["x", "  "]}), tmp_path / "e.parquet")
+    # A zero-byte file has no lines (no record), but as a whole file it is one empty record.
+    assert _first(S.TextLineSource(str(tmp_path / "zero.txt"))) == []
+    with pytest.raises(ValueError, match=r"zero.py: file is empty"):
+        _first(S.TextFileSource(str(tmp_path / "zero.py")))
+    with pytest.raises(ValueError, match=r"e.jsonl: line 2 \(record 1\) is empty"):
+        _first(S.JsonLinesSource(str(tmp_path / "e.jsonl")))
+    with pytest.raises(ValueError, match=r"e.parquet: row 1 \(record 1\) holds only whitespace"):
+        _first(S.ParquetSource(str(tmp_path / "e.parquet")))
+    kept = S.ParquetSource(str(tmp_path / "e.parquet"), on_error={"whitespace": "keep"})
+    assert [r.data["text"] for r in _first(kept)] == ["x", "  "]
+
+
+def test_several_fields_name_the_field(tmp_path):
+    p = tmp_path / "pairs.jsonl"
+    p.write_text('{"src": "Hallo", "tgt": "Hello"}\n{"src": "Welt", "tgt": ""}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 2 \(record 1\), field 'targets', is empty"):
+        _first(S.JsonLinesSource(str(p), fields={"inputs": "src", "targets": "tgt"}))
+
+
+def test_function_source_values_are_checked_too():
+    src = S.FunctionSource(_with_control, name="ctl")
+    with pytest.raises(ValueError, match=r"<function ctl>: record 1 contains control character U\+0007"):
+        _first(src)
+    assert [r.data["text"] for r in _first(S.FunctionSource(_with_control, name="ctl",
+                                                            on_error={"control_characters": "replace"}))] == [
+        "fine", "bell\ufffd"]
+
+
+def _with_control():
+    return [{"text": "fine"}, {"text": "bell\a"}]
+
+
+def test_error_policy_parsing_and_fingerprint():
+    assert S.ErrorPolicy("replace").action("empty") == "skip"  # cannot be repaired
+    assert S.ErrorPolicy("replace").action("control_characters") == "replace"
+    policy = S.ErrorPolicy({"default": "skip", "empty": "keep"})
+    assert policy.action("invalid_utf8") == "skip" and policy.action("empty") == "keep"
+    assert S.ErrorPolicy({"empty": "skip"}).action("malformed") == "raise"
+    for bad, message in [({"empty": "replace"}, r"on_error\['empty'\] must be one of"),
+                         ({"nope": "skip"}, "unknown kind of bad input 'nope'"), ("keep", "set per kind"),
+                         ("ignore", "must be one of")]:
+        with pytest.raises(ValueError, match=message):
+            S.ErrorPolicy(bad)
+    assert S.parse_on_error(["skip", "empty=keep"]) == {"default": "skip", "empty": "keep"}
+    assert S.parse_on_error(["replace"]) == "replace"
+    a = S.TextLineSource("x.txt", on_error={"empty": "skip"})
+    assert pickle.loads(pickle.dumps(a)).on_error == a.on_error == {"empty": "skip"}
+    assert a.on_error != S.ErrorPolicy("raise")
+    assert S.ErrorPolicy(S.ErrorPolicy("skip")).to_json() == {k: "skip" for k in S.ERROR_KINDS}

@@ -64,10 +64,14 @@ def test_sample_for_vocabulary_independent_of_file_order(tmp_path, shared_data):
     (tmp_path / "a.txt").write_text("\n".join(lines[:2500]) + "\n")
     (tmp_path / "b.txt").write_text("\n".join(lines[2500:]) + "\n")
     (tmp_path / "c.txt").write_text("\n".join(reversed(lines)) + "\n")
-    split = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "[ab].txt")), max_records=500, seed=3)
-    reordered = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "c.txt")), max_records=500, seed=3)
+    skip_empty = {"empty": "skip"}
+    split = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "[ab].txt"), on_error=skip_empty), max_records=500,
+                                    seed=3)
+    reordered = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "c.txt"), on_error=skip_empty), max_records=500,
+                                        seed=3)
     assert len(split) == 500 and split == reordered
-    other_seed = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "c.txt")), max_records=500, seed=4)
+    other_seed = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "c.txt"), on_error=skip_empty), max_records=500,
+                                         seed=4)
     assert other_seed != split
     assert "" not in split
     # The kept records are exactly the 500 smallest keyed hashes of the distinct non-empty lines.

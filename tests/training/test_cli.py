@@ -29,10 +29,10 @@ def cache(tmp_path_factory, shared_data):
     (src / "play.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     task = tasks.Task(
         "shakespeare_lm",
-        source=tasks.TextLineSource(str(src / "*.txt")),
+        source=tasks.TextLineSource(str(src / "*.txt"), on_error={"empty": "skip"}),
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
         preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.filter_empty(), tasks.preprocessors.append_eos()],
+                       tasks.preprocessors.append_eos()],
         packing="lm",
     )
     root = tmp_path_factory.mktemp("caches")

@@ -135,8 +135,9 @@ class ByteVocabulary(Vocabulary):
         return self._encode_array(text).tolist()
 
     def _encode_array(self, text: str) -> np.ndarray:
-        b = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-        return b.astype(np.int32) + self._OFFSET
+        ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+        ids += self._OFFSET  # in place: one int32 copy of a long text, not two
+        return ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [self._encode_array(t) for t in texts]

@@ -352,3 +352,57 @@ def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
     actions = [(e["record_number"], e["action"]) for e in
                fmt.iter_json_lines(os.path.join(repaired.cache_dir, fmt.QUARANTINE_NAME))]
     assert actions == [(0, "replaced"), (1, "replaced")]
+
+
+def test_control_characters_in_c4_raise_or_are_counted(tmp_path, shared_data):
+    """C4 holds a few documents with C0/C1 control characters (mojibake, terminal
+    escapes): raised by default naming the row; skipped or repaired on request,
+    counted in the manifest and listed in the quarantine file."""
+    import re
+
+    import pyarrow.parquet as pq
+
+    path = shared_data / "c4" / "c4_validation_2k.parquet"
+    texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
+    control = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
+    bad = [i for i, t in enumerate(texts) if control.search(t)]
+    assert 0 < len(bad) < 20
+
+    def task(on_error):
+        return tasks.Task(
+            "c4",
+            source=tasks.ParquetSource(str(path), on_error=on_error),
+            output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+            preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+        )
+
+    with pytest.raises(ValueError, match=rf"c4_validation_2k\.parquet: row {bad[0]} \(record {bad[0]}\) contains "
+                                         r"control character U\+[0-9A-F]{4}"):
+        build_task(task("raise"), cache_dir=str(tmp_path / "a"), config=BuildConfig(num_shards=2))
+    assert not os.path.exists(tmp_path / "a" / "c4" / "train" / fmt.MANIFEST_NAME)
+    vocab = tasks.ByteVocabulary()
+    for action, expected in [("skip", [t for i, t in enumerate(texts) if i not in bad]),
+                             ("replace", [control.sub("\ufffd", t) for t in texts])]:
+        result = build_task(task({"control_characters": action}), cache_dir=str(tmp_path / action),
+                            config=BuildConfig(num_shards=2))
+        stats = result.manifest.statistics
+        assert stats["skipped_records" if action == "skip" else "replaced_records"] == len(bad)
+        with CacheReader(result.cache_dir) as r:
+            got = sorted(vocab.decode(e["targets"].tolist()) for e in r.read_examples(range(len(r))))
+        assert got == sorted(expected)
+        entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
+        assert [e["record_number"] for e in entries] == bad
+        assert {e["action"] for e in entries} == {"skipped" if action == "skip" else "replaced"}
+
+
+def test_changing_the_policy_changes_the_fingerprint_and_says_so(tmp_path, corpus):
+    build_task(_task(corpus), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
+    other = tasks.Task(
+        "lines",
+        source=tasks.TextLineSource(corpus, on_error={"empty": "skip"}),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.append_eos()],
+    )
+    with pytest.raises(BuildError, match=r"what changed: task\.source\.on_error\.empty: \"keep\" -> \"skip\""):
+        build_task(other, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))

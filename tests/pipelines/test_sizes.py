@@ -9,7 +9,8 @@ The build runs in a fresh process that reports its peak resident set size
 Measured on the development machine (2 cores), build alone, L = 512:
 
   vocabulary      line     wall time   peak RSS   growth over the imports
-  bytes           100 MB   3.5 s       1.19 GB    11.1 x line bytes
+  bytes           100 MB   3.5 s       0.79 GB    7.1 x line bytes (11.1 x before the
+                                                   byte vocabulary added its offset in place)
   SentencePiece   100 MB   22.8 s      4.94 GB    50.5 x line bytes
   bytes           8 MB     1.2 s       0.22 GB    12.6 x (about 11 MiB fixed)
   SentencePiece   8 MB     2.3 s       0.54 GB    52 x
@@ -39,14 +40,14 @@ SHORT = "a short line after the long one"
 
 # Peak memory of the build, as growth over the child's RSS after its imports:
 #   bytes:  the source record holds the line's raw bytes and its text (2 x n),
-#           tokenizing makes a UTF-8 copy (n) and int32 tokens (4 x n) and,
-#           today, one more int32 temporary (4 x n): 11 x n, measured 11.1 x n.
-#           The limit, 14 x n, fails on one more int32 copy of the line, or on
-#           tokens held as Python ints (about 36 bytes a token).
+#           tokenizing makes a UTF-8 copy (n) and int32 tokens (4 x n):
+#           7 x n, measured 7.1 x n. The limit, 9 x n, fails on one more int32
+#           copy of the line, or on tokens held as Python ints (about 36 bytes
+#           a token).
 #   SentencePiece: its Python API returns token ids as a list of Python ints
 #           (about 40 bytes a token, ~0.9 tokens a byte here): measured 52 x n.
 # FIXED is what a build costs whatever the line (runner, buffers): about 11 MiB.
-RATIO = {"bytes": 14, "sentencepiece": 64}
+RATIO = {"bytes": 9, "sentencepiece": 64}
 FIXED = 32 * MIB
 
 _CHILD = textwrap.dedent(

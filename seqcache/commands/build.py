@@ -121,6 +121,13 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         task_list = [adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error, vocabulary_spec=vocabulary_spec,
                                 extra_ids=extra_ids, sequence_length=seq_len, pack=pack)]
     elif name:
+        given = [f"--{p.replace('_', '-')}" for p in ("on_error", "exclude")
+                 if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(
+                f"{' and '.join(given)} describe an ad-hoc --source; a registered task's source sets them itself, "
+                "e.g. TextLineSource(..., on_error={'empty': 'skip'}, exclude=[...]) in the module that registers it"
+            )
         try:
             obj = tasks.get_task_or_mixture(name)
         except KeyError as e:
@@ -164,7 +171,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         if not as_json:
             verb = "reused" if result.reused else f"built in {result.seconds:.1f} s"
             console.print(
-                f"[green]{task.name}/{split}[/green]: {m.num_examples:,} examples in "
+                f"[green]{task.name}/{split}[/green]: {common.plural(m.num_examples, 'example')} in "
                 f"{common.plural(len(m.shards), 'shard')}, {verb} -> {result.cache_dir}",
                 highlight=False,
             )
@@ -178,13 +185,14 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
             )
         if stats.get("replaced_records"):
             console.print(
-                f"[yellow]warning[/yellow]: repaired {stats['replaced_records']:,} records, listed with what was "
+                f"[yellow]warning[/yellow]: repaired {common.plural(stats['replaced_records'], 'record')}, listed with what was "
                 f"repaired in {result.cache_dir}/quarantine.jsonl",
                 highlight=False,
             )
         if stats.get("skipped_records"):
             console.print(
-                f"[yellow]warning[/yellow]: skipped {stats['skipped_records']:,} bad records, listed with the reason in "
+                f"[yellow]warning[/yellow]: skipped {common.plural(stats['skipped_records'], 'bad record')}, listed with "
+                f"the reason in "
                 f"{result.cache_dir}/quarantine.jsonl",
                 highlight=False,
             )
@@ -192,7 +200,9 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         click.echo(json.dumps([
             {"task": r.manifest.task, "split": r.manifest.split, "cache_dir": r.cache_dir, "reused": r.reused,
              "seconds": round(r.seconds, 3), "num_examples": r.manifest.num_examples,
-             "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint}
+             "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint,
+             **{k: int(r.manifest.statistics.get(k) or 0)
+                for k in ("source_records", "skipped_records", "replaced_records", "truncated_tokens")}}
             for r in results
         ], indent=2))
 

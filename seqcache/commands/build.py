@@ -125,7 +125,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
                  if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise click.UsageError(
-                f"{' and '.join(given)} describe an ad-hoc --source; a registered task's source sets them itself, "
+                f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a registered task's source sets them itself, "
                 "e.g. TextLineSource(..., on_error={'empty': 'skip'}, exclude=[...]) in the module that registers it"
             )
         try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
@@ -124,6 +124,18 @@ class CacheReader:
                     )
                 table[shard] = reader
         return reader
+
+    def check_record_counts(self, shards: Iterable[int]) -> None:
+        """Opens the data shards ``shards`` (if not open yet), which checks each
+        one's record count against the manifest. A reader opened with
+        ``open_shards=False`` maps an index to its shard by the manifest's counts:
+        checking every shard up to the last one read makes that mapping exact.
+
+        Raises:
+          CacheError: a shard is missing, unreadable, or has another record count.
+        """
+        for shard in shards:
+            self._open(self._data, shard, self.manifest.shards[shard].file)
 
     def _verify_hint(self) -> str:
         return (

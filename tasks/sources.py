@@ -69,9 +69,13 @@ import glob
 import gzip
 import io
 import json
+import logging
 import os
 import re
+import zlib
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
+
+log = logging.getLogger(__name__)
 
 # Key of ``SourceRecord.data`` that marks a record a source could not read when
 # ``on_error="skip"``; its value is the error message.
@@ -176,14 +180,24 @@ def parse_on_error(values: "str | Sequence[str]") -> "str | dict[str, str]":
     spec: dict[str, str] = {}
     for value in values:
         kind, sep, action = value.partition("=")
-        if not sep:
-            kind, action = "default", value
-        spec[kind.strip()] = action.strip()
+        kind, action = (kind.strip(), action.strip()) if sep else ("default", value.strip())
+        if kind == "default" and action not in _ON_ERROR:
+            raise ValueError(f"{value!r}: one action for every kind is one of {', '.join(_ON_ERROR)}; "
+                             f"'keep' is given per kind, e.g. empty=keep")
+        if kind != "default" and kind not in ERROR_KINDS:
+            raise ValueError(f"{value!r}: unknown kind {kind!r} (kinds: {', '.join(ERROR_KINDS)})")
+        if kind != "default" and action not in ERROR_KINDS[kind]:
+            raise ValueError(f"{value!r}: {kind} can be {', '.join(ERROR_KINDS[kind])}")
+        if kind in spec and spec[kind] != action:
+            shown = kind if kind != "default" else "the action for every kind"
+            raise ValueError(f"{shown} given twice: {spec[kind]!r} and {action!r}")
+        spec[kind] = action
     ErrorPolicy(spec)  # validates
     return spec.get("default", "raise") if set(spec) <= {"default"} else spec
 
 
 _CONTROL_RE = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _HOW = {
     "invalid_utf8": "'replace' (U+FFFD) or 'skip'",
     "carriage_return": "'replace' (a newline) or 'skip'",
@@ -199,16 +213,22 @@ _HOW = {
 
 def error_hint(kind: str) -> str:
     """How to accept, repair or skip records of ``kind``, for error messages."""
-    return f"set on_error={{{kind!r}: ...}} to {_HOW[kind]} (command line: --on-error {kind}=ACTION)"
+    return (f"set the source's on_error={{{kind!r}: ...}} to {_HOW[kind]} "
+            f"(an ad-hoc build --source: --on-error {kind}=ACTION)")
 
 
 def text_problems(text: str) -> list[tuple[str, str]]:
     """The content problems of one text value, as ``(kind, description)`` pairs
-    (kinds ``control_characters``, ``u2581``, ``empty``, ``whitespace``).
+    (kinds ``invalid_utf8`` for a lone surrogate, ``control_characters``,
+    ``u2581``, ``empty``, ``whitespace``).
     The description locates the first offending character (0-based index)."""
     if not text:
         return [("empty", "is empty")]
     out = []
+    m = _SURROGATE_RE.search(text)
+    if m:  # only a JSON \\u escape or a Python string can carry one; it has no UTF-8 form
+        out.append(("invalid_utf8", f"contains a lone surrogate U+{ord(m.group()):04X} at character {m.start()} "
+                                    "(a broken \\u escape?), which is not valid UTF-8"))
     m = _CONTROL_RE.search(text)
     if m:
         n = len(_CONTROL_RE.findall(text))
@@ -217,13 +237,16 @@ def text_problems(text: str) -> list[tuple[str, str]]:
                     + (f" ({n} in all)" if n > 1 else "")))
     i = text.find("\u2581")
     if i >= 0:
-        out.append(("u2581", f"contains U+2581 (SentencePiece's whitespace symbol) at character {i}"))
+        n = text.count("\u2581")
+        out.append(("u2581", f"contains U+2581 (SentencePiece's whitespace symbol) at character {i}"
+                             + (f" ({n} in all)" if n > 1 else "")))
     if text.isspace():
         out.append(("whitespace", "holds only whitespace"))
     return out
 
 
 _REPAIRS = {
+    "invalid_utf8": lambda t: _SURROGATE_RE.sub("\ufffd", t),
     "control_characters": lambda t: _CONTROL_RE.sub("\ufffd", t),
     "u2581": lambda t: t.replace("\u2581", " "),
 }
@@ -243,9 +266,14 @@ def check_text_values(data: dict, where: str, policy: ErrorPolicy) -> tuple[dict
     repairs: list[str] = []
     out = data
     for key, value in data.items():
+        label = where if len(data) == 1 else f"{where}, field {key!r},"
+        if isinstance(value, (list, tuple)) and not value and policy.actions["empty"] != "keep":
+            message = f"{label} is empty (no token ids)"
+            if policy.actions["empty"] == "raise":
+                raise ValueError(f"{message}; {error_hint('empty')}")
+            return None, repairs, message
         if not isinstance(value, str) or (key.startswith("_source_")):
             continue
-        label = where if len(data) == 1 else f"{where}, field {key!r},"
         while True:  # each repair removes its kind, but can expose another (U+2581 -> whitespace)
             problems = [(k, d) for k, d in text_problems(value) if policy.actions[k] != "keep"]
             if not problems:
@@ -290,9 +318,18 @@ class SourceFile(NamedTuple):
     mtime_ns: int
 
 
-def canonical_json_bytes(obj: Any) -> bytes:
-    """Canonical JSON (sorted keys, no whitespace, UTF-8, not ASCII-escaped)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = None) -> bytes:
+    """Canonical JSON (sorted keys, no whitespace, UTF-8, not ASCII-escaped).
+
+    Raises:
+      TypeError: a value has no JSON form (``default`` may give one).
+      ValueError: a string holds a lone surrogate (no UTF-8 form).
+    """
+    try:
+        text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=default)
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text with no UTF-8 form: {e}") from None
 
 
 def is_error_record(record: SourceRecord) -> bool:
@@ -314,8 +351,11 @@ def _has_magic(pattern: str) -> bool:
 
 def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list[SourceFile]:
     """Files matching any of ``patterns`` (glob; ``**`` is recursive), sorted by path,
-    less those whose path matches any of the ``exclude`` patterns (fnmatch, where
-    ``*`` also crosses ``/``: ``*/site-packages/*`` drops a whole folder).
+    less those matching any of the ``exclude`` patterns (fnmatch, where ``*`` also
+    crosses ``/``: ``*/site-packages/*`` drops a whole folder). An exclude pattern
+    without ``/`` matches file names (``notes.txt``, ``*.md``); a relative one with
+    ``/`` is taken from the working directory, like the source patterns. An exclude
+    pattern that leaves out nothing is logged as a warning.
 
     Local paths are made absolute so that the list (and every fingerprint built on
     it) does not depend on the working directory. Directories are ignored.
@@ -323,6 +363,16 @@ def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list
     Raises:
       FileNotFoundError: a pattern matches no file (the message names the pattern).
     """
+    excluders = [_excluder(x) for x in exclude]
+    used = [False] * len(excluders)
+
+    def excluded(path: str) -> bool:
+        hit = False
+        for k, test in enumerate(excluders):
+            if test(path):
+                used[k] = hit = True
+        return hit
+
     found: dict[str, SourceFile] = {}
     for pattern in patterns:
         matched: list[SourceFile] = []
@@ -343,7 +393,7 @@ def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list
         if not matched:
             raise FileNotFoundError(f"no file matches the source pattern {pattern!r}")
         if exclude:
-            kept = [f for f in matched if not any(fnmatch.fnmatchcase(f.path, x) for x in exclude)]
+            kept = [f for f in matched if not excluded(f.path)]
             if not kept:
                 raise FileNotFoundError(
                     f"every file matching the source pattern {pattern!r} is excluded by {list(exclude)}"
@@ -351,7 +401,23 @@ def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list
             matched = kept
         for f in matched:
             found[f.path] = f
+    for k, x in enumerate(exclude):
+        if not used[k] and (x, tuple(patterns)) not in _WARNED:
+            _WARNED.add((x, tuple(patterns)))
+            log.warning("the exclude pattern %r leaves out no file of %s", x, list(patterns))
     return [found[p] for p in sorted(found)]
+
+
+_WARNED: set = set()  # (exclude pattern, source patterns) already warned about in this process
+
+
+def _excluder(pattern: str) -> Callable[[str], bool]:
+    if "/" not in pattern:
+        return lambda path: fnmatch.fnmatchcase(path.rsplit("/", 1)[-1], pattern)
+    if not (_is_url(pattern) or pattern.startswith(("/", "*", "~"))):
+        pattern = os.path.abspath(pattern)
+    pattern = os.path.expanduser(pattern)
+    return lambda path: fnmatch.fnmatchcase(path, pattern)
 
 
 def open_binary(path: str, *, decompress: bool = True) -> io.BufferedIOBase:
@@ -364,6 +430,70 @@ def open_binary(path: str, *, decompress: bool = True) -> io.BufferedIOBase:
     if decompress and path.endswith(".gz"):
         return gzip.open(path, "rb")
     return open(path, "rb")
+
+
+_READ_ERRORS = (EOFError, OSError, zlib.error)
+
+
+def _read_error(path: str, error: BaseException, after: str) -> ValueError:
+    """A ``ValueError`` naming ``path`` for a file that fails while being read."""
+    if path.endswith(".gz") and isinstance(error, (EOFError, zlib.error, gzip.BadGzipFile)):
+        what = "truncated or corrupt gzip data"
+    else:
+        what = f"cannot be read ({type(error).__name__})"
+    return ValueError(f"{path}: {what} after {after}: {error}; replace the file, or leave it out with exclude")
+
+
+def _lines(path: str) -> Iterator[bytes]:
+    """The lines of ``path`` (decompressed), with read errors named by ``_read_error``."""
+    count = 0
+    try:
+        with open_binary(path) as f:
+            for line in f:
+                yield line
+                count += 1
+    except _READ_ERRORS as e:
+        raise _read_error(path, e, f"line {count}" if count else "the start") from None
+
+
+def _read_whole(path: str) -> bytes:
+    try:
+        with open_binary(path) as f:
+            return f.read()
+    except _READ_ERRORS as e:
+        raise _read_error(path, e, "the start") from None
+
+
+def _json_default(value: Any) -> Any:
+    """Canonical JSON of the values Parquet gives that JSON lacks (dates, times,
+    decimals: their ISO / decimal strings); anything else is refused."""
+    import datetime
+    import decimal
+
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, datetime.timedelta)):
+        return str(value)
+    raise TypeError(f"a value of type {type(value).__name__} has no JSON form")
+
+
+def _text_of_bytes(data: dict) -> tuple[dict, str | None]:
+    """``data`` with top-level ``bytes`` values decoded as UTF-8 text (a binary
+    Parquet column, a function yielding bytes). Returns the data and, when a value
+    is not UTF-8, a description of the first such value (the bytes are then
+    decoded with U+FFFD)."""
+    if not any(isinstance(v, (bytes, bytearray)) for v in data.values()):
+        return data, None
+    out, problem = {}, None
+    for key, value in data.items():
+        if isinstance(value, (bytes, bytearray)):
+            try:
+                value = bytes(value).decode("utf-8")
+            except UnicodeDecodeError as e:
+                problem = problem or f"value {key!r} is not valid UTF-8: {e}"
+                value = bytes(value).decode("utf-8", errors="replace")
+        out[key] = value
+    return out, problem
 
 
 def _patterns(pattern: str | Sequence[str]) -> tuple[str, ...]:
@@ -521,33 +651,32 @@ class TextLineSource(_TextSource):
 
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
         field = self.field
-        with open_binary(path) as f:
-            for number, line in enumerate(f):
-                if line.endswith(b"\n"):
-                    line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-                elif line.endswith(b"\r"):
-                    line = line[:-1]  # a last line ended by a lone CR
-                if number == 0 and line.startswith(_BOM):
-                    line = line[len(_BOM):]
-                where = f"{path}: line {number + 1} (record {number})"
-                repairs = []
-                try:
-                    text = line.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    message = f"{where} is not valid UTF-8: {e}"
-                    if self.on_error.actions["invalid_utf8"] != "replace":
-                        yield self._bad("invalid_utf8", file_index, number, line, message)
-                        continue
-                    text = line.decode("utf-8", errors="replace")
-                    repairs.append(message)
-                if "\r" in text:
-                    message = f"{where} contains a carriage return that does not end the line (old Mac line endings?)"
-                    if self.on_error.actions["carriage_return"] != "replace":
-                        yield self._bad("carriage_return", file_index, number, line, message)
-                        continue
-                    text = text.replace("\r", "\n")
-                    repairs.append(message)
-                yield self._record(file_index, number, line, where, {field: text}, repairs)
+        for number, line in enumerate(_lines(path)):
+            if line.endswith(b"\n"):
+                line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+            elif line.endswith(b"\r"):
+                line = line[:-1]  # a last line ended by a lone CR
+            if number == 0 and line.startswith(_BOM):
+                line = line[len(_BOM):]
+            where = f"{path}: line {number + 1} (record {number})"
+            repairs = []
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                message = f"{where} is not valid UTF-8: {e}"
+                if self.on_error.actions["invalid_utf8"] != "replace":
+                    yield self._bad("invalid_utf8", file_index, number, line, message)
+                    continue
+                text = line.decode("utf-8", errors="replace")
+                repairs.append(message)
+            if "\r" in text:
+                message = f"{where} contains a carriage return that does not end the line (old Mac line endings?)"
+                if self.on_error.actions["carriage_return"] != "replace":
+                    yield self._bad("carriage_return", file_index, number, line, message)
+                    continue
+                text = text.replace("\r", "\n")
+                repairs.append(message)
+            yield self._record(file_index, number, line, where, {field: text}, repairs)
 
 
 class TextFileSource(_TextSource):
@@ -572,8 +701,7 @@ class TextFileSource(_TextSource):
         return f"whole files of {self._pattern_text()}"
 
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
-        with open_binary(path) as f:
-            raw = f.read()
+        raw = _read_whole(path)
         if raw.startswith(_BOM):
             raw = raw[len(_BOM):]
         where = f"{path}: file"
@@ -648,33 +776,42 @@ class JsonLinesSource(_FileSource):
         return f"JSON lines of {self._pattern_text()} (field {sel})"
 
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
-        with open_binary(path) as f:
-            for number, line in enumerate(f):
-                raw = line.strip()
-                if number == 0 and raw.startswith(_BOM):
-                    raw = raw[len(_BOM):].strip()
-                if not raw:
+        for number, line in enumerate(_lines(path)):
+            raw = line.strip()
+            if number == 0 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):].strip()
+            if not raw:
+                continue  # a blank line between objects is layout, not a record
+            where = f"{path}: line {number + 1} (record {number})"
+            repairs = []
+            try:
+                line_text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                message = f"{where} is not valid UTF-8: {e}"
+                if self.on_error.actions["invalid_utf8"] != "replace":
+                    yield self._bad("invalid_utf8", file_index, number, raw, message)
                     continue
-                where = f"{path}: line {number + 1} (record {number})"
-                try:
-                    obj = json.loads(raw)
-                except (ValueError, UnicodeDecodeError) as e:
-                    yield self._bad("malformed", file_index, number, raw, f"{where} is not valid JSON: {e}")
-                    continue
-                if not isinstance(obj, dict):
-                    yield self._bad("malformed", file_index, number, raw,
-                                    f"{where} is a JSON {type(obj).__name__}, expected an object")
-                    continue
-                data = {}
-                try:
-                    for key, parts in self._parts.items():
-                        data[key] = _lookup(obj, parts)
-                except KeyError:
-                    yield self._bad("missing_field", file_index, number, raw,
-                                    f"{where} has no field {self.fields[key]!r} "
-                                    f"(top-level keys: {sorted(obj)[:20]})")
-                    continue
-                yield self._record(file_index, number, raw, where, data)
+                line_text = raw.decode("utf-8", errors="replace")
+                repairs.append(message)
+            try:
+                obj = json.loads(line_text)
+            except ValueError as e:
+                yield self._bad("malformed", file_index, number, raw, f"{where} is not valid JSON: {e}")
+                continue
+            if not isinstance(obj, dict):
+                yield self._bad("malformed", file_index, number, raw,
+                                f"{where} is a JSON {type(obj).__name__}, expected an object")
+                continue
+            data = {}
+            try:
+                for key, parts in self._parts.items():
+                    data[key] = _lookup(obj, parts)
+            except KeyError:
+                yield self._bad("missing_field", file_index, number, raw,
+                                f"{where} has no field {self.fields[key]!r} "
+                                f"(top-level keys: {sorted(obj)[:20]})")
+                continue
+            yield self._record(file_index, number, raw, where, data, repairs)
 
 
 class ParquetSource(_FileSource):
@@ -725,22 +862,40 @@ class ParquetSource(_FileSource):
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
         import pyarrow.parquet as pq
 
-        with open_binary(path, decompress=False) as f:
-            pf = pq.ParquetFile(f)
-            names = pf.schema_arrow.names
-            wanted = sorted(set(self.columns.values()))
-            missing = [c for c in wanted if c not in names]
-            if missing:
-                raise ValueError(f"{path}: Parquet file has no column {missing[0]!r} (columns: {names})")
-            number = 0
-            for batch in pf.iter_batches(batch_size=self.batch_size, columns=wanted):
-                values = {c: batch.column(c).to_pylist() for c in wanted}
-                for i in range(batch.num_rows):
-                    row = {c: values[c][i] for c in wanted}
-                    raw = canonical_json_bytes(row)
-                    yield self._record(file_index, number, raw, f"{path}: row {number} (record {number})",
-                                       {k: row[c] for k, c in self.columns.items()})
-                    number += 1
+        import pyarrow as pa
+
+        number = 0
+        try:
+            with open_binary(path, decompress=False) as f:
+                pf = pq.ParquetFile(f)
+                names = pf.schema_arrow.names
+                wanted = sorted(set(self.columns.values()))
+                missing = [c for c in wanted if c not in names]
+                if missing:
+                    raise ValueError(f"{path}: Parquet file has no column {missing[0]!r} (columns: {names}); "
+                                     "leave the file out with exclude if it belongs to another dataset")
+                for batch in pf.iter_batches(batch_size=self.batch_size, columns=wanted):
+                    values = {c: batch.column(c).to_pylist() for c in wanted}
+                    for i in range(batch.num_rows):
+                        yield self._row(file_index, number, path, {c: values[c][i] for c in wanted})
+                        number += 1
+        except (pa.ArrowException, OSError) as e:
+            raise _read_error(path, e, f"row {number}" if number else "the start") from None
+
+    def _row(self, file_index: int, number: int, path: str, row: dict) -> SourceRecord:
+        where = f"{path}: record {number} (row index {number})"
+        row, problem = _text_of_bytes(row)
+        repairs = []
+        if problem is not None:
+            message = f"{where}: {problem}"
+            if self.on_error.actions["invalid_utf8"] != "replace":
+                return self._bad("invalid_utf8", file_index, number, b"", message)
+            repairs.append(message)
+        try:
+            raw = canonical_json_bytes(row, default=_json_default)
+        except (TypeError, ValueError) as e:
+            return self._bad("bad_value", file_index, number, b"", f"{where}: {e}")
+        return self._record(file_index, number, raw, where, {k: row[c] for k, c in self.columns.items()}, repairs)
 
 
 class FunctionSource(Source):
@@ -789,8 +944,20 @@ class FunctionSource(Source):
         for number, item in enumerate(self.fn()):
             if not isinstance(item, dict):
                 raise ValueError(f"{self.path}: record {number} is a {type(item).__name__}, expected a dict")
-            yield self._record(file_index, number, canonical_json_bytes(item), f"{self.path}: record {number}",
-                               dict(item))
+            where = f"{self.path}: record {number}"
+            data, problem = _text_of_bytes(dict(item))
+            repairs = []
+            if problem is not None:
+                if self.on_error.actions["invalid_utf8"] != "replace":
+                    yield self._bad("invalid_utf8", file_index, number, b"", f"{where}: {problem}")
+                    continue
+                repairs.append(f"{where}: {problem}")
+            try:
+                raw = canonical_json_bytes(data, default=_json_default)
+            except (TypeError, ValueError) as e:
+                yield self._bad("bad_value", file_index, number, b"", f"{where}: {e}")
+                continue
+            yield self._record(file_index, number, raw, where, data, repairs)
 
     def fingerprint(self) -> dict:
         return {

@@ -490,8 +490,10 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
     def too_long_error():
         return ValueError(
             f"every one of the {counts['sentences']:,} training sentences is longer than max_sentence_length "
-            f"({max_sentence_length:,} bytes), so SentencePiece skipped them all; split the text into lines "
-            "(split_lines=True) or raise max_sentence_length"
+            f"({max_sentence_length:,} bytes), so SentencePiece skipped them all; "
+            + ("the lines themselves are that long: raise max_sentence_length (seqcache vocab train "
+               "--max-sentence-length), or train on text with line breaks" if split_lines else
+               "split the text into lines (split_lines=True) or raise max_sentence_length")
         )
 
     writer = io.BytesIO()

@@ -135,3 +135,38 @@ def test_vocab_check_reports_what_does_not_survive_the_round_trip(tmp_path, shar
     assert reasons == {1: "normalisation", 2: "contains U+2581"}
     clean = runner.invoke(main, ["vocab", "check", "--vocabulary", "byte", "--source", f"text:{text}"])
     assert clean.exit_code == 0 and "0 change" in clean.output
+
+
+def test_show_checks_the_counts_it_relies_on_and_names_bad_shards(tmp_path, shared_data):
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:2000]
+    (corpus / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    runner = CliRunner()
+    built = runner.invoke(main, ["build", "--source", f"text:{corpus}/a.txt", "--on-error", "empty=skip",
+                                 "--name", "s", "--num-shards", "3", "--cache-dir", str(tmp_path / "c")])
+    assert built.exit_code == 0, built.output
+    cache = os.path.join(tmp_path, "c", "s", "train")
+    manifest_path = os.path.join(cache, "manifest.json")
+    original = open(manifest_path).read()
+    raw = json.loads(original)
+    # Move one record from shard 1's count to shard 0's: the total still adds up.
+    raw["shards"][0]["num_records"] += 1
+    raw["shards"][1]["num_records"] -= 1
+    with open(manifest_path, "w") as f:
+        json.dump(raw, f)
+    last = raw["num_examples"] - 1  # in shard 2, whose own count is right
+    out = runner.invoke(main, ["show", cache, "--index", str(last)])
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert raw["shards"][0]["file"] in out.output and "the manifest expects" in out.output
+    with open(manifest_path, "w") as f:
+        f.write(original)
+    # A shard whose bytes are damaged but whose size is right: named, no traceback.
+    shard = os.path.join(cache, raw["shards"][1]["file"])
+    size = os.path.getsize(shard)
+    with open(shard, "r+b") as f:
+        f.seek(size // 3)
+        f.write(b"\0" * 4096)
+    first_of_shard_1 = raw["shards"][0]["num_records"] - 1  # the edited count was one more
+    out = runner.invoke(main, ["show", cache, "--index", str(first_of_shard_1 + 5), "--count", "50"])
+    assert out.exit_code == 1 and "Traceback" not in out.output and raw["shards"][1]["file"] in out.output

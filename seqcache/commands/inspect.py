@@ -54,8 +54,10 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
 def info(cache_dir, as_json, shards):
     """Summarise the cache at CACHE_DIR (a folder with manifest.json).
 
-    Reads the manifest only; a missing or resized shard is reported as a warning
-    (run `seqcache verify` for the full check) and makes the exit status 1."""
+    Reads the manifest and checks that every shard file is there with its size; a
+    missing or resized shard is reported as a warning and makes the exit status 1.
+    Record counts are checked when the shards are opened (show, which, a feeder)
+    and, with every checksum, by `seqcache verify`."""
     try:
         m = fmt.read_manifest(cache_dir)
     except fmt.CacheError as e:
@@ -91,7 +93,8 @@ def info(cache_dir, as_json, shards):
             f"tokens ({name})",
             f"{n:,} (mean {stats.get('mean_length', {}).get(name, 0):,.1f}, max {stats.get('max_length', {}).get(name, 0):,} per example)",
         )
-    for key in ("source_records", "source_examples", "segments", "truncated_tokens", "skipped_records"):
+    for key in ("source_records", "source_examples", "segments", "truncated_tokens", "skipped_records",
+                "replaced_records"):
         if key in stats:
             t.add_row(key.replace("_", " "), f"{stats[key]:,}")
     t.add_row("sources", common.plural(len(m.sources), "file"))
@@ -127,10 +130,17 @@ def show(cache_dir, indices, count, ids, max_chars, as_json):
         # Stops at the end of the cache.
         indices = list(range(indices[0], min(indices[0] + count, len(reader))))
     try:
+        if indices:
+            shards, _ = reader.locate(indices)
+            # Index -> shard follows the manifest's counts: check every shard up to the last one read.
+            reader.check_record_counts(range(int(max(shards)) + 1))
         examples = reader.read_examples(indices)
         provenance = reader.read_sources(indices)
     except IndexError as e:
         raise click.UsageError(str(e)) from None
+    except fmt.CacheError as e:
+        common.stderr_console().print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(1)
     vocabs = {}
     for name in reader.manifest.vocabularies:
         vocabs[name] = reader.vocabulary(name)

@@ -21,7 +21,9 @@ def vocab():
 @click.option("--source", "sources", multiple=True, required=True,
               help="Source spec: text:PATTERN, files:PATTERN, jsonl:PATTERN#FIELD or parquet:PATTERN#COLUMN. "
                    "Repeat to sample from several sources.")
-@on_error_option()
+@on_error_option(
+    "Bad source records, as for build: raise (the default), skip (left out of the sample) or replace, or "
+    "KIND=ACTION per kind, e.g. --on-error empty=skip for text with blank lines. Repeatable.")
 @click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
 @click.option("--vocab-size", type=click.IntRange(min=260), required=True, help="Number of pieces.")
 @click.option("--output", type=click.Path(dir_okay=False), required=True, help="Where to write the .model file.")
@@ -34,7 +36,10 @@ def vocab():
                    "character and space, for code).")
 @click.option("--character-coverage", type=click.FloatRange(0.98, 1.0), default=0.9995, show_default=True,
               help="Fraction of characters covered by their own pieces; the rarest fall back to byte pieces.")
-def train(sources, exclude, on_error, vocab_size, output, max_records, seed, model_type, normalization, character_coverage):
+@click.option("--max-sentence-length", type=click.IntRange(min=1), default=16384, show_default=True,
+              help="Longest training line in bytes; SentencePiece skips longer ones (counted and warned).")
+def train(sources, exclude, on_error, vocab_size, output, max_records, seed, model_type, normalization, character_coverage,
+          max_sentence_length):
     """Train a SentencePiece model (T5 ids: pad 0, eos 1, unk 2; byte fallback).
 
     The same sources, options and seed give a byte-identical model file.
@@ -60,6 +65,7 @@ def train(sources, exclude, on_error, vocab_size, output, max_records, seed, mod
         sample_s = time.perf_counter() - start
         vocabulary = train_sentencepiece(texts, output_path=output, vocab_size=vocab_size, model_type=model_type,
                                          character_coverage=character_coverage, seed=seed,
+                                         max_sentence_length=max_sentence_length,
                                          normalization_rule_name=normalization,
                                          remove_extra_whitespaces=normalization != "identity")
     except (ValueError, FileNotFoundError) as e:

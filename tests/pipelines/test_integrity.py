@@ -376,7 +376,7 @@ def test_control_characters_in_c4_raise_or_are_counted(tmp_path, shared_data):
             preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
         )
 
-    with pytest.raises(ValueError, match=rf"c4_validation_2k\.parquet: row {bad[0]} \(record {bad[0]}\) contains "
+    with pytest.raises(ValueError, match=rf"c4_validation_2k\.parquet: record {bad[0]} \(row index {bad[0]}\) contains "
                                          r"control character U\+[0-9A-F]{4}"):
         build_task(task("raise"), cache_dir=str(tmp_path / "a"), config=BuildConfig(num_shards=2))
     assert not os.path.exists(tmp_path / "a" / "c4" / "train" / fmt.MANIFEST_NAME)

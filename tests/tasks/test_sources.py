@@ -261,7 +261,7 @@ def test_empty_values_in_every_kind_of_source(tmp_path):
         _first(S.TextFileSource(str(tmp_path / "zero.py")))
     with pytest.raises(ValueError, match=r"e.jsonl: line 2 \(record 1\) is empty"):
         _first(S.JsonLinesSource(str(tmp_path / "e.jsonl")))
-    with pytest.raises(ValueError, match=r"e.parquet: row 1 \(record 1\) holds only whitespace"):
+    with pytest.raises(ValueError, match=r"e.parquet: record 1 \(row index 1\) holds only whitespace"):
         _first(S.ParquetSource(str(tmp_path / "e.parquet")))
     kept = S.ParquetSource(str(tmp_path / "e.parquet"), on_error={"whitespace": "keep"})
     assert [r.data["text"] for r in _first(kept)] == ["x", "  "]
@@ -304,3 +304,97 @@ def test_error_policy_parsing_and_fingerprint():
     assert pickle.loads(pickle.dumps(a)).on_error == a.on_error == {"empty": "skip"}
     assert a.on_error != S.ErrorPolicy("raise")
     assert S.ErrorPolicy(S.ErrorPolicy("skip")).to_json() == {k: "skip" for k in S.ERROR_KINDS}
+
+
+def test_truncated_or_corrupt_gzip_names_the_file(tmp_path, shared_data):
+    whole = (shared_data / "multi30k" / "train.en.gz").read_bytes()
+    (tmp_path / "cut.txt.gz").write_bytes(whole[: len(whole) // 3])
+    with pytest.raises(ValueError, match=r"cut\.txt\.gz: truncated or corrupt gzip data after line \d+"):
+        _first(S.TextLineSource(str(tmp_path / "cut.txt.gz")))
+    (tmp_path / "fake.jsonl.gz").write_bytes(b"not gzip at all\n")
+    with pytest.raises(ValueError, match=r"fake\.jsonl\.gz: truncated or corrupt gzip data after the start"):
+        _first(S.JsonLinesSource(str(tmp_path / "fake.jsonl.gz")))
+    (tmp_path / "cut.py.gz").write_bytes(whole[:1000])
+    with pytest.raises(ValueError, match=r"cut\.py\.gz: truncated or corrupt gzip"):
+        _first(S.TextFileSource(str(tmp_path / "cut.py.gz")))
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(ValueError, match=r"bad\.parquet: cannot be read"):
+        _first(S.ParquetSource(str(tmp_path / "bad.parquet")))
+
+
+def test_binary_and_temporal_parquet_values(tmp_path):
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    day = datetime.date(2024, 2, 29)
+    pq.write_table(pa.table({"text": pa.array([b"caf\xc3\xa9", b"bad \xff", b"ok"], pa.binary()),
+                             "day": pa.array([day] * 3, pa.date32())}), tmp_path / "b.parquet")
+    src = S.ParquetSource(str(tmp_path / "b.parquet"), columns={"text": "text", "day": "day"})
+    with pytest.raises(ValueError, match=r"b\.parquet: record 1 \(row index 1\): value 'text' is not valid UTF-8"):
+        _first(src)
+    records = _first(S.ParquetSource(str(tmp_path / "b.parquet"), columns={"text": "text", "day": "day"},
+                                     on_error="replace"))
+    assert [r.data["text"] for r in records] == ["café", "bad \ufffd", "ok"]
+    assert json.loads(records[0].raw) == {"day": "2024-02-29", "text": "café"}
+    assert S.SOURCE_REPLACED_KEY in records[1].data and S.SOURCE_REPLACED_KEY not in records[0].data
+
+
+def test_function_source_bytes_and_values_without_json(tmp_path):
+    src = S.FunctionSource(_odd_values, name="odd")
+    records = _first(S.FunctionSource(_odd_values, name="odd", on_error="skip"))
+    assert records[0].data == {"text": "bytes as text"}
+    assert "has no JSON form" in records[1].data[S.SOURCE_ERROR_KEY]
+    with pytest.raises(ValueError, match=r"<function odd>: record 1: a value of type object has no JSON form"):
+        _first(src)
+
+
+def _odd_values():
+    return [{"text": b"bytes as text"}, {"text": object()}]
+
+
+def test_lone_surrogates_and_bad_utf8_in_json_lines(tmp_path):
+    p = tmp_path / "s.jsonl"
+    p.write_bytes(b'{"text": "ok"}\n{"text": "bad \\ud800 escape"}\n{"text": "raw \xff byte"}\n')
+    with pytest.raises(ValueError, match=r"s\.jsonl: line 2 \(record 1\) contains a lone surrogate U\+D800 at character 4"):
+        _first(S.JsonLinesSource(str(p)))
+    records = _first(S.JsonLinesSource(str(p), on_error={"invalid_utf8": "replace"}))
+    assert [r.data["text"] for r in records] == ["ok", "bad \ufffd escape", "raw \ufffd byte"]
+    skipped = _first(S.JsonLinesSource(str(p), on_error={"invalid_utf8": "skip"}))
+    assert [S.is_error_record(r) for r in skipped] == [False, True, True]
+    assert "not valid UTF-8" in skipped[2].data[S.SOURCE_ERROR_KEY]
+
+
+def test_empty_token_lists_are_empty_records(tmp_path):
+    p = tmp_path / "ids.jsonl"
+    p.write_text('{"text": [5, 6]}\n{"text": []}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 2 \(record 1\) is empty \(no token ids\)"):
+        _first(S.JsonLinesSource(str(p)))
+    assert [r.data["text"] for r in _first(S.JsonLinesSource(str(p), on_error={"empty": "keep"}))] == [[5, 6], []]
+
+
+def test_exclude_patterns_relative_names_and_unused(tmp_path, monkeypatch, caplog):
+    (tmp_path / "in").mkdir()
+    for name in ["a.txt", "b.txt", "notes.md"]:
+        (tmp_path / "in" / name).write_text("x\n")
+    monkeypatch.chdir(tmp_path)
+    names = lambda src: [f.path.rsplit("/", 1)[1] for f in src.list_files()]
+    assert names(S.TextLineSource("in/*", exclude=["in/b.txt"])) == ["a.txt", "notes.md"]  # relative path
+    assert names(S.TextLineSource("in/*", exclude=["./in/b.txt"])) == ["a.txt", "notes.md"]
+    assert names(S.TextLineSource("in/*", exclude=["*.md"])) == ["a.txt", "b.txt"]  # a file name pattern
+    assert names(S.TextLineSource("in/*", exclude=["a.txt"])) == ["b.txt", "notes.md"]
+    with caplog.at_level("WARNING"):
+        assert names(S.TextLineSource("in/*", exclude=["in/zzz.txt"])) == ["a.txt", "b.txt", "notes.md"]
+    assert "'in/zzz.txt' leaves out no file" in caplog.text
+
+
+def test_command_line_policy_values():
+    assert S.parse_on_error(["empty=skip", "empty=skip"]) == {"empty": "skip"}
+    for values, message in [(["empty=skip", "empty=keep"], "empty given twice"),
+                            (["skip", "replace"], "the action for every kind given twice"),
+                            (["keep"], "'keep' is given per kind, e.g. empty=keep"),
+                            (["empty=replace"], "empty can be raise, skip, keep"),
+                            (["nope=skip"], "unknown kind 'nope'")]:
+        with pytest.raises(ValueError, match=message):
+            S.parse_on_error(values)

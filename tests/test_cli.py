@@ -170,3 +170,22 @@ def test_show_checks_the_counts_it_relies_on_and_names_bad_shards(tmp_path, shar
     first_of_shard_1 = raw["shards"][0]["num_records"] - 1  # the edited count was one more
     out = runner.invoke(main, ["show", cache, "--index", str(first_of_shard_1 + 5), "--count", "50"])
     assert out.exit_code == 1 and "Traceback" not in out.output and raw["shards"][1]["file"] in out.output
+
+
+def test_source_options_with_a_registered_task_are_usage_errors(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text("one\n", encoding="utf-8")
+    (tmp_path / "reg_tasks_for_options.py").write_text(
+        "from seqcache import tasks\n"
+        f"tasks.TaskRegistry.add('opt_task', source=tasks.TextLineSource({str(tmp_path / 'a.txt')!r}),\n"
+        "    output_features={'targets': tasks.Feature(tasks.ByteVocabulary())},\n"
+        "    preprocessors=[tasks.preprocessors.rekey({'targets': 'text'}), tasks.preprocessors.tokenize()])\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    base = ["build", "opt_task", "--module", "reg_tasks_for_options", "--cache-dir", str(tmp_path / "c")]
+    for extra, named in [(["--on-error", "skip"], "--on-error describes"),
+                         (["--exclude", "*.md"], "--exclude describes"),
+                         (["--on-error", "empty=skip", "--exclude", "x"], "--on-error and --exclude describe")]:
+        out = CliRunner().invoke(main, base + extra)
+        assert out.exit_code == 2 and named in out.output and "on_error=" in out.output, out.output
+    assert CliRunner().invoke(main, base).exit_code == 0

@@ -943,7 +943,9 @@ class FunctionSource(Source):
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
         for number, item in enumerate(self.fn()):
             if not isinstance(item, dict):
-                raise ValueError(f"{self.path}: record {number} is a {type(item).__name__}, expected a dict")
+                kind = type(item).__name__
+                raise ValueError(f"{self.path}: record {number} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, "
+                                 "expected a dict")
             where = f"{self.path}: record {number}"
             data, problem = _text_of_bytes(dict(item))
             repairs = []

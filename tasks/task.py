@@ -28,6 +28,11 @@ _DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint
 PACKING_MODES = (None, "lm")
 
 
+def _a(noun: str) -> str:
+    """``"an int"``, ``"a list"``."""
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
 def check_name(name: str, what: str) -> str:
     """Validates a task or mixture name (it becomes a folder name in caches)."""
     if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -199,7 +204,7 @@ class Task:
                 shown = repr(value)
                 shown = shown if len(shown) <= 60 else shown[:57] + "..."
                 raise ValueError(
-                    f"{where}: feature {name!r} is a {type(value).__name__} ({shown}); "
+                    f"{where}: feature {name!r} is {_a(type(value).__name__)} ({shown}); "
                     "expected text (a string) or a 1-D sequence of integer token ids"
                 )
             if arr.size:

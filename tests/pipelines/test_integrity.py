@@ -277,7 +277,7 @@ def test_absurd_shard_counts_and_unknown_sequence_length_features_are_refused(tm
 
 @pytest.mark.parametrize(
     "value, message",
-    [("[\"a\", \"b\"]", "is a list"), ("5", "is a int"), ("null", "is null"), ("[1.5, 2]", "is a list"),
+    [("[\"a\", \"b\"]", "is a list"), ("5", "is an int"), ("null", "is null"), ("[1.5, 2]", "is a list"),
      ("[true, false]", "is a list"), ("[[1, 2]]", "is a list"), ("[300, 5]", "token id 300, outside its vocabulary"),
      ("[-1]", "token id -1, outside")],
 )
@@ -324,7 +324,7 @@ def test_parquet_schema_that_differs_between_files_names_the_file_and_record(tmp
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
         preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
     )
-    with pytest.raises(ValueError, match=r"b\.parquet: .*record_number=0\).*is a int"):
+    with pytest.raises(ValueError, match=r"b\.parquet: .*record_number=0\).*is an int"):
         build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
 
 

@@ -16,6 +16,7 @@ from seqcache import __version__
 # (module under seqcache.commands, attribute): every command the CLI offers.
 _COMMANDS = (
     ("build", "build"),
+    ("scan", "scan"),
     ("inspect", "info"),
     ("inspect", "show"),
     ("inspect", "verify"),

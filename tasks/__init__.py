@@ -24,6 +24,7 @@ from seqcache.tasks.registry import MixtureRegistry, TaskRegistry, get_task_or_m
 from seqcache.tasks.sources import (
     SOURCE_ERROR_KEY,
     SOURCE_REPLACED_KEY,
+    SOURCE_ERROR_KIND_KEY,
     ERROR_KINDS,
     ErrorPolicy,
     FunctionSource,
@@ -40,6 +41,7 @@ from seqcache.tasks.sources import (
     parse_source_spec,
 )
 from seqcache.tasks.task import Feature, Task
+from seqcache.tasks.scan import KindCount, ScanReport, scan_task
 from seqcache.tasks.vocabularies import (
     ByteVocabulary,
     SentencePieceVocabulary,
@@ -54,6 +56,7 @@ from seqcache.tasks.vocabularies import (
 __all__ = [
     "SOURCE_ERROR_KEY",
     "SOURCE_REPLACED_KEY",
+    "SOURCE_ERROR_KIND_KEY",
     "ERROR_KINDS",
     "ErrorPolicy",
     "TRUNCATED_TOKENS_KEY",
@@ -62,12 +65,14 @@ __all__ = [
     "FunctionPreprocessor",
     "FunctionSource",
     "JsonLinesSource",
+    "KindCount",
     "Mixture",
     "MixtureRegistry",
     "ParquetSource",
     "PreprocessContext",
     "Preprocessor",
     "RateNumExamples",
+    "ScanReport",
     "SentencePieceVocabulary",
     "Source",
     "SourceFile",
@@ -92,6 +97,7 @@ __all__ = [
     "round_trip_problems",
     "run_preprocessors",
     "sample_for_vocabulary",
+    "scan_task",
     "tokenize",
     "train_sentencepiece",
     "trim",

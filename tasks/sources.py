@@ -45,8 +45,8 @@ kind                    what                                                acti
 
 ``"raise"`` raises ``ValueError`` naming the file, the record and what is wrong,
 and says which option accepts it. ``"skip"`` yields the record with ``data ==
-{SOURCE_ERROR_KEY: "<message>"}`` instead, so that the pipeline counts it and
-writes it to the quarantine file; ``Task.preprocess_batch`` never turns such a
+{SOURCE_ERROR_KEY: "<message>", SOURCE_ERROR_KIND_KEY: "<kind>"}`` instead, so
+that the pipeline counts it and writes it to the quarantine file; ``Task.preprocess_batch`` never turns such a
 record into an example. ``"replace"`` keeps the record, repaired, and marks it
 with ``data[SOURCE_REPLACED_KEY] = "<message>"`` so that the pipeline counts and
 lists it: invalid UTF-8 and control characters become U+FFFD, a carriage return
@@ -80,6 +80,8 @@ log = logging.getLogger(__name__)
 # Key of ``SourceRecord.data`` that marks a record a source could not read when
 # ``on_error="skip"``; its value is the error message.
 SOURCE_ERROR_KEY = "_source_error"
+# Beside it: the kind of bad input (a key of ``ERROR_KINDS``).
+SOURCE_ERROR_KIND_KEY = "_source_error_kind"
 # Present in ``SourceRecord.data`` of a record repaired under ``on_error="replace"``;
 # its value says what was repaired.
 SOURCE_REPLACED_KEY = "_source_replaced"
@@ -252,11 +254,12 @@ _REPAIRS = {
 }
 
 
-def check_text_values(data: dict, where: str, policy: ErrorPolicy) -> tuple[dict | None, list[str], str | None]:
+def check_text_values(data: dict, where: str,
+                      policy: ErrorPolicy) -> tuple[dict | None, list[str], tuple[str, str] | None]:
     """Applies ``policy`` to the content problems of the string values of ``data``.
 
-    Returns ``(data, repairs, skip_message)``: the (possibly repaired) data, the
-    messages of the repairs made, and the message when the record is to be skipped
+    Returns ``(data, repairs, skip)``: the (possibly repaired) data, the messages
+    of the repairs made, and ``(kind, message)`` when the record is to be skipped
     (then ``data`` is None).
 
     Raises:
@@ -271,7 +274,7 @@ def check_text_values(data: dict, where: str, policy: ErrorPolicy) -> tuple[dict
             message = f"{label} is empty (no token ids)"
             if policy.actions["empty"] == "raise":
                 raise ValueError(f"{message}; {error_hint('empty')}")
-            return None, repairs, message
+            return None, repairs, ("empty", message)
         if not isinstance(value, str) or (key.startswith("_source_")):
             continue
         while True:  # each repair removes its kind, but can expose another (U+2581 -> whitespace)
@@ -284,7 +287,7 @@ def check_text_values(data: dict, where: str, policy: ErrorPolicy) -> tuple[dict
             if action == "raise":
                 raise ValueError(f"{message}; {error_hint(kind)}")
             if action == "skip":
-                return None, repairs, message
+                return None, repairs, (kind, message)
             value = _REPAIRS[kind](value)
             repairs.append(message)
         if value is not data[key]:
@@ -567,7 +570,8 @@ class Source(abc.ABC):
         as repaired when ``repairs`` (made earlier) or the checks repaired it."""
         checked, more, skip = check_text_values(data, where, self.on_error)
         if skip is not None:
-            return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: skip}, raw)
+            return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: skip[1], SOURCE_ERROR_KIND_KEY: skip[0]},
+                                raw)
         repairs = [*repairs, *more]
         if repairs:
             checked = {**checked, SOURCE_REPLACED_KEY: "; ".join(repairs)}
@@ -577,7 +581,7 @@ class Source(abc.ABC):
         """A record of ``kind`` that cannot be repaired: raised or marked skipped."""
         if self.on_error.actions[kind] == "raise":
             raise ValueError(f"{message}; {error_hint(kind)}")
-        return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: message}, raw)
+        return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: message, SOURCE_ERROR_KIND_KEY: kind}, raw)
 
 
 class _FileSource(Source):

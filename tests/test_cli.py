@@ -189,3 +189,24 @@ def test_source_options_with_a_registered_task_are_usage_errors(tmp_path, monkey
         out = CliRunner().invoke(main, base + extra)
         assert out.exit_code == 2 and named in out.output and "on_error=" in out.output, out.output
     assert CliRunner().invoke(main, base).exit_code == 0
+
+
+def test_scan_lists_every_kind_and_the_options_that_go_on(tmp_path, shared_data):
+    runner = CliRunner()
+    corpus = shared_data / "unicode_edge" / "blns.txt"
+    out = runner.invoke(main, ["scan", "--source", f"text:{corpus}", "--json"])
+    assert out.exit_code == 1, out.output  # the default policy raises on what it finds
+    (report,) = json.loads(out.stdout)
+    kinds = {k["kind"]: k for k in report["kinds"]}
+    assert set(kinds) == {"control_characters", "empty", "whitespace"}
+    assert all(k["action"] == "raise" for k in kinds.values())
+    flags = ["--on-error", "control_characters=skip", "--on-error", "empty=skip", "--on-error", "whitespace=skip"]
+    table = runner.invoke(main, ["scan", "--source", f"text:{corpus}"])
+    assert table.exit_code == 1 and " ".join(flags) in " ".join(table.output.split())
+    ok = runner.invoke(main, ["scan", "--source", f"text:{corpus}", *flags, "--json"])
+    assert ok.exit_code == 0 and [k["action"] for k in json.loads(ok.stdout)[0]["kinds"]] == ["skip"] * 3
+    # The flags scan suggests make the build go through, skipping exactly the counted records.
+    built = runner.invoke(main, ["build", "--source", f"text:{corpus}", *flags, "--name", "blns",
+                                 "--cache-dir", str(tmp_path / "c"), "--json"])
+    assert built.exit_code == 0, built.output
+    assert json.loads(built.stdout)[0]["skipped_records"] == sum(k["records"] for k in kinds.values())

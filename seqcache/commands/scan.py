@@ -1,0 +1,90 @@
+"""``seqcache scan``: every kind of bad input in a task's sources, in one pass."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from seqcache.commands import common
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@click.option("--source", "source_spec", help="Ad-hoc source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
+@click.option("--exclude", "exclude", multiple=True, help="Ad-hoc source: leave out files whose path matches this glob.")
+@common.on_error_option("Ad-hoc source: the policy to compare against, as for build (default: raise).")
+@click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,
+              help="Ad-hoc source: vocabulary for the token id checks (byte or a SentencePiece .model path).")
+@click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many source records.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, max_records, as_json):
+    """Count every kind of bad input in the sources of NAME (a registered task or
+    mixture) or of an ad-hoc --source, without building anything.
+
+    A build stops at the first record its policy raises on; scan reads every
+    record (and runs the task's preprocessors and checks) with every kind skipped,
+    and prints each kind found with its count, its first record and what the
+    policy does with it, plus the --on-error settings that would let the build go
+    on. Exits 1 when the build would stop, else 0."""
+    from seqcache import tasks
+    from seqcache.commands.build import adhoc_task, import_modules
+    from seqcache.tasks.scan import scan_task
+
+    import_modules(modules)
+    if source_spec:
+        if name:
+            raise click.UsageError("give either NAME (a registered task) or --source, not both")
+        task_list = [adhoc_task(name="adhoc", source_spec=source_spec, exclude=exclude, on_error=on_error,
+                                vocabulary_spec=vocabulary_spec, extra_ids=0, sequence_length=None, pack=False)]
+    elif name:
+        given = [f"--{p.replace('_', '-')}" for p in ("on_error", "exclude")
+                 if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"{' and '.join(given)}: only with --source; a registered task's source sets its own")
+        try:
+            obj = tasks.get_task_or_mixture(name)
+        except KeyError as e:
+            raise click.UsageError(e.args[0] if e.args else str(e)) from None
+        task_list = list(obj.get_tasks()) if isinstance(obj, tasks.Mixture) else [obj]
+    else:
+        raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source")
+
+    err = common.stderr_console()
+    reports = []
+    for task in task_list:
+        try:
+            with err.status(f"scanning {task.name}") as status:
+                reports.append(scan_task(task, max_records=max_records,
+                                         progress=lambda n: status.update(f"scanning {task.name}: {n:,} records")))
+        except (ValueError, FileNotFoundError, OSError) as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False)
+            sys.exit(1)
+    stops = [r for r in reports if r.stops_build]
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in reports], indent=2, ensure_ascii=False))
+        sys.exit(1 if stops else 0)
+    console = Console(soft_wrap=True)
+    for r in reports:
+        title = (f"{r.task}: {common.plural(r.records, 'record')} in {common.plural(r.files, 'file')}"
+                 + ("" if r.complete else " (stopped at --max-records)"))
+        if not r.kinds:
+            console.print(f"{title}: no bad input", highlight=False)
+            continue
+        t = Table(title=title)
+        for col in ("kind", "records", "policy", "first"):
+            t.add_column(col, overflow="fold")
+        for k in r.kinds:
+            t.add_row(k.kind, f"{k.records:,}", k.action, k.first)
+        console.print(t)
+        if r.stops_build:
+            fix = " ".join(f"--on-error {k.kind}=skip" for k in r.kinds if k.action == "raise")
+            console.print(f"a build of {r.task} stops at its first record of a kind whose policy is raise. To skip "
+                          f"them all (counted, and listed in the cache's quarantine file): {fix}. "
+                          "`seqcache build --help` explains replace and keep.", highlight=False)
+    sys.exit(1 if stops else 0)

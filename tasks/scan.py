@@ -1,0 +1,141 @@
+"""Scanning a task's input for every kind of bad input at once.
+
+A build stops at the first record its source's policy raises on. Before building
+a large corpus it is cheaper to learn every kind it holds in one pass:
+``scan_task`` reads the records (and runs the task's preprocessors and checks, so
+that wrong types and out-of-range token ids are found too) with every kind set to
+``"skip"``, and counts the records of each kind. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+from typing import Callable
+
+from seqcache.tasks.sources import (
+    ERROR_KINDS,
+    SOURCE_ERROR_KEY,
+    SOURCE_ERROR_KIND_KEY,
+    ErrorPolicy,
+)
+from seqcache.tasks.task import Task
+
+
+@dataclasses.dataclass
+class KindCount:
+    """Records of one kind of bad input found by ``scan_task``.
+
+    Attributes:
+      kind: a key of ``ERROR_KINDS``.
+      records: how many records have it (each record counts under its first
+        problem only).
+      first: the message of the first such record (file and record named).
+      action: what the task's own policy does with this kind.
+    """
+
+    kind: str
+    records: int
+    first: str
+    action: str
+
+
+@dataclasses.dataclass
+class ScanReport:
+    """The result of ``scan_task``.
+
+    Attributes:
+      task: the task's name.
+      records: source records read.
+      files: source files read.
+      kinds: the kinds found, in ``ERROR_KINDS`` order.
+      complete: False when ``max_records`` stopped the scan early.
+    """
+
+    task: str
+    records: int
+    files: int
+    kinds: list[KindCount]
+    complete: bool
+
+    @property
+    def stops_build(self) -> KindCount | None:
+        """The first kind (in ``ERROR_KINDS`` order) whose action is ``"raise"``:
+        a build of the task would stop at its first such record. None if none."""
+        return next((k for k in self.kinds if k.action == "raise"), None)
+
+    def to_json(self) -> dict:
+        return {"task": self.task, "records": self.records, "files": self.files, "complete": self.complete,
+                "kinds": [dataclasses.asdict(k) for k in self.kinds]}
+
+
+def scan_task(task: Task, *, max_records: int | None = None, batch_records: int = 512,
+              progress: Callable[[int], None] | None = None) -> ScanReport:
+    """Reads ``task``'s records and counts every kind of bad input in them.
+
+    The source is read with ``on_error="skip"`` for every kind, and the task's
+    preprocessors and checks run on the records that pass (finding ``bad_value``
+    records); sequence lengths are not applied. Files are read in path order.
+
+    Args:
+      task: the task to scan; it is not modified.
+      max_records: stop after this many source records (None: all).
+      batch_records: records per preprocessing batch.
+      progress: called with the running count of records read, once per batch.
+
+    Returns:
+      A ``ScanReport``.
+
+    Raises:
+      FileNotFoundError: a source pattern matches nothing.
+      ValueError: a file cannot be read at all (a truncated ``.gz``, a Parquet
+        file without the column), named by the source.
+    """
+    own_policy = getattr(task.source, "on_error", ErrorPolicy("raise"))
+    source = copy.copy(task.source)
+    source.on_error = ErrorPolicy("skip")
+    scanning = copy.copy(task)
+    scanning.source = source
+    counts: dict[str, list] = {}
+
+    def found(kind: str, message: str) -> None:
+        if kind in counts:
+            counts[kind][0] += 1
+        else:
+            counts[kind] = [1, message]
+
+    records = 0
+    files = source.list_files()
+    complete = True
+    batch: list = []
+
+    def flush() -> None:
+        live = [r for r in batch if SOURCE_ERROR_KEY not in r.data]
+        for r in batch:
+            if SOURCE_ERROR_KEY in r.data:
+                found(r.data.get(SOURCE_ERROR_KIND_KEY, "malformed"), r.data[SOURCE_ERROR_KEY])
+        if live:
+            rejected: list = []
+            keys = [hashlib.blake2b(r.raw, digest_size=16).digest() for r in live]
+            scanning.preprocess_batch(live, keys, seed=0, sequence_length=None, skipped=rejected)
+            for index, message in rejected:
+                found("bad_value", f"{files[live[index].file_index].path}: {message}")
+        batch.clear()
+        if progress is not None:
+            progress(records)
+
+    for file_index, f in enumerate(files):
+        for record in source.read_file(file_index, f.path):
+            if max_records is not None and records >= max_records:
+                complete = False
+                break
+            records += 1
+            batch.append(record)
+            if len(batch) >= batch_records:
+                flush()
+        if not complete:
+            break
+    flush()
+    kinds = [KindCount(k, counts[k][0], counts[k][1], own_policy.action(k)) for k in ERROR_KINDS if k in counts]
+    return ScanReport(task.name, records, len(files), kinds, complete)

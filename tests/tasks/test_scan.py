@@ -1,0 +1,50 @@
+"""scan_task: every kind of bad input counted in one pass, nothing written."""
+
+import json
+import re
+
+from seqcache import tasks
+
+
+def _task(source):
+    return tasks.Task("scanned", source=source, output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+                      preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
+
+
+def test_every_kind_of_a_real_file_is_counted(shared_data):
+    path = shared_data / "unicode_edge" / "blns.txt"
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    control = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
+    expected = {
+        "control_characters": sum(1 for line in lines if control.search(line)),
+        "empty": sum(1 for line in lines if line == ""),
+        "whitespace": sum(1 for line in lines if line and line.isspace() and not control.search(line)),
+    }
+    report = tasks.scan_task(_task(tasks.TextLineSource(str(path), on_error={"empty": "skip"})))
+    assert report.records == len(lines) and report.complete
+    assert {k.kind: k.records for k in report.kinds} == {k: n for k, n in expected.items() if n}
+    actions = {k.kind: k.action for k in report.kinds}
+    assert actions["empty"] == "skip" and actions["control_characters"] == "raise"
+    assert report.stops_build.kind == "control_characters"
+    first_empty = lines.index("")
+    assert next(k.first for k in report.kinds if k.kind == "empty").endswith(
+        f"line {first_empty + 1} (record {first_empty}) is empty")
+
+
+def test_structure_and_task_checks_are_counted_and_max_records_stops(tmp_path):
+    p = tmp_path / "d.jsonl"
+    rows = ['{"text": "fine"}', '{"text": 5}', 'not json', '{"other": "x"}', '{"text": "bad \\u0007"}',
+            '{"text": [300]}', '{"text": "ok"}']
+    p.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    source = tasks.JsonLinesSource(str(p), on_error={"default": "skip", "control_characters": "keep"})
+    report = tasks.scan_task(_task(source))
+    assert {k.kind: k.records for k in report.kinds} == {
+        "control_characters": 1, "malformed": 1, "missing_field": 1, "bad_value": 2}
+    assert report.stops_build is None  # this policy skips or keeps every kind found
+    assert json.loads(json.dumps(report.to_json()))["records"] == 7
+    assert "d.jsonl" in next(k.first for k in report.kinds if k.kind == "bad_value")
+    partial = tasks.scan_task(_task(source), max_records=3)
+    assert partial.records == 3 and not partial.complete
+    assert {k.kind: k.records for k in partial.kinds} == {"malformed": 1, "bad_value": 1}
+    # The task's own source is untouched.
+    assert source.on_error.action("malformed") == "skip" and source.on_error.action("control_characters") == "keep"

@@ -3,10 +3,14 @@
 Data flow (DESIGN.md, Data flow)::
 
     files ──Reshuffle──> read + preprocess in batches ──> spill files per shard
+      │                                               └─> quarantine chunks (skipped, repaired)
       ──(shard, spill path)──> GroupByKey
       ──> read the shard's spill files, sort by (key, sub-index, bytes, provenance)
       ──> [pack] ──> write shard
-    driver: verify every shard, add empty shards, write manifest.json last
+      ──(quarantine chunk paths)──> ToList ──> merge into quarantine.jsonl
+    driver: verify every shard, add empty shards, write manifest.json last;
+            a replacement (overwrite) is built in a staging folder and published
+            only when complete (writer.publish_dir)
 
 The pipeline runs on Beam's DirectRunner by default and unchanged on any other
 runner: every pipeline option passes through. Workers get everything they need
@@ -211,7 +215,11 @@ class _ReadAndPreprocess:
 def _make_spill_dofn(beam):
     class _ReadAndSpill(beam.DoFn):
         """Beam step around ``_ReadAndPreprocess``: buffers entries per shard,
-        writes them to spill files (see spill.py) and emits ``(shard, path)``."""
+        writes them to spill files (see spill.py) and emits ``(shard, path)``;
+        writes skipped and repaired records to quarantine chunks and emits their
+        paths on the ``QUARANTINE_TAG`` output. Memory: the spill buffers (about
+        ``spill_bytes``) plus at most ``spill.QUARANTINE_BYTES`` of quarantine
+        entries, however many records are skipped."""
 
         def __init__(self, reader, spill_dir, spill_bytes=spill.SPILL_BYTES):
             self.reader = reader
@@ -223,6 +231,17 @@ def _make_spill_dofn(beam):
             self._buffered = 0
             self._token = os.urandom(8).hex()
             self._flushes = 0
+            self._quarantine = spill.QuarantineBuffer()
+            self._quarantine_chunks = 0
+
+        def _spill_quarantine(self):
+            """Writes the bundle's quarantine entries as one sorted chunk; returns its path."""
+            path = writer.join(self.spill_dir,
+                               f"{spill.QUARANTINE_PREFIX}{self._token}-{self._quarantine_chunks:05d}.txt")
+            writer.write_bytes(path, self._quarantine.to_bytes())
+            self._quarantine_chunks += 1
+            self._quarantine = spill.QuarantineBuffer()
+            return path
 
         def _spill(self):
             out = []
@@ -237,13 +256,17 @@ def _make_spill_dofn(beam):
 
         def process(self, file_entry):
             records_read = beam.metrics.Metrics.counter("seqcache", "records_read")
+            records_read.inc(0)  # a file without records still reports a count: 0
             file_index, path = file_entry
             for kind, payload in self.reader.read(file_index, path):
                 if kind == "records":
                     records_read.inc(payload)
                     continue
                 if kind in ("skipped", "replaced"):
-                    yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, payload)
+                    record_file, record_number, message, action = payload
+                    self._quarantine.add(record_file, record_number, action, path, message)
+                    if self._quarantine.nbytes >= spill.QUARANTINE_BYTES:
+                        yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, self._spill_quarantine())
                     continue
                 for shard, *entry in payload:
                     buffer = self._buffers[shard]
@@ -253,9 +276,12 @@ def _make_spill_dofn(beam):
                     yield from self._spill()
 
         def finish_bundle(self):
+            windowed = beam.transforms.window.GlobalWindows.windowed_value
             if self._buffered:
                 for element in self._spill():
-                    yield beam.transforms.window.GlobalWindows.windowed_value(element)
+                    yield windowed(element)
+            if self._quarantine:
+                yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, windowed(self._spill_quarantine()))
 
     return _ReadAndSpill
 
@@ -310,29 +336,25 @@ class _WriteShard:
 
 
 class _WriteQuarantine:
-    """Writes every skipped record's location and error, sorted, to the cache's
-    quarantine file (only when there is one) and leaves the count for the driver."""
+    """Merges the quarantine chunks named by the read step's outputs into the
+    cache's quarantine file, sorted by (source file, record number), streaming
+    (only when there is an entry), and leaves a ``spill.QuarantineSummary`` (the
+    counts by action, the file's size and sha256, the first skipped records) for
+    the driver. Memory: one line per chunk being merged."""
 
-    def __init__(self, *, out_dir, stats_dir, file_paths):
-        self.out_dir, self.stats_dir, self.file_paths = out_dir, stats_dir, list(file_paths)
+    def __init__(self, *, out_dir, stats_dir, scratch_dir):
+        self.out_dir, self.stats_dir, self.scratch_dir = out_dir, stats_dir, scratch_dir
 
-    def __call__(self, entries):
-        entries = sorted(entries)
-        if entries:
-            lines = [
-                json.dumps({"source_index": fi, "path": self.file_paths[fi], "record_number": rn, "action": action,
-                            "error": msg}, ensure_ascii=False)
-                for fi, rn, msg, action in entries
-            ]
-            writer.write_bytes_atomic(
-                writer.join(self.out_dir, fmt.QUARANTINE_NAME), ("\n".join(lines) + "\n").encode("utf-8")
-            )
-        counts = {
-            "skipped_records": sum(1 for e in entries if e[3] == "skipped"),
-            "replaced_records": sum(1 for e in entries if e[3] == "replaced"),
-        }
-        writer.write_bytes_atomic(writer.join(self.stats_dir, QUARANTINE_STATS), json.dumps(counts).encode())
-        return len(entries)
+    def __call__(self, chunk_paths):
+        summary = spill.QuarantineSummary()
+        if chunk_paths:
+            with writer.open_write_atomic(writer.join(self.out_dir, fmt.QUARANTINE_NAME)) as out:
+                summary = spill.merge_quarantine(chunk_paths, out, scratch_dir=self.scratch_dir,
+                                                 open_read=writer.open_read, open_write=writer.open_write,
+                                                 join=writer.join)
+        writer.write_bytes_atomic(writer.join(self.stats_dir, QUARANTINE_STATS),
+                                  json.dumps(summary.to_json()).encode("utf-8"))
+        return summary.skipped_records + summary.replaced_records
 
 
 class _ShardStats:
@@ -612,6 +634,7 @@ def _build_lock(out_dir: str):
 
 def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, start, files, total_bytes,
                   num_shards, inputs, fingerprint, out_dir) -> BuildResult:
+    writer.recover_publish(out_dir)  # a killed replacement: the old cache back, staging leftovers gone
     existing = _read_existing(out_dir)
     if existing is not None:
         if existing.fingerprint == fingerprint:
@@ -624,15 +647,34 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
                 f"{fingerprint[:12]}; what changed: {changed}. "
                 "Pass --overwrite to replace it, or choose another --cache-dir"
             )
-    # Either a replaced cache or the leftovers of an unfinished build: start clean.
-    # Remove the manifest first so that the folder never looks complete meanwhile.
-    if writer.exists(out_dir):
-        manifest_path = writer.join(out_dir, fmt.MANIFEST_NAME)
-        if writer.exists(manifest_path) and writer.is_local(manifest_path):
-            os.unlink(manifest_path)
-        writer.remove_tree(out_dir)
-    writer.makedirs(out_dir)
-    stats_dir = writer.join(out_dir, writer.TMP_DIR_NAME)
+    # Replacing a complete cache: build beside it, in a staging folder, and publish
+    # only when the new cache is complete; a build that fails leaves the old cache
+    # as it was. Otherwise (no cache, or the leftovers of an unfinished build) build
+    # in place after removing what is there: nothing there is worth keeping.
+    staged = existing is not None
+    build_dir = writer.staging_path(out_dir) if staged else out_dir
+    if not staged:
+        writer.remove_cache_tree(out_dir)
+    try:
+        raw = _build_into(task, config=config, pipeline_args=pipeline_args, progress=progress, beam=beam,
+                          files=files, total_bytes=total_bytes, num_shards=num_shards, inputs=inputs,
+                          fingerprint=fingerprint, build_dir=build_dir, out_dir=out_dir)
+    except BaseException:
+        if staged:
+            writer.remove_cache_tree(build_dir)
+        raise
+    if staged:
+        log.info("publishing %s over the cache with fingerprint %s", out_dir, existing.fingerprint[:12])
+        writer.publish_dir(build_dir, out_dir)
+    return BuildResult(out_dir, fmt.parse_manifest(raw), reused=False, seconds=time.monotonic() - start)
+
+
+def _build_into(task, *, config, pipeline_args, progress, beam, files, total_bytes, num_shards, inputs, fingerprint,
+                build_dir, out_dir) -> dict:
+    """Runs the pipeline into ``build_dir`` (``out_dir`` itself, or its staging
+    folder) and writes the manifest there last; returns the manifest."""
+    writer.makedirs(build_dir)
+    stats_dir = writer.join(build_dir, writer.TMP_DIR_NAME)
     writer.makedirs(stats_dir)
 
     vocabularies = {}
@@ -641,7 +683,7 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
         model = feature.vocabulary.model_bytes()
         if model is not None:
             desc["file"] = f"vocabulary-{name}.model"
-            writer.write_bytes_atomic(writer.join(out_dir, desc["file"]), model)
+            writer.write_bytes_atomic(writer.join(build_dir, desc["file"]), model)
         vocabularies[name] = desc
 
     options = _pipeline_options(pipeline_args)
@@ -651,11 +693,12 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
     spill_dir = writer.join(stats_dir, "spill")
     writer.makedirs(spill_dir)
     write = _WriteShard(
-        task, out_dir=out_dir, stats_dir=stats_dir, num_shards=num_shards, sequence_length=config.sequence_length
+        task, out_dir=build_dir, stats_dir=stats_dir, num_shards=num_shards, sequence_length=config.sequence_length
     )
     file_entries = [(i, f.path) for i, f in enumerate(files)]
     log.info(
-        "building %s: %d files, %.1f MB, %d shards -> %s", task.name, len(files), total_bytes / 1e6, num_shards, out_dir
+        "building %s: %d files, %.1f MB, %d shards -> %s", task.name, len(files), total_bytes / 1e6, num_shards,
+        build_dir,
     )
     pipeline = beam.Pipeline(options=options)
     outputs = (
@@ -669,9 +712,9 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
     _ = outputs.examples | "GroupByShard" >> beam.GroupByKey() | "SortPackWrite" >> beam.FlatMap(write)
     _ = (
         outputs[QUARANTINE_TAG]
-        | "CollectSkipped" >> beam.combiners.ToList()
+        | "CollectQuarantineChunks" >> beam.combiners.ToList()  # paths only: a few per bundle
         | "WriteQuarantine" >> beam.Map(
-            _WriteQuarantine(out_dir=out_dir, stats_dir=stats_dir, file_paths=[f.path for f in files])
+            _WriteQuarantine(out_dir=build_dir, stats_dir=stats_dir, scratch_dir=spill_dir)
         )
     )
     records_read = None
@@ -708,30 +751,29 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
             # No record hashed into this key range: an empty shard keeps the layout regular.
             entries.append(
                 writer.write_shard(
-                    out_dir, index=shard, num_shards=num_shards, features=_features_out(task, config.sequence_length), examples=[]
+                    build_dir, index=shard, num_shards=num_shards,
+                    features=_features_out(task, config.sequence_length), examples=[],
                 )
             )
             stats.append(_ShardStats(_features_out(task, config.sequence_length)).to_json())
     statistics = _merge_stats(stats, records_read)
     quarantine_stats = writer.join(stats_dir, QUARANTINE_STATS)
-    statistics["replaced_records"] = 0
+    quarantine = spill.QuarantineSummary()
     if writer.exists(quarantine_stats):
-        counts = json.loads(writer.read_text(quarantine_stats))
-        statistics["skipped_records"] = int(counts["skipped_records"])
-        statistics["replaced_records"] = int(counts["replaced_records"])
+        quarantine = spill.QuarantineSummary(**json.loads(writer.read_text(quarantine_stats)))
+    statistics["skipped_records"] = quarantine.skipped_records
+    statistics["replaced_records"] = quarantine.replaced_records
     if statistics["skipped_records"]:
         log.info(
             "task %s: skipped %d bad records; their locations and reasons are in %s",
             task.name, statistics["skipped_records"], writer.join(out_dir, fmt.QUARANTINE_NAME),
         )
     if statistics["examples"] == 0:
-        writer.remove_tree(out_dir)
-        raise BuildError(
-            f"task {task.name!r} split {config.split!r}: zero examples "
-            f"(source {task.source.describe()}, {len(files)} files, {total_bytes} bytes); nothing was written"
-        )
-    _verify_written(out_dir, entries)
+        writer.remove_cache_tree(build_dir)
+        raise BuildError(_zero_examples_message(task, config, files, total_bytes, records_read, quarantine))
+    _verify_written(build_dir, entries)
 
+    quarantined = statistics["skipped_records"] + statistics["replaced_records"]
     raw = writer.build_manifest(
         task=task.name,
         split=config.split,
@@ -748,12 +790,40 @@ def _build_locked(task, *, config, pipeline_args, overwrite, progress, beam, sta
         sequence_length=config.sequence_length,
         packing=task.packing,
         vocabularies=vocabularies,
-        extra={"quarantine": fmt.QUARANTINE_NAME
-               if statistics["skipped_records"] or statistics["replaced_records"] else None},
+        extra={"quarantine": fmt.QUARANTINE_NAME if quarantined else None,
+               **({"quarantine_num_bytes": quarantine.num_bytes, "quarantine_sha256": quarantine.sha256}
+                  if quarantined else {})},
     )
     writer.remove_tree(stats_dir)
-    writer.write_manifest(out_dir, raw)
-    return BuildResult(out_dir, fmt.parse_manifest(raw), reused=False, seconds=time.monotonic() - start)
+    writer.write_manifest(build_dir, raw)
+    return raw
+
+
+def _zero_examples_message(task, config, files, total_bytes, records_read, quarantine) -> str:
+    """Why a build produced nothing: the counts, and since nothing is written (so no
+    quarantine file either), the first skipped records with their reasons."""
+    skipped, replaced = quarantine.skipped_records, quarantine.replaced_records
+    read = "an unknown number of" if records_read is None else f"{records_read:,}"
+    text = (
+        f"task {task.name!r} split {config.split!r}: zero examples from {read} source records "
+        f"({skipped:,} skipped, {replaced:,} replaced under the source's on_error policy; "
+        f"source {task.source.describe()}, {len(files)} files, {total_bytes:,} bytes); nothing was written"
+    )
+    if records_read == 0:
+        return text + ". The files hold no records: check the source pattern and the files"
+    if skipped:
+        reasons = "; ".join(f"{e['path']} record {e['record_number']}: {e['error']}" for e in quarantine.first_skipped)
+        more = f" (first {len(quarantine.first_skipped)} of {skipped:,})" if skipped > len(quarantine.first_skipped) else ""
+        text += f". Skipped{more}: {reasons}"
+        if records_read is not None and skipped >= records_read:
+            text += (". Every record was skipped: fix the input, or accept these records with the source's "
+                     "on_error option (for instance on_error={'empty': 'keep'}; on the command line "
+                     "--on-error empty=keep)")
+            return text
+    kept = None if records_read is None else records_read - skipped
+    if kept:
+        text += f". The task's preprocessors dropped all {kept:,} other records: check its filters"
+    return text
 
 
 def _feature_meta(task, name):

@@ -31,13 +31,32 @@ little-endian; ``n`` entries, ``F`` features::
     data            the encoded examples (seqcache.format), back to back
 
 Spill files are build-internal and never part of a cache.
+
+Quarantine chunks travel the same way. The read step writes the records that
+its source skipped or repaired (``on_error``) to
+``_tmp/spill/quarantine-<unique>.txt``, sorted, a chunk per ``QUARANTINE_BYTES``
+of entries and at the end of every bundle, and emits only the chunk's path; the
+quarantine writer merges the chunks (``merge_quarantine``) into the cache's
+``quarantine.jsonl``. Memory therefore does not grow with the number of skipped
+records, anywhere. A chunk line is::
+
+    <file_index, 10 digits>\t<record_number, 20 digits>\t<action>\t<quarantine.jsonl line>\n
+
+so that sorting the lines as bytes sorts them by (file index, record number,
+action, entry): the merged file is the same whatever the bundles were. A failed
+attempt's chunks are never named by an output, exactly as for spill files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import heapq
+import json
+import os
 import struct
-from typing import Iterable, Sequence
+from typing import BinaryIO, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -176,3 +195,132 @@ def load_shard(buffers: Iterable[tuple[str, bytes]], num_features: int) -> Shard
     order = np.lexsort((recs, files, sub, hi_lo[:, 1], hi_lo[:, 0]))
     return ShardEntries(sub[order], files[order], recs[order], trunc[order], lengths[order],
                         part[order], begin[order], end[order], [p["data"] for p in parts])
+
+
+# ---------------------------------------------------------------------------
+# Quarantine chunks
+
+# Entries a bundle holds in memory before it writes them to a chunk file (bytes).
+QUARANTINE_BYTES = 4 << 20
+# Chunk files open at once while merging; more are merged in rounds.
+MERGE_FAN_IN = 64
+QUARANTINE_PREFIX = "quarantine-"
+# How many skipped records a build's zero-example error quotes.
+FIRST_SKIPPED = 5
+
+
+def quarantine_entry(file_index: int, record_number: int, action: str, path: str, message: str) -> bytes:
+    """One line of quarantine.jsonl, without its newline: a JSON object with
+    ``source_index``, ``path``, ``record_number``, ``action`` (``"skipped"`` or
+    ``"replaced"``) and ``error``. A message that starts with the file's path
+    (``"<path>: line 3 (record 2) is empty"``) loses that prefix: the path is
+    already in ``path``."""
+    prefix = f"{path}: "
+    if message.startswith(prefix):
+        message = message[len(prefix):]
+    return json.dumps({"source_index": int(file_index), "path": path, "record_number": int(record_number),
+                       "action": action, "error": message}, ensure_ascii=False).encode("utf-8")
+
+
+class QuarantineBuffer:
+    """The quarantine entries gathered by one bundle, before they are written as
+    one sorted chunk (see the module docstring for the line format)."""
+
+    __slots__ = ("lines", "nbytes")
+
+    def __init__(self):
+        self.lines: list[bytes] = []
+        self.nbytes = 0
+
+    def add(self, file_index: int, record_number: int, action: str, path: str, message: str) -> None:
+        if action not in ("skipped", "replaced"):
+            raise ValueError(f"quarantine action must be 'skipped' or 'replaced' (got {action!r})")
+        line = b"%010d\t%020d\t%s\t%s\n" % (file_index, record_number, action.encode(),
+                                             quarantine_entry(file_index, record_number, action, path, message))
+        self.lines.append(line)
+        self.nbytes += len(line) + 64  # the list slot and the bytes object's header
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def to_bytes(self) -> bytes:
+        return b"".join(sorted(self.lines))
+
+
+@dataclasses.dataclass
+class QuarantineSummary:
+    """What ``merge_quarantine`` wrote: counts by action (records), the file's
+    size (bytes) and sha256, and the first ``FIRST_SKIPPED`` skipped entries."""
+
+    skipped_records: int = 0
+    replaced_records: int = 0
+    num_bytes: int = 0
+    sha256: str = hashlib.sha256(b"").hexdigest()
+    first_skipped: list = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _merged_lines(paths: Sequence[str], open_read) -> Iterator[bytes]:
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open_read(p)) for p in paths]
+        yield from heapq.merge(*files)
+
+
+def merge_quarantine(paths: Sequence[str], out: BinaryIO, *, scratch_dir: str, open_read, open_write,
+                     join, fan_in: int | None = None) -> QuarantineSummary:
+    """Merges sorted quarantine chunk files into quarantine.jsonl, streaming.
+
+    Args:
+      paths: the chunk files named by the read step's outputs (any order).
+      out: the binary file quarantine.jsonl is written to.
+      scratch_dir: where the rounds of a merge of more than ``fan_in`` chunks
+        write their intermediate chunks (build-internal, like spill files).
+      open_read, open_write: ``path -> context manager of a binary file``
+        (``seqcache.pipelines.writer.open_read`` / ``open_write``).
+      join: ``seqcache.pipelines.writer.join``.
+      fan_in: chunk files open at once (default ``MERGE_FAN_IN``).
+
+    Returns:
+      A ``QuarantineSummary``. Memory holds one line per open chunk, whatever
+      the number of entries (a k-way merge, ``heapq.merge``, in rounds of
+      ``fan_in`` files: external merge sort, Knuth, TAOCP vol. 3, 5.4.1).
+
+    Raises:
+      ValueError: a chunk line that is not in the chunk format (the file is named).
+    """
+    fan_in = MERGE_FAN_IN if fan_in is None else fan_in
+    if fan_in < 2:
+        raise ValueError(f"fan_in must be >= 2 (got {fan_in})")
+    paths = sorted(paths)
+    token = os.urandom(6).hex()
+    level = 0
+    while len(paths) > fan_in:
+        merged = []
+        for i in range(0, len(paths), fan_in):
+            target = join(scratch_dir, f"{QUARANTINE_PREFIX}merge-{token}-{level:02d}-{i // fan_in:05d}.txt")
+            with open_write(target) as f:
+                for line in _merged_lines(paths[i:i + fan_in], open_read):
+                    f.write(line)
+            merged.append(target)
+        paths, level = merged, level + 1
+    summary = QuarantineSummary()
+    digest = hashlib.sha256()
+    for line in _merged_lines(paths, open_read):
+        try:
+            _, _, action, entry = line.split(b"\t", 3)
+        except ValueError:
+            raise ValueError(f"quarantine chunk line {line[:80]!r} is not <file>\\t<record>\\t<action>\\t<entry> "
+                             f"(chunks: {list(paths)[:4]})") from None
+        if action == b"skipped":
+            summary.skipped_records += 1
+            if len(summary.first_skipped) < FIRST_SKIPPED:
+                summary.first_skipped.append(json.loads(entry))
+        else:
+            summary.replaced_records += 1
+        out.write(entry)
+        digest.update(entry)
+        summary.num_bytes += len(entry)
+    summary.sha256 = digest.hexdigest()
+    return summary

@@ -10,13 +10,14 @@ ArrayRecord writes a local temporary file that is then copied to its destination
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -134,8 +135,187 @@ def remove_tree(path: str) -> None:
         return
     from apache_beam.io.filesystems import FileSystems
 
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
+    # An object, or a "folder": every object under the prefix.
+    targets = [path] if FileSystems.exists(path) else []
+    targets += [m.path for m in FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list]
+    if targets:
+        FileSystems.delete(sorted(set(targets)))
+
+
+@contextlib.contextmanager
+def open_read(path: str) -> Iterator[BinaryIO]:
+    """A binary file open for reading (local, or through Beam's FileSystems)."""
+    if is_local(path):
+        with open(local_path(path), "rb") as f:
+            yield f
+        return
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        yield f
+
+
+@contextlib.contextmanager
+def open_write(path: str) -> Iterator[BinaryIO]:
+    """A new binary file open for writing, not atomic (for build-internal files
+    that are named to a reader only after they are complete)."""
+    if is_local(path):
+        with open(local_path(path), "wb") as f:
+            yield f
+        return
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        yield f
+
+
+@contextlib.contextmanager
+def open_write_atomic(path: str) -> Iterator[BinaryIO]:
+    """Like ``write_bytes_atomic``, streaming: readers see nothing at ``path``
+    until the ``with`` block ends without an error, then the whole file. Locally
+    a temporary file beside ``path``, fsynced and renamed; on an object store the
+    upload is published when it closes, and deleted again if the block failed."""
+    if is_local(path):
+        path = local_path(path)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path) or ".")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return
+    try:
+        with open_write(path) as f:
+            yield f
+    except BaseException:
+        remove_tree(path)
+        raise
+
+
+# ---------------------------------------------------------------------------
+# Replacing a cache: staging beside it, publishing at the end.
+#
+# A build that replaces an existing cache (--overwrite) writes the new one into
+# the hidden sibling ``<task>/.<split>.staging`` and publishes it only once it is
+# complete (manifest written): the old cache stays intact and readable until
+# then, whatever happens to the build. Locally, publishing exchanges the two
+# folders with one atomic rename(2) (``RENAME_EXCHANGE``, Linux) where the file
+# system supports it, else with two renames through ``<task>/.<split>.replaced``.
+# Object stores have no folders to rename: see ``publish_dir``.
+
+
+def staging_path(cache_dir: str) -> str:
+    """``<task>/.<split>.staging``: where a replacement of ``cache_dir`` is built."""
+    return _sibling(cache_dir, ".staging")
+
+
+def replaced_path(cache_dir: str) -> str:
+    """``<task>/.<split>.replaced``: the old cache during a two-rename publish."""
+    return _sibling(cache_dir, ".replaced")
+
+
+def _sibling(cache_dir: str, suffix: str) -> str:
+    parent, _, name = cache_dir.rstrip("/").rpartition("/")
+    if is_local(cache_dir):
+        parent, name = os.path.split(os.path.normpath(local_path(cache_dir)))
+    return join(parent, f".{name}{suffix}")
+
+
+def remove_cache_tree(path: str) -> None:
+    """Removes a cache folder, its manifest first, so that a removal that is
+    interrupted never leaves a folder that looks complete."""
+    manifest = join(path, fmt.MANIFEST_NAME)
+    if exists(manifest):
+        if is_local(manifest):
+            os.unlink(local_path(manifest))
+        else:
+            remove_tree(manifest)
+    remove_tree(path)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swaps two local folders atomically (renameat2 with RENAME_EXCHANGE);
+    False where the C library or the file system cannot."""
+    import ctypes
+    import errno
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EXDEV, errno.EPERM):
+        return False
+    raise OSError(err, f"cannot exchange {a} and {b}: {os.strerror(err)}")
+
+
+def publish_dir(staging: str, cache_dir: str) -> None:
+    """Puts the complete cache built in ``staging`` (manifest included) at
+    ``cache_dir``, replacing the cache there, and removes the old one.
+
+    Local folders: one atomic exchange where supported, so a reader always finds
+    either the old or the new complete cache; otherwise ``cache_dir`` is renamed to
+    ``replaced_path(cache_dir)`` and ``staging`` to ``cache_dir``, and for the
+    moment between the two renames there is no folder at ``cache_dir`` (a reader
+    is told there is no such cache; it never sees a mix). A build killed in that
+    moment is undone by ``recover_publish`` on the next build: the old cache
+    comes back.
+
+    Object stores (gs://, s3://, hdfs://): the old manifest is deleted first (the
+    old cache stops looking complete), then the old files; the new files are
+    renamed (copied) into place and the manifest is written last. From the first
+    deletion to the last write there is no readable cache at ``cache_dir``, and a
+    build killed there leaves a folder without a manifest, which the next build
+    rebuilds.
+    """
+    if is_local(cache_dir):
+        src, dst = local_path(staging), local_path(cache_dir)
+        if not os.path.exists(dst):
+            os.rename(src, dst)
+            return
+        if _exchange(src, dst):
+            remove_cache_tree(src)  # now the old cache
+            return
+        old = local_path(replaced_path(cache_dir))
+        remove_cache_tree(old)
+        os.rename(dst, old)
+        os.rename(src, dst)
+        remove_cache_tree(old)
+        return
+    from apache_beam.io.filesystems import FileSystems
+
+    manifest = read_bytes(join(staging, fmt.MANIFEST_NAME))
+    remove_cache_tree(cache_dir)
+    matched = FileSystems.match([join(staging, "*")])[0].metadata_list
+    sources = sorted(m.path for m in matched if m.path.rstrip("/").rpartition("/")[2] != fmt.MANIFEST_NAME)
+    if sources:
+        FileSystems.rename(sources, [join(cache_dir, p.rstrip("/").rpartition("/")[2]) for p in sources])
+    write_bytes_atomic(join(cache_dir, fmt.MANIFEST_NAME), manifest)
+    remove_tree(staging)
+
+
+def recover_publish(cache_dir: str) -> None:
+    """Cleans up after a build that was killed while replacing ``cache_dir``:
+    an old cache caught between the two renames of ``publish_dir`` is put back,
+    and the leftovers of staging builds and of old caches are removed. Call it
+    holding the cache's build lock."""
+    old = replaced_path(cache_dir)
+    if is_local(cache_dir) and not exists(cache_dir) and exists(join(old, fmt.MANIFEST_NAME)):
+        os.rename(local_path(old), local_path(cache_dir))
+    for leftover in (staging_path(cache_dir), old):
+        if exists(leftover):
+            remove_cache_tree(leftover)
 
 
 class _HashingArrayRecordFile:

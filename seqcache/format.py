@@ -9,6 +9,7 @@ Layout of one cache (one task, one split)::
         manifest.json                                 written last, atomically
         data.array_record-00000-of-00004              examples, in cache order
         provenance.array_record-00000-of-00004        one record per example
+        quarantine.jsonl                              skipped and repaired source records (if any)
 
 Record encoding (``encode_example`` / ``decode_example``): the features of the
 record, in manifest order, each as a little-endian ``uint32`` element count
@@ -277,6 +278,12 @@ class Manifest:
     def statistics(self) -> dict:
         return self.raw.get("statistics", {})
 
+    @property
+    def quarantine(self) -> str | None:
+        """The quarantine file's name (``QUARANTINE_NAME``) when the build skipped or
+        repaired source records, else None."""
+        return self.raw.get("quarantine")
+
     def to_json(self) -> str:
         return json.dumps(self.raw, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
 
@@ -336,6 +343,19 @@ def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME) -> Manifest:
             )
         _require(info.num_records >= 0, path, f"shard {i}: negative num_records {info.num_records}")
         shards.append(info)
+    quarantine = raw.get("quarantine")
+    _require(
+        quarantine in (None, QUARANTINE_NAME),
+        path,
+        f"quarantine is {quarantine!r}, expected {QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)",
+    )
+    # Optional (caches written before they were recorded have neither).
+    if raw.get("quarantine_num_bytes") is not None:
+        _require(isinstance(raw["quarantine_num_bytes"], int) and raw["quarantine_num_bytes"] >= 0, path,
+                 f"quarantine_num_bytes is {raw['quarantine_num_bytes']!r}, expected a byte count")
+    if raw.get("quarantine_sha256") is not None:
+        _require(isinstance(raw["quarantine_sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", raw["quarantine_sha256"])
+                 is not None, path, f"quarantine_sha256 is {raw['quarantine_sha256']!r}, expected 64 hex digits")
     return Manifest(
         task=raw["task"],
         split=raw["split"],

@@ -2,13 +2,17 @@
 
 ``open``-time checks (``seqcache.format.check_shard_files``) are cheap: sizes and
 presence. ``verify_cache`` reads every byte: it recomputes each shard's sha256,
-counts its records and decodes every record, and reports every problem, each
-naming the file and the expected and actual value.
+counts its records and decodes every record, checks the quarantine file against
+the manifest's statistics, and reports every problem, each naming the file and
+the expected and actual value.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
+import json
 import os
 
 from seqcache import format as fmt
@@ -83,7 +87,9 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
 
     Returns:
       A ``VerifyReport`` whose ``problems`` name each bad file with the expected
-      and actual value (size, sha256, record count, or the undecodable record).
+      and actual value (size, sha256, record count, or the undecodable record),
+      and any disagreement between the quarantine file and the manifest
+      (``check_quarantine``).
 
     Raises:
       CacheError / IncompleteCacheError: the manifest is missing or invalid (then
@@ -106,4 +112,89 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
     for name, desc in manifest.vocabularies.items():
         if "file" in desc and not os.path.exists(os.path.join(cache_dir, desc["file"])):
             problems.append(f"{os.path.join(cache_dir, desc['file'])}: vocabulary file of feature {name!r} is missing")
+    problems.extend(check_quarantine(cache_dir, manifest))
     return VerifyReport(cache_dir, not problems, problems, shards)
+
+
+_MAX_BAD_LINES = 5
+
+
+def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
+    """Checks the quarantine file against the manifest.
+
+    The file must exist when the manifest names one (``quarantine``); its size and
+    sha256 must match ``quarantine_num_bytes`` / ``quarantine_sha256`` when the
+    manifest records them (caches written before they were recorded have
+    neither); every line must be a JSON object whose ``action`` is ``"skipped"``
+    or ``"replaced"`` (a line without ``action``, from older caches, counts as
+    skipped); and the entries by action must equal ``statistics.skipped_records``
+    and ``statistics.replaced_records`` (absent counts are 0). A manifest naming
+    no quarantine file must count no skipped or replaced record.
+
+    Returns:
+      The problems, each naming the file and the expected and actual value
+      (empty when all is well). Reads the file once, streaming.
+    """
+    manifest_path = os.path.join(cache_dir, fmt.MANIFEST_NAME)
+    stats = manifest.statistics
+    declared = {}
+    problems = []
+    for action, key in (("skipped", "skipped_records"), ("replaced", "replaced_records")):
+        value = stats.get(key) or 0
+        if not isinstance(value, int) or value < 0:
+            problems.append(f"{manifest_path}: statistics.{key} is {value!r}, expected a record count")
+            value = 0
+        declared[action] = value
+    name = manifest.quarantine
+    if name is None:
+        if any(declared.values()):
+            problems.append(
+                f"{manifest_path}: statistics count {declared['skipped']} skipped and {declared['replaced']} replaced "
+                "records, but the manifest names no quarantine file (quarantine is null)"
+            )
+        return problems
+    path = os.path.join(cache_dir, name)
+    if not os.path.isfile(path):
+        problems.append(
+            f"{path}: quarantine file is missing (the manifest names it, for {declared['skipped']} skipped and "
+            f"{declared['replaced']} replaced records)"
+        )
+        return problems
+    counts: collections.Counter = collections.Counter()
+    digest = hashlib.sha256()
+    num_bytes = 0
+    bad = 0
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            digest.update(line)
+            num_bytes += len(line)
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                action = entry.get("action", "skipped")
+            except (ValueError, AttributeError):
+                entry, action = None, None
+            if action not in ("skipped", "replaced"):
+                bad += 1
+                if bad <= _MAX_BAD_LINES:
+                    shown = line[:80].decode("utf-8", "replace").rstrip("\n")
+                    problems.append(f"{path}: line {number} is not a quarantine entry with action 'skipped' or "
+                                    f"'replaced': {shown!r}")
+                continue
+            counts[action] += 1
+    if bad > _MAX_BAD_LINES:
+        problems.append(f"{path}: {bad - _MAX_BAD_LINES} more lines that are not quarantine entries")
+    expected_bytes = manifest.raw.get("quarantine_num_bytes")
+    if expected_bytes is not None and expected_bytes != num_bytes:
+        problems.append(f"{path}: size {num_bytes} bytes, expected {expected_bytes}")
+    expected_sha = manifest.raw.get("quarantine_sha256")
+    if expected_sha is not None and expected_sha != digest.hexdigest():
+        problems.append(f"{path}: sha256 {digest.hexdigest()}, expected {expected_sha}")
+    for action, key in (("skipped", "skipped_records"), ("replaced", "replaced_records")):
+        if counts[action] != declared[action]:
+            problems.append(
+                f"{path}: {counts[action]} entries with action {action!r}, the manifest's statistics.{key} "
+                f"is {declared[action]}"
+            )
+    return problems

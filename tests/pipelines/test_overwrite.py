@@ -1,0 +1,275 @@
+"""Replacing a cache (overwrite=True, ``--overwrite``): the old cache stays intact
+and readable until the new one is complete (G7). A build that fails, is killed,
+or is killed while publishing never costs the old cache; a build that succeeds
+replaces it with exactly the bytes of a fresh build and leaves nothing behind."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from seqcache import format as fmt
+from seqcache import tasks
+from seqcache.feeders.reader import CacheReader
+from seqcache.pipelines import BuildConfig, BuildError, build_task, writer
+from seqcache.verify import verify_cache
+
+
+def _task(pattern, on_error=None):
+    return tasks.Task(
+        "lines",
+        source=tasks.TextLineSource(pattern, on_error=on_error or {"empty": "keep"}),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.append_eos()],
+    )
+
+
+@pytest.fixture
+def corpus(tmp_path, shared_data):
+    src = tmp_path / "in"
+    src.mkdir()
+    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:3000]
+    (src / "a.txt").write_text("\n".join(lines[:1500]) + "\n", encoding="utf-8")
+    (src / "b.txt").write_text("\n".join(lines[1500:]) + "\n", encoding="utf-8")
+    return src
+
+
+def _hashes(folder) -> dict[str, str]:
+    """sha256 of every file under ``folder``, by relative path."""
+    out = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            out[os.path.relpath(path, folder)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    return out
+
+
+def _read_all(cache_dir):
+    with CacheReader(cache_dir) as r:
+        return [e["targets"].tobytes() for e in r.read_examples(range(len(r)))]
+
+
+@pytest.mark.parametrize("failure", ["first record raises", "zero examples"])
+def test_a_failing_overwrite_leaves_the_old_cache_byte_for_byte(tmp_path, corpus, failure):
+    root = str(tmp_path / "c")
+    old = build_task(_task(str(corpus / "*.txt")), cache_dir=root, config=BuildConfig(num_shards=3))
+    before = _hashes(old.cache_dir)
+    examples = _read_all(old.cache_dir)
+    if failure == "first record raises":
+        # The input changes (so the fingerprint does) and the new build fails on record 0.
+        (corpus / "a.txt").write_bytes(b"\xff broken first line\n" + (corpus / "a.txt").read_bytes())
+        with pytest.raises(ValueError, match=r"a\.txt: line 1 \(record 0\)"):
+            build_task(_task(str(corpus / "*.txt")), cache_dir=root, config=BuildConfig(num_shards=3), overwrite=True)
+    else:
+        (corpus / "a.txt").write_bytes(b"\n\n")
+        (corpus / "b.txt").write_bytes(b"\n")
+        with pytest.raises(BuildError, match="zero examples from 3 source records"):
+            build_task(_task(str(corpus / "*.txt"), on_error={"empty": "skip"}), cache_dir=root,
+                       config=BuildConfig(num_shards=3), overwrite=True)
+    assert _hashes(old.cache_dir) == before
+    assert _read_all(old.cache_dir) == examples and verify_cache(old.cache_dir).ok
+    assert sorted(os.listdir(os.path.dirname(old.cache_dir))) == [".train.lock", "train"]  # no staging left
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
+def test_a_successful_overwrite_replaces_the_cache(tmp_path, corpus, monkeypatch, exchange):
+    """Published by one atomic exchange of the folders, or, where the file system
+    cannot, by two renames: the same result."""
+    if not exchange:
+        monkeypatch.setattr(writer, "_exchange", lambda a, b: False)
+    root = str(tmp_path / "c")
+    pattern = str(corpus / "*.txt")
+    old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
+    replaced = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2, seed=7), overwrite=True)
+    fresh = build_task(_task(pattern), cache_dir=str(tmp_path / "fresh"), config=BuildConfig(num_shards=2, seed=7))
+    assert replaced.cache_dir == old.cache_dir and not replaced.reused
+    assert fmt.read_manifest(replaced.cache_dir).raw["seed"] == 7
+    now, want = _hashes(replaced.cache_dir), _hashes(fresh.cache_dir)
+    assert sorted(now) == sorted(want)  # the old cache's three shards are gone
+    assert {k: v for k, v in now.items() if k != fmt.MANIFEST_NAME} == \
+        {k: v for k, v in want.items() if k != fmt.MANIFEST_NAME}
+    assert sorted(os.listdir(os.path.dirname(replaced.cache_dir))) == [".train.lock", "train"]
+    assert build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2, seed=7)).reused
+
+
+_KILLED_OVERWRITE = textwrap.dedent(
+    """
+    import sys, threading
+    from seqcache import tasks
+    from seqcache.pipelines import BuildConfig, build_task, writer
+
+    real = writer.write_shard
+    def write_shard(cache_dir, *, index, **kw):
+        if index == 2:
+            print("BLOCKED", flush=True)
+            threading.Event().wait()  # killed here, after shards 0 and 1 are written
+        return real(cache_dir, index=index, **kw)
+    writer.write_shard = write_shard
+
+    task = tasks.Task(
+        "lines",
+        source=tasks.TextLineSource(sys.argv[1], on_error={"empty": "keep"}),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.append_eos()],
+    )
+    build_task(task, cache_dir=sys.argv[2], config=BuildConfig(num_shards=3, seed=7), overwrite=True)
+    """
+)
+
+
+def test_a_killed_overwrite_keeps_the_old_cache_and_the_rerun_cleans_up(tmp_path, corpus):
+    root = str(tmp_path / "c")
+    pattern = str(corpus / "*.txt")
+    old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
+    before = _hashes(old.cache_dir)
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_OVERWRITE, pattern, root], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "BLOCKED"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    staging = writer.staging_path(old.cache_dir)
+    assert "data.array_record-00000-of-00003" in os.listdir(staging)  # the new build got that far ...
+    assert fmt.MANIFEST_NAME not in os.listdir(staging)  # ... and never looked complete
+    assert _hashes(old.cache_dir) == before and verify_cache(old.cache_dir).ok  # the old cache is untouched
+
+    # The next build cleans the leftovers up: reusing the old cache, or replacing it.
+    assert build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3)).reused
+    assert not os.path.exists(staging)
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_OVERWRITE, pattern, root], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "BLOCKED"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    again = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3, seed=7), overwrite=True)
+    fresh = build_task(_task(pattern), cache_dir=str(tmp_path / "fresh"), config=BuildConfig(num_shards=3, seed=7))
+    assert [s.sha256 for s in again.manifest.shards] == [s.sha256 for s in fresh.manifest.shards]
+    assert sorted(os.listdir(os.path.dirname(again.cache_dir))) == [".train.lock", "train"]
+
+
+def test_a_publish_killed_between_its_two_renames_is_undone_by_the_next_build(tmp_path, corpus):
+    """Without an atomic exchange, publishing renames the old cache aside, then the
+    new one into place. Killed in between, there is no cache folder; the next build
+    puts the old cache back (it was never replaced) and removes the staged one."""
+    root = str(tmp_path / "c")
+    pattern = str(corpus / "*.txt")
+    old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
+    before = _hashes(old.cache_dir)
+    new = build_task(_task(pattern), cache_dir=str(tmp_path / "new"), config=BuildConfig(num_shards=3, seed=7))
+    os.rename(old.cache_dir, writer.replaced_path(old.cache_dir))  # the first rename ...
+    shutil.copytree(new.cache_dir, writer.staging_path(old.cache_dir))  # ... and the complete staged cache
+    assert not os.path.exists(old.cache_dir)
+
+    again = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
+    assert again.reused and _hashes(old.cache_dir) == before
+    assert sorted(os.listdir(os.path.dirname(old.cache_dir))) == [".train.lock", "train"]
+
+
+# ---------------------------------------------------------------------------
+# Object stores: no folders to rename. A file system behind Beam's FileSystems
+# with object-store semantics plays one (objtest:// + a local path).
+
+from apache_beam.io.filesystem import BeamIOError, FileMetadata  # noqa: E402
+from apache_beam.io.localfilesystem import LocalFileSystem  # noqa: E402
+
+
+class _ObjectStoreForTests(LocalFileSystem):
+    """``objtest://<local path>``: objects are files; there are no folders (a
+    prefix does not exist, listing is by prefix, rename moves single objects)."""
+
+    PREFIX = "objtest://"
+
+    @classmethod
+    def scheme(cls):
+        return "objtest"
+
+    def _local(self, url):
+        return url[len(self.PREFIX):]
+
+    def join(self, basepath, *paths):
+        return "/".join([basepath.rstrip("/"), *(p.strip("/") for p in paths)])
+
+    def split(self, path):
+        head, _, tail = path.rstrip("/").rpartition("/")
+        return head, tail
+
+    def has_dirs(self):
+        return False
+
+    def _url_dirname(self, url):
+        return self.split(url)[0]
+
+    def mkdirs(self, path):
+        pass
+
+    def _list(self, prefix):
+        local = self._local(prefix)
+        top = local if os.path.isdir(local) else os.path.dirname(local)
+        for dirpath, _, names in os.walk(top):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                if path.startswith(local):
+                    yield FileMetadata(self.PREFIX + path, os.path.getsize(path), os.path.getmtime(path))
+
+    def create(self, path, *args, **kwargs):
+        return super().create(self._local(path), *args, **kwargs)
+
+    def open(self, path, *args, **kwargs):
+        return super().open(self._local(path), *args, **kwargs)
+
+    def exists(self, path):
+        return os.path.isfile(self._local(path))
+
+    def size(self, path):
+        return super().size(self._local(path))
+
+    def rename(self, sources, destinations):
+        for s, d in zip(sources, destinations):
+            os.makedirs(os.path.dirname(self._local(d)), exist_ok=True)
+            os.replace(self._local(s), self._local(d))
+
+    def delete(self, paths):
+        for p in paths:
+            if not os.path.isfile(self._local(p)):
+                raise BeamIOError("Delete operation failed", {p: FileNotFoundError(p)})
+            os.unlink(self._local(p))
+
+
+def test_overwrite_on_an_object_store(tmp_path, corpus):
+    """The old cache survives a failing replacement there too; a successful one
+    leaves the bytes of a fresh build and no staged object."""
+    root = f"objtest://{tmp_path}/store"
+    pattern = str(corpus / "*.txt")
+    old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
+    local = str(tmp_path / "store" / "lines" / "train")
+    before = _hashes(local)
+    assert fmt.MANIFEST_NAME in before and len(before) == 7  # manifest, 3 data and 3 provenance shards
+
+    (corpus / "b.txt").write_bytes(b"\xff broken\n")
+    with pytest.raises(ValueError, match=r"b\.txt: line 1 \(record 0\)"):
+        build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3), overwrite=True)
+    assert _hashes(local) == before and verify_cache(local).ok
+    staged = str(tmp_path / "store" / "lines" / ".train.staging")
+    assert not os.path.exists(staged) or _hashes(staged) == {}  # no object left there
+
+    replaced = build_task(_task(pattern, on_error={"empty": "keep", "invalid_utf8": "replace"}), cache_dir=root,
+                          config=BuildConfig(num_shards=2, seed=7), overwrite=True)
+    assert replaced.cache_dir == old.cache_dir and replaced.manifest.statistics["replaced_records"] == 1
+    fresh = build_task(_task(pattern, on_error={"empty": "keep", "invalid_utf8": "replace"}), cache_dir=str(tmp_path / "fresh"),
+                       config=BuildConfig(num_shards=2, seed=7))
+    now, want = _hashes(local), _hashes(fresh.cache_dir)
+    assert sorted(now) == sorted(want)
+    assert {k: v for k, v in now.items() if k != fmt.MANIFEST_NAME} == \
+        {k: v for k, v in want.items() if k != fmt.MANIFEST_NAME}
+    assert verify_cache(local).ok
+    assert not os.path.exists(staged) or _hashes(staged) == {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 
 import click
@@ -100,7 +101,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     fingerprint is reused; a different one is refused unless --overwrite.
     """
     from seqcache import tasks
-    from seqcache.pipelines import BuildConfig, BuildError, build_task
+    from seqcache.pipelines import BuildConfig
 
     # NAME and the Beam pipeline options share the free arguments: options start with "-".
     names = [a for a in args if not a.startswith("-")]
@@ -144,58 +145,17 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if not verbose:
-        # Beam's own logs (and its workers', in multi_processing mode) only at WARNING+.
+        # Beam's logs, in this process and in its workers (which read this option), only on -v.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
         if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
             pipeline_args.append("--default_sdk_harness_log_level=ERROR")
     results = []
-    console = common.stderr_console()
-    for task in task_list:
-        with common.shard_progress(console, f"{task.name}/{split}") as progress, common.sigterm_as_interrupt():
-            try:
-                result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
-                                    overwrite=overwrite, progress=progress)
-            except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError) as e:
-                if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
-                    console.print(f"[red]error:[/red] {_cause(e)}", highlight=False)
-                    sys.exit(1)
-                console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} has no manifest, so it is not a cache; "
-                              "run the same command again to build it")
-                sys.exit(130)
-            except KeyboardInterrupt:
-                console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} has no manifest, so it is not a cache; "
-                              "run the same command again to build it")
-                sys.exit(130)
-        results.append(result)
-        m = result.manifest
-        if not as_json:
-            verb = "reused" if result.reused else f"built in {result.seconds:.1f} s"
-            console.print(
-                f"[green]{task.name}/{split}[/green]: {common.plural(m.num_examples, 'example')} in "
-                f"{common.plural(len(m.shards), 'shard')}, {verb} -> {result.cache_dir}",
-                highlight=False,
-            )
-        stats = m.statistics
-        if stats.get("truncated_tokens"):
-            total = stats["truncated_tokens"] + sum(stats.get("tokens", {}).values())
-            console.print(
-                f"[yellow]warning[/yellow]: trimming to the sequence length dropped {stats['truncated_tokens']:,} tokens "
-                f"({stats['truncated_tokens'] / max(total, 1):.1%}); --pack keeps every token",
-                highlight=False,
-            )
-        if stats.get("replaced_records"):
-            console.print(
-                f"[yellow]warning[/yellow]: repaired {common.plural(stats['replaced_records'], 'record')}, listed with what was "
-                f"repaired in {result.cache_dir}/quarantine.jsonl",
-                highlight=False,
-            )
-        if stats.get("skipped_records"):
-            console.print(
-                f"[yellow]warning[/yellow]: skipped {common.plural(stats['skipped_records'], 'bad record')}, listed with "
-                f"the reason in "
-                f"{result.cache_dir}/quarantine.jsonl",
-                highlight=False,
-            )
+    # What Beam's workers write to standard error outside of logging: nothing without -v.
+    with common.worker_stderr(verbose=verbose) as stderr:
+        console = common.stderr_console(stderr)
+        for task in task_list:
+            results.append(_build_one(console, task, split=split, cache_dir=cache_dir, config=config,
+                                      pipeline_args=pipeline_args, overwrite=overwrite, as_json=as_json))
     if as_json:
         click.echo(json.dumps([
             {"task": r.manifest.task, "split": r.manifest.split, "cache_dir": r.cache_dir, "reused": r.reused,
@@ -207,11 +167,84 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         ], indent=2))
 
 
+def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json):
+    """Builds one task's cache and prints its summary and warnings; a failure
+    prints the error and exits 1, an interrupt (Ctrl-C, SIGTERM) exits 130."""
+    from seqcache.pipelines import BuildError, build_task
+
+    with common.shard_progress(console, f"{task.name}/{split}") as progress, common.sigterm_as_interrupt():
+        try:
+            result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
+                                overwrite=overwrite, progress=progress)
+        except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError) as e:
+            if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
+                console.print(f"[red]error:[/red] {_cause(e)}", highlight=False)
+                sys.exit(1)
+            _interrupted(console, task, split)
+        except KeyboardInterrupt:
+            _interrupted(console, task, split)
+    m = result.manifest
+    if not as_json:
+        verb = "reused" if result.reused else f"built in {result.seconds:.1f} s"
+        console.print(
+            f"[green]{task.name}/{split}[/green]: {common.plural(m.num_examples, 'example')} in "
+            f"{common.plural(len(m.shards), 'shard')}, {verb} -> {result.cache_dir}",
+            highlight=False,
+        )
+    stats = m.statistics
+    if stats.get("truncated_tokens"):
+        total = stats["truncated_tokens"] + sum(stats.get("tokens", {}).values())
+        console.print(
+            f"[yellow]warning[/yellow]: trimming to the sequence length dropped {stats['truncated_tokens']:,} tokens "
+            f"({stats['truncated_tokens'] / max(total, 1):.1%}); --pack keeps every token",
+            highlight=False,
+        )
+    if stats.get("replaced_records"):
+        console.print(
+            f"[yellow]warning[/yellow]: repaired {common.plural(stats['replaced_records'], 'record')}, listed with what was "
+            f"repaired in {result.cache_dir}/quarantine.jsonl",
+            highlight=False,
+        )
+    if stats.get("skipped_records"):
+        console.print(
+            f"[yellow]warning[/yellow]: skipped {common.plural(stats['skipped_records'], 'bad record')}, listed with "
+            f"the reason in "
+            f"{result.cache_dir}/quarantine.jsonl",
+            highlight=False,
+        )
+    return result
+
+
+def _interrupted(console, task, split):
+    console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} has no manifest, so it is not a cache; "
+                  "run the same command again to build it")
+    sys.exit(130)
+
+
+# "ValueError: ", "seqcache.pipelines.build.BuildError: ": the name of an exception
+# class at the start of a line of a traceback or of a wrapped message.
+_EXCEPTION_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")
+
+
 def _cause(error: BaseException) -> str:
-    """The message of the error a worker raised, without the layers Beam wraps
-    around it (``RuntimeError: ValueError: ...``)."""
+    """The message of the error a step raised, without what Beam wraps around
+    it: the exception names of ``RuntimeError: ValueError: ...``, the
+    `` [while running 'STEP']`` suffix and, when the step ran in a worker
+    (``multi_processing``, ``multi_threading``), the worker's traceback that
+    Beam sends back as the message (the last exception line is the cause)."""
     text = str(error)
-    for prefix in ("RuntimeError: ", "ValueError: ", "FileNotFoundError: ", "OSError: ", "BuildError: "):
-        while text.startswith(prefix):
-            text = text[len(prefix):]
-    return text.split(" [while running ")[0]
+    if "Traceback (most recent call last):" in text:
+        text = _last_exception_line(text) or text
+    while (m := _EXCEPTION_PREFIX.match(text)) is not None:
+        text = text[m.end():]
+    return text.split(" [while running ")[0].strip()
+
+
+def _last_exception_line(traceback_text: str) -> str | None:
+    """The ``Name: message`` line that ends the last traceback in ``traceback_text``
+    (frames are indented; the exception line is the first one that is not)."""
+    tail = traceback_text.rsplit("Traceback (most recent call last):", 1)[1]
+    for line in tail.splitlines():
+        if line and not line.startswith(" "):
+            return line
+    return None

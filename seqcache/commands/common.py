@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
+import sys
+import threading
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
-def stderr_console() -> Console:
+def stderr_console(file=None) -> Console:
+    """A rich console on standard error (or on ``file``, a text stream)."""
+    if file is not None:
+        return Console(file=file, soft_wrap=True)
     return Console(stderr=True, soft_wrap=True)
 
 
@@ -27,6 +34,9 @@ def shard_progress(console: Console, label: str):
         console=console,
         transient=True,
         disable=not console.is_terminal,
+        # sys.stderr stays as it is: a proxy onto the console would bypass ``worker_stderr``.
+        redirect_stdout=False,
+        redirect_stderr=False,
     ) as progress:
         task_id = progress.add_task(f"building {label}", total=None)
 
@@ -46,6 +56,110 @@ def resolve_cache(path: str) -> str:
 def plural(n: int, word: str) -> str:
     """``plural(1, "shard")`` -> "1 shard"; ``plural(3, "shard")`` -> "3 shards"."""
     return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _stderr_is_fd2() -> bool:
+    """Whether ``sys.stderr`` writes to file descriptor 2 (it does not under
+    click's test runner, which swaps in an in-memory stream)."""
+    try:
+        return sys.stderr.fileno() == 2
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+def _drain(read_fd: int, write_fd: int) -> None:
+    """Copies ``read_fd`` to ``write_fd`` until end of file; once a write fails
+    (the reader of ``write_fd`` went away, e.g. ``| head``) it keeps reading and
+    drops the bytes, so that the writers of ``read_fd`` never block or fail."""
+    broken = False
+    try:
+        while chunk := os.read(read_fd, 65536):
+            while chunk and not broken:
+                try:
+                    chunk = chunk[os.write(write_fd, chunk):]
+                except OSError:
+                    broken = True
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+@contextlib.contextmanager
+def worker_stderr(*, verbose: bool):
+    """Takes file descriptor 2 away from Beam for the length of a build; yields
+    a text stream on the real standard error for the command's own messages.
+
+    Beam's DirectRunner writes outside of ``logging``'s reach: in
+    ``multi_processing`` mode each SDK worker is a ``python -m
+    apache_beam.runners.worker.sdk_worker_main`` subprocess that inherits
+    descriptor 2 and logs to it before it has read the pipeline options (an
+    import-time ``apitools`` warning, "Logging handler created"); in
+    ``multi_processing`` and ``multi_threading`` modes a worker ``print``-s a
+    failed bundle's traceback to ``sys.stderr`` (and logs it at ERROR too). And
+    if that write fails (standard error is a pipe whose
+    reader exited, ``2>&1 | head``), the worker never answers the runner, which
+    then waits forever.
+
+    So descriptor 2 itself is redirected, which the worker processes inherit
+    and ``sys.stderr`` writes to:
+
+    - ``verbose=False``: it points at ``os.devnull``; the command's own
+      ``seqcache`` warnings still reach the yielded stream.
+    - ``verbose=True``: it is a pipe that a thread copies to the real standard
+      error; when the reader of standard error goes away the thread keeps
+      draining the pipe, so no worker blocks or fails on a write.
+
+    Descriptor 2 is restored when the block ends normally or with an
+    unexpected error (so its traceback is shown). A block that ends with
+    ``SystemExit`` or ``KeyboardInterrupt`` leaves it redirected: the command
+    has printed its message and is exiting, and only Beam's teardown (worker
+    threads failing as their processes go away) still writes.
+
+    When ``sys.stderr`` is not descriptor 2 (click's test runner) nothing is
+    redirected and ``sys.stderr`` is yielded.
+    """
+    if not _stderr_is_fd2():
+        yield sys.stderr
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    stream = open(os.dup(saved), "w", encoding=sys.stderr.encoding, errors=sys.stderr.errors or "backslashreplace",
+                  buffering=1)
+    handler = None
+    if verbose:
+        read_fd, write_fd = os.pipe()
+        threading.Thread(target=_drain, args=(read_fd, os.dup(saved)), name="seqcache-stderr-relay", daemon=True).start()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+    else:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        handler = logging.StreamHandler(stream)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logging.getLogger("seqcache").addHandler(handler)
+    restore = True
+    try:
+        yield stream
+    except (SystemExit, KeyboardInterrupt):
+        restore = False
+        raise
+    finally:
+        if handler is not None:
+            logging.getLogger("seqcache").removeHandler(handler)
+        try:
+            stream.flush()
+        except OSError:
+            pass
+        if restore:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+        os.close(saved)
+        try:
+            stream.close()
+        except OSError:
+            pass
 
 
 @contextlib.contextmanager

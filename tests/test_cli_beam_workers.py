@@ -1,0 +1,211 @@
+"""``seqcache build`` on Beam's multi-worker DirectRunner modes, run as a user
+runs it: the CLI in a subprocess, ``--direct_running_mode=multi_processing
+--direct_num_workers=2``.
+
+What is checked: without ``-v`` the output is the command's own lines only
+(the same as the default in-memory mode, no worker tracebacks or Beam logs); a
+failing build whose standard error is a pipe nobody reads any more (``2>&1 |
+head``) exits instead of waiting forever; Ctrl-C and SIGTERM exit 130. Every
+case also checks that no worker process outlives the command: each run gets a
+marker in its environment, which the worker processes inherit, and no process
+may still carry it once the command has exited.
+
+Linux only (reads /proc). A hang fails through the subprocess timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
+
+# Far above a build's few seconds: reaching it means the command hung.
+TIMEOUT_S = 120
+MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+BAD_RECORD = "line 2 (record 1) contains control character U+0001"
+
+
+def _marked_env() -> tuple[dict, str]:
+    marker = f"SEQCACHE_TEST_RUN={uuid.uuid4().hex}"
+    key, value = marker.split("=")
+    return {**os.environ, key: value}, marker
+
+
+def _processes_with(marker: str) -> dict[int, str]:
+    """pid -> command line of every live process whose environment holds ``marker``."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if marker.encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                found[int(name)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def _seqcache(*args: str) -> list[str]:
+    return [sys.executable, "-m", "seqcache.cli", *args]
+
+
+def _run(args, *, cwd, env):
+    return subprocess.run(_seqcache(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+@pytest.fixture
+def bad_corpus(tmp_path):
+    """Two text files; line 2 of a.txt holds U+0001 (raised on by default)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"ok\nbad \x01 control\nfine\n")
+    (src / "b.txt").write_bytes(b"more\n")
+    return str(src / "*.txt")
+
+
+def test_failing_build_prints_the_same_one_line_error_as_in_memory_mode(tmp_path, bad_corpus):
+    env, marker = _marked_env()
+    args = ["build", "--cache-dir", str(tmp_path / "c"), "--source", f"text:{bad_corpus}", "--name", "mp"]
+    workers = _run([*args, *MULTI_PROCESSING], cwd=tmp_path, env=env)
+    assert _processes_with(marker) == {}
+    in_memory = _run(args, cwd=tmp_path, env=env)
+
+    assert workers.returncode == 1, workers.stderr
+    assert "Traceback" not in workers.stderr
+    lines = workers.stderr.splitlines()
+    assert len(lines) == 1, workers.stderr
+    assert lines[0].startswith(f"error: {tmp_path / 'in' / 'a.txt'}: {BAD_RECORD}")
+    assert "--on-error control_characters=" in lines[0]
+    assert workers.stdout == ""
+    assert (in_memory.returncode, in_memory.stderr, in_memory.stdout) == (1, workers.stderr, "")
+
+
+def test_successful_build_prints_only_its_summary(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text("one\ntwo\n")
+    (src / "b.txt").write_text("three\n")
+    env, marker = _marked_env()
+    out = _run(["build", "--cache-dir", str(tmp_path / "c"), "--source", f"text:{src}/*.txt", "--name", "mp",
+                *MULTI_PROCESSING], cwd=tmp_path, env=env)
+    assert _processes_with(marker) == {}
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(rf"mp/train: 3 examples in 1 shard, built in \d+\.\d s -> {re.escape(str(tmp_path))}/c/mp/train\n",
+                        out.stderr), out.stderr
+    assert out.stdout == ""
+    assert (tmp_path / "c" / "mp" / "train" / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("verbose", [
+    pytest.param(False, id="quiet"),
+    pytest.param(True, id="verbose", marks=pytest.mark.slow),
+])
+def test_failing_build_exits_when_the_reader_of_its_output_is_gone(tmp_path, bad_corpus, verbose):
+    """``seqcache build ... 2>&1 | head -3``: the pipe's reader exits early; a
+    worker that fails to write its traceback must not stall the build."""
+    env, marker = _marked_env()
+    proc = subprocess.Popen(
+        _seqcache("build", *(["-v"] if verbose else []), "--cache-dir", str(tmp_path / "c"), "--source",
+                  f"text:{bad_corpus}", "--name", "mp", *MULTI_PROCESSING),
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    proc.stdout.close()  # the reader is gone: every later write to the pipe fails with EPIPE
+    try:
+        returncode = proc.wait(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert returncode == 1
+    assert _processes_with(marker) == {}
+    assert not (tmp_path / "c" / "mp" / "train" / "manifest.json").exists()
+
+
+# A registered task whose only record waits until the test opens the write end
+# of the FIFO ``gate``: the build is then surely running in a worker process.
+_GATED_TASK = textwrap.dedent(
+    """
+    import os
+
+    from seqcache import tasks
+
+    GATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate")
+
+
+    def records():
+        with open(GATE) as f:
+            f.read()
+        yield {"text": "after the gate"}
+
+
+    tasks.TaskRegistry.add(
+        "gated",
+        source=tasks.FunctionSource(records, name="gated"),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+    )
+    """
+)
+
+
+@pytest.mark.parametrize("signum, to_group", [
+    # Ctrl-C: the terminal sends SIGINT to the whole process group, workers included.
+    pytest.param(signal.SIGINT, True, id="ctrl-c"),
+    # kill, timeout: SIGTERM to the command alone.
+    pytest.param(signal.SIGTERM, False, id="SIGTERM", marks=pytest.mark.slow),
+])
+def test_interrupted_build_exits_130_and_leaves_no_worker(tmp_path, signum, to_group):
+    (tmp_path / "gated_task.py").write_text(_GATED_TASK)
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    env, marker = _marked_env()
+    # The module is imported by name from the working folder, by the command and by its workers.
+    proc = subprocess.Popen(
+        _seqcache("build", "--cache-dir", str(tmp_path / "c"), "--module", "gated_task", "gated", *MULTI_PROCESSING),
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=to_group,
+    )
+    held = {}
+
+    def open_gate():  # returns once a worker has opened the read end
+        held["gate"] = open(gate, "w")
+
+    opener = threading.Thread(target=open_gate, daemon=True)
+    opener.start()
+    try:
+        opener.join(timeout=TIMEOUT_S)
+        assert "gate" in held, f"the build never reached its worker: {proc.poll()=}"
+        running = _processes_with(marker)
+        assert any("sdk_worker_main" in cmd for cmd in running.values()), running
+        # The worker stays blocked reading the gate: the command has to stop it.
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if "gate" not in held:  # unblock the opener thread
+            os.close(os.open(gate, os.O_RDONLY | os.O_NONBLOCK))
+            opener.join()
+        if "gate" in held:
+            held["gate"].close()
+    assert proc.returncode == 130, stderr
+    assert stderr == ("interrupted: gated/train has no manifest, so it is not a cache; "
+                      "run the same command again to build it\n")
+    assert stdout == ""
+    assert _processes_with(marker) == {}
+    assert not (tmp_path / "c" / "gated" / "train" / "manifest.json").exists()

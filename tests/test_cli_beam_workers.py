@@ -85,9 +85,9 @@ def test_failing_build_prints_the_same_one_line_error_as_in_memory_mode(tmp_path
     assert workers.returncode == 1, workers.stderr
     assert "Traceback" not in workers.stderr
     lines = workers.stderr.splitlines()
-    assert len(lines) == 1, workers.stderr
+    assert len(lines) == 2, workers.stderr  # the error, and where to see every kind at once
     assert lines[0].startswith(f"error: {tmp_path / 'in' / 'a.txt'}: {BAD_RECORD}")
-    assert "--on-error control_characters=" in lines[0]
+    assert "--on-error control_characters=" in lines[0] and "seqcache scan" in lines[1]
     assert workers.stdout == ""
     assert (in_memory.returncode, in_memory.stderr, in_memory.stdout) == (1, workers.stderr, "")
 

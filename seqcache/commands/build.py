@@ -178,7 +178,11 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
                                 overwrite=overwrite, progress=progress)
         except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError) as e:
             if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
-                console.print(f"[red]error:[/red] {_cause(e)}", highlight=False)
+                message = _cause(e)
+                console.print(f"[red]error:[/red] {message}", highlight=False)
+                if "on_error=" in message:  # bad input that the policy raises on
+                    console.print("(`seqcache scan` with the same task or --source lists every kind of bad input "
+                                  "in the corpus at once)", highlight=False)
                 sys.exit(1)
             _interrupted(console, task, split)
         except KeyboardInterrupt:

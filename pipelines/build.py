@@ -141,9 +141,10 @@ class _ReadAndPreprocess:
 
     Yields ``("records", n)`` for every batch of n source records read,
     ``("examples", [(shard, key, sub_index, file_index, record_number,
-    truncated, example_bytes, lengths), ...])`` per batch, and ``("skipped", (file_index,
-    record_number, message))`` for each record the source could not read
-    (``on_error="skip"``): counted and quarantined, never dropped silently.
+    truncated, example_bytes, lengths), ...])`` per batch, and ``("skipped" |
+    "replaced", (file_index, record_number, message, action))`` for each record
+    the source or the task's checks skipped, or the source repaired, under its
+    ``on_error`` policy: counted and quarantined, never dropped silently.
     """
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=512):

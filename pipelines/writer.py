@@ -314,8 +314,7 @@ def recover_publish(cache_dir: str) -> None:
     if is_local(cache_dir) and not exists(cache_dir) and exists(join(old, fmt.MANIFEST_NAME)):
         os.rename(local_path(old), local_path(cache_dir))
     for leftover in (staging_path(cache_dir), old):
-        if exists(leftover):
-            remove_cache_tree(leftover)
+        remove_cache_tree(leftover)  # nothing to do when absent (object stores: no such prefix)
 
 
 class _HashingArrayRecordFile:

@@ -255,12 +255,18 @@ def test_overwrite_on_an_object_store(tmp_path, corpus):
     before = _hashes(local)
     assert fmt.MANIFEST_NAME in before and len(before) == 7  # manifest, 3 data and 3 provenance shards
 
+    # Leftovers of a killed replacement are removed by the next build, here one that reuses the cache.
+    staged = str(tmp_path / "store" / "lines" / ".train.staging")
+    os.makedirs(os.path.join(staged, "_tmp"))
+    open(os.path.join(staged, "_tmp", "leftover.bin"), "wb").write(b"x")
+    assert build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3)).reused
+    assert _hashes(staged) == {}
+
     (corpus / "b.txt").write_bytes(b"\xff broken\n")
     with pytest.raises(ValueError, match=r"b\.txt: line 1 \(record 0\)"):
         build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3), overwrite=True)
     assert _hashes(local) == before and verify_cache(local).ok
-    staged = str(tmp_path / "store" / "lines" / ".train.staging")
-    assert not os.path.exists(staged) or _hashes(staged) == {}  # no object left there
+    assert _hashes(staged) == {}  # no object left there
 
     replaced = build_task(_task(pattern, on_error={"empty": "keep", "invalid_utf8": "replace"}), cache_dir=root,
                           config=BuildConfig(num_shards=2, seed=7), overwrite=True)

@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from seqcache import format as fmt
+from seqcache.tasks.registry import USER_MODULE_PREFIX
 from seqcache.pipelines import shuffle, spill, writer
 
 log = logging.getLogger(__name__)
@@ -506,13 +507,34 @@ def _read_existing(out_dir: str):
 
 
 def _pipeline_options(pipeline_args):
+    """Beam options from the command line's free arguments.
+
+    Without ``--runner`` the build runs on ``FnApiRunner``, the engine of Beam's
+    DirectRunner, named explicitly: the DirectRunner itself first tries to
+    download and start the Prism runner, which would make a local build depend on
+    network access and ignore ``--direct_running_mode``."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     if pipeline_args is None:
         pipeline_args = []
     if isinstance(pipeline_args, PipelineOptions):
         return pipeline_args
-    return PipelineOptions(list(pipeline_args))
+    args = list(pipeline_args)
+    if not any(a == "--runner" or a.startswith("--runner=") for a in args):
+        args.append("--runner=FnApiRunner")
+    return PipelineOptions(args)
+
+
+def _pickle_user_modules_by_value() -> None:
+    """Task modules imported from a file path (``--module my_tasks.py``) are not
+    importable by name in worker processes: their functions travel by value."""
+    import sys
+
+    from apache_beam.internal.cloudpickle import cloudpickle
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith(USER_MODULE_PREFIX):
+            cloudpickle.register_pickle_by_value(module)
 
 
 class _ShardProgress:
@@ -701,6 +723,7 @@ def _build_into(task, *, config, pipeline_args, progress, beam, files, total_byt
         "building %s: %d files, %.1f MB, %d shards -> %s", task.name, len(files), total_bytes / 1e6, num_shards,
         build_dir,
     )
+    _pickle_user_modules_by_value()
     pipeline = beam.Pipeline(options=options)
     outputs = (
         pipeline

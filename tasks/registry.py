@@ -8,6 +8,7 @@ output_features=...)``); the ``seqcache build`` command imports the user's modul
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -126,6 +127,10 @@ def get_task_or_mixture(name: str) -> Task | Mixture:
     raise KeyError(f"no task or mixture named {name!r}; {_suggest(name, every)}")
 
 
+# Module names given to task files imported by path (``import_definitions``).
+USER_MODULE_PREFIX = "_seqcache_user_"
+
+
 def import_definitions(module_or_path: str) -> None:
     """Imports a module that registers tasks: a dotted module name or a ``.py`` path.
 
@@ -136,7 +141,7 @@ def import_definitions(module_or_path: str) -> None:
         path = os.path.abspath(module_or_path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"task definitions file {module_or_path!r} does not exist")
-        mod_name = f"_seqcache_user_{abs(hash(path))}"
+        mod_name = USER_MODULE_PREFIX + hashlib.sha256(path.encode()).hexdigest()[:16]
         if mod_name in sys.modules:
             return
         spec = importlib.util.spec_from_file_location(mod_name, path)

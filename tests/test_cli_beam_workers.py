@@ -209,3 +209,33 @@ def test_interrupted_build_exits_130_and_leaves_no_worker(tmp_path, signum, to_g
     assert stdout == ""
     assert _processes_with(marker) == {}
     assert not (tmp_path / "c" / "gated" / "train" / "manifest.json").exists()
+
+
+def test_a_task_file_given_by_path_reaches_the_worker_processes(tmp_path):
+    """``--module my_tasks.py`` imports the file under a made-up module name that
+    worker processes cannot import: its functions must travel by value."""
+    (tmp_path / "a.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "defs").mkdir()
+    (tmp_path / "defs" / "my_tasks.py").write_text(textwrap.dedent(f"""
+        from seqcache import tasks
+
+        def shout(example, ctx):  # a preprocessor defined in the file itself
+            return dict(example, text=example["text"].upper())
+
+        tasks.TaskRegistry.add(
+            "shouted", source=tasks.TextLineSource({str(tmp_path / 'a.txt')!r}),
+            output_features={{"targets": tasks.Feature(tasks.ByteVocabulary())}},
+            preprocessors=[tasks.FunctionPreprocessor(shout, name="shout"),
+                           tasks.preprocessors.rekey({{"targets": "text"}}), tasks.preprocessors.tokenize()])
+    """))
+    env, marker = _marked_env()
+    out = _run(["build", "shouted", "--module", str(tmp_path / "defs" / "my_tasks.py"), "--cache-dir",
+                str(tmp_path / "c"), "--json", *MULTI_PROCESSING], cwd=tmp_path, env=env)
+    assert _processes_with(marker) == {}
+    assert out.returncode == 0, out.stderr
+    from seqcache.feeders.reader import CacheReader
+    from seqcache.tasks import ByteVocabulary
+
+    with CacheReader(str(tmp_path / "c" / "shouted" / "train")) as r:
+        texts = sorted(ByteVocabulary().decode(e["targets"].tolist()) for e in r.read_examples(range(len(r))))
+    assert texts == ["ONE", "THREE", "TWO"]

@@ -184,9 +184,9 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
                     console.print("(`seqcache scan` with the same task or --source lists every kind of bad input "
                                   "in the corpus at once)", highlight=False)
                 sys.exit(1)
-            _interrupted(console, task, split)
+            _interrupted(console, task, split, cache_dir)
         except KeyboardInterrupt:
-            _interrupted(console, task, split)
+            _interrupted(console, task, split, cache_dir)
     m = result.manifest
     if not as_json:
         verb = "reused" if result.reused else f"built in {result.seconds:.1f} s"
@@ -219,9 +219,21 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
     return result
 
 
-def _interrupted(console, task, split):
-    console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} has no manifest, so it is not a cache; "
-                  "run the same command again to build it")
+def _interrupted(console, task, split, cache_dir):
+    from seqcache import format as fmt
+    from seqcache.pipelines import cache_path
+
+    try:  # a replacing build (--overwrite) is staged: the old cache is still there
+        fmt.read_manifest(cache_path(cache_dir, task.name, split))
+        before = True
+    except Exception:
+        before = False
+    if before:
+        console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} still holds the cache from before, "
+                      "untouched; run the same command again to replace it")
+    else:
+        console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} has no manifest, so it is not a cache; "
+                      "run the same command again to build it")
     sys.exit(130)
 
 

@@ -221,7 +221,8 @@ def verify(cache_dir, as_json):
         if report.ok:
             console.print(f"[green]ok[/green]: {cache_dir}: {n} files verified (sizes, sha256, record counts, every record decoded)")
         else:
-            console.print(f"[red]FAILED[/red]: {cache_dir}: {len(bad)} of {n} files bad")
+            console.print(f"[red]FAILED[/red]: {cache_dir}: {common.plural(len(report.problems), 'problem')}"
+                          + (f", {len(bad)} of {n} files bad" if bad else ""))
             for p in report.problems:
                 console.print(f"  - {p}", highlight=False)
     sys.exit(0 if report.ok else 1)

@@ -210,3 +210,21 @@ def test_scan_lists_every_kind_and_the_options_that_go_on(tmp_path, shared_data)
                                  "--cache-dir", str(tmp_path / "c"), "--json"])
     assert built.exit_code == 0, built.output
     assert json.loads(built.stdout)[0]["skipped_records"] == sum(k["records"] for k in kinds.values())
+
+
+def test_an_interrupted_replacing_build_says_the_old_cache_is_untouched(tmp_path, monkeypatch):
+    import seqcache.pipelines
+
+    (tmp_path / "a.txt").write_text("one line\n", encoding="utf-8")
+    args = ["build", "--source", f"text:{tmp_path}/a.txt", "--name", "x", "--cache-dir", str(tmp_path / "c")]
+    assert CliRunner().invoke(main, args).exit_code == 0
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(seqcache.pipelines, "build_task", interrupted)
+    out = CliRunner().invoke(main, args + ["--overwrite", "--seed", "3"])
+    assert out.exit_code == 130 and "still holds the cache from before" in out.output
+    fresh = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/a.txt", "--name", "y",
+                                      "--cache-dir", str(tmp_path / "c")])
+    assert fresh.exit_code == 130 and "has no manifest" in fresh.output

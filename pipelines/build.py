@@ -174,16 +174,17 @@ class _ReadAndPreprocess:
             raise ValueError(f"{path}: {e}") from None
 
     def _flush(self, records, key):
-        from seqcache.tasks import SOURCE_ERROR_KEY, SOURCE_REPLACED_KEY
+        from seqcache.tasks import SOURCE_ERROR_KEY, SOURCE_ERROR_KIND_KEY, SOURCE_REPLACED_KEY
 
         yield "records", len(records)
         for r in records:
             if SOURCE_REPLACED_KEY in r.data:
-                yield "replaced", (r.file_index, r.record_number, str(r.data[SOURCE_REPLACED_KEY]), "replaced")
+                yield "replaced", (r.file_index, r.record_number, str(r.data[SOURCE_REPLACED_KEY]), "replaced", None)
         if any(SOURCE_ERROR_KEY in r.data for r in records):
             for r in records:
                 if SOURCE_ERROR_KEY in r.data:
-                    yield "skipped", (r.file_index, r.record_number, str(r.data[SOURCE_ERROR_KEY]), "skipped")
+                    yield "skipped", (r.file_index, r.record_number, str(r.data[SOURCE_ERROR_KEY]), "skipped",
+                                      r.data.get(SOURCE_ERROR_KIND_KEY))
             records = [r for r in records if SOURCE_ERROR_KEY not in r.data]
             if not records:
                 return
@@ -193,7 +194,7 @@ class _ReadAndPreprocess:
                                          skipped=rejected)
         for idx, message in rejected:
             r = records[idx]
-            yield "skipped", (r.file_index, r.record_number, message, "skipped")
+            yield "skipped", (r.file_index, r.record_number, message, "skipped", "bad_value")
         entries = []
         sub_index = collections.Counter()
         for idx, example in out:
@@ -265,8 +266,8 @@ def _make_spill_dofn(beam):
                     records_read.inc(payload)
                     continue
                 if kind in ("skipped", "replaced"):
-                    record_file, record_number, message, action = payload
-                    self._quarantine.add(record_file, record_number, action, path, message)
+                    record_file, record_number, message, action, error_kind = payload
+                    self._quarantine.add(record_file, record_number, action, path, message, error_kind)
                     if self._quarantine.nbytes >= spill.QUARANTINE_BYTES:
                         yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, self._spill_quarantine())
                     continue

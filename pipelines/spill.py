@@ -209,17 +209,22 @@ QUARANTINE_PREFIX = "quarantine-"
 FIRST_SKIPPED = 5
 
 
-def quarantine_entry(file_index: int, record_number: int, action: str, path: str, message: str) -> bytes:
+def quarantine_entry(file_index: int, record_number: int, action: str, path: str, message: str,
+                     kind: str | None = None) -> bytes:
     """One line of quarantine.jsonl, without its newline: a JSON object with
     ``source_index``, ``path``, ``record_number``, ``action`` (``"skipped"`` or
-    ``"replaced"``) and ``error``. A message that starts with the file's path
-    (``"<path>: line 3 (record 2) is empty"``) loses that prefix: the path is
-    already in ``path``."""
+    ``"replaced"``), ``error`` and, for a skipped record, ``kind`` (the kind of bad
+    input, a key of ``seqcache.tasks.ERROR_KINDS``). A message that starts with the
+    file's path (``"<path>: line 3 (record 2) is empty"``) loses that prefix: the
+    path is already in ``path``."""
     prefix = f"{path}: "
     if message.startswith(prefix):
         message = message[len(prefix):]
-    return json.dumps({"source_index": int(file_index), "path": path, "record_number": int(record_number),
-                       "action": action, "error": message}, ensure_ascii=False).encode("utf-8")
+    entry = {"source_index": int(file_index), "path": path, "record_number": int(record_number),
+             "action": action, "error": message}
+    if kind is not None:
+        entry["kind"] = kind
+    return json.dumps(entry, ensure_ascii=False).encode("utf-8")
 
 
 class QuarantineBuffer:
@@ -232,11 +237,12 @@ class QuarantineBuffer:
         self.lines: list[bytes] = []
         self.nbytes = 0
 
-    def add(self, file_index: int, record_number: int, action: str, path: str, message: str) -> None:
+    def add(self, file_index: int, record_number: int, action: str, path: str, message: str,
+            kind: str | None = None) -> None:
         if action not in ("skipped", "replaced"):
             raise ValueError(f"quarantine action must be 'skipped' or 'replaced' (got {action!r})")
         line = b"%010d\t%020d\t%s\t%s\n" % (file_index, record_number, action.encode(),
-                                             quarantine_entry(file_index, record_number, action, path, message))
+                                             quarantine_entry(file_index, record_number, action, path, message, kind))
         self.lines.append(line)
         self.nbytes += len(line) + 64  # the list slot and the bytes object's header
 

@@ -316,3 +316,19 @@ def test_verify_refuses_counts_without_a_quarantine_file(tmp_path):
     _edit_manifest(cache, lambda raw: raw.update(quarantine="../elsewhere.jsonl"))
     with pytest.raises(fmt.CacheError, match=r"quarantine is '\.\./elsewhere\.jsonl', expected 'quarantine\.jsonl'"):
         fmt.read_manifest(cache)
+
+
+def test_skipped_entries_name_their_kind(tmp_path):
+    src = tmp_path / "k.jsonl"
+    src.write_text('{"text": "fine"}\n{"text": ""}\nnot json\n{"text": "bell \\u0007"}\n{"text": [999]}\n',
+                   encoding="utf-8")
+    task = tasks.Task(
+        "kinds",
+        source=tasks.JsonLinesSource(str(src), on_error="skip"),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+    )
+    result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
+    entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
+    assert [(e["record_number"], e["kind"]) for e in entries] == [
+        (1, "empty"), (2, "malformed"), (3, "control_characters"), (4, "bad_value")]

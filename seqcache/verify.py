@@ -110,8 +110,17 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
             f"{os.path.join(cache_dir, fmt.MANIFEST_NAME)}: num_examples {declared}, shards sum to {manifest.num_examples}"
         )
     for name, desc in manifest.vocabularies.items():
-        if "file" in desc and not os.path.exists(os.path.join(cache_dir, desc["file"])):
-            problems.append(f"{os.path.join(cache_dir, desc['file'])}: vocabulary file of feature {name!r} is missing")
+        if "file" not in desc:
+            continue
+        path = os.path.join(cache_dir, desc["file"])
+        if not os.path.exists(path):
+            problems.append(f"{path}: vocabulary file of feature {name!r} is missing")
+        elif desc.get("sha256"):
+            with open(path, "rb") as f:
+                actual = hashlib.sha256(f.read()).hexdigest()
+            if actual != desc["sha256"]:
+                problems.append(f"{path}: vocabulary model of feature {name!r} has sha256 {actual}, "
+                                f"the manifest expects {desc['sha256']}")
     problems.extend(check_quarantine(cache_dir, manifest))
     return VerifyReport(cache_dir, not problems, problems, shards)
 

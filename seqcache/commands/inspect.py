@@ -143,7 +143,12 @@ def show(cache_dir, indices, count, ids, max_chars, as_json):
         sys.exit(1)
     vocabs = {}
     for name in reader.manifest.vocabularies:
-        vocabs[name] = reader.vocabulary(name)
+        try:
+            vocabs[name] = reader.vocabulary(name)
+        except (ValueError, OSError) as e:
+            common.stderr_console().print(f"[red]error:[/red] {e}; run `seqcache verify {cache_dir}`",
+                                          highlight=False)
+            sys.exit(1)
     out = [_describe_example(i, ex, prov, vocabs, ids) for i, ex, prov in zip(indices, examples, provenance)]
     if as_json:
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))

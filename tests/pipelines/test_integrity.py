@@ -406,3 +406,27 @@ def test_changing_the_policy_changes_the_fingerprint_and_says_so(tmp_path, corpu
     )
     with pytest.raises(BuildError, match=r"what changed: task\.source\.on_error\.empty: \"keep\" -> \"skip\""):
         build_task(other, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
+
+
+def test_a_changed_or_missing_vocabulary_model_is_named_by_verify_and_show(tmp_path, shared_data):
+    from click.testing import CliRunner
+
+    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()
+    vocab = tasks.train_sentencepiece(lines[:2000], output_path=str(tmp_path / "m.model"), vocab_size=400)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(line for line in lines[:300] if line.strip()) + "\n", encoding="utf-8")
+    task = tasks.Task("sp", source=tasks.TextLineSource(str(src)), output_features={"targets": tasks.Feature(vocab)},
+                      preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
+    cache = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1)).cache_dir
+    model = os.path.join(cache, "vocabulary-targets.model")
+    data = bytearray(open(model, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(model, "wb").write(bytes(data))
+    report = verify_cache(cache)
+    assert not report.ok and any("vocabulary-targets.model" in p and "sha256" in p for p in report.problems)
+    shown = CliRunner().invoke(cli, ["show", cache, "--index", "0"])
+    assert shown.exit_code == 1 and "Traceback" not in shown.output and "sha256" in shown.output
+    os.remove(model)
+    assert any("is missing" in p for p in verify_cache(cache).problems)
+    shown = CliRunner().invoke(cli, ["show", cache, "--index", "0"])
+    assert shown.exit_code == 1 and "Traceback" not in shown.output and "vocabulary-targets.model" in shown.output

@@ -228,3 +228,38 @@ def test_an_interrupted_replacing_build_says_the_old_cache_is_untouched(tmp_path
     fresh = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/a.txt", "--name", "y",
                                       "--cache-dir", str(tmp_path / "c")])
     assert fresh.exit_code == 130 and "has no manifest" in fresh.output
+
+
+def test_vocab_check_policy_flags_override_its_own_defaults(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("plain line\nmeta \u2581 symbol\n\n", encoding="utf-8")
+    runner = CliRunner()
+    kept = json.loads(runner.invoke(main, ["vocab", "check", "--vocabulary", "byte", "--source", f"text:{text}",
+                                           "--json"]).stdout)
+    assert kept["records"] == 3  # the content kinds are kept by default: reported, not refused
+    out = runner.invoke(main, ["vocab", "check", "--vocabulary", "byte", "--source", f"text:{text}", "--json",
+                               "--on-error", "u2581=skip", "--on-error", "empty=skip"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["records"] == 1
+
+
+def test_ad_hoc_options_with_a_registered_task_and_scan_advice_for_it(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text("one\n\ntwo\n", encoding="utf-8")
+    (tmp_path / "reg_tasks_for_adhoc.py").write_text(
+        "from seqcache import tasks\n"
+        f"tasks.TaskRegistry.add('adhoc_opts', source=tasks.TextLineSource({str(tmp_path / 'a.txt')!r}),\n"
+        "    output_features={'targets': tasks.Feature(tasks.ByteVocabulary())},\n"
+        "    preprocessors=[tasks.preprocessors.rekey({'targets': 'text'}), tasks.preprocessors.tokenize()])\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    base = ["build", "adhoc_opts", "--module", "reg_tasks_for_adhoc", "--cache-dir", str(tmp_path / "c")]
+    for extra, named in [(["--vocabulary", "/nonexistent.model"], "--vocabulary"), (["--name", "zz"], "--name"),
+                         (["--extra-ids", "5"], "--extra-ids"), (["--pack"], "--pack")]:
+        out = CliRunner().invoke(main, base + extra)
+        assert out.exit_code == 2 and f"{named} describes an ad-hoc --source" in out.output, out.output
+    scan = CliRunner().invoke(main, ["scan", "adhoc_opts", "--module", "reg_tasks_for_adhoc"])
+    assert scan.exit_code == 1 and "on_error={'empty': 'skip'} in the task's source" in scan.output
+    assert "--on-error" not in scan.output
+    refused = CliRunner().invoke(main, ["scan", "adhoc_opts", "--module", "reg_tasks_for_adhoc", "--vocabulary", "x"])
+    assert refused.exit_code == 2 and "--vocabulary" in refused.output

@@ -122,12 +122,13 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         task_list = [adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error, vocabulary_spec=vocabulary_spec,
                                 extra_ids=extra_ids, sequence_length=seq_len, pack=pack)]
     elif name:
-        given = [f"--{p.replace('_', '-')}" for p in ("on_error", "exclude")
-                 if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT]
+        given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
+                                                  "pack"))
         if given:
             raise click.UsageError(
-                f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a registered task's source sets them itself, "
-                "e.g. TextLineSource(..., on_error={'empty': 'skip'}, exclude=[...]) in the module that registers it"
+                f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
+                "registered task sets them itself, e.g. TextLineSource(..., on_error={'empty': 'skip'}, "
+                "exclude=[...]) and its features' vocabularies in the module that registers it"
             )
         try:
             obj = tasks.get_task_or_mixture(name)

@@ -183,12 +183,28 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def adhoc_options_given(ctx: click.Context, names) -> list[str]:
+    """The options among ``names`` (parameter names) given on the command line,
+    as the user spells them (``--on-error``)."""
+    out = []
+    for name in names:
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+            param = next(p for p in ctx.command.params if p.name == name)
+            out.append(max(param.opts, key=len))
+    return out
+
+
 def _on_error_parser(base: tuple[str, ...]):
     def parse(ctx, param, values):
         from seqcache.tasks import parse_on_error
 
         try:
-            return parse_on_error([*base, *values] or ["raise"])
+            spec = parse_on_error(list(values) or ["raise"])
+            if not base:
+                return spec
+            merged = dict(parse_on_error(list(base)))  # the user's values override the command's own
+            merged.update({"default": spec} if isinstance(spec, str) else spec)
+            return merged
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
 

@@ -43,8 +43,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
         task_list = [adhoc_task(name="adhoc", source_spec=source_spec, exclude=exclude, on_error=on_error,
                                 vocabulary_spec=vocabulary_spec, extra_ids=0, sequence_length=None, pack=False)]
     elif name:
-        given = [f"--{p.replace('_', '-')}" for p in ("on_error", "exclude")
-                 if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT]
+        given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec"))
         if given:
             raise click.UsageError(f"{' and '.join(given)}: only with --source; a registered task's source sets its own")
         try:
@@ -83,7 +82,11 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
             t.add_row(k.kind, f"{k.records:,}", k.action, k.first)
         console.print(t)
         if r.stops_build:
-            fix = " ".join(f"--on-error {k.kind}=skip" for k in r.kinds if k.action == "raise")
+            raising = [k.kind for k in r.kinds if k.action == "raise"]
+            if source_spec:
+                fix = " ".join(f"--on-error {kind}=skip" for kind in raising)
+            else:
+                fix = "on_error=" + repr({kind: "skip" for kind in raising}) + " in the task's source"
             console.print(f"a build of {r.task} stops at its first record of a kind whose policy is raise. To skip "
                           f"them all (counted, and listed in the cache's quarantine file): {fix}. "
                           "`seqcache build --help` explains replace and keep.", highlight=False)

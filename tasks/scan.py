@@ -51,6 +51,10 @@ class ScanReport:
       files: source files read.
       kinds: the kinds found, in ``ERROR_KINDS`` order.
       complete: False when ``max_records`` stopped the scan early.
+      unreadable_files: one message per file that could not be read to its end
+        (a truncated ``.gz``, a Parquet file without the column); the records
+        read before the failure are counted, and the scan goes on with the next
+        file. A build raises on such a file whatever the policy.
     """
 
     task: str
@@ -58,6 +62,7 @@ class ScanReport:
     files: int
     kinds: list[KindCount]
     complete: bool
+    unreadable_files: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def stops_build(self) -> KindCount | None:
@@ -67,7 +72,7 @@ class ScanReport:
 
     def to_json(self) -> dict:
         return {"task": self.task, "records": self.records, "files": self.files, "complete": self.complete,
-                "kinds": [dataclasses.asdict(k) for k in self.kinds]}
+                "kinds": [dataclasses.asdict(k) for k in self.kinds], "unreadable_files": list(self.unreadable_files)}
 
 
 def scan_task(task: Task, *, max_records: int | None = None, batch_records: int = 512,
@@ -89,8 +94,6 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
 
     Raises:
       FileNotFoundError: a source pattern matches nothing.
-      ValueError: a file cannot be read at all (a truncated ``.gz``, a Parquet
-        file without the column), named by the source.
     """
     own_policy = getattr(task.source, "on_error", ErrorPolicy("raise"))
     source = copy.copy(task.source)
@@ -125,8 +128,17 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
         if progress is not None:
             progress(records)
 
+    unreadable: list[str] = []
     for file_index, f in enumerate(files):
-        for record in source.read_file(file_index, f.path):
+        reading = iter(source.read_file(file_index, f.path))
+        while True:
+            try:
+                record = next(reading)
+            except StopIteration:
+                break
+            except ValueError as e:  # the file itself: every record-level kind is skipped here
+                unreadable.append(str(e))
+                break
             if max_records is not None and records >= max_records:
                 complete = False
                 break
@@ -138,4 +150,4 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
             break
     flush()
     kinds = [KindCount(k, counts[k][0], counts[k][1], own_policy.action(k)) for k in ERROR_KINDS if k in counts]
-    return ScanReport(task.name, records, len(files), kinds, complete)
+    return ScanReport(task.name, records, len(files), kinds, complete, unreadable)

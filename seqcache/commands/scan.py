@@ -64,7 +64,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
         except (ValueError, FileNotFoundError, OSError) as e:
             err.print(f"[red]error:[/red] {e}", highlight=False)
             sys.exit(1)
-    stops = [r for r in reports if r.stops_build]
+    stops = [r for r in reports if r.stops_build or r.unreadable_files]
     if as_json:
         click.echo(json.dumps([r.to_json() for r in reports], indent=2, ensure_ascii=False))
         sys.exit(1 if stops else 0)
@@ -72,8 +72,12 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
     for r in reports:
         title = (f"{r.task}: {common.plural(r.records, 'record')} in {common.plural(r.files, 'file')}"
                  + ("" if r.complete else " (stopped at --max-records)"))
+        for message in r.unreadable_files:
+            console.print(f"[red]unreadable file[/red] (a build stops here whatever the policy): {message}",
+                          highlight=False)
         if not r.kinds:
-            console.print(f"{title}: no bad input", highlight=False)
+            if not r.unreadable_files:
+                console.print(f"{title}: no bad input", highlight=False)
             continue
         t = Table(title=title)
         for col in ("kind", "records", "policy", "first"):

@@ -48,3 +48,18 @@ def test_structure_and_task_checks_are_counted_and_max_records_stops(tmp_path):
     assert {k.kind: k.records for k in partial.kinds} == {"malformed": 1, "bad_value": 1}
     # The task's own source is untouched.
     assert source.on_error.action("malformed") == "skip" and source.on_error.action("control_characters") == "keep"
+
+
+def test_unreadable_files_are_listed_and_the_scan_goes_on(tmp_path, shared_data):
+    whole = (shared_data / "multi30k" / "val.en.gz").read_bytes()
+    (tmp_path / "a.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "b.gz").write_bytes(b"not gzip\n")
+    import gzip
+
+    with gzip.open(tmp_path / "c.gz", "wt", encoding="utf-8") as f:
+        f.write("one\n\ntwo\n")
+    report = tasks.scan_task(_task(tasks.TextLineSource(str(tmp_path / "*.gz"))))
+    assert [m.split(":")[0].rsplit("/", 1)[1] for m in report.unreadable_files] == ["a.gz", "b.gz"]
+    assert all("truncated or corrupt gzip" in m for m in report.unreadable_files)
+    assert {k.kind: k.records for k in report.kinds} == {"empty": 1}
+    assert report.to_json()["unreadable_files"] == report.unreadable_files

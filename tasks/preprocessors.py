@@ -304,11 +304,41 @@ class FunctionPreprocessor(Preprocessor):
         return [self.fn(ex, ctx.example(i)) for i, ex in enumerate(examples)]
 
 
+class PreprocessorError(ValueError):
+    """A preprocessor raised. ``index`` is the input index (into the examples
+    given to ``run_preprocessors``) of the first example that fails on its own,
+    or None when no single example does."""
+
+    def __init__(self, message: str, index: int | None):
+        super().__init__(message)
+        self.index = index
+
+
+def _failure(p: Preprocessor, error: Exception, examples: list[dict], ctx: PreprocessContext,
+             alive: list[int]) -> PreprocessorError:
+    """The error of preprocessor ``p`` on a batch, with the first example that
+    fails alone (each is retried on its own, on this error path only) and the
+    place in the code that raised."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    message = f"preprocessor {p.name!r} raised {type(error).__name__}: {error}{where}"
+    for j, example in enumerate(examples):
+        try:
+            p.process_batch([example], dataclasses.replace(ctx, keys=ctx.keys[j:j + 1]))
+        except Exception:
+            return PreprocessorError(message, alive[j])
+    return PreprocessorError(message, None)
+
+
 def run_preprocessors(preprocessors: Sequence[Preprocessor], examples: list[dict],
                       ctx: PreprocessContext) -> list[tuple[int, dict]]:
     """Runs ``preprocessors`` in order; returns (input index, example) of survivors.
 
     Raises:
+      PreprocessorError: a preprocessor raised (any exception); names it, the
+        exception and where it was raised, with the input index of the example.
       ValueError: a preprocessor returned a different number of outputs than inputs.
     """
     alive = list(range(len(examples)))
@@ -317,7 +347,10 @@ def run_preprocessors(preprocessors: Sequence[Preprocessor], examples: list[dict
         if not examples:
             break
         step_ctx = dataclasses.replace(ctx, keys=keys)
-        out = p.process_batch(examples, step_ctx)
+        try:
+            out = p.process_batch(examples, step_ctx)
+        except Exception as e:
+            raise _failure(p, e, examples, step_ctx, alive) from None
         if len(out) != len(examples):
             raise ValueError(f"preprocessor {p.name!r} returned {len(out)} outputs for {len(examples)} examples")
         keep = [j for j, ex in enumerate(out) if ex is not None]

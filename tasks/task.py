@@ -18,6 +18,7 @@ from seqcache.tasks.preprocessors import (
     TRUNCATED_TOKENS_KEY,
     PreprocessContext,
     Preprocessor,
+    PreprocessorError,
     run_preprocessors,
 )
 from seqcache.tasks.sources import SOURCE_ERROR_KEY, SOURCE_REPLACED_KEY, Source, SourceRecord, error_hint
@@ -170,7 +171,14 @@ class Task:
             data = dict(records[i].data)
             data.pop(SOURCE_REPLACED_KEY, None)  # the pipeline counts it; preprocessors never see it
             inputs.append(data)
-        survivors = run_preprocessors(self.preprocessors, inputs, ctx)
+        try:
+            survivors = run_preprocessors(self.preprocessors, inputs, ctx)
+        except PreprocessorError as e:
+            if e.index is None:
+                raise ValueError(f"task {self.name!r}, a batch of {len(inputs)} records: {e}") from None
+            r = records[live[e.index]]
+            raise ValueError(f"task {self.name!r}, record (file_index={r.file_index}, "
+                             f"record_number={r.record_number}): {e}") from None
         out = []
         for j, ex in survivors:
             index = live[j]

@@ -430,3 +430,26 @@ def test_a_changed_or_missing_vocabulary_model_is_named_by_verify_and_show(tmp_p
     assert any("is missing" in p for p in verify_cache(cache).problems)
     shown = CliRunner().invoke(cli, ["show", cache, "--index", "0"])
     assert shown.exit_code == 1 and "Traceback" not in shown.output and "vocabulary-targets.model" in shown.output
+
+
+def _fails_on_boom(example, ctx):
+    if example["text"] == "boom":
+        raise KeyError("no such field in the lookup table")
+    return example
+
+
+def test_an_exception_in_a_user_preprocessor_names_the_record_and_the_code(tmp_path):
+    src = tmp_path / "p.txt"
+    src.write_text("fine\nalso fine\nboom\nlast\n", encoding="utf-8")
+    task = tasks.Task(
+        "pp",
+        source=tasks.TextLineSource(str(src)),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.FunctionPreprocessor(_fails_on_boom, name="lookup"),
+                       tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+    )
+    with pytest.raises(ValueError, match=r"p\.txt: task 'pp', record \(file_index=0, record_number=2\): preprocessor "
+                                         r"'lookup' raised KeyError: 'no such field in the lookup table' at "
+                                         r".*test_integrity\.py:\d+ in _fails_on_boom"):
+        build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
+    assert not os.path.exists(tmp_path / "c" / "pp" / "train" / fmt.MANIFEST_NAME)

@@ -179,7 +179,8 @@ class _ReadAndPreprocess:
         yield "records", len(records)
         for r in records:
             if SOURCE_REPLACED_KEY in r.data:
-                yield "replaced", (r.file_index, r.record_number, str(r.data[SOURCE_REPLACED_KEY]), "replaced", None)
+                yield "replaced", (r.file_index, r.record_number, str(r.data[SOURCE_REPLACED_KEY]), "replaced",
+                                   r.data.get(SOURCE_ERROR_KIND_KEY))
         if any(SOURCE_ERROR_KEY in r.data for r in records):
             for r in records:
                 if SOURCE_ERROR_KEY in r.data:

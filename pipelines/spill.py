@@ -213,8 +213,9 @@ def quarantine_entry(file_index: int, record_number: int, action: str, path: str
                      kind: str | None = None) -> bytes:
     """One line of quarantine.jsonl, without its newline: a JSON object with
     ``source_index``, ``path``, ``record_number``, ``action`` (``"skipped"`` or
-    ``"replaced"``), ``error`` and, for a skipped record, ``kind`` (the kind of bad
-    input, a key of ``seqcache.tasks.ERROR_KINDS``). A message that starts with the
+    ``"replaced"``), ``error`` and ``kind``: the kind of bad input, a key of
+    ``seqcache.tasks.ERROR_KINDS`` (for a repaired record, the kinds repaired,
+    comma-separated). A message that starts with the
     file's path (``"<path>: line 3 (record 2) is empty"``) loses that prefix: the
     path is already in ``path``."""
     prefix = f"{path}: "

@@ -258,15 +258,15 @@ def check_text_values(data: dict, where: str,
                       policy: ErrorPolicy) -> tuple[dict | None, list[str], tuple[str, str] | None]:
     """Applies ``policy`` to the content problems of the string values of ``data``.
 
-    Returns ``(data, repairs, skip)``: the (possibly repaired) data, the messages
-    of the repairs made, and ``(kind, message)`` when the record is to be skipped
-    (then ``data`` is None).
+    Returns ``(data, repairs, skip)``: the (possibly repaired) data, the repairs
+    made as ``(kind, message)`` pairs, and ``(kind, message)`` when the record is
+    to be skipped (then ``data`` is None).
 
     Raises:
       ValueError: a problem whose action is ``"raise"``; names ``where`` (file and
         record), the field when there are several, the problem and the option.
     """
-    repairs: list[str] = []
+    repairs: list[tuple[str, str]] = []
     out = data
     for key, value in data.items():
         label = where if len(data) == 1 else f"{where}, field {key!r},"
@@ -289,7 +289,7 @@ def check_text_values(data: dict, where: str,
             if action == "skip":
                 return None, repairs, (kind, message)
             value = _REPAIRS[kind](value)
-            repairs.append(message)
+            repairs.append((kind, message))
         if value is not data[key]:
             if out is data:
                 out = dict(data)
@@ -565,7 +565,7 @@ class Source(abc.ABC):
         return f"<{type(self).__name__}: {self.describe()}>"
 
     def _record(self, file_index: int, record_number: int, raw: bytes, where: str, data: dict,
-                repairs: Sequence[str] = ()) -> SourceRecord:
+                repairs: Sequence[tuple[str, str]] = ()) -> SourceRecord:
         """The record after the content checks of ``check_text_values``; marked
         as repaired when ``repairs`` (made earlier) or the checks repaired it."""
         checked, more, skip = check_text_values(data, where, self.on_error)
@@ -574,7 +574,8 @@ class Source(abc.ABC):
                                 raw)
         repairs = [*repairs, *more]
         if repairs:
-            checked = {**checked, SOURCE_REPLACED_KEY: "; ".join(repairs)}
+            kinds = ",".join(dict.fromkeys(kind for kind, _ in repairs))
+            checked = {**checked, SOURCE_REPLACED_KEY: "; ".join(m for _, m in repairs), SOURCE_ERROR_KIND_KEY: kinds}
         return SourceRecord(file_index, record_number, checked, raw)
 
     def _bad(self, kind: str, file_index: int, record_number: int, raw: bytes, message: str) -> SourceRecord:
@@ -672,14 +673,14 @@ class TextLineSource(_TextSource):
                     yield self._bad("invalid_utf8", file_index, number, line, message)
                     continue
                 text = line.decode("utf-8", errors="replace")
-                repairs.append(message)
+                repairs.append(("invalid_utf8", message))
             if "\r" in text:
                 message = f"{where} contains a carriage return that does not end the line (old Mac line endings?)"
                 if self.on_error.actions["carriage_return"] != "replace":
                     yield self._bad("carriage_return", file_index, number, line, message)
                     continue
                 text = text.replace("\r", "\n")
-                repairs.append(message)
+                repairs.append(("carriage_return", message))
             yield self._record(file_index, number, line, where, {field: text}, repairs)
 
 
@@ -718,7 +719,7 @@ class TextFileSource(_TextSource):
                 yield self._bad("invalid_utf8", file_index, 0, raw, message)
                 return
             text = raw.decode("utf-8", errors="replace")
-            repairs.append(message)
+            repairs.append(("invalid_utf8", message))
         yield self._record(file_index, 0, raw, where, {self.field: text}, repairs)
 
 
@@ -796,7 +797,7 @@ class JsonLinesSource(_FileSource):
                     yield self._bad("invalid_utf8", file_index, number, raw, message)
                     continue
                 line_text = raw.decode("utf-8", errors="replace")
-                repairs.append(message)
+                repairs.append(("invalid_utf8", message))
             try:
                 obj = json.loads(line_text)
             except ValueError as e:
@@ -894,7 +895,7 @@ class ParquetSource(_FileSource):
             message = f"{where}: {problem}"
             if self.on_error.actions["invalid_utf8"] != "replace":
                 return self._bad("invalid_utf8", file_index, number, b"", message)
-            repairs.append(message)
+            repairs.append(("invalid_utf8", message))
         try:
             raw = canonical_json_bytes(row, default=_json_default)
         except (TypeError, ValueError) as e:
@@ -957,7 +958,7 @@ class FunctionSource(Source):
                 if self.on_error.actions["invalid_utf8"] != "replace":
                     yield self._bad("invalid_utf8", file_index, number, b"", f"{where}: {problem}")
                     continue
-                repairs.append(f"{where}: {problem}")
+                repairs.append(("invalid_utf8", f"{where}: {problem}"))
             try:
                 raw = canonical_json_bytes(data, default=_json_default)
             except (TypeError, ValueError) as e:

@@ -21,7 +21,14 @@ from seqcache.tasks.preprocessors import (
     PreprocessorError,
     run_preprocessors,
 )
-from seqcache.tasks.sources import SOURCE_ERROR_KEY, SOURCE_REPLACED_KEY, Source, SourceRecord, error_hint
+from seqcache.tasks.sources import (
+    SOURCE_ERROR_KEY,
+    SOURCE_ERROR_KIND_KEY,
+    SOURCE_REPLACED_KEY,
+    Source,
+    SourceRecord,
+    error_hint,
+)
 from seqcache.tasks.vocabularies import Vocabulary
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -170,6 +177,7 @@ class Task:
         for i in live:
             data = dict(records[i].data)
             data.pop(SOURCE_REPLACED_KEY, None)  # the pipeline counts it; preprocessors never see it
+            data.pop(SOURCE_ERROR_KIND_KEY, None)
             inputs.append(data)
         try:
             survivors = run_preprocessors(self.preprocessors, inputs, ctx)

@@ -349,9 +349,9 @@ def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
     with CacheReader(repaired.cache_dir) as r:
         texts = sorted(vocab.decode(e["targets"].tolist()) for e in r.read_examples(range(len(r))))
     assert texts == ["first\nsecond", "fourth", "third \ufffd"]
-    actions = [(e["record_number"], e["action"]) for e in
+    actions = [(e["record_number"], e["action"], e["kind"]) for e in
                fmt.iter_json_lines(os.path.join(repaired.cache_dir, fmt.QUARANTINE_NAME))]
-    assert actions == [(0, "replaced"), (1, "replaced")]
+    assert actions == [(0, "replaced", "carriage_return"), (1, "replaced", "invalid_utf8")]
 
 
 def test_control_characters_in_c4_raise_or_are_counted(tmp_path, shared_data):

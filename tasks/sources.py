@@ -444,7 +444,8 @@ def _read_error(path: str, error: BaseException, after: str) -> ValueError:
         what = "truncated or corrupt gzip data"
     else:
         what = f"cannot be read ({type(error).__name__})"
-    return ValueError(f"{path}: {what} after {after}: {error}; replace the file, or leave it out with exclude")
+    return ValueError(f"{path}: {what} after {after}: {error}; replace the file, or leave it out "
+                      "(exclude=... in the source, --exclude on the command line)")
 
 
 def _lines(path: str) -> Iterator[bytes]:

@@ -200,6 +200,8 @@ def parse_on_error(values: "str | Sequence[str]") -> "str | dict[str, str]":
 
 _CONTROL_RE = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
+# Any character some content kind looks at: one scan tells a clean text apart.
+_SUSPECT_RE = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u2581\ud800-\udfff]")
 _HOW = {
     "invalid_utf8": "'replace' (U+FFFD) or 'skip'",
     "carriage_return": "'replace' (a newline) or 'skip'",
@@ -664,6 +666,13 @@ class TextLineSource(_TextSource):
                 line = line[:-1]  # a last line ended by a lone CR
             if number == 0 and line.startswith(_BOM):
                 line = line[len(_BOM):]
+            try:  # the common case first: clean text needs no message
+                text = line.decode("utf-8")
+                if "\r" not in text and text and _SUSPECT_RE.search(text) is None and not text.isspace():
+                    yield SourceRecord(file_index, number, {field: text}, line)
+                    continue
+            except UnicodeDecodeError:
+                pass
             where = f"{path}: line {number + 1} (record {number})"
             repairs = []
             try:

@@ -581,6 +581,20 @@ class Source(abc.ABC):
             checked = {**checked, SOURCE_REPLACED_KEY: "; ".join(m for _, m in repairs), SOURCE_ERROR_KIND_KEY: kinds}
         return SourceRecord(file_index, record_number, checked, raw)
 
+    def _decode(self, file_index: int, record_number: int, raw: bytes, where: str,
+                repairs: list) -> tuple[str | None, SourceRecord | None]:
+        """``(text, None)`` for UTF-8 ``raw``; under ``replace`` also for other
+        bytes (U+FFFD, the repair noted in ``repairs``); else ``(None, the record
+        marked skipped)``, or raises."""
+        try:
+            return raw.decode("utf-8"), None
+        except UnicodeDecodeError as e:
+            message = f"{where} is not valid UTF-8: {e}"
+            if self.on_error.actions["invalid_utf8"] != "replace":
+                return None, self._bad("invalid_utf8", file_index, record_number, raw, message)
+            repairs.append(("invalid_utf8", message))
+            return raw.decode("utf-8", errors="replace"), None
+
     def _bad(self, kind: str, file_index: int, record_number: int, raw: bytes, message: str) -> SourceRecord:
         """A record of ``kind`` that cannot be repaired: raised or marked skipped."""
         if self.on_error.actions[kind] == "raise":
@@ -675,15 +689,10 @@ class TextLineSource(_TextSource):
                 pass
             where = f"{path}: line {number + 1} (record {number})"
             repairs = []
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                message = f"{where} is not valid UTF-8: {e}"
-                if self.on_error.actions["invalid_utf8"] != "replace":
-                    yield self._bad("invalid_utf8", file_index, number, line, message)
-                    continue
-                text = line.decode("utf-8", errors="replace")
-                repairs.append(("invalid_utf8", message))
+            text, bad = self._decode(file_index, number, line, where, repairs)
+            if bad is not None:
+                yield bad
+                continue
             if "\r" in text:
                 message = f"{where} contains a carriage return that does not end the line (old Mac line endings?)"
                 if self.on_error.actions["carriage_return"] != "replace":
@@ -721,16 +730,8 @@ class TextFileSource(_TextSource):
             raw = raw[len(_BOM):]
         where = f"{path}: file"
         repairs = []
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            message = f"{where} is not valid UTF-8: {e}"
-            if self.on_error.actions["invalid_utf8"] != "replace":
-                yield self._bad("invalid_utf8", file_index, 0, raw, message)
-                return
-            text = raw.decode("utf-8", errors="replace")
-            repairs.append(("invalid_utf8", message))
-        yield self._record(file_index, 0, raw, where, {self.field: text}, repairs)
+        text, bad = self._decode(file_index, 0, raw, where, repairs)
+        yield bad if bad is not None else self._record(file_index, 0, raw, where, {self.field: text}, repairs)
 
 
 def _split_path(dotted: str) -> tuple[str, ...]:
@@ -799,15 +800,10 @@ class JsonLinesSource(_FileSource):
                 continue  # a blank line between objects is layout, not a record
             where = f"{path}: line {number + 1} (record {number})"
             repairs = []
-            try:
-                line_text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                message = f"{where} is not valid UTF-8: {e}"
-                if self.on_error.actions["invalid_utf8"] != "replace":
-                    yield self._bad("invalid_utf8", file_index, number, raw, message)
-                    continue
-                line_text = raw.decode("utf-8", errors="replace")
-                repairs.append(("invalid_utf8", message))
+            line_text, bad = self._decode(file_index, number, raw, where, repairs)
+            if bad is not None:
+                yield bad
+                continue
             try:
                 obj = json.loads(line_text)
             except ValueError as e:

@@ -111,10 +111,13 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
         )
     for name, desc in manifest.vocabularies.items():
         if "file" not in desc:
+            if desc.get("kind") == "sentencepiece":
+                problems.append(f"{os.path.join(cache_dir, fmt.MANIFEST_NAME)}: the SentencePiece vocabulary of "
+                                f"feature {name!r} names no model file")
             continue
         path = os.path.join(cache_dir, desc["file"])
-        if not os.path.exists(path):
-            problems.append(f"{path}: vocabulary file of feature {name!r} is missing")
+        if not os.path.isfile(path):
+            problems.append(f"{path}: vocabulary file of feature {name!r} is missing (or not a file)")
         elif desc.get("sha256"):
             with open(path, "rb") as f:
                 actual = hashlib.sha256(f.read()).hexdigest()

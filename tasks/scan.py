@@ -113,7 +113,7 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
     complete = True
     batch: list = []
 
-    def flush() -> None:
+    def flush() -> None:  # a batch holds records of one file
         live = [r for r in batch if SOURCE_ERROR_KEY not in r.data]
         for r in batch:
             if SOURCE_ERROR_KEY in r.data:
@@ -121,7 +121,10 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
         if live:
             rejected: list = []
             keys = [hashlib.blake2b(r.raw, digest_size=16).digest() for r in live]
-            scanning.preprocess_batch(live, keys, seed=0, sequence_length=None, skipped=rejected)
+            try:
+                scanning.preprocess_batch(live, keys, seed=0, sequence_length=None, skipped=rejected)
+            except ValueError as e:  # a preprocessor that raised: name the file, as a build does
+                raise ValueError(f"{files[live[0].file_index].path}: {e}") from None
             for index, message in rejected:
                 found("bad_value", f"{files[live[index].file_index].path}: {message}")
         batch.clear()
@@ -146,6 +149,7 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
             batch.append(record)
             if len(batch) >= batch_records:
                 flush()
+        flush()
         if not complete:
             break
     flush()

@@ -218,7 +218,7 @@ _HOW = {
 def error_hint(kind: str) -> str:
     """How to accept, repair or skip records of ``kind``, for error messages."""
     return (f"set the source's on_error={{{kind!r}: ...}} to {_HOW[kind]} "
-            f"(an ad-hoc build --source: --on-error {kind}=ACTION)")
+            f"(with --source on the command line: --on-error {kind}=ACTION)")
 
 
 def text_problems(text: str) -> list[tuple[str, str]]:
@@ -440,13 +440,15 @@ def open_binary(path: str, *, decompress: bool = True) -> io.BufferedIOBase:
 _READ_ERRORS = (EOFError, OSError, zlib.error)
 
 
-def _read_error(path: str, error: BaseException, after: str) -> ValueError:
-    """A ``ValueError`` naming ``path`` for a file that fails while being read."""
+def _read_error(path: str, error: BaseException, after: str | None) -> ValueError:
+    """A ``ValueError`` naming ``path`` for a file that fails while being read
+    (``after``: the last line or row read, None when it failed at the start)."""
     if path.endswith(".gz") and isinstance(error, (EOFError, zlib.error, gzip.BadGzipFile)):
         what = "truncated or corrupt gzip data"
     else:
         what = f"cannot be read ({type(error).__name__})"
-    return ValueError(f"{path}: {what} after {after}: {error}; replace the file, or leave it out "
+    where = f"after {after}" if after else "at the start"
+    return ValueError(f"{path}: {what} {where}: {error}; replace the file, or leave it out "
                       "(exclude=... in the source, --exclude on the command line)")
 
 
@@ -459,7 +461,7 @@ def _lines(path: str) -> Iterator[bytes]:
                 yield line
                 count += 1
     except _READ_ERRORS as e:
-        raise _read_error(path, e, f"line {count}" if count else "the start") from None
+        raise _read_error(path, e, f"line {count}" if count else None) from None
 
 
 def _read_whole(path: str) -> bytes:
@@ -467,7 +469,7 @@ def _read_whole(path: str) -> bytes:
         with open_binary(path) as f:
             return f.read()
     except _READ_ERRORS as e:
-        raise _read_error(path, e, "the start") from None
+        raise _read_error(path, e, None) from None
 
 
 def _json_default(value: Any) -> Any:
@@ -891,7 +893,7 @@ class ParquetSource(_FileSource):
                         yield self._row(file_index, number, path, {c: values[c][i] for c in wanted})
                         number += 1
         except (pa.ArrowException, OSError) as e:
-            raise _read_error(path, e, f"row {number}" if number else "the start") from None
+            raise _read_error(path, e, f"row {number}" if number else None) from None
 
     def _row(self, file_index: int, number: int, path: str, row: dict) -> SourceRecord:
         where = f"{path}: record {number} (row index {number})"

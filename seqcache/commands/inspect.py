@@ -224,7 +224,8 @@ def verify(cache_dir, as_json):
         n = len(report.shards)
         bad = [s for s in report.shards if not s.ok]
         if report.ok:
-            console.print(f"[green]ok[/green]: {cache_dir}: {n} files verified (sizes, sha256, record counts, every record decoded)")
+            console.print(f"[green]ok[/green]: {cache_dir}: {n} files verified (sizes, sha256, record counts, every "
+                          "record decoded), and the vocabulary models and quarantine file against the manifest")
         else:
             console.print(f"[red]FAILED[/red]: {cache_dir}: {common.plural(len(report.problems), 'problem')}"
                           + (f", {len(bad)} of {n} files bad" if bad else ""))

@@ -453,3 +453,23 @@ def test_an_exception_in_a_user_preprocessor_names_the_record_and_the_code(tmp_p
                                          r".*test_integrity\.py:\d+ in _fails_on_boom"):
         build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
     assert not os.path.exists(tmp_path / "c" / "pp" / "train" / fmt.MANIFEST_NAME)
+
+
+def test_verify_names_a_model_that_is_a_folder_or_not_named(tmp_path, shared_data):
+    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()
+    vocab = tasks.train_sentencepiece(lines[:2000], output_path=str(tmp_path / "m.model"), vocab_size=400)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(line for line in lines[:100] if line.strip()) + "\n", encoding="utf-8")
+    task = tasks.Task("sp", source=tasks.TextLineSource(str(src)), output_features={"targets": tasks.Feature(vocab)},
+                      preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
+    cache = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1)).cache_dir
+    model = os.path.join(cache, "vocabulary-targets.model")
+    os.remove(model)
+    os.mkdir(model)
+    assert any("not a file" in p for p in verify_cache(cache).problems)
+    os.rmdir(model)
+    path = os.path.join(cache, fmt.MANIFEST_NAME)
+    raw = json.load(open(path))
+    del raw["vocabularies"]["targets"]["file"]
+    json.dump(raw, open(path, "w"))
+    assert any("names no model file" in p for p in verify_cache(cache).problems)

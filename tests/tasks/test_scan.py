@@ -63,3 +63,22 @@ def test_unreadable_files_are_listed_and_the_scan_goes_on(tmp_path, shared_data)
     assert all("truncated or corrupt gzip" in m for m in report.unreadable_files)
     assert {k.kind: k.records for k in report.kinds} == {"empty": 1}
     assert report.to_json()["unreadable_files"] == report.unreadable_files
+
+
+def _raises_on_boom(example, ctx):
+    if example["text"] == "boom":
+        raise KeyError("boom here")
+    return example
+
+
+def test_a_failing_preprocessor_is_named_with_its_file(tmp_path):
+    import pytest
+
+    (tmp_path / "k.txt").write_text("fine\nboom\n", encoding="utf-8")
+    task = tasks.Task("kerr", source=tasks.TextLineSource(str(tmp_path / "k.txt")),
+                      output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+                      preprocessors=[tasks.FunctionPreprocessor(_raises_on_boom, name="lookup"),
+                                     tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
+    with pytest.raises(ValueError, match=r"k\.txt: task 'kerr', record \(file_index=0, record_number=1\): "
+                                         r"preprocessor 'lookup' raised KeyError"):
+        tasks.scan_task(task)

@@ -312,7 +312,7 @@ def test_truncated_or_corrupt_gzip_names_the_file(tmp_path, shared_data):
     with pytest.raises(ValueError, match=r"cut\.txt\.gz: truncated or corrupt gzip data after line \d+"):
         _first(S.TextLineSource(str(tmp_path / "cut.txt.gz")))
     (tmp_path / "fake.jsonl.gz").write_bytes(b"not gzip at all\n")
-    with pytest.raises(ValueError, match=r"fake\.jsonl\.gz: truncated or corrupt gzip data after the start"):
+    with pytest.raises(ValueError, match=r"fake\.jsonl\.gz: truncated or corrupt gzip data at the start"):
         _first(S.JsonLinesSource(str(tmp_path / "fake.jsonl.gz")))
     (tmp_path / "cut.py.gz").write_bytes(whole[:1000])
     with pytest.raises(ValueError, match=r"cut\.py\.gz: truncated or corrupt gzip"):

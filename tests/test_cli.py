@@ -172,15 +172,21 @@ def test_show_checks_the_counts_it_relies_on_and_names_bad_shards(tmp_path, shar
     assert out.exit_code == 1 and "Traceback" not in out.output and raw["shards"][1]["file"] in out.output
 
 
-def test_source_options_with_a_registered_task_are_usage_errors(tmp_path, monkeypatch):
-    (tmp_path / "a.txt").write_text("one\n", encoding="utf-8")
-    (tmp_path / "reg_tasks_for_options.py").write_text(
+def _register_line_task(folder, module, task, text):
+    """Writes ``text`` to folder/a.txt and a module ``module`` registering ``task``
+    over its lines (byte vocabulary, default policy)."""
+    (folder / "a.txt").write_text(text, encoding="utf-8")
+    (folder / f"{module}.py").write_text(
         "from seqcache import tasks\n"
-        f"tasks.TaskRegistry.add('opt_task', source=tasks.TextLineSource({str(tmp_path / 'a.txt')!r}),\n"
+        f"tasks.TaskRegistry.add({task!r}, source=tasks.TextLineSource({str(folder / 'a.txt')!r}),\n"
         "    output_features={'targets': tasks.Feature(tasks.ByteVocabulary())},\n"
         "    preprocessors=[tasks.preprocessors.rekey({'targets': 'text'}), tasks.preprocessors.tokenize()])\n",
         encoding="utf-8",
     )
+
+
+def test_source_options_with_a_registered_task_are_usage_errors(tmp_path, monkeypatch):
+    _register_line_task(tmp_path, "reg_tasks_for_options", "opt_task", "one\n")
     monkeypatch.chdir(tmp_path)
     base = ["build", "opt_task", "--module", "reg_tasks_for_options", "--cache-dir", str(tmp_path / "c")]
     for extra, named in [(["--on-error", "skip"], "--on-error describes"),
@@ -244,14 +250,7 @@ def test_vocab_check_policy_flags_override_its_own_defaults(tmp_path):
 
 
 def test_ad_hoc_options_with_a_registered_task_and_scan_advice_for_it(tmp_path, monkeypatch):
-    (tmp_path / "a.txt").write_text("one\n\ntwo\n", encoding="utf-8")
-    (tmp_path / "reg_tasks_for_adhoc.py").write_text(
-        "from seqcache import tasks\n"
-        f"tasks.TaskRegistry.add('adhoc_opts', source=tasks.TextLineSource({str(tmp_path / 'a.txt')!r}),\n"
-        "    output_features={'targets': tasks.Feature(tasks.ByteVocabulary())},\n"
-        "    preprocessors=[tasks.preprocessors.rekey({'targets': 'text'}), tasks.preprocessors.tokenize()])\n",
-        encoding="utf-8",
-    )
+    _register_line_task(tmp_path, "reg_tasks_for_adhoc", "adhoc_opts", "one\n\ntwo\n")
     monkeypatch.chdir(tmp_path)
     base = ["build", "adhoc_opts", "--module", "reg_tasks_for_adhoc", "--cache-dir", str(tmp_path / "c")]
     for extra, named in [(["--vocabulary", "/nonexistent.model"], "--vocabulary"), (["--name", "zz"], "--name"),

@@ -55,19 +55,6 @@ def test_full_disk_is_a_clear_error_and_a_rerun_succeeds(tmp_path, small_disk, s
     assert again.manifest.num_examples == 40000
 
 
-class _FlakyReader:
-    """Wraps _ReadAndPreprocess: the first attempt fails after `fail_after` batches."""
-
-    def __init__(self, inner, fail_after):
-        self.inner, self.fail_after, self.features = inner, fail_after, inner.features
-
-    def read(self, file_index, path):
-        for n, item in enumerate(self.inner.read(file_index, path)):
-            if self.fail_after is not None and n == self.fail_after:
-                raise RuntimeError("worker lost (first attempt)")
-            yield item
-
-
 def _attempt(dofn, file_entry, *, fail_in_finish=False):
     """Runs one bundle attempt the way a runner does; returns its main outputs, or
     None when the attempt failed (a runner then discards everything it emitted)."""
@@ -89,7 +76,7 @@ def _attempt(dofn, file_entry, *, fail_in_finish=False):
 
 
 @pytest.mark.parametrize("where", ["process", "finish_bundle"])
-def test_a_retried_bundle_gives_exactly_the_input_multiset(tmp_path, shared_data, where):
+def test_a_retried_bundle_gives_exactly_the_input_multiset(tmp_path, shared_data, where, flaky_reader):
     """Beam retries a failed bundle and discards the failed attempt's outputs. The
     spill files a failed attempt wrote are never named by an output, so the shards
     hold exactly the input records, once each (the DirectRunner does not retry, so
@@ -111,7 +98,7 @@ def test_a_retried_bundle_gives_exactly_the_input_multiset(tmp_path, shared_data
     spill_bytes = 200_000  # several spills per bundle: outputs are emitted before the failure
     dofn_class = b._make_spill_dofn(beam)
 
-    failed = dofn_class(_FlakyReader(reader, fail_after=40 if where == "process" else None), str(spill_dir), spill_bytes)
+    failed = dofn_class(flaky_reader(reader, fail_after=40 if where == "process" else None), str(spill_dir), spill_bytes)
     assert _attempt(failed, (0, path), fail_in_finish=(where == "finish_bundle")) is None
     orphans = set(os.listdir(spill_dir))
     assert orphans  # the failed attempt did leave files behind

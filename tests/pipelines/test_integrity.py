@@ -408,16 +408,21 @@ def test_changing_the_policy_changes_the_fingerprint_and_says_so(tmp_path, corpu
         build_task(other, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
 
 
-def test_a_changed_or_missing_vocabulary_model_is_named_by_verify_and_show(tmp_path, shared_data):
-    from click.testing import CliRunner
-
+def _sentencepiece_cache(tmp_path, shared_data, num_lines):
+    """A one-shard cache of botchan lines with a small SentencePiece model stored in it."""
     lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()
     vocab = tasks.train_sentencepiece(lines[:2000], output_path=str(tmp_path / "m.model"), vocab_size=400)
     src = tmp_path / "in.txt"
-    src.write_text("\n".join(line for line in lines[:300] if line.strip()) + "\n", encoding="utf-8")
+    src.write_text("\n".join(line for line in lines[:num_lines] if line.strip()) + "\n", encoding="utf-8")
     task = tasks.Task("sp", source=tasks.TextLineSource(str(src)), output_features={"targets": tasks.Feature(vocab)},
                       preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
-    cache = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1)).cache_dir
+    return build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1)).cache_dir
+
+
+def test_a_changed_or_missing_vocabulary_model_is_named_by_verify_and_show(tmp_path, shared_data):
+    from click.testing import CliRunner
+
+    cache = _sentencepiece_cache(tmp_path, shared_data, 300)
     model = os.path.join(cache, "vocabulary-targets.model")
     data = bytearray(open(model, "rb").read())
     data[len(data) // 2] ^= 0xFF
@@ -456,13 +461,7 @@ def test_an_exception_in_a_user_preprocessor_names_the_record_and_the_code(tmp_p
 
 
 def test_verify_names_a_model_that_is_a_folder_or_not_named(tmp_path, shared_data):
-    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()
-    vocab = tasks.train_sentencepiece(lines[:2000], output_path=str(tmp_path / "m.model"), vocab_size=400)
-    src = tmp_path / "in.txt"
-    src.write_text("\n".join(line for line in lines[:100] if line.strip()) + "\n", encoding="utf-8")
-    task = tasks.Task("sp", source=tasks.TextLineSource(str(src)), output_features={"targets": tasks.Feature(vocab)},
-                      preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
-    cache = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1)).cache_dir
+    cache = _sentencepiece_cache(tmp_path, shared_data, 100)
     model = os.path.join(cache, "vocabulary-targets.model")
     os.remove(model)
     os.mkdir(model)

@@ -139,19 +139,6 @@ def test_skipped_records_cost_no_more_memory_than_kept_ones(tmp_path):
     assert ratio < 1.05, peaks  # was 1.24 to 1.53
 
 
-class _FlakyReader:
-    """Wraps _ReadAndPreprocess: the first attempt fails after `fail_after` batches."""
-
-    def __init__(self, inner, fail_after):
-        self.inner, self.fail_after, self.features = inner, fail_after, inner.features
-
-    def read(self, file_index, path):
-        for n, item in enumerate(self.inner.read(file_index, path)):
-            if self.fail_after is not None and n == self.fail_after:
-                raise RuntimeError("worker lost (first attempt)")
-            yield item
-
-
 def _attempt(dofn, file_entry, *, fail_in_finish=False):
     """Runs one bundle attempt the way a runner does; returns (main outputs,
     quarantine chunk paths), or None when the attempt failed (a runner then
@@ -184,7 +171,7 @@ def _attempt(dofn, file_entry, *, fail_in_finish=False):
 
 
 @pytest.mark.parametrize("where", ["process", "finish_bundle"])
-def test_a_retried_bundle_quarantines_each_record_once(tmp_path, monkeypatch, where):
+def test_a_retried_bundle_quarantines_each_record_once(tmp_path, monkeypatch, where, flaky_reader):
     """A failed attempt's quarantine chunks are never named by an output, so the
     merged quarantine holds each skipped record once (the retry is played step by
     step on the real DoFns, as in test_faults.py)."""
@@ -201,7 +188,7 @@ def test_a_retried_bundle_quarantines_each_record_once(tmp_path, monkeypatch, wh
     reader = b._ReadAndPreprocess(_task(path), seed=0, sequence_length=None, num_shards=2, batch_records=256)
     dofn_class = b._make_spill_dofn(beam)
 
-    failed = dofn_class(_FlakyReader(reader, fail_after=800 if where == "process" else None), str(spill_dir), 50_000)
+    failed = dofn_class(flaky_reader(reader, fail_after=800 if where == "process" else None), str(spill_dir), 50_000)
     assert _attempt(failed, (0, path), fail_in_finish=(where == "finish_bundle")) is None
     orphans = {n for n in os.listdir(spill_dir) if n.startswith(spill.QUARANTINE_PREFIX)}
     assert orphans  # the failed attempt did write chunks

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import abc
 import fnmatch
-import glob
 import gzip
 import io
 import json
@@ -74,6 +73,8 @@ import os
 import re
 import zlib
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
+
+from seqcache import fs
 
 log = logging.getLogger(__name__)
 
@@ -347,11 +348,7 @@ def is_error_record(record: SourceRecord) -> bool:
 
 
 def _is_url(path: str) -> bool:
-    return "://" in path
-
-
-def _has_magic(pattern: str) -> bool:
-    return any(c in pattern for c in "*?[")
+    return fs.is_url(path)
 
 
 def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list[SourceFile]:
@@ -380,21 +377,7 @@ def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list
 
     found: dict[str, SourceFile] = {}
     for pattern in patterns:
-        matched: list[SourceFile] = []
-        if _is_url(pattern):
-            from apache_beam.io.filesystems import FileSystems
-
-            for result in FileSystems.match([pattern]):
-                for meta in result.metadata_list:
-                    mtime = getattr(meta, "last_updated_in_seconds", 0.0) or 0.0
-                    matched.append(SourceFile(meta.path, int(meta.size_in_bytes), int(round(mtime * 1e9))))
-        else:
-            expanded = os.path.expanduser(pattern)
-            names = glob.glob(expanded, recursive=True) if _has_magic(expanded) else [expanded]
-            for name in names:
-                if os.path.isfile(name):
-                    st = os.stat(name)
-                    matched.append(SourceFile(os.path.abspath(name), st.st_size, st.st_mtime_ns))
+        matched = [SourceFile(*f) for f in fs.match(pattern)]
         if not matched:
             raise FileNotFoundError(f"no file matches the source pattern {pattern!r}")
         if exclude:
@@ -427,14 +410,7 @@ def _excluder(pattern: str) -> Callable[[str], bool]:
 
 def open_binary(path: str, *, decompress: bool = True) -> io.BufferedIOBase:
     """Opens ``path`` for binary reading; ``.gz`` files are decompressed on the fly."""
-    if _is_url(path):
-        from apache_beam.io.filesystems import CompressionTypes, FileSystems
-
-        compression = CompressionTypes.AUTO if decompress else CompressionTypes.UNCOMPRESSED
-        return FileSystems.open(path, compression_type=compression)
-    if decompress and path.endswith(".gz"):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
+    return fs.open_binary(path, decompress=decompress)
 
 
 _READ_ERRORS = (EOFError, OSError, zlib.error)

@@ -37,6 +37,8 @@ from seqcache.tasks.sources import (
     TextLineSource,
     canonical_json_bytes,
     is_error_record,
+    RecordIssue,
+    Split,
     parse_on_error,
     parse_source_spec,
 )
@@ -89,6 +91,8 @@ __all__ = [
     "get_task_or_mixture",
     "import_definitions",
     "is_error_record",
+    "RecordIssue",
+    "Split",
     "pack_lm",
     "parse_on_error",
     "parse_source_spec",

@@ -314,6 +314,46 @@ class SourceRecord(NamedTuple):
     record_number: int
     data: dict[str, Any]
     raw: bytes
+    issue: "RecordIssue | None" = None
+
+
+class RecordIssue(NamedTuple):
+    """What a source found wrong with one record and did under its policy.
+
+    Attributes:
+      action: ``"skipped"`` (the record gives no example) or ``"replaced"`` (it
+        was repaired and is kept).
+      kind: the kind of bad input, a key of ``ERROR_KINDS``; for a repair, the
+        kinds repaired, comma-separated.
+      message: what is wrong, naming the file and the record.
+    """
+
+    action: str
+    kind: str
+    message: str
+
+
+class Split(NamedTuple):
+    """A part of one input file: the unit of reading work.
+
+    The records of a split are those whose first byte (byte splits) or row (row
+    splits) lies in ``[start, stop)``; ``stop=None`` reads to the end of the
+    file. A record's id never depends on the split that reads it.
+
+    Attributes:
+      file_index: the file's index in ``Source.list_files()``.
+      path: the file's path.
+      start: first byte or row of the split (0 for a whole file).
+      stop: end of the split (exclusive), or None for the end of the file.
+      num_bytes: the split's size in bytes (an estimate for row splits), used to
+        plan the work.
+    """
+
+    file_index: int
+    path: str
+    start: int = 0
+    stop: "int | None" = None
+    num_bytes: int = 0
 
 
 class SourceFile(NamedTuple):
@@ -537,6 +577,25 @@ class Source(abc.ABC):
     def describe(self) -> str:
         """Short human-readable description, e.g. ``"text lines of data/*.txt"``."""
 
+    # What ``SourceRecord.record_number`` counts in this source's files
+    # ("line" / "byte_offset" / "row" / "record" / "file"), recorded in the manifest's source table.
+    locator: str = "record"
+
+    def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
+        """The splits of one input file, each about ``target_bytes`` bytes.
+
+        The default is the whole file, one split; sources that can start
+        reading in the middle of a file (byte ranges, row groups) override it.
+        """
+        return [Split(file_index, file.path, 0, None, file.num_bytes)]
+
+    def read_split(self, split: Split) -> Iterator[SourceRecord]:
+        """Streams the records of one split (see ``Split``); the default reads
+        the whole file."""
+        if split.start != 0 or split.stop is not None:
+            raise ValueError(f"{type(self).__name__} reads whole files only (got {split})")
+        return self.read_file(split.file_index, split.path)
+
     def read_all(self) -> Iterator[SourceRecord]:
         """All records of all files, file by file (a convenience for small sources)."""
         for i, f in enumerate(self.list_files()):
@@ -552,11 +611,13 @@ class Source(abc.ABC):
         checked, more, skip = check_text_values(data, where, self.on_error)
         if skip is not None:
             return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: skip[1], SOURCE_ERROR_KIND_KEY: skip[0]},
-                                raw)
+                                raw, RecordIssue("skipped", skip[0], skip[1]))
         repairs = [*repairs, *more]
         if repairs:
             kinds = ",".join(dict.fromkeys(kind for kind, _ in repairs))
-            checked = {**checked, SOURCE_REPLACED_KEY: "; ".join(m for _, m in repairs), SOURCE_ERROR_KIND_KEY: kinds}
+            message = "; ".join(m for _, m in repairs)
+            checked = {**checked, SOURCE_REPLACED_KEY: message, SOURCE_ERROR_KIND_KEY: kinds}
+            return SourceRecord(file_index, record_number, checked, raw, RecordIssue("replaced", kinds, message))
         return SourceRecord(file_index, record_number, checked, raw)
 
     def _decode(self, file_index: int, record_number: int, raw: bytes, where: str,
@@ -577,7 +638,8 @@ class Source(abc.ABC):
         """A record of ``kind`` that cannot be repaired: raised or marked skipped."""
         if self.on_error.actions[kind] == "raise":
             raise ValueError(f"{message}; {error_hint(kind)}")
-        return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: message, SOURCE_ERROR_KIND_KEY: kind}, raw)
+        return SourceRecord(file_index, record_number, {SOURCE_ERROR_KEY: message, SOURCE_ERROR_KIND_KEY: kind}, raw,
+                            RecordIssue("skipped", kind, message))
 
 
 class _FileSource(Source):
@@ -645,6 +707,7 @@ class TextLineSource(_TextSource):
     """
 
     kind = "text"
+    locator = "line"
 
     def describe(self) -> str:
         return f"text lines of {self._pattern_text()}"
@@ -698,6 +761,7 @@ class TextFileSource(_TextSource):
     """
 
     kind = "files"
+    locator = "file"
 
     def describe(self) -> str:
         return f"whole files of {self._pattern_text()}"
@@ -750,6 +814,7 @@ class JsonLinesSource(_FileSource):
     """
 
     kind = "jsonl"
+    locator = "line"
 
     def __init__(self, pattern: str | Sequence[str], *, field: str = "text", output_key: str = "text",
                  fields: dict[str, str] | None = None, on_error: "str | Mapping[str, str]" = "raise",
@@ -826,6 +891,7 @@ class ParquetSource(_FileSource):
     """
 
     kind = "parquet"
+    locator = "row"
 
     def __init__(self, pattern: str | Sequence[str], *, column: str = "text", output_key: str = "text",
                  columns: dict[str, str] | None = None, batch_size: int = 1024,
@@ -910,6 +976,7 @@ class FunctionSource(Source):
     """
 
     kind = "function"
+    locator = "record"
 
     def __init__(self, fn: Callable[[], Iterable[dict]], *, name: str, version: str = "0",
                  on_error: "str | Mapping[str, str]" = "raise"):

@@ -1,34 +1,47 @@
-"""Spill files: how preprocessed examples travel from the read step to the shard
-writers without passing through the runner's shuffle.
+"""Spill files and batches: how preprocessed examples travel from the read step
+to the shard writers.
 
-The read step appends each example to an in-memory buffer of its shard and, when
-the buffers of a bundle pass ``SPILL_BYTES`` (and at the end of every bundle),
-writes every non-empty buffer to a new file ``_tmp/spill/<shard>-<unique>.bin``
-and emits only ``(shard, path)``. The runner then shuffles a few small elements;
-each shard writer reads its own files, sorts and writes the shard. Memory per
-worker is one shard (to sort it) plus the spill buffers, whatever the corpus size;
-on the DirectRunner, which keeps shuffled data in memory, this is the difference
-between memory that grows with the corpus and memory that does not.
+The read step gathers the examples of its work unit in one in-memory
+``SpillBuffer`` per shard. When the buffers pass the flush size, and at the end
+of the unit, it hands them on in one of two ways (``exchange``, runner.py):
 
-Retries are safe: a bundle that fails has its outputs discarded by the runner, so
-the files it wrote are never named to a writer; the driver deletes ``_tmp`` at the
-end of the build.
+- ``"runner"``: each shard's buffer becomes one element ``(shard, batch
+  bytes)`` of the runner's own shuffle (GroupByKey): Dataflow Shuffle, Flink,
+  Spark or Dask move the data, as they are built to.
+- ``"spill"`` (Beam's local engine, whose shuffle holds every element in the
+  driver's memory): the buffers are written to **one file per flush holding
+  every shard's section**, ``_tmp/spill/<unit>-<unique>-<flush>.bin``, and only
+  ``(shard, (path, offset, length))`` goes through the shuffle. The number of
+  files grows with corpus / flush size, never with corpus x shards.
 
-A spill file is columnar, so that a writer loads it with ``numpy.frombuffer``
-and sorts a whole shard with one ``numpy.lexsort`` (memory: the example bytes
-plus 44 bytes per example, not one Python object per example). All integers are
-little-endian; ``n`` entries, ``F`` features::
+Each shard writer then loads its batches, sorts the shard and writes it.
+Memory per worker is one shard (to sort it) plus the flush buffers, whatever
+the corpus size.
+
+Retries are safe: a unit that fails has its outputs discarded by the runner,
+so the files it wrote are never named to a writer; the driver deletes ``_tmp``
+at the end of the build.
+
+A batch (one shard's section) is columnar, so that a writer loads it with
+``numpy.frombuffer`` and sorts a whole shard with one ``numpy.lexsort``
+(memory: the example bytes plus 44 bytes per example, not one Python object per
+example). All integers are little-endian; ``n`` entries, ``F`` features::
 
     n               uint64
     F               uint32
     keys            n x 16 bytes    shuffle keys
     sub_index       n x uint32      which example of its record (a record may give several)
     file_index      n x uint32      source file (index into the source file table)
-    record_number   n x uint64      record in that file
+    record_number   n x uint64      record locator in that file
     truncated       n x uint32      tokens trimmed away by preprocessing
     lengths         n x F x uint32  element count of each feature
     data_offsets    (n + 1) x uint64
     data            the encoded examples (seqcache.format), back to back
+
+A flush file is its sections back to back, then an index of them
+(``FLUSH_INDEX``: per section shard uint32, offset uint64, length uint64), then
+the section count (uint32) and the magic ``b"SQSPILL1"``, so that a file
+describes itself; the writers use the offsets they were sent.
 
 Spill files are build-internal and never part of a cache.
 
@@ -107,6 +120,38 @@ class SpillBuffer:
             offsets.tobytes(),
             b"".join(self.data),
         ))
+
+
+FLUSH_MAGIC = b"SQSPILL1"
+_SECTION = struct.Struct("<IQQ")
+
+
+def flush_bytes(buffers: dict, num_features: int) -> tuple[bytes, list[tuple[int, int, int]]]:
+    """One flush file's bytes for ``buffers`` (shard -> ``SpillBuffer``), and its
+    sections as ``(shard, offset, length)``, in shard order."""
+    parts, index, pos = [], [], 0
+    for shard in sorted(buffers):
+        data = buffers[shard].to_bytes(num_features)
+        parts.append(data)
+        index.append((shard, pos, len(data)))
+        pos += len(data)
+    tail = b"".join(_SECTION.pack(*s) for s in index) + struct.pack("<I", len(index)) + FLUSH_MAGIC
+    return b"".join(parts) + tail, index
+
+
+def read_flush_index(data: bytes, where: str) -> list[tuple[int, int, int]]:
+    """The ``(shard, offset, length)`` sections of a whole flush file.
+
+    Raises:
+      ValueError: not a flush file, or a truncated one (``where`` names it).
+    """
+    if len(data) < 12 or data[-8:] != FLUSH_MAGIC:
+        raise ValueError(f"{where}: not a spill flush file (no {FLUSH_MAGIC!r} at its end)")
+    (n,) = struct.unpack_from("<I", data, len(data) - 12)
+    start = len(data) - 12 - n * _SECTION.size
+    if start < 0:
+        raise ValueError(f"{where}: truncated spill flush file ({n} sections in {len(data)} bytes)")
+    return [_SECTION.unpack_from(data, start + k * _SECTION.size) for k in range(n)]
 
 
 @dataclasses.dataclass

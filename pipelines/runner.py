@@ -1,0 +1,224 @@
+"""Which Beam runner a build runs on, its options, and running it.
+
+The build is one portable Beam pipeline (see transforms.py): it uses no
+feature that only some runners have (outputs from ``finish_bundle``, several
+leaves, tagged outputs, metrics). What differs between runners is set here:
+
+- **The runner's name.** Users type short names (``--runner=DaskRunner``,
+  ``--runner=dask``, ``--runner=direct``); Beam wants a class it knows or a
+  fully qualified class path for the others. ``RUNNER_ALIASES`` maps them.
+- **How examples travel to the shard writers** (``exchange``): through the
+  runner's own shuffle (``"runner"``: Dataflow Shuffle, Flink, Spark and Dask
+  are built for it), or, on Beam's local engine, whose shuffle keeps every
+  element in the driver's memory, through spill files (``"spill"``): one file
+  per flush holding every shard's section, with only ``(shard, file, offset,
+  length)`` going through the shuffle. ``"auto"`` picks spill for the local
+  engine and the runner's shuffle everywhere else.
+- **Parallelism on Dask.** Beam's DaskRunner turns ``Create`` into a
+  ``dask.bag`` of 128 elements per partition and treats ``Reshuffle`` as a
+  no-op, so a build of a few dozen work units would run in one task. Unless the
+  user sets ``--dask_npartitions`` or ``--dask_partition_size``, every work unit
+  gets its own partition (``--dask_partition_size=1``).
+- **Starting and finishing.** A runner that cannot start (Prism or a Flink
+  job server that would have to be downloaded, a Dask scheduler that does not
+  answer) raises ``RunnerError`` with one line that says which runner and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+log = logging.getLogger(__name__)
+
+LOCAL_ENGINE = "FnApiRunner"
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+
+# Short names users type -> what Beam's --runner accepts (lower-cased keys).
+RUNNER_ALIASES = {
+    "dask": DASK_RUNNER,
+    "daskrunner": DASK_RUNNER,
+    "direct": "DirectRunner",
+    "directrunner": "DirectRunner",
+    "fnapi": LOCAL_ENGINE,
+    "fnapirunner": LOCAL_ENGINE,
+    "local": LOCAL_ENGINE,
+    "dataflow": "DataflowRunner",
+    "dataflowrunner": "DataflowRunner",
+    "flink": "FlinkRunner",
+    "flinkrunner": "FlinkRunner",
+    "spark": "SparkRunner",
+    "sparkrunner": "SparkRunner",
+    "prism": "PrismRunner",
+    "prismrunner": "PrismRunner",
+    "portable": "PortableRunner",
+    "portablerunner": "PortableRunner",
+}
+# Runners whose shuffle is Beam's local engine (in the driver's memory).
+_LOCAL_ENGINES = {"fnapirunner", "directrunner", "bundlebaseddirectrunner", "swallowingdirectrunner"}
+EXCHANGES = ("auto", "runner", "spill")
+
+
+class RunnerError(Exception):
+    """The runner could not start or stopped for a reason of its own (not a
+    bad record): the message is one line naming the runner and the cause."""
+
+
+def runner_name(args: Sequence[str]) -> str | None:
+    """The value of ``--runner`` in ``args`` (the last one wins), or None."""
+    name = None
+    args = list(args)
+    for i, a in enumerate(args):
+        if a.startswith("--runner="):
+            name = a.split("=", 1)[1]
+        elif a == "--runner" and i + 1 < len(args):
+            name = args[i + 1]
+    return name
+
+
+def resolve_runner(name: str | None) -> str:
+    """The runner Beam is given for ``name`` (None: the local engine)."""
+    if not name:
+        return LOCAL_ENGINE
+    return RUNNER_ALIASES.get(name.lower(), name)
+
+
+def is_local_engine(runner: str) -> bool:
+    """True for Beam's local engine (the DirectRunner's FnApiRunner)."""
+    return runner.rsplit(".", 1)[-1].lower() in _LOCAL_ENGINES
+
+
+def is_dask(runner: str) -> bool:
+    return runner.rsplit(".", 1)[-1].lower() == "daskrunner"
+
+
+def choose_exchange(exchange: str, runner: str) -> str:
+    """``"runner"`` or ``"spill"`` for the requested ``exchange`` on ``runner``.
+
+    Raises:
+      ValueError: an unknown exchange.
+    """
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)} (got {exchange!r})")
+    if exchange != "auto":
+        return exchange
+    return "spill" if is_local_engine(runner) else "runner"
+
+
+def pipeline_options(pipeline_args: Sequence[str] | Any = None):
+    """Beam ``PipelineOptions`` from the command line's free arguments, with the
+    runner's short name resolved (no ``--runner``: the local engine, named
+    explicitly: the DirectRunner itself first tries to download and start the
+    Prism runner, which would make a local build depend on network access and
+    ignore ``--direct_running_mode``) and the Dask partitioning default.
+
+    Returns:
+      ``(options, runner)``: the options and the runner's resolved name.
+    """
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    if isinstance(pipeline_args, PipelineOptions):
+        runner = resolve_runner(pipeline_args.view_as(StandardOptions).runner)
+        pipeline_args.view_as(StandardOptions).runner = runner
+        return pipeline_args, runner
+    args = [a for a in (pipeline_args or [])]
+    runner = resolve_runner(runner_name(args))
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == "--runner":
+            skip = True
+            continue
+        if a.startswith("--runner="):
+            continue
+        out.append(a)
+    out.append(f"--runner={runner}")
+    if is_dask(runner) and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in out):
+        out.append("--dask_partition_size=1")
+    return PipelineOptions(out), runner
+
+
+def check_runner_available(runner: str) -> None:
+    """Fails early, before anything is written, when ``runner`` cannot be used
+    here: an unknown name, or a runner whose Python packages are missing.
+
+    Raises:
+      RunnerError: one line naming the runner and what to do.
+    """
+    if is_dask(runner):
+        try:
+            import dask.distributed  # noqa: F401
+        except ImportError:
+            raise RunnerError(f"runner {runner}: dask.distributed is not installed "
+                              "(pip install 'seqcache[dask]')") from None
+        return
+    from apache_beam.runners import runner as beam_runner
+
+    try:
+        beam_runner.create_runner(runner)
+    except (ValueError, ImportError, AttributeError) as e:
+        known = ", ".join(sorted({v.rsplit(".", 1)[-1] for v in RUNNER_ALIASES.values()}))
+        raise RunnerError(f"runner {runner!r} is not available: {first_line(e)} (runners: {known}, "
+                          "or a fully qualified class name)") from None
+
+
+def run(pipeline, runner: str) -> None:
+    """Runs ``pipeline`` to the end.
+
+    Raises:
+      RunnerError: the runner could not start or lost its workers (one line).
+      The error a step raised (a bad record, a full disk), as the runner reports it.
+    """
+    try:
+        result = pipeline.run()
+    except Exception as e:
+        if _is_step_error(e):
+            raise
+        raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]} could not start: {first_line(e)}") from e
+    try:
+        result.wait_until_finish()
+    except Exception as e:
+        if _is_lost_worker(e):
+            raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]}: a worker died and the work could not be "
+                              f"finished ({first_line(e)}); nothing was published, run the build again") from e
+        raise
+    finally:
+        client = getattr(result, "client", None)  # DaskRunner: its client of the cluster
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # closing is best effort
+                pass
+    state = str(getattr(result, "state", "DONE"))
+    if "FAILED" in state or "CANCELLED" in state:
+        raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]} finished in state {state}")
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:300]
+
+
+def _is_step_error(error: BaseException) -> bool:
+    """An error raised by one of the build's own steps (bad input, a full disk)
+    rather than by the runner itself: local engines run steps inside run()."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if isinstance(error, (ValueError, OSError, KeyboardInterrupt)) or "[while running" in text:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _is_lost_worker(error: BaseException) -> bool:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError"):
+            return True
+        error = error.__cause__ or error.__context__
+    return False

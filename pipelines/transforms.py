@@ -1,0 +1,375 @@
+"""The steps of the build pipeline, portable across Beam runners.
+
+The pipeline is one straight line with one leaf::
+
+    Create(work units) ──Reshuffle──> ReadUnit ──(key, value)──> GroupByKey
+        ──> WriteGroup ──(0, result)──> GroupByKey ──> WriteSummary
+
+- ``ReadUnit`` reads one work unit (a few splits of input files, see plan.py),
+  preprocesses its records in batches and emits, keyed by an integer:
+  ``(shard, batch)`` for the examples of each shard (a batch's bytes, or where
+  a spill file holds them: spill.py), ``(QUARANTINE_KEY, chunk path)`` for the
+  records its source skipped or repaired, and ``(COUNTS_KEY, (unit, records
+  read))``. Everything is emitted from ``process``: nothing from
+  ``finish_bundle``, no tagged outputs, no metrics; some runners (Dask) lose
+  or mix those.
+- ``WriteGroup`` gets one key with all its values: it sorts, packs and writes
+  a shard, merges the quarantine chunks into quarantine.jsonl, or adds up the
+  record counts, and emits a small JSON-able result.
+- ``WriteSummary`` gathers every result in one element and writes
+  ``_tmp/summary.json``, which the driver reads to write the manifest. Counts
+  therefore come from what the pipeline itself wrote, on every runner.
+
+Every step is a plain picklable object whose state is the task and a few
+paths; randomness comes only from the record keys.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from seqcache import format as fmt
+from seqcache import fs
+from seqcache.pipelines import shuffle, spill, stats as stats_mod
+
+QUARANTINE_KEY = -1
+COUNTS_KEY = -2
+SUMMARY_NAME = "summary.json"
+
+
+def storage_dtype(feature) -> str:
+    """The dtype a token feature is stored in: the smallest that holds every id of
+    its vocabulary (uint16 up to 65,536 ids). Readers widen it back (the feeder
+    gives int32), so this is a cache-size choice, not a model one."""
+    if feature.dtype in ("int32", "int64", "uint32") and feature.vocabulary.vocab_size <= 1 << 16:
+        return "uint16"
+    return feature.dtype
+
+
+def features_in(task) -> list[fmt.FeatureSpec]:
+    """The features of one preprocessed example, as the read step encodes it."""
+    return [fmt.FeatureSpec(name, storage_dtype(f)) for name, f in task.output_features.items()]
+
+
+def features_out(task, sequence_length=None) -> list[fmt.FeatureSpec]:
+    """The features of a cached record. Packed caches add ``<feature>_segment_ids``
+    (uint16 when the sequence length allows, else int32); positions are not stored:
+    they restart at 0 with every segment, so readers derive them from the segment
+    ids (4 bytes a token instead of 12 for uint16 tokens)."""
+    specs = features_in(task)
+    if task.packing == "lm":
+        (name,) = task.output_features
+        length = (sequence_length or {}).get(name, 1 << 31)
+        specs.append(fmt.FeatureSpec(f"{name}_segment_ids", "uint16" if length < 1 << 16 else "int32"))
+    return specs
+
+
+class ReadPreprocess:
+    """Reads splits of the task's source and preprocesses their records in
+    batches of ``batch_records`` (one tokenizer call per batch).
+
+    ``read(split)`` yields ``("records", n)`` for every batch of n source records
+    read, ``("examples", [(shard, key, sub_index, file_index, record_number,
+    truncated, example_bytes, lengths), ...])`` per batch, and ``("issue",
+    (file_index, record_number, action, message, kind))`` for each record that
+    its source skipped or repaired, or the task's checks skipped, under the
+    ``on_error`` policy: counted and quarantined, never dropped silently.
+    """
+
+    def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=512):
+        self.task = task
+        self.seed = seed
+        self.sequence_length = dict(sequence_length) if sequence_length else None
+        self.num_shards = num_shards
+        self.batch_records = batch_records
+        self.features = features_in(task)
+
+    def read(self, split) -> Iterator[tuple[str, Any]]:
+        key = shuffle.seed_key(self.seed)
+        batch = []
+        path = split.path
+        try:
+            for record in self.task.source.read_split(split):
+                batch.append(record)
+                if len(batch) >= self.batch_records:
+                    yield from self._flush(batch, key)
+                    batch = []
+            if batch:
+                yield from self._flush(batch, key)
+        except ValueError as e:
+            if str(e).startswith(str(path)):
+                raise
+            # Preprocessing errors know the record number, not the file: add it.
+            raise ValueError(f"{path}: {e}") from None
+
+    def _flush(self, records, key):
+        yield "records", len(records)
+        live = []
+        for r in records:
+            issue = r.issue
+            if issue is not None:
+                yield "issue", (r.file_index, r.record_number, issue.action, issue.message, issue.kind)
+                if issue.action == "skipped":
+                    continue
+            live.append(r)
+        if not live:
+            return
+        records = live
+        keys = [shuffle.record_key(r.raw, key) for r in records]
+        rejected: list = []
+        out = self.task.preprocess_batch(records, keys, seed=self.seed, sequence_length=self.sequence_length,
+                                         skipped=rejected)
+        for idx, message in rejected:
+            r = records[idx]
+            yield "issue", (r.file_index, r.record_number, "skipped", message, "bad_value")
+        entries = []
+        sub_index = collections.Counter()
+        for idx, example in out:
+            record = records[idx]
+            k = keys[idx]
+            truncated = int(example.pop("_truncated_tokens", 0) or 0)
+            j = sub_index[idx]
+            sub_index[idx] += 1
+            try:
+                data = fmt.encode_example(self.features, example)
+            except (KeyError, ValueError) as e:
+                raise ValueError(
+                    f"task {self.task.name!r}: file {record.file_index} record {record.record_number}: {e}"
+                ) from None
+            lengths = [int(example[f.name].size) for f in self.features]
+            entries.append((shuffle.shard_of(k, self.num_shards), k, j, record.file_index, record.record_number,
+                            truncated, data, lengths))
+        yield "examples", entries
+
+
+class ReadUnit:
+    """The read step (a ``beam.FlatMap`` callable): one work unit ``(unit_index,
+    ((file_index, start, stop), ...))`` in, ``(key, value)`` pairs out (see the
+    module docstring).
+
+    Memory: the shard buffers (about ``flush_bytes``) plus at most
+    ``spill.QUARANTINE_BYTES`` of quarantine entries, however large the unit
+    and however many records are skipped.
+    """
+
+    def __init__(self, reader: ReadPreprocess, *, paths: Sequence[str], spill_dir: str, exchange: str,
+                 flush_bytes: int = spill.SPILL_BYTES, fs_options: Sequence[str] = ()):
+        if exchange not in ("runner", "spill"):
+            raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
+        self.reader = reader
+        self.paths = list(paths)
+        self.spill_dir = spill_dir
+        self.exchange = exchange
+        self.flush_bytes = int(flush_bytes)
+        self.fs_options = list(fs_options)
+
+    def __call__(self, unit) -> Iterator[tuple[int, Any]]:
+        from seqcache.tasks import Split
+
+        set_worker_options(self.fs_options)
+        unit_index, ranges = unit
+        token = f"{unit_index:07d}-{os.urandom(6).hex()}"  # unique per attempt: retries never collide
+        state = _UnitState()
+        records = 0
+        for file_index, start, stop in ranges:
+            path = self.paths[file_index]
+            split = Split(file_index, path, start, stop, 0)
+            for kind, payload in self.reader.read(split):
+                if kind == "records":
+                    records += payload
+                elif kind == "issue":
+                    record_file, record_number, action, message, error_kind = payload
+                    state.quarantine.add(record_file, record_number, action, path, message, error_kind)
+                    if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
+                        yield QUARANTINE_KEY, self._write_quarantine(state, token)
+                else:
+                    for shard, *entry in payload:
+                        state.buffers[shard].add(*entry)
+                        state.buffered += len(entry[5]) + spill.ENTRY_OVERHEAD
+                    if state.buffered >= self.flush_bytes:
+                        yield from self._flush(state, token)
+        if state.buffered:
+            yield from self._flush(state, token)
+        if state.quarantine:
+            yield QUARANTINE_KEY, self._write_quarantine(state, token)
+        yield COUNTS_KEY, (int(unit_index), records)
+
+    def _flush(self, state, token):
+        num_features = len(self.reader.features)
+        if self.exchange == "runner":
+            for shard in sorted(state.buffers):
+                yield shard, state.buffers[shard].to_bytes(num_features)
+        else:
+            data, sections = spill.flush_bytes(state.buffers, num_features)
+            path = fs.join(self.spill_dir, f"{token}-{state.flushes:05d}.bin")
+            fs.write_bytes(path, data)
+            for shard, offset, length in sections:
+                yield shard, (path, offset, length)
+        state.flushes += 1
+        state.buffers = collections.defaultdict(spill.SpillBuffer)
+        state.buffered = 0
+
+    def _write_quarantine(self, state, token) -> str:
+        path = fs.join(self.spill_dir, f"{spill.QUARANTINE_PREFIX}{token}-{state.quarantine_chunks:05d}.txt")
+        fs.write_bytes(path, state.quarantine.to_bytes())
+        state.quarantine_chunks += 1
+        state.quarantine = spill.QuarantineBuffer()
+        return path
+
+
+class _UnitState:
+    __slots__ = ("buffers", "buffered", "flushes", "quarantine", "quarantine_chunks")
+
+    def __init__(self):
+        self.buffers = collections.defaultdict(spill.SpillBuffer)
+        self.buffered = 0
+        self.flushes = 0
+        self.quarantine = spill.QuarantineBuffer()
+        self.quarantine_chunks = 0
+
+
+def load_batches(values, num_features: int) -> spill.ShardEntries:
+    """One shard's entries from its values: batch bytes (runner exchange) or
+    ``(path, offset, length)`` sections of spill files (read one file at a
+    time, one ranged read per section). Sorted (see ``spill.load_shard``)."""
+    inline, refs = [], collections.defaultdict(list)
+    for v in values:
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            inline.append(bytes(v))
+        else:
+            path, offset, length = v
+            refs[path].append((int(offset), int(length)))
+    buffers = [(f"batch {i} of the shard", b) for i, b in enumerate(sorted(inline))]
+    for path in sorted(refs):
+        for offset, length in sorted(refs[path]):
+            buffers.append((f"{path} at byte {offset}", fs.read_range(path, offset, length)))
+    return spill.load_shard(buffers, num_features)
+
+
+class WriteGroup:
+    """The write step (a ``beam.FlatMap`` callable): ``(key, values)`` in, one
+    ``(0, result)`` out, where ``result`` is a small JSON-able dict:
+
+    - a shard key: the shard is sorted, packed if the task packs, and written
+      with its provenance sidecar: ``{"kind": "shard", "shard": i, "entry":
+      <manifest entry>, "statistics": <ShardStats>}``;
+    - ``QUARANTINE_KEY``: the chunks are merged into quarantine.jsonl:
+      ``{"kind": "quarantine", "summary": <QuarantineSummary>}``;
+    - ``COUNTS_KEY``: ``{"kind": "counts", "records": n, "units": u}``, each
+      unit counted once.
+    """
+
+    def __init__(self, task, *, out_dir, scratch_dir, num_shards, sequence_length, fs_options=()):
+        self.task_name = task.name
+        self.packing = task.packing
+        self.features_in = features_in(task)
+        self.features_out = features_out(task, sequence_length)
+        self.pack_feature = next(iter(task.output_features)) if task.packing == "lm" else None
+        self.pack_length = int(sequence_length[self.pack_feature]) if self.pack_feature else None
+        self.out_dir = out_dir
+        self.scratch_dir = scratch_dir
+        self.num_shards = num_shards
+        self.fs_options = list(fs_options)
+
+    def __call__(self, element) -> Iterator[tuple[int, dict]]:
+        set_worker_options(self.fs_options)
+        key, values = element
+        if key == COUNTS_KEY:
+            per_unit = dict(values)  # a unit read twice (a retried attempt) counts once
+            yield 0, {"kind": "counts", "records": int(sum(per_unit.values())), "units": len(per_unit)}
+        elif key == QUARANTINE_KEY:
+            yield 0, {"kind": "quarantine", "summary": self._quarantine(sorted(set(values)))}
+        else:
+            yield 0, self._shard(int(key), values)
+
+    def _quarantine(self, chunk_paths) -> dict:
+        with fs.open_write_atomic(fs.join(self.out_dir, fmt.QUARANTINE_NAME)) as out:
+            summary = spill.merge_quarantine(chunk_paths, out, scratch_dir=self.scratch_dir, open_read=fs.open_read,
+                                             open_write=fs.open_write, join=fs.join)
+        return summary.to_json()
+
+    def _shard(self, shard: int, values) -> dict:
+        from seqcache.pipelines import writer
+
+        entries = load_batches(values, len(self.features_in))
+        st = stats_mod.ShardStats(self.features_out)
+        st.source_examples = len(entries)
+        st.truncated_tokens = int(entries.truncated.sum(dtype=np.int64))
+
+        def unpacked():
+            st.add_many(entries.lengths)
+            for data, (fi, rn) in entries.items():
+                yield data, [(fi, rn, 0)]  # already encoded: written as is
+
+        def packed():
+            from seqcache.tasks import pack_lm
+
+            stream = ((fmt.decode_example(self.features_in, data), prov) for data, prov in entries.items())
+            for example, segments in pack_lm(stream, feature=self.pack_feature, sequence_length=self.pack_length):
+                st.add(example, len(segments))
+                yield example, [(prov[0], prov[1], offset) for prov, offset in segments]
+
+        entry = writer.write_shard(
+            self.out_dir,
+            index=shard,
+            num_shards=self.num_shards,
+            features=self.features_out,
+            examples=packed() if self.packing == "lm" else unpacked(),
+        )
+        return {"kind": "shard", "shard": shard, "entry": entry, "statistics": st.to_json()}
+
+
+class WriteSummary:
+    """The last step: every ``WriteGroup`` result in one element, written to
+    ``<scratch>/summary.json`` (atomically) for the driver. Emits the number of
+    results, so that the pipeline's only leaf is tiny (a runner such as Dask
+    sends the leaf's elements back to the client)."""
+
+    def __init__(self, *, scratch_dir, fs_options=()):
+        self.scratch_dir = scratch_dir
+        self.fs_options = list(fs_options)
+
+    def __call__(self, element) -> Iterator[int]:
+        set_worker_options(self.fs_options)
+        _, results = element
+        results = sorted(results, key=lambda r: (r["kind"], r.get("shard", -1)))
+        fs.write_bytes_atomic(fs.join(self.scratch_dir, SUMMARY_NAME),
+                              json.dumps({"results": results}).encode("utf-8"))
+        yield len(results)
+
+
+def read_summary(scratch_dir: str) -> dict | None:
+    """What ``WriteSummary`` wrote: ``{"shards": {i: result}, "records": n or
+    None, "quarantine": summary dict or None}``; None when there is no summary
+    (the pipeline did not finish)."""
+    path = fs.join(scratch_dir, SUMMARY_NAME)
+    if not fs.exists(path):
+        return None
+    results = json.loads(fs.read_text(path))["results"]
+    out = {"shards": {}, "records": None, "units": None, "quarantine": None}
+    for r in results:
+        if r["kind"] == "shard":
+            out["shards"][int(r["shard"])] = r
+        elif r["kind"] == "counts":
+            out["records"], out["units"] = int(r["records"]), int(r["units"])
+        elif r["kind"] == "quarantine":
+            out["quarantine"] = r["summary"]
+    return out
+
+
+_WORKER_OPTIONS: list = []
+
+
+def set_worker_options(fs_options: Sequence[str]) -> None:
+    """Hands the build's file-system options (object-store endpoints and
+    credentials) to Beam's FileSystems in a worker, once per process: runners
+    such as Dask start workers that never saw the pipeline options."""
+    if not fs_options or _WORKER_OPTIONS == [tuple(fs_options)]:
+        return
+    fs.set_options(list(fs_options))
+    _WORKER_OPTIONS[:] = [tuple(fs_options)]

@@ -55,68 +55,49 @@ def test_full_disk_is_a_clear_error_and_a_rerun_succeeds(tmp_path, small_disk, s
     assert again.manifest.num_examples == 40000
 
 
-def _attempt(dofn, file_entry, *, fail_in_finish=False):
-    """Runs one bundle attempt the way a runner does; returns its main outputs, or
-    None when the attempt failed (a runner then discards everything it emitted)."""
-    import apache_beam as beam
-
-    outputs = []
-    dofn.start_bundle()
-    try:
-        for out in dofn.process(file_entry):
-            if not isinstance(out, beam.pvalue.TaggedOutput):
-                outputs.append(out)
-        if fail_in_finish:
-            list(dofn.finish_bundle())  # writes its spill files ...
-            raise RuntimeError("worker lost in finish_bundle")  # ... then dies
-        outputs.extend(w.value for w in dofn.finish_bundle())
-    except RuntimeError:
-        return None
-    return outputs
-
-
-@pytest.mark.parametrize("where", ["process", "finish_bundle"])
-def test_a_retried_bundle_gives_exactly_the_input_multiset(tmp_path, shared_data, where, flaky_reader):
-    """Beam retries a failed bundle and discards the failed attempt's outputs. The
-    spill files a failed attempt wrote are never named by an output, so the shards
-    hold exactly the input records, once each (the DirectRunner does not retry, so
-    the retry is played here, step by step, on the real DoFns)."""
+@pytest.mark.parametrize("exchange", ["runner", "spill"])
+def test_a_retried_unit_gives_exactly_the_input_multiset(tmp_path, shared_data, exchange, flaky_reader, attempt, group):
+    """A runner retries a failed work unit and discards the failed attempt's
+    outputs. The spill files a failed attempt wrote are never named by an
+    output, so the shards hold exactly the input records, once each (the local
+    engine does not retry, so the retry is played here, step by step, on the
+    real steps)."""
     import collections
 
-    import apache_beam as beam
-
     from seqcache.feeders.reader import CacheReader
-    from seqcache.pipelines import build as b
-    from seqcache.pipelines import writer
+    from seqcache.pipelines import transforms, writer
 
     path = str(shared_data / "tinyshakespeare" / "input.txt")
     task = _task(path)
     out_dir = tmp_path / "cache"
     spill_dir = out_dir / "_tmp" / "spill"
     spill_dir.mkdir(parents=True)
-    reader = b._ReadAndPreprocess(task, seed=0, sequence_length=None, num_shards=2)
-    spill_bytes = 200_000  # several spills per bundle: outputs are emitted before the failure
-    dofn_class = b._make_spill_dofn(beam)
+    reader = transforms.ReadPreprocess(task, seed=0, sequence_length=None, num_shards=2)
+    unit = (0, ((0, 0, None),))
 
-    failed = dofn_class(flaky_reader(reader, fail_after=40 if where == "process" else None), str(spill_dir), spill_bytes)
-    assert _attempt(failed, (0, path), fail_in_finish=(where == "finish_bundle")) is None
+    def step(r):  # several flushes per unit: outputs are emitted before the failure
+        return transforms.ReadUnit(r, paths=[path], spill_dir=str(spill_dir), exchange=exchange, flush_bytes=200_000)
+
+    assert attempt(step(flaky_reader(reader, fail_after=40)), unit) is None
     orphans = set(os.listdir(spill_dir))
-    assert orphans  # the failed attempt did leave files behind
-    retried = dofn_class(reader, str(spill_dir), spill_bytes)
-    outputs = _attempt(retried, (0, path))
-    assert not orphans & {os.path.basename(p) for _, p in outputs}
+    assert bool(orphans) == (exchange == "spill")  # the failed attempt left files behind
+    outputs = attempt(step(reader), unit)
+    named = {os.path.basename(v[0]) for k, v in outputs if isinstance(v, tuple) and k >= 0}
+    assert not orphans & named
+    groups = group(outputs)
+    assert sum(1 for k in groups if k >= 0) == 2 and len(groups[transforms.COUNTS_KEY]) == 1
 
-    groups = collections.defaultdict(list)
-    for shard, p in outputs:
-        groups[shard].append(p)
-    write = b._WriteShard(task, out_dir=str(out_dir), stats_dir=str(out_dir / "_tmp"), num_shards=2, sequence_length=None)
-    entries = []
-    for shard in range(2):
-        list(write((shard, groups[shard])))
-        entries.append(json.loads((out_dir / "_tmp" / f"{b.STATS_PREFIX}{shard:05d}.json").read_text())["shard"])
+    write = transforms.WriteGroup(task, out_dir=str(out_dir), scratch_dir=str(spill_dir), num_shards=2,
+                                  sequence_length=None)
+    results = {}
+    for key in sorted(groups):
+        ((_, result),) = attempt(write, (key, groups[key]))
+        results[result.get("shard", result["kind"])] = result
+    assert results["counts"]["records"] == 40000
+    entries = [results[shard]["entry"] for shard in range(2)]
     raw = writer.build_manifest(task="lines", split="train", fingerprint="f", fingerprint_inputs={}, features=[
-        {"name": f.name, "dtype": f.dtype} for f in b._features_out(task)], shards=entries, sources=[{"path": path}], statistics={}, seed=0,
-        sequence_length=None, packing=None, vocabularies={})
+        {"name": f.name, "dtype": f.dtype} for f in transforms.features_out(task)], shards=entries,
+        sources=[{"path": path}], statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={})
     writer.write_manifest(str(out_dir), raw)
     with CacheReader(str(out_dir)) as r:
         got = collections.Counter(tuple(e["targets"].tolist()) for e in r.read_examples(range(len(r))))

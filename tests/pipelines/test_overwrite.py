@@ -76,7 +76,7 @@ def test_a_failing_overwrite_leaves_the_old_cache_byte_for_byte(tmp_path, corpus
                        config=BuildConfig(num_shards=3), overwrite=True)
     assert _hashes(old.cache_dir) == before
     assert _read_all(old.cache_dir) == examples and verify_cache(old.cache_dir).ok
-    assert sorted(os.listdir(os.path.dirname(old.cache_dir))) == [".train.lock", "train"]  # no staging left
+    assert sorted(os.listdir(os.path.dirname(old.cache_dir))) == ["train"]  # no staging left
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
@@ -96,7 +96,7 @@ def test_a_successful_overwrite_replaces_the_cache(tmp_path, corpus, monkeypatch
     assert sorted(now) == sorted(want)  # the old cache's three shards are gone
     assert {k: v for k, v in now.items() if k != fmt.MANIFEST_NAME} == \
         {k: v for k, v in want.items() if k != fmt.MANIFEST_NAME}
-    assert sorted(os.listdir(os.path.dirname(replaced.cache_dir))) == [".train.lock", "train"]
+    assert sorted(os.listdir(os.path.dirname(replaced.cache_dir))) == ["train"]
     assert build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2, seed=7)).reused
 
 
@@ -154,7 +154,7 @@ def test_a_killed_overwrite_keeps_the_old_cache_and_the_rerun_cleans_up(tmp_path
     again = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3, seed=7), overwrite=True)
     fresh = build_task(_task(pattern), cache_dir=str(tmp_path / "fresh"), config=BuildConfig(num_shards=3, seed=7))
     assert [s.sha256 for s in again.manifest.shards] == [s.sha256 for s in fresh.manifest.shards]
-    assert sorted(os.listdir(os.path.dirname(again.cache_dir))) == [".train.lock", "train"]
+    assert sorted(os.listdir(os.path.dirname(again.cache_dir))) == ["train"]
 
 
 def test_a_publish_killed_between_its_two_renames_is_undone_by_the_next_build(tmp_path, corpus):
@@ -172,7 +172,7 @@ def test_a_publish_killed_between_its_two_renames_is_undone_by_the_next_build(tm
 
     again = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
     assert again.reused and _hashes(old.cache_dir) == before
-    assert sorted(os.listdir(os.path.dirname(old.cache_dir))) == [".train.lock", "train"]
+    assert sorted(os.listdir(os.path.dirname(old.cache_dir))) == ["train"]
 
 
 # ---------------------------------------------------------------------------

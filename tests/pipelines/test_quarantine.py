@@ -139,60 +139,27 @@ def test_skipped_records_cost_no_more_memory_than_kept_ones(tmp_path):
     assert ratio < 1.05, peaks  # was 1.24 to 1.53
 
 
-def _attempt(dofn, file_entry, *, fail_in_finish=False):
-    """Runs one bundle attempt the way a runner does; returns (main outputs,
-    quarantine chunk paths), or None when the attempt failed (a runner then
-    discards everything it emitted)."""
-    import apache_beam as beam
-
-    from seqcache.pipelines import build as b
-
-    main, chunks = [], []
-
-    def route(out):
-        if isinstance(out, beam.pvalue.TaggedOutput):
-            assert out.tag == b.QUARANTINE_TAG
-            chunks.append(getattr(out.value, "value", out.value))
-        else:
-            main.append(getattr(out, "value", out))
-
-    dofn.start_bundle()
-    try:
-        for out in dofn.process(file_entry):
-            route(out)
-        finished = list(dofn.finish_bundle())  # writes its last spill file and chunk ...
-        if fail_in_finish:
-            raise RuntimeError("worker lost in finish_bundle")  # ... then dies
-        for out in finished:
-            route(out)
-    except RuntimeError:
-        return None
-    return main, chunks
-
-
-@pytest.mark.parametrize("where", ["process", "finish_bundle"])
-def test_a_retried_bundle_quarantines_each_record_once(tmp_path, monkeypatch, where, flaky_reader):
+def test_a_retried_unit_quarantines_each_record_once(tmp_path, monkeypatch, flaky_reader, attempt, group):
     """A failed attempt's quarantine chunks are never named by an output, so the
     merged quarantine holds each skipped record once (the retry is played step by
-    step on the real DoFns, as in test_faults.py)."""
-    import apache_beam as beam
-
-    from seqcache.pipelines import build as b
-    from seqcache.pipelines import writer
+    step on the real steps, as in test_faults.py)."""
+    from seqcache.pipelines import transforms, writer
 
     pattern, expected = _corpus(tmp_path / "in", num_files=1)
     path = pattern.replace("*.txt", "part-0.txt")
     spill_dir = tmp_path / "cache" / "_tmp" / "spill"
     spill_dir.mkdir(parents=True)
-    monkeypatch.setattr(spill, "QUARANTINE_BYTES", 20_000)  # several chunks per bundle, emitted before the failure
-    reader = b._ReadAndPreprocess(_task(path), seed=0, sequence_length=None, num_shards=2, batch_records=256)
-    dofn_class = b._make_spill_dofn(beam)
+    monkeypatch.setattr(spill, "QUARANTINE_BYTES", 20_000)  # several chunks per unit, emitted before the failure
+    reader = transforms.ReadPreprocess(_task(path), seed=0, sequence_length=None, num_shards=2, batch_records=256)
+    unit = (0, ((0, 0, None),))
 
-    failed = dofn_class(flaky_reader(reader, fail_after=800 if where == "process" else None), str(spill_dir), 50_000)
-    assert _attempt(failed, (0, path), fail_in_finish=(where == "finish_bundle")) is None
+    def step(r):
+        return transforms.ReadUnit(r, paths=[path], spill_dir=str(spill_dir), exchange="spill", flush_bytes=50_000)
+
+    assert attempt(step(flaky_reader(reader, fail_after=800)), unit) is None
     orphans = {n for n in os.listdir(spill_dir) if n.startswith(spill.QUARANTINE_PREFIX)}
     assert orphans  # the failed attempt did write chunks
-    main, chunks = _attempt(dofn_class(reader, str(spill_dir), 50_000), (0, path))
+    chunks = group(attempt(step(reader), unit))[transforms.QUARANTINE_KEY]
     assert len(chunks) > 1 and not orphans & {os.path.basename(c) for c in chunks}
 
     out = tmp_path / "quarantine.jsonl"

@@ -207,7 +207,7 @@ def _build_lock(out_dir: str):
     of the same cache never interleave. A second build fails at once, saying so.
     The lock file is removed when the build ends (a taker checks that the file
     it locked is still the one at the path, so removal never lets two builds in),
-    and so is the ``<task>`` folder when the build left nothing in it.
+    and so are the folders the build created when it left nothing in them.
     Object stores have no such lock; there, run one build per cache at a time."""
     if not fs.is_local(out_dir):
         yield
@@ -217,7 +217,11 @@ def _build_lock(out_dir: str):
     path = fs.local_path(out_dir)
     parent = os.path.dirname(path)
     lock_path = os.path.join(parent, f".{os.path.basename(path)}.lock")
-    made_parent = not os.path.isdir(parent)
+    made = []  # the folders this build creates, deepest first: removed again when left empty
+    missing = os.path.abspath(parent)
+    while not os.path.isdir(missing):
+        made.append(missing)
+        missing = os.path.dirname(missing)
     os.makedirs(parent, exist_ok=True)
     while True:
         f = open(lock_path, "a+")
@@ -243,9 +247,11 @@ def _build_lock(out_dir: str):
             os.unlink(lock_path)
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         f.close()
-        if made_parent:
-            with contextlib.suppress(OSError):
-                os.rmdir(parent)  # only when empty: a failed first build leaves no <task> folder
+        for folder in made:
+            try:
+                os.rmdir(folder)  # only when empty: a failed first build leaves no folder behind
+            except OSError:
+                break
 
 
 def _build_locked(plan: BuildPlan, *, beam, overwrite, progress, start) -> BuildResult:

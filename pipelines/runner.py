@@ -160,8 +160,8 @@ def check_runner_available(runner: str) -> None:
         beam_runner.create_runner(runner)
     except (ValueError, ImportError, AttributeError) as e:
         known = ", ".join(sorted({v.rsplit(".", 1)[-1] for v in RUNNER_ALIASES.values()}))
-        raise RunnerError(f"runner {runner!r} is not available: {first_line(e)} (runners: {known}, "
-                          "or a fully qualified class name)") from None
+        why = "is unknown" if "Unexpected pipeline runner" in str(e) else f"is not available: {first_line(e)}"
+        raise RunnerError(f"runner {runner!r} {why} (runners: {known}, or a fully qualified class name)") from None
 
 
 def run(pipeline, runner: str) -> None:
@@ -203,14 +203,18 @@ def first_line(error: BaseException) -> str:
 
 def _is_step_error(error: BaseException) -> bool:
     """An error raised by one of the build's own steps (bad input, a full disk)
-    rather than by the runner itself: local engines run steps inside run()."""
+    rather than by the runner itself: local engines run the steps inside
+    ``run()`` and add the step's name (``[while running 'STEP']``) or, from a
+    worker process, its traceback to the message."""
+    if isinstance(error, (KeyboardInterrupt, ValueError)):
+        return True
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         text = str(error)
-        if isinstance(error, (ValueError, OSError, KeyboardInterrupt)) or "[while running" in text:
+        if "[while running" in text or "Traceback (most recent call last)" in text:
             return True
-        error = error.__cause__ or error.__context__
+        error = error.__cause__
     return False
 
 

@@ -87,13 +87,20 @@ def import_modules(modules):
 @click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens); repeatable.")
 @click.option("--pack/--no-pack", default=False, show_default=True, help="Language-model packing to the sequence length (ad-hoc tasks).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**64 - 1), help="Shuffle seed.")
-@click.option("--num-shards", type=click.IntRange(min=1), help="Shard count (default: from the corpus size, ~128 MiB of text per shard).")
+@click.option("--num-shards", type=click.IntRange(min=1), help="Shard count (default: from the corpus size and --shard-size).")
+@click.option("--shard-size", type=common.BYTE_SIZE, help="Raw input bytes per shard when --num-shards is not given, "
+              "e.g. 128MiB (the default), 1GB, 500000. One shard is sorted in one worker's memory.")
+@click.option("--split-size", type=common.BYTE_SIZE, help="Input bytes per unit of reading work (default: about 1/64 "
+              "of the corpus, between 1 MiB and 64 MiB). Never changes the cache's bytes.")
+@click.option("--exchange", type=click.Choice(["auto", "runner", "spill"]), default="auto", show_default=True,
+              help="How examples reach the shard writers: the runner's shuffle, or spill files (auto: spill files on "
+              "Beam's local engine, the runner's shuffle elsewhere). Never changes the cache's bytes.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing cache whose fingerprint differs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
 @click.pass_context
 def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
-          pack, seed, num_shards, overwrite, as_json, verbose):
+          pack, seed, num_shards, shard_size, split_size, exchange, overwrite, as_json, verbose):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 
@@ -142,7 +149,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
 
     try:
-        config = BuildConfig(split=split, seed=seed, sequence_length=seq_len, num_shards=num_shards)
+        config = BuildConfig(split=split, seed=seed, sequence_length=seq_len, num_shards=num_shards, shard_size=shard_size)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if not verbose:
@@ -156,7 +163,8 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         console = common.stderr_console(stderr)
         for task in task_list:
             results.append(_build_one(console, task, split=split, cache_dir=cache_dir, config=config,
-                                      pipeline_args=pipeline_args, overwrite=overwrite, as_json=as_json))
+                                      pipeline_args=pipeline_args, overwrite=overwrite, as_json=as_json,
+                                      split_size=split_size, exchange=exchange))
     if as_json:
         click.echo(json.dumps([
             {"task": r.manifest.task, "split": r.manifest.split, "cache_dir": r.cache_dir, "reused": r.reused,
@@ -168,7 +176,8 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         ], indent=2))
 
 
-def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json):
+def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
+               exchange="auto"):
     """Builds one task's cache and prints its summary and warnings; a failure
     prints the error and exits 1, an interrupt (Ctrl-C, SIGTERM) exits 130."""
     from seqcache.pipelines import BuildError, build_task
@@ -176,7 +185,7 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
     with common.shard_progress(console, f"{task.name}/{split}") as progress, common.sigterm_as_interrupt():
         try:
             result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
-                                overwrite=overwrite, progress=progress)
+                                overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
         except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError) as e:
             if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
                 message = _cause(e)

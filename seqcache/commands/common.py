@@ -226,3 +226,28 @@ def on_error_option(help_text: str = ON_ERROR_HELP, *, base: tuple[str, ...] = (
     ``base`` values come first, so the user's values override them."""
     return click.option("--on-error", "on_error", multiple=True, metavar="ACTION|KIND=ACTION",
                         callback=_on_error_parser(base), help=help_text)
+
+
+class _ByteSize(click.ParamType):
+    """A size in bytes: ``500000``, ``64MiB``, ``1.5GB``, ``10TB`` (k/M/G/T are
+    powers of 1000, Ki/Mi/Gi/Ti of 1024; a trailing B is optional)."""
+
+    name = "size"
+    _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+              "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        import re
+
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]i?)?[bB]?\s*", str(value))
+        if not m:
+            self.fail(f"{value!r} is not a size in bytes (e.g. 500000, 64MiB, 1GB)", param, ctx)
+        n = int(float(m.group(1)) * self._UNITS[(m.group(2) or "").lower()])
+        if n < 1:
+            self.fail(f"{value!r}: a size must be at least 1 byte", param, ctx)
+        return n
+
+
+BYTE_SIZE = _ByteSize()

@@ -516,16 +516,23 @@ def _read_existing(out_dir: str):
 
 def _pickle_user_modules_by_value() -> None:
     """Task modules imported from a file path (``--module my_tasks.py``) are not
-    importable by name in worker processes: their functions travel by value."""
+    importable by name in worker processes: their functions travel by value,
+    with Beam's pickler and with the cloudpickle that Dask sends tasks with."""
     import sys
 
-    from apache_beam.internal.cloudpickle import cloudpickle
+    from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle
 
+    picklers = [beam_cloudpickle]
+    try:
+        import cloudpickle
+
+        picklers.append(cloudpickle)
+    except ImportError:
+        pass
     for name, module in list(sys.modules.items()):
         if name.startswith(USER_MODULE_PREFIX):
-            cloudpickle.register_pickle_by_value(module)
-
-
+            for pickler in picklers:
+                pickler.register_pickle_by_value(module)
 
 
 def _verify_written(out_dir: str, entries) -> None:

@@ -1,0 +1,182 @@
+"""One portable pipeline: the same cache bytes on every runner (G1), and a
+Dask worker killed in the middle of a build.
+
+The runners: Beam's local engine (the default), its DirectRunner in
+``multi_processing`` mode with 2 worker processes, and Beam's DaskRunner
+against a ``dask.distributed`` cluster of 2 worker processes that the tests
+start on 127.0.0.1 and stop again. The work is cut into many units (a small
+``split_size``), so that every runner spreads it over its workers, and both
+ways of moving examples to the shard writers (the runner's shuffle, spill
+files) are used.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import textwrap
+
+import pytest
+
+from seqcache import format as fmt
+from seqcache import tasks
+from seqcache.pipelines import BuildConfig, BuildError, build_task
+
+distributed = pytest.importorskip("distributed")
+
+MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+
+
+def _cluster(**config):
+    import dask
+
+    with dask.config.set(config):
+        return distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                        dashboard_address="127.0.0.1:0", protocol="tcp")
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    """A scheduler and 2 worker processes on 127.0.0.1, for this module's tests."""
+    cluster = _cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _dask_args(cluster):
+    return ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}",
+            "--dask_connection_timeout=30"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shared_data):
+    """tinyshakespeare in 3 files, and a WikiText-2 file with CRLF line ends."""
+    folder = tmp_path_factory.mktemp("corpus")
+    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    for k in range(3):
+        part = lines[k * len(lines) // 3:(k + 1) * len(lines) // 3]
+        (folder / f"part-{k}.txt").write_text("\n".join(part) + "\n", encoding="utf-8")
+    return folder
+
+
+def _task(folder, *, pack=False):
+    pre = [tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+           tasks.preprocessors.append_eos()]
+    return tasks.Task(
+        "runners" + ("_packed" if pack else ""),
+        source=tasks.TextLineSource(str(folder / "*.txt"), on_error={"empty": "skip", "whitespace": "skip"}),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)},
+        preprocessors=pre,
+        packing="lm" if pack else None,
+    )
+
+
+def _shard_hashes(manifest):
+    return [(s.file, s.sha256) for s in manifest.shards]
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["examples", "packed"])
+def test_every_runner_and_exchange_writes_the_same_shards(tmp_path, corpus, dask_cluster, pack):
+    task = _task(corpus, pack=pack)
+    config = BuildConfig(num_shards=3, sequence_length={"targets": 256} if pack else None)
+    runs = {
+        "local engine, spill files": dict(pipeline_args=[], split_size=None),
+        "local engine, runner shuffle, tiny splits": dict(pipeline_args=[], split_size=50_000, exchange="runner"),
+        "multi_processing x2": dict(pipeline_args=MULTI_PROCESSING, split_size=200_000),
+        "dask x2": dict(pipeline_args=_dask_args(dask_cluster), split_size=100_000),
+    }
+    results = {name: build_task(task, cache_dir=str(tmp_path / str(k)), config=config, **kw)
+               for k, (name, kw) in enumerate(runs.items())}
+    first = next(iter(results.values())).manifest
+    assert first.num_examples > (300 if pack else 30_000)
+    for name, result in results.items():
+        m = result.manifest
+        assert _shard_hashes(m) == _shard_hashes(first), name
+        assert m.statistics["source_records"] == 40_000, name
+        assert m.statistics["skipped_records"] == 7_223, name
+        assert m.statistics == first.statistics, name
+        quarantine = fmt.file_sha256(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
+        assert quarantine == first.raw["quarantine_sha256"], name
+
+
+def test_dask_builds_a_second_task_on_the_same_cluster_and_reuses_caches(tmp_path, corpus, dask_cluster):
+    task = _task(corpus)
+    a = build_task(task, cache_dir=str(tmp_path), config=BuildConfig(num_shards=2), pipeline_args=_dask_args(dask_cluster))
+    again = build_task(task, cache_dir=str(tmp_path), config=BuildConfig(num_shards=2),
+                       pipeline_args=_dask_args(dask_cluster))
+    assert not a.reused and again.reused
+    assert sorted(os.listdir(tmp_path / task.name)) == ["train"]  # no lock file, no staging left
+    assert not os.path.exists(os.path.join(a.cache_dir, "_tmp"))
+
+
+# A task module whose preprocessor kills the worker process that runs it, once:
+# the first worker to reach the marked line dies as a preempted machine does
+# (SIGKILL, no clean-up); the marker file makes the retried attempt go on.
+_KILLER = '''
+import os, signal
+from seqcache import tasks
+
+MARKER = {marker!r}
+
+def _kill_once(example, ctx):
+    if example["text"] == {line!r} and not os.path.exists(MARKER):
+        with open(MARKER, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return example
+
+tasks.TaskRegistry.add(
+    "killer",
+    source=tasks.TextLineSource({pattern!r}, on_error={{"empty": "skip", "whitespace": "skip"}}),
+    output_features={{"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)}},
+    preprocessors=[tasks.preprocessors.FunctionPreprocessor(_kill_once, "kill_once"),
+                   tasks.preprocessors.rekey({{"targets": "text"}}), tasks.preprocessors.tokenize(),
+                   tasks.preprocessors.append_eos()],
+)
+'''
+
+
+def _killer_task(tmp_path, corpus):
+    marker = tmp_path / "killed"
+    module = tmp_path / f"killer_{os.urandom(4).hex()}.py"
+    module.write_text(textwrap.dedent(_KILLER).format(marker=str(marker), line="ROMEO:",
+                                                      pattern=str(corpus / "*.txt")))
+    tasks.TaskRegistry.remove("killer") if "killer" in tasks.TaskRegistry.names() else None
+    tasks.import_definitions(str(module))
+    return tasks.TaskRegistry.get("killer"), marker
+
+
+def _decoded(cache_dir):
+    from seqcache.feeders.reader import CacheReader
+
+    with CacheReader(cache_dir) as r:
+        return collections.Counter(bytes(x - 3 for x in e["targets"].tolist()[:-1]).decode("utf-8")
+                                   for e in r.read_examples(range(len(r))))
+
+
+def test_a_killed_dask_worker_is_replaced_and_the_cache_holds_every_record_once(tmp_path, corpus, dask_cluster):
+    task, marker = _killer_task(tmp_path, corpus)
+    result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
+                        pipeline_args=_dask_args(dask_cluster), split_size=100_000)
+    assert marker.exists()  # a worker did die in the middle of the build
+    want = collections.Counter(line for p in sorted(corpus.glob("*.txt"))
+                               for line in p.read_text(encoding="utf-8").split("\n")[:-1] if line.strip())
+    assert _decoded(result.cache_dir) == want
+    assert result.manifest.statistics["source_records"] == 40_000
+
+
+def test_a_build_that_loses_its_worker_for_good_fails_in_one_line_and_leaves_no_manifest(tmp_path, corpus):
+    task, marker = _killer_task(tmp_path, corpus)
+    cluster = _cluster(**{"distributed.scheduler.allowed-failures": 0})
+    try:
+        with pytest.raises(BuildError) as info:
+            build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
+                       pipeline_args=_dask_args(cluster), split_size=100_000)
+    finally:
+        cluster.close()
+    message = str(info.value)
+    assert "\n" not in message and "a worker died" in message and "nothing was published" in message
+    assert marker.exists()
+    assert not os.path.exists(tmp_path / "c")  # no manifest, no folder, no lock file

@@ -6,7 +6,9 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
 
 - **The runner's name.** Users type short names (``--runner=DaskRunner``,
   ``--runner=dask``, ``--runner=direct``); Beam wants a class it knows or a
-  fully qualified class path for the others. ``RUNNER_ALIASES`` maps them.
+  fully qualified class path for the others. ``RUNNER_ALIASES`` maps them;
+  ``DirectRunner`` means its local engine, ``FnApiRunner``, which Beam's
+  DirectRunner would only reach after trying to download Prism.
 - **How examples travel to the shard writers** (``exchange``): through the
   runner's own shuffle (``"runner"``: Dataflow Shuffle, Flink, Spark and Dask
   are built for it), or, on Beam's local engine, whose shuffle keeps every
@@ -38,8 +40,10 @@ DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 RUNNER_ALIASES = {
     "dask": DASK_RUNNER,
     "daskrunner": DASK_RUNNER,
-    "direct": "DirectRunner",
-    "directrunner": "DirectRunner",
+    # Beam's DirectRunner first tries to download and start Prism; its own local
+    # engine does the same work and honours --direct_running_mode.
+    "direct": LOCAL_ENGINE,
+    "directrunner": LOCAL_ENGINE,
     "fnapi": LOCAL_ENGINE,
     "fnapirunner": LOCAL_ENGINE,
     "local": LOCAL_ENGINE,

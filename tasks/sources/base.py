@@ -327,7 +327,7 @@ class Source(abc.ABC):
     kind: str = "source"
     on_error: ErrorPolicy = ErrorPolicy("raise")
     # What ``SourceRecord.record_number`` counts in this source's files (one of
-    # ``LOCATORS``), recorded in the manifest's source table; see ``describe_record``.
+    # ``LOCATORS``), for the manifest's source table and ``describe_record``.
     locator: str = "record"
 
     @abc.abstractmethod

@@ -21,10 +21,10 @@ from seqcache.tasks.preprocessors import (
     trim,
 )
 from seqcache.tasks.registry import MixtureRegistry, TaskRegistry, get_task_or_mixture, import_definitions
-from seqcache.tasks.sources import (
+from seqcache.tasks.sources import (  # noqa: F401  (the three SOURCE_* names are deprecated, not in __all__)
     SOURCE_ERROR_KEY,
-    SOURCE_REPLACED_KEY,
     SOURCE_ERROR_KIND_KEY,
+    SOURCE_REPLACED_KEY,
     ERROR_KINDS,
     ErrorPolicy,
     FunctionSource,
@@ -36,6 +36,7 @@ from seqcache.tasks.sources import (
     TextFileSource,
     TextLineSource,
     canonical_json_bytes,
+    describe_record,
     is_error_record,
     RecordIssue,
     Split,
@@ -56,9 +57,6 @@ from seqcache.tasks.vocabularies import (
 )
 
 __all__ = [
-    "SOURCE_ERROR_KEY",
-    "SOURCE_REPLACED_KEY",
-    "SOURCE_ERROR_KIND_KEY",
     "ERROR_KINDS",
     "ErrorPolicy",
     "TRUNCATED_TOKENS_KEY",
@@ -87,6 +85,7 @@ __all__ = [
     "append_eos",
     "append_eos_after_trim",
     "canonical_json_bytes",
+    "describe_record",
     "filter_empty",
     "get_task_or_mixture",
     "import_definitions",

@@ -14,12 +14,7 @@ import dataclasses
 import hashlib
 from typing import Callable
 
-from seqcache.tasks.sources import (
-    ERROR_KINDS,
-    SOURCE_ERROR_KEY,
-    SOURCE_ERROR_KIND_KEY,
-    ErrorPolicy,
-)
+from seqcache.tasks.sources import ERROR_KINDS, ErrorPolicy, is_error_record
 from seqcache.tasks.task import Task
 
 
@@ -114,10 +109,10 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
     batch: list = []
 
     def flush() -> None:  # a batch holds records of one file
-        live = [r for r in batch if SOURCE_ERROR_KEY not in r.data]
+        live = [r for r in batch if not is_error_record(r)]
         for r in batch:
-            if SOURCE_ERROR_KEY in r.data:
-                found(r.data.get(SOURCE_ERROR_KIND_KEY, "malformed"), r.data[SOURCE_ERROR_KEY])
+            if is_error_record(r):
+                found(r.issue.kind, r.issue.message)
         if live:
             rejected: list = []
             keys = [hashlib.blake2b(r.raw, digest_size=16).digest() for r in live]

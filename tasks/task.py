@@ -21,14 +21,7 @@ from seqcache.tasks.preprocessors import (
     PreprocessorError,
     run_preprocessors,
 )
-from seqcache.tasks.sources import (
-    SOURCE_ERROR_KEY,
-    SOURCE_ERROR_KIND_KEY,
-    SOURCE_REPLACED_KEY,
-    Source,
-    SourceRecord,
-    error_hint,
-)
+from seqcache.tasks.sources import Source, SourceRecord, error_hint, is_error_record
 from seqcache.tasks.vocabularies import Vocabulary
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -156,7 +149,8 @@ class Task:
           (index into ``records``, example) pairs in input order, where the example
           holds exactly the output features as 1-D arrays of the feature dtype,
           plus ``"_truncated_tokens"`` (int) if a trimming preprocessor ran.
-          Dropped examples and records a source marked skipped are absent.
+          Dropped examples and records a source skipped (``record.issue.action ==
+          "skipped"``) are absent; a repaired record is preprocessed like any other.
 
           skipped: when given and the source's ``on_error`` skips ``bad_value``, examples
             that fail the checks below are left out and ``(index, message)`` is
@@ -170,15 +164,10 @@ class Task:
         """
         if len(keys) != len(records):
             raise ValueError(f"task {self.name!r}: got {len(keys)} keys for {len(records)} records")
-        live = [i for i, r in enumerate(records) if SOURCE_ERROR_KEY not in r.data]
+        live = [i for i, r in enumerate(records) if not is_error_record(r)]
         ctx = PreprocessContext(output_features=self.output_features, sequence_length=sequence_length,
                                 seed=int(seed), keys=[bytes(keys[i]) for i in live])
-        inputs = []
-        for i in live:
-            data = dict(records[i].data)
-            data.pop(SOURCE_REPLACED_KEY, None)  # the pipeline counts it; preprocessors never see it
-            data.pop(SOURCE_ERROR_KIND_KEY, None)
-            inputs.append(data)
+        inputs = [dict(records[i].data) for i in live]
         try:
             survivors = run_preprocessors(self.preprocessors, inputs, ctx)
         except PreprocessorError as e:

@@ -132,7 +132,7 @@ def check(vocabulary_spec, sources, exclude, on_error, max_records, show_n, as_j
 
     The normalisation lives in the model file, whose sha256 is part of every cache
     fingerprint: a model with other normalisation gives another cache."""
-    from seqcache.tasks import SOURCE_ERROR_KEY, parse_source_spec, round_trip_problems, vocabulary_from_spec
+    from seqcache.tasks import describe_record, is_error_record, parse_source_spec, round_trip_problems, vocabulary_from_spec
 
     try:
         vocabulary = vocabulary_from_spec(vocabulary_spec)
@@ -147,15 +147,15 @@ def check(vocabulary_spec, sources, exclude, on_error, max_records, show_n, as_j
                     if len(texts) >= max_records:
                         break
                     text = r.data.get("text")
-                    if SOURCE_ERROR_KEY in r.data or not isinstance(text, str):
+                    if is_error_record(r) or not isinstance(text, str):
                         continue
-                    rows.append((f.path, r.record_number))
+                    rows.append((f.path, r.record_number, src.locator))
                     texts.append(text)
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
     problems = round_trip_problems(vocabulary, texts)
     for p in problems:
-        p["path"], p["record_number"] = rows[p["index"]]
+        p["path"], p["record_number"], p["locator"] = rows[p["index"]]
     by_reason = {}
     for p in problems:
         by_reason[p["reason"]] = by_reason.get(p["reason"], 0) + 1
@@ -166,6 +166,7 @@ def check(vocabulary_spec, sources, exclude, on_error, max_records, show_n, as_j
         click.echo(f"{len(texts):,} records checked, {len(problems):,} change in decode(encode(text))"
                    + (f": {', '.join(f'{k} {v:,}' for k, v in sorted(by_reason.items()))}" if problems else ""))
         for p in problems[:show_n]:
-            click.echo(f"  {p['path']} record {p['record_number']} ({p['reason']}, at character {p['offset']}): "
+            where = describe_record(p["path"], p["locator"], p["record_number"])
+            click.echo(f"  {p['path']} {where} ({p['reason']}, at character {p['offset']}): "
                        f"{p['expected']!r} -> {p['got']!r}")
     sys.exit(1 if problems else 0)

@@ -20,14 +20,15 @@ def _first(source, n=None):
 
 def test_text_lines_tinyshakespeare(shared_data):
     path = str(shared_data / "tinyshakespeare" / "input.txt")
-    with pytest.raises(ValueError, match=r"input.txt: line 3 \(record 2\) is empty; .*--on-error empty="):
+    with pytest.raises(ValueError, match=r"input.txt: line 3 \(byte 61\) is empty; .*--on-error empty="):
         _first(S.TextLineSource(path))  # empty lines raise by default
     src = S.TextLineSource(path, on_error={"empty": "keep"})
     (f,) = src.list_files()
     assert f.num_bytes == 1_115_394
     records = list(src.read_file(7, f.path))
     assert len(records) == 40_000
-    assert [r.record_number for r in records[:5]] == [0, 1, 2, 3, 4]
+    # Record numbers are byte offsets of the lines' first bytes.
+    assert [r.record_number for r in records[:5]] == [0, 15, 61, 62, 67]
     assert all(r.file_index == 7 for r in records)
     assert records[0] == S.SourceRecord(7, 0, {"text": "First Citizen:"}, b"First Citizen:")
     # Kept empty lines are records.
@@ -56,19 +57,24 @@ def test_text_lines_bom_gz_and_last_line(tmp_path, shared_data):
     with gzip.open(p, "wb") as fh:
         fh.write("één\r\n\nlast".encode("utf-8"))
     records = _first(S.TextLineSource(str(p), field="line", on_error={"empty": "keep"}))
+    # Offsets in the decompressed stream: "één\r\n" is 7 bytes.
     assert [(r.record_number, r.data["line"], r.raw) for r in records] == [
-        (0, "één", "één".encode()), (1, "", b""), (2, "last", b"last")]
+        (0, "één", "één".encode()), (7, "", b""), (8, "last", b"last")]
 
 
 def test_text_lines_invalid_utf8(tmp_path):
     p = tmp_path / "bad.txt"
     p.write_bytes(b"good\n\xff\xfe broken\n\xc0\xaf overlong\nfine\n")
-    with pytest.raises(ValueError, match=r"bad.txt: line 2 \(record 1\) is not valid UTF-8"):
+    with pytest.raises(ValueError, match=r"bad.txt: line 2 \(byte 5\) is not valid UTF-8"):
         _first(S.TextLineSource(str(p)))
     records = _first(S.TextLineSource(str(p), on_error="skip"))
     assert [S.is_error_record(r) for r in records] == [False, True, True, False]
+    assert [r.record_number for r in records] == [0, 5, 15, 27]
     assert records[1].raw == b"\xff\xfe broken"  # kept for the quarantine file
-    assert "not valid UTF-8" in records[2].data[S.SOURCE_ERROR_KEY]
+    assert records[1].data == {} and records[1].issue.action == "skipped" and records[1].issue.kind == "invalid_utf8"
+    # The message names the line by its byte offset only: it does not depend on the split.
+    assert records[2].issue.message.startswith(f"{p}: line at byte 15 is not valid UTF-8: ")
+    assert records[0].issue is None and records[3].data == {"text": "fine"}
 
 
 def test_glob_sorted_recursive_and_no_match(tmp_path):
@@ -104,7 +110,11 @@ def test_jsonl_dotted_field(shared_data):
     assert [f.path.rsplit("/", 1)[1] for f in files] == ["cc_en_head-0091.jsonl.gz", "cc_en_head-0174.jsonl.gz"]
     records = _first(src)
     assert len(records) == 20
-    assert [(r.file_index, r.record_number) for r in records[9:12]] == [(0, 9), (1, 0), (1, 1)]
+    with gzip.open(files[0].path) as fh:
+        last = sum(len(line) for line in fh.readlines()[:9])  # the byte offset of the 10th line
+    with gzip.open(files[1].path) as fh:
+        second = len(fh.readline())
+    assert [(r.file_index, r.record_number) for r in records[9:12]] == [(0, last), (1, 0), (1, second)]
     assert records[0].data == {"text": "First Teleconference Calls for Invoice Factoring, and more. — 100K Investing, LLC."}
     # raw is the whole stripped line: it parses back to the full record.
     full = json.loads(records[0].raw)
@@ -116,14 +126,15 @@ def test_jsonl_several_fields_and_errors(tmp_path):
     p.write_text('{"a": {"b": "one"}, "c": 1}\n\n{"a": {"b": "two"}, "c": 2}\n{"a": {}}\nnot json\n[1]\n')
     src = S.JsonLinesSource(str(p), fields={"text": "a.b", "n": "c"}, on_error="skip")
     records = _first(src)
-    assert [r.record_number for r in records] == [0, 2, 3, 4, 5]  # blank line 1 skipped
+    assert [r.record_number for r in records] == [0, 29, 57, 67, 76]  # the blank line at byte 28 is no record
     assert records[0].data == {"n": 1, "text": "one"} and records[1].data == {"n": 2, "text": "two"}
     assert all(S.is_error_record(r) for r in records[2:])
-    with pytest.raises(ValueError, match=r"x.jsonl: line 4 \(record 3\) has no field 'a.b'"):
+    assert [r.issue.kind for r in records[2:]] == ["missing_field", "malformed", "malformed"]
+    with pytest.raises(ValueError, match=r"x.jsonl: line 4 \(byte 57\) has no field 'a.b'"):
         _first(S.JsonLinesSource(str(p), field="a.b"))
     q = tmp_path / "y.jsonl"
     q.write_text('{"text": "ok"}\n{"text": \n')
-    with pytest.raises(ValueError, match=r"y.jsonl: line 2 \(record 1\) is not valid JSON"):
+    with pytest.raises(ValueError, match=r"y.jsonl: line 2 \(byte 15\) is not valid JSON"):
         _first(S.JsonLinesSource(str(q)))
 
 
@@ -200,7 +211,10 @@ def test_parse_source_spec_errors(spec):
 
 
 def _texts(source):
-    return [(r.record_number, r.data.get("text"), r.data.get(S.SOURCE_ERROR_KEY), r.data.get(S.SOURCE_REPLACED_KEY))
+    def message(r, action):
+        return r.issue.message if r.issue is not None and r.issue.action == action else None
+
+    return [(r.record_number, r.data.get("text"), message(r, "skipped"), message(r, "replaced"))
             for r in source.read_all()]
 
 
@@ -208,7 +222,7 @@ def test_control_characters_raise_skip_replace_or_keep(tmp_path):
     p = tmp_path / "ctl.txt"
     # ESC, a C1 control (U+0092, cp1252 mojibake) and NUL; tab, form feed and NEL are whitespace, not controls.
     p.write_bytes("plain\ncolour \x1b[31mred\nit\u0092s\ttab\x0cff\u0085nel\nnul\x00\n".encode())
-    with pytest.raises(ValueError, match=r"ctl.txt: line 2 \(record 1\) contains control character U\+001B at "
+    with pytest.raises(ValueError, match=r"ctl.txt: line 2 \(byte 6\) contains control character U\+001B at "
                                          r"character 7; .*--on-error control_characters="):
         _first(S.TextLineSource(str(p)))
     skipped = _texts(S.TextLineSource(str(p), on_error={"control_characters": "skip"}))
@@ -224,7 +238,7 @@ def test_control_characters_raise_skip_replace_or_keep(tmp_path):
 def test_u2581_raises_and_can_become_a_space(tmp_path):
     p = tmp_path / "pieces.txt"
     p.write_text("▁already ▁tokenized\nclean\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"line 1 \(record 0\) contains U\+2581 .* at character 0"):
+    with pytest.raises(ValueError, match=r"line 1 \(byte 0\) contains U\+2581 .* at character 0"):
         _first(S.TextLineSource(str(p)))
     assert [t for _, t, _, _ in _texts(S.TextLineSource(str(p), on_error={"u2581": "replace"}))] == [
         " already  tokenized", "clean"]
@@ -239,11 +253,15 @@ def test_u2581_raises_and_can_become_a_space(tmp_path):
 def test_whitespace_only_lines_of_wikitext(shared_data):
     path = shared_data / "wikitext2" / "wiki.test.tokens"
     lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line.encode("utf-8")) + 1)
     blank = [i for i, line in enumerate(lines) if line.isspace()]
-    with pytest.raises(ValueError, match=rf"line {blank[0] + 1} \(record {blank[0]}\) holds only whitespace"):
+    with pytest.raises(ValueError, match=rf"line {blank[0] + 1} \(byte {offsets[blank[0]]}\) holds only whitespace"):
         _first(S.TextLineSource(str(path)))
     records = _first(S.TextLineSource(str(path), on_error={"whitespace": "skip"}))
-    assert [r.record_number for r in records if S.is_error_record(r)] == blank and len(blank) > 1000
+    assert [r.record_number for r in records if S.is_error_record(r)] == [offsets[i] for i in blank]
+    assert len(blank) > 1000
     assert [r.data["text"] for r in records if not S.is_error_record(r)] == [l for l in lines if not l.isspace()]
 
 
@@ -259,7 +277,7 @@ def test_empty_values_in_every_kind_of_source(tmp_path):
     assert _first(S.TextLineSource(str(tmp_path / "zero.txt"))) == []
     with pytest.raises(ValueError, match=r"zero.py: file is empty"):
         _first(S.TextFileSource(str(tmp_path / "zero.py")))
-    with pytest.raises(ValueError, match=r"e.jsonl: line 2 \(record 1\) is empty"):
+    with pytest.raises(ValueError, match=r"e.jsonl: line 2 \(byte 14\) is empty"):
         _first(S.JsonLinesSource(str(tmp_path / "e.jsonl")))
     with pytest.raises(ValueError, match=r"e.parquet: record 1 \(row index 1\) holds only whitespace"):
         _first(S.ParquetSource(str(tmp_path / "e.parquet")))
@@ -270,7 +288,7 @@ def test_empty_values_in_every_kind_of_source(tmp_path):
 def test_several_fields_name_the_field(tmp_path):
     p = tmp_path / "pairs.jsonl"
     p.write_text('{"src": "Hallo", "tgt": "Hello"}\n{"src": "Welt", "tgt": ""}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"line 2 \(record 1\), field 'targets', is empty"):
+    with pytest.raises(ValueError, match=r"line 2 \(byte 33\), field 'targets', is empty"):
         _first(S.JsonLinesSource(str(p), fields={"inputs": "src", "targets": "tgt"}))
 
 
@@ -338,14 +356,17 @@ def test_binary_and_temporal_parquet_values(tmp_path):
                                      on_error="replace"))
     assert [r.data["text"] for r in records] == ["café", "bad \ufffd", "ok"]
     assert json.loads(records[0].raw) == {"day": "2024-02-29", "text": "café"}
-    assert S.SOURCE_REPLACED_KEY in records[1].data and S.SOURCE_REPLACED_KEY not in records[0].data
+    assert records[0].issue is None and records[1].issue.action == "replaced"
+    assert records[1].issue.kind == "invalid_utf8" and records[1].data == {"text": "bad \ufffd", "day": day}
+    assert records[1].issue.message.startswith(f"{tmp_path / 'b.parquet'}: record 1 (row index 1): value 'text'")
 
 
 def test_function_source_bytes_and_values_without_json(tmp_path):
     src = S.FunctionSource(_odd_values, name="odd")
     records = _first(S.FunctionSource(_odd_values, name="odd", on_error="skip"))
     assert records[0].data == {"text": "bytes as text"}
-    assert "has no JSON form" in records[1].data[S.SOURCE_ERROR_KEY]
+    assert records[1].data == {} and records[1].issue.kind == "bad_value"
+    assert records[1].issue.message == "<function odd>: record 1: a value of type object has no JSON form"
     with pytest.raises(ValueError, match=r"<function odd>: record 1: a value of type object has no JSON form"):
         _first(src)
 
@@ -357,19 +378,20 @@ def _odd_values():
 def test_lone_surrogates_and_bad_utf8_in_json_lines(tmp_path):
     p = tmp_path / "s.jsonl"
     p.write_bytes(b'{"text": "ok"}\n{"text": "bad \\ud800 escape"}\n{"text": "raw \xff byte"}\n')
-    with pytest.raises(ValueError, match=r"s\.jsonl: line 2 \(record 1\) contains a lone surrogate U\+D800 at character 4"):
+    with pytest.raises(ValueError, match=r"s\.jsonl: line 2 \(byte 15\) contains a lone surrogate U\+D800 at character 4"):
         _first(S.JsonLinesSource(str(p)))
     records = _first(S.JsonLinesSource(str(p), on_error={"invalid_utf8": "replace"}))
     assert [r.data["text"] for r in records] == ["ok", "bad \ufffd escape", "raw \ufffd byte"]
     skipped = _first(S.JsonLinesSource(str(p), on_error={"invalid_utf8": "skip"}))
     assert [S.is_error_record(r) for r in skipped] == [False, True, True]
-    assert "not valid UTF-8" in skipped[2].data[S.SOURCE_ERROR_KEY]
+    assert skipped[1].issue.message.startswith(f"{p}: line at byte 15 contains a lone surrogate U+D800")
+    assert skipped[2].issue.message.startswith(f"{p}: line at byte 45 is not valid UTF-8: ")
 
 
 def test_empty_token_lists_are_empty_records(tmp_path):
     p = tmp_path / "ids.jsonl"
     p.write_text('{"text": [5, 6]}\n{"text": []}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"line 2 \(record 1\) is empty \(no token ids\)"):
+    with pytest.raises(ValueError, match=r"line 2 \(byte 17\) is empty \(no token ids\)"):
         _first(S.JsonLinesSource(str(p)))
     assert [r.data["text"] for r in _first(S.JsonLinesSource(str(p), on_error={"empty": "keep"}))] == [[5, 6], []]
 

@@ -20,7 +20,7 @@ from seqcache.tasks import (
     rekey,
     tokenize,
 )
-from seqcache.tasks.sources import SOURCE_ERROR_KEY
+from seqcache.tasks.sources import RecordIssue
 
 
 def _keys(records):
@@ -79,10 +79,11 @@ def test_optional_feature_and_source_errors(shakespeare):
                 output_features={"inputs": Feature(ByteVocabulary(), required=False), "targets": Feature(ByteVocabulary())},
                 preprocessors=[rekey({"targets": "text"}), tokenize()])
     records = [SourceRecord(0, 0, {"text": "hi"}, b"hi"),
-               SourceRecord(0, 1, {SOURCE_ERROR_KEY: "bad bytes"}, b"\xff"),
-               SourceRecord(0, 2, {"text": "yo"}, b"yo")]
+               SourceRecord(0, 1, {}, b"\xff", RecordIssue("skipped", "invalid_utf8", "bad bytes")),
+               SourceRecord(0, 2, {"text": "yo"}, b"yo", RecordIssue("replaced", "u2581", "was repaired"))]
     out = task.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)
-    assert [i for i, _ in out] == [0, 2]
+    assert [i for i, _ in out] == [0, 2]  # the skipped record gives no example, the repaired one does
+    assert out[1][1]["targets"].tolist() == list(ByteVocabulary().encode("yo"))
     assert out[0][1]["inputs"].dtype == np.int32 and out[0][1]["inputs"].size == 0
 
 

@@ -36,3 +36,19 @@ def test_vocab_encode_byte_and_errors(tmp_path):
     assert missing.exit_code == 1 and "no file matches" in missing.output
     spec = runner.invoke(vocab, ["train", "--source", "csv:x", "--vocab-size", "300", "--output", "x.model"])
     assert spec.exit_code == 2 and "accepted source specs" in spec.output
+
+
+def test_vocab_check_names_lines_by_number_and_byte(shared_data, tmp_path):
+    runner = CliRunner()
+    model = tmp_path / "m.model"
+    trained = runner.invoke(vocab, ["train", "--source", f"text:{shared_data / 'sentencepiece_data' / 'botchan.txt'}",
+                                    "--vocab-size", "400", "--max-records", "2000", "--output", str(model)])
+    assert trained.exit_code == 0, trained.output
+    text = tmp_path / "t.txt"
+    text.write_text("plain line\nspaces  collapsed\nmeta \u2581 symbol\n", encoding="utf-8")
+    out = runner.invoke(vocab, ["check", "--vocabulary", str(model), "--source", f"text:{text}"])
+    assert out.exit_code == 1
+    shown = [line.strip() for line in out.output.splitlines()[1:]]
+    # Record numbers of text lines are byte offsets; the report turns them into line numbers.
+    assert [line.split(" (")[0] for line in shown] == [f"{text} line 2", f"{text} line 3"]
+    assert "line 2 (byte 11) (normalisation" in shown[0] and "line 3 (byte 29) (contains U+2581" in shown[1]

@@ -1,0 +1,486 @@
+"""What every source shares: records and their ids, splits, files, canonical
+JSON, file matching, and the ``Source`` interface.
+
+A record's id is ``(file_index, record_number)``; what ``record_number`` counts
+depends on the source and is named by its ``locator`` (see ``seqcache.tasks.sources``
+for the table). ``describe_record`` turns a locator and a record number into
+something a person can find in the file.
+"""
+
+from __future__ import annotations
+
+import abc
+import fnmatch
+import gzip
+import json
+import logging
+import os
+import zlib
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+
+from seqcache import fs
+from seqcache.tasks.sources.lines import line_number_at
+from seqcache.tasks.sources.policy import ErrorPolicy, Where, as_where, check_text_values, error_hint
+
+log = logging.getLogger(__name__)
+
+_BOM = b"\xef\xbb\xbf"
+
+# The values of ``Source.locator``: what ``SourceRecord.record_number`` counts.
+LOCATORS = ("byte_offset", "row", "record", "file", "line")
+
+
+class RecordIssue(NamedTuple):
+    """What a source found wrong with one record and did under its policy.
+
+    Attributes:
+      action: ``"skipped"`` (the record gives no example; its ``data`` is ``{}``)
+        or ``"replaced"`` (it was repaired and is kept, with the repaired data).
+      kind: the kind of bad input, a key of ``ERROR_KINDS``; for a repair, the
+        kinds repaired, comma-separated, in the order met.
+      message: what is wrong, naming the file and the record by an id that does
+        not depend on how the file was split (it goes into a cache's quarantine
+        file), e.g. ``"/data/a.txt: line at byte 1234 is empty"``.
+    """
+
+    action: str
+    kind: str
+    message: str
+
+
+class SourceRecord(NamedTuple):
+    """One raw record of a source.
+
+    Attributes:
+      file_index: index of the file in ``Source.list_files()`` (sorted by path).
+      record_number: the record's id within its file; what it counts depends on
+        the source (its ``locator``: a byte offset, a row index, ...; see the
+        table in ``seqcache.tasks.sources``). It does not depend on the split.
+      data: the record's fields, e.g. ``{"text": "..."}``; ``{}`` for a record
+        the source skipped.
+      raw: canonical bytes of the raw record: the input of the shuffle key (kept
+        for a skipped record too, for the quarantine file).
+      issue: None for a clean record; else what was wrong and whether the record
+        was skipped or repaired (``RecordIssue``).
+    """
+
+    file_index: int
+    record_number: int
+    data: dict[str, Any]
+    raw: bytes
+    issue: RecordIssue | None = None
+
+
+class Split(NamedTuple):
+    """A part of one input file: the unit of reading work.
+
+    The records of a split are those whose first byte (byte splits) or row (row
+    splits) lies in ``[start, stop)``; ``stop=None`` reads to the end of the
+    file, so ``Split(i, path)`` is the whole file. A record's id never depends
+    on the split that reads it, and the splits of a file hold each of its
+    records exactly once.
+
+    Attributes:
+      file_index: the file's index in ``Source.list_files()``.
+      path: the file's path.
+      start: first byte (byte splits: text lines, JSON lines) or row (row
+        splits: Parquet) of the split; 0 for a whole file.
+      stop: end of the split (exclusive, same unit), or None for the end of the
+        file.
+      num_bytes: the split's size in bytes (for row splits, the compressed size
+        of its row groups), used to plan the work; 0 when unknown.
+    """
+
+    file_index: int
+    path: str
+    start: int = 0
+    stop: int | None = None
+    num_bytes: int = 0
+
+    @property
+    def whole(self) -> bool:
+        """True for a split that is the whole file."""
+        return self.start == 0 and self.stop is None
+
+
+class SourceFile(NamedTuple):
+    """One input file: path, size in bytes and modification time in nanoseconds."""
+
+    path: str
+    num_bytes: int
+    mtime_ns: int
+
+
+def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = None) -> bytes:
+    """Canonical JSON (sorted keys, no whitespace, UTF-8, not ASCII-escaped):
+    ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``
+    encoded as UTF-8.
+
+    Raises:
+      TypeError: a value has no JSON form (``default`` may give one).
+      ValueError: a string holds a lone surrogate (no UTF-8 form).
+    """
+    try:
+        text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=default)
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text with no UTF-8 form: {e}") from None
+
+
+def is_error_record(record: SourceRecord) -> bool:
+    """True for a record that its source skipped under its ``on_error`` policy
+    (``record.issue.action == "skipped"``); a repaired record is not one."""
+    return record.issue is not None and record.issue.action == "skipped"
+
+
+def describe_record(path: str, locator: str, record_number: int) -> str:
+    """Where record ``record_number`` of a source with ``locator`` lies in
+    ``path``, in words a person can find:
+
+    ===============  ==========================================================
+    locator          result
+    ===============  ==========================================================
+    ``byte_offset``  ``"line 12 (byte 1,234)"`` (1-based line, counted in a
+                     local file up to the offset, decompressed for ``.gz``);
+                     ``"byte 1,234"`` when the file is not local, cannot be
+                     read, or no line begins there any more (it changed)
+    ``line``         ``"line 12"`` for record number 11 (caches whose record
+                     numbers were 0-based line numbers)
+    ``row``          ``"row 7"`` (0-based row index in the file)
+    ``record``       ``"record 3"`` (0-based)
+    ``file``         ``"whole file"``
+    other            ``"<locator> <record_number>"``
+    ===============  ==========================================================
+
+    Counting lines reads the file up to the offset (1 MiB at a time): meant for
+    ``show``, ``which`` and error messages, not for every record. Never raises
+    for an unreadable file.
+    """
+    n = int(record_number)
+    if locator == "byte_offset":
+        if fs.is_local(path):
+            try:
+                return f"line {line_number_at(path, n) + 1:,} (byte {n:,})"
+            except (OSError, EOFError, ValueError, zlib.error):
+                pass
+        return f"byte {n:,}"
+    if locator == "line":
+        return f"line {n + 1:,}"
+    if locator == "row":
+        return f"row {n:,}"
+    if locator == "record":
+        return f"record {n:,}"
+    if locator == "file":
+        return "whole file"
+    return f"{locator} {n:,}"
+
+
+# ---------------------------------------------------------------------------
+# Files: matching patterns and reading, through seqcache.fs.
+
+
+def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list[SourceFile]:
+    """Files matching any of ``patterns`` (glob; ``**`` is recursive), sorted by path,
+    less those matching any of the ``exclude`` patterns (fnmatch, where ``*`` also
+    crosses ``/``: ``*/site-packages/*`` drops a whole folder). An exclude pattern
+    without ``/`` matches file names (``notes.txt``, ``*.md``); a relative one with
+    ``/`` is taken from the working directory, like the source patterns. An exclude
+    pattern that leaves out nothing is logged as a warning.
+
+    Local paths are made absolute so that the list (and every fingerprint built on
+    it) does not depend on the working directory. Directories are ignored.
+
+    Raises:
+      FileNotFoundError: a pattern matches no file (the message names the pattern).
+    """
+    excluders = [_excluder(x) for x in exclude]
+    used = [False] * len(excluders)
+
+    def excluded(path: str) -> bool:
+        hit = False
+        for k, test in enumerate(excluders):
+            if test(path):
+                used[k] = hit = True
+        return hit
+
+    found: dict[str, SourceFile] = {}
+    for pattern in patterns:
+        matched = [SourceFile(*f) for f in fs.match(pattern)]
+        if not matched:
+            raise FileNotFoundError(f"no file matches the source pattern {pattern!r}")
+        if exclude:
+            kept = [f for f in matched if not excluded(f.path)]
+            if not kept:
+                raise FileNotFoundError(
+                    f"every file matching the source pattern {pattern!r} is excluded by {list(exclude)}"
+                )
+            matched = kept
+        for f in matched:
+            found[f.path] = f
+    for k, x in enumerate(exclude):
+        if not used[k] and (x, tuple(patterns)) not in _WARNED:
+            _WARNED.add((x, tuple(patterns)))
+            log.warning("the exclude pattern %r leaves out no file of %s", x, list(patterns))
+    return [found[p] for p in sorted(found)]
+
+
+_WARNED: set = set()  # (exclude pattern, source patterns) already warned about in this process
+
+
+def _excluder(pattern: str) -> Callable[[str], bool]:
+    if "/" not in pattern:
+        return lambda path: fnmatch.fnmatchcase(path.rsplit("/", 1)[-1], pattern)
+    if not (fs.is_url(pattern) or pattern.startswith(("/", "*", "~"))):
+        pattern = os.path.abspath(pattern)
+    pattern = os.path.expanduser(pattern)
+    return lambda path: fnmatch.fnmatchcase(path, pattern)
+
+
+def open_binary(path: str, *, decompress: bool = True):
+    """Opens ``path`` for binary reading; ``.gz`` files are decompressed on the fly
+    (``seqcache.fs.open_binary``)."""
+    return fs.open_binary(path, decompress=decompress)
+
+
+_READ_ERRORS = (EOFError, OSError, zlib.error)
+
+
+def _read_error(path: str, error: BaseException, after: str | None) -> ValueError:
+    """A ``ValueError`` naming ``path`` for a file that fails while being read
+    (``after``: the last line, byte or row read, None when it failed at the start)."""
+    if path.endswith(".gz") and isinstance(error, (EOFError, zlib.error, gzip.BadGzipFile)):
+        what = "truncated or corrupt gzip data"
+    else:
+        what = f"cannot be read ({type(error).__name__})"
+    where = f"after {after}" if after else "at the start"
+    return ValueError(f"{path}: {what} {where}: {error}; replace the file, or leave it out "
+                      "(exclude=... in the source, --exclude on the command line)")
+
+
+def _read_whole(path: str) -> bytes:
+    try:
+        with fs.open_binary(path) as f:
+            return f.read()
+    except _READ_ERRORS as e:
+        raise _read_error(path, e, None) from None
+
+
+def _json_default(value: Any) -> Any:
+    """Canonical JSON of the values Parquet gives that JSON lacks (dates, times,
+    decimals: their ISO / decimal strings); anything else is refused."""
+    import datetime
+    import decimal
+
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, datetime.timedelta)):
+        return str(value)
+    raise TypeError(f"a value of type {type(value).__name__} has no JSON form")
+
+
+def _text_of_bytes(data: dict) -> tuple[dict, str | None]:
+    """``data`` with top-level ``bytes`` values decoded as UTF-8 text (a binary
+    Parquet column, a function yielding bytes). Returns the data and, when a value
+    is not UTF-8, a description of the first such value (the bytes are then
+    decoded with U+FFFD)."""
+    if not any(isinstance(v, (bytes, bytearray)) for v in data.values()):
+        return data, None
+    out, problem = {}, None
+    for key, value in data.items():
+        if isinstance(value, (bytes, bytearray)):
+            try:
+                value = bytes(value).decode("utf-8")
+            except UnicodeDecodeError as e:
+                problem = problem or f"value {key!r} is not valid UTF-8: {e}"
+                value = bytes(value).decode("utf-8", errors="replace")
+        out[key] = value
+    return out, problem
+
+
+def _patterns(pattern: str | Sequence[str]) -> tuple[str, ...]:
+    if isinstance(pattern, (str, os.PathLike)):
+        out = (os.fspath(pattern),)
+    else:
+        out = tuple(os.fspath(p) for p in pattern)
+    if not out or any(not p for p in out):
+        raise ValueError(f"a source needs at least one non-empty file pattern (got {pattern!r})")
+    return out
+
+
+def _check_target(target_bytes: int) -> None:
+    if not isinstance(target_bytes, int) or target_bytes < 1:
+        raise ValueError(f"target_bytes must be an int >= 1 (got {target_bytes=})")
+
+
+# ---------------------------------------------------------------------------
+
+
+class Source(abc.ABC):
+    """A collection of raw records, split into files, each record with a stable id.
+
+    Subclasses implement ``list_files``, ``fingerprint``, ``describe`` and either
+    ``read_split`` (with ``splits`` when a file can be read in parts) or, for a
+    source that reads whole files only, ``read_file``. Implementations must be
+    picklable and cheap to pickle: they are shipped to pipeline workers.
+    """
+
+    kind: str = "source"
+    on_error: ErrorPolicy = ErrorPolicy("raise")
+    # What ``SourceRecord.record_number`` counts in this source's files (one of
+    # ``LOCATORS``), for the manifest's source table and ``describe_record``.
+    locator: str = "record"
+
+    @abc.abstractmethod
+    def list_files(self) -> list[SourceFile]:
+        """The input files, sorted by path (deterministic).
+
+        Raises:
+          FileNotFoundError: a pattern matches nothing (the message names it).
+        """
+
+    @abc.abstractmethod
+    def fingerprint(self) -> dict:
+        """JSON-able identity: kind, parameters and files (path, num_bytes, mtime_ns)."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """Short human-readable description, e.g. ``"text lines of data/*.txt"``."""
+
+    def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
+        """The splits of one input file, each about ``target_bytes`` bytes, in
+        file order; together they hold each record of the file exactly once.
+
+        The default is the whole file, one split; sources that can start
+        reading in the middle of a file (byte ranges, row groups) override it.
+
+        Args:
+          file_index: the file's index in ``list_files()``.
+          file: the file, as in ``list_files()``.
+          target_bytes: the wanted size of a split, in bytes (>= 1).
+
+        Raises:
+          ValueError: ``target_bytes < 1``; a file whose layout cannot be read
+            (names the file).
+        """
+        _check_target(target_bytes)
+        return [Split(file_index, file.path, 0, None, file.num_bytes)]
+
+    def read_split(self, split: Split) -> Iterator[SourceRecord]:
+        """Streams the records of one split (see ``Split``) in file order; memory
+        does not grow with the file size. The default reads whole files only,
+        with ``read_file``.
+
+        Raises:
+          ValueError: a record cannot be read (``on_error="raise"``), or the file
+            cannot be read; the message names the file and the record. A split
+            this source cannot read (not the whole file, for whole-file sources).
+        """
+        if type(self).read_file is Source.read_file:
+            raise NotImplementedError(f"{type(self).__name__} implements neither read_split nor read_file")
+        self._require_whole(split)
+        return self.read_file(split.file_index, split.path)
+
+    def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
+        """Streams the records of one whole file: ``read_split(Split(file_index, path))``.
+
+        Args:
+          file_index: the file's index in ``list_files()``; copied into each record.
+          path: the file's path, as in ``list_files()``.
+
+        Raises:
+          ValueError: as ``read_split``.
+        """
+        return self.read_split(Split(file_index, path))
+
+    def read_all(self) -> Iterator[SourceRecord]:
+        """All records of all files, file by file (a convenience for small sources)."""
+        for i, f in enumerate(self.list_files()):
+            yield from self.read_file(i, f.path)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self.describe()}>"
+
+    def _require_whole(self, split: Split) -> None:
+        if not split.whole:
+            raise ValueError(f"{split.path}: {type(self).__name__} reads whole files only "
+                             f"(got the split [{split.start}, {split.stop}))")
+
+    def _record(self, file_index: int, record_number: int, raw: bytes, where: "str | Where", data: dict,
+                repairs: Sequence[tuple[str, str]] = ()) -> SourceRecord:
+        """The record after the content checks of ``check_text_values``; marked
+        as repaired when ``repairs`` (made earlier) or the checks repaired it."""
+        checked, more, skip = check_text_values(data, where, self.on_error)
+        if skip is not None:
+            return SourceRecord(file_index, record_number, {}, raw, RecordIssue("skipped", skip[0], skip[1]))
+        repairs = [*repairs, *more]
+        if repairs:
+            kinds = ",".join(dict.fromkeys(kind for kind, _ in repairs))
+            message = "; ".join(m for _, m in repairs)
+            return SourceRecord(file_index, record_number, checked, raw, RecordIssue("replaced", kinds, message))
+        return SourceRecord(file_index, record_number, checked, raw)
+
+    def _decode(self, file_index: int, record_number: int, raw: bytes, where: "str | Where",
+                repairs: list) -> tuple[str | None, SourceRecord | None]:
+        """``(text, None)`` for UTF-8 ``raw``; under ``replace`` also for other
+        bytes (U+FFFD, the repair noted in ``repairs``); else ``(None, the record
+        marked skipped)``, or raises."""
+        try:
+            return raw.decode("utf-8"), None
+        except UnicodeDecodeError as e:
+            problem = f" is not valid UTF-8: {e}"
+            if self.on_error.actions["invalid_utf8"] != "replace":
+                return None, self._bad("invalid_utf8", file_index, record_number, raw, where, problem)
+            repairs.append(("invalid_utf8", f"{as_where(where).text}{problem}"))
+            return raw.decode("utf-8", errors="replace"), None
+
+    def _bad(self, kind: str, file_index: int, record_number: int, raw: bytes, where: "str | Where",
+             problem: str) -> SourceRecord:
+        """A record of ``kind`` that cannot be repaired: raised, or marked skipped.
+        The message is ``where`` followed by ``problem`` (which starts with its
+        own separator, e.g. ``" is not valid JSON: ..."``)."""
+        where = as_where(where)
+        if self.on_error.actions[kind] == "raise":
+            raise ValueError(f"{where.raised()}{problem}; {error_hint(kind)}")
+        return SourceRecord(file_index, record_number, {}, raw, RecordIssue("skipped", kind, f"{where.text}{problem}"))
+
+
+class _FileSource(Source):
+    """Shared code of the sources that read files matched by glob patterns."""
+
+    def __init__(self, pattern: str | Sequence[str], *, on_error: "str | Mapping[str, str]" = "raise",
+                 exclude: str | Sequence[str] = ()):
+        self.patterns = _patterns(pattern)
+        self.on_error = ErrorPolicy(on_error)
+        self.exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)
+
+    def list_files(self) -> list[SourceFile]:
+        return match_files(self.patterns, exclude=self.exclude)
+
+    def _params(self) -> dict:
+        return {}
+
+    def fingerprint(self) -> dict:
+        # The files themselves (absolute paths, sizes, mtimes) identify the input;
+        # the patterns as typed do not: "*.txt", "./a.txt" and "/abs/a.txt" that
+        # match the same file give the same fingerprint.
+        return {
+            "kind": self.kind,
+            "params": self._params(),
+            "on_error": self.on_error.to_json(),
+            "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in self.list_files()],
+        }
+
+    def _pattern_text(self) -> str:
+        return ", ".join(self.patterns)
+
+
+class _TextSource(_FileSource):
+    """Shared constructor of the sources whose records are plain text."""
+
+    def __init__(self, pattern: str | Sequence[str], *, field: str = "text",
+                 on_error: "str | Mapping[str, str]" = "raise", exclude: str | Sequence[str] = ()):
+        super().__init__(pattern, on_error=on_error, exclude=exclude)
+        self.field = field
+
+    def _params(self) -> dict:
+        return {"field": self.field}

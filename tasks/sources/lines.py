@@ -1,0 +1,111 @@
+"""Line-oriented files read in byte ranges: the splitting shared by text lines
+and JSON lines.
+
+A line is the bytes from just after a ``b"\\n"`` (or the start of the file) up to
+and including the next ``b"\\n"`` (or the end of the file); ``b"\\r\\n"`` ends a
+line because it ends with ``b"\\n"``. A line is named by its **byte offset**: the
+offset of its first byte in the file (in the decompressed stream for a
+compressed file). The offset does not depend on how the file is split, unlike
+a line number counted from the start of a split.
+
+Splitting: a range ``[start, stop)`` holds the lines whose first byte lies in it.
+Reading it seeks to ``start - 1`` and passes over everything through the first
+``b"\\n"`` (so a line that begins exactly at ``start`` is kept, and an edge
+between ``\\r`` and ``\\n`` falls inside the line before), then reads lines while
+a line's first byte is below ``stop``; the last line may run past ``stop``.
+``b"\\n"`` never occurs inside a multi-byte UTF-8 character, so an edge inside
+one needs no care. The ranges of a file therefore hold every line exactly once.
+
+Compressed files (the suffixes of ``COMPRESSED_SUFFIXES``) cannot be entered in
+the middle and are one range, read whole.
+
+All file access goes through ``seqcache.fs``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from seqcache import fs
+
+# The compression suffixes Apache Beam's CompressionTypes recognises (in any case).
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".deflate", ".zst", ".zstd", ".xz", ".lzma")
+
+_CHUNK = 1 << 20  # bytes per read when counting lines
+
+
+def is_compressed(path: str) -> bool:
+    """True when ``path`` ends in a compression suffix (``.gz``, ``.bz2``, ...)."""
+    return path.lower().endswith(COMPRESSED_SUFFIXES)
+
+
+def byte_ranges(num_bytes: int, target_bytes: int) -> list[tuple[int, int | None]]:
+    """``[start, stop)`` byte ranges of about ``target_bytes`` (at most that) that
+    cover a file of ``num_bytes`` bytes, in order; the last has ``stop=None`` (to
+    the end of the file). A file of at most ``target_bytes`` is one range ``(0,
+    None)``. Sizes differ by at most one byte.
+
+    Raises:
+      ValueError: ``target_bytes < 1``.
+    """
+    if not isinstance(target_bytes, int) or target_bytes < 1:
+        raise ValueError(f"target_bytes must be an int >= 1 (got {target_bytes=})")
+    if num_bytes <= target_bytes:
+        return [(0, None)]
+    n = -(-num_bytes // target_bytes)
+    bounds = [num_bytes * i // n for i in range(n)]
+    return [(a, bounds[i + 1] if i + 1 < n else None) for i, a in enumerate(bounds)]
+
+
+def read_lines(path: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` for each line whose first byte lies in ``[start, stop)``
+    (see the module docstring); ``line`` keeps its terminator. ``stop=None``
+    reads to the end of the file. Memory: one line at a time.
+
+    Raises:
+      ValueError: ``start > 0`` for a compressed file.
+      OSError, EOFError, zlib.error: the file cannot be read (the caller names it).
+    """
+    if start < 0 or (stop is not None and stop < start):
+        raise ValueError(f"{path}: bad byte range [{start}, {stop})")
+    if start > 0 and is_compressed(path):
+        raise ValueError(f"{path}: a compressed file is read whole (got a range from byte {start})")
+    with fs.open_binary(path) as f:
+        offset = 0
+        if start > 0:
+            f.seek(start - 1)
+            offset = start - 1 + len(f.readline())  # through the first b"\n" at or after start - 1
+        for line in f:
+            if stop is not None and offset >= stop:
+                break
+            yield offset, line
+            offset += len(line)
+
+
+def line_number_at(path: str, offset: int) -> int:
+    """The 0-based number of the line that begins at byte ``offset`` of ``path``
+    (decompressed): the count of ``b"\\n"`` before it. Reads the file up to
+    ``offset`` in chunks of 1 MiB (memory does not grow with the file); meant for
+    error messages and look-ups by hand, not for every record.
+
+    Raises:
+      ValueError: no line begins at ``offset`` (the file ends before it, or the
+        byte before it is not ``b"\\n"``: the file changed).
+      OSError, EOFError, zlib.error: the file cannot be read.
+    """
+    if offset < 0:
+        raise ValueError(f"{path}: byte offset {offset} is negative")
+    count, left, last = 0, offset, b"\n"
+    with fs.open_binary(path) as f:
+        while left:
+            chunk = f.read(min(_CHUNK, left))
+            if not chunk:
+                raise ValueError(f"{path}: the file ends before byte {offset}")
+            count += chunk.count(b"\n")
+            left -= len(chunk)
+            last = chunk[-1:]
+        if not f.read(1) and offset > 0:
+            raise ValueError(f"{path}: the file ends at byte {offset}; no line begins there")
+    if last != b"\n":
+        raise ValueError(f"{path}: no line begins at byte {offset} (the byte before it is not a newline)")
+    return count

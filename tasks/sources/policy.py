@@ -1,0 +1,305 @@
+"""The bad-input policy of a source: kinds of bad input, the action per kind,
+and the content checks of text values.
+
+Bad input is sorted into kinds, and each source has a policy per kind
+(``on_error``; see ``ErrorPolicy``):
+
+======================  ==================================================  ==========================
+kind                    what                                                actions (default first)
+======================  ==================================================  ==========================
+``invalid_utf8``        bytes that are not UTF-8                            raise, skip, replace
+``carriage_return``     a CR inside a text line (old Mac line endings)      raise, skip, replace
+``control_characters``  Unicode Cc characters other than the White_Space    raise, skip, replace, keep
+                        ones (U+0000-0008, U+000E-001F, U+007F-0084,
+                        U+0086-009F)
+``u2581``               U+2581, SentencePiece's whitespace symbol, in the   raise, skip, replace, keep
+                        text (usually text that was already tokenized)
+``empty``               a text value that is ``""`` (an empty line or file)  raise, skip, keep
+``whitespace``          a text value of whitespace only (``str.isspace``)    raise, skip, keep
+``malformed``           a JSON line that does not parse or is not an object  raise, skip
+``missing_field``       a selected JSON field that is absent                 raise, skip
+``bad_value``           a value the task cannot use: a wrong type, a null,   raise, skip
+                        a token id outside the vocabulary (``Task`` checks)
+======================  ==================================================  ==========================
+
+``"raise"`` raises ``ValueError`` naming the file, the record and what is wrong,
+and says which option accepts it. ``"skip"`` yields the record with ``data ==
+{}`` and ``issue == RecordIssue("skipped", kind, message)``, so that the
+pipeline counts it and writes it to the quarantine file; ``Task.preprocess_batch``
+never turns such a record into an example. ``"replace"`` keeps the record,
+repaired, with ``issue == RecordIssue("replaced", kinds, message)`` so that the
+pipeline counts and lists it: invalid UTF-8 and control characters become
+U+FFFD, a carriage return inside a line becomes a newline, U+2581 becomes a space
+(what a SentencePiece model reads it as). ``"keep"`` accepts the text as it is.
+The content checks (control characters, U+2581, empty, whitespace) apply to every
+string value a source yields, after any repair.
+
+Messages of skipped and repaired records name the record by an id that does not
+depend on how the file was split (a byte offset, a row index); they go into a
+cache's quarantine file, which is part of what a build produces. A raised error
+may say more (a line number, found by reading the file up to the record): see
+``Where``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Mapping, Sequence
+
+# The kinds of bad input and the actions each allows (the first is the default).
+ERROR_KINDS: dict[str, tuple[str, ...]] = {
+    "invalid_utf8": ("raise", "skip", "replace"),
+    "carriage_return": ("raise", "skip", "replace"),
+    "control_characters": ("raise", "skip", "replace", "keep"),
+    "u2581": ("raise", "skip", "replace", "keep"),
+    "empty": ("raise", "skip", "keep"),
+    "whitespace": ("raise", "skip", "keep"),
+    "malformed": ("raise", "skip"),
+    "missing_field": ("raise", "skip"),
+    "bad_value": ("raise", "skip"),
+}
+_ON_ERROR = ("raise", "skip", "replace")
+
+
+class ErrorPolicy:
+    """What a source does with each kind of bad input (see the module docstring).
+
+    ``ErrorPolicy("raise")`` (the default), ``ErrorPolicy("skip")`` and
+    ``ErrorPolicy("replace")`` apply one action to every kind; ``"replace"``
+    skips the kinds that cannot be repaired. A mapping sets the action per kind,
+    with ``"default"`` (``"raise"`` unless given) for the kinds it does not name::
+
+        ErrorPolicy({"empty": "skip", "control_characters": "keep"})
+        ErrorPolicy({"default": "skip", "u2581": "replace"})
+
+    Raises:
+      ValueError: an unknown kind or action, or an action a kind does not allow
+        (e.g. ``{"empty": "replace"}``); the message lists what is allowed.
+    """
+
+    __slots__ = ("actions",)
+
+    def __init__(self, spec: "str | Mapping[str, str] | ErrorPolicy" = "raise"):
+        if isinstance(spec, ErrorPolicy):
+            self.actions = dict(spec.actions)
+            return
+        if isinstance(spec, str):
+            spec = {"default": spec}
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"on_error must be one of {_ON_ERROR} or a mapping kind -> action (got {spec!r})")
+        spec = dict(spec)
+        default = spec.pop("default", "raise")
+        if default not in _ON_ERROR:
+            raise ValueError(f"on_error must be one of {_ON_ERROR} (got {default!r}); "
+                             "'keep' is set per kind, e.g. {'empty': 'keep'}")
+        actions = {}
+        for kind, allowed in ERROR_KINDS.items():
+            actions[kind] = default if default in allowed else "skip"
+        for kind, action in spec.items():
+            if kind not in ERROR_KINDS:
+                raise ValueError(f"unknown kind of bad input {kind!r} in on_error (kinds: {', '.join(ERROR_KINDS)})")
+            if action not in ERROR_KINDS[kind]:
+                raise ValueError(f"on_error[{kind!r}] must be one of {ERROR_KINDS[kind]} (got {action!r})")
+            actions[kind] = action
+        self.actions = actions
+
+    def action(self, kind: str) -> str:
+        """The action for ``kind``: ``"raise"``, ``"skip"``, ``"replace"`` or ``"keep"``."""
+        return self.actions[kind]
+
+    def to_json(self) -> dict[str, str]:
+        """Every kind with its action (part of the source's fingerprint)."""
+        return dict(self.actions)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (str, Mapping)):
+            other = ErrorPolicy(other)
+        return isinstance(other, ErrorPolicy) and self.actions == other.actions
+
+    def __getstate__(self):
+        return self.actions
+
+    def __setstate__(self, state):
+        self.actions = state
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.actions.items() if v != "raise"}
+        return f"ErrorPolicy({changed or 'raise'!r})"
+
+
+def parse_on_error(values: "str | Sequence[str]") -> "str | dict[str, str]":
+    """The ``on_error`` of command-line values: ``"raise"``, ``"skip"``,
+    ``"replace"`` or ``"KIND=ACTION"`` (several may be given, e.g.
+    ``["skip", "empty=keep"]``).
+
+    Raises:
+      ValueError: a malformed value, an unknown kind or action.
+    """
+    if isinstance(values, str):
+        values = [values]
+    spec: dict[str, str] = {}
+    for value in values:
+        kind, sep, action = value.partition("=")
+        kind, action = (kind.strip(), action.strip()) if sep else ("default", value.strip())
+        if kind == "default" and action not in _ON_ERROR:
+            raise ValueError(f"{value!r}: one action for every kind is one of {', '.join(_ON_ERROR)}; "
+                             f"'keep' is given per kind, e.g. empty=keep")
+        if kind != "default" and kind not in ERROR_KINDS:
+            raise ValueError(f"{value!r}: unknown kind {kind!r} (kinds: {', '.join(ERROR_KINDS)})")
+        if kind != "default" and action not in ERROR_KINDS[kind]:
+            raise ValueError(f"{value!r}: {kind} can be {', '.join(ERROR_KINDS[kind])}")
+        if kind in spec and spec[kind] != action:
+            shown = kind if kind != "default" else "the action for every kind"
+            raise ValueError(f"{shown} given twice: {spec[kind]!r} and {action!r}")
+        spec[kind] = action
+    ErrorPolicy(spec)  # validates
+    return spec.get("default", "raise") if set(spec) <= {"default"} else spec
+
+
+class Where:
+    """Where a record lies, for messages about it.
+
+    ``text`` names the file and the record by an id that does not depend on how
+    the file was split (``"/data/a.txt: line at byte 1234"``): it goes into the
+    message of a skipped or repaired record, and so into a cache's quarantine
+    file. ``raised()`` is what a raised error says instead; it may cost a read of
+    the file (``"/data/a.txt: line 12 (byte 1234)"``), which only the error path
+    pays. A plain string is a ``Where`` whose two forms are the same.
+    """
+
+    __slots__ = ("text", "_raised")
+
+    def __init__(self, text: str, raised: Callable[[], str] | None = None):
+        self.text = text
+        self._raised = raised
+
+    def raised(self) -> str:
+        """The form for a raised error (``text`` when no other was given)."""
+        return self._raised() if self._raised is not None else self.text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"Where({self.text!r})"
+
+
+def as_where(where: "str | Where") -> Where:
+    """``where`` as a ``Where`` (a string is both of its forms)."""
+    return where if isinstance(where, Where) else Where(where)
+
+
+_CONTROL_RE = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+# Any character some content kind looks at: one scan tells a clean text apart.
+_SUSPECT_RE = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u2581\ud800-\udfff]")
+_HOW = {
+    "invalid_utf8": "'replace' (U+FFFD) or 'skip'",
+    "carriage_return": "'replace' (a newline) or 'skip'",
+    "control_characters": "'keep', 'replace' (U+FFFD) or 'skip'",
+    "u2581": "'keep', 'replace' (a space) or 'skip'",
+    "empty": "'skip' or 'keep'",
+    "whitespace": "'skip' or 'keep'",
+    "malformed": "'skip'",
+    "missing_field": "'skip'",
+    "bad_value": "'skip'",
+}
+
+
+def is_clean_text(text: str) -> bool:
+    """True when ``text`` has none of the content problems of ``text_problems``
+    and no carriage return (the fast path of line sources: no message is built)."""
+    return bool(text) and "\r" not in text and _SUSPECT_RE.search(text) is None and not text.isspace()
+
+
+def error_hint(kind: str) -> str:
+    """How to accept, repair or skip records of ``kind``, for error messages."""
+    return (f"set the source's on_error={{{kind!r}: ...}} to {_HOW[kind]} "
+            f"(with --source on the command line: --on-error {kind}=ACTION)")
+
+
+def text_problems(text: str) -> list[tuple[str, str]]:
+    """The content problems of one text value, as ``(kind, description)`` pairs
+    (kinds ``invalid_utf8`` for a lone surrogate, ``control_characters``,
+    ``u2581``, ``empty``, ``whitespace``).
+    The description locates the first offending character (0-based index)."""
+    if not text:
+        return [("empty", "is empty")]
+    out = []
+    m = _SURROGATE_RE.search(text)
+    if m:  # only a JSON \\u escape or a Python string can carry one; it has no UTF-8 form
+        out.append(("invalid_utf8", f"contains a lone surrogate U+{ord(m.group()):04X} at character {m.start()} "
+                                    "(a broken \\u escape?), which is not valid UTF-8"))
+    m = _CONTROL_RE.search(text)
+    if m:
+        n = len(_CONTROL_RE.findall(text))
+        out.append(("control_characters",
+                    f"contains control character U+{ord(m.group()):04X} at character {m.start()}"
+                    + (f" ({n} in all)" if n > 1 else "")))
+    i = text.find("\u2581")
+    if i >= 0:
+        n = text.count("\u2581")
+        out.append(("u2581", f"contains U+2581 (SentencePiece's whitespace symbol) at character {i}"
+                             + (f" ({n} in all)" if n > 1 else "")))
+    if text.isspace():
+        out.append(("whitespace", "holds only whitespace"))
+    return out
+
+
+_REPAIRS = {
+    "invalid_utf8": lambda t: _SURROGATE_RE.sub("\ufffd", t),
+    "control_characters": lambda t: _CONTROL_RE.sub("\ufffd", t),
+    "u2581": lambda t: t.replace("\u2581", " "),
+}
+
+
+def check_text_values(data: dict, where: "str | Where",
+                      policy: ErrorPolicy) -> tuple[dict | None, list[tuple[str, str]], tuple[str, str] | None]:
+    """Applies ``policy`` to the content problems of the values of ``data``
+    (strings, and empty token-id lists for the kind ``empty``).
+
+    Returns ``(data, repairs, skip)``: the (possibly repaired) data, the repairs
+    made as ``(kind, message)`` pairs, and ``(kind, message)`` when the record is
+    to be skipped (then ``data`` is None). These messages name the record by
+    ``where.text``.
+
+    Raises:
+      ValueError: a problem whose action is ``"raise"``; names ``where.raised()``
+        (file and record), the field when there are several, the problem and the
+        option.
+    """
+    where = as_where(where)
+    repairs: list[tuple[str, str]] = []
+    out = data
+
+    def label(key: str, raising: bool) -> str:
+        w = where.raised() if raising else where.text
+        return w if len(data) == 1 else f"{w}, field {key!r},"
+
+    for key, value in data.items():
+        if isinstance(value, (list, tuple)) and not value and policy.actions["empty"] != "keep":
+            action = policy.actions["empty"]
+            message = f"{label(key, action == 'raise')} is empty (no token ids)"
+            if action == "raise":
+                raise ValueError(f"{message}; {error_hint('empty')}")
+            return None, repairs, ("empty", message)
+        if not isinstance(value, str):
+            continue
+        while True:  # each repair removes its kind, but can expose another (U+2581 -> whitespace)
+            problems = [(k, d) for k, d in text_problems(value) if policy.actions[k] != "keep"]
+            if not problems:
+                break
+            kind, description = problems[0]
+            action = policy.actions[kind]
+            message = f"{label(key, action == 'raise')} {description}"
+            if action == "raise":
+                raise ValueError(f"{message}; {error_hint(kind)}")
+            if action == "skip":
+                return None, repairs, (kind, message)
+            value = _REPAIRS[kind](value)
+            repairs.append((kind, message))
+        if value is not data[key]:
+            if out is data:
+                out = dict(data)
+            out[key] = value
+    return out, repairs, None

@@ -1,0 +1,45 @@
+"""``TextFileSource``: one record per whole file."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from seqcache.tasks.sources.base import _BOM, Split, SourceRecord, _read_whole, _TextSource
+
+
+class TextFileSource(_TextSource):
+    """One record per whole file (plain or ``.gz``), e.g. for code corpora.
+
+    ``record_number`` is always 0 (``locator`` ``"file"``) and ``raw`` is the
+    file's (decompressed) bytes; a leading UTF-8 byte order mark is removed. A
+    file is one split, and one file is held in memory at a time.
+
+    Args:
+      pattern: a glob pattern (``**`` recursive) or a sequence of them.
+      field: key of the file's text in ``SourceRecord.data``.
+      on_error: the ``ErrorPolicy`` spec. Kinds met here: ``invalid_utf8`` and the
+        content kinds (an empty file is ``empty``).
+
+    Raises (from ``read_split`` / ``read_file``):
+      ValueError: bad input whose action is ``"raise"``; names the file. A file
+        that cannot be read; a split that is not the whole file.
+    """
+
+    kind = "files"
+    locator = "file"
+
+    def describe(self) -> str:
+        return f"whole files of {self._pattern_text()}"
+
+    def read_split(self, split: Split) -> Iterator[SourceRecord]:
+        self._require_whole(split)
+        return self._read(split.file_index, split.path)
+
+    def _read(self, file_index: int, path: str) -> Iterator[SourceRecord]:
+        raw = _read_whole(path)
+        if raw.startswith(_BOM):
+            raw = raw[len(_BOM):]
+        where = f"{path}: file"
+        repairs = []
+        text, bad = self._decode(file_index, 0, raw, where, repairs)
+        yield bad if bad is not None else self._record(file_index, 0, raw, where, {self.field: text}, repairs)

@@ -21,10 +21,7 @@ from seqcache.tasks.preprocessors import (
     trim,
 )
 from seqcache.tasks.registry import MixtureRegistry, TaskRegistry, get_task_or_mixture, import_definitions
-from seqcache.tasks.sources import (  # noqa: F401  (the three SOURCE_* names are deprecated, not in __all__)
-    SOURCE_ERROR_KEY,
-    SOURCE_ERROR_KIND_KEY,
-    SOURCE_REPLACED_KEY,
+from seqcache.tasks.sources import (
     ERROR_KINDS,
     ErrorPolicy,
     FunctionSource,

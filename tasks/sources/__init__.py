@@ -79,13 +79,6 @@ from seqcache.tasks.sources.spec import parse_source_spec
 from seqcache.tasks.sources.text_files import TextFileSource
 from seqcache.tasks.sources.text_lines import TextLineSource
 
-# Deprecated: no record carries these keys in its ``data`` any more; a skipped or
-# repaired record says so in ``SourceRecord.issue``. The names stay importable
-# for code that has not moved to ``issue`` yet (it sees no marked record).
-SOURCE_ERROR_KEY = "_source_error"
-SOURCE_ERROR_KIND_KEY = "_source_error_kind"
-SOURCE_REPLACED_KEY = "_source_replaced"
-
 __all__ = [
     "ERROR_KINDS",
     "LOCATORS",

@@ -174,8 +174,7 @@ class Task:
             if e.index is None:
                 raise ValueError(f"task {self.name!r}, a batch of {len(inputs)} records: {e}") from None
             r = records[live[e.index]]
-            raise ValueError(f"task {self.name!r}, record (file_index={r.file_index}, "
-                             f"record_number={r.record_number}): {e}") from None
+            raise ValueError(f"task {self.name!r}, {self.record_label(r)}: {e}") from None
         out = []
         for j, ex in survivors:
             index = live[j]
@@ -187,8 +186,19 @@ class Task:
                 skipped.append((index, str(e)))
         return out
 
+    def record_label(self, record: SourceRecord) -> str:
+        """The record in words that do not depend on how the file was split
+        (they go into quarantine.jsonl): ``"line at byte 17 of file 0"``,
+        ``"row 3 of file 1"``, ``"record 5 of file 0"``, ``"file 2"``."""
+        n = record.record_number
+        locator = getattr(self.source, "locator", "record")
+        what = {"byte_offset": f"line at byte {n}", "row": f"row {n}", "line": f"line {n + 1}"}.get(locator)
+        if locator == "file":
+            return f"file {record.file_index}"
+        return f"{what or f'record {n}'} of file {record.file_index}"
+
     def _finalize(self, ex: dict, record: SourceRecord) -> dict[str, np.ndarray]:
-        where = f"task {self.name!r}, record (file_index={record.file_index}, record_number={record.record_number})"
+        where = f"task {self.name!r}, {self.record_label(record)}"
         result = {}
         for name, feature in self.output_features.items():
             value = ex.get(name)

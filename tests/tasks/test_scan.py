@@ -79,6 +79,6 @@ def test_a_failing_preprocessor_is_named_with_its_file(tmp_path):
                       output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
                       preprocessors=[tasks.FunctionPreprocessor(_raises_on_boom, name="lookup"),
                                      tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
-    with pytest.raises(ValueError, match=r"k\.txt: task 'kerr', record \(file_index=0, record_number=5\): "
+    with pytest.raises(ValueError, match=r"k\.txt: task 'kerr', line at byte 5 of file 0: "
                                          r"preprocessor 'lookup' raised KeyError"):
         tasks.scan_task(task)

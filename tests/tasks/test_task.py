@@ -65,10 +65,10 @@ def test_preprocess_batch_trim_counts(shakespeare):
 def test_preprocess_batch_errors_name_the_record(shakespeare):
     task = _lm_task(shakespeare, preprocessors=[tokenize()])  # no rekey: "targets" never appears
     records = [SourceRecord(3, 17, {"text": "x"}, b"x")]
-    with pytest.raises(ValueError, match=r"file_index=3, record_number=17\): required feature 'targets' is missing"):
+    with pytest.raises(ValueError, match=r"task .*, line at byte 17 of file 3: required feature 'targets' is missing"):
         task.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)
     untokenized = _lm_task(shakespeare, preprocessors=[rekey({"targets": "text"})])
-    with pytest.raises(ValueError, match=r"record_number=17\): feature 'targets' is still text"):
+    with pytest.raises(ValueError, match=r"line at byte 17 of file 3: feature 'targets' is still text"):
         untokenized.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)
     with pytest.raises(ValueError, match="got 0 keys for 1 records"):
         task.preprocess_batch(records, [], seed=0, sequence_length=None)

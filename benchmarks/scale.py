@@ -423,7 +423,7 @@ if __name__ == "__main__":
 
             dask_dir = work / "dask-scratch"
             with distributed.LocalCluster(n_workers=cli_args.dask_workers, threads_per_worker=1, processes=True,
-                                          host="127.0.0.1", dashboard_address=None,
+                                          host="127.0.0.1", dashboard_address="127.0.0.1:0",
                                           local_directory=str(dask_dir)) as cluster:
                 with distributed.Client(cluster) as client:
                     pids = sorted(client.run(os.getpid).values())

@@ -40,8 +40,14 @@ def test_build_info_show_verify(tmp_path, shared_data):
     first_seg = segments[0]
     record = first_seg["provenance"]["record_number"]
     assert first_seg["provenance"]["path"].endswith("a.txt")
+    # A text line's record number is the byte offset of its first byte: map it back to the line.
+    line_starts, start = {}, 0
+    for k, line in enumerate(lines):
+        line_starts[start] = k
+        start += len(line.encode("utf-8")) + 1
+    assert record in line_starts and lines[line_starts[record]]  # a line start, and not a skipped blank line
     if first_seg["provenance"]["token_offset"] == 0:
-        assert first_seg["text"].startswith(lines[record])
+        assert first_seg["text"].startswith(lines[line_starts[record]])
 
     ok = runner.invoke(main, ["verify", cache])
     assert ok.exit_code == 0 and "ok" in ok.output
@@ -126,13 +132,15 @@ def test_vocab_check_reports_what_does_not_survive_the_round_trip(tmp_path, shar
                                    "--vocab-size", "400", "--max-records", "2000", "--output", str(model)])
     assert trained.exit_code == 0, trained.output
     text = tmp_path / "t.txt"
-    text.write_text("plain line\nspaces  collapsed\nmeta \u2581 symbol\n", encoding="utf-8")
+    data = "plain line\nspaces  collapsed\nmeta \u2581 symbol\n".encode("utf-8")
+    text.write_bytes(data)
     out = runner.invoke(main, ["vocab", "check", "--vocabulary", str(model), "--source", f"text:{text}", "--json"])
     assert out.exit_code == 1
     report = json.loads(out.output)
     assert report["records"] == 3 and report["changed"] == 2
     reasons = {p["record_number"]: p["reason"] for p in report["examples"]}
-    assert reasons == {1: "normalisation", 2: "contains U+2581"}
+    # Record numbers of a text source are the byte offsets of the lines' first bytes.
+    assert reasons == {data.index(b"spaces"): "normalisation", data.index(b"meta"): "contains U+2581"}
     clean = runner.invoke(main, ["vocab", "check", "--vocabulary", "byte", "--source", f"text:{text}"])
     assert clean.exit_code == 0 and "0 change" in clean.output
 

@@ -31,7 +31,9 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /
 # Far above a build's few seconds: reaching it means the command hung.
 TIMEOUT_S = 120
 MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
-BAD_RECORD = "line 2 (record 1) contains control character U+0001"
+A_TXT = b"ok\nbad \x01 control\nfine\n"
+# A line's record id is the byte offset of its first byte: line 2 starts after "ok\n".
+BAD_RECORD = f"line 2 (byte {A_TXT.index(b'bad')}) contains control character U+0001"
 
 
 def _marked_env() -> tuple[dict, str]:
@@ -70,7 +72,7 @@ def bad_corpus(tmp_path):
     """Two text files; line 2 of a.txt holds U+0001 (raised on by default)."""
     src = tmp_path / "in"
     src.mkdir()
-    (src / "a.txt").write_bytes(b"ok\nbad \x01 control\nfine\n")
+    (src / "a.txt").write_bytes(A_TXT)
     (src / "b.txt").write_bytes(b"more\n")
     return str(src / "*.txt")
 

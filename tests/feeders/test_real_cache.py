@@ -1,5 +1,6 @@
 """End to end on real text: a packed cache built by the Beam pipeline from
-tinyshakespeare, fed by the Feeder, traced back to source lines by `which`."""
+tinyshakespeare, fed by the Feeder, traced back to source lines by `which`
+(a line's record number is the byte offset of its first byte)."""
 
 import numpy as np
 import pytest
@@ -27,11 +28,16 @@ def shakespeare_cache(tmp_path_factory, shared_data):
     root = tmp_path_factory.mktemp("caches")
     result = pipelines.build_task(task, cache_dir=str(root),
                                   config=pipelines.BuildConfig(num_shards=3, sequence_length={"targets": L}))
-    return result.cache_dir, lines
+    # A text line's record number is the byte offset of its first byte: map it back to the line.
+    line_at, start = {}, 0
+    for k, line in enumerate(lines):
+        line_at[start] = k
+        start += len(line.encode("utf-8")) + 1
+    return result.cache_dir, lines, line_at
 
 
 def test_every_packed_example_once_and_traced_to_its_source_line(shakespeare_cache):
-    cache_dir, lines = shakespeare_cache
+    cache_dir, lines, line_at = shakespeare_cache
     with Feeder(cache=cache_dir, global_batch_size=8, sequence_length=L, host_index=0, host_count=2,
                 num_epochs=1, seed=1) as f:
         n = f.readers[0].num_examples
@@ -52,7 +58,8 @@ def test_every_packed_example_once_and_traced_to_its_source_line(shakespeare_cac
             assert len(d["segments"]) == len(set(seg_ids[seg_ids > 0].tolist()))
             for seg in d["segments"]:
                 assert seg["source"].endswith("play.txt")
-                line = lines[seg["record_number"]]
+                assert seg["record_number"] in line_at  # the first byte of a line
+                line = lines[line_at[seg["record_number"]]]
                 # The segment's text is the source line (from its token offset; the
                 # byte vocabulary drops the EOS id), possibly cut by packing.
                 text = seg["text"]

@@ -36,6 +36,15 @@ def _decoded_multiset(cache_dir):
         return collections.Counter(tuple(e["targets"].tolist()) for e in r.read_examples(range(len(r))))
 
 
+def _line_starts(data: bytes) -> list[int]:
+    """The byte offset of every line's first byte (a line source's record numbers)."""
+    starts, start = [], 0
+    for line in data.split(b"\n"):
+        starts.append(start)
+        start += len(line) + 1
+    return starts
+
+
 def _expected(texts, vocab, trim_to=None):
     out = collections.Counter()
     for ids in vocab.encode_batch(list(texts)):
@@ -53,12 +62,15 @@ def test_tinyshakespeare_every_line_once(tmp_path, shared_data):
         cache_dir=str(tmp_path),
         config=BuildConfig(num_shards=5),
     )
-    lines = path.read_text(encoding="utf-8").split("\n")
+    data = path.read_bytes()
+    lines = data.decode("utf-8").split("\n")
+    starts = _line_starts(data)
     if lines and lines[-1] == "":
         lines.pop()  # the file ends with a newline: no record after it
     assert len(lines) == 40000
     kept = [line for line in lines if line]
-    empty = [i for i, line in enumerate(lines) if not line]
+    # A line's record number is the byte offset of its first byte.
+    empty = [starts[i] for i, line in enumerate(lines) if not line]
     assert result.manifest.num_examples == len(kept) and len(empty) > 7000
     assert _decoded_multiset(result.cache_dir) == _expected(kept, vocab)
     stats = result.manifest.statistics
@@ -66,7 +78,8 @@ def test_tinyshakespeare_every_line_once(tmp_path, shared_data):
     assert stats["skipped_records"] == len(empty) and stats["source_records"] == 40000
     quarantined = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
     assert [e["record_number"] for e in quarantined] == empty
-    assert all(e["error"].endswith("is empty") and e["action"] == "skipped" for e in quarantined)
+    assert all(e["error"].endswith(f"line at byte {e['record_number']} is empty") and e["action"] == "skipped"
+               for e in quarantined)
 
 
 def test_c4_parquet_every_document_once_with_trim(tmp_path, shared_data):
@@ -115,9 +128,11 @@ def test_lm_packing_keeps_every_token_and_records_provenance(tmp_path, shared_da
     )
     texts = {}
     for fi, p in enumerate(sorted((shared_data / "dolma_cc").glob("*.jsonl.gz"))):
-        with gzip.open(p, "rt", encoding="utf-8") as f:
-            for rn, line in enumerate(f):
-                texts[(fi, rn)] = json.loads(line)["text"]
+        with gzip.open(p, "rb") as f:
+            offset = 0  # a line's record number: the byte offset of its first byte, decompressed
+            for line in f:
+                texts[(fi, offset)] = json.loads(line)["text"]
+                offset += len(line)
     with CacheReader(result.cache_dir) as r:
         examples = r.read_examples(range(len(r)))
         provenance = r.read_sources(range(len(r)))
@@ -162,8 +177,10 @@ def test_sentencepiece_vocabulary_travels_with_the_cache(tmp_path, shared_data):
         v = r.vocabulary("targets")
         ex = r.read_examples([0])[0]["targets"]
         prov = r.read_sources([0])[0][0]
-    all_lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").split("\n")
-    line = all_lines[prov["record_number"]]
+    data = (shared_data / "sentencepiece_data" / "botchan.txt").read_bytes()
+    all_lines = data.decode("utf-8").split("\n")
+    # The record number is the byte offset of the line's first byte.
+    line = all_lines[_line_starts(data).index(prov["record_number"])]
     assert ex.tolist() == vocab.encode(line) + [vocab.eos_id]
     assert v.decode(ex.tolist()) == vocab.decode(vocab.encode(line))  # same model, rebuilt from the cache
 

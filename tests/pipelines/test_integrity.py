@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -184,17 +185,22 @@ def test_killed_build_leaves_no_manifest_and_rerun_gives_same_bytes(tmp_path, co
     assert sorted(os.listdir(out_dir)) == sorted(os.listdir(cache))  # no leftovers
 
 
+BAD_UTF8_A = b"first line\nsecond \xff\xfe line\nthird line\n"
+# A line's record number is the byte offset of its first byte: the bad line is line 2.
+BAD_UTF8_RECORD = BAD_UTF8_A.index(b"second")
+
+
 def _bad_utf8_corpus(tmp_path):
     src = tmp_path / "bad"
     src.mkdir()
-    (src / "a.txt").write_bytes(b"first line\nsecond \xff\xfe line\nthird line\n")
+    (src / "a.txt").write_bytes(BAD_UTF8_A)
     (src / "b.txt").write_bytes(b"fourth line\n")
     return str(src / "*.txt")
 
 
 def test_bad_record_raises_naming_file_and_line_by_default(tmp_path):
     pattern = _bad_utf8_corpus(tmp_path)
-    with pytest.raises(Exception, match=r"a\.txt.*(line 2|record 1)"):
+    with pytest.raises(Exception, match=rf"a\.txt: line 2 \(byte {BAD_UTF8_RECORD}\) "):
         build_task(_task(pattern), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
     assert not os.path.exists(tmp_path / "c" / "lines" / "train" / fmt.MANIFEST_NAME)
 
@@ -214,8 +220,8 @@ def test_skipped_records_are_counted_and_quarantined(tmp_path):
     assert m.statistics["source_records"] == 4  # every record read, the skipped one included
     assert m.raw["quarantine"] == fmt.QUARANTINE_NAME
     entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
-    assert [(os.path.basename(e["path"]), e["record_number"]) for e in entries] == [("a.txt", 1)]
-    assert "UTF-8" in entries[0]["error"]
+    assert [(os.path.basename(e["path"]), e["record_number"]) for e in entries] == [("a.txt", BAD_UTF8_RECORD)]
+    assert "UTF-8" in entries[0]["error"] and f"line at byte {BAD_UTF8_RECORD} " in entries[0]["error"]
 
 
 def test_opening_refuses_a_manifest_with_edited_counts(cache):
@@ -283,20 +289,24 @@ def test_absurd_shard_counts_and_unknown_sequence_length_features_are_refused(tm
 )
 def test_wrong_json_types_name_the_file_and_record(tmp_path, value, message):
     src = tmp_path / "d.jsonl"
-    src.write_text('{"text": "fine"}\n{"text": ' + value + '}\n', encoding="utf-8")
+    first = '{"text": "fine"}\n'
+    src.write_text(first + '{"text": ' + value + '}\n', encoding="utf-8")
     task = tasks.Task(
         "j",
         source=tasks.JsonLinesSource(str(src)),
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
         preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
     )
-    with pytest.raises(ValueError, match=rf"d\.jsonl: .*record_number=1\).*{message}"):
+    # The second line's record number is the byte offset of its first byte.
+    with pytest.raises(ValueError, match=rf"d\.jsonl: task 'j', line at byte {len(first.encode())} of file 0: "
+                                         rf"feature 'targets' .*{re.escape(message)}"):
         build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
 
 
 def test_records_failing_the_task_checks_are_skipped_when_asked(tmp_path):
     src = tmp_path / "d.jsonl"
-    src.write_text('{"text": "fine"}\n{"text": [300, 5]}\n{"text": "also fine"}\n', encoding="utf-8")
+    data = b'{"text": "fine"}\n{"text": [300, 5]}\n{"text": "also fine"}\n'
+    src.write_bytes(data)
     task = tasks.Task(
         "j",
         source=tasks.JsonLinesSource(str(src), on_error="skip"),
@@ -307,7 +317,9 @@ def test_records_failing_the_task_checks_are_skipped_when_asked(tmp_path):
     result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
     assert result.manifest.num_examples == 2 and result.manifest.statistics["skipped_records"] == 1
     (entry,) = fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
-    assert entry["record_number"] == 1 and "outside its vocabulary" in entry["error"]
+    offset = data.index(b'{"text": [300')  # the record number: the byte offset of the line's first byte
+    assert entry["record_number"] == offset and "outside its vocabulary" in entry["error"]
+    assert f"task 'j', line at byte {offset} of file 0: " in entry["error"]
 
 
 def test_parquet_schema_that_differs_between_files_names_the_file_and_record(tmp_path):
@@ -324,13 +336,14 @@ def test_parquet_schema_that_differs_between_files_names_the_file_and_record(tmp
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
         preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
     )
-    with pytest.raises(ValueError, match=r"b\.parquet: .*record_number=0\).*is an int"):
+    with pytest.raises(ValueError, match=r"b\.parquet: task 'p', row 0 of file 1: feature 'targets' is an int"):
         build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
 
 
 def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
     src = tmp_path / "mac.txt"
-    src.write_bytes(b"first\rsecond\nthird \xff\nfourth\r")  # a lone CR mid-line, bad UTF-8, a CR ending the file
+    data = b"first\rsecond\nthird \xff\nfourth\r"  # a lone CR mid-line, bad UTF-8, a CR ending the file
+    src.write_bytes(data)
     def task(on_error):
         return tasks.Task(
             "mac",
@@ -338,7 +351,7 @@ def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
             output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
             preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
         )
-    with pytest.raises(ValueError, match=r"mac\.txt: line 1 \(record 0\) contains a carriage return"):
+    with pytest.raises(ValueError, match=r"mac\.txt: line 1 \(byte 0\) contains a carriage return"):
         build_task(task("raise"), cache_dir=str(tmp_path / "a"), config=BuildConfig(num_shards=1))
     skipped = build_task(task("skip"), cache_dir=str(tmp_path / "b"), config=BuildConfig(num_shards=1))
     assert skipped.manifest.num_examples == 1 and skipped.manifest.statistics["skipped_records"] == 2
@@ -351,7 +364,8 @@ def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
     assert texts == ["first\nsecond", "fourth", "third \ufffd"]
     actions = [(e["record_number"], e["action"], e["kind"]) for e in
                fmt.iter_json_lines(os.path.join(repaired.cache_dir, fmt.QUARANTINE_NAME))]
-    assert actions == [(0, "replaced", "carriage_return"), (1, "replaced", "invalid_utf8")]
+    # Record numbers are the byte offsets of the lines' first bytes.
+    assert actions == [(0, "replaced", "carriage_return"), (data.index(b"third"), "replaced", "invalid_utf8")]
 
 
 def test_control_characters_in_c4_raise_or_are_counted(tmp_path, shared_data):
@@ -445,7 +459,8 @@ def _fails_on_boom(example, ctx):
 
 def test_an_exception_in_a_user_preprocessor_names_the_record_and_the_code(tmp_path):
     src = tmp_path / "p.txt"
-    src.write_text("fine\nalso fine\nboom\nlast\n", encoding="utf-8")
+    data = b"fine\nalso fine\nboom\nlast\n"
+    src.write_bytes(data)
     task = tasks.Task(
         "pp",
         source=tasks.TextLineSource(str(src)),
@@ -453,7 +468,7 @@ def test_an_exception_in_a_user_preprocessor_names_the_record_and_the_code(tmp_p
         preprocessors=[tasks.FunctionPreprocessor(_fails_on_boom, name="lookup"),
                        tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
     )
-    with pytest.raises(ValueError, match=r"p\.txt: task 'pp', record \(file_index=0, record_number=2\): preprocessor "
+    with pytest.raises(ValueError, match=rf"p\.txt: task 'pp', line at byte {data.index(b'boom')} of file 0: preprocessor "
                                          r"'lookup' raised KeyError: 'no such field in the lookup table' at "
                                          r".*test_integrity\.py:\d+ in _fails_on_boom"):
         build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))

@@ -64,9 +64,9 @@ def test_a_failing_overwrite_leaves_the_old_cache_byte_for_byte(tmp_path, corpus
     before = _hashes(old.cache_dir)
     examples = _read_all(old.cache_dir)
     if failure == "first record raises":
-        # The input changes (so the fingerprint does) and the new build fails on record 0.
+        # The input changes (so the fingerprint does) and the new build fails on its first line (byte 0).
         (corpus / "a.txt").write_bytes(b"\xff broken first line\n" + (corpus / "a.txt").read_bytes())
-        with pytest.raises(ValueError, match=r"a\.txt: line 1 \(record 0\)"):
+        with pytest.raises(ValueError, match=r"a\.txt: line 1 \(byte 0\) is not valid UTF-8"):
             build_task(_task(str(corpus / "*.txt")), cache_dir=root, config=BuildConfig(num_shards=3), overwrite=True)
     else:
         (corpus / "a.txt").write_bytes(b"\n\n")
@@ -263,7 +263,7 @@ def test_overwrite_on_an_object_store(tmp_path, corpus):
     assert _hashes(staged) == {}
 
     (corpus / "b.txt").write_bytes(b"\xff broken\n")
-    with pytest.raises(ValueError, match=r"b\.txt: line 1 \(record 0\)"):
+    with pytest.raises(ValueError, match=r"b\.txt: line 1 \(byte 0\) is not valid UTF-8"):
         build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3), overwrite=True)
     assert _hashes(local) == before and verify_cache(local).ok
     assert _hashes(staged) == {}  # no object left there

@@ -35,24 +35,27 @@ def _task(pattern, on_error=POLICY, name="q"):
 def _corpus(folder, num_files=3, lines_per_file=3000):
     """Files whose line k is blank when k % 3 == 1 (skipped), whitespace when
     k % 11 == 5 (skipped), bad UTF-8 when k % 7 == 2 (repaired), else text.
-    Returns the glob and the expected sorted (path, record_number, action) list."""
+    Returns the glob and the expected sorted (path, record_number, action) list;
+    a line's record number is the byte offset of its first byte."""
     folder.mkdir()
     expected = []
     for f in range(num_files):
         path = folder / f"part-{f}.txt"
         lines = []
+        offset = 0
         for k in range(lines_per_file):
             if k % 3 == 1:
                 lines.append(b"")
-                expected.append((str(path), k, "skipped"))
+                expected.append((str(path), offset, "skipped"))
             elif k % 11 == 5:
                 lines.append(b"  \t ")
-                expected.append((str(path), k, "skipped"))
+                expected.append((str(path), offset, "skipped"))
             elif k % 7 == 2:
                 lines.append(b"caf\xe9 %d" % k)
-                expected.append((str(path), k, "replaced"))
+                expected.append((str(path), offset, "replaced"))
             else:
                 lines.append(b"file %d line %d" % (f, k))
+            offset += len(lines[-1]) + 1
         path.write_bytes(b"\n".join(lines) + b"\n")
     return str(folder / "*.txt"), sorted(expected)
 
@@ -82,8 +85,9 @@ def test_many_skipped_records_are_counted_and_listed_exactly(tmp_path, monkeypat
         assert [(e["path"], e["record_number"], e["action"]) for e in entries] == expected
         assert [e["source_index"] for e in entries] == [int(e["path"][-5]) for e in entries]
         # The path is not repeated at the start of the message; the rest is kept.
-        first = entries[0]
-        assert first["record_number"] == 1 and first["error"] == "line 2 (record 1) is empty"
+        first = entries[0]  # line 2 of part-0.txt, after the line "file 0 line 0\n"
+        offset = len(b"file 0 line 0\n")
+        assert first["record_number"] == offset and first["error"] == f"line at byte {offset} is empty"
         assert not any(e["error"].startswith(e["path"]) for e in entries)
         assert result.manifest.raw["quarantine_num_bytes"] == os.path.getsize(path)
         assert result.manifest.raw["quarantine_sha256"] == fmt.file_sha256(path)
@@ -176,17 +180,21 @@ def test_zero_examples_says_what_was_read_and_skipped_and_why(tmp_path):
     """Every record skipped: nothing is written (so no quarantine file), so the
     error carries the counts and the first reasons."""
     src = tmp_path / "blank.txt"
-    src.write_bytes(b"\n \n\n\t\n" * 3)  # 12 records: 6 empty, 6 whitespace-only
+    data = b"\n \n\n\t\n" * 3  # 12 records: 6 empty, 6 whitespace-only
+    src.write_bytes(data)
+    # The record numbers of the first 5 lines: the byte offsets of their first bytes (0, 1, 3, 4, 6).
+    r = [0] + [i + 1 for i, b in enumerate(data) if b == ord("\n")][:4]
     task = _task(str(src), on_error={"empty": "skip", "whitespace": "skip"}, name="blank")
     with pytest.raises(BuildError) as info:
         build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(split="validation", num_shards=2))
     message = str(info.value)
     assert message.startswith("task 'blank' split 'validation': zero examples from 12 source records "
                               "(12 skipped, 0 replaced under the source's on_error policy; ")
-    assert f"nothing was written. Skipped (first 5 of 12): {src} record 0: line 1 (record 0) is empty; " \
-           f"{src} record 1: line 2 (record 1) holds only whitespace; {src} record 2: line 3 (record 2) is empty; " \
-           f"{src} record 3: line 4 (record 3) holds only whitespace; " \
-           f"{src} record 4: line 5 (record 4) is empty. Every record was skipped" in message
+    assert f"nothing was written. Skipped (first 5 of 12): {src} record {r[0]}: line at byte {r[0]} is empty; " \
+           f"{src} record {r[1]}: line at byte {r[1]} holds only whitespace; " \
+           f"{src} record {r[2]}: line at byte {r[2]} is empty; " \
+           f"{src} record {r[3]}: line at byte {r[3]} holds only whitespace; " \
+           f"{src} record {r[4]}: line at byte {r[4]} is empty. Every record was skipped" in message
     assert "on_error={'empty': 'keep'}" in message and "--on-error empty=keep" in message
     assert not os.path.exists(tmp_path / "c" / "blank" / "validation")
 
@@ -274,8 +282,10 @@ def test_verify_refuses_counts_without_a_quarantine_file(tmp_path):
 
 def test_skipped_entries_name_their_kind(tmp_path):
     src = tmp_path / "k.jsonl"
-    src.write_text('{"text": "fine"}\n{"text": ""}\nnot json\n{"text": "bell \\u0007"}\n{"text": [999]}\n',
-                   encoding="utf-8")
+    lines = [b'{"text": "fine"}', b'{"text": ""}', b"not json", b'{"text": "bell \\u0007"}', b'{"text": [999]}']
+    src.write_bytes(b"".join(line + b"\n" for line in lines))
+    # A line's record number is the byte offset of its first byte.
+    starts = [sum(len(line) + 1 for line in lines[:k]) for k in range(len(lines))]
     task = tasks.Task(
         "kinds",
         source=tasks.JsonLinesSource(str(src), on_error="skip"),
@@ -285,4 +295,4 @@ def test_skipped_entries_name_their_kind(tmp_path):
     result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
     entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
     assert [(e["record_number"], e["kind"]) for e in entries] == [
-        (1, "empty"), (2, "malformed"), (3, "control_characters"), (4, "bad_value")]
+        (starts[1], "empty"), (starts[2], "malformed"), (starts[3], "control_characters"), (starts[4], "bad_value")]

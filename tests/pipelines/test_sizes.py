@@ -155,7 +155,8 @@ def test_one_very_long_line_is_truncated_exactly_in_bounded_memory(tmp_path, req
         examples = r.read_examples([0, 1])
         sources = r.read_sources([0, 1])
     by_line = {segs[0]["record_number"]: ex["targets"].tolist() for ex, segs in zip(examples, sources)}
-    assert by_line == {0: want_long, 1: want_short}
+    # Keyed by record number, the byte offset of a line's first byte: SHORT starts after the long line's newline.
+    assert by_line == {0: want_long, num_bytes + 1: want_short}
     assert stats["examples"] == 2 and stats["source_records"] == 2 and stats["skipped_records"] == 0
     assert stats["truncated_tokens"] == num_tokens - L
     assert stats["tokens"] == {"targets": L + len(want_short)}

@@ -134,6 +134,8 @@ def which(
             seg["source_index"] = src
             seg["source"] = sources[src].get("path") if 0 <= src < len(sources) else None
             seg["record_number"] = int(prov["record_number"][j])
+            # What record_number counts in that file (byte_offset, row, ...; older caches: record).
+            seg["locator"] = (sources[src].get("locator") if 0 <= src < len(sources) else None) or "record"
             seg["token_offset"] = int(prov["token_offset"][j])
         if j < len(segs):
             ids = segs[j]

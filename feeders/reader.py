@@ -213,15 +213,19 @@ class CacheReader:
         return [self.decode(r, int(i)) for r, i in zip(self.read(idx), idx)]
 
     def read_sources(self, indices) -> list[list[dict]]:
-        """Per example, one dict per segment: ``source_index``, ``path`` (from the
-        manifest's source table), ``record_number`` and ``token_offset``."""
+        """Per example, one dict per segment: ``source_index``, ``path`` and
+        ``locator`` (from the manifest's source table: what ``record_number``
+        counts, ``"record"`` for caches that do not say), ``record_number`` and
+        ``token_offset``."""
         sources = self.manifest.sources
         out = []
         for p in self.read_provenance(indices):
             segs = []
             for src, rec, off in zip(p["source_index"].tolist(), p["record_number"].tolist(), p["token_offset"].tolist()):
                 path = sources[src]["path"] if src < len(sources) else None
-                segs.append({"source_index": src, "path": path, "record_number": rec, "token_offset": off})
+                locator = (sources[src].get("locator") if src < len(sources) else None) or "record"
+                segs.append({"source_index": src, "path": path, "locator": locator, "record_number": rec,
+                             "token_offset": off})
             out.append(segs)
         return out
 

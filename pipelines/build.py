@@ -420,7 +420,7 @@ def _zero_examples_message(task, config, files, total_bytes, records_read, quara
     if records_read == 0:
         return text + ". The files hold no records: check the source pattern and the files"
     if skipped:
-        reasons = "; ".join(f"{e['path']} record {e['record_number']}: {e['error']}" for e in quarantine.first_skipped)
+        reasons = "; ".join(f"{e['path']}: {e['error']}" for e in quarantine.first_skipped)
         more = f" (first {len(quarantine.first_skipped)} of {skipped:,})" if skipped > len(quarantine.first_skipped) else ""
         text += f". Skipped{more}: {reasons}"
         if records_read is not None and skipped >= records_read:

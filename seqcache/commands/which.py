@@ -129,7 +129,7 @@ def format_text(d: dict) -> str:
     for seg in d["segments"]:
         src = seg.get("source") or f"source #{seg.get('source_index')}"
         lines.append(
-            f"segment {seg['segment']}: {src} record {seg.get('record_number')} "
+            f"segment {seg['segment']}: {src} {_locate(seg)} "
             f"(token offset {seg.get('token_offset')}), {seg.get('num_tokens', '?')} tokens"
         )
         if seg.get("text") is not None:
@@ -194,3 +194,16 @@ def which(target, step, row, batch_size, seed, num_epochs, mixture_rates, cache_
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
     else:
         click.echo(format_text(d))
+
+
+def _locate(seg: dict) -> str:
+    """The segment's record in words a person can find (``line 12 (byte 1,234)``,
+    ``row 7``), from the locator its source recorded in the manifest."""
+    from seqcache.tasks import describe_record
+
+    if seg.get("record_number") is None:
+        return "record ?"
+    locator = seg.get("locator", "record")
+    if locator == "record":
+        return f"record {seg['record_number']}"
+    return describe_record(seg.get("source") or "", locator, seg["record_number"])

@@ -190,11 +190,11 @@ def test_zero_examples_says_what_was_read_and_skipped_and_why(tmp_path):
     message = str(info.value)
     assert message.startswith("task 'blank' split 'validation': zero examples from 12 source records "
                               "(12 skipped, 0 replaced under the source's on_error policy; ")
-    assert f"nothing was written. Skipped (first 5 of 12): {src} record {r[0]}: line at byte {r[0]} is empty; " \
-           f"{src} record {r[1]}: line at byte {r[1]} holds only whitespace; " \
-           f"{src} record {r[2]}: line at byte {r[2]} is empty; " \
-           f"{src} record {r[3]}: line at byte {r[3]} holds only whitespace; " \
-           f"{src} record {r[4]}: line at byte {r[4]} is empty. Every record was skipped" in message
+    assert f"nothing was written. Skipped (first 5 of 12): {src}: line at byte {r[0]} is empty; " \
+           f"{src}: line at byte {r[1]} holds only whitespace; " \
+           f"{src}: line at byte {r[2]} is empty; " \
+           f"{src}: line at byte {r[3]} holds only whitespace; " \
+           f"{src}: line at byte {r[4]} is empty. Every record was skipped" in message
     assert "on_error={'empty': 'keep'}" in message and "--on-error empty=keep" in message
     assert not os.path.exists(tmp_path / "c" / "blank" / "validation")
 

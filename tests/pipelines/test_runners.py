@@ -180,3 +180,70 @@ def test_a_build_that_loses_its_worker_for_good_fails_in_one_line_and_leaves_no_
     assert "\n" not in message and "a worker died" in message and "nothing was published" in message
     assert marker.exists()
     assert not os.path.exists(tmp_path / "c")  # no manifest, no folder, no lock file
+
+
+@pytest.fixture(scope="module")
+def mixed_corpus(tmp_path_factory, shared_data):
+    """C4 documents as one JSON-lines file and as a Parquet file of 16 row
+    groups (the same documents), and multilingual NTREX text with multi-byte
+    characters."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("mixed")
+    docs = pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
+    docs = docs[:600]
+    with open(folder / "c4.jsonl", "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"text": docs}), folder / "c4.parquet", row_group_size=len(docs) // 16)
+    for lang in ("jpn", "rus", "hin"):
+        (folder / f"ntrex.{lang}.txt").write_bytes((shared_data / "ntrex128" / f"newstest2019-ref.{lang}.txt").read_bytes())
+    return folder, docs
+
+
+def _docs_task(name, source):
+    return tasks.Task(
+        name, source=source,
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.append_eos()],
+    )
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "text"])
+def test_the_split_size_never_changes_the_cache(tmp_path, mixed_corpus, kind):
+    """Large files read in many byte ranges (JSON lines, multi-byte text) or row
+    groups (Parquet), down to tiny splits: the same data shards, provenance and
+    quarantine as one unit per file, and the work really is cut (more units)."""
+    from seqcache.pipelines import plan
+
+    folder, docs = mixed_corpus
+    policy = {"empty": "skip", "whitespace": "skip", "control_characters": "keep"}
+    source = {
+        "jsonl": lambda: tasks.JsonLinesSource(str(folder / "c4.jsonl"), on_error=policy),
+        "parquet": lambda: tasks.ParquetSource(str(folder / "c4.parquet"), on_error=policy),
+        "text": lambda: tasks.TextLineSource(str(folder / "ntrex.*.txt"), on_error=policy),
+    }[kind]()
+    task = _docs_task(f"split_{kind}", source)
+    files = source.list_files()
+    sizes = {"whole": 1 << 40, "small": max(f.num_bytes for f in files) // 7, "tiny": 4096}
+    results = {}
+    for name, size in sizes.items():
+        units = plan.plan_units(source, files, size)
+        if name != "whole":
+            assert len(units) > len(files) * (5 if name == "small" else 1), (name, len(units))
+        results[name] = build_task(task, cache_dir=str(tmp_path / name), config=BuildConfig(num_shards=3),
+                                   split_size=size, exchange="runner" if name == "tiny" else "auto")
+    whole = results["whole"].manifest
+    if kind != "text":
+        assert whole.num_examples == len(docs)
+    for name, result in results.items():
+        m = result.manifest
+        assert [(s.sha256, s.provenance_sha256) for s in m.shards] == \
+            [(s.sha256, s.provenance_sha256) for s in whole.shards], name
+        assert m.statistics == whole.statistics, name
+        assert m.raw.get("quarantine_sha256") == whole.raw.get("quarantine_sha256"), name

@@ -39,6 +39,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from seqcache.training import config as config_lib
+from seqcache.training import distributed
 from seqcache.training import model as model_lib
 from seqcache.training import optimizer as optimizer_lib
 from seqcache.training import partitioning
@@ -89,15 +90,34 @@ class TrainResult:
 def params_digest(params) -> str:
     """sha256 (hex) of every parameter's path, dtype, shape and bytes, in path
     order: two runs with the same digest have bit-identical parameters, whatever
-    their shardings."""
+    their shardings or how many hosts hold them."""
     h = hashlib.sha256()
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     for path, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
-        value = np.asarray(jax.device_get(leaf))
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            # Sharded over several hosts: every host gathers the whole array (every
+            # host must call this function).
+            from jax.experimental import multihost_utils
+
+            value = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+        else:
+            value = np.asarray(jax.device_get(leaf))
         h.update(jax.tree_util.keystr(path).encode())
         h.update(f"{value.dtype}{value.shape}".encode())
         h.update(value.tobytes())
     return h.hexdigest()
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5, 6] -> "0..2, 5..6"."""
+    out, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(f"{start}..{v}" if v != start else str(v))
+            start = None
+    return ", ".join(out) or "none"
 
 
 def memory_analysis_dict(compiled) -> dict:
@@ -186,6 +206,7 @@ class Trainer:
         self.config = config
         self.mesh = partitioning.make_mesh(dataclasses.asdict(config.mesh), devices)
         self.rules = partitioning.get_rules(config.rules)
+        self.batch_sharding = partitioning.batch_sharding(self.mesh)
         self._check_batch_divisibility()
 
         abstract = model_lib.abstract_model(config.model)
@@ -194,7 +215,6 @@ class Trainer:
         self.param_specs = partitioning.param_specs(self.abstract_params, self.logical_axes, self.rules, self.mesh)
         self.param_shardings = partitioning.named_shardings(self.param_specs, self.mesh)
         self.replicated = partitioning.replicated(self.mesh)
-        self.batch_sharding = partitioning.batch_sharding(self.mesh)
 
         self.optimizer, self.schedule = optimizer_lib.make_optimizer(config.optimizer, config.steps)
         self.abstract_opt_state = jax.eval_shape(self.optimizer.init, self.abstract_params)
@@ -224,6 +244,8 @@ class Trainer:
             raise config_lib.ConfigError(
                 f"global_batch_size={cfg.global_batch_size} is not divisible by the {hosts} hosts"
             )
+        if hosts > 1:
+            self._check_host_rows()
         shards = partitioning.data_parallel_size(self.mesh)
         micro = cfg.global_batch_size // cfg.num_microbatches
         if micro % shards:
@@ -231,6 +253,28 @@ class Trainer:
                 f"microbatch size {micro} (global_batch_size={cfg.global_batch_size} / num_microbatches="
                 f"{cfg.num_microbatches}) is not divisible by the {shards} batch shards of the mesh "
                 f"(data={self.mesh.shape['data']} x fsdp={self.mesh.shape['fsdp']})"
+            )
+
+    def _check_host_rows(self):
+        """With several hosts, host h feeds rows [h * B / H, (h + 1) * B / H) of
+        each global batch (the feeder's slicing): the batch shards on h's devices
+        must be exactly those rows, or ``make_array_from_process_local_data``
+        would place them elsewhere (or need rows h does not have)."""
+        cfg = self.config
+        hosts, h = jax.process_count(), jax.process_index()
+        b, per_host = cfg.global_batch_size, cfg.global_batch_size // jax.process_count()
+        shape = (b, cfg.sequence_length)
+        rows = set()
+        for index in self.batch_sharding.addressable_devices_indices_map(shape).values():
+            rows.update(range(*index[0].indices(b)))
+        expected = set(range(h * per_host, (h + 1) * per_host))
+        if rows != expected:
+            raise config_lib.ConfigError(
+                f"mesh {dict(self.mesh.shape)} on {hosts} hosts: the devices of host {h} hold batch rows "
+                f"{_ranges(sorted(rows))}, but the host feeds rows {h * per_host}..{(h + 1) * per_host - 1} of each "
+                f"global batch of {b}; the batch axes (data x fsdp) must split the batch by host: make "
+                f"data x fsdp a multiple of the {hosts} hosts and keep 'model' within a host "
+                f"(model <= {jax.local_device_count()} devices per host)"
             )
 
     def describe(self) -> dict:
@@ -558,6 +602,8 @@ class Trainer:
             # Fetch the next host batch while the device computes this step.
             pending = None
             if done < end and not (stop.event.is_set() and not multi_host):
+                # (With several hosts the stop is agreed after the step: every host
+                # fetches, so that all of them stop, and save, at the same step.)
                 try:
                     pending = fetch()
                 except StopIteration:
@@ -580,9 +626,14 @@ class Trainer:
                 on_step(record)
 
             if multi_host:
-                # Hosts must stop at the same step: JAX's preemption service agrees
-                # on it (a local SIGTERM flag could differ between hosts).
-                stopped = checkpointer is not None and checkpointer.reached_preemption(done)
+                # Hosts must stop at the same step: a SIGTERM may reach some hosts
+                # a step later than others, or not at all. They agree on the
+                # local flags (one all-gather of an integer per host) after every
+                # step, so every host saves the same step; JAX's preemption
+                # service (through Orbax) is asked too, for notices it receives.
+                stopped = distributed.any_process(stop.event.is_set())
+                if not stopped and checkpointer is not None:
+                    stopped = checkpointer.reached_preemption(done)
             else:
                 stopped = stop.event.is_set()
             if checkpointer is not None and (

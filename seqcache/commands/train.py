@@ -24,7 +24,35 @@ def _split_overrides(values) -> list[str]:
     return out
 
 
-@click.command("train")
+class _TrainCommand(click.Command):
+    """Keeps the command's own arguments (``ctx.meta["seqcache.train.args"]``),
+    so that ``--local-processes`` can start the same command N times."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta[_RAW_ARGS] = list(args)
+        return super().parse_args(ctx, args)
+
+
+_RAW_ARGS = "seqcache.train.args"
+# Options of the launcher itself, left out of the command each process runs.
+_LAUNCHER_OPTIONS = ("--local-processes", "--local-devices")
+
+
+def _without_launcher_options(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _LAUNCHER_OPTIONS:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+@click.command("train", cls=_TrainCommand)
 @click.option("--cache-dir", help="Root folder of caches (CACHE_DIR/<task>/<split>).")
 @click.option("--task", help="A cache folder, a task name under --cache-dir, or a registered task or mixture name.")
 @click.option("--split", help="Training split [default: train].")
@@ -45,18 +73,65 @@ def _split_overrides(values) -> list[str]:
                    "config (and so its learning-rate schedule) is unchanged, and the same command without this "
                    "flag resumes it.")
 @click.option("--dry-run", is_flag=True, help="Resolve the config, print the derived quantities and exit.")
-def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequence_length, mesh_flag, rules,
-          checkpoint_dir, seed, model_preset, config_file, overrides, stop_at_step, dry_run):
+@click.option("--coordinator-address", envvar="JAX_COORDINATOR_ADDRESS", show_envvar=True,
+              help="Multi-process run: HOST:PORT of process 0's coordination service (jax.distributed.initialize).")
+@click.option("--num-processes", type=click.IntRange(min=1), envvar="JAX_NUM_PROCESSES", show_envvar=True,
+              help="Multi-process run: the number of JAX processes (one per host).")
+@click.option("--process-id", type=click.IntRange(min=0), envvar="JAX_PROCESS_ID", show_envvar=True,
+              help="Multi-process run: this process's index in [0, --num-processes).")
+@click.option("--jax-distributed", is_flag=True,
+              help="Call jax.distributed.initialize() and let JAX detect what is not given (SLURM, Open MPI, "
+                   "Cloud TPU, Kubernetes).")
+@click.option("--local-processes", type=click.IntRange(min=1),
+              help="Try a multi-process run on this machine: start N processes of this command on 127.0.0.1 "
+                   "(a free port) and wait for them; SIGTERM or Ctrl-C is passed on to every process.")
+@click.option("--local-devices", type=click.IntRange(min=1),
+              help="With --local-processes: give each process this many CPU devices "
+                   "(--xla_force_host_platform_device_count).")
+@click.pass_context
+def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, sequence_length, mesh_flag, rules,
+          checkpoint_dir, seed, model_preset, config_file, overrides, stop_at_step, dry_run, coordinator_address,
+          num_processes, process_id, jax_distributed, local_processes, local_devices):
     """Train a decoder-only Transformer on a cache with the exactly-once feeder.
 
     The config is built from the defaults, then --model, then --config, then the
     other flags, then --set. Re-running the same command resumes from the latest
     checkpoint in --checkpoint-dir. On SIGTERM the trainer saves a checkpoint and
     exits with status 143.
+
+    Several hosts: run this command once per host with --coordinator-address,
+    --num-processes and --process-id (or the JAX_* variables); every process
+    reads only its own rows, process 0 writes the metrics and config.json.
+    --local-processes N tries it on one machine.
     """
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from seqcache.training import distributed
+
+    if local_devices is not None and local_processes is None:
+        raise click.UsageError("--local-devices goes with --local-processes")
+    if local_processes is not None:
+        if any(v is not None for v in (coordinator_address, num_processes, process_id)) or jax_distributed:
+            raise click.UsageError(
+                "--local-processes starts its own processes and chooses their coordinator, count and ids; "
+                "drop --coordinator-address/--num-processes/--process-id/--jax-distributed (and the JAX_* "
+                "variables)")
+        argv = [sys.executable, "-m", "seqcache.cli", "train", *_without_launcher_options(ctx.meta[_RAW_ARGS])]
+        sys.exit(distributed.launch_local(argv, num_processes=local_processes, devices_per_process=local_devices))
+
+    try:
+        settings = distributed.settings_from(coordinator_address=coordinator_address, num_processes=num_processes,
+                                             process_id=process_id, auto=jax_distributed, environ={})
+        settings.validate()
+    except distributed.DistributedError as e:
+        raise click.UsageError(str(e)) from None
+    prefix = f"[process {settings.process_id}/{settings.num_processes}] " if settings.num_processes else ""
+    logging.basicConfig(level=logging.INFO, format=f"{prefix}%(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Before anything asks JAX for devices (the feeder asks for the host index).
+    distributed.initialize(settings)
+    import jax
+
+    is_chief = jax.process_index() == 0
 
     from seqcache.training import config as config_lib
     from seqcache.training import data as data_lib
@@ -138,10 +213,12 @@ def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequen
     derived["vocab_size"] = cfg.model.vocab_size
     derived["model"] = model_preset or "config"
     derived["checkpoint_dir"] = cfg.checkpoint.directory
-    _print_derived(derived)
+    if is_chief:
+        _print_derived(derived)
     if dry_run:
         feeder.close()
-        click.echo(config_lib.to_json(cfg), nl=False)
+        if is_chief:
+            click.echo(config_lib.to_json(cfg), nl=False)
         return
 
     from seqcache.feeders import FeederStateError
@@ -159,6 +236,9 @@ def train(cache_dir, task, split, eval_split, modules, steps, batch_size, sequen
         "data_exhausted": result.data_exhausted,
         "params_sha256": params_digest(result.params),
     }
+    if jax.process_count() > 1:
+        summary["process"] = jax.process_index()
+        summary["processes"] = jax.process_count()
     if result.eval:
         summary.update(result.eval)
     click.echo(json.dumps(summary, sort_keys=True))

@@ -130,8 +130,8 @@ def _s3_client_kwargs(options: Any) -> dict:
 
 
 def _check_s3(path: str, FileSystems) -> None:
-    """One ``HeadBucket`` request per bucket and client configuration, with at
-    most two attempts: an endpoint that does not answer, missing credentials or
+    """One ``HeadBucket`` request per bucket and client configuration (options
+    and ``AWS_*`` environment variables), with at most two attempts: an endpoint that does not answer, missing credentials or
     a missing bucket fail here at once, with the fix, instead of in Beam's S3
     calls, which retry them with exponential backoff for minutes. A denied
     check (403: the credentials may lack ``s3:ListBucket`` on the bucket, or be
@@ -146,7 +146,10 @@ def _check_s3(path: str, FileSystems) -> None:
 
     bucket = path[len("s3://"):].split("/", 1)[0]
     kwargs = _s3_client_kwargs(FileSystems._pipeline_options or RuntimeValueProvider.runtime_options)
-    key = (bucket, tuple(sorted(kwargs.items(), key=lambda kv: kv[0])))
+    # What the client is made of: the options, and boto3's environment (endpoint,
+    # credentials, profile, config files) for what the options leave unset.
+    key = (bucket, tuple(sorted(kwargs.items(), key=lambda kv: kv[0])),
+           tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
     if key in _S3_CHECKED:
         return
     try:

@@ -141,6 +141,21 @@ def test_data_shards_are_byte_identical_to_the_local_build(s3, caches):
                       + [s[k] for s in manifest["shards"] for k in ("file", "provenance_file")]}
 
 
+def test_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path):
+    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
+        local_manifest = json.load(f)
+    corpus = local_manifest["sources"][0]["path"]
+    s3["client"].upload_file(corpus, BUCKET, "corpus/in.txt")
+    out = CliRunner().invoke(main, _build_args(f"s3://{BUCKET}/corpus/*.txt", str(tmp_path / "c")) + s3["options"],
+                             catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    with open(os.path.join(json.loads(out.stdout)[0]["cache_dir"], "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    assert [s["path"] for s in manifest["sources"]] == [f"s3://{BUCKET}/corpus/in.txt"]
+    assert [(s["sha256"], s["provenance_sha256"]) for s in manifest["shards"]] == [
+        (s["sha256"], s["provenance_sha256"]) for s in local_manifest["shards"]]
+
+
 def test_verify_says_ok(s3, caches):
     out = CliRunner().invoke(main, ["verify", caches["url"]] + s3["options"], catch_exceptions=False)
     assert out.exit_code == 0, out.output
@@ -182,6 +197,18 @@ def test_options_from_boto3_environment_variables(s3, caches):
     assert json.loads(out.stdout)["fingerprint"] == json.loads(
         CliRunner().invoke(main, ["info", caches["local"], "--json"]).stdout)["fingerprint"]
     assert CliRunner().invoke(main, ["verify", caches["url"]], env=env).exit_code == 0
+
+
+def test_no_credentials_is_one_clear_line(s3, caches):
+    from apache_beam.io.filesystems import FileSystems
+
+    FileSystems.set_options(None)
+    env = {"AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
+           "AWS_SESSION_TOKEN": None, "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONTAINER_CREDENTIALS_FULL_URI": None,
+           "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": None, "AWS_WEB_IDENTITY_TOKEN_FILE": None}
+    line = _one_error_line(CliRunner().invoke(main, ["info", caches["url"]], env=env))
+    assert line.startswith(f"error: {caches['url']}") and ": no S3 credentials: pass --s3_access_key_id=" in line
 
 
 def test_feeder_refuses_a_url_with_one_clear_error_and_without_beam(caches):

@@ -353,6 +353,23 @@ def remove_tree(path: str) -> None:
             fsys.delete(sorted(set(targets)))
 
 
+def rename(sources: Sequence[str], destinations: Sequence[str]) -> None:
+    """Moves each file of ``sources`` to the same position of ``destinations``
+    (locally ``os.replace``; on an object store, copy then delete, one object
+    at a time as Beam's file system does it)."""
+    if len(sources) != len(destinations):
+        raise ValueError(f"rename: {len(sources)} sources, {len(destinations)} destinations")
+    if not sources:
+        return
+    if all(is_local(p) for p in (*sources, *destinations)):
+        for src, dst in zip(sources, destinations):
+            os.replace(local_path(src), local_path(dst))
+        return
+    fsys = _beam(destinations[0])
+    with _url_errors(destinations[0].rstrip("/").rpartition("/")[0] or destinations[0], "move objects into it"):
+        fsys.rename(list(sources), list(destinations))
+
+
 @contextlib.contextmanager
 def open_read(path: str) -> Iterator[BinaryIO]:
     """A binary file open for reading (local, or through Beam's FileSystems).

@@ -156,6 +156,23 @@ def test_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path):
         (s["sha256"], s["provenance_sha256"]) for s in local_manifest["shards"]]
 
 
+def test_overwrite_replaces_a_cache_in_the_bucket(s3, caches, tmp_path):
+    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
+        corpus = json.load(f)["sources"][0]["path"]
+    runner = CliRunner()
+    args = _build_args(corpus, f"s3://{BUCKET}/replaced") + ["--name", "r"] + s3["options"]
+    assert runner.invoke(main, args, catch_exceptions=False).exit_code == 0
+    refused = runner.invoke(main, args + ["--num-shards", "3"])
+    assert refused.exit_code == 1 and "--overwrite" in refused.output and "Traceback" not in refused.output
+    out = runner.invoke(main, args + ["--num-shards", "3", "--overwrite"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)[0]["num_shards"] == 3
+    keys = {o["Key"] for o in s3["client"].list_objects_v2(Bucket=BUCKET, Prefix="replaced/")["Contents"]}
+    assert keys == {f"replaced/r/train/{n}" for n in ["manifest.json", "quarantine.jsonl"]
+                    + [f"{p}.array_record-{i:05d}-of-00003" for p in ("data", "provenance") for i in range(3)]}
+    assert runner.invoke(main, ["verify", f"s3://{BUCKET}/replaced/r/train"] + s3["options"]).exit_code == 0
+
+
 def test_verify_says_ok(s3, caches):
     out = CliRunner().invoke(main, ["verify", caches["url"]] + s3["options"], catch_exceptions=False)
     assert out.exit_code == 0, out.output

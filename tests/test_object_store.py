@@ -315,3 +315,53 @@ def test_beam_options_of_the_reading_commands_are_checked(s3, caches):
     assert typo.exit_code == 2 and "no such option: --s3_endpoint_ur=" in typo.output
     spaced = runner.invoke(main, ["verify", "--s3_endpoint_url", s3["endpoint"], caches["url"]])
     assert spaced.exit_code == 2 and "--flag=value" in spaced.output
+
+
+def _without_aws_credentials(monkeypatch):
+    """No AWS credentials anywhere boto3 looks (in this process and the worker
+    processes it starts): a client without options has none."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+                 "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.mark.xfail(reason="pipelines/build.py: build_task does not hand pipeline_args to FileSystems before its first "
+                          "file-system call (writer.recover_publish in _build_locked, or the source listing); only the "
+                          "Pipeline it creates later sets them. The CLI does it itself (seqcache.fs.set_options).",
+                   strict=False)
+def test_build_task_hands_its_pipeline_args_to_filesystems(s3, caches, monkeypatch):
+    from apache_beam.io.filesystems import FileSystems
+
+    from seqcache.commands.build import adhoc_task
+    from seqcache.pipelines import BuildConfig, build_task
+
+    _without_aws_credentials(monkeypatch)
+    FileSystems.set_options(None)  # a fresh process: only build_task's own arguments
+    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
+        corpus = json.load(f)["sources"][0]["path"]
+    task = adhoc_task(name="api", source_spec=f"text:{corpus}", on_error={"empty": "skip"}, vocabulary_spec="byte",
+                      extra_ids=0, sequence_length=None, pack=False)
+    result = build_task(task, cache_dir=f"s3://{BUCKET}/api", config=BuildConfig(num_shards=2),
+                        pipeline_args=s3["options"])
+    assert result.manifest.num_examples > 0
+
+
+@pytest.mark.xfail(reason="pipelines/build.py: _pipeline_options names --runner=FnApiRunner, and Beam's FnApiRunner "
+                          "created that way provisions no pipeline options to its workers, so with "
+                          "--direct_running_mode=multi_processing the worker processes' FileSystems have none of the "
+                          "--s3_* options (only AWS_* environment variables reach them). Beam's DirectRunner passes "
+                          "FnApiRunner(provision_info=ProvisionInfo(pipeline_options=encoded options)).",
+                   strict=False)
+def test_multi_processing_workers_get_the_s3_options(s3, caches, monkeypatch):
+    _without_aws_credentials(monkeypatch)
+    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
+        corpus = json.load(f)["sources"][0]["path"]
+    args = _build_args(corpus, f"s3://{BUCKET}/workers") + s3["options"] + [
+        "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    out = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert "Traceback" not in out.output
+    assert out.exit_code == 0, out.output

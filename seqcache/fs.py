@@ -534,12 +534,12 @@ def isfile(path: str) -> bool:
 
 def isdir(path: str) -> bool:
     """Locally, True for a folder; on an object store, True when some object
-    lies under the prefix ``path/``."""
+    lies under the prefix ``path/`` (the listing stops at the first one)."""
     if is_local(path):
         return os.path.isdir(local_path(path))
     fsys = _beam(path)
     with _url_errors(path, "list it"):
-        return bool(fsys.match([path.rstrip("/") + "/*"])[0].metadata_list)
+        return bool(fsys.match([path.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
 
 
 def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:

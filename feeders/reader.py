@@ -14,6 +14,13 @@ ArrayRecord, each opened shard's chunk index. With the pinned writer option
 ``group_size:1`` that index has one entry per record; it is ArrayRecord's, kept in
 memory because the offloaded index makes random reads about 30x slower on this
 format (measured in benchmarks/feeder.py).
+
+Caches are read from local (or mounted) paths only: ArrayRecord's C++ reader
+opens local files, and the feeder never imports Beam. A URL (``gs://``,
+``s3://``) is refused with ``seqcache.fs.require_local``'s error, which says to
+mount the bucket (gcsfuse, mountpoint-s3) or copy the cache; ``seqcache show``
+reads URLs with a subclass that downloads each shard it reads
+(``seqcache.url_reader``).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from seqcache import format as fmt
+from seqcache import fs
 
 # readahead_buffer_size:0 -> no read-ahead (random access). max_parallelism:0 turns
 # off the read-ahead threads; a batched read(indices) is still spread over
@@ -52,6 +60,8 @@ class CacheReader:
     with the manifest; checksums are ``seqcache verify``'s job.
 
     Raises:
+      ValueError: ``cache_dir`` is a URL (gs://, s3://, ...): mount the bucket
+        and pass the mounted path (the message says how).
       seqcache.format.IncompleteCacheError: no manifest.json (an unfinished build).
       seqcache.format.CacheError: an invalid manifest or a missing/resized shard;
         also, from the reads, a shard that ArrayRecord cannot open or read (a
@@ -61,8 +71,14 @@ class CacheReader:
         ``seqcache verify CACHE``.
     """
 
+    # Whether this class reads caches at URLs (a subclass that fetches shard files
+    # itself, seqcache.url_reader.UrlCacheReader); this one opens local files only.
+    _reads_urls = False
+
     def __init__(self, cache_dir: str, *, reader_options: str = READER_OPTIONS, open_shards: bool = True):
-        self.cache_dir = str(cache_dir)
+        self.cache_dir = os.fspath(cache_dir)
+        if not self._reads_urls:
+            self.cache_dir = fs.require_local(self.cache_dir, "the feeder (CacheReader)")
         self.manifest = fmt.read_manifest(self.cache_dir)
         try:
             fmt.check_shard_files(self.cache_dir, self.manifest)
@@ -99,9 +115,10 @@ class CacheReader:
                 raise RuntimeError(f"{self.cache_dir}: reader is closed")
             reader = table[shard]
             if reader is None:
-                path = os.path.join(self.cache_dir, name)
+                path = self._path(name)
+                local = self._local_file(path)
                 try:
-                    reader = ArrayRecordReader(path, self._options)
+                    reader = ArrayRecordReader(local, self._options)
                 except _ARRAY_RECORD_ERRORS as e:
                     raise self._open_failed(path, e) from e
                 # A failed open does not raise: the reader is not ok(), counts
@@ -124,6 +141,16 @@ class CacheReader:
                     )
                 table[shard] = reader
         return reader
+
+    def _path(self, name: str) -> str:
+        """The path of the cache's file ``name`` (what error messages name)."""
+        return fs.join(self.cache_dir, name)
+
+    def _local_file(self, path: str) -> str:
+        """The local file ArrayRecord opens for the cache file ``path``: the
+        file itself here; a downloaded copy in ``UrlCacheReader`` (which raises
+        CacheError for a shard that is gone)."""
+        return path
 
     def check_record_counts(self, shards: Iterable[int]) -> None:
         """Opens the data shards ``shards`` (if not open yet), which checks each
@@ -154,7 +181,7 @@ class CacheReader:
         """The CacheError for a shard file ArrayRecord cannot open: 'missing'
         when the file is gone (deleted or moved after the cache was opened; the
         open-time size check saw it), else ``_corrupt``."""
-        if not os.path.exists(path):
+        if not fs.exists(path):
             return fmt.CacheError(
                 f"{path}: shard file is missing: it was deleted or moved after cache {self.cache_dir} was opened; "
                 f"{self._verify_hint()}"
@@ -185,7 +212,7 @@ class CacheReader:
                 records.extend(reader.read(offsets))
             except _ARRAY_RECORD_ERRORS as e:
                 what = f"cannot read records {offsets[0]}..{offsets[-1]} ({len(offsets)} records)"
-                raise self._corrupt(os.path.join(self.cache_dir, names[s]), what, e) from e
+                raise self._corrupt(self._path(names[s]), what, e) from e
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
         return list(map(records.__getitem__, inverse.tolist()))
@@ -255,7 +282,7 @@ class CacheReader:
         shard, offset = self.locate([index])
         info = self.manifest.shards[int(shard[0])]
         name = info.provenance_file if provenance else info.file
-        return f"{os.path.join(self.cache_dir, name)} record {int(offset[0])} (cache index {index})"
+        return f"{self._path(name)} record {int(offset[0])} (cache index {index})"
 
     def decode(self, record: bytes, index: int) -> dict[str, np.ndarray]:
         """``decode_example`` of one data record, with errors naming it."""

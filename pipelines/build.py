@@ -166,8 +166,7 @@ def build_task(
     except (RunnerError, ValueError) as e:
         raise BuildError(str(e)) from None
     fs_options = _fs_options(pipeline_args)
-    if fs_options:
-        fs.set_options(options)
+    fs.set_options(options)  # before the first file access: object-store endpoints and credentials
     files = task.source.list_files()
     if not files:
         raise FileNotFoundError(f"task {task.name!r}: source {task.source.describe()} matches no file")
@@ -321,7 +320,8 @@ def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> dict:
                                   sequence_length=config.sequence_length, fs_options=plan.fs_options)
     summarize = transforms.WriteSummary(scratch_dir=scratch, fs_options=plan.fs_options)
     _pickle_user_modules_by_value()
-    pipeline = beam.Pipeline(options=plan.options)
+    engine = runner_mod.local_engine(plan.options) if plan.runner == runner_mod.LOCAL_ENGINE else None
+    pipeline = beam.Pipeline(runner=engine, options=plan.options)
     _ = (
         pipeline
         | "ListWork" >> beam.Create(units)

@@ -144,6 +144,21 @@ def pipeline_options(pipeline_args: Sequence[str] | Any = None):
     return PipelineOptions(out), runner
 
 
+def local_engine(options):
+    """Beam's local engine for ``options``, made the way Beam's DirectRunner
+    makes it: with the pipeline options in its provision info, so that worker
+    processes (``--direct_running_mode=multi_processing``) see them too (the
+    object-store options their file systems need, the harness log level). A
+    ``FnApiRunner`` made from its name alone gives its workers no options."""
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    return fn_runner.FnApiRunner(provision_info=info)
+
+
 def check_runner_available(runner: str) -> None:
     """Fails early, before anything is written, when ``runner`` cannot be used
     here: an unknown name, or a runner whose Python packages are missing.

@@ -25,6 +25,7 @@ from seqcache import __version__
 from seqcache import format as fmt
 from seqcache.fs import (  # noqa: F401  (re-exported: the writer's file-system calls)
     is_local, local_path, join, exists, makedirs, read_text, write_bytes, read_bytes, write_bytes_atomic, move_into_place, remove_tree, open_read, open_write, open_write_atomic,
+    rename, sizes_in,
 )
 
 TMP_DIR_NAME = "_tmp"
@@ -123,14 +124,10 @@ def publish_dir(staging: str, cache_dir: str) -> None:
         os.rename(src, dst)
         remove_cache_tree(old)
         return
-    from apache_beam.io.filesystems import FileSystems
-
     manifest = read_bytes(join(staging, fmt.MANIFEST_NAME))
     remove_cache_tree(cache_dir)
-    matched = FileSystems.match([join(staging, "*")])[0].metadata_list
-    sources = sorted(m.path for m in matched if m.path.rstrip("/").rpartition("/")[2] != fmt.MANIFEST_NAME)
-    if sources:
-        FileSystems.rename(sources, [join(cache_dir, p.rstrip("/").rpartition("/")[2]) for p in sources])
+    names = sorted(n for n in sizes_in(staging) if n != fmt.MANIFEST_NAME)
+    rename([join(staging, n) for n in names], [join(cache_dir, n) for n in names])
     write_bytes_atomic(join(cache_dir, fmt.MANIFEST_NAME), manifest)
     remove_tree(staging)
 

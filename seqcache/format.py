@@ -1,7 +1,9 @@
 """The on-disk cache format, version 1: record encoding and the manifest.
 
 This module is shared by the writer (``seqcache.pipelines``) and the readers
-(``seqcache.feeders``, the CLI). It imports neither Beam nor JAX.
+(``seqcache.feeders``, the CLI). It imports neither Beam nor JAX; its
+cache-reading helpers go through ``seqcache.fs``, so they read local paths and
+URLs (``gs://``, ``s3://``) alike, and import Beam only when given a URL.
 
 Layout of one cache (one task, one split)::
 
@@ -33,6 +35,8 @@ import struct
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+
+from seqcache import fs
 
 FORMAT_NAME = "seqcache"
 FORMAT_VERSION = 1
@@ -367,23 +371,26 @@ def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME) -> Manifest:
 
 
 def read_manifest(cache_dir: str) -> Manifest:
-    """Reads and validates ``cache_dir/manifest.json``.
+    """Reads and validates ``cache_dir/manifest.json`` (a local path or a URL).
 
     Raises:
       IncompleteCacheError: there is no manifest (an unfinished build, or not a cache).
       CacheError: the manifest is not valid JSON or not a valid manifest.
+      seqcache.fs.FileSystemError: (URLs) the object store cannot be reached or
+        refused the request.
     """
-    path = os.path.join(cache_dir, MANIFEST_NAME)
-    if not os.path.exists(path):
-        if os.path.isdir(cache_dir):
+    path = fs.join(cache_dir, MANIFEST_NAME)
+    if not fs.exists(path):
+        if fs.isdir(cache_dir):
             raise IncompleteCacheError(
                 f"{cache_dir}: no {MANIFEST_NAME}: the cache is incomplete (an unfinished or failed build) "
                 "or this is not a cache folder; re-run the build"
             )
         raise IncompleteCacheError(f"{cache_dir}: no such cache folder")
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
+        raw = json.loads(fs.read_text(path))
+    except fs.FileSystemError:
+        raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CacheError(f"{path}: cannot read manifest: {e}") from None
     return parse_manifest(raw, path=path)
@@ -392,24 +399,28 @@ def read_manifest(cache_dir: str) -> Manifest:
 def check_shard_files(cache_dir: str, manifest: Manifest) -> None:
     """Cheap integrity checks run whenever a cache is opened: every shard file
     exists and has the byte size the manifest records. Full checksums are
-    ``verify_cache``'s job.
+    ``verify_cache``'s job. On an object store the sizes come from one listing
+    of the folder.
 
     Raises:
       CacheError: naming the file, the expected and the actual value.
+      seqcache.fs.FileSystemError: (URLs) the listing failed.
     """
+    listed = None if fs.is_local(cache_dir) else fs.sizes_in(cache_dir)
     for s in manifest.shards:
         for name, size in ((s.file, s.num_bytes), (s.provenance_file, s.provenance_num_bytes)):
-            p = os.path.join(cache_dir, name)
-            try:
-                actual = os.path.getsize(p)
-            except OSError:
-                raise CacheError(f"{p}: shard file is missing (the manifest lists it with {size} bytes)") from None
+            p = fs.join(cache_dir, name)
+            actual = fs.size(p) if listed is None else listed.get(name)
+            if actual is None:
+                raise CacheError(f"{p}: shard file is missing (the manifest lists it with {size} bytes)")
             if actual != size:
                 raise CacheError(f"{p}: shard file has {actual} bytes, the manifest expects {size}")
 
 
 def iter_json_lines(path: str) -> Iterable[dict]:
-    with open(path, encoding="utf-8") as f:
+    """The JSON objects of a JSON-lines file (local path or URL), streaming;
+    blank lines are skipped."""
+    with fs.open_read(path) as f:
         for line in f:
             if line.strip():
-                yield json.loads(line)
+                yield json.loads(line.decode("utf-8"))

@@ -10,17 +10,227 @@ opens local paths only: ``require_local`` gives it a clear error for a URL.
 
 Object-store options (endpoint, credentials) are Beam pipeline options, for
 example ``--s3_endpoint_url=...``; ``set_options`` hands them to
-``FileSystems`` (the build does it with its pipeline options, the CLI with the
-Beam-style options it is given, workers in their ``setup``).
+``FileSystems`` (the CLI does it with the Beam-style options each command is
+given, before its first file-system call; Beam's workers get them from the
+pipeline). Without any options, a URL is opened with Beam's defaults, and
+Beam's S3 client then falls back on boto3's own configuration
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_DEFAULT_REGION``, ``~/.aws``).
+
+A failed request on a URL raises ``FileSystemError`` (an ``OSError``) whose
+message names the URL, the cause and, where there is one, the fix; a missing
+object raises ``FileNotFoundError``. Before the first request to an s3://
+bucket, one quick ``HeadBucket`` call (at most two attempts) checks that the
+endpoint answers, that there are credentials and that the bucket exists:
+Beam's own S3 calls retry such failures with exponential backoff for minutes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any, BinaryIO, Iterator, NamedTuple, Sequence
+
+
+class FileSystemError(OSError):
+    """A request on a URL failed for another reason than a missing file: an
+    endpoint that does not answer, missing credentials, a missing bucket, a
+    denied request, a file system whose extra is not installed. The message
+    names the URL, the cause and the fix where there is one."""
+
+
+# The extra that brings a scheme's client library (see pyproject.toml).
+_EXTRAS = {"s3": "s3", "gs": "gcs"}
+
+
+def _beam_fs():
+    """Beam's ``FileSystems`` class, for calls that make no request (join).
+    The first import is made without Beam's import-time warning about optional
+    GCP client libraries (root logger, WARNING), which says nothing here."""
+    if "apache_beam.io.filesystems" not in sys.modules:
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)
+        try:
+            import apache_beam.io.filesystems  # noqa: F401
+        finally:
+            root.setLevel(level)
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems
+
+
+def _compression_types():
+    """Beam's ``CompressionTypes`` (imported after ``_beam_fs``, quietly)."""
+    _beam_fs()
+    from apache_beam.io.filesystem import CompressionTypes
+
+    return CompressionTypes
+
+
+def _beam(path: str):
+    """Beam's ``FileSystems``, ready for a request on the URL ``path``: options
+    are set (Beam's defaults when nobody set any, so that its clients fall back
+    on their own configuration, e.g. boto3's environment variables), the
+    scheme's file system is installed, and an s3:// bucket has been checked
+    once (``_check_s3``).
+
+    Raises:
+      FileSystemError: no file system for the scheme (the extra to install is
+        named), or the s3:// check failed.
+    """
+    FileSystems = _beam_fs()
+    from apache_beam.options.value_provider import RuntimeValueProvider
+
+    # FileSystems has no public getter; this is the attribute its get_filesystem reads.
+    if FileSystems._pipeline_options is None and RuntimeValueProvider.runtime_options is None:
+        from apache_beam.options.pipeline_options import PipelineOptions
+
+        FileSystems.set_options(PipelineOptions([]))
+    scheme = path.partition("://")[0].lower()
+    try:
+        FileSystems.get_filesystem(path)
+    except ValueError:
+        extra = _EXTRAS.get(scheme)
+        fix = f"pip install 'seqcache[{extra}]'" if extra else "install the Beam extra that provides it"
+        raise FileSystemError(f"{path}: Beam has no file system for {scheme}:// URLs here; {fix}") from None
+    if scheme == "s3":
+        _check_s3(path, FileSystems)
+    return FileSystems
+
+
+_S3_CHECKED: set = set()
+
+
+def _s3_client_kwargs(options: Any) -> dict:
+    """The arguments Beam's boto3 client (apache_beam.io.aws.clients.s3.boto3_client)
+    is created with, from the same options (a ``PipelineOptions`` or a dict)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, S3Options
+
+    if isinstance(options, PipelineOptions):
+        view = options.view_as(S3Options)
+        get = lambda name: getattr(view, name, None)  # noqa: E731
+    else:
+        get = (options or {}).get
+    return {
+        "region_name": get("s3_region_name"),
+        "api_version": get("s3_api_version"),
+        "use_ssl": not get("s3_disable_ssl"),
+        "verify": get("s3_verify"),
+        "endpoint_url": get("s3_endpoint_url"),
+        "aws_access_key_id": get("s3_access_key_id"),
+        "aws_secret_access_key": get("s3_secret_access_key"),
+        "aws_session_token": get("s3_session_token"),
+    }
+
+
+def _check_s3(path: str, FileSystems) -> None:
+    """One ``HeadBucket`` request per bucket and client configuration (options
+    and ``AWS_*`` environment variables), with at most two attempts: an endpoint that does not answer, missing credentials or
+    a missing bucket fail here at once, with the fix, instead of in Beam's S3
+    calls, which retry them with exponential backoff for minutes. A denied
+    check (403: the credentials may lack ``s3:ListBucket`` on the bucket, or be
+    wrong) or a redirect is left to the requests themselves, which Beam does
+    not retry on such codes.
+
+    Raises:
+      FileSystemError: boto3 is missing, no credentials, endpoint unreachable,
+        no such bucket.
+    """
+    from apache_beam.options.value_provider import RuntimeValueProvider
+
+    bucket = path[len("s3://"):].split("/", 1)[0]
+    kwargs = _s3_client_kwargs(FileSystems._pipeline_options or RuntimeValueProvider.runtime_options)
+    # What the client is made of: the options, and boto3's environment (endpoint,
+    # credentials, profile, config files) for what the options leave unset.
+    key = (bucket, tuple(sorted(kwargs.items(), key=lambda kv: kv[0])),
+           tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    if key in _S3_CHECKED:
+        return
+    try:
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    except ImportError:
+        raise FileSystemError(f"{path}: s3:// URLs need boto3: pip install 'seqcache[s3]'") from None
+    config = Config(retries={"total_max_attempts": 2, "mode": "standard"}, connect_timeout=10, read_timeout=30)
+    try:
+        client = boto3.session.Session().client("s3", config=config, **kwargs)
+    except (BotoCoreError, ValueError) as e:
+        raise FileSystemError(f"{path}: cannot create an S3 client from the s3 options: {e}") from None
+    endpoint = client.meta.endpoint_url
+    try:
+        client.head_bucket(Bucket=bucket)
+    except NoCredentialsError:
+        raise FileSystemError(
+            f"{path}: no S3 credentials: pass --s3_access_key_id=... --s3_secret_access_key=..., or set "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile)"
+        ) from None
+    except ClientError as e:
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = e.response.get("Error", {}).get("Code")
+        if status == 404 or code in ("404", "NoSuchBucket"):
+            raise FileSystemError(
+                f"s3://{bucket}: no such bucket at {endpoint} (asked for {path}); check the bucket name and "
+                "--s3_endpoint_url, or create the bucket"
+            ) from None
+    except BotoCoreError as e:  # EndpointConnectionError, ConnectTimeoutError, SSLError, ...
+        raise FileSystemError(
+            f"cannot reach the S3 endpoint {endpoint} (asked for {path}): {e}; check --s3_endpoint_url "
+            "(or AWS_ENDPOINT_URL)"
+        ) from None
+    _S3_CHECKED.add(key)
+
+
+def _cause(error: BaseException) -> BaseException:
+    """The error behind Beam's wrappers: the first per-path error of a
+    ``BeamIOError`` (batch operations: match, delete, rename, exists)."""
+    seen = 0
+    while seen < 8:  # wrappers nest a few levels at most
+        seen += 1
+        details = getattr(error, "exception_details", None)
+        if isinstance(details, dict):
+            inner = next((e for e in details.values() if isinstance(e, BaseException)), None)
+            if inner is not None:
+                error = inner
+                continue
+        break
+    return error
+
+
+def _message(error: BaseException) -> str:
+    text = getattr(error, "message", None)  # Beam's S3ClientError keeps it here, not in args
+    if not isinstance(text, str) or not text:
+        text = str(error) or type(error).__name__
+    return text
+
+
+def _not_found(error: BaseException) -> bool:
+    code = getattr(error, "code", None)
+    return code == 404 or getattr(error, "errno", None) == errno.ENOENT or isinstance(error, FileNotFoundError)
+
+
+@contextlib.contextmanager
+def _url_errors(path: str, what: str) -> Iterator[None]:
+    """Inside the block, an error of Beam's file systems on ``path`` becomes a
+    ``FileNotFoundError`` (no such object) or a ``FileSystemError`` naming the
+    URL, what was being done and the cause. Wrap only this module's own calls,
+    never a caller's code."""
+    try:
+        yield
+    except (FileSystemError, FileNotFoundError):
+        raise
+    except Exception as e:
+        cause = _cause(e)
+        if _not_found(cause):
+            raise FileNotFoundError(f"{path}: no such file") from e
+        raise FileSystemError(f"{path}: cannot {what}: {_message(cause)}") from e
+
 
 def is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
@@ -34,17 +244,19 @@ def local_path(path: str) -> str:
 def join(base: str, *parts: str) -> str:
     if is_local(base):
         return os.path.join(local_path(base), *parts)
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems.join(base, *parts)
+    try:
+        return _beam_fs().join(base, *parts)
+    except ValueError:  # no file system for the scheme: say which extra is missing
+        _beam(base)
+        raise
 
 
 def exists(path: str) -> bool:
     if is_local(path):
         return os.path.exists(local_path(path))
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems.exists(path)
+    fsys = _beam(path)
+    with _url_errors(path, "check whether it exists"):
+        return fsys.exists(path)
 
 
 def makedirs(path: str) -> None:
@@ -57,10 +269,7 @@ def read_text(path: str) -> str:
     if is_local(path):
         with open(local_path(path), encoding="utf-8") as f:
             return f.read()
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.open(path) as f:
-        return f.read().decode("utf-8")
+    return read_bytes(path).decode("utf-8")
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -70,20 +279,28 @@ def write_bytes(path: str, data: bytes) -> None:
         with open(local_path(path), "wb") as f:
             f.write(data)
         return
-    from apache_beam.io.filesystems import FileSystems
+    _upload(path, data)
 
-    with FileSystems.create(path) as f:
-        f.write(data)
+
+def _upload(path: str, data: bytes) -> None:
+    CompressionTypes = _compression_types()
+
+    fsys = _beam(path)
+    with _url_errors(path, "write"):
+        with fsys.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write(data)
 
 
 def read_bytes(path: str) -> bytes:
     if is_local(path):
         with open(local_path(path), "rb") as f:
             return f.read()
-    from apache_beam.io.filesystems import FileSystems
+    CompressionTypes = _compression_types()
 
-    with FileSystems.open(path) as f:
-        return f.read()
+    fsys = _beam(path)
+    with _url_errors(path, "read"):
+        with fsys.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return f.read()
 
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
@@ -104,12 +321,9 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
                 os.unlink(tmp)
             raise
         return
-    from apache_beam.io.filesystems import FileSystems
-
     # Object stores make a finished upload visible at once: create() then close()
     # publishes the whole object or nothing.
-    with FileSystems.create(path) as f:
-        f.write(data)
+    _upload(path, data)
 
 
 def move_into_place(local_tmp: str, dest: str) -> None:
@@ -117,10 +331,12 @@ def move_into_place(local_tmp: str, dest: str) -> None:
     if is_local(dest):
         os.replace(local_tmp, local_path(dest))
         return
-    from apache_beam.io.filesystems import FileSystems
+    CompressionTypes = _compression_types()
 
-    with open(local_tmp, "rb") as src, FileSystems.create(dest) as out:
-        shutil.copyfileobj(src, out, length=1 << 22)
+    fsys = _beam(dest)
+    with _url_errors(dest, "upload"):
+        with open(local_tmp, "rb") as src, fsys.create(dest, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+            shutil.copyfileobj(src, out, length=1 << 22)
     os.unlink(local_tmp)
 
 
@@ -128,26 +344,50 @@ def remove_tree(path: str) -> None:
     if is_local(path):
         shutil.rmtree(local_path(path), ignore_errors=True)
         return
-    from apache_beam.io.filesystems import FileSystems
-
+    fsys = _beam(path)
     # An object, or a "folder": every object under the prefix.
-    targets = [path] if FileSystems.exists(path) else []
-    targets += [m.path for m in FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list]
-    if targets:
-        FileSystems.delete(sorted(set(targets)))
+    with _url_errors(path, "delete"):
+        targets = [path] if fsys.exists(path) else []
+        targets += [m.path for m in fsys.match([path.rstrip("/") + "/**"])[0].metadata_list]
+        if targets:
+            fsys.delete(sorted(set(targets)))
+
+
+def rename(sources: Sequence[str], destinations: Sequence[str]) -> None:
+    """Moves each file of ``sources`` to the same position of ``destinations``
+    (locally ``os.replace``; on an object store, copy then delete, one object
+    at a time as Beam's file system does it)."""
+    if len(sources) != len(destinations):
+        raise ValueError(f"rename: {len(sources)} sources, {len(destinations)} destinations")
+    if not sources:
+        return
+    if all(is_local(p) for p in (*sources, *destinations)):
+        for src, dst in zip(sources, destinations):
+            os.replace(local_path(src), local_path(dst))
+        return
+    fsys = _beam(destinations[0])
+    with _url_errors(destinations[0].rstrip("/").rpartition("/")[0] or destinations[0], "move objects into it"):
+        fsys.rename(list(sources), list(destinations))
 
 
 @contextlib.contextmanager
 def open_read(path: str) -> Iterator[BinaryIO]:
-    """A binary file open for reading (local, or through Beam's FileSystems)."""
+    """A binary file open for reading (local, or through Beam's FileSystems).
+
+    Raises:
+      FileNotFoundError: no such file.
+      FileSystemError: (URLs) the request failed.
+    """
     if is_local(path):
         with open(local_path(path), "rb") as f:
             yield f
         return
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
+    CompressionTypes = _compression_types()
 
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    fsys = _beam(path)
+    with _url_errors(path, "open it"):
+        f = fsys.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    with f:
         yield f
 
 
@@ -159,11 +399,21 @@ def open_write(path: str) -> Iterator[BinaryIO]:
         with open(local_path(path), "wb") as f:
             yield f
         return
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
+    CompressionTypes = _compression_types()
 
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    fsys = _beam(path)
+    with _url_errors(path, "create it"):
+        f = fsys.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    try:
         yield f
+    except BaseException:
+        try:
+            f.close()
+        except Exception:  # the block's own error is the one to report
+            pass
+        raise
+    with _url_errors(path, "write"):
+        f.close()
 
 
 @contextlib.contextmanager
@@ -217,7 +467,12 @@ def has_magic(pattern: str) -> bool:
 def match(pattern: str) -> list[FileInfo]:
     """The files matching a glob ``pattern`` (``**`` is recursive; a pattern
     without a glob character names one file), sorted by path. Local paths are
-    made absolute; folders are left out. An empty list when nothing matches."""
+    made absolute; folders are left out. An empty list when nothing matches
+    (on an object store, also when the bucket does not exist).
+
+    Raises:
+      FileSystemError: (URLs) the listing failed.
+    """
     import glob
 
     if is_local(pattern):
@@ -229,10 +484,11 @@ def match(pattern: str) -> list[FileInfo]:
                 st = os.stat(name)
                 out.append(FileInfo(os.path.abspath(name), st.st_size, st.st_mtime_ns))
         return sorted(out)
-    from apache_beam.io.filesystems import FileSystems
-
+    fsys = _beam(pattern)
     out = []
-    for result in FileSystems.match([pattern]):
+    with _url_errors(pattern, "list it"):
+        results = fsys.match([pattern])
+    for result in results:
         for meta in result.metadata_list:
             if meta.path.endswith("/"):
                 continue
@@ -250,6 +506,25 @@ def size(path: str) -> int | None:
     return found[0].num_bytes if found else None
 
 
+def sizes_in(folder: str) -> dict[str, int]:
+    """{file name: size in bytes} of the files directly inside ``folder`` (not
+    in its subfolders); empty when there is no such folder. One listing request
+    on an object store, where ``size`` of each file would take one per file."""
+    if is_local(folder):
+        try:
+            entries = list(os.scandir(local_path(folder)))
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        return {e.name: e.stat().st_size for e in entries if e.is_file()}
+    prefix = folder.rstrip("/") + "/"
+    out = {}
+    for f in match(prefix + "*"):
+        name = f.path[len(prefix):] if f.path.startswith(prefix) else None
+        if name and "/" not in name:
+            out[name] = f.num_bytes
+    return out
+
+
 def isfile(path: str) -> bool:
     """True when ``path`` is a file (locally: not a folder)."""
     if is_local(path):
@@ -259,12 +534,12 @@ def isfile(path: str) -> bool:
 
 def isdir(path: str) -> bool:
     """Locally, True for a folder; on an object store, True when some object
-    lies under the prefix ``path/``."""
+    lies under the prefix ``path/`` (the listing stops at the first one)."""
     if is_local(path):
         return os.path.isdir(local_path(path))
-    from apache_beam.io.filesystems import FileSystems
-
-    return bool(FileSystems.match([path.rstrip("/") + "/*"])[0].metadata_list)
+    fsys = _beam(path)
+    with _url_errors(path, "list it"):
+        return bool(fsys.match([path.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
 
 
 def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:
@@ -277,10 +552,12 @@ def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:
 
             return gzip.open(p, "rb")
         return open(p, "rb")
-    from apache_beam.io.filesystems import CompressionTypes, FileSystems
+    CompressionTypes = _compression_types()
 
+    fsys = _beam(path)
     compression = CompressionTypes.AUTO if decompress else CompressionTypes.UNCOMPRESSED
-    return FileSystems.open(path, compression_type=compression)
+    with _url_errors(path, "open it"):
+        return fsys.open(path, compression_type=compression)
 
 
 def read_range(path: str, offset: int, length: int) -> bytes:
@@ -298,17 +575,24 @@ def read_range(path: str, offset: int, length: int) -> bytes:
 
 
 @contextlib.contextmanager
-def local_copy(path: str, *, suffix: str = "") -> Iterator[str]:
+def local_copy(path: str, *, suffix: str = "", dir: str | None = None) -> Iterator[str]:
     """A local path holding the bytes of ``path``: ``path`` itself when local,
-    else a temporary copy that is removed when the block ends (for readers such
-    as ArrayRecord's that open local files only)."""
+    else a temporary copy (in ``dir``, default the system's temporary folder),
+    streamed in 4 MiB blocks and removed when the block ends (for readers such
+    as ArrayRecord's that open local files only).
+
+    Raises:
+      FileNotFoundError: no such file.
+      FileSystemError: (URLs) the download failed.
+    """
     if is_local(path):
         yield local_path(path)
         return
-    fd, tmp = tempfile.mkstemp(prefix="seqcache-", suffix=suffix)
+    fd, tmp = tempfile.mkstemp(prefix="seqcache-", suffix=suffix, dir=dir)
     try:
         with os.fdopen(fd, "wb") as out, open_read(path) as src:
-            shutil.copyfileobj(src, out, length=1 << 22)
+            with _url_errors(path, "download it"):
+                shutil.copyfileobj(src, out, length=1 << 22)
         yield tmp
     finally:
         os.unlink(tmp)
@@ -336,8 +620,10 @@ _OPTIONS_SET: list = []
 def set_options(options: Any) -> None:
     """Hands Beam pipeline options (a ``PipelineOptions`` or a list of
     ``--flag=value`` strings) to Beam's ``FileSystems``: object-store endpoints
-    and credentials (``--s3_endpoint_url``, ``--s3_access_key_id``, ...)."""
-    from apache_beam.io.filesystems import FileSystems
+    and credentials (``--s3_endpoint_url``, ``--s3_access_key_id``, ...). Call
+    it before the first file-system call on a URL that needs them; Beam's
+    ``Pipeline`` sets its own options again when it is created."""
+    FileSystems = _beam_fs()
     from apache_beam.options.pipeline_options import PipelineOptions
 
     if not isinstance(options, PipelineOptions):

@@ -5,6 +5,11 @@ presence. ``verify_cache`` reads every byte: it recomputes each shard's sha256,
 counts its records and decodes every record, checks the quarantine file against
 the manifest's statistics, and reports every problem, each naming the file and
 the expected and actual value.
+
+Every file access goes through ``seqcache.fs``: a cache at a URL (``gs://``,
+``s3://``) is verified like a local one. ArrayRecord's reader opens local files
+only, so each shard of such a cache is downloaded to a temporary file, checked
+and deleted before the next one: the local disk holds one shard at a time.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ import collections
 import dataclasses
 import hashlib
 import json
-import os
 
 from seqcache import format as fmt
+from seqcache import fs
 
 
 @dataclasses.dataclass
@@ -42,48 +47,59 @@ class VerifyReport:
         }
 
 
-def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decode_batch) -> ShardReport:
+def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decode_batch, listed) -> ShardReport:
     from array_record.python.array_record_module import ArrayRecordReader
 
-    path = os.path.join(cache_dir, name)
+    path = fs.join(cache_dir, name)
     problems = []
-    if not os.path.exists(path):
+    size = fs.size(path) if listed is None else listed.get(name)
+    if size is None:
         return ShardReport(name, False, [f"{path}: missing (expected {num_bytes} bytes, {num_records} records)"])
-    size = os.path.getsize(path)
     if size != num_bytes:
         problems.append(f"{path}: size {size} bytes, expected {num_bytes}")
-    actual_sha = fmt.file_sha256(path)
-    if actual_sha != sha256:
-        problems.append(f"{path}: sha256 {actual_sha}, expected {sha256}")
-    count = None
-    try:
-        reader = ArrayRecordReader(path, "readahead_buffer_size:0")
-    except Exception as e:  # the ArrayRecord library raises plain RuntimeError/ValueError
-        problems.append(f"{path}: not a readable ArrayRecord file: {e}")
-        return ShardReport(name, False, problems)
-    try:
-        count = reader.num_records()
-        if count != num_records:
-            problems.append(f"{path}: {count} records, expected {num_records}")
-        for start in range(0, count, decode_batch):
-            indices = list(range(start, min(count, start + decode_batch)))
-            for i, record in zip(indices, reader.read(indices)):
-                fmt.decode_example(features, record, where=f"{path} record {i}")
-    except fmt.CacheError as e:
-        problems.append(str(e))
-    except Exception as e:
-        problems.append(f"{path}: cannot read records: {e}")
-    finally:
+    with fs.local_copy(path, suffix=f"-{name}") as local:
+        actual_sha = fmt.file_sha256(local)
+        if actual_sha != sha256:
+            problems.append(f"{path}: sha256 {actual_sha}, expected {sha256}")
+        count = None
         try:
-            reader.close()
-        except Exception as e:  # a corrupt file can fail again on close
-            if not problems:
-                problems.append(f"{path}: corrupt ArrayRecord file: {e}")
+            reader = ArrayRecordReader(local, "readahead_buffer_size:0")
+        except Exception as e:  # the ArrayRecord library raises plain RuntimeError/ValueError
+            problems.append(f"{path}: not a readable ArrayRecord file: {e}")
+            return ShardReport(name, False, problems)
+        try:
+            count = reader.num_records()
+            if count != num_records:
+                problems.append(f"{path}: {count} records, expected {num_records}")
+            for start in range(0, count, decode_batch):
+                indices = list(range(start, min(count, start + decode_batch)))
+                for i, record in zip(indices, reader.read(indices)):
+                    fmt.decode_example(features, record, where=f"{path} record {i}")
+        except fmt.CacheError as e:
+            problems.append(str(e))
+        except Exception as e:
+            problems.append(f"{path}: cannot read records: {e}")
+        finally:
+            try:
+                reader.close()
+            except Exception as e:  # a corrupt file can fail again on close
+                if not problems:
+                    problems.append(f"{path}: corrupt ArrayRecord file: {e}")
     return ShardReport(name, not problems, problems, count)
 
 
+def _sha256_of(path: str) -> str:
+    """Hex sha256 of a file (local or URL), streaming."""
+    h = hashlib.sha256()
+    with fs.open_read(path) as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
 def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
-    """Verifies every shard of the cache at ``cache_dir``.
+    """Verifies every shard of the cache at ``cache_dir`` (a local path or a
+    URL; shards at a URL are downloaded one at a time to a temporary file).
 
     Returns:
       A ``VerifyReport`` whose ``problems`` name each bad file with the expected
@@ -94,33 +110,35 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
     Raises:
       CacheError / IncompleteCacheError: the manifest is missing or invalid (then
       nothing else can be checked).
+      seqcache.fs.FileSystemError: (URLs) the object store cannot be reached or
+        refused a request.
     """
     manifest = fmt.read_manifest(cache_dir)
+    manifest_path = fs.join(cache_dir, fmt.MANIFEST_NAME)
+    # One listing of an object-store folder gives every size (one request per file otherwise).
+    listed = None if fs.is_local(cache_dir) else fs.sizes_in(cache_dir)
     shards = []
     for s in manifest.shards:
-        shards.append(_check_file(cache_dir, s.file, s.num_bytes, s.sha256, s.num_records, manifest.features, decode_batch))
+        shards.append(_check_file(cache_dir, s.file, s.num_bytes, s.sha256, s.num_records, manifest.features,
+                                  decode_batch, listed))
         shards.append(
             _check_file(cache_dir, s.provenance_file, s.provenance_num_bytes, s.provenance_sha256, s.num_records,
-                        fmt.PROVENANCE_FEATURES, decode_batch)
+                        fmt.PROVENANCE_FEATURES, decode_batch, listed)
         )
     problems = [p for s in shards for p in s.problems]
     declared = manifest.raw.get("num_examples")
     if declared is not None and declared != manifest.num_examples:
-        problems.append(
-            f"{os.path.join(cache_dir, fmt.MANIFEST_NAME)}: num_examples {declared}, shards sum to {manifest.num_examples}"
-        )
+        problems.append(f"{manifest_path}: num_examples {declared}, shards sum to {manifest.num_examples}")
     for name, desc in manifest.vocabularies.items():
         if "file" not in desc:
             if desc.get("kind") == "sentencepiece":
-                problems.append(f"{os.path.join(cache_dir, fmt.MANIFEST_NAME)}: the SentencePiece vocabulary of "
-                                f"feature {name!r} names no model file")
+                problems.append(f"{manifest_path}: the SentencePiece vocabulary of feature {name!r} names no model file")
             continue
-        path = os.path.join(cache_dir, desc["file"])
-        if not os.path.isfile(path):
+        path = fs.join(cache_dir, desc["file"])
+        if not fs.isfile(path):
             problems.append(f"{path}: vocabulary file of feature {name!r} is missing (or not a file)")
         elif desc.get("sha256"):
-            with open(path, "rb") as f:
-                actual = hashlib.sha256(f.read()).hexdigest()
+            actual = _sha256_of(path)
             if actual != desc["sha256"]:
                 problems.append(f"{path}: vocabulary model of feature {name!r} has sha256 {actual}, "
                                 f"the manifest expects {desc['sha256']}")
@@ -147,7 +165,7 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
       The problems, each naming the file and the expected and actual value
       (empty when all is well). Reads the file once, streaming.
     """
-    manifest_path = os.path.join(cache_dir, fmt.MANIFEST_NAME)
+    manifest_path = fs.join(cache_dir, fmt.MANIFEST_NAME)
     stats = manifest.statistics
     declared = {}
     problems = []
@@ -165,8 +183,8 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
                 "records, but the manifest names no quarantine file (quarantine is null)"
             )
         return problems
-    path = os.path.join(cache_dir, name)
-    if not os.path.isfile(path):
+    path = fs.join(cache_dir, name)
+    if not fs.isfile(path):
         problems.append(
             f"{path}: quarantine file is missing (the manifest names it, for {declared['skipped']} skipped and "
             f"{declared['replaced']} replaced records)"
@@ -176,7 +194,7 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
     digest = hashlib.sha256()
     num_bytes = 0
     bad = 0
-    with open(path, "rb") as f:
+    with fs.open_read(path) as f:
         for number, line in enumerate(f, start=1):
             digest.update(line)
             num_bytes += len(line)

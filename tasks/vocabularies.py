@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from seqcache import fs
 from seqcache.tasks.sources import Source, is_error_record
 
 
@@ -158,22 +159,14 @@ class ByteVocabulary(Vocabulary):
 
 
 def _read_bytes(path: str) -> bytes:
-    if "://" in path:
-        from apache_beam.io.filesystems import CompressionTypes, FileSystems
-
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return f.read()
-    with open(path, "rb") as f:
-        return f.read()
+    return fs.read_bytes(path)
 
 
 def _write_bytes(path: str, data: bytes) -> None:
-    if "://" in path:
-        from apache_beam.io.filesystems import CompressionTypes, FileSystems
-
-        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.write(data)
+    if fs.is_url(path):
+        fs.write_bytes_atomic(path, data)
         return
+    path = fs.local_path(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)

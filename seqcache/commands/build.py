@@ -72,10 +72,12 @@ def import_modules(modules):
 @click.command(
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     epilog="Any other --flag is passed to Beam as a pipeline option, for example --runner=DataflowRunner "
-    "--project=P --region=R --temp_location=gs://..., or --direct_num_workers=2 --direct_running_mode=multi_processing.",
+    "--project=P --region=R --temp_location=gs://..., or --direct_num_workers=2 --direct_running_mode=multi_processing, "
+    "or an object store's endpoint and credentials: --s3_endpoint_url=... --s3_access_key_id=... "
+    "--s3_secret_access_key=... (see docs/object-stores.md).",
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--cache-dir", required=True, help="Root folder of caches (local path or gs://...).")
+@click.option("--cache-dir", required=True, help="Root folder of caches (local path, or gs://... / s3://... URL).")
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
 @click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
 @common.on_error_option()
@@ -157,6 +159,13 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
         if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
             pipeline_args.append("--default_sdk_harness_log_level=ERROR")
+    # Object-store options (--s3_endpoint_url=..., --s3_access_key_id=...) reach Beam's
+    # FileSystems before the build's first file-system call in this process (listing
+    # the source files, reading an existing manifest); the pipeline hands them to its
+    # workers itself.
+    from seqcache import fs
+
+    fs.set_options(pipeline_args)
     results = []
     # What Beam's workers write to standard error outside of logging: nothing without -v.
     with common.worker_stderr(verbose=verbose) as stderr:

@@ -46,6 +46,61 @@ def shard_progress(console: Console, label: str):
         yield update
 
 
+# Commands that read caches (info, show, verify) take Beam pipeline options as
+# free --flag=value arguments, like build: the object-store endpoint and
+# credentials (--s3_endpoint_url=..., --s3_access_key_id=..., ...).
+BEAM_OPTIONS_CONTEXT = {"ignore_unknown_options": True, "allow_extra_args": True}
+
+BEAM_OPTIONS_EPILOG = (
+    "Any other --flag=value is a Beam pipeline option for the file system of a URL CACHE_DIR, for example "
+    "--s3_endpoint_url=http://127.0.0.1:9000 --s3_access_key_id=... --s3_secret_access_key=... "
+    "--s3_region_name=us-east-1; without them boto3's own settings apply (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
+    "AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION, ~/.aws)."
+)
+
+
+def filesystem_options(args) -> list[str]:
+    """Checks the free arguments of a cache-reading command (Beam pipeline
+    options in the ``--flag=value`` form, each one Beam knows) and hands them
+    to Beam's FileSystems (``seqcache.fs.set_options``) before the command's
+    first file-system call. Imports Beam only when there are any.
+
+    Raises:
+      click.UsageError: an argument that is not ``--flag[=value]``, or a flag
+        that no Beam option has (a typo would otherwise be ignored).
+    """
+    args = list(args)
+    if not args:
+        return args
+    for a in args:
+        if not a.startswith("--") or a == "--":
+            raise click.UsageError(
+                f"unexpected argument {a!r}: give one CACHE_DIR; Beam options take the --flag=value form"
+            )
+    from seqcache import fs
+    from seqcache.pipelines.build import import_beam
+
+    import_beam()
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    known = set(PipelineOptions([]).get_all_options(drop_default=False))
+    unknown = [a for a in args if a[2:].partition("=")[0].replace("-", "_") not in known]
+    if unknown:
+        raise click.UsageError(
+            f"no such option: {', '.join(unknown)} (options other than this command's own are Beam pipeline "
+            "options, e.g. --s3_endpoint_url=...)"
+        )
+    fs.set_options(args)
+    return args
+
+
+def print_error(message, console: Console | None = None) -> None:
+    """``error: MESSAGE`` on standard error, the message printed as is (no markup)."""
+    from rich.markup import escape
+
+    (console or stderr_console()).print(f"[red]error:[/red] {escape(str(message))}", highlight=False)
+
+
 def resolve_cache(path: str) -> str:
     """Accepts a cache folder (with manifest.json) and returns it; errors clearly."""
     if not os.path.isdir(path):

@@ -1,4 +1,12 @@
-"""``seqcache info | show | verify | tasks``: look inside caches and registries."""
+"""``seqcache info | show | verify | tasks``: look inside caches and registries.
+
+``info``, ``show`` and ``verify`` read a cache at a local path or a URL (gs://,
+s3://, through ``seqcache.fs``); Beam pipeline options given as extra
+``--flag=value`` arguments (``--s3_endpoint_url=...``) reach Beam's FileSystems
+before the first file-system call (``common.filesystem_options``). A file
+system that cannot be reached or refuses a request is one ``error:`` line and
+exit status 1.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +22,20 @@ from seqcache.commands import common
 
 
 def _open(cache_dir, *, open_shards=True):
-    from seqcache.feeders.reader import CacheReader
+    """A reader of the cache at ``cache_dir``: the feeder's ``CacheReader`` for
+    a local path, ``UrlCacheReader`` (downloads the shards it reads) for a URL."""
+    from seqcache import fs
 
     try:
+        if fs.is_url(cache_dir):
+            from seqcache.url_reader import UrlCacheReader
+
+            return UrlCacheReader(cache_dir, open_shards=open_shards)
+        from seqcache.feeders.reader import CacheReader
+
         return CacheReader(cache_dir, open_shards=open_shards)
-    except fmt.CacheError as e:
-        common.stderr_console().print(f"[red]error:[/red] {e}")
+    except (fmt.CacheError, OSError) as e:
+        common.print_error(e)
         sys.exit(1)
 
 
@@ -47,27 +63,33 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
     }
 
 
-@click.command()
+@click.command(context_settings=common.BEAM_OPTIONS_CONTEXT, epilog=common.BEAM_OPTIONS_EPILOG)
 @click.argument("cache_dir")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.option("--shards/--no-shards", default=False, help="List every shard.")
-def info(cache_dir, as_json, shards):
-    """Summarise the cache at CACHE_DIR (a folder with manifest.json).
+@click.pass_context
+def info(ctx, cache_dir, as_json, shards):
+    """Summarise the cache at CACHE_DIR (a folder with manifest.json: a local
+    path, or a gs:// or s3:// URL).
 
     Reads the manifest and checks that every shard file is there with its size; a
     missing or resized shard is reported as a warning and makes the exit status 1.
     Record counts are checked when the shards are opened (show, which, a feeder)
     and, with every checksum, by `seqcache verify`."""
+    common.filesystem_options(ctx.args)
     try:
         m = fmt.read_manifest(cache_dir)
-    except fmt.CacheError as e:
-        common.stderr_console().print(f"[red]error:[/red] {e}", highlight=False)
+    except (fmt.CacheError, OSError) as e:
+        common.print_error(e)
         sys.exit(1)
     try:
         fmt.check_shard_files(cache_dir, m)
         problem = None
     except fmt.CacheError as e:
         problem = str(e)
+    except OSError as e:
+        common.print_error(e)
+        sys.exit(1)
     d = info_dict(m, cache_dir)
     d["problem"] = problem
     if as_json:
@@ -113,42 +135,29 @@ def info(cache_dir, as_json, shards):
         sys.exit(1)
 
 
-@click.command()
+@click.command(context_settings=common.BEAM_OPTIONS_CONTEXT, epilog=common.BEAM_OPTIONS_EPILOG)
 @click.argument("cache_dir")
 @click.option("--index", "indices", type=int, multiple=True, help="Cache index to show (repeatable; default 0).")
 @click.option("--count", type=int, default=None, help="Show COUNT examples from the first --index.")
 @click.option("--ids/--no-ids", default=False, help="Also print token ids.")
 @click.option("--max-chars", type=int, default=600, show_default=True, help="Cut decoded text after this many characters (0: no limit).")
 @click.option("--json", "as_json", is_flag=True)
-def show(cache_dir, indices, count, ids, max_chars, as_json):
-    """Decode examples of the cache at CACHE_DIR, with their provenance."""
-    reader = _open(cache_dir, open_shards=False)  # reads only the shards it shows
+@click.pass_context
+def show(ctx, cache_dir, indices, count, ids, max_chars, as_json):
+    """Decode examples of the cache at CACHE_DIR (a local path, or a gs:// or
+    s3:// URL), with their provenance. From a URL, only the shards holding the
+    examples shown are downloaded (to a temporary folder, removed at the end);
+    the shards before them are downloaded one at a time to check their record
+    counts."""
+    common.filesystem_options(ctx.args)
     indices = list(indices) or [0]
-    if count is not None:
-        if count < 1:
-            raise click.BadParameter(f"must be >= 1 (got {count})", param_hint="--count")
-        # Stops at the end of the cache.
-        indices = list(range(indices[0], min(indices[0] + count, len(reader))))
+    if count is not None and count < 1:
+        raise click.BadParameter(f"must be >= 1 (got {count})", param_hint="--count")
+    reader = _open(cache_dir, open_shards=False)  # reads only the shards it shows
     try:
-        if indices:
-            shards, _ = reader.locate(indices)
-            # Index -> shard follows the manifest's counts: check every shard up to the last one read.
-            reader.check_record_counts(range(int(max(shards)) + 1))
-        examples = reader.read_examples(indices)
-        provenance = reader.read_sources(indices)
-    except IndexError as e:
-        raise click.UsageError(str(e)) from None
-    except fmt.CacheError as e:
-        common.stderr_console().print(f"[red]error:[/red] {e}", highlight=False)
-        sys.exit(1)
-    vocabs = {}
-    for name in reader.manifest.vocabularies:
-        try:
-            vocabs[name] = reader.vocabulary(name)
-        except (ValueError, OSError) as e:
-            common.stderr_console().print(f"[red]error:[/red] {e}; run `seqcache verify {cache_dir}`",
-                                          highlight=False)
-            sys.exit(1)
+        examples, provenance, vocabs, indices = _read_for_show(reader, cache_dir, indices, count)
+    finally:
+        reader.close()
     out = [_describe_example(i, ex, prov, vocabs, ids) for i, ex, prov in zip(indices, examples, provenance)]
     if as_json:
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))
@@ -185,6 +194,39 @@ def _locate(p: dict) -> str:
     return describe_record(p.get("path") or "", locator, p["record_number"])
 
 
+def _read_for_show(reader, cache_dir, indices, count):
+    """(examples, provenance, vocabularies, indices) of what ``show`` prints; a
+    bad cache or file system prints one error line and exits 1."""
+    if count is not None:
+        # Stops at the end of the cache.
+        indices = list(range(indices[0], min(indices[0] + count, len(reader))))
+    try:
+        if indices:
+            shards, _ = reader.locate(indices)
+            read = {int(s) for s in shards}
+            # Index -> shard follows the manifest's counts: every shard up to the
+            # last one read is checked; those read are checked when opened, before
+            # their first record is read (in shard order). An index out of range
+            # is the read's IndexError.
+            last = min(int(max(shards)), len(reader.manifest.shards) - 1)
+            reader.check_record_counts([s for s in range(last + 1) if s not in read])
+        examples = reader.read_examples(indices)
+        provenance = reader.read_sources(indices)
+    except IndexError as e:
+        raise click.UsageError(str(e)) from None
+    except (fmt.CacheError, OSError) as e:
+        common.print_error(e)
+        sys.exit(1)
+    vocabs = {}
+    for name in reader.manifest.vocabularies:
+        try:
+            vocabs[name] = reader.vocabulary(name)
+        except (ValueError, OSError) as e:
+            common.print_error(f"{e}; run `seqcache verify {cache_dir}`")
+            sys.exit(1)
+    return examples, provenance, vocabs, indices
+
+
 def _describe_example(index, example, provenance, vocabs, with_ids):
     """One example as JSON-able dict: per token feature, its segments with
     provenance, decoded text and (optionally) ids."""
@@ -211,22 +253,26 @@ def _describe_example(index, example, provenance, vocabs, with_ids):
     return item
 
 
-@click.command()
+@click.command(context_settings=common.BEAM_OPTIONS_CONTEXT, epilog=common.BEAM_OPTIONS_EPILOG)
 @click.argument("cache_dir")
 @click.option("--json", "as_json", is_flag=True)
-def verify(cache_dir, as_json):
-    """Check every shard of CACHE_DIR: counts, checksums, decodability.
+@click.pass_context
+def verify(ctx, cache_dir, as_json):
+    """Check every shard of CACHE_DIR (a local path, or a gs:// or s3:// URL):
+    counts, checksums, decodability. From a URL, the shards are downloaded one
+    at a time to a temporary file, checked and deleted.
 
     Exits with status 1 and names each bad file when anything is wrong."""
     from seqcache.verify import verify_cache
 
+    common.filesystem_options(ctx.args)
     try:
         report = verify_cache(cache_dir)
-    except fmt.CacheError as e:
+    except (fmt.CacheError, OSError) as e:
         if as_json:
             click.echo(json.dumps({"cache_dir": cache_dir, "ok": False, "problems": [str(e)], "shards": []}, indent=2))
         else:
-            common.stderr_console().print(f"[red]error:[/red] {e}")
+            common.print_error(e)
         sys.exit(1)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))

@@ -205,13 +205,9 @@ def locate_row_in_state(
       seqcache.format.CacheError: a cache cannot be opened.
     """
     state_lib.check_state(state)
-    if cache is None and mixture is None:
-        mixture = state_lib.mixture_pairs(state)
-    opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    opened = open_state_caches(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
-        current = dict(state, mixture=state_lib.mixture_entries(opened.paths, opened.rates, opened.weights,
-                                                                opened.readers))
-        diff = state_lib.stream_difference(state, current)
+        diff = state_difference(state, opened)
         if diff:
             raise state_lib.FeederStateError(
                 f"{diff}; the state's steps and rows denote examples of the caches it was saved with: ask with "
@@ -224,9 +220,33 @@ def locate_row_in_state(
         opened.close()
 
 
+def open_state_caches(state, *, cache=None, mixture=None, caches_root=None, split: str = "train"):
+    """Opens a checked state's caches: at its paths (with its schedule, if any), or
+    at ``cache=``/``mixture=``."""
+    if cache is None and mixture is None:
+        mixture = state_lib.mixture_argument(state)
+    return open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+
+
+def state_difference(state, opened) -> str | None:
+    """Why the opened caches (and schedule) do not denote the state's stream, or None."""
+    current = dict(state, mixture=state_lib.mixture_entries(opened.paths, opened.rates, opened.weights,
+                                                            opened.readers))
+    current.pop("schedule", None)
+    if opened.stages is not None:
+        current["schedule"] = opened.stages
+    if state.get("schedule") is None and opened.stages is None:
+        return state_lib.stream_difference(state, current)
+    diff = state_lib.schedule_difference(state, current)
+    if diff is None and state_lib.stages_of(state) != state_lib.stages_of(current):
+        # Answers about steps past the saved one must use the state's own schedule.
+        diff = "the mixture schedule differs from the state's"
+    return diff
+
+
 def _answer(opened, *, seed, num_epochs, global_batch_size, step, row, feature, tokens) -> dict:
     """``which`` over opened caches, with the stream's parameters in the answer."""
-    stream = IndexStream(readers=opened.readers, weights=opened.weights, seed=seed, num_epochs=num_epochs)
+    stream = opened.stream(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size)
     out = which(stream, opened.paths, global_batch_size=global_batch_size, step=step, row=row,
                 feature=feature, tokens=tokens)
     out["seed"] = seed

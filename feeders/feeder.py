@@ -640,6 +640,16 @@ class Feeder:
         return which(self.stream, self.paths, global_batch_size=self.global_batch_size, step=step, row=row,
                      feature=self.feature, tokens=tokens)
 
+    def trace(self, steps, *, text: bool = False):
+        """Provenance of whole steps, every row of the global batch (not only this
+        host's): one row per (step, row, segment) as a pyarrow Table, computed from
+        positions and the provenance sidecars, with no replay. ``steps``: a range
+        or an iterable of steps. See ``seqcache.feeders.provenance.trace``."""
+        from seqcache.feeders.provenance import trace
+
+        return trace(self.stream, self.paths, global_batch_size=self.global_batch_size, steps=steps,
+                     feature=self.feature, text=text)
+
     # --- lifetime ----------------------------------------------------------------
 
     def close(self) -> None:

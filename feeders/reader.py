@@ -221,6 +221,10 @@ class CacheReader:
         allowed), in that order. One ArrayRecord ``read`` call per shard touched."""
         return self._read(self._data, [s.file for s in self.manifest.shards], indices)
 
+    def read_provenance_records(self, indices) -> list[bytes]:
+        """The raw provenance records at ``indices`` (one batched read per shard)."""
+        return self._read(self._prov, [s.provenance_file for s in self.manifest.shards], indices)
+
     def read_provenance(self, indices) -> list[dict[str, np.ndarray]]:
         """The decoded provenance records (source_index, record_number,
         token_offset; one element per segment) at ``indices``."""

@@ -511,3 +511,39 @@ def _segment_texts(reader, idx, seg_rows, feature, vocabs, t):
             k += 1
         j = k
     return ntok, texts
+
+
+def trace_rows(*, cache=None, mixture=None, caches_root=None, split: str = "train", global_batch_size: int, steps,
+               seed: int = 0, num_epochs: int | None = None, feature: str = "targets", text: bool = False):
+    """``trace`` without a Feeder: opens the caches (``cache=`` or ``mixture=``, a
+    schedule included, as for ``Feeder``), traces ``steps`` of the stream with this
+    seed, global batch size and number of epochs, and closes them."""
+    opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    try:
+        stream = opened.stream(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size)
+        return trace(stream, opened.paths, global_batch_size=global_batch_size, steps=steps, feature=feature,
+                     text=text)
+    finally:
+        opened.close()
+
+
+def trace_rows_in_state(state: Mapping[str, Any], *, steps, cache=None, mixture=None, caches_root=None,
+                        split: str = "train", feature: str | None = None, text: bool = False):
+    """``trace_rows`` for the stream a saved feeder state denotes (its caches,
+    rates or schedule, seed, global batch size and number of epochs), with the
+    checks of ``locate_row_in_state``."""
+    state_lib.check_state(state)
+    opened = open_state_caches(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    try:
+        diff = state_difference(state, opened)
+        if diff:
+            raise state_lib.FeederStateError(
+                f"{diff}; the state's steps and rows denote examples of the caches it was saved with: ask with "
+                "those caches"
+            )
+        b = state["global_batch_size"]
+        stream = opened.stream(seed=state["seed"], num_epochs=state["num_epochs"], global_batch_size=b)
+        return trace(stream, opened.paths, global_batch_size=b, steps=steps, feature=feature or state["feature"],
+                     text=text)
+    finally:
+        opened.close()

@@ -231,3 +231,28 @@ def test_schedule_arguments_are_checked(two):
         _feeder({0: {a: 1}, 3: {a: 0}})
     with pytest.raises(ValueError, match="not read in the last stage"):
         _feeder({0: {a: 1, b: 1}, 3: {a: 1}}, num_epochs=1)
+
+
+def test_which_with_a_mixture_schedule_file_and_from_a_scheduled_state(two, tmp_path):
+    from click.testing import CliRunner
+
+    from seqcache.cli import main as cli
+
+    a, b = two
+    sched = tmp_path / "schedule.json"
+    sched.write_text(json.dumps({"0": {"a": 1, "b": 1}, str(CHANGE): {"a": 3, "b": 1}}))
+    root = str(tmp_path)
+    with _feeder(_schedule(a, b)) as f:
+        want = [f.which(s, r)["cache_index"] for s in (CHANGE - 1, CHANGE, CHANGE + 1) for r in range(B)]
+        f.step = 20
+        (tmp_path / "state.json").write_text(json.dumps(f.state()))
+    for target, extra in ((root, ["--mixture-schedule", str(sched), "--batch-size", str(B), "--seed", "5"]),
+                          (str(tmp_path / "state.json"), [])):
+        got = []
+        for s in (CHANGE - 1, CHANGE, CHANGE + 1):
+            for r in range(B):
+                res = CliRunner().invoke(cli, ["which", target, "--step", str(s), "--row", str(r), "--json",
+                                               "--no-tokens", *extra])
+                assert res.exit_code == 0, res.output
+                got.append(json.loads(res.output)["cache_index"])
+        assert got == want, target

@@ -22,7 +22,7 @@ def _rows_of_which(f, steps):
         for r in range(B):
             w = f.which(s, r)
             if w["padding"]:
-                out.append((s, r, True, None, None, None, None, None))
+                out.append((s, r, True, w["task_index"], None, None, None, None))
                 continue
             for seg in w["segments"]:
                 out.append((s, r, False, w["task_index"], w["cache_index"], seg["segment"], seg["record_number"],
@@ -45,7 +45,7 @@ def test_trace_agrees_with_which_on_every_row_of_a_scheduled_finite_mixture(tmp_
     got = [(x["step"], x["row"], x["padding"], x["task_index"], x["cache_index"], x["segment"], x["record_number"],
             x["token_offset"]) for x in rows]
     assert got == want  # every row of the global batch, not only this host's
-    assert any(x["padding"] for x in rows) and {x["task"] for x in rows} == {"fixture" if False else "a", "packed"}
+    assert any(x["padding"] for x in rows) and {x["task"] for x in rows} == {"a", "packed"}
     for x in rows:
         if not x["padding"]:
             assert (x["num_tokens"], x["source"], x["locator"]) == whole[(x["step"], x["row"], x["segment"])]

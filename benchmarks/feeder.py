@@ -17,7 +17,17 @@ global batch size and the same number of threads everywhere, it measures per hos
   ttfb:   time to first batch after ``Feeder.restore`` at position 0 and at
           position 10^12 (opening the cache included), median of 7, interleaved;
   memory: RSS growth of a fresh process that opens the feeder and reads one
-          batch, for this cache and for one 10x smaller.
+          batch, for this cache and for one 10x smaller;
+  mixture: a mixture of 3 task caches (a third of the records each, equal
+          rates) against the single-task cache, same batch and threads,
+          alternating, as a ratio of examples/s per round (median);
+  open:   time to first batch (Feeder construction + first batch) on caches of
+          16, 1,000 and 10,000 tiny shards, median of 5, interleaved, as ratios to
+          16 shards;
+  trace:  ``Feeder.trace`` of 1,000 steps (``--trace-batch`` rows each) at
+          position 0 and at 10^12: rows/s and seconds, median of 3.
+
+``--only mixture,open,trace`` runs only those sections.
 
 Rounds alternate raw/feeder (swapping the order every round) to share the
 machine's noise; the medians over rounds are reported, and feeder/raw is the median
@@ -174,6 +184,100 @@ def time_to_first_batch(path, *, batch_size, length, threads, position) -> float
     return dt
 
 
+def build_tiny_cache(path: str, *, shards: int, per_shard: int = 2, length: int = 16) -> None:
+    """A cache of ``shards`` shards of ``per_shard`` records each (for open time)."""
+    if os.path.exists(os.path.join(path, fmt.MANIFEST_NAME)):
+        return
+    from seqcache.pipelines.writer import write_cache
+
+    t0 = time.perf_counter()
+
+    def shard(s: int):
+        for j in range(per_shard):
+            yield {"targets": np.full(length, 3 + (s * per_shard + j) % 1000, np.int32)}, [(0, s * per_shard + j, 0)]
+
+    write_cache(path, task="tiny", split="train", features=(fmt.FeatureSpec("targets", "int32"),),
+                shards=[shard(s) for s in range(shards)], sources=[{"path": "synthetic"}],
+                fingerprint_inputs={"tiny": shards, "per_shard": per_shard, "length": length})
+    print(f"built {path}: {shards:,} shards x {per_shard} records, {time.perf_counter() - t0:.1f} s")
+
+
+def open_to_first_batch(path: str, *, batch_size: int) -> float:
+    t0 = time.perf_counter()
+    with Feeder(cache=path, global_batch_size=batch_size, sequence_length=16, host_index=0, host_count=1,
+                prefetch=0) as f:
+        f.get_batch(0)
+        return time.perf_counter() - t0
+
+
+def bench_open(root: str, *, batch_size: int, repeats: int = 5) -> dict:
+    paths = {n: os.path.join(root, f"tiny-{n}") for n in (16, 1000, 10_000)}
+    for n, p in paths.items():
+        build_tiny_cache(p, shards=n)
+    times = {n: [] for n in paths}
+    for _ in range(repeats):
+        for n, p in paths.items():
+            times[n].append(open_to_first_batch(p, batch_size=batch_size))
+    med = {n: statistics.median(t) for n, t in times.items()}
+    res = {f"open_first_batch_{n}_shards_s": v for n, v in med.items()}
+    res.update({f"open_first_batch_{n}_over_16": med[n] / med[16] for n in (1000, 10_000)})
+    print(f"time to first batch (open + batch {batch_size}): " + ", ".join(
+        f"{n:,} shards {v * 1e3:.1f} ms" for n, v in med.items())
+        + f"; 10,000/16 = {med[10_000] / med[16]:.2f}")
+    return res
+
+
+def bench_mixture(big: str, root: str, *, records: int, length: int, batch_size: int, threads: int, steps: int,
+                  rounds: int) -> dict:
+    parts = [os.path.join(root, f"part{k}-{records // 3}x{length}") for k in range(3)]
+    for p in parts:
+        build_cache(p, records=records // 3, length=length, shards=16)
+    mixture = {p: 1.0 for p in parts}
+
+    def run(**kw):
+        with Feeder(global_batch_size=batch_size, sequence_length=length, host_index=0, host_count=1,
+                    num_threads=threads, prefetch=threads, start_step=7, **kw) as f:
+            next(f)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                next(f)
+            return time.perf_counter() - t0
+
+    ratios = []
+    for r in range(rounds):
+        order = ("one", "mix") if r % 2 == 0 else ("mix", "one")
+        t = {name: run(cache=big) if name == "one" else run(mixture=mixture) for name in order}
+        ratios.append(t["one"] / t["mix"])
+        print(f"round {r}: single task {steps * batch_size / t['one']:,.0f} ex/s, 3-task mixture "
+              f"{steps * batch_size / t['mix']:,.0f} ex/s, mixture/single {ratios[-1]:.3f}")
+    res = {"mixture3_over_single": statistics.median(ratios), "mixture3_over_single_rounds": ratios}
+    print(f"3-task mixture / single task {res['mixture3_over_single']:.3f} (median of {rounds} rounds, range "
+          f"{min(ratios):.3f}..{max(ratios):.3f})")
+    return res
+
+
+def bench_trace(path: str, *, batch_size: int, steps: int = 1000, repeats: int = 3) -> dict:
+    far_step = 10**12 // batch_size
+    times = {0: [], far_step: []}
+    rows = {}
+    with Feeder(cache=path, global_batch_size=batch_size, sequence_length=1, host_index=0, host_count=1,
+                prefetch=0) as f:
+        f.trace(range(0, 2))  # opens the provenance shards
+        for _ in range(repeats):
+            for first in times:
+                t0 = time.perf_counter()
+                table = f.trace(range(first, first + steps))
+                times[first].append(time.perf_counter() - t0)
+                rows[first] = table.num_rows
+    t0, tf = statistics.median(times[0]), statistics.median(times[far_step])
+    res = {"trace_steps": steps, "trace_batch_size": batch_size, "trace_rows": rows[0],
+           "trace_position_0_s": t0, "trace_position_1e12_s": tf, "trace_rows_per_s": rows[0] / t0,
+           "trace_ratio_1e12_over_0": tf / t0}
+    print(f"trace of {steps:,} steps x {batch_size} rows ({rows[0]:,} table rows): position 0 {t0:.2f} s "
+          f"({rows[0] / t0:,.0f} rows/s), position 10^12 {tf:.2f} s, ratio {tf / t0:.2f}")
+    return res
+
+
 RSS_CHILD = r"""
 import sys, psutil
 from seqcache.feeders import Feeder
@@ -205,7 +309,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--cache-dir", help="where to build (or reuse) the cache; default: a temporary folder")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--trace-batch", type=int, default=256, help="global batch of the trace benchmark")
+    ap.add_argument("--only", help="comma-separated sections: throughput, mixture, open, trace (default: all)")
     args = ap.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else {"throughput", "mixture", "open", "trace"}
 
     tmp = None
     root = args.cache_dir
@@ -218,6 +325,21 @@ def main(argv=None):
     build_cache(small, records=args.records // 10, length=args.length, shards=args.shards)
 
     B, L, T = args.batch_size, args.length, args.threads
+    extra = {}
+    if "mixture" in only:
+        extra.update(bench_mixture(big, root, records=args.records, length=L, batch_size=B, threads=T,
+                                   steps=args.steps, rounds=args.rounds))
+    if "open" in only:
+        extra.update(bench_open(root, batch_size=args.trace_batch))
+    if "trace" in only:
+        extra.update(bench_trace(big, batch_size=args.trace_batch))
+    if "throughput" not in only:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(extra, f, indent=2)
+        if tmp is not None:
+            tmp.cleanup()
+        return extra
     print(f"global batch {B} x {L} tokens = {B * L:,} tokens/step; {args.records:,} examples = "
           f"{args.records / B:,.1f} steps/epoch; {T} threads; this host reads all {B} rows")
     first_step = 7
@@ -263,7 +385,7 @@ def main(argv=None):
         "feeder_over_raw": statistics.median(ratios), "feeder_over_raw_cpu_time": statistics.median(cpu_ratios),
         "feeder_over_grain": feeder_eps / grain_eps,
         "ttfb_position_0_s": ttfb0, "ttfb_position_1e12_s": ttfb_far, "ttfb_ratio_1e12_over_0": ttfb_far / ttfb0,
-        "rss_growth_bytes": rss_big, "rss_growth_bytes_10x_smaller_cache": rss_small,
+        "rss_growth_bytes": rss_big, "rss_growth_bytes_10x_smaller_cache": rss_small, **extra,
     }
     print()
     print(f"{'':10}{'examples/s':>14}{'tokens/s':>16}")

@@ -117,6 +117,11 @@ class Feeder:
         (each task resolves to ``caches_root/<task>/<split>``; tasks with rate 0 are
         left out). Rates are relative; see ``mixing.integer_weights`` for how they
         become exact integer weights. Changing rates needs no rebuild of caches.
+        Or a schedule, rates that change at given steps: {step: {cache folder:
+        rate}}, e.g. ``{0: {a: 1, b: 1}, 10_000: {a: 3, b: 1}}`` (the first stage
+        at step 0; a cache left out of a stage, or given rate 0, is not read in
+        it; each task's ordinal continues across a change: see
+        ``seqcache.feeders.schedule``).
       caches_root, split: see ``mixture``.
       global_batch_size: B, rows per step over all hosts.
       sequence_length: L, tokens per row.
@@ -213,10 +218,11 @@ class Feeder:
         opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
         self.mixture_name = opened.name
         self.paths, self.readers, self.rates, self.weights = opened.paths, opened.readers, opened.rates, opened.weights
+        self.schedule = opened.stages  # None, or [{"step", "rates", "weights"}] (see ``feeders/schedule.py``)
         try:
             self._layouts = [self._layout(r) for r in self.readers]
-            self.stream = IndexStream(readers=self.readers, weights=self.weights, seed=self.seed,
-                                      num_epochs=self.num_epochs)
+            self.stream = opened.stream(seed=self.seed, num_epochs=self.num_epochs,
+                                        global_batch_size=self.global_batch_size)
         except BaseException:
             for r in self.readers:
                 r.close()
@@ -226,6 +232,8 @@ class Feeder:
         self._lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._read_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._closed = False
         self._ar = np.arange(self.sequence_length, dtype=np.int32)
         self._constants: tuple | None = None
@@ -294,23 +302,15 @@ class Feeder:
         positions = step * self.global_batch_size + self.first_row + np.arange(b_host, dtype=np.int64)
         loc = self.stream.locate(positions)
         names = (f, f"{f}_segment_ids", f"{f}_positions", f"{f}_loss_weights")
-        out: dict[str, np.ndarray] | None = None
-        groups = []
-        for t in np.unique(loc.task[loc.valid]):
-            rows = np.flatnonzero((loc.task == t) & loc.valid)
-            groups.append((int(t), rows))
-        for t, rows in groups:
-            block = self._read_block(t, loc.cache_index[rows])
-            if rows.size == b_host:  # one task fills the host batch: no scatter
-                out = dict(zip(names, block))
-                break
-            if out is None:
-                out = _zeros(names, b_host, length)
-            for name, arr in zip(names, block):
-                out[name][rows] = arr
-        if out is None:  # every row is padding
-            out = _zeros(names, b_host, length)
         valid = loc.valid
+        tasks = np.unique(loc.task[valid]).tolist()
+        if not tasks:  # every row is padding
+            out = _zeros(names, b_host, length)
+        elif len(tasks) == 1 and valid.all():  # one task fills the host batch
+            out = dict(zip(names, self._decode_block(tasks[0], self._read_rows(tasks[0], loc.cache_index),
+                                                     loc.cache_index)))
+        else:
+            out = self._compute_mixed(loc, tasks, names)
         out["task_index"] = np.where(valid, loc.task, -1).astype(np.int32)
         out["cache_index"] = np.where(valid, loc.cache_index, -1)
         out["epoch"] = np.where(valid, loc.epoch, -1)
@@ -318,10 +318,53 @@ class Feeder:
             arr.flags.writeable = False
         return out
 
-    def _read_block(self, task: int, cache_index: np.ndarray):
-        """Reads and decodes the records of one task: 4 arrays (n, L)."""
+    def _compute_mixed(self, loc, tasks: list[int], names) -> dict[str, np.ndarray]:
+        """The rows of a step drawn from several tasks (or with padding rows): the
+        reads of all tasks are issued together (one list of records in row order)
+        and, when the tasks share one record layout, decoded in one batch, so a
+        mixture costs what one task costs (no per-task decode and scatter)."""
+        b_host, length = self.rows_per_host, self.sequence_length
+        rows_of = {t: np.flatnonzero((loc.task == t) & loc.valid) for t in tasks}
+        records: list = [b""] * b_host
+        # Every task's read is in flight at once (on the read pool, the first one
+        # on this thread): ArrayRecord's reads release the GIL, so the tasks'
+        # shard reads overlap instead of queueing one task after another.
+        pool = self._read_pool_or_none()
+        pending = [(t, pool.submit(self._read_rows, t, loc.cache_index[rows_of[t]]) if pool is not None and j else None)
+                   for j, t in enumerate(tasks)]
+        try:
+            for t, fut in pending:
+                got = fut.result() if fut is not None else self._read_rows(t, loc.cache_index[rows_of[t]])
+                for r, rec in zip(rows_of[t].tolist(), got):
+                    records[r] = rec
+        finally:
+            for _, fut in pending:
+                if fut is not None:
+                    fut.cancel()
+        layouts = {self._layout_key(t) for t in tasks}
+        if len(layouts) == 1 and loc.valid.all():
+            try:
+                return dict(zip(names, self._decode_block(tasks[0], records, loc.cache_index)))
+            except fmt.CacheError:
+                pass  # decoded again per task below, so that the error names the task's cache and record
+        out = _zeros(names, b_host, length)
+        for t in tasks:
+            rows = rows_of[t]
+            block = self._decode_block(t, [records[r] for r in rows.tolist()], loc.cache_index[rows])
+            for name, arr in zip(names, block):
+                out[name][rows] = arr
+        return out
+
+    def _layout_key(self, task: int) -> tuple:
+        """Tasks with equal keys decode with the same ``decode_batch`` call."""
+        return tuple(self.readers[task].features), tuple(self._layouts[task].items())
+
+    def _read_rows(self, task: int, cache_index: np.ndarray) -> list[bytes]:
+        return self.readers[task].read(cache_index)
+
+    def _decode_block(self, task: int, records: Sequence[bytes], cache_index: np.ndarray):
+        """Decodes records laid out as task ``task``'s: 4 arrays (n, L)."""
         reader, layout, length = self.readers[task], self._layouts[task], self.sequence_length
-        records = reader.read(cache_index)
         wanted = {layout["tokens"]: np.int32}
         if layout["segment_ids"]:
             wanted[layout["segment_ids"]] = np.int32
@@ -368,6 +411,19 @@ class Feeder:
                 a.flags.writeable = False
             self._constants = (seg, pos, weights)
         return tuple(a[:n] for a in self._constants)
+
+    def _read_pool_or_none(self):
+        """The threads that read the other tasks of a mixed step (None for one task)."""
+        if len(self.readers) == 1:
+            return None
+        with self._pool_lock:
+            if self._closed:
+                raise RuntimeError("the feeder is closed")
+            if self._read_pool is None:
+                self._read_pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=min(len(self.readers) - 1, 2 * self.num_threads),
+                    thread_name_prefix=THREAD_NAME_PREFIX + "-read")
+            return self._read_pool
 
     def _executor_or_none(self):
         if self.prefetch == 0:
@@ -426,9 +482,9 @@ class Feeder:
 
         Cache paths are stored absolute (``state.location``); a cache is identified
         by its fingerprint, the path only says where it was (see ``restore``)."""
-        return {
+        state = {
             "kind": state_lib.STATE_KIND,
-            "version": state_lib.STATE_VERSION,
+            "version": state_lib.STATE_VERSION if self.schedule is None else state_lib.SCHEDULE_STATE_VERSION,
             "cache_format_version": fmt.FORMAT_VERSION,
             "mixture": state_lib.mixture_entries(self.paths, self.rates, self.weights, self.readers),
             "seed": self.seed,
@@ -438,6 +494,12 @@ class Feeder:
             "num_epochs": self.num_epochs,
             "position": self.position,
         }
+        if self.schedule is not None:
+            # The whole schedule, also the stages still ahead: with the caches it
+            # is the stream, so a restored run needs nothing else.
+            state["schedule"] = [dict(step=st["step"], rates=list(st["rates"]), weights=list(st["weights"]))
+                                 for st in self.schedule]
+        return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Moves this feeder to a saved state's position after checking that the
@@ -445,13 +507,27 @@ class Feeder:
         same mixture order, wherever they are now), rates, seed, global batch size,
         sequence length, feature and number of epochs.
 
+        Mixture schedules: when the state or this feeder has a schedule, this
+        feeder may extend the state's stream: it must keep every stage that
+        started before the saved step and the state's caches (in order); it may
+        add, change or remove later stages and add caches (new tasks, ordinals
+        from 0). This feeder's ``state()`` then records its whole schedule.
+
         Raises:
           FeederStateError (a ValueError): naming the first difference and both
             values, e.g. "the cache at PATH was rebuilt (fingerprint A, the state
-            was saved with fingerprint B)".
+            was saved with fingerprint B)", or "the mixture schedule rewrites the
+            past at step S: ...".
         """
         state_lib.check_state(state)
-        diff = state_lib.stream_difference(state, self.state())
+        current = self.state()
+        if state.get("schedule") is None and self.schedule is None:
+            diff = state_lib.stream_difference(state, current)
+        else:
+            # A schedule continues the saved stream when it keeps the past (the
+            # stages before the saved step) and the caches; it may add stages
+            # and caches after it.
+            diff = state_lib.schedule_difference(state, current)
         if diff:
             raise state_lib.FeederStateError(diff + state_lib.RESTORE_HINT)
         self.step = state["position"] // self.global_batch_size
@@ -521,7 +597,7 @@ class Feeder:
                 f"divides {b}: {host_counts_for(b, hosts)}"
             )
         if cache is None and mixture is None:
-            where = {"mixture": state_lib.mixture_pairs(state)}
+            where = {"mixture": state_lib.mixture_argument(state)}
         else:
             where = {"cache": cache, "mixture": mixture, "caches_root": caches_root, "split": split}
         try:
@@ -564,6 +640,16 @@ class Feeder:
         return which(self.stream, self.paths, global_batch_size=self.global_batch_size, step=step, row=row,
                      feature=self.feature, tokens=tokens)
 
+    def trace(self, steps, *, text: bool = False):
+        """Provenance of whole steps, every row of the global batch (not only this
+        host's): one row per (step, row, segment) as a pyarrow Table, computed from
+        positions and the provenance sidecars, with no replay. ``steps``: a range
+        or an iterable of steps. See ``seqcache.feeders.provenance.trace``."""
+        from seqcache.feeders.provenance import trace
+
+        return trace(self.stream, self.paths, global_batch_size=self.global_batch_size, steps=steps,
+                     feature=self.feature, text=text)
+
     # --- lifetime ----------------------------------------------------------------
 
     def close(self) -> None:
@@ -579,6 +665,10 @@ class Feeder:
             fut.cancel()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+        with self._pool_lock:
+            read_pool, self._read_pool = self._read_pool, None
+        if read_pool is not None:
+            read_pool.shutdown(wait=True, cancel_futures=True)
         for r in self.readers:
             r.close()
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from seqcache import format as fmt
 from seqcache.feeders import state as state_lib
 from seqcache.feeders.stream import IndexStream, open_mixture
 
@@ -205,13 +206,9 @@ def locate_row_in_state(
       seqcache.format.CacheError: a cache cannot be opened.
     """
     state_lib.check_state(state)
-    if cache is None and mixture is None:
-        mixture = state_lib.mixture_pairs(state)
-    opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    opened = open_state_caches(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
-        current = dict(state, mixture=state_lib.mixture_entries(opened.paths, opened.rates, opened.weights,
-                                                                opened.readers))
-        diff = state_lib.stream_difference(state, current)
+        diff = state_difference(state, opened)
         if diff:
             raise state_lib.FeederStateError(
                 f"{diff}; the state's steps and rows denote examples of the caches it was saved with: ask with "
@@ -224,12 +221,329 @@ def locate_row_in_state(
         opened.close()
 
 
+def open_state_caches(state, *, cache=None, mixture=None, caches_root=None, split: str = "train"):
+    """Opens a checked state's caches: at its paths (with its schedule, if any), or
+    at ``cache=``/``mixture=``."""
+    if cache is None and mixture is None:
+        mixture = state_lib.mixture_argument(state)
+    return open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+
+
+def state_difference(state, opened) -> str | None:
+    """Why the opened caches (and schedule) do not denote the state's stream, or None."""
+    current = dict(state, mixture=state_lib.mixture_entries(opened.paths, opened.rates, opened.weights,
+                                                            opened.readers))
+    current.pop("schedule", None)
+    if opened.stages is not None:
+        current["schedule"] = opened.stages
+    if state.get("schedule") is None and opened.stages is None:
+        return state_lib.stream_difference(state, current)
+    diff = state_lib.schedule_difference(state, current)
+    if diff is None and state_lib.stages_of(state) != state_lib.stages_of(current):
+        # Answers about steps past the saved one must use the state's own schedule.
+        diff = "the mixture schedule differs from the state's"
+    return diff
+
+
 def _answer(opened, *, seed, num_epochs, global_batch_size, step, row, feature, tokens) -> dict:
     """``which`` over opened caches, with the stream's parameters in the answer."""
-    stream = IndexStream(readers=opened.readers, weights=opened.weights, seed=seed, num_epochs=num_epochs)
+    stream = opened.stream(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size)
     out = which(stream, opened.paths, global_batch_size=global_batch_size, step=step, row=row,
                 feature=feature, tokens=tokens)
     out["seed"] = seed
     out["global_batch_size"] = global_batch_size
     out["mixture"] = [{"path": p, "rate": r} for p, r in zip(opened.paths, opened.rates)]
     return out
+
+
+# --- whole steps: one row per (step, row, segment) ---------------------------
+
+# Columns of ``trace``, in order (pyarrow types in ``_trace_schema``).
+TRACE_COLUMNS = ("step", "row", "position", "padding", "task_index", "task", "cache", "ordinal", "epoch",
+                 "cache_index", "shard", "record", "segment", "source_index", "source", "locator", "record_number",
+                 "token_offset", "num_tokens", "text")
+
+# A provenance record of one segment: three uint32 counts of 1 and the elements
+# (uint32 source_index, uint64 record_number, uint32 token_offset).
+_ONE_SEGMENT = np.dtype([("n0", "<u4"), ("source_index", "<u4"), ("n1", "<u4"), ("record_number", "<u8"),
+                         ("n2", "<u4"), ("token_offset", "<u4")])
+
+
+def _decode_provenance(records: list[bytes], reader, indices: np.ndarray):
+    """(row of each segment, source_index, record_number, token_offset) for a batch
+    of provenance records: one-segment records (unpacked caches) decoded as one
+    numpy block, the others one by one."""
+    _np = np
+    size = _ONE_SEGMENT.itemsize
+    lengths = _np.fromiter(map(len, records), _np.int64, len(records))
+    one = lengths == size
+    rows, src, rec, off = [], [], [], []
+    if one.any():
+        sel = _np.flatnonzero(one)
+        block = _np.frombuffer(b"".join(records[i] for i in sel.tolist()), _ONE_SEGMENT)
+        if (block["n0"] == 1).all() and (block["n1"] == 1).all() and (block["n2"] == 1).all():
+            rows.append(sel)
+            src.append(block["source_index"].astype(_np.int64))
+            rec.append(block["record_number"].astype(_np.uint64))
+            off.append(block["token_offset"].astype(_np.int64))
+        else:
+            one[:] = False
+    for i in _np.flatnonzero(~one).tolist():
+        p = fmt.decode_example(fmt.PROVENANCE_FEATURES, records[i],
+                               where=reader.describe(int(indices[i]), provenance=True))
+        n = len(p["source_index"])
+        rows.append(_np.full(n, i, _np.int64))
+        src.append(p["source_index"].astype(_np.int64))
+        rec.append(p["record_number"].astype(_np.uint64))
+        off.append(p["token_offset"].astype(_np.int64))
+    if not rows:
+        e = _np.zeros(0, _np.int64)
+        return e, e, e.astype(_np.uint64), e
+    rows_a = _np.concatenate(rows)
+    order = _np.argsort(rows_a, kind="stable")  # segments in row order, each row's in segment order
+    return (rows_a[order], _np.concatenate(src)[order], _np.concatenate(rec)[order], _np.concatenate(off)[order])
+
+
+def trace(
+    stream: IndexStream,
+    paths: Sequence[str],
+    *,
+    global_batch_size: int,
+    steps,
+    feature: str = "targets",
+    text: bool = False,
+    chunk_steps: int = 64,
+):
+    """Provenance of whole steps: one row per (step, row, segment), as a pyarrow Table.
+
+    Computed from positions (``IndexStream.locate``, no replay): its cost depends
+    on the number of rows asked for, not on where the steps are. Only the
+    provenance sidecars are read (one batched ArrayRecord read per shard touched,
+    ``chunk_steps`` steps at a time), unless ``text`` asks for the tokens too.
+
+    Args:
+      stream: the feeder's index stream (``Feeder.stream``).
+      paths: the cache folders, in mixture order.
+      global_batch_size: B.
+      steps: the steps, a ``range`` (e.g. ``range(91000, 91050)``) or any iterable
+        of steps >= 0.
+      feature: the token feature (for ``text``).
+      text: also read the data records: ``num_tokens`` (of the segment in the row)
+        and ``text`` (decoded with the cache's vocabulary; null when it cannot be
+        rebuilt). Without it both columns are null.
+      chunk_steps: steps located and read together.
+
+    Returns:
+      pyarrow.Table with ``TRACE_COLUMNS``: step, row, position (int64), padding
+      (bool; a padding row of a finite run has one row with nulls after it),
+      task_index (int32), task, cache (its folder), ordinal, epoch, cache_index
+      (int64), shard (file name), record (offset in the shard, int64), segment
+      (1-based, int32), source_index (int64), source (the file path from the
+      manifest's source table), locator (what record_number counts:
+      ``byte_offset``, ``row``, ``file``, ``record``), record_number (uint64),
+      token_offset (int64: where the segment starts in its source record's
+      tokens), num_tokens (int64) and text (string). The token span of a segment
+      in its source record is [token_offset, token_offset + num_tokens).
+
+    Raises:
+      ValueError: a negative step.
+      seqcache.format.CacheError: a provenance shard is missing or damaged.
+    """
+    import pyarrow as pa
+
+    steps = list(steps) if not isinstance(steps, range) else steps
+    if len(steps) and min(steps) < 0:
+        raise ValueError(f"steps must be >= 0 (got {min(steps)})")
+    b = int(global_batch_size)
+    vocabs: dict[int, Any] = {}
+    tables = []
+    for c in range(0, len(steps), chunk_steps):
+        chunk = np.asarray(steps[c:c + chunk_steps], np.int64)
+        positions = (chunk[:, None] * b + np.arange(b, dtype=np.int64)[None, :]).ravel()
+        loc = stream.locate(positions)
+        valid = loc.valid.copy()
+        if stream.end_position is not None:
+            valid &= positions < stream.end_position
+        n = positions.size
+        # Per row: the segments, gathered task by task.
+        seg_row, seg_src, seg_rec, seg_off, seg_ntok, seg_text = [], [], [], [], [], []
+        seg_task = []
+        for t in np.unique(loc.task[valid]).tolist():
+            rows = np.flatnonzero(valid & (loc.task == t))
+            reader = stream.readers[t]
+            idx = loc.cache_index[rows]
+            records = reader.read_provenance_records(idx)
+            r, src, rec, off = _decode_provenance(records, reader, idx)
+            seg_row.append(rows[r])
+            seg_src.append(src)
+            seg_rec.append(rec)
+            seg_off.append(off)
+            seg_task.append(np.full(r.size, t, np.int64))
+            if text:
+                ntok, txt = _segment_texts(reader, idx, r, feature, vocabs, t)
+                seg_ntok.append(ntok)
+                seg_text.extend(txt)
+        if seg_row:
+            srow = np.concatenate(seg_row)
+            order = np.argsort(srow, kind="stable")
+            srow = srow[order]
+            src = np.concatenate(seg_src)[order]
+            rec = np.concatenate(seg_rec)[order]
+            off = np.concatenate(seg_off)[order]
+            stask = np.concatenate(seg_task)[order]
+            ntok = np.concatenate(seg_ntok)[order] if text else None
+            txt = [seg_text[i] for i in order.tolist()] if text else None
+        else:
+            srow = np.zeros(0, np.int64)
+            src = off = stask = srow
+            rec = srow.astype(np.uint64)
+            ntok, txt = (srow, []) if text else (None, None)
+        # Segment numbers (1-based within a row).
+        first = np.ones(srow.size, bool)
+        first[1:] = srow[1:] != srow[:-1]
+        starts = np.flatnonzero(first)
+        segno = np.arange(srow.size) - np.repeat(starts, np.diff(np.append(starts, srow.size))) + 1
+        # Padding rows: one table row each, with nulls.
+        pad = np.flatnonzero(~valid)
+        all_rows = np.concatenate([srow, pad])
+        order = np.argsort(all_rows, kind="stable")
+        all_rows = all_rows[order]
+        m, k = srow.size, pad.size
+        is_seg = order < m
+        segi = np.where(is_seg, order, 0)
+
+        def full(values, dtype):
+            arr = np.zeros(m + k, dtype)
+            if m:
+                arr[is_seg] = values[segi[is_seg]]
+            return arr
+
+        def seg_col(values, dtype):
+            return pa.array(full(values, dtype), mask=~is_seg)
+
+        task_of = loc.task[all_rows]
+        shard_names, record_offsets = _shards_of(stream, task_of, loc.cache_index[all_rows], is_seg)
+        manifests = [r.manifest for r in stream.readers]
+        sources_tables = [m_.sources for m_ in manifests]
+        src_path, src_loc = [], []
+        for is_s, t, s in zip(is_seg.tolist(), task_of.tolist(), full(src, np.int64).tolist()):
+            if not is_s:
+                src_path.append(None)
+                src_loc.append(None)
+                continue
+            table = sources_tables[t]
+            entry = table[s] if 0 <= s < len(table) else {}
+            src_path.append(entry.get("path"))
+            src_loc.append(entry.get("locator") or "record")
+        valid_rows = valid[all_rows]
+        tables.append(pa.table({
+            "step": pa.array(positions[all_rows] // b),
+            "row": pa.array(positions[all_rows] % b),
+            "position": pa.array(positions[all_rows]),
+            "padding": pa.array(~valid_rows),
+            "task_index": pa.array(task_of.astype(np.int32)),
+            "task": pa.array([manifests[t].task for t in task_of.tolist()]),
+            "cache": pa.array([paths[t] for t in task_of.tolist()]),
+            "ordinal": pa.array(loc.ordinal[all_rows]),
+            "epoch": pa.array(loc.epoch[all_rows]),
+            "cache_index": pa.array(np.where(valid_rows, loc.cache_index[all_rows], 0), mask=~valid_rows),
+            "shard": pa.array(shard_names, pa.string()),
+            "record": pa.array(record_offsets, mask=~is_seg),
+            "segment": pa.array(np.where(is_seg, segno[segi], 0).astype(np.int32), mask=~is_seg),
+            "source_index": seg_col(src, np.int64),
+            "source": pa.array(src_path, pa.string()),
+            "locator": pa.array(src_loc, pa.string()),
+            "record_number": seg_col(rec, np.uint64),
+            "token_offset": seg_col(off, np.int64),
+            "num_tokens": seg_col(ntok, np.int64) if text else pa.nulls(m + k, pa.int64()),
+            "text": pa.array([txt[i] if s else None for s, i in zip(is_seg.tolist(), segi.tolist())], pa.string())
+            if text else pa.nulls(m + k, pa.string()),
+        }))
+    if not tables:
+        return _empty_trace()
+    return pa.concat_tables(tables)
+
+
+def _empty_trace():
+    import pyarrow as pa
+
+    types = {"step": pa.int64(), "row": pa.int64(), "position": pa.int64(), "padding": pa.bool_(),
+             "task_index": pa.int32(), "ordinal": pa.int64(), "epoch": pa.int64(), "cache_index": pa.int64(),
+             "record": pa.int64(), "segment": pa.int32(), "source_index": pa.int64(),
+             "record_number": pa.uint64(), "token_offset": pa.int64(), "num_tokens": pa.int64()}
+    return pa.table({c: pa.array([], types.get(c, pa.string())) for c in TRACE_COLUMNS})
+
+
+def _shards_of(stream, task, cache_index, is_seg):
+    """(shard file name or None, record offset in the shard) per table row."""
+    names: list = [None] * task.size
+    offsets = np.zeros(task.size, np.int64)
+    for t in np.unique(task[is_seg]).tolist():
+        sel = np.flatnonzero(is_seg & (task == t))
+        reader = stream.readers[t]
+        shard, off = reader.locate(cache_index[sel])
+        files = [s.file for s in reader.manifest.shards]
+        for j, s in zip(sel.tolist(), shard.tolist()):
+            names[j] = files[s]
+        offsets[sel] = off
+    return names, offsets
+
+
+def _segment_texts(reader, idx, seg_rows, feature, vocabs, t):
+    """Per segment (``seg_rows``: the index into ``idx`` of each segment's row, in
+    order): its number of tokens and text (None without a vocabulary)."""
+    if t not in vocabs:
+        vocabs[t] = _vocabulary(reader, feature)[0]
+    vocab = vocabs[t]
+    examples = reader.read_examples(idx)
+    ntok = np.zeros(seg_rows.size, np.int64)
+    texts: list = [None] * seg_rows.size
+    j = 0
+    while j < seg_rows.size:
+        r = int(seg_rows[j])
+        segs = segments_of(examples[r], feature) if feature in examples[r] else []
+        k = j
+        while k < seg_rows.size and seg_rows[k] == r:
+            if k - j < len(segs):
+                ids = segs[k - j]
+                ntok[k] = ids.size
+                texts[k] = vocab.decode([int(x) for x in ids]) if vocab is not None else None
+            k += 1
+        j = k
+    return ntok, texts
+
+
+def trace_rows(*, cache=None, mixture=None, caches_root=None, split: str = "train", global_batch_size: int, steps,
+               seed: int = 0, num_epochs: int | None = None, feature: str = "targets", text: bool = False):
+    """``trace`` without a Feeder: opens the caches (``cache=`` or ``mixture=``, a
+    schedule included, as for ``Feeder``), traces ``steps`` of the stream with this
+    seed, global batch size and number of epochs, and closes them."""
+    opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    try:
+        stream = opened.stream(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size)
+        return trace(stream, opened.paths, global_batch_size=global_batch_size, steps=steps, feature=feature,
+                     text=text)
+    finally:
+        opened.close()
+
+
+def trace_rows_in_state(state: Mapping[str, Any], *, steps, cache=None, mixture=None, caches_root=None,
+                        split: str = "train", feature: str | None = None, text: bool = False):
+    """``trace_rows`` for the stream a saved feeder state denotes (its caches,
+    rates or schedule, seed, global batch size and number of epochs), with the
+    checks of ``locate_row_in_state``."""
+    state_lib.check_state(state)
+    opened = open_state_caches(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    try:
+        diff = state_difference(state, opened)
+        if diff:
+            raise state_lib.FeederStateError(
+                f"{diff}; the state's steps and rows denote examples of the caches it was saved with: ask with "
+                "those caches"
+            )
+        b = state["global_batch_size"]
+        stream = opened.stream(seed=state["seed"], num_epochs=state["num_epochs"], global_batch_size=b)
+        return trace(stream, opened.paths, global_batch_size=b, steps=steps, feature=feature or state["feature"],
+                     text=text)
+    finally:
+        opened.close()

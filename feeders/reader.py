@@ -52,23 +52,27 @@ class CacheReader:
     Args:
       cache_dir: the cache folder (``CACHE_DIR/<task>/<split>``, with manifest.json).
       reader_options: ArrayRecord reader options.
-      open_shards: open every data shard now and check its record count against
-        the manifest (default); False defers each shard to its first read.
+      open_shards: True (the default) opens every data shard now and checks every
+        shard file's byte size and every data shard's record count against the
+        manifest; False opens in O(1) of the number of shards (the manifest
+        alone) and runs the same checks on each shard file at its first read,
+        before any of its records are returned (what ``Feeder`` does).
 
-    Opening runs ``seqcache.format.read_manifest``, ``check_shard_files`` (file
-    sizes) and, with ``open_shards``, compares every data shard's record count
-    with the manifest; checksums are ``seqcache verify``'s job.
+    The checks, eager or lazy, are the same and raise the same errors: a missing
+    or resized shard file (``seqcache.format.check_shard_files``' messages), or a
+    data or provenance shard whose record count is not the manifest's. Checksums
+    are ``seqcache verify``'s job.
 
     Raises:
       ValueError: ``cache_dir`` is a URL (gs://, s3://, ...): mount the bucket
         and pass the mounted path (the message says how).
       seqcache.format.IncompleteCacheError: no manifest.json (an unfinished build).
-      seqcache.format.CacheError: an invalid manifest or a missing/resized shard;
-        also, from the reads, a shard that ArrayRecord cannot open or read (a
-        damaged chunk, or a shard deleted after opening: an opened shard stays
-        readable, a lazily opened one, e.g. a provenance shard, is reported
-        missing). The message names the shard file and says to run
-        ``seqcache verify CACHE``.
+      seqcache.format.CacheError: an invalid manifest or (at open, or at a shard's
+        first read with ``open_shards=False``) a missing or resized shard or one
+        with another record count; also, from the reads, a shard that ArrayRecord
+        cannot open or read (a damaged chunk, or a shard deleted after its first
+        read: an opened shard stays readable). The message names the shard file
+        and says to run ``seqcache verify CACHE``.
     """
 
     # Whether this class reads caches at URLs (a subclass that fetches shard files
@@ -80,10 +84,12 @@ class CacheReader:
         if not self._reads_urls:
             self.cache_dir = fs.require_local(self.cache_dir, "the feeder (CacheReader)")
         self.manifest = fmt.read_manifest(self.cache_dir)
-        try:
-            fmt.check_shard_files(self.cache_dir, self.manifest)
-        except fmt.CacheError as e:
-            raise fmt.CacheError(f"{e}; {self._verify_hint()}") from None
+        self._eager = bool(open_shards)
+        if open_shards:
+            try:
+                fmt.check_shard_files(self.cache_dir, self.manifest)
+            except fmt.CacheError as e:
+                raise fmt.CacheError(f"{e}; {self._verify_hint()}") from None
         self.shard_starts = self.manifest.shard_starts  # int64 (num_shards + 1,)
         self.num_examples = int(self.shard_starts[-1])
         if self.num_examples == 0:
@@ -95,10 +101,10 @@ class CacheReader:
         self._prov: list[ArrayRecordReader | None] = [None] * len(self.manifest.shards)
         self._closed = False
         if open_shards:
-            # Cheap open-time check of every data shard: ArrayRecord reads its
-            # footer, and the record count must be the manifest's (an edited
-            # manifest or a shard swapped in from another cache is refused here,
-            # not in the middle of a run). The readers stay open for reading.
+            # Open-time check of every data shard: ArrayRecord reads its footer,
+            # and the record count must be the manifest's (an edited manifest or a
+            # shard swapped in from another cache is refused here, not in the
+            # middle of a run). The readers stay open for reading.
             for shard, info in enumerate(self.manifest.shards):
                 self._open(self._data, shard, info.file)
 
@@ -117,6 +123,7 @@ class CacheReader:
             if reader is None:
                 path = self._path(name)
                 local = self._local_file(path)
+                self._check_size(shard, name, local, shown=path)
                 try:
                     reader = ArrayRecordReader(local, self._options)
                 except _ARRAY_RECORD_ERRORS as e:
@@ -151,6 +158,26 @@ class CacheReader:
         file itself here; a downloaded copy in ``UrlCacheReader`` (which raises
         CacheError for a shard that is gone)."""
         return path
+
+    def _check_size(self, shard: int, name: str, path: str, shown: str | None = None) -> None:
+        """The byte size check of ``check_shard_files`` for one shard file, run
+        before the file is first opened: one stat, so that a truncated or
+        replaced file is refused before any of its records is returned."""
+        info = self.manifest.shards[shard]
+        size = info.num_bytes if name == info.file else info.provenance_num_bytes
+        shown = shown or path
+        try:
+            actual = os.path.getsize(path)
+        except OSError as e:
+            if self._eager:  # it was there when the cache was opened
+                raise self._open_failed(shown, e) from None
+            raise fmt.CacheError(
+                f"{shown}: shard file is missing (the manifest lists it with {size} bytes); {self._verify_hint()}"
+            ) from None
+        if actual != size:
+            raise fmt.CacheError(
+                f"{shown}: shard file has {actual} bytes, the manifest expects {size}; {self._verify_hint()}"
+            )
 
     def check_record_counts(self, shards: Iterable[int]) -> None:
         """Opens the data shards ``shards`` (if not open yet), which checks each
@@ -221,6 +248,10 @@ class CacheReader:
         """The data records at ``indices`` (cache indices, any order, repeats
         allowed), in that order. One ArrayRecord ``read`` call per shard touched."""
         return self._read(self._data, [s.file for s in self.manifest.shards], indices)
+
+    def read_provenance_records(self, indices) -> list[bytes]:
+        """The raw provenance records at ``indices`` (one batched read per shard)."""
+        return self._read(self._prov, [s.provenance_file for s in self.manifest.shards], indices)
 
     def read_provenance(self, indices) -> list[dict[str, np.ndarray]]:
         """The decoded provenance records (source_index, record_number,

@@ -32,6 +32,10 @@ STATE_KIND = "seqcache.feeders.Feeder"
 # Bump when the stream a state denotes changes: the mixing algorithm, the
 # permutation (rounds, round function, key derivation), the end-of-run rule.
 STATE_VERSION = 1
+# A state whose mixture carries a schedule (rates that change at given steps) has
+# this version and a "schedule" field, so that a release that does not know
+# schedules refuses it instead of reading it as constant rates.
+SCHEDULE_STATE_VERSION = 2
 
 _FIELDS = ("kind", "version", "cache_format_version", "mixture", "seed", "global_batch_size",
            "sequence_length", "feature", "num_epochs", "position")
@@ -53,9 +57,11 @@ def check_state(state: Mapping[str, Any]) -> None:
         raise FeederStateError(f"a feeder state is a JSON object (got {type(state).__name__})")
     if state.get("kind") != STATE_KIND:
         raise FeederStateError(f"not a feeder state: kind is {state.get('kind')!r}, expected {STATE_KIND!r}")
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in (STATE_VERSION, SCHEDULE_STATE_VERSION) or (
+            state.get("version") == SCHEDULE_STATE_VERSION and "schedule" not in state):
         raise FeederStateError(
-            f"feeder state version is {state.get('version')!r}, this seqcache reads version {STATE_VERSION}: "
+            f"feeder state version is {state.get('version')!r}, this seqcache reads version {STATE_VERSION} "
+            f"(and {SCHEDULE_STATE_VERSION} with a mixture schedule): "
             "the state was written by another seqcache release; restore it with that release"
         )
     if state.get("cache_format_version") != fmt.FORMAT_VERSION:
@@ -73,6 +79,8 @@ def check_state(state: Mapping[str, Any]) -> None:
         for key in ("path", "rate", "weight", "fingerprint", "num_examples"):
             if key not in entry:
                 raise FeederStateError(f"feeder state mixture entry {entry!r} has no {key!r}")
+    if state["version"] == SCHEDULE_STATE_VERSION:
+        _check_schedule(state)
     b, p = state["global_batch_size"], state["position"]
     if not isinstance(b, int) or b < 1:
         raise FeederStateError(f"feeder state has global_batch_size={b!r}, expected an integer >= 1")
@@ -80,6 +88,96 @@ def check_state(state: Mapping[str, Any]) -> None:
         raise FeederStateError(
             f"feeder state has position={p!r}: expected a non-negative multiple of global_batch_size={b}"
         )
+
+
+def _check_schedule(state: Mapping[str, Any]) -> None:
+    schedule = state.get("schedule")
+    n = len(state["mixture"])
+    if not isinstance(schedule, list) or not schedule:
+        raise FeederStateError(f"feeder state version {SCHEDULE_STATE_VERSION} has no schedule (got {schedule!r})")
+    steps = []
+    for stage in schedule:
+        if not isinstance(stage, Mapping) or not all(k in stage for k in ("step", "rates", "weights")):
+            raise FeederStateError(f"feeder state schedule stage {stage!r} needs step, rates and weights")
+        if len(stage["rates"]) != n or len(stage["weights"]) != n:
+            raise FeederStateError(f"feeder state schedule stage at step {stage['step']} does not have one rate and "
+                                   f"one weight per mixture entry ({n})")
+        steps.append(stage["step"])
+    if steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:])):
+        raise FeederStateError(f"feeder state schedule steps must start at 0 and increase (got {steps})")
+
+
+def stages_of(state: Mapping[str, Any]) -> list[dict]:
+    """The schedule a state denotes: [{"step", "rates", "weights"}], one rate and
+    weight per mixture entry; a state with constant rates is one stage at step 0."""
+    if state.get("schedule") is not None:
+        return [dict(step=int(st["step"]), rates=[float(r) for r in st["rates"]], weights=[int(w) for w in st["weights"]])
+                for st in state["schedule"]]
+    return [{"step": 0, "rates": [float(e["rate"]) for e in state["mixture"]],
+             "weights": [int(e["weight"]) for e in state["mixture"]]}]
+
+
+def mixture_argument(state: Mapping[str, Any]):
+    """The ``mixture=`` argument that reopens a state's caches at its paths: the
+    [(path, rate)] pairs, or for a schedule {step: {path: rate}}."""
+    if state.get("schedule") is None:
+        return mixture_pairs(state)
+    paths = [str(e["path"]) for e in state["mixture"]]
+    return {int(st["step"]): {p: float(r) for p, r in zip(paths, st["rates"]) if float(r) != 0}
+            for st in state["schedule"]}
+
+
+def schedule_difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """Why ``current`` (a feeder's state, possibly with a longer schedule) cannot
+    continue the stream ``saved`` was at; None when it can.
+
+    ``current`` continues ``saved`` when (1) the state's caches are the first
+    mixture entries of ``current``, in order, by fingerprint and example count
+    (caches added after them are new tasks, whose ordinals start at 0), (2) every
+    stage that started before the saved step (the past) is the same in both, at
+    the same step with the same rates (0 for the new caches), and (3) the other
+    stream fields are equal. Stages at or after the saved step may be added,
+    changed or removed: no example has been read under them.
+    """
+    have, want = list(saved["mixture"]), list(current["mixture"])
+    if len(want) < len(have):
+        return (
+            f"the state was saved with a mixture of {len(have)} cache(s) ({_paths(have)}), but this run reads "
+            f"{len(want)} ({_paths(want)}); a schedule can add caches, not remove them"
+        )
+    for i, (a, b) in enumerate(zip(have, want)):
+        a = dict(a, rate=0.0, weight=0)
+        b = dict(b, rate=0.0, weight=0)
+        diff = _cache_difference(i, a, b)
+        if diff:
+            return diff
+    for key in _STREAM_FIELDS:
+        if key != "version" and saved.get(key) != current.get(key):
+            return _scalar_difference(key, saved.get(key), current.get(key))
+    step = int(saved["position"]) // int(saved["global_batch_size"])
+    extra = len(want) - len(have)
+    old = [(st["step"], st["rates"] + [0.0] * extra) for st in stages_of(saved) if st["step"] < step]
+    new = [(st["step"], st["rates"]) for st in stages_of(current) if st["step"] < step]
+    for j in range(max(len(old), len(new))):
+        a = old[j] if j < len(old) else None
+        b = new[j] if j < len(new) else None
+        if a == b:
+            continue
+        at = min(x[0] for x in (a, b) if x is not None)
+        return (
+            f"the mixture schedule rewrites the past at step {at}: the state is at step {step}, and its schedule has "
+            f"{_stage_words(a, want)} where this run has {_stage_words(b, want)}; only stages starting at or after "
+            f"step {step} can be added or changed"
+        )
+    return None
+
+
+def _stage_words(stage, entries) -> str:
+    if stage is None:
+        return "no stage"
+    step, rates = stage
+    parts = ", ".join(f"{e.get('path')}: {r!r}" for e, r in zip(entries, rates) if r)
+    return f"a stage at step {step} with rates {{{parts}}}"
 
 
 def location(path: str | os.PathLike) -> str:

@@ -33,6 +33,7 @@ from seqcache import fs
 from seqcache.feeders import mixing
 from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation
 from seqcache.feeders.reader import CacheReader
+from seqcache.feeders.schedule import Schedule
 
 _PERM_CACHE_SIZE = 256
 
@@ -73,13 +74,19 @@ class IndexStream:
     keys, which are cached (a bounded LRU).
     """
 
-    def __init__(self, *, readers: Sequence[CacheReader], weights: Sequence[int], seed: int, num_epochs: int | None):
-        if len(readers) != len(weights):
-            raise ValueError(f"{len(readers)} caches but {len(weights)} weights")
+    def __init__(self, *, readers: Sequence[CacheReader], weights: Sequence[int] | None = None, seed: int,
+                 num_epochs: int | None, stages: Sequence[tuple[int, Sequence[int]]] | None = None):
+        if (weights is None) == (stages is None):
+            raise ValueError("give exactly one of weights= (constant rates) or stages= (a schedule)")
         self.readers = list(readers)
         self.sizes = [r.num_examples for r in readers]
         self.keys = [r.fingerprint for r in readers]
-        self.mixer = mixing.Mixer(weights)
+        if stages is not None:
+            self.mixer = Schedule(stages)
+        else:
+            self.mixer = mixing.Mixer(weights)
+        if self.mixer.num_tasks != len(self.readers):
+            raise ValueError(f"{len(readers)} caches but {self.mixer.num_tasks} weights")
         self.seed = int(seed)
         self.num_epochs = num_epochs
         self._perms: collections.OrderedDict[tuple[int, int], FeistelPermutation] = collections.OrderedDict()
@@ -89,9 +96,15 @@ class IndexStream:
             self.end_position = None
         else:
             self.limits = [num_epochs * n for n in self.sizes]
-            self.end_position = max(
-                self.mixer.first_position_with_count(t, lim) for t, lim in enumerate(self.limits)
-            )
+            ends = [self.mixer.first_position_with_count(t, lim) for t, lim in enumerate(self.limits)]
+            never = [self.readers[t].cache_dir for t, end in enumerate(ends) if end is None]
+            if never:
+                raise ValueError(
+                    f"num_epochs={num_epochs}: the cache(s) {never} are not read in the last stage of the mixture "
+                    "schedule and would never finish their epochs, so this finite run would never end; give them "
+                    "a rate in the last stage or run with num_epochs=None"
+                )
+            self.end_position = max(ends)
 
     def num_steps(self, global_batch_size: int) -> int | None:
         """ceil(P_end / B) for a finite run, None when it repeats forever."""
@@ -195,15 +208,60 @@ def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str
     return out, None
 
 
+def is_schedule(mixture) -> bool:
+    """Whether ``mixture=`` is a schedule ``{step: {cache path: rate}}`` (int keys)."""
+    return (isinstance(mixture, Mapping) and bool(mixture)
+            and all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in mixture))
+
+
+def _resolve_schedule(schedule) -> tuple[list[str], list[tuple[int, dict[str, Rate]]]]:
+    """(cache paths in mixture order: first appearance, stage by stage; [(step, {path: rate})])."""
+    stages = sorted((int(step), rates) for step, rates in schedule.items())
+    if stages[0][0] != 0:
+        raise ValueError(f"a mixture schedule starts at step 0 (its first stage is at step {stages[0][0]})")
+    paths: list[str] = []
+    out = []
+    for step, rates in stages:
+        if step < 0:
+            raise ValueError(f"schedule steps must be >= 0 (got {step})")
+        if not isinstance(rates, Mapping):
+            try:
+                rates = dict(rates)
+            except (TypeError, ValueError):
+                raise ValueError(f"schedule stage at step {step}: expected {{cache path: rate}} (got {rates!r})") from None
+        if not rates:
+            raise ValueError(f"schedule stage at step {step} has no caches")
+        stage = {}
+        for path, rate in rates.items():
+            path = os.fspath(path)
+            stage[path] = rate
+            if path not in paths:
+                paths.append(path)
+        out.append((step, stage))
+    return paths, out
+
+
 @dataclasses.dataclass
 class OpenedMixture:
-    """The caches of a mixture, opened: paths, readers, float rates and integer weights, in mixture order."""
+    """The caches of a mixture, opened: paths, readers, float rates and integer weights, in mixture order.
+
+    For a schedule, ``stages`` is [{"step", "rates", "weights"}] (one rate and one
+    weight per cache, 0 where a cache is not read in that stage) and ``rates`` /
+    ``weights`` are the first stage's."""
 
     paths: list[str]
     readers: list[CacheReader]
     rates: list[float]
     weights: list[int]
     name: str | None
+    stages: list[dict] | None = None
+
+    def stream(self, *, seed: int, num_epochs: int | None, global_batch_size: int) -> "IndexStream":
+        """The ``IndexStream`` of these caches (a schedule's steps become positions with B)."""
+        if self.stages is None:
+            return IndexStream(readers=self.readers, weights=self.weights, seed=seed, num_epochs=num_epochs)
+        return IndexStream(readers=self.readers, seed=seed, num_epochs=num_epochs,
+                           stages=[(st["step"] * global_batch_size, st["weights"]) for st in self.stages])
 
     def close(self) -> None:
         for r in self.readers:
@@ -220,20 +278,64 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
       ValueError: both or neither of cache/mixture, bad pairs or rates, a cache listed twice.
       seqcache.format.CacheError: a cache is missing, incomplete or inconsistent.
     """
+    if cache is None and is_schedule(mixture):
+        if caches_root is not None:
+            raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+        return _open_schedule(mixture)
     entries, name = _resolve_mixture(cache, mixture, caches_root, split)
     readers: list[CacheReader] = []
     try:
         for path, _ in entries:
-            readers.append(CacheReader(path))
-        rates = []
-        for (path, rate), reader in zip(entries, readers):
-            value = rate(reader.num_examples) if callable(rate) else rate
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(f"mixture rate of {path} must be a number (got {value!r})")
-            rates.append(float(value))
+            # O(1) in the number of shards: each shard is checked at its first read.
+            readers.append(CacheReader(path, open_shards=False))
+        rates = [_rate_value(path, rate, reader) for (path, rate), reader in zip(entries, readers)]
         weights = mixing.integer_weights(rates)
     except BaseException:
         for r in readers:
             r.close()
         raise
     return OpenedMixture(paths=[p for p, _ in entries], readers=readers, rates=rates, weights=weights, name=name)
+
+
+def _rate_value(path: str, rate: Rate, reader: CacheReader) -> float:
+    value = rate(reader.num_examples) if callable(rate) else rate
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"mixture rate of {path} must be a number (got {value!r})")
+    return float(value)
+
+
+def _open_schedule(schedule) -> OpenedMixture:
+    """``open_mixture`` for a schedule ``{step: {cache path: rate}}``: every cache
+    named in any stage, in order of first appearance; per stage, its rates (rate
+    callables evaluated with the cache's example count; 0 for caches the stage does
+    not name) and integer weights (``mixing.integer_weights`` of its positive rates)."""
+    paths, stages = _resolve_schedule(schedule)
+    readers: list[CacheReader] = []
+    try:
+        for path in paths:
+            readers.append(CacheReader(path, open_shards=False))
+        by_path = dict(zip(paths, readers))
+        out = []
+        for step, stage in stages:
+            rates = [0.0] * len(paths)
+            for path, rate in stage.items():
+                value = _rate_value(path, rate, by_path[path])
+                if value != 0:
+                    rates[paths.index(path)] = value
+            positive = [t for t, r in enumerate(rates) if r != 0]
+            if not positive:
+                raise ValueError(f"schedule stage at step {step}: every rate is 0")
+            try:
+                ws = mixing.integer_weights([rates[t] for t in positive])
+            except ValueError as e:
+                raise ValueError(f"schedule stage at step {step}: {e}") from None
+            weights = [0] * len(paths)
+            for t, w in zip(positive, ws):
+                weights[t] = w
+            out.append({"step": step, "rates": rates, "weights": weights})
+    except BaseException:
+        for r in readers:
+            r.close()
+        raise
+    return OpenedMixture(paths=paths, readers=readers, rates=list(out[0]["rates"]), weights=list(out[0]["weights"]),
+                         name=None, stages=out)

@@ -216,6 +216,15 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     if is_chief:
         _print_derived(derived)
     if dry_run:
+        # The feeder checks each shard at its first read; a dry run reads none,
+        # so it checks every shard file's size against the manifest here (one
+        # stat a file), and a damaged cache fails the dry run too.
+        try:
+            for reader in feeder.readers:
+                fmt.check_shard_files(reader.cache_dir, reader.manifest)
+        except fmt.CacheError as e:
+            feeder.close()
+            _fail(e)
         feeder.close()
         if is_chief:
             click.echo(config_lib.to_json(cfg), nl=False)

@@ -60,10 +60,43 @@ def _is_cache(path: str) -> bool:
     return os.path.isfile(os.path.join(path, fmt.MANIFEST_NAME))
 
 
-def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs):
+def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
+    """A mixture schedule file: JSON ``{"STEP": {"CACHE_PATH": RATE, ...}, ...}``
+    (e.g. ``{"0": {"wiki": 1, "code": 1}, "10000": {"wiki": 3, "code": 1}}``);
+    relative cache paths are relative to ``root``."""
+    label = "--mixture-schedule"
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise click.BadParameter(f"{path}: cannot read the schedule: {e}", param_hint=label) from None
+    if not isinstance(raw, dict) or not raw:
+        raise click.BadParameter(f"{path}: expected a JSON object {{step: {{cache: rate}}}}", param_hint=label)
+    out: dict[int, dict[str, float]] = {}
+    for step, rates in raw.items():
+        try:
+            s = int(step)
+        except ValueError:
+            raise click.BadParameter(f"{path}: stage key {step!r} is not a step number", param_hint=label) from None
+        if not isinstance(rates, dict) or not all(isinstance(r, (int, float)) and not isinstance(r, bool)
+                                                   for r in rates.values()):
+            raise click.BadParameter(f"{path}: stage {step}: expected {{cache path: rate}} (got {rates!r})",
+                                     param_hint=label)
+        out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): float(r) for p, r in rates.items()}
+    return out
+
+
+def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule=None):
     """Returns the keyword arguments of ``locate_row`` (without step/row), or
     ``{"state": ..., "global_batch_size": ...}`` for a saved feeder state."""
     common_kw = {"global_batch_size": batch_size, "seed": seed, "num_epochs": num_epochs}
+    if schedule:
+        if mixture_rates:
+            raise click.UsageError("give --mixture-rate or --mixture-schedule, not both")
+        if not os.path.isdir(target):
+            raise click.UsageError(f"with --mixture-schedule, {target} must be the folder the cache paths are "
+                                   "relative to")
+        return {"mixture": read_schedule(schedule, target), **common_kw}
     if mixture_rates:
         if not os.path.exists(target):
             raise click.UsageError(f"no such file or folder: {target}")
@@ -141,10 +174,29 @@ def format_text(d: dict) -> str:
     return "\n".join(lines)
 
 
+def _parse_steps(text: str) -> range:
+    start, sep, stop = text.partition(":")
+    try:
+        lo, hi = int(start), int(stop) if sep else int(start) + 1
+    except ValueError:
+        raise click.BadParameter(f"expected START:STOP (got {text!r})", param_hint="--steps") from None
+    if lo < 0 or hi <= lo:
+        raise click.BadParameter(f"expected 0 <= START < STOP (got {text!r})", param_hint="--steps")
+    return range(lo, hi)
+
+
 @click.command()
 @click.argument("target", metavar="CACHE_OR_MIXTURE")
-@click.option("--step", type=click.IntRange(min=0), required=True, help="Training step s.")
-@click.option("--row", type=click.IntRange(min=0), required=True, help="Row r of the global batch, in [0, B).")
+@click.option("--step", type=click.IntRange(min=0), help="Training step s.")
+@click.option("--row", type=click.IntRange(min=0), help="Row r of the global batch, in [0, B).")
+@click.option("--steps", "steps_text", metavar="START:STOP",
+              help="Whole steps START..STOP-1, every row: one table row per (step, row, segment); needs --output.")
+@click.option("--output", type=click.Path(dir_okay=False), help="With --steps: the Parquet file to write.")
+@click.option("--text", "with_text", is_flag=True,
+              help="With --steps: also read the data records for each segment's token count and text.")
+@click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False),
+              help="A JSON file {step: {PATH: rate}}: rates that change at given steps; PATH is relative to "
+                   "CACHE_OR_MIXTURE.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Global batch size B (taken from a saved state).")
 @click.option("--seed", type=click.IntRange(min=0), help="Feeder seed (default 0; taken from a saved state).")
 @click.option("--num-epochs", type=click.IntRange(min=1), help="For finite runs: epochs per task.")
@@ -156,8 +208,8 @@ def format_text(d: dict) -> str:
 @click.option("--feature", help="The token feature [default: the state's, else targets].")
 @click.option("--tokens/--no-tokens", default=True, show_default=True, help="Show token ids and text.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def which(target, step, row, batch_size, seed, num_epochs, mixture_rates, cache_dir, split, modules, feature, tokens,
-          as_json):
+def which(target, step, row, steps_text, output, with_text, schedule, batch_size, seed, num_epochs, mixture_rates,
+          cache_dir, split, modules, feature, tokens, as_json):
     """Show what row ROW of global batch STEP was: task, cache index, source file and
     record number of each segment, and the decoded text.
 
@@ -171,13 +223,25 @@ def which(target, step, row, batch_size, seed, num_epochs, mixture_rates, cache_
       since it was saved is refused;
     - with --cache-dir: a task name whose cache is CACHE_DIR/NAME/SPLIT, or a
       registered task or mixture name;
-    - with --mixture-rate: the folder the mixture's cache paths are relative to.
+    - with --mixture-rate or --mixture-schedule: the folder the mixture's cache
+      paths are relative to.
+
+    With --steps START:STOP --output FILE.parquet, every row of those steps, one
+    table row per (step, row, segment): task, cache index, shard and record,
+    source file, locator and record number, token offset (and with --text the
+    segment's token count and text), computed from the positions and the
+    provenance sidecars, with no replay.
     """
     from seqcache.feeders.provenance import locate_row, locate_row_in_state
 
-    kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs)
+    kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     if kw["global_batch_size"] is None:
         raise click.UsageError("--batch-size is required (the global batch size B of the run)")
+    if steps_text is not None:
+        _which_steps(kw, _parse_steps(steps_text), output, feature, with_text)
+        return
+    if step is None or row is None:
+        raise click.UsageError("give --step and --row (one row), or --steps START:STOP --output FILE (whole steps)")
     if row >= kw["global_batch_size"]:
         raise click.UsageError(f"--row {row} is outside the global batch of {kw['global_batch_size']} rows")
     try:
@@ -207,3 +271,30 @@ def _locate(seg: dict) -> str:
     if locator == "record":
         return f"record {seg['record_number']}"
     return describe_record(seg.get("source") or "", locator, seg["record_number"])
+
+
+def _which_steps(kw: dict, steps: range, output, feature, with_text: bool) -> None:
+    """``which --steps``: writes the trace of whole steps to a Parquet file."""
+    import time
+
+    import pyarrow.parquet as pq
+
+    from seqcache.feeders.provenance import trace_rows, trace_rows_in_state
+
+    if output is None:
+        raise click.UsageError("--steps needs --output FILE.parquet")
+    t0 = time.perf_counter()
+    try:
+        if "state" in kw:
+            table = trace_rows_in_state(kw["state"], steps=steps, feature=feature, text=with_text)
+        else:
+            seed = kw["seed"] if kw["seed"] is not None else 0
+            table = trace_rows(**{k: v for k, v in kw.items() if k != "seed"}, seed=seed, steps=steps,
+                               feature=feature or "targets", text=with_text)
+    except (fmt.CacheError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    pq.write_table(table, output)
+    dt = time.perf_counter() - t0
+    click.echo(f"{output}: {table.num_rows:,} rows (steps {steps.start}..{steps.stop - 1}, "
+               f"{len(steps) * kw['global_batch_size']:,} batch rows) in {dt:.2f} s")

@@ -194,11 +194,14 @@ def _sources(m: fmt.Manifest, names: Sequence[str], top: int) -> dict:
     table = m.statistics.get("source_files")
     key = names[0] if names else None
     rows = []
+    if table is not None:
+        examples = table["examples"]
+        tokens = {n: table["tokens"].get(n) or [0] * len(files) for n in names}
     for i, f in enumerate(files):
         row = {"source_index": i, "path": f.get("path"), "num_bytes": f.get("num_bytes")}
         if table is not None:
-            row["examples"] = int(table["examples"][i])
-            row["tokens"] = {n: int(table["tokens"].get(n, [0] * len(files))[i]) for n in names}
+            row["examples"] = int(examples[i])
+            row["tokens"] = {n: int(tokens[n][i]) for n in names}
         rows.append(row)
     if table is not None:
         rows.sort(key=lambda r: (-r["tokens"].get(key, 0), -r["examples"], r["source_index"]))
@@ -256,12 +259,13 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
                              f"{cache_dir}`")
     locators = [s.get("locator", "record") for s in m.sources]
     kinds: dict[tuple[str, str], dict] = {}
+    decode = json.JSONDecoder().decode
     with fs.open_read(path) as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                entry = json.loads(line)
+                entry = decode(line.decode("utf-8"))
                 if not isinstance(entry, dict):
                     raise ValueError("not an object")
             except ValueError as e:

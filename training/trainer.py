@@ -777,7 +777,7 @@ def tensorboard_dir_for(config: config_lib.TrainConfig, metrics_path: str | None
     next to its metrics file, or None (``config.tensorboard`` off, or no metrics file)."""
     if not config.tensorboard or not metrics_path:
         return None
-    return os.path.join(os.path.dirname(os.path.abspath(metrics_path)), TENSORBOARD_DIR)
+    return os.path.join(os.path.dirname(metrics_path), TENSORBOARD_DIR)
 
 
 def train(config: config_lib.TrainConfig, feeder, *, eval_feeder_fn=None, devices=None) -> TrainResult:

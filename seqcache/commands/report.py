@@ -20,6 +20,8 @@ def _mixture_section(kw: dict, steps: int, at_step: int | None) -> tuple[list[st
     from seqcache.feeders.stream import open_mixture
 
     state = kw.get("state")
+    if state is None and kw.get("cache") is not None and kw.get("global_batch_size") is None:
+        return [kw["cache"]], None  # one cache and no stream asked for: nothing to open
     if state is not None:
         opened = open_mixture(mixture=state_lib.mixture_pairs(state))
         batch, num_epochs, position = state["global_batch_size"], state["num_epochs"], state["position"]

@@ -151,8 +151,12 @@ def plot_sources(sources: Mapping[str, Any]) -> str | None:
     if examples is not None:
         axes[0][1].barh(ys, examples, color=[_ORANGE] * (n - (1 if other else 0)) + ([_GREY] if other else []))
         axes[0][1].set_xlabel("source examples")
-    for ax in axes[0]:
+    for ax, values in zip(axes[0], (tokens, examples)):
         ax.grid(axis="x", alpha=0.3)
+        # The rest of many files dwarfs the top ones: a log scale keeps both readable.
+        if other and values and min(values) > 0 and max(values) > 20 * min(values):
+            ax.set_xscale("log")
+            ax.set_xlabel(ax.get_xlabel() + " (log scale)")
     fig.tight_layout()
     return _png(fig)
 

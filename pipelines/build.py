@@ -369,6 +369,9 @@ def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> dict:
                                               features=out_features, examples=[]))
             shard_stats.append(stats_mod.ShardStats(out_features).to_json())
     statistics = stats_mod.merge_stats(shard_stats, records_read)
+    if summary["files"] is not None:
+        statistics["source_files"] = stats_mod.source_file_table(
+            summary["files"], len(plan.files), [f.name for f in transforms.features_in(task)])
     quarantine = spill.QuarantineSummary(**summary["quarantine"]) if summary["quarantine"] else spill.QuarantineSummary()
     statistics["skipped_records"] = quarantine.skipped_records
     statistics["replaced_records"] = quarantine.replaced_records

@@ -1,6 +1,15 @@
 """Build statistics: what each shard writer counts, and their merge into the
 manifest's ``statistics`` (units: examples and segments in records; tokens and
-lengths in tokens)."""
+lengths in tokens).
+
+Length histograms use fixed, data-independent buckets so that the shards' counts
+merge by addition (the build's result does not depend on how examples were
+split between shards or workers): a length n below 16 has its own bucket
+[n, n + 1); above, each power of two [2^e, 2^(e+1)) is cut into 8 buckets of
+width 2^(e-3) (about 9 % of the length: the layout of HdrHistogram with three
+significant bits). A histogram is a list of ``[lo, hi, count]`` (tokens, tokens,
+examples) for its non-empty buckets, ``lo`` ascending, ``hi`` exclusive.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +30,22 @@ class ShardStats:
         self.truncated_tokens = 0
         self.tokens = dict.fromkeys(self.names, 0)
         self.max_length = dict.fromkeys(self.names, 0)
+        # feature -> {bucket lo: examples}: lengths of the source examples (before packing).
+        self.length_counts = {name: {} for name in self.names}
+
+    def add_source_lengths(self, lengths, names) -> None:
+        """Counts the lengths of a shard's source examples (the preprocessed
+        examples, before packing; for unpacked caches, the cached examples) in the
+        length histogram. ``lengths``: (n, F) tokens, columns named by ``names``
+        (the read step's features; only ``self.names`` are counted)."""
+        lengths = np.asarray(lengths)
+        for k, name in enumerate(names):
+            if name not in self.length_counts or not lengths.shape[0]:
+                continue
+            lo, counts = np.unique(bucket_lo(lengths[:, k]), return_counts=True)
+            hist = self.length_counts[name]
+            for b, c in zip(lo.tolist(), counts.tolist()):
+                hist[b] = hist.get(b, 0) + c
 
     def add(self, example, segments):
         self.add_lengths([int(example[name].size) for name in self.names], segments)
@@ -52,7 +77,49 @@ class ShardStats:
             "truncated_tokens": self.truncated_tokens,
             "tokens": self.tokens,
             "max_length": self.max_length,
+            "length_histogram": {name: [[lo, bucket_hi(lo), c] for lo, c in sorted(h.items())]
+                                 for name, h in self.length_counts.items()},
         }
+
+
+def bucket_lo(lengths) -> np.ndarray:
+    """The lower edge of each length's histogram bucket (see the module docstring).
+    ``lengths``: integer array (n,) of tokens >= 0, below 2^53. Returns int64 (n,)."""
+    n = np.asarray(lengths, dtype=np.int64)
+    bits = np.frexp(np.maximum(n, 1).astype(np.float64))[1].astype(np.int64)  # bit length of n
+    shift = np.maximum(bits - 4, 0)
+    return np.where(n < 16, n, (n >> shift) << shift)
+
+
+def bucket_hi(lo: int) -> int:
+    """The exclusive upper edge of the bucket whose lower edge is ``lo``."""
+    lo = int(lo)
+    return lo + 1 if lo < 16 else lo + (1 << (lo.bit_length() - 4))
+
+
+def merge_histograms(histograms: Sequence[Sequence[Sequence[int]]]) -> list[list[int]]:
+    """Adds ``[lo, hi, count]`` histograms bucket by bucket."""
+    total: dict[tuple[int, int], int] = {}
+    for hist in histograms:
+        for lo, hi, count in hist:
+            total[(int(lo), int(hi))] = total.get((int(lo), int(hi)), 0) + int(count)
+    return [[lo, hi, c] for (lo, hi), c in sorted(total.items())]
+
+
+def source_file_table(per_file: Mapping[int, Sequence[int]], num_files: int, names: Sequence[str]) -> dict:
+    """The manifest's ``statistics.source_files``: per source file (indexed like
+    the manifest's ``sources``), the source examples it gave (records) and their
+    tokens per feature (tokens, before packing). ``per_file``: file index ->
+    ``[examples, tokens of names[0], tokens of names[1], ...]``."""
+    examples = [0] * num_files
+    tokens = {name: [0] * num_files for name in names}
+    for fi, row in per_file.items():
+        fi = int(fi)
+        examples[fi] += int(row[0])
+        for name, n in zip(names, row[1:]):
+            tokens[name][fi] += int(n)
+    return {"examples": examples, "tokens": tokens,
+            "units": "examples in records (source examples, before packing); tokens in tokens"}
 
 
 def merge_stats(per_shard: Sequence[Mapping[str, Any]], records_read: int | None) -> dict:
@@ -67,6 +134,8 @@ def merge_stats(per_shard: Sequence[Mapping[str, Any]], records_read: int | None
         "max_length": {n: max((s["max_length"].get(n, 0) for s in per_shard), default=0) for n in names},
         "mean_length": {n: (tokens[n] / examples if examples else 0.0) for n in names},
         "truncated_tokens": sum(s["truncated_tokens"] for s in per_shard),
+        "length_histogram": {n: merge_histograms([s.get("length_histogram", {}).get(n, []) for s in per_shard])
+                             for n in names},
         "skipped_records": 0,
         "units": "examples and segments in records; tokens, lengths in tokens",
     }

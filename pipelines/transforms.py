@@ -10,7 +10,7 @@ The pipeline is one straight line with one leaf::
   ``(shard, batch)`` for the examples of each shard (a batch's bytes, or where
   a spill file holds them: spill.py), ``(QUARANTINE_KEY, chunk path)`` for the
   records its source skipped or repaired, and ``(COUNTS_KEY, (unit, records
-  read))``. Everything is emitted from ``process``: nothing from
+  read, per-file counts))``. Everything is emitted from ``process``: nothing from
   ``finish_bundle``, no tagged outputs, no metrics; some runners (Dask) lose
   or mix those.
 - ``WriteGroup`` gets one key with all its values: it sorts, packs and writes
@@ -176,6 +176,9 @@ class ReadUnit:
         token = f"{unit_index:07d}-{os.urandom(6).hex()}"  # unique per attempt: retries never collide
         state = _UnitState()
         records = 0
+        # file index -> [source examples, tokens per read feature]
+        per_file: dict[int, list[int]] = {}
+        width = 1 + len(self.reader.features)
         for file_index, start, stop in ranges:
             path = self.paths[file_index]
             split = Split(file_index, path, start, stop, 0)
@@ -191,13 +194,19 @@ class ReadUnit:
                     for shard, *entry in payload:
                         state.buffers[shard].add(*entry)
                         state.buffered += len(entry[5]) + spill.ENTRY_OVERHEAD
+                        row = per_file.get(entry[2])
+                        if row is None:
+                            row = per_file[entry[2]] = [0] * width
+                        row[0] += 1
+                        for k, n in enumerate(entry[6], 1):
+                            row[k] += n
                     if state.buffered >= self.flush_bytes:
                         yield from self._flush(state, token)
         if state.buffered:
             yield from self._flush(state, token)
         if state.quarantine:
             yield QUARANTINE_KEY, self._write_quarantine(state, token)
-        yield COUNTS_KEY, (int(unit_index), records)
+        yield COUNTS_KEY, (int(unit_index), records, sorted([fi, *row] for fi, row in per_file.items()))
 
     def _flush(self, state, token):
         num_features = len(self.reader.features)
@@ -260,8 +269,9 @@ class WriteGroup:
       <manifest entry>, "statistics": <ShardStats>}``;
     - ``QUARANTINE_KEY``: the chunks are merged into quarantine.jsonl:
       ``{"kind": "quarantine", "summary": <QuarantineSummary>}``;
-    - ``COUNTS_KEY``: ``{"kind": "counts", "records": n, "units": u}``, each
-      unit counted once.
+    - ``COUNTS_KEY``: ``{"kind": "counts", "records": n, "units": u, "files":
+      [[file index, source examples, tokens per feature], ...]}``, each unit
+      counted once.
     """
 
     def __init__(self, task, *, out_dir, scratch_dir, num_shards, sequence_length, fs_options=()):
@@ -280,8 +290,15 @@ class WriteGroup:
         set_worker_options(self.fs_options)
         key, values = element
         if key == COUNTS_KEY:
-            per_unit = dict(values)  # a unit read twice (a retried attempt) counts once
-            yield 0, {"kind": "counts", "records": int(sum(per_unit.values())), "units": len(per_unit)}
+            per_unit = {v[0]: v[1:] for v in values}  # a unit read twice (a retried attempt) counts once
+            files: dict[int, list[int]] = {}
+            for _, per_file in (v for v in per_unit.values() if len(v) > 1):
+                for fi, *row in per_file:
+                    have = files.setdefault(int(fi), [0] * len(row))
+                    for k, n in enumerate(row):
+                        have[k] += int(n)
+            yield 0, {"kind": "counts", "records": int(sum(v[0] for v in per_unit.values())),
+                      "units": len(per_unit), "files": sorted([fi, *row] for fi, row in files.items())}
         elif key == QUARANTINE_KEY:
             yield 0, {"kind": "quarantine", "summary": self._quarantine(sorted(set(values)))}
         else:
@@ -300,6 +317,8 @@ class WriteGroup:
         st = stats_mod.ShardStats(self.features_out)
         st.source_examples = len(entries)
         st.truncated_tokens = int(entries.truncated.sum(dtype=np.int64))
+        st.add_source_lengths(entries.lengths.reshape(len(entries), len(self.features_in)),
+                              [f.name for f in self.features_in])
 
         def unpacked():
             st.add_many(entries.lengths)
@@ -345,18 +364,20 @@ class WriteSummary:
 
 def read_summary(scratch_dir: str) -> dict | None:
     """What ``WriteSummary`` wrote: ``{"shards": {i: result}, "records": n or
-    None, "quarantine": summary dict or None}``; None when there is no summary
+    None, "units": u or None, "quarantine": summary dict or None, "files": {file
+    index: [source examples, tokens per feature]} or None}``; None when there is no summary
     (the pipeline did not finish)."""
     path = fs.join(scratch_dir, SUMMARY_NAME)
     if not fs.exists(path):
         return None
     results = json.loads(fs.read_text(path))["results"]
-    out = {"shards": {}, "records": None, "units": None, "quarantine": None}
+    out = {"shards": {}, "records": None, "units": None, "quarantine": None, "files": None}
     for r in results:
         if r["kind"] == "shard":
             out["shards"][int(r["shard"])] = r
         elif r["kind"] == "counts":
             out["records"], out["units"] = int(r["records"]), int(r["units"])
+            out["files"] = {int(row[0]): row[1:] for row in r.get("files", [])}
         elif r["kind"] == "quarantine":
             out["quarantine"] = r["summary"]
     return out

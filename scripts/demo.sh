@@ -4,7 +4,9 @@
 # interpreter (about 1,800 files, 34 MB; site-packages excluded).
 #   1. train a SentencePiece vocabulary on a deterministic sample of its lines,
 #   2. build the deterministic, globally shuffled, packed cache,
-#   3. print `info`, verify every shard, and show two examples with provenance.
+#   3. print `info`, verify every shard, and show two examples with provenance,
+#   4. train a tiny model (straight, and preempted then resumed),
+#   5. write the cache's report (report.html) and name the TensorBoard folders.
 set -euo pipefail
 DEMO=${DEMO:-build/demo}
 STDLIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
@@ -37,3 +39,9 @@ echo "== train: the same run stopped at step 15; a new process resumes it from t
 "${TRAIN[@]}" --checkpoint-dir "$DEMO/run-resumed" --stop-at-step 15 > /dev/null
 "${TRAIN[@]}" --checkpoint-dir "$DEMO/run-resumed" | tee "$DEMO/resumed.json"
 python scripts/compare_runs.py "$DEMO/run-full" "$DEMO/full.json" "$DEMO/run-resumed" "$DEMO/resumed.json"
+
+echo "== report: the cache in pictures, and the training curves"
+seqcache report "$CACHE" --output "$DEMO/report.html"
+echo "cache report:      $DEMO/report.html (one self-contained file: open it in any browser)"
+echo "TensorBoard:       $DEMO/run-full/tensorboard (tensorboard --logdir $DEMO/run-full/tensorboard)"
+echo "                   $DEMO/run-resumed/tensorboard (the preempted and resumed run)"

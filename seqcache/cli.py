@@ -23,6 +23,7 @@ _COMMANDS = (
     ("inspect", "tasks_cmd"),
     ("vocab", "vocab"),
     ("which", "which"),
+    ("report", "report"),
     ("train", "train"),
 )
 

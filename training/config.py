@@ -210,6 +210,8 @@ class TrainConfig:
       eval_every: evaluate every this many steps (0 = only after the last step).
       metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``
         (or no file without a checkpoint directory).
+      tensorboard: also write the metrics as TensorBoard event files, in the
+        folder ``tensorboard`` next to the metrics file (none without one).
       progress: show a progress bar.
     """
 
@@ -226,6 +228,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 0
     metrics_file: str | None = None
+    tensorboard: bool = True
     progress: bool = True
 
     @property

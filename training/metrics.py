@@ -13,35 +13,131 @@ between two consecutive completed steps (``step_time_s``); ``data_wait_s`` is th
 host time spent inside the feeder's ``next`` for that step's batch. Eval lines
 carry ``eval_loss``, ``eval_accuracy``, ``eval_tokens`` (sum of loss weights) and
 ``eval_batches`` instead.
+
+The same values go to TensorBoard event files (``TensorBoardWriter``, through
+tensorboardX: no TensorFlow needed) in a folder next to the metrics file, one
+scalar per value: ``train/<name>`` for a step's line (``train/loss``,
+``train/learning_rate``, ``train/grad_norm``, ``train/tokens_per_s``, ...) and
+``eval/<name>`` without the ``eval_`` prefix for an evaluation's (``eval/loss``,
+``eval/accuracy``, ...), at TensorBoard step = the line's ``step``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Mapping
+
+# The folder of event files, next to the metrics file.
+TENSORBOARD_DIR = "tensorboard"
 
 
 class MetricsWriter:
     """Appends one JSON object per line to ``path`` (flushed every line, so a
-    preempted run keeps every completed step). ``path`` None writes nothing."""
+    preempted run keeps every completed step). ``path`` None writes nothing.
 
-    def __init__(self, path: str | None):
+    ``tensorboard_dir``: also writes every record to TensorBoard event files
+    there (``TensorBoardWriter``); None writes none. ``start_step``: the step a
+    resumed run starts from (see ``TensorBoardWriter``)."""
+
+    def __init__(self, path: str | None, *, tensorboard_dir: str | None = None, start_step: int = 0):
         self.path = path
         self._file = None
+        self.tensorboard = None
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")
+        if tensorboard_dir:
+            self.tensorboard = TensorBoardWriter(tensorboard_dir, start_step=start_step)
 
     def write(self, record: Mapping[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(dict(record), sort_keys=True) + "\n")
             self._file.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+
+
+def tensorboard_tag(name: str) -> str:
+    """The TensorBoard tag of a metrics-file field: ``loss`` -> ``train/loss``,
+    ``eval_loss`` -> ``eval/loss``."""
+    return f"eval/{name[len('eval_'):]}" if name.startswith("eval_") else f"train/{name}"
+
+
+class TensorBoardWriter:
+    """One metrics record -> one TensorBoard scalar per numeric field, at step
+    ``record["step"]`` (see the module docstring for the tags), through
+    tensorboardX's ``SummaryWriter`` (event files ``events.out.tfevents.*`` in
+    ``logdir``; TensorFlow is not needed to write or read them). Flushed after
+    every record, like the metrics file.
+
+    A run resumed at ``start_step`` > 0 writes a new event file that tells
+    TensorBoard to drop the earlier files' values from that step on
+    (``purge_step``): the steps a preempted run trained after its last
+    checkpoint are trained again and shown once. Non-finite values (a diverged
+    loss) are written as they are: TensorBoard shows them as NaN or inf.
+
+    Raises:
+      ModuleNotFoundError: tensorboardX is not installed (the ``train`` extra
+        installs it); the message says so.
+    """
+
+    def __init__(self, logdir: str, *, start_step: int = 0):
+        try:
+            from tensorboardX import SummaryWriter
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(
+                "TensorBoard event files need tensorboardX: pip install 'seqcache[train]' (or tensorboardX), or "
+                "turn them off (seqcache train --no-tensorboard, config tensorboard=false)", name=e.name) from None
+        self.logdir = logdir
+        os.makedirs(logdir, exist_ok=True)
+        self._writer = SummaryWriter(logdir=logdir, purge_step=int(start_step) if start_step else None,
+                                     flush_secs=3600)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        step = int(record["step"])
+        for name, value in record.items():
+            if name == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            self._writer.add_scalar(tensorboard_tag(name), float(value), global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def read_tensorboard(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the event files of ``logdir``: tag -> [(step, value)] in
+    file order (files by name, i.e. by creation time). Parses the TFRecord
+    framing and the ``Event`` protobuf that tensorboardX ships; no TensorFlow."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    names = sorted(n for n in os.listdir(logdir) if n.startswith("events.out.tfevents."))
+    for name in names:
+        with open(os.path.join(logdir, name), "rb") as f:
+            data = f.read()
+        offset = 0
+        while offset + 12 <= len(data):
+            (length,) = struct.unpack_from("<Q", data, offset)
+            start = offset + 12  # length, then its masked crc32c
+            event = event_pb2.Event.FromString(data[start:start + length])
+            offset = start + length + 4  # the data, then its masked crc32c
+            for v in event.summary.value:
+                if v.HasField("simple_value"):
+                    out.setdefault(v.tag, []).append((int(event.step), float(v.simple_value)))
+    return out
 
 
 def read_metrics(path: str) -> list[dict]:

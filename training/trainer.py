@@ -45,7 +45,7 @@ from seqcache.training import optimizer as optimizer_lib
 from seqcache.training import partitioning
 from seqcache.training import step as step_lib
 from seqcache.training.checkpoints import Checkpointer, CheckpointError
-from seqcache.training.metrics import MetricsWriter, ProgressBar
+from seqcache.training.metrics import TENSORBOARD_DIR, MetricsWriter, ProgressBar
 
 log = logging.getLogger("seqcache.training")
 
@@ -512,7 +512,10 @@ class Trainer:
                 # Written once the checkpoint (if any) is known to fit this config.
                 _write_json_atomic(os.path.join(ckpt_dir, CONFIG_FILE), config_lib.to_dict(cfg))
             compiled = self.compile()
-            metrics_writer = MetricsWriter(metrics_path if is_chief else None)
+            # Only process 0 writes metrics: every process computes the same global values.
+            tensorboard_dir = tensorboard_dir_for(cfg, metrics_path)
+            metrics_writer = MetricsWriter(metrics_path if is_chief else None,
+                                           tensorboard_dir=tensorboard_dir if is_chief else None, start_step=start)
             progress = ProgressBar(total=cfg.steps, start=start, enabled=cfg.progress and is_chief)
             stop.install()
             end = cfg.steps if stop_at is None else min(int(stop_at), cfg.steps)
@@ -767,6 +770,14 @@ def _write_json_atomic(path: str, obj: Any) -> None:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def tensorboard_dir_for(config: config_lib.TrainConfig, metrics_path: str | None) -> str | None:
+    """Where a run writes its TensorBoard event files: the folder ``tensorboard``
+    next to its metrics file, or None (``config.tensorboard`` off, or no metrics file)."""
+    if not config.tensorboard or not metrics_path:
+        return None
+    return os.path.join(os.path.dirname(metrics_path), TENSORBOARD_DIR)
 
 
 def train(config: config_lib.TrainConfig, feeder, *, eval_feeder_fn=None, devices=None) -> TrainResult:

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
 
 import click
@@ -72,6 +73,9 @@ def _without_launcher_options(args: list[str]) -> list[str]:
               help="Stop once this many steps are done, saving a checkpoint, as a preemption would; the run's "
                    "config (and so its learning-rate schedule) is unchanged, and the same command without this "
                    "flag resumes it.")
+@click.option("--tensorboard/--no-tensorboard", default=None,
+              help="Write TensorBoard event files (loss, learning rate, grad norm, tokens/s, eval) in the folder "
+                   "'tensorboard' next to metrics.jsonl [default: on].")
 @click.option("--dry-run", is_flag=True, help="Resolve the config, print the derived quantities and exit.")
 @click.option("--coordinator-address", envvar="JAX_COORDINATOR_ADDRESS", show_envvar=True,
               help="Multi-process run: HOST:PORT of process 0's coordination service (jax.distributed.initialize).")
@@ -90,7 +94,8 @@ def _without_launcher_options(args: list[str]) -> list[str]:
                    "(--xla_force_host_platform_device_count).")
 @click.pass_context
 def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, sequence_length, mesh_flag, rules,
-          checkpoint_dir, seed, model_preset, config_file, overrides, stop_at_step, dry_run, coordinator_address,
+          checkpoint_dir, seed, model_preset, config_file, overrides, stop_at_step, tensorboard, dry_run,
+          coordinator_address,
           num_processes, process_id, jax_distributed, local_processes, local_devices):
     """Train a decoder-only Transformer on a cache with the exactly-once feeder.
 
@@ -153,7 +158,8 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         )
         updates = {"data": data}
         for name, value in (("steps", steps), ("global_batch_size", batch_size),
-                            ("sequence_length", sequence_length), ("rules", rules), ("seed", seed)):
+                            ("sequence_length", sequence_length), ("rules", rules), ("seed", seed),
+                            ("tensorboard", tensorboard)):
             if value is not None:
                 updates[name] = value
         if mesh_flag:
@@ -213,6 +219,12 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     derived["vocab_size"] = cfg.model.vocab_size
     derived["model"] = model_preset or "config"
     derived["checkpoint_dir"] = cfg.checkpoint.directory
+    from seqcache.training.trainer import METRICS_FILE, tensorboard_dir_for
+
+    metrics_path = cfg.metrics_file or (os.path.join(cfg.checkpoint.directory, METRICS_FILE)
+                                        if cfg.checkpoint.directory else None)
+    derived["metrics_file"] = metrics_path
+    derived["tensorboard_dir"] = tensorboard_dir_for(cfg, metrics_path)
     if is_chief:
         _print_derived(derived)
     if dry_run:

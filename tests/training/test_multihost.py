@@ -46,7 +46,7 @@ from click.testing import CliRunner
 
 from seqcache import format as fmt
 from seqcache.training import distributed
-from seqcache.training.metrics import read_metrics
+from seqcache.training.metrics import read_metrics, read_tensorboard
 
 HERE = pathlib.Path(__file__).resolve().parent
 CHILD = str(HERE / "child_multihost.py")
@@ -219,6 +219,10 @@ def test_two_processes_read_their_rows_and_train_like_one(one_and_two):
     # Per-step losses within the stated tolerance (measured: ~1e-7 relative).
     l1, l2 = _train_losses(ckpt1 / "metrics.jsonl"), _train_losses(ckpt2 / "metrics.jsonl")
     assert len(l1) == len(l2) == STEPS  # one line per step: only process 0 writes
+    # Only process 0 writes TensorBoard events too: one file, the same losses.
+    (events,) = (ckpt2 / "tensorboard").glob("events.out.tfevents.*")
+    tb = read_tensorboard(str(ckpt2 / "tensorboard"))["train/loss"]
+    assert [step for step, _ in tb] == list(range(STEPS)) and [v for _, v in tb] == [float(np.float32(x)) for x in l2]
     np.testing.assert_allclose(l2, l1, rtol=LOSS_RTOL)
     # Both processes end with the same parameters (the digest gathers the shards).
     assert s2[0]["params_sha256"] == s2[1]["params_sha256"]

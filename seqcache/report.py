@@ -1,0 +1,417 @@
+"""The numbers of ``seqcache report``: what a person checks by eye in a new cache.
+
+Everything comes from what the build recorded (manifest.json and, streamed,
+quarantine.jsonl); no data or provenance record is read, so a report costs the
+same for a 10 MB cache and a 1 TB one, up to the size of its quarantine file.
+
+``cache_report(cache_dir)`` gives one cache's sections, ``mixture_report(...)``
+the stream of a mixture (or a saved feeder state) over its first steps. Both are
+plain JSON-able dicts: ``seqcache report --json`` prints them, and
+``seqcache.report_html`` draws them. Units are in the field names or next to
+them: examples and records in records, lengths and tokens in tokens, sizes in
+bytes, shares and efficiencies as fractions in [0, 1]. Index vocabulary as in
+``seqcache.feeders.feeder``: step s, global batch B, global position p = s * B.
+
+Caches built before the build recorded ``statistics.length_histogram`` and
+``statistics.source_files`` report everything else; those sections say
+``"recorded": false`` and why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+from seqcache import format as fmt
+from seqcache import fs
+
+REPORT_VERSION = 1
+TOP_FILES = 20
+FIRST_ENTRIES = 5
+# Points of the share curve over the first steps (the curve is exact at each point).
+SHARE_POINTS = 200
+
+NOT_RECORDED = ("not recorded by the build of this cache (built by seqcache {version}); rebuild it with a newer "
+                "seqcache (--overwrite) to see it")
+
+
+def token_features(manifest: fmt.Manifest) -> list[str]:
+    """The token features of a cache (no ``_segment_ids`` or ``_positions``), in record order."""
+    return [f.name for f in manifest.features if not f.name.endswith(("_segment_ids", "_positions"))]
+
+
+def cache_report(cache_dir: str, *, top_files: int = TOP_FILES, first_entries: int = FIRST_ENTRIES) -> dict:
+    """The report of one cache.
+
+    Args:
+      cache_dir: a cache folder (with manifest.json), local or gs://, s3://, hdfs://.
+      top_files: source files listed one by one (the most tokens first); the
+        rest are added up in one row.
+      first_entries: quarantine entries kept per (action, kind).
+
+    Returns:
+      ``{"cache_dir", "summary", "lengths", "packing", "sources", "quarantine",
+      "shards", "problem"}``; ``summary`` holds the same values as
+      ``seqcache info --json`` under the same names (``statistics.*`` nested).
+
+    Raises:
+      seqcache.format.CacheError: no readable manifest, or a quarantine file
+        that is missing or not JSON lines (naming the file and line).
+    """
+    m = fmt.read_manifest(cache_dir)
+    try:
+        fmt.check_shard_files(cache_dir, m)
+        problem = None
+    except fmt.CacheError as e:
+        problem = str(e)
+    names = token_features(m)
+    return {
+        "cache_dir": cache_dir,
+        "summary": _summary(m),
+        "lengths": _lengths(m, names),
+        "packing": _packing(m, names),
+        "sources": _sources(m, names, top_files),
+        "quarantine": quarantine_summary(cache_dir, m, first_entries=first_entries),
+        "shards": _shards(m),
+        "problem": problem,
+    }
+
+
+def _summary(m: fmt.Manifest) -> dict:
+    stats = m.statistics
+    keep = ("examples", "segments", "source_records", "source_examples", "truncated_tokens", "skipped_records",
+            "replaced_records", "tokens", "mean_length", "max_length")
+    return {
+        "task": m.task,
+        "split": m.split,
+        "fingerprint": m.fingerprint,
+        "seed": m.raw.get("seed"),
+        "sequence_length": m.sequence_length,
+        "packing": m.raw.get("packing"),
+        "num_examples": m.num_examples,
+        "num_shards": len(m.shards),
+        "num_bytes": sum(s.num_bytes for s in m.shards),
+        "num_sources": len(m.sources),
+        "created": m.raw.get("created"),
+        "seqcache_version": m.raw.get("seqcache_version"),
+        "statistics": {k: stats[k] for k in keep if k in stats},
+    }
+
+
+def _sequence_length(m: fmt.Manifest, name: str) -> int | None:
+    lengths = m.sequence_length
+    if isinstance(lengths, Mapping) and lengths.get(name) is not None:
+        return int(lengths[name])
+    return None
+
+
+def _not_recorded(m: fmt.Manifest) -> str:
+    return NOT_RECORDED.format(version=m.raw.get("seqcache_version", "?"))
+
+
+def histogram_quantile(histogram: Sequence[Sequence[int]], q: float) -> int:
+    """An upper bound of the q-quantile of a ``[lo, hi, count]`` histogram: the
+    exclusive upper edge of the bucket that holds it, minus one (tokens)."""
+    total = sum(int(c) for _, _, c in histogram)
+    if not total:
+        return 0
+    need = q * total
+    seen = 0
+    for _, hi, count in histogram:
+        seen += int(count)
+        if seen >= need:
+            return int(hi) - 1
+    return int(histogram[-1][1]) - 1
+
+
+def _lengths(m: fmt.Manifest, names: Sequence[str]) -> dict:
+    """Per feature: the histogram of source-example lengths, the sequence length,
+    the recorded mean and max, and how many source examples were longer than the
+    sequence length (packed caches split them; unpacked ones trimmed them)."""
+    stats = m.statistics
+    hists = stats.get("length_histogram")
+    out = {}
+    for name in names:
+        L = _sequence_length(m, name)
+        entry = {
+            "sequence_length": L,
+            "max_length": stats.get("max_length", {}).get(name),
+            "mean_length": stats.get("mean_length", {}).get(name),
+            "of": "source examples, before packing" if m.raw.get("packing") else "examples",
+        }
+        hist = None if hists is None else hists.get(name)
+        if hist is None:
+            entry.update(recorded=False, reason=_not_recorded(m), histogram=None)
+        else:
+            entry.update(
+                recorded=True,
+                histogram=[[int(lo), int(hi), int(c)] for lo, hi, c in hist],
+                count=sum(int(c) for _, _, c in hist),
+                p50_at_most=histogram_quantile(hist, 0.5),
+                p90_at_most=histogram_quantile(hist, 0.9),
+                p99_at_most=histogram_quantile(hist, 0.99),
+            )
+            if L is not None:
+                # Buckets are exact below 16 tokens and about 9 % wide above: a bucket
+                # straddling L is counted as "at most L" (a lower bound of the longer ones).
+                entry["longer_than_sequence_length_at_least"] = sum(int(c) for lo, _, c in hist if int(lo) > L)
+        out[name] = entry
+    return out
+
+
+def _packing(m: fmt.Manifest, names: Sequence[str]) -> dict:
+    """Per feature: tokens against the capacity ``examples x sequence length``
+    of the rows a feeder makes at the cache's sequence length; the rest is
+    padding. For packed caches also segments (source pieces) per example."""
+    stats = m.statistics
+    examples = int(stats.get("examples", m.num_examples))
+    out = {}
+    for name in names:
+        L = _sequence_length(m, name)
+        tokens = int(stats.get("tokens", {}).get(name, 0))
+        entry = {"packed": m.raw.get("packing") is not None, "tokens": tokens, "examples": examples,
+                 "sequence_length": L}
+        if L is None:
+            entry.update(efficiency=None, reason="the cache has no sequence length for this feature: a feeder pads "
+                                                 "to the length it is given")
+        else:
+            capacity = examples * L
+            entry.update(capacity_tokens=capacity, padding_tokens=capacity - tokens,
+                         efficiency=tokens / capacity if capacity else 0.0)
+        if entry["packed"] and examples:
+            entry["segments_per_example"] = int(stats.get("segments", examples)) / examples
+        entry["truncated_tokens"] = int(stats.get("truncated_tokens", 0))
+        out[name] = entry
+    return out
+
+
+def _sources(m: fmt.Manifest, names: Sequence[str], top: int) -> dict:
+    """Tokens and source examples per source file: the ``top`` files with the
+    most tokens, then the rest in one row. Without recorded counts (older
+    caches): the files' sizes in bytes only."""
+    files = m.sources
+    table = m.statistics.get("source_files")
+    key = names[0] if names else None
+    rows = []
+    if table is not None:
+        examples = table["examples"]
+        tokens = {n: table["tokens"].get(n) or [0] * len(files) for n in names}
+    for i, f in enumerate(files):
+        row = {"source_index": i, "path": f.get("path"), "num_bytes": f.get("num_bytes")}
+        if table is not None:
+            row["examples"] = int(examples[i])
+            row["tokens"] = {n: int(tokens[n][i]) for n in names}
+        rows.append(row)
+    if table is not None:
+        rows.sort(key=lambda r: (-r["tokens"].get(key, 0), -r["examples"], r["source_index"]))
+    else:
+        rows.sort(key=lambda r: (-(r["num_bytes"] or 0), r["source_index"]))
+    shown, rest = rows[:top], rows[top:]
+    other = None
+    if rest:
+        other = {"files": len(rest), "num_bytes": sum(r["num_bytes"] or 0 for r in rest)}
+        if table is not None:
+            other["examples"] = sum(r["examples"] for r in rest)
+            other["tokens"] = {n: sum(r["tokens"][n] for r in rest) for n in names}
+    out = {"num_files": len(files), "ranked_by": f"tokens ({key})" if table is not None else "bytes",
+           "top": shown, "other": other, "recorded": table is not None}
+    if table is None:
+        out["reason"] = _not_recorded(m)
+    else:
+        out["examples"] = sum(table["examples"])
+        out["tokens"] = {n: sum(table["tokens"].get(n, [])) for n in names}
+    return out
+
+
+def describe_location(path: str, locator: str, record_number) -> str:
+    """``line 3 (byte 23)``, ``row 7``, ... (``seqcache.tasks.describe_record``)."""
+    if record_number is None:
+        return "record ?"
+    if locator in (None, "record"):
+        return f"record {record_number}"
+    from seqcache.tasks import describe_record
+
+    return describe_record(path or "", locator, int(record_number))
+
+
+def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = FIRST_ENTRIES) -> dict:
+    """Skipped and repaired source records by (action, kind), with the first
+    ``first_entries`` of each and their location, streaming quarantine.jsonl
+    (memory holds one line and the kept entries, whatever the file's size).
+
+    Returns ``{"file", "skipped_records", "replaced_records", "kinds": [{"action",
+    "kind", "records", "first": [{"path", "record_number", "location", "error"}]}]}``,
+    the counts as recorded in the manifest, the kinds as found in the file.
+
+    Raises:
+      seqcache.format.CacheError: the manifest names a quarantine file that is
+        missing, or a line that is not a JSON object (file and line named).
+    """
+    stats = m.statistics
+    out = {"file": m.quarantine, "skipped_records": int(stats.get("skipped_records", 0)),
+           "replaced_records": int(stats.get("replaced_records", 0)), "kinds": []}
+    if m.quarantine is None:
+        return out
+    path = fs.join(cache_dir, m.quarantine)
+    if not fs.exists(path):
+        raise fmt.CacheError(f"{path}: the quarantine file the manifest names is missing; run `seqcache verify "
+                             f"{cache_dir}`")
+    locators = [s.get("locator", "record") for s in m.sources]
+    kinds: dict[tuple[str, str], dict] = {}
+    decode = json.JSONDecoder().decode
+    with fs.open_read(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = decode(line.decode("utf-8"))
+                if not isinstance(entry, dict):
+                    raise ValueError("not an object")
+            except ValueError as e:
+                raise fmt.CacheError(f"{path}: line {number} is not a JSON object ({e})") from None
+            action = entry.get("action", "skipped")  # older caches: every line a skipped record
+            kind = entry.get("kind") or "unknown"
+            k = kinds.get((action, kind))
+            if k is None:
+                k = kinds[(action, kind)] = {"action": action, "kind": kind, "records": 0, "first": []}
+            k["records"] += 1
+            if len(k["first"]) < first_entries:
+                k["first"].append(entry)
+    for k in kinds.values():
+        firsts = []
+        for e in k["first"]:
+            si = e.get("source_index")
+            locator = locators[si] if isinstance(si, int) and 0 <= si < len(locators) else "record"
+            firsts.append({"path": e.get("path"), "record_number": e.get("record_number"),
+                           "location": describe_location(e.get("path"), locator, e.get("record_number")),
+                           "error": e.get("error")})
+        k["first"] = firsts
+    out["kinds"] = sorted(kinds.values(), key=lambda k: (k["action"], -k["records"], k["kind"]))
+    return out
+
+
+def _shards(m: fmt.Manifest) -> dict:
+    """Records and bytes per shard, and the skew: largest over mean."""
+    records = [s.num_records for s in m.shards]
+    sizes = [s.num_bytes for s in m.shards]
+    n = len(records)
+
+    def skew(values):
+        mean = sum(values) / n if n else 0.0
+        return {"min": min(values, default=0), "max": max(values, default=0), "mean": mean,
+                "max_over_mean": (max(values) / mean) if mean else None}
+
+    return {
+        "num_shards": n,
+        "records": records,
+        "num_bytes": sizes,
+        "files": [s.file for s in m.shards],
+        "records_skew": skew(records),
+        "bytes_skew": skew(sizes),
+    }
+
+
+# --- mixtures --------------------------------------------------------------------
+
+
+def share_steps(steps: int, points: int = SHARE_POINTS) -> list[int]:
+    """The steps at which the share curve is evaluated: 1..steps, at most
+    ``points`` of them, denser at the start (geometric), always ending at ``steps``."""
+    if steps < 1:
+        return []
+    if steps <= points:
+        return list(range(1, steps + 1))
+    ratio = math.log(steps) / (points - 1)
+    out = sorted({max(1, min(steps, round(math.exp(i * ratio)))) for i in range(points)})
+    if out[-1] != steps:
+        out.append(steps)
+    return out
+
+
+def mixture_report(*, paths: Sequence[str], names: Sequence[str], rates: Sequence[float], weights: Sequence[int],
+                   num_examples: Sequence[int], global_batch_size: int, steps: int, at_step: int | None = None,
+                   num_epochs: int | None = None, position: int | None = None) -> dict:
+    """Each task's share of the stream over the first ``steps`` steps against its
+    target rate, and the epoch each task reaches by ``at_step``: computed with the
+    feeder's own mixing (``seqcache.feeders.mixing.Mixer``), exactly, in
+    O(points x log T), without reading a record.
+
+    Args:
+      paths, names, rates, weights, num_examples: per task, in mixture order: the
+        cache folder, the task name, the rate as given, the integer weight it
+        became (``mixing.integer_weights``) and the cache's examples (N_t).
+      global_batch_size: B (rows per step).
+      steps: the share curve covers steps [0, steps).
+      at_step: the step whose epochs are reported (default ``steps``): after
+        ``at_step`` steps, task t has been given c_t(at_step * B) positions, so it
+        is in epoch c_t // N_t (0-based) and has read c_t / N_t epochs' worth.
+      num_epochs: a finite run's E: a task's epochs stop at E (its later
+        positions are padding rows); None = forever.
+      position: a saved state's global position, shown as its step.
+
+    Returns:
+      ``{"global_batch_size", "steps", "at_step", "num_epochs", "state_step",
+      "tasks": [{"name", "path", "rate", "weight", "target_share", "num_examples",
+      "share_at_steps", "max_share_error", "positions_at_step", "epochs_at_step",
+      "epoch_at_step"}], "curve_steps", "epoch_curve_steps"}``.
+    """
+    from seqcache.feeders import mixing
+
+    if global_batch_size < 1 or steps < 1:
+        raise ValueError(f"global_batch_size and steps must be >= 1 (got {global_batch_size=}, {steps=})")
+    at_step = steps if at_step is None else int(at_step)
+    mixer = mixing.Mixer(weights)
+    curve = share_steps(steps)
+    epoch_curve = share_steps(max(steps, at_step))
+    total = sum(weights)
+    tasks = []
+    for t, (path, name, rate, weight, n) in enumerate(zip(paths, names, rates, weights, num_examples)):
+        target = weight / total
+        shares = [mixer.count_before(t, s * global_batch_size) / (s * global_batch_size) for s in curve]
+        given = mixer.count_before(t, at_step * global_batch_size)
+        epochs = given / n if n else 0.0
+        epoch_values = [mixer.count_before(t, s * global_batch_size) / n if n else 0.0 for s in epoch_curve]
+        if num_epochs is not None:
+            epochs = min(epochs, float(num_epochs))
+            epoch_values = [min(e, float(num_epochs)) for e in epoch_values]
+        tasks.append({
+            "name": name,
+            "path": path,
+            "rate": rate,
+            "weight": int(weight),
+            "target_share": target,
+            "num_examples": int(n),
+            "share_at_steps": shares,
+            "max_share_error": max((abs(s - target) for s in shares), default=0.0),
+            "positions_at_step": int(given),
+            "epochs_at_step": epochs,
+            "epoch_at_step": min(int(given // n), num_epochs - 1 if num_epochs else 1 << 62) if n else 0,
+            "epochs_over_steps": epoch_values,
+        })
+    return {
+        "global_batch_size": int(global_batch_size),
+        "steps": int(steps),
+        "at_step": at_step,
+        "num_epochs": num_epochs,
+        "state_step": None if position is None else int(position) // int(global_batch_size),
+        "curve_steps": curve,
+        "epoch_curve_steps": epoch_curve,
+        "tasks": tasks,
+        "units": "shares and target shares: fractions of the positions [0, s * B); epochs: positions given / N_t",
+    }
+
+
+def build_report(*, caches: Sequence[str], mixture: dict | None = None, top_files: int = TOP_FILES,
+                 first_entries: int = FIRST_ENTRIES) -> dict:
+    """The whole report: one ``cache_report`` per cache, and the mixture's section
+    (``mixture_report``'s result) or None."""
+    return {
+        "report_version": REPORT_VERSION,
+        "caches": [cache_report(c, top_files=top_files, first_entries=first_entries) for c in caches],
+        "mixture": mixture,
+    }
+
+
+def to_json(report: Mapping[str, Any]) -> str:
+    return json.dumps(report, indent=2, ensure_ascii=False)

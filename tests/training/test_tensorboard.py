@@ -1,0 +1,87 @@
+"""TensorBoard event files next to metrics.jsonl: the same values, read back from
+the files (TFRecord framing and tensorboardX's Event protobuf, no TensorFlow);
+on by default, off with --no-tensorboard; a resumed run adds a file."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from seqcache.commands.train import train
+from seqcache.training.metrics import read_metrics, read_tensorboard, tensorboard_tag
+
+L = 64
+SMALL_MODEL = "model.d_model=32 model.num_layers=1 model.num_heads=4 model.mlp_dim=64"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, shared_data):
+    from seqcache import pipelines, tasks
+
+    src = tmp_path_factory.mktemp("corpus")
+    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:300]
+    (src / "play.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    task = tasks.Task(
+        "shakespeare_lm",
+        source=tasks.TextLineSource(str(src / "*.txt"), on_error={"empty": "skip"}),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.append_eos()],
+        packing="lm",
+    )
+    root = tmp_path_factory.mktemp("caches")
+    pipelines.build_task(task, cache_dir=str(root), config=pipelines.BuildConfig(num_shards=2,
+                                                                                 sequence_length={"targets": L}))
+    return root
+
+
+def _train(cache, ckpt, *extra):
+    args = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8", "--sequence-length", str(L),
+            "--checkpoint-dir", str(ckpt), "--model", "tiny", "--set", SMALL_MODEL, "--set", "progress=false",
+            *extra]
+    result = CliRunner().invoke(train, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def _expected(metrics):
+    """tag -> [(step, value as float32)], what the event files must hold."""
+    want = {}
+    for record in metrics:
+        for name, value in record.items():
+            if name != "step":
+                want.setdefault(tensorboard_tag(name), []).append((record["step"], float(np.float32(value))))
+    return want
+
+
+def test_event_files_hold_the_metrics(cache, tmp_path):
+    ckpt = tmp_path / "run"
+    first = _train(cache, ckpt, "--steps", "4", "--eval-split", "train", "--set", "eval_every=2 checkpoint.every_steps=2")
+    assert "tensorboard dir" in first.output  # named up front, with the other derived quantities
+    metrics = read_metrics(str(ckpt / "metrics.jsonl"))
+    assert [m["step"] for m in metrics if "loss" in m] == [0, 1, 2, 3]
+    assert [m["step"] for m in metrics if "eval_loss" in m] == [1, 3]
+    events = list((ckpt / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1
+    got = read_tensorboard(str(ckpt / "tensorboard"))
+    for tag in ("train/loss", "train/learning_rate", "train/grad_norm", "train/tokens_per_s", "eval/loss",
+                "eval/accuracy", "eval/tokens"):
+        assert tag in got, sorted(got)
+    assert got == _expected(metrics)
+    assert got["train/learning_rate"][0][1] < got["train/learning_rate"][-1][1]  # warm-up: the schedule is there
+    assert json.loads((ckpt / "config.json").read_text())["tensorboard"] is True
+
+    # Resumed: a second event file (purging from step 4 on), every value once over both files.
+    _train(cache, ckpt, "--steps", "6", "--set", "checkpoint.every_steps=2")
+    assert len(list((ckpt / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    metrics = read_metrics(str(ckpt / "metrics.jsonl"))
+    assert [m["step"] for m in metrics if "loss" in m] == list(range(6))
+    assert read_tensorboard(str(ckpt / "tensorboard")) == _expected(metrics)
+
+
+def test_no_tensorboard(cache, tmp_path):
+    ckpt = tmp_path / "run"
+    _train(cache, ckpt, "--steps", "1", "--no-tensorboard")
+    assert (ckpt / "metrics.jsonl").is_file() and not (ckpt / "tensorboard").exists()
+    assert json.loads((ckpt / "config.json").read_text())["tensorboard"] is False

@@ -5,6 +5,7 @@ tasks and mixtures with their registries, and LM packing. This package imports
 neither Beam (except lazily, for remote paths) nor JAX. See docs/tasks.md.
 """
 
+from seqcache.tasks.denoising import denoise, prefix_lm, random_spans_helper, resolve_sentinels, span_corruption
 from seqcache.tasks.mixture import Mixture, RateNumExamples, rate_num_examples
 from seqcache.tasks.packing import pack_lm
 from seqcache.tasks.preprocessors import (
@@ -80,6 +81,11 @@ __all__ = [
     "TextLineSource",
     "Vocabulary",
     "append_eos",
+    "denoise",
+    "prefix_lm",
+    "random_spans_helper",
+    "resolve_sentinels",
+    "span_corruption",
     "append_eos_after_trim",
     "canonical_json_bytes",
     "describe_record",

@@ -7,7 +7,7 @@ neither Beam (except lazily, for remote paths) nor JAX. See docs/tasks.md.
 
 from seqcache.tasks.denoising import denoise, prefix_lm, random_spans_helper, resolve_sentinels, span_corruption
 from seqcache.tasks.mixture import Mixture, RateNumExamples, rate_num_examples
-from seqcache.tasks.packing import pack_lm
+from seqcache.tasks.packing import pack_first_fit, pack_lm
 from seqcache.tasks.preprocessors import (
     TRUNCATED_TOKENS_KEY,
     FunctionPreprocessor,
@@ -97,6 +97,7 @@ __all__ = [
     "is_error_record",
     "RecordIssue",
     "Split",
+    "pack_first_fit",
     "pack_lm",
     "parse_on_error",
     "parse_source_spec",

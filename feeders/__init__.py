@@ -13,6 +13,7 @@ and guarantees are in docs/feeder.md. This package imports neither Beam nor JAX:
 """
 
 from seqcache.feeders.checkpoint import feeder_restore_args, feeder_save_args, restore_feeder
+from seqcache.feeders.converters import ConvertedFeeder, autoregressive_inputs
 from seqcache.feeders.feeder import Feeder, check_hosts, default_hosts, positions_from_segment_ids
 from seqcache.feeders.grain_source import CacheDataSource
 from seqcache.feeders.jax_arrays import make_global_batch
@@ -24,6 +25,8 @@ from seqcache.feeders.state import STATE_VERSION, FeederStateError
 from seqcache.feeders.stream import IndexStream, Located
 
 __all__ = [
+    "ConvertedFeeder",
+    "autoregressive_inputs",
     "STATE_VERSION",
     "CacheDataSource",
     "CacheReader",

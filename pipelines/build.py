@@ -101,8 +101,15 @@ def _check_task(task, config: BuildConfig) -> None:
             f"task {task.name!r}: sequence length given for {unknown}, which the task does not produce "
             f"(its features: {sorted(task.output_features)})"
         )
-    if task.packing not in (None, "lm"):
-        raise BuildError(f"task {task.name!r}: unknown packing {task.packing!r} (expected None or 'lm')")
+    if task.packing not in (None, "lm", "first_fit"):
+        raise BuildError(f"task {task.name!r}: unknown packing {task.packing!r} (expected None, 'lm' or 'first_fit')")
+    if task.packing == "first_fit":
+        missing = [n for n in task.output_features if not config.sequence_length or n not in config.sequence_length]
+        if missing:
+            raise BuildError(
+                f"task {task.name!r}: packing='first_fit' needs a sequence length for every feature; missing "
+                f"{missing} (pass --sequence-length " + ",".join(f"{n}=N" for n in missing) + ")"
+            )
     if task.packing == "lm":
         if len(task.output_features) != 1:
             raise BuildError(

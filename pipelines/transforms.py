@@ -60,12 +60,13 @@ def features_out(task, sequence_length=None) -> list[fmt.FeatureSpec]:
     """The features of a cached record. Packed caches add ``<feature>_segment_ids``
     (uint16 when the sequence length allows, else int32); positions are not stored:
     they restart at 0 with every segment, so readers derive them from the segment
-    ids (4 bytes a token instead of 12 for uint16 tokens)."""
+    ids (4 bytes a token instead of 12 for uint16 tokens). ``first_fit`` adds
+    segment ids for every feature, in feature order after the features."""
     specs = features_in(task)
-    if task.packing == "lm":
-        (name,) = task.output_features
-        length = (sequence_length or {}).get(name, 1 << 31)
-        specs.append(fmt.FeatureSpec(f"{name}_segment_ids", "uint16" if length < 1 << 16 else "int32"))
+    if task.packing in ("lm", "first_fit"):
+        for name in task.output_features:
+            length = (sequence_length or {}).get(name, 1 << 31)
+            specs.append(fmt.FeatureSpec(f"{name}_segment_ids", "uint16" if length < 1 << 16 else "int32"))
     return specs
 
 
@@ -264,7 +265,8 @@ class WriteGroup:
     """The write step (a ``beam.FlatMap`` callable): ``(key, values)`` in, one
     ``(0, result)`` out, where ``result`` is a small JSON-able dict:
 
-    - a shard key: the shard is sorted, packed if the task packs, and written
+    - a shard key: the shard is sorted, packed if the task packs (``lm``:
+      ``pack_lm``; ``first_fit``: ``pack_first_fit``), and written
       with its provenance sidecar: ``{"kind": "shard", "shard": i, "entry":
       <manifest entry>, "statistics": <ShardStats>}``;
     - ``QUARANTINE_KEY``: the chunks are merged into quarantine.jsonl:
@@ -281,6 +283,8 @@ class WriteGroup:
         self.features_out = features_out(task, sequence_length)
         self.pack_feature = next(iter(task.output_features)) if task.packing == "lm" else None
         self.pack_length = int(sequence_length[self.pack_feature]) if self.pack_feature else None
+        self.fit_lengths = ({name: int(sequence_length[name]) for name in task.output_features}
+                            if task.packing == "first_fit" else None)
         self.out_dir = out_dir
         self.scratch_dir = scratch_dir
         self.num_shards = num_shards
@@ -333,12 +337,22 @@ class WriteGroup:
                 st.add(example, len(segments))
                 yield example, [(prov[0], prov[1], offset) for prov, offset in segments]
 
+        def first_fit():
+            from seqcache.tasks import pack_first_fit
+
+            stream = ((fmt.decode_example(self.features_in, data), prov) for data, prov in entries.items())
+            for row, segments, cut in pack_first_fit(stream, sequence_length=self.fit_lengths):
+                st.add(row, len(segments))
+                st.truncated_tokens += cut
+                yield row, [(prov[0], prov[1], offset) for prov, offset in segments]
+
+        examples = {"lm": packed, "first_fit": first_fit}.get(self.packing, unpacked)()
         entry = writer.write_shard(
             self.out_dir,
             index=shard,
             num_shards=self.num_shards,
             features=self.features_out,
-            examples=packed() if self.packing == "lm" else unpacked(),
+            examples=examples,
         )
         return {"kind": "shard", "shard": shard, "entry": entry, "statistics": st.to_json()}
 

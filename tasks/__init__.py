@@ -5,8 +5,9 @@ tasks and mixtures with their registries, and LM packing. This package imports
 neither Beam (except lazily, for remote paths) nor JAX. See docs/tasks.md.
 """
 
+from seqcache.tasks.denoising import denoise, prefix_lm, random_spans_helper, resolve_sentinels, span_corruption
 from seqcache.tasks.mixture import Mixture, RateNumExamples, rate_num_examples
-from seqcache.tasks.packing import pack_lm
+from seqcache.tasks.packing import pack_first_fit, pack_lm
 from seqcache.tasks.preprocessors import (
     TRUNCATED_TOKENS_KEY,
     FunctionPreprocessor,
@@ -26,6 +27,7 @@ from seqcache.tasks.sources import (
     ErrorPolicy,
     FunctionSource,
     JsonLinesSource,
+    ParallelTextSource,
     ParquetSource,
     Source,
     SourceFile,
@@ -65,6 +67,7 @@ __all__ = [
     "KindCount",
     "Mixture",
     "MixtureRegistry",
+    "ParallelTextSource",
     "ParquetSource",
     "PreprocessContext",
     "Preprocessor",
@@ -80,6 +83,11 @@ __all__ = [
     "TextLineSource",
     "Vocabulary",
     "append_eos",
+    "denoise",
+    "prefix_lm",
+    "random_spans_helper",
+    "resolve_sentinels",
+    "span_corruption",
     "append_eos_after_trim",
     "canonical_json_bytes",
     "describe_record",
@@ -89,6 +97,7 @@ __all__ = [
     "is_error_record",
     "RecordIssue",
     "Split",
+    "pack_first_fit",
     "pack_lm",
     "parse_on_error",
     "parse_source_spec",

@@ -26,7 +26,7 @@ from seqcache.tasks.vocabularies import Vocabulary
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float32")
-PACKING_MODES = (None, "lm")
+PACKING_MODES = (None, "lm", "first_fit")
 
 
 def _a(noun: str) -> str:
@@ -81,7 +81,10 @@ class Task:
       packing: None, or ``"lm"`` (concatenate the single output feature of all
         examples of a shard and split it into chunks of the sequence length; see
         ``seqcache.tasks.packing.pack_lm``). ``"lm"`` needs exactly one output
-        feature.
+        feature. ``"first_fit"``: first-fit packing of whole examples, every
+        feature at once, into rows of the sequence length per feature
+        (``seqcache.tasks.packing.pack_first_fit``; needs a length for every
+        feature).
 
     Raises:
       ValueError / TypeError: a bad name, no output features, a preprocessor that

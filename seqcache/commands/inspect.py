@@ -39,6 +39,17 @@ def _open(cache_dir, *, open_shards=True):
         sys.exit(1)
 
 
+def packing_efficiency(manifest: fmt.Manifest) -> dict[str, float] | None:
+    """Per feature, non-padding tokens / all tokens of the rows the feeder
+    makes (examples x sequence length), for a cache with a sequence length per
+    feature; None otherwise. Units: a fraction in [0, 1]."""
+    lengths = manifest.raw.get("sequence_length") or {}
+    tokens = manifest.statistics.get("tokens", {})
+    if not manifest.num_examples or not tokens or any(name not in lengths for name in tokens):
+        return None
+    return {name: n / (manifest.num_examples * int(lengths[name])) for name, n in tokens.items()}
+
+
 def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
     raw = manifest.raw
     return {
@@ -56,6 +67,7 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
         "num_shards": len(manifest.shards),
         "num_bytes": sum(s.num_bytes for s in manifest.shards),
         "statistics": manifest.statistics,
+        "packing_efficiency": packing_efficiency(manifest),
         "num_sources": len(manifest.sources),
         "created": raw.get("created"),
         "seqcache_version": raw.get("seqcache_version"),
@@ -115,6 +127,8 @@ def info(ctx, cache_dir, as_json, shards):
             f"tokens ({name})",
             f"{n:,} (mean {stats.get('mean_length', {}).get(name, 0):,.1f}, max {stats.get('max_length', {}).get(name, 0):,} per example)",
         )
+    for name, eff in (d["packing_efficiency"] or {}).items():
+        t.add_row(f"packing efficiency ({name})", f"{eff:.1%} (non-padding tokens / all tokens)")
     for key in ("source_records", "source_examples", "segments", "truncated_tokens", "skipped_records",
                 "replaced_records"):
         if key in stats:

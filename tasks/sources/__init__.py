@@ -21,6 +21,8 @@ TextFileSource      ``file``         always 0 (one record per file)         the 
 JsonLinesSource     ``byte_offset``  byte offset of the line's first byte   the line's bytes, stripped of surrounding
                                      (blank lines are not records)          whitespace
 ParquetSource       ``row``          0-based row index in the file          canonical JSON of the selected columns
+ParallelTextSource  ``line``         0-based line index (the same in every  canonical JSON of {field: line}
+                                     file of the pair)
 FunctionSource      ``record``       0-based index of the yielded dict      canonical JSON of the yielded dict
 ==================  ===============  =====================================  ==========================================
 
@@ -65,6 +67,7 @@ from seqcache.tasks.sources.base import (
 )
 from seqcache.tasks.sources.function import FunctionSource
 from seqcache.tasks.sources.json_lines import JsonLinesSource
+from seqcache.tasks.sources.parallel import ParallelTextSource
 from seqcache.tasks.sources.parquet import ParquetSource
 from seqcache.tasks.sources.policy import (
     ERROR_KINDS,
@@ -85,6 +88,7 @@ __all__ = [
     "ErrorPolicy",
     "FunctionSource",
     "JsonLinesSource",
+    "ParallelTextSource",
     "ParquetSource",
     "RecordIssue",
     "Source",

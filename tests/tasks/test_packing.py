@@ -83,3 +83,54 @@ def test_other_feature_name_and_errors():
         list(pack_lm([], sequence_length=0))
     with pytest.raises(ValueError, match="has no feature 'targets'"):
         list(pack_lm([({"inputs": np.array([1])}, "x")], sequence_length=4))
+
+
+# ----------------------------------------------------------- first-fit packing
+
+from seqcache.tasks import pack_first_fit  # noqa: E402
+
+
+def _ex(n_in, n_tg, base=10):
+    return {"inputs": np.arange(base, base + n_in, dtype=np.int32),
+            "targets": np.arange(base, base + n_tg, dtype=np.int32) + 100}
+
+
+def test_first_fit_places_each_example_in_the_first_row_with_room():
+    lengths = {"inputs": 10, "targets": 4}
+    examples = [(_ex(6, 2), "a"), (_ex(6, 1), "b"), (_ex(3, 2), "c"), (_ex(4, 3), "d"), (_ex(1, 1), "e")]
+    rows = list(pack_first_fit(examples, sequence_length=lengths))
+    # c fits beside a; d does not (targets full) but fits beside b; e fits nowhere.
+    assert [[p for p, _ in segs] for _, segs, _ in rows] == [["a", "c"], ["b", "d"], ["e"]]
+    row, segs, cut = rows[1]
+    assert row["inputs"].tolist() == list(range(10, 16)) + [10, 11, 12, 13]
+    assert row["inputs_segment_ids"].tolist() == [1] * 6 + [2] * 4
+    assert row["inputs_positions"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
+    assert row["targets"].tolist() == [110, 110, 111, 112]
+    assert row["targets_segment_ids"].tolist() == [1, 2, 2, 2]
+    assert row["targets_positions"].tolist() == [0, 0, 1, 2]
+    assert cut == 0 and all(off == 0 for _, off in segs)
+
+
+def test_first_fit_trims_and_counts_long_examples_never_drops():
+    rows = list(pack_first_fit([(_ex(15, 2), "long"), (_ex(2, 9), "t")], sequence_length={"inputs": 10, "targets": 4}))
+    assert [[p for p, _ in s] for _, s, _ in rows] == [["long"], ["t"]]
+    assert sum(cut for *_, cut in rows) == 5 + 5
+    assert len(rows[0][0]["inputs"]) == 10 and len(rows[1][0]["targets"]) == 4
+
+
+def test_first_fit_is_deterministic_and_bounded():
+    rng = np.random.default_rng(0)
+    examples = [(_ex(int(a), int(b)), k) for k, (a, b) in enumerate(rng.integers(1, 40, size=(500, 2)))]
+    lengths = {"inputs": 64, "targets": 64}
+    a = list(pack_first_fit(examples, sequence_length=lengths, max_open_rows=4))
+    b = list(pack_first_fit(examples, sequence_length=lengths, max_open_rows=4))
+    assert [[p for p, _ in s] for _, s, _ in a] == [[p for p, _ in s] for _, s, _ in b]
+    # Every example exactly once; rows within their lengths.
+    assert sorted(p for _, s, _ in a for p, _ in s) == list(range(500))
+    for row, segs, _ in a:
+        assert len(row["inputs"]) <= 64 and len(row["targets"]) <= 64
+        assert row["inputs_segment_ids"].max() == len(segs)
+    wide = list(pack_first_fit(examples, sequence_length=lengths, max_open_rows=64))
+    assert len(wide) <= len(a)
+    with pytest.raises(ValueError, match="has no feature 'targets'"):
+        list(pack_first_fit([({"inputs": np.arange(3)}, "x")], sequence_length=lengths))

@@ -136,7 +136,7 @@ def test_task_validation(shakespeare):
     with pytest.raises(ValueError, match="bad task name"):
         Task("has space", source=shakespeare, output_features=feats)
     with pytest.raises(ValueError, match="packing must be one of"):
-        Task("t", source=shakespeare, output_features=feats, packing="first_fit")
+        Task("t", source=shakespeare, output_features=feats, packing="best_fit")
     with pytest.raises(ValueError, match="needs exactly one output feature"):
         Task("t", source=shakespeare, output_features={**feats, "inputs": Feature(ByteVocabulary())}, packing="lm")
     with pytest.raises(TypeError, match="wrap functions in FunctionPreprocessor"):

@@ -1,0 +1,241 @@
+"""Feature converters: feeder batches -> the model fields t5x uses.
+
+A converter takes per-feature batches as ``Feeder`` makes them (for feature
+``f``: ``f``, ``f_segment_ids``, ``f_positions``, ``f_loss_weights``, each
+(R, L_f)) and returns the fields of seqio's / t5x's feature converters
+(``seqio.LMFeatureConverter``, ``EncDecFeatureConverter``,
+``PrefixLMFeatureConverter``):
+
+=====================  ======================================================
+converter              fields (int32 (R, L), loss weights float32)
+=====================  ======================================================
+``lm``                 decoder_target_tokens, decoder_input_tokens,
+                       decoder_loss_weights, decoder_segment_ids,
+                       decoder_positions
+``encdec``             encoder_input_tokens, encoder_segment_ids,
+                       encoder_positions, and the decoder fields of ``lm``
+                       (over ``targets``)
+``prefix_lm``          the decoder fields over ``inputs`` + ``targets`` of each
+                       segment, concatenated, plus decoder_causal_attention;
+                       loss only on the targets
+=====================  ======================================================
+
+``decoder_input_tokens`` are the targets shifted right by one inside each
+segment, with 0 (the pad id, T5's decoder start id) at every segment start
+(t5x's ``autoregressive_inputs``). ``ConvertedFeeder`` feeds one feeder per
+feature over the same caches, seed and batch size, all at the same step, so
+every guarantee of ``Feeder`` (exactly once, O(1) resume, elastic hosts, exact
+mixing) holds for the converted stream: the feeders locate the same examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from seqcache.feeders.feeder import Feeder
+
+CONVERTERS = ("lm", "encdec", "prefix_lm")
+ROW_KEYS = ("task_index", "cache_index", "epoch")
+
+
+def autoregressive_inputs(targets: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+    """Targets shifted right by one within each segment; 0 at segment starts
+    (t5x ``layers``/seqio ``autoregressive_inputs``). int32, shape (R, L)."""
+    targets = np.asarray(targets, np.int32)
+    seg = np.asarray(segment_ids)
+    shifted = np.zeros_like(targets)
+    shifted[:, 1:] = targets[:, :-1]
+    prev_seg = np.zeros_like(seg)
+    prev_seg[:, 1:] = seg[:, :-1]
+    return np.where(seg == prev_seg, shifted, 0).astype(np.int32)
+
+
+def _decoder(batch: Mapping[str, np.ndarray], f: str) -> dict[str, np.ndarray]:
+    return {
+        "decoder_target_tokens": np.asarray(batch[f], np.int32),
+        "decoder_input_tokens": autoregressive_inputs(batch[f], batch[f"{f}_segment_ids"]),
+        "decoder_loss_weights": np.asarray(batch[f"{f}_loss_weights"], np.float32),
+        "decoder_segment_ids": np.asarray(batch[f"{f}_segment_ids"], np.int32),
+        "decoder_positions": np.asarray(batch[f"{f}_positions"], np.int32),
+    }
+
+
+def _rows(batch):
+    return {k: batch[k] for k in ROW_KEYS if k in batch}
+
+
+def convert_lm(batches: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """``lm``: ``batches["targets"]`` -> decoder fields."""
+    return {**_decoder(batches["targets"], "targets"), **_rows(batches["targets"])}
+
+
+def convert_encdec(batches: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """``encdec``: ``batches["inputs"]`` -> encoder fields, ``batches["targets"]``
+    -> decoder fields. Segment k of a packed encoder row pairs with segment k of
+    the decoder row (first-fit packing numbers them alike)."""
+    inputs = batches["inputs"]
+    out = {
+        "encoder_input_tokens": np.asarray(inputs["inputs"], np.int32),
+        "encoder_segment_ids": np.asarray(inputs["inputs_segment_ids"], np.int32),
+        "encoder_positions": np.asarray(inputs["inputs_positions"], np.int32),
+    }
+    out.update(_decoder(batches["targets"], "targets"))
+    out.update(_rows(batches["targets"]))
+    return out
+
+
+def convert_prefix_lm(batches: Mapping[str, Mapping[str, np.ndarray]], *, length: int) -> dict[str, np.ndarray]:
+    """``prefix_lm``: per segment, the inputs then the targets in one decoder
+    row of ``length`` tokens (seqio's ``PrefixLMFeatureConverter``).
+
+    ``decoder_causal_attention`` is 1 on the inputs of each segment and on the
+    first target position (whose decoder input is the last input token), else
+    0; ``decoder_loss_weights`` is 1 on the targets only. A row whose segments
+    need more than ``length`` tokens is cut at ``length``.
+    """
+    inputs, targets = batches["inputs"], batches["targets"]
+    rows = inputs["inputs"].shape[0]
+    tokens = np.zeros((rows, length), np.int32)
+    seg = np.zeros((rows, length), np.int32)
+    pos = np.zeros((rows, length), np.int32)
+    causal = np.zeros((rows, length), np.int32)
+    weights = np.zeros((rows, length), np.float32)
+    for r in range(rows):
+        s_in, s_tg = inputs["inputs_segment_ids"][r], targets["targets_segment_ids"][r]
+        w_tg = targets["targets_loss_weights"][r]
+        at = 0
+        for s in range(1, int(max(s_in.max(initial=0), s_tg.max(initial=0))) + 1):
+            a = inputs["inputs"][r][s_in == s]
+            b = targets["targets"][r][s_tg == s]
+            wb = w_tg[s_tg == s]
+            n = min(len(a) + len(b), length - at)
+            if n <= 0:
+                break
+            joined = np.concatenate([a, b])[:n]
+            tokens[r, at:at + n] = joined
+            seg[r, at:at + n] = s
+            pos[r, at:at + n] = np.arange(n)
+            causal[r, at:at + min(len(a) + 1, n)] = 1
+            weights[r, at + min(len(a), n):at + n] = wb[:max(0, n - len(a))]
+            at += n
+    return {
+        "decoder_target_tokens": tokens,
+        "decoder_input_tokens": autoregressive_inputs(tokens, seg),
+        "decoder_loss_weights": weights,
+        "decoder_segment_ids": seg,
+        "decoder_positions": pos,
+        "decoder_causal_attention": causal,
+        **_rows(targets),
+    }
+
+
+class ConvertedFeeder:
+    """A feeder of t5x fields: one ``Feeder`` per feature, all at the same step.
+
+    Args (keyword-only):
+      converter: ``"lm"``, ``"encdec"`` or ``"prefix_lm"``.
+      sequence_length: feature -> length: ``{"targets": L}`` for ``lm``,
+        ``{"inputs": Li, "targets": Lt}`` for ``encdec`` and ``prefix_lm``;
+        ``prefix_lm`` rows have Li + Lt tokens.
+      **feeder_args: the ``Feeder`` arguments (cache or mixture, global batch
+        size, hosts, seed, num_epochs, start_step, ...) except ``feature`` and
+        ``sequence_length``.
+
+    Batches: the converter's fields (see the module docstring), each (R, L),
+    plus ``task_index``, ``cache_index`` and ``epoch`` (R,).
+
+    Every feature is read through its own feeder, so a record is read once
+    per feature.
+
+    Raises:
+      ValueError: an unknown converter (names the choices); lengths missing for
+        the converter's features; from ``Feeder``, a cache lacking a feature
+        (names the cache).
+    """
+
+    def __init__(self, *, converter: str, sequence_length: Mapping[str, int], **feeder_args: Any):
+        if converter not in CONVERTERS:
+            raise ValueError(f"unknown feature converter {converter!r} (choose one of {CONVERTERS})")
+        names = ("targets",) if converter == "lm" else ("inputs", "targets")
+        missing = [n for n in names if n not in sequence_length]
+        if missing:
+            raise ValueError(f"converter {converter!r} needs a sequence length for {list(names)} (missing {missing})")
+        for bad in ("feature",):
+            if bad in feeder_args:
+                raise ValueError(f"ConvertedFeeder sets {bad}= itself, per feature")
+        self.converter = converter
+        self.sequence_length = {n: int(sequence_length[n]) for n in names}
+        self.feeders: dict[str, Feeder] = {}
+        try:
+            for n in names:
+                self.feeders[n] = Feeder(feature=n, sequence_length=self.sequence_length[n], **feeder_args)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def step(self) -> int:
+        return self.feeders["targets"].step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        for f in self.feeders.values():
+            f.step = value
+
+    @property
+    def num_steps(self):
+        return self.feeders["targets"].num_steps
+
+    def get_batch(self, step: int) -> dict[str, np.ndarray]:
+        """This host's converted rows of global batch ``step``."""
+        batches = {n: f.get_batch(step) for n, f in self.feeders.items()}
+        if self.converter == "lm":
+            return convert_lm(batches)
+        if self.converter == "encdec":
+            return convert_encdec(batches)
+        return convert_prefix_lm(batches, length=sum(self.sequence_length.values()))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        step = self.step
+        if self.num_steps is not None and step >= self.num_steps:
+            raise StopIteration
+        batch = self.get_batch(step)
+        self.step = step + 1
+        return batch
+
+    def state(self) -> dict:
+        """The feeder state (JSON-able) with the converter and its lengths; the
+        per-feature feeders share every other field."""
+        state = dict(self.feeders["targets"].state())
+        state["converter"] = {"name": self.converter, "sequence_length": dict(self.sequence_length)}
+        return state
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Moves every feature's feeder to ``state``'s position, after checking it.
+
+        Raises:
+          ValueError: the state was saved with another converter or lengths.
+        """
+        saved = state.get("converter")
+        mine = {"name": self.converter, "sequence_length": dict(self.sequence_length)}
+        if saved != mine:
+            raise ValueError(f"the state was saved with converter {saved!r}, this feeder has {mine!r}")
+        for n, f in self.feeders.items():
+            s = {k: v for k, v in state.items() if k != "converter"}
+            s["feature"], s["sequence_length"] = n, self.sequence_length[n]
+            f.set_state(s)
+
+    def close(self) -> None:
+        for f in self.feeders.values():
+            f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

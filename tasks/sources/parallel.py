@@ -1,0 +1,130 @@
+"""``ParallelTextSource``: line-aligned files, one record per line index."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator, Mapping
+
+from seqcache.tasks.sources.base import (
+    _BOM,
+    _READ_ERRORS,
+    Source,
+    SourceFile,
+    SourceRecord,
+    Split,
+    _read_error,
+    canonical_json_bytes,
+    match_files,
+)
+from seqcache.tasks.sources.policy import ErrorPolicy
+
+
+class ParallelTextSource(Source):
+    """Parallel text: one file per field (language), line ``k`` of each file
+    translating line ``k`` of the others, e.g. Multi30k's ``train.en.gz`` and
+    ``train.de.gz`` or NTREX's ``newstest2019-src.eng.txt`` and a reference file.
+
+    ``files`` maps a field name to a glob pattern. Each pattern must match the
+    same number of files; the k-th files (sorted by path) of every field form
+    pair k, which is ``file_index`` k (``list_files`` lists the files of the
+    first field, each with the size of the whole pair). A record is one line
+    index: ``record_number`` is the 0-based line index (``locator`` ``"line"``:
+    ``describe_record`` gives ``"line 12"``), ``data`` is ``{field: text}`` and
+    ``raw`` the canonical JSON of ``data``. A pair is read whole (one split),
+    streaming, so memory holds one line per file. Line terminators (``\\n``,
+    ``\\r\\n``) and a leading UTF-8 byte order mark are removed; ``.gz`` files are
+    decompressed.
+
+    Args:
+      files: field -> pattern (at least two fields), in the order given.
+      on_error: the ``ErrorPolicy`` spec (``invalid_utf8`` and the content kinds,
+        per field; an empty line on either side is ``empty``).
+
+    Raises:
+      ValueError: fewer than two fields; patterns matching different numbers of
+        files; from ``read_split``, files that do not have the same number of
+        lines (names both files and the first line that one has and the other
+        lacks), or bad input whose action is ``"raise"``.
+    """
+
+    kind = "parallel"
+    locator = "line"
+
+    def __init__(self, files: Mapping[str, str], *, on_error="raise"):
+        files = dict(files)
+        if len(files) < 2:
+            raise ValueError(f"ParallelTextSource needs at least two fields (got {sorted(files)})")
+        self.files = files
+        self.on_error = ErrorPolicy(on_error)
+
+    def _matched(self) -> dict[str, list[SourceFile]]:
+        matched = {field: match_files([pattern]) for field, pattern in self.files.items()}
+        counts = {field: len(m) for field, m in matched.items()}
+        if len(set(counts.values())) != 1:
+            raise ValueError(f"ParallelTextSource: the patterns match different numbers of files ({counts}); "
+                             "each field needs one file per pair")
+        return matched
+
+    def list_files(self) -> list[SourceFile]:
+        matched = self._matched()
+        first = next(iter(matched.values()))
+        return [SourceFile(f.path, sum(m[k].num_bytes for m in matched.values()), f.mtime_ns)
+                for k, f in enumerate(first)]
+
+    def fingerprint(self) -> dict:
+        return {
+            "kind": self.kind,
+            "params": {"fields": list(self.files)},
+            "on_error": self.on_error.to_json(),
+            "files": {field: [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in m]
+                      for field, m in self._matched().items()},
+        }
+
+    def describe(self) -> str:
+        return "parallel text of " + ", ".join(f"{k}={v}" for k, v in self.files.items())
+
+    def pair(self, file_index: int) -> dict[str, str]:
+        """The paths of pair ``file_index``: field -> path."""
+        return {field: m[file_index].path for field, m in self._matched().items()}
+
+    def read_split(self, split: Split) -> Iterator[SourceRecord]:
+        self._require_whole(split)
+        paths = self.pair(split.file_index)
+        return self._read(split.file_index, paths)
+
+    def _read(self, file_index: int, paths: dict[str, str]) -> Iterator[SourceRecord]:
+        from seqcache import fs
+
+        fields = list(paths)
+        handles = {f: fs.open_binary(p) for f, p in paths.items()}
+        k = -1
+        try:
+            for k, lines in enumerate(itertools.zip_longest(*(handles[f] for f in fields))):
+                if any(line is None for line in lines):
+                    have = [f for f, line in zip(fields, lines) if line is not None]
+                    lack = [f for f, line in zip(fields, lines) if line is None]
+                    raise ValueError(
+                        f"parallel files are not line-aligned: {paths[have[0]]} has line {k + 1:,} but "
+                        f"{paths[lack[0]]} ends after line {k:,}; both must have the same number of lines")
+                yield self._pair_record(file_index, k, dict(zip(fields, lines)), paths)
+        except _READ_ERRORS as e:
+            raise _read_error(", ".join(paths.values()), e, f"line {k + 1}" if k >= 0 else None) from None
+        finally:
+            for h in handles.values():
+                h.close()
+
+    def _pair_record(self, file_index: int, k: int, lines: dict[str, bytes], paths) -> SourceRecord:
+        data, repairs = {}, []
+        for field, line in lines.items():
+            if line.endswith(b"\n"):
+                line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+            if k == 0 and line.startswith(_BOM):
+                line = line[len(_BOM):]
+            where = f"{paths[field]}: line {k + 1:,}"
+            text, bad = self._decode(file_index, k, line, where, repairs)
+            if bad is not None:
+                return bad
+            data[field] = text
+        raw = canonical_json_bytes(data)
+        where = f"{paths[next(iter(paths))]} and its parallel files: line {k + 1:,}"
+        return self._record(file_index, k, raw, where, data, repairs)

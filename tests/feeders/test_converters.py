@@ -1,0 +1,124 @@
+"""Feature converters with t5x field names: values, exactly once, resume, hosts."""
+
+import numpy as np
+import pytest
+
+from seqcache import tasks
+from seqcache.feeders import ConvertedFeeder, autoregressive_inputs
+from seqcache.feeders import converters as C
+from seqcache.pipelines.build import BuildConfig, build_task
+from seqcache.tasks import preprocessors as P
+
+V = tasks.ByteVocabulary(extra_ids=10)
+
+
+def _task(d, packing=None):
+    return tasks.Task(
+        "multi30k" + ("_packed" if packing else ""),
+        source=tasks.ParallelTextSource({"en": str(d / "val.en.gz"), "de": str(d / "val.de.gz")}),
+        output_features={"inputs": tasks.Feature(V), "targets": tasks.Feature(V)},
+        preprocessors=[P.rekey({"inputs": "en", "targets": "de"}), P.tokenize(), P.append_eos_after_trim()],
+        packing=packing,
+    )
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory, shared_data):
+    root = tmp_path_factory.mktemp("conv")
+    d = shared_data / "multi30k"
+    lengths = {"inputs": 96, "targets": 96}
+    plain = build_task(_task(d), cache_dir=str(root), config=BuildConfig(num_shards=2, sequence_length=lengths))
+    packed = build_task(_task(d, "first_fit"), cache_dir=str(root),
+                        config=BuildConfig(num_shards=2, sequence_length={"inputs": 256, "targets": 256}))
+    return plain.cache_dir, packed.cache_dir
+
+
+def test_autoregressive_inputs_restart_per_segment():
+    t = np.array([[5, 6, 7, 8, 9, 0]])
+    s = np.array([[1, 1, 2, 2, 2, 0]])
+    assert autoregressive_inputs(t, s).tolist() == [[0, 5, 0, 7, 8, 0]]
+
+
+def test_encdec_fields_and_values(caches):
+    plain, _ = caches
+    with ConvertedFeeder(converter="encdec", cache=plain, sequence_length={"inputs": 96, "targets": 96},
+                         global_batch_size=8, host_index=0, host_count=1) as f:
+        b = f.get_batch(0)
+    assert set(b) >= {"encoder_input_tokens", "encoder_segment_ids", "encoder_positions", "decoder_target_tokens",
+                      "decoder_input_tokens", "decoder_loss_weights", "decoder_segment_ids", "decoder_positions"}
+    assert b["encoder_input_tokens"].shape == (8, 96) and b["decoder_target_tokens"].shape == (8, 96)
+    assert (b["decoder_input_tokens"][:, 0] == 0).all()
+    assert (b["decoder_input_tokens"][:, 1:] == b["decoder_target_tokens"][:, :-1]
+            * (b["decoder_segment_ids"][:, 1:] == b["decoder_segment_ids"][:, :-1])).all()
+    assert ((b["decoder_loss_weights"] > 0) == (b["decoder_target_tokens"] > 0)).all()
+    # Every row ends its targets with EOS; the encoder row is the English line.
+    for row in range(8):
+        n = int(b["decoder_segment_ids"][row].sum())
+        assert b["decoder_target_tokens"][row, n - 1] == V.eos_id
+
+
+def test_packed_encdec_segments_pair_up(caches):
+    _, packed = caches
+    with ConvertedFeeder(converter="encdec", cache=packed, sequence_length={"inputs": 256, "targets": 256},
+                         global_batch_size=4, host_index=0, host_count=1) as f:
+        b = f.get_batch(0)
+    for row in range(4):
+        enc, dec = b["encoder_segment_ids"][row], b["decoder_segment_ids"][row]
+        assert enc.max() == dec.max() >= 2  # several examples per row, numbered alike
+        assert b["encoder_positions"][row][enc == 2][0] == 0
+        assert (b["decoder_input_tokens"][row][np.flatnonzero(np.diff(dec) != 0) + 1] == 0).all()
+
+
+def test_exactly_once_resume_and_hosts(caches):
+    plain, _ = caches
+    kw = dict(converter="encdec", cache=plain, sequence_length={"inputs": 96, "targets": 96}, global_batch_size=8,
+              seed=3, num_epochs=1)
+    with ConvertedFeeder(host_index=0, host_count=1, **kw) as f:
+        batches = list(f)
+    seen = np.concatenate([b["cache_index"] for b in batches])
+    assert sorted(seen[seen >= 0].tolist()) == list(range(1014))  # exactly once over the epoch
+    with ConvertedFeeder(host_index=0, host_count=1, **kw) as f:
+        f.step = 50
+        state = f.state()
+    with ConvertedFeeder(host_index=0, host_count=1, **kw) as g:  # a fresh feeder
+        g.set_state(state)
+        resumed = next(g)
+    for k, v in batches[50].items():
+        assert np.array_equal(resumed[k], v), k
+    halves = []
+    for h in range(2):
+        with ConvertedFeeder(host_index=h, host_count=2, **kw) as f:
+            halves.append(f.get_batch(7))
+    for k, v in batches[7].items():
+        assert np.array_equal(np.concatenate([halves[0][k], halves[1][k]]), v), k
+    with ConvertedFeeder(host_index=0, host_count=1, **{**kw, "converter": "lm",
+                                                        "sequence_length": {"targets": 96}}) as g:
+        with pytest.raises(ValueError, match="saved with converter"):
+            g.set_state(state)
+
+
+def test_lm_and_prefix_lm(caches):
+    plain, _ = caches
+    with ConvertedFeeder(converter="lm", cache=plain, sequence_length={"targets": 96}, global_batch_size=4,
+                         host_index=0, host_count=1) as f:
+        lm = f.get_batch(0)
+    assert sorted(k for k in lm if k.startswith("decoder")) == [
+        "decoder_input_tokens", "decoder_loss_weights", "decoder_positions", "decoder_segment_ids",
+        "decoder_target_tokens"]
+    with ConvertedFeeder(converter="prefix_lm", cache=plain, sequence_length={"inputs": 96, "targets": 96},
+                         global_batch_size=4, host_index=0, host_count=1) as f:
+        b = f.get_batch(0)
+        enc = f.feeders["inputs"].get_batch(0)
+        dec = f.feeders["targets"].get_batch(0)
+    for r in range(4):
+        n_in = int(enc["inputs_segment_ids"][r].sum())
+        n_tg = int(dec["targets_segment_ids"][r].sum())
+        row = b["decoder_target_tokens"][r]
+        assert row[:n_in].tolist() == enc["inputs"][r][:n_in].tolist()
+        assert row[n_in:n_in + n_tg].tolist() == dec["targets"][r][:n_tg].tolist()
+        assert b["decoder_causal_attention"][r].tolist() == [1] * (n_in + 1) + [0] * (192 - n_in - 1)
+        assert b["decoder_loss_weights"][r].tolist() == [0] * n_in + [1] * n_tg + [0] * (192 - n_in - n_tg)
+    with pytest.raises(ValueError, match="unknown feature converter 'bert'"):
+        ConvertedFeeder(converter="bert", cache=plain, sequence_length={}, global_batch_size=4)
+    with pytest.raises(ValueError, match="needs a sequence length"):
+        ConvertedFeeder(converter="encdec", cache=plain, sequence_length={"targets": 8}, global_batch_size=4)

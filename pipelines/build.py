@@ -307,8 +307,32 @@ def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> dict:
     fs.makedirs(build_dir)
     scratch = fs.join(build_dir, writer.TMP_DIR_NAME)
     fs.makedirs(scratch)
-    spill_dir = fs.join(scratch, "spill")
-    fs.makedirs(spill_dir)
+    # Spill files and quarantine chunks go where every worker can read them: the
+    # cache's _tmp/ folder; but the local engine's workers share this machine, so
+    # for a cache on an object store they stay on local disk (one ranged read of
+    # an object per batch would cost a request each).
+    local_scratch = None
+    if plan.exchange == "spill" and not fs.is_local(build_dir) and runner_mod.is_local_engine(plan.runner):
+        import tempfile
+
+        local_scratch = tempfile.mkdtemp(prefix="seqcache-spill-")
+        spill_dir = local_scratch
+    else:
+        spill_dir = fs.join(scratch, "spill")
+        fs.makedirs(spill_dir)
+    try:
+        return _run_and_finish(plan, beam=beam, progress=progress, build_dir=build_dir, scratch=scratch,
+                               spill_dir=spill_dir, units=units)
+    finally:
+        if local_scratch is not None:
+            import shutil
+
+            shutil.rmtree(local_scratch, ignore_errors=True)
+
+
+def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> dict:
+    """Runs the pipeline and writes the manifest last (see ``_build_into``)."""
+    task, config, num_shards = plan.task, plan.config, plan.num_shards
 
     vocabularies = {}
     for name, feature in task.output_features.items():

@@ -159,6 +159,44 @@ def local_engine(options):
     return fn_runner.FnApiRunner(provision_info=info)
 
 
+def known_flags() -> set[str]:
+    """Every ``--flag`` a Beam pipeline option here defines (the runners'
+    options included: Dask's are registered when its runner can be imported)."""
+    from apache_beam.options import pipeline_options as po
+
+    try:
+        import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions)
+    except ImportError:
+        pass
+    parser = po._BeamArgumentParser(allow_abbrev=False)
+    seen: set = set()
+    stack = [po.PipelineOptions]
+    while stack:
+        for cls in stack.pop().__subclasses__():
+            if cls in seen:
+                continue
+            seen.add(cls)
+            stack.append(cls)
+            try:
+                cls._add_argparse_args(parser)
+            except Exception:  # an options class that clashes with another: its flags stay unknown
+                continue
+    return set(parser._option_string_actions)
+
+
+def unknown_flags(args: Sequence[str]) -> list[str]:
+    """The arguments of ``args`` whose ``--flag`` no Beam option defines (a
+    typo such as ``--runnr=dask`` would otherwise be ignored without a word)."""
+    known = known_flags()
+    out = []
+    for a in args:
+        if a.startswith("--"):
+            flag = a.partition("=")[0]
+            if flag not in known:
+                out.append(a)
+    return out
+
+
 def check_runner_available(runner: str) -> None:
     """Fails early, before anything is written, when ``runner`` cannot be used
     here: an unknown name, or a runner whose Python packages are missing.
@@ -198,6 +236,14 @@ def run(pipeline, runner: str) -> None:
         raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]} could not start: {first_line(e)}") from e
     try:
         result.wait_until_finish()
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: stop the runner's remaining work (Dask would go on
+        # writing shards into the folder the driver is about to remove).
+        try:
+            result.cancel()
+        except Exception:  # cancelling is best effort
+            pass
+        raise
     except Exception as e:
         if _is_lost_worker(e):
             raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]}: a worker died and the work could not be "

@@ -15,6 +15,7 @@ Linux only (reads /proc). A hang fails through the subprocess timeout.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -241,3 +242,36 @@ def test_a_task_file_given_by_path_reaches_the_worker_processes(tmp_path):
     with CacheReader(str(tmp_path / "c" / "shouted" / "train")) as r:
         texts = sorted(ByteVocabulary().decode(e["targets"].tolist()) for e in r.read_examples(range(len(r))))
     assert texts == ["ONE", "THREE", "TWO"]
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_repository_root_is_a_safe_place_to_work(tmp_path):
+    """From a source checkout's root, the folder ``seqcache/`` comes first on
+    sys.path: importing the feeder there, and a build whose worker processes
+    start there, see the whole package (the areas beside the face folder)."""
+    env, marker = _marked_env()
+    probe = subprocess.run([sys.executable, "-c", "import seqcache, seqcache.feeders, seqcache.tasks; "
+                            "from seqcache.feeders import Feeder; print(seqcache.__file__)"],
+                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == os.path.join(REPO_ROOT, "seqcache", "__init__.py")  # the checkout, not site-packages
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("one line\nanother line\nthird line\n", encoding="utf-8")
+    out = _run(["build", "--source", f"text:{corpus}", "--name", "root", "--cache-dir", str(tmp_path / "c"),
+                "--json", *MULTI_PROCESSING], cwd=REPO_ROOT, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[0]["num_examples"] == 3
+    assert not _processes_with(marker)
+
+
+def test_a_mistyped_beam_option_is_refused_before_anything_runs(tmp_path):
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("one line\n", encoding="utf-8")
+    env, _ = _marked_env()
+    for typo in ("--runnr=dask", "--dask_client_adress=127.0.0.1:1", "--s3_endpoint_ur=http://127.0.0.1:1"):
+        out = _run(["build", "--source", f"text:{corpus}", "--name", "t", "--cache-dir", str(tmp_path / "c"), typo],
+                   cwd=str(tmp_path), env=env)
+        assert out.returncode == 2 and f"no such option: {typo}" in out.stderr, out.stderr
+        assert not (tmp_path / "c").exists()

@@ -118,6 +118,17 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     if len(names) > 1:
         raise click.UsageError(f"one task or mixture NAME at a time (got {names}); Beam options take the --flag=value form")
     name = names[0] if names else None
+    if pipeline_args:
+        from seqcache.pipelines.build import import_beam
+        from seqcache.pipelines.runner import unknown_flags
+
+        import_beam()
+        unknown = unknown_flags(pipeline_args)
+        if unknown:
+            raise click.UsageError(
+                f"no such option: {', '.join(unknown)} (options other than this command's own are Beam pipeline "
+                "options, e.g. --runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL)"
+            )
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import_modules(modules)
     seq_len = parse_sequence_length(sequence_length)

@@ -524,16 +524,8 @@ def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
 
 
 def import_beam():
-    """Imports Beam without its import-time warning about optional GCP client
-    libraries (root logger, WARNING), which says nothing about this build."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        import apache_beam
-    finally:
-        root.setLevel(level)
-    return apache_beam
+    """Imports Beam quietly (``seqcache.fs.import_beam``); returns ``apache_beam``."""
+    return fs.import_beam()
 
 
 def cache_path(cache_dir: str, task_name: str, split: str) -> str:

@@ -48,18 +48,27 @@ class FileSystemError(OSError):
 _EXTRAS = {"s3": "s3", "gs": "gcs"}
 
 
-def _beam_fs():
-    """Beam's ``FileSystems`` class, for calls that make no request (join).
-    The first import is made without Beam's import-time warning about optional
-    GCP client libraries (root logger, WARNING), which says nothing here."""
+def import_beam():
+    """Imports Beam (``apache_beam``) without its import-time warning about
+    optional GCP client libraries (root logger, WARNING), which says nothing
+    about seqcache's work."""
     if "apache_beam.io.filesystems" not in sys.modules:
         root = logging.getLogger()
         level = root.level
         root.setLevel(logging.ERROR)
         try:
+            import apache_beam  # noqa: F401
             import apache_beam.io.filesystems  # noqa: F401
         finally:
             root.setLevel(level)
+    import apache_beam
+
+    return apache_beam
+
+
+def _beam_fs():
+    """Beam's ``FileSystems`` class, for calls that make no request (join)."""
+    import_beam()
     from apache_beam.io.filesystems import FileSystems
 
     return FileSystems
@@ -306,20 +315,8 @@ def read_bytes(path: str) -> bytes:
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path`` so that readers see either nothing or all of it."""
     if is_local(path):
-        path = local_path(path)
-        d = os.path.dirname(path) or "."
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with open_write_atomic(path) as f:
+            f.write(data)
         return
     # Object stores make a finished upload visible at once: create() then close()
     # publishes the whole object or nothing.

@@ -374,9 +374,11 @@ class Source(abc.ABC):
           ValueError: a record cannot be read (``on_error="raise"``), or the file
             cannot be read; the message names the file and the record. A split
             this source cannot read (not the whole file, for whole-file sources).
+          TypeError: the subclass defines neither ``read_split`` nor ``read_file``.
         """
         if type(self).read_file is Source.read_file:
-            raise NotImplementedError(f"{type(self).__name__} implements neither read_split nor read_file")
+            raise TypeError(f"{type(self).__name__} implements neither read_split nor read_file: a Source "
+                            "subclass defines at least one of them")
         self._require_whole(split)
         return self.read_file(split.file_index, split.path)
 

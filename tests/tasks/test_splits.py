@@ -337,7 +337,7 @@ class _Neither(_OnlyReadFile):
 
 def test_a_custom_source_with_read_file_only_reads_whole_splits():
     assert [r.data for r in _OnlyReadFile().read_split(S.Split(0, "<one>"))] == [{"text": "x"}]
-    with pytest.raises(NotImplementedError, match="implements neither read_split nor read_file"):
+    with pytest.raises(TypeError, match="implements neither read_split nor read_file"):
         _Neither().read_split(S.Split(0, "<one>"))
 
 

@@ -205,20 +205,32 @@ def locate_row_in_state(
       ValueError: a row outside [0, B).
       seqcache.format.CacheError: a cache cannot be opened.
     """
-    state_lib.check_state(state)
-    opened = open_state_caches(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    opened = _open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
-        diff = state_difference(state, opened)
-        if diff:
-            raise state_lib.FeederStateError(
-                f"{diff}; the state's steps and rows denote examples of the caches it was saved with: ask with "
-                "those caches"
-            )
         return _answer(opened, seed=state["seed"], num_epochs=state["num_epochs"],
                        global_batch_size=state["global_batch_size"], step=step, row=row,
                        feature=feature or state["feature"], tokens=tokens)
     finally:
         opened.close()
+
+
+def _open_checked(state, *, cache, mixture, caches_root, split):
+    """A checked state's caches, opened; refused (and closed) when they differ
+    from the caches the state was saved with.
+
+    Raises:
+      FeederStateError: not a valid state, or caches that differ from the state's.
+    """
+    state_lib.check_state(state)
+    opened = open_state_caches(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    diff = state_difference(state, opened)
+    if diff:
+        opened.close()
+        raise state_lib.FeederStateError(
+            f"{diff}; the state's steps and rows denote examples of the caches it was saved with: ask with "
+            "those caches"
+        )
+    return opened
 
 
 def open_state_caches(state, *, cache=None, mixture=None, caches_root=None, split: str = "train"):
@@ -532,15 +544,8 @@ def trace_rows_in_state(state: Mapping[str, Any], *, steps, cache=None, mixture=
     """``trace_rows`` for the stream a saved feeder state denotes (its caches,
     rates or schedule, seed, global batch size and number of epochs), with the
     checks of ``locate_row_in_state``."""
-    state_lib.check_state(state)
-    opened = open_state_caches(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    opened = _open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
-        diff = state_difference(state, opened)
-        if diff:
-            raise state_lib.FeederStateError(
-                f"{diff}; the state's steps and rows denote examples of the caches it was saved with: ask with "
-                "those caches"
-            )
         b = state["global_batch_size"]
         stream = opened.stream(seed=state["seed"], num_epochs=state["num_epochs"], global_batch_size=b)
         return trace(stream, opened.paths, global_batch_size=b, steps=steps, feature=feature or state["feature"],

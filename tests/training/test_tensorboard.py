@@ -16,24 +16,8 @@ SMALL_MODEL = "model.d_model=32 model.num_layers=1 model.num_heads=4 model.mlp_d
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory, shared_data):
-    from seqcache import pipelines, tasks
-
-    src = tmp_path_factory.mktemp("corpus")
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:300]
-    (src / "play.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    task = tasks.Task(
-        "shakespeare_lm",
-        source=tasks.TextLineSource(str(src / "*.txt"), on_error={"empty": "skip"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-        packing="lm",
-    )
-    root = tmp_path_factory.mktemp("caches")
-    pipelines.build_task(task, cache_dir=str(root), config=pipelines.BuildConfig(num_shards=2,
-                                                                                 sequence_length={"targets": L}))
-    return root
+def cache(tmp_path_factory, shared_data, shakespeare_lm_cache):
+    return shakespeare_lm_cache(tmp_path_factory, shared_data, num_lines=300, sequence_length=L)
 
 
 def _train(cache, ckpt, *extra):

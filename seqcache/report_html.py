@@ -282,6 +282,13 @@ def render(report: Mapping[str, Any], *, title: str | None = None, elapsed_s: fl
 
 
 def _cache_section(c: Mapping[str, Any], *, heading: bool) -> str:
+    """One cache's part of the page: summary, lengths, packing, sources, skips, shards."""
+    parts = [_summary_part(c, heading=heading), _lengths_part(c), _packing_part(c), _sources_part(c),
+             _quarantine_part(c), _shards_part(c)]
+    return "\n".join(p for part in parts for p in part)
+
+
+def _summary_part(c: Mapping[str, Any], *, heading: bool) -> list[str]:
     s = c["summary"]
     st = s["statistics"]
     out = []
@@ -308,8 +315,12 @@ def _cache_section(c: Mapping[str, Any], *, heading: bool) -> str:
         f"<tr><th>{_e(label)}</th>{_cell(key, value)}</tr>" for label, key, value in rows) + "</tbody></table>")
     out.append(f"<p>Sequence length <code>{_e(json.dumps(s['sequence_length']))}</code>, packing "
                f"<code>{_e(s['packing'])}</code>.</p>")
+    return out
 
-    out.append("<h3>Example lengths</h3>")
+
+def _lengths_part(c: Mapping[str, Any]) -> list[str]:
+    s = c["summary"]
+    out = ["<h3>Example lengths</h3>"]
     img = plot_lengths(c["lengths"])
     lines = []
     for name, e in c["lengths"].items():
@@ -329,8 +340,11 @@ def _cache_section(c: Mapping[str, Any], *, heading: bool) -> str:
                            "Examples per length bucket (buckets about 9 % wide, exact below 16 tokens); the red line "
                            "is the sequence length."))
     out.append("<ul>" + "".join(lines) + "</ul>")
+    return out
 
-    out.append("<h3>Packing efficiency</h3>")
+
+def _packing_part(c: Mapping[str, Any]) -> list[str]:
+    out = ["<h3>Packing efficiency</h3>"]
     img = plot_packing(c["packing"])
     if img:
         out.append(_figure(img, "packing efficiency", "Tokens against padding in examples x sequence length: what a "
@@ -346,9 +360,12 @@ def _cache_section(c: Mapping[str, Any], *, heading: bool) -> str:
                          f"{e['sequence_length']:,}; {e['padding_tokens']:,} padding tokens){extra}; "
                          f"{e['truncated_tokens']:,} tokens trimmed by the build.</li>")
     out.append("<ul>" + "".join(items) + "</ul>")
+    return out
 
+
+def _sources_part(c: Mapping[str, Any]) -> list[str]:
     src = c["sources"]
-    out.append(f"<h3>Source files ({src['num_files']:,})</h3>")
+    out = [f"<h3>Source files ({src['num_files']:,})</h3>"]
     img = plot_sources(src)
     if not src["recorded"]:
         out.append(f'<p class="note">Tokens and examples per file: {_e(src["reason"])}. Shown: file sizes.</p>')
@@ -358,25 +375,31 @@ def _cache_section(c: Mapping[str, Any], *, heading: bool) -> str:
                             if len(src["top"]) > 1 else f"The only file, by {_e(src['ranked_by'])}")
                            + (", then the rest in one bar." if src.get("other") else ".")))
     out.append(_sources_table(src))
+    return out
 
+
+def _quarantine_part(c: Mapping[str, Any]) -> list[str]:
     q = c["quarantine"]
-    out.append(f"<h3>Skipped and repaired records ({q['skipped_records']:,} skipped, "
-               f"{q['replaced_records']:,} repaired)</h3>")
+    out = [f"<h3>Skipped and repaired records ({q['skipped_records']:,} skipped, "
+           f"{q['replaced_records']:,} repaired)</h3>"]
     img = plot_quarantine(q)
-    if img:
-        out.append(_figure(img, "skipped and repaired records by kind",
-                           f"From <code>{_e(q['file'])}</code>: red skipped (no example), orange repaired (cached)."))
-        for k in q["kinds"]:
-            out.append(f"<p><b>{_e(k['action'])}: {_e(k['kind'])}</b>, {k['records']:,} records; the first "
-                       f"{len(k['first'])}:</p><table><thead><tr><th>file</th><th>where</th><th>what</th></tr>"
-                       "</thead><tbody>" + "".join(
-                           f"<tr><td><code>{_e(f['path'])}</code></td><td>{_e(f['location'])}</td>"
-                           f"<td>{_e(f['error'])}</td></tr>" for f in k["first"]) + "</tbody></table>")
-    else:
+    if not img:
         out.append('<p class="note">None: every source record gave its examples as read.</p>')
+        return out
+    out.append(_figure(img, "skipped and repaired records by kind",
+                       f"From <code>{_e(q['file'])}</code>: red skipped (no example), orange repaired (cached)."))
+    for k in q["kinds"]:
+        out.append(f"<p><b>{_e(k['action'])}: {_e(k['kind'])}</b>, {k['records']:,} records; the first "
+                   f"{len(k['first'])}:</p><table><thead><tr><th>file</th><th>where</th><th>what</th></tr>"
+                   "</thead><tbody>" + "".join(
+                       f"<tr><td><code>{_e(f['path'])}</code></td><td>{_e(f['location'])}</td>"
+                       f"<td>{_e(f['error'])}</td></tr>" for f in k["first"]) + "</tbody></table>")
+    return out
 
+
+def _shards_part(c: Mapping[str, Any]) -> list[str]:
     sh = c["shards"]
-    out.append(f"<h3>Shards ({sh['num_shards']:,})</h3>")
+    out = [f"<h3>Shards ({sh['num_shards']:,})</h3>"]
     img = plot_shards(sh)
     if img:
         rs, bs = sh["records_skew"], sh["bytes_skew"]
@@ -385,7 +408,7 @@ def _cache_section(c: Mapping[str, Any], *, heading: bool) -> str:
         out.append(f"<p>Records per shard {rs['min']:,} to {rs['max']:,} (largest / mean "
                    f"{_num(rs['max_over_mean'])}); bytes {bs['min']:,} to {bs['max']:,} (largest / mean "
                    f"{_num(bs['max_over_mean'])}).</p>")
-    return "\n".join(out)
+    return out
 
 
 def _sources_table(src: Mapping[str, Any]) -> str:

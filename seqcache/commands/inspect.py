@@ -241,6 +241,45 @@ def _read_for_show(reader, cache_dir, indices, count):
     return examples, provenance, vocabs, indices
 
 
+def decode_with_sentinels(vocabulary, ids) -> str:
+    """The text of ``ids`` (a sequence of int token ids) as ``Vocabulary.decode``
+    gives it, except that each sentinel id is shown as ``<extra_id_i>`` (seqio's
+    spelling; ``vocabulary.sentinel_id(i)`` is the id) instead of being
+    dropped, so that a span-corrupted example reads as T5 shows it::
+
+        inputs:  Thank you <extra_id_0> me to your party <extra_id_1> week.
+        targets: <extra_id_0> for inviting <extra_id_1> last
+
+    The ids between two sentinels are decoded together; a SentencePiece piece
+    that starts a word (``▁``) right after a sentinel keeps its space. Pad and
+    EOS are dropped, as by ``decode``."""
+    extra = int(getattr(vocabulary, "extra_ids", 0) or 0)
+    if not extra:
+        return vocabulary.decode(ids)
+    first = vocabulary.base_vocab_size
+    end = first + extra
+    piece = getattr(vocabulary, "id_to_piece", None)
+    parts: list[str] = []
+    run: list[int] = []
+
+    def flush():
+        if run:
+            text = vocabulary.decode(run)
+            if parts and piece is not None and piece(run[0]).startswith("\u2581"):
+                text = " " + text
+            parts.append(text)
+            run.clear()
+
+    for t in ids:
+        if first <= t < end:
+            flush()
+            parts.append(f"<extra_id_{end - 1 - t}>")
+        else:
+            run.append(t)
+    flush()
+    return "".join(parts)
+
+
 def _describe_example(index, example, provenance, vocabs, with_ids):
     """One example as JSON-able dict: per token feature, its segments with
     provenance, decoded text and (optionally) ids."""
@@ -259,7 +298,7 @@ def _describe_example(index, example, provenance, vocabs, with_ids):
         for tokens, prov in pieces:
             seg = {"length": int(tokens.size), "provenance": prov}
             if vocab is not None:
-                seg["text"] = vocab.decode(tokens.tolist())
+                seg["text"] = decode_with_sentinels(vocab, tokens.tolist())
             if with_ids or vocab is None:
                 seg["ids"] = tokens.tolist()
             segments.append(seg)

@@ -160,8 +160,11 @@ def test_translation_cache_from_parallel_text_on_the_command_line(tmp_path, shar
     d = shared_data / "multi30k"
     en, de = _lines(d / "val.en.gz"), _lines(d / "val.de.gz")
     cache = tmp_path / "c"
-    _run(["build", "--source", f"parallel:inputs={d / 'val.en.gz'},targets={d / 'val.de.gz'}", "--name",
-          "multi30k_en_de", "--sequence-length", "64", "--num-shards", "2", "--cache-dir", cache, "--json"])
+    built = _run(["build", "--source", f"parallel:inputs={d / 'val.en.gz'},targets={d / 'val.de.gz'}", "--name",
+                  "multi30k_en_de", "--sequence-length", "64", "--num-shards", "2", "--cache-dir", cache, "--json"])
+    cut = sum(max(0, len(t.encode()) - 63) for t in en + de)
+    assert cut > 0 and f"dropped {cut:,} tokens" in built.output
+    assert "a longer --sequence-length keeps them" in built.output and "--pack keeps" not in built.output
     out = str(cache / "multi30k_en_de" / "train")
     info = json.loads(_run(["info", out, "--json"]).stdout)
     assert info["sequence_length"] == {"inputs": 64, "targets": 64}  # a bare N is both features' length

@@ -436,9 +436,12 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
     stats = m.statistics
     if stats.get("truncated_tokens"):
         total = stats["truncated_tokens"] + sum(stats.get("tokens", {}).values())
+        # First-fit packing places whole examples, so it trims too: only a longer length keeps them.
+        advice = ("a longer --sequence-length keeps them" if task.packing == "first_fit" or len(task.output_features) > 1
+                  else "--pack keeps every token")
         console.print(
             f"[yellow]warning[/yellow]: trimming to the sequence length dropped {stats['truncated_tokens']:,} tokens "
-            f"({stats['truncated_tokens'] / max(total, 1):.1%}); --pack keeps every token",
+            f"({stats['truncated_tokens'] / max(total, 1):.1%}); {advice}",
             highlight=False,
         )
     if stats.get("replaced_records"):

@@ -266,7 +266,7 @@ def test_parallel_source_errors(tmp_path, shared_data):
     assert "two or more line-aligned files as KEY=PATTERN" in out.output
     out = _run(["build", "--source", f"parallel:en={d / 'val.en.gz'},de={d / 'val.de.gz'}", "--name", "x",
                 "--cache-dir", tmp_path], code=2)
-    assert "inputs and targets (got en, de)" in out.output
+    assert "inputs and targets (got de, en)" in out.output
 
 
 def test_t5_options_with_a_registered_task_are_usage_errors(tmp_path):
@@ -275,3 +275,22 @@ def test_t5_options_with_a_registered_task_are_usage_errors(tmp_path):
                          (["--pack", "first_fit"], "--pack")]:
         out = _run(["build", "some_task", "--cache-dir", tmp_path, *extra], code=2)
         assert f"{named} describes an ad-hoc --source" in out.output
+
+
+def test_source_specs_of_two_values(tmp_path):
+    (tmp_path / "a.parquet").write_bytes(b"")  # patterns are matched when the files are listed, not here
+    jl = tasks.parse_source_spec(f"jsonl:{tmp_path}/*.jsonl#inputs=q.text,targets=a")
+    assert isinstance(jl, tasks.JsonLinesSource) and jl.fields == {"inputs": "q.text", "targets": "a"}
+    pa_ = tasks.parse_source_spec(f"parquet:{tmp_path}/*.parquet#targets=de, inputs=en")
+    assert isinstance(pa_, tasks.ParquetSource) and pa_.columns == {"inputs": "en", "targets": "de"}
+    par = tasks.parse_source_spec(f"parallel:targets={tmp_path}/b.de,inputs={tmp_path}/b.en")
+    assert isinstance(par, tasks.ParallelTextSource)
+    assert list(par.files.items()) == [("inputs", f"{tmp_path}/b.en"), ("targets", f"{tmp_path}/b.de")]
+    for bad, message in [("jsonl:x.jsonl#inputs=a,inputs=b", "'inputs' is given twice"),
+                         ("parquet:x.parquet#inputs=,targets=b", "'inputs=' is not KEY=VALUE"),
+                         ("parallel:x.en,y.de", "two or more line-aligned files as KEY=PATTERN"),
+                         ("parallel:inputs=x.en", "two or more line-aligned files")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            tasks.parse_source_spec(bad)
+    with pytest.raises(ValueError, match="exclude does not apply to a parallel source"):
+        tasks.parse_source_spec("parallel:inputs=a,targets=b", exclude=["*.tmp"])

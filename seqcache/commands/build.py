@@ -267,7 +267,8 @@ def import_modules(modules):
 @common.on_error_option()
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc task: leave out files whose path matches this glob (repeatable).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte or a SentencePiece .model path.")
-@click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary.")
+@click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary "
+              "(span_corruption needs one per noise span; T5 uses 100).")
 @click.option("--name", "adhoc_name", help="Name of the ad-hoc task (the cache folder name).")
 @click.option("--split", default="train", show_default=True)
 @click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens), e.g. "

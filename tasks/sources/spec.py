@@ -53,11 +53,12 @@ def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
     ``on_error``: the source's ``ErrorPolicy`` spec (see ``parse_on_error``).
 
     Several values per record, each under its own key (``KEY=...`` pairs joined
-    by commas, in the order given):
+    by commas):
 
     - ``parallel:inputs=PATTERN,targets=PATTERN``: a ``ParallelTextSource`` of
       line-aligned files, line k of one translating line k of the other (e.g.
-      ``parallel:inputs=multi30k/train.en.gz,targets=multi30k/train.de.gz``);
+      ``parallel:inputs=multi30k/train.en.gz,targets=multi30k/train.de.gz``),
+      its fields in sorted key order (provenance names the first key's files);
     - ``jsonl:PATTERN#inputs=FIELD,targets=FIELD``: ``JsonLinesSource(fields=...)``;
     - ``parquet:PATTERN#inputs=COLUMN,targets=COLUMN``: ``ParquetSource(columns=...)``.
 
@@ -80,7 +81,10 @@ def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
                              f"KEY=PATTERN, e.g. 'parallel:inputs=train.en.gz,targets=train.de.gz'; {_SPEC_HELP}")
         if exclude:
             raise ValueError(f"{spec!r}: exclude does not apply to a parallel source (its files are named one by one)")
-        return ParallelTextSource(files, on_error=on_error)
+        # Keys in sorted order, as JsonLinesSource and ParquetSource keep them: the
+        # same files in another order are the same source (fingerprint,
+        # provenance paths, which name the first key's files).
+        return ParallelTextSource(dict(sorted(files.items())), on_error=on_error)
     if kind in ("jsonl", "parquet"):
         pattern, _, name = rest.rpartition("#") if "#" in rest else (rest, "", "text")
         if not pattern or not name:

@@ -77,6 +77,9 @@ def test_span_corruption_cache_from_the_command_line(span_caches, c4, tmp_path):
         assert info["packing"] == packing
         assert [f["name"] for f in info["features"] if not f["name"].endswith("segment_ids")] == ["inputs", "targets"]
         assert info["statistics"]["truncated_tokens"] == 0
+        assert [p.split("(")[0] for p in info["preprocessors"]] == ["rekey", "tokenize", "span_corruption",
+                                                                     "append_eos_after_trim"]
+        assert 'span_corruption(noise_density=0.15, mean_noise_span_length=3.0' in info["preprocessors"][2]
     eff = json.loads(_run(["info", packed, "--json"]).stdout)["packing_efficiency"]
     eff_plain = json.loads(_run(["info", plain, "--json"]).stdout)["packing_efficiency"]
     assert eff["inputs"] > eff_plain["inputs"] and eff["targets"] > eff_plain["targets"]

@@ -50,6 +50,21 @@ def packing_efficiency(manifest: fmt.Manifest) -> dict[str, float] | None:
     return {name: n / (manifest.num_examples * int(lengths[name])) for name, n in tokens.items()}
 
 
+def preprocessors(manifest: fmt.Manifest) -> list[str]:
+    """The task's preprocessors as the manifest's fingerprint records them, one
+    ``name(param=value, ...)`` each (values as JSON; None and False left out),
+    e.g. ``span_corruption(noise_density=0.15, mean_noise_span_length=3.0,
+    input_feature="targets")``; [] when the manifest lacks them."""
+    task = (manifest.raw.get("fingerprint_inputs") or {}).get("task") or {}
+    out = []
+    for entry in task.get("preprocessors") or []:
+        name, params = (entry[0], entry[1]) if isinstance(entry, list) and len(entry) == 2 else (str(entry), {})
+        shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in (params or {}).items()
+                          if v is not None and v is not False)
+        out.append(f"{name}({shown})")
+    return out
+
+
 def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
     raw = manifest.raw
     return {
@@ -61,6 +76,7 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
         "seed": raw.get("seed"),
         "sequence_length": raw.get("sequence_length"),
         "packing": raw.get("packing"),
+        "preprocessors": preprocessors(manifest),
         "features": raw.get("features"),
         "vocabularies": manifest.vocabularies,
         "num_examples": manifest.num_examples,
@@ -119,6 +135,8 @@ def info(ctx, cache_dir, as_json, shards):
     t.add_row("seed", str(d["seed"]))
     t.add_row("sequence length", json.dumps(d["sequence_length"]))
     t.add_row("packing", str(d["packing"]))
+    if d["preprocessors"]:
+        t.add_row("preprocessors", ", ".join(d["preprocessors"]))
     t.add_row("features", ", ".join(f"{f['name']}:{f['dtype']}" for f in d["features"]))
     for name, vocab in m.vocabularies.items():
         t.add_row(f"vocabulary ({name})", ", ".join(f"{k}={v}" for k, v in vocab.items() if k != "sha256"))

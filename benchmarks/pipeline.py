@@ -15,7 +15,12 @@ prefixed to every record so that copies are distinct records):
   lines:     tinyshakespeare, one record per line (short records)
   documents: the C4 validation sample, one record per document
 
-Usage: python benchmarks/pipeline.py [--mb 50] [--workers N] [--json out.json]
+With --t5, the documents corpus is also built as T5 tasks on the command line
+(span corruption to inputs 512 / targets 114, unpacked and first-fit packed; LM
+packed to 512), each reported as a ratio of MB/s to the plain LM build of the
+same text in the same run, with the packing efficiency per feature.
+
+Usage: python benchmarks/pipeline.py [--mb 50] [--workers N] [--json out.json] [--t5] [--cases lines,documents]
 """
 
 from __future__ import annotations
@@ -82,10 +87,12 @@ def bound(model_path: str, records: list[str], cores: int, batch: int = 4096) ->
 
 
 def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
-          num_shards: int | None = None) -> tuple[float, dict, float]:
-    """Runs ``seqcache build`` in a child process; returns (seconds, statistics,
-    peak RSS of the build process tree in MB)."""
+          num_shards: int | None = None, extra_args: tuple[str, ...] = ()) -> tuple[float, dict, float]:
+    """Runs ``seqcache build`` in a child process (``extra_args``: more of its
+    options); returns (seconds, statistics, peak RSS of the build process tree
+    in MB)."""
     args = ["build", "--source", spec, "--vocabulary", model_path, "--name", name, "--cache-dir", cache_dir, "--json"]
+    args += list(extra_args)
     # The bound encodes every record: keep them all (the content checks still run).
     args += ["--on-error", "empty=keep", "--on-error", "whitespace=keep", "--on-error", "control_characters=keep"]
     if workers > 1:
@@ -108,25 +115,83 @@ def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
     return seconds, manifest["statistics"], peak_mb
 
 
+# ---------------------------------------------------------------- T5 builds
+# Span corruption and first-fit packing of the C4 documents, each as a ratio of
+# raw MB/s to the plain LM build (targets = the text, no sequence length) of the
+# same files in the same run, with the packing efficiency per feature.
+T5_LENGTHS = "inputs=512,targets=114"
+T5_VARIANTS = {
+    "lm": (),
+    "lm, packed 512": ("--sequence-length", "512", "--pack", "lm"),
+    "span_corruption": ("--objective", "span_corruption", "--extra-ids", "100", "--sequence-length", T5_LENGTHS),
+    "span_corruption, first_fit": ("--objective", "span_corruption", "--extra-ids", "100", "--sequence-length",
+                                   T5_LENGTHS, "--pack", "first_fit"),
+}
+
+
+def t5_rows(tmp: pathlib.Path, model_path: str, target_bytes: int, workers: int) -> list[dict]:
+    """Builds the documents corpus once per ``T5_VARIANTS`` entry; per variant:
+    raw MB/s, the ratio to the ``lm`` build, examples (rows), segments, and the
+    packing efficiency per feature (non-padding tokens / all tokens of the rows
+    the feeder makes: tokens / (rows x sequence length); None without a
+    sequence length)."""
+    from seqcache import format as fmt
+    from seqcache.commands.inspect import packing_efficiency
+
+    spec, records = make_documents(tmp / "t5-documents", target_bytes)
+    raw_mb = sum(len(r.encode()) for r in records) / 1e6
+    del records
+    rows = []
+    for k, (variant, extra) in enumerate(T5_VARIANTS.items()):
+        cache = tmp / f"cache-t5-{k}"
+        s, stats, peak_mb = build(spec, model_path, str(cache), workers, "t5", extra_args=extra)
+        manifest = fmt.read_manifest(str(cache / "t5" / "train"))
+        eff = packing_efficiency(manifest)
+        rows.append({
+            "variant": variant, "raw_mb": round(raw_mb, 1), "cores": workers, "build_s": round(s, 2),
+            "build_mb_s": round(raw_mb / s, 2), "examples": manifest.num_examples,
+            "segments": stats.get("segments"), "tokens": stats["tokens"],
+            "packing_efficiency": {f: round(e, 4) for f, e in eff.items()} if eff else None,
+            "peak_rss_mb": round(peak_mb),
+        })
+        shutil.rmtree(cache, ignore_errors=True)
+    for r in rows:
+        r["ratio_to_lm"] = round(r["build_mb_s"] / rows[0]["build_mb_s"], 3)
+    return rows
+
+
+def print_t5(rows: list[dict]) -> None:
+    print(f"\n{'T5 build (documents)':28} {'MB':>6} {'build MB/s':>11} {'/ lm build':>11} {'rows':>8} "
+          f"{'efficiency inputs':>18} {'efficiency targets':>19}")
+    for r in rows:
+        eff = r["packing_efficiency"] or {}
+        cell = lambda f: f"{eff[f]:.1%}" if f in eff else "-"  # noqa: E731
+        print(f"{r['variant']:28} {r['raw_mb']:6.1f} {r['build_mb_s']:11.2f} {r['ratio_to_lm']:11.1%} "
+              f"{r['examples']:8,d} {cell('inputs'):>18} {cell('targets'):>19}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=50.0, help="corpus size per case, MB")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--cases", default="lines,documents")
     ap.add_argument("--json", dest="json_out")
+    ap.add_argument("--t5", action="store_true",
+                    help="also build the documents corpus with span corruption and first-fit packing "
+                    "(ratios to the plain LM build of the same text, packing efficiency per feature)")
     ap.add_argument("--memory", action="store_true",
                     help="also build the lines corpus with 1, 4 and 16 shards: peak RSS should fall with the shard size")
     args = ap.parse_args()
     from seqcache import tasks
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="seqcache-bench-"))
-    rows, memory = [], []
+    rows, memory, t5 = [], [], []
     try:
         model = tmp / "spm.model"
         sample = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")
         sample += pq.read_table(DATA / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
         tasks.train_sentencepiece(sample, output_path=str(model), vocab_size=8000)
-        for case in args.cases.split(","):
+        for case in filter(None, args.cases.split(",")):
             maker = {"lines": make_lines, "documents": make_documents}[case]
             spec, records = maker(tmp / case, int(args.mb * 1e6))
             raw_mb = sum(len(r.encode()) for r in records) / 1e6
@@ -152,6 +217,8 @@ def main():
                 memory.append({"shards": shards, "raw_mb_per_shard": round(raw_mb / shards, 1),
                                "peak_rss_mb": round(peak_mb), "build_s": round(s, 2)})
                 shutil.rmtree(tmp / f"cache-m{shards}", ignore_errors=True)
+        if args.t5:
+            t5 = t5_rows(tmp, str(model), int(args.mb * 1e6), args.workers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{'case':10} {'MB':>7} {'cores':>5} {'bound MB/s':>11} {'build MB/s':>11} {'build tok/s':>12} "
@@ -163,9 +230,11 @@ def main():
         print(f"\n{'shards':>6} {'raw MB/shard':>13} {'peak RSS MB':>12}")
         for m in memory:
             print(f"{m['shards']:6d} {m['raw_mb_per_shard']:13.1f} {m['peak_rss_mb']:12,d}")
+    if t5:
+        print_t5(t5)
     if args.json_out:
-        json.dump({"throughput": rows, "memory": memory}, open(args.json_out, "w"), indent=2)
-    return rows
+        json.dump({"throughput": rows, "memory": memory, "t5": t5}, open(args.json_out, "w"), indent=2)
+    return rows or t5
 
 
 if __name__ == "__main__":

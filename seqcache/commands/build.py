@@ -33,10 +33,70 @@ def parse_sequence_length(values, default_feature="targets"):
     return out or None
 
 
-def adhoc_task(*, name, source_spec, exclude=(), on_error="raise", vocabulary_spec, extra_ids, sequence_length, pack):
-    """The task ``build --source ... --vocabulary ...`` describes: one feature,
-    ``targets``, tokenized with EOS appended, trimmed to the sequence length (or
-    packed to it with ``--pack``)."""
+# The objectives of an ad-hoc task (``--objective``): what its examples hold.
+#   lm:              one feature, targets = the text's tokens + EOS (a language model);
+#   span_corruption: T5's span corruption of the text into inputs and targets;
+#   prefix_lm:       T5's prefix LM: the text split at a random point into inputs and targets;
+#   supervised:      the source's own inputs and targets values (translation, question answering).
+OBJECTIVES = ("lm", "span_corruption", "prefix_lm", "supervised")
+# ``--pack`` values; ``--pack`` alone picks the objective's packing (``PACK_DEFAULT``).
+PACKINGS = ("lm", "first_fit", "none")
+PACK_DEFAULT = "auto"
+SPAN_CORRUPTION_DEFAULTS = {"noise_density": 0.15, "mean_noise_span_length": 3.0}
+
+
+def _source_keys(source) -> list[str]:
+    """The keys of a record's values: several for a parallel-text source or
+    JSON-lines / Parquet spec with named fields, else ``["text"]``."""
+    from seqcache import tasks
+
+    if isinstance(source, tasks.ParallelTextSource):
+        return list(source.files)
+    for attr in ("fields", "columns"):  # JsonLinesSource, ParquetSource
+        named = getattr(source, attr, None)
+        if isinstance(named, dict):
+            return list(named)
+    return ["text"]
+
+
+def _packing(pack, objective) -> str | None:
+    """``--pack`` -> the task's packing mode: None, ``"lm"`` or ``"first_fit"``."""
+    if pack is True or pack == PACK_DEFAULT:
+        return "lm" if objective == "lm" else "first_fit"
+    if pack in (None, False, "none"):
+        return None
+    return pack
+
+
+def adhoc_task(*, name, source_spec, exclude=(), on_error="raise", vocabulary_spec, extra_ids, sequence_length, pack,
+               objective=None, noise_density=None, mean_noise_span_length=None):
+    """The task ``build --source ... --vocabulary ...`` describes.
+
+    ``objective`` (one of ``OBJECTIVES``; None: ``supervised`` for a source whose
+    records hold ``inputs`` and ``targets``, else ``lm``):
+
+    - ``lm``: one feature, ``targets``: the text tokenized with EOS appended,
+      trimmed to the sequence length (or packed to it);
+    - ``span_corruption``: ``inputs`` and ``targets`` from T5's span corruption
+      of the text (``seqcache.tasks.span_corruption`` with ``noise_density``,
+      default 0.15, and ``mean_noise_span_length``, default 3.0); sentinels are
+      the vocabulary's extra ids, so ``extra_ids`` must cover the noise spans;
+    - ``prefix_lm``: ``inputs`` and ``targets`` from T5's prefix LM
+      (``seqcache.tasks.prefix_lm``, ``noise_density`` default 0.5);
+    - ``supervised``: the source's ``inputs`` and ``targets`` values, each
+      tokenized, trimmed and ended with EOS (a translation task from
+      ``parallel:inputs=...,targets=...``).
+
+    ``pack``: ``"lm"``, ``"first_fit"``, ``"none"``/None/False, or True /
+    ``"auto"`` for the objective's own (``lm`` for ``lm``, ``first_fit`` for
+    the others). ``sequence_length``: feature -> tokens (or None), as given.
+
+    Raises:
+      click.UsageError: a bad source or vocabulary spec, or options that do not
+        go together; the message names the flag (``--extra-ids``, ``--pack``,
+        ``--objective``, ``--noise-density``, ...).
+      click.BadParameter: a bad task name.
+    """
     from seqcache import tasks
 
     try:
@@ -44,19 +104,141 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error="raise", vocabulary_sp
         vocabulary = tasks.vocabulary_from_spec(vocabulary_spec, extra_ids=extra_ids)
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from None
-    pre = [tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(), tasks.preprocessors.append_eos()]
-    if sequence_length and not pack:
-        pre.append(tasks.preprocessors.trim())
+    keys = _source_keys(source)
+    pair = sorted(keys) == ["inputs", "targets"]
+    if not pair and keys != ["text"]:
+        raise click.UsageError(f"--source {source_spec}: an ad-hoc task reads one value per record or two named "
+                               f"inputs and targets (got {', '.join(keys)}), e.g. "
+                               "'parallel:inputs=train.en.gz,targets=train.de.gz'")
+    objective = objective or ("supervised" if pair else "lm")
+    if objective not in OBJECTIVES:
+        raise click.BadParameter(f"{objective!r} is not one of {', '.join(OBJECTIVES)}", param_hint="--objective")
+    if pair != (objective == "supervised"):
+        raise click.UsageError(
+            f"--objective {objective} needs " + ("a source of two values, inputs and targets (e.g. "
+                                                 "'parallel:inputs=A,targets=B' or 'jsonl:PATH#inputs=src,targets=tgt')"
+                                                 if objective == "supervised" else
+                                                 "one text value per record, but --source gives inputs and targets "
+                                                 "(drop --objective: such a task is supervised)"))
+    if noise_density is not None and objective not in ("span_corruption", "prefix_lm"):
+        raise click.UsageError(f"--noise-density applies to --objective span_corruption or prefix_lm, "
+                               f"not {objective}")
+    if mean_noise_span_length is not None and objective != "span_corruption":
+        raise click.UsageError(f"--mean-noise-span-length applies to --objective span_corruption, not {objective}")
+    packing = _packing(pack, objective)
+    if packing not in (None, "lm", "first_fit"):
+        raise click.BadParameter(f"{pack!r} is not one of {', '.join(PACKINGS)}", param_hint="--pack")
+    if packing == "lm" and objective != "lm":
+        raise click.UsageError(f"--pack lm concatenates one feature, but --objective {objective} makes inputs and "
+                               "targets: use --pack first_fit (or --pack alone)")
+    P = tasks.preprocessors
+    corruption = None
+    if objective == "lm":
+        features = {"targets": tasks.Feature(vocabulary, add_eos=True)}
+        pre = [P.rekey({"targets": "text"}), P.tokenize(), P.append_eos()]
+        if sequence_length and not packing:
+            pre.append(P.trim())
+    else:
+        features = {"inputs": tasks.Feature(vocabulary, add_eos=True),
+                    "targets": tasks.Feature(vocabulary, add_eos=True)}
+        if objective == "supervised":
+            pre = [P.rekey({"inputs": "inputs", "targets": "targets"}), P.tokenize()]
+        else:
+            try:
+                if objective == "span_corruption":
+                    kw = {k: v if v is not None else SPAN_CORRUPTION_DEFAULTS[k]
+                          for k, v in (("noise_density", noise_density),
+                                       ("mean_noise_span_length", mean_noise_span_length))}
+                    if not 0.0 < kw["noise_density"] < 1.0:
+                        raise ValueError(f"--noise-density must be in (0, 1) (got {kw['noise_density']})")
+                    corruption = tasks.span_corruption(**kw)
+                else:
+                    corruption = tasks.prefix_lm(**({} if noise_density is None else {"noise_density": noise_density}))
+            except ValueError as e:
+                raise click.UsageError(str(e)) from None
+            pre = [P.rekey({"inputs": None, "targets": "text"}), P.tokenize(), corruption]
+        pre.append(P.append_eos_after_trim())
     try:
-        return tasks.Task(
-            name,
-            source=source,
-            output_features={"targets": tasks.Feature(vocabulary, add_eos=True)},
-            preprocessors=pre,
-            packing="lm" if pack else None,
-        )
+        task = tasks.Task(name, source=source, output_features=features, preprocessors=pre, packing=packing)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--name") from None
+    if objective == "span_corruption":
+        _check_sentinels(corruption, vocabulary, adhoc_sequence_length(task, sequence_length), extra_ids)
+    return task
+
+
+def _span_corruption(task):
+    from seqcache import tasks
+
+    return next((p for p in task.preprocessors if isinstance(p, tasks.span_corruption)), None)
+
+
+def adhoc_sequence_length(task, sequence_length):
+    """The sequence length of every feature of an ad-hoc task, from what
+    ``--sequence-length`` gave (feature -> tokens; ``"*"`` for a bare N).
+
+    - ``targets`` only (lm): as given; a bare N is the targets length.
+    - span corruption: ``inputs=N`` derives the targets length as T5 does
+      (``random_spans_helper``: inputs 512 -> targets 114 at the defaults), and
+      ``targets=N`` the shortest inputs length whose targets take N tokens
+      (``inputs_length_for_targets``: targets 114 -> inputs 508; inputs 508
+      to 513 all give 114), the same lengths as a Python task given only a
+      targets length; both may be given (the targets length must hold the
+      derived one).
+    - prefix LM and supervised: a bare N, or one feature's N, is the length of
+      both features.
+
+    Returns: {feature: tokens} or None (no length given).
+
+    Raises:
+      click.UsageError: a feature the task does not have, a bare N for span
+        corruption, a targets length shorter than the one span corruption
+        makes; the message names ``--sequence-length``.
+    """
+    if not sequence_length:
+        return None
+    lengths = dict(sequence_length)
+    names = list(task.output_features)
+    bare = lengths.pop("*", None)
+    corruption = _span_corruption(task)
+    if bare is not None:
+        if corruption is not None:
+            raise click.UsageError(f"--sequence-length {bare}: span corruption needs inputs=N or targets=N "
+                                   "(e.g. inputs=512, which gives targets=114)")
+        for n in names:
+            lengths.setdefault(n, bare)
+    unknown = sorted(set(lengths) - set(names))
+    if unknown:
+        raise click.UsageError(f"--sequence-length: the task has no feature {', '.join(unknown)} "
+                               f"(its features: {', '.join(names)})")
+    if corruption is not None:
+        try:
+            inputs_length, _, targets_length = corruption.lengths(lengths)
+        except ValueError as e:
+            raise click.UsageError(f"--sequence-length: {e}") from None
+        return {"inputs": lengths.get("inputs", inputs_length), "targets": lengths.get("targets", targets_length)}
+    if len(names) == 2 and len(lengths) == 1:
+        (n,) = lengths.values()
+        return {name: n for name in names}
+    return {n: lengths[n] for n in names if n in lengths}
+
+
+def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
+    """Span corruption needs one sentinel (extra id) per noise span: the most
+    spans a chunk of the sequence length can hold."""
+    if extra_ids < 1:
+        raise click.UsageError("--objective span_corruption marks noise spans with sentinel ids: give the vocabulary "
+                               "extra ids, e.g. --extra-ids 100 (as T5)")
+    if lengths is None:
+        raise click.UsageError("--objective span_corruption needs --sequence-length inputs=N or targets=N "
+                               "(e.g. inputs=512, which gives targets=114)")
+    _, tokens_length, _ = corruption.lengths(lengths)
+    num_noise = min(max(int(round(tokens_length * corruption.noise_density)), 1), max(tokens_length - 1, 1))
+    num_spans = max(int(round(num_noise / corruption.mean_noise_span_length)), 1)
+    if extra_ids < num_spans:
+        raise click.UsageError(f"--extra-ids {extra_ids}: span corruption of {tokens_length} tokens makes "
+                               f"{num_spans} noise spans, one sentinel each; give --extra-ids {num_spans} or more "
+                               "(T5 uses 100)")
 
 
 def import_modules(modules):
@@ -79,15 +261,31 @@ def import_modules(modules):
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--cache-dir", required=True, help="Root folder of caches (local path, or gs://... / s3://... URL).")
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
-@click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
+@click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | "
+              "parquet:GLOB#column; two values per record: parallel:inputs=GLOB,targets=GLOB (line-aligned files) | "
+              "jsonl:GLOB#inputs=FIELD,targets=FIELD | parquet:GLOB#inputs=COLUMN,targets=COLUMN.")
 @common.on_error_option()
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc task: leave out files whose path matches this glob (repeatable).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte or a SentencePiece .model path.")
-@click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary.")
+@click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary "
+              "(span_corruption needs one per noise span; T5 uses 100).")
 @click.option("--name", "adhoc_name", help="Name of the ad-hoc task (the cache folder name).")
 @click.option("--split", default="train", show_default=True)
-@click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens); repeatable.")
-@click.option("--pack/--no-pack", default=False, show_default=True, help="Language-model packing to the sequence length (ad-hoc tasks).")
+@click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens), e.g. "
+              "inputs=512,targets=114; repeatable. With span_corruption one of inputs=N / targets=N derives the "
+              "other as T5 does.")
+@click.option("--objective", type=click.Choice(OBJECTIVES), help="Ad-hoc task: lm (targets = the text), "
+              "span_corruption or prefix_lm (T5's, inputs and targets from the text), supervised (the source's "
+              "inputs and targets). Default: supervised for a source of inputs and targets, else lm.")
+@click.option("--noise-density", type=float, help="span_corruption / prefix_lm: fraction of tokens that are noise "
+              "(default 0.15 for span_corruption, 0.5 for prefix_lm).")
+@click.option("--mean-noise-span-length", type=float, help="span_corruption: mean noise span length in tokens "
+              "(default 3.0).")
+@click.option("--pack", type=click.Choice(PACKINGS + (PACK_DEFAULT,)), is_flag=False, flag_value=PACK_DEFAULT,
+              default=None, help="Ad-hoc task packing to the sequence length: lm (concatenate, split into full rows), "
+              "first_fit (whole inputs/targets examples into rows), none. --pack alone (or auto): lm for "
+              "--objective lm, first_fit for the others.")
+@click.option("--no-pack", "no_pack", is_flag=True, hidden=True, help="The same as --pack none.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**64 - 1), help="Shuffle seed.")
 @click.option("--num-shards", type=click.IntRange(min=1), help="Shard count (default: from the corpus size and --shard-size).")
 @click.option("--shard-size", type=common.BYTE_SIZE, help="Raw input bytes per shard when --num-shards is not given, "
@@ -102,7 +300,8 @@ def import_modules(modules):
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
 @click.pass_context
 def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
-          pack, seed, num_shards, shard_size, split_size, exchange, overwrite, as_json, verbose):
+          objective, noise_density, mean_noise_span_length, pack, no_pack, seed, num_shards, shard_size, split_size,
+          exchange, overwrite, as_json, verbose):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 
@@ -137,13 +336,23 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
             raise click.UsageError("give either NAME (a registered task) or --source (an ad-hoc task), not both")
         if not adhoc_name:
             raise click.UsageError("an ad-hoc task needs --name")
-        if pack and not seq_len:
+        if no_pack:
+            if pack not in (None, "none"):
+                raise click.UsageError(f"give --pack {pack} or --no-pack, not both")
+            pack = "none"
+        if pack not in (None, "none") and not seq_len:
             raise click.UsageError("--pack needs --sequence-length")
-        task_list = [adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error, vocabulary_spec=vocabulary_spec,
-                                extra_ids=extra_ids, sequence_length=seq_len, pack=pack)]
+        asked = parse_sequence_length(sequence_length, default_feature="*")
+        task = adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error,
+                          vocabulary_spec=vocabulary_spec, extra_ids=extra_ids, sequence_length=asked, pack=pack,
+                          objective=objective, noise_density=noise_density,
+                          mean_noise_span_length=mean_noise_span_length)
+        seq_len = adhoc_sequence_length(task, asked)
+        task_list = [task]
     elif name:
         given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
-                                                  "pack"))
+                                                  "objective", "noise_density", "mean_noise_span_length", "pack",
+                                                  "no_pack"))
         if given:
             raise click.UsageError(
                 f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
@@ -228,9 +437,12 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
     stats = m.statistics
     if stats.get("truncated_tokens"):
         total = stats["truncated_tokens"] + sum(stats.get("tokens", {}).values())
+        # First-fit packing places whole examples, so it trims too: only a longer length keeps them.
+        advice = ("a longer --sequence-length keeps them" if task.packing == "first_fit" or len(task.output_features) > 1
+                  else "--pack keeps every token")
         console.print(
             f"[yellow]warning[/yellow]: trimming to the sequence length dropped {stats['truncated_tokens']:,} tokens "
-            f"({stats['truncated_tokens'] / max(total, 1):.1%}); --pack keeps every token",
+            f"({stats['truncated_tokens'] / max(total, 1):.1%}); {advice}",
             highlight=False,
         )
     if stats.get("replaced_records"):

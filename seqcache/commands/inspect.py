@@ -50,6 +50,21 @@ def packing_efficiency(manifest: fmt.Manifest) -> dict[str, float] | None:
     return {name: n / (manifest.num_examples * int(lengths[name])) for name, n in tokens.items()}
 
 
+def preprocessors(manifest: fmt.Manifest) -> list[str]:
+    """The task's preprocessors as the manifest's fingerprint records them, one
+    ``name(param=value, ...)`` each (values as JSON; None and False left out),
+    e.g. ``span_corruption(noise_density=0.15, mean_noise_span_length=3.0,
+    input_feature="targets")``; [] when the manifest lacks them."""
+    task = (manifest.raw.get("fingerprint_inputs") or {}).get("task") or {}
+    out = []
+    for entry in task.get("preprocessors") or []:
+        name, params = (entry[0], entry[1]) if isinstance(entry, list) and len(entry) == 2 else (str(entry), {})
+        shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in (params or {}).items()
+                          if v is not None and v is not False)
+        out.append(f"{name}({shown})")
+    return out
+
+
 def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
     raw = manifest.raw
     return {
@@ -61,6 +76,7 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
         "seed": raw.get("seed"),
         "sequence_length": raw.get("sequence_length"),
         "packing": raw.get("packing"),
+        "preprocessors": preprocessors(manifest),
         "features": raw.get("features"),
         "vocabularies": manifest.vocabularies,
         "num_examples": manifest.num_examples,
@@ -119,6 +135,8 @@ def info(ctx, cache_dir, as_json, shards):
     t.add_row("seed", str(d["seed"]))
     t.add_row("sequence length", json.dumps(d["sequence_length"]))
     t.add_row("packing", str(d["packing"]))
+    if d["preprocessors"]:
+        t.add_row("preprocessors", ", ".join(d["preprocessors"]))
     t.add_row("features", ", ".join(f"{f['name']}:{f['dtype']}" for f in d["features"]))
     for name, vocab in m.vocabularies.items():
         t.add_row(f"vocabulary ({name})", ", ".join(f"{k}={v}" for k, v in vocab.items() if k != "sha256"))
@@ -241,6 +259,45 @@ def _read_for_show(reader, cache_dir, indices, count):
     return examples, provenance, vocabs, indices
 
 
+def decode_with_sentinels(vocabulary, ids) -> str:
+    """The text of ``ids`` (a sequence of int token ids) as ``Vocabulary.decode``
+    gives it, except that each sentinel id is shown as ``<extra_id_i>`` (seqio's
+    spelling; ``vocabulary.sentinel_id(i)`` is the id) instead of being
+    dropped, so that a span-corrupted example reads as T5 shows it::
+
+        inputs:  Thank you <extra_id_0> me to your party <extra_id_1> week.
+        targets: <extra_id_0> for inviting <extra_id_1> last
+
+    The ids between two sentinels are decoded together; a SentencePiece piece
+    that starts a word (``▁``) right after a sentinel keeps its space. Pad and
+    EOS are dropped, as by ``decode``."""
+    extra = int(getattr(vocabulary, "extra_ids", 0) or 0)
+    if not extra:
+        return vocabulary.decode(ids)
+    first = vocabulary.base_vocab_size
+    end = first + extra
+    piece = getattr(vocabulary, "id_to_piece", None)
+    parts: list[str] = []
+    run: list[int] = []
+
+    def flush():
+        if run:
+            text = vocabulary.decode(run)
+            if parts and piece is not None and piece(run[0]).startswith("\u2581"):
+                text = " " + text
+            parts.append(text)
+            run.clear()
+
+    for t in ids:
+        if first <= t < end:
+            flush()
+            parts.append(f"<extra_id_{end - 1 - t}>")
+        else:
+            run.append(t)
+    flush()
+    return "".join(parts)
+
+
 def _describe_example(index, example, provenance, vocabs, with_ids):
     """One example as JSON-able dict: per token feature, its segments with
     provenance, decoded text and (optionally) ids."""
@@ -259,7 +316,7 @@ def _describe_example(index, example, provenance, vocabs, with_ids):
         for tokens, prov in pieces:
             seg = {"length": int(tokens.size), "provenance": prov}
             if vocab is not None:
-                seg["text"] = vocab.decode(tokens.tolist())
+                seg["text"] = decode_with_sentinels(vocab, tokens.tolist())
             if with_ids or vocab is None:
                 seg["ids"] = tokens.tolist()
             segments.append(seg)

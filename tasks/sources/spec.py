@@ -6,6 +6,7 @@ from typing import Mapping, Sequence
 
 from seqcache.tasks.sources.base import Source
 from seqcache.tasks.sources.json_lines import JsonLinesSource
+from seqcache.tasks.sources.parallel import ParallelTextSource
 from seqcache.tasks.sources.parquet import ParquetSource
 from seqcache.tasks.sources.text_files import TextFileSource
 from seqcache.tasks.sources.text_lines import TextLineSource
@@ -15,6 +16,31 @@ _SPEC_HELP = (
     "'files:PATTERN' (one record per file), 'jsonl:PATTERN#FIELD' (FIELD may be dotted, "
     "default 'text'), 'parquet:PATTERN#COLUMN' (default 'text')"
 )
+# Several values per record: parallel text, and JSON lines or Parquet with named fields.
+_SPEC_HELP += (
+    "; two or more values per record: 'parallel:inputs=PATTERN,targets=PATTERN' (line-aligned "
+    "files), 'jsonl:PATTERN#inputs=FIELD,targets=FIELD', 'parquet:PATTERN#inputs=COLUMN,targets=COLUMN'"
+)
+
+
+def _named_values(spec: str, text: str) -> dict[str, str] | None:
+    """``"inputs=a,targets=b"`` -> ``{"inputs": "a", "targets": "b"}`` in the
+    order given; None for a plain name without ``=``.
+
+    Raises:
+      ValueError: an empty key or value, or a key given twice (names the spec).
+    """
+    if "=" not in text:
+        return None
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or not key or not value:
+            raise ValueError(f"bad source spec {spec!r}: {part!r} is not KEY=VALUE; {_SPEC_HELP}")
+        if key in out:
+            raise ValueError(f"bad source spec {spec!r}: {key!r} is given twice")
+        out[key] = value
+    return out
 
 
 def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
@@ -26,8 +52,20 @@ def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
     stored under the key ``"text"``. ``exclude``: glob patterns of paths to leave out;
     ``on_error``: the source's ``ErrorPolicy`` spec (see ``parse_on_error``).
 
+    Several values per record, each under its own key (``KEY=...`` pairs joined
+    by commas):
+
+    - ``parallel:inputs=PATTERN,targets=PATTERN``: a ``ParallelTextSource`` of
+      line-aligned files, line k of one translating line k of the other (e.g.
+      ``parallel:inputs=multi30k/train.en.gz,targets=multi30k/train.de.gz``),
+      its fields in sorted key order (provenance names the first key's files);
+    - ``jsonl:PATTERN#inputs=FIELD,targets=FIELD``: ``JsonLinesSource(fields=...)``;
+    - ``parquet:PATTERN#inputs=COLUMN,targets=COLUMN``: ``ParquetSource(columns=...)``.
+
     Raises:
-      ValueError: an unknown kind or an empty pattern; the message lists the forms.
+      ValueError: an unknown kind, an empty pattern, a malformed ``KEY=VALUE``
+        list, a parallel spec with fewer than two files or with ``exclude``; the
+        message lists the forms.
     """
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
@@ -36,10 +74,26 @@ def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
         return TextLineSource(rest, exclude=exclude, on_error=on_error)
     if kind == "files":
         return TextFileSource(rest, exclude=exclude, on_error=on_error)
+    if kind == "parallel":
+        files = _named_values(spec, rest)
+        if not files or len(files) < 2:
+            raise ValueError(f"bad source spec {spec!r}: a parallel source names two or more line-aligned files as "
+                             f"KEY=PATTERN, e.g. 'parallel:inputs=train.en.gz,targets=train.de.gz'; {_SPEC_HELP}")
+        if exclude:
+            raise ValueError(f"{spec!r}: exclude does not apply to a parallel source (its files are named one by one)")
+        # Keys in sorted order, as JsonLinesSource and ParquetSource keep them: the
+        # same files in another order are the same source (fingerprint,
+        # provenance paths, which name the first key's files).
+        return ParallelTextSource(dict(sorted(files.items())), on_error=on_error)
     if kind in ("jsonl", "parquet"):
         pattern, _, name = rest.rpartition("#") if "#" in rest else (rest, "", "text")
         if not pattern or not name:
             raise ValueError(f"bad source spec {spec!r}: {_SPEC_HELP}")
+        named = _named_values(spec, name)
+        if named is not None:
+            if kind == "jsonl":
+                return JsonLinesSource(pattern, fields=named, exclude=exclude, on_error=on_error)
+            return ParquetSource(pattern, columns=named, exclude=exclude, on_error=on_error)
         if kind == "jsonl":
             return JsonLinesSource(pattern, field=name, exclude=exclude, on_error=on_error)
         return ParquetSource(pattern, column=name, exclude=exclude, on_error=on_error)

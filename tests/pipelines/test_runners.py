@@ -247,3 +247,48 @@ def test_the_split_size_never_changes_the_cache(tmp_path, mixed_corpus, kind):
             [(s.sha256, s.provenance_sha256) for s in whole.shards], name
         assert m.statistics == whole.statistics, name
         assert m.raw.get("quarantine_sha256") == whole.raw.get("quarantine_sha256"), name
+
+
+@pytest.fixture(scope="module")
+def span_corpus(tmp_path_factory, shared_data):
+    """150 C4 documents in 3 Parquet files of 10-row row groups."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("span")
+    docs = pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text")[:150]
+    for k in range(3):
+        pq.write_table(pa.table({"text": docs[k * 50:(k + 1) * 50]}), folder / f"part-{k}.parquet", row_group_size=10)
+    return folder
+
+
+def test_span_corruption_first_fit_writes_the_same_shards_on_every_runner(tmp_path, span_corpus, dask_cluster):
+    """G1 for T5's span corruption, first-fit packed: the noise of a record is
+    drawn from (seed, record key) only, so the local engine, DirectRunner's
+    worker processes and a Dask cluster, each with many small reading units,
+    write byte-identical data and provenance shards."""
+    vocab = tasks.ByteVocabulary(extra_ids=100)
+    task = tasks.Task(
+        "runners_span",
+        source=tasks.ParquetSource(str(span_corpus / "*.parquet"), column="text",
+                                   on_error={"control_characters": "keep"}),
+        output_features={"inputs": tasks.Feature(vocab), "targets": tasks.Feature(vocab)},
+        preprocessors=[tasks.preprocessors.rekey({"inputs": None, "targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.span_corruption(), tasks.preprocessors.append_eos_after_trim()],
+        packing="first_fit",
+    )
+    config = BuildConfig(num_shards=2, sequence_length={"inputs": 256, "targets": 58})
+    runs = {
+        "local engine": dict(pipeline_args=[]),
+        "local engine, runner shuffle, row-group splits": dict(pipeline_args=[], split_size=1, exchange="runner"),
+        "multi_processing x2": dict(pipeline_args=MULTI_PROCESSING, split_size=1),
+        "dask x2": dict(pipeline_args=_dask_args(dask_cluster), split_size=1),
+    }
+    results = {name: build_task(task, cache_dir=str(tmp_path / str(k)), config=config, **kw).manifest
+               for k, (name, kw) in enumerate(runs.items())}
+    first = results["local engine"]
+    assert first.statistics["segments"] == 150 and first.num_examples < 150
+    for name, m in results.items():
+        assert [(s.sha256, s.provenance_sha256) for s in m.shards] == \
+            [(s.sha256, s.provenance_sha256) for s in first.shards], name
+        assert m.statistics == first.statistics, name

@@ -85,7 +85,9 @@ def inputs_length_for_targets(targets_length: int, noise_density: float = 0.15,
                               mean_noise_span_length: float = 3.0) -> tuple[int, int]:
     """The inverse of ``random_spans_helper``: the smallest ``inputs_length``
     whose derived targets length is ``targets_length`` or more, as
-    ``(inputs_length, tokens_length)`` (114 -> (512, 568) at the defaults).
+    ``(inputs_length, tokens_length)``. At the defaults, 114 -> (508, 564): every
+    inputs length from 508 to 513 derives 114 targets, and this returns the
+    smallest; give ``inputs=512`` to get T5's exact (512, 114) pair.
 
     Raises:
       ValueError: no inputs length up to 1,000,000 reaches ``targets_length``.

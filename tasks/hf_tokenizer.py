@@ -372,10 +372,14 @@ def _train_unigram(texts: list[str], *, vocab_size: int, normalization: str, see
     if normalization == "nfkc":
         texts = [unicodedata.normalize("NFKC", t) for t in texts]
     with tempfile.TemporaryDirectory(prefix="seqcache-unigram-") as tmp:
-        sp_vocab = train_sentencepiece(texts, output_path=os.path.join(tmp, "unigram.model"), vocab_size=vocab_size,
-                                       model_type="unigram", character_coverage=character_coverage,
-                                       max_sentence_length=max_sentence_length, seed=seed,
-                                       normalization_rule_name="identity", remove_extra_whitespaces=False)
+        try:
+            sp_vocab = train_sentencepiece(texts, output_path=os.path.join(tmp, "unigram.model"),
+                                           vocab_size=vocab_size, model_type="unigram",
+                                           character_coverage=character_coverage,
+                                           max_sentence_length=max_sentence_length, seed=seed,
+                                           normalization_rule_name="identity", remove_extra_whitespaces=False)
+        except ValueError as e:  # the model type is not a choice here
+            raise ValueError(str(e).replace(", model_type=unigram)", ")")) from e
     sp = spm.SentencePieceProcessor()
     sp.LoadFromSerializedProto(sp_vocab.model_bytes())
     n = sp.get_piece_size()

@@ -376,6 +376,7 @@ def vocabulary_from_spec(spec: str, extra_ids: int = 0) -> Vocabulary:
     ``PATH.json`` (a ``tokenizer.json``)    ``HfTokenizerVocabulary``; ``PATH#eos=TOKEN``
                                             (also ``pad=``, ``unk=``, comma-separated)
                                             names its special tokens
+    a folder holding ``tokenizer.json``     the same, for that file
     another existing file                   by its content: JSON -> tokenizers, else
                                             SentencePiece
     ======================================  ==========================================
@@ -389,6 +390,8 @@ def vocabulary_from_spec(spec: str, extra_ids: int = 0) -> Vocabulary:
     if spec == "byte":
         return ByteVocabulary(extra_ids=extra_ids)
     path, names = _split_token_options(spec)
+    if "://" not in path and os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer.json")):
+        path = os.path.join(path, "tokenizer.json")  # a tokenizer's folder, as Hugging Face saves one
     if path.endswith(".json") or (not path.endswith(".model") and _looks_like_json(path)):
         from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary
 

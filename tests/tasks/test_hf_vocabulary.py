@@ -116,6 +116,7 @@ def test_spec_and_json_round_trip_and_checks(bpe_path, tmp_path):
     other = tmp_path / "vocab.bin"
     other.write_bytes(bpe_path.read_bytes())
     assert V.vocabulary_from_spec(str(other), extra_ids=3) == v
+    assert V.vocabulary_from_spec(str(bpe_path.parent), extra_ids=3) == v  # the folder that holds it
     desc = v.to_json()
     assert desc["kind"] == "hf_tokenizer" and desc["sha256"] == hashlib.sha256(bpe_path.read_bytes()).hexdigest()
     (tmp_path / desc["file"]).write_bytes(v.model_bytes())

@@ -428,8 +428,11 @@ def _split_token_options(spec: str) -> tuple[str, dict[str, str]]:
 def _looks_like_json(path: str) -> bool:
     if "://" in path or not os.path.isfile(path):
         return False
-    with open(path, "rb") as f:
-        return f.read(64).lstrip().startswith(b"{")
+    try:
+        with open(path, "rb") as f:
+            return f.read(64).lstrip().startswith(b"{")
+    except OSError:
+        return False  # SentencePiece's loader then reports the file
 
 
 # ---------------------------------------------------------------------------

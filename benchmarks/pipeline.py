@@ -3,6 +3,11 @@
 For each corpus the benchmark measures, on this machine's cores:
   bound: SentencePiece batch encode of exactly the records the build reads
          (``SentencePieceProcessor.encode(list, num_threads=cores)``), no I/O;
+  tokenizers: next to it, the same bound for a byte-level BPE tokenizer.json
+         (``tokenizers``, trained on the same sample with the same vocabulary
+         size) through ``HfTokenizerVocabulary.encode_batch``: which tokenizer is
+         faster on the same text (``--no-tokenizers`` skips it, ``--bound-only``
+         measures the bounds alone);
   build: ``seqcache build`` of the same files in a child process (Beam
          DirectRunner, multi_processing with one worker per core, or in_memory
          with --workers 1), and its peak RSS (ru_maxrss from wait4: the largest
@@ -21,6 +26,7 @@ packed to 512), each reported as a ratio of MB/s to the plain LM build of the
 same text in the same run, with the packing efficiency per feature.
 
 Usage: python benchmarks/pipeline.py [--mb 50] [--workers N] [--json out.json] [--t5] [--cases lines,documents]
+                                     [--no-tokenizers] [--bound-only]
 """
 
 from __future__ import annotations
@@ -84,6 +90,55 @@ def bound(model_path: str, records: list[str], cores: int, batch: int = 4096) ->
         for ids in sp.encode(records[i:i + batch], out_type=int, num_threads=cores):
             tokens += len(ids) + 1
     return time.perf_counter() - start, tokens
+
+
+# -- the tokenizers (Hugging Face) bound next to SentencePiece's -------------------
+
+
+def train_bpe_like_spm(sample: list[str], folder: pathlib.Path, vocab_size: int = 8000) -> str:
+    """A byte-level BPE tokenizer.json (``seqcache vocab train --model bpe``) on the
+    sample the SentencePiece model is trained on, with as many ids."""
+    from seqcache import tasks
+
+    path = folder / "bpe-tokenizer.json"
+    tasks.train_hf_tokenizer(sample, output_path=str(path), model="bpe", vocab_size=vocab_size)
+    return str(path)
+
+
+def hf_bound(tokenizer_path: str, records: list[str], batch: int = 4096) -> tuple[float, int]:
+    """``HfTokenizerVocabulary.encode_batch`` (what the pipeline calls: tokenizers'
+    ``encode_batch_fast`` on its Rust thread pool, RAYON_NUM_THREADS threads) of
+    the records, no I/O; (seconds, tokens + one EOS per record)."""
+    from seqcache import tasks
+
+    vocab = tasks.HfTokenizerVocabulary(tokenizer_path)
+    vocab.encode("warm up")
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(records), batch):
+        for ids in vocab.encode_batch(records[i:i + batch]):
+            tokens += len(ids) + 1
+    return time.perf_counter() - start, tokens
+
+
+def tokenizer_row(case: str, raw_mb: float, sp: tuple[float, int], hf: tuple[float, int]) -> dict:
+    """SentencePiece against tokenizers BPE on the same records: MB/s, tokens/s,
+    tokens per raw byte and the speed ratio (>1: tokenizers is faster)."""
+    (sp_s, sp_tokens), (hf_s, hf_tokens) = sp, hf
+    return {"case": case, "raw_mb": round(raw_mb, 1),
+            "spm_mb_s": round(raw_mb / sp_s, 2), "spm_tokens_s": round(sp_tokens / sp_s),
+            "hf_bpe_mb_s": round(raw_mb / hf_s, 2), "hf_bpe_tokens_s": round(hf_tokens / hf_s),
+            "spm_tokens_per_byte": round(sp_tokens / (raw_mb * 1e6), 4),
+            "hf_bpe_tokens_per_byte": round(hf_tokens / (raw_mb * 1e6), 4),
+            "hf_over_spm_speed": round(sp_s / hf_s, 3)}
+
+
+def print_tokenizer_rows(rows: list[dict]) -> None:
+    print(f"\n{'case':10} {'MB':>7} {'spm MB/s':>9} {'bpe MB/s':>9} {'spm tok/B':>10} {'bpe tok/B':>10} "
+          f"{'bpe/spm speed':>14}")
+    for r in rows:
+        print(f"{r['case']:10} {r['raw_mb']:7.1f} {r['spm_mb_s']:9.2f} {r['hf_bpe_mb_s']:9.2f} "
+              f"{r['spm_tokens_per_byte']:10.4f} {r['hf_bpe_tokens_per_byte']:10.4f} {r['hf_over_spm_speed']:13.2f}x")
 
 
 def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
@@ -179,24 +234,34 @@ def main():
     ap.add_argument("--t5", action="store_true",
                     help="also build the documents corpus with span corruption and first-fit packing "
                     "(ratios to the plain LM build of the same text, packing efficiency per feature)")
+    ap.add_argument("--no-tokenizers", dest="tokenizers", action="store_false",
+                    help="skip the bound of a tokenizers BPE (same sample, same vocabulary size) next to SentencePiece's")
+    ap.add_argument("--bound-only", action="store_true", help="measure the tokenizer bounds only, no builds")
     ap.add_argument("--memory", action="store_true",
                     help="also build the lines corpus with 1, 4 and 16 shards: peak RSS should fall with the shard size")
     args = ap.parse_args()
+    # tokenizers' thread pool reads this once, at its first use: as many threads as SentencePiece gets.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(args.workers))
     from seqcache import tasks
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="seqcache-bench-"))
-    rows, memory, t5 = [], [], []
+    rows, memory, t5, tokenizer_rows = [], [], [], []
     try:
         model = tmp / "spm.model"
         sample = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")
         sample += pq.read_table(DATA / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
         tasks.train_sentencepiece(sample, output_path=str(model), vocab_size=8000)
+        bpe = train_bpe_like_spm(sample, tmp) if args.tokenizers else None
         for case in filter(None, args.cases.split(",")):
             maker = {"lines": make_lines, "documents": make_documents}[case]
             spec, records = maker(tmp / case, int(args.mb * 1e6))
             raw_mb = sum(len(r.encode()) for r in records) / 1e6
             b_s, b_tokens = bound(str(model), records, args.workers)
+            if bpe is not None:
+                tokenizer_rows.append(tokenizer_row(case, raw_mb, (b_s, b_tokens), hf_bound(bpe, records)))
             del records
+            if args.bound_only:
+                continue
             s, stats, peak_mb = build(spec, str(model), str(tmp / f"cache-{case}"), args.workers, case)
             tokens = stats["tokens"]["targets"]
             assert tokens == b_tokens, (tokens, b_tokens)
@@ -226,6 +291,8 @@ def main():
     for r in rows:
         print(f"{r['case']:10} {r['raw_mb']:7.1f} {r['cores']:5d} {r['bound_mb_s']:11.2f} {r['build_mb_s']:11.2f} "
               f"{r['build_tokens_s']:12,d} {r['ratio']:12.1%} {r['peak_rss_mb']:12,d}")
+    if tokenizer_rows:
+        print_tokenizer_rows(tokenizer_rows)
     if memory:
         print(f"\n{'shards':>6} {'raw MB/shard':>13} {'peak RSS MB':>12}")
         for m in memory:
@@ -233,8 +300,9 @@ def main():
     if t5:
         print_t5(t5)
     if args.json_out:
-        json.dump({"throughput": rows, "memory": memory, "t5": t5}, open(args.json_out, "w"), indent=2)
-    return rows or t5
+        json.dump({"throughput": rows, "memory": memory, "t5": t5, "tokenizers": tokenizer_rows},
+                  open(args.json_out, "w"), indent=2)
+    return rows or t5 or tokenizer_rows
 
 
 if __name__ == "__main__":

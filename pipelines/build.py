@@ -339,7 +339,10 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
         desc = dict(feature.vocabulary.to_json())
         model = feature.vocabulary.model_bytes()
         if model is not None:
-            desc["file"] = f"vocabulary-{name}.model"
+            # One file per feature, keeping the ending of the vocabulary's own file
+            # name (.model for SentencePiece, .json for a tokenizer.json).
+            ending = os.path.splitext(desc.get("file") or "")[1] or ".model"
+            desc["file"] = f"vocabulary-{name}{ending}"
             fs.write_bytes_atomic(fs.join(build_dir, desc["file"]), model)
         vocabularies[name] = desc
 

@@ -131,8 +131,9 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
         problems.append(f"{manifest_path}: num_examples {declared}, shards sum to {manifest.num_examples}")
     for name, desc in manifest.vocabularies.items():
         if "file" not in desc:
-            if desc.get("kind") == "sentencepiece":
-                problems.append(f"{manifest_path}: the SentencePiece vocabulary of feature {name!r} names no model file")
+            if desc.get("kind") in ("sentencepiece", "hf_tokenizer"):
+                what = "SentencePiece" if desc["kind"] == "sentencepiece" else "tokenizer.json"
+                problems.append(f"{manifest_path}: the {what} vocabulary of feature {name!r} names no model file")
             continue
         path = fs.join(cache_dir, desc["file"])
         if not fs.isfile(path):

@@ -44,8 +44,10 @@ from seqcache.tasks.sources import (
 )
 from seqcache.tasks.task import Feature, Task
 from seqcache.tasks.scan import KindCount, ScanReport, scan_task
+from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary, train_hf_tokenizer
 from seqcache.tasks.vocabularies import (
     ByteVocabulary,
+    SampleCounts,
     SentencePieceVocabulary,
     Vocabulary,
     round_trip_problems,
@@ -60,6 +62,7 @@ __all__ = [
     "ErrorPolicy",
     "TRUNCATED_TOKENS_KEY",
     "ByteVocabulary",
+    "HfTokenizerVocabulary",
     "Feature",
     "FunctionPreprocessor",
     "FunctionSource",
@@ -73,6 +76,7 @@ __all__ = [
     "Preprocessor",
     "RateNumExamples",
     "ScanReport",
+    "SampleCounts",
     "SentencePieceVocabulary",
     "Source",
     "SourceFile",
@@ -108,6 +112,7 @@ __all__ = [
     "sample_for_vocabulary",
     "scan_task",
     "tokenize",
+    "train_hf_tokenizer",
     "train_sentencepiece",
     "trim",
     "vocabulary_from_json",

@@ -1,29 +1,34 @@
 """Vocabularies: text <-> token ids.
 
-Two vocabularies, both with the T5 id layout for special ids:
+Three vocabularies; those seqcache trains use the T5 id layout for special ids:
 
-============  ====  ====  ====  ==================================================
-vocabulary    pad   eos   unk   other ids
-============  ====  ====  ====  ==================================================
-byte          0     1     2     byte ``b`` -> ``b + 3`` (ByT5, arXiv 2105.13626)
-sentencepiece 0     1     2     pieces of the model (models trained by seqcache)
-============  ====  ====  ====  ==================================================
+=============  ====  ====  ====  ==================================================
+vocabulary     pad   eos   unk   other ids
+=============  ====  ====  ====  ==================================================
+byte           0     1     2     byte ``b`` -> ``b + 3`` (ByT5, arXiv 2105.13626)
+sentencepiece  0     1     2     pieces of the model (models trained by seqcache)
+hf_tokenizer   0     1     2     tokens of a ``tokenizer.json`` (trained by seqcache;
+                                 any other file's own special tokens, see
+                                 ``seqcache.tasks.hf_tokenizer``)
+=============  ====  ====  ====  ==================================================
 
-Both can add ``extra_ids`` sentinel ids after the base vocabulary, numbered as in
+All can add ``extra_ids`` sentinel ids after the base vocabulary, numbered as in
 seqio/T5: ``<extra_id_0>`` is the last id (``vocab_size - 1``) and
 ``<extra_id_i>`` is ``base_vocab_size + extra_ids - 1 - i``.
 
 ``encode`` never adds EOS (the ``append_eos`` preprocessor does); ``decode`` drops
 pad, EOS, unknown-to-the-model ids and sentinels, and never stops early.
 
-A vocabulary is stored in a cache as ``to_json()`` (plus, for SentencePiece, the
-model file named by ``desc["file"]`` next to the manifest) and rebuilt with
-``vocabulary_from_json``.
+A vocabulary is stored in a cache as ``to_json()`` (plus, for SentencePiece and
+tokenizers, the model file named by ``desc["file"]`` next to the manifest) and
+rebuilt with ``vocabulary_from_json``.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
+import dataclasses
 import hashlib
 import heapq
 import io
@@ -34,7 +39,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from seqcache import fs
-from seqcache.tasks.sources import Source, is_error_record
+from seqcache.tasks.sources import ERROR_KINDS, Source, is_error_record, text_problems
 
 
 class Vocabulary(abc.ABC):
@@ -329,7 +334,8 @@ def vocabulary_from_json(desc: dict, base_dir: str) -> Vocabulary:
     extra_ids = int(desc.get("extra_ids", 0))
     if kind == "byte":
         return ByteVocabulary(extra_ids=extra_ids)
-    if kind == "sentencepiece":
+    if kind in ("sentencepiece", "hf_tokenizer"):
+        what = "SentencePiece model" if kind == "sentencepiece" else "tokenizer.json"
         name = desc.get("file")
         if not name or "/" in name or "\\" in name or name in (".", ".."):
             raise ValueError(f"vocabulary description has a bad model file name {name!r} (expected a plain file name)")
@@ -337,38 +343,129 @@ def vocabulary_from_json(desc: dict, base_dir: str) -> Vocabulary:
         try:
             data = _read_bytes(path)
         except OSError as e:
-            raise ValueError(f"SentencePiece model {path!r} named by the cache is missing: {e}") from e
+            raise ValueError(f"{what} {path!r} named by the cache is missing: {e}") from e
         want = desc.get("sha256")
         got = hashlib.sha256(data).hexdigest()
         if want is not None and got != want:
-            raise ValueError(f"SentencePiece model {path!r} has sha256 {got}, but the cache expects {want}")
-        vocab = SentencePieceVocabulary(model_bytes=data, extra_ids=extra_ids)
-        vocab.model_path = path
+            raise ValueError(f"{what} {path!r} has sha256 {got}, but the cache expects {want}")
+        if kind == "sentencepiece":
+            vocab = SentencePieceVocabulary(model_bytes=data, extra_ids=extra_ids)
+            vocab.model_path = path
+            return vocab
+        from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary
+
+        try:
+            vocab = HfTokenizerVocabulary(tokenizer_bytes=data, extra_ids=extra_ids, eos_token=desc.get("eos_token"),
+                                          pad_token=desc.get("pad_token"), unk_token=desc.get("unk_token"))
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from e
+        vocab.path = path
         return vocab
-    raise ValueError(f"unknown vocabulary kind {kind!r} in {desc!r} (expected 'byte' or 'sentencepiece')")
+    raise ValueError(f"unknown vocabulary kind {kind!r} in {desc!r} (expected 'byte', 'sentencepiece' or "
+                     "'hf_tokenizer')")
 
 
 def vocabulary_from_spec(spec: str, extra_ids: int = 0) -> Vocabulary:
-    """``"byte"`` -> ByteVocabulary; a path to a ``.model`` file -> SentencePieceVocabulary.
+    """The vocabulary a command-line ``--vocabulary`` value names.
+
+    ======================================  ==========================================
+    spec                                    vocabulary
+    ======================================  ==========================================
+    ``byte``                                ``ByteVocabulary``
+    ``PATH.model``                          ``SentencePieceVocabulary``
+    ``PATH.json`` (a ``tokenizer.json``)    ``HfTokenizerVocabulary``; ``PATH#eos=TOKEN``
+                                            (also ``pad=``, ``unk=``, comma-separated)
+                                            names its special tokens
+    a folder holding ``tokenizer.json``     the same, for that file
+    another existing file                   by its content: JSON -> tokenizers, else
+                                            SentencePiece
+    ======================================  ==========================================
+
+    The file is loaded at once, so that a bad one fails here, naming it.
 
     Raises:
-      ValueError: anything else (the message says what is accepted).
+      ValueError: anything else, a bad file or special-token option (the message
+        says what is accepted).
     """
     if spec == "byte":
         return ByteVocabulary(extra_ids=extra_ids)
-    if spec.endswith(".model") or ("://" not in spec and os.path.isfile(spec)):
-        vocab = SentencePieceVocabulary(spec, extra_ids=extra_ids)
+    path, names = _split_token_options(spec)
+    if "://" not in path and os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer.json")):
+        path = os.path.join(path, "tokenizer.json")  # a tokenizer's folder, as Hugging Face saves one
+    if path.endswith(".json") or (not path.endswith(".model") and _looks_like_json(path)):
+        from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary
+
+        vocab = HfTokenizerVocabulary(path, extra_ids=extra_ids, **names)
+        vocab._tokenizer()  # fail now, naming the path
+        return vocab
+    if names:
+        raise ValueError(f"bad vocabulary {spec!r}: #eos=/pad=/unk= options apply to a tokenizer.json only")
+    if path.endswith(".model") or ("://" not in path and os.path.isfile(path)):
+        vocab = SentencePieceVocabulary(path, extra_ids=extra_ids)
         vocab._processor()  # fail now, naming the path
         return vocab
-    raise ValueError(f"bad vocabulary {spec!r}: expected 'byte' or the path of a SentencePiece .model file")
+    raise ValueError(f"bad vocabulary {spec!r}: expected 'byte' or the path of a SentencePiece .model file or "
+                     "of a tokenizers tokenizer.json")
+
+
+_TOKEN_OPTIONS = {"eos": "eos_token", "pad": "pad_token", "unk": "unk_token"}
+
+
+def _split_token_options(spec: str) -> tuple[str, dict[str, str]]:
+    """``"a/tokenizer.json#eos=<|im_end|>,pad=<pad>"`` -> path and keyword arguments."""
+    path, sep, opts = spec.rpartition("#")
+    if not sep or not any(opts.startswith(f"{k}=") for k in _TOKEN_OPTIONS):
+        return spec, {}
+    names = {}
+    for part in opts.split(","):
+        key, eq, value = part.partition("=")
+        if key not in _TOKEN_OPTIONS or not eq or not value:
+            raise ValueError(f"bad vocabulary option {part!r} in {spec!r}: expected eos=TOKEN, pad=TOKEN or unk=TOKEN")
+        names[_TOKEN_OPTIONS[key]] = value
+    return path, names
+
+
+def _looks_like_json(path: str) -> bool:
+    if "://" in path or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(64).lstrip().startswith(b"{")
+    except OSError:
+        return False  # SentencePiece's loader then reports the file
 
 
 # ---------------------------------------------------------------------------
 # Training.
 
 
+@dataclasses.dataclass
+class SampleCounts:
+    """What ``sample_for_vocabulary`` met under the sources' ``on_error`` policies.
+
+    Attributes:
+      records: source records read (records).
+      skipped: records skipped per kind of bad input (left out of the sample).
+      replaced: records repaired per kind (a record repaired for two kinds counts
+        under both).
+      kept: records kept as they are per kind whose action is ``"keep"`` (for
+        example ``empty``: such records are read, but empty texts never enter
+        the sample).
+    """
+
+    records: int = 0
+    skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    replaced: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    kept: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def by_kind(self) -> list[tuple[str, int, int, int]]:
+        """``(kind, skipped, replaced, kept)`` for each kind met, in ``ERROR_KINDS`` order."""
+        return [(k, self.skipped[k], self.replaced[k], self.kept[k]) for k in ERROR_KINDS
+                if self.skipped[k] or self.replaced[k] or self.kept[k]]
+
+
 def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int, seed: int,
-                          field: str = "text") -> list[str]:
+                          field: str = "text", counts: SampleCounts | None = None) -> list[str]:
     """A deterministic sample of record texts to train a vocabulary on.
 
     Keeps the ``max_records`` records with the smallest keyed hash
@@ -383,6 +480,8 @@ def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int
       max_records: sample size (records).
       seed: non-negative int, the hash key.
       field: the key of the text in ``SourceRecord.data``.
+      counts: if given, filled with the records read and the skipped, repaired
+        and kept records per kind (see ``SampleCounts``).
 
     Raises:
       ValueError: max_records < 1, seed < 0, or the sources hold no text.
@@ -394,11 +493,22 @@ def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int
     sources = [source] if isinstance(source, Source) else list(source)
     key = int(seed).to_bytes(max(8, (int(seed).bit_length() + 7) // 8), "little")[:64]
     heap: list[tuple[int, bytes, str]] = []  # (-hash, -> max-heap on hash), raw, text
+    counts = counts if counts is not None else SampleCounts()
     for src in sources:
+        actions = getattr(getattr(src, "on_error", None), "actions", {})
+        keep = {k for k, a in actions.items() if a == "keep"}
         for record in src.read_all():
+            counts.records += 1
+            if record.issue is not None:
+                target = counts.skipped if record.issue.action == "skipped" else counts.replaced
+                for kind in record.issue.kind.split(","):
+                    target[kind] += 1
             if is_error_record(record):
                 continue
             text = record.data.get(field)
+            if keep and isinstance(text, str):
+                for kind in {k for k, _ in text_problems(text)} & keep:
+                    counts.kept[kind] += 1
             if not isinstance(text, str) or not text:
                 continue
             h = int.from_bytes(hashlib.blake2b(record.raw, key=key, digest_size=8).digest(), "big")

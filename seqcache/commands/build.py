@@ -266,7 +266,7 @@ def import_modules(modules):
               "jsonl:GLOB#inputs=FIELD,targets=FIELD | parquet:GLOB#inputs=COLUMN,targets=COLUMN.")
 @common.on_error_option()
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc task: leave out files whose path matches this glob (repeatable).")
-@click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte or a SentencePiece .model path.")
+@click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte, a SentencePiece .model path or a Hugging Face tokenizer.json path.")
 @click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary "
               "(span_corruption needs one per noise span; T5 uses 100).")
 @click.option("--name", "adhoc_name", help="Name of the ad-hoc task (the cache folder name).")

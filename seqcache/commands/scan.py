@@ -19,7 +19,7 @@ from seqcache.commands import common
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc source: leave out files whose path matches this glob.")
 @common.on_error_option("Ad-hoc source: the policy to compare against, as for build (default: raise).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,
-              help="Ad-hoc source: vocabulary for the token id checks (byte or a SentencePiece .model path).")
+              help="Ad-hoc source: vocabulary for the token id checks (byte, a SentencePiece .model path or a tokenizer.json path).")
 @click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many source records.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -14,7 +15,10 @@ from seqcache.commands.common import on_error_option
 
 @click.group()
 def vocab():
-    """Train a SentencePiece vocabulary or encode text with one."""
+    """Train a vocabulary (SentencePiece, or a tokenizers BPE/Unigram tokenizer.json) or encode text with one."""
+
+
+MODELS = ("sentencepiece", "bpe", "unigram")
 
 
 @vocab.command("train")
@@ -25,31 +29,62 @@ def vocab():
     "Bad source records, as for build: raise (the default), skip (left out of the sample) or replace, or "
     "KIND=ACTION per kind, e.g. --on-error empty=skip for text with blank lines. Repeatable.")
 @click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
-@click.option("--vocab-size", type=click.IntRange(min=260), required=True, help="Number of pieces.")
-@click.option("--output", type=click.Path(dir_okay=False), required=True, help="Where to write the .model file.")
+@click.option("--model", type=click.Choice(MODELS), default="sentencepiece", show_default=True,
+              help="sentencepiece: a SentencePiece .model file; bpe (byte-level BPE) or unigram: a Hugging Face "
+                   "tokenizers tokenizer.json. All use pad 0, eos 1, unk 2 and encode every text.")
+@click.option("--vocab-size", type=click.IntRange(min=260), required=True,
+              help="Number of ids (pieces), including pad/eos/unk and the 256 byte pieces.")
+@click.option("--output", type=click.Path(dir_okay=False), required=True,
+              help="Where to write the .model file (sentencepiece) or the tokenizer.json (bpe, unigram).")
 @click.option("--max-records", type=click.IntRange(min=1), default=1_000_000, show_default=True,
               help="Records sampled (deterministically, by keyed hash) to train on.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Sampling and training seed.")
-@click.option("--model-type", type=click.Choice(["unigram", "bpe"]), default="unigram", show_default=True)
-@click.option("--normalization", type=click.Choice(["nmt_nfkc", "identity"]), default="nmt_nfkc", show_default=True,
-              help="nmt_nfkc (T5's choice: NFKC, runs of spaces collapsed) or identity (lossless: keeps every "
-                   "character and space, for code).")
+@click.option("--model-type", type=click.Choice(["unigram", "bpe"]), default=None,
+              help="SentencePiece's algorithm (--model sentencepiece only)  [default: unigram]")
+@click.option("--normalization", type=click.Choice(["nmt_nfkc", "nfkc", "identity"]), default=None,
+              help="nmt_nfkc (T5's choice, sentencepiece only: NFKC, runs of spaces collapsed), nfkc (NFKC only) or "
+                   "identity (lossless: keeps every character and space, for code)  "
+                   "[default: nmt_nfkc for sentencepiece, nfkc for bpe and unigram]")
 @click.option("--character-coverage", type=click.FloatRange(0.98, 1.0), default=0.9995, show_default=True,
-              help="Fraction of characters covered by their own pieces; the rarest fall back to byte pieces.")
+              help="Fraction of characters covered by their own pieces; the rarest fall back to byte pieces "
+                   "(sentencepiece, unigram).")
 @click.option("--max-sentence-length", type=click.IntRange(min=1), default=16384, show_default=True,
-              help="Longest training line in bytes; SentencePiece skips longer ones (counted and warned).")
-def train(sources, exclude, on_error, vocab_size, output, max_records, seed, model_type, normalization, character_coverage,
-          max_sentence_length):
-    """Train a SentencePiece model (T5 ids: pad 0, eos 1, unk 2; byte fallback).
+              help="Longest training line in bytes; SentencePiece skips longer ones (counted and warned) "
+                   "(sentencepiece, unigram).")
+def train(sources, exclude, on_error, model, vocab_size, output, max_records, seed, model_type, normalization,
+          character_coverage, max_sentence_length):
+    """Train a vocabulary on a deterministic sample of the sources' records.
 
-    The same sources, options and seed give a byte-identical model file.
+    --model sentencepiece (the default) writes a SentencePiece model (T5 ids: pad
+    0, eos 1, unk 2; byte fallback). --model bpe and --model unigram write a
+    tokenizers tokenizer.json with the same ids: bpe is byte-level (GPT-2's
+    pre-tokenizer, NFKC), unigram splits at spaces (Metaspace, NFKC) and falls back
+    to byte tokens. Use the file with --vocabulary in build.
+
+    The same sources, options and seed give a byte-identical file. The bad input
+    met while sampling is printed per kind: records skipped, replaced and kept.
     """
     from rich.console import Console
     from rich.table import Table
 
-    from seqcache.tasks import parse_source_spec, sample_for_vocabulary, train_sentencepiece
+    from seqcache.tasks import SampleCounts, parse_source_spec, sample_for_vocabulary, train_hf_tokenizer, train_sentencepiece
 
     console = Console(stderr=True)
+    if model != "sentencepiece" and model_type is not None:
+        raise click.BadParameter(f"--model-type chooses SentencePiece's algorithm; --model {model} is one already",
+                                 param_hint="--model-type")
+    if model == "sentencepiece":
+        model_type = model_type or "unigram"
+        normalization = normalization or "nmt_nfkc"
+    else:
+        normalization = normalization or "nfkc"
+        if normalization == "nmt_nfkc":
+            raise click.BadParameter(f"nmt_nfkc is SentencePiece's; --model {model} takes nfkc or identity",
+                                     param_hint="--normalization")
+    wanted, other = (".model", ".json") if model == "sentencepiece" else (".json", ".model")
+    if output.endswith(other):
+        raise click.BadParameter(f"--model {model} writes a {wanted} file (got {output!r}); --vocabulary tells the "
+                                 "two kinds apart by this ending", param_hint="--output")
     try:
         parsed = [parse_source_spec(s, exclude=exclude, on_error=on_error) for s in sources]
     except ValueError as e:
@@ -60,28 +95,34 @@ def train(sources, exclude, on_error, vocab_size, output, max_records, seed, mod
     except OSError as e:
         raise click.BadParameter(f"cannot create {out_dir}: {e}", param_hint="--output") from None
     start = time.perf_counter()
+    counts = SampleCounts()
     try:
-        texts = sample_for_vocabulary(parsed, max_records=max_records, seed=seed)
+        texts = sample_for_vocabulary(parsed, max_records=max_records, seed=seed, counts=counts)
         sample_s = time.perf_counter() - start
-        vocabulary = train_sentencepiece(texts, output_path=output, vocab_size=vocab_size, model_type=model_type,
-                                         character_coverage=character_coverage, seed=seed,
-                                         max_sentence_length=max_sentence_length,
-                                         normalization_rule_name=normalization,
-                                         remove_extra_whitespaces=normalization != "identity")
-    except (ValueError, FileNotFoundError) as e:
-        raise click.ClickException(str(e)) from None
-    except RuntimeError as e:  # SentencePiece's trainer reports bad settings this way
-        message = str(e).replace("--character_coverage", "--character-coverage").replace("--vocab_size", "--vocab-size")
-        raise click.ClickException(f"SentencePiece could not train: {message}") from None
+        _print_counts(console, counts)
+        if model == "sentencepiece":
+            vocabulary = train_sentencepiece(texts, output_path=output, vocab_size=vocab_size, model_type=model_type,
+                                             character_coverage=character_coverage, seed=seed,
+                                             max_sentence_length=max_sentence_length,
+                                             normalization_rule_name=normalization,
+                                             remove_extra_whitespaces=normalization != "identity")
+        else:
+            vocabulary = train_hf_tokenizer(texts, output_path=output, model=model, vocab_size=vocab_size,
+                                            normalization=normalization, seed=seed,
+                                            character_coverage=character_coverage,
+                                            max_sentence_length=max_sentence_length)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        raise click.ClickException(option_names(str(e))) from None
     total_s = time.perf_counter() - start
     chars = sum(len(t) for t in texts)
     tokens = sum(len(a) for a in vocabulary.encode_batch(texts[:2000]))
     chars_head = sum(len(t) for t in texts[:2000])
 
-    table = Table(title="SentencePiece vocabulary", show_header=False)
+    kind = f"SentencePiece ({model_type})" if model == "sentencepiece" else f"tokenizers {model}"
+    table = Table(title=f"{kind} vocabulary", show_header=False)
     table.add_row("model", f"{output} ({os.path.getsize(output):,} bytes)" if os.path.exists(output) else output)
     table.add_row("sha256", vocabulary.sha256)
-    table.add_row("pieces", f"{vocabulary.vocab_size:,} ({model_type})")
+    table.add_row("pieces", f"{vocabulary.vocab_size:,} ({kind}, normalization {normalization})")
     table.add_row("ids", f"pad {vocabulary.pad_id}, eos {vocabulary.eos_id}, unk {vocabulary.unk_id}")
     table.add_row("sample", f"{len(texts):,} records, {chars:,} characters (seed {seed})")
     if tokens:
@@ -90,15 +131,44 @@ def train(sources, exclude, on_error, vocab_size, output, max_records, seed, mod
     console.print(table)
 
 
+def _print_counts(console, counts) -> None:
+    """The bad input met while sampling, per kind: records skipped, replaced, kept."""
+    from rich.table import Table
+
+    rows = counts.by_kind()
+    if not rows:
+        console.print(f"{counts.records:,} records read, no bad input", highlight=False)
+        return
+    table = Table(title=f"bad input in {counts.records:,} records read")
+    for name in ("kind", "skipped", "replaced", "kept"):
+        table.add_column(name, justify="left" if name == "kind" else "right")
+    for kind, skipped, replaced, kept in rows:
+        table.add_row(kind, f"{skipped:,}", f"{replaced:,}", f"{kept:,}")
+    console.print(table)
+
+
+_SP_INTERNAL = re.compile(r"\b[A-Z_]+: src/\S+\(\d+\) \[[^\]]*\] ")
+_SP_OPTION = re.compile(r"(?<![-\w])(?:--)?(vocab_size|character_coverage|max_sentence_length|model_type)\b(?: option)?")
+
+
+def option_names(message: str) -> str:
+    """A trainer's message in this command's terms: SentencePiece's option names
+    (``--character_coverage``, ``vocab_size``) become ``--character-coverage``,
+    ``--vocab-size``; its source location and failed check are dropped."""
+    message = _SP_INTERNAL.sub("", message)
+    return _SP_OPTION.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
+
+
 @vocab.command("encode")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,
-              help="'byte' or the path of a SentencePiece .model file.")
+              help="'byte', the path of a SentencePiece .model file or of a tokenizer.json (PATH#eos=TOKEN names "
+                   "its EOS token).")
 @click.option("--extra-ids", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--pieces/--no-pieces", default=False, help="Also print each id's piece (SentencePiece).")
+@click.option("--pieces/--no-pieces", default=False, help="Also print each id's piece (SentencePiece, tokenizers).")
 @click.argument("text")
 def encode(vocabulary_spec, extra_ids, pieces, text):
     """Print the token ids of TEXT (no EOS appended)."""
-    from seqcache.tasks import SentencePieceVocabulary, vocabulary_from_spec
+    from seqcache.tasks import vocabulary_from_spec
 
     try:
         vocabulary = vocabulary_from_spec(vocabulary_spec, extra_ids=extra_ids)
@@ -106,12 +176,13 @@ def encode(vocabulary_spec, extra_ids, pieces, text):
         raise click.BadParameter(str(e), param_hint="--vocabulary") from None
     ids = vocabulary.encode(text)
     click.echo(" ".join(str(i) for i in ids))
-    if pieces and isinstance(vocabulary, SentencePieceVocabulary):
+    if pieces and hasattr(vocabulary, "id_to_piece"):
         click.echo(" ".join(vocabulary.id_to_piece(i) for i in ids))
 
 
 @vocab.command("check")
-@click.option("--vocabulary", "vocabulary_spec", required=True, help="'byte' or the path of a SentencePiece .model file.")
+@click.option("--vocabulary", "vocabulary_spec", required=True,
+              help="'byte', the path of a SentencePiece .model file or of a tokenizer.json.")
 @click.option("--source", "sources", multiple=True, required=True,
               help="Source spec (text:, files:, jsonl:, parquet:); repeatable.")
 @click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
@@ -130,8 +201,9 @@ def check(vocabulary_spec, sources, exclude, on_error, max_records, show_n, as_j
     characters NFKC rewrites, collapsed spaces, or characters the vocabulary cannot
     represent. Exits 1 when any record does not survive the round trip.
 
-    The normalisation lives in the model file, whose sha256 is part of every cache
-    fingerprint: a model with other normalisation gives another cache."""
+    The normalisation lives in the model file (SentencePiece .model or
+    tokenizer.json), whose sha256 is part of every cache fingerprint: a model
+    with other normalisation gives another cache."""
     from seqcache.tasks import describe_record, is_error_record, parse_source_spec, round_trip_problems, vocabulary_from_spec
 
     try:

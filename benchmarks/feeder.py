@@ -21,9 +21,10 @@ global batch size and the same number of threads everywhere, it measures per hos
   mixture: a mixture of 3 task caches (a third of the records each, equal
           rates) against the single-task cache, same batch and threads,
           alternating, as a ratio of examples/s per round (median);
-  open:   time to first batch (Feeder construction + first batch) on caches of
-          16, 1,000 and 10,000 tiny shards, median of 5, interleaved, as ratios to
-          16 shards;
+  open:   time to first batch (Feeder construction + a first batch of
+          ``--open-batch`` rows, which reads at most that many shards) on caches of
+          16, 1,000 and 10,000 tiny shards, median of 7, interleaved, as ratios to
+          16 shards; also the construction alone and json.loads of the manifest;
   trace:  ``Feeder.trace`` of 1,000 steps (``--trace-batch`` rows each) at
           position 0 and at 10^12: rows/s and seconds, median of 3.
 
@@ -202,28 +203,62 @@ def build_tiny_cache(path: str, *, shards: int, per_shard: int = 2, length: int 
     print(f"built {path}: {shards:,} shards x {per_shard} records, {time.perf_counter() - t0:.1f} s")
 
 
-def open_to_first_batch(path: str, *, batch_size: int) -> float:
+def open_to_first_batch(path: str, *, batch_size: int) -> tuple[float, float]:
+    """(seconds to construct the Feeder, seconds to construct it and get its first batch)."""
     t0 = time.perf_counter()
     with Feeder(cache=path, global_batch_size=batch_size, sequence_length=16, host_index=0, host_count=1,
                 prefetch=0) as f:
+        opened = time.perf_counter() - t0
         f.get_batch(0)
-        return time.perf_counter() - t0
+        return opened, time.perf_counter() - t0
 
 
-def bench_open(root: str, *, batch_size: int, repeats: int = 5) -> dict:
-    paths = {n: os.path.join(root, f"tiny-{n}") for n in (16, 1000, 10_000)}
+def manifest_parse_seconds(path: str) -> float:
+    """json.loads of the cache's manifest.json alone (the text already read)."""
+    with open(os.path.join(path, fmt.MANIFEST_NAME), encoding="utf-8") as f:
+        text = f.read()
+    t0 = time.perf_counter()
+    json.loads(text)
+    return time.perf_counter() - t0
+
+
+def bench_open(root: str, *, batch_size: int = 16, repeats: int = 7) -> dict:
+    """Open time and time to first batch at 16, 1,000 and 10,000 shards.
+
+    The first batch has ``batch_size`` rows (default 16): it reads at most that
+    many shards in every cache, so the caches differ only in their shard count
+    (a larger batch over tiny shards also opens more shards, a cost of the batch,
+    not of the open). Medians of ``repeats``, interleaved."""
+    counts = (16, 1000, 10_000)
+    paths = {n: os.path.join(root, f"tiny-{n}") for n in counts}
     for n, p in paths.items():
         build_tiny_cache(p, shards=n)
-    times = {n: [] for n in paths}
+    opened = {n: [] for n in paths}
+    first = {n: [] for n in paths}
+    parse = {n: [] for n in paths}
     for _ in range(repeats):
         for n, p in paths.items():
-            times[n].append(open_to_first_batch(p, batch_size=batch_size))
-    med = {n: statistics.median(t) for n, t in times.items()}
-    res = {f"open_first_batch_{n}_shards_s": v for n, v in med.items()}
-    res.update({f"open_first_batch_{n}_over_16": med[n] / med[16] for n in (1000, 10_000)})
-    print(f"time to first batch (open + batch {batch_size}): " + ", ".join(
+            o, b = open_to_first_batch(p, batch_size=batch_size)
+            opened[n].append(o)
+            first[n].append(b)
+            parse[n].append(manifest_parse_seconds(p))
+    med = {n: statistics.median(t) for n, t in first.items()}
+    med_open = {n: statistics.median(t) for n, t in opened.items()}
+    med_parse = {n: statistics.median(t) for n, t in parse.items()}
+    res = {"open_batch_size": batch_size}
+    for n in counts:
+        res[f"open_first_batch_{n}_shards_s"] = med[n]
+        res[f"open_{n}_shards_s"] = med_open[n]
+        res[f"manifest_json_parse_{n}_shards_s"] = med_parse[n]
+    for n in counts[1:]:
+        res[f"open_first_batch_{n}_over_16"] = med[n] / med[16]
+        res[f"open_{n}_over_16"] = med_open[n] / med_open[16]
+    print(f"time to first batch (open + batch of {batch_size} rows): " + ", ".join(
         f"{n:,} shards {v * 1e3:.1f} ms" for n, v in med.items())
-        + f"; 10,000/16 = {med[10_000] / med[16]:.2f}")
+        + f"; 1,000/16 = {med[1000] / med[16]:.2f}, 10,000/16 = {med[10_000] / med[16]:.2f}")
+    print("open alone (Feeder constructed): " + ", ".join(f"{n:,} shards {v * 1e3:.1f} ms" for n, v in med_open.items())
+          + "; of which json.loads of manifest.json: "
+          + ", ".join(f"{n:,} shards {v * 1e3:.1f} ms" for n, v in med_parse.items()))
     return res
 
 
@@ -310,6 +345,7 @@ def main(argv=None):
     ap.add_argument("--cache-dir", help="where to build (or reuse) the cache; default: a temporary folder")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--trace-batch", type=int, default=256, help="global batch of the trace benchmark")
+    ap.add_argument("--open-batch", type=int, default=16, help="global batch of the open benchmark's first batch")
     ap.add_argument("--only", help="comma-separated sections: throughput, mixture, open, trace (default: all)")
     args = ap.parse_args(argv)
     only = set(args.only.split(",")) if args.only else {"throughput", "mixture", "open", "trace"}
@@ -330,7 +366,7 @@ def main(argv=None):
         extra.update(bench_mixture(big, root, records=args.records, length=L, batch_size=B, threads=T,
                                    steps=args.steps, rounds=args.rounds))
     if "open" in only:
-        extra.update(bench_open(root, batch_size=args.trace_batch))
+        extra.update(bench_open(root, batch_size=args.open_batch))
     if "trace" in only:
         extra.update(bench_trace(big, batch_size=args.trace_batch))
     if "throughput" not in only:

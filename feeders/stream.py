@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import threading
 import os
-from typing import Callable, Mapping, Sequence, Union
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -34,10 +34,9 @@ from seqcache.feeders import mixing
 from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation
 from seqcache.feeders.reader import CacheReader
 from seqcache.feeders.schedule import Schedule
+from seqcache.rates import Rate
 
 _PERM_CACHE_SIZE = 256
-
-Rate = Union[float, int, Callable[[int], float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,18 +173,9 @@ def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str
         if caches_root is not None:
             raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
         return [(os.fspath(cache), 1.0)], None
-    if hasattr(mixture, "get_rates") and hasattr(mixture, "task_names"):
-        # A seqcache.tasks.Mixture: tasks resolve to CACHE_DIR/<task>/<split>.
-        if caches_root is None:
-            raise ValueError(
-                f"mixture {getattr(mixture, 'name', mixture)!r} names tasks; give caches_root= (the folder holding "
-                "<task>/<split> caches) to find them"
-            )
-        names = list(mixture.task_names)
-        # Local or mounted caches only (and no Beam in the feeder): a URL is refused before any read.
-        root = fs.require_local(os.fspath(caches_root), "the feeder (CacheReader)")
-        paths = {n: os.path.join(root, n, split) for n in names}
-        counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
+    if _is_task_mixture(mixture):
+        paths, counts = _task_mixture_caches(mixture, caches_root, split)
+        names = list(paths)
         rates = mixture.get_rates(counts)
         # seqio semantics: a task with rate 0 is part of the mixture but never read.
         return [(paths[n], float(rates[n])) for n in names if rates[n] > 0], getattr(mixture, "name", None)
@@ -206,6 +196,37 @@ def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str
     if dup:
         raise ValueError(f"mixture lists cache(s) {dup} more than once")
     return out, None
+
+
+def _is_task_mixture(mixture) -> bool:
+    """Whether ``mixture=`` is a ``seqcache.tasks.Mixture`` (named tasks)."""
+    return hasattr(mixture, "get_rates") and hasattr(mixture, "task_names")
+
+
+def _task_mixture_caches(mixture, caches_root, split) -> tuple[dict[str, str], dict[str, int]]:
+    """({task: cache folder}, {task: example count}) of a ``seqcache.tasks.Mixture``:
+    tasks resolve to ``caches_root/<task>/<split>`` (manifests read, no shard opened)."""
+    if caches_root is None:
+        raise ValueError(
+            f"mixture {getattr(mixture, 'name', mixture)!r} names tasks; give caches_root= (the folder holding "
+            "<task>/<split> caches) to find them"
+        )
+    # Local or mounted caches only (and no Beam in the feeder): a URL is refused before any read.
+    root = fs.require_local(os.fspath(caches_root), "the feeder (CacheReader)")
+    paths = {n: os.path.join(root, n, split) for n in mixture.task_names}
+    counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
+    return paths, counts
+
+
+def _task_mixture_schedule(mixture, caches_root, split) -> dict[int, dict[str, float]] | None:
+    """The schedule {step: {cache folder: rate}} of a ``seqcache.tasks.Mixture``
+    that carries one (``Mixture(..., schedule=)``), else None. Rates of 0 are left
+    out (the task is not read in that stage)."""
+    if not getattr(mixture, "schedule", None):
+        return None
+    paths, counts = _task_mixture_caches(mixture, caches_root, split)
+    return {step: {paths[n]: r for n, r in rates.items() if r > 0}
+            for step, rates in mixture.get_schedule(counts).items()}
 
 
 def is_schedule(mixture) -> bool:
@@ -282,6 +303,10 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
         if caches_root is not None:
             raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
         return _open_schedule(mixture)
+    if cache is None and _is_task_mixture(mixture):
+        schedule = _task_mixture_schedule(mixture, caches_root, split)
+        if schedule is not None:
+            return _open_schedule(schedule, name=getattr(mixture, "name", None))
     entries, name = _resolve_mixture(cache, mixture, caches_root, split)
     readers: list[CacheReader] = []
     try:
@@ -304,7 +329,7 @@ def _rate_value(path: str, rate: Rate, reader: CacheReader) -> float:
     return float(value)
 
 
-def _open_schedule(schedule) -> OpenedMixture:
+def _open_schedule(schedule, *, name: str | None = None) -> OpenedMixture:
     """``open_mixture`` for a schedule ``{step: {cache path: rate}}``: every cache
     named in any stage, in order of first appearance; per stage, its rates (rate
     callables evaluated with the cache's example count; 0 for caches the stage does
@@ -338,4 +363,4 @@ def _open_schedule(schedule) -> OpenedMixture:
             r.close()
         raise
     return OpenedMixture(paths=paths, readers=readers, rates=list(out[0]["rates"]), weights=list(out[0]["weights"]),
-                         name=None, stages=out)
+                         name=name, stages=out)

@@ -20,7 +20,10 @@ global batch size and the same number of threads everywhere, it measures per hos
           batch, for this cache and for one 10x smaller;
   mixture: a mixture of 3 task caches (a third of the records each, equal
           rates) against the single-task cache, same batch and threads,
-          alternating, as a ratio of examples/s per round (median);
+          alternating, as a ratio of examples/s per round (median), in
+          wall-clock time and in CPU time of the process (on a shared machine
+          the mixture's extra read threads get a larger share of the cores, which
+          the CPU-time ratio does not reward);
   open:   time to first batch (Feeder construction + a first batch of
           ``--open-batch`` rows, which reads at most that many shards) on caches of
           16, 1,000 and 10,000 tiny shards, median of 7, interleaved, as ratios to
@@ -273,21 +276,26 @@ def bench_mixture(big: str, root: str, *, records: int, length: int, batch_size:
         with Feeder(global_batch_size=batch_size, sequence_length=length, host_index=0, host_count=1,
                     num_threads=threads, prefetch=threads, start_step=7, **kw) as f:
             next(f)
-            t0 = time.perf_counter()
+            c0, t0 = cpu_seconds(), time.perf_counter()
             for _ in range(steps):
                 next(f)
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, cpu_seconds() - c0
 
-    ratios = []
+    ratios, cpu_ratios = [], []
     for r in range(rounds):
         order = ("one", "mix") if r % 2 == 0 else ("mix", "one")
         t = {name: run(cache=big) if name == "one" else run(mixture=mixture) for name in order}
-        ratios.append(t["one"] / t["mix"])
-        print(f"round {r}: single task {steps * batch_size / t['one']:,.0f} ex/s, 3-task mixture "
-              f"{steps * batch_size / t['mix']:,.0f} ex/s, mixture/single {ratios[-1]:.3f}")
-    res = {"mixture3_over_single": statistics.median(ratios), "mixture3_over_single_rounds": ratios}
+        ratios.append(t["one"][0] / t["mix"][0])
+        cpu_ratios.append(t["one"][1] / t["mix"][1])
+        print(f"round {r}: single task {steps * batch_size / t['one'][0]:,.0f} ex/s, 3-task mixture "
+              f"{steps * batch_size / t['mix'][0]:,.0f} ex/s, mixture/single {ratios[-1]:.3f} "
+              f"(CPU time: {cpu_ratios[-1]:.3f})")
+    res = {"mixture3_over_single": statistics.median(ratios), "mixture3_over_single_rounds": ratios,
+           "mixture3_over_single_cpu_time": statistics.median(cpu_ratios),
+           "mixture3_over_single_cpu_time_rounds": cpu_ratios}
     print(f"3-task mixture / single task {res['mixture3_over_single']:.3f} (median of {rounds} rounds, range "
-          f"{min(ratios):.3f}..{max(ratios):.3f})")
+          f"{min(ratios):.3f}..{max(ratios):.3f}); in CPU time per example "
+          f"{res['mixture3_over_single_cpu_time']:.3f} (range {min(cpu_ratios):.3f}..{max(cpu_ratios):.3f})")
     return res
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from seqcache import format as fmt
 from seqcache import fs
 from seqcache.feeders import mixing
-from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation
+from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation, permute_each
 from seqcache.feeders.reader import CacheReader
 from seqcache.feeders.schedule import Schedule
 from seqcache.rates import Rate
@@ -88,6 +88,7 @@ class IndexStream:
             raise ValueError(f"{len(readers)} caches but {self.mixer.num_tasks} weights")
         self.seed = int(seed)
         self.num_epochs = num_epochs
+        self._sizes = np.array(self.sizes, np.int64)  # (T,): N_t, indexed by task
         self._perms: collections.OrderedDict[tuple[int, int], FeistelPermutation] = collections.OrderedDict()
         self._lock = threading.Lock()
         if num_epochs is None:
@@ -95,6 +96,7 @@ class IndexStream:
             self.end_position = None
         else:
             self.limits = [num_epochs * n for n in self.sizes]
+            self._limits = np.array(self.limits, np.int64)
             ends = [self.mixer.first_position_with_count(t, lim) for t, lim in enumerate(self.limits)]
             never = [self.readers[t].cache_dir for t, end in enumerate(ends) if end is None]
             if never:
@@ -131,27 +133,40 @@ class IndexStream:
         p = np.asarray(positions, dtype=np.int64)
         task, ordinal = self.mixer.locate_many(p)
         n = p.size
-        epoch = np.empty(n, np.int64)
         cache_index = np.full(n, -1, np.int64)
-        valid = np.ones(n, bool)
-        single = self.mixer.num_tasks == 1
-        for t in range(self.mixer.num_tasks) if not single else (0,):
-            sel = slice(None) if single else np.flatnonzero(task == t)
-            k = ordinal[sel]
-            if not single and k.size == 0:
+        if self.mixer.num_tasks == 1:
+            size = self.sizes[0]
+            epoch, elem = np.divmod(ordinal, size)
+            valid = np.ones(n, bool) if self.limits is None else ordinal < self.limits[0]
+        else:
+            # All tasks at once: each position's own size and limit.
+            epoch, elem = np.divmod(ordinal, self._sizes[task])
+            valid = np.ones(n, bool) if self.limits is None else ordinal < self._limits[task]
+        if not n:
+            return Located(position=p, task=task, ordinal=ordinal, epoch=epoch, cache_index=cache_index, valid=valid)
+        # The (task, epoch) permutations the batch draws from (usually one per
+        # task), then one vectorised pass of them all (``permute_each``).
+        perms: list[FeistelPermutation] = []
+        tv, ev = task[valid], epoch[valid]
+        which = np.zeros(tv.size, np.int64)  # per valid position: its index in perms
+        tasks = np.unique(tv).tolist() if self.mixer.num_tasks > 1 else [0] * bool(tv.size)
+        for t in tasks:
+            in_t = np.flatnonzero(tv == t) if len(tasks) > 1 else slice(None)
+            et = ev[in_t]
+            e_lo, e_hi = int(et.min()), int(et.max())
+            if e_lo == e_hi:
+                which[in_t] = len(perms)
+                perms.append(self.permutation(t, e_lo))
                 continue
-            size = self.sizes[t]
-            e, elem = np.divmod(k, size)
-            epoch[sel] = e
-            ok = np.ones(k.shape, bool) if self.limits is None else k < self.limits[t]
-            valid[sel] = ok
-            ci = np.full(k.shape, -1, np.int64)
-            e_lo, e_hi = int(e.min()), int(e.max())
+            which_t = np.empty(et.shape, np.int64)
             for ep in range(e_lo, e_hi + 1):
-                m = (e == ep) & ok
+                m = et == ep
                 if m.any():
-                    ci[m] = self.permutation(t, ep).permute(elem[m]).astype(np.int64)
-            cache_index[sel] = ci
+                    which_t[m] = len(perms)
+                    perms.append(self.permutation(t, ep))
+            which[in_t] = which_t
+        if perms:
+            cache_index[valid] = permute_each(perms, which, elem[valid]).astype(np.int64)
         return Located(position=p, task=task, ordinal=ordinal, epoch=epoch, cache_index=cache_index, valid=valid)
 
     def locate_one(self, position: int) -> dict:

@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import operator
 import os
 import re
 import struct
@@ -288,9 +289,9 @@ class ShardTable(Sequence[ShardInfo]):
         self._path = path
         count = len(entries)
         try:
-            self.files = [e["file"] for e in entries]
-            self.provenance_files = [e["provenance_file"] for e in entries]
-            records = [e["num_records"] for e in entries]
+            self.files = list(map(operator.itemgetter("file"), entries))
+            self.provenance_files = list(map(operator.itemgetter("provenance_file"), entries))
+            records = list(map(operator.itemgetter("num_records"), entries))
         except (KeyError, TypeError):
             self._fail_entries(("file", "provenance_file", "num_records"))
             raise  # unreachable: _fail_entries raises

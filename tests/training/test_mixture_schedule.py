@@ -137,3 +137,28 @@ def test_the_train_command_passes_the_schedule_to_the_feeder(caches, tmp_path, m
     assert isinstance(feeder, Feeder)
     assert [(st["step"], st["rates"]) for st in feeder.schedule] == [(0, [1.0, 1.0, 0.0]), (6, [1.0, 0.0, 1.0])]
     assert feeder.paths == [str(caches / t / "train") for t in ("a", "b", "c")]
+
+
+@pytest.mark.slow
+def test_train_resumes_with_an_appended_stage_and_refuses_a_rewritten_past(caches, tmp_path):
+    from seqcache.commands.train import train
+
+    ckpt = tmp_path / "ckpt"
+
+    def run(schedule, steps):
+        path = _write(tmp_path / f"s{len(list(tmp_path.iterdir()))}.json", schedule)
+        return CliRunner().invoke(train, [
+            "--cache-dir", str(caches), "--mixture-schedule", path, "--batch-size", str(B), "--sequence-length",
+            str(L), "--checkpoint-dir", str(ckpt), "--steps", str(steps), "--model", "tiny",
+            "--set", "model.vocab_size=256 model.d_model=16 model.num_layers=1 model.num_heads=2 model.mlp_dim=32",
+            "--set", "progress=false checkpoint.every_steps=2"], catch_exceptions=False)
+
+    first = run({"0": {"a": 1, "b": 1}, "1": {"a": 3, "b": 1}}, 2)
+    assert first.exit_code == 0, first.output
+    appended = run({"0": {"a": 1, "b": 1}, "1": {"a": 3, "b": 1}, "3": {"a": 1, "c": 1}}, 4)
+    assert appended.exit_code == 0, appended.output
+    assert json.loads(appended.output.strip().splitlines()[-1])["start_step"] == 2
+    # The checkpoint is at step 4: the stage at step 1 is the past.
+    rewritten = run({"0": {"a": 1, "b": 1}, "1": {"a": 1, "b": 3}, "3": {"a": 1, "c": 1}}, 6)
+    assert rewritten.exit_code == 1, rewritten.output
+    assert "the mixture schedule rewrites the past at step 1" in rewritten.output and "Traceback" not in rewritten.output

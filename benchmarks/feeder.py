@@ -18,12 +18,16 @@ global batch size and the same number of threads everywhere, it measures per hos
           position 10^12 (opening the cache included), median of 7, interleaved;
   memory: RSS growth of a fresh process that opens the feeder and reads one
           batch, for this cache and for one 10x smaller;
-  mixture: a mixture of 3 task caches (a third of the records each, equal
-          rates) against the single-task cache, same batch and threads,
-          alternating, as a ratio of examples/s per round (median);
-  open:   time to first batch (Feeder construction + first batch) on caches of
-          16, 1,000 and 10,000 tiny shards, median of 5, interleaved, as ratios to
-          16 shards;
+  mixture: a mixture of 3 task caches (a third of the records and, by default,
+          of the shards each, equal rates) against the single-task cache, same batch and threads,
+          alternating, as a ratio of examples/s per round (median), in
+          wall-clock time and in CPU time of the process (on a shared machine
+          the mixture's extra read threads get a larger share of the cores, which
+          the CPU-time ratio does not reward);
+  open:   time to first batch (Feeder construction + a first batch of
+          ``--open-batch`` rows, which reads at most that many shards) on caches of
+          16, 1,000 and 10,000 tiny shards, median of 7, interleaved, as ratios to
+          16 shards; also the construction alone and json.loads of the manifest;
   trace:  ``Feeder.trace`` of 1,000 steps (``--trace-batch`` rows each) at
           position 0 and at 10^12: rows/s and seconds, median of 3.
 
@@ -202,57 +206,102 @@ def build_tiny_cache(path: str, *, shards: int, per_shard: int = 2, length: int 
     print(f"built {path}: {shards:,} shards x {per_shard} records, {time.perf_counter() - t0:.1f} s")
 
 
-def open_to_first_batch(path: str, *, batch_size: int) -> float:
+def open_to_first_batch(path: str, *, batch_size: int) -> tuple[float, float]:
+    """(seconds to construct the Feeder, seconds to construct it and get its first batch)."""
     t0 = time.perf_counter()
     with Feeder(cache=path, global_batch_size=batch_size, sequence_length=16, host_index=0, host_count=1,
                 prefetch=0) as f:
+        opened = time.perf_counter() - t0
         f.get_batch(0)
-        return time.perf_counter() - t0
+        return opened, time.perf_counter() - t0
 
 
-def bench_open(root: str, *, batch_size: int, repeats: int = 5) -> dict:
-    paths = {n: os.path.join(root, f"tiny-{n}") for n in (16, 1000, 10_000)}
+def manifest_parse_seconds(path: str) -> float:
+    """json.loads of the cache's manifest.json alone (the text already read)."""
+    with open(os.path.join(path, fmt.MANIFEST_NAME), encoding="utf-8") as f:
+        text = f.read()
+    t0 = time.perf_counter()
+    json.loads(text)
+    return time.perf_counter() - t0
+
+
+def bench_open(root: str, *, batch_size: int = 16, repeats: int = 7) -> dict:
+    """Open time and time to first batch at 16, 1,000 and 10,000 shards.
+
+    The first batch has ``batch_size`` rows (default 16): it reads at most that
+    many shards in every cache, so the caches differ only in their shard count
+    (a larger batch over tiny shards also opens more shards, a cost of the batch,
+    not of the open). Medians of ``repeats``, interleaved."""
+    counts = (16, 1000, 10_000)
+    paths = {n: os.path.join(root, f"tiny-{n}") for n in counts}
     for n, p in paths.items():
         build_tiny_cache(p, shards=n)
-    times = {n: [] for n in paths}
+    opened = {n: [] for n in paths}
+    first = {n: [] for n in paths}
+    parse = {n: [] for n in paths}
     for _ in range(repeats):
         for n, p in paths.items():
-            times[n].append(open_to_first_batch(p, batch_size=batch_size))
-    med = {n: statistics.median(t) for n, t in times.items()}
-    res = {f"open_first_batch_{n}_shards_s": v for n, v in med.items()}
-    res.update({f"open_first_batch_{n}_over_16": med[n] / med[16] for n in (1000, 10_000)})
-    print(f"time to first batch (open + batch {batch_size}): " + ", ".join(
+            o, b = open_to_first_batch(p, batch_size=batch_size)
+            opened[n].append(o)
+            first[n].append(b)
+            parse[n].append(manifest_parse_seconds(p))
+    med = {n: statistics.median(t) for n, t in first.items()}
+    med_open = {n: statistics.median(t) for n, t in opened.items()}
+    med_parse = {n: statistics.median(t) for n, t in parse.items()}
+    res = {"open_batch_size": batch_size}
+    for n in counts:
+        res[f"open_first_batch_{n}_shards_s"] = med[n]
+        res[f"open_{n}_shards_s"] = med_open[n]
+        res[f"manifest_json_parse_{n}_shards_s"] = med_parse[n]
+    for n in counts[1:]:
+        res[f"open_first_batch_{n}_over_16"] = med[n] / med[16]
+        res[f"open_{n}_over_16"] = med_open[n] / med_open[16]
+    print(f"time to first batch (open + batch of {batch_size} rows): " + ", ".join(
         f"{n:,} shards {v * 1e3:.1f} ms" for n, v in med.items())
-        + f"; 10,000/16 = {med[10_000] / med[16]:.2f}")
+        + f"; 1,000/16 = {med[1000] / med[16]:.2f}, 10,000/16 = {med[10_000] / med[16]:.2f}")
+    print("open alone (Feeder constructed): " + ", ".join(f"{n:,} shards {v * 1e3:.1f} ms" for n, v in med_open.items())
+          + "; of which json.loads of manifest.json: "
+          + ", ".join(f"{n:,} shards {v * 1e3:.1f} ms" for n, v in med_parse.items()))
     return res
 
 
 def bench_mixture(big: str, root: str, *, records: int, length: int, batch_size: int, threads: int, steps: int,
-                  rounds: int) -> dict:
-    parts = [os.path.join(root, f"part{k}-{records // 3}x{length}") for k in range(3)]
+                  rounds: int, part_shards: int) -> dict:
+    """The 3 task caches hold a third of the records each, in ``part_shards``
+    shards each (by default a third of the single cache's shards, as a build
+    whose shard count follows the content size gives them): the mixture then
+    reads as many shards per step as the single task, and the ratio measures
+    the mixing, not a larger number of shard reads (with 3x the shards, the raw
+    ArrayRecord reads alone run at about 0.8x on this machine)."""
+    parts = [os.path.join(root, f"part{k}-{records // 3}x{length}-{part_shards}shards") for k in range(3)]
     for p in parts:
-        build_cache(p, records=records // 3, length=length, shards=16)
+        build_cache(p, records=records // 3, length=length, shards=part_shards)
     mixture = {p: 1.0 for p in parts}
 
     def run(**kw):
         with Feeder(global_batch_size=batch_size, sequence_length=length, host_index=0, host_count=1,
                     num_threads=threads, prefetch=threads, start_step=7, **kw) as f:
             next(f)
-            t0 = time.perf_counter()
+            c0, t0 = cpu_seconds(), time.perf_counter()
             for _ in range(steps):
                 next(f)
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, cpu_seconds() - c0
 
-    ratios = []
+    ratios, cpu_ratios = [], []
     for r in range(rounds):
         order = ("one", "mix") if r % 2 == 0 else ("mix", "one")
         t = {name: run(cache=big) if name == "one" else run(mixture=mixture) for name in order}
-        ratios.append(t["one"] / t["mix"])
-        print(f"round {r}: single task {steps * batch_size / t['one']:,.0f} ex/s, 3-task mixture "
-              f"{steps * batch_size / t['mix']:,.0f} ex/s, mixture/single {ratios[-1]:.3f}")
-    res = {"mixture3_over_single": statistics.median(ratios), "mixture3_over_single_rounds": ratios}
+        ratios.append(t["one"][0] / t["mix"][0])
+        cpu_ratios.append(t["one"][1] / t["mix"][1])
+        print(f"round {r}: single task {steps * batch_size / t['one'][0]:,.0f} ex/s, 3-task mixture "
+              f"{steps * batch_size / t['mix'][0]:,.0f} ex/s, mixture/single {ratios[-1]:.3f} "
+              f"(CPU time: {cpu_ratios[-1]:.3f})")
+    res = {"mixture3_over_single": statistics.median(ratios), "mixture3_over_single_rounds": ratios,
+           "mixture3_over_single_cpu_time": statistics.median(cpu_ratios),
+           "mixture3_over_single_cpu_time_rounds": cpu_ratios}
     print(f"3-task mixture / single task {res['mixture3_over_single']:.3f} (median of {rounds} rounds, range "
-          f"{min(ratios):.3f}..{max(ratios):.3f})")
+          f"{min(ratios):.3f}..{max(ratios):.3f}); in CPU time per example "
+          f"{res['mixture3_over_single_cpu_time']:.3f} (range {min(cpu_ratios):.3f}..{max(cpu_ratios):.3f})")
     return res
 
 
@@ -292,9 +341,17 @@ f.close()
 
 
 def rss_growth(path, *, batch_size, length) -> int:
-    out = subprocess.run([sys.executable, "-c", RSS_CHILD, path, str(batch_size), str(length)],
-                         capture_output=True, text=True, check=True).stdout
-    return int(out.strip())
+    """RSS growth (bytes) of a fresh process that opens a feeder and reads one batch.
+
+    The child imports the seqcache this process imported, from any working
+    directory: it gets this process's ``sys.path`` and runs in a neutral folder
+    (so a checkout's working directory does not shadow the installed package)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path))
+    done = subprocess.run([sys.executable, "-c", RSS_CHILD, os.path.abspath(path), str(batch_size), str(length)],
+                          capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    if done.returncode:
+        raise RuntimeError(f"the RSS child process failed (exit {done.returncode}):\n{done.stderr}")
+    return int(done.stdout.strip())
 
 
 def main(argv=None):
@@ -310,6 +367,9 @@ def main(argv=None):
     ap.add_argument("--cache-dir", help="where to build (or reuse) the cache; default: a temporary folder")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--trace-batch", type=int, default=256, help="global batch of the trace benchmark")
+    ap.add_argument("--mixture-part-shards", type=int,
+                    help="shards of each of the mixture benchmark's 3 task caches (default: a third of --shards)")
+    ap.add_argument("--open-batch", type=int, default=16, help="global batch of the open benchmark's first batch")
     ap.add_argument("--only", help="comma-separated sections: throughput, mixture, open, trace (default: all)")
     args = ap.parse_args(argv)
     only = set(args.only.split(",")) if args.only else {"throughput", "mixture", "open", "trace"}
@@ -328,9 +388,10 @@ def main(argv=None):
     extra = {}
     if "mixture" in only:
         extra.update(bench_mixture(big, root, records=args.records, length=L, batch_size=B, threads=T,
-                                   steps=args.steps, rounds=args.rounds))
+                                   steps=args.steps, rounds=args.rounds,
+                                   part_shards=args.mixture_part_shards or max(1, round(args.shards / 3))))
     if "open" in only:
-        extra.update(bench_open(root, batch_size=args.trace_batch))
+        extra.update(bench_open(root, batch_size=args.open_batch))
     if "trace" in only:
         extra.update(bench_trace(big, batch_size=args.trace_batch))
     if "throughput" not in only:

@@ -115,7 +115,8 @@ class Feeder:
         ``rate_num_examples(maximum=, temperature=, scale=)``; or a
         ``seqcache.tasks.Mixture`` together with ``caches_root`` and ``split``
         (each task resolves to ``caches_root/<task>/<split>``; tasks with rate 0 are
-        left out). Rates are relative; see ``mixing.integer_weights`` for how they
+        left out; a Mixture with a ``schedule`` is read as a schedule, below).
+        Rates are relative; see ``mixing.integer_weights`` for how they
         become exact integer weights. Changing rates needs no rebuild of caches.
         Or a schedule, rates that change at given steps: {step: {cache folder:
         rate}}, e.g. ``{0: {a: 1, b: 1}, 10_000: {a: 3, b: 1}}`` (the first stage

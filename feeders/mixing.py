@@ -37,42 +37,16 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
+
+from seqcache.rates import Rate, RateNumExamples, rate_num_examples  # noqa: F401  (the one definition, re-exported)
 
 # Float rates are quantised to integers with this total (see integer_weights).
 WEIGHT_RESOLUTION = 2**30
 _MAX_EXACT_TOTAL = 2**31
 MAX_POSITION = 2**62
-
-
-def rate_num_examples(*, maximum: float | None = None, temperature: float = 1.0, scale: float = 1.0) -> Callable[[int], float]:
-    """A rate proportional to a task's number of examples, seqio-style.
-
-    Returns a function ``num_examples -> rate`` computing
-    ``min(num_examples * scale, maximum) ** (1 / temperature)`` (as seqio's
-    ``mixing_rate_num_examples``). Use it as a rate in ``Feeder(mixture={path: ...})``;
-    the feeder calls it with the cache's example count.
-
-    Raises:
-      ValueError: temperature <= 0, scale <= 0, or maximum <= 0.
-    """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 (got {temperature=})")
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0 (got {scale=})")
-    if maximum is not None and not maximum > 0:
-        raise ValueError(f"maximum must be > 0 or None (got {maximum=})")
-
-    def rate(num_examples: int) -> float:
-        n = float(num_examples) * scale
-        if maximum is not None:
-            n = min(n, float(maximum))
-        return n ** (1.0 / temperature)
-
-    rate.__qualname__ = f"rate_num_examples(maximum={maximum}, temperature={temperature}, scale={scale})"
-    return rate
 
 
 def integer_weights(rates: Sequence[float]) -> list[int]:

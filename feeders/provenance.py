@@ -494,7 +494,7 @@ def _shards_of(stream, task, cache_index, is_seg):
         sel = np.flatnonzero(is_seg & (task == t))
         reader = stream.readers[t]
         shard, off = reader.locate(cache_index[sel])
-        files = [s.file for s in reader.manifest.shards]
+        files = reader.manifest.shards.files
         for j, s in zip(sel.tolist(), shard.tolist()):
             names[j] = files[s]
         offsets[sel] = off

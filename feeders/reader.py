@@ -229,12 +229,17 @@ class CacheReader:
             raise IndexError(f"{self.cache_dir}: cache index out of range [0, {self.num_examples}) (got {idx.min()}..{idx.max()})")
         order = np.argsort(idx, kind="stable")
         sorted_idx = idx[order]  # grouped by shard, ascending within each shard
-        bounds = np.searchsorted(sorted_idx, self.shard_starts)
+        # O(n log S) for n indices and S shards: each index's shard, then the
+        # runs of equal shards (not a pass over all S shards per read).
+        shard_of = np.searchsorted(self.shard_starts, sorted_idx, side="right") - 1
+        cuts = np.flatnonzero(shard_of[1:] != shard_of[:-1]) + 1
+        bounds = np.concatenate([[0], cuts, [sorted_idx.size]]).tolist()
+        offsets_all = sorted_idx - self.shard_starts[shard_of]
         records: list[bytes] = []
-        for s in np.flatnonzero(bounds[1:] > bounds[:-1]):
-            lo, hi = bounds[s], bounds[s + 1]
-            reader = self._open(table, int(s), names[s])
-            offsets = (sorted_idx[lo:hi] - self.shard_starts[s]).tolist()
+        for lo, hi in zip(bounds, bounds[1:]):
+            s = int(shard_of[lo])
+            reader = self._open(table, s, names[s])
+            offsets = offsets_all[lo:hi].tolist()
             try:
                 records.extend(reader.read(offsets))
             except _ARRAY_RECORD_ERRORS as e:
@@ -247,16 +252,16 @@ class CacheReader:
     def read(self, indices) -> list[bytes]:
         """The data records at ``indices`` (cache indices, any order, repeats
         allowed), in that order. One ArrayRecord ``read`` call per shard touched."""
-        return self._read(self._data, [s.file for s in self.manifest.shards], indices)
+        return self._read(self._data, self.manifest.shards.files, indices)
 
     def read_provenance_records(self, indices) -> list[bytes]:
         """The raw provenance records at ``indices`` (one batched read per shard)."""
-        return self._read(self._prov, [s.provenance_file for s in self.manifest.shards], indices)
+        return self._read(self._prov, self.manifest.shards.provenance_files, indices)
 
     def read_provenance(self, indices) -> list[dict[str, np.ndarray]]:
         """The decoded provenance records (source_index, record_number,
         token_offset; one element per segment) at ``indices``."""
-        recs = self._read(self._prov, [s.provenance_file for s in self.manifest.shards], indices)
+        recs = self._read(self._prov, self.manifest.shards.provenance_files, indices)
         return [
             fmt.decode_example(fmt.PROVENANCE_FEATURES, r, where=self.describe(int(i), provenance=True))
             for r, i in zip(recs, np.asarray(indices).ravel())

@@ -290,7 +290,9 @@ def stream_difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> s
 
     Caches are compared by fingerprint, example count, rate and integer weight, in
     mixture order; the other compared fields are the versions, seed, global batch
-    size, sequence length, feature and number of epochs.
+    size, sequence length, feature and number of epochs. When either state has a
+    mixture schedule, this is ``schedule_difference``: ``current`` may extend the
+    saved schedule after the saved step.
 
     Args:
       saved: the state being restored.
@@ -301,6 +303,10 @@ def stream_difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> s
       reads "the cache at PATH was rebuilt (fingerprint A, the state was saved with
       fingerprint B)"), or None.
     """
+    if saved.get("schedule") is not None or current.get("schedule") is not None:
+        # A mixture schedule may be extended after the saved step (stages and
+        # caches added): the current stream continues the saved one.
+        return schedule_difference(saved, current)
     have, want = list(saved["mixture"]), list(current["mixture"])
     if len(have) != len(want):
         return (

@@ -24,20 +24,19 @@ import collections
 import dataclasses
 import threading
 import os
-from typing import Callable, Mapping, Sequence, Union
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from seqcache import format as fmt
 from seqcache import fs
 from seqcache.feeders import mixing
-from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation
+from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation, permute_each
 from seqcache.feeders.reader import CacheReader
 from seqcache.feeders.schedule import Schedule
+from seqcache.rates import Rate
 
 _PERM_CACHE_SIZE = 256
-
-Rate = Union[float, int, Callable[[int], float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +88,7 @@ class IndexStream:
             raise ValueError(f"{len(readers)} caches but {self.mixer.num_tasks} weights")
         self.seed = int(seed)
         self.num_epochs = num_epochs
+        self._sizes = np.array(self.sizes, np.int64)  # (T,): N_t, indexed by task
         self._perms: collections.OrderedDict[tuple[int, int], FeistelPermutation] = collections.OrderedDict()
         self._lock = threading.Lock()
         if num_epochs is None:
@@ -96,6 +96,7 @@ class IndexStream:
             self.end_position = None
         else:
             self.limits = [num_epochs * n for n in self.sizes]
+            self._limits = np.array(self.limits, np.int64)
             ends = [self.mixer.first_position_with_count(t, lim) for t, lim in enumerate(self.limits)]
             never = [self.readers[t].cache_dir for t, end in enumerate(ends) if end is None]
             if never:
@@ -132,27 +133,40 @@ class IndexStream:
         p = np.asarray(positions, dtype=np.int64)
         task, ordinal = self.mixer.locate_many(p)
         n = p.size
-        epoch = np.empty(n, np.int64)
         cache_index = np.full(n, -1, np.int64)
-        valid = np.ones(n, bool)
-        single = self.mixer.num_tasks == 1
-        for t in range(self.mixer.num_tasks) if not single else (0,):
-            sel = slice(None) if single else np.flatnonzero(task == t)
-            k = ordinal[sel]
-            if not single and k.size == 0:
+        if self.mixer.num_tasks == 1:
+            size = self.sizes[0]
+            epoch, elem = np.divmod(ordinal, size)
+            valid = np.ones(n, bool) if self.limits is None else ordinal < self.limits[0]
+        else:
+            # All tasks at once: each position's own size and limit.
+            epoch, elem = np.divmod(ordinal, self._sizes[task])
+            valid = np.ones(n, bool) if self.limits is None else ordinal < self._limits[task]
+        if not n:
+            return Located(position=p, task=task, ordinal=ordinal, epoch=epoch, cache_index=cache_index, valid=valid)
+        # The (task, epoch) permutations the batch draws from (usually one per
+        # task), then one vectorised pass of them all (``permute_each``).
+        perms: list[FeistelPermutation] = []
+        tv, ev = task[valid], epoch[valid]
+        which = np.zeros(tv.size, np.int64)  # per valid position: its index in perms
+        tasks = np.unique(tv).tolist() if self.mixer.num_tasks > 1 else [0] * bool(tv.size)
+        for t in tasks:
+            in_t = np.flatnonzero(tv == t) if len(tasks) > 1 else slice(None)
+            et = ev[in_t]
+            e_lo, e_hi = int(et.min()), int(et.max())
+            if e_lo == e_hi:
+                which[in_t] = len(perms)
+                perms.append(self.permutation(t, e_lo))
                 continue
-            size = self.sizes[t]
-            e, elem = np.divmod(k, size)
-            epoch[sel] = e
-            ok = np.ones(k.shape, bool) if self.limits is None else k < self.limits[t]
-            valid[sel] = ok
-            ci = np.full(k.shape, -1, np.int64)
-            e_lo, e_hi = int(e.min()), int(e.max())
+            which_t = np.empty(et.shape, np.int64)
             for ep in range(e_lo, e_hi + 1):
-                m = (e == ep) & ok
+                m = et == ep
                 if m.any():
-                    ci[m] = self.permutation(t, ep).permute(elem[m]).astype(np.int64)
-            cache_index[sel] = ci
+                    which_t[m] = len(perms)
+                    perms.append(self.permutation(t, ep))
+            which[in_t] = which_t
+        if perms:
+            cache_index[valid] = permute_each(perms, which, elem[valid]).astype(np.int64)
         return Located(position=p, task=task, ordinal=ordinal, epoch=epoch, cache_index=cache_index, valid=valid)
 
     def locate_one(self, position: int) -> dict:
@@ -174,18 +188,9 @@ def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str
         if caches_root is not None:
             raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
         return [(os.fspath(cache), 1.0)], None
-    if hasattr(mixture, "get_rates") and hasattr(mixture, "task_names"):
-        # A seqcache.tasks.Mixture: tasks resolve to CACHE_DIR/<task>/<split>.
-        if caches_root is None:
-            raise ValueError(
-                f"mixture {getattr(mixture, 'name', mixture)!r} names tasks; give caches_root= (the folder holding "
-                "<task>/<split> caches) to find them"
-            )
-        names = list(mixture.task_names)
-        # Local or mounted caches only (and no Beam in the feeder): a URL is refused before any read.
-        root = fs.require_local(os.fspath(caches_root), "the feeder (CacheReader)")
-        paths = {n: os.path.join(root, n, split) for n in names}
-        counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
+    if _is_task_mixture(mixture):
+        paths, counts = _task_mixture_caches(mixture, caches_root, split)
+        names = list(paths)
         rates = mixture.get_rates(counts)
         # seqio semantics: a task with rate 0 is part of the mixture but never read.
         return [(paths[n], float(rates[n])) for n in names if rates[n] > 0], getattr(mixture, "name", None)
@@ -206,6 +211,37 @@ def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str
     if dup:
         raise ValueError(f"mixture lists cache(s) {dup} more than once")
     return out, None
+
+
+def _is_task_mixture(mixture) -> bool:
+    """Whether ``mixture=`` is a ``seqcache.tasks.Mixture`` (named tasks)."""
+    return hasattr(mixture, "get_rates") and hasattr(mixture, "task_names")
+
+
+def _task_mixture_caches(mixture, caches_root, split) -> tuple[dict[str, str], dict[str, int]]:
+    """({task: cache folder}, {task: example count}) of a ``seqcache.tasks.Mixture``:
+    tasks resolve to ``caches_root/<task>/<split>`` (manifests read, no shard opened)."""
+    if caches_root is None:
+        raise ValueError(
+            f"mixture {getattr(mixture, 'name', mixture)!r} names tasks; give caches_root= (the folder holding "
+            "<task>/<split> caches) to find them"
+        )
+    # Local or mounted caches only (and no Beam in the feeder): a URL is refused before any read.
+    root = fs.require_local(os.fspath(caches_root), "the feeder (CacheReader)")
+    paths = {n: os.path.join(root, n, split) for n in mixture.task_names}
+    counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
+    return paths, counts
+
+
+def _task_mixture_schedule(mixture, caches_root, split) -> dict[int, dict[str, float]] | None:
+    """The schedule {step: {cache folder: rate}} of a ``seqcache.tasks.Mixture``
+    that carries one (``Mixture(..., schedule=)``), else None. Rates of 0 are left
+    out (the task is not read in that stage)."""
+    if not getattr(mixture, "schedule", None):
+        return None
+    paths, counts = _task_mixture_caches(mixture, caches_root, split)
+    return {step: {paths[n]: r for n, r in rates.items() if r > 0}
+            for step, rates in mixture.get_schedule(counts).items()}
 
 
 def is_schedule(mixture) -> bool:
@@ -282,6 +318,10 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
         if caches_root is not None:
             raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
         return _open_schedule(mixture)
+    if cache is None and _is_task_mixture(mixture):
+        schedule = _task_mixture_schedule(mixture, caches_root, split)
+        if schedule is not None:
+            return _open_schedule(schedule, name=getattr(mixture, "name", None))
     entries, name = _resolve_mixture(cache, mixture, caches_root, split)
     readers: list[CacheReader] = []
     try:
@@ -304,7 +344,7 @@ def _rate_value(path: str, rate: Rate, reader: CacheReader) -> float:
     return float(value)
 
 
-def _open_schedule(schedule) -> OpenedMixture:
+def _open_schedule(schedule, *, name: str | None = None) -> OpenedMixture:
     """``open_mixture`` for a schedule ``{step: {cache path: rate}}``: every cache
     named in any stage, in order of first appearance; per stage, its rates (rate
     callables evaluated with the cache's example count; 0 for caches the stage does
@@ -338,4 +378,4 @@ def _open_schedule(schedule) -> OpenedMixture:
             r.close()
         raise
     return OpenedMixture(paths=paths, readers=readers, rates=list(out[0]["rates"]), weights=list(out[0]["weights"]),
-                         name=None, stages=out)
+                         name=name, stages=out)

@@ -27,8 +27,10 @@ The byte layout is documented in docs/cache-format.md; changing it needs a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import operator
 import os
 import re
 import struct
@@ -245,26 +247,159 @@ class ShardInfo:
     provenance_sha256: str
 
 
+_SHARD_FIELDS = tuple(f.name for f in dataclasses.fields(ShardInfo))
+_INT_FIELDS = ("num_records", "num_bytes", "provenance_num_bytes")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class ShardTable(Sequence[ShardInfo]):
+    """The manifest's shard entries, held as columns so that opening a cache costs
+    what parsing its JSON costs, with no Python object built per shard.
+
+    Checked when the table is built (vectorised over all shards, each failure a
+    ``CacheError`` naming the manifest and the shard): every entry is a JSON
+    object whose ``file`` and ``provenance_file`` are this cache's shard names
+    (``shard_name``, plain file names inside the cache folder) and whose
+    ``num_records`` is an integer >= 0. The other fields (byte sizes, checksums)
+    are checked when the shard's ``ShardInfo`` is first built (``table[i]``, at
+    the shard's first read or by ``seqcache verify``, which builds every one),
+    with the same errors.
+
+    Attributes:
+      files: the data shard names, one per shard (list of str).
+      provenance_files: the provenance shard names, one per shard.
+      num_records: int64 array (num_shards,): records per shard.
+      starts: int64 array (num_shards + 1,): the cache index of each shard's first
+        record, then the total (the cumulative sum of ``num_records``).
+
+    Indexing (``table[i]``, iteration) gives ``ShardInfo`` objects, built on first
+    access and kept.
+
+    Raises:
+      CacheError: (when built) a bad entry or shard name; (``table[i]``) a bad
+        byte size or checksum field in entry i.
+    """
+
+    def __init__(self, entries, *, path: str = MANIFEST_NAME):
+        _require(isinstance(entries, list), path, f"shards is {type(entries).__name__}, expected a JSON list")
+        self._entries = entries
+        self._path = path
+        count = len(entries)
+        try:
+            self.files = list(map(operator.itemgetter("file"), entries))
+            self.provenance_files = list(map(operator.itemgetter("provenance_file"), entries))
+            records = list(map(operator.itemgetter("num_records"), entries))
+        except (KeyError, TypeError):
+            self._fail_entries(("file", "provenance_file", "num_records"))
+            raise  # unreachable: _fail_entries raises
+        for names, prefix in ((self.files, DATA_PREFIX), (self.provenance_files, PROVENANCE_PREFIX)):
+            if names != _expected_names(prefix, count):
+                i = next(i for i, (a, b) in enumerate(zip(names, _expected_names(prefix, count))) if a != b)
+                _check_shard_name(path, i, count, names[i], prefix)
+        counts = np.array(records) if count else np.zeros(0, np.int64)
+        if counts.dtype.kind not in "iu" or counts.ndim != 1 or (count and int(counts.min()) < 0):
+            for i, n in enumerate(records):
+                if not _is_count(n):
+                    raise CacheError(f"{path}: shard {i}: num_records is {n!r}, expected an integer >= 0")
+        self.num_records = counts.astype(np.int64, copy=False)
+        self.num_records.flags.writeable = False
+        self.starts = np.zeros(count + 1, np.int64)
+        np.cumsum(self.num_records, out=self.starts[1:])
+        self.starts.flags.writeable = False
+        self._infos: list[ShardInfo | None] = [None] * count
+
+    def _fail_entries(self, keys) -> None:
+        for i, e in enumerate(self._entries):
+            if not isinstance(e, dict):
+                raise CacheError(f"{self._path}: shard {i}: bad entry: {e!r} is not a JSON object")
+            for key in keys:
+                if key not in e:
+                    raise CacheError(f"{self._path}: shard {i}: bad entry: {key!r}")
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        info = self._infos[i]
+        if info is None:
+            info = self._infos[i] = self._info(i % len(self) if i < 0 else i)
+        return info
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def _info(self, i: int) -> ShardInfo:
+        entry, path = self._entries[i], self._path
+        missing = [k for k in _SHARD_FIELDS if k not in entry]
+        if missing:
+            raise CacheError(f"{path}: shard {i}: bad entry: {missing[0]!r}")
+        for key in _INT_FIELDS:
+            if not _is_count(entry[key]):
+                raise CacheError(f"{path}: shard {i}: {key} is {entry[key]!r}, expected an integer >= 0")
+        for key in ("sha256", "provenance_sha256"):
+            if not isinstance(entry[key], str):
+                raise CacheError(f"{path}: shard {i}: {key} is {entry[key]!r}, expected a hex string")
+        return ShardInfo(**{k: entry[k] for k in _SHARD_FIELDS})
+
+    def check_all(self) -> None:
+        """Builds (and so checks) every shard's ``ShardInfo`` now.
+
+        Raises:
+          CacheError: the first bad entry, as ``table[i]`` would.
+        """
+        for i in range(len(self)):
+            self[i]
+
+
+@functools.lru_cache(maxsize=8)
+def _expected_names(prefix: str, count: int) -> list[str]:
+    """``shard_name(prefix, i, count)`` for every i (one string format each)."""
+    return list(map(f"{prefix}.array_record-{{:05d}}-of-{count:05d}".format, range(count)))
+
+
+def _check_shard_name(path: str, i: int, count: int, name, prefix: str) -> None:
+    _require(
+        isinstance(name, str) and name == os.path.basename(name) and name not in (".", "..") and "/" not in name
+        and "\\" not in name,
+        path,
+        f"shard {i}: file name {name!r} is not a plain file name inside the cache folder",
+    )
+    _require(
+        name == shard_name(prefix, i, count),
+        path,
+        f"shard {i}: file name {name!r}, expected {shard_name(prefix, i, count)!r}",
+    )
+
+
 @dataclasses.dataclass
 class Manifest:
-    """The parsed manifest.json of one cache. See docs/cache-format.md for fields."""
+    """The parsed manifest.json of one cache. See docs/cache-format.md for fields.
+
+    ``shards`` is a ``ShardTable``: a sequence of ``ShardInfo`` built on access,
+    with the record counts as one numpy array, so that a manifest of 10,000
+    shards opens in about the time its JSON takes to parse."""
 
     task: str
     split: str
     fingerprint: str
     features: tuple[FeatureSpec, ...]
-    shards: tuple[ShardInfo, ...]
+    shards: ShardTable
     raw: dict
 
     @property
     def num_examples(self) -> int:
-        return sum(s.num_records for s in self.shards)
+        return int(self.shards.starts[-1])
 
     @property
     def shard_starts(self) -> np.ndarray:
-        """int64 array (num_shards + 1,): global index of each shard's first record, then the total."""
-        counts = np.array([s.num_records for s in self.shards], dtype=np.int64)
-        return np.concatenate([[0], np.cumsum(counts)])
+        """int64 array (num_shards + 1,), read-only: global index of each shard's
+        first record, then the total."""
+        return self.shards.starts
 
     @property
     def sources(self) -> list[dict]:
@@ -297,13 +432,20 @@ def _require(cond: bool, path: str, message: str):
         raise CacheError(f"{path}: {message}")
 
 
-def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME) -> Manifest:
+def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME, check_shards: bool = True) -> Manifest:
     """Validates a manifest dict and returns a ``Manifest``.
+
+    Cost: O(number of shards) in list and numpy operations, no Python object per
+    shard (``ShardTable``): the shard names and record counts are always checked
+    here; every shard's other fields too with ``check_shards=True`` (the default,
+    what a writer uses before it writes a manifest), else when the shard's
+    ``ShardInfo`` is first built (at its first read: what ``read_manifest`` does).
 
     Raises:
       CacheError: wrong format name or version, missing fields, or a shard name
         that is not a plain file name of this cache (for instance one that leads
-        outside the cache folder).
+        outside the cache folder), a bad record count; with ``check_shards``, any
+        bad shard entry.
     """
     _require(isinstance(raw, dict), path, "manifest is not a JSON object")
     _require(raw.get("format") == FORMAT_NAME, path, f"format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
@@ -319,34 +461,9 @@ def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME) -> Manifest:
         features = tuple(FeatureSpec(f["name"], f["dtype"]) for f in raw["features"])
     except (KeyError, TypeError, ValueError) as e:
         raise CacheError(f"{path}: bad features entry: {e}") from None
-    shards = []
-    count = len(raw["shards"])
-    for i, s in enumerate(raw["shards"]):
-        try:
-            info = ShardInfo(
-                file=s["file"],
-                num_records=int(s["num_records"]),
-                num_bytes=int(s["num_bytes"]),
-                sha256=s["sha256"],
-                provenance_file=s["provenance_file"],
-                provenance_num_bytes=int(s["provenance_num_bytes"]),
-                provenance_sha256=s["provenance_sha256"],
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise CacheError(f"{path}: shard {i}: bad entry: {e}") from None
-        for name, prefix in ((info.file, DATA_PREFIX), (info.provenance_file, PROVENANCE_PREFIX)):
-            _require(
-                name == os.path.basename(name) and name not in (".", "..") and "/" not in name and "\\" not in name,
-                path,
-                f"shard {i}: file name {name!r} is not a plain file name inside the cache folder",
-            )
-            _require(
-                name == shard_name(prefix, i, count),
-                path,
-                f"shard {i}: file name {name!r}, expected {shard_name(prefix, i, count)!r}",
-            )
-        _require(info.num_records >= 0, path, f"shard {i}: negative num_records {info.num_records}")
-        shards.append(info)
+    shards = ShardTable(raw["shards"], path=path)
+    if check_shards:
+        shards.check_all()
     quarantine = raw.get("quarantine")
     _require(
         quarantine in (None, QUARANTINE_NAME),
@@ -365,7 +482,7 @@ def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME) -> Manifest:
         split=raw["split"],
         fingerprint=raw["fingerprint"],
         features=features,
-        shards=tuple(shards),
+        shards=shards,
         raw=raw,
     )
 
@@ -393,7 +510,7 @@ def read_manifest(cache_dir: str) -> Manifest:
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CacheError(f"{path}: cannot read manifest: {e}") from None
-    return parse_manifest(raw, path=path)
+    return parse_manifest(raw, path=path, check_shards=False)
 
 
 def check_shard_files(cache_dir: str, manifest: Manifest) -> None:

@@ -1,64 +1,25 @@
 """Mixtures: tasks with mixing rates (seqio's ``Mixture``).
 
 A mixture names tasks and their rates. A rate is a constant or a callable of the
-task's number of cached examples (``rate_num_examples``). Rates are relative:
-``get_rates`` returns them unnormalised; the feeder normalises and mixes. Changing
-rates needs no rebuild of the task caches.
+task's number of cached examples (``rate_num_examples``, ``seqcache.rates``).
+Rates are relative: ``get_rates`` returns them unnormalised; the feeder normalises
+and mixes. Changing rates needs no rebuild of the task caches.
+
+A mixture may also carry a schedule: rates that change at given training steps
+(``schedule={10_000: {"wiki": 3, "code": 1}}``); the feeder reads it as a mixture
+schedule (``seqcache.feeders.schedule``: each task's ordinals continue across a
+change, so every example is still read once per epoch).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
+from seqcache.rates import Rate, RateNumExamples, rate_num_examples
 from seqcache.tasks.task import Task, check_name
 
-Rate = float | Callable[[int], float]
-
-
-class RateNumExamples:
-    """Rate proportional to a task's example count (seqio's ``mixing_rate_num_examples``).
-
-    ``rate(n) = min(n * scale, maximum) ** (1 / temperature)``; with ``maximum``
-    None there is no cap. Temperature > 1 flattens the mixture towards uniform
-    (as in T5, Raffel et al. 2020, section 3.5.2; mT5 uses the related
-    ``alpha = 1 / temperature``).
-    """
-
-    def __init__(self, *, maximum: float | None = None, temperature: float = 1.0, scale: float = 1.0):
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (got {temperature=})")
-        if scale <= 0:
-            raise ValueError(f"scale must be > 0 (got {scale=})")
-        if maximum is not None and maximum <= 0:
-            raise ValueError(f"maximum must be > 0 or None (got {maximum=})")
-        self.maximum = maximum
-        self.temperature = float(temperature)
-        self.scale = float(scale)
-
-    def __call__(self, num_examples: int) -> float:
-        n = float(num_examples) * self.scale
-        if self.maximum is not None:
-            n = min(n, float(self.maximum))
-        if n <= 0:
-            return 0.0
-        return n ** (1.0 / self.temperature)
-
-    def params(self) -> dict:
-        return {"maximum": self.maximum, "temperature": self.temperature, "scale": self.scale}
-
-    def __repr__(self) -> str:
-        return f"rate_num_examples(maximum={self.maximum}, temperature={self.temperature}, scale={self.scale})"
-
-
-def rate_num_examples(*, maximum: int | None = None, temperature: float = 1.0,
-                      scale: float = 1.0) -> RateNumExamples:
-    """A rate callable: ``min(n * scale, maximum) ** (1 / temperature)`` for n examples.
-
-    Raises:
-      ValueError: temperature or scale <= 0, or maximum <= 0.
-    """
-    return RateNumExamples(maximum=maximum, temperature=temperature, scale=scale)
+__all__ = ["Mixture", "Rate", "RateNumExamples", "rate_num_examples"]
 
 
 def _rate_fingerprint(rate: Rate):
@@ -80,14 +41,20 @@ class Mixture:
         then get ``default_rate``. A rate is a number >= 0 or a callable of the
         task's example count (see ``rate_num_examples``).
       default_rate: the rate of tasks listed without one.
+      schedule: optional rates that change at given steps: {step: {task name:
+        rate}}, steps >= 1 (the rates of ``tasks`` are the stage at step 0). Each
+        stage names the rates of that stage; a task of the mixture it leaves out
+        has rate 0 in it (not read). Every task named must be one of ``tasks``
+        (list a task that starts later with rate 0).
 
     Raises:
       ValueError: no tasks, a task listed twice, a task without a rate and no
-        default_rate, or a negative constant rate.
+        default_rate, or a negative constant rate; in ``schedule``, a step that is
+        not an integer >= 1, a task that is not in the mixture, or a bad rate.
     """
 
     def __init__(self, name: str, tasks: Sequence[tuple[str | Task, Rate]] | Sequence[str | Task], *,
-                 default_rate: Rate | None = None):
+                 default_rate: Rate | None = None, schedule: Mapping[int, Mapping[str, Rate]] | None = None):
         self.name = check_name(name, "mixture")
         if not tasks:
             raise ValueError(f"mixture {name!r} needs at least one task")
@@ -117,6 +84,54 @@ class Mixture:
                 if rate < 0 or math.isnan(rate):
                     raise ValueError(f"mixture {name!r}: rate of task {task_name!r} must be >= 0 (got {rate})")
             self._rates[task_name] = rate
+        self._schedule = self._check_schedule(schedule)
+
+    def _check_schedule(self, schedule) -> dict[int, dict[str, Rate]]:
+        if schedule is None:
+            return {}
+        if not isinstance(schedule, Mapping):
+            raise ValueError(f"mixture {self.name!r}: schedule is {{step: {{task: rate}}}} (got {schedule!r})")
+        out = {}
+        for step, rates in schedule.items():
+            if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+                raise ValueError(f"mixture {self.name!r}: schedule steps are integers >= 1 (got {step!r}); the rates "
+                                 "at step 0 are the mixture's task rates")
+            if not isinstance(rates, Mapping) or not rates:
+                raise ValueError(f"mixture {self.name!r}: schedule stage at step {step} must map task names to "
+                                 f"rates (got {rates!r})")
+            stage = {}
+            for task_name, rate in rates.items():
+                if task_name not in self._rates:
+                    raise ValueError(f"mixture {self.name!r}: schedule stage at step {step} names task "
+                                     f"{task_name!r}, which is not in the mixture (tasks: {self.task_names}); list "
+                                     "it in the mixture's tasks, with rate 0 if it starts later")
+                if not callable(rate):
+                    rate = float(rate)
+                    if rate < 0 or math.isnan(rate):
+                        raise ValueError(f"mixture {self.name!r}: schedule rate of task {task_name!r} at step {step} "
+                                         f"must be >= 0 (got {rate})")
+                stage[task_name] = rate
+            out[step] = stage
+        return dict(sorted(out.items()))
+
+    @property
+    def schedule(self) -> dict[int, dict[str, Rate]]:
+        """The stages after step 0, {step: {task name: rate}} in step order ({} without a schedule)."""
+        return {step: dict(stage) for step, stage in self._schedule.items()}
+
+    def get_schedule(self, num_examples: Mapping[str, int] | None = None) -> dict[int, dict[str, float]]:
+        """Every stage's rates, {step: {task name: rate}} from step 0 (``get_rates``)
+        on; a task a stage leaves out has rate 0.0 in it. Without a schedule,
+        ``{0: get_rates(num_examples)}``.
+
+        Raises:
+          ValueError: as ``get_rates``, for any stage.
+        """
+        out = {0: self.get_rates(num_examples)}
+        for step, stage in self._schedule.items():
+            out[step] = self._evaluate({n: stage.get(n, 0.0) for n in self._rates}, num_examples,
+                                       where=f" at step {step}")
+        return out
 
     @property
     def task_names(self) -> list[str]:
@@ -143,27 +158,36 @@ class Mixture:
           ValueError: a callable rate without the task's count, a negative or NaN
             rate, or a total rate that is not > 0.
         """
+        return self._evaluate(self._rates, num_examples)
+
+    def _evaluate(self, given: Mapping[str, Rate], num_examples, *, where: str = "") -> dict[str, float]:
         rates = {}
-        for task_name, rate in self._rates.items():
+        for task_name, rate in given.items():
             if callable(rate):
                 if num_examples is None or task_name not in num_examples:
-                    raise ValueError(f"mixture {self.name!r}: the rate of task {task_name!r} depends on its "
+                    raise ValueError(f"mixture {self.name!r}: the rate of task {task_name!r}{where} depends on its "
                                      "number of examples, which was not given")
                 value = float(rate(int(num_examples[task_name])))
             else:
                 value = float(rate)
             if not value >= 0:
-                raise ValueError(f"mixture {self.name!r}: rate of task {task_name!r} is {value}; rates must be >= 0")
+                raise ValueError(f"mixture {self.name!r}: rate of task {task_name!r}{where} is {value}; rates must "
+                                 "be >= 0")
             rates[task_name] = value
         total = sum(rates.values())
         if not total > 0:
-            raise ValueError(f"mixture {self.name!r}: the total rate is {total}; at least one rate must be > 0 "
+            raise ValueError(f"mixture {self.name!r}: the total rate{where} is {total}; at least one rate must be > 0 "
                              f"(rates: {rates})")
         return rates
 
     def fingerprint(self) -> dict:
         """JSON-able identity: name and, per task, the rate (a number or a description)."""
-        return {"name": self.name, "tasks": [[n, _rate_fingerprint(r)] for n, r in self._rates.items()]}
+        out = {"name": self.name, "tasks": [[n, _rate_fingerprint(r)] for n, r in self._rates.items()]}
+        if self._schedule:
+            out["schedule"] = [[step, [[n, _rate_fingerprint(r)] for n, r in stage.items()]]
+                               for step, stage in self._schedule.items()]
+        return out
 
     def __repr__(self) -> str:
-        return f"Mixture({self.name!r}, {[(n, r) for n, r in self._rates.items()]})"
+        extra = f", schedule={self._schedule!r}" if self._schedule else ""
+        return f"Mixture({self.name!r}, {[(n, r) for n, r in self._rates.items()]}{extra})"

@@ -2,6 +2,9 @@
 
 The training source is, in this order of precedence:
 
+0. a mixture schedule (``seqcache train --mixture-schedule FILE``,
+   ``load_mixture_schedule``): {step: {task or cache folder: rate}}, rates that
+   change at the given steps (``seqcache.feeders.schedule``);
 1. ``data.mixture``: {cache folder: rate}; relative folders are under ``cache_dir``;
 2. ``data.task`` naming a cache folder (one with manifest.json);
 3. ``data.task`` naming ``CACHE_DIR/<task>/<split>``;
@@ -10,7 +13,8 @@ The training source is, in this order of precedence:
 
 Evaluation uses the same source with ``data.eval_split`` and ``num_epochs=1``:
 a finite stream that reads every example exactly once, the last batch padded
-with rows of zero loss weight.
+with rows of zero loss weight. (For a schedule: every cache of the schedule with
+equal rates; a finite run reads each example once whatever the rates.)
 """
 
 from __future__ import annotations
@@ -43,13 +47,105 @@ def _is_cache(path: str) -> bool:
     return os.path.isfile(os.path.join(path, fmt.MANIFEST_NAME))
 
 
-def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = ()) -> Source:
+def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
+    """Reads a mixture schedule file: JSON (``.json``) or YAML (``.yaml``/``.yml``)
+    holding {step: {task or cache folder: rate}}, e.g.
+    ``{"0": {"wiki": 1, "code": 1}, "10000": {"wiki": 3, "code": 1}}``.
+
+    Steps are integers >= 0 (JSON keys are strings of digits) and the first stage
+    is at step 0; rates are numbers >= 0 (0 or left out: not read in that stage).
+
+    Raises:
+      ConfigError: the file cannot be read or parsed, or a step or rate is bad;
+        the message names the file and the entry.
+    """
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            raw = yaml.safe_load(text)
+        else:
+            raw = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot read the mixture schedule: {e}") from None
+    except ImportError:
+        raise ConfigError(f"{path}: reading a YAML mixture schedule needs PyYAML (pip install pyyaml); "
+                          "or write it as JSON") from None
+    except Exception as e:  # yaml.YAMLError
+        raise ConfigError(f"{path}: cannot parse the mixture schedule: {e}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{path}: a mixture schedule is a mapping {{step: {{task: rate}}}} (got {raw!r})")
+    out: dict[int, dict[str, float]] = {}
+    for key, stage in raw.items():
+        try:
+            step = int(key) if not isinstance(key, bool) and str(key).strip().isdigit() else None
+        except ValueError:
+            step = None
+        if step is None:
+            raise ConfigError(f"{path}: schedule step {key!r} is not an integer >= 0")
+        if not isinstance(stage, dict) or not stage:
+            raise ConfigError(f"{path}: the stage at step {step} must map tasks to rates (got {stage!r})")
+        rates = {}
+        for name, rate in stage.items():
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0:
+                raise ConfigError(f"{path}: rate of {name!r} at step {step} is {rate!r}, expected a number >= 0")
+            rates[str(name)] = float(rate)
+        if step in out:
+            raise ConfigError(f"{path}: step {step} is given twice")
+        out[step] = rates
+    if 0 not in out:
+        raise ConfigError(f"{path}: a mixture schedule starts at step 0 (its first stage is at step {min(out)})")
+    return dict(sorted(out.items()))
+
+
+def _schedule_source(schedule: dict[int, dict[str, float]], data: DataConfig, split: str, *,
+                     for_eval: bool) -> Source:
+    """The feeder arguments of a mixture schedule. Each name is a task under
+    ``cache_dir`` (``CACHE_DIR/<task>/<split>``) or a cache folder (absolute, or
+    relative to ``cache_dir``; for another split, its sibling folder)."""
+    paths: dict[str, str] = {}
+    for stage in schedule.values():
+        for name in stage:
+            if name in paths:
+                continue
+            folder = name if os.path.isabs(name) or not data.cache_dir else os.path.join(data.cache_dir, name)
+            if split != data.split:
+                folder = os.path.join(os.path.dirname(os.path.normpath(folder)), split)
+            tried = [folder] + ([os.path.join(data.cache_dir, name, split)] if data.cache_dir else [])
+            found = next((p for p in tried if _is_cache(p)), None)
+            if found is None:
+                raise ConfigError(f"mixture schedule: {name!r} is neither a cache folder nor a task cache "
+                                  f"(tried {', '.join(tried)})")
+            paths[name] = found
+    if for_eval:
+        # A finite evaluation reads every example once whatever the rates.
+        return Source(kwargs={"mixture": {p: 1.0 for p in paths.values()}}, cache_dirs=tuple(paths.values()),
+                      name="mixture schedule")
+    mixture = {step: {paths[n]: r for n, r in stage.items() if r > 0} for step, stage in schedule.items()}
+    return Source(kwargs={"mixture": mixture}, cache_dirs=tuple(paths.values()),
+                  name=f"mixture schedule ({len(schedule)} stages)")
+
+
+def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), *,
+                   schedule: dict[int, dict[str, float]] | None = None, for_eval: bool = False) -> Source:
     """Where batches of ``split`` come from (see the module docstring).
+
+    Args:
+      schedule: a mixture schedule (``load_mixture_schedule``), which replaces
+        ``data.mixture`` and ``data.task``.
+      for_eval: the source evaluates (with a schedule: the schedule's caches of
+        ``split`` with equal rates).
 
     Raises:
       ConfigError: nothing to train on, or a name that is neither a cache folder nor
         a registered task or mixture (the message says what was tried).
     """
+    if schedule:
+        return _schedule_source(schedule, data, split, for_eval=for_eval)
     if data.mixture:
         pairs = {}
         for path, rate in data.mixture.items():

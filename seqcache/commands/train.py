@@ -58,6 +58,9 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 @click.option("--task", help="A cache folder, a task name under --cache-dir, or a registered task or mixture name.")
 @click.option("--split", help="Training split [default: train].")
 @click.option("--eval-split", help="Split to evaluate on (every example once) after training and every eval_every steps.")
+@click.option("--mixture-schedule", type=click.Path(exists=True, dir_okay=False),
+              help="JSON or YAML file {step: {task or cache folder: rate}}: mixing rates that change at the given "
+                   "steps (the first stage at step 0); replaces --task.")
 @click.option("--module", "modules", multiple=True, help="Python module or .py file that registers tasks and mixtures (repeatable).")
 @click.option("--steps", type=int, help="Total optimizer steps of the run.")
 @click.option("--batch-size", type=int, help="Global batch size (rows per step over all hosts).")
@@ -96,7 +99,7 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, sequence_length, mesh_flag, rules,
           checkpoint_dir, seed, model_preset, config_file, overrides, stop_at_step, tensorboard, dry_run,
           coordinator_address,
-          num_processes, process_id, jax_distributed, local_processes, local_devices):
+          num_processes, process_id, jax_distributed, local_processes, local_devices, mixture_schedule=None):
     """Train a decoder-only Transformer on a cache with the exactly-once feeder.
 
     The config is built from the defaults, then --model, then --config, then the
@@ -169,14 +172,16 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         cfg = dataclasses.replace(cfg, **updates)
         cfg = config_lib.apply_overrides(cfg, _split_overrides(overrides))
 
-        source = data_lib.resolve_source(cfg.data, cfg.data.split, tuple(modules))
+        schedule = data_lib.load_mixture_schedule(mixture_schedule) if mixture_schedule else None
+        source = data_lib.resolve_source(cfg.data, cfg.data.split, tuple(modules), schedule=schedule)
         if cfg.model.vocab_size is None:
             cfg = dataclasses.replace(
                 cfg, model=dataclasses.replace(cfg.model, vocab_size=data_lib.vocab_size_of(source))
             )
         cfg.validate()
         eval_source = (
-            data_lib.resolve_source(cfg.data, cfg.data.eval_split, tuple(modules)) if cfg.data.eval_split else None
+            data_lib.resolve_source(cfg.data, cfg.data.eval_split, tuple(modules), schedule=schedule, for_eval=True)
+            if cfg.data.eval_split else None
         )
         for src in (source, eval_source):
             if src is not None:

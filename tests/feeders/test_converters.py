@@ -61,12 +61,19 @@ def test_packed_encdec_segments_pair_up(caches):
     _, packed = caches
     with ConvertedFeeder(converter="encdec", cache=packed, sequence_length={"inputs": 256, "targets": 256},
                          global_batch_size=4, host_index=0, host_count=1) as f:
-        b = f.get_batch(0)
-    for row in range(4):
-        enc, dec = b["encoder_segment_ids"][row], b["decoder_segment_ids"][row]
-        assert enc.max() == dec.max() >= 2  # several examples per row, numbered alike
-        assert b["encoder_positions"][row][enc == 2][0] == 0
-        assert (b["decoder_input_tokens"][row][np.flatnonzero(np.diff(dec) != 0) + 1] == 0).all()
+        batches = [f.get_batch(s) for s in range(3)]
+    # Which rows first-fit packing filled with one example or several depends on
+    # the cache order (its fingerprint); every row pairs up, and most hold several.
+    several = 0
+    for b in batches:
+        for row in range(4):
+            enc, dec = b["encoder_segment_ids"][row], b["decoder_segment_ids"][row]
+            assert enc.max() == dec.max() >= 1  # the same examples on both sides, numbered alike
+            if enc.max() >= 2:
+                several += 1
+                assert b["encoder_positions"][row][enc == 2][0] == 0
+            assert (b["decoder_input_tokens"][row][np.flatnonzero(np.diff(dec) != 0) + 1] == 0).all()
+    assert several >= 6
 
 
 def test_exactly_once_resume_and_hosts(caches):

@@ -99,3 +99,52 @@ def test_a_resized_shard_is_refused_at_its_first_read_and_by_verify(make_cache):
         assert f"seqcache verify {path}" in str(e.value)
     report = verify_cache(path)
     assert any(info.file in p for p in report.problems)
+
+
+def _edit_manifest(path, edit):
+    mpath = os.path.join(path, fmt.MANIFEST_NAME)
+    raw = json.load(open(mpath))
+    edit(raw)
+    json.dump(raw, open(mpath, "w"))
+    return mpath
+
+
+def test_the_manifest_keeps_record_counts_as_one_array_and_builds_shard_entries_on_access(make_cache):
+    path = make_cache(n=N, num_shards=SHARDS)
+    raw = json.load(open(os.path.join(path, fmt.MANIFEST_NAME)))
+    m = fmt.read_manifest(path)
+    assert m.shards.num_records.tolist() == [s["num_records"] for s in raw["shards"]]
+    assert m.shard_starts.tolist() == np.concatenate([[0], np.cumsum(m.shards.num_records)]).tolist()
+    assert m.num_examples == N and not m.shard_starts.flags.writeable
+    assert m.shards._infos == [None] * SHARDS  # nothing built at open
+    assert [s.file for s in m.shards] == [s["file"] for s in raw["shards"]] == m.shards.files
+    assert m.shards[3] is m.shards[3] and m.shards[-1] == m.shards[SHARDS - 1]
+    assert m.shards[2].sha256 == raw["shards"][2]["sha256"]
+
+
+def test_a_bad_shard_entry_is_refused_at_that_shards_first_read_naming_it(make_cache):
+    path = make_cache(n=N, num_shards=SHARDS)
+    mpath = _edit_manifest(path, lambda raw: raw["shards"][6].update(num_bytes="12"))
+    with CacheReader(path, open_shards=False) as r:
+        assert r.read_examples([0])[0]["targets"][0] == 1  # shard 0 reads
+        with pytest.raises(fmt.CacheError, match=rf"^{mpath}: shard 6: num_bytes is '12', expected an integer >= 0"):
+            r.read([0, int(r.shard_starts[6])])
+    with pytest.raises(fmt.CacheError, match="shard 6: num_bytes is '12'"):
+        CacheReader(path)  # the eager open builds every entry
+    with pytest.raises(fmt.CacheError, match="shard 6: num_bytes"):
+        fmt.parse_manifest(json.load(open(mpath)))  # what a writer checks before writing
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda raw: raw["shards"][4].update(num_records=2.5), r"shard 4: num_records is 2.5, expected an integer >= 0"),
+    (lambda raw: raw["shards"][4].update(num_records=-1), r"shard 4: num_records is -1"),
+    (lambda raw: raw["shards"][4].pop("file"), r"shard 4: bad entry: 'file'"),
+    (lambda raw: raw["shards"][5].update(provenance_file="../x"), r"shard 5: file name '../x' is not a plain file name"),
+    (lambda raw: raw["shards"].reverse(), r"shard 0: file name 'data.array_record-00007-of-00008', expected "
+                                          r"'data.array_record-00000-of-00008'"),
+])
+def test_shard_names_and_record_counts_are_checked_at_open(make_cache, edit, message):
+    path = make_cache(n=N, num_shards=SHARDS)
+    mpath = _edit_manifest(path, edit)
+    with pytest.raises(fmt.CacheError, match=rf"^{mpath}: {message}"):
+        Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1)

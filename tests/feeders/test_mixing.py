@@ -114,6 +114,35 @@ def test_rate_num_examples_matches_seqio_formula():
         rate_num_examples(temperature=0)
 
 
+def test_one_rate_num_examples_for_tasks_and_feeders():
+    from seqcache import rates, tasks
+    from seqcache.feeders import mixing
+
+    assert tasks.rate_num_examples is rates.rate_num_examples is mixing.rate_num_examples
+    assert tasks.RateNumExamples is rates.RateNumExamples
+    assert tasks.mixture.Rate is rates.Rate is mixing.Rate
+    f = rate_num_examples(maximum=50, temperature=2.0)
+    assert isinstance(f, rates.RateNumExamples) and f.params() == {"maximum": 50, "temperature": 2.0, "scale": 1.0}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 0.5])
+def test_rate_num_examples_of_no_examples_is_zero_and_of_a_negative_count_an_error(temperature):
+    f = rate_num_examples(temperature=temperature, maximum=10)
+    assert f(0) == 0.0 and isinstance(f(0), float)
+    assert f(1) == pytest.approx(1.0) and f(20) == pytest.approx(10 ** (1 / temperature))
+    with pytest.raises(ValueError, match=r"number of examples must be >= 0 \(got -3\)"):
+        f(-3)
+
+
+def test_a_task_whose_rate_is_zero_from_its_count_is_left_out_of_a_task_mixture():
+    from seqcache.tasks import Mixture
+
+    m = Mixture("m", [("a", rate_num_examples()), ("b", 2.0)])
+    assert m.get_rates({"a": 0, "b": 5}) == {"a": 0.0, "b": 2.0}
+    with pytest.raises(ValueError, match="at least one rate must be > 0"):
+        Mixture("z", [("a", rate_num_examples())]).get_rates({"a": 0})
+
+
 def test_golden_mixing_pattern():
     # Changing this pattern changes every mixture's stream: it needs a
     # STATE_VERSION bump (seqcache.feeders.state).

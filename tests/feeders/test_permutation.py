@@ -95,3 +95,21 @@ def test_golden_order():
 GOLDEN_1000_SEED0_EPOCH0 = [48, 65, 357, 631, 183, 648, 2, 550, 663, 506, 485, 911]
 GOLDEN_1E9_SEED123_EPOCH4 = [234341759, 425479020, 268546787, 165247972, 985983924, 97076263]
 GOLDEN_KEYS = [5594584950804039154, 14522585653711432398]
+
+
+def test_permute_each_equals_each_permutation_applied_to_its_own_elements():
+    from seqcache.feeders.permutation import epoch_permutation, permute_each
+
+    rng = np.random.default_rng(7)
+    # Domains with and without cycle walking, a domain of 1, and a large one.
+    perms = [epoch_permutation(n=n, seed=3, task_key=f"t{j}", epoch=j % 3)
+             for j, n in enumerate([10, 17, 1, 1000, 2**40 + 5, 99])]
+    which = rng.integers(0, len(perms), size=5000)
+    x = np.array([rng.integers(0, perms[w].n) for w in which], dtype=np.int64)
+    got = permute_each(perms, which, x)
+    assert got.dtype == np.uint64
+    for j, perm in enumerate(perms):
+        m = which == j
+        assert np.array_equal(got[m], perm.permute(x[m]))
+    with pytest.raises(ValueError, match=r"out of range \[0, 10\) \(got 10\)"):
+        permute_each(perms, np.array([0, 3]), np.array([10, 0]))

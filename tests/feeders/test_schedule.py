@@ -256,3 +256,28 @@ def test_which_with_a_mixture_schedule_file_and_from_a_scheduled_state(two, tmp_
                 assert res.exit_code == 0, res.output
                 got.append(json.loads(res.output)["cache_index"])
         assert got == want, target
+
+
+def test_a_task_mixture_with_a_schedule_is_the_same_stream_as_its_cache_schedule(tmp_path, fx):
+    from seqcache.tasks import Mixture, rate_num_examples
+
+    root = tmp_path / "caches"
+    fx.write_fixture_cache(root / "a" / "train", n=30, num_shards=3, task="a")
+    fx.write_fixture_cache(root / "b" / "train", n=20, num_shards=2, task="b")
+    fx.write_fixture_cache(root / "c" / "train", n=10, num_shards=1, task="c")
+    # c starts at step 9 (rate 0 before); b's rate follows its example count (20).
+    mix = Mixture("m", [("a", 1.0), ("b", rate_num_examples()), ("c", 0.0)],
+                  schedule={CHANGE: {"a": 3, "b": 1}, 9: {"a": 1, "c": 1}})
+    assert mix.get_schedule({"a": 30, "b": 20, "c": 10}) == {
+        0: {"a": 1.0, "b": 20.0, "c": 0.0}, CHANGE: {"a": 3.0, "b": 1.0, "c": 0.0}, 9: {"a": 1.0, "b": 0.0, "c": 1.0}}
+    a, b, c = (str(root / t / "train") for t in "abc")
+    with _feeder(mix, caches_root=root) as f, _feeder({0: {a: 1, b: 20}, CHANGE: {a: 3, b: 1}, 9: {a: 1, c: 1}}) as g:
+        assert f.mixture_name == "m" and f.paths == [a, b, c]
+        assert _digest(f.get_batch(s) for s in range(14)) == _digest(g.get_batch(s) for s in range(14))
+        assert f.state()["schedule"] == g.state()["schedule"]
+        assert {int(t) for s in range(9, 14) for t in f.get_batch(s)["task_index"]} == {0, 2}
+    with pytest.raises(ValueError, match="names task 'd', which is not in the mixture"):
+        Mixture("m", [("a", 1.0)], schedule={5: {"d": 1}})
+    with pytest.raises(ValueError, match="schedule steps are integers >= 1"):
+        Mixture("m", [("a", 1.0)], schedule={0: {"a": 1}})
+    assert Mixture("m", [("a", 1.0)], schedule={5: {"a": 2}}).fingerprint() != Mixture("m", [("a", 1.0)]).fingerprint()

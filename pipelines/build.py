@@ -406,6 +406,7 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
     quarantine = spill.QuarantineSummary(**summary["quarantine"]) if summary["quarantine"] else spill.QuarantineSummary()
     statistics["skipped_records"] = quarantine.skipped_records
     statistics["replaced_records"] = quarantine.replaced_records
+    statistics["bad_input_records"] = stats_mod.BadInputCounts.merge([summary.get("bad_input")])
     if statistics["skipped_records"]:
         log.info(
             "task %s: skipped %d bad records; their locations and reasons are in %s",

@@ -133,6 +133,10 @@ def info(ctx, cache_dir, as_json, shards):
                 "replaced_records"):
         if key in stats:
             t.add_row(key.replace("_", " "), f"{stats[key]:,}")
+    from seqcache.pipelines.stats import describe_bad_input
+
+    for line in describe_bad_input(stats):
+        t.add_row("bad input", line)
     t.add_row("sources", common.plural(len(m.sources), "file"))
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
     console.print(t)

@@ -18,7 +18,7 @@ _SPEC_HELP = (
 
 
 def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
-                      on_error: "str | Mapping[str, str]" = "raise") -> Source:
+                      on_error: "str | Mapping[str, str] | None" = None) -> Source:
     """Builds a source from its command-line form.
 
     Forms: ``text:PATTERN``, ``files:PATTERN``, ``jsonl:PATTERN#FIELD`` and

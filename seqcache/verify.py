@@ -20,7 +20,7 @@ import hashlib
 import json
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, layout
 
 
 @dataclasses.dataclass
@@ -50,7 +50,10 @@ class VerifyReport:
 def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decode_batch, listed) -> ShardReport:
     from array_record.python.array_record_module import ArrayRecordReader
 
-    path = fs.join(cache_dir, name)
+    try:  # nothing outside the cache is opened
+        path = layout.cache_file(cache_dir, name, what="shard file")
+    except layout.UnsafeCachePathError as e:
+        return ShardReport(str(name), False, [str(e)])
     problems = []
     size = fs.size(path) if listed is None else listed.get(name)
     if size is None:
@@ -134,7 +137,11 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
             if desc.get("kind") == "sentencepiece":
                 problems.append(f"{manifest_path}: the SentencePiece vocabulary of feature {name!r} names no model file")
             continue
-        path = fs.join(cache_dir, desc["file"])
+        try:  # nothing outside the cache is opened
+            path = layout.cache_file(cache_dir, desc["file"], what=f"vocabulary model of feature {name!r}")
+        except layout.UnsafeCachePathError as e:
+            problems.append(str(e))
+            continue
         if not fs.isfile(path):
             problems.append(f"{path}: vocabulary file of feature {name!r} is missing (or not a file)")
         elif desc.get("sha256"):
@@ -183,7 +190,11 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
                 "records, but the manifest names no quarantine file (quarantine is null)"
             )
         return problems
-    path = fs.join(cache_dir, name)
+    try:  # nothing outside the cache is opened
+        path = layout.cache_file(cache_dir, name, what="quarantine file")
+    except layout.UnsafeCachePathError as e:
+        problems.append(str(e))
+        return problems
     if not fs.isfile(path):
         problems.append(
             f"{path}: quarantine file is missing (the manifest names it, for {declared['skipped']} skipped and "

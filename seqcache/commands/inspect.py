@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from seqcache import format as fmt
+from seqcache import layout
 from seqcache.commands import common
 
 
@@ -96,6 +97,7 @@ def info(ctx, cache_dir, as_json, shards):
         sys.exit(1)
     try:
         fmt.check_shard_files(cache_dir, m)
+        layout.check_named_files(cache_dir, m)  # the vocabulary models and quarantine file too
         problem = None
     except fmt.CacheError as e:
         problem = str(e)

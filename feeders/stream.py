@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Sequence, Union
 import numpy as np
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, layout
 from seqcache.feeders import mixing
 from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation
 from seqcache.feeders.reader import CacheReader
@@ -184,7 +184,7 @@ def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str
         names = list(mixture.task_names)
         # Local or mounted caches only (and no Beam in the feeder): a URL is refused before any read.
         root = fs.require_local(os.fspath(caches_root), "the feeder (CacheReader)")
-        paths = {n: os.path.join(root, n, split) for n in names}
+        paths = {n: layout.cache_path(root, n, split) for n in names}
         counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
         rates = mixture.get_rates(counts)
         # seqio semantics: a task with rate 0 is part of the mixture but never read.

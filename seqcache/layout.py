@@ -95,7 +95,7 @@ def cache_file(cache_dir: str, name: Any, *, what: str = "file", source: str | N
     source = source or f"{cache_dir.rstrip('/')}/{MANIFEST_NAME}"  # no file system asked for a message
     if not is_plain_name(name):
         raise UnsafeCachePathError(f"{source}: {what} {name!r} is not a plain file name inside the cache folder; "
-                           "the manifest was edited or is not this cache's: rebuild the cache")
+                                   "the manifest was edited or is not this cache's: rebuild the cache")
     path = fs.join(cache_dir, name)
     if fs.is_url(cache_dir):
         return path
@@ -103,10 +103,10 @@ def cache_file(cache_dir: str, name: Any, *, what: str = "file", source: str | N
     # can lead elsewhere (the cache folder may be a link: it is resolved too).
     if os.path.islink(path):
         target = os.path.realpath(path)
-        root = os.path.realpath(cache_dir)
+        root = os.path.realpath(fs.local_path(cache_dir))  # file:// URLs are local paths too
         if os.path.commonpath([root, target]) != root or target == root:
             raise UnsafeCachePathError(f"{path}: {what} is a link to {target}, outside the cache folder {root}; "
-                               "a cache's files must lie inside it: copy the file in or rebuild the cache")
+                                       "a cache's files must lie inside it: copy the file in or rebuild the cache")
     return path
 
 
@@ -182,7 +182,8 @@ def resolve_name(name: str, *, split: str, cache_dir: str | None = None,
     from seqcache import tasks
 
     if isinstance(obj, tasks.Mixture):
-        dirs = tuple(cache_path(cache_dir, t.name, split) for t in obj.get_tasks())
+        # By name: a mixture's tasks need not be registered where it is read.
+        dirs = tuple(cache_path(cache_dir, n, split) for n in obj.task_names)
         return Resolved("mixture", dirs, name, obj)
     return Resolved("task", (cache_path(cache_dir, obj.name, split),), f"{name}/{split}")
 

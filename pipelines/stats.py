@@ -52,6 +52,19 @@ class BadInputCounts:
             have[kind] = have.get(kind, 0) + 1
         self.records[action] += 1
 
+    def add_counts(self, action: str, records: int, kinds: Mapping[str, int]) -> None:
+        """Counts ``records`` records under ``action`` and ``kinds[kind]`` under
+        each kind (a batch's counts at once).
+
+        Raises:
+          ValueError: an action not in ``BAD_INPUT_ACTIONS``."""
+        if action not in self.counts:
+            raise ValueError(f"bad-input action must be one of {BAD_INPUT_ACTIONS} (got {action!r})")
+        have = self.counts[action]
+        for kind, n in kinds.items():
+            have[kind] = have.get(kind, 0) + int(n)
+        self.records[action] += int(records)
+
     def to_json(self) -> dict[str, dict[str, int]]:
         """See the class docstring; kinds sorted, every action present."""
         out = {action: dict(sorted(self.counts[action].items())) for action in BAD_INPUT_ACTIONS}

@@ -80,8 +80,8 @@ class ReadPreprocess:
     (file_index, record_number, action, message, kind))`` for each record that
     its source skipped or repaired, or the task's checks skipped, under the
     ``on_error`` policy: counted and quarantined, never dropped silently; and
-    ``("kept", kinds)`` for each record holding bad input its policy keeps as
-    it is (``SourceRecord.kept``): counted.
+    ``("kept", (records, {kind: records}))`` once per batch with records holding
+    bad input its policy keeps as it is (``SourceRecord.kept``): counted.
     """
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=512):
@@ -113,6 +113,7 @@ class ReadPreprocess:
     def _flush(self, records, key):
         yield "records", len(records)
         live = []
+        kept = None
         for r in records:
             issue = r.issue
             if issue is not None:
@@ -120,8 +121,13 @@ class ReadPreprocess:
                 if issue.action == "skipped":
                     continue
             if r.kept:
-                yield "kept", r.kept
+                kept = kept or collections.Counter()
+                kept[None] += 1  # records
+                kept.update(r.kept)
             live.append(r)
+        if kept:
+            records_kept = kept.pop(None)
+            yield "kept", (records_kept, dict(kept))
         if not live:
             return
         records = live
@@ -192,7 +198,7 @@ class ReadUnit:
                 if kind == "records":
                     records += payload
                 elif kind == "kept":
-                    bad_input.add("kept", payload)
+                    bad_input.add_counts("kept", *payload)
                 elif kind == "issue":
                     record_file, record_number, action, message, error_kind = payload
                     bad_input.add(action, error_kind.split(","))

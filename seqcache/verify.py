@@ -165,8 +165,10 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
     neither); every line must be a JSON object whose ``action`` is ``"skipped"``
     or ``"replaced"`` (a line without ``action``, from older caches, counts as
     skipped); and the entries by action must equal ``statistics.skipped_records``
-    and ``statistics.replaced_records`` (absent counts are 0). A manifest naming
-    no quarantine file must count no skipped or replaced record.
+    and ``statistics.replaced_records`` (absent counts are 0), and, when the
+    manifest has ``statistics.bad_input_records``, the entries per action and
+    kind must equal its ``skipped`` and ``replaced`` counts per kind. A manifest
+    naming no quarantine file must count no skipped or replaced record.
 
     Returns:
       The problems, each naming the file and the expected and actual value
@@ -202,6 +204,7 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
         )
         return problems
     counts: collections.Counter = collections.Counter()
+    by_kind: dict[str, collections.Counter] = {"skipped": collections.Counter(), "replaced": collections.Counter()}
     digest = hashlib.sha256()
     num_bytes = 0
     bad = 0
@@ -224,6 +227,9 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
                                     f"'replaced': {shown!r}")
                 continue
             counts[action] += 1
+            for kind in str(entry.get("kind") or "").split(","):  # a repair lists its kinds
+                if kind:
+                    by_kind[action][kind] += 1
     if bad > _MAX_BAD_LINES:
         problems.append(f"{path}: {bad - _MAX_BAD_LINES} more lines that are not quarantine entries")
     expected_bytes = manifest.raw.get("quarantine_num_bytes")
@@ -238,4 +244,12 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
                 f"{path}: {counts[action]} entries with action {action!r}, the manifest's statistics.{key} "
                 f"is {declared[action]}"
             )
+    per_kind = stats.get("bad_input_records")
+    if isinstance(per_kind, dict):  # absent in caches written before it was recorded
+        for action in ("skipped", "replaced"):
+            expected = per_kind.get(action) or {}
+            found = dict(sorted(by_kind[action].items()))
+            if found != expected:
+                problems.append(f"{path}: entries with action {action!r} per kind {found}, the manifest's "
+                                f"statistics.bad_input_records.{action} is {expected}")
     return problems

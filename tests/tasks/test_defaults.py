@@ -178,3 +178,21 @@ def test_the_defaults_leave_the_cache_bytes_unchanged(tmp_path, shared_data):
     assert a.exit_code == 0 and b.exit_code == 0, (a.output, b.output)
     assert _shard_digests(ca) == _shard_digests(cb)
     assert open(os.path.join(ca, "quarantine.jsonl"), "rb").read() == open(os.path.join(cb, "quarantine.jsonl"), "rb").read()
+
+
+def test_verify_checks_the_counts_per_kind_against_the_quarantine_file(tmp_path):
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("one\n\ntwo\n  \nthree \x1b[0m\n\n", encoding="utf-8")
+    out, cache = _build(tmp_path, "small", f"text:{corpus}")
+    assert out.exit_code == 0, out.output
+    manifest_path = os.path.join(cache, "manifest.json")
+    raw = json.loads(open(manifest_path, encoding="utf-8").read())
+    assert raw["statistics"]["bad_input_records"] == {
+        "skipped": {"empty": 2, "whitespace": 1}, "replaced": {}, "kept": {"control_characters": 1},
+        "records": {"skipped": 3, "replaced": 0, "kept": 1}}
+    assert CliRunner().invoke(main, ["verify", cache]).exit_code == 0
+    raw["statistics"]["bad_input_records"]["skipped"] = {"empty": 3}  # the total still matches
+    open(manifest_path, "w", encoding="utf-8").write(json.dumps(raw))
+    bad = CliRunner().invoke(main, ["verify", cache])
+    assert bad.exit_code == 1 and "per kind {'empty': 2, 'whitespace': 1}" in bad.output, bad.output
+    assert "statistics.bad_input_records.skipped is {'empty': 3}" in bad.output

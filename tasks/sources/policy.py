@@ -22,8 +22,9 @@ kind                    what                                                acti
                         a token id outside the vocabulary (``Task`` checks)
 ======================  ==================================================  ==========================
 
-The defaults build real corpora the way seqio and Hugging Face datasets read
-them, and stop only where the input cannot be what was meant. Blank and
+The defaults build the standard corpora that seqio and Hugging Face datasets
+read (which keep every record, silently), and stop only where the input cannot
+be what was meant. Blank and
 whitespace-only lines are layout (tinyshakespeare's 7,223 blank lines separate
 speeches, WikiText-2's ``" "`` lines separate paragraphs) and give no example:
 skipped, counted and listed. Control characters and U+2581 are rare but

@@ -26,11 +26,9 @@ def _vocabulary(reader, feature: str):
     if not desc:
         return None, f"the manifest describes no vocabulary for {feature!r}"
     try:
-        from seqcache.tasks import vocabulary_from_json
+        return reader.vocabulary(feature), None  # the model file's name is checked there
     except ImportError as e:  # seqcache.tasks is optional for readers
         return None, f"cannot import seqcache.tasks to rebuild the vocabulary: {e}"
-    try:
-        return vocabulary_from_json(desc, reader.cache_dir), None
     except (ValueError, OSError) as e:
         return None, str(e)
 

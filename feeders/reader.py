@@ -33,7 +33,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, layout
 
 # readahead_buffer_size:0 -> no read-ahead (random access). max_parallelism:0 turns
 # off the read-ahead threads; a batched read(indices) is still spread over
@@ -121,7 +121,7 @@ class CacheReader:
                 raise RuntimeError(f"{self.cache_dir}: reader is closed")
             reader = table[shard]
             if reader is None:
-                path = self._path(name)
+                path = layout.cache_file(self.cache_dir, name, what="shard file")
                 local = self._local_file(path)
                 self._check_size(shard, name, local, shown=path)
                 try:
@@ -298,11 +298,15 @@ class CacheReader:
 
         Raises:
           ImportError: seqcache.tasks is not importable.
-          ValueError: the stored model is missing or corrupt.
+          ValueError: the stored model is missing or corrupt; its name is not a
+            plain file name inside the cache, or it is a link out of the cache
+            (``seqcache.layout.UnsafeCachePathError``).
         """
         desc = self.manifest.vocabularies.get(feature)
         if not desc:
             return None
+        if "file" in desc:
+            layout.cache_file(self.cache_dir, desc["file"], what=f"vocabulary model of feature {feature!r}")
         from seqcache.tasks import vocabulary_from_json
 
         return vocabulary_from_json(desc, self.cache_dir)

@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, layout
 from seqcache.feeders import mixing
 from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation, permute_each
 from seqcache.feeders.reader import CacheReader
@@ -228,7 +228,7 @@ def _task_mixture_caches(mixture, caches_root, split) -> tuple[dict[str, str], d
         )
     # Local or mounted caches only (and no Beam in the feeder): a URL is refused before any read.
     root = fs.require_local(os.fspath(caches_root), "the feeder (CacheReader)")
-    paths = {n: os.path.join(root, n, split) for n in mixture.task_names}
+    paths = {n: layout.cache_path(root, n, split) for n in mixture.task_names}
     counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
     return paths, counts
 

@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, layout
 from seqcache.tasks.registry import USER_MODULE_PREFIX
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
@@ -409,6 +409,7 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
     quarantine = spill.QuarantineSummary(**summary["quarantine"]) if summary["quarantine"] else spill.QuarantineSummary()
     statistics["skipped_records"] = quarantine.skipped_records
     statistics["replaced_records"] = quarantine.replaced_records
+    statistics["bad_input_records"] = stats_mod.BadInputCounts.merge([summary.get("bad_input")])
     if statistics["skipped_records"]:
         log.info(
             "task %s: skipped %d bad records; their locations and reasons are in %s",
@@ -531,11 +532,6 @@ def import_beam():
     return fs.import_beam()
 
 
-def cache_path(cache_dir: str, task_name: str, split: str) -> str:
-    """``cache_dir/<task>/<split>``: where one task's cache lives."""
-    return writer.join(cache_dir, task_name, split)
-
-
 def _read_existing(out_dir: str):
     path = writer.join(out_dir, fmt.MANIFEST_NAME)
     if not writer.exists(path):
@@ -597,8 +593,8 @@ def _verify_written(out_dir: str, entries) -> None:
 
 
 def cache_path(cache_dir: str, task_name: str, split: str) -> str:
-    """``cache_dir/<task>/<split>``: where one task's cache lives."""
-    return fs.join(cache_dir, task_name, split)
+    """``cache_dir/<task>/<split>``: where one task's cache lives (``seqcache.layout.cache_path``)."""
+    return layout.cache_path(cache_dir, task_name, split)
 
 
 def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int) -> dict:

@@ -18,6 +18,95 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 
+# The actions a build counts records under, per kind of bad input.
+BAD_INPUT_ACTIONS = ("skipped", "replaced", "kept")
+
+
+class BadInputCounts:
+    """Records per kind of bad input, by what was done with them (records):
+    ``"skipped"`` (no example; listed in the quarantine file), ``"replaced"``
+    (repaired; listed too) and ``"kept"`` (accepted as it is under the policy's
+    ``"keep"``, e.g. control characters; counted only).
+
+    ``to_json()`` is ``{"skipped": {kind: records}, "replaced": {...}, "kept":
+    {...}, "records": {"skipped": n, "replaced": n, "kept": n}}``: a record
+    with two kinds counts once under each kind and once in ``records``. The
+    manifest's ``statistics.bad_input_records`` is that of the whole build.
+    """
+
+    __slots__ = ("counts", "records")
+
+    def __init__(self):
+        self.counts: dict[str, dict[str, int]] = {action: {} for action in BAD_INPUT_ACTIONS}
+        self.records: dict[str, int] = dict.fromkeys(BAD_INPUT_ACTIONS, 0)
+
+    def add(self, action: str, kinds) -> None:
+        """Counts one record under ``action`` and each kind in ``kinds``.
+
+        Raises:
+          ValueError: an action not in ``BAD_INPUT_ACTIONS``."""
+        if action not in self.counts:
+            raise ValueError(f"bad-input action must be one of {BAD_INPUT_ACTIONS} (got {action!r})")
+        have = self.counts[action]
+        for kind in kinds:
+            have[kind] = have.get(kind, 0) + 1
+        self.records[action] += 1
+
+    def add_counts(self, action: str, records: int, kinds: Mapping[str, int]) -> None:
+        """Counts ``records`` records under ``action`` and ``kinds[kind]`` under
+        each kind (a batch's counts at once).
+
+        Raises:
+          ValueError: an action not in ``BAD_INPUT_ACTIONS``."""
+        if action not in self.counts:
+            raise ValueError(f"bad-input action must be one of {BAD_INPUT_ACTIONS} (got {action!r})")
+        have = self.counts[action]
+        for kind, n in kinds.items():
+            have[kind] = have.get(kind, 0) + int(n)
+        self.records[action] += int(records)
+
+    def to_json(self) -> dict[str, dict[str, int]]:
+        """See the class docstring; kinds sorted, every action present."""
+        out = {action: dict(sorted(self.counts[action].items())) for action in BAD_INPUT_ACTIONS}
+        out["records"] = dict(self.records)
+        return out
+
+    @staticmethod
+    def merge(parts) -> dict[str, dict[str, int]]:
+        """The sum of several ``to_json()`` results (units or builds), as
+        ``to_json()``; None parts count as nothing."""
+        total = BadInputCounts()
+        for part in parts:
+            part = part or {}
+            for action in BAD_INPUT_ACTIONS:
+                have = total.counts[action]
+                for kind, n in (part.get(action) or {}).items():
+                    have[kind] = have.get(kind, 0) + int(n)
+                total.records[action] += int((part.get("records") or {}).get(action, 0))
+        return total.to_json()
+
+
+def describe_bad_input(statistics: Mapping[str, Any]) -> list[str]:
+    """One line per action of a manifest's ``statistics`` with records under it,
+    for a build's summary and ``seqcache info``, e.g. ``"skipped 7,223 records
+    (empty 7,223)"``, ``"kept 5 records unchanged (control_characters 5)"``.
+    Manifests from before ``bad_input_records`` give the skipped and replaced
+    totals."""
+    by_kind = statistics.get("bad_input_records") or {}
+    records = by_kind.get("records") or {}
+    out = []
+    for action, total_key, tail in (("skipped", "skipped_records", ""), ("replaced", "replaced_records", ""),
+                                    ("kept", None, " unchanged")):
+        kinds = by_kind.get(action) or {}
+        total = int(records.get(action) or (statistics.get(total_key) if total_key else 0) or 0)
+        if not total:
+            continue
+        detail = ", ".join(f"{kind} {n:,}" for kind, n in kinds.items())
+        noun = "record" if total == 1 else "records"
+        out.append(f"{action} {total:,} {noun}{tail}" + (f" ({detail})" if detail else ""))
+    return out
+
+
 class ShardStats:
     """Statistics of one written shard: examples and segments (records), tokens
     and the longest example per feature (tokens), tokens trimmed away."""

@@ -10,7 +10,7 @@ The pipeline is one straight line with one leaf::
   ``(shard, batch)`` for the examples of each shard (a batch's bytes, or where
   a spill file holds them: spill.py), ``(QUARANTINE_KEY, chunk path)`` for the
   records its source skipped or repaired, and ``(COUNTS_KEY, (unit, records
-  read, per-file counts))``. Everything is emitted from ``process``: nothing from
+  read, per-file counts, bad-input counts))``. Everything is emitted from ``process``: nothing from
   ``finish_bundle``, no tagged outputs, no metrics; some runners (Dask) lose
   or mix those.
 - ``WriteGroup`` gets one key with all its values: it sorts, packs and writes
@@ -79,7 +79,9 @@ class ReadPreprocess:
     truncated, example_bytes, lengths), ...])`` per batch, and ``("issue",
     (file_index, record_number, action, message, kind))`` for each record that
     its source skipped or repaired, or the task's checks skipped, under the
-    ``on_error`` policy: counted and quarantined, never dropped silently.
+    ``on_error`` policy: counted and quarantined, never dropped silently; and
+    ``("kept", (records, {kind: records}))`` once per batch with records holding
+    bad input its policy keeps as it is (``SourceRecord.kept``): counted.
     """
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=512):
@@ -111,13 +113,21 @@ class ReadPreprocess:
     def _flush(self, records, key):
         yield "records", len(records)
         live = []
+        kept = None
         for r in records:
             issue = r.issue
             if issue is not None:
                 yield "issue", (r.file_index, r.record_number, issue.action, issue.message, issue.kind)
                 if issue.action == "skipped":
                     continue
+            if r.kept:
+                kept = kept or collections.Counter()
+                kept[None] += 1  # records
+                kept.update(r.kept)
             live.append(r)
+        if kept:
+            records_kept = kept.pop(None)
+            yield "kept", (records_kept, dict(kept))
         if not live:
             return
         records = live
@@ -179,6 +189,7 @@ class ReadUnit:
         records = 0
         # file index -> [source examples, tokens per read feature]
         per_file: dict[int, list[int]] = {}
+        bad_input = stats_mod.BadInputCounts()
         width = 1 + len(self.reader.features)
         for file_index, start, stop in ranges:
             path = self.paths[file_index]
@@ -186,8 +197,11 @@ class ReadUnit:
             for kind, payload in self.reader.read(split):
                 if kind == "records":
                     records += payload
+                elif kind == "kept":
+                    bad_input.add_counts("kept", *payload)
                 elif kind == "issue":
                     record_file, record_number, action, message, error_kind = payload
+                    bad_input.add(action, error_kind.split(","))
                     state.quarantine.add(record_file, record_number, action, path, message, error_kind)
                     if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
                         yield QUARANTINE_KEY, self._write_quarantine(state, token)
@@ -207,7 +221,8 @@ class ReadUnit:
             yield from self._flush(state, token)
         if state.quarantine:
             yield QUARANTINE_KEY, self._write_quarantine(state, token)
-        yield COUNTS_KEY, (int(unit_index), records, sorted([fi, *row] for fi, row in per_file.items()))
+        yield COUNTS_KEY, (int(unit_index), records, sorted([fi, *row] for fi, row in per_file.items()),
+                           bad_input.to_json())
 
     def _flush(self, state, token):
         num_features = len(self.reader.features)
@@ -272,8 +287,8 @@ class WriteGroup:
     - ``QUARANTINE_KEY``: the chunks are merged into quarantine.jsonl:
       ``{"kind": "quarantine", "summary": <QuarantineSummary>}``;
     - ``COUNTS_KEY``: ``{"kind": "counts", "records": n, "units": u, "files":
-      [[file index, source examples, tokens per feature], ...]}``, each unit
-      counted once.
+      [[file index, source examples, tokens per feature], ...], "bad_input":
+      <BadInputCounts>}``, each unit counted once.
     """
 
     def __init__(self, task, *, out_dir, scratch_dir, num_shards, sequence_length, fs_options=()):
@@ -296,13 +311,15 @@ class WriteGroup:
         if key == COUNTS_KEY:
             per_unit = {v[0]: v[1:] for v in values}  # a unit read twice (a retried attempt) counts once
             files: dict[int, list[int]] = {}
-            for _, per_file in (v for v in per_unit.values() if len(v) > 1):
+            for per_file in (v[1] for v in per_unit.values() if len(v) > 1):
                 for fi, *row in per_file:
                     have = files.setdefault(int(fi), [0] * len(row))
                     for k, n in enumerate(row):
                         have[k] += int(n)
+            bad_input = stats_mod.BadInputCounts.merge(v[2] for v in per_unit.values() if len(v) > 2)
             yield 0, {"kind": "counts", "records": int(sum(v[0] for v in per_unit.values())),
-                      "units": len(per_unit), "files": sorted([fi, *row] for fi, row in files.items())}
+                      "units": len(per_unit), "files": sorted([fi, *row] for fi, row in files.items()),
+                      "bad_input": bad_input}
         elif key == QUARANTINE_KEY:
             yield 0, {"kind": "quarantine", "summary": self._quarantine(sorted(set(values)))}
         else:
@@ -379,19 +396,21 @@ class WriteSummary:
 def read_summary(scratch_dir: str) -> dict | None:
     """What ``WriteSummary`` wrote: ``{"shards": {i: result}, "records": n or
     None, "units": u or None, "quarantine": summary dict or None, "files": {file
-    index: [source examples, tokens per feature]} or None}``; None when there is no summary
-    (the pipeline did not finish)."""
+    index: [source examples, tokens per feature]} or None, "bad_input":
+    ``BadInputCounts`` JSON or None}``; None when there is no summary (the
+    pipeline did not finish)."""
     path = fs.join(scratch_dir, SUMMARY_NAME)
     if not fs.exists(path):
         return None
     results = json.loads(fs.read_text(path))["results"]
-    out = {"shards": {}, "records": None, "units": None, "quarantine": None, "files": None}
+    out = {"shards": {}, "records": None, "units": None, "quarantine": None, "files": None, "bad_input": None}
     for r in results:
         if r["kind"] == "shard":
             out["shards"][int(r["shard"])] = r
         elif r["kind"] == "counts":
             out["records"], out["units"] = int(r["records"]), int(r["units"])
             out["files"] = {int(row[0]): row[1:] for row in r.get("files", [])}
+            out["bad_input"] = r.get("bad_input")
         elif r["kind"] == "quarantine":
             out["quarantine"] = r["summary"]
     return out

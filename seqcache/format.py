@@ -523,10 +523,12 @@ def check_shard_files(cache_dir: str, manifest: Manifest) -> None:
       CacheError: naming the file, the expected and the actual value.
       seqcache.fs.FileSystemError: (URLs) the listing failed.
     """
+    from seqcache import layout
+
     listed = None if fs.is_local(cache_dir) else fs.sizes_in(cache_dir)
     for s in manifest.shards:
         for name, size in ((s.file, s.num_bytes), (s.provenance_file, s.provenance_num_bytes)):
-            p = fs.join(cache_dir, name)
+            p = layout.cache_file(cache_dir, name, what="shard file")
             actual = fs.size(p) if listed is None else listed.get(name)
             if actual is None:
                 raise CacheError(f"{p}: shard file is missing (the manifest lists it with {size} bytes)")

@@ -24,7 +24,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, layout
 
 REPORT_VERSION = 1
 TOP_FILES = 20
@@ -253,7 +253,7 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
            "replaced_records": int(stats.get("replaced_records", 0)), "kinds": []}
     if m.quarantine is None:
         return out
-    path = fs.join(cache_dir, m.quarantine)
+    path = layout.cache_file(cache_dir, m.quarantine, what="quarantine file")
     if not fs.exists(path):
         raise fmt.CacheError(f"{path}: the quarantine file the manifest names is missing; run `seqcache verify "
                              f"{cache_dir}`")

@@ -20,7 +20,7 @@ import hashlib
 import json
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, layout
 
 
 @dataclasses.dataclass
@@ -50,7 +50,10 @@ class VerifyReport:
 def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decode_batch, listed) -> ShardReport:
     from array_record.python.array_record_module import ArrayRecordReader
 
-    path = fs.join(cache_dir, name)
+    try:  # nothing outside the cache is opened
+        path = layout.cache_file(cache_dir, name, what="shard file")
+    except layout.UnsafeCachePathError as e:
+        return ShardReport(str(name), False, [str(e)])
     problems = []
     size = fs.size(path) if listed is None else listed.get(name)
     if size is None:
@@ -135,7 +138,11 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
                 what = "SentencePiece" if desc["kind"] == "sentencepiece" else "tokenizer.json"
                 problems.append(f"{manifest_path}: the {what} vocabulary of feature {name!r} names no model file")
             continue
-        path = fs.join(cache_dir, desc["file"])
+        try:  # nothing outside the cache is opened
+            path = layout.cache_file(cache_dir, desc["file"], what=f"vocabulary model of feature {name!r}")
+        except layout.UnsafeCachePathError as e:
+            problems.append(str(e))
+            continue
         if not fs.isfile(path):
             problems.append(f"{path}: vocabulary file of feature {name!r} is missing (or not a file)")
         elif desc.get("sha256"):
@@ -159,8 +166,11 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
     neither); every line must be a JSON object whose ``action`` is ``"skipped"``
     or ``"replaced"`` (a line without ``action``, from older caches, counts as
     skipped); and the entries by action must equal ``statistics.skipped_records``
-    and ``statistics.replaced_records`` (absent counts are 0). A manifest naming
-    no quarantine file must count no skipped or replaced record.
+    and ``statistics.replaced_records`` (absent counts are 0), and, when the
+    manifest has ``statistics.bad_input_records`` and the totals agree, the
+    entries per action and kind must equal its ``skipped`` and ``replaced``
+    counts per kind. A manifest
+    naming no quarantine file must count no skipped or replaced record.
 
     Returns:
       The problems, each naming the file and the expected and actual value
@@ -184,7 +194,11 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
                 "records, but the manifest names no quarantine file (quarantine is null)"
             )
         return problems
-    path = fs.join(cache_dir, name)
+    try:  # nothing outside the cache is opened
+        path = layout.cache_file(cache_dir, name, what="quarantine file")
+    except layout.UnsafeCachePathError as e:
+        problems.append(str(e))
+        return problems
     if not fs.isfile(path):
         problems.append(
             f"{path}: quarantine file is missing (the manifest names it, for {declared['skipped']} skipped and "
@@ -192,6 +206,7 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
         )
         return problems
     counts: collections.Counter = collections.Counter()
+    by_kind: dict[str, collections.Counter] = {"skipped": collections.Counter(), "replaced": collections.Counter()}
     digest = hashlib.sha256()
     num_bytes = 0
     bad = 0
@@ -214,6 +229,9 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
                                     f"'replaced': {shown!r}")
                 continue
             counts[action] += 1
+            for kind in str(entry.get("kind") or "").split(","):  # a repair lists its kinds
+                if kind:
+                    by_kind[action][kind] += 1
     if bad > _MAX_BAD_LINES:
         problems.append(f"{path}: {bad - _MAX_BAD_LINES} more lines that are not quarantine entries")
     expected_bytes = manifest.raw.get("quarantine_num_bytes")
@@ -228,4 +246,12 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
                 f"{path}: {counts[action]} entries with action {action!r}, the manifest's statistics.{key} "
                 f"is {declared[action]}"
             )
+    per_kind = stats.get("bad_input_records")
+    if isinstance(per_kind, dict):  # absent in caches written before it was recorded
+        for action in ("skipped", "replaced"):
+            expected = per_kind.get(action) or {}
+            found = dict(sorted(by_kind[action].items()))
+            if found != expected and counts[action] == declared[action]:  # else the totals said it
+                problems.append(f"{path}: entries with action {action!r} per kind {found}, the manifest's "
+                                f"statistics.bad_input_records.{action} is {expected}")
     return problems

@@ -90,7 +90,7 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
     Raises:
       FileNotFoundError: a source pattern matches nothing.
     """
-    own_policy = getattr(task.source, "on_error", ErrorPolicy("raise"))
+    own_policy = getattr(task.source, "on_error", ErrorPolicy())
     source = copy.copy(task.source)
     source.on_error = ErrorPolicy("skip")
     scanning = copy.copy(task)

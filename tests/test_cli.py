@@ -208,22 +208,36 @@ def test_source_options_with_a_registered_task_are_usage_errors(tmp_path, monkey
 def test_scan_lists_every_kind_and_the_options_that_go_on(tmp_path, shared_data):
     runner = CliRunner()
     corpus = shared_data / "unicode_edge" / "blns.txt"
-    out = runner.invoke(main, ["scan", "--source", f"text:{corpus}", "--json"])
-    assert out.exit_code == 1, out.output  # the default policy raises on what it finds
-    (report,) = json.loads(out.stdout)
+    # The default policy skips the blank and whitespace-only lines and keeps the control characters.
+    default = runner.invoke(main, ["scan", "--source", f"text:{corpus}", "--json"])
+    assert default.exit_code == 0, default.output
+    (report,) = json.loads(default.stdout)
     kinds = {k["kind"]: k for k in report["kinds"]}
-    assert set(kinds) == {"control_characters", "empty", "whitespace"}
-    assert all(k["action"] == "raise" for k in kinds.values())
+    assert {k: v["action"] for k, v in kinds.items()} == {
+        "control_characters": "keep", "empty": "skip", "whitespace": "skip"}
+    # The strict policy raises on each of them.
+    out = runner.invoke(main, ["scan", "--source", f"text:{corpus}", "--on-error", "raise", "--json"])
+    assert out.exit_code == 1, out.output
+    strict = {k["kind"]: k for k in json.loads(out.stdout)[0]["kinds"]}
+    assert {k: v["records"] for k, v in strict.items()} == {k: v["records"] for k, v in kinds.items()}
+    assert all(k["action"] == "raise" for k in strict.values())
     flags = ["--on-error", "control_characters=skip", "--on-error", "empty=skip", "--on-error", "whitespace=skip"]
-    table = runner.invoke(main, ["scan", "--source", f"text:{corpus}"])
+    table = runner.invoke(main, ["scan", "--source", f"text:{corpus}", "--on-error", "raise"])
     assert table.exit_code == 1 and " ".join(flags) in " ".join(table.output.split())
-    ok = runner.invoke(main, ["scan", "--source", f"text:{corpus}", *flags, "--json"])
+    ok = runner.invoke(main, ["scan", "--source", f"text:{corpus}", "--on-error", "raise", *flags, "--json"])
     assert ok.exit_code == 0 and [k["action"] for k in json.loads(ok.stdout)[0]["kinds"]] == ["skip"] * 3
     # The flags scan suggests make the build go through, skipping exactly the counted records.
-    built = runner.invoke(main, ["build", "--source", f"text:{corpus}", *flags, "--name", "blns",
-                                 "--cache-dir", str(tmp_path / "c"), "--json"])
+    built = runner.invoke(main, ["build", "--source", f"text:{corpus}", "--on-error", "raise", *flags,
+                                 "--name", "blns", "--cache-dir", str(tmp_path / "c"), "--json"])
     assert built.exit_code == 0, built.output
     assert json.loads(built.stdout)[0]["skipped_records"] == sum(k["records"] for k in kinds.values())
+    # With no flag at all the build skips the blank lines and counts the kept control characters.
+    built = runner.invoke(main, ["build", "--source", f"text:{corpus}", "--name", "blns",
+                                 "--cache-dir", str(tmp_path / "d"), "--json"])
+    assert built.exit_code == 0, built.output
+    counts = json.loads(built.stdout)[0]["bad_input_records"]
+    assert counts["skipped"] == {k: kinds[k]["records"] for k in ("empty", "whitespace")}
+    assert counts["kept"] == {"control_characters": kinds["control_characters"]["records"]}
 
 
 def test_an_interrupted_replacing_build_says_the_old_cache_is_untouched(tmp_path, monkeypatch):
@@ -258,7 +272,7 @@ def test_vocab_check_policy_flags_override_its_own_defaults(tmp_path):
 
 
 def test_ad_hoc_options_with_a_registered_task_and_scan_advice_for_it(tmp_path, monkeypatch):
-    _register_line_task(tmp_path, "reg_tasks_for_adhoc", "adhoc_opts", "one\n\ntwo\n")
+    _register_line_task(tmp_path, "reg_tasks_for_adhoc", "adhoc_opts", "one\rtwo\nthree\n")
     monkeypatch.chdir(tmp_path)
     base = ["build", "adhoc_opts", "--module", "reg_tasks_for_adhoc", "--cache-dir", str(tmp_path / "c")]
     for extra, named in [(["--vocabulary", "/nonexistent.model"], "--vocabulary"), (["--name", "zz"], "--name"),
@@ -266,7 +280,7 @@ def test_ad_hoc_options_with_a_registered_task_and_scan_advice_for_it(tmp_path, 
         out = CliRunner().invoke(main, base + extra)
         assert out.exit_code == 2 and f"{named} describes an ad-hoc --source" in out.output, out.output
     scan = CliRunner().invoke(main, ["scan", "adhoc_opts", "--module", "reg_tasks_for_adhoc"])
-    assert scan.exit_code == 1 and "on_error={'empty': 'skip'} in the task's source" in scan.output
+    assert scan.exit_code == 1 and "on_error={'carriage_return': 'skip'} in the task's source" in scan.output
     assert "--on-error" not in scan.output
     refused = CliRunner().invoke(main, ["scan", "adhoc_opts", "--module", "reg_tasks_for_adhoc", "--vocabulary", "x"])
     assert refused.exit_code == 2 and "--vocabulary" in refused.output

@@ -32,9 +32,9 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /
 # Far above a build's few seconds: reaching it means the command hung.
 TIMEOUT_S = 120
 MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
-A_TXT = b"ok\nbad \x01 control\nfine\n"
+A_TXT = b"ok\nbad \xff byte\nfine\n"
 # A line's record id is the byte offset of its first byte: line 2 starts after "ok\n".
-BAD_RECORD = f"line 2 (byte {A_TXT.index(b'bad')}) contains control character U+0001"
+BAD_RECORD = f"line 2 (byte {A_TXT.index(b'bad')}) is not valid UTF-8"
 
 
 def _marked_env() -> tuple[dict, str]:
@@ -70,7 +70,7 @@ def _run(args, *, cwd, env):
 
 @pytest.fixture
 def bad_corpus(tmp_path):
-    """Two text files; line 2 of a.txt holds U+0001 (raised on by default)."""
+    """Two text files; line 2 of a.txt is not UTF-8 (raised on by default)."""
     src = tmp_path / "in"
     src.mkdir()
     (src / "a.txt").write_bytes(A_TXT)
@@ -90,7 +90,7 @@ def test_failing_build_prints_the_same_one_line_error_as_in_memory_mode(tmp_path
     lines = workers.stderr.splitlines()
     assert len(lines) == 2, workers.stderr  # the error, and where to see every kind at once
     assert lines[0].startswith(f"error: {tmp_path / 'in' / 'a.txt'}: {BAD_RECORD}")
-    assert "--on-error control_characters=" in lines[0] and "seqcache scan" in lines[1]
+    assert "--on-error invalid_utf8=" in lines[0] and "seqcache scan" in lines[1]
     assert workers.stdout == ""
     assert (in_memory.returncode, in_memory.stderr, in_memory.stdout) == (1, workers.stderr, "")
 

@@ -25,6 +25,7 @@ import os
 from typing import Any, Callable
 
 from seqcache import format as fmt
+from seqcache import layout
 from seqcache.training.config import ConfigError, DataConfig, TrainConfig
 
 
@@ -41,10 +42,6 @@ class Source:
     kwargs: dict
     cache_dirs: tuple[str, ...]
     name: str
-
-
-def _is_cache(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, fmt.MANIFEST_NAME))
 
 
 def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
@@ -116,7 +113,7 @@ def _schedule_source(schedule: dict[int, dict[str, float]], data: DataConfig, sp
             if split != data.split:
                 folder = os.path.join(os.path.dirname(os.path.normpath(folder)), split)
             tried = [folder] + ([os.path.join(data.cache_dir, name, split)] if data.cache_dir else [])
-            found = next((p for p in tried if _is_cache(p)), None)
+            found = next((p for p in tried if layout.is_cache(p)), None)
             if found is None:
                 raise ConfigError(f"mixture schedule: {name!r} is neither a cache folder nor a task cache "
                                   f"(tried {', '.join(tried)})")
@@ -155,37 +152,19 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), 
     task = data.task
     if not task:
         raise ConfigError("no training data: give --task (a cache folder, task or mixture name) or data.mixture")
-    if _is_cache(task):
-        if split != data.split:
-            # A cache folder is one split; the sibling folder holds the other one.
-            sibling = os.path.join(os.path.dirname(os.path.normpath(task)), split)
-            if not _is_cache(sibling):
-                raise ConfigError(f"{task} is the cache of one split; no cache for split {split!r} at {sibling}")
-            return Source(kwargs={"cache": sibling}, cache_dirs=(sibling,), name=sibling)
-        return Source(kwargs={"cache": task}, cache_dirs=(task,), name=task)
-    if data.cache_dir:
-        path = os.path.join(data.cache_dir, task, split)
-        if _is_cache(path):
-            return Source(kwargs={"cache": path}, cache_dirs=(path,), name=f"{task}/{split}")
-    try:
-        from seqcache import tasks as tasks_lib
-    except ImportError:
-        tasks_lib = None
-    if tasks_lib is not None and data.cache_dir:
-        for module in modules:
-            tasks_lib.import_definitions(module)
-        try:
-            obj = tasks_lib.get_task_or_mixture(task)
-        except KeyError:
-            obj = None
-        if obj is not None:
-            if isinstance(obj, tasks_lib.Mixture):
-                dirs = tuple(os.path.join(data.cache_dir, t.name, split) for t in obj.get_tasks())
-                kwargs = {"mixture": obj, "caches_root": data.cache_dir, "split": split}
-                return Source(kwargs=kwargs, cache_dirs=dirs, name=task)
-            path = os.path.join(data.cache_dir, obj.name, split)
-            return Source(kwargs={"cache": path}, cache_dirs=(path,), name=f"{task}/{split}")
-    where = f" or {os.path.join(data.cache_dir, task, split)}" if data.cache_dir else ""
+    found = layout.resolve_name(task, split=split, cache_dir=data.cache_dir, modules=modules)
+    if found is not None and found.kind == "folder" and split != data.split:
+        # A cache folder is one split; the sibling folder holds the other one.
+        sibling = layout.sibling_split(task, split)
+        if not layout.is_cache(sibling):
+            raise ConfigError(f"{task} is the cache of one split; no cache for split {split!r} at {sibling}")
+        return Source(kwargs={"cache": sibling}, cache_dirs=(sibling,), name=sibling)
+    if found is not None and found.kind == "mixture":
+        kwargs = {"mixture": found.mixture, "caches_root": data.cache_dir, "split": split}
+        return Source(kwargs=kwargs, cache_dirs=found.cache_dirs, name=found.label)
+    if found is not None:
+        return Source(kwargs={"cache": found.cache_dirs[0]}, cache_dirs=found.cache_dirs, name=found.label)
+    where = f" or {layout.cache_path(data.cache_dir, task, split)}" if data.cache_dir else ""
     raise ConfigError(
         f"--task {task!r}: not a cache folder{where}, nor a registered task or mixture"
         + ("" if data.cache_dir else " (give --cache-dir to look up names)")

@@ -68,7 +68,7 @@ def _packing(pack, objective) -> str | None:
     return pack
 
 
-def adhoc_task(*, name, source_spec, exclude=(), on_error="raise", vocabulary_spec, extra_ids, sequence_length, pack,
+def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec, extra_ids, sequence_length, pack,
                objective=None, noise_density=None, mean_noise_span_length=None):
     """The task ``build --source ... --vocabulary ...`` describes.
 
@@ -400,7 +400,8 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
              "seconds": round(r.seconds, 3), "num_examples": r.manifest.num_examples,
              "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint,
              **{k: int(r.manifest.statistics.get(k) or 0)
-                for k in ("source_records", "skipped_records", "replaced_records", "truncated_tokens")}}
+                for k in ("source_records", "skipped_records", "replaced_records", "truncated_tokens")},
+             "bad_input_records": r.manifest.statistics.get("bad_input_records")}
             for r in results
         ], indent=2))
 
@@ -445,19 +446,12 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             f"({stats['truncated_tokens'] / max(total, 1):.1%}); {advice}",
             highlight=False,
         )
-    if stats.get("replaced_records"):
-        console.print(
-            f"[yellow]warning[/yellow]: repaired {common.plural(stats['replaced_records'], 'record')}, listed with what was "
-            f"repaired in {result.cache_dir}/quarantine.jsonl",
-            highlight=False,
-        )
-    if stats.get("skipped_records"):
-        console.print(
-            f"[yellow]warning[/yellow]: skipped {common.plural(stats['skipped_records'], 'bad record')}, listed with "
-            f"the reason in "
-            f"{result.cache_dir}/quarantine.jsonl",
-            highlight=False,
-        )
+    from seqcache.pipelines.stats import describe_bad_input
+
+    for line in describe_bad_input(stats):  # the source's on_error policy: counted, never silent
+        where = ("counted in the manifest's statistics" if line.startswith("kept")
+                 else f"listed with the reason in {result.cache_dir}/quarantine.jsonl")
+        console.print(f"[yellow]note[/yellow]: {line} under the source's on_error policy; {where}", highlight=False)
     return result
 
 

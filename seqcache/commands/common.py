@@ -254,11 +254,11 @@ def _on_error_parser(base: tuple[str, ...]):
         from seqcache.tasks import parse_on_error
 
         try:
-            spec = parse_on_error(list(values) or ["raise"])
+            spec = parse_on_error(list(values))  # None: every kind's default
             if not base:
                 return spec
             merged = dict(parse_on_error(list(base)))  # the user's values override the command's own
-            merged.update({"default": spec} if isinstance(spec, str) else spec)
+            merged.update({"default": spec} if isinstance(spec, str) else spec or {})
             return merged
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
@@ -267,12 +267,14 @@ def _on_error_parser(base: tuple[str, ...]):
 
 
 ON_ERROR_HELP = (
-    "Bad source records: 'raise' (the default: fail naming the file and record), 'skip' (leave them out, "
-    "counted and listed in the cache's quarantine file) or 'replace' (repair what can be repaired: bad UTF-8 "
-    "and control characters -> U+FFFD, a CR inside a line -> newline, U+2581 -> space; skip the rest). "
-    "KIND=ACTION sets one kind: invalid_utf8, carriage_return, control_characters, u2581, empty, whitespace, "
-    "malformed, missing_field, bad_value; ACTION is raise, skip, replace or keep (accept as is). Repeatable, "
-    "e.g. --on-error empty=skip --on-error control_characters=keep."
+    "Bad source records. By default empty and whitespace-only records are skipped (counted, and listed in the "
+    "cache's quarantine file), control characters and U+2581 are kept (counted), and invalid UTF-8, a CR inside "
+    "a line, malformed JSON, missing fields and wrong values fail naming the file and record. One action for "
+    "every kind: 'raise' (strict), 'skip' or 'replace' (repair what can be repaired: bad UTF-8 and control "
+    "characters -> U+FFFD, a CR inside a line -> newline, U+2581 -> space; skip the rest). KIND=ACTION sets one "
+    "kind: invalid_utf8, carriage_return, control_characters, u2581, empty, whitespace, malformed, "
+    "missing_field, bad_value; ACTION is raise, skip, replace or keep (accept as is). Repeatable, e.g. "
+    "--on-error control_characters=raise --on-error empty=keep."
 )
 
 

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from seqcache import format as fmt
+from seqcache import layout
 from seqcache.commands import common
 
 
@@ -112,6 +113,7 @@ def info(ctx, cache_dir, as_json, shards):
         sys.exit(1)
     try:
         fmt.check_shard_files(cache_dir, m)
+        layout.check_named_files(cache_dir, m)  # the vocabulary models and quarantine file too
         problem = None
     except fmt.CacheError as e:
         problem = str(e)
@@ -151,6 +153,10 @@ def info(ctx, cache_dir, as_json, shards):
                 "replaced_records"):
         if key in stats:
             t.add_row(key.replace("_", " "), f"{stats[key]:,}")
+    from seqcache.pipelines.stats import describe_bad_input
+
+    for line in describe_bad_input(stats):
+        t.add_row("bad input", line)
     t.add_row("sources", common.plural(len(m.sources), "file"))
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
     console.print(t)

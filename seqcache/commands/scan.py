@@ -17,7 +17,7 @@ from seqcache.commands import common
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
 @click.option("--source", "source_spec", help="Ad-hoc source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc source: leave out files whose path matches this glob.")
-@common.on_error_option("Ad-hoc source: the policy to compare against, as for build (default: raise).")
+@common.on_error_option("Ad-hoc source: the policy to compare against, as for build (default: each kind's default).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,
               help="Ad-hoc source: vocabulary for the token id checks (byte, a SentencePiece .model path or a tokenizer.json path).")
 @click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many source records.")

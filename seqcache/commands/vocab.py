@@ -26,8 +26,9 @@ MODELS = ("sentencepiece", "bpe", "unigram")
               help="Source spec: text:PATTERN, files:PATTERN, jsonl:PATTERN#FIELD or parquet:PATTERN#COLUMN. "
                    "Repeat to sample from several sources.")
 @on_error_option(
-    "Bad source records, as for build: raise (the default), skip (left out of the sample) or replace, or "
-    "KIND=ACTION per kind, e.g. --on-error empty=skip for text with blank lines. Repeatable.")
+    "Bad source records, as for build: by default empty and whitespace-only records are skipped, control "
+    "characters and U+2581 kept, and every other kind raises; raise (strict), skip (left out of the sample) or "
+    "replace for every kind, or KIND=ACTION per kind, e.g. --on-error control_characters=skip. Repeatable.")
 @click.option("--exclude", "exclude", multiple=True, help="Leave out files whose path matches this glob (repeatable).")
 @click.option("--model", type=click.Choice(MODELS), default="sentencepiece", show_default=True,
               help="sentencepiece: a SentencePiece .model file; bpe (byte-level BPE) or unigram: a Hugging Face "

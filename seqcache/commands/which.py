@@ -9,6 +9,7 @@ import sys
 import click
 
 from seqcache import format as fmt
+from seqcache import layout
 
 
 def _parse_rates(pairs, root: str) -> list[tuple[str, float]]:
@@ -54,10 +55,6 @@ def _checkpoint_steps(folder: str) -> list[int]:
     except OSError:
         return []
     return sorted(int(n) for n in names if n.isdigit() and os.path.isfile(os.path.join(folder, n, FEEDER_STATE_IN_STEP)))
-
-
-def _is_cache(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, fmt.MANIFEST_NAME))
 
 
 def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
@@ -111,7 +108,7 @@ def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed,
         if os.path.isfile(in_step):
             # A checkpoint step folder of `seqcache train`: its saved feeder state.
             return _read_state(in_step, in_step, batch_size, seed, num_epochs)
-        if not _is_cache(target):
+        if not layout.is_cache(target):
             steps = _checkpoint_steps(target)
             if steps:
                 raise click.UsageError(
@@ -125,25 +122,17 @@ def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed,
             f"no such file or folder: {target} (to look up a task or mixture name, give --cache-dir, the root of "
             "<task>/<split> caches)"
         )
-    # A task cache under --cache-dir, as `seqcache train --task NAME --cache-dir DIR` finds it.
-    under = os.path.join(cache_dir, target, split)
-    if _is_cache(under):
-        return {"cache": under, **common_kw}
-    # A registered task or mixture name.
-    from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions
-
-    for m in modules:
-        import_definitions(m)
-    try:
-        obj = get_task_or_mixture(target)
-    except KeyError as e:
-        reason = str(e.args[0] if e.args else e)
+    # A task cache under --cache-dir, or a registered task or mixture name: as
+    # `seqcache train --task NAME --cache-dir DIR` finds it.
+    found = layout.resolve_name(target, split=split, cache_dir=cache_dir, modules=modules)
+    if found is None:
+        under = layout.cache_path(cache_dir, target, split)
         raise click.UsageError(
-            f"no such file or folder: {target}; no cache at {under}; and {reason}"
-        ) from None
-    if isinstance(obj, Mixture):
-        return {"mixture": obj, "caches_root": cache_dir, "split": split, **common_kw}
-    return {"cache": os.path.join(cache_dir, obj.name, split), **common_kw}
+            f"no such file or folder: {target}; no cache at {under}; and {layout.not_registered(target)}"
+        )
+    if found.kind == "mixture":
+        return {"mixture": found.mixture, "caches_root": cache_dir, "split": split, **common_kw}
+    return {"cache": found.cache_dirs[0], **common_kw}
 
 
 def format_text(d: dict) -> str:

@@ -62,6 +62,9 @@ class SourceRecord(NamedTuple):
         for a skipped record too, for the quarantine file).
       issue: None for a clean record; else what was wrong and whether the record
         was skipped or repaired (``RecordIssue``).
+      kept: the kinds of bad input the record holds and its source accepted as
+        they are (action ``"keep"``, e.g. ``("control_characters",)``), in the
+        order met; the pipeline counts them in ``statistics.bad_input_records``.
     """
 
     file_index: int
@@ -69,6 +72,7 @@ class SourceRecord(NamedTuple):
     data: dict[str, Any]
     raw: bytes
     issue: RecordIssue | None = None
+    kept: tuple[str, ...] = ()
 
 
 class Split(NamedTuple):
@@ -325,7 +329,7 @@ class Source(abc.ABC):
     """
 
     kind: str = "source"
-    on_error: ErrorPolicy = ErrorPolicy("raise")
+    on_error: ErrorPolicy = ErrorPolicy()
     # What ``SourceRecord.record_number`` counts in this source's files (one of
     # ``LOCATORS``), for the manifest's source table and ``describe_record``.
     locator: str = "record"
@@ -411,15 +415,17 @@ class Source(abc.ABC):
                 repairs: Sequence[tuple[str, str]] = ()) -> SourceRecord:
         """The record after the content checks of ``check_text_values``; marked
         as repaired when ``repairs`` (made earlier) or the checks repaired it."""
-        checked, more, skip = check_text_values(data, where, self.on_error)
+        kept: list[str] = []
+        checked, more, skip = check_text_values(data, where, self.on_error, kept)
         if skip is not None:
             return SourceRecord(file_index, record_number, {}, raw, RecordIssue("skipped", skip[0], skip[1]))
         repairs = [*repairs, *more]
         if repairs:
             kinds = ",".join(dict.fromkeys(kind for kind, _ in repairs))
             message = "; ".join(m for _, m in repairs)
-            return SourceRecord(file_index, record_number, checked, raw, RecordIssue("replaced", kinds, message))
-        return SourceRecord(file_index, record_number, checked, raw)
+            return SourceRecord(file_index, record_number, checked, raw, RecordIssue("replaced", kinds, message),
+                                tuple(kept))
+        return SourceRecord(file_index, record_number, checked, raw, None, tuple(kept))
 
     def _decode(self, file_index: int, record_number: int, raw: bytes, where: "str | Where",
                 repairs: list) -> tuple[str | None, SourceRecord | None]:
@@ -449,7 +455,7 @@ class Source(abc.ABC):
 class _FileSource(Source):
     """Shared code of the sources that read files matched by glob patterns."""
 
-    def __init__(self, pattern: str | Sequence[str], *, on_error: "str | Mapping[str, str]" = "raise",
+    def __init__(self, pattern: str | Sequence[str], *, on_error: "str | Mapping[str, str] | None" = None,
                  exclude: str | Sequence[str] = ()):
         self.patterns = _patterns(pattern)
         self.on_error = ErrorPolicy(on_error)
@@ -480,7 +486,7 @@ class _TextSource(_FileSource):
     """Shared constructor of the sources whose records are plain text."""
 
     def __init__(self, pattern: str | Sequence[str], *, field: str = "text",
-                 on_error: "str | Mapping[str, str]" = "raise", exclude: str | Sequence[str] = ()):
+                 on_error: "str | Mapping[str, str] | None" = None, exclude: str | Sequence[str] = ()):
         super().__init__(pattern, on_error=on_error, exclude=exclude)
         self.field = field
 

@@ -44,7 +44,7 @@ class FunctionSource(Source):
     locator = "record"
 
     def __init__(self, fn: Callable[[], Iterable[dict]], *, name: str, version: str = "0",
-                 on_error: "str | Mapping[str, str]" = "raise"):
+                 on_error: "str | Mapping[str, str] | None" = None):
         if not callable(fn):
             raise TypeError(f"FunctionSource {name!r}: fn must be callable (got {type(fn).__name__})")
         if not name:

@@ -58,7 +58,7 @@ class JsonLinesSource(_FileSource):
     locator = "byte_offset"
 
     def __init__(self, pattern: str | Sequence[str], *, field: str = "text", output_key: str = "text",
-                 fields: dict[str, str] | None = None, on_error: "str | Mapping[str, str]" = "raise",
+                 fields: dict[str, str] | None = None, on_error: "str | Mapping[str, str] | None" = None,
                  exclude: str | Sequence[str] = ()):
         super().__init__(pattern, on_error=on_error, exclude=exclude)
         if fields is None:

@@ -50,7 +50,7 @@ class ParallelTextSource(Source):
     kind = "parallel"
     locator = "line"
 
-    def __init__(self, files: Mapping[str, str], *, on_error="raise"):
+    def __init__(self, files: Mapping[str, str], *, on_error=None):
         files = dict(files)
         if len(files) < 2:
             raise ValueError(f"ParallelTextSource needs at least two fields (got {sorted(files)})")

@@ -61,7 +61,7 @@ class ParquetSource(_FileSource):
 
     def __init__(self, pattern: str | Sequence[str], *, column: str = "text", output_key: str = "text",
                  columns: dict[str, str] | None = None, batch_size: int = 1024,
-                 on_error: "str | Mapping[str, str]" = "raise",
+                 on_error: "str | Mapping[str, str] | None" = None,
                  exclude: str | Sequence[str] = ()):
         super().__init__(pattern, on_error=on_error, exclude=exclude)
         if columns is None:

@@ -44,7 +44,7 @@ def _named_values(spec: str, text: str) -> dict[str, str] | None:
 
 
 def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
-                      on_error: "str | Mapping[str, str]" = "raise") -> Source:
+                      on_error: "str | Mapping[str, str] | None" = None) -> Source:
     """Builds a source from its command-line form.
 
     Forms: ``text:PATTERN``, ``files:PATTERN``, ``jsonl:PATTERN#FIELD`` and

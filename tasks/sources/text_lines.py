@@ -75,8 +75,8 @@ class TextLineSource(_TextSource):
     ``describe_record`` turns it into a line number. The line terminator
     (``"\\n"`` or ``"\\r\\n"``) is removed; a last line without a newline is a
     record. Every line is a record: empty and whitespace-only lines are bad input
-    of the kinds ``empty`` and ``whitespace`` (raised by default; for
-    paragraph-separated text use ``on_error={"empty": "skip"}``). A UTF-8 byte
+    of the kinds ``empty`` and ``whitespace`` (skipped and counted by default;
+    ``on_error={"empty": "keep"}`` keeps them as empty examples). A UTF-8 byte
     order mark at byte 0 is removed from the first record (from both ``data`` and
     ``raw``); elsewhere it is text.
 
@@ -86,8 +86,9 @@ class TextLineSource(_TextSource):
     Args:
       pattern: a glob pattern (``**`` recursive) or a sequence of them.
       field: key of the line's text in ``SourceRecord.data``.
-      on_error: the ``ErrorPolicy`` spec: ``"raise"``, ``"skip"``, ``"replace"``
-        or a mapping kind -> action. Kinds met here: ``invalid_utf8``,
+      on_error: the ``ErrorPolicy`` spec: None (every kind's default),
+        ``"raise"``, ``"skip"``, ``"replace"`` or a mapping kind -> action.
+        Kinds met here: ``invalid_utf8``,
         ``carriage_return`` (a CR that does not end the line) and the content
         kinds.
 

@@ -62,6 +62,8 @@ def test_empty_line_follows_the_policy(tmp_path):
     (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n")
     files = {"en": str(tmp_path / "a.en"), "de": str(tmp_path / "a.de")}
     with pytest.raises(ValueError, match="line 2"):
-        list(tasks.ParallelTextSource(files).read_all())
+        list(tasks.ParallelTextSource(files, on_error={"empty": "raise"}).read_all())
+    assert list(tasks.ParallelTextSource(files).read_all()) == list(
+        tasks.ParallelTextSource(files, on_error={"empty": "skip"}).read_all())  # skip is the default
     records = list(tasks.ParallelTextSource(files, on_error={"empty": "skip"}).read_all())
     assert [r.record_number for r in records if not tasks.is_error_record(r)] == [0, 2]

@@ -20,12 +20,17 @@ def test_every_kind_of_a_real_file_is_counted(shared_data):
         "empty": sum(1 for line in lines if line == ""),
         "whitespace": sum(1 for line in lines if line and line.isspace() and not control.search(line)),
     }
-    report = tasks.scan_task(_task(tasks.TextLineSource(str(path), on_error={"empty": "skip"})))
+    report = tasks.scan_task(_task(tasks.TextLineSource(str(path), on_error={"default": "raise", "empty": "skip"})))
     assert report.records == len(lines) and report.complete
     assert {k.kind: k.records for k in report.kinds} == {k: n for k, n in expected.items() if n}
     actions = {k.kind: k.action for k in report.kinds}
     assert actions["empty"] == "skip" and actions["control_characters"] == "raise"
     assert report.stops_build.kind == "control_characters"
+    # With the default policy the same counts are reported, and nothing stops a build.
+    default = tasks.scan_task(_task(tasks.TextLineSource(str(path))))
+    assert {k.kind: (k.records, k.action) for k in default.kinds} == {
+        k: (n, {"control_characters": "keep"}.get(k, "skip")) for k, n in expected.items() if n}
+    assert default.stops_build is None
     first_empty = lines.index("")
     offset = len("".join(line + "\n" for line in lines[:first_empty]).encode("utf-8"))
     assert next(k.first for k in report.kinds if k.kind == "empty") == f"{path}: line at byte {offset} is empty"

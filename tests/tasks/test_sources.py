@@ -21,7 +21,11 @@ def _first(source, n=None):
 def test_text_lines_tinyshakespeare(shared_data):
     path = str(shared_data / "tinyshakespeare" / "input.txt")
     with pytest.raises(ValueError, match=r"input.txt: line 3 \(byte 61\) is empty; .*--on-error empty="):
-        _first(S.TextLineSource(path))  # empty lines raise by default
+        _first(S.TextLineSource(path, on_error="raise"))  # empty lines raise when asked to
+    # By default the blank lines that separate speeches are skipped, each marked for the quarantine file.
+    default = list(S.TextLineSource(path).read_all())
+    skipped = [r for r in default if S.is_error_record(r)]
+    assert len(skipped) == 7_223 and {r.issue.kind for r in skipped} == {"empty"} and len(default) == 40_000
     src = S.TextLineSource(path, on_error={"empty": "keep"})
     (f,) = src.list_files()
     assert f.num_bytes == 1_115_394
@@ -224,7 +228,12 @@ def test_control_characters_raise_skip_replace_or_keep(tmp_path):
     p.write_bytes("plain\ncolour \x1b[31mred\nit\u0092s\ttab\x0cff\u0085nel\nnul\x00\n".encode())
     with pytest.raises(ValueError, match=r"ctl.txt: line 2 \(byte 6\) contains control character U\+001B at "
                                          r"character 7; .*--on-error control_characters="):
-        _first(S.TextLineSource(str(p)))
+        _first(S.TextLineSource(str(p), on_error={"control_characters": "raise"}))
+    # The default keeps them as they are and names the kind on the record, for the build to count.
+    default = _first(S.TextLineSource(str(p)))
+    assert [r.data["text"] for r in default] == p.read_text().split("\n")[:-1]
+    assert [r.kept for r in default] == [(), ("control_characters",), ("control_characters",), ("control_characters",)]
+    assert all(r.issue is None for r in default)
     skipped = _texts(S.TextLineSource(str(p), on_error={"control_characters": "skip"}))
     assert [(n, t) for n, t, err, _ in skipped if err is None] == [(0, "plain")]
     assert "U+0092 at character 2" in skipped[2][2] and "U+0000" in skipped[3][2]
@@ -239,7 +248,9 @@ def test_u2581_raises_and_can_become_a_space(tmp_path):
     p = tmp_path / "pieces.txt"
     p.write_text("▁already ▁tokenized\nclean\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 1 \(byte 0\) contains U\+2581 .* at character 0"):
-        _first(S.TextLineSource(str(p)))
+        _first(S.TextLineSource(str(p), on_error={"u2581": "raise"}))
+    default = _first(S.TextLineSource(str(p)))  # kept by default, and named for the count
+    assert [(r.data["text"], r.kept) for r in default] == [("▁already ▁tokenized", ("u2581",)), ("clean", ())]
     assert [t for _, t, _, _ in _texts(S.TextLineSource(str(p), on_error={"u2581": "replace"}))] == [
         " already  tokenized", "clean"]
     assert _texts(S.TextLineSource(str(p), on_error={"u2581": "keep"}))[0][1] == "▁already ▁tokenized"
@@ -247,7 +258,7 @@ def test_u2581_raises_and_can_become_a_space(tmp_path):
     q = tmp_path / "only.txt"
     q.write_text("▁\n", encoding="utf-8")
     with pytest.raises(ValueError, match="holds only whitespace"):
-        _first(S.TextLineSource(str(q), on_error={"u2581": "replace"}))
+        _first(S.TextLineSource(str(q), on_error={"u2581": "replace", "whitespace": "raise"}))
 
 
 def test_whitespace_only_lines_of_wikitext(shared_data):
@@ -258,8 +269,9 @@ def test_whitespace_only_lines_of_wikitext(shared_data):
         offsets.append(offsets[-1] + len(line.encode("utf-8")) + 1)
     blank = [i for i, line in enumerate(lines) if line.isspace()]
     with pytest.raises(ValueError, match=rf"line {blank[0] + 1} \(byte {offsets[blank[0]]}\) holds only whitespace"):
-        _first(S.TextLineSource(str(path)))
-    records = _first(S.TextLineSource(str(path), on_error={"whitespace": "skip"}))
+        _first(S.TextLineSource(str(path), on_error={"whitespace": "raise"}))
+    records = _first(S.TextLineSource(str(path)))  # skipped by default
+    assert records == _first(S.TextLineSource(str(path), on_error={"whitespace": "skip"}))
     assert [r.record_number for r in records if S.is_error_record(r)] == [offsets[i] for i in blank]
     assert len(blank) > 1000
     assert [r.data["text"] for r in records if not S.is_error_record(r)] == [l for l in lines if not l.isspace()]
@@ -276,11 +288,16 @@ def test_empty_values_in_every_kind_of_source(tmp_path):
     # A zero-byte file has no lines (no record), but as a whole file it is one empty record.
     assert _first(S.TextLineSource(str(tmp_path / "zero.txt"))) == []
     with pytest.raises(ValueError, match=r"zero.py: file is empty"):
-        _first(S.TextFileSource(str(tmp_path / "zero.py")))
+        _first(S.TextFileSource(str(tmp_path / "zero.py"), on_error="raise"))
     with pytest.raises(ValueError, match=r"e.jsonl: line 2 \(byte 14\) is empty"):
-        _first(S.JsonLinesSource(str(tmp_path / "e.jsonl")))
+        _first(S.JsonLinesSource(str(tmp_path / "e.jsonl"), on_error="raise"))
     with pytest.raises(ValueError, match=r"e.parquet: record 1 \(row index 1\) holds only whitespace"):
-        _first(S.ParquetSource(str(tmp_path / "e.parquet")))
+        _first(S.ParquetSource(str(tmp_path / "e.parquet"), on_error="raise"))
+    # By default each is skipped, with its kind.
+    for source, kind in [(S.TextFileSource(str(tmp_path / "zero.py")), "empty"),
+                         (S.JsonLinesSource(str(tmp_path / "e.jsonl")), "empty"),
+                         (S.ParquetSource(str(tmp_path / "e.parquet")), "whitespace")]:
+        assert [r.issue.kind for r in _first(source) if S.is_error_record(r)] == [kind]
     kept = S.ParquetSource(str(tmp_path / "e.parquet"), on_error={"whitespace": "keep"})
     assert [r.data["text"] for r in _first(kept)] == ["x", "  "]
 
@@ -289,13 +306,14 @@ def test_several_fields_name_the_field(tmp_path):
     p = tmp_path / "pairs.jsonl"
     p.write_text('{"src": "Hallo", "tgt": "Hello"}\n{"src": "Welt", "tgt": ""}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 2 \(byte 33\), field 'targets', is empty"):
-        _first(S.JsonLinesSource(str(p), fields={"inputs": "src", "targets": "tgt"}))
+        _first(S.JsonLinesSource(str(p), fields={"inputs": "src", "targets": "tgt"}, on_error="raise"))
 
 
 def test_function_source_values_are_checked_too():
-    src = S.FunctionSource(_with_control, name="ctl")
+    src = S.FunctionSource(_with_control, name="ctl", on_error={"control_characters": "raise"})
     with pytest.raises(ValueError, match=r"<function ctl>: record 1 contains control character U\+0007"):
         _first(src)
+    assert [r.kept for r in _first(S.FunctionSource(_with_control, name="ctl"))] == [(), ("control_characters",)]
     assert [r.data["text"] for r in _first(S.FunctionSource(_with_control, name="ctl",
                                                             on_error={"control_characters": "replace"}))] == [
         "fine", "bell\ufffd"]
@@ -311,6 +329,16 @@ def test_error_policy_parsing_and_fingerprint():
     policy = S.ErrorPolicy({"default": "skip", "empty": "keep"})
     assert policy.action("invalid_utf8") == "skip" and policy.action("empty") == "keep"
     assert S.ErrorPolicy({"empty": "skip"}).action("malformed") == "raise"
+    # The defaults: skip empty and whitespace-only records, keep control characters and U+2581, raise on the rest.
+    defaults = S.ErrorPolicy().to_json()
+    assert {k for k, v in defaults.items() if v == "skip"} == {"empty", "whitespace"}
+    assert {k for k, v in defaults.items() if v == "keep"} == {"control_characters", "u2581"}
+    assert {k for k, v in defaults.items() if v == "raise"} == {
+        "invalid_utf8", "carriage_return", "malformed", "missing_field", "bad_value"}
+    assert S.ErrorPolicy(None) == S.ErrorPolicy({}) == S.TextLineSource("x.txt").on_error
+    assert S.ErrorPolicy({"control_characters": "raise"}).to_json() == {**defaults, "control_characters": "raise"}
+    assert S.ErrorPolicy("raise").to_json() == {k: "raise" for k in S.ERROR_KINDS}  # strict: every kind
+    assert S.parse_on_error([]) is None and S.parse_on_error(["raise"]) == "raise"
     for bad, message in [({"empty": "replace"}, r"on_error\['empty'\] must be one of"),
                          ({"nope": "skip"}, "unknown kind of bad input 'nope'"), ("keep", "set per kind"),
                          ("ignore", "must be one of")]:
@@ -392,7 +420,8 @@ def test_empty_token_lists_are_empty_records(tmp_path):
     p = tmp_path / "ids.jsonl"
     p.write_text('{"text": [5, 6]}\n{"text": []}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 2 \(byte 17\) is empty \(no token ids\)"):
-        _first(S.JsonLinesSource(str(p)))
+        _first(S.JsonLinesSource(str(p), on_error={"empty": "raise"}))
+    assert [S.is_error_record(r) for r in _first(S.JsonLinesSource(str(p)))] == [False, True]  # skipped by default
     assert [r.data["text"] for r in _first(S.JsonLinesSource(str(p), on_error={"empty": "keep"}))] == [[5, 6], []]
 
 
@@ -416,7 +445,7 @@ def test_command_line_policy_values():
     for values, message in [(["empty=skip", "empty=keep"], "empty given twice"),
                             (["skip", "replace"], "the action for every kind given twice"),
                             (["keep"], "'keep' is given per kind, e.g. empty=keep"),
-                            (["empty=replace"], "empty can be raise, skip, keep"),
+                            (["empty=replace"], "empty can be skip, raise, keep"),
                             (["nope=skip"], "unknown kind 'nope'")]:
         with pytest.raises(ValueError, match=message):
             S.parse_on_error(values)

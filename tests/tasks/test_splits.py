@@ -115,7 +115,7 @@ def test_messages_do_not_depend_on_the_split_but_raised_errors_give_the_line(tmp
     # Raised from a split that starts in the middle of the file: the line is counted from byte 0.
     split = S.Split(0, str(p), 13, 14, 1)
     with pytest.raises(ValueError, match=r"gaps\.txt: line 3 \(byte 13\) is empty; .*--on-error empty="):
-        list(S.TextLineSource(str(p)).read_split(split))
+        list(S.TextLineSource(str(p), on_error={"empty": "raise"}).read_split(split))
     q = tmp_path / "bad.jsonl"
     q.write_bytes(b'{"text": "a"}\n\n{"text": "b"}\nnot json\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl: line 4 \(byte 29\) is not valid JSON"):

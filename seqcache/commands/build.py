@@ -33,16 +33,18 @@ def parse_sequence_length(values, default_feature="targets"):
     return out or None
 
 
-def adhoc_task(*, name, source_spec, exclude=(), on_error="raise", vocabulary_spec, extra_ids, sequence_length, pack):
+def adhoc_task(*, name, source_spec, exclude=(), on_error="raise", vocabulary_spec, extra_ids, sequence_length, pack,
+               split="train", tfds_data_dir=None):
     """The task ``build --source ... --vocabulary ...`` describes: one feature,
     ``targets``, tokenized with EOS appended, trimmed to the sequence length (or
     packed to it with ``--pack``)."""
     from seqcache import tasks
 
     try:
-        source = tasks.parse_source_spec(source_spec, exclude=exclude, on_error=on_error)
+        source = tasks.parse_source_spec(source_spec, exclude=exclude, on_error=on_error, split=split,
+                                         tfds_data_dir=tfds_data_dir)
         vocabulary = tasks.vocabulary_from_spec(vocabulary_spec, extra_ids=extra_ids)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ImportError) as e:
         raise click.UsageError(str(e)) from None
     pre = [tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(), tasks.preprocessors.append_eos()]
     if sequence_length and not pack:
@@ -79,7 +81,10 @@ def import_modules(modules):
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--cache-dir", required=True, help="Root folder of caches (local path, or gs://... / s3://... URL).")
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
-@click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
+@click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column "
+              "| tfrecord:GLOB[#feature] | tfds:NAME[/CONFIG][:VERSION][@SPLIT]#feature | hf:PATH[@SPLIT]#column.")
+@click.option("--tfds-data-dir", "tfds_data_dir", help="Ad-hoc tfds: source: the folder the TFDS dataset was prepared "
+              "into (default: $TFDS_DATA_DIR or ~/tensorflow_datasets). Nothing is downloaded.")
 @common.on_error_option()
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc task: leave out files whose path matches this glob (repeatable).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte or a SentencePiece .model path.")
@@ -102,7 +107,7 @@ def import_modules(modules):
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
 @click.pass_context
 def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
-          pack, seed, num_shards, shard_size, split_size, exchange, overwrite, as_json, verbose):
+          pack, seed, num_shards, shard_size, split_size, exchange, overwrite, as_json, verbose, tfds_data_dir=None):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 
@@ -140,10 +145,11 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         if pack and not seq_len:
             raise click.UsageError("--pack needs --sequence-length")
         task_list = [adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error, vocabulary_spec=vocabulary_spec,
-                                extra_ids=extra_ids, sequence_length=seq_len, pack=pack)]
+                                extra_ids=extra_ids, sequence_length=seq_len, pack=pack, split=split,
+                                tfds_data_dir=tfds_data_dir)]
     elif name:
         given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
-                                                  "pack"))
+                                                  "pack", "tfds_data_dir"))
         if given:
             raise click.UsageError(
                 f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
@@ -206,7 +212,7 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
         try:
             result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                 overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
-        except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError) as e:
+        except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
             if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
                 message = _cause(e)
                 console.print(f"[red]error:[/red] {message}", highlight=False)

@@ -108,8 +108,10 @@ def iter_tfrecords(path: str, start: int = 0, stop: int | None = None) -> Iterat
                     raise TFRecordCorrupt(f"{path}: record {index}: the length's CRC does not match: not a TFRecord "
                                           "file, or a damaged one")
                 if index < start:
-                    skipped = f.seek(length + 4, 1) if f.seekable() else len(read(length + 4))
-                    del skipped
+                    if f.seekable():
+                        f.seek(length + 4, 1)
+                    else:
+                        read(length + 4)
                     index += 1
                     continue
                 body = read(length + 4)
@@ -201,14 +203,18 @@ def decode_example(data: bytes) -> dict[str, tuple[str, list]]:
     (ints), ``"float_list"`` (floats) or ``""`` (a feature with no list).
 
     Raises:
-      ValueError: ``data`` does not parse as a ``tf.train.Example``."""
+      ValueError: ``data`` does not parse as a ``tf.train.Example``, or is not
+        empty and holds none of its fields (e.g. a line of text)."""
     from google.protobuf.message import DecodeError
 
     ex = example_class()()
     try:
         ex.ParseFromString(data)
-    except DecodeError as e:
-        raise ValueError(f"not a tf.train.Example ({e})") from None
+    except DecodeError:
+        raise ValueError("not a tf.train.Example (its bytes do not parse as one)") from None
+    if data and not ex.ListFields():
+        # Text and other bytes often parse as fields unknown to Example: none of its own.
+        raise ValueError("not a tf.train.Example (none of its bytes are Example fields)")
     out = {}
     for name, feat in ex.features.feature.items():
         kind = feat.WhichOneof("kind") or ""

@@ -40,8 +40,13 @@ def lines(shared_data):
 
 
 @pytest.fixture(scope="module")
-def tf():
-    _need("google_crc32c")
+def crc32c():
+    """google-crc32c, which the TFRecord reader needs (TensorFlow it does not)."""
+    return _need("google_crc32c")
+
+
+@pytest.fixture(scope="module")
+def tf(crc32c):
     return _need("tensorflow")
 
 
@@ -78,7 +83,7 @@ def test_framing_and_example_match_tensorflow(tmp_path, tf, lines):
     assert [i for i, _, _ in tfr.iter_tfrecords(str(tmp_path / "c.tfrecord"), 5, 8)] == [5, 6, 7]
 
 
-def test_tfrecord_source_text_ids_and_raw(tmp_path, tf, lines):
+def test_tfrecord_source_text_ids_and_raw(tmp_path, crc32c, lines):
     records = [tfr.encode_example({"text": line, "ids": list(range(k % 4 + 1))}) for k, line in enumerate(lines)]
     tfr.write_tfrecords(str(tmp_path / "part-0.tfrecord"), records[:100])
     tfr.write_tfrecords(str(tmp_path / "part-1.tfrecord"), records[100:])
@@ -100,7 +105,7 @@ def test_tfrecord_source_text_ids_and_raw(tmp_path, tf, lines):
     assert src.fingerprint() != S.TFRecordSource(str(tmp_path / "part-*.tfrecord"), feature="ids").fingerprint()
 
 
-def test_tfrecord_bad_records_go_through_the_policy(tmp_path, tf):
+def test_tfrecord_bad_records_go_through_the_policy(tmp_path, crc32c):
     path = tmp_path / "bad.tfrecord"
     records = [
         tfr.encode_example({"text": "fine"}),
@@ -109,15 +114,20 @@ def test_tfrecord_bad_records_go_through_the_policy(tmp_path, tf):
         tfr.encode_example({"text": b"\xff\xfe bad"}),   # 3: not UTF-8
         tfr.encode_example({"text": 1.5}),               # 4: a float feature
         tfr.encode_example({"text": "also fine"}),
+        b"First Citizen:",                               # 6: text, not an Example
     ]
     tfr.write_tfrecords(str(path), records)
     with pytest.raises(ValueError, match=r"bad.tfrecord: record 1 is not a tf.train.Example .*--on-error malformed="):
         list(S.TFRecordSource(str(path), feature="text").read_all())
     got = list(S.TFRecordSource(str(path), feature="text", on_error="skip").read_all())
     assert [r.issue.kind if r.issue else None for r in got] == [
-        None, "malformed", "missing_field", "invalid_utf8", "bad_value", None]
+        None, "malformed", "missing_field", "invalid_utf8", "bad_value", None, "malformed"]
     assert got[2].issue.message == f"{path}: record 2 has no feature 'text' (its features: other)"
     assert got[1].raw == b"\x0a\xff" and got[1].data == {}
+    assert got[6].issue.message == f"{path}: record 6 is not a tf.train.Example (its bytes do not parse as one)"
+    with pytest.raises(ValueError, match=r"none of its bytes are Example fields"):
+        tfr.decode_example(b"\x18\x01")  # parses, as a field Example does not have
+    assert tfr.decode_example(b"") == {}  # an Example without features
     replaced = list(S.TFRecordSource(str(path), feature="text", on_error={"default": "skip", "invalid_utf8": "replace"})
                     .read_all())
     assert replaced[3].data == {"text": "\ufffd\ufffd bad"} and replaced[3].issue.action == "replaced"
@@ -128,7 +138,7 @@ def test_tfrecord_bad_records_go_through_the_policy(tmp_path, tf):
     first = next(iter(S.TFRecordSource(str(tmp_path / "crc.tfrecord"), feature="text", on_error="skip").read_all()))
     assert first.issue.kind == "malformed" and "CRC does not match" in first.issue.message
     (tmp_path / "cut.tfrecord").write_bytes(path.read_bytes()[:-3])
-    with pytest.raises(ValueError, match=r"cut.tfrecord: record 5: the file ends inside the record"):
+    with pytest.raises(ValueError, match=r"cut.tfrecord: record 6: the file ends inside the record"):
         list(S.TFRecordSource(str(tmp_path / "cut.tfrecord"), feature="text", on_error="skip").read_all())
     (tmp_path / "text.tfrecord").write_bytes(b"just some text, not a TFRecord file\n")
     with pytest.raises(ValueError, match=r"text.tfrecord: record 0: the length's CRC does not match"):

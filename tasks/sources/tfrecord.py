@@ -205,21 +205,34 @@ def decode_example(data: bytes) -> dict[str, tuple[str, list]]:
     Raises:
       ValueError: ``data`` does not parse as a ``tf.train.Example``, or is not
         empty and holds none of its fields (e.g. a line of text)."""
-    from google.protobuf.message import DecodeError
+    out = {}
+    for name, feat in _feature_map(data).items():
+        out[name] = _values(feat)
+    return out
 
+
+def _feature_map(data: bytes):
+    """The ``features.feature`` map of the parsed Example (see ``decode_example``)."""
     ex = example_class()()
     try:
         ex.ParseFromString(data)
-    except DecodeError:
+    except _decode_error():
         raise ValueError("not a tf.train.Example (its bytes do not parse as one)") from None
     if data and not ex.ListFields():
         # Text and other bytes often parse as fields unknown to Example: none of its own.
         raise ValueError("not a tf.train.Example (none of its bytes are Example fields)")
-    out = {}
-    for name, feat in ex.features.feature.items():
-        kind = feat.WhichOneof("kind") or ""
-        out[name] = (kind, list(getattr(feat, kind).value) if kind else [])
-    return out
+    return ex.features.feature
+
+
+def _values(feat) -> tuple[str, list]:
+    kind = feat.WhichOneof("kind") or ""
+    return kind, (list(getattr(feat, kind).value) if kind else [])
+
+
+def _decode_error():
+    from google.protobuf.message import DecodeError
+
+    return DecodeError
 
 
 class _ExampleRecords(Source):
@@ -244,7 +257,7 @@ class _ExampleRecords(Source):
                 return bad
             return self._record(file_index, number, data, where, {self.output_key: text}, repairs)
         try:
-            feats = decode_example(data)
+            feats = _feature_map(data)
         except ValueError as e:
             return self._bad("malformed", file_index, number, data, where, f" is {e}")
         out: dict[str, Any] = {}
@@ -254,7 +267,7 @@ class _ExampleRecords(Source):
                 have = ", ".join(sorted(feats)[:20]) or "none"
                 return self._bad("missing_field", file_index, number, data, where,
                                  f" has no feature {name!r} (its features: {have})")
-            kind, values = feats[name]
+            kind, values = _values(feats[name])
             if kind == "int64_list":
                 out[key] = values  # token ids; the task checks them against the vocabulary
             elif kind == "bytes_list" and len(values) == 1:

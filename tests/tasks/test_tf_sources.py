@@ -259,6 +259,15 @@ def test_tfds_build_in_both_formats_gives_the_same_bytes_and_provenance(tfds_dir
     prov = shown["features"]["targets"]["segments"][0]["provenance"]
     assert ".array_record-00000-of-" in prov["path"] and prov["locator"] == "record"
     assert shown["features"]["targets"]["segments"][0]["text"] in lines[240:]
+    # `which` names the shard file and the record index: reading that record back gives the row's text.
+    for file_format, cache in caches.items():
+        res = runner.invoke(main, ["which", cache, "--step", "1", "--row", "1", "--batch-size", "4", "--json"])
+        assert res.exit_code == 0, res.output
+        seg = json.loads(res.output)["segments"][0]
+        (record,) = [r for r in S.TfdsSource("tiny_shakespeare_lines", split="test", data_dir=tfds_dirs[file_format])
+                     .read_all() if (r.record_number, r.file_index) == (seg["record_number"], 0)]
+        assert f".{file_format}-" in seg["source"] and seg["locator"] == "record"
+        assert record.data["text"] == seg["text"]
     missing = runner.invoke(main, ["build", "--source", "tfds:tiny_shakespeare_lines#text", "--tfds-data-dir",
                                    str(tmp_path / "empty"), "--name", "x", "--cache-dir", str(tmp_path / "x")])
     assert missing.exit_code == 1 and "tfds build tiny_shakespeare_lines" in missing.output

@@ -1,5 +1,6 @@
 """Without TensorFlow (the ``tfds`` extra): the pipeline, the feeder and the CLI
-import and run, and a TFDS source says how to install what it needs.
+import and run, a TFDS source says how to install what it needs, and the tests
+of the TF sources skip, except under CI, where they fail.
 
 A fresh process (and every process it starts: Beam's workers) cannot import
 ``tensorflow`` or ``tensorflow_datasets``: a ``sitecustomize`` on its
@@ -111,3 +112,19 @@ def test_build_and_feed_without_tensorflow(tmp_path, shared_data):
         assert "pip install 'seqcache[tfds]'" in out[key] and "tfds" in out[key]
     assert out["tfds_build"] == 2  # a usage error, with the pip command (checked above)
     assert "pip install 'seqcache[tfds]'" in proc.stderr
+
+
+def test_tf_source_tests_skip_without_tensorflow_but_fail_under_ci(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
+    tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks", "test_tf_sources.py")
+    counts = {}
+    for ci in ("", "true"):
+        env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), CI=ci)
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", tests,
+                               "-k", "framing or tfds_errors"], env=env, capture_output=True, text=True, timeout=600,
+                              cwd=tmp_path)
+        counts[ci] = (proc.returncode, proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr)
+    assert counts[""][0] == 0 and "2 skipped" in counts[""][1], counts
+    # Under CI the fixtures that need the extra fail: the tests error instead of skipping.
+    assert counts["true"][0] == 1 and "2 errors" in counts["true"][1], counts

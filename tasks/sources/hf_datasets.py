@@ -41,8 +41,8 @@ class HfDatasetSource(ParquetSource):
     Args:
       path: the dataset's folder (local or a URL).
       split: the split to read: a ``DatasetDict`` subfolder, or the ``SPLIT`` of
-        the Parquet file names. A single saved ``Dataset`` has no splits: any
-        split name reads it.
+        the Parquet file names. A single saved ``Dataset`` is one split: the
+        one its ``state.json`` names (``_split``), or any when it names none.
       column: the column to read, stored under ``output_key``.
       output_key: key of the value in ``SourceRecord.data``.
       on_error: the ``ErrorPolicy`` spec (kinds as for ``ParquetSource``); a
@@ -89,6 +89,10 @@ class HfDatasetSource(ParquetSource):
                                         f"(its splits: {', '.join(splits)})")
             return self._arrow_files(self._join(self.split))
         if fs.isfile(self._join("state.json")):
+            saved = json.loads(fs.read_text(self._join("state.json"))).get("_split")
+            if saved and saved != self.split:
+                raise FileNotFoundError(f"{self.path}: the saved Dataset is split {saved!r}, not {self.split!r} "
+                                        f"(read it with split={saved!r}, --split {saved} or @{saved})")
             return self._arrow_files(self.path)
         for layout in PARQUET_LAYOUTS:
             try:

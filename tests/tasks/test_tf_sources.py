@@ -287,17 +287,20 @@ def hf_dirs(tmp_path_factory, lines):
     train = datasets.Dataset.from_dict({k: v[:240] for k, v in rows.items()})
     test = datasets.Dataset.from_dict({k: v[240:] for k, v in rows.items()})
     train.save_to_disk(str(root / "dataset"), num_shards=2)
+    datasets.Dataset.from_dict(rows, split=datasets.Split.TEST).save_to_disk(str(root / "named"))
     datasets.DatasetDict({"train": train, "test": test}).save_to_disk(str(root / "dict"))
     (root / "hub" / "data").mkdir(parents=True)
     for name, ds, shards in (("train", train, 2), ("test", test, 1)):
         for k in range(shards):
             ds.shard(shards, k, contiguous=True).to_parquet(str(root / "hub" / "data" / f"{name}-{k:05d}-of-{shards:05d}.parquet"))
-    return {"dataset": str(root / "dataset"), "dict": str(root / "dict"), "hub": str(root / "hub")}
+    return {"dataset": str(root / "dataset"), "dict": str(root / "dict"), "hub": str(root / "hub"),
+            "named": str(root / "named")}
 
 
 def test_hf_layouts_read_the_same_rows(hf_dirs, lines):
     read = {}
-    for layout, folder in hf_dirs.items():
+    for layout in ("dataset", "dict", "hub"):
+        folder = hf_dirs[layout]
         src = S.HfDatasetSource(folder, split="train")
         got = list(pickle.loads(pickle.dumps(src)).read_all())
         read[layout] = got
@@ -312,6 +315,10 @@ def test_hf_layouts_read_the_same_rows(hf_dirs, lines):
         S.HfDatasetSource(hf_dirs["dict"], split="dev").list_files()
     with pytest.raises(FileNotFoundError, match=r"no Hugging Face dataset split 'dev' here.*data/train-00000-of-00002"):
         S.HfDatasetSource(hf_dirs["hub"], split="dev").list_files()
+    # A saved Dataset that names its split is that split only.
+    assert len(list(S.HfDatasetSource(hf_dirs["named"], split="test").read_all())) == len(lines)
+    with pytest.raises(FileNotFoundError, match=r"the saved Dataset is split 'test', not 'train'"):
+        S.HfDatasetSource(hf_dirs["named"], split="train").list_files()
     with pytest.raises(ValueError, match=r"data-00000-of-00002.arrow: Arrow file has no column 'body'"):
         list(S.HfDatasetSource(hf_dirs["dataset"], column="body").read_all())
 

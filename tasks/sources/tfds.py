@@ -95,7 +95,8 @@ class TfdsSource(_ExampleRecords):
       FileNotFoundError: the dataset is not prepared in ``data_dir``; the message
         says how to prepare it (``tfds build``, ``download_and_prepare``).
       ValueError: an unknown split or feature (lists the ones there are); a file
-        format other than tfrecord and array_record.
+        format other than tfrecord and array_record; a dataset TFDS cannot open
+        (e.g. a version its installed builder code does not know; TFDS's message).
     (from ``read_split``): ValueError as ``TFRecordSource``, naming the shard
       file and the record index.
     """
@@ -146,6 +147,10 @@ class TfdsSource(_ExampleRecords):
             raise FileNotFoundError(f"tfds:{self.name}: no prepared dataset of that name in {shown}; "
                                     + self._how_to_prepare("or give the folder it was prepared into with "
                                                            "--tfds-data-dir / data_dir=")) from None
+        except (AssertionError, ValueError, OSError) as e:  # e.g. a version its installed builder code lacks
+            message = " ".join(str(e).split())
+            raise ValueError(f"tfds:{self.name}: TFDS cannot open it in {shown}: "
+                             f"{message[:600]}{'...' if len(message) > 600 else ''}") from None
         if not builder.is_prepared():
             raise FileNotFoundError(f"tfds:{self.name}: not prepared in {builder.data_dir}; "
                                     + self._how_to_prepare("or point data_dir at the folder it was prepared into"))

@@ -107,7 +107,7 @@ def import_modules(modules):
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
 @click.pass_context
 def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
-          pack, seed, num_shards, shard_size, split_size, exchange, overwrite, as_json, verbose, tfds_data_dir=None):
+          pack, seed, num_shards, shard_size, split_size, exchange, overwrite, as_json, verbose, tfds_data_dir):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 

@@ -36,6 +36,9 @@ def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
 
     Raises:
       ValueError: an unknown kind or an empty pattern; the message lists the forms.
+        ``exclude`` with a ``tfds:`` or ``hf:`` source (they have no file patterns).
+      ImportError: a ``tfrecord:`` or ``tfds:`` source without the ``tfds`` extra
+        (the message gives ``pip install 'seqcache[tfds]'``).
     """
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:

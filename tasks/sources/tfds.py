@@ -16,7 +16,7 @@ import os
 from typing import Any, Iterator, Mapping
 
 from seqcache import fs
-from seqcache.tasks.sources.base import Source, SourceFile, SourceRecord, Split, _check_target, _read_error
+from seqcache.tasks.sources.base import SourceFile, SourceRecord, Split, _check_target, _read_error
 from seqcache.tasks.sources.policy import ErrorPolicy
 from seqcache.tasks.sources.tfrecord import PIP_HINT, _crc32c, _ExampleRecords
 

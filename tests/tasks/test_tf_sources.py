@@ -13,6 +13,8 @@ import importlib
 import json
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -101,6 +103,17 @@ def test_tfrecord_source_text_ids_and_raw(tmp_path, crc32c, lines):
     raw = pickle.loads(pickle.dumps(S.parse_source_spec(f"tfrecord:{tmp_path}/raw.tfrecord")))
     out = list(raw.read_all())
     assert [r.data["text"] for r in out] == lines[:30] and out[4].raw == lines[4].encode()
+    # Token ids enter the cache as they are (no tokenize), with EOS appended.
+    tfr.write_tfrecords(str(tmp_path / "ids.tfrecord"), [tfr.encode_example({"ids": [5 + k, 7, 255 - k]})
+                                                        for k in range(40)])
+    built = _build(CliRunner(), ["--source", f"tfrecord:{tmp_path}/ids.tfrecord#ids"], tmp_path / "c")
+    assert built["num_examples"] == 40
+    from seqcache.feeders import Feeder
+
+    feeder = Feeder(cache=str(tmp_path / "c" / "shk" / "train"), global_batch_size=40, sequence_length=4,
+                    num_epochs=1)
+    rows = sorted(tuple(int(t) for t in row) for row in feeder.get_batch(0)["targets"])
+    assert rows == sorted((5 + k, 7, 255 - k, 1) for k in range(40))
     # The fingerprint follows the files and the feature.
     assert src.fingerprint() != S.TFRecordSource(str(tmp_path / "part-*.tfrecord"), feature="ids").fingerprint()
 
@@ -218,6 +231,34 @@ def ids_in_files(records):
     for r in records:
         per_file[r.file_index] = per_file.get(r.file_index, 0) + 1
     return [n for count in per_file.values() for n in range(count)]
+
+
+def test_tfds_shards_are_read_without_tfds_or_tensorflow(tfds_dirs, tmp_path, lines):
+    # What a build's worker does: unpickle the resolved source and read its splits, in a
+    # process where importing TFDS or TensorFlow fails.
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Blocked:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('tensorflow', 'tensorflow_datasets'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, _Blocked())\n")
+    jobs = []
+    for file_format, d in tfds_dirs.items():
+        src = S.TfdsSource("tiny_shakespeare_lines", split="train", data_dir=d)
+        parts = [p for i, f in enumerate(src.list_files()) for p in src.splits(i, f, 2048)]
+        jobs.append((src, parts))
+    (tmp_path / "jobs.pkl").write_bytes(pickle.dumps(jobs))
+    script = ("import pickle, sys, json\n"
+              "jobs = pickle.load(open(sys.argv[1], 'rb'))\n"
+              "out = [sorted(r.data['text'] for p in parts for r in src.read_split(p)) for src, parts in jobs]\n"
+              "assert not [m for m in sys.modules if m.startswith(('tensorflow', 'tensorflow_datasets'))]\n"
+              "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "jobs.pkl")], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")), timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [sorted(lines[:240])] * 2
 
 
 def test_tfds_errors_say_what_to_do(tfds_dirs, tmp_path):

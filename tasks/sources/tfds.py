@@ -165,7 +165,7 @@ class TfdsSource(_ExampleRecords):
         except (KeyError, ValueError) as e:
             raise ValueError(f"tfds:{self.name}: no split {self.split!r} ({e}); its splits: "
                              f"{', '.join(sorted(info.splits.keys()))}") from None
-        names = _flat_keys(info.features.get_serialized_info())
+        names = sorted(_flat_keys(info.features.get_serialized_info()))  # TFDS's order varies between runs
         if self.field not in names:
             raise ValueError(f"tfds:{self.name}: no feature {self.field!r} (its features: {', '.join(names)})")
         ranges: dict[str, tuple[int, int]] = {}

@@ -5,13 +5,15 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= build/demo
 PYTEST_ARGS ?=
+# Extras installed into .venv (tfds: TensorFlow and TFDS, for the tfds: source and its tests).
+EXTRAS ?= train,test,tfds
 
 .PHONY: install demo test test-slow bench clean
 
 $(VENV)/.deps: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -c constraints.txt '.[train,test]'
+	$(PY) -m pip install -q -c constraints.txt '.[$(EXTRAS)]'
 	touch $@
 
 # Tests and the demo run against an installed copy of the package (not the source

@@ -69,7 +69,8 @@ def _packing(pack, objective) -> str | None:
 
 
 def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec, extra_ids, sequence_length, pack,
-               objective=None, noise_density=None, mean_noise_span_length=None):
+               objective=None, noise_density=None, mean_noise_span_length=None, split="train",
+               tfds_data_dir=None):
     """The task ``build --source ... --vocabulary ...`` describes.
 
     ``objective`` (one of ``OBJECTIVES``; None: ``supervised`` for a source whose
@@ -87,6 +88,9 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec,
       tokenized, trimmed and ended with EOS (a translation task from
       ``parallel:inputs=...,targets=...``).
 
+    ``split`` and ``tfds_data_dir``: the split a ``tfds:`` or ``hf:`` source reads
+    unless its spec names one, and where a ``tfds:`` dataset was prepared.
+
     ``pack``: ``"lm"``, ``"first_fit"``, ``"none"``/None/False, or True /
     ``"auto"`` for the objective's own (``lm`` for ``lm``, ``first_fit`` for
     the others). ``sequence_length``: feature -> tokens (or None), as given.
@@ -100,9 +104,10 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec,
     from seqcache import tasks
 
     try:
-        source = tasks.parse_source_spec(source_spec, exclude=exclude, on_error=on_error)
+        source = tasks.parse_source_spec(source_spec, exclude=exclude, on_error=on_error, split=split,
+                                         tfds_data_dir=tfds_data_dir)
         vocabulary = tasks.vocabulary_from_spec(vocabulary_spec, extra_ids=extra_ids)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ImportError) as e:
         raise click.UsageError(str(e)) from None
     keys = _source_keys(source)
     pair = sorted(keys) == ["inputs", "targets"]
@@ -262,8 +267,11 @@ def import_modules(modules):
 @click.option("--cache-dir", required=True, help="Root folder of caches (local path, or gs://... / s3://... URL).")
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
 @click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | "
-              "parquet:GLOB#column; two values per record: parallel:inputs=GLOB,targets=GLOB (line-aligned files) | "
+              "parquet:GLOB#column | tfrecord:GLOB[#feature] | tfds:NAME[/CONFIG][:VERSION][@SPLIT]#feature | "
+              "hf:PATH[@SPLIT]#column; two values per record: parallel:inputs=GLOB,targets=GLOB (line-aligned files) | "
               "jsonl:GLOB#inputs=FIELD,targets=FIELD | parquet:GLOB#inputs=COLUMN,targets=COLUMN.")
+@click.option("--tfds-data-dir", "tfds_data_dir", help="Ad-hoc tfds: source: the folder the TFDS dataset was prepared "
+              "into (default: $TFDS_DATA_DIR or ~/tensorflow_datasets). Nothing is downloaded.")
 @common.on_error_option()
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc task: leave out files whose path matches this glob (repeatable).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte, a SentencePiece .model path or a Hugging Face tokenizer.json path.")
@@ -301,7 +309,7 @@ def import_modules(modules):
 @click.pass_context
 def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
           objective, noise_density, mean_noise_span_length, pack, no_pack, seed, num_shards, shard_size, split_size,
-          exchange, overwrite, as_json, verbose):
+          exchange, overwrite, as_json, verbose, tfds_data_dir):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 
@@ -346,13 +354,14 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         task = adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error,
                           vocabulary_spec=vocabulary_spec, extra_ids=extra_ids, sequence_length=asked, pack=pack,
                           objective=objective, noise_density=noise_density,
-                          mean_noise_span_length=mean_noise_span_length)
+                          mean_noise_span_length=mean_noise_span_length, split=split,
+                          tfds_data_dir=tfds_data_dir)
         seq_len = adhoc_sequence_length(task, asked)
         task_list = [task]
     elif name:
         given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
                                                   "objective", "noise_density", "mean_noise_span_length", "pack",
-                                                  "no_pack"))
+                                                  "no_pack", "tfds_data_dir"))
         if given:
             raise click.UsageError(
                 f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
@@ -416,7 +425,7 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
         try:
             result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                 overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
-        except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError) as e:
+        except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
             if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
                 message = _cause(e)
                 console.print(f"[red]error:[/red] {message}", highlight=False)

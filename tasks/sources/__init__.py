@@ -24,6 +24,12 @@ ParquetSource       ``row``          0-based row index in the file          cano
 ParallelTextSource  ``line``         0-based line index (the same in every  canonical JSON of {field: line}
                                      file of the pair)
 FunctionSource      ``record``       0-based index of the yielded dict      canonical JSON of the yielded dict
+TFRecordSource      ``record``       0-based index of the record in the     canonical JSON of {feature: value}, or the
+                                     TFRecord file                          record's bytes (raw UTF-8 records)
+TfdsSource          ``record``       0-based index of the example in its    canonical JSON of {feature: value}
+                                     shard file (whatever split slice)
+HfDatasetSource     ``row``          0-based row index in the Arrow or      canonical JSON of the selected columns
+                                     Parquet file
 ==================  ===============  =====================================  ==========================================
 
 Splits (``Source.splits(file_index, file, target_bytes)``, read with
@@ -48,8 +54,11 @@ hold patterns and options, never file contents or open handles.
 
 Modules: ``base`` (records, splits, files, the ``Source`` interface), ``policy``
 (kinds of bad input and their actions), ``lines`` (byte ranges of line files),
-``text_lines``, ``text_files``, ``json_lines``, ``parquet``, ``function`` (one
-source each) and ``spec`` (``parse_source_spec``).
+``text_lines``, ``text_files``, ``json_lines``, ``parquet``, ``function``,
+``tfrecord``, ``tfds``, ``hf_datasets`` (one source each) and ``spec``
+(``parse_source_spec``). ``tfrecord`` and ``tfds`` need the ``tfds`` extra
+(google-crc32c; TFDS where a TFDS dataset is resolved), imported only when such
+a source is used: nothing here imports TensorFlow.
 """
 
 from seqcache.tasks.sources.base import (
@@ -66,6 +75,7 @@ from seqcache.tasks.sources.base import (
     open_binary,
 )
 from seqcache.tasks.sources.function import FunctionSource
+from seqcache.tasks.sources.hf_datasets import HfDatasetSource
 from seqcache.tasks.sources.json_lines import JsonLinesSource
 from seqcache.tasks.sources.parallel import ParallelTextSource
 from seqcache.tasks.sources.parquet import ParquetSource
@@ -81,12 +91,15 @@ from seqcache.tasks.sources.policy import (
 from seqcache.tasks.sources.spec import parse_source_spec
 from seqcache.tasks.sources.text_files import TextFileSource
 from seqcache.tasks.sources.text_lines import TextLineSource
+from seqcache.tasks.sources.tfds import TfdsSource
+from seqcache.tasks.sources.tfrecord import TFRecordSource
 
 __all__ = [
     "ERROR_KINDS",
     "LOCATORS",
     "ErrorPolicy",
     "FunctionSource",
+    "HfDatasetSource",
     "JsonLinesSource",
     "ParallelTextSource",
     "ParquetSource",
@@ -97,6 +110,8 @@ __all__ = [
     "Split",
     "TextFileSource",
     "TextLineSource",
+    "TFRecordSource",
+    "TfdsSource",
     "Where",
     "canonical_json_bytes",
     "check_text_values",

@@ -44,7 +44,8 @@ def _named_values(spec: str, text: str) -> dict[str, str] | None:
 
 
 def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
-                      on_error: "str | Mapping[str, str] | None" = None) -> Source:
+                      on_error: "str | Mapping[str, str] | None" = None, split: str = "train",
+                      tfds_data_dir: str | None = None) -> Source:
     """Builds a source from its command-line form.
 
     Forms: ``text:PATTERN``, ``files:PATTERN``, ``jsonl:PATTERN#FIELD`` and
@@ -62,10 +63,20 @@ def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
     - ``jsonl:PATTERN#inputs=FIELD,targets=FIELD``: ``JsonLinesSource(fields=...)``;
     - ``parquet:PATTERN#inputs=COLUMN,targets=COLUMN``: ``ParquetSource(columns=...)``.
 
+    Dataset forms: ``tfrecord:PATTERN`` (raw UTF-8 records) and
+    ``tfrecord:PATTERN#FEATURE`` (a ``tf.train.Example`` feature);
+    ``tfds:NAME[/CONFIG][:VERSION][@SPLIT]#FEATURE`` (a prepared TFDS dataset in
+    ``tfds_data_dir``); ``hf:PATH[@SPLIT]#COLUMN`` (a Hugging Face dataset saved on
+    disk). The TFDS / Hugging Face split is ``@SPLIT`` or else ``split`` (the
+    build's ``--split``); FEATURE / COLUMN default to ``text``.
+
     Raises:
       ValueError: an unknown kind, an empty pattern, a malformed ``KEY=VALUE``
         list, a parallel spec with fewer than two files or with ``exclude``; the
         message lists the forms.
+        ``exclude`` with a ``tfds:`` or ``hf:`` source (they have no file patterns).
+      ImportError: a ``tfrecord:`` or ``tfds:`` source without the ``tfds`` extra
+        (the message gives ``pip install 'seqcache[tfds]'``).
     """
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
@@ -97,4 +108,55 @@ def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
         if kind == "jsonl":
             return JsonLinesSource(pattern, field=name, exclude=exclude, on_error=on_error)
         return ParquetSource(pattern, column=name, exclude=exclude, on_error=on_error)
+    if kind in ("tfrecord", "tfds", "hf"):
+        return _dataset_source(spec, kind, rest, exclude=exclude, on_error=on_error, split=split,
+                               tfds_data_dir=tfds_data_dir)
     raise ValueError(f"bad source spec {spec!r}: unknown kind {kind!r}; {_SPEC_HELP}")
+
+
+def _dataset_source(spec, kind, rest, *, exclude, on_error, split, tfds_data_dir) -> Source:
+    from seqcache.tasks.sources.hf_datasets import HfDatasetSource
+    from seqcache.tasks.sources.tfds import TfdsSource
+    from seqcache.tasks.sources.tfrecord import TFRecordSource
+
+    target, sep, name = rest.rpartition("#")
+    if not sep:
+        target, name = rest, None
+    if not target or (sep and not name):
+        raise ValueError(f"bad source spec {spec!r}: {_SPEC_HELP}")
+    require_extra(kind)
+    if kind == "tfrecord":
+        return TFRecordSource(target, feature=name, exclude=exclude, on_error=on_error)
+    if exclude:
+        raise ValueError(f"--exclude applies to file patterns, not to the {kind}: source {spec!r}")
+    head, at, tail = target.rpartition("@")
+    if at and tail and "/" not in tail:
+        target, split = head, tail
+    if kind == "tfds":
+        return TfdsSource(target, split=split, data_dir=tfds_data_dir, field=name or "text", on_error=on_error)
+    return HfDatasetSource(target, split=split, column=name or "text", on_error=on_error)
+
+
+# What each dataset source imports to read (the extra that installs it is ``tfds``).
+_NEEDS = {"tfrecord": "google_crc32c", "tfds": "tensorflow_datasets"}
+
+
+def require_extra(kind: str) -> None:
+    """Checks, without importing it, that what a ``kind`` source reads with is
+    installed.
+
+    Raises:
+      ImportError: it is not; the message gives the pip command."""
+    import importlib.util
+
+    module = _NEEDS.get(kind)
+    if module is None:
+        return
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        from seqcache.tasks.sources.tfrecord import PIP_HINT
+
+        raise ImportError(f"the {kind}: source needs the tfds extra ({module} is not installed): {PIP_HINT}")

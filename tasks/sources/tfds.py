@@ -1,0 +1,276 @@
+"""``TfdsSource``: the records of a prepared TensorFlow Datasets (TFDS) split.
+
+The driver asks TFDS (``tfds.builder(name, data_dir=...)``, which reads the
+prepared dataset's ``dataset_info.json``) for the split's file instructions:
+the shard files with the range of records each contributes (a whole split, or
+a slice such as ``train[:10%]``). The work units then read those shard files
+directly, without TFDS or TensorFlow: TFRecord shards with the framing reader
+of ``seqcache.tasks.sources.tfrecord``, ArrayRecord shards with
+``ArrayRecordReader`` in batches; every record is a serialized
+``tf.train.Example``. Nothing is downloaded or prepared at build time.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Mapping
+
+from seqcache import fs
+from seqcache.tasks.sources.base import SourceFile, SourceRecord, Split, _check_target, _read_error
+from seqcache.tasks.sources.policy import ErrorPolicy
+from seqcache.tasks.sources.tfrecord import PIP_HINT, _crc32c, _ExampleRecords
+
+# The TFDS file formats this source reads, by the infix of their shard names
+# (``NAME-SPLIT.tfrecord-00000-of-00004``).
+FILE_FORMATS = ("tfrecord", "array_record")
+# ArrayRecord records read per call.
+_BATCH = 1024
+
+
+def import_tfds():
+    """``tensorflow_datasets``, or an ImportError that says how to install it."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:
+        raise ImportError(f"the tfds: source needs TensorFlow Datasets: {PIP_HINT} ({e})") from None
+    return tfds
+
+
+def _format_of(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    for f in FILE_FORMATS:
+        if f".{f}-" in name or name.endswith(f".{f}"):
+            return f
+    raise ValueError(f"{path}: not a TFDS shard file in a format this source reads ({', '.join(FILE_FORMATS)})")
+
+
+def _flat_keys(info: Any, prefix: str = "") -> list[str]:
+    """The feature names of a serialized example (nested dicts joined with "/",
+    as TFDS flattens them)."""
+    out = []
+    for k, v in info.items():
+        if isinstance(v, dict):
+            out += _flat_keys(v, f"{prefix}{k}/")
+        else:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+class TfdsSource(_ExampleRecords):
+    """One record per example of a prepared TFDS split, read from its shard files.
+
+    ``name`` is TFDS's ``NAME[/CONFIG][:VERSION]`` (``c4/en:3.0.1``); ``data_dir``
+    the folder the dataset was prepared into (``DATA_DIR/NAME/CONFIG/VERSION``
+    holds ``dataset_info.json`` and the shards). The dataset must be prepared
+    already, in the ``tfrecord`` or ``array_record`` file format: nothing is
+    downloaded. A dataset whose builder code is not installed is read from its
+    files (TFDS's read-only builder).
+
+    Files are the split's shard files (sorted by path); ``record_number`` is the
+    record's 0-based index in its shard file (``locator`` ``"record"``), so
+    provenance names the shard and the record whatever slice was read. A shard
+    of a TFRecord dataset is one split of work; one of an ArrayRecord dataset
+    is cut into record ranges of about ``target_bytes``. Values are read from
+    the serialized ``tf.train.Example`` like ``TFRecordSource`` reads them: a
+    ``Text`` (bytes) feature is text, an int64 sequence is token ids; nested
+    features are named with "/" (``"meta/title"``). ``raw`` is the canonical
+    JSON of ``{feature: value}``.
+
+    TFDS (the ``tfds`` extra) is needed where the source is resolved (the build's
+    driver: ``list_files``, ``fingerprint``); the workers read the shards with
+    google-crc32c (TFRecord) or array_record only.
+
+    Args:
+      name: ``NAME[/CONFIG][:VERSION]``.
+      split: a TFDS split, with TFDS's slicing (``"train"``, ``"validation[:500]"``,
+        ``"train[10%:20%]"``).
+      data_dir: the TFDS data folder (local, or a URL TFDS reads); None: TFDS's
+        default (``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
+      field: the feature to read, stored under ``output_key``.
+      output_key: key of the value in ``SourceRecord.data``.
+      on_error: the ``ErrorPolicy`` spec (kinds as for ``TFRecordSource``).
+
+    Raises (from ``list_files``, ``fingerprint``, ``splits``):
+      ImportError: TFDS is not installed (says ``pip install 'seqcache[tfds]'``).
+      FileNotFoundError: the dataset is not prepared in ``data_dir``; the message
+        says how to prepare it (``tfds build``, ``download_and_prepare``).
+      ValueError: an unknown split or feature (lists the ones there are); a file
+        format other than tfrecord and array_record; a dataset TFDS cannot open
+        (e.g. a version its installed builder code does not know; TFDS's message).
+    (from ``read_split``): ValueError as ``TFRecordSource``, naming the shard
+      file and the record index.
+    """
+
+    kind = "tfds"
+    locator = "record"
+
+    def __init__(self, name: str, *, split: str = "train", data_dir: str | None = None, field: str = "text",
+                 output_key: str = "text", on_error: "str | Mapping[str, str]" = "raise"):
+        if not name or not isinstance(name, str):
+            raise ValueError(f"TfdsSource needs a dataset name NAME[/CONFIG][:VERSION] (got {name!r})")
+        if not split:
+            raise ValueError("TfdsSource needs a split, e.g. 'train'")
+        if not field:
+            raise ValueError("TfdsSource needs a feature name (field=...)")
+        self.name = name
+        self.split = split
+        if data_dir is not None:
+            data_dir = os.fspath(data_dir)
+            if fs.is_local(data_dir):
+                data_dir = os.path.abspath(os.path.expanduser(data_dir))
+        self.data_dir = data_dir
+        self.field = field
+        self.output_key = output_key
+        self.features = {output_key: field}
+        self.on_error = ErrorPolicy(on_error)
+        # Filled on the driver by _resolve (and pickled to the workers with the source):
+        # the dataset's full name, file format and {shard path: (first record, stop)}.
+        self._resolved: tuple[str, str, dict[str, tuple[int, int]]] | None = None
+
+    # -- resolution, on the driver ------------------------------------------
+
+    def _how_to_prepare(self, where: str) -> str:
+        dd = self.data_dir or "~/tensorflow_datasets"
+        return (f"prepare it first (nothing is downloaded at build time): `tfds build {self.name.split(':')[0]} "
+                f"--data_dir {dd}` with the dataset's builder installed, or in Python "
+                f"`tfds.builder({self.name!r}, data_dir={dd!r}).download_and_prepare()`; {where}")
+
+    def _resolve(self) -> tuple[str, str, dict[str, tuple[int, int]]]:
+        if self._resolved is not None:
+            return self._resolved
+        tfds = import_tfds()
+        kwargs = {"data_dir": self.data_dir} if self.data_dir else {}
+        shown = self.data_dir or "TFDS's default data_dir"
+        try:
+            builder = tfds.builder(self.name, **kwargs)
+        except tfds.core.registered.DatasetNotFoundError:
+            raise FileNotFoundError(f"tfds:{self.name}: no prepared dataset of that name in {shown}; "
+                                    + self._how_to_prepare("or give the folder it was prepared into with "
+                                                           "--tfds-data-dir / data_dir=")) from None
+        except (AssertionError, ValueError, OSError) as e:  # e.g. a version its installed builder code lacks
+            message = " ".join(str(e).split())
+            raise ValueError(f"tfds:{self.name}: TFDS cannot open it in {shown}: "
+                             f"{message[:600]}{'...' if len(message) > 600 else ''}") from None
+        if not builder.is_prepared():
+            raise FileNotFoundError(f"tfds:{self.name}: not prepared in {builder.data_dir}; "
+                                    + self._how_to_prepare("or point data_dir at the folder it was prepared into"))
+        info = builder.info
+        file_format = getattr(info.file_format, "value", str(info.file_format))
+        if file_format not in FILE_FORMATS:
+            raise ValueError(f"tfds:{self.name}: prepared in the {file_format!r} file format; this source reads "
+                             f"{' and '.join(FILE_FORMATS)} (prepare it with file_format='array_record' or "
+                             "'tfrecord', e.g. `tfds build --file_format array_record`)")
+        try:
+            split_info = info.splits[self.split]
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"tfds:{self.name}: no split {self.split!r} ({e}); its splits: "
+                             f"{', '.join(sorted(info.splits.keys()))}") from None
+        names = sorted(_flat_keys(info.features.get_serialized_info()))  # TFDS's order varies between runs
+        if self.field not in names:
+            raise ValueError(f"tfds:{self.name}: no feature {self.field!r} (its features: {', '.join(names)})")
+        ranges: dict[str, tuple[int, int]] = {}
+        for fi in split_info.file_instructions:
+            take = fi.examples_in_shard - fi.skip if fi.take in (None, -1) else fi.take
+            if take > 0:
+                ranges[os.fspath(fi.filename)] = (int(fi.skip), int(fi.skip + take))
+        self._resolved = (builder.info.full_name, file_format, dict(sorted(ranges.items())))
+        return self._resolved
+
+    # -- Source ---------------------------------------------------------------
+
+    def list_files(self) -> list[SourceFile]:
+        _, _, ranges = self._resolve()
+        out = []
+        for path in ranges:
+            found = fs.match(path)
+            if not found:
+                raise FileNotFoundError(f"tfds:{self.name}: shard file {path} of split {self.split!r} is missing; "
+                                        "prepare the dataset again")
+            out.append(SourceFile(*found[0]))
+        return out
+
+    def fingerprint(self) -> dict:
+        full_name, file_format, ranges = self._resolve()
+        return {
+            "kind": self.kind,
+            "params": {"name": full_name, "split": self.split, "field": self.field, "file_format": file_format,
+                       "ranges": [list(r) for r in ranges.values()]},
+            "on_error": self.on_error.to_json(),
+            "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in self.list_files()],
+        }
+
+    def describe(self) -> str:
+        where = f" in {self.data_dir}" if self.data_dir else ""
+        return f"TFDS {self.name} split {self.split}{where} (feature {self.field})"
+
+    def _range(self, path: str) -> tuple[int, int]:
+        _, _, ranges = self._resolve()
+        if path not in ranges:
+            raise ValueError(f"{path}: not a shard file of tfds:{self.name} split {self.split!r}")
+        return ranges[path]
+
+    def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
+        """One split per TFRecord shard (its records in the split's range);
+        record ranges of about ``target_bytes`` for an ArrayRecord shard."""
+        _check_target(target_bytes)
+        lo, hi = self._range(file.path)
+        if _format_of(file.path) == "tfrecord" or file.num_bytes <= target_bytes:
+            return [Split(file_index, file.path, lo, hi, file.num_bytes)]
+        records = self._num_records(file.path)
+        per = max(1, int(records * target_bytes // max(file.num_bytes, 1)))
+        out = []
+        for start in range(lo, hi, per):
+            stop = min(hi, start + per)
+            out.append(Split(file_index, file.path, start, stop, file.num_bytes * (stop - start) // max(records, 1)))
+        return out
+
+    @staticmethod
+    def _num_records(path: str) -> int:
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        with fs.local_copy(path, suffix=".array_record") as local:
+            reader = ArrayRecordReader(local, "readahead_buffer_size:0")
+            try:
+                return int(reader.num_records())
+            finally:
+                reader.close()
+
+    def read_split(self, split: Split) -> Iterator[SourceRecord]:
+        """The records ``[start, stop)`` of a shard file (a whole-file split: the
+        split's range of that shard), in file order."""
+        if split.whole and self._resolved is not None:
+            start, stop = self._range(split.path)
+        else:
+            start, stop = split.start, split.stop
+        if _format_of(split.path) == "tfrecord":
+            _crc32c()
+            return self._read_tfrecord(split, start, stop)
+        return self._read_array_record(split, start, stop)
+
+    def read_all(self) -> Iterator[SourceRecord]:
+        for i, f in enumerate(self.list_files()):
+            yield from self.read_split(Split(i, f.path))
+
+    def _read_array_record(self, split: Split, start: int, stop: int | None) -> Iterator[SourceRecord]:
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        path = split.path
+        number = start
+        try:
+            with fs.local_copy(path, suffix=".array_record") as local:
+                reader = ArrayRecordReader(local, "readahead_buffer_size:0")
+                try:
+                    if not reader.ok():
+                        reader.close()
+                        raise OSError("not an ArrayRecord file")
+                    end = reader.num_records() if stop is None else min(stop, reader.num_records())
+                    while number < end:
+                        batch = reader.read(number, min(end, number + _BATCH))
+                        for data in batch:
+                            yield self._convert(split.file_index, number, path, data, True)
+                            number += 1
+                finally:
+                    if reader.is_open():
+                        reader.close()
+        except (OSError, RuntimeError) as e:
+            raise _read_error(path, e, f"record {number}" if number > start else None) from None

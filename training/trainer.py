@@ -40,7 +40,7 @@ from jax.sharding import NamedSharding
 
 from seqcache.training import config as config_lib
 from seqcache.training import distributed
-from seqcache.training import model as model_lib
+from seqcache.training.models import common as model_lib
 from seqcache.training import optimizer as optimizer_lib
 from seqcache.training import partitioning
 from seqcache.training import step as step_lib
@@ -207,6 +207,9 @@ class Trainer:
         self.mesh = partitioning.make_mesh(dataclasses.asdict(config.mesh), devices)
         self.rules = partitioning.get_rules(config.rules)
         self.batch_sharding = partitioning.batch_sharding(self.mesh)
+        self.converter = config.converter
+        # Field name -> (length, dtype) of the batches the model reads.
+        self.batch_fields = step_lib.batch_fields(self.converter, config.lengths)
         self._check_batch_divisibility()
 
         abstract = model_lib.abstract_model(config.model)
@@ -285,6 +288,9 @@ class Trainer:
             "tokens_per_step": cfg.tokens_per_step,
             "global_batch_size": cfg.global_batch_size,
             "sequence_length": cfg.sequence_length,
+            **({"inputs_sequence_length": cfg.inputs_sequence_length} if self.converter != "lm" else {}),
+            "architecture": cfg.model.architecture,
+            "converter": self.converter,
             "microbatches": cfg.num_microbatches,
             "microbatch_size": cfg.global_batch_size // cfg.num_microbatches,
             "host_batch_size": cfg.global_batch_size // jax.process_count(),
@@ -347,7 +353,7 @@ class Trainer:
             num_microbatches=cfg.num_microbatches,
             mesh=self.mesh,
         )
-        batch_shardings = {k: self.batch_sharding for k in step_lib.BATCH_KEYS}
+        batch_shardings = {k: self.batch_sharding for k in self.batch_fields}
         jitted = jax.jit(
             train_step,
             in_shardings=(self.param_shardings, self.opt_shardings, self.replicated, batch_shardings),
@@ -355,7 +361,7 @@ class Trainer:
             donate_argnums=(0, 1),
         )
         abstract = self.abstract_state()
-        batch = step_lib.abstract_batch(cfg.global_batch_size, cfg.sequence_length, self.batch_sharding)
+        batch = step_lib.abstract_batch(cfg.global_batch_size, self.batch_fields, self.batch_sharding)
         start = time.perf_counter()
         with partitioning.activation_rules(self.mesh, self.rules):
             lowered = jitted.lower(abstract["params"], abstract["opt_state"], abstract["step"], batch)
@@ -372,7 +378,7 @@ class Trainer:
             eval_step = step_lib.make_eval_step(self.graphdef)
             jitted = jax.jit(
                 eval_step,
-                in_shardings=(self.param_shardings, {k: self.batch_sharding for k in step_lib.BATCH_KEYS}),
+                in_shardings=(self.param_shardings, {k: self.batch_sharding for k in self.batch_fields}),
                 out_shardings=self.replicated,
             )
 
@@ -387,16 +393,20 @@ class Trainer:
 
     def global_batch(self, host_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """Host-local batch (B / host_count, L) -> global (B, L) jax.Arrays sharded
-        over ('data', 'fsdp').
+        over ('data', 'fsdp'), for the fields the model reads
+        (``step.batch_fields`` of the run's converter); other fields are left out.
 
         Raises:
           ValueError: a feature is missing or has the wrong number of rows or columns
             (the message names it and the expected shape).
         """
         out = {}
-        for key, dtype in step_lib.BATCH_DTYPES.items():
+        for key, (_, dtype) in self.batch_fields.items():
             if key not in host_batch:
-                raise ValueError(f"feeder batch has no feature {key!r} (has {sorted(host_batch)})")
+                raise ValueError(
+                    f"feeder batch has no feature {key!r} (has {sorted(host_batch)}); the model "
+                    f"{self.config.model.architecture!r} reads the fields of converter {self.converter!r}"
+                )
             array = np.asarray(host_batch[key], dtype=dtype)
             if array.ndim != 2:
                 raise ValueError(f"feeder batch feature {key!r} has shape {array.shape}; expected (rows, length)")
@@ -408,13 +418,15 @@ class Trainer:
 
     def _check_train_batch(self, batch: Mapping[str, jax.Array]):
         cfg = self.config
-        expected = (cfg.global_batch_size, cfg.sequence_length)
-        shape = tuple(batch["targets"].shape)
-        if shape != expected:
-            raise ValueError(
-                f"feeder gives global batches of shape {shape}, the config expects (global_batch_size, "
-                f"sequence_length) = {expected}"
-            )
+        for key, (length, _) in self.batch_fields.items():
+            expected = (cfg.global_batch_size, length)
+            shape = tuple(batch[key].shape)
+            if shape != expected:
+                what = "sequence_length" if self.converter == "lm" else f"length of {key!r}"
+                raise ValueError(
+                    f"feeder gives global batches of shape {shape}, the config expects (global_batch_size, "
+                    f"{what}) = {expected}"
+                )
 
     # -- evaluation ------------------------------------------------------------------
 

@@ -708,6 +708,12 @@ def _check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str
     """
     from seqcache.feeders import state as feeder_state
 
+    if saved.get("converter") != current.get("converter"):
+        # ConvertedFeeder states: the converter and its lengths (None for a plain feeder).
+        raise CheckpointError(
+            f"{path}: the checkpoint's feeder fed the model through converter {saved.get('converter')!r}, this "
+            f"run's feeder through {current.get('converter')!r}{_STREAM_HINT}"
+        )
     if saved.get("kind") == feeder_state.STATE_KIND and current.get("kind") == feeder_state.STATE_KIND:
         try:
             feeder_state.check_state(saved)

@@ -240,7 +240,8 @@ class DataConfig:
       eval_split: split evaluated with exactly-once semantics; None = no eval.
       mixture: explicit mixture, cache path -> rate; replaces ``task`` when set.
       seed: the feeder's shuffle seed (the order of examples in each epoch);
-        None = the run's ``seed``.
+        None = ``DEFAULT_DATA_SEED``, set by ``resolve_seeds``. It never comes
+        from the run's ``seed``: another initialisation reads the same stream.
       converter: how batches are fed to the model (``seqcache.feeders.converters``):
         "lm" (the feeder's ``targets`` fields), "prefix_lm" (decoder-only model
         on an (inputs, targets) cache) or "encdec" (encoder-decoder model);
@@ -275,7 +276,7 @@ class TrainConfig:
         cache manifest when unset.
       num_microbatches: gradient accumulation inside the step (M divides B).
       seed: seeds parameter initialisation and the per-step RNG
-        (``fold_in(key(seed), step)``); the feeder has its own seed.
+        (``fold_in(key(seed), step)``); the feeder has its own, ``data.seed``.
       eval_every: evaluate every this many steps (0 = only after the last step).
       metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``
         (or no file without a checkpoint directory).
@@ -361,6 +362,26 @@ class TrainConfig:
                 f"converter {conv!r} needs inputs_sequence_length >= 1 (got {self.inputs_sequence_length}); set it, "
                 "e.g. --set inputs_sequence_length=512, or train on a cache that records it"
             )
+
+
+# The feeder's seed when ``data.seed`` is unset.
+DEFAULT_DATA_SEED = 0
+
+
+def resolve_seeds(config: TrainConfig) -> TrainConfig:
+    """The config with both seeds explicit, as the resolved config.json records
+    them: ``seed`` (parameters, dropout) as given, and ``data.seed`` (the
+    feeder's shuffle) as given or else ``DEFAULT_DATA_SEED``. The data seed is
+    never derived from ``seed``, so changing the initialisation alone leaves the
+    data stream byte for byte the same.
+
+    Raises:
+      ConfigError: a data seed outside [0, 2**32).
+    """
+    data_seed = config.data.seed if config.data.seed is not None else DEFAULT_DATA_SEED
+    if not 0 <= data_seed < 2**32:
+        raise ConfigError(f"data.seed must be in [0, 2**32) (got {data_seed})")
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, seed=data_seed))
 
 
 # -- dict / JSON round trip --------------------------------------------------

@@ -65,7 +65,7 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 @click.option("--mesh", "mesh_flag", help="Mesh shape, e.g. data=2,fsdp=4,model=1 (one axis may be -1).")
 @click.option("--rules", type=click.Choice(["dp", "fsdp", "tp", "fsdp+tp"]), help="Logical axis rules preset.")
 @click.option("--checkpoint-dir", help="Checkpoints, config.json and metrics.jsonl; resumes from the latest checkpoint.")
-@click.option("--seed", type=int, help="Seed of parameters, dropout and (unless data.seed is set) the feeder.")
+@click.option("--seed", type=int, help="Seed of parameter initialisation and dropout (the feeder's is data.seed).")
 @click.option("--model", "model_preset",
               help="Model preset: tiny, small or base (decoder-only), t5-tiny or t5-small (encoder-decoder).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="JSON config file (nested like the config.json a run writes).")
@@ -171,6 +171,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
             updates["checkpoint"] = dataclasses.replace(cfg.checkpoint, directory=checkpoint_dir)
         cfg = dataclasses.replace(cfg, **updates)
         cfg = config_lib.apply_overrides(cfg, _split_overrides(overrides))
+        cfg = config_lib.resolve_seeds(cfg)
 
         source = data_lib.resolve_source(cfg.data, cfg.data.split, tuple(modules))
         cfg = _resolve_from_cache(cfg, source, model_preset)
@@ -196,7 +197,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
 
     # The feeders are built (caches opened and checked) before anything is
     # compiled, and in a dry run too: their errors are messages, not tracebacks.
-    feeder_seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
+    feeder_seed = cfg.data.seed  # set by resolve_seeds, never from cfg.seed
     feeder = None
     try:
         feeder = data_lib.make_feeder(cfg, source, seed=feeder_seed)

@@ -116,3 +116,24 @@ def test_t5_on_a_language_model_cache_is_refused_naming_both(lm_cache, tmp_path)
         assert ("shakespeare_lm/train: the cache has features ['targets'], but model 't5-tiny' (architecture "
                 "'t5') reads features (inputs, targets)") in res.output
         assert "Traceback" not in res.output and not (tmp_path / "t5lm").exists()
+
+
+def test_t5_stop_and_resume_on_a_real_cache_matches_an_uninterrupted_run(caches, tmp_path):
+    """Through ConvertedFeeder("encdec") and the real feeders: --stop-at-step 3,
+    then the same command resumes (a new invocation, the feeders restored from
+    the checkpoint's state); per-step losses and the parameter digest equal the
+    uninterrupted run's."""
+    common = ("--model", "t5-tiny", "--steps", "6", "--sequence-length", str(SPAN_TARGETS), "--set", SMALL,
+              "--set", "checkpoint.every_steps=3")
+    full = _train(caches, "c4_span", tmp_path / "full", *common)
+    assert full.exit_code == 0, full.output
+    stopped = _train(caches, "c4_span", tmp_path / "resumed", *common, "--stop-at-step", "3")
+    assert stopped.exit_code == 0, stopped.output
+    resumed = _train(caches, "c4_span", tmp_path / "resumed", *common)
+    assert resumed.exit_code == 0, resumed.output
+    last = lambda out: json.loads([x for x in out.splitlines() if x.startswith("{")][-1])  # noqa: E731
+    assert last(resumed.output)["start_step"] == 3
+    assert last(resumed.output)["params_sha256"] == last(full.output)["params_sha256"]
+    assert _losses(tmp_path / "resumed") == _losses(tmp_path / "full")
+    saved = json.loads((tmp_path / "resumed" / "6" / "feeder" / "metadata").read_text())
+    assert saved["converter"] == {"name": "encdec", "sequence_length": {"inputs": INPUTS, "targets": SPAN_TARGETS}}

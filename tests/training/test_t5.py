@@ -174,3 +174,23 @@ def test_t5_small_has_t5_1_1_small_dimensions():
     # T5.1.1-small: about 77 M parameters with its 32128-id vocabulary.
     assert 76e6 < M.count_params(params) < 78e6
     assert len(params["encoder_layers"]) == 8 and len(params["decoder_layers"]) == 8
+
+
+def test_attention_matches_a_plain_softmax_reference():
+    """jax.nn.dot_product_attention with the boolean mask and the relative bias
+    equals softmax(q k^T + bias, masked) v written out, in float32."""
+    attn = T5.Attention(CFG, rngs=nnx.Rngs(params=3))
+    bias_module = T5.RelativePositionBias(CFG, bidirectional=True, rngs=nnx.Rngs(params=4))
+    x = jax.random.normal(jax.random.key(2), (2, 6, 32))
+    seg = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]], jnp.int32)
+    mask = T5.encoder_mask(seg)
+    bias = bias_module(6, 6, jnp.float32)
+    got = attn(x, x, mask, bias)
+    q = jnp.einsum("bld,dhk->bhlk", x, attn.wq[...])
+    k = jnp.einsum("bld,dhk->bhlk", x, attn.wk[...])
+    v = jnp.einsum("bld,dhk->bhlk", x, attn.wv[...])
+    logits = jnp.einsum("bhqk,bhsk->bhqs", q, k) + bias  # T5: no 1/sqrt(head_dim)
+    probs = jax.nn.softmax(jnp.where(mask, logits, -1e30), axis=-1)
+    want = jnp.einsum("bhqs,bhsk,hkd->bqd", probs, v, attn.wo[...])
+    real = np.asarray(seg) != 0  # padding queries attend to nothing real; their output is unused
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=2e-5, atol=2e-5)

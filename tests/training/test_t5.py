@@ -194,3 +194,18 @@ def test_attention_matches_a_plain_softmax_reference():
     want = jnp.einsum("bhqs,bhsk,hkd->bqd", probs, v, attn.wo[...])
     real = np.asarray(seg) != 0  # padding queries attend to nothing real; their output is unused
     np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=2e-5, atol=2e-5)
+
+
+def test_a_checkpoint_fed_through_another_converter_is_refused():
+    from seqcache.training import resume
+    from seqcache.training.checkpoints import CheckpointError
+
+    state = {"kind": "fake", "global_batch_size": 8, "seed": 0, "step": 2}
+    encdec = {**state, "converter": {"name": "encdec", "sequence_length": {"inputs": 128, "targets": 29}}}
+    resume.check_same_stream("ckpt/2", encdec, {**encdec, "step": 0})  # same stream, another position
+    with pytest.raises(CheckpointError, match=r"ckpt/2: the checkpoint's feeder fed the model through converter "
+                                              r"\{'name': 'encdec'.*this run's feeder through None"):
+        resume.check_same_stream("ckpt/2", encdec, state)
+    longer = {**encdec, "converter": {"name": "encdec", "sequence_length": {"inputs": 256, "targets": 29}}}
+    with pytest.raises(CheckpointError, match="another data stream"):
+        resume.check_same_stream("ckpt/2", encdec, longer)

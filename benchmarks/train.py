@@ -2,9 +2,12 @@
 for data, on CPU.
 
 On a real cache (tinyshakespeare from ../shared/data, built here by the pipeline:
-byte vocabulary, language-model packing to ``--length`` tokens), for each model
-preset (default: tiny and small) it trains ``--steps`` steps with ``seqcache
-train``'s Trainer twice, alternating, ``--rounds`` times:
+byte vocabulary, language-model packing to ``--length`` tokens; for the T5
+presets, span corruption of the C4 sample with first-fit packing to ``--length``
+input tokens and the targets length T5 derives from it, read through
+``ConvertedFeeder("encdec")``), for each model preset (default: tiny, small and
+t5-tiny) it trains ``--steps`` steps with ``seqcache train``'s Trainer twice,
+alternating, ``--rounds`` times:
 
   feeder:    batches from ``seqcache.feeders.Feeder`` (reader threads, prefetch);
   in-memory: the same batches, read beforehand and replayed from memory (the
@@ -19,7 +22,7 @@ feeder/in-memory throughput. Compile time is excluded (the step is compiled ahea
 of time, once per model). Machines here are shared and noisy: compare the
 ratios, not the absolute numbers.
 
-Usage: python benchmarks/train.py [--models tiny,small] [--batch-size 16]
+Usage: python benchmarks/train.py [--models tiny,small,t5-tiny] [--batch-size 16]
        [--length 128] [--steps 12] [--warmup 2] [--rounds 2]
        [--cache-dir DIR (kept and reused)] [--json out.json]
 """
@@ -40,6 +43,7 @@ import tempfile
 import time
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt"
+C4 = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "c4" / "c4_validation_2k.parquet"
 
 
 def build_cache(root: str, length: int) -> str:
@@ -68,6 +72,31 @@ def build_cache(root: str, length: int) -> str:
     verb = "reused" if result.reused else f"built in {time.perf_counter() - t0:.1f} s"
     print(f"cache {result.cache_dir}: {m.num_examples:,} packed examples of {length} tokens, {verb}")
     return result.cache_dir
+
+
+def build_span_cache(root: str, inputs_length: int) -> tuple[str, dict]:
+    """A span-corruption cache of the C4 sample (byte vocabulary with 100
+    sentinels, first-fit packing); returns (cache folder, lengths)."""
+    from seqcache import pipelines, tasks
+    from seqcache.tasks import denoising
+    from seqcache.tasks import preprocessors as P
+
+    if not C4.is_file():
+        sys.exit(f"corpus not found: {C4}")
+    lengths = {"inputs": inputs_length, "targets": denoising.random_spans_helper(inputs_length)[1]}
+    vocab = tasks.ByteVocabulary(extra_ids=100)
+    task = tasks.Task(
+        "c4_span",
+        source=tasks.ParquetSource(str(C4), column="text", on_error={"control_characters": "keep"}),
+        output_features={"inputs": tasks.Feature(vocab), "targets": tasks.Feature(vocab)},
+        preprocessors=[P.rekey({"inputs": None, "targets": "text"}), P.tokenize(), tasks.span_corruption(),
+                       P.append_eos_after_trim()],
+        packing="first_fit",
+    )
+    result = pipelines.build_task(task, cache_dir=os.path.join(root, "caches"),
+                                  config=pipelines.BuildConfig(num_shards=4, sequence_length=lengths))
+    print(f"cache {result.cache_dir}: span corruption, lengths {lengths}")
+    return result.cache_dir, lengths
 
 
 class InMemoryFeeder:
@@ -106,7 +135,7 @@ def summarize(result, warmup: int, tokens_per_step: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--models", default="tiny,small,t5-tiny")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--steps", type=int, default=12)
@@ -123,23 +152,45 @@ def main(argv=None) -> int:
     from seqcache.training import data as data_lib
     from seqcache.training.trainer import Trainer
 
+    from seqcache.feeders.converters import ConvertedFeeder
+
     root = args.cache_dir or tempfile.mkdtemp(prefix="seqcache-train-bench-")
-    cache = build_cache(root, args.length)
-    vocab = data_lib.vocab_size_of(data_lib.Source(kwargs={"cache": cache}, cache_dirs=(cache,), name=cache))
     total = args.steps + args.warmup
-    with Feeder(cache=cache, global_batch_size=args.batch_size, sequence_length=args.length) as f:
-        replay = [{k: v.copy() for k, v in f.get_batch(s).items()} for s in range(total)]
+    data = {}  # architecture -> (make a feeder, replayed batches, config fields, vocabulary size)
+
+    def prepare(architecture):
+        if architecture == "t5":
+            cache, lengths = build_span_cache(root, args.length)
+
+            def make():
+                return ConvertedFeeder(converter="encdec", cache=cache, sequence_length=lengths,
+                                       global_batch_size=args.batch_size)
+            fields = {"sequence_length": lengths["targets"], "inputs_sequence_length": lengths["inputs"],
+                      "data": config_lib.DataConfig(converter="encdec")}
+        else:
+            cache = build_cache(root, args.length)
+
+            def make():
+                return Feeder(cache=cache, global_batch_size=args.batch_size, sequence_length=args.length)
+            fields = {"sequence_length": args.length}
+        vocab = data_lib.vocab_size_of(data_lib.Source(kwargs={"cache": cache}, cache_dirs=(cache,), name=cache))
+        with make() as f:
+            replay = [{k: v.copy() for k, v in f.get_batch(s).items()} for s in range(total)]
+        return make, replay, fields, vocab
 
     rows = []
     for name in args.models.split(","):
-        model = dataclasses.replace(config_lib.model_preset(name), vocab_size=vocab)
+        preset = config_lib.model_preset(name)
+        if preset.architecture not in data:
+            data[preset.architecture] = prepare(preset.architecture)
+        make_feeder, replay, fields, vocab = data[preset.architecture]
         cfg = config_lib.TrainConfig(
-            model=model,
+            model=dataclasses.replace(preset, vocab_size=vocab),
             steps=total,
             global_batch_size=args.batch_size,
-            sequence_length=args.length,
             mesh=config_lib.MeshConfig(data=-1),
             progress=False,
+            **fields,
         )
         trainer = Trainer(cfg)
         trainer.compile()
@@ -148,7 +199,7 @@ def main(argv=None) -> int:
             order = ["feeder", "in-memory"] if r % 2 == 0 else ["in-memory", "feeder"]
             for kind in order:
                 if kind == "feeder":
-                    feeder = Feeder(cache=cache, global_batch_size=args.batch_size, sequence_length=args.length)
+                    feeder = make_feeder()
                 else:
                     feeder = InMemoryFeeder(replay, args.batch_size)
                 result = trainer.fit(feeder)

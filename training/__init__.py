@@ -5,10 +5,13 @@
     trainer = Trainer(TrainConfig(model=ModelConfig(vocab_size=259), steps=1000))
     result = trainer.fit(feeder)          # any seqcache.feeders.Feeder
 
-Modules: ``config`` (TrainConfig, presets, overrides), ``model`` (the NNX
-Transformer), ``partitioning`` (mesh, logical axis rules), ``optimizer``,
-``step`` (loss, gradient accumulation, train/eval steps), ``checkpoints``
-(Orbax, with feeder state), ``trainer`` (the loop), ``data`` (feeders from
+Modules: ``config`` (TrainConfig, presets, overrides), ``models`` (the
+registry; ``models.decoder``, the decoder-only Transformer; ``models.t5``, the
+T5 encoder-decoder; ``models.common``), ``partitioning`` (mesh, logical axis
+rules), ``optimizer``, ``step`` (loss, gradient accumulation, train/eval
+steps), ``checkpoints`` (Orbax, with feeder state), ``trainer`` (the Trainer),
+``loop`` (the train loop), ``resume`` (resume checks), ``preemption``
+(SIGTERM), ``report`` (the result, digests, run files), ``data`` (feeders from
 caches), ``metrics``. See docs/training.md.
 
 Names below are imported on first use, so that ``seqcache.training.config``
@@ -27,6 +30,7 @@ _EXPORTS = {
     "ConfigError": "config",
     "MODEL_PRESETS": "config",
     "Transformer": "model",
+    "T5": "models.t5",
     "RULES": "partitioning",
     "PartitioningError": "partitioning",
     "Checkpointer": "checkpoints",

@@ -29,8 +29,10 @@ from typing import Any, Mapping
 
 import orbax.checkpoint as ocp
 
+from seqcache.feeders import checkpoint as feeder_checkpoint
+
 STATE_ITEM = "state"
-FEEDER_ITEM = "feeder"
+FEEDER_ITEM = feeder_checkpoint.ITEM_NAME  # "feeder"
 
 
 class CheckpointError(RuntimeError):
@@ -110,7 +112,7 @@ class Checkpointer:
             args=ocp.args.Composite(
                 **{
                     STATE_ITEM: ocp.args.StandardSave(dict(state)),
-                    FEEDER_ITEM: ocp.args.JsonSave(dict(feeder_state)),
+                    FEEDER_ITEM: feeder_checkpoint.feeder_save_args(_SavedState(feeder_state)),
                 }
             ),
             force=True,
@@ -145,7 +147,7 @@ class Checkpointer:
                 "directory, or restore this checkpoint's parameters yourself."
             )
         feeder_state = self._manager.restore(
-            step, args=ocp.args.Composite(**{FEEDER_ITEM: ocp.args.JsonRestore()})
+            step, args=ocp.args.Composite(**{FEEDER_ITEM: feeder_checkpoint.feeder_restore_args()})
         )[FEEDER_ITEM]
         if not isinstance(feeder_state, dict) or "global_batch_size" not in feeder_state:
             raise CheckpointError(
@@ -187,3 +189,15 @@ class Checkpointer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _SavedState:
+    """A feeder state captured earlier (the trainer saves the state of the step
+    just trained, while its feeder has already fetched the next batch), with the
+    ``state()`` that ``seqcache.feeders.checkpoint.feeder_save_args`` reads."""
+
+    def __init__(self, state: Mapping[str, Any]):
+        self._state = dict(state)
+
+    def state(self) -> dict:
+        return dict(self._state)

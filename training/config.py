@@ -4,7 +4,8 @@ A run is fully described by one ``TrainConfig``. It is built in this order, each
 layer overriding the previous one:
 
 1. the defaults below,
-2. a model preset (``MODEL_PRESETS``: ``tiny``, ``small``, ``base``),
+2. a model preset (``MODEL_PRESETS``: decoder-only ``tiny``, ``small``, ``base``;
+   encoder-decoder ``t5-tiny``, ``t5-small``),
 3. a JSON config file (``load_config_file``), nested like ``to_dict`` writes it,
 4. command line flags,
 5. dotted overrides such as ``model.d_model=128 optimizer.lr=1e-3``
@@ -15,7 +16,10 @@ be read back with ``config_from_dict``.
 
 Vocabulary of sizes used everywhere in ``seqcache.training``:
   global batch size B: rows per step over all hosts; host batch: B / host count.
-  sequence length L: tokens per row. Tokens per step: B * L.
+  sequence length L: tokens per row (of the decoder: targets). An encoder-decoder
+  model also reads encoder rows of ``inputs_sequence_length`` Li tokens, and a
+  prefix LM rows of Li + L tokens. Tokens per step: B * (Li + L), Li = 0 for a
+  language model.
   microbatches M: the global batch is split into M microbatches whose gradients
   are accumulated inside one compiled step (B must be divisible by M).
 """
@@ -29,6 +33,8 @@ import typing
 from typing import Any, Mapping, Sequence
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
+MLP_ACTIVATIONS = ("swiglu", "geglu", "relu")
+CONVERTERS = ("lm", "prefix_lm", "encdec")
 
 
 class ConfigError(ValueError):
@@ -37,63 +43,108 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """A decoder-only Transformer (see ``seqcache.training.model``).
+    """A model of the trainer (see ``seqcache.training.models``).
 
     Attributes:
+      architecture: "decoder" (decoder-only Transformer,
+        ``seqcache.training.models.decoder``) or "t5" (T5.1.1-style
+        encoder-decoder, ``seqcache.training.models.t5``); the registry
+        ``seqcache.training.models.ARCHITECTURES`` lists them.
       vocab_size: number of token ids (embedding rows). None = take it from the
         data (the cache manifest's vocabulary of the ``targets`` feature).
       d_model: width of the residual stream.
-      num_layers: number of Transformer blocks.
+      num_layers: number of Transformer blocks (t5: of the encoder).
+      num_decoder_layers: t5 only: blocks of the decoder; None = num_layers.
       num_heads: attention heads per block.
       head_dim: width of one head; None = d_model // num_heads. Must be even
-        (rotary positions rotate pairs of dimensions).
-      mlp_dim: hidden width of the gated (SwiGLU) MLP.
-      rope_theta: base of the rotary position frequencies (RoFormer: 10000).
+        for the decoder (rotary positions rotate pairs of dimensions).
+      mlp_dim: hidden width of the MLP.
+      mlp_activation: "swiglu" (gated SiLU; the decoder's only choice), "geglu"
+        (gated GELU, T5.1.1) or "relu" (the original T5), Shazeer 2020, arXiv
+        2002.05202.
+      rope_theta: decoder only: base of the rotary position frequencies (RoFormer: 10000).
+      relative_attention_num_buckets: t5 only: buckets of the relative position
+        bias (T5: 32); half of them per direction in the bidirectional encoder.
+      relative_attention_max_distance: t5 only: distances from this one on share
+        the last bucket (T5: 128).
       norm_eps: epsilon of RMSNorm, added to the mean square.
       dropout_rate: dropout on attention probabilities and on each residual branch;
         0 disables it (the RNG plumbing still runs, keyed by fold_in(seed, step)).
       dtype: compute dtype, "float32" or "bfloat16". Parameters are always float32;
         logits and the loss are always computed in float32.
       tie_embeddings: True (default) uses the input embedding matrix, transposed,
-        as the output projection (Press & Wolf 2017, arXiv 1608.05859); False adds
-        a separate (d_model, vocab) output matrix.
-      init_std: standard deviation of the normal initialisation of matrices.
+        as the output projection (Press & Wolf 2017, arXiv 1608.05859; t5 then
+        scales the logits by d_model ** -0.5, as T5 1.0); False adds a separate
+        (d_model, vocab) output matrix (T5.1.1).
+      share_embeddings: t5 only: the encoder and the decoder read one input
+        embedding table (T5); False gives each its own.
+      init_std: decoder only: standard deviation of the normal initialisation
+        of matrices (t5 uses T5's fan-in initialisation, see its module).
     """
 
+    architecture: str = "decoder"
     vocab_size: int | None = None
     d_model: int = 64
     num_layers: int = 2
+    num_decoder_layers: int | None = None
     num_heads: int = 4
     head_dim: int | None = None
     mlp_dim: int = 256
+    mlp_activation: str = "swiglu"
     rope_theta: float = 10000.0
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
     norm_eps: float = 1e-6
     dropout_rate: float = 0.0
     dtype: str = "float32"
     tie_embeddings: bool = True
+    share_embeddings: bool = True
     init_std: float = 0.02
 
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
 
+    @property
+    def resolved_num_decoder_layers(self) -> int:
+        return self.num_decoder_layers if self.num_decoder_layers is not None else self.num_layers
+
     def validate(self) -> None:
         """Raises ConfigError naming the field when a value cannot work."""
+        from seqcache.training.models import ARCHITECTURES
+
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError(
+                f"model.architecture must be one of {sorted(ARCHITECTURES)} (got {self.architecture!r})"
+            )
         if self.vocab_size is None:
             raise ConfigError(
                 "model.vocab_size is not set: pass a cache (the vocabulary size is read from its manifest) "
                 "or set it, e.g. --set model.vocab_size=32128"
             )
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim"):
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "resolved_num_decoder_layers",
+                     "relative_attention_num_buckets", "relative_attention_max_distance"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name} must be >= 1 (got {getattr(self, name)})")
+                field = name.replace("resolved_", "")
+                raise ConfigError(f"model.{field} must be >= 1 (got {getattr(self, name)})")
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}; "
                 "set model.head_dim explicitly or change one of them"
             )
-        if self.resolved_head_dim % 2:
+        if self.architecture == "decoder" and self.resolved_head_dim % 2:
             raise ConfigError(f"model head_dim must be even for rotary positions (got {self.resolved_head_dim})")
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise ConfigError(f"model.mlp_activation must be one of {MLP_ACTIVATIONS} (got {self.mlp_activation!r})")
+        if self.architecture == "decoder" and self.mlp_activation != "swiglu":
+            raise ConfigError(
+                f"model.mlp_activation={self.mlp_activation!r}: the decoder-only model has a SwiGLU MLP only "
+                "(geglu and relu are for architecture 't5')"
+            )
+        if self.architecture == "t5" and self.relative_attention_num_buckets < 4:
+            raise ConfigError(
+                f"model.relative_attention_num_buckets must be >= 4 for t5 (got {self.relative_attention_num_buckets})"
+            )
         if self.dtype not in COMPUTE_DTYPES:
             raise ConfigError(f"model.dtype must be one of {COMPUTE_DTYPES} (got {self.dtype!r})")
         if not 0.0 <= self.dropout_rate < 1.0:
@@ -107,6 +158,14 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(d_model=256, num_layers=4, num_heads=4, mlp_dim=1024),
     # GPT-2 small shape (Radford et al. 2019) with SwiGLU width 2048 (about 8/3 * d_model).
     "base": ModelConfig(d_model=768, num_layers=12, num_heads=12, mlp_dim=2048),
+    # T5.1.1-style encoder-decoder (gated-GELU MLP, untied output layer, shared
+    # input embeddings, relative position buckets); trains in seconds on CPU.
+    "t5-tiny": ModelConfig(architecture="t5", d_model=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+                           head_dim=16, mlp_dim=128, mlp_activation="geglu", tie_embeddings=False),
+    # The dimensions of T5.1.1-small (t5x's t5_1_1/small.gin): d_model 512, 8 + 8
+    # layers, 6 heads of 64, MLP 1024; about 77 M parameters with T5's 32128 ids.
+    "t5-small": ModelConfig(architecture="t5", d_model=512, num_layers=8, num_decoder_layers=8, num_heads=6,
+                            head_dim=64, mlp_dim=1024, mlp_activation="geglu", tie_embeddings=False),
 }
 
 
@@ -181,7 +240,13 @@ class DataConfig:
       eval_split: split evaluated with exactly-once semantics; None = no eval.
       mixture: explicit mixture, cache path -> rate; replaces ``task`` when set.
       seed: the feeder's shuffle seed (the order of examples in each epoch);
-        None = the run's ``seed``.
+        None = ``DEFAULT_DATA_SEED``, set by ``resolve_seeds``. It never comes
+        from the run's ``seed``: another initialisation reads the same stream.
+      converter: how batches are fed to the model (``seqcache.feeders.converters``):
+        "lm" (the feeder's ``targets`` fields), "prefix_lm" (decoder-only model
+        on an (inputs, targets) cache) or "encdec" (encoder-decoder model);
+        None = the model's default ("lm" for the decoder, "encdec" for t5).
+        ``seqcache train`` sets it from the model and the cache's features.
     """
 
     cache_dir: str | None = None
@@ -190,6 +255,7 @@ class DataConfig:
     eval_split: str | None = None
     mixture: dict | None = None
     seed: int | None = None
+    converter: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -203,10 +269,14 @@ class TrainConfig:
       steps: number of optimizer steps of the whole run (a resumed run continues
         up to this number).
       global_batch_size: rows per step over all hosts (B).
-      sequence_length: tokens per row (L).
+      sequence_length: tokens per row (L); of the decoder (targets) for the
+        encdec and prefix_lm converters.
+      inputs_sequence_length: encdec and prefix_lm only: tokens of the
+        ``inputs`` feature per row (Li); ``seqcache train`` takes it from the
+        cache manifest when unset.
       num_microbatches: gradient accumulation inside the step (M divides B).
       seed: seeds parameter initialisation and the per-step RNG
-        (``fold_in(key(seed), step)``); the feeder has its own seed.
+        (``fold_in(key(seed), step)``); the feeder has its own, ``data.seed``.
       eval_every: evaluate every this many steps (0 = only after the last step).
       metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``
         (or no file without a checkpoint directory).
@@ -224,6 +294,7 @@ class TrainConfig:
     steps: int = 100
     global_batch_size: int = 8
     sequence_length: int = 128
+    inputs_sequence_length: int | None = None
     num_microbatches: int = 1
     seed: int = 0
     eval_every: int = 0
@@ -232,8 +303,25 @@ class TrainConfig:
     progress: bool = True
 
     @property
+    def converter(self) -> str:
+        """The resolved feature converter (``data.converter``, else the model's default)."""
+        if self.data.converter is not None:
+            return self.data.converter
+        from seqcache.training.models import default_converter
+
+        return default_converter(self.model.architecture)
+
+    @property
+    def lengths(self) -> dict[str, int]:
+        """Sequence length per feature the converter reads: {"targets": L}, plus
+        {"inputs": Li} for encdec and prefix_lm."""
+        if self.converter == "lm":
+            return {"targets": self.sequence_length}
+        return {"inputs": int(self.inputs_sequence_length or 0), "targets": self.sequence_length}
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.global_batch_size * self.sequence_length
+        return self.global_batch_size * sum(self.lengths.values())
 
     def validate(self) -> None:
         """Raises ConfigError naming the field when a value cannot work."""
@@ -241,6 +329,7 @@ class TrainConfig:
         for name in ("steps", "global_batch_size", "sequence_length", "num_microbatches"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        self._validate_converter()
         if self.global_batch_size % self.num_microbatches:
             raise ConfigError(
                 f"global_batch_size={self.global_batch_size} is not divisible by "
@@ -255,6 +344,44 @@ class TrainConfig:
             raise ConfigError(f"seed must be in [0, 2**32) (got {self.seed})")
         if self.optimizer.warmup_steps < 0:
             raise ConfigError(f"optimizer.warmup_steps must be >= 0 (got {self.optimizer.warmup_steps})")
+
+    def _validate_converter(self) -> None:
+        from seqcache.training.models import architecture
+
+        conv = self.converter
+        if conv not in CONVERTERS:
+            raise ConfigError(f"data.converter must be one of {CONVERTERS} (got {conv!r})")
+        allowed = [c for c, _ in architecture(self.model.architecture).converters]
+        if conv not in allowed:
+            raise ConfigError(
+                f"data.converter={conv!r} does not feed model architecture {self.model.architecture!r}, which reads "
+                f"converters {allowed}"
+            )
+        if conv != "lm" and (self.inputs_sequence_length is None or self.inputs_sequence_length < 1):
+            raise ConfigError(
+                f"converter {conv!r} needs inputs_sequence_length >= 1 (got {self.inputs_sequence_length}); set it, "
+                "e.g. --set inputs_sequence_length=512, or train on a cache that records it"
+            )
+
+
+# The feeder's seed when ``data.seed`` is unset.
+DEFAULT_DATA_SEED = 0
+
+
+def resolve_seeds(config: TrainConfig) -> TrainConfig:
+    """The config with both seeds explicit, as the resolved config.json records
+    them: ``seed`` (parameters, dropout) as given, and ``data.seed`` (the
+    feeder's shuffle) as given or else ``DEFAULT_DATA_SEED``. The data seed is
+    never derived from ``seed``, so changing the initialisation alone leaves the
+    data stream byte for byte the same.
+
+    Raises:
+      ConfigError: a data seed outside [0, 2**32).
+    """
+    data_seed = config.data.seed if config.data.seed is not None else DEFAULT_DATA_SEED
+    if not 0 <= data_seed < 2**32:
+        raise ConfigError(f"data.seed must be in [0, 2**32) (got {data_seed})")
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, seed=data_seed))
 
 
 # -- dict / JSON round trip --------------------------------------------------

@@ -15,6 +15,13 @@ Evaluation uses the same source with ``data.eval_split`` and ``num_epochs=1``:
 a finite stream that reads every example exactly once, the last batch padded
 with rows of zero loss weight. (For a schedule: every cache of the schedule with
 equal rates; a finite run reads each example once whatever the rates.)
+
+The feature converter follows from the model and the cache's features
+(``resolve_converter``): a decoder-only model reads a ``targets`` cache with the
+feeder's own fields ("lm") and an (inputs, targets) cache as a prefix LM
+("prefix_lm"); the T5 model reads an (inputs, targets) cache through
+``ConvertedFeeder("encdec")``. A model that cannot read a cache is refused with a
+message naming both.
 """
 
 from __future__ import annotations
@@ -171,6 +178,66 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), 
     )
 
 
+_PER_TOKEN_SUFFIXES = ("_segment_ids", "_positions")
+
+
+def token_features_of(source: Source) -> tuple[str, ...]:
+    """The token features (not segment ids or positions) every cache of
+    ``source`` has, in the first manifest's order.
+
+    Raises:
+      ConfigError: caches with different token features (names both).
+    """
+    seen: dict[str, tuple[str, ...]] = {}
+    for path in source.cache_dirs:
+        names = tuple(f.name for f in fmt.read_manifest(path).features if not f.name.endswith(_PER_TOKEN_SUFFIXES))
+        seen[path] = names
+    values = list(seen.values())
+    if any(set(v) != set(values[0]) for v in values[1:]):
+        raise ConfigError(f"the caches have different features, so one model cannot read them all: {seen}")
+    return values[0]
+
+
+def resolve_converter(config: TrainConfig, source: Source, *, model_label: str | None = None) -> str:
+    """The feature converter that feeds ``config.model`` from ``source``: the
+    configured ``data.converter`` if set (checked against the caches), else the
+    one ``seqcache.training.models.converter_for`` picks from the features.
+
+    Raises:
+      ConfigError: the model cannot read the caches (names the cache, its
+        features, the model and the features it reads), or ``data.converter``
+        needs features the caches lack.
+    """
+    from seqcache.training import models
+
+    features = token_features_of(source)
+    arch = config.model.architecture
+    label = model_label or arch
+    try:
+        picked = models.converter_for(arch, features, cache=source.name, model=label)
+    except models.ModelDataMismatch as e:
+        raise ConfigError(str(e)) from None
+    chosen = config.data.converter or picked
+    needs = dict(models.architecture(arch).converters).get(chosen)
+    if needs is not None and not set(needs) <= set(features):
+        raise ConfigError(
+            f"{source.name}: data.converter={chosen!r} reads features {list(needs)}, but the cache has "
+            f"{list(features)} (model {label!r})"
+        )
+    return chosen
+
+
+def packed_length_of(source: Source, feature: str) -> int | None:
+    """The sequence length the caches were built with for ``feature`` (the
+    largest over the caches), or None when no manifest records one."""
+    lengths = []
+    for path in source.cache_dirs:
+        recorded = fmt.read_manifest(path).sequence_length or {}
+        if isinstance(recorded, dict) and recorded.get(feature) is not None:
+            lengths.append(int(recorded[feature]))
+    return max(lengths) if lengths else None
+
+
 def vocab_size_of(source: Source, feature: str = "targets") -> int:
     """The vocabulary size of ``feature`` recorded in the caches' manifests.
 
@@ -193,6 +260,25 @@ def vocab_size_of(source: Source, feature: str = "targets") -> int:
     return int(descs[0]["vocab_size"])
 
 
+def model_vocab_size(source: Source, converter: str) -> int:
+    """The vocabulary size a model needs for ``source``: that of ``targets``; an
+    encdec or prefix_lm model also reads ``inputs`` with the same table.
+
+    Raises:
+      ConfigError: see ``vocab_size_of``; or ``inputs`` and ``targets`` with
+        different vocabulary sizes (names both).
+    """
+    size = vocab_size_of(source, "targets")
+    if converter != "lm":
+        inputs = vocab_size_of(source, "inputs")
+        if inputs != size:
+            raise ConfigError(
+                f"{source.name}: features 'inputs' and 'targets' have vocabularies of {inputs} and {size} ids; the "
+                "models read both with one embedding table: build the cache with one vocabulary for both"
+            )
+    return size
+
+
 def check_sequence_length(source: Source, sequence_length: int, feature: str = "targets") -> None:
     """Refuses a sequence length shorter than a packed cache's: the feeder would
     have to cut packed segments (it refuses it too; this says so before anything
@@ -207,10 +293,11 @@ def check_sequence_length(source: Source, sequence_length: int, feature: str = "
         lengths = manifest.sequence_length or {}
         built = lengths.get(feature) if isinstance(lengths, dict) else None
         if f"{feature}_segment_ids" in names and built is not None and int(built) > sequence_length:
+            flag = "--sequence-length " if feature == "targets" else "--set inputs_sequence_length="
             raise ConfigError(
                 f"{path}: the cache is packed to sequence length {built} (feature {feature!r}), but "
-                f"--sequence-length is {sequence_length}: rows would cut packed segments. Train with "
-                f"--sequence-length {built} (or more), or rebuild the cache with --sequence-length {sequence_length}"
+                f"{flag.rstrip(' =')} is {sequence_length}: rows would cut packed segments. Train with "
+                f"{flag}{built} (or more), or rebuild the cache with --sequence-length {sequence_length}"
             )
 
 
@@ -227,17 +314,28 @@ def steps_per_epoch(source: Source, global_batch_size: int) -> int | None:
 
 
 def make_feeder(config: TrainConfig, source: Source, *, seed: int, num_epochs: int | None = None):
-    """A ``seqcache.feeders.Feeder`` over ``source`` with the run's global batch
-    size and sequence length (host index and count from JAX)."""
+    """A feeder over ``source`` with the run's global batch size and sequence
+    lengths (host index and count from JAX): a ``seqcache.feeders.Feeder`` of
+    ``targets`` for the "lm" converter, else a
+    ``seqcache.feeders.converters.ConvertedFeeder`` with ``config.converter``
+    and the lengths ``config.lengths``."""
     from seqcache.feeders import Feeder
 
-    return Feeder(
-        **source.kwargs,
-        global_batch_size=config.global_batch_size,
-        sequence_length=config.sequence_length,
-        seed=seed,
-        num_epochs=num_epochs,
-    )
+    common = dict(source.kwargs, global_batch_size=config.global_batch_size, seed=seed, num_epochs=num_epochs)
+    if config.converter == "lm":
+        return Feeder(**common, sequence_length=config.sequence_length)
+    from seqcache.feeders.converters import ConvertedFeeder
+
+    return ConvertedFeeder(converter=config.converter, sequence_length=config.lengths, **common)
+
+
+def feeder_readers(feeder) -> list:
+    """The cache readers of a ``Feeder`` or of every feature feeder of a
+    ``ConvertedFeeder`` (for the dry run's shard checks)."""
+    inner = getattr(feeder, "feeders", None)
+    if isinstance(inner, dict):
+        return [r for f in inner.values() for r in f.readers]
+    return list(feeder.readers)
 
 
 def eval_feeder_factory(config: TrainConfig, source: Source, *, seed: int) -> Callable[[], Any]:

@@ -23,7 +23,8 @@ Rules presets (``RULES``):
   tp       'heads' and 'mlp' over 'model'.
   fsdp+tp  both.
 
-RMSNorm scales (logical axis 'norm') and the vocabulary dimension stay
+RMSNorm scales (logical axis 'norm'), the buckets of T5's relative position
+bias ('relpos_buckets', its other axis is 'heads') and the vocabulary dimension stay
 replicated in every preset: they are small, and replicating 'vocab' keeps any
 vocabulary size usable whatever the mesh.
 """
@@ -42,7 +43,7 @@ MESH_AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
 
 # Logical axes of parameters.
-PARAM_AXES = ("vocab", "embed", "heads", "kv", "mlp", "norm")
+PARAM_AXES = ("vocab", "embed", "heads", "kv", "mlp", "norm", "relpos_buckets")
 # Logical axes of activations (used for sharding constraints inside the model).
 ACTIVATION_AXES = ("batch", "length", "act_embed", "act_heads", "act_mlp", "act_vocab")
 
@@ -53,6 +54,7 @@ _BASE = {
     "kv": None,
     "mlp": None,
     "norm": None,
+    "relpos_buckets": None,
     "batch": BATCH_AXES,
     "length": None,
     "act_embed": None,

@@ -1,12 +1,21 @@
 """The pure functions that run inside ``jax.jit``: loss, gradients with
 accumulation over microbatches, the train step and the eval step.
 
-A batch is a dict of (batch, length) arrays with the feeder's feature names:
+A batch is a dict of (batch, length) arrays whose fields depend on the feature
+converter (``batch_fields``). For ``lm`` they are the feeder's own feature names:
 
     targets               int32    token ids to predict
     targets_segment_ids   int32    packed-segment number per token, 0 = padding
     targets_positions     int32    position of the token in its segment
     targets_loss_weights  float32  weight of the token in the loss (0 on padding)
+
+For ``encdec`` and ``prefix_lm`` they are t5x's names
+(``seqcache.feeders.converters``): ``encoder_input_tokens``,
+``encoder_segment_ids``, ``encoder_positions`` (encdec; length Li) and
+``decoder_target_tokens``, ``decoder_input_tokens``, ``decoder_loss_weights``
+(float32), ``decoder_segment_ids``, ``decoder_positions`` (length L; Li + L for
+prefix_lm, which adds ``decoder_causal_attention``). The loss is over
+``decoder_target_tokens`` weighted by ``decoder_loss_weights``.
 
 Loss: the mean token cross-entropy weighted by loss weights over the *global*
 batch, sum(w * ce) / sum(w). With microbatches, per-microbatch sums of the
@@ -24,8 +33,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from seqcache.training import model as model_lib
 from seqcache.training import partitioning
+from seqcache.training.models import common as model_lib
 
 BATCH_KEYS = ("targets", "targets_segment_ids", "targets_positions", "targets_loss_weights")
 BATCH_DTYPES = {
@@ -35,6 +44,41 @@ BATCH_DTYPES = {
     "targets_loss_weights": jnp.float32,
 }
 
+_DECODER_FIELDS = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights", "decoder_segment_ids",
+                   "decoder_positions")
+_ENCODER_FIELDS = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
+
+
+def batch_fields(converter: str, lengths: dict[str, int]) -> dict[str, tuple[int, Any]]:
+    """Field name -> (length, dtype) of the batches a converter feeds.
+
+    Args:
+      converter: "lm", "prefix_lm" or "encdec".
+      lengths: {"targets": L} (lm) or {"inputs": Li, "targets": L}.
+
+    Returns:
+      ``lm``: the feeder's ``targets*`` fields, length L; ``encdec``: encoder
+      fields of length Li and decoder fields of length L; ``prefix_lm``: decoder
+      fields and ``decoder_causal_attention`` of length Li + L. int32, except
+      loss weights float32.
+
+    Raises:
+      ValueError: an unknown converter.
+    """
+    def dtype(name):
+        return jnp.float32 if name.endswith("loss_weights") else jnp.int32
+
+    if converter == "lm":
+        return {k: (lengths["targets"], dt) for k, dt in BATCH_DTYPES.items()}
+    if converter == "encdec":
+        out = {k: (lengths["inputs"], dtype(k)) for k in _ENCODER_FIELDS}
+        out.update({k: (lengths["targets"], dtype(k)) for k in _DECODER_FIELDS})
+        return out
+    if converter == "prefix_lm":
+        row = lengths["inputs"] + lengths["targets"]
+        return {k: (row, dtype(k)) for k in _DECODER_FIELDS + ("decoder_causal_attention",)}
+    raise ValueError(f"unknown feature converter {converter!r} (choose one of 'lm', 'prefix_lm', 'encdec')")
+
 
 def loss_sums(graphdef, params, batch: dict, dropout_key: jax.Array | None) -> dict[str, jax.Array]:
     """Weighted sums over one (micro)batch.
@@ -43,13 +87,8 @@ def loss_sums(graphdef, params, batch: dict, dropout_key: jax.Array | None) -> d
       dict of float32 scalars: ``loss_sum`` = sum(w * cross-entropy) in nats,
       ``weight_sum`` = sum(w), ``correct_sum`` = sum(w * [argmax == target]).
     """
-    targets = batch["targets"]
-    segment_ids = batch["targets_segment_ids"]
-    weights = batch["targets_loss_weights"].astype(jnp.float32)
-    inputs = model_lib.shift_right_by_segment(targets, segment_ids)
-    logits = model_lib.apply(
-        graphdef, params, inputs, segment_ids, batch["targets_positions"], dropout_key=dropout_key
-    )  # (batch, length, vocab) float32
+    logits, targets, weights = model_lib.batch_logits(graphdef, params, batch, dropout_key=dropout_key)
+    weights = weights.astype(jnp.float32)  # logits: (batch, length, vocab) float32
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     cross_entropy = log_z - target_logit
@@ -171,9 +210,9 @@ def make_eval_step(graphdef) -> Callable:
     return eval_step
 
 
-def abstract_batch(batch_size: int, sequence_length: int, sharding) -> dict[str, Any]:
-    """ShapeDtypeStructs of a global batch, for ahead-of-time lowering."""
+def abstract_batch(batch_size: int, fields: dict[str, tuple[int, Any]], sharding) -> dict[str, Any]:
+    """ShapeDtypeStructs of a global batch (``fields`` from ``batch_fields``), for
+    ahead-of-time lowering."""
     return {
-        k: jax.ShapeDtypeStruct((batch_size, sequence_length), dt, sharding=sharding)
-        for k, dt in BATCH_DTYPES.items()
+        k: jax.ShapeDtypeStruct((batch_size, length), dt, sharding=sharding) for k, (length, dt) in fields.items()
     }

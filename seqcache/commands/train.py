@@ -68,8 +68,9 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 @click.option("--mesh", "mesh_flag", help="Mesh shape, e.g. data=2,fsdp=4,model=1 (one axis may be -1).")
 @click.option("--rules", type=click.Choice(["dp", "fsdp", "tp", "fsdp+tp"]), help="Logical axis rules preset.")
 @click.option("--checkpoint-dir", help="Checkpoints, config.json and metrics.jsonl; resumes from the latest checkpoint.")
-@click.option("--seed", type=int, help="Seed of parameters, dropout and (unless data.seed is set) the feeder.")
-@click.option("--model", "model_preset", help="Model preset: tiny, small or base.")
+@click.option("--seed", type=int, help="Seed of parameter initialisation and dropout (the feeder's is data.seed).")
+@click.option("--model", "model_preset",
+              help="Model preset: tiny, small or base (decoder-only), t5-tiny or t5-small (encoder-decoder).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="JSON config file (nested like the config.json a run writes).")
 @click.option("--set", "overrides", multiple=True, help="Dotted overrides, e.g. --set 'model.d_model=128 optimizer.lr=1e-3' (repeatable).")
 @click.option("--stop-at-step", type=click.IntRange(min=1),
@@ -100,7 +101,9 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
           checkpoint_dir, seed, model_preset, config_file, overrides, stop_at_step, tensorboard, dry_run,
           coordinator_address,
           num_processes, process_id, jax_distributed, local_processes, local_devices, mixture_schedule=None):
-    """Train a decoder-only Transformer on a cache with the exactly-once feeder.
+    """Train a decoder-only or a T5 encoder-decoder model on a cache with the
+    exactly-once feeder (the model reads the cache through the feature converter
+    that fits its features: lm, prefix_lm or encdec).
 
     The config is built from the defaults, then --model, then --config, then the
     other flags, then --set. Re-running the same command resumes from the latest
@@ -171,21 +174,19 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
             updates["checkpoint"] = dataclasses.replace(cfg.checkpoint, directory=checkpoint_dir)
         cfg = dataclasses.replace(cfg, **updates)
         cfg = config_lib.apply_overrides(cfg, _split_overrides(overrides))
+        cfg = config_lib.resolve_seeds(cfg)
 
         schedule = data_lib.load_mixture_schedule(mixture_schedule) if mixture_schedule else None
         source = data_lib.resolve_source(cfg.data, cfg.data.split, tuple(modules), schedule=schedule)
-        if cfg.model.vocab_size is None:
-            cfg = dataclasses.replace(
-                cfg, model=dataclasses.replace(cfg.model, vocab_size=data_lib.vocab_size_of(source))
-            )
+        cfg = _resolve_from_cache(cfg, source, model_preset)
         cfg.validate()
         eval_source = (
             data_lib.resolve_source(cfg.data, cfg.data.eval_split, tuple(modules), schedule=schedule, for_eval=True)
             if cfg.data.eval_split else None
         )
         for src in (source, eval_source):
-            if src is not None:
-                data_lib.check_sequence_length(src, cfg.sequence_length)
+            for feature, length in (cfg.lengths.items() if src is not None else ()):
+                data_lib.check_sequence_length(src, length, feature)
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
     except fmt.CacheError as e:
@@ -201,7 +202,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
 
     # The feeders are built (caches opened and checked) before anything is
     # compiled, and in a dry run too: their errors are messages, not tracebacks.
-    feeder_seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
+    feeder_seed = cfg.data.seed  # set by resolve_seeds, never from cfg.seed
     feeder = None
     try:
         feeder = data_lib.make_feeder(cfg, source, seed=feeder_seed)
@@ -237,7 +238,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         # so it checks every shard file's size against the manifest here (one
         # stat a file), and a damaged cache fails the dry run too.
         try:
-            for reader in feeder.readers:
+            for reader in data_lib.feeder_readers(feeder):
                 fmt.check_shard_files(reader.cache_dir, reader.manifest)
         except fmt.CacheError as e:
             feeder.close()
@@ -275,6 +276,21 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         sys.exit(1)
     if result.stopped_by_signal:
         sys.exit(EXIT_PREEMPTED)
+
+
+def _resolve_from_cache(cfg, source, model_preset):
+    """The config with what the cache decides: the feature converter, the
+    inputs sequence length (encdec, prefix_lm) and the vocabulary size, where
+    the config leaves them unset."""
+    from seqcache.training import data as data_lib
+
+    converter = data_lib.resolve_converter(cfg, source, model_label=model_preset or cfg.model.architecture)
+    updates = {"data": dataclasses.replace(cfg.data, converter=converter)}
+    if converter != "lm" and cfg.inputs_sequence_length is None:
+        updates["inputs_sequence_length"] = data_lib.packed_length_of(source, "inputs")
+    if cfg.model.vocab_size is None:
+        updates["model"] = dataclasses.replace(cfg.model, vocab_size=data_lib.model_vocab_size(source, converter))
+    return dataclasses.replace(cfg, **updates)
 
 
 def _fail(error: BaseException) -> None:

@@ -3,7 +3,8 @@
 Usage: python child_train.py SPEC.json
 
 SPEC holds ``config`` (a TrainConfig dict), ``feeder`` (FakeFeeder keyword
-arguments), optional ``stop_at``, ``devices`` (how many devices to use), ``out``
+arguments), optional ``feeder_class`` (a class of fakes.py, default
+"FakeFeeder"), optional ``stop_at``, ``devices`` (how many devices to use), ``out``
 (an .npz path for the final parameters and the per-step losses) and
 ``lockstep``. Every step's metrics record is printed to stdout as one JSON line;
 with ``lockstep`` the child then waits for a line on stdin before going on, so
@@ -45,7 +46,7 @@ def main(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
     config = config_lib.config_from_dict(spec["config"])
-    feeder = _fakes().FakeFeeder(**spec["feeder"])
+    feeder = getattr(_fakes(), spec.get("feeder_class", "FakeFeeder"))(**spec["feeder"])
     devices = jax.devices()[: spec.get("devices", 1)]
 
     def on_step(record):

@@ -19,6 +19,9 @@ FEATURES = ("targets", "targets_segment_ids", "targets_positions", "targets_loss
 
 
 class FakeFeeder:
+    FIELDS = FEATURES
+    KIND = "fake"
+
     def __init__(
         self,
         *,
@@ -101,7 +104,7 @@ class FakeFeeder:
         first = step * self.global_batch_size + self.host_index * per_host
         rows = [self.row_at(first + r) for r in range(per_host)]
         self.batches_read += 1
-        return {k: np.stack([row[k] for row in rows]) for k in FEATURES}
+        return {k: np.stack([row[k] for row in rows]) for k in self.FIELDS}
 
     # -- iteration and state ------------------------------------------------------
 
@@ -122,7 +125,7 @@ class FakeFeeder:
 
     def state(self) -> dict:
         return {
-            "kind": "fake",
+            "kind": self.KIND,
             "global_batch_size": self.global_batch_size,
             "sequence_length": self.sequence_length,
             "seed": self.seed,
@@ -154,6 +157,64 @@ class FakeFeeder:
 
     def __exit__(self, *exc):
         self.close()
+
+
+ENCDEC_FIELDS = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions", "decoder_target_tokens",
+                 "decoder_input_tokens", "decoder_loss_weights", "decoder_segment_ids", "decoder_positions")
+
+
+class FakeEncDecFeeder(FakeFeeder):
+    """The same stream of examples as ``FakeFeeder`` (same permutations, epochs,
+    padding rows and state), as packed (inputs, targets) rows with t5x's field
+    names, as ``ConvertedFeeder("encdec")`` gives them: the encoder reads
+    segments of random tokens, decoder segment k translates encoder segment k
+    token by token (a fixed map) and is shorter by a random amount. Encoder and
+    decoder rows have ``sequence_length`` tokens each."""
+
+    FIELDS = ENCDEC_FIELDS
+    KIND = "fake-encdec"
+
+    def example(self, index: int) -> dict[str, np.ndarray]:
+        from seqcache.feeders.converters import autoregressive_inputs
+
+        length, vocab = self.sequence_length, self.vocab_size
+        rng = np.random.default_rng([self.seed, 13, index])
+        row = {k: np.zeros(length, np.int32) for k in ENCDEC_FIELDS}
+        start, seg = 0, 0
+        while length - start >= 3:
+            n = min(int(rng.integers(3, max(4, length - start + 1))), length - start)
+            m = max(1, n - int(rng.integers(0, 3)))  # the target is a little shorter
+            seg += 1
+            tokens = rng.integers(1, vocab, n)
+            row["encoder_input_tokens"][start:start + n] = tokens
+            row["encoder_segment_ids"][start:start + n] = seg
+            row["encoder_positions"][start:start + n] = np.arange(n)
+            row["decoder_target_tokens"][start:start + m] = (5 * tokens[:m] + 3) % (vocab - 1) + 1
+            row["decoder_segment_ids"][start:start + m] = seg
+            row["decoder_positions"][start:start + m] = np.arange(m)
+            start += n
+            if rng.random() < 0.3:
+                break
+        row["decoder_input_tokens"] = autoregressive_inputs(row["decoder_target_tokens"][None],
+                                                            row["decoder_segment_ids"][None])[0]
+        row["decoder_loss_weights"] = (row["decoder_segment_ids"] > 0).astype(np.float32)
+        return row
+
+    def _padding_row(self):
+        row = {k: np.zeros(self.sequence_length, np.int32) for k in ENCDEC_FIELDS}
+        row["decoder_loss_weights"] = np.zeros(self.sequence_length, np.float32)
+        return row
+
+
+def t5_config_dict(**overrides) -> dict:
+    """``tiny_config_dict`` for the T5 model (one encoder and one decoder layer,
+    d_model 32, dropout on) fed by ``FakeEncDecFeeder`` rows of 16 + 16 tokens."""
+    model = {"architecture": "t5", "vocab_size": 64, "d_model": 32, "num_layers": 1, "num_decoder_layers": 1,
+             "num_heads": 4, "head_dim": 8, "mlp_dim": 64, "mlp_activation": "geglu", "tie_embeddings": False,
+             "dropout_rate": 0.1}
+    overrides = dict(overrides)
+    model.update(overrides.pop("model", {}))
+    return tiny_config_dict(model=model, inputs_sequence_length=16, data={"converter": "encdec"}, **overrides)
 
 
 def tiny_config_dict(**overrides) -> dict:

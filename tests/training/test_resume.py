@@ -12,6 +12,9 @@ The children share this session's compilation cache (conftest.py): they load
 the executables this process compiled for the same programs instead of
 compiling them again; all state comes from the checkpoint on disk.
 
+Both models run the scenario: the decoder-only Transformer and the T5
+encoder-decoder (fed packed (inputs, targets) rows, t5x's field names).
+
 The first child runs in lockstep with this test (it waits for a line on stdin
 after each step), so SIGTERM arrives at an exact step and nothing depends on
 timing.
@@ -32,14 +35,18 @@ from seqcache.training import config as C
 from seqcache.training import trainer as T
 from seqcache.training.checkpoints import Checkpointer
 from seqcache.training.metrics import read_metrics
-from seqcache_training_test_fakes import FEEDER_KWARGS, FakeFeeder, tiny_config_dict
+from seqcache_training_test_fakes import FEEDER_KWARGS, FakeEncDecFeeder, FakeFeeder, t5_config_dict, tiny_config_dict
 
 HERE = pathlib.Path(__file__).resolve().parent
 N = 3
 
 
-def _config(directory, every_steps=100):
-    return tiny_config_dict(steps=2 * N, checkpoint={"directory": str(directory), "every_steps": every_steps})
+# model -> (config dict maker, feeder class)
+MODELS = {"decoder": (tiny_config_dict, FakeFeeder), "t5": (t5_config_dict, FakeEncDecFeeder)}
+
+
+def _config(directory, every_steps=100, model="decoder"):
+    return MODELS[model][0](steps=2 * N, checkpoint={"directory": str(directory), "every_steps": every_steps})
 
 
 def _flat(params):
@@ -47,10 +54,11 @@ def _flat(params):
     return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
 
 
-def _child(tmp_path, name, compilation_cache_env, *, sigterm_at_step=None):
+def _child(tmp_path, name, compilation_cache_env, *, model, sigterm_at_step=None):
     spec = {
-        "config": _config(tmp_path / "resumed"),
+        "config": _config(tmp_path / "resumed", model=model),
         "feeder": FEEDER_KWARGS,
+        "feeder_class": MODELS[model][1].__name__,
         "out": str(tmp_path / f"{name}.npz"),
         "lockstep": sigterm_at_step is not None,
     }
@@ -79,21 +87,23 @@ def _child(tmp_path, name, compilation_cache_env, *, sigterm_at_step=None):
     return records, np.load(tmp_path / f"{name}.npz")
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, compilation_cache_env):
-    tmp_path = tmp_path_factory.mktemp("resume")
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def runs(request, tmp_path_factory, compilation_cache_env):
+    model = request.param
+    tmp_path = tmp_path_factory.mktemp(f"resume-{model}")
     # The uninterrupted run also saves at step N (asynchronously, while the next
     # steps reuse the donated buffers); that checkpoint must equal the preempted one.
-    trainer = T.Trainer(C.config_from_dict(_config(tmp_path / "straight", every_steps=N)), devices=jax.devices()[:1])
-    straight = trainer.fit(FakeFeeder(**FEEDER_KWARGS))
+    cfg = C.config_from_dict(_config(tmp_path / "straight", every_steps=N, model=model))
+    trainer = T.Trainer(cfg, devices=jax.devices()[:1])
+    straight = trainer.fit(MODELS[model][1](**FEEDER_KWARGS))
     init = _flat(trainer.init_state()[0])
-    preempted = _child(tmp_path, "preempted", compilation_cache_env, sigterm_at_step=N - 1)
-    resumed = _child(tmp_path, "resumed", compilation_cache_env)
-    return tmp_path, straight, init, preempted, resumed
+    preempted = _child(tmp_path, "preempted", compilation_cache_env, model=model, sigterm_at_step=N - 1)
+    resumed = _child(tmp_path, "resumed", compilation_cache_env, model=model)
+    return tmp_path, straight, init, preempted, resumed, model
 
 
 def test_sigterm_saves_a_final_checkpoint_and_exits_cleanly(runs):
-    tmp_path, _, _, (records, out), _ = runs
+    tmp_path, _, _, (records, out), _, model = runs
     steps = [r["step"] for r in records if "step" in r]
     assert steps == list(range(N))  # stopped right after the step that saw SIGTERM
     assert records[-1] == {"done": True, "end_step": N, "stopped_by_signal": True}
@@ -101,7 +111,7 @@ def test_sigterm_saves_a_final_checkpoint_and_exits_cleanly(runs):
     assert [m["step"] for m in metrics[:N]] == list(range(N))
     # The checkpoint written on SIGTERM: step N with the feeder positioned at batch N.
     ckpt_dir = tmp_path / "resumed"
-    trainer = T.Trainer(C.config_from_dict(_config(ckpt_dir)), devices=jax.devices()[:1])
+    trainer = T.Trainer(C.config_from_dict(_config(ckpt_dir, model=model)), devices=jax.devices()[:1])
     with Checkpointer(str(ckpt_dir)) as ckpt:
         assert N in ckpt.all_steps()
         restored = ckpt.restore(N, abstract_state=trainer.abstract_state(), global_batch_size=16)
@@ -118,7 +128,7 @@ def test_sigterm_saves_a_final_checkpoint_and_exits_cleanly(runs):
 
 
 def test_resume_in_fresh_process_is_bit_exact(runs):
-    _, straight, init, (_, preempted), (records, resumed) = runs
+    _, straight, init, (_, preempted), (records, resumed), _ = runs
     assert straight.end_step == 2 * N
     assert int(resumed["start_step"]) == N and int(resumed["end_step"]) == 2 * N
     # Per-step losses: identical floats.

@@ -1,0 +1,302 @@
+"""A decoder-only Transformer in Flax NNX, aware of packed sequences.
+
+Architecture (pre-norm, as in GPT-2/LLaMA-style decoders):
+
+    x = embed(inputs)                                   # (batch, length, d_model)
+    for each block:
+        x = x + dropout(attention(rms_norm(x)))         # causal, same segment only
+        x = x + dropout(swiglu_mlp(rms_norm(x)))
+    logits = rms_norm(x) @ embedding.T                  # (batch, length, vocab), float32
+
+- RMSNorm: Zhang & Sennrich 2019, arXiv 1910.07467.
+- Rotary positions (RoPE): Su et al. 2021, arXiv 2104.09864, "rotate half" layout;
+  the rotation angle of a token is its *given* position, so positions that restart
+  at 0 in every packed segment make each segment look like a sequence of its own.
+- Gated MLP (SwiGLU): Shazeer 2020, arXiv 2002.05202.
+- Tied input/output embeddings by default (``ModelConfig.tie_embeddings``).
+
+Prefix LM (``decoder_causal_attention``, seqio's ``PrefixLMFeatureConverter``):
+a query may also attend to a later key of its segment when both are marked as
+prefix (the inputs, and the first target position), as in t5x's decoder-only
+model: ``mask = same segment & (causal | (prefix[q] & prefix[k]))``.
+
+Packed sequences: several examples share one row. ``segment_ids`` (batch, length)
+int32 numbers them 1, 2, ... in each row; 0 marks padding. A query attends to a key
+only if the key is not later (causal) *and* both have the same non-zero segment id.
+Padding queries attend to nothing real; their outputs are garbage that carries zero
+loss weight and that no real token ever reads.
+
+Parameters are float32 and carry logical axis names (see
+``seqcache.training.partitioning``); computation runs in ``ModelConfig.dtype``.
+
+Why not ``jax.nn.dot_product_attention`` and ``nnx.RMSNorm`` here (the T5 model
+uses both): dropout on the attention probabilities is part of this model, and
+``jax.nn.dot_product_attention`` has no dropout; and the parameter values,
+initialisation keys and the bits of the losses of existing runs stay as they
+were (resumed checkpoints keep training bit for bit).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from seqcache.training import partitioning
+from seqcache.training.config import ModelConfig
+from seqcache.training.models.common import DTYPES, Normal, Ones
+from seqcache.training.models.common import dropout as _dropout
+from seqcache.training.models.common import param as _param
+
+def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding (RoPE, Su et al. 2021), "rotate half" layout.
+
+    Args:
+      x: (batch, length, heads, head_dim), head_dim even.
+      positions: (batch, length) int32, the position of each token in its segment.
+      theta: frequency base.
+
+    Returns:
+      x rotated, same shape and dtype (the rotation is computed in float32).
+    """
+    half = x.shape[-1] // 2
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # (half,)
+    angle = positions.astype(jnp.float32)[..., None] * freq  # (batch, length, half)
+    sin = jnp.sin(angle)[:, :, None, :]
+    cos = jnp.cos(angle)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attention_mask(segment_ids: jax.Array, causal_attention: jax.Array | None = None) -> jax.Array:
+    """(batch, length) int32 segment ids -> (batch, length_q, length_k) bool mask:
+    causal and same non-zero segment.
+
+    With ``causal_attention`` (batch, length) int (1 = prefix, seqio's
+    ``decoder_causal_attention``), a prefix query also sees the later prefix keys
+    of its segment (bidirectional attention over the prefix)."""
+    length = segment_ids.shape[-1]
+    causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    real = (segment_ids != 0)[:, :, None]
+    if causal_attention is None:
+        return same & real & causal[None]
+    prefix = causal_attention.astype(jnp.bool_)
+    visible = causal[None] | (prefix[:, :, None] & prefix[:, None, :])
+    return same & real & visible
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square layer norm with a learned scale (no bias, no centring)."""
+
+    def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
+        self.eps = eps
+        self.scale = _param(rngs, Ones(), (dim,), ("norm",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...]).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Multi-head self-attention with rotary positions and a segment-aware causal mask."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, h, k = cfg.d_model, cfg.num_heads, cfg.resolved_head_dim
+        init = Normal(cfg.init_std)
+        # Output projection scaled down with depth (GPT-2 style) to keep the
+        # residual stream's variance stable at initialisation.
+        out_init = Normal(cfg.init_std / math.sqrt(2 * cfg.num_layers))
+        self.cfg = cfg
+        self.wq = _param(rngs, init, (d, h, k), ("embed", "heads", "kv"))
+        self.wk = _param(rngs, init, (d, h, k), ("embed", "heads", "kv"))
+        self.wv = _param(rngs, init, (d, h, k), ("embed", "heads", "kv"))
+        self.wo = _param(rngs, out_init, (h, k, d), ("heads", "kv", "embed"))
+
+    def __call__(self, x, segment_ids, positions, dropout_key=None, causal_attention=None):
+        """x: (batch, length, d_model) -> (batch, length, d_model)."""
+        cfg = self.cfg
+        dtype = x.dtype
+        q = jnp.einsum("bld,dhk->blhk", x, self.wq[...].astype(dtype))
+        k = jnp.einsum("bld,dhk->blhk", x, self.wk[...].astype(dtype))
+        v = jnp.einsum("bld,dhk->blhk", x, self.wv[...].astype(dtype))
+        q = partitioning.constrain(q, ("batch", "length", "act_heads", None))
+        q = rotary(q, positions, cfg.rope_theta)
+        k = rotary(k, positions, cfg.rope_theta)
+        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)  # (batch, heads, q, k)
+        scores = scores / math.sqrt(q.shape[-1])
+        mask = attention_mask(segment_ids, causal_attention)[:, None]  # (batch, 1, q, k)
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1)
+        probs = _dropout(probs, cfg.dropout_rate, dropout_key).astype(dtype)
+        out = jnp.einsum("bhqs,bshk->bqhk", probs, v)
+        return jnp.einsum("bqhk,hkd->bqd", out, self.wo[...].astype(dtype))
+
+
+class MLP(nnx.Module):
+    """Gated MLP with SiLU gate (SwiGLU): (silu(x W_gate) * (x W_up)) W_down."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, f = cfg.d_model, cfg.mlp_dim
+        init = Normal(cfg.init_std)
+        out_init = Normal(cfg.init_std / math.sqrt(2 * cfg.num_layers))
+        self.w_gate = _param(rngs, init, (d, f), ("embed", "mlp"))
+        self.w_up = _param(rngs, init, (d, f), ("embed", "mlp"))
+        self.w_down = _param(rngs, out_init, (f, d), ("mlp", "embed"))
+
+    def __call__(self, x):
+        """x: (batch, length, d_model) -> (batch, length, d_model)."""
+        dtype = x.dtype
+        gate = jnp.einsum("bld,df->blf", x, self.w_gate[...].astype(dtype))
+        up = jnp.einsum("bld,df->blf", x, self.w_up[...].astype(dtype))
+        hidden = partitioning.constrain(jax.nn.silu(gate) * up, ("batch", "length", "act_mlp"))
+        return jnp.einsum("blf,fd->bld", hidden, self.w_down[...].astype(dtype))
+
+
+class Block(nnx.Module):
+    """Pre-norm Transformer block: attention then MLP, each on a residual branch."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, segment_ids, positions, dropout_key=None, causal_attention=None):
+        keys = [None, None, None] if dropout_key is None else list(jax.random.split(dropout_key, 3))
+        rate = self.cfg.dropout_rate
+        attn = self.attn(self.attn_norm(x), segment_ids, positions, keys[0], causal_attention)
+        x = x + _dropout(attn, rate, keys[1])
+        x = partitioning.constrain(x, ("batch", "length", "act_embed"))
+        x = x + _dropout(self.mlp(self.mlp_norm(x)), rate, keys[2])
+        return partitioning.constrain(x, ("batch", "length", "act_embed"))
+
+
+class Transformer(nnx.Module):
+    """Decoder-only Transformer language model.
+
+    Args:
+      cfg: the model config; ``cfg.vocab_size`` must be set.
+      rngs: ``nnx.Rngs`` with a ``params`` stream for initialisation.
+
+    Raises:
+      ConfigError: an invalid ``cfg`` (``ModelConfig.validate``).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        cfg.validate()
+        self.cfg = cfg
+        self.embedding = _param(
+            rngs, Normal(cfg.init_std), (cfg.vocab_size, cfg.d_model), ("vocab", "embed")
+        )
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+        if not cfg.tie_embeddings:
+            self.unembedding = _param(
+                rngs, Normal(cfg.init_std), (cfg.d_model, cfg.vocab_size), ("embed", "vocab")
+            )
+
+    def __call__(
+        self,
+        inputs: jax.Array,
+        segment_ids: jax.Array,
+        positions: jax.Array,
+        *,
+        dropout_key: jax.Array | None = None,
+        causal_attention: jax.Array | None = None,
+    ) -> jax.Array:
+        """Next-token logits.
+
+        Args:
+          inputs: (batch, length) int32 token ids (targets shifted right within
+            each segment; see ``shift_right_by_segment``).
+          segment_ids: (batch, length) int32, 0 = padding.
+          positions: (batch, length) int32, restarting at 0 in each segment.
+          dropout_key: PRNG key for dropout; None = no dropout (evaluation).
+          causal_attention: (batch, length) int32, 1 on the prefix of a prefix
+            LM (see ``attention_mask``); None = causal everywhere.
+
+        Returns:
+          (batch, length, vocab_size) float32 logits.
+        """
+        cfg = self.cfg
+        dtype = DTYPES[cfg.dtype]
+        # Under fsdp the table is sharded along d_model; gather it whole before the
+        # lookup (ZeRO-3 gathers parameters per use) so that the looked-up rows come
+        # out split by batch rows, not by d_model.
+        table = partitioning.constrain(self.embedding[...], ("act_vocab", "act_embed"))
+        x = jnp.take(table, inputs, axis=0).astype(dtype)  # (batch, length, d_model)
+        x = partitioning.constrain(x, ("batch", "length", "act_embed"))
+        for i, block in enumerate(self.blocks):
+            key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
+            x = block(x, segment_ids, positions, key, causal_attention)
+        x = self.final_norm(x)
+        if cfg.tie_embeddings:
+            logits = jnp.einsum("bld,vd->blv", x, table.astype(dtype))
+        else:
+            logits = jnp.einsum("bld,dv->blv", x, self.unembedding[...].astype(dtype))
+        return logits.astype(jnp.float32)
+
+    def batch_logits(self, batch: dict, *, dropout_key: jax.Array | None = None):
+        """``(logits, targets, loss_weights)`` for a batch of either converter:
+
+        - ``lm``: the feeder's own fields ``targets``, ``targets_segment_ids``,
+          ``targets_positions``, ``targets_loss_weights`` (inputs are the targets
+          shifted right within each segment, ``shift_right_by_segment``);
+        - ``prefix_lm``: t5x's ``decoder_*`` fields with ``decoder_causal_attention``.
+
+        All (batch, length); logits (batch, length, vocab_size) float32.
+        """
+        if "targets" in batch:
+            targets, segment_ids = batch["targets"], batch["targets_segment_ids"]
+            inputs = shift_right_by_segment(targets, segment_ids)
+            logits = self(inputs, segment_ids, batch["targets_positions"], dropout_key=dropout_key)
+            return logits, targets, batch["targets_loss_weights"]
+        logits = self(
+            batch["decoder_input_tokens"], batch["decoder_segment_ids"], batch["decoder_positions"],
+            dropout_key=dropout_key, causal_attention=batch["decoder_causal_attention"],
+        )
+        return logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"]
+
+
+MODEL = Transformer
+
+
+def shift_right_by_segment(targets: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """Decoder inputs from targets, as seqio's DecoderFeatureConverter builds them
+    for packed data: shift right by one within each segment; the first token of each
+    segment (and of each row) gets input 0.
+
+    Args:
+      targets: (batch, length) int32.
+      segment_ids: (batch, length) int32.
+
+    Returns:
+      (batch, length) int32.
+    """
+    shifted = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
+    prev_seg = jnp.pad(segment_ids[:, :-1], ((0, 0), (1, 0)))
+    return jnp.where(segment_ids == prev_seg, shifted, 0).astype(jnp.int32)
+
+
+
+
+def apply(
+    graphdef: nnx.GraphDef,
+    params: Any,
+    inputs: jax.Array,
+    segment_ids: jax.Array,
+    positions: jax.Array,
+    *,
+    dropout_key: jax.Array | None = None,
+) -> jax.Array:
+    """Functional call: logits of the model ``graphdef`` with ``params`` (a nested
+    dict from ``split_params``). Shapes as in ``Transformer.__call__``."""
+    model = nnx.merge(graphdef, params)
+    return model(inputs, segment_ids, positions, dropout_key=dropout_key)

@@ -1,0 +1,160 @@
+"""Resuming a run: the checks that a checkpoint belongs to this run's data
+stream and schedule, and moving the feeder to the checkpoint's position."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any, Mapping
+
+import jax
+
+from seqcache.training import config as config_lib
+from seqcache.training.checkpoints import CheckpointError
+
+log = logging.getLogger("seqcache.training")
+
+
+def check_feeder(feeder, global_batch_size: int) -> None:
+    """Refuses a feeder whose state cannot be checkpointed or whose global batch
+    size is not the config's (ValueError naming both)."""
+    state = feeder.state()
+    gbs = state.get("global_batch_size") if isinstance(state, Mapping) else None
+    if gbs is None:
+        raise ValueError(f"feeder state has no 'global_batch_size' (got {state!r}); it cannot be checkpointed")
+    if int(gbs) != global_batch_size:
+        raise ValueError(
+            f"feeder has global batch size {gbs}, the config has global_batch_size="
+            f"{global_batch_size}; build the feeder with the config's value"
+        )
+
+
+def restore_feeder(feeder, restored):
+    """Moves the run's feeder to a restored checkpoint's feeder state (``set_state``),
+    or rebuilds one from it (``type(feeder).restore``); returns the feeder to train on.
+
+    Raises:
+      CheckpointError: another data stream (``check_same_stream``), or a state
+        that does not restore to the checkpoint's step.
+    """
+    check_same_stream(restored.path, restored.feeder_state, feeder.state())
+    set_state = getattr(feeder, "set_state", None)
+    if callable(set_state):
+        # The run's feeder already reads this run's caches, where they are now,
+        # on this run's hosts: move it to the saved position (its own checks
+        # compare the caches by fingerprint, not by path).
+        set_state(restored.feeder_state)
+        new = feeder
+    else:
+        host_index = getattr(feeder, "host_index", None)
+        host_count = getattr(feeder, "host_count", None)
+        host_index = jax.process_index() if host_index is None else host_index
+        host_count = jax.process_count() if host_count is None else host_count
+        new = type(feeder).restore(restored.feeder_state, host_index=host_index, host_count=host_count)
+        feeder.close()
+    position = getattr(new, "step", restored.step)
+    if position != restored.step:
+        new.close()
+        raise CheckpointError(
+            f"{restored.path}: the feeder state restores to global batch {position}, but the checkpoint "
+            f"is at step {restored.step}; the checkpoint is inconsistent"
+        )
+    return new
+
+
+# Keys of a feeder state that say where the stream is, not which stream it is.
+_POSITION_KEYS = ("position", "step")
+_STREAM_HINT = (
+    "; the checkpoint belongs to another data stream. Train with the checkpoint's data settings, or start a new "
+    "run in another checkpoint directory."
+)
+
+
+def check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Refuses to resume when the run's feeder reads another stream than the
+    checkpoint's (rebuilt caches, another mixture, seed, sequence length, ...):
+    the saved position would denote other examples.
+
+    States of ``seqcache.feeders.Feeder`` are compared with
+    ``seqcache.feeders.state.stream_difference``: caches by fingerprint, rate and
+    mixture order, not by path, so a run may reach the same caches by another path
+    (absolute or relative, moved or copied). Other feeders' states are compared
+    key by key, positions excepted.
+
+    Raises:
+      CheckpointError: naming the first difference and both values.
+    """
+    from seqcache.feeders import state as feeder_state
+
+    if saved.get("converter") != current.get("converter"):
+        # ConvertedFeeder states: the converter and its lengths (None for a plain feeder).
+        raise CheckpointError(
+            f"{path}: the checkpoint's feeder fed the model through converter {saved.get('converter')!r}, this "
+            f"run's feeder through {current.get('converter')!r}{_STREAM_HINT}"
+        )
+    if saved.get("kind") == feeder_state.STATE_KIND and current.get("kind") == feeder_state.STATE_KIND:
+        try:
+            feeder_state.check_state(saved)
+        except feeder_state.FeederStateError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+        diff = feeder_state.stream_difference(saved, current)
+        if diff:
+            raise CheckpointError(f"{path}: {diff}{_STREAM_HINT}")
+        return
+    for key in sorted(set(saved) | set(current)):
+        if key in _POSITION_KEYS:
+            continue
+        if saved.get(key) != current.get(key):
+            raise CheckpointError(
+                f"{path}: the checkpoint's feeder state has {key}={saved.get(key)!r}, but this run's feeder has "
+                f"{key}={current.get(key)!r}{_STREAM_HINT}"
+            )
+
+
+# Config fields that change the learning-rate schedule or the optimizer of a run
+# (``steps`` is the schedule's length unless optimizer.decay_steps is set).
+SCHEDULE_FIELDS = ("steps",) + tuple(f"optimizer.{f.name}" for f in dataclasses.fields(config_lib.OptimizerConfig))
+
+
+def schedule_changes(saved: Mapping[str, Any], config: config_lib.TrainConfig) -> list[tuple[str, Any, Any]]:
+    """The schedule and optimizer fields (``SCHEDULE_FIELDS``) whose value in
+    ``config`` differs from a saved config dict (a run's config.json).
+
+    Returns:
+      [(dotted field name, saved value, new value)], in ``SCHEDULE_FIELDS`` order;
+      fields missing from ``saved`` are not compared.
+    """
+    current = config_lib.to_dict(config)
+    out = []
+    for name in SCHEDULE_FIELDS:
+        old, new, present = saved, current, True
+        for part in name.split("."):
+            present = present and isinstance(old, Mapping) and part in old
+            old = old.get(part) if isinstance(old, Mapping) else None
+            new = new.get(part) if isinstance(new, Mapping) else None
+        if present and old != new:
+            out.append((name, old, new))
+    return out
+
+
+def warn_schedule_changes(config_path: str, config: config_lib.TrainConfig, step: int) -> None:
+    """Logs a WARNING when a resumed run's schedule or optimizer differs from the
+    config the run was saved with. Extending a run (more steps) is legitimate, so
+    this does not refuse; it makes the change visible."""
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        log.info("no saved config to compare the schedule with (%s): %s", config_path, e)
+        return
+    changes = schedule_changes(saved, config)
+    if not changes:
+        return
+    listed = ", ".join(f"{name} {json.dumps(old)} -> {json.dumps(new)}" for name, old, new in changes)
+    log.warning(
+        "resuming at step %d with another learning-rate schedule or optimizer than the run's %s: %s (saved -> "
+        "now). From step %d on, the learning rate and updates follow the new values; resume with the saved "
+        "values to keep the original schedule.",
+        step, config_path, listed, step,
+    )

@@ -17,6 +17,7 @@ import pytest
 from seqcache import format as fmt
 from seqcache.feeders import Feeder
 from seqcache.feeders.reader import CacheReader
+from seqcache.verify import verify_cache
 
 N, SHARDS, B = 40, 8, 4
 
@@ -178,13 +179,21 @@ def test_opening_never_reads_the_shard_checksum_file(make_cache):
         assert len(r) == N
 
 
-def test_a_negative_size_is_refused_at_open_naming_the_shard(make_cache):
+def test_a_bad_size_column_is_refused_at_the_first_read_naming_the_shard(make_cache):
     path = make_cache(n=N, num_shards=SHARDS)
     mpath = _edit_manifest(path, lambda raw: _edit_column(raw, "num_bytes", 6, -12))
-    with pytest.raises(fmt.CacheError, match=rf"^{mpath}: shard 6: num_bytes is -12, expected an integer >= 0"):
-        CacheReader(path, open_shards=False)
+    with CacheReader(path, open_shards=False) as r:  # the byte sizes are decoded at their first use
+        with pytest.raises(fmt.CacheError, match=rf"^{mpath}: shard 6: num_bytes is -12, expected an integer >= 0"):
+            r.read([0])  # the column is checked whole, whichever shard is read first
+    with pytest.raises(fmt.CacheError, match="shard 6: num_bytes is -12"):
+        CacheReader(path)  # the eager open checks every shard
     with pytest.raises(fmt.CacheError, match="shard 6: num_bytes is -12"):
         fmt.parse_manifest(json.load(open(mpath)))  # what a writer checks before writing
+    size = os.path.getsize(os.path.join(path, fmt.shard_name(fmt.DATA_PREFIX, 6, SHARDS)))
+    _edit_manifest(path, lambda raw: (_edit_column(raw, "num_bytes", 6, size), raw["shards"].update(
+        provenance_num_bytes="!" * len(raw["shards"]["num_bytes"]))))
+    with pytest.raises(fmt.CacheError, match=rf"^{mpath}: shards.provenance_num_bytes is not base64 of little-endian"):
+        verify_cache(path)
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -294,13 +294,21 @@ def decode_int_column(text: str) -> np.ndarray:
     """
     if not isinstance(text, str):
         raise ValueError(f"{text!r} is not a base64 string")
-    if _STRICT_BASE64:  # Python >= 3.11: validates in C, about twice as fast as b64decode(validate=True)
-        data = binascii.a2b_base64(text, strict_mode=True)
-    else:
-        data = base64.b64decode(text, validate=True)
+    data = decode_base64(text)
     if len(data) % _INT_COLUMN.itemsize:
         raise ValueError(f"{len(data)} bytes is not a whole number of int64 values")
     return np.frombuffer(data, dtype=_INT_COLUMN)
+
+
+def decode_base64(text: str) -> bytes:
+    """Standard base64 (RFC 4648, padded), strictly: any other character raises.
+
+    Raises:
+      ValueError: (``binascii.Error``) not strict base64.
+    """
+    if _STRICT_BASE64:  # Python >= 3.11: validates in C, about twice as fast as b64decode(validate=True)
+        return binascii.a2b_base64(text, strict_mode=True)
+    return base64.b64decode(text, validate=True)
 
 
 class _ShardNames(Sequence[str]):
@@ -342,9 +350,10 @@ class ShardTable(Sequence[ShardInfo]):
       shard i of S is ``shard_name(prefix, i, S)``. Checked when the table is
       built: ``num_records`` decodes to ``num_shards`` integers >= 0, the byte
       size columns have the length of that many values, and the checksum file
-      is ``SHARD_CHECKSUMS_NAME`` with a byte size and a sha256. The byte size
-      columns are decoded and checked (integers >= 0) at their first use (a
-      shard's first read), or by ``check_all``.
+      is ``SHARD_CHECKSUMS_NAME`` with a byte size and a sha256. A shard's byte
+      sizes are decoded (only its own 8 bytes of each column) and checked
+      (integers >= 0) when its ``ShardInfo`` is first built (its first read);
+      ``check_all`` decodes and checks the columns whole.
     - format version 1 (``entries`` a JSON list): one JSON object per shard with
       ``file``, ``num_records``, ``num_bytes``, ``sha256``, ``provenance_file``,
       ``provenance_num_bytes``, ``provenance_sha256``. Checked when the table is
@@ -370,9 +379,7 @@ class ShardTable(Sequence[ShardInfo]):
 
     Raises:
       CacheError: (when built) a bad entry, column or shard name; (``table[i]``)
-        version 1: a bad byte size or checksum field in entry i; version 2: a
-        byte-size column that does not decode to integers >= 0 (naming the
-        first bad shard, whichever shard is asked for).
+        a bad byte size (version 1: or checksum) field of shard i.
     """
 
     def __init__(self, entries, *, path: str = MANIFEST_NAME, version: int | None = None):
@@ -443,11 +450,29 @@ class ShardTable(Sequence[ShardInfo]):
         return column
 
     def _column(self, key: str) -> np.ndarray:
-        """(version 2) The int64 column ``key``, decoded and checked on first use."""
+        """(version 2) The int64 column ``key``, decoded and checked whole."""
         column = self._columns.get(key)
         if column is None:
             column = self._columns[key] = self._decode_column(key, self._raw_columns[key])
         return column
+
+    def _value(self, key: str, i: int) -> int:
+        """(version 2) Shard i's value in column ``key``, decoding only the base64
+        quanta (4 characters per 3 bytes) that hold its 8 bytes: O(1)."""
+        column = self._columns.get(key)
+        if column is not None:
+            return int(column[i])
+        first, last = 8 * i // 3, (8 * i + 7) // 3
+        text = self._raw_columns[key][4 * first:4 * (last + 1)]
+        try:
+            data = decode_base64(text)
+        except ValueError as e:
+            raise CacheError(f"{self._path}: shards.{key} is not {INT_COLUMN_ENCODING}: shard {i}: {e}") from None
+        skip = 8 * i - 3 * first
+        value = int(np.frombuffer(data, dtype=_INT_COLUMN, count=1, offset=skip)[0])
+        if value < 0:
+            raise CacheError(f"{self._path}: shard {i}: {key} is {value}, expected an integer >= 0")
+        return value
 
     def _init_entries(self, entries: list) -> int:
         path = self._path
@@ -497,9 +522,9 @@ class ShardTable(Sequence[ShardInfo]):
     def _info(self, i: int) -> ShardInfo:
         if self.version == 2:
             return ShardInfo(file=self.files[i], num_records=int(self.num_records[i]),
-                             num_bytes=int(self._column("num_bytes")[i]), sha256=None,
+                             num_bytes=self._value("num_bytes", i), sha256=None,
                              provenance_file=self.provenance_files[i],
-                             provenance_num_bytes=int(self._column("provenance_num_bytes")[i]), provenance_sha256=None)
+                             provenance_num_bytes=self._value("provenance_num_bytes", i), provenance_sha256=None)
         entry, path = self._entries[i], self._path
         missing = [k for k in _SHARD_FIELDS if k not in entry]
         if missing:

@@ -182,9 +182,10 @@ def test_opening_never_reads_the_shard_checksum_file(make_cache):
 def test_a_bad_size_column_is_refused_at_the_first_read_naming_the_shard(make_cache):
     path = make_cache(n=N, num_shards=SHARDS)
     mpath = _edit_manifest(path, lambda raw: _edit_column(raw, "num_bytes", 6, -12))
-    with CacheReader(path, open_shards=False) as r:  # the byte sizes are decoded at their first use
+    with CacheReader(path, open_shards=False) as r:  # a shard's byte sizes are decoded at its first read
+        assert r.read_examples([0])[0]["targets"][0] == 1  # shard 0 reads
         with pytest.raises(fmt.CacheError, match=rf"^{mpath}: shard 6: num_bytes is -12, expected an integer >= 0"):
-            r.read([0])  # the column is checked whole, whichever shard is read first
+            r.read([0, int(r.shard_starts[6])])
     with pytest.raises(fmt.CacheError, match="shard 6: num_bytes is -12"):
         CacheReader(path)  # the eager open checks every shard
     with pytest.raises(fmt.CacheError, match="shard 6: num_bytes is -12"):
@@ -289,3 +290,18 @@ def test_version_1_shard_names_and_record_counts_are_checked_at_open(make_cache,
     mpath = _edit_manifest(path, edit)
     with pytest.raises(fmt.CacheError, match=rf"^{mpath}: {message}"):
         Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1)
+
+
+def test_a_shards_sizes_are_decoded_from_its_own_base64_quanta():
+    """``table[i]`` decodes only shard i's 8 bytes of each size column; every
+    offset of an 8-byte value in the 3-byte base64 quanta gives the column's value."""
+    count = 1001
+    values = np.random.default_rng(1).integers(0, 2**62, count)
+    table = fmt.ShardTable({
+        "num_shards": count, "num_records": fmt.encode_int_column(np.arange(count)),
+        "num_bytes": fmt.encode_int_column(values), "provenance_num_bytes": fmt.encode_int_column(values[::-1]),
+        "checksums": {"file": fmt.SHARD_CHECKSUMS_NAME, "num_bytes": 1, "sha256": "0" * 64}})
+    assert table._columns.keys() == {"num_records"}  # the size columns are not decoded whole
+    assert [table[i].num_bytes for i in range(count)] == values.tolist()
+    assert [table[i].provenance_num_bytes for i in range(count)] == values[::-1].tolist()
+    assert table[7].file == "data.array_record-00007-of-01001" and table[7].num_records == 7

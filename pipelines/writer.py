@@ -1,8 +1,9 @@
 """Writing cache shards and the manifest.
 
 A shard is written under a temporary name, checksummed while it is written, and
-moved into place only when complete; the manifest is written last, atomically, by
-the driver. A folder without manifest.json is never read as a cache (G7).
+moved into place only when complete; the driver writes the shard checksum file
+(``shard-checksums.json``) and then, last, the manifest, each atomically. A folder
+without manifest.json is never read as a cache (G7).
 
 Paths that are not local (gs://, s3://, hdfs://) go through Beam's FileSystems:
 ArrayRecord writes a local temporary file that is then copied to its destination.

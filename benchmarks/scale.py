@@ -24,7 +24,7 @@ Then the ``--dask-mb`` corpus (default 100 MB) is built again with
 (1 thread each) on loopback, which this script starts and closes, and compared
 with the local engine's build of the same files: the ratio of wall times and
 of MB/s, the workers' peak RSS, and whether every data shard's sha256
-(manifest ``shards[].sha256``) equals the local build's (it must: a cache does
+(the shard checksum file ``shard-checksums.json``) equals the local build's (it must: a cache does
 not depend on the runner).
 
 Corpus (from ../shared/data, repeated to the requested size with a copy number
@@ -254,6 +254,10 @@ def build(spec: str, cache_dir: pathlib.Path, sys_tmp: pathlib.Path, *, extra_ar
     if proc.returncode != 0:
         raise SystemExit(f"seqcache build failed (exit {proc.returncode}):\n{log[-6000:]}\n{out[-2000:]}")
     manifest = json.loads((out_dir / "manifest.json").read_text())
+    from seqcache import format as fmt
+
+    table_manifest = fmt.read_manifest(str(out_dir))
+    table = table_manifest.shards
     units = re.search(r"(\d+) work units", log)
     leftover = _tree_usage(sys_tmp)
     return {
@@ -273,11 +277,11 @@ def build(spec: str, cache_dir: pathlib.Path, sys_tmp: pathlib.Path, *, extra_ar
         **({"dask_dir_files_max": sampler.peak_files["dask"],
             "dask_dir_mb_max": round(sampler.peak_bytes["dask"] / 1e6, 1)} if dask_dir is not None else {}),
         "tmp_left": (out_dir / "_tmp").exists(),
-        "shards": len(manifest["shards"]),
+        "shards": len(table),
         "examples": int(manifest["num_examples"]),
         "work_units": int(units.group(1)) if units else None,
-        "shard_sha256": [s["sha256"] for s in manifest["shards"]],
-        "cache_mb": round(sum(s["num_bytes"] for s in manifest["shards"]) / 1e6, 1),
+        "shard_sha256": fmt.read_shard_checksums(str(out_dir), table_manifest)[0],
+        "cache_mb": round(sum(s.num_bytes for s in table) / 1e6, 1),
     }
 
 

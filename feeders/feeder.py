@@ -486,7 +486,7 @@ class Feeder:
         state = {
             "kind": state_lib.STATE_KIND,
             "version": state_lib.STATE_VERSION if self.schedule is None else state_lib.SCHEDULE_STATE_VERSION,
-            "cache_format_version": fmt.FORMAT_VERSION,
+            "cache_format_version": fmt.RECORD_FORMAT_VERSION,
             "mixture": state_lib.mixture_entries(self.paths, self.rates, self.weights, self.readers),
             "seed": self.seed,
             "global_batch_size": self.global_batch_size,

@@ -64,10 +64,10 @@ def check_state(state: Mapping[str, Any]) -> None:
             f"(and {SCHEDULE_STATE_VERSION} with a mixture schedule): "
             "the state was written by another seqcache release; restore it with that release"
         )
-    if state.get("cache_format_version") != fmt.FORMAT_VERSION:
+    if state.get("cache_format_version") != fmt.RECORD_FORMAT_VERSION:
         raise FeederStateError(
             f"feeder state was saved for cache format version {state.get('cache_format_version')!r}, "
-            f"this seqcache reads version {fmt.FORMAT_VERSION}"
+            f"this seqcache reads version {fmt.RECORD_FORMAT_VERSION}"
         )
     missing = [f for f in _FIELDS if f not in state]
     if missing:

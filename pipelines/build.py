@@ -441,7 +441,7 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
                             "input_bytes": plan.total_bytes}},
     )
     fs.remove_tree(scratch)
-    writer.write_manifest(build_dir, raw)
+    writer.write_manifest(build_dir, raw, shards=entries)
     return raw
 
 
@@ -599,7 +599,7 @@ def cache_path(cache_dir: str, task_name: str, split: str) -> str:
 
 def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int) -> dict:
     return {
-        "format_version": fmt.FORMAT_VERSION,
+        "format_version": fmt.RECORD_FORMAT_VERSION,
         "writer_options": fmt.WRITER_OPTIONS,
         "split": config.split,
         "num_shards": num_shards,

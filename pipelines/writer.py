@@ -1,8 +1,9 @@
 """Writing cache shards and the manifest.
 
 A shard is written under a temporary name, checksummed while it is written, and
-moved into place only when complete; the manifest is written last, atomically, by
-the driver. A folder without manifest.json is never read as a cache (G7).
+moved into place only when complete; the driver writes the shard checksum file
+(``shard-checksums.json``) and then, last, the manifest, each atomically. A folder
+without manifest.json is never read as a cache (G7).
 
 Paths that are not local (gs://, s3://, hdfs://) go through Beam's FileSystems:
 ArrayRecord writes a local temporary file that is then copied to its destination.
@@ -256,7 +257,7 @@ def build_manifest(
         "features": [dict(f) for f in features],
         "vocabularies": dict(vocabularies),
         "num_examples": int(sum(int(s["num_records"]) for s in shards)),
-        "shards": [dict(s) for s in shards],
+        "shards": shard_table(shards),
         "statistics": dict(statistics),
         "sources": [dict(s) for s in sources],
         "fingerprint_inputs": dict(fingerprint_inputs),
@@ -269,8 +270,68 @@ def build_manifest(
     return raw
 
 
-def write_manifest(cache_dir: str, raw: Mapping[str, Any]) -> None:
-    """Writes manifest.json atomically: the last step of every build."""
+_INT_COLUMNS = ("num_records", "num_bytes", "provenance_num_bytes")
+
+
+def _shard_checksums_file(shards: Sequence[Mapping[str, Any]]) -> bytes:
+    return fmt.shard_checksums_json([s["sha256"] for s in shards], [s["provenance_sha256"] for s in shards])
+
+
+def shard_table(shards: Sequence[Mapping[str, Any]]) -> dict:
+    """The manifest's ``shards`` (format version 2) for the entries of
+    ``write_shard``, in shard order: the shard count, the record counts and byte
+    sizes as ``fmt.encode_int_column`` columns, and the size and sha256 of the
+    shard checksum file (``fmt.SHARD_CHECKSUMS_NAME``, written by
+    ``write_manifest``). File names are not stored: they follow from index and
+    count.
+
+    Raises:
+      ValueError: an entry is not shard i's (its file names are not
+        ``fmt.shard_name(prefix, i, len(shards))``), or a count, size or
+        checksum is malformed.
+    """
+    count = len(shards)
+    for i, s in enumerate(shards):
+        for key, prefix in (("file", fmt.DATA_PREFIX), ("provenance_file", fmt.PROVENANCE_PREFIX)):
+            if s.get(key) != fmt.shard_name(prefix, i, count):
+                raise ValueError(f"shard entry {i} of {count} names {key} {s.get(key)!r}, expected "
+                                 f"{fmt.shard_name(prefix, i, count)!r} (entries must be in shard order)")
+        for key in _INT_COLUMNS:
+            value = s.get(key)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise ValueError(f"shard entry {i}: {key} is {s.get(key)!r}, expected an integer >= 0")
+    checksums = _shard_checksums_file(shards)
+    return {
+        "num_shards": count,
+        "encoding": fmt.INT_COLUMN_ENCODING,
+        **{key: fmt.encode_int_column([s[key] for s in shards]) for key in _INT_COLUMNS},
+        "checksums": {"file": fmt.SHARD_CHECKSUMS_NAME, "num_bytes": len(checksums),
+                      "sha256": hashlib.sha256(checksums).hexdigest()},
+    }
+
+
+def write_manifest(cache_dir: str, raw: Mapping[str, Any], *, shards: Sequence[Mapping[str, Any]]) -> None:
+    """Writes the shard checksum file, then manifest.json, each atomically: the
+    last step of every build. The manifest goes last, so a build killed before
+    it leaves no folder that looks complete.
+
+    Args:
+      cache_dir: the cache folder (local or a URL).
+      raw: the manifest, from ``build_manifest``.
+      shards: the shard entries ``raw`` was built from (``write_shard``'s): they
+        hold the checksums that go to ``fmt.SHARD_CHECKSUMS_NAME``.
+
+    Raises:
+      ValueError: ``shards`` are not the entries ``raw`` records (the checksum
+        file would not have the size and sha256 the manifest names).
+    """
+    checksums = _shard_checksums_file(shards)
+    recorded = raw["shards"]["checksums"]
+    if (len(checksums), hashlib.sha256(checksums).hexdigest()) != (recorded["num_bytes"], recorded["sha256"]):
+        raise ValueError(f"{cache_dir}: the shard entries given are not those of the manifest (their checksum file "
+                         f"has {len(checksums)} bytes, sha256 {hashlib.sha256(checksums).hexdigest()}; the manifest "
+                         f"names {recorded['num_bytes']} bytes, sha256 {recorded['sha256']})")
+    write_bytes_atomic(join(cache_dir, fmt.SHARD_CHECKSUMS_NAME), checksums)
     data = (json.dumps(raw, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     write_bytes_atomic(join(cache_dir, fmt.MANIFEST_NAME), data)
 
@@ -321,5 +382,5 @@ def write_cache(
         packing=packing,
         vocabularies=vocabularies or {},
     )
-    write_manifest(cache_dir, raw)
+    write_manifest(cache_dir, raw, shards=entries)
     return fmt.parse_manifest(raw)

@@ -1,4 +1,4 @@
-"""The on-disk cache format, version 1: record encoding and the manifest.
+"""The on-disk cache format, version 2: record encoding and the manifest.
 
 This module is shared by the writer (``seqcache.pipelines``) and the readers
 (``seqcache.feeders``, the CLI). It imports neither Beam nor JAX; its
@@ -9,6 +9,7 @@ Layout of one cache (one task, one split)::
 
     CACHE_DIR/<task>/<split>/
         manifest.json                                 written last, atomically
+        shard-checksums.json                          every shard file's sha256 (version 2)
         data.array_record-00000-of-00004              examples, in cache order
         provenance.array_record-00000-of-00004        one record per example
         quarantine.jsonl                              skipped and repaired source records (if any)
@@ -26,6 +27,8 @@ The byte layout is documented in docs/cache-format.md; changing it needs a
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import functools
 import hashlib
@@ -34,6 +37,7 @@ import operator
 import os
 import re
 import struct
+import sys
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -41,11 +45,25 @@ import numpy as np
 from seqcache import fs
 
 FORMAT_NAME = "seqcache"
-FORMAT_VERSION = 1
+# The version of a cache as a whole, the manifest's ``format_version``: what a
+# reader must understand. Version 2 keeps the manifest's shard table as columns
+# and the shard checksums in ``SHARD_CHECKSUMS_NAME``; version 1 kept one JSON
+# object per shard. Readers read both (``READ_FORMAT_VERSIONS``); writers write 2.
+FORMAT_VERSION = 2
+READ_FORMAT_VERSIONS = (1, 2)
+# The version of what the shard files hold and of which example sits at which
+# cache index: record encoding, writer options, shard names. A cache's
+# fingerprint and a feeder state record this one, so that a change of the
+# manifest's layout alone neither changes fingerprints (an existing cache is
+# still reused) nor invalidates saved feeder states. Unchanged since version 1.
+RECORD_FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 DATA_PREFIX = "data"
 PROVENANCE_PREFIX = "provenance"
 QUARANTINE_NAME = "quarantine.jsonl"
+SHARD_CHECKSUMS_NAME = "shard-checksums.json"
+# The encoding of the manifest's integer shard columns (format version 2), for humans.
+INT_COLUMN_ENCODING = "base64 of little-endian int64, one per shard"
 
 # ArrayRecord writer options, pinned: group_size:1 makes every record its own
 # chunk so that random access reads exactly one record's bytes. Token records are
@@ -236,57 +254,229 @@ def fingerprint_of(obj: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
-    """One shard file as the manifest records it."""
+    """One shard file as the manifest records it.
+
+    ``sha256`` and ``provenance_sha256`` are None where the manifest keeps the
+    checksums in its checksum file (format version 2): ``read_shard_checksums``
+    reads them."""
 
     file: str
     num_records: int
     num_bytes: int
-    sha256: str
+    sha256: str | None
     provenance_file: str
     provenance_num_bytes: int
-    provenance_sha256: str
+    provenance_sha256: str | None
 
 
 _SHARD_FIELDS = tuple(f.name for f in dataclasses.fields(ShardInfo))
 _INT_FIELDS = ("num_records", "num_bytes", "provenance_num_bytes")
+_INT_COLUMN = np.dtype("<i8")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_STRICT_BASE64 = sys.version_info >= (3, 11)
 
 
 def _is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def encode_int_column(values: Sequence[int]) -> str:
+    """A manifest integer shard column (format version 2): base64 of the values
+    as little-endian int64 (``INT_COLUMN_ENCODING``)."""
+    return base64.b64encode(np.asarray(values, dtype=_INT_COLUMN).tobytes()).decode("ascii")
+
+
+def decode_int_column(text: str) -> np.ndarray:
+    """The int64 array (num_shards,) of a manifest integer shard column.
+
+    Raises:
+      ValueError: ``text`` is not base64 of a whole number of int64 values.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not a base64 string")
+    data = decode_base64(text)
+    if len(data) % _INT_COLUMN.itemsize:
+        raise ValueError(f"{len(data)} bytes is not a whole number of int64 values")
+    return np.frombuffer(data, dtype=_INT_COLUMN)
+
+
+def decode_base64(text: str) -> bytes:
+    """Standard base64 (RFC 4648, padded), strictly: any other character raises.
+
+    Raises:
+      ValueError: (``binascii.Error``) not strict base64.
+    """
+    if _STRICT_BASE64:  # Python >= 3.11: validates in C, about twice as fast as b64decode(validate=True)
+        return binascii.a2b_base64(text, strict_mode=True)
+    return base64.b64decode(text, validate=True)
+
+
+class _ShardNames(Sequence[str]):
+    """``shard_name(prefix, i, count)`` for i in [0, count), computed on access
+    (a version-2 manifest stores no file names: they follow from index and count)."""
+
+    def __init__(self, prefix: str, count: int):
+        self._prefix, self._count = prefix, count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._count))]
+        if not -self._count <= i < self._count:
+            raise IndexError(f"shard {i} out of range for {self._count} shards")
+        return shard_name(self._prefix, i % self._count, self._count)
+
+    def __eq__(self, other):
+        if isinstance(other, (list, tuple, _ShardNames)):
+            return len(other) == self._count and list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"_ShardNames({self._prefix!r}, {self._count})"
+
+
 class ShardTable(Sequence[ShardInfo]):
     """The manifest's shard entries, held as columns so that opening a cache costs
     what parsing its JSON costs, with no Python object built per shard.
 
-    Checked when the table is built (vectorised over all shards, each failure a
-    ``CacheError`` naming the manifest and the shard): every entry is a JSON
-    object whose ``file`` and ``provenance_file`` are this cache's shard names
-    (``shard_name``, plain file names inside the cache folder) and whose
-    ``num_records`` is an integer >= 0. The other fields (byte sizes, checksums)
-    are checked when the shard's ``ShardInfo`` is first built (``table[i]``, at
-    the shard's first read or by ``seqcache verify``, which builds every one),
-    with the same errors.
+    Two layouts (docs/cache-format.md):
+
+    - format version 2 (``entries`` a JSON object): ``num_shards``; the integer
+      columns ``num_records``, ``num_bytes``, ``provenance_num_bytes``, each
+      ``encode_int_column`` of one value per shard; ``checksums``, the checksum
+      file ``{file, num_bytes, sha256}``. The shard file names are not stored:
+      shard i of S is ``shard_name(prefix, i, S)``. Checked when the table is
+      built: ``num_records`` decodes to ``num_shards`` integers >= 0, the byte
+      size columns have the length of that many values, and the checksum file
+      is ``SHARD_CHECKSUMS_NAME`` with a byte size and a sha256. A shard's byte
+      sizes are decoded (only its own 8 bytes of each column) and checked
+      (integers >= 0) when its ``ShardInfo`` is first built (its first read);
+      ``check_all`` decodes and checks the columns whole.
+    - format version 1 (``entries`` a JSON list): one JSON object per shard with
+      ``file``, ``num_records``, ``num_bytes``, ``sha256``, ``provenance_file``,
+      ``provenance_num_bytes``, ``provenance_sha256``. Checked when the table is
+      built (vectorised): ``file`` and ``provenance_file`` are this cache's
+      shard names and ``num_records`` is an integer >= 0; the other fields when
+      the shard's ``ShardInfo`` is first built (``table[i]``, at the shard's
+      first read or by ``seqcache verify``, which builds every one).
+
+    Each failure is a ``CacheError`` naming the manifest and the shard.
 
     Attributes:
-      files: the data shard names, one per shard (list of str).
+      version: the layout, 1 or 2.
+      files: the data shard names, one per shard (a sequence of str).
       provenance_files: the provenance shard names, one per shard.
       num_records: int64 array (num_shards,): records per shard.
       starts: int64 array (num_shards + 1,): the cache index of each shard's first
         record, then the total (the cumulative sum of ``num_records``).
+      checksums: (version 2) the checksum file's ``{file, num_bytes, sha256}``;
+        None in version 1, whose entries hold the checksums.
 
     Indexing (``table[i]``, iteration) gives ``ShardInfo`` objects, built on first
     access and kept.
 
     Raises:
-      CacheError: (when built) a bad entry or shard name; (``table[i]``) a bad
-        byte size or checksum field in entry i.
+      CacheError: (when built) a bad entry, column or shard name; (``table[i]``)
+        a bad byte size (version 1: or checksum) field of shard i.
     """
 
-    def __init__(self, entries, *, path: str = MANIFEST_NAME):
-        _require(isinstance(entries, list), path, f"shards is {type(entries).__name__}, expected a JSON list")
-        self._entries = entries
+    def __init__(self, entries, *, path: str = MANIFEST_NAME, version: int | None = None):
+        if version is None:
+            version = 2 if isinstance(entries, dict) else 1
+        self.version = version
         self._path = path
+        self.checksums = None
+        if version == 2:
+            _require(isinstance(entries, dict), path,
+                     f"shards is {type(entries).__name__}, expected a JSON object (format version 2)")
+            count = self._init_columns(entries)
+        else:
+            _require(isinstance(entries, list), path, f"shards is {type(entries).__name__}, expected a JSON list")
+            count = self._init_entries(entries)
+        self.num_records.flags.writeable = False
+        self.starts = np.zeros(count + 1, np.int64)
+        np.cumsum(self.num_records, out=self.starts[1:])
+        self.starts.flags.writeable = False
+        self._count = count
+        self._infos: list[ShardInfo | None] = [None] * count
+
+    def _init_columns(self, entries: dict) -> int:
+        path = self._path
+        count = entries.get("num_shards")
+        _require(_is_count(count), path, f"shards.num_shards is {count!r}, expected an integer >= 0")
+        self._count = count
+        self._raw_columns, self._columns = {}, {}
+        for key in _INT_FIELDS:
+            _require(key in entries, path, f"shards: missing column {key!r}")
+            text = entries[key]
+            # The byte sizes are decoded at their first use (a shard's first read);
+            # their length is checked now, without decoding.
+            if not (isinstance(text, str) and len(text) == 4 * -(-8 * count // 3)):
+                self._decode_column(key, text)  # raises, naming what is wrong
+            self._raw_columns[key] = text
+        self._column("num_records")
+        checksums = entries.get("checksums")
+        _require(isinstance(checksums, dict), path,
+                 f"shards.checksums is {checksums!r}, expected {{file, num_bytes, sha256}} of {SHARD_CHECKSUMS_NAME!r}")
+        name = checksums.get("file")
+        _require(is_plain_file_name(name), path,
+                 f"shards.checksums: file name {name!r} is not a plain file name inside the cache folder")
+        _require(name == SHARD_CHECKSUMS_NAME, path,
+                 f"shards.checksums: file name {name!r}, expected {SHARD_CHECKSUMS_NAME!r}")
+        _require(_is_count(checksums.get("num_bytes")), path,
+                 f"shards.checksums: num_bytes is {checksums.get('num_bytes')!r}, expected a byte count")
+        sha = checksums.get("sha256")
+        _require(isinstance(sha, str) and _SHA256_RE.fullmatch(sha) is not None, path,
+                 f"shards.checksums: sha256 is {sha!r}, expected 64 hex digits")
+        self.checksums = checksums
+        self.num_records = self._columns["num_records"]
+        self.files = _ShardNames(DATA_PREFIX, count)
+        self.provenance_files = _ShardNames(PROVENANCE_PREFIX, count)
+        return count
+
+    def _decode_column(self, key: str, text) -> np.ndarray:
+        path, count = self._path, self._count
+        try:
+            column = decode_int_column(text)
+        except (ValueError, TypeError) as e:
+            raise CacheError(f"{path}: shards.{key} is not {INT_COLUMN_ENCODING}: {e}") from None
+        _require(column.size == count, path,
+                 f"shards.{key} has {column.size} values, expected {count} (shards.num_shards)")
+        if count and int(column.min()) < 0:
+            i = int(np.argmax(column < 0))
+            raise CacheError(f"{path}: shard {i}: {key} is {int(column[i])}, expected an integer >= 0")
+        return column
+
+    def _column(self, key: str) -> np.ndarray:
+        """(version 2) The int64 column ``key``, decoded and checked whole."""
+        column = self._columns.get(key)
+        if column is None:
+            column = self._columns[key] = self._decode_column(key, self._raw_columns[key])
+        return column
+
+    def _value(self, key: str, i: int) -> int:
+        """(version 2) Shard i's value in column ``key``, decoding only the base64
+        quanta (4 characters per 3 bytes) that hold its 8 bytes: O(1)."""
+        column = self._columns.get(key)
+        if column is not None:
+            return int(column[i])
+        first, last = 8 * i // 3, (8 * i + 7) // 3
+        text = self._raw_columns[key][4 * first:4 * (last + 1)]
+        try:
+            data = decode_base64(text)
+        except ValueError as e:
+            raise CacheError(f"{self._path}: shards.{key} is not {INT_COLUMN_ENCODING}: shard {i}: {e}") from None
+        skip = 8 * i - 3 * first
+        value = int(np.frombuffer(data, dtype=_INT_COLUMN, count=1, offset=skip)[0])
+        if value < 0:
+            raise CacheError(f"{self._path}: shard {i}: {key} is {value}, expected an integer >= 0")
+        return value
+
+    def _init_entries(self, entries: list) -> int:
+        path = self._path
+        self._entries = entries
         count = len(entries)
         try:
             self.files = list(map(operator.itemgetter("file"), entries))
@@ -305,11 +495,7 @@ class ShardTable(Sequence[ShardInfo]):
                 if not _is_count(n):
                     raise CacheError(f"{path}: shard {i}: num_records is {n!r}, expected an integer >= 0")
         self.num_records = counts.astype(np.int64, copy=False)
-        self.num_records.flags.writeable = False
-        self.starts = np.zeros(count + 1, np.int64)
-        np.cumsum(self.num_records, out=self.starts[1:])
-        self.starts.flags.writeable = False
-        self._infos: list[ShardInfo | None] = [None] * count
+        return count
 
     def _fail_entries(self, keys) -> None:
         for i, e in enumerate(self._entries):
@@ -320,7 +506,7 @@ class ShardTable(Sequence[ShardInfo]):
                     raise CacheError(f"{self._path}: shard {i}: bad entry: {key!r}")
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._count
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -334,6 +520,11 @@ class ShardTable(Sequence[ShardInfo]):
         return (self[i] for i in range(len(self)))
 
     def _info(self, i: int) -> ShardInfo:
+        if self.version == 2:
+            return ShardInfo(file=self.files[i], num_records=int(self.num_records[i]),
+                             num_bytes=self._value("num_bytes", i), sha256=None,
+                             provenance_file=self.provenance_files[i],
+                             provenance_num_bytes=self._value("provenance_num_bytes", i), provenance_sha256=None)
         entry, path = self._entries[i], self._path
         missing = [k for k in _SHARD_FIELDS if k not in entry]
         if missing:
@@ -347,13 +538,86 @@ class ShardTable(Sequence[ShardInfo]):
         return ShardInfo(**{k: entry[k] for k in _SHARD_FIELDS})
 
     def check_all(self) -> None:
-        """Builds (and so checks) every shard's ``ShardInfo`` now.
+        """Checks every shard's entry now: (version 1) builds every shard's
+        ``ShardInfo``; (version 2) decodes and checks the byte-size columns.
 
         Raises:
-          CacheError: the first bad entry, as ``table[i]`` would.
+          CacheError: the first bad entry or column, as ``table[i]`` would.
         """
+        if self.version == 2:
+            for key in _INT_FIELDS:
+                self._column(key)
+            return
         for i in range(len(self)):
             self[i]
+
+
+def shard_checksums_json(sha256: Sequence[str], provenance_sha256: Sequence[str]) -> bytes:
+    """The bytes of ``SHARD_CHECKSUMS_NAME`` (format version 2): one JSON object
+    ``{"num_shards": S, "sha256": [...], "provenance_sha256": [...]}`` (hex
+    sha256 of data shard i and of provenance shard i at position i), UTF-8, one
+    line and a newline. A function of the checksums alone, so the file is as
+    deterministic as the shards.
+
+    Raises:
+      ValueError: the two lists differ in length or hold something other than
+        64 hex digits.
+    """
+    sha256, provenance_sha256 = list(sha256), list(provenance_sha256)
+    if len(sha256) != len(provenance_sha256):
+        raise ValueError(f"{len(sha256)} data shard checksums but {len(provenance_sha256)} provenance ones")
+    for key, values in (("sha256", sha256), ("provenance_sha256", provenance_sha256)):
+        for i, v in enumerate(values):
+            if not (isinstance(v, str) and _SHA256_RE.fullmatch(v)):
+                raise ValueError(f"shard {i}: {key} is {v!r}, expected 64 hex digits")
+    obj = {"num_shards": len(sha256), "sha256": sha256, "provenance_sha256": provenance_sha256}
+    return (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def read_shard_checksums(cache_dir: str, manifest: "Manifest") -> tuple[list[str], list[str]]:
+    """Every shard's recorded checksums: (sha256 of each data shard, sha256 of
+    each provenance shard), hex, one per shard in shard order.
+
+    Version 2 reads them from ``SHARD_CHECKSUMS_NAME`` (a local path or a URL),
+    after checking that file's byte size and sha256 against the manifest's
+    ``shards.checksums``; version 1 takes them from the manifest's entries.
+    Only ``seqcache verify`` (and whatever else compares checksums) needs them:
+    opening a cache never reads this file.
+
+    Raises:
+      CacheError: the checksum file is missing, has another size or sha256 than
+        the manifest records, or is not a checksum list of this cache's shards;
+        naming the file, the expected and the actual value. (Version 1) an entry
+        without hex checksums.
+      seqcache.fs.FileSystemError: (URLs) the object store cannot be reached.
+    """
+    table = manifest.shards
+    if table.version == 1:
+        infos = list(table)
+        return [s.sha256 for s in infos], [s.provenance_sha256 for s in infos]
+    recorded = table.checksums
+    from seqcache import layout  # layout imports this module
+
+    path = layout.cache_file(cache_dir, recorded["file"], what="shard checksum file")
+    if not fs.exists(path):
+        raise CacheError(f"{path}: shard checksum file is missing (the manifest lists it with "
+                         f"{recorded['num_bytes']} bytes)")
+    data = fs.read_bytes(path)
+    if len(data) != recorded["num_bytes"]:
+        raise CacheError(f"{path}: shard checksum file has {len(data)} bytes, the manifest expects "
+                         f"{recorded['num_bytes']}")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != recorded["sha256"]:
+        raise CacheError(f"{path}: shard checksum file has sha256 {actual}, the manifest expects {recorded['sha256']}")
+    try:
+        obj = json.loads(data.decode("utf-8"))
+        sha, prov = obj["sha256"], obj["provenance_sha256"]
+        shard_checksums_json(sha, prov)  # the same checks as when it was written
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise CacheError(f"{path}: not a shard checksum file: {e}") from None
+    if len(sha) != len(table):
+        raise CacheError(f"{path}: {len(sha)} shard checksums, the manifest has {len(table)} shards")
+    return sha, prov
 
 
 @functools.lru_cache(maxsize=8)
@@ -362,10 +626,17 @@ def _expected_names(prefix: str, count: int) -> list[str]:
     return list(map(f"{prefix}.array_record-{{:05d}}-of-{count:05d}".format, range(count)))
 
 
+def is_plain_file_name(name: Any) -> bool:
+    """True for a non-empty file name with no folder part: no ``/`` or ``\\``,
+    not ``.`` or ``..``, no NUL, no drive (``C:``). Every file a manifest names
+    must be one (``seqcache.layout.cache_file`` adds the link check)."""
+    return (isinstance(name, str) and bool(name) and name not in (".", "..")
+            and not any(c in name for c in "/\\\x00") and not (len(name) >= 2 and name[1] == ":"))
+
+
 def _check_shard_name(path: str, i: int, count: int, name, prefix: str) -> None:
     _require(
-        isinstance(name, str) and name == os.path.basename(name) and name not in (".", "..") and "/" not in name
-        and "\\" not in name,
+        is_plain_file_name(name),
         path,
         f"shard {i}: file name {name!r} is not a plain file name inside the cache folder",
     )
@@ -435,14 +706,17 @@ def _require(cond: bool, path: str, message: str):
 def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME, check_shards: bool = True) -> Manifest:
     """Validates a manifest dict and returns a ``Manifest``.
 
-    Cost: O(number of shards) in list and numpy operations, no Python object per
-    shard (``ShardTable``): the shard names and record counts are always checked
-    here; every shard's other fields too with ``check_shards=True`` (the default,
-    what a writer uses before it writes a manifest), else when the shard's
+    Reads format versions 1 and 2 (``READ_FORMAT_VERSIONS``). Cost: O(number
+    of shards) in list and numpy operations, no Python object per shard
+    (``ShardTable``). Version 2: the shard columns are decoded and checked
+    whole here (a few numpy operations over base64 text). Version 1: the shard
+    names and record counts are always checked here; every shard's other fields
+    too with ``check_shards=True`` (the default), else when the shard's
     ``ShardInfo`` is first built (at its first read: what ``read_manifest`` does).
 
     Raises:
-      CacheError: wrong format name or version, missing fields, or a shard name
+      CacheError: wrong format name or version, missing fields, a shard layout
+        that is not the version's, or a shard name
         that is not a plain file name of this cache (for instance one that leads
         outside the cache folder), a bad record count; with ``check_shards``, any
         bad shard entry.
@@ -451,9 +725,11 @@ def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME, check_shards: bool =
     _require(raw.get("format") == FORMAT_NAME, path, f"format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
     version = raw.get("format_version")
     _require(
-        version == FORMAT_VERSION,
+        version in READ_FORMAT_VERSIONS and not isinstance(version, bool),
         path,
-        f"format_version is {version!r}, this seqcache reads version {FORMAT_VERSION}",
+        f"format_version is {version!r}, this seqcache reads versions "
+        f"{', '.join(map(str, READ_FORMAT_VERSIONS))}: read the cache with the seqcache release that wrote it, "
+        "or rebuild it with this one (seqcache build ... --overwrite)",
     )
     for key in ("task", "split", "fingerprint", "features", "shards"):
         _require(key in raw, path, f"missing field {key!r}")
@@ -461,7 +737,7 @@ def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME, check_shards: bool =
         features = tuple(FeatureSpec(f["name"], f["dtype"]) for f in raw["features"])
     except (KeyError, TypeError, ValueError) as e:
         raise CacheError(f"{path}: bad features entry: {e}") from None
-    shards = ShardTable(raw["shards"], path=path)
+    shards = ShardTable(raw["shards"], path=path, version=version)
     if check_shards:
         shards.check_all()
     quarantine = raw.get("quarantine")

@@ -62,11 +62,8 @@ def sibling_split(cache_dir: str, split: str) -> str:
     return os.path.join(os.path.dirname(os.path.normpath(os.fspath(cache_dir))), split)
 
 
-def is_plain_name(name: Any) -> bool:
-    """True for a non-empty file name with no folder part: no ``/`` or ``\\``,
-    not ``.`` or ``..``, no NUL, no drive (``C:``)."""
-    return (isinstance(name, str) and bool(name) and name not in (".", "..")
-            and not any(c in name for c in "/\\\x00") and not (len(name) >= 2 and name[1] == ":"))
+# True for a non-empty file name with no folder part (see seqcache.format).
+is_plain_name = fmt.is_plain_file_name
 
 
 def cache_file(cache_dir: str, name: Any, *, what: str = "file", source: str | None = None) -> str:

@@ -1,7 +1,8 @@
 """Full verification of a cache on disk: counts, checksums and decodability.
 
 ``open``-time checks (``seqcache.format.check_shard_files``) are cheap: sizes and
-presence. ``verify_cache`` reads every byte: it recomputes each shard's sha256,
+presence. ``verify_cache`` reads every byte: it recomputes each shard's sha256 (against
+the manifest's shard checksum file, itself checked by size and sha256),
 counts its records and decodes every record, checks the quarantine file against
 the manifest's statistics, and reports every problem, each naming the file and
 the expected and actual value.
@@ -62,7 +63,7 @@ def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decod
         problems.append(f"{path}: size {size} bytes, expected {num_bytes}")
     with fs.local_copy(path, suffix=f"-{name}") as local:
         actual_sha = fmt.file_sha256(local)
-        if actual_sha != sha256:
+        if sha256 is not None and actual_sha != sha256:  # None: no readable checksum file (reported once)
             problems.append(f"{path}: sha256 {actual_sha}, expected {sha256}")
         count = None
         try:
@@ -106,7 +107,8 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
 
     Returns:
       A ``VerifyReport`` whose ``problems`` name each bad file with the expected
-      and actual value (size, sha256, record count, or the undecodable record),
+      and actual value (size, sha256, record count, or the undecodable record;
+      a shard checksum file that is missing or does not match the manifest),
       and any disagreement between the quarantine file and the manifest
       (``check_quarantine``).
 
@@ -120,15 +122,23 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
     manifest_path = fs.join(cache_dir, fmt.MANIFEST_NAME)
     # One listing of an object-store folder gives every size (one request per file otherwise).
     listed = None if fs.is_local(cache_dir) else fs.sizes_in(cache_dir)
+    manifest.shards.check_all()
+    checksum_problems = []
+    try:
+        sha256, provenance_sha256 = fmt.read_shard_checksums(cache_dir, manifest)
+    except fmt.CacheError as e:
+        # Sizes, counts and records are still checked; the checksums cannot be.
+        checksum_problems.append(f"{e}; the shards' checksums were not compared")
+        sha256 = provenance_sha256 = [None] * len(manifest.shards)
     shards = []
-    for s in manifest.shards:
-        shards.append(_check_file(cache_dir, s.file, s.num_bytes, s.sha256, s.num_records, manifest.features,
+    for i, s in enumerate(manifest.shards):
+        shards.append(_check_file(cache_dir, s.file, s.num_bytes, sha256[i], s.num_records, manifest.features,
                                   decode_batch, listed))
         shards.append(
-            _check_file(cache_dir, s.provenance_file, s.provenance_num_bytes, s.provenance_sha256, s.num_records,
+            _check_file(cache_dir, s.provenance_file, s.provenance_num_bytes, provenance_sha256[i], s.num_records,
                         fmt.PROVENANCE_FEATURES, decode_batch, listed)
         )
-    problems = [p for s in shards for p in s.problems]
+    problems = checksum_problems + [p for s in shards for p in s.problems]
     declared = manifest.raw.get("num_examples")
     if declared is not None and declared != manifest.num_examples:
         problems.append(f"{manifest_path}: num_examples {declared}, shards sum to {manifest.num_examples}")

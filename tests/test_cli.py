@@ -7,6 +7,7 @@ import os
 
 from click.testing import CliRunner
 
+from seqcache import format as fmt
 from seqcache.cli import main
 
 
@@ -158,26 +159,29 @@ def test_show_checks_the_counts_it_relies_on_and_names_bad_shards(tmp_path, shar
     manifest_path = os.path.join(cache, "manifest.json")
     original = open(manifest_path).read()
     raw = json.loads(original)
+    files = [fmt.shard_name(fmt.DATA_PREFIX, i, 3) for i in range(3)]
+    counts = fmt.decode_int_column(raw["shards"]["num_records"]).copy()
     # Move one record from shard 1's count to shard 0's: the total still adds up.
-    raw["shards"][0]["num_records"] += 1
-    raw["shards"][1]["num_records"] -= 1
+    counts[0] += 1
+    counts[1] -= 1
+    raw["shards"]["num_records"] = fmt.encode_int_column(counts)
     with open(manifest_path, "w") as f:
         json.dump(raw, f)
     last = raw["num_examples"] - 1  # in shard 2, whose own count is right
     out = runner.invoke(main, ["show", cache, "--index", str(last)])
     assert out.exit_code == 1 and "Traceback" not in out.output
-    assert raw["shards"][0]["file"] in out.output and "the manifest expects" in out.output
+    assert files[0] in out.output and "the manifest expects" in out.output
     with open(manifest_path, "w") as f:
         f.write(original)
     # A shard whose bytes are damaged but whose size is right: named, no traceback.
-    shard = os.path.join(cache, raw["shards"][1]["file"])
+    shard = os.path.join(cache, files[1])
     size = os.path.getsize(shard)
     with open(shard, "r+b") as f:
         f.seek(size // 3)
         f.write(b"\0" * 4096)
-    first_of_shard_1 = raw["shards"][0]["num_records"] - 1  # the edited count was one more
+    first_of_shard_1 = int(counts[0]) - 1  # the edited count was one more
     out = runner.invoke(main, ["show", cache, "--index", str(first_of_shard_1 + 5), "--count", "50"])
-    assert out.exit_code == 1 and "Traceback" not in out.output and raw["shards"][1]["file"] in out.output
+    assert out.exit_code == 1 and "Traceback" not in out.output and files[1] in out.output
 
 
 def _register_line_task(folder, module, task, text):

@@ -27,6 +27,7 @@ from click.testing import CliRunner
 pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
+from seqcache import format as fmt  # noqa: E402
 from seqcache.cli import main  # noqa: E402
 
 BUCKET = "seqcache-test"
@@ -122,13 +123,39 @@ def test_info_gives_the_numbers_of_the_local_build(s3, caches):
     assert table.exit_code == 0 and "data.array_record-00001-of-00002" in table.output
 
 
+def _shard_entries(manifest: dict, checksums: bytes) -> list[dict]:
+    """Per shard of a version-2 manifest: file names, record count and checksums
+    (from the content of its shard checksum file)."""
+    table, sums = manifest["shards"], json.loads(checksums)
+    n = table["num_shards"]
+    records = fmt.decode_int_column(table["num_records"]).tolist()
+    return [{"file": fmt.shard_name(fmt.DATA_PREFIX, i, n), "provenance_file": fmt.shard_name(fmt.PROVENANCE_PREFIX, i, n),
+             "num_records": records[i], "sha256": sums["sha256"][i], "provenance_sha256": sums["provenance_sha256"][i]}
+            for i in range(n)]
+
+
+def _local_entries(cache_dir: str) -> list[dict]:
+    with open(os.path.join(cache_dir, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    with open(os.path.join(cache_dir, fmt.SHARD_CHECKSUMS_NAME), "rb") as f:
+        return _shard_entries(manifest, f.read())
+
+
+def _bucket_entries(client, prefix: str) -> list[dict]:
+    manifest = json.loads(client.get_object(Bucket=BUCKET, Key=f"{prefix}/manifest.json")["Body"].read())
+    return _shard_entries(manifest, client.get_object(Bucket=BUCKET, Key=f"{prefix}/{fmt.SHARD_CHECKSUMS_NAME}")[
+        "Body"].read())
+
+
 def test_data_shards_are_byte_identical_to_the_local_build(s3, caches):
     manifest = json.loads(s3["client"].get_object(Bucket=BUCKET, Key="caches/t/train/manifest.json")["Body"].read())
     with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
         local_manifest = json.load(f)
     assert manifest["fingerprint"] == local_manifest["fingerprint"]
-    assert len(manifest["shards"]) == 2
-    for shard, local_shard in zip(manifest["shards"], local_manifest["shards"]):
+    assert manifest["shards"] == local_manifest["shards"]  # counts, sizes and the checksum file's sha256
+    entries = _bucket_entries(s3["client"], "caches/t/train")
+    assert len(entries) == 2
+    for shard, local_shard in zip(entries, _local_entries(caches["local"])):
         for name_key, sha_key in (("file", "sha256"), ("provenance_file", "provenance_sha256")):
             assert shard[sha_key] == local_shard[sha_key]
             body = s3["client"].get_object(Bucket=BUCKET, Key=f"caches/t/train/{shard[name_key]}")["Body"].read()
@@ -137,8 +164,8 @@ def test_data_shards_are_byte_identical_to_the_local_build(s3, caches):
                 assert f.read() == body
     listed = {o["Key"] for o in s3["client"].list_objects_v2(Bucket=BUCKET, Prefix="caches/")["Contents"]}
     # Nothing but the cache is left: no temporary or statistics objects.
-    assert listed == {f"caches/t/train/{n}" for n in ["manifest.json", "quarantine.jsonl"]
-                      + [s[k] for s in manifest["shards"] for k in ("file", "provenance_file")]}
+    assert listed == {f"caches/t/train/{n}" for n in ["manifest.json", "quarantine.jsonl", fmt.SHARD_CHECKSUMS_NAME]
+                      + [s[k] for s in entries for k in ("file", "provenance_file")]}
 
 
 def test_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path):
@@ -149,11 +176,12 @@ def test_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path):
     out = CliRunner().invoke(main, _build_args(f"s3://{BUCKET}/corpus/*.txt", str(tmp_path / "c")) + s3["options"],
                              catch_exceptions=False)
     assert out.exit_code == 0, out.output
-    with open(os.path.join(json.loads(out.stdout)[0]["cache_dir"], "manifest.json"), encoding="utf-8") as f:
+    cache_dir = json.loads(out.stdout)[0]["cache_dir"]
+    with open(os.path.join(cache_dir, "manifest.json"), encoding="utf-8") as f:
         manifest = json.load(f)
     assert [s["path"] for s in manifest["sources"]] == [f"s3://{BUCKET}/corpus/in.txt"]
-    assert [(s["sha256"], s["provenance_sha256"]) for s in manifest["shards"]] == [
-        (s["sha256"], s["provenance_sha256"]) for s in local_manifest["shards"]]
+    assert [(s["sha256"], s["provenance_sha256"]) for s in _local_entries(cache_dir)] == [
+        (s["sha256"], s["provenance_sha256"]) for s in _local_entries(caches["local"])]
 
 
 def test_overwrite_replaces_a_cache_in_the_bucket(s3, caches, tmp_path):
@@ -168,7 +196,7 @@ def test_overwrite_replaces_a_cache_in_the_bucket(s3, caches, tmp_path):
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)[0]["num_shards"] == 3
     keys = {o["Key"] for o in s3["client"].list_objects_v2(Bucket=BUCKET, Prefix="replaced/")["Contents"]}
-    assert keys == {f"replaced/r/train/{n}" for n in ["manifest.json", "quarantine.jsonl"]
+    assert keys == {f"replaced/r/train/{n}" for n in ["manifest.json", "quarantine.jsonl", fmt.SHARD_CHECKSUMS_NAME]
                     + [f"{p}.array_record-{i:05d}-of-00003" for p in ("data", "provenance") for i in range(3)]}
     assert runner.invoke(main, ["verify", f"s3://{BUCKET}/replaced/r/train"] + s3["options"]).exit_code == 0
 
@@ -179,9 +207,7 @@ def test_verify_says_ok(s3, caches):
     assert out.output.startswith("ok:") and "4 files verified" in out.output
     report = json.loads(CliRunner().invoke(main, ["verify", caches["url"], "--json"] + s3["options"]).stdout)
     assert report["ok"] is True and [s["num_records"] for s in report["shards"]] == [
-        s["num_records"] for s in json.loads(
-            s3["client"].get_object(Bucket=BUCKET, Key="caches/t/train/manifest.json")["Body"].read())["shards"]
-        for _ in (0, 1)
+        s["num_records"] for s in _bucket_entries(s3["client"], "caches/t/train") for _ in (0, 1)
     ]
 
 

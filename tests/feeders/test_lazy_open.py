@@ -7,6 +7,7 @@ records is returned; ``seqcache verify`` still checks every shard.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 
@@ -16,6 +17,7 @@ import pytest
 from seqcache import format as fmt
 from seqcache.feeders import Feeder
 from seqcache.feeders.reader import CacheReader
+from seqcache.verify import verify_cache
 
 N, SHARDS, B = 40, 8, 4
 
@@ -39,14 +41,47 @@ def test_opening_a_cache_opens_no_shard_and_stats_no_file(make_cache, monkeypatc
         assert sorted(os.path.basename(c) for c in calls) == [fmt.read_manifest(path).shards[s].file for s in touched]
 
 
+def _edit_column(raw, key, shard, value):
+    """Sets shard ``shard``'s value in the integer column ``key`` of a version-2
+    manifest; returns the old value."""
+    column = fmt.decode_int_column(raw["shards"][key]).copy()
+    old = int(column[shard])
+    column[shard] = value
+    raw["shards"][key] = fmt.encode_int_column(column)
+    return old
+
+
 def _edit_count(path, shard, delta):
     mpath = os.path.join(path, fmt.MANIFEST_NAME)
     raw = json.load(open(mpath))
-    n = raw["shards"][shard]["num_records"]
-    raw["shards"][shard]["num_records"] = n + delta
+    n = int(fmt.decode_int_column(raw["shards"]["num_records"])[shard])
+    _edit_column(raw, "num_records", shard, n + delta)
     raw["num_examples"] += delta
     json.dump(raw, open(mpath, "w"))
     return n
+
+
+def to_format_version_1(path):
+    """Rewrites the version-2 cache at ``path`` as the previous format wrote it:
+    ``format_version`` 1 and one JSON object per shard (file names and
+    checksums included), no shard checksum file. Returns the manifest dict."""
+    mpath = os.path.join(path, fmt.MANIFEST_NAME)
+    raw = json.load(open(mpath))
+    table = raw["shards"]
+    sums = json.load(open(os.path.join(path, table["checksums"]["file"])))
+    count = table["num_shards"]
+    columns = {k: fmt.decode_int_column(table[k]).tolist() for k in ("num_records", "num_bytes", "provenance_num_bytes")}
+    raw["format_version"] = 1
+    raw["shards"] = [
+        {"file": fmt.shard_name(fmt.DATA_PREFIX, i, count), "num_records": columns["num_records"][i],
+         "num_bytes": columns["num_bytes"][i], "sha256": sums["sha256"][i],
+         "provenance_file": fmt.shard_name(fmt.PROVENANCE_PREFIX, i, count),
+         "provenance_num_bytes": columns["provenance_num_bytes"][i], "provenance_sha256": sums["provenance_sha256"][i]}
+        for i in range(count)
+    ]
+    os.unlink(os.path.join(path, table["checksums"]["file"]))
+    json.dump(raw, open(mpath, "w"), indent=2)
+    return raw
 
 
 def _steps_before_shard(path, shard):
@@ -109,21 +144,126 @@ def _edit_manifest(path, edit):
     return mpath
 
 
-def test_the_manifest_keeps_record_counts_as_one_array_and_builds_shard_entries_on_access(make_cache):
+def test_the_manifest_keeps_the_shard_table_as_columns_and_builds_shard_entries_on_access(make_cache):
     path = make_cache(n=N, num_shards=SHARDS)
     raw = json.load(open(os.path.join(path, fmt.MANIFEST_NAME)))
+    table = raw["shards"]
+    assert raw["format_version"] == fmt.FORMAT_VERSION == 2
+    # No file names and no checksums in the manifest: they follow from index and
+    # count, and live in the shard checksum file.
+    assert sorted(table) == ["checksums", "encoding", "num_bytes", "num_records", "num_shards", "provenance_num_bytes"]
+    assert table["num_shards"] == SHARDS and table["checksums"]["file"] == fmt.SHARD_CHECKSUMS_NAME
     m = fmt.read_manifest(path)
-    assert m.shards.num_records.tolist() == [s["num_records"] for s in raw["shards"]]
+    counts = np.frombuffer(base64.b64decode(table["num_records"]), "<i8")
+    assert m.shards.num_records.tolist() == counts.tolist() and counts.sum() == N
     assert m.shard_starts.tolist() == np.concatenate([[0], np.cumsum(m.shards.num_records)]).tolist()
     assert m.num_examples == N and not m.shard_starts.flags.writeable
     assert m.shards._infos == [None] * SHARDS  # nothing built at open
-    assert [s.file for s in m.shards] == [s["file"] for s in raw["shards"]] == m.shards.files
+    names = [fmt.shard_name("data", i, SHARDS) for i in range(SHARDS)]
+    assert [s.file for s in m.shards] == names == m.shards.files
+    assert list(m.shards.provenance_files) == [fmt.shard_name("provenance", i, SHARDS) for i in range(SHARDS)]
     assert m.shards[3] is m.shards[3] and m.shards[-1] == m.shards[SHARDS - 1]
-    assert m.shards[2].sha256 == raw["shards"][2]["sha256"]
+    assert [s.num_bytes for s in m.shards] == [os.path.getsize(os.path.join(path, n)) for n in names]
+    assert m.shards[2].sha256 is None  # not read at open
+    sha, prov = fmt.read_shard_checksums(path, m)
+    assert sha[2] == fmt.file_sha256(os.path.join(path, names[2]))
+    assert prov[5] == fmt.file_sha256(os.path.join(path, fmt.shard_name("provenance", 5, SHARDS)))
 
 
-def test_a_bad_shard_entry_is_refused_at_that_shards_first_read_naming_it(make_cache):
+def test_opening_never_reads_the_shard_checksum_file(make_cache):
     path = make_cache(n=N, num_shards=SHARDS)
+    os.unlink(os.path.join(path, fmt.SHARD_CHECKSUMS_NAME))
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1, prefetch=0) as f:
+        assert f.get_batch(0)["targets"].shape == (B, 4)
+    with CacheReader(path) as r:  # the eager open checks sizes and counts, not checksums
+        assert len(r) == N
+
+
+def test_a_bad_size_column_is_refused_at_the_first_read_naming_the_shard(make_cache):
+    path = make_cache(n=N, num_shards=SHARDS)
+    mpath = _edit_manifest(path, lambda raw: _edit_column(raw, "num_bytes", 6, -12))
+    with CacheReader(path, open_shards=False) as r:  # a shard's byte sizes are decoded at its first read
+        assert r.read_examples([0])[0]["targets"][0] == 1  # shard 0 reads
+        with pytest.raises(fmt.CacheError, match=rf"^{mpath}: shard 6: num_bytes is -12, expected an integer >= 0"):
+            r.read([0, int(r.shard_starts[6])])
+    with pytest.raises(fmt.CacheError, match="shard 6: num_bytes is -12"):
+        CacheReader(path)  # the eager open checks every shard
+    with pytest.raises(fmt.CacheError, match="shard 6: num_bytes is -12"):
+        fmt.parse_manifest(json.load(open(mpath)))  # what a writer checks before writing
+    size = os.path.getsize(os.path.join(path, fmt.shard_name(fmt.DATA_PREFIX, 6, SHARDS)))
+    _edit_manifest(path, lambda raw: (_edit_column(raw, "num_bytes", 6, size), raw["shards"].update(
+        provenance_num_bytes="!" * len(raw["shards"]["num_bytes"]))))
+    with pytest.raises(fmt.CacheError, match=rf"^{mpath}: shards.provenance_num_bytes is not base64 of little-endian"):
+        verify_cache(path)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda raw: _edit_column(raw, "num_records", 4, -1), r"shard 4: num_records is -1, expected an integer >= 0"),
+    (lambda raw: raw["shards"].update(num_records=fmt.encode_int_column(
+        fmt.decode_int_column(raw["shards"]["num_records"])[:6])),
+     r"shards.num_records has 6 values, expected 8 \(shards.num_shards\)"),
+    (lambda raw: raw["shards"].update(num_shards=9), r"shards.num_records has 8 values, expected 9"),
+    (lambda raw: raw["shards"].update(num_bytes="not base64!"), r"shards.num_bytes is not base64 of little-endian int64"),
+    (lambda raw: raw["shards"].update(num_bytes=[1, 2]), r"shards.num_bytes is not base64"),
+    (lambda raw: raw["shards"].pop("provenance_num_bytes"), r"shards: missing column 'provenance_num_bytes'"),
+    (lambda raw: raw["shards"]["checksums"].update(file="../x"),
+     r"shards.checksums: file name '../x' is not a plain file name inside the cache folder"),
+    (lambda raw: raw["shards"]["checksums"].update(file="/etc/passwd"), r"shards.checksums: file name '/etc/passwd' is not a plain"),
+    (lambda raw: raw["shards"]["checksums"].update(file="other.json"),
+     r"shards.checksums: file name 'other.json', expected 'shard-checksums.json'"),
+    (lambda raw: raw["shards"]["checksums"].update(sha256="12"), r"shards.checksums: sha256 is '12', expected 64 hex"),
+    (lambda raw: raw.update(shards=[]), r"shards is list, expected a JSON object \(format version 2\)"),
+    (lambda raw: raw.update(format_version=3),
+     r"format_version is 3, this seqcache reads versions 1, 2: read the cache with the seqcache release that wrote "
+     r"it, or rebuild it with this one \(seqcache build ... --overwrite\)"),
+])
+def test_the_shard_table_is_checked_at_open(make_cache, edit, message):
+    path = make_cache(n=N, num_shards=SHARDS)
+    mpath = _edit_manifest(path, edit)
+    with pytest.raises(fmt.CacheError, match=rf"^{mpath}: {message}"):
+        Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1)
+
+
+# --- the previous format version (1): one JSON object per shard -----------------------------
+
+
+def test_a_version_1_cache_still_opens_reads_and_verifies(make_cache):
+    from seqcache.verify import verify_cache
+
+    path = make_cache(n=N, num_shards=SHARDS)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1, num_epochs=1) as f:
+        want = [f.get_batch(s) for s in range(f.num_steps)]
+        f.step = 3
+        state = f.state()
+    raw = to_format_version_1(path)
+    assert not os.path.exists(os.path.join(path, fmt.SHARD_CHECKSUMS_NAME))
+    m = fmt.read_manifest(path)
+    assert m.shards.version == 1 and m.shards.files == [s["file"] for s in raw["shards"]]
+    assert m.shards[2].sha256 == raw["shards"][2]["sha256"]
+    assert fmt.read_shard_checksums(path, m)[1] == [s["provenance_sha256"] for s in raw["shards"]]
+    # The same stream, and a state saved on the version-2 cache restores on it (same fingerprint).
+    with Feeder.restore(state, cache=path) as f:
+        assert f.step == 3 and np.array_equal(next(f)["cache_index"], want[3]["cache_index"])
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1, num_epochs=1) as f:
+        for s, batch in enumerate(want):
+            got = f.get_batch(s)
+            assert all(np.array_equal(got[k], batch[k]) for k in batch)
+    with CacheReader(path) as r:
+        assert len(r) == N
+    report = verify_cache(path)
+    assert report.ok, report.problems
+    with open(os.path.join(path, raw["shards"][1]["file"]), "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    report = verify_cache(path)
+    assert any(raw["shards"][1]["file"] in p and f"expected {raw['shards'][1]['sha256']}" in p for p in report.problems)
+
+
+def test_a_bad_version_1_shard_entry_is_refused_at_that_shards_first_read_naming_it(make_cache):
+    path = make_cache(n=N, num_shards=SHARDS)
+    to_format_version_1(path)
     mpath = _edit_manifest(path, lambda raw: raw["shards"][6].update(num_bytes="12"))
     with CacheReader(path, open_shards=False) as r:
         assert r.read_examples([0])[0]["targets"][0] == 1  # shard 0 reads
@@ -142,9 +282,26 @@ def test_a_bad_shard_entry_is_refused_at_that_shards_first_read_naming_it(make_c
     (lambda raw: raw["shards"][5].update(provenance_file="../x"), r"shard 5: file name '../x' is not a plain file name"),
     (lambda raw: raw["shards"].reverse(), r"shard 0: file name 'data.array_record-00007-of-00008', expected "
                                           r"'data.array_record-00000-of-00008'"),
+    (lambda raw: raw.update(shards={}), r"shards is dict, expected a JSON list"),
 ])
-def test_shard_names_and_record_counts_are_checked_at_open(make_cache, edit, message):
+def test_version_1_shard_names_and_record_counts_are_checked_at_open(make_cache, edit, message):
     path = make_cache(n=N, num_shards=SHARDS)
+    to_format_version_1(path)
     mpath = _edit_manifest(path, edit)
     with pytest.raises(fmt.CacheError, match=rf"^{mpath}: {message}"):
         Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1)
+
+
+def test_a_shards_sizes_are_decoded_from_its_own_base64_quanta():
+    """``table[i]`` decodes only shard i's 8 bytes of each size column; every
+    offset of an 8-byte value in the 3-byte base64 quanta gives the column's value."""
+    count = 1001
+    values = np.random.default_rng(1).integers(0, 2**62, count)
+    table = fmt.ShardTable({
+        "num_shards": count, "num_records": fmt.encode_int_column(np.arange(count)),
+        "num_bytes": fmt.encode_int_column(values), "provenance_num_bytes": fmt.encode_int_column(values[::-1]),
+        "checksums": {"file": fmt.SHARD_CHECKSUMS_NAME, "num_bytes": 1, "sha256": "0" * 64}})
+    assert table._columns.keys() == {"num_records"}  # the size columns are not decoded whole
+    assert [table[i].num_bytes for i in range(count)] == values.tolist()
+    assert [table[i].provenance_num_bytes for i in range(count)] == values[::-1].tolist()
+    assert table[7].file == "data.array_record-00007-of-01001" and table[7].num_records == 7

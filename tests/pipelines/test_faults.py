@@ -98,7 +98,7 @@ def test_a_retried_unit_gives_exactly_the_input_multiset(tmp_path, shared_data, 
     raw = writer.build_manifest(task="lines", split="train", fingerprint="f", fingerprint_inputs={}, features=[
         {"name": f.name, "dtype": f.dtype} for f in transforms.features_out(task)], shards=entries,
         sources=[{"path": path}], statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={})
-    writer.write_manifest(str(out_dir), raw)
+    writer.write_manifest(str(out_dir), raw, shards=entries)
     with CacheReader(str(out_dir)) as r:
         got = collections.Counter(tuple(e["targets"].tolist()) for e in r.read_examples(range(len(r))))
     lines = open(path, encoding="utf-8").read().split("\n")[:-1]

@@ -83,7 +83,61 @@ def test_verify_catches_flipped_byte(cache):
     code, report = _verify_cli(cache)
     assert code == 1
     actual = hashlib.sha256(bytes(data)).hexdigest()
-    assert any(m.shards[0].file in p and actual in p and m.shards[0].sha256 in p for p in report["problems"])
+    recorded = fmt.read_shard_checksums(cache, m)[0][0]  # from the shard checksum file
+    assert any(m.shards[0].file in p and actual in p and recorded in p for p in report["problems"])
+
+
+def _edit_column(raw, key, shard, delta):
+    """Adds ``delta`` to shard ``shard``'s value in the manifest's integer column
+    ``key``; returns the old value."""
+    column = fmt.decode_int_column(raw["shards"][key]).copy()
+    old = int(column[shard])
+    column[shard] += delta
+    raw["shards"][key] = fmt.encode_int_column(column)
+    return old
+
+
+def test_verify_catches_a_tampered_shard_checksum_file(cache):
+    m = fmt.read_manifest(cache)
+    sums_path = os.path.join(cache, fmt.SHARD_CHECKSUMS_NAME)
+    original = open(sums_path, "rb").read()
+    sums = json.loads(original)
+    sums["sha256"][1] = "0" * 64
+    tampered = (json.dumps(sums, separators=(",", ":")) + "\n").encode()
+    assert len(tampered) == len(original)  # the same size: only the sha256 gives it away
+    open(sums_path, "wb").write(tampered)
+    code, report = _verify_cli(cache)
+    recorded = m.shards.checksums["sha256"]
+    assert code == 1 and report["problems"][0] == (
+        f"{sums_path}: shard checksum file has sha256 {hashlib.sha256(tampered).hexdigest()}, the manifest expects "
+        f"{recorded}; the shards' checksums were not compared")
+    # Sizes, counts and records are still checked.
+    assert len(report["shards"]) == 6 and all(s["ok"] for s in report["shards"])
+    # Reading is unaffected: opening a cache never reads the checksum file.
+    with CacheReader(cache) as r:
+        assert len(r) == m.num_examples
+    os.unlink(sums_path)
+    code, report = _verify_cli(cache)
+    assert code == 1 and report["problems"][0].startswith(
+        f"{sums_path}: shard checksum file is missing (the manifest lists it with {len(original)} bytes)")
+
+
+def test_verify_catches_a_shard_checksum_edited_in_the_file_and_the_manifest(cache):
+    """A checksum file rewritten with its size and sha256 updated in the manifest
+    passes its own check; the edited shard checksum is then caught."""
+    sums_path = os.path.join(cache, fmt.SHARD_CHECKSUMS_NAME)
+    sums = json.load(open(sums_path))
+    real = sums["provenance_sha256"][2]
+    sums["provenance_sha256"][2] = "f" * 64
+    data = fmt.shard_checksums_json(sums["sha256"], sums["provenance_sha256"])
+    open(sums_path, "wb").write(data)
+    mpath = os.path.join(cache, fmt.MANIFEST_NAME)
+    raw = json.load(open(mpath))
+    raw["shards"]["checksums"].update(num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    json.dump(raw, open(mpath, "w"))
+    code, report = _verify_cli(cache)
+    prov = fmt.shard_name(fmt.PROVENANCE_PREFIX, 2, 3)
+    assert code == 1 and report["problems"] == [f"{os.path.join(cache, prov)}: sha256 {real}, expected {'f' * 64}"]
 
 
 def test_verify_catches_missing_shard(cache):
@@ -97,20 +151,32 @@ def test_verify_catches_missing_shard(cache):
 def test_verify_catches_manifest_claiming_one_more_record(cache):
     path = os.path.join(cache, fmt.MANIFEST_NAME)
     raw = json.load(open(path))
-    n = raw["shards"][0]["num_records"]
-    raw["shards"][0]["num_records"] = n + 1
+    n = _edit_column(raw, "num_records", 0, +1)
     json.dump(raw, open(path, "w"))
     code, report = _verify_cli(cache)
     assert code == 1
-    assert any(raw["shards"][0]["file"] in p and f"{n} records, expected {n + 1}" in p for p in report["problems"])
+    name = fmt.shard_name(fmt.DATA_PREFIX, 0, 3)
+    assert any(name in p and f"{n} records, expected {n + 1}" in p for p in report["problems"])
+
+
+def test_verify_catches_manifest_with_a_wrong_shard_size(cache):
+    path = os.path.join(cache, fmt.MANIFEST_NAME)
+    raw = json.load(open(path))
+    size = _edit_column(raw, "provenance_num_bytes", 1, -7)
+    json.dump(raw, open(path, "w"))
+    code, report = _verify_cli(cache)
+    name = os.path.join(cache, fmt.shard_name(fmt.PROVENANCE_PREFIX, 1, 3))
+    assert code == 1 and f"{name}: size {size} bytes, expected {size - 7}" in report["problems"]
+    with pytest.raises(fmt.CacheError, match=rf"^{name}: shard file has {size} bytes, the manifest expects {size - 7}"):
+        CacheReader(cache)
 
 
 def test_manifest_with_path_outside_the_cache_is_refused(cache):
     path = os.path.join(cache, fmt.MANIFEST_NAME)
     raw = json.load(open(path))
-    raw["shards"][0]["file"] = "../../etc/passwd"
+    raw["shards"]["checksums"]["file"] = "../../etc/passwd"
     json.dump(raw, open(path, "w"))
-    with pytest.raises(fmt.CacheError, match="not a plain file name"):
+    with pytest.raises(fmt.CacheError, match="shards.checksums: file name '../../etc/passwd' is not a plain file name"):
         fmt.read_manifest(cache)
 
 
@@ -228,11 +294,11 @@ def test_opening_refuses_a_manifest_with_edited_counts(cache):
     """Refused when the cache is opened (not at the first read of that shard)."""
     path = os.path.join(cache, fmt.MANIFEST_NAME)
     raw = json.load(open(path))
-    n = raw["shards"][2]["num_records"]
-    raw["shards"][2]["num_records"] = n - 1
+    n = _edit_column(raw, "num_records", 2, -1)
     raw["num_examples"] -= 1
     json.dump(raw, open(path, "w"))
-    with pytest.raises(fmt.CacheError, match=rf"{raw['shards'][2]['file']}: shard has {n} records, the manifest expects {n - 1}"):
+    name = fmt.shard_name(fmt.DATA_PREFIX, 2, 3)
+    with pytest.raises(fmt.CacheError, match=rf"{name}: shard has {n} records, the manifest expects {n - 1}"):
         CacheReader(cache)
 
 

@@ -253,7 +253,8 @@ def test_overwrite_on_an_object_store(tmp_path, corpus):
     old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
     local = str(tmp_path / "store" / "lines" / "train")
     before = _hashes(local)
-    assert fmt.MANIFEST_NAME in before and len(before) == 7  # manifest, 3 data and 3 provenance shards
+    # manifest, shard checksum file, 3 data and 3 provenance shards
+    assert fmt.MANIFEST_NAME in before and fmt.SHARD_CHECKSUMS_NAME in before and len(before) == 8
 
     # Leftovers of a killed replacement are removed by the next build, here one that reuses the cache.
     staged = str(tmp_path / "store" / "lines" / ".train.staging")

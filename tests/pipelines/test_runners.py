@@ -73,8 +73,12 @@ def _task(folder, *, pack=False):
     )
 
 
-def _shard_hashes(manifest):
-    return [(s.file, s.sha256) for s in manifest.shards]
+def _shard_hashes(result):
+    """(data shard sha256s, provenance shard sha256s) of a build, as its checksum
+    file records them (``read_shard_checksums`` checks that file's own sha256)."""
+    sums = fmt.read_shard_checksums(result.cache_dir, result.manifest)
+    assert all(sums[0]) and all(sums[1])
+    return sums
 
 
 @pytest.mark.parametrize("pack", [False, True], ids=["examples", "packed"])
@@ -89,11 +93,12 @@ def test_every_runner_and_exchange_writes_the_same_shards(tmp_path, corpus, dask
     }
     results = {name: build_task(task, cache_dir=str(tmp_path / str(k)), config=config, **kw)
                for k, (name, kw) in enumerate(runs.items())}
-    first = next(iter(results.values())).manifest
+    first_result = next(iter(results.values()))
+    first = first_result.manifest
     assert first.num_examples > (300 if pack else 30_000)
     for name, result in results.items():
         m = result.manifest
-        assert _shard_hashes(m) == _shard_hashes(first), name
+        assert _shard_hashes(result) == _shard_hashes(first_result), name
         assert m.statistics["source_records"] == 40_000, name
         assert m.statistics["skipped_records"] == 7_223, name
         assert m.statistics == first.statistics, name
@@ -243,8 +248,7 @@ def test_the_split_size_never_changes_the_cache(tmp_path, mixed_corpus, kind):
         assert whole.num_examples == len(docs)
     for name, result in results.items():
         m = result.manifest
-        assert [(s.sha256, s.provenance_sha256) for s in m.shards] == \
-            [(s.sha256, s.provenance_sha256) for s in whole.shards], name
+        assert _shard_hashes(result) == _shard_hashes(results["whole"]), name
         assert m.statistics == whole.statistics, name
         assert m.raw.get("quarantine_sha256") == whole.raw.get("quarantine_sha256"), name
 
@@ -284,11 +288,11 @@ def test_span_corruption_first_fit_writes_the_same_shards_on_every_runner(tmp_pa
         "multi_processing x2": dict(pipeline_args=MULTI_PROCESSING, split_size=1),
         "dask x2": dict(pipeline_args=_dask_args(dask_cluster), split_size=1),
     }
-    results = {name: build_task(task, cache_dir=str(tmp_path / str(k)), config=config, **kw).manifest
-               for k, (name, kw) in enumerate(runs.items())}
+    built = {name: build_task(task, cache_dir=str(tmp_path / str(k)), config=config, **kw)
+             for k, (name, kw) in enumerate(runs.items())}
+    results = {name: b.manifest for name, b in built.items()}
     first = results["local engine"]
     assert first.statistics["segments"] == 150 and first.num_examples < 150
     for name, m in results.items():
-        assert [(s.sha256, s.provenance_sha256) for s in m.shards] == \
-            [(s.sha256, s.provenance_sha256) for s in first.shards], name
+        assert _shard_hashes(built[name]) == _shard_hashes(built["local engine"]), name
         assert m.statistics == first.statistics, name

@@ -19,6 +19,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
+from seqcache import format as fmt
 from seqcache.cli import main
 
 # The Unicode Cc characters other than the White_Space ones, and U+2581 (see tasks/sources/policy.py).
@@ -159,8 +160,9 @@ def test_invalid_input_still_raises_by_default(tmp_path, shared_data):
 
 
 def _shard_digests(cache) -> list[str]:
-    manifest = json.loads(open(os.path.join(cache, "manifest.json"), encoding="utf-8").read())
-    return [hashlib.sha256(open(os.path.join(cache, s["file"]), "rb").read()).hexdigest() for s in manifest["shards"]]
+    table = fmt.read_manifest(cache).shards
+    return [hashlib.sha256(open(os.path.join(cache, name), "rb").read()).hexdigest()
+            for name in [*table.files, *table.provenance_files]]
 
 
 def test_the_defaults_leave_the_cache_bytes_unchanged(tmp_path, shared_data):

@@ -19,6 +19,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from seqcache import format as fmt
 from seqcache.cli import main
 from seqcache.tasks import sources as S
 from seqcache.tasks.sources import tfrecord as tfr
@@ -280,9 +281,9 @@ def _build(runner, args, cache_root):
 
 
 def _shard_digests(cache: str) -> list[str]:
-    m = json.loads(open(os.path.join(cache, "manifest.json")).read())
-    digests = [hashlib.sha256(open(os.path.join(cache, s["file"]), "rb").read()).hexdigest() for s in m["shards"]]
-    assert digests == [s["sha256"] for s in m["shards"]]
+    m = fmt.read_manifest(cache)
+    digests = [hashlib.sha256(open(os.path.join(cache, name), "rb").read()).hexdigest() for name in m.shards.files]
+    assert digests == fmt.read_shard_checksums(cache, m)[0]
     return digests
 
 

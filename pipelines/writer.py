@@ -179,7 +179,8 @@ def write_shard(
       features: the record features, in manifest order.
       examples: (example, provenance) pairs in cache order. ``example`` maps feature
         name -> 1-D array, or is already encoded record bytes; ``provenance`` is a list, one per segment, of
-        (source_index, record_number, token_offset).
+        (source_index, record_number, token_offset), or is already encoded
+        (``seqcache.format.encode_provenance``).
       local_tmp_dir: where the local temporary files go (default: the cache folder
         itself when local, else the system temp folder).
 
@@ -202,9 +203,13 @@ def write_shard(
     data = _HashingArrayRecordFile(data_tmp)
     prov = _HashingArrayRecordFile(prov_tmp)
     try:
+        write_data, write_prov = data.writer.write, prov.writer.write
+        count = 0
         for example, provenance in examples:
-            data.write(example if isinstance(example, bytes) else fmt.encode_example(features, example))
-            prov.write(fmt.encode_provenance(provenance))
+            write_data(example if isinstance(example, bytes) else fmt.encode_example(features, example))
+            write_prov(provenance if isinstance(provenance, bytes) else fmt.encode_provenance(provenance))
+            count += 1
+        data.num_records = prov.num_records = count
         data_bytes, data_sha = data.close()
         prov_bytes, prov_sha = prov.close()
         move_into_place(data_tmp, join(cache_dir, data_name))

@@ -78,7 +78,15 @@ SPILL_BYTES = 64 << 20
 # batches' numpy arrays: key, four ints, lengths, offset): counted against
 # SPILL_BYTES so that the buffers of a bundle stay near SPILL_BYTES of real memory.
 ENTRY_OVERHEAD = 48
+# ... and of one batch of a shard (the batch object and its nine small numpy
+# arrays): a batch of records spread over many shards adds this per shard.
+BATCH_OVERHEAD = 1300
 _HEAD = struct.Struct("<QI")
+
+
+def batch_bytes(batch) -> int:
+    """The memory a buffered batch of entries is counted for (bytes)."""
+    return int(batch.data.size) + ENTRY_OVERHEAD * len(batch) + BATCH_OVERHEAD
 
 
 class SpillBuffer:
@@ -96,7 +104,7 @@ class SpillBuffer:
     def add_batch(self, batch) -> None:
         """Adds a batch of entries (kept as they are, not copied)."""
         self.batches.append(batch)
-        self.nbytes += int(batch.data.size) + ENTRY_OVERHEAD * len(batch)
+        self.nbytes += batch_bytes(batch)
 
     def __len__(self) -> int:
         return sum(len(b) for b in self.batches)

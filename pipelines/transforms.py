@@ -291,7 +291,7 @@ class ReadUnit:
                 else:
                     for shard, part in payload.by_shard():
                         state.buffers[shard].add_batch(part)
-                        state.buffered += part.data.size + spill.ENTRY_OVERHEAD * len(part)
+                        state.buffered += spill.batch_bytes(part)
                     files, inverse = np.unique(payload.file_index, return_inverse=True)
                     counts = np.bincount(inverse, minlength=len(files))
                     tokens = [np.bincount(inverse, weights=payload.lengths[:, k], minlength=len(files))

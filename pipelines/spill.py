@@ -203,10 +203,10 @@ class ShardEntries:
             )
 
 
-    def records(self, chunk: int = 1 << 16) -> Iterable[tuple[bytes, bytes]]:
-        """(encoded example, encoded provenance) in sorted order, for a shard that
-        is written as it is (no packing: one segment per record, token offset 0);
-        a chunk of entries at a time."""
+    def record_chunks(self, chunk: int = 1 << 16) -> Iterable[tuple[list[bytes], list[bytes]]]:
+        """(encoded examples, encoded provenance records) in sorted order, a
+        chunk of entries at a time, for a shard that is written as it is (no
+        packing: one segment per record, token offset 0)."""
         from seqcache import format as fmt
 
         parts = self.parts
@@ -215,7 +215,7 @@ class ShardEntries:
             provenance = fmt.encode_provenance_batch(self.file_index[lo:hi], self.record_number[lo:hi])
             data = [bytes(parts[p][x:y]) for p, x, y in
                     zip(self.part[lo:hi].tolist(), self.begin[lo:hi].tolist(), self.end[lo:hi].tolist())]
-            yield from zip(data, provenance)
+            yield data, provenance
 
 
 def _parse(buf: bytes, num_features: int, where: str) -> dict:

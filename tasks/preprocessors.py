@@ -105,6 +105,17 @@ class rekey(Preprocessor):  # noqa: N801 (seqio's name)
 
     def process_batch(self, examples, ctx):
         # rekey draws no randomness: no per-example context needed (the fast path).
+        items = tuple(self.key_map.items())
+        if all(old for _, old in items):
+            try:
+                out = [{new: ex[old] for new, old in items} for ex in examples]
+            except KeyError:
+                return [self(ex, ctx) for ex in examples]  # names the missing key
+            if any(TRUNCATED_TOKENS_KEY in ex for ex in examples):
+                for ex, new_ex in zip(examples, out):
+                    if TRUNCATED_TOKENS_KEY in ex:
+                        new_ex[TRUNCATED_TOKENS_KEY] = ex[TRUNCATED_TOKENS_KEY]
+            return out
         return [self(ex, ctx) for ex in examples]
 
     def __call__(self, example, ctx):
@@ -208,15 +219,20 @@ class append_eos(Preprocessor):  # noqa: N801
             if not feature.add_eos:
                 continue
             where, arrays = [], []
+            ndarray = np.ndarray
             for i, ex in enumerate(out):
                 value = ex.get(name)
-                if _is_tokens(value):
-                    ids = value if type(value) is np.ndarray else np.asarray(value)
-                    if ids.ndim == 1 and (ids.dtype.kind in "iu" or ids.size == 0):
-                        where.append(i)
-                        arrays.append(ids)
-                    # Anything else (strings, floats, nested lists) is left as it is
-                    # for the task to reject, naming the record.
+                if type(value) is ndarray:
+                    ids = value
+                elif _is_tokens(value):
+                    ids = np.asarray(value)
+                else:
+                    continue
+                if ids.ndim == 1 and (ids.dtype.kind in "iu" or ids.size == 0):
+                    where.append(i)
+                    arrays.append(ids)
+                # Anything else (strings, floats, nested lists) is left as it is
+                # for the task to reject, naming the record.
             if where:
                 for i, ids in zip(where, _append_to_each(arrays, None, int(feature.vocabulary.eos_id))):
                     out[i][name] = ids

@@ -100,7 +100,8 @@ def bound(model_path: str, records: list[str], cores: int, batch: int = 4096,
 
 
 def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
-          num_shards: int | None = None, details: dict | None = None) -> tuple[float, dict, float]:
+          num_shards: int | None = None, details: dict | None = None,
+          extra: tuple[str, ...] = ()) -> tuple[float, dict, float]:
     """Runs ``seqcache build`` in a child process; returns (seconds, statistics,
     peak RSS of the build process tree in MB). ``details``, when given, gets
     ``cpu_s`` (user + system CPU seconds of the build and its waited-for
@@ -114,6 +115,7 @@ def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
         args += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
     if num_shards:
         args += ["--num-shards", str(num_shards)]
+    args += list(extra)
     code = "import sys; from seqcache.cli import main; sys.argv = ['seqcache'] + sys.argv[1:]; main()"
     start = time.perf_counter()
     log = tempfile.TemporaryFile()
@@ -164,8 +166,8 @@ def startup(tmp: pathlib.Path, model: str, repeat: int, mb: float = 1.0) -> dict
     """Where a small build's time goes: import steps (CPU seconds, medians of
     ``repeat`` fresh interpreters), then a one-record build and a build of
     ``mb`` MB of short lines (wall, CPU, and the time ``build_task`` reports).
-    The ``mb`` build runs with one worker (in_memory) and a Beam option on the
-    command line, as users run it."""
+    Both builds run with one worker and a Beam option on the command line
+    (``--direct_running_mode=in_memory``), as users run them."""
     steps = []
     for label, code in STARTUP_STEPS:
         runs = [child_cpu(code) for _ in range(repeat)]
@@ -183,7 +185,8 @@ def startup(tmp: pathlib.Path, model: str, repeat: int, mb: float = 1.0) -> dict
         for k in range(repeat):
             d: dict = {}
             cache = tmp / f"startup-cache-{k}"
-            wall, _, _ = build(spec, model, str(cache), 1, "s", details=d)
+            wall, _, _ = build(spec, model, str(cache), 1, "s", details=d,
+                               extra=("--direct_running_mode=in_memory",))
             runs.append((wall, d["cpu_s"], d["build_task_s"]))
             shutil.rmtree(cache, ignore_errors=True)
         builds.append({"build": label, "wall_s": round(statistics.median(r[0] for r in runs), 3),

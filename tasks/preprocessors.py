@@ -108,7 +108,11 @@ class rekey(Preprocessor):  # noqa: N801 (seqio's name)
         items = tuple(self.key_map.items())
         if all(old for _, old in items):
             try:
-                out = [{new: ex[old] for new, old in items} for ex in examples]
+                if len(items) == 1:
+                    ((new, old),) = items
+                    out = [{new: ex[old]} for ex in examples]
+                else:
+                    out = [{new: ex[old] for new, old in items} for ex in examples]
             except KeyError:
                 return [self(ex, ctx) for ex in examples]  # names the missing key
             if any(TRUNCATED_TOKENS_KEY in ex for ex in examples):

@@ -118,3 +118,11 @@ def test_columns_fall_back_to_the_first_bad_record():
     values, offsets = batch.columns["targets"]
     assert values.dtype == np.int32 and values.tolist() == [5, 6, 5, 6] and offsets.tolist() == [0, 2, 4]
     assert batch.ranges == {"targets": (5, 6)} and batch.index.tolist() == [0, 1]
+
+
+def test_rekey_batch_equals_example_by_example():
+    examples = [{"q": "a", "a": "b", "_truncated_tokens": 2}, {"q": "c", "a": "d"}]
+    for key_map in ({"targets": "a"}, {"inputs": "q", "targets": "a"}, {"inputs": None, "targets": "a"}):
+        p = P.rekey(key_map)
+        assert p.process_batch(examples, None) == [p(ex, None) for ex in examples]
+    assert P.rekey({"targets": "a"}).process_batch(examples, None)[0] == {"targets": "b", "_truncated_tokens": 2}

@@ -179,6 +179,9 @@ class Task:
         if len(keys) != len(records):
             raise ValueError(f"task {self.name!r}: got {len(keys)} keys for {len(records)} records")
         live = [i for i, r in enumerate(records) if not is_error_record(r)]
+        fast = self._language_model_columns(records, live, sequence_length)
+        if fast is not None:
+            return fast
         ctx = PreprocessContext(output_features=self.output_features, sequence_length=sequence_length,
                                 seed=int(seed), keys=[bytes(keys[i]) for i in live])
         inputs = [dict(records[i].data) for i in live]
@@ -206,6 +209,103 @@ class Task:
                     raise ValueError(f"{e}; {error_hint('bad_value')}") from None
                 skipped.append((i, str(e)))
         return ExampleBatch.from_examples(out_index, out, self.output_features)
+
+    def _language_model_chain(self):
+        """``(key, feature name, filter, eos step)`` when the preprocessors are the
+        plain language-model chain ``rekey({feature: key})``, ``tokenize()``, an
+        optional ``filter_empty()`` and an optional ``append_eos()`` or
+        ``append_eos_after_trim()``, for one output feature; else None."""
+        from seqcache.tasks import preprocessors as P
+
+        chain = list(self.preprocessors)
+        if len(self.output_features) != 1 or len(chain) < 2:
+            return None
+        first, second, rest = chain[0], chain[1], chain[2:]
+        if type(first) is not P.rekey or len(first.key_map) != 1 or type(second) is not P.tokenize \
+                or second.copy_pretokenized:
+            return None
+        ((name, key),) = first.key_map.items()
+        if name not in self.output_features or not key:
+            return None
+        keep_empty = True
+        if rest and type(rest[0]) is P.filter_empty:
+            keep_empty, rest = False, rest[1:]
+        if len(rest) > 1 or (rest and type(rest[0]) not in (P.append_eos, P.append_eos_after_trim)):
+            return None
+        return key, name, keep_empty, rest[0] if rest else None
+
+    def _language_model_columns(self, records: Sequence[SourceRecord], live: list[int],
+                                sequence_length: Mapping[str, int] | None) -> "ExampleBatch | None":
+        """The plain language-model chain (``_language_model_chain``) on whole
+        columns: one ``encode_batch`` call, then EOS and trimming on the
+        concatenated tokens, with no example dicts. The same examples as running
+        the preprocessors one by one; None (the general path) for anything else,
+        and for any batch holding a value that is not text, or ids outside the
+        vocabulary, so that errors keep naming the record."""
+        chain = self._language_model_chain()
+        if chain is None:
+            return None
+        key, name, keep_empty, eos_step = chain
+        texts = []
+        for i in live:
+            data = records[i].data
+            value = data.get(key)
+            if type(value) is not str or TRUNCATED_TOKENS_KEY in data:
+                return None
+            texts.append(value)
+        feature = self.output_features[name]
+        try:
+            arrays = feature.vocabulary.encode_batch(texts) if texts else []
+        except Exception:  # the general path reports it, naming the record
+            return None
+        lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+        index = np.asarray(live, dtype=np.int64)
+        if not keep_empty:
+            kept = lengths > 0
+            if not kept.all():
+                arrays = [a for a, k in zip(arrays, kept.tolist()) if k]
+                lengths, index = lengths[kept], index[kept]
+        flat = np.concatenate(arrays, dtype=np.int32, casting="unsafe") if arrays else np.zeros(0, np.int32)
+        n = len(index)
+        truncated = np.zeros(n, dtype=np.int64)
+        has_truncated = np.zeros(n, dtype=bool)
+        from seqcache.tasks import preprocessors as P
+
+        if isinstance(eos_step, P.append_eos_after_trim):
+            seq = eos_step.feature_lengths if eos_step.feature_lengths is not None else sequence_length
+            length = (seq or {}).get(name)
+            keep = None if length is None else int(length) - (1 if feature.add_eos else 0)
+            if keep is not None and keep < 0:
+                return None
+            has_truncated[:] = True
+            if keep is not None and (lengths > keep).any():
+                starts = np.zeros(n + 1, dtype=np.int64)
+                np.cumsum(lengths, out=starts[1:])
+                position = np.arange(flat.size, dtype=np.int64) - np.repeat(starts[:-1], lengths)
+                flat = flat[position < keep]
+                truncated = np.maximum(lengths - keep, 0)
+                lengths = np.minimum(lengths, keep)
+        if eos_step is not None and feature.add_eos:
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(lengths + 1, out=offsets[1:])
+            out = np.empty(int(offsets[-1]), dtype=np.int32)
+            ends = offsets[1:] - 1
+            out[ends] = int(feature.vocabulary.eos_id)
+            mask = np.ones(out.size, dtype=bool)
+            mask[ends] = False
+            out[mask] = flat
+            flat = out
+        else:
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+        ranges = {}
+        if flat.size:
+            lo, hi = int(flat.min()), int(flat.max())
+            if lo < 0 or hi >= feature.vocabulary.vocab_size:
+                return None
+            ranges[name] = (lo, hi)
+        columns = {name: (flat.astype(feature.dtype, copy=False), offsets)}
+        return ExampleBatch(index, columns, truncated, has_truncated, ranges)
 
     def _finalize_batch(self, index: list[int], examples: list[dict]) -> "ExampleBatch | None":
         """The fast path of finalising a batch: every output feature of every

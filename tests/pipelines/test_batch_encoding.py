@@ -126,3 +126,35 @@ def test_rekey_batch_equals_example_by_example():
         p = P.rekey(key_map)
         assert p.process_batch(examples, None) == [p(ex, None) for ex in examples]
     assert P.rekey({"targets": "a"}).process_batch(examples, None)[0] == {"targets": "b", "_truncated_tokens": 2}
+
+
+@pytest.mark.parametrize("chain", ["eos", "filter_eos", "after_trim", "after_trim_explicit", "none"])
+@pytest.mark.parametrize("add_eos", [True, False])
+def test_language_model_columns_equal_the_general_path(chain, add_eos):
+    """The columnar fast path of the plain LM chain gives the examples of the
+    preprocessors run one by one (the general path, forced with a no-op step)."""
+    steps = {"eos": [P.append_eos()], "filter_eos": [P.filter_empty(), P.append_eos()],
+             "after_trim": [P.append_eos_after_trim()], "after_trim_explicit": [P.append_eos_after_trim({"targets": 2})],
+             "none": []}[chain]
+    texts = ["", "a", "abc", "abcdefghij", "xy", ""]
+    records = _records(texts)
+    fast = _task([P.rekey({"targets": "text"}), P.tokenize(), *steps], add_eos=add_eos)
+    assert fast._language_model_chain() is not None
+    noop = P.FunctionPreprocessor(lambda ex, ctx: ex, "noop")
+    general = _task([P.rekey({"targets": "text"}), P.tokenize(), *steps, noop], add_eos=add_eos)
+    assert general._language_model_chain() is None
+    for seq in (None, {"targets": 3}):
+        a = fast.preprocess_batch(records, _keys(records), seed=0, sequence_length=seq)
+        b = general.preprocess_batch(records, _keys(records), seed=0, sequence_length=seq)
+        assert [i for i, _ in a] == [i for i, _ in b]
+        for (_, x), (_, y) in zip(a, b):
+            assert x.keys() == y.keys() and x["targets"].dtype == y["targets"].dtype
+            assert x["targets"].tolist() == y["targets"].tolist()
+            assert x.get("_truncated_tokens") == y.get("_truncated_tokens")
+
+
+def test_language_model_columns_leave_bad_values_to_the_general_path():
+    task = _task([P.rekey({"targets": "text"}), P.tokenize(), P.append_eos()])
+    records = [SourceRecord(0, 0, {"text": "ok"}, b"ok"), SourceRecord(0, 9, {"text": None}, b"null")]
+    with pytest.raises(ValueError, match="line at byte 9 of file 0: feature 'targets' is null"):
+        task.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)

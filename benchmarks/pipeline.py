@@ -12,8 +12,10 @@ For each corpus the benchmark measures, on this machine's cores:
          DirectRunner, multi_processing with one worker per core, or in_memory
          with --workers 1), and its peak RSS (ru_maxrss from wait4: the largest
          single process of that build),
-and reports raw MB/s, tokens/s and the ratio build/bound. Machines here are noisy:
-compare the ratio, not the absolute numbers.
+and reports raw MB/s, tokens/s and the ratio build/bound, in wall time and in
+CPU time (the bound's CPU seconds over the build's, its worker processes
+included). Machines here are noisy and shared: compare the ratios, not the
+absolute numbers; on a loaded machine the CPU ratio is the steadier one.
 
 Corpora (from ../shared/data, repeated to the requested size with a copy number
 prefixed to every record so that copies are distinct records):
@@ -25,8 +27,13 @@ With --t5, the documents corpus is also built as T5 tasks on the command line
 packed to 512), each reported as a ratio of MB/s to the plain LM build of the
 same text in the same run, with the packing efficiency per feature.
 
-Usage: python benchmarks/pipeline.py [--mb 50] [--workers N] [--json out.json] [--t5] [--cases lines,documents]
-                                     [--no-tokenizers] [--bound-only]
+With --startup it also breaks a small build's fixed cost down: the CPU time of
+each import step in fresh interpreters, a one-record build, and a 1 MB build.
+Every figure is a median over --repeat runs; ratios also show their range.
+
+Usage: python benchmarks/pipeline.py [--mb 50] [--workers N] [--repeat 3] [--startup] [--group-size]
+                                     [--t5] [--cases lines,documents] [--no-tokenizers] [--bound-only]
+                                     [--json out.json]
 """
 
 from __future__ import annotations
@@ -39,8 +46,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import statistics
 import time
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -80,16 +89,26 @@ def make_documents(folder: pathlib.Path, target_bytes: int, num_files: int = 8) 
     return f"parquet:{folder}/*.parquet#text", records
 
 
-def bound(model_path: str, records: list[str], cores: int, batch: int = 4096) -> tuple[float, int]:
+def bound(model_path: str, records: list[str], cores: int, batch: int = 4096,
+          details: dict | None = None) -> tuple[float, int]:
+    """(seconds, tokens + one EOS per record) of SentencePiece alone on ``records``;
+    ``details`` gets ``cpu_s``, this process's CPU seconds for it."""
+    import resource
+
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=model_path)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     tokens = 0
     for i in range(0, len(records), batch):
         for ids in sp.encode(records[i:i + batch], out_type=int, num_threads=cores):
             tokens += len(ids) + 1
-    return time.perf_counter() - start, tokens
+    seconds = time.perf_counter() - start
+    if details is not None:
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        details["cpu_s"] = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
+    return seconds, tokens
 
 
 # -- the tokenizers (Hugging Face) bound next to SentencePiece's -------------------
@@ -142,18 +161,22 @@ def print_tokenizer_rows(rows: list[dict]) -> None:
 
 
 def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
-          num_shards: int | None = None, extra_args: tuple[str, ...] = ()) -> tuple[float, dict, float]:
-    """Runs ``seqcache build`` in a child process (``extra_args``: more of its
-    options); returns (seconds, statistics, peak RSS of the build process tree
-    in MB)."""
+          num_shards: int | None = None, details: dict | None = None,
+          extra: tuple[str, ...] = ()) -> tuple[float, dict, float]:
+    """Runs ``seqcache build`` in a child process; returns (seconds, statistics,
+    peak RSS of the build process tree in MB). ``details``, when given, gets
+    ``cpu_s`` (user + system CPU seconds of the build and its waited-for
+    workers) and ``build_task_s`` (the seconds ``build_task`` itself reports:
+    planning, the pipeline and the manifest, without interpreter start-up and
+    imports before it)."""
     args = ["build", "--source", spec, "--vocabulary", model_path, "--name", name, "--cache-dir", cache_dir, "--json"]
-    args += list(extra_args)
     # The bound encodes every record: keep them all (the content checks still run).
     args += ["--on-error", "empty=keep", "--on-error", "whitespace=keep", "--on-error", "control_characters=keep"]
     if workers > 1:
         args += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
     if num_shards:
         args += ["--num-shards", str(num_shards)]
+    args += list(extra)
     code = "import sys; from seqcache.cli import main; sys.argv = ['seqcache'] + sys.argv[1:]; main()"
     start = time.perf_counter()
     log = tempfile.TemporaryFile()
@@ -162,10 +185,15 @@ def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
     _, status, usage = os.wait4(proc.pid, 0)  # this build's own peak RSS (and its waited-for workers')
     proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - start
+    log.seek(0)
+    output = log.read().decode(errors="replace")
     if proc.returncode != 0:
-        log.seek(0)
-        raise SystemExit(log.read().decode(errors="replace"))
+        raise SystemExit(output)
     peak_mb = usage.ru_maxrss / 1024
+    if details is not None:
+        details["cpu_s"] = usage.ru_utime + usage.ru_stime
+        report = json.loads(output[output.index("[\n"):output.rindex("]") + 1])
+        details["build_task_s"] = float(report[0]["seconds"])
     manifest = json.load(open(os.path.join(cache_dir, name, "train", "manifest.json")))
     return seconds, manifest["statistics"], peak_mb
 
@@ -199,7 +227,7 @@ def t5_rows(tmp: pathlib.Path, model_path: str, target_bytes: int, workers: int)
     rows = []
     for k, (variant, extra) in enumerate(T5_VARIANTS.items()):
         cache = tmp / f"cache-t5-{k}"
-        s, stats, peak_mb = build(spec, model_path, str(cache), workers, "t5", extra_args=extra)
+        s, stats, peak_mb = build(spec, model_path, str(cache), workers, "t5", extra=extra)
         manifest = fmt.read_manifest(str(cache / "t5" / "train"))
         eff = packing_efficiency(manifest)
         rows.append({
@@ -225,6 +253,136 @@ def print_t5(rows: list[dict]) -> None:
               f"{r['examples']:8,d} {cell('inputs'):>18} {cell('targets'):>19}")
 
 
+def child_cpu(code: str) -> tuple[float, float]:
+    """(wall seconds, user + system CPU seconds) of ``python -c code`` in a child."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=tempfile.gettempdir())
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"python -c {code!r} failed")
+    return time.perf_counter() - start, usage.ru_utime + usage.ru_stime
+
+
+# What a build's fixed cost is made of, step by step (each a fresh interpreter;
+# a step's cost is its CPU time minus the previous step's).
+STARTUP_STEPS = (
+    ("interpreter", "pass"),
+    ("seqcache CLI (click, rich, numpy)", "import seqcache.cli"),
+    ("Apache Beam", "import seqcache.cli, seqcache.pipelines.build, apache_beam"),
+    ("Beam's local engine (FnApiRunner)", "import seqcache.cli, seqcache.pipelines.build, apache_beam; "
+     "from apache_beam.runners.portability.fn_api_runner import fn_runner"),
+    ("Beam's Dask runner (options only)", "import seqcache.cli, seqcache.pipelines.build, apache_beam; "
+     "from apache_beam.runners.portability.fn_api_runner import fn_runner; "
+     "import apache_beam.runners.dask.dask_runner"),
+)
+
+
+def startup(tmp: pathlib.Path, model: str, repeat: int, mb: float = 1.0) -> dict:
+    """Where a small build's time goes: import steps (CPU seconds, medians of
+    ``repeat`` fresh interpreters), then a one-record build and a build of
+    ``mb`` MB of short lines (wall, CPU, and the time ``build_task`` reports).
+    Both builds run with one worker and a Beam option on the command line
+    (``--direct_running_mode=in_memory``), as users run them."""
+    steps = []
+    for label, code in STARTUP_STEPS:
+        runs = [child_cpu(code) for _ in range(repeat)]
+        steps.append({"step": label, "cpu_s": round(statistics.median(c for _, c in runs), 3),
+                      "wall_s": round(statistics.median(w for w, _ in runs), 3)})
+    one = tmp / "startup-one"
+    one.mkdir()
+    (one / "a.txt").write_text("one record\n", encoding="utf-8")
+    spec_small, records = make_lines(tmp / "startup-lines", int(mb * 1e6), num_files=1)
+    raw_mb = sum(len(r.encode()) for r in records) / 1e6
+    del records
+    builds = []
+    for label, spec in (("one-record build", f"text:{one}/*.txt"), (f"{raw_mb:.1f} MB build", spec_small)):
+        runs = []
+        for k in range(repeat):
+            d: dict = {}
+            cache = tmp / f"startup-cache-{k}"
+            wall, _, _ = build(spec, model, str(cache), 1, "s", details=d,
+                               extra=("--direct_running_mode=in_memory",))
+            runs.append((wall, d["cpu_s"], d["build_task_s"]))
+            shutil.rmtree(cache, ignore_errors=True)
+        builds.append({"build": label, "wall_s": round(statistics.median(r[0] for r in runs), 3),
+                       "cpu_s": round(statistics.median(r[1] for r in runs), 3),
+                       "build_task_s": round(statistics.median(r[2] for r in runs), 3)})
+    fixed_cpu = builds[0]["cpu_s"]
+    data_cpu = builds[1]["cpu_s"] - fixed_cpu
+    return {"steps": steps, "builds": builds, "fixed_cpu_s": round(fixed_cpu, 3),
+            "data_cpu_s": round(data_cpu, 3),
+            "total_over_data_cpu": round(builds[1]["cpu_s"] / data_cpu, 2) if data_cpu > 0 else None,
+            "wall_over_build_task": round(builds[1]["wall_s"] / builds[1]["build_task_s"], 2)}
+
+
+# Record kinds for the group-size measurement: (name, mean tokens per record),
+# the means of tinyshakespeare lines and of C4 documents under the benchmark's
+# 8,000-piece SentencePiece model.
+GROUP_KINDS = (("short lines", 12), ("documents", 480))
+GROUP_SIZES = (1, 4, 16, 64)
+
+
+def group_sizes(tmp: pathlib.Path, *, records: int, batch_size: int = 256, steps: int = 200) -> list[dict]:
+    """What ArrayRecord's ``group_size`` does to writing and to the feeder's
+    random access, for short and long records (uint16 tokens, random lengths
+    around the kind's mean): write CPU microseconds per record (data and
+    provenance files, as ``write_shard`` writes them), file bytes per record,
+    and the feeder's read CPU microseconds per example (``Feeder``, one thread,
+    batches of random positions, the cache in the page cache).
+
+    The cache format pins ``group_size:1``; this only measures the alternative."""
+    import resource
+
+    from seqcache import format as fmt
+    from seqcache.feeders import Feeder
+    from seqcache.pipelines import writer
+
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    rng = np.random.default_rng(0)
+    rows = []
+    pinned = fmt.WRITER_OPTIONS
+    specs = (fmt.FeatureSpec("targets", "uint16"),)
+    for kind, mean in GROUP_KINDS:
+        n = records if mean < 100 else max(records // 20, 2000)
+        lengths = np.maximum(1, rng.poisson(mean, size=n))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        data, starts = fmt.encode_batch(specs, {"targets": (rng.integers(3, 8000, size=int(offsets[-1])), offsets)})
+        blob = data.tobytes()
+        encoded = [blob[a:b] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+        provenance = fmt.encode_provenance_batch(np.zeros(n, np.uint32), np.arange(n, dtype=np.uint64))
+        for g in GROUP_SIZES:
+            path = tmp / f"group-{mean}-{g}"
+            path.mkdir()
+            fmt.WRITER_OPTIONS = f"group_size:{g},uncompressed"
+            try:
+                c0 = cpu()  # what the shard writer does with encoded records: two ArrayRecord writes each
+                entry = writer.write_shard(str(path), index=0, num_shards=1, features=specs,
+                                           examples=zip(encoded, provenance))
+                write_us = (cpu() - c0) / n * 1e6
+            finally:
+                fmt.WRITER_OPTIONS = pinned
+            writer.write_manifest(str(path), writer.build_manifest(
+                task="g", split="train", fingerprint=f"g{g}", fingerprint_inputs={}, features=[
+                    {"name": "targets", "dtype": "uint16"}], shards=[entry], sources=[{"path": "synthetic"}],
+                statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={}))
+            size = sum(s.num_bytes for s in fmt.read_manifest(str(path)).shards)
+            with Feeder(cache=str(path), global_batch_size=batch_size, sequence_length=int(mean * 2),
+                        host_index=0, host_count=1, num_threads=1, prefetch=0) as f:
+                f.get_batch(0)
+                c0 = cpu()
+                for step in range(1, steps + 1):
+                    f.get_batch(step)
+                read_us = (cpu() - c0) / (steps * batch_size) * 1e6
+            rows.append({"records": kind, "mean_tokens": mean, "group_size": g, "write_us": round(write_us, 2),
+                         "bytes_per_record": round(size / n, 1), "feeder_read_us": round(read_us, 2)})
+            shutil.rmtree(path, ignore_errors=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=50.0, help="corpus size per case, MB")
@@ -239,40 +397,63 @@ def main():
     ap.add_argument("--bound-only", action="store_true", help="measure the tokenizer bounds only, no builds")
     ap.add_argument("--memory", action="store_true",
                     help="also build the lines corpus with 1, 4 and 16 shards: peak RSS should fall with the shard size")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each bound and build (medians and ranges)")
+    ap.add_argument("--startup", action="store_true", help="also break down a small build's fixed cost")
+    ap.add_argument("--group-size", action="store_true",
+                    help="also measure ArrayRecord group sizes: write cost, bytes, feeder random reads")
     args = ap.parse_args()
     # tokenizers' thread pool reads this once, at its first use: as many threads as SentencePiece gets.
     os.environ.setdefault("RAYON_NUM_THREADS", str(args.workers))
     from seqcache import tasks
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="seqcache-bench-"))
-    rows, memory, t5, tokenizer_rows = [], [], [], []
+    rows, memory, t5, tokenizer_rows, fixed, groups = [], [], [], [], None, []
     try:
         model = tmp / "spm.model"
         sample = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")
         sample += pq.read_table(DATA / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
         tasks.train_sentencepiece(sample, output_path=str(model), vocab_size=8000)
         bpe = train_bpe_like_spm(sample, tmp) if args.tokenizers else None
-        for case in filter(None, args.cases.split(",")):
+        for case in [c for c in args.cases.split(",") if c]:
             maker = {"lines": make_lines, "documents": make_documents}[case]
             spec, records = maker(tmp / case, int(args.mb * 1e6))
             raw_mb = sum(len(r.encode()) for r in records) / 1e6
-            b_s, b_tokens = bound(str(model), records, args.workers)
             if bpe is not None:
-                tokenizer_rows.append(tokenizer_row(case, raw_mb, (b_s, b_tokens), hf_bound(bpe, records)))
-            del records
+                sp = bound(str(model), records, args.workers)
+                tokenizer_rows.append(tokenizer_row(case, raw_mb, sp, hf_bound(bpe, records)))
             if args.bound_only:
+                del records
                 continue
-            s, stats, peak_mb = build(spec, str(model), str(tmp / f"cache-{case}"), args.workers, case)
-            tokens = stats["tokens"]["targets"]
-            assert tokens == b_tokens, (tokens, b_tokens)
+            runs = []
+            for k in range(args.repeat):  # bound and build alternate, so that both see the same load
+                bd, d = {}, {}
+                b_s, b_tokens = bound(str(model), records, args.workers, details=bd)
+                s, stats, peak_mb = build(spec, str(model), str(tmp / f"cache-{case}"), args.workers, case,
+                                          details=d)
+                tokens = stats["tokens"]["targets"]
+                assert tokens == b_tokens, (tokens, b_tokens)
+                runs.append((b_s, s, peak_mb, bd["cpu_s"] / d["cpu_s"]))
+                shutil.rmtree(tmp / f"cache-{case}", ignore_errors=True)
+            del records
+            ratios = [r[0] / r[1] for r in runs]
+            cpu_ratios = [r[3] for r in runs]
+            b_s = statistics.median(r[0] for r in runs)
+            s = statistics.median(r[1] for r in runs)
+            peak_mb = max(r[2] for r in runs)
             rows.append({
-                "case": case, "raw_mb": round(raw_mb, 1), "cores": args.workers,
+                "case": case, "raw_mb": round(raw_mb, 1), "cores": args.workers, "runs": len(runs),
                 "bound_mb_s": round(raw_mb / b_s, 2), "bound_tokens_s": round(b_tokens / b_s),
                 "build_mb_s": round(raw_mb / s, 2), "build_tokens_s": round(tokens / s),
-                "build_s": round(s, 2), "bound_s": round(b_s, 2), "ratio": round(b_s / s, 3),
+                "build_s": round(s, 2), "bound_s": round(b_s, 2), "ratio": round(statistics.median(ratios), 3),
+                "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
+                "cpu_ratio": round(statistics.median(cpu_ratios), 3), "cpu_ratio_min": round(min(cpu_ratios), 3),
+                "cpu_ratio_max": round(max(cpu_ratios), 3),
                 "peak_rss_mb": round(peak_mb), "rss_per_raw_mb": round(peak_mb / raw_mb, 2),
             })
-            shutil.rmtree(tmp / f"cache-{case}", ignore_errors=True)
+        if args.startup:
+            fixed = startup(tmp, str(model), args.repeat)
+        if args.group_size:
+            groups = group_sizes(tmp, records=200_000)
         if args.memory:
             spec, records = make_lines(tmp / "memory", int(args.mb * 1e6))
             raw_mb = sum(len(r.encode()) for r in records) / 1e6
@@ -287,10 +468,27 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{'case':10} {'MB':>7} {'cores':>5} {'bound MB/s':>11} {'build MB/s':>11} {'build tok/s':>12} "
-          f"{'build/bound':>12} {'peak RSS MB':>12}")
+          f"{'build/bound wall':>24} {'build/bound CPU':>24} {'peak RSS MB':>12}")
     for r in rows:
+        ratio = f"{r['ratio']:.1%} [{r['ratio_min']:.1%}, {r['ratio_max']:.1%}]"
+        cpu_ratio = f"{r['cpu_ratio']:.1%} [{r['cpu_ratio_min']:.1%}, {r['cpu_ratio_max']:.1%}]"
         print(f"{r['case']:10} {r['raw_mb']:7.1f} {r['cores']:5d} {r['bound_mb_s']:11.2f} {r['build_mb_s']:11.2f} "
-              f"{r['build_tokens_s']:12,d} {r['ratio']:12.1%} {r['peak_rss_mb']:12,d}")
+              f"{r['build_tokens_s']:12,d} {ratio:>24} {cpu_ratio:>24} {r['peak_rss_mb']:12,d}")
+    print("(median [min, max] over runs; CPU: the bound's CPU seconds over the build's, children included)")
+    if fixed:
+        print(f"\n{'start-up step (fresh interpreter)':40} {'CPU s':>7} {'wall s':>7}")
+        for st in fixed["steps"]:
+            print(f"{st['step']:40} {st['cpu_s']:7.2f} {st['wall_s']:7.2f}")
+        print(f"\n{'build':20} {'wall s':>7} {'CPU s':>7} {'build_task s':>13}")
+        for b in fixed["builds"]:
+            print(f"{b['build']:20} {b['wall_s']:7.2f} {b['cpu_s']:7.2f} {b['build_task_s']:13.2f}")
+        print(f"fixed CPU {fixed['fixed_cpu_s']:.2f} s, data CPU {fixed['data_cpu_s']:.2f} s; total/data CPU "
+              f"{fixed['total_over_data_cpu']}; wall/build_task {fixed['wall_over_build_task']}")
+    if groups:
+        print(f"\n{'records':12} {'group_size':>10} {'write us/rec':>13} {'bytes/rec':>10} {'feeder read us/ex':>18}")
+        for g in groups:
+            print(f"{g['records']:12} {g['group_size']:10d} {g['write_us']:13.2f} {g['bytes_per_record']:10.1f} "
+                  f"{g['feeder_read_us']:18.2f}")
     if tokenizer_rows:
         print_tokenizer_rows(tokenizer_rows)
     if memory:
@@ -300,9 +498,9 @@ def main():
     if t5:
         print_t5(t5)
     if args.json_out:
-        json.dump({"throughput": rows, "memory": memory, "t5": t5, "tokenizers": tokenizer_rows},
-                  open(args.json_out, "w"), indent=2)
-    return rows or t5 or tokenizer_rows
+        json.dump({"throughput": rows, "memory": memory, "t5": t5, "tokenizers": tokenizer_rows, "startup": fixed,
+                   "group_size": groups}, open(args.json_out, "w"), indent=2)
+    return rows or t5 or tokenizer_rows or fixed or groups
 
 
 if __name__ == "__main__":

@@ -59,9 +59,10 @@ class BuildConfig:
       seed: shuffle seed in [0, 2**64); also seeds random preprocessing per record.
       sequence_length: feature name -> length in tokens; used by ``trim`` and by
         packing. None leaves examples at their natural length.
-      num_shards: shard count; None derives it from the corpus size and
+      num_shards: shard count; None derives it from the corpus's content size
+        (the uncompressed size of its text: ``plan.content_bytes``) and
         ``shard_size``.
-      shard_size: raw input bytes per shard when ``num_shards`` is None (default
+      shard_size: content bytes per shard when ``num_shards`` is None (default
         ``shuffle.DEFAULT_SHARD_BYTES``, 128 MiB): one shard is sorted in one
         worker's memory, so this bounds a worker's memory whatever the corpus
         size. There is no cap on the shard count.
@@ -179,8 +180,11 @@ def build_task(
         raise FileNotFoundError(f"task {task.name!r}: source {task.source.describe()} matches no file")
     total_bytes = sum(f.num_bytes for f in files)
     shard_size = config.shard_size or shuffle.DEFAULT_SHARD_BYTES
-    num_shards = config.num_shards or shuffle.choose_num_shards(total_bytes, target_shard_bytes=shard_size)
-    max_shards = max(FREE_SHARDS, total_bytes // MIN_SHARD_BYTES)
+    # The shard count follows the uncompressed size of the text (Parquet
+    # footers, sampled compression ratios; plan.content_bytes), not file bytes.
+    content = None if config.num_shards else plan_mod.content_bytes(task.source, files)
+    num_shards = config.num_shards or shuffle.choose_num_shards(content, target_shard_bytes=shard_size)
+    max_shards = max(FREE_SHARDS, max(total_bytes, content or 0) // MIN_SHARD_BYTES)
     if num_shards > max_shards:
         raise BuildError(
             f"task {task.name!r}: {num_shards:,} shards for {total_bytes:,} bytes of input is too many (each shard, "
@@ -192,6 +196,7 @@ def build_task(
         shard_size=None if config.num_shards else shard_size, inputs=inputs, fingerprint=fmt.fingerprint_of(inputs),
         out_dir=cache_path(cache_dir, task.name, config.split), runner=runner, exchange=exchange,
         split_size=split_size or plan_mod.choose_split_size(total_bytes), options=options, fs_options=fs_options,
+        content_bytes=content,
     )
     with _build_lock(plan.out_dir):
         return _build_locked(plan, beam=beam, overwrite=overwrite, progress=progress, start=start)
@@ -438,7 +443,7 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
                **({"quarantine_num_bytes": quarantine.num_bytes, "quarantine_sha256": quarantine.sha256}
                   if quarantined else {}),
                "sharding": {"num_shards": num_shards, "shard_size": plan.shard_size,
-                            "input_bytes": plan.total_bytes}},
+                            "input_bytes": plan.total_bytes, "content_bytes": plan.content_bytes}},
     )
     fs.remove_tree(scratch)
     writer.write_manifest(build_dir, raw, shards=entries)

@@ -29,6 +29,10 @@ MIN_SPLIT_BYTES = 1 << 20
 MAX_UNITS = 100_000
 # Splits of one unit at most (many tiny files).
 MAX_SPLITS_PER_UNIT = 4096
+# Content size (for the shard count): compressed bytes decompressed per sampled
+# file, and files sampled per kind (the others get the sampled ratio).
+SAMPLE_BYTES = 1 << 20
+MAX_SAMPLED_FILES = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +44,10 @@ class BuildPlan:
       files: the input files (``SourceFile``: path, bytes, mtime), sorted.
       total_bytes: their size in bytes.
       num_shards: the shard count.
-      shard_size: the raw bytes per shard it was derived from (None when the
-        count was given).
+      shard_size: the content bytes per shard it was derived from (None when
+        the count was given).
+      content_bytes: the uncompressed size of their text (``content_bytes``),
+        which the shard count follows; None when the count was given.
       inputs, fingerprint: the fingerprint's inputs and the fingerprint.
       out_dir: ``cache_dir/<task>/<split>``.
       runner: the Beam runner (resolved name); options: its ``PipelineOptions``.
@@ -64,6 +70,7 @@ class BuildPlan:
     split_size: int
     options: Any = None
     fs_options: Sequence[str] = ()
+    content_bytes: int | None = None
 
 
 def choose_split_size(total_bytes: int) -> int:
@@ -124,3 +131,159 @@ def _default_splits():
     from seqcache.tasks.sources import Source
 
     return Source.splits
+
+
+def content_bytes(source, files: Sequence[Any]) -> int:
+    """The uncompressed size of the input's text in bytes, which the shard count
+    follows (a shard is sorted in one worker's memory: its compressed size on
+    disk says little about that).
+
+    - Parquet files: the uncompressed sizes of the column chunks the source
+      reads (``total_uncompressed_size`` in the footer's row-group metadata:
+      the values after decoding pages, before any dictionary or compression).
+    - Compressed files (``.gz``, ``.bz2``, ``.xz``/``.lzma``, ``.zst``): the file
+      size times the compression ratio of its first ``SAMPLE_BYTES`` compressed
+      bytes (exact for smaller files).
+    - Anything else: the file size.
+
+    At most ``MAX_SAMPLED_FILES`` files of each kind are opened (evenly spaced in
+    file order, so the result depends only on the file list); the others get
+    the ratio of content to file bytes of those sampled. Files are opened in
+    parallel (on an object store each is a round trip).
+
+    Args:
+      source: the task's source (its ``columns`` name the Parquet columns read).
+      files: ``source.list_files()`` (``SourceFile``: path, num_bytes).
+
+    Returns:
+      Bytes (int >= 0).
+
+    Raises:
+      ValueError: a Parquet file whose footer cannot be read, naming the file
+        (a compressed file that cannot be decompressed counts its file size:
+        the source reports it when it reads it).
+    """
+    from seqcache.tasks.sources.lines import is_compressed
+
+    kinds: dict[str, list[int]] = {"parquet": [], "compressed": []}
+    total = 0
+    for i, f in enumerate(files):
+        if f.path.lower().endswith(".parquet") or getattr(source, "kind", None) == "parquet":
+            kinds["parquet"].append(i)
+        elif is_compressed(f.path):
+            kinds["compressed"].append(i)
+        else:
+            total += int(f.num_bytes)
+    columns = sorted(set(getattr(source, "columns", {}).values())) if getattr(source, "kind", None) == "parquet" else None
+    for kind, members in kinds.items():
+        if not members:
+            continue
+        step = max(1, -(-len(members) // MAX_SAMPLED_FILES))
+        sampled = members[::step]
+        measure = (lambda i: _parquet_content(files[i].path, columns)) if kind == "parquet" else \
+            (lambda i: _compressed_content(files[i].path, int(files[i].num_bytes)))
+        if len(sampled) > 1:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+                sizes = dict(zip(sampled, pool.map(measure, sampled)))
+        else:
+            sizes = {i: measure(i) for i in sampled}
+        sampled_file_bytes = sum(int(files[i].num_bytes) for i in sampled)
+        ratio = sum(sizes.values()) / sampled_file_bytes if sampled_file_bytes else 1.0
+        for i in members:
+            total += sizes[i] if i in sizes else int(round(int(files[i].num_bytes) * ratio))
+    return int(total)
+
+
+def _parquet_content(path: str, columns: Sequence[str] | None) -> int:
+    """Uncompressed bytes of the column chunks named ``columns`` (all when None
+    or when none of them is found) over every row group of a Parquet file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from seqcache import fs
+
+    try:
+        with fs.open_binary(path, decompress=False) as f:
+            md = pq.ParquetFile(f).metadata
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: cannot read the Parquet footer to size the shards: {e}") from None
+    wanted = set(columns or ())
+    chosen = total = 0
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            size = int(col.total_uncompressed_size)
+            total += size
+            if col.path_in_schema.split(".")[0] in wanted:
+                chosen += size
+    return chosen if chosen else total
+
+
+def _decompressor(path: str):
+    """A streaming decompressor for ``path``'s suffix: an object with
+    ``decompress(data)``, ``unused_data`` and ``eof``, or None (unknown)."""
+    import bz2
+    import lzma
+    import zlib
+
+    lower = path.lower()
+    if lower.endswith(".gz"):
+        return lambda: zlib.decompressobj(wbits=31)
+    if lower.endswith(".bz2"):
+        return bz2.BZ2Decompressor
+    if lower.endswith((".xz", ".lzma")):
+        return lzma.LZMADecompressor
+    if lower.endswith(".deflate"):
+        return lambda: zlib.decompressobj()
+    if lower.endswith((".zst", ".zstd")):
+        try:
+            import zstandard
+        except ImportError:
+            return None
+        return lambda: _ZstdStream(zstandard.ZstdDecompressor().decompressobj())
+    return None
+
+
+class _ZstdStream:
+    def __init__(self, obj):
+        self.obj, self.unused_data, self.eof = obj, b"", False
+
+    def decompress(self, data):
+        out = self.obj.decompress(data)
+        self.unused_data = getattr(self.obj, "unused_data", b"")
+        self.eof = bool(getattr(self.obj, "eof", False))
+        return out
+
+
+def _compressed_content(path: str, num_bytes: int) -> int:
+    """Decompressed size of a compressed file: exact when the file has at most
+    ``SAMPLE_BYTES`` bytes, else ``num_bytes`` times the ratio of its first
+    ``SAMPLE_BYTES`` compressed bytes. Concatenated members (``cat a.gz b.gz``)
+    are followed. Unknown suffixes count their file size."""
+    from seqcache import fs
+
+    make = _decompressor(path)
+    if make is None or num_bytes <= 0:
+        return int(num_bytes)
+    try:
+        with fs.open_binary(path, decompress=False) as f:
+            data = f.read(SAMPLE_BYTES)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it to size the shards: {e}") from None
+    out = 0
+    pending = data
+    try:
+        while pending:
+            d = make()
+            out += len(d.decompress(pending))
+            if not d.eof:
+                break
+            pending = d.unused_data
+    except Exception:  # zlib.error, lzma.LZMAError, OSError ...: not decodable
+        # The source reports a corrupt file when it reads it, naming the record
+        # (and its on_error policy applies); for sizing, it counts its file size.
+        return int(num_bytes)
+    if len(data) >= num_bytes:
+        return out
+    return int(round(out * num_bytes / max(len(data), 1)))

@@ -159,15 +159,17 @@ def local_engine(options):
     return fn_runner.FnApiRunner(provision_info=info)
 
 
-def known_flags() -> set[str]:
+def known_flags(*, dask: bool = True) -> set[str]:
     """Every ``--flag`` a Beam pipeline option here defines (the runners'
-    options included: Dask's are registered when its runner can be imported)."""
+    options included: Dask's are registered when its runner can be imported;
+    ``dask=False`` leaves that import out, about half a second of CPU)."""
     from apache_beam.options import pipeline_options as po
 
-    try:
-        import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions)
-    except ImportError:
-        pass
+    if dask:
+        try:
+            import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions)
+        except ImportError:
+            pass
     parser = po._BeamArgumentParser(allow_abbrev=False)
     seen: set = set()
     stack = [po.PipelineOptions]
@@ -187,14 +189,11 @@ def known_flags() -> set[str]:
 def unknown_flags(args: Sequence[str]) -> list[str]:
     """The arguments of ``args`` whose ``--flag`` no Beam option defines (a
     typo such as ``--runnr=dask`` would otherwise be ignored without a word)."""
-    known = known_flags()
-    out = []
-    for a in args:
-        if a.startswith("--"):
-            flag = a.partition("=")[0]
-            if flag not in known:
-                out.append(a)
-    return out
+    flags = [a.partition("=")[0] for a in args if a.startswith("--")]
+    known = known_flags(dask=False)
+    if any(f not in known for f in flags):
+        known = known_flags()  # only then import the Dask runner for its options
+    return [a for a in args if a.startswith("--") and a.partition("=")[0] not in known]
 
 
 def check_runner_available(runner: str) -> None:

@@ -74,51 +74,63 @@ from typing import BinaryIO, Iterable, Iterator, Sequence
 import numpy as np
 
 SPILL_BYTES = 64 << 20
-# Python memory of one buffered entry besides its example bytes (the key, four
-# ints and a lengths list in SpillBuffer's lists): counted against SPILL_BYTES so
-# that the buffers of a bundle stay near SPILL_BYTES of real memory.
-ENTRY_OVERHEAD = 320
+# Memory of one buffered entry besides its example bytes (its columns in the
+# batches' numpy arrays: key, four ints, lengths, offset): counted against
+# SPILL_BYTES so that the buffers of a bundle stay near SPILL_BYTES of real memory.
+ENTRY_OVERHEAD = 48
+# ... and of one batch of a shard (the batch object and its nine small numpy
+# arrays): a batch of records spread over many shards adds this per shard.
+BATCH_OVERHEAD = 1300
 _HEAD = struct.Struct("<QI")
 
 
-class SpillBuffer:
-    """The entries of one shard gathered by one bundle, before they are written."""
+def batch_bytes(batch) -> int:
+    """The memory a buffered batch of entries is counted for (bytes)."""
+    return int(batch.data.size) + ENTRY_OVERHEAD * len(batch) + BATCH_OVERHEAD
 
-    __slots__ = ("keys", "subs", "files", "records", "truncated", "lengths", "data", "nbytes")
+
+class SpillBuffer:
+    """The entries of one shard gathered by one bundle, before they are written,
+    in batches of columns (``transforms.EncodedExamples`` of this shard: key
+    ``V16``, sub_index, file_index, record_number, truncated, lengths ``(n,
+    F)``, data uint8 and offsets ``(n + 1,)``)."""
+
+    __slots__ = ("batches", "nbytes")
 
     def __init__(self):
-        self.keys, self.subs, self.files, self.records = [], [], [], []
-        self.truncated, self.lengths, self.data = [], [], []
+        self.batches = []
         self.nbytes = 0
 
-    def add(self, key: bytes, sub_index: int, file_index: int, record_number: int, truncated: int,
-            data: bytes, lengths: Sequence[int]) -> None:
-        self.keys.append(key)
-        self.subs.append(sub_index)
-        self.files.append(file_index)
-        self.records.append(record_number)
-        self.truncated.append(truncated)
-        self.lengths.append(lengths)
-        self.data.append(data)
-        self.nbytes += len(data) + ENTRY_OVERHEAD
+    def add_batch(self, batch) -> None:
+        """Adds a batch of entries (kept as they are, not copied)."""
+        self.batches.append(batch)
+        self.nbytes += batch_bytes(batch)
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return sum(len(b) for b in self.batches)
 
     def to_bytes(self, num_features: int) -> bytes:
-        n = len(self.keys)
+        """The buffer in the spill file format (see ``load_shard``)."""
+        bs = self.batches
+        n = len(self)
         offsets = np.zeros(n + 1, dtype="<u8")
-        np.cumsum([len(d) for d in self.data], out=offsets[1:])
+        if bs:
+            np.cumsum(np.concatenate([np.diff(b.offsets) for b in bs]), out=offsets[1:])
+
+        def column(name, dtype):
+            return b"".join(np.ascontiguousarray(getattr(b, name), dtype=dtype).tobytes() for b in bs)
+
         return b"".join((
             _HEAD.pack(n, num_features),
-            b"".join(self.keys),
-            np.asarray(self.subs, dtype="<u4").tobytes(),
-            np.asarray(self.files, dtype="<u4").tobytes(),
-            np.asarray(self.records, dtype="<u8").tobytes(),
-            np.asarray(self.truncated, dtype="<u4").tobytes(),
-            np.asarray(self.lengths, dtype="<u4").reshape(n, num_features).tobytes(),
+            b"".join(np.ascontiguousarray(b.key).tobytes() for b in bs),
+            column("sub_index", "<u4"),
+            column("file_index", "<u4"),
+            column("record_number", "<u8"),
+            column("truncated", "<u4"),
+            b"".join(np.ascontiguousarray(b.lengths.reshape(len(b), num_features), dtype="<u4").tobytes()
+                     for b in bs),
             offsets.tobytes(),
-            b"".join(self.data),
+            b"".join(b.data.tobytes() for b in bs),
         ))
 
 
@@ -189,6 +201,21 @@ class ShardEntries:
                  zip(self.part[lo:hi].tolist(), self.begin[lo:hi].tolist(), self.end[lo:hi].tolist())),
                 zip(self.file_index[lo:hi].tolist(), self.record_number[lo:hi].tolist()),
             )
+
+
+    def record_chunks(self, chunk: int = 1 << 16) -> Iterable[tuple[list[bytes], list[bytes]]]:
+        """(encoded examples, encoded provenance records) in sorted order, a
+        chunk of entries at a time, for a shard that is written as it is (no
+        packing: one segment per record, token offset 0)."""
+        from seqcache import format as fmt
+
+        parts = self.parts
+        for lo in range(0, len(self.begin), chunk):
+            hi = lo + chunk
+            provenance = fmt.encode_provenance_batch(self.file_index[lo:hi], self.record_number[lo:hi])
+            data = [bytes(parts[p][x:y]) for p, x, y in
+                    zip(self.part[lo:hi].tolist(), self.begin[lo:hi].tolist(), self.end[lo:hi].tolist())]
+            yield data, provenance
 
 
 def _parse(buf: bytes, num_features: int, where: str) -> dict:

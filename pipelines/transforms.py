@@ -27,6 +27,8 @@ paths; randomness comes only from the record keys.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import hashlib
 import json
 import os
 from typing import Any, Iterator, Sequence
@@ -75,8 +77,9 @@ class ReadPreprocess:
     batches of ``batch_records`` (one tokenizer call per batch).
 
     ``read(split)`` yields ``("records", n)`` for every batch of n source records
-    read, ``("examples", [(shard, key, sub_index, file_index, record_number,
-    truncated, example_bytes, lengths), ...])`` per batch, and ``("issue",
+    read, ``("examples", EncodedExamples)`` per batch (its examples encoded
+    together, as columns: no Python loop over tokens, one range check per
+    feature and batch), and ``("issue",
     (file_index, record_number, action, message, kind))`` for each record that
     its source skipped or repaired, or the task's checks skipped, under the
     ``on_error`` policy: counted and quarantined, never dropped silently; and
@@ -131,31 +134,125 @@ class ReadPreprocess:
         if not live:
             return
         records = live
-        keys = [shuffle.record_key(r.raw, key) for r in records]
+        blake2b = hashlib.blake2b  # shuffle.record_key, inlined: one call per record less
+        keys = [blake2b(r.raw, key=key, digest_size=shuffle.KEY_BYTES).digest() for r in records]
         rejected: list = []
-        out = self.task.preprocess_batch(records, keys, seed=self.seed, sequence_length=self.sequence_length,
-                                         skipped=rejected)
+        batch = self.task.preprocess_columns(records, keys, seed=self.seed, sequence_length=self.sequence_length,
+                                             skipped=rejected)
         for idx, message in rejected:
             r = records[idx]
             yield "issue", (r.file_index, r.record_number, "skipped", message, "bad_value")
-        entries = []
-        sub_index = collections.Counter()
-        for idx, example in out:
-            record = records[idx]
-            k = keys[idx]
-            truncated = int(example.pop("_truncated_tokens", 0) or 0)
-            j = sub_index[idx]
-            sub_index[idx] += 1
-            try:
-                data = fmt.encode_example(self.features, example)
-            except (KeyError, ValueError) as e:
-                raise ValueError(
-                    f"task {self.task.name!r}: file {record.file_index} record {record.record_number}: {e}"
-                ) from None
-            lengths = [int(example[f.name].size) for f in self.features]
-            entries.append((shuffle.shard_of(k, self.num_shards), k, j, record.file_index, record.record_number,
-                            truncated, data, lengths))
-        yield "examples", entries
+        if not len(batch):
+            return
+        try:
+            data, offsets = fmt.encode_batch(self.features, batch.columns, ranges=batch.ranges)
+        except (KeyError, ValueError):
+            # Find the record, example by example (this error path only).
+            for idx, example in batch.examples():
+                record = records[idx]
+                try:
+                    fmt.encode_example(self.features, example)
+                except (KeyError, ValueError) as e:
+                    raise ValueError(
+                        f"task {self.task.name!r}: file {record.file_index} record {record.record_number}: {e}"
+                    ) from None
+            raise
+        index = batch.index
+        key_bytes = b"".join(keys)
+        key_array = np.frombuffer(key_bytes, dtype="V16")[index]
+        yield "examples", EncodedExamples(
+            shard=shard_of_keys(key_bytes, self.num_shards)[index],
+            key=key_array,
+            sub_index=_sub_index(index),
+            file_index=np.array([r.file_index for r in records], dtype=np.uint32)[index],
+            record_number=np.array([r.record_number for r in records], dtype=np.uint64)[index],
+            truncated=batch.truncated.astype(np.uint32),
+            lengths=batch.lengths([f.name for f in self.features]).astype(np.uint32),
+            data=data,
+            offsets=offsets,
+        )
+
+
+def _sub_index(index: np.ndarray) -> np.ndarray:
+    """uint32: the number of earlier examples from the same record (``index``
+    is in input order, so equal values are consecutive)."""
+    if not len(index):
+        return np.zeros(0, np.uint32)
+    first = np.flatnonzero(np.concatenate([[True], index[1:] != index[:-1]]))
+    starts = np.repeat(first, np.diff(np.concatenate([first, [len(index)]])))
+    return (np.arange(len(index)) - starts).astype(np.uint32)
+
+
+def shard_of_keys(keys: bytes, num_shards: int) -> np.ndarray:
+    """``shuffle.shard_of`` of many 16-byte keys at once (int64 array): floor(key_hi64
+    * S / 2**64) in 64-bit integer arithmetic, from 32-bit halves:
+    floor(a * S / 2**64) = floor((a_hi * S + floor(a_lo * S / 2**32)) / 2**32),
+    exact for S < 2**31."""
+    hi = np.frombuffer(keys, dtype=">u8")[::2].astype(np.uint64)
+    if num_shards >= 1 << 31:
+        return np.asarray([shuffle.shard_of(keys[k:k + 16], num_shards) for k in range(0, len(keys), 16)],
+                          dtype=np.int64)
+    s = np.uint64(num_shards)
+    a_hi, a_lo = hi >> np.uint64(32), hi & np.uint64(0xFFFFFFFF)
+    return ((a_hi * s + ((a_lo * s) >> np.uint64(32))) >> np.uint64(32)).astype(np.int64)
+
+
+@dataclasses.dataclass
+class EncodedExamples:
+    """The examples of one batch, encoded, as columns (n examples, F read features).
+
+    Attributes:
+      shard: int64 ``(n,)``: the shard of each example's key.
+      key: ``V16`` ``(n,)``: the shuffle keys.
+      sub_index: uint32 ``(n,)``: the example's number among its record's examples.
+      file_index: uint32 ``(n,)``; record_number: uint64 ``(n,)``: provenance.
+      truncated: uint32 ``(n,)``: tokens trimmed from the example.
+      lengths: uint32 ``(n, F)``: tokens per read feature.
+      data: uint8: the encoded records, one after the other
+        (``seqcache.format.encode_batch``); offsets: int64 ``(n + 1,)`` into it.
+    """
+
+    shard: np.ndarray
+    key: np.ndarray
+    sub_index: np.ndarray
+    file_index: np.ndarray
+    record_number: np.ndarray
+    truncated: np.ndarray
+    lengths: np.ndarray
+    data: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    def by_shard(self) -> Iterator[tuple[int, "EncodedExamples"]]:
+        """``(shard, the examples of that shard)`` for each shard present, in shard
+        order; the examples keep their order."""
+        order = np.argsort(self.shard, kind="stable")
+        shards = self.shard[order]
+        cuts = np.flatnonzero(np.diff(shards)) + 1
+        starts = np.concatenate([[0], cuts]).tolist()
+        stops = np.concatenate([cuts, [len(order)]]).tolist()
+        data, offsets = ragged_take(self.data, self.offsets, order)
+        for a, b in zip(starts, stops):
+            sel = slice(a, b)
+            yield int(shards[a]), EncodedExamples(
+                shards[sel], self.key[order[sel]], self.sub_index[order[sel]], self.file_index[order[sel]],
+                self.record_number[order[sel]], self.truncated[order[sel]], self.lengths[order[sel]],
+                data[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a])
+
+
+def ragged_take(data: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces ``order`` of a ragged array (``data`` with int64 ``offsets``, piece
+    i is ``data[offsets[i]:offsets[i + 1]]``), one after the other: the new data
+    and offsets. One gather over the bytes, no loop over pieces."""
+    sizes = np.diff(offsets)[order]
+    new = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=new[1:])
+    if np.array_equal(order, np.arange(len(order))):
+        return data, offsets
+    source = np.repeat(offsets[:-1][order] - new[:-1], sizes) + np.arange(new[-1], dtype=np.int64)
+    return data[source], new
 
 
 class ReadUnit:
@@ -206,15 +303,20 @@ class ReadUnit:
                     if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
                         yield QUARANTINE_KEY, self._write_quarantine(state, token)
                 else:
-                    for shard, *entry in payload:
-                        state.buffers[shard].add(*entry)
-                        state.buffered += len(entry[5]) + spill.ENTRY_OVERHEAD
-                        row = per_file.get(entry[2])
+                    for shard, part in payload.by_shard():
+                        state.buffers[shard].add_batch(part)
+                        state.buffered += spill.batch_bytes(part)
+                    files, inverse = np.unique(payload.file_index, return_inverse=True)
+                    counts = np.bincount(inverse, minlength=len(files))
+                    tokens = [np.bincount(inverse, weights=payload.lengths[:, k], minlength=len(files))
+                              for k in range(width - 1)]
+                    for j, fi in enumerate(files.tolist()):
+                        row = per_file.get(fi)
                         if row is None:
-                            row = per_file[entry[2]] = [0] * width
-                        row[0] += 1
-                        for k, n in enumerate(entry[6], 1):
-                            row[k] += n
+                            row = per_file[fi] = [0] * width
+                        row[0] += int(counts[j])
+                        for k in range(width - 1):
+                            row[k + 1] += int(tokens[k][j])
                     if state.buffered >= self.flush_bytes:
                         yield from self._flush(state, token)
         if state.buffered:
@@ -343,8 +445,8 @@ class WriteGroup:
 
         def unpacked():
             st.add_many(entries.lengths)
-            for data, (fi, rn) in entries.items():
-                yield data, [(fi, rn, 0)]  # already encoded: written as is
+            # Already encoded, data and provenance: written as they are.
+            return writer.EncodedChunks(entries.record_chunks())
 
         def packed():
             from seqcache.tasks import pack_lm

@@ -11,6 +11,7 @@ ArrayRecord writes a local temporary file that is then copied to its destination
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import hashlib
@@ -163,6 +164,16 @@ class _HashingArrayRecordFile:
         return os.path.getsize(self.path), fmt.file_sha256(self.path)
 
 
+class EncodedChunks:
+    """Examples for ``write_shard`` that are already encoded, in chunks:
+    ``chunks`` yields ``(records, provenances)``, two equally long lists of
+    ``bytes`` (``seqcache.format.encode_batch`` / ``encode_provenance_batch``),
+    in cache order."""
+
+    def __init__(self, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]]):
+        self.chunks = chunks
+
+
 def write_shard(
     cache_dir: str,
     *,
@@ -180,7 +191,8 @@ def write_shard(
       features: the record features, in manifest order.
       examples: (example, provenance) pairs in cache order. ``example`` maps feature
         name -> 1-D array, or is already encoded record bytes; ``provenance`` is a list, one per segment, of
-        (source_index, record_number, token_offset).
+        (source_index, record_number, token_offset), or is already encoded
+        (``seqcache.format.encode_provenance``). Or an ``EncodedChunks``.
       local_tmp_dir: where the local temporary files go (default: the cache folder
         itself when local, else the system temp folder).
 
@@ -203,9 +215,21 @@ def write_shard(
     data = _HashingArrayRecordFile(data_tmp)
     prov = _HashingArrayRecordFile(prov_tmp)
     try:
-        for example, provenance in examples:
-            data.write(example if isinstance(example, bytes) else fmt.encode_example(features, example))
-            prov.write(fmt.encode_provenance(provenance))
+        write_data, write_prov = data.writer.write, prov.writer.write
+        count = 0
+        if isinstance(examples, EncodedChunks):
+            for records, provenances in examples.chunks:
+                if len(records) != len(provenances):
+                    raise ValueError(f"shard {index}: {len(records)} records but {len(provenances)} provenance records")
+                collections.deque(map(write_data, records), maxlen=0)  # a loop in C: one call per record
+                collections.deque(map(write_prov, provenances), maxlen=0)
+                count += len(records)
+        else:
+            for example, provenance in examples:
+                write_data(example if isinstance(example, bytes) else fmt.encode_example(features, example))
+                write_prov(provenance if isinstance(provenance, bytes) else fmt.encode_provenance(provenance))
+                count += 1
+        data.num_records = prov.num_records = count
         data_bytes, data_sha = data.close()
         prov_bytes, prov_sha = prov.close()
         move_into_place(data_tmp, join(cache_dir, data_name))

@@ -105,6 +105,21 @@ class rekey(Preprocessor):  # noqa: N801 (seqio's name)
 
     def process_batch(self, examples, ctx):
         # rekey draws no randomness: no per-example context needed (the fast path).
+        items = tuple(self.key_map.items())
+        if all(old for _, old in items):
+            try:
+                if len(items) == 1:
+                    ((new, old),) = items
+                    out = [{new: ex[old]} for ex in examples]
+                else:
+                    out = [{new: ex[old] for new, old in items} for ex in examples]
+            except KeyError:
+                return [self(ex, ctx) for ex in examples]  # names the missing key
+            if any(TRUNCATED_TOKENS_KEY in ex for ex in examples):
+                for ex, new_ex in zip(examples, out):
+                    if TRUNCATED_TOKENS_KEY in ex:
+                        new_ex[TRUNCATED_TOKENS_KEY] = ex[TRUNCATED_TOKENS_KEY]
+            return out
         return [self(ex, ctx) for ex in examples]
 
     def __call__(self, example, ctx):
@@ -156,8 +171,49 @@ def _is_tokens(value) -> bool:
     return isinstance(value, (np.ndarray, list, tuple))
 
 
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """int64 ``(n + 1,)`` offsets of consecutive pieces of ``lengths``."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def _append_to_each(arrays: Sequence[np.ndarray], keep: np.ndarray | None, eos: int | None) -> list[np.ndarray]:
+    """Every 1-D array of ``arrays`` cast to int32, cut to its first ``keep[i]``
+    elements (all when ``keep`` is None) and followed by ``eos`` (nothing when
+    None), in one pass over the batch's tokens: the results are views of one
+    new int32 array. The Python work is per example (slicing the views), never
+    per token."""
+    lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    flat = np.concatenate(arrays, dtype=np.int32, casting="unsafe") if arrays else np.zeros(0, np.int32)
+    if keep is not None:
+        kept = np.minimum(lengths, keep)
+        if (kept != lengths).any():
+            starts = _offsets(lengths)[:-1]
+            position = np.arange(flat.size, dtype=np.int64) - np.repeat(starts, lengths)
+            flat = flat[position < np.repeat(kept, lengths)]
+            lengths = kept
+    extra = 0 if eos is None else 1
+    offsets = _offsets(lengths + extra)
+    if extra:
+        out = np.empty(offsets[-1], dtype=np.int32)
+        ends = offsets[1:] - 1
+        out[ends] = eos
+        mask = np.ones(out.size, dtype=bool)
+        mask[ends] = False
+        out[mask] = flat
+    else:
+        out = flat
+    bounds = offsets.tolist()
+    return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 class append_eos(Preprocessor):  # noqa: N801
-    """Appends the vocabulary's EOS id to every token feature with ``add_eos=True``."""
+    """Appends the vocabulary's EOS id to every token feature with ``add_eos=True``.
+
+    Token values become int32 arrays. One numpy pass over the batch's tokens
+    per feature (the results are views of one array), not one per example.
+    """
 
     name = "append_eos"
 
@@ -166,14 +222,24 @@ class append_eos(Preprocessor):  # noqa: N801
         for name, feature in ctx.output_features.items():
             if not feature.add_eos:
                 continue
-            eos = np.asarray([feature.vocabulary.eos_id], dtype=np.int32)
-            for ex in out:
-                if _is_tokens(ex.get(name)):
-                    ids = np.asarray(ex[name])
-                    if ids.ndim == 1 and (ids.dtype.kind in "iu" or ids.size == 0):
-                        ex[name] = np.concatenate([ids.astype(np.int32), eos])
-                    # Anything else (strings, floats, nested lists) is left as it is
-                    # for the task to reject, naming the record.
+            where, arrays = [], []
+            ndarray = np.ndarray
+            for i, ex in enumerate(out):
+                value = ex.get(name)
+                if type(value) is ndarray:
+                    ids = value
+                elif _is_tokens(value):
+                    ids = np.asarray(value)
+                else:
+                    continue
+                if ids.ndim == 1 and (ids.dtype.kind in "iu" or ids.size == 0):
+                    where.append(i)
+                    arrays.append(ids)
+                # Anything else (strings, floats, nested lists) is left as it is
+                # for the task to reject, naming the record.
+            if where:
+                for i, ids in zip(where, _append_to_each(arrays, None, int(feature.vocabulary.eos_id))):
+                    out[i][name] = ids
         return out
 
 
@@ -229,6 +295,35 @@ class append_eos_after_trim(trim):  # noqa: N801
     name = "append_eos_after_trim"
 
     def process_batch(self, examples, ctx):
+        lengths = _lengths(self.feature_lengths, ctx) or {}
+        out = [dict(ex) for ex in examples]
+        cut = np.zeros(len(out), dtype=np.int64)
+        for name, feature in ctx.output_features.items():
+            where, arrays = [], []
+            for i, ex in enumerate(out):
+                if _is_tokens(ex.get(name)):
+                    where.append(i)
+                    arrays.append(np.asarray(ex[name], dtype=np.int32))
+            if not where:
+                continue
+            length = lengths.get(name)
+            keep = None if length is None else int(length) - (1 if feature.add_eos else 0)
+            if (keep is not None and keep < 0) or any(a.ndim != 1 for a in arrays):
+                # Not 1-D (an error), or a length of 0 with EOS: example by example, as it always was.
+                return self._each(examples, ctx)
+            eos = int(feature.vocabulary.eos_id) if feature.add_eos else None
+            keep_each = None
+            if keep is not None:
+                sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+                cut[where] += np.maximum(sizes - keep, 0)
+                keep_each = np.full(len(arrays), keep, dtype=np.int64)
+            for i, tokens in zip(where, _append_to_each(arrays, keep_each, eos)):
+                out[i][name] = tokens
+        for ex, n in zip(out, cut.tolist()):
+            _add_truncated(ex, n)
+        return out
+
+    def _each(self, examples, ctx):
         lengths = _lengths(self.feature_lengths, ctx) or {}
         out = []
         for ex in examples:

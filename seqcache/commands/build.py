@@ -269,7 +269,8 @@ def import_modules(modules):
 @click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | "
               "parquet:GLOB#column | tfrecord:GLOB[#feature] | tfds:NAME[/CONFIG][:VERSION][@SPLIT]#feature | "
               "hf:PATH[@SPLIT]#column; two values per record: parallel:inputs=GLOB,targets=GLOB (line-aligned files) | "
-              "jsonl:GLOB#inputs=FIELD,targets=FIELD | parquet:GLOB#inputs=COLUMN,targets=COLUMN.")
+              "jsonl:GLOB#inputs=FIELD,targets=FIELD | parquet:GLOB#inputs=COLUMN,targets=COLUMN | "
+              "tsv:GLOB[#inputs=0,targets=1] (tab-separated columns).")
 @click.option("--tfds-data-dir", "tfds_data_dir", help="Ad-hoc tfds: source: the folder the TFDS dataset was prepared "
               "into (default: $TFDS_DATA_DIR or ~/tensorflow_datasets). Nothing is downloaded.")
 @common.on_error_option()

@@ -30,6 +30,8 @@ TfdsSource          ``record``       0-based index of the example in its    cano
                                      shard file (whatever split slice)
 HfDatasetSource     ``row``          0-based row index in the Arrow or      canonical JSON of the selected columns
                                      Parquet file
+TsvSource           ``byte_offset``  byte offset of the line's first byte   the line's bytes without its terminator
+                                     (blank lines are not records)
 ==================  ===============  =====================================  ==========================================
 
 Splits (``Source.splits(file_index, file, target_bytes)``, read with
@@ -54,7 +56,7 @@ hold patterns and options, never file contents or open handles.
 
 Modules: ``base`` (records, splits, files, the ``Source`` interface), ``policy``
 (kinds of bad input and their actions), ``lines`` (byte ranges of line files),
-``text_lines``, ``text_files``, ``json_lines``, ``parquet``, ``function``,
+``text_lines``, ``text_files``, ``json_lines``, ``tsv``, ``parquet``, ``function``,
 ``tfrecord``, ``tfds``, ``hf_datasets`` (one source each) and ``spec``
 (``parse_source_spec``). ``tfrecord`` and ``tfds`` need the ``tfds`` extra
 (google-crc32c; TFDS where a TFDS dataset is resolved), imported only when such
@@ -93,6 +95,7 @@ from seqcache.tasks.sources.text_files import TextFileSource
 from seqcache.tasks.sources.text_lines import TextLineSource
 from seqcache.tasks.sources.tfds import TfdsSource
 from seqcache.tasks.sources.tfrecord import TFRecordSource
+from seqcache.tasks.sources.tsv import TsvSource
 
 __all__ = [
     "ERROR_KINDS",
@@ -112,6 +115,7 @@ __all__ = [
     "TextLineSource",
     "TFRecordSource",
     "TfdsSource",
+    "TsvSource",
     "Where",
     "canonical_json_bytes",
     "check_text_values",

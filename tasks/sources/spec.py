@@ -10,6 +10,7 @@ from seqcache.tasks.sources.parallel import ParallelTextSource
 from seqcache.tasks.sources.parquet import ParquetSource
 from seqcache.tasks.sources.text_files import TextFileSource
 from seqcache.tasks.sources.text_lines import TextLineSource
+from seqcache.tasks.sources.tsv import TsvSource
 
 _SPEC_HELP = (
     "accepted source specs: 'text:PATTERN' (one record per line), "
@@ -19,7 +20,8 @@ _SPEC_HELP = (
 # Several values per record: parallel text, and JSON lines or Parquet with named fields.
 _SPEC_HELP += (
     "; two or more values per record: 'parallel:inputs=PATTERN,targets=PATTERN' (line-aligned "
-    "files), 'jsonl:PATTERN#inputs=FIELD,targets=FIELD', 'parquet:PATTERN#inputs=COLUMN,targets=COLUMN'"
+    "files), 'jsonl:PATTERN#inputs=FIELD,targets=FIELD', 'parquet:PATTERN#inputs=COLUMN,targets=COLUMN', "
+    "'tsv:PATTERN[#inputs=0,targets=1]' (tab-separated columns by 0-based index)"
 )
 
 
@@ -61,7 +63,10 @@ def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
       ``parallel:inputs=multi30k/train.en.gz,targets=multi30k/train.de.gz``),
       its fields in sorted key order (provenance names the first key's files);
     - ``jsonl:PATTERN#inputs=FIELD,targets=FIELD``: ``JsonLinesSource(fields=...)``;
-    - ``parquet:PATTERN#inputs=COLUMN,targets=COLUMN``: ``ParquetSource(columns=...)``.
+    - ``parquet:PATTERN#inputs=COLUMN,targets=COLUMN``: ``ParquetSource(columns=...)``;
+    - ``tsv:PATTERN#inputs=0,targets=1``: ``TsvSource(columns=...)``, tab-separated
+      columns by 0-based index (``tsv:PATTERN`` alone: columns 0 and 1 as inputs
+      and targets).
 
     Dataset forms: ``tfrecord:PATTERN`` (raw UTF-8 records) and
     ``tfrecord:PATTERN#FEATURE`` (a ``tf.train.Example`` feature);
@@ -108,6 +113,20 @@ def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
         if kind == "jsonl":
             return JsonLinesSource(pattern, field=name, exclude=exclude, on_error=on_error)
         return ParquetSource(pattern, column=name, exclude=exclude, on_error=on_error)
+    if kind == "tsv":
+        pattern, _, named = rest.partition("#")
+        if not pattern:
+            raise ValueError(f"bad source spec {spec!r}: {_SPEC_HELP}")
+        columns = _named_values(spec, named) if named else None
+        if named and columns is None:
+            raise ValueError(f"bad source spec {spec!r}: a tsv source names its columns as KEY=INDEX, e.g. "
+                             f"'tsv:pairs.tsv#inputs=0,targets=1'")
+        try:
+            indices = {k: int(v) for k, v in columns.items()} if columns else None
+        except ValueError:
+            raise ValueError(f"bad source spec {spec!r}: tsv columns are 0-based indices, e.g. "
+                             f"'tsv:pairs.tsv#inputs=0,targets=1'") from None
+        return TsvSource(pattern, columns=indices, exclude=exclude, on_error=on_error)
     if kind in ("tfrecord", "tfds", "hf"):
         return _dataset_source(spec, kind, rest, exclude=exclude, on_error=on_error, split=split,
                                tfds_data_dir=tfds_data_dir)

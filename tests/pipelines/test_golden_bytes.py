@@ -3,9 +3,13 @@ small caches, written out here. A change to the build path that changes them
 changes users' caches and needs a cache format version bump
 (docs/cache-format.md); a faster build path must keep them."""
 
+import hashlib
+import os
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, build_task
 from seqcache.tasks import preprocessors as P
@@ -39,7 +43,12 @@ GOLDEN_SPAN_PROVENANCE = [
 def _build(task, tmp_path, sequence_length=None):
     result = build_task(task, cache_dir=str(tmp_path / "cache"),
                         config=BuildConfig(seed=7, num_shards=3, sequence_length=sequence_length))
-    return [s.sha256 for s in result.manifest.shards], [s.provenance_sha256 for s in result.manifest.shards]
+    table = result.manifest.shards
+    digest = lambda name: hashlib.sha256(open(os.path.join(result.cache_dir, name), "rb").read()).hexdigest()  # noqa: E731
+    hashed = [digest(n) for n in table.files], [digest(n) for n in table.provenance_files]
+    # The checksum file the build wrote records the same bytes.
+    assert tuple(fmt.read_shard_checksums(result.cache_dir, result.manifest)) == hashed
+    return hashed
 
 
 def test_golden_short_lines(shared_data, tmp_path):

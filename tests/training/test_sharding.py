@@ -33,16 +33,21 @@ STEPS = 3  # of a 6-step schedule (the tests' common config)
 FEEDER = FEEDER_KWARGS
 
 
-def _trainer(rules, mesh, devices, **extra):
-    cfg = C.config_from_dict(tiny_config_dict(rules=rules, mesh=mesh, **extra))
+def _trainer(rules, mesh, devices, config_dict=tiny_config_dict, **extra):
+    cfg = C.config_from_dict(config_dict(rules=rules, mesh=mesh, **extra))
     return T.Trainer(cfg, devices=jax.devices()[:devices])
+
+
+def _one_device_run(config_dict, feeder_cls):
+    """(initial state, result of STEPS steps) on one device: what every preset matches."""
+    trainer = _trainer("dp", {"data": 1, "fsdp": 1, "model": 1}, 1, config_dict)
+    init = jax.device_get(trainer.init_state())
+    return init, trainer.fit(feeder_cls(**FEEDER), stop_at=STEPS)
 
 
 @pytest.fixture(scope="module")
 def reference():
-    trainer = _trainer("dp", {"data": 1, "fsdp": 1, "model": 1}, 1)
-    init = jax.device_get(trainer.init_state())
-    return init, trainer.fit(FakeFeeder(**FEEDER), stop_at=STEPS)
+    return _one_device_run(tiny_config_dict, FakeFeeder)
 
 
 def _check_layout(rules, mesh, params, opt_state):
@@ -111,22 +116,15 @@ PRESETS = {
 }
 
 
-def _t5_trainer(rules, mesh, devices):
-    cfg = C.config_from_dict(t5_config_dict(rules=rules, mesh=mesh))
-    return T.Trainer(cfg, devices=jax.devices()[:devices])
-
-
 @pytest.fixture(scope="module")
 def t5_reference():
-    trainer = _t5_trainer("dp", {"data": 1, "fsdp": 1, "model": 1}, 1)
-    init = jax.device_get(trainer.init_state())
-    return init, trainer.fit(FakeEncDecFeeder(**FEEDER), stop_at=STEPS)
+    return _one_device_run(t5_config_dict, FakeEncDecFeeder)
 
 
 @pytest.mark.parametrize("rules", sorted(PRESETS))
 def test_t5_preset_on_8_devices_matches_one_device(t5_reference, rules):
     mesh = PRESETS[rules]
-    trainer = _t5_trainer(rules, mesh, 8)
+    trainer = _trainer(rules, mesh, 8, t5_config_dict)
     params, opt_state = trainer.init_state()
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(t5_reference[0][0])):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()

@@ -337,8 +337,19 @@ def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> dict:
 
 def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> dict:
     """Runs the pipeline and writes the manifest last (see ``_build_into``)."""
-    task, config, num_shards = plan.task, plan.config, plan.num_shards
+    vocabularies = _write_vocabularies(plan.task, build_dir)
+    _run_pipeline(plan, beam=beam, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
+                  units=units)
+    summary = _read_summary(plan, scratch, units)
+    entries, statistics, quarantine = _gather(plan, summary, build_dir)
+    raw = _manifest(plan, entries, statistics, quarantine, vocabularies)
+    fs.remove_tree(scratch)
+    writer.write_manifest(build_dir, raw, shards=entries)
+    return raw
 
+
+def _write_vocabularies(task, build_dir: str) -> dict:
+    """Stores each feature's vocabulary model in the cache; {feature: manifest entry}."""
     vocabularies = {}
     for name, feature in task.output_features.items():
         desc = dict(feature.vocabulary.to_json())
@@ -350,7 +361,16 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
             desc["file"] = f"vocabulary-{name}{ending}"
             fs.write_bytes_atomic(fs.join(build_dir, desc["file"]), model)
         vocabularies[name] = desc
+    return vocabularies
 
+
+def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> None:
+    """The Beam pipeline, one straight line with one leaf, run to its end.
+
+    Raises:
+      BuildError: the runner failed (one line), or the disk filled up.
+    """
+    task, config, num_shards = plan.task, plan.config, plan.num_shards
     reader = transforms.ReadPreprocess(task, seed=config.seed, sequence_length=config.sequence_length,
                                        num_shards=num_shards)
     read = transforms.ReadUnit(reader, paths=[f.path for f in plan.files], spill_dir=spill_dir,
@@ -386,15 +406,33 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
                 "--cache-dir, then run the build again"
             ) from e
         raise
+
+
+def _read_summary(plan: BuildPlan, scratch: str, units) -> dict:
+    """The summary the pipeline wrote, checked to account for every work unit.
+
+    Raises:
+      BuildError: the summary is missing, or work units are missing from it.
+    """
     summary = transforms.read_summary(scratch)
     if summary is None:
         raise BuildError(f"{plan.out_dir}: the runner {plan.runner} finished but the build's summary "
                          f"({fs.join(scratch, transforms.SUMMARY_NAME)}) is missing; nothing was published")
-    records_read = summary["records"]
     if summary["units"] is not None and summary["units"] != len(units):
         raise BuildError(f"{plan.out_dir}: {summary['units']} of {len(units)} work units reported their records; "
                          "the runner lost work, nothing was published")
+    return summary
 
+
+def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict, "spill.QuarantineSummary"]:
+    """(shard entries in shard order, the cache's statistics, the quarantine
+    summary); an empty shard file for every key range no record hashed into.
+
+    Raises:
+      BuildError: zero examples; a written shard disagrees with its entry.
+    """
+    task, config, num_shards = plan.task, plan.config, plan.num_shards
+    records_read = summary["records"]
     entries, shard_stats = [], []
     out_features = transforms.features_out(task, config.sequence_length)
     for shard in range(num_shards):
@@ -423,9 +461,15 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
     if statistics["examples"] == 0:
         raise BuildError(_zero_examples_message(task, config, plan.files, plan.total_bytes, records_read, quarantine))
     _verify_written(build_dir, entries)
+    return entries, statistics, quarantine
 
+
+def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) -> dict:
+    """The manifest of the build (``writer.build_manifest``), not yet written."""
+    task, config = plan.task, plan.config
+    out_features = transforms.features_out(task, config.sequence_length)
     quarantined = statistics["skipped_records"] + statistics["replaced_records"]
-    raw = writer.build_manifest(
+    return writer.build_manifest(
         task=task.name,
         split=config.split,
         fingerprint=plan.fingerprint,
@@ -442,12 +486,9 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
         extra={"quarantine": fmt.QUARANTINE_NAME if quarantined else None,
                **({"quarantine_num_bytes": quarantine.num_bytes, "quarantine_sha256": quarantine.sha256}
                   if quarantined else {}),
-               "sharding": {"num_shards": num_shards, "shard_size": plan.shard_size,
+               "sharding": {"num_shards": plan.num_shards, "shard_size": plan.shard_size,
                             "input_bytes": plan.total_bytes, "content_bytes": plan.content_bytes}},
     )
-    fs.remove_tree(scratch)
-    writer.write_manifest(build_dir, raw, shards=entries)
-    return raw
 
 
 def _zero_examples_message(task, config, files, total_bytes, records_read, quarantine) -> str:

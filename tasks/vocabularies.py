@@ -573,37 +573,12 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
     if vocab_size < 260:
         raise ValueError(f"vocab_size must be >= 260 (3 special ids + 256 byte pieces + 1) (got {vocab_size=})")
 
-    counts = {"sentences": 0, "too_long": 0}
-
-    def count(sentence):
-        counts["sentences"] += 1
-        if len(sentence.encode("utf-8")) > max_sentence_length:
-            counts["too_long"] += 1  # SentencePiece skips these
-        return sentence
-
-    def sentences():
-        for text in texts:
-            if split_lines:
-                for line in text.splitlines():
-                    if line.strip():
-                        yield count(line)
-            elif text.strip():
-                yield count(text)
-
-    def too_long_error():
-        return ValueError(
-            f"every one of the {counts['sentences']:,} training sentences is longer than max_sentence_length "
-            f"({max_sentence_length:,} bytes), so SentencePiece skipped them all; "
-            + ("the lines themselves are that long: raise max_sentence_length (seqcache vocab train "
-               "--max-sentence-length), or train on text with line breaks" if split_lines else
-               "split the text into lines (split_lines=True) or raise max_sentence_length")
-        )
-
+    sentences = _TrainingSentences(texts, split_lines=split_lines, max_sentence_length=max_sentence_length)
     writer = io.BytesIO()
     spm.set_random_generator_seed(int(seed))
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=sentences(),
+            sentence_iterator=iter(sentences),
             model_writer=writer,
             vocab_size=int(vocab_size),
             model_type=model_type,
@@ -622,16 +597,10 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
             minloglevel=2,
         )
     except (RuntimeError, OSError) as e:
-        if counts["sentences"] and counts["too_long"] == counts["sentences"]:
-            raise too_long_error() from e
+        if sentences.all_too_long:
+            raise sentences.too_long_error() from e
         raise ValueError(f"SentencePiece training failed (vocab_size={vocab_size}, model_type={model_type}): {e}") from e
-    if counts["sentences"] and counts["too_long"] == counts["sentences"]:
-        raise too_long_error()
-    if counts["too_long"]:
-        logging.getLogger(__name__).warning(
-            "SentencePiece skipped %d of %d training sentences longer than max_sentence_length (%d bytes)",
-            counts["too_long"], counts["sentences"], max_sentence_length,
-        )
+    sentences.check()
     data = writer.getvalue()
     if not data:
         raise ValueError("SentencePiece training produced no model: were there any non-empty texts?")
@@ -639,6 +608,54 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
     vocab = SentencePieceVocabulary(model_bytes=data, extra_ids=extra_ids)
     vocab.model_path = os.fspath(output_path)
     return vocab
+
+
+class _TrainingSentences:
+    """The sentences SentencePiece trains on (non-empty lines of the texts, or the
+    non-empty texts themselves), counted as they stream, with how many are longer
+    than ``max_sentence_length`` bytes (SentencePiece skips those)."""
+
+    def __init__(self, texts: Iterable[str], *, split_lines: bool, max_sentence_length: int):
+        self.texts, self.split_lines, self.max_sentence_length = texts, split_lines, max_sentence_length
+        self.sentences = self.too_long = 0
+
+    def __iter__(self):
+        for text in self.texts:
+            if self.split_lines:
+                for line in text.splitlines():
+                    if line.strip():
+                        yield self._count(line)
+            elif text.strip():
+                yield self._count(text)
+
+    def _count(self, sentence: str) -> str:
+        self.sentences += 1
+        if len(sentence.encode("utf-8")) > self.max_sentence_length:
+            self.too_long += 1
+        return sentence
+
+    @property
+    def all_too_long(self) -> bool:
+        return bool(self.sentences) and self.too_long == self.sentences
+
+    def too_long_error(self) -> ValueError:
+        return ValueError(
+            f"every one of the {self.sentences:,} training sentences is longer than max_sentence_length "
+            f"({self.max_sentence_length:,} bytes), so SentencePiece skipped them all; "
+            + ("the lines themselves are that long: raise max_sentence_length (seqcache vocab train "
+               "--max-sentence-length), or train on text with line breaks" if self.split_lines else
+               "split the text into lines (split_lines=True) or raise max_sentence_length")
+        )
+
+    def check(self) -> None:
+        """Raises when every sentence was too long; logs how many were skipped."""
+        if self.all_too_long:
+            raise self.too_long_error()
+        if self.too_long:
+            logging.getLogger(__name__).warning(
+                "SentencePiece skipped %d of %d training sentences longer than max_sentence_length (%d bytes)",
+                self.too_long, self.sentences, self.max_sentence_length,
+            )
 
 
 META_SPACE = "\u2581"  # SentencePiece's whitespace symbol: decodes as a space

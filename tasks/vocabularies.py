@@ -465,7 +465,7 @@ class SampleCounts:
 
 
 def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int, seed: int,
-                          field: str = "text", counts: SampleCounts | None = None) -> list[str]:
+                          field: str | None = None, counts: SampleCounts | None = None) -> list[str]:
     """A deterministic sample of record texts to train a vocabulary on.
 
     Keeps the ``max_records`` records with the smallest keyed hash
@@ -479,7 +479,9 @@ def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int
       source: one source or several (sampled together).
       max_records: sample size (records).
       seed: non-negative int, the hash key.
-      field: the key of the text in ``SourceRecord.data``.
+      field: the key of the text in ``SourceRecord.data``; None (default):
+        every string value of the record, in key order, one per line (both
+        sides of a parallel or TSV source; the text of a one-value source).
       counts: if given, filled with the records read and the skipped, repaired
         and kept records per kind (see ``SampleCounts``).
 
@@ -505,7 +507,7 @@ def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int
                     target[kind] += 1
             if is_error_record(record):
                 continue
-            text = record.data.get(field)
+            text = record.data.get(field) if field is not None else _record_text(record.data)
             if keep and isinstance(text, str):
                 for kind in {k for k, _ in text_problems(text)} & keep:
                     counts.kept[kind] += 1
@@ -518,9 +520,16 @@ def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int
             elif item > heap[0]:
                 heapq.heapreplace(heap, item)
     if not heap:
-        raise ValueError(f"no non-empty {field!r} text found in {[s.describe() for s in sources]}")
+        what = f"{field!r} text" if field is not None else "text"
+        raise ValueError(f"no non-empty {what} found in {[s.describe() for s in sources]}")
     heap.sort(reverse=True)
     return [text for _, _, text in heap]
+
+
+def _record_text(data: dict) -> str | None:
+    """Every non-empty string value of a record, in key order, one per line."""
+    values = [data[k] for k in sorted(data) if isinstance(data[k], str) and data[k]]
+    return values[0] if len(values) == 1 else ("\n".join(values) if values else None)
 
 
 def _neg_bytes(b: bytes) -> bytes:

@@ -141,3 +141,12 @@ def test_build_with_a_tokenizer_json_and_show_decodes(shared_data, tmp_path):
     texts = [seg["text"] for ex in shown for seg in ex["features"]["targets"]["segments"]]
     assert len(texts) == 5 and all(t in lines and t for t in texts)
     assert runner.invoke(main, ["verify", cache]).exit_code == 0
+
+
+def test_vocab_check_reads_both_sides_of_a_parallel_source(tmp_path):
+    (tmp_path / "a.en").write_text("a cat\na dog\n", encoding="utf-8")
+    (tmp_path / "a.de").write_text("eine Katze\nein Hund\n", encoding="utf-8")
+    out = CliRunner().invoke(main, ["vocab", "check", "--vocabulary", "byte", "--json", "--source",
+                                    f"parallel:inputs={tmp_path / 'a.en'},targets={tmp_path / 'a.de'}"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["records"] == 4

@@ -23,7 +23,8 @@ MODELS = ("sentencepiece", "bpe", "unigram")
 
 @vocab.command("train")
 @click.option("--source", "sources", multiple=True, required=True,
-              help="Source spec: text:PATTERN, files:PATTERN, jsonl:PATTERN#FIELD or parquet:PATTERN#COLUMN. "
+              help="Source spec, as for build (text:, files:, jsonl:, parquet:, tsv:, parallel:, tfrecord:, tfds:, "
+                   "hf:). A record of several values (parallel:, tsv:, named fields) contributes every one. "
                    "Repeat to sample from several sources.")
 @on_error_option(
     "Bad source records, as for build: by default empty and whitespace-only records are skipped, control "
@@ -219,11 +220,12 @@ def check(vocabulary_spec, sources, exclude, on_error, max_records, show_n, as_j
                 for r in src.read_file(i, f.path):
                     if len(texts) >= max_records:
                         break
-                    text = r.data.get("text")
-                    if is_error_record(r) or not isinstance(text, str):
+                    if is_error_record(r):
                         continue
-                    rows.append((f.path, r.record_number, src.locator))
-                    texts.append(text)
+                    for key in sorted(r.data):  # every text value: both sides of a parallel or TSV source
+                        if isinstance(r.data[key], str):
+                            rows.append((f.path, r.record_number, src.locator))
+                            texts.append(r.data[key])
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
     problems = round_trip_problems(vocabulary, texts)

@@ -10,6 +10,7 @@ import pytest
 
 from seqcache.tasks import sources as S
 from seqcache.tasks import vocabularies as V
+from seqcache import tasks
 
 
 def _blns_lines(shared_data):
@@ -182,3 +183,14 @@ def test_training_when_every_line_is_too_long_names_the_count(tmp_path):
     texts = ["x" * 300 + f" {i}" for i in range(50)]
     with pytest.raises(ValueError, match=r"every one of the 50 training sentences is longer than max_sentence_length \(100 bytes\)"):
         V.train_sentencepiece(texts, output_path=str(tmp_path / "m.model"), vocab_size=300, max_sentence_length=100)
+
+
+def test_a_vocabulary_sample_of_a_parallel_source_holds_both_sides(tmp_path):
+    (tmp_path / "a.en").write_text("a cat\na dog\n", encoding="utf-8")
+    (tmp_path / "a.de").write_text("eine Katze\nein Hund\n", encoding="utf-8")
+    src = tasks.ParallelTextSource({"inputs": str(tmp_path / "a.en"), "targets": str(tmp_path / "a.de")})
+    texts = tasks.sample_for_vocabulary(src, max_records=10, seed=0)
+    assert sorted(texts) == ["a cat\neine Katze", "a dog\nein Hund"]
+    # One named field still reads only that field.
+    assert sorted(tasks.sample_for_vocabulary(src, max_records=10, seed=0, field="targets")) == ["ein Hund",
+                                                                                                 "eine Katze"]

@@ -20,6 +20,15 @@ from seqcache.feeders import state as state_lib
 from seqcache.feeders.stream import IndexStream, open_mixture
 
 
+def decode_with_sentinels(vocabulary, ids) -> str:
+    """The text of ``ids`` with sentinels shown as ``<extra_id_i>``
+    (``seqcache.tasks.decode_with_sentinels``; the vocabulary came from
+    ``seqcache.tasks``, so importing it here costs nothing more)."""
+    from seqcache.tasks.vocabularies import decode_with_sentinels as decode
+
+    return decode(vocabulary, ids)
+
+
 def _vocabulary(reader, feature: str):
     """(vocabulary or None, error message or None)."""
     desc = reader.manifest.vocabularies.get(feature)
@@ -112,6 +121,9 @@ def which(
     if out["padding"]:
         out.update(cache_index=None, shard=None, record=None, segments=[])
         return out
+    names = [f.name for f in m.features if not f.name.endswith(("_segment_ids", "_positions"))]
+    if feature not in names:
+        raise ValueError(f"{paths[t]}: the cache has no feature {feature!r} (its token features: {', '.join(names)})")
     i = loc["cache_index"]
     shard, offset = reader.locate([i])
     out["cache_index"] = i
@@ -142,7 +154,7 @@ def which(
             if tokens:
                 seg["token_ids"] = [int(x) for x in ids]
                 if vocab is not None:
-                    seg["text"] = vocab.decode([int(x) for x in ids])
+                    seg["text"] = decode_with_sentinels(vocab, [int(x) for x in ids])
                 else:
                     seg["text"] = None
                     seg["vocabulary_error"] = vocab_error
@@ -517,7 +529,7 @@ def _segment_texts(reader, idx, seg_rows, feature, vocabs, t):
             if k - j < len(segs):
                 ids = segs[k - j]
                 ntok[k] = ids.size
-                texts[k] = vocab.decode([int(x) for x in ids]) if vocab is not None else None
+                texts[k] = decode_with_sentinels(vocab, [int(x) for x in ids]) if vocab is not None else None
             k += 1
         j = k
     return ntok, texts

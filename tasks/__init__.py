@@ -54,6 +54,7 @@ from seqcache.tasks.vocabularies import (
     SampleCounts,
     SentencePieceVocabulary,
     Vocabulary,
+    decode_with_sentinels,
     round_trip_problems,
     sample_for_vocabulary,
     train_sentencepiece,
@@ -124,5 +125,6 @@ __all__ = [
     "train_sentencepiece",
     "trim",
     "vocabulary_from_json",
+    "decode_with_sentinels",
     "vocabulary_from_spec",
 ]

@@ -532,6 +532,45 @@ def _record_text(data: dict) -> str | None:
     return values[0] if len(values) == 1 else ("\n".join(values) if values else None)
 
 
+def decode_with_sentinels(vocabulary, ids) -> str:
+    """The text of ``ids`` (a sequence of int token ids) as ``Vocabulary.decode``
+    gives it, except that each sentinel id is shown as ``<extra_id_i>`` (seqio's
+    spelling; ``vocabulary.sentinel_id(i)`` is the id) instead of being
+    dropped, so that a span-corrupted example reads as T5 shows it::
+
+        inputs:  Thank you <extra_id_0> me to your party <extra_id_1> week.
+        targets: <extra_id_0> for inviting <extra_id_1> last
+
+    The ids between two sentinels are decoded together; a SentencePiece piece
+    that starts a word (``▁``) right after a sentinel keeps its space. Pad and
+    EOS are dropped, as by ``decode``."""
+    extra = int(getattr(vocabulary, "extra_ids", 0) or 0)
+    if not extra:
+        return vocabulary.decode(ids)
+    first = vocabulary.base_vocab_size
+    end = first + extra
+    piece = getattr(vocabulary, "id_to_piece", None)
+    parts: list[str] = []
+    run: list[int] = []
+
+    def flush():
+        if run:
+            text = vocabulary.decode(run)
+            if parts and piece is not None and piece(run[0]).startswith("\u2581"):
+                text = " " + text
+            parts.append(text)
+            run.clear()
+
+    for t in ids:
+        if first <= t < end:
+            flush()
+            parts.append(f"<extra_id_{end - 1 - t}>")
+        else:
+            run.append(t)
+    flush()
+    return "".join(parts)
+
+
 def _neg_bytes(b: bytes) -> bytes:
     # Orders ties on the hash by raw bytes, smallest kept, inside a max-heap.
     return bytes(255 - x for x in b) + b"\xff"

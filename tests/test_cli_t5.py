@@ -139,6 +139,18 @@ def test_show_prints_sentinels_and_both_features(span_caches, c4):
     assert out.index("inputs:") < out.index("targets:") and "<extra_id_0>" in out
 
 
+def test_which_shows_sentinels_and_refuses_a_feature_the_cache_lacks(span_caches, c4):
+    plain, _ = span_caches
+    _, texts = c4
+    for feature in ("inputs", "targets"):
+        d = json.loads(_run(["which", plain, "--step", "0", "--row", "1", "--batch-size", "4", "--feature", feature,
+                             "--json"]).stdout)
+        (seg,) = d["segments"]
+        assert "<extra_id_0>" in seg["text"], seg
+    bogus = _run(["which", plain, "--step", "0", "--row", "0", "--batch-size", "4", "--feature", "bogus"], code=1)
+    assert "has no feature 'bogus' (its token features: inputs, targets)" in bogus.output
+
+
 def test_decode_with_sentinels_keeps_sentencepiece_spaces(tmp_path, shared_data):
     from seqcache.commands.inspect import decode_with_sentinels
 

@@ -266,42 +266,10 @@ def _read_for_show(reader, cache_dir, indices, count):
 
 
 def decode_with_sentinels(vocabulary, ids) -> str:
-    """The text of ``ids`` (a sequence of int token ids) as ``Vocabulary.decode``
-    gives it, except that each sentinel id is shown as ``<extra_id_i>`` (seqio's
-    spelling; ``vocabulary.sentinel_id(i)`` is the id) instead of being
-    dropped, so that a span-corrupted example reads as T5 shows it::
+    """``seqcache.tasks.decode_with_sentinels`` (imported when first needed)."""
+    from seqcache.tasks.vocabularies import decode_with_sentinels as decode
 
-        inputs:  Thank you <extra_id_0> me to your party <extra_id_1> week.
-        targets: <extra_id_0> for inviting <extra_id_1> last
-
-    The ids between two sentinels are decoded together; a SentencePiece piece
-    that starts a word (``▁``) right after a sentinel keeps its space. Pad and
-    EOS are dropped, as by ``decode``."""
-    extra = int(getattr(vocabulary, "extra_ids", 0) or 0)
-    if not extra:
-        return vocabulary.decode(ids)
-    first = vocabulary.base_vocab_size
-    end = first + extra
-    piece = getattr(vocabulary, "id_to_piece", None)
-    parts: list[str] = []
-    run: list[int] = []
-
-    def flush():
-        if run:
-            text = vocabulary.decode(run)
-            if parts and piece is not None and piece(run[0]).startswith("\u2581"):
-                text = " " + text
-            parts.append(text)
-            run.clear()
-
-    for t in ids:
-        if first <= t < end:
-            flush()
-            parts.append(f"<extra_id_{end - 1 - t}>")
-        else:
-            run.append(t)
-    flush()
-    return "".join(parts)
+    return decode(vocabulary, ids)
 
 
 def _describe_example(index, example, provenance, vocabs, with_ids):

@@ -176,6 +176,8 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         cfg = config_lib.apply_overrides(cfg, _split_overrides(overrides))
         cfg = config_lib.resolve_seeds(cfg)
 
+        if mixture_schedule and cfg.data.task:
+            raise config_lib.ConfigError(f"--mixture-schedule replaces --task (data.task={cfg.data.task!r}): give one")
         schedule = data_lib.load_mixture_schedule(mixture_schedule) if mixture_schedule else None
         source = data_lib.resolve_source(cfg.data, cfg.data.split, tuple(modules), schedule=schedule)
         cfg = _resolve_from_cache(cfg, source, model_preset)
@@ -282,6 +284,7 @@ def _resolve_from_cache(cfg, source, model_preset):
     """The config with what the cache decides: the feature converter, the
     inputs sequence length (encdec, prefix_lm) and the vocabulary size, where
     the config leaves them unset."""
+    from seqcache.training import config as config_lib
     from seqcache.training import data as data_lib
 
     converter = data_lib.resolve_converter(cfg, source, model_label=model_preset or cfg.model.architecture)
@@ -290,6 +293,16 @@ def _resolve_from_cache(cfg, source, model_preset):
         updates["inputs_sequence_length"] = data_lib.packed_length_of(source, "inputs")
     if cfg.model.vocab_size is None:
         updates["model"] = dataclasses.replace(cfg.model, vocab_size=data_lib.model_vocab_size(source, converter))
+        return dataclasses.replace(cfg, **updates)
+    try:
+        needed = data_lib.model_vocab_size(source, converter)
+    except config_lib.ConfigError:  # the manifest records no vocabulary size: the config's is the only one
+        needed = 0
+    if cfg.model.vocab_size < needed:
+        raise config_lib.ConfigError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of {source.name} ({needed} ids): "
+            f"its token ids would index outside the embedding; leave model.vocab_size unset or set it to {needed} "
+            "or more")
     return dataclasses.replace(cfg, **updates)
 
 

@@ -162,3 +162,12 @@ def test_train_resumes_with_an_appended_stage_and_refuses_a_rewritten_past(cache
     rewritten = run({"0": {"a": 1, "b": 1}, "1": {"a": 1, "b": 3}, "3": {"a": 1, "c": 1}}, 6)
     assert rewritten.exit_code == 1, rewritten.output
     assert "the mixture schedule rewrites the past at step 1" in rewritten.output and "Traceback" not in rewritten.output
+
+
+def test_a_schedule_and_a_task_together_are_refused(tmp_path):
+    from seqcache.commands.train import train
+
+    sched = _write(tmp_path / "s.json", {"0": {"a": 1}})
+    out = CliRunner().invoke(train, ["--cache-dir", str(tmp_path), "--mixture-schedule", sched, "--task", "a",
+                                     "--batch-size", "4", "--sequence-length", "8", "--dry-run"])
+    assert out.exit_code == 2 and "--mixture-schedule replaces --task" in out.output, out.output

@@ -137,3 +137,9 @@ def test_t5_stop_and_resume_on_a_real_cache_matches_an_uninterrupted_run(caches,
     assert _losses(tmp_path / "resumed") == _losses(tmp_path / "full")
     saved = json.loads((tmp_path / "resumed" / "6" / "feeder" / "metadata").read_text())
     assert saved["converter"] == {"name": "encdec", "sequence_length": {"inputs": INPUTS, "targets": SPAN_TARGETS}}
+
+
+def test_a_model_vocabulary_smaller_than_the_cache_is_refused(caches, tmp_path):
+    res = _train(caches, "multi30k_en_de", tmp_path / "small", "--model", "t5-tiny", "--steps", "2",
+                 "--sequence-length", str(INPUTS), "--set", "model.vocab_size=100", "--dry-run")
+    assert res.exit_code == 2 and "model.vocab_size=100 is smaller than the vocabulary" in res.output, res.output

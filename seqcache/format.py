@@ -872,6 +872,7 @@ def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME, check_shards: bool =
         path,
         f"quarantine is {quarantine!r}, expected {QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)",
     )
+    _check_optional_fields(raw, path)
     # Optional (caches written before they were recorded have neither).
     if raw.get("quarantine_num_bytes") is not None:
         _require(isinstance(raw["quarantine_num_bytes"], int) and raw["quarantine_num_bytes"] >= 0, path,
@@ -887,6 +888,41 @@ def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME, check_shards: bool =
         shards=shards,
         raw=raw,
     )
+
+
+def _check_optional_fields(raw: dict, path: str) -> None:
+    """The JSON types of the manifest's descriptive fields, so that a damaged or
+    edited manifest is one clear ``CacheError`` here and never a traceback in
+    the commands that read them.
+
+    Raises:
+      CacheError: ``vocabularies`` is not an object of objects (each with a
+        ``kind`` string), ``sources`` not a list of objects, ``statistics`` not
+        an object, or ``sequence_length`` not null, a count or an object of
+        counts (or nulls) by feature.
+    """
+    vocabularies = raw.get("vocabularies")
+    if vocabularies is not None:
+        _require(isinstance(vocabularies, dict), path,
+                 f"vocabularies is {type(vocabularies).__name__}, expected a JSON object by feature")
+        for name, desc in vocabularies.items():
+            _require(isinstance(desc, dict) and isinstance(desc.get("kind"), str), path,
+                     f"vocabularies.{name} is {desc!r}, expected an object with a 'kind'")
+    sources = raw.get("sources")
+    if sources is not None:
+        _require(isinstance(sources, list) and all(isinstance(s, dict) for s in sources), path,
+                 "sources is not a JSON list of objects")
+    statistics = raw.get("statistics")
+    if statistics is not None:
+        _require(isinstance(statistics, dict), path,
+                 f"statistics is {type(statistics).__name__}, expected a JSON object")
+    seq = raw.get("sequence_length")
+
+    def count(v):
+        return v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0)
+
+    _require(count(seq) or (isinstance(seq, dict) and all(count(v) for v in seq.values())), path,
+             f"sequence_length is {seq!r}, expected null, a token count or {{feature: token count}}")
 
 
 def read_manifest(cache_dir: str) -> Manifest:

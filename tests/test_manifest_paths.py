@@ -179,3 +179,19 @@ def test_links_inside_the_cache_and_a_linked_cache_folder_are_fine(built, tmp_pa
     for bad in ("../x.model", "/etc/passwd", "gs://other/x.model"):
         with pytest.raises(layout.UnsafeCachePathError, match="not a plain file name"):
             layout.cache_file("gs://bucket/c/sp/train", bad)
+
+
+@pytest.mark.parametrize(("field", "value"), [("vocabularies", [1, 2]), ("sources", "x"), ("statistics", 5),
+                                              ("sequence_length", "abc"), ("vocabularies", {"targets": {"k": 1}})])
+def test_a_descriptive_field_of_the_wrong_type_is_one_clear_error(built, tmp_path, field, value):
+    cache = str(tmp_path / "sp" / "train")
+    shutil.copytree(built, cache)
+    manifest_path = os.path.join(cache, fmt.MANIFEST_NAME)
+    raw = json.loads(open(manifest_path, encoding="utf-8").read())
+    raw[field] = value
+    open(manifest_path, "w", encoding="utf-8").write(json.dumps(raw))
+    for args in (["verify", cache], ["info", cache], ["show", cache, "--index", "0"],
+                 ["which", cache, "--step", "0", "--row", "0", "--batch-size", "4"],
+                 ["report", cache, "--output", str(tmp_path / "r.html")]):
+        out = CliRunner().invoke(main, args)
+        assert out.exit_code == 1 and "Traceback" not in out.output and field in out.output, (args, out.output)

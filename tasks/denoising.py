@@ -443,6 +443,12 @@ class span_corruption(denoise):  # noqa: N801 (T5's name)
             targets_length = random_spans_helper(inputs_length, self.noise_density, self.mean_noise_span_length)[1]
         else:
             return None
+        num_noise = int(round(tokens_length * self.noise_density))
+        if int(round(num_noise / self.mean_noise_span_length)) < 1:
+            raise ValueError(f"span_corruption: inputs length {inputs_length} holds a chunk of {tokens_length} tokens, "
+                             f"too short for one noise span at noise_density={self.noise_density} and "
+                             f"mean_noise_span_length={self.mean_noise_span_length}: the examples would hold no "
+                             "noise; use a longer sequence length")
         if "targets" in lengths and int(lengths["targets"]) < targets_length:
             raise ValueError(f"span_corruption: inputs length {inputs_length} gives targets of {targets_length} "
                              f"tokens, more than the targets sequence length {lengths['targets']} "

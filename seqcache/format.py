@@ -925,6 +925,18 @@ def _check_optional_fields(raw: dict, path: str) -> None:
              f"sequence_length is {seq!r}, expected null, a token count or {{feature: token count}}")
 
 
+def _split_folders(folder: str) -> list[str]:
+    """The names of ``folder``'s subfolders that hold a manifest (local folders
+    only; none for a URL), sorted."""
+    if fs.is_url(folder):
+        return []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [n for n in names if os.path.isfile(os.path.join(folder, n, MANIFEST_NAME))]
+
+
 def read_manifest(cache_dir: str) -> Manifest:
     """Reads and validates ``cache_dir/manifest.json`` (a local path or a URL).
 
@@ -937,6 +949,12 @@ def read_manifest(cache_dir: str) -> Manifest:
     path = fs.join(cache_dir, MANIFEST_NAME)
     if not fs.exists(path):
         if fs.isdir(cache_dir):
+            splits = _split_folders(cache_dir)
+            if splits:
+                raise IncompleteCacheError(
+                    f"{cache_dir}: no {MANIFEST_NAME} here; this is a task folder (CACHE_DIR/<task>) holding the "
+                    f"split cache(s) {', '.join(splits)}: give one, e.g. {fs.join(cache_dir, splits[0])}"
+                )
             raise IncompleteCacheError(
                 f"{cache_dir}: no {MANIFEST_NAME}: the cache is incomplete (an unfinished or failed build) "
                 "or this is not a cache folder; re-run the build"

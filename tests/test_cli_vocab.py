@@ -94,7 +94,7 @@ def test_sentencepiece_errors_name_this_commands_options(shared_data, tmp_path):
     assert not (tmp_path / "ja.model").exists()
     # The translation itself, on SentencePiece's two wordings.
     assert option_names("Increase vocab_size or decrease character_coverage with --character_coverage option.") == \
-        "Increase --vocab-size or decrease --character-coverage with --character-coverage."
+        "Increase --vocab-size or decrease --character-coverage."
 
 
 def test_check_reports_what_a_tokenizer_json_changes(shared_data, tmp_path):

@@ -85,3 +85,20 @@ def test_train_and_which_resolve_a_name_alike(tmp_path, registered):
     missing = CliRunner().invoke(main, ["which", "lay_nope", "--cache-dir", root, "--step", "0", "--row", "0",
                                         "--batch-size", "1"])
     assert missing.exit_code == 2 and f"no cache at {os.path.join(root, 'lay_nope', 'train')}" in missing.output
+
+
+def test_a_task_folder_given_for_a_cache_names_its_splits(tmp_path):
+    from seqcache import format as fmt
+    from seqcache.pipelines.writer import write_cache
+    import numpy as np
+
+    cache = tmp_path / "t" / "validation"
+    write_cache(str(cache), task="t", split="validation", features=(fmt.FeatureSpec("targets", "int32"),),
+                shards=[[({"targets": np.arange(3, 8, dtype=np.int32)}, [(0, 0, 0)])]],
+                sources=[{"path": "synthetic"}], fingerprint_inputs={"t": 1})
+    out = CliRunner().invoke(main, ["info", str(tmp_path / "t")])
+    assert out.exit_code == 1 and "this is a task folder" in out.output and "validation" in out.output, out.output
+    # An empty folder is still "incomplete or not a cache".
+    (tmp_path / "empty").mkdir()
+    out = CliRunner().invoke(main, ["info", str(tmp_path / "empty")])
+    assert out.exit_code == 1 and "not a cache folder" in out.output, out.output

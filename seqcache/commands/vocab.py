@@ -158,7 +158,9 @@ def option_names(message: str) -> str:
     (``--character_coverage``, ``vocab_size``) become ``--character-coverage``,
     ``--vocab-size``; its source location and failed check are dropped."""
     message = _SP_INTERNAL.sub("", message)
-    return _SP_OPTION.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
+    message = _SP_OPTION.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
+    # "decrease character_coverage with --character_coverage option" names the option twice.
+    return re.sub(r"(--[a-z-]+) with \1\b", r"\1", message)
 
 
 @vocab.command("encode")

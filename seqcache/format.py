@@ -896,8 +896,8 @@ def _check_optional_fields(raw: dict, path: str) -> None:
     the commands that read them.
 
     Raises:
-      CacheError: ``vocabularies`` is not an object of objects (each with a
-        ``kind`` string), ``sources`` not a list of objects, ``statistics`` not
+      CacheError: ``vocabularies`` is not an object of objects (a ``kind``, where
+        given, a string), ``sources`` not a list of objects, ``statistics`` not
         an object, or ``sequence_length`` not null, a count or an object of
         counts (or nulls) by feature.
     """
@@ -906,8 +906,8 @@ def _check_optional_fields(raw: dict, path: str) -> None:
         _require(isinstance(vocabularies, dict), path,
                  f"vocabularies is {type(vocabularies).__name__}, expected a JSON object by feature")
         for name, desc in vocabularies.items():
-            _require(isinstance(desc, dict) and isinstance(desc.get("kind"), str), path,
-                     f"vocabularies.{name} is {desc!r}, expected an object with a 'kind'")
+            _require(isinstance(desc, dict) and isinstance(desc.get("kind", ""), str), path,
+                     f"vocabularies.{name} is {desc!r}, expected a JSON object (its 'kind' a string)")
     sources = raw.get("sources")
     if sources is not None:
         _require(isinstance(sources, list) and all(isinstance(s, dict) for s in sources), path,

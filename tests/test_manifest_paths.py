@@ -182,7 +182,7 @@ def test_links_inside_the_cache_and_a_linked_cache_folder_are_fine(built, tmp_pa
 
 
 @pytest.mark.parametrize(("field", "value"), [("vocabularies", [1, 2]), ("sources", "x"), ("statistics", 5),
-                                              ("sequence_length", "abc"), ("vocabularies", {"targets": {"k": 1}})])
+                                              ("sequence_length", "abc"), ("vocabularies", {"targets": {"kind": 1}})])
 def test_a_descriptive_field_of_the_wrong_type_is_one_clear_error(built, tmp_path, field, value):
     cache = str(tmp_path / "sp" / "train")
     shutil.copytree(built, cache)

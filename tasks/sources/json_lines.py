@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Mapping, Sequence
 
-from seqcache.tasks.sources.base import _BOM, Split, SourceFile, SourceRecord, _FileSource
-from seqcache.tasks.sources.text_lines import line_splits, line_where, split_lines
+from seqcache.tasks.sources.base import _BOM, Split, SourceRecord, _FileSource
+from seqcache.tasks.sources.text_lines import LineSplits, line_where, split_lines
 
 
 def _split_path(dotted: str) -> tuple[str, ...]:
@@ -24,7 +24,7 @@ def _lookup(obj: Any, parts: tuple[str, ...]) -> Any:
     return obj
 
 
-class JsonLinesSource(_FileSource):
+class JsonLinesSource(LineSplits, _FileSource):
     """One record per JSON line of ``.jsonl`` / ``.jsonl.gz`` files.
 
     Each line must hold a JSON object. ``field`` is a key or a dotted path into
@@ -75,10 +75,6 @@ class JsonLinesSource(_FileSource):
         sel = ", ".join(v if k == "text" else f"{v} as {k}" for k, v in self.fields.items())
         return f"JSON lines of {self._pattern_text()} (field {sel})"
 
-    def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
-        """Byte ranges of about ``target_bytes`` bytes (one split for a compressed
-        file); a line belongs to the range where its first byte lies."""
-        return line_splits(file_index, file, target_bytes)
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         file_index, path = split.file_index, split.path

@@ -66,7 +66,16 @@ def split_lines(split: Split) -> Iterator[tuple[int, bytes]]:
         raise _read_error(split.path, e, after) from None
 
 
-class TextLineSource(_TextSource):
+class LineSplits:
+    """The splits of every line-oriented source (text lines, JSON lines, TSV)."""
+
+    def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
+        """Byte ranges of about ``target_bytes`` bytes (one split for a compressed
+        file); a line belongs to the range where its first byte lies."""
+        return line_splits(file_index, file, target_bytes)
+
+
+class TextLineSource(LineSplits, _TextSource):
     """One record per line of text files (plain or compressed, e.g. ``.gz``).
 
     ``record_number`` is the **byte offset** of the line's first byte in the file
@@ -104,10 +113,6 @@ class TextLineSource(_TextSource):
     def describe(self) -> str:
         return f"text lines of {self._pattern_text()}"
 
-    def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
-        """Byte ranges of about ``target_bytes`` bytes (one split for a compressed
-        file); a line belongs to the range where its first byte lies."""
-        return line_splits(file_index, file, target_bytes)
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         field, file_index, path = self.field, split.file_index, split.path

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping, Sequence
 
-from seqcache.tasks.sources.base import _BOM, Split, SourceFile, SourceRecord, _FileSource
-from seqcache.tasks.sources.text_lines import line_splits, line_where, split_lines
+from seqcache.tasks.sources.base import _BOM, Split, SourceRecord, _FileSource
+from seqcache.tasks.sources.text_lines import LineSplits, line_where, split_lines
 
 DEFAULT_COLUMNS = {"inputs": 0, "targets": 1}
 
 
-class TsvSource(_FileSource):
+class TsvSource(LineSplits, _FileSource):
     """One record per line of tab-separated files (``.tsv``, ``.tsv.gz``, or any
     name), such as the source/reference pairs of translation corpora.
 
@@ -69,10 +69,6 @@ class TsvSource(_FileSource):
         sel = ", ".join(f"column {i} as {k}" for k, i in self.columns.items())
         return f"tab-separated lines of {self._pattern_text()} ({sel})"
 
-    def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
-        """Byte ranges of about ``target_bytes`` bytes (one split for a compressed
-        file); a line belongs to the range where its first byte lies."""
-        return line_splits(file_index, file, target_bytes)
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         file_index, path = split.file_index, split.path

@@ -38,6 +38,7 @@ import numpy as np
 from seqcache import format as fmt
 from seqcache import fs
 from seqcache.pipelines import shuffle, spill, stats as stats_mod
+from seqcache.tasks.sources.base import RecordBatch
 
 QUARANTINE_KEY = -1
 COUNTS_KEY = -2
@@ -87,7 +88,7 @@ class ReadPreprocess:
     bad input its policy keeps as it is (``SourceRecord.kept``): counted.
     """
 
-    def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=512):
+    def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048):
         self.task = task
         self.seed = seed
         self.sequence_length = dict(sequence_length) if sequence_length else None
@@ -97,15 +98,9 @@ class ReadPreprocess:
 
     def read(self, split) -> Iterator[tuple[str, Any]]:
         key = shuffle.seed_key(self.seed)
-        batch = []
         path = split.path
         try:
-            for record in self.task.source.read_split(split):
-                batch.append(record)
-                if len(batch) >= self.batch_records:
-                    yield from self._flush(batch, key)
-                    batch = []
-            if batch:
+            for batch in self.task.source.read_batches(split, self.batch_records):
                 yield from self._flush(batch, key)
         except ValueError as e:
             if str(e).startswith(str(path)):
@@ -113,34 +108,34 @@ class ReadPreprocess:
             # Preprocessing errors know the record number, not the file: add it.
             raise ValueError(f"{path}: {e}") from None
 
-    def _flush(self, records, key):
+    def _flush(self, records: RecordBatch, key):
         yield "records", len(records)
-        live = []
+        skipped = []
         kept = None
-        for r in records:
+        for i, r in records.special():
             issue = r.issue
             if issue is not None:
                 yield "issue", (r.file_index, r.record_number, issue.action, issue.message, issue.kind)
                 if issue.action == "skipped":
+                    skipped.append(i)
                     continue
             if r.kept:
                 kept = kept or collections.Counter()
                 kept[None] += 1  # records
                 kept.update(r.kept)
-            live.append(r)
         if kept:
             records_kept = kept.pop(None)
             yield "kept", (records_kept, dict(kept))
-        if not live:
+        live = LiveRecords(records, skipped)
+        if not len(live):
             return
-        records = live
         blake2b = hashlib.blake2b  # shuffle.record_key, inlined: one call per record less
-        keys = [blake2b(r.raw, key=key, digest_size=shuffle.KEY_BYTES).digest() for r in records]
+        keys = [blake2b(raw, key=key, digest_size=shuffle.KEY_BYTES).digest() for raw in live.raws]
         rejected: list = []
-        batch = self.task.preprocess_columns(records, keys, seed=self.seed, sequence_length=self.sequence_length,
+        batch = self.task.preprocess_columns(live, keys, seed=self.seed, sequence_length=self.sequence_length,
                                              skipped=rejected)
         for idx, message in rejected:
-            r = records[idx]
+            r = live[idx]
             yield "issue", (r.file_index, r.record_number, "skipped", message, "bad_value")
         if not len(batch):
             return
@@ -149,7 +144,7 @@ class ReadPreprocess:
         except (KeyError, ValueError):
             # Find the record, example by example (this error path only).
             for idx, example in batch.examples():
-                record = records[idx]
+                record = live[idx]
                 try:
                     fmt.encode_example(self.features, example)
                 except (KeyError, ValueError) as e:
@@ -164,13 +159,47 @@ class ReadPreprocess:
             shard=shard_of_keys(key_bytes, self.num_shards)[index],
             key=key_array,
             sub_index=_sub_index(index),
-            file_index=np.array([r.file_index for r in records], dtype=np.uint32)[index],
-            record_number=np.array([r.record_number for r in records], dtype=np.uint64)[index],
+            file_index=np.full(len(index), records.file_index, dtype=np.uint32),
+            record_number=np.asarray(live.record_numbers, dtype=np.uint64)[index],
             truncated=batch.truncated.astype(np.uint32),
             lengths=batch.lengths([f.name for f in self.features]).astype(np.uint32),
             data=data,
             offsets=offsets,
         )
+
+
+class LiveRecords:
+    """The records of a ``RecordBatch`` less those at ``skipped`` (positions, in
+    order): a sequence of ``SourceRecord`` with the batch's columns
+    (``raws``, ``record_numbers``, ``text_values``) for the fast paths."""
+
+    __slots__ = ("batch", "positions", "raws", "record_numbers", "file_index")
+
+    def __init__(self, batch: RecordBatch, skipped: Sequence[int]):
+        self.batch, self.file_index = batch, batch.file_index
+        if skipped:
+            drop = set(skipped)
+            self.positions = [i for i in range(len(batch)) if i not in drop]
+            self.raws = [batch.raws[i] for i in self.positions]
+            self.record_numbers = [batch.record_numbers[i] for i in self.positions]
+        else:
+            self.positions = None
+            self.raws, self.record_numbers = batch.raws, batch.record_numbers
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    def __getitem__(self, i: int):
+        return self.batch[i if self.positions is None else self.positions[i]]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def text_values(self, key: str, index: Sequence[int]) -> list | None:
+        """``RecordBatch.text_values`` of the live records at ``index``."""
+        if self.positions is not None:
+            index = [self.positions[i] for i in index]
+        return self.batch.text_values(key, index)
 
 
 def _sub_index(index: np.ndarray) -> np.ndarray:

@@ -178,8 +178,11 @@ class Task:
         examples in the same order, and the same errors as ``preprocess_batch``."""
         if len(keys) != len(records):
             raise ValueError(f"task {self.name!r}: got {len(keys)} keys for {len(records)} records")
-        live = [i for i, r in enumerate(records) if not is_error_record(r)]
-        fast = self._language_model_columns(records, live, sequence_length)
+        # A batch with columns (the pipeline's ``LiveRecords``) holds no skipped record.
+        text_values = getattr(records, "text_values", None)
+        live = list(range(len(records))) if text_values is not None else \
+            [i for i, r in enumerate(records) if not is_error_record(r)]
+        fast = self._language_model_columns(records, live, sequence_length, text_values)
         if fast is not None:
             return fast
         ctx = PreprocessContext(output_features=self.output_features, sequence_length=sequence_length,
@@ -235,7 +238,8 @@ class Task:
         return key, name, keep_empty, rest[0] if rest else None
 
     def _language_model_columns(self, records: Sequence[SourceRecord], live: list[int],
-                                sequence_length: Mapping[str, int] | None) -> "ExampleBatch | None":
+                                sequence_length: Mapping[str, int] | None,
+                                text_values=None) -> "ExampleBatch | None":
         """The plain language-model chain (``_language_model_chain``) on whole
         columns: one ``encode_batch`` call, then EOS and trimming on the
         concatenated tokens, with no example dicts. The same examples as running
@@ -246,26 +250,29 @@ class Task:
         if chain is None:
             return None
         key, name, keep_empty, eos_step = chain
-        texts = []
-        for i in live:
-            data = records[i].data
-            value = data.get(key)
-            if type(value) is not str or TRUNCATED_TOKENS_KEY in data:
+        texts = text_values(key, live) if text_values is not None else None
+        if texts is not None:
+            if not all(type(v) is str for v in texts):
                 return None
-            texts.append(value)
+        else:
+            texts = []
+            for i in live:
+                data = records[i].data
+                value = data.get(key)
+                if type(value) is not str or TRUNCATED_TOKENS_KEY in data:
+                    return None
+                texts.append(value)
         feature = self.output_features[name]
         try:
-            arrays = feature.vocabulary.encode_batch(texts) if texts else []
+            flat, lengths = feature.vocabulary.encode_batch_flat(texts)
         except Exception:  # the general path reports it, naming the record
             return None
-        lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
         index = np.asarray(live, dtype=np.int64)
         if not keep_empty:
             kept = lengths > 0
             if not kept.all():
-                arrays = [a for a, k in zip(arrays, kept.tolist()) if k]
+                flat = flat[np.repeat(kept, lengths)]
                 lengths, index = lengths[kept], index[kept]
-        flat = np.concatenate(arrays, dtype=np.int32, casting="unsafe") if arrays else np.zeros(0, np.int32)
         n = len(index)
         truncated = np.zeros(n, dtype=np.int64)
         has_truncated = np.zeros(n, dtype=bool)

@@ -27,6 +27,7 @@ rebuilt with ``vocabulary_from_json``.
 from __future__ import annotations
 
 import abc
+import itertools
 import collections
 import dataclasses
 import hashlib
@@ -96,6 +97,19 @@ class Vocabulary(abc.ABC):
         """Token ids of many texts: a list of 1-D int32 arrays, one per text."""
         return [np.asarray(self.encode(t), dtype=np.int32) for t in texts]
 
+    def encode_batch_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``encode_batch`` as one column: ``(ids, lengths)``, the token ids of
+        every text one after the other (int32, shape (sum(lengths),)) and the
+        number of ids of each text (int64, shape (len(texts),)).
+
+        Raises:
+          as ``encode_batch``.
+        """
+        arrays = self.encode_batch(texts) if len(texts) else []
+        lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+        flat = np.concatenate(arrays, dtype=np.int32, casting="unsafe") if arrays else np.zeros(0, np.int32)
+        return flat, lengths
+
     @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``; pad, EOS and sentinel ids are dropped."""
@@ -147,6 +161,13 @@ class ByteVocabulary(Vocabulary):
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [self._encode_array(t) for t in texts]
+
+    def encode_batch_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        encoded = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        flat = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.int32)
+        flat += self._OFFSET
+        return flat, lengths
 
     def decode(self, ids: Sequence[int]) -> str:
         a = np.asarray(ids, dtype=np.int64).ravel()
@@ -285,6 +306,18 @@ class SentencePieceVocabulary(Vocabulary):
         kwargs = {} if num_threads is None else {"num_threads": int(num_threads)}
         ids = self._processor().encode(list(texts), out_type=int, **kwargs)
         return [np.asarray(x, dtype=np.int32) for x in ids]
+
+    def encode_batch_flat(self, texts: Sequence[str], *, num_threads: int | None = None
+                          ) -> tuple[np.ndarray, np.ndarray]:
+        """``Vocabulary.encode_batch_flat``: one call into SentencePiece, and the
+        ids gathered into one int32 array without an array per text."""
+        if not len(texts):
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        kwargs = {} if num_threads is None else {"num_threads": int(num_threads)}
+        ids = self._processor().encode(list(texts), out_type=int, **kwargs)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+        return flat, lengths
 
     def decode(self, ids: Sequence[int]) -> str:
         sp = self._processor()

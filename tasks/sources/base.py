@@ -131,6 +131,76 @@ def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = Non
         raise ValueError(f"text with no UTF-8 form: {e}") from None
 
 
+class RecordBatch:
+    """Consecutive records of one split, in file order, as columns: what the
+    pipeline reads (``Source.read_batches``), so that the common case needs no
+    Python object per record.
+
+    A batch is a sequence of ``SourceRecord`` (``batch[i]``, ``len(batch)``): the
+    records a source built one by one (``from_records``), or, for sources with a
+    columnar fast path (text lines), clean records held as columns (one text
+    field) with the few others (skipped, repaired or kept bad input) as whole
+    ``SourceRecord`` objects at their positions.
+
+    Attributes:
+      file_index: the split's file index, the same for every record.
+      record_numbers: int list (n,): each record's ``record_number``.
+      raws: bytes list (n,): each record's ``raw`` (the shuffle key's input).
+    """
+
+    __slots__ = ("file_index", "record_numbers", "raws", "_field", "_texts", "_odd", "_records")
+
+    def __init__(self, file_index: int, record_numbers: list[int], raws: list[bytes], *, field: str,
+                 texts: list, odd: dict[int, SourceRecord]):
+        """Column form: record i is ``odd[i]`` where present, else
+        ``SourceRecord(file_index, record_numbers[i], {field: texts[i]}, raws[i])``
+        (a clean record: no issue, nothing kept)."""
+        self.file_index = file_index
+        self.record_numbers = record_numbers
+        self.raws = raws
+        self._field, self._texts, self._odd, self._records = field, texts, odd, None
+
+    @classmethod
+    def from_records(cls, records: Sequence[SourceRecord]) -> "RecordBatch":
+        """A batch of records built one by one (each source's ``read_split``)."""
+        batch = cls.__new__(cls)
+        batch._records = list(records)
+        batch.file_index = batch._records[0].file_index if batch._records else 0
+        batch.record_numbers = [r.record_number for r in batch._records]
+        batch.raws = [r.raw for r in batch._records]
+        batch._field = batch._texts = batch._odd = None
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    def __getitem__(self, i: int) -> SourceRecord:
+        if self._records is not None:
+            return self._records[i]
+        r = self._odd.get(i)
+        if r is not None:
+            return r
+        return SourceRecord(self.file_index, self.record_numbers[i], {self._field: self._texts[i]}, self.raws[i])
+
+    def special(self) -> Iterator[tuple[int, SourceRecord]]:
+        """``(position, record)`` of the records with an issue or kept bad input,
+        in order: the only ones the pipeline looks at one by one."""
+        if self._records is not None:
+            return ((i, r) for i, r in enumerate(self._records) if r.issue is not None or r.kept)
+        return ((i, self._odd[i]) for i in sorted(self._odd) if self._odd[i].issue is not None or self._odd[i].kept)
+
+    def text_values(self, key: str, index: Sequence[int]) -> list | None:
+        """The value of field ``key`` of the records at ``index``, or None when
+        this batch is not in column form for ``key`` (the caller then reads the
+        records)."""
+        if self._records is not None or key != self._field:
+            return None
+        texts, odd = self._texts, self._odd
+        if not odd:
+            return texts if len(index) == len(texts) else [texts[i] for i in index]
+        return [odd[i].data.get(key) if i in odd else texts[i] for i in index]
+
+
 def is_error_record(record: SourceRecord) -> bool:
     """True for a record that its source skipped under its ``on_error`` policy
     (``record.issue.action == "skipped"``); a repaired record is not one."""
@@ -385,6 +455,23 @@ class Source(abc.ABC):
                             "subclass defines at least one of them")
         self._require_whole(split)
         return self.read_file(split.file_index, split.path)
+
+    def read_batches(self, split: Split, batch_records: int) -> Iterator[RecordBatch]:
+        """The records of ``read_split(split)`` in batches of up to
+        ``batch_records`` (``RecordBatch``), in order: what the pipeline reads.
+        Sources with a columnar fast path override it; the records are the same.
+
+        Raises:
+          ValueError: as ``read_split``.
+        """
+        batch: list[SourceRecord] = []
+        for record in self.read_split(split):
+            batch.append(record)
+            if len(batch) >= batch_records:
+                yield RecordBatch.from_records(batch)
+                batch = []
+        if batch:
+            yield RecordBatch.from_records(batch)
 
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
         """Streams the records of one whole file: ``read_split(Split(file_index, path))``.

@@ -82,6 +82,48 @@ def read_lines(path: str, start: int = 0, stop: int | None = None) -> Iterator[t
             offset += len(line)
 
 
+def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
+                     block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
+    """``(offset, block)``: the lines of ``read_lines(path, start, stop)`` joined
+    into blocks of about ``block_bytes`` (more for a longer line), each block
+    whole lines, with their terminators, starting at byte ``offset``; only the
+    file's last line may lack its newline. Memory: one block (and one line).
+
+    Raises:
+      ValueError: as ``read_lines``.
+      OSError, EOFError, zlib.error: the file cannot be read (the caller names it).
+    """
+    if start < 0 or (stop is not None and stop < start):
+        raise ValueError(f"{path}: bad byte range [{start}, {stop})")
+    if start > 0 and is_compressed(path):
+        raise ValueError(f"{path}: a compressed file is read whole (got a range from byte {start})")
+    with fs.open_binary(path) as f:
+        offset = 0
+        if start > 0:
+            f.seek(start - 1)
+            offset = start - 1 + len(f.readline())  # through the first b"\n" at or after start - 1
+        pending = b""
+        while stop is None or offset < stop:
+            data = f.read(block_bytes)
+            if not data:
+                if pending:
+                    yield offset, pending  # the last line, without its newline
+                return
+            pending += data
+            end = pending.rfind(b"\n") + 1
+            if not end:
+                continue  # a line longer than the block: read on
+            block, pending = pending[:end], pending[end:]
+            if stop is not None and offset + len(block) > stop:
+                # Keep the lines that start before ``stop``: through the newline
+                # at or after byte ``stop - 1``.
+                block = block[:block.find(b"\n", stop - 1 - offset) + 1]
+                yield offset, block
+                return
+            yield offset, block
+            offset += len(block)
+
+
 def line_number_at(path: str, offset: int) -> int:
     """The 0-based number of the line that begins at byte ``offset`` of ``path``
     (decompressed): the count of ``b"\\n"`` before it. Reads the file up to

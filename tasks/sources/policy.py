@@ -219,7 +219,8 @@ def as_where(where: "str | Where") -> Where:
 _CONTROL_RE = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 # Any character some content kind looks at: one scan tells a clean text apart.
-_SUSPECT_RE = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u2581\ud800-\udfff]")
+SUSPECT_CHARACTERS = "\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u2581\ud800-\udfff"
+_SUSPECT_RE = re.compile(f"[{SUSPECT_CHARACTERS}]")
 _HOW = {
     "invalid_utf8": "'replace' (U+FFFD) or 'skip'",
     "carriage_return": "'replace' (a newline) or 'skip'",

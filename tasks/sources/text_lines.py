@@ -3,12 +3,16 @@ and the helpers it shares with ``JsonLinesSource`` (splits, lines, messages)."""
 
 from __future__ import annotations
 
+import re
 import zlib
-from typing import Iterator
+from typing import Iterator, Sequence
+
+import numpy as np
 
 from seqcache.tasks.sources.base import (
     _BOM,
     _READ_ERRORS,
+    RecordBatch,
     Split,
     SourceFile,
     SourceRecord,
@@ -16,8 +20,12 @@ from seqcache.tasks.sources.base import (
     _read_error,
     _TextSource,
 )
-from seqcache.tasks.sources.lines import byte_ranges, is_compressed, line_number_at, read_lines
-from seqcache.tasks.sources.policy import Where, is_clean_text
+from seqcache.tasks.sources.lines import byte_ranges, is_compressed, line_number_at, read_line_blocks, read_lines
+from seqcache.tasks.sources.policy import SUSPECT_CHARACTERS, Where, is_clean_text
+
+# A character that makes a line fail ``is_clean_text``, or a carriage return (the
+# other reason, an empty or whitespace-only line, is checked line by line).
+_LINE_SUSPECT_RE = re.compile(f"[\r{SUSPECT_CHARACTERS}]+")
 
 
 def line_where(path: str, offset: int) -> Where:
@@ -109,38 +117,113 @@ class TextLineSource(LineSplits, _TextSource):
 
     kind = "text"
     locator = "byte_offset"
+    # Bytes read at a time by ``read_batches`` (whole lines: more for a longer line).
+    block_bytes = 1 << 20
 
     def describe(self) -> str:
         return f"text lines of {self._pattern_text()}"
 
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
-        field, file_index, path = self.field, split.file_index, split.path
+        file_index, path = split.file_index, split.path
         for offset, line in split_lines(split):
-            if line.endswith(b"\n"):
-                line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-            elif line.endswith(b"\r"):
-                line = line[:-1]  # a last line ended by a lone CR
-            if offset == 0 and line.startswith(_BOM):
-                line = line[len(_BOM):]
-            try:  # the common case first: clean text needs no message
-                text = line.decode("utf-8")
-                if is_clean_text(text):
-                    yield SourceRecord(file_index, offset, {field: text}, line)
-                    continue
-            except UnicodeDecodeError:
-                pass
-            where = line_where(path, offset)
-            repairs = []
-            text, bad = self._decode(file_index, offset, line, where, repairs)
-            if bad is not None:
-                yield bad
-                continue
-            if "\r" in text:
-                problem = " contains a carriage return that does not end the line (old Mac line endings?)"
-                if self.on_error.actions["carriage_return"] != "replace":
-                    yield self._bad("carriage_return", file_index, offset, line, where, problem)
-                    continue
-                text = text.replace("\r", "\n")
-                repairs.append(("carriage_return", f"{where.text}{problem}"))
-            yield self._record(file_index, offset, line, where, {field: text}, repairs)
+            yield self._line_record(file_index, path, offset, line)
+
+    def read_batches(self, split: Split, batch_records: int) -> Iterator[RecordBatch]:
+        """``read_split`` in batches, without a Python object per clean line: an
+        uncompressed file is read in blocks of whole lines, each block decoded
+        and split at once, and one regular-expression scan per block finds the
+        lines that need a look of their own (empty or whitespace-only, a
+        carriage return, a character some content kind looks at, a byte order
+        mark, invalid UTF-8), which are read exactly as ``read_split`` reads
+        them. The same records, in the same order. A compressed file is read
+        line by line (``Source.read_batches``)."""
+        if is_compressed(split.path):
+            yield from super().read_batches(split, batch_records)
+            return
+        file_index, path = split.file_index, split.path
+        count, offset = 0, split.start
+        try:
+            for offset, block in read_line_blocks(path, split.start, split.stop, self.block_bytes):
+                for batch in self._block_batches(file_index, path, offset, block, batch_records):
+                    count += len(batch)
+                    yield batch
+        except _READ_ERRORS as e:
+            after = None if not count else (f"line {count}" if split.start == 0 else f"the line at byte {offset}")
+            raise _read_error(path, e, after) from None
+
+    def _block_batches(self, file_index: int, path: str, offset: int, block: bytes,
+                       batch_records: int) -> Iterator[RecordBatch]:
+        """The lines of ``block`` (whole lines starting at byte ``offset``; the
+        last one may lack its newline at the end of the file), in batches."""
+        ended = block.endswith(b"\n")
+        lines = block.split(b"\n")
+        if ended:
+            lines.pop()
+        n = len(lines)
+        if not n:
+            return
+        sizes = np.fromiter(map(len, lines), dtype=np.int64, count=n)
+        starts = np.empty(n, dtype=np.int64)
+        starts[0] = offset
+        np.cumsum(sizes[:-1] + 1, out=starts[1:])
+        starts[1:] += offset
+        try:
+            texts = block.decode("utf-8").split("\n")
+            if ended:
+                texts.pop()
+            odd_lines = self._suspect_lines(texts)
+        except UnicodeDecodeError:
+            texts, odd_lines = [None] * n, range(n)
+        numbers = starts.tolist()
+        if offset == 0 and lines and lines[0].startswith(_BOM):
+            odd_lines = sorted({0, *odd_lines})
+        odd = {}
+        for i in odd_lines:
+            line = lines[i] + b"\n" if ended or i + 1 < n else lines[i]
+            odd[i] = self._line_record(file_index, path, numbers[i], line)
+        field = self.field
+        for a in range(0, n, batch_records):
+            b = min(a + batch_records, n)
+            yield RecordBatch(file_index, numbers[a:b], lines[a:b], field=field, texts=texts[a:b],
+                              odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {})
+
+    @staticmethod
+    def _suspect_lines(texts: list[str]) -> Sequence[int]:
+        """Indices of the lines that ``is_clean_text`` would not pass (or that
+        hold a carriage return): one scan of the whole block for the
+        characters, one look at each line for emptiness."""
+        odd = [i for i, t in enumerate(texts) if not t or t.isspace()]
+        joined = "\n".join(texts)
+        positions = [m.start() for m in _LINE_SUSPECT_RE.finditer(joined)]
+        if positions:
+            ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)) + 1)
+            odd = sorted({*odd, *np.searchsorted(ends, positions, side="right").tolist()})
+        return odd
+
+    def _line_record(self, file_index: int, path: str, offset: int, line: bytes) -> SourceRecord:
+        """The record of one line (``line`` with its terminator, if it has one)."""
+        if line.endswith(b"\n"):
+            line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+        elif line.endswith(b"\r"):
+            line = line[:-1]  # a last line ended by a lone CR
+        if offset == 0 and line.startswith(_BOM):
+            line = line[len(_BOM):]
+        try:  # the common case first: clean text needs no message
+            text = line.decode("utf-8")
+            if is_clean_text(text):
+                return SourceRecord(file_index, offset, {self.field: text}, line)
+        except UnicodeDecodeError:
+            pass
+        where = line_where(path, offset)
+        repairs = []
+        text, bad = self._decode(file_index, offset, line, where, repairs)
+        if bad is not None:
+            return bad
+        if "\r" in text:
+            problem = " contains a carriage return that does not end the line (old Mac line endings?)"
+            if self.on_error.actions["carriage_return"] != "replace":
+                return self._bad("carriage_return", file_index, offset, line, where, problem)
+            text = text.replace("\r", "\n")
+            repairs.append(("carriage_return", f"{where.text}{problem}"))
+        return self._record(file_index, offset, line, where, {self.field: text}, repairs)

@@ -1,0 +1,109 @@
+"""``TextLineSource.read_batches`` (blocks of lines, one scan per block) gives
+exactly the records of ``read_split`` (line by line), for every kind of bad
+line, every split of the file and block sizes that cut lines everywhere."""
+
+import itertools
+
+import pytest
+
+from seqcache.tasks.sources import TextLineSource
+from seqcache.tasks.sources.base import SourceFile
+
+LINES = [
+    "\ufeffFirst line after a byte order mark",
+    "plain text",
+    "",
+    "   ",
+    "\u3000\u2003",  # Unicode spaces only
+    "tab\tinside is text",
+    "windows line\r",  # CRLF ending
+    "a lone\rcarriage return",
+    "control \x07 bell",
+    "next line \x85 is text",
+    "lower one eighth \u2581 block",
+    "caf\u00e9 \u4e2d\u6587 \U0001F600",
+    "",
+]
+
+
+def _write(tmp_path, lines, last_newline=True, bad_utf8=True):
+    data = "\n".join(lines).encode("utf-8")
+    if bad_utf8:
+        data += b"\nbroken \xff\xfe utf-8\nafter broken"
+    if last_newline:
+        data += b"\n"
+    else:
+        data += b"\nno newline at the end\r"
+    path = tmp_path / "lines.txt"
+    path.write_bytes(data)
+    return path
+
+
+def _records(source, split, block_bytes=None):
+    if block_bytes is not None:
+        source.block_bytes = block_bytes
+    return [list(b[i] for i in range(len(b))) for b in source.read_batches(split, 3)]
+
+
+POLICIES = [
+    {"carriage_return": "skip", "invalid_utf8": "skip"},  # the other kinds' defaults
+    {"empty": "keep", "whitespace": "keep", "control_characters": "skip", "invalid_utf8": "replace",
+     "carriage_return": "replace", "u2581": "replace"},
+    {"invalid_utf8": "skip", "carriage_return": "skip", "u2581": "skip", "control_characters": "replace"},
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("last_newline", [True, False])
+def test_batches_match_line_by_line(tmp_path, policy, last_newline):
+    path = _write(tmp_path, LINES * 3, last_newline=last_newline)
+    source = TextLineSource(str(path), on_error=policy)
+    file = SourceFile(str(path), path.stat().st_size, 0)
+    whole = list(source.read_split(source.splits(0, file, 1 << 30)[0]))
+    assert len(whole) > 3 * len(LINES)
+    assert any(r.issue is not None for r in whole)  # the bad lines are really there
+    for target, block in itertools.product([7, 40, 1 << 30], [1, 16, 1 << 20]):
+        got = []
+        for split in source.splits(0, file, target):
+            expect = list(source.read_split(split))
+            batches = _records(source, split, block)
+            assert all(0 < len(b) <= 3 for b in batches)
+            flat = [r for b in batches for r in b]
+            assert flat == expect, (target, block, split)
+            got += flat
+        assert got == whole
+
+
+def test_batch_special_lists_only_odd_records(tmp_path):
+    path = _write(tmp_path, LINES, bad_utf8=False)
+    source = TextLineSource(str(path), on_error={"carriage_return": "skip"})
+    file = SourceFile(str(path), path.stat().st_size, 0)
+    (split,) = source.splits(0, file, 1 << 30)
+    (batch,) = source.read_batches(split, 1000)
+    odd = dict(batch.special())
+    assert odd == {i: r for i, r in enumerate(batch) if r.issue is not None or r.kept}
+    assert 0 not in odd  # the BOM is removed, not an issue
+    clean = [i for i in range(len(batch)) if i not in odd]
+    assert batch.text_values("text", clean) == [batch[i].data["text"] for i in clean]
+    assert batch.text_values("other", clean) is None
+
+
+def test_read_error_names_the_file(tmp_path):
+    source = TextLineSource(str(tmp_path / "gone.txt"))
+    from seqcache.tasks.sources.base import Split
+
+    with pytest.raises(ValueError, match="gone.txt"):
+        list(source.read_batches(Split(0, str(tmp_path / "gone.txt"), 0, None, 10), 5))
+
+
+def test_raised_errors_are_the_same(tmp_path):
+    path = _write(tmp_path, LINES)
+    source = TextLineSource(str(path))  # carriage returns raise by default
+    file = SourceFile(str(path), path.stat().st_size, 0)
+    (split,) = source.splits(0, file, 1 << 30)
+    with pytest.raises(ValueError) as line_by_line:
+        list(source.read_split(split))
+    with pytest.raises(ValueError) as batched:
+        list(source.read_batches(split, 4))
+    assert "line 8 (byte" in str(batched.value)
+    assert str(batched.value) == str(line_by_line.value)

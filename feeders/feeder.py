@@ -653,7 +653,13 @@ def _zeros(names, rows: int, length: int) -> dict[str, np.ndarray]:
 
 
 def positions_from_segment_ids(segment_ids: np.ndarray) -> np.ndarray:
-    """Positions restarting at 0 at each segment, 0 on padding.
+    """Positions restarting at 0 at each segment (and at each row), 0 on padding.
+
+    Packed caches store no positions (docs/cache-format.md, "Positions"): a
+    position is the token's offset from the start of its run of equal segment
+    ids, so the feeder derives it here, in one pass over the flattened
+    (rows * L) ids: a segment starts where the id changes or a row starts, and
+    each token's position is its index minus its segment's start.
 
     Args:
       segment_ids: int (rows, L); 0 = padding.
@@ -663,8 +669,17 @@ def positions_from_segment_ids(segment_ids: np.ndarray) -> np.ndarray:
     """
     seg = np.asarray(segment_ids)
     rows, length = seg.shape
-    idx = np.broadcast_to(np.arange(length), seg.shape)
-    starts = np.ones(seg.shape, bool)
-    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    first = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
-    return np.where(seg != 0, idx - first, 0).astype(np.int32)
+    flat = seg.reshape(-1)
+    n = flat.size
+    if n == 0:
+        return np.zeros(seg.shape, np.int32)
+    starts = np.empty(n, bool)
+    starts[0] = True
+    np.not_equal(flat[1:], flat[:-1], out=starts[1:])
+    starts[::length] = True
+    first = np.flatnonzero(starts)
+    index = np.int32 if n < 2**31 else np.int64
+    pos = np.arange(n, dtype=index)
+    pos -= np.repeat(first.astype(index, copy=False), np.diff(first, append=n))
+    pos *= flat != 0
+    return pos.reshape(rows, length).astype(np.int32, copy=False)

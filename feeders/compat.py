@@ -230,8 +230,8 @@ def _entry_difference(i: int, saved: Mapping[str, Any], current: Mapping[str, An
             where = "" if saved_path is None or location(saved_path) == path else f" at {saved_path}"
             return (
                 f"the cache at {path} was rebuilt (fingerprint {current.get('fingerprint')}, the state was saved "
-                f"with fingerprint {saved.get('fingerprint')}{where}), so the saved position no longer denotes the same "
-                "examples"
+                f"with fingerprint {saved.get('fingerprint')}{where}), so the saved position no longer denotes the "
+                "same examples"
             )
         return (
             f"mixture entry {i}: this run reads {path} (task {current.get('task')!r}, split {current.get('split')!r}, "

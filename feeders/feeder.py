@@ -35,8 +35,9 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from seqcache import format as fmt
-from seqcache.feeders import mixing
+from seqcache.feeders import compat, mixing
 from seqcache.feeders import state as state_lib
+from seqcache.feeders.compat import check_hosts, divisors, host_counts_for  # noqa: F401 (public here too)
 from seqcache.feeders.decode import decode_batch
 from seqcache.feeders.reader import CacheReader
 from seqcache.feeders.stream import IndexStream, Rate, open_mixture
@@ -54,55 +55,13 @@ def default_hosts() -> tuple[int, int]:
     return 0, 1
 
 
-def check_hosts(global_batch_size: int, host_index: int, host_count: int) -> None:
-    """Raises ValueError unless 1 <= H <= B, H divides B and 0 <= h < H."""
-    b, h, n = global_batch_size, host_index, host_count
-    if not isinstance(b, (int, np.integer)) or b < 1:
-        raise ValueError(f"global_batch_size must be an integer >= 1 (got {b!r})")
-    if not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"host_count must be an integer >= 1 (got {n!r})")
-    if n > b:
-        raise ValueError(
-            f"host_count={n} is larger than global_batch_size={b}: every host needs at least one row; "
-            f"use a global batch of at least {n} rows"
-        )
-    if b % n:
-        raise ValueError(
-            f"global_batch_size={b} is not divisible by host_count={n}: every host reads B / H rows; "
-            f"use a global batch that is a multiple of {n} (e.g. {b - b % n} or {b + n - b % n})"
-        )
-    if not isinstance(h, (int, np.integer)) or not 0 <= h < n:
-        raise ValueError(f"host_index must be in [0, {n}) for host_count={n} (got {h!r})")
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of n >= 1, ascending (O(sqrt n))."""
-    small, large = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return small + large[::-1]
-
-
-def host_counts_for(global_batch_size: int, wanted: int, *, shown: int = 8) -> str:
-    """The host counts a state saved with this global batch restores onto, for a
-    message: the first ``shown`` divisors of B, and the ones nearest ``wanted``
-    (e.g. "1, 2, 3, 4, 6, 8, 12, 16, ..., 256 (nearest to 100: 96, 128)")."""
-    ds = divisors(int(global_batch_size))
-    text = ", ".join(map(str, ds[:shown]))
-    if len(ds) > shown:
-        text += f", ..., {ds[-1]}"
-        below = [d for d in ds if d < wanted]
-        above = [d for d in ds if d > wanted]
-        near = [x for x in (below[-1] if below else None, above[0] if above else None)
-                if x is not None and x not in ds[:shown] and x != ds[-1]]
-        if near:
-            text += f" (nearest to {wanted}: {', '.join(map(str, near))})"
-    return text
+def resolve_hosts(host_index: int | None, host_count: int | None) -> tuple[int, int]:
+    """(h, H): the given ones, each None replaced by ``default_hosts()``'s."""
+    if host_index is None or host_count is None:
+        dh, dn = default_hosts()
+        host_index = dh if host_index is None else host_index
+        host_count = dn if host_count is None else host_count
+    return host_index, host_count
 
 
 class Feeder:
@@ -133,7 +92,8 @@ class Feeder:
         read exactly E times, then iteration stops (see ``stream`` for the rule).
       start_step: the step iteration starts from.
       feature: the token feature to feed (e.g. "targets"); packed caches also
-        provide ``<feature>_segment_ids`` and ``<feature>_positions``.
+        store ``<feature>_segment_ids``, from which the batches' positions are
+        derived (``positions_from_segment_ids``).
       num_threads: reader threads (default min(4, CPU count)).
       prefetch: steps prepared ahead of the last requested one (default num_threads).
 
@@ -184,10 +144,7 @@ class Feeder:
         num_threads: int | None = None,
         prefetch: int | None = None,
     ):
-        if host_index is None or host_count is None:
-            dh, dn = default_hosts()
-            host_index = dh if host_index is None else host_index
-            host_count = dn if host_count is None else host_count
+        host_index, host_count = resolve_hosts(host_index, host_count)
         check_hosts(global_batch_size, host_index, host_count)
         if not isinstance(sequence_length, (int, np.integer)) or sequence_length < 1:
             raise ValueError(f"sequence_length must be an integer >= 1 (got {sequence_length!r})")
@@ -247,23 +204,16 @@ class Feeder:
     # --- configuration ---------------------------------------------------------
 
     def _layout(self, reader: CacheReader) -> dict:
+        """Which stored features give the tokens and segment ids of ``self.feature``
+        (positions are derived from the segment ids: ``positions_from_segment_ids``)."""
         names = [f.name for f in reader.features]
         f = self.feature
         if f not in names:
             raise ValueError(f"{reader.cache_dir}: the cache has no feature {f!r} (features: {names}); pass feature=")
-        layout = {"tokens": f, "segment_ids": None, "positions": None}
+        layout = {"tokens": f, "segment_ids": None}
         if f"{f}_segment_ids" in names:
             layout["segment_ids"] = f"{f}_segment_ids"
-            if f"{f}_positions" in names:
-                layout["positions"] = f"{f}_positions"
-            lengths = reader.manifest.sequence_length or {}
-            built = lengths.get(f) if isinstance(lengths, Mapping) else None
-            if built is not None and int(built) > self.sequence_length:
-                raise ValueError(
-                    f"{reader.cache_dir}: the cache is packed to sequence length {built} for {f!r}, longer than "
-                    f"sequence_length={self.sequence_length}; truncating would cut packed segments. Rebuild the cache "
-                    f"with --sequence-length {self.sequence_length} or feed with sequence_length={built}"
-                )
+            compat.check_sequence_length(reader.manifest, self.sequence_length, feature=f, cache=reader.cache_dir)
         return layout
 
     @property
@@ -369,8 +319,6 @@ class Feeder:
         wanted = {layout["tokens"]: np.int32}
         if layout["segment_ids"]:
             wanted[layout["segment_ids"]] = np.int32
-        if layout["positions"]:
-            wanted[layout["positions"]] = np.int32
         try:
             values, counts = decode_batch(reader.features, records, length=length, outputs=wanted)
         except fmt.CacheError:
@@ -382,10 +330,7 @@ class Feeder:
         n = tokens.shape[0]
         if layout["segment_ids"]:
             seg = values[layout["segment_ids"]]
-            if layout["positions"]:
-                pos = values[layout["positions"]]
-            else:
-                pos = positions_from_segment_ids(seg)
+            pos = positions_from_segment_ids(seg)
             weights = (seg != 0).astype(np.float32)
             return tokens, seg, pos, weights
         keep = np.minimum(counts[layout["tokens"]], length)
@@ -579,40 +524,61 @@ class Feeder:
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """
         state_lib.check_state(state)
-        expected: dict[str, Any] = {}
-        for key, value in (("seed", seed), ("global_batch_size", global_batch_size),
-                           ("sequence_length", sequence_length), ("feature", feature)):
-            if value is not None:
-                expected[key] = value
+        cls._check_expectations(state, seed=seed, global_batch_size=global_batch_size,
+                                sequence_length=sequence_length, feature=feature, num_epochs=num_epochs)
+        host_index, host_count = resolve_hosts(host_index, host_count)
+        # The global batch is part of the stream a state denotes: restoring cannot
+        # change it, so a host count that does not divide it is refused with the
+        # host counts that do.
+        compat.check_hosts(state["global_batch_size"], host_index, host_count, saved=True)
+        feeder = cls._open_restored(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split,
+                                    host_index=host_index, host_count=host_count, num_threads=num_threads,
+                                    prefetch=prefetch)
+        try:
+            feeder.set_state(state)
+        except BaseException:
+            feeder.close()
+            raise
+        return feeder
+
+    @classmethod
+    def _check_expectations(cls, state: Mapping[str, Any], *, num_epochs: Any, **given: Any) -> None:
+        """Refuses a state that differs from the configuration the caller expects:
+        ``given`` (seed, global_batch_size, sequence_length, feature) where not
+        None, and ``num_epochs`` where given (None there means forever).
+
+        Raises:
+          FeederStateError: naming the field and both values.
+        """
+        expected = {key: value for key, value in given.items() if value is not None}
         if num_epochs is not cls._UNSET:
             expected["num_epochs"] = num_epochs
         state_lib.compare(state, expected)
-        b = state["global_batch_size"]
-        hosts = host_count if host_count is not None else default_hosts()[1]
-        if isinstance(hosts, (int, np.integer)) and hosts >= 1 and b % hosts:
-            # The global batch is part of the stream a state denotes: restoring
-            # cannot change it, so say which host counts work instead.
-            raise ValueError(
-                f"the feeder state was saved with global_batch_size={b}, which host_count={hosts} does not "
-                f"divide (every host reads B / H rows, and a restored run keeps B): restore on a host count that "
-                f"divides {b}: {host_counts_for(b, hosts)}"
-            )
+
+    @classmethod
+    def _open_restored(cls, state: Mapping[str, Any], *, cache, mixture, caches_root, split,
+                       **hosts_and_threads: Any) -> "Feeder":
+        """A feeder with the state's configuration over its caches: where the state
+        says, or at ``cache=``/``mixture=`` when given (matched by fingerprint in
+        ``set_state``), at step 0.
+
+        Raises:
+          seqcache.format.IncompleteCacheError: no cache where the state says; the
+            message adds that moved caches are passed with cache= or mixture=.
+        """
         if cache is None and mixture is None:
             where = {"mixture": state_lib.mixture_argument(state)}
         else:
             where = {"cache": cache, "mixture": mixture, "caches_root": caches_root, "split": split}
         try:
-            feeder = cls(
+            return cls(
                 **where,
-                global_batch_size=b,
+                global_batch_size=state["global_batch_size"],
                 sequence_length=state["sequence_length"],
-                host_index=host_index,
-                host_count=host_count,
                 seed=state["seed"],
                 num_epochs=state["num_epochs"],
                 feature=state["feature"],
-                num_threads=num_threads,
-                prefetch=prefetch,
+                **hosts_and_threads,
             )
         except fmt.IncompleteCacheError as e:
             # No cache folder or no manifest where the state says: the caches
@@ -624,12 +590,6 @@ class Feeder:
                 f"{e}. The feeder state names its caches by the paths they had when it was saved; if they moved, "
                 "pass their current locations with cache= or mixture= (matched by fingerprint)"
             ) from e
-        try:
-            feeder.set_state(state)
-        except BaseException:
-            feeder.close()
-            raise
-        return feeder
 
     # --- provenance --------------------------------------------------------------
 
@@ -693,7 +653,13 @@ def _zeros(names, rows: int, length: int) -> dict[str, np.ndarray]:
 
 
 def positions_from_segment_ids(segment_ids: np.ndarray) -> np.ndarray:
-    """Positions restarting at 0 at each segment, 0 on padding.
+    """Positions restarting at 0 at each segment (and at each row), 0 on padding.
+
+    Packed caches store no positions (docs/cache-format.md, "Positions"): a
+    position is the token's offset from the start of its run of equal segment
+    ids, so the feeder derives it here, in one pass over the flattened
+    (rows * L) ids: a segment starts where the id changes or a row starts, and
+    each token's position is its index minus its segment's start.
 
     Args:
       segment_ids: int (rows, L); 0 = padding.
@@ -703,8 +669,17 @@ def positions_from_segment_ids(segment_ids: np.ndarray) -> np.ndarray:
     """
     seg = np.asarray(segment_ids)
     rows, length = seg.shape
-    idx = np.broadcast_to(np.arange(length), seg.shape)
-    starts = np.ones(seg.shape, bool)
-    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    first = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
-    return np.where(seg != 0, idx - first, 0).astype(np.int32)
+    flat = seg.reshape(-1)
+    n = flat.size
+    if n == 0:
+        return np.zeros(seg.shape, np.int32)
+    starts = np.empty(n, bool)
+    starts[0] = True
+    np.not_equal(flat[1:], flat[:-1], out=starts[1:])
+    starts[::length] = True
+    first = np.flatnonzero(starts)
+    index = np.int32 if n < 2**31 else np.int64
+    pos = np.arange(n, dtype=index)
+    pos -= np.repeat(first.astype(index, copy=False), np.diff(first, append=n))
+    pos *= flat != 0
+    return pos.reshape(rows, length).astype(np.int32, copy=False)

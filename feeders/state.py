@@ -27,6 +27,8 @@ import os
 from typing import Any, Mapping, Sequence
 
 from seqcache import format as fmt
+from seqcache.feeders import compat
+from seqcache.feeders.compat import FeederStateError  # defined with the rules; this module's error
 
 STATE_KIND = "seqcache.feeders.Feeder"
 # Bump when the stream a state denotes changes: the mixing algorithm, the
@@ -39,11 +41,6 @@ SCHEDULE_STATE_VERSION = 2
 
 _FIELDS = ("kind", "version", "cache_format_version", "mixture", "seed", "global_batch_size",
            "sequence_length", "feature", "num_epochs", "position")
-
-
-class FeederStateError(ValueError):
-    """A feeder state is malformed, from another version, or does not match the
-    caches or the configuration it is restored into."""
 
 
 def check_state(state: Mapping[str, Any]) -> None:
@@ -145,12 +142,9 @@ def schedule_difference(saved: Mapping[str, Any], current: Mapping[str, Any]) ->
             f"the state was saved with a mixture of {len(have)} cache(s) ({_paths(have)}), but this run reads "
             f"{len(want)} ({_paths(want)}); a schedule can add caches, not remove them"
         )
-    for i, (a, b) in enumerate(zip(have, want)):
-        a = dict(a, rate=0.0, weight=0)
-        b = dict(b, rate=0.0, weight=0)
-        diff = _cache_difference(i, a, b)
-        if diff:
-            return diff
+    diff = compat.fingerprint_difference(have, want[:len(have)])
+    if diff:
+        return diff
     for key in _STREAM_FIELDS:
         if key != "version" and saved.get(key) != current.get(key):
             return _scalar_difference(key, saved.get(key), current.get(key))
@@ -241,6 +235,8 @@ _STREAM_FIELDS = ("version", "cache_format_version", "seed", "global_batch_size"
 
 
 def _scalar_difference(key: str, have: Any, want: Any) -> str:
+    if key == "global_batch_size" and isinstance(have, int) and isinstance(want, int):
+        return compat.global_batch_difference(have, want)
     return f"feeder state has {key}={json.dumps(have)}, but this run has {key}={json.dumps(want)}"
 
 
@@ -248,28 +244,10 @@ def _paths(entries: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(str(e.get("path")) for e in entries)
 
 
-def _cache_difference(i: int, saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
-    """Why mixture entry ``i`` of two states denotes other examples, or None."""
-    path, saved_path = current.get("path"), saved.get("path")
-    if saved.get("fingerprint") != current.get("fingerprint"):
-        same_task = (saved.get("task"), saved.get("split")) == (current.get("task"), current.get("split"))
-        if same_task:
-            where = "" if saved_path is None or location(saved_path) == path else f" at {saved_path}"
-            return (
-                f"the cache at {path} was rebuilt (fingerprint {current.get('fingerprint')}, the state was saved "
-                f"with fingerprint {saved.get('fingerprint')}{where}), so the saved position no longer denotes the same "
-                "examples"
-            )
-        return (
-            f"mixture entry {i}: this run reads {path} (task {current.get('task')!r}, split {current.get('split')!r}, "
-            f"fingerprint {current.get('fingerprint')}), but the state was saved with {saved_path} (task "
-            f"{saved.get('task')!r}, split {saved.get('split')!r}, fingerprint {saved.get('fingerprint')})"
-        )
-    if saved.get("num_examples") != current.get("num_examples"):
-        return (
-            f"the cache at {path} has {current.get('num_examples')} examples, but the state records "
-            f"{saved.get('num_examples')} for the same fingerprint; the state or the manifest was edited"
-        )
+def _rate_difference(i: int, saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """Why mixture entry ``i`` of two states (the same cache) is read at another
+    rate, or None."""
+    path = current.get("path")
     if float(saved.get("rate")) != float(current.get("rate")):
         return (
             f"the state was saved with rate {float(saved.get('rate'))!r} for the cache at {path} (mixture entry {i}), "
@@ -313,14 +291,11 @@ def stream_difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> s
             f"the state was saved with a mixture of {len(have)} cache(s) ({_paths(have)}), but this run reads "
             f"{len(want)} ({_paths(want)})"
         )
-    fingerprints = lambda entries: [e.get("fingerprint") for e in entries]  # noqa: E731
-    if fingerprints(have) != fingerprints(want) and sorted(fingerprints(have)) == sorted(fingerprints(want)):
-        return (
-            f"this run lists the state's caches in another order (state: {_paths(have)}; this run: {_paths(want)}); "
-            "the mixture order is part of the stream"
-        )
+    diff = compat.fingerprint_difference(have, want)
+    if diff:
+        return diff
     for i, (a, b) in enumerate(zip(have, want)):
-        diff = _cache_difference(i, a, b)
+        diff = _rate_difference(i, a, b)
         if diff:
             return diff
     for key in _STREAM_FIELDS:

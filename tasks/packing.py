@@ -3,9 +3,12 @@ length) and first-fit packing of multi-feature examples (``pack_first_fit``).
 
 This is the "concatenate and split" packing of T5's LM pre-training (Raffel et al.
 2020, arXiv 1910.10683; seqio's ``reduce_concat_tokens`` + ``split_tokens``), with
-segment ids and positions kept so that attention and positions can be reset at
-document boundaries. The pipeline runs it on each shard after the shard's
-examples are sorted by key, so its output is deterministic.
+segment ids kept so that attention and positions can be reset at document
+boundaries. Positions are not produced: they restart at 0 with every segment, so
+they follow from the segment ids, and the feeder derives them when it reads a
+batch (``seqcache.feeders.positions_from_segment_ids``; docs/cache-format.md,
+"Positions"). The pipeline runs the packers on each shard after the shard's
+examples are sorted by key, so their output is deterministic.
 
 Vocabulary used below: the *stream* is the concatenation of the examples' tokens;
 a *chunk* is a slice of exactly ``sequence_length`` tokens of the stream (the last
@@ -31,15 +34,15 @@ def pack_lm(examples: Iterable[tuple[dict[str, np.ndarray], Any]], *, feature: s
       sequence_length: tokens per chunk (>= 1).
 
     Yields:
-      (chunk, segments) per chunk, where ``chunk`` holds three int32 arrays of the
+      (chunk, segments) per chunk, where ``chunk`` holds two int32 arrays of the
       same length n (n == sequence_length except possibly for the last chunk,
       which is not padded):
 
       - ``feature``: the tokens, shape (n,);
       - ``f"{feature}_segment_ids"``: 1, 2, ... per segment, restarting at 1 in
-        every chunk, shape (n,);
-      - ``f"{feature}_positions"``: 0, 1, ... restarting at 0 at each segment
-        start (also where an example continues from the previous chunk), shape (n,);
+        every chunk, shape (n,); a segment starts where an example starts or
+        continues from the previous chunk, and its positions (0, 1, ...) are
+        derived from these ids by the feeder;
 
       and ``segments`` lists, per segment in order, ``(provenance, offset)``:
       the provenance of the segment's example and the token offset within that
@@ -81,10 +84,7 @@ def _emit(pieces, segments, feature):
     lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
     tokens = np.concatenate(pieces).astype(np.int32, copy=False)
     segment_ids = np.repeat(np.arange(1, len(pieces) + 1, dtype=np.int32), lengths)
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    positions = (np.arange(len(tokens), dtype=np.int64) - starts).astype(np.int32)
-    chunk = {feature: tokens, f"{feature}_segment_ids": segment_ids, f"{feature}_positions": positions}
-    return chunk, list(segments)
+    return {feature: tokens, f"{feature}_segment_ids": segment_ids}, list(segments)
 
 
 def pack_first_fit(examples: Iterable[tuple[dict[str, np.ndarray], Any]], *, sequence_length: dict[str, int],
@@ -109,8 +109,9 @@ def pack_first_fit(examples: Iterable[tuple[dict[str, np.ndarray], Any]], *, seq
     Yields:
       ``(row, segments, truncated)`` per row: ``row`` holds, per feature ``f``,
       ``f`` (int32 tokens, shape (n_f,), n_f <= sequence_length[f], not padded)
-      and ``f"{f}_segment_ids"`` / ``f"{f}_positions"`` (int32, shape (n_f,));
-      example j of the row has segment id j + 1 in every feature, so the
+      and ``f"{f}_segment_ids"`` (int32, shape (n_f,); positions are derived
+      from them by the feeder); example j of the row has segment id j + 1 in
+      every feature, so the
       decoder's segment k attends to the encoder's segment k. ``segments``
       lists ``(provenance, 0)`` per example in segment order; ``truncated`` is
       the number of tokens trimmed from the row's examples.
@@ -162,9 +163,6 @@ def _emit_row(row, names):
     for f, pieces in zip(names, row["pieces"]):
         lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
         tokens = np.concatenate(pieces).astype(np.int32, copy=False) if pieces else np.zeros(0, np.int32)
-        segment_ids = np.repeat(np.arange(1, len(pieces) + 1, dtype=np.int32), lengths)
-        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
         out[f] = tokens
-        out[f"{f}_segment_ids"] = segment_ids
-        out[f"{f}_positions"] = (np.arange(len(tokens), dtype=np.int64) - starts).astype(np.int32)
+        out[f"{f}_segment_ids"] = np.repeat(np.arange(1, len(pieces) + 1, dtype=np.int32), lengths)
     return out, list(row["segments"]), int(row["cut"])

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import orbax.checkpoint as ocp
 
 from seqcache.feeders import checkpoint as feeder_checkpoint
+from seqcache.feeders import compat
 
 STATE_ITEM = "state"
 FEEDER_ITEM = feeder_checkpoint.ITEM_NAME  # "feeder"
@@ -155,12 +156,13 @@ class Checkpointer:
                 f"{sorted(feeder_state) if isinstance(feeder_state, dict) else type(feeder_state).__name__})"
             )
         saved = int(feeder_state["global_batch_size"])
-        if saved != int(global_batch_size):
+        try:
+            compat.check_global_batch(saved, int(global_batch_size), restored_from="checkpoint was saved with",
+                                      current_from="the current config has")
+        except compat.FeederStateError as e:
             raise CheckpointError(
-                f"{path}: checkpoint was saved with global batch size {saved}, the current config has "
-                f"global_batch_size={global_batch_size}; resuming would change which examples every later step "
-                f"sees. Use --batch-size {saved}, or start a new run in another checkpoint directory."
-            )
+                f"{path}: {e}. Use --batch-size {saved}, or start a new run in another checkpoint directory."
+            ) from None
         restored = self._manager.restore(
             step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state)})
         )

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from seqcache import format as fmt
 from seqcache import layout
+from seqcache.feeders import compat
 from seqcache.training.config import ConfigError, DataConfig, TrainConfig
 
 
@@ -230,11 +231,8 @@ def resolve_converter(config: TrainConfig, source: Source, *, model_label: str |
 def packed_length_of(source: Source, feature: str) -> int | None:
     """The sequence length the caches were built with for ``feature`` (the
     largest over the caches), or None when no manifest records one."""
-    lengths = []
-    for path in source.cache_dirs:
-        recorded = fmt.read_manifest(path).sequence_length or {}
-        if isinstance(recorded, dict) and recorded.get(feature) is not None:
-            lengths.append(int(recorded[feature]))
+    lengths = [compat.recorded_length(fmt.read_manifest(path), feature) for path in source.cache_dirs]
+    lengths = [n for n in lengths if n is not None]
     return max(lengths) if lengths else None
 
 
@@ -287,18 +285,13 @@ def check_sequence_length(source: Source, sequence_length: int, feature: str = "
     Raises:
       ConfigError: naming the cache, its packed sequence length and the requested one.
     """
+    setting = "--sequence-length " if feature == "targets" else "--set inputs_sequence_length="
     for path in source.cache_dirs:
         manifest = fmt.read_manifest(path)
-        names = {f.name for f in manifest.features}
-        lengths = manifest.sequence_length or {}
-        built = lengths.get(feature) if isinstance(lengths, dict) else None
-        if f"{feature}_segment_ids" in names and built is not None and int(built) > sequence_length:
-            flag = "--sequence-length " if feature == "targets" else "--set inputs_sequence_length="
-            raise ConfigError(
-                f"{path}: the cache is packed to sequence length {built} (feature {feature!r}), but "
-                f"{flag.rstrip(' =')} is {sequence_length}: rows would cut packed segments. Train with "
-                f"{flag}{built} (or more), or rebuild the cache with --sequence-length {sequence_length}"
-            )
+        try:
+            compat.check_sequence_length(manifest, sequence_length, feature=feature, cache=path, setting=setting)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def num_examples_of(source: Source) -> int:

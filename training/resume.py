@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import jax
 
+from seqcache.feeders import compat
 from seqcache.training import config as config_lib
 from seqcache.training.checkpoints import CheckpointError
 
@@ -23,11 +24,11 @@ def check_feeder(feeder, global_batch_size: int) -> None:
     gbs = state.get("global_batch_size") if isinstance(state, Mapping) else None
     if gbs is None:
         raise ValueError(f"feeder state has no 'global_batch_size' (got {state!r}); it cannot be checkpointed")
-    if int(gbs) != global_batch_size:
-        raise ValueError(
-            f"feeder has global batch size {gbs}, the config has global_batch_size="
-            f"{global_batch_size}; build the feeder with the config's value"
-        )
+    try:
+        compat.check_global_batch(int(gbs), global_batch_size, restored_from="feeder has",
+                                  current_from="the config has")
+    except compat.FeederStateError as e:
+        raise ValueError(f"{e}; build the feeder with the config's value") from None
 
 
 def restore_feeder(feeder, restored):

@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
-from seqcache.feeders import jax_arrays
+from seqcache.feeders import compat, jax_arrays
 from seqcache.training import config as config_lib
 from seqcache.training import optimizer as optimizer_lib
 from seqcache.training import partitioning
@@ -131,10 +131,10 @@ class Trainer:
     def _check_batch_divisibility(self):
         cfg = self.config
         hosts = jax.process_count()
-        if cfg.global_batch_size % hosts:
-            raise config_lib.ConfigError(
-                f"global_batch_size={cfg.global_batch_size} is not divisible by the {hosts} hosts"
-            )
+        try:
+            compat.check_hosts(cfg.global_batch_size, jax.process_index(), hosts)
+        except ValueError as e:
+            raise config_lib.ConfigError(str(e)) from None
         if hosts > 1:
             self._check_host_rows()
         shards = partitioning.data_parallel_size(self.mesh)

@@ -17,8 +17,7 @@ UNPACKED = (fmt.FeatureSpec("targets", "int32"),)
 PACKED = (
     fmt.FeatureSpec("targets", "int32"),
     fmt.FeatureSpec("targets_segment_ids", "int32"),
-    fmt.FeatureSpec("targets_positions", "int32"),
-)
+)  # as the build writes packed caches: positions are not stored, the feeder derives them
 
 
 def example_tokens(i: int, length: int) -> np.ndarray:
@@ -71,9 +70,8 @@ def write_packed_cache(path, *, n: int, sequence_length: int = 12, num_shards: i
         b = sequence_length - a - (i % 3)  # i % 3 padding tokens at the end
         toks = np.concatenate([example_tokens(i, a), example_tokens(10_000 + i, b), np.zeros(i % 3, np.int32)])
         seg = np.concatenate([np.full(a, 1), np.full(b, 2), np.zeros(i % 3)]).astype(np.int32)
-        pos = np.concatenate([np.arange(a), np.arange(b), np.zeros(i % 3)]).astype(np.int32)
         shards[i * num_shards // n].append(
-            ({"targets": toks, "targets_segment_ids": seg, "targets_positions": pos},
+            ({"targets": toks, "targets_segment_ids": seg},
              [(0, 2 * i, 0), (1, 2 * i + 1, 5)])
         )
     return write_cache(

@@ -79,6 +79,12 @@ def test_packed_cache_keeps_segments_and_positions(tmp_path, fx):
 def test_positions_from_segment_ids():
     seg = np.array([[1, 1, 2, 2, 2, 0], [1, 2, 3, 3, 0, 0]])
     assert positions_from_segment_ids(seg).tolist() == [[0, 1, 0, 1, 2, 0], [0, 0, 0, 1, 0, 0]]
+    # A row starts a segment even when the id continues from the previous row;
+    # padding inside a row and empty inputs.
+    seg = np.array([[1, 1, 1], [1, 1, 0], [0, 3, 3], [2, 2, 2]], np.uint16)
+    assert positions_from_segment_ids(seg).tolist() == [[0, 1, 2], [0, 1, 0], [0, 0, 1], [0, 1, 2]]
+    assert positions_from_segment_ids(seg).dtype == np.int32
+    assert positions_from_segment_ids(np.zeros((0, 4), np.int32)).shape == (0, 4)
 
 
 def test_golden_order(make_cache):

@@ -1,9 +1,19 @@
-"""LM packing: round trip, segment ids, positions and provenance offsets."""
+"""LM packing: round trip, segment ids, positions and provenance offsets.
+
+The packers produce no positions: the feeder derives them from the segment ids
+(``positions_from_segment_ids``), so the positions checked here are the ones a
+batch carries."""
 
 import numpy as np
 import pytest
 
+from seqcache.feeders import positions_from_segment_ids
 from seqcache.tasks import pack_lm
+
+
+def _positions(chunk, feature="targets"):
+    """The positions the feeder gives a row of these segment ids."""
+    return positions_from_segment_ids(chunk[f"{feature}_segment_ids"][None, :])[0].tolist()
 
 
 def _examples(lengths, start=10):
@@ -25,7 +35,7 @@ def test_round_trip_and_shapes():
     assert len(chunks) == -(-len(stream) // 32)
     assert len(chunks[-1][0]["targets"]) == len(stream) - 32 * (len(chunks) - 1)
     for chunk, segments in chunks:
-        assert set(chunk) == {"targets", "targets_segment_ids", "targets_positions"}
+        assert set(chunk) == {"targets", "targets_segment_ids"}
         assert all(a.dtype == np.int32 and a.shape == chunk["targets"].shape for a in chunk.values())
         assert chunk["targets_segment_ids"][0] == 1
         assert chunk["targets_segment_ids"].max() == len(segments)
@@ -42,11 +52,11 @@ def test_segments_positions_exact():
     (c0, s0), (c1, s1) = chunks
     assert c0["targets"].tolist() == [10, 11, 12, 13, 14]
     assert c0["targets_segment_ids"].tolist() == [1, 1, 1, 2, 2]
-    assert c0["targets_positions"].tolist() == [0, 1, 2, 0, 1]
+    assert _positions(c0) == [0, 1, 2, 0, 1]
     assert s0 == [("doc0", 0), ("doc2", 0)]
     assert c1["targets"].tolist() == [15, 16, 17, 18]  # last chunk is not padded
     assert c1["targets_segment_ids"].tolist() == [1, 1, 2, 2]
-    assert c1["targets_positions"].tolist() == [0, 1, 0, 1]
+    assert _positions(c1) == [0, 1, 0, 1]
     assert s1 == [("doc2", 2), ("doc3", 0)]
 
 
@@ -56,8 +66,8 @@ def test_document_over_three_chunks():
     assert [segs for _, segs in chunks] == [
         [("doc0", 0), ("doc1", 0)], [("doc1", 6)], [("doc1", 14), ("doc2", 0)]]
     assert chunks[1][0]["targets_segment_ids"].tolist() == [1] * 8
-    assert chunks[1][0]["targets_positions"].tolist() == list(range(8))
-    assert chunks[2][0]["targets_positions"].tolist() == [0, 1, 2, 3, 4, 5, 0]
+    assert _positions(chunks[1][0]) == list(range(8))
+    assert _positions(chunks[2][0]) == [0, 1, 2, 3, 4, 5, 0]
 
 
 def test_long_document_exact_multiple_and_offsets():
@@ -77,7 +87,8 @@ def test_long_document_exact_multiple_and_offsets():
 
 def test_other_feature_name_and_errors():
     chunks = list(pack_lm([({"text": np.array([5, 6, 1])}, 0)], feature="text", sequence_length=2))
-    assert [c["text_positions"].tolist() for c, _ in chunks] == [[0, 1], [0]]
+    assert [sorted(c) for c, _ in chunks] == [["text", "text_segment_ids"]] * 2
+    assert [_positions(c, "text") for c, _ in chunks] == [[0, 1], [0]]
     assert list(pack_lm([], sequence_length=4)) == []
     with pytest.raises(ValueError, match="sequence_length must be >= 1"):
         list(pack_lm([], sequence_length=0))
@@ -104,10 +115,11 @@ def test_first_fit_places_each_example_in_the_first_row_with_room():
     row, segs, cut = rows[1]
     assert row["inputs"].tolist() == list(range(10, 16)) + [10, 11, 12, 13]
     assert row["inputs_segment_ids"].tolist() == [1] * 6 + [2] * 4
-    assert row["inputs_positions"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
+    assert sorted(row) == ["inputs", "inputs_segment_ids", "targets", "targets_segment_ids"]
+    assert _positions(row, "inputs") == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
     assert row["targets"].tolist() == [110, 110, 111, 112]
     assert row["targets_segment_ids"].tolist() == [1, 2, 2, 2]
-    assert row["targets_positions"].tolist() == [0, 0, 1, 2]
+    assert _positions(row, "targets") == [0, 0, 1, 2]
     assert cut == 0 and all(off == 0 for _, off in segs)
 
 

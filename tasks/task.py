@@ -251,10 +251,7 @@ class Task:
             return None
         key, name, keep_empty, eos_step = chain
         texts = text_values(key, live) if text_values is not None else None
-        if texts is not None:
-            if not all(type(v) is str for v in texts):
-                return None
-        else:
+        if texts is None:
             texts = []
             for i in live:
                 data = records[i].data

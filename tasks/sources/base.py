@@ -190,15 +190,17 @@ class RecordBatch:
         return ((i, self._odd[i]) for i in sorted(self._odd) if self._odd[i].issue is not None or self._odd[i].kept)
 
     def text_values(self, key: str, index: Sequence[int]) -> list | None:
-        """The value of field ``key`` of the records at ``index``, or None when
-        this batch is not in column form for ``key`` (the caller then reads the
-        records)."""
+        """The text (``str``) of field ``key`` of the records at ``index``, or
+        None when this batch is not in column form for ``key`` or one of these
+        values is not a ``str`` (the caller then reads the records)."""
         if self._records is not None or key != self._field:
             return None
         texts, odd = self._texts, self._odd
         if not odd:
             return texts if len(index) == len(texts) else [texts[i] for i in index]
-        return [odd[i].data.get(key) if i in odd else texts[i] for i in index]
+        if any(type(odd[i].data.get(key)) is not str for i in index if i in odd):
+            return None
+        return [odd[i].data[key] if i in odd else texts[i] for i in index]
 
 
 def is_error_record(record: SourceRecord) -> bool:

@@ -23,8 +23,10 @@ from seqcache.tasks.sources.base import (
 from seqcache.tasks.sources.lines import byte_ranges, is_compressed, line_number_at, read_line_blocks, read_lines
 from seqcache.tasks.sources.policy import SUSPECT_CHARACTERS, Where, is_clean_text
 
-# A character that makes a line fail ``is_clean_text``, or a carriage return (the
-# other reason, an empty or whitespace-only line, is checked line by line).
+# What makes a line fail ``is_clean_text``, or hold a carriage return: one of
+# these characters; a whitespace-only line (after its newline: the whitespace of
+# ``str.isspace``, ``[^\S\n]``, up to the next newline or the end); or no text.
+_WHITESPACE_LINE_RE = re.compile(r"\n[^\S\n]+(?=\n|\Z)")
 _LINE_SUSPECT_RE = re.compile(f"[\r{SUSPECT_CHARACTERS}]+")
 
 
@@ -172,7 +174,7 @@ class TextLineSource(LineSplits, _TextSource):
             texts = block.decode("utf-8").split("\n")
             if ended:
                 texts.pop()
-            odd_lines = self._suspect_lines(texts)
+            odd_lines = self._suspect_lines(texts, sizes)
         except UnicodeDecodeError:
             texts, odd_lines = [None] * n, range(n)
         numbers = starts.tolist()
@@ -189,14 +191,17 @@ class TextLineSource(LineSplits, _TextSource):
                               odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {})
 
     @staticmethod
-    def _suspect_lines(texts: list[str]) -> Sequence[int]:
+    def _suspect_lines(texts: list[str], sizes: np.ndarray) -> Sequence[int]:
         """Indices of the lines that ``is_clean_text`` would not pass (or that
-        hold a carriage return): one scan of the whole block for the
-        characters, one look at each line for emptiness."""
-        odd = [i for i, t in enumerate(texts) if not t or t.isspace()]
-        joined = "\n".join(texts)
-        positions = [m.start() for m in _LINE_SUSPECT_RE.finditer(joined)]
+        hold a carriage return): empty lines from their sizes in bytes, then
+        one scan of the whole block for whitespace-only lines and one for the
+        characters."""
+        joined = "\n" + "\n".join(texts)
+        positions = [m.start() for m in _WHITESPACE_LINE_RE.finditer(joined)]
+        positions += [m.start() - 1 for m in _LINE_SUSPECT_RE.finditer(joined)]
+        odd = np.flatnonzero(sizes == 0).tolist()
         if positions:
+            # joined[p] is the newline before line k for p in [ends[k-1], ends[k]).
             ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)) + 1)
             odd = sorted({*odd, *np.searchsorted(ends, positions, side="right").tolist()})
         return odd

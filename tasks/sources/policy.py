@@ -322,6 +322,8 @@ def check_text_values(data: dict, where: "str | Where", policy: ErrorPolicy,
             return None, repairs, ("empty", message)
         if not isinstance(value, str):
             continue
+        if value and _SUSPECT_RE.search(value) is None and not value.isspace():
+            continue  # clean: one scan instead of one per kind
         while True:  # each repair removes its kind, but can expose another (U+2581 -> whitespace)
             problems = []
             for k, d in text_problems(value):

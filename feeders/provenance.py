@@ -11,7 +11,7 @@ rebuilt (``seqcache.tasks.vocabulary_from_json``), its text.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -99,6 +99,29 @@ def which(
         raise ValueError(f"row must be in [0, {global_batch_size}) for global batch size {global_batch_size} (got {row})")
     position = step * global_batch_size + row
     loc = stream.locate_one(position)
+    out = _located_row(stream, paths, loc, step=step, row=row, position=position)
+    if out["padding"]:
+        out.update(cache_index=None, shard=None, record=None, segments=[])
+        return out
+    t = loc["task"]
+    reader = stream.readers[t]
+    m = reader.manifest
+    names = [f.name for f in m.features if not f.name.endswith(("_segment_ids", "_positions"))]
+    if feature not in names:
+        raise ValueError(f"{paths[t]}: the cache has no feature {feature!r} (its token features: {', '.join(names)})")
+    i = loc["cache_index"]
+    shard, offset = reader.locate([i])
+    out["cache_index"] = i
+    out["shard"] = m.shards[int(shard[0])].file
+    out["record"] = int(offset[0])
+    out["segments"] = _segments_of_record(reader, i, feature=feature, tokens=tokens)
+    return out
+
+
+def _located_row(stream: IndexStream, paths: Sequence[str], loc: dict, *, step: int, row: int,
+                 position: int) -> dict:
+    """The part of ``which``'s answer that the stream alone gives: where the row's
+    example is in the mixture and its epoch, and whether the row is padding."""
     t = loc["task"]
     reader = stream.readers[t]
     m = reader.manifest
@@ -118,49 +141,58 @@ def which(
     }
     if stream.end_position is not None and position >= stream.end_position:
         out["padding"] = True
-    if out["padding"]:
-        out.update(cache_index=None, shard=None, record=None, segments=[])
-        return out
-    names = [f.name for f in m.features if not f.name.endswith(("_segment_ids", "_positions"))]
-    if feature not in names:
-        raise ValueError(f"{paths[t]}: the cache has no feature {feature!r} (its token features: {', '.join(names)})")
-    i = loc["cache_index"]
-    shard, offset = reader.locate([i])
-    out["cache_index"] = i
-    out["shard"] = m.shards[int(shard[0])].file
-    out["record"] = int(offset[0])
+    return out
+
+
+def _segments_of_record(reader, i: int, *, feature: str, tokens: bool) -> list[dict]:
+    """``which``'s segments of record ``i`` of the cache: each one's source (from
+    the provenance sidecar) and, with ``tokens``, its token ids and text."""
     prov = reader.read_provenance([i])[0]
     example = reader.decode(reader.read([i])[0], i)
     segs = segments_of(example, feature) if feature in example else []
     vocab, vocab_error = (None, None)
     if tokens:
         vocab, vocab_error = _vocabulary(reader, feature)
-    sources = m.sources
+    sources = reader.manifest.sources
     segments = []
     n_prov = len(prov["source_index"])
     for j in range(max(n_prov, len(segs))):
         seg: dict = {"segment": j + 1}
         if j < n_prov:
-            src = int(prov["source_index"][j])
-            seg["source_index"] = src
-            seg["source"] = sources[src].get("path") if 0 <= src < len(sources) else None
-            seg["record_number"] = int(prov["record_number"][j])
-            # What record_number counts in that file (byte_offset, row, ...; older caches: record).
-            seg["locator"] = (sources[src].get("locator") if 0 <= src < len(sources) else None) or "record"
-            seg["token_offset"] = int(prov["token_offset"][j])
+            seg.update(_segment_source(prov, j, sources))
         if j < len(segs):
-            ids = segs[j]
-            seg["num_tokens"] = int(ids.size)
-            if tokens:
-                seg["token_ids"] = [int(x) for x in ids]
-                if vocab is not None:
-                    seg["text"] = decode_with_sentinels(vocab, [int(x) for x in ids])
-                else:
-                    seg["text"] = None
-                    seg["vocabulary_error"] = vocab_error
+            seg.update(_segment_tokens(segs[j], tokens=tokens, vocab=vocab, vocab_error=vocab_error))
         segments.append(seg)
-    out["segments"] = segments
-    return out
+    return segments
+
+
+def _segment_source(prov: dict, j: int, sources: list) -> dict:
+    """Segment ``j``'s source file, record number and token offset, from a
+    decoded provenance record and the manifest's source table."""
+    src = int(prov["source_index"][j])
+    known = 0 <= src < len(sources)
+    return {
+        "source_index": src,
+        "source": sources[src].get("path") if known else None,
+        "record_number": int(prov["record_number"][j]),
+        # What record_number counts in that file (byte_offset, row, ...; older caches: record).
+        "locator": (sources[src].get("locator") if known else None) or "record",
+        "token_offset": int(prov["token_offset"][j]),
+    }
+
+
+def _segment_tokens(ids: np.ndarray, *, tokens: bool, vocab, vocab_error: str | None) -> dict:
+    """A segment's number of tokens and, with ``tokens``, its token ids and text
+    (None, with the vocabulary error, when the vocabulary cannot be rebuilt)."""
+    seg: dict = {"num_tokens": int(ids.size)}
+    if tokens:
+        seg["token_ids"] = [int(x) for x in ids]
+        if vocab is not None:
+            seg["text"] = decode_with_sentinels(vocab, [int(x) for x in ids])
+        else:
+            seg["text"] = None
+            seg["vocabulary_error"] = vocab_error
+    return seg
 
 
 def locate_row(
@@ -378,112 +410,155 @@ def trace(
         raise ValueError(f"steps must be >= 0 (got {min(steps)})")
     b = int(global_batch_size)
     vocabs: dict[int, Any] = {}
-    tables = []
-    for c in range(0, len(steps), chunk_steps):
-        chunk = np.asarray(steps[c:c + chunk_steps], np.int64)
-        positions = (chunk[:, None] * b + np.arange(b, dtype=np.int64)[None, :]).ravel()
-        loc = stream.locate(positions)
-        valid = loc.valid.copy()
-        if stream.end_position is not None:
-            valid &= positions < stream.end_position
-        n = positions.size
-        # Per row: the segments, gathered task by task.
-        seg_row, seg_src, seg_rec, seg_off, seg_ntok, seg_text = [], [], [], [], [], []
-        seg_task = []
-        for t in np.unique(loc.task[valid]).tolist():
-            rows = np.flatnonzero(valid & (loc.task == t))
-            reader = stream.readers[t]
-            idx = loc.cache_index[rows]
-            records = reader.read_provenance_records(idx)
-            r, src, rec, off = _decode_provenance(records, reader, idx)
-            seg_row.append(rows[r])
-            seg_src.append(src)
-            seg_rec.append(rec)
-            seg_off.append(off)
-            seg_task.append(np.full(r.size, t, np.int64))
-            if text:
-                ntok, txt = _segment_texts(reader, idx, r, feature, vocabs, t)
-                seg_ntok.append(ntok)
-                seg_text.extend(txt)
-        if seg_row:
-            srow = np.concatenate(seg_row)
-            order = np.argsort(srow, kind="stable")
-            srow = srow[order]
-            src = np.concatenate(seg_src)[order]
-            rec = np.concatenate(seg_rec)[order]
-            off = np.concatenate(seg_off)[order]
-            stask = np.concatenate(seg_task)[order]
-            ntok = np.concatenate(seg_ntok)[order] if text else None
-            txt = [seg_text[i] for i in order.tolist()] if text else None
-        else:
-            srow = np.zeros(0, np.int64)
-            src = off = stask = srow
-            rec = srow.astype(np.uint64)
-            ntok, txt = (srow, []) if text else (None, None)
-        # Segment numbers (1-based within a row).
-        first = np.ones(srow.size, bool)
-        first[1:] = srow[1:] != srow[:-1]
-        starts = np.flatnonzero(first)
-        segno = np.arange(srow.size) - np.repeat(starts, np.diff(np.append(starts, srow.size))) + 1
-        # Padding rows: one table row each, with nulls.
-        pad = np.flatnonzero(~valid)
-        all_rows = np.concatenate([srow, pad])
-        order = np.argsort(all_rows, kind="stable")
-        all_rows = all_rows[order]
-        m, k = srow.size, pad.size
-        is_seg = order < m
-        segi = np.where(is_seg, order, 0)
-
-        def full(values, dtype):
-            arr = np.zeros(m + k, dtype)
-            if m:
-                arr[is_seg] = values[segi[is_seg]]
-            return arr
-
-        def seg_col(values, dtype):
-            return pa.array(full(values, dtype), mask=~is_seg)
-
-        task_of = loc.task[all_rows]
-        shard_names, record_offsets = _shards_of(stream, task_of, loc.cache_index[all_rows], is_seg)
-        manifests = [r.manifest for r in stream.readers]
-        sources_tables = [m_.sources for m_ in manifests]
-        src_path, src_loc = [], []
-        for is_s, t, s in zip(is_seg.tolist(), task_of.tolist(), full(src, np.int64).tolist()):
-            if not is_s:
-                src_path.append(None)
-                src_loc.append(None)
-                continue
-            table = sources_tables[t]
-            entry = table[s] if 0 <= s < len(table) else {}
-            src_path.append(entry.get("path"))
-            src_loc.append(entry.get("locator") or "record")
-        valid_rows = valid[all_rows]
-        tables.append(pa.table({
-            "step": pa.array(positions[all_rows] // b),
-            "row": pa.array(positions[all_rows] % b),
-            "position": pa.array(positions[all_rows]),
-            "padding": pa.array(~valid_rows),
-            "task_index": pa.array(task_of.astype(np.int32)),
-            "task": pa.array([manifests[t].task for t in task_of.tolist()]),
-            "cache": pa.array([paths[t] for t in task_of.tolist()]),
-            "ordinal": pa.array(loc.ordinal[all_rows]),
-            "epoch": pa.array(loc.epoch[all_rows]),
-            "cache_index": pa.array(np.where(valid_rows, loc.cache_index[all_rows], 0), mask=~valid_rows),
-            "shard": pa.array(shard_names, pa.string()),
-            "record": pa.array(record_offsets, mask=~is_seg),
-            "segment": pa.array(np.where(is_seg, segno[segi], 0).astype(np.int32), mask=~is_seg),
-            "source_index": seg_col(src, np.int64),
-            "source": pa.array(src_path, pa.string()),
-            "locator": pa.array(src_loc, pa.string()),
-            "record_number": seg_col(rec, np.uint64),
-            "token_offset": seg_col(off, np.int64),
-            "num_tokens": seg_col(ntok, np.int64) if text else pa.nulls(m + k, pa.int64()),
-            "text": pa.array([txt[i] if s else None for s, i in zip(is_seg.tolist(), segi.tolist())], pa.string())
-            if text else pa.nulls(m + k, pa.string()),
-        }))
+    tables = [_trace_chunk(stream, paths, np.asarray(steps[c:c + chunk_steps], np.int64), b, feature=feature,
+                           text=text, vocabs=vocabs)
+              for c in range(0, len(steps), chunk_steps)]
     if not tables:
         return _empty_trace()
     return pa.concat_tables(tables)
+
+
+class _Segments(NamedTuple):
+    """The segments of a chunk of rows, in row order (each row's in segment order):
+    per segment its row (an index into the chunk's positions), source_index,
+    record_number and token_offset, and with ``text`` its num_tokens and text
+    (else None)."""
+
+    row: np.ndarray  # int64
+    source_index: np.ndarray  # int64
+    record_number: np.ndarray  # uint64
+    token_offset: np.ndarray  # int64
+    num_tokens: np.ndarray | None  # int64
+    text: list | None
+
+
+def _trace_chunk(stream: IndexStream, paths: Sequence[str], chunk: np.ndarray, b: int, *, feature: str,
+                 text: bool, vocabs: dict):
+    """``trace``'s table of the steps in ``chunk`` (int64) for global batch size ``b``."""
+    positions = (chunk[:, None] * b + np.arange(b, dtype=np.int64)[None, :]).ravel()
+    loc = stream.locate(positions)
+    valid = loc.valid.copy()
+    if stream.end_position is not None:
+        valid &= positions < stream.end_position
+    segments = _chunk_segments(stream, loc, valid, feature=feature, text=text, vocabs=vocabs)
+    return _chunk_table(stream, paths, positions, loc, valid, segments, b=b, text=text)
+
+
+def _chunk_segments(stream: IndexStream, loc, valid: np.ndarray, *, feature: str, text: bool,
+                    vocabs: dict) -> _Segments:
+    """The segments of the valid rows of a located chunk, gathered task by task
+    (one batched read of the provenance records per task; with ``text``, of the
+    data records too)."""
+    seg_row, seg_src, seg_rec, seg_off, seg_ntok, seg_text = [], [], [], [], [], []
+    for t in np.unique(loc.task[valid]).tolist():
+        rows = np.flatnonzero(valid & (loc.task == t))
+        reader = stream.readers[t]
+        idx = loc.cache_index[rows]
+        records = reader.read_provenance_records(idx)
+        r, src, rec, off = _decode_provenance(records, reader, idx)
+        seg_row.append(rows[r])
+        seg_src.append(src)
+        seg_rec.append(rec)
+        seg_off.append(off)
+        if text:
+            ntok, txt = _segment_texts(reader, idx, r, feature, vocabs, t)
+            seg_ntok.append(ntok)
+            seg_text.extend(txt)
+    if not seg_row:
+        none = np.zeros(0, np.int64)
+        return _Segments(row=none, source_index=none, record_number=none.astype(np.uint64), token_offset=none,
+                         num_tokens=none if text else None, text=[] if text else None)
+    srow = np.concatenate(seg_row)
+    order = np.argsort(srow, kind="stable")
+    return _Segments(
+        row=srow[order],
+        source_index=np.concatenate(seg_src)[order],
+        record_number=np.concatenate(seg_rec)[order],
+        token_offset=np.concatenate(seg_off)[order],
+        num_tokens=np.concatenate(seg_ntok)[order] if text else None,
+        text=[seg_text[i] for i in order.tolist()] if text else None,
+    )
+
+
+def _segment_numbers(seg_rows: np.ndarray) -> np.ndarray:
+    """Each segment's number, 1-based within its row, for segments in row order."""
+    first = np.ones(seg_rows.size, bool)
+    first[1:] = seg_rows[1:] != seg_rows[:-1]
+    starts = np.flatnonzero(first)
+    return np.arange(seg_rows.size) - np.repeat(starts, np.diff(np.append(starts, seg_rows.size))) + 1
+
+
+def _chunk_table(stream: IndexStream, paths: Sequence[str], positions: np.ndarray, loc, valid: np.ndarray,
+                 segments: _Segments, *, b: int, text: bool):
+    """The pyarrow table of a chunk: one row per segment, and one row of nulls per padding row."""
+    import pyarrow as pa
+
+    srow = segments.row
+    segno = _segment_numbers(srow)
+    # Padding rows: one table row each, with nulls.
+    pad = np.flatnonzero(~valid)
+    all_rows = np.concatenate([srow, pad])
+    order = np.argsort(all_rows, kind="stable")
+    all_rows = all_rows[order]
+    m, k = srow.size, pad.size
+    is_seg = order < m
+    segi = np.where(is_seg, order, 0)
+
+    def full(values, dtype):
+        arr = np.zeros(m + k, dtype)
+        if m:
+            arr[is_seg] = values[segi[is_seg]]
+        return arr
+
+    def seg_col(values, dtype):
+        return pa.array(full(values, dtype), mask=~is_seg)
+
+    task_of = loc.task[all_rows]
+    shard_names, record_offsets = _shards_of(stream, task_of, loc.cache_index[all_rows], is_seg)
+    manifests = [r.manifest for r in stream.readers]
+    src_path, src_loc = _source_columns(manifests, task_of, full(segments.source_index, np.int64), is_seg)
+    valid_rows = valid[all_rows]
+    txt = segments.text
+    return pa.table({
+        "step": pa.array(positions[all_rows] // b),
+        "row": pa.array(positions[all_rows] % b),
+        "position": pa.array(positions[all_rows]),
+        "padding": pa.array(~valid_rows),
+        "task_index": pa.array(task_of.astype(np.int32)),
+        "task": pa.array([manifests[t].task for t in task_of.tolist()]),
+        "cache": pa.array([paths[t] for t in task_of.tolist()]),
+        "ordinal": pa.array(loc.ordinal[all_rows]),
+        "epoch": pa.array(loc.epoch[all_rows]),
+        "cache_index": pa.array(np.where(valid_rows, loc.cache_index[all_rows], 0), mask=~valid_rows),
+        "shard": pa.array(shard_names, pa.string()),
+        "record": pa.array(record_offsets, mask=~is_seg),
+        "segment": pa.array(np.where(is_seg, segno[segi], 0).astype(np.int32), mask=~is_seg),
+        "source_index": seg_col(segments.source_index, np.int64),
+        "source": pa.array(src_path, pa.string()),
+        "locator": pa.array(src_loc, pa.string()),
+        "record_number": seg_col(segments.record_number, np.uint64),
+        "token_offset": seg_col(segments.token_offset, np.int64),
+        "num_tokens": seg_col(segments.num_tokens, np.int64) if text else pa.nulls(m + k, pa.int64()),
+        "text": pa.array([txt[i] if s else None for s, i in zip(is_seg.tolist(), segi.tolist())], pa.string())
+        if text else pa.nulls(m + k, pa.string()),
+    })
+
+
+def _source_columns(manifests, task_of: np.ndarray, source_index: np.ndarray, is_seg: np.ndarray):
+    """(source path, locator) per table row, from the manifests' source tables;
+    None for a padding row."""
+    sources_tables = [m.sources for m in manifests]
+    src_path, src_loc = [], []
+    for is_s, t, s in zip(is_seg.tolist(), task_of.tolist(), source_index.tolist()):
+        if not is_s:
+            src_path.append(None)
+            src_loc.append(None)
+            continue
+        table = sources_tables[t]
+        entry = table[s] if 0 <= s < len(table) else {}
+        src_path.append(entry.get("path"))
+        src_loc.append(entry.get("locator") or "record")
+    return src_path, src_loc
 
 
 def _empty_trace():

@@ -187,15 +187,8 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
       (empty when all is well). Reads the file once, streaming.
     """
     manifest_path = fs.join(cache_dir, fmt.MANIFEST_NAME)
-    stats = manifest.statistics
-    declared = {}
-    problems = []
-    for action, key in (("skipped", "skipped_records"), ("replaced", "replaced_records")):
-        value = stats.get(key) or 0
-        if not isinstance(value, int) or value < 0:
-            problems.append(f"{manifest_path}: statistics.{key} is {value!r}, expected a record count")
-            value = 0
-        declared[action] = value
+    problems: list[str] = []
+    declared = _declared_quarantine_counts(manifest_path, manifest.statistics, problems)
     name = manifest.quarantine
     if name is None:
         if any(declared.values()):
@@ -215,6 +208,41 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
             f"{declared['replaced']} replaced records)"
         )
         return problems
+    scan = _scan_quarantine(path, problems)
+    problems.extend(_quarantine_differences(path, manifest, declared, scan))
+    return problems
+
+
+_QUARANTINE_COUNTS = (("skipped", "skipped_records"), ("replaced", "replaced_records"))
+
+
+def _declared_quarantine_counts(manifest_path: str, stats: dict, problems: list[str]) -> dict[str, int]:
+    """The manifest's skipped and replaced record counts, {action: records}; a
+    count that is not a record count is a problem (appended) and counts 0."""
+    declared = {}
+    for action, key in _QUARANTINE_COUNTS:
+        value = stats.get(key) or 0
+        if not isinstance(value, int) or value < 0:
+            problems.append(f"{manifest_path}: statistics.{key} is {value!r}, expected a record count")
+            value = 0
+        declared[action] = value
+    return declared
+
+
+@dataclasses.dataclass
+class _QuarantineScan:
+    """What one streaming read of a quarantine file found."""
+
+    counts: collections.Counter  # action -> entries
+    by_kind: dict[str, collections.Counter]  # action -> kind -> entries
+    sha256: str
+    num_bytes: int
+
+
+def _scan_quarantine(path: str, problems: list[str]) -> _QuarantineScan:
+    """Reads the quarantine file once: its entries by action and by kind, its
+    sha256 and size in bytes. Lines that are not entries are problems
+    (appended; the first ``_MAX_BAD_LINES`` shown, the rest counted)."""
     counts: collections.Counter = collections.Counter()
     by_kind: dict[str, collections.Counter] = {"skipped": collections.Counter(), "replaced": collections.Counter()}
     digest = hashlib.sha256()
@@ -244,23 +272,32 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
                     by_kind[action][kind] += 1
     if bad > _MAX_BAD_LINES:
         problems.append(f"{path}: {bad - _MAX_BAD_LINES} more lines that are not quarantine entries")
+    return _QuarantineScan(counts=counts, by_kind=by_kind, sha256=digest.hexdigest(), num_bytes=num_bytes)
+
+
+def _quarantine_differences(path: str, manifest: fmt.Manifest, declared: dict[str, int],
+                            scan: _QuarantineScan) -> list[str]:
+    """Where the scanned quarantine file differs from the manifest: size, sha256,
+    entries per action, and entries per action and kind."""
+    problems = []
     expected_bytes = manifest.raw.get("quarantine_num_bytes")
-    if expected_bytes is not None and expected_bytes != num_bytes:
-        problems.append(f"{path}: size {num_bytes} bytes, expected {expected_bytes}")
+    if expected_bytes is not None and expected_bytes != scan.num_bytes:
+        problems.append(f"{path}: size {scan.num_bytes} bytes, expected {expected_bytes}")
     expected_sha = manifest.raw.get("quarantine_sha256")
-    if expected_sha is not None and expected_sha != digest.hexdigest():
-        problems.append(f"{path}: sha256 {digest.hexdigest()}, expected {expected_sha}")
-    for action, key in (("skipped", "skipped_records"), ("replaced", "replaced_records")):
+    if expected_sha is not None and expected_sha != scan.sha256:
+        problems.append(f"{path}: sha256 {scan.sha256}, expected {expected_sha}")
+    counts = scan.counts
+    for action, key in _QUARANTINE_COUNTS:
         if counts[action] != declared[action]:
             problems.append(
                 f"{path}: {counts[action]} entries with action {action!r}, the manifest's statistics.{key} "
                 f"is {declared[action]}"
             )
-    per_kind = stats.get("bad_input_records")
+    per_kind = manifest.statistics.get("bad_input_records")
     if isinstance(per_kind, dict):  # absent in caches written before it was recorded
         for action in ("skipped", "replaced"):
             expected = per_kind.get(action) or {}
-            found = dict(sorted(by_kind[action].items()))
+            found = dict(sorted(scan.by_kind[action].items()))
             if found != expected and counts[action] == declared[action]:  # else the totals said it
                 problems.append(f"{path}: entries with action {action!r} per kind {found}, the manifest's "
                                 f"statistics.bad_input_records.{action} is {expected}")

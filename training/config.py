@@ -559,3 +559,90 @@ def model_preset(name: str) -> ModelConfig:
         return MODEL_PRESETS[name]
     except KeyError:
         raise ConfigError(f"unknown model preset {name!r}; presets: {sorted(MODEL_PRESETS)}") from None
+
+
+# -- the layers of a run's config ----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CommandLineFlags:
+    """The ``seqcache train`` flags that set config fields (layer 4 of the module
+    docstring's order). None leaves the field as the layers below set it.
+
+    Attributes:
+      cache_dir, task, split, eval_split: ``data.cache_dir``, ``data.task``,
+        ``data.split``, ``data.eval_split``.
+      steps, global_batch_size, sequence_length, rules, seed, tensorboard: the
+        ``TrainConfig`` fields of those names.
+      mesh: the mesh shape as ``--mesh`` gives it, e.g. ``"data=2,fsdp=4,model=1"``
+        (``seqcache.training.partitioning.parse_mesh_flag``); None or "" leaves
+        ``mesh`` as it is.
+      checkpoint_dir: ``checkpoint.directory``.
+    """
+
+    cache_dir: str | None = None
+    task: str | None = None
+    split: str | None = None
+    eval_split: str | None = None
+    steps: int | None = None
+    global_batch_size: int | None = None
+    sequence_length: int | None = None
+    rules: str | None = None
+    seed: int | None = None
+    tensorboard: bool | None = None
+    mesh: str | None = None
+    checkpoint_dir: str | None = None
+
+
+def apply_flags(config: TrainConfig, flags: CommandLineFlags) -> TrainConfig:
+    """``config`` with the fields the flags give (those not None) replaced.
+
+    Raises:
+      seqcache.training.partitioning.PartitioningError: a malformed ``mesh``.
+    """
+    data = config.data
+    data = dataclasses.replace(
+        data,
+        cache_dir=flags.cache_dir if flags.cache_dir is not None else data.cache_dir,
+        task=flags.task if flags.task is not None else data.task,
+        split=flags.split if flags.split is not None else data.split,
+        eval_split=flags.eval_split if flags.eval_split is not None else data.eval_split,
+    )
+    updates: dict[str, Any] = {"data": data}
+    for name in ("steps", "global_batch_size", "sequence_length", "rules", "seed", "tensorboard"):
+        value = getattr(flags, name)
+        if value is not None:
+            updates[name] = value
+    if flags.mesh:
+        from seqcache.training import partitioning  # imports JAX
+
+        updates["mesh"] = MeshConfig(**partitioning.parse_mesh_flag(flags.mesh))
+    if flags.checkpoint_dir is not None:
+        updates["checkpoint"] = dataclasses.replace(config.checkpoint, directory=flags.checkpoint_dir)
+    return dataclasses.replace(config, **updates)
+
+
+def config_from_layers(*, preset: str | None = None, config_file: str | None = None,
+                       flags: CommandLineFlags | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """A run's config from its layers, each over the one before: the defaults,
+    the model preset ``preset`` (a name in ``MODEL_PRESETS``; None or "": none),
+    the JSON file ``config_file`` (``load_config_file``; None or "": none), the
+    command line ``flags`` (``apply_flags``) and the dotted ``overrides``
+    (``apply_overrides``, one ``key=value`` each); then both seeds made explicit
+    (``resolve_seeds``). The config is not validated (``TrainConfig.validate``):
+    the cache may still fill in fields such as ``model.vocab_size``.
+
+    Raises:
+      ConfigError: an unknown preset, a bad config file, a bad override or a
+        data seed outside [0, 2**32).
+      seqcache.training.partitioning.PartitioningError: a malformed mesh flag.
+    """
+    config = TrainConfig()
+    if preset:
+        config = dataclasses.replace(config, model=model_preset(preset))
+    if config_file:
+        config = load_config_file(config_file, base=config)
+    if flags is not None:
+        config = apply_flags(config, flags)
+    config = apply_overrides(config, overrides)
+    return resolve_seeds(config)

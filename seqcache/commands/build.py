@@ -103,12 +103,45 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec,
     """
     from seqcache import tasks
 
+    source, vocabulary = _adhoc_source_and_vocabulary(source_spec, exclude=exclude, on_error=on_error, split=split,
+                                                      tfds_data_dir=tfds_data_dir, vocabulary_spec=vocabulary_spec,
+                                                      extra_ids=extra_ids)
+    objective = _adhoc_objective(source_spec, source, objective, noise_density=noise_density,
+                                 mean_noise_span_length=mean_noise_span_length)
+    packing = _adhoc_packing(pack, objective)
+    features, pre, corruption = _adhoc_preprocessing(vocabulary, objective, packing=packing,
+                                                     sequence_length=sequence_length, noise_density=noise_density,
+                                                     mean_noise_span_length=mean_noise_span_length)
+    try:
+        task = tasks.Task(name, source=source, output_features=features, preprocessors=pre, packing=packing)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--name") from None
+    if objective == "span_corruption":
+        _check_sentinels(corruption, vocabulary, adhoc_sequence_length(task, sequence_length), extra_ids)
+    return task
+
+
+def _adhoc_source_and_vocabulary(source_spec, *, exclude, on_error, split, tfds_data_dir, vocabulary_spec,
+                                 extra_ids):
+    """(source, vocabulary) of an ad-hoc task; a bad spec is a click.UsageError."""
+    from seqcache import tasks
+
     try:
         source = tasks.parse_source_spec(source_spec, exclude=exclude, on_error=on_error, split=split,
                                          tfds_data_dir=tfds_data_dir)
         vocabulary = tasks.vocabulary_from_spec(vocabulary_spec, extra_ids=extra_ids)
     except (ValueError, FileNotFoundError, ImportError) as e:
         raise click.UsageError(str(e)) from None
+    return source, vocabulary
+
+
+def _adhoc_objective(source_spec, source, objective, *, noise_density, mean_noise_span_length) -> str:
+    """The ad-hoc task's objective (``objective``, or the source's default),
+    checked against the source's values and the objective's options.
+
+    Raises:
+      click.UsageError, click.BadParameter: the message names the flag.
+    """
     keys = _source_keys(source)
     pair = sorted(keys) == ["inputs", "targets"]
     if not pair and keys != ["text"]:
@@ -130,12 +163,26 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec,
                                f"not {objective}")
     if mean_noise_span_length is not None and objective != "span_corruption":
         raise click.UsageError(f"--mean-noise-span-length applies to --objective span_corruption, not {objective}")
+    return objective
+
+
+def _adhoc_packing(pack, objective) -> str | None:
+    """``--pack`` -> the packing mode, checked against the objective."""
     packing = _packing(pack, objective)
     if packing not in (None, "lm", "first_fit"):
         raise click.BadParameter(f"{pack!r} is not one of {', '.join(PACKINGS)}", param_hint="--pack")
     if packing == "lm" and objective != "lm":
         raise click.UsageError(f"--pack lm concatenates one feature, but --objective {objective} makes inputs and "
                                "targets: use --pack first_fit (or --pack alone)")
+    return packing
+
+
+def _adhoc_preprocessing(vocabulary, objective, *, packing, sequence_length, noise_density,
+                         mean_noise_span_length):
+    """(output features, preprocessors, the span corruption or prefix LM
+    preprocessor or None) of an ad-hoc task with this objective."""
+    from seqcache import tasks
+
     P = tasks.preprocessors
     corruption = None
     if objective == "lm":
@@ -143,33 +190,35 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec,
         pre = [P.rekey({"targets": "text"}), P.tokenize(), P.append_eos()]
         if sequence_length and not packing:
             pre.append(P.trim())
+        return features, pre, corruption
+    features = {"inputs": tasks.Feature(vocabulary, add_eos=True),
+                "targets": tasks.Feature(vocabulary, add_eos=True)}
+    if objective == "supervised":
+        pre = [P.rekey({"inputs": "inputs", "targets": "targets"}), P.tokenize()]
     else:
-        features = {"inputs": tasks.Feature(vocabulary, add_eos=True),
-                    "targets": tasks.Feature(vocabulary, add_eos=True)}
-        if objective == "supervised":
-            pre = [P.rekey({"inputs": "inputs", "targets": "targets"}), P.tokenize()]
-        else:
-            try:
-                if objective == "span_corruption":
-                    kw = {k: v if v is not None else SPAN_CORRUPTION_DEFAULTS[k]
-                          for k, v in (("noise_density", noise_density),
-                                       ("mean_noise_span_length", mean_noise_span_length))}
-                    if not 0.0 < kw["noise_density"] < 1.0:
-                        raise ValueError(f"--noise-density must be in (0, 1) (got {kw['noise_density']})")
-                    corruption = tasks.span_corruption(**kw)
-                else:
-                    corruption = tasks.prefix_lm(**({} if noise_density is None else {"noise_density": noise_density}))
-            except ValueError as e:
-                raise click.UsageError(str(e)) from None
-            pre = [P.rekey({"inputs": None, "targets": "text"}), P.tokenize(), corruption]
-        pre.append(P.append_eos_after_trim())
+        corruption = _corruption(objective, noise_density=noise_density,
+                                 mean_noise_span_length=mean_noise_span_length)
+        pre = [P.rekey({"inputs": None, "targets": "text"}), P.tokenize(), corruption]
+    pre.append(P.append_eos_after_trim())
+    return features, pre, corruption
+
+
+def _corruption(objective, *, noise_density, mean_noise_span_length):
+    """The span corruption (``span_corruption``) or prefix LM preprocessor, with
+    the defaults for the options not given; a bad value is a click.UsageError."""
+    from seqcache import tasks
+
     try:
-        task = tasks.Task(name, source=source, output_features=features, preprocessors=pre, packing=packing)
+        if objective == "span_corruption":
+            kw = {k: v if v is not None else SPAN_CORRUPTION_DEFAULTS[k]
+                  for k, v in (("noise_density", noise_density),
+                               ("mean_noise_span_length", mean_noise_span_length))}
+            if not 0.0 < kw["noise_density"] < 1.0:
+                raise ValueError(f"--noise-density must be in (0, 1) (got {kw['noise_density']})")
+            return tasks.span_corruption(**kw)
+        return tasks.prefix_lm(**({} if noise_density is None else {"noise_density": noise_density}))
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--name") from None
-    if objective == "span_corruption":
-        _check_sentinels(corruption, vocabulary, adhoc_sequence_length(task, sequence_length), extra_ids)
-    return task
+        raise click.UsageError(str(e)) from None
 
 
 def _span_corruption(task):
@@ -317,26 +366,9 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     The cache of task T goes to CACHE_DIR/T/SPLIT. A cache with the same
     fingerprint is reused; a different one is refused unless --overwrite.
     """
-    from seqcache import tasks
     from seqcache.pipelines import BuildConfig
 
-    # NAME and the Beam pipeline options share the free arguments: options start with "-".
-    names = [a for a in args if not a.startswith("-")]
-    pipeline_args = [a for a in args if a.startswith("-")] + list(ctx.args)
-    if len(names) > 1:
-        raise click.UsageError(f"one task or mixture NAME at a time (got {names}); Beam options take the --flag=value form")
-    name = names[0] if names else None
-    if pipeline_args:
-        from seqcache.pipelines.build import import_beam
-        from seqcache.pipelines.runner import unknown_flags
-
-        import_beam()
-        unknown = unknown_flags(pipeline_args)
-        if unknown:
-            raise click.UsageError(
-                f"no such option: {', '.join(unknown)} (options other than this command's own are Beam pipeline "
-                "options, e.g. --runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL)"
-            )
+    name, pipeline_args = _name_and_pipeline_args(ctx, args)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import_modules(modules)
     seq_len = parse_sequence_length(sequence_length)
@@ -345,12 +377,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
             raise click.UsageError("give either NAME (a registered task) or --source (an ad-hoc task), not both")
         if not adhoc_name:
             raise click.UsageError("an ad-hoc task needs --name")
-        if no_pack:
-            if pack not in (None, "none"):
-                raise click.UsageError(f"give --pack {pack} or --no-pack, not both")
-            pack = "none"
-        if pack not in (None, "none") and not seq_len:
-            raise click.UsageError("--pack needs --sequence-length")
+        pack = _pack_option(pack, no_pack, seq_len)
         asked = parse_sequence_length(sequence_length, default_feature="*")
         task = adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error,
                           vocabulary_spec=vocabulary_spec, extra_ids=extra_ids, sequence_length=asked, pack=pack,
@@ -360,23 +387,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         seq_len = adhoc_sequence_length(task, asked)
         task_list = [task]
     elif name:
-        given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
-                                                  "objective", "noise_density", "mean_noise_span_length", "pack",
-                                                  "no_pack", "tfds_data_dir"))
-        if given:
-            raise click.UsageError(
-                f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
-                "registered task sets them itself, e.g. TextLineSource(..., on_error={'empty': 'skip'}, "
-                "exclude=[...]) and its features' vocabularies in the module that registers it"
-            )
-        try:
-            obj = tasks.get_task_or_mixture(name)
-        except KeyError as e:
-            raise click.UsageError(e.args[0] if e.args else str(e)) from None
-        if isinstance(obj, tasks.Mixture):
-            task_list = list(obj.get_tasks())
-        else:
-            task_list = [obj]
+        task_list = _registered_tasks(ctx, name)
     else:
         raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
 
@@ -405,15 +416,73 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
                                       pipeline_args=pipeline_args, overwrite=overwrite, as_json=as_json,
                                       split_size=split_size, exchange=exchange))
     if as_json:
-        click.echo(json.dumps([
-            {"task": r.manifest.task, "split": r.manifest.split, "cache_dir": r.cache_dir, "reused": r.reused,
-             "seconds": round(r.seconds, 3), "num_examples": r.manifest.num_examples,
-             "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint,
-             **{k: int(r.manifest.statistics.get(k) or 0)
-                for k in ("source_records", "skipped_records", "replaced_records", "truncated_tokens")},
-             "bad_input_records": r.manifest.statistics.get("bad_input_records")}
-            for r in results
-        ], indent=2))
+        click.echo(json.dumps([_result_json(r) for r in results], indent=2))
+
+
+def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
+    """(NAME or None, Beam pipeline options) from the free arguments: options
+    start with "-". Refuses several names and options Beam does not know."""
+    names = [a for a in args if not a.startswith("-")]
+    pipeline_args = [a for a in args if a.startswith("-")] + list(ctx.args)
+    if len(names) > 1:
+        raise click.UsageError(f"one task or mixture NAME at a time (got {names}); Beam options take the --flag=value form")
+    name = names[0] if names else None
+    if pipeline_args:
+        from seqcache.pipelines.build import import_beam
+        from seqcache.pipelines.runner import unknown_flags
+
+        import_beam()
+        unknown = unknown_flags(pipeline_args)
+        if unknown:
+            raise click.UsageError(
+                f"no such option: {', '.join(unknown)} (options other than this command's own are Beam pipeline "
+                "options, e.g. --runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL)"
+            )
+    return name, pipeline_args
+
+
+def _pack_option(pack, no_pack, seq_len):
+    """``--pack`` with ``--no-pack`` folded in; packing needs a sequence length."""
+    if no_pack:
+        if pack not in (None, "none"):
+            raise click.UsageError(f"give --pack {pack} or --no-pack, not both")
+        pack = "none"
+    if pack not in (None, "none") and not seq_len:
+        raise click.UsageError("--pack needs --sequence-length")
+    return pack
+
+
+def _registered_tasks(ctx, name) -> list:
+    """The tasks of registered task or mixture ``name``; the ad-hoc task options
+    do not go with one."""
+    from seqcache import tasks
+
+    given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
+                                              "objective", "noise_density", "mean_noise_span_length", "pack",
+                                              "no_pack", "tfds_data_dir"))
+    if given:
+        raise click.UsageError(
+            f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
+            "registered task sets them itself, e.g. TextLineSource(..., on_error={'empty': 'skip'}, "
+            "exclude=[...]) and its features' vocabularies in the module that registers it"
+        )
+    try:
+        obj = tasks.get_task_or_mixture(name)
+    except KeyError as e:
+        raise click.UsageError(e.args[0] if e.args else str(e)) from None
+    if isinstance(obj, tasks.Mixture):
+        return list(obj.get_tasks())
+    return [obj]
+
+
+def _result_json(r) -> dict:
+    """One built (or reused) cache, as ``build --json`` prints it."""
+    return {"task": r.manifest.task, "split": r.manifest.split, "cache_dir": r.cache_dir, "reused": r.reused,
+            "seconds": round(r.seconds, 3), "num_examples": r.manifest.num_examples,
+            "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint,
+            **{k: int(r.manifest.statistics.get(k) or 0)
+               for k in ("source_records", "skipped_records", "replaced_records", "truncated_tokens")},
+            "bad_input_records": r.manifest.statistics.get("bad_input_records")}
 
 
 def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,

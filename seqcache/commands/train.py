@@ -115,18 +115,58 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     reads only its own rows, process 0 writes the metrics and config.json.
     --local-processes N tries it on one machine.
     """
-    from seqcache.training import distributed
-
     if local_devices is not None and local_processes is None:
         raise click.UsageError("--local-devices goes with --local-processes")
     if local_processes is not None:
-        if any(v is not None for v in (coordinator_address, num_processes, process_id)) or jax_distributed:
-            raise click.UsageError(
-                "--local-processes starts its own processes and chooses their coordinator, count and ids; "
-                "drop --coordinator-address/--num-processes/--process-id/--jax-distributed (and the JAX_* "
-                "variables)")
-        argv = [sys.executable, "-m", "seqcache.cli", "train", *_without_launcher_options(ctx.meta[_RAW_ARGS])]
-        sys.exit(distributed.launch_local(argv, num_processes=local_processes, devices_per_process=local_devices))
+        distributed_given = (any(v is not None for v in (coordinator_address, num_processes, process_id))
+                             or jax_distributed)
+        _launch_local(ctx, local_processes, local_devices, distributed_given=distributed_given)
+    _start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
+                       process_id=process_id, jax_distributed=jax_distributed)
+    import jax
+
+    is_chief = jax.process_index() == 0
+
+    from seqcache.training import config as config_lib
+
+    flags = config_lib.CommandLineFlags(
+        cache_dir=cache_dir, task=task, split=split, eval_split=eval_split, steps=steps,
+        global_batch_size=batch_size, sequence_length=sequence_length, rules=rules, seed=seed,
+        tensorboard=tensorboard, mesh=mesh_flag, checkpoint_dir=checkpoint_dir)
+    cfg, source, eval_source = _resolve_config(flags, model_preset=model_preset, config_file=config_file,
+                                               overrides=overrides, mixture_schedule=mixture_schedule,
+                                               modules=tuple(modules))
+    trainer = _make_trainer(cfg)
+    feeder, eval_fn = _open_feeders(cfg, source, eval_source)
+    derived = _derived_quantities(trainer, cfg, source, model_preset)  # on every process; process 0 prints it
+    if is_chief:
+        _print_derived(derived)
+    if dry_run:
+        _finish_dry_run(cfg, feeder, is_chief=is_chief)
+        return
+    _fit_and_report(trainer, feeder, eval_fn, stop_at_step=stop_at_step)
+
+
+def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distributed_given: bool) -> None:
+    """``--local-processes N``: runs this command's arguments, without the
+    launcher's options, in N processes on this machine and exits with their status."""
+    from seqcache.training import distributed
+
+    if distributed_given:
+        raise click.UsageError(
+            "--local-processes starts its own processes and chooses their coordinator, count and ids; "
+            "drop --coordinator-address/--num-processes/--process-id/--jax-distributed (and the JAX_* "
+            "variables)")
+    argv = [sys.executable, "-m", "seqcache.cli", "train", *_without_launcher_options(ctx.meta[_RAW_ARGS])]
+    sys.exit(distributed.launch_local(argv, num_processes=local_processes, devices_per_process=local_devices))
+
+
+def _start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed) -> None:
+    """Checks the multi-process flags, sets up logging (each line prefixed with
+    the process in a multi-process run) and initialises JAX's distributed
+    runtime, before anything asks JAX for devices (the feeder asks for the host
+    index)."""
+    from seqcache.training import distributed
 
     try:
         settings = distributed.settings_from(coordinator_address=coordinator_address, num_processes=num_processes,
@@ -138,52 +178,29 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     logging.basicConfig(level=logging.INFO, format=f"{prefix}%(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    # Before anything asks JAX for devices (the feeder asks for the host index).
     distributed.initialize(settings)
-    import jax
 
-    is_chief = jax.process_index() == 0
 
+def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_schedule, modules):
+    """(config, training data source, eval data source or None): the config from
+    its layers (``config_from_layers``), completed from the cache and checked,
+    and the caches' sequence lengths checked against it. A bad config is a usage
+    error; a damaged cache exits 1."""
     from seqcache.training import config as config_lib
     from seqcache.training import data as data_lib
     from seqcache.training import partitioning
 
     try:
-        cfg = config_lib.TrainConfig()
-        if model_preset:
-            cfg = dataclasses.replace(cfg, model=config_lib.model_preset(model_preset))
-        if config_file:
-            cfg = config_lib.load_config_file(config_file, base=cfg)
-        data = cfg.data
-        data = dataclasses.replace(
-            data,
-            cache_dir=cache_dir if cache_dir is not None else data.cache_dir,
-            task=task if task is not None else data.task,
-            split=split if split is not None else data.split,
-            eval_split=eval_split if eval_split is not None else data.eval_split,
-        )
-        updates = {"data": data}
-        for name, value in (("steps", steps), ("global_batch_size", batch_size),
-                            ("sequence_length", sequence_length), ("rules", rules), ("seed", seed),
-                            ("tensorboard", tensorboard)):
-            if value is not None:
-                updates[name] = value
-        if mesh_flag:
-            updates["mesh"] = config_lib.MeshConfig(**partitioning.parse_mesh_flag(mesh_flag))
-        if checkpoint_dir is not None:
-            updates["checkpoint"] = dataclasses.replace(cfg.checkpoint, directory=checkpoint_dir)
-        cfg = dataclasses.replace(cfg, **updates)
-        cfg = config_lib.apply_overrides(cfg, _split_overrides(overrides))
-        cfg = config_lib.resolve_seeds(cfg)
-
+        cfg = config_lib.config_from_layers(preset=model_preset, config_file=config_file, flags=flags,
+                                            overrides=_split_overrides(overrides))
         if mixture_schedule and cfg.data.task:
             raise config_lib.ConfigError(f"--mixture-schedule replaces --task (data.task={cfg.data.task!r}): give one")
         schedule = data_lib.load_mixture_schedule(mixture_schedule) if mixture_schedule else None
-        source = data_lib.resolve_source(cfg.data, cfg.data.split, tuple(modules), schedule=schedule)
+        source = data_lib.resolve_source(cfg.data, cfg.data.split, modules, schedule=schedule)
         cfg = _resolve_from_cache(cfg, source, model_preset)
         cfg.validate()
         eval_source = (
-            data_lib.resolve_source(cfg.data, cfg.data.eval_split, tuple(modules), schedule=schedule, for_eval=True)
+            data_lib.resolve_source(cfg.data, cfg.data.eval_split, modules, schedule=schedule, for_eval=True)
             if cfg.data.eval_split else None
         )
         for src in (source, eval_source):
@@ -193,17 +210,28 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         raise click.UsageError(str(e)) from None
     except fmt.CacheError as e:
         _fail(e)
+    return cfg, source, eval_source
 
-    from seqcache.training.checkpoints import CheckpointError
-    from seqcache.training.trainer import Trainer, params_digest
+
+def _make_trainer(cfg):
+    """The Trainer of ``cfg`` (the mesh and the sharding rules checked); a config
+    that cannot work on these devices is a usage error."""
+    from seqcache.training import config as config_lib
+    from seqcache.training import partitioning
+    from seqcache.training.trainer import Trainer
 
     try:
-        trainer = Trainer(cfg)
+        return Trainer(cfg)
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
 
-    # The feeders are built (caches opened and checked) before anything is
-    # compiled, and in a dry run too: their errors are messages, not tracebacks.
+
+def _open_feeders(cfg, source, eval_source):
+    """(training feeder, eval feeder factory or None). The feeders are built
+    (caches opened and checked) before anything is compiled, and in a dry run
+    too: their errors are messages, not tracebacks."""
+    from seqcache.training import data as data_lib
+
     feeder_seed = cfg.data.seed  # set by resolve_seeds, never from cfg.seed
     feeder = None
     try:
@@ -217,6 +245,14 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         if isinstance(e, fmt.CacheError):
             _fail(e)
         raise click.UsageError(str(e)) from None
+    return feeder, eval_fn
+
+
+def _derived_quantities(trainer, cfg, source, model_preset) -> dict:
+    """The quantities printed before training: the trainer's (tokens per step,
+    ...), the data's examples, steps per epoch and epochs, and where the run writes."""
+    from seqcache.training import data as data_lib
+    from seqcache.training.trainer import METRICS_FILE, tensorboard_dir_for
 
     derived = trainer.describe()
     derived["data"] = source.name
@@ -227,35 +263,59 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     derived["vocab_size"] = cfg.model.vocab_size
     derived["model"] = model_preset or "config"
     derived["checkpoint_dir"] = cfg.checkpoint.directory
-    from seqcache.training.trainer import METRICS_FILE, tensorboard_dir_for
-
     metrics_path = cfg.metrics_file or (os.path.join(cfg.checkpoint.directory, METRICS_FILE)
                                         if cfg.checkpoint.directory else None)
     derived["metrics_file"] = metrics_path
     derived["tensorboard_dir"] = tensorboard_dir_for(cfg, metrics_path)
-    if is_chief:
-        _print_derived(derived)
-    if dry_run:
-        # The feeder checks each shard at its first read; a dry run reads none,
-        # so it checks every shard file's size against the manifest here (one
-        # stat a file), and a damaged cache fails the dry run too.
-        try:
-            for reader in data_lib.feeder_readers(feeder):
-                fmt.check_shard_files(reader.cache_dir, reader.manifest)
-        except fmt.CacheError as e:
-            feeder.close()
-            _fail(e)
-        feeder.close()
-        if is_chief:
-            click.echo(config_lib.to_json(cfg), nl=False)
-        return
+    return derived
 
+
+def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
+    """Checks the shard files, closes the feeder and prints the resolved config (process 0)."""
+    from seqcache.training import config as config_lib
+    from seqcache.training import data as data_lib
+
+    # The feeder checks each shard at its first read; a dry run reads none,
+    # so it checks every shard file's size against the manifest here (one
+    # stat a file), and a damaged cache fails the dry run too.
+    try:
+        for reader in data_lib.feeder_readers(feeder):
+            fmt.check_shard_files(reader.cache_dir, reader.manifest)
+    except fmt.CacheError as e:
+        feeder.close()
+        _fail(e)
+    feeder.close()
+    if is_chief:
+        click.echo(config_lib.to_json(cfg), nl=False)
+
+
+def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step) -> None:
+    """Trains, prints the run's summary as one JSON line, and exits 1 on a loss
+    that is not finite, 143 after SIGTERM."""
     from seqcache.feeders import FeederStateError
+    from seqcache.training.checkpoints import CheckpointError
 
     try:
         result = trainer.fit(feeder, eval_feeder_fn=eval_fn, stop_at=stop_at_step)
     except (CheckpointError, FeederStateError, fmt.CacheError) as e:
         _fail(e)
+    click.echo(json.dumps(_summary(result), sort_keys=True))
+    bad = next((result.start_step + i + 1 for i, x in enumerate(result.losses) if not math.isfinite(float(x))), None)
+    if bad is not None:
+        click.echo(f"error: the loss is not finite from step {bad} on (a learning rate too high, or bad data: "
+                   "run `seqcache verify` on the cache)", err=True)
+        sys.exit(1)
+    if result.stopped_by_signal:
+        sys.exit(EXIT_PREEMPTED)
+
+
+def _summary(result) -> dict:
+    """The run's summary line: steps, final loss, compile time, how it ended, the
+    parameters' digest, the process (multi-process runs) and the eval results."""
+    import jax
+
+    from seqcache.training.trainer import params_digest
+
     summary = {
         "start_step": result.start_step,
         "end_step": result.end_step,
@@ -270,14 +330,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         summary["processes"] = jax.process_count()
     if result.eval:
         summary.update(result.eval)
-    click.echo(json.dumps(summary, sort_keys=True))
-    bad = next((result.start_step + i + 1 for i, x in enumerate(result.losses) if not math.isfinite(float(x))), None)
-    if bad is not None:
-        click.echo(f"error: the loss is not finite from step {bad} on (a learning rate too high, or bad data: "
-                   "run `seqcache verify` on the cache)", err=True)
-        sys.exit(1)
-    if result.stopped_by_signal:
-        sys.exit(EXIT_PREEMPTED)
+    return summary
 
 
 def _resolve_from_cache(cfg, source, model_preset):

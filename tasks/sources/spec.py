@@ -91,46 +91,61 @@ def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
     if kind == "files":
         return TextFileSource(rest, exclude=exclude, on_error=on_error)
     if kind == "parallel":
-        files = _named_values(spec, rest)
-        if not files or len(files) < 2:
-            raise ValueError(f"bad source spec {spec!r}: a parallel source names two or more line-aligned files as "
-                             f"KEY=PATTERN, e.g. 'parallel:inputs=train.en.gz,targets=train.de.gz'; {_SPEC_HELP}")
-        if exclude:
-            raise ValueError(f"{spec!r}: exclude does not apply to a parallel source (its files are named one by one)")
-        # Keys in sorted order, as JsonLinesSource and ParquetSource keep them: the
-        # same files in another order are the same source (fingerprint,
-        # provenance paths, which name the first key's files).
-        return ParallelTextSource(dict(sorted(files.items())), on_error=on_error)
+        return _parallel_source(spec, rest, exclude=exclude, on_error=on_error)
     if kind in ("jsonl", "parquet"):
-        pattern, _, name = rest.rpartition("#") if "#" in rest else (rest, "", "text")
-        if not pattern or not name:
-            raise ValueError(f"bad source spec {spec!r}: {_SPEC_HELP}")
-        named = _named_values(spec, name)
-        if named is not None:
-            if kind == "jsonl":
-                return JsonLinesSource(pattern, fields=named, exclude=exclude, on_error=on_error)
-            return ParquetSource(pattern, columns=named, exclude=exclude, on_error=on_error)
-        if kind == "jsonl":
-            return JsonLinesSource(pattern, field=name, exclude=exclude, on_error=on_error)
-        return ParquetSource(pattern, column=name, exclude=exclude, on_error=on_error)
+        return _keyed_file_source(spec, kind, rest, exclude=exclude, on_error=on_error)
     if kind == "tsv":
-        pattern, _, named = rest.partition("#")
-        if not pattern:
-            raise ValueError(f"bad source spec {spec!r}: {_SPEC_HELP}")
-        columns = _named_values(spec, named) if named else None
-        if named and columns is None:
-            raise ValueError(f"bad source spec {spec!r}: a tsv source names its columns as KEY=INDEX, e.g. "
-                             f"'tsv:pairs.tsv#inputs=0,targets=1'")
-        try:
-            indices = {k: int(v) for k, v in columns.items()} if columns else None
-        except ValueError:
-            raise ValueError(f"bad source spec {spec!r}: tsv columns are 0-based indices, e.g. "
-                             f"'tsv:pairs.tsv#inputs=0,targets=1'") from None
-        return TsvSource(pattern, columns=indices, exclude=exclude, on_error=on_error)
+        return _tsv_source(spec, rest, exclude=exclude, on_error=on_error)
     if kind in ("tfrecord", "tfds", "hf"):
         return _dataset_source(spec, kind, rest, exclude=exclude, on_error=on_error, split=split,
                                tfds_data_dir=tfds_data_dir)
     raise ValueError(f"bad source spec {spec!r}: unknown kind {kind!r}; {_SPEC_HELP}")
+
+
+def _parallel_source(spec, rest, *, exclude, on_error) -> Source:
+    """``parallel:KEY=PATTERN,...``: a ``ParallelTextSource``, its keys in sorted order."""
+    files = _named_values(spec, rest)
+    if not files or len(files) < 2:
+        raise ValueError(f"bad source spec {spec!r}: a parallel source names two or more line-aligned files as "
+                         f"KEY=PATTERN, e.g. 'parallel:inputs=train.en.gz,targets=train.de.gz'; {_SPEC_HELP}")
+    if exclude:
+        raise ValueError(f"{spec!r}: exclude does not apply to a parallel source (its files are named one by one)")
+    # Keys in sorted order, as JsonLinesSource and ParquetSource keep them: the
+    # same files in another order are the same source (fingerprint,
+    # provenance paths, which name the first key's files).
+    return ParallelTextSource(dict(sorted(files.items())), on_error=on_error)
+
+
+def _keyed_file_source(spec, kind, rest, *, exclude, on_error) -> Source:
+    """``jsonl:PATTERN#FIELD`` / ``parquet:PATTERN#COLUMN``, or ``#KEY=NAME,...`` for several values."""
+    pattern, _, name = rest.rpartition("#") if "#" in rest else (rest, "", "text")
+    if not pattern or not name:
+        raise ValueError(f"bad source spec {spec!r}: {_SPEC_HELP}")
+    named = _named_values(spec, name)
+    if named is not None:
+        if kind == "jsonl":
+            return JsonLinesSource(pattern, fields=named, exclude=exclude, on_error=on_error)
+        return ParquetSource(pattern, columns=named, exclude=exclude, on_error=on_error)
+    if kind == "jsonl":
+        return JsonLinesSource(pattern, field=name, exclude=exclude, on_error=on_error)
+    return ParquetSource(pattern, column=name, exclude=exclude, on_error=on_error)
+
+
+def _tsv_source(spec, rest, *, exclude, on_error) -> Source:
+    """``tsv:PATTERN[#KEY=INDEX,...]``: a ``TsvSource`` of 0-based column indices."""
+    pattern, _, named = rest.partition("#")
+    if not pattern:
+        raise ValueError(f"bad source spec {spec!r}: {_SPEC_HELP}")
+    columns = _named_values(spec, named) if named else None
+    if named and columns is None:
+        raise ValueError(f"bad source spec {spec!r}: a tsv source names its columns as KEY=INDEX, e.g. "
+                         f"'tsv:pairs.tsv#inputs=0,targets=1'")
+    try:
+        indices = {k: int(v) for k, v in columns.items()} if columns else None
+    except ValueError:
+        raise ValueError(f"bad source spec {spec!r}: tsv columns are 0-based indices, e.g. "
+                         f"'tsv:pairs.tsv#inputs=0,targets=1'") from None
+    return TsvSource(pattern, columns=indices, exclude=exclude, on_error=on_error)
 
 
 def _dataset_source(spec, kind, rest, *, exclude, on_error, split, tfds_data_dir) -> Source:

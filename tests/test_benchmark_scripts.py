@@ -1,0 +1,23 @@
+"""The benchmark scripts run from the repository root (where the folder
+``seqcache/`` comes first on sys.path), child processes included."""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_feeder_benchmark_runs_from_the_repository_root(tmp_path):
+    out = tmp_path / "feeder.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/feeder.py", "--records", "3000", "--length", "32", "--shards", "2",
+         "--batch-size", "32", "--threads", "2", "--steps", "4", "--grain-steps", "4", "--rounds", "1",
+         "--cache-dir", str(tmp_path / "cache"), "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    # The RSS child (a fresh interpreter) opened the cache and read a batch.
+    rss = {k: v for k, v in report.items() if "rss" in k.lower()}
+    assert rss and all(isinstance(v, (int, float)) and v > 0 for v in rss.values()), report

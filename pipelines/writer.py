@@ -15,6 +15,7 @@ import collections
 import contextlib
 import datetime
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -149,9 +150,9 @@ def recover_publish(cache_dir: str) -> None:
 class _HashingArrayRecordFile:
     """An ArrayRecord file being written at a local temporary path."""
 
-    def __init__(self, local_path: str):
+    def __init__(self, local_path: str, group_size: int):
         self.path = local_path
-        self.writer = ArrayRecordWriter(local_path, fmt.WRITER_OPTIONS)
+        self.writer = ArrayRecordWriter(local_path, fmt.writer_options(group_size))
         self.num_records = 0
 
     def write(self, record: bytes) -> None:
@@ -182,6 +183,7 @@ def write_shard(
     features: Sequence[fmt.FeatureSpec],
     examples: Iterable[tuple[Mapping[str, Any], Sequence[tuple[int, int, int]]]],
     local_tmp_dir: str | None = None,
+    group_size: int | None = None,
 ) -> dict:
     """Writes one data shard and its provenance sidecar into ``cache_dir``.
 
@@ -195,13 +197,28 @@ def write_shard(
         (``seqcache.format.encode_provenance``). Or an ``EncodedChunks``.
       local_tmp_dir: where the local temporary files go (default: the cache folder
         itself when local, else the system temp folder).
+      group_size: the data file's ArrayRecord group size; None (the format's
+        rule): ``fmt.group_size_for`` the mean size of the shard's first chunk
+        of records (up to 65,536 of them, or ``_FIRST_CHUNK`` examples). The
+        provenance file's is ``fmt.PROVENANCE_GROUP_SIZE``.
 
     Returns:
       The shard's manifest entry (a dict, see ``seqcache.format.ShardInfo``).
 
+    Raises:
+      ValueError: a chunk whose records and provenance records differ in number.
+
     Both files are written under temporary names and moved into place only when
     complete, so a killed worker leaves no file with a final name.
     """
+    chunks = examples.chunks if isinstance(examples, EncodedChunks) else _encoded_chunks(features, examples)
+    chunks = iter(chunks)
+    first = next(chunks, None)
+    if group_size is None:
+        records = first[0] if first is not None else ()
+        group_size = fmt.group_size_for(sum(map(len, records)) / len(records)) if len(records) else 1
+    if first is not None:
+        chunks = itertools.chain([first], chunks)
     data_name = fmt.shard_name(fmt.DATA_PREFIX, index, num_shards)
     prov_name = fmt.shard_name(fmt.PROVENANCE_PREFIX, index, num_shards)
     if local_tmp_dir is None:
@@ -212,23 +229,17 @@ def write_shard(
     token = os.urandom(6).hex()
     data_tmp = os.path.join(local_tmp_dir, f".tmp-{token}-{data_name}")
     prov_tmp = os.path.join(local_tmp_dir, f".tmp-{token}-{prov_name}")
-    data = _HashingArrayRecordFile(data_tmp)
-    prov = _HashingArrayRecordFile(prov_tmp)
+    data = _HashingArrayRecordFile(data_tmp, group_size)
+    prov = _HashingArrayRecordFile(prov_tmp, fmt.PROVENANCE_GROUP_SIZE)
     try:
         write_data, write_prov = data.writer.write, prov.writer.write
         count = 0
-        if isinstance(examples, EncodedChunks):
-            for records, provenances in examples.chunks:
-                if len(records) != len(provenances):
-                    raise ValueError(f"shard {index}: {len(records)} records but {len(provenances)} provenance records")
-                collections.deque(map(write_data, records), maxlen=0)  # a loop in C: one call per record
-                collections.deque(map(write_prov, provenances), maxlen=0)
-                count += len(records)
-        else:
-            for example, provenance in examples:
-                write_data(example if isinstance(example, bytes) else fmt.encode_example(features, example))
-                write_prov(provenance if isinstance(provenance, bytes) else fmt.encode_provenance(provenance))
-                count += 1
+        for records, provenances in chunks:
+            if len(records) != len(provenances):
+                raise ValueError(f"shard {index}: {len(records)} records but {len(provenances)} provenance records")
+            collections.deque(map(write_data, records), maxlen=0)  # a loop in C: one call per record
+            collections.deque(map(write_prov, provenances), maxlen=0)
+            count += len(records)
         data.num_records = prov.num_records = count
         data_bytes, data_sha = data.close()
         prov_bytes, prov_sha = prov.close()
@@ -248,6 +259,25 @@ def write_shard(
         "provenance_num_bytes": prov_bytes,
         "provenance_sha256": prov_sha,
     }
+
+
+# Examples given one by one are encoded in chunks of this many (the first chunk
+# also sets the data file's group size).
+_FIRST_CHUNK = 4096
+
+
+def _encoded_chunks(features, examples) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """(records, provenance records) of ``examples`` (``write_shard``), encoded
+    ``_FIRST_CHUNK`` at a time."""
+    records, provenances = [], []
+    for example, provenance in examples:
+        records.append(example if isinstance(example, bytes) else fmt.encode_example(features, example))
+        provenances.append(provenance if isinstance(provenance, bytes) else fmt.encode_provenance(provenance))
+        if len(records) >= _FIRST_CHUNK:
+            yield records, provenances
+            records, provenances = [], []
+    if records:
+        yield records, provenances
 
 
 def build_manifest(

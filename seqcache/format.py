@@ -65,11 +65,38 @@ SHARD_CHECKSUMS_NAME = "shard-checksums.json"
 # The encoding of the manifest's integer shard columns (format version 2), for humans.
 INT_COLUMN_ENCODING = "base64 of little-endian int64, one per shard"
 
-# ArrayRecord writer options, pinned: group_size:1 makes every record its own
-# chunk so that random access reads exactly one record's bytes. Token records are
-# incompressible enough at chunk size 1 that compression costs more CPU than it
-# saves bytes; see benchmarks/ for the measurement.
-WRITER_OPTIONS = "group_size:1,uncompressed"
+# ArrayRecord writer options, as the manifest records them. Files are written
+# uncompressed (token ids compress poorly in small chunks, and decompression
+# would sit on the feeder's hot path). A file's group size (records per chunk)
+# follows from the mean size of its records (``group_size_for``): a random read
+# decodes one chunk, so long records keep a chunk each while short ones share
+# chunks of about CHUNK_TARGET_BYTES, which is cheaper to write and, for the
+# feeder, to read (benchmarks/README.md, "ArrayRecord group size"). Each file
+# records its own group size in its header, which is what readers use.
+WRITER_OPTIONS = "group_size:auto,uncompressed"
+CHUNK_TARGET_BYTES = 1024
+MAX_GROUP_SIZE = 64
+# Provenance records (28 bytes for one segment) are read by look-ups, not by
+# the feeder's hot path.
+PROVENANCE_GROUP_SIZE = 64
+
+
+def group_size_for(mean_record_bytes: float) -> int:
+    """The group size of a data file whose records hold ``mean_record_bytes``
+    bytes on average: the largest power of two ``g <= MAX_GROUP_SIZE`` with
+    ``g * mean_record_bytes <= CHUNK_TARGET_BYTES``, at least 1. Examples: 1 for
+    records of 512 bytes or more, 16 for records of 36 bytes."""
+    if not mean_record_bytes > 0:
+        return MAX_GROUP_SIZE
+    g = 1
+    while g * 2 <= MAX_GROUP_SIZE and g * 2 * mean_record_bytes <= CHUNK_TARGET_BYTES:
+        g *= 2
+    return g
+
+
+def writer_options(group_size: int) -> str:
+    """The ArrayRecord writer options of one file: ``"group_size:G,uncompressed"``."""
+    return f"group_size:{int(group_size)},uncompressed"
 
 _DTYPES = {
     "int8": "<i1",

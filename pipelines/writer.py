@@ -287,7 +287,8 @@ def build_manifest(
         "packing": packing,
         "writer_options": fmt.WRITER_OPTIONS,
         "record_encoding": "features in manifest order; each a little-endian uint32 count then the elements, little-endian",
-        "features": [dict(f) for f in features],
+        "features": [schema.assemble_object(schema.FEATURE_FIELDS, f, what=f"features[{i}]")
+                     for i, f in enumerate(features)],
         "vocabularies": dict(vocabularies),
         "num_examples": int(sum(int(s["num_records"]) for s in shards)),
         "shards": shard_table(shards),

@@ -49,7 +49,6 @@ _IS = {
 _SHA256_PATTERN = "^[0-9a-f]{64}$"
 _BASE64_PATTERN = "^[A-Za-z0-9+/]*={0,2}$"
 SCHEMA_NAME = "manifest.schema.json"
-SCHEMA_ID = "https://seqcache.invalid/manifest.schema.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,7 +427,6 @@ def json_schema() -> dict:
     manifests have a list of shard entries, later ones the shard table."""
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": SCHEMA_ID,
         "title": "seqcache cache manifest (manifest.json)",
         "description": f"Generated from seqcache/manifest.py (python -m seqcache.manifest --write); "
                        f"format versions {', '.join(map(str, fmt.READ_FORMAT_VERSIONS))}. See docs/cache-format.md.",

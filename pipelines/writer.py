@@ -273,7 +273,8 @@ def build_manifest(
     ``quarantine``, ``sharding``, ...) among them.
 
     Raises:
-      ValueError: a field of ``extra`` that the manifest schema lacks.
+      ValueError: a field of ``extra``, or of a feature entry, that the
+        manifest schema lacks.
       seqcache.format.CacheError: the manifest would not pass the readers' checks.
     """
     raw = schema.assemble({

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from seqcache import format as fmt
 from seqcache import fs, layout
+from seqcache import manifest as schema
 from seqcache.tasks.registry import USER_MODULE_PREFIX
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
@@ -486,8 +487,9 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
         extra={"quarantine": fmt.QUARANTINE_NAME if quarantined else None,
                **({"quarantine_num_bytes": quarantine.num_bytes, "quarantine_sha256": quarantine.sha256}
                   if quarantined else {}),
-               "sharding": {"num_shards": plan.num_shards, "shard_size": plan.shard_size,
-                            "input_bytes": plan.total_bytes, "content_bytes": plan.content_bytes}},
+               "sharding": schema.assemble_object(schema.SHARDING_FIELDS, {
+                   "num_shards": plan.num_shards, "shard_size": plan.shard_size,
+                   "input_bytes": plan.total_bytes, "content_bytes": plan.content_bytes}, what="sharding")},
     )
 
 

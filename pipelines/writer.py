@@ -26,6 +26,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from seqcache import __version__
 from seqcache import format as fmt
+from seqcache import manifest as schema
 from seqcache.fs import (  # noqa: F401  (re-exported: the writer's file-system calls)
     is_local, local_path, join, exists, makedirs, read_text, write_bytes, read_bytes, write_bytes_atomic, move_into_place, remove_tree, open_read, open_write, open_write_atomic,
     rename, sizes_in,
@@ -296,8 +297,17 @@ def build_manifest(
     vocabularies: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
 ) -> dict:
-    """Assembles manifest.json's content (see docs/cache-format.md, field by field)."""
-    raw = {
+    """Assembles manifest.json's content through its one definition,
+    ``seqcache.manifest.MANIFEST_FIELDS`` (docs/cache-format.md, field by
+    field): the keys in that order, ``extra`` (further fields of that list:
+    ``quarantine``, ``sharding``, ...) among them.
+
+    Raises:
+      ValueError: a field of ``extra``, or of a feature entry, that the
+        manifest schema lacks.
+      seqcache.format.CacheError: the manifest would not pass the readers' checks.
+    """
+    raw = schema.assemble({
         "format": fmt.FORMAT_NAME,
         "format_version": fmt.FORMAT_VERSION,
         "task": task,
@@ -308,7 +318,8 @@ def build_manifest(
         "packing": packing,
         "writer_options": fmt.WRITER_OPTIONS,
         "record_encoding": "features in manifest order; each a little-endian uint32 count then the elements, little-endian",
-        "features": [dict(f) for f in features],
+        "features": [schema.assemble_object(schema.FEATURE_FIELDS, f, what=f"features[{i}]")
+                     for i, f in enumerate(features)],
         "vocabularies": dict(vocabularies),
         "num_examples": int(sum(int(s["num_records"]) for s in shards)),
         "shards": shard_table(shards),
@@ -317,9 +328,8 @@ def build_manifest(
         "fingerprint_inputs": dict(fingerprint_inputs),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "seqcache_version": __version__,
-    }
-    if extra:
-        raw.update(extra)
+        **(extra or {}),
+    })
     fmt.parse_manifest(raw)  # never write a manifest the readers would refuse
     return raw
 
@@ -355,13 +365,14 @@ def shard_table(shards: Sequence[Mapping[str, Any]]) -> dict:
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 raise ValueError(f"shard entry {i}: {key} is {s.get(key)!r}, expected an integer >= 0")
     checksums = _shard_checksums_file(shards)
-    return {
+    return schema.assemble_object(schema.SHARD_TABLE_FIELDS, {
         "num_shards": count,
         "encoding": fmt.INT_COLUMN_ENCODING,
         **{key: fmt.encode_int_column([s[key] for s in shards]) for key in _INT_COLUMNS},
-        "checksums": {"file": fmt.SHARD_CHECKSUMS_NAME, "num_bytes": len(checksums),
-                      "sha256": hashlib.sha256(checksums).hexdigest()},
-    }
+        "checksums": schema.assemble_object(schema.CHECKSUM_FILE_FIELDS, {
+            "file": fmt.SHARD_CHECKSUMS_NAME, "num_bytes": len(checksums),
+            "sha256": hashlib.sha256(checksums).hexdigest()}, what="shards.checksums"),
+    }, what="shards")
 
 
 def write_manifest(cache_dir: str, raw: Mapping[str, Any], *, shards: Sequence[Mapping[str, Any]]) -> None:
@@ -377,8 +388,10 @@ def write_manifest(cache_dir: str, raw: Mapping[str, Any], *, shards: Sequence[M
 
     Raises:
       ValueError: ``shards`` are not the entries ``raw`` records (the checksum
-        file would not have the size and sha256 the manifest names).
+        file would not have the size and sha256 the manifest names), or ``raw``
+        holds a field the manifest schema (``seqcache.manifest``) lacks.
     """
+    schema.assemble(raw)  # refuses a field the schema lacks; ``raw`` is written as given
     checksums = _shard_checksums_file(shards)
     recorded = raw["shards"]["checksums"]
     if (len(checksums), hashlib.sha256(checksums).hexdigest()) != (recorded["num_bytes"], recorded["sha256"]):

@@ -22,7 +22,8 @@ with which dtypes. Decoding is ``numpy.frombuffer`` over the record bytes, witho
 copying. No pickle anywhere.
 
 The byte layout is documented in docs/cache-format.md; changing it needs a
-``FORMAT_VERSION`` bump.
+``FORMAT_VERSION`` bump. The manifest's fields are defined once, in
+``seqcache.manifest``.
 """
 
 from __future__ import annotations
@@ -723,7 +724,10 @@ def shard_checksums_json(sha256: Sequence[str], provenance_sha256: Sequence[str]
         for i, v in enumerate(values):
             if not (isinstance(v, str) and _SHA256_RE.fullmatch(v)):
                 raise ValueError(f"shard {i}: {key} is {v!r}, expected 64 hex digits")
-    obj = {"num_shards": len(sha256), "sha256": sha256, "provenance_sha256": provenance_sha256}
+    from seqcache import manifest as schema  # it imports this module
+
+    obj = schema.assemble_object(schema.SHARD_CHECKSUMS_FIELDS, {
+        "num_shards": len(sha256), "sha256": sha256, "provenance_sha256": provenance_sha256}, what=SHARD_CHECKSUMS_NAME)
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
 
 
@@ -859,6 +863,8 @@ def _require(cond: bool, path: str, message: str):
 def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME, check_shards: bool = True) -> Manifest:
     """Validates a manifest dict and returns a ``Manifest``.
 
+    Every field is checked against its definition in ``seqcache.manifest``
+    (``MANIFEST_FIELDS``: its JSON type, and for some fields their values).
     Reads format versions 1 and 2 (``READ_FORMAT_VERSIONS``). Cost: O(number
     of shards) in list and numpy operations, no Python object per shard
     (``ShardTable``). Version 2: the shard columns are decoded and checked
@@ -868,88 +874,24 @@ def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME, check_shards: bool =
     ``ShardInfo`` is first built (at its first read: what ``read_manifest`` does).
 
     Raises:
-      CacheError: wrong format name or version, missing fields, a shard layout
+      CacheError: wrong format name or version, missing fields, a field of the
+        wrong JSON type or value, a shard layout
         that is not the version's, or a shard name
         that is not a plain file name of this cache (for instance one that leads
         outside the cache folder), a bad record count; with ``check_shards``, any
         bad shard entry.
     """
-    _require(isinstance(raw, dict), path, "manifest is not a JSON object")
-    _require(raw.get("format") == FORMAT_NAME, path, f"format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
-    version = raw.get("format_version")
-    _require(
-        version in READ_FORMAT_VERSIONS and not isinstance(version, bool),
-        path,
-        f"format_version is {version!r}, this seqcache reads versions "
-        f"{', '.join(map(str, READ_FORMAT_VERSIONS))}: read the cache with the seqcache release that wrote it, "
-        "or rebuild it with this one (seqcache build ... --overwrite)",
-    )
-    for key in ("task", "split", "fingerprint", "features", "shards"):
-        _require(key in raw, path, f"missing field {key!r}")
-    try:
-        features = tuple(FeatureSpec(f["name"], f["dtype"]) for f in raw["features"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CacheError(f"{path}: bad features entry: {e}") from None
-    shards = ShardTable(raw["shards"], path=path, version=version)
-    if check_shards:
-        shards.check_all()
-    quarantine = raw.get("quarantine")
-    _require(
-        quarantine in (None, QUARANTINE_NAME),
-        path,
-        f"quarantine is {quarantine!r}, expected {QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)",
-    )
-    _check_optional_fields(raw, path)
-    # Optional (caches written before they were recorded have neither).
-    if raw.get("quarantine_num_bytes") is not None:
-        _require(isinstance(raw["quarantine_num_bytes"], int) and raw["quarantine_num_bytes"] >= 0, path,
-                 f"quarantine_num_bytes is {raw['quarantine_num_bytes']!r}, expected a byte count")
-    if raw.get("quarantine_sha256") is not None:
-        _require(isinstance(raw["quarantine_sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", raw["quarantine_sha256"])
-                 is not None, path, f"quarantine_sha256 is {raw['quarantine_sha256']!r}, expected 64 hex digits")
+    from seqcache import manifest as schema  # the field definitions; it imports this module
+
+    decoded = schema.check_manifest(raw, path=path, check_shards=check_shards)
     return Manifest(
         task=raw["task"],
         split=raw["split"],
         fingerprint=raw["fingerprint"],
-        features=features,
-        shards=shards,
+        features=decoded["features"],
+        shards=decoded["shards"],
         raw=raw,
     )
-
-
-def _check_optional_fields(raw: dict, path: str) -> None:
-    """The JSON types of the manifest's descriptive fields, so that a damaged or
-    edited manifest is one clear ``CacheError`` here and never a traceback in
-    the commands that read them.
-
-    Raises:
-      CacheError: ``vocabularies`` is not an object of objects (a ``kind``, where
-        given, a string), ``sources`` not a list of objects, ``statistics`` not
-        an object, or ``sequence_length`` not null, a count or an object of
-        counts (or nulls) by feature.
-    """
-    vocabularies = raw.get("vocabularies")
-    if vocabularies is not None:
-        _require(isinstance(vocabularies, dict), path,
-                 f"vocabularies is {type(vocabularies).__name__}, expected a JSON object by feature")
-        for name, desc in vocabularies.items():
-            _require(isinstance(desc, dict) and isinstance(desc.get("kind", ""), str), path,
-                     f"vocabularies.{name} is {desc!r}, expected a JSON object (its 'kind' a string)")
-    sources = raw.get("sources")
-    if sources is not None:
-        _require(isinstance(sources, list) and all(isinstance(s, dict) for s in sources), path,
-                 "sources is not a JSON list of objects")
-    statistics = raw.get("statistics")
-    if statistics is not None:
-        _require(isinstance(statistics, dict), path,
-                 f"statistics is {type(statistics).__name__}, expected a JSON object")
-    seq = raw.get("sequence_length")
-
-    def count(v):
-        return v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0)
-
-    _require(count(seq) or (isinstance(seq, dict) and all(count(v) for v in seq.values())), path,
-             f"sequence_length is {seq!r}, expected null, a token count or {{feature: token count}}")
 
 
 def _split_folders(folder: str) -> list[str]:

@@ -1,0 +1,232 @@
+"""The manifest's one definition (seqcache.manifest): the published JSON Schema
+is generated from it, a real build's manifest and checksum file validate
+against it, a wrong-typed field fails both the schema and the readers, the
+writer writes nothing it lacks, and docs/cache-format.md's tables agree with it."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import pathlib
+import re
+
+import jsonschema
+import pytest
+
+from seqcache import format as fmt
+from seqcache import manifest as schema
+from seqcache import tasks
+from seqcache.pipelines import BuildConfig, build_task, writer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "cache-format.md"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A real two-shard packed build of a small text file with blank lines (so
+    that it has a quarantine file): its folder, manifest dict and checksum file."""
+    root = tmp_path_factory.mktemp("schema")
+    lines = [f"line {i} " + "abc" * (i % 7) for i in range(120)]
+    (root / "in.txt").write_text("\n".join(lines[:60] + [""] + lines[60:]) + "\n", encoding="utf-8")
+    task = tasks.Task("t", source=tasks.TextLineSource(str(root / "in.txt")),
+                      output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+                      preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+                      packing="lm")
+    cache = build_task(task, cache_dir=str(root / "c"),
+                       config=BuildConfig(num_shards=2, sequence_length={"targets": 32})).cache_dir
+    raw = json.loads(open(os.path.join(cache, fmt.MANIFEST_NAME), encoding="utf-8").read())
+    sums = json.loads(open(os.path.join(cache, fmt.SHARD_CHECKSUMS_NAME), encoding="utf-8").read())
+    assert raw["quarantine"] == fmt.QUARANTINE_NAME and raw["sharding"]["num_shards"] == 2
+    return cache, raw, sums
+
+
+def _validator(sub: str | None = None):
+    full = schema.json_schema()
+    jsonschema.Draft202012Validator.check_schema(full)
+    if sub is not None:
+        full = {"$schema": full["$schema"], **full["$defs"][sub]}
+    return jsonschema.Draft202012Validator(full)
+
+
+def test_the_published_schema_is_the_generated_one():
+    # Regenerate with: python -m seqcache.manifest --write seqcache/manifest.schema.json
+    installed = pathlib.Path(schema.schema_path())
+    assert installed.read_text(encoding="utf-8") == schema.schema_text()  # the installed package data
+    source = REPO / "seqcache" / schema.SCHEMA_NAME
+    assert source.read_text(encoding="utf-8") == schema.schema_text(), "run python -m seqcache.manifest --write"
+    assert schema.main(["--check", str(source)]) == 0
+    assert json.loads(schema.schema_text())["properties"]["format"] == {
+        "type": "string", "description": "the format's name", "const": "seqcache"}
+
+
+def test_check_mode_reports_a_stale_file(tmp_path, capsys):
+    stale = tmp_path / "s.json"
+    stale.write_text(schema.schema_text().replace('"seqcache"', '"other"'), encoding="utf-8")
+    assert schema.main(["--check", str(stale)]) == 1
+    assert "not up to date" in capsys.readouterr().err
+    assert schema.main(["--write", str(stale)]) == 0 and schema.main(["--check", str(stale)]) == 0
+
+
+def test_a_real_builds_manifest_and_checksum_file_validate(built):
+    _, raw, sums = built
+    assert list(_validator().iter_errors(raw)) == []
+    assert list(_validator("shard_checksums").iter_errors(sums)) == []
+    # The writer wrote every field in the definition's order.
+    order = [f.name for f in schema.MANIFEST_FIELDS]
+    assert list(raw) == [n for n in order if n in raw]
+    assert set(raw) == set(order)
+
+
+def _as_version_1(raw, sums):
+    raw = copy.deepcopy(raw)
+    table = raw["shards"]
+    count = table["num_shards"]
+    cols = {k: fmt.decode_int_column(table[k]).tolist() for k in ("num_records", "num_bytes", "provenance_num_bytes")}
+    raw["format_version"] = 1
+    raw["shards"] = [{"file": fmt.shard_name("data", i, count), "num_records": cols["num_records"][i],
+                      "num_bytes": cols["num_bytes"][i], "sha256": sums["sha256"][i],
+                      "provenance_file": fmt.shard_name("provenance", i, count),
+                      "provenance_num_bytes": cols["provenance_num_bytes"][i],
+                      "provenance_sha256": sums["provenance_sha256"][i]} for i in range(count)]
+    return raw
+
+
+def test_a_version_1_manifest_validates_and_each_version_needs_its_own_shard_layout(built):
+    _, raw, sums = built
+    v1 = _as_version_1(raw, sums)
+    assert list(_validator().iter_errors(v1)) == []
+    assert fmt.parse_manifest(v1).shards.version == 1
+    assert not _validator().is_valid({**v1, "format_version": 2})
+    assert not _validator().is_valid({**raw, "format_version": 1})
+    v1["shards"][1]["num_bytes"] = "12"
+    assert not _validator().is_valid(v1)
+    with pytest.raises(fmt.CacheError, match=r"shard 1: num_bytes is '12', expected an integer >= 0"):
+        fmt.parse_manifest(v1)
+
+
+def _wrong(field: schema.Field):
+    """A value of a JSON type that ``field`` does not allow."""
+    for value, json_type in (("x", "string"), (5, "integer"), ([1], "array"), ({"a": 1}, "object"), (True, "boolean")):
+        if json_type not in field.type and not (json_type == "integer" and "number" in field.type):
+            return value
+    raise AssertionError(field)
+
+
+@pytest.mark.parametrize("field", schema.MANIFEST_FIELDS, ids=lambda f: f.name)
+def test_a_wrong_typed_field_fails_the_schema_and_the_readers(built, field):
+    _, raw, _ = built
+    bad = {**raw, field.name: _wrong(field)}
+    errors = list(_validator().iter_errors(bad))
+    assert errors and any(field.name in e.json_path for e in errors), errors
+    with pytest.raises(fmt.CacheError) as e:
+        fmt.parse_manifest(bad)
+    assert field.name in str(e.value)
+
+
+@pytest.mark.parametrize("name", [f.name for f in schema.MANIFEST_FIELDS if "null" not in f.type])
+def test_null_where_the_schema_has_no_null_fails_both(built, name):
+    _, raw, _ = built
+    assert not _validator().is_valid({**raw, name: None})
+    with pytest.raises(fmt.CacheError, match=name):
+        fmt.parse_manifest({**raw, name: None})
+
+
+def _set(raw, dotted, value):
+    raw = copy.deepcopy(raw)
+    obj = raw
+    keys = [int(k) if k.isdigit() else k for k in dotted.split(".")]
+    for k in keys[:-1]:
+        obj = obj[k]
+    obj[keys[-1]] = value
+    return raw
+
+
+@pytest.mark.parametrize(("dotted", "value", "message"), [
+    ("sharding.num_shards", "2", r"sharding\.num_shards is '2', expected an integer >= 0"),
+    ("sharding.shard_size", "big", r"sharding\.shard_size is 'big', expected an integer or null"),
+    ("features.0.add_eos", "yes", r"bad features entry: add_eos is 'yes', expected true or false"),
+    ("features.0.name", 3, r"bad features entry: name is 3, expected a string"),
+    ("features.0.dtype", "int4", r"bad features entry: feature 'targets': unsupported dtype 'int4'"),
+    ("shards.checksums.num_bytes", -1, r"shards\.checksums: num_bytes is -1, expected a byte count"),
+    ("shards.encoding", 7, r"shards\.encoding is 7, expected a string"),
+    ("vocabularies.targets.kind", 1, r"vocabularies\.targets is .*expected a JSON object \(its 'kind' a string\)"),
+    ("sequence_length.targets", 0, r"sequence_length is \{'targets': 0\}, expected null"),
+    ("quarantine_sha256", "ABC", r"quarantine_sha256 is 'ABC', expected 64 hex digits"),
+])
+def test_a_bad_nested_value_fails_the_schema_and_the_readers_with_its_message(built, dotted, value, message):
+    _, raw, _ = built
+    bad = _set(raw, dotted, value)
+    assert not _validator().is_valid(bad)
+    with pytest.raises(fmt.CacheError, match=rf"^{fmt.MANIFEST_NAME}: {message}"):
+        fmt.parse_manifest(bad)
+
+
+def test_a_missing_required_field_fails_both(built):
+    _, raw, _ = built
+    for field in schema.MANIFEST_FIELDS:
+        bad = {k: v for k, v in raw.items() if k != field.name}
+        assert _validator().is_valid(bad) == (not field.required), field.name
+        if field.required and field.name not in ("format", "format_version"):
+            with pytest.raises(fmt.CacheError, match=rf"missing field {field.name!r}"):
+                fmt.parse_manifest(bad)
+        elif not field.required:
+            fmt.parse_manifest(bad)
+
+
+def test_the_writer_writes_no_field_the_schema_lacks(built, tmp_path):
+    cache, raw, _ = built
+    entries = fmt.parse_manifest(raw).shards
+    args = dict(task="t", split="train", fingerprint="f", fingerprint_inputs={}, features=raw["features"],
+                shards=[], sources=[], statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={})
+    with pytest.raises(ValueError, match=r"\['colour'\] are not in the manifest schema"):
+        writer.build_manifest(**args, extra={"colour": "red"})
+    assert list(writer.build_manifest(**args, extra={"sharding": {"num_shards": 0}}))[-1] == "sharding"
+    with pytest.raises(ValueError, match=r"\['colour'\] are not in the manifest schema"):
+        writer.write_manifest(str(tmp_path), {**raw, "colour": "red"}, shards=[])
+    assert not os.path.exists(tmp_path / fmt.MANIFEST_NAME) and len(entries) == 2
+    with pytest.raises(ValueError, match=r"lacks the required field\(s\) \['task'\]"):
+        schema.assemble({k: v for k, v in raw.items() if k != "task"})
+
+
+def test_the_nested_definitions_name_the_readers_fields():
+    assert [f.name for f in schema.SHARD_ENTRY_FIELDS] == [f.name for f in dataclasses.fields(fmt.ShardInfo)]
+    assert [f.name for f in schema.SHARD_TABLE_FIELDS if f.name in fmt._INT_FIELDS] == list(fmt._INT_FIELDS)
+    assert [f.name for f in schema.FEATURE_FIELDS if f.required] == [f.name for f in dataclasses.fields(fmt.FeatureSpec)]
+    assert [f.name for f in schema.SHARD_CHECKSUMS_FIELDS] == list(json.loads(fmt.shard_checksums_json([], [])))
+    assert sorted(schema.FIELDS_BY_NAME["features"].fields[1].keywords["enum"]) == sorted(fmt._DTYPES)
+
+
+# --- docs/cache-format.md --------------------------------------------------------------------
+
+def _doc_table(heading: str) -> dict[str, tuple[set[str], bool]]:
+    """field -> (JSON types, required) of the first ``| field | type | required |``
+    table after ``heading`` in docs/cache-format.md."""
+    text = DOC.read_text(encoding="utf-8")
+    start = text.index(heading)
+    rows = {}
+    in_table = False
+    for line in text[start:].splitlines():
+        if line.startswith("| field | type | required |"):
+            in_table = True
+            continue
+        if in_table and not line.startswith("|"):
+            break
+        if in_table and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            name = re.fullmatch(r"`([a-z0-9_]+)`", cells[0])
+            assert name, line
+            assert cells[2] in ("yes", "no"), line
+            rows[name.group(1)] = (set(re.split(r", | or ", cells[1])), cells[2] == "yes")
+    assert rows, heading
+    return rows
+
+
+@pytest.mark.parametrize(("heading", "fields"), [("## manifest.json", schema.MANIFEST_FIELDS),
+                                                 ("### shards: the shard table", schema.SHARD_TABLE_FIELDS)])
+def test_the_docs_field_table_is_the_definition(heading, fields):
+    documented = _doc_table(heading)
+    defined = {f.name: (set(f.type), f.required) for f in fields}
+    assert documented == defined

@@ -2,6 +2,8 @@
 
 import pytest
 
+from testsupport import write_lines
+
 
 class _FlakyReader:
     """Wraps the pipeline's record reader: the first attempt fails after
@@ -56,3 +58,20 @@ def attempt():
 def group():
     """``group(outputs)``: GroupByKey of ``(key, value)`` outputs."""
     return _group
+
+
+@pytest.fixture
+def shakespeare_halves(tmp_path, corpora):
+    """``make(num_lines)``: the new folder ``tmp_path/in`` holding the first
+    ``num_lines`` lines of tinyshakespeare, the first half in ``a.txt`` and the
+    rest in ``b.txt``; returns the folder."""
+
+    def make(num_lines: int):
+        lines = corpora.shakespeare_lines(num_lines)
+        folder = tmp_path / "in"
+        folder.mkdir()
+        write_lines(folder / "a.txt", lines[:num_lines // 2])
+        write_lines(folder / "b.txt", lines[num_lines // 2:])
+        return folder
+
+    return make

@@ -16,30 +16,15 @@ import textwrap
 import pytest
 
 from seqcache import format as fmt
-from seqcache import tasks
 from seqcache.feeders.reader import CacheReader
 from seqcache.pipelines import BuildConfig, BuildError, build_task, writer
 from seqcache.verify import verify_cache
-
-
-def _task(pattern, on_error=None):
-    return tasks.Task(
-        "lines",
-        source=tasks.TextLineSource(pattern, on_error=on_error or {"empty": "keep"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-    )
+from testsupport import lines_task as _task
 
 
 @pytest.fixture
-def corpus(tmp_path, shared_data):
-    src = tmp_path / "in"
-    src.mkdir()
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:3000]
-    (src / "a.txt").write_text("\n".join(lines[:1500]) + "\n", encoding="utf-8")
-    (src / "b.txt").write_text("\n".join(lines[1500:]) + "\n", encoding="utf-8")
-    return src
+def corpus(shakespeare_halves):
+    return shakespeare_halves(3000)
 
 
 def _hashes(folder) -> dict[str, str]:
@@ -126,17 +111,22 @@ _KILLED_OVERWRITE = textwrap.dedent(
 )
 
 
-def test_a_killed_overwrite_keeps_the_old_cache_and_the_rerun_cleans_up(tmp_path, corpus):
-    root = str(tmp_path / "c")
-    pattern = str(corpus / "*.txt")
-    old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
-    before = _hashes(old.cache_dir)
+def _kill_an_overwrite(pattern, root):
+    """Runs ``_KILLED_OVERWRITE`` and kills it once it has written shards 0 and 1."""
     proc = subprocess.Popen([sys.executable, "-c", _KILLED_OVERWRITE, pattern, root], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "BLOCKED"
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
+
+
+def test_a_killed_overwrite_keeps_the_old_cache_and_the_rerun_cleans_up(tmp_path, corpus):
+    root = str(tmp_path / "c")
+    pattern = str(corpus / "*.txt")
+    old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
+    before = _hashes(old.cache_dir)
+    _kill_an_overwrite(pattern, root)
     staging = writer.staging_path(old.cache_dir)
     assert "data.array_record-00000-of-00003" in os.listdir(staging)  # the new build got that far ...
     assert fmt.MANIFEST_NAME not in os.listdir(staging)  # ... and never looked complete
@@ -145,12 +135,7 @@ def test_a_killed_overwrite_keeps_the_old_cache_and_the_rerun_cleans_up(tmp_path
     # The next build cleans the leftovers up: reusing the old cache, or replacing it.
     assert build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3)).reused
     assert not os.path.exists(staging)
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_OVERWRITE, pattern, root], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "BLOCKED"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
+    _kill_an_overwrite(pattern, root)
     again = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3, seed=7), overwrite=True)
     fresh = build_task(_task(pattern), cache_dir=str(tmp_path / "fresh"), config=BuildConfig(num_shards=3, seed=7))
     assert (fmt.read_shard_checksums(again.cache_dir, again.manifest)

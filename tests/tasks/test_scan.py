@@ -4,11 +4,11 @@ import json
 import re
 
 from seqcache import tasks
+from testsupport import byte_task
 
 
 def _task(source):
-    return tasks.Task("scanned", source=source, output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-                      preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
+    return byte_task("scanned", source, eos=False)
 
 
 def test_every_kind_of_a_real_file_is_counted(shared_data):

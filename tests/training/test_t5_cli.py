@@ -104,8 +104,8 @@ def test_decoder_only_model_reads_an_inputs_targets_cache_as_a_prefix_lm(caches,
 
 
 @pytest.fixture(scope="module")
-def lm_cache(tmp_path_factory, shared_data, shakespeare_lm_cache):
-    return shakespeare_lm_cache(tmp_path_factory, shared_data, num_lines=200, sequence_length=64)
+def lm_cache(tmp_path_factory, shakespeare_lm_cache):
+    return shakespeare_lm_cache(tmp_path_factory, num_lines=200, sequence_length=64)
 
 
 def test_t5_on_a_language_model_cache_is_refused_naming_both(lm_cache, tmp_path):

@@ -8,10 +8,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
 from click.testing import CliRunner
@@ -188,40 +184,9 @@ def test_zero_examples_is_an_error_naming_task_and_split(tmp_path):
     assert not os.path.exists(tmp_path / "c" / "nothing" / "validation" / fmt.MANIFEST_NAME)
 
 
-_KILLED_BUILD = textwrap.dedent(
-    """
-    import sys, threading
-    from seqcache import tasks
-    from seqcache.pipelines import BuildConfig, build_task, writer
-
-    real = writer.write_shard
-    def write_shard(cache_dir, *, index, **kw):
-        if index == 2:
-            print("BLOCKED", flush=True)
-            threading.Event().wait()  # killed here, after shards 0 and 1 are in place
-        return real(cache_dir, index=index, **kw)
-    writer.write_shard = write_shard
-
-    task = tasks.Task(
-        "lines",
-        source=tasks.TextLineSource(sys.argv[1], on_error={"empty": "keep"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-    )
-    build_task(task, cache_dir=sys.argv[2], config=BuildConfig(num_shards=3))
-    """
-)
-
-
-def test_killed_build_leaves_no_manifest_and_rerun_gives_same_bytes(tmp_path, corpus, cache):
+def test_killed_build_leaves_no_manifest_and_rerun_gives_same_bytes(tmp_path, corpus, cache, kill_a_build_at_shard_2):
     root = str(tmp_path / "killed")
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_BUILD, corpus, root], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "BLOCKED"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
+    kill_a_build_at_shard_2(corpus, root)
     out_dir = os.path.join(root, "lines", "train")
     names = os.listdir(out_dir)
     assert fmt.MANIFEST_NAME not in names

@@ -23,11 +23,11 @@ SMALL = "model.num_layers=1 model.num_decoder_layers=1 progress=false optimizer.
 
 
 @pytest.fixture(scope="module")
-def caches(tmp_path_factory, shared_data):
+def caches(tmp_path_factory, corpora):
     root = tmp_path_factory.mktemp("t5caches")
     c4 = root / "c4"
     c4.mkdir()
-    texts = pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text")[:300]
+    texts = corpora.c4_texts(300)
     pq.write_table(pa.table({"text": texts}), c4 / "part-0.parquet")
     sentinels = tasks.ByteVocabulary(extra_ids=100)
     span = tasks.Task(
@@ -41,7 +41,7 @@ def caches(tmp_path_factory, shared_data):
     out = root / "caches"
     pipelines.build_task(span, cache_dir=str(out), config=pipelines.BuildConfig(
         num_shards=2, sequence_length={"inputs": INPUTS, "targets": SPAN_TARGETS}))
-    d = shared_data / "multi30k"
+    d = corpora.multi30k
     translation = tasks.Task(
         "multi30k_en_de",
         source=tasks.ParallelTextSource({"en": str(d / "val.en.gz"), "de": str(d / "val.de.gz")}),

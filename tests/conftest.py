@@ -57,10 +57,11 @@ class Corpora:
     attributes), and readers of the parts that several tests take."""
 
     def __init__(self, root: pathlib.Path):
-        self.root = root
         self.shakespeare = root / "tinyshakespeare" / "input.txt"
-        self.botchan = root / "sentencepiece_data" / "botchan.txt"
-        self.blns = root / "unicode_edge" / "blns.txt"
+        self.sentencepiece_data = root / "sentencepiece_data"
+        self.botchan = self.sentencepiece_data / "botchan.txt"
+        self.unicode_edge = root / "unicode_edge"
+        self.blns = self.unicode_edge / "blns.txt"
         self.c4 = root / "c4" / "c4_validation_2k.parquet"
         self.multi30k = root / "multi30k"
         self.ntrex = root / "ntrex128"

@@ -104,9 +104,9 @@ def test_module_in_the_working_folder_is_found(tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "PYTHONPATH" in missing.output
 
 
-def test_vocab_train_creates_the_output_folder(tmp_path, shared_data):
+def test_vocab_train_creates_the_output_folder(tmp_path, corpora):
     out = tmp_path / "new" / "folder" / "spm.model"
-    result = CliRunner().invoke(main, ["vocab", "train", "--source", f"text:{shared_data}/sentencepiece_data/botchan.txt",
+    result = CliRunner().invoke(main, ["vocab", "train", "--source", f"text:{corpora.botchan}",
                                        "--vocab-size", "400", "--max-records", "2000", "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert out.stat().st_size > 0
@@ -125,10 +125,10 @@ def test_an_interrupt_inside_a_beam_step_is_reported_as_an_interrupt(tmp_path, m
     assert out.exit_code == 130 and "interrupted" in out.output and "Traceback" not in out.output
 
 
-def test_vocab_check_reports_what_does_not_survive_the_round_trip(tmp_path, shared_data):
+def test_vocab_check_reports_what_does_not_survive_the_round_trip(tmp_path, corpora):
     model = tmp_path / "nfkc.model"
     runner = CliRunner()
-    trained = runner.invoke(main, ["vocab", "train", "--source", f"text:{shared_data}/sentencepiece_data/botchan.txt",
+    trained = runner.invoke(main, ["vocab", "train", "--source", f"text:{corpora.botchan}",
                                    "--vocab-size", "400", "--max-records", "2000", "--output", str(model)])
     assert trained.exit_code == 0, trained.output
     text = tmp_path / "t.txt"

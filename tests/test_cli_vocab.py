@@ -84,9 +84,9 @@ def test_clean_input_says_so_and_the_output_ending_is_checked(corpora, tmp_path)
     assert mixed.exit_code == 2 and "--model-type chooses SentencePiece's algorithm" in mixed.output
 
 
-def test_sentencepiece_errors_name_this_commands_options(shared_data, tmp_path):
+def test_sentencepiece_errors_name_this_commands_options(corpora, tmp_path):
     # Japanese text needs thousands of characters: 300 pieces cannot cover them.
-    result = _train(CliRunner(), "--source", f"text:{shared_data / 'sentencepiece_data' / 'wagahaiwa_nekodearu.txt'}",
+    result = _train(CliRunner(), "--source", f"text:{corpora.sentencepiece_data / 'wagahaiwa_nekodearu.txt'}",
                     "--vocab-size", "300", "--max-records", "3000", "--output", str(tmp_path / "ja.model"))
     assert result.exit_code == 1
     assert "--vocab-size" in result.output and "--character-coverage" in result.output

@@ -356,7 +356,7 @@ def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
     assert actions == [(0, "replaced", "carriage_return"), (data.index(b"third"), "replaced", "invalid_utf8")]
 
 
-def test_control_characters_in_c4_raise_or_are_counted(tmp_path, shared_data):
+def test_control_characters_in_c4_raise_or_are_counted(tmp_path, corpora):
     """C4 holds a few documents with C0/C1 control characters (mojibake, terminal
     escapes): raised by default naming the row; skipped or repaired on request,
     counted in the manifest and listed in the quarantine file."""
@@ -364,7 +364,7 @@ def test_control_characters_in_c4_raise_or_are_counted(tmp_path, shared_data):
 
     import pyarrow.parquet as pq
 
-    path = shared_data / "c4" / "c4_validation_2k.parquet"
+    path = corpora.c4
     texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
     control = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
     bad = [i for i, t in enumerate(texts) if control.search(t)]
@@ -399,9 +399,9 @@ def test_changing_the_policy_changes_the_fingerprint_and_says_so(tmp_path, corpu
         build_task(other, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
 
 
-def _sentencepiece_cache(tmp_path, shared_data, num_lines):
+def _sentencepiece_cache(tmp_path, corpora, num_lines):
     """A one-shard cache of botchan lines with a small SentencePiece model stored in it."""
-    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()
+    lines = corpora.botchan.read_text(encoding="utf-8").splitlines()
     vocab = tasks.train_sentencepiece(lines[:2000], output_path=str(tmp_path / "m.model"), vocab_size=400)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(line for line in lines[:num_lines] if line.strip()) + "\n", encoding="utf-8")
@@ -410,10 +410,10 @@ def _sentencepiece_cache(tmp_path, shared_data, num_lines):
     return build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1)).cache_dir
 
 
-def test_a_changed_or_missing_vocabulary_model_is_named_by_verify_and_show(tmp_path, shared_data):
+def test_a_changed_or_missing_vocabulary_model_is_named_by_verify_and_show(tmp_path, corpora):
     from click.testing import CliRunner
 
-    cache = _sentencepiece_cache(tmp_path, shared_data, 300)
+    cache = _sentencepiece_cache(tmp_path, corpora, 300)
     model = os.path.join(cache, "vocabulary-targets.model")
     data = bytearray(open(model, "rb").read())
     data[len(data) // 2] ^= 0xFF
@@ -447,8 +447,8 @@ def test_an_exception_in_a_user_preprocessor_names_the_record_and_the_code(tmp_p
     assert not os.path.exists(tmp_path / "c" / "pp" / "train" / fmt.MANIFEST_NAME)
 
 
-def test_verify_names_a_model_that_is_a_folder_or_not_named(tmp_path, shared_data):
-    cache = _sentencepiece_cache(tmp_path, shared_data, 100)
+def test_verify_names_a_model_that_is_a_folder_or_not_named(tmp_path, corpora):
+    cache = _sentencepiece_cache(tmp_path, corpora, 100)
     model = os.path.join(cache, "vocabulary-targets.model")
     os.remove(model)
     os.mkdir(model)

@@ -69,8 +69,8 @@ class Corpora:
         self.wikitext = root / "wikitext2"
 
     def shakespeare_lines(self, n: int | None = None) -> list[str]:
-        """The first ``n`` (all when None) lines of tinyshakespeare, split on
-        ``\\n`` (so the last item is the empty text after the final line end)."""
+        """The lines of tinyshakespeare split on ``\\n``, ``[:n]`` of them (all when
+        None; the last of all is the empty text after the final line end)."""
         return self.shakespeare.read_text(encoding="utf-8").split("\n")[:n]
 
     def c4_texts(self, n: int | None = None):

@@ -73,15 +73,14 @@ def batches_digest(batches) -> str:
     return h.hexdigest()
 
 
-
 # A one-layer model small enough to train in seconds on the CPU devices.
 SMALL_MODEL = "model.d_model=32 model.num_layers=1 model.num_heads=4 model.mlp_dim=64"
 
 
 def train_shakespeare_lm(cache, ckpt, *extra, sequence_length: int):
     """Runs ``seqcache train`` in this process on task ``shakespeare_lm`` of the
-    caches root ``cache`` (batch size 8, the tiny model made ``SMALL_MODEL``, no
-    progress bar), checkpoints in ``ckpt``, then the arguments ``extra``; returns
+    caches root ``cache`` (batch size 8, the tiny model shrunk by ``SMALL_MODEL``,
+    no progress bar), checkpoints in ``ckpt``, then the arguments ``extra``; returns
     click's Result (exceptions propagate)."""
     from click.testing import CliRunner
 

@@ -1,7 +1,9 @@
-"""Test-wide set-up.
+"""Test-wide set-up and fixtures.
 
 Eight host-platform devices let sharding tests run on CPU; the flag must be set
-before JAX is first imported, so it is set here, at collection time.
+before JAX is first imported, so it is set here, at collection time. This folder
+goes on ``sys.path`` so that test modules can import the plain helpers of
+``testsupport.py``.
 """
 
 import os
@@ -10,8 +12,11 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pathlib
+import sys
 
 import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -45,3 +50,61 @@ def shared_data() -> pathlib.Path:
 
 def _under_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class Corpora:
+    """Where each corpus of ../shared/data that the tests read lies (``pathlib.Path``
+    attributes), and readers of the parts that several tests take."""
+
+    def __init__(self, root: pathlib.Path):
+        self.shakespeare = root / "tinyshakespeare" / "input.txt"
+        self.sentencepiece_data = root / "sentencepiece_data"
+        self.botchan = self.sentencepiece_data / "botchan.txt"
+        self.unicode_edge = root / "unicode_edge"
+        self.blns = self.unicode_edge / "blns.txt"
+        self.c4 = root / "c4" / "c4_validation_2k.parquet"
+        self.multi30k = root / "multi30k"
+        self.ntrex = root / "ntrex128"
+        self.dolma = root / "dolma_cc"
+        self.wikitext = root / "wikitext2"
+
+    def shakespeare_lines(self, n: int | None = None) -> list[str]:
+        """The lines of tinyshakespeare split on ``\\n``, ``[:n]`` of them (all when
+        None; the last of all is the empty text after the final line end)."""
+        return self.shakespeare.read_text(encoding="utf-8").split("\n")[:n]
+
+    def c4_texts(self, n: int | None = None):
+        """The ``text`` column of the C4 validation sample, its first ``n`` rows (all
+        when None), as a pyarrow ChunkedArray of strings."""
+        import pyarrow.parquet as pq
+
+        return pq.read_table(self.c4, columns=["text"]).column("text")[:n]
+
+
+@pytest.fixture(scope="session")
+def corpora(shared_data) -> Corpora:
+    """``Corpora`` of ../shared/data; skips or fails like ``shared_data`` when absent."""
+    return Corpora(shared_data)
+
+
+@pytest.fixture(scope="session")
+def shakespeare_lm_cache(corpora):
+    """``build(tmp_path_factory, num_lines=..., sequence_length=..., num_shards=2)``:
+    builds the first ``num_lines`` lines of tinyshakespeare (one file,
+    ``play.txt``) as the packed task ``shakespeare_lm`` (byte vocabulary) and
+    returns the caches root (a ``pathlib.Path``; the cache is
+    ``root/shakespeare_lm/train``). For module-scoped cache fixtures."""
+
+    def build(tmp_path_factory, *, num_lines: int, sequence_length: int, num_shards: int = 2):
+        from seqcache import pipelines
+        from testsupport import shakespeare_lm_task, write_lines
+
+        src = tmp_path_factory.mktemp("corpus")
+        write_lines(src / "play.txt", corpora.shakespeare_lines(num_lines))
+        root = tmp_path_factory.mktemp("caches")
+        pipelines.build_task(shakespeare_lm_task(str(src / "*.txt")), cache_dir=str(root),
+                             config=pipelines.BuildConfig(num_shards=num_shards,
+                                                          sequence_length={"targets": sequence_length}))
+        return root
+
+    return build

@@ -9,13 +9,13 @@ from click.testing import CliRunner
 
 from seqcache import format as fmt
 from seqcache.cli import main
+from testsupport import write_lines
 
 
-def test_build_info_show_verify(tmp_path, shared_data):
+def test_build_info_show_verify(tmp_path, corpora):
     corpus = tmp_path / "in"
-    corpus.mkdir()
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:3000]
-    (corpus / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    lines = corpora.shakespeare_lines(3000)
+    write_lines(corpus / "a.txt", lines)
     (corpus / "skip-me.txt").write_text("not part of the corpus\n", encoding="utf-8")
     runner = CliRunner()
     args = ["build", "--source", f"text:{corpus}/*.txt", "--exclude", "*/skip-me.txt", "--on-error", "empty=skip", "--name", "shk",
@@ -60,11 +60,10 @@ def test_unknown_task_suggests_close_names(tmp_path):
     assert "definitely_not_registered" in out.output
 
 
-def test_usage_errors_and_warnings(tmp_path, shared_data):
+def test_usage_errors_and_warnings(tmp_path, corpora):
     corpus = tmp_path / "in"
-    corpus.mkdir()
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:500]
-    (corpus / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    lines = corpora.shakespeare_lines(500)
+    write_lines(corpus / "a.txt", lines)
     runner = CliRunner()
     base = ["build", "--source", f"text:{corpus}/*.txt", "--on-error", "empty=keep", "--cache-dir", str(tmp_path / "c")]
     for bad in (["--name", "x", "--num-shards", "0"], ["--name", "x", "--seed", "-1"], ["--name", "bad name/x"],
@@ -105,9 +104,9 @@ def test_module_in_the_working_folder_is_found(tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "PYTHONPATH" in missing.output
 
 
-def test_vocab_train_creates_the_output_folder(tmp_path, shared_data):
+def test_vocab_train_creates_the_output_folder(tmp_path, corpora):
     out = tmp_path / "new" / "folder" / "spm.model"
-    result = CliRunner().invoke(main, ["vocab", "train", "--source", f"text:{shared_data}/sentencepiece_data/botchan.txt",
+    result = CliRunner().invoke(main, ["vocab", "train", "--source", f"text:{corpora.botchan}",
                                        "--vocab-size", "400", "--max-records", "2000", "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert out.stat().st_size > 0
@@ -126,10 +125,10 @@ def test_an_interrupt_inside_a_beam_step_is_reported_as_an_interrupt(tmp_path, m
     assert out.exit_code == 130 and "interrupted" in out.output and "Traceback" not in out.output
 
 
-def test_vocab_check_reports_what_does_not_survive_the_round_trip(tmp_path, shared_data):
+def test_vocab_check_reports_what_does_not_survive_the_round_trip(tmp_path, corpora):
     model = tmp_path / "nfkc.model"
     runner = CliRunner()
-    trained = runner.invoke(main, ["vocab", "train", "--source", f"text:{shared_data}/sentencepiece_data/botchan.txt",
+    trained = runner.invoke(main, ["vocab", "train", "--source", f"text:{corpora.botchan}",
                                    "--vocab-size", "400", "--max-records", "2000", "--output", str(model)])
     assert trained.exit_code == 0, trained.output
     text = tmp_path / "t.txt"
@@ -146,11 +145,10 @@ def test_vocab_check_reports_what_does_not_survive_the_round_trip(tmp_path, shar
     assert clean.exit_code == 0 and "0 change" in clean.output
 
 
-def test_show_checks_the_counts_it_relies_on_and_names_bad_shards(tmp_path, shared_data):
+def test_show_checks_the_counts_it_relies_on_and_names_bad_shards(tmp_path, corpora):
     corpus = tmp_path / "in"
-    corpus.mkdir()
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:2000]
-    (corpus / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    lines = corpora.shakespeare_lines(2000)
+    write_lines(corpus / "a.txt", lines)
     runner = CliRunner()
     built = runner.invoke(main, ["build", "--source", f"text:{corpus}/a.txt", "--on-error", "empty=skip",
                                  "--name", "s", "--num-shards", "3", "--cache-dir", str(tmp_path / "c")])
@@ -209,9 +207,9 @@ def test_source_options_with_a_registered_task_are_usage_errors(tmp_path, monkey
     assert CliRunner().invoke(main, base).exit_code == 0
 
 
-def test_scan_lists_every_kind_and_the_options_that_go_on(tmp_path, shared_data):
+def test_scan_lists_every_kind_and_the_options_that_go_on(tmp_path, corpora):
     runner = CliRunner()
-    corpus = shared_data / "unicode_edge" / "blns.txt"
+    corpus = corpora.blns
     # The default policy skips the blank and whitespace-only lines and keeps the control characters.
     default = runner.invoke(main, ["scan", "--source", f"text:{corpus}", "--json"])
     assert default.exit_code == 0, default.output

@@ -27,6 +27,8 @@ import uuid
 
 import pytest
 
+from testsupport import write_files
+
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
 
 # Far above a build's few seconds: reaching it means the command hung.
@@ -71,11 +73,7 @@ def _run(args, *, cwd, env):
 @pytest.fixture
 def bad_corpus(tmp_path):
     """Two text files; line 2 of a.txt is not UTF-8 (raised on by default)."""
-    src = tmp_path / "in"
-    src.mkdir()
-    (src / "a.txt").write_bytes(A_TXT)
-    (src / "b.txt").write_bytes(b"more\n")
-    return str(src / "*.txt")
+    return str(write_files(tmp_path / "in", {"a.txt": A_TXT, "b.txt": b"more\n"}) / "*.txt")
 
 
 def test_failing_build_prints_the_same_one_line_error_as_in_memory_mode(tmp_path, bad_corpus):

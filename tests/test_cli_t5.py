@@ -39,10 +39,10 @@ def _hashes(cache_dir):
 
 
 @pytest.fixture(scope="module")
-def c4(tmp_path_factory, shared_data):
+def c4(tmp_path_factory, corpora):
     """The first NUM_DOCS C4 validation documents as one Parquet file."""
     folder = tmp_path_factory.mktemp("c4")
-    texts = pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text")[:NUM_DOCS]
+    texts = corpora.c4_texts(NUM_DOCS)
     pq.write_table(pa.table({"text": texts}), folder / "c4.parquet", row_group_size=40)
     return folder / "c4.parquet", texts.to_pylist()
 
@@ -151,10 +151,10 @@ def test_which_shows_sentinels_and_refuses_a_feature_the_cache_lacks(span_caches
     assert "has no feature 'bogus' (its token features: inputs, targets)" in bogus.output
 
 
-def test_decode_with_sentinels_keeps_sentencepiece_spaces(tmp_path, shared_data):
+def test_decode_with_sentinels_keeps_sentencepiece_spaces(tmp_path, corpora):
     from seqcache.commands.inspect import decode_with_sentinels
 
-    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()[:2000]
+    lines = corpora.botchan.read_text(encoding="utf-8").splitlines()[:2000]
     vocab = tasks.train_sentencepiece(lines, output_path=str(tmp_path / "spm.model"), vocab_size=400, extra_ids=10)
     ids = vocab.encode("Thank you for inviting me to your party last week.")
     words = vocab.encode("Thank you") + [vocab.sentinel_id(0)] + vocab.encode("me to your party") + \
@@ -171,8 +171,8 @@ def _lines(path):
         return f.read().split("\n")[:-1]
 
 
-def test_translation_cache_from_parallel_text_on_the_command_line(tmp_path, shared_data):
-    d = shared_data / "multi30k"
+def test_translation_cache_from_parallel_text_on_the_command_line(tmp_path, corpora):
+    d = corpora.multi30k
     en, de = _lines(d / "val.en.gz"), _lines(d / "val.de.gz")
     cache = tmp_path / "c"
     built = _run(["build", "--source", f"parallel:inputs={d / 'val.en.gz'},targets={d / 'val.de.gz'}", "--name",
@@ -267,8 +267,8 @@ def test_options_that_do_not_go_together_name_the_flag(tmp_path, c4, extra, mess
     assert not (tmp_path / "x").exists()
 
 
-def test_parallel_source_errors(tmp_path, shared_data):
-    d = shared_data / "multi30k"
+def test_parallel_source_errors(tmp_path, corpora):
+    d = corpora.multi30k
     src = f"parallel:inputs={d / 'val.en.gz'},targets={d / 'val.de.gz'}"
     out = _run(["build", "--source", src, "--objective", "span_corruption", "--extra-ids", "100", "--name", "x",
                 "--sequence-length", "inputs=64", "--cache-dir", tmp_path], code=2)

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from seqcache.cli import main
 from seqcache.commands.vocab import option_names
+from testsupport import write_lines
 
 
 def _train(runner, *args):
@@ -21,9 +22,9 @@ def _train(runner, *args):
 
 
 @pytest.mark.parametrize("model", ["bpe", "unigram"])
-def test_train_a_tokenizer_json_twice_gives_the_same_bytes(model, shared_data, tmp_path):
+def test_train_a_tokenizer_json_twice_gives_the_same_bytes(model, corpora, tmp_path):
     runner = CliRunner()
-    src = f"text:{shared_data / 'sentencepiece_data' / 'botchan.txt'}"
+    src = f"text:{corpora.botchan}"
     digests = []
     for name in ("a.json", "b.json"):
         out = runner.invoke(main, ["vocab", "train", "--model", model, "--source", src, "--vocab-size", "500",
@@ -48,7 +49,7 @@ def _counts(output: str) -> dict[str, tuple[int, int, int]]:
 
 
 @pytest.mark.parametrize("model", ["sentencepiece", "bpe", "unigram"])
-def test_train_prints_skipped_replaced_and_kept_per_kind(model, shared_data, tmp_path):
+def test_train_prints_skipped_replaced_and_kept_per_kind(model, corpora, tmp_path):
     bad = tmp_path / "bad.txt"
     lines = ["plain text", "", "a control \x01 character", "meta \u2581 symbol", "   ", "", "two \x02 \x03 here"]
     bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -60,21 +61,21 @@ def test_train_prints_skipped_replaced_and_kept_per_kind(model, shared_data, tmp
     }
     out = tmp_path / ("v.model" if model == "sentencepiece" else "v.json")
     result = _train(CliRunner(), "--model", model, "--source", f"text:{bad}",
-                    "--source", f"text:{shared_data / 'sentencepiece_data' / 'botchan.txt'}",
+                    "--source", f"text:{corpora.botchan}",
                     "--on-error", "empty=skip", "--on-error", "whitespace=skip",
                     "--on-error", "control_characters=replace", "--on-error", "u2581=keep",
                     "--vocab-size", "400", "--max-records", "2000", "--output", str(out))
     assert result.exit_code == 0, result.output
-    botchan = (shared_data / "sentencepiece_data" / "botchan.txt").read_bytes().count(b"\n")
+    botchan = corpora.botchan.read_bytes().count(b"\n")
     assert f"bad input in {len(lines) + botchan:,} records read" in result.output
     assert _counts(result.output) == expected
 
 
-def test_clean_input_says_so_and_the_output_ending_is_checked(shared_data, tmp_path):
+def test_clean_input_says_so_and_the_output_ending_is_checked(corpora, tmp_path):
     runner = CliRunner()
-    src = f"text:{shared_data / 'sentencepiece_data' / 'botchan.txt'}"
+    src = f"text:{corpora.botchan}"
     ok = _train(runner, "--source", src, "--vocab-size", "400", "--max-records", "500", "--output", str(tmp_path / "m.model"))
-    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_bytes().count(b"\n")
+    lines = corpora.botchan.read_bytes().count(b"\n")
     assert ok.exit_code == 0 and f"{lines:,} records read, no bad input" in ok.output
     wrong = _train(runner, "--model", "bpe", "--source", src, "--vocab-size", "400", "--output", str(tmp_path / "t.model"))
     assert wrong.exit_code == 2 and "--model bpe writes a .json file" in wrong.output
@@ -83,9 +84,9 @@ def test_clean_input_says_so_and_the_output_ending_is_checked(shared_data, tmp_p
     assert mixed.exit_code == 2 and "--model-type chooses SentencePiece's algorithm" in mixed.output
 
 
-def test_sentencepiece_errors_name_this_commands_options(shared_data, tmp_path):
+def test_sentencepiece_errors_name_this_commands_options(corpora, tmp_path):
     # Japanese text needs thousands of characters: 300 pieces cannot cover them.
-    result = _train(CliRunner(), "--source", f"text:{shared_data / 'sentencepiece_data' / 'wagahaiwa_nekodearu.txt'}",
+    result = _train(CliRunner(), "--source", f"text:{corpora.sentencepiece_data / 'wagahaiwa_nekodearu.txt'}",
                     "--vocab-size", "300", "--max-records", "3000", "--output", str(tmp_path / "ja.model"))
     assert result.exit_code == 1
     assert "--vocab-size" in result.output and "--character-coverage" in result.output
@@ -97,9 +98,9 @@ def test_sentencepiece_errors_name_this_commands_options(shared_data, tmp_path):
         "Increase --vocab-size or decrease --character-coverage."
 
 
-def test_check_reports_what_a_tokenizer_json_changes(shared_data, tmp_path):
+def test_check_reports_what_a_tokenizer_json_changes(corpora, tmp_path):
     runner = CliRunner()
-    src = f"text:{shared_data / 'sentencepiece_data' / 'botchan.txt'}"
+    src = f"text:{corpora.botchan}"
     for model, norm in (("unigram", "nfkc"), ("bpe", "identity")):
         trained = _train(runner, "--model", model, "--normalization", norm, "--source", src, "--vocab-size", "500",
                          "--max-records", "2000", "--output", str(tmp_path / f"{model}.json"))
@@ -119,12 +120,11 @@ def test_check_reports_what_a_tokenizer_json_changes(shared_data, tmp_path):
     assert bpe.exit_code == 0 and "3 records checked, 0 change" in bpe.output
 
 
-def test_build_with_a_tokenizer_json_and_show_decodes(shared_data, tmp_path):
+def test_build_with_a_tokenizer_json_and_show_decodes(corpora, tmp_path):
     runner = CliRunner()
     corpus = tmp_path / "in"
-    corpus.mkdir()
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:1500]
-    (corpus / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    lines = corpora.shakespeare_lines(1500)
+    write_lines(corpus / "a.txt", lines)
     tok = tmp_path / "tokenizer.json"
     trained = _train(runner, "--model", "bpe", "--source", f"text:{corpus}/a.txt", "--on-error", "empty=skip",
                      "--vocab-size", "600", "--output", str(tok))

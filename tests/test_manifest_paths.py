@@ -23,11 +23,11 @@ PASSWD = "/etc/passwd"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, shared_data):
+def built(tmp_path_factory, corpora):
     """A two-shard cache of botchan lines (its blank lines skipped, so it has a
     quarantine file) with a small SentencePiece model stored in it."""
     root = tmp_path_factory.mktemp("paths")
-    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()
+    lines = corpora.botchan.read_text(encoding="utf-8").splitlines()
     vocab = tasks.train_sentencepiece(lines[:2000], output_path=str(root / "m.model"), vocab_size=400)
     src = root / "in.txt"
     src.write_text("\n".join(lines[:150] + ["", "  "] + lines[150:300]) + "\n", encoding="utf-8")

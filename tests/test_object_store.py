@@ -77,12 +77,12 @@ def _build_args(corpus, cache_dir):
 
 
 @pytest.fixture(scope="module")
-def caches(s3, shared_data, tmp_path_factory):
+def caches(s3, corpora, tmp_path_factory):
     """The same input built twice, into a local folder and into s3://: yields
     {"local": cache folder, "url": s3:// cache URL}."""
     root = tmp_path_factory.mktemp("object-store")
     corpus = root / "in.txt"
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:NUM_LINES]
+    lines = corpora.shakespeare_lines(NUM_LINES)
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     runner = CliRunner()
     local = runner.invoke(main, _build_args(corpus, str(root / "caches")), catch_exceptions=False)

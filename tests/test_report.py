@@ -25,11 +25,11 @@ def _invoke(*args):
 
 
 @pytest.fixture(scope="module")
-def c4_cache(tmp_path_factory, shared_data) -> str:
+def c4_cache(tmp_path_factory, corpora) -> str:
     """The C4 sample (2,000 documents) packed to 512 bytes, 4 shards; its
     control characters repaired (so the quarantine file has entries)."""
     root = tmp_path_factory.mktemp("report-c4")
-    _invoke("build", "--source", f"parquet:{shared_data / 'c4' / 'c4_validation_2k.parquet'}#text",
+    _invoke("build", "--source", f"parquet:{corpora.c4}#text",
             "--vocabulary", "byte", "--name", "c4", "--sequence-length", SEQUENCE_LENGTH, "--pack",
             "--num-shards", 4, "--on-error", "replace", "--cache-dir", root, "--json")
     return str(root / "c4" / "train")
@@ -41,9 +41,7 @@ def _get(d: dict, dotted: str):
     return d
 
 
-def test_report_json_matches_info_and_the_corpus(c4_cache, shared_data):
-    import pyarrow.parquet as pq
-
+def test_report_json_matches_info_and_the_corpus(c4_cache, corpora):
     info = json.loads(_invoke("info", c4_cache, "--json").stdout)
     rep = json.loads(_invoke("report", c4_cache, "--json").stdout)
     assert rep["mixture"] is None and len(rep["caches"]) == 1
@@ -56,7 +54,7 @@ def test_report_json_matches_info_and_the_corpus(c4_cache, shared_data):
         assert value == info["statistics"][key], key
 
     # The length histogram counts every source example once, by its true length.
-    docs = pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
+    docs = corpora.c4_texts().to_pylist()
     lengths = c["lengths"]["targets"]
     assert lengths["recorded"] and lengths["count"] == info["statistics"]["source_examples"] == len(docs)
     from seqcache.pipelines.stats import bucket_hi, bucket_lo

@@ -88,11 +88,11 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-def test_build_and_feed_without_tensorflow(tmp_path, shared_data):
+def test_build_and_feed_without_tensorflow(tmp_path, corpora):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
     (tmp_path / "run.py").write_text(textwrap.dedent(SCRIPT))
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:400]
+    lines = corpora.shakespeare_lines(400)
     corpus = tmp_path / "a.txt"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))

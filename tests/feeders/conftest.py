@@ -7,6 +7,10 @@ pattern, and a provenance entry (source 0, record number 1000 + i, offset 0).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -115,3 +119,44 @@ def fx():
         write_packed_cache=write_packed_cache,
         example_ids=example_ids,
     )
+
+
+# Runs in a fresh interpreter: restores each state on H hosts, reads `steps` global
+# batches (the hosts' batches concatenated) and prints, per state, the position
+# and state of host 0 after them and the digest of those batches.
+RESTORE_CHILD = r"""
+import hashlib, json, sys
+import numpy as np
+from seqcache.feeders import Feeder
+req = json.load(sys.stdin)
+out = []
+for state in req["states"]:
+    H = req["host_count"]
+    feeders = [Feeder.restore(state, host_index=h, host_count=H, num_threads=2) for h in range(H)]
+    h = hashlib.sha256()
+    for _ in range(req["steps"]):
+        parts = [next(f) for f in feeders]
+        for k in sorted(parts[0]):
+            h.update(np.concatenate([p[k] for p in parts]).tobytes())
+    out.append({"position": feeders[0].position, "digest": h.hexdigest(), "state": feeders[0].state()})
+    for f in feeders:
+        f.close()
+json.dump(out, sys.stdout)
+"""
+
+
+def restore_in_fresh_process(states, *, host_count: int, steps: int) -> list[dict]:
+    """Restores each JSON-able feeder state in a new Python process on
+    ``host_count`` hosts and reads ``steps`` global batches; returns, per state,
+    ``{"position", "digest", "state"}`` (digest: ``testsupport.batches_digest`` of
+    those global batches). Fails the test when the process fails."""
+    proc = subprocess.run([sys.executable, "-c", RESTORE_CHILD], capture_output=True, text=True, timeout=120,
+                          input=json.dumps({"states": states, "host_count": host_count, "steps": steps}))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def restore_fresh():
+    """``restore_in_fresh_process(states, host_count=..., steps=...)``."""
+    return restore_in_fresh_process

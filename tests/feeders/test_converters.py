@@ -23,9 +23,9 @@ def _task(d, packing=None):
 
 
 @pytest.fixture(scope="module")
-def caches(tmp_path_factory, shared_data):
+def caches(tmp_path_factory, corpora):
     root = tmp_path_factory.mktemp("conv")
-    d = shared_data / "multi30k"
+    d = corpora.multi30k
     lengths = {"inputs": 96, "targets": 96}
     plain = build_task(_task(d), cache_dir=str(root), config=BuildConfig(num_shards=2, sequence_length=lengths))
     packed = build_task(_task(d, "first_fit"), cache_dir=str(root),

@@ -179,17 +179,25 @@ def test_opening_never_reads_the_shard_checksum_file(make_cache):
         assert len(r) == N
 
 
+def _refused_at_shard_6s_first_read(path, mpath, value, *, parse_match):
+    """Shard 6's num_bytes, ``value`` as the error writes it, is refused: at the
+    first read of shard 6 by a lazy reader (shard 0 reads), by an eager open, and
+    by ``parse_manifest`` (what a writer checks before writing; ``parse_match``)."""
+    with CacheReader(path, open_shards=False) as r:
+        assert r.read_examples([0])[0]["targets"][0] == 1  # shard 0 reads
+        with pytest.raises(fmt.CacheError, match=rf"^{mpath}: shard 6: num_bytes is {value}, expected an integer >= 0"):
+            r.read([0, int(r.shard_starts[6])])
+    with pytest.raises(fmt.CacheError, match=f"shard 6: num_bytes is {value}"):
+        CacheReader(path)
+    with pytest.raises(fmt.CacheError, match=parse_match):
+        fmt.parse_manifest(json.load(open(mpath)))
+
+
 def test_a_bad_size_column_is_refused_at_the_first_read_naming_the_shard(make_cache):
     path = make_cache(n=N, num_shards=SHARDS)
     mpath = _edit_manifest(path, lambda raw: _edit_column(raw, "num_bytes", 6, -12))
-    with CacheReader(path, open_shards=False) as r:  # a shard's byte sizes are decoded at its first read
-        assert r.read_examples([0])[0]["targets"][0] == 1  # shard 0 reads
-        with pytest.raises(fmt.CacheError, match=rf"^{mpath}: shard 6: num_bytes is -12, expected an integer >= 0"):
-            r.read([0, int(r.shard_starts[6])])
-    with pytest.raises(fmt.CacheError, match="shard 6: num_bytes is -12"):
-        CacheReader(path)  # the eager open checks every shard
-    with pytest.raises(fmt.CacheError, match="shard 6: num_bytes is -12"):
-        fmt.parse_manifest(json.load(open(mpath)))  # what a writer checks before writing
+    # A shard's byte sizes are decoded at its first read; the eager open checks every shard.
+    _refused_at_shard_6s_first_read(path, mpath, "-12", parse_match="shard 6: num_bytes is -12")
     size = os.path.getsize(os.path.join(path, fmt.shard_name(fmt.DATA_PREFIX, 6, SHARDS)))
     _edit_manifest(path, lambda raw: (_edit_column(raw, "num_bytes", 6, size), raw["shards"].update(
         provenance_num_bytes="!" * len(raw["shards"]["num_bytes"]))))
@@ -265,14 +273,8 @@ def test_a_bad_version_1_shard_entry_is_refused_at_that_shards_first_read_naming
     path = make_cache(n=N, num_shards=SHARDS)
     to_format_version_1(path)
     mpath = _edit_manifest(path, lambda raw: raw["shards"][6].update(num_bytes="12"))
-    with CacheReader(path, open_shards=False) as r:
-        assert r.read_examples([0])[0]["targets"][0] == 1  # shard 0 reads
-        with pytest.raises(fmt.CacheError, match=rf"^{mpath}: shard 6: num_bytes is '12', expected an integer >= 0"):
-            r.read([0, int(r.shard_starts[6])])
-    with pytest.raises(fmt.CacheError, match="shard 6: num_bytes is '12'"):
-        CacheReader(path)  # the eager open builds every entry
-    with pytest.raises(fmt.CacheError, match="shard 6: num_bytes"):
-        fmt.parse_manifest(json.load(open(mpath)))  # what a writer checks before writing
+    # A shard's entry is built at its first read; the eager open builds every entry.
+    _refused_at_shard_6s_first_read(path, mpath, "'12'", parse_match="shard 6: num_bytes")
 
 
 @pytest.mark.parametrize("edit, message", [

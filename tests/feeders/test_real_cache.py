@@ -11,29 +11,17 @@ L = 64
 
 
 @pytest.fixture(scope="module")
-def shakespeare_cache(tmp_path_factory, shared_data):
-    tasks = pytest.importorskip("seqcache.tasks")
-    pipelines = pytest.importorskip("seqcache.pipelines")
-    src = tmp_path_factory.mktemp("corpus")
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:1500]
-    (src / "play.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    task = tasks.Task(
-        "shakespeare_lm",
-        source=tasks.TextLineSource(str(src / "*.txt"), on_error={"empty": "skip"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-        packing="lm",
-    )
-    root = tmp_path_factory.mktemp("caches")
-    result = pipelines.build_task(task, cache_dir=str(root),
-                                  config=pipelines.BuildConfig(num_shards=3, sequence_length={"targets": L}))
+def shakespeare_cache(tmp_path_factory, corpora, shakespeare_lm_cache):
+    pytest.importorskip("seqcache.tasks")
+    pytest.importorskip("seqcache.pipelines")
+    lines = corpora.shakespeare_lines(1500)
+    root = shakespeare_lm_cache(tmp_path_factory, num_lines=1500, sequence_length=L, num_shards=3)
     # A text line's record number is the byte offset of its first byte: map it back to the line.
     line_at, start = {}, 0
     for k, line in enumerate(lines):
         line_at[start] = k
         start += len(line.encode("utf-8")) + 1
-    return result.cache_dir, lines, line_at
+    return str(root / "shakespeare_lm" / "train"), lines, line_at
 
 
 def test_every_packed_example_once_and_traced_to_its_source_line(shakespeare_cache):

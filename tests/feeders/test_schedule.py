@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,6 +11,7 @@ import pytest
 from seqcache.feeders import Feeder, FeederStateError
 from seqcache.feeders.mixing import Mixer
 from seqcache.feeders.schedule import Schedule
+from testsupport import batches_digest as _digest
 
 B, L = 4, 4
 CHANGE = 7  # the step at which the rates change
@@ -32,14 +30,6 @@ def _feeder(mixture, **kw):
     kw.setdefault("host_index", 0)
     kw.setdefault("host_count", 1)
     return Feeder(mixture=mixture, global_batch_size=B, sequence_length=L, seed=5, **kw)
-
-
-def _digest(batches) -> str:
-    h = hashlib.sha256()
-    for b in batches:
-        for k in sorted(b):
-            h.update(np.ascontiguousarray(b[k]).tobytes())
-    return h.hexdigest()
 
 
 def test_ordinals_continue_across_a_change_and_every_example_is_read_once_per_epoch(two, fx):
@@ -134,28 +124,7 @@ def test_elastic_host_counts_across_a_change(two):
     assert len(digests) == 1
 
 
-CHILD = r"""
-import hashlib, json, sys
-import numpy as np
-from seqcache.feeders import Feeder
-req = json.load(sys.stdin)
-out = []
-for state in req["states"]:
-    H = req["host_count"]
-    fs = [Feeder.restore(state, host_index=h, host_count=H, num_threads=2) for h in range(H)]
-    h = hashlib.sha256()
-    for _ in range(req["steps"]):
-        parts = [next(f) for f in fs]
-        for k in sorted(parts[0]):
-            h.update(np.concatenate([p[k] for p in parts]).tobytes())
-    out.append(h.hexdigest())
-    for f in fs:
-        f.close()
-json.dump(out, sys.stdout)
-"""
-
-
-def test_resume_at_just_before_and_just_after_a_change_in_a_fresh_process(two):
+def test_resume_at_just_before_and_just_after_a_change_in_a_fresh_process(two, restore_fresh):
     a, b = two
     after = 3
     resume = [CHANGE - 1, CHANGE, CHANGE + 1]
@@ -168,11 +137,8 @@ def test_resume_at_just_before_and_just_after_a_change_in_a_fresh_process(two):
     assert all(st["version"] == 2 and len(st["schedule"]) == 2 for st in states.values())
     want = [_digest(batches[s:s + after]) for s in resume]
     for hosts in (1, 2, 4):
-        proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120,
-                              input=json.dumps({"states": [states[s] for s in resume], "host_count": hosts,
-                                                "steps": after}))
-        assert proc.returncode == 0, proc.stderr
-        assert json.loads(proc.stdout) == want, hosts
+        results = restore_fresh([states[s] for s in resume], host_count=hosts, steps=after)
+        assert [r["digest"] for r in results] == want, hosts
 
 
 def test_a_running_job_extends_its_schedule_at_restore(two, make_cache):

@@ -1,54 +1,14 @@
 """Feeder state (G4, G5): O(1) exact resume in a fresh process, elastic restore, refusals."""
 
-import hashlib
 import json
 import re
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 
 from seqcache.feeders import Feeder, FeederStateError
+from testsupport import batches_digest as _digest
 
 N, B = 60, 4  # one epoch = 15 steps exactly
-
-# Runs in a fresh interpreter: restores each state on H hosts, reads `steps` global
-# batches (the hosts' batches concatenated) and prints one digest per state.
-CHILD = r"""
-import hashlib, json, sys
-import numpy as np
-from seqcache.feeders import Feeder
-req = json.load(sys.stdin)
-out = []
-for state in req["states"]:
-    H = req["host_count"]
-    feeders = [Feeder.restore(state, host_index=h, host_count=H, num_threads=2) for h in range(H)]
-    h = hashlib.sha256()
-    for _ in range(req["steps"]):
-        parts = [next(f) for f in feeders]
-        for k in sorted(parts[0]):
-            h.update(np.concatenate([p[k] for p in parts]).tobytes())
-    out.append({"position": feeders[0].position, "digest": h.hexdigest(), "state": feeders[0].state()})
-    for f in feeders:
-        f.close()
-json.dump(out, sys.stdout)
-"""
-
-
-def _digest(batches) -> str:
-    h = hashlib.sha256()
-    for b in batches:
-        for k in sorted(b):
-            h.update(np.ascontiguousarray(b[k]).tobytes())
-    return h.hexdigest()
-
-
-def _run_child(states, *, host_count, steps):
-    proc = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps({"states": states, "host_count": host_count,
-                          "steps": steps}), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def test_state_is_small_json(make_cache):
@@ -66,7 +26,7 @@ def test_state_is_small_json(make_cache):
     assert state["mixture"][0]["num_examples"] == N and len(state["mixture"][0]["fingerprint"]) == 64
 
 
-def test_resume_in_a_fresh_process_with_other_host_counts(make_cache):
+def test_resume_in_a_fresh_process_with_other_host_counts(make_cache, restore_fresh):
     path = make_cache(n=N, num_shards=3, length=lambda i: 1 + i % 6)
     steps_after = 3
     # Steps: 0, 1, mid-epoch, one before the epoch boundary, exactly at it, one after.
@@ -86,7 +46,7 @@ def test_resume_in_a_fresh_process_with_other_host_counts(make_cache):
         far_batches = [next(f) for _ in range(steps_after)]
     ordered = resume_steps + [far]
     for host_count in (2, 4):
-        results = _run_child([states[s] for s in ordered], host_count=host_count, steps=steps_after)
+        results = restore_fresh([states[s] for s in ordered], host_count=host_count, steps=steps_after)
         assert len(results) == len(ordered)
         for s, res in zip(ordered, results):
             want = far_batches if s == far else batches[s: s + steps_after]

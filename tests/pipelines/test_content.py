@@ -53,9 +53,9 @@ def _expected(texts, vocab, trim_to=None):
     return out
 
 
-def test_tinyshakespeare_every_line_once(tmp_path, shared_data):
+def test_tinyshakespeare_every_line_once(tmp_path, corpora):
     """Blank lines separate the speeches: skipped on request, counted and listed."""
-    path = shared_data / "tinyshakespeare" / "input.txt"
+    path = corpora.shakespeare
     vocab = tasks.ByteVocabulary()
     result = build_task(
         _task("shakespeare", tasks.TextLineSource(str(path), on_error={"empty": "skip"}), vocab),
@@ -82,8 +82,8 @@ def test_tinyshakespeare_every_line_once(tmp_path, shared_data):
                for e in quarantined)
 
 
-def test_c4_parquet_every_document_once_with_trim(tmp_path, shared_data):
-    path = shared_data / "c4" / "c4_validation_2k.parquet"
+def test_c4_parquet_every_document_once_with_trim(tmp_path, corpora):
+    path = corpora.c4
     vocab = tasks.ByteVocabulary()
     result = build_task(
         _task("c4", tasks.ParquetSource(str(path), column="text", on_error={"control_characters": "keep"}), vocab,
@@ -100,8 +100,8 @@ def test_c4_parquet_every_document_once_with_trim(tmp_path, shared_data):
     assert result.manifest.statistics["max_length"]["targets"] == 512
 
 
-def test_dolma_jsonl_gz_every_document_once(tmp_path, shared_data):
-    pattern = str(shared_data / "dolma_cc" / "*.jsonl.gz")
+def test_dolma_jsonl_gz_every_document_once(tmp_path, corpora):
+    pattern = str(corpora.dolma / "*.jsonl.gz")
     vocab = tasks.ByteVocabulary()
     result = build_task(
         _task("dolma", tasks.JsonLinesSource(pattern, field="text", on_error={"control_characters": "keep"}), vocab),
@@ -109,15 +109,15 @@ def test_dolma_jsonl_gz_every_document_once(tmp_path, shared_data):
         config=BuildConfig(num_shards=2),
     )
     texts = []
-    for p in sorted((shared_data / "dolma_cc").glob("*.jsonl.gz")):
+    for p in sorted(corpora.dolma.glob("*.jsonl.gz")):
         with gzip.open(p, "rt", encoding="utf-8") as f:
             texts += [json.loads(line)["text"] for line in f if line.strip()]
     assert result.manifest.num_examples == len(texts) == 20
     assert _decoded_multiset(result.cache_dir) == _expected(texts, vocab)
 
 
-def test_lm_packing_keeps_every_token_and_records_provenance(tmp_path, shared_data):
-    pattern = str(shared_data / "dolma_cc" / "*.jsonl.gz")
+def test_lm_packing_keeps_every_token_and_records_provenance(tmp_path, corpora):
+    pattern = str(corpora.dolma / "*.jsonl.gz")
     vocab = tasks.ByteVocabulary()
     length = 1024
     result = build_task(
@@ -127,7 +127,7 @@ def test_lm_packing_keeps_every_token_and_records_provenance(tmp_path, shared_da
         config=BuildConfig(num_shards=2, sequence_length={"targets": length}),
     )
     texts = {}
-    for fi, p in enumerate(sorted((shared_data / "dolma_cc").glob("*.jsonl.gz"))):
+    for fi, p in enumerate(sorted(corpora.dolma.glob("*.jsonl.gz"))):
         with gzip.open(p, "rb") as f:
             offset = 0  # a line's record number: the byte offset of its first byte, decompressed
             for line in f:
@@ -163,12 +163,12 @@ def test_lm_packing_keeps_every_token_and_records_provenance(tmp_path, shared_da
     assert all(examples[i]["targets"].size == length for i in full)
 
 
-def test_sentencepiece_vocabulary_travels_with_the_cache(tmp_path, shared_data):
+def test_sentencepiece_vocabulary_travels_with_the_cache(tmp_path, corpora):
     model = tmp_path / "spm.model"
-    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()
+    lines = corpora.botchan.read_text(encoding="utf-8").splitlines()
     vocab = tasks.train_sentencepiece(lines[:3000], output_path=str(model), vocab_size=600)
     result = build_task(
-        _task("botchan", tasks.TextLineSource(str(shared_data / "sentencepiece_data" / "botchan.txt")), vocab),
+        _task("botchan", tasks.TextLineSource(str(corpora.botchan)), vocab),
         cache_dir=str(tmp_path / "cache"),
         config=BuildConfig(num_shards=2),
     )
@@ -177,7 +177,7 @@ def test_sentencepiece_vocabulary_travels_with_the_cache(tmp_path, shared_data):
         v = r.vocabulary("targets")
         ex = r.read_examples([0])[0]["targets"]
         prov = r.read_sources([0])[0][0]
-    data = (shared_data / "sentencepiece_data" / "botchan.txt").read_bytes()
+    data = corpora.botchan.read_bytes()
     all_lines = data.decode("utf-8").split("\n")
     # The record number is the byte offset of the line's first byte.
     line = all_lines[_line_starts(data).index(prov["record_number"])]
@@ -185,20 +185,20 @@ def test_sentencepiece_vocabulary_travels_with_the_cache(tmp_path, shared_data):
     assert v.decode(ex.tolist()) == vocab.decode(vocab.encode(line))  # same model, rebuilt from the cache
 
 
-def test_fresh_worker_processes_get_the_sentencepiece_model(tmp_path, shared_data):
+def test_fresh_worker_processes_get_the_sentencepiece_model(tmp_path, corpora):
     """multi_processing workers are fresh processes: the vocabulary travels with the
     task (as model bytes), not as a path they would have to open."""
     model = tmp_path / "spm.model"
-    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()
+    lines = corpora.botchan.read_text(encoding="utf-8").splitlines()
     vocab = tasks.train_sentencepiece(lines[:3000], output_path=str(model), vocab_size=600)
     vocab = tasks.SentencePieceVocabulary(str(model))
     vocab.encode("load it")  # loaded from the file ...
     model.unlink()  # ... which is now gone
-    task = _task("botchan", tasks.TextLineSource(str(shared_data / "sentencepiece_data" / "botchan.txt")), vocab)
+    task = _task("botchan", tasks.TextLineSource(str(corpora.botchan)), vocab)
     args = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
     a = build_task(task, cache_dir=str(tmp_path / "a"), config=BuildConfig(num_shards=2), pipeline_args=args)
     b = build_task(task, cache_dir=str(tmp_path / "b"), config=BuildConfig(num_shards=2))
     assert (fmt.read_shard_checksums(a.cache_dir, a.manifest)
             == fmt.read_shard_checksums(b.cache_dir, b.manifest))
-    data = (shared_data / "sentencepiece_data" / "botchan.txt").read_bytes()
+    data = corpora.botchan.read_bytes()
     assert a.manifest.num_examples == data.count(b"\n") + (0 if data.endswith(b"\n") else 1)

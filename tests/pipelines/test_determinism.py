@@ -18,14 +18,10 @@ from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, build_task
 from seqcache.feeders.reader import CacheReader
+from testsupport import lines_task as _task
 
 NUM_LINES = 6000
 NUM_SHARDS = 4
-
-
-def _lines(shared_data):
-    text = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
-    return text.split("\n")[:NUM_LINES]
 
 
 def _write_files(folder, lines, num_files, names=None):
@@ -35,19 +31,6 @@ def _write_files(folder, lines, num_files, names=None):
         name = names[k] if names else f"part-{k:03d}.txt"
         (folder / name).write_text("".join(lines[i] + "\n" for i in idx), encoding="utf-8")
     return str(folder / "*.txt")
-
-
-def _task(pattern, name="shakespeare"):
-    return tasks.Task(
-        name,
-        source=tasks.TextLineSource(pattern, on_error={"empty": "keep"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[
-            tasks.preprocessors.rekey({"targets": "text"}),
-            tasks.preprocessors.tokenize(),
-            tasks.preprocessors.append_eos(),
-        ],
-    )
 
 
 def _shard_hashes(cache_dir, prefix=fmt.DATA_PREFIX):
@@ -70,8 +53,8 @@ def _build(tmp_path, pattern, *, seed=0, args=(), name="shakespeare"):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, shared_data):
-    lines = _lines(shared_data)
+def reference(tmp_path_factory, corpora):
+    lines = corpora.shakespeare_lines(NUM_LINES)
     root = tmp_path_factory.mktemp("ref")
     pattern = _write_files(root / "in", lines, 3)
     return lines, _build(root, pattern)

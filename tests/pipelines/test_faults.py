@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from seqcache import format as fmt
-from seqcache import tasks
 from seqcache.pipelines import BuildConfig, BuildError, build_task
+from testsupport import lines_task
 
 
 @pytest.fixture
@@ -30,16 +30,11 @@ def small_disk(tmp_path):
 
 
 def _task(pattern):
-    return tasks.Task(
-        "lines",
-        source=tasks.TextLineSource(pattern, on_error={"empty": "keep"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
-    )
+    return lines_task(pattern, eos=False)
 
 
-def test_full_disk_is_a_clear_error_and_a_rerun_succeeds(tmp_path, small_disk, shared_data):
-    corpus = str(shared_data / "tinyshakespeare" / "input.txt")  # 1.1 MB of text: ~4.5 MB of int32 tokens
+def test_full_disk_is_a_clear_error_and_a_rerun_succeeds(tmp_path, small_disk, corpora):
+    corpus = str(corpora.shakespeare)  # 1.1 MB of text: ~4.5 MB of int32 tokens
     with pytest.raises(BuildError, match="no space left on the device.*nothing was published"):
         build_task(_task(corpus), cache_dir=str(small_disk), config=BuildConfig(num_shards=2))
     out_dir = small_disk / "lines" / "train"
@@ -57,7 +52,7 @@ def test_full_disk_is_a_clear_error_and_a_rerun_succeeds(tmp_path, small_disk, s
 
 
 @pytest.mark.parametrize("exchange", ["runner", "spill"])
-def test_a_retried_unit_gives_exactly_the_input_multiset(tmp_path, shared_data, exchange, flaky_reader, attempt, group):
+def test_a_retried_unit_gives_exactly_the_input_multiset(tmp_path, corpora, exchange, flaky_reader, attempt, group):
     """A runner retries a failed work unit and discards the failed attempt's
     outputs. The spill files a failed attempt wrote are never named by an
     output, so the shards hold exactly the input records, once each (the local
@@ -68,7 +63,7 @@ def test_a_retried_unit_gives_exactly_the_input_multiset(tmp_path, shared_data, 
     from seqcache.feeders.reader import CacheReader
     from seqcache.pipelines import transforms, writer
 
-    path = str(shared_data / "tinyshakespeare" / "input.txt")
+    path = str(corpora.shakespeare)
     task = _task(path)
     out_dir = tmp_path / "cache"
     spill_dir = out_dir / "_tmp" / "spill"

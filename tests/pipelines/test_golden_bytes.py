@@ -95,8 +95,8 @@ def _build(task, tmp_path, sequence_length=None):
     return records, groups, files
 
 
-def test_golden_short_lines(shared_data, tmp_path):
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:5000]
+def test_golden_short_lines(corpora, tmp_path):
+    lines = corpora.shakespeare_lines(5000)
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("\n".join(lines[:2500]) + "\n", encoding="utf-8")
     (tmp_path / "in" / "b.txt").write_text("\n".join(lines[2500:]) + "\n", encoding="utf-8")
@@ -109,8 +109,8 @@ def test_golden_short_lines(shared_data, tmp_path):
     assert files == GOLDEN_LINES_FILES
 
 
-def test_golden_span_corruption_first_fit(shared_data, tmp_path):
-    texts = pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text")[:400]
+def test_golden_span_corruption_first_fit(corpora, tmp_path):
+    texts = corpora.c4_texts(400)
     (tmp_path / "pq").mkdir()
     pq.write_table(pa.table({"text": texts}), tmp_path / "pq" / "p.parquet", row_group_size=50)
     vocab = tasks.ByteVocabulary(extra_ids=100)

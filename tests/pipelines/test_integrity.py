@@ -8,10 +8,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
 from click.testing import CliRunner
@@ -22,26 +18,13 @@ from seqcache.cli import main as cli
 from seqcache.pipelines import BuildConfig, BuildError, build_task
 from seqcache.feeders.reader import CacheReader
 from seqcache.verify import verify_cache
-
-
-def _task(pattern, name="lines"):
-    return tasks.Task(
-        name,
-        source=tasks.TextLineSource(pattern, on_error={"empty": "keep"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-    )
+from testsupport import byte_task, write_files
+from testsupport import lines_task as _task
 
 
 @pytest.fixture
-def corpus(tmp_path, shared_data):
-    src = tmp_path / "in"
-    src.mkdir()
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:4000]
-    (src / "a.txt").write_text("\n".join(lines[:2000]) + "\n", encoding="utf-8")
-    (src / "b.txt").write_text("\n".join(lines[2000:]) + "\n", encoding="utf-8")
-    return str(src / "*.txt")
+def corpus(shakespeare_halves):
+    return str(shakespeare_halves(4000) / "*.txt")
 
 
 @pytest.fixture
@@ -201,40 +184,9 @@ def test_zero_examples_is_an_error_naming_task_and_split(tmp_path):
     assert not os.path.exists(tmp_path / "c" / "nothing" / "validation" / fmt.MANIFEST_NAME)
 
 
-_KILLED_BUILD = textwrap.dedent(
-    """
-    import sys, threading
-    from seqcache import tasks
-    from seqcache.pipelines import BuildConfig, build_task, writer
-
-    real = writer.write_shard
-    def write_shard(cache_dir, *, index, **kw):
-        if index == 2:
-            print("BLOCKED", flush=True)
-            threading.Event().wait()  # killed here, after shards 0 and 1 are in place
-        return real(cache_dir, index=index, **kw)
-    writer.write_shard = write_shard
-
-    task = tasks.Task(
-        "lines",
-        source=tasks.TextLineSource(sys.argv[1], on_error={"empty": "keep"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-    )
-    build_task(task, cache_dir=sys.argv[2], config=BuildConfig(num_shards=3))
-    """
-)
-
-
-def test_killed_build_leaves_no_manifest_and_rerun_gives_same_bytes(tmp_path, corpus, cache):
+def test_killed_build_leaves_no_manifest_and_rerun_gives_same_bytes(tmp_path, corpus, cache, kill_a_build_at_shard_2):
     root = str(tmp_path / "killed")
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_BUILD, corpus, root], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "BLOCKED"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
+    kill_a_build_at_shard_2(corpus, root)
     out_dir = os.path.join(root, "lines", "train")
     names = os.listdir(out_dir)
     assert fmt.MANIFEST_NAME not in names
@@ -257,11 +209,7 @@ BAD_UTF8_RECORD = BAD_UTF8_A.index(b"second")
 
 
 def _bad_utf8_corpus(tmp_path):
-    src = tmp_path / "bad"
-    src.mkdir()
-    (src / "a.txt").write_bytes(BAD_UTF8_A)
-    (src / "b.txt").write_bytes(b"fourth line\n")
-    return str(src / "*.txt")
+    return str(write_files(tmp_path / "bad", {"a.txt": BAD_UTF8_A, "b.txt": b"fourth line\n"}) / "*.txt")
 
 
 def test_bad_record_raises_naming_file_and_line_by_default(tmp_path):
@@ -273,12 +221,7 @@ def test_bad_record_raises_naming_file_and_line_by_default(tmp_path):
 
 def test_skipped_records_are_counted_and_quarantined(tmp_path):
     pattern = _bad_utf8_corpus(tmp_path)
-    task = tasks.Task(
-        "lines",
-        source=tasks.TextLineSource(pattern, on_error="skip"),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
-    )
+    task = _task(pattern, on_error="skip", eos=False)
     result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
     m = result.manifest
     assert m.num_examples == 3
@@ -357,12 +300,7 @@ def test_wrong_json_types_name_the_file_and_record(tmp_path, value, message):
     src = tmp_path / "d.jsonl"
     first = '{"text": "fine"}\n'
     src.write_text(first + '{"text": ' + value + '}\n', encoding="utf-8")
-    task = tasks.Task(
-        "j",
-        source=tasks.JsonLinesSource(str(src)),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
-    )
+    task = byte_task("j", tasks.JsonLinesSource(str(src)), eos=False)
     # The second line's record number is the byte offset of its first byte.
     with pytest.raises(ValueError, match=rf"d\.jsonl: task 'j', line at byte {len(first.encode())} of file 0: "
                                          rf"feature 'targets' .*{re.escape(message)}"):
@@ -373,13 +311,7 @@ def test_records_failing_the_task_checks_are_skipped_when_asked(tmp_path):
     src = tmp_path / "d.jsonl"
     data = b'{"text": "fine"}\n{"text": [300, 5]}\n{"text": "also fine"}\n'
     src.write_bytes(data)
-    task = tasks.Task(
-        "j",
-        source=tasks.JsonLinesSource(str(src), on_error="skip"),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-    )
+    task = byte_task("j", tasks.JsonLinesSource(str(src), on_error="skip"))
     result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
     assert result.manifest.num_examples == 2 and result.manifest.statistics["skipped_records"] == 1
     (entry,) = fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
@@ -396,12 +328,7 @@ def test_parquet_schema_that_differs_between_files_names_the_file_and_record(tmp
     src.mkdir()
     pq.write_table(pa.table({"text": ["one", "two"]}), src / "a.parquet")
     pq.write_table(pa.table({"text": [3, 4]}), src / "b.parquet")  # same column, another type
-    task = tasks.Task(
-        "p",
-        source=tasks.ParquetSource(str(src / "*.parquet")),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
-    )
+    task = byte_task("p", tasks.ParquetSource(str(src / "*.parquet")), eos=False)
     with pytest.raises(ValueError, match=r"b\.parquet: task 'p', row 0 of file 1: feature 'targets' is an int"):
         build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
 
@@ -411,12 +338,7 @@ def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
     data = b"first\rsecond\nthird \xff\nfourth\r"  # a lone CR mid-line, bad UTF-8, a CR ending the file
     src.write_bytes(data)
     def task(on_error):
-        return tasks.Task(
-            "mac",
-            source=tasks.TextLineSource(str(src), on_error=on_error),
-            output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-            preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
-        )
+        return _task(str(src), "mac", on_error=on_error, eos=False)
     with pytest.raises(ValueError, match=r"mac\.txt: line 1 \(byte 0\) contains a carriage return"):
         build_task(task("raise"), cache_dir=str(tmp_path / "a"), config=BuildConfig(num_shards=1))
     skipped = build_task(task("skip"), cache_dir=str(tmp_path / "b"), config=BuildConfig(num_shards=1))
@@ -434,7 +356,7 @@ def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
     assert actions == [(0, "replaced", "carriage_return"), (data.index(b"third"), "replaced", "invalid_utf8")]
 
 
-def test_control_characters_in_c4_raise_or_are_counted(tmp_path, shared_data):
+def test_control_characters_in_c4_raise_or_are_counted(tmp_path, corpora):
     """C4 holds a few documents with C0/C1 control characters (mojibake, terminal
     escapes): raised by default naming the row; skipped or repaired on request,
     counted in the manifest and listed in the quarantine file."""
@@ -442,19 +364,14 @@ def test_control_characters_in_c4_raise_or_are_counted(tmp_path, shared_data):
 
     import pyarrow.parquet as pq
 
-    path = shared_data / "c4" / "c4_validation_2k.parquet"
+    path = corpora.c4
     texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
     control = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
     bad = [i for i, t in enumerate(texts) if control.search(t)]
     assert 0 < len(bad) < 20
 
     def task(on_error):
-        return tasks.Task(
-            "c4",
-            source=tasks.ParquetSource(str(path), on_error=on_error),
-            output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-            preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
-        )
+        return byte_task("c4", tasks.ParquetSource(str(path), on_error=on_error), eos=False)
 
     with pytest.raises(ValueError, match=rf"c4_validation_2k\.parquet: record {bad[0]} \(row index {bad[0]}\) contains "
                                          r"control character U\+[0-9A-F]{4}"):
@@ -477,20 +394,14 @@ def test_control_characters_in_c4_raise_or_are_counted(tmp_path, shared_data):
 
 def test_changing_the_policy_changes_the_fingerprint_and_says_so(tmp_path, corpus):
     build_task(_task(corpus), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
-    other = tasks.Task(
-        "lines",
-        source=tasks.TextLineSource(corpus, on_error={"empty": "skip"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-    )
+    other = _task(corpus, on_error={"empty": "skip"})
     with pytest.raises(BuildError, match=r"what changed: task\.source\.on_error\.empty: \"keep\" -> \"skip\""):
         build_task(other, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
 
 
-def _sentencepiece_cache(tmp_path, shared_data, num_lines):
+def _sentencepiece_cache(tmp_path, corpora, num_lines):
     """A one-shard cache of botchan lines with a small SentencePiece model stored in it."""
-    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").splitlines()
+    lines = corpora.botchan.read_text(encoding="utf-8").splitlines()
     vocab = tasks.train_sentencepiece(lines[:2000], output_path=str(tmp_path / "m.model"), vocab_size=400)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(line for line in lines[:num_lines] if line.strip()) + "\n", encoding="utf-8")
@@ -499,10 +410,10 @@ def _sentencepiece_cache(tmp_path, shared_data, num_lines):
     return build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1)).cache_dir
 
 
-def test_a_changed_or_missing_vocabulary_model_is_named_by_verify_and_show(tmp_path, shared_data):
+def test_a_changed_or_missing_vocabulary_model_is_named_by_verify_and_show(tmp_path, corpora):
     from click.testing import CliRunner
 
-    cache = _sentencepiece_cache(tmp_path, shared_data, 300)
+    cache = _sentencepiece_cache(tmp_path, corpora, 300)
     model = os.path.join(cache, "vocabulary-targets.model")
     data = bytearray(open(model, "rb").read())
     data[len(data) // 2] ^= 0xFF
@@ -527,13 +438,8 @@ def test_an_exception_in_a_user_preprocessor_names_the_record_and_the_code(tmp_p
     src = tmp_path / "p.txt"
     data = b"fine\nalso fine\nboom\nlast\n"
     src.write_bytes(data)
-    task = tasks.Task(
-        "pp",
-        source=tasks.TextLineSource(str(src)),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.FunctionPreprocessor(_fails_on_boom, name="lookup"),
-                       tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
-    )
+    lookup = tasks.FunctionPreprocessor(_fails_on_boom, name="lookup")
+    task = byte_task("pp", tasks.TextLineSource(str(src)), first=[lookup], eos=False)
     with pytest.raises(ValueError, match=rf"p\.txt: task 'pp', line at byte {data.index(b'boom')} of file 0: preprocessor "
                                          r"'lookup' raised KeyError: 'no such field in the lookup table' at "
                                          r".*test_integrity\.py:\d+ in _fails_on_boom"):
@@ -541,8 +447,8 @@ def test_an_exception_in_a_user_preprocessor_names_the_record_and_the_code(tmp_p
     assert not os.path.exists(tmp_path / "c" / "pp" / "train" / fmt.MANIFEST_NAME)
 
 
-def test_verify_names_a_model_that_is_a_folder_or_not_named(tmp_path, shared_data):
-    cache = _sentencepiece_cache(tmp_path, shared_data, 100)
+def test_verify_names_a_model_that_is_a_folder_or_not_named(tmp_path, corpora):
+    cache = _sentencepiece_cache(tmp_path, corpora, 100)
     model = os.path.join(cache, "vocabulary-targets.model")
     os.remove(model)
     os.mkdir(model)

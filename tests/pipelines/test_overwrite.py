@@ -8,38 +8,19 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from seqcache import format as fmt
-from seqcache import tasks
 from seqcache.feeders.reader import CacheReader
 from seqcache.pipelines import BuildConfig, BuildError, build_task, writer
 from seqcache.verify import verify_cache
-
-
-def _task(pattern, on_error=None):
-    return tasks.Task(
-        "lines",
-        source=tasks.TextLineSource(pattern, on_error=on_error or {"empty": "keep"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-    )
+from testsupport import lines_task as _task
 
 
 @pytest.fixture
-def corpus(tmp_path, shared_data):
-    src = tmp_path / "in"
-    src.mkdir()
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:3000]
-    (src / "a.txt").write_text("\n".join(lines[:1500]) + "\n", encoding="utf-8")
-    (src / "b.txt").write_text("\n".join(lines[1500:]) + "\n", encoding="utf-8")
-    return src
+def corpus(shakespeare_halves):
+    return shakespeare_halves(3000)
 
 
 def _hashes(folder) -> dict[str, str]:
@@ -100,43 +81,12 @@ def test_a_successful_overwrite_replaces_the_cache(tmp_path, corpus, monkeypatch
     assert build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2, seed=7)).reused
 
 
-_KILLED_OVERWRITE = textwrap.dedent(
-    """
-    import sys, threading
-    from seqcache import tasks
-    from seqcache.pipelines import BuildConfig, build_task, writer
-
-    real = writer.write_shard
-    def write_shard(cache_dir, *, index, **kw):
-        if index == 2:
-            print("BLOCKED", flush=True)
-            threading.Event().wait()  # killed here, after shards 0 and 1 are written
-        return real(cache_dir, index=index, **kw)
-    writer.write_shard = write_shard
-
-    task = tasks.Task(
-        "lines",
-        source=tasks.TextLineSource(sys.argv[1], on_error={"empty": "keep"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-    )
-    build_task(task, cache_dir=sys.argv[2], config=BuildConfig(num_shards=3, seed=7), overwrite=True)
-    """
-)
-
-
-def test_a_killed_overwrite_keeps_the_old_cache_and_the_rerun_cleans_up(tmp_path, corpus):
+def test_a_killed_overwrite_keeps_the_old_cache_and_the_rerun_cleans_up(tmp_path, corpus, kill_a_build_at_shard_2):
     root = str(tmp_path / "c")
     pattern = str(corpus / "*.txt")
     old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
     before = _hashes(old.cache_dir)
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_OVERWRITE, pattern, root], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "BLOCKED"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
+    kill_a_build_at_shard_2(pattern, root, seed=7, overwrite=True)
     staging = writer.staging_path(old.cache_dir)
     assert "data.array_record-00000-of-00003" in os.listdir(staging)  # the new build got that far ...
     assert fmt.MANIFEST_NAME not in os.listdir(staging)  # ... and never looked complete
@@ -145,12 +95,7 @@ def test_a_killed_overwrite_keeps_the_old_cache_and_the_rerun_cleans_up(tmp_path
     # The next build cleans the leftovers up: reusing the old cache, or replacing it.
     assert build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3)).reused
     assert not os.path.exists(staging)
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_OVERWRITE, pattern, root], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "BLOCKED"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
+    kill_a_build_at_shard_2(pattern, root, seed=7, overwrite=True)
     again = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3, seed=7), overwrite=True)
     fresh = build_task(_task(pattern), cache_dir=str(tmp_path / "fresh"), config=BuildConfig(num_shards=3, seed=7))
     assert (fmt.read_shard_checksums(again.cache_dir, again.manifest)

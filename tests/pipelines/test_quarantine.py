@@ -19,17 +19,13 @@ from seqcache.cli import main as cli
 from seqcache.pipelines import BuildConfig, BuildError, build_task
 from seqcache.pipelines import spill
 from seqcache.verify import verify_cache
+from testsupport import lines_task
 
 POLICY = {"empty": "skip", "whitespace": "skip", "invalid_utf8": "replace"}
 
 
 def _task(pattern, on_error=POLICY, name="q"):
-    return tasks.Task(
-        name,
-        source=tasks.TextLineSource(pattern, on_error=on_error),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
-    )
+    return lines_task(pattern, name, on_error=on_error, eos=False)
 
 
 def _corpus(folder, num_files=3, lines_per_file=3000):

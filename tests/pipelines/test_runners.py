@@ -51,10 +51,10 @@ def _dask_args(cluster):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, shared_data):
+def corpus(tmp_path_factory, corpora):
     """tinyshakespeare in 3 files, and a WikiText-2 file with CRLF line ends."""
     folder = tmp_path_factory.mktemp("corpus")
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    lines = corpora.shakespeare_lines(-1)
     for k in range(3):
         part = lines[k * len(lines) // 3:(k + 1) * len(lines) // 3]
         (folder / f"part-{k}.txt").write_text("\n".join(part) + "\n", encoding="utf-8")
@@ -188,7 +188,7 @@ def test_a_build_that_loses_its_worker_for_good_fails_in_one_line_and_leaves_no_
 
 
 @pytest.fixture(scope="module")
-def mixed_corpus(tmp_path_factory, shared_data):
+def mixed_corpus(tmp_path_factory, corpora):
     """C4 documents as one JSON-lines file and as a Parquet file of 16 row
     groups (the same documents), and multilingual NTREX text with multi-byte
     characters."""
@@ -197,7 +197,7 @@ def mixed_corpus(tmp_path_factory, shared_data):
     import pyarrow.parquet as pq
 
     folder = tmp_path_factory.mktemp("mixed")
-    docs = pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
+    docs = corpora.c4_texts().to_pylist()
     docs = docs[:600]
     with open(folder / "c4.jsonl", "w", encoding="utf-8") as f:
         for d in docs:
@@ -206,7 +206,7 @@ def mixed_corpus(tmp_path_factory, shared_data):
 
     pq.write_table(pa.table({"text": docs}), folder / "c4.parquet", row_group_size=len(docs) // 16)
     for lang in ("jpn", "rus", "hin"):
-        (folder / f"ntrex.{lang}.txt").write_bytes((shared_data / "ntrex128" / f"newstest2019-ref.{lang}.txt").read_bytes())
+        (folder / f"ntrex.{lang}.txt").write_bytes((corpora.ntrex / f"newstest2019-ref.{lang}.txt").read_bytes())
     return folder, docs
 
 
@@ -254,13 +254,13 @@ def test_the_split_size_never_changes_the_cache(tmp_path, mixed_corpus, kind):
 
 
 @pytest.fixture(scope="module")
-def span_corpus(tmp_path_factory, shared_data):
+def span_corpus(tmp_path_factory, corpora):
     """150 C4 documents in 3 Parquet files of 10-row row groups."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     folder = tmp_path_factory.mktemp("span")
-    docs = pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text")[:150]
+    docs = corpora.c4_texts(150)
     for k in range(3):
         pq.write_table(pa.table({"text": docs[k * 50:(k + 1) * 50]}), folder / f"part-{k}.parquet", row_group_size=10)
     return folder

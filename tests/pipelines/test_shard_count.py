@@ -11,12 +11,8 @@ from seqcache import tasks
 from seqcache.pipelines import BuildConfig, build_task, plan, shuffle
 
 
-def _c4_texts(shared_data, n=300):
-    return pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text")[:n]
-
-
-def test_parquet_content_is_its_uncompressed_text(shared_data, tmp_path):
-    texts = _c4_texts(shared_data)
+def test_parquet_content_is_its_uncompressed_text(corpora, tmp_path):
+    texts = corpora.c4_texts(300)
     text_bytes = sum(len(t.as_py().encode()) for t in texts)
     path = tmp_path / "p.parquet"
     # A second column the source does not read must not count.
@@ -35,8 +31,8 @@ def test_parquet_content_is_its_uncompressed_text(shared_data, tmp_path):
     assert shuffle.choose_num_shards(files[0].num_bytes, target_shard_bytes=shard_size) < 3
 
 
-def test_gzip_content_is_estimated_from_its_ratio(shared_data, tmp_path, monkeypatch):
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_bytes()
+def test_gzip_content_is_estimated_from_its_ratio(corpora, tmp_path, monkeypatch):
+    lines = corpora.shakespeare.read_bytes()
     path = tmp_path / "a.txt.gz"
     path.write_bytes(gzip.compress(lines, mtime=0))
     source = tasks.TextLineSource(str(path))
@@ -66,8 +62,8 @@ def test_sampled_files_lend_their_ratio(tmp_path, monkeypatch):
     assert plan.content_bytes(source, source.list_files()) == 6 * 20000 + 200
 
 
-def test_build_shard_count_follows_gz_text(shared_data, tmp_path):
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_bytes()
+def test_build_shard_count_follows_gz_text(corpora, tmp_path):
+    lines = corpora.shakespeare.read_bytes()
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt.gz").write_bytes(gzip.compress(lines, mtime=0))
     task = tasks.Task("gz_lines", source=tasks.TextLineSource(str(tmp_path / "in" / "*.gz"), on_error={"empty": "keep"}),

@@ -108,8 +108,8 @@ def write_long_line_corpus(path, num_bytes: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def spm_model(tmp_path_factory, shared_data):
-    lines = (shared_data / "sentencepiece_data" / "botchan.txt").read_text(encoding="utf-8").split("\n")
+def spm_model(tmp_path_factory, corpora):
+    lines = corpora.botchan.read_text(encoding="utf-8").split("\n")
     path = tmp_path_factory.mktemp("spm") / "botchan.model"
     tasks.train_sentencepiece([s for s in lines if s.strip()][:3000], output_path=str(path), vocab_size=800)
     return str(path)

@@ -8,9 +8,9 @@ import collections
 
 import numpy as np
 
-from seqcache import tasks
 from seqcache.pipelines import BuildConfig, build_task
 from seqcache.pipelines import stats
+from testsupport import lines_task
 
 
 def test_bucket_edges():
@@ -23,15 +23,11 @@ def test_bucket_edges():
 
 
 def _task(name, path, pack):
-    pre = [tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-           tasks.preprocessors.append_eos()]
-    return tasks.Task(name, source=tasks.TextLineSource(path, on_error={"empty": "skip"}),
-                      output_features={"targets": tasks.Feature(tasks.ByteVocabulary())}, preprocessors=pre,
-                      packing="lm" if pack else None)
+    return lines_task(path, name, on_error={"empty": "skip"}, packing="lm" if pack else None)
 
 
-def test_histogram_and_per_file_counts_are_exact(tmp_path, shared_data):
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:5000]
+def test_histogram_and_per_file_counts_are_exact(tmp_path, corpora):
+    lines = corpora.shakespeare_lines(5000)
     folder = tmp_path / "in"
     folder.mkdir()
     parts = [lines[:3000], lines[3000:4500], lines[4500:]]

@@ -38,10 +38,6 @@ def _hashes(cache_dir, prefix=fmt.DATA_PREFIX):
     return [hashlib.sha256(open(os.path.join(cache_dir, n), "rb").read()).hexdigest() for n in names]
 
 
-def _texts(shared_data, n=600):
-    return pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text")[:n]
-
-
 def _write(folder, texts, num_files, row_group_size=50):
     folder.mkdir(parents=True)
     for k, idx in enumerate(np.array_split(np.arange(len(texts)), num_files)):
@@ -57,9 +53,9 @@ def _build(root, pattern, *, args=(), split_size=None, packing=None, seed=0):
 
 
 @pytest.fixture(scope="module")
-def span_reference(tmp_path_factory, shared_data):
+def span_reference(tmp_path_factory, corpora):
     root = tmp_path_factory.mktemp("span")
-    texts = _texts(shared_data)
+    texts = corpora.c4_texts(600)
     return texts, _build(root, _write(root / "in", texts, 2))
 
 
@@ -112,8 +108,8 @@ def _translation_task(d):
     )
 
 
-def test_translation_cache_from_parallel_text(tmp_path, shared_data):
-    d = shared_data / "multi30k"
+def test_translation_cache_from_parallel_text(tmp_path, corpora):
+    d = corpora.multi30k
     out = build_task(_translation_task(d), cache_dir=str(tmp_path / "cache"),
                      config=BuildConfig(num_shards=2, sequence_length={"inputs": 128, "targets": 128})).cache_dir
     en = gzip.open(d / "val.en.gz", "rt", encoding="utf-8").read().splitlines()

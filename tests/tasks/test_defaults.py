@@ -127,8 +127,8 @@ def test_standard_corpora_build_with_the_default_policy(tmp_path, shared_data, n
     assert verify.exit_code == 0, verify.output
 
 
-def test_scan_shows_the_kept_counts_and_strict_flags_still_raise(tmp_path, shared_data):
-    path = shared_data / "c4" / "c4_validation_2k.parquet"
+def test_scan_shows_the_kept_counts_and_strict_flags_still_raise(tmp_path, corpora):
+    path = corpora.c4
     spec = f"parquet:{path}#text"
     n = _expected(_parquet_texts(path))["kept"]["control_characters"]
     scan = CliRunner().invoke(main, ["scan", "--source", spec, "--json"])
@@ -140,7 +140,7 @@ def test_scan_shows_the_kept_counts_and_strict_flags_still_raise(tmp_path, share
     assert out.exit_code == 1 and "c4_validation_2k.parquet: record" in out.output
     assert "control character U+" in out.output and not os.path.exists(cache)
     # --on-error raise is strict for every kind, blank lines included.
-    lines = shared_data / "tinyshakespeare" / "input.txt"
+    lines = corpora.shakespeare
     out, _ = _build(tmp_path, "shk", f"text:{lines}", "--on-error", "raise")
     assert out.exit_code == 1 and "input.txt: line 3 (byte 61) is empty" in out.output
 
@@ -165,16 +165,16 @@ def _shard_digests(cache) -> list[str]:
             for name in [*table.files, *table.provenance_files]]
 
 
-def test_the_defaults_leave_the_cache_bytes_unchanged(tmp_path, shared_data):
+def test_the_defaults_leave_the_cache_bytes_unchanged(tmp_path, corpora):
     # A corpus without blank lines, control characters or U+2581 gives the same shard bytes under
     # the defaults as under the strict policy; a corpus with blank lines gives the bytes of the
     # explicit --on-error empty=skip that built it before.
-    clean = f"text:{shared_data}/multi30k/val.en.gz"
+    clean = f"text:{corpora.multi30k}/val.en.gz"
     a, ca = _build(tmp_path / "a", "clean", clean)
     b, cb = _build(tmp_path / "b", "clean", clean, "--on-error", "raise")
     assert a.exit_code == 0 and b.exit_code == 0, (a.output, b.output)
     assert _shard_digests(ca) == _shard_digests(cb)
-    lines = f"text:{shared_data}/tinyshakespeare/input.txt"
+    lines = f"text:{corpora.shakespeare}"
     a, ca = _build(tmp_path / "c", "shk", lines)
     b, cb = _build(tmp_path / "d", "shk", lines, "--on-error", "empty=skip")
     assert a.exit_code == 0 and b.exit_code == 0, (a.output, b.output)

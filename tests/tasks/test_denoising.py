@@ -3,7 +3,6 @@
 import hashlib
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from seqcache.tasks import ByteVocabulary, Feature, PreprocessContext
@@ -23,8 +22,8 @@ def _ctx(n, *, seed=0, sequence_length=None):
 
 
 @pytest.fixture(scope="module")
-def c4_tokens(shared_data):
-    texts = pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
+def c4_tokens(corpora):
+    texts = corpora.c4_texts().to_pylist()
     return VOCAB.encode_batch(texts)
 
 

@@ -14,11 +14,12 @@ from seqcache import tasks
 from seqcache.tasks import hf_tokenizer as H
 from seqcache.tasks import sources as S
 from seqcache.tasks import vocabularies as V
+from testsupport import write_lines
 
 
 @pytest.fixture(scope="module")
-def botchan_sample(shared_data):
-    src = S.TextLineSource(str(shared_data / "sentencepiece_data" / "botchan.txt"), on_error={"empty": "skip"})
+def botchan_sample(corpora):
+    src = S.TextLineSource(str(corpora.botchan), on_error={"empty": "skip"})
     return V.sample_for_vocabulary(src, max_records=3000, seed=7)
 
 
@@ -42,7 +43,7 @@ def _word_level(tmp_path, specials, name="wl.json"):
     return path
 
 
-def test_trained_bpe_has_t5_special_ids_and_round_trips(bpe_path, botchan_sample, shared_data):
+def test_trained_bpe_has_t5_special_ids_and_round_trips(bpe_path, botchan_sample, corpora):
     v = H.HfTokenizerVocabulary(str(bpe_path))
     assert (v.pad_id, v.eos_id, v.unk_id) == (0, 1, 2)
     assert v.special_tokens() == {"eos": "</s>", "pad": "<pad>", "unk": "<unk>"}
@@ -52,7 +53,7 @@ def test_trained_bpe_has_t5_special_ids_and_round_trips(bpe_path, botchan_sample
     assert [a.tolist() for a in arrays] == [v.encode(t) for t in botchan_sample[:500]]
     # Byte-level BPE encodes everything; NFKC is the only change (none on this text).
     assert V.round_trip_problems(v, botchan_sample[:500]) == []
-    lines = (shared_data / "unicode_edge" / "blns.txt").read_text(encoding="utf-8").split("\n")
+    lines = corpora.blns.read_text(encoding="utf-8").split("\n")
     import unicodedata
 
     for line in lines:
@@ -154,8 +155,8 @@ H.train_hf_tokenizer(texts, output_path=sys.argv[2], model=sys.argv[3], vocab_si
 
 
 @pytest.mark.parametrize("model", ["bpe", "unigram"])
-def test_training_is_byte_identical_across_processes(model, shared_data, tmp_path):
-    corpus = str(shared_data / "sentencepiece_data" / "botchan.txt")
+def test_training_is_byte_identical_across_processes(model, corpora, tmp_path):
+    corpus = str(corpora.botchan)
     digests = []
     for name in ("a.json", "b.json"):
         out = tmp_path / name
@@ -181,17 +182,16 @@ def test_unigram_falls_back_to_bytes_and_keeps_spaces(botchan_sample, tmp_path):
         H.train_hf_tokenizer(["x"], output_path=str(tmp_path / "x.json"), model="wordpiece", vocab_size=300)
 
 
-def test_a_cache_built_with_it_in_fresh_workers_is_read_by_the_feeder(bpe_path, shared_data, tmp_path):
+def test_a_cache_built_with_it_in_fresh_workers_is_read_by_the_feeder(bpe_path, corpora, tmp_path):
     """multi_processing workers are fresh processes that cannot open the (deleted)
     tokenizer.json; the cache they build is the in-process one, byte for byte, and
     the feeder's batches decode back to the source lines."""
     pipelines = pytest.importorskip("seqcache.pipelines")
     from seqcache.feeders import CacheReader, Feeder
 
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:2000]
+    lines = corpora.shakespeare_lines(2000)
     corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "play.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_lines(corpus / "play.txt", lines)
     copy = tmp_path / "tokenizer.json"
     copy.write_bytes(bpe_path.read_bytes())
     vocab = tasks.HfTokenizerVocabulary(str(copy))

@@ -7,8 +7,8 @@ import pytest
 from seqcache import tasks
 
 
-def test_multi30k_pairs_lines(shared_data):
-    d = shared_data / "multi30k"
+def test_multi30k_pairs_lines(corpora):
+    d = corpora.multi30k
     src = tasks.ParallelTextSource({"en": str(d / "val.en.gz"), "de": str(d / "val.de.gz")})
     records = list(src.read_all())
     en = gzip.open(d / "val.en.gz", "rt", encoding="utf-8").read().split("\n")
@@ -25,8 +25,8 @@ def test_multi30k_pairs_lines(shared_data):
     assert f.num_bytes == (d / "val.en.gz").stat().st_size + (d / "val.de.gz").stat().st_size
 
 
-def test_ntrex_source_and_reference(shared_data):
-    d = shared_data / "ntrex128"
+def test_ntrex_source_and_reference(corpora):
+    d = corpora.ntrex
     src = tasks.ParallelTextSource({"en": str(d / "newstest2019-src.eng.txt"),
                                     "de": str(d / "newstest2019-ref.deu.txt")})
     records = list(src.read_all())

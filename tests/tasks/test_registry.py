@@ -64,11 +64,11 @@ def test_duplicates_and_suggestions():
         TaskRegistry.get("anything")
 
 
-def test_import_definitions_from_file(tmp_path, shared_data):
+def test_import_definitions_from_file(tmp_path, corpora):
     path = tmp_path / "my_tasks.py"
     path.write_text(
         "from seqcache.tasks import TaskRegistry, TextLineSource, Feature, ByteVocabulary, rekey, tokenize\n"
-        f"TaskRegistry.add('user_task', source=TextLineSource({str(shared_data / 'tinyshakespeare' / 'input.txt')!r}),\n"
+        f"TaskRegistry.add('user_task', source=TextLineSource({str(corpora.shakespeare)!r}),\n"
         "                  output_features={'targets': Feature(ByteVocabulary())},\n"
         "                  preprocessors=[rekey({'targets': 'text'}), tokenize()])\n")
     import_definitions(str(path))

@@ -4,15 +4,15 @@ import json
 import re
 
 from seqcache import tasks
+from testsupport import byte_task
 
 
 def _task(source):
-    return tasks.Task("scanned", source=source, output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-                      preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
+    return byte_task("scanned", source, eos=False)
 
 
-def test_every_kind_of_a_real_file_is_counted(shared_data):
-    path = shared_data / "unicode_edge" / "blns.txt"
+def test_every_kind_of_a_real_file_is_counted(corpora):
+    path = corpora.blns
     lines = path.read_text(encoding="utf-8").split("\n")[:-1]
     control = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
     expected = {
@@ -55,8 +55,8 @@ def test_structure_and_task_checks_are_counted_and_max_records_stops(tmp_path):
     assert source.on_error.action("malformed") == "skip" and source.on_error.action("control_characters") == "keep"
 
 
-def test_unreadable_files_are_listed_and_the_scan_goes_on(tmp_path, shared_data):
-    whole = (shared_data / "multi30k" / "val.en.gz").read_bytes()
+def test_unreadable_files_are_listed_and_the_scan_goes_on(tmp_path, corpora):
+    whole = (corpora.multi30k / "val.en.gz").read_bytes()
     (tmp_path / "a.gz").write_bytes(whole[: len(whole) // 2])
     (tmp_path / "b.gz").write_bytes(b"not gzip\n")
     import gzip

@@ -18,8 +18,8 @@ def _first(source, n=None):
     return out
 
 
-def test_text_lines_tinyshakespeare(shared_data):
-    path = str(shared_data / "tinyshakespeare" / "input.txt")
+def test_text_lines_tinyshakespeare(corpora):
+    path = str(corpora.shakespeare)
     with pytest.raises(ValueError, match=r"input.txt: line 3 \(byte 61\) is empty; .*--on-error empty="):
         _first(S.TextLineSource(path, on_error="raise"))  # empty lines raise when asked to
     # By default the blank lines that separate speeches are skipped, each marked for the quarantine file.
@@ -43,8 +43,8 @@ def test_text_lines_tinyshakespeare(shared_data):
         assert b"\n".join(r.raw for r in records) + b"\n" == fh.read()
 
 
-def test_text_lines_crlf(shared_data):
-    src = S.TextLineSource(str(shared_data / "wikitext2" / "wiki.test.raw.crlf"))
+def test_text_lines_crlf(corpora):
+    src = S.TextLineSource(str(corpora.wikitext / "wiki.test.raw.crlf"))
     records = _first(src)
     assert len(records) == 2891
     assert records[0].data["text"] == " = Robert Boulter = "
@@ -53,9 +53,9 @@ def test_text_lines_crlf(shared_data):
         assert b"\r\n".join(r.raw for r in records) + b"\r\n" == fh.read()
 
 
-def test_text_lines_bom_gz_and_last_line(tmp_path, shared_data):
+def test_text_lines_bom_gz_and_last_line(tmp_path, corpora):
     # botchan.txt starts with a UTF-8 BOM, removed from the first record.
-    (first,) = _first(S.TextLineSource(str(shared_data / "sentencepiece_data" / "botchan.txt")), 1)
+    (first,) = _first(S.TextLineSource(str(corpora.botchan)), 1)
     assert not first.raw.startswith(b"\xef\xbb\xbf") and not first.data["text"].startswith("\ufeff")
     p = tmp_path / "a.txt.gz"
     with gzip.open(p, "wb") as fh:
@@ -108,8 +108,8 @@ def test_text_file_source(tmp_path):
     assert records[1].raw == b"x = 2\n"
 
 
-def test_jsonl_dotted_field(shared_data):
-    src = S.JsonLinesSource(str(shared_data / "dolma_cc" / "*.jsonl.gz"), field="metadata.title")
+def test_jsonl_dotted_field(corpora):
+    src = S.JsonLinesSource(str(corpora.dolma / "*.jsonl.gz"), field="metadata.title")
     files = src.list_files()
     assert [f.path.rsplit("/", 1)[1] for f in files] == ["cc_en_head-0091.jsonl.gz", "cc_en_head-0174.jsonl.gz"]
     records = _first(src)
@@ -142,8 +142,8 @@ def test_jsonl_several_fields_and_errors(tmp_path):
         _first(S.JsonLinesSource(str(q)))
 
 
-def test_parquet_c4(shared_data):
-    src = S.ParquetSource(str(shared_data / "c4" / "c4_validation_2k.parquet"), batch_size=300,
+def test_parquet_c4(corpora):
+    src = S.ParquetSource(str(corpora.c4), batch_size=300,
                           on_error={"control_characters": "keep"})
     records = _first(src)
     assert len(records) == 2000
@@ -151,13 +151,13 @@ def test_parquet_c4(shared_data):
     assert records[0].raw == S.canonical_json_bytes({"text": records[0].data["text"]})
     assert records[0].data["text"].startswith("We offer valet parking")
     # Several columns: raw holds the selected columns under their column names.
-    two = S.ParquetSource(str(shared_data / "c4" / "*.parquet"), columns={"text": "text", "link": "url"})
+    two = S.ParquetSource(str(corpora.c4.parent / "*.parquet"), columns={"text": "text", "link": "url"})
     (r0,) = _first(two, 1)
     assert json.loads(r0.raw) == {"text": r0.data["text"], "url": r0.data["link"]}
 
 
-def test_parquet_missing_column(shared_data):
-    src = S.ParquetSource(str(shared_data / "c4" / "c4_validation_2k.parquet"), column="body")
+def test_parquet_missing_column(corpora):
+    src = S.ParquetSource(str(corpora.c4), column="body")
     with pytest.raises(ValueError, match=r"c4_validation_2k.parquet: Parquet file has no column 'body'"):
         _first(src)
 
@@ -261,8 +261,8 @@ def test_u2581_raises_and_can_become_a_space(tmp_path):
         _first(S.TextLineSource(str(q), on_error={"u2581": "replace", "whitespace": "raise"}))
 
 
-def test_whitespace_only_lines_of_wikitext(shared_data):
-    path = shared_data / "wikitext2" / "wiki.test.tokens"
+def test_whitespace_only_lines_of_wikitext(corpora):
+    path = corpora.wikitext / "wiki.test.tokens"
     lines = path.read_text(encoding="utf-8").split("\n")[:-1]
     offsets = [0]
     for line in lines:
@@ -352,8 +352,8 @@ def test_error_policy_parsing_and_fingerprint():
     assert S.ErrorPolicy(S.ErrorPolicy("skip")).to_json() == {k: "skip" for k in S.ERROR_KINDS}
 
 
-def test_truncated_or_corrupt_gzip_names_the_file(tmp_path, shared_data):
-    whole = (shared_data / "multi30k" / "train.en.gz").read_bytes()
+def test_truncated_or_corrupt_gzip_names_the_file(tmp_path, corpora):
+    whole = (corpora.multi30k / "train.en.gz").read_bytes()
     (tmp_path / "cut.txt.gz").write_bytes(whole[: len(whole) // 3])
     with pytest.raises(ValueError, match=r"cut\.txt\.gz: truncated or corrupt gzip data after line \d+"):
         _first(S.TextLineSource(str(tmp_path / "cut.txt.gz")))

@@ -165,20 +165,20 @@ def _prefix(src, dest, n):
     return dest
 
 
-def test_real_text_files_read_the_same_in_any_split(shared_data, tmp_path):
-    wiki_crlf = shared_data / "wikitext2" / "wiki.test.raw.crlf"
-    shakespeare = shared_data / "tinyshakespeare" / "input.txt"
-    for path in [wiki_crlf, shakespeare, shared_data / "unicode_edge" / "emoji-test.txt"]:
+def test_real_text_files_read_the_same_in_any_split(corpora, tmp_path):
+    wiki_crlf = corpora.wikitext / "wiki.test.raw.crlf"
+    shakespeare = corpora.shakespeare
+    for path in [wiki_crlf, shakespeare, corpora.unicode_edge / "emoji-test.txt"]:
         whole = _check_same(S.TextLineSource(str(path), on_error=SKIP), [509, 1 << 16])
         assert len(whole) == path.read_bytes().count(b"\n")
-    for path in [shared_data / "unicode_edge" / "UTF-8-test.txt", shared_data / "unicode_edge" / "blns.txt"]:
+    for path in [corpora.unicode_edge / "UTF-8-test.txt", corpora.blns]:
         for policy in (SKIP, REPLACE):
             _check_same(S.TextLineSource(str(path), on_error=policy), [3, 64])
     # Prefixes cut anywhere (inside a CRLF, inside a character), in splits of a few bytes.
     prefixes = [_prefix(wiki_crlf, tmp_path / "wiki_prefix.txt", 3001),
-                _prefix(shared_data / "sentencepiece_data" / "botchan.txt", tmp_path / "botchan_prefix.txt", 2001),
-                _prefix(shared_data / "ntrex128" / "newstest2019-ref.jpn.txt", tmp_path / "jpn_prefix.txt", 2000),
-                _prefix(shared_data / "unicode_edge" / "UTF-8-test.txt", tmp_path / "utf8_prefix.txt", 2500)]
+                _prefix(corpora.botchan, tmp_path / "botchan_prefix.txt", 2001),
+                _prefix(corpora.ntrex / "newstest2019-ref.jpn.txt", tmp_path / "jpn_prefix.txt", 2000),
+                _prefix(corpora.unicode_edge / "UTF-8-test.txt", tmp_path / "utf8_prefix.txt", 2500)]
     for path in prefixes:
         for policy in (SKIP, REPLACE):
             _check_same(S.TextLineSource(str(path), on_error=policy), [1, 2, 3, 7])
@@ -190,10 +190,10 @@ def test_real_text_files_read_the_same_in_any_split(shared_data, tmp_path):
         data[records[0].record_number:records[-1].record_number + len(records[-1].raw) + 2]
 
 
-def test_real_json_lines_read_the_same_in_any_split(shared_data, tmp_path):
+def test_real_json_lines_read_the_same_in_any_split(corpora, tmp_path):
     (tmp_path / "cut").mkdir()
     for name in ("cc_en_head-0091", "cc_en_head-0174"):
-        with gzip.open(shared_data / "dolma_cc" / f"{name}.jsonl.gz") as f:
+        with gzip.open(corpora.dolma / f"{name}.jsonl.gz") as f:
             data = f.read()
         (tmp_path / f"{name}.jsonl").write_bytes(data)
         (tmp_path / "cut" / f"{name}.jsonl").write_bytes(data[:4000] + b"\n" + data[-3000:])
@@ -204,7 +204,7 @@ def test_real_json_lines_read_the_same_in_any_split(shared_data, tmp_path):
     _check_same(S.JsonLinesSource(str(tmp_path / "cut" / "*.jsonl"), fields=fields, on_error=SKIP), [1, 2, 7])
     # The same records as the compressed files (one split each), with the same ids
     # (the messages name the other path).
-    gz = S.JsonLinesSource(str(shared_data / "dolma_cc" / "*.jsonl.gz"), fields=fields, on_error=SKIP)
+    gz = S.JsonLinesSource(str(corpora.dolma / "*.jsonl.gz"), fields=fields, on_error=SKIP)
     strip = lambda rows: [(*row[:4], row[4] and row[4][:2]) for row in rows]
     assert strip(_rows(gz.read_all())) == strip(whole)
 
@@ -287,8 +287,8 @@ def test_parquet_splits_by_row_groups_read_the_same(tmp_path):
         list(src.read_split(S.Split(0, f.path, 150, 300)))
 
 
-def test_parquet_with_one_row_group_is_one_split(shared_data):
-    src = S.ParquetSource(str(shared_data / "c4" / "c4_validation_2k.parquet"))
+def test_parquet_with_one_row_group_is_one_split(corpora):
+    src = S.ParquetSource(str(corpora.c4))
     (f,) = src.list_files()
     assert src.splits(0, f, 1) == [S.Split(0, f.path, 0, None, f.num_bytes)]
 

@@ -28,8 +28,8 @@ def _keys(records):
 
 
 @pytest.fixture()
-def shakespeare(shared_data):
-    return TextLineSource(str(shared_data / "tinyshakespeare" / "input.txt"), on_error={"empty": "keep"})
+def shakespeare(corpora):
+    return TextLineSource(str(corpora.shakespeare), on_error={"empty": "keep"})
 
 
 def _lm_task(source, **kw):
@@ -106,7 +106,7 @@ def test_randomness_independent_of_batch_position(shakespeare):
     assert any(not np.array_equal(other_seed[i]["targets"], whole[i]["targets"]) for i in range(50))
 
 
-def test_fingerprint_changes_with_every_input(shared_data, shakespeare):
+def test_fingerprint_changes_with_every_input(corpora, shakespeare):
     base = _lm_task(shakespeare)
     fp = base.fingerprint(seed=1, sequence_length={"targets": 128})
     json.dumps(fp)  # JSON-able
@@ -122,9 +122,9 @@ def test_fingerprint_changes_with_every_input(shared_data, shakespeare):
         .fingerprint(seed=1, sequence_length={"targets": 128}),
         Task("shakespeare_lm", source=shakespeare, output_features={"targets": Feature(ByteVocabulary(extra_ids=1))},
              preprocessors=base.preprocessors).fingerprint(seed=1, sequence_length={"targets": 128}),
-        _lm_task(TextLineSource(str(shared_data / "wikitext2" / "wiki.test.raw.crlf")))
+        _lm_task(TextLineSource(str(corpora.wikitext / "wiki.test.raw.crlf")))
         .fingerprint(seed=1, sequence_length={"targets": 128}),
-        _lm_task(JsonLinesSource(str(shared_data / "dolma_cc" / "*.jsonl.gz")))
+        _lm_task(JsonLinesSource(str(corpora.dolma / "*.jsonl.gz")))
         .fingerprint(seed=1, sequence_length={"targets": 128}),
     ]
     blobs = [json.dumps(v, sort_keys=True) for v in [fp, *variants]]
@@ -146,12 +146,12 @@ def test_task_validation(shakespeare):
     assert Task("t", source=shakespeare, output_features=feats, packing="lm").packing_feature == "targets"
 
 
-def test_task_pickles_for_workers(shared_data, tmp_path):
+def test_task_pickles_for_workers(corpora, tmp_path):
     import pickle
 
     from seqcache.tasks import sample_for_vocabulary, train_sentencepiece
 
-    src = TextLineSource(str(shared_data / "sentencepiece_data" / "botchan.txt"))
+    src = TextLineSource(str(corpora.botchan))
     model = tmp_path / "v.model"
     vocab = train_sentencepiece(sample_for_vocabulary(src, max_records=1500, seed=0), output_path=str(model),
                                 vocab_size=500)

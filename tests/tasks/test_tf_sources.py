@@ -36,9 +36,9 @@ def _need(module: str):
 
 
 @pytest.fixture(scope="module")
-def lines(shared_data):
+def lines(corpora):
     """The first 300 non-empty lines of tinyshakespeare."""
-    text = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    text = corpora.shakespeare.read_text(encoding="utf-8")
     return [line for line in text.split("\n") if line][:300]
 
 

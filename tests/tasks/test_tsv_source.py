@@ -12,9 +12,9 @@ from seqcache.cli import main
 from seqcache.feeders import CacheReader
 
 
-def _pairs(shared_data, n=400):
-    en = gzip.open(shared_data / "multi30k" / "val.en.gz", "rt", encoding="utf-8").read().splitlines()[:n]
-    de = gzip.open(shared_data / "multi30k" / "val.de.gz", "rt", encoding="utf-8").read().splitlines()[:n]
+def _pairs(corpora, n=400):
+    en = gzip.open(corpora.multi30k / "val.en.gz", "rt", encoding="utf-8").read().splitlines()[:n]
+    de = gzip.open(corpora.multi30k / "val.de.gz", "rt", encoding="utf-8").read().splitlines()[:n]
     return list(zip(en, de))
 
 
@@ -27,8 +27,8 @@ def _records(source):
     return out
 
 
-def test_columns_by_index_and_byte_offsets(tmp_path, shared_data):
-    pairs = _pairs(shared_data, 50)
+def test_columns_by_index_and_byte_offsets(tmp_path, corpora):
+    pairs = _pairs(corpora, 50)
     path = tmp_path / "pairs.tsv"
     path.write_text("".join(f"{i}\t{en}\t{de}\n" for i, (en, de) in enumerate(pairs)), encoding="utf-8")
     records = _records(tasks.TsvSource(str(path), columns={"inputs": 2, "targets": 1}))
@@ -38,9 +38,9 @@ def test_columns_by_index_and_byte_offsets(tmp_path, shared_data):
         assert text[r.record_number:].split(b"\n", 1)[0] == r.raw
 
 
-def test_split_reads_give_the_records_of_a_whole_read(tmp_path, shared_data):
+def test_split_reads_give_the_records_of_a_whole_read(tmp_path, corpora):
     path = tmp_path / "pairs.tsv"
-    path.write_text("".join(f"{en}\t{de}\n" for en, de in _pairs(shared_data)), encoding="utf-8")
+    path.write_text("".join(f"{en}\t{de}\n" for en, de in _pairs(corpora)), encoding="utf-8")
     source = tasks.TsvSource(str(path))
     f = source.list_files()[0]
     whole = [(r.record_number, r.data) for r in source.read_split(source.splits(0, f, 1 << 30)[0])]
@@ -71,8 +71,8 @@ def test_header_and_bad_column_specs(tmp_path):
     assert isinstance(s, tasks.TsvSource) and s.columns == {"inputs": 1, "targets": 0}
 
 
-def test_a_translation_cache_from_a_tsv_on_the_command_line(tmp_path, shared_data):
-    pairs = _pairs(shared_data)
+def test_a_translation_cache_from_a_tsv_on_the_command_line(tmp_path, corpora):
+    pairs = _pairs(corpora)
     path = tmp_path / "val.en-de.tsv"
     path.write_text("".join(f"{en}\t{de}\n" for en, de in pairs), encoding="utf-8")
     out = CliRunner().invoke(main, ["build", "--source", f"tsv:{path}", "--vocabulary", "byte", "--name", "en_de",

@@ -7,9 +7,9 @@ from click.testing import CliRunner
 from seqcache.commands.vocab import vocab
 
 
-def test_vocab_train_is_deterministic_and_encode(shared_data, tmp_path):
+def test_vocab_train_is_deterministic_and_encode(corpora, tmp_path):
     runner = CliRunner()
-    src = f"text:{shared_data / 'sentencepiece_data' / 'botchan.txt'}"
+    src = f"text:{corpora.botchan}"
     outs = []
     for name in ("a.model", "b.model"):
         out = tmp_path / name
@@ -38,10 +38,10 @@ def test_vocab_encode_byte_and_errors(tmp_path):
     assert spec.exit_code == 2 and "accepted source specs" in spec.output
 
 
-def test_vocab_check_names_lines_by_number_and_byte(shared_data, tmp_path):
+def test_vocab_check_names_lines_by_number_and_byte(corpora, tmp_path):
     runner = CliRunner()
     model = tmp_path / "m.model"
-    trained = runner.invoke(vocab, ["train", "--source", f"text:{shared_data / 'sentencepiece_data' / 'botchan.txt'}",
+    trained = runner.invoke(vocab, ["train", "--source", f"text:{corpora.botchan}",
                                     "--vocab-size", "400", "--max-records", "2000", "--output", str(model)])
     assert trained.exit_code == 0, trained.output
     text = tmp_path / "t.txt"

@@ -13,17 +13,17 @@ from seqcache.tasks import vocabularies as V
 from seqcache import tasks
 
 
-def _blns_lines(shared_data):
-    lines = (shared_data / "unicode_edge" / "blns.txt").read_text(encoding="utf-8").split("\n")
+def _blns_lines(corpora):
+    lines = corpora.blns.read_text(encoding="utf-8").split("\n")
     return [l for l in lines if l and not l.startswith("#")]
 
 
-def test_byte_layout_and_round_trip(shared_data):
+def test_byte_layout_and_round_trip(corpora):
     v = V.ByteVocabulary()
     assert (v.vocab_size, v.pad_id, v.eos_id, v.unk_id) == (259, 0, 1, 2)
     assert v.encode("Ab") == [ord("A") + 3, ord("b") + 3]
     assert v.encode("é") == [0xC3 + 3, 0xA9 + 3]
-    lines = _blns_lines(shared_data)
+    lines = _blns_lines(corpora)
     assert len(lines) > 500
     arrays = v.encode_batch(lines)
     for line, ids in zip(lines, arrays):
@@ -48,8 +48,8 @@ def test_byte_extra_ids():
 
 
 @pytest.fixture(scope="module")
-def botchan_sample(shared_data):
-    src = S.TextLineSource(str(shared_data / "sentencepiece_data" / "botchan.txt"))
+def botchan_sample(corpora):
+    src = S.TextLineSource(str(corpora.botchan))
     return V.sample_for_vocabulary(src, max_records=3000, seed=7)
 
 
@@ -60,8 +60,8 @@ def spm_model(botchan_sample, tmp_path_factory):
     return path
 
 
-def test_sample_for_vocabulary_independent_of_file_order(tmp_path, shared_data):
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text().split("\n")[:4000]
+def test_sample_for_vocabulary_independent_of_file_order(tmp_path, corpora):
+    lines = corpora.shakespeare.read_text().split("\n")[:4000]
     (tmp_path / "a.txt").write_text("\n".join(lines[:2500]) + "\n")
     (tmp_path / "b.txt").write_text("\n".join(lines[2500:]) + "\n")
     (tmp_path / "c.txt").write_text("\n".join(reversed(lines)) + "\n")
@@ -83,7 +83,7 @@ def test_sample_for_vocabulary_independent_of_file_order(tmp_path, shared_data):
     assert split == expected
 
 
-def test_train_sentencepiece_deterministic(botchan_sample, spm_model, shared_data, tmp_path):
+def test_train_sentencepiece_deterministic(botchan_sample, spm_model, corpora, tmp_path):
     # A second training, in a fresh process, gives the same bytes.
     again = tmp_path / "again.model"
     code = (
@@ -91,7 +91,7 @@ def test_train_sentencepiece_deterministic(botchan_sample, spm_model, shared_dat
         "texts = sample_for_vocabulary(TextLineSource(sys.argv[1]), max_records=3000, seed=7)\n"
         "train_sentencepiece(texts, output_path=sys.argv[2], vocab_size=800)\n"
     )
-    botchan = str(shared_data / "sentencepiece_data" / "botchan.txt")
+    botchan = str(corpora.botchan)
     subprocess.run([sys.executable, "-c", code, botchan, str(again)], check=True, timeout=120)
     assert hashlib.sha256(again.read_bytes()).hexdigest() == hashlib.sha256(spm_model.read_bytes()).hexdigest()
     # Different training text gives a different model.
@@ -99,10 +99,10 @@ def test_train_sentencepiece_deterministic(botchan_sample, spm_model, shared_dat
     assert other.sha256 != hashlib.sha256(spm_model.read_bytes()).hexdigest()
 
 
-def test_identity_normalization_is_lossless(botchan_sample, shared_data, tmp_path):
+def test_identity_normalization_is_lossless(botchan_sample, corpora, tmp_path):
     v = V.train_sentencepiece(botchan_sample[:2000], output_path=str(tmp_path / "id.model"), vocab_size=600,
                               model_type="bpe", normalization_rule_name="identity", remove_extra_whitespaces=False)
-    texts = _blns_lines(shared_data) + ["  two  spaces ", "tab\tand ｆｕｌｌ width"]
+    texts = _blns_lines(corpora) + ["  two  spaces ", "tab\tand ｆｕｌｌ width"]
     for text, ids in zip(texts, v.encode_batch(texts)):
         assert v.decode(ids) == text
 

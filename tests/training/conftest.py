@@ -63,30 +63,3 @@ def compilation_cache_env(_compilation_cache_dir) -> dict:
     env.update({name.upper(): str(value) for name, value in _CACHE_OPTIONS.items()})
     return env
 
-
-def build_shakespeare_lm_cache(tmp_path_factory, shared_data, *, num_lines: int, sequence_length: int):
-    """The first ``num_lines`` lines of tinyshakespeare as a packed LM task
-    ``shakespeare_lm`` (byte vocabulary, 2 shards); returns the caches root."""
-    from seqcache import pipelines, tasks
-
-    src = tmp_path_factory.mktemp("corpus")
-    lines = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")[:num_lines]
-    (src / "play.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    task = tasks.Task(
-        "shakespeare_lm",
-        source=tasks.TextLineSource(str(src / "*.txt"), on_error={"empty": "skip"}),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
-                       tasks.preprocessors.append_eos()],
-        packing="lm",
-    )
-    root = tmp_path_factory.mktemp("caches")
-    pipelines.build_task(task, cache_dir=str(root),
-                         config=pipelines.BuildConfig(num_shards=2, sequence_length={"targets": sequence_length}))
-    return root
-
-
-@pytest.fixture(scope="session")
-def shakespeare_lm_cache():
-    """``build_shakespeare_lm_cache``, for module-scoped cache fixtures."""
-    return build_shakespeare_lm_cache

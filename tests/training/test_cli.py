@@ -15,21 +15,18 @@ from seqcache import format as fmt
 from seqcache.cli import main
 from seqcache.commands.train import train
 from seqcache.training.metrics import read_metrics
+from testsupport import train_shakespeare_lm
 
 L = 64
-SMALL_MODEL = "model.d_model=32 model.num_layers=1 model.num_heads=4 model.mlp_dim=64"
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory, shared_data, shakespeare_lm_cache):
-    return shakespeare_lm_cache(tmp_path_factory, shared_data, num_lines=600, sequence_length=L)
+def cache(tmp_path_factory, shakespeare_lm_cache):
+    return shakespeare_lm_cache(tmp_path_factory, num_lines=600, sequence_length=L)
 
 
 def _train(cache, ckpt, *extra):
-    args = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8", "--sequence-length", str(L),
-            "--checkpoint-dir", str(ckpt), "--model", "tiny", "--set", SMALL_MODEL, "--set", "progress=false",
-            *extra]
-    return CliRunner().invoke(train, args, catch_exceptions=False)
+    return train_shakespeare_lm(cache, ckpt, *extra, sequence_length=L)
 
 
 def _last_json(output: str) -> dict:

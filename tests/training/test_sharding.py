@@ -50,14 +50,32 @@ def reference():
     return _one_device_run(tiny_config_dict, FakeFeeder)
 
 
-def _check_layout(rules, mesh, params, opt_state):
-    wq = params["blocks"][0]["attn"]["wq"]
-    expect = list(wq.shape)
+def _steps(trainer, params, opt_state, feeder):
+    """(params, opt_state, losses) after STEPS compiled train steps on ``feeder``."""
+    compiled = trainer.compile()
+    losses = []
+    for step in range(STEPS):
+        batch = trainer.global_batch(next(feeder))
+        step_arr = jax.device_put(np.int32(step), trainer.replicated)
+        params, opt_state, metrics = compiled(params, opt_state, step_arr, batch)
+        losses.append(float(metrics["loss"]))
+    return params, opt_state, losses
+
+
+def _shard_shape(rules, mesh, shape) -> list:
+    """One device's shard of an attention projection of ``shape``: its rows over
+    'fsdp' under fsdp, its columns over 'model' under tp."""
+    expect = list(shape)
     if "fsdp" in rules:
         expect[0] //= mesh["fsdp"]
     if "tp" in rules:
         expect[1] //= mesh["model"]
-    assert list(wq.addressable_shards[0].data.shape) == expect
+    return expect
+
+
+def _check_layout(rules, mesh, params, opt_state):
+    wq = params["blocks"][0]["attn"]["wq"]
+    assert list(wq.addressable_shards[0].data.shape) == _shard_shape(rules, mesh, wq.shape)
     # Optimizer moments are sharded like their parameters (ZeRO-3 under fsdp).
     assert opt_state[1][0].mu["blocks"][0]["attn"]["wq"].sharding == wq.sharding
 
@@ -84,14 +102,7 @@ def test_preset_step_on_8_devices_matches_one_device(reference, rules, mesh, ext
     init_params, init_opt = reference[0]
     params = jax.device_put(init_params, trainer.param_shardings)
     opt_state = jax.device_put(init_opt, trainer.opt_shardings)
-    compiled = trainer.compile()
-    feeder = FakeFeeder(**FEEDER)
-    losses = []
-    for step in range(STEPS):
-        batch = trainer.global_batch(next(feeder))
-        step_arr = jax.device_put(np.int32(step), trainer.replicated)
-        params, opt_state, metrics = compiled(params, opt_state, step_arr, batch)
-        losses.append(float(metrics["loss"]))
+    params, opt_state, losses = _steps(trainer, params, opt_state, FakeFeeder(**FEEDER))
     _check_layout(rules, mesh, params, opt_state)
     _compare(losses, params, reference)
 
@@ -128,21 +139,9 @@ def test_t5_preset_on_8_devices_matches_one_device(t5_reference, rules):
     params, opt_state = trainer.init_state()
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(t5_reference[0][0])):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    compiled = trainer.compile()
-    feeder = FakeEncDecFeeder(**FEEDER)
-    losses = []
-    for step in range(STEPS):
-        batch = trainer.global_batch(next(feeder))
-        step_arr = jax.device_put(np.int32(step), trainer.replicated)
-        params, opt_state, metrics = compiled(params, opt_state, step_arr, batch)
-        losses.append(float(metrics["loss"]))
+    params, opt_state, losses = _steps(trainer, params, opt_state, FakeEncDecFeeder(**FEEDER))
     wq = params["decoder_layers"][0]["cross_attn"]["wq"]
-    expect = list(wq.shape)
-    if "fsdp" in rules:
-        expect[0] //= mesh["fsdp"]
-    if "tp" in rules:
-        expect[1] //= mesh["model"]
-    assert list(wq.addressable_shards[0].data.shape) == expect
+    assert list(wq.addressable_shards[0].data.shape) == _shard_shape(rules, mesh, wq.shape)
     bias = params["encoder_bias"]["embedding"]  # (buckets, heads): heads over 'model' under tp
     assert bias.addressable_shards[0].data.shape == (32, 4 // mesh["model"] if "tp" in rules else 4)
     assert opt_state[1][0].mu["decoder_layers"][0]["cross_attn"]["wq"].sharding == wq.sharding

@@ -23,11 +23,11 @@ SMALL = "model.num_layers=1 model.num_decoder_layers=1 progress=false optimizer.
 
 
 @pytest.fixture(scope="module")
-def caches(tmp_path_factory, shared_data):
+def caches(tmp_path_factory, corpora):
     root = tmp_path_factory.mktemp("t5caches")
     c4 = root / "c4"
     c4.mkdir()
-    texts = pq.read_table(shared_data / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text")[:300]
+    texts = corpora.c4_texts(300)
     pq.write_table(pa.table({"text": texts}), c4 / "part-0.parquet")
     sentinels = tasks.ByteVocabulary(extra_ids=100)
     span = tasks.Task(
@@ -41,7 +41,7 @@ def caches(tmp_path_factory, shared_data):
     out = root / "caches"
     pipelines.build_task(span, cache_dir=str(out), config=pipelines.BuildConfig(
         num_shards=2, sequence_length={"inputs": INPUTS, "targets": SPAN_TARGETS}))
-    d = shared_data / "multi30k"
+    d = corpora.multi30k
     translation = tasks.Task(
         "multi30k_en_de",
         source=tasks.ParallelTextSource({"en": str(d / "val.en.gz"), "de": str(d / "val.de.gz")}),
@@ -104,8 +104,8 @@ def test_decoder_only_model_reads_an_inputs_targets_cache_as_a_prefix_lm(caches,
 
 
 @pytest.fixture(scope="module")
-def lm_cache(tmp_path_factory, shared_data, shakespeare_lm_cache):
-    return shakespeare_lm_cache(tmp_path_factory, shared_data, num_lines=200, sequence_length=64)
+def lm_cache(tmp_path_factory, shakespeare_lm_cache):
+    return shakespeare_lm_cache(tmp_path_factory, num_lines=200, sequence_length=64)
 
 
 def test_t5_on_a_language_model_cache_is_refused_naming_both(lm_cache, tmp_path):

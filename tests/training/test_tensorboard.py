@@ -6,25 +6,20 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from seqcache.commands.train import train
 from seqcache.training.metrics import read_metrics, read_tensorboard, tensorboard_tag
+from testsupport import train_shakespeare_lm
 
 L = 64
-SMALL_MODEL = "model.d_model=32 model.num_layers=1 model.num_heads=4 model.mlp_dim=64"
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory, shared_data, shakespeare_lm_cache):
-    return shakespeare_lm_cache(tmp_path_factory, shared_data, num_lines=300, sequence_length=L)
+def cache(tmp_path_factory, shakespeare_lm_cache):
+    return shakespeare_lm_cache(tmp_path_factory, num_lines=300, sequence_length=L)
 
 
 def _train(cache, ckpt, *extra):
-    args = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8", "--sequence-length", str(L),
-            "--checkpoint-dir", str(ckpt), "--model", "tiny", "--set", SMALL_MODEL, "--set", "progress=false",
-            *extra]
-    result = CliRunner().invoke(train, args, catch_exceptions=False)
+    result = train_shakespeare_lm(cache, ckpt, *extra, sequence_length=L)
     assert result.exit_code == 0, result.output
     return result
 

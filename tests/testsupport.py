@@ -1,0 +1,92 @@
+"""Plain helpers shared by the test modules (``from testsupport import ...``).
+
+tests/conftest.py puts this folder on ``sys.path``; fixtures live in the conftest
+files, and what a module calls itself (at import time, in its own helpers, or
+with plain arguments) lives here. Package imports are made inside the functions,
+so that importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+
+
+def byte_task(name: str, source, *, first=(), eos: bool = True, packing: str | None = None):
+    """Task ``name`` whose one output feature ``targets`` is the record's text as
+    UTF-8 bytes (``ByteVocabulary``): preprocessors ``first`` (a sequence of
+    Preprocessor), then rekey(targets <- text), tokenize, and append_eos when
+    ``eos``. ``source`` is a Source; ``packing`` is None or a packing mode."""
+    from seqcache import tasks
+
+    preprocessors = [*first, tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()]
+    if eos:
+        preprocessors.append(tasks.preprocessors.append_eos())
+    return tasks.Task(name, source=source, output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+                      preprocessors=preprocessors, packing=packing)
+
+
+def lines_task(pattern, name: str = "lines", *, on_error=None, eos: bool = True, packing: str | None = None):
+    """``byte_task`` over ``TextLineSource(pattern, on_error)``: each line of the
+    files matching ``pattern`` (a glob or a list of them) as bytes. ``on_error``
+    None keeps empty lines (``{"empty": "keep"}``)."""
+    from seqcache import tasks
+
+    source = tasks.TextLineSource(pattern, on_error={"empty": "keep"} if on_error is None else on_error)
+    return byte_task(name, source, eos=eos, packing=packing)
+
+
+def shakespeare_lm_task(pattern):
+    """The packed byte-level language-modelling task ``shakespeare_lm`` over the
+    text files matching ``pattern`` (empty lines skipped, EOS after each line)."""
+    return lines_task(pattern, "shakespeare_lm", on_error={"empty": "skip"}, packing="lm")
+
+
+def write_lines(path, lines) -> pathlib.Path:
+    """Writes ``lines`` (str, no line ends) to ``path`` as UTF-8, each ended by
+    ``\\n``, creating its folder; returns the path."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write_files(folder, files) -> pathlib.Path:
+    """Creates ``folder`` (which must not exist) and writes ``files``, a mapping of
+    file name to bytes, into it; returns the folder."""
+    folder = pathlib.Path(folder)
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def batches_digest(batches) -> str:
+    """sha256 (hex) of an iterable of batches (dicts of numpy arrays), each
+    batch's arrays in the order of their sorted keys."""
+    import numpy as np
+
+    h = hashlib.sha256()
+    for b in batches:
+        for k in sorted(b):
+            h.update(np.ascontiguousarray(b[k]).tobytes())
+    return h.hexdigest()
+
+
+# A one-layer model small enough to train in seconds on the CPU devices.
+SMALL_MODEL = "model.d_model=32 model.num_layers=1 model.num_heads=4 model.mlp_dim=64"
+
+
+def train_shakespeare_lm(cache, ckpt, *extra, sequence_length: int):
+    """Runs ``seqcache train`` in this process on task ``shakespeare_lm`` of the
+    caches root ``cache`` (batch size 8, the tiny model shrunk by ``SMALL_MODEL``,
+    no progress bar), checkpoints in ``ckpt``, then the arguments ``extra``; returns
+    click's Result (exceptions propagate)."""
+    from click.testing import CliRunner
+
+    from seqcache.commands.train import train
+
+    args = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8",
+            "--sequence-length", str(sequence_length), "--checkpoint-dir", str(ckpt), "--model", "tiny",
+            "--set", SMALL_MODEL, "--set", "progress=false", *extra]
+    return CliRunner().invoke(train, args, catch_exceptions=False)

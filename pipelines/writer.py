@@ -212,14 +212,7 @@ def write_shard(
     Both files are written under temporary names and moved into place only when
     complete, so a killed worker leaves no file with a final name.
     """
-    chunks = examples.chunks if isinstance(examples, EncodedChunks) else _encoded_chunks(features, examples)
-    chunks = iter(chunks)
-    first = next(chunks, None)
-    if group_size is None:
-        records = first[0] if first is not None else ()
-        group_size = fmt.group_size_for(sum(map(len, records)) / len(records)) if len(records) else 1
-    if first is not None:
-        chunks = itertools.chain([first], chunks)
+    chunks, group_size = _chunks_and_group_size(features, examples, group_size)
     data_name = fmt.shard_name(fmt.DATA_PREFIX, index, num_shards)
     prov_name = fmt.shard_name(fmt.PROVENANCE_PREFIX, index, num_shards)
     if local_tmp_dir is None:
@@ -260,6 +253,19 @@ def write_shard(
         "provenance_num_bytes": prov_bytes,
         "provenance_sha256": prov_sha,
     }
+
+
+def _chunks_and_group_size(features, examples, group_size: int | None):
+    """(the chunks of ``write_shard``'s examples, the data file's group size):
+    ``group_size``, or the format's rule on the first chunk's records."""
+    chunks = iter(examples.chunks if isinstance(examples, EncodedChunks) else _encoded_chunks(features, examples))
+    first = next(chunks, None)
+    if first is None:
+        return iter(()), group_size or 1
+    if group_size is None:
+        records = first[0]
+        group_size = fmt.group_size_for(sum(map(len, records)) / len(records)) if len(records) else 1
+    return itertools.chain([first], chunks), group_size
 
 
 # Examples given one by one are encoded in chunks of this many (the first chunk

@@ -368,7 +368,7 @@ def group_sizes(tmp: pathlib.Path, *, records: int, batch_size: int = 256, steps
             writer.write_manifest(str(path), writer.build_manifest(
                 task="g", split="train", fingerprint=f"g{g}", fingerprint_inputs={}, features=[
                     {"name": "targets", "dtype": "uint16"}], shards=[entry], sources=[{"path": "synthetic"}],
-                statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={}))
+                statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={}), shards=[entry])
             size = sum(s.num_bytes for s in fmt.read_manifest(str(path)).shards)
             with Feeder(cache=str(path), global_batch_size=batch_size, sequence_length=int(mean * 2),
                         host_index=0, host_count=1, num_threads=1, prefetch=0) as f:

@@ -354,7 +354,7 @@ def rss_growth(path, *, batch_size, length) -> int:
     return int(done.stdout.strip())
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=300_000)
     ap.add_argument("--length", type=int, default=512, help="tokens per record (and sequence length)")
@@ -371,38 +371,29 @@ def main(argv=None):
                     help="shards of each of the mixture benchmark's 3 task caches (default: a third of --shards)")
     ap.add_argument("--open-batch", type=int, default=16, help="global batch of the open benchmark's first batch")
     ap.add_argument("--only", help="comma-separated sections: throughput, mixture, open, trace (default: all)")
-    args = ap.parse_args(argv)
-    only = set(args.only.split(",")) if args.only else {"throughput", "mixture", "open", "trace"}
+    return ap.parse_args(argv)
 
-    tmp = None
-    root = args.cache_dir
-    if root is None:
-        tmp = tempfile.TemporaryDirectory(prefix="seqcache-bench-")
-        root = tmp.name
-    big = os.path.join(root, f"bench-{args.records}x{args.length}")
-    small = os.path.join(root, f"bench-{args.records // 10}x{args.length}")
-    build_cache(big, records=args.records, length=args.length, shards=args.shards)
-    build_cache(small, records=args.records // 10, length=args.length, shards=args.shards)
 
-    B, L, T = args.batch_size, args.length, args.threads
+def bench_sections(big: str, root: str, only: set[str], args: argparse.Namespace) -> dict:
+    """The results of the mixture, open and trace sections named in ``only``."""
     extra = {}
     if "mixture" in only:
-        extra.update(bench_mixture(big, root, records=args.records, length=L, batch_size=B, threads=T,
-                                   steps=args.steps, rounds=args.rounds,
+        extra.update(bench_mixture(big, root, records=args.records, length=args.length, batch_size=args.batch_size,
+                                   threads=args.threads, steps=args.steps, rounds=args.rounds,
                                    part_shards=args.mixture_part_shards or max(1, round(args.shards / 3))))
     if "open" in only:
         extra.update(bench_open(root, batch_size=args.open_batch))
     if "trace" in only:
         extra.update(bench_trace(big, batch_size=args.trace_batch))
-    if "throughput" not in only:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(extra, f, indent=2)
-        if tmp is not None:
-            tmp.cleanup()
-        return extra
-    print(f"global batch {B} x {L} tokens = {B * L:,} tokens/step; {args.records:,} examples = "
-          f"{args.records / B:,.1f} steps/epoch; {T} threads; this host reads all {B} rows")
+    return extra
+
+
+def bench_feeder_and_raw(big: str, args: argparse.Namespace) -> tuple[list[float], list[float], list[float],
+                                                                       list[float]]:
+    """(feeder seconds, raw seconds, wall-time raw/feeder ratios, CPU-time raw/feeder
+    ratios), one entry per round of ``args.steps`` steps from step 7, after one read
+    of the whole cache that warms the page cache."""
+    B, T = args.batch_size, args.threads
     first_step = 7
     plan = raw_plan(big, batch_size=B, first_step=first_step, steps=args.steps + 1 + T)
     # Read the whole cache once so that every method starts from a warm page cache.
@@ -417,7 +408,7 @@ def main(argv=None):
             if name == "raw":
                 timed[name] = run_raw(big, plan, threads=T, steps=args.steps)
             else:
-                timed[name] = run_feeder(big, batch_size=B, length=L, threads=T, first_step=first_step,
+                timed[name] = run_feeder(big, batch_size=B, length=args.length, threads=T, first_step=first_step,
                                          steps=args.steps)
         raw_s.append(timed["raw"][0])
         feeder_s.append(timed["feeder"][0])
@@ -425,20 +416,37 @@ def main(argv=None):
         cpu_ratios.append(timed["raw"][1] / timed["feeder"][1])
         print(f"round {r}: raw {args.steps * B / raw_s[-1]:,.0f} ex/s, feeder {args.steps * B / feeder_s[-1]:,.0f} ex/s,"
               f" feeder/raw {ratios[-1]:.3f} (CPU time: {cpu_ratios[-1]:.3f})")
-    grain_s = run_grain(big, batch_size=B, threads=T, steps=args.grain_steps)
-    far = 10**12 // B * B
+    return feeder_s, raw_s, ratios, cpu_ratios
+
+
+def bench_ttfb(big: str, *, batch_size: int, length: int, threads: int, repeats: int = 7) -> tuple[float, float]:
+    """(seconds, seconds): median time to first batch after ``Feeder.restore`` at
+    position 0 and at position 10^12 (rounded down to a whole step)."""
+    far = 10**12 // batch_size * batch_size
     ttfb = {0: [], far: []}
-    for _ in range(7):  # interleaved, so that both positions see the same machine
+    for _ in range(repeats):  # interleaved, so that both positions see the same machine
         for position in ttfb:
-            ttfb[position].append(time_to_first_batch(big, batch_size=B, length=L, threads=T, position=position))
-    ttfb0, ttfb_far = statistics.median(ttfb[0]), statistics.median(ttfb[far])
+            ttfb[position].append(time_to_first_batch(big, batch_size=batch_size, length=length, threads=threads,
+                                                      position=position))
+    return statistics.median(ttfb[0]), statistics.median(ttfb[far])
+
+
+def bench_throughput(big: str, small: str, args: argparse.Namespace, extra: dict) -> dict:
+    """The throughput section (feeder, raw, grain, time to first batch, RSS
+    growth) and ``extra`` in one dict, keys as written by --json."""
+    B, L, T = args.batch_size, args.length, args.threads
+    print(f"global batch {B} x {L} tokens = {B * L:,} tokens/step; {args.records:,} examples = "
+          f"{args.records / B:,.1f} steps/epoch; {T} threads; this host reads all {B} rows")
+    feeder_s, raw_s, ratios, cpu_ratios = bench_feeder_and_raw(big, args)
+    grain_s = run_grain(big, batch_size=B, threads=T, steps=args.grain_steps)
+    ttfb0, ttfb_far = bench_ttfb(big, batch_size=B, length=L, threads=T)
     rss_big = rss_growth(big, batch_size=B, length=L)
     rss_small = rss_growth(small, batch_size=B, length=L)
 
     feeder_eps = args.steps * B / statistics.median(feeder_s)
     raw_eps = args.steps * B / statistics.median(raw_s)
     grain_eps = args.grain_steps * B / grain_s
-    res = {
+    return {
         "records": args.records, "length": L, "shards": args.shards, "batch_size": B, "threads": T,
         "feeder_examples_per_s": feeder_eps, "feeder_tokens_per_s": feeder_eps * L,
         "raw_examples_per_s": raw_eps, "raw_tokens_per_s": raw_eps * L,
@@ -448,6 +456,9 @@ def main(argv=None):
         "ttfb_position_0_s": ttfb0, "ttfb_position_1e12_s": ttfb_far, "ttfb_ratio_1e12_over_0": ttfb_far / ttfb0,
         "rss_growth_bytes": rss_big, "rss_growth_bytes_10x_smaller_cache": rss_small, **extra,
     }
+
+
+def print_throughput(res: dict) -> None:
     print()
     print(f"{'':10}{'examples/s':>14}{'tokens/s':>16}")
     for name in ("feeder", "raw", "grain"):
@@ -455,10 +466,30 @@ def main(argv=None):
     print(f"feeder/raw   {res['feeder_over_raw']:.3f} (median of per-round ratios; "
           f"raw CPU time / feeder CPU time {res['feeder_over_raw_cpu_time']:.3f})")
     print(f"feeder/grain {res['feeder_over_grain']:.2f}")
-    print(f"time to first batch: position 0 {ttfb0 * 1e3:.1f} ms, position 10^12 {ttfb_far * 1e3:.1f} ms, "
-          f"ratio {res['ttfb_ratio_1e12_over_0']:.2f}")
-    print(f"RSS growth (open + one batch): {rss_big / 2**20:.1f} MiB for {args.records:,} records, "
-          f"{rss_small / 2**20:.1f} MiB for {args.records // 10:,}")
+    print(f"time to first batch: position 0 {res['ttfb_position_0_s'] * 1e3:.1f} ms, "
+          f"position 10^12 {res['ttfb_position_1e12_s'] * 1e3:.1f} ms, ratio {res['ttfb_ratio_1e12_over_0']:.2f}")
+    print(f"RSS growth (open + one batch): {res['rss_growth_bytes'] / 2**20:.1f} MiB for {res['records']:,} records, "
+          f"{res['rss_growth_bytes_10x_smaller_cache'] / 2**20:.1f} MiB for {res['records'] // 10:,}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    only = set(args.only.split(",")) if args.only else {"throughput", "mixture", "open", "trace"}
+
+    tmp = None
+    root = args.cache_dir
+    if root is None:
+        tmp = tempfile.TemporaryDirectory(prefix="seqcache-bench-")
+        root = tmp.name
+    big = os.path.join(root, f"bench-{args.records}x{args.length}")
+    small = os.path.join(root, f"bench-{args.records // 10}x{args.length}")
+    build_cache(big, records=args.records, length=args.length, shards=args.shards)
+    build_cache(small, records=args.records // 10, length=args.length, shards=args.shards)
+
+    res = bench_sections(big, root, only, args)
+    if "throughput" in only:
+        res = bench_throughput(big, small, args, res)
+        print_throughput(res)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -368,7 +368,7 @@ def group_sizes(tmp: pathlib.Path, *, records: int, batch_size: int = 256, steps
             writer.write_manifest(str(path), writer.build_manifest(
                 task="g", split="train", fingerprint=f"g{g}", fingerprint_inputs={}, features=[
                     {"name": "targets", "dtype": "uint16"}], shards=[entry], sources=[{"path": "synthetic"}],
-                statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={}))
+                statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={}), shards=[entry])
             size = sum(s.num_bytes for s in fmt.read_manifest(str(path)).shards)
             with Feeder(cache=str(path), global_batch_size=batch_size, sequence_length=int(mean * 2),
                         host_index=0, host_count=1, num_threads=1, prefetch=0) as f:
@@ -383,7 +383,7 @@ def group_sizes(tmp: pathlib.Path, *, records: int, batch_size: int = 256, steps
     return rows
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=50.0, help="corpus size per case, MB")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
@@ -401,72 +401,113 @@ def main():
     ap.add_argument("--startup", action="store_true", help="also break down a small build's fixed cost")
     ap.add_argument("--group-size", action="store_true",
                     help="also measure ArrayRecord group sizes: write cost, bytes, feeder random reads")
-    args = ap.parse_args()
-    # tokenizers' thread pool reads this once, at its first use: as many threads as SentencePiece gets.
-    os.environ.setdefault("RAYON_NUM_THREADS", str(args.workers))
+    return ap.parse_args(argv)
+
+
+def train_vocabularies(tmp: pathlib.Path, with_tokenizers: bool) -> tuple[str, str | None]:
+    """(SentencePiece model path, tokenizers BPE tokenizer.json path or None), both
+    trained on tinyshakespeare's lines and the C4 sample, 8,000 ids each."""
     from seqcache import tasks
 
+    model = tmp / "spm.model"
+    sample = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")
+    sample += pq.read_table(DATA / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
+    tasks.train_sentencepiece(sample, output_path=str(model), vocab_size=8000)
+    bpe = train_bpe_like_spm(sample, tmp) if with_tokenizers else None
+    return str(model), bpe
+
+
+def throughput_row(case: str, raw_mb: float, cores: int, runs: list[tuple[float, float, float, float]],
+                   bound_tokens: int, build_tokens: int) -> dict:
+    """One case's row from its ``runs``: (bound s, build s, build peak RSS MB,
+    bound CPU s / build CPU s) each; MB/s, tokens/s, the build/bound ratios in
+    wall and CPU time (median, min, max) and the peak RSS (the largest run's)."""
+    ratios = [r[0] / r[1] for r in runs]
+    cpu_ratios = [r[3] for r in runs]
+    b_s = statistics.median(r[0] for r in runs)
+    s = statistics.median(r[1] for r in runs)
+    peak_mb = max(r[2] for r in runs)
+    return {
+        "case": case, "raw_mb": round(raw_mb, 1), "cores": cores, "runs": len(runs),
+        "bound_mb_s": round(raw_mb / b_s, 2), "bound_tokens_s": round(bound_tokens / b_s),
+        "build_mb_s": round(raw_mb / s, 2), "build_tokens_s": round(build_tokens / s),
+        "build_s": round(s, 2), "bound_s": round(b_s, 2), "ratio": round(statistics.median(ratios), 3),
+        "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
+        "cpu_ratio": round(statistics.median(cpu_ratios), 3), "cpu_ratio_min": round(min(cpu_ratios), 3),
+        "cpu_ratio_max": round(max(cpu_ratios), 3),
+        "peak_rss_mb": round(peak_mb), "rss_per_raw_mb": round(peak_mb / raw_mb, 2),
+    }
+
+
+def measure_case(tmp: pathlib.Path, case: str, model: str, bpe: str | None,
+                 args: argparse.Namespace) -> tuple[dict | None, dict | None]:
+    """(throughput row or None with --bound-only, tokenizer row or None without
+    ``bpe``) of one corpus (``lines`` or ``documents``) of ``args.mb`` MB."""
+    maker = {"lines": make_lines, "documents": make_documents}[case]
+    spec, records = maker(tmp / case, int(args.mb * 1e6))
+    raw_mb = sum(len(r.encode()) for r in records) / 1e6
+    tokenizers = None
+    if bpe is not None:
+        sp = bound(model, records, args.workers)
+        tokenizers = tokenizer_row(case, raw_mb, sp, hf_bound(bpe, records))
+    if args.bound_only:
+        return None, tokenizers
+    runs = []
+    for k in range(args.repeat):  # bound and build alternate, so that both see the same load
+        bd, d = {}, {}
+        b_s, b_tokens = bound(model, records, args.workers, details=bd)
+        s, stats, peak_mb = build(spec, model, str(tmp / f"cache-{case}"), args.workers, case, details=d)
+        tokens = stats["tokens"]["targets"]
+        assert tokens == b_tokens, (tokens, b_tokens)
+        runs.append((b_s, s, peak_mb, bd["cpu_s"] / d["cpu_s"]))
+        shutil.rmtree(tmp / f"cache-{case}", ignore_errors=True)
+    del records
+    return throughput_row(case, raw_mb, args.workers, runs, b_tokens, tokens), tokenizers
+
+
+def memory_rows(tmp: pathlib.Path, model: str, mb: float) -> list[dict]:
+    """Peak RSS (MB) and seconds of one-worker builds of ``mb`` MB of lines in 1,
+    4 and 16 shards, with the raw MB per shard."""
+    spec, records = make_lines(tmp / "memory", int(mb * 1e6))
+    raw_mb = sum(len(r.encode()) for r in records) / 1e6
+    del records
+    memory = []
+    for shards in (1, 4, 16):
+        s, stats, peak_mb = build(spec, model, str(tmp / f"cache-m{shards}"), 1, "m", num_shards=shards)
+        memory.append({"shards": shards, "raw_mb_per_shard": round(raw_mb / shards, 1),
+                       "peak_rss_mb": round(peak_mb), "build_s": round(s, 2)})
+        shutil.rmtree(tmp / f"cache-m{shards}", ignore_errors=True)
+    return memory
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Every measurement the arguments ask for, in a temporary folder removed
+    afterwards: the report written by --json (``throughput``, ``memory``, ``t5``,
+    ``tokenizers``: lists of rows; ``startup``: a dict or None; ``group_size``: rows)."""
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="seqcache-bench-"))
-    rows, memory, t5, tokenizer_rows, fixed, groups = [], [], [], [], None, []
+    results = {"throughput": [], "memory": [], "t5": [], "tokenizers": [], "startup": None, "group_size": []}
     try:
-        model = tmp / "spm.model"
-        sample = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n")
-        sample += pq.read_table(DATA / "c4" / "c4_validation_2k.parquet", columns=["text"]).column("text").to_pylist()
-        tasks.train_sentencepiece(sample, output_path=str(model), vocab_size=8000)
-        bpe = train_bpe_like_spm(sample, tmp) if args.tokenizers else None
+        model, bpe = train_vocabularies(tmp, args.tokenizers)
         for case in [c for c in args.cases.split(",") if c]:
-            maker = {"lines": make_lines, "documents": make_documents}[case]
-            spec, records = maker(tmp / case, int(args.mb * 1e6))
-            raw_mb = sum(len(r.encode()) for r in records) / 1e6
-            if bpe is not None:
-                sp = bound(str(model), records, args.workers)
-                tokenizer_rows.append(tokenizer_row(case, raw_mb, sp, hf_bound(bpe, records)))
-            if args.bound_only:
-                del records
-                continue
-            runs = []
-            for k in range(args.repeat):  # bound and build alternate, so that both see the same load
-                bd, d = {}, {}
-                b_s, b_tokens = bound(str(model), records, args.workers, details=bd)
-                s, stats, peak_mb = build(spec, str(model), str(tmp / f"cache-{case}"), args.workers, case,
-                                          details=d)
-                tokens = stats["tokens"]["targets"]
-                assert tokens == b_tokens, (tokens, b_tokens)
-                runs.append((b_s, s, peak_mb, bd["cpu_s"] / d["cpu_s"]))
-                shutil.rmtree(tmp / f"cache-{case}", ignore_errors=True)
-            del records
-            ratios = [r[0] / r[1] for r in runs]
-            cpu_ratios = [r[3] for r in runs]
-            b_s = statistics.median(r[0] for r in runs)
-            s = statistics.median(r[1] for r in runs)
-            peak_mb = max(r[2] for r in runs)
-            rows.append({
-                "case": case, "raw_mb": round(raw_mb, 1), "cores": args.workers, "runs": len(runs),
-                "bound_mb_s": round(raw_mb / b_s, 2), "bound_tokens_s": round(b_tokens / b_s),
-                "build_mb_s": round(raw_mb / s, 2), "build_tokens_s": round(tokens / s),
-                "build_s": round(s, 2), "bound_s": round(b_s, 2), "ratio": round(statistics.median(ratios), 3),
-                "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
-                "cpu_ratio": round(statistics.median(cpu_ratios), 3), "cpu_ratio_min": round(min(cpu_ratios), 3),
-                "cpu_ratio_max": round(max(cpu_ratios), 3),
-                "peak_rss_mb": round(peak_mb), "rss_per_raw_mb": round(peak_mb / raw_mb, 2),
-            })
+            row, tokenizers = measure_case(tmp, case, model, bpe, args)
+            if tokenizers is not None:
+                results["tokenizers"].append(tokenizers)
+            if row is not None:
+                results["throughput"].append(row)
         if args.startup:
-            fixed = startup(tmp, str(model), args.repeat)
+            results["startup"] = startup(tmp, model, args.repeat)
         if args.group_size:
-            groups = group_sizes(tmp, records=200_000)
+            results["group_size"] = group_sizes(tmp, records=200_000)
         if args.memory:
-            spec, records = make_lines(tmp / "memory", int(args.mb * 1e6))
-            raw_mb = sum(len(r.encode()) for r in records) / 1e6
-            del records
-            for shards in (1, 4, 16):
-                s, stats, peak_mb = build(spec, str(model), str(tmp / f"cache-m{shards}"), 1, "m", num_shards=shards)
-                memory.append({"shards": shards, "raw_mb_per_shard": round(raw_mb / shards, 1),
-                               "peak_rss_mb": round(peak_mb), "build_s": round(s, 2)})
-                shutil.rmtree(tmp / f"cache-m{shards}", ignore_errors=True)
+            results["memory"] = memory_rows(tmp, model, args.mb)
         if args.t5:
-            t5 = t5_rows(tmp, str(model), int(args.mb * 1e6), args.workers)
+            results["t5"] = t5_rows(tmp, model, int(args.mb * 1e6), args.workers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+def print_throughput(rows: list[dict]) -> None:
     print(f"{'case':10} {'MB':>7} {'cores':>5} {'bound MB/s':>11} {'build MB/s':>11} {'build tok/s':>12} "
           f"{'build/bound wall':>24} {'build/bound CPU':>24} {'peak RSS MB':>12}")
     for r in rows:
@@ -475,32 +516,59 @@ def main():
         print(f"{r['case']:10} {r['raw_mb']:7.1f} {r['cores']:5d} {r['bound_mb_s']:11.2f} {r['build_mb_s']:11.2f} "
               f"{r['build_tokens_s']:12,d} {ratio:>24} {cpu_ratio:>24} {r['peak_rss_mb']:12,d}")
     print("(median [min, max] over runs; CPU: the bound's CPU seconds over the build's, children included)")
-    if fixed:
-        print(f"\n{'start-up step (fresh interpreter)':40} {'CPU s':>7} {'wall s':>7}")
-        for st in fixed["steps"]:
-            print(f"{st['step']:40} {st['cpu_s']:7.2f} {st['wall_s']:7.2f}")
-        print(f"\n{'build':20} {'wall s':>7} {'CPU s':>7} {'build_task s':>13}")
-        for b in fixed["builds"]:
-            print(f"{b['build']:20} {b['wall_s']:7.2f} {b['cpu_s']:7.2f} {b['build_task_s']:13.2f}")
-        print(f"fixed CPU {fixed['fixed_cpu_s']:.2f} s, data CPU {fixed['data_cpu_s']:.2f} s; total/data CPU "
-              f"{fixed['total_over_data_cpu']}; wall/build_task {fixed['wall_over_build_task']}")
-    if groups:
-        print(f"\n{'records':12} {'group_size':>10} {'write us/rec':>13} {'bytes/rec':>10} {'feeder read us/ex':>18}")
-        for g in groups:
-            print(f"{g['records']:12} {g['group_size']:10d} {g['write_us']:13.2f} {g['bytes_per_record']:10.1f} "
-                  f"{g['feeder_read_us']:18.2f}")
-    if tokenizer_rows:
-        print_tokenizer_rows(tokenizer_rows)
-    if memory:
-        print(f"\n{'shards':>6} {'raw MB/shard':>13} {'peak RSS MB':>12}")
-        for m in memory:
-            print(f"{m['shards']:6d} {m['raw_mb_per_shard']:13.1f} {m['peak_rss_mb']:12,d}")
-    if t5:
-        print_t5(t5)
+
+
+def print_startup(fixed: dict) -> None:
+    print(f"\n{'start-up step (fresh interpreter)':40} {'CPU s':>7} {'wall s':>7}")
+    for st in fixed["steps"]:
+        print(f"{st['step']:40} {st['cpu_s']:7.2f} {st['wall_s']:7.2f}")
+    print(f"\n{'build':20} {'wall s':>7} {'CPU s':>7} {'build_task s':>13}")
+    for b in fixed["builds"]:
+        print(f"{b['build']:20} {b['wall_s']:7.2f} {b['cpu_s']:7.2f} {b['build_task_s']:13.2f}")
+    print(f"fixed CPU {fixed['fixed_cpu_s']:.2f} s, data CPU {fixed['data_cpu_s']:.2f} s; total/data CPU "
+          f"{fixed['total_over_data_cpu']}; wall/build_task {fixed['wall_over_build_task']}")
+
+
+def print_group_sizes(groups: list[dict]) -> None:
+    print(f"\n{'records':12} {'group_size':>10} {'write us/rec':>13} {'bytes/rec':>10} {'feeder read us/ex':>18}")
+    for g in groups:
+        print(f"{g['records']:12} {g['group_size']:10d} {g['write_us']:13.2f} {g['bytes_per_record']:10.1f} "
+              f"{g['feeder_read_us']:18.2f}")
+
+
+def print_memory(memory: list[dict]) -> None:
+    print(f"\n{'shards':>6} {'raw MB/shard':>13} {'peak RSS MB':>12}")
+    for m in memory:
+        print(f"{m['shards']:6d} {m['raw_mb_per_shard']:13.1f} {m['peak_rss_mb']:12,d}")
+
+
+def print_report(results: dict) -> None:
+    """The tables of ``measure``'s report, the throughput table always, the others
+    when they have rows."""
+    print_throughput(results["throughput"])
+    if results["startup"]:
+        print_startup(results["startup"])
+    if results["group_size"]:
+        print_group_sizes(results["group_size"])
+    if results["tokenizers"]:
+        print_tokenizer_rows(results["tokenizers"])
+    if results["memory"]:
+        print_memory(results["memory"])
+    if results["t5"]:
+        print_t5(results["t5"])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # tokenizers' thread pool reads this once, at its first use: as many threads as SentencePiece gets.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(args.workers))
+    results = measure(args)
+    print_report(results)
     if args.json_out:
-        json.dump({"throughput": rows, "memory": memory, "t5": t5, "tokenizers": tokenizer_rows, "startup": fixed,
-                   "group_size": groups}, open(args.json_out, "w"), indent=2)
-    return rows or t5 or tokenizer_rows or fixed or groups
+        with open(args.json_out, "w") as f:
+            json.dump(results, f, indent=2)
+    return (results["throughput"] or results["t5"] or results["tokenizers"] or results["startup"]
+            or results["group_size"])
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def summarize(result, warmup: int, tokens_per_step: int) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny,small,t5-tiny")
     parser.add_argument("--batch-size", type=int, default=16)
@@ -143,84 +143,86 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cache-dir")
     parser.add_argument("--json")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    import jax
 
+def prepare(architecture: str, root: str, args: argparse.Namespace):
+    """(a function that makes a feeder, the first ``steps + warmup`` host batches
+    read beforehand, the TrainConfig fields of the data, vocabulary size) for
+    ``architecture``: the span-corruption cache through ``ConvertedFeeder("encdec")``
+    for ``t5``, the language-model cache through ``Feeder`` otherwise."""
     from seqcache.feeders import Feeder
+    from seqcache.feeders.converters import ConvertedFeeder
     from seqcache.training import config as config_lib
     from seqcache.training import data as data_lib
+
+    if architecture == "t5":
+        cache, lengths = build_span_cache(root, args.length)
+
+        def make():
+            return ConvertedFeeder(converter="encdec", cache=cache, sequence_length=lengths,
+                                   global_batch_size=args.batch_size)
+        fields = {"sequence_length": lengths["targets"], "inputs_sequence_length": lengths["inputs"],
+                  "data": config_lib.DataConfig(converter="encdec")}
+    else:
+        cache = build_cache(root, args.length)
+
+        def make():
+            return Feeder(cache=cache, global_batch_size=args.batch_size, sequence_length=args.length)
+        fields = {"sequence_length": args.length}
+    vocab = data_lib.vocab_size_of(data_lib.Source(kwargs={"cache": cache}, cache_dirs=(cache,), name=cache))
+    with make() as f:
+        replay = [{k: v.copy() for k, v in f.get_batch(s).items()} for s in range(args.steps + args.warmup)]
+    return make, replay, fields, vocab
+
+
+def bench_model(name: str, preset, data, args: argparse.Namespace) -> dict:
+    """One model's row: the trainer compiled once, then ``args.rounds`` rounds of a
+    feeder run and an in-memory run (alternating which goes first); medians over
+    rounds. ``data`` is ``prepare``'s result for the preset's architecture."""
+    from seqcache.training import config as config_lib
     from seqcache.training.trainer import Trainer
 
-    from seqcache.feeders.converters import ConvertedFeeder
+    make_feeder, replay, fields, vocab = data
+    cfg = config_lib.TrainConfig(
+        model=dataclasses.replace(preset, vocab_size=vocab),
+        steps=args.steps + args.warmup,
+        global_batch_size=args.batch_size,
+        mesh=config_lib.MeshConfig(data=-1),
+        progress=False,
+        **fields,
+    )
+    trainer = Trainer(cfg)
+    trainer.compile()
+    runs = {"feeder": [], "in-memory": []}
+    for r in range(args.rounds):
+        order = ["feeder", "in-memory"] if r % 2 == 0 else ["in-memory", "feeder"]
+        for kind in order:
+            if kind == "feeder":
+                feeder = make_feeder()
+            else:
+                feeder = InMemoryFeeder(replay, args.batch_size)
+            result = trainer.fit(feeder)
+            runs[kind].append(summarize(result, args.warmup, cfg.tokens_per_step))
+    med = {kind: {k: statistics.median(x[k] for x in v) for k in v[0]} for kind, v in runs.items()}
+    return {
+        "model": name,
+        "parameters": trainer.num_params,
+        "tokens_per_step": cfg.tokens_per_step,
+        "compile_time_s": trainer.compile_time_s,
+        "feeder_tokens_per_s": med["feeder"]["tokens_per_s"],
+        "in_memory_tokens_per_s": med["in-memory"]["tokens_per_s"],
+        "feeder_over_in_memory": med["feeder"]["tokens_per_s"] / med["in-memory"]["tokens_per_s"],
+        "step_time_s": med["feeder"]["step_time_s"],
+        "data_wait_fraction": med["feeder"]["data_wait_fraction"],
+    }
 
-    root = args.cache_dir or tempfile.mkdtemp(prefix="seqcache-train-bench-")
-    total = args.steps + args.warmup
-    data = {}  # architecture -> (make a feeder, replayed batches, config fields, vocabulary size)
 
-    def prepare(architecture):
-        if architecture == "t5":
-            cache, lengths = build_span_cache(root, args.length)
-
-            def make():
-                return ConvertedFeeder(converter="encdec", cache=cache, sequence_length=lengths,
-                                       global_batch_size=args.batch_size)
-            fields = {"sequence_length": lengths["targets"], "inputs_sequence_length": lengths["inputs"],
-                      "data": config_lib.DataConfig(converter="encdec")}
-        else:
-            cache = build_cache(root, args.length)
-
-            def make():
-                return Feeder(cache=cache, global_batch_size=args.batch_size, sequence_length=args.length)
-            fields = {"sequence_length": args.length}
-        vocab = data_lib.vocab_size_of(data_lib.Source(kwargs={"cache": cache}, cache_dirs=(cache,), name=cache))
-        with make() as f:
-            replay = [{k: v.copy() for k, v in f.get_batch(s).items()} for s in range(total)]
-        return make, replay, fields, vocab
-
-    rows = []
-    for name in args.models.split(","):
-        preset = config_lib.model_preset(name)
-        if preset.architecture not in data:
-            data[preset.architecture] = prepare(preset.architecture)
-        make_feeder, replay, fields, vocab = data[preset.architecture]
-        cfg = config_lib.TrainConfig(
-            model=dataclasses.replace(preset, vocab_size=vocab),
-            steps=total,
-            global_batch_size=args.batch_size,
-            mesh=config_lib.MeshConfig(data=-1),
-            progress=False,
-            **fields,
-        )
-        trainer = Trainer(cfg)
-        trainer.compile()
-        runs = {"feeder": [], "in-memory": []}
-        for r in range(args.rounds):
-            order = ["feeder", "in-memory"] if r % 2 == 0 else ["in-memory", "feeder"]
-            for kind in order:
-                if kind == "feeder":
-                    feeder = make_feeder()
-                else:
-                    feeder = InMemoryFeeder(replay, args.batch_size)
-                result = trainer.fit(feeder)
-                runs[kind].append(summarize(result, args.warmup, cfg.tokens_per_step))
-        med = {kind: {k: statistics.median(x[k] for x in v) for k in v[0]} for kind, v in runs.items()}
-        rows.append({
-            "model": name,
-            "parameters": trainer.num_params,
-            "tokens_per_step": cfg.tokens_per_step,
-            "compile_time_s": trainer.compile_time_s,
-            "feeder_tokens_per_s": med["feeder"]["tokens_per_s"],
-            "in_memory_tokens_per_s": med["in-memory"]["tokens_per_s"],
-            "feeder_over_in_memory": med["feeder"]["tokens_per_s"] / med["in-memory"]["tokens_per_s"],
-            "step_time_s": med["feeder"]["step_time_s"],
-            "data_wait_fraction": med["feeder"]["data_wait_fraction"],
-        })
-
+def print_table(rows: list[dict], args: argparse.Namespace, devices: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"training on CPU ({jax.device_count()} device(s)), B={args.batch_size}, L={args.length}")
+    table = Table(title=f"training on CPU ({devices} device(s)), B={args.batch_size}, L={args.length}")
     for col in ("model", "params", "tok/s feeder", "tok/s in-memory", "feeder/in-mem", "step s",
                 "data wait", "compile s"):
         table.add_column(col, justify="right")
@@ -230,6 +232,25 @@ def main(argv=None) -> int:
                       f"{r['step_time_s']:.4f}", f"{100 * r['data_wait_fraction']:.2f}%",
                       f"{r['compile_time_s']:.1f}")
     Console(width=120).print(table)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    import jax
+
+    from seqcache.training import config as config_lib
+
+    root = args.cache_dir or tempfile.mkdtemp(prefix="seqcache-train-bench-")
+    data = {}  # architecture -> prepare's result
+    rows = []
+    for name in args.models.split(","):
+        preset = config_lib.model_preset(name)
+        if preset.architecture not in data:
+            data[preset.architecture] = prepare(preset.architecture, root, args)
+        rows.append(bench_model(name, preset, data[preset.architecture], args))
+
+    print_table(rows, args, jax.device_count())
     report = {"batch_size": args.batch_size, "sequence_length": args.length, "steps": args.steps,
               "warmup": args.warmup, "rounds": args.rounds, "devices": jax.device_count(), "results": rows}
     print(json.dumps(report, indent=2))

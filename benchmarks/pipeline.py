@@ -320,7 +320,19 @@ def startup(tmp: pathlib.Path, model: str, repeat: int, mb: float = 1.0) -> dict
 # the means of tinyshakespeare lines and of C4 documents under the benchmark's
 # 8,000-piece SentencePiece model.
 GROUP_KINDS = (("short lines", 12), ("documents", 480))
-GROUP_SIZES = (1, 4, 16, 64)
+GROUP_SIZES = (1, 4, 16, 64, None)  # None: the format's rule (fmt.group_size_for)
+
+
+def file_group_size(path) -> int:
+    """The group size an ArrayRecord file's header records."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    reader = ArrayRecordReader(str(path))
+    try:
+        options = dict(o.split(":", 1) for o in reader.writer_options_string().split(",") if ":" in o)
+    finally:
+        reader.close()
+    return int(options["group_size"])
 
 
 def group_sizes(tmp: pathlib.Path, *, records: int, batch_size: int = 256, steps: int = 200) -> list[dict]:
@@ -331,7 +343,9 @@ def group_sizes(tmp: pathlib.Path, *, records: int, batch_size: int = 256, steps
     and the feeder's read CPU microseconds per example (``Feeder``, one thread,
     batches of random positions, the cache in the page cache).
 
-    The cache format pins ``group_size:1``; this only measures the alternative."""
+    The data file's group size is each given one, then the format's rule
+    (``auto``, ``seqcache.format.group_size_for``); provenance files are
+    written in groups of ``fmt.PROVENANCE_GROUP_SIZE`` in every row."""
     import resource
 
     from seqcache import format as fmt
@@ -344,7 +358,6 @@ def group_sizes(tmp: pathlib.Path, *, records: int, batch_size: int = 256, steps
 
     rng = np.random.default_rng(0)
     rows = []
-    pinned = fmt.WRITER_OPTIONS
     specs = (fmt.FeatureSpec("targets", "uint16"),)
     for kind, mean in GROUP_KINDS:
         n = records if mean < 100 else max(records // 20, 2000)
@@ -357,14 +370,11 @@ def group_sizes(tmp: pathlib.Path, *, records: int, batch_size: int = 256, steps
         for g in GROUP_SIZES:
             path = tmp / f"group-{mean}-{g}"
             path.mkdir()
-            fmt.WRITER_OPTIONS = f"group_size:{g},uncompressed"
-            try:
-                c0 = cpu()  # what the shard writer does with encoded records: two ArrayRecord writes each
-                entry = writer.write_shard(str(path), index=0, num_shards=1, features=specs,
-                                           examples=zip(encoded, provenance))
-                write_us = (cpu() - c0) / n * 1e6
-            finally:
-                fmt.WRITER_OPTIONS = pinned
+            c0 = cpu()  # what the shard writer does with encoded records: two ArrayRecord writes each
+            entry = writer.write_shard(str(path), index=0, num_shards=1, features=specs,
+                                       examples=writer.EncodedChunks([(encoded, provenance)]), group_size=g)
+            write_us = (cpu() - c0) / n * 1e6
+            label = str(g) if g is not None else f"auto ({file_group_size(path / entry['file'])})"
             writer.write_manifest(str(path), writer.build_manifest(
                 task="g", split="train", fingerprint=f"g{g}", fingerprint_inputs={}, features=[
                     {"name": "targets", "dtype": "uint16"}], shards=[entry], sources=[{"path": "synthetic"}],
@@ -377,7 +387,7 @@ def group_sizes(tmp: pathlib.Path, *, records: int, batch_size: int = 256, steps
                 for step in range(1, steps + 1):
                     f.get_batch(step)
                 read_us = (cpu() - c0) / (steps * batch_size) * 1e6
-            rows.append({"records": kind, "mean_tokens": mean, "group_size": g, "write_us": round(write_us, 2),
+            rows.append({"records": kind, "mean_tokens": mean, "group_size": label, "write_us": round(write_us, 2),
                          "bytes_per_record": round(size / n, 1), "feeder_read_us": round(read_us, 2)})
             shutil.rmtree(path, ignore_errors=True)
     return rows
@@ -532,7 +542,7 @@ def print_startup(fixed: dict) -> None:
 def print_group_sizes(groups: list[dict]) -> None:
     print(f"\n{'records':12} {'group_size':>10} {'write us/rec':>13} {'bytes/rec':>10} {'feeder read us/ex':>18}")
     for g in groups:
-        print(f"{g['records']:12} {g['group_size']:10d} {g['write_us']:13.2f} {g['bytes_per_record']:10.1f} "
+        print(f"{g['records']:12} {g['group_size']:>10} {g['write_us']:13.2f} {g['bytes_per_record']:10.1f} "
               f"{g['feeder_read_us']:18.2f}")
 
 

@@ -242,6 +242,23 @@ def _parse(buf: bytes, num_features: int, where: str) -> dict:
     return cols
 
 
+def sort_order(hi: np.ndarray, lo: np.ndarray, sub: np.ndarray, files: np.ndarray,
+               recs: np.ndarray) -> np.ndarray:
+    """int64 (n,): ``np.lexsort((recs, files, sub, lo, hi))``, the order by (key's
+    high 64 bits, low 64 bits, sub-index, file index, record number), computed
+    as one sort on ``hi`` and a full sort of only the entries whose ``hi`` is
+    not unique (identical raw records, or a 64-bit collision): the same order,
+    several times faster than sorting on five keys."""
+    order = np.argsort(hi, kind="stable")
+    ranked = hi[order]
+    tied = np.flatnonzero(ranked[1:] == ranked[:-1])
+    if len(tied):
+        at = np.union1d(tied, tied + 1)  # positions (in sorted order) of every tied entry
+        group = order[at]
+        order[at] = group[np.lexsort((recs[group], files[group], sub[group], lo[group], hi[group]))]
+    return order
+
+
 def load_shard(buffers: Iterable[tuple[str, bytes]], num_features: int) -> ShardEntries:
     """Loads the spill files of one shard (``(path, bytes)`` pairs) and sorts them.
 
@@ -264,7 +281,7 @@ def load_shard(buffers: Iterable[tuple[str, bytes]], num_features: int) -> Shard
     begin = np.concatenate([p["offsets"][:-1].astype(np.int64) for p in parts])
     end = np.concatenate([p["offsets"][1:].astype(np.int64) for p in parts])
     hi_lo = keys.view(">u8").reshape(-1, 2) if len(keys) else np.zeros((0, 2), ">u8")
-    order = np.lexsort((recs, files, sub, hi_lo[:, 1], hi_lo[:, 0]))
+    order = sort_order(hi_lo[:, 0].astype(np.uint64), hi_lo[:, 1].astype(np.uint64), sub, files, recs)
     return ShardEntries(sub[order], files[order], recs[order], trunc[order], lengths[order],
                         part[order], begin[order], end[order], [p["data"] for p in parts])
 

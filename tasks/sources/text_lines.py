@@ -28,6 +28,9 @@ from seqcache.tasks.sources.policy import SUSPECT_CHARACTERS, Where, is_clean_te
 # ``str.isspace``, ``[^\S\n]``, up to the next newline or the end); or no text.
 _WHITESPACE_LINE_RE = re.compile(r"\n[^\S\n]+(?=\n|\Z)")
 _LINE_SUSPECT_RE = re.compile(f"[\r{SUSPECT_CHARACTERS}]+")
+# The ASCII bytes that are none of those characters (an ASCII block without
+# any other byte needs no scan).
+_CLEAN_ASCII = bytes(b for b in range(128) if not _LINE_SUSPECT_RE.match(chr(b)))
 
 
 def line_where(path: str, offset: int) -> Where:
@@ -198,7 +201,8 @@ class TextLineSource(LineSplits, _TextSource):
         characters."""
         joined = "\n" + "\n".join(texts)
         positions = [m.start() for m in _WHITESPACE_LINE_RE.finditer(joined)]
-        positions += [m.start() - 1 for m in _LINE_SUSPECT_RE.finditer(joined)]
+        if not (joined.isascii() and not joined.encode("ascii").translate(None, _CLEAN_ASCII)):
+            positions += [m.start() - 1 for m in _LINE_SUSPECT_RE.finditer(joined)]
         odd = np.flatnonzero(sizes == 0).tolist()
         if positions:
             # joined[p] is the newline before line k for p in [ends[k-1], ends[k]).

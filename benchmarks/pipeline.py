@@ -411,6 +411,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--startup", action="store_true", help="also break down a small build's fixed cost")
     ap.add_argument("--group-size", action="store_true",
                     help="also measure ArrayRecord group sizes: write cost, bytes, feeder random reads")
+    ap.add_argument("--scaling", type=int, metavar="SHARDS", default=0,
+                    help="also build each case with 1 and with --workers worker processes (multi_processing), "
+                    "SHARDS shards each, alternating: wall-clock speed-up, and whether the shards are the same bytes")
     return ap.parse_args(argv)
 
 
@@ -490,6 +493,51 @@ def memory_rows(tmp: pathlib.Path, model: str, mb: float) -> list[dict]:
     return memory
 
 
+def scaling_row(tmp: pathlib.Path, case: str, model: str, args: argparse.Namespace) -> dict:
+    """One case built ``args.repeat`` times with one worker (the local engine
+    in_memory, the fastest way to use one core) and with ``args.workers`` worker
+    processes (``multi_processing``; ``args.scaling`` shards both, so that
+    the shard count does not follow the workers), alternating: the median
+    wall-clock speed-up (1-worker seconds over N-worker seconds) with its range,
+    the CPU seconds of each, and whether every build's shards have the same
+    sha256 (G1)."""
+    from seqcache import format as fmt
+
+    folder = tmp / f"scaling-{case}"
+    maker = {"lines": make_lines, "documents": make_documents}[case]
+    spec, records = maker(folder / "in", int(args.mb * 1e6))
+    raw_mb = sum(len(r.encode()) for r in records) / 1e6
+    seconds = {1: [], args.workers: []}
+    cpu = {1: [], args.workers: []}
+    digests = set()
+    for k in range(args.repeat):
+        for workers in ((1, args.workers) if k % 2 == 0 else (args.workers, 1)):
+            cache = folder / f"cache-{workers}-{k}"
+            d = {}
+            s, _, _ = build(spec, model, str(cache), workers, case, num_shards=args.scaling, details=d)
+            seconds[workers].append(s)
+            cpu[workers].append(d["cpu_s"])
+            out = cache / case / "train"
+            digests.add(tuple(map(tuple, fmt.read_shard_checksums(str(out), fmt.read_manifest(str(out))))))
+            shutil.rmtree(cache, ignore_errors=True)
+    speedups = [a / b for a, b in zip(seconds[1], seconds[args.workers])]
+    return {"case": case, "raw_mb": round(raw_mb, 1), "shards": args.scaling, "workers": args.workers,
+            "runs": args.repeat, "seconds_1": round(statistics.median(seconds[1]), 2),
+            "seconds_n": round(statistics.median(seconds[args.workers]), 2),
+            "cpu_s_1": round(statistics.median(cpu[1]), 2), "cpu_s_n": round(statistics.median(cpu[args.workers]), 2),
+            "speedup": round(statistics.median(speedups), 3), "speedup_min": round(min(speedups), 3),
+            "speedup_max": round(max(speedups), 3), "same_bytes": len(digests) == 1}
+
+
+def print_scaling(rows: list[dict]) -> None:
+    print(f"\n{'case':10} {'MB':>6} {'shards':>6} {'workers':>7} {'1 worker s':>10} {'N workers s':>11} "
+          f"{'speed-up':>22} {'same bytes':>10}")
+    for r in rows:
+        print(f"{r['case']:10} {r['raw_mb']:6.1f} {r['shards']:6d} {r['workers']:7d} {r['seconds_1']:10.2f} "
+              f"{r['seconds_n']:11.2f} {r['speedup']:8.3f} [{r['speedup_min']:.3f}, {r['speedup_max']:.3f}] "
+              f"{str(r['same_bytes']):>10}")
+
+
 def measure(args: argparse.Namespace) -> dict:
     """Every measurement the arguments ask for, in a temporary folder removed
     afterwards: the report written by --json (``throughput``, ``memory``, ``t5``,
@@ -512,6 +560,8 @@ def measure(args: argparse.Namespace) -> dict:
             results["memory"] = memory_rows(tmp, model, args.mb)
         if args.t5:
             results["t5"] = t5_rows(tmp, model, int(args.mb * 1e6), args.workers)
+        if args.scaling:
+            results["scaling"] = [scaling_row(tmp, case, model, args) for case in args.cases.split(",") if case]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return results
@@ -566,6 +616,8 @@ def print_report(results: dict) -> None:
         print_memory(results["memory"])
     if results["t5"]:
         print_t5(results["t5"])
+    if results.get("scaling"):
+        print_scaling(results["scaling"])
 
 
 def main(argv=None):

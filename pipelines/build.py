@@ -510,14 +510,28 @@ def _zero_examples_message(task, config, files, total_bytes, records_read, quara
         more = f" (first {len(quarantine.first_skipped)} of {skipped:,})" if skipped > len(quarantine.first_skipped) else ""
         text += f". Skipped{more}: {reasons}"
         if records_read is not None and skipped >= records_read:
-            text += (". Every record was skipped: fix the input, or accept these records with the source's "
-                     "on_error option (for instance on_error={'empty': 'keep'}; on the command line "
-                     "--on-error empty=keep)")
-            return text
+            return text + _every_record_skipped(quarantine.first_skipped)
     kept = None if records_read is None else records_read - skipped
     if kept:
         text += f". The task's preprocessors dropped all {kept:,} other records: check its filters"
     return text
+
+
+def _every_record_skipped(first_skipped) -> str:
+    """What to do when every record was skipped, from the kinds of the first
+    skipped records: keep them (the kinds that can be kept as they are), or fix
+    the input."""
+    from seqcache.tasks.sources.policy import ERROR_KINDS
+
+    kinds = list(dict.fromkeys(e.get("kind") for e in first_skipped if e.get("kind")))
+    keepable = [k for k in kinds if "keep" in ERROR_KINDS.get(k, ())]
+    if not keepable:
+        what = f" ({', '.join(kinds)}: these cannot be kept as they are)" if kinds else ""
+        return f". Every record was skipped: fix the input{what}"
+    options = ", ".join(f"{k!r}: 'keep'" for k in keepable)
+    flags = " ".join(f"--on-error {k}=keep" for k in keepable)
+    return (". Every record was skipped: fix the input, or accept these records with the source's "
+            f"on_error option (on_error={{{options}}}; on the command line {flags})")
 
 
 def _feature_meta(task, name):

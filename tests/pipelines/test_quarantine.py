@@ -191,7 +191,8 @@ def test_zero_examples_says_what_was_read_and_skipped_and_why(tmp_path):
            f"{src}: line at byte {r[2]} is empty; " \
            f"{src}: line at byte {r[3]} holds only whitespace; " \
            f"{src}: line at byte {r[4]} is empty. Every record was skipped" in message
-    assert "on_error={'empty': 'keep'}" in message and "--on-error empty=keep" in message
+    assert "on_error={'empty': 'keep', 'whitespace': 'keep'}" in message
+    assert "--on-error empty=keep --on-error whitespace=keep" in message
     assert not os.path.exists(tmp_path / "c" / "blank" / "validation")
 
     # Nothing to read at all says so, without reasons.
@@ -292,3 +293,20 @@ def test_skipped_entries_name_their_kind(tmp_path):
     entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
     assert [(e["record_number"], e["kind"]) for e in entries] == [
         (starts[1], "empty"), (starts[2], "malformed"), (starts[3], "control_characters"), (starts[4], "bad_value")]
+
+
+def test_every_record_malformed_says_to_fix_the_input(tmp_path):
+    """Records of kinds that cannot be kept: the message does not suggest keeping them."""
+    from seqcache import tasks
+    from seqcache.tasks import preprocessors as P
+
+    src = tmp_path / "bad.jsonl"
+    src.write_text("{not json\n[1, 2\n", encoding="utf-8")
+    task = tasks.Task("broken", source=tasks.JsonLinesSource(str(src), on_error={"malformed": "skip"}),
+                      output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+                      preprocessors=[P.rekey({"targets": "text"}), P.tokenize(), P.append_eos()])
+    with pytest.raises(BuildError) as info:
+        build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
+    message = str(info.value)
+    assert message.endswith("Every record was skipped: fix the input (malformed: these cannot be kept as they are)")
+    assert "keep" not in message.split("Every record was skipped")[1].replace("cannot be kept", "")

@@ -187,6 +187,7 @@ class TextLineSource(LineSplits, _TextSource):
         for i in odd_lines:
             line = lines[i] + b"\n" if ended or i + 1 < n else lines[i]
             odd[i] = self._line_record(file_index, path, numbers[i], line)
+            lines[i] = odd[i].raw  # the raw column is the records' raw (no CR, no byte order mark)
         field = self.field
         for a in range(0, n, batch_records):
             b = min(a + batch_records, n)

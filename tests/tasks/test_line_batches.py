@@ -70,6 +70,9 @@ def test_batches_match_line_by_line(tmp_path, policy, last_newline):
             assert all(0 < len(b) <= 3 for b in batches)
             flat = [r for b in batches for r in b]
             assert flat == expect, (target, block, split)
+            # The columns the pipeline hashes and numbers are the records' own.
+            for b in source.read_batches(split, 3):
+                assert b.raws == [r.raw for r in b] and b.record_numbers == [r.record_number for r in b]
             got += flat
         assert got == whole
 
@@ -107,3 +110,37 @@ def test_raised_errors_are_the_same(tmp_path):
         list(source.read_batches(split, 4))
     assert "line 8 (byte" in str(batched.value)
     assert str(batched.value) == str(line_by_line.value)
+
+
+def test_line_endings_and_compression_give_the_same_cache(tmp_path):
+    """G1: CRLF or LF endings, a byte order mark, plain or gzipped: the same
+    records, so the same shard bytes (the shuffle key hashes the line without
+    its terminator and the mark)."""
+    import gzip
+    import hashlib
+
+    from seqcache import tasks
+    from seqcache.pipelines import BuildConfig, build_task
+    from seqcache.tasks import preprocessors as P
+
+    lines = [f"line {i} " + "x" * (i % 7) for i in range(300)]
+    variants = {
+        "lf": "\n".join(lines).encode() + b"\n",
+        "crlf": "\r\n".join(lines).encode() + b"\r\n",
+        "bom": b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n",
+    }
+    digests = {}
+    for name, data in list(variants.items()) + [("bom.gz", None)]:
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        if data is None:
+            (folder / "a.txt.gz").write_bytes(gzip.compress(variants["bom"]))
+        else:
+            (folder / "a.txt").write_bytes(data)
+        task = tasks.Task(name.replace(".", "_"), source=tasks.TextLineSource(str(folder / "a.txt*")),
+                          output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+                          preprocessors=[P.rekey({"targets": "text"}), P.tokenize(), P.append_eos()])
+        result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(seed=3, num_shards=2))
+        digests[name] = [hashlib.sha256(open(f"{result.cache_dir}/{f}", "rb").read()).hexdigest()
+                         for f in result.manifest.shards.files]
+    assert len({tuple(d) for d in digests.values()}) == 1, digests

@@ -226,7 +226,9 @@ class CacheReader:
         if idx.size == 0:
             return []
         if idx.min() < 0 or idx.max() >= self.num_examples:
-            raise IndexError(f"{self.cache_dir}: cache index out of range [0, {self.num_examples}) (got {idx.min()}..{idx.max()})")
+            bad = np.unique(idx[(idx < 0) | (idx >= self.num_examples)])
+            shown = ", ".join(map(str, bad[:5].tolist())) + (f" and {bad.size - 5} more" if bad.size > 5 else "")
+            raise IndexError(f"{self.cache_dir}: cache index out of range [0, {self.num_examples}) (got {shown})")
         order = np.argsort(idx, kind="stable")
         sorted_idx = idx[order]  # grouped by shard, ascending within each shard
         # O(n log S) for n indices and S shards: each index's shard, then the

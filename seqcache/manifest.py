@@ -22,7 +22,12 @@ its checksum file entry, a shard entry (format version 1), a feature, the
 build's sharding summary, and the shard checksum file. Their readers'
 checks live with the code that decodes them (``seqcache.format.ShardTable``,
 ``FeatureSpec``, ``read_shard_checksums``); tests check that their field names
-are these.
+are these. A vocabulary entry, a source file entry and the keys of
+``statistics`` that the commands read (with their own nested objects) are
+checked by ``check_manifest`` itself, the generic way: a reader refuses a
+wrong value there with one ``CacheError`` naming it
+(``manifest.json: statistics.tokens is 'x', expected a JSON object``), before
+any command uses it. Keys a definition does not list are allowed everywhere.
 """
 
 from __future__ import annotations
@@ -64,9 +69,14 @@ class Field:
       description: one line, for the JSON Schema and the docs.
       keywords: further JSON Schema keywords of its value (``const``, ``enum``,
         ``minimum``, ``pattern``, ``items``, ``additionalProperties``...).
-        Readers without a ``check`` test ``minimum`` and ``pattern`` too.
+        Readers without a ``check`` test ``minimum``, ``pattern``, ``enum``,
+        ``minItems`` and ``maxItems`` too.
       fields: the fields of the value (an object), or of each item (an array
         of objects).
+      values: the field of each member of an object keyed by name (feature ->
+        tokens, ...); its ``name`` is unused. JSON Schema ``additionalProperties``.
+      items: the field of each item of an array whose items are not objects
+        with ``fields`` (numbers, lists); its ``name`` is unused.
       check: the reader's check of the value instead of the generic one:
         ``check(value, context)`` raises ``seqcache.format.CacheError`` with
         the field's own message and may return a decoded value (``context``:
@@ -80,6 +90,8 @@ class Field:
     description: str
     keywords: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     fields: tuple["Field", ...] = ()
+    values: "Field | None" = None
+    items: "Field | None" = None
     check: Callable[[Any, Mapping[str, Any]], Any] | None = None
 
     def __post_init__(self):
@@ -100,7 +112,16 @@ class Field:
                 out["items"] = {"type": "object", **obj}
             else:
                 out.update(obj)
+        if self.values is not None:
+            out["additionalProperties"] = self.values.schema()
+        if self.items is not None:
+            out["items"] = self.items.schema()
         return out
+
+
+def _each(types: tuple[str, ...], description: str, keywords: Mapping[str, Any] | None = None, **kw) -> Field:
+    """The ``Field`` of each member (``values``) or item (``items``) of a value."""
+    return Field("", types, False, 1, description, dict(keywords or {}), **kw)
 
 
 def object_schema(fields: Sequence[Field]) -> dict:
@@ -125,23 +146,43 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_value(field: Field, value: Any, path: str, where: str = "") -> None:
+def _allowed(values: Sequence[Any]) -> str:
+    names = ["null" if v is None else repr(v) for v in values]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def check_value(field: Field, value: Any, path: str, where: str = "", *, name: str | None = None) -> None:
     """The generic reader check of one field's value: its JSON type, then
-    ``minimum`` and ``pattern`` where given, then its ``fields`` (an object's,
-    or each item's of an array).
+    ``minimum``, ``pattern``, ``enum``, ``minItems`` and ``maxItems`` where
+    given, then its ``fields`` (an object's, or each item's of an array), its
+    ``values`` (each member's) and its ``items`` (each item's).
+
+    Args:
+      name: how messages name the value (default ``where`` + ``field.name``),
+        e.g. ``statistics.tokens.targets`` or ``sources[0].path``.
 
     Raises:
-      seqcache.format.CacheError: ``{path}: {where}{name} is {value}, expected {types}``.
+      seqcache.format.CacheError: ``{path}: {name} is {value}, expected {what}``.
     """
-    name = f"{where}{field.name}"
+    name = f"{where}{field.name}" if name is None else name
+    kw = field.keywords
     ok = any(_IS[t](value) for t in field.type)
-    if ok and "minimum" in field.keywords and _IS["number"](value):
-        ok = value >= field.keywords["minimum"]
-    if ok and "pattern" in field.keywords and isinstance(value, str):
-        ok = re.search(field.keywords["pattern"], value) is not None
+    if ok and "minimum" in kw and _IS["number"](value):
+        ok = value >= kw["minimum"]
+    if ok and "pattern" in kw and isinstance(value, str):
+        ok = re.search(kw["pattern"], value) is not None
+    if ok and "enum" in kw:
+        ok = value in kw["enum"]
+    if ok and isinstance(value, list):
+        ok = kw.get("minItems", 0) <= len(value) <= kw.get("maxItems", len(value))
     if not ok:
-        extra = f" >= {field.keywords['minimum']}" if "minimum" in field.keywords else ""
-        raise fmt.CacheError(f"{path}: {name} is {_short(value)}, expected {_what(field.type)}{extra}")
+        if "enum" in kw:
+            expected = _allowed(kw["enum"])
+        else:
+            expected = _what(field.type) + (f" >= {kw['minimum']}" if "minimum" in kw else "")
+            if "minItems" in kw and kw.get("maxItems") == kw["minItems"]:
+                expected += f" of {kw['minItems']} items"
+        raise fmt.CacheError(f"{path}: {name} is {_short(value)}, expected {expected}")
     if field.fields:
         items = value if isinstance(value, list) else [value] if isinstance(value, dict) else []
         for i, item in enumerate(items):
@@ -153,6 +194,12 @@ def check_value(field: Field, value: Any, path: str, where: str = "") -> None:
                     check_value(sub, item[sub.name], path, prefix)
                 elif sub.required:
                     raise fmt.CacheError(f"{path}: {prefix[:-1]}: missing field {sub.name!r}")
+    if field.values is not None and isinstance(value, dict):
+        for key, member in value.items():
+            check_value(field.values, member, path, name=f"{name}.{key}")
+    if field.items is not None and isinstance(value, list):
+        for i, item in enumerate(value):
+            check_value(field.items, item, path, name=f"{name}[{i}]")
 
 
 # -- The readers' own checks of some fields (their messages are part of the format's interface).
@@ -185,15 +232,6 @@ def _check_features(value, ctx):
         raise fmt.CacheError(f"{path}: bad features entry: {e}") from None
 
 
-def _check_vocabularies(value, ctx):
-    path = ctx["path"]
-    fmt._require(isinstance(value, dict), path,
-                 f"vocabularies is {type(value).__name__}, expected a JSON object by feature")
-    for name, desc in value.items():
-        fmt._require(isinstance(desc, dict) and isinstance(desc.get("kind", ""), str), path,
-                     f"vocabularies.{name} is {desc!r}, expected a JSON object (its 'kind' a string)")
-
-
 def _check_shards(value, ctx):
     path = ctx["path"]
     table = fmt.ShardTable(value, path=path, version=ctx["version"])
@@ -204,16 +242,6 @@ def _check_shards(value, ctx):
     if ctx["check_shards"]:
         table.check_all()
     return table
-
-
-def _check_statistics(value, ctx):
-    fmt._require(isinstance(value, dict), ctx["path"],
-                 f"statistics is {type(value).__name__}, expected a JSON object")
-
-
-def _check_sources(value, ctx):
-    fmt._require(isinstance(value, list) and all(isinstance(s, dict) for s in value), ctx["path"],
-                 "sources is not a JSON list of objects")
 
 
 def _is_token_count(v) -> bool:
@@ -300,6 +328,79 @@ SHARD_CHECKSUMS_FIELDS = (
           {"items": {"type": "string", "pattern": _SHA256_PATTERN}}),
 )
 
+# The packings a cache may have (``seqcache.tasks.task.PACKING_MODES``) and the
+# vocabulary kinds a manifest may describe (those ``seqcache.tasks.vocabulary_from_json``
+# rebuilds); tests check both against the code that uses them.
+PACKINGS = ("lm", "first_fit", None)
+VOCABULARY_KINDS = ("byte", "sentencepiece", "hf_tokenizer")
+
+# One entry of ``vocabularies`` (``Vocabulary.to_json()``, ``file`` renamed by the build).
+VOCABULARY_FIELDS = (
+    Field("kind", ("string",), False, 1, "the vocabulary's kind", {"enum": list(VOCABULARY_KINDS)}),
+    Field("vocab_size", ("integer",), False, 1, "ids in the vocabulary, extra ids included", {"minimum": 1}),
+    Field("extra_ids", ("integer",), False, 1, "sentinel ids appended to the model's", {"minimum": 0}),
+    Field("file", ("string",), False, 1, "the model file stored in the cache folder (sentencepiece, hf_tokenizer)"),
+    Field("sha256", ("string", "null"), False, 1, "the model file's sha256, hex", {"pattern": _SHA256_PATTERN}),
+    Field("eos_token", ("string", "null"), False, 1, "the EOS token's text (hf_tokenizer)"),
+    Field("pad_token", ("string", "null"), False, 1, "the pad token's text (hf_tokenizer)"),
+    Field("unk_token", ("string", "null"), False, 1, "the unk token's text (hf_tokenizer)"),
+)
+
+# One entry of ``sources``, the source file table (``seqcache.tasks.SourceFile`` and the source's locator).
+SOURCE_FIELDS = (
+    Field("path", ("string",), True, 1, "the file's path or URL"),
+    Field("num_bytes", ("integer",), False, 1, "its size (bytes)", {"minimum": 0}),
+    Field("mtime_ns", ("integer",), False, 1, "its modification time (nanoseconds since the epoch)"),
+    Field("locator", ("string",), False, 1, "what a provenance record's record_number counts in it "
+          "(byte_offset, line, row, record, file); record when absent"),
+)
+
+_RECORDS = _each(("integer",), "records", {"minimum": 0})
+_TOKENS = _each(("integer",), "tokens", {"minimum": 0})
+_BY_FEATURE_TOKENS = _each(("array",), "tokens, one per source file", items=_TOKENS)
+_HISTOGRAM = _each(("array",), "the non-empty buckets [lo, hi, examples], lo ascending, hi exclusive (tokens)",
+                   items=_each(("array",), "[lo, hi, examples]", {"minItems": 3, "maxItems": 3},
+                               items=_each(("integer",), "tokens or examples", {"minimum": 0})))
+
+BAD_INPUT_FIELDS = (
+    Field("skipped", ("object",), False, 1, "kind -> records skipped (records)", values=_RECORDS),
+    Field("replaced", ("object",), False, 1, "kind -> records repaired (records)", values=_RECORDS),
+    Field("kept", ("object",), False, 1, "kind -> records kept unchanged (records)", values=_RECORDS),
+    Field("records", ("object",), False, 1, "action -> records (records)", values=_RECORDS),
+)
+
+SOURCE_FILES_FIELDS = (
+    Field("examples", ("array",), True, 1, "source examples per source file (records)", items=_RECORDS),
+    Field("tokens", ("object",), True, 1, "feature -> tokens per source file, before packing (tokens)",
+          values=_BY_FEATURE_TOKENS),
+    Field("units", ("string",), False, 1, "the units, for humans"),
+)
+
+# The keys of ``statistics`` that the commands read (``seqcache.pipelines.stats``);
+# a manifest may hold others.
+STATISTICS_FIELDS = (
+    Field("examples", ("integer",), False, 1, "cached examples (records)", {"minimum": 0}),
+    Field("segments", ("integer",), False, 1, "segments, the pieces packed into them (records)", {"minimum": 0}),
+    Field("source_examples", ("integer",), False, 1, "preprocessed examples before packing (records)",
+          {"minimum": 0}),
+    Field("tokens", ("object",), False, 1, "feature -> tokens in the cached examples (tokens)", values=_TOKENS),
+    Field("max_length", ("object",), False, 1, "feature -> the longest cached example (tokens)", values=_TOKENS),
+    Field("mean_length", ("object",), False, 1, "feature -> the mean cached example (tokens)",
+          values=_each(("number",), "tokens", {"minimum": 0})),
+    Field("truncated_tokens", ("integer",), False, 1, "tokens trimmed to the sequence length (tokens)",
+          {"minimum": 0}),
+    Field("length_histogram", ("object",), False, 1, "feature -> histogram of source example lengths",
+          values=_HISTOGRAM),
+    Field("skipped_records", ("integer",), False, 1, "source records skipped as bad input (records)", {"minimum": 0}),
+    Field("units", ("string",), False, 1, "the units, for humans"),
+    Field("source_records", ("integer",), False, 1, "source records read (records)", {"minimum": 0}),
+    Field("source_files", ("object",), False, 1, "per source file: source examples and tokens",
+          fields=SOURCE_FILES_FIELDS),
+    Field("replaced_records", ("integer",), False, 1, "source records repaired (records)", {"minimum": 0}),
+    Field("bad_input_records", ("object",), False, 1, "records per kind of bad input, by action",
+          fields=BAD_INPUT_FIELDS),
+)
+
 _V2_SHARDS = {"type": "object", **object_schema(SHARD_TABLE_FIELDS)}
 _V1_SHARDS = {"type": "array", "items": {"type": "object", **object_schema(SHARD_ENTRY_FIELDS)}}
 
@@ -314,22 +415,22 @@ MANIFEST_FIELDS = (
     Field("sequence_length", ("object", "integer", "null"), False, 1, "feature -> tokens, or null",
           {"minimum": 1, "additionalProperties": {"type": ["integer", "null"], "minimum": 1}},
           check=_check_sequence_length),
-    Field("packing", ("string", "null"), False, 1, "the packing: lm, first_fit or null"),
+    Field("packing", ("string", "null"), False, 1, "the packing: lm, first_fit or null",
+          {"enum": list(PACKINGS)}),
     Field("writer_options", ("string",), False, 1, "the ArrayRecord writer options"),
     Field("record_encoding", ("string",), False, 1, "the record encoding, for humans"),
     Field("features", ("array",), True, 1, "the record features, in record order", fields=FEATURE_FIELDS,
           check=_check_features),
     Field("vocabularies", ("object",), False, 1, "feature -> its vocabulary: kind, vocab_size, extra_ids, ...",
-          {"additionalProperties": {"type": "object", "properties": {"kind": {"type": "string"}}}},
-          check=_check_vocabularies),
+          values=_each(("object",), "a vocabulary (Vocabulary.to_json())", fields=VOCABULARY_FIELDS)),
     Field("num_examples", ("integer",), False, 1, "total examples (records)", {"minimum": 0}),
     Field("shards", ("object", "array"), True, 1,
           "the shard table: columns (format version 2), or one object per shard (format version 1)",
           check=_check_shards),
     Field("statistics", ("object",), False, 1, "counts of the build: examples, tokens, lengths, bad input",
-          check=_check_statistics),
+          fields=STATISTICS_FIELDS),
     Field("sources", ("array",), False, 1, "the source file table, indexed by a provenance record's source_index",
-          {"items": {"type": "object"}}, check=_check_sources),
+          fields=SOURCE_FIELDS),
     Field("fingerprint_inputs", ("object",), False, 1, "what the fingerprint is computed from"),
     Field("created", ("string",), False, 1, "when it was written, ISO 8601, UTC"),
     Field("seqcache_version", ("string",), False, 1, "the seqcache release that wrote it"),

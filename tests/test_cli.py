@@ -286,3 +286,34 @@ def test_ad_hoc_options_with_a_registered_task_and_scan_advice_for_it(tmp_path, 
     assert "--on-error" not in scan.output
     refused = CliRunner().invoke(main, ["scan", "adhoc_opts", "--module", "reg_tasks_for_adhoc", "--vocabulary", "x"])
     assert refused.exit_code == 2 and "--vocabulary" in refused.output
+
+
+def test_info_says_none_the_same_way_and_show_names_the_index_out_of_range(tmp_path):
+    import re
+
+    import pytest
+
+    from seqcache.feeders.reader import CacheReader
+
+    write_lines(tmp_path / "in" / "a.txt", [f"line {i}" for i in range(40)])
+    runner = CliRunner()
+    built = runner.invoke(main, ["build", "--source", f"text:{tmp_path}/in/a.txt", "--name", "u", "--num-shards", "2",
+                                 "--cache-dir", str(tmp_path / "c")])
+    assert built.exit_code == 0, built.output
+    cache = os.path.join(tmp_path, "c", "u", "train")
+    raw = json.loads(open(os.path.join(cache, fmt.MANIFEST_NAME), encoding="utf-8").read())
+    assert raw["sequence_length"] is None and raw["packing"] is None and raw["num_examples"] == 40
+    info = runner.invoke(main, ["info", cache])
+    assert info.exit_code == 0, info.output
+    assert re.search(r"sequence length\W+none\W", info.output) and re.search(r"packing\W+none\W", info.output)
+    assert "None" not in info.output and "null" not in info.output
+    # An index one past the end: named alone, with the cache's range (not "40..40").
+    out = runner.invoke(main, ["show", cache, "--index", "40"])
+    assert out.exit_code == 2 and "Traceback" not in out.output
+    assert "index 40 out of range: the cache has 40 examples, indices 0 to 39" in out.output and ".." not in out.output
+    out = runner.invoke(main, ["show", cache, "--index", "3", "--index", "41", "--index", "-1"])
+    assert out.exit_code == 2 and out.output.strip().splitlines()[-1] == (
+        "Error: Invalid value for --index: indices -1, 41 out of range: the cache has 40 examples, indices 0 to 39")
+    assert runner.invoke(main, ["show", cache, "--index", "39"]).exit_code == 0
+    with CacheReader(cache) as reader, pytest.raises(IndexError, match=r"out of range \[0, 40\) \(got 40, 42\)$"):
+        reader.read_examples([3, 42, 40])

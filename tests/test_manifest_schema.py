@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 
 import jsonschema
 import pytest
@@ -152,7 +153,29 @@ def _set(raw, dotted, value):
     ("features.0.dtype", "int4", r"bad features entry: feature 'targets': unsupported dtype 'int4'"),
     ("shards.checksums.num_bytes", -1, r"shards\.checksums: num_bytes is -1, expected a byte count"),
     ("shards.encoding", 7, r"shards\.encoding is 7, expected a string"),
-    ("vocabularies.targets.kind", 1, r"vocabularies\.targets is .*expected a JSON object \(its 'kind' a string\)"),
+    ("vocabularies.targets.kind", 1, r"vocabularies\.targets\.kind is 1, expected 'byte', 'sentencepiece' or "
+                                     r"'hf_tokenizer'$"),
+    ("vocabularies.targets", 5, r"vocabularies\.targets is 5, expected a JSON object$"),
+    ("vocabularies.targets.vocab_size", "259", r"vocabularies\.targets\.vocab_size is '259', expected an integer >= 1$"),
+    ("vocabularies.targets.extra_ids", -1, r"vocabularies\.targets\.extra_ids is -1, expected an integer >= 0$"),
+    ("packing", "weird", r"packing is 'weird', expected 'lm', 'first_fit' or null$"),
+    ("sources.0", 1, r"sources\[0\] is 1, expected a JSON object$"),
+    ("sources.0.path", 1, r"sources\[0\]\.path is 1, expected a string$"),
+    ("sources.0.num_bytes", "12", r"sources\[0\]\.num_bytes is '12', expected an integer >= 0$"),
+    ("sources.0.locator", None, r"sources\[0\]\.locator is None, expected a string$"),
+    ("statistics.tokens", "x", r"statistics\.tokens is 'x', expected a JSON object$"),
+    ("statistics.tokens.targets", "many", r"statistics\.tokens\.targets is 'many', expected an integer >= 0$"),
+    ("statistics.examples", 1.5, r"statistics\.examples is 1\.5, expected an integer >= 0$"),
+    ("statistics.mean_length.targets", None, r"statistics\.mean_length\.targets is None, expected a number >= 0$"),
+    ("statistics.skipped_records", -2, r"statistics\.skipped_records is -2, expected an integer >= 0$"),
+    ("statistics.length_histogram.targets.0", [1, 2],
+     r"statistics\.length_histogram\.targets\[0\] is \[1, 2\], expected a JSON list of 3 items$"),
+    ("statistics.length_histogram.targets.0.2", "7",
+     r"statistics\.length_histogram\.targets\[0\]\[2\] is '7', expected an integer >= 0$"),
+    ("statistics.source_files.examples.0", -1, r"statistics\.source_files\.examples\[0\] is -1, expected an integer"),
+    ("statistics.source_files.tokens.targets", 5, r"statistics\.source_files\.tokens\.targets is 5, expected a JSON list"),
+    ("statistics.bad_input_records.skipped.empty", "1",
+     r"statistics\.bad_input_records\.skipped\.empty is '1', expected an integer >= 0$"),
     ("sequence_length.targets", 0, r"sequence_length is \{'targets': 0\}, expected null"),
     ("quarantine_sha256", "ABC", r"quarantine_sha256 is 'ABC', expected 64 hex digits"),
 ])
@@ -162,6 +185,69 @@ def test_a_bad_nested_value_fails_the_schema_and_the_readers_with_its_message(bu
     assert not _validator().is_valid(bad)
     with pytest.raises(fmt.CacheError, match=rf"^{fmt.MANIFEST_NAME}: {message}"):
         fmt.parse_manifest(bad)
+
+
+def test_a_bad_value_of_a_key_the_definition_lists_fails_both_and_other_keys_are_open(built):
+    _, raw, _ = built
+    bad = _set(raw, "statistics.source_files", {"tokens": {}})
+    assert not _validator().is_valid(bad)
+    with pytest.raises(fmt.CacheError, match=r"^manifest\.json: statistics\.source_files: missing field 'examples'$"):
+        fmt.parse_manifest(bad)
+    bad = copy.deepcopy(raw)
+    del bad["sources"][0]["path"]
+    assert not _validator().is_valid(bad)
+    with pytest.raises(fmt.CacheError, match=r"^manifest\.json: sources\[0\]: missing field 'path'$"):
+        fmt.parse_manifest(bad)
+    # Keys no definition lists are allowed (readers ignore them), at every level.
+    extra = _set(_set(_set(raw, "statistics.colour", "red"), "sources.0.colour", [1]), "vocabularies.targets.colour", 2)
+    assert list(_validator().iter_errors(extra)) == []
+    fmt.parse_manifest(extra)
+
+
+def test_the_enums_are_the_codes(tmp_path):
+    from seqcache.tasks import task as task_mod
+    from seqcache.tasks import vocabulary_from_json
+
+    assert set(schema.PACKINGS) == set(task_mod.PACKING_MODES)
+    for kind in schema.VOCABULARY_KINDS:  # each kind is known (a missing model file is another error)
+        try:
+            vocabulary_from_json({"kind": kind}, str(tmp_path))
+        except ValueError as e:
+            assert "unknown vocabulary kind" not in str(e), kind
+    with pytest.raises(ValueError, match="unknown vocabulary kind 'foo'"):
+        vocabulary_from_json({"kind": "foo"}, str(tmp_path))
+
+
+# The hand edits a person may make to a real manifest: (dotted field, value, the reader's message).
+HAND_EDITS = [
+    ("statistics.tokens", "x", "statistics.tokens is 'x', expected a JSON object"),
+    ("sources.0.path", 1, "sources[0].path is 1, expected a string"),
+    ("packing", "weird", "packing is 'weird', expected 'lm', 'first_fit' or null"),
+    ("vocabularies.targets.kind", "foo", "vocabularies.targets.kind is 'foo', expected 'byte', 'sentencepiece' or "
+                                         "'hf_tokenizer'"),
+]
+
+
+@pytest.mark.parametrize(("dotted", "value", "message"), HAND_EDITS, ids=[e[0] for e in HAND_EDITS])
+def test_a_hand_edited_manifest_is_one_error_line_from_every_command(built, tmp_path, dotted, value, message):
+    from click.testing import CliRunner
+
+    from seqcache.cli import main
+
+    cache, raw, _ = built
+    bad = _set(raw, dotted, value)
+    errors = list(_validator().iter_errors(bad))
+    assert errors and all(e.json_path.startswith("$." + dotted.split(".")[0]) for e in errors), errors
+    copy_dir = tmp_path / "c"
+    shutil.copytree(cache, copy_dir)
+    manifest_path = copy_dir / fmt.MANIFEST_NAME
+    manifest_path.write_text(json.dumps(bad), encoding="utf-8")
+    for args in (["info", str(copy_dir)], ["verify", str(copy_dir)], ["show", str(copy_dir), "--index", "0"],
+                 ["which", str(copy_dir), "--step", "0", "--row", "0", "--batch-size", "4"],
+                 ["report", str(copy_dir), "--output", str(tmp_path / "r.html")]):
+        out = CliRunner().invoke(main, args)
+        assert out.exit_code == 1, (args, out.output)
+        assert out.output.strip().splitlines() == [f"error: {manifest_path}: {message}"], (args, out.output)
 
 
 def test_a_missing_required_field_fails_both(built):

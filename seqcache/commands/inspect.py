@@ -92,6 +92,14 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
     }
 
 
+def _shown(value) -> str:
+    """A manifest value in ``info``'s table: ``none`` for null (whatever the
+    field), JSON for an object (``{"targets": 512}``), else its text."""
+    if value is None:
+        return "none"
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else str(value)
+
+
 @click.command(context_settings=common.BEAM_OPTIONS_CONTEXT, epilog=common.BEAM_OPTIONS_EPILOG)
 @click.argument("cache_dir")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -134,9 +142,9 @@ def info(ctx, cache_dir, as_json, shards):
     t.add_row("fingerprint", m.fingerprint)
     t.add_row("examples", f"{m.num_examples:,}")
     t.add_row("shards", f"{common.plural(len(m.shards), 'shard')} ({d['num_bytes'] / 1e6:,.1f} MB)")
-    t.add_row("seed", str(d["seed"]))
-    t.add_row("sequence length", json.dumps(d["sequence_length"]))
-    t.add_row("packing", str(d["packing"]))
+    t.add_row("seed", _shown(d["seed"]))
+    t.add_row("sequence length", _shown(d["sequence_length"]))
+    t.add_row("packing", _shown(d["packing"]))
     if d["preprocessors"]:
         t.add_row("preprocessors", ", ".join(d["preprocessors"]))
     t.add_row("features", ", ".join(f"{f['name']}:{f['dtype']}" for f in d["features"]))
@@ -238,6 +246,7 @@ def _read_for_show(reader, cache_dir, indices, count):
     if count is not None:
         # Stops at the end of the cache.
         indices = list(range(indices[0], min(indices[0] + count, len(reader))))
+    _check_indices(indices, len(reader))
     try:
         if indices:
             shards, _ = reader.locate(indices)
@@ -263,6 +272,19 @@ def _read_for_show(reader, cache_dir, indices, count):
             common.print_error(f"{e}; run `seqcache verify {cache_dir}`")
             sys.exit(1)
     return examples, provenance, vocabs, indices
+
+
+def _check_indices(indices, num_examples: int) -> None:
+    """Raises ``click.BadParameter`` (``--index``) naming each index outside
+    ``[0, num_examples)`` (the first 5) and the cache's range."""
+    bad = sorted({i for i in indices if not 0 <= i < num_examples})
+    if not bad:
+        return
+    shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    noun = "index" if len(bad) == 1 else "indices"
+    have = (f"the cache has {common.plural(num_examples, 'example')}, indices 0 to {num_examples - 1}"
+            if num_examples else "the cache has no examples")
+    raise click.BadParameter(f"{noun} {shown} out of range: {have}", param_hint="--index")
 
 
 def decode_with_sentinels(vocabulary, ids) -> str:

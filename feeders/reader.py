@@ -10,8 +10,9 @@ the order asked for. Each shard's reader is opened once, on first use, with
 ``read`` releases the GIL).
 
 Memory: the reader holds the shard start offsets (one int64 per shard) and, inside
-ArrayRecord, each opened shard's chunk index. With the pinned writer option
-``group_size:1`` that index has one entry per record; it is ArrayRecord's, kept in
+ArrayRecord, each opened shard's chunk index: one entry per chunk, so per record
+for long records and per up to 64 short ones (``seqcache.format.group_size_for``);
+it is ArrayRecord's, kept in
 memory because the offloaded index makes random reads about 30x slower on this
 format (measured in benchmarks/feeder.py).
 

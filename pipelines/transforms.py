@@ -159,7 +159,7 @@ class ReadPreprocess:
             shard=shard_of_keys(key_bytes, self.num_shards)[index],
             key=key_array,
             sub_index=_sub_index(index),
-            file_index=np.full(len(index), records.file_index, dtype=np.uint32),
+            file_index=live.file_index_column()[index],
             record_number=np.asarray(live.record_numbers, dtype=np.uint64)[index],
             truncated=batch.truncated.astype(np.uint32),
             lengths=batch.lengths([f.name for f in self.features]).astype(np.uint32),
@@ -194,6 +194,15 @@ class LiveRecords:
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
+
+    def file_index_column(self) -> np.ndarray:
+        """uint32 (n,): each live record's ``file_index``."""
+        indices = self.batch.file_indices
+        if indices is None:
+            return np.full(len(self), self.file_index, dtype=np.uint32)
+        if self.positions is not None:
+            indices = [indices[i] for i in self.positions]
+        return np.asarray(indices, dtype=np.uint32)
 
     def text_values(self, key: str, index: Sequence[int]) -> list | None:
         """``RecordBatch.text_values`` of the live records at ``index``."""

@@ -143,12 +143,14 @@ class RecordBatch:
     ``SourceRecord`` objects at their positions.
 
     Attributes:
-      file_index: the split's file index, the same for every record.
+      file_index: the split's file index: every record's, unless ``file_indices``.
+      file_indices: None, or (a source whose records name several files) each
+        record's ``file_index``, int list (n,).
       record_numbers: int list (n,): each record's ``record_number``.
       raws: bytes list (n,): each record's ``raw`` (the shuffle key's input).
     """
 
-    __slots__ = ("file_index", "record_numbers", "raws", "_field", "_texts", "_odd", "_records")
+    __slots__ = ("file_index", "file_indices", "record_numbers", "raws", "_field", "_texts", "_odd", "_records")
 
     def __init__(self, file_index: int, record_numbers: list[int], raws: list[bytes], *, field: str,
                  texts: list, odd: dict[int, SourceRecord]):
@@ -156,6 +158,7 @@ class RecordBatch:
         ``SourceRecord(file_index, record_numbers[i], {field: texts[i]}, raws[i])``
         (a clean record: no issue, nothing kept)."""
         self.file_index = file_index
+        self.file_indices = None
         self.record_numbers = record_numbers
         self.raws = raws
         self._field, self._texts, self._odd, self._records = field, texts, odd, None
@@ -166,6 +169,8 @@ class RecordBatch:
         batch = cls.__new__(cls)
         batch._records = list(records)
         batch.file_index = batch._records[0].file_index if batch._records else 0
+        indices = [r.file_index for r in batch._records]
+        batch.file_indices = None if all(i == batch.file_index for i in indices) else indices
         batch.record_numbers = [r.record_number for r in batch._records]
         batch.raws = [r.raw for r in batch._records]
         batch._field = batch._texts = batch._odd = None

@@ -144,3 +144,17 @@ def test_line_endings_and_compression_give_the_same_cache(tmp_path):
         digests[name] = [hashlib.sha256(open(f"{result.cache_dir}/{f}", "rb").read()).hexdigest()
                          for f in result.manifest.shards.files]
     assert len({tuple(d) for d in digests.values()}) == 1, digests
+
+
+def test_a_batch_keeps_each_records_file_index():
+    from seqcache.pipelines.transforms import LiveRecords
+    from seqcache.tasks.sources.base import RecordBatch, RecordIssue, SourceRecord
+
+    records = [SourceRecord(0, 5, {"text": "a"}, b"a"), SourceRecord(2, 7, {}, b"b", RecordIssue("skipped", "k", "m")),
+               SourceRecord(3, 9, {"text": "c"}, b"c")]
+    batch = RecordBatch.from_records(records)
+    live = LiveRecords(batch, [i for i, r in batch.special() if r.issue.action == "skipped"])
+    assert live.file_index_column().tolist() == [0, 3]
+    assert live.record_numbers == [5, 9] and live.raws == [b"a", b"c"]
+    same = LiveRecords(RecordBatch.from_records([records[0], records[0]._replace(record_number=6)]), [])
+    assert same.file_index_column().tolist() == [0, 0]

@@ -3,8 +3,10 @@ ad-hoc task described on the command line."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 import re
 import sys
 
@@ -491,7 +493,9 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
     prints the error and exits 1, an interrupt (Ctrl-C, SIGTERM) exits 130."""
     from seqcache.pipelines import BuildError, build_task
 
-    with common.shard_progress(console, f"{task.name}/{split}") as progress, common.sigterm_as_interrupt():
+    deadline = functools.partial(_interrupt_deadline, task, split, cache_dir)
+    with common.shard_progress(console, f"{task.name}/{split}") as progress, \
+            common.sigterm_as_interrupt(on_deadline=deadline):
         try:
             result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                 overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
@@ -535,6 +539,17 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
 
 
 def _interrupted(console, task, split, cache_dir):
+    console.print(f"[yellow]interrupted[/yellow]: {_interrupt_text(task, split, cache_dir)}", highlight=False)
+    sys.exit(130)
+
+
+def _interrupt_deadline(task, split, cache_dir):
+    """What an interrupted build says when its shutdown ran out of time (written
+    straight to stderr: the console may be held by the thread it interrupted)."""
+    os.write(2, f"interrupted: {_interrupt_text(task, split, cache_dir)}\n".encode())
+
+
+def _interrupt_text(task, split, cache_dir) -> str:
     from seqcache import format as fmt
     from seqcache.pipelines import cache_path
 
@@ -544,12 +559,8 @@ def _interrupted(console, task, split, cache_dir):
     except Exception:
         before = False
     if before:
-        console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} still holds the cache from before, "
-                      "untouched; run the same command again to replace it")
-    else:
-        console.print(f"[yellow]interrupted[/yellow]: {task.name}/{split} has no manifest, so it is not a cache; "
-                      "run the same command again to build it")
-    sys.exit(130)
+        return f"{task.name}/{split} still holds the cache from before, untouched; run the same command again to replace it"
+    return f"{task.name}/{split} has no manifest, so it is not a cache; run the same command again to build it"
 
 
 # "ValueError: ", "seqcache.pipelines.build.BuildError: ": the name of an exception

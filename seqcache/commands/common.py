@@ -217,25 +217,94 @@ def worker_stderr(*, verbose: bool):
             pass
 
 
+# Seconds an interrupted build may take to stop its runner and clean up before
+# the command stops its worker processes and exits anyway.
+INTERRUPT_GRACE_S = 20.0
+
+
 @contextlib.contextmanager
-def sigterm_as_interrupt():
+def sigterm_as_interrupt(on_deadline=None, grace_s: float | None = None):
     """SIGTERM raises KeyboardInterrupt while the block runs, so that a terminated
-    build cleans up like a Ctrl-C one (and Beam shuts its workers down)."""
+    build cleans up like a Ctrl-C one (and Beam shuts its workers down).
+
+    After the first SIGTERM or SIGINT, the runner's shutdown gets ``grace_s``
+    seconds (default ``INTERRUPT_GRACE_S``): a shutdown that does not finish by
+    then (a worker that never answers) would leave the command hanging, so it
+    kills this process's descendants (the runner's worker processes), calls
+    ``on_deadline()`` (which prints what the user needs to know) and exits with
+    status 130."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    grace_s = INTERRUPT_GRACE_S if grace_s is None else grace_s
+    started = threading.Event()
 
-    def handler(signum, frame):
+    def deadline():
+        kill_descendants()
+        try:
+            if on_deadline is not None:
+                on_deadline()
+            sys.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            os._exit(130)
+
+    def start_deadline():
+        if not started.is_set():
+            started.set()
+            timer = threading.Timer(grace_s, deadline)
+            timer.daemon = True
+            timer.start()
+
+    def on_sigterm(signum, frame):
+        start_deadline()
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    def on_sigint(signum, frame):
+        start_deadline()
+        raise KeyboardInterrupt
+
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def kill_descendants() -> None:
+    """Sends SIGKILL to every descendant of this process (from /proc; nothing
+    where there is no /proc)."""
+    import signal
+
+    children: dict[int, list[int]] = {}
+    try:
+        names = [n for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return
+    for name in names:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    todo, seen = list(children.get(os.getpid(), [])), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo.extend(children.get(pid, []))
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def adhoc_options_given(ctx: click.Context, names) -> list[str]:

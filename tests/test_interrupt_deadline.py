@@ -1,0 +1,60 @@
+"""An interrupted command whose shutdown hangs still ends: after the grace
+period it kills its worker processes, says so and exits with 130."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+CHILD = textwrap.dedent("""
+    import os, subprocess, sys, time
+    from seqcache.commands import common
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(worker.pid, flush=True)
+    with common.sigterm_as_interrupt(on_deadline=lambda: os.write(2, b"gave up waiting\\n"), grace_s=1.0):
+        try:
+            time.sleep(600)
+        except KeyboardInterrupt:
+            time.sleep(600)  # a shutdown that never finishes
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_hanging_shutdown_ends_after_the_grace_period(tmp_path):
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=tmp_path)
+        worker = int(proc.stdout.readline())
+        assert _alive(worker)
+        proc.send_signal(signum)
+        start = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert err == "gave up waiting\n"
+        assert 0.9 <= time.monotonic() - start < 30
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker)
+
+
+def test_a_quick_shutdown_is_not_cut_short(tmp_path):
+    quick = CHILD.replace("time.sleep(600)  # a shutdown that never finishes", "sys.exit(7)")
+    proc = subprocess.Popen([sys.executable, "-c", quick], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    worker = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 7 and err == ""
+    os.kill(worker, signal.SIGKILL)

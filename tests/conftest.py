@@ -33,6 +33,29 @@ def _run_outside_the_source_tree(tmp_path_factory):
     os.chdir(old)
 
 
+@pytest.fixture(autouse=True)
+def _signal_state_is_restored(request):
+    """Each test ends with this process's SIGINT/SIGTERM handling as it began
+    (dispositions and the main thread's signal mask): child processes inherit
+    both, and a test that stops a build with Ctrl-C needs its child to receive
+    the signal. A test that leaves them changed is named on stderr."""
+    import signal
+
+    watched = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in watched}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    after = {s: signal.getsignal(s) for s in watched}
+    now = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if after != before or now != mask:
+        print(f"\n{request.node.nodeid} left the signal state changed (handlers {after} instead of {before}, "
+              f"blocked {sorted(now)} instead of {sorted(mask)}); restored", file=sys.__stderr__)
+        for s, handler in before.items():
+            if handler is not None:
+                signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
     """The real corpora in ../shared/data (never copied into the repository).

@@ -27,7 +27,7 @@ import uuid
 
 import pytest
 
-from testsupport import write_files
+from testsupport import default_signals, write_files
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
 
@@ -176,6 +176,7 @@ def test_interrupted_build_exits_130_and_leaves_no_worker(tmp_path, signum, to_g
     proc = subprocess.Popen(
         _seqcache("build", "--cache-dir", str(tmp_path / "c"), "--module", "gated_task", "gated", *MULTI_PROCESSING),
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=to_group,
+        preexec_fn=default_signals,
     )
     held = {}
 

@@ -8,6 +8,8 @@ import sys
 import textwrap
 import time
 
+from testsupport import default_signals
+
 CHILD = textwrap.dedent("""
     import os, subprocess, sys, time
     from seqcache.commands import common
@@ -34,7 +36,7 @@ def _alive(pid: int) -> bool:
 def test_a_hanging_shutdown_ends_after_the_grace_period(tmp_path):
     for signum in (signal.SIGINT, signal.SIGTERM):
         proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, cwd=tmp_path)
+                                text=True, cwd=tmp_path, preexec_fn=default_signals)
         worker = int(proc.stdout.readline())
         assert _alive(worker)
         proc.send_signal(signum)
@@ -52,7 +54,7 @@ def test_a_hanging_shutdown_ends_after_the_grace_period(tmp_path):
 def test_a_quick_shutdown_is_not_cut_short(tmp_path):
     quick = CHILD.replace("time.sleep(600)  # a shutdown that never finishes", "sys.exit(7)")
     proc = subprocess.Popen([sys.executable, "-c", quick], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=tmp_path)
+                            text=True, cwd=tmp_path, preexec_fn=default_signals)
     worker = int(proc.stdout.readline())
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

@@ -90,3 +90,14 @@ def train_shakespeare_lm(cache, ckpt, *extra, sequence_length: int):
             "--sequence-length", str(sequence_length), "--checkpoint-dir", str(ckpt), "--model", "tiny",
             "--set", SMALL_MODEL, "--set", "progress=false", *extra]
     return CliRunner().invoke(train, args, catch_exceptions=False)
+
+
+def default_signals() -> None:
+    """``preexec_fn`` of a child process that a test stops with a signal: it
+    starts with SIGINT and SIGTERM at their defaults and unblocked, as a command
+    started from a terminal does, whatever the test process's own state."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)

@@ -8,6 +8,7 @@ assembles the group. Commands import heavy dependencies (Beam, JAX) lazily so th
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -28,7 +29,20 @@ _COMMANDS = (
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The command group; an interrupt (Ctrl-C, or SIGTERM where a command turns
+    it into one) that a command does not report itself, such as one during its
+    start-up, exits with 130 and says so, instead of click's "Aborted!" and 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="seqcache")
 def main():
     """Deterministic token caches and exactly-once feeders for LM training."""

@@ -16,9 +16,9 @@ CHILD = textwrap.dedent("""
 
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    print(worker.pid, flush=True)
     with common.sigterm_as_interrupt(on_deadline=lambda: os.write(2, b"gave up waiting\\n"), grace_s=1.0):
         try:
+            print(worker.pid, flush=True)  # the handlers are in place
             time.sleep(600)
         except KeyboardInterrupt:
             time.sleep(600)  # a shutdown that never finishes
@@ -60,3 +60,17 @@ def test_a_quick_shutdown_is_not_cut_short(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 7 and err == ""
     os.kill(worker, signal.SIGKILL)
+
+
+def test_an_interrupt_during_start_up_exits_130(tmp_path):
+    """A command interrupted before it reports interrupts itself (here: while its
+    module loads) exits with 130, not click's "Aborted!" and 1."""
+    (tmp_path / "slow_tasks.py").write_text("import time\nprint('loading', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "seqcache.cli", "build", "--module", "slow_tasks", "x",
+                             "--cache-dir", str(tmp_path / "c")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, preexec_fn=default_signals)
+    assert proc.stdout.readline() == "loading\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted"

@@ -24,6 +24,7 @@ All file access goes through ``seqcache.fs``.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterator
 
 from seqcache import fs
@@ -57,14 +58,13 @@ def byte_ranges(num_bytes: int, target_bytes: int) -> list[tuple[int, int | None
     return [(a, bounds[i + 1] if i + 1 < n else None) for i, a in enumerate(bounds)]
 
 
-def read_lines(path: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """``(offset, line)`` for each line whose first byte lies in ``[start, stop)``
-    (see the module docstring); ``line`` keeps its terminator. ``stop=None``
-    reads to the end of the file. Memory: one line at a time.
+@contextlib.contextmanager
+def _open_at_line(path: str, start: int, stop: int | None):
+    """``(file, offset)``: ``path`` opened (decompressed) and positioned at the
+    first line whose first byte is at or after ``start``, and that byte's offset.
 
     Raises:
-      ValueError: ``start > 0`` for a compressed file.
-      OSError, EOFError, zlib.error: the file cannot be read (the caller names it).
+      ValueError: a bad range, or ``start > 0`` for a compressed file.
     """
     if start < 0 or (stop is not None and stop < start):
         raise ValueError(f"{path}: bad byte range [{start}, {stop})")
@@ -75,6 +75,19 @@ def read_lines(path: str, start: int = 0, stop: int | None = None) -> Iterator[t
         if start > 0:
             f.seek(start - 1)
             offset = start - 1 + len(f.readline())  # through the first b"\n" at or after start - 1
+        yield f, offset
+
+
+def read_lines(path: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` for each line whose first byte lies in ``[start, stop)``
+    (see the module docstring); ``line`` keeps its terminator. ``stop=None``
+    reads to the end of the file. Memory: one line at a time.
+
+    Raises:
+      ValueError: ``start > 0`` for a compressed file.
+      OSError, EOFError, zlib.error: the file cannot be read (the caller names it).
+    """
+    with _open_at_line(path, start, stop) as (f, offset):
         for line in f:
             if stop is not None and offset >= stop:
                 break
@@ -93,15 +106,7 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
       ValueError: as ``read_lines``.
       OSError, EOFError, zlib.error: the file cannot be read (the caller names it).
     """
-    if start < 0 or (stop is not None and stop < start):
-        raise ValueError(f"{path}: bad byte range [{start}, {stop})")
-    if start > 0 and is_compressed(path):
-        raise ValueError(f"{path}: a compressed file is read whole (got a range from byte {start})")
-    with fs.open_binary(path) as f:
-        offset = 0
-        if start > 0:
-            f.seek(start - 1)
-            offset = start - 1 + len(f.readline())  # through the first b"\n" at or after start - 1
+    with _open_at_line(path, start, stop) as (f, offset):
         pending = b""
         while stop is None or offset < stop:
             data = f.read(block_bytes)

@@ -16,6 +16,7 @@ total order that does not depend on arrival order.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 KEY_BYTES = 16
 
@@ -30,6 +31,22 @@ def seed_key(seed: int) -> bytes:
 def record_key(raw: bytes, key: bytes) -> bytes:
     """The 16-byte shuffle key of one raw record under the BLAKE2 key ``key``."""
     return hashlib.blake2b(raw, key=key, digest_size=KEY_BYTES).digest()
+
+
+def record_keys(raws: Iterable[bytes], key: bytes) -> list[bytes]:
+    """``[record_key(raw, key) for raw in raws]``, computed from one keyed BLAKE2
+    state: a keyed hash first compresses the key's padded block, so each record
+    starts from a copy of that state instead (the same digests, about half the
+    cost per short record)."""
+    keyed = hashlib.blake2b(key=key, digest_size=KEY_BYTES)
+    copy = keyed.copy
+    out = []
+    append = out.append
+    for raw in raws:
+        h = copy()
+        h.update(raw)
+        append(h.digest())
+    return out
 
 
 def shard_of(key: bytes, num_shards: int) -> int:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import json
 import os
 from typing import Any, Iterator, Sequence
@@ -129,8 +128,7 @@ class ReadPreprocess:
         live = LiveRecords(records, skipped)
         if not len(live):
             return
-        blake2b = hashlib.blake2b  # shuffle.record_key, inlined: one call per record less
-        keys = [blake2b(raw, key=key, digest_size=shuffle.KEY_BYTES).digest() for raw in live.raws]
+        keys = shuffle.record_keys(live.raws, key)
         rejected: list = []
         batch = self.task.preprocess_columns(live, keys, seed=self.seed, sequence_length=self.sequence_length,
                                              skipped=rejected)
@@ -325,7 +323,6 @@ class ReadUnit:
         # file index -> [source examples, tokens per read feature]
         per_file: dict[int, list[int]] = {}
         bad_input = stats_mod.BadInputCounts()
-        width = 1 + len(self.reader.features)
         for file_index, start, stop in ranges:
             path = self.paths[file_index]
             split = Split(file_index, path, start, stop, 0)
@@ -344,17 +341,7 @@ class ReadUnit:
                     for shard, part in payload.by_shard():
                         state.buffers[shard].add_batch(part)
                         state.buffered += spill.batch_bytes(part)
-                    files, inverse = np.unique(payload.file_index, return_inverse=True)
-                    counts = np.bincount(inverse, minlength=len(files))
-                    tokens = [np.bincount(inverse, weights=payload.lengths[:, k], minlength=len(files))
-                              for k in range(width - 1)]
-                    for j, fi in enumerate(files.tolist()):
-                        row = per_file.get(fi)
-                        if row is None:
-                            row = per_file[fi] = [0] * width
-                        row[0] += int(counts[j])
-                        for k in range(width - 1):
-                            row[k + 1] += int(tokens[k][j])
+                    _count_per_file(per_file, payload.file_index, payload.lengths)
                     if state.buffered >= self.flush_bytes:
                         yield from self._flush(state, token)
         if state.buffered:
@@ -385,6 +372,28 @@ class ReadUnit:
         state.quarantine_chunks += 1
         state.quarantine = spill.QuarantineBuffer()
         return path
+
+
+def _count_per_file(per_file: dict[int, list[int]], file_index: np.ndarray, lengths: np.ndarray) -> None:
+    """Adds a batch's examples and tokens per feature to ``per_file`` (file index
+    -> [examples, tokens of each feature]); ``file_index`` (n,), ``lengths`` (n, F)."""
+    width = 1 + lengths.shape[1]
+    if len(file_index) and file_index[0] == file_index[-1] and (file_index == file_index[0]).all():
+        # A batch of one split: one file (the common case, no sort).
+        files, counts = [int(file_index[0])], [len(file_index)]
+        tokens = [[int(t)] for t in lengths.sum(axis=0, dtype=np.int64).tolist()]
+    else:
+        unique, inverse = np.unique(file_index, return_inverse=True)
+        files, counts = unique.tolist(), np.bincount(inverse, minlength=len(unique)).tolist()
+        tokens = [np.bincount(inverse, weights=lengths[:, k], minlength=len(unique)).astype(np.int64).tolist()
+                  for k in range(width - 1)]
+    for j, fi in enumerate(files):
+        row = per_file.get(fi)
+        if row is None:
+            row = per_file[fi] = [0] * width
+        row[0] += int(counts[j])
+        for k in range(width - 1):
+            row[k + 1] += int(tokens[k][j])
 
 
 class _UnitState:

@@ -115,6 +115,9 @@ class SourceFile(NamedTuple):
     mtime_ns: int
 
 
+_encode_json_string = json.encoder.encode_basestring  # json.dumps's own, ensure_ascii=False
+
+
 def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = None) -> bytes:
     """Canonical JSON (sorted keys, no whitespace, UTF-8, not ASCII-escaped):
     ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``
@@ -125,7 +128,13 @@ def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = Non
       ValueError: a string holds a lone surrogate (no UTF-8 form).
     """
     try:
-        text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=default)
+        if type(obj) is dict and all(type(k) is str and type(v) is str for k, v in obj.items()):
+            # The common row (text values only), as json.dumps writes it, without
+            # building an encoder per call.
+            quote = _encode_json_string
+            text = "{" + ",".join(f"{quote(k)}:{quote(obj[k])}" for k in sorted(obj)) + "}"
+        else:
+            text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=default)
         return text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"text with no UTF-8 form: {e}") from None

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator, Mapping
+from typing import Mapping
 
 from seqcache import fs
-from seqcache.tasks.sources.base import Source, SourceFile, SourceRecord, Split, _read_error, match_files
+from seqcache.tasks.sources.base import Source, SourceFile, Split, _read_error, match_files
 from seqcache.tasks.sources.parquet import ParquetSource
 
 # Hub-style Parquet layouts, in the order they are tried ({split} is the split).
@@ -128,18 +128,17 @@ class HfDatasetSource(ParquetSource):
             return Source.splits(self, file_index, file, target_bytes)
         return super().splits(file_index, file, target_bytes)
 
-    def read_split(self, split: Split) -> Iterator[SourceRecord]:
+    def _arrow_batches(self, split: Split, wanted):
+        """``ParquetSource._arrow_batches``; an Arrow file (IPC stream) is read
+        whole, batch by batch, as its writer wrote them."""
         if not split.path.endswith(".arrow"):
-            return super().read_split(split)
-        self._require_whole(split)
-        return self._read_arrow(split)
-
-    def _read_arrow(self, split: Split) -> Iterator[SourceRecord]:
+            yield from super()._arrow_batches(split, wanted)
+            return
         import pyarrow as pa
 
-        path, file_index = split.path, split.file_index
+        self._require_whole(split)
+        path = split.path
         number = 0
-        wanted = sorted(set(self.columns.values()))
         try:
             with fs.open_binary(path, decompress=False) as f:
                 reader = pa.ipc.open_stream(f)
@@ -148,10 +147,8 @@ class HfDatasetSource(ParquetSource):
                 if missing:
                     raise ValueError(f"{path}: Arrow file has no column {missing[0]!r} (columns: {names})")
                 for batch in reader:
-                    values = {c: batch.column(c).to_pylist() for c in wanted}
-                    for i in range(batch.num_rows):
-                        yield self._row(file_index, number, path, {c: values[c][i] for c in wanted})
-                        number += 1
+                    yield number, batch.select(list(wanted))
+                    number += batch.num_rows
         except (pa.ArrowException, OSError) as e:
             raise _read_error(path, e, f"row {number}" if number else None) from None
 

@@ -13,9 +13,13 @@ from seqcache.tasks.sources.base import (
     _FileSource,
     _json_default,
     _read_error,
+    RecordBatch,
+    _encode_json_string,
     _text_of_bytes,
     canonical_json_bytes,
 )
+from seqcache.tasks.sources.policy import suspect_utf8_values
+
 
 
 def _row_groups(pf) -> list[tuple[int, int]]:
@@ -105,16 +109,81 @@ class ParquetSource(_FileSource):
                 for k, (start, rows, size) in enumerate(parts)]
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
+        path, file_index = split.path, split.file_index
+        wanted = sorted(set(self.columns.values()))
+        for number, batch in self._arrow_batches(split, wanted):
+            values = {c: batch.column(c).to_pylist() for c in wanted}
+            for i in range(batch.num_rows):
+                yield self._row(file_index, number + i, path, {c: values[c][i] for c in wanted})
+
+    def read_batches(self, split: Split, batch_records: int) -> Iterator[RecordBatch]:
+        """``read_split`` in batches; a single text column in column form: its
+        values' suspect characters found in the column's UTF-8 bytes at once
+        (``suspect_utf8_values``), the shuffle key's input (the row's canonical
+        JSON) built without an encoder per row, and only the rows those checks
+        find (empty, whitespace-only, a suspect character, null) read one by one
+        as ``read_split`` reads them. The same records, in the same order."""
+        import pyarrow as pa
+
+        if len(self.columns) != 1:
+            yield from super().read_batches(split, batch_records)
+            return
+        [(key, column)] = self.columns.items()
+        path, file_index = split.path, split.file_index
+        prefix = "{" + _encode_json_string(column) + ":"
+        for number, batch in self._arrow_batches(split, [column]):
+            array = batch.column(column)
+            if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+                records = [self._row(file_index, number + i, path, {column: v})
+                           for i, v in enumerate(array.to_pylist())]
+                for a in range(0, len(records), batch_records):
+                    yield RecordBatch.from_records(records[a:a + batch_records])
+                continue
+            texts = array.to_pylist()
+            odd_rows = self._odd_rows(array, texts, large=pa.types.is_large_string(array.type))
+            raws = [f"{prefix}{_encode_json_string(t)}}}".encode("utf-8") if t is not None else b"" for t in texts]
+            numbers = list(range(number, number + len(texts)))
+            odd = {}
+            for i in odd_rows:
+                odd[i] = self._row(file_index, numbers[i], path, {column: texts[i]})
+                raws[i] = odd[i].raw
+            for a in range(0, len(texts), batch_records):
+                b = min(a + batch_records, len(texts))
+                yield RecordBatch(file_index, numbers[a:b], raws[a:b], field=key, texts=texts[a:b],
+                                  odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {})
+
+    @staticmethod
+    def _odd_rows(array, texts: list, *, large: bool) -> list[int]:
+        """The rows of a string ``array`` (``texts``: its values) that
+        ``check_text_values`` may act on: nulls, empty and whitespace-only
+        values, and values with a suspect character."""
+        import numpy as np
+
+        _, offsets, data = array.buffers()
+        odd = {i for i, t in enumerate(texts) if not t or t.isspace()}  # None, "" and whitespace-only
+        if offsets is not None and data is not None and len(texts):
+            offs = np.frombuffer(offsets, dtype="<i8" if large else "<i4")[array.offset:array.offset + len(texts) + 1]
+            raw = np.frombuffer(data, dtype=np.uint8)[int(offs[0]):int(offs[-1])]
+            odd.update(suspect_utf8_values(raw, offs).tolist())
+        return sorted(odd)
+
+    def _arrow_batches(self, split: Split, wanted: Sequence[str]):
+        """``(row index of the first row, pyarrow RecordBatch of the columns
+        ``wanted``)`` for the rows of ``split``, in order.
+
+        Raises:
+          ValueError: a file that is not Parquet or cannot be read (names the
+            file and the row reached), or that lacks a wanted column.
+        """
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        path, file_index = split.path, split.file_index
+        path = split.path
         number = split.start
         try:
             with fs.open_binary(path, decompress=False) as f:
                 pf = pq.ParquetFile(f)
                 names = pf.schema_arrow.names
-                wanted = sorted(set(self.columns.values()))
                 missing = [c for c in wanted if c not in names]
                 if missing:
                     raise ValueError(f"{path}: Parquet file has no column {missing[0]!r} (columns: {names}); "
@@ -122,11 +191,9 @@ class ParquetSource(_FileSource):
                 row_groups = None if split.whole else self._row_groups_of(split, pf)
                 if row_groups == []:
                     return
-                for batch in pf.iter_batches(batch_size=self.batch_size, columns=wanted, row_groups=row_groups):
-                    values = {c: batch.column(c).to_pylist() for c in wanted}
-                    for i in range(batch.num_rows):
-                        yield self._row(file_index, number, path, {c: values[c][i] for c in wanted})
-                        number += 1
+                for batch in pf.iter_batches(batch_size=self.batch_size, columns=list(wanted), row_groups=row_groups):
+                    yield number, batch
+                    number += batch.num_rows
         except (pa.ArrowException, OSError) as e:
             raise _read_error(path, e, f"row {number}" if number else None) from None
 

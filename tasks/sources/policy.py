@@ -59,6 +59,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Mapping, Sequence
 
+import numpy as np
+
 # The kinds of bad input and the actions each allows (the first is the default).
 ERROR_KINDS: dict[str, tuple[str, ...]] = {
     "invalid_utf8": ("raise", "skip", "replace"),
@@ -238,6 +240,46 @@ def is_clean_text(text: str) -> bool:
     """True when ``text`` has none of the content problems of ``text_problems``
     and no carriage return (the fast path of line sources: no message is built)."""
     return bool(text) and "\r" not in text and _SUSPECT_RE.search(text) is None and not text.isspace()
+
+
+# Bytes that start the UTF-8 form of a character of SUSPECT_CHARACTERS: the ASCII
+# ones themselves, 0xC2 (U+0080..U+00BF) and 0xE2 (U+2000..U+2FFF); which of the
+# last two are suspect is decided by the bytes after them. (Surrogates have no
+# UTF-8 form: valid UTF-8 holds none.)
+_SUSPECT_LEAD = np.zeros(256, dtype=bool)
+_SUSPECT_LEAD[[*range(0x00, 0x09), *range(0x0E, 0x20), 0x7F, 0xC2, 0xE2]] = True
+_C1_SECOND = np.zeros(256, dtype=bool)  # C2 80..84, C2 86..9F: U+0080..U+0084, U+0086..U+009F
+_C1_SECOND[[*range(0x80, 0x85), *range(0x86, 0xA0)]] = True
+
+
+def suspect_utf8_values(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Indices of the values of a column of UTF-8 strings that hold a character
+    of ``SUSPECT_CHARACTERS`` (what ``check_text_values`` scans each value
+    for), found in the column's bytes at once instead of one scan per value.
+
+    Args:
+      data: uint8 (B,), the values' UTF-8 bytes, one after the other.
+      offsets: int (n + 1,), value i is ``data[offsets[i] - offsets[0]:offsets[i + 1] - offsets[0]]``.
+
+    Returns:
+      int64 (k,), sorted, unique. ``data`` must be valid UTF-8 (as the text of
+      an Arrow string column is).
+    """
+    data = np.asarray(data, dtype=np.uint8)
+    lead = np.flatnonzero(_SUSPECT_LEAD[data])
+    if not len(lead):
+        return np.zeros(0, np.int64)
+    first = data[lead]
+    nxt = data[np.minimum(lead + 1, len(data) - 1)]
+    third = data[np.minimum(lead + 2, len(data) - 1)]
+    at_end1, at_end2 = lead + 1 >= len(data), lead + 2 >= len(data)
+    keep = np.ones(len(lead), dtype=bool)
+    c2 = first == 0xC2
+    keep[c2] = _C1_SECOND[nxt[c2]] & ~at_end1[c2]
+    e2 = first == 0xE2
+    keep[e2] = (nxt[e2] == 0x96) & (third[e2] == 0x81) & ~at_end2[e2]
+    ends = np.asarray(offsets[1:], dtype=np.int64) - int(offsets[0])
+    return np.unique(np.searchsorted(ends, lead[keep], side="right"))
 
 
 def error_hint(kind: str) -> str:

@@ -158,3 +158,13 @@ def test_language_model_columns_leave_bad_values_to_the_general_path():
     records = [SourceRecord(0, 0, {"text": "ok"}, b"ok"), SourceRecord(0, 9, {"text": None}, b"null")]
     with pytest.raises(ValueError, match="line at byte 9 of file 0: feature 'targets' is null"):
         task.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)
+
+
+def test_record_keys_equal_one_keyed_hash_per_record():
+    # Empty, one block, exactly one block, several blocks, non-ASCII.
+    raws = [b"", b"a", b"x" * 127, b"y" * 128, b"z" * 129, b"w" * 1000, "Grüße".encode()] + \
+        [str(i).encode() for i in range(100)]
+    for seed in (0, 1, 2**64 - 1):
+        key = shuffle.seed_key(seed)
+        assert shuffle.record_keys(raws, key) == [shuffle.record_key(r, key) for r in raws]
+    assert shuffle.record_keys([], shuffle.seed_key(0)) == []

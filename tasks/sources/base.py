@@ -116,6 +116,45 @@ class SourceFile(NamedTuple):
 
 
 _encode_json_string = json.encoder.encode_basestring  # json.dumps's own, ensure_ascii=False
+# The bytes json.dumps escapes in a string (ensure_ascii=False), and their escapes.
+_JSON_ESCAPES = {c: _encode_json_string(chr(c))[1:-1].encode() for c in [*range(0x20), 0x22, 0x5C]}
+
+
+def json_string_bodies(data: bytes, offsets) -> tuple[bytes, list[int]]:
+    """The JSON string forms of a column of UTF-8 strings, escaped all at once:
+    value i's ``json.dumps(value, ensure_ascii=False)`` without its quotes is
+    ``escaped[out[i]:out[i + 1]]``, encoded as UTF-8.
+
+    Args:
+      data: the values' UTF-8 bytes, one after the other.
+      offsets: int array (n + 1,): value i is ``data[offsets[i] - offsets[0]:offsets[i + 1] - offsets[0]]``.
+
+    Returns:
+      ``(escaped, out)``: bytes, and a list of n + 1 ints. Only ASCII bytes are
+      escaped (a quote, a backslash, the control characters): UTF-8 holds them
+      in no multi-byte sequence, so ``bytes.replace`` on the whole column is safe.
+    """
+    import numpy as np
+
+    arr = np.frombuffer(data, dtype=np.uint8)
+    base = np.asarray(offsets, dtype=np.int64) - int(offsets[0])
+    special = np.flatnonzero((arr < 0x20) | (arr == 0x22) | (arr == 0x5C))
+    if not len(special):
+        return data, base.tolist()
+    found = arr[special]
+    present = np.unique(found).tolist()
+    extra = np.zeros(256, dtype=np.int64)
+    for c in present:
+        extra[c] = len(_JSON_ESCAPES[c]) - 1
+    rows = np.searchsorted(base[1:], special, side="right")
+    per_row = np.bincount(rows, weights=extra[found], minlength=len(base) - 1).astype(np.int64)
+    out = base.copy()
+    out[1:] += np.cumsum(per_row)
+    escaped = data.replace(b"\\", b"\\\\") if 0x5C in present else data  # first: escapes add backslashes
+    for c in present:
+        if c != 0x5C:
+            escaped = escaped.replace(bytes([c]), _JSON_ESCAPES[c])
+    return escaped, out.tolist()
 
 
 def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = None) -> bytes:

@@ -16,6 +16,7 @@ from seqcache.tasks.sources.base import (
     RecordBatch,
     _encode_json_string,
     _text_of_bytes,
+    json_string_bodies,
     canonical_json_bytes,
 )
 from seqcache.tasks.sources.policy import suspect_utf8_values
@@ -120,9 +121,10 @@ class ParquetSource(_FileSource):
         """``read_split`` in batches; a single text column in column form: its
         values' suspect characters found in the column's UTF-8 bytes at once
         (``suspect_utf8_values``), the shuffle key's input (the row's canonical
-        JSON) built without an encoder per row, and only the rows those checks
-        find (empty, whitespace-only, a suspect character, null) read one by one
-        as ``read_split`` reads them. The same records, in the same order."""
+        JSON) escaped for the whole column at once (``json_string_bodies``), and
+        only the rows those checks find (empty, whitespace-only, a suspect
+        character, null) read one by one as ``read_split`` reads them. The same
+        records, in the same order."""
         import pyarrow as pa
 
         if len(self.columns) != 1:
@@ -130,42 +132,46 @@ class ParquetSource(_FileSource):
             return
         [(key, column)] = self.columns.items()
         path, file_index = split.path, split.file_index
-        prefix = "{" + _encode_json_string(column) + ":"
         for number, batch in self._arrow_batches(split, [column]):
             array = batch.column(column)
-            if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+            if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+                numbers, texts, raws, odd = self._column_records(file_index, path, number, column, array)
+            else:  # not text (bytes, numbers): row by row
                 records = [self._row(file_index, number + i, path, {column: v})
                            for i, v in enumerate(array.to_pylist())]
-                for a in range(0, len(records), batch_records):
-                    yield RecordBatch.from_records(records[a:a + batch_records])
-                continue
-            texts = array.to_pylist()
-            odd_rows = self._odd_rows(array, texts, large=pa.types.is_large_string(array.type))
-            raws = [f"{prefix}{_encode_json_string(t)}}}".encode("utf-8") if t is not None else b"" for t in texts]
-            numbers = list(range(number, number + len(texts)))
-            odd = {}
-            for i in odd_rows:
-                odd[i] = self._row(file_index, numbers[i], path, {column: texts[i]})
-                raws[i] = odd[i].raw
+                numbers, texts, raws = [r.record_number for r in records], [None] * len(records), \
+                    [r.raw for r in records]
+                odd = dict(enumerate(records))
             for a in range(0, len(texts), batch_records):
                 b = min(a + batch_records, len(texts))
                 yield RecordBatch(file_index, numbers[a:b], raws[a:b], field=key, texts=texts[a:b],
                                   odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {})
 
-    @staticmethod
-    def _odd_rows(array, texts: list, *, large: bool) -> list[int]:
-        """The rows of a string ``array`` (``texts``: its values) that
-        ``check_text_values`` may act on: nulls, empty and whitespace-only
-        values, and values with a suspect character."""
+    def _column_records(self, file_index: int, path: str, number: int, column: str, array):
+        """``(record numbers, texts, raws, {row: SourceRecord})`` of a string
+        ``array`` whose first row is row ``number``: the rows ``_row`` has to
+        look at (nulls, empty and whitespace-only values, a suspect character)
+        built by it, the others in column form."""
         import numpy as np
+        import pyarrow as pa
 
+        texts = array.to_pylist()
+        n = len(texts)
         _, offsets, data = array.buffers()
-        odd = {i for i, t in enumerate(texts) if not t or t.isspace()}  # None, "" and whitespace-only
-        if offsets is not None and data is not None and len(texts):
-            offs = np.frombuffer(offsets, dtype="<i8" if large else "<i4")[array.offset:array.offset + len(texts) + 1]
-            raw = np.frombuffer(data, dtype=np.uint8)[int(offs[0]):int(offs[-1])]
-            odd.update(suspect_utf8_values(raw, offs).tolist())
-        return sorted(odd)
+        dtype = "<i8" if pa.types.is_large_string(array.type) else "<i4"
+        offs = np.frombuffer(offsets, dtype=dtype)[array.offset:array.offset + n + 1] if n else np.zeros(1, np.int64)
+        values = data.to_pybytes()[int(offs[0]):int(offs[-1])] if data is not None and n else b""
+        odd_rows = {i for i, t in enumerate(texts) if not t or t.isspace()}  # None, "" and whitespace-only
+        odd_rows.update(suspect_utf8_values(np.frombuffer(values, np.uint8), offs).tolist())
+        escaped, out = json_string_bodies(values, offs)
+        head, tail = ("{" + _encode_json_string(column) + ':"').encode("utf-8"), b'"}'
+        raws = [head + escaped[a:b] + tail for a, b in zip(out[:-1], out[1:])]
+        numbers = list(range(number, number + n))
+        odd = {}
+        for i in sorted(odd_rows):
+            odd[i] = self._row(file_index, numbers[i], path, {column: texts[i]})
+            raws[i] = odd[i].raw
+        return numbers, texts, raws, odd
 
     def _arrow_batches(self, split: Split, wanted: Sequence[str]):
         """``(row index of the first row, pyarrow RecordBatch of the columns

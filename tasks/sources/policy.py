@@ -246,8 +246,6 @@ def is_clean_text(text: str) -> bool:
 # ones themselves, 0xC2 (U+0080..U+00BF) and 0xE2 (U+2000..U+2FFF); which of the
 # last two are suspect is decided by the bytes after them. (Surrogates have no
 # UTF-8 form: valid UTF-8 holds none.)
-_SUSPECT_LEAD = np.zeros(256, dtype=bool)
-_SUSPECT_LEAD[[*range(0x00, 0x09), *range(0x0E, 0x20), 0x7F, 0xC2, 0xE2]] = True
 _C1_SECOND = np.zeros(256, dtype=bool)  # C2 80..84, C2 86..9F: U+0080..U+0084, U+0086..U+009F
 _C1_SECOND[[*range(0x80, 0x85), *range(0x86, 0xA0)]] = True
 
@@ -266,7 +264,10 @@ def suspect_utf8_values(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
       an Arrow string column is).
     """
     data = np.asarray(data, dtype=np.uint8)
-    lead = np.flatnonzero(_SUSPECT_LEAD[data])
+    # The lead bytes above (0x00-0x08, 0x0E-0x1F, 0x7F, 0xC2, 0xE2), by comparisons:
+    # a table lookup would first widen every byte to an index.
+    lead = np.flatnonzero(((data < 0x20) & ((data < 0x09) | (data > 0x0D))) | (data == 0x7F) | (data == 0xC2)
+                          | (data == 0xE2))
     if not len(lead):
         return np.zeros(0, np.int64)
     first = data[lead]

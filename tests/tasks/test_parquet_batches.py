@@ -5,6 +5,7 @@ both Arrow string types; and the byte scan finds what the per-value regular
 expression finds."""
 
 import itertools
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from seqcache.tasks.sources import ParquetSource
-from seqcache.tasks.sources.base import SourceFile, canonical_json_bytes
+from seqcache.tasks.sources.base import SourceFile, canonical_json_bytes, json_string_bodies
 from seqcache.tasks.sources.policy import _SUSPECT_RE, SUSPECT_CHARACTERS, suspect_utf8_values
 
 VALUES = [
@@ -34,6 +35,10 @@ VALUES = [
     "\x7f delete",
     "ends in \u2581",
     "ends in \x84",
+    'a "quote", a back\\slash \\" and \\\\n',
+    "vertical\x0btab, backspace\b, form feed\f, escape \x1b",
+    "\\",
+    "vertical\x0btab and form feed\f: clean, escaped as JSON",
 ]
 
 POLICIES = [
@@ -109,3 +114,17 @@ def test_byte_scan_finds_what_the_regular_expression_finds():
     assert suspect_utf8_values(np.frombuffer(data, np.uint8)[offsets[10]:], offsets[10:]).tolist() == \
         [i - 10 for i in expect if i >= 10]
     assert "\u2581" in SUSPECT_CHARACTERS
+
+
+def test_column_escapes_equal_json_dumps():
+    rng = np.random.default_rng(1)
+    alphabet = [chr(c) for c in [*range(0x00, 0x80), 0xE9, 0x2028, 0x1F600]]
+    values = ["".join(rng.choice(alphabet, size=rng.integers(0, 8))) for _ in range(3000)] + ["", '"', "\\"]
+    encoded = [v.encode("utf-8") for v in values]
+    offsets = np.concatenate([[7], 7 + np.cumsum([len(e) for e in encoded])])  # need not start at 0
+    escaped, out = json_string_bodies(b"".join(encoded), offsets)
+    assert len(out) == len(values) + 1
+    for i, v in enumerate(values):
+        assert escaped[out[i]:out[i + 1]] == json.dumps(v, ensure_ascii=False)[1:-1].encode("utf-8"), v
+    plain = b"no escapes at all"
+    assert json_string_bodies(plain, np.array([0, 3, len(plain)])) == (plain, [0, 3, len(plain)])

@@ -256,7 +256,9 @@ def sort_order(hi: np.ndarray, lo: np.ndarray, sub: np.ndarray, files: np.ndarra
     ranked = hi[order]
     tied = np.flatnonzero(ranked[1:] == ranked[:-1])
     if len(tied):
-        at = np.union1d(tied, tied + 1)  # positions (in sorted order) of every tied entry
+        mark = np.zeros(len(order), dtype=bool)
+        mark[tied] = mark[tied + 1] = True
+        at = np.flatnonzero(mark)  # positions (in sorted order) of every tied entry, without a sort
         group = order[at]
         order[at] = group[np.lexsort((recs[group], files[group], sub[group], lo[group], hi[group]))]
     return order

@@ -168,3 +168,18 @@ def test_record_keys_equal_one_keyed_hash_per_record():
         key = shuffle.seed_key(seed)
         assert shuffle.record_keys(raws, key) == [shuffle.record_key(r, key) for r in raws]
     assert shuffle.record_keys([], shuffle.seed_key(0)) == []
+
+
+@pytest.mark.parametrize("distinct", [1, 7, 1000, 10**9])
+def test_shard_sort_order_equals_a_five_key_lexsort(distinct):
+    from seqcache.pipelines import spill
+
+    rng = np.random.default_rng(distinct)
+    n = 5000
+    hi = rng.integers(0, distinct, n, dtype=np.uint64)
+    lo = rng.integers(0, 3, n, dtype=np.uint64)
+    sub = rng.integers(0, 2, n).astype(np.uint32)
+    files = rng.integers(0, 3, n).astype(np.uint32)
+    recs = rng.permutation(n).astype(np.uint64)
+    expect = np.lexsort((recs, files, sub, lo, hi))
+    assert np.array_equal(spill.sort_order(hi, lo, sub, files, recs), expect)

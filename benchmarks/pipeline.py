@@ -411,6 +411,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--startup", action="store_true", help="also break down a small build's fixed cost")
     ap.add_argument("--group-size", action="store_true",
                     help="also measure ArrayRecord group sizes: write cost, bytes, feeder random reads")
+    ap.add_argument("--incremental", type=float, metavar="FACTOR", default=0,
+                    help="also build each case at FACTOR times --mb, alternating with the --mb build: the "
+                    "incremental CPU ratio (bound's CPU seconds for the extra records over the build's), "
+                    "which leaves the fixed cost of a build out (replaces the plain throughput table: "
+                    "its small builds are the --mb builds)")
     ap.add_argument("--scaling", type=int, metavar="SHARDS", default=0,
                     help="also build each case with 1 and with --workers worker processes (multi_processing), "
                     "SHARDS shards each, alternating: wall-clock speed-up, and whether the shards are the same bytes")
@@ -538,6 +543,57 @@ def print_scaling(rows: list[dict]) -> None:
               f"{str(r['same_bytes']):>10}")
 
 
+def incremental_row(tmp: pathlib.Path, case: str, model: str, args: argparse.Namespace) -> dict:
+    """The build's CPU cost of the records a corpus ``args.incremental`` times
+    larger adds, against the bound's for the same records: for each of
+    ``args.repeat`` rounds (small bound, small build, large bound, large
+    build), ``(bound CPU large - small) / (build CPU large - small)``. The
+    fixed cost of a build (imports, Beam's set-up) cancels out."""
+    maker = {"lines": make_lines, "documents": make_documents}[case]
+    corpora = []
+    for label, mb in (("small", args.mb), ("large", args.mb * args.incremental)):
+        spec, records = maker(tmp / f"{case}-{label}", int(mb * 1e6))
+        corpora.append((label, spec, records, sum(len(r.encode()) for r in records) / 1e6))
+    ratios, cpu, totals = [], {}, {}
+    for _ in range(args.repeat):
+        seconds = {}
+        for label, spec, records, _ in corpora:
+            bd, d = {}, {}
+            bound(model, records, args.workers, details=bd)
+            build(spec, model, str(tmp / f"cache-{case}-{label}"), args.workers, case, details=d)
+            shutil.rmtree(tmp / f"cache-{case}-{label}", ignore_errors=True)
+            seconds[label] = (bd["cpu_s"], d["cpu_s"])
+            cpu.setdefault(label, []).append(seconds[label])
+        (b0, s0), (b1, s1) = seconds["small"], seconds["large"]
+        ratios.append((b1 - b0) / (s1 - s0))
+        totals.setdefault("small", []).append(b0 / s0)
+        totals.setdefault("large", []).append(b1 / s1)
+    row = {"case": case, "small_mb": round(corpora[0][3], 1), "large_mb": round(corpora[1][3], 1),
+           "runs": len(ratios), "ratio": round(statistics.median(ratios), 3),
+           "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3)}
+    for label in cpu:
+        row[f"{label}_cpu_ratio"] = [round(statistics.median(totals[label]), 3), round(min(totals[label]), 3),
+                                     round(max(totals[label]), 3)]
+        row[f"{label}_bound_cpu_s"] = round(statistics.median(b for b, _ in cpu[label]), 2)
+        row[f"{label}_build_cpu_s"] = round(statistics.median(s for _, s in cpu[label]), 2)
+    return row
+
+
+def print_incremental(rows: list[dict]) -> None:
+    def fmt(m, lo, hi):
+        return f"{m:.1%} [{lo:.1%}, {hi:.1%}]"
+
+    print(f"\n{'case':10} {'MB small':>8} {'MB large':>8} {'bound CPU s':>13} {'build CPU s':>13} "
+          f"{'CPU ratio small':>22} {'CPU ratio large':>22} {'incremental CPU ratio':>22}")
+    for r in rows:
+        print(f"{r['case']:10} {r['small_mb']:8.1f} {r['large_mb']:8.1f} "
+              f"{r['small_bound_cpu_s']:6.2f}/{r['large_bound_cpu_s']:<6.2f} "
+              f"{r['small_build_cpu_s']:6.2f}/{r['large_build_cpu_s']:<6.2f} {fmt(*r['small_cpu_ratio']):>22} "
+              f"{fmt(*r['large_cpu_ratio']):>22} {fmt(r['ratio'], r['ratio_min'], r['ratio_max']):>22}")
+    print("(bound and build CPU seconds small/large, medians; CPU ratios: the bound's CPU seconds over the "
+          "build's, of each size and of the records the large corpus adds; median [min, max] over rounds)")
+
+
 def measure(args: argparse.Namespace) -> dict:
     """Every measurement the arguments ask for, in a temporary folder removed
     afterwards: the report written by --json (``throughput``, ``memory``, ``t5``,
@@ -546,7 +602,7 @@ def measure(args: argparse.Namespace) -> dict:
     results = {"throughput": [], "memory": [], "t5": [], "tokenizers": [], "startup": None, "group_size": []}
     try:
         model, bpe = train_vocabularies(tmp, args.tokenizers)
-        for case in [c for c in args.cases.split(",") if c]:
+        for case in [c for c in args.cases.split(",") if c and not args.incremental]:
             row, tokenizers = measure_case(tmp, case, model, bpe, args)
             if tokenizers is not None:
                 results["tokenizers"].append(tokenizers)
@@ -560,6 +616,9 @@ def measure(args: argparse.Namespace) -> dict:
             results["memory"] = memory_rows(tmp, model, args.mb)
         if args.t5:
             results["t5"] = t5_rows(tmp, model, int(args.mb * 1e6), args.workers)
+        if args.incremental:
+            results["incremental"] = [incremental_row(tmp, case, model, args)
+                                      for case in args.cases.split(",") if case]
         if args.scaling:
             results["scaling"] = [scaling_row(tmp, case, model, args) for case in args.cases.split(",") if case]
     finally:
@@ -616,6 +675,8 @@ def print_report(results: dict) -> None:
         print_memory(results["memory"])
     if results["t5"]:
         print_t5(results["t5"])
+    if results.get("incremental"):
+        print_incremental(results["incremental"])
     if results.get("scaling"):
         print_scaling(results["scaling"])
 
@@ -630,7 +691,7 @@ def main(argv=None):
         with open(args.json_out, "w") as f:
             json.dump(results, f, indent=2)
     return (results["throughput"] or results["t5"] or results["tokenizers"] or results["startup"]
-            or results["group_size"])
+            or results["group_size"] or results.get("incremental"))
 
 
 if __name__ == "__main__":

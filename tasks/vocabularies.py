@@ -30,6 +30,7 @@ import abc
 import itertools
 import collections
 import dataclasses
+import functools
 import hashlib
 import heapq
 import io
@@ -199,6 +200,21 @@ def _write_bytes(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+# Mean characters per text from which ``SentencePieceVocabulary.encode_batch_flat``
+# asks SentencePiece for int32 buffers instead of lists of ints (documents, not
+# lines: measured in benchmarks/pipeline.py's bound).
+SENTENCEPIECE_BUFFER_CHARS = 256
+
+
+@functools.lru_cache(maxsize=None)
+def _encodes_to_numpy() -> bool:
+    """True when the installed SentencePiece encodes to numpy arrays
+    (``out_type="numpy"``; older releases lack it)."""
+    import sentencepiece
+
+    return hasattr(sentencepiece.SentencePieceProcessor, "EncodeAsNumpy")
+
+
 class SentencePieceVocabulary(Vocabulary):
     """A SentencePiece model (Kudo & Richardson 2018, arXiv 1808.06226).
 
@@ -314,7 +330,14 @@ class SentencePieceVocabulary(Vocabulary):
         if not len(texts):
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
         kwargs = {} if num_threads is None else {"num_threads": int(num_threads)}
-        ids = self._processor().encode(list(texts), out_type=int, **kwargs)
+        texts = list(texts)
+        if sum(map(len, texts)) >= SENTENCEPIECE_BUFFER_CHARS * len(texts) and _encodes_to_numpy():
+            # Long texts: SentencePiece's int32 buffers, no Python int per id.
+            arrays = self._processor().encode(texts, out_type="numpy", **kwargs)
+            lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+            return np.concatenate(arrays).astype(np.int32, copy=False), lengths
+        # Short texts: a Python list per text costs less than a buffer object per text.
+        ids = self._processor().encode(texts, out_type=int, **kwargs)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
         return flat, lengths

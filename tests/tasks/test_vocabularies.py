@@ -124,6 +124,18 @@ def test_sentencepiece_layout_and_round_trip(spm_model, botchan_sample):
     assert v.decode([0, *v.encode("hello"), 1, 0]) == "hello"
 
 
+@pytest.mark.parametrize("repeat", [1, 40])  # short lines (lists of ints), long texts (int32 buffers)
+def test_sentencepiece_encode_batch_flat_equals_one_text_at_a_time(spm_model, botchan_sample, repeat):
+    v = V.SentencePieceVocabulary(str(spm_model))
+    texts = [" ".join([t] * repeat) for t in botchan_sample[:60]] + ["", "雪 ☃"]
+    long_path = sum(map(len, texts)) >= V.SENTENCEPIECE_BUFFER_CHARS * len(texts)
+    assert long_path == (repeat > 1)
+    flat, lengths = v.encode_batch_flat(texts)
+    assert flat.dtype == np.int32 and lengths.dtype == np.int64 and lengths.shape == (len(texts),)
+    assert lengths.tolist() == [len(v.encode(t)) for t in texts]
+    assert flat.tolist() == [i for t in texts for i in v.encode(t)]
+
+
 def test_sentencepiece_extra_ids_and_json(spm_model, tmp_path):
     v = V.SentencePieceVocabulary(str(spm_model), extra_ids=5)
     assert v.vocab_size == 805

@@ -1,0 +1,52 @@
+"""``seqcache.fs.import_beam`` imports Beam without pandas (which Beam would
+import only to register pandas batch types) and leaves pandas importable and
+working afterwards; a pipeline still runs. Each check in a fresh interpreter."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r'''
+import json, sys
+from seqcache import fs
+
+beam = fs.import_beam()
+out = {"pandas_after_beam": "pandas" in sys.modules}
+import pandas  # works as before
+import pyarrow as pa
+out["to_pandas"] = list(pa.table({"a": [1, 2, 3]}).to_pandas().shape)
+with beam.Pipeline(runner="FnApiRunner") as p:
+    _ = p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x * 2) | beam.combiners.Count.Globally()
+out["pandas_version"] = pandas.__version__
+print(json.dumps(out))
+'''
+
+ALREADY = r'''
+import json, sys
+import pandas
+from seqcache import fs
+
+fs.import_beam()
+import apache_beam.typehints as th
+print(json.dumps({"pandas_types": hasattr(th, "pandas_type_compatibility")}))
+'''
+
+
+def _run(code):
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_beam_is_imported_without_pandas_and_pandas_still_works():
+    pytest.importorskip("pandas")
+    out = _run(SCRIPT)
+    assert out["pandas_after_beam"] is False
+    assert out["to_pandas"] == [3, 1] and out["pandas_version"]
+
+
+def test_pandas_imported_first_leaves_beams_import_alone():
+    pytest.importorskip("pandas")
+    assert _run(ALREADY) == {"pandas_types": True}

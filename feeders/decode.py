@@ -94,9 +94,17 @@ def decode_batch(
             values[name] = np.zeros((0, length), dtype=dt)
             counts[name] = np.zeros((0,), np.int64)
         return values, counts
+    # The matrix first, at the width of this thread's previous batch (the same,
+    # batch after batch), then the lengths: the lengths then read records the
+    # copy has just brought into the CPU caches. Built again at the right width
+    # when the batch needs another.
+    guess = getattr(_scratch, "width", 0)
+    mat = _record_matrix(records, guess) if guess else None
     lens = np.fromiter(map(len, records), dtype=np.int64, count=n)
     width = max(8, (int(lens.max()) + 7) // 8 * 8)
-    mat = _record_matrix(records, width)
+    if width != guess:
+        mat = _record_matrix(records, width)
+        _scratch.width = width
 
     def fail(bad: np.ndarray):
         i = int(np.flatnonzero(bad)[0])

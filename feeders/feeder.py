@@ -254,17 +254,26 @@ class Feeder:
         loc = self.stream.locate(positions)
         names = (f, f"{f}_segment_ids", f"{f}_positions", f"{f}_loss_weights")
         valid = loc.valid
-        tasks = np.unique(loc.task[valid]).tolist()
+        all_valid = bool(valid.all())
+        if len(self.readers) == 1:
+            tasks = [0] if all_valid or valid.any() else []
+        else:
+            tasks = np.unique(loc.task[valid]).tolist()
         if not tasks:  # every row is padding
             out = _zeros(names, b_host, length)
-        elif len(tasks) == 1 and valid.all():  # one task fills the host batch
+        elif len(tasks) == 1 and all_valid:  # one task fills the host batch
             out = dict(zip(names, self._decode_block(tasks[0], self._read_rows(tasks[0], loc.cache_index),
                                                      loc.cache_index)))
         else:
             out = self._compute_mixed(loc, tasks, names)
-        out["task_index"] = np.where(valid, loc.task, -1).astype(np.int32)
-        out["cache_index"] = np.where(valid, loc.cache_index, -1)
-        out["epoch"] = np.where(valid, loc.epoch, -1)
+        if all_valid:  # the located arrays are this step's own: no masked copies
+            out["task_index"] = loc.task.astype(np.int32, copy=False)
+            out["cache_index"] = loc.cache_index
+            out["epoch"] = loc.epoch
+        else:
+            out["task_index"] = np.where(valid, loc.task, -1).astype(np.int32)
+            out["cache_index"] = np.where(valid, loc.cache_index, -1)
+            out["epoch"] = np.where(valid, loc.epoch, -1)
         for arr in out.values():
             arr.flags.writeable = False
         return out

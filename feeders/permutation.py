@@ -41,6 +41,7 @@ ROUNDS = 6
 _KEY_DOMAIN = b"seqcache.feeders.permutation.v1"
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def round_keys(*, seed: int, task_key: str, epoch: int) -> np.ndarray:
@@ -68,9 +69,12 @@ def round_keys(*, seed: int, task_key: str, epoch: int) -> np.ndarray:
 
 def _mix(z: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser (Steele, Lea & Flood, OOPSLA 2014), elementwise on uint64."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    z = z ^ (z >> _S30)  # a new array; the rest works in place on it
+    z *= _M1
+    z ^= z >> _S27
+    z *= _M2
+    z ^= z >> _S31
+    return z
 
 
 class FeistelPermutation:
@@ -95,6 +99,7 @@ class FeistelPermutation:
             raise ValueError(f"expected {ROUNDS} round keys (got shape {keys.shape})")
         self.n = n
         self.keys = keys
+        self._key_list = list(keys)  # numpy uint64 scalars (iterating the array per call costs more)
         # [0, n) embeds in Z_a x Z_b with a = ceil(sqrt(n)), b = ceil(n / a):
         # a * b - n < a, so cycle walking is rarely needed.
         self.a = math.isqrt(n - 1) + 1
@@ -105,8 +110,12 @@ class FeistelPermutation:
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
         ml, mr = np.uint64(self.a), np.uint64(self.b)
         left, right = np.divmod(x, mr)
-        for k in self.keys:
-            left, right = right, (left + _mix(right ^ k) % ml) % ml
+        for k in self._key_list:
+            f = _mix(right ^ k)
+            f %= ml
+            f += left
+            f %= ml
+            left, right = right, f
             ml, mr = mr, ml
         # ROUNDS is even: the moduli are back to (a, b).
         return left * mr + right

@@ -187,9 +187,9 @@ def feeder_own_work(path, *, batch_size, length, first_step, steps, repeats: int
     with Feeder(cache=path, global_batch_size=batch_size, sequence_length=length, host_index=0, host_count=1,
                 prefetch=0) as f:
         cache = f.readers[0]
-        records = [cache.read(f.stream.locate(s * batch_size + np.arange(batch_size)).cache_index)
+        records = [cache.read_sorted(f.stream.locate(s * batch_size + np.arange(batch_size)).cache_index)
                    for s in range(first_step, first_step + steps)]
-        f._read_rows = lambda task, cache_index: records[f._own_work_step]  # the reads, already done
+        f._read_sorted = lambda task, cache_index: records[f._own_work_step]  # the reads, already done
         own, raw = [], []
         for _ in range(repeats):
             c0 = cpu_seconds()

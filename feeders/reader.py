@@ -223,9 +223,20 @@ class CacheReader:
         return shard, idx - self.shard_starts[shard]
 
     def _read(self, table: list, names: Sequence[str], indices) -> list[bytes]:
+        records, order = self._read_sorted(table, names, indices)
+        if order is None:
+            return records
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        return list(map(records.__getitem__, inverse.tolist()))
+
+    def _read_sorted(self, table: list, names: Sequence[str], indices) -> tuple[list[bytes], np.ndarray | None]:
+        """(records, order): the records at ``indices`` in ascending index order
+        (records[j] is the record at indices[order[j]]); order None when the
+        indices are already ascending (records[j] is at indices[j])."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
         if idx.size == 0:
-            return []
+            return [], None
         order = np.argsort(idx, kind="stable")
         sorted_idx = idx[order]  # grouped by shard, ascending within each shard
         if sorted_idx[0] < 0 or sorted_idx[-1] >= self.num_examples:
@@ -250,16 +261,21 @@ class CacheReader:
             except _ARRAY_RECORD_ERRORS as e:
                 what = f"cannot read records {offsets[0]}..{offsets[-1]} ({len(offsets)} records)"
                 raise self._corrupt(self._path(names[s]), what, e) from e
-        if (order[1:] > order[:-1]).all():  # already in cache order (one shard's sorted read)
-            return records
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(order.size)
-        return list(map(records.__getitem__, inverse.tolist()))
+        if (order[1:] > order[:-1]).all():  # asked for in ascending order
+            return records, None
+        return records, order
 
     def read(self, indices) -> list[bytes]:
         """The data records at ``indices`` (cache indices, any order, repeats
         allowed), in that order. One ArrayRecord ``read`` call per shard touched."""
         return self._read(self._data, self.manifest.shards.files, indices)
+
+    def read_sorted(self, indices) -> tuple[list[bytes], np.ndarray | None]:
+        """The data records at ``indices`` in ascending cache-index order, as
+        read (no reordering): (records, order), records[j] being the record at
+        indices[order[j]] (order: int64 (n,), the stable argsort of indices), or
+        order None when the indices are ascending already."""
+        return self._read_sorted(self._data, self.manifest.shards.files, indices)
 
     def read_provenance_records(self, indices) -> list[bytes]:
         """The raw provenance records at ``indices`` (one batched read per shard)."""

@@ -101,3 +101,20 @@ def test_batches_of_other_record_widths_in_one_thread():
                 assert counts[name][row] == k
                 assert np.array_equal(values[name][row, :k], ref[name]), (fixed, name, row)
                 assert not values[name][row, k:].any()
+
+
+@pytest.mark.parametrize("fixed", [None, (3, 10, 2), (2, 4, 1)])
+@pytest.mark.parametrize("length", [3, 10, 16])
+def test_rows_put_records_in_row_order(fixed, length):
+    # decode_batch(records, rows=r): output row i is the decoding of records[r[i]],
+    # in every layout (uniform or gathered offsets, truncated or padded rows).
+    rng = np.random.default_rng(length)
+    recs = [r for _, r in _records(40, rng, fixed=fixed)]
+    rows = rng.permutation(len(recs))
+    wanted = {"inputs": np.int32, "targets": np.int32, "ids": np.int64, "targets_segment_ids": np.int32}
+    got, got_counts = decode_batch(SPECS, recs, length=length, outputs=wanted, rows=rows)
+    want, want_counts = decode_batch(SPECS, [recs[i] for i in rows], length=length, outputs=wanted)
+    for name in wanted:
+        assert got[name].dtype == want[name].dtype and got[name].flags.c_contiguous
+        assert np.array_equal(got[name], want[name]), name
+        assert np.array_equal(got_counts[name], want_counts[name]), name

@@ -9,8 +9,16 @@ global batch size and the same number of threads everywhere, it measures per hos
           the (B, L) arrays with segment ids, positions and loss weights);
   raw:    ``ArrayRecordReader.read(offsets)`` per shard for exactly the cache
           indices the feeder reads, already grouped by shard and sorted outside the
-          timing, on a thread pool of the same size with the same prefetch depth;
-          records are read, nothing else (the bound);
+          timing, on a thread pool of the same size with the same prefetch depth
+          and the same head start (the window is submitted before the warm-up
+          step is read, as the feeder's first ``next`` does); records are read,
+          nothing else (the bound: it does not decode). The work it leaves out
+          (locating the step's indices, ordering the records, decoding them) is
+          measured alone, on one thread with the records read beforehand, as
+          CPU ms per step against the step's reads;
+  raw+decode: the same, each step also decoding its records into (B, L) int32
+          tokens with the feeder's ``decode_batch`` on its read thread (the
+          bound for decoded batches: the feeder's machinery against it);
   grain:  ``grain.python.DataLoader`` over ``CacheDataSource`` (the same cache)
           with a shuffling ``IndexSampler`` and a ``Batch`` operation of the same
           batch size, ``ReadOptions(num_threads=threads)``, in-process;
@@ -33,8 +41,8 @@ global batch size and the same number of threads everywhere, it measures per hos
 
 ``--only mixture,open,trace`` runs only those sections.
 
-Rounds alternate raw/feeder (swapping the order every round) to share the
-machine's noise; the medians over rounds are reported, and feeder/raw is the median
+Rounds run raw, feeder, raw+decode (reversing the order every round) to share
+the machine's noise; the medians over rounds are reported, and feeder/raw is the median
 of the per-round ratios, in wall-clock time and in CPU time of the process. Machines here are shared and noisy: compare the ratios, not the
 absolute numbers.
 
@@ -127,21 +135,31 @@ def raw_plan(path, *, batch_size, first_step, steps):
     return plan
 
 
-def run_raw(path, plan, *, threads, steps) -> tuple[float, float]:
+def run_raw(path, plan, *, threads, steps, length: int | None = None) -> tuple[float, float]:
     """Reads plan[0] (warm-up), then times ``steps`` steps with ``threads`` steps
     in flight ahead of the consumer, as the feeder's prefetch does; ``plan`` has
-    ``steps + 1 + threads`` entries so the window stays full to the end."""
+    ``steps + 1 + threads`` entries so the window stays full to the end. As in
+    the feeder's first ``next``, the window (plan[1 .. threads]) is submitted
+    before plan[0] is read, so both start the timing with the same head start.
+    With ``length``, each step also decodes its records (in shard order) into
+    (B, length) int32 tokens with the feeder's ``decode_batch``, on the same thread."""
     from array_record.python.array_record_module import ArrayRecordReader
+
+    from seqcache.feeders.decode import decode_batch
 
     m = fmt.read_manifest(path)
     readers = [ArrayRecordReader(os.path.join(path, s.file), READER_OPTIONS) for s in m.shards]
+    outputs = {m.features[0].name: np.int32}
 
     def step(groups):
-        return [readers[k].read(offsets) for k, offsets in groups]
+        got = [readers[k].read(offsets) for k, offsets in groups]
+        if length is not None:
+            return decode_batch(m.features, [r for records in got for r in records], length=length, outputs=outputs)
+        return got
 
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="raw") as pool:
-        step(plan[0])
         futures = {j: pool.submit(step, plan[j]) for j in range(1, min(len(plan), 1 + threads))}
+        step(plan[0])
         c0, t0 = cpu_seconds(), time.perf_counter()
         for j in range(1, min(len(plan), steps + 1)):
             futures.pop(j).result()
@@ -153,6 +171,39 @@ def run_raw(path, plan, *, threads, steps) -> tuple[float, float]:
     for r in readers:
         r.close()
     return dt, cpu
+
+
+def feeder_own_work(path, *, batch_size, length, first_step, steps, repeats: int = 5) -> tuple[float, float]:
+    """(feeder CPU ms, raw CPU ms) per step on this thread, best of ``repeats``:
+    the feeder's ``_compute`` with its shard reads answered from records read
+    beforehand (what the feeder does beyond the reads: locate, order, decode),
+    and the raw reads of the same steps (``run_raw``'s per-step work, one
+    thread). The raw bound does not decode: this is the work it leaves out."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    plan = raw_plan(path, batch_size=batch_size, first_step=first_step, steps=steps)
+    m = fmt.read_manifest(path)
+    readers = [ArrayRecordReader(os.path.join(path, s.file), READER_OPTIONS) for s in m.shards]
+    with Feeder(cache=path, global_batch_size=batch_size, sequence_length=length, host_index=0, host_count=1,
+                prefetch=0) as f:
+        cache = f.readers[0]
+        records = [cache.read_sorted(f.stream.locate(s * batch_size + np.arange(batch_size)).cache_index)
+                   for s in range(first_step, first_step + steps)]
+        f._read_sorted = lambda task, cache_index: records[f._own_work_step]  # the reads, already done
+        own, raw = [], []
+        for _ in range(repeats):
+            c0 = cpu_seconds()
+            for j in range(steps):
+                f._own_work_step = j
+                f._compute(first_step + j)
+            own.append((cpu_seconds() - c0) / steps * 1e3)
+            c0 = cpu_seconds()
+            for groups in plan:
+                [readers[k].read(offsets) for k, offsets in groups]
+            raw.append((cpu_seconds() - c0) / steps * 1e3)
+    for r in readers:
+        r.close()
+    return min(own), min(raw)
 
 
 def run_grain(path, *, batch_size, threads, steps) -> float:
@@ -388,11 +439,12 @@ def bench_sections(big: str, root: str, only: set[str], args: argparse.Namespace
     return extra
 
 
-def bench_feeder_and_raw(big: str, args: argparse.Namespace) -> tuple[list[float], list[float], list[float],
-                                                                       list[float]]:
-    """(feeder seconds, raw seconds, wall-time raw/feeder ratios, CPU-time raw/feeder
-    ratios), one entry per round of ``args.steps`` steps from step 7, after one read
-    of the whole cache that warms the page cache."""
+def bench_feeder_and_raw(big: str, args: argparse.Namespace) -> dict[str, list]:
+    """Per round of ``args.steps`` steps from step 7 (after one read of the whole
+    cache that warms the page cache): seconds of "feeder", "raw" and "raw_decode"
+    (``run_raw`` decoding its records too), and raw/feeder and
+    raw_decode/feeder ratios in wall-clock and CPU time ("wall", "cpu",
+    "decode_wall", "decode_cpu")."""
     B, T = args.batch_size, args.threads
     first_step = 7
     plan = raw_plan(big, batch_size=B, first_step=first_step, steps=args.steps + 1 + T)
@@ -400,23 +452,28 @@ def bench_feeder_and_raw(big: str, args: argparse.Namespace) -> tuple[list[float
     warm = -(-args.records // B)
     run_raw(big, raw_plan(big, batch_size=B, first_step=0, steps=warm), threads=T, steps=warm)
 
-    # Alternate the order each round so that drift in the machine's load hits both.
-    feeder_s, raw_s, ratios, cpu_ratios = [], [], [], []
+    # Reverse the order each round so that drift in the machine's load hits all
+    # three; the feeder runs next to each bound.
+    out = {k: [] for k in ("feeder", "raw", "raw_decode", "wall", "cpu", "decode_wall", "decode_cpu")}
     for r in range(args.rounds):
         timed = {}
-        for name in (("raw", "feeder") if r % 2 == 0 else ("feeder", "raw")):
-            if name == "raw":
-                timed[name] = run_raw(big, plan, threads=T, steps=args.steps)
-            else:
+        for name in (("raw", "feeder", "raw_decode") if r % 2 == 0 else ("raw_decode", "feeder", "raw")):
+            if name == "feeder":
                 timed[name] = run_feeder(big, batch_size=B, length=args.length, threads=T, first_step=first_step,
                                          steps=args.steps)
-        raw_s.append(timed["raw"][0])
-        feeder_s.append(timed["feeder"][0])
-        ratios.append(timed["raw"][0] / timed["feeder"][0])
-        cpu_ratios.append(timed["raw"][1] / timed["feeder"][1])
-        print(f"round {r}: raw {args.steps * B / raw_s[-1]:,.0f} ex/s, feeder {args.steps * B / feeder_s[-1]:,.0f} ex/s,"
-              f" feeder/raw {ratios[-1]:.3f} (CPU time: {cpu_ratios[-1]:.3f})")
-    return feeder_s, raw_s, ratios, cpu_ratios
+            else:
+                timed[name] = run_raw(big, plan, threads=T, steps=args.steps,
+                                      length=args.length if name == "raw_decode" else None)
+        for name in ("feeder", "raw", "raw_decode"):
+            out[name].append(timed[name][0])
+        for key, bound in (("", "raw"), ("decode_", "raw_decode")):
+            out[key + "wall"].append(timed[bound][0] / timed["feeder"][0])
+            out[key + "cpu"].append(timed[bound][1] / timed["feeder"][1])
+        eps = {name: args.steps * B / out[name][-1] for name in ("raw", "feeder", "raw_decode")}
+        print(f"round {r}: raw {eps['raw']:,.0f} ex/s, feeder {eps['feeder']:,.0f} ex/s, feeder/raw "
+              f"{out['wall'][-1]:.3f} (CPU time: {out['cpu'][-1]:.3f}); raw+decode {eps['raw_decode']:,.0f} ex/s, "
+              f"feeder/(raw+decode) {out['decode_wall'][-1]:.3f} (CPU time: {out['decode_cpu'][-1]:.3f})")
+    return out
 
 
 def bench_ttfb(big: str, *, batch_size: int, length: int, threads: int, repeats: int = 7) -> tuple[float, float]:
@@ -437,7 +494,9 @@ def bench_throughput(big: str, small: str, args: argparse.Namespace, extra: dict
     B, L, T = args.batch_size, args.length, args.threads
     print(f"global batch {B} x {L} tokens = {B * L:,} tokens/step; {args.records:,} examples = "
           f"{args.records / B:,.1f} steps/epoch; {T} threads; this host reads all {B} rows")
-    feeder_s, raw_s, ratios, cpu_ratios = bench_feeder_and_raw(big, args)
+    rounds = bench_feeder_and_raw(big, args)
+    feeder_s, raw_s, ratios, cpu_ratios = rounds["feeder"], rounds["raw"], rounds["wall"], rounds["cpu"]
+    own_ms, raw_ms = feeder_own_work(big, batch_size=B, length=L, first_step=7, steps=args.steps)
     grain_s = run_grain(big, batch_size=B, threads=T, steps=args.grain_steps)
     ttfb0, ttfb_far = bench_ttfb(big, batch_size=B, length=L, threads=T)
     rss_big = rss_growth(big, batch_size=B, length=L)
@@ -452,6 +511,13 @@ def bench_throughput(big: str, small: str, args: argparse.Namespace, extra: dict
         "raw_examples_per_s": raw_eps, "raw_tokens_per_s": raw_eps * L,
         "grain_examples_per_s": grain_eps, "grain_tokens_per_s": grain_eps * L,
         "feeder_over_raw": statistics.median(ratios), "feeder_over_raw_cpu_time": statistics.median(cpu_ratios),
+        "feeder_over_raw_rounds": ratios, "feeder_over_raw_cpu_time_rounds": cpu_ratios,
+        "raw_decode_examples_per_s": args.steps * B / statistics.median(rounds["raw_decode"]),
+        "feeder_over_raw_decode": statistics.median(rounds["decode_wall"]),
+        "feeder_over_raw_decode_cpu_time": statistics.median(rounds["decode_cpu"]),
+        "feeder_over_raw_decode_rounds": rounds["decode_wall"],
+        "feeder_over_raw_decode_cpu_time_rounds": rounds["decode_cpu"],
+        "feeder_own_work_cpu_ms_per_step": own_ms, "raw_read_cpu_ms_per_step": raw_ms,
         "feeder_over_grain": feeder_eps / grain_eps,
         "ttfb_position_0_s": ttfb0, "ttfb_position_1e12_s": ttfb_far, "ttfb_ratio_1e12_over_0": ttfb_far / ttfb0,
         "rss_growth_bytes": rss_big, "rss_growth_bytes_10x_smaller_cache": rss_small, **extra,
@@ -463,8 +529,17 @@ def print_throughput(res: dict) -> None:
     print(f"{'':10}{'examples/s':>14}{'tokens/s':>16}")
     for name in ("feeder", "raw", "grain"):
         print(f"{name:10}{res[name + '_examples_per_s']:>14,.0f}{res[name + '_tokens_per_s']:>16,.0f}")
-    print(f"feeder/raw   {res['feeder_over_raw']:.3f} (median of per-round ratios; "
-          f"raw CPU time / feeder CPU time {res['feeder_over_raw_cpu_time']:.3f})")
+    wall, cpu = res["feeder_over_raw_rounds"], res["feeder_over_raw_cpu_time_rounds"]
+    print(f"feeder/raw   {res['feeder_over_raw']:.3f} [{min(wall):.3f}, {max(wall):.3f}] (median [range] of "
+          f"per-round ratios; raw CPU time / feeder CPU time {res['feeder_over_raw_cpu_time']:.3f} "
+          f"[{min(cpu):.3f}, {max(cpu):.3f}])")
+    wall, cpu = res["feeder_over_raw_decode_rounds"], res["feeder_over_raw_decode_cpu_time_rounds"]
+    print(f"feeder/(raw+decode) {res['feeder_over_raw_decode']:.3f} [{min(wall):.3f}, {max(wall):.3f}]; "
+          f"CPU time {res['feeder_over_raw_decode_cpu_time']:.3f} [{min(cpu):.3f}, {max(cpu):.3f}] "
+          f"(raw+decode {res['raw_decode_examples_per_s']:,.0f} ex/s)")
+    print(f"work the raw bound leaves out (locate, order, decode), one thread: "
+          f"{res['feeder_own_work_cpu_ms_per_step']:.2f} ms CPU per step against {res['raw_read_cpu_ms_per_step']:.2f} ms "
+          f"for the step's reads ({res['feeder_own_work_cpu_ms_per_step'] / res['raw_read_cpu_ms_per_step']:.1%})")
     print(f"feeder/grain {res['feeder_over_grain']:.2f}")
     print(f"time to first batch: position 0 {res['ttfb_position_0_s'] * 1e3:.1f} ms, "
           f"position 10^12 {res['ttfb_position_1e12_s'] * 1e3:.1f} ms, ratio {res['ttfb_ratio_1e12_over_0']:.2f}")

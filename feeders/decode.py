@@ -46,6 +46,23 @@ def _record_matrix(records: Sequence[bytes], width: int) -> np.ndarray:
     return buf[: n * width].reshape(n, width)
 
 
+def _measured_matrix(records: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, int]:
+    """(``_record_matrix`` of the records, their lengths int64 (n,), its width W).
+
+    The matrix first, at the width of this thread's previous batch (the same,
+    batch after batch), then the lengths: they then read records the copy has
+    just brought into the CPU caches. Built again at the right width (the
+    longest record, rounded up to 8 bytes) when the batch needs another."""
+    guess = getattr(_scratch, "width", 0)
+    mat = _record_matrix(records, guess) if guess else None
+    lens = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
+    width = max(8, (int(lens.max()) + 7) // 8 * 8)
+    if width != guess:
+        mat = _record_matrix(records, width)
+        _scratch.width = width
+    return mat, lens, width
+
+
 def _gather_u32(mat: np.ndarray, offsets: np.ndarray, uniform: int | None) -> np.ndarray:
     """uint32 (rows,) read at byte ``offsets`` of each row."""
     if uniform is not None:
@@ -61,15 +78,20 @@ def decode_batch(
     length: int,
     outputs: Mapping[str, np.dtype],
     where: Sequence[str] | None = None,
+    rows: np.ndarray | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Decodes records into (rows, length) arrays, truncated or zero-padded.
 
     Args:
       specs: the cache's features, in manifest order.
-      records: the record bytes, one per output row.
+      records: the record bytes, one per output row (in that order unless ``rows``).
       length: the sequence length L of the outputs.
       outputs: feature name -> output dtype, for the features wanted.
       where: optional per-record descriptions (cache, shard, record) used in errors.
+      rows: optional int array (n,), a permutation of [0, n): output row r
+        holds record ``records[rows[r]]`` (the reordering is part of the copy
+        out of the record matrix, so records can be decoded in the order they
+        were read).
 
     Returns:
       (values, counts): ``values[name]`` has shape (rows, length) and the requested
@@ -94,9 +116,7 @@ def decode_batch(
             values[name] = np.zeros((0, length), dtype=dt)
             counts[name] = np.zeros((0,), np.int64)
         return values, counts
-    lens = np.fromiter(map(len, records), dtype=np.int64, count=n)
-    width = max(8, (int(lens.max()) + 7) // 8 * 8)
-    mat = _record_matrix(records, width)
+    mat, lens, width = _measured_matrix(records)
 
     def fail(bad: np.ndarray):
         i = int(np.flatnonzero(bad)[0])
@@ -117,8 +137,8 @@ def decode_batch(
         if (end > lens).any():
             fail(end > lens)
         if spec.name in outputs:
-            values[spec.name] = _extract(mat, spec, start, start_u, cnt, length, outputs[spec.name], records, lens)
-            counts[spec.name] = cnt
+            values[spec.name] = _extract(mat, spec, start, start_u, cnt, length, outputs[spec.name], records, rows)
+            counts[spec.name] = cnt if rows is None else cnt[rows]
         pos = end
         if uniform is not None:
             first = int(cnt[0])
@@ -128,7 +148,9 @@ def decode_batch(
     return values, counts
 
 
-def _extract(mat, spec, start, start_u, cnt, length, out_dtype, records, lens) -> np.ndarray:
+def _extract(mat, spec, start, start_u, cnt, length, out_dtype, records, rows) -> np.ndarray:
+    """The (n, length) values of feature ``spec`` (record order, or output row r
+    = record rows[r] when ``rows`` is given); never a view of ``mat``."""
     n = mat.shape[0]
     isz = spec.np_dtype.itemsize
     keep = np.minimum(cnt, length)
@@ -136,9 +158,12 @@ def _extract(mat, spec, start, start_u, cnt, length, out_dtype, records, lens) -
     short = bool((keep < m).any())
     if start_u is not None:
         block = mat[:, start_u : start_u + m * isz].view(spec.np_dtype)  # (n, m), strided
-        if m == length:
-            out = block.astype(out_dtype)
+        if rows is not None:  # the gather is the copy out of the scratch matrix
+            block, keep, rows = block[rows], keep[rows], None
+            out = block.astype(out_dtype, copy=False) if m == length else None
         else:
+            out = block.astype(out_dtype) if m == length else None
+        if out is None:
             out = np.zeros((n, length), dtype=out_dtype)
             out[:, :m] = block
     elif (start % isz == 0).all():
@@ -155,10 +180,10 @@ def _extract(mat, spec, start, start_u, cnt, length, out_dtype, records, lens) -
         for i, rec in enumerate(records):
             arr = fmt.decode_example((spec,), _feature_bytes(rec, int(start[i]) - 4, int(cnt[i]), isz))[spec.name]
             out[i, : keep[i]] = arr[: keep[i]]
-        return out
+        return out if rows is None else out[rows]
     if short:
         out[np.arange(length)[None, :] >= keep[:, None]] = 0
-    return out
+    return out if rows is None else out[rows]
 
 
 def _feature_bytes(record: bytes, offset: int, count: int, itemsize: int) -> bytes:

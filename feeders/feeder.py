@@ -254,17 +254,25 @@ class Feeder:
         loc = self.stream.locate(positions)
         names = (f, f"{f}_segment_ids", f"{f}_positions", f"{f}_loss_weights")
         valid = loc.valid
-        tasks = np.unique(loc.task[valid]).tolist()
+        all_valid = bool(valid.all())
+        if len(self.readers) == 1:
+            tasks = [0] if all_valid or valid.any() else []
+        else:
+            tasks = np.unique(loc.task[valid]).tolist()
         if not tasks:  # every row is padding
             out = _zeros(names, b_host, length)
-        elif len(tasks) == 1 and valid.all():  # one task fills the host batch
-            out = dict(zip(names, self._decode_block(tasks[0], self._read_rows(tasks[0], loc.cache_index),
-                                                     loc.cache_index)))
+        elif len(tasks) == 1 and all_valid:  # one task fills the host batch
+            out = dict(zip(names, self._read_and_decode(tasks[0], loc.cache_index)))
         else:
             out = self._compute_mixed(loc, tasks, names)
-        out["task_index"] = np.where(valid, loc.task, -1).astype(np.int32)
-        out["cache_index"] = np.where(valid, loc.cache_index, -1)
-        out["epoch"] = np.where(valid, loc.epoch, -1)
+        if all_valid:  # the located arrays are this step's own: no masked copies
+            out["task_index"] = loc.task.astype(np.int32, copy=False)
+            out["cache_index"] = loc.cache_index
+            out["epoch"] = loc.epoch
+        else:
+            out["task_index"] = np.where(valid, loc.task, -1).astype(np.int32)
+            out["cache_index"] = np.where(valid, loc.cache_index, -1)
+            out["epoch"] = np.where(valid, loc.epoch, -1)
         for arr in out.values():
             arr.flags.writeable = False
         return out
@@ -313,14 +321,30 @@ class Feeder:
     def _read_rows(self, task: int, cache_index: np.ndarray) -> list[bytes]:
         return self.readers[task].read(cache_index)
 
-    def _decode_block(self, task: int, records: Sequence[bytes], cache_index: np.ndarray):
-        """Decodes records laid out as task ``task``'s: 4 arrays (n, L)."""
+    def _read_sorted(self, task: int, cache_index: np.ndarray) -> tuple[list[bytes], np.ndarray | None]:
+        return self.readers[task].read_sorted(cache_index)
+
+    def _read_and_decode(self, task: int, cache_index: np.ndarray):
+        """Rows ``cache_index`` of task ``task``, read and decoded in ascending
+        index order (the order the shards return them, and that they lie in
+        memory), put in row order by the decoder's copy: 4 arrays (n, L)."""
+        records, order = self._read_sorted(task, cache_index)
+        if order is None:
+            return self._decode_block(task, records, cache_index)
+        rows = np.empty_like(order)
+        rows[order] = np.arange(order.size)
+        return self._decode_block(task, records, cache_index[order], rows=rows)
+
+    def _decode_block(self, task: int, records: Sequence[bytes], cache_index: np.ndarray,
+                      rows: np.ndarray | None = None):
+        """Decodes records laid out as task ``task``'s: 4 arrays (n, L), row r
+        from records[rows[r]] when ``rows`` is given (``decode_batch``)."""
         reader, layout, length = self.readers[task], self._layouts[task], self.sequence_length
         wanted = {layout["tokens"]: np.int32}
         if layout["segment_ids"]:
             wanted[layout["segment_ids"]] = np.int32
         try:
-            values, counts = decode_batch(reader.features, records, length=length, outputs=wanted)
+            values, counts = decode_batch(reader.features, records, length=length, outputs=wanted, rows=rows)
         except fmt.CacheError:
             # Re-decode record by record so the error names the shard and record.
             for rec, i in zip(records, cache_index.tolist()):

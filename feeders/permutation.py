@@ -38,9 +38,14 @@ import math
 import numpy as np
 
 ROUNDS = 6
+# Domains whose halves have at most this many values (n up to about 2^20)
+# evaluate the round function from per-round tables (ROUNDS * 1024 int64 at most:
+# 48 KiB per permutation).
+TABLE_MAX_SIDE = 1024
 _KEY_DOMAIN = b"seqcache.feeders.permutation.v1"
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def round_keys(*, seed: int, task_key: str, epoch: int) -> np.ndarray:
@@ -68,9 +73,12 @@ def round_keys(*, seed: int, task_key: str, epoch: int) -> np.ndarray:
 
 def _mix(z: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser (Steele, Lea & Flood, OOPSLA 2014), elementwise on uint64."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    z = z ^ (z >> _S30)  # a new array; the rest works in place on it
+    z *= _M1
+    z ^= z >> _S27
+    z *= _M2
+    z ^= z >> _S31
+    return z
 
 
 class FeistelPermutation:
@@ -82,8 +90,9 @@ class FeistelPermutation:
 
     ``permute(x)`` and ``inverse(y)`` take integer arrays with values in [0, n) and
     return uint64 arrays of the same shape. Cost per element: ROUNDS rounds times
-    the expected number of cycle-walking steps (< 1 + 1/sqrt(n)). Memory: O(1)
-    beyond the input and output arrays.
+    the expected number of cycle-walking steps (< 1 + 1/sqrt(n)). Memory: beyond
+    the input and output arrays, for n up to about 2^20 the round function's
+    tables (``ROUNDS * max(a, b)`` int64, at most 48 KiB), else O(1).
     """
 
     def __init__(self, n: int, keys: np.ndarray):
@@ -95,18 +104,50 @@ class FeistelPermutation:
             raise ValueError(f"expected {ROUNDS} round keys (got shape {keys.shape})")
         self.n = n
         self.keys = keys
+        self._key_list = list(keys)  # numpy uint64 scalars (iterating the array per call costs more)
+        self._tables: list[np.ndarray] | None = None
         # [0, n) embeds in Z_a x Z_b with a = ceil(sqrt(n)), b = ceil(n / a):
         # a * b - n < a, so cycle walking is rarely needed.
         self.a = math.isqrt(n - 1) + 1
         self.b = -(-n // self.a)
         self.domain = self.a * self.b
 
+    def _round_tables(self) -> list[np.ndarray] | None:
+        """Per round i, F_i(R) mod m_L for every right half R: int64 arrays of
+        b or a entries (at most ``TABLE_MAX_SIDE``), built on first use; None
+        for larger domains. A round is then a lookup, an addition and one
+        conditional subtraction, the same values as computing F_i."""
+        if self._tables is None and max(self.a, self.b) <= TABLE_MAX_SIDE:
+            ml, mr = self.a, self.b
+            tables = []
+            for k in self._key_list:
+                tables.append((_mix(np.arange(mr, dtype=np.uint64) ^ k) % np.uint64(ml)).astype(np.int64))
+                ml, mr = mr, ml
+            self._tables = tables
+        return self._tables
+
     # One full network (ROUNDS rounds) over [0, a * b), x = left * b + right.
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        tables = self._round_tables()
+        if tables is not None:
+            # (L + F(R)) mod m_L with L, F(R) < m_L: one conditional subtraction.
+            ml, mr = self.a, self.b
+            left, right = np.divmod(x.astype(np.int64), mr)
+            for table in tables:
+                f = table[right]
+                f += left
+                f -= ml * (f >= ml)
+                left, right = right, f
+                ml, mr = mr, ml
+            return (left * mr + right).astype(np.uint64)
         ml, mr = np.uint64(self.a), np.uint64(self.b)
         left, right = np.divmod(x, mr)
-        for k in self.keys:
-            left, right = right, (left + _mix(right ^ k) % ml) % ml
+        for k in self._key_list:
+            f = _mix(right ^ k)
+            f %= ml
+            f += left
+            f %= ml
+            left, right = right, f
             ml, mr = mr, ml
         # ROUNDS is even: the moduli are back to (a, b).
         return left * mr + right

@@ -223,39 +223,59 @@ class CacheReader:
         return shard, idx - self.shard_starts[shard]
 
     def _read(self, table: list, names: Sequence[str], indices) -> list[bytes]:
-        idx = np.asarray(indices, dtype=np.int64)
+        records, order = self._read_sorted(table, names, indices)
+        if order is None:
+            return records
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        return list(map(records.__getitem__, inverse.tolist()))
+
+    def _read_sorted(self, table: list, names: Sequence[str], indices) -> tuple[list[bytes], np.ndarray | None]:
+        """(records, order): the records at ``indices`` in ascending index order
+        (records[j] is the record at indices[order[j]]); order None when the
+        indices are already ascending (records[j] is at indices[j])."""
+        idx = np.asarray(indices, dtype=np.int64).ravel()
         if idx.size == 0:
-            return []
-        if idx.min() < 0 or idx.max() >= self.num_examples:
+            return [], None
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]  # grouped by shard, ascending within each shard
+        if sorted_idx[0] < 0 or sorted_idx[-1] >= self.num_examples:
             bad = np.unique(idx[(idx < 0) | (idx >= self.num_examples)])
             shown = ", ".join(map(str, bad[:5].tolist())) + (f" and {bad.size - 5} more" if bad.size > 5 else "")
             raise IndexError(f"{self.cache_dir}: cache index out of range [0, {self.num_examples}) (got {shown})")
-        order = np.argsort(idx, kind="stable")
-        sorted_idx = idx[order]  # grouped by shard, ascending within each shard
         # O(n log S) for n indices and S shards: each index's shard, then the
         # runs of equal shards (not a pass over all S shards per read).
         shard_of = np.searchsorted(self.shard_starts, sorted_idx, side="right") - 1
         cuts = np.flatnonzero(shard_of[1:] != shard_of[:-1]) + 1
-        bounds = np.concatenate([[0], cuts, [sorted_idx.size]]).tolist()
-        offsets_all = sorted_idx - self.shard_starts[shard_of]
+        bounds = [0, *cuts.tolist(), sorted_idx.size]
+        offsets_all = (sorted_idx - self.shard_starts[shard_of]).tolist()
+        shards = shard_of[bounds[:-1]].tolist()
         records: list[bytes] = []
-        for lo, hi in zip(bounds, bounds[1:]):
-            s = int(shard_of[lo])
-            reader = self._open(table, s, names[s])
-            offsets = offsets_all[lo:hi].tolist()
+        for s, lo, hi in zip(shards, bounds, bounds[1:]):
+            reader = table[s]
+            if reader is None:
+                reader = self._open(table, s, names[s])
+            offsets = offsets_all[lo:hi]
             try:
                 records.extend(reader.read(offsets))
             except _ARRAY_RECORD_ERRORS as e:
                 what = f"cannot read records {offsets[0]}..{offsets[-1]} ({len(offsets)} records)"
                 raise self._corrupt(self._path(names[s]), what, e) from e
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(order.size)
-        return list(map(records.__getitem__, inverse.tolist()))
+        if (order[1:] > order[:-1]).all():  # asked for in ascending order
+            return records, None
+        return records, order
 
     def read(self, indices) -> list[bytes]:
         """The data records at ``indices`` (cache indices, any order, repeats
         allowed), in that order. One ArrayRecord ``read`` call per shard touched."""
         return self._read(self._data, self.manifest.shards.files, indices)
+
+    def read_sorted(self, indices) -> tuple[list[bytes], np.ndarray | None]:
+        """The data records at ``indices`` in ascending cache-index order, as
+        read (no reordering): (records, order), records[j] being the record at
+        indices[order[j]] (order: int64 (n,), the stable argsort of indices), or
+        order None when the indices are ascending already."""
+        return self._read_sorted(self._data, self.manifest.shards.files, indices)
 
     def read_provenance_records(self, indices) -> list[bytes]:
         """The raw provenance records at ``indices`` (one batched read per shard)."""

@@ -144,6 +144,12 @@ class IndexStream:
             valid = np.ones(n, bool) if self.limits is None else ordinal < self._limits[task]
         if not n:
             return Located(position=p, task=task, ordinal=ordinal, epoch=epoch, cache_index=cache_index, valid=valid)
+        if self.mixer.num_tasks == 1 and (self.limits is None or valid.all()):
+            e_lo, e_hi = int(epoch.min()), int(epoch.max())
+            if e_lo == e_hi:  # the common step: one task, one epoch, no padding (no masking needed)
+                cache_index = self.permutation(0, e_lo).permute(elem).astype(np.int64)
+                return Located(position=p, task=task, ordinal=ordinal, epoch=epoch, cache_index=cache_index,
+                               valid=valid)
         # The (task, epoch) permutations the batch draws from (usually one per
         # task), then one vectorised pass of them all (``permute_each``).
         perms: list[FeistelPermutation] = []

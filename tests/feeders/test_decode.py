@@ -84,3 +84,37 @@ def test_outputs_do_not_alias_the_per_thread_scratch_buffer():
     snapshot = a["targets"].copy()
     decode_batch(SPECS, second, length=5, outputs={"targets": np.int32})
     assert np.array_equal(a["targets"], snapshot)
+
+
+def test_batches_of_other_record_widths_in_one_thread():
+    # Each thread lays a batch out at its previous batch's width first: a wider,
+    # narrower or ragged batch after it must decode as decode_example does.
+    rng = np.random.default_rng(5)
+    wanted = {"inputs": np.int32, "targets": np.int32, "ids": np.int64}
+    for fixed in [(2, 5, 1), (8, 12, 3), (1, 1, 0), None, (8, 12, 3), (0, 0, 0)]:
+        recs = _records(16, rng, fixed=fixed)
+        values, counts = decode_batch(SPECS, [r for _, r in recs], length=12, outputs=wanted)
+        for row, (_, rec) in enumerate(recs):
+            ref = fmt.decode_example(SPECS, rec)
+            for name in wanted:
+                k = ref[name].size
+                assert counts[name][row] == k
+                assert np.array_equal(values[name][row, :k], ref[name]), (fixed, name, row)
+                assert not values[name][row, k:].any()
+
+
+@pytest.mark.parametrize("fixed", [None, (3, 10, 2), (2, 4, 1)])
+@pytest.mark.parametrize("length", [3, 10, 16])
+def test_rows_put_records_in_row_order(fixed, length):
+    # decode_batch(records, rows=r): output row i is the decoding of records[r[i]],
+    # in every layout (uniform or gathered offsets, truncated or padded rows).
+    rng = np.random.default_rng(length)
+    recs = [r for _, r in _records(40, rng, fixed=fixed)]
+    rows = rng.permutation(len(recs))
+    wanted = {"inputs": np.int32, "targets": np.int32, "ids": np.int64, "targets_segment_ids": np.int32}
+    got, got_counts = decode_batch(SPECS, recs, length=length, outputs=wanted, rows=rows)
+    want, want_counts = decode_batch(SPECS, [recs[i] for i in rows], length=length, outputs=wanted)
+    for name in wanted:
+        assert got[name].dtype == want[name].dtype and got[name].flags.c_contiguous
+        assert np.array_equal(got[name], want[name]), name
+        assert np.array_equal(got_counts[name], want_counts[name]), name

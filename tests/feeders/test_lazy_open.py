@@ -307,3 +307,15 @@ def test_a_shards_sizes_are_decoded_from_its_own_base64_quanta():
     assert [table[i].num_bytes for i in range(count)] == values.tolist()
     assert [table[i].provenance_num_bytes for i in range(count)] == values[::-1].tolist()
     assert table[7].file == "data.array_record-00007-of-01001" and table[7].num_records == 7
+
+
+def test_read_sorted_returns_the_records_in_index_order_with_their_order(make_cache):
+    path = make_cache(n=50, num_shards=4)
+    with CacheReader(path) as r:
+        idx = np.array([37, 2, 49, 2, 11, 30, 0])
+        records, order = r.read_sorted(idx)
+        assert np.array_equal(idx[order], np.sort(idx, kind="stable"))
+        assert records == [r.read([int(i)])[0] for i in idx[order]]
+        assert r.read(idx) == [records[j] for j in np.argsort(order)]
+        ascending, none = r.read_sorted([1, 5, 33])
+        assert none is None and ascending == r.read([1, 5, 33])

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from seqcache.feeders import permutation
 from seqcache.feeders.permutation import ROUNDS, FeistelPermutation, epoch_permutation, round_keys
 
 SMALL_SIZES = [1, 2, 3, 4, 5, 7, 8, 11, 13, 16, 17, 31, 97, 127, 128, 251, 256, 1000, 1021, 4096, 65521, 65536]
@@ -113,3 +114,18 @@ def test_permute_each_equals_each_permutation_applied_to_its_own_elements():
         assert np.array_equal(got[m], perm.permute(x[m]))
     with pytest.raises(ValueError, match=r"out of range \[0, 10\) \(got 10\)"):
         permute_each(perms, np.array([0, 3]), np.array([10, 0]))
+
+
+@pytest.mark.parametrize("n", [2, 1000, 100_000, 1024 * 1024])
+def test_round_tables_give_the_computed_rounds(n, monkeypatch):
+    # Small domains look the round function up in tables: the same permutation,
+    # bit for bit, as evaluating it (forced here with a table limit of 0).
+    x = np.random.default_rng(n).integers(0, n, size=5000)
+    tabled = epoch_permutation(n=n, seed=9, task_key="t", epoch=3)
+    assert tabled._round_tables() is not None
+    monkeypatch.setattr(permutation, "TABLE_MAX_SIDE", 0)
+    computed = epoch_permutation(n=n, seed=9, task_key="t", epoch=3)
+    assert computed._round_tables() is None
+    assert np.array_equal(tabled.permute(x), computed.permute(x))
+    y = np.random.default_rng(1).integers(0, tabled.domain, size=5000, dtype=np.uint64)
+    assert np.array_equal(tabled._encrypt(y), computed._encrypt(y))

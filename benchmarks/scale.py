@@ -54,12 +54,14 @@ until the shards are written, so their bytes grow with the corpus (about 2
 bytes a token for the byte vocabulary) while their count grows with corpus /
 flush size.
 
-One run on a 2-core machine shared with other work (documents):
-  10 MB: 3.5 s, 2.8 MB/s, peak RSS 195 MB, _tmp 9 files / 20 MB, 1 shard
-  100 MB: 12.1 s, 8.3 MB/s, peak RSS 434 MB, _tmp 10 files / 201 MB, 1 shard
-  1 GB: 96.4 s, 10.4 MB/s, peak RSS 494 MB, _tmp 33 files / 2,005 MB, 8 shards
-  (about 2.5 s of start-up a build: 10.5 MB/s without it at 100 MB and 1 GB)
-  Dask, 2 workers, 100 MB: 17.0 s against 12.1 s (0.71x), shard sha256s equal
+One run on a 2-core machine shared with other work (documents, load average
+5 to 7 on its 2 cores):
+  10 MB: 4.6 s, 2.2 MB/s, peak RSS 251 MB, _tmp 13 files / 20 MB, 1 shard
+  100 MB: 11.9 s, 8.4 MB/s, peak RSS 462 MB, _tmp 68 files / 201 MB, 1 shard
+  1 GB: 110.5 s, 9.0 MB/s, peak RSS 531 MB, _tmp 67 files / 2,005 MB, 8 shards
+  Dask, 2 workers, 100 MB: 50.7 s against 11.9 s (0.23x), shard sha256s equal
+  --vocabulary sentencepiece (8,000 pieces, separate run): peak RSS 322 MB at
+  100 MB, 377 MB at 1 GB (x1.17; byte: x1.15)
 
 Usage (run it from a folder other than the repository root, whose seqcache/
 folder would shadow the installed package):

@@ -28,8 +28,7 @@ of MB/s, the workers' peak RSS, and whether every data shard's sha256
 not depend on the runner).
 
 Corpus (from ../shared/data, repeated to the requested size with a copy number
-prefixed to every record, so that copies are distinct records; byte
-vocabulary, so that the tokenizer is not the bottleneck):
+prefixed to every record, so that copies are distinct records):
   documents (default): the C4 validation sample, one JSON line per document
       (``jsonl:...#text``), about 2 KB a record;
   lines: tinyshakespeare, one record per line (``text:...``), about 40 bytes
@@ -37,6 +36,14 @@ vocabulary, so that the tokenizer is not the bottleneck):
 Half the bytes are in 8 files of equal size and half in one large file, so
 that small files are grouped into units and the large one is cut into byte
 ranges where the source reads byte ranges (the work unit count shows which).
+
+Vocabulary (``--vocabulary``):
+  byte (default): one token a UTF-8 byte, so that the tokenizer is not the
+      bottleneck;
+  sentencepiece: a unigram SentencePiece model of ``--vocab-size`` pieces
+      (default 8,000), trained once, before the builds, on one copy of the
+      corpus's records (tasks.train_sentencepiece); every build of the run
+      uses it. The training is not part of any build's figures.
 
 Machines here are noisy (shared cores): compare ratios within one run, not
 absolute numbers across runs. What should hold: MB/s stays flat as the corpus
@@ -47,16 +54,19 @@ until the shards are written, so their bytes grow with the corpus (about 2
 bytes a token for the byte vocabulary) while their count grows with corpus /
 flush size.
 
-One run on a 2-core machine shared with other work (documents):
-  10 MB: 3.5 s, 2.8 MB/s, peak RSS 195 MB, _tmp 9 files / 20 MB, 1 shard
-  100 MB: 12.1 s, 8.3 MB/s, peak RSS 434 MB, _tmp 10 files / 201 MB, 1 shard
-  1 GB: 96.4 s, 10.4 MB/s, peak RSS 494 MB, _tmp 33 files / 2,005 MB, 8 shards
-  (about 2.5 s of start-up a build: 10.5 MB/s without it at 100 MB and 1 GB)
-  Dask, 2 workers, 100 MB: 17.0 s against 12.1 s (0.71x), shard sha256s equal
+One run on a 2-core machine shared with other work (documents, load average
+5 to 7 on its 2 cores):
+  10 MB: 4.6 s, 2.2 MB/s, peak RSS 251 MB, _tmp 13 files / 20 MB, 1 shard
+  100 MB: 11.9 s, 8.4 MB/s, peak RSS 462 MB, _tmp 68 files / 201 MB, 1 shard
+  1 GB: 110.5 s, 9.0 MB/s, peak RSS 531 MB, _tmp 67 files / 2,005 MB, 8 shards
+  Dask, 2 workers, 100 MB: 50.7 s against 11.9 s (0.23x), shard sha256s equal
+  --vocabulary sentencepiece (8,000 pieces, separate run): peak RSS 322 MB at
+  100 MB, 377 MB at 1 GB (x1.17; byte: x1.15)
 
 Usage (run it from a folder other than the repository root, whose seqcache/
 folder would shadow the installed package):
   python benchmarks/scale.py [--mb 10 100 1000] [--dask-mb 100] [--corpus documents]
+                             [--vocabulary byte|sentencepiece] [--vocab-size 8000]
                              [--shard-size 128MiB] [--json out.json]
 """
 
@@ -129,6 +139,30 @@ def make_corpus(folder: pathlib.Path, target_bytes: int, kind: str, num_files: i
                     return spec, total, records
                 f, written = open(folder / names[i], "wb"), 0
         copy += 1
+
+
+def make_vocabulary(folder: pathlib.Path, kind: str, vocabulary: str, vocab_size: int) -> tuple[str, float]:
+    """The ``--vocabulary`` argument of the builds: ``"byte"``, or the path of
+    a SentencePiece model of ``vocab_size`` pieces trained on one copy of the
+    ``kind`` corpus's records (written under ``folder``).
+
+    Returns:
+      ``(vocabulary argument, training wall seconds)``; 0.0 for ``byte``.
+
+    Raises:
+      SystemExit: an unknown ``vocabulary``.
+    """
+    if vocabulary == "byte":
+        return "byte", 0.0
+    if vocabulary != "sentencepiece":
+        raise SystemExit(f"--vocabulary must be byte or sentencepiece (got {vocabulary!r})")
+    from seqcache import tasks
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model = folder / f"spm-{vocab_size}.model"
+    start = time.perf_counter()
+    tasks.train_sentencepiece(base_records(kind), output_path=str(model), vocab_size=vocab_size)
+    return str(model), round(time.perf_counter() - start, 2)
 
 
 # ---------------------------------------------------------------------------
@@ -220,14 +254,15 @@ class Sampler(threading.Thread):
 # ---------------------------------------------------------------------------
 # One build
 
-def build(spec: str, cache_dir: pathlib.Path, sys_tmp: pathlib.Path, *, extra_args=(), shard_size=None,
-          interval=0.2, worker_pids=(), dask_dir: pathlib.Path | None = None) -> dict:
-    """Runs ``seqcache build`` of ``spec`` in a child process while sampling it.
+def build(spec: str, cache_dir: pathlib.Path, sys_tmp: pathlib.Path, *, vocabulary: str = "byte", extra_args=(),
+          shard_size=None, interval=0.2, worker_pids=(), dask_dir: pathlib.Path | None = None) -> dict:
+    """Runs ``seqcache build`` of ``spec`` in a child process while sampling it;
+    ``vocabulary`` is the build's ``--vocabulary`` (``byte`` or a model path).
 
     Returns a dict of the measurements (see the module docstring); the cache
     itself is left in ``cache_dir`` (the caller reads the manifest and removes it).
     """
-    args = ["build", "--source", spec, "--vocabulary", "byte", "--name", NAME, "--cache-dir", str(cache_dir),
+    args = ["build", "--source", spec, "--vocabulary", vocabulary, "--name", NAME, "--cache-dir", str(cache_dir),
             "--json", "-v", "--on-error", "empty=skip", "--on-error", "whitespace=skip",
             "--on-error", "control_characters=keep", *extra_args]  # C4 holds a few (U+001B): kept, as records
     if shard_size:
@@ -287,7 +322,8 @@ def build(spec: str, cache_dir: pathlib.Path, sys_tmp: pathlib.Path, *, extra_ar
 
 def run_local(spec: str, raw_bytes: int, records: int, mb: float, work: pathlib.Path, args) -> dict:
     cache = work / f"cache-{mb:g}"
-    row = build(spec, cache, work / f"systmp-{mb:g}", shard_size=args.shard_size, interval=args.interval)
+    row = build(spec, cache, work / f"systmp-{mb:g}", vocabulary=args.vocabulary_arg, shard_size=args.shard_size,
+                interval=args.interval)
     shutil.rmtree(cache, ignore_errors=True)
     raw_mb = raw_bytes / 1e6
     row = {"runner": "local", "workers": 1, "mb": round(raw_mb, 1), "records": records,
@@ -301,7 +337,8 @@ def run_local(spec: str, raw_bytes: int, records: int, mb: float, work: pathlib.
 def run_dask(spec: str, raw_bytes: int, local: dict, work: pathlib.Path, args, *, address: str,
              worker_pids, dask_dir: pathlib.Path) -> dict:
     cache = work / "cache-dask"
-    row = build(spec, cache, work / "systmp-dask", shard_size=args.shard_size, interval=args.interval,
+    row = build(spec, cache, work / "systmp-dask", vocabulary=args.vocabulary_arg, shard_size=args.shard_size,
+                interval=args.interval,
                 extra_args=["--runner=dask", f"--dask_client_address={address}"], worker_pids=worker_pids,
                 dask_dir=dask_dir)
     shutil.rmtree(cache, ignore_errors=True)
@@ -356,6 +393,9 @@ def parse_args(argv=None):
                     help="corpus size of the Dask comparison, MB (0: no Dask comparison)")
     ap.add_argument("--dask-workers", type=int, default=2, help="Dask worker processes (1 thread each)")
     ap.add_argument("--corpus", default="documents", choices=["documents", "lines"])
+    ap.add_argument("--vocabulary", default="byte", choices=["byte", "sentencepiece"],
+                    help="the builds' vocabulary: byte, or a SentencePiece model trained on the corpus first")
+    ap.add_argument("--vocab-size", type=int, default=8000, help="pieces of the SentencePiece model")
     ap.add_argument("--shard-size", help="passed to seqcache build --shard-size (default: the build's, 128 MiB)")
     ap.add_argument("--interval", type=float, default=0.2, help="sampling interval, seconds")
     ap.add_argument("--work-dir", help="where corpora and caches go (default: a new folder in the temp dir)")
@@ -371,6 +411,8 @@ def main(args, start_cluster=None) -> dict:
     rows, dask = [], None
     sizes = sorted(set(args.mb))
     try:
+        args.vocabulary_arg, train_s = make_vocabulary(work / "vocabulary", args.corpus, args.vocabulary,
+                                                       args.vocab_size)
         kept = None  # the corpus of the Dask comparison, built locally already
         for mb in sizes:
             folder = work / f"corpus-{mb:g}"
@@ -401,11 +443,15 @@ def main(args, start_cluster=None) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "corpus": args.corpus, "shard_size": args.shard_size or "128MiB", "rows": rows, "dask": dask,
+        "corpus": args.corpus, "vocabulary": args.vocabulary,
+        "vocab_size": args.vocab_size if args.vocabulary == "sentencepiece" else None,
+        "vocabulary_train_s": train_s, "shard_size": args.shard_size or "128MiB", "rows": rows, "dask": dask,
     }
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=2)
+    print(f"\nvocabulary: {args.vocabulary}" + (f" ({args.vocab_size} pieces, trained in {train_s:.1f} s)"
+                                                if args.vocabulary == "sentencepiece" else ""))
     print_table(rows, dask)
     if dask is not None and not dask["sha256_equal"]:
         raise SystemExit("the Dask build's data shards differ from the local engine's")

@@ -82,6 +82,10 @@ ENTRY_OVERHEAD = 48
 # arrays): a batch of records spread over many shards adds this per shard.
 BATCH_OVERHEAD = 1300
 _HEAD = struct.Struct("<QI")
+# Example bytes a shard writer copies out of the loaded spill sections at a time
+# (``ShardEntries.chunk_bounds``): the shard itself is held once, its copies in
+# pieces of this size.
+CHUNK_BYTES = 16 << 20
 
 
 def batch_bytes(batch) -> int:
@@ -190,32 +194,50 @@ class ShardEntries:
     def __len__(self) -> int:
         return len(self.sub_index)
 
+    def chunk_bounds(self, chunk: int = 1 << 16, max_bytes: int | None = None) -> Iterator[tuple[int, int]]:
+        """``(lo, hi)`` ranges of the sorted entries, in order, covering them all:
+        each of at most ``chunk`` entries and at most ``max_bytes`` of example
+        bytes (default ``CHUNK_BYTES``; a single larger example is a range of
+        its own)."""
+        max_bytes = CHUNK_BYTES if max_bytes is None else max_bytes
+        ends = np.cumsum(self.end - self.begin, dtype=np.int64)  # example bytes up to and including entry i
+        lo, n = 0, len(ends)
+        while lo < n:
+            before = int(ends[lo - 1]) if lo else 0
+            hi = int(np.searchsorted(ends, before + max_bytes, side="right"))
+            hi = min(max(hi, lo + 1), lo + chunk, n)
+            yield lo, hi
+            lo = hi
+
+    def mean_example_bytes(self, count: int = 1 << 16) -> float:
+        """The mean size (bytes) of the first ``count`` encoded examples in
+        sorted order; 0.0 for no entries."""
+        sizes = (self.end[:count] - self.begin[:count]).tolist()
+        return sum(sizes) / len(sizes) if sizes else 0.0
+
+    def _data(self, lo: int, hi: int) -> list[bytes]:
+        parts = self.parts
+        return [parts[p][x:y] for p, x, y in
+                zip(self.part[lo:hi].tolist(), self.begin[lo:hi].tolist(), self.end[lo:hi].tolist())]
+
     def items(self, chunk: int = 1 << 16) -> Iterable[tuple[bytes, tuple[int, int]]]:
         """(encoded example, (file_index, record_number)) in sorted order; converted
-        to Python objects a chunk at a time so that memory stays near the arrays'."""
-        parts = self.parts
-        for lo in range(0, len(self.begin), chunk):
-            hi = lo + chunk
-            yield from zip(
-                (parts[p][x:y] for p, x, y in
-                 zip(self.part[lo:hi].tolist(), self.begin[lo:hi].tolist(), self.end[lo:hi].tolist())),
-                zip(self.file_index[lo:hi].tolist(), self.record_number[lo:hi].tolist()),
-            )
-
+        to Python objects a chunk at a time (``chunk_bounds``) so that memory
+        stays near the arrays'."""
+        for lo, hi in self.chunk_bounds(chunk):
+            yield from zip(self._data(lo, hi),
+                           zip(self.file_index[lo:hi].tolist(), self.record_number[lo:hi].tolist()))
 
     def record_chunks(self, chunk: int = 1 << 16) -> Iterable[tuple[list[bytes], list[bytes]]]:
         """(encoded examples, encoded provenance records) in sorted order, a
-        chunk of entries at a time, for a shard that is written as it is (no
-        packing: one segment per record, token offset 0)."""
+        chunk of entries at a time (``chunk_bounds``: at most ``chunk`` entries
+        and ``CHUNK_BYTES`` of examples, so that the copies stay small beside
+        the shard), for a shard that is written as it is (no packing: one
+        segment per record, token offset 0)."""
         from seqcache import format as fmt
 
-        parts = self.parts
-        for lo in range(0, len(self.begin), chunk):
-            hi = lo + chunk
-            provenance = fmt.encode_provenance_batch(self.file_index[lo:hi], self.record_number[lo:hi])
-            data = [parts[p][x:y] for p, x, y in
-                    zip(self.part[lo:hi].tolist(), self.begin[lo:hi].tolist(), self.end[lo:hi].tolist())]
-            yield data, provenance
+        for lo, hi in self.chunk_bounds(chunk):
+            yield self._data(lo, hi), fmt.encode_provenance_batch(self.file_index[lo:hi], self.record_number[lo:hi])
 
 
 def _parse(buf: bytes, num_features: int, where: str) -> dict:

@@ -513,12 +513,17 @@ class WriteGroup:
                 yield row, [(prov[0], prov[1], offset) for prov, offset in segments]
 
         examples = {"lm": packed, "first_fit": first_fit}.get(self.packing, unpacked)()
+        # Unpacked, the format's group size rule (the mean of the first 65,536
+        # records) is applied here: the writer's first chunk may be fewer records.
+        group_size = (fmt.group_size_for(entries.mean_example_bytes(1 << 16))
+                      if self.packing not in ("lm", "first_fit") and len(entries) else None)
         entry = writer.write_shard(
             self.out_dir,
             index=shard,
             num_shards=self.num_shards,
             features=self.features_out,
             examples=examples,
+            group_size=group_size,
         )
         return {"kind": "shard", "shard": shard, "entry": entry, "statistics": st.to_json()}
 

@@ -21,3 +21,18 @@ def test_feeder_benchmark_runs_from_the_repository_root(tmp_path):
     # The RSS child (a fresh interpreter) opened the cache and read a batch.
     rss = {k: v for k, v in report.items() if "rss" in k.lower()}
     assert rss and all(isinstance(v, (int, float)) and v > 0 for v in rss.values()), report
+
+
+def test_scale_benchmark_builds_with_a_sentencepiece_model(tmp_path):
+    out = tmp_path / "scale.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/scale.py", "--mb", "0.5", "--dask-mb", "0", "--vocabulary", "sentencepiece",
+         "--vocab-size", "1000", "--corpus", "documents", "--work-dir", str(tmp_path), "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["vocabulary"] == "sentencepiece" and report["vocab_size"] == 1000, report
+    (row,) = report["rows"]
+    # The byte vocabulary stores at least 2 bytes a raw byte (a uint16 token a
+    # byte); 1,000 pieces hold several characters each.
+    assert row["examples"] == row["records"] > 0 and 0 < row["cache_mb"] < 2 * row["mb"], row

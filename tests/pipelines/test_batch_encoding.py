@@ -183,3 +183,23 @@ def test_shard_sort_order_equals_a_five_key_lexsort(distinct):
     recs = rng.permutation(n).astype(np.uint64)
     expect = np.lexsort((recs, files, sub, lo, hi))
     assert np.array_equal(spill.sort_order(hi, lo, sub, files, recs), expect)
+
+
+def test_shard_entries_chunk_bounds_cover_the_shard_within_the_limits():
+    from seqcache.pipelines import spill
+
+    sizes = np.array([5, 1, 30, 2, 2, 2, 9, 0, 4], dtype=np.int64)
+    end = np.cumsum(sizes)
+    n = len(sizes)
+    u4 = np.zeros(n, np.uint32)
+    entries = spill.ShardEntries(u4, u4, np.arange(n, dtype=np.uint64), u4, np.zeros((n, 1), np.uint32),
+                                 np.zeros(n, np.int32), end - sizes, end, [bytes(range(int(end[-1])))])
+    bounds = list(entries.chunk_bounds(chunk=3, max_bytes=8))
+    # Contiguous, in order, every entry once; at most 3 entries and 8 bytes a
+    # range, except the 30- and 9-byte examples, each a range of its own.
+    assert bounds == [(0, 2), (2, 3), (3, 6), (6, 7), (7, 9)]
+    assert list(entries.chunk_bounds(chunk=100, max_bytes=1000)) == [(0, n)]
+    assert entries.mean_example_bytes(2) == 3.0 and entries.mean_example_bytes() == sizes.mean()
+    records = [r for data, _ in entries.record_chunks(chunk=2) for r in data]
+    assert records == [bytes(range(int(a), int(b))) for a, b in zip(end - sizes, end)]
+    assert all(type(r) is bytes for r in records)

@@ -169,13 +169,14 @@ def print_tokenizer_rows(rows: list[dict]) -> None:
 
 def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
           num_shards: int | None = None, details: dict | None = None,
-          extra: tuple[str, ...] = ()) -> tuple[float, dict, float]:
+          extra: tuple[str, ...] = (), cpus: set[int] | None = None) -> tuple[float, dict, float]:
     """Runs ``seqcache build`` in a child process; returns (seconds, statistics,
     peak RSS of the build process tree in MB). ``details``, when given, gets
     ``cpu_s`` (user + system CPU seconds of the build and its waited-for
     workers) and ``build_task_s`` (the seconds ``build_task`` itself reports:
     planning, the pipeline and the manifest, without interpreter start-up and
-    imports before it)."""
+    imports before it). ``cpus``: the CPUs the build (and its worker
+    processes) may run on (``os.sched_setaffinity``), or None for all."""
     args = ["build", "--source", spec, "--vocabulary", model_path, "--name", name, "--cache-dir", cache_dir, "--json"]
     # The bound encodes every record: keep them all (the content checks still run).
     args += ["--on-error", "empty=keep", "--on-error", "whitespace=keep", "--on-error", "control_characters=keep"]
@@ -187,8 +188,9 @@ def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
     code = "import sys; from seqcache.cli import main; sys.argv = ['seqcache'] + sys.argv[1:]; main()"
     start = time.perf_counter()
     log = tempfile.TemporaryFile()
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=log, stderr=subprocess.STDOUT,
-                            cwd=tempfile.gettempdir())
+                            cwd=tempfile.gettempdir(), preexec_fn=pin)
     _, status, usage = os.wait4(proc.pid, 0)  # this build's own peak RSS (and its waited-for workers')
     proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - start
@@ -425,7 +427,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "its small builds are the --mb builds)")
     ap.add_argument("--scaling", type=int, metavar="SHARDS", default=0,
                     help="also build each case with 1 and with --workers worker processes (multi_processing), "
-                    "SHARDS shards each, alternating: wall-clock speed-up, and whether the shards are the same bytes")
+                    "SHARDS shards each, alternating, each on as many CPUs as it has workers: wall-clock "
+                    "speed-up, and whether the shards are the same bytes (replaces the throughput table)")
     return ap.parse_args(argv)
 
 
@@ -506,13 +509,14 @@ def memory_rows(tmp: pathlib.Path, model: str, mb: float) -> list[dict]:
 
 
 def scaling_row(tmp: pathlib.Path, case: str, model: str, args: argparse.Namespace) -> dict:
-    """One case built ``args.repeat`` times with one worker (the local engine
-    in_memory, the fastest way to use one core) and with ``args.workers`` worker
-    processes (``multi_processing``; ``args.scaling`` shards both, so that
-    the shard count does not follow the workers), alternating: the median
-    wall-clock speed-up (1-worker seconds over N-worker seconds) with its range,
-    the CPU seconds of each, and whether every build's shards have the same
-    sha256 (G1)."""
+    """One case built ``args.repeat`` times with one worker on one CPU (the
+    local engine in_memory, the fastest way to use one core, pinned to it:
+    SentencePiece's own threads would otherwise use the other cores) and with
+    ``args.workers`` worker processes on as many CPUs (``multi_processing``;
+    ``args.scaling`` shards both, so that the shard count does not follow the
+    workers), alternating: the median wall-clock speed-up (1-worker seconds
+    over N-worker seconds) with its range, the CPU seconds of each, and whether
+    every build's shards have the same sha256 (G1)."""
     from seqcache import format as fmt
 
     folder = tmp / f"scaling-{case}"
@@ -526,7 +530,8 @@ def scaling_row(tmp: pathlib.Path, case: str, model: str, args: argparse.Namespa
         for workers in ((1, args.workers) if k % 2 == 0 else (args.workers, 1)):
             cache = folder / f"cache-{workers}-{k}"
             d = {}
-            s, _, _ = build(spec, model, str(cache), workers, case, num_shards=args.scaling, details=d)
+            s, _, _ = build(spec, model, str(cache), workers, case, num_shards=args.scaling, details=d,
+                            cpus=set(sorted(os.sched_getaffinity(0))[:workers]))
             seconds[workers].append(s)
             cpu[workers].append(d["cpu_s"])
             out = cache / case / "train"
@@ -609,7 +614,7 @@ def measure(args: argparse.Namespace) -> dict:
     results = {"throughput": [], "memory": [], "t5": [], "tokenizers": [], "startup": None, "group_size": []}
     try:
         model, bpe = train_vocabularies(tmp, args.tokenizers)
-        for case in [c for c in args.cases.split(",") if c and not args.incremental]:
+        for case in [c for c in args.cases.split(",") if c and not (args.incremental or args.scaling)]:
             row, tokenizers = measure_case(tmp, case, model, bpe, args)
             if tokenizers is not None:
                 results["tokenizers"].append(tokenizers)

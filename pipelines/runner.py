@@ -149,14 +149,41 @@ def local_engine(options):
     makes it: with the pipeline options in its provision info, so that worker
     processes (``--direct_running_mode=multi_processing``) see them too (the
     object-store options their file systems need, the harness log level). A
-    ``FnApiRunner`` made from its name alone gives its workers no options."""
+    ``FnApiRunner`` made from its name alone gives its workers no options.
+    Its worker processes start through ``seqcache.pipelines.worker_main``,
+    which imports Beam as the build does (without pandas)."""
     from apache_beam.portability.api import beam_provision_api_pb2
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
-    return fn_runner.FnApiRunner(provision_info=info)
+    return _local_engine_class()(provision_info=info)
+
+
+# The worker command Beam's local engine gives multi_processing workers, and ours.
+_BEAM_WORKER_MAIN = "-m apache_beam.runners.worker.sdk_worker_main"
+_SEQCACHE_WORKER_MAIN = "-m seqcache.pipelines.worker_main"
+
+
+def _local_engine_class():
+    """``FnApiRunner`` whose multi_processing workers start through
+    ``seqcache.pipelines.worker_main`` (Beam imported without pandas); any
+    other environment is left as Beam made it."""
+    import sys
+
+    from apache_beam.portability import python_urns
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+
+    class LocalEngine(fn_runner.FnApiRunner):
+        def run_via_runner_api(self, pipeline_proto, options):
+            beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
+            for env in pipeline_proto.components.environments.values():
+                if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command:
+                    env.payload = f"{sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
+            return super().run_via_runner_api(pipeline_proto, options)
+
+    return LocalEngine
 
 
 def known_flags(*, dask: bool = True) -> set[str]:

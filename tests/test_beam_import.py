@@ -1,6 +1,7 @@
 """``seqcache.fs.import_beam`` imports Beam without pandas (which Beam would
 import only to register pandas batch types) and leaves pandas importable and
-working afterwards; a pipeline still runs. Each check in a fresh interpreter."""
+working afterwards; a pipeline still runs, and the local engine's worker
+processes import Beam the same way. Each check in a fresh interpreter."""
 
 import json
 import subprocess
@@ -50,3 +51,35 @@ def test_beam_is_imported_without_pandas_and_pandas_still_works():
 def test_pandas_imported_first_leaves_beams_import_alone():
     pytest.importorskip("pandas")
     assert _run(ALREADY) == {"pandas_types": True}
+
+
+WORKERS = r'''
+import json, sys
+from seqcache import fs
+from seqcache.pipelines import runner
+
+beam = fs.import_beam()
+options, name = runner.pipeline_options(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+
+
+def probe(_):
+    import os, sys
+    return json.dumps([os.getpid(), "pandas" in sys.modules, sys.argv[0]])
+
+
+with beam.Pipeline(runner=runner.local_engine(options), options=options) as p:
+    _ = (p | beam.Create(range(8)) | beam.Reshuffle() | beam.Map(probe)
+         | beam.io.WriteToText(sys.argv[1], shard_name_template=""))
+
+'''
+
+
+def test_local_engine_workers_import_beam_without_pandas(tmp_path):
+    pytest.importorskip("pandas")
+    out = tmp_path / "probe.txt"
+    done = subprocess.run([sys.executable, "-c", WORKERS, str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 8
+    assert {pandas for _, pandas, _ in rows} == {False}
+    assert all(argv0.endswith("worker_main.py") for _, _, argv0 in rows), rows

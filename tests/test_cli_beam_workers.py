@@ -189,7 +189,7 @@ def test_interrupted_build_exits_130_and_leaves_no_worker(tmp_path, signum, to_g
         opener.join(timeout=TIMEOUT_S)
         assert "gate" in held, f"the build never reached its worker: {proc.poll()=}"
         running = _processes_with(marker)
-        assert any("sdk_worker_main" in cmd for cmd in running.values()), running
+        assert any("seqcache.pipelines.worker_main" in cmd for cmd in running.values()), running
         # The worker stays blocked reading the gate: the command has to stop it.
         if to_group:
             os.killpg(proc.pid, signum)

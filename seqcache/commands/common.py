@@ -146,7 +146,7 @@ def worker_stderr(*, verbose: bool):
 
     Beam's DirectRunner writes outside of ``logging``'s reach: in
     ``multi_processing`` mode each SDK worker is a ``python -m
-    apache_beam.runners.worker.sdk_worker_main`` subprocess that inherits
+    seqcache.pipelines.worker_main`` subprocess (Beam's ``sdk_worker_main``) that inherits
     descriptor 2 and logs to it before it has read the pipeline options (an
     import-time ``apitools`` warning, "Logging handler created"); in
     ``multi_processing`` and ``multi_threading`` modes a worker ``print``-s a

@@ -33,6 +33,22 @@ def _row_groups(pf) -> list[tuple[int, int]]:
     return out
 
 
+def _python_values(array) -> list:
+    """``array.to_pylist()``; for a string column holding bytes that are not
+    UTF-8 (Parquet writers need not check), the values as ``bytes``, so that
+    the ``invalid_utf8`` policy decides each row (as for a binary column)
+    instead of the whole file failing."""
+    import pyarrow as pa
+
+    try:
+        return array.to_pylist()
+    except UnicodeDecodeError:
+        if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)
+                or getattr(pa.types, "is_string_view", lambda t: False)(array.type)):
+            raise
+        return array.cast(pa.large_binary()).to_pylist()
+
+
 class ParquetSource(_FileSource):
     """One record per row of Parquet files, read with pyarrow in record batches.
 
@@ -113,7 +129,7 @@ class ParquetSource(_FileSource):
         path, file_index = split.path, split.file_index
         wanted = sorted(set(self.columns.values()))
         for number, batch in self._arrow_batches(split, wanted):
-            values = {c: batch.column(c).to_pylist() for c in wanted}
+            values = {c: _python_values(batch.column(c)) for c in wanted}
             for i in range(batch.num_rows):
                 yield self._row(file_index, number + i, path, {c: values[c][i] for c in wanted})
 
@@ -134,11 +150,17 @@ class ParquetSource(_FileSource):
         path, file_index = split.path, split.file_index
         for number, batch in self._arrow_batches(split, [column]):
             array = batch.column(column)
+            columns = None
             if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
-                numbers, texts, raws, odd = self._column_records(file_index, path, number, column, array)
-            else:  # not text (bytes, numbers): row by row
+                try:
+                    columns = self._column_records(file_index, path, number, column, array)
+                except UnicodeDecodeError:  # a value that is not UTF-8 (its writer did not check): row by row
+                    pass
+            if columns is not None:
+                numbers, texts, raws, odd = columns
+            else:  # not text (bytes, numbers), or text that is not UTF-8: row by row
                 records = [self._row(file_index, number + i, path, {column: v})
-                           for i, v in enumerate(array.to_pylist())]
+                           for i, v in enumerate(_python_values(array))]
                 numbers, texts, raws = [r.record_number for r in records], [None] * len(records), \
                     [r.raw for r in records]
                 odd = dict(enumerate(records))

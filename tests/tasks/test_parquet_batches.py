@@ -128,3 +128,27 @@ def test_column_escapes_equal_json_dumps():
         assert escaped[out[i]:out[i + 1]] == json.dumps(v, ensure_ascii=False)[1:-1].encode("utf-8"), v
     plain = b"no escapes at all"
     assert json_string_bodies(plain, np.array([0, 3, len(plain)])) == (plain, [0, 3, len(plain)])
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_string_column_with_bytes_that_are_not_utf8_follows_the_policy(tmp_path, large):
+    # Parquet writers need not check a string column's UTF-8: the invalid_utf8
+    # policy decides each row, as for a binary column, and errors name the row.
+    kind, raw_kind = (pa.large_string(), pa.large_binary()) if large else (pa.string(), pa.binary())
+    values = pa.array([b"fine", b"bad \xff byte", b"also fine"], type=raw_kind).view(kind)
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"text": values}), path)
+    file = SourceFile(str(path), path.stat().st_size, 0)
+    for policy, texts in (("skip", ["fine", "also fine"]), ("replace", ["fine", "bad \ufffd byte", "also fine"])):
+        source = ParquetSource(str(path), on_error={"invalid_utf8": policy})
+        (split,) = source.splits(0, file, 1 << 30)
+        expect = list(source.read_split(split))
+        flat = [b[i] for b in source.read_batches(split, 2) for i in range(len(b))]
+        assert flat == expect
+        assert [r.data["text"] for r in flat if r.issue is None or r.issue.action != "skipped"] == texts
+        (bad,) = [r for r in flat if r.issue is not None]
+        assert bad.record_number == 1 and "row index 1" in bad.issue.message and "UTF-8" in bad.issue.message
+    source = ParquetSource(str(path), on_error={"invalid_utf8": "raise"})
+    (split,) = source.splits(0, file, 1 << 30)
+    with pytest.raises(ValueError, match=r"rows\.parquet.*row index 1.*UTF-8"):
+        list(source.read_batches(split, 2))

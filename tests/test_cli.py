@@ -78,8 +78,10 @@ def test_usage_errors_and_warnings(tmp_path, corpora):
 
     cache = os.path.join(tmp_path, "c", "t", "train")
     n = json.loads(runner.invoke(main, ["info", cache, "--json"]).output)["num_examples"]
-    shown = json.loads(runner.invoke(main, ["show", cache, "--index", str(n - 2), "--count", "5", "--json"]).output)
-    assert [s["index"] for s in shown] == [n - 2, n - 1]  # stops at the end
+    near_end = runner.invoke(main, ["show", cache, "--index", str(n - 2), "--count", "5", "--json"])
+    shown = json.loads(near_end.stdout)
+    assert [s["index"] for s in shown] == [n - 2, n - 1]  # stops at the end, and says so
+    assert f"showing 2 of the 5 asked for, from index {n - 2:,}" in near_end.stderr
     assert runner.invoke(main, ["show", cache, "--count", "0"]).exit_code == 2
     # info still describes a cache with a damaged shard, warns and exits 1.
     shard = sorted(f for f in os.listdir(cache) if f.startswith("data."))[0]

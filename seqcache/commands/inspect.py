@@ -201,9 +201,13 @@ def show(ctx, cache_dir, indices, count, ids, max_chars, as_json):
         raise click.BadParameter(f"must be >= 1 (got {count})", param_hint="--count")
     reader = _open(cache_dir, open_shards=False)  # reads only the shards it shows
     try:
+        total = len(reader)
         examples, provenance, vocabs, indices = _read_for_show(reader, cache_dir, indices, count)
     finally:
         reader.close()
+    if count is not None and len(indices) < count:
+        click.echo(f"note: {cache_dir} has {total:,} examples (indices 0..{total - 1:,}): showing "
+                   f"{len(indices):,} of the {count:,} asked for, from index {indices[0]:,}", err=True)
     out = [_describe_example(i, ex, prov, vocabs, ids) for i, ex, prov in zip(indices, examples, provenance)]
     if as_json:
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))

@@ -6,21 +6,20 @@ from typing import Iterator, Mapping, Sequence
 
 from seqcache import fs
 from seqcache.tasks.sources.base import (
+    RecordBatch,
     Split,
     SourceFile,
     SourceRecord,
     _check_target,
+    _encode_json_string,
     _FileSource,
     _json_default,
     _read_error,
-    RecordBatch,
-    _encode_json_string,
     _text_of_bytes,
-    json_string_bodies,
     canonical_json_bytes,
+    json_string_bodies,
 )
 from seqcache.tasks.sources.policy import suspect_utf8_values
-
 
 
 def _row_groups(pf) -> list[tuple[int, int]]:
@@ -182,7 +181,7 @@ class ParquetSource(_FileSource):
         _, offsets, data = array.buffers()
         dtype = "<i8" if pa.types.is_large_string(array.type) else "<i4"
         offs = np.frombuffer(offsets, dtype=dtype)[array.offset:array.offset + n + 1] if n else np.zeros(1, np.int64)
-        values = data.to_pybytes()[int(offs[0]):int(offs[-1])] if data is not None and n else b""
+        values = bytes(memoryview(data)[int(offs[0]):int(offs[-1])]) if data is not None and n else b""
         odd_rows = {i for i, t in enumerate(texts) if not t or t.isspace()}  # None, "" and whitespace-only
         odd_rows.update(suspect_utf8_values(np.frombuffer(values, np.uint8), offs).tolist())
         escaped, out = json_string_bodies(values, offs)

@@ -197,6 +197,10 @@ def _sources(m: fmt.Manifest, names: Sequence[str], top: int) -> dict:
     if table is not None:
         examples = table["examples"]
         tokens = {n: table["tokens"].get(n) or [0] * len(files) for n in names}
+        for what, values in [("examples", examples), *((f"tokens.{n}", v) for n, v in tokens.items())]:
+            if len(values) != len(files):
+                raise ValueError(f"the manifest's statistics.source_files.{what} has {len(values)} entries for "
+                                 f"{len(files)} source files (a manifest edited by hand?); rebuild the cache")
     for i, f in enumerate(files):
         row = {"source_index": i, "path": f.get("path"), "num_bytes": f.get("num_bytes")}
         if table is not None:

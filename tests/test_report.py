@@ -113,6 +113,17 @@ def test_report_of_a_cache_built_before_the_new_statistics(c4_cache, tmp_path):
     assert "not recorded by the build" in page and page.count("<img ") == 4  # packing, files, quarantine, shards
 
 
+def test_report_of_a_manifest_whose_source_table_does_not_fit_its_sources(c4_cache, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(c4_cache, bad)
+    raw = json.loads((bad / "manifest.json").read_text())
+    raw["statistics"]["source_files"]["examples"].append(7)
+    (bad / "manifest.json").write_text(json.dumps(raw))
+    result = CliRunner().invoke(main, ["report", str(bad), "--json"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "statistics.source_files.examples has 2 entries for 1 source files" in result.output
+
+
 def test_report_of_a_mixture(c4_cache, tmp_path):
     """Shares and epochs follow the feeder's own assignment of positions."""
     from seqcache.feeders import mixing

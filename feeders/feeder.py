@@ -256,7 +256,7 @@ class Feeder:
         valid = loc.valid
         all_valid = bool(valid.all())
         if len(self.readers) == 1:
-            tasks = [0] if all_valid or valid.any() else []
+            tasks = [0] if valid.any() else []  # no np.unique for one task
         else:
             tasks = np.unique(loc.task[valid]).tolist()
         if not tasks:  # every row is padding

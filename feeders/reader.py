@@ -252,9 +252,7 @@ class CacheReader:
         shards = shard_of[bounds[:-1]].tolist()
         records: list[bytes] = []
         for s, lo, hi in zip(shards, bounds, bounds[1:]):
-            reader = table[s]
-            if reader is None:
-                reader = self._open(table, s, names[s])
+            reader = self._open(table, s, names[s])  # an open shard's reader, without the lock
             offsets = offsets_all[lo:hi]
             try:
                 records.extend(reader.read(offsets))

@@ -47,20 +47,12 @@ def _record_matrix(records: Sequence[bytes], width: int) -> np.ndarray:
 
 
 def _measured_matrix(records: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, int]:
-    """(``_record_matrix`` of the records, their lengths int64 (n,), its width W).
-
-    The matrix first, at the width of this thread's previous batch (the same,
-    batch after batch), then the lengths: they then read records the copy has
-    just brought into the CPU caches. Built again at the right width (the
-    longest record, rounded up to 8 bytes) when the batch needs another."""
-    guess = getattr(_scratch, "width", 0)
-    mat = _record_matrix(records, guess) if guess else None
+    """(``_record_matrix`` of the records, their lengths int64 (n,), its width W:
+    the longest record, rounded up to 8 bytes). One copy of the records, whatever
+    the lengths of the batch before."""
     lens = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
     width = max(8, (int(lens.max()) + 7) // 8 * 8)
-    if width != guess:
-        mat = _record_matrix(records, width)
-        _scratch.width = width
-    return mat, lens, width
+    return _record_matrix(records, width), lens, width
 
 
 def _gather_u32(mat: np.ndarray, offsets: np.ndarray, uniform: int | None) -> np.ndarray:

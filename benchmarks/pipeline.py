@@ -185,7 +185,7 @@ def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
     if num_shards:
         args += ["--num-shards", str(num_shards)]
     args += list(extra)
-    code = "import sys; from seqcache.cli import main; sys.argv = ['seqcache'] + sys.argv[1:]; main()"
+    code = "import sys; from seqcache.cli import run; sys.argv = ['seqcache'] + sys.argv[1:]; run()"
     start = time.perf_counter()
     log = tempfile.TemporaryFile()
     pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))

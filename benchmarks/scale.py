@@ -90,7 +90,7 @@ import psutil
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 NAME = "scale"
-CLI = "import sys; from seqcache.cli import main; sys.argv = ['seqcache'] + sys.argv[1:]; main()"
+CLI = "import sys; from seqcache.cli import run; sys.argv = ['seqcache'] + sys.argv[1:]; run()"
 
 
 # ---------------------------------------------------------------------------

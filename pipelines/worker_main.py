@@ -8,16 +8,24 @@ instead of ``python -m apache_beam.runners.worker.sdk_worker_main``; the
 arguments and the environment are Beam's.
 """
 
+import gc
 import sys
 
 from seqcache import fs
 
 
 def main(argv=None) -> None:
+    """Runs Beam's worker until its runner closes the control channel; then the
+    objects left are frozen (``gc.freeze``), so that the process exits without
+    walking them in its cyclic garbage collections (about 0.4 s that the
+    runner waits for at the end of a build)."""
     fs.import_beam()
     from apache_beam.runners.worker import sdk_worker_main
 
-    sdk_worker_main.main(sys.argv if argv is None else argv)
+    try:
+        sdk_worker_main.main(sys.argv if argv is None else argv)
+    finally:
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ assembles the group. Commands import heavy dependencies (Beam, JAX) lazily so th
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
@@ -61,5 +62,21 @@ def _register():
 
 _register()
 
+
+def run():
+    """The ``seqcache`` executable: runs the command line (``main``), then
+    exits without the interpreter's cyclic garbage collections at exit.
+
+    The objects left when a command ends (Beam's, protobuf's, the caches'
+    tables: well over 100,000) are frozen (``gc.freeze``) as the command
+    returns, so that finalisation does not walk them again and again: about
+    0.4 s of every command that imports Beam. Every file a command writes is
+    closed before it returns; atexit handlers still run."""
+    try:
+        main()
+    finally:
+        gc.freeze()
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -48,6 +48,11 @@ class FileSystemError(OSError):
 _EXTRAS = {"s3": "s3", "gs": "gcs"}
 
 
+# What Beam imports at start-up only for clients a local build does not call
+# (S3, GCP metadata, HTTP): imported deferred, loaded on first use.
+BEAM_DEFERRED_MODULES = ("boto3", "requests", "httplib2")
+
+
 def import_beam():
     """Imports Beam (``apache_beam``) without its import-time warning about
     optional GCP client libraries (root logger, WARNING), which says nothing
@@ -59,8 +64,15 @@ def import_beam():
     of CPU of a build's fixed cost). While Beam is imported here,
     ``import pandas`` fails (Beam then leaves those types out); afterwards it
     works as before, for whoever needs it. When pandas is already imported,
-    Beam's import is left alone."""
+    Beam's import is left alone.
+
+    The clients Beam imports for object stores and HTTP (boto3, requests,
+    httplib2; ``BEAM_DEFERRED_MODULES``) are deferred
+    (``seqcache.deferred``): imported, and loaded on their first use, about
+    0.35 s less for a build that never calls them."""
     if "apache_beam.io.filesystems" not in sys.modules:
+        from seqcache.deferred import deferring
+
         root = logging.getLogger()
         level = root.level
         root.setLevel(logging.ERROR)
@@ -68,8 +80,9 @@ def import_beam():
         if hide_pandas:
             sys.modules["pandas"] = None  # an import of it raises ImportError
         try:
-            import apache_beam  # noqa: F401
-            import apache_beam.io.filesystems  # noqa: F401
+            with deferring(BEAM_DEFERRED_MODULES):
+                import apache_beam  # noqa: F401
+                import apache_beam.io.filesystems  # noqa: F401
         finally:
             root.setLevel(level)
             if hide_pandas and "pandas" in sys.modules and sys.modules["pandas"] is None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import logging
 import os
 import shutil
@@ -79,11 +80,17 @@ def import_beam():
         hide_pandas = "pandas" not in sys.modules
         if hide_pandas:
             sys.modules["pandas"] = None  # an import of it raises ImportError
+        # Beam's import makes some 150,000 objects that live as long as the
+        # process; collections while it runs would only walk them again.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             with deferring(BEAM_DEFERRED_MODULES):
                 import apache_beam  # noqa: F401
                 import apache_beam.io.filesystems  # noqa: F401
         finally:
+            if collecting:
+                gc.enable()
             root.setLevel(level)
             if hide_pandas and "pandas" in sys.modules and sys.modules["pandas"] is None:
                 del sys.modules["pandas"]

@@ -532,7 +532,7 @@ def _chunk_table(stream: IndexStream, paths: Sequence[str], positions: np.ndarra
         "cache_index": pa.array(np.where(valid_rows, loc.cache_index[all_rows], 0), mask=~valid_rows),
         "shard": pa.array(shard_names, pa.string()),
         "record": pa.array(record_offsets, mask=~is_seg),
-        "segment": pa.array(np.where(is_seg, segno[segi], 0).astype(np.int32), mask=~is_seg),
+        "segment": pa.array(full(segno, np.int32), mask=~is_seg),
         "source_index": seg_col(segments.source_index, np.int64),
         "source": pa.array(src_path, pa.string()),
         "locator": pa.array(src_loc, pa.string()),

@@ -91,3 +91,21 @@ def test_which_steps_writes_parquet_from_a_cache_and_from_a_saved_state(tmp_path
     assert pq.read_table(out).column("cache_index").to_pylist() == want.column("cache_index").to_pylist()
     bad = CliRunner().invoke(cli, ["which", path, "--steps", "6:3", "--batch-size", str(B), "--output", str(out)])
     assert bad.exit_code == 2 and "--steps" in bad.output
+
+
+def test_trace_of_steps_that_are_only_padding(tmp_path, fx):
+    """A finite run's steps past its end hold only padding rows: one row of nulls
+    each, as ``which`` reports them (a chunk without any segment)."""
+    fx.write_fixture_cache(tmp_path / "a", n=6, task="a")
+    with Feeder(cache=str(tmp_path / "a"), global_batch_size=B, sequence_length=8, host_index=0, host_count=1,
+                num_epochs=1) as f:
+        last = f.num_steps - 1
+        t = f.trace([last + 1, last + 2], text=True)
+        assert [f.which(s, r)["padding"] for s in (last + 1, last + 2) for r in range(B)] == [True] * (2 * B)
+        mixed = f.trace([last, last + 1])
+    rows = t.to_pylist()
+    assert [(x["step"], x["row"], x["padding"]) for x in rows] == [(s, r, True) for s in (last + 1, last + 2)
+                                                                   for r in range(B)]
+    assert {x["segment"] for x in rows} == {None} and {x["cache_index"] for x in rows} == {None}
+    kinds = [(x["step"], x["padding"]) for x in mixed.to_pylist()]
+    assert (last, False) in kinds and (last + 1, True) in kinds

@@ -277,7 +277,7 @@ def child_cpu(code: str) -> tuple[float, float]:
 # a step's cost is its CPU time minus the previous step's). Each step exits as
 # the ``seqcache`` executable does (the heap frozen, ``seqcache.cli.run``); the
 # rows in parentheses show what the build's import choices save.
-_BEAM = "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.import_beam()"
+_BEAM = "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.own_process(); fs.import_beam()"
 _FREEZE = "; import gc; gc.freeze()"
 STARTUP_STEPS = (
     ("interpreter", "pass" + _FREEZE),
@@ -288,9 +288,11 @@ STARTUP_STEPS = (
     ("Beam's Dask runner (options only)", _BEAM + "; from apache_beam.runners.portability.fn_api_runner import fn_runner; "
      "import apache_beam.runners.dask.dask_runner" + _FREEZE),
     ("(the same Beam import, exit not frozen)", _BEAM),
-    ("(Beam with its clients: nothing deferred)",
-     "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.BEAM_DEFERRED_MODULES = (); "
-     "fs.import_beam()" + _FREEZE),
+    ("(the same, with its clients: nothing deferred)",
+     "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.own_process(); "
+     "fs.BEAM_DEFERRED_MODULES = (); fs.import_beam()" + _FREEZE),
+    ("(the same, with pymongo: as build_task's caller)",
+     "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.import_beam()" + _FREEZE),
     ("(Beam, a plain import: with pandas, clients)", "import seqcache.cli, seqcache.pipelines.build, apache_beam" + _FREEZE),
 )
 

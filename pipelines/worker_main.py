@@ -1,7 +1,8 @@
 """A worker process of Beam's local engine (``--direct_running_mode=multi_processing``):
 Beam's own ``sdk_worker_main``, with Beam imported as the build imports it
-(``seqcache.fs.import_beam``: without pandas, about 0.65 s of CPU less per
-worker, before any work).
+(``seqcache.fs.import_beam`` in one of seqcache's own processes: without
+pandas and pymongo, with its object-store clients deferred), so that each
+worker starts sooner.
 
 ``runner.local_engine`` starts workers with ``python -m seqcache.pipelines.worker_main``
 instead of ``python -m apache_beam.runners.worker.sdk_worker_main``; the
@@ -18,7 +19,9 @@ def main(argv=None) -> None:
     """Runs Beam's worker until its runner closes the control channel; then the
     objects left are frozen (``gc.freeze``), so that the process exits without
     walking them in its cyclic garbage collections (about 0.4 s that the
-    runner waits for at the end of a build)."""
+    runner waits for at the end of a build). The process is seqcache's own
+    (``seqcache.fs.own_process``)."""
+    fs.own_process()
     fs.import_beam()
     from apache_beam.runners.worker import sdk_worker_main
 

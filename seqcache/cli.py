@@ -71,7 +71,11 @@ def run():
     tables: well over 100,000) are frozen (``gc.freeze``) as the command
     returns, so that finalisation does not walk them again and again: about
     0.4 s of every command that imports Beam. Every file a command writes is
-    closed before it returns; atexit handlers still run."""
+    closed before it returns; atexit handlers still run. The process is
+    seqcache's own (``seqcache.fs.own_process``)."""
+    from seqcache import fs
+
+    fs.own_process()
     try:
         main()
     finally:

@@ -1,7 +1,9 @@
 """``seqcache.fs.import_beam`` imports Beam without pandas (which Beam would
 import only to register pandas batch types) and leaves pandas importable and
 working afterwards; a pipeline still runs, and the local engine's worker
-processes import Beam the same way. Each check in a fresh interpreter."""
+processes import Beam the same way. In seqcache's own processes (the
+executable, the workers) pymongo is left out too, and only there. Each check
+in a fresh interpreter."""
 
 import json
 import subprocess
@@ -64,7 +66,7 @@ options, name = runner.pipeline_options(["--direct_running_mode=multi_processing
 
 def probe(_):
     import os, sys
-    return json.dumps([os.getpid(), "pandas" in sys.modules, sys.argv[0]])
+    return json.dumps([os.getpid(), "pandas" in sys.modules, sys.argv[0], "pymongo" in sys.modules])
 
 
 with beam.Pipeline(runner=runner.local_engine(options), options=options) as p:
@@ -81,5 +83,31 @@ def test_local_engine_workers_import_beam_without_pandas(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 8
-    assert {pandas for _, pandas, _ in rows} == {False}
-    assert all(argv0.endswith("worker_main.py") for _, _, argv0 in rows), rows
+    assert {pandas for _, pandas, _, _ in rows} == {False}
+    assert {pymongo for _, _, _, pymongo in rows} == {False}  # a worker is seqcache's own process
+    assert all(argv0.endswith("worker_main.py") for _, _, argv0, _ in rows), rows
+
+
+OWN = r'''
+import json, sys
+from seqcache import fs
+
+if sys.argv[1] == "own":
+    fs.own_process()
+fs.import_beam()
+import apache_beam.io.mongodbio as mongodbio
+out = {"pymongo_after_beam": "pymongo" in sys.modules, "beam_mongo_client": mongodbio.MongoClient is not None}
+import pymongo  # imports as usual afterwards
+out["pymongo"] = bool(pymongo.version)
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("kind", ["own", "library"])
+def test_pymongo_is_left_out_of_beam_only_in_seqcaches_own_processes(kind):
+    pytest.importorskip("pymongo")
+    done = subprocess.run([sys.executable, "-c", OWN, kind], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    own = kind == "own"
+    assert out == {"pymongo_after_beam": not own, "beam_mongo_client": not own, "pymongo": True}

@@ -275,8 +275,8 @@ def child_cpu(code: str) -> tuple[float, float]:
 
 # What a build's fixed cost is made of, step by step (each a fresh interpreter;
 # a step's cost is its CPU time minus the previous step's). Each step exits as
-# the ``seqcache`` executable does (the heap frozen, ``seqcache.cli.run``); the
-# rows in parentheses show what the build's import choices save.
+# the ``seqcache`` executable does (the heap frozen, ``seqcache.cli.run``) and
+# imports Beam as it does (``fs.own_process``).
 _BEAM = "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.own_process(); fs.import_beam()"
 _FREEZE = "; import gc; gc.freeze()"
 STARTUP_STEPS = (
@@ -287,14 +287,40 @@ STARTUP_STEPS = (
      _BEAM + "; from apache_beam.runners.portability.fn_api_runner import fn_runner" + _FREEZE),
     ("Beam's Dask runner (options only)", _BEAM + "; from apache_beam.runners.portability.fn_api_runner import fn_runner; "
      "import apache_beam.runners.dask.dask_runner" + _FREEZE),
-    ("(the same Beam import, exit not frozen)", _BEAM),
-    ("(the same, with its clients: nothing deferred)",
-     "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.own_process(); "
-     "fs.BEAM_DEFERRED_MODULES = (); fs.import_beam()" + _FREEZE),
-    ("(the same, with pymongo: as build_task's caller)",
-     "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.import_beam()" + _FREEZE),
-    ("(Beam, a plain import: with pandas, clients)", "import seqcache.cli, seqcache.pipelines.build, apache_beam" + _FREEZE),
 )
+
+# What each of the executable's start-up choices saves: the "Apache Beam" step
+# with one choice undone, against the step as it is, as paired differences of
+# alternating fresh interpreters (a difference of two medians would drown in
+# this machine's noise).
+_OWN = "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.own_process(); "
+STARTUP_CHOICES = (
+    ("Beam's clients (boto3, requests, httplib2) loaded, not deferred",
+     _OWN + "fs.BEAM_DEFERRED_MODULES = (); fs.import_beam()" + _FREEZE),
+    ("pymongo imported with Beam (as in build_task's own caller)",
+     _OWN + "fs.BEAM_LEFT_OUT_IN_OWN_PROCESSES = (); fs.import_beam()" + _FREEZE),
+    ("pandas imported with Beam (for its pandas batch types)", _OWN + "import pandas; fs.import_beam()" + _FREEZE),
+    ("the exit not frozen (cyclic collections at exit)", _BEAM),
+)
+
+
+def startup_choices(rounds: int) -> list[dict]:
+    """Per ``STARTUP_CHOICES`` entry: the median over ``rounds`` of (its wall
+    and CPU seconds minus those of the "Apache Beam" step run next to it), the
+    order alternating every round."""
+    codes = [_BEAM + _FREEZE] + [code for _, code in STARTUP_CHOICES]
+    runs: list[list[tuple[float, float]]] = [[] for _ in codes]
+    for r in range(rounds):
+        order = range(len(codes)) if r % 2 == 0 else reversed(range(len(codes)))
+        for k in order:
+            runs[k].append(child_cpu(codes[k]))
+    out = []
+    for (label, _), mine in zip(STARTUP_CHOICES, runs[1:]):
+        wall = [a[0] - b[0] for a, b in zip(mine, runs[0])]
+        cpu = [a[1] - b[1] for a, b in zip(mine, runs[0])]
+        out.append({"choice_undone": label, "extra_wall_s": round(statistics.median(wall), 3),
+                    "extra_cpu_s": round(statistics.median(cpu), 3), "rounds": rounds})
+    return out
 
 
 def startup(tmp: pathlib.Path, model: str, repeat: int, mb: float = 1.0) -> dict:
@@ -329,7 +355,8 @@ def startup(tmp: pathlib.Path, model: str, repeat: int, mb: float = 1.0) -> dict
                        "build_task_s": round(statistics.median(r[2] for r in runs), 3)})
     fixed_cpu = builds[0]["cpu_s"]
     data_cpu = builds[1]["cpu_s"] - fixed_cpu
-    return {"steps": steps, "builds": builds, "fixed_cpu_s": round(fixed_cpu, 3),
+    return {"steps": steps, "choices": startup_choices(3 * repeat), "builds": builds,
+            "fixed_cpu_s": round(fixed_cpu, 3),
             "data_cpu_s": round(data_cpu, 3),
             "total_over_data_cpu": round(builds[1]["cpu_s"] / data_cpu, 2) if data_cpu > 0 else None,
             "wall_over_build_task": round(builds[1]["wall_s"] / builds[1]["build_task_s"], 2)}
@@ -663,6 +690,10 @@ def print_startup(fixed: dict) -> None:
     print(f"\n{'start-up step (fresh interpreter)':50} {'CPU s':>7} {'wall s':>7}")
     for st in fixed["steps"]:
         print(f"{st['step']:50} {st['cpu_s']:7.2f} {st['wall_s']:7.2f}")
+    rounds = fixed["choices"][0]["rounds"] if fixed["choices"] else 0
+    print(f"\n{'the Beam step with one choice undone':66} {'+CPU s':>7} {'+wall s':>7}  (paired, median of {rounds})")
+    for c in fixed["choices"]:
+        print(f"{c['choice_undone']:66} {c['extra_cpu_s']:+7.2f} {c['extra_wall_s']:+7.2f}")
     print(f"\n{'build':20} {'wall s':>7} {'CPU s':>7} {'build_task s':>13}")
     for b in fixed["builds"]:
         print(f"{b['build']:20} {b['wall_s']:7.2f} {b['cpu_s']:7.2f} {b['build_task_s']:13.2f}")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import logging
 import os
 import shutil
@@ -100,17 +99,11 @@ def import_beam():
         hidden = [name for name in left_out if name not in sys.modules]
         for name in hidden:
             sys.modules[name] = None  # an import of it raises ImportError
-        # Beam's import makes some 150,000 objects that live as long as the
-        # process; collections while it runs would only walk them again.
-        collecting = gc.isenabled()
-        gc.disable()
         try:
             with deferring(BEAM_DEFERRED_MODULES):
                 import apache_beam  # noqa: F401
                 import apache_beam.io.filesystems  # noqa: F401
         finally:
-            if collecting:
-                gc.enable()
             root.setLevel(level)
             for name in hidden:
                 if name in sys.modules and sys.modules[name] is None:

@@ -662,6 +662,9 @@ class ShardTable(Sequence[ShardInfo]):
     def __len__(self) -> int:
         return self._count
 
+    def __repr__(self) -> str:
+        return f"ShardTable({self._count} shards, {int(self.starts[-1])} records)"
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
@@ -817,7 +820,7 @@ class Manifest:
     fingerprint: str
     features: tuple[FeatureSpec, ...]
     shards: ShardTable
-    raw: dict
+    raw: dict = dataclasses.field(repr=False)  # the whole JSON: too long to print
 
     @property
     def num_examples(self) -> int:

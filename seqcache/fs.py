@@ -586,16 +586,29 @@ def isdir(path: str) -> bool:
         return bool(fsys.match([path.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
 
 
+# Local compressed files the standard library decompresses (by suffix, in any
+# case); the other suffixes Beam's CompressionTypes.AUTO knows (.deflate, .zst,
+# .zstd) go through Beam's own decompressor, as every URL does.
+_STDLIB_DECOMPRESSORS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".lzma": "lzma"}
+_BEAM_DECOMPRESSED = (".deflate", ".zst", ".zstd")
+
+
 def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:
-    """``path`` open for binary reading; ``.gz`` files are decompressed on the
-    fly when ``decompress`` (the caller closes it)."""
+    """``path`` open for binary reading (the caller closes it). With
+    ``decompress``, a file whose name ends in a suffix of Beam's
+    ``CompressionTypes`` (``.gz``, ``.bz2``, ``.xz``, ``.lzma``, ``.deflate``,
+    ``.zst``, ``.zstd``, in any case) is decompressed on the fly, for a local
+    path as for a URL."""
     if is_local(path):
         p = local_path(path)
-        if decompress and p.endswith(".gz"):
-            import gzip
+        suffix = os.path.splitext(p)[1].lower()
+        if not decompress or suffix not in _STDLIB_DECOMPRESSORS and suffix not in _BEAM_DECOMPRESSED:
+            return open(p, "rb")
+        if suffix in _STDLIB_DECOMPRESSORS:
+            import importlib
 
-            return gzip.open(p, "rb")
-        return open(p, "rb")
+            return importlib.import_module(_STDLIB_DECOMPRESSORS[suffix]).open(p, "rb")
+        return _beam_fs().open(p, compression_type=_compression_types().AUTO)  # Beam's local file system
     CompressionTypes = _compression_types()
 
     fsys = _beam(path)

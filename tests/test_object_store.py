@@ -184,6 +184,28 @@ def test_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path):
         (s["sha256"], s["provenance_sha256"]) for s in _local_entries(caches["local"])]
 
 
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_compressed_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path, suffix):
+    """A compressed file at a URL is read through Beam's decompressing file
+    (readline, no iteration): the same records, so the same shards."""
+    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
+        corpus = json.load(f)["sources"][0]["path"]
+    data = open(corpus, "rb").read()
+    if suffix == ".gz":
+        import gzip
+
+        packed = gzip.compress(data)
+    else:
+        packed = pytest.importorskip("zstandard").ZstdCompressor().compress(data)
+    s3["client"].put_object(Bucket=BUCKET, Key=f"packed/in.txt{suffix}", Body=packed)
+    out = CliRunner().invoke(main, _build_args(f"s3://{BUCKET}/packed/in.txt{suffix}", str(tmp_path / "c"))
+                             + s3["options"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    cache_dir = json.loads(out.stdout)[0]["cache_dir"]
+    assert [(s["sha256"], s["provenance_sha256"]) for s in _local_entries(cache_dir)] == [
+        (s["sha256"], s["provenance_sha256"]) for s in _local_entries(caches["local"])]
+
+
 def test_overwrite_replaces_a_cache_in_the_bucket(s3, caches, tmp_path):
     with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
         corpus = json.load(f)["sources"][0]["path"]

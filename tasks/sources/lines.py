@@ -88,7 +88,7 @@ def read_lines(path: str, start: int = 0, stop: int | None = None) -> Iterator[t
       OSError, EOFError, zlib.error: the file cannot be read (the caller names it).
     """
     with _open_at_line(path, start, stop) as (f, offset):
-        for line in f:
+        for line in iter(f.readline, b""):  # Beam's decompressing files have readline, not iteration
             if stop is not None and offset >= stop:
                 break
             yield offset, line

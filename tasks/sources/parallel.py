@@ -99,7 +99,9 @@ class ParallelTextSource(Source):
         handles = {f: fs.open_binary(p) for f, p in paths.items()}
         k = -1
         try:
-            for k, lines in enumerate(itertools.zip_longest(*(handles[f] for f in fields))):
+            # iter(readline): Beam's decompressing files (a URL, .zst) have readline, not iteration.
+            lines_of = [iter(handles[f].readline, b"") for f in fields]
+            for k, lines in enumerate(itertools.zip_longest(*lines_of)):
                 if any(line is None for line in lines):
                     have = [f for f, line in zip(fields, lines) if line is not None]
                     lack = [f for f, line in zip(fields, lines) if line is None]

@@ -142,10 +142,13 @@ class TextLineSource(LineSplits, _TextSource):
         carriage return, a character some content kind looks at, a byte order
         mark, invalid UTF-8), which are read exactly as ``read_split`` reads
         them. The same records, in the same order. A compressed file is read
-        line by line (``Source.read_batches``)."""
-        if is_compressed(split.path):
-            yield from super().read_batches(split, batch_records)
-            return
+        the same way, in blocks of its decompressed text.
+
+        Raises:
+          ValueError: as ``read_split``; for a compressed file that turns out
+            truncated or corrupt, the message names the last line before the
+            damage, as ``read_split``'s does (the file is read again line by
+            line to find it: a block holds the lines since the last batch)."""
         file_index, path = split.file_index, split.path
         count, offset = 0, split.start
         try:
@@ -154,6 +157,9 @@ class TextLineSource(LineSplits, _TextSource):
                     count += len(batch)
                     yield batch
         except _READ_ERRORS as e:
+            if is_compressed(path):
+                for _ in split_lines(split):  # raises the error after the exact line
+                    pass
             after = None if not count else (f"line {count}" if split.start == 0 else f"the line at byte {offset}")
             raise _read_error(path, e, after) from None
 

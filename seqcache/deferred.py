@@ -20,6 +20,7 @@ it whole.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -44,6 +45,12 @@ class _Loader(importlib.abc.Loader):
         module.__class__ = _deferred_class(self.loader, dict(module.__dict__))
 
 
+# Module attributes that exist before the module's code runs, and that the
+# import system reads; a deferred module gives them without running.
+_SET_BEFORE_RUNNING = frozenset({"__name__", "__spec__", "__path__", "__loader__", "__package__", "__file__",
+                                 "__cached__", "__class__"})
+
+
 def _deferred_class(loader, attrs_then: dict) -> type:
     """The class of one deferred module: its first attribute read runs the
     module (``loader.exec_module``) under a lock, and only then makes it a
@@ -51,12 +58,24 @@ def _deferred_class(loader, attrs_then: dict) -> type:
     finds the module whole; reads from the module's own code while it runs
     (its imports of its submodules) are plain reads. Attributes set on the
     module before it ran (``import boto3.x`` sets ``x``) are kept, as in
-    ``importlib.util.LazyLoader``."""
+    ``importlib.util.LazyLoader``. The attributes the import system reads
+    (``_SET_BEFORE_RUNNING``: ``__path__``, ``__spec__``, ...) are read without
+    running the module or waiting for it, so that a thread importing a
+    submodule while another runs the module does not wait for a lock the
+    other needs; and the module pickles by name, loaded or not."""
     lock = threading.RLock()
     running = []
 
     class _DeferredModule(types.ModuleType):
         def __getattribute__(self, attr):
+            if attr in _SET_BEFORE_RUNNING:
+                # What the import system reads: a thread importing a submodule
+                # reads its parent's __path__ holding the submodule's import
+                # lock, which the module's own code may be waiting for.
+                return types.ModuleType.__getattribute__(self, attr)
+            if attr in ("__reduce_ex__", "__reduce__"):
+                name = types.ModuleType.__getattribute__(self, "__name__")
+                return lambda *_: (importlib.import_module, (name,))  # pickled by name, as modules are
             with lock:
                 if type(self) is _DeferredModule:
                     if running:  # the module's own code, in this thread

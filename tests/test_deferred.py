@@ -129,3 +129,84 @@ def test_the_executable_keeps_exit_codes_and_output():
     bad = subprocess.run([sys.executable, "-m", "seqcache.cli", "no-such-command"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "no-such-command" in bad.stderr
+
+
+# A package whose code imports its submodule after a while; the submodule takes
+# a while too.
+PKG_INIT = '''
+import time
+time.sleep(0.3)
+from slowpkg import sub
+VALUE = sub.X + 1
+'''
+PKG_SUB = '''
+import time
+time.sleep(0.3)
+X = 1
+'''
+
+SUBMODULE = r'''
+import json, sys, threading, time
+from seqcache import deferred
+
+with deferred.deferring(["slowpkg"]):
+    import slowpkg
+out = {}
+
+def run_module():  # runs the package's code, which imports slowpkg.sub
+    out["value"] = slowpkg.VALUE
+
+def import_submodule():  # meanwhile: holds slowpkg.sub's import lock, reads slowpkg.__path__
+    import slowpkg.sub
+    out["x"] = slowpkg.sub.X
+
+a = threading.Thread(target=run_module)
+a.start()
+time.sleep(0.1)
+b = threading.Thread(target=import_submodule)
+b.start()
+a.join(15)
+b.join(15)
+out["hung"] = a.is_alive() or b.is_alive()
+print(json.dumps(out), flush=True)
+import os
+os._exit(0)  # a hung thread must not keep the process alive
+'''
+
+
+def test_a_submodule_imported_while_the_module_runs_in_another_thread(tmp_path):
+    pkg = tmp_path / "slowpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(PKG_INIT)
+    (pkg / "sub.py").write_text(PKG_SUB)
+    out = _run(SUBMODULE, tmp_path=tmp_path)
+    assert out == {"value": 2, "x": 1, "hung": False}
+
+
+PICKLE = r'''
+import json, pickle, sys
+import cloudpickle
+from seqcache import deferred
+
+with deferred.deferring(["slowmod"]):
+    import slowmod
+
+class Holder:
+    def __init__(self):
+        self.module = slowmod
+
+blob = cloudpickle.dumps(Holder())
+plain = pickle.dumps(slowmod)
+out = {"deferred_after_pickling": deferred.is_deferred("slowmod")}
+out["same_module"] = cloudpickle.loads(blob).module is slowmod and pickle.loads(plain) is slowmod
+print(json.dumps(out))
+'''
+
+
+def test_a_deferred_module_pickles_by_name_without_running(tmp_path):
+    pytest.importorskip("cloudpickle")
+    (tmp_path / "slowmod.py").write_text(SLOW_MODULE)
+    runs = tmp_path / "runs.txt"
+    out = _run(PICKLE, {"RUNS_FILE": str(runs)}, tmp_path=tmp_path)
+    assert out == {"deferred_after_pickling": True, "same_module": True}
+    assert not runs.exists()

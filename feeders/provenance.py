@@ -88,7 +88,8 @@ def which(
       source table), record_number, token_offset, num_tokens, and with ``tokens``
       also token_ids and text (None with a vocabulary_error when the vocabulary
       cannot be rebuilt). A padding row (finite run, exhausted task) has
-      padding=True and no cache index.
+      padding=True and no cache index and no epoch (None), as the feeder's
+      batches give it epoch -1.
 
     Raises:
       ValueError: a negative step or a row outside [0, B).
@@ -101,7 +102,7 @@ def which(
     loc = stream.locate_one(position)
     out = _located_row(stream, paths, loc, step=step, row=row, position=position)
     if out["padding"]:
-        out.update(cache_index=None, shard=None, record=None, segments=[])
+        out.update(cache_index=None, shard=None, record=None, segments=[], epoch=None)
         return out
     t = loc["task"]
     reader = stream.readers[t]
@@ -389,7 +390,8 @@ def trace(
 
     Returns:
       pyarrow.Table with ``TRACE_COLUMNS``: step, row, position (int64), padding
-      (bool; a padding row of a finite run has one row with nulls after it),
+      (bool; a padding row of a finite run has one row with nulls after it,
+      its epoch included),
       task_index (int32), task, cache (its folder), ordinal, epoch, cache_index
       (int64), shard (file name), record (offset in the shard, int64), segment
       (1-based, int32), source_index (int64), source (the file path from the
@@ -528,7 +530,7 @@ def _chunk_table(stream: IndexStream, paths: Sequence[str], positions: np.ndarra
         "task": pa.array([manifests[t].task for t in task_of.tolist()]),
         "cache": pa.array([paths[t] for t in task_of.tolist()]),
         "ordinal": pa.array(loc.ordinal[all_rows]),
-        "epoch": pa.array(loc.epoch[all_rows]),
+        "epoch": pa.array(loc.epoch[all_rows], mask=~valid_rows),
         "cache_index": pa.array(np.where(valid_rows, loc.cache_index[all_rows], 0), mask=~valid_rows),
         "shard": pa.array(shard_names, pa.string()),
         "record": pa.array(record_offsets, mask=~is_seg),

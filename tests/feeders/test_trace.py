@@ -107,5 +107,7 @@ def test_trace_of_steps_that_are_only_padding(tmp_path, fx):
     assert [(x["step"], x["row"], x["padding"]) for x in rows] == [(s, r, True) for s in (last + 1, last + 2)
                                                                    for r in range(B)]
     assert {x["segment"] for x in rows} == {None} and {x["cache_index"] for x in rows} == {None}
+    assert {x["epoch"] for x in rows} == {None}  # the feeder's batches give padding rows epoch -1
+    assert all(x["epoch"] is not None for x in mixed.to_pylist() if not x["padding"])
     kinds = [(x["step"], x["padding"]) for x in mixed.to_pylist()]
     assert (last, False) in kinds and (last + 1, True) in kinds

@@ -18,7 +18,7 @@ from seqcache import fs
 def main(argv=None) -> None:
     """Runs Beam's worker until its runner closes the control channel; then the
     objects left are frozen (``gc.freeze``), so that the process exits without
-    walking them in its cyclic garbage collections (about 0.4 s that the
+    walking them in its cyclic garbage collections (about 0.2 s that the
     runner waits for at the end of a build). The process is seqcache's own
     (``seqcache.fs.own_process``)."""
     fs.own_process()

@@ -70,7 +70,7 @@ def run():
     The objects left when a command ends (Beam's, protobuf's, the caches'
     tables: well over 100,000) are frozen (``gc.freeze``) as the command
     returns, so that finalisation does not walk them again and again: about
-    0.4 s of every command that imports Beam. Every file a command writes is
+    0.2 s of every command that imports Beam. Every file a command writes is
     closed before it returns; atexit handlers still run. The process is
     seqcache's own (``seqcache.fs.own_process``)."""
     from seqcache import fs

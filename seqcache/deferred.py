@@ -3,7 +3,7 @@ but that a run may never use, loaded on their first use instead.
 
 Apache Beam imports boto3 (for its S3 file system), requests (GCP metadata)
 and httplib2 (its HTTP client) as it starts, together with urllib3, botocore
-and pyparsing behind them: about 0.35 s of a build's fixed cost, for clients
+and pyparsing behind them: about 0.25 s of a build's fixed cost, for clients
 that a local build never calls. ``deferring(names)`` puts such a module into
 ``sys.modules`` as a deferred module: ``import boto3`` succeeds and Beam
 registers its S3 file system as before, and the module's code runs when one of
@@ -119,7 +119,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 @contextlib.contextmanager
 def deferring(names: Iterable[str]) -> Iterator[None]:
     """While the block runs, an import of a top-level module in ``names`` that
-    is installed and not yet imported gives a lazy module, loaded on its first
+    is installed and not yet imported gives a deferred module, run on its first
     attribute read (which also runs its imports, and raises what they raise).
     Modules already imported, modules that are not installed and submodules
     (``import boto3.session`` loads ``boto3`` first) import as usual."""

@@ -63,7 +63,7 @@ def own_process() -> None:
     """Marks this process as one of seqcache's own: the ``seqcache`` executable
     (``seqcache.cli.run``) or a worker of its local engine, which run no Beam
     pipeline but the build's. There Beam is imported without pymongo
-    (``BEAM_LEFT_OUT_IN_OWN_PROCESSES``, about 0.1 s): Beam's MongoDB
+    (``BEAM_LEFT_OUT_IN_OWN_PROCESSES``, about 0.05 s): Beam's MongoDB
     connector then cannot be used in the process, as Beam arranges when
     pymongo is missing. pymongo itself imports as usual afterwards. A process
     that calls ``build_task`` itself gets Beam's import with pymongo."""
@@ -88,7 +88,8 @@ def import_beam():
     The clients Beam imports for object stores and HTTP (boto3, requests,
     httplib2; ``BEAM_DEFERRED_MODULES``) are deferred
     (``seqcache.deferred``): imported, and loaded on their first use, about
-    0.1-0.3 s less for a build that never calls them."""
+    0.25 s less for a build that never calls them (benchmarks/README.md, "A
+    small build's fixed cost")."""
     if "apache_beam.io.filesystems" not in sys.modules:
         from seqcache.deferred import deferring
 
@@ -591,6 +592,8 @@ def isdir(path: str) -> bool:
 # .zstd) go through Beam's own decompressor, as every URL does.
 _STDLIB_DECOMPRESSORS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".lzma": "lzma"}
 _BEAM_DECOMPRESSED = (".deflate", ".zst", ".zstd")
+# Every suffix a file is decompressed by (Beam's CompressionTypes; in any case).
+COMPRESSED_SUFFIXES = tuple(_STDLIB_DECOMPRESSORS) + _BEAM_DECOMPRESSED
 
 
 def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:

@@ -30,7 +30,7 @@ from typing import Iterator
 from seqcache import fs
 
 # The compression suffixes Apache Beam's CompressionTypes recognises (in any case).
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".deflate", ".zst", ".zstd", ".xz", ".lzma")
+COMPRESSED_SUFFIXES = fs.COMPRESSED_SUFFIXES
 
 _CHUNK = 1 << 20  # bytes per read when counting lines
 

@@ -15,7 +15,7 @@ import base64
 import html
 import io
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 # Colours of matplotlib's default cycle, named for the page's legend-free bits.
 _BLUE, _ORANGE, _GREEN, _RED, _GREY = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#7f7f7f"

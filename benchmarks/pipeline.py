@@ -295,7 +295,7 @@ STARTUP_STEPS = (
 # this machine's noise).
 _OWN = "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.own_process(); "
 STARTUP_CHOICES = (
-    ("Beam's clients (boto3, requests, httplib2) loaded, not deferred",
+    ("Beam's clients (boto3, httplib2) loaded, not deferred",
      _OWN + "fs.BEAM_DEFERRED_MODULES = (); fs.import_beam()" + _FREEZE),
     ("pymongo imported with Beam (as in build_task's own caller)",
      _OWN + "fs.BEAM_LEFT_OUT_IN_OWN_PROCESSES = (); fs.import_beam()" + _FREEZE),

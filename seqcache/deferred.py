@@ -1,10 +1,10 @@
 """Deferred imports: modules that another library imports at its own start-up
 but that a run may never use, loaded on their first use instead.
 
-Apache Beam imports boto3 (for its S3 file system), requests (GCP metadata)
-and httplib2 (its HTTP client) as it starts, together with urllib3, botocore
-and pyparsing behind them: about 0.25 s of a build's fixed cost, for clients
-that a local build never calls. ``deferring(names)`` puts such a module into
+Apache Beam imports boto3 (for its S3 file system) and httplib2 (its HTTP
+client) as it starts, together with botocore, s3transfer and pyparsing behind
+them: about 0.2 s of a build's fixed cost, for clients that a local build
+never calls. ``deferring(names)`` puts such a module into
 ``sys.modules`` as a deferred module: ``import boto3`` succeeds and Beam
 registers its S3 file system as before, and the module's code runs when one of
 its attributes is first read (a later ``import boto3`` statement reads one), in
@@ -15,6 +15,14 @@ Python 3.12.3 ``LazyLoader`` lets a second thread read a module that the first
 is still running, and see it half-filled. Here each deferred module runs under
 a lock of its own, and stays deferred until it has run, so every thread sees
 it whole.
+
+A submodule imported before its deferred package has run (``import
+boto3.session``) is imported as usual, and the package runs when one of its
+own attributes is read: the import system reads only the package's
+``__path__``. A package can be deferred only when its submodules can be
+imported that way, before the package itself. boto3's and httplib2's can
+(tests/test_deferred.py imports them so); requests' cannot, as they import
+one another through the package.
 """
 
 from __future__ import annotations

@@ -49,8 +49,10 @@ _EXTRAS = {"s3": "s3", "gs": "gcs"}
 
 
 # What Beam imports at start-up only for clients a local build does not call
-# (S3, GCP metadata, HTTP): imported deferred, loaded on first use.
-BEAM_DEFERRED_MODULES = ("boto3", "requests", "httplib2")
+# (S3, HTTP): imported deferred, loaded on first use. Not requests (for GCP
+# metadata): its submodules import one another through the package, so they
+# cannot be imported before the package has run (``seqcache.deferred``).
+BEAM_DEFERRED_MODULES = ("boto3", "httplib2")
 
 # What Beam imports only for its MongoDB connector, which no seqcache pipeline
 # runs: left out of Beam's import in seqcache's own processes (``own_process``).
@@ -85,11 +87,11 @@ def import_beam():
     Beam's import is left alone. In seqcache's own processes pymongo is left
     out the same way (``own_process``).
 
-    The clients Beam imports for object stores and HTTP (boto3, requests,
-    httplib2; ``BEAM_DEFERRED_MODULES``) are deferred
-    (``seqcache.deferred``): imported, and loaded on their first use, about
-    0.25 s less for a build that never calls them (benchmarks/README.md, "A
-    small build's fixed cost")."""
+    The clients Beam imports for S3 and HTTP (boto3, httplib2;
+    ``BEAM_DEFERRED_MODULES``) are deferred (``seqcache.deferred``):
+    imported, and loaded on their first use, about 0.2 s less for a build
+    that never calls them (benchmarks/README.md, "A small build's fixed
+    cost")."""
     if "apache_beam.io.filesystems" not in sys.modules:
         from seqcache.deferred import deferring
 

@@ -117,7 +117,7 @@ BEAM = textwrap.dedent(r'''
 def test_beam_defers_its_clients_and_they_work_after():
     pytest.importorskip("boto3")
     out = _run(BEAM)
-    assert out["boto3"] is True and out["requests"] is True and out["httplib2"] is True
+    assert out == {**out, "boto3": True, "httplib2": True}
     assert out["s3_registered"] == "S3FileSystem"
     assert out["client"] == "S3" and out["boto3_deferred_after_use"] is False
 
@@ -210,3 +210,31 @@ def test_a_deferred_module_pickles_by_name_without_running(tmp_path):
     out = _run(PICKLE, {"RUNS_FILE": str(runs)}, tmp_path=tmp_path)
     assert out == {"deferred_after_pickling": True, "same_module": True}
     assert not runs.exists()
+
+
+SUBMODULE_FIRST = r"""
+import importlib, json, sys
+from seqcache import deferred, fs
+
+fs.import_beam()
+name = sys.argv[1]
+out = {"deferred": {n: deferred.is_deferred(n) for n in ("boto3", "httplib2", "requests")}}
+module = importlib.import_module(name)  # the first import of the package's code: a submodule
+top = sys.modules[name.partition(".")[0]]
+out["package_runs_after"] = bool(dir(top)) and not deferred.is_deferred(top.__name__)
+out["same_module"] = sys.modules[name] is module
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("name", ["boto3.session", "boto3.s3.transfer", "httplib2.auth", "requests.adapters"])
+def test_a_submodule_imported_first_after_beam(name):
+    """A deferred package's submodule imported before the package has run
+    imports as usual, and the package still runs whole; requests, whose
+    submodules import one another through the package, is not deferred."""
+    pytest.importorskip(name.partition(".")[0])
+    done = subprocess.run([sys.executable, "-c", SUBMODULE_FIRST, name], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["deferred"] == {"boto3": True, "httplib2": True, "requests": False}
+    assert out["package_runs_after"] is True and out["same_module"] is True

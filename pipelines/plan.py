@@ -220,50 +220,15 @@ def _parquet_content(path: str, columns: Sequence[str] | None) -> int:
     return chosen if chosen else total
 
 
-def _decompressor(path: str):
-    """A streaming decompressor for ``path``'s suffix: an object with
-    ``decompress(data)``, ``unused_data`` and ``eof``, or None (unknown)."""
-    import bz2
-    import lzma
-    import zlib
-
-    lower = path.lower()
-    if lower.endswith(".gz"):
-        return lambda: zlib.decompressobj(wbits=31)
-    if lower.endswith(".bz2"):
-        return bz2.BZ2Decompressor
-    if lower.endswith((".xz", ".lzma")):
-        return lzma.LZMADecompressor
-    if lower.endswith(".deflate"):
-        return lambda: zlib.decompressobj()
-    if lower.endswith((".zst", ".zstd")):
-        try:
-            import zstandard
-        except ImportError:
-            return None
-        return lambda: _ZstdStream(zstandard.ZstdDecompressor().decompressobj())
-    return None
-
-
-class _ZstdStream:
-    def __init__(self, obj):
-        self.obj, self.unused_data, self.eof = obj, b"", False
-
-    def decompress(self, data):
-        out = self.obj.decompress(data)
-        self.unused_data = getattr(self.obj, "unused_data", b"")
-        self.eof = bool(getattr(self.obj, "eof", False))
-        return out
-
-
 def _compressed_content(path: str, num_bytes: int) -> int:
     """Decompressed size of a compressed file: exact when the file has at most
     ``SAMPLE_BYTES`` bytes, else ``num_bytes`` times the ratio of its first
     ``SAMPLE_BYTES`` compressed bytes. Concatenated members (``cat a.gz b.gz``)
     are followed. Unknown suffixes count their file size."""
     from seqcache import fs
+    from seqcache.compression import decompressor
 
-    make = _decompressor(path)
+    make = decompressor(path)
     if make is None or num_bytes <= 0:
         return int(num_bytes)
     try:

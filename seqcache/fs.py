@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import logging
 import os
 import shutil
@@ -589,37 +590,41 @@ def isdir(path: str) -> bool:
         return bool(fsys.match([path.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
 
 
-# Local compressed files the standard library decompresses (by suffix, in any
-# case); the other suffixes Beam's CompressionTypes.AUTO knows (.deflate, .zst,
-# .zstd) go through Beam's own decompressor, as every URL does.
-_STDLIB_DECOMPRESSORS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".lzma": "lzma"}
-_BEAM_DECOMPRESSED = (".deflate", ".zst", ".zstd")
-# Every suffix a file is decompressed by (Beam's CompressionTypes; in any case).
-COMPRESSED_SUFFIXES = tuple(_STDLIB_DECOMPRESSORS) + _BEAM_DECOMPRESSED
+# Local compressed files the standard library opens itself (by suffix, in any
+# case). The other compressed files, local .deflate/.zst/.zstd and every
+# compressed URL, are read through ``seqcache.compression.Decompressed``.
+_STDLIB_FILES = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".lzma": "lzma"}
 
 
 def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:
     """``path`` open for binary reading (the caller closes it). With
     ``decompress``, a file whose name ends in a suffix of Beam's
-    ``CompressionTypes`` (``.gz``, ``.bz2``, ``.xz``, ``.lzma``, ``.deflate``,
-    ``.zst``, ``.zstd``, in any case) is decompressed on the fly, for a local
-    path as for a URL."""
+    ``CompressionTypes`` (``seqcache.compression.COMPRESSED_SUFFIXES``:
+    ``.gz``, ``.bz2``, ``.xz``, ``.lzma``, ``.deflate``, ``.zst``, ``.zstd``,
+    in any case) is decompressed on the fly, for a local path as for a URL;
+    reading a file that ends inside a compressed member raises ``EOFError``."""
+    from seqcache import compression
+
+    make = compression.decompressor(path) if decompress else None
     if is_local(path):
         p = local_path(path)
         suffix = os.path.splitext(p)[1].lower()
-        if not decompress or suffix not in _STDLIB_DECOMPRESSORS and suffix not in _BEAM_DECOMPRESSED:
+        if make is None:
             return open(p, "rb")
-        if suffix in _STDLIB_DECOMPRESSORS:
+        if suffix in _STDLIB_FILES:
             import importlib
 
-            return importlib.import_module(_STDLIB_DECOMPRESSORS[suffix]).open(p, "rb")
-        return _beam_fs().open(p, compression_type=_compression_types().AUTO)  # Beam's local file system
-    CompressionTypes = _compression_types()
-
-    fsys = _beam(path)
-    compression = CompressionTypes.AUTO if decompress else CompressionTypes.UNCOMPRESSED
-    with _url_errors(path, "open it"):
-        return fsys.open(path, compression_type=compression)
+            return importlib.import_module(_STDLIB_FILES[suffix]).open(p, "rb")
+        raw = open(p, "rb")
+    else:
+        CompressionTypes = _compression_types()
+        fsys = _beam(path)
+        with _url_errors(path, "open it"):
+            raw = fsys.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        if make is None:
+            return raw
+    return io.BufferedReader(compression.Decompressed(raw, make, skip_nulls=path.lower().endswith(".gz")),
+                             buffer_size=1 << 20)
 
 
 def read_range(path: str, offset: int, length: int) -> bytes:

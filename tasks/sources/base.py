@@ -18,7 +18,7 @@ import os
 import zlib
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
-from seqcache import fs
+from seqcache import compression, fs
 from seqcache.tasks.sources.lines import line_number_at
 from seqcache.tasks.sources.policy import ErrorPolicy, Where, as_where, check_text_values, error_hint
 
@@ -290,7 +290,7 @@ def describe_record(path: str, locator: str, record_number: int) -> str:
         if fs.is_local(path):
             try:
                 return f"line {line_number_at(path, n) + 1:,} (byte {n:,})"
-            except (OSError, EOFError, ValueError, zlib.error):
+            except (ValueError,) + _READ_ERRORS:  # "never raises for an unreadable file"
                 pass
         return f"byte {n:,}"
     if locator == "line":
@@ -371,14 +371,15 @@ def open_binary(path: str, *, decompress: bool = True):
     return fs.open_binary(path, decompress=decompress)
 
 
-_READ_ERRORS = (EOFError, OSError, zlib.error)
+_READ_ERRORS = (EOFError, OSError, zlib.error) + compression.read_errors()
 
 
 def _read_error(path: str, error: BaseException, after: str | None) -> ValueError:
     """A ``ValueError`` naming ``path`` for a file that fails while being read
     (``after``: the last line, byte or row read, None when it failed at the start)."""
-    if path.endswith(".gz") and isinstance(error, (EOFError, zlib.error, gzip.BadGzipFile)):
-        what = "truncated or corrupt gzip data"
+    kind = compression.format_name(path)
+    if kind and isinstance(error, (EOFError, gzip.BadGzipFile) + compression.read_errors()):
+        what = f"truncated or corrupt {kind} data"
     else:
         what = f"cannot be read ({type(error).__name__})"
     where = f"after {after}" if after else "at the start"

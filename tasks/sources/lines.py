@@ -27,10 +27,10 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from seqcache import fs
+from seqcache import compression, fs
 
 # The compression suffixes Apache Beam's CompressionTypes recognises (in any case).
-COMPRESSED_SUFFIXES = fs.COMPRESSED_SUFFIXES
+COMPRESSED_SUFFIXES = compression.COMPRESSED_SUFFIXES
 
 _CHUNK = 1 << 20  # bytes per read when counting lines
 

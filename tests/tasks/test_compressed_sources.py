@@ -85,3 +85,35 @@ def test_a_damaged_file_names_the_line_before_the_damage_in_block_reading(plain,
     assert str(by_block.value) == str(by_line.value)
     if suffix != ".bz2":  # bzip2 gives nothing of a block it could not finish (900 kB of text here)
         assert "after line" in str(by_line.value)
+
+
+@pytest.mark.parametrize("suffix", [".zst", ".deflate", ".xz", ".lzma", ".gz", ".bz2"])
+def test_a_truncated_or_corrupt_file_of_every_format_fails_and_names_the_file(plain, suffix):
+    """Cut to two thirds, or with bytes flipped in its middle, a compressed file
+    is refused with a message that names it: no record of its lost end goes
+    missing without a word, and no decompressor's own error escapes."""
+    whole = COMPRESSORS[suffix](plain["en"].read_bytes() * 4)
+    cut = plain["en"].with_name(f"cut2.txt{suffix}")
+    cut.write_bytes(whole[: len(whole) * 2 // 3])
+    flipped = bytearray(whole)
+    middle = len(whole) * 2 // 3
+    flipped[middle:middle + 64] = bytes(b ^ 0xFF for b in flipped[middle:middle + 64])
+    bad = plain["en"].with_name(f"bad.txt{suffix}")
+    bad.write_bytes(bytes(flipped))
+    for path in (cut, bad):
+        # Garbage decoded before a checksum fails is skipped as bad text: the
+        # damage itself must still stop the file.
+        source = S.TextLineSource(str(path), on_error="skip")
+        for batches in (False, True):
+            with pytest.raises(ValueError, match=rf"{path.name}: (truncated or corrupt|cannot be read)"):
+                _records(source, path, batches=batches)
+
+
+def test_an_empty_compressed_file_has_no_records(plain):
+    for suffix in (".zst", ".deflate"):
+        path = plain["en"].with_name(f"empty.txt{suffix}")
+        path.write_bytes(b"")
+        assert _records(S.TextLineSource(str(path)), path, batches=True) == []
+    both = plain["en"].with_name("two.txt.zst")
+    both.write_bytes(COMPRESSORS[".zst"](b"a\n") + COMPRESSORS[".zst"](b"b\n"))
+    assert [r[1] for r in _records(S.TextLineSource(str(both)), both, batches=True)] == [b"a", b"b"]

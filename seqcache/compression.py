@@ -1,0 +1,137 @@
+"""Compressed files by suffix, as Apache Beam's ``CompressionTypes`` names
+them (in any case): gzip ``.gz``, bzip2 ``.bz2``, xz and lzma ``.xz`` /
+``.lzma``, zlib ``.deflate``, zstd ``.zst`` / ``.zstd``.
+
+``decompressor(path)`` gives a streaming decompressor of the standard library
+(zstandard's for zstd). ``Decompressed`` reads a binary stream through one:
+``seqcache.fs`` uses it for the files no standard-library file class opens
+(zlib and zstd files, and every compressed file at a URL, read from Beam's
+raw stream). It follows concatenated members (``cat a.gz b.gz``), and a file
+that ends inside a member raises ``EOFError``, as the standard library's
+``gzip``, ``bz2`` and ``lzma`` files do. Beam's own decompressing file stops
+there without a word, so a truncated file would lose its end silently.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Callable
+
+# Every suffix a file is decompressed by.
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma", ".deflate", ".zst", ".zstd")
+
+_CHUNK = 1 << 16  # compressed bytes per read
+
+
+def is_compressed(path: str) -> bool:
+    """True when ``path`` ends in one of ``COMPRESSED_SUFFIXES`` (any case)."""
+    return path.lower().endswith(COMPRESSED_SUFFIXES)
+
+
+_FORMAT_NAMES = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".lzma": "lzma", ".deflate": "zlib", ".zst": "zstd",
+                 ".zstd": "zstd"}
+
+
+def format_name(path: str) -> str | None:
+    """The compression format of ``path`` by its suffix ("gzip", "bzip2", "xz",
+    "lzma", "zlib", "zstd"), or None when it is not compressed."""
+    lower = path.lower()
+    return next((name for suffix, name in _FORMAT_NAMES.items() if lower.endswith(suffix)), None)
+
+
+def decompressor(path: str) -> Callable | None:
+    """A factory of streaming decompressors for ``path``'s suffix: each object
+    has ``decompress(data) -> bytes``, ``unused_data`` (the input after its
+    member's end) and ``eof`` (the member's end was reached); None for an
+    unknown suffix, or for zstd without the zstandard package."""
+    import bz2
+    import lzma
+    import zlib
+
+    lower = path.lower()
+    if lower.endswith(".gz"):
+        return lambda: zlib.decompressobj(wbits=31)
+    if lower.endswith(".bz2"):
+        return bz2.BZ2Decompressor
+    if lower.endswith((".xz", ".lzma")):
+        return lzma.LZMADecompressor
+    if lower.endswith(".deflate"):
+        return zlib.decompressobj
+    if lower.endswith((".zst", ".zstd")):
+        try:
+            import zstandard
+        except ImportError:
+            return None
+        return lambda: zstandard.ZstdDecompressor().decompressobj()
+    return None
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged compressed file raises besides ``EOFError`` and
+    ``OSError``: zlib's, lzma's and zstandard's errors."""
+    import lzma
+    import zlib
+
+    errors: tuple[type[BaseException], ...] = (zlib.error, lzma.LZMAError)
+    try:
+        import zstandard
+    except ImportError:
+        return errors
+    return errors + (zstandard.ZstdError,)
+
+
+class Decompressed(io.RawIOBase):
+    """The decompressed bytes of the binary stream ``raw``, for a buffered
+    reader (``io.BufferedReader(Decompressed(...))``); closing it closes
+    ``raw``. ``make`` is a ``decompressor`` factory; gzip's null padding after
+    a member is skipped, as ``gzip.GzipFile`` does.
+
+    Raises (from ``read``):
+      EOFError: the stream ends inside a member.
+      zlib.error, lzma.LZMAError, OSError, zstandard.ZstdError: damaged data.
+    """
+
+    def __init__(self, raw, make: Callable, *, skip_nulls: bool = False):
+        super().__init__()
+        self._raw, self._make, self._skip_nulls = raw, make, skip_nulls
+        self._d = None  # the current member's decompressor; None before the first one
+        self._out = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._out:
+            if not self._more():
+                return 0
+        n = min(len(b), len(self._out))
+        b[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def _more(self) -> bool:
+        """Decompresses more input into ``_out`` (possibly nothing yet); False
+        at the end of the stream after a whole member (or of an empty one)."""
+        if self._d is None or self._d.eof:
+            rest = b"" if self._d is None else self._d.unused_data
+            while True:  # the next member's first bytes
+                if self._skip_nulls:
+                    rest = rest.lstrip(b"\0")
+                if rest:
+                    break
+                rest = self._raw.read(_CHUNK)
+                if not rest:
+                    return False
+            self._d = self._make()
+            self._out = self._d.decompress(rest)
+            return True
+        data = self._raw.read(_CHUNK)
+        if not data:
+            raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+        self._out = self._d.decompress(data)
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()

@@ -17,8 +17,10 @@ from __future__ import annotations
 import io
 from typing import Callable
 
-# Every suffix a file is decompressed by.
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma", ".deflate", ".zst", ".zstd")
+# Every suffix a file is decompressed by, and its format's name.
+_FORMAT_NAMES = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".lzma": "lzma", ".deflate": "zlib", ".zst": "zstd",
+                 ".zstd": "zstd"}
+COMPRESSED_SUFFIXES = tuple(_FORMAT_NAMES)
 
 _CHUNK = 1 << 16  # compressed bytes per read
 
@@ -26,10 +28,6 @@ _CHUNK = 1 << 16  # compressed bytes per read
 def is_compressed(path: str) -> bool:
     """True when ``path`` ends in one of ``COMPRESSED_SUFFIXES`` (any case)."""
     return path.lower().endswith(COMPRESSED_SUFFIXES)
-
-
-_FORMAT_NAMES = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".lzma": "lzma", ".deflate": "zlib", ".zst": "zstd",
-                 ".zstd": "zstd"}
 
 
 def format_name(path: str) -> str | None:
@@ -48,16 +46,16 @@ def decompressor(path: str) -> Callable | None:
     import lzma
     import zlib
 
-    lower = path.lower()
-    if lower.endswith(".gz"):
+    name = format_name(path)
+    if name == "gzip":
         return lambda: zlib.decompressobj(wbits=31)
-    if lower.endswith(".bz2"):
+    if name == "bzip2":
         return bz2.BZ2Decompressor
-    if lower.endswith((".xz", ".lzma")):
+    if name in ("xz", "lzma"):
         return lzma.LZMADecompressor
-    if lower.endswith(".deflate"):
+    if name == "zlib":
         return zlib.decompressobj
-    if lower.endswith((".zst", ".zstd")):
+    if name == "zstd":
         try:
             import zstandard
         except ImportError:

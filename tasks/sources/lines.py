@@ -29,15 +29,12 @@ from typing import Iterator
 
 from seqcache import compression, fs
 
-# The compression suffixes Apache Beam's CompressionTypes recognises (in any case).
+# The compression suffixes Apache Beam's CompressionTypes recognises (in any
+# case), and whether a path ends in one.
 COMPRESSED_SUFFIXES = compression.COMPRESSED_SUFFIXES
+is_compressed = compression.is_compressed
 
 _CHUNK = 1 << 20  # bytes per read when counting lines
-
-
-def is_compressed(path: str) -> bool:
-    """True when ``path`` ends in a compression suffix (``.gz``, ``.bz2``, ...)."""
-    return path.lower().endswith(COMPRESSED_SUFFIXES)
 
 
 def byte_ranges(num_bytes: int, target_bytes: int) -> list[tuple[int, int | None]]:

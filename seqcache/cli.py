@@ -39,7 +39,9 @@ class _Commands(click.Group):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
+            from seqcache.commands import common  # standard error may have been taken from Beam's workers
+
+            common.write_stderr("interrupted\n")
             sys.exit(130)
 
 

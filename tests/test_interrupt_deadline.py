@@ -74,3 +74,53 @@ def test_an_interrupt_during_start_up_exits_130(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "interrupted"
+
+
+REDIRECTED = textwrap.dedent("""
+    import os, sys, time
+    from seqcache.commands import common
+
+    with common.worker_stderr(verbose=False) as stderr:  # descriptor 2 taken from Beam's workers
+        os.write(2, b"a worker's noise\\n")
+        with common.sigterm_as_interrupt(on_deadline=lambda: common.write_stderr("gave up waiting\\n"), grace_s=0.5):
+            try:
+                print("ready", flush=True)
+                time.sleep(600)
+            except KeyboardInterrupt:
+                time.sleep(600)  # a shutdown that never finishes
+""")
+
+
+def test_the_deadline_message_reaches_stderr_while_workers_output_is_hidden(tmp_path):
+    """A build hides descriptor 2 from Beam's workers; the message of a shutdown
+    that ran out of time, written from the timer's thread, still reaches the
+    real standard error, and the workers' output does not."""
+    proc = subprocess.Popen([sys.executable, "-c", REDIRECTED], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, preexec_fn=default_signals)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err == "gave up waiting\n"
+
+
+def test_an_interrupt_after_a_hidden_stderr_block_still_says_so(tmp_path):
+    """An interrupt that escapes the block which hid descriptor 2 leaves it
+    hidden (Beam's teardown still writes); the command's "interrupted" is
+    written to the real standard error."""
+    child = textwrap.dedent("""
+        import sys
+        from seqcache import cli
+        from seqcache.commands import common
+
+        @cli.main.command("hide-and-interrupt")
+        def hide_and_interrupt():
+            with common.worker_stderr(verbose=False):
+                raise KeyboardInterrupt
+
+        sys.argv = ["seqcache", "hide-and-interrupt"]
+        cli.main()
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "interrupted\n"

@@ -546,7 +546,7 @@ def _interrupted(console, task, split, cache_dir):
 def _interrupt_deadline(task, split, cache_dir):
     """What an interrupted build says when its shutdown ran out of time (written
     straight to stderr: the console may be held by the thread it interrupted)."""
-    os.write(2, f"interrupted: {_interrupt_text(task, split, cache_dir)}\n".encode())
+    common.write_stderr(f"interrupted: {_interrupt_text(task, split, cache_dir)}\n")
 
 
 def _interrupt_text(task, split, cache_dir) -> str:

@@ -168,16 +168,21 @@ def worker_stderr(*, verbose: bool):
     unexpected error (so its traceback is shown). A block that ends with
     ``SystemExit`` or ``KeyboardInterrupt`` leaves it redirected: the command
     has printed its message and is exiting, and only Beam's teardown (worker
-    threads failing as their processes go away) still writes.
+    threads failing as their processes go away) still writes. What the
+    command still has to say from then on (an interrupt's message, from any
+    thread) goes through ``write_stderr``, which writes to the real standard
+    error.
 
     When ``sys.stderr`` is not descriptor 2 (click's test runner) nothing is
     redirected and ``sys.stderr`` is yielded.
     """
+    global _real_stderr_fd
     if not _stderr_is_fd2():
         yield sys.stderr
         return
     sys.stderr.flush()
     saved = os.dup(2)
+    _real_stderr_fd = saved
     stream = open(os.dup(saved), "w", encoding=sys.stderr.encoding, errors=sys.stderr.errors or "backslashreplace",
                   buffering=1)
     handler = None
@@ -210,11 +215,36 @@ def worker_stderr(*, verbose: bool):
         if restore:
             sys.stderr.flush()
             os.dup2(saved, 2)
-        os.close(saved)
+            _real_stderr_fd = None
+            os.close(saved)
+        # else ``saved`` stays open for ``write_stderr`` until the process exits.
         try:
             stream.close()
         except OSError:
             pass
+
+
+# The real standard error while ``worker_stderr`` has taken descriptor 2 away
+# (and after, when the block ended with an exit or an interrupt); None otherwise.
+_real_stderr_fd: int | None = None
+
+
+def write_stderr(text: str) -> None:
+    """Writes ``text`` to the real standard error at once, from any thread:
+    while ``worker_stderr`` has taken descriptor 2 away (and after, once its
+    block ended with an exit or an interrupt), to the descriptor it saved;
+    otherwise to ``sys.stderr``. Errors writing (a closed pipe) are ignored:
+    this carries a command's last words as it exits."""
+    try:
+        if _real_stderr_fd is None:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            return
+        data = text.encode(sys.stderr.encoding or "utf-8", "backslashreplace")
+        while data:
+            data = data[os.write(_real_stderr_fd, data):]
+    except (OSError, ValueError):
+        pass
 
 
 # Seconds an interrupted build may take to stop its runner and clean up before

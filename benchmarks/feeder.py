@@ -16,9 +16,15 @@ global batch size and the same number of threads everywhere, it measures per hos
           (locating the step's indices, ordering the records, decoding them) is
           measured alone, on one thread with the records read beforehand, as
           CPU ms per step against the step's reads;
-  raw+decode: the same, each step also decoding its records into (B, L) int32
-          tokens with the feeder's ``decode_batch`` on its read thread (the
-          bound for decoded batches: the feeder's machinery against it);
+  raw one by one: the same records, each read with ``seek(offset)`` and
+          ``read()`` on the step's thread (a lock per shard reader, as the
+          feeder holds): the cheapest way ArrayRecord reads records in memory,
+          about 4x less CPU than its batched read, which hands each record to a
+          pool of 64 threads. The feeder reads this way by default
+          (``CacheReader`` read_mode "auto"); it is the tighter bound;
+  raw+decode: raw one by one, each step also decoding its records into (B, L)
+          int32 tokens with the feeder's ``decode_batch`` on its read thread
+          (the bound for decoded batches: the feeder's machinery against it);
   grain:  ``grain.python.DataLoader`` over ``CacheDataSource`` (the same cache)
           with a shuffling ``IndexSampler`` and a ``Batch`` operation of the same
           batch size, ``ReadOptions(num_threads=threads)``, in-process;
@@ -41,7 +47,7 @@ global batch size and the same number of threads everywhere, it measures per hos
 
 ``--only mixture,open,trace`` runs only those sections.
 
-Rounds run raw, feeder, raw+decode (reversing the order every round) to share
+Rounds run raw, raw one by one, feeder, raw+decode (reversing the order every round) to share
 the machine's noise; the medians over rounds are reported, and feeder/raw is the median
 of the per-round ratios, in wall-clock time and in CPU time of the process. Machines here are shared and noisy: compare the ratios, not the
 absolute numbers.
@@ -135,24 +141,41 @@ def raw_plan(path, *, batch_size, first_step, steps):
     return plan
 
 
-def run_raw(path, plan, *, threads, steps, length: int | None = None) -> tuple[float, float]:
+def run_raw(path, plan, *, threads, steps, length: int | None = None, one_by_one: bool = False) -> tuple[float, float]:
     """Reads plan[0] (warm-up), then times ``steps`` steps with ``threads`` steps
     in flight ahead of the consumer, as the feeder's prefetch does; ``plan`` has
     ``steps + 1 + threads`` entries so the window stays full to the end. As in
     the feeder's first ``next``, the window (plan[1 .. threads]) is submitted
     before plan[0] is read, so both start the timing with the same head start.
-    With ``length``, each step also decodes its records (in shard order) into
-    (B, length) int32 tokens with the feeder's ``decode_batch``, on the same thread."""
+    Each shard's records are read with one batched ``read(offsets)``, or with
+    ``one_by_one`` by ``seek`` and ``read`` per record under the shard
+    reader's lock. With ``length``, each step also decodes its records (in
+    shard order) into (B, length) int32 tokens with the feeder's
+    ``decode_batch``, on the same thread."""
+    import threading
+
     from array_record.python.array_record_module import ArrayRecordReader
 
     from seqcache.feeders.decode import decode_batch
 
     m = fmt.read_manifest(path)
     readers = [ArrayRecordReader(os.path.join(path, s.file), READER_OPTIONS) for s in m.shards]
+    locks = [threading.Lock() for _ in readers]
     outputs = {m.features[0].name: np.int32}
 
+    def read_one_by_one(k, offsets):
+        reader, out = readers[k], []
+        with locks[k]:
+            for off in offsets:
+                reader.seek(off)
+                out.append(reader.read())
+        return out
+
     def step(groups):
-        got = [readers[k].read(offsets) for k, offsets in groups]
+        if one_by_one:
+            got = [read_one_by_one(k, offsets) for k, offsets in groups]
+        else:
+            got = [readers[k].read(offsets) for k, offsets in groups]
         if length is not None:
             return decode_batch(m.features, [r for records in got for r in records], length=length, outputs=outputs)
         return got
@@ -173,12 +196,13 @@ def run_raw(path, plan, *, threads, steps, length: int | None = None) -> tuple[f
     return dt, cpu
 
 
-def feeder_own_work(path, *, batch_size, length, first_step, steps, repeats: int = 5) -> tuple[float, float]:
-    """(feeder CPU ms, raw CPU ms) per step on this thread, best of ``repeats``:
-    the feeder's ``_compute`` with its shard reads answered from records read
-    beforehand (what the feeder does beyond the reads: locate, order, decode),
-    and the raw reads of the same steps (``run_raw``'s per-step work, one
-    thread). The raw bound does not decode: this is the work it leaves out."""
+def feeder_own_work(path, *, batch_size, length, first_step, steps, repeats: int = 5) -> tuple[float, float, float]:
+    """(feeder CPU ms, raw CPU ms, raw one-by-one CPU ms) per step on this
+    thread, best of ``repeats``: the feeder's ``_compute`` with its shard reads
+    answered from records read beforehand (what the feeder does beyond the
+    reads: locate, order, decode), and the raw reads of the same steps
+    (``run_raw``'s per-step work, one thread, batched and one by one). The raw
+    bounds do not decode: this is the work they leave out."""
     from array_record.python.array_record_module import ArrayRecordReader
 
     plan = raw_plan(path, batch_size=batch_size, first_step=first_step, steps=steps)
@@ -190,7 +214,7 @@ def feeder_own_work(path, *, batch_size, length, first_step, steps, repeats: int
         records = [cache.read_sorted(f.stream.locate(s * batch_size + np.arange(batch_size)).cache_index)
                    for s in range(first_step, first_step + steps)]
         f._read_sorted = lambda task, cache_index: records[f._own_work_step]  # the reads, already done
-        own, raw = [], []
+        own, raw, one = [], [], []
         for _ in range(repeats):
             c0 = cpu_seconds()
             for j in range(steps):
@@ -201,9 +225,16 @@ def feeder_own_work(path, *, batch_size, length, first_step, steps, repeats: int
             for groups in plan:
                 [readers[k].read(offsets) for k, offsets in groups]
             raw.append((cpu_seconds() - c0) / steps * 1e3)
+            c0 = cpu_seconds()
+            for groups in plan:
+                for k, offsets in groups:
+                    for off in offsets:
+                        readers[k].seek(off)
+                        readers[k].read()
+            one.append((cpu_seconds() - c0) / steps * 1e3)
     for r in readers:
         r.close()
-    return min(own), min(raw)
+    return min(own), min(raw), min(one)
 
 
 def run_grain(path, *, batch_size, threads, steps) -> float:
@@ -441,10 +472,10 @@ def bench_sections(big: str, root: str, only: set[str], args: argparse.Namespace
 
 def bench_feeder_and_raw(big: str, args: argparse.Namespace) -> dict[str, list]:
     """Per round of ``args.steps`` steps from step 7 (after one read of the whole
-    cache that warms the page cache): seconds of "feeder", "raw" and "raw_decode"
-    (``run_raw`` decoding its records too), and raw/feeder and
-    raw_decode/feeder ratios in wall-clock and CPU time ("wall", "cpu",
-    "decode_wall", "decode_cpu")."""
+    cache that warms the page cache): seconds of "feeder", "raw" (batched
+    reads), "raw_one" (one by one) and "raw_decode" (one by one, decoding its
+    records too), and bound/feeder ratios in wall-clock and CPU time ("wall",
+    "cpu"; "one_wall", "one_cpu"; "decode_wall", "decode_cpu")."""
     B, T = args.batch_size, args.threads
     first_step = 7
     plan = raw_plan(big, batch_size=B, first_step=first_step, steps=args.steps + 1 + T)
@@ -453,26 +484,30 @@ def bench_feeder_and_raw(big: str, args: argparse.Namespace) -> dict[str, list]:
     run_raw(big, raw_plan(big, batch_size=B, first_step=0, steps=warm), threads=T, steps=warm)
 
     # Reverse the order each round so that drift in the machine's load hits all
-    # three; the feeder runs next to each bound.
-    out = {k: [] for k in ("feeder", "raw", "raw_decode", "wall", "cpu", "decode_wall", "decode_cpu")}
+    # of them; the feeder runs in the middle.
+    bounds = {"raw": {}, "raw_one": {"one_by_one": True}, "raw_decode": {"one_by_one": True, "length": args.length}}
+    keys = {"raw": "", "raw_one": "one_", "raw_decode": "decode_"}
+    out = {k: [] for k in ("feeder", *bounds, *(p + m for p in keys.values() for m in ("wall", "cpu")))}
+    order = ("raw", "raw_one", "feeder", "raw_decode")
     for r in range(args.rounds):
         timed = {}
-        for name in (("raw", "feeder", "raw_decode") if r % 2 == 0 else ("raw_decode", "feeder", "raw")):
+        for name in (order if r % 2 == 0 else order[::-1]):
             if name == "feeder":
                 timed[name] = run_feeder(big, batch_size=B, length=args.length, threads=T, first_step=first_step,
                                          steps=args.steps)
             else:
-                timed[name] = run_raw(big, plan, threads=T, steps=args.steps,
-                                      length=args.length if name == "raw_decode" else None)
-        for name in ("feeder", "raw", "raw_decode"):
+                timed[name] = run_raw(big, plan, threads=T, steps=args.steps, **bounds[name])
+        for name in ("feeder", *bounds):
             out[name].append(timed[name][0])
-        for key, bound in (("", "raw"), ("decode_", "raw_decode")):
+        for bound, key in keys.items():
             out[key + "wall"].append(timed[bound][0] / timed["feeder"][0])
             out[key + "cpu"].append(timed[bound][1] / timed["feeder"][1])
-        eps = {name: args.steps * B / out[name][-1] for name in ("raw", "feeder", "raw_decode")}
-        print(f"round {r}: raw {eps['raw']:,.0f} ex/s, feeder {eps['feeder']:,.0f} ex/s, feeder/raw "
-              f"{out['wall'][-1]:.3f} (CPU time: {out['cpu'][-1]:.3f}); raw+decode {eps['raw_decode']:,.0f} ex/s, "
-              f"feeder/(raw+decode) {out['decode_wall'][-1]:.3f} (CPU time: {out['decode_cpu'][-1]:.3f})")
+        eps = {name: args.steps * B / out[name][-1] for name in ("feeder", *bounds)}
+        print(f"round {r}: feeder {eps['feeder']:,.0f} ex/s; raw {eps['raw']:,.0f} ex/s, feeder/raw "
+              f"{out['wall'][-1]:.3f} (CPU time: {out['cpu'][-1]:.3f}); raw one by one {eps['raw_one']:,.0f} ex/s, "
+              f"feeder/that {out['one_wall'][-1]:.3f} (CPU time: {out['one_cpu'][-1]:.3f}); "
+              f"raw+decode {eps['raw_decode']:,.0f} ex/s, feeder/(raw+decode) {out['decode_wall'][-1]:.3f} "
+              f"(CPU time: {out['decode_cpu'][-1]:.3f})")
     return out
 
 
@@ -496,7 +531,7 @@ def bench_throughput(big: str, small: str, args: argparse.Namespace, extra: dict
           f"{args.records / B:,.1f} steps/epoch; {T} threads; this host reads all {B} rows")
     rounds = bench_feeder_and_raw(big, args)
     feeder_s, raw_s, ratios, cpu_ratios = rounds["feeder"], rounds["raw"], rounds["wall"], rounds["cpu"]
-    own_ms, raw_ms = feeder_own_work(big, batch_size=B, length=L, first_step=7, steps=args.steps)
+    own_ms, raw_ms, one_ms = feeder_own_work(big, batch_size=B, length=L, first_step=7, steps=args.steps)
     grain_s = run_grain(big, batch_size=B, threads=T, steps=args.grain_steps)
     ttfb0, ttfb_far = bench_ttfb(big, batch_size=B, length=L, threads=T)
     rss_big = rss_growth(big, batch_size=B, length=L)
@@ -512,12 +547,18 @@ def bench_throughput(big: str, small: str, args: argparse.Namespace, extra: dict
         "grain_examples_per_s": grain_eps, "grain_tokens_per_s": grain_eps * L,
         "feeder_over_raw": statistics.median(ratios), "feeder_over_raw_cpu_time": statistics.median(cpu_ratios),
         "feeder_over_raw_rounds": ratios, "feeder_over_raw_cpu_time_rounds": cpu_ratios,
+        "raw_one_by_one_examples_per_s": args.steps * B / statistics.median(rounds["raw_one"]),
+        "feeder_over_raw_one_by_one": statistics.median(rounds["one_wall"]),
+        "feeder_over_raw_one_by_one_cpu_time": statistics.median(rounds["one_cpu"]),
+        "feeder_over_raw_one_by_one_rounds": rounds["one_wall"],
+        "feeder_over_raw_one_by_one_cpu_time_rounds": rounds["one_cpu"],
         "raw_decode_examples_per_s": args.steps * B / statistics.median(rounds["raw_decode"]),
         "feeder_over_raw_decode": statistics.median(rounds["decode_wall"]),
         "feeder_over_raw_decode_cpu_time": statistics.median(rounds["decode_cpu"]),
         "feeder_over_raw_decode_rounds": rounds["decode_wall"],
         "feeder_over_raw_decode_cpu_time_rounds": rounds["decode_cpu"],
         "feeder_own_work_cpu_ms_per_step": own_ms, "raw_read_cpu_ms_per_step": raw_ms,
+        "raw_one_by_one_read_cpu_ms_per_step": one_ms,
         "feeder_over_grain": feeder_eps / grain_eps,
         "ttfb_position_0_s": ttfb0, "ttfb_position_1e12_s": ttfb_far, "ttfb_ratio_1e12_over_0": ttfb_far / ttfb0,
         "rss_growth_bytes": rss_big, "rss_growth_bytes_10x_smaller_cache": rss_small, **extra,
@@ -533,13 +574,18 @@ def print_throughput(res: dict) -> None:
     print(f"feeder/raw   {res['feeder_over_raw']:.3f} [{min(wall):.3f}, {max(wall):.3f}] (median [range] of "
           f"per-round ratios; raw CPU time / feeder CPU time {res['feeder_over_raw_cpu_time']:.3f} "
           f"[{min(cpu):.3f}, {max(cpu):.3f}])")
+    wall, cpu = res["feeder_over_raw_one_by_one_rounds"], res["feeder_over_raw_one_by_one_cpu_time_rounds"]
+    print(f"feeder/(raw one by one) {res['feeder_over_raw_one_by_one']:.3f} [{min(wall):.3f}, {max(wall):.3f}]; "
+          f"CPU time {res['feeder_over_raw_one_by_one_cpu_time']:.3f} [{min(cpu):.3f}, {max(cpu):.3f}] "
+          f"(raw one by one {res['raw_one_by_one_examples_per_s']:,.0f} ex/s)")
     wall, cpu = res["feeder_over_raw_decode_rounds"], res["feeder_over_raw_decode_cpu_time_rounds"]
     print(f"feeder/(raw+decode) {res['feeder_over_raw_decode']:.3f} [{min(wall):.3f}, {max(wall):.3f}]; "
           f"CPU time {res['feeder_over_raw_decode_cpu_time']:.3f} [{min(cpu):.3f}, {max(cpu):.3f}] "
           f"(raw+decode {res['raw_decode_examples_per_s']:,.0f} ex/s)")
-    print(f"work the raw bound leaves out (locate, order, decode), one thread: "
-          f"{res['feeder_own_work_cpu_ms_per_step']:.2f} ms CPU per step against {res['raw_read_cpu_ms_per_step']:.2f} ms "
-          f"for the step's reads ({res['feeder_own_work_cpu_ms_per_step'] / res['raw_read_cpu_ms_per_step']:.1%})")
+    own, raw, one = (res[k] for k in ("feeder_own_work_cpu_ms_per_step", "raw_read_cpu_ms_per_step",
+                                      "raw_one_by_one_read_cpu_ms_per_step"))
+    print(f"work the raw bounds leave out (locate, order, decode), one thread: {own:.2f} ms CPU per step against "
+          f"{raw:.2f} ms for the step's batched reads ({own / raw:.1%}) and {one:.2f} ms one by one ({own / one:.1%})")
     print(f"feeder/grain {res['feeder_over_grain']:.2f}")
     print(f"time to first batch: position 0 {res['ttfb_position_0_s'] * 1e3:.1f} ms, "
           f"position 10^12 {res['ttfb_position_1e12_s'] * 1e3:.1f} ms, ratio {res['ttfb_ratio_1e12_over_0']:.2f}")

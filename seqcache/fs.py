@@ -55,9 +55,12 @@ _EXTRAS = {"s3": "s3", "gs": "gcs"}
 # cannot be imported before the package has run (``seqcache.deferred``).
 BEAM_DEFERRED_MODULES = ("boto3", "httplib2")
 
-# What Beam imports only for its MongoDB connector, which no seqcache pipeline
-# runs: left out of Beam's import in seqcache's own processes (``own_process``).
-BEAM_LEFT_OUT_IN_OWN_PROCESSES = ("pymongo", "bson")
+# What Beam imports only for its MongoDB and Google Cloud connectors, which no
+# seqcache pipeline runs: left out of Beam's import in seqcache's own processes
+# (``own_process``). Beam's package imports its BigQuery, Pub/Sub and GCS
+# connectors together, in one ``try`` that stops at the first ImportError;
+# BigQuery's brings requests (through its GCE metadata client) and regex.
+BEAM_LEFT_OUT_IN_OWN_PROCESSES = ("pymongo", "bson", "apache_beam.io.gcp.bigquery")
 
 _own_process = False
 
@@ -65,11 +68,14 @@ _own_process = False
 def own_process() -> None:
     """Marks this process as one of seqcache's own: the ``seqcache`` executable
     (``seqcache.cli.run``) or a worker of its local engine, which run no Beam
-    pipeline but the build's. There Beam is imported without pymongo
-    (``BEAM_LEFT_OUT_IN_OWN_PROCESSES``, about 0.05 s): Beam's MongoDB
-    connector then cannot be used in the process, as Beam arranges when
-    pymongo is missing. pymongo itself imports as usual afterwards. A process
-    that calls ``build_task`` itself gets Beam's import with pymongo."""
+    pipeline but the build's. There Beam is imported without pymongo and
+    without its BigQuery connector (``BEAM_LEFT_OUT_IN_OWN_PROCESSES``, about
+    0.1 s together): ``apache_beam.io`` then lacks the MongoDB, BigQuery,
+    Pub/Sub and GCS transforms' names, as Beam arranges when their libraries
+    are missing. Each of them imports as usual afterwards, by its own module
+    (``apache_beam.io.gcp.bigquery``); Beam's file systems, gs:// included,
+    are not affected. A process that calls ``build_task`` itself gets Beam's
+    whole import."""
     global _own_process
     _own_process = True
 

@@ -2,7 +2,8 @@
 import only to register pandas batch types) and leaves pandas importable and
 working afterwards; a pipeline still runs, and the local engine's worker
 processes import Beam the same way. In seqcache's own processes (the
-executable, the workers) pymongo is left out too, and only there. Each check
+executable, the workers) pymongo and Beam's BigQuery connector (with requests)
+are left out too, and only there. Each check
 in a fresh interpreter."""
 
 import json
@@ -66,7 +67,8 @@ options, name = runner.pipeline_options(["--direct_running_mode=multi_processing
 
 def probe(_):
     import os, sys
-    return json.dumps([os.getpid(), "pandas" in sys.modules, sys.argv[0], "pymongo" in sys.modules])
+    return json.dumps([os.getpid(), "pandas" in sys.modules, sys.argv[0], "pymongo" in sys.modules,
+                       "requests" in sys.modules])
 
 
 with beam.Pipeline(runner=runner.local_engine(options), options=options) as p:
@@ -83,9 +85,10 @@ def test_local_engine_workers_import_beam_without_pandas(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 8
-    assert {pandas for _, pandas, _, _ in rows} == {False}
-    assert {pymongo for _, _, _, pymongo in rows} == {False}  # a worker is seqcache's own process
-    assert all(argv0.endswith("worker_main.py") for _, _, argv0, _ in rows), rows
+    assert {pandas for _, pandas, _, _, _ in rows} == {False}
+    assert {pymongo for _, _, _, pymongo, _ in rows} == {False}  # a worker is seqcache's own process
+    assert {requests for *_, requests in rows} == {False}  # nor Beam's BigQuery connector, which imports it
+    assert all(argv0.endswith("worker_main.py") for _, _, argv0, _, _ in rows), rows
 
 
 OWN = r'''
@@ -99,15 +102,21 @@ import apache_beam.io.mongodbio as mongodbio
 out = {"pymongo_after_beam": "pymongo" in sys.modules, "beam_mongo_client": mongodbio.MongoClient is not None}
 import pymongo  # imports as usual afterwards
 out["pymongo"] = bool(pymongo.version)
+import apache_beam.io as beam_io
+out["requests_after_beam"] = "requests" in sys.modules
+out["bigquery_in_beam_io"] = hasattr(beam_io, "ReadFromBigQuery")
+import apache_beam.io.gcp.bigquery as bigquery  # imports as usual afterwards
+out["bigquery"] = bigquery.ReadFromBigQuery.__name__
 print(json.dumps(out))
 '''
 
 
 @pytest.mark.parametrize("kind", ["own", "library"])
-def test_pymongo_is_left_out_of_beam_only_in_seqcaches_own_processes(kind):
+def test_pymongo_and_bigquery_are_left_out_of_beam_only_in_seqcaches_own_processes(kind):
     pytest.importorskip("pymongo")
     done = subprocess.run([sys.executable, "-c", OWN, kind], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     own = kind == "own"
-    assert out == {"pymongo_after_beam": not own, "beam_mongo_client": not own, "pymongo": True}
+    assert out == {"pymongo_after_beam": not own, "beam_mongo_client": not own, "pymongo": True,
+                   "requests_after_beam": not own, "bigquery_in_beam_io": not own, "bigquery": "ReadFromBigQuery"}

@@ -392,6 +392,7 @@ def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_
         | "GatherResults" >> beam.GroupByKey()
         | "WriteSummary" >> beam.FlatMap(summarize)
     )
+    fs.freeze_heap()
     try:
         with _ShardProgress(build_dir, num_shards, progress) if progress else contextlib.nullcontext():
             runner_mod.run(pipeline, plan.runner)

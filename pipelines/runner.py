@@ -164,11 +164,16 @@ def local_engine(options):
 # The worker command Beam's local engine gives multi_processing workers, and ours.
 _BEAM_WORKER_MAIN = "-m apache_beam.runners.worker.sdk_worker_main"
 _SEQCACHE_WORKER_MAIN = "-m seqcache.pipelines.worker_main"
+# Beam runs the worker command through the shell. One numpy BLAS thread in each
+# worker unless the environment says otherwise (seqcache.cli: OpenBLAS's idle
+# threads spin for about 0.1 s of CPU per process at start).
+_WORKER_ENV = "OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}"
 
 
 def _local_engine_class():
     """``FnApiRunner`` whose multi_processing workers start through
-    ``seqcache.pipelines.worker_main`` (Beam imported without pandas); any
+    ``seqcache.pipelines.worker_main`` (Beam imported without pandas), with
+    one numpy BLAS thread unless ``OPENBLAS_NUM_THREADS`` says otherwise; any
     other environment is left as Beam made it."""
     import sys
 
@@ -180,7 +185,7 @@ def _local_engine_class():
             beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
             for env in pipeline_proto.components.environments.values():
                 if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command:
-                    env.payload = f"{sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
+                    env.payload = f"{_WORKER_ENV} {sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
             return super().run_via_runner_api(pipeline_proto, options)
 
     return LocalEngine

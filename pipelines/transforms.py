@@ -278,15 +278,33 @@ class EncodedExamples:
                 data[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a])
 
 
+# Mean piece size (bytes) from which ``ragged_take`` copies pieces whole
+# (``bytes.join`` of views) instead of gathering their bytes one by one: the
+# gather builds an int64 index per byte (16 bytes of index work per byte), a
+# join costs about 0.2 us per piece.
+_JOIN_PIECE_BYTES = 64
+
+
 def ragged_take(data: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pieces ``order`` of a ragged array (``data`` with int64 ``offsets``, piece
-    i is ``data[offsets[i]:offsets[i + 1]]``), one after the other: the new data
-    and offsets. One gather over the bytes, no loop over pieces."""
+    """Pieces ``order`` of a ragged uint8 array (``data`` with int64 ``offsets``,
+    piece i is ``data[offsets[i]:offsets[i + 1]]``), one after the other: the
+    new data (uint8, ``(sum of the pieces' sizes,)``) and offsets (int64,
+    ``(len(order) + 1,)``). ``data`` itself when ``order`` is the identity.
+
+    Short pieces (a mean under ``_JOIN_PIECE_BYTES``) are gathered byte by
+    byte in one numpy gather; longer ones are copied whole, a view per piece
+    joined into one buffer (read-only), which for documents of a kilobyte is
+    about 20x less work than the gather's index of one int64 per byte."""
     sizes = np.diff(offsets)[order]
     new = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(sizes, out=new[1:])
     if np.array_equal(order, np.arange(len(order))):
         return data, offsets
+    if new[-1] >= _JOIN_PIECE_BYTES * len(order):
+        view = memoryview(np.ascontiguousarray(data, dtype=np.uint8))
+        starts = offsets[:-1][order]
+        pieces = [view[a:b] for a, b in zip(starts.tolist(), (starts + sizes).tolist())]
+        return np.frombuffer(b"".join(pieces), dtype=np.uint8), new
     source = np.repeat(offsets[:-1][order] - new[:-1], sizes) + np.arange(new[-1], dtype=np.int64)
     return data[source], new
 

@@ -25,6 +25,8 @@ def main(argv=None) -> None:
     fs.import_beam()
     from apache_beam.runners.worker import sdk_worker_main
 
+    fs.freeze_heap()  # what is imported by now lives as long as the worker
+
     try:
         sdk_worker_main.main(sys.argv if argv is None else argv)
     finally:

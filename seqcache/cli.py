@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 
-import click
+# numpy's OpenBLAS starts a thread per core when numpy is imported, and each of
+# them spins for about 0.1 s of CPU before it sleeps; no command here multiplies
+# matrices with numpy (JAX has its own). One BLAS thread, unless the user asks for
+# more: numpy is first imported below, so this comes first. The local engine's
+# worker processes inherit it (seqcache.pipelines.runner).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from seqcache import __version__
+import click  # noqa: E402
+
+from seqcache import __version__  # noqa: E402
 
 # (module under seqcache.commands, attribute): every command the CLI offers.
 _COMMANDS = (

@@ -206,6 +206,18 @@ def _write_bytes(path: str, data: bytes) -> None:
 SENTENCEPIECE_BUFFER_CHARS = 256
 
 
+def encoding_threads() -> int:
+    """SentencePiece's encoding threads for a batch when the caller names none:
+    the CPUs this process may run on (``os.sched_getaffinity``, which a
+    container's or ``taskset``'s CPU set limits), not SentencePiece's own
+    default, the machine's hardware threads, which runs more threads than
+    CPUs in a pinned process or a container and makes them take turns."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS)
+        return max(1, os.cpu_count() or 1)
+
+
 @functools.lru_cache(maxsize=None)
 def _encodes_to_numpy() -> bool:
     """True when the installed SentencePiece encodes to numpy arrays
@@ -315,21 +327,23 @@ class SentencePieceVocabulary(Vocabulary):
 
         Args:
           texts: the texts.
-          num_threads: SentencePiece's encoding threads (None: its default).
+          num_threads: SentencePiece's encoding threads (None:
+            ``encoding_threads()``, the CPUs this process may use).
         """
         if not texts:
             return []
-        kwargs = {} if num_threads is None else {"num_threads": int(num_threads)}
+        kwargs = {"num_threads": int(encoding_threads() if num_threads is None else num_threads)}
         ids = self._processor().encode(list(texts), out_type=int, **kwargs)
         return [np.asarray(x, dtype=np.int32) for x in ids]
 
     def encode_batch_flat(self, texts: Sequence[str], *, num_threads: int | None = None
                           ) -> tuple[np.ndarray, np.ndarray]:
         """``Vocabulary.encode_batch_flat``: one call into SentencePiece, and the
-        ids gathered into one int32 array without an array per text."""
+        ids gathered into one int32 array without an array per text; threads as
+        ``encode_batch``'s."""
         if not len(texts):
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        kwargs = {} if num_threads is None else {"num_threads": int(num_threads)}
+        kwargs = {"num_threads": int(encoding_threads() if num_threads is None else num_threads)}
         texts = list(texts)
         if sum(map(len, texts)) >= SENTENCEPIECE_BUFFER_CHARS * len(texts) and _encodes_to_numpy():
             # Long texts: SentencePiece's int32 buffers, no Python int per id.

@@ -7,6 +7,7 @@ are left out too, and only there. Each check
 in a fresh interpreter."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -66,9 +67,9 @@ options, name = runner.pipeline_options(["--direct_running_mode=multi_processing
 
 
 def probe(_):
-    import os, sys
+    import gc, os, sys
     return json.dumps([os.getpid(), "pandas" in sys.modules, sys.argv[0], "pymongo" in sys.modules,
-                       "requests" in sys.modules])
+                       "requests" in sys.modules, os.environ.get("OPENBLAS_NUM_THREADS"), gc.get_freeze_count()])
 
 
 with beam.Pipeline(runner=runner.local_engine(options), options=options) as p:
@@ -81,14 +82,18 @@ with beam.Pipeline(runner=runner.local_engine(options), options=options) as p:
 def test_local_engine_workers_import_beam_without_pandas(tmp_path):
     pytest.importorskip("pandas")
     out = tmp_path / "probe.txt"
-    done = subprocess.run([sys.executable, "-c", WORKERS, str(out)], capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", WORKERS, str(out)], capture_output=True, text=True, timeout=300,
+                          env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 8
-    assert {pandas for _, pandas, _, _, _ in rows} == {False}
-    assert {pymongo for _, _, _, pymongo, _ in rows} == {False}  # a worker is seqcache's own process
-    assert {requests for *_, requests in rows} == {False}  # nor Beam's BigQuery connector, which imports it
-    assert all(argv0.endswith("worker_main.py") for _, _, argv0, _, _ in rows), rows
+    assert {row[1] for row in rows} == {False}  # pandas
+    assert {row[3] for row in rows} == {False}  # pymongo: a worker is seqcache's own process
+    assert {row[4] for row in rows} == {False}  # nor Beam's BigQuery connector, which imports requests
+    assert all(row[2].endswith("worker_main.py") for row in rows), rows
+    assert {row[5] for row in rows} == {"1"}  # one numpy BLAS thread, the driver's environment having none
+    assert min(row[6] for row in rows) > 10_000  # Beam's modules frozen out of the cyclic collections
 
 
 OWN = r'''
@@ -120,3 +125,29 @@ def test_pymongo_and_bigquery_are_left_out_of_beam_only_in_seqcaches_own_process
     own = kind == "own"
     assert out == {"pymongo_after_beam": not own, "beam_mongo_client": not own, "pymongo": True,
                    "requests_after_beam": not own, "bigquery_in_beam_io": not own, "bigquery": "ReadFromBigQuery"}
+
+
+CLI_PROCESS = r'''
+import json, os, sys
+import seqcache.cli
+import numpy  # imported by the command line already
+from seqcache import fs
+fs.freeze_heap()  # not seqcache's own process yet: nothing frozen
+import gc
+before = gc.get_freeze_count()
+fs.own_process()
+fs.freeze_heap()
+print(json.dumps([os.environ.get("OPENBLAS_NUM_THREADS"), before, gc.get_freeze_count()]))
+'''
+
+
+@pytest.mark.parametrize("given", [None, "3"])
+def test_command_line_asks_for_one_blas_thread_unless_told_and_freezes_only_its_own_heap(given):
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    done = subprocess.run([sys.executable, "-c", CLI_PROCESS], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    threads, before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert threads == (given or "1")
+    assert before == 0 and after > 10_000

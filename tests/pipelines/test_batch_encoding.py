@@ -68,6 +68,23 @@ def test_ragged_take():
     assert out.tobytes() == b"ddddaacbbb" and new.tolist() == [0, 4, 6, 7, 10]
 
 
+@pytest.mark.parametrize("mean", [3, transforms._JOIN_PIECE_BYTES, 2000])
+def test_ragged_take_both_ways_equal_piece_by_piece(mean):
+    """Short pieces go through the byte gather, long ones through the join:
+    each gives the pieces in ``order``, empty pieces and a sliced (offset)
+    data array included."""
+    rng = np.random.default_rng(mean)
+    sizes = rng.integers(0, 2 * mean + 1, size=300)
+    sizes[::7] = 0
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    data = rng.integers(0, 256, size=int(offsets[-1]) + 5, dtype=np.uint8)[5:]
+    order = rng.permutation(len(sizes))
+    out, new = transforms.ragged_take(data, offsets, order)
+    want = [data[offsets[i]:offsets[i + 1]].tobytes() for i in order]
+    assert out.dtype == np.uint8 and out.tobytes() == b"".join(want)
+    assert new.tolist() == np.concatenate([[0], np.cumsum([len(w) for w in want])]).tolist()
+
+
 def _task(preprocessors, **feature):
     source = tasks.TextLineSource("unused-*.txt")
     return tasks.Task("t", source=source, output_features={"targets": tasks.Feature(tasks.ByteVocabulary(), **feature)},

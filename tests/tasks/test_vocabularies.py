@@ -136,6 +136,42 @@ def test_sentencepiece_encode_batch_flat_equals_one_text_at_a_time(spm_model, bo
     assert flat.tolist() == [i for t in texts for i in v.encode(t)]
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no CPU affinity here")
+def test_encoding_threads_follow_the_cpus_this_process_may_use(spm_model, botchan_sample, monkeypatch):
+    """A batch's SentencePiece threads are the CPUs of this process's affinity
+    (a container's or taskset's CPU set), not the machine's; the ids do not
+    depend on them."""
+    import os
+
+    before = os.sched_getaffinity(0)
+    assert V.encoding_threads() == len(before)
+    v = V.SentencePieceVocabulary(str(spm_model))
+    texts = botchan_sample[:200]
+    want = v.encode_batch_flat(texts, num_threads=3)
+    asked = []
+    real = v._processor()
+    monkeypatch.setattr(v, "_processor", lambda: _Recording(real, asked))
+    try:
+        os.sched_setaffinity(0, {min(before)})
+        assert V.encoding_threads() == 1
+        got = v.encode_batch_flat(texts)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert asked == [1]
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+
+
+class _Recording:
+    """A SentencePiece processor that records the ``num_threads`` it is asked for."""
+
+    def __init__(self, processor, asked):
+        self._processor, self._asked = processor, asked
+
+    def encode(self, texts, **kwargs):
+        self._asked.append(kwargs.get("num_threads"))
+        return self._processor.encode(texts, **kwargs)
+
+
 def test_sentencepiece_extra_ids_and_json(spm_model, tmp_path):
     v = V.SentencePieceVocabulary(str(spm_model), extra_ids=5)
     assert v.vocab_size == 805

@@ -309,6 +309,25 @@ def ragged_take(data: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tup
     return data[source], new
 
 
+def encoding_threads_for(runner: str) -> int | None:
+    """The SentencePiece threads a build gives its read step's workers
+    (``ReadUnit``): ``$SEQCACHE_ENCODING_THREADS`` when the driver sets it;
+    else None on the local engine (in memory the CPUs of this process,
+    ``multi_processing`` workers their share: ``seqcache.pipelines.runner``),
+    and 1 on any other runner, whose workers already run one process or
+    thread per CPU (Dataflow's SDK processes, ``dask worker --nthreads 1``).
+
+    Raises:
+      ValueError: ``$SEQCACHE_ENCODING_THREADS`` is not a positive integer.
+    """
+    from seqcache.pipelines import runner as runner_mod
+    from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV, encoding_threads
+
+    if os.environ.get(ENCODING_THREADS_ENV, "").strip():
+        return encoding_threads()
+    return None if runner == runner_mod.LOCAL_ENGINE else 1
+
+
 class ReadUnit:
     """The read step (a ``beam.FlatMap`` callable): one work unit ``(unit_index,
     ((file_index, start, stop), ...))`` in, ``(key, value)`` pairs out (see the
@@ -317,10 +336,17 @@ class ReadUnit:
     Memory: the shard buffers (about ``flush_bytes``) plus at most
     ``spill.QUARANTINE_BYTES`` of quarantine entries, however large the unit
     and however many records are skipped.
+
+    ``encoding_threads``: the SentencePiece threads of the worker that runs
+    it (``$SEQCACHE_ENCODING_THREADS`` there), or None to leave the worker's
+    own (``seqcache.tasks.vocabularies.encoding_threads``). A distributed
+    runner's workers already run a process or a thread per CPU, so the build
+    gives them 1 (``encoding_threads_for``).
     """
 
     def __init__(self, reader: ReadPreprocess, *, paths: Sequence[str], spill_dir: str, exchange: str,
-                 flush_bytes: int = spill.SPILL_BYTES, fs_options: Sequence[str] = ()):
+                 flush_bytes: int = spill.SPILL_BYTES, fs_options: Sequence[str] = (),
+                 encoding_threads: int | None = None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
         self.reader = reader
@@ -329,11 +355,15 @@ class ReadUnit:
         self.exchange = exchange
         self.flush_bytes = int(flush_bytes)
         self.fs_options = list(fs_options)
+        self.encoding_threads = None if encoding_threads is None else int(encoding_threads)
 
     def __call__(self, unit) -> Iterator[tuple[int, Any]]:
         from seqcache.tasks import Split
+        from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV
 
         set_worker_options(self.fs_options)
+        if self.encoding_threads is not None:
+            os.environ[ENCODING_THREADS_ENV] = str(self.encoding_threads)
         unit_index, ranges = unit
         token = f"{unit_index:07d}-{os.urandom(6).hex()}"  # unique per attempt: retries never collide
         state = _UnitState()

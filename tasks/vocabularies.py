@@ -206,12 +206,27 @@ def _write_bytes(path: str, data: bytes) -> None:
 SENTENCEPIECE_BUFFER_CHARS = 256
 
 
+ENCODING_THREADS_ENV = "SEQCACHE_ENCODING_THREADS"
+
+
 def encoding_threads() -> int:
     """SentencePiece's encoding threads for a batch when the caller names none:
-    the CPUs this process may run on (``os.sched_getaffinity``, which a
-    container's or ``taskset``'s CPU set limits), not SentencePiece's own
-    default, the machine's hardware threads, which runs more threads than
-    CPUs in a pinned process or a container and makes them take turns."""
+    ``$SEQCACHE_ENCODING_THREADS`` when set (a positive integer; the local
+    engine's worker processes get their share of the CPUs this way,
+    ``seqcache.pipelines.runner``), else the CPUs this process may run on
+    (``os.sched_getaffinity``, which a container's or ``taskset``'s CPU set
+    limits). Not SentencePiece's own default, the machine's hardware
+    threads, which runs more threads than CPUs in a pinned process, a
+    container or beside other workers, and makes them take turns.
+
+    Raises:
+      ValueError: ``$SEQCACHE_ENCODING_THREADS`` is not a positive integer.
+    """
+    given = os.environ.get(ENCODING_THREADS_ENV, "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise ValueError(f"{ENCODING_THREADS_ENV}={given!r}: expected a positive integer (encoding threads)")
+        return int(given)
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no sched_getaffinity (macOS)

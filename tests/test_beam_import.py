@@ -69,7 +69,8 @@ options, name = runner.pipeline_options(["--direct_running_mode=multi_processing
 def probe(_):
     import gc, os, sys
     return json.dumps([os.getpid(), "pandas" in sys.modules, sys.argv[0], "pymongo" in sys.modules,
-                       "requests" in sys.modules, os.environ.get("OPENBLAS_NUM_THREADS"), gc.get_freeze_count()])
+                       "requests" in sys.modules, os.environ.get("OPENBLAS_NUM_THREADS"), gc.get_freeze_count(),
+                       os.environ.get("SEQCACHE_ENCODING_THREADS")])
 
 
 with beam.Pipeline(runner=runner.local_engine(options), options=options) as p:
@@ -82,7 +83,7 @@ with beam.Pipeline(runner=runner.local_engine(options), options=options) as p:
 def test_local_engine_workers_import_beam_without_pandas(tmp_path):
     pytest.importorskip("pandas")
     out = tmp_path / "probe.txt"
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "SEQCACHE_ENCODING_THREADS")}
     done = subprocess.run([sys.executable, "-c", WORKERS, str(out)], capture_output=True, text=True, timeout=300,
                           env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -94,6 +95,8 @@ def test_local_engine_workers_import_beam_without_pandas(tmp_path):
     assert all(row[2].endswith("worker_main.py") for row in rows), rows
     assert {row[5] for row in rows} == {"1"}  # one numpy BLAS thread, the driver's environment having none
     assert min(row[6] for row in rows) > 10_000  # Beam's modules frozen out of the cyclic collections
+    # SentencePiece threads: each of the 2 workers gets its share of the driver's CPUs.
+    assert {row[7] for row in rows} == {str(max(1, len(os.sched_getaffinity(0)) // 2))}
 
 
 OWN = r'''

@@ -220,3 +220,19 @@ def test_shard_entries_chunk_bounds_cover_the_shard_within_the_limits():
     records = [r for data, _ in entries.record_chunks(chunk=2) for r in data]
     assert records == [bytes(range(int(a), int(b))) for a, b in zip(end - sizes, end)]
     assert all(type(r) is bytes for r in records)
+
+
+@pytest.mark.parametrize("given", [None, "3"])
+def test_encoding_threads_for_each_runner(monkeypatch, given):
+    """The local engine keeps its workers' own SentencePiece threads; any other
+    runner's workers get one each; a driver's $SEQCACHE_ENCODING_THREADS goes
+    to every worker."""
+    from seqcache.pipelines import runner as runner_mod
+    from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV
+
+    monkeypatch.delenv(ENCODING_THREADS_ENV, raising=False)
+    if given is not None:
+        monkeypatch.setenv(ENCODING_THREADS_ENV, given)
+    dask = "apache_beam.runners.dask.dask_runner.DaskRunner"
+    local, other = transforms.encoding_threads_for(runner_mod.LOCAL_ENGINE), transforms.encoding_threads_for(dask)
+    assert (local, other) == ((None, 1) if given is None else (3, 3))

@@ -143,6 +143,7 @@ def test_encoding_threads_follow_the_cpus_this_process_may_use(spm_model, botcha
     depend on them."""
     import os
 
+    monkeypatch.delenv(V.ENCODING_THREADS_ENV, raising=False)
     before = os.sched_getaffinity(0)
     assert V.encoding_threads() == len(before)
     v = V.SentencePieceVocabulary(str(spm_model))
@@ -159,6 +160,16 @@ def test_encoding_threads_follow_the_cpus_this_process_may_use(spm_model, botcha
         os.sched_setaffinity(0, before)
     assert asked == [1]
     assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+
+
+@pytest.mark.parametrize("given, want", [("3", 3), (" 1 ", 1), ("0", None), ("two", None), ("-2", None)])
+def test_encoding_threads_from_the_environment(monkeypatch, given, want):
+    monkeypatch.setenv(V.ENCODING_THREADS_ENV, given)
+    if want is None:
+        with pytest.raises(ValueError, match=f"{V.ENCODING_THREADS_ENV}=.*positive integer"):
+            V.encoding_threads()
+    else:
+        assert V.encoding_threads() == want
 
 
 class _Recording:

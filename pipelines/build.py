@@ -376,7 +376,7 @@ def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_
                                        num_shards=num_shards)
     read = transforms.ReadUnit(reader, paths=[f.path for f in plan.files], spill_dir=spill_dir,
                                exchange=plan.exchange, fs_options=plan.fs_options,
-                               encoding_threads=transforms.encoding_threads_for(plan.runner))
+                               encoding_threads=transforms.driver_encoding_threads())
     write = transforms.WriteGroup(task, out_dir=build_dir, scratch_dir=spill_dir, num_shards=num_shards,
                                   sequence_length=config.sequence_length, fs_options=plan.fs_options)
     summarize = transforms.WriteSummary(scratch_dir=scratch, fs_options=plan.fs_options)

@@ -166,29 +166,14 @@ _BEAM_WORKER_MAIN = "-m apache_beam.runners.worker.sdk_worker_main"
 _SEQCACHE_WORKER_MAIN = "-m seqcache.pipelines.worker_main"
 # Beam runs the worker command through the shell. One numpy BLAS thread in each
 # worker unless the environment says otherwise (seqcache.cli: OpenBLAS's idle
-# threads spin for about 0.1 s of CPU per process at start), and each worker's
-# share of the CPUs as its SentencePiece threads (tasks.vocabularies.encoding_threads).
-_WORKER_ENV = "OPENBLAS_NUM_THREADS=${{OPENBLAS_NUM_THREADS:-1}} {threads_env}=${{{threads_env}:-{threads}}}"
-
-
-def _worker_env(options) -> str:
-    """The environment prefix of a local worker's command for ``options``:
-    ``encoding_threads()`` of this process divided among
-    ``--direct_num_workers`` (at least 1 each)."""
-    from apache_beam.options.pipeline_options import DirectOptions
-
-    from seqcache.tasks import vocabularies
-
-    workers = max(1, int(options.view_as(DirectOptions).direct_num_workers or 1))
-    threads = max(1, vocabularies.encoding_threads() // workers)
-    return _WORKER_ENV.format(threads_env=vocabularies.ENCODING_THREADS_ENV, threads=threads)
+# threads spin for about 0.1 s of CPU per process at start).
+_WORKER_ENV = "OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}"
 
 
 def _local_engine_class():
     """``FnApiRunner`` whose multi_processing workers start through
     ``seqcache.pipelines.worker_main`` (Beam imported without pandas), with
-    one numpy BLAS thread and their share of the CPUs as SentencePiece
-    threads, unless the environment says otherwise (``_worker_env``); any
+    one numpy BLAS thread unless ``OPENBLAS_NUM_THREADS`` says otherwise; any
     other environment is left as Beam made it."""
     import sys
 
@@ -200,7 +185,7 @@ def _local_engine_class():
             beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
             for env in pipeline_proto.components.environments.values():
                 if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command:
-                    env.payload = f"{_worker_env(options)} {sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
+                    env.payload = f"{_WORKER_ENV} {sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
             return super().run_via_runner_api(pipeline_proto, options)
 
     return LocalEngine

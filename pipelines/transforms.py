@@ -309,23 +309,24 @@ def ragged_take(data: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tup
     return data[source], new
 
 
-def encoding_threads_for(runner: str) -> int | None:
+def driver_encoding_threads() -> int | None:
     """The SentencePiece threads a build gives its read step's workers
-    (``ReadUnit``): ``$SEQCACHE_ENCODING_THREADS`` when the driver sets it;
-    else None on the local engine (in memory the CPUs of this process,
-    ``multi_processing`` workers their share: ``seqcache.pipelines.runner``),
-    and 1 on any other runner, whose workers already run one process or
-    thread per CPU (Dataflow's SDK processes, ``dask worker --nthreads 1``).
+    (``ReadUnit``): ``$SEQCACHE_ENCODING_THREADS`` when the driver sets it
+    (a distributed runner's workers do not inherit the driver's
+    environment), else None: each worker uses the CPUs it may run on. Two
+    local worker processes on 2 CPUs with 2 threads each build short lines
+    1.81x as fast as one worker, with 1 thread each 1.55x: a worker's
+    threads use the CPU the other leaves idle (benchmarks/README.md,
+    "Worker processes").
 
     Raises:
       ValueError: ``$SEQCACHE_ENCODING_THREADS`` is not a positive integer.
     """
-    from seqcache.pipelines import runner as runner_mod
     from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV, encoding_threads
 
     if os.environ.get(ENCODING_THREADS_ENV, "").strip():
         return encoding_threads()
-    return None if runner == runner_mod.LOCAL_ENGINE else 1
+    return None
 
 
 class ReadUnit:
@@ -339,9 +340,8 @@ class ReadUnit:
 
     ``encoding_threads``: the SentencePiece threads of the worker that runs
     it (``$SEQCACHE_ENCODING_THREADS`` there), or None to leave the worker's
-    own (``seqcache.tasks.vocabularies.encoding_threads``). A distributed
-    runner's workers already run a process or a thread per CPU, so the build
-    gives them 1 (``encoding_threads_for``).
+    own (``seqcache.tasks.vocabularies.encoding_threads``; see
+    ``driver_encoding_threads``).
     """
 
     def __init__(self, reader: ReadPreprocess, *, paths: Sequence[str], spill_dir: str, exchange: str,

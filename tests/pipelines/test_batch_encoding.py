@@ -2,6 +2,7 @@
 encoding, shard assignment, ragged reordering, EOS and trimming, finalising."""
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -223,16 +224,21 @@ def test_shard_entries_chunk_bounds_cover_the_shard_within_the_limits():
 
 
 @pytest.mark.parametrize("given", [None, "3"])
-def test_encoding_threads_for_each_runner(monkeypatch, given):
-    """The local engine keeps its workers' own SentencePiece threads; any other
-    runner's workers get one each; a driver's $SEQCACHE_ENCODING_THREADS goes
-    to every worker."""
-    from seqcache.pipelines import runner as runner_mod
+def test_driver_encoding_threads_reach_the_read_step(monkeypatch, given):
+    """A driver's $SEQCACHE_ENCODING_THREADS goes to every worker's read step
+    (a distributed runner's workers do not inherit the driver's environment),
+    and the read step sets it there; without it each worker keeps its own."""
+    import pickle
+
     from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV
 
     monkeypatch.delenv(ENCODING_THREADS_ENV, raising=False)
     if given is not None:
         monkeypatch.setenv(ENCODING_THREADS_ENV, given)
-    dask = "apache_beam.runners.dask.dask_runner.DaskRunner"
-    local, other = transforms.encoding_threads_for(runner_mod.LOCAL_ENGINE), transforms.encoding_threads_for(dask)
-    assert (local, other) == ((None, 1) if given is None else (3, 3))
+    threads = transforms.driver_encoding_threads()
+    assert threads == (None if given is None else 3)
+    unit = pickle.loads(pickle.dumps(transforms.ReadUnit(
+        None, paths=[], spill_dir="unused", exchange="spill", encoding_threads=threads)))
+    monkeypatch.delenv(ENCODING_THREADS_ENV, raising=False)  # a worker: the driver's environment is not here
+    list(unit((0, ())))  # a work unit of no ranges
+    assert os.environ.get(ENCODING_THREADS_ENV) == (None if given is None else "3")

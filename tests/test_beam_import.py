@@ -95,8 +95,7 @@ def test_local_engine_workers_import_beam_without_pandas(tmp_path):
     assert all(row[2].endswith("worker_main.py") for row in rows), rows
     assert {row[5] for row in rows} == {"1"}  # one numpy BLAS thread, the driver's environment having none
     assert min(row[6] for row in rows) > 10_000  # Beam's modules frozen out of the cyclic collections
-    # SentencePiece threads: each of the 2 workers gets its share of the driver's CPUs.
-    assert {row[7] for row in rows} == {str(max(1, len(os.sched_getaffinity(0)) // 2))}
+    assert {row[7] for row in rows} == {None}  # SentencePiece threads: each worker's own CPUs
 
 
 OWN = r'''

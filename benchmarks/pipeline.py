@@ -2,9 +2,11 @@
 
 For each corpus the benchmark measures, on this machine's cores:
   bound: SentencePiece batch encode of exactly the records the build reads
-         (``SentencePieceProcessor.encode(list, num_threads=cores)``, with the
+         (``SentencePieceProcessor.encode(list, num_threads=T)``, with the
          output the build asks for: int32 buffers for texts of 256 characters
-         or more on average, lists of ints for shorter ones), no I/O;
+         or more on average, lists of ints for shorter ones), no I/O; T is
+         --workers unless --bound-threads says otherwise (0: the threads a
+         build's encoding uses, ``encoding_threads()``);
   tokenizers: next to it, the same bound for a byte-level BPE tokenizer.json
          (``tokenizers``, trained on the same sample with the same vocabulary
          size) through ``HfTokenizerVocabulary.encode_batch``: which tokenizer is
@@ -452,6 +454,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=50.0, help="corpus size per case, MB")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--bound-threads", type=int, default=None,
+                    help="SentencePiece threads of the bound (default: --workers; 0: the build's own, "
+                    "seqcache.tasks.vocabularies.encoding_threads(), the CPUs this process may use)")
     ap.add_argument("--cases", default="lines,documents")
     ap.add_argument("--json", dest="json_out")
     ap.add_argument("--t5", action="store_true",
@@ -475,7 +480,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="also build each case with 1 and with --workers worker processes (multi_processing), "
                     "SHARDS shards each, alternating, each on as many CPUs as it has workers: wall-clock "
                     "speed-up, and whether the shards are the same bytes (replaces the throughput table)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.bound_threads is None:
+        args.bound_threads = args.workers
+    elif args.bound_threads == 0:
+        from seqcache.tasks.vocabularies import encoding_threads
+
+        args.bound_threads = encoding_threads()
+    return args
 
 
 def train_vocabularies(tmp: pathlib.Path, with_tokenizers: bool) -> tuple[str, str | None]:
@@ -522,14 +534,14 @@ def measure_case(tmp: pathlib.Path, case: str, model: str, bpe: str | None,
     raw_mb = sum(len(r.encode()) for r in records) / 1e6
     tokenizers = None
     if bpe is not None:
-        sp = bound(model, records, args.workers)
+        sp = bound(model, records, args.bound_threads)
         tokenizers = tokenizer_row(case, raw_mb, sp, hf_bound(bpe, records))
     if args.bound_only:
         return None, tokenizers
     runs = []
     for k in range(args.repeat):  # bound and build alternate, so that both see the same load
         bd, d = {}, {}
-        b_s, b_tokens = bound(model, records, args.workers, details=bd)
+        b_s, b_tokens = bound(model, records, args.bound_threads, details=bd)
         s, stats, peak_mb = build(spec, model, str(tmp / f"cache-{case}"), args.workers, case, details=d)
         tokens = stats["tokens"]["targets"]
         assert tokens == b_tokens, (tokens, b_tokens)
@@ -617,7 +629,7 @@ def incremental_row(tmp: pathlib.Path, case: str, model: str, args: argparse.Nam
         seconds = {}
         for label, spec, records, _ in corpora:
             bd, d = {}, {}
-            bound(model, records, args.workers, details=bd)
+            bound(model, records, args.bound_threads, details=bd)
             build(spec, model, str(tmp / f"cache-{case}-{label}"), args.workers, case, details=d)
             shutil.rmtree(tmp / f"cache-{case}-{label}", ignore_errors=True)
             seconds[label] = (bd["cpu_s"], d["cpu_s"])
@@ -746,8 +758,10 @@ def print_report(results: dict) -> None:
 def main(argv=None):
     args = parse_args(argv)
     # tokenizers' thread pool reads this once, at its first use: as many threads as SentencePiece gets.
-    os.environ.setdefault("RAYON_NUM_THREADS", str(args.workers))
+    os.environ.setdefault("RAYON_NUM_THREADS", str(args.bound_threads))
     results = measure(args)
+    results["bound_threads"] = args.bound_threads
+    print(f"bounds: {args.bound_threads} encoding thread(s); builds: {args.workers} worker(s)")
     print_report(results)
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -211,9 +211,10 @@ ENCODING_THREADS_ENV = "SEQCACHE_ENCODING_THREADS"
 
 def encoding_threads() -> int:
     """SentencePiece's encoding threads for a batch when the caller names none:
-    ``$SEQCACHE_ENCODING_THREADS`` when set (a positive integer; the local
-    engine's worker processes get their share of the CPUs this way,
-    ``seqcache.pipelines.runner``), else the CPUs this process may run on
+    ``$SEQCACHE_ENCODING_THREADS`` when set (a positive integer; a build
+    hands its driver's value to every worker,
+    ``seqcache.pipelines.transforms.driver_encoding_threads``), else the CPUs
+    this process may run on
     (``os.sched_getaffinity``, which a container's or ``taskset``'s CPU set
     limits). Not SentencePiece's own default, the machine's hardware
     threads, which runs more threads than CPUs in a pinned process, a

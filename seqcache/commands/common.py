@@ -185,20 +185,7 @@ def worker_stderr(*, verbose: bool):
     _real_stderr_fd = saved
     stream = open(os.dup(saved), "w", encoding=sys.stderr.encoding, errors=sys.stderr.errors or "backslashreplace",
                   buffering=1)
-    handler = None
-    if verbose:
-        read_fd, write_fd = os.pipe()
-        threading.Thread(target=_drain, args=(read_fd, os.dup(saved)), name="seqcache-stderr-relay", daemon=True).start()
-        os.dup2(write_fd, 2)
-        os.close(write_fd)
-    else:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.close(devnull)
-        handler = logging.StreamHandler(stream)
-        handler.setLevel(logging.WARNING)
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        logging.getLogger("seqcache").addHandler(handler)
+    handler = _redirect_fd2(saved, stream, verbose=verbose)
     restore = True
     try:
         yield stream
@@ -222,6 +209,27 @@ def worker_stderr(*, verbose: bool):
             stream.close()
         except OSError:
             pass
+
+
+def _redirect_fd2(saved: int, stream, *, verbose: bool) -> logging.Handler | None:
+    """Points descriptor 2 at a pipe that a thread copies to ``saved`` (the
+    real standard error) when ``verbose``, else at ``os.devnull``, and then
+    sends seqcache's own log warnings to ``stream``: the handler to remove
+    afterwards, or None (``worker_stderr``)."""
+    if verbose:
+        read_fd, write_fd = os.pipe()
+        threading.Thread(target=_drain, args=(read_fd, os.dup(saved)), name="seqcache-stderr-relay", daemon=True).start()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        return None
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("seqcache").addHandler(handler)
+    return handler
 
 
 # The real standard error while ``worker_stderr`` has taken descriptor 2 away

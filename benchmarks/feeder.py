@@ -453,7 +453,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="shards of each of the mixture benchmark's 3 task caches (default: a third of --shards)")
     ap.add_argument("--open-batch", type=int, default=16, help="global batch of the open benchmark's first batch")
     ap.add_argument("--only", help="comma-separated sections: throughput, mixture, open, trace (default: all)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(SECTIONS) if args.only else set()
+    if unknown:
+        ap.error(f"--only: no section {', '.join(sorted(unknown))} (sections: {', '.join(SECTIONS)})")
+    return args
+
+
+SECTIONS = ("throughput", "mixture", "open", "trace")
 
 
 def bench_sections(big: str, root: str, only: set[str], args: argparse.Namespace) -> dict:
@@ -595,7 +602,7 @@ def print_throughput(res: dict) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
-    only = set(args.only.split(",")) if args.only else {"throughput", "mixture", "open", "trace"}
+    only = set(args.only.split(",")) if args.only else set(SECTIONS)
 
     tmp = None
     root = args.cache_dir

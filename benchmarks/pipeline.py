@@ -507,6 +507,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "SHARDS shards each, alternating, each on as many CPUs as it has workers: wall-clock "
                     "speed-up, and whether the shards are the same bytes (replaces the throughput table)")
     args = ap.parse_args(argv)
+    unknown = {c for c in args.cases.split(",") if c} - {"lines", "documents"}
+    if unknown:
+        ap.error(f"--cases: no case {', '.join(sorted(unknown))} (cases: lines, documents)")
     if args.bound_threads is None:
         args.bound_threads = args.workers
     elif args.bound_threads == 0:

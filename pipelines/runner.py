@@ -228,6 +228,33 @@ def unknown_flags(args: Sequence[str]) -> list[str]:
     return [a for a in args if a.startswith("--") and a.partition("=")[0] not in known]
 
 
+def option_value_errors(args: Sequence[str]) -> str | None:
+    """What is wrong with the values of ``args`` (Beam pipeline options whose
+    flags exist, ``unknown_flags``), as one line, or None: argparse's own
+    message for a value its option refuses (``--direct_running_mode=multiprocess``:
+    "argument --direct_running_mode: invalid choice: ..."), found by parsing
+    them here, where it can be said, instead of in the pipeline, whose
+    standard error a build hides from its workers; and a negative
+    ``--direct_num_workers`` (0 is Beam's "every CPU")."""
+    import contextlib
+    import io
+
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+
+    message = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(message):
+            options = PipelineOptions(list(args))
+            options.get_all_options()
+            workers = options.view_as(DirectOptions).direct_num_workers
+    except SystemExit:
+        lines = [line for line in message.getvalue().splitlines() if ": error: " in line]
+        return lines[-1].split(": error: ", 1)[1] if lines else message.getvalue().strip() or "invalid option value"
+    if workers is not None and int(workers) < 0:
+        return f"--direct_num_workers={workers}: expected 0 (every CPU) or more"
+    return None
+
+
 def check_runner_available(runner: str) -> None:
     """Fails early, before anything is written, when ``runner`` cannot be used
     here: an unknown name, or a runner whose Python packages are missing.

@@ -57,6 +57,24 @@ class _Commands(click.Group):
 @click.version_option(__version__, prog_name="seqcache")
 def main():
     """Deterministic token caches and exactly-once feeders for LM training."""
+    if not {"-h", "--help"} & set(sys.argv[1:]):  # a command's help is shown whatever the environment
+        _check_environment()
+
+
+def _check_environment() -> None:
+    """Refuses, before any command runs, an environment variable of seqcache's
+    that would fail it midway (``SEQCACHE_ENCODING_THREADS`` that is not a
+    positive integer: ``seqcache.tasks.vocabularies.encoding_threads``).
+
+    Raises:
+      click.ClickException: one line naming the variable.
+    """
+    from seqcache.tasks.vocabularies import encoding_threads
+
+    try:
+        encoding_threads()
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def _register():

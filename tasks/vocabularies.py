@@ -225,7 +225,7 @@ def encoding_threads() -> int:
     """
     given = os.environ.get(ENCODING_THREADS_ENV, "").strip()
     if given:
-        if not given.isdigit() or int(given) < 1:
+        if not (given.isascii() and given.isdigit()) or int(given) < 1:
             raise ValueError(f"{ENCODING_THREADS_ENV}={given!r}: expected a positive integer (encoding threads)")
         return int(given)
     try:

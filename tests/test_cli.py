@@ -319,3 +319,34 @@ def test_info_says_none_the_same_way_and_show_names_the_index_out_of_range(tmp_p
     assert runner.invoke(main, ["show", cache, "--index", "39"]).exit_code == 0
     with CacheReader(cache) as reader, pytest.raises(IndexError, match=r"out of range \[0, 40\) \(got 40, 42\)$"):
         reader.read_examples([3, 42, 40])
+
+
+def test_a_bad_encoding_threads_variable_is_refused_before_any_command_runs(tmp_path, monkeypatch):
+    """$SEQCACHE_ENCODING_THREADS that is not a positive integer: one line naming
+    it, exit 1, before the command reads anything (scan would otherwise blame
+    the first record it tokenizes, vocab train fail after writing its model)."""
+    corpus = tmp_path / "a.txt"
+    write_lines(corpus, ["to be", "or not"])
+    monkeypatch.setenv("SEQCACHE_ENCODING_THREADS", "abc")
+    out = CliRunner().invoke(main, ["scan", "--source", f"text:{corpus}"])
+    assert out.exit_code == 1
+    assert "SEQCACHE_ENCODING_THREADS='abc': expected a positive integer" in out.output
+    assert "a.txt" not in out.output
+    monkeypatch.setenv("SEQCACHE_ENCODING_THREADS", "1")
+    assert CliRunner().invoke(main, ["scan", "--source", f"text:{corpus}"]).exit_code == 0
+
+
+def test_a_beam_option_with_a_bad_value_is_named_before_the_build(tmp_path):
+    """A Beam option whose value Beam refuses is reported in one line (the
+    build's standard error is hidden from its workers, where argparse would
+    say it), and a negative worker count too; nothing is built."""
+    corpus = tmp_path / "a.txt"
+    write_lines(corpus, ["to be", "or not"])
+    base = ["build", "--source", f"text:{corpus}", "--name", "t", "--cache-dir", str(tmp_path / "c")]
+    for option, said in (("--direct_running_mode=multiprocess", "invalid choice: 'multiprocess'"),
+                         ("--direct_num_workers=abc", "invalid int value: 'abc'"),
+                         ("--direct_num_workers=-3", "--direct_num_workers=-3: expected 0")):
+        out = CliRunner().invoke(main, base + [option])
+        assert out.exit_code == 2, out.output
+        assert "Beam pipeline option:" in out.output and said in out.output, out.output
+    assert not (tmp_path / "c" / "t").exists()

@@ -431,7 +431,7 @@ def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
     name = names[0] if names else None
     if pipeline_args:
         from seqcache.pipelines.build import import_beam
-        from seqcache.pipelines.runner import unknown_flags
+        from seqcache.pipelines.runner import option_value_errors, unknown_flags
 
         import_beam()
         unknown = unknown_flags(pipeline_args)
@@ -440,6 +440,9 @@ def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
                 f"no such option: {', '.join(unknown)} (options other than this command's own are Beam pipeline "
                 "options, e.g. --runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL)"
             )
+        wrong = option_value_errors(pipeline_args)
+        if wrong:
+            raise click.UsageError(f"Beam pipeline option: {wrong}")
     return name, pipeline_args
 
 

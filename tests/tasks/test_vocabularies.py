@@ -162,7 +162,8 @@ def test_encoding_threads_follow_the_cpus_this_process_may_use(spm_model, botcha
     assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
 
 
-@pytest.mark.parametrize("given, want", [("3", 3), (" 1 ", 1), ("0", None), ("two", None), ("-2", None)])
+@pytest.mark.parametrize("given, want", [("3", 3), (" 1 ", 1), ("0", None), ("two", None), ("-2", None),
+                                         ("1.5", None), ("\u0663", None)])
 def test_encoding_threads_from_the_environment(monkeypatch, given, want):
     monkeypatch.setenv(V.ENCODING_THREADS_ENV, given)
     if want is None:

@@ -214,16 +214,9 @@ def build(spec: str, model_path: str, cache_dir: str, workers: int, name: str,
     code = BUILD_CHILD.format(peak_file=peak_file.name)
     start = time.perf_counter()
     log = tempfile.TemporaryFile()
-    # Pinned through taskset where there is one: a preexec_fn would fork this
-    # process (the corpus in memory) first, and the fork's pages would count in
-    # the build's peak RSS.
-    command, pin = [sys.executable, "-c", code, *args], None
-    if cpus is not None and shutil.which("taskset"):
-        command = ["taskset", "-c", ",".join(map(str, sorted(cpus)))] + command
-    elif cpus is not None:
-        pin = lambda: os.sched_setaffinity(0, cpus)  # noqa: E731
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(),
-                            preexec_fn=pin)
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=log, stderr=subprocess.STDOUT,
+                            cwd=tempfile.gettempdir(), preexec_fn=pin)
     _, status, usage = os.wait4(proc.pid, 0)  # this build's own peak RSS (and its waited-for workers')
     proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - start

@@ -66,6 +66,7 @@ import contextlib
 import dataclasses
 import hashlib
 import heapq
+import io
 import json
 import os
 import struct
@@ -73,7 +74,14 @@ from typing import BinaryIO, Iterable, Iterator, Sequence
 
 import numpy as np
 
-SPILL_BYTES = 64 << 20
+# Buffered bytes at which the read step flushes (``transforms.ReadUnit``):
+# to a spill file (the local engine), or as one element per shard to the
+# runner's shuffle. A spill flush is smaller: its buffers are the read step's
+# largest memory, and a writer reads a spill section in windows whatever its
+# size. A flush to the runner stays large, because its elements are one
+# columnar batch per shard and flush: a distributed shuffle pays per element.
+SPILL_BYTES = 16 << 20
+RUNNER_FLUSH_BYTES = 64 << 20
 # Memory of one buffered entry besides its example bytes (its columns in the
 # batches' numpy arrays: key, four ints, lengths, offset): counted against
 # SPILL_BYTES so that the buffers of a bundle stay near SPILL_BYTES of real memory.
@@ -82,10 +90,48 @@ ENTRY_OVERHEAD = 48
 # arrays): a batch of records spread over many shards adds this per shard.
 BATCH_OVERHEAD = 1300
 _HEAD = struct.Struct("<QI")
-# Example bytes a shard writer copies out of the loaded spill sections at a time
-# (``ShardEntries.chunk_bounds``): the shard itself is held once, its copies in
-# pieces of this size.
-CHUNK_BYTES = 16 << 20
+HEAD_SIZE = _HEAD.size  # a section's first bytes: entry count (uint64), feature count (uint32)
+# Example bytes a shard writer copies out of a shard's sections at a time
+# (``ShardEntries.chunk_bounds``): sections that travelled through the runner
+# are held whole, their copies in pieces of this size; sections in spill files
+# are read a window at a time (READ_BYTES).
+CHUNK_BYTES = 4 << 20
+# What a shard writer reads of the spill sections on disk ahead of the range it
+# copies (``ShardEntries``): this budget divided among a shard's sections, at
+# least MIN_READ_BYTES a read.
+READ_BYTES = 8 << 20
+MIN_READ_BYTES = 64 << 10
+
+
+# Mean piece size (bytes) from which ``ragged_take`` copies pieces whole
+# (``bytes.join`` of views) instead of gathering their bytes one by one: the
+# gather builds an int64 index per byte (16 bytes of index work per byte), a
+# join costs about 0.2 us per piece.
+_JOIN_PIECE_BYTES = 64
+
+
+def ragged_take(data: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces ``order`` of a ragged uint8 array (``data`` with int64 ``offsets``,
+    piece i is ``data[offsets[i]:offsets[i + 1]]``), one after the other: the
+    new data (uint8, ``(sum of the pieces' sizes,)``) and offsets (int64,
+    ``(len(order) + 1,)``). ``data`` itself when ``order`` is the identity.
+
+    Short pieces (a mean under ``_JOIN_PIECE_BYTES``) are gathered byte by
+    byte in one numpy gather; longer ones are copied whole, a view per piece
+    joined into one buffer (read-only), which for documents of a kilobyte is
+    about 20x less work than the gather's index of one int64 per byte."""
+    sizes = np.diff(offsets)[order]
+    new = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=new[1:])
+    if np.array_equal(order, np.arange(len(order))):
+        return data, offsets
+    if new[-1] >= _JOIN_PIECE_BYTES * len(order):
+        view = memoryview(np.ascontiguousarray(data, dtype=np.uint8))
+        starts = offsets[:-1][order]
+        pieces = [view[a:b] for a, b in zip(starts.tolist(), (starts + sizes).tolist())]
+        return np.frombuffer(b"".join(pieces), dtype=np.uint8), new
+    source = np.repeat(offsets[:-1][order] - new[:-1], sizes) + np.arange(new[-1], dtype=np.int64)
+    return data[source], new
 
 
 def batch_bytes(batch) -> int:
@@ -114,45 +160,83 @@ class SpillBuffer:
         return sum(len(b) for b in self.batches)
 
     def to_bytes(self, num_features: int) -> bytes:
-        """The buffer in the spill file format (see ``load_shard``)."""
+        """The buffer in the spill file format (see ``load_shard``), its
+        entries sorted in cache order (``sort_order``), so that a shard writer
+        can merge the sections of a shard reading each one front to back."""
+        return b"".join(self._pieces(num_features))
+
+    def write_to(self, f: BinaryIO, num_features: int) -> int:
+        """Writes ``to_bytes`` to ``f`` piece by piece (a column at a time,
+        never the whole section at once) and drops the buffer's batches;
+        returns the bytes written."""
+        written = 0
+        for piece in self._pieces(num_features, release=True):
+            view = memoryview(piece)
+            f.write(view)
+            written += view.nbytes
+        return written
+
+    def _pieces(self, num_features: int, release: bool = False) -> Iterator:
         bs = self.batches
-        n = len(self)
-        offsets = np.zeros(n + 1, dtype="<u8")
-        if bs:
-            np.cumsum(np.concatenate([np.diff(b.offsets) for b in bs]), out=offsets[1:])
+        if release:
+            self.batches, self.nbytes = [], 0
+        n = sum(len(b) for b in bs)
 
         def column(name, dtype):
-            return b"".join(np.ascontiguousarray(getattr(b, name), dtype=dtype).tobytes() for b in bs)
+            if not bs:
+                return np.zeros(0, dtype)
+            return np.concatenate([np.asarray(getattr(b, name), dtype=dtype) for b in bs])
 
-        return b"".join((
-            _HEAD.pack(n, num_features),
-            b"".join(np.ascontiguousarray(b.key).tobytes() for b in bs),
-            column("sub_index", "<u4"),
-            column("file_index", "<u4"),
-            column("record_number", "<u8"),
-            column("truncated", "<u4"),
-            b"".join(np.ascontiguousarray(b.lengths.reshape(len(b), num_features), dtype="<u4").tobytes()
-                     for b in bs),
-            offsets.tobytes(),
-            b"".join(b.data.tobytes() for b in bs),
-        ))
+        keys = np.concatenate([np.ascontiguousarray(b.key) for b in bs]) if bs else np.zeros(0, "V16")
+        sub, files, recs = column("sub_index", "<u4"), column("file_index", "<u4"), column("record_number", "<u8")
+        hi_lo = keys.view(">u8").reshape(-1, 2)
+        order = sort_order(hi_lo[:, 0].astype(np.uint64), hi_lo[:, 1].astype(np.uint64), sub, files, recs)
+        del hi_lo
+        yield _HEAD.pack(n, num_features)
+        for values in (keys, sub, files, recs):
+            yield values[order]
+        del keys, sub, files, recs
+        yield column("truncated", "<u4")[order]
+        yield (np.concatenate([np.asarray(b.lengths, dtype="<u4").reshape(len(b), num_features) for b in bs])
+               if bs else np.zeros((0, num_features), "<u4"))[order]
+        if len(bs) == 1:
+            data, offsets = np.asarray(bs[0].data, dtype=np.uint8), np.asarray(bs[0].offsets, dtype=np.int64)
+        else:
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            if bs:
+                np.cumsum(np.concatenate([np.diff(b.offsets) for b in bs]), out=offsets[1:])
+            data = np.concatenate([np.asarray(b.data, dtype=np.uint8) for b in bs]) if bs else np.zeros(0, np.uint8)
+        del bs
+        data, offsets = ragged_take(data, offsets, order)
+        yield offsets.astype("<u8")
+        del offsets
+        yield np.ascontiguousarray(data)
 
 
 FLUSH_MAGIC = b"SQSPILL1"
 _SECTION = struct.Struct("<IQQ")
 
 
-def flush_bytes(buffers: dict, num_features: int) -> tuple[bytes, list[tuple[int, int, int]]]:
-    """One flush file's bytes for ``buffers`` (shard -> ``SpillBuffer``), and its
-    sections as ``(shard, offset, length)``, in shard order."""
-    parts, index, pos = [], [], 0
+def write_flush(f: BinaryIO, buffers: dict, num_features: int) -> list[tuple[int, int, int]]:
+    """Writes one flush file of ``buffers`` (shard -> ``SpillBuffer``, emptied
+    as they are written, so that the flush never holds the buffers and their
+    copy at once) to ``f``, and returns its sections as ``(shard, offset,
+    length)``, in shard order."""
+    index, pos = [], 0
     for shard in sorted(buffers):
-        data = buffers[shard].to_bytes(num_features)
-        parts.append(data)
-        index.append((shard, pos, len(data)))
-        pos += len(data)
-    tail = b"".join(_SECTION.pack(*s) for s in index) + struct.pack("<I", len(index)) + FLUSH_MAGIC
-    return b"".join(parts) + tail, index
+        length = buffers.pop(shard).write_to(f, num_features)
+        index.append((shard, pos, length))
+        pos += length
+    f.write(b"".join(_SECTION.pack(*s) for s in index) + struct.pack("<I", len(index)) + FLUSH_MAGIC)
+    return index
+
+
+def flush_bytes(buffers: dict, num_features: int) -> tuple[bytes, list[tuple[int, int, int]]]:
+    """``write_flush`` into memory: the flush file's bytes and its sections
+    (``buffers`` is left as it is)."""
+    out = io.BytesIO()
+    index = write_flush(out, dict(buffers), num_features)
+    return out.getvalue(), index
 
 
 def read_flush_index(data: bytes, where: str) -> list[tuple[int, int, int]]:
@@ -215,18 +299,58 @@ class ShardEntries:
         sizes = (self.end[:count] - self.begin[:count]).tolist()
         return sum(sizes) / len(sizes) if sizes else 0.0
 
-    def _data(self, lo: int, hi: int) -> list[bytes]:
+    def _chunks(self, chunk: int) -> Iterator[tuple[int, int, list[bytes]]]:
+        """``(lo, hi, the encoded examples lo..hi)`` over ``chunk_bounds``, in
+        order.
+
+        A section on disk (``SectionOnDisk``) is sorted, so the shard's order
+        reads each one front to back: every section has a window of its bytes
+        in memory, refilled by one read of at least ``READ_BYTES`` divided
+        among the sections (and at least ``MIN_READ_BYTES``, at most the rest
+        of the section). Memory: about twice that budget plus a range's copies,
+        never more than the sections themselves; reads: about the shard's
+        example bytes x sections / ``READ_BYTES``, one per section when the
+        sections are small."""
         parts = self.parts
-        return [parts[p][x:y] for p, x, y in
-                zip(self.part[lo:hi].tolist(), self.begin[lo:hi].tolist(), self.end[lo:hi].tolist())]
+        on_disk = [k for k, p in enumerate(parts) if isinstance(p, SectionOnDisk)]
+        cursor = np.zeros(len(parts), dtype=np.int64)  # where each section's next unread example starts
+        window_start = np.zeros(len(parts), dtype=np.int64)
+        windows = list(parts)  # in-memory sections are their own window, from byte 0
+        for k in on_disk:
+            cursor[k] = window_start[k] = parts[k].data_start
+            windows[k] = parts[k].initial
+            parts[k].initial = b""  # held by the window only, dropped once read past
+        read_ahead = max(MIN_READ_BYTES, READ_BYTES // max(1, len(on_disk)))
+        for lo, hi in self.chunk_bounds(chunk):
+            part = self.part[lo:hi]
+            begin, end = self.begin[lo:hi], self.end[lo:hi]
+            if on_disk:
+                size = np.bincount(part, weights=end - begin, minlength=len(parts)).astype(np.int64)
+                at = cursor[part]
+                outside = (begin < at) | (end - at > size[part])
+                if outside.any():
+                    bad = parts[int(part[np.flatnonzero(outside)[0]])]
+                    raise ValueError(f"{bad.where}: spill section not in sorted order")
+                for k in on_disk:
+                    need = int(cursor[k] + size[k])
+                    have = int(window_start[k]) + len(windows[k])
+                    if need > have:
+                        section = parts[k]
+                        stop = min(section.length, max(need, int(cursor[k]) + read_ahead))
+                        keep = windows[k][int(cursor[k] - window_start[k]):]
+                        more = section.read(have, stop)
+                        windows[k] = keep + more if keep else more
+                        window_start[k] = cursor[k]
+                cursor[on_disk] += size[on_disk]
+                begin, end = begin - window_start[part], end - window_start[part]
+            yield lo, hi, [windows[p][x:y] for p, x, y in zip(part.tolist(), begin.tolist(), end.tolist())]
 
     def items(self, chunk: int = 1 << 16) -> Iterable[tuple[bytes, tuple[int, int]]]:
         """(encoded example, (file_index, record_number)) in sorted order; converted
         to Python objects a chunk at a time (``chunk_bounds``) so that memory
         stays near the arrays'."""
-        for lo, hi in self.chunk_bounds(chunk):
-            yield from zip(self._data(lo, hi),
-                           zip(self.file_index[lo:hi].tolist(), self.record_number[lo:hi].tolist()))
+        for lo, hi, data in self._chunks(chunk):
+            yield from zip(data, zip(self.file_index[lo:hi].tolist(), self.record_number[lo:hi].tolist()))
 
     def record_chunks(self, chunk: int = 1 << 16) -> Iterable[tuple[list[bytes], list[bytes]]]:
         """(encoded examples, encoded provenance records) in sorted order, a
@@ -236,11 +360,61 @@ class ShardEntries:
         segment per record, token offset 0)."""
         from seqcache import format as fmt
 
-        for lo, hi in self.chunk_bounds(chunk):
-            yield self._data(lo, hi), fmt.encode_provenance_batch(self.file_index[lo:hi], self.record_number[lo:hi])
+        for lo, hi, data in self._chunks(chunk):
+            yield data, fmt.encode_provenance_batch(self.file_index[lo:hi], self.record_number[lo:hi])
 
 
-def _parse(buf: bytes, num_features: int, where: str) -> dict:
+class SectionOnDisk:
+    """One shard's section of a flush file whose example bytes stay in the
+    file until a shard writer reads them (``ShardEntries``).
+
+    Args:
+      where: the section's name in errors (file and byte offset).
+      read: ``read(offset, length) -> bytes`` of the section (offsets from the
+        section's first byte).
+      data_start: where the section's example bytes begin (bytes from its
+        first byte).
+      length: the section's size in bytes (its example bytes end there).
+      initial: the first example bytes, already read (from ``data_start``).
+    """
+
+    __slots__ = ("where", "_read", "data_start", "length", "initial")
+
+    def __init__(self, where: str, read, data_start: int, length: int, initial: bytes = b""):
+        self.where = where
+        self._read = read
+        self.data_start = int(data_start)
+        self.length = int(length)
+        self.initial = initial
+
+    def read(self, begin: int, end: int) -> bytes:
+        """Bytes ``begin`` to ``end`` of the section."""
+        return self._read(begin, end - begin)
+
+
+_COLUMNS = (("keys", "V16", 1), ("sub_index", "<u4", 1), ("file_index", "<u4", 1), ("record_number", "<u8", 1),
+            ("truncated", "<u4", 1), ("lengths", "<u4", None))
+
+
+def section_head_bytes(head: bytes, where: str) -> int:
+    """How many bytes of a section come before its example bytes (its head and
+    columns, ``_parse``'s part), from the section's first ``_HEAD.size``
+    bytes.
+
+    Raises:
+      ValueError: fewer bytes than a head (``where`` names the section).
+    """
+    if len(head) < _HEAD.size:
+        raise ValueError(f"{where}: truncated spill file ({len(head)} bytes)")
+    n, f = _HEAD.unpack_from(head, 0)
+    per_entry = sum(np.dtype(dtype).itemsize * (f if count is None else count) for _, dtype, count in _COLUMNS)
+    return _HEAD.size + n * per_entry + (n + 1) * 8
+
+
+def _parse(buf: bytes, num_features: int, where: str, *, section_length: int | None = None) -> dict:
+    """The columns of one section. ``buf`` is the whole section, or (with
+    ``section_length``, the section's size) only its head and columns, the
+    example bytes left on disk."""
     if len(buf) < _HEAD.size:
         raise ValueError(f"{where}: truncated spill file ({len(buf)} bytes)")
     n, f = _HEAD.unpack_from(buf, 0)
@@ -248,18 +422,17 @@ def _parse(buf: bytes, num_features: int, where: str) -> dict:
         raise ValueError(f"{where}: spill file has {f} features, expected {num_features}")
     pos = _HEAD.size
     cols = {}
-    for name, dtype, count in (
-        ("keys", "V16", n), ("sub_index", "<u4", n), ("file_index", "<u4", n), ("record_number", "<u8", n),
-        ("truncated", "<u4", n), ("lengths", "<u4", n * f), ("offsets", "<u8", n + 1),
-    ):
+    for name, dtype, count in (*_COLUMNS, ("offsets", "<u8", None)):
+        count = n + 1 if name == "offsets" else n * (f if count is None else count)
         size = np.dtype(dtype).itemsize * count
         if pos + size > len(buf):
             raise ValueError(f"{where}: truncated spill file: column {name} ends at byte {pos + size} of {len(buf)}")
         cols[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=pos)
         pos += size
     cols["lengths"] = cols["lengths"].reshape(n, f)
-    if pos + int(cols["offsets"][-1]) != len(buf):
-        raise ValueError(f"{where}: spill file data has {len(buf) - pos} bytes, offsets say {int(cols['offsets'][-1])}")
+    total = len(buf) if section_length is None else section_length
+    if pos + int(cols["offsets"][-1]) != total:
+        raise ValueError(f"{where}: spill file data has {total - pos} bytes, offsets say {int(cols['offsets'][-1])}")
     # Records are sliced out of the buffer itself (a bytes slice is one copy, 3x
     # cheaper than bytes() of a memoryview slice): offsets count from ``base``.
     cols["data"] = buf if isinstance(buf, bytes) else bytes(buf)
@@ -273,7 +446,9 @@ def sort_order(hi: np.ndarray, lo: np.ndarray, sub: np.ndarray, files: np.ndarra
     high 64 bits, low 64 bits, sub-index, file index, record number), computed
     as one sort on ``hi`` and a full sort of only the entries whose ``hi`` is
     not unique (identical raw records, or a 64-bit collision): the same order,
-    several times faster than sorting on five keys."""
+    several times faster than sorting on five keys. The sort is stable (equal
+    entries keep their order), and costs less on input made of sorted runs
+    (the sections of a shard)."""
     order = np.argsort(hi, kind="stable")
     ranked = hi[order]
     tied = np.flatnonzero(ranked[1:] == ranked[:-1])
@@ -286,13 +461,27 @@ def sort_order(hi: np.ndarray, lo: np.ndarray, sub: np.ndarray, files: np.ndarra
     return order
 
 
-def load_shard(buffers: Iterable[tuple[str, bytes]], num_features: int) -> ShardEntries:
-    """Loads the spill files of one shard (``(path, bytes)`` pairs) and sorts them.
+def load_shard(buffers: Iterable[tuple[str, "bytes | tuple[bytes, SectionOnDisk, int]"]],
+               num_features: int) -> ShardEntries:
+    """Loads the sections of one shard and sorts its entries.
+
+    Args:
+      buffers: ``(where, section)`` pairs: a whole section's bytes, or ``(its
+        head and columns, SectionOnDisk, its size in bytes)`` for a section
+        whose example bytes are read later, range by range.
 
     Raises:
       ValueError: a truncated or inconsistent spill file (named).
     """
-    parts = [_parse(buf, num_features, path) for path, buf in buffers]
+    parts = []
+    for where, buf in buffers:
+        if isinstance(buf, tuple):
+            head, section, length = buf
+            cols = _parse(head, num_features, where, section_length=length)
+            cols["data"] = section
+        else:
+            cols = _parse(buf, num_features, where)
+        parts.append(cols)
     if not parts:
         empty = np.zeros(0, dtype=np.uint32)
         none = np.zeros(0, np.int64)

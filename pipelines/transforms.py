@@ -37,6 +37,7 @@ import numpy as np
 from seqcache import format as fmt
 from seqcache import fs
 from seqcache.pipelines import shuffle, spill, stats as stats_mod
+from seqcache.pipelines.spill import _JOIN_PIECE_BYTES, ragged_take  # noqa: F401  (used here; the name kept here too)
 from seqcache.tasks.sources.base import RecordBatch
 
 QUARANTINE_KEY = -1
@@ -72,9 +73,18 @@ def features_out(task, sequence_length=None) -> list[fmt.FeatureSpec]:
     return specs
 
 
+# Raw record bytes preprocessed together at most (a batch of ``batch_records``
+# documents is cut into pieces of this size): a batch's tokens and their copies
+# are the read step's largest transient memory (about 14 bytes a raw byte with
+# the byte vocabulary), and a tokenizer call of 1 MiB of text costs no more per
+# byte than one of 4 MiB.
+BATCH_BYTES = 1 << 20
+
+
 class ReadPreprocess:
     """Reads splits of the task's source and preprocesses their records in
-    batches of ``batch_records`` (one tokenizer call per batch).
+    batches of ``batch_records``, and at most ``batch_bytes`` of raw records
+    (one tokenizer call per batch).
 
     ``read(split)`` yields ``("records", n)`` for every batch of n source records
     read, ``("examples", EncodedExamples)`` per batch (its examples encoded
@@ -87,8 +97,9 @@ class ReadPreprocess:
     bad input its policy keeps as it is (``SourceRecord.kept``): counted.
     """
 
-    def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048):
+    def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048, batch_bytes=BATCH_BYTES):
         self.task = task
+        self.batch_bytes = int(batch_bytes)
         self.seed = seed
         self.sequence_length = dict(sequence_length) if sequence_length else None
         self.num_shards = num_shards
@@ -100,7 +111,8 @@ class ReadPreprocess:
         path = split.path
         try:
             for batch in self.task.source.read_batches(split, self.batch_records):
-                yield from self._flush(batch, key)
+                for piece in batch.byte_bounded(self.batch_bytes):
+                    yield from self._flush(piece, key)
         except ValueError as e:
             if str(e).startswith(str(path)):
                 raise
@@ -278,37 +290,6 @@ class EncodedExamples:
                 data[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a])
 
 
-# Mean piece size (bytes) from which ``ragged_take`` copies pieces whole
-# (``bytes.join`` of views) instead of gathering their bytes one by one: the
-# gather builds an int64 index per byte (16 bytes of index work per byte), a
-# join costs about 0.2 us per piece.
-_JOIN_PIECE_BYTES = 64
-
-
-def ragged_take(data: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pieces ``order`` of a ragged uint8 array (``data`` with int64 ``offsets``,
-    piece i is ``data[offsets[i]:offsets[i + 1]]``), one after the other: the
-    new data (uint8, ``(sum of the pieces' sizes,)``) and offsets (int64,
-    ``(len(order) + 1,)``). ``data`` itself when ``order`` is the identity.
-
-    Short pieces (a mean under ``_JOIN_PIECE_BYTES``) are gathered byte by
-    byte in one numpy gather; longer ones are copied whole, a view per piece
-    joined into one buffer (read-only), which for documents of a kilobyte is
-    about 20x less work than the gather's index of one int64 per byte."""
-    sizes = np.diff(offsets)[order]
-    new = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=new[1:])
-    if np.array_equal(order, np.arange(len(order))):
-        return data, offsets
-    if new[-1] >= _JOIN_PIECE_BYTES * len(order):
-        view = memoryview(np.ascontiguousarray(data, dtype=np.uint8))
-        starts = offsets[:-1][order]
-        pieces = [view[a:b] for a, b in zip(starts.tolist(), (starts + sizes).tolist())]
-        return np.frombuffer(b"".join(pieces), dtype=np.uint8), new
-    source = np.repeat(offsets[:-1][order] - new[:-1], sizes) + np.arange(new[-1], dtype=np.int64)
-    return data[source], new
-
-
 def driver_encoding_threads() -> int | None:
     """The SentencePiece threads a build gives its read step's workers
     (``ReadUnit``): ``$SEQCACHE_ENCODING_THREADS`` when the driver sets it
@@ -334,9 +315,12 @@ class ReadUnit:
     ((file_index, start, stop), ...))`` in, ``(key, value)`` pairs out (see the
     module docstring).
 
-    Memory: the shard buffers (about ``flush_bytes``) plus at most
-    ``spill.QUARANTINE_BYTES`` of quarantine entries, however large the unit
-    and however many records are skipped.
+    Memory: the shard buffers (about ``flush_bytes``: default
+    ``spill.SPILL_BYTES`` for the spill exchange, ``spill.RUNNER_FLUSH_BYTES``
+    for the runner's) plus one preprocessing batch (``BATCH_BYTES`` of raw
+    records and their tokens) plus at most ``spill.QUARANTINE_BYTES`` of
+    quarantine entries, however large the unit and however many records are
+    skipped.
 
     ``encoding_threads``: the SentencePiece threads of the worker that runs
     it (``$SEQCACHE_ENCODING_THREADS`` there), or None to leave the worker's
@@ -345,7 +329,7 @@ class ReadUnit:
     """
 
     def __init__(self, reader: ReadPreprocess, *, paths: Sequence[str], spill_dir: str, exchange: str,
-                 flush_bytes: int = spill.SPILL_BYTES, fs_options: Sequence[str] = (),
+                 flush_bytes: int | None = None, fs_options: Sequence[str] = (),
                  encoding_threads: int | None = None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
@@ -353,6 +337,8 @@ class ReadUnit:
         self.paths = list(paths)
         self.spill_dir = spill_dir
         self.exchange = exchange
+        if flush_bytes is None:
+            flush_bytes = spill.SPILL_BYTES if exchange == "spill" else spill.RUNNER_FLUSH_BYTES
         self.flush_bytes = int(flush_bytes)
         self.fs_options = list(fs_options)
         self.encoding_threads = None if encoding_threads is None else int(encoding_threads)
@@ -405,9 +391,9 @@ class ReadUnit:
             for shard in sorted(state.buffers):
                 yield shard, state.buffers[shard].to_bytes(num_features)
         else:
-            data, sections = spill.flush_bytes(state.buffers, num_features)
             path = fs.join(self.spill_dir, f"{token}-{state.flushes:05d}.bin")
-            fs.write_bytes(path, data)
+            with fs.open_write(path) as f:
+                sections = spill.write_flush(f, state.buffers, num_features)
             for shard, offset, length in sections:
                 yield shard, (path, offset, length)
         state.flushes += 1
@@ -457,8 +443,16 @@ class _UnitState:
 
 def load_batches(values, num_features: int) -> spill.ShardEntries:
     """One shard's entries from its values: batch bytes (runner exchange) or
-    ``(path, offset, length)`` sections of spill files (read one file at a
-    time, one ranged read per section). Sorted (see ``spill.load_shard``)."""
+    ``(path, offset, length)`` sections of spill files. Sorted (see
+    ``spill.load_shard``).
+
+    A spill file section is loaded with its columns and at most
+    ``spill.MIN_READ_BYTES`` of its example bytes (one ranged read, two for
+    long columns); the rest is read window by window while the shard is
+    written (``spill.SectionOnDisk``), so that a writer's memory is the
+    shard's columns (44 bytes an example) plus the windows
+    (``spill.READ_BYTES``) and one range's copies (``spill.CHUNK_BYTES``),
+    not the shard."""
     inline, refs = [], collections.defaultdict(list)
     for v in values:
         if isinstance(v, (bytes, bytearray, memoryview)):
@@ -469,8 +463,27 @@ def load_batches(values, num_features: int) -> spill.ShardEntries:
     buffers = [(f"batch {i} of the shard", b) for i, b in enumerate(sorted(inline))]
     for path in sorted(refs):
         for offset, length in sorted(refs[path]):
-            buffers.append((f"{path} at byte {offset}", fs.read_range(path, offset, length)))
+            where = f"{path} at byte {offset}"
+            # One read for the head, the columns and the first example bytes
+            # (a small section: all of it); a second one only for long columns.
+            first = fs.read_range(path, offset, min(length, spill.MIN_READ_BYTES))
+            head_bytes = spill.section_head_bytes(first, where)
+            if head_bytes > length:
+                raise ValueError(f"{where}: truncated spill file: its columns end at byte {head_bytes} of {length}")
+            if head_bytes > len(first):
+                head = first + fs.read_range(path, offset + len(first), head_bytes - len(first))
+                initial = b""
+            else:
+                head, initial = first[:head_bytes], first[head_bytes:]
+            section = spill.SectionOnDisk(where, _section_reader(path, offset), head_bytes, length, initial)
+            buffers.append((where, (head, section, length)))
     return spill.load_shard(buffers, num_features)
+
+
+def _section_reader(path: str, offset: int):
+    def read(begin: int, length: int) -> bytes:
+        return fs.read_range(path, offset + begin, length)
+    return read
 
 
 class WriteGroup:

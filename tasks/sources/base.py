@@ -235,6 +235,39 @@ class RecordBatch:
             return r
         return SourceRecord(self.file_index, self.record_numbers[i], {self._field: self._texts[i]}, self.raws[i])
 
+    def take(self, start: int, stop: int) -> "RecordBatch":
+        """Records ``start`` to ``stop`` (exclusive) as a batch of their own,
+        in the same form (columns stay columns)."""
+        batch = RecordBatch.__new__(RecordBatch)
+        batch.file_index = self.file_index
+        batch.file_indices = None if self.file_indices is None else self.file_indices[start:stop]
+        batch.record_numbers = self.record_numbers[start:stop]
+        batch.raws = self.raws[start:stop]
+        batch._field = self._field
+        if self._records is not None:
+            batch._records, batch._texts, batch._odd = self._records[start:stop], None, None
+        else:
+            batch._records = None
+            batch._texts = self._texts[start:stop]
+            batch._odd = {i - start: r for i, r in self._odd.items() if start <= i < stop}
+        return batch
+
+    def byte_bounded(self, max_bytes: int) -> Iterator["RecordBatch"]:
+        """The batch in consecutive pieces of at most ``max_bytes`` of raw
+        records each (a larger record is a piece of its own), itself when it
+        is that small."""
+        sizes = list(map(len, self.raws))
+        if sum(sizes) <= max_bytes:
+            yield self
+            return
+        start, total = 0, 0
+        for i, size in enumerate(sizes):
+            if total and total + size > max_bytes:
+                yield self.take(start, i)
+                start, total = i, 0
+            total += size
+        yield self.take(start, len(sizes))
+
     def special(self) -> Iterator[tuple[int, SourceRecord]]:
         """``(position, record)`` of the records with an issue or kept bad input,
         in order: the only ones the pipeline looks at one by one."""

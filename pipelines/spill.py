@@ -14,17 +14,21 @@ of the unit, it hands them on in one of two ways (``exchange``, runner.py):
   ``(shard, (path, offset, length))`` goes through the shuffle. The number of
   files grows with corpus / flush size, never with corpus x shards.
 
-Each shard writer then loads its batches, sorts the shard and writes it.
-Memory per worker is one shard (to sort it) plus the flush buffers, whatever
-the corpus size.
+Every section is sorted in cache order when it is written, so the shard
+writer sorts only the shard's columns (44 + 4F bytes an example) and then
+reads the example bytes of spill sections front to back, a window at a time
+(``ShardEntries``): a k-way merge of sorted runs. Memory per worker is the
+shard's columns, the windows (``READ_BYTES``) and the flush buffers
+(``SPILL_BYTES``), whatever the corpus and shard sizes; batches that came
+through the runner's shuffle are held whole (one shard's example bytes).
 
 Retries are safe: a unit that fails has its outputs discarded by the runner,
 so the files it wrote are never named to a writer; the driver deletes ``_tmp``
 at the end of the build.
 
-A batch (one shard's section) is columnar, so that a writer loads it with
-``numpy.frombuffer`` and sorts a whole shard with one ``numpy.lexsort``
-(memory: the example bytes plus 44 bytes per example, not one Python object per
+A batch (one shard's section) is columnar and sorted, so that a writer loads
+its columns with ``numpy.frombuffer`` and sorts a whole shard with one
+``numpy`` sort (memory: 44 bytes per example, not one Python object per
 example). All integers are little-endian; ``n`` entries, ``F`` features::
 
     n               uint64
@@ -274,9 +278,15 @@ class ShardEntries:
     begin: np.ndarray          # int64 (n,)
     end: np.ndarray            # int64 (n,)
     parts: list                # the spill files' bytes (not copied); begin/end count from their start
+    closers: list = dataclasses.field(default_factory=list)  # called by close(): the files parts read from
 
     def __len__(self) -> int:
         return len(self.sub_index)
+
+    def close(self) -> None:
+        """Releases what the sections on disk read from (their open files)."""
+        while self.closers:
+            self.closers.pop()()
 
     def chunk_bounds(self, chunk: int = 1 << 16, max_bytes: int | None = None) -> Iterator[tuple[int, int]]:
         """``(lo, hi)`` ranges of the sorted entries, in order, covering them all:

@@ -461,28 +461,35 @@ def load_batches(values, num_features: int) -> spill.ShardEntries:
             path, offset, length = v
             refs[path].append((int(offset), int(length)))
     buffers = [(f"batch {i} of the shard", b) for i, b in enumerate(sorted(inline))]
+    files = fs.RangeReader()
     for path in sorted(refs):
         for offset, length in sorted(refs[path]):
             where = f"{path} at byte {offset}"
             # One read for the head, the columns and the first example bytes
             # (a small section: all of it); a second one only for long columns.
-            first = fs.read_range(path, offset, min(length, spill.MIN_READ_BYTES))
+            first = files.read(path, offset, min(length, spill.MIN_READ_BYTES))
             head_bytes = spill.section_head_bytes(first, where)
             if head_bytes > length:
                 raise ValueError(f"{where}: truncated spill file: its columns end at byte {head_bytes} of {length}")
             if head_bytes > len(first):
-                head = first + fs.read_range(path, offset + len(first), head_bytes - len(first))
+                head = first + files.read(path, offset + len(first), head_bytes - len(first))
                 initial = b""
             else:
                 head, initial = first[:head_bytes], first[head_bytes:]
-            section = spill.SectionOnDisk(where, _section_reader(path, offset), head_bytes, length, initial)
+            section = spill.SectionOnDisk(where, _section_reader(files, path, offset), head_bytes, length, initial)
             buffers.append((where, (head, section, length)))
-    return spill.load_shard(buffers, num_features)
+    try:
+        entries = spill.load_shard(buffers, num_features)
+    except BaseException:
+        files.close()
+        raise
+    entries.closers.append(files.close)
+    return entries
 
 
-def _section_reader(path: str, offset: int):
+def _section_reader(files: fs.RangeReader, path: str, offset: int):
     def read(begin: int, length: int) -> bytes:
-        return fs.read_range(path, offset + begin, length)
+        return files.read(path, offset + begin, length)
     return read
 
 
@@ -542,9 +549,15 @@ class WriteGroup:
         return summary.to_json()
 
     def _shard(self, shard: int, values) -> dict:
+        entries = load_batches(values, len(self.features_in))
+        try:
+            return self._write(shard, entries)
+        finally:
+            entries.close()
+
+    def _write(self, shard: int, entries: spill.ShardEntries) -> dict:
         from seqcache.pipelines import writer
 
-        entries = load_batches(values, len(self.features_in))
         st = stats_mod.ShardStats(self.features_out)
         st.source_examples = len(entries)
         st.truncated_tokens = int(entries.truncated.sum(dtype=np.int64))

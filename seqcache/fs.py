@@ -663,6 +663,42 @@ def read_range(path: str, offset: int, length: int) -> bytes:
     return data
 
 
+class RangeReader:
+    """Ranged reads of many files, each kept open between reads (at most
+    ``max_open`` at once, the least recently read closed first): one seek and
+    one read a call, where ``read_range`` also opens and closes the file.
+    ``close()`` closes them all."""
+
+    def __init__(self, max_open: int = 64):
+        import collections
+
+        self.max_open = int(max_open)
+        self._files: "collections.OrderedDict[str, BinaryIO]" = collections.OrderedDict()
+
+    def read(self, path: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of ``path`` from byte ``offset``.
+
+        Raises:
+          ValueError: the file ends before ``offset + length`` (the file is named).
+        """
+        f = self._files.get(path)
+        if f is None:
+            while len(self._files) >= self.max_open:
+                self._files.popitem(last=False)[1].close()
+            f = self._files[path] = open_binary(path, decompress=False)
+        else:
+            self._files.move_to_end(path)
+        f.seek(offset)
+        data = f.read(length)
+        if len(data) != length:
+            raise ValueError(f"{path}: {length} bytes expected at byte {offset}, the file has {len(data)} there")
+        return data
+
+    def close(self) -> None:
+        while self._files:
+            self._files.popitem()[1].close()
+
+
 @contextlib.contextmanager
 def local_copy(path: str, *, suffix: str = "", dir: str | None = None) -> Iterator[str]:
     """A local path holding the bytes of ``path``: ``path`` itself when local,

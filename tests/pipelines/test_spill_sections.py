@@ -84,13 +84,13 @@ def test_sections_on_disk_give_the_records_of_whole_sections(tmp_path, monkeypat
     values, whole = _flush_files(tmp_path, rng, mean_bytes=mean_bytes)
     reference = spill.load_shard(whole, 1)
     reads = []
-    real = fs.read_range
+    real = fs.RangeReader.read
 
-    def counting(path, offset, length):
+    def counting(self, path, offset, length):
         reads.append(length)
-        return real(path, offset, length)
+        return real(self, path, offset, length)
 
-    monkeypatch.setattr(fs, "read_range", counting)
+    monkeypatch.setattr(fs.RangeReader, "read", counting)
     max_bytes = 2000
     monkeypatch.setattr(spill, "CHUNK_BYTES", max_bytes)
     if budget == "small":
@@ -189,3 +189,20 @@ def test_batch_and_flush_sizes_do_not_change_a_byte(tmp_path, corpora, exchange,
     assert small == default and sum(n for _, _, n in default) == 40000
     if exchange == "spill":
         assert small_files > default_files  # the small flushes made more spill files
+
+
+def test_range_reader_keeps_files_open_up_to_its_limit(tmp_path):
+    paths = []
+    for k in range(5):
+        p = tmp_path / f"f{k}.bin"
+        p.write_bytes(bytes(range(k, k + 50)))
+        paths.append(str(p))
+    reader = fs.RangeReader(max_open=2)
+    assert [reader.read(p, 3, 4) for p in paths] == [bytes(range(k + 3, k + 7)) for k in range(5)]
+    assert len(reader._files) == 2 and list(reader._files) == paths[-2:]
+    assert reader.read(paths[3], 0, 2) == bytes([3, 4]) and list(reader._files) == [paths[4], paths[3]]
+    with pytest.raises(ValueError, match=r"f0.bin: 10 bytes expected at byte 45, the file has 5 there"):
+        reader.read(paths[0], 45, 10)
+    opened = list(reader._files.values())
+    reader.close()
+    assert not reader._files and all(f.closed for f in opened)

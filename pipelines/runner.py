@@ -174,19 +174,31 @@ def _local_engine_class():
     """``FnApiRunner`` whose multi_processing workers start through
     ``seqcache.pipelines.worker_main`` (Beam imported without pandas), with
     one numpy BLAS thread unless ``OPENBLAS_NUM_THREADS`` says otherwise; any
-    other environment is left as Beam made it."""
+    other environment is left as Beam made it. Where warm worker processes
+    are waiting (``warm_workers.start``), the workers take them."""
     import sys
 
     from apache_beam.portability import python_urns
     from apache_beam.runners.portability.fn_api_runner import fn_runner
 
+    from seqcache.pipelines import warm_workers
+
     class LocalEngine(fn_runner.FnApiRunner):
         def run_via_runner_api(self, pipeline_proto, options):
             beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
+            warm = warm_workers.waiting() > 0
+            if warm:
+                warm_workers.register_environment()
             for env in pipeline_proto.components.environments.values():
                 if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command:
                     env.payload = f"{_WORKER_ENV} {sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
-            return super().run_via_runner_api(pipeline_proto, options)
+                    if warm:  # its workers take the warm processes; a worker that finds none starts cold
+                        env.urn = warm_workers.WARM_ENVIRONMENT_URN
+            try:
+                return super().run_via_runner_api(pipeline_proto, options)
+            finally:
+                if warm:
+                    warm_workers.close()  # those not handed out: one pipeline's worth
 
     return LocalEngine
 
@@ -195,6 +207,9 @@ def known_flags(*, dask: bool = True) -> set[str]:
     """Every ``--flag`` a Beam pipeline option here defines (the runners'
     options included: Dask's are registered when its runner can be imported;
     ``dask=False`` leaves that import out, about half a second of CPU)."""
+    from seqcache import fs
+
+    fs.import_beam()  # as the build imports it: without the import-time warning that configures logging
     from apache_beam.options import pipeline_options as po
 
     if dask:

@@ -6,10 +6,14 @@ worker starts sooner.
 
 ``runner.local_engine`` starts workers with ``python -m seqcache.pipelines.worker_main``
 instead of ``python -m apache_beam.runners.worker.sdk_worker_main``; the
-arguments and the environment are Beam's.
+arguments and the environment are Beam's. With ``--warm`` (``warm_workers``)
+the process is started before the pipeline exists: it also imports what the
+build's steps need, then waits on its standard input for the environment
+Beam gives a worker, and exits quietly if the input ends first.
 """
 
 import gc
+import os
 import sys
 
 from seqcache import fs
@@ -21,14 +25,30 @@ def main(argv=None) -> None:
     walking them in its cyclic garbage collections (about 0.2 s that the
     runner waits for at the end of a build). The process is seqcache's own
     (``seqcache.fs.own_process``)."""
+    argv = list(sys.argv if argv is None else argv)
+    warm = "--warm" in argv[1:]  # warm_workers.WARM_FLAG (imported below, after Beam)
     fs.own_process()
     fs.import_beam()
     from apache_beam.runners.worker import sdk_worker_main
 
-    fs.freeze_heap()  # what is imported by now lives as long as the worker
+    from seqcache.pipelines import warm_workers
 
+    if warm:
+        # What unpickling the build's steps imports anyway, before there is work.
+        import sentencepiece  # noqa: F401
+        import seqcache.pipelines.transforms  # noqa: F401
+        import seqcache.tasks  # noqa: F401
+
+    fs.freeze_heap()  # what is imported by now lives as long as the worker
+    if warm:
+        env = warm_workers.wait_for_environment()
+        if env is None:
+            return
+        os.environ.clear()
+        os.environ.update(env)
+        argv = [argv[0]]
     try:
-        sdk_worker_main.main(sys.argv if argv is None else argv)
+        sdk_worker_main.main(argv)
     finally:
         gc.freeze()
 

@@ -274,3 +274,48 @@ def test_a_mistyped_beam_option_is_refused_before_anything_runs(tmp_path):
                    cwd=str(tmp_path), env=env)
         assert out.returncode == 2 and f"no such option: {typo}" in out.stderr, out.stderr
         assert not (tmp_path / "c").exists()
+
+
+def test_workers_start_warm_and_give_the_bytes_of_an_in_memory_build(tmp_path):
+    """``seqcache build`` starts its multi_processing workers before the
+    pipeline exists (they import Beam while the command does) and Beam's
+    workers take them: the same cache bytes, and no process left behind."""
+    src = write_files(tmp_path / "in", {"a.txt": "".join(f"line {i}\n" for i in range(3000)).encode(),
+                                        "b.txt": b"three\nfour\n"})
+    env, marker = _marked_env()
+    common = ["--source", f"text:{src}/*.txt", "--name", "mp", "--num-shards", "3"]
+    warm = _run(["build", "-v", "--cache-dir", str(tmp_path / "w"), *common, *MULTI_PROCESSING], cwd=tmp_path, env=env)
+    assert _processes_with(marker) == {}
+    assert warm.returncode == 0, warm.stderr
+    assert "INFO seqcache.pipelines.build: building mp:" in warm.stderr  # -v logs, with Beam options too
+    assert len(re.findall(r"worker \S+: warm process \d+", warm.stderr)) == 2, warm.stderr
+    assert "no warm process left" not in warm.stderr
+    in_memory = _run(["build", "--cache-dir", str(tmp_path / "m"), *common], cwd=tmp_path, env=env)
+    assert in_memory.returncode == 0, in_memory.stderr
+    sums = [(tmp_path / d / "mp" / "train" / "shard-checksums.json").read_bytes() for d in ("w", "m")]
+    assert sums[0] == sums[1]
+
+
+def test_warm_workers_exit_when_the_build_stops_before_its_pipeline(tmp_path):
+    env, marker = _marked_env()
+    out = _run(["build", "--cache-dir", str(tmp_path / "c"), "--source", f"text:{tmp_path}/none/*.txt", "--name",
+                "mp", *MULTI_PROCESSING], cwd=tmp_path, env=env)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert _processes_with(marker) == {}
+
+
+@pytest.mark.parametrize("args, expected", [
+    (MULTI_PROCESSING, 2),
+    (["--direct_running_mode", "multi_processing", "--direct_num_workers", "3"], 3),
+    (["--direct_running_mode=multi_processing"], 0),  # Beam's default: one worker
+    (["--direct_running_mode=multi_processing", "--direct_num_workers=0"], 5),  # every CPU
+    (["--direct_running_mode=multi_threading", "--direct_num_workers=2"], 0),
+    ([*MULTI_PROCESSING, "--runner=direct"], 2),
+    ([*MULTI_PROCESSING, "--runner=dask"], 0),
+    (["--direct_running_mode=multi_processing", "--direct_num_workers=x"], 0),  # refused later, with a message
+    (["name", "--direct_num_workers=2"], 0),
+])
+def test_workers_asked(args, expected):
+    from seqcache.pipelines import warm_workers
+
+    assert warm_workers.workers_asked(args, cpu_count=5) == expected

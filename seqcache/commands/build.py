@@ -368,10 +368,14 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     The cache of task T goes to CACHE_DIR/T/SPLIT. A cache with the same
     fingerprint is reused; a different one is refused unless --overwrite.
     """
-    from seqcache.pipelines import BuildConfig
+    from seqcache.pipelines import BuildConfig, warm_workers
 
+    # Local worker processes (multi_processing) import Beam while this process does.
+    warm_workers.start(warm_workers.workers_asked(args))
     name, pipeline_args = _name_and_pipeline_args(ctx, args)
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # force: a library that logged before this (at import) has configured the root logger already.
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
+                        force=True)
     import_modules(modules)
     seq_len = parse_sequence_length(sequence_length)
     if source_spec:

@@ -1,0 +1,222 @@
+"""Worker processes of Beam's local engine started before the pipeline exists.
+
+With ``--direct_running_mode=multi_processing`` Beam's local engine starts its
+worker processes only when the pipeline runs, and each then spends about half
+a second of CPU importing Beam, its SDK harness and seqcache before it can do
+any work: on the build's critical path, after the driver's own start-up, in
+which one of the machine's cores has nothing to do. ``start`` (the ``seqcache
+build`` command calls it first thing) starts the workers at once instead:
+each imports what a worker needs and waits, blocked on its standard input,
+for the environment Beam gives a worker (its control and logging endpoints,
+the pipeline options, its id). The local engine (``runner.local_engine``)
+hands one warm process to each worker Beam asks for (``take``), through an
+environment of its own (``WARM_ENVIRONMENT_URN``, whose payload is the usual
+worker command: a worker that finds no warm process left starts cold, as
+Beam's would).
+
+A warm process's standard error is a pipe that a thread copies to this
+process's descriptor 2 wherever it points at the time (a build takes it away
+from Beam, ``seqcache.commands.common.worker_stderr``), as a worker started
+later would inherit it. Processes not handed out are told to exit (their
+standard input closed) when the build ends (``close``, also at exit); one whose
+driver dies reads end-of-file and exits too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from typing import Sequence
+
+# The environment URN of the local engine's workers when warm ones are waiting
+# (its payload: the cold worker command, for a worker that finds none).
+WARM_ENVIRONMENT_URN = "seqcache:environment:warm_subprocess:v1"
+# The argument that makes ``seqcache.pipelines.worker_main`` wait for its environment.
+WARM_FLAG = "--warm"
+
+_LOGGER = logging.getLogger(__name__)
+_lock = threading.Lock()
+_waiting: list[subprocess.Popen] = []
+_registered = False
+
+
+def workers_asked(args: Sequence[str], cpu_count: int | None = None) -> int:
+    """How many local worker processes the Beam pipeline options ``args`` ask
+    for: ``--direct_num_workers`` (0 or absent: Beam's meaning, every CPU) with
+    ``--direct_running_mode=multi_processing`` and no ``--runner`` other than
+    the local engine; 0 otherwise, or when a value cannot be read (the build
+    then reports it)."""
+    from seqcache.pipelines import runner as runner_mod
+
+    values = {}
+    items = list(args)
+    for i, a in enumerate(items):
+        if not a.startswith("--"):
+            continue
+        name, eq, value = a.partition("=")
+        if not eq:
+            value = items[i + 1] if i + 1 < len(items) and not items[i + 1].startswith("--") else ""
+        values[name] = value
+    if values.get("--direct_running_mode") != "multi_processing":
+        return 0
+    runner = values.get("--runner")
+    if runner is not None and runner_mod.RUNNER_ALIASES.get(runner.lower(), runner) != runner_mod.LOCAL_ENGINE:
+        return 0
+    count = values.get("--direct_num_workers", "1")
+    if not count.isascii() or not count.isdigit():
+        return 0
+    count = int(count) or (cpu_count if cpu_count is not None else (os.cpu_count() or 1))
+    return count if count > 1 else 0
+
+
+def start(count: int) -> None:
+    """Starts ``count`` warm worker processes (``python -m
+    seqcache.pipelines.worker_main --warm``, one numpy BLAS thread unless
+    ``OPENBLAS_NUM_THREADS`` says otherwise, as ``runner.local_engine``'s
+    workers); nothing when ``count`` < 1."""
+    if count < 1:
+        return
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    with _lock:
+        for _ in range(count):
+            proc = subprocess.Popen([sys.executable, "-m", "seqcache.pipelines.worker_main", WARM_FLAG],
+                                    stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            threading.Thread(target=_copy_to_fd2, args=(proc.stderr,), name="warm-worker-stderr",
+                             daemon=True).start()
+            _waiting.append(proc)
+    atexit.register(close)
+
+
+def waiting() -> int:
+    """Warm processes not handed out yet."""
+    with _lock:
+        return len(_waiting)
+
+
+def take() -> subprocess.Popen | None:
+    """A warm process still alive, removed from the waiting ones, or None."""
+    with _lock:
+        while _waiting:
+            proc = _waiting.pop(0)
+            if proc.poll() is None:
+                return proc
+    return None
+
+
+def hand_over(proc: subprocess.Popen, env: dict) -> None:
+    """Gives the warm process ``proc`` its environment (it then runs Beam's
+    SDK harness with it).
+
+    Raises:
+      OSError: the process is gone (its standard input is closed).
+    """
+    proc.stdin.write(json.dumps(env).encode("utf-8") + b"\n")
+    proc.stdin.close()
+
+
+def close() -> None:
+    """Tells the warm processes not handed out to exit, and waits for them (at
+    most a few seconds each, then kills them)."""
+    with _lock:
+        procs, _waiting[:] = list(_waiting), []
+    for proc in procs:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _copy_to_fd2(pipe) -> None:
+    """Copies ``pipe`` to descriptor 2 until its end; a write that fails (no
+    reader) is dropped, and the pipe still drained, so the worker never blocks."""
+    while True:
+        try:
+            data = pipe.read1(1 << 16)
+        except (OSError, ValueError):
+            return
+        if not data:
+            return
+        try:
+            os.write(2, data)
+        except OSError:
+            pass
+
+
+def wait_for_environment() -> dict | None:
+    """In a warm process: the environment its driver hands over (``hand_over``),
+    read from standard input, or None when standard input ends first (the
+    driver needs it no more, or is gone)."""
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        return None
+    return json.loads(line)
+
+
+def register_environment() -> None:
+    """Registers the local engine's worker handler for ``WARM_ENVIRONMENT_URN``
+    (once): Beam's subprocess worker, which takes a warm process if one is
+    waiting and starts its worker command otherwise."""
+    global _registered
+    if _registered:
+        return
+    import grpc
+    from apache_beam.portability.api import beam_fn_api_pb2_grpc, endpoints_pb2
+    from apache_beam.runners.portability import local_job_service
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+    from apache_beam.utils import thread_pool_executor
+    from google.protobuf import json_format, text_format
+
+    class WarmSdkWorker(local_job_service.SubprocessSdkWorker):
+        def run(self):
+            proc = take()
+            if proc is None:
+                _LOGGER.info("worker %s: no warm process left, starting one", self._worker_id)
+                return super().run()
+            _LOGGER.info("worker %s: warm process %d", self._worker_id, proc.pid)
+            # As Beam's SubprocessSdkWorker.run, with a process that is already running.
+            options = [("grpc.http2.max_pings_without_data", 0), ("grpc.http2.max_ping_strikes", 0)]
+            logging_server = grpc.server(thread_pool_executor.shared_unbounded_instance(), options=options)
+            logging_port = logging_server.add_insecure_port("[::]:0")
+            logging_server.start()
+            beam_fn_api_pb2_grpc.add_BeamFnLoggingServicer_to_server(
+                local_job_service.BeamFnLoggingServicer(), logging_server)
+            env = dict(
+                os.environ,
+                CONTROL_API_SERVICE_DESCRIPTOR=text_format.MessageToString(
+                    endpoints_pb2.ApiServiceDescriptor(url=self._control_address)),
+                LOGGING_API_SERVICE_DESCRIPTOR=text_format.MessageToString(
+                    endpoints_pb2.ApiServiceDescriptor(url="localhost:%s" % logging_port)),
+                PIPELINE_OPTIONS=json_format.MessageToJson(self._provision_info.provision_info.pipeline_options))
+            if self._worker_id:
+                env["WORKER_ID"] = self._worker_id
+            try:
+                hand_over(proc, env)
+                proc.wait()
+                if proc.returncode:
+                    raise RuntimeError(f"Worker subprocess exited with return code {proc.returncode}")
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                logging_server.stop(0)
+
+    @worker_handlers.WorkerHandler.register_environment(WARM_ENVIRONMENT_URN, bytes)
+    class WarmSubprocessSdkWorkerHandler(worker_handlers.SubprocessSdkWorkerHandler):
+        def start_worker(self):
+            self.worker = WarmSdkWorker(self._worker_command_line, self.control_address, self.provision_info,
+                                        self.worker_id)
+            self.worker_thread = threading.Thread(name="run_worker", target=self.worker.run)
+            self.worker_thread.start()
+
+    _registered = True

@@ -18,8 +18,11 @@ A warm process's standard error is a pipe that a thread copies to this
 process's descriptor 2 wherever it points at the time (a build takes it away
 from Beam, ``seqcache.commands.common.worker_stderr``), as a worker started
 later would inherit it. Processes not handed out are told to exit (their
-standard input closed) when the build ends (``close``, also at exit); one whose
-driver dies reads end-of-file and exits too.
+standard input closed) when the pipeline ends (``close``, also at exit): warm
+processes serve one pipeline, the first of the command (a mixture's later
+tasks start their workers cold). One whose driver dies reads end-of-file and
+exits too; until it has work it ignores SIGINT, which Ctrl-C sends to the
+whole process group, and leaves it to the command.
 """
 
 from __future__ import annotations

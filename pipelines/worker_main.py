@@ -9,14 +9,22 @@ instead of ``python -m apache_beam.runners.worker.sdk_worker_main``; the
 arguments and the environment are Beam's. With ``--warm`` (``warm_workers``)
 the process is started before the pipeline exists: it also imports what the
 build's steps need, then waits on its standard input for the environment
-Beam gives a worker, and exits quietly if the input ends first.
+Beam gives a worker, and exits quietly if the input ends first; until then it
+ignores SIGINT (Ctrl-C reaches the whole process group, and the command, which
+handles it, closes that input).
 """
 
 import gc
 import os
+import signal
 import sys
 
-from seqcache import fs
+if "--warm" in sys.argv[1:]:
+    # Until it has work, a warm process leaves Ctrl-C to its command (which then
+    # closes its standard input): no traceback from an import cut short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+from seqcache import fs  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -47,6 +55,7 @@ def main(argv=None) -> None:
         os.environ.clear()
         os.environ.update(env)
         argv = [argv[0]]
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a worker now, as a cold one
     try:
         sdk_worker_main.main(argv)
     finally:

@@ -319,3 +319,31 @@ def test_workers_asked(args, expected):
     from seqcache.pipelines import warm_workers
 
     assert warm_workers.workers_asked(args, cpu_count=5) == expected
+
+
+def test_a_warm_worker_leaves_ctrl_c_to_its_command_until_it_has_work(tmp_path):
+    """Ctrl-C while a warm process is still importing (the terminal signals the
+    whole group): no traceback; it exits once its command closes its input."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "seqcache.pipelines.worker_main", "--warm"], cwd=tmp_path,
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:  # until it ignores SIGINT (bit 2 of SigIgn)
+            with open(f"/proc/{proc.pid}/status") as f:
+                ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+            if ignored & (1 << (signal.SIGINT - 1)):
+                break
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        assert proc.poll() is None  # still there, waiting for work
+        proc.stdin.close()
+        returncode = proc.wait(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read().decode(errors="replace")
+    assert returncode == 0 and "Traceback" not in stderr, stderr

@@ -348,6 +348,7 @@ class ReadUnit:
         from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV
 
         set_worker_options(self.fs_options)
+        settle_worker()
         if self.encoding_threads is not None:
             os.environ[ENCODING_THREADS_ENV] = str(self.encoding_threads)
         unit_index, ranges = unit
@@ -524,6 +525,7 @@ class WriteGroup:
 
     def __call__(self, element) -> Iterator[tuple[int, dict]]:
         set_worker_options(self.fs_options)
+        settle_worker()
         key, values = element
         if key == COUNTS_KEY:
             per_unit = {v[0]: v[1:] for v in values}  # a unit read twice (a retried attempt) counts once
@@ -645,6 +647,18 @@ def read_summary(scratch_dir: str) -> dict | None:
 
 
 _WORKER_OPTIONS: list = []
+_SETTLED: list = []
+
+
+def settle_worker() -> None:
+    """Once per process, at a step's first element: ``fs.freeze_heap`` (in
+    seqcache's own processes only), so that the objects a worker made to run
+    the pipeline after its start (the unpickled steps and task, Beam's bundle
+    processors and channels) are not walked again by every cyclic collection
+    the work triggers."""
+    if not _SETTLED:
+        _SETTLED.append(True)
+        fs.freeze_heap()
 
 
 def set_worker_options(fs_options: Sequence[str]) -> None:

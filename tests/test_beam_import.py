@@ -153,3 +153,26 @@ def test_command_line_asks_for_one_blas_thread_unless_told_and_freezes_only_its_
     threads, before, after = json.loads(done.stdout.strip().splitlines()[-1])
     assert threads == (given or "1")
     assert before == 0 and after > 10_000
+
+
+SETTLE_PROCESS = r'''
+import gc, json
+from seqcache import fs
+from seqcache.pipelines import transforms
+fs.own_process()
+fs.freeze_heap()
+frozen = gc.get_freeze_count()
+made = [[i] for i in range(50_000)]  # what a worker builds after its start (its steps, Beam's bundle processors)
+transforms.settle_worker()
+first = gc.get_freeze_count()
+more = [[i] for i in range(1_000)]
+transforms.settle_worker()  # once per process
+print(json.dumps([frozen, first, gc.get_freeze_count()]))
+'''
+
+
+def test_a_worker_freezes_what_it_made_before_its_first_element_once():
+    done = subprocess.run([sys.executable, "-c", SETTLE_PROCESS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    frozen, first, again = json.loads(done.stdout.strip().splitlines()[-1])
+    assert first >= frozen + 50_000 and again == first

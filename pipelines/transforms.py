@@ -37,7 +37,7 @@ import numpy as np
 from seqcache import format as fmt
 from seqcache import fs
 from seqcache.pipelines import shuffle, spill, stats as stats_mod
-from seqcache.pipelines.spill import _JOIN_PIECE_BYTES, ragged_take  # noqa: F401  (used here; the name kept here too)
+from seqcache.pipelines.spill import ragged_take
 from seqcache.tasks.sources.base import RecordBatch
 
 QUARANTINE_KEY = -1

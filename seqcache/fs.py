@@ -649,25 +649,10 @@ def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:
                              buffer_size=1 << 20)
 
 
-def read_range(path: str, offset: int, length: int) -> bytes:
-    """``length`` bytes of ``path`` from byte ``offset`` (one seek, one read).
-
-    Raises:
-      ValueError: the file ends before ``offset + length`` (the file is named).
-    """
-    with open_binary(path, decompress=False) as f:
-        f.seek(offset)
-        data = f.read(length)
-    if len(data) != length:
-        raise ValueError(f"{path}: {length} bytes expected at byte {offset}, the file has {len(data)} there")
-    return data
-
-
 class RangeReader:
     """Ranged reads of many files, each kept open between reads (at most
     ``max_open`` at once, the least recently read closed first): one seek and
-    one read a call, where ``read_range`` also opens and closes the file.
-    ``close()`` closes them all."""
+    one read a call. ``close()`` closes them all."""
 
     def __init__(self, max_open: int = 64):
         import collections

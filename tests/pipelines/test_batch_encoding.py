@@ -9,7 +9,7 @@ import pytest
 
 from seqcache import format as fmt
 from seqcache import tasks
-from seqcache.pipelines import shuffle, transforms
+from seqcache.pipelines import shuffle, spill, transforms
 from seqcache.tasks import SourceRecord
 from seqcache.tasks import preprocessors as P
 
@@ -69,7 +69,7 @@ def test_ragged_take():
     assert out.tobytes() == b"ddddaacbbb" and new.tolist() == [0, 4, 6, 7, 10]
 
 
-@pytest.mark.parametrize("mean", [3, transforms._JOIN_PIECE_BYTES, 2000])
+@pytest.mark.parametrize("mean", [3, spill._JOIN_PIECE_BYTES, 2000])
 def test_ragged_take_both_ways_equal_piece_by_piece(mean):
     """Short pieces go through the byte gather, long ones through the join:
     each gives the pieces in ``order``, empty pieces and a sliced (offset)

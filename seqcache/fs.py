@@ -75,9 +75,55 @@ def own_process() -> None:
     are missing. Each of them imports as usual afterwards, by its own module
     (``apache_beam.io.gcp.bigquery``); Beam's file systems, gs:// included,
     are not affected. A process that calls ``build_task`` itself gets Beam's
-    whole import."""
+    whole import. Its memory allocator is tuned too (``tune_allocator``)."""
     global _own_process
     _own_process = True
+    tune_allocator()
+
+
+# glibc's malloc: blocks from this size on get their own mapping (the most its
+# own adaptive rule reaches), and free memory at the top of a heap is given back
+# to the system from this size on (see ``tune_allocator``).
+MALLOC_MMAP_THRESHOLD = 32 << 20
+MALLOC_TRIM_THRESHOLD = 64 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+
+
+def tune_allocator() -> bool:
+    """Fixes glibc malloc's thresholds for a build's pattern of allocations
+    (``mallopt``): blocks below ``MALLOC_MMAP_THRESHOLD`` (32 MiB) come from the
+    heap, and a heap gives its free top back to the system only above
+    ``MALLOC_TRIM_THRESHOLD`` (64 MiB). By default glibc starts both at
+    128 KiB and raises them only as mapped blocks are freed; until then, and
+    in the heaps of the other threads (SentencePiece's), a batch's buffers (a
+    few MiB each) go back to the system when freed and are faulted in again,
+    zeroed, for the next batch. A 204 MB documents build took about 90,000
+    minor page faults, 47,000 with these thresholds, and about 2.5% less CPU
+    (benchmarks/README.md), at a peak RSS of 254 MB against 240. Called in seqcache's own processes
+    (``own_process``); a process whose environment sets glibc's malloc
+    variables (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, a
+    ``glibc.malloc`` tunable in ``GLIBC_TUNABLES``) keeps them.
+
+    Returns:
+      True if both thresholds were set; False elsewhere (not glibc, or the
+      environment chose).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    env = os.environ
+    if any(k.startswith("MALLOC_") and k.endswith("_") for k in env) or "glibc.malloc" in env.get("GLIBC_TUNABLES", ""):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # glibc's, not another C library's
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
 
 
 def freeze_heap() -> None:

@@ -36,6 +36,7 @@ def main(argv=None) -> None:
     argv = list(sys.argv if argv is None else argv)
     warm = "--warm" in argv[1:]  # warm_workers.WARM_FLAG (imported below, after Beam)
     fs.own_process()
+    fs.tune_allocator()
     fs.import_beam()
     from apache_beam.runners.worker import sdk_worker_main
 

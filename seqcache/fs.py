@@ -75,10 +75,9 @@ def own_process() -> None:
     are missing. Each of them imports as usual afterwards, by its own module
     (``apache_beam.io.gcp.bigquery``); Beam's file systems, gs:// included,
     are not affected. A process that calls ``build_task`` itself gets Beam's
-    whole import. Its memory allocator is tuned too (``tune_allocator``)."""
+    whole import."""
     global _own_process
     _own_process = True
-    tune_allocator()
 
 
 # glibc's malloc: blocks from this size on get their own mapping (the most its
@@ -99,10 +98,14 @@ def tune_allocator() -> bool:
     few MiB each) go back to the system when freed and are faulted in again,
     zeroed, for the next batch. A 204 MB documents build took about 90,000
     minor page faults, 47,000 with these thresholds, and about 2.5% less CPU
-    (benchmarks/README.md), at a peak RSS of 254 MB against 240. Called in seqcache's own processes
-    (``own_process``); a process whose environment sets glibc's malloc
-    variables (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, a
-    ``glibc.malloc`` tunable in ``GLIBC_TUNABLES``) keeps them.
+    (benchmarks/README.md), at a peak RSS of 254 MB against 240.
+
+    Called by ``seqcache build`` and the local engine's worker processes, not
+    by other commands or by a program that calls ``build_task`` itself. A
+    process whose environment sets any of glibc's malloc variables (a name
+    that starts with ``MALLOC_``: ``MALLOC_ARENA_MAX``,
+    ``MALLOC_TRIM_THRESHOLD_``...) or a ``glibc.malloc`` tunable in
+    ``GLIBC_TUNABLES`` keeps its allocator as the environment set it.
 
     Returns:
       True if both thresholds were set; False elsewhere (not glibc, or the
@@ -111,7 +114,7 @@ def tune_allocator() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     env = os.environ
-    if any(k.startswith("MALLOC_") and k.endswith("_") for k in env) or "glibc.malloc" in env.get("GLIBC_TUNABLES", ""):
+    if any(k.startswith("MALLOC_") for k in env) or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
         return False
     import ctypes
 
@@ -122,8 +125,9 @@ def tune_allocator() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
+    mapped = mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
+    trimmed = mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
+    return bool(mapped) and bool(trimmed)
 
 
 def freeze_heap() -> None:

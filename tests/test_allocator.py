@@ -1,7 +1,8 @@
-"""seqcache's own processes fix glibc malloc's thresholds (``fs.tune_allocator``):
-memory a heap frees at its top stays with the process for the next batch
-instead of going back to the system and being faulted in again. A process
-whose environment chose malloc's settings keeps them. Each check in a fresh
+"""``seqcache build`` and the local engine's workers fix glibc malloc's
+thresholds (``fs.tune_allocator``): memory a heap frees at its top stays with
+the process for the next batch instead of going back to the system and being
+faulted in again. Other commands, and a process whose environment chose
+malloc's settings, keep the allocator as it was. Each check in a fresh
 interpreter; the page faults are the kernel's count for that process."""
 
 import json
@@ -11,14 +12,26 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+
+def _glibc():
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).gnu_get_libc_version
+    except (OSError, AttributeError):
+        return False
+    return sys.platform.startswith("linux")
+
+
+pytestmark = pytest.mark.skipif(not _glibc(), reason="glibc's malloc")
 
 PATTERN = r'''
-import json, resource, sys
+import json, os, resource, sys
 import numpy as np
 from seqcache import fs
-if sys.argv[1] == "own":
-    fs.own_process()
+fs.own_process()  # as every seqcache command is
+if sys.argv[1] == "tune":
+    fs.tune_allocator()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 blocks = [np.ones(100_000, np.uint8) for _ in range(200)]  # 20 MB in heap blocks (below 128 KiB each)
@@ -29,44 +42,51 @@ print(json.dumps(faults() - before))
 '''
 
 
-def _faults(kind, **env):
-    environ = {k: v for k, v in os.environ.items()
-               if not (k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")} | env
-    done = subprocess.run([sys.executable, "-c", PATTERN, kind], capture_output=True, text=True, timeout=120,
-                          env=environ)
+def _faults(*argv, **env):
+    environ = {k: v for k, v in os.environ.items() if not (k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")}
+    done = subprocess.run([sys.executable, "-c", PATTERN, *argv], capture_output=True, text=True, timeout=300,
+                          env=environ | env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _glibc():
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).gnu_get_libc_version
-    except AttributeError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _glibc(), reason="glibc's malloc")
-def test_own_process_keeps_freed_heap_memory_for_the_next_batch():
-    plain = _faults("plain")
-    own = _faults("own")
+def test_tuned_process_keeps_freed_heap_memory_for_the_next_batch():
+    plain = _faults("plain")  # seqcache's own process, no build: not tuned
+    tuned = _faults("tune")
     # 20 MB is about 4,900 pages: faulted in again by default, kept when tuned.
     assert plain > 3000, plain
-    assert own < plain / 10, (own, plain)
+    assert tuned < plain / 10, (tuned, plain)
 
 
-@pytest.mark.skipif(not _glibc(), reason="glibc's malloc")
-def test_malloc_settings_in_the_environment_are_left_alone():
-    chosen = _faults("own", GLIBC_TUNABLES="glibc.malloc.perturb=0")
-    assert chosen > 3000, chosen
-    from seqcache import fs
+COMMANDS = r'''
+import json, sys
+from click.testing import CliRunner
+from seqcache import fs
+from seqcache.cli import main
+tuned, real = [], fs.tune_allocator
+fs.tune_allocator = lambda: tuned.append(real()) or tuned[-1]
+out = {}
+for name, args in (("build", ["build", "--source", "text:" + sys.argv[1], "--vocabulary", "byte", "--name", "t",
+                              "--cache-dir", sys.argv[2]]),
+                   ("info", ["info", sys.argv[2] + "/t/train"])):
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 0, done.output
+    out[name], tuned[:] = list(tuned), []
+print(json.dumps(out))
+'''
 
-    saved = dict(os.environ)
-    try:
-        os.environ["MALLOC_TRIM_THRESHOLD_"] = "131072"
-        assert fs.tune_allocator() is False
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+
+def test_the_build_command_tunes_its_process_and_other_commands_do_not(tmp_path):
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text("".join(f"line {i}\n" for i in range(200)))
+    environ = {k: v for k, v in os.environ.items() if not (k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")}
+    done = subprocess.run([sys.executable, "-c", COMMANDS, str(corpus), str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=300, env=environ)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"build": [True], "info": []}
+
+
+@pytest.mark.parametrize("env", [{"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, {"MALLOC_ARENA_MAX": "2"},
+                                 {"MALLOC_TRIM_THRESHOLD_": "131072"}])
+def test_malloc_settings_in_the_environment_are_left_alone(env):
+    assert _faults("tune", **env) > 3000

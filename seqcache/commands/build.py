@@ -412,6 +412,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     # workers itself.
     from seqcache import fs
 
+    fs.tune_allocator()  # this process's malloc (the local workers tune their own)
     fs.set_options(pipeline_args)
     results = []
     # What Beam's workers write to standard error outside of logging: nothing without -v.

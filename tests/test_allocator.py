@@ -42,10 +42,14 @@ print(json.dumps(faults() - before))
 '''
 
 
+def _environment(**env):
+    """This process's environment without malloc settings, with ``env`` added."""
+    return {k: v for k, v in os.environ.items() if not (k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")} | env
+
+
 def _faults(*argv, **env):
-    environ = {k: v for k, v in os.environ.items() if not (k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")}
     done = subprocess.run([sys.executable, "-c", PATTERN, *argv], capture_output=True, text=True, timeout=300,
-                          env=environ | env)
+                          env=_environment(**env))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -79,9 +83,8 @@ print(json.dumps(out))
 def test_the_build_command_tunes_its_process_and_other_commands_do_not(tmp_path):
     corpus = tmp_path / "lines.txt"
     corpus.write_text("".join(f"line {i}\n" for i in range(200)))
-    environ = {k: v for k, v in os.environ.items() if not (k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")}
     done = subprocess.run([sys.executable, "-c", COMMANDS, str(corpus), str(tmp_path / "cache")],
-                          capture_output=True, text=True, timeout=300, env=environ)
+                          capture_output=True, text=True, timeout=300, env=_environment())
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"build": [True], "info": []}
 

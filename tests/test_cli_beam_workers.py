@@ -189,7 +189,8 @@ def test_interrupted_build_exits_130_and_leaves_no_worker(tmp_path, signum, to_g
         opener.join(timeout=TIMEOUT_S)
         assert "gate" in held, f"the build never reached its worker: {proc.poll()=}"
         running = _processes_with(marker)
-        assert any("seqcache.pipelines.worker_main" in cmd for cmd in running.values()), running
+        # A worker: a process of the command's other than the command (forked ones share its command line).
+        assert set(running) - {proc.pid}, running
         # The worker stays blocked reading the gate: the command has to stop it.
         if to_group:
             os.killpg(proc.pid, signum)
@@ -347,3 +348,51 @@ def test_a_warm_worker_leaves_ctrl_c_to_its_command_until_it_has_work(tmp_path):
             proc.wait()
     stderr = proc.stderr.read().decode(errors="replace")
     assert returncode == 0 and "Traceback" not in stderr, stderr
+
+
+FORKED_WORKERS = textwrap.dedent("""
+    import json, signal, sys, time
+    from seqcache import fs
+    from seqcache.pipelines import warm_workers
+
+    fs.own_process()
+    fs.import_beam()
+    warm_workers.start(2, fork=sys.argv[1] == "fork")
+    procs = list(warm_workers._waiting)
+    time.sleep(float(sys.argv[2]))
+    for proc in procs:
+        proc.stdin.flush()
+        if hasattr(signal, "SIGINT"):
+            import os
+            os.kill(proc.pid, signal.SIGINT)  # a warm process leaves Ctrl-C to its command
+    time.sleep(0.2)
+    alive = [proc.poll() is None for proc in procs]
+    start = time.monotonic()
+    first = warm_workers.take()  # the first one's input closed while the second waits: no sibling holds it open
+    first.stdin.close()
+    first.wait(timeout=30)
+    first_s, second_alive = time.monotonic() - start, procs[1].poll() is None
+    warm_workers.close()
+    print(json.dumps({"kinds": [type(p).__name__ for p in procs], "alive": alive, "first_s": first_s,
+                      "second_alive": second_alive, "codes": [p.returncode for p in procs]}))
+""")
+
+
+@pytest.mark.parametrize("how", ["fork", "spawn"])
+def test_warm_workers_forked_or_started_wait_ignore_ctrl_c_and_exit_when_closed(tmp_path, how):
+    """Warm processes forked from a command that has imported Beam (Linux) or
+    started as new interpreters: each waits for work, ignores SIGINT until it
+    has some, and exits with 0 as soon as its input is closed; a forked one
+    holds no end of its sibling's pipes (else the first would wait for the
+    second to exit)."""
+    if how == "fork" and not sys.platform.startswith("linux"):
+        pytest.skip("warm workers are forked on Linux only")
+    out = subprocess.run([sys.executable, "-c", FORKED_WORKERS, how, "1.5"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=TIMEOUT_S)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["kinds"] == (["ForkedWorker"] * 2 if how == "fork" else ["Popen"] * 2)
+    assert report["alive"] == [True, True]
+    assert report["codes"] == [0, 0], out.stderr
+    assert report["first_s"] < 10 and report["second_alive"], report
+    assert "Traceback" not in out.stderr, out.stderr

@@ -93,10 +93,17 @@ def workers_asked(args: Sequence[str], cpu_count: int | None = None) -> int:
 
 
 def can_fork() -> bool:
-    """Whether warm processes are forked here (``start(..., fork=True)``):
-    on Linux, where ``os.fork`` exists and Beam's and gRPC's libraries, not yet
-    started, survive it."""
-    return sys.platform.startswith("linux") and hasattr(os, "fork")
+    """Whether warm processes may be forked from this process (``start(...,
+    fork=True)``): on Linux, where Beam's and gRPC's libraries, not yet
+    started, survive a fork, in one of seqcache's own processes (the
+    ``seqcache`` executable, ``seqcache.fs.own_process``) while it runs one
+    thread. A program that runs the command itself (click's test runner, a
+    notebook) may hold threads and descriptors a fork would copy in a state
+    nobody can tell: its workers are new interpreters."""
+    from seqcache import fs
+
+    return (sys.platform.startswith("linux") and hasattr(os, "fork") and fs.is_own_process()
+            and threading.active_count() == 1)
 
 
 def start(count: int, *, fork: bool = False) -> None:

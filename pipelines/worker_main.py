@@ -7,7 +7,9 @@ worker starts sooner.
 ``runner.local_engine`` starts workers with ``python -m seqcache.pipelines.worker_main``
 instead of ``python -m apache_beam.runners.worker.sdk_worker_main``; the
 arguments and the environment are Beam's. With ``--warm`` (``warm_workers``)
-the process is started before the pipeline exists: it also imports what the
+the process is started before the pipeline exists, or forked from the command
+on Linux, where ``warm_workers`` calls ``main`` in the child, Beam imported
+already: it also imports what the
 build's steps need, then waits on its standard input for the environment
 Beam gives a worker, and exits quietly if the input ends first; until then it
 ignores SIGINT (Ctrl-C reaches the whole process group, and the command, which

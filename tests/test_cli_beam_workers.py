@@ -396,3 +396,27 @@ def test_warm_workers_forked_or_started_wait_ignore_ctrl_c_and_exit_when_closed(
     assert report["codes"] == [0, 0], out.stderr
     assert report["first_s"] < 10 and report["second_alive"], report
     assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_warm_workers_are_forked_only_from_seqcache_own_single_threaded_process():
+    """A program that runs the command in its own process (click's test
+    runner, a notebook) gets new interpreters: a fork would copy its threads'
+    state."""
+    code = textwrap.dedent("""
+        import json, threading
+        from seqcache import fs
+        from seqcache.pipelines import warm_workers
+        seen = [warm_workers.can_fork()]
+        fs.own_process()
+        seen.append(warm_workers.can_fork())
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait)
+        t.start()
+        seen.append(warm_workers.can_fork())
+        stop.set()
+        t.join()
+        print(json.dumps(seen))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [False, sys.platform.startswith("linux"), False]

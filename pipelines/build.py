@@ -337,10 +337,16 @@ def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> dict:
 
 
 def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> dict:
-    """Runs the pipeline and writes the manifest last (see ``_build_into``)."""
-    vocabularies = _write_vocabularies(plan.task, build_dir)
-    _run_pipeline(plan, beam=beam, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
-                  units=units)
+    """Runs the pipeline and writes the manifest last (see ``_build_into``).
+    The steps carry the vocabulary models the cache stores by reference to
+    those files (``vocabularies.stored_models``): Beam compresses every pickle
+    of a step with bz2."""
+    from seqcache.tasks import vocabularies as vocab_mod
+
+    vocabularies, stored = _write_vocabularies(plan.task, build_dir)
+    with vocab_mod.stored_models(stored):
+        _run_pipeline(plan, beam=beam, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
+                      units=units)
     summary = _read_summary(plan, scratch, units)
     entries, statistics, quarantine = _gather(plan, summary, build_dir)
     raw = _manifest(plan, entries, statistics, quarantine, vocabularies)
@@ -349,9 +355,10 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
     return raw
 
 
-def _write_vocabularies(task, build_dir: str) -> dict:
-    """Stores each feature's vocabulary model in the cache; {feature: manifest entry}."""
-    vocabularies = {}
+def _write_vocabularies(task, build_dir: str) -> tuple[dict, dict]:
+    """Stores each feature's vocabulary model in the cache; returns
+    ({feature: manifest entry}, {URL of each stored model: its bytes})."""
+    vocabularies, stored = {}, {}
     for name, feature in task.output_features.items():
         desc = dict(feature.vocabulary.to_json())
         model = feature.vocabulary.model_bytes()
@@ -360,9 +367,11 @@ def _write_vocabularies(task, build_dir: str) -> dict:
             # name (.model for SentencePiece, .json for a tokenizer.json).
             ending = os.path.splitext(desc.get("file") or "")[1] or ".model"
             desc["file"] = f"vocabulary-{name}{ending}"
-            fs.write_bytes_atomic(fs.join(build_dir, desc["file"]), model)
+            url = fs.join(build_dir, desc["file"])
+            fs.write_bytes_atomic(url, model)
+            stored[url] = model
         vocabularies[name] = desc
-    return vocabularies
+    return vocabularies, stored
 
 
 def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> None:

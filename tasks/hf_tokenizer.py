@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from seqcache.tasks.vocabularies import Vocabulary, _read_bytes, _write_bytes
+from seqcache.tasks.vocabularies import ModelFile, Vocabulary, _model_state, _read_bytes, _write_bytes
 
 # Tried in this order when no token is named (the first one in the vocabulary wins).
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "<|eot_id|>")
@@ -117,6 +117,10 @@ class HfTokenizerVocabulary(Vocabulary):
     def model_bytes(self) -> bytes:
         """The ``tokenizer.json`` bytes (what a cache stores next to its manifest)."""
         if self._bytes is None:
+            stored = getattr(self, "_model_file", None)
+            if stored is not None:
+                self._bytes = stored.read()
+                return self._bytes
             try:
                 self._bytes = _read_bytes(self.path)
             except OSError as e:
@@ -161,12 +165,19 @@ class HfTokenizerVocabulary(Vocabulary):
     def __getstate__(self):
         self._tokenizer()
         names = {role: self._special[role][0] for role in ("eos", "pad", "unk")}
-        return {"tokenizer_bytes": self.model_bytes(), "path": self.path, "extra_ids": self.extra_ids, "names": names}
+        if not hasattr(self, "_digest"):
+            self._digest = [None]
+        return {"tokenizer_bytes": getattr(self, "_model_file", None) or _model_state(self.model_bytes(), self._digest), "path": self.path,
+                "extra_ids": self.extra_ids, "names": names}
 
     def __setstate__(self, state):
         self.extra_ids = state["extra_ids"]
         self.path = state["path"]
-        self._bytes = state["tokenizer_bytes"]
+        model = state["tokenizer_bytes"]
+        stored = isinstance(model, ModelFile)
+        self._bytes = None if stored else model
+        self._model_file = model if stored else None
+        self._digest = [model.sha256 if stored else None]
         self._names = dict(state["names"])
         self._tok = None
         self._special = None

@@ -29,6 +29,7 @@ from __future__ import annotations
 import abc
 import itertools
 import collections
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -36,6 +37,7 @@ import heapq
 import io
 import logging
 import os
+import threading
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -189,6 +191,89 @@ def _read_bytes(path: str) -> bytes:
     return fs.read_bytes(path)
 
 
+# -- model files a build stores, pickled by reference --------------------------
+# Beam pickles every step of a pipeline, and compresses each pickle with bz2 at
+# level 9 (``apache_beam.internal.pickler``), as it sends the steps to the
+# workers and as each worker unpickles them, several times a build: a
+# SentencePiece model or tokenizer.json inside the task's steps (hundreds of KB
+# to several MB) cost a 1 MB build about a third of its pipeline time. While a
+# build's pipeline is made and run (``stored_models``), a vocabulary whose model
+# bytes the build has stored in its cache folder pickles that file's URL and
+# sha256 instead (``ModelFile``), and loads it from there on first use, once per
+# process; a vocabulary unpickled from a ``ModelFile`` pickles it again as it is
+# (a worker's runner pickles the steps it was given anew).
+
+
+_STORED = threading.local()  # .files: {sha256 hex: URL}, in the thread that makes and runs the pipeline
+_LOADED: dict[str, bytes] = {}  # sha256 hex -> model bytes read from a ModelFile, in this process
+_LOADED_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFile:
+    """A vocabulary model stored in a cache folder: what a vocabulary pickles
+    instead of its bytes while ``stored_models`` holds them."""
+
+    url: str
+    sha256: str
+
+    def read(self) -> bytes:
+        """The model's bytes, read once per process.
+
+        Raises:
+          ValueError: the file cannot be read, or its bytes are not the ones
+            the build stored (their sha256 differs); the message names the file.
+        """
+        with _LOADED_LOCK:
+            data = _LOADED.get(self.sha256)
+        if data is not None:
+            return data
+        try:
+            data = fs.read_bytes(self.url)
+        except OSError as e:
+            raise ValueError(f"cannot read the vocabulary model the build stored at {self.url}: {e}") from e
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise ValueError(f"{self.url}: the vocabulary model the build stored there has changed since "
+                             f"(sha256 {hashlib.sha256(data).hexdigest()[:12]}, stored {self.sha256[:12]})")
+        with _LOADED_LOCK:
+            _LOADED[self.sha256] = data
+        return data
+
+
+@contextlib.contextmanager
+def stored_models(files: dict[str, bytes]):
+    """While the block runs, in this thread, a vocabulary whose model bytes are
+    one of ``files``' values pickles a ``ModelFile`` of that URL instead of the
+    bytes (see the comment above ``ModelFile``).
+
+    Args:
+      files: {URL of a stored copy: the model bytes written there}.
+    """
+    before = getattr(_STORED, "files", None)
+    current = dict(before or {})
+    for url, data in files.items():
+        current.setdefault(hashlib.sha256(data).hexdigest(), url)
+    _STORED.files = current
+    try:
+        yield
+    finally:
+        _STORED.files = before
+
+
+def _model_state(data: bytes, digest_cache: list) -> bytes | ModelFile:
+    """What a vocabulary pickles for its model bytes ``data``: a ``ModelFile``
+    when ``stored_models`` holds them in this thread, else the bytes.
+    ``digest_cache``: a one-item list holding the bytes' sha256 (or None), kept
+    by the vocabulary so that each pickle does not hash them again."""
+    files = getattr(_STORED, "files", None)
+    if not files:
+        return data
+    if digest_cache[0] is None:
+        digest_cache[0] = hashlib.sha256(data).hexdigest()
+    url = files.get(digest_cache[0])
+    return data if url is None else ModelFile(url, digest_cache[0])
+
+
 def _write_bytes(path: str, data: bytes) -> None:
     if fs.is_url(path):
         fs.write_bytes_atomic(path, data)
@@ -281,6 +366,10 @@ class SentencePieceVocabulary(Vocabulary):
 
     def model_bytes(self) -> bytes:
         if self._model_bytes is None:
+            stored = getattr(self, "_model_file", None)
+            if stored is not None:
+                self._model_bytes = stored.read()
+                return self._model_bytes
             try:
                 self._model_bytes = _read_bytes(self.model_path)
             except OSError as e:
@@ -304,12 +393,19 @@ class SentencePieceVocabulary(Vocabulary):
         return self._sp
 
     def __getstate__(self):
-        return {"model_bytes": self.model_bytes(), "model_path": self.model_path, "extra_ids": self.extra_ids}
+        if not hasattr(self, "_digest"):
+            self._digest = [None]
+        return {"model_bytes": getattr(self, "_model_file", None) or _model_state(self.model_bytes(), self._digest), "model_path": self.model_path,
+                "extra_ids": self.extra_ids}
 
     def __setstate__(self, state):
         self.extra_ids = state["extra_ids"]
         self.model_path = state["model_path"]
-        self._model_bytes = state["model_bytes"]
+        model = state["model_bytes"]
+        stored = isinstance(model, ModelFile)
+        self._model_bytes = None if stored else model
+        self._model_file = model if stored else None
+        self._digest = [model.sha256 if stored else None]
         self._sp = None
 
     # -- sizes and special ids

@@ -185,9 +185,16 @@ def test_sentencepiece_vocabulary_travels_with_the_cache(tmp_path, corpora):
     assert v.decode(ex.tolist()) == vocab.decode(vocab.encode(line))  # same model, rebuilt from the cache
 
 
-def test_fresh_worker_processes_get_the_sentencepiece_model(tmp_path, corpora):
+def test_fresh_worker_processes_get_the_sentencepiece_model(tmp_path, corpora, monkeypatch):
     """multi_processing workers are fresh processes: the vocabulary travels with the
-    task (as model bytes), not as a path they would have to open."""
+    task as a reference to the copy the cache stores (Beam compresses each
+    pickle of a step with bz2: no pickle carries the model's bytes), not as the
+    path it was loaded from, which they may not open."""
+    import bz2
+
+    pickled = []
+    compress = bz2.compress
+    monkeypatch.setattr(bz2, "compress", lambda data, *a, **k: (pickled.append(len(data)), compress(data, *a, **k))[1])
     model = tmp_path / "spm.model"
     lines = corpora.botchan.read_text(encoding="utf-8").splitlines()
     vocab = tasks.train_sentencepiece(lines[:3000], output_path=str(model), vocab_size=600)
@@ -200,5 +207,6 @@ def test_fresh_worker_processes_get_the_sentencepiece_model(tmp_path, corpora):
     b = build_task(task, cache_dir=str(tmp_path / "b"), config=BuildConfig(num_shards=2))
     assert (fmt.read_shard_checksums(a.cache_dir, a.manifest)
             == fmt.read_shard_checksums(b.cache_dir, b.manifest))
+    assert pickled and max(pickled) < len(vocab.model_bytes()) // 4, (pickled, len(vocab.model_bytes()))
     data = corpora.botchan.read_bytes()
     assert a.manifest.num_examples == data.count(b"\n") + (0 if data.endswith(b"\n") else 1)

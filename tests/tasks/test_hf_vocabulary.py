@@ -145,6 +145,27 @@ def test_pickle_carries_the_bytes_into_a_fresh_process(bpe_path, tmp_path):
     assert ids == [a.tolist() for a in expected] and sha == v.sha256 and size == 802
 
 
+def test_pickle_carries_a_stored_tokenizer_by_reference(bpe_path, tmp_path):
+    """Inside ``stored_models`` (a build's steps) a stored tokenizer.json travels
+    as its file's URL and sha256, and loads from there in a fresh process."""
+    data = bpe_path.read_bytes()
+    stored = tmp_path / "vocabulary-targets.json"
+    stored.write_bytes(data)
+    v = H.HfTokenizerVocabulary(str(bpe_path), extra_ids=2)
+    expected = [a.tolist() for a in v.encode_batch(["the school master", "Botchan"])]
+    with V.stored_models({str(stored): data}):
+        blob = pickle.dumps(v)
+    assert len(blob) < 2000 < len(data)
+    (tmp_path / "vocab.pkl").write_bytes(pickle.dumps(pickle.loads(blob)))  # pickled again: still the reference
+    assert (tmp_path / "vocab.pkl").stat().st_size < 2000
+    code = ("import pickle, sys, json; v = pickle.load(open(sys.argv[1], 'rb')); "
+            "print(json.dumps([a.tolist() for a in v.encode_batch(['the school master', 'Botchan'])] + [v.sha256]))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "vocab.pkl")], check=True, capture_output=True,
+                         text=True, timeout=120)
+    *ids, sha = json.loads(out.stdout)
+    assert ids == expected and sha == v.sha256
+
+
 _TRAIN = """
 import sys
 from seqcache.tasks import hf_tokenizer as H, sources as S, vocabularies as V

@@ -214,6 +214,42 @@ def test_sentencepiece_pickles_by_bytes(spm_model, tmp_path):
                                "extra_ids": 2}
 
 
+def test_sentencepiece_pickles_a_stored_model_by_reference(spm_model, tmp_path):
+    """While a build's steps are pickled (``stored_models``), a model stored in
+    the cache travels as its file's URL and sha256, loads from there, and is
+    pickled again the same way; elsewhere the bytes travel."""
+    data = spm_model.read_bytes()
+    stored = tmp_path / "vocabulary-targets.model"
+    stored.write_bytes(data)
+    v = V.SentencePieceVocabulary(str(spm_model), extra_ids=2)
+    with V.stored_models({str(stored): data}):
+        blob = pickle.dumps(v)
+    assert len(blob) < 2000 < len(data) and data not in blob
+    assert len(pickle.dumps(v)) > len(data)  # outside the block: the bytes
+    w = pickle.loads(blob)
+    assert w.encode("the school") == v.encode("the school")
+    assert w.fingerprint() == v.fingerprint()
+    again = pickle.dumps(pickle.loads(blob))  # a worker's runner pickling its steps anew
+    assert len(again) < 2000
+    # Another process: nothing loaded yet, the file read and checked.
+    code = ("import pickle, sys; w = pickle.loads(open(sys.argv[1], 'rb').read()); "
+            "print(w.encode('the school'))")
+    (tmp_path / "blob").write_bytes(again)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "blob")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(v.encode("the school"))
+    stored.write_bytes(data[:-1] + b"x")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "blob")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and "vocabulary-targets.model: the vocabulary model the build stored there has changed" \
+        in out.stderr, out.stderr
+    stored.unlink()
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "blob")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and "cannot read the vocabulary model the build stored at" in out.stderr, out.stderr
+
+
 def test_sentencepiece_bad_model(tmp_path):
     bad = tmp_path / "corrupt.model"
     bad.write_bytes(b"this is not a protobuf" * 10)

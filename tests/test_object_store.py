@@ -403,3 +403,30 @@ def test_multi_processing_workers_get_the_s3_options(s3, caches, monkeypatch):
     out = CliRunner().invoke(main, args, catch_exceptions=False)
     assert "Traceback" not in out.output
     assert out.exit_code == 0, out.output
+
+
+def test_workers_read_the_sentencepiece_model_the_build_stored_in_the_bucket(s3, caches, monkeypatch, tmp_path):
+    """The build's steps carry the vocabulary model as the URL of the copy it
+    stores in the cache (here s3://), which multi_processing workers read with
+    the build's S3 options: the same shards as a local build."""
+    from seqcache import tasks
+
+    _without_aws_credentials(monkeypatch)
+    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
+        corpus = json.load(f)["sources"][0]["path"]
+    with open(corpus, encoding="utf-8") as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    model = tmp_path / "spm.model"
+    tasks.train_sentencepiece(lines, output_path=str(model), vocab_size=500)
+    common = ["build", "--source", f"text:{corpus}", "--on-error", "empty=skip", "--vocabulary", str(model),
+              "--name", "sp", "--num-shards", "2", "--json"]
+    local = CliRunner().invoke(main, common + ["--cache-dir", str(tmp_path / "local")], catch_exceptions=False)
+    assert local.exit_code == 0, local.output
+    remote = CliRunner().invoke(main, common + ["--cache-dir", f"s3://{BUCKET}/sp"] + s3["options"] + [
+        "--direct_num_workers=2", "--direct_running_mode=multi_processing"], catch_exceptions=False)
+    assert "Traceback" not in remote.output
+    assert remote.exit_code == 0, remote.output
+    with open(tmp_path / "local" / "sp" / "train" / "manifest.json", encoding="utf-8") as f:
+        local_manifest = json.load(f)
+    manifest = json.loads(s3["client"].get_object(Bucket=BUCKET, Key="sp/sp/train/manifest.json")["Body"].read())
+    assert manifest["shards"] == local_manifest["shards"] and manifest["num_examples"] > 0

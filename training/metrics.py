@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from typing import Any, Mapping
 
 # The folder of event files, next to the metrics file.
@@ -100,8 +101,12 @@ class TensorBoardWriter:
                 "turn them off (seqcache train --no-tensorboard, config tensorboard=false)", name=e.name) from None
         self.logdir = logdir
         os.makedirs(logdir, exist_ok=True)
+        # tensorboardX names a file by the second it was opened and the host: a run
+        # resumed within the same second would reopen, and truncate, the earlier
+        # file. The suffix (nanoseconds, fixed width) keeps each file apart and in
+        # creation order by name, the order TensorBoard reads them in.
         self._writer = SummaryWriter(logdir=logdir, purge_step=int(start_step) if start_step else None,
-                                     flush_secs=3600)
+                                     flush_secs=3600, filename_suffix=f".{time.time_ns():020d}")
 
     def write(self, record: Mapping[str, Any]) -> None:
         step = int(record["step"])

@@ -64,3 +64,23 @@ def test_no_tensorboard(cache, tmp_path):
     _train(cache, ckpt, "--steps", "1", "--no-tensorboard")
     assert (ckpt / "metrics.jsonl").is_file() and not (ckpt / "tensorboard").exists()
     assert json.loads((ckpt / "config.json").read_text())["tensorboard"] is False
+
+
+def test_a_run_resumed_within_the_same_second_keeps_the_earlier_event_file(tmp_path, monkeypatch):
+    """tensorboardX names an event file by the second it opened it: two writers
+    in one second (a run preempted and resumed at once) must still write two
+    files, read back in the order they were written."""
+    import time
+
+    from seqcache.training.metrics import TensorBoardWriter
+
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.25)  # the same second for both
+    first = TensorBoardWriter(str(tmp_path))
+    for step in range(3):
+        first.write({"step": step, "loss": 3.0 - step})
+    first.close()
+    resumed = TensorBoardWriter(str(tmp_path), start_step=2)
+    resumed.write({"step": 2, "loss": 0.5})
+    resumed.close()
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
+    assert read_tensorboard(str(tmp_path))["train/loss"] == [(0, 3.0), (1, 2.0), (2, 1.0), (2, 0.5)]

@@ -117,29 +117,44 @@ def start(count: int, *, fork: bool = False) -> None:
     ``runner.local_engine``'s workers."""
     if count < 1:
         return
-    procs = []
+    atexit.register(close)  # first: an interrupt while they start still has them told to exit, and waited for
     with _lock:
+        forked: list = []
         if fork and can_fork():
             for p in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
                 if p is not None:
                     p.flush()
-            while len(procs) < count:
-                try:
-                    procs.append(_fork_worker(_waiting + procs))
-                except OSError as e:
-                    _LOGGER.info("no fork for a warm worker (%s): starting the rest as new processes", e)
-                    break
+            # Ctrl-C or SIGTERM while forking waits until every child is forked and
+            # registered: raised inside the at-fork hooks (logging's, threading's), it
+            # would leave their locks held in this process or in the child.
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, _FORK_SIGNALS)
+            try:
+                while len(forked) < count:
+                    try:
+                        forked.append(_fork_worker(_waiting + forked, before))
+                    except OSError as e:
+                        _LOGGER.info("no fork for a warm worker (%s): starting the rest as new processes", e)
+                        break
+                _copy_stderr(forked)  # threads only now: a child is forked from one thread
+                _waiting.extend(forked)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
         env = dict(os.environ)
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        while len(procs) < count:
-            procs.append(subprocess.Popen([sys.executable, "-m", "seqcache.pipelines.worker_main", WARM_FLAG],
-                                          stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
-        # The threads start once every process is forked: a child is forked from one thread.
-        for proc in procs:
-            threading.Thread(target=_copy_to_fd2, args=(proc.stderr,), name="warm-worker-stderr",
-                             daemon=True).start()
-        _waiting.extend(procs)
-    atexit.register(close)
+        started = [subprocess.Popen([sys.executable, "-m", "seqcache.pipelines.worker_main", WARM_FLAG],
+                                    stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                   for _ in range(count - len(forked))]
+        _copy_stderr(started)
+        _waiting.extend(started)
+
+
+_FORK_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _copy_stderr(procs) -> None:
+    """One thread per process copying its standard error to descriptor 2."""
+    for proc in procs:
+        threading.Thread(target=_copy_to_fd2, args=(proc.stderr,), name="warm-worker-stderr", daemon=True).start()
 
 
 class ForkedWorker:
@@ -190,25 +205,45 @@ class ForkedWorker:
                 pass
 
 
-def _fork_worker(siblings: Sequence) -> ForkedWorker:
-    """Forks one warm process: its standard input and error are new pipes;
-    the ends of its siblings' pipes that this process holds are closed in it.
+def _above_stdio(fd: int) -> int:
+    """``fd`` moved to a descriptor above 2 when it is 0, 1 or 2 (a command
+    started with its standard input closed gets pipes there)."""
+    if fd > 2:
+        return fd
+    import fcntl
+
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD, 3)
+    os.close(fd)
+    return moved
+
+
+def _fork_worker(siblings: Sequence, signal_mask) -> ForkedWorker:
+    """Forks one warm process (SIGINT and SIGTERM blocked by the caller;
+    ``signal_mask``, the mask before, is restored in the child once it ignores
+    SIGINT): its standard input and error are new pipes; the ends of its
+    siblings' pipes that this process holds are closed in it.
 
     Raises:
       OSError: no pipe or no fork.
     """
-    stdin_r, stdin_w = os.pipe()
-    err_r, err_w = os.pipe()
+    fds = []
     try:
+        for _ in range(2):
+            for fd in os.pipe():
+                fds.append(_above_stdio(fd))
         pid = os.fork()
     except OSError:
-        for fd in (stdin_r, stdin_w, err_r, err_w):
+        for fd in fds:
             os.close(fd)
         raise
+    stdin_r, stdin_w, err_r, err_w = fds
     if pid == 0:  # the child: a worker, until os._exit
         code = 1
         try:
+            global _lock
+            _lock = threading.Lock()  # held by the parent's thread that forked
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # until it has work (worker_main)
+            signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
             for proc in siblings:
                 proc.stdin.close()
                 proc.stderr.close()

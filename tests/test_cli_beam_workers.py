@@ -420,3 +420,62 @@ def test_warm_workers_are_forked_only_from_seqcache_own_single_threaded_process(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [False, sys.platform.startswith("linux"), False]
+
+
+FORK_INTERRUPTED = textwrap.dedent("""
+    import json, logging, os, signal
+    from seqcache import fs
+    from seqcache.pipelines import warm_workers
+
+    fs.own_process()
+    fs.import_beam()
+    # Ctrl-C arriving while the first child is forked, as the parent runs its
+    # at-fork hooks (logging's among them).
+    sent = []
+    def interrupt():
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+    os.register_at_fork(after_in_parent=interrupt)
+    raised = False
+    try:
+        warm_workers.start(2, fork=True)
+    except KeyboardInterrupt:
+        raised = True
+    procs = list(warm_workers._waiting)
+    free = logging._lock.acquire(timeout=5)
+    if free:
+        logging._lock.release()
+    warm_workers.close()
+    print(json.dumps({"raised": raised, "registered": len(procs), "logging_lock_free": free,
+                      "codes": [p.returncode for p in procs]}))
+""")
+
+
+def test_ctrl_c_while_workers_are_forked_is_raised_once_they_are_registered(tmp_path):
+    """An interrupt that lands while a warm worker is forked is held until every
+    child is forked and registered, then raised: not swallowed by an at-fork
+    hook, no lock left held, every child told to exit."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("warm workers are forked on Linux only")
+    out = subprocess.run([sys.executable, "-c", FORK_INTERRUPTED], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=TIMEOUT_S)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {"raised": True, "registered": 2, "logging_lock_free": True, "codes": [0, 0]}, out.stderr
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_forked_workers_with_the_command_s_standard_input_closed(tmp_path):
+    """A command started with descriptor 0 closed gets its first pipe there: the
+    forked workers still get their own standard input, and take the work."""
+    src = write_files(tmp_path / "in", {"a.txt": "".join(f"line {i}\n" for i in range(500)).encode()})
+    env, marker = _marked_env()
+    out = subprocess.run(_seqcache("build", "-v", "--cache-dir", str(tmp_path / "c"), "--source", f"text:{src}/*.txt",
+                                   "--name", "mp", "--num-shards", "2", *MULTI_PROCESSING),
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+                         preexec_fn=lambda: os.close(0))
+    assert out.returncode == 0, out.stderr
+    assert len(re.findall(r"worker \S+: warm process \d+", out.stderr)) == 2, out.stderr
+    assert "no warm process left" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert _processes_with(marker) == {}

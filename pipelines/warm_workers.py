@@ -124,21 +124,28 @@ def start(count: int, *, fork: bool = False) -> None:
             for p in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
                 if p is not None:
                     p.flush()
-            # Ctrl-C or SIGTERM while forking waits until every child is forked and
-            # registered: raised inside the at-fork hooks (logging's, threading's), it
-            # would leave their locks held in this process or in the child.
-            before = signal.pthread_sigmask(signal.SIG_BLOCK, _FORK_SIGNALS)
+            # Ctrl-C or SIGTERM while forking is held until every child is forked and
+            # registered, then handled as it would have been: raised inside Python's
+            # at-fork hooks (logging's, threading's) it would be lost, and could leave
+            # their locks held. (A signal mask would not do: the kernel hands a
+            # signal to any thread that does not block it, numpy's and Arrow's
+            # included, and the interpreter then runs the handler in this thread.)
+            held: list[int] = []
+            previous = {sig: signal.signal(sig, lambda signum, _frame: held.append(signum)) for sig in _FORK_SIGNALS}
             try:
                 while len(forked) < count:
                     try:
-                        forked.append(_fork_worker(_waiting + forked, before))
+                        forked.append(_fork_worker(_waiting + forked, previous))
                     except OSError as e:
                         _LOGGER.info("no fork for a warm worker (%s): starting the rest as new processes", e)
                         break
                 _copy_stderr(forked)  # threads only now: a child is forked from one thread
                 _waiting.extend(forked)
             finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+                for sig, handler in previous.items():
+                    signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+                for sig in dict.fromkeys(held):
+                    _handle_held(sig, previous[sig])
         env = dict(os.environ)
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         started = [subprocess.Popen([sys.executable, "-m", "seqcache.pipelines.worker_main", WARM_FLAG],
@@ -148,7 +155,18 @@ def start(count: int, *, fork: bool = False) -> None:
         _waiting.extend(started)
 
 
-_FORK_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_FORK_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _handle_held(signum: int, handler) -> None:
+    """Handles a signal held while the workers were forked as ``handler`` (the
+    command's) would have: a Python handler is called (Ctrl-C's raises
+    KeyboardInterrupt), the default action is taken (the signal sent again),
+    an ignored one is dropped."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler in (None, signal.SIG_DFL):
+        os.kill(os.getpid(), signum)
 
 
 def _copy_stderr(procs) -> None:
@@ -217,11 +235,12 @@ def _above_stdio(fd: int) -> int:
     return moved
 
 
-def _fork_worker(siblings: Sequence, signal_mask) -> ForkedWorker:
-    """Forks one warm process (SIGINT and SIGTERM blocked by the caller;
-    ``signal_mask``, the mask before, is restored in the child once it ignores
-    SIGINT): its standard input and error are new pipes; the ends of its
-    siblings' pipes that this process holds are closed in it.
+def _fork_worker(siblings: Sequence, handlers: dict) -> ForkedWorker:
+    """Forks one warm process (SIGINT and SIGTERM held by the caller;
+    ``handlers``, the command's own, are the child's again, but for SIGINT,
+    which it ignores until it has work): its standard input and error are new
+    pipes; the ends of its siblings' pipes that this process holds are closed
+    in it.
 
     Raises:
       OSError: no pipe or no fork.
@@ -243,7 +262,9 @@ def _fork_worker(siblings: Sequence, signal_mask) -> ForkedWorker:
             global _lock
             _lock = threading.Lock()  # held by the parent's thread that forked
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # until it has work (worker_main)
-            signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
+            for sig, handler in handlers.items():
+                if sig != signal.SIGINT:
+                    signal.signal(sig, signal.SIG_DFL if handler is None else handler)
             for proc in siblings:
                 proc.stdin.close()
                 proc.stderr.close()

@@ -163,11 +163,19 @@ class HfTokenizerVocabulary(Vocabulary):
         return out
 
     def __getstate__(self):
+        stored = getattr(self, "_model_file", None)
+        if stored is not None and self._tok is None:
+            # Unpickled from a stored model's reference and not used since: pickled
+            # again as it came, its special tokens' names resolved already, without
+            # reading the file (a runner may pickle a worker's steps anew before it
+            # has the options to read it).
+            return {"tokenizer_bytes": stored, "path": self.path, "extra_ids": self.extra_ids,
+                    "names": dict(self._names)}
         self._tokenizer()
         names = {role: self._special[role][0] for role in ("eos", "pad", "unk")}
         if not hasattr(self, "_digest"):
             self._digest = [None]
-        return {"tokenizer_bytes": getattr(self, "_model_file", None) or _model_state(self.model_bytes(), self._digest), "path": self.path,
+        return {"tokenizer_bytes": stored or _model_state(self.model_bytes(), self._digest), "path": self.path,
                 "extra_ids": self.extra_ids, "names": names}
 
     def __setstate__(self, state):

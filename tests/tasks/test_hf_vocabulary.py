@@ -156,8 +156,12 @@ def test_pickle_carries_a_stored_tokenizer_by_reference(bpe_path, tmp_path):
     with V.stored_models({str(stored): data}):
         blob = pickle.dumps(v)
     assert len(blob) < 2000 < len(data)
-    (tmp_path / "vocab.pkl").write_bytes(pickle.dumps(pickle.loads(blob)))  # pickled again: still the reference
+    stored.rename(tmp_path / "elsewhere.json")
+    # Pickled again where the copy cannot be read (a Dask worker before it has the
+    # build's file-system options): the same reference, the file not read.
+    (tmp_path / "vocab.pkl").write_bytes(pickle.dumps(pickle.loads(blob)))
     assert (tmp_path / "vocab.pkl").stat().st_size < 2000
+    (tmp_path / "elsewhere.json").rename(stored)
     code = ("import pickle, sys, json; v = pickle.load(open(sys.argv[1], 'rb')); "
             "print(json.dumps([a.tolist() for a in v.encode_batch(['the school master', 'Botchan'])] + [v.sha256]))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "vocab.pkl")], check=True, capture_output=True,

@@ -458,8 +458,9 @@ def test_ctrl_c_while_workers_are_forked_is_raised_once_they_are_registered(tmp_
     hook, no lock left held, every child told to exit."""
     if not sys.platform.startswith("linux"):
         pytest.skip("warm workers are forked on Linux only")
+    # Default signal handling, as in a terminal (a job started with & by a script ignores SIGINT).
     out = subprocess.run([sys.executable, "-c", FORK_INTERRUPTED], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=TIMEOUT_S)
+                         timeout=TIMEOUT_S, preexec_fn=default_signals)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == {"raised": True, "registered": 2, "logging_lock_free": True, "codes": [0, 0]}, out.stderr

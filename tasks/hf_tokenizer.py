@@ -31,7 +31,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from seqcache.tasks.vocabularies import ModelFile, Vocabulary, _model_state, _read_bytes, _write_bytes
+from seqcache.tasks.vocabularies import (ModelFile, Vocabulary, _pickled_model, _read_bytes, _unpickled_model,
+                                         _write_bytes)
 
 # Tried in this order when no token is named (the first one in the vocabulary wins).
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "<|eot_id|>")
@@ -103,6 +104,8 @@ class HfTokenizerVocabulary(Vocabulary):
             raise ValueError("HfTokenizerVocabulary needs exactly one of path and tokenizer_bytes")
         self.path = os.fspath(path) if path is not None else None
         self._bytes = bytes(tokenizer_bytes) if tokenizer_bytes is not None else None
+        self._model_file: ModelFile | None = None  # set when unpickled from a stored model's reference
+        self._digest: list = [None]
         self._names = {"eos": eos_token, "pad": pad_token, "unk": unk_token}
         self._tok = None
         self._special: dict[str, tuple[str | None, int | None]] | None = None
@@ -117,9 +120,8 @@ class HfTokenizerVocabulary(Vocabulary):
     def model_bytes(self) -> bytes:
         """The ``tokenizer.json`` bytes (what a cache stores next to its manifest)."""
         if self._bytes is None:
-            stored = getattr(self, "_model_file", None)
-            if stored is not None:
-                self._bytes = stored.read()
+            if self._model_file is not None:
+                self._bytes = self._model_file.read()
                 return self._bytes
             try:
                 self._bytes = _read_bytes(self.path)
@@ -163,29 +165,22 @@ class HfTokenizerVocabulary(Vocabulary):
         return out
 
     def __getstate__(self):
-        stored = getattr(self, "_model_file", None)
-        if stored is not None and self._tok is None:
-            # Unpickled from a stored model's reference and not used since: pickled
-            # again as it came, its special tokens' names resolved already, without
-            # reading the file (a runner may pickle a worker's steps anew before it
-            # has the options to read it).
-            return {"tokenizer_bytes": stored, "path": self.path, "extra_ids": self.extra_ids,
-                    "names": dict(self._names)}
-        self._tokenizer()
-        names = {role: self._special[role][0] for role in ("eos", "pad", "unk")}
-        if not hasattr(self, "_digest"):
-            self._digest = [None]
-        return {"tokenizer_bytes": stored or _model_state(self.model_bytes(), self._digest), "path": self.path,
-                "extra_ids": self.extra_ids, "names": names}
+        if self._model_file is not None and self._tok is None:
+            # Unpickled from a stored model's reference and not used since: its
+            # special tokens' names are resolved already, and the file is not read
+            # (a runner may pickle a worker's steps anew before it has the options
+            # to read it).
+            names = dict(self._names)
+        else:
+            self._tokenizer()
+            names = {role: self._special[role][0] for role in ("eos", "pad", "unk")}
+        return {"tokenizer_bytes": _pickled_model(self._model_file, self.model_bytes, self._digest),
+                "path": self.path, "extra_ids": self.extra_ids, "names": names}
 
     def __setstate__(self, state):
         self.extra_ids = state["extra_ids"]
         self.path = state["path"]
-        model = state["tokenizer_bytes"]
-        stored = isinstance(model, ModelFile)
-        self._bytes = None if stored else model
-        self._model_file = model if stored else None
-        self._digest = [model.sha256 if stored else None]
+        self._bytes, self._model_file, self._digest = _unpickled_model(state["tokenizer_bytes"])
         self._names = dict(state["names"])
         self._tok = None
         self._special = None

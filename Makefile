@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Extras installed into .venv (tfds: TensorFlow and TFDS, for the tfds: source and its tests).
 EXTRAS ?= train,test,tfds
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow test-trainers bench clean
 
 $(VENV)/.deps: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: install
 
 test-slow: install
 	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
+
+# The real trainers (t5x, levanter, torchtitan, MaxText), each in a venv of its own
+# under build/trainers; TRAINERS="levanter torchtitan" picks some. docs/trainers.md.
+test-trainers: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash tests/trainers/run.sh
 
 bench: install
 	$(PY) benchmarks/pipeline.py --memory

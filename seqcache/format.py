@@ -769,12 +769,17 @@ def read_shard_checksums(cache_dir: str, manifest: "Manifest") -> tuple[list[str
     actual = hashlib.sha256(data).hexdigest()
     if actual != recorded["sha256"]:
         raise CacheError(f"{path}: shard checksum file has sha256 {actual}, the manifest expects {recorded['sha256']}")
+    from seqcache import bounded_json
+
+    obj = bounded_json.loads(data, path=path, error=CacheError, what="shard checksum file")
     try:
-        obj = json.loads(data.decode("utf-8"))
         sha, prov = obj["sha256"], obj["provenance_sha256"]
         shard_checksums_json(sha, prov)  # the same checks as when it was written
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise CacheError(f"{path}: not a shard checksum file: {e}") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise CacheError(f"{path}: not a shard checksum file: {bounded_json.short(e)}") from None
+    if obj.get("num_shards") != len(sha):
+        raise CacheError(f"{path}: num_shards = {bounded_json.short(obj.get('num_shards'))}, but it lists "
+                         f"{len(sha)} shard checksums")
     if len(sha) != len(table):
         raise CacheError(f"{path}: {len(sha)} shard checksums, the manifest has {len(table)} shards")
     return sha, prov
@@ -932,12 +937,9 @@ def read_manifest(cache_dir: str) -> Manifest:
                 "or this is not a cache folder; re-run the build"
             )
         raise IncompleteCacheError(f"{cache_dir}: no such cache folder")
-    try:
-        raw = json.loads(fs.read_text(path))
-    except fs.FileSystemError:
-        raise
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CacheError(f"{path}: cannot read manifest: {e}") from None
+    from seqcache import bounded_json
+
+    raw = bounded_json.read_file(path, error=CacheError, what="manifest")
     return parse_manifest(raw, path=path, check_shards=False)
 
 
@@ -966,8 +968,14 @@ def check_shard_files(cache_dir: str, manifest: Manifest) -> None:
 
 def iter_json_lines(path: str) -> Iterable[dict]:
     """The JSON objects of a JSON-lines file (local path or URL), streaming;
-    blank lines are skipped."""
+    blank lines are skipped.
+
+    Raises:
+      CacheError: a line that is not JSON within ``seqcache.bounded_json``'s bounds.
+    """
+    from seqcache import bounded_json
+
     with fs.open_read(path) as f:
-        for line in f:
+        for number, line in enumerate(f, start=1):
             if line.strip():
-                yield json.loads(line.decode("utf-8"))
+                yield bounded_json.loads(line, path=f"{path}: line {number}", error=CacheError, what="line")

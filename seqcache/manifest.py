@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
+from seqcache import bounded_json
 from seqcache import format as fmt
 
 # JSON type name -> the Python test of a value decoded by ``json.loads``.
@@ -142,8 +144,17 @@ def _what(types: Sequence[str]) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return bounded_json.short(value)
+
+
+# Every integer of a manifest is below this (exact in a double, summable in
+# int64) unless its definition gives a ``maximum``.
+MAX_INTEGER = bounded_json.MAX_COUNT
+# The largest shard count, record count of one shard and sequence length a
+# reader accepts (far above what a build writes; far below what overflows).
+MAX_SHARDS = 2**20
+MAX_SHARD_RECORDS = 2**40
+MAX_SEQUENCE_LENGTH = bounded_json.MAX_SEQUENCE_LENGTH
 
 
 def _allowed(values: Sequence[Any]) -> str:
@@ -169,6 +180,13 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
     ok = any(_IS[t](value) for t in field.type)
     if ok and "minimum" in kw and _IS["number"](value):
         ok = value >= kw["minimum"]
+    if ok and _IS["integer"](value) and not -MAX_INTEGER < value < kw.get("maximum", MAX_INTEGER):
+        lo = kw.get("minimum", -MAX_INTEGER)
+        raise fmt.CacheError(f"{path}: {name} = {_short(value)}, expected an integer in "
+                             f"[{bounded_json.bound(lo) if lo >= 0 else '-2^53'}, "
+                             f"{bounded_json.bound(kw.get('maximum', MAX_INTEGER))})")
+    if ok and isinstance(value, float) and not math.isfinite(value):
+        ok = False
     if ok and "pattern" in kw and isinstance(value, str):
         ok = re.search(kw["pattern"], value) is not None
     if ok and "enum" in kw:
@@ -205,14 +223,14 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
 # -- The readers' own checks of some fields (their messages are part of the format's interface).
 
 def _check_format(value, ctx):
-    fmt._require(value == fmt.FORMAT_NAME, ctx["path"], f"format is {value!r}, expected {fmt.FORMAT_NAME!r}")
+    fmt._require(value == fmt.FORMAT_NAME, ctx["path"], f"format is {_short(value)}, expected {fmt.FORMAT_NAME!r}")
 
 
 def _check_format_version(value, ctx):
     fmt._require(
         value in fmt.READ_FORMAT_VERSIONS and not isinstance(value, bool),
         ctx["path"],
-        f"format_version is {value!r}, this seqcache reads versions "
+        f"format_version is {_short(value)}, this seqcache reads versions "
         f"{', '.join(map(str, fmt.READ_FORMAT_VERSIONS))}: read the cache with the seqcache release that wrote it, "
         "or rebuild it with this one (seqcache build ... --overwrite)",
     )
@@ -234,6 +252,10 @@ def _check_features(value, ctx):
 
 def _check_shards(value, ctx):
     path = ctx["path"]
+    if isinstance(value, dict):
+        count = value.get("num_shards")
+        fmt._require(not (_IS["integer"](count) and count >= MAX_SHARDS), path,
+                     f"shards.num_shards = {_short(count)}, expected an integer in [0, {bounded_json.bound(MAX_SHARDS)})")
     table = fmt.ShardTable(value, path=path, version=ctx["version"])
     if table.version == 2:
         encoding = value.get("encoding")
@@ -245,30 +267,32 @@ def _check_shards(value, ctx):
 
 
 def _is_token_count(v) -> bool:
-    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0)
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 < v < MAX_SEQUENCE_LENGTH)
 
 
 def _check_sequence_length(value, ctx):
     fmt._require(_is_token_count(value) or (isinstance(value, dict) and all(map(_is_token_count, value.values()))),
-                 ctx["path"], f"sequence_length is {value!r}, expected null, a token count or {{feature: token count}}")
+                 ctx["path"], f"sequence_length is {_short(value)}, expected null, a token count in [1, "
+                 f"{bounded_json.bound(MAX_SEQUENCE_LENGTH)}) or {{feature: token count}}")
 
 
 def _check_quarantine(value, ctx):
     fmt._require(
         value in (None, fmt.QUARANTINE_NAME),
         ctx["path"],
-        f"quarantine is {value!r}, expected {fmt.QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)",
+        f"quarantine is {_short(value)}, expected {fmt.QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)",
     )
 
 
 def _check_quarantine_num_bytes(value, ctx):
-    fmt._require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0),
-                 ctx["path"], f"quarantine_num_bytes is {value!r}, expected a byte count")
+    fmt._require(value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                   and 0 <= value < MAX_INTEGER),
+                 ctx["path"], f"quarantine_num_bytes is {_short(value)}, expected a byte count in [0, 2^53)")
 
 
 def _check_quarantine_sha256(value, ctx):
     fmt._require(value is None or (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None),
-                 ctx["path"], f"quarantine_sha256 is {value!r}, expected 64 hex digits")
+                 ctx["path"], f"quarantine_sha256 is {_short(value)}, expected 64 hex digits")
 
 
 # -- The fields.
@@ -487,7 +511,51 @@ def check_manifest(raw: Any, *, path: str = fmt.MANIFEST_NAME, check_shards: boo
                 decoded[name] = result
         else:
             check_value(field, value, path)
+    _check_counts(raw, decoded["shards"], path, decoded["features"], check_shards=check_shards)
     return decoded
+
+
+def _check_counts(raw: Mapping[str, Any], table: "fmt.ShardTable", path: str, features, *,
+                  check_shards: bool) -> None:
+    """Refuses a manifest whose counts contradict each other: a shard's
+    record count out of range; ``num_examples`` or ``statistics.examples``
+    that is not the sum of the shard table's record counts; (uncompressed
+    shards: format version 2 always, version 1 with ``check_shards``) a shard
+    whose byte size cannot hold its records (each record holds at least a
+    4-byte length per feature, each provenance record 12 bytes).
+
+    Raises:
+      seqcache.format.CacheError: naming the manifest, the fields and both values.
+    """
+    import numpy as np
+
+    counts = table.num_records
+    if len(counts) and int(counts.max()) >= MAX_SHARD_RECORDS:
+        i = int(np.argmax(counts >= MAX_SHARD_RECORDS))
+        raise fmt.CacheError(f"{path}: shards[{i}].num_records = {int(counts[i])}, expected an integer in "
+                             f"[0, {bounded_json.bound(MAX_SHARD_RECORDS)})")
+    total = int(counts.sum(dtype=np.int64))
+    for name, value in (("num_examples", raw.get("num_examples")),
+                        ("statistics.examples", (raw.get("statistics") or {}).get("examples"))):
+        fmt._require(value is None or value == total, path,
+                     f"{name} = {value}, but the shard table's record counts add up to {total:,}: the manifest "
+                     "contradicts itself (edited or damaged); rebuild the cache")
+    if "uncompressed" not in str(raw.get("writer_options", "")) or (table.version == 1 and not check_shards):
+        return
+    if table.version == 2:
+        data_bytes, prov_bytes = table._column("num_bytes"), table._column("provenance_num_bytes")
+    else:
+        data_bytes = np.array([s.num_bytes for s in table], np.int64)
+        prov_bytes = np.array([s.provenance_num_bytes for s in table], np.int64)
+    for key, sizes, per_record in (("num_bytes", data_bytes, 4 * max(len(features), 1)),
+                                   ("provenance_num_bytes", prov_bytes, 4 * len(fmt.PROVENANCE_FEATURES))):
+        short_of = counts * per_record > sizes
+        if short_of.any():
+            i = int(np.argmax(short_of))
+            raise fmt.CacheError(
+                f"{path}: shards[{i}]: {int(counts[i]):,} records need at least {int(counts[i]) * per_record:,} "
+                f"bytes, but {key} = {int(sizes[i]):,}: the manifest contradicts itself (edited or damaged); "
+                "rebuild the cache")
 
 
 def assemble(values: Mapping[str, Any]) -> dict:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import json
 
+from seqcache import bounded_json
 from seqcache import format as fmt
 from seqcache import fs, layout
 
@@ -255,7 +255,7 @@ def _scan_quarantine(path: str, problems: list[str]) -> _QuarantineScan:
             if not line.strip():
                 continue
             try:
-                entry = json.loads(line)
+                entry = bounded_json.loads(line, path=path, error=ValueError, what="quarantine entry")
                 action = entry.get("action", "skipped")
             except (ValueError, AttributeError):
                 entry, action = None, None

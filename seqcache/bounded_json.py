@@ -1,0 +1,239 @@
+"""JSON that seqcache did not just write itself, read within bounds.
+
+A manifest, a shard checksum file, a feeder state, a mixture schedule, a train
+config or a quarantine line may come from anywhere: edited by hand, damaged,
+or made to break the reader. ``loads`` and ``read_file`` parse such text so
+that nothing but the caller's own error class (``seqcache.format.CacheError``,
+``seqcache.feeders.FeederStateError``, ``seqcache.training.config.ConfigError``)
+comes out, with one line naming the file:
+
+- size: at most ``max_bytes`` bytes (checked before the file is read);
+- nesting: at most ``max_depth`` levels of objects and lists (Python's JSON
+  parser recurses, and so does everything that walks the result);
+- numbers: ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's ``json``
+  accepts, but JSON does not) are refused, and so are floats that overflow to
+  infinity (``1e999``) and integers of 2^63 or more in magnitude.
+
+``check_tree`` applies the same nesting and number rules to a value that is
+already decoded (a feeder state handed over as a dict by Orbax or a user).
+``integer``, ``number``, ``string`` and ``mapping`` check one field's value
+and name it: ``caches/x/train/manifest.json: shards[3].num_records = -1,
+expected an integer in [0, 2^40)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import reprlib
+from typing import Any, Mapping
+
+# Defaults: far above what seqcache writes (a manifest of 10,000 shards has 5
+# levels and under 4 MB), far below what breaks a parser.
+MAX_DEPTH = 64
+MAX_BYTES = 64 << 20
+# Integers a JSON file may hold at all (each field has its own, tighter range).
+MAX_INTEGER = 2**63
+# What a count (records, examples, tokens, bytes) may be: exact in a double,
+# and summable in int64.
+MAX_COUNT = 2**53
+# The most tokens per row a manifest, a feeder state or a train config may
+# give (a row of int32 tokens of this length is 64 MiB).
+MAX_SEQUENCE_LENGTH = 2**24
+
+_short_repr = reprlib.Repr()
+_short_repr.maxlevel = 3
+_short_repr.maxstring = 60
+_short_repr.maxother = 60
+_short_repr.maxlong = 40
+for _attr in ("maxlist", "maxtuple", "maxdict", "maxset"):
+    setattr(_short_repr, _attr, 4)
+
+
+def short(value: Any) -> str:
+    """A bounded ``repr`` of a value for a message: at most 3 levels, 4 items
+    per container, 60 characters per string and 40 digits per integer (an
+    integer of 10,000 digits or a list nested 10,000 deep prints in one short
+    line, where ``repr`` would fail or flood)."""
+    try:
+        return _short_repr.repr(value)
+    except (RecursionError, ValueError):
+        return f"<{type(value).__name__}>"
+
+
+def bound(n: int) -> str:
+    """``2^40`` for a power of two of 2^10 or more, else the number with commas."""
+    if n >= 1024 and n & (n - 1) == 0:
+        return f"2^{n.bit_length() - 1}"
+    return f"{n:,}"
+
+
+class _Refused(Exception):
+    """Raised inside the parser's hooks; turned into the caller's error."""
+
+
+def _parse_int(text: str) -> int:
+    digits = text.lstrip("-")
+    if len(digits) > 19 or abs(int(text)) >= MAX_INTEGER:
+        raise _Refused(f"an integer of {len(digits)} digits ({digits[:12]}...) is out of range (|n| < 2^63)")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"the number {text[:40]} overflows to infinity")
+    return value
+
+
+def _parse_constant(name: str):
+    raise _Refused(f"{name} is not a JSON number (expected a finite number)")
+
+
+def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
+          max_bytes: int = MAX_BYTES, what: str = "JSON file") -> Any:
+    """Parses JSON text within bounds.
+
+    Args:
+      data: the text, or UTF-8 bytes.
+      path: the file (or option) it came from, for messages.
+      error: the exception class to raise.
+      max_depth: most levels of nested objects and lists.
+      max_bytes: most bytes (UTF-8).
+      what: what the file is, for messages ("manifest", "feeder state").
+
+    Returns:
+      The decoded value (dicts, lists, str, int with |n| < 2^63, finite float,
+      bool, None).
+
+    Raises:
+      error: ``{path}: ...`` one line: too large, not UTF-8, not JSON, nested
+        too deep, NaN or Infinity, a number out of range.
+    """
+    size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise error(f"{path}: the {what} has {size:,} bytes, more than the {max_bytes:,} allowed")
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise error(f"{path}: the {what} is not UTF-8 text: {e}") from None
+    try:
+        value = json.loads(data, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+    except _Refused as e:
+        raise error(f"{path}: the {what} is not valid: {e}") from None
+    except RecursionError:
+        raise error(f"{path}: the {what} is nested deeper than {max_depth} levels") from None
+    except ValueError as e:  # json.JSONDecodeError, and int() of too many digits
+        raise error(f"{path}: the {what} is not valid JSON: {e}") from None
+    check_tree(value, path=path, error=error, max_depth=max_depth, what=what)
+    return value
+
+
+def read_file(path: str, *, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
+              max_bytes: int = MAX_BYTES, what: str = "JSON file") -> Any:
+    """``loads`` of the file at ``path`` (a local path or a URL, through
+    ``seqcache.fs``); its size is checked before it is read.
+
+    Raises:
+      error: as ``loads``; also a file that cannot be read (``OSError``).
+      seqcache.fs.FileSystemError: (URLs) the object store cannot be reached.
+    """
+    from seqcache import fs
+
+    try:
+        size = fs.size(path)
+        if size is not None and size > max_bytes:
+            raise error(f"{path}: the {what} has {size:,} bytes, more than the {max_bytes:,} allowed")
+        data = fs.read_bytes(path)
+    except OSError as e:
+        raise error(f"{path}: cannot read the {what}: {e}") from None
+    return loads(data, path=path, error=error, max_depth=max_depth, max_bytes=max_bytes, what=what)
+
+
+def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
+               what: str = "JSON file") -> None:
+    """Checks a decoded value without recursion: at most ``max_depth`` levels
+    of dicts and lists, no float that is NaN or infinite, no integer of 2^63 or
+    more in magnitude, and nothing but JSON's types (dict with str keys, list,
+    str, int, float, bool, None; tuples are taken as lists).
+
+    Raises:
+      error: ``{path}: ...`` naming the first value that breaks a rule and where.
+    """
+    stack = [(value, 1, "")]
+    while stack:
+        node, depth, where = stack.pop()
+        if isinstance(node, (dict, list, tuple)):
+            if depth > max_depth:
+                raise error(f"{path}: the {what} is nested deeper than {max_depth} levels (at {where or 'top'})")
+            if isinstance(node, dict):
+                for key, item in node.items():
+                    if not isinstance(key, str):
+                        raise error(f"{path}: {where or 'the ' + what} has the key {short(key)}, expected a string")
+                    if not isinstance(item, (str, bool)) and item is not None:
+                        stack.append((item, depth + 1, f"{where}.{key}" if where else key))
+            else:
+                for i, item in enumerate(node):
+                    if not isinstance(item, (str, bool)) and item is not None:
+                        stack.append((item, depth + 1, f"{where}[{i}]"))
+        elif isinstance(node, bool) or node is None or isinstance(node, str):
+            continue
+        elif isinstance(node, int):
+            if not -MAX_INTEGER < node < MAX_INTEGER:
+                raise error(f"{path}: {where or what} = {short(node)} is out of range (|n| < 2^63)")
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                raise error(f"{path}: {where or what} = {node!r}, expected a finite number")
+        else:
+            raise error(f"{path}: {where or what} is a {type(node).__name__}, not a JSON value")
+
+
+def integer(value: Any, name: str, *, path: str, lo: int = 0, hi: int = MAX_COUNT,
+            error: type[Exception] = ValueError) -> int:
+    """``value`` when it is an integer (not a bool) in ``[lo, hi)``.
+
+    Raises:
+      error: ``{path}: {name} = {value}, expected an integer in [lo, hi)``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < hi:
+        raise error(f"{path}: {name} = {short(value)}, expected an integer in [{bound(lo)}, {bound(hi)})")
+    return value
+
+
+def number(value: Any, name: str, *, path: str, lo: float = 0.0, hi: float = float(MAX_COUNT),
+           error: type[Exception] = ValueError) -> float:
+    """``float(value)`` when it is a finite number (int or float, not a bool)
+    in ``[lo, hi]``.
+
+    Raises:
+      error: ``{path}: {name} = {value}, expected a number in [lo, hi]``.
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and isinstance(value, int):
+        ok = -MAX_INTEGER < value < MAX_INTEGER
+    if not ok or not math.isfinite(value) or not lo <= value <= hi:
+        raise error(f"{path}: {name} = {short(value)}, expected a number in [{lo:g}, {hi:g}]")
+    return float(value)
+
+
+def string(value: Any, name: str, *, path: str, error: type[Exception] = ValueError, max_chars: int = 4096) -> str:
+    """``value`` when it is a string of at most ``max_chars`` characters.
+
+    Raises:
+      error: ``{path}: {name} = {value}, expected a string``.
+    """
+    if not isinstance(value, str) or len(value) > max_chars:
+        raise error(f"{path}: {name} = {short(value)}, expected a string of at most {max_chars:,} characters")
+    return value
+
+
+def mapping(value: Any, name: str, *, path: str, error: type[Exception] = ValueError) -> Mapping:
+    """``value`` when it is a JSON object (a ``Mapping``).
+
+    Raises:
+      error: ``{path}: {name} = {value}, expected a JSON object``.
+    """
+    if not isinstance(value, Mapping):
+        raise error(f"{path}: {name} = {short(value)}, expected a JSON object")
+    return value

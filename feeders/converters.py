@@ -35,8 +35,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from seqcache.feeders.feeder import Feeder
+from seqcache.feeders.stream import (CONVERTER_FEATURES, check_same_features, describe_features, open_mixture,
+                                     token_features)
 
-CONVERTERS = ("lm", "encdec", "prefix_lm")
+CONVERTERS = tuple(CONVERTER_FEATURES)  # ("lm", "encdec", "prefix_lm")
 ROW_KEYS = ("task_index", "cache_index", "epoch")
 
 
@@ -131,6 +133,28 @@ def convert_prefix_lm(batches: Mapping[str, Mapping[str, np.ndarray]], *, length
     }
 
 
+def _check_caches(converter: str, feeder_args: Mapping[str, Any]) -> None:
+    """Refuses caches that the converter cannot read whole: a mixture of
+    different features, or a cache without a feature the converter reads. Opens
+    the manifests only (no shard). Errors are those of ``Feeder`` for bad
+    ``cache=``/``mixture=`` arguments, else one line naming every cache."""
+    where = {k: feeder_args.get(k) for k in ("cache", "mixture", "caches_root")}
+    opened = open_mixture(**where, split=feeder_args.get("split", "train"))
+    try:
+        check_same_features(opened.paths, opened.readers, converters_only=True)
+        have = token_features(opened.readers[0].manifest)
+        needs = CONVERTER_FEATURES[converter]
+        missing = [f for f in needs if f not in have]
+        if missing:
+            fits = [c for c, n in CONVERTER_FEATURES.items() if set(n) <= set(have)]
+            hint = (f"use converter={' or '.join(map(repr, fits))}" if fits else
+                    "no converter reads these features; rebuild the task with 'targets' (and 'inputs')")
+            raise ValueError(f"converter {converter!r} reads features {list(needs)}, but "
+                             f"{describe_features(opened.paths, opened.readers)} (no {missing}); {hint}")
+    finally:
+        opened.close()
+
+
 class ConvertedFeeder:
     """A feeder of t5x fields: one ``Feeder`` per feature, all at the same step.
 
@@ -149,22 +173,30 @@ class ConvertedFeeder:
     Every feature is read through its own feeder, so a record is read once
     per feature.
 
+    The converter is asked for by name, and may read fewer features than the
+    caches have (``lm`` over translation caches reads their targets), but every
+    cache of a mixture must have the same features (``Feeder`` refuses the
+    others too), and each the converter's.
+
     Raises:
       ValueError: an unknown converter (names the choices); lengths missing for
-        the converter's features; from ``Feeder``, a cache lacking a feature
-        (names the cache).
+        the converter's features; a mixture whose caches have different
+        features, or caches that lack a feature the converter reads (the
+        message names every cache's task and features and the converters that
+        fit them).
     """
 
     def __init__(self, *, converter: str, sequence_length: Mapping[str, int], **feeder_args: Any):
         if converter not in CONVERTERS:
             raise ValueError(f"unknown feature converter {converter!r} (choose one of {CONVERTERS})")
-        names = ("targets",) if converter == "lm" else ("inputs", "targets")
+        names = CONVERTER_FEATURES[converter]
         missing = [n for n in names if n not in sequence_length]
         if missing:
             raise ValueError(f"converter {converter!r} needs a sequence length for {list(names)} (missing {missing})")
         for bad in ("feature",):
             if bad in feeder_args:
                 raise ValueError(f"ConvertedFeeder sets {bad}= itself, per feature")
+        _check_caches(converter, feeder_args)
         self.converter = converter
         self.sequence_length = {n: int(sequence_length[n]) for n in names}
         self.feeders: dict[str, Feeder] = {}

@@ -40,7 +40,7 @@ from seqcache.feeders import state as state_lib
 from seqcache.feeders.compat import check_hosts, divisors, host_counts_for  # noqa: F401 (public here too)
 from seqcache.feeders.decode import decode_batch
 from seqcache.feeders.reader import CacheReader
-from seqcache.feeders.stream import IndexStream, Rate, open_mixture
+from seqcache.feeders.stream import IndexStream, Rate, check_same_features, open_mixture
 
 THREAD_NAME_PREFIX = "seqcache-feeder"
 
@@ -122,7 +122,9 @@ class Feeder:
 
     Raises:
       ValueError: bad arguments (host count that does not divide the global batch,
-        more hosts than rows, unknown feature, bad rates, ...).
+        more hosts than rows, unknown feature, bad rates, ...); a mixture whose
+        caches have different features (``stream.check_same_features``: the
+        message names every cache's task and features).
       seqcache.format.CacheError: a cache is missing, incomplete or inconsistent.
     """
 
@@ -178,6 +180,10 @@ class Feeder:
         self.paths, self.readers, self.rates, self.weights = opened.paths, opened.readers, opened.rates, opened.weights
         self.schedule = opened.stages  # None, or [{"step", "rates", "weights"}] (see ``feeders/schedule.py``)
         try:
+            # A mixture of caches with different features (an LM task and a
+            # translation task) is refused, whatever ``feature``: feeding one
+            # feature would drop the others of some tasks without a word.
+            check_same_features(self.paths, self.readers)
             self._layouts = [self._layout(r) for r in self.readers]
             self.stream = opened.stream(seed=self.seed, num_epochs=self.num_epochs,
                                         global_batch_size=self.global_batch_size)

@@ -186,6 +186,70 @@ class IndexStream:
                 "cache_index": ci, "valid": valid}
 
 
+# Stored features that accompany a token feature rather than being one.
+PER_TOKEN_SUFFIXES = ("_segment_ids", "_positions")
+
+# The converters of ``seqcache.feeders.converters`` and the features each reads.
+CONVERTER_FEATURES = {"lm": ("targets",), "encdec": ("inputs", "targets"), "prefix_lm": ("inputs", "targets")}
+
+
+def token_features(manifest) -> tuple[str, ...]:
+    """The token features of a cache (its stored features less the per-token
+    ``<feature>_segment_ids`` / ``_positions``), in manifest order."""
+    return tuple(f.name for f in manifest.features if not f.name.endswith(PER_TOKEN_SUFFIXES))
+
+
+def describe_features(paths: Sequence[str], readers: Sequence[CacheReader]) -> str:
+    """``task 'a' (PATH) has ['targets']; task 'b' (PATH) has ['inputs', 'targets']``:
+    every cache's task and token features, for error messages."""
+    return "; ".join(f"task {r.manifest.task!r} ({p}) has {list(token_features(r.manifest))}"
+                     for p, r in zip(paths, readers))
+
+
+def what_reads(features: Sequence[str], *, converters_only: bool = False) -> str:
+    """The readers of caches with ``features`` that use every one of them, in
+    words (``converters_only``: ``ConvertedFeeder``'s converters alone)."""
+    fits = [c for c, needs in CONVERTER_FEATURES.items() if set(needs) == set(features)]
+    if fits:
+        readers = ["Feeder(feature='targets')"] if list(features) == ["targets"] and not converters_only else []
+        readers.append("ConvertedFeeder(converter=" + " or ".join(repr(c) for c in fits) + ")")
+        return " or ".join(readers)
+    return "no converter; one Feeder per feature" if converters_only else "one Feeder(feature=...) per feature"
+
+
+def check_same_features(paths: Sequence[str], readers: Sequence[CacheReader], *,
+                        converters_only: bool = False) -> None:
+    """Refuses a mixture whose caches have different token features.
+
+    Every feeder reads the same features from every cache of a mixture, so it
+    would drop the other features of some tasks without a word (e.g. the
+    ``inputs`` of a translation task mixed with an LM task), and no converter
+    reads a feature a cache lacks. seqio's ``Mixture`` and ``seqcache train``
+    refuse such a mixture too.
+
+    Raises:
+      ValueError: one line naming every cache's task, folder and features, and
+        the mixtures that would work, with their readers (``converters_only``:
+        the converters of ``ConvertedFeeder`` alone).
+    """
+    feats = [token_features(r.manifest) for r in readers]
+    if all(set(f) == set(feats[0]) for f in feats[1:]):
+        return
+    distinct: list[tuple[str, ...]] = []
+    for f in feats:
+        if all(set(f) != set(d) for d in distinct):
+            distinct.append(f)
+    shared = [f for f in feats[0] if all(f in other for other in feats[1:])]
+    options = [f"tasks with {list(d)} only (read with {what_reads(d, converters_only=converters_only)})"
+               for d in distinct]
+    if shared:
+        options.append(f"build every task with the features they share, {shared}")
+    raise ValueError(
+        "the mixture's caches have different features, so a feeder would drop some tasks' features: "
+        f"{describe_features(paths, readers)}. Mix " + "; or ".join(options)
+    )
+
+
 def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str, Rate]], str | None]:
     """[(cache path, rate or rate callable)], and the mixture's name when it has one."""
     if (cache is None) == (mixture is None):

@@ -47,10 +47,16 @@ class Mixture:
         has rate 0 in it (not read). Every task named must be one of ``tasks``
         (list a task that starts later with rate 0).
 
+    Every task of a mixture has the same output features (by name; seqio's rule):
+    the feeder reads the same features from every task's cache. Tasks given as
+    Task objects or registered names are checked here; a name registered later,
+    when ``get_tasks`` resolves it, and every cache when the feeder opens it.
+
     Raises:
       ValueError: no tasks, a task listed twice, a task without a rate and no
         default_rate, or a negative constant rate; in ``schedule``, a step that is
-        not an integer >= 1, a task that is not in the mixture, or a bad rate.
+        not an integer >= 1, a task that is not in the mixture, or a bad rate;
+        tasks with different output features (names each task and its features).
     """
 
     def __init__(self, name: str, tasks: Sequence[tuple[str | Task, Rate]] | Sequence[str | Task], *,
@@ -85,6 +91,32 @@ class Mixture:
                     raise ValueError(f"mixture {name!r}: rate of task {task_name!r} must be >= 0 (got {rate})")
             self._rates[task_name] = rate
         self._schedule = self._check_schedule(schedule)
+        self._check_features(self._known_tasks())
+
+    def _known_tasks(self) -> list[Task]:
+        """The Task objects given, and the task names registered now (a name
+        registered later is checked by ``get_tasks`` and the feeder)."""
+        from seqcache.tasks.registry import TaskRegistry
+
+        registered = set(TaskRegistry.names())
+        return [self._task_objects[n] if n in self._task_objects else TaskRegistry.get(n)
+                for n in self._rates if n in self._task_objects or n in registered]
+
+    def _check_features(self, tasks: Sequence[Task]) -> None:
+        """Refuses tasks with different output features (by name), as seqio does:
+        a feeder reads the same features from every task, so it would drop the
+        others of some tasks (the ``inputs`` of a translation task mixed with an
+        LM task)."""
+        if all(set(t.output_features) == set(tasks[0].output_features) for t in tasks[1:]):
+            return
+        seen = "; ".join(f"task {t.name!r} has {sorted(t.output_features)}" for t in tasks)
+        shared = sorted(set.intersection(*(set(t.output_features) for t in tasks)))
+        raise ValueError(
+            f"mixture {self.name!r}: its tasks have different output features, so a feeder would drop some tasks' "
+            f"features: {seen}. Mix only tasks with the same output features"
+            + (f" (e.g. register a variant of each task with only the features they share, {shared})" if shared
+               else "")
+        )
 
     def _check_schedule(self, schedule) -> dict[int, dict[str, Rate]]:
         if schedule is None:
@@ -143,10 +175,14 @@ class Mixture:
 
         Raises:
           KeyError: a task name is not registered (with suggestions).
+          ValueError: the tasks have different output features (a name
+            registered after the mixture was built).
         """
         from seqcache.tasks.registry import TaskRegistry
 
-        return [self._task_objects.get(n) or TaskRegistry.get(n) for n in self._rates]
+        tasks = [self._task_objects.get(n) or TaskRegistry.get(n) for n in self._rates]
+        self._check_features(tasks)
+        return tasks
 
     def get_rates(self, num_examples: Mapping[str, int] | None = None) -> dict[str, float]:
         """Unnormalised rate per task name; callables receive the task's example count.

@@ -129,3 +129,39 @@ def test_lm_and_prefix_lm(caches):
         ConvertedFeeder(converter="bert", cache=plain, sequence_length={}, global_batch_size=4)
     with pytest.raises(ValueError, match="needs a sequence length"):
         ConvertedFeeder(converter="encdec", cache=plain, sequence_length={"targets": 8}, global_batch_size=4)
+
+
+def test_a_mixture_of_an_lm_and_a_translation_task_is_refused_by_every_converter(caches, tmp_path, fx):
+    plain, packed = caches
+    lm = str(tmp_path / "wiki" / "train")
+    fx.write_fixture_cache(lm, n=12, task="wiki")
+    both = "['inputs', 'targets']"
+    each = f"task 'wiki' ({lm}) has ['targets']; task 'multi30k' ({plain}) has {both}"
+    lengths = {"lm": {"targets": 96}, "encdec": {"inputs": 96, "targets": 96},
+               "prefix_lm": {"inputs": 96, "targets": 96}}
+    for converter, length in lengths.items():
+        with pytest.raises(ValueError) as e:
+            ConvertedFeeder(converter=converter, mixture={lm: 1, plain: 1}, sequence_length=length,
+                            global_batch_size=4, host_index=0, host_count=1)
+        msg = str(e.value)
+        # Every cache's features, what would work, and no argument ConvertedFeeder refuses.
+        assert "different features" in msg and each in msg, msg
+        assert "tasks with ['targets'] only (read with ConvertedFeeder(converter='lm'))" in msg
+        assert f"tasks with {both} only (read with ConvertedFeeder(converter='encdec' or 'prefix_lm'))" in msg
+        assert "feature=" not in msg and "\n" not in msg
+    # A converter that needs a feature the caches lack names every cache and the converter that fits.
+    lm2 = str(tmp_path / "code" / "train")
+    fx.write_fixture_cache(lm2, n=5, task="code")
+    for converter in ("encdec", "prefix_lm"):
+        with pytest.raises(ValueError) as e:
+            ConvertedFeeder(converter=converter, mixture={lm: 1, lm2: 1}, sequence_length=lengths[converter],
+                            global_batch_size=4, host_index=0, host_count=1)
+        msg = str(e.value)
+        assert msg == (f"converter {converter!r} reads features {both}, but task 'wiki' ({lm}) has ['targets']; "
+                       f"task 'code' ({lm2}) has ['targets'] (no ['inputs']); use converter='lm'")
+    # Translation caches mix: encdec reads both features of both tasks, rows from each.
+    with ConvertedFeeder(converter="encdec", mixture={plain: 1, packed: 1}, global_batch_size=8,
+                         sequence_length={"inputs": 256, "targets": 256}, host_index=0, host_count=1) as f:
+        rows = [f.get_batch(s) for s in range(4)]
+    assert sorted(set(np.concatenate([b["task_index"] for b in rows]).tolist())) == [0, 1]
+    assert all((b["encoder_segment_ids"] > 0).any(axis=1).all() for b in rows)

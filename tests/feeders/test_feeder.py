@@ -226,6 +226,45 @@ def test_seqcache_tasks_mixture_resolves_caches_by_task_name(tmp_path, fx):
         Feeder(mixture=mix, global_batch_size=5, sequence_length=2, host_index=0, host_count=1)
 
 
+def _translation_cache(path, *, n: int, task: str):
+    """An unpacked cache of ``n`` (inputs, targets) examples, as a translation task writes them."""
+    from seqcache import format as fmt
+    from seqcache.pipelines.writer import write_cache
+
+    features = (fmt.FeatureSpec("inputs", "int32"), fmt.FeatureSpec("targets", "int32"))
+    shard = [({"inputs": np.arange(1, 4, dtype=np.int32) + i, "targets": np.arange(5, 7, dtype=np.int32) + i},
+              [(0, i, 0)]) for i in range(n)]
+    write_cache(str(path), task=task, split="train", features=features, shards=[shard],
+                fingerprint_inputs={"task": task, "n": n})
+    return str(path)
+
+
+def test_a_mixture_of_caches_with_different_features_is_refused_naming_each(tmp_path, fx):
+    tasks = pytest.importorskip("seqcache.tasks")
+    lm = str(tmp_path / "wiki" / "train")
+    fx.write_fixture_cache(lm, n=12, task="wiki")
+    mt = _translation_cache(tmp_path / "wmt" / "train", n=6, task="wmt")
+    kw = dict(global_batch_size=4, sequence_length=8, host_index=0, host_count=1)
+    each = (f"task 'wiki' ({lm}) has ['targets']; task 'wmt' ({mt}) has ['inputs', 'targets']")
+    # Every way of naming the mixture, also with the feature both caches have named.
+    for how in ({"mixture": {lm: 1, mt: 1}}, {"mixture": {lm: 1, mt: 1}, "feature": "targets"},
+                {"mixture": {0: {lm: 1}, 10: {lm: 1, mt: 1}}},
+                {"mixture": tasks.Mixture("m", ["wiki", "wmt"], default_rate=1), "caches_root": str(tmp_path)}):
+        with pytest.raises(ValueError) as e:
+            Feeder(**how, **kw)
+        msg = str(e.value)
+        assert "different features" in msg and each in msg, msg
+        assert "\n" not in msg
+        # What would work: the mixtures of one shape, and the readers of each.
+        assert "tasks with ['targets'] only (read with Feeder(feature='targets') or ConvertedFeeder(converter='lm'))" in msg
+        assert "tasks with ['inputs', 'targets'] only (read with ConvertedFeeder(converter='encdec' or 'prefix_lm'))" in msg
+        assert "build every task with the features they share, ['targets']" in msg
+    # Caches of one shape mix, and each feature of them is fed.
+    mt2 = _translation_cache(tmp_path / "wmt2" / "train", n=4, task="wmt2")
+    with Feeder(mixture={mt: 1, mt2: 1}, feature="inputs", **kw) as f:
+        assert f.get_batch(0)["inputs"].shape == (4, 8)
+
+
 def test_iteration_threads_and_random_access_agree_byte_for_byte(make_cache):
     path = make_cache(n=41, num_shards=3, length=lambda i: 1 + i % 9)
     kw = dict(cache=path, global_batch_size=6, sequence_length=8, host_index=0, host_count=1, seed=9)

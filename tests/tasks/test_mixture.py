@@ -73,3 +73,35 @@ def test_fingerprint_and_task_objects():
         assert m.get_tasks() == [task, other]
     finally:
         TaskRegistry.reset()
+
+
+def _task(name, *features):
+    return Task(name, source=FunctionSource(_nothing, name="nothing"),
+                output_features={f: Feature(ByteVocabulary()) for f in features})
+
+
+def test_tasks_with_different_output_features_are_refused_naming_each():
+    lm, mt = _task("wiki", "targets"), _task("wmt", "inputs", "targets")
+    with pytest.raises(ValueError) as e:
+        Mixture("mix", [(lm, 1), (mt, 1)])
+    assert str(e.value) == (
+        "mixture 'mix': its tasks have different output features, so a feeder would drop some tasks' features: "
+        "task 'wiki' has ['targets']; task 'wmt' has ['inputs', 'targets']. Mix only tasks with the same output "
+        "features (e.g. register a variant of each task with only the features they share, ['targets'])")
+    # Registered names are checked at construction too, and in any order of features.
+    TaskRegistry.reset()
+    try:
+        TaskRegistry.add(mt)
+        with pytest.raises(ValueError, match="task 'wiki' has \\['targets'\\]; task 'wmt' has \\['inputs', 'targets'\\]"):
+            Mixture("mix", [lm, "wmt"], default_rate=1)
+        assert Mixture("mt", ["wmt", _task("iwslt", "targets", "inputs")], default_rate=1).task_names == ["wmt", "iwslt"]
+        # A name registered after the mixture was built is checked when it is resolved.
+        late = Mixture("late", [(lm, 1), ("later", 1)])
+        TaskRegistry.add(_task("later", "inputs", "targets"))
+        with pytest.raises(ValueError, match="task 'later' has \\['inputs', 'targets'\\]"):
+            late.get_tasks()
+    finally:
+        TaskRegistry.reset()
+    # Tasks that share no feature: no variant to suggest.
+    with pytest.raises(ValueError, match=r"task 'b' has \['text'\]\. Mix only tasks with the same output features$"):
+        Mixture("mix", [_task("a", "targets"), _task("b", "text")], default_rate=1)

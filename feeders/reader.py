@@ -33,6 +33,17 @@ that fails leaves ArrayRecord's reader failed for every later record, so the
 shard's reader is reopened and its records read batched, which fails on the
 damaged record alone.
 
+A reader is pinned to the manifest it opened (its generation, named by the
+manifest's fingerprint): each shard file's first open, after ArrayRecord has
+opened the file, checks that ``manifest.json`` is still the file the reader read
+(one ``os.stat``: device, inode, size, modification and change times), and when
+it is not, reads the manifest again and compares fingerprints. A cache rebuilt
+in place (``seqcache build --overwrite``, or any other way) since the reader
+opened it is refused with ``CacheRebuiltError`` naming the cache and both
+fingerprints; shards opened before the rebuild keep reading the old files (an
+open file outlives its name), and records are never checked one by one
+(docs/cache-format.md, "Readers and rebuilds").
+
 Memory: the reader holds the shard start offsets (one int64 per shard) and, inside
 ArrayRecord, each opened shard's chunk index: one entry per chunk, so per record
 for long records and per up to 64 short ones (``seqcache.format.group_size_for``);
@@ -79,6 +90,14 @@ BATCHED_AFTER_SLOW = 256
 _SAMPLED_RECORDS = 16
 _SHARD_LOCKS = 64
 
+
+class CacheRebuiltError(fmt.CacheError):
+    """The cache a reader opened was rebuilt (or removed) since: its folder now
+    holds another manifest, of another fingerprint, or none. Reopen the cache to
+    read the new one; a feeder state saved before restores only on the old
+    cache's fingerprint."""
+
+
 # What ArrayRecord raises on a damaged file (a corrupted chunk or footer is a
 # RuntimeError carrying Riegeli's status message); reported as CacheError.
 _ARRAY_RECORD_ERRORS = (RuntimeError, OSError, ValueError)
@@ -114,6 +133,9 @@ class CacheReader:
         cannot open or read (a damaged chunk, or a shard deleted after its first
         read: an opened shard stays readable). The message names the shard file
         and says to run ``seqcache verify CACHE``.
+      CacheRebuiltError: (a CacheError) at a shard file's first open, the cache
+        was rebuilt or removed since this reader read its manifest (module
+        docstring); the message names the cache and both fingerprints.
     """
 
     # Whether this class reads caches at URLs (a subclass that fetches shard files
@@ -129,6 +151,10 @@ class CacheReader:
         self.cache_dir = os.fspath(cache_dir)
         if not self._reads_urls:
             self.cache_dir = fs.require_local(self.cache_dir, "the feeder (CacheReader)")
+        # Which manifest file this reader read: taken before reading it, so that
+        # a manifest replaced in between is noticed (and its fingerprint
+        # compared) at the first shard open, never taken for the one read.
+        self._manifest_id = self._manifest_file_id()
         self.manifest = fmt.read_manifest(self.cache_dir)
         self._eager = bool(open_shards)
         if open_shards:
@@ -170,32 +196,104 @@ class CacheReader:
             reader = table[shard]
             if reader is None:
                 path = layout.cache_file(self.cache_dir, name, what="shard file")
-                local = self._local_file(path)
-                self._check_size(shard, name, local, shown=path)
                 try:
-                    reader = ArrayRecordReader(local, self._options)
-                except _ARRAY_RECORD_ERRORS as e:
-                    raise self._open_failed(path, e) from e
-                # A failed open does not raise: the reader is not ok(), counts
-                # 0 records, and its close() raises the failure's status.
-                error = None if reader.ok() else _failure_of(reader)
-                if error is None:
-                    try:
-                        actual = reader.num_records()
-                    except _ARRAY_RECORD_ERRORS as e:
-                        _close_quietly(reader)
-                        error = e
-                if error is not None:
-                    raise self._open_failed(path, error) from error
-                expected = self.manifest.shards[shard].num_records
-                if actual != expected:
+                    reader = self._open_checked(shard, name, path)
+                except fmt.CacheError:
+                    self.check_generation()  # a rebuild explains a missing or resized shard best
+                    raise
+                # The file is open now (its bytes stay this file's whatever later
+                # happens to the name): it belongs to the reader's manifest if
+                # the manifest is still the one read at open.
+                try:
+                    self.check_generation()
+                except BaseException:
                     _close_quietly(reader)
-                    raise fmt.CacheError(
-                        f"{path}: shard has {actual} records, the manifest expects {expected}; "
-                        "the cache was modified after it was built: rebuild it"
-                    )
+                    raise
                 table[shard] = reader
         return reader
+
+    def _open_checked(self, shard: int, name: str, path: str) -> ArrayRecordReader:
+        """Opens shard file ``name`` (at ``path``) and checks its byte size and
+        record count against the manifest."""
+        local = self._local_file(path)
+        self._check_size(shard, name, local, shown=path)
+        try:
+            reader = ArrayRecordReader(local, self._options)
+        except _ARRAY_RECORD_ERRORS as e:
+            raise self._open_failed(path, e) from e
+        # A failed open does not raise: the reader is not ok(), counts
+        # 0 records, and its close() raises the failure's status.
+        error = None if reader.ok() else _failure_of(reader)
+        if error is None:
+            try:
+                actual = reader.num_records()
+            except _ARRAY_RECORD_ERRORS as e:
+                _close_quietly(reader)
+                error = e
+        if error is not None:
+            raise self._open_failed(path, error) from error
+        expected = self.manifest.shards[shard].num_records
+        if actual != expected:
+            _close_quietly(reader)
+            raise fmt.CacheError(
+                f"{path}: shard has {actual} records, the manifest expects {expected}; "
+                "the cache was modified after it was built: rebuild it"
+            )
+        return reader
+
+    def _manifest_file_id(self) -> tuple | None:
+        """(device, inode, size, mtime ns, ctime ns) of the cache's manifest.json
+        as it is now; None for a cache at a URL or when there is none. A
+        manifest is always written to a new file and renamed into place (and a
+        rebuild exchanges whole folders), so another manifest is another file."""
+        if not fs.is_local(self.cache_dir):
+            return None
+        try:
+            st = os.stat(os.path.join(fs.local_path(self.cache_dir), fmt.MANIFEST_NAME))
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    def check_generation(self) -> None:
+        """Checks that the cache is still the one this reader opened: its
+        manifest.json is the same file (one stat), or holds the same
+        fingerprint (read again only when the file changed; for a cache at a
+        URL, every time). Run at each shard file's first open, after the file
+        was opened.
+
+        Raises:
+          CacheRebuiltError: the manifest now has another fingerprint, or there
+            is none (or none that can be read): the cache was rebuilt or
+            removed since this reader opened it.
+        """
+        for _ in range(3):  # a manifest replaced while it is read again: read the newest
+            before = self._manifest_file_id()
+            if before is not None and before == self._manifest_id:
+                return
+            try:
+                now = fmt.read_manifest(self.cache_dir)
+            except fmt.IncompleteCacheError:
+                raise self._rebuilt(None, f"it has no {fmt.MANIFEST_NAME}") from None
+            except fmt.CacheError as e:
+                raise self._rebuilt(None, f"its manifest: {str(e).splitlines()[0] if str(e) else 'unreadable'}") from None
+            if now.fingerprint != self.manifest.fingerprint:
+                raise self._rebuilt(now.fingerprint)
+            if before is None or self._manifest_file_id() == before:
+                self._manifest_id = before  # the same generation in a rewritten manifest file
+                return
+        raise self._rebuilt(None, "its manifest.json keeps changing")
+
+    def _rebuilt(self, fingerprint: str | None, why: str = "") -> CacheRebuiltError:
+        old = self.manifest.fingerprint[:12]
+        if fingerprint is not None:
+            return CacheRebuiltError(
+                f"{self.cache_dir} was rebuilt since this reader opened it (fingerprint {old}… → "
+                f"{fingerprint[:12]}…); reopen it to read the new cache"
+            )
+        return CacheRebuiltError(
+            f"{self.cache_dir} was rebuilt or removed since this reader opened it (fingerprint {old}…; now: {why}); "
+            "reopen it once its build is complete"
+        )
 
     def _path(self, name: str) -> str:
         """The path of the cache's file ``name`` (what error messages name)."""
@@ -304,6 +402,7 @@ class CacheReader:
             try:
                 records.extend(self._read_shard(table, s, names[s], reader, offsets))
             except _ARRAY_RECORD_ERRORS as e:
+                self.check_generation()  # a file gone with its cache's rebuild (a mounted bucket) says so
                 what = f"cannot read records {offsets[0]}..{offsets[-1]} ({len(offsets)} records)"
                 raise self._corrupt(self._path(names[s]), what, e) from e
         if (order[1:] > order[:-1]).all():  # asked for in ascending order

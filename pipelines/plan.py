@@ -11,7 +11,9 @@ of Parquet, whole files otherwise) of about ``split_size`` bytes; consecutive
 small splits (small files) are grouped into one unit of about ``split_size``,
 so that a corpus of a million small files is not a million units. A unit is
 ``(unit_index, ((file_index, start, stop), ...))``: small, picklable, and
-independent of everything but the file list and the split size. How the work
+independent of everything but the file list and the split size. The read step
+reads a unit's splits as one stream of records, so that one preprocessing
+batch holds the records of many small files (transforms.ReadPreprocess). How the work
 is cut never changes the cache: record ids are byte offsets or row indices,
 and shards are key ranges.
 """
@@ -73,6 +75,16 @@ class BuildPlan:
     content_bytes: int | None = None
 
 
+class UnitSplits(tuple):
+    """The splits of one work unit, ``((file_index, start, stop), ...)``: a
+    tuple. Its own type so that Beam's ``Create`` sees one opaque element type:
+    of a plain tuple it infers a type hint with one member per split, and
+    spends about 0.1 ms a split building and printing it (0.6 s for a unit
+    of 5,000 small files)."""
+
+    __slots__ = ()
+
+
 def choose_split_size(total_bytes: int) -> int:
     """Bytes per work unit: about 64 units for a small corpus (so that every
     worker has work), ``DEFAULT_SPLIT_BYTES`` for a large one, and large enough
@@ -81,7 +93,7 @@ def choose_split_size(total_bytes: int) -> int:
     return max(size, -(-int(total_bytes) // MAX_UNITS))
 
 
-def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int, tuple[tuple[int, int, Any], ...]]]:
+def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int, "UnitSplits"]]:
     """The work units of a build (see the module docstring).
 
     Args:
@@ -90,7 +102,8 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
       split_size: bytes of input per unit (>= 1).
 
     Returns:
-      ``[(unit_index, ((file_index, start, stop), ...)), ...]``, in file order.
+      ``[(unit_index, UnitSplits(((file_index, start, stop), ...))), ...]``,
+      in file order.
 
     Raises:
       ValueError: ``split_size`` < 1, or a source's read error for a file whose
@@ -118,12 +131,12 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
         for s in splits:
             size = max(int(s.num_bytes), 1)
             if current and (current_bytes + size > split_size or len(current) >= MAX_SPLITS_PER_UNIT):
-                units.append((len(units), tuple(current)))
+                units.append((len(units), UnitSplits(current)))
                 current, current_bytes = [], 0
             current.append((int(s.file_index), int(s.start), None if s.stop is None else int(s.stop)))
             current_bytes += size
     if current:
-        units.append((len(units), tuple(current)))
+        units.append((len(units), UnitSplits(current)))
     return units
 
 

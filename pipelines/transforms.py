@@ -84,9 +84,12 @@ BATCH_BYTES = 1 << 20
 class ReadPreprocess:
     """Reads splits of the task's source and preprocesses their records in
     batches of ``batch_records``, and at most ``batch_bytes`` of raw records
-    (one tokenizer call per batch).
+    (one tokenizer call per batch). A batch is filled across the splits it is
+    given: the records of many small files share one batch (a batch per file
+    would cost its fixed overhead, a few hundred microseconds, per file).
 
-    ``read(split)`` yields ``("records", n)`` for every batch of n source records
+    ``read(splits)`` (one ``Split`` or a sequence of them, read in order)
+    yields ``("records", n)`` for every batch of n source records
     read, ``("examples", EncodedExamples)`` per batch (its examples encoded
     together, as columns: no Python loop over tokens, one range check per
     feature and batch), and ``("issue",
@@ -95,6 +98,8 @@ class ReadPreprocess:
     ``on_error`` policy: counted and quarantined, never dropped silently; and
     ``("kept", (records, {kind: records}))`` once per batch with records holding
     bad input its policy keeps as it is (``SourceRecord.kept``): counted.
+    Which records share a batch never changes an example: preprocessing is per
+    record, its randomness drawn from the record's key.
     """
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048, batch_bytes=BATCH_BYTES):
@@ -106,18 +111,91 @@ class ReadPreprocess:
         self.batch_records = batch_records
         self.features = features_in(task)
 
-    def read(self, split) -> Iterator[tuple[str, Any]]:
+    def read(self, splits) -> Iterator[tuple[str, Any]]:
+        """The outputs of the class docstring for ``splits`` (a ``Split`` or a
+        sequence of them).
+
+        Raises:
+          ValueError: a source error (naming the file and record), or a
+            preprocessing error, prefixed with the path of the record's file.
+        """
+        from seqcache.tasks import Split
+
+        splits = [splits] if isinstance(splits, Split) else list(splits)
         key = shuffle.seed_key(self.seed)
-        path = split.path
-        try:
-            for batch in self.task.source.read_batches(split, self.batch_records):
-                for piece in batch.byte_bounded(self.batch_bytes):
-                    yield from self._flush(piece, key)
-        except ValueError as e:
-            if str(e).startswith(str(path)):
-                raise
-            # Preprocessing errors know the record number, not the file: add it.
-            raise ValueError(f"{path}: {e}") from None
+        paths = {int(s.file_index): str(s.path) for s in splits}
+        for batch in self._batches(splits):
+            try:
+                yield from self._flush(batch, key)
+            except ValueError as e:
+                raise self._named_error(batch, key, paths, e) from None
+
+    def _batches(self, splits) -> Iterator[RecordBatch]:
+        """The records of ``splits`` in batches of at most ``batch_records``
+        records and ``batch_bytes`` raw bytes (a larger record is a batch of
+        its own), each as full as the records allow, across splits."""
+        import bisect
+        import itertools
+
+        limit_records, limit_bytes = self.batch_records, self.batch_bytes
+        pending: list[RecordBatch] = []
+        count = size = 0
+        for batch in self._source_batches(splits):
+            n = len(batch)
+            sums = [0, *itertools.accumulate(map(len, batch.raws))]
+            i = 0
+            while i < n:
+                stop = min(n, i + limit_records - count)
+                # The records from i on that fit in what the pending batch has left.
+                j = bisect.bisect_right(sums, sums[i] + limit_bytes - size, i, stop + 1) - 1
+                if j == i:
+                    if pending:
+                        yield RecordBatch.concat(pending)
+                        pending, count, size = [], 0, 0
+                        continue
+                    j = i + 1  # a record larger than batch_bytes: a batch of its own
+                pending.append(batch if i == 0 and j == n else batch.take(i, j))
+                count, size, i = count + j - i, size + sums[j] - sums[i], j
+                if count >= limit_records or size >= limit_bytes:
+                    yield RecordBatch.concat(pending)
+                    pending, count, size = [], 0, 0
+        if pending:
+            yield RecordBatch.concat(pending)
+
+    def _source_batches(self, splits) -> Iterator[RecordBatch]:
+        for split in splits:
+            path = str(split.path)
+            try:
+                yield from self.task.source.read_batches(split, self.batch_records)
+            except ValueError as e:
+                if str(e).startswith(path):
+                    raise
+                raise ValueError(f"{path}: {e}") from None
+
+    def _named_error(self, batch: RecordBatch, key, paths: dict, error: ValueError) -> ValueError:
+        """``error`` (raised preprocessing ``batch``, which knows record numbers,
+        not files) prefixed with the path of the file it came from: for a batch
+        of several files, each file's records are preprocessed again alone
+        (this error path only) to find the one that fails."""
+        def named(file_index, e):
+            path = paths.get(int(file_index), f"file {file_index}")
+            return e if str(e).startswith(path) else ValueError(f"{path}: {e}")
+
+        if batch.file_indices is None:
+            return named(batch.file_index, error)
+        indices = batch.file_indices
+        start = 0
+        for k in range(1, len(indices) + 1):
+            if k < len(indices) and indices[k] == indices[start]:
+                continue
+            try:
+                for _ in self._flush(batch.take(start, k), key):
+                    pass
+            except ValueError as e:
+                return named(indices[start], e)
+            start = k
+        first, last = paths.get(int(indices[0]), ""), paths.get(int(indices[-1]), "")
+        return ValueError(f"{first} to {last} (one batch of several files): {error}")
 
     def _flush(self, records: RecordBatch, key):
         yield "records", len(records)
@@ -358,27 +436,28 @@ class ReadUnit:
         # file index -> [source examples, tokens per read feature]
         per_file: dict[int, list[int]] = {}
         bad_input = stats_mod.BadInputCounts()
-        for file_index, start, stop in ranges:
-            path = self.paths[file_index]
-            split = Split(file_index, path, start, stop, 0)
-            for kind, payload in self.reader.read(split):
-                if kind == "records":
-                    records += payload
-                elif kind == "kept":
-                    bad_input.add_counts("kept", *payload)
-                elif kind == "issue":
-                    record_file, record_number, action, message, error_kind = payload
-                    bad_input.add(action, error_kind.split(","))
-                    state.quarantine.add(record_file, record_number, action, path, message, error_kind)
-                    if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
-                        yield QUARANTINE_KEY, self._write_quarantine(state, token)
-                else:
-                    for shard, part in payload.by_shard():
-                        state.buffers[shard].add_batch(part)
-                        state.buffered += spill.batch_bytes(part)
-                    _count_per_file(per_file, payload.file_index, payload.lengths)
-                    if state.buffered >= self.flush_bytes:
-                        yield from self._flush(state, token)
+        splits = [Split(file_index, self.paths[file_index], start, stop, 0) for file_index, start, stop in ranges]
+        # The unit's splits are read as one stream: a preprocessing batch holds
+        # the records of many small files.
+        for kind, payload in self.reader.read(splits):
+            if kind == "records":
+                records += payload
+            elif kind == "kept":
+                bad_input.add_counts("kept", *payload)
+            elif kind == "issue":
+                record_file, record_number, action, message, error_kind = payload
+                bad_input.add(action, error_kind.split(","))
+                state.quarantine.add(record_file, record_number, action, self.paths[record_file], message,
+                                     error_kind)
+                if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
+                    yield QUARANTINE_KEY, self._write_quarantine(state, token)
+            else:
+                for shard, part in payload.by_shard():
+                    state.buffers[shard].add_batch(part)
+                    state.buffered += spill.batch_bytes(part)
+                _count_per_file(per_file, payload.file_index, payload.lengths)
+                if state.buffered >= self.flush_bytes:
+                    yield from self._flush(state, token)
         if state.buffered:
             yield from self._flush(state, token)
         if state.quarantine:

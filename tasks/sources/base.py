@@ -182,7 +182,9 @@ def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = Non
 class RecordBatch:
     """Consecutive records of one split, in file order, as columns: what the
     pipeline reads (``Source.read_batches``), so that the common case needs no
-    Python object per record.
+    Python object per record. ``concat`` joins the batches of consecutive
+    splits (small files) into one, so that a preprocessing batch is not cut at
+    every file.
 
     A batch is a sequence of ``SourceRecord`` (``batch[i]``, ``len(batch)``): the
     records a source built one by one (``from_records``), or, for sources with a
@@ -192,8 +194,8 @@ class RecordBatch:
 
     Attributes:
       file_index: the split's file index: every record's, unless ``file_indices``.
-      file_indices: None, or (a source whose records name several files) each
-        record's ``file_index``, int list (n,).
+      file_indices: None, or (a source whose records name several files, or
+        a batch of several splits) each record's ``file_index``, int list (n,).
       record_numbers: int list (n,): each record's ``record_number``.
       raws: bytes list (n,): each record's ``raw`` (the shuffle key's input).
     """
@@ -204,7 +206,8 @@ class RecordBatch:
                  texts: list, odd: dict[int, SourceRecord]):
         """Column form: record i is ``odd[i]`` where present, else
         ``SourceRecord(file_index, record_numbers[i], {field: texts[i]}, raws[i])``
-        (a clean record: no issue, nothing kept)."""
+        (a clean record: no issue, nothing kept; ``file_indices[i]`` for
+        the file index of a batch made by ``concat``)."""
         self.file_index = file_index
         self.file_indices = None
         self.record_numbers = record_numbers
@@ -224,6 +227,41 @@ class RecordBatch:
         batch._field = batch._texts = batch._odd = None
         return batch
 
+    @classmethod
+    def concat(cls, batches: Sequence["RecordBatch"]) -> "RecordBatch":
+        """The records of ``batches`` (non-empty), in order, as one batch:
+        columns when every batch is in column form for the same field (no
+        Python object per clean record), else records. ``file_indices`` is
+        set when the records come from more than one file.
+
+        Raises:
+          ValueError: ``batches`` is empty.
+        """
+        if not batches:
+            raise ValueError("RecordBatch.concat needs at least one batch")
+        if len(batches) == 1:
+            return batches[0]
+        first = batches[0]
+        if any(b._records is not None or b._field != first._field for b in batches):
+            return cls.from_records([b[i] for b in batches for i in range(len(b))])
+        out = cls.__new__(cls)
+        out.file_index = first.file_index
+        if all(b.file_indices is None and b.file_index == first.file_index for b in batches):
+            out.file_indices = None
+        else:
+            out.file_indices = [i for b in batches
+                                for i in (b.file_indices if b.file_indices is not None else [b.file_index] * len(b))]
+        out.record_numbers = [n for b in batches for n in b.record_numbers]
+        out.raws = [r for b in batches for r in b.raws]
+        out._field, out._records = first._field, None
+        out._texts = [t for b in batches for t in b._texts]
+        out._odd, offset = {}, 0
+        for b in batches:
+            for i, r in b._odd.items():
+                out._odd[offset + i] = r
+            offset += len(b)
+        return out
+
     def __len__(self) -> int:
         return len(self.raws)
 
@@ -233,7 +271,8 @@ class RecordBatch:
         r = self._odd.get(i)
         if r is not None:
             return r
-        return SourceRecord(self.file_index, self.record_numbers[i], {self._field: self._texts[i]}, self.raws[i])
+        file_index = self.file_index if self.file_indices is None else self.file_indices[i]
+        return SourceRecord(file_index, self.record_numbers[i], {self._field: self._texts[i]}, self.raws[i])
 
     def take(self, start: int, stop: int) -> "RecordBatch":
         """Records ``start`` to ``stop`` (exclusive) as a batch of their own,

@@ -25,6 +25,7 @@ All file access goes through ``seqcache.fs``.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator
 
 from seqcache import compression, fs
@@ -104,9 +105,13 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
       OSError, EOFError, zlib.error: the file cannot be read (the caller names it).
     """
     with _open_at_line(path, start, stop) as (f, offset):
+        size = _plain_size(path, f)
         pending = b""
         while stop is None or offset < stop:
-            data = f.read(block_bytes)
+            # No more than the file holds: a read of n bytes allocates n bytes
+            # first, and 1 MiB for a file of 300 costs more than the reading
+            # (an mmap and its page faults; 0.15 ms a file).
+            data = f.read(block_bytes if size is None else max(1, min(block_bytes, size - f.tell())))
             if not data:
                 if pending:
                     yield offset, pending  # the last line, without its newline
@@ -124,6 +129,17 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
                 return
             yield offset, block
             offset += len(block)
+
+
+def _plain_size(path: str, f) -> int | None:
+    """The size in bytes of an uncompressed local file open as ``f``, None
+    for any other (its size on disk is not the size of what it reads)."""
+    if is_compressed(path) or not fs.is_local(path):
+        return None
+    try:
+        return os.fstat(f.fileno()).st_size
+    except (OSError, AttributeError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return None
 
 
 def line_number_at(path: str, offset: int) -> int:

@@ -1,0 +1,143 @@
+"""Many small files against one file of the same bytes, measured in one run.
+
+tinyshakespeare (40,000 lines, 1.1 MB) is written twice into a temporary
+folder: as one file, and cut into --files files of consecutive lines (5,000
+files of 8 lines by default), so that both hold the same lines in the same
+order. Each is built with the command a user types::
+
+    seqcache build --source 'text:DIR/*.txt' --vocabulary byte --name NAME --cache-dir D --json
+
+in a child process, the two alternating, --repeat times. Reported, as medians
+over the rounds with [min, max]:
+
+  wall: the command's wall-clock seconds (interpreter start-up included);
+  cpu: its CPU seconds (user + system, its waited-for workers included);
+  build: the seconds ``build_task`` reports (listing, planning, the pipeline
+         and the manifest, without the interpreter's start-up and imports);
+
+and each as a ratio many / one, taken in the same round. The data shards of
+the two builds must have the same sha256 (guarantee G1: the bytes depend on
+the multiset of records, not on how they are split into files); the run
+fails otherwise.
+
+Usage: python benchmarks/small_files.py [--files 5000] [--repeat 3] [--work-dir DIR] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+
+
+# The ``seqcache`` command, as its console script runs it.
+CLI = "import sys; from seqcache.cli import run; sys.argv[0] = 'seqcache'; sys.exit(run())"
+
+
+def write_corpus(folder: pathlib.Path, num_files: int) -> dict[str, str]:
+    """``one/input.txt`` and ``many/part-NNNNN.txt`` (``num_files`` files of
+    consecutive lines, as even as the line count allows) under ``folder``;
+    returns the two source specs."""
+    data = (DATA / "tinyshakespeare" / "input.txt").read_bytes()
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    (folder / "one").mkdir(parents=True)
+    (folder / "one" / "input.txt").write_bytes(b"".join(line + b"\n" for line in lines))
+    (folder / "many").mkdir()
+    for k in range(num_files):
+        part = lines[len(lines) * k // num_files:len(lines) * (k + 1) // num_files]
+        (folder / "many" / f"part-{k:05d}.txt").write_bytes(b"".join(line + b"\n" for line in part))
+    return {name: f"text:{folder / name}/*.txt" for name in ("one", "many")}
+
+
+def build(spec: str, cache_dir: pathlib.Path) -> dict:
+    """One ``seqcache build`` in a child process: ``{"wall_s", "cpu_s",
+    "build_s", "data_sha256": [per shard], "examples"}``."""
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    args = [sys.executable, "-c", CLI, "build", "--source", spec, "--vocabulary", "byte",
+            "--name", "x", "--cache-dir", str(cache_dir), "--json"]
+    start = time.perf_counter()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tempfile.gettempdir())
+    out, err = proc.communicate()
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"seqcache build of {spec} failed:\n{err.decode(errors='replace')[-3000:]}")
+    report = json.loads(out)[0]
+    folder = cache_dir / "x" / "train"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    hashes = [hashlib.sha256((folder / s["file"]).read_bytes()).hexdigest() for s in manifest["shards"]]
+    return {"wall_s": wall, "build_s": float(report["seconds"]), "data_sha256": hashes,
+            "examples": int(report["num_examples"])}
+
+
+def _cpu_children() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(work: pathlib.Path, num_files: int, repeat: int) -> dict:
+    specs = write_corpus(work / "in", num_files)
+    rounds = []
+    for r in range(repeat):
+        row = {}
+        # Alternate which goes first: a machine that slows down during a round
+        # does not always favour the same one.
+        for name in (("one", "many") if r % 2 == 0 else ("many", "one")):
+            before = _cpu_children()
+            row[name] = build(specs[name], work / f"cache-{name}")
+            row[name]["cpu_s"] = _cpu_children() - before
+        if row["one"]["data_sha256"] != row["many"]["data_sha256"]:
+            raise SystemExit(f"the data shards differ between one file and {num_files} files: "
+                             f"{row['one']['data_sha256']} against {row['many']['data_sha256']}")
+        rounds.append(row)
+    out = {"files": num_files, "repeat": repeat, "examples": rounds[0]["one"]["examples"],
+           "data_sha256_equal": True, "rounds": rounds}
+    for what in ("wall_s", "cpu_s", "build_s"):
+        for name in ("one", "many"):
+            out[f"{name}_{what}"] = statistics.median(row[name][what] for row in rounds)
+        ratios = [row["many"][what] / row["one"][what] for row in rounds]
+        out[f"ratio_{what}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    return out
+
+
+def print_report(res: dict) -> None:
+    print(f"tinyshakespeare, 1 file against {res['files']:,} files, {res['examples']:,} examples, "
+          f"{res['repeat']} rounds; data shards equal (sha256): {res['data_sha256_equal']}")
+    print(f"{'':>8} {'1 file':>9} {'many':>9} {'many / 1 file':>28}")
+    for what, label in (("wall_s", "wall s"), ("cpu_s", "CPU s"), ("build_s", "build s")):
+        r = res[f"ratio_{what}"]
+        print(f"{label:>8} {res['one_' + what]:>9.2f} {res['many_' + what]:>9.2f} "
+              f"{r['median']:>10.2f}x [{r['min']:.2f}, {r['max']:.2f}]")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=5000, help="files to cut tinyshakespeare into (default 5000)")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds, each building both (default 3)")
+    ap.add_argument("--work-dir", help="folder for the corpus and caches (default: a temporary one, removed)")
+    ap.add_argument("--json", help="write the results to this file")
+    args = ap.parse_args(argv)
+    if args.files < 1 or args.repeat < 1:
+        ap.error("--files and --repeat must be >= 1")
+    with tempfile.TemporaryDirectory(prefix="small-files-", dir=args.work_dir) as tmp:
+        res = measure(pathlib.Path(tmp), args.files, args.repeat)
+    print_report(res)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -11,8 +11,14 @@ use). It is thread-safe and picklable (shard readers reopen lazily in each worke
 process). Importing this module does not import grain: the class satisfies grain's
 protocol structurally.
 
-Note that grain's own samplers decide the order; the exactly-once, elastic and
-O(1)-resume guarantees documented in docs/feeder.md are the Feeder's.
+Note that grain's own samplers decide the order, by cache index; the
+exactly-once, elastic and O(1)-resume guarantees documented in docs/feeder.md
+are the Feeder's. grain 0.2.18's ``DataLoader`` sharded over hosts
+(``ShardOptions``, ``ShardByJaxProcess``) loses N mod H records per epoch, with
+``drop_remainder=False`` too; give each host ``MapDataset.source(src)[h::H]``
+with ``NoSharding()`` instead, or use ``MapDataset`` or the Feeder
+(docs/feeder.md, "Interop"). Its worker processes (``worker_count`` > 0) need
+``absl.flags.FLAGS.mark_as_parsed()`` in a program that does not run absl's app.
 """
 
 from __future__ import annotations

@@ -8,14 +8,18 @@ batched ``_getitems(indices)`` that grain's ``MapDataset.source`` uses when pres
 (one ArrayRecord read per shard instead of one per record), also available as
 ``__getitems__`` (the name PyTorch's loaders and ArrayRecord's own data source
 use). It is thread-safe and picklable (shard readers reopen lazily in each worker
-process). Importing this module does not import grain: the class satisfies grain's
+process, each shard checked at its first open against the manifest the source
+was made with: a cache rebuilt since raises ``CacheRebuiltError`` in the worker,
+never returns new records). Importing this module does not import grain: the class satisfies grain's
 protocol structurally.
 
 Note that grain's own samplers decide the order, by cache index; the
 exactly-once, elastic and O(1)-resume guarantees documented in docs/feeder.md
-are the Feeder's. grain 0.2.18's ``DataLoader`` sharded over hosts
-(``ShardOptions``, ``ShardByJaxProcess``) loses N mod H records per epoch, with
-``drop_remainder=False`` too; give each host ``MapDataset.source(src)[h::H]``
+are the Feeder's. grain 0.2.18's ``DataLoader`` sharded over H hosts
+(``ShardOptions``, ``ShardByJaxProcess``) loses records when H does not divide
+the N examples: N mod H per epoch with ``drop_remainder=True``, and with
+``drop_remainder=False`` too (over several epochs, some records are read fewer
+times than others); give each host ``MapDataset.source(src)[h::H]``
 with ``NoSharding()`` instead, or use ``MapDataset`` or the Feeder
 (docs/feeder.md, "Interop"). Its worker processes (``worker_count`` > 0) need
 ``absl.flags.FLAGS.mark_as_parsed()`` in a program that does not run absl's app.
@@ -37,7 +41,10 @@ class CacheDataSource:
       cache_dir: the cache folder (``CACHE_DIR/<task>/<split>``).
 
     Raises:
-      seqcache.format.CacheError: the cache is missing, incomplete or inconsistent.
+      seqcache.format.CacheError: the cache is missing, incomplete or inconsistent;
+        from reads, ``seqcache.feeders.reader.CacheRebuiltError`` (a CacheError)
+        when a worker's copy opens a shard of a cache rebuilt since this
+        source was made.
     """
 
     def __init__(self, cache_dir: str):

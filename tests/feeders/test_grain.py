@@ -85,6 +85,14 @@ def test_sharded_data_loader_loses_the_remainder_and_slices_do_not(source):
             counts.update(_indices(_loader(source, worker_count=0, shard_options=shard)))
         assert sum(counts.values()) == N - N % 2, drop
         assert len(set(counts)) == N - N % 2 and max(counts.values()) == 1, drop
+    # Over two epochs, drop_remainder=False reads 2 * N records, but not each twice:
+    # each host's loader wraps around its own slice of the cache.
+    counts = collections.Counter()
+    for h in range(2):
+        shard = grain.ShardOptions(shard_index=h, shard_count=2, drop_remainder=False)
+        counts.update(_indices(_loader(source, worker_count=0, shard_options=shard, num_epochs=2)))
+    assert sum(counts.values()) == 2 * N and set(counts) == set(range(N))
+    assert sorted(counts.values()) != [2] * N
     # The way that loses none: each host reads its slice of the cache, unsharded.
     counts = collections.Counter()
     for h in range(2):

@@ -439,7 +439,7 @@ class ReadUnit:
         splits = [Split(file_index, self.paths[file_index], start, stop, 0) for file_index, start, stop in ranges]
         # The unit's splits are read as one stream: a preprocessing batch holds
         # the records of many small files.
-        for kind, payload in self.reader.read(splits):
+        for kind, payload in self.reader.read(splits) if splits else ():
             if kind == "records":
                 records += payload
             elif kind == "kept":

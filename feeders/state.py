@@ -26,6 +26,7 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
+from seqcache import bounded_json
 from seqcache import format as fmt
 from seqcache.feeders import compat
 from seqcache.feeders.compat import FeederStateError  # defined with the rules; this module's error
@@ -43,65 +44,148 @@ _FIELDS = ("kind", "version", "cache_format_version", "mixture", "seed", "global
            "sequence_length", "feature", "num_epochs", "position")
 
 
-def check_state(state: Mapping[str, Any]) -> None:
-    """Validates the structure and version of a state dict.
+# The ranges a restored state's values must lie in (far above what a run uses,
+# far below what overflows the feeder's int64 positions or its allocations).
+MAX_GLOBAL_BATCH_SIZE = 2**24
+MAX_POSITION = 2**62
+MAX_EPOCHS = 2**32
+MAX_SEED = 2**64
+MAX_MIXTURE_ENTRIES = 2**16
+MAX_SCHEDULE_STAGES = 2**16
+
+
+def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None:
+    """Validates the structure, version and every value of a state dict: the
+    nesting and numbers of the whole object (``seqcache.bounded_json.check_tree``),
+    then each field's type and range.
+
+    Args:
+      state: the decoded state.
+      path: where it came from (a file), for messages.
 
     Raises:
-      FeederStateError: not a feeder state, another state or cache format version,
-        a missing field, or a position that is not a multiple of the global batch.
+      FeederStateError: one line naming ``path`` and the field: not a feeder
+        state, another state or cache format version, a missing field, a value
+        of the wrong type or out of range (``feeder state: mixture[0].rate =
+        nan, expected a number in [0, 9.0072e+15]``), or a position that is not
+        a multiple of the global batch.
     """
     if not isinstance(state, Mapping):
-        raise FeederStateError(f"a feeder state is a JSON object (got {type(state).__name__})")
+        raise FeederStateError(f"{path}: a feeder state is a JSON object (got {type(state).__name__})")
+    bounded_json.check_tree(dict(state), path=path, error=FeederStateError, what="feeder state")
     if state.get("kind") != STATE_KIND:
-        raise FeederStateError(f"not a feeder state: kind is {state.get('kind')!r}, expected {STATE_KIND!r}")
-    if state.get("version") not in (STATE_VERSION, SCHEDULE_STATE_VERSION) or (
-            state.get("version") == SCHEDULE_STATE_VERSION and "schedule" not in state):
+        raise FeederStateError(f"{path}: not a feeder state: kind is {_short(state.get('kind'))}, "
+                               f"expected {STATE_KIND!r}")
+    version = state.get("version")
+    if isinstance(version, bool) or version not in (STATE_VERSION, SCHEDULE_STATE_VERSION) or (
+            version == SCHEDULE_STATE_VERSION and "schedule" not in state):
         raise FeederStateError(
-            f"feeder state version is {state.get('version')!r}, this seqcache reads version {STATE_VERSION} "
+            f"{path}: feeder state version is {_short(version)}, this seqcache reads version {STATE_VERSION} "
             f"(and {SCHEDULE_STATE_VERSION} with a mixture schedule): "
             "the state was written by another seqcache release; restore it with that release"
         )
-    if state.get("cache_format_version") != fmt.RECORD_FORMAT_VERSION:
+    cache_version = state.get("cache_format_version")
+    if isinstance(cache_version, bool) or cache_version != fmt.RECORD_FORMAT_VERSION:
         raise FeederStateError(
-            f"feeder state was saved for cache format version {state.get('cache_format_version')!r}, "
+            f"{path}: feeder state was saved for cache format version {_short(cache_version)}, "
             f"this seqcache reads version {fmt.RECORD_FORMAT_VERSION}"
         )
     missing = [f for f in _FIELDS if f not in state]
     if missing:
-        raise FeederStateError(f"feeder state is missing fields {missing}")
-    mixture = state["mixture"]
-    if not isinstance(mixture, list) or not mixture:
-        raise FeederStateError(f"feeder state has no mixture entries (got {mixture!r})")
-    for entry in mixture:
-        for key in ("path", "rate", "weight", "fingerprint", "num_examples"):
-            if key not in entry:
-                raise FeederStateError(f"feeder state mixture entry {entry!r} has no {key!r}")
+        raise FeederStateError(f"{path}: feeder state is missing fields {missing}")
+    _check_mixture(state, path)
     if state["version"] == SCHEDULE_STATE_VERSION:
-        _check_schedule(state)
-    b, p = state["global_batch_size"], state["position"]
-    if not isinstance(b, int) or b < 1:
-        raise FeederStateError(f"feeder state has global_batch_size={b!r}, expected an integer >= 1")
-    if not isinstance(p, int) or p < 0 or p % b:
+        _check_schedule(state, path)
+    err = FeederStateError
+    b = bounded_json.integer(state["global_batch_size"], "global_batch_size", path=path, lo=1,
+                             hi=MAX_GLOBAL_BATCH_SIZE, error=err)
+    bounded_json.integer(state["seed"], "seed", path=path, lo=0, hi=MAX_SEED, error=err)
+    bounded_json.integer(state["sequence_length"], "sequence_length", path=path, lo=1,
+                         hi=bounded_json.MAX_SEQUENCE_LENGTH, error=err)
+    bounded_json.string(state["feature"], "feature", path=path, error=err)
+    if state["num_epochs"] is not None:
+        bounded_json.integer(state["num_epochs"], "num_epochs (null: forever)", path=path, lo=1, hi=MAX_EPOCHS,
+                             error=err)
+    p = bounded_json.integer(state["position"], "position", path=path, lo=0, hi=MAX_POSITION, error=err)
+    for j, stage in enumerate(state.get("schedule") or ()):
+        if stage["step"] * b >= MAX_POSITION:
+            raise FeederStateError(f"{path}: schedule[{j}].step = {stage['step']} starts at global position "
+                                   f"{stage['step']} * {b} (global_batch_size), beyond 2^62")
+    if p % b:
         raise FeederStateError(
-            f"feeder state has position={p!r}: expected a non-negative multiple of global_batch_size={b}"
+            f"{path}: feeder state has position={p!r}: expected a non-negative multiple of global_batch_size={b}"
         )
 
 
-def _check_schedule(state: Mapping[str, Any]) -> None:
+def _short(value: Any) -> str:
+    return bounded_json.short(value)
+
+
+def _check_mixture(state: Mapping[str, Any], path: str) -> None:
+    err = FeederStateError
+    mixture = state["mixture"]
+    if not isinstance(mixture, list) or not mixture:
+        raise FeederStateError(f"{path}: mixture = {_short(mixture)}, expected a non-empty list of caches")
+    if len(mixture) > MAX_MIXTURE_ENTRIES:
+        raise FeederStateError(f"{path}: mixture has {len(mixture):,} entries, at most "
+                               f"{MAX_MIXTURE_ENTRIES:,} are allowed")
+    for i, entry in enumerate(mixture):
+        where = f"mixture[{i}]"
+        bounded_json.mapping(entry, where, path=path, error=err)
+        for key in ("path", "rate", "weight", "fingerprint", "num_examples"):
+            if key not in entry:
+                raise FeederStateError(f"{path}: {where} has no {key!r} (it has {_short(sorted(entry))})")
+        bounded_json.string(entry["path"], f"{where}.path", path=path, error=err)
+        bounded_json.number(entry["rate"], f"{where}.rate", path=path, error=err)
+        bounded_json.integer(entry["weight"], f"{where}.weight", path=path, error=err)
+        bounded_json.string(entry["fingerprint"], f"{where}.fingerprint", path=path, error=err)
+        bounded_json.integer(entry["num_examples"], f"{where}.num_examples", path=path, error=err)
+        for key in ("task", "split"):
+            if entry.get(key) is not None:
+                bounded_json.string(entry[key], f"{where}.{key}", path=path, error=err)
+
+
+def _check_schedule(state: Mapping[str, Any], path: str) -> None:
+    err = FeederStateError
     schedule = state.get("schedule")
     n = len(state["mixture"])
     if not isinstance(schedule, list) or not schedule:
-        raise FeederStateError(f"feeder state version {SCHEDULE_STATE_VERSION} has no schedule (got {schedule!r})")
+        raise FeederStateError(f"{path}: feeder state version {SCHEDULE_STATE_VERSION} has no schedule "
+                               f"(got {_short(schedule)})")
+    if len(schedule) > MAX_SCHEDULE_STAGES:
+        raise FeederStateError(f"{path}: schedule has {len(schedule):,} stages, at most "
+                               f"{MAX_SCHEDULE_STAGES:,} are allowed")
     steps = []
-    for stage in schedule:
+    for j, stage in enumerate(schedule):
+        where = f"schedule[{j}]"
         if not isinstance(stage, Mapping) or not all(k in stage for k in ("step", "rates", "weights")):
-            raise FeederStateError(f"feeder state schedule stage {stage!r} needs step, rates and weights")
-        if len(stage["rates"]) != n or len(stage["weights"]) != n:
-            raise FeederStateError(f"feeder state schedule stage at step {stage['step']} does not have one rate and "
-                                   f"one weight per mixture entry ({n})")
-        steps.append(stage["step"])
+            raise FeederStateError(f"{path}: {where} = {_short(stage)}, expected {{step, rates, weights}}")
+        step = bounded_json.integer(stage["step"], f"{where}.step", path=path, lo=0, hi=MAX_POSITION, error=err)
+        for key in ("rates", "weights"):
+            if not isinstance(stage[key], list) or len(stage[key]) != n:
+                raise FeederStateError(f"{path}: {where}.{key} = {_short(stage[key])}, expected a list of one "
+                                       f"per mixture entry ({n})")
+        for t, (rate, weight) in enumerate(zip(stage["rates"], stage["weights"])):
+            bounded_json.number(rate, f"{where}.rates[{t}]", path=path, error=err)
+            bounded_json.integer(weight, f"{where}.weights[{t}]", path=path, error=err)
+        if not any(stage["weights"]):
+            raise FeederStateError(f"{path}: {where}.weights are all 0, expected one > 0")
+        steps.append(step)
     if steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:])):
-        raise FeederStateError(f"feeder state schedule steps must start at 0 and increase (got {steps})")
+        raise FeederStateError(f"{path}: feeder state schedule steps must start at 0 and increase "
+                               f"(got {_short(steps)})")
+
+
+def load_state(path: str) -> dict:
+    """Reads and checks a feeder state file (JSON, within
+    ``seqcache.bounded_json``'s bounds; 16 MiB at most).
+
+    Raises:
+      FeederStateError: naming the file and the field (``check_state``).
+    """
+    state = bounded_json.read_file(path, error=FeederStateError, max_bytes=16 << 20, what="feeder state")
+    check_state(state, path=path)
+    return state
 
 
 def stages_of(state: Mapping[str, Any]) -> list[dict]:

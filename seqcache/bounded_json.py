@@ -7,12 +7,12 @@ that nothing but the caller's own error class (``seqcache.format.CacheError``,
 ``seqcache.feeders.FeederStateError``, ``seqcache.training.config.ConfigError``)
 comes out, with one line naming the file:
 
-- size: at most ``max_bytes`` bytes (checked before the file is read);
+- size: at most ``max_bytes`` bytes (a local file is not read past them);
 - nesting: at most ``max_depth`` levels of objects and lists (Python's JSON
   parser recurses, and so does everything that walks the result);
 - numbers: ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's ``json``
   accepts, but JSON does not) are refused, and so are floats that overflow to
-  infinity (``1e999``) and integers of 2^63 or more in magnitude.
+  infinity (``1e999``) and integers of 2^64 or more in magnitude.
 
 ``check_tree`` applies the same nesting and number rules to a value that is
 already decoded (a feeder state handed over as a dict by Orbax or a user).
@@ -32,8 +32,9 @@ from typing import Any, Mapping
 # levels and under 4 MB), far below what breaks a parser.
 MAX_DEPTH = 64
 MAX_BYTES = 64 << 20
-# Integers a JSON file may hold at all (each field has its own, tighter range).
-MAX_INTEGER = 2**63
+# Integers a JSON file may hold at all, in magnitude: the uint64 range (each
+# field has its own, tighter range).
+MAX_INTEGER = 2**64
 # What a count (records, examples, tokens, bytes) may be: exact in a double,
 # and summable in int64.
 MAX_COUNT = 2**53
@@ -68,26 +69,31 @@ def bound(n: int) -> str:
     return f"{n:,}"
 
 
-class _Refused(Exception):
-    """Raised inside the parser's hooks; turned into the caller's error."""
+class _Refused:
+    """What the parser's hooks return for a number JSON text may not hold here
+    (``check_tree`` reports it with its place, then nothing else sees it)."""
+
+    def __init__(self, text: str, reason: str):
+        self.text, self.reason = text, reason
 
 
-def _parse_int(text: str) -> int:
+def _parse_int(text: str):
     digits = text.lstrip("-")
-    if len(digits) > 19 or abs(int(text)) >= MAX_INTEGER:
-        raise _Refused(f"an integer of {len(digits)} digits ({digits[:12]}...) is out of range (|n| < 2^63)")
+    if len(digits) > 20 or abs(int(text)) >= MAX_INTEGER:
+        shown = text if len(text) <= 24 else f"{text[:12]}...({len(digits)} digits)"
+        return _Refused(shown, "is out of range (|n| < 2^64)")
     return int(text)
 
 
-def _parse_float(text: str) -> float:
+def _parse_float(text: str):
     value = float(text)
     if not math.isfinite(value):
-        raise _Refused(f"the number {text[:40]} overflows to infinity")
+        return _Refused(text[:40], "overflows to infinity (expected a finite number)")
     return value
 
 
 def _parse_constant(name: str):
-    raise _Refused(f"{name} is not a JSON number (expected a finite number)")
+    return _Refused(name, "is not a JSON number (expected a finite number)")
 
 
 def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
@@ -103,7 +109,7 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
       what: what the file is, for messages ("manifest", "feeder state").
 
     Returns:
-      The decoded value (dicts, lists, str, int with |n| < 2^63, finite float,
+      The decoded value (dicts, lists, str, int with |n| < 2^64, finite float,
       bool, None).
 
     Raises:
@@ -112,7 +118,7 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
     """
     size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
-        raise error(f"{path}: the {what} has {size:,} bytes, more than the {max_bytes:,} allowed")
+        raise error(f"{path}: the {what} is larger than the {max_bytes:,} bytes allowed")
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8")
@@ -120,8 +126,6 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
             raise error(f"{path}: the {what} is not UTF-8 text: {e}") from None
     try:
         value = json.loads(data, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
-    except _Refused as e:
-        raise error(f"{path}: the {what} is not valid: {e}") from None
     except RecursionError:
         raise error(f"{path}: the {what} is nested deeper than {max_depth} levels") from None
     except ValueError as e:  # json.JSONDecodeError, and int() of too many digits
@@ -133,7 +137,8 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
 def read_file(path: str, *, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
               max_bytes: int = MAX_BYTES, what: str = "JSON file") -> Any:
     """``loads`` of the file at ``path`` (a local path or a URL, through
-    ``seqcache.fs``); its size is checked before it is read.
+    ``seqcache.fs``); a local file is read no further than one byte past
+    ``max_bytes``.
 
     Raises:
       error: as ``loads``; also a file that cannot be read (``OSError``).
@@ -142,10 +147,11 @@ def read_file(path: str, *, error: type[Exception] = ValueError, max_depth: int 
     from seqcache import fs
 
     try:
-        size = fs.size(path)
-        if size is not None and size > max_bytes:
-            raise error(f"{path}: the {what} has {size:,} bytes, more than the {max_bytes:,} allowed")
-        data = fs.read_bytes(path)
+        if fs.is_local(path):
+            with open(fs.local_path(path), "rb") as f:
+                data = f.read(max_bytes + 1)  # no more than one byte past the bound
+        else:
+            data = fs.read_bytes(path)
     except OSError as e:
         raise error(f"{path}: cannot read the {what}: {e}") from None
     return loads(data, path=path, error=error, max_depth=max_depth, max_bytes=max_bytes, what=what)
@@ -154,9 +160,10 @@ def read_file(path: str, *, error: type[Exception] = ValueError, max_depth: int 
 def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
                what: str = "JSON file") -> None:
     """Checks a decoded value without recursion: at most ``max_depth`` levels
-    of dicts and lists, no float that is NaN or infinite, no integer of 2^63 or
+    of dicts and lists, no float that is NaN or infinite, no integer of 2^64 or
     more in magnitude, and nothing but JSON's types (dict with str keys, list,
-    str, int, float, bool, None; tuples are taken as lists).
+    str, int, float, bool, None; tuples are taken as lists; keys are strings, or
+    the scalars YAML allows).
 
     Raises:
       error: ``{path}: ...`` naming the first value that breaks a rule and where.
@@ -169,7 +176,8 @@ def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, ma
                 raise error(f"{path}: the {what} is nested deeper than {max_depth} levels (at {where or 'top'})")
             if isinstance(node, dict):
                 for key, item in node.items():
-                    if not isinstance(key, str):
+                    if isinstance(key, int) and not isinstance(key, bool) and not -MAX_INTEGER < key < MAX_INTEGER \
+                            or not isinstance(key, (str, int, float, bool)) and key is not None:
                         raise error(f"{path}: {where or 'the ' + what} has the key {short(key)}, expected a string")
                     if not isinstance(item, (str, bool)) and item is not None:
                         stack.append((item, depth + 1, f"{where}.{key}" if where else key))
@@ -181,10 +189,12 @@ def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, ma
             continue
         elif isinstance(node, int):
             if not -MAX_INTEGER < node < MAX_INTEGER:
-                raise error(f"{path}: {where or what} = {short(node)} is out of range (|n| < 2^63)")
+                raise error(f"{path}: {where or what} = {short(node)} is out of range (|n| < 2^64)")
         elif isinstance(node, float):
             if not math.isfinite(node):
                 raise error(f"{path}: {where or what} = {node!r}, expected a finite number")
+        elif isinstance(node, _Refused):
+            raise error(f"{path}: {where or what} = {node.text} {node.reason}")
         else:
             raise error(f"{path}: {where or what} is a {type(node).__name__}, not a JSON value")
 

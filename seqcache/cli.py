@@ -41,16 +41,37 @@ _COMMANDS = (
 class _Commands(click.Group):
     """The command group; an interrupt (Ctrl-C, or SIGTERM where a command turns
     it into one) that a command does not report itself, such as one during its
-    start-up, exits with 130 and says so, instead of click's "Aborted!" and 1."""
+    start-up, exits with 130 and says so, instead of click's "Aborted!" and 1.
+    A ``seqcache.format.CacheError`` or ``FeederStateError`` that a command does
+    not report itself is one ``error:`` line on standard error and exit status 1."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except Exception as e:
+            if not _is_damaged_input(e):
+                raise
+            # A damaged cache or feeder state that a command did not report
+            # itself: one line, as the commands report them, never a traceback.
+            from seqcache.commands import common
+
+            common.print_error(e)
+            sys.exit(1)
         except KeyboardInterrupt:
             from seqcache.commands import common  # standard error may have been taken from Beam's workers
 
             common.write_stderr("interrupted\n")
             sys.exit(130)
+
+
+def _is_damaged_input(error: BaseException) -> bool:
+    """Whether ``error`` is a ``seqcache.format.CacheError`` or a
+    ``FeederStateError`` (the feeders package is not imported for this: no
+    such error exists before it is)."""
+    from seqcache import format as fmt
+
+    compat = sys.modules.get("seqcache.feeders.compat")
+    return isinstance(error, fmt.CacheError) or (compat is not None and isinstance(error, compat.FeederStateError))
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})

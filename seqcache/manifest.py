@@ -147,8 +147,9 @@ def _short(value: Any) -> str:
     return bounded_json.short(value)
 
 
-# Every integer of a manifest is below this (exact in a double, summable in
-# int64) unless its definition gives a ``maximum``.
+# Every count of a manifest (an integer with a ``minimum``) is below this
+# (exact in a double, summable in int64) unless its definition gives a
+# ``maximum``; any other integer lies in the int64 range.
 MAX_INTEGER = bounded_json.MAX_COUNT
 # The largest shard count, record count of one shard and sequence length a
 # reader accepts (far above what a build writes; far below what overflows).
@@ -180,11 +181,13 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
     ok = any(_IS[t](value) for t in field.type)
     if ok and "minimum" in kw and _IS["number"](value):
         ok = value >= kw["minimum"]
-    if ok and _IS["integer"](value) and not -MAX_INTEGER < value < kw.get("maximum", MAX_INTEGER):
-        lo = kw.get("minimum", -MAX_INTEGER)
-        raise fmt.CacheError(f"{path}: {name} = {_short(value)}, expected an integer in "
-                             f"[{bounded_json.bound(lo) if lo >= 0 else '-2^53'}, "
-                             f"{bounded_json.bound(kw.get('maximum', MAX_INTEGER))})")
+    if ok and _IS["integer"](value):
+        # A count (a minimum of 0 or more) is below 2^53, any other integer in int64.
+        hi = kw.get("maximum", MAX_INTEGER if "minimum" in kw else 2**63)
+        if not -2**63 <= value < hi:
+            lo = f"{kw['minimum']}" if "minimum" in kw else "-2^63"
+            raise fmt.CacheError(f"{path}: {name} = {_short(value)}, expected an integer in "
+                                 f"[{lo}, {bounded_json.bound(hi)})")
     if ok and isinstance(value, float) and not math.isfinite(value):
         ok = False
     if ok and "pattern" in kw and isinstance(value, str):
@@ -519,10 +522,9 @@ def _check_counts(raw: Mapping[str, Any], table: "fmt.ShardTable", path: str, fe
                   check_shards: bool) -> None:
     """Refuses a manifest whose counts contradict each other: a shard's
     record count out of range; ``num_examples`` or ``statistics.examples``
-    that is not the sum of the shard table's record counts; (uncompressed
-    shards: format version 2 always, version 1 with ``check_shards``) a shard
-    whose byte size cannot hold its records (each record holds at least a
-    4-byte length per feature, each provenance record 12 bytes).
+    that is not the sum of the shard table's record counts; with
+    ``check_shards``, a shard whose byte size cannot hold its records
+    (``check_shard_sizes``).
 
     Raises:
       seqcache.format.CacheError: naming the manifest, the fields and both values.
@@ -540,7 +542,24 @@ def _check_counts(raw: Mapping[str, Any], table: "fmt.ShardTable", path: str, fe
         fmt._require(value is None or value == total, path,
                      f"{name} = {value}, but the shard table's record counts add up to {total:,}: the manifest "
                      "contradicts itself (edited or damaged); rebuild the cache")
-    if "uncompressed" not in str(raw.get("writer_options", "")) or (table.version == 1 and not check_shards):
+    if check_shards:
+        check_shard_sizes(raw, table, path, features)
+
+
+def check_shard_sizes(raw: Mapping[str, Any], table: "fmt.ShardTable", path: str, features) -> None:
+    """(Uncompressed shards) Refuses a shard whose byte size cannot hold its
+    records: each record holds at least a 4-byte length per feature, each
+    provenance record 12 bytes. Decodes every shard's sizes (what
+    ``check_manifest`` does with ``check_shards``; ``seqcache info`` calls it
+    too, a feeder leaves the sizes to each shard's first read).
+
+    Raises:
+      seqcache.format.CacheError: naming the manifest, the shard and both values.
+    """
+    import numpy as np
+
+    counts = table.num_records
+    if "uncompressed" not in str(raw.get("writer_options", "")):
         return
     if table.version == 2:
         data_bytes, prov_bytes = table._column("num_bytes"), table._column("provenance_num_bytes")

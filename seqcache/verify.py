@@ -123,6 +123,9 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
     # One listing of an object-store folder gives every size (one request per file otherwise).
     listed = None if fs.is_local(cache_dir) else fs.sizes_in(cache_dir)
     manifest.shards.check_all()
+    from seqcache import manifest as schema  # it imports seqcache.format
+
+    schema.check_shard_sizes(manifest.raw, manifest.shards, manifest_path, manifest.features)
     checksum_problems = []
     try:
         sha256, provenance_sha256 = fmt.read_shard_checksums(cache_dir, manifest)

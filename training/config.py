@@ -28,11 +28,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import types
 import typing
 from typing import Any, Mapping, Sequence
 
+from seqcache import bounded_json
+
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# Every integer of a config lies in (-MAX_INTEGER, MAX_INTEGER); the sizes
+# that shape arrays have their own bounds (``TrainConfig.validate``).
+MAX_INTEGER = bounded_json.MAX_COUNT
+MAX_GLOBAL_BATCH_SIZE = 2**24
+MAX_SEQUENCE_LENGTH = bounded_json.MAX_SEQUENCE_LENGTH
 MLP_ACTIVATIONS = ("swiglu", "geglu", "relu")
 CONVERTERS = ("lm", "prefix_lm", "encdec")
 
@@ -329,6 +338,10 @@ class TrainConfig:
         for name in ("steps", "global_batch_size", "sequence_length", "num_microbatches"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        for name, most in (("global_batch_size", MAX_GLOBAL_BATCH_SIZE), ("sequence_length", MAX_SEQUENCE_LENGTH),
+                           ("inputs_sequence_length", MAX_SEQUENCE_LENGTH)):
+            if (getattr(self, name) or 0) >= most:
+                raise ConfigError(f"{name} must be below {bounded_json.bound(most)} (got {getattr(self, name)})")
         self._validate_converter()
         if self.global_batch_size % self.num_microbatches:
             raise ConfigError(
@@ -419,10 +432,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {_short(value)}")
     if _is_dataclass_type(tp):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected an object with fields of {tp.__name__} (got {value!r})")
+            raise ConfigError(f"{where}: expected an object with fields of {tp.__name__} (got {_short(value)})")
         return _from_mapping(tp, value, where)
     if tp is bool:
         if isinstance(value, bool):
@@ -430,21 +443,29 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(f"{where}: expected true or false (got {value!r})")
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
+            if isinstance(value, float) and value.is_integer() and abs(value) < MAX_INTEGER:
                 return int(value)
-            raise ConfigError(f"{where}: expected an integer (got {value!r})")
+            raise ConfigError(f"{where}: expected an integer (got {_short(value)})")
+        if not -MAX_INTEGER < value < MAX_INTEGER:
+            raise ConfigError(f"{where}: {_short(value)} is out of range, expected an integer in (-2^53, 2^53)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number (got {value!r})")
+            raise ConfigError(f"{where}: expected a number (got {_short(value)})")
+        if isinstance(value, int) and not -MAX_INTEGER < value < MAX_INTEGER or not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number (got {_short(value)})")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string (got {value!r})")
+            raise ConfigError(f"{where}: expected a string (got {_short(value)})")
         return value
     if tp is dict or origin is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected an object (got {value!r})")
+            raise ConfigError(f"{where}: expected an object (got {_short(value)})")
+        try:
+            bounded_json.check_tree(dict(value), path=where, error=ConfigError, max_depth=8, what="value")
+        except ConfigError as e:
+            raise ConfigError(str(e)) from None
         return dict(value)
     raise ConfigError(f"{where}: unsupported field type {tp!r}")
 
@@ -485,11 +506,7 @@ def load_config_file(path: str, base: TrainConfig | None = None) -> TrainConfig:
     Raises:
       ConfigError: the file cannot be read or parsed, or has a bad field.
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read config file: {e}") from None
+    raw = bounded_json.read_file(path, error=ConfigError, max_bytes=1 << 20, max_depth=16, what="config file")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a config file must hold a JSON object (got {type(raw).__name__})")
     try:
@@ -498,16 +515,86 @@ def load_config_file(path: str, base: TrainConfig | None = None) -> TrainConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _parse_scalar(text: str, tp: Any) -> Any:
-    """Parses the right-hand side of ``key=value`` for a field of type ``tp``."""
+def _short(value: Any) -> str:
+    return bounded_json.short(value)
+
+
+def _parse_scalar(text: str, tp: Any, key: str = "override") -> Any:
+    """Parses the right-hand side of ``key=value`` for a field of type ``tp``:
+    JSON within ``seqcache.bounded_json``'s bounds (NaN, Infinity and integers
+    of 2^64 or more are refused), else the text as a bare string.
+
+    Raises:
+      ConfigError: JSON out of bounds (too deep, NaN, a huge number).
+    """
     if text.lower() in ("none", "null"):
         return None
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text  # a bare string
+        return json.loads(text, parse_constant=_no_constant)
+    except _NotANumber:
+        raise ConfigError(f"override {key!r}: {_short(text)} is not a finite number") from None
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    except ValueError:  # an integer of more digits than int() converts
+        raise ConfigError(f"override {key!r}: {_short(text)} is out of range") from None
+    else:
+        pass
+    return text  # a bare string
+
+
+class _NotANumber(Exception):
+    pass
+
+
+def _no_constant(name: str):
+    raise _NotANumber(name)
+
+
+# Where a new override starts inside one --set value: a dotted key and "="
+# after white space (outside JSON brackets and strings).
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
+
+
+def split_overrides(values: Sequence[str]) -> list[str]:
+    """The ``key=value`` overrides of ``--set`` values, each of which may hold
+    several separated by white space (``"model.d_model=128 optimizer.lr=1e-3"``).
+    A value runs to the next white space that is outside JSON brackets and
+    strings and followed by a dotted key and ``=``, so JSON values may contain
+    spaces: ``data.mixture={"caches/wiki/train": 3, "caches/code/train": 1}``
+    is one override.
+
+    Returns:
+      The overrides, in order, without surrounding white space.
+    """
+    out: list[str] = []
+    for value in values:
+        current, depth, in_string, escaped, i = [], 0, False, False, 0
+        while i < len(value):
+            c = value[i]
+            if in_string:
+                in_string = not (c == '"' and not escaped)
+                escaped = c == "\\" and not escaped
+            elif c == '"':
+                in_string = True
+            elif c in "[{":
+                depth += 1
+            elif c in "]}":
+                depth = max(depth - 1, 0)
+            elif c.isspace() and depth == 0:
+                rest = value[i:].lstrip()
+                if not rest or _KEY.match(rest) or not "".join(current).strip():
+                    if "".join(current).strip():
+                        out.append("".join(current).strip())
+                    current = []
+                    i += 1
+                    continue
+            current.append(c)
+            i += 1
+        if "".join(current).strip():
+            out.append("".join(current).strip())
+    return out
 
 
 def apply_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
@@ -542,7 +629,7 @@ def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
         return dataclasses.replace(obj, **{name: _set_path(child, parts[1:], text, key)})
     if _is_dataclass_type(tp):
         raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{next(iter(_field_types(tp)))}=...")
-    value = _parse_scalar(text, tp)
+    value = _parse_scalar(text, tp, key)
     if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
         if value is not None and not isinstance(value, str):
             value = text  # a string field given something that parses as JSON, e.g. "1"

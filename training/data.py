@@ -64,7 +64,7 @@ def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
       ConfigError: the file cannot be read or parsed, or a step or rate is bad;
         the message names the file and the entry.
     """
-    import json
+    from seqcache import bounded_json
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -73,8 +73,13 @@ def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
             import yaml
 
             raw = yaml.safe_load(text)
+            bounded_json.check_tree(raw, path=path, error=ConfigError, what="mixture schedule")
         else:
-            raw = json.loads(text)
+            raw = bounded_json.loads(text, path=path, error=ConfigError, what="mixture schedule")
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError(f"{path}: the mixture schedule is nested too deep") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"{path}: cannot read the mixture schedule: {e}") from None
     except ImportError:
@@ -83,21 +88,24 @@ def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
     except Exception as e:  # yaml.YAMLError
         raise ConfigError(f"{path}: cannot parse the mixture schedule: {e}") from None
     if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f"{path}: a mixture schedule is a mapping {{step: {{task: rate}}}} (got {raw!r})")
+        raise ConfigError(f"{path}: a mixture schedule is a mapping {{step: {{task: rate}}}} "
+                          f"(got {bounded_json.short(raw)})")
     out: dict[int, dict[str, float]] = {}
     for key, stage in raw.items():
         try:
             step = int(key) if not isinstance(key, bool) and str(key).strip().isdigit() else None
         except ValueError:
             step = None
-        if step is None:
-            raise ConfigError(f"{path}: schedule step {key!r} is not an integer >= 0")
+        if step is None or step >= 2**62:
+            raise ConfigError(f"{path}: schedule step {bounded_json.short(key)} is not an integer in [0, 2^62)")
         if not isinstance(stage, dict) or not stage:
-            raise ConfigError(f"{path}: the stage at step {step} must map tasks to rates (got {stage!r})")
+            raise ConfigError(f"{path}: the stage at step {step} must map tasks to rates "
+                              f"(got {bounded_json.short(stage)})")
         rates = {}
         for name, rate in stage.items():
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0:
-                raise ConfigError(f"{path}: rate of {name!r} at step {step} is {rate!r}, expected a number >= 0")
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 2**53:
+                raise ConfigError(f"{path}: rate of {name!r} at step {step} is {bounded_json.short(rate)}, "
+                                  "expected a number >= 0 (below 2^53)")
             rates[str(name)] = float(rate)
         if step in out:
             raise ConfigError(f"{path}: step {step} is given twice")

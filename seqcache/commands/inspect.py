@@ -46,7 +46,8 @@ def packing_efficiency(manifest: fmt.Manifest) -> dict[str, float] | None:
     feature; None otherwise. Units: a fraction in [0, 1]."""
     lengths = manifest.raw.get("sequence_length") or {}
     tokens = manifest.statistics.get("tokens", {})
-    if not manifest.num_examples or not tokens or any(name not in lengths for name in tokens):
+    if (not manifest.num_examples or not tokens or not isinstance(lengths, dict)
+            or any(lengths.get(name) is None for name in tokens)):
         return None
     return {name: n / (manifest.num_examples * int(lengths[name])) for name, n in tokens.items()}
 
@@ -92,6 +93,13 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
     }
 
 
+def fs_join(folder: str, name: str) -> str:
+    """``seqcache.fs.join`` (imported when first needed)."""
+    from seqcache import fs
+
+    return fs.join(folder, name)
+
+
 def _shown(value) -> str:
     """A manifest value in ``info``'s table: ``none`` for null (whatever the
     field), JSON for an object (``{"targets": 512}``), else its text."""
@@ -113,9 +121,13 @@ def info(ctx, cache_dir, as_json, shards):
     missing or resized shard is reported as a warning and makes the exit status 1.
     Record counts are checked when the shards are opened (show, which, a feeder)
     and, with every checksum, by `seqcache verify`."""
+    from seqcache import manifest as schema
+
     common.filesystem_options(ctx.args)
     try:
         m = fmt.read_manifest(cache_dir)
+        # Every shard's sizes against its records: the totals shown must add up.
+        schema.check_shard_sizes(m.raw, m.shards, fs_join(cache_dir, fmt.MANIFEST_NAME), m.features)
     except (fmt.CacheError, OSError) as e:
         common.print_error(e)
         sys.exit(1)

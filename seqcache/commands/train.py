@@ -19,10 +19,11 @@ EXIT_PREEMPTED = 143
 
 
 def _split_overrides(values) -> list[str]:
-    out = []
-    for value in values:
-        out.extend(v for v in value.split() if v)
-    return out
+    """The ``key=value`` overrides of the ``--set`` values
+    (``seqcache.training.config.split_overrides``: JSON values may hold spaces)."""
+    from seqcache.training.config import split_overrides
+
+    return split_overrides(values)
 
 
 class _TrainCommand(click.Command):
@@ -72,7 +73,8 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 @click.option("--model", "model_preset",
               help="Model preset: tiny, small or base (decoder-only), t5-tiny or t5-small (encoder-decoder).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="JSON config file (nested like the config.json a run writes).")
-@click.option("--set", "overrides", multiple=True, help="Dotted overrides, e.g. --set 'model.d_model=128 optimizer.lr=1e-3' (repeatable).")
+@click.option("--set", "overrides", multiple=True, help="Dotted overrides, e.g. --set 'model.d_model=128 optimizer.lr=1e-3' (repeatable); JSON values "
+                   "may contain spaces: --set 'data.mixture={\"wiki/train\": 3, \"code/train\": 1}'.")
 @click.option("--stop-at-step", type=click.IntRange(min=1),
               help="Stop once this many steps are done, saving a checkpoint, as a preemption would; the run's "
                    "config (and so its learning-rate schedule) is unchanged, and the same command without this "

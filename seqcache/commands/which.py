@@ -33,17 +33,16 @@ FEEDER_STATE_IN_STEP = os.path.join("feeder", "metadata")
 
 def _read_state(path: str, label: str, batch_size, seed, num_epochs) -> dict:
     """The keyword arguments for a saved feeder state read from ``path``."""
-    from seqcache.feeders.state import FeederStateError, check_state
+    from seqcache.feeders.state import FeederStateError, load_state
 
     try:
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
-        check_state(state)
-    except (OSError, json.JSONDecodeError, FeederStateError) as e:
-        raise click.UsageError(f"{label}: not a readable feeder state: {e}") from None
+        state = load_state(path)
+    except FeederStateError as e:
+        raise click.UsageError(f"not a readable feeder state: {e}") from None
     for name, given in (("global_batch_size", batch_size), ("seed", seed), ("num_epochs", num_epochs)):
         if given is not None and given != state[name]:
-            raise click.UsageError(f"{label} has {name}={state[name]}, but {given} was given; drop the option")
+            raise click.UsageError(f"{label} has {name}={json.dumps(state[name])}, but {given} was given; drop "
+                                   "the option")
     # The state fixes the stream; its caches are checked against it (fingerprints).
     return {"state": state, "global_batch_size": state["global_batch_size"]}
 
@@ -61,25 +60,28 @@ def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
     """A mixture schedule file: JSON ``{"STEP": {"CACHE_PATH": RATE, ...}, ...}``
     (e.g. ``{"0": {"wiki": 1, "code": 1}, "10000": {"wiki": 3, "code": 1}}``);
     relative cache paths are relative to ``root``."""
+    from seqcache import bounded_json
+
     label = "--mixture-schedule"
+
+    class _Bad(Exception):
+        pass
+
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise click.BadParameter(f"{path}: cannot read the schedule: {e}", param_hint=label) from None
-    if not isinstance(raw, dict) or not raw:
-        raise click.BadParameter(f"{path}: expected a JSON object {{step: {{cache: rate}}}}", param_hint=label)
-    out: dict[int, dict[str, float]] = {}
-    for step, rates in raw.items():
-        try:
-            s = int(step)
-        except ValueError:
-            raise click.BadParameter(f"{path}: stage key {step!r} is not a step number", param_hint=label) from None
-        if not isinstance(rates, dict) or not all(isinstance(r, (int, float)) and not isinstance(r, bool)
-                                                   for r in rates.values()):
-            raise click.BadParameter(f"{path}: stage {step}: expected {{cache path: rate}} (got {rates!r})",
-                                     param_hint=label)
-        out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): float(r) for p, r in rates.items()}
+        raw = bounded_json.read_file(path, error=_Bad, max_bytes=16 << 20, what="mixture schedule")
+        if not isinstance(raw, dict) or not raw:
+            raise _Bad(f"{path}: expected a JSON object {{step: {{cache: rate}}}}")
+        out: dict[int, dict[str, float]] = {}
+        for step, rates in raw.items():
+            s = int(step) if step.isdigit() and len(step) <= 18 else -1
+            if not 0 <= s < 2**62:
+                raise _Bad(f"{path}: stage key {bounded_json.short(step)} is not a step number in [0, 2^62)")
+            bounded_json.mapping(rates, f"stage {step}", path=path, error=_Bad)
+            for p, r in rates.items():
+                bounded_json.number(r, f"stage {step}: rate of {bounded_json.short(p)}", path=path, error=_Bad)
+            out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): float(r) for p, r in rates.items()}
+    except _Bad as e:
+        raise click.BadParameter(str(e), param_hint=label) from None
     return out
 
 
@@ -227,12 +229,15 @@ def which(target, step, row, steps_text, output, with_text, schedule, batch_size
     if kw["global_batch_size"] is None:
         raise click.UsageError("--batch-size is required (the global batch size B of the run)")
     if steps_text is not None:
-        _which_steps(kw, _parse_steps(steps_text), output, feature, with_text)
+        steps = _parse_steps(steps_text)
+        _check_position(steps.stop, kw["global_batch_size"], "--steps")
+        _which_steps(kw, steps, output, feature, with_text)
         return
     if step is None or row is None:
         raise click.UsageError("give --step and --row (one row), or --steps START:STOP --output FILE (whole steps)")
     if row >= kw["global_batch_size"]:
         raise click.UsageError(f"--row {row} is outside the global batch of {kw['global_batch_size']} rows")
+    _check_position(step + 1, kw["global_batch_size"], "--step")
     try:
         if "state" in kw:
             d = locate_row_in_state(kw["state"], step=step, row=row, feature=feature, tokens=tokens)
@@ -247,6 +252,14 @@ def which(target, step, row, steps_text, output, with_text, schedule, batch_size
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
     else:
         click.echo(format_text(d))
+
+
+def _check_position(stop_step: int, global_batch_size: int, option: str) -> None:
+    """Refuses steps whose global positions (step * B + row) reach 2^62, where
+    the feeder's int64 arithmetic ends."""
+    if stop_step * global_batch_size > 2**62:
+        raise click.BadParameter(f"steps up to {stop_step - 1} with a global batch of {global_batch_size} rows reach "
+                                 "global position 2^62 or beyond, past any run", param_hint=option)
 
 
 def _locate(seg: dict) -> str:

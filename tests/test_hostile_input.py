@@ -1,0 +1,364 @@
+"""Hostile manifests, feeder states, schedules and configs: deeply nested JSON,
+integers far out of range, negative counts, NaN, and manifests that contradict
+themselves get one line naming the file and the field, from the library (its
+documented errors) and from the CLI (no traceback, non-zero exit)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from seqcache import bounded_json
+from seqcache import format as fmt
+from seqcache.cli import main
+from seqcache.feeders import Feeder, FeederStateError
+from seqcache.feeders import state as state_lib
+from seqcache.pipelines.writer import write_cache
+from seqcache.training import config as config_lib
+
+N, SHARDS, B = 23, 3, 4
+DEEP = 100_000  # far past Python's recursion limit
+
+
+def write_small_cache(path, *, n: int = N, num_shards: int = SHARDS, task: str = "hostile") -> str:
+    """An unpacked cache of ``n`` examples (tokens ``[i + 1, ...]``, 6 each),
+    written by the real cache writer; returns its folder."""
+    shards = [[] for _ in range(num_shards)]
+    for i in range(n):
+        tokens = np.concatenate([[i + 1], (i * 31 + np.arange(1, 6)) % 250 + 3]).astype(np.int32)
+        shards[i * num_shards // n].append(({"targets": tokens}, [(0, 1000 + i, 0)]))
+    write_cache(str(path), task=task, split="train", features=(fmt.FeatureSpec("targets", "int32"),),
+                shards=shards, sources=[{"path": f"corpus/{task}.txt"}], vocabularies=None,
+                fingerprint_inputs={"task": task, "n": n})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    return write_small_cache(tmp_path_factory.mktemp("hostile") / "c")
+
+
+@pytest.fixture
+def cache(pristine, tmp_path):
+    """A fresh copy of the module's cache, to damage."""
+    import shutil
+
+    return shutil.copytree(pristine, tmp_path / "c")
+
+
+def _manifest_path(cache) -> str:
+    return os.path.join(str(cache), fmt.MANIFEST_NAME)
+
+
+def edit_manifest(cache, edit) -> str:
+    """Applies ``edit(raw)`` to the manifest (it may return replacement text)."""
+    path = _manifest_path(cache)
+    raw = json.load(open(path))
+    text = edit(raw)
+    with open(path, "w") as f:
+        f.write(text if isinstance(text, str) else json.dumps(raw))
+    return path
+
+
+def _column(raw, key, values):
+    raw["shards"][key] = base64.b64encode(np.asarray(values, "<i8").tobytes()).decode()
+
+
+def _records(raw):
+    return np.frombuffer(base64.b64decode(raw["shards"]["num_records"]), "<i8").tolist()
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _replace_value(raw, key, text):
+    """Manifest text with the value of top-level ``key`` replaced by raw JSON ``text``."""
+    raw[key] = "@@"
+    return json.dumps(raw).replace('"@@"', text)
+
+
+def run_cli(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    output = result.output  # standard output and error
+    assert result.exit_code != 0, output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in output, output
+    return output
+
+
+MANIFEST_CASES = [
+    # (id, edit, the message's words)
+    ("nested", lambda raw: _replace_value(raw, "fingerprint_inputs", _nested(DEEP)), "nested deeper than 64 levels"),
+    ("nested-shards", lambda raw: _replace_value(raw, "shards", _nested(3000)), "nested deeper than 64 levels"),
+    ("huge-count", lambda raw: raw.update(num_examples=10**30), "out of range"),
+    ("big-count", lambda raw: raw.update(num_examples=2**60), "num_examples = 1152921504606846976, expected an "
+                                                               "integer in [0, 2^53)"),
+    ("negative", lambda raw: raw.update(num_examples=-1), "num_examples is -1, expected an integer >= 0"),
+    ("nan", lambda raw: _replace_value(raw, "seed", "NaN"), "NaN is not a JSON number"),
+    ("infinity", lambda raw: raw["statistics"].update(mean_length="@") or json.dumps(raw).replace('"@"', "1e999"),
+     "overflows to infinity"),
+    ("sequence-length", lambda raw: raw.update(sequence_length={"targets": 10**18}), "sequence_length is"),
+    ("shards-count", lambda raw: raw["shards"].update(num_shards=10**15), "shards.num_shards = 1000000000000000"),
+    ("contradiction", lambda raw: _column(raw, "num_records", [8, 8, 10**9]),
+     "num_examples = 23, but the shard table's record counts add up to 1,000,000,016"),
+    ("too-many-records", lambda raw: _column(raw, "num_records", [8, 8, 10**15]),
+     "shards[2].num_records = 1000000000000000, expected an integer in [0, 2^40)"),
+    ("shard-records", lambda raw: (_column(raw, "num_records", [8, 8, 2**50]), raw.update(num_examples=16 + 2**50)),
+     "shards[2].num_records = 1125899906842624, expected an integer in [0, 2^40)"),
+]
+
+
+@pytest.mark.parametrize("name, edit, words", MANIFEST_CASES, ids=[c[0] for c in MANIFEST_CASES])
+def test_a_hostile_manifest_is_one_line_from_the_library_and_every_command(cache, name, edit, words):
+    path = edit_manifest(cache, edit)
+    with pytest.raises(fmt.CacheError) as e:
+        fmt.read_manifest(str(cache))
+    assert str(e.value).startswith(f"{path}: ") and words in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(fmt.CacheError, match=f"^{path}: "):
+        Feeder(cache=str(cache), global_batch_size=B, sequence_length=8, host_index=0, host_count=1)
+    for args in (["info", cache], ["verify", cache], ["show", cache], ["which", cache, "--step", 0, "--row", 0,
+                                                                       "--batch-size", B]):
+        out = run_cli(*args)
+        assert words in out and path in out, (args, out)
+
+
+def test_a_manifest_whose_shard_sizes_cannot_hold_its_records_is_refused_by_info_and_verify(cache):
+    """A consistent edit (shard counts and totals) still contradicts the shard
+    files' byte sizes: a 3 MB cache cannot hold 10^12 examples."""
+    path = edit_manifest(cache, lambda raw: (_column(raw, "num_records", [8, 8, 10**12]),
+                                             raw.update(num_examples=16 + 10**12)))
+    for args in (["info", cache], ["info", cache, "--json"], ["verify", cache]):
+        out = run_cli(*args)
+        assert f"{path}: shards[2]: 1,000,000,000,000 records need at least 4,000,000,000,000 bytes" in out
+    # A feeder opens it (the sizes are checked at a shard's first read) and
+    # refuses the shard whose records it cannot find.
+    with Feeder(cache=str(cache), global_batch_size=B, sequence_length=8, host_index=0, host_count=1) as f:
+        with pytest.raises(fmt.CacheError, match="record"):
+            for step in range(3):
+                f.get_batch(step)
+
+
+def test_the_checksum_file_is_read_within_bounds(cache):
+    """A shard checksum file edited (and re-registered in the manifest, so that
+    its sha256 matches) with deep nesting or a wrong shard count."""
+    sidecar = os.path.join(str(cache), fmt.SHARD_CHECKSUMS_NAME)
+    good = json.load(open(sidecar))
+    for text, words in ((_nested(DEEP), "nested deeper than 64 levels"),
+                        (json.dumps(dict(good, num_shards=7)), "num_shards = 7, but it lists 3 shard checksums"),
+                        (json.dumps(dict(good, sha256=[[0] * 3] * 3)), "not a shard checksum file")):
+        data = text.encode()
+        with open(sidecar, "wb") as f:
+            f.write(data)
+        edit_manifest(cache, lambda raw: raw["shards"]["checksums"].update(
+            num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
+        out = run_cli("verify", cache)
+        assert f"{sidecar}: " in out and words in out, out
+
+
+def test_a_damaged_quarantine_line_is_a_problem_not_a_traceback(cache):
+    path = os.path.join(str(cache), fmt.QUARANTINE_NAME)
+    data = ('{"action": "skipped", "kind": ' + _nested(DEEP) + "}\n").encode()
+    with open(path, "wb") as f:
+        f.write(data)
+    edit_manifest(cache, lambda raw: raw.update(quarantine=fmt.QUARANTINE_NAME, quarantine_num_bytes=len(data),
+                                                quarantine_sha256=hashlib.sha256(data).hexdigest()))
+    out = run_cli("verify", cache)
+    assert "line 1 is not a quarantine entry" in out
+
+
+# --- feeder states -----------------------------------------------------------
+
+
+@pytest.fixture
+def state(pristine):
+    with Feeder(cache=pristine, global_batch_size=B, sequence_length=8, host_index=0, host_count=1) as f:
+        f.step = 2
+        return json.loads(json.dumps(f.state()))
+
+
+STATE_CASES = [
+    ("num_epochs", -1, "num_epochs (null: forever) = -1, expected an integer in [1, 2^32)"),
+    ("num_epochs", 10**30, "num_epochs = 100000000000"),
+    ("sequence_length", 10**15, "sequence_length = 1000000000000000, expected an integer in [1, 2^24)"),
+    ("global_batch_size", 10**12, "global_batch_size = 1000000000000, expected an integer in [1, 2^24)"),
+    ("seed", float("nan"), "seed = nan, expected a finite number"),
+    ("seed", -3, "seed = -3, expected an integer in [0, 2^64)"),
+    ("position", -4, "position = -4, expected an integer in [0, 2^62)"),
+    ("feature", [[["targets"]]], "feature = [[['targets']]], expected a string"),
+    ("mixture", "nested", "nested deeper than 64 levels"),
+    ("rate", float("inf"), "mixture[0].rate = inf, expected a finite number"),
+    ("num_examples", -5, "mixture[0].num_examples = -5, expected an integer in [0, 2^53)"),
+]
+
+
+def _damage(state, field, value):
+    state = json.loads(json.dumps(state))
+    if value == "nested":
+        deep = []
+        for _ in range(DEEP):
+            deep = [deep]
+        state[field] = deep
+    elif field in ("rate", "num_examples"):
+        state["mixture"][0][field] = value
+    else:
+        state[field] = value
+    return state
+
+
+@pytest.mark.parametrize("field, value, words", STATE_CASES, ids=[f"{c[0]}={str(c[1])[:12]}" for c in STATE_CASES])
+def test_a_hostile_feeder_state_is_one_line_from_the_feeder_and_which(state, tmp_path, field, value, words):
+    bad = _damage(state, field, value)
+    with pytest.raises(FeederStateError) as e:
+        Feeder.restore(bad, host_index=0, host_count=1)
+    assert words in str(e.value) and "\n" not in str(e.value)
+    # The same state as a file: `which` reads it with the bounded loader.
+    path = tmp_path / "state.json"
+    text = json.dumps(bad, allow_nan=True) if value != "nested" else json.dumps(
+        dict(bad, mixture="@")).replace('"@"', _nested(DEEP))
+    path.write_text(text)
+    out = run_cli("which", path, "--step", 2, "--row", 0)
+    assert str(path) in out and "not a readable feeder state" in out
+    if value != "nested" and not (isinstance(value, float) and not np.isfinite(value)):
+        assert words in out, out
+    if isinstance(value, float) and np.isnan(value):
+        assert "NaN is not a JSON number" in out
+
+
+def test_which_refuses_num_epochs_minus_one_instead_of_answering_padding(state, tmp_path):
+    """Was: "padding row", exit status 0."""
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(dict(state, num_epochs=-1)))
+    out = run_cli("which", path, "--step", 1, "--row", 0)
+    assert "padding" not in out and "num_epochs (null: forever) = -1" in out
+
+
+def test_a_nan_seed_is_refused_before_any_comparison(state):
+    """Was: "feeder state has seed=NaN, but this run has seed=NaN"."""
+    with pytest.raises(FeederStateError, match=r"seed = nan, expected a finite number") as e:
+        Feeder.restore(dict(state, seed=float("nan")), host_index=0, host_count=1, seed=0)
+    assert "this run has" not in str(e.value)
+
+
+def test_which_refuses_a_step_past_the_int64_positions(pristine):
+    out = run_cli("which", pristine, "--step", 10**30, "--row", 0, "--batch-size", B)
+    assert "global position 2^62" in out
+
+
+def test_a_schedule_file_is_read_within_bounds(pristine, tmp_path):
+    root = os.path.dirname(pristine)
+    for text, words in (('{"0": {"c": NaN}}', "NaN is not a JSON number"),
+                        ('{"0": ' + _nested(DEEP) + "}", "nested deeper than 64 levels"),
+                        ('{"1' + "0" * 30 + '": {"c": 1}}', "is not a step number in [0, 2^62)"),
+                        ('{"0": {"c": -1}}', "rate of 'c' = -1, expected a number in [0,")):
+        path = tmp_path / "schedule.json"
+        path.write_text(text)
+        out = run_cli("which", root, "--mixture-schedule", path, "--step", 0, "--row", 0, "--batch-size", B)
+        assert words in out, out
+
+
+def test_a_training_schedule_file_is_read_within_bounds(tmp_path):
+    from seqcache.training import data as data_lib
+
+    for name, text, words in (("s.json", '{"0": {"a": Infinity}}', "Infinity is not a JSON number"),
+                              ("s.json", _nested(DEEP), "nested deeper than 64"),
+                              ("s.yaml", "0:\n  a: .inf\n", "expected a finite number"),
+                              ("s.json", '{"1' + "0" * 30 + '": {"a": 1}}', "is not an integer >= 0")):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(config_lib.ConfigError, match="^" + str(path)) as e:
+            data_lib.load_mixture_schedule(str(path))
+        assert words in str(e.value)
+
+
+# --- train configuration ------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"optimizer": {"lr": NaN}}', "NaN is not a JSON number"),
+    ('{"steps": 1' + "0" * 40 + "}", "out of range"),
+    ('{"data": {"mixture": ' + _nested(DEEP) + "}}", "nested deeper than 16 levels"),
+    ('{"steps": 1e999}', "overflows to infinity"),
+    ('{"global_batch_size": 1099511627776, "model": {"vocab_size": 300}}', None),
+])
+def test_a_hostile_config_file_is_a_config_error_naming_it(tmp_path, text, words):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    if words is None:  # read, then refused by validation
+        with pytest.raises(config_lib.ConfigError, match=r"global_batch_size must be below 2\^24"):
+            config_lib.load_config_file(str(path)).validate()
+        return
+    with pytest.raises(config_lib.ConfigError, match=f"^{path}: ") as e:
+        config_lib.load_config_file(str(path))
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("optimizer.lr=NaN", "'NaN' is not a finite number"),
+    ("optimizer.lr=-Infinity", "is not a finite number"),
+    ("steps=" + "9" * 5000, "out of range"),
+    ("steps=1" + "0" * 30, "out of range, expected an integer in (-2^53, 2^53)"),
+    ("data.mixture={\"a\": " + _nested(50) + "}", "nested deeper than 8 levels"),
+])
+def test_a_hostile_override_is_a_config_error(override, words):
+    with pytest.raises(config_lib.ConfigError) as e:
+        config_lib.apply_overrides(config_lib.TrainConfig(), [override])
+    assert words in str(e.value) and len(str(e.value)) < 400
+
+
+# --- --set with JSON values that contain spaces ----------------------------------
+
+
+def test_set_keeps_a_json_value_with_spaces_whole():
+    docs = 'data.mixture={"caches/wiki/train": 3, "caches/code/train": 1}'
+    assert config_lib.split_overrides([docs]) == [docs]
+    assert config_lib.split_overrides(["model.d_model=128 optimizer.lr=1e-3", docs + "  steps=5"]) == [
+        "model.d_model=128", "optimizer.lr=1e-3", docs, "steps=5"]
+    # A string with a space stays one value, and so does a quoted "=" inside JSON.
+    assert config_lib.split_overrides(['checkpoint.directory=/runs/my run data.task="a b=c"']) == [
+        "checkpoint.directory=/runs/my run", 'data.task="a b=c"']
+    config = config_lib.apply_overrides(config_lib.TrainConfig(), config_lib.split_overrides([docs]))
+    assert config.data.mixture == {"caches/wiki/train": 3, "caches/code/train": 1}
+
+
+def test_train_accepts_the_documented_set_of_a_mixture(tmp_path):
+    """docs/training.md's ``--set 'data.mixture={...}'`` reaches the config
+    whole (it used to exit 2: the value was split on its spaces)."""
+    write_small_cache(tmp_path / "caches" / "wiki" / "train", task="wiki")
+    write_small_cache(tmp_path / "caches" / "code" / "train", task="code")
+    os.chdir(tmp_path)
+    result = CliRunner().invoke(main, [
+        "train", "--set", 'data.mixture={"caches/wiki/train": 3, "caches/code/train": 1}', "--set",
+        "model.vocab_size=300", "--steps", "1", "--batch-size", "8", "--sequence-length", "8", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.output[result.output.index("\n{\n") + 1:])
+    assert config["data"]["mixture"] == {"caches/wiki/train": 3, "caches/code/train": 1}
+
+
+# --- the shared loader ------------------------------------------------------------
+
+
+def test_bounded_loader_refuses_what_json_loads_accepts_or_crashes_on():
+    for text, words in ((_nested(DEEP), "nested deeper than 64"), ("NaN", "NaN is not"),
+                        ("[1e400]", "overflows"), ("1" + "0" * 5000, "out of range"),
+                        ("18446744073709551616", "out of range"), ('"\\ud800"' * 1, None)):
+        if words is None:
+            assert bounded_json.loads(text, path="x") == "\ud800"
+            continue
+        with pytest.raises(ValueError, match=f"^x: .*{words}"):
+            bounded_json.loads(text, path="x")
+    assert bounded_json.loads("18446744073709551615", path="x") == 2**64 - 1
+    with pytest.raises(fmt.CacheError, match="larger than the 10 bytes allowed"):
+        bounded_json.loads("[" + "1," * 10 + "1]", path="x", error=fmt.CacheError, max_bytes=10)
+    deep: list = []
+    for _ in range(DEEP):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested deeper than 64 levels"):
+        bounded_json.check_tree({"a": deep}, path="x")
+    assert len(bounded_json.short(deep)) < 40 and len(bounded_json.short(10**5000)) < 100

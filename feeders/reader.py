@@ -161,6 +161,7 @@ class CacheReader:
             try:
                 fmt.check_shard_files(self.cache_dir, self.manifest)
             except fmt.CacheError as e:
+                self.check_generation()  # rebuilt since its manifest was read a moment ago
                 raise fmt.CacheError(f"{e}; {self._verify_hint()}") from None
         self.shard_starts = self.manifest.shard_starts  # int64 (num_shards + 1,)
         self.num_examples = int(self.shard_starts[-1])

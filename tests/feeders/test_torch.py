@@ -1,0 +1,348 @@
+"""seqcache.feeders.torch: the Feeder's global stream as a Stateful PyTorch loader.
+
+The rows a loader serves are the Feeder's rows (by cache index), its state is
+the Feeder's JSON, and a state saved on one rank resumes on other world sizes in
+a fresh process, in a plain loop, with torchdata's StatefulDataLoader and in a
+real two-rank gloo training loop that checkpoints with torch.distributed.checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+
+from seqcache.feeders import Feeder, FeederStateError
+from seqcache.feeders.torch import (IGNORE_INDEX, MICROBATCH_KEY, STATE_KEY, FeederDataset, FeederLoader,
+                                    next_token_labels)
+
+B, L = 8, 12
+
+
+@pytest.fixture
+def packed(tmp_path, fx):
+    path = tmp_path / "packed"
+    fx.write_packed_cache(path, n=37, sequence_length=L, num_shards=3)
+    return str(path)
+
+
+def args(cache, **kw):
+    return dict(cache=cache, global_batch_size=B, sequence_length=L, seed=3, num_threads=1, **kw)
+
+
+def take(loader, n):
+    """The first n microbatches of a loader: (inputs, positions, labels) as numpy."""
+    out = []
+    for _, (inputs, labels) in zip(range(n), loader):
+        out.append((inputs["input"].numpy(), inputs["positions"].numpy(), labels.numpy()))
+    return out
+
+
+def test_next_token_labels_stay_inside_segments():
+    tokens = np.array([[5, 6, 7, 8, 9, 0], [1, 2, 3, 4, 5, 6]])
+    seg = np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+    weights = np.array([[1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]], np.float32)  # second row: a padding row
+    labels = next_token_labels(tokens, seg, weights)
+    assert labels.dtype == np.int64
+    assert labels.tolist() == [[6, 7, -100, 9, -100, -100], [-100] * 6]
+    assert IGNORE_INDEX == -100
+
+
+@pytest.mark.parametrize("world_size,local_batch_size", [(1, 8), (1, 4), (2, 2), (4, 2)])
+def test_rows_are_the_feeders_rows(packed, world_size, local_batch_size):
+    """Every microbatch of every rank holds the Feeder's rows of that step, in
+    row order: the same cache indices, tokens, positions and next-token labels."""
+    served = []
+    loaders = [FeederLoader(**args(packed), rank=r, world_size=world_size, local_batch_size=local_batch_size,
+                            on_rows=served.append) for r in range(world_size)]
+    per_step = B // world_size // local_batch_size
+    got = [take(lo, 5 * per_step) for lo in loaders]
+    with Feeder(cache=packed, global_batch_size=B, sequence_length=L, seed=3, host_count=1, host_index=0) as f:
+        for step in range(5):
+            want = f.get_batch(step)
+            mbs = [got[r][step * per_step + m] for r in range(world_size) for m in range(per_step)]
+            assert np.array_equal(np.concatenate([m[0] for m in mbs]), want["targets"])
+            assert np.array_equal(np.concatenate([m[1] for m in mbs]), want["targets_positions"])
+            assert np.array_equal(np.concatenate([m[2] for m in mbs]),
+                                  next_token_labels(want["targets"], want["targets_segment_ids"],
+                                                    want["targets_loss_weights"]))
+            rows = sorted((s for s in served if s["step"] == step), key=lambda s: (s["rank"], s["microbatch"]))
+            assert np.array_equal(np.concatenate([s["cache_index"] for s in rows]), want["cache_index"])
+    assert all(lo.step == 5 for lo in loaders)
+    for lo in loaders:
+        lo.close()
+
+
+def test_a_loader_is_stateful_and_its_state_is_the_feeders_json(packed):
+    with FeederLoader(**args(packed)) as loader:
+        assert isinstance(loader, Stateful)
+        take(loader, 3)
+        sd = loader.state_dict()
+        assert json.loads(json.dumps(sd)) == sd  # plain JSON types only
+        assert sd[MICROBATCH_KEY] == 0
+        state = json.loads(sd[STATE_KEY])
+        assert state["position"] == 3 * B
+        assert state == loader.feeder.state()
+
+
+# Runs in a fresh interpreter: loads a saved state into one loader per rank of
+# the given world size and prints, per step, the cache indices of the whole
+# global batch and the microbatches' bytes (ranks concatenated in order).
+RESUME_CHILD = r"""
+import json, sys
+import numpy as np
+from seqcache.feeders.torch import FeederLoader
+req = json.load(sys.stdin)
+results = []
+for world_size in req["world_sizes"]:
+    rows = []
+    loaders = [FeederLoader(**req["args"], rank=r, world_size=world_size, on_rows=rows.append)
+               for r in range(world_size)]
+    for lo in loaders:
+        lo.load_state_dict(req["state"])
+    its = [iter(lo) for lo in loaders]
+    out = []
+    for _ in range(req["steps"]):
+        parts = [next(it) for it in its]
+        out.append({"input": np.concatenate([p[0]["input"].numpy() for p in parts]).tolist(),
+                    "labels": np.concatenate([p[1].numpy() for p in parts]).tolist()})
+    steps = sorted({r["step"] for r in rows})
+    index = [np.concatenate([r["cache_index"] for r in sorted(rows, key=lambda r: r["rank"]) if r["step"] == s])
+             .tolist() for s in steps]
+    results.append({"batches": out, "cache_index": index, "steps": steps, "state": loaders[0].state_dict()})
+    for lo in loaders:
+        lo.close()
+json.dump(results, sys.stdout)
+"""
+
+
+def resume_in_fresh_process(state, loader_args, *, world_sizes, steps):
+    """Per world size: the steps read, their global batches and cache indices,
+    and rank 0's state after them, from loaders restored in a new process."""
+    proc = subprocess.run([sys.executable, "-c", RESUME_CHILD], capture_output=True, text=True, timeout=180,
+                          input=json.dumps({"state": state, "args": loader_args, "world_sizes": world_sizes,
+                                            "steps": steps}))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_resume_in_a_fresh_process_on_other_world_sizes(packed):
+    """A state saved at step k on 1 rank (one microbatch per step), passed
+    through JSON, restores in a fresh process on 2 and on 4 ranks: the global
+    batches from step k on are the uninterrupted run's, byte for byte."""
+    k, n = 4, 3
+    with Feeder(cache=packed, global_batch_size=B, sequence_length=L, seed=3, host_index=0, host_count=1) as f:
+        want = [f.get_batch(s) for s in range(k, k + n)]
+    with FeederLoader(**args(packed), rank=0, world_size=1) as loader:
+        take(loader, k)
+        state = json.loads(json.dumps(loader.state_dict()))
+    for got in resume_in_fresh_process(state, args(packed), world_sizes=[2, 4], steps=n):
+        assert got["steps"] == list(range(k, k + n))
+        for s in range(n):
+            assert got["cache_index"][s] == want[s]["cache_index"].tolist()
+            assert got["batches"][s]["input"] == want[s]["targets"].tolist()
+            assert got["batches"][s]["labels"] == next_token_labels(
+                want[s]["targets"], want[s]["targets_segment_ids"], want[s]["targets_loss_weights"]).tolist()
+        assert json.loads(got["state"][STATE_KEY])["position"] == (k + n) * B
+
+
+def test_a_state_saved_between_microbatches_continues_on_the_same_slicing_only(packed):
+    with FeederLoader(**args(packed), local_batch_size=4) as loader:
+        want = take(loader, 5)
+    with FeederLoader(**args(packed), local_batch_size=4) as loader:
+        take(loader, 3)  # steps 0 and half of step 1
+        sd = loader.state_dict()
+    assert sd[MICROBATCH_KEY] == 1 and json.loads(sd[STATE_KEY])["position"] == B
+    with FeederLoader(**args(packed), local_batch_size=4) as again:
+        again.load_state_dict(sd)
+        rest = take(again, 2)
+    for a, b in zip(rest, want[3:]):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    with FeederLoader(**args(packed), rank=0, world_size=2, local_batch_size=4) as other:
+        with pytest.raises(FeederStateError, match="saved after microbatch 1 of a step, with world_size=1"):
+            other.load_state_dict(sd)
+
+
+@pytest.mark.parametrize("change,match", [({"seed": 4}, "seed"), ({"global_batch_size": 4}, "global_batch_size")])
+def test_a_state_of_another_stream_is_refused(packed, change, match):
+    with FeederLoader(**args(packed)) as loader:
+        take(loader, 2)
+        sd = loader.state_dict()
+    with FeederLoader(**{**args(packed), **change}) as other:
+        with pytest.raises(FeederStateError, match=match):
+            other.load_state_dict(sd)
+
+
+@pytest.mark.parametrize("sd,match", [
+    ({"dp_rank_0": b"x", "world_size": 1}, "no 'seqcache_feeder_state'"),
+    ({STATE_KEY: "{", MICROBATCH_KEY: 0}, "not valid JSON"),
+    ({STATE_KEY: 7, MICROBATCH_KEY: 0}, "expected JSON text"),
+])
+def test_foreign_or_malformed_states_are_refused(packed, sd, match):
+    with FeederLoader(**args(packed)) as loader:
+        with pytest.raises(FeederStateError, match=match):
+            loader.load_state_dict(sd)
+        loader.load_state_dict({})  # torchtitan's "no data state": nothing changes
+        assert loader.step == 0
+
+
+def test_bad_slicing_is_refused(packed):
+    with pytest.raises(ValueError, match="host_count=3"):
+        FeederLoader(**args(packed), rank=0, world_size=3)
+    with pytest.raises(ValueError, match="local_batch_size=3 does not divide the 4 rows per rank"):
+        FeederLoader(**args(packed), rank=0, world_size=2, local_batch_size=3)
+
+
+def test_rank_and_world_size_come_from_torch_distributed(packed, tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with FeederLoader(**args(packed)) as loader:
+            assert (loader.rank, loader.world_size) == (0, 1)
+        with FeederLoader(**args(packed), rank=1, world_size=2) as loader:  # arguments win
+            assert (loader.rank, loader.world_size, loader.feeder.host_index) == (1, 2, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_stateful_dataloader_carries_the_feeders_state(packed):
+    """torchdata's StatefulDataLoader over FeederDataset: its state_dict holds the
+    Feeder's JSON under "dataset_state", and a new loader restored from it (in
+    another world size) continues the stream."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    with Feeder(cache=packed, global_batch_size=B, sequence_length=L, seed=3, host_index=0, host_count=1) as f:
+        want = [f.get_batch(s)["targets"] for s in range(5)]
+    ds = FeederDataset(**args(packed))
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=0)
+    it = iter(dl)
+    for s in range(2):
+        inputs, labels = next(it)
+        assert inputs["input"].dtype == torch.int64 and labels.shape == (B, L)
+        assert np.array_equal(inputs["input"].numpy(), want[s])
+    sd = json.loads(json.dumps(dl.state_dict()))
+    assert json.loads(sd["dataset_state"][STATE_KEY])["position"] == 2 * B
+    ds.close()
+    halves = []
+    for rank in range(2):
+        ds2 = FeederDataset(**args(packed), rank=rank, world_size=2)
+        dl2 = StatefulDataLoader(ds2, batch_size=None, num_workers=0)
+        dl2.load_state_dict(sd)
+        halves.append([inputs["input"].numpy() for _, (inputs, _) in zip(range(3), dl2)])
+        ds2.close()
+    for s in range(3):
+        assert np.array_equal(np.concatenate([halves[0][s], halves[1][s]]), want[2 + s])
+
+
+# A plain torch training loop over gloo: a deterministic float64 model, loss =
+# sum of token losses / the global batch's tokens, gradients summed over ranks
+# with all_reduce, SGD. `CACHE N K OUT`: rank r of WORLD_SIZE loads the DCP
+# checkpoint in OUT/ckpt when there is one, trains steps from there to N, saves
+# a DCP checkpoint after step K - 1 (model, optimizer and the loader's state
+# under "dataloader"), and writes per step the global loss and this rank's
+# cache indices to OUT/rank<r>.json.
+GLOO_LOOP = r"""
+import datetime, json, os, sys
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from seqcache.feeders.torch import FeederLoader
+
+cache, n_steps, k, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=60))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(10_050, 8), torch.nn.Tanh(), torch.nn.Linear(8, 10_050)).double()
+opt = torch.optim.SGD(model.parameters(), lr=0.5)
+rows = []
+loader = FeederLoader(cache=cache, global_batch_size=8, sequence_length=12, seed=5, num_threads=1,
+                      on_rows=rows.append)
+assert (loader.rank, loader.world_size) == (rank, world)
+ckpt = f"{out}/ckpt"
+state = {"model": model.state_dict(), "optim": opt.state_dict(), "dataloader": loader}
+if os.path.isdir(ckpt):
+    dcp.load(state, checkpoint_id=ckpt)
+    model.load_state_dict(state["model"]); opt.load_state_dict(state["optim"])
+log = []
+for inputs, labels in loader:
+    step = rows[-1]["step"]
+    if step >= n_steps:
+        break
+    logits = model(inputs["input"])
+    tok = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum",
+                                            ignore_index=-100)
+    count = torch.tensor([(labels != -100).sum().item()], dtype=torch.float64)
+    dist.all_reduce(count)
+    loss = tok / count
+    opt.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    log.append({"step": step, "loss": total.item(), "cache_index": rows[-1]["cache_index"].tolist()})
+    if step + 1 == k:
+        dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "dataloader": loader}, checkpoint_id=ckpt)
+loader.close()
+json.dump(log, open(f"{out}/rank{rank}.json", "w"))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def run_gloo(tmp_path, name, cache, *, world, n_steps, k, ckpt_from=None):
+    """Runs GLOO_LOOP on ``world`` ranks (processes on loopback, 180 s at most);
+    returns its folder and each rank's log."""
+    out = tmp_path / name
+    out.mkdir()
+    if ckpt_from is not None:
+        os.symlink(ckpt_from / "ckpt", out / "ckpt")
+    env = {**os.environ, "WORLD_SIZE": str(world), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", GLOO_LOOP, cache, str(n_steps), str(k), str(out)],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    try:
+        results = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err
+    return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def test_two_rank_gloo_loop_resumes_a_one_rank_checkpoint_exactly(tmp_path, packed):
+    """A 1-rank run saves a DCP checkpoint after step k; 2 fresh ranks resume
+    from it: from step k on, the rows of each global batch (rank 0's then rank
+    1's) are the 1-rank run's and the Feeder's, and the losses are equal."""
+    n, k = 6, 3
+    first, (whole,) = run_gloo(tmp_path, "first", packed, world=1, n_steps=n, k=k)
+    _, (r0, r1) = run_gloo(tmp_path, "resumed", packed, world=2, n_steps=n, k=-1, ckpt_from=first)
+    with Feeder(cache=packed, global_batch_size=8, sequence_length=12, seed=5, host_index=0, host_count=1) as f:
+        feeder_rows = [f.get_batch(s)["cache_index"].tolist() for s in range(n)]
+    assert [e["cache_index"] for e in whole] == feeder_rows
+    assert [e["step"] for e in r0] == [e["step"] for e in r1] == list(range(k, n))
+    assert [a["cache_index"] + b["cache_index"] for a, b in zip(r0, r1)] == feeder_rows[k:]
+    # Two ranks sum the same float64 terms in another order: equal to rounding.
+    np.testing.assert_allclose([e["loss"] for e in r0], [e["loss"] for e in whole[k:]], rtol=1e-12, atol=0)
+    assert [e["loss"] for e in r0] == [e["loss"] for e in r1]
+    assert len({round(e["loss"], 6) for e in whole}) == n  # the model learns: losses differ per step
+
+
+def test_importing_the_feeders_does_not_import_torch():
+    code = "import sys, seqcache, seqcache.feeders; print('torch' in sys.modules, 'torchtitan' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False", "False"]
+    code = "import sys, seqcache.feeders.torch; print('torchtitan' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False"]
+

@@ -45,6 +45,13 @@ TMP_DIR_NAME = "_tmp"
 # folders with one atomic rename(2) (``RENAME_EXCHANGE``, Linux) where the file
 # system supports it, else with two renames through ``<task>/.<split>.replaced``.
 # Object stores have no folders to rename: see ``publish_dir``.
+#
+# Publishing never writes into a file of the old cache: its files are only
+# unlinked (a reader holding one open reads its old bytes to the end), and the
+# new cache's files are new files under the same names. A reader of the old
+# cache that opens a shard after the publish is refused at that open
+# (``seqcache.feeders.reader.CacheRebuiltError``; docs/cache-format.md,
+# "Readers and rebuilds").
 
 
 def staging_path(cache_dir: str) -> str:

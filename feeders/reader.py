@@ -347,7 +347,7 @@ class CacheReader:
     def _corrupt(self, path: str, what: str, error: BaseException) -> fmt.CacheError:
         """The CacheError for an ArrayRecord failure on shard file ``path``."""
         return fmt.CacheError(
-            f"{path}: {what} of this shard of cache {self.cache_dir}: {error}. The shard file is damaged or was "
+            f"{path}: {what}, in cache {self.cache_dir}: {error}. The shard file is damaged or was "
             f"modified after the build; {self._verify_hint()}"
         )
 

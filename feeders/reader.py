@@ -510,6 +510,8 @@ class CacheReader:
           ValueError: the stored model is missing or corrupt; its name is not a
             plain file name inside the cache, or it is a link out of the cache
             (``seqcache.layout.UnsafeCachePathError``).
+          CacheRebuiltError: the model is missing or another because the cache
+            was rebuilt since this reader opened it.
         """
         desc = self.manifest.vocabularies.get(feature)
         if not desc:
@@ -518,7 +520,11 @@ class CacheReader:
             layout.cache_file(self.cache_dir, desc["file"], what=f"vocabulary model of feature {feature!r}")
         from seqcache.tasks import vocabulary_from_json
 
-        return vocabulary_from_json(desc, self.cache_dir)
+        try:
+            return vocabulary_from_json(desc, self.cache_dir)  # the model's sha256 is checked: a new one is refused
+        except ValueError:
+            self.check_generation()  # ... as a rebuild, when that is what it is
+            raise
 
     def __enter__(self):
         return self

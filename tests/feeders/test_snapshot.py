@@ -231,3 +231,29 @@ def test_the_trainers_feeder_across_a_rebuild_reads_old_rows_or_says_the_cache_w
             assert _same(batch, old_rows.get_batch(step)), f"step {step} is not the old cache's"
     assert error is not None
     _check_one_line(error, cache, old, new)
+
+
+def test_a_vocabulary_model_replaced_by_a_rebuild_is_refused_as_a_rebuild(tmp_path, corpora):
+    """A reader loads the stored vocabulary model when asked (``which --text``,
+    converters): after a rebuild with another model, it says the cache was
+    rebuilt, not that a model was damaged."""
+    lines = corpora.botchan.read_text(encoding="utf-8").splitlines()
+    write_lines(tmp_path / "in" / "in.txt", [line for line in lines[:200] if line.strip()])
+
+    def build(vocab_size: int) -> str:
+        model = tasks.train_sentencepiece(lines[:2000], output_path=str(tmp_path / f"m{vocab_size}.model"),
+                                          vocab_size=vocab_size)
+        task = tasks.Task("sp", source=tasks.TextLineSource(str(tmp_path / "in" / "in.txt")),
+                          output_features={"targets": tasks.Feature(model)},
+                          preprocessors=[tasks.preprocessors.rekey({"targets": "text"}),
+                                         tasks.preprocessors.tokenize()])
+        return build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1),
+                          overwrite=True).cache_dir
+
+    cache = build(400)
+    old = fmt.read_manifest(cache)
+    with CacheReader(cache, open_shards=False) as reader:
+        build(500)
+        with pytest.raises(CacheRebuiltError) as raised:
+            reader.vocabulary("targets")
+    _check_one_line(raised.value, cache, old, fmt.read_manifest(cache))

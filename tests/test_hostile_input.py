@@ -362,3 +362,18 @@ def test_bounded_loader_refuses_what_json_loads_accepts_or_crashes_on():
     with pytest.raises(ValueError, match="nested deeper than 64 levels"):
         bounded_json.check_tree({"a": deep}, path="x")
     assert len(bounded_json.short(deep)) < 40 and len(bounded_json.short(10**5000)) < 100
+
+
+def test_a_garbage_shard_is_named_once(cache):
+    """Was: "cannot open the shard of this shard of cache"."""
+    shard = os.path.join(str(cache), fmt.shard_name(fmt.DATA_PREFIX, 0, SHARDS))
+    size = os.path.getsize(shard)
+    with open(shard, "wb") as f:
+        f.write(b"\x07" * size)
+    with Feeder(cache=str(cache), global_batch_size=B, sequence_length=8, host_index=0, host_count=1) as f:
+        with pytest.raises(fmt.CacheError) as e:
+            for step in range(6):
+                f.get_batch(step)
+    message = str(e.value)
+    assert message.startswith(f"{shard}: cannot ") and f", in cache {cache}: " in message
+    assert "of this shard" not in message and "\n" not in message

@@ -1,0 +1,320 @@
+"""Fuzzing the readers of JSON that seqcache did not write itself (hypothesis).
+
+A real small cache and a feeder state saved from it are made once per module;
+each example mutates one or a few values of the manifest, the state, a config
+or a schedule: deep nesting, integers far out of range, negative counts, NaN
+and Infinity, wrong types, deleted keys, shard counts that contradict the
+totals. Nothing but the documented errors may come out of the library
+(``seqcache.format.CacheError``, ``FeederStateError``, ``ConfigError``, and
+``ValueError`` where the Feeder documents it), and ``info``, ``verify``,
+``show`` and ``which`` may print no traceback.
+
+The default suite runs a bounded number of examples (a few seconds); the
+``slow`` tests run many more.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from click.testing import CliRunner  # noqa: E402
+
+from seqcache import format as fmt  # noqa: E402
+from seqcache.cli import main  # noqa: E402
+from seqcache.feeders import Feeder, FeederStateError  # noqa: E402
+from seqcache.training import config as config_lib  # noqa: E402
+from test_hostile_input import write_small_cache  # noqa: E402
+
+B = 4
+FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                suppress_health_check=list(HealthCheck))
+FAST_PARSE = settings(FAST, max_examples=150)
+SLOW = settings(FAST, max_examples=1500, derandomize=False)
+
+
+class Raw:
+    """A JSON value given as text (NaN, Infinity, nesting deeper than Python
+    builds comfortably), put in place when the document is written."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Raw({self.text[:30]!r})"
+
+
+def render(doc) -> str:
+    """JSON text of ``doc`` with every ``Raw`` replaced by its text."""
+    raws: list[Raw] = []
+
+    def mark(value):
+        if isinstance(value, Raw):
+            raws.append(value)
+            return f"@@raw{len(raws) - 1}@@"
+        if isinstance(value, dict):
+            return {k: mark(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [mark(v) for v in value]
+        return value
+
+    text = json.dumps(mark(doc))
+    for i, raw in enumerate(raws):
+        text = text.replace(f'"@@raw{i}@@"', raw.text)
+    return text
+
+
+# --- values a hostile file holds ------------------------------------------------
+
+huge_ints = st.one_of(st.integers(min_value=2**31, max_value=10**40), st.integers(min_value=-10**40, max_value=-1),
+                      st.sampled_from([2**53, 2**62, 2**63, 2**64, 10**30, -2**63, -1]))
+special = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1" + "0" * 5000])
+nested = st.integers(min_value=60, max_value=20_000).map(lambda d: "[" * d + "]" * d)
+values = st.one_of(
+    huge_ints,
+    st.integers(min_value=-3, max_value=300),
+    special.map(Raw),
+    nested.map(Raw),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.none(),
+    st.booleans(),
+    st.lists(st.integers(min_value=-2, max_value=3), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(min_value=-1, max_value=2), max_size=2),
+)
+DELETE = object()
+
+
+def paths_of(doc, prefix=()):
+    """Every path (tuple of keys and indices) into a JSON document, at most 3
+    deep and 6 items per list."""
+    out = [prefix] if prefix else []
+    if len(prefix) >= 3:
+        return out
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += paths_of(v, prefix + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc[:6]):
+            out += paths_of(v, prefix + (i,))
+    return out
+
+
+def mutate(doc, path, value):
+    """``doc`` with the value at ``path`` replaced (or deleted: ``DELETE``)."""
+    doc = copy.deepcopy(doc)
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    if value is DELETE:
+        if isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent.pop(path[-1])
+    else:
+        parent[path[-1]] = value
+    return doc
+
+
+@st.composite
+def mutated(draw, doc, extra_paths=()):
+    """``doc`` with one to three of its values replaced or deleted."""
+    paths = paths_of(doc) + list(extra_paths)
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        path = draw(st.sampled_from(paths))
+        value = draw(st.one_of(values, st.just(DELETE)))
+        try:
+            doc = mutate(doc, path, value)
+        except (KeyError, IndexError, TypeError, AttributeError):
+            pass  # an earlier mutation removed or replaced the path
+    return doc
+
+
+def column(values_) -> str:
+    return base64.b64encode(np.asarray(values_, "<i8").tobytes()).decode()
+
+
+@st.composite
+def manifests(draw, raw):
+    """A mutated manifest; sometimes a shard column made to contradict the totals."""
+    doc = draw(mutated(raw))
+    if draw(st.booleans()) and isinstance(doc.get("shards"), dict):
+        counts = draw(st.lists(st.integers(min_value=-2, max_value=2**62), min_size=3, max_size=3))
+        doc["shards"][draw(st.sampled_from(["num_records", "num_bytes", "provenance_num_bytes"]))] = column(counts)
+        if draw(st.booleans()):
+            doc["num_examples"] = int(sum(c for c in counts if c > 0)) % 2**63
+    return doc
+
+
+# --- fixtures ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    return write_small_cache(tmp_path_factory.mktemp("fuzz") / "c")
+
+
+@pytest.fixture(scope="module")
+def raw_manifest(pristine):
+    return json.load(open(os.path.join(pristine, fmt.MANIFEST_NAME)))
+
+
+@pytest.fixture(scope="module")
+def saved_state(pristine):
+    with Feeder(cache=pristine, global_batch_size=B, sequence_length=8, host_index=0, host_count=1) as f:
+        f.step = 3
+        return json.loads(json.dumps(f.state()))
+
+
+@pytest.fixture(scope="module")
+def work(pristine, tmp_path_factory):
+    """A copy of the cache whose manifest each example rewrites."""
+    return str(shutil.copytree(pristine, tmp_path_factory.mktemp("work") / "c"))
+
+
+def run_cli(*args) -> str:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        args, result.output, repr(result.exception))
+    assert "Traceback" not in result.output, result.output
+    if result.exit_code:
+        assert "error" in result.output.lower() or "FAILED" in result.output or "warning" in result.output, \
+            result.output
+    return result.output
+
+
+def check_manifest_text(work, text: str, *, commands=True) -> None:
+    with open(os.path.join(work, fmt.MANIFEST_NAME), "w") as f:
+        f.write(text)
+    try:
+        m = fmt.read_manifest(work)
+    except fmt.CacheError:
+        m = None
+    if m is not None:
+        try:
+            with Feeder(cache=work, global_batch_size=B, sequence_length=8, host_index=0, host_count=1) as f:
+                f.get_batch(0)
+        except (fmt.CacheError, ValueError):
+            pass
+    if commands:
+        run_cli("info", work)
+        run_cli("verify", work)
+        run_cli("show", work)
+        run_cli("which", work, "--step", 1, "--row", 2, "--batch-size", B)
+
+
+def check_state_text(pristine, tmp_path, state_doc) -> None:
+    try:
+        with Feeder.restore(json.loads(render(state_doc)), host_index=0, host_count=1) as f:
+            f.get_batch(f.step)
+    except (FeederStateError, fmt.CacheError, ValueError):
+        pass
+    except RecursionError:
+        pass  # nesting Python's own json cannot build: only the file read below takes it
+    path = tmp_path / "state.json"
+    path.write_text(render(state_doc))
+    run_cli("which", path, "--step", 3, "--row", 1)
+
+
+# --- default suite: bounded examples ----------------------------------------------
+
+
+def test_fuzz_manifest_parser(raw_manifest, work):
+    @FAST_PARSE
+    @given(manifests(raw_manifest))
+    def run(doc):
+        check_manifest_text(work, render(doc), commands=False)
+
+    run()
+
+
+def test_fuzz_info_verify_show_which_on_mutated_manifests(raw_manifest, work):
+    @FAST
+    @given(manifests(raw_manifest))
+    def run(doc):
+        check_manifest_text(work, render(doc))
+
+    run()
+
+
+def test_fuzz_feeder_state(pristine, saved_state, tmp_path):
+    @FAST
+    @given(mutated(saved_state, extra_paths=[("mixture", 0, "rate"), ("mixture", 0, "num_examples"),
+                                             ("num_epochs",), ("position",)]))
+    def run(doc):
+        check_state_text(pristine, tmp_path, doc)
+
+    run()
+
+
+CONFIG = {"steps": 10, "global_batch_size": 8, "sequence_length": 16, "optimizer": {"lr": 0.001, "decay_steps": 5},
+          "model": {"vocab_size": 300, "d_model": 64}, "data": {"mixture": {"a": 1}, "seed": 3},
+          "checkpoint": {"every_steps": 2}, "mesh": {"data": -1}}
+
+
+def test_fuzz_config_file_and_overrides(tmp_path):
+    path = tmp_path / "config.json"
+
+    @FAST_PARSE
+    @given(mutated(CONFIG), st.text(max_size=30), st.sampled_from(["steps", "optimizer.lr", "data.mixture",
+                                                                   "model.d_model", "data.task", "mesh.data"]))
+    def run(doc, text, key):
+        path.write_text(render(doc))
+        try:
+            config_lib.load_config_file(str(path)).validate()
+        except config_lib.ConfigError:
+            pass
+        try:
+            config_lib.apply_overrides(config_lib.TrainConfig(), config_lib.split_overrides([f"{key}={text}"]))
+        except config_lib.ConfigError:
+            pass
+
+    run()
+
+
+def test_fuzz_schedule_files(pristine, tmp_path):
+    from seqcache.training import data as data_lib
+
+    root = os.path.dirname(pristine)
+    path = tmp_path / "schedule.json"
+
+    @FAST
+    @given(mutated({"0": {"c": 1}, "5": {"c": 2}}))
+    def run(doc):
+        path.write_text(render(doc))
+        try:
+            data_lib.load_mixture_schedule(str(path))
+        except config_lib.ConfigError:
+            pass
+        run_cli("which", root, "--mixture-schedule", path, "--step", 1, "--row", 0, "--batch-size", B)
+
+    run()
+
+
+# --- slow: many more examples -----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_fuzz_everything_longer(raw_manifest, work, pristine, saved_state, tmp_path):
+    @SLOW
+    @given(manifests(raw_manifest))
+    def manifests_run(doc):
+        check_manifest_text(work, render(doc))
+
+    @SLOW
+    @given(mutated(saved_state))
+    def states_run(doc):
+        check_state_text(pristine, tmp_path, doc)
+
+    manifests_run()
+    states_run()

@@ -33,6 +33,7 @@ _COMMANDS = (
     ("inspect", "tasks_cmd"),
     ("vocab", "vocab"),
     ("which", "which"),
+    ("export", "export"),
     ("report", "report"),
     ("train", "train"),
 )

@@ -1,0 +1,89 @@
+"""``seqcache export``: the Feeder's global stream as files another trainer reads
+in that order (``--format maxtext``: seqcache.feeders.export)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from seqcache import format as fmt
+
+
+@click.command()
+@click.argument("target", metavar="CACHE_OR_MIXTURE")
+@click.option("--format", "export_format", type=click.Choice(["maxtext"]), required=True,
+              help="maxtext: one ArrayRecord file of tf.train.Example records (int64 token ids) that MaxText's grain "
+                   "pipeline reads, with shuffling off, in the Feeder's order.")
+@click.option("--output", required=True, type=click.Path(file_okay=False), help="The export folder (local).")
+@click.option("--batch-size", "--global-batch-size", "batch_size", type=click.IntRange(min=1),
+              help="Global batch size B (taken from a saved state).")
+@click.option("--sequence-length", type=click.IntRange(min=1), help="Tokens per row L (taken from a saved state).")
+@click.option("--steps", type=click.IntRange(min=1),
+              help="Steps to export, from step 0 (steps x B records) [default with --num-epochs: the whole run].")
+@click.option("--seed", type=click.IntRange(min=0), help="Feeder seed (default 0; taken from a saved state).")
+@click.option("--num-epochs", type=click.IntRange(min=1), help="For finite runs: epochs per task.")
+@click.option("--host-count", type=click.IntRange(min=1), default=1, show_default=True,
+              help="MaxText process count whose processes read exactly the Feeder's host slices; any process count "
+                   "reads the same rows at every step.")
+@click.option("--column", default="text", show_default=True,
+              help="Example feature of the token ids (MaxText's train_data_columns).")
+@click.option("--feature", help="The cache's token feature [default: the state's, else targets].")
+@click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE",
+              help="A cache of the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE.")
+@click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False),
+              help="A JSON file {step: {PATH: rate}}: rates that change at given steps; PATH is relative to "
+                   "CACHE_OR_MIXTURE.")
+@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or mixture name.")
+@click.option("--split", default="train", show_default=True)
+@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@click.option("--overwrite", is_flag=True, help="Replace an export already in --output.")
+@click.option("--json", "as_json", is_flag=True, help="Print export.json instead of a summary.")
+def export(target, export_format, output, batch_size, sequence_length, steps, seed, num_epochs, host_count, column,
+           feature, mixture_rates, schedule, cache_dir, split, modules, overwrite, as_json):
+    """Write the Feeder's global stream, steps 0..STEPS-1, as files another
+    trainer reads in that order.
+
+    CACHE_OR_MIXTURE is what `seqcache which` takes: a cache folder; a saved
+    feeder state (JSON file or checkpoint step folder); with --cache-dir a task
+    or mixture name; with --mixture-rate or --mixture-schedule the folder the
+    cache paths are relative to.
+
+    --format maxtext writes OUTPUT/train.array_record and OUTPUT/export.json
+    (written last: the stream, the layout, the file's sha256 and the MaxText
+    flags). Record s*B + h + j*H holds row h*(B/H) + j of step s (H =
+    --host-count); MaxText's checkpointed {"global_next_index": g} is the
+    Feeder's position g = s*B. See docs/trainers/maxtext.md.
+    """
+    from seqcache.commands.which import _resolve
+    from seqcache.feeders.export import export_maxtext, maxtext_flags
+
+    kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
+    args = {"steps": steps, "host_count": host_count, "column": column, "overwrite": overwrite}
+    if "state" in kw:
+        args.update(state=kw["state"], sequence_length=sequence_length)
+    else:
+        if kw["global_batch_size"] is None:
+            raise click.UsageError("--batch-size is required (the global batch size B of the run)")
+        if sequence_length is None:
+            raise click.UsageError("--sequence-length is required (tokens per row L)")
+        if steps is None and num_epochs is None:
+            raise click.UsageError("--steps is required (the stream repeats forever without --num-epochs)")
+        args.update({k: v for k, v in kw.items() if k != "seed"}, seed=kw["seed"] or 0,
+                    sequence_length=sequence_length, feature=feature or "targets")
+    try:
+        done = export_maxtext(output, **args)
+    except (fmt.CacheError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(done, indent=2, sort_keys=True))
+        return
+    click.echo(
+        f"{output}/{done['file']}: {done['records']:,} records ({done['steps']:,} steps x {done['global_batch_size']} "
+        f"rows, {done['sequence_length']} tokens each, {done['tokens']:,} non-padding tokens), "
+        f"{done['bytes']:,} bytes, sha256 {done['sha256'][:16]}..., laid out for {done['host_count']} MaxText "
+        "process(es)"
+    )
+    click.echo("MaxText flags: " + " ".join(maxtext_flags(done)))

@@ -117,9 +117,10 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
         return source.splits(i, f, split_size)
 
     items = list(enumerate(files))
-    if len(items) > 8 and type(source).splits is not _default_splits():
+    if len(items) > 8 and type(source).splits is not _default_splits() and getattr(source, "splits_read_files", True):
         # Splits that open files (Parquet footers) are looked up in parallel: on
-        # an object store each is a round trip.
+        # an object store each is a round trip. Splits from the file size alone
+        # (line files) are not: a thread pool's futures would cost 20 us a file.
         with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
             per_file = list(pool.map(cut, items))
     else:

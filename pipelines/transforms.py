@@ -140,7 +140,7 @@ class ReadPreprocess:
         limit_records, limit_bytes = self.batch_records, self.batch_bytes
         pending: list[RecordBatch] = []
         count = size = 0
-        for batch in self._source_batches(splits):
+        for batch in self.task.source.read_batches_of(splits, self.batch_records):
             n = len(batch)
             sums = [0, *itertools.accumulate(map(len, batch.raws))]
             i = 0
@@ -161,16 +161,6 @@ class ReadPreprocess:
                     pending, count, size = [], 0, 0
         if pending:
             yield RecordBatch.concat(pending)
-
-    def _source_batches(self, splits) -> Iterator[RecordBatch]:
-        for split in splits:
-            path = str(split.path)
-            try:
-                yield from self.task.source.read_batches(split, self.batch_records)
-            except ValueError as e:
-                if str(e).startswith(path):
-                    raise
-                raise ValueError(f"{path}: {e}") from None
 
     def _named_error(self, batch: RecordBatch, key, paths: dict, error: ValueError) -> ValueError:
         """``error`` (raised preprocessing ``batch``, which knows record numbers,

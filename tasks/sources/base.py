@@ -203,13 +203,13 @@ class RecordBatch:
     __slots__ = ("file_index", "file_indices", "record_numbers", "raws", "_field", "_texts", "_odd", "_records")
 
     def __init__(self, file_index: int, record_numbers: list[int], raws: list[bytes], *, field: str,
-                 texts: list, odd: dict[int, SourceRecord]):
+                 texts: list, odd: dict[int, SourceRecord], file_indices: list[int] | None = None):
         """Column form: record i is ``odd[i]`` where present, else
         ``SourceRecord(file_index, record_numbers[i], {field: texts[i]}, raws[i])``
         (a clean record: no issue, nothing kept; ``file_indices[i]`` for
         the file index of a batch made by ``concat``)."""
         self.file_index = file_index
-        self.file_indices = None
+        self.file_indices = file_indices
         self.record_numbers = record_numbers
         self.raws = raws
         self._field, self._texts, self._odd, self._records = field, texts, odd, None
@@ -531,6 +531,10 @@ class Source(abc.ABC):
     # What ``SourceRecord.record_number`` counts in this source's files (one of
     # ``LOCATORS``), for the manifest's source table and ``describe_record``.
     locator: str = "record"
+    # Whether ``splits`` opens the file (a Parquet footer) rather than cutting
+    # its size alone: the plan then cuts many files in parallel threads (on an
+    # object store each is a round trip); for the others threads only cost.
+    splits_read_files: bool = True
 
     @abc.abstractmethod
     def list_files(self) -> list[SourceFile]:
@@ -600,6 +604,26 @@ class Source(abc.ABC):
                 batch = []
         if batch:
             yield RecordBatch.from_records(batch)
+
+    def read_batches_of(self, splits: Sequence[Split], batch_records: int) -> Iterator[RecordBatch]:
+        """The records of consecutive ``splits`` (a work unit), in order, in
+        batches of up to ``batch_records``: what the pipeline reads. The
+        default is ``read_batches`` of each split in turn; a source may
+        gather small splits into one batch (its ``file_indices`` then name
+        each record's file), never changing the records.
+
+        Raises:
+          ValueError: as ``read_split``, the message starting with the path of
+            the file (added here where the source's error lacks it).
+        """
+        for split in splits:
+            path = str(split.path)
+            try:
+                yield from self.read_batches(split, batch_records)
+            except ValueError as e:
+                if str(e).startswith(path):
+                    raise
+                raise ValueError(f"{path}: {e}") from None
 
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
         """Streams the records of one whole file: ``read_split(Split(file_index, path))``.

@@ -82,6 +82,8 @@ def split_lines(split: Split) -> Iterator[tuple[int, bytes]]:
 class LineSplits:
     """The splits of every line-oriented source (text lines, JSON lines, TSV)."""
 
+    splits_read_files = False  # byte ranges from the file size alone
+
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
         """Byte ranges of about ``target_bytes`` bytes (one split for a compressed
         file); a line belongs to the range where its first byte lies."""
@@ -149,19 +151,110 @@ class TextLineSource(LineSplits, _TextSource):
             truncated or corrupt, the message names the last line before the
             damage, as ``read_split``'s does (the file is read again line by
             line to find it: a block holds the lines since the last batch)."""
-        file_index, path = split.file_index, split.path
+        return self.read_batches_of([split], batch_records)
+
+    def read_batches_of(self, splits: Sequence[Split], batch_records: int) -> Iterator[RecordBatch]:
+        """``read_batches`` of consecutive splits: the blocks of small splits
+        (small files) are gathered up to ``block_bytes`` and split, decoded and
+        scanned together, so that a file of a few lines costs its opening and
+        reading, not a block's fixed cost (a few NumPy calls, a scan, a batch).
+        A batch may hold the lines of several files (``file_indices``); the
+        records are those of ``read_batches`` of each split, in order.
+
+        Raises:
+          ValueError: as ``read_batches``, naming the file."""
+        pending: list[tuple[int, str, int, bytes]] = []
+        size = 0
+        for split in splits:
+            for offset, block in self._split_blocks(split):
+                pending.append((split.file_index, split.path, offset, block))
+                size += len(block)
+                if size >= self.block_bytes:
+                    yield from self._segment_batches(pending, batch_records)
+                    pending, size = [], 0
+        if pending:
+            yield from self._segment_batches(pending, batch_records)
+
+    def _split_blocks(self, split: Split) -> Iterator[tuple[int, bytes]]:
+        """``read_line_blocks`` of ``split`` with read errors turned into a
+        ``ValueError`` naming the file and the last line read."""
+        path = split.path
         count, offset = 0, split.start
         try:
             for offset, block in read_line_blocks(path, split.start, split.stop, self.block_bytes):
-                for batch in self._block_batches(file_index, path, offset, block, batch_records):
-                    count += len(batch)
-                    yield batch
+                yield offset, block
+                count += block.count(b"\n") + (not block.endswith(b"\n"))
         except _READ_ERRORS as e:
             if is_compressed(path):
                 for _ in split_lines(split):  # raises the error after the exact line
                     pass
             after = None if not count else (f"line {count}" if split.start == 0 else f"the line at byte {offset}")
             raise _read_error(path, e, after) from None
+
+    def _segment_batches(self, segments: list[tuple[int, str, int, bytes]],
+                         batch_records: int) -> Iterator[RecordBatch]:
+        """The lines of ``segments`` (``(file_index, path, offset, block)``,
+        each block whole lines starting at byte ``offset`` of its file; only a
+        file's last block may lack its final newline), in order, in batches:
+        the blocks are joined and read as one (``_block_batches``), each line
+        keeping its file and its offset in that file."""
+        if len(segments) == 1:
+            yield from self._block_batches(*segments[0], batch_records)
+            return
+        blocks = [block for _, _, _, block in segments]
+        unended = [not block.endswith(b"\n") for block in blocks]
+        joined = b"".join(block + b"\n" if u else block for block, u in zip(blocks, unended))
+        try:
+            texts = joined.decode("utf-8").split("\n")
+        except UnicodeDecodeError:
+            # A block that is not UTF-8 is read on its own (line by line); the
+            # runs of blocks between such blocks are read together.
+            run: list = []
+            for segment in segments:
+                try:
+                    segment[3].decode("utf-8")
+                except UnicodeDecodeError:
+                    yield from self._segment_batches(run, batch_records) if run else ()
+                    yield from self._block_batches(*segment, batch_records)
+                    run = []
+                else:
+                    run.append(segment)
+            yield from self._segment_batches(run, batch_records) if run else ()
+            return
+        texts.pop()
+        lines = joined.split(b"\n")
+        lines.pop()
+        n = len(lines)
+        counts = np.fromiter((block.count(b"\n") + u for block, u in zip(blocks, unended)), dtype=np.int64,
+                             count=len(blocks))
+        sizes = np.fromiter(map(len, lines), dtype=np.int64, count=n)
+        at = np.zeros(n, dtype=np.int64)  # each line's first byte in ``joined``
+        np.cumsum(sizes[:-1] + 1, out=at[1:])
+        first = np.zeros(len(blocks), dtype=np.int64)  # each block's first line
+        np.cumsum(counts[:-1], out=first[1:])
+        segment_of = np.repeat(np.arange(len(blocks)), counts)
+        base = np.fromiter((offset for _, _, offset, _ in segments), dtype=np.int64, count=len(blocks)) - at[first]
+        numbers = (at + base[segment_of]).tolist()
+        file_of = np.fromiter((fi for fi, _, _, _ in segments), dtype=np.int64, count=len(blocks))[segment_of].tolist()
+        odd_lines = set(self._suspect_lines(texts, sizes))
+        last = (first + counts - 1).tolist()
+        for k, (_, _, offset, block) in enumerate(segments):
+            if offset == 0 and block.startswith(_BOM):
+                odd_lines.add(int(first[k]))
+        odd = {}
+        segment_of = segment_of.tolist()
+        for i in sorted(odd_lines):
+            k = segment_of[i]
+            line = lines[i] if unended[k] and i == last[k] else lines[i] + b"\n"
+            odd[i] = self._line_record(file_of[i], segments[k][1], numbers[i], line)
+            lines[i] = odd[i].raw  # the raw column is the records' raw (no CR, no byte order mark)
+        field = self.field
+        for a in range(0, n, batch_records):
+            b = min(a + batch_records, n)
+            files = file_of[a:b]
+            yield RecordBatch(files[0], numbers[a:b], lines[a:b], field=field, texts=texts[a:b],
+                              odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {},
+                              file_indices=None if files.count(files[0]) == len(files) else files)
 
     def _block_batches(self, file_index: int, path: str, offset: int, block: bytes,
                        batch_records: int) -> Iterator[RecordBatch]:

@@ -49,6 +49,20 @@ def _batch_sizes(reader, splits):
     return [n for kind, n in reader.read(splits) if kind == "records"]
 
 
+class _CountingReader:
+    """Wraps the read step's reader; ``batches``: the record count of each
+    preprocessing batch it made (its ``("records", n)`` outputs)."""
+
+    def __init__(self, inner):
+        self.inner, self.features, self.batches = inner, inner.features, []
+
+    def read(self, splits):
+        for kind, payload in self.inner.read(splits):
+            if kind == "records":
+                self.batches.append(payload)
+            yield kind, payload
+
+
 def test_a_unit_of_many_small_files_is_one_preprocessing_batch_per_2048_records(tmp_path, shakespeare):
     lines = shakespeare[:4000]
     task = lines_task(_write_parts(tmp_path / "in", lines, NUM_FILES))
@@ -57,9 +71,14 @@ def test_a_unit_of_many_small_files_is_one_preprocessing_batch_per_2048_records(
     # The plan puts the small files into one unit ...
     units = plan.plan_units(task.source, files, 1 << 20)
     assert len(units) == 1 and len(units[0][1]) == NUM_FILES
-    # ... whose records are preprocessed in full batches, not one per file.
-    reader = transforms.ReadPreprocess(task, seed=0, sequence_length=None, num_shards=2)
-    assert _batch_sizes(reader, _splits(task)) == [2048, 4000 - 2048]
+    # ... whose records the read step preprocesses in full batches, not one per file.
+    reader = _CountingReader(transforms.ReadPreprocess(task, seed=0, sequence_length=None, num_shards=2))
+    (spill := tmp_path / "spill").mkdir()
+    outputs = list(transforms.ReadUnit(reader, paths=[f.path for f in files], spill_dir=str(spill),
+                                       exchange="runner")(units[0]))
+    assert reader.batches == [2048, 4000 - 2048]
+    ((_, counts),) = [(k, v) for k, v in outputs if k == transforms.COUNTS_KEY]
+    assert counts[1] == 4000 and len(counts[2]) == NUM_FILES  # records read, and examples of every file
     # The byte bound holds across files too: batches of at most 20,000 raw
     # bytes, each as full as the next record allows.
     reader = transforms.ReadPreprocess(task, seed=0, sequence_length=None, num_shards=2, batch_bytes=20_000)
@@ -70,7 +89,6 @@ def test_a_unit_of_many_small_files_is_one_preprocessing_batch_per_2048_records(
     for start, stop in zip([0, *ends], ends):
         assert sum(raw[start:stop]) <= 20_000
         assert stop == len(lines) or sum(raw[start:stop + 1]) > 20_000
-    assert len(sizes) == -(-sum(raw) // 20_000) or len(sizes) == -(-sum(raw) // 20_000) + 1
 
 
 def test_batches_across_files_give_the_records_of_each_file(tmp_path, shakespeare):
@@ -101,6 +119,56 @@ def test_batches_across_files_give_the_records_of_each_file(tmp_path, shakespear
     assert issues and all(i[2] == "skipped" and i[4] == "empty" for i in issues)
     assert {i[0] for i in issues} == {k for k in range(60) if any(
         line == "" for line in shakespeare[3000 * k // 60:3000 * (k + 1) // 60])}
+
+
+# Files of a few lines each, with every kind of line the text source looks at
+# on its own: a byte order mark at the start of a file, empty and
+# whitespace-only lines, CRLF and lone CR, control characters, U+2581,
+# invalid UTF-8 (that file's block is read on its own), no final newline, a
+# last line ended by a lone CR, an empty file.
+ODD_FILES = [
+    b"\xef\xbb\xbfmarked first line\nplain\n",
+    "\n   \n\u3000\u2003\n".encode(),
+    b"windows\r\nline\r\n",
+    b"a lone\rcarriage return\ncontrol \x07 bell\n",
+    "lower one eighth \u2581 block\ncaf\u00e9 \u4e2d\u6587\n".encode(),
+    b"broken \xff\xfe utf-8\nafter broken\n",
+    b"no newline at the end",
+    b"",
+    b"ends with a lone CR\r",
+    b"\xef\xbb\xbf\n",
+    b"last file\n",
+]
+
+
+@pytest.mark.parametrize("policy", [
+    {"carriage_return": "skip", "invalid_utf8": "skip"},
+    {"empty": "keep", "whitespace": "keep", "control_characters": "skip", "invalid_utf8": "replace",
+     "carriage_return": "replace", "u2581": "replace"},
+])
+def test_text_lines_of_many_files_read_together_are_each_files_records(tmp_path, policy):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for k, data in enumerate(ODD_FILES * 3):
+        (folder / f"part-{k:03d}.txt").write_bytes(data)
+    source = tasks.TextLineSource(str(folder / "*.txt"), on_error=policy)
+    files = source.list_files()
+    for target in (9, 1 << 20):  # files cut into byte ranges, or whole
+        splits = [s for i, f in enumerate(files) for s in source.splits(i, f, target)]
+        expect = [r for split in splits for r in source.read_split(split)]
+        assert any(r.issue is not None for r in expect) and len({r.file_index for r in expect}) > 20
+        for block in (1, 30, 1 << 20):  # a block per split, a few files a block, all in one
+            source.block_bytes = block
+            batches = list(source.read_batches_of(splits, 7))
+            got = [b[i] for b in batches for i in range(len(b))]
+            assert got == expect, (target, block)
+            for b in batches:
+                assert 0 < len(b) <= 7
+                assert b.raws == [r.raw for r in b] and b.record_numbers == [r.record_number for r in b]
+                indices = b.file_indices or [b.file_index] * len(b)
+                assert indices == [r.file_index for r in b]
+            if block == 1 << 20 and target == 1 << 20:
+                assert any(b.file_indices for b in batches)  # batches did span files
 
 
 def test_concat_keeps_each_records_file(tmp_path):

@@ -641,6 +641,26 @@ class Feeder:
         return trace(self.stream, self.paths, global_batch_size=self.global_batch_size, steps=steps,
                      feature=self.feature, text=text)
 
+    def where(self, *, cache_index: int | None = None, task: int | str | None = None, source: str | None = None,
+              until_step: int | None = None, epochs=None) -> list[dict]:
+        """Where an example appears in this run, the inverse of ``which``: one
+        (epoch, step, row, host, host_row, position) per epoch in steps
+        [0, until_step) (None: the whole of a finite run), with this feeder's
+        host count. The example is ``cache_index`` of ``task`` (an index, cache
+        folder or task name; only needed in a mixture), or every example holding
+        a segment of ``source`` (``"FILE:LINE"``, ``"FILE:row=N"``,
+        ``"FILE:byte=N"``, ``"FILE:record=N"``; an O(N) scan of the provenance
+        sidecars). O(1) per epoch for one cache, O(log T) for a mixture. One
+        dict per example; see ``seqcache.feeders.inverse.where``.
+
+        Raises:
+          ValueError: see ``seqcache.feeders.inverse.where``.
+        """
+        from seqcache.feeders.inverse import where
+
+        return where(self.stream, self.paths, global_batch_size=self.global_batch_size, host_count=self.host_count,
+                     until_step=until_step, cache_index=cache_index, task=task, source=source, epochs=epochs)
+
     # --- lifetime ----------------------------------------------------------------
 
     def close(self) -> None:

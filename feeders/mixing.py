@@ -26,6 +26,13 @@ to t, c_t(P), satisfies |c_t(P) - P * w_t / W| < d_t, where W = sum of weights.
 the level above by the split fraction.) For one task the bound is 0; for two it is
 < 1.
 
+Inverse (``position_of``): the position of ordinal k of task t, O(log T). Walk
+from the leaf up to the root; at each node, the c-th (0-based) local position that
+goes left is q = floor(((c + 1) b - 1) / a) (the smallest q with
+floor((q + 1) a / b) >= c + 1), and the c-th that goes right is
+q = floor(c b / (b - a)) (the rights before q number ceil(q (b - a) / b)). The
+parent's local position q becomes the c of the level above; at the root, q is p.
+
 Integer arithmetic only: floor(q a / b) = (q // b) a + ((q mod b) a) // b, with
 a < b <= 2^31 and q < 2^62, so every intermediate fits in int64; no float enters
 the assignment. The same algorithm also runs in Python integers (``locate`` and
@@ -186,6 +193,23 @@ class Mixer:
             below = q * a // b
             q = below if go_left else q - below
         return q
+
+    def position_of(self, task: int, ordinal: int) -> int:
+        """The global position p of ordinal ``ordinal`` of ``task``: the inverse of
+        ``locate`` (``locate(position_of(t, k)) == (t, k)``), exact in Python
+        integers, in O(depth) = O(log T) (module docstring, "Inverse").
+
+        Raises:
+          ValueError: a task outside [0, T) or a negative ordinal.
+        """
+        if not 0 <= task < self.num_tasks:
+            raise ValueError(f"task must be in [0, {self.num_tasks}) (got {task})")
+        if ordinal < 0:
+            raise ValueError(f"ordinal must be >= 0 (got {ordinal})")
+        c = int(ordinal)
+        for a, b, went_left in reversed(self._paths[task]):
+            c = ((c + 1) * b - 1) // a if went_left else c * b // (b - a)
+        return c
 
     def first_position_with_count(self, task: int, count: int) -> int:
         """The smallest P with c_t(P) >= count (so positions [0, P) hold ``count``

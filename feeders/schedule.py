@@ -24,6 +24,10 @@ Cost: the bases are computed once, O(stages * T * log T); locating a position is
 binary search over the stage starts and one tree walk, O(log stages + log T)
 (vectorised over a batch: one walk per stage the batch touches, usually one).
 A schedule with one stage at step 0 is exactly the unscheduled mixture.
+
+Inverse (``position_of``): ordinal k of task t lies in the last stage j with
+base_j[t] <= k, at P_j + the stage mixer's position of local ordinal
+k - base_j[t]: O(log stages + log T).
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class Schedule:
         self.bases = bases  # bases[j][t]: task t's ordinals taken before stage j
         self._base_arrays = [np.array(b, np.int64) for b in bases]
         self._starts_array = np.array(self.starts, np.int64)
+        self._task_bases: list[list[int]] | None = None  # per task, its base in each stage (position_of)
 
     @property
     def num_stages(self) -> int:
@@ -117,6 +122,32 @@ class Schedule:
         local = self._local[j].get(task)
         inside = 0 if local is None else self.mixers[j].count_before(local, int(p) - self.starts[j])
         return self.bases[j][task] + inside
+
+    def position_of(self, task: int, ordinal: int) -> int | None:
+        """The global position of ordinal ``ordinal`` of ``task`` (the inverse of
+        ``locate``), or None when the task never takes that ordinal (it is not in
+        the last stage and its stages end before it).
+
+        The stage is the last j with base_j[t] <= k (a binary search over the
+        task's bases, which never decrease; a stage without the task does not
+        raise them, so that j holds the task unless it is the last stage), then
+        P_j + the stage mixer's ``position_of``: O(log stages + log T).
+
+        Raises:
+          ValueError: a task outside [0, T) or a negative ordinal.
+        """
+        if not 0 <= task < self.num_tasks:
+            raise ValueError(f"task must be in [0, {self.num_tasks}) (got {task})")
+        if ordinal < 0:
+            raise ValueError(f"ordinal must be >= 0 (got {ordinal})")
+        k = int(ordinal)
+        if self._task_bases is None:
+            self._task_bases = [[b[t] for b in self.bases] for t in range(self.num_tasks)]
+        j = bisect.bisect_right(self._task_bases[task], k) - 1
+        local = self._local[j].get(task)
+        if local is None:  # only in the last stage: the task's ordinals end before k
+            return None
+        return self.starts[j] + self.mixers[j].position_of(local, k - self.bases[j][task])
 
     def first_position_with_count(self, task: int, count: int) -> int | None:
         """The smallest P with ``count_before(task, P) >= count``; None when the

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# torchtitan's own train.py trains llama3's debug model on the packed LM cache of
+# tests/trainers/make_caches.sh through seqcache.feeders.torch.TorchtitanDataLoader
+# (--module seqcache_torchtitan --config llama3_seqcache), on CPU, in a venv of its
+# own ($SEQCACHE_TRAINER_WORK/venvs/torchtitan), and resumes from its DCP
+# checkpoint. Prints "torchtitan: N passed, N failed".
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../../.." && pwd)
+export SEQCACHE_TRAINER_WORK=${SEQCACHE_TRAINER_WORK:-$ROOT/build/trainers}
+fail() { echo "torchtitan: 0 passed, 1 failed ($1)"; exit 1; }
+if [ ! -f "$SEQCACHE_TRAINER_WORK/caches.txt" ]; then
+  PATH="$ROOT/.venv/bin:$PATH" bash "$HERE/../make_caches.sh" "$SEQCACHE_TRAINER_WORK" \
+    > "$SEQCACHE_TRAINER_WORK/caches.txt" || fail "make_caches.sh"
+fi
+VENV=$SEQCACHE_TRAINER_WORK/venvs/torchtitan
+STAMP=$(sha256sum < "$HERE/requirements.txt" | cut -c1-16)
+if [ ! -f "$VENV/.installed-$STAMP" ]; then
+  rm -rf "$VENV"
+  PY=${PYTHON:-python3.11}
+  "$PY" -m venv "$VENV" || fail "cannot make a venv with $PY"
+  "$VENV/bin/pip" install -q -r "$HERE/requirements.txt" || fail "pip install -r requirements.txt"
+  touch "$VENV/.installed-$STAMP"
+fi
+# seqcache from this checkout, every run.
+"$VENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT" || fail "pip install seqcache"
+rm -rf "$ROOT/build/lib" "$ROOT"/build/bdist* "$ROOT"/*.egg-info
+cd "$ROOT"
+out=$("$VENV/bin/python" -m pytest -q -s -p no:cacheprovider "$HERE" 2>&1 | tee /dev/stderr | tail -n 1)
+passed=$(grep -o '[0-9]* passed' <<<"$out" | cut -d' ' -f1); failed=$(grep -o '[0-9]* failed' <<<"$out" | cut -d' ' -f1)
+errors=$(grep -o '[0-9]* error' <<<"$out" | cut -d' ' -f1)
+passed=${passed:-0}; failed=$(( ${failed:-0} + ${errors:-0} ))
+echo "torchtitan: $passed passed, $failed failed"
+[ "$failed" = 0 ] && [ "$passed" -gt 0 ]

@@ -19,7 +19,7 @@ t5x's own step, so t5x's dataset checkpoint (``save_dataset``) is not needed
 and a run resumes on any process count (hosts h of H own rows
 [h·B/H, (h+1)·B/H) of every global batch B, whatever H was before).
 
-``vocabulary(cache)`` and ``seqio_task(cache)`` give seqio objects on the
+``vocabulary(cache)`` and ``seqio_task(cache)`` (``seqio_task_name``) give seqio objects on the
 SentencePiece model the cache stores, for t5x's vocabulary check and
 inference. The gin files in ``gin_dir()`` train t5x's T5.1.1 tiny
 encoder–decoder and a tiny decoder-only model. docs/trainers/t5x.md has the
@@ -366,7 +366,8 @@ class CacheDatasetIterator:
 
 
 def _stored_model(cache: str, feature: str) -> tuple[str, int]:
-    """(path of the SentencePiece model the cache stores for ``feature``, its extra ids).
+    """(path of the SentencePiece model the cache stores for ``feature``, its
+    extra ids); of several stored files with the same bytes, the first by name.
 
     Raises:
       ValueError: the feature has no SentencePiece vocabulary, or its stored
@@ -380,7 +381,11 @@ def _stored_model(cache: str, feature: str) -> tuple[str, int]:
             raise ValueError(f"{cache}: feature {feature!r} has no SentencePiece vocabulary "
                              f"(manifest: {desc!r}); seqio_task and vocabulary need one")
         reader.vocabulary(feature)  # checks the stored model's sha256
-        return os.path.join(cache, desc["file"]), int(desc.get("extra_ids", 0))
+        # seqio compares vocabularies by file name: features whose models are
+        # the same bytes (one file per feature in the cache) share one file.
+        same = [d["file"] for d in reader.manifest.vocabularies.values()
+                if d and d.get("kind") == "sentencepiece" and d.get("sha256") == desc.get("sha256") and "file" in d]
+        return os.path.join(cache, min(same)), int(desc.get("extra_ids", 0))
 
 
 def vocabulary(cache: str, feature: str = "targets"):
@@ -460,8 +465,8 @@ def seqio_task(cache: str, name: str | None = None):
             output_features[f] = seqio.Feature(seqio.SentencePieceVocabulary(path, extra_ids=extra_ids),
                                                add_eos=False, dtype=tf.int32)
 
-        def dataset_fn(split_name: str, shuffle_files: bool, seed: int | None = None):
-            del shuffle_files, seed  # cache order
+        def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
+            del split, shuffle_files, seed  # the cache's one split, in cache order
             return tf.data.Dataset.from_generator(
                 lambda: _records(cache, features),
                 output_signature={f: tf.TensorSpec([None], tf.int32) for f in features})
@@ -473,6 +478,15 @@ def seqio_task(cache: str, name: str | None = None):
         seqio.TaskRegistry.add_provider(task_name, task)
         _TASK_CACHES[task_name] = cache
         return task
+
+
+def seqio_task_name(cache: str, name: str | None = None) -> str:
+    """``seqio_task(cache, name).name``: registers the task and returns its
+    name, for gin (``MIXTURE_OR_TASK_NAME = @seqcache_t5x.seqio_task_name()``).
+    t5x's vocabulary check reads a task given by name through seqio's
+    registry; a seqio ``Task`` object given directly is taken for an airio
+    provider there and fails."""
+    return seqio_task(cache, name).name
 
 
 def _records(cache: str, features) -> Any:
@@ -494,6 +508,7 @@ __all__ = [
     "gin_dir",
     "latest_checkpoint_step",
     "seqio_task",
+    "seqio_task_name",
     "vocabulary",
     "vocabulary_size",
 ]

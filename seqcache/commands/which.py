@@ -183,6 +183,20 @@ def _parse_steps(text: str) -> range:
 @click.option("--steps", "steps_text", metavar="START:STOP",
               help="Whole steps START..STOP-1, every row: one table row per (step, row, segment); needs --output.")
 @click.option("--output", type=click.Path(dir_okay=False), help="With --steps: the Parquet file to write.")
+@click.option("--example", "example", type=click.IntRange(min=0), metavar="INDEX",
+              help="Inverse look-up: where cache index INDEX (of --task, in a mixture) appears in the run: "
+                   "epoch, step, row and host, per epoch.")
+@click.option("--source", "source", metavar="FILE:LINE",
+              help="Inverse look-up of a source record (FILE:LINE, FILE:row=N, FILE:byte=N or FILE:record=N): "
+                   "every example holding a segment of it (a scan of the provenance sidecars), and where each "
+                   "appears.")
+@click.option("--task", "task", metavar="NAME_OR_INDEX",
+              help="With --example or --source: the task (name, cache folder or mixture index).")
+@click.option("--until-step", type=click.IntRange(min=0),
+              help="With --example or --source: look at steps 0..S-1 [default: a saved state's step; a finite "
+                   "run's last].")
+@click.option("--hosts", "host_count", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --example or --source: the host count H, for each row's host.")
 @click.option("--text", "with_text", is_flag=True,
               help="With --steps: also read the data records for each segment's token count and text.")
 @click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False),
@@ -199,8 +213,8 @@ def _parse_steps(text: str) -> range:
 @click.option("--feature", help="The token feature [default: the state's, else targets].")
 @click.option("--tokens/--no-tokens", default=True, show_default=True, help="Show token ids and text.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def which(target, step, row, steps_text, output, with_text, schedule, batch_size, seed, num_epochs, mixture_rates,
-          cache_dir, split, modules, feature, tokens, as_json):
+def which(target, step, row, steps_text, output, example, source, task, until_step, host_count, with_text, schedule,
+          batch_size, seed, num_epochs, mixture_rates, cache_dir, split, modules, feature, tokens, as_json):
     """Show what row ROW of global batch STEP was: task, cache index, source file and
     record number of each segment, and the decoded text.
 
@@ -222,19 +236,34 @@ def which(target, step, row, steps_text, output, with_text, schedule, batch_size
     source file, locator and record number, token offset (and with --text the
     segment's token count and text), computed from the positions and the
     provenance sidecars, with no replay.
+
+    With --example INDEX (and --task in a mixture) or --source FILE:LINE, the
+    inverse: where that example, or every example from that source record,
+    appears in steps 0..S-1 (--until-step S): per epoch its step, row, host
+    (of --hosts H) and global position.
     """
     from seqcache.feeders.provenance import locate_row, locate_row_in_state
 
     kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     if kw["global_batch_size"] is None:
         raise click.UsageError("--batch-size is required (the global batch size B of the run)")
+    if example is not None or source is not None:
+        if step is not None or row is not None or steps_text is not None:
+            raise click.UsageError("--example/--source look up where an example is; leave out --step, --row and "
+                                   "--steps")
+        _which_where(kw, example=example, source=source, task=task, until_step=until_step, host_count=host_count,
+                     as_json=as_json)
+        return
+    if task is not None or until_step is not None:
+        raise click.UsageError("--task and --until-step go with --example INDEX or --source FILE:LINE")
     if steps_text is not None:
         steps = _parse_steps(steps_text)
         _check_position(steps.stop, kw["global_batch_size"], "--steps")
         _which_steps(kw, steps, output, feature, with_text)
         return
     if step is None or row is None:
-        raise click.UsageError("give --step and --row (one row), or --steps START:STOP --output FILE (whole steps)")
+        raise click.UsageError("give --step and --row (one row), or --steps START:STOP --output FILE (whole steps), "
+                               "or --example INDEX / --source FILE:LINE (where an example is)")
     if row >= kw["global_batch_size"]:
         raise click.UsageError(f"--row {row} is outside the global batch of {kw['global_batch_size']} rows")
     _check_position(step + 1, kw["global_batch_size"], "--step")
@@ -300,3 +329,58 @@ def _which_steps(kw: dict, steps: range, output, feature, with_text: bool) -> No
     dt = time.perf_counter() - t0
     click.echo(f"{output}: {table.num_rows:,} rows (steps {steps.start}..{steps.stop - 1}, "
                f"{len(steps) * kw['global_batch_size']:,} batch rows) in {dt:.2f} s")
+
+
+def _which_where(kw: dict, *, example, source, task, until_step, host_count, as_json: bool) -> None:
+    """``which --example/--source``: where examples appear in the run (``seqcache.feeders.inverse``)."""
+    from seqcache.feeders.inverse import where_in_run, where_in_state
+
+    if example is not None and source is not None:
+        raise click.UsageError("give --example INDEX or --source FILE:LINE, not both")
+    b = kw["global_batch_size"]
+    if b % host_count:
+        raise click.UsageError(f"--hosts {host_count} does not divide the global batch of {b} rows")
+    if until_step is not None:
+        _check_position(until_step, b, "--until-step")
+    query = {"cache_index": example, "source": source, "task": task, "host_count": host_count}
+    if until_step is not None:
+        query["until_step"] = until_step
+    try:
+        if "state" in kw:
+            found = where_in_state(kw["state"], **query)
+        else:
+            args = dict(kw, seed=kw["seed"] if kw["seed"] is not None else 0)
+            found = where_in_run(**args, **query)
+    except (fmt.CacheError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+        return
+    click.echo(format_where(found, source=source, global_batch_size=b, host_count=host_count))
+
+
+def format_where(found: list, *, source, global_batch_size: int, host_count: int) -> str:
+    """The human-readable form of ``which --example/--source``."""
+    if not found:
+        return f"{source}: no example of this run holds a segment of that record (skipped, filtered or empty)"
+    lines = []
+    for d in found:
+        until = d["until_step"]
+        span = f"steps 0..{until - 1}" if until is not None else "the whole run"
+        head = f"cache index {d['cache_index']} of task {d['task']} ({d['cache']}, {d['num_examples']} examples)"
+        if "segment" in d:
+            head += (f": segment {d['segment']} is {d['source']} {_locate(d)} "
+                     f"(token offset {d['token_offset']})")
+        lines.append(head)
+        lines.append(f"  in {span} (global batch {global_batch_size}, {host_count} host(s)): "
+                     f"{d['epochs_started']} epoch(s) started, seen {len(d['occurrences'])} time(s)")
+        at = {o["epoch"]: o for o in d["occurrences"]}
+        for e in range(d["epochs_started"]) if d["epochs_started"] <= 20 else sorted(at):
+            o = at.get(e)
+            if o is None:
+                lines.append(f"  epoch {e}: not in {span}")
+            else:
+                lines.append(f"  epoch {e}: step {o['step']}, row {o['row']} (host {o['host']}, row {o['host_row']}), "
+                             f"global position {o['position']}")
+    return "\n".join(lines)

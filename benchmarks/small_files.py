@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from seqcache import format as fmt
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 
@@ -75,8 +77,8 @@ def build(spec: str, cache_dir: pathlib.Path) -> dict:
         raise SystemExit(f"seqcache build of {spec} failed:\n{err.decode(errors='replace')[-3000:]}")
     report = json.loads(out)[0]
     folder = cache_dir / "x" / "train"
-    manifest = json.loads((folder / "manifest.json").read_text())
-    hashes = [hashlib.sha256((folder / s["file"]).read_bytes()).hexdigest() for s in manifest["shards"]]
+    hashes = [hashlib.sha256((folder / s.file).read_bytes()).hexdigest()
+              for s in fmt.read_manifest(str(folder)).shards]
     return {"wall_s": wall, "build_s": float(report["seconds"]), "data_sha256": hashes,
             "examples": int(report["num_examples"])}
 

@@ -36,3 +36,17 @@ def test_scale_benchmark_builds_with_a_sentencepiece_model(tmp_path):
     # The byte vocabulary stores at least 2 bytes a raw byte (a uint16 token a
     # byte); 1,000 pieces hold several characters each.
     assert row["examples"] == row["records"] > 0 and 0 < row["cache_mb"] < 2 * row["mb"], row
+
+
+def test_small_files_benchmark_builds_both_and_compares_the_shards(tmp_path):
+    out = tmp_path / "small_files.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/small_files.py", "--files", "40", "--repeat", "1", "--work-dir", str(tmp_path),
+         "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (row,) = report["rounds"]
+    assert report["files"] == 40 and report["data_sha256_equal"], report
+    assert row["one"]["data_sha256"] == row["many"]["data_sha256"] and row["one"]["examples"] == 32_777, row
+    assert all(report[f"ratio_{what}"]["median"] > 0 for what in ("wall_s", "cpu_s", "build_s")), report

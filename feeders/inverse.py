@@ -10,7 +10,8 @@ Every step of it is a bijection that can be inverted exactly, so for an example
 (t, i) and an epoch e:
 
 1. element = perm_{seed,t,e}^-1(i): the Feistel network run backwards, with cycle
-   walking (``FeistelPermutation.inverse``), O(1);
+   walking (``FeistelPermutation.inverse``; ``permutation.inverse_each`` for
+   many epochs in one vectorised pass), O(1);
 2. ordinal k = e * N_t + element;
 3. position p = the inverse of the mixing: ``Mixer.position_of`` (closed form per
    level of the binary tree, O(log T)) or ``Schedule.position_of`` (binary search
@@ -44,11 +45,13 @@ import numpy as np
 
 from seqcache import fs
 from seqcache.feeders import compat
-from seqcache.feeders.permutation import epoch_permutation
+from seqcache.feeders.permutation import epoch_permutation, inverse_each, round_keys_many
 from seqcache.feeders.stream import IndexStream
 
 # More epochs than this for one example needs an explicit ``epochs=`` range.
 MAX_EPOCHS = 1_000_000
+# Epochs whose permutations are inverted together (uint64 (EPOCH_CHUNK, ROUNDS) keys).
+EPOCH_CHUNK = 1 << 14
 # Provenance records read and decoded together when scanning for a source record.
 SCAN_CHUNK = 1 << 16
 # How a source location names its record (``parse_source``), by the source's locator.
@@ -78,7 +81,9 @@ class Occurrence:
     host_row: int
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as a dict (JSON-serialisable)."""
+        return {"epoch": self.epoch, "ordinal": self.ordinal, "position": self.position, "step": self.step,
+                "row": self.row, "host": self.host, "host_row": self.host_row}
 
 
 def position_in_epoch(stream: IndexStream, *, task: int, cache_index: int, epoch: int) -> tuple[int, int | None]:
@@ -176,16 +181,28 @@ def occurrences(
             )
         wanted: Sequence[int] = range(started)
     else:
-        wanted = sorted(int(e) for e in epochs if 0 <= int(e) < started)
+        wanted = sorted({int(e) for e in epochs if 0 <= int(e) < started})
+    i = int(cache_index)
+    if not 0 <= i < n:
+        raise ValueError(f"cache index must be in [0, {n}) for {stream.readers[t].cache_dir} (got {i})")
     rows_per_host = b // int(host_count)
     out = []
-    for e in wanted:
-        k, p = position_in_epoch(stream, task=t, cache_index=cache_index, epoch=e)
-        if k >= count or p is None:
-            continue
-        step, row = divmod(p, b)
-        host, host_row = divmod(row, rows_per_host)
-        out.append(Occurrence(epoch=e, ordinal=k, position=p, step=step, row=row, host=host, host_row=host_row))
+    for lo in range(0, len(wanted), EPOCH_CHUNK):
+        chunk = np.asarray(wanted[lo:lo + EPOCH_CHUNK], np.int64)
+        # Step 1 for every epoch of the chunk at once: one vectorised Feistel
+        # decryption with each epoch's round keys.
+        keys = round_keys_many(seed=stream.seed, task_key=stream.keys[t], epochs=chunk)
+        elements = inverse_each(n, keys, np.full(chunk.size, i, np.int64))
+        for e, element in zip(chunk.tolist(), elements.tolist()):
+            k = e * n + element
+            if k >= count:
+                continue
+            p = stream.mixer.position_of(t, k)
+            if p is None:
+                continue
+            step, row = divmod(p, b)
+            host, host_row = divmod(row, rows_per_host)
+            out.append(Occurrence(epoch=e, ordinal=k, position=p, step=step, row=row, host=host, host_row=host_row))
     return out
 
 

@@ -361,3 +361,20 @@ def test_cli_example_and_source(caches, tmp_path):
     res = runner.invoke(main, ["which", c, "--example", "1", "--hosts", "3", "--until-step", "2",
                                "--batch-size", str(B)])
     assert res.exit_code == 2 and "--hosts 3 does not divide" in res.output
+
+
+def test_inverse_each_is_the_inverse_of_each_epochs_permutation():
+    from seqcache.feeders.permutation import epoch_permutation, inverse_each, round_keys, round_keys_many
+
+    for n in (1, 2, 37, 1000, 1001, 2**40 + 7):  # square, not square, walked, large (no tables)
+        epochs = [0, 1, 5, 10**9, 2**40]
+        keys = round_keys_many(seed=2**64 - 1, task_key="fp", epochs=epochs)
+        assert all(np.array_equal(keys[j], round_keys(seed=2**64 - 1, task_key="fp", epoch=e))
+                   for j, e in enumerate(epochs))
+        rng = np.random.default_rng(n % 1000)
+        y = rng.integers(0, n, size=len(epochs), dtype=np.int64)
+        got = inverse_each(n, keys, y)
+        for j, e in enumerate(epochs):
+            perm = epoch_permutation(n=n, seed=2**64 - 1, task_key="fp", epoch=e)
+            assert int(got[j]) == int(perm.inverse(y[j:j + 1])[0])
+            assert int(perm.permute(got[j:j + 1].astype(np.int64))[0]) == int(y[j])

@@ -1,6 +1,7 @@
 """Fuzzing the readers of JSON that seqcache did not write itself (hypothesis).
 
-A real small cache and a feeder state saved from it are made once per module;
+A real small cache (built by the pipeline) and a feeder state saved from it
+are made once per module;
 each example mutates one or a few values of the manifest, the state, a config
 or a schedule: deep nesting, integers far out of range, negative counts, NaN
 and Infinity, wrong types, deleted keys, shard counts that contradict the
@@ -34,7 +35,6 @@ from seqcache import format as fmt  # noqa: E402
 from seqcache.cli import main  # noqa: E402
 from seqcache.feeders import Feeder, FeederStateError  # noqa: E402
 from seqcache.training import config as config_lib  # noqa: E402
-from test_hostile_input import write_small_cache  # noqa: E402
 
 B = 4
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
@@ -126,13 +126,44 @@ def mutate(doc, path, value):
     return doc
 
 
+def similar(value):
+    """Values of the same JSON type as ``value`` (so that more mutated
+    documents pass the type checks and reach the code behind them)."""
+    if isinstance(value, bool):
+        return st.booleans()
+    if isinstance(value, int):
+        return st.one_of(st.integers(min_value=-2, max_value=2 * abs(value) + 3), huge_ints)
+    if isinstance(value, float):
+        return st.one_of(st.floats(allow_nan=False, allow_infinity=False), special.map(Raw))
+    if isinstance(value, str):
+        return st.one_of(st.text(max_size=6), st.just(value[:-1]), st.just(value + "x"))
+    if isinstance(value, list):
+        return st.one_of(st.just(value[:-1]), st.just(value + value[-1:]), st.just([]), nested.map(Raw))
+    if isinstance(value, dict) and value:
+        key = sorted(value)[0]
+        return st.one_of(st.just({k: v for k, v in value.items() if k != key}), st.just({**value, "x": [0]}),
+                         st.just({}), st.just({k: "x" for k in value}))
+    return values
+
+
+def value_at(doc, path):
+    for key in path:
+        doc = doc[key]
+    return doc
+
+
 @st.composite
 def mutated(draw, doc, extra_paths=()):
-    """``doc`` with one to three of its values replaced or deleted."""
+    """``doc`` with one to three of its values replaced (by any value, or by
+    one of the same type) or deleted."""
     paths = paths_of(doc) + list(extra_paths)
     for _ in range(draw(st.integers(min_value=1, max_value=3))):
         path = draw(st.sampled_from(paths))
-        value = draw(st.one_of(values, st.just(DELETE)))
+        try:
+            same = similar(value_at(doc, path))
+        except (KeyError, IndexError, TypeError):
+            same = values
+        value = draw(st.one_of(same, values, st.just(DELETE)))
         try:
             doc = mutate(doc, path, value)
         except (KeyError, IndexError, TypeError, AttributeError):
@@ -160,8 +191,11 @@ def manifests(draw, raw):
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    return write_small_cache(tmp_path_factory.mktemp("fuzz") / "c")
+def pristine(tmp_path_factory, shakespeare_lm_cache):
+    """A real cache built by the pipeline (packed, byte vocabulary, statistics,
+    source table, a quarantine file), once per module."""
+    root = shakespeare_lm_cache(tmp_path_factory, num_lines=300, sequence_length=64, num_shards=3)
+    return str(root / "shakespeare_lm" / "train")
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +205,7 @@ def raw_manifest(pristine):
 
 @pytest.fixture(scope="module")
 def saved_state(pristine):
-    with Feeder(cache=pristine, global_batch_size=B, sequence_length=8, host_index=0, host_count=1) as f:
+    with Feeder(cache=pristine, global_batch_size=B, sequence_length=64, host_index=0, host_count=1) as f:
         f.step = 3
         return json.loads(json.dumps(f.state()))
 
@@ -202,7 +236,7 @@ def check_manifest_text(work, text: str, *, commands=True) -> None:
         m = None
     if m is not None:
         try:
-            with Feeder(cache=work, global_batch_size=B, sequence_length=8, host_index=0, host_count=1) as f:
+            with Feeder(cache=work, global_batch_size=B, sequence_length=64, host_index=0, host_count=1) as f:
                 f.get_batch(0)
         except (fmt.CacheError, ValueError):
             pass

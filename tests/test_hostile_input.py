@@ -14,11 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from seqcache import bounded_json
 from seqcache import format as fmt
 from seqcache.cli import main
 from seqcache.feeders import Feeder, FeederStateError
-from seqcache.feeders import state as state_lib
 from seqcache.pipelines.writer import write_cache
 from seqcache.training import config as config_lib
 
@@ -345,6 +343,8 @@ def test_train_accepts_the_documented_set_of_a_mixture(tmp_path):
 
 
 def test_bounded_loader_refuses_what_json_loads_accepts_or_crashes_on():
+    from seqcache import bounded_json
+
     for text, words in ((_nested(DEEP), "nested deeper than 64"), ("NaN", "NaN is not"),
                         ("[1e400]", "overflows"), ("1" + "0" * 5000, "out of range"),
                         ("18446744073709551616", "out of range"), ('"\\ud800"' * 1, None)):

@@ -57,11 +57,19 @@ def preprocessors(manifest: fmt.Manifest) -> list[str]:
     ``name(param=value, ...)`` each (values as JSON; None and False left out),
     e.g. ``span_corruption(noise_density=0.15, mean_noise_span_length=3.0,
     input_feature="targets")``; [] when the manifest lacks them."""
-    task = (manifest.raw.get("fingerprint_inputs") or {}).get("task") or {}
+    from seqcache import bounded_json
+
+    # fingerprint_inputs is free-form (what the build hashed): read it defensively.
+    inputs = manifest.raw.get("fingerprint_inputs")
+    task = inputs.get("task") if isinstance(inputs, dict) else None
+    entries = task.get("preprocessors") if isinstance(task, dict) else None
     out = []
-    for entry in task.get("preprocessors") or []:
-        name, params = (entry[0], entry[1]) if isinstance(entry, list) and len(entry) == 2 else (str(entry), {})
-        shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in (params or {}).items()
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
+            name, params = entry
+        else:
+            name, params = (entry if isinstance(entry, str) else bounded_json.short(entry)), {}
+        shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in params.items()
                           if v is not None and v is not False)
         out.append(f"{name}({shown})")
     return out

@@ -40,6 +40,10 @@ into byte ranges of about ``target_bytes`` (a line belongs to the range where
 its first byte lies; see ``seqcache.tasks.sources.lines``), Parquet files into
 groups of consecutive row groups; compressed files, whole-file sources and
 functions are one split. ``read_file(file_index, path)`` reads the whole file.
+The pipeline reads a work unit's splits with ``read_batches_of(splits,
+batch_records)``: batches of records that may span splits (the text source
+joins the lines of small files into one batch), the same records in the same
+order as the splits read one by one.
 
 "Canonical JSON" is ``json.dumps(obj, sort_keys=True, separators=(",", ":"),
 ensure_ascii=False)`` encoded as UTF-8.

@@ -7,6 +7,7 @@ mid-run, on 1, 2 and 4 hosts."""
 
 import collections
 import json
+import os
 import random
 
 import numpy as np
@@ -337,8 +338,7 @@ def test_cli_example_and_source(caches, tmp_path):
     assert (f"epoch 2: step {o['step']}, row {o['row']} (host {o['host']}, row {o['host_row']}), "
             f"global position {o['position']}") in res.output
     # --source over a mixture, and a saved state: until_step defaults to its step.
-    mix = tmp_path / "root"
-    res = runner.invoke(main, ["which", caches["a"] + "/..", "--mixture-rate", "a=1", "--mixture-rate", "c=2",
+    res = runner.invoke(main, ["which", os.path.dirname(caches["a"]), "--mixture-rate", "a=1", "--mixture-rate", "c=2",
                                "--source", "corpus/c.txt:record=1011", "--batch-size", str(B), "--seed", "2",
                                "--until-step", "20", "--json"])
     assert res.exit_code == 0, res.output
@@ -349,9 +349,8 @@ def test_cli_example_and_source(caches, tmp_path):
         state = f.state()
         (e,) = f.where(cache_index=11, task=1, until_step=20)
     assert s["occurrences"] == e["occurrences"]
-    mix.mkdir()
-    (mix / "state.json").write_text(json.dumps(state))
-    res = runner.invoke(main, ["which", str(mix / "state.json"), "--example", "11", "--task", "c", "--json"])
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    res = runner.invoke(main, ["which", str(tmp_path / "state.json"), "--example", "11", "--task", "c", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)[0]["occurrences"] == e["occurrences"]
     res = runner.invoke(main, ["which", c, "--example", "11", "--batch-size", str(B)])

@@ -143,10 +143,11 @@ def warn_schedule_changes(config_path: str, config: config_lib.TrainConfig, step
     """Logs a WARNING when a resumed run's schedule or optimizer differs from the
     config the run was saved with. Extending a run (more steps) is legitimate, so
     this does not refuse; it makes the change visible."""
+    from seqcache import bounded_json
+
     try:
-        with open(config_path, encoding="utf-8") as f:
-            saved = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+        saved = bounded_json.read_file(config_path, error=ValueError, max_bytes=1 << 20, what="config file")
+    except ValueError as e:
         log.info("no saved config to compare the schedule with (%s): %s", config_path, e)
         return
     changes = schedule_changes(saved, config)

@@ -68,8 +68,10 @@ EXPORT_NAME = "export.json"
 MAXTEXT_FILE = "train.array_record"
 # Provenance features written beside the token column (one int64 each).
 PROVENANCE_FEATURES = ("position", "cache_index", "task_index", "epoch")
-# One record per chunk: MaxText's processes read every P-th record.
-WRITER_OPTIONS = "group_size:1,uncompressed"
+# ArrayRecord writer options: uncompressed, and the group size (records per
+# chunk) the caches use for records of the first step's mean size
+# (``seqcache.format.group_size_for``): MaxText's processes read records one by
+# one (every P-th), and a random read decodes one chunk.
 
 # Protocol buffer wire types and the field numbers of tf.train.Example
 # (example.proto: Example.features = 1; feature.proto: Features.feature = 1 (a
@@ -356,19 +358,23 @@ def export_maxtext(
         tmp = path + ".tmp"
         from array_record.python.array_record_module import ArrayRecordWriter
 
-        writer = ArrayRecordWriter(tmp, WRITER_OPTIONS)
-        tokens = 0
+        writer, options, tokens = None, None, 0
         try:
             for step, batch in _batches(feeder, n_steps):
-                for record in encode_step(batch, step=step, global_batch_size=b, feature=feeder.feature,
-                                          column=column, host_count=host_count):
+                records = encode_step(batch, step=step, global_batch_size=b, feature=feeder.feature, column=column,
+                                      host_count=host_count)
+                if writer is None:
+                    options = fmt.writer_options(fmt.group_size_for(sum(map(len, records)) / len(records)))
+                    writer = ArrayRecordWriter(tmp, options)
+                for record in records:
                     writer.write(record)
                 tokens += int(np.count_nonzero(batch[f"{feeder.feature}_segment_ids"]))
                 if progress is not None:
                     progress(step + 1, n_steps)
         except BaseException:
-            writer.close()
-            os.remove(tmp)
+            if writer is not None:
+                writer.close()
+                os.remove(tmp)
             raise
         writer.close()
         os.replace(tmp, path)
@@ -379,6 +385,7 @@ def export_maxtext(
             "file": MAXTEXT_FILE,
             "sha256": fmt.file_sha256(path),
             "bytes": os.path.getsize(path),
+            "writer_options": options,
             "steps": n_steps,
             "records": n_steps * b,
             "tokens": tokens,

@@ -19,9 +19,9 @@ t5x's own step, so t5x's dataset checkpoint (``save_dataset``) is not needed
 and a run resumes on any process count (hosts h of H own rows
 [h·B/H, (h+1)·B/H) of every global batch B, whatever H was before).
 
-``vocabulary(cache)`` and ``seqio_task(cache)`` (``seqio_task_name``) give seqio objects on the
-SentencePiece model the cache stores, for t5x's vocabulary check and
-inference. The gin files in ``gin_dir()`` train t5x's T5.1.1 tiny
+``vocabulary(cache)`` and ``seqio_task(cache)`` (or ``seqio_task_name``,
+for gin) give seqio objects on the SentencePiece model the cache stores, for
+t5x's vocabulary check and inference. The gin files in ``gin_dir()`` train t5x's T5.1.1 tiny
 encoder–decoder and a tiny decoder-only model. docs/trainers/t5x.md has the
 recipe.
 

@@ -86,7 +86,7 @@ class ReadPreprocess:
     batches of ``batch_records``, and at most ``batch_bytes`` of raw records
     (one tokenizer call per batch). A batch is filled across the splits it is
     given: the records of many small files share one batch (a batch per file
-    would cost its fixed overhead, a few hundred microseconds, per file).
+    would pay a batch's fixed cost, its NumPy and vocabulary calls, per file).
 
     ``read(splits)`` (one ``Split`` or a sequence of them, read in order)
     yields ``("records", n)`` for every batch of n source records

@@ -135,6 +135,8 @@ def test_verify_catches_manifest_claiming_one_more_record(cache):
     path = os.path.join(cache, fmt.MANIFEST_NAME)
     raw = json.load(open(path))
     n = _edit_column(raw, "num_records", 0, +1)
+    raw["num_examples"] += 1  # the totals agree with the edited count: only the shard file tells
+    raw["statistics"]["examples"] += 1
     json.dump(raw, open(path, "w"))
     code, report = _verify_cli(cache)
     assert code == 1
@@ -239,6 +241,7 @@ def test_opening_refuses_a_manifest_with_edited_counts(cache):
     raw = json.load(open(path))
     n = _edit_column(raw, "num_records", 2, -1)
     raw["num_examples"] -= 1
+    raw["statistics"]["examples"] -= 1
     json.dump(raw, open(path, "w"))
     name = fmt.shard_name(fmt.DATA_PREFIX, 2, 3)
     with pytest.raises(fmt.CacheError, match=rf"{name}: shard has {n} records, the manifest expects {n - 1}"):

@@ -324,9 +324,30 @@ def export_maxtext(
         existing export without ``overwrite``).
       seqcache.format.CacheError: a cache is missing or inconsistent.
     """
-    from seqcache.feeders.feeder import Feeder
-
     output = os.fspath(output)
+    sidecar = _check_output(output, column, overwrite)
+    feeder = _open_feeder(state=state, cache=cache, mixture=mixture, caches_root=caches_root, split=split,
+                          global_batch_size=global_batch_size, sequence_length=sequence_length, seed=seed,
+                          num_epochs=num_epochs, feature=feature, num_threads=num_threads)
+    with feeder:
+        record_rows(feeder.global_batch_size, host_count)  # checks that H divides B
+        n_steps = _steps_of(feeder, steps)
+        os.makedirs(output, exist_ok=True)
+        if os.path.exists(sidecar):
+            os.remove(sidecar)  # overwrite: the old export is no longer complete
+        path = os.path.join(output, MAXTEXT_FILE)
+        options, tokens = _write_records(feeder, path, n_steps, column=column, host_count=host_count,
+                                         progress=progress)
+        export = _description(feeder, output, path, options=options, steps=n_steps, tokens=tokens, column=column,
+                              host_count=host_count)
+    export["maxtext_flags"] = maxtext_flags(export)
+    with fs.open_write_atomic(sidecar) as f:
+        f.write(json.dumps(export, indent=2, sort_keys=True).encode("utf-8") + b"\n")
+    return export
+
+
+def _check_output(output: str, column: str, overwrite: bool) -> str:
+    """Refuses a bad output folder or column; returns the path of export.json."""
     if fs.is_url(output):
         raise ValueError(f"{output}: export writes a local folder; write it locally and copy it")
     if column in PROVENANCE_FEATURES:
@@ -337,72 +358,79 @@ def export_maxtext(
     if os.path.exists(sidecar) and not overwrite:
         raise ValueError(f"{output} already holds an export ({EXPORT_NAME}); pass overwrite=True "
                          "(--overwrite) or choose another folder")
+    return sidecar
+
+
+def _open_feeder(*, state, global_batch_size, sequence_length, num_threads, **stream):
+    """The Feeder of the whole global batch (one host) at step 0: from a saved
+    state, or from the stream's arguments."""
+    from seqcache.feeders.feeder import Feeder
+
     if state is not None:
         feeder = Feeder.restore(state, host_index=0, host_count=1, num_threads=num_threads,
                                 global_batch_size=global_batch_size, sequence_length=sequence_length)
         feeder.step = 0
-    else:
-        if global_batch_size is None or sequence_length is None:
-            raise ValueError("give global_batch_size and sequence_length (or a saved feeder state)")
-        feeder = Feeder(cache=cache, mixture=mixture, caches_root=caches_root, split=split,
-                        global_batch_size=global_batch_size, sequence_length=sequence_length, host_index=0,
-                        host_count=1, seed=seed, num_epochs=num_epochs, feature=feature, num_threads=num_threads)
-    with feeder:
-        b = feeder.global_batch_size
-        record_rows(b, host_count)  # checks that H divides B
-        n_steps = _steps_of(feeder, steps)
-        os.makedirs(output, exist_ok=True)
-        if os.path.exists(sidecar):
-            os.remove(sidecar)  # overwrite: the old export is no longer complete
-        path = os.path.join(output, MAXTEXT_FILE)
-        tmp = path + ".tmp"
-        from array_record.python.array_record_module import ArrayRecordWriter
+        return feeder
+    if global_batch_size is None or sequence_length is None:
+        raise ValueError("give global_batch_size and sequence_length (or a saved feeder state)")
+    return Feeder(global_batch_size=global_batch_size, sequence_length=sequence_length, host_index=0, host_count=1,
+                  num_threads=num_threads, **stream)
 
-        writer, options, tokens = None, None, 0
-        try:
-            for step, batch in _batches(feeder, n_steps):
-                records = encode_step(batch, step=step, global_batch_size=b, feature=feeder.feature, column=column,
-                                      host_count=host_count)
-                if writer is None:
-                    options = fmt.writer_options(fmt.group_size_for(sum(map(len, records)) / len(records)))
-                    writer = ArrayRecordWriter(tmp, options)
-                for record in records:
-                    writer.write(record)
-                tokens += int(np.count_nonzero(batch[f"{feeder.feature}_segment_ids"]))
-                if progress is not None:
-                    progress(step + 1, n_steps)
-        except BaseException:
-            if writer is not None:
-                writer.close()
-                os.remove(tmp)
-            raise
-        writer.close()
-        os.replace(tmp, path)
-        export = {
-            "format": "maxtext",
-            "version": EXPORT_FORMAT_VERSION,
-            "folder": os.path.abspath(output),
-            "file": MAXTEXT_FILE,
-            "sha256": fmt.file_sha256(path),
-            "bytes": os.path.getsize(path),
-            "writer_options": options,
-            "steps": n_steps,
-            "records": n_steps * b,
-            "tokens": tokens,
-            "global_batch_size": b,
-            "sequence_length": feeder.sequence_length,
-            "host_count": int(host_count),
-            "column": column,
-            "feature": feeder.feature,
-            "features": sorted((column, *PROVENANCE_FEATURES)),
-            "layout": "record s*B + h + j*H holds row h*(B/H) + j of step s (global position s*B + h*(B/H) + j); "
-                      "MaxText's global_next_index g = s*B is the Feeder's position after s steps",
-            "feeder_state": feeder.state(),
-        }
-    export["maxtext_flags"] = maxtext_flags(export)
-    with fs.open_write_atomic(sidecar) as f:
-        f.write(json.dumps(export, indent=2, sort_keys=True).encode("utf-8") + b"\n")
-    return export
+
+def _write_records(feeder, path: str, n_steps: int, *, column: str, host_count: int, progress) -> tuple[str, int]:
+    """Writes steps 0 .. n_steps-1 to ``path`` (a temporary name, then renamed);
+    returns (ArrayRecord writer options, non-padding tokens)."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    tmp = path + ".tmp"
+    writer, options, tokens = None, None, 0
+    try:
+        for step, batch in _batches(feeder, n_steps):
+            records = encode_step(batch, step=step, global_batch_size=feeder.global_batch_size,
+                                  feature=feeder.feature, column=column, host_count=host_count)
+            if writer is None:
+                options = fmt.writer_options(fmt.group_size_for(sum(map(len, records)) / len(records)))
+                writer = ArrayRecordWriter(tmp, options)
+            for record in records:
+                writer.write(record)
+            tokens += int(np.count_nonzero(batch[f"{feeder.feature}_segment_ids"]))
+            if progress is not None:
+                progress(step + 1, n_steps)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+            os.remove(tmp)
+        raise
+    writer.close()
+    os.replace(tmp, path)
+    return options, tokens
+
+
+def _description(feeder, output: str, path: str, *, options: str, steps: int, tokens: int, column: str,
+                 host_count: int) -> dict:
+    """The content of export.json, less the MaxText flags."""
+    b = feeder.global_batch_size
+    return {
+        "format": "maxtext",
+        "version": EXPORT_FORMAT_VERSION,
+        "folder": os.path.abspath(output),
+        "file": MAXTEXT_FILE,
+        "sha256": fmt.file_sha256(path),
+        "bytes": os.path.getsize(path),
+        "writer_options": options,
+        "steps": steps,
+        "records": steps * b,
+        "tokens": tokens,
+        "global_batch_size": b,
+        "sequence_length": feeder.sequence_length,
+        "host_count": int(host_count),
+        "column": column,
+        "feature": feeder.feature,
+        "features": sorted((column, *PROVENANCE_FEATURES)),
+        "layout": "record s*B + h + j*H holds row h*(B/H) + j of step s (global position s*B + h*(B/H) + j); "
+                  "MaxText's global_next_index g = s*B is the Feeder's position after s steps",
+        "feeder_state": feeder.state(),
+    }
 
 
 def read_export(folder: str | os.PathLike) -> dict:

@@ -30,7 +30,9 @@ if [ ! -f "$VENV/.installed-$STAMP" ]; then
   touch "$VENV/.installed-$STAMP"
 fi
 # seqcache from this checkout, every run (the tests use its Feeder; no other dependency is needed).
-"$VENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT" 2>&1 | grep -v -i "warn\|^ *!!\|check.warn\|^$" >&2
+mkdir -p "$SEQCACHE_TRAINER_WORK/maxtext"
+"$VENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT" > "$SEQCACHE_TRAINER_WORK/maxtext/pip.log" 2>&1 \
+  || fail "pip install seqcache: see $SEQCACHE_TRAINER_WORK/maxtext/pip.log"
 rm -rf "$ROOT/build/lib" "$ROOT"/build/bdist* "$ROOT"/*.egg-info
 # The export, with the project's own seqcache, as docs/trainers/maxtext.md gives it.
 CACHE=$(head -n 1 "$SEQCACHE_TRAINER_WORK/caches.txt")

@@ -67,7 +67,7 @@ def train(dump: pathlib.Path, cache: str) -> dict:
     text = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
     metrics = {int(s): (float(loss), float(norm)) for s, loss, norm in LOG_LINE.findall(text)}
     rows = [json.loads(line) for line in rows_log.read_text().splitlines()]
-    print(f"{dump.name}: " + ", ".join(f"step {s} loss {m[0]}" for s, m in sorted(metrics.items())))
+    print(f"\n{dump.name}: " + ", ".join(f"step {s} loss {m[0]}" for s, m in sorted(metrics.items())))
     return {"metrics": metrics, "rows": rows, "log": text}
 
 

@@ -39,7 +39,7 @@ from seqcache.training import config as config_lib  # noqa: E402
 B = 4
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
-FAST_PARSE = settings(FAST, max_examples=150)
+FAST_PARSE = settings(FAST, max_examples=100)
 SLOW = settings(FAST, max_examples=1500, derandomize=False)
 
 

@@ -88,6 +88,9 @@ def run_cli(*args):
     assert result.exit_code != 0, output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in output, output
+    if result.exit_code == 1 and not output.startswith("FAILED: "):  # (verify lists its problems)
+        # A damaged file: one line on standard error.
+        assert output.startswith("error: ") and output.count("\n") == 1, output
     return output
 
 

@@ -37,8 +37,8 @@ def _read_state(path: str, label: str, batch_size, seed, num_epochs) -> dict:
 
     try:
         state = load_state(path)
-    except FeederStateError as e:
-        raise click.UsageError(f"not a readable feeder state: {e}") from None
+    except FeederStateError as e:  # a damaged file, not a usage mistake: one line, exit 1
+        _fail(f"not a readable feeder state: {e}")
     for name, given in (("global_batch_size", batch_size), ("seed", seed), ("num_epochs", num_epochs)):
         if given is not None and given != state[name]:
             raise click.UsageError(f"{label} has {name}={json.dumps(state[name])}, but {given} was given; drop "
@@ -80,9 +80,17 @@ def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
             for p, r in rates.items():
                 bounded_json.number(r, f"stage {step}: rate of {bounded_json.short(p)}", path=path, error=_Bad)
             out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): float(r) for p, r in rates.items()}
-    except _Bad as e:
-        raise click.BadParameter(str(e), param_hint=label) from None
+    except _Bad as e:  # a damaged file, not a usage mistake: one line, exit 1
+        _fail(f"{label}: {e}")
     return out
+
+
+def _fail(message: str) -> None:
+    """``error: MESSAGE`` on standard error, and exit status 1."""
+    from seqcache.commands import common
+
+    common.print_error(message)
+    sys.exit(1)
 
 
 def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule=None):

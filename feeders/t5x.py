@@ -225,26 +225,34 @@ def get_deterministic_dataset(
         raise ValueError("train DatasetConfig.seed is None: set it (or get_deterministic_dataset.seed) to an "
                          "integer, the feeder's seed; a new seed at each restart would change the stream")
     lengths = dict(cfg.task_feature_lengths)
-    converter = converter_name(feature_converter_cls, lengths)
-    step = 0
-    if continue_from_last_checkpoint:
-        if model_dir is None:
-            raise ValueError("get_deterministic_dataset needs model_dir (bind "
-                             "seqcache_t5x.get_deterministic_dataset.model_dir = %MODEL_DIR)")
-        latest = latest_checkpoint_step(model_dir)
-        if latest is not None:
-            if latest < start_step:
-                raise ValueError(f"{model_dir}: latest checkpoint step {latest} is before start_step {start_step}; "
-                                 f"start_step is the t5x step at which this data stream starts")
-            step = latest - start_step
+    step = _first_step(model_dir, start_step) if continue_from_last_checkpoint else 0
     feeder = ConvertedFeeder(
-        converter=converter, sequence_length=lengths,
+        converter=converter_name(feature_converter_cls, lengths), sequence_length=lengths,
         **feeder_source(cfg.mixture_or_task_name, split=cfg.split, caches_root=caches_root),
         global_batch_size=batch_size, host_index=int(shard_id), host_count=int(num_shards),
         seed=int(seed), num_epochs=num_epochs, start_step=step,
         num_threads=num_threads, prefetch=prefetch)
     _register_with_clu()
     return CacheDatasetIterator(feeder, record_path=record_path, shard_id=int(shard_id), num_shards=int(num_shards))
+
+
+def _first_step(model_dir: str | None, start_step: int) -> int:
+    """The feeder step to start from: the latest checkpoint step in ``model_dir``
+    minus ``start_step`` (0 without a checkpoint).
+
+    Raises:
+      ValueError: no ``model_dir``; a latest step before ``start_step``.
+    """
+    if model_dir is None:
+        raise ValueError("get_deterministic_dataset needs model_dir (bind "
+                         "seqcache_t5x.get_deterministic_dataset.model_dir = %MODEL_DIR)")
+    latest = latest_checkpoint_step(model_dir)
+    if latest is None:
+        return 0
+    if latest < start_step:
+        raise ValueError(f"{model_dir}: latest checkpoint step {latest} is before start_step {start_step}; "
+                         f"start_step is the t5x step at which this data stream starts")
+    return latest - start_step
 
 
 def _register_with_clu() -> None:

@@ -204,9 +204,8 @@ def get_deterministic_dataset(
       num_threads, prefetch: the feeder's reader threads and steps read ahead.
 
     Returns:
-      A clu ``DatasetIterator`` (``CacheDatasetIterator``) of dicts of numpy
-      arrays, each (B // num_shards, L): int32 tokens, segment ids, positions
-      (and causal attention), float32 loss weights; the fields of the converter.
+      A clu ``DatasetIterator`` (``CacheDatasetIterator``) of the converter's fields, each
+      (B // num_shards, L): int32 tokens, segment ids, positions, float32 loss weights.
 
     Raises:
       ValueError: B not divisible by ``num_shards``, no seed, no ``model_dir``

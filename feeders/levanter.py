@@ -92,7 +92,7 @@ class FeederRows:
         self.sequence_length = whole.sequence_length
         self.feature = whole.feature
         self.num_steps: int | None = whole.num_steps
-        self._row_counts = [d for d in range(1, self.global_batch_size + 1) if self.global_batch_size % d == 0]
+        self._row_counts = _divisors(self.global_batch_size)  # rows per host slice, ascending
 
     def __getstate__(self) -> dict:
         return {"_args": self._args}
@@ -179,6 +179,12 @@ class FeederRows:
             self._args = None
         for f in feeders:
             f.close()
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of n >= 1, ascending, in O(sqrt(n))."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _empty_rows(feature: str, length: int) -> dict[str, np.ndarray]:

@@ -215,6 +215,56 @@ def next_token_loss_weight(segment_ids: np.ndarray) -> np.ndarray:
     return w
 
 
+class _FeederDatasetBase:
+    """The part of ``FeederDataset`` that needs no levanter: lengths, rows, repr."""
+
+    def __init__(self, **feeder_args: Any):
+        self._rows = FeederRows(**feeder_args)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self._rows.global_batch_size
+
+    @property
+    def sequence_length(self) -> int:
+        return self._rows.sequence_length
+
+    @property
+    def num_steps(self) -> int | None:
+        return self._rows.num_steps
+
+    def is_finite(self) -> bool:
+        return self._rows.length is not None
+
+    async def async_len(self) -> int:
+        if self._rows.length is None:
+            raise ValueError("the Feeder's stream repeats forever (num_epochs=None): the dataset has no length; "
+                             "give num_epochs= for a finite one")
+        return self._rows.length
+
+    async def final_length_is_known(self) -> bool:
+        return self.is_finite()
+
+    async def current_len(self) -> int | None:
+        return self._rows.length
+
+    async def wait_until_len_at_least(self, length: int) -> int:
+        return length if self._rows.length is None else self._rows.length
+
+    def rows(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+        """The Feeder's fields of these global positions: see ``FeederRows.rows``."""
+        return self._rows.rows(indices)
+
+    def close(self) -> None:
+        """Closes the Feeders' threads and shard readers."""
+        self._rows.close()
+
+    def __repr__(self) -> str:
+        n = "forever" if self._rows.num_steps is None else f"{self._rows.num_steps} steps"
+        return (f"FeederDataset(B={self._rows.global_batch_size}, L={self._rows.sequence_length}, "
+                f"seed={self._rows.seed}, {n})")
+
+
 @functools.cache
 def _dataset_class() -> type:
     """Defines ``FeederDataset`` (imports levanter, and so JAX)."""
@@ -222,7 +272,7 @@ def _dataset_class() -> type:
     from levanter.data.text.examples import GrugLmExample
     from levanter.grug.attention import AttentionMask
 
-    class FeederDataset(AsyncDataset[GrugLmExample]):
+    class FeederDataset(_FeederDatasetBase, AsyncDataset[GrugLmExample]):
         """A levanter ``AsyncDataset[GrugLmExample]`` whose index i is global
         position i of the Feeder's stream (row i mod B of step i // B).
 
@@ -248,43 +298,6 @@ def _dataset_class() -> type:
           ValueError, seqcache.format.CacheError: as ``Feeder``'s constructor.
         """
 
-        def __init__(self, **feeder_args: Any):
-            self._rows = FeederRows(**feeder_args)
-
-        @property
-        def global_batch_size(self) -> int:
-            return self._rows.global_batch_size
-
-        @property
-        def sequence_length(self) -> int:
-            return self._rows.sequence_length
-
-        @property
-        def num_steps(self) -> int | None:
-            return self._rows.num_steps
-
-        def is_finite(self) -> bool:
-            return self._rows.length is not None
-
-        async def async_len(self) -> int:
-            if self._rows.length is None:
-                raise ValueError("the Feeder's stream repeats forever (num_epochs=None): the dataset has no length; "
-                                 "give num_epochs= for a finite one")
-            return self._rows.length
-
-        async def final_length_is_known(self) -> bool:
-            return self.is_finite()
-
-        async def current_len(self) -> int | None:
-            return self._rows.length
-
-        async def wait_until_len_at_least(self, length: int) -> int:
-            return length if self._rows.length is None else self._rows.length
-
-        def rows(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
-            """The Feeder's fields of these global positions: see ``FeederRows.rows``."""
-            return self._rows.rows(indices)
-
         def examples(self, indices: Sequence[int] | np.ndarray) -> list:
             """The ``GrugLmExample`` of each index, read together (synchronous)."""
             rows = self._rows.rows(indices)
@@ -302,15 +315,6 @@ def _dataset_class() -> type:
 
         async def getitem_async(self, index: int) -> GrugLmExample:
             return (await self.get_batch([index]))[0]
-
-        def close(self) -> None:
-            """Closes the Feeders' threads and shard readers."""
-            self._rows.close()
-
-        def __repr__(self) -> str:
-            n = "forever" if self._rows.num_steps is None else f"{self._rows.num_steps} steps"
-            return (f"FeederDataset(B={self._rows.global_batch_size}, L={self._rows.sequence_length}, "
-                    f"seed={self._rows.seed}, {n})")
 
     FeederDataset.__module__ = __name__
     FeederDataset.__qualname__ = "FeederDataset"

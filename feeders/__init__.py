@@ -10,6 +10,13 @@ The index vocabulary (global position, step, row, host, task, ordinal, epoch,
 cache index) is defined at the top of ``seqcache.feeders.feeder``; the algorithms
 and guarantees are in docs/feeder.md. This package imports neither Beam nor JAX:
 ``make_global_batch`` (JAX) and the Orbax helpers import them when called.
+
+The trainers beyond seqcache's own (docs/trainers.md), each imported on its own
+and importing its trainer only when used: ``seqcache.feeders.t5x``
+(``get_deterministic_dataset``), ``seqcache.feeders.levanter``
+(``cache_dataset``), ``seqcache.feeders.torch`` (``FeederLoader``) and
+``seqcache.feeders.export`` (``seqcache export --format maxtext``). Where an
+example was seen in a run: ``seqcache.feeders.inverse`` and ``Feeder.where``.
 """
 
 from seqcache.feeders.checkpoint import feeder_restore_args, feeder_save_args, restore_feeder

@@ -7,6 +7,7 @@
 # runs of this folder. Prints "levanter: N passed, N failed".
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/../lib.sh"
 ROOT=$(cd "$HERE/../../.." && pwd)
 export SEQCACHE_TRAINER_WORK=${SEQCACHE_TRAINER_WORK:-$ROOT/build/trainers}
 if [ ! -f "$SEQCACHE_TRAINER_WORK/caches.txt" ]; then
@@ -25,12 +26,7 @@ if [ ! -f "$VENV/.installed-$STAMP" ]; then
   touch "$VENV/.installed-$STAMP"
 fi
 # seqcache from this checkout, every run.
-"$VENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT" || { echo "levanter: 0 passed, 1 failed (pip install seqcache)"; exit 1; }
-rm -rf "$ROOT/build/lib" "$ROOT"/build/bdist* "$ROOT"/*.egg-info  # as make install: no stale copies in later builds
+install_seqcache levanter "$VENV" "$ROOT"
 cd "$ROOT"
 out=$("$VENV/bin/python" -m pytest -q -s -p no:cacheprovider tests/feeders/test_levanter.py "$HERE" 2>&1 | tee /dev/stderr | tail -n 1)
-passed=$(grep -o '[0-9]* passed' <<<"$out" | cut -d' ' -f1); failed=$(grep -o '[0-9]* failed' <<<"$out" | cut -d' ' -f1)
-errors=$(grep -o '[0-9]* error' <<<"$out" | cut -d' ' -f1); skipped=$(grep -o '[0-9]* skipped' <<<"$out" | cut -d' ' -f1)
-passed=${passed:-0}; failed=$(( ${failed:-0} + ${errors:-0} + ${skipped:-0} ))  # nothing may be skipped here
-echo "levanter: $passed passed, $failed failed"
-[ "$failed" = 0 ] && [ "$passed" -gt 0 ]
+closing_line levanter "$out" skipped-fails  # nothing may be skipped here

@@ -8,6 +8,7 @@
 #   else pyenv's 3.12.1).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/../lib.sh"
 ROOT=$(cd "$HERE/../../.." && pwd)
 export SEQCACHE_TRAINER_WORK=${SEQCACHE_TRAINER_WORK:-$ROOT/build/trainers}
 fail() { echo "maxtext: 0 passed, 1 failed ($1)"; exit 1; }
@@ -31,9 +32,7 @@ if [ ! -f "$VENV/.installed-$STAMP" ]; then
 fi
 # seqcache from this checkout, every run (the tests use its Feeder; no other dependency is needed).
 mkdir -p "$SEQCACHE_TRAINER_WORK/maxtext"
-"$VENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT" > "$SEQCACHE_TRAINER_WORK/maxtext/pip.log" 2>&1 \
-  || fail "pip install seqcache: see $SEQCACHE_TRAINER_WORK/maxtext/pip.log"
-rm -rf "$ROOT/build/lib" "$ROOT"/build/bdist* "$ROOT"/*.egg-info
+install_seqcache maxtext "$VENV" "$ROOT"
 # The export, with the project's own seqcache, as docs/trainers/maxtext.md gives it.
 CACHE=$(head -n 1 "$SEQCACHE_TRAINER_WORK/caches.txt")
 "$SEQCACHE" export --format maxtext "$CACHE" --output "$SEQCACHE_TRAINER_WORK/maxtext/export" \
@@ -42,8 +41,4 @@ cd "$ROOT"
 LOG=$SEQCACHE_TRAINER_WORK/maxtext/pytest.log
 "$VENV/bin/python" -m pytest -q -s -p no:cacheprovider "$HERE" 2>&1 | tee "$LOG" >&2
 out=$(tail -n 1 "$LOG")
-passed=$(grep -o '[0-9]* passed' <<<"$out" | cut -d' ' -f1); failed=$(grep -o '[0-9]* failed' <<<"$out" | cut -d' ' -f1)
-errors=$(grep -o '[0-9]* error' <<<"$out" | cut -d' ' -f1)
-passed=${passed:-0}; failed=$(( ${failed:-0} + ${errors:-0} ))
-echo "maxtext: $passed passed, $failed failed"
-[ "$failed" = 0 ] && [ "$passed" -gt 0 ]
+closing_line maxtext "$out"

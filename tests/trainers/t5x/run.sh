@@ -11,6 +11,7 @@
 # (tests/trainers/t5x/requirements.txt).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/../lib.sh"
 ROOT=$(cd "$HERE/../../.." && pwd)
 export SEQCACHE_TRAINER_WORK=${SEQCACHE_TRAINER_WORK:-$ROOT/build/trainers}
 if [ -z "${T5X_SOURCE:-}" ]; then
@@ -44,11 +45,7 @@ if [ ! -f "$VENV/.installed-$STAMP" ]; then
   touch "$VENV/.installed-$STAMP"
 fi
 # seqcache from this checkout, every run (its feeders need numpy and array_record only).
-"$VENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT" || { echo "t5x: 0 passed, 1 failed (pip install seqcache)"; exit 1; }
+install_seqcache t5x "$VENV" "$ROOT"
 cd "$ROOT"
 out=$("$VENV/bin/python" -m pytest -q -s -p no:cacheprovider "$HERE" 2>&1 | tee /dev/stderr | tail -n 1)
-passed=$(grep -o '[0-9]* passed' <<<"$out" | cut -d' ' -f1); failed=$(grep -o '[0-9]* failed' <<<"$out" | cut -d' ' -f1)
-errors=$(grep -o '[0-9]* error' <<<"$out" | cut -d' ' -f1)
-passed=${passed:-0}; failed=$(( ${failed:-0} + ${errors:-0} ))
-echo "t5x: $passed passed, $failed failed"
-[ "$failed" = 0 ] && [ "$passed" -gt 0 ]
+closing_line t5x "$out"

@@ -6,6 +6,7 @@
 # checkpoint. Prints "torchtitan: N passed, N failed".
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/../lib.sh"
 ROOT=$(cd "$HERE/../../.." && pwd)
 export SEQCACHE_TRAINER_WORK=${SEQCACHE_TRAINER_WORK:-$ROOT/build/trainers}
 fail() { echo "torchtitan: 0 passed, 1 failed ($1)"; exit 1; }
@@ -23,12 +24,7 @@ if [ ! -f "$VENV/.installed-$STAMP" ]; then
   touch "$VENV/.installed-$STAMP"
 fi
 # seqcache from this checkout, every run.
-"$VENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT" || fail "pip install seqcache"
-rm -rf "$ROOT/build/lib" "$ROOT"/build/bdist* "$ROOT"/*.egg-info
+install_seqcache torchtitan "$VENV" "$ROOT"
 cd "$ROOT"
 out=$("$VENV/bin/python" -m pytest -q -s -p no:cacheprovider "$HERE" 2>&1 | tee /dev/stderr | tail -n 1)
-passed=$(grep -o '[0-9]* passed' <<<"$out" | cut -d' ' -f1); failed=$(grep -o '[0-9]* failed' <<<"$out" | cut -d' ' -f1)
-errors=$(grep -o '[0-9]* error' <<<"$out" | cut -d' ' -f1)
-passed=${passed:-0}; failed=$(( ${failed:-0} + ${errors:-0} ))
-echo "torchtitan: $passed passed, $failed failed"
-[ "$failed" = 0 ] && [ "$passed" -gt 0 ]
+closing_line torchtitan "$out"

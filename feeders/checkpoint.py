@@ -45,14 +45,17 @@ def feeder_restore_args():
 
 
 def restore_feeder(restored_json: Mapping[str, Any], *, host_index: int | None = None,
-                   host_count: int | None = None, **kwargs) -> Feeder:
-    """``Feeder.restore(restored_json, host_index=, host_count=, **kwargs)``.
+                   host_count: int | None = None, **kwargs):
+    """``Feeder.restore(restored_json, host_index=, host_count=, **kwargs)``, or
+    ``ConvertedFeeder.restore(...)`` for a ``ConvertedFeeder``'s state (one with a
+    "converter" field); returns that feeder.
 
     ``kwargs`` are passed on: ``num_threads``, ``prefetch``, the caches' current
     locations (``cache`` or ``mixture``, matched to the state's caches by
     fingerprint) and the expectations (``seed``, ``global_batch_size``,
-    ``sequence_length``, ``feature``, ``num_epochs``) that make a checkpoint from
-    another configuration be refused.
+    ``sequence_length``, ``feature``, ``num_epochs``; for a ``ConvertedFeeder``
+    ``converter`` and ``sequence_length`` as {feature: length}, no ``feature``)
+    that make a checkpoint from another configuration be refused.
 
     Raises:
       FeederStateError (a ValueError): no feeder state in the checkpoint, or a state
@@ -64,4 +67,9 @@ def restore_feeder(restored_json: Mapping[str, Any], *, host_index: int | None =
         raise FeederStateError(
             f"the checkpoint has no feeder state (item {ITEM_NAME!r}); it was saved without feeder_save_args()"
         )
-    return Feeder.restore(dict(restored_json), host_index=host_index, host_count=host_count, **kwargs)
+    state = dict(restored_json)
+    if "converter" in state:
+        from seqcache.feeders.converters import ConvertedFeeder
+
+        return ConvertedFeeder.restore(state, host_index=host_index, host_count=host_count, **kwargs)
+    return Feeder.restore(state, host_index=host_index, host_count=host_count, **kwargs)

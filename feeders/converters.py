@@ -30,11 +30,15 @@ mixing) holds for the converted stream: the feeders locate the same examples.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import os
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from seqcache.feeders.feeder import Feeder
+from seqcache import bounded_json
+from seqcache.feeders import compat
+from seqcache.feeders import state as state_lib
+from seqcache.feeders.feeder import Feeder, resolve_hosts
 from seqcache.feeders.stream import (CONVERTER_FEATURES, check_same_features, describe_features, open_mixture,
                                      token_features)
 
@@ -248,19 +252,89 @@ class ConvertedFeeder:
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Moves every feature's feeder to ``state``'s position, after checking it.
+        """Moves every feature's feeder to ``state``'s position, after checking it
+        (``seqcache.feeders.state.check_state`` and ``check_converter``, then
+        ``Feeder.set_state`` per feature).
 
         Raises:
-          ValueError: the state was saved with another converter or lengths.
+          FeederStateError (a ValueError): a damaged state or converter field
+            (one line, the value shortened); the state was saved with another
+            converter or lengths; the differences ``Feeder.set_state`` refuses.
         """
-        saved = state.get("converter")
-        mine = {"name": self.converter, "sequence_length": dict(self.sequence_length)}
-        if saved != mine:
-            raise ValueError(f"the state was saved with converter {saved!r}, this feeder has {mine!r}")
+        state_lib.check_state(state)
+        name, lengths = state_lib.check_converter(state)
+        if (name, lengths) != (self.converter, self.sequence_length):
+            raise state_lib.FeederStateError(
+                f"the state was saved with converter {name!r} and sequence lengths {lengths}, this feeder has "
+                f"converter {self.converter!r} and sequence lengths {self.sequence_length}")
         for n, f in self.feeders.items():
             s = {k: v for k, v in state.items() if k != "converter"}
             s["feature"], s["sequence_length"] = n, self.sequence_length[n]
             f.set_state(s)
+
+    @classmethod
+    def restore(
+        cls,
+        state: Mapping[str, Any],
+        *,
+        host_index: int | None = None,
+        host_count: int | None = None,
+        num_threads: int | None = None,
+        prefetch: int | None = None,
+        cache: str | os.PathLike | None = None,
+        mixture: Mapping[str, Any] | Sequence[tuple[str, Any]] | Any = None,
+        caches_root: str | os.PathLike | None = None,
+        split: str = "train",
+        seed: int | None = None,
+        global_batch_size: int | None = None,
+        converter: str | None = None,
+        sequence_length: Mapping[str, int] | None = None,
+        num_epochs: Any = Feeder._UNSET,
+    ) -> "ConvertedFeeder":
+        """A converted feeder positioned where ``state`` (``ConvertedFeeder.state()``)
+        was saved, with the state's converter and lengths: the same global
+        stream, for any host count that divides the global batch. The arguments
+        are ``Feeder.restore``'s; ``converter`` and ``sequence_length`` (feature
+        -> length) are expectations too, like ``seed``, ``global_batch_size`` and
+        ``num_epochs``: a state that differs is refused.
+
+        Raises:
+          FeederStateError (a ValueError): a damaged state or converter field
+            (``check_state``, ``check_converter``: one line, values shortened);
+            not a ``ConvertedFeeder``'s state (no "converter" field: restore it
+            with ``Feeder.restore``); a state that differs from an expectation
+            or from the caches (``Feeder.restore``).
+          ValueError: the host count does not divide the saved global batch.
+          seqcache.format.CacheError: a cache cannot be opened where it is looked for.
+        """
+        state_lib.check_state(state)
+        if "converter" not in state:
+            raise state_lib.FeederStateError(
+                "feeder state: the state has no 'converter' field, it was saved by a Feeder of feature "
+                f"{bounded_json.short(state['feature'])}; restore it with Feeder.restore(state, ...)")
+        name, lengths = state_lib.check_converter(state)
+        if converter is not None and converter != name:
+            raise state_lib.FeederStateError(f"feeder state has converter {name!r}, but this run has converter "
+                                             f"{converter!r}{state_lib.RESTORE_HINT}")
+        if sequence_length is not None and dict(sequence_length) != lengths:
+            raise state_lib.FeederStateError(f"feeder state has sequence lengths {lengths}, but this run has "
+                                             f"{dict(sequence_length)}{state_lib.RESTORE_HINT}")
+        Feeder._check_expectations(state, seed=seed, global_batch_size=global_batch_size, num_epochs=num_epochs)
+        host_index, host_count = resolve_hosts(host_index, host_count)
+        compat.check_hosts(state["global_batch_size"], host_index, host_count, saved=True)
+
+        def open_feeder(**arguments):
+            return cls(converter=name, sequence_length=lengths, **arguments)
+
+        feeder = Feeder._open_restored(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split,
+                                       open_feeder=open_feeder, host_index=host_index, host_count=host_count,
+                                       num_threads=num_threads, prefetch=prefetch)
+        try:
+            feeder.set_state(state)
+        except BaseException:
+            feeder.close()
+            raise
+        return feeder
 
     def close(self) -> None:
         for f in self.feeders.values():

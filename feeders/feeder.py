@@ -493,9 +493,11 @@ class Feeder:
           FeederStateError (a ValueError): naming the first difference and both
             values, e.g. "the cache at PATH was rebuilt (fingerprint A, the state
             was saved with fingerprint B)", or "the mixture schedule rewrites the
-            past at step S: ...".
+            past at step S: ..."; a ``ConvertedFeeder``'s state (restore it with
+            ``ConvertedFeeder``).
         """
         state_lib.check_state(state)
+        state_lib.refuse_converter_state(state)
         current = self.state()
         if state.get("schedule") is None and self.schedule is None:
             diff = state_lib.stream_difference(state, current)
@@ -549,11 +551,15 @@ class Feeder:
             rebuilt (fingerprint A, the state was saved with fingerprint B)");
             other rates, caches or mixture order; a state that differs from an
             expectation. The message names both values.
+          FeederStateError: a ``ConvertedFeeder``'s state (it has a "converter"
+            field; restore it with ``ConvertedFeeder.restore``, or
+            ``restore_feeder``, which feed every feature its converter reads).
           ValueError: the host count does not divide the saved global batch (the
             message lists host counts that do).
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """
         state_lib.check_state(state)
+        state_lib.refuse_converter_state(state)
         cls._check_expectations(state, seed=seed, global_batch_size=global_batch_size,
                                 sequence_length=sequence_length, feature=feature, num_epochs=num_epochs)
         host_index, host_count = resolve_hosts(host_index, host_count)
@@ -586,11 +592,13 @@ class Feeder:
         state_lib.compare(state, expected)
 
     @classmethod
-    def _open_restored(cls, state: Mapping[str, Any], *, cache, mixture, caches_root, split,
+    def _open_restored(cls, state: Mapping[str, Any], *, cache, mixture, caches_root, split, open_feeder=None,
                        **hosts_and_threads: Any) -> "Feeder":
         """A feeder with the state's configuration over its caches: where the state
         says, or at ``cache=``/``mixture=`` when given (matched by fingerprint in
-        ``set_state``), at step 0.
+        ``set_state``), at step 0. ``open_feeder(**arguments)`` (default: this
+        class with the state's feature and sequence length) makes it from the
+        caches' location, global batch size, seed, epochs, hosts and threads.
 
         Raises:
           seqcache.format.IncompleteCacheError: no cache where the state says; the
@@ -600,14 +608,15 @@ class Feeder:
             where = {"mixture": state_lib.mixture_argument(state)}
         else:
             where = {"cache": cache, "mixture": mixture, "caches_root": caches_root, "split": split}
+        if open_feeder is None:
+            def open_feeder(**arguments):
+                return cls(sequence_length=state["sequence_length"], feature=state["feature"], **arguments)
         try:
-            return cls(
+            return open_feeder(
                 **where,
                 global_batch_size=state["global_batch_size"],
-                sequence_length=state["sequence_length"],
                 seed=state["seed"],
                 num_epochs=state["num_epochs"],
-                feature=state["feature"],
                 **hosts_and_threads,
             )
         except fmt.IncompleteCacheError as e:

@@ -121,6 +121,66 @@ def _short(value: Any) -> str:
     return bounded_json.short(value)
 
 
+def check_converter(state: Mapping[str, Any], *, path: str = "feeder state") -> tuple[str, dict[str, int]]:
+    """The converter of a ``ConvertedFeeder``'s state (a checked state with a
+    ``"converter"`` field ``{"name": ..., "sequence_length": {feature: L}}``),
+    after checking its fields: the name one of ``ConvertedFeeder``'s
+    converters, a length for exactly the features it reads, each an integer in
+    [1, 2^24), and the state's own ``feature`` and ``sequence_length`` those of
+    its targets.
+
+    Returns:
+      (name, {feature: length}) with the converter's features in its order.
+
+    Raises:
+      FeederStateError: one line naming ``path`` and the field, with the value
+        shortened (``seqcache.bounded_json.short``).
+    """
+    from seqcache.feeders.stream import CONVERTER_FEATURES
+
+    err = FeederStateError
+    converter = bounded_json.mapping(state.get("converter"), "converter", path=path, error=err)
+    extra = sorted(str(k) for k in converter if k not in ("name", "sequence_length"))
+    if extra or "name" not in converter or "sequence_length" not in converter:
+        raise FeederStateError(f"{path}: converter has keys {_short(sorted(map(str, converter)))}, expected "
+                               "['name', 'sequence_length']")
+    name = converter["name"]
+    if not isinstance(name, str) or name not in CONVERTER_FEATURES:
+        raise FeederStateError(f"{path}: converter.name = {_short(name)}, expected one of "
+                               f"{tuple(CONVERTER_FEATURES)}")
+    lengths = bounded_json.mapping(converter["sequence_length"], "converter.sequence_length", path=path, error=err)
+    names = CONVERTER_FEATURES[name]
+    if sorted(map(str, lengths)) != sorted(names):
+        raise FeederStateError(f"{path}: converter.sequence_length has features {_short(sorted(map(str, lengths)))}, "
+                               f"converter {name!r} reads {list(names)}")
+    out = {n: bounded_json.integer(lengths[n], f"converter.sequence_length.{n}", path=path, lo=1,
+                                   hi=bounded_json.MAX_SEQUENCE_LENGTH, error=err) for n in names}
+    if state.get("feature") != "targets" or state.get("sequence_length") != out["targets"]:
+        raise FeederStateError(
+            f"{path}: feature = {_short(state.get('feature'))} and sequence_length = "
+            f"{_short(state.get('sequence_length'))} disagree with converter {name!r} "
+            f"(expected 'targets' and {out['targets']}, its targets' length)")
+    return name, out
+
+
+def refuse_converter_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None:
+    """Refuses a ``ConvertedFeeder``'s state (one with a ``"converter"``
+    field) where a plain ``Feeder`` would restore it: that feeder would read the
+    targets only, without the converter's other features and fields.
+
+    Raises:
+      FeederStateError: naming the converter and ``ConvertedFeeder.restore``.
+    """
+    if "converter" not in state:
+        return
+    converter = state["converter"]
+    name = converter.get("name") if isinstance(converter, Mapping) else converter
+    raise FeederStateError(
+        f"{path}: the state was saved by ConvertedFeeder(converter={_short(name)}); a Feeder would read its "
+        "targets only: restore it with ConvertedFeeder.restore(state, ...) or restore_feeder(state, ...)"
+    )
+
+
 def _check_mixture(state: Mapping[str, Any], path: str) -> None:
     err = FeederStateError
     mixture = state["mixture"]

@@ -165,3 +165,120 @@ def test_a_mixture_of_an_lm_and_a_translation_task_is_refused_by_every_converter
         rows = [f.get_batch(s) for s in range(4)]
     assert sorted(set(np.concatenate([b["task_index"] for b in rows]).tolist())) == [0, 1]
     assert all((b["encoder_segment_ids"] > 0).any(axis=1).all() for b in rows)
+
+
+# Runs in a fresh interpreter: restore_feeder on each of H hosts, then the digest
+# of the next global batch (the hosts' rows concatenated), field by field.
+_CONVERTED_RESTORE_CHILD = r"""
+import hashlib, json, sys
+import numpy as np
+from seqcache.feeders import restore_feeder
+req = json.load(sys.stdin)
+H = req["host_count"]
+feeders = [restore_feeder(req["state"], host_index=h, host_count=H, num_threads=1) for h in range(H)]
+parts = [next(f) for f in feeders]
+h = hashlib.sha256()
+for k in sorted(parts[0]):
+    h.update(k.encode() + np.concatenate([p[k] for p in parts]).tobytes())
+print(json.dumps({"type": type(feeders[0]).__name__, "digest": h.hexdigest(), "step": feeders[0].step,
+                  "state": feeders[0].state()}))
+"""
+
+
+def _digest(batch):
+    import hashlib
+
+    h = hashlib.sha256()
+    for k in sorted(batch):
+        h.update(k.encode() + np.asarray(batch[k]).tobytes())
+    return h.hexdigest()
+
+
+def test_restore_feeder_of_a_converted_state_resumes_the_converter_on_another_host_count(caches):
+    import json
+    import subprocess
+    import sys
+
+    plain, _ = caches
+    kw = dict(converter="encdec", cache=plain, sequence_length={"inputs": 96, "targets": 96}, global_batch_size=8,
+              seed=5)
+    with ConvertedFeeder(host_index=0, host_count=1, **kw) as f:
+        want = f.get_batch(9)
+        f.step = 9
+        state = f.state()
+    proc = subprocess.run([sys.executable, "-c", _CONVERTED_RESTORE_CHILD], capture_output=True, text=True,
+                          timeout=120, input=json.dumps({"state": state, "host_count": 2}))
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    # A ConvertedFeeder (inputs and the converter's fields), at the next step, the same rows.
+    assert got["type"] == "ConvertedFeeder" and got["step"] == 10
+    assert got["digest"] == _digest(want)
+    assert got["state"]["converter"] == state["converter"]
+    with ConvertedFeeder.restore(state, host_index=1, host_count=4) as g:
+        b = g.get_batch(9)
+        assert b["encoder_input_tokens"].shape == (2, 96)
+        assert np.array_equal(b["encoder_input_tokens"], want["encoder_input_tokens"][2:4])
+    with pytest.raises(ValueError, match="this run has converter 'lm'"):
+        ConvertedFeeder.restore(state, host_index=0, host_count=1, converter="lm")
+
+
+def test_a_plain_feeder_refuses_a_converted_state(caches):
+    from seqcache.feeders import Feeder, FeederStateError
+
+    plain, _ = caches
+    with ConvertedFeeder(converter="prefix_lm", cache=plain, sequence_length={"inputs": 64, "targets": 96},
+                         global_batch_size=4, host_index=0, host_count=1) as f:
+        state = f.state()
+    with pytest.raises(FeederStateError) as e:
+        Feeder.restore(state, host_index=0, host_count=1)
+    assert "ConvertedFeeder(converter='prefix_lm')" in str(e.value)
+    assert "ConvertedFeeder.restore(state" in str(e.value)
+    with Feeder(cache=plain, global_batch_size=4, sequence_length=96, host_index=0, host_count=1) as g:
+        with pytest.raises(FeederStateError, match="ConvertedFeeder.restore"):
+            g.set_state(state)
+    with pytest.raises(FeederStateError, match="restore it with Feeder.restore"):
+        ConvertedFeeder.restore({k: v for k, v in state.items() if k != "converter"}, host_index=0, host_count=1)
+
+
+@pytest.mark.parametrize("converter, expected", [
+    ("encdec", "converter = 'encdec', expected a JSON object"),
+    ({"name": "bert" * 5000, "sequence_length": {"targets": 96}}, "converter.name = 'bertbert"),
+    ({"name": "lm", "sequence_length": {"targets": 10**30}}, "is out of range"),
+    ({"name": "lm", "sequence_length": {"targets": 2**40}}, "converter.sequence_length.targets = 1099511627776, "
+                                                             "expected an integer in [1, 2^24)"),
+    ({"name": "lm", "sequence_length": {"targets": 96.5}}, "converter.sequence_length.targets = 96.5"),
+    ({"name": "lm", "sequence_length": {"targets": float("nan")}}, "expected a finite number"),
+    ({"name": "lm", "sequence_length": {"targets": 96, "inputs": 96}}, "converter 'lm' reads ['targets']"),
+    ({"name": "encdec", "sequence_length": {"inputs": 64, "targets": 48}}, "disagree with converter 'encdec'"),
+    ({"name": "lm", "sequence_length": {"targets": 96}, "x": 1}, "expected ['name', 'sequence_length']"),
+    ({"name": [[[[[[["lm"] * 100]]]]]], "sequence_length": {"targets": 96}}, "converter.name = [[[[...]]]]"),
+])
+def test_hostile_converter_fields_are_one_short_line(caches, converter, expected):
+    from seqcache.feeders import FeederStateError, restore_feeder
+
+    plain, _ = caches
+    with ConvertedFeeder(converter="lm", cache=plain, sequence_length={"targets": 96}, global_batch_size=4,
+                         host_index=0, host_count=1) as f:
+        state = f.state()
+        for restore in (restore_feeder, ConvertedFeeder.restore, lambda s, **kw: f.set_state(s)):
+            with pytest.raises(FeederStateError) as e:
+                restore({**state, "converter": converter}, host_index=0, host_count=1)
+            msg = str(e.value)
+            assert expected in msg and "\n" not in msg and len(msg) < 400, msg
+
+
+def test_deeply_nested_converter_field_is_refused_in_one_line(caches):
+    from seqcache.feeders import FeederStateError
+
+    plain, _ = caches
+    with ConvertedFeeder(converter="lm", cache=plain, sequence_length={"targets": 96}, global_batch_size=4,
+                         host_index=0, host_count=1) as f:
+        state = f.state()
+        deep = 96
+        for _ in range(5000):
+            deep = [deep]
+        for bad in ({"name": "lm", "sequence_length": {"targets": deep}}, deep):
+            for restore in (ConvertedFeeder.restore, lambda s, **kw: f.set_state(s)):
+                with pytest.raises(FeederStateError) as e:
+                    restore({**state, "converter": bad}, host_index=0, host_count=1)
+                assert "nested deeper than 64 levels" in str(e.value) and len(str(e.value)) < 300

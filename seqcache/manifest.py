@@ -515,7 +515,41 @@ def check_manifest(raw: Any, *, path: str = fmt.MANIFEST_NAME, check_shards: boo
         else:
             check_value(field, value, path)
     _check_counts(raw, decoded["shards"], path, decoded["features"], check_shards=check_shards)
+    check_fingerprint(raw, path, decoded["features"])
     return decoded
+
+
+def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
+    """Refuses a manifest whose identity contradicts itself (edited or damaged):
+    ``fingerprint`` that is not the sha256 of the canonical JSON of
+    ``fingerprint_inputs`` (``seqcache.format.fingerprint_of``, as the build
+    computes it), or a ``features`` table whose names, dtypes or order differ
+    from ``fingerprint_inputs.record_features`` (``[[name, dtype], ...]``,
+    written by every build of a task). A manifest without
+    ``fingerprint_inputs`` (the field is optional), or whose inputs have no
+    ``record_features``, skips that part. Cost: one hash of the (small) inputs.
+
+    Raises:
+      seqcache.format.CacheError: one line naming the manifest, the field and
+        both values (shortened).
+    """
+    inputs = raw.get("fingerprint_inputs")
+    if inputs is None:
+        return
+    actual = fmt.fingerprint_of(inputs)
+    fingerprint = raw["fingerprint"]
+    shown = repr(fingerprint) if len(fingerprint) <= 80 else _short(fingerprint)  # a sha256 is 64 characters
+    fmt._require(fingerprint == actual, path,
+                 f"fingerprint = {shown}, but the sha256 of fingerprint_inputs is {actual!r}: "
+                 "the manifest was edited or damaged; rebuild the cache")
+    recorded = inputs.get("record_features")
+    if recorded is None:
+        return
+    table = [[f.name, f.dtype] for f in features]
+    fmt._require(recorded == table, path,
+                 f"features = {_short(table)} (name, dtype), but fingerprint_inputs.record_features = "
+                 f"{_short(recorded)}: the features table must list the recorded features with their dtypes in "
+                 "record order; the manifest was edited or damaged; rebuild the cache")
 
 
 def _check_counts(raw: Mapping[str, Any], table: "fmt.ShardTable", path: str, features, *,

@@ -380,3 +380,49 @@ def test_a_garbage_shard_is_named_once(cache):
     message = str(e.value)
     assert message.startswith(f"{shard}: cannot ") and f", in cache {cache}: " in message
     assert "of this shard" not in message and "\n" not in message
+
+
+@pytest.fixture(scope="module")
+def built_lm(shakespeare_lm_cache, tmp_path_factory):
+    """A packed cache built by the pipeline (its fingerprint_inputs record the
+    features: [['targets', 'uint16'], ['targets_segment_ids', 'uint16']])."""
+    return str(shakespeare_lm_cache(tmp_path_factory, num_lines=120, sequence_length=64) / "shakespeare_lm" / "train")
+
+
+def _duplicate_features_key(raw):
+    """The manifest text with a second, reversed "features" member (json.loads keeps the last)."""
+    reversed_table = json.dumps(raw["features"][::-1])
+    return json.dumps(raw)[:-1] + f', "features": {reversed_table}}}'
+
+
+_RECORDED = "fingerprint_inputs.record_features = [['targets', 'uint16'], ['targets_segment_ids', 'uint16']]"
+IDENTITY_CASES = [
+    # (id, edit, the message's words): each edit decodes other data than the build wrote, or names another cache.
+    ("reversed-features", lambda raw: raw["features"].reverse(),
+     f"features = [['targets_segment_ids', 'uint16'], ['targets', 'uint16']] (name, dtype), but {_RECORDED}"),
+    ("renamed-feature", lambda raw: raw["features"][0].update(name="inputs"),
+     f"features = [['inputs', 'uint16'], ['targets_segment_ids', 'uint16']] (name, dtype), but {_RECORDED}"),
+    ("dtype", lambda raw: raw["features"][0].update(dtype="int32"), "features = [['targets', 'int32'], "),
+    ("duplicate-features-key", _duplicate_features_key, "features"),
+    ("fingerprint", lambda raw: raw.update(fingerprint="0" * 64),
+     f"fingerprint = '{'0' * 64}', but the sha256 of fingerprint_inputs is '"),
+    ("fingerprint-inputs-split", lambda raw: raw["fingerprint_inputs"].update(split="validation"),
+     "but the sha256 of fingerprint_inputs is '"),
+]
+
+
+@pytest.mark.parametrize("name, edit, words", IDENTITY_CASES, ids=[c[0] for c in IDENTITY_CASES])
+def test_a_manifest_whose_identity_was_edited_is_refused_by_the_reader_and_verify(built_lm, tmp_path, name, edit,
+                                                                                  words):
+    import shutil
+
+    cache = str(shutil.copytree(built_lm, tmp_path / "c"))
+    fmt.read_manifest(cache)  # the build's manifest agrees with itself
+    path = edit_manifest(cache, edit)
+    with pytest.raises(fmt.CacheError) as e:
+        fmt.read_manifest(cache)
+    assert str(e.value).startswith(f"{path}: ") and words in str(e.value) and "\n" not in str(e.value)
+    for args in (["verify", cache], ["show", cache], ["info", cache],
+                 ["which", cache, "--step", 0, "--row", 0, "--batch-size", B]):
+        out = run_cli(*args)
+        assert words in out and path in out, (args, out)

@@ -265,7 +265,7 @@ def test_a_missing_required_field_fails_both(built):
 def test_the_writer_writes_no_field_the_schema_lacks(built, tmp_path):
     cache, raw, _ = built
     entries = fmt.parse_manifest(raw).shards
-    args = dict(task="t", split="train", fingerprint="f", fingerprint_inputs={}, features=raw["features"],
+    args = dict(task="t", split="train", fingerprint=fmt.fingerprint_of({}), fingerprint_inputs={}, features=raw["features"],
                 shards=[], sources=[], statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={})
     with pytest.raises(ValueError, match=r"\['colour'\] are not in the manifest schema"):
         writer.build_manifest(**args, extra={"colour": "red"})

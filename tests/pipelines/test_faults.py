@@ -91,7 +91,7 @@ def test_a_retried_unit_gives_exactly_the_input_multiset(tmp_path, corpora, exch
         results[result.get("shard", result["kind"])] = result
     assert results["counts"]["records"] == 40000
     entries = [results[shard]["entry"] for shard in range(2)]
-    raw = writer.build_manifest(task="lines", split="train", fingerprint="f", fingerprint_inputs={}, features=[
+    raw = writer.build_manifest(task="lines", split="train", fingerprint=fmt.fingerprint_of({}), fingerprint_inputs={}, features=[
         {"name": f.name, "dtype": f.dtype} for f in transforms.features_out(task)], shards=entries,
         sources=[{"path": path}], statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={})
     writer.write_manifest(str(out_dir), raw, shards=entries)

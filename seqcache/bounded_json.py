@@ -12,7 +12,10 @@ comes out, with one line naming the file:
   parser recurses, and so does everything that walks the result);
 - numbers: ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's ``json``
   accepts, but JSON does not) are refused, and so are floats that overflow to
-  infinity (``1e999``) and integers of 2^64 or more in magnitude.
+  infinity (``1e999``) and integers of 2^64 or more in magnitude;
+- keys: an object that has a key twice is refused (Python's ``json`` keeps
+  the last value without a word, other readers the first: an edited file
+  would mean one thing to one reader and another to the next).
 
 ``check_tree`` applies the same nesting and number rules to a value that is
 already decoded (a feeder state handed over as a dict by Orbax or a user).
@@ -77,6 +80,49 @@ class _Refused:
         self.text, self.reason = text, reason
 
 
+class _DuplicateKey:
+    """What the parser's object hook returns for an object that has a key twice
+    (``check_tree`` reports it with its place)."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object has the key ``key`` twice (``unique_keys``)."""
+
+    def __init__(self, key: str):
+        super().__init__(f"the key {short(key)} appears twice in one object")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A ``json.loads`` ``object_pairs_hook``: the object as a dict, unless it
+    has a key twice.
+
+    Raises:
+      DuplicateKeyError: naming the first repeated key.
+    """
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise DuplicateKeyError(_first_repeated(pairs))
+    return obj
+
+
+def _first_repeated(pairs: list[tuple[str, Any]]) -> str:
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    raise AssertionError("no repeated key")
+
+
+def _unique_or_refused(pairs: list[tuple[str, Any]]):
+    obj = dict(pairs)
+    return obj if len(obj) == len(pairs) else _DuplicateKey(_first_repeated(pairs))
+
+
 def _parse_int(text: str):
     digits = text.lstrip("-")
     if len(digits) > 20 or abs(int(text)) >= MAX_INTEGER:
@@ -114,7 +160,8 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
 
     Raises:
       error: ``{path}: ...`` one line: too large, not UTF-8, not JSON, nested
-        too deep, NaN or Infinity, a number out of range.
+        too deep, NaN or Infinity, a number out of range, an object with a
+        key twice (``{path}: mixture[0] has the key 'rate' twice ...``).
     """
     size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
@@ -125,7 +172,8 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
         except UnicodeDecodeError as e:
             raise error(f"{path}: the {what} is not UTF-8 text: {e}") from None
     try:
-        value = json.loads(data, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+        value = json.loads(data, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
+                           object_pairs_hook=_unique_or_refused)
     except RecursionError:
         raise error(f"{path}: the {what} is nested deeper than {max_depth} levels") from None
     except ValueError as e:  # json.JSONDecodeError, and int() of too many digits
@@ -195,6 +243,9 @@ def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, ma
                 raise error(f"{path}: {where or what} = {node!r}, expected a finite number")
         elif isinstance(node, _Refused):
             raise error(f"{path}: {where or what} = {node.text} {node.reason}")
+        elif isinstance(node, _DuplicateKey):
+            raise error(f"{path}: {where or 'the ' + what} has the key {short(node.key)} twice (JSON readers "
+                        "disagree on which value counts); keep one")
         else:
             raise error(f"{path}: {where or what} is a {type(node).__name__}, not a JSON value")
 

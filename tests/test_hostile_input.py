@@ -403,7 +403,7 @@ IDENTITY_CASES = [
     ("renamed-feature", lambda raw: raw["features"][0].update(name="inputs"),
      f"features = [['inputs', 'uint16'], ['targets_segment_ids', 'uint16']] (name, dtype), but {_RECORDED}"),
     ("dtype", lambda raw: raw["features"][0].update(dtype="int32"), "features = [['targets', 'int32'], "),
-    ("duplicate-features-key", _duplicate_features_key, "features"),
+    ("duplicate-features-key", _duplicate_features_key, "the manifest has the key 'features' twice"),
     ("fingerprint", lambda raw: raw.update(fingerprint="0" * 64),
      f"fingerprint = '{'0' * 64}', but the sha256 of fingerprint_inputs is '"),
     ("fingerprint-inputs-split", lambda raw: raw["fingerprint_inputs"].update(split="validation"),
@@ -426,3 +426,52 @@ def test_a_manifest_whose_identity_was_edited_is_refused_by_the_reader_and_verif
                  ["which", cache, "--step", 0, "--row", 0, "--batch-size", B]):
         out = run_cli(*args)
         assert words in out and path in out, (args, out)
+
+
+# --- duplicate keys: one line naming the file and the key, wherever JSON is read ---
+
+
+def test_a_duplicate_key_is_refused_in_manifests_states_schedules_and_set_values(pristine, state, tmp_path):
+    from seqcache import bounded_json
+    from seqcache.training import data as data_lib
+
+    with pytest.raises(ValueError, match=r"^x: mixture\[0\] has the key 'rate' twice"):
+        bounded_json.loads('{"mixture": [{"rate": 1, "rate": 0}]}', path="x")
+    assert bounded_json.loads('{"a": {"b": 1}, "b": {"a": 2}}', path="x") == {"a": {"b": 1}, "b": {"a": 2}}
+    # A feeder state whose position appears twice: `which` and load_state refuse it.
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state)[:-1] + ', "position": 40}')
+    with pytest.raises(FeederStateError, match=f"^{path}: the feeder state has the key 'position' twice"):
+        from seqcache.feeders.state import load_state
+        load_state(str(path))
+    out = run_cli("which", path, "--step", 2, "--row", 0)
+    assert "has the key 'position' twice" in out and str(path) in out
+    # A nested manifest key: every command names the manifest and the place.
+    cache = tmp_path / "c"
+    import shutil
+    shutil.copytree(pristine, cache)
+    mpath = edit_manifest(cache, lambda raw: json.dumps(raw).replace('"sources": [{"path": ',
+                                                                     '"sources": [{"path": "x", "path": '))
+    for args in (["info", cache], ["verify", cache]):
+        out = run_cli(*args)
+        assert f"{mpath}: sources[0] has the key 'path' twice" in out, out
+    # Mixture schedules, JSON (which, train) and YAML (train).
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text('{"0": {"c": 1}, "0": {"c": 2}}')
+    out = run_cli("which", os.path.dirname(pristine), "--mixture-schedule", schedule, "--step", 0, "--row", 0,
+                  "--batch-size", B)
+    assert f"{schedule}: the mixture schedule has the key '0' twice" in out, out
+    with pytest.raises(config_lib.ConfigError, match=f"^{schedule}: the mixture schedule has the key '0' twice"):
+        data_lib.load_mixture_schedule(str(schedule))
+    yaml_schedule = tmp_path / "schedule.yaml"
+    yaml_schedule.write_text("0:\n  wiki: 1\n  wiki: 3\n")
+    with pytest.raises(config_lib.ConfigError, match=f"^{yaml_schedule}: the key 'wiki' appears twice"):
+        data_lib.load_mixture_schedule(str(yaml_schedule))
+    # A --set value and a config file.
+    with pytest.raises(config_lib.ConfigError, match="the key 'a' appears twice in one object") as e:
+        config_lib.apply_overrides(config_lib.TrainConfig(), ['data.mixture={"a": 1, "a": 3}'])
+    assert "data.mixture" in str(e.value)
+    config = tmp_path / "config.json"
+    config.write_text('{"steps": 5, "steps": 50}')
+    with pytest.raises(config_lib.ConfigError, match=f"^{config}: the config file has the key 'steps' twice"):
+        config_lib.load_config_file(str(config))

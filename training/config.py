@@ -525,16 +525,19 @@ def _parse_scalar(text: str, tp: Any, key: str = "override") -> Any:
     of 2^64 or more are refused), else the text as a bare string.
 
     Raises:
-      ConfigError: JSON out of bounds (too deep, NaN, a huge number).
+      ConfigError: JSON out of bounds (too deep, NaN, a huge number), an
+        object with a key twice.
     """
     if text.lower() in ("none", "null"):
         return None
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=bounded_json.unique_keys)
     except _NotANumber:
         raise ConfigError(f"override {key!r}: {_short(text)} is not a finite number") from None
+    except bounded_json.DuplicateKeyError as e:
+        raise ConfigError(f"override {key!r}: {e} (JSON readers disagree on which value counts); keep one") from None
     except (json.JSONDecodeError, RecursionError):
         pass
     except ValueError:  # an integer of more digits than int() converts

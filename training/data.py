@@ -52,6 +52,27 @@ class Source:
     name: str
 
 
+def _unique_keys_yaml_loader(yaml):
+    """PyYAML's SafeLoader, refusing a mapping that has a key twice (PyYAML
+    keeps the last value) with ``seqcache.bounded_json.DuplicateKeyError``."""
+    from seqcache import bounded_json
+
+    class UniqueKeysLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise bounded_json.DuplicateKeyError(key)
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader refuses it itself
+                    continue
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeysLoader
+
+
 def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
     """Reads a mixture schedule file: JSON (``.json``) or YAML (``.yaml``/``.yml``)
     holding {step: {task or cache folder: rate}}, e.g.
@@ -72,7 +93,7 @@ def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
         if path.endswith((".yaml", ".yml")):
             import yaml
 
-            raw = yaml.safe_load(text)
+            raw = yaml.load(text, Loader=_unique_keys_yaml_loader(yaml))
             bounded_json.check_tree(raw, path=path, error=ConfigError, what="mixture schedule")
         else:
             raw = bounded_json.loads(text, path=path, error=ConfigError, what="mixture schedule")
@@ -80,6 +101,8 @@ def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
         raise
     except RecursionError:
         raise ConfigError(f"{path}: the mixture schedule is nested too deep") from None
+    except bounded_json.DuplicateKeyError as e:
+        raise ConfigError(f"{path}: {e} (YAML readers disagree on which value counts); keep one") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"{path}: cannot read the mixture schedule: {e}") from None
     except ImportError:

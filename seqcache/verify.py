@@ -3,7 +3,8 @@
 ``open``-time checks (``seqcache.format.check_shard_files``) are cheap: sizes and
 presence. ``verify_cache`` reads every byte: it recomputes each shard's sha256 (against
 the manifest's shard checksum file, itself checked by size and sha256),
-counts its records and decodes every record, checks the quarantine file against
+counts its records and decodes every record (token ids of a feature with a
+vocabulary must lie in [0, vocab_size)), checks the quarantine file against
 the manifest's statistics, and reports every problem, each naming the file and
 the expected and actual value.
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+
+import numpy as np
 
 from seqcache import bounded_json
 from seqcache import format as fmt
@@ -48,7 +51,35 @@ class VerifyReport:
         }
 
 
-def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decode_batch, listed) -> ShardReport:
+def vocabulary_limits(manifest: fmt.Manifest) -> dict[str, int]:
+    """feature -> ``vocabularies.<feature>.vocab_size`` for each record feature
+    that has a vocabulary with a size: its token ids must lie in [0, size)."""
+    names = {f.name for f in manifest.features}
+    return {name: int(desc["vocab_size"]) for name, desc in manifest.vocabularies.items()
+            if name in names and isinstance(desc, dict) and isinstance(desc.get("vocab_size"), int)}
+
+
+def _out_of_vocabulary(path: str, start: int, decoded: list[dict], limits: dict[str, int]) -> str | None:
+    """The first token id outside [0, vocab_size) in a batch of decoded records
+    (one numpy pass per feature over the batch), as a problem line, or None."""
+    for name, size in limits.items():
+        arrays = [d[name] for d in decoded]
+        if not arrays:
+            continue
+        flat = np.concatenate(arrays)
+        bad = (flat >= size) | (flat < 0) if flat.dtype.kind == "i" else flat >= size
+        if bad.any():
+            first = int(np.argmax(bad))
+            record = start + int(np.searchsorted(np.cumsum([len(a) for a in arrays]), first, side="right"))
+            return (f"{path} record {record}: feature {name!r} holds token id {int(flat[first])}, outside the "
+                    f"vocabulary's [0, {size}) (vocabularies.{name}.vocab_size in the manifest; {int(bad.sum())} "
+                    f"such tokens in records {start}..{start + len(arrays) - 1}): the manifest or the shard was "
+                    "edited or damaged; rebuild the cache")
+    return None
+
+
+def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decode_batch, listed,
+                limits=None) -> ShardReport:
     from array_record.python.array_record_module import ArrayRecordReader
 
     try:  # nothing outside the cache is opened
@@ -77,8 +108,12 @@ def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decod
                 problems.append(f"{path}: {count} records, expected {num_records}")
             for start in range(0, count, decode_batch):
                 indices = list(range(start, min(count, start + decode_batch)))
-                for i, record in zip(indices, reader.read(indices)):
-                    fmt.decode_example(features, record, where=f"{path} record {i}")
+                decoded = [fmt.decode_example(features, record, where=f"{path} record {i}")
+                           for i, record in zip(indices, reader.read(indices))]
+                bad = _out_of_vocabulary(path, start, decoded, limits) if limits else None
+                if bad:
+                    problems.append(bad)
+                    limits = None  # the first per shard
         except fmt.CacheError as e:
             problems.append(str(e))
         except Exception as e:
@@ -107,7 +142,8 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
 
     Returns:
       A ``VerifyReport`` whose ``problems`` name each bad file with the expected
-      and actual value (size, sha256, record count, or the undecodable record;
+      and actual value (size, sha256, record count, the undecodable record, the
+      first record per shard with a token id >= its feature's vocab_size;
       a shard checksum file that is missing or does not match the manifest),
       and any disagreement between the quarantine file and the manifest
       (``check_quarantine``).
@@ -133,10 +169,11 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
         # Sizes, counts and records are still checked; the checksums cannot be.
         checksum_problems.append(f"{e}; the shards' checksums were not compared")
         sha256 = provenance_sha256 = [None] * len(manifest.shards)
+    limits = vocabulary_limits(manifest)
     shards = []
     for i, s in enumerate(manifest.shards):
         shards.append(_check_file(cache_dir, s.file, s.num_bytes, sha256[i], s.num_records, manifest.features,
-                                  decode_batch, listed))
+                                  decode_batch, listed, limits))
         shards.append(
             _check_file(cache_dir, s.provenance_file, s.provenance_num_bytes, provenance_sha256[i], s.num_records,
                         fmt.PROVENANCE_FEATURES, decode_batch, listed)

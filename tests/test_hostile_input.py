@@ -475,3 +475,34 @@ def test_a_duplicate_key_is_refused_in_manifests_states_schedules_and_set_values
     config.write_text('{"steps": 5, "steps": 50}')
     with pytest.raises(config_lib.ConfigError, match=f"^{config}: the config file has the key 'steps' twice"):
         config_lib.load_config_file(str(config))
+
+
+def test_verify_refuses_token_ids_at_or_above_the_manifests_vocab_size(built_lm, tmp_path):
+    """Was: "ok" for a manifest whose vocab_size was lowered; training on it
+    then gathers embeddings out of range (a NaN loss)."""
+    import shutil
+
+    from seqcache.verify import verify_cache
+
+    cache = str(shutil.copytree(built_lm, tmp_path / "c"))
+    assert verify_cache(cache).ok
+    size = json.load(open(_manifest_path(cache)))["vocabularies"]["targets"]["vocab_size"]
+    edit_manifest(cache, lambda raw: raw["vocabularies"]["targets"].update(vocab_size=100))
+    report = verify_cache(cache)
+    assert not report.ok
+    bad = [p for p in report.problems if "outside the vocabulary's [0, 100)" in p]
+    assert len(bad) == 2, report.problems  # the first such record of each of the 2 shards
+    shard0 = os.path.join(cache, fmt.shard_name(fmt.DATA_PREFIX, 0, 2))
+    assert bad[0].startswith(f"{shard0} record 0: feature 'targets' holds token id ")
+    assert "vocabularies.targets.vocab_size in the manifest" in bad[0] and "\n" not in bad[0]
+    # The token named is the first one >= 100 in shard 0's first record.
+    from seqcache.feeders.reader import CacheReader
+
+    with CacheReader(cache) as r:
+        first = r.read_examples([0])[0]["targets"]
+    assert f"token id {int(first[first >= 100][0])}," in bad[0]
+    out = CliRunner().invoke(main, ["verify", cache])
+    assert out.exit_code == 1 and "outside the vocabulary's [0, 100)" in out.output
+    # The build's own size passes: every id is below it.
+    edit_manifest(cache, lambda raw: raw["vocabularies"]["targets"].update(vocab_size=size))
+    assert verify_cache(cache).ok

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import math
+import numbers
 import os
 import sys
 
@@ -301,7 +302,7 @@ def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step) -> None:
         result = trainer.fit(feeder, eval_feeder_fn=eval_fn, stop_at=stop_at_step)
     except (CheckpointError, FeederStateError, fmt.CacheError) as e:
         _fail(e)
-    click.echo(json.dumps(_summary(result), sort_keys=True))
+    click.echo(summary_line(_summary(result)))
     bad = next((result.start_step + i + 1 for i, x in enumerate(result.losses) if not math.isfinite(float(x))), None)
     if bad is not None:
         click.echo(f"error: the loss is not finite from step {bad} on (a learning rate too high, or bad data: "
@@ -309,6 +310,26 @@ def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step) -> None:
         sys.exit(1)
     if result.stopped_by_signal:
         sys.exit(EXIT_PREEMPTED)
+
+
+def summary_line(summary: dict) -> str:
+    """The summary as one line of strict JSON: a loss or eval value that is NaN
+    or infinite (a diverged run) is written as null, which every JSON reader
+    reads, where Python's ``json`` would write ``NaN``, which none but Python's
+    does. The line after it says from which step the loss is not finite."""
+
+    def finite(value):
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return value
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        return float(value) if math.isfinite(value) else None
+
+    return json.dumps(finite(summary), sort_keys=True, allow_nan=False)
 
 
 def _summary(result) -> dict:

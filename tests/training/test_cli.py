@@ -147,6 +147,10 @@ def test_a_non_finite_loss_fails_the_run(cache, tmp_path):
     out = _train(cache, tmp_path / "nan", "--steps", "3", "--set", "optimizer.lr=1e30 optimizer.warmup_steps=0 optimizer.clip_norm=null")
     assert out.exit_code == 1, out.output
     assert "the loss is not finite from step" in out.output
+    # The summary line is strict JSON: the non-finite loss is null (not NaN, which only Python reads).
+    line = [line for line in out.output.splitlines() if line.startswith('{"')][-1]
+    summary = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in the summary line: {line}"))
+    assert summary["final_loss"] is None and summary["end_step"] == 3
 
 
 def _dry_run_config(cache, *extra) -> dict:

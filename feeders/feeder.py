@@ -212,15 +212,7 @@ class Feeder:
     def _layout(self, reader: CacheReader) -> dict:
         """Which stored features give the tokens and segment ids of ``self.feature``
         (positions are derived from the segment ids: ``positions_from_segment_ids``)."""
-        names = [f.name for f in reader.features]
-        f = self.feature
-        if f not in names:
-            raise ValueError(f"{reader.cache_dir}: the cache has no feature {f!r} (features: {names}); pass feature=")
-        layout = {"tokens": f, "segment_ids": None}
-        if f"{f}_segment_ids" in names:
-            layout["segment_ids"] = f"{f}_segment_ids"
-            compat.check_sequence_length(reader.manifest, self.sequence_length, feature=f, cache=reader.cache_dir)
-        return layout
+        return feature_layout(reader, self.feature, self.sequence_length)
 
     @property
     def step(self) -> int:
@@ -240,17 +232,8 @@ class Feeder:
         return self._step * self.global_batch_size
 
     def _check_step(self, step: int, *, allow_end: bool = False) -> None:
-        if step < 0:
-            raise ValueError(f"step must be >= 0 (got {step})")
-        if (step + 1) * self.global_batch_size > mixing.MAX_POSITION:
-            raise ValueError(f"step {step} is beyond the largest supported global position 2^62")
-        if self.num_steps is not None:
-            limit = self.num_steps if allow_end else self.num_steps - 1
-            if step > limit:
-                raise ValueError(
-                    f"step {step} is past the end of this finite run: {self.num_epochs} epoch(s) take "
-                    f"{self.num_steps} steps (0..{self.num_steps - 1})"
-                )
+        check_step(step, global_batch_size=self.global_batch_size, num_steps=self.num_steps,
+                   num_epochs=self.num_epochs, allow_end=allow_end)
 
     # --- batches ---------------------------------------------------------------
 
@@ -703,6 +686,50 @@ class Feeder:
             f"Feeder({len(self.paths)} task(s), B={self.global_batch_size}, L={self.sequence_length}, "
             f"host {self.host_index}/{self.host_count}, seed={self.seed}, num_epochs={self.num_epochs}, step={self._step})"
         )
+
+
+def feature_layout(reader: CacheReader, feature: str, sequence_length: int | None) -> dict:
+    """Which stored features of a cache give the tokens and segment ids of
+    ``feature``: ``{"tokens": name, "segment_ids": name or None}``.
+
+    Raises:
+      ValueError: the cache has no such feature; (``sequence_length`` given) a
+        packed cache built for a longer sequence length
+        (``compat.check_sequence_length``).
+    """
+    names = [f.name for f in reader.features]
+    if feature not in names:
+        raise ValueError(f"{reader.cache_dir}: the cache has no feature {feature!r} (features: {names}); "
+                         "pass feature=")
+    layout = {"tokens": feature, "segment_ids": None}
+    if f"{feature}_segment_ids" in names:
+        layout["segment_ids"] = f"{feature}_segment_ids"
+        if sequence_length is not None:
+            compat.check_sequence_length(reader.manifest, sequence_length, feature=feature, cache=reader.cache_dir)
+    return layout
+
+
+def check_step(step: int, *, global_batch_size: int, num_steps: int | None, num_epochs: int | None,
+               allow_end: bool = False) -> None:
+    """Refuses a step no batch of the stream has: negative, at global position
+    2^62 or beyond, or (a finite run of ``num_steps`` steps) past its end
+    (``allow_end``: the end itself is allowed, as the position after the last
+    batch).
+
+    Raises:
+      ValueError: naming the step and the run's steps.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0 (got {step})")
+    if (step + 1) * global_batch_size > mixing.MAX_POSITION:
+        raise ValueError(f"step {step} is beyond the largest supported global position 2^62")
+    if num_steps is not None:
+        limit = num_steps if allow_end else num_steps - 1
+        if step > limit:
+            raise ValueError(
+                f"step {step} is past the end of this finite run: {num_epochs} epoch(s) take "
+                f"{num_steps} steps (0..{num_steps - 1})"
+            )
 
 
 def _zeros(names, rows: int, length: int) -> dict[str, np.ndarray]:

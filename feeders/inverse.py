@@ -488,10 +488,11 @@ def where_in_run(*, cache=None, mixture=None, caches_root=None, split: str = "tr
     schedule included, as for ``Feeder``), answers ``query`` (the keyword
     arguments of ``where``) for the stream with this seed, global batch size and
     number of epochs, and closes them."""
-    from seqcache.feeders.stream import open_mixture
+    from seqcache.feeders.stream import check_same_features, open_mixture
 
     opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
+        check_same_features(opened.paths, opened.readers)  # as a Feeder over these caches
         stream = opened.stream(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size)
         return where(stream, opened.paths, global_batch_size=global_batch_size, **query)
     finally:
@@ -509,13 +510,15 @@ def where_in_state(state: Mapping[str, Any], *, cache=None, mixture=None, caches
       FeederStateError (a ValueError): not a valid state, or caches that differ
         from the state's.
     """
-    from seqcache.feeders.provenance import _open_checked  # the state checks of ``which``
+    from seqcache.feeders.provenance import _open_checked, check_as_feeder  # the state checks of ``which``
 
     opened = _open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
         b = state["global_batch_size"]
         query.setdefault("until_step", state["position"] // b)
         stream = opened.stream(seed=state["seed"], num_epochs=state["num_epochs"], global_batch_size=b)
+        check_as_feeder(opened, stream, global_batch_size=b, num_epochs=state["num_epochs"],
+                        feature=state["feature"], sequence_length=state["sequence_length"])
         return where(stream, opened.paths, global_batch_size=b, **query)
     finally:
         opened.close()

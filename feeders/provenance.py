@@ -17,7 +17,7 @@ import numpy as np
 
 from seqcache import format as fmt
 from seqcache.feeders import state as state_lib
-from seqcache.feeders.stream import IndexStream, open_mixture
+from seqcache.feeders.stream import IndexStream, check_same_features, open_mixture
 
 
 def decode_with_sentinels(vocabulary, ids) -> str:
@@ -252,7 +252,8 @@ def locate_row_in_state(
     try:
         return _answer(opened, seed=state["seed"], num_epochs=state["num_epochs"],
                        global_batch_size=state["global_batch_size"], step=step, row=row,
-                       feature=feature or state["feature"], tokens=tokens)
+                       feature=feature or state["feature"], tokens=tokens,
+                       sequence_length=_state_sequence_length(state, feature))
     finally:
         opened.close()
 
@@ -300,9 +301,48 @@ def state_difference(state, opened) -> str | None:
     return diff
 
 
-def _answer(opened, *, seed, num_epochs, global_batch_size, step, row, feature, tokens) -> dict:
-    """``which`` over opened caches, with the stream's parameters in the answer."""
+def check_as_feeder(opened, stream, *, global_batch_size: int, num_epochs, feature: str, sequence_length=None,
+                    last_step: int | None = None) -> None:
+    """The checks a ``Feeder`` (and ``Feeder.restore``/``get_batch``) runs over
+    the same caches and stream, so that a provenance answer is given only for a
+    row a feeder would feed: every cache of a mixture has the same features
+    (``stream.check_same_features``), each has ``feature``, a packed cache is
+    not built for a longer sequence length than ``sequence_length`` (when
+    given: a state's), and ``last_step`` is a step of the run
+    (``feeder.check_step``: a finite run ends).
+
+    Raises:
+      ValueError: the feeder's message.
+    """
+    from seqcache.feeders.feeder import check_step, feature_layout
+
+    check_same_features(opened.paths, opened.readers)
+    for reader in opened.readers:
+        feature_layout(reader, feature, sequence_length)
+    if last_step is not None:
+        check_step(last_step, global_batch_size=global_batch_size, num_steps=stream.num_steps(global_batch_size),
+                   num_epochs=num_epochs)
+
+
+def _last_step(steps) -> int | None:
+    """The largest of ``steps`` (a range, O(1), or a list), None when empty."""
+    if isinstance(steps, range):
+        return max(steps[0], steps[-1]) if len(steps) else None
+    return max(steps, default=None)
+
+
+def _state_sequence_length(state, feature):
+    """The state's sequence length when ``feature`` is its feature (None otherwise)."""
+    return state["sequence_length"] if feature in (None, state["feature"]) else None
+
+
+def _answer(opened, *, seed, num_epochs, global_batch_size, step, row, feature, tokens,
+            sequence_length=None) -> dict:
+    """``which`` over opened caches, with the stream's parameters in the answer,
+    after the checks of ``check_as_feeder``."""
     stream = opened.stream(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size)
+    check_as_feeder(opened, stream, global_batch_size=global_batch_size, num_epochs=num_epochs, feature=feature,
+                    sequence_length=sequence_length, last_step=step)
     out = which(stream, opened.paths, global_batch_size=global_batch_size, step=step, row=row,
                 feature=feature, tokens=tokens)
     out["seed"] = seed
@@ -617,9 +657,12 @@ def trace_rows(*, cache=None, mixture=None, caches_root=None, split: str = "trai
     """``trace`` without a Feeder: opens the caches (``cache=`` or ``mixture=``, a
     schedule included, as for ``Feeder``), traces ``steps`` of the stream with this
     seed, global batch size and number of epochs, and closes them."""
+    steps = steps if isinstance(steps, range) else list(steps)
     opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
         stream = opened.stream(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size)
+        check_as_feeder(opened, stream, global_batch_size=global_batch_size, num_epochs=num_epochs, feature=feature,
+                        last_step=_last_step(steps))
         return trace(stream, opened.paths, global_batch_size=global_batch_size, steps=steps, feature=feature,
                      text=text)
     finally:
@@ -631,10 +674,14 @@ def trace_rows_in_state(state: Mapping[str, Any], *, steps, cache=None, mixture=
     """``trace_rows`` for the stream a saved feeder state denotes (its caches,
     rates or schedule, seed, global batch size and number of epochs), with the
     checks of ``locate_row_in_state``."""
+    steps = steps if isinstance(steps, range) else list(steps)
     opened = _open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
         b = state["global_batch_size"]
         stream = opened.stream(seed=state["seed"], num_epochs=state["num_epochs"], global_batch_size=b)
+        check_as_feeder(opened, stream, global_batch_size=b, num_epochs=state["num_epochs"],
+                        feature=feature or state["feature"], sequence_length=_state_sequence_length(state, feature),
+                        last_step=_last_step(steps))
         return trace(stream, opened.paths, global_batch_size=b, steps=steps, feature=feature or state["feature"],
                      text=text)
     finally:

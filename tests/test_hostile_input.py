@@ -506,3 +506,73 @@ def test_verify_refuses_token_ids_at_or_above_the_manifests_vocab_size(built_lm,
     # The build's own size passes: every id is below it.
     edit_manifest(cache, lambda raw: raw["vocabularies"]["targets"].update(vocab_size=size))
     assert verify_cache(cache).ok
+
+
+# --- `which` answers only for what a Feeder would feed -----------------------------
+
+
+def _which_and_restore(state, tmp_path, *which_args):
+    """``which STATE_FILE ...``'s one error line, and Feeder.restore's message, for ``state``."""
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    with pytest.raises(ValueError) as e:
+        Feeder.restore(state, host_index=0, host_count=1)
+    return run_cli("which", path, *which_args), str(e.value)
+
+
+def test_which_refuses_a_mixed_feature_mixture_state_as_restore_does(pristine, tmp_path):
+    """Was: an answer (exit 0) for a state whose mixture holds an LM task and a
+    translation task, which Feeder.restore refuses."""
+    lm = write_small_cache(tmp_path / "wiki" / "train", task="wiki")
+    pairs = [[({"inputs": np.arange(1, 5, dtype=np.int32) + i, "targets": np.arange(3, dtype=np.int32) + i},
+               [(0, i, 0)]) for i in range(6)]]
+    mt = write_cache(str(tmp_path / "wmt" / "train"), task="wmt", split="train", shards=pairs,
+                     features=(fmt.FeatureSpec("inputs", "int32"), fmt.FeatureSpec("targets", "int32")),
+                     sources=[{"path": "corpus/wmt.tsv"}], fingerprint_inputs={"task": "wmt"})
+    other = write_small_cache(tmp_path / "code" / "train", task="code")
+    with Feeder(mixture={lm: 1, other: 1}, global_batch_size=B, sequence_length=8, host_index=0, host_count=1) as f:
+        state = json.loads(json.dumps(f.state()))
+    state["mixture"][1].update(path=str(tmp_path / "wmt" / "train"), task="wmt", fingerprint=mt.fingerprint,
+                               num_examples=6)
+    out, restored = _which_and_restore(state, tmp_path, "--step", 0, "--row", 0)
+    assert "the mixture's caches have different features" in restored
+    assert out == f"error: {restored}\n"
+    steps = run_cli("which", tmp_path / "state.json", "--steps", "0:2", "--output", tmp_path / "t.parquet")
+    assert "different features" in steps and not os.path.exists(tmp_path / "t.parquet")
+    where = run_cli("which", tmp_path / "state.json", "--example", 0, "--task", 0)
+    assert "different features" in where
+
+
+def test_which_refuses_a_state_shorter_than_its_packed_cache_as_restore_does(built_lm, tmp_path):
+    with Feeder(cache=built_lm, global_batch_size=B, sequence_length=64, host_index=0, host_count=1) as f:
+        state = json.loads(json.dumps(f.state()))
+    out, restored = _which_and_restore(dict(state, sequence_length=32), tmp_path, "--step", 0, "--row", 0)
+    assert "the cache is packed to sequence length 64 (feature 'targets'), but sequence_length is 32" in restored
+    assert out == f"error: {restored}\n"
+
+
+def test_which_refuses_a_step_past_the_end_of_a_finite_run_as_get_batch_does(pristine, tmp_path):
+    """Was: "padding row" and exit 0 for step 6 of a 6-step run (23 examples, B=4)."""
+    with Feeder(cache=pristine, global_batch_size=B, sequence_length=8, num_epochs=1, host_index=0,
+                host_count=1) as f:
+        assert f.num_steps == 6
+        with pytest.raises(ValueError) as e:
+            f.get_batch(6)
+        state = json.loads(json.dumps(f.state()))
+    message = str(e.value)
+    assert message == "step 6 is past the end of this finite run: 1 epoch(s) take 6 steps (0..5)"
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    assert run_cli("which", path, "--step", 6, "--row", 0) == f"error: {message}\n"
+    assert run_cli("which", pristine, "--batch-size", B, "--num-epochs", 1, "--step", 6, "--row", 0) == \
+        f"error: {message}\n"
+    out = run_cli("which", path, "--steps", "4:7", "--output", tmp_path / "t.parquet")
+    assert out == f"error: {message}\n"
+    # The last step's last row is padding (24 positions, 23 examples): an answer, exit 0.
+    result = CliRunner().invoke(main, ["which", str(path), "--step", "5", "--row", "3"])
+    assert result.exit_code == 0 and "padding row" in result.output
+
+
+def test_which_refuses_a_global_batch_no_feeder_state_holds(pristine):
+    out = run_cli("which", pristine, "--batch-size", 100_000_000, "--step", 0, "--row", 0)
+    assert "100000000 is not below 2^24" in out and "--batch-size" in out

@@ -252,6 +252,11 @@ def which(target, step, row, steps_text, output, example, source, task, until_st
     """
     from seqcache.feeders.provenance import locate_row, locate_row_in_state
 
+    from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE
+
+    if batch_size is not None and batch_size >= MAX_GLOBAL_BATCH_SIZE:
+        raise click.BadParameter(f"{batch_size} is not below 2^24, the largest global batch a feeder (and its "
+                                 "saved state) takes", param_hint="--batch-size")
     kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     if kw["global_batch_size"] is None:
         raise click.UsageError("--batch-size is required (the global batch size B of the run)")

@@ -196,7 +196,10 @@ def _check_mixture(state: Mapping[str, Any], path: str) -> None:
             if key not in entry:
                 raise FeederStateError(f"{path}: {where} has no {key!r} (it has {_short(sorted(entry))})")
         bounded_json.string(entry["path"], f"{where}.path", path=path, error=err)
-        bounded_json.number(entry["rate"], f"{where}.rate", path=path, error=err)
+        rate = bounded_json.number(entry["rate"], f"{where}.rate", path=path, error=err)
+        if rate == 0 and state.get("schedule") is None:
+            raise FeederStateError(f"{path}: {where}.rate = 0 (cache {_short(entry['path'])}), expected a number "
+                                   "> 0: a task read at rate 0 is left out of the mixture")
         bounded_json.integer(entry["weight"], f"{where}.weight", path=path, error=err)
         bounded_json.string(entry["fingerprint"], f"{where}.fingerprint", path=path, error=err)
         bounded_json.integer(entry["num_examples"], f"{where}.num_examples", path=path, error=err)

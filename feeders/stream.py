@@ -399,6 +399,10 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
             # O(1) in the number of shards: each shard is checked at its first read.
             readers.append(CacheReader(path, open_shards=False))
         rates = [_rate_value(path, rate, reader) for (path, rate), reader in zip(entries, readers)]
+        for (path, _), rate in zip(entries, rates):
+            if rate == 0:
+                raise ValueError(f"mixture rate of {path} is 0 (expected a finite number > 0); remove the task "
+                                 "instead of giving it rate 0")
         weights = mixing.integer_weights(rates)
     except BaseException:
         for r in readers:
@@ -411,6 +415,9 @@ def _rate_value(path: str, rate: Rate, reader: CacheReader) -> float:
     value = rate(reader.num_examples) if callable(rate) else rate
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"mixture rate of {path} must be a number (got {value!r})")
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"mixture rate of {path} is {float(value)!r}, expected a finite number > 0 (0 in a "
+                         "schedule stage: not read in that stage)")
     return float(value)
 
 

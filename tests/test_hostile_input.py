@@ -576,3 +576,39 @@ def test_which_refuses_a_step_past_the_end_of_a_finite_run_as_get_batch_does(pri
 def test_which_refuses_a_global_batch_no_feeder_state_holds(pristine):
     out = run_cli("which", pristine, "--batch-size", 100_000_000, "--step", 0, "--row", 0)
     assert "100000000 is not below 2^24" in out and "--batch-size" in out
+
+
+# --- messages that name the caches and what would work ------------------------------
+
+
+def test_train_refuses_a_mixed_feature_mixture_with_the_feeders_message(tmp_path):
+    """Was: "the caches have different features, so one model cannot read them
+    all: {...}", a dict's repr without task names or what would work."""
+    write_small_cache(tmp_path / "caches" / "wiki" / "train", task="wiki")
+    pairs = [[({"inputs": np.arange(1, 5, dtype=np.int32) + i, "targets": np.arange(3, dtype=np.int32) + i},
+               [(0, i, 0)]) for i in range(6)]]
+    write_cache(str(tmp_path / "caches" / "wmt" / "train"), task="wmt", split="train", shards=pairs,
+                features=(fmt.FeatureSpec("inputs", "int32"), fmt.FeatureSpec("targets", "int32")),
+                sources=[{"path": "corpus/wmt.tsv"}], fingerprint_inputs={"task": "wmt"})
+    os.chdir(tmp_path)
+    result = CliRunner().invoke(main, [
+        "train", "--set", 'data.mixture={"caches/wiki/train": 1, "caches/wmt/train": 1}', "--set",
+        "model.vocab_size=300", "--steps", "1", "--batch-size", "8", "--sequence-length", "8", "--dry-run"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert ("task 'wiki' (caches/wiki/train) has ['targets']; task 'wmt' (caches/wmt/train) has "
+            "['inputs', 'targets']") in result.output, result.output
+    assert "Mix tasks with ['targets'] only (read with ConvertedFeeder(converter='lm'))" in result.output
+    assert "{'caches/" not in result.output
+
+
+def test_a_bad_mixture_rate_names_the_cache_and_the_state_file(pristine, tmp_path, state):
+    root = os.path.dirname(pristine)
+    out = run_cli("which", root, "--mixture-rate", "c=-1", "--batch-size", B, "--step", 0, "--row", 0)
+    assert f"mixture rate of {pristine} is -1.0, expected a finite number > 0" in out, out
+    with pytest.raises(ValueError, match=f"^mixture rate of {pristine} is 0 .*remove the task"):
+        Feeder(mixture={pristine: 0}, global_batch_size=B, sequence_length=8, host_index=0, host_count=1)
+    path = tmp_path / "state.json"
+    state["mixture"][0]["rate"] = 0
+    path.write_text(json.dumps(state))
+    out = run_cli("which", path, "--step", 0, "--row", 0)
+    assert f"{path}: mixture[0].rate = 0 (cache '{pristine}'), expected a number > 0" in out, out

@@ -218,16 +218,20 @@ def token_features_of(source: Source) -> tuple[str, ...]:
     ``source`` has, in the first manifest's order.
 
     Raises:
-      ConfigError: caches with different token features (names both).
+      ConfigError: caches with different token features: the Feeder's message
+        (``seqcache.feeders.stream.check_same_features``), naming every
+        cache's task, folder and features, and the mixtures that would work.
     """
-    seen: dict[str, tuple[str, ...]] = {}
-    for path in source.cache_dirs:
-        names = tuple(f.name for f in fmt.read_manifest(path).features if not f.name.endswith(_PER_TOKEN_SUFFIXES))
-        seen[path] = names
-    values = list(seen.values())
-    if any(set(v) != set(values[0]) for v in values[1:]):
-        raise ConfigError(f"the caches have different features, so one model cannot read them all: {seen}")
-    return values[0]
+    import types
+
+    from seqcache.feeders.stream import check_same_features
+
+    manifests = [types.SimpleNamespace(manifest=fmt.read_manifest(path)) for path in source.cache_dirs]
+    try:
+        check_same_features(list(source.cache_dirs), manifests, converters_only=True)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return tuple(f.name for f in manifests[0].manifest.features if not f.name.endswith(_PER_TOKEN_SUFFIXES))
 
 
 def resolve_converter(config: TrainConfig, source: Source, *, model_label: str | None = None) -> str:

@@ -244,14 +244,19 @@ def test_stateful_dataloader_carries_the_feeders_state(packed):
 
 # A plain torch training loop over gloo: a deterministic float64 model, loss =
 # sum of token losses / the global batch's tokens, gradients summed over ranks
-# with all_reduce, SGD. `CACHE N K OUT`: rank r of WORLD_SIZE loads the DCP
-# checkpoint in OUT/ckpt when there is one, trains steps from there to N, saves
-# a DCP checkpoint after step K - 1 (model, optimizer and the loader's state
-# under "dataloader"), and writes per step the global loss and this rank's
-# cache indices to OUT/rank<r>.json.
+# with all_reduce, AdamW (whose moments are state tensors that a resume must
+# restore). `CACHE N K OUT`: rank r of WORLD_SIZE loads the DCP checkpoint in
+# OUT/ckpt when there is one, trains steps from there to N, saves a DCP
+# checkpoint after step K - 1 (model, optimizer and the loader's state under
+# "dataloader"), and writes per step the global loss and this rank's cache
+# indices to OUT/rank<r>.json. The checkpoint lines are the recipe of
+# docs/trainers/torchtitan.md ("A plain loop with DCP"): get_state_dict /
+# set_state_dict, which give a fresh optimizer its state tensors before DCP
+# loads into them.
 GLOO_LOOP = r"""
 import datetime, json, os, sys
 import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from seqcache.feeders.torch import FeederLoader
 
 cache, n_steps, k, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -260,16 +265,17 @@ dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, wo
                         timeout=datetime.timedelta(seconds=60))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Embedding(10_050, 8), torch.nn.Tanh(), torch.nn.Linear(8, 10_050)).double()
-opt = torch.optim.SGD(model.parameters(), lr=0.5)
+opt = torch.optim.AdamW(model.parameters(), lr=0.05)
 rows = []
 loader = FeederLoader(cache=cache, global_batch_size=8, sequence_length=12, seed=5, num_threads=1,
                       on_rows=rows.append)
 assert (loader.rank, loader.world_size) == (rank, world)
 ckpt = f"{out}/ckpt"
-state = {"model": model.state_dict(), "optim": opt.state_dict(), "dataloader": loader}
 if os.path.isdir(ckpt):
-    dcp.load(state, checkpoint_id=ckpt)
-    model.load_state_dict(state["model"]); opt.load_state_dict(state["optim"])
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "dataloader": loader}
+    dcp.load(state, checkpoint_id=ckpt)             # the loader is Stateful: DCP calls load_state_dict
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 log = []
 for inputs, labels in loader:
     step = rows[-1]["step"]
@@ -290,7 +296,8 @@ for inputs, labels in loader:
     dist.all_reduce(total)
     log.append({"step": step, "loss": total.item(), "cache_index": rows[-1]["cache_index"].tolist()})
     if step + 1 == k:
-        dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "dataloader": loader}, checkpoint_id=ckpt)
+        model_sd, optim_sd = get_state_dict(model, opt)
+        dcp.save({"model": model_sd, "optim": optim_sd, "dataloader": loader}, checkpoint_id=ckpt)
 loader.close()
 json.dump(log, open(f"{out}/rank{rank}.json", "w"))
 dist.barrier()

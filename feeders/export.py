@@ -68,10 +68,11 @@ EXPORT_NAME = "export.json"
 MAXTEXT_FILE = "train.array_record"
 # Provenance features written beside the token column (one int64 each).
 PROVENANCE_FEATURES = ("position", "cache_index", "task_index", "epoch")
-# ArrayRecord writer options: uncompressed, and the group size (records per
-# chunk) the caches use for records of the first step's mean size
-# (``seqcache.format.group_size_for``): MaxText's processes read records one by
-# one (every P-th), and a random read decodes one chunk.
+# ArrayRecord writer options: uncompressed, one record per chunk. MaxText's
+# processes read records one by one (every P-th), a random read decodes one
+# chunk, and grain's ArrayRecordDataSource logs an error for every file written
+# with a group size other than 1.
+WRITER_OPTIONS = "group_size:1,uncompressed"
 
 # Protocol buffer wire types and the field numbers of tf.train.Example
 # (example.proto: Example.features = 1; feature.proto: Features.feature = 1 (a
@@ -389,7 +390,7 @@ def _write_records(feeder, path: str, n_steps: int, *, column: str, host_count: 
             records = encode_step(batch, step=step, global_batch_size=feeder.global_batch_size,
                                   feature=feeder.feature, column=column, host_count=host_count)
             if writer is None:
-                options = fmt.writer_options(fmt.group_size_for(sum(map(len, records)) / len(records)))
+                options = WRITER_OPTIONS
                 writer = ArrayRecordWriter(tmp, options)
             for record in records:
                 writer.write(record)
@@ -457,6 +458,7 @@ __all__: Sequence[str] = (
     "EXPORT_NAME",
     "MAXTEXT_FILE",
     "PROVENANCE_FEATURES",
+    "WRITER_OPTIONS",
     "encode_example",
     "encode_step",
     "export_maxtext",

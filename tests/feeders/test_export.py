@@ -145,6 +145,30 @@ def test_export_is_the_feeder_stream_row_by_row(tmp_path, fx):
     assert "enable_data_shuffling=false" in side["maxtext_flags"]
 
 
+def test_export_is_written_with_group_size_1_as_grain_requires(tmp_path, fx, caplog):
+    """grain's ArrayRecordDataSource (what MaxText reads with) logs an error for
+    a file whose group size is not 1; the export's records are large enough
+    that the caches' own rule would choose 8 here."""
+    import logging
+
+    grain = pytest.importorskip("grain.python")
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    fx.write_fixture_cache(tmp_path / "c", n=20, num_shards=1, length=L)
+    done = ex.export_maxtext(tmp_path / "out", cache=str(tmp_path / "c"), global_batch_size=B, sequence_length=L,
+                             steps=2)
+    assert done["writer_options"] == "group_size:1,uncompressed"
+    reader = ArrayRecordReader(str(tmp_path / "out" / ex.MAXTEXT_FILE))
+    try:
+        assert reader.writer_options_string().startswith("group_size:1,")
+    finally:
+        reader.close()
+    with caplog.at_level(logging.ERROR):
+        source = grain.ArrayRecordDataSource([str(tmp_path / "out" / ex.MAXTEXT_FILE)])
+        assert len(source) == 2 * B and _parse(source[3])["position"] == [3]
+    assert not [r for r in caplog.records if "group size" in r.getMessage()], caplog.text
+
+
 def test_export_bytes_are_deterministic_and_depend_on_the_seed(tmp_path, fx):
     fx.write_fixture_cache(tmp_path / "c", n=30, num_shards=2, length=L)
     kw = dict(cache=str(tmp_path / "c"), global_batch_size=B, sequence_length=L, steps=5)

@@ -242,9 +242,10 @@ class FeederLoader:
         Raises:
           FeederStateError (a ValueError): not a state of this loader; a state
             of another stream (other caches, seed, global batch size, sequence
-            length, ...: the message names both values); or a state saved
+            length, ...: the message names both values); a state saved
             between two microbatches of a step on another world size or local
-            batch size.
+            batch size; or a ``microbatches_served`` outside [0, B / (R * b))
+            of the slicing it was saved with.
         """
         if not state_dict:
             return
@@ -269,9 +270,20 @@ class FeederLoader:
 
     def _check_mid_step(self, state_dict: Mapping[str, Any], microbatch: int) -> None:
         """A state saved between two microbatches of a step names its rows by
-        microbatch of one rank's slice: only the same slicing continues it."""
+        microbatch of one rank's slice: only the same slicing continues it, and
+        the microbatch must be one of a step's B / (R * b) under that slicing."""
         saved = (state_dict.get("world_size"), state_dict.get("local_batch_size"))
-        if saved != (self.world_size, self.local_batch_size) or microbatch >= self.microbatches_per_step:
+        r, b = saved
+        if (isinstance(r, int) and isinstance(b, int) and not isinstance(r, bool) and not isinstance(b, bool)
+                and r >= 1 and b >= 1 and self.global_batch_size % (r * b) == 0):
+            per_step = self.global_batch_size // (r * b)
+            if microbatch >= per_step:
+                raise FeederStateError(
+                    f"dataloader state: {MICROBATCH_KEY} = {microbatch}, expected an integer in [0, {per_step}) "
+                    f"(global_batch_size={self.global_batch_size} over world_size={r} in microbatches of "
+                    f"local_batch_size={b}: {per_step} per step); the state was edited or is not this loader's"
+                )
+        if saved != (self.world_size, self.local_batch_size):
             raise FeederStateError(
                 f"dataloader state: saved after microbatch {microbatch} of a step, with world_size={saved[0]} "
                 f"and local_batch_size={saved[1]}; this loader has world_size={self.world_size} and "

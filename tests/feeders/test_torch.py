@@ -169,6 +169,26 @@ def test_a_state_saved_between_microbatches_continues_on_the_same_slicing_only(p
             other.load_state_dict(sd)
 
 
+@pytest.mark.parametrize("microbatch,saved_slicing", [(2, (1, 4)), (5, (1, 4)), (2, (2, 2)), (9, (2, 4))])
+def test_a_microbatch_outside_the_step_is_refused_with_its_range(packed, microbatch, saved_slicing):
+    """B = 8 rows in microbatches of b over R ranks: B / (R * b) microbatches
+    per step; microbatches_served names one of them, or the state is refused."""
+    world_size, local_batch_size = saved_slicing
+    per_step = B // (world_size * local_batch_size)
+    with FeederLoader(**args(packed), local_batch_size=4) as loader:
+        take(loader, 3)
+        sd = {**loader.state_dict(), MICROBATCH_KEY: microbatch, "world_size": world_size,
+              "local_batch_size": local_batch_size}
+    with FeederLoader(**args(packed), local_batch_size=4) as again:
+        with pytest.raises(FeederStateError) as e:
+            again.load_state_dict(sd)
+        assert str(e.value) == (
+            f"dataloader state: microbatches_served = {microbatch}, expected an integer in [0, {per_step}) "
+            f"(global_batch_size=8 over world_size={world_size} in microbatches of "
+            f"local_batch_size={local_batch_size}: {per_step} per step); the state was edited or is not this loader's")
+        assert again.step == 0  # nothing moved
+
+
 @pytest.mark.parametrize("change,match", [({"seed": 4}, "seed"), ({"global_batch_size": 4}, "global_batch_size")])
 def test_a_state_of_another_stream_is_refused(packed, change, match):
     with FeederLoader(**args(packed)) as loader:

@@ -319,13 +319,16 @@ class FeederDataset(torch.utils.data.IterableDataset):
 
     Each item is already a microbatch: pass ``batch_size=None``. Use
     ``num_workers=0``: the Feeder reads on its own threads (``num_threads``,
-    ``prefetch``), and a worker process would each hold a copy of the stream.
+    ``prefetch``). Worker processes are refused: several would each read the
+    whole stream, and with one the loader keeps the state in its worker
+    snapshot (not under ``"dataset_state"``), a state that only a loader with
+    the same number of workers loads.
 
     Args: those of ``FeederLoader``.
 
     Raises:
-      RuntimeError: iterated inside a worker process of a loader with more
-        than one worker.
+      RuntimeError: iterated inside a loader worker process (``num_workers``
+        of 1 or more).
     """
 
     def __init__(self, **loader_args: Any):
@@ -333,10 +336,11 @@ class FeederDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
-        if info is not None and info.num_workers > 1:
+        if info is not None:
             raise RuntimeError(
-                f"FeederDataset: {info.num_workers} loader workers would each read the whole stream; use "
-                "num_workers=0 (the Feeder reads on its own threads: num_threads=, prefetch=)"
+                f"FeederDataset: iterated in a loader worker process (num_workers={info.num_workers}); use "
+                "num_workers=0: the Feeder reads on its own threads (num_threads=, prefetch=), and the loader's "
+                "state_dict() then holds the Feeder's state under 'dataset_state'"
             )
         return iter(self.loader)
 

@@ -262,6 +262,22 @@ def test_stateful_dataloader_carries_the_feeders_state(packed):
         assert np.array_equal(np.concatenate([halves[0][s], halves[1][s]]), want[2 + s])
 
 
+def test_stateful_dataloader_with_a_worker_process_is_refused(packed):
+    """num_workers=0 only: with one worker torchdata keeps the dataset's state in
+    its worker snapshot, not under "dataset_state"; with more each would read
+    the whole stream."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    ds = FeederDataset(**args(packed))
+    try:
+        dl = StatefulDataLoader(ds, batch_size=None, num_workers=1)
+        with pytest.raises(RuntimeError, match=r"iterated in a loader worker process \(num_workers=1\); use "
+                                               "num_workers=0"):
+            next(iter(dl))
+    finally:
+        ds.close()
+
+
 # A plain torch training loop over gloo: a deterministic float64 model, loss =
 # sum of token losses / the global batch's tokens, gradients summed over ranks
 # with all_reduce, AdamW (whose moments are state tensors that a resume must

@@ -354,6 +354,43 @@ class FeederDataset(torch.utils.data.IterableDataset):
         self.loader.close()
 
 
+def torchtitan_global_batch_size(configured: int, *, local_batch_size: int, dp_world_size: int,
+                                  snapshot_every_n_steps: int | None = None) -> int:
+    """The global batch B of a ``TorchtitanDataLoader``: ``configured``, checked
+    against what torchtitan passes the loader.
+
+    torchtitan builds its loader with the data-parallel degree R, the rows per
+    microbatch b and ``snapshot_every_n_steps`` = ``checkpoint.interval`` x its
+    gradient accumulation B_t / (R * b) (x pipeline microbatches), but not its
+    ``training.global_batch_size`` B_t itself. B must be given, and equal B_t:
+    the loader serves B / (R * b) microbatches per step, torchtitan takes
+    B_t / (R * b) per optimizer step. When torchtitan checkpoints every
+    ``snapshot_every_n_steps`` microbatches and that is not a whole number of
+    the loader's steps, B differs from B_t.
+
+    Returns:
+      B (int).
+
+    Raises:
+      ValueError: B not given (< 1), or a checkpoint interval that is not a
+        whole number of the loader's steps.
+    """
+    b, r = int(local_batch_size), int(dp_world_size)
+    if configured < 1:
+        raise ValueError(
+            f"dataloader.global_batch_size = {configured}: set it to training.global_batch_size (the loader "
+            "cannot read torchtitan's training config, and local_batch_size x dp degree would be another global "
+            "batch whenever torchtitan accumulates gradients, and change with the dp degree)")
+    per_step = configured // (r * b) if b >= 1 and r >= 1 and configured % (r * b) == 0 else 0
+    if per_step and snapshot_every_n_steps and snapshot_every_n_steps % per_step:
+        raise ValueError(
+            f"dataloader.global_batch_size = {configured} is {per_step} microbatches of {b} rows per step on "
+            f"{r} rank(s), but torchtitan checkpoints every {snapshot_every_n_steps} microbatches "
+            "(checkpoint.interval x its gradient accumulation): set dataloader.global_batch_size to "
+            "training.global_batch_size")
+    return configured
+
+
 def _torchtitan_loader_class():
     """``TorchtitanDataLoader``: a ``FeederLoader`` that is a torchtitan
     ``BaseDataLoader`` (imports torchtitan)."""
@@ -374,15 +411,17 @@ def _torchtitan_loader_class():
         on every rank), so a checkpoint resumes on any R that divides B.
 
         Config fields: ``cache`` (a task cache folder) or ``mixture`` ({cache
-        folder: rate}); ``global_batch_size`` (B; default b * R, which then
-        cannot change R at resume); ``seed``; ``num_epochs`` (0 = forever);
+        folder: rate}); ``global_batch_size`` (B, required: the same value as
+        ``training.global_batch_size``, which the loader cannot read; see
+        ``torchtitan_global_batch_size``); ``seed``; ``num_epochs`` (0 = forever);
         ``feature``; ``num_threads`` (0 = the Feeder's default);
         ``positions``; ``rows_log`` (a file: one JSON line per microbatch served:
         step, microbatch, rank, cache_index, task_index, epoch).
 
         Raises:
-          ValueError: no cache or mixture, or both; a global batch that R * b
-            does not divide; the Feeder's own errors.
+          ValueError: no cache or mixture, or both; no global batch; a global
+            batch that R * b does not divide, or that torchtitan's checkpoint
+            interval shows to differ from its own; the Feeder's own errors.
         """
 
         @dataclass(kw_only=True, slots=True)
@@ -392,7 +431,7 @@ def _torchtitan_loader_class():
             mixture: dict[str, float] = field(default_factory=dict)
             """Instead of cache: {cache folder: rate}."""
             global_batch_size: int = -1
-            """B: rows per step over all data-parallel ranks (-1: local_batch_size x dp degree)."""
+            """B: rows per step over all data-parallel ranks; required, equal to training.global_batch_size."""
             seed: int = 0
             """The Feeder's seed (selects the per-epoch orders)."""
             num_epochs: int = 0
@@ -412,7 +451,9 @@ def _torchtitan_loader_class():
             if bool(config.cache) == bool(config.mixture):
                 raise ValueError("TorchtitanDataLoader.Config: give exactly one of cache= (a task cache folder) "
                                  "or mixture= ({cache folder: rate})")
-            b = config.global_batch_size if config.global_batch_size > 0 else local_batch_size * dp_world_size
+            b = torchtitan_global_batch_size(config.global_batch_size, local_batch_size=local_batch_size,
+                                             dp_world_size=dp_world_size,
+                                             snapshot_every_n_steps=snapshot_every_n_steps)
             where = {"cache": config.cache} if config.cache else {"mixture": dict(config.mixture)}
             self.rows_log = config.rows_log or None
             FeederLoader.__init__(
@@ -445,4 +486,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["FeederDataset", "FeederLoader", "IGNORE_INDEX", "TorchtitanDataLoader", "dist_rank_and_world_size",
-           "next_token_labels"]
+           "next_token_labels", "torchtitan_global_batch_size"]

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from seqcache.feeders import Feeder, FeederStateError
 from seqcache.feeders.torch import (IGNORE_INDEX, MICROBATCH_KEY, STATE_KEY, FeederDataset, FeederLoader,
-                                    next_token_labels)
+                                    next_token_labels, torchtitan_global_batch_size)
 
 B, L = 8, 12
 
@@ -276,6 +276,19 @@ def test_stateful_dataloader_with_a_worker_process_is_refused(packed):
             next(iter(dl))
     finally:
         ds.close()
+
+
+def test_torchtitan_loader_requires_a_global_batch_consistent_with_the_trainers():
+    """torchtitan passes its loader R, b and snapshot_every_n_steps (checkpoint
+    interval x gradient accumulation), not training.global_batch_size."""
+    # B = 8, b = 4, R = 1: 2 microbatches per step; checkpoints every 3 steps of torchtitan's B = 8.
+    assert torchtitan_global_batch_size(8, local_batch_size=4, dp_world_size=1, snapshot_every_n_steps=6) == 8
+    assert torchtitan_global_batch_size(8, local_batch_size=2, dp_world_size=2, snapshot_every_n_steps=None) == 8
+    with pytest.raises(ValueError, match=r"^dataloader.global_batch_size = -1: set it to training.global_batch_size"):
+        torchtitan_global_batch_size(-1, local_batch_size=4, dp_world_size=2, snapshot_every_n_steps=None)
+    with pytest.raises(ValueError, match="dataloader.global_batch_size = 16 is 4 microbatches of 4 rows per step on 1 "
+                                         "rank.s., but torchtitan checkpoints every 6 microbatches"):
+        torchtitan_global_batch_size(16, local_batch_size=4, dp_world_size=1, snapshot_every_n_steps=6)
 
 
 # A plain torch training loop over gloo: a deterministic float64 model, loss =

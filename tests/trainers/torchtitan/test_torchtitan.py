@@ -51,17 +51,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train(dump: pathlib.Path, cache: str) -> dict:
-    """Runs torchtitan's train.py on one rank (loopback only, 15 minutes at most);
-    returns its losses and grad norms by step (1-based) and the loader's rows log."""
-    env = {**os.environ, "PYTHONPATH": str(HERE), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+def run_train_py(dump: pathlib.Path, cache: str, *extra: str) -> subprocess.CompletedProcess:
+    """torchtitan's train.py on one rank (loopback only, 15 minutes at most)."""
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
            "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "2"}
-    rows_log = dump / "rows.jsonl"
     cmd = [sys.executable, "-m", "torchtitan.train", "--module", "seqcache_torchtitan", "--config",
-           "llama3_seqcache", "--dataloader.cache", cache, "--dataloader.rows_log", str(rows_log),
-           "--dump_folder", str(dump)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+           "llama3_seqcache", "--dataloader.cache", cache, "--dump_folder", str(dump), *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def train(dump: pathlib.Path, cache: str) -> dict:
+    """Runs torchtitan's train.py on one rank; returns its losses and grad norms
+    by step (1-based) and the loader's rows log."""
+    rows_log = dump / "rows.jsonl"
+    proc = run_train_py(dump, cache, "--dataloader.rows_log", str(rows_log))
     (dump / "train.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     text = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
@@ -128,3 +133,18 @@ def test_the_resumed_run_continues_the_stream_with_equal_losses(runs):
     for s in range(K + 1, STEPS + 1):
         assert resumed["metrics"][s] == whole["metrics"][s], s
     assert len({whole["metrics"][s][0] for s in whole["metrics"]}) == STEPS  # it trains: the loss moves
+
+
+@pytest.mark.parametrize("loader_batch,match", [
+    ("-1", "dataloader.global_batch_size = -1: set it to training.global_batch_size"),
+    # 16 rows = 4 microbatches of 4 per step; torchtitan (B = 8: 2 per step)
+    # checkpoints every 3 x 2 = 6 microbatches, mid-way through a loader step.
+    ("16", "dataloader.global_batch_size = 16 is 4 microbatches of 4 rows per step on 1 rank(s), but torchtitan "
+           "checkpoints every 6 microbatches"),
+])
+def test_a_loader_global_batch_other_than_torchtitans_is_refused(tmp_path, loader_batch, match):
+    """The loader cannot read training.global_batch_size (8 here): it requires
+    its own, and refuses one that torchtitan's checkpoint interval shows to differ."""
+    proc = run_train_py(tmp_path, lm_cache(), "--dataloader.global_batch_size", loader_batch)
+    assert proc.returncode != 0
+    assert match in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-4000:]

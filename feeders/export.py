@@ -2,9 +2,10 @@
 
 MaxText (its grain input pipeline) has no hook for a Python iterator; it reads
 ArrayRecord files of serialized ``tf.train.Example`` protos. ``export_maxtext``
-writes the Feeder's global stream, steps 0 .. N-1, into one such file, laid out
-so that MaxText with shuffling off reads, at every step, exactly the Feeder's
-global batch of that step.
+writes N steps of the Feeder's global stream, from a start step S (0, or the
+step of a saved feeder state) to S + N - 1, into one such file, laid out so
+that MaxText with shuffling off reads, at its step t, exactly the Feeder's
+global batch of step S + t.
 
 How MaxText reads the file (``grain_file_type=arrayrecord``,
 ``enable_data_shuffling=false``, ``packing=false``,
@@ -12,22 +13,23 @@ How MaxText reads the file (``grain_file_type=arrayrecord``,
 records as one ``MapDataset``. After ``g`` records consumed in total
 (``{"global_next_index": g}``, its whole state) process ``p`` of ``P`` reads
 records ``g + p, g + p + P, g + p + 2P, ...`` and batches ``B / P`` of them; every
-process adds ``B`` to ``g`` per step. So step ``s`` of MaxText reads records
-``[s*B, (s+1)*B)`` on any process count, and process ``p`` holds records
-``s*B + p + j*P`` for ``j`` in ``[0, B/P)``, an interleaved share.
+process adds ``B`` to ``g`` per step. So step ``t`` of MaxText reads records
+``[t*B, (t+1)*B)`` on any process count, and process ``p`` holds records
+``t*B + p + j*P`` for ``j`` in ``[0, B/P)``, an interleaved share.
 
 The Feeder's host ``h`` of ``H`` owns the contiguous rows ``[h*B/H, (h+1)*B/H)``
 (G5). The export is laid out for a host count ``H`` (``host_count``, default 1):
 
-    record  s*B + h + j*H   holds   row h*(B/H) + j of step s
-                                    (global position s*B + h*(B/H) + j)
+    record  (s-S)*B + h + j*H   holds   row h*(B/H) + j of step s
+                                        (global position s*B + h*(B/H) + j)
 
 so MaxText on ``P = H`` processes gives process ``h`` exactly the Feeder's host
 ``h`` rows, in order. On any other process count every step still reads exactly
 the rows of the Feeder's step ``s`` (the layout only permutes records inside a
-step), in another order within the step. With ``H = 1`` record ``i`` is global
-position ``i``. ``global_next_index`` ``g`` is always ``s*B``: the Feeder's
-position after ``s`` steps (``Feeder.position``, ``state()["position"]``).
+step), in another order within the step. With ``S = 0`` and ``H = 1`` record
+``i`` is global position ``i``. ``global_next_index`` ``g`` is always ``t*B``;
+the Feeder's position is ``S*B + g`` (``Feeder.position``,
+``state()["position"]``): with ``S = 0``, ``g`` itself.
 
 Records: a ``tf.train.Example`` with int64 features, keys in sorted order (as
 TensorFlow's deterministic serialization writes a map):
@@ -46,10 +48,10 @@ protocol buffer wire format (https://protobuf.dev/programming-guides/encoding/;
 so the export needs neither TensorFlow nor generated protobuf classes.
 
 The export folder holds ``<name>.array_record`` (written under a temporary name
-and renamed) and ``export.json`` (written last): the Feeder's state at step 0
-(caches with fingerprints, rates, seed, global batch, sequence length), the
-number of steps and records, the layout, the file's sha256 and the MaxText
-flags that read it.
+and renamed) and ``export.json`` (written last): the Feeder's state at the
+start step (caches with fingerprints, rates, seed, global batch, sequence
+length, position S*B), the start step and position, the number of steps and
+records, the layout, the file's sha256 and the MaxText flags that read it.
 """
 
 from __future__ import annotations
@@ -176,20 +178,28 @@ def record_rows(global_batch_size: int, host_count: int) -> np.ndarray:
     return (t % h) * (b // h) + t // h
 
 
-def record_index(position: int, global_batch_size: int, host_count: int = 1) -> int:
-    """The record of an export laid out for ``host_count`` H that holds global
-    position p = s*B + h*(B/H) + j: s*B + h + j*H."""
+def record_index(position: int, global_batch_size: int, host_count: int = 1, start_position: int = 0) -> int:
+    """The record of an export laid out for ``host_count`` H, starting at global
+    position ``start_position`` = S*B (``export.json``'s), that holds global
+    position p = s*B + h*(B/H) + j: (s-S)*B + h + j*H.
+
+    Raises:
+      ValueError: p is before the export's start.
+    """
     b, h = int(global_batch_size), int(host_count)
-    step, row = divmod(int(position), b)
+    if int(position) < int(start_position):
+        raise ValueError(f"position {position} is before the export's start position {start_position}")
+    step, row = divmod(int(position) - int(start_position), b)
     host, j = divmod(row, b // h)
     return step * b + host + j * h
 
 
-def position_of_record(index: int, global_batch_size: int, host_count: int = 1) -> int:
-    """The global position held by record ``index`` (inverse of ``record_index``)."""
+def position_of_record(index: int, global_batch_size: int, host_count: int = 1, start_position: int = 0) -> int:
+    """The global position held by record ``index`` of an export starting at
+    ``start_position`` (inverse of ``record_index``)."""
     b = int(global_batch_size)
     step, t = divmod(int(index), b)
-    return step * b + int(record_rows(b, host_count)[t])
+    return int(start_position) + step * b + int(record_rows(b, host_count)[t])
 
 
 def encode_step(batch: Mapping[str, np.ndarray], *, step: int, global_batch_size: int, feature: str,
@@ -257,21 +267,26 @@ def maxtext_flags(export: Mapping[str, Any], data_dir: str | None = None) -> lis
 
 
 def _steps_of(feeder, steps: int | None) -> int:
+    """Steps to export from the feeder's step S: ``steps``, or the rest of a finite run."""
+    start = feeder.step
+    if feeder.num_steps is not None and start >= feeder.num_steps:
+        raise ValueError(f"the feeder state is at step {start}, the end of this finite run ({feeder.num_epochs} "
+                         f"epoch(s) take {feeder.num_steps} steps): nothing is left to export")
     if steps is None:
         if feeder.num_steps is None:
             raise ValueError("give the number of steps to export (the stream repeats forever without num_epochs)")
-        return int(feeder.num_steps)
+        return int(feeder.num_steps) - start
     steps = int(steps)
     if steps < 1:
         raise ValueError(f"steps must be >= 1 (got {steps})")
-    if feeder.num_steps is not None and steps > feeder.num_steps:
-        raise ValueError(f"steps {steps} is past the end of this finite run: {feeder.num_epochs} epoch(s) take "
-                         f"{feeder.num_steps} steps")
+    if feeder.num_steps is not None and start + steps > feeder.num_steps:
+        raise ValueError(f"steps {steps} from step {start} is past the end of this finite run: "
+                         f"{feeder.num_epochs} epoch(s) take {feeder.num_steps} steps")
     return steps
 
 
-def _batches(feeder, steps: int) -> Iterator[tuple[int, dict]]:
-    for step in range(steps):
+def _batches(feeder, start: int, steps: int) -> Iterator[tuple[int, dict]]:
+    for step in range(start, start + steps):
         yield step, feeder.get_batch(step)
 
 
@@ -295,18 +310,20 @@ def export_maxtext(
     num_threads: int | None = None,
     progress=None,
 ) -> dict:
-    """Writes steps 0 .. ``steps``-1 of the Feeder's global stream as one
+    """Writes steps S .. S + ``steps`` - 1 of the Feeder's global stream as one
     ArrayRecord file of ``tf.train.Example`` records that MaxText reads in that
-    order (module docstring: layout, features, flags).
+    order (module docstring: layout, features, flags). S is 0, or the step of
+    ``state``.
 
     Args:
       output: the export folder (local; created).
       global_batch_size, sequence_length, cache, mixture, caches_root, split,
         seed, num_epochs, feature: the Feeder's (``seqcache.feeders.Feeder``).
       steps: steps to export (``steps * B`` records); None with ``num_epochs``:
-        the whole finite run.
+        the rest of the finite run.
       state: instead of the stream's arguments, a saved feeder state, which
-        fixes them (its stream is exported from step 0).
+        fixes them; the export starts at its step S = position / B, so that
+        MaxText's ``global_next_index`` g is the Feeder's position S*B + g.
       host_count: H, the MaxText process count whose processes should read the
         Feeder's host slices exactly (see the module docstring); any process
         count reads the same rows per step.
@@ -315,14 +332,16 @@ def export_maxtext(
       progress: optional callable (steps done, steps total).
 
     Returns:
-      The content of ``export.json``: format, file, sha256, bytes, steps,
-      records, tokens, global_batch_size, sequence_length, host_count, column,
-      feature, layout, feeder_state (at step 0) and maxtext_flags.
+      The content of ``export.json``: format, file, sha256, bytes,
+      start_step (S), start_position (S*B), steps, records, tokens,
+      global_batch_size, sequence_length, host_count, column, feature, layout,
+      feeder_state (at step S) and maxtext_flags.
 
     Raises:
       ValueError: bad arguments (host count not dividing B, a column named like a
-        provenance feature, no steps for an endless stream, a URL output, an
-        existing export without ``overwrite``).
+        provenance feature, no steps for an endless stream, steps past the end
+        of a finite run, a URL output, an existing export without
+        ``overwrite``).
       seqcache.format.CacheError: a cache is missing or inconsistent.
     """
     output = os.fspath(output)
@@ -332,15 +351,17 @@ def export_maxtext(
                           num_epochs=num_epochs, feature=feature, num_threads=num_threads)
     with feeder:
         record_rows(feeder.global_batch_size, host_count)  # checks that H divides B
+        start = feeder.step
         n_steps = _steps_of(feeder, steps)
+        start_state = feeder.state()
         os.makedirs(output, exist_ok=True)
         if os.path.exists(sidecar):
             os.remove(sidecar)  # overwrite: the old export is no longer complete
         path = os.path.join(output, MAXTEXT_FILE)
-        options, tokens = _write_records(feeder, path, n_steps, column=column, host_count=host_count,
+        options, tokens = _write_records(feeder, path, start, n_steps, column=column, host_count=host_count,
                                          progress=progress)
-        export = _description(feeder, output, path, options=options, steps=n_steps, tokens=tokens, column=column,
-                              host_count=host_count)
+        export = _description(feeder, output, path, options=options, start=start, steps=n_steps, tokens=tokens,
+                              column=column, host_count=host_count, state=start_state)
     export["maxtext_flags"] = maxtext_flags(export)
     with fs.open_write_atomic(sidecar) as f:
         f.write(json.dumps(export, indent=2, sort_keys=True).encode("utf-8") + b"\n")
@@ -358,35 +379,34 @@ def _check_output(output: str, column: str, overwrite: bool) -> str:
     sidecar = os.path.join(output, EXPORT_NAME)
     if os.path.exists(sidecar) and not overwrite:
         raise ValueError(f"{output} already holds an export ({EXPORT_NAME}); pass overwrite=True "
-                         "(--overwrite) or choose another folder")
+                         "or choose another folder")
     return sidecar
 
 
 def _open_feeder(*, state, global_batch_size, sequence_length, num_threads, **stream):
-    """The Feeder of the whole global batch (one host) at step 0: from a saved
-    state, or from the stream's arguments."""
+    """The Feeder of the whole global batch (one host): at a saved state's
+    step, or at step 0 of the stream's arguments."""
     from seqcache.feeders.feeder import Feeder
 
     if state is not None:
-        feeder = Feeder.restore(state, host_index=0, host_count=1, num_threads=num_threads,
-                                global_batch_size=global_batch_size, sequence_length=sequence_length)
-        feeder.step = 0
-        return feeder
+        return Feeder.restore(state, host_index=0, host_count=1, num_threads=num_threads,
+                              global_batch_size=global_batch_size, sequence_length=sequence_length)
     if global_batch_size is None or sequence_length is None:
         raise ValueError("give global_batch_size and sequence_length (or a saved feeder state)")
     return Feeder(global_batch_size=global_batch_size, sequence_length=sequence_length, host_index=0, host_count=1,
                   num_threads=num_threads, **stream)
 
 
-def _write_records(feeder, path: str, n_steps: int, *, column: str, host_count: int, progress) -> tuple[str, int]:
-    """Writes steps 0 .. n_steps-1 to ``path`` (a temporary name, then renamed);
-    returns (ArrayRecord writer options, non-padding tokens)."""
+def _write_records(feeder, path: str, start: int, n_steps: int, *, column: str, host_count: int,
+                   progress) -> tuple[str, int]:
+    """Writes steps start .. start + n_steps - 1 to ``path`` (a temporary name,
+    then renamed); returns (ArrayRecord writer options, non-padding tokens)."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
     tmp = path + ".tmp"
     writer, options, tokens = None, None, 0
     try:
-        for step, batch in _batches(feeder, n_steps):
+        for step, batch in _batches(feeder, start, n_steps):
             records = encode_step(batch, step=step, global_batch_size=feeder.global_batch_size,
                                   feature=feeder.feature, column=column, host_count=host_count)
             if writer is None:
@@ -396,7 +416,7 @@ def _write_records(feeder, path: str, n_steps: int, *, column: str, host_count: 
                 writer.write(record)
             tokens += int(np.count_nonzero(batch[f"{feeder.feature}_segment_ids"]))
             if progress is not None:
-                progress(step + 1, n_steps)
+                progress(step + 1 - start, n_steps)
     except BaseException:
         if writer is not None:
             writer.close()
@@ -407,8 +427,8 @@ def _write_records(feeder, path: str, n_steps: int, *, column: str, host_count: 
     return options, tokens
 
 
-def _description(feeder, output: str, path: str, *, options: str, steps: int, tokens: int, column: str,
-                 host_count: int) -> dict:
+def _description(feeder, output: str, path: str, *, options: str, start: int, steps: int, tokens: int,
+                 column: str, host_count: int, state: dict) -> dict:
     """The content of export.json, less the MaxText flags."""
     b = feeder.global_batch_size
     return {
@@ -419,6 +439,8 @@ def _description(feeder, output: str, path: str, *, options: str, steps: int, to
         "sha256": fmt.file_sha256(path),
         "bytes": os.path.getsize(path),
         "writer_options": options,
+        "start_step": start,
+        "start_position": start * b,
         "steps": steps,
         "records": steps * b,
         "tokens": tokens,
@@ -428,9 +450,9 @@ def _description(feeder, output: str, path: str, *, options: str, steps: int, to
         "column": column,
         "feature": feeder.feature,
         "features": sorted((column, *PROVENANCE_FEATURES)),
-        "layout": "record s*B + h + j*H holds row h*(B/H) + j of step s (global position s*B + h*(B/H) + j); "
-                  "MaxText's global_next_index g = s*B is the Feeder's position after s steps",
-        "feeder_state": feeder.state(),
+        "layout": "record (s-S)*B + h + j*H holds row h*(B/H) + j of step s (global position s*B + h*(B/H) + j), "
+                  "S = start_step; MaxText's global_next_index g is the Feeder's position start_position + g",
+        "feeder_state": state,
     }
 
 

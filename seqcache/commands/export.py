@@ -4,6 +4,7 @@ in that order (``--format maxtext``: seqcache.feeders.export)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -21,7 +22,8 @@ from seqcache import format as fmt
               help="Global batch size B (taken from a saved state).")
 @click.option("--sequence-length", type=click.IntRange(min=1), help="Tokens per row L (taken from a saved state).")
 @click.option("--steps", type=click.IntRange(min=1),
-              help="Steps to export, from step 0 (steps x B records) [default with --num-epochs: the whole run].")
+              help="Steps to export, from step 0 or a saved state's step (steps x B records) [default with "
+                   "--num-epochs: the rest of the run].")
 @click.option("--seed", type=click.IntRange(min=0), help="Feeder seed (default 0; taken from a saved state).")
 @click.option("--num-epochs", type=click.IntRange(min=1), help="For finite runs: epochs per task.")
 @click.option("--host-count", type=click.IntRange(min=1), default=1, show_default=True,
@@ -42,23 +44,32 @@ from seqcache import format as fmt
 @click.option("--json", "as_json", is_flag=True, help="Print export.json instead of a summary.")
 def export(target, export_format, output, batch_size, sequence_length, steps, seed, num_epochs, host_count, column,
            feature, mixture_rates, schedule, cache_dir, split, modules, overwrite, as_json):
-    """Write the Feeder's global stream, steps 0..STEPS-1, as files another
-    trainer reads in that order.
+    """Write the Feeder's global stream, steps S..S+STEPS-1, as files another
+    trainer reads in that order (S = 0, or the step of a saved feeder state).
 
     CACHE_OR_MIXTURE is what `seqcache which` takes: a cache folder; a saved
-    feeder state (JSON file or checkpoint step folder); with --cache-dir a task
-    or mixture name; with --mixture-rate or --mixture-schedule the folder the
-    cache paths are relative to.
+    feeder state (JSON file or checkpoint step folder), whose position S*B is
+    where the export starts; with --cache-dir a task or mixture name; with
+    --mixture-rate or --mixture-schedule the folder the cache paths are
+    relative to.
 
     --format maxtext writes OUTPUT/train.array_record and OUTPUT/export.json
-    (written last: the stream, the layout, the file's sha256 and the MaxText
-    flags). Record s*B + h + j*H holds row h*(B/H) + j of step s (H =
-    --host-count); MaxText's checkpointed {"global_next_index": g} is the
-    Feeder's position g = s*B. See docs/trainers/maxtext.md.
+    (written last: the stream, start_step S and start_position S*B, the
+    layout, the file's sha256 and the MaxText flags). Record (s-S)*B + h + j*H
+    holds row h*(B/H) + j of step s (H = --host-count); MaxText's checkpointed
+    {"global_next_index": g} is the Feeder's position S*B + g. See
+    docs/trainers/maxtext.md.
     """
     from seqcache.commands.which import _resolve
     from seqcache.feeders.export import export_maxtext, maxtext_flags
 
+    from seqcache.feeders.export import EXPORT_NAME
+
+    output = os.path.normpath(output)
+    if os.path.exists(os.path.join(output, EXPORT_NAME)) and not overwrite:
+        click.echo(f"error: {output} already holds an export ({EXPORT_NAME}); pass --overwrite or choose another "
+                   "folder", err=True)
+        sys.exit(1)
     kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     args = {"steps": steps, "host_count": host_count, "column": column, "overwrite": overwrite}
     if "state" in kw:
@@ -80,10 +91,14 @@ def export(target, export_format, output, batch_size, sequence_length, steps, se
     if as_json:
         click.echo(json.dumps(done, indent=2, sort_keys=True))
         return
+    first, last = done["start_step"], done["start_step"] + done["steps"] - 1
     click.echo(
-        f"{output}/{done['file']}: {done['records']:,} records ({done['steps']:,} steps x {done['global_batch_size']} "
-        f"rows, {done['sequence_length']} tokens each, {done['tokens']:,} non-padding tokens), "
-        f"{done['bytes']:,} bytes, sha256 {done['sha256'][:16]}..., laid out for {done['host_count']} MaxText "
-        "process(es)"
+        f"{os.path.join(output, done['file'])}: {done['records']:,} records (steps {first}..{last}: "
+        f"{done['steps']:,} steps x {done['global_batch_size']} rows, {done['sequence_length']} tokens each, "
+        f"{done['tokens']:,} non-padding tokens), {done['bytes']:,} bytes, sha256 {done['sha256'][:16]}..., laid "
+        f"out for {done['host_count']} MaxText process(es)"
     )
+    if first:
+        click.echo(f"The export starts at step {first} (the state's position {done['start_position']:,}): MaxText's "
+                   f"global_next_index g is the Feeder's position {done['start_position']:,} + g.")
     click.echo("MaxText flags: " + " ".join(maxtext_flags(done)))

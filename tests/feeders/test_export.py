@@ -258,15 +258,73 @@ def test_cli_export_writes_the_same_file(tmp_path, fx):
             "--host-count", "2"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
-    assert "32 records (4 steps x 8 rows" in res.output and "grain_use_elastic_iterator=true" in res.output
+    assert "32 records (steps 0..3: 4 steps x 8 rows" in res.output and "grain_use_elastic_iterator=true" in res.output
+    assert "starts at step" not in res.output
     assert _sha256(tmp_path / "cli" / ex.MAXTEXT_FILE) == api["sha256"]
     again = CliRunner().invoke(main, args)
-    assert again.exit_code == 1 and "already holds an export" in again.output
+    assert again.exit_code == 1
+    assert again.output == (f"error: {tmp_path / 'cli'} already holds an export (export.json); pass --overwrite or "
+                            "choose another folder\n")
+    slash = CliRunner().invoke(main, args[:5] + [str(tmp_path / "cli") + "/", *args[6:], "--overwrite"])
+    assert slash.exit_code == 0, slash.output
+    assert slash.output.startswith(f"{tmp_path / 'cli' / ex.MAXTEXT_FILE}: 32 records"), slash.output
     bad = CliRunner().invoke(main, args[:-2] + ["--host-count", "3", "--overwrite"])
     assert bad.exit_code == 1 and "host_count 3 must divide the global batch size 8" in bad.output
     endless = CliRunner().invoke(main, ["export", "--format", "maxtext", str(tmp_path / "c"), "--output",
                                         str(tmp_path / "x"), "--batch-size", "8", "--sequence-length", "8"])
     assert endless.exit_code == 2 and "--steps is required" in endless.output
+
+
+def test_export_from_a_saved_state_starts_at_its_step(tmp_path, fx):
+    """A feeder state saved after step 3 exports steps 3.. : its records are the
+    records 3B.. of the export from step 0, byte for byte (each holds its global
+    position), and MaxText's global_next_index g is the position 3B + g."""
+    from seqcache.cli import main
+
+    fx.write_fixture_cache(tmp_path / "c", n=30, num_shards=2, length=L)
+    kw = dict(global_batch_size=B, sequence_length=L, seed=5, host_count=2)
+    whole = ex.export_maxtext(tmp_path / "whole", cache=str(tmp_path / "c"), steps=7, **kw)
+    assert (whole["start_step"], whole["start_position"]) == (0, 0)
+    with Feeder(cache=str(tmp_path / "c"), global_batch_size=B, sequence_length=L, seed=5, start_step=3) as f:
+        state = f.state()
+    assert state["position"] == 3 * B
+    part = ex.export_maxtext(tmp_path / "part", state=state, steps=4, host_count=2)
+    assert (part["start_step"], part["start_position"], part["steps"], part["records"]) == (3, 3 * B, 4, 4 * B)
+    assert part["feeder_state"] == state
+    records = _read_records(tmp_path / "part")
+    assert records == _read_records(tmp_path / "whole")[3 * B:]
+    for i, rec in enumerate(records):
+        assert _parse(rec)["position"] == [ex.position_of_record(i, B, 2, start_position=3 * B)]
+        assert ex.record_index(_parse(rec)["position"][0], B, 2, start_position=3 * B) == i
+    # The CLI, from the state file: the same bytes, and it says where the export starts.
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    res = CliRunner().invoke(main, ["export", "--format", "maxtext", str(tmp_path / "state.json"), "--output",
+                                    str(tmp_path / "cli"), "--steps", "4", "--host-count", "2"])
+    assert res.exit_code == 0, res.output
+    assert "32 records (steps 3..6: 4 steps x 8 rows" in res.output
+    assert "The export starts at step 3 (the state's position 24): MaxText's global_next_index g is the Feeder's " \
+           "position 24 + g." in res.output
+    assert _sha256(tmp_path / "cli" / ex.MAXTEXT_FILE) == part["sha256"]
+    side = json.loads((tmp_path / "cli" / ex.EXPORT_NAME).read_text())
+    assert (side["start_step"], side["start_position"], side["feeder_state"]["position"]) == (3, 24, 24)
+
+
+def test_a_finite_run_exports_the_rest_from_a_state(tmp_path, fx):
+    fx.write_fixture_cache(tmp_path / "c", n=19, num_shards=2, length=4)
+    kw = dict(cache=str(tmp_path / "c"), global_batch_size=B, sequence_length=L, num_epochs=1)
+    whole = ex.export_maxtext(tmp_path / "whole", **kw)
+    assert whole["steps"] == 3
+    with Feeder(**kw, start_step=1) as f:
+        state = f.state()
+    rest = ex.export_maxtext(tmp_path / "rest", state=state)
+    assert (rest["start_step"], rest["steps"]) == (1, 2)
+    assert _read_records(tmp_path / "rest") == _read_records(tmp_path / "whole")[B:]
+    with pytest.raises(ValueError, match="steps 3 from step 1 is past the end of this finite run"):
+        ex.export_maxtext(tmp_path / "x", state=state, steps=3)
+    with Feeder(**kw, start_step=3) as f:
+        end = f.state()
+    with pytest.raises(ValueError, match="the feeder state is at step 3, the end of this finite run"):
+        ex.export_maxtext(tmp_path / "y", state=end)
 
 
 @pytest.mark.slow

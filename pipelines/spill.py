@@ -243,21 +243,6 @@ def flush_bytes(buffers: dict, num_features: int) -> tuple[bytes, list[tuple[int
     return out.getvalue(), index
 
 
-def read_flush_index(data: bytes, where: str) -> list[tuple[int, int, int]]:
-    """The ``(shard, offset, length)`` sections of a whole flush file.
-
-    Raises:
-      ValueError: not a flush file, or a truncated one (``where`` names it).
-    """
-    if len(data) < 12 or data[-8:] != FLUSH_MAGIC:
-        raise ValueError(f"{where}: not a spill flush file (no {FLUSH_MAGIC!r} at its end)")
-    (n,) = struct.unpack_from("<I", data, len(data) - 12)
-    start = len(data) - 12 - n * _SECTION.size
-    if start < 0:
-        raise ValueError(f"{where}: truncated spill flush file ({n} sections in {len(data)} bytes)")
-    return [_SECTION.unpack_from(data, start + k * _SECTION.size) for k in range(n)]
-
-
 @dataclasses.dataclass
 class ShardEntries:
     """Every entry of one shard, in columns, sorted by (key, sub_index,

@@ -112,7 +112,6 @@ _DTYPES = {
 }
 
 _LEN = np.dtype("<u4")
-_SHARD_RE = re.compile(r"^(?P<prefix>[a-z_]+)\.array_record-(?P<index>\d{5})-of-(?P<count>\d{5})$")
 
 
 class CacheError(Exception):

@@ -779,9 +779,6 @@ def require_local(path: str, what: str = "this reader") -> str:
     )
 
 
-_OPTIONS_SET: list = []
-
-
 def set_options(options: Any) -> None:
     """Hands Beam pipeline options (a ``PipelineOptions`` or a list of
     ``--flag=value`` strings) to Beam's ``FileSystems``: object-store endpoints
@@ -794,9 +791,3 @@ def set_options(options: Any) -> None:
     if not isinstance(options, PipelineOptions):
         options = PipelineOptions(list(options or []))
     FileSystems.set_options(options)
-    _OPTIONS_SET[:] = [options]
-
-
-def options_set() -> Any:
-    """The options last given to ``set_options`` (None before)."""
-    return _OPTIONS_SET[0] if _OPTIONS_SET else None

@@ -42,10 +42,6 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 MESH_AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
 
-# Logical axes of parameters.
-PARAM_AXES = ("vocab", "embed", "heads", "kv", "mlp", "norm", "relpos_buckets")
-# Logical axes of activations (used for sharding constraints inside the model).
-ACTIVATION_AXES = ("batch", "length", "act_embed", "act_heads", "act_mlp", "act_vocab")
 
 _BASE = {
     "vocab": None,

@@ -101,13 +101,6 @@ def print_error(message, console: Console | None = None) -> None:
     (console or stderr_console()).print(f"[red]error:[/red] {escape(str(message))}", highlight=False)
 
 
-def resolve_cache(path: str) -> str:
-    """Accepts a cache folder (with manifest.json) and returns it; errors clearly."""
-    if not os.path.isdir(path):
-        raise click.UsageError(f"{path}: no such cache folder")
-    return path
-
-
 def plural(n: int, word: str) -> str:
     """``plural(1, "shard")`` -> "1 shard"; ``plural(3, "shard")`` -> "3 shards"."""
     return f"{n:,} {word}" + ("" if n == 1 else "s")

@@ -28,5 +28,9 @@ fi
 # seqcache from this checkout, every run.
 install_seqcache levanter "$VENV" "$ROOT"
 cd "$ROOT"
-out=$("$VENV/bin/python" -m pytest -q -s -p no:cacheprovider tests/feeders/test_levanter.py "$HERE" 2>&1 | tee /dev/stderr | tail -n 1)
+# The log is a file of its own: tee to /dev/stderr would reopen (and truncate) a log that
+# stderr is redirected to.
+mkdir -p "$SEQCACHE_TRAINER_WORK/levanter"; LOG=$SEQCACHE_TRAINER_WORK/levanter/pytest.log
+"$VENV/bin/python" -m pytest -q -s -p no:cacheprovider tests/feeders/test_levanter.py "$HERE" 2>&1 | tee "$LOG" >&2
+out=$(tail -n 1 "$LOG")
 closing_line levanter "$out" skipped-fails  # nothing may be skipped here

@@ -47,5 +47,9 @@ fi
 # seqcache from this checkout, every run (its feeders need numpy and array_record only).
 install_seqcache t5x "$VENV" "$ROOT"
 cd "$ROOT"
-out=$("$VENV/bin/python" -m pytest -q -s -p no:cacheprovider "$HERE" 2>&1 | tee /dev/stderr | tail -n 1)
+# The log is a file of its own: tee to /dev/stderr would reopen (and truncate) a log that
+# stderr is redirected to.
+mkdir -p "$SEQCACHE_TRAINER_WORK/t5x"; LOG=$SEQCACHE_TRAINER_WORK/t5x/pytest.log
+"$VENV/bin/python" -m pytest -q -s -p no:cacheprovider "$HERE" 2>&1 | tee "$LOG" >&2
+out=$(tail -n 1 "$LOG")
 closing_line t5x "$out"

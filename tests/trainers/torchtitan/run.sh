@@ -26,5 +26,9 @@ fi
 # seqcache from this checkout, every run.
 install_seqcache torchtitan "$VENV" "$ROOT"
 cd "$ROOT"
-out=$("$VENV/bin/python" -m pytest -q -s -p no:cacheprovider "$HERE" 2>&1 | tee /dev/stderr | tail -n 1)
+# The log is a file of its own: tee to /dev/stderr would reopen (and truncate) a log that
+# stderr is redirected to.
+mkdir -p "$SEQCACHE_TRAINER_WORK/torchtitan"; LOG=$SEQCACHE_TRAINER_WORK/torchtitan/pytest.log
+"$VENV/bin/python" -m pytest -q -s -p no:cacheprovider "$HERE" 2>&1 | tee "$LOG" >&2
+out=$(tail -n 1 "$LOG")
 closing_line torchtitan "$out"

@@ -699,8 +699,10 @@ def feature_layout(reader: CacheReader, feature: str, sequence_length: int | Non
     """
     names = [f.name for f in reader.features]
     if feature not in names:
-        raise ValueError(f"{reader.cache_dir}: the cache has no feature {feature!r} (features: {names}); "
-                         "pass feature=")
+        tokens = [n for n in names if not n.endswith(("_segment_ids", "_positions"))]
+        raise ValueError(f"{reader.cache_dir}: the cache has no feature {feature!r} (its token features: "
+                         f"{', '.join(tokens)}); choose one of them (feature= in Python, --feature in "
+                         f"seqcache which)")
     layout = {"tokens": feature, "segment_ids": None}
     if f"{feature}_segment_ids" in names:
         layout["segment_ids"] = f"{feature}_segment_ids"

@@ -391,6 +391,19 @@ def torchtitan_global_batch_size(configured: int, *, local_batch_size: int, dp_w
     return configured
 
 
+def _torchtitan_source(config: Any) -> dict:
+    """``{"cache": folder}`` or ``{"mixture": {folder: rate}}`` of a
+    ``TorchtitanDataLoader.Config``.
+
+    Raises:
+      ValueError: neither or both given.
+    """
+    if bool(config.cache) == bool(config.mixture):
+        raise ValueError("TorchtitanDataLoader.Config: give exactly one of cache= (a task cache folder) "
+                         "or mixture= ({cache folder: rate})")
+    return {"cache": config.cache} if config.cache else {"mixture": dict(config.mixture)}
+
+
 def _torchtitan_loader_class():
     """``TorchtitanDataLoader``: a ``FeederLoader`` that is a torchtitan
     ``BaseDataLoader`` (imports torchtitan)."""
@@ -448,13 +461,10 @@ def _torchtitan_loader_class():
         def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, seq_len: int,
                      local_batch_size: int, tokenizer: Any = None, snapshot_every_n_steps: int | None = None,
                      **unused: Any):
-            if bool(config.cache) == bool(config.mixture):
-                raise ValueError("TorchtitanDataLoader.Config: give exactly one of cache= (a task cache folder) "
-                                 "or mixture= ({cache folder: rate})")
+            where = _torchtitan_source(config)
             b = torchtitan_global_batch_size(config.global_batch_size, local_batch_size=local_batch_size,
                                              dp_world_size=dp_world_size,
                                              snapshot_every_n_steps=snapshot_every_n_steps)
-            where = {"cache": config.cache} if config.cache else {"mixture": dict(config.mixture)}
             self.rows_log = config.rows_log or None
             FeederLoader.__init__(
                 self, global_batch_size=b, sequence_length=seq_len, rank=dp_rank, world_size=dp_world_size,

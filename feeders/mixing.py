@@ -202,10 +202,7 @@ class Mixer:
         Raises:
           ValueError: a task outside [0, T) or a negative ordinal.
         """
-        if not 0 <= task < self.num_tasks:
-            raise ValueError(f"task must be in [0, {self.num_tasks}) (got {task})")
-        if ordinal < 0:
-            raise ValueError(f"ordinal must be >= 0 (got {ordinal})")
+        check_task_ordinal(task, ordinal, self.num_tasks)
         c = int(ordinal)
         for a, b, went_left in reversed(self._paths[task]):
             c = ((c + 1) * b - 1) // a if went_left else c * b // (b - a)
@@ -269,3 +266,15 @@ class Mixer:
             if not active.size:
                 break
         return task, q
+
+
+def check_task_ordinal(task: int, ordinal: int, num_tasks: int) -> None:
+    """Checks the arguments of an inverse lookup (``position_of``).
+
+    Raises:
+      ValueError: a task outside [0, num_tasks) or a negative ordinal.
+    """
+    if not 0 <= task < num_tasks:
+        raise ValueError(f"task must be in [0, {num_tasks}) (got {task})")
+    if ordinal < 0:
+        raise ValueError(f"ordinal must be >= 0 (got {ordinal})")

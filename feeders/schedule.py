@@ -136,10 +136,7 @@ class Schedule:
         Raises:
           ValueError: a task outside [0, T) or a negative ordinal.
         """
-        if not 0 <= task < self.num_tasks:
-            raise ValueError(f"task must be in [0, {self.num_tasks}) (got {task})")
-        if ordinal < 0:
-            raise ValueError(f"ordinal must be >= 0 (got {ordinal})")
+        mixing.check_task_ordinal(task, ordinal, self.num_tasks)
         k = int(ordinal)
         if self._task_bases is None:
             self._task_bases = [[b[t] for b in self.bases] for t in range(self.num_tasks)]

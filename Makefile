@@ -5,6 +5,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= build/demo
 PYTEST_ARGS ?=
+# pytest-xdist workers for the default suite (the machines here have 2 cores); 0 runs it serially.
+PYTEST_WORKERS ?= 2
 # Extras installed into .venv (tfds: TensorFlow and TFDS, for the tfds: source and its tests).
 EXTRAS ?= train,test,tfds
 
@@ -26,7 +28,7 @@ demo: install
 	DEMO=$(DEMO) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
 
 test: install
-	$(VENV)/bin/pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -m "not slow" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-slow: install
 	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)

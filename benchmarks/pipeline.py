@@ -323,12 +323,6 @@ STARTUP_STEPS = (
 # this machine's noise).
 _OWN = "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.own_process(); "
 STARTUP_CHOICES = (
-    ("Beam's clients (boto3, httplib2) loaded, not deferred",
-     _OWN + "fs.BEAM_DEFERRED_MODULES = (); fs.import_beam()" + _FREEZE),
-    ("pymongo imported with Beam (as in build_task's own caller)",
-     _OWN + "fs.BEAM_LEFT_OUT_IN_OWN_PROCESSES = ('apache_beam.io.gcp.bigquery',); fs.import_beam()" + _FREEZE),
-    ("Beam's BigQuery connector and requests imported with Beam (as in build_task's own caller)",
-     _OWN + "fs.BEAM_LEFT_OUT_IN_OWN_PROCESSES = ('pymongo', 'bson'); fs.import_beam()" + _FREEZE),
     ("pandas imported with Beam (for its pandas batch types)", _OWN + "import pandas; fs.import_beam()" + _FREEZE),
     ("the exit not frozen (cyclic collections at exit)", _BEAM),
 )

@@ -174,31 +174,19 @@ def _local_engine_class():
     """``FnApiRunner`` whose multi_processing workers start through
     ``seqcache.pipelines.worker_main`` (Beam imported without pandas), with
     one numpy BLAS thread unless ``OPENBLAS_NUM_THREADS`` says otherwise; any
-    other environment is left as Beam made it. Where warm worker processes
-    are waiting (``warm_workers.start``), the workers take them."""
+    other environment is left as Beam made it."""
     import sys
 
     from apache_beam.portability import python_urns
     from apache_beam.runners.portability.fn_api_runner import fn_runner
 
-    from seqcache.pipelines import warm_workers
-
     class LocalEngine(fn_runner.FnApiRunner):
         def run_via_runner_api(self, pipeline_proto, options):
             beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
-            warm = warm_workers.waiting() > 0
-            if warm:
-                warm_workers.register_environment()
             for env in pipeline_proto.components.environments.values():
                 if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command:
                     env.payload = f"{_WORKER_ENV} {sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
-                    if warm:  # its workers take the warm processes; a worker that finds none starts cold
-                        env.urn = warm_workers.WARM_ENVIRONMENT_URN
-            try:
-                return super().run_via_runner_api(pipeline_proto, options)
-            finally:
-                if warm:
-                    warm_workers.close()  # those not handed out: one pipeline's worth
+            return super().run_via_runner_api(pipeline_proto, options)
 
     return LocalEngine
 

@@ -49,33 +49,14 @@ class FileSystemError(OSError):
 _EXTRAS = {"s3": "s3", "gs": "gcs"}
 
 
-# What Beam imports at start-up only for clients a local build does not call
-# (S3, HTTP): imported deferred, loaded on first use. Not requests (for GCP
-# metadata): its submodules import one another through the package, so they
-# cannot be imported before the package has run (``seqcache.deferred``).
-BEAM_DEFERRED_MODULES = ("boto3", "httplib2")
-
-# What Beam imports only for its MongoDB and Google Cloud connectors, which no
-# seqcache pipeline runs: left out of Beam's import in seqcache's own processes
-# (``own_process``). Beam's package imports its BigQuery, Pub/Sub and GCS
-# connectors together, in one ``try`` that stops at the first ImportError;
-# BigQuery's brings requests (through its GCE metadata client) and regex.
-BEAM_LEFT_OUT_IN_OWN_PROCESSES = ("pymongo", "bson", "apache_beam.io.gcp.bigquery")
-
 _own_process = False
 
 
 def own_process() -> None:
     """Marks this process as one of seqcache's own: the ``seqcache`` executable
     (``seqcache.cli.run``) or a worker of its local engine, which run no Beam
-    pipeline but the build's. There Beam is imported without pymongo and
-    without its BigQuery connector (``BEAM_LEFT_OUT_IN_OWN_PROCESSES``, about
-    0.1 s together): ``apache_beam.io`` then lacks the MongoDB, BigQuery,
-    Pub/Sub and GCS transforms' names, as Beam arranges when their libraries
-    are missing. Each of them imports as usual afterwards, by its own module
-    (``apache_beam.io.gcp.bigquery``); Beam's file systems, gs:// included,
-    are not affected. A process that calls ``build_task`` itself gets Beam's
-    whole import."""
+    pipeline but the build's: there ``freeze_heap`` freezes the heap. A
+    process that calls ``build_task`` itself keeps its heap as it is."""
     global _own_process
     _own_process = True
 
@@ -162,33 +143,21 @@ def import_beam():
     of CPU of a build's fixed cost). While Beam is imported here,
     ``import pandas`` fails (Beam then leaves those types out); afterwards it
     works as before, for whoever needs it. When pandas is already imported,
-    Beam's import is left alone. In seqcache's own processes pymongo is left
-    out the same way (``own_process``).
-
-    The clients Beam imports for S3 and HTTP (boto3, httplib2;
-    ``BEAM_DEFERRED_MODULES``) are deferred (``seqcache.deferred``):
-    imported, and loaded on their first use, about 0.2 s less for a build
-    that never calls them (benchmarks/README.md, "A small build's fixed
-    cost")."""
+    Beam's import is left alone."""
     if "apache_beam.io.filesystems" not in sys.modules:
-        from seqcache.deferred import deferring
-
         root = logging.getLogger()
         level = root.level
         root.setLevel(logging.ERROR)
-        left_out = ("pandas",) + (BEAM_LEFT_OUT_IN_OWN_PROCESSES if _own_process else ())
-        hidden = [name for name in left_out if name not in sys.modules]
-        for name in hidden:
-            sys.modules[name] = None  # an import of it raises ImportError
+        hidden = "pandas" not in sys.modules
+        if hidden:
+            sys.modules["pandas"] = None  # an import of it raises ImportError
         try:
-            with deferring(BEAM_DEFERRED_MODULES):
-                import apache_beam  # noqa: F401
-                import apache_beam.io.filesystems  # noqa: F401
+            import apache_beam  # noqa: F401
+            import apache_beam.io.filesystems  # noqa: F401
         finally:
             root.setLevel(level)
-            for name in hidden:
-                if name in sys.modules and sys.modules[name] is None:
-                    del sys.modules[name]
+            if hidden and sys.modules.get("pandas", 0) is None:
+                del sys.modules["pandas"]
     import apache_beam
 
     return apache_beam

@@ -368,24 +368,9 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     The cache of task T goes to CACHE_DIR/T/SPLIT. A cache with the same
     fingerprint is reused; a different one is refused unless --overwrite.
     """
-    from seqcache.pipelines import BuildConfig, warm_workers
+    from seqcache.pipelines import BuildConfig
 
-    # Local worker processes (multi_processing): forked once this process has
-    # imported Beam and the build's steps (Linux), or else started now, to import
-    # them while this process does.
-    workers = warm_workers.workers_asked(args)
-    fork = warm_workers.can_fork()
-    if not fork:
-        warm_workers.start(workers)
     name, pipeline_args = _name_and_pipeline_args(ctx, args)
-    if fork and workers:
-        from seqcache.pipelines.build import import_beam
-
-        import_beam()
-        import seqcache.pipelines.transforms  # noqa: F401  (what unpickling the steps imports)
-        import seqcache.tasks  # noqa: F401
-
-        warm_workers.start(workers, fork=True)
     # force: a library that logged before this (at import) has configured the root logger already.
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
                         force=True)

@@ -26,7 +26,9 @@ from seqcache.feeders.reader import CacheReader, CacheRebuiltError
 from seqcache.pipelines import BuildConfig, build_task, writer
 from testsupport import byte_task, write_lines
 
-SHARDS, B, L = 8, 4, 32
+# 16 shards: the first 3 steps (12 rows: step 0 and the 2 prefetched) leave at
+# least 4 shards unopened, whatever order the cache's path gives the stream.
+SHARDS, B, L = 16, 4, 32
 
 
 def _as_is(example, ctx):
@@ -104,6 +106,8 @@ def test_a_feeder_running_across_a_rebuild_reads_old_rows_or_says_the_cache_was_
     aside = _copy_aside(cache, tmp_path)
     with _feeder(cache, prefetch=prefetch) as feeder, _feeder(aside, prefetch=0) as old_rows:
         assert _same(feeder.get_batch(0), old_rows.get_batch(0))
+        for pending in list(feeder._futures.values()):
+            pending.result()  # the prefetched steps read before the rebuild, not during it
         opened = _open_data_shards(feeder.readers[0])
         assert 0 < len(opened) < SHARDS  # some shards open, some not
         old, new = _rebuild(build, cache)

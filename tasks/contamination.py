@@ -1,0 +1,389 @@
+"""Benchmark contamination: n-gram overlap of normalised words.
+
+An item of a benchmark (a test set) *overlaps* a text when the two share at
+least one n-gram of ``n`` consecutive normalised words, ``n = 13`` by default:
+the test of GPT-3's contamination study (Brown et al. 2020, "Language Models
+are Few-Shot Learners", appendix C: 13-grams over lower-cased words with
+punctuation removed) and of PaLM's (Chowdhery et al. 2022, section 8).
+
+Normalisation (``normalize_words``, version ``NORMALIZATION_VERSION``):
+
+1. Unicode NFKC (compatibility forms fold: full-width letters, ligatures,
+   superscript digits, non-breaking spaces);
+2. ``str.casefold()`` (case differences do not matter; ``"ß"`` -> ``"ss"``);
+3. words are the maximal runs of letters and digits (the regular expression
+   ``[^\\W_]+`` on ``str``: Unicode ``\\w`` minus the underscore); everything
+   else (whitespace, punctuation, symbols, combining marks left alone) separates
+   words and is dropped.
+
+So two texts that differ only in case, whitespace, punctuation or Unicode
+compatibility forms have the same words. Paraphrases, translations and changed
+words do not match: the test is exact on words.
+
+Hashes (``word_hashes``, ``ngram_hashes``): a word's hash is the first 8 bytes
+of BLAKE2b of its UTF-8 bytes, read little-endian as uint64; an n-gram's is the
+polynomial ``sum_k w[i+k] * P^(n-1-k) mod 2^64`` of its words' hashes (fixed
+odd ``P``). Both depend on the words only: the same in every process, on every
+platform and in every Python (no ``hash()`` seeding). A hash hit is confirmed
+word by word (by the words' 64-bit hashes), so a collision of n-gram hashes
+never reports a match.
+
+Short items: an item with fewer than ``n`` words but at least ``min_words``
+(default 8) is matched whole: it overlaps a text that holds all its words,
+consecutively. An item with fewer than ``min_words`` words cannot be matched;
+``Benchmark.too_short`` counts them (they are reported, never silently dropped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import unicodedata
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+# Bump when normalize_words, word_hashes or ngram_hashes change: it enters every
+# Benchmark.fingerprint (and so the fingerprint of a cache built with --exclude).
+NORMALIZATION_VERSION = 1
+DEFAULT_N = 13
+DEFAULT_MIN_WORDS = 8
+
+_WORD = re.compile(r"[^\W_]+")
+_CHUNK = re.compile(r"\S+")
+# The polynomial's base: a fixed odd 64-bit constant (the golden ratio's, as in splitmix64).
+_BASE = np.uint64(0x9E3779B97F4A7C15)
+# Word hashes already computed in this process; cleared when it holds _CACHE_WORDS words.
+_CACHE: dict[str, int] = {}
+_CACHE_WORDS = 1 << 18
+
+
+def normalize_words(text: str) -> list[str]:
+    """The normalised words of ``text``: NFKC, casefold, then the maximal runs of
+    letters and digits (``[^\\W_]+``), in order. See the module docstring.
+
+    Example: ``normalize_words("The  QUICK, brown-fox!")`` is
+    ``["the", "quick", "brown", "fox"]``.
+    """
+    return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+
+
+def words_with_offsets(text: str) -> tuple[list[str], list[int], list[int]]:
+    """``normalize_words(text)`` with, for each word, the character offsets
+    ``[start, end)`` in ``text`` of the whitespace-delimited chunk it comes from
+    (a chunk such as ``"fox!"`` can give several words, which share its offsets).
+
+    The words are those of ``normalize_words``: NFKC never composes across
+    whitespace, so normalising chunk by chunk gives the same words.
+
+    Returns:
+      (words, starts, ends), three lists of the same length.
+    """
+    words: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    for chunk in _CHUNK.finditer(text):
+        found = _WORD.findall(unicodedata.normalize("NFKC", chunk.group()).casefold())
+        words.extend(found)
+        starts.extend([chunk.start()] * len(found))
+        ends.extend([chunk.end()] * len(found))
+    return words, starts, ends
+
+
+def word_hashes(words: Sequence[str]) -> np.ndarray:
+    """The 64-bit hash of each word: BLAKE2b (8-byte digest) of its UTF-8 bytes,
+    little-endian. Shape ``(len(words),)``, dtype uint64."""
+    cache = _CACHE
+    try:
+        return np.fromiter(map(cache.__getitem__, words), dtype=np.uint64, count=len(words))
+    except KeyError:
+        pass
+    if len(cache) + len(words) > _CACHE_WORDS:
+        cache.clear()
+    for word in set(words).difference(cache):
+        cache[word] = int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little")
+    return np.fromiter(map(cache.__getitem__, words), dtype=np.uint64, count=len(words))
+
+
+def ngram_hashes_of(hashes: np.ndarray, n: int) -> np.ndarray:
+    """The hash of each n-gram of words, from the words' hashes (``word_hashes``).
+
+    Element ``i`` is the hash of words ``[i, i + n)``. Shape
+    ``(max(0, len(hashes) - n + 1),)``, dtype uint64.
+
+    Raises:
+      ValueError: ``n < 1``.
+    """
+    if n < 1:
+        raise ValueError(f"n-gram length must be >= 1 (got n={n})")
+    m = len(hashes) - n + 1
+    if m <= 0:
+        return np.zeros(0, dtype=np.uint64)
+    out = hashes[:m].copy()
+    for k in range(1, n):
+        out *= _BASE  # uint64 arithmetic wraps: mod 2^64
+        out += hashes[k:k + m]
+    return out
+
+
+def _extend(grams: np.ndarray, hashes: np.ndarray, k0: int, k: int) -> np.ndarray:
+    """The k-gram hashes from the k0-gram hashes ``grams`` (``k > k0``), as
+    ``ngram_hashes_of(hashes, k)`` computes them."""
+    m = len(hashes) - k + 1
+    if m <= 0:
+        return np.zeros(0, dtype=np.uint64)
+    out = grams[:m].copy()
+    for j in range(k0, k):
+        out *= _BASE
+        out += hashes[j:j + m]
+    return out
+
+
+def ngram_hashes(words: Sequence[str], n: int) -> np.ndarray:
+    """The hash of each n-gram of ``words``: element ``i`` is that of
+    ``words[i:i + n]`` (so an n-gram's start word index is its index here).
+    Shape ``(max(0, len(words) - n + 1),)``, dtype uint64; stable across
+    processes and platforms.
+
+    Raises:
+      ValueError: ``n < 1``.
+    """
+    return ngram_hashes_of(word_hashes(words), n)
+
+
+class BenchmarkItem(NamedTuple):
+    """One benchmark item.
+
+    Attributes:
+      number: 0-based index of the item in the benchmark (source order: files
+        sorted by path, records in file order).
+      path: the file it was read from.
+      locator: what ``record_number`` counts (``"byte_offset"``, ``"row"``, ...;
+        see ``seqcache.tasks.sources.describe_record``).
+      record_number: the record's id in its file.
+      text: the item's text: its fields' values joined by newlines, in the
+        order of the source's record keys (sorted by key for several fields).
+    """
+
+    number: int
+    path: str
+    locator: str
+    record_number: int
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """A span of a scanned text that overlaps a benchmark item.
+
+    Attributes:
+      item: the item's number (``BenchmarkItem.number``).
+      start, end: character offsets ``[start, end)`` of the span in the scanned
+        text (whole whitespace-delimited chunks: punctuation next to a word is
+        included).
+      words: the span's normalised words joined by single spaces (overlapping
+        and adjacent matched n-grams of the same item merge into one span).
+      ngram: the first matched n-gram's words joined by single spaces (for an
+        item matched whole, the item's words).
+      ngrams: how many n-grams of the span matched the item.
+    """
+
+    item: int
+    start: int
+    end: int
+    words: str
+    ngram: str
+    ngrams: int
+
+
+class Benchmark:
+    """The n-gram table of a benchmark: what a scan looks texts up in.
+
+    Memory: about 35 bytes per n-gram of the items (the sorted uint64 hashes,
+    their item numbers, start words and lengths, and a filter of 8 to 16 bytes) plus 8 bytes per item word and the item
+    texts; nothing grows with what is scanned.
+
+    Args:
+      items: the items (``BenchmarkItem``), numbered 0.. in order.
+      n: n-gram length in words (>= 1).
+      min_words: items with fewer than ``n`` words but at least ``min_words``
+        are matched whole; items with fewer words are ``too_short``.
+      name: a name for reports (e.g. the source spec).
+
+    Attributes:
+      n, min_words, name, items.
+      too_short: numbers of the items that cannot match (fewer than
+        ``min_words`` words), sorted.
+      fingerprint: sha256 hex of n, min_words, the normalisation version and the
+        item texts.
+      size_bytes: UTF-8 bytes of the item texts.
+      num_ngrams: n-grams in the table (distinct per item).
+
+    Raises:
+      ValueError: ``n < 1`` or ``min_words < 1`` (a ``min_words`` over ``n``
+        is taken as ``n``).
+    """
+
+    def __init__(self, items: Sequence[BenchmarkItem], *, n: int = DEFAULT_N,
+                 min_words: int = DEFAULT_MIN_WORDS, name: str = "benchmark"):
+        if n < 1:
+            raise ValueError(f"n-gram length must be >= 1 (got n={n})")
+        min_words = min(min_words, n)
+        if min_words < 1:
+            raise ValueError(f"min_words must be >= 1 (got min_words={min_words})")
+        self.n, self.min_words, self.name = n, min_words, name
+        self.items = list(items)
+        for i, item in enumerate(self.items):
+            if item.number != i:
+                raise ValueError(f"benchmark items must be numbered 0.. in order (item {i} has number {item.number})")
+        self.size_bytes = sum(len(item.text.encode("utf-8")) for item in self.items)
+        self.fingerprint = self._fingerprint()
+        self._build_table()
+
+    def _fingerprint(self) -> str:
+        h = hashlib.sha256(json.dumps({"n": self.n, "min_words": self.min_words,
+                                       "normalization": NORMALIZATION_VERSION}, sort_keys=True).encode())
+        for item in self.items:
+            data = item.text.encode("utf-8")
+            h.update(len(data).to_bytes(8, "little"))
+            h.update(data)
+        return h.hexdigest()
+
+    def _build_table(self) -> None:
+        """The sorted table: hash -> (item, start word, length), one row per
+        distinct (n-gram, item); and every item's word hashes."""
+        hashes, items, starts, lengths, words = [], [], [], [], []
+        too_short = []
+        offsets = [0]
+        for item in self.items:
+            wh = word_hashes(normalize_words(item.text))
+            words.append(wh)
+            offsets.append(offsets[-1] + len(wh))
+            k = self.n if len(wh) >= self.n else len(wh)
+            if k < self.min_words:
+                too_short.append(item.number)
+                continue
+            h = ngram_hashes_of(wh, k)
+            _, first = np.unique(h, return_index=True)  # one row per distinct n-gram of the item
+            hashes.append(h[first])
+            starts.append(first.astype(np.uint32))
+            items.append(np.full(len(first), item.number, dtype=np.uint32))
+            lengths.append(np.full(len(first), k, dtype=np.uint8))
+        cat = (lambda parts, dtype: np.concatenate(parts) if parts else np.zeros(0, dtype=dtype))
+        table = cat(hashes, np.uint64)
+        order = np.argsort(table, kind="stable")
+        self._hashes = table[order]
+        self._item = cat(items, np.uint32)[order]
+        self._start = cat(starts, np.uint32)[order]
+        self._length = cat(lengths, np.uint8)[order]
+        self._words = cat(words, np.uint64)
+        self._offsets = np.asarray(offsets, dtype=np.int64)
+        # A filter of the table: one byte per slot, 8 slots per n-gram (at least 2^16), slot = the
+        # hash's top bits; a text's n-gram is looked up in the table only where its slot is set.
+        bits = max(16, int(8 * max(1, len(table))).bit_length())
+        self._shift = np.uint64(64 - bits)
+        self._filter = np.zeros(1 << bits, dtype=bool)
+        self._filter[self._hashes >> self._shift] = True
+        self.lengths = sorted({int(k) for k in np.unique(self._length)})
+        self.too_short = too_short
+        self.num_ngrams = len(self._hashes)
+
+    @classmethod
+    def load(cls, spec: str, *, n: int = DEFAULT_N, min_words: int = DEFAULT_MIN_WORDS,
+             name: str | None = None) -> "Benchmark":
+        """Reads the items of a source spec (any form
+        ``seqcache.tasks.sources.parse_source_spec`` accepts: ``jsonl:PATTERN#FIELD``,
+        ``jsonl:PATTERN#question=q,answer=a``, ``parquet:...``, ``text:...``,
+        ``hf:PATH@SPLIT#COLUMN``, ...). Each record is one item; its text is
+        its values joined by newlines (in the record's key order).
+
+        Raises:
+          ValueError: a bad spec or record (as ``parse_source_spec`` and the
+            source), or a spec with no records (names the spec).
+          FileNotFoundError: a pattern that matches nothing.
+        """
+        from seqcache.tasks.sources.spec import parse_source_spec
+
+        source = parse_source_spec(spec, split="test")
+        files = source.list_files()
+        items = []
+        for i, f in enumerate(files):
+            for record in source.read_file(i, f.path):
+                text = "\n".join(str(v) for v in record.data.values() if v is not None)
+                items.append(BenchmarkItem(len(items), f.path, source.locator, record.record_number, text))
+        if not items:
+            raise ValueError(f"benchmark {spec!r} has no records: point it at the test set's files")
+        return cls(items, n=n, min_words=min_words, name=name or spec)
+
+    def describe(self) -> dict:
+        """JSON-able summary: name, fingerprint, n, min_words, items, n-grams,
+        bytes, the normalisation version and the too-short items' count."""
+        return {"name": self.name, "fingerprint": self.fingerprint, "n": self.n, "min_words": self.min_words,
+                "normalization": NORMALIZATION_VERSION, "items": len(self.items), "ngrams": self.num_ngrams,
+                "size_bytes": self.size_bytes, "too_short": len(self.too_short)}
+
+    def item_words(self, number: int) -> np.ndarray:
+        """Item ``number``'s word hashes, shape ``(words,)``, uint64."""
+        return self._words[self._offsets[number]:self._offsets[number + 1]]
+
+    def hits(self, hashes: np.ndarray) -> list[tuple[int, int, int]]:
+        """The confirmed hits of a text given its words' hashes (``word_hashes``
+        of ``normalize_words(text)``, shape ``(words,)``, uint64).
+
+        Returns:
+          Sorted ``(item, start word in the text, length in words)`` triples, one
+          per matched n-gram (confirmed word by word); ``[]`` when none.
+        """
+        found = set()
+        if not len(self._hashes) or len(hashes) < self.lengths[0]:
+            return []
+        grams, k0 = None, 0
+        for k in self.lengths:
+            # The k-grams from the (k0)-grams: g_k[i] = g_k0[i] * P^(k-k0) + ... (ngram_hashes_of's polynomial).
+            grams = ngram_hashes_of(hashes, k) if grams is None else _extend(grams, hashes, k0, k)
+            k0 = k
+            if not len(grams):
+                break
+            # The filter first (one cached read per n-gram), the sorted table for what passes.
+            candidates = np.nonzero(self._filter[grams >> self._shift])[0]
+            if not len(candidates):
+                continue
+            lo = np.searchsorted(self._hashes, grams[candidates], side="left")
+            hit = self._hashes[np.minimum(lo, len(self._hashes) - 1)] == grams[candidates]
+            for pos, row in zip(candidates[hit].tolist(), lo[hit].tolist()):
+                while row < len(self._hashes) and self._hashes[row] == grams[pos]:
+                    item, start = int(self._item[row]), int(self._start[row])
+                    if int(self._length[row]) == k and np.array_equal(
+                            self.item_words(item)[start:start + k], hashes[pos:pos + k]):
+                        found.add((item, int(pos), k))
+                    row += 1
+        return sorted(found)
+
+    def match(self, text: str) -> list[Match]:
+        """The spans of ``text`` that overlap benchmark items; a pure function of
+        ``text`` and the benchmark.
+
+        Returns:
+          ``Match`` objects sorted by (item, start); ``[]`` when nothing
+          overlaps. Overlapping or adjacent matched n-grams of one item merge
+          into one span.
+        """
+        words = normalize_words(text)
+        hits = self.hits(word_hashes(words))
+        if not hits:
+            return []
+        _, starts, ends = words_with_offsets(text)
+        out: list[Match] = []
+        i = 0
+        while i < len(hits):
+            item, first, k = hits[i]
+            last, count = first + k, 1
+            i += 1
+            while i < len(hits) and hits[i][0] == item and hits[i][1] <= last:
+                last, count = max(last, hits[i][1] + hits[i][2]), count + 1
+                i += 1
+            out.append(Match(item, starts[first], ends[last - 1], " ".join(words[first:last]),
+                             " ".join(words[first:first + k]), count))
+        return out

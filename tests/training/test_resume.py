@@ -87,7 +87,9 @@ def _child(tmp_path, name, compilation_cache_env, *, model, sigterm_at_step=None
     return records, np.load(tmp_path / f"{name}.npz")
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
+# The encoder-decoder preemption runs with the slow tests; test_t5_cli resumes a
+# real T5 run in the default suite.
+@pytest.fixture(scope="module", params=["decoder", pytest.param("t5", marks=pytest.mark.slow)])
 def runs(request, tmp_path_factory, compilation_cache_env):
     model = request.param
     tmp_path = tmp_path_factory.mktemp(f"resume-{model}")

@@ -132,7 +132,8 @@ def t5_reference():
     return _one_device_run(t5_config_dict, FakeEncDecFeeder)
 
 
-@pytest.mark.parametrize("rules", sorted(PRESETS))
+# fsdp+tp (both sharded axes) in the default suite, every preset with the slow tests.
+@pytest.mark.parametrize("rules", [r if r == "fsdp+tp" else pytest.param(r, marks=pytest.mark.slow) for r in sorted(PRESETS)])
 def test_t5_preset_on_8_devices_matches_one_device(t5_reference, rules):
     mesh = PRESETS[rules]
     trainer = _trainer(rules, mesh, 8, t5_config_dict)

@@ -35,6 +35,7 @@ from seqcache import manifest as schema
 from seqcache.tasks.registry import USER_MODULE_PREFIX
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
+from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import shuffle, spill, stats as stats_mod, transforms, writer
 from seqcache.pipelines.plan import BuildPlan
 from seqcache.pipelines.runner import RunnerError
@@ -67,6 +68,17 @@ class BuildConfig:
         ``shuffle.DEFAULT_SHARD_BYTES``, 128 MiB): one shard is sorted in one
         worker's memory, so this bounds a worker's memory whatever the corpus
         size. There is no cap on the shard count.
+      exclude_benchmarks: benchmarks whose overlapping source records the
+        build leaves out (decontamination, exclusion.py): source spec strings
+        (``jsonl:test.jsonl#question``, or ``NAME=SPEC`` to name it) or
+        ``seqcache.tasks.contamination.Benchmark`` objects. A record that
+        shares an n-gram of normalised words with an item goes to
+        quarantine.jsonl with the benchmark, item and n-gram, counted per
+        benchmark in ``statistics.excluded_by_benchmark``; each benchmark's
+        fingerprint enters the cache's.
+      exclude_ngram: n-gram length in words for the specs of
+        ``exclude_benchmarks`` (default 13, GPT-3's; a ``Benchmark`` object
+        keeps its own ``n``).
     """
 
     split: str = "train"
@@ -74,9 +86,17 @@ class BuildConfig:
     sequence_length: Mapping[str, int] | None = None
     num_shards: int | None = None
     shard_size: int | None = None
+    exclude_benchmarks: Sequence[Any] = ()
+    exclude_ngram: int | None = None
 
     def __post_init__(self):
         shuffle.seed_key(self.seed)  # validates the range
+        if isinstance(self.exclude_benchmarks, str):
+            raise ValueError(f"exclude_benchmarks must be a sequence of specs or benchmarks "
+                             f"(got the string {self.exclude_benchmarks!r}: write ({self.exclude_benchmarks!r},))")
+        object.__setattr__(self, "exclude_benchmarks", tuple(self.exclude_benchmarks))
+        if self.exclude_ngram is not None and self.exclude_ngram < 1:
+            raise ValueError(f"exclude_ngram must be >= 1 word (got {self.exclude_ngram})")
         if self.num_shards is not None and self.num_shards < 1:
             raise ValueError(f"num_shards must be >= 1 (got {self.num_shards})")
         if self.shard_size is not None and self.shard_size < 1:
@@ -162,7 +182,8 @@ def build_task(
       FileNotFoundError: the task's source matches no file.
       BuildError: a different cache exists and ``overwrite`` is False; the task
         produced zero examples; a shard failed verification; the runner could
-        not start or lost its workers (one line; nothing is left behind).
+        not start or lost its workers (one line; nothing is left behind); a
+        benchmark of ``config.exclude_benchmarks`` cannot be read.
       Any error of the task's sources or preprocessors, naming file and record.
     """
     beam = import_beam()
@@ -191,16 +212,32 @@ def build_task(
             f"task {task.name!r}: {num_shards:,} shards for {total_bytes:,} bytes of input is too many (each shard, "
             f"even empty, is a file); use at most {max_shards:,}, or leave --num-shards out"
         )
-    inputs = task_fingerprint_inputs(task, config, num_shards)
+    exclusion = _exclusion(config)
+    inputs = task_fingerprint_inputs(task, config, num_shards, exclusion=exclusion)
     plan = BuildPlan(
         task=task, config=config, files=files, total_bytes=total_bytes, num_shards=num_shards,
         shard_size=None if config.num_shards else shard_size, inputs=inputs, fingerprint=fmt.fingerprint_of(inputs),
         out_dir=cache_path(cache_dir, task.name, config.split), runner=runner, exchange=exchange,
         split_size=split_size or plan_mod.choose_split_size(total_bytes), options=options, fs_options=fs_options,
-        content_bytes=content,
+        content_bytes=content, exclusion=exclusion,
     )
     with _build_lock(plan.out_dir):
         return _build_locked(plan, beam=beam, overwrite=overwrite, progress=progress, start=start)
+
+
+def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
+    """The benchmarks the build excludes (None when none are given).
+
+    Raises:
+      BuildError: a benchmark cannot be read, or two share a name.
+    """
+    if not config.exclude_benchmarks:
+        return None
+    try:
+        return exclusion_mod.Exclusion(exclusion_mod.load_benchmarks(config.exclude_benchmarks,
+                                                                     n=config.exclude_ngram))
+    except (ValueError, FileNotFoundError) as e:
+        raise BuildError(f"exclude_benchmarks: {e}") from None
 
 
 def _fs_options(pipeline_args) -> list[str]:
@@ -382,7 +419,7 @@ def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_
     """
     task, config, num_shards = plan.task, plan.config, plan.num_shards
     reader = transforms.ReadPreprocess(task, seed=config.seed, sequence_length=config.sequence_length,
-                                       num_shards=num_shards)
+                                       num_shards=num_shards, exclusion=plan.exclusion)
     read = transforms.ReadUnit(reader, paths=[f.path for f in plan.files], spill_dir=spill_dir,
                                exchange=plan.exchange, fs_options=plan.fs_options,
                                encoding_threads=transforms.driver_encoding_threads())
@@ -465,6 +502,14 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
     statistics["skipped_records"] = quarantine.skipped_records
     statistics["replaced_records"] = quarantine.replaced_records
     statistics["bad_input_records"] = stats_mod.BadInputCounts.merge([summary.get("bad_input")])
+    if plan.exclusion is not None:
+        statistics["excluded_records"] = quarantine.excluded_records
+        statistics["excluded_by_benchmark"] = {b.name: quarantine.excluded_by_benchmark.get(b.name, 0)
+                                               for b in plan.exclusion.benchmarks}
+        if quarantine.excluded_records:
+            log.info("task %s: excluded %d records that overlap benchmarks %s; listed in %s", task.name,
+                     quarantine.excluded_records, statistics["excluded_by_benchmark"],
+                     fs.join(plan.out_dir, fmt.QUARANTINE_NAME))
     if statistics["skipped_records"]:
         log.info(
             "task %s: skipped %d bad records; their locations and reasons are in %s",
@@ -480,7 +525,7 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
     """The manifest of the build (``writer.build_manifest``), not yet written."""
     task, config = plan.task, plan.config
     out_features = transforms.features_out(task, config.sequence_length)
-    quarantined = statistics["skipped_records"] + statistics["replaced_records"]
+    quarantined = statistics["skipped_records"] + statistics["replaced_records"] + statistics.get("excluded_records", 0)
     return writer.build_manifest(
         task=task.name,
         split=config.split,
@@ -508,11 +553,13 @@ def _zero_examples_message(task, config, files, total_bytes, records_read, quara
     """Why a build produced nothing: the counts, and since nothing is written (so no
     quarantine file either), the first skipped records with their reasons."""
     skipped, replaced = quarantine.skipped_records, quarantine.replaced_records
+    excluded = quarantine.excluded_records
     read = "an unknown number of" if records_read is None else f"{records_read:,}"
     text = (
         f"task {task.name!r} split {config.split!r}: zero examples from {read} source records "
         f"({skipped:,} skipped, {replaced:,} replaced under the source's on_error policy; "
-        f"source {task.source.describe()}, {len(files)} files, {total_bytes:,} bytes); nothing was written"
+        + (f"{excluded:,} excluded for overlapping {quarantine.excluded_by_benchmark}; " if excluded else "")
+        + f"source {task.source.describe()}, {len(files)} files, {total_bytes:,} bytes); nothing was written"
     )
     if records_read == 0:
         return text + ". The files hold no records: check the source pattern and the files"
@@ -522,7 +569,7 @@ def _zero_examples_message(task, config, files, total_bytes, records_read, quara
         text += f". Skipped{more}: {reasons}"
         if records_read is not None and skipped >= records_read:
             return text + _every_record_skipped(quarantine.first_skipped)
-    kept = None if records_read is None else records_read - skipped
+    kept = None if records_read is None else records_read - skipped - excluded
     if kept:
         text += f". The task's preprocessors dropped all {kept:,} other records: check its filters"
     return text
@@ -670,8 +717,12 @@ def cache_path(cache_dir: str, task_name: str, split: str) -> str:
     return layout.cache_path(cache_dir, task_name, split)
 
 
-def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int) -> dict:
-    return {
+def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
+                            exclusion: "exclusion_mod.Exclusion | None" = None) -> dict:
+    """What a cache's fingerprint is the sha256 of (``fmt.fingerprint_of``);
+    ``exclude_benchmarks`` (each benchmark's ``describe()``, by name) only when
+    the build excludes benchmarks, so other caches keep their fingerprints."""
+    inputs = {
         "format_version": fmt.RECORD_FORMAT_VERSION,
         "writer_options": fmt.WRITER_OPTIONS,
         "split": config.split,
@@ -679,6 +730,9 @@ def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int) -> dict:
         "record_features": [[f.name, f.dtype] for f in transforms.features_out(task, config.sequence_length)],
         "task": task.fingerprint(seed=config.seed, sequence_length=config.sequence_length),
     }
+    if exclusion is not None:
+        inputs["exclude_benchmarks"] = exclusion.describe()
+    return inputs
 
 
 class _ShardProgress:

@@ -56,6 +56,8 @@ class BuildPlan:
       exchange: ``"runner"`` or ``"spill"`` (runner.py).
       split_size: bytes of input per work unit.
       fs_options: the pipeline options that file systems read, for workers.
+      exclusion: the benchmarks whose overlapping records the build leaves
+        out (``exclusion.Exclusion``), or None.
     """
 
     task: Any
@@ -73,6 +75,7 @@ class BuildPlan:
     options: Any = None
     fs_options: Sequence[str] = ()
     content_bytes: int | None = None
+    exclusion: Any = None
 
 
 class UnitSplits(tuple):

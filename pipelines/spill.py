@@ -50,7 +50,8 @@ describes itself; the writers use the offsets they were sent.
 Spill files are build-internal and never part of a cache.
 
 Quarantine chunks travel the same way. The read step writes the records that
-its source skipped or repaired (``on_error``) to
+its source skipped or repaired (``on_error``), and those it excluded for
+overlapping a benchmark (``BuildConfig.exclude_benchmarks``), to
 ``_tmp/spill/quarantine-<unique>.txt``, sorted, a chunk per ``QUARANTINE_BYTES``
 of entries and at the end of every bundle, and emits only the chunk's path; the
 quarantine writer merges the chunks (``merge_quarantine``) into the cache's
@@ -507,17 +508,23 @@ MERGE_FAN_IN = 64
 QUARANTINE_PREFIX = "quarantine-"
 # How many skipped records a build's zero-example error quotes.
 FIRST_SKIPPED = 5
+# What happened to a quarantined record: skipped or repaired under its source's
+# on_error policy, or excluded for overlapping a benchmark (``build --exclude-benchmark``).
+QUARANTINE_ACTIONS = ("skipped", "replaced", "excluded")
 
 
 def quarantine_entry(file_index: int, record_number: int, action: str, path: str, message: str,
-                     kind: str | None = None) -> bytes:
+                     kind: str | None = None, extra: dict | None = None) -> bytes:
     """One line of quarantine.jsonl, without its newline: a JSON object with
-    ``source_index``, ``path``, ``record_number``, ``action`` (``"skipped"`` or
-    ``"replaced"``), ``error`` and ``kind``: the kind of bad input, a key of
-    ``seqcache.tasks.ERROR_KINDS`` (for a repaired record, the kinds repaired,
-    comma-separated). A message that starts with the
-    file's path (``"<path>: line 3 (record 2) is empty"``) loses that prefix: the
-    path is already in ``path``."""
+    ``source_index``, ``path``, ``record_number``, ``action`` (``"skipped"``,
+    ``"replaced"`` or ``"excluded"``), ``error`` and ``kind``: the kind of bad
+    input, a key of ``seqcache.tasks.ERROR_KINDS`` (for a repaired record, the
+    kinds repaired, comma-separated; ``"benchmark"`` for a record excluded for
+    overlapping a benchmark, whose entry adds the fields of ``extra``:
+    ``benchmarks``, ``benchmark``, ``item`` and ``ngram``, see
+    ``seqcache.pipelines.transforms.ReadPreprocess``). A message that starts
+    with the file's path (``"<path>: line 3 (record 2) is empty"``) loses that
+    prefix: the path is already in ``path``."""
     prefix = f"{path}: "
     if message.startswith(prefix):
         message = message[len(prefix):]
@@ -525,6 +532,8 @@ def quarantine_entry(file_index: int, record_number: int, action: str, path: str
              "action": action, "error": message}
     if kind is not None:
         entry["kind"] = kind
+    if extra:
+        entry.update(extra)
     return json.dumps(entry, ensure_ascii=False).encode("utf-8")
 
 
@@ -539,11 +548,11 @@ class QuarantineBuffer:
         self.nbytes = 0
 
     def add(self, file_index: int, record_number: int, action: str, path: str, message: str,
-            kind: str | None = None) -> None:
-        if action not in ("skipped", "replaced"):
-            raise ValueError(f"quarantine action must be 'skipped' or 'replaced' (got {action!r})")
-        line = b"%010d\t%020d\t%s\t%s\n" % (file_index, record_number, action.encode(),
-                                             quarantine_entry(file_index, record_number, action, path, message, kind))
+            kind: str | None = None, extra: dict | None = None) -> None:
+        if action not in QUARANTINE_ACTIONS:
+            raise ValueError(f"quarantine action must be one of {', '.join(QUARANTINE_ACTIONS)} (got {action!r})")
+        entry = quarantine_entry(file_index, record_number, action, path, message, kind, extra)
+        line = b"%010d\t%020d\t%s\t%s\n" % (file_index, record_number, action.encode(), entry)
         self.lines.append(line)
         self.nbytes += len(line) + 64  # the list slot and the bytes object's header
 
@@ -557,13 +566,17 @@ class QuarantineBuffer:
 @dataclasses.dataclass
 class QuarantineSummary:
     """What ``merge_quarantine`` wrote: counts by action (records), the file's
-    size (bytes) and sha256, and the first ``FIRST_SKIPPED`` skipped entries."""
+    size (bytes) and sha256, the first ``FIRST_SKIPPED`` skipped entries, and
+    ``excluded_by_benchmark``: benchmark name -> excluded records that overlap
+    it (a record that overlaps several benchmarks counts for each)."""
 
     skipped_records: int = 0
     replaced_records: int = 0
     num_bytes: int = 0
     sha256: str = hashlib.sha256(b"").hexdigest()
     first_skipped: list = dataclasses.field(default_factory=list)
+    excluded_records: int = 0
+    excluded_by_benchmark: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -624,6 +637,10 @@ def merge_quarantine(paths: Sequence[str], out: BinaryIO, *, scratch_dir: str, o
             summary.skipped_records += 1
             if len(summary.first_skipped) < FIRST_SKIPPED:
                 summary.first_skipped.append(json.loads(entry))
+        elif action == b"excluded":
+            summary.excluded_records += 1
+            for name in json.loads(entry)["benchmarks"]:
+                summary.excluded_by_benchmark[name] = summary.excluded_by_benchmark.get(name, 0) + 1
         else:
             summary.replaced_records += 1
         out.write(entry)

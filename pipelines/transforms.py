@@ -9,7 +9,8 @@ The pipeline is one straight line with one leaf::
   preprocesses its records in batches and emits, keyed by an integer:
   ``(shard, batch)`` for the examples of each shard (a batch's bytes, or where
   a spill file holds them: spill.py), ``(QUARANTINE_KEY, chunk path)`` for the
-  records its source skipped or repaired, and ``(COUNTS_KEY, (unit, records
+  records its source skipped or repaired (or that overlap a benchmark the
+  build excludes: exclusion.py), and ``(COUNTS_KEY, (unit, records
   read, per-file counts, bad-input counts))``. Everything is emitted from ``process``: nothing from
   ``finish_bundle``, no tagged outputs, no metrics; some runners (Dask) lose
   or mix those.
@@ -97,13 +98,18 @@ class ReadPreprocess:
     its source skipped or repaired, or the task's checks skipped, under the
     ``on_error`` policy: counted and quarantined, never dropped silently; and
     ``("kept", (records, {kind: records}))`` once per batch with records holding
-    bad input its policy keeps as it is (``SourceRecord.kept``): counted.
-    Which records share a batch never changes an example: preprocessing is per
-    record, its randomness drawn from the record's key.
+    bad input its policy keeps as it is (``SourceRecord.kept``): counted; and,
+    with an ``exclusion`` (``seqcache.pipelines.exclusion.Exclusion``),
+    ``("excluded", (file_index, record_number, message, entry fields))`` for
+    each record that overlaps one of its benchmarks: quarantined, never
+    preprocessed. Which records share a batch never changes an example:
+    preprocessing is per record, its randomness drawn from the record's key.
     """
 
-    def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048, batch_bytes=BATCH_BYTES):
+    def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048, batch_bytes=BATCH_BYTES,
+                 exclusion=None):
         self.task = task
+        self.exclusion = exclusion
         self.batch_bytes = int(batch_bytes)
         self.seed = seed
         self.sequence_length = dict(sequence_length) if sequence_length else None
@@ -205,6 +211,15 @@ class ReadPreprocess:
         if kept:
             records_kept = kept.pop(None)
             yield "kept", (records_kept, dict(kept))
+        if self.exclusion is not None:
+            drop = set(skipped)
+            excluded = []
+            for i, message, fields in self.exclusion.find(records, [i for i in range(len(records)) if i not in drop]):
+                r = records[i]
+                yield "excluded", (r.file_index, r.record_number, message, fields)
+                excluded.append(i)
+            if excluded:
+                skipped = sorted(drop.union(excluded))
         live = LiveRecords(records, skipped)
         if not len(live):
             return
@@ -439,6 +454,12 @@ class ReadUnit:
                 bad_input.add(action, error_kind.split(","))
                 state.quarantine.add(record_file, record_number, action, self.paths[record_file], message,
                                      error_kind)
+                if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
+                    yield QUARANTINE_KEY, self._write_quarantine(state, token)
+            elif kind == "excluded":
+                record_file, record_number, message, fields = payload
+                state.quarantine.add(record_file, record_number, "excluded", self.paths[record_file], message,
+                                     "benchmark", fields)
                 if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
                     yield QUARANTINE_KEY, self._write_quarantine(state, token)
             else:

@@ -326,6 +326,12 @@ def import_modules(modules):
               "into (default: $TFDS_DATA_DIR or ~/tensorflow_datasets). Nothing is downloaded.")
 @common.on_error_option()
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc task: leave out files whose path matches this glob (repeatable).")
+@click.option("--exclude-benchmark", "exclude_benchmarks", multiple=True, metavar="[NAME=]SPEC",
+              help="Leave out (quarantine) every source record that shares an n-gram of normalised words with an "
+              "item of this benchmark, a source spec such as jsonl:test.jsonl#question (repeatable; NAME=SPEC names "
+              "it). Its fingerprint enters the cache's.")
+@click.option("--exclude-ngram", "exclude_ngram", type=click.IntRange(min=1), metavar="N",
+              help="n-gram length in words for --exclude-benchmark (default 13).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte, a SentencePiece .model path or a Hugging Face tokenizer.json path.")
 @click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary "
               "(span_corruption needs one per noise span; T5 uses 100).")
@@ -361,7 +367,7 @@ def import_modules(modules):
 @click.pass_context
 def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
           objective, noise_density, mean_noise_span_length, pack, no_pack, seed, num_shards, shard_size, split_size,
-          exchange, overwrite, as_json, verbose, tfds_data_dir):
+          exchange, overwrite, as_json, verbose, tfds_data_dir, exclude_benchmarks, exclude_ngram):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 
@@ -376,6 +382,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
                         force=True)
     import_modules(modules)
     seq_len = parse_sequence_length(sequence_length)
+    benchmarks = _benchmarks(exclude_benchmarks, exclude_ngram, exclude)
     if source_spec:
         if name:
             raise click.UsageError("give either NAME (a registered task) or --source (an ad-hoc task), not both")
@@ -396,7 +403,8 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
 
     try:
-        config = BuildConfig(split=split, seed=seed, sequence_length=seq_len, num_shards=num_shards, shard_size=shard_size)
+        config = BuildConfig(split=split, seed=seed, sequence_length=seq_len, num_shards=num_shards, shard_size=shard_size,
+                             exclude_benchmarks=benchmarks)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if not verbose:
@@ -449,6 +457,36 @@ def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
     return name, pipeline_args
 
 
+def _benchmarks(specs, ngram, exclude) -> list:
+    """The benchmarks of ``--exclude-benchmark`` (``[NAME=]SPEC``), read once for
+    every task of the build, and a note per benchmark on stderr: its items and
+    n-grams, and the items too short to match.
+
+    Raises:
+      click.UsageError: a spec that cannot be read, ``--exclude-ngram`` alone, or
+        a source spec given to ``--exclude`` (which takes file globs).
+    """
+    from seqcache.pipelines import exclusion
+
+    spec_like = [g for g in exclude if exclusion.split_name(g)[1].partition(":")[0] in ("jsonl", "parquet", "text",
+                                                                                        "hf", "files", "tsv")]
+    if spec_like:
+        raise click.UsageError(f"--exclude {spec_like[0]}: --exclude leaves out files by glob; to leave out the records "
+                               f"that overlap a benchmark give --exclude-benchmark {spec_like[0]}")
+    if ngram is not None and not specs:
+        raise click.UsageError("--exclude-ngram applies to --exclude-benchmark, which was not given")
+    try:
+        benchmarks = exclusion.load_benchmarks(specs, n=ngram)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise click.UsageError(f"--exclude-benchmark: {e}") from None
+    for b in benchmarks:
+        short = (f"; {common.plural(len(b.too_short), 'item')} of fewer than {b.min_words} words cannot match"
+                 if b.too_short else "")
+        click.echo(f"excluding benchmark {b.name}: {common.plural(len(b.items), 'item')}, "
+                   f"{common.plural(b.num_ngrams, f'{b.n}-gram')}{short}", err=True)
+    return benchmarks
+
+
 def _pack_option(pack, no_pack, seq_len):
     """``--pack`` with ``--no-pack`` folded in; packing needs a sequence length."""
     if no_pack:
@@ -490,7 +528,9 @@ def _result_json(r) -> dict:
             "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint,
             **{k: int(r.manifest.statistics.get(k) or 0)
                for k in ("source_records", "skipped_records", "replaced_records", "truncated_tokens")},
-            "bad_input_records": r.manifest.statistics.get("bad_input_records")}
+            "bad_input_records": r.manifest.statistics.get("bad_input_records"),
+            **({k: r.manifest.statistics.get(k) for k in ("excluded_records", "excluded_by_benchmark")}
+               if "excluded_by_benchmark" in r.manifest.statistics else {})}
 
 
 def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
@@ -541,6 +581,11 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
         where = ("counted in the manifest's statistics" if line.startswith("kept")
                  else f"listed with the reason in {result.cache_dir}/quarantine.jsonl")
         console.print(f"[yellow]note[/yellow]: {line} under the source's on_error policy; {where}", highlight=False)
+    if "excluded_by_benchmark" in stats:  # decontamination: counted per benchmark, never silent
+        per = ", ".join(f"{name} {n:,}" for name, n in stats["excluded_by_benchmark"].items())
+        console.print(f"[yellow]note[/yellow]: excluded {common.plural(stats.get('excluded_records', 0), 'record')} "
+                      f"that overlap benchmarks ({per}); listed with the item and the matched n-gram in "
+                      f"{result.cache_dir}/quarantine.jsonl", highlight=False)
     return result
 
 

@@ -1,0 +1,136 @@
+"""Decontamination at build: source records that overlap a benchmark are left
+out of the cache and listed in its quarantine.
+
+A source record *overlaps* a benchmark when one of its text values shares at
+least one n-gram of ``n`` normalised words (13 by default) with an item of the
+benchmark: ``seqcache.tasks.contamination`` defines the normalisation, the
+hashes and the matching (GPT-3's test, Brown et al. 2020, appendix C). The test
+runs on the source record's text, before any preprocessing or tokenisation,
+one text value at a time (an n-gram never spans two fields of a record).
+
+An overlapping record is excluded: it gives no example, and its quarantine
+entry (action ``"excluded"``, kind ``"benchmark"``) names every benchmark it
+overlaps (``benchmarks``) and, for the first of them by name, the item
+(``item``: number, path, record number, locator), the text field (``field``),
+the matched n-gram (``ngram``: its normalised words) and the span in the field's
+text (``start``, ``end``: character offsets). The manifest counts excluded
+records (``statistics.excluded_records``) and, per benchmark, the records that
+overlap it (``statistics.excluded_by_benchmark``; a record that overlaps two
+benchmarks counts for both).
+
+The decision is a pure function of the record's text and the benchmarks, so
+the cache stays a pure function of its inputs (G1); each benchmark's
+``describe()`` (fingerprint, n, items) enters the cache's fingerprint. Memory:
+every worker holds the benchmarks' n-gram tables (about 35 bytes an n-gram,
+``Benchmark``), whatever the corpus size.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator, Sequence
+
+# ``NAME=SPEC``: a name before the source spec, e.g. ``gsm8k=jsonl:test.jsonl#question``
+# (a spec's own ``=`` comes after its scheme's colon).
+_NAMED = re.compile(r"^([A-Za-z0-9_.-]+)=(?=[a-z]+:)")
+
+
+def split_name(value: str) -> tuple[str | None, str]:
+    """``"NAME=SPEC"`` -> ``(NAME, SPEC)``; a bare spec -> ``(None, SPEC)``."""
+    m = _NAMED.match(value)
+    return (m.group(1), value[m.end():]) if m else (None, value)
+
+
+def load_benchmarks(values: Sequence[Any], *, n: int | None = None) -> list:
+    """The benchmarks of ``BuildConfig.exclude_benchmarks``, sorted by name.
+
+    Args:
+      values: ``seqcache.tasks.contamination.Benchmark`` objects, or strings
+        ``SPEC`` / ``NAME=SPEC`` where SPEC is any source spec
+        ``seqcache.tasks.sources.parse_source_spec`` reads (each record one
+        item; see ``Benchmark.load``). A bare spec is named by itself.
+      n: n-gram length in words for the specs (default
+        ``contamination.DEFAULT_N``, 13); a ``Benchmark`` object keeps its own.
+
+    Raises:
+      ValueError: a bad spec or record, a spec with no records, or two
+        benchmarks with the same name (the message names them).
+      FileNotFoundError: a spec whose pattern matches no file.
+    """
+    from seqcache.tasks import contamination
+
+    out = []
+    for value in values:
+        if isinstance(value, contamination.Benchmark):
+            out.append(value)
+            continue
+        if not isinstance(value, str):
+            raise ValueError(f"exclude_benchmarks: {value!r} is neither a Benchmark nor a source spec string")
+        name, spec = split_name(value)
+        try:
+            out.append(contamination.Benchmark.load(spec, n=n or contamination.DEFAULT_N, name=name or spec))
+        except (ValueError, FileNotFoundError) as e:
+            raise type(e)(f"benchmark {value!r}: {e}") from None
+    names = [b.name for b in out]
+    twice = sorted({x for x in names if names.count(x) > 1})
+    if twice:
+        raise ValueError(f"two benchmarks named {twice[0]!r}: give each its own name (NAME=SPEC)")
+    return sorted(out, key=lambda b: b.name)
+
+
+class Exclusion:
+    """The benchmarks one build leaves out (a picklable part of the read step).
+
+    Args:
+      benchmarks: ``Benchmark`` objects with distinct names (``load_benchmarks``).
+    """
+
+    def __init__(self, benchmarks: Sequence[Any]):
+        self.benchmarks = sorted(benchmarks, key=lambda b: b.name)
+
+    def describe(self) -> list[dict]:
+        """Each benchmark's ``describe()`` (name, fingerprint, n, items, ...), by
+        name: what the cache's fingerprint records."""
+        return [b.describe() for b in self.benchmarks]
+
+    def find(self, records, positions: Sequence[int]) -> Iterator[tuple[int, str, dict]]:
+        """The records at ``positions`` of ``records`` (a ``RecordBatch``) that
+        overlap a benchmark, in order: ``(position, message, entry fields)``,
+        where the entry fields are those of the module docstring."""
+        from seqcache.tasks import contamination
+
+        for i in positions:
+            record = records[i]
+            texts = [(key, value) for key, value in record.data.items() if isinstance(value, str)]
+            hashes = [contamination.word_hashes(contamination.normalize_words(text)) for _, text in texts]
+            names, first = [], None
+            for benchmark in self.benchmarks:
+                for (key, text), h in zip(texts, hashes):
+                    if not benchmark.hits(h):
+                        continue
+                    if first is None:
+                        match = min(benchmark.match(text), key=lambda m: (m.start, m.item))
+                        first = (benchmark, key, match)
+                    names.append(benchmark.name)
+                    break
+            if first is not None:
+                yield (i, *_entry(names, *first))
+
+
+def _entry(names: list[str], benchmark, field: str, match) -> tuple[str, dict]:
+    """(the quarantine message, the entry's fields) of an excluded record."""
+    item = benchmark.items[match.item]
+    more = f" (and {', '.join(repr(n) for n in names[1:])})" if len(names) > 1 else ""
+    message = (f"overlaps item {item.number} of benchmark {benchmark.name!r}{more} "
+               f"({len(match.ngram.split())} words): {match.ngram!r}")
+    fields = {
+        "benchmarks": names,
+        "benchmark": benchmark.name,
+        "item": {"number": item.number, "path": item.path, "record_number": int(item.record_number),
+                 "locator": item.locator},
+        "field": field,
+        "ngram": match.ngram,
+        "start": match.start,
+        "end": match.end,
+    }
+    return message, fields

@@ -426,6 +426,10 @@ STATISTICS_FIELDS = (
     Field("replaced_records", ("integer",), False, 1, "source records repaired (records)", {"minimum": 0}),
     Field("bad_input_records", ("object",), False, 1, "records per kind of bad input, by action",
           fields=BAD_INPUT_FIELDS),
+    Field("excluded_records", ("integer",), False, 1, "source records excluded for overlapping a benchmark "
+          "(records)", {"minimum": 0}),
+    Field("excluded_by_benchmark", ("object",), False, 1, "benchmark name -> excluded records that overlap it "
+          "(records)", values=_RECORDS),
 )
 
 _V2_SHARDS = {"type": "object", **object_schema(SHARD_TABLE_FIELDS)}
@@ -461,7 +465,8 @@ MANIFEST_FIELDS = (
     Field("fingerprint_inputs", ("object",), False, 1, "what the fingerprint is computed from"),
     Field("created", ("string",), False, 1, "when it was written, ISO 8601, UTC"),
     Field("seqcache_version", ("string",), False, 1, "the seqcache release that wrote it"),
-    Field("quarantine", ("string", "null"), False, 1, "quarantine.jsonl when records were skipped or repaired, else null",
+    Field("quarantine", ("string", "null"), False, 1, "quarantine.jsonl when records were skipped, repaired or "
+          "excluded, else null",
           {"enum": [fmt.QUARANTINE_NAME, None]}, check=_check_quarantine),
     Field("quarantine_num_bytes", ("integer", "null"), False, 1, "the quarantine file's size (bytes)",
           {"minimum": 0}, check=_check_quarantine_num_bytes),

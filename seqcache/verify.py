@@ -213,14 +213,16 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
     The file must exist when the manifest names one (``quarantine``); its size and
     sha256 must match ``quarantine_num_bytes`` / ``quarantine_sha256`` when the
     manifest records them (caches written before they were recorded have
-    neither); every line must be a JSON object whose ``action`` is ``"skipped"``
-    or ``"replaced"`` (a line without ``action``, from older caches, counts as
-    skipped); and the entries by action must equal ``statistics.skipped_records``
-    and ``statistics.replaced_records`` (absent counts are 0), and, when the
+    neither); every line must be a JSON object whose ``action`` is ``"skipped"``,
+    ``"replaced"`` or ``"excluded"`` (a line without ``action``, from older
+    caches, counts as skipped); and the entries by action must equal
+    ``statistics.skipped_records``, ``statistics.replaced_records`` and
+    ``statistics.excluded_records`` (absent counts are 0), and, when the
     manifest has ``statistics.bad_input_records`` and the totals agree, the
     entries per action and kind must equal its ``skipped`` and ``replaced``
-    counts per kind. A manifest
-    naming no quarantine file must count no skipped or replaced record.
+    counts per kind; the excluded entries per benchmark (their ``benchmarks``)
+    must equal ``statistics.excluded_by_benchmark``. A manifest
+    naming no quarantine file must count no skipped, replaced or excluded record.
 
     Returns:
       The problems, each naming the file and the expected and actual value
@@ -234,7 +236,7 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
         if any(declared.values()):
             problems.append(
                 f"{manifest_path}: statistics count {declared['skipped']} skipped and {declared['replaced']} replaced "
-                "records, but the manifest names no quarantine file (quarantine is null)"
+                f"records{_and_excluded(declared)}, but the manifest names no quarantine file (quarantine is null)"
             )
         return problems
     try:  # nothing outside the cache is opened
@@ -245,7 +247,7 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
     if not fs.isfile(path):
         problems.append(
             f"{path}: quarantine file is missing (the manifest names it, for {declared['skipped']} skipped and "
-            f"{declared['replaced']} replaced records)"
+            f"{declared['replaced']} replaced records{_and_excluded(declared)})"
         )
         return problems
     scan = _scan_quarantine(path, problems)
@@ -253,7 +255,13 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
     return problems
 
 
-_QUARANTINE_COUNTS = (("skipped", "skipped_records"), ("replaced", "replaced_records"))
+def _and_excluded(declared: dict[str, int]) -> str:
+    """``" and N excluded"`` for a manifest that counts excluded records, else ``""``."""
+    return f" and {declared['excluded']} excluded" if declared.get("excluded") else ""
+
+
+_QUARANTINE_COUNTS = (("skipped", "skipped_records"), ("replaced", "replaced_records"),
+                      ("excluded", "excluded_records"))
 
 
 def _declared_quarantine_counts(manifest_path: str, stats: dict, problems: list[str]) -> dict[str, int]:
@@ -284,7 +292,7 @@ def _scan_quarantine(path: str, problems: list[str]) -> _QuarantineScan:
     sha256 and size in bytes. Lines that are not entries are problems
     (appended; the first ``_MAX_BAD_LINES`` shown, the rest counted)."""
     counts: collections.Counter = collections.Counter()
-    by_kind: dict[str, collections.Counter] = {"skipped": collections.Counter(), "replaced": collections.Counter()}
+    by_kind: dict[str, collections.Counter] = {action: collections.Counter() for action, _ in _QUARANTINE_COUNTS}
     digest = hashlib.sha256()
     num_bytes = 0
     bad = 0
@@ -299,17 +307,18 @@ def _scan_quarantine(path: str, problems: list[str]) -> _QuarantineScan:
                 action = entry.get("action", "skipped")
             except (ValueError, AttributeError):
                 entry, action = None, None
-            if action not in ("skipped", "replaced"):
+            if action not in by_kind:
                 bad += 1
                 if bad <= _MAX_BAD_LINES:
                     shown = line[:80].decode("utf-8", "replace").rstrip("\n")
-                    problems.append(f"{path}: line {number} is not a quarantine entry with action 'skipped' or "
-                                    f"'replaced': {shown!r}")
+                    problems.append(f"{path}: line {number} is not a quarantine entry with action 'skipped', "
+                                    f"'replaced' or 'excluded': {shown!r}")
                 continue
             counts[action] += 1
-            for kind in str(entry.get("kind") or "").split(","):  # a repair lists its kinds
+            kinds = entry.get("benchmarks") if action == "excluded" else str(entry.get("kind") or "").split(",")
+            for kind in kinds if isinstance(kinds, list) else ["(no benchmarks)"]:  # a repair lists its kinds
                 if kind:
-                    by_kind[action][kind] += 1
+                    by_kind[action][str(kind)] += 1
     if bad > _MAX_BAD_LINES:
         problems.append(f"{path}: {bad - _MAX_BAD_LINES} more lines that are not quarantine entries")
     return _QuarantineScan(counts=counts, by_kind=by_kind, sha256=digest.hexdigest(), num_bytes=num_bytes)
@@ -341,4 +350,9 @@ def _quarantine_differences(path: str, manifest: fmt.Manifest, declared: dict[st
             if found != expected and counts[action] == declared[action]:  # else the totals said it
                 problems.append(f"{path}: entries with action {action!r} per kind {found}, the manifest's "
                                 f"statistics.bad_input_records.{action} is {expected}")
+    per_benchmark = manifest.statistics.get("excluded_by_benchmark")
+    found = dict(sorted(scan.by_kind["excluded"].items()))
+    if isinstance(per_benchmark, dict) and {k: v for k, v in per_benchmark.items() if v} != found:
+        problems.append(f"{path}: excluded entries per benchmark {found}, the manifest's "
+                        f"statistics.excluded_by_benchmark is {per_benchmark}")
     return problems

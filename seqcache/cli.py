@@ -33,6 +33,7 @@ _COMMANDS = (
     ("inspect", "tasks_cmd"),
     ("vocab", "vocab"),
     ("which", "which"),
+    ("overlap", "overlap"),
     ("export", "export"),
     ("report", "report"),
     ("train", "train"),

@@ -1,0 +1,607 @@
+"""Benchmark overlap: which examples of a cache share an n-gram with a benchmark item.
+
+What is scanned is what the model sees: the cache's examples, decoded with the
+vocabulary stored in the cache, segment by segment (a packed example holds
+several source records), every text feature (``inputs`` and ``targets`` of a
+supervised or span-corruption cache each on its own), with each segment's
+provenance (source file and record) from the cache's provenance sidecar. The
+matching is ``seqcache.tasks.contamination.Benchmark.match``.
+
+The pipeline is one straight line with one leaf, portable across Beam runners
+(the build's runners, ``seqcache.pipelines.runner``)::
+
+    Create(work units) ──Reshuffle──> ScanUnit ──(0, unit)──> GroupByKey ──> WriteDone
+
+- a work unit is a range of cache indices of one task's cache (at most
+  ``UNIT_EXAMPLES``, never across a shard), so the work spreads over the
+  shards and over the workers;
+- ``ScanUnit`` loads the benchmark's n-gram table once per worker process
+  (from its source spec; its fingerprint must be the driver's), reads its
+  range in batches of ``READ_BATCH`` records and writes its matches to
+  ``unit-NNNNNNN.json`` in a scratch folder (atomically): memory is the
+  benchmark's table plus one batch of records, whatever the corpus's size;
+- ``WriteDone`` gets every unit number in one element and writes
+  ``done.json``; the driver checks that every unit reported, merges the unit
+  files and sorts the matches (``collect``), so the result does not depend on
+  the runner, the number of workers or the order the units ran in.
+
+Nothing is emitted from ``finish_bundle``, there are no tagged outputs and no
+metrics (the Dask runner loses or mixes those).
+
+The run: for a feeder's stream (a saved state, or a seed and a global batch) the
+first time an example is read is its position in epoch 0
+(``seqcache.feeders.inverse.position_in_epoch``: the permutation inverted, then
+the mixing), O(1) per example for one task and O(log T) for a mixture; a task
+left out of the stream before reaching it (a schedule) never reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from seqcache import fs
+
+OVERLAP_VERSION = 1
+# Cache indices per work unit (at most; a unit never crosses a shard).
+UNIT_EXAMPLES = 4096
+# Records read and decoded together inside a unit.
+READ_BATCH = 256
+DONE_NAME = "done.json"
+# Keys of one match, in order; ``collect`` sorts by them.
+MATCH_KEYS = ("item", "task_index", "cache_index", "feature", "segment", "start", "end", "source_index", "source",
+              "locator", "record_number", "token_offset", "span", "ngram", "ngrams")
+
+
+def text_features(manifest) -> list[str]:
+    """The features of a cache that hold text: token features (no
+    ``_segment_ids`` / ``_positions``) whose vocabulary the manifest describes,
+    in record order."""
+    vocabularies = manifest.vocabularies
+    return [f.name for f in manifest.features
+            if not f.name.endswith(("_segment_ids", "_positions")) and vocabularies.get(f.name)]
+
+
+def plan_units(paths: Sequence[str], shard_starts: Sequence[np.ndarray], *,
+               unit_examples: int = UNIT_EXAMPLES) -> list[tuple[int, int, str, int, int]]:
+    """The work units of a scan: ``(unit, task_index, cache path, start, stop)``,
+    cache indices ``[start, stop)`` of one shard of one cache, at most
+    ``unit_examples`` each, numbered 0.. in (task, index) order.
+
+    Args:
+      paths: the caches, in mixture order.
+      shard_starts: per cache, its manifest's ``shard_starts`` (int64,
+        ``(num_shards + 1,)``).
+
+    Raises:
+      ValueError: ``unit_examples < 1``.
+    """
+    if unit_examples < 1:
+        raise ValueError(f"unit_examples must be >= 1 (got {unit_examples})")
+    units = []
+    for t, (path, starts) in enumerate(zip(paths, shard_starts)):
+        bounds = [int(x) for x in starts]
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            for start in range(lo, hi, unit_examples):
+                units.append((len(units), t, path, start, min(hi, start + unit_examples)))
+    return units
+
+
+class BenchmarkRef:
+    """How a worker gets the benchmark: its source spec, n and min_words, and the
+    fingerprint the driver computed. ``load`` builds the n-gram table once per
+    process (kept for the process's later units) and refuses a benchmark whose
+    files changed since the driver read them."""
+
+    _loaded: dict[tuple, Any] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, spec: str, *, n: int, min_words: int, fingerprint: str):
+        self.spec, self.n, self.min_words, self.fingerprint = spec, int(n), int(min_words), fingerprint
+
+    def load(self):
+        """The ``Benchmark``.
+
+        Raises:
+          ValueError: the items read here have another fingerprint (the files
+            changed while the scan ran), naming the spec.
+        """
+        from seqcache.tasks.contamination import Benchmark
+
+        key = (self.spec, self.n, self.min_words, self.fingerprint)
+        with self._lock:
+            bench = self._loaded.get(key)
+            if bench is None:
+                bench = Benchmark.load(self.spec, n=self.n, min_words=self.min_words)
+                if bench.fingerprint != self.fingerprint:
+                    raise ValueError(f"benchmark {self.spec!r}: its files changed while the scan ran (fingerprint "
+                                     f"{bench.fingerprint[:12]}, the scan started with {self.fingerprint[:12]}); "
+                                     "run the scan again")
+                self._loaded.clear()  # one benchmark per process at a time: memory is one table
+                self._loaded[key] = bench
+            return bench
+
+
+def _vocabularies(reader, features: Sequence[str]) -> dict:
+    """feature -> its vocabulary, rebuilt from the cache (``CacheReader.vocabulary``)."""
+    return {f: reader.vocabulary(f) for f in features}
+
+
+def scan_range(bench, reader, *, task_index: int, start: int, stop: int,
+               features: Sequence[str] | None = None) -> tuple[list[dict], dict]:
+    """The matches of cache indices ``[start, stop)`` of one cache.
+
+    Each example is decoded with the cache's vocabulary, each segment of each
+    text feature on its own (``seqcache.feeders.provenance.segments_of``;
+    sentinels shown as ``<extra_id_i>``), and looked up with ``bench.match``.
+
+    Args:
+      bench: a ``seqcache.tasks.contamination.Benchmark``.
+      reader: the cache's ``seqcache.feeders.reader.CacheReader``.
+      task_index: the cache's index in the mixture (copied into each match).
+      features: the text features to scan (default ``text_features``).
+
+    Returns:
+      ``(matches, counts)``: one dict per (item, example, feature, segment,
+      span) with the keys ``MATCH_KEYS`` (segment 1-based; source, locator,
+      record_number and token_offset from the provenance sidecar; start/end:
+      character offsets in the segment's decoded text; span: that text), and
+      counts of what was scanned: examples, segments, tokens, characters.
+
+    Raises:
+      seqcache.format.CacheError: a record or provenance record cannot be read.
+      ValueError: the vocabulary cannot be rebuilt from the cache.
+    """
+    from seqcache.feeders.provenance import decode_with_sentinels, segments_of
+
+    features = list(text_features(reader.manifest) if features is None else features)
+    vocabs = _vocabularies(reader, features)
+    counts = {"examples": 0, "segments": 0, "tokens": 0, "characters": 0}
+    found: list[tuple[int, str, int, str, list]] = []
+    for lo in range(start, stop, READ_BATCH):
+        idx = np.arange(lo, min(stop, lo + READ_BATCH), dtype=np.int64)
+        for i, record in zip(idx.tolist(), reader.read(idx)):
+            example = reader.decode(record, i)
+            counts["examples"] += 1
+            for f in features:
+                for j, ids in enumerate(segments_of(example, f)):
+                    text = decode_with_sentinels(vocabs[f], ids.tolist())
+                    counts["segments"] += 1
+                    counts["tokens"] += int(ids.size)
+                    counts["characters"] += len(text)
+                    matches = bench.match(text)
+                    if matches:
+                        found.append((i, f, j, text, matches))
+    return _with_sources(reader, found, task_index), counts
+
+
+def _with_sources(reader, found: list, task_index: int) -> list[dict]:
+    """The match dicts of ``scan_range``, each with its segment's source (one
+    batched provenance read for the examples that matched)."""
+    if not found:
+        return []
+    indices = sorted({i for i, *_ in found})
+    sources = dict(zip(indices, reader.read_sources(indices)))
+    out = []
+    for i, feature, j, text, matches in found:
+        segs = sources[i]
+        seg = segs[j] if j < len(segs) else {}
+        for m in matches:
+            out.append({"item": m.item, "task_index": int(task_index), "cache_index": int(i), "feature": feature,
+                        "segment": j + 1, "start": m.start, "end": m.end, "source_index": seg.get("source_index"),
+                        "source": seg.get("path"), "locator": seg.get("locator"),
+                        "record_number": seg.get("record_number"), "token_offset": seg.get("token_offset"),
+                        "span": text[m.start:m.end], "ngram": m.ngram, "ngrams": m.ngrams})
+    return out
+
+
+class ScanUnit:
+    """The scan step (a ``beam.FlatMap`` callable): a work unit ``(unit,
+    task_index, cache, start, stop)`` in, its matches and counts written to
+    ``scratch_dir/unit-NNNNNNN.json``, ``(0, unit)`` out. Readers stay open in
+    the worker process for its later units of the same cache."""
+
+    _readers: dict[str, Any] = {}
+
+    def __init__(self, bench: BenchmarkRef, *, scratch_dir: str, fs_options: Sequence[str] = ()):
+        self.bench = bench
+        self.scratch_dir = scratch_dir
+        self.fs_options = list(fs_options)
+
+    def _reader(self, path: str):
+        from seqcache.feeders.reader import CacheReader
+
+        reader = self._readers.get(path)
+        if reader is None:
+            reader = self._readers[path] = CacheReader(path, open_shards=False)
+        return reader
+
+    def __call__(self, unit) -> Iterator[tuple[int, int]]:
+        from seqcache.pipelines.transforms import set_worker_options, settle_worker
+
+        set_worker_options(self.fs_options)
+        settle_worker()
+        number, task_index, path, start, stop = unit
+        bench = self.bench.load()
+        matches, counts = scan_range(bench, self._reader(path), task_index=task_index, start=start, stop=stop)
+        counts["unit"] = number
+        _write_json_atomically(unit_path(self.scratch_dir, number), {"counts": counts, "matches": matches})
+        yield 0, int(number)
+
+
+class WriteDone:
+    """The last step: every unit number in one element; writes ``done.json``
+    (the sorted unit numbers) into the scratch folder."""
+
+    def __init__(self, *, scratch_dir: str):
+        self.scratch_dir = scratch_dir
+
+    def __call__(self, element) -> Iterator[int]:
+        _, numbers = element
+        done = sorted(int(u) for u in numbers)
+        _write_json_atomically(os.path.join(self.scratch_dir, DONE_NAME), {"units": done})
+        yield len(done)
+
+
+def unit_path(scratch_dir: str, number: int) -> str:
+    return os.path.join(scratch_dir, f"unit-{int(number):07d}.json")
+
+
+def _write_json_atomically(path: str, obj: Any) -> None:
+    fs.write_bytes_atomic(path, json.dumps(obj, ensure_ascii=False).encode("utf-8"))
+
+
+def run_scan(units: Sequence[tuple], bench: BenchmarkRef, *, scratch_dir: str, pipeline_args=None) -> None:
+    """Runs the scan pipeline over ``units`` (``plan_units``) on the runner of
+    ``pipeline_args`` (Beam options; none: the local engine), writing the unit
+    files and ``done.json`` into ``scratch_dir`` (a local folder every worker
+    can write).
+
+    Raises:
+      seqcache.pipelines.runner.RunnerError: the runner could not start or lost
+        its workers (one line).
+      The error a unit raised (a damaged cache, a changed benchmark).
+    """
+    from seqcache.pipelines import runner as runner_mod
+
+    beam = fs.import_beam()
+    options, runner = runner_mod.pipeline_options(pipeline_args)
+    runner_mod.check_runner_available(runner)
+    fs.set_options(options)
+    scan = ScanUnit(bench, scratch_dir=scratch_dir, fs_options=_fs_options(pipeline_args))
+    engine = runner_mod.local_engine(options) if runner == runner_mod.LOCAL_ENGINE else None
+    pipeline = beam.Pipeline(runner=engine, options=options)
+    _ = (
+        pipeline
+        | "ListUnits" >> beam.Create(list(units))
+        | "SpreadUnits" >> beam.Reshuffle()
+        | "ScanUnit" >> beam.FlatMap(scan)
+        | "GatherUnits" >> beam.GroupByKey()
+        | "WriteDone" >> beam.FlatMap(WriteDone(scratch_dir=scratch_dir))
+    )
+    runner_mod.run(pipeline, runner)
+
+
+def _fs_options(pipeline_args) -> list[str]:
+    """The pipeline options file systems read (object-store endpoints and
+    credentials), for workers that never saw the pipeline options."""
+    if not isinstance(pipeline_args, (list, tuple)):
+        return []
+    prefixes = ("--s3_", "--gcs_", "--hdfs_", "--azure_", "--blob_", "--project", "--temp_location")
+    return [a for a in pipeline_args if isinstance(a, str) and a.startswith(prefixes)]
+
+
+def collect(scratch_dir: str, num_units: int) -> tuple[list[dict], dict]:
+    """The scan's matches, sorted by ``MATCH_KEYS`` (item, task, cache index,
+    feature, segment, start, ...), and the summed counts, from the unit files.
+
+    Raises:
+      RuntimeError: ``done.json`` or a unit file is missing (the runner lost
+        work), naming the scratch folder.
+    """
+    done_path = os.path.join(scratch_dir, DONE_NAME)
+    if not os.path.exists(done_path):
+        raise RuntimeError(f"{scratch_dir}: the runner finished but {DONE_NAME} is missing; the scan lost work, "
+                           "run it again")
+    with open(done_path, encoding="utf-8") as f:
+        done = json.load(f)["units"]
+    if done != list(range(num_units)):
+        raise RuntimeError(f"{scratch_dir}: {len(done)} of {num_units} work units reported; the runner lost work, "
+                           "run the scan again")
+    matches: list[dict] = []
+    counts = {"examples": 0, "segments": 0, "tokens": 0, "characters": 0}
+    for number in range(num_units):
+        with open(unit_path(scratch_dir, number), encoding="utf-8") as f:
+            part = json.load(f)
+        matches.extend(part["matches"])
+        for k in counts:
+            counts[k] += int(part["counts"][k])
+    matches.sort(key=_sort_key)
+    return matches, counts
+
+
+def _sort_key(m: Mapping[str, Any]) -> tuple:
+    return tuple((v is None, v if v is not None else 0) for v in (m[k] for k in MATCH_KEYS))
+
+
+# --- the run: when each overlapping example was or will be read --------------------
+
+
+def first_seen(stream, *, task: int, cache_index: int, global_batch_size: int, host_count: int = 1) -> dict | None:
+    """The first time the run reads example ``cache_index`` of ``task``: its
+    position in epoch 0 (``seqcache.feeders.inverse.position_in_epoch``), as a
+    dict of Python ints (epoch, ordinal, position, step, row, host, host_row;
+    host of ``host_count``), or None when the run never reads it (a schedule
+    that leaves the task out before then; a finite run that ends first).
+
+    Raises:
+      ValueError: a bad task, cache index or host count.
+    """
+    from seqcache.feeders import compat
+    from seqcache.feeders.inverse import position_in_epoch
+
+    b = int(global_batch_size)
+    compat.check_hosts(b, 0, host_count)
+    k, p = position_in_epoch(stream, task=task, cache_index=cache_index, epoch=0)
+    if p is None or (stream.end_position is not None and p >= stream.end_position):
+        return None
+    step, row = divmod(p, b)
+    host, host_row = divmod(row, b // int(host_count))
+    return {"epoch": 0, "ordinal": k, "position": p, "step": step, "row": row, "host": host, "host_row": host_row}
+
+
+def record_locations(records) -> dict[tuple, str]:
+    """``(path, locator, record_number) -> "line 12 (byte 1,234)"`` / ``"row 7"``
+    (``seqcache.tasks.describe_record``'s words), for many records: the byte
+    offsets of one local file are turned into lines in one pass over it."""
+    from seqcache.tasks import describe_record
+
+    by_file: dict[tuple, set] = {}
+    for path, locator, number in records:
+        if path is not None and number is not None:
+            by_file.setdefault((path, locator or "record"), set()).add(int(number))
+    out: dict[tuple, str] = {}
+    for (path, locator), numbers in sorted(by_file.items()):
+        lines = _lines_at(path, sorted(numbers)) if locator == "byte_offset" and fs.is_local(path) else {}
+        for n in numbers:
+            line = lines.get(n)
+            out[(path, locator, n)] = (f"line {line + 1:,} (byte {n:,})" if line is not None
+                                       else describe_record(path, locator, n))
+    return out
+
+
+def _lines_at(path: str, offsets: Sequence[int]) -> dict[int, int]:
+    """0-based line numbers of the lines that begin at the sorted byte
+    ``offsets`` of ``path`` (decompressed), read once; offsets where no line
+    begins are left out (``describe_record`` words them)."""
+    out: dict[int, int] = {}
+    try:
+        with fs.open_binary(path) as f:
+            count, pos, last = 0, 0, b"\n"
+            for target in offsets:
+                while pos < target:
+                    chunk = f.read(min(1 << 20, target - pos))
+                    if not chunk:
+                        return out
+                    count += chunk.count(b"\n")
+                    pos += len(chunk)
+                    last = chunk[-1:]
+                if last == b"\n":
+                    out[target] = count
+    except (OSError, EOFError, ValueError):
+        return out
+    return out
+
+
+# --- the result --------------------------------------------------------------------
+
+# Matches listed per item (``max_matches``); the counts are always whole.
+MAX_MATCHES = 100
+# The metadata key of a Parquet result: the JSON result without the matches.
+PARQUET_KEY = b"seqcache.overlap"
+
+
+def assemble(bench, caches: Sequence[Mapping], matches: Sequence[Mapping], counts: Mapping[str, int], *,
+             run: Mapping | None = None, seen: Mapping[tuple, dict | None] | None = None,
+             before_step: int | None = None, max_matches: int = MAX_MATCHES) -> dict:
+    """The JSON-able result of a scan (docs/overlap.md, "Reading the output").
+
+    Args:
+      bench: the ``Benchmark``.
+      caches: per cache, in mixture order: task_index, task, cache, fingerprint,
+        num_examples, features.
+      matches: ``collect``'s sorted matches.
+      counts: ``collect``'s counts of what was scanned.
+      run: the run's parameters (seed, global_batch_size, hosts, ...), or None.
+      seen: ``(task_index, cache_index) -> first_seen(...)`` for every example
+        of ``matches`` (None without a run).
+      before_step: N for the summary's ``items_seen_before_step``.
+      max_matches: matches listed per item (its counts are whole).
+
+    Returns:
+      ``{"overlap_version", "benchmark", "caches", "run", "summary", "items"}``;
+      ``items`` holds only the items with an overlap, in item order.
+    """
+    by_item: dict[int, list] = {}
+    for m in matches:
+        by_item.setdefault(int(m["item"]), []).append(m)
+    records = [(m["source"], m["locator"], m["record_number"]) for m in matches]
+    records += [(bench.items[i].path, bench.items[i].locator, bench.items[i].record_number) for i in by_item]
+    where = record_locations(records)
+    items = [_item_entry(bench.items[i], ms, where, caches, seen, max_matches) for i, ms in sorted(by_item.items())]
+    summary = {
+        "items": len(bench.items),
+        "items_with_overlap": len(items),
+        "too_short": len(bench.too_short),
+        "overlapping_examples": len({(m["task_index"], m["cache_index"]) for m in matches}),
+        "matches": len(matches),
+        "before_step": before_step,
+        "items_seen": None if seen is None else sum(1 for it in items if it["first_seen"] is not None),
+        "items_seen_before_step": None if seen is None or before_step is None else sum(
+            1 for it in items if it["first_seen"] is not None and it["first_seen"]["step"] < before_step),
+        "scanned": dict(counts),
+    }
+    return {"overlap_version": OVERLAP_VERSION,
+            "benchmark": dict(bench.describe(), too_short_items=list(bench.too_short)),
+            "caches": [dict(c) for c in caches], "run": None if run is None else dict(run),
+            "summary": summary, "items": items}
+
+
+def _item_entry(item, ms: Sequence[Mapping], where: Mapping, caches: Sequence[Mapping], seen, max_matches: int):
+    """One item of ``assemble``'s result, with its first ``max_matches`` matches."""
+    examples = sorted({(m["task_index"], m["cache_index"]) for m in ms})
+    first = None
+    if seen is not None:
+        firsts = [dict(seen[e], task_index=e[0], task=caches[e[0]]["task"], cache_index=e[1])
+                  for e in examples if seen.get(e) is not None]
+        first = min(firsts, key=lambda d: d["position"]) if firsts else None
+    listed = []
+    for m in ms[:max_matches]:
+        entry = {"task_index": m["task_index"], "task": caches[m["task_index"]]["task"]}
+        entry.update({k: m[k] for k in MATCH_KEYS if k not in ("item", "task_index")})
+        entry["location"] = where.get((m["source"], m["locator"], m["record_number"]))
+        if seen is not None:
+            entry["first_seen"] = seen.get((m["task_index"], m["cache_index"]))
+        listed.append(entry)
+    return {"item": item.number, "source": item.path, "locator": item.locator,
+            "record_number": item.record_number,
+            "location": where.get((item.path, item.locator, item.record_number)), "text": item.text,
+            "num_examples": len(examples), "num_matches": len(ms), "first_seen": first, "matches": listed}
+
+
+def to_json_bytes(result: Mapping) -> bytes:
+    """The result as UTF-8 JSON (indented, keys in a fixed order): the same bytes
+    for the same scan on any runner."""
+    return (json.dumps(result, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+# Columns of a Parquet result, one row per listed match.
+PARQUET_COLUMNS = ("item", "item_source", "item_location", "task_index", "task", "cache_index", "feature", "segment",
+                   "source", "locator", "record_number", "location", "token_offset", "start", "end", "span", "ngram",
+                   "ngrams", "epoch", "step", "row", "host", "host_row", "position")
+
+
+def to_parquet_table(result: Mapping):
+    """The result as a pyarrow Table: one row per listed match (``PARQUET_COLUMNS``;
+    epoch .. position null without a run or for an example the run never
+    reads), and the rest of the result (``items`` without their matches
+    included) as JSON under the schema's metadata key ``PARQUET_KEY``."""
+    import pyarrow as pa
+
+    rows: dict[str, list] = {c: [] for c in PARQUET_COLUMNS}
+    for it in result["items"]:
+        for m in it["matches"]:
+            seen = m.get("first_seen") or {}
+            row = dict(m, item=it["item"], item_source=it["source"], item_location=it["location"],
+                       **{k: seen.get(k) for k in ("epoch", "step", "row", "host", "host_row", "position")})
+            for c in PARQUET_COLUMNS:
+                rows[c].append(row.get(c))
+    types = {c: pa.string() for c in ("item_source", "item_location", "task", "feature", "source", "locator",
+                                      "location", "span", "ngram")}
+    schema = pa.schema([(c, types.get(c, pa.int64())) for c in PARQUET_COLUMNS])
+    header = dict(result, items=[{k: v for k, v in it.items() if k != "matches"} for it in result["items"]])
+    schema = schema.with_metadata({PARQUET_KEY: json.dumps(header, ensure_ascii=False).encode("utf-8")})
+    return pa.table(rows, schema=schema)
+
+
+def write_result(result: Mapping, path: str) -> None:
+    """Writes the result to ``path``: JSON for ``.json``, Parquet for
+    ``.parquet`` (``to_parquet_table``), atomically.
+
+    Raises:
+      ValueError: another suffix (names the path and the two forms).
+    """
+    if path.endswith(".json"):
+        fs.write_bytes_atomic(path, to_json_bytes(result))
+    elif path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        with fs.atomic_path(path) as tmp:
+            pq.write_table(to_parquet_table(result), tmp)
+    else:
+        raise ValueError(f"{path}: the output is a .json or a .parquet file")
+
+
+def read_result(path: str) -> dict:
+    """A result written by ``write_result``: the whole JSON, or a Parquet file's
+    metadata (items without their matches).
+
+    Raises:
+      ValueError: not a result of ``seqcache overlap`` (names the file).
+    """
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        meta = pq.read_schema(path).metadata or {}
+        if PARQUET_KEY not in meta:
+            raise ValueError(f"{path}: not an overlap result (no {PARQUET_KEY.decode()} metadata); write one with "
+                             "seqcache overlap --output FILE.parquet")
+        data = json.loads(meta[PARQUET_KEY])
+    else:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    if not isinstance(data, dict) or "overlap_version" not in data or "summary" not in data:
+        raise ValueError(f"{path}: not an overlap result of seqcache overlap (no overlap_version/summary)")
+    return data
+
+
+# --- the whole scan ------------------------------------------------------------------
+
+
+def caches_info(opened) -> list[dict]:
+    """Per cache of an ``OpenedMixture``, in mixture order: task_index, task,
+    cache, fingerprint, num_examples and the text features scanned."""
+    return [{"task_index": t, "task": r.manifest.task, "cache": path, "fingerprint": r.fingerprint,
+             "num_examples": r.num_examples, "features": text_features(r.manifest)}
+            for t, (path, r) in enumerate(zip(opened.paths, opened.readers))]
+
+
+def find_overlap(bench, opened, *, pipeline_args=None, scratch_parent: str | None = None, stream=None,
+                 run: Mapping | None = None, before_step: int | None = None, max_matches: int = MAX_MATCHES,
+                 unit_examples: int = UNIT_EXAMPLES) -> dict:
+    """Scans the caches of ``opened`` for ``bench``'s items and returns
+    ``assemble``'s result.
+
+    Args:
+      bench: a ``Benchmark`` loaded with ``Benchmark.load(spec)`` (the workers
+        load the same spec; its ``name`` is the spec).
+      opened: the caches (``seqcache.feeders.stream.open_mixture``).
+      pipeline_args: Beam pipeline options (none: the local engine).
+      scratch_parent: a local folder for the scan's scratch folder (removed at
+        the end); default: the system's temporary folder.
+      stream: the run's ``IndexStream`` (``opened.stream(...)``), or None.
+      run: the run's parameters; ``run["global_batch_size"]`` and
+        ``run["hosts"]`` place the first reads. Needed with ``stream``.
+
+    Raises:
+      ValueError: no text feature in a cache (names it); a bad host count.
+      RuntimeError: the runner lost work.
+      seqcache.pipelines.runner.RunnerError: the runner could not start.
+    """
+    import shutil
+    import tempfile
+
+    infos = caches_info(opened)
+    for info in infos:
+        if not info["features"]:
+            raise ValueError(f"{info['cache']}: no token feature with a stored vocabulary to decode; the scan "
+                             "reads text")
+    units = plan_units(opened.paths, [r.shard_starts for r in opened.readers], unit_examples=unit_examples)
+    ref = BenchmarkRef(bench.name, n=bench.n, min_words=bench.min_words, fingerprint=bench.fingerprint)
+    scratch = tempfile.mkdtemp(prefix=".overlap-", dir=scratch_parent)
+    try:
+        run_scan(units, ref, scratch_dir=scratch, pipeline_args=pipeline_args)
+        matches, counts = collect(scratch, len(units))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    seen = None
+    if stream is not None:
+        b, hosts = int(run["global_batch_size"]), int(run.get("hosts", 1))
+        seen = {e: first_seen(stream, task=e[0], cache_index=e[1], global_batch_size=b, host_count=hosts)
+                for e in sorted({(m["task_index"], m["cache_index"]) for m in matches})}
+    return assemble(bench, infos, matches, counts, run=run, seen=seen, before_step=before_step,
+                    max_matches=max_matches)

@@ -403,27 +403,23 @@ def _write_records(feeder, path: str, start: int, n_steps: int, *, column: str, 
     then renamed); returns (ArrayRecord writer options, non-padding tokens)."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    tmp = path + ".tmp"
     writer, options, tokens = None, None, 0
-    try:
-        for step, batch in _batches(feeder, start, n_steps):
-            records = encode_step(batch, step=step, global_batch_size=feeder.global_batch_size,
-                                  feature=feeder.feature, column=column, host_count=host_count)
-            if writer is None:
-                options = WRITER_OPTIONS
-                writer = ArrayRecordWriter(tmp, options)
-            for record in records:
-                writer.write(record)
-            tokens += int(np.count_nonzero(batch[f"{feeder.feature}_segment_ids"]))
-            if progress is not None:
-                progress(step + 1 - start, n_steps)
-    except BaseException:
-        if writer is not None:
-            writer.close()
-            os.remove(tmp)
-        raise
-    writer.close()
-    os.replace(tmp, path)
+    with fs.atomic_path(path) as tmp:
+        try:
+            for step, batch in _batches(feeder, start, n_steps):
+                records = encode_step(batch, step=step, global_batch_size=feeder.global_batch_size,
+                                      feature=feeder.feature, column=column, host_count=host_count)
+                if writer is None:
+                    options = WRITER_OPTIONS
+                    writer = ArrayRecordWriter(tmp, options)
+                for record in records:
+                    writer.write(record)
+                tokens += int(np.count_nonzero(batch[f"{feeder.feature}_segment_ids"]))
+                if progress is not None:
+                    progress(step + 1 - start, n_steps)
+        finally:
+            if writer is not None:
+                writer.close()
     return options, tokens
 
 

@@ -40,6 +40,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from seqcache import fs
 from seqcache.feeders.converters import ROW_KEYS, ConvertedFeeder
 
 STATE_FORMAT = "seqcache.feeders.t5x/1"
@@ -342,10 +343,7 @@ class CacheDatasetIterator:
     def save(self, filename) -> None:
         """Writes ``{"format", "state"}`` (the feeder's JSON state) to ``filename``."""
         text = json.dumps({"format": STATE_FORMAT, "state": self.feeder.state()}, sort_keys=True)
-        tmp = f"{os.fspath(filename)}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, os.fspath(filename))
+        fs.write_bytes_atomic(os.fspath(filename), text.encode("utf-8"), fsync=False)
 
     def restore(self, filename) -> None:
         """Checks the state in ``filename`` against this stream; keeps the position.

@@ -19,7 +19,6 @@ import itertools
 import json
 import os
 import shutil
-import tempfile
 from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 from array_record.python.array_record_module import ArrayRecordWriter
@@ -28,7 +27,7 @@ from seqcache import __version__
 from seqcache import format as fmt
 from seqcache import manifest as schema
 from seqcache.fs import (  # noqa: F401  (re-exported: the writer's file-system calls)
-    is_local, local_path, join, exists, makedirs, read_text, write_bytes, read_bytes, write_bytes_atomic, move_into_place, remove_tree, open_read, open_write, open_write_atomic,
+    is_local, local_path, join, exists, makedirs, read_text, write_bytes, read_bytes, write_bytes_atomic, atomic_path, remove_tree, open_read, open_write, open_write_atomic,
     rename, sizes_in,
 )
 
@@ -190,7 +189,6 @@ def write_shard(
     num_shards: int,
     features: Sequence[fmt.FeatureSpec],
     examples: Iterable[tuple[Mapping[str, Any], Sequence[tuple[int, int, int]]]],
-    local_tmp_dir: str | None = None,
     group_size: int | None = None,
 ) -> dict:
     """Writes one data shard and its provenance sidecar into ``cache_dir``.
@@ -203,8 +201,6 @@ def write_shard(
         name -> 1-D array, or is already encoded record bytes; ``provenance`` is a list, one per segment, of
         (source_index, record_number, token_offset), or is already encoded
         (``seqcache.format.encode_provenance``). Or an ``EncodedChunks``.
-      local_tmp_dir: where the local temporary files go (default: the cache folder
-        itself when local, else the system temp folder).
       group_size: the data file's ArrayRecord group size; None (the format's
         rule): ``fmt.group_size_for`` the mean size of the shard's first chunk
         of records (up to 65,536 of them, or ``_FIRST_CHUNK`` examples). The
@@ -217,22 +213,15 @@ def write_shard(
       ValueError: a chunk whose records and provenance records differ in number.
 
     Both files are written under temporary names and moved into place only when
-    complete, so a killed worker leaves no file with a final name.
+    complete (``seqcache.fs.atomic_path``), so a killed worker leaves no file
+    with a final name.
     """
     chunks, group_size = _chunks_and_group_size(features, examples, group_size)
     data_name = fmt.shard_name(fmt.DATA_PREFIX, index, num_shards)
     prov_name = fmt.shard_name(fmt.PROVENANCE_PREFIX, index, num_shards)
-    if local_tmp_dir is None:
-        local_tmp_dir = local_path(cache_dir) if is_local(cache_dir) else tempfile.gettempdir()
-    os.makedirs(local_tmp_dir, exist_ok=True)
-    # A unique temporary name per attempt: a retried bundle never collides with a
-    # half-written file of an earlier attempt.
-    token = os.urandom(6).hex()
-    data_tmp = os.path.join(local_tmp_dir, f".tmp-{token}-{data_name}")
-    prov_tmp = os.path.join(local_tmp_dir, f".tmp-{token}-{prov_name}")
-    data = _HashingArrayRecordFile(data_tmp, group_size)
-    prov = _HashingArrayRecordFile(prov_tmp, fmt.PROVENANCE_GROUP_SIZE)
-    try:
+    with atomic_path(join(cache_dir, prov_name)) as prov_tmp, atomic_path(join(cache_dir, data_name)) as data_tmp:
+        data = _HashingArrayRecordFile(data_tmp, group_size)
+        prov = _HashingArrayRecordFile(prov_tmp, fmt.PROVENANCE_GROUP_SIZE)
         write_data, write_prov = data.writer.write, prov.writer.write
         count = 0
         for records, provenances in chunks:
@@ -244,13 +233,6 @@ def write_shard(
         data.num_records = prov.num_records = count
         data_bytes, data_sha = data.close()
         prov_bytes, prov_sha = prov.close()
-        move_into_place(data_tmp, join(cache_dir, data_name))
-        move_into_place(prov_tmp, join(cache_dir, prov_name))
-    except BaseException:
-        for p in (data_tmp, prov_tmp):
-            if os.path.exists(p):
-                os.unlink(p)
-        raise
     return {
         "file": data_name,
         "num_records": data.num_records,

@@ -37,6 +37,8 @@ import sys
 import tempfile
 from typing import Any, BinaryIO, Iterator, NamedTuple, Sequence
 
+from seqcache import compression
+
 
 class FileSystemError(OSError):
     """A request on a URL failed for another reason than a missing file: an
@@ -385,10 +387,6 @@ def write_bytes(path: str, data: bytes) -> None:
         with open(local_path(path), "wb") as f:
             f.write(data)
         return
-    _upload(path, data)
-
-
-def _upload(path: str, data: bytes) -> None:
     CompressionTypes = _compression_types()
 
     fsys = _beam(path)
@@ -409,29 +407,11 @@ def read_bytes(path: str) -> bytes:
             return f.read()
 
 
-def write_bytes_atomic(path: str, data: bytes) -> None:
-    """Writes ``data`` to ``path`` so that readers see either nothing or all of it."""
-    if is_local(path):
-        with open_write_atomic(path) as f:
-            f.write(data)
-        return
-    # Object stores make a finished upload visible at once: create() then close()
-    # publishes the whole object or nothing.
-    _upload(path, data)
-
-
-def move_into_place(local_tmp: str, dest: str) -> None:
-    """Moves a finished local file to ``dest`` (local rename, or upload then delete)."""
-    if is_local(dest):
-        os.replace(local_tmp, local_path(dest))
-        return
-    CompressionTypes = _compression_types()
-
-    fsys = _beam(dest)
-    with _url_errors(dest, "upload"):
-        with open(local_tmp, "rb") as src, fsys.create(dest, compression_type=CompressionTypes.UNCOMPRESSED) as out:
-            shutil.copyfileobj(src, out, length=1 << 22)
-    os.unlink(local_tmp)
+def write_bytes_atomic(path: str, data: bytes, *, fsync: bool = True) -> None:
+    """Writes ``data`` to ``path`` so that readers see either nothing or all of
+    it: ``open_write_atomic`` for bytes already in memory."""
+    with open_write_atomic(path, fsync=fsync) as f:
+        f.write(data)
 
 
 def remove_tree(path: str) -> None:
@@ -511,31 +491,72 @@ def open_write(path: str) -> Iterator[BinaryIO]:
 
 
 @contextlib.contextmanager
-def open_write_atomic(path: str) -> Iterator[BinaryIO]:
-    """Like ``write_bytes_atomic``, streaming: readers see nothing at ``path``
-    until the ``with`` block ends without an error, then the whole file. Locally
-    a temporary file beside ``path``, fsynced and renamed; on an object store the
-    upload is published when it closes, and deleted again if the block failed."""
+def atomic_path(path: str) -> Iterator[str]:
+    """The one way seqcache replaces a file atomically: a local temporary path
+    to write ``path``'s new content to (for writers that open files by name,
+    such as ArrayRecord's); when the ``with`` block ends without an error the
+    file there becomes ``path``, and readers of ``path`` see the old file or
+    the whole new one, never a part.
+
+    Locally the temporary file lies beside ``path`` (same file system), named
+    ``.tmp-<12 hex digits>-<name>`` (unique to the attempt: a retried writer
+    never meets an earlier attempt's file), and ``os.replace`` moves it into
+    place. For a URL it lies in the system's temporary folder and is uploaded
+    (4 MiB blocks) when the block ends; an object store publishes an upload
+    whole when it completes. The temporary file is removed whatever happens.
+    ``open_write_atomic`` and ``write_bytes_atomic`` are built on it.
+
+    Raises:
+      FileNotFoundError: the block wrote no file at the temporary path.
+      FileSystemError: (URLs) the upload failed.
+    """
     if is_local(path):
-        path = local_path(path)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path) or ".")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                yield f
+        folder, name = os.path.split(local_path(path))
+    else:
+        folder, name = tempfile.gettempdir(), path.rstrip("/").rpartition("/")[2]
+    tmp = os.path.join(folder, f".tmp-{os.urandom(6).hex()}-{name}")
+    try:
+        yield tmp
+        if is_local(path):
+            os.replace(tmp, local_path(path))
+            return
+        CompressionTypes = _compression_types()
+        fsys = _beam(path)
+        with _url_errors(path, "upload"):
+            with open(tmp, "rb") as src, fsys.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+                shutil.copyfileobj(src, out, length=1 << 22)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def open_write_atomic(path: str, *, fsync: bool = True) -> Iterator[BinaryIO]:
+    """A binary file open for writing whose content readers see at ``path``
+    only when the ``with`` block ends without an error, then whole. Locally
+    ``atomic_path``: a temporary file beside ``path``, flushed to the disk
+    before the rename with ``fsync=True`` (the default: a crash then leaves the
+    old file or the new one); on an object store the upload is streamed and
+    published when it closes, and deleted again if the block failed.
+
+    Raises:
+      FileSystemError: (URLs) the object store refused the upload.
+    """
+    if is_local(path):
+        with atomic_path(path) as tmp, open(tmp, "xb") as f:
+            yield f
+            if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
         return
+    block_ended = False
     try:
         with open_write(path) as f:
             yield f
+            block_ended = True
     except BaseException:
-        remove_tree(path)
+        if not block_ended:
+            remove_tree(path)  # closing published what the block had written
         raise
 
 
@@ -649,8 +670,6 @@ def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:
     ``.gz``, ``.bz2``, ``.xz``, ``.lzma``, ``.deflate``, ``.zst``, ``.zstd``,
     in any case) is decompressed on the fly, for a local path as for a URL;
     reading a file that ends inside a compressed member raises ``EOFError``."""
-    from seqcache import compression
-
     make = compression.decompressor(path) if decompress else None
     if is_local(path):
         p = local_path(path)

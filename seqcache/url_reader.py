@@ -50,20 +50,14 @@ class UrlCacheReader(CacheReader):
         local = self._copies.get(path)
         if local is None:
             local = os.path.join(self._tmp, path.rstrip("/").rpartition("/")[2])
-            part = local + ".part"
             try:
-                with fs.open_read(path) as src, open(part, "wb") as out:
+                with fs.open_read(path) as src, fs.open_write_atomic(local, fsync=False) as out:
                     shutil.copyfileobj(src, out, length=1 << 22)
-            except BaseException as e:
-                if os.path.exists(part):
-                    os.unlink(part)
-                if isinstance(e, FileNotFoundError):
-                    raise fmt.CacheError(
-                        f"{path}: shard file is missing: it was deleted or moved after cache {self.cache_dir} was "
-                        f"opened; {self._verify_hint()}"
-                    ) from None
-                raise
-            os.replace(part, local)
+            except FileNotFoundError:
+                raise fmt.CacheError(
+                    f"{path}: shard file is missing: it was deleted or moved after cache {self.cache_dir} was "
+                    f"opened; {self._verify_hint()}"
+                ) from None
             self._copies[path] = local
         return local
 

@@ -291,14 +291,7 @@ def _model_state(data: bytes, digest_cache: list) -> bytes | ModelFile:
 
 
 def _write_bytes(path: str, data: bytes) -> None:
-    if fs.is_url(path):
-        fs.write_bytes_atomic(path, data)
-        return
-    path = fs.local_path(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    fs.write_bytes_atomic(path, data, fsync=False)
 
 
 # Mean characters per text from which ``SentencePieceVocabulary.encode_batch_flat``

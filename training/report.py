@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from seqcache import fs
 from seqcache.training import config as config_lib
 from seqcache.training.metrics import TENSORBOARD_DIR
 
@@ -135,11 +136,7 @@ def format_memory_analysis(memory: Mapping[str, int]) -> str:
 
 def write_json_atomic(path: str, obj: Any) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    fs.write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), fsync=False)
 
 
 def tensorboard_dir_for(config: config_lib.TrainConfig, metrics_path: str | None) -> str | None:

@@ -9,6 +9,7 @@ import time
 import click
 
 from seqcache import format as fmt
+from seqcache import fs
 from seqcache.commands import common
 
 
@@ -99,10 +100,8 @@ def report(target, output, as_json, steps, at_step, batch_size, num_epochs, mixt
     page = report_html.render(rep, elapsed_s=computed)
     parent = os.path.dirname(os.path.abspath(output))
     os.makedirs(parent, exist_ok=True)
-    tmp = f"{output}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(page)
-    os.replace(tmp, output)
+    data = page.encode("utf-8")
+    fs.write_bytes_atomic(output, data, fsync=False)
     elapsed = time.perf_counter() - t0
-    message = f"wrote {output} ({len(page.encode('utf-8')) / 1e3:,.0f} kB, {len(caches)} cache(s)) in {elapsed:.2f} s"
+    message = f"wrote {output} ({len(data) / 1e3:,.0f} kB, {len(caches)} cache(s)) in {elapsed:.2f} s"
     click.echo(message, err=as_json)

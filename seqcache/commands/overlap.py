@@ -43,7 +43,8 @@ def _open_state(kw: dict, state_path):
     from seqcache.feeders.provenance import _open_checked
 
     if "state" in kw:  # CACHE_OR_MIXTURE is the state (or a checkpoint step folder)
-        return kw["state"], kw["state_path"], _open_checked(kw["state"], split=kw["split"])
+        return kw["state"], kw["state_path"], _open_checked(kw["state"], cache=None, mixture=None,
+                                                                  caches_root=None, split=kw["split"])
     if state_path is None:
         return None, None, None
     state = _read_state(state_path, state_path, kw.get("global_batch_size"), kw.get("seed"), kw.get("num_epochs"))

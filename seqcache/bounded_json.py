@@ -31,6 +31,8 @@ import math
 import reprlib
 from typing import Any, Mapping
 
+from seqcache import fs
+
 # Defaults: far above what seqcache writes (a manifest of 10,000 shards has 5
 # levels and under 4 MB), far below what breaks a parser.
 MAX_DEPTH = 64
@@ -192,8 +194,6 @@ def read_file(path: str, *, error: type[Exception] = ValueError, max_depth: int 
       error: as ``loads``; also a file that cannot be read (``OSError``).
       seqcache.fs.FileSystemError: (URLs) the object store cannot be reached.
     """
-    from seqcache import fs
-
     try:
         if fs.is_local(path):
             with open(fs.local_path(path), "rb") as f:

@@ -1,25 +1,16 @@
-"""The on-disk cache format, version 2: record encoding and the manifest.
+"""The on-disk cache format, version 2, as the rest of seqcache uses it
+(``from seqcache import format as fmt``): every name of ``seqcache.codec``
+(names and versions, errors, feature specs, the record codec, the shard table,
+``Manifest``), re-exported here, and the reading of a cache's metadata:
+``read_manifest`` / ``parse_manifest`` (checked against the field definitions
+of ``seqcache.manifest``), ``check_shard_files``, ``read_shard_checksums`` /
+``shard_checksums_json`` and ``iter_json_lines``.
 
-This module is shared by the writer (``seqcache.pipelines``) and the readers
-(``seqcache.feeders``, the CLI). It imports neither Beam nor JAX; its
-cache-reading helpers go through ``seqcache.fs``, so they read local paths and
+It stands on the other core modules and none of them imports it:
+``seqcache.codec`` <- ``seqcache.manifest`` and ``seqcache.layout`` <- this
+module (docs/architecture.md, "Dependency rules"). It imports neither Beam
+nor JAX; its readers go through ``seqcache.fs``, so they read local paths and
 URLs (``gs://``, ``s3://``) alike, and import Beam only when given a URL.
-
-Layout of one cache (one task, one split)::
-
-    CACHE_DIR/<task>/<split>/
-        manifest.json                                 written last, atomically
-        shard-checksums.json                          every shard file's sha256 (version 2)
-        data.array_record-00000-of-00004              examples, in cache order
-        provenance.array_record-00000-of-00004        one record per example
-        quarantine.jsonl                              skipped and repaired source records (if any)
-
-Record encoding (``encode_example`` / ``decode_example``): the features of the
-record, in manifest order, each as a little-endian ``uint32`` element count
-followed by that many elements of the feature's dtype, little-endian. There is no
-padding and no per-record header; the manifest says which features, in which order,
-with which dtypes. Decoding is ``numpy.frombuffer`` over the record bytes, without
-copying. No pickle anywhere.
 
 The byte layout is documented in docs/cache-format.md; changing it needs a
 ``FORMAT_VERSION`` bump. The manifest's fields are defined once, in
@@ -28,684 +19,22 @@ The byte layout is documented in docs/cache-format.md; changing it needs a
 
 from __future__ import annotations
 
-import base64
-import binascii
-import dataclasses
-import functools
 import hashlib
 import json
-import operator
 import os
-import re
-import struct
-import sys
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
-import numpy as np
-
-from seqcache import fs
-
-FORMAT_NAME = "seqcache"
-# The version of a cache as a whole, the manifest's ``format_version``: what a
-# reader must understand. Version 2 keeps the manifest's shard table as columns
-# and the shard checksums in ``SHARD_CHECKSUMS_NAME``; version 1 kept one JSON
-# object per shard. Readers read both (``READ_FORMAT_VERSIONS``); writers write 2.
-FORMAT_VERSION = 2
-READ_FORMAT_VERSIONS = (1, 2)
-# The version of what the shard files hold and of which example sits at which
-# cache index: record encoding, writer options, shard names. A cache's
-# fingerprint and a feeder state record this one, so that a change of the
-# manifest's layout alone neither changes fingerprints (an existing cache is
-# still reused) nor invalidates saved feeder states. Unchanged since version 1.
-RECORD_FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
-DATA_PREFIX = "data"
-PROVENANCE_PREFIX = "provenance"
-QUARANTINE_NAME = "quarantine.jsonl"
-SHARD_CHECKSUMS_NAME = "shard-checksums.json"
-# The encoding of the manifest's integer shard columns (format version 2), for humans.
-INT_COLUMN_ENCODING = "base64 of little-endian int64, one per shard"
-
-# ArrayRecord writer options, as the manifest records them. Files are written
-# uncompressed (token ids compress poorly in small chunks, and decompression
-# would sit on the feeder's hot path). A file's group size (records per chunk)
-# follows from the mean size of its records (``group_size_for``): a random read
-# decodes one chunk, so long records keep a chunk each while short ones share
-# chunks of about CHUNK_TARGET_BYTES, which is cheaper to write and, for the
-# feeder, to read (benchmarks/README.md, "ArrayRecord group size"). Each file
-# records its own group size in its header, which is what readers use.
-WRITER_OPTIONS = "group_size:auto,uncompressed"
-CHUNK_TARGET_BYTES = 1024
-MAX_GROUP_SIZE = 64
-# Provenance records (28 bytes for one segment) are read by look-ups, not by
-# the feeder's hot path.
-PROVENANCE_GROUP_SIZE = 64
-
-
-def group_size_for(mean_record_bytes: float) -> int:
-    """The group size of a data file whose records hold ``mean_record_bytes``
-    bytes on average: the largest power of two ``g <= MAX_GROUP_SIZE`` with
-    ``g * mean_record_bytes <= CHUNK_TARGET_BYTES``, at least 1. Examples: 1 for
-    records of 512 bytes or more, 16 for records of 36 bytes."""
-    if not mean_record_bytes > 0:
-        return MAX_GROUP_SIZE
-    g = 1
-    while g * 2 <= MAX_GROUP_SIZE and g * 2 * mean_record_bytes <= CHUNK_TARGET_BYTES:
-        g *= 2
-    return g
-
-
-def writer_options(group_size: int) -> str:
-    """The ArrayRecord writer options of one file: ``"group_size:G,uncompressed"``."""
-    return f"group_size:{int(group_size)},uncompressed"
-
-_DTYPES = {
-    "int8": "<i1",
-    "uint8": "<u1",
-    "int16": "<i2",
-    "uint16": "<u2",
-    "int32": "<i4",
-    "uint32": "<u4",
-    "int64": "<i8",
-    "uint64": "<u8",
-    "float32": "<f4",
-}
-
-_LEN = np.dtype("<u4")
-
-
-class CacheError(Exception):
-    """A cache on disk is missing, incomplete, corrupt or does not match."""
-
-
-class IncompleteCacheError(CacheError):
-    """The cache folder has no manifest: a build did not finish."""
-
-
-@dataclasses.dataclass(frozen=True)
-class FeatureSpec:
-    """One feature of a cached record.
-
-    Attributes:
-      name: feature name, e.g. ``"targets"`` or ``"targets_segment_ids"``.
-      dtype: one of int8, uint8, int16, uint16, int32, uint32, int64, uint64, float32.
-    """
-
-    name: str
-    dtype: str
-
-    def __post_init__(self):
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"feature {self.name!r}: unsupported dtype {self.dtype!r} (expected one of {sorted(_DTYPES)})")
-
-    @property
-    def np_dtype(self) -> np.dtype:
-        return np.dtype(_DTYPES[self.dtype])
-
-
-# Provenance sidecar: one record per example, one element per segment.
-#   source_index:  index into manifest["sources"] (the source file table)
-#   record_number: 0-based record number inside that file (line, JSON line, row)
-#   token_offset:  offset, in tokens of the primary feature after preprocessing,
-#                  at which this segment starts inside its source record (non-zero
-#                  when language-model packing split a long document)
-PROVENANCE_FEATURES = (
-    FeatureSpec("source_index", "uint32"),
-    FeatureSpec("record_number", "uint64"),
-    FeatureSpec("token_offset", "uint32"),
+from seqcache import bounded_json, fs, layout
+from seqcache import manifest as schema
+from seqcache.codec import (  # noqa: F401  the codec's names, as fmt.<name>
+    FORMAT_NAME, FORMAT_VERSION, READ_FORMAT_VERSIONS, RECORD_FORMAT_VERSION, MANIFEST_NAME, DATA_PREFIX,
+    PROVENANCE_PREFIX, QUARANTINE_NAME, SHARD_CHECKSUMS_NAME, INT_COLUMN_ENCODING, WRITER_OPTIONS,
+    CHUNK_TARGET_BYTES, MAX_GROUP_SIZE, PROVENANCE_GROUP_SIZE, group_size_for, writer_options, CacheError,
+    IncompleteCacheError, FeatureSpec, PROVENANCE_FEATURES, shard_name, encode_example, check_fits,
+    encode_batch, encode_provenance, encode_provenance_batch, decode_example, file_sha256, canonical_json,
+    fingerprint_of, ShardInfo, encode_int_column, decode_int_column, decode_base64, ShardTable,
+    is_plain_file_name, Manifest, _DTYPES, _INT_FIELDS, _SHA256_RE, _require,
 )
-
-
-def shard_name(prefix: str, index: int, count: int) -> str:
-    """``data.array_record-00003-of-00064`` for prefix ``data``, index 3, count 64."""
-    if not 0 <= index < count:
-        raise ValueError(f"shard index {index} out of range for {count} shards")
-    return f"{prefix}.array_record-{index:05d}-of-{count:05d}"
-
-
-def encode_example(specs: Sequence[FeatureSpec], example: Mapping[str, Any]) -> bytes:
-    """Encodes one example as record bytes (see module docstring).
-
-    Args:
-      specs: the features, in manifest order.
-      example: feature name -> 1-D array-like of that feature's elements.
-
-    Raises:
-      KeyError: a feature of ``specs`` is missing from ``example``.
-      ValueError: a value is not 1-D or does not fit the feature's dtype.
-    """
-    parts = []
-    for spec in specs:
-        try:
-            value = example[spec.name]
-        except KeyError:
-            raise KeyError(f"example has no feature {spec.name!r} (has {sorted(example)})") from None
-        arr = np.asarray(value)
-        if arr.ndim != 1:
-            raise ValueError(f"feature {spec.name!r} must be 1-D (got shape {arr.shape})")
-        target = spec.np_dtype
-        if arr.dtype != target:
-            if arr.size and arr.dtype.kind in "iu" and target.kind in "iu":
-                info = np.iinfo(target)
-                lo, hi = int(arr.min()), int(arr.max())
-                if lo < info.min or hi > info.max:
-                    raise ValueError(
-                        f"feature {spec.name!r}: values in [{lo}, {hi}] do not fit {spec.dtype}"
-                    )
-            arr = arr.astype(target)
-        parts.append(_pack_len(arr.size))
-        parts.append(arr.tobytes())
-    return b"".join(parts)
-
-
-_pack_len = struct.Struct("<I").pack
-
-
-def check_fits(name: str, dtype: str, lo: int, hi: int) -> None:
-    """The dtype range check of ``encode_example`` for values in ``[lo, hi]``.
-
-    Raises:
-      ValueError: ``lo`` or ``hi`` is outside the range of integer ``dtype``.
-    """
-    info = np.iinfo(np.dtype(_DTYPES[dtype]))
-    if lo < info.min or hi > info.max:
-        raise ValueError(f"feature {name!r}: values in [{lo}, {hi}] do not fit {dtype}")
-
-
-def encode_batch(specs: Sequence[FeatureSpec], columns: Mapping[str, tuple[np.ndarray, np.ndarray]], *,
-                 ranges: Mapping[str, tuple[int, int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Encodes many examples at once; the same bytes as ``encode_example`` on each.
-
-    Args:
-      specs: the features, in manifest order.
-      columns: feature name -> ``(values, offsets)``: ``values`` 1-D, every
-        example's elements one after the other; ``offsets`` int64 ``(n + 1,)``,
-        example ``i`` is ``values[offsets[i]:offsets[i + 1]]``. Every feature has
-        the same number of examples ``n``.
-      ranges: optional feature name -> ``(min, max)`` of its values, when the
-        caller already knows them (one check per batch, not two).
-
-    Returns:
-      ``(data, record_offsets)``: uint8 ``(total bytes,)`` holding the records
-      one after the other, and int64 ``(n + 1,)``: record ``i`` is
-      ``data[record_offsets[i]:record_offsets[i + 1]]``.
-
-    One range check per feature and batch (not per example), and no Python loop
-    over examples or tokens: the records are laid out with numpy index
-    arithmetic.
-
-    Raises:
-      KeyError: a feature of ``specs`` is missing from ``columns``.
-      ValueError: a feature's values do not fit its dtype, or the offsets do not
-        describe the same number of examples for every feature.
-    """
-    lengths, payloads = [], []
-    n = None
-    for spec in specs:
-        try:
-            values, offsets = columns[spec.name]
-        except KeyError:
-            raise KeyError(f"examples have no feature {spec.name!r} (have {sorted(columns)})") from None
-        values = np.asarray(values)
-        offsets = np.asarray(offsets, dtype=np.int64)
-        if values.ndim != 1 or offsets.ndim != 1 or offsets.size < 1 or offsets[-1] != values.size:
-            raise ValueError(f"feature {spec.name!r}: offsets do not describe its {values.size} values")
-        if n is None:
-            n = offsets.size - 1
-        elif offsets.size - 1 != n:
-            raise ValueError(f"feature {spec.name!r} has {offsets.size - 1} examples, the others have {n}")
-        target = spec.np_dtype
-        if values.dtype != target:
-            if values.size and values.dtype.kind in "iu" and target.kind in "iu":
-                known = (ranges or {}).get(spec.name)
-                lo, hi = known if known is not None else (int(values.min()), int(values.max()))
-                check_fits(spec.name, spec.dtype, lo, hi)
-            values = values.astype(target)
-        lengths.append(np.diff(offsets))
-        payloads.append(values.view(np.uint8))
-    if n is None:
-        return np.zeros(0, np.uint8), np.zeros(1, np.int64)
-    sizes = np.zeros(n, dtype=np.int64)
-    for spec, count in zip(specs, lengths):
-        sizes += 4 + count * spec.np_dtype.itemsize
-    record_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(sizes, out=record_offsets[1:])
-    data = np.empty(int(record_offsets[-1]), dtype=np.uint8)
-    if n == 0:
-        return data, record_offsets
-    # Start of each feature's length field inside the records, feature by feature.
-    start = record_offsets[:-1].copy()
-    four = np.arange(4, dtype=np.int64)
-    is_payload = np.ones(data.size, dtype=bool) if len(specs) == 1 else None
-    for spec, count, payload in zip(specs, lengths, payloads):
-        where = (start[:, None] + four).ravel()
-        data[where] = count.astype(_LEN).view(np.uint8)
-        nbytes = count * spec.np_dtype.itemsize
-        if is_payload is not None:
-            is_payload[where] = False
-        elif payload.size:
-            # Byte j of this feature's payload of example i goes to start[i] + 4 + (j - first byte of example i).
-            src_start = np.zeros(n, dtype=np.int64)
-            np.cumsum(nbytes[:-1], out=src_start[1:])
-            data[np.repeat(start + 4 - src_start, nbytes) + np.arange(payload.size, dtype=np.int64)] = payload
-        start += 4 + nbytes
-    if is_payload is not None:
-        data[is_payload] = payloads[0]
-    return data, record_offsets
-
-
-def encode_provenance(segments: Sequence[tuple[int, int, int]]) -> bytes:
-    """Encodes a provenance record (``PROVENANCE_FEATURES``) from a list of
-    (source_index, record_number, token_offset) segments. Equivalent to
-    ``encode_example(PROVENANCE_FEATURES, ...)``, without numpy overhead."""
-    n = len(segments)
-    try:
-        if n == 1:
-            (a, b, c), = segments
-            return _PROV_ONE(1, a, 1, b, 1, c)
-        cols = tuple(zip(*segments)) if n else ((), (), ())
-        return b"".join((
-            _pack_len(n), struct.pack(f"<{n}I", *cols[0]),
-            _pack_len(n), struct.pack(f"<{n}Q", *cols[1]),
-            _pack_len(n), struct.pack(f"<{n}I", *cols[2]),
-        ))
-    except struct.error as e:
-        raise ValueError(f"provenance {list(segments)[:4]}: {e}") from None
-
-
-_PROV_ONE = struct.Struct("<IIIQII").pack
-_PROV_ONE_DTYPE = np.dtype([("n0", "<u4"), ("source_index", "<u4"), ("n1", "<u4"), ("record_number", "<u8"),
-                            ("n2", "<u4"), ("token_offset", "<u4")])  # packed: 28 bytes, as _PROV_ONE
-
-
-def encode_provenance_batch(source_index: np.ndarray, record_number: np.ndarray,
-                            token_offset: np.ndarray | int = 0) -> list[bytes]:
-    """Provenance records of n single-segment examples at once: the same bytes as
-    ``encode_provenance([(source_index[i], record_number[i], token_offset[i])])``.
-
-    Args:
-      source_index: ``(n,)`` integers in the uint32 range.
-      record_number: ``(n,)`` integers in the uint64 range.
-      token_offset: ``(n,)`` or a scalar, in the uint32 range.
-
-    Returns:
-      n ``bytes`` objects of 28 bytes each.
-
-    Raises:
-      ValueError: a value outside its dtype's range.
-    """
-    n = len(source_index)
-    rows = np.empty(n, dtype=_PROV_ONE_DTYPE)
-    for name, values, dtype in (("source_index", source_index, "uint32"), ("record_number", record_number, "uint64"),
-                                ("token_offset", np.broadcast_to(token_offset, (n,)), "uint32")):
-        values = np.asarray(values)
-        if n and values.dtype != np.dtype(dtype):
-            lo, hi = int(values.min()), int(values.max())
-            if lo < 0 or hi > np.iinfo(dtype).max:
-                raise ValueError(f"provenance {name} values in [{lo}, {hi}] do not fit {dtype}")
-        rows[name] = values
-    rows["n0"] = rows["n1"] = rows["n2"] = 1
-    blob = rows.tobytes()
-    return [blob[k:k + 28] for k in range(0, len(blob), 28)]
-
-
-def decode_example(specs: Sequence[FeatureSpec], record: bytes, *, where: str = "record") -> dict[str, np.ndarray]:
-    """Decodes record bytes into read-only numpy views (no copy).
-
-    Args:
-      specs: the features, in manifest order.
-      record: the record bytes.
-      where: a description of the record for error messages (file and index).
-
-    Returns:
-      feature name -> 1-D array of the feature's dtype.
-
-    Raises:
-      CacheError: the record is truncated or has trailing bytes.
-    """
-    out = {}
-    offset = 0
-    size = len(record)
-    for spec in specs:
-        if offset + 4 > size:
-            raise CacheError(f"{where}: truncated record: no length for feature {spec.name!r} at byte {offset} of {size}")
-        (n,) = np.frombuffer(record, dtype=_LEN, count=1, offset=offset)
-        offset += 4
-        nbytes = int(n) * spec.np_dtype.itemsize
-        if offset + nbytes > size:
-            raise CacheError(
-                f"{where}: truncated record: feature {spec.name!r} needs {nbytes} bytes at byte {offset}, record has {size}"
-            )
-        out[spec.name] = np.frombuffer(record, dtype=spec.np_dtype, count=int(n), offset=offset)
-        offset += nbytes
-    if offset != size:
-        raise CacheError(f"{where}: {size - offset} trailing bytes after the last feature")
-    return out
-
-
-def file_sha256(path: str, chunk_bytes: int = 1 << 22) -> str:
-    """Hex sha256 of a local file, read in chunks (memory does not grow with size)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk_bytes)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
-
-
-def canonical_json(obj: Any) -> bytes:
-    """JSON with sorted keys and no whitespace: the input of every fingerprint."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-def fingerprint_of(obj: Any) -> str:
-    """sha256 (hex) of the canonical JSON of ``obj``."""
-    return hashlib.sha256(canonical_json(obj)).hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardInfo:
-    """One shard file as the manifest records it.
-
-    ``sha256`` and ``provenance_sha256`` are None where the manifest keeps the
-    checksums in its checksum file (format version 2): ``read_shard_checksums``
-    reads them."""
-
-    file: str
-    num_records: int
-    num_bytes: int
-    sha256: str | None
-    provenance_file: str
-    provenance_num_bytes: int
-    provenance_sha256: str | None
-
-
-_SHARD_FIELDS = tuple(f.name for f in dataclasses.fields(ShardInfo))
-_INT_FIELDS = ("num_records", "num_bytes", "provenance_num_bytes")
-_INT_COLUMN = np.dtype("<i8")
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
-_STRICT_BASE64 = sys.version_info >= (3, 11)
-
-
-def _is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def encode_int_column(values: Sequence[int]) -> str:
-    """A manifest integer shard column (format version 2): base64 of the values
-    as little-endian int64 (``INT_COLUMN_ENCODING``)."""
-    return base64.b64encode(np.asarray(values, dtype=_INT_COLUMN).tobytes()).decode("ascii")
-
-
-def decode_int_column(text: str) -> np.ndarray:
-    """The int64 array (num_shards,) of a manifest integer shard column.
-
-    Raises:
-      ValueError: ``text`` is not base64 of a whole number of int64 values.
-    """
-    if not isinstance(text, str):
-        raise ValueError(f"{text!r} is not a base64 string")
-    data = decode_base64(text)
-    if len(data) % _INT_COLUMN.itemsize:
-        raise ValueError(f"{len(data)} bytes is not a whole number of int64 values")
-    return np.frombuffer(data, dtype=_INT_COLUMN)
-
-
-def decode_base64(text: str) -> bytes:
-    """Standard base64 (RFC 4648, padded), strictly: any other character raises.
-
-    Raises:
-      ValueError: (``binascii.Error``) not strict base64.
-    """
-    if _STRICT_BASE64:  # Python >= 3.11: validates in C, about twice as fast as b64decode(validate=True)
-        return binascii.a2b_base64(text, strict_mode=True)
-    return base64.b64decode(text, validate=True)
-
-
-class _ShardNames(Sequence[str]):
-    """``shard_name(prefix, i, count)`` for i in [0, count), computed on access
-    (a version-2 manifest stores no file names: they follow from index and count)."""
-
-    def __init__(self, prefix: str, count: int):
-        self._prefix, self._count = prefix, count
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._count))]
-        if not -self._count <= i < self._count:
-            raise IndexError(f"shard {i} out of range for {self._count} shards")
-        return shard_name(self._prefix, i % self._count, self._count)
-
-    def __eq__(self, other):
-        if isinstance(other, (list, tuple, _ShardNames)):
-            return len(other) == self._count and list(self) == list(other)
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        return f"_ShardNames({self._prefix!r}, {self._count})"
-
-
-class ShardTable(Sequence[ShardInfo]):
-    """The manifest's shard entries, held as columns so that opening a cache costs
-    what parsing its JSON costs, with no Python object built per shard.
-
-    Two layouts (docs/cache-format.md):
-
-    - format version 2 (``entries`` a JSON object): ``num_shards``; the integer
-      columns ``num_records``, ``num_bytes``, ``provenance_num_bytes``, each
-      ``encode_int_column`` of one value per shard; ``checksums``, the checksum
-      file ``{file, num_bytes, sha256}``. The shard file names are not stored:
-      shard i of S is ``shard_name(prefix, i, S)``. Checked when the table is
-      built: ``num_records`` decodes to ``num_shards`` integers >= 0, the byte
-      size columns have the length of that many values, and the checksum file
-      is ``SHARD_CHECKSUMS_NAME`` with a byte size and a sha256. A shard's byte
-      sizes are decoded (only its own 8 bytes of each column) and checked
-      (integers >= 0) when its ``ShardInfo`` is first built (its first read);
-      ``check_all`` decodes and checks the columns whole.
-    - format version 1 (``entries`` a JSON list): one JSON object per shard with
-      ``file``, ``num_records``, ``num_bytes``, ``sha256``, ``provenance_file``,
-      ``provenance_num_bytes``, ``provenance_sha256``. Checked when the table is
-      built (vectorised): ``file`` and ``provenance_file`` are this cache's
-      shard names and ``num_records`` is an integer >= 0; the other fields when
-      the shard's ``ShardInfo`` is first built (``table[i]``, at the shard's
-      first read or by ``seqcache verify``, which builds every one).
-
-    Each failure is a ``CacheError`` naming the manifest and the shard.
-
-    Attributes:
-      version: the layout, 1 or 2.
-      files: the data shard names, one per shard (a sequence of str).
-      provenance_files: the provenance shard names, one per shard.
-      num_records: int64 array (num_shards,): records per shard.
-      starts: int64 array (num_shards + 1,): the cache index of each shard's first
-        record, then the total (the cumulative sum of ``num_records``).
-      checksums: (version 2) the checksum file's ``{file, num_bytes, sha256}``;
-        None in version 1, whose entries hold the checksums.
-
-    Indexing (``table[i]``, iteration) gives ``ShardInfo`` objects, built on first
-    access and kept.
-
-    Raises:
-      CacheError: (when built) a bad entry, column or shard name; (``table[i]``)
-        a bad byte size (version 1: or checksum) field of shard i.
-    """
-
-    def __init__(self, entries, *, path: str = MANIFEST_NAME, version: int | None = None):
-        if version is None:
-            version = 2 if isinstance(entries, dict) else 1
-        self.version = version
-        self._path = path
-        self.checksums = None
-        if version == 2:
-            _require(isinstance(entries, dict), path,
-                     f"shards is {type(entries).__name__}, expected a JSON object (format version 2)")
-            count = self._init_columns(entries)
-        else:
-            _require(isinstance(entries, list), path, f"shards is {type(entries).__name__}, expected a JSON list")
-            count = self._init_entries(entries)
-        self.num_records.flags.writeable = False
-        self.starts = np.zeros(count + 1, np.int64)
-        np.cumsum(self.num_records, out=self.starts[1:])
-        self.starts.flags.writeable = False
-        self._count = count
-        self._infos: list[ShardInfo | None] = [None] * count
-
-    def _init_columns(self, entries: dict) -> int:
-        path = self._path
-        count = entries.get("num_shards")
-        _require(_is_count(count), path, f"shards.num_shards is {count!r}, expected an integer >= 0")
-        self._count = count
-        self._raw_columns, self._columns = {}, {}
-        for key in _INT_FIELDS:
-            _require(key in entries, path, f"shards: missing column {key!r}")
-            text = entries[key]
-            # The byte sizes are decoded at their first use (a shard's first read);
-            # their length is checked now, without decoding.
-            if not (isinstance(text, str) and len(text) == 4 * -(-8 * count // 3)):
-                self._decode_column(key, text)  # raises, naming what is wrong
-            self._raw_columns[key] = text
-        self._column("num_records")
-        checksums = entries.get("checksums")
-        _require(isinstance(checksums, dict), path,
-                 f"shards.checksums is {checksums!r}, expected {{file, num_bytes, sha256}} of {SHARD_CHECKSUMS_NAME!r}")
-        name = checksums.get("file")
-        _require(is_plain_file_name(name), path,
-                 f"shards.checksums: file name {name!r} is not a plain file name inside the cache folder")
-        _require(name == SHARD_CHECKSUMS_NAME, path,
-                 f"shards.checksums: file name {name!r}, expected {SHARD_CHECKSUMS_NAME!r}")
-        _require(_is_count(checksums.get("num_bytes")), path,
-                 f"shards.checksums: num_bytes is {checksums.get('num_bytes')!r}, expected a byte count")
-        sha = checksums.get("sha256")
-        _require(isinstance(sha, str) and _SHA256_RE.fullmatch(sha) is not None, path,
-                 f"shards.checksums: sha256 is {sha!r}, expected 64 hex digits")
-        self.checksums = checksums
-        self.num_records = self._columns["num_records"]
-        self.files = _ShardNames(DATA_PREFIX, count)
-        self.provenance_files = _ShardNames(PROVENANCE_PREFIX, count)
-        return count
-
-    def _decode_column(self, key: str, text) -> np.ndarray:
-        path, count = self._path, self._count
-        try:
-            column = decode_int_column(text)
-        except (ValueError, TypeError) as e:
-            raise CacheError(f"{path}: shards.{key} is not {INT_COLUMN_ENCODING}: {e}") from None
-        _require(column.size == count, path,
-                 f"shards.{key} has {column.size} values, expected {count} (shards.num_shards)")
-        if count and int(column.min()) < 0:
-            i = int(np.argmax(column < 0))
-            raise CacheError(f"{path}: shard {i}: {key} is {int(column[i])}, expected an integer >= 0")
-        return column
-
-    def _column(self, key: str) -> np.ndarray:
-        """(version 2) The int64 column ``key``, decoded and checked whole."""
-        column = self._columns.get(key)
-        if column is None:
-            column = self._columns[key] = self._decode_column(key, self._raw_columns[key])
-        return column
-
-    def _value(self, key: str, i: int) -> int:
-        """(version 2) Shard i's value in column ``key``, decoding only the base64
-        quanta (4 characters per 3 bytes) that hold its 8 bytes: O(1)."""
-        column = self._columns.get(key)
-        if column is not None:
-            return int(column[i])
-        first, last = 8 * i // 3, (8 * i + 7) // 3
-        text = self._raw_columns[key][4 * first:4 * (last + 1)]
-        try:
-            data = decode_base64(text)
-        except ValueError as e:
-            raise CacheError(f"{self._path}: shards.{key} is not {INT_COLUMN_ENCODING}: shard {i}: {e}") from None
-        skip = 8 * i - 3 * first
-        value = int(np.frombuffer(data, dtype=_INT_COLUMN, count=1, offset=skip)[0])
-        if value < 0:
-            raise CacheError(f"{self._path}: shard {i}: {key} is {value}, expected an integer >= 0")
-        return value
-
-    def _init_entries(self, entries: list) -> int:
-        path = self._path
-        self._entries = entries
-        count = len(entries)
-        try:
-            self.files = list(map(operator.itemgetter("file"), entries))
-            self.provenance_files = list(map(operator.itemgetter("provenance_file"), entries))
-            records = list(map(operator.itemgetter("num_records"), entries))
-        except (KeyError, TypeError):
-            self._fail_entries(("file", "provenance_file", "num_records"))
-            raise  # unreachable: _fail_entries raises
-        for names, prefix in ((self.files, DATA_PREFIX), (self.provenance_files, PROVENANCE_PREFIX)):
-            if names != _expected_names(prefix, count):
-                i = next(i for i, (a, b) in enumerate(zip(names, _expected_names(prefix, count))) if a != b)
-                _check_shard_name(path, i, count, names[i], prefix)
-        counts = np.array(records) if count else np.zeros(0, np.int64)
-        if counts.dtype.kind not in "iu" or counts.ndim != 1 or (count and int(counts.min()) < 0):
-            for i, n in enumerate(records):
-                if not _is_count(n):
-                    raise CacheError(f"{path}: shard {i}: num_records is {n!r}, expected an integer >= 0")
-        self.num_records = counts.astype(np.int64, copy=False)
-        return count
-
-    def _fail_entries(self, keys) -> None:
-        for i, e in enumerate(self._entries):
-            if not isinstance(e, dict):
-                raise CacheError(f"{self._path}: shard {i}: bad entry: {e!r} is not a JSON object")
-            for key in keys:
-                if key not in e:
-                    raise CacheError(f"{self._path}: shard {i}: bad entry: {key!r}")
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __repr__(self) -> str:
-        return f"ShardTable({self._count} shards, {int(self.starts[-1])} records)"
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        info = self._infos[i]
-        if info is None:
-            info = self._infos[i] = self._info(i % len(self) if i < 0 else i)
-        return info
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self)))
-
-    def _info(self, i: int) -> ShardInfo:
-        if self.version == 2:
-            return ShardInfo(file=self.files[i], num_records=int(self.num_records[i]),
-                             num_bytes=self._value("num_bytes", i), sha256=None,
-                             provenance_file=self.provenance_files[i],
-                             provenance_num_bytes=self._value("provenance_num_bytes", i), provenance_sha256=None)
-        entry, path = self._entries[i], self._path
-        missing = [k for k in _SHARD_FIELDS if k not in entry]
-        if missing:
-            raise CacheError(f"{path}: shard {i}: bad entry: {missing[0]!r}")
-        for key in _INT_FIELDS:
-            if not _is_count(entry[key]):
-                raise CacheError(f"{path}: shard {i}: {key} is {entry[key]!r}, expected an integer >= 0")
-        for key in ("sha256", "provenance_sha256"):
-            if not isinstance(entry[key], str):
-                raise CacheError(f"{path}: shard {i}: {key} is {entry[key]!r}, expected a hex string")
-        return ShardInfo(**{k: entry[k] for k in _SHARD_FIELDS})
-
-    def check_all(self) -> None:
-        """Checks every shard's entry now: (version 1) builds every shard's
-        ``ShardInfo``; (version 2) decodes and checks the byte-size columns.
-
-        Raises:
-          CacheError: the first bad entry or column, as ``table[i]`` would.
-        """
-        if self.version == 2:
-            for key in _INT_FIELDS:
-                self._column(key)
-            return
-        for i in range(len(self)):
-            self[i]
 
 
 def shard_checksums_json(sha256: Sequence[str], provenance_sha256: Sequence[str]) -> bytes:
@@ -726,7 +55,6 @@ def shard_checksums_json(sha256: Sequence[str], provenance_sha256: Sequence[str]
         for i, v in enumerate(values):
             if not (isinstance(v, str) and _SHA256_RE.fullmatch(v)):
                 raise ValueError(f"shard {i}: {key} is {v!r}, expected 64 hex digits")
-    from seqcache import manifest as schema  # it imports this module
 
     obj = schema.assemble_object(schema.SHARD_CHECKSUMS_FIELDS, {
         "num_shards": len(sha256), "sha256": sha256, "provenance_sha256": provenance_sha256}, what=SHARD_CHECKSUMS_NAME)
@@ -755,7 +83,6 @@ def read_shard_checksums(cache_dir: str, manifest: "Manifest") -> tuple[list[str
         infos = list(table)
         return [s.sha256 for s in infos], [s.provenance_sha256 for s in infos]
     recorded = table.checksums
-    from seqcache import layout  # layout imports this module
 
     path = layout.cache_file(cache_dir, recorded["file"], what="shard checksum file")
     if not fs.exists(path):
@@ -768,7 +95,6 @@ def read_shard_checksums(cache_dir: str, manifest: "Manifest") -> tuple[list[str
     actual = hashlib.sha256(data).hexdigest()
     if actual != recorded["sha256"]:
         raise CacheError(f"{path}: shard checksum file has sha256 {actual}, the manifest expects {recorded['sha256']}")
-    from seqcache import bounded_json
 
     obj = bounded_json.loads(data, path=path, error=CacheError, what="shard checksum file")
     try:
@@ -782,89 +108,6 @@ def read_shard_checksums(cache_dir: str, manifest: "Manifest") -> tuple[list[str
     if len(sha) != len(table):
         raise CacheError(f"{path}: {len(sha)} shard checksums, the manifest has {len(table)} shards")
     return sha, prov
-
-
-@functools.lru_cache(maxsize=8)
-def _expected_names(prefix: str, count: int) -> list[str]:
-    """``shard_name(prefix, i, count)`` for every i (one string format each)."""
-    return list(map(f"{prefix}.array_record-{{:05d}}-of-{count:05d}".format, range(count)))
-
-
-def is_plain_file_name(name: Any) -> bool:
-    """True for a non-empty file name with no folder part: no ``/`` or ``\\``,
-    not ``.`` or ``..``, no NUL, no drive (``C:``). Every file a manifest names
-    must be one (``seqcache.layout.cache_file`` adds the link check)."""
-    return (isinstance(name, str) and bool(name) and name not in (".", "..")
-            and not any(c in name for c in "/\\\x00") and not (len(name) >= 2 and name[1] == ":"))
-
-
-def _check_shard_name(path: str, i: int, count: int, name, prefix: str) -> None:
-    _require(
-        is_plain_file_name(name),
-        path,
-        f"shard {i}: file name {name!r} is not a plain file name inside the cache folder",
-    )
-    _require(
-        name == shard_name(prefix, i, count),
-        path,
-        f"shard {i}: file name {name!r}, expected {shard_name(prefix, i, count)!r}",
-    )
-
-
-@dataclasses.dataclass
-class Manifest:
-    """The parsed manifest.json of one cache. See docs/cache-format.md for fields.
-
-    ``shards`` is a ``ShardTable``: a sequence of ``ShardInfo`` built on access,
-    with the record counts as one numpy array, so that a manifest of 10,000
-    shards opens in about the time its JSON takes to parse."""
-
-    task: str
-    split: str
-    fingerprint: str
-    features: tuple[FeatureSpec, ...]
-    shards: ShardTable
-    raw: dict = dataclasses.field(repr=False)  # the whole JSON: too long to print
-
-    @property
-    def num_examples(self) -> int:
-        return int(self.shards.starts[-1])
-
-    @property
-    def shard_starts(self) -> np.ndarray:
-        """int64 array (num_shards + 1,), read-only: global index of each shard's
-        first record, then the total."""
-        return self.shards.starts
-
-    @property
-    def sources(self) -> list[dict]:
-        return self.raw.get("sources", [])
-
-    @property
-    def vocabularies(self) -> dict:
-        return self.raw.get("vocabularies", {})
-
-    @property
-    def sequence_length(self) -> dict | None:
-        return self.raw.get("sequence_length")
-
-    @property
-    def statistics(self) -> dict:
-        return self.raw.get("statistics", {})
-
-    @property
-    def quarantine(self) -> str | None:
-        """The quarantine file's name (``QUARANTINE_NAME``) when the build skipped or
-        repaired source records, else None."""
-        return self.raw.get("quarantine")
-
-    def to_json(self) -> str:
-        return json.dumps(self.raw, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
-
-
-def _require(cond: bool, path: str, message: str):
-    if not cond:
-        raise CacheError(f"{path}: {message}")
 
 
 def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME, check_shards: bool = True) -> Manifest:
@@ -888,7 +131,6 @@ def parse_manifest(raw: dict, *, path: str = MANIFEST_NAME, check_shards: bool =
         outside the cache folder), a bad record count; with ``check_shards``, any
         bad shard entry.
     """
-    from seqcache import manifest as schema  # the field definitions; it imports this module
 
     decoded = schema.check_manifest(raw, path=path, check_shards=check_shards)
     return Manifest(
@@ -936,7 +178,6 @@ def read_manifest(cache_dir: str) -> Manifest:
                 "or this is not a cache folder; re-run the build"
             )
         raise IncompleteCacheError(f"{cache_dir}: no such cache folder")
-    from seqcache import bounded_json
 
     raw = bounded_json.read_file(path, error=CacheError, what="manifest")
     return parse_manifest(raw, path=path, check_shards=False)
@@ -952,7 +193,6 @@ def check_shard_files(cache_dir: str, manifest: Manifest) -> None:
       CacheError: naming the file, the expected and the actual value.
       seqcache.fs.FileSystemError: (URLs) the listing failed.
     """
-    from seqcache import layout
 
     listed = None if fs.is_local(cache_dir) else fs.sizes_in(cache_dir)
     for s in manifest.shards:
@@ -972,7 +212,6 @@ def iter_json_lines(path: str) -> Iterable[dict]:
     Raises:
       CacheError: a line that is not JSON within ``seqcache.bounded_json``'s bounds.
     """
-    from seqcache import bounded_json
 
     with fs.open_read(path) as f:
         for number, line in enumerate(f, start=1):

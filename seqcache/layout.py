@@ -9,10 +9,6 @@ Layout (DESIGN.md, Cache format)::
         vocabulary-<feature>.model
         quarantine.jsonl
 
-``resolve_name`` turns what a user types (a cache folder, a task name under
-``CACHE_DIR``, a registered task or mixture) into cache folders, the same way
-for ``seqcache train`` and ``seqcache which``.
-
 ``cache_file`` is the one gate for every path a manifest names (shards,
 provenance sidecars, vocabulary models, the quarantine file): the name must be a
 plain file name, and for a local cache the file, once links are resolved, must
@@ -21,23 +17,23 @@ without this gate ``verify`` would hash ``/etc/passwd`` and a feeder would read
 a shard linked from anywhere. An object-store URL has no links: there the
 plain-name check is the whole check.
 
-This module imports neither Beam nor JAX; ``seqcache.tasks`` is imported only
-to look up a registered name.
+This module imports neither Beam nor JAX, and of seqcache only ``seqcache.codec``
+and ``seqcache.fs``. Turning a name a user types into cache folders, which
+needs the task registries, is ``seqcache.tasks.registry.resolve_name``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from typing import Any, Sequence
+from typing import Any
 
-from seqcache import format as fmt
+from seqcache import codec
 from seqcache import fs
 
-MANIFEST_NAME = fmt.MANIFEST_NAME
+MANIFEST_NAME = codec.MANIFEST_NAME
 
 
-class UnsafeCachePathError(fmt.CacheError, ValueError):
+class UnsafeCachePathError(codec.CacheError, ValueError):
     """A manifest names a file that is not a plain file name inside its cache
     folder, or a link in the cache leads out of it. A ``CacheError`` (what every
     reader of a cache reports) and a ``ValueError`` (what loading a vocabulary
@@ -63,7 +59,7 @@ def sibling_split(cache_dir: str, split: str) -> str:
 
 
 # True for a non-empty file name with no folder part (see seqcache.format).
-is_plain_name = fmt.is_plain_file_name
+is_plain_name = codec.is_plain_file_name
 
 
 def cache_file(cache_dir: str, name: Any, *, what: str = "file", source: str | None = None) -> str:
@@ -107,7 +103,7 @@ def cache_file(cache_dir: str, name: Any, *, what: str = "file", source: str | N
     return path
 
 
-def named_files(manifest: "fmt.Manifest") -> list[tuple[str, Any]]:
+def named_files(manifest: "codec.Manifest") -> list[tuple[str, Any]]:
     """``(what, name)`` of every file the manifest names, as it names them:
     each shard and provenance sidecar, each vocabulary model, the quarantine
     file (the fields ``shards[i].file``, ``shards[i].provenance_file``,
@@ -124,7 +120,7 @@ def named_files(manifest: "fmt.Manifest") -> list[tuple[str, Any]]:
     return out
 
 
-def check_named_files(cache_dir: str, manifest: "fmt.Manifest") -> None:
+def check_named_files(cache_dir: str, manifest: "codec.Manifest") -> None:
     """``cache_file`` of every file the manifest names (``named_files``): one
     lstat each for a local cache, nothing opened.
 
@@ -133,83 +129,3 @@ def check_named_files(cache_dir: str, manifest: "fmt.Manifest") -> None:
         inside the cache, or a link out of it."""
     for what, name in named_files(manifest):
         cache_file(cache_dir, name, what=what)
-
-
-@dataclasses.dataclass(frozen=True)
-class Resolved:
-    """What a name given by a user stands for.
-
-    Attributes:
-      kind: ``"folder"`` (the name is a cache folder), ``"cache"``
-        (``CACHE_DIR/<name>/<split>`` is a cache), ``"task"`` (a registered
-        task: its cache under ``CACHE_DIR``, built or not) or ``"mixture"`` (a
-        registered mixture).
-      cache_dirs: the cache folder of each task, in the mixture's task order.
-      label: a short name for messages (``"wiki/train"``).
-      mixture: the ``seqcache.tasks.Mixture`` for kind ``"mixture"``, else None.
-    """
-
-    kind: str
-    cache_dirs: tuple[str, ...]
-    label: str
-    mixture: Any = None
-
-
-def resolve_name(name: str, *, split: str, cache_dir: str | None = None,
-                 modules: Sequence[str] = ()) -> Resolved | None:
-    """Resolves ``name``, in this order: a cache folder; ``cache_dir/<name>/<split>``
-    when it is a cache; a task or mixture registered in ``seqcache.tasks``
-    (after importing ``modules``), its caches under ``cache_dir``. Without
-    ``cache_dir`` only the first applies.
-
-    Returns:
-      A ``Resolved``, or None when ``name`` is none of these (the caller says
-      what was tried: ``cache_path(cache_dir, name, split)`` and the registries).
-    """
-    if is_cache(name):
-        return Resolved("folder", (os.fspath(name),), os.fspath(name))
-    if not cache_dir:
-        return None
-    under = cache_path(cache_dir, name, split)
-    if is_cache(under):
-        return Resolved("cache", (under,), f"{name}/{split}")
-    obj = registered(name, modules)
-    if obj is None:
-        return None
-    from seqcache import tasks
-
-    if isinstance(obj, tasks.Mixture):
-        # By name: a mixture's tasks need not be registered where it is read.
-        dirs = tuple(cache_path(cache_dir, n, split) for n in obj.task_names)
-        return Resolved("mixture", dirs, name, obj)
-    return Resolved("task", (cache_path(cache_dir, obj.name, split),), f"{name}/{split}")
-
-
-def registered(name: str, modules: Sequence[str] = ()):
-    """The task or mixture registered as ``name`` after importing ``modules``;
-    None when there is none or ``seqcache.tasks`` cannot be imported
-    (``not_registered`` says why)."""
-    try:
-        from seqcache import tasks
-    except ImportError:
-        return None
-    for module in modules:
-        tasks.import_definitions(module)
-    try:
-        return tasks.get_task_or_mixture(name)
-    except KeyError:
-        return None
-
-
-def not_registered(name: str) -> str:
-    """Why ``name`` is no registered task or mixture, in the registry's words
-    (with close names it knows), for messages after ``resolve_name`` gave None."""
-    try:
-        from seqcache import tasks
-    except ImportError as e:
-        return f"seqcache.tasks cannot be imported to look up {name!r}: {e}"
-    try:
-        tasks.get_task_or_mixture(name)
-    except KeyError as e:
-        return str(e.args[0] if e.args else e)
-    return f"{name!r} is registered"

@@ -41,7 +41,7 @@ import sys
 from typing import Any, Callable, Mapping, Sequence
 
 from seqcache import bounded_json
-from seqcache import format as fmt
+from seqcache import codec
 
 # JSON type name -> the Python test of a value decoded by ``json.loads``.
 _IS = {
@@ -186,7 +186,7 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
         hi = kw.get("maximum", MAX_INTEGER if "minimum" in kw else 2**63)
         if not -2**63 <= value < hi:
             lo = f"{kw['minimum']}" if "minimum" in kw else "-2^63"
-            raise fmt.CacheError(f"{path}: {name} = {_short(value)}, expected an integer in "
+            raise codec.CacheError(f"{path}: {name} = {_short(value)}, expected an integer in "
                                  f"[{lo}, {bounded_json.bound(hi)})")
     if ok and isinstance(value, float) and not math.isfinite(value):
         ok = False
@@ -203,18 +203,18 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
             expected = _what(field.type) + (f" >= {kw['minimum']}" if "minimum" in kw else "")
             if "minItems" in kw and kw.get("maxItems") == kw["minItems"]:
                 expected += f" of {kw['minItems']} items"
-        raise fmt.CacheError(f"{path}: {name} is {_short(value)}, expected {expected}")
+        raise codec.CacheError(f"{path}: {name} is {_short(value)}, expected {expected}")
     if field.fields:
         items = value if isinstance(value, list) else [value] if isinstance(value, dict) else []
         for i, item in enumerate(items):
             prefix = f"{name}[{i}]." if isinstance(value, list) else f"{name}."
             if not isinstance(item, dict):
-                raise fmt.CacheError(f"{path}: {prefix[:-1]} is {_short(item)}, expected a JSON object")
+                raise codec.CacheError(f"{path}: {prefix[:-1]} is {_short(item)}, expected a JSON object")
             for sub in field.fields:
                 if sub.name in item:
                     check_value(sub, item[sub.name], path, prefix)
                 elif sub.required:
-                    raise fmt.CacheError(f"{path}: {prefix[:-1]}: missing field {sub.name!r}")
+                    raise codec.CacheError(f"{path}: {prefix[:-1]}: missing field {sub.name!r}")
     if field.values is not None and isinstance(value, dict):
         for key, member in value.items():
             check_value(field.values, member, path, name=f"{name}.{key}")
@@ -226,43 +226,43 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
 # -- The readers' own checks of some fields (their messages are part of the format's interface).
 
 def _check_format(value, ctx):
-    fmt._require(value == fmt.FORMAT_NAME, ctx["path"], f"format is {_short(value)}, expected {fmt.FORMAT_NAME!r}")
+    codec._require(value == codec.FORMAT_NAME, ctx["path"], f"format is {_short(value)}, expected {codec.FORMAT_NAME!r}")
 
 
 def _check_format_version(value, ctx):
-    fmt._require(
-        value in fmt.READ_FORMAT_VERSIONS and not isinstance(value, bool),
+    codec._require(
+        value in codec.READ_FORMAT_VERSIONS and not isinstance(value, bool),
         ctx["path"],
         f"format_version is {_short(value)}, this seqcache reads versions "
-        f"{', '.join(map(str, fmt.READ_FORMAT_VERSIONS))}: read the cache with the seqcache release that wrote it, "
+        f"{', '.join(map(str, codec.READ_FORMAT_VERSIONS))}: read the cache with the seqcache release that wrote it, "
         "or rebuild it with this one (seqcache build ... --overwrite)",
     )
 
 
 def _check_features(value, ctx):
     path = ctx["path"]
-    fmt._require(isinstance(value, list), path, f"bad features entry: features is {type(value).__name__}, "
+    codec._require(isinstance(value, list), path, f"bad features entry: features is {type(value).__name__}, "
                  "expected a JSON list")
     try:
         for f in value:
             for key, types in (("name", ("string",)), ("vocabulary", ("string",)), ("add_eos", ("boolean",))):
                 if key in f and not any(_IS[t](f[key]) for t in types):
                     raise ValueError(f"{key} is {_short(f[key])}, expected {_what(types)}")
-        return tuple(fmt.FeatureSpec(f["name"], f["dtype"]) for f in value)
+        return tuple(codec.FeatureSpec(f["name"], f["dtype"]) for f in value)
     except (KeyError, TypeError, ValueError) as e:
-        raise fmt.CacheError(f"{path}: bad features entry: {e}") from None
+        raise codec.CacheError(f"{path}: bad features entry: {e}") from None
 
 
 def _check_shards(value, ctx):
     path = ctx["path"]
     if isinstance(value, dict):
         count = value.get("num_shards")
-        fmt._require(not (_IS["integer"](count) and count >= MAX_SHARDS), path,
+        codec._require(not (_IS["integer"](count) and count >= MAX_SHARDS), path,
                      f"shards.num_shards = {_short(count)}, expected an integer in [0, {bounded_json.bound(MAX_SHARDS)})")
-    table = fmt.ShardTable(value, path=path, version=ctx["version"])
+    table = codec.ShardTable(value, path=path, version=ctx["version"])
     if table.version == 2:
         encoding = value.get("encoding")
-        fmt._require(encoding is None or isinstance(encoding, str), path,
+        codec._require(encoding is None or isinstance(encoding, str), path,
                      f"shards.encoding is {_short(encoding)}, expected a string")
     if ctx["check_shards"]:
         table.check_all()
@@ -274,27 +274,27 @@ def _is_token_count(v) -> bool:
 
 
 def _check_sequence_length(value, ctx):
-    fmt._require(_is_token_count(value) or (isinstance(value, dict) and all(map(_is_token_count, value.values()))),
+    codec._require(_is_token_count(value) or (isinstance(value, dict) and all(map(_is_token_count, value.values()))),
                  ctx["path"], f"sequence_length is {_short(value)}, expected null, a token count in [1, "
                  f"{bounded_json.bound(MAX_SEQUENCE_LENGTH)}) or {{feature: token count}}")
 
 
 def _check_quarantine(value, ctx):
-    fmt._require(
-        value in (None, fmt.QUARANTINE_NAME),
+    codec._require(
+        value in (None, codec.QUARANTINE_NAME),
         ctx["path"],
-        f"quarantine is {_short(value)}, expected {fmt.QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)",
+        f"quarantine is {_short(value)}, expected {codec.QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)",
     )
 
 
 def _check_quarantine_num_bytes(value, ctx):
-    fmt._require(value is None or (isinstance(value, int) and not isinstance(value, bool)
+    codec._require(value is None or (isinstance(value, int) and not isinstance(value, bool)
                                    and 0 <= value < MAX_INTEGER),
                  ctx["path"], f"quarantine_num_bytes is {_short(value)}, expected a byte count in [0, 2^53)")
 
 
 def _check_quarantine_sha256(value, ctx):
-    fmt._require(value is None or (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None),
+    codec._require(value is None or (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None),
                  ctx["path"], f"quarantine_sha256 is {_short(value)}, expected 64 hex digits")
 
 
@@ -302,13 +302,13 @@ def _check_quarantine_sha256(value, ctx):
 
 FEATURE_FIELDS = (
     Field("name", ("string",), True, 1, "feature name, e.g. targets or targets_segment_ids"),
-    Field("dtype", ("string",), True, 1, "storage dtype of its elements", {"enum": sorted(fmt._DTYPES)}),
+    Field("dtype", ("string",), True, 1, "storage dtype of its elements", {"enum": sorted(codec._DTYPES)}),
     Field("vocabulary", ("string",), False, 1, "the key of its entry in vocabularies (token features)"),
     Field("add_eos", ("boolean",), False, 1, "whether the task appends EOS to it (token features)"),
 )
 
 CHECKSUM_FILE_FIELDS = (
-    Field("file", ("string",), True, 2, "the shard checksum file's name", {"const": fmt.SHARD_CHECKSUMS_NAME}),
+    Field("file", ("string",), True, 2, "the shard checksum file's name", {"const": codec.SHARD_CHECKSUMS_NAME}),
     Field("num_bytes", ("integer",), True, 2, "its size (bytes)", {"minimum": 0}),
     Field("sha256", ("string",), True, 2, "its sha256, hex", {"pattern": _SHA256_PATTERN}),
 )
@@ -436,9 +436,9 @@ _V2_SHARDS = {"type": "object", **object_schema(SHARD_TABLE_FIELDS)}
 _V1_SHARDS = {"type": "array", "items": {"type": "object", **object_schema(SHARD_ENTRY_FIELDS)}}
 
 MANIFEST_FIELDS = (
-    Field("format", ("string",), True, 1, "the format's name", {"const": fmt.FORMAT_NAME}, check=_check_format),
+    Field("format", ("string",), True, 1, "the format's name", {"const": codec.FORMAT_NAME}, check=_check_format),
     Field("format_version", ("integer",), True, 1, "the version of the cache as a whole: what a reader must understand",
-          {"enum": list(fmt.READ_FORMAT_VERSIONS)}, check=_check_format_version),
+          {"enum": list(codec.READ_FORMAT_VERSIONS)}, check=_check_format_version),
     Field("task", ("string",), True, 1, "the task's name"),
     Field("split", ("string",), True, 1, "the split's name"),
     Field("fingerprint", ("string",), True, 1, "sha256 of the canonical JSON of fingerprint_inputs"),
@@ -467,7 +467,7 @@ MANIFEST_FIELDS = (
     Field("seqcache_version", ("string",), False, 1, "the seqcache release that wrote it"),
     Field("quarantine", ("string", "null"), False, 1, "quarantine.jsonl when records were skipped, repaired or "
           "excluded, else null",
-          {"enum": [fmt.QUARANTINE_NAME, None]}, check=_check_quarantine),
+          {"enum": [codec.QUARANTINE_NAME, None]}, check=_check_quarantine),
     Field("quarantine_num_bytes", ("integer", "null"), False, 1, "the quarantine file's size (bytes)",
           {"minimum": 0}, check=_check_quarantine_num_bytes),
     Field("quarantine_sha256", ("string", "null"), False, 1, "the quarantine file's sha256, hex",
@@ -481,7 +481,7 @@ _CHECK_ORDER = ("format", "format_version", "features", "shards", "quarantine", 
                 "statistics", "sequence_length", "quarantine_num_bytes", "quarantine_sha256")
 
 
-def check_manifest(raw: Any, *, path: str = fmt.MANIFEST_NAME, check_shards: bool = True) -> dict[str, Any]:
+def check_manifest(raw: Any, *, path: str = codec.MANIFEST_NAME, check_shards: bool = True) -> dict[str, Any]:
     """Checks a manifest dict field by field against ``MANIFEST_FIELDS``.
 
     Args:
@@ -500,7 +500,7 @@ def check_manifest(raw: Any, *, path: str = fmt.MANIFEST_NAME, check_shards: boo
         missing (``missing field 'task'``); a field of the wrong JSON type or
         value.
     """
-    fmt._require(isinstance(raw, dict), path, "manifest is not a JSON object")
+    codec._require(isinstance(raw, dict), path, "manifest is not a JSON object")
     ctx = {"path": path, "version": None, "check_shards": check_shards}
     decoded: dict[str, Any] = {}
     order = list(_CHECK_ORDER) + [f.name for f in MANIFEST_FIELDS if f.name not in _CHECK_ORDER]
@@ -508,7 +508,7 @@ def check_manifest(raw: Any, *, path: str = fmt.MANIFEST_NAME, check_shards: boo
         if i == 2:  # after format and format_version: every required field is there
             ctx["version"] = raw["format_version"]
             for f in MANIFEST_FIELDS:
-                fmt._require(not f.required or f.name in raw, path, f"missing field {f.name!r}")
+                codec._require(not f.required or f.name in raw, path, f"missing field {f.name!r}")
         field = FIELDS_BY_NAME[name]
         if name not in raw and not field.required:
             continue
@@ -541,23 +541,23 @@ def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
     inputs = raw.get("fingerprint_inputs")
     if inputs is None:
         return
-    actual = fmt.fingerprint_of(inputs)
+    actual = codec.fingerprint_of(inputs)
     fingerprint = raw["fingerprint"]
     shown = repr(fingerprint) if len(fingerprint) <= 80 else _short(fingerprint)  # a sha256 is 64 characters
-    fmt._require(fingerprint == actual, path,
+    codec._require(fingerprint == actual, path,
                  f"fingerprint = {shown}, but the sha256 of fingerprint_inputs is {actual!r}: "
                  "the manifest was edited or damaged; rebuild the cache")
     recorded = inputs.get("record_features")
     if recorded is None:
         return
     table = [[f.name, f.dtype] for f in features]
-    fmt._require(recorded == table, path,
+    codec._require(recorded == table, path,
                  f"features = {_short(table)} (name, dtype), but fingerprint_inputs.record_features = "
                  f"{_short(recorded)}: the features table must list the recorded features with their dtypes in "
                  "record order; the manifest was edited or damaged; rebuild the cache")
 
 
-def _check_counts(raw: Mapping[str, Any], table: "fmt.ShardTable", path: str, features, *,
+def _check_counts(raw: Mapping[str, Any], table: "codec.ShardTable", path: str, features, *,
                   check_shards: bool) -> None:
     """Refuses a manifest whose counts contradict each other: a shard's
     record count out of range; ``num_examples`` or ``statistics.examples``
@@ -573,19 +573,19 @@ def _check_counts(raw: Mapping[str, Any], table: "fmt.ShardTable", path: str, fe
     counts = table.num_records
     if len(counts) and int(counts.max()) >= MAX_SHARD_RECORDS:
         i = int(np.argmax(counts >= MAX_SHARD_RECORDS))
-        raise fmt.CacheError(f"{path}: shards[{i}].num_records = {int(counts[i])}, expected an integer in "
+        raise codec.CacheError(f"{path}: shards[{i}].num_records = {int(counts[i])}, expected an integer in "
                              f"[0, {bounded_json.bound(MAX_SHARD_RECORDS)})")
     total = int(counts.sum(dtype=np.int64))
     for name, value in (("num_examples", raw.get("num_examples")),
                         ("statistics.examples", (raw.get("statistics") or {}).get("examples"))):
-        fmt._require(value is None or value == total, path,
+        codec._require(value is None or value == total, path,
                      f"{name} = {value}, but the shard table's record counts add up to {total:,}: the manifest "
                      "contradicts itself (edited or damaged); rebuild the cache")
     if check_shards:
         check_shard_sizes(raw, table, path, features)
 
 
-def check_shard_sizes(raw: Mapping[str, Any], table: "fmt.ShardTable", path: str, features) -> None:
+def check_shard_sizes(raw: Mapping[str, Any], table: "codec.ShardTable", path: str, features) -> None:
     """(Uncompressed shards) Refuses a shard whose byte size cannot hold its
     records: each record holds at least a 4-byte length per feature, each
     provenance record 12 bytes. Decodes every shard's sizes (what
@@ -606,11 +606,11 @@ def check_shard_sizes(raw: Mapping[str, Any], table: "fmt.ShardTable", path: str
         data_bytes = np.array([s.num_bytes for s in table], np.int64)
         prov_bytes = np.array([s.provenance_num_bytes for s in table], np.int64)
     for key, sizes, per_record in (("num_bytes", data_bytes, 4 * max(len(features), 1)),
-                                   ("provenance_num_bytes", prov_bytes, 4 * len(fmt.PROVENANCE_FEATURES))):
+                                   ("provenance_num_bytes", prov_bytes, 4 * len(codec.PROVENANCE_FEATURES))):
         short_of = counts * per_record > sizes
         if short_of.any():
             i = int(np.argmax(short_of))
-            raise fmt.CacheError(
+            raise codec.CacheError(
                 f"{path}: shards[{i}]: {int(counts[i]):,} records need at least {int(counts[i]) * per_record:,} "
                 f"bytes, but {key} = {int(sizes[i]):,}: the manifest contradicts itself (edited or damaged); "
                 "rebuild the cache")
@@ -656,7 +656,7 @@ def json_schema() -> dict:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "seqcache cache manifest (manifest.json)",
         "description": f"Generated from seqcache/manifest.py (python -m seqcache.manifest --write); "
-                       f"format versions {', '.join(map(str, fmt.READ_FORMAT_VERSIONS))}. See docs/cache-format.md.",
+                       f"format versions {', '.join(map(str, codec.READ_FORMAT_VERSIONS))}. See docs/cache-format.md.",
         "type": "object",
         **object_schema(MANIFEST_FIELDS),
         "allOf": [{

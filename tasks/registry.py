@@ -3,18 +3,23 @@
 User code registers tasks at import time (``TaskRegistry.add("name", source=...,
 output_features=...)``); the ``seqcache build`` command imports the user's module
 (``import_definitions``) and looks the name up with ``get_task_or_mixture``.
+``resolve_name`` turns what a user types (a cache folder, a task name under
+``CACHE_DIR``, a registered task or mixture) into cache folders, the same way
+for ``seqcache train`` and ``seqcache which``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import importlib
 import importlib.util
 import os
 import sys
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Sequence, TypeVar
 
+from seqcache import layout
 from seqcache.tasks.mixture import Mixture
 from seqcache.tasks.task import Task
 
@@ -167,3 +172,72 @@ def import_definitions(module_or_path: str) -> None:
             "pass the file's path (my_tasks.py) or add its folder to PYTHONPATH",
             name=e.name,
         ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """What a name given by a user stands for.
+
+    Attributes:
+      kind: ``"folder"`` (the name is a cache folder), ``"cache"``
+        (``CACHE_DIR/<name>/<split>`` is a cache), ``"task"`` (a registered
+        task: its cache under ``CACHE_DIR``, built or not) or ``"mixture"`` (a
+        registered mixture).
+      cache_dirs: the cache folder of each task, in the mixture's task order.
+      label: a short name for messages (``"wiki/train"``).
+      mixture: the ``seqcache.tasks.Mixture`` for kind ``"mixture"``, else None.
+    """
+
+    kind: str
+    cache_dirs: tuple[str, ...]
+    label: str
+    mixture: Any = None
+
+
+def resolve_name(name: str, *, split: str, cache_dir: str | None = None,
+                 modules: Sequence[str] = ()) -> Resolved | None:
+    """Resolves ``name``, in this order: a cache folder; ``cache_dir/<name>/<split>``
+    when it is a cache; a task or mixture registered in ``seqcache.tasks``
+    (after importing ``modules``), its caches under ``cache_dir``. Without
+    ``cache_dir`` only the first applies.
+
+    Returns:
+      A ``Resolved``, or None when ``name`` is none of these (the caller says
+      what was tried: ``seqcache.layout.cache_path(cache_dir, name, split)`` and the registries).
+    """
+    if layout.is_cache(name):
+        return Resolved("folder", (os.fspath(name),), os.fspath(name))
+    if not cache_dir:
+        return None
+    under = layout.cache_path(cache_dir, name, split)
+    if layout.is_cache(under):
+        return Resolved("cache", (under,), f"{name}/{split}")
+    obj = registered(name, modules)
+    if obj is None:
+        return None
+    if isinstance(obj, Mixture):
+        # By name: a mixture's tasks need not be registered where it is read.
+        dirs = tuple(layout.cache_path(cache_dir, n, split) for n in obj.task_names)
+        return Resolved("mixture", dirs, name, obj)
+    return Resolved("task", (layout.cache_path(cache_dir, obj.name, split),), f"{name}/{split}")
+
+
+def registered(name: str, modules: Sequence[str] = ()):
+    """The task or mixture registered as ``name`` after importing ``modules``;
+    None when there is none (``not_registered`` says why)."""
+    for module in modules:
+        import_definitions(module)
+    try:
+        return get_task_or_mixture(name)
+    except KeyError:
+        return None
+
+
+def not_registered(name: str) -> str:
+    """Why ``name`` is no registered task or mixture, in the registry's words
+    (with close names it knows), for messages after ``resolve_name`` gave None."""
+    try:
+        get_task_or_mixture(name)
+    except KeyError as e:
+        return str(e.args[0] if e.args else e)
+    return f"{name!r} is registered"

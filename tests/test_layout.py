@@ -1,6 +1,6 @@
-"""seqcache.layout: CACHE_DIR/<task>/<split>, what a cache is, and one
-resolution of a name to cache folders, shared by `seqcache train` and
-`seqcache which`."""
+"""seqcache.layout: CACHE_DIR/<task>/<split> and what a cache is; and one
+resolution of a name to cache folders (seqcache.tasks.registry), shared by
+`seqcache train` and `seqcache which`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import layout, tasks
+from seqcache.tasks import registry
 from seqcache.cli import main
 
 
@@ -47,19 +48,19 @@ def test_paths_and_what_a_cache_is(tmp_path):
 def test_resolve_name_in_order(tmp_path, registered):
     root = str(tmp_path)
     folder = _fake_cache(tmp_path / "other" / "x")
-    assert layout.resolve_name(folder, split="train") == layout.Resolved("folder", (folder,), folder)
-    assert layout.resolve_name("lay_a", split="train") is None  # names need a cache_dir
+    assert registry.resolve_name(folder, split="train") == registry.Resolved("folder", (folder,), folder)
+    assert registry.resolve_name("lay_a", split="train") is None  # names need a cache_dir
     under = _fake_cache(tmp_path / "built" / "train")
-    assert layout.resolve_name("built", split="train", cache_dir=root) == layout.Resolved(
+    assert registry.resolve_name("built", split="train", cache_dir=root) == registry.Resolved(
         "cache", (under,), "built/train")
     # A registered task: its cache under the root, built or not.
-    assert layout.resolve_name("lay_a", split="dev", cache_dir=root) == layout.Resolved(
+    assert registry.resolve_name("lay_a", split="dev", cache_dir=root) == registry.Resolved(
         "task", (os.path.join(root, "lay_a", "dev"),), "lay_a/dev")
-    mix = layout.resolve_name("lay_mix", split="train", cache_dir=root)
+    mix = registry.resolve_name("lay_mix", split="train", cache_dir=root)
     assert mix.kind == "mixture" and mix.mixture is tasks.get_task_or_mixture("lay_mix")
     assert mix.cache_dirs == (os.path.join(root, "lay_a", "train"), os.path.join(root, "lay_b", "train"))
-    assert layout.resolve_name("lay_nope", split="train", cache_dir=root) is None
-    assert "lay_nope" in layout.not_registered("lay_nope")
+    assert registry.resolve_name("lay_nope", split="train", cache_dir=root) is None
+    assert "lay_nope" in registry.not_registered("lay_nope")
 
 
 def test_train_and_which_resolve_a_name_alike(tmp_path, registered):

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from seqcache import format as fmt
 from seqcache import layout
+from seqcache.tasks import registry
 from seqcache.feeders import compat
 from seqcache.training.config import ConfigError, DataConfig, TrainConfig
 
@@ -191,7 +192,7 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), 
     task = data.task
     if not task:
         raise ConfigError("no training data: give --task (a cache folder, task or mixture name) or data.mixture")
-    found = layout.resolve_name(task, split=split, cache_dir=data.cache_dir, modules=modules)
+    found = registry.resolve_name(task, split=split, cache_dir=data.cache_dir, modules=modules)
     if found is not None and found.kind == "folder" and split != data.split:
         # A cache folder is one split; the sibling folder holds the other one.
         sibling = layout.sibling_split(task, split)

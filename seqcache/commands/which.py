@@ -10,6 +10,7 @@ import click
 
 from seqcache import format as fmt
 from seqcache import layout
+from seqcache.tasks import registry
 
 
 def _parse_rates(pairs, root: str) -> list[tuple[str, float]]:
@@ -134,11 +135,11 @@ def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed,
         )
     # A task cache under --cache-dir, or a registered task or mixture name: as
     # `seqcache train --task NAME --cache-dir DIR` finds it.
-    found = layout.resolve_name(target, split=split, cache_dir=cache_dir, modules=modules)
+    found = registry.resolve_name(target, split=split, cache_dir=cache_dir, modules=modules)
     if found is None:
         under = layout.cache_path(cache_dir, target, split)
         raise click.UsageError(
-            f"no such file or folder: {target}; no cache at {under}; and {layout.not_registered(target)}"
+            f"no such file or folder: {target}; no cache at {under}; and {registry.not_registered(target)}"
         )
     if found.kind == "mixture":
         return {"mixture": found.mixture, "caches_root": cache_dir, "split": split, **common_kw}

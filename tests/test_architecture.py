@@ -1,0 +1,149 @@
+"""The import structure of the package (docs/architecture.md, "Dependency
+rules"), read from the source with ``ast``: every ``import`` counts, those
+inside functions too, so that a lazy import cannot hide a cycle.
+
+The core (``CORE``: the codec, the manifest's fields, the layout, the format,
+the file system, bounded JSON, compression) is in no import cycle, and imports
+nothing of seqcache but the core: never the areas (tasks, pipelines, feeders,
+training) nor the application (the CLI and its commands, verify, report).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Module prefix -> source folder, relative to the repository root (pyproject's package-dir).
+PACKAGE_DIRS = {
+    "seqcache": "seqcache",
+    "seqcache.tasks": "tasks",
+    "seqcache.pipelines": "pipelines",
+    "seqcache.feeders": "feeders",
+    "seqcache.training": "training",
+}
+CORE = frozenset({
+    "seqcache.codec", "seqcache.compression", "seqcache.fs", "seqcache.bounded_json", "seqcache.manifest",
+    "seqcache.layout", "seqcache.format",
+})
+
+
+def package_modules(root: pathlib.Path = ROOT, package_dirs=PACKAGE_DIRS) -> dict[str, pathlib.Path]:
+    """Module name -> source file of every module of the package under ``root``
+    (a package's ``__init__.py`` under the package's name)."""
+    modules = {}
+    for prefix, folder in package_dirs.items():
+        base = root / folder
+        for path in sorted(base.rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            name = ".".join([prefix, *parts])
+            if name in modules and modules[name] != path:  # seqcache/ holds no area folder: one source each
+                raise AssertionError(f"{name}: two source files, {modules[name]} and {path}")
+            modules[name] = path
+    return modules
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """The module names an ``import`` or ``from ... import`` node names, relative
+    imports resolved (``from seqcache import fs`` names ``seqcache`` and
+    ``seqcache.fs``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        package = package[:len(package) - (node.level - 1)]
+        base = ".".join(package + ([node.module] if node.module else []))
+    else:
+        base = node.module
+    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+
+
+def import_graph(root: pathlib.Path = ROOT, package_dirs=PACKAGE_DIRS) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports anywhere in its source (at
+    the top, inside functions, under ``if``), not counting the packages that
+    contain it (importing ``seqcache.fs`` runs ``seqcache/__init__.py``, which
+    imports nothing of the package)."""
+    modules = package_modules(root, package_dirs)
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(m for m in _imported(node, name, path.name == "__init__.py") if m in modules)
+        graph[name] = {m for m in found if m != name and not name.startswith(m + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one
+    module (each an import cycle, or several sharing modules), sorted
+    (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return sorted(out)
+
+
+def test_the_package_modules_are_found():
+    modules = package_modules()
+    assert CORE <= set(modules), f"core modules without a source file: {sorted(CORE - set(modules))}"
+    assert {"seqcache.tasks", "seqcache.pipelines.build", "seqcache.feeders.feeder", "seqcache.cli"} <= set(modules)
+
+
+def test_the_cycle_finder_counts_imports_inside_functions(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg import b\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from . import c\n")
+    (tmp_path / "pkg" / "c.py").write_text("import pkg.a\n")
+    (tmp_path / "pkg" / "d.py").write_text("from pkg import a, b\n")
+    graph = import_graph(tmp_path, {"pkg": "pkg"})
+    assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.a"},
+                     "pkg.d": {"pkg.a", "pkg.b"}}
+    assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+    (tmp_path / "pkg" / "c.py").write_text("import numpy\n")
+    assert cycles(import_graph(tmp_path, {"pkg": "pkg"})) == []
+
+
+def test_the_core_is_in_no_import_cycle():
+    bad = [c for c in cycles(import_graph()) if CORE & set(c)]
+    assert not bad, f"import cycles through the core (docs/architecture.md, Dependency rules): {bad}"
+
+
+def test_the_core_imports_only_the_core():
+    graph = import_graph()
+    bad = {m: sorted(graph[m] - CORE) for m in sorted(CORE) if graph[m] - CORE}
+    assert not bad, f"core modules importing above the core (docs/architecture.md, Dependency rules): {bad}"

@@ -63,11 +63,6 @@ def own_process() -> None:
     _own_process = True
 
 
-def is_own_process() -> bool:
-    """Whether ``own_process`` has marked this process as one of seqcache's own."""
-    return _own_process
-
-
 # glibc's malloc: blocks from this size on get their own mapping (the most its
 # own adaptive rule reaches), and free memory at the top of a heap is given back
 # to the system from this size on (see ``tune_allocator``).

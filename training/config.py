@@ -542,8 +542,6 @@ def _parse_scalar(text: str, tp: Any, key: str = "override") -> Any:
         pass
     except ValueError:  # an integer of more digits than int() converts
         raise ConfigError(f"override {key!r}: {_short(text)} is out of range") from None
-    else:
-        pass
     return text  # a bare string
 
 

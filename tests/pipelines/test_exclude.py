@@ -144,6 +144,26 @@ def test_planted_items_are_all_excluded_with_their_benchmark_item_and_ngram(tmp_
     kept = collections.Counter(d for i, d in enumerate(docs) if i not in excluded)
     assert _decoded(result.cache_dir) == kept
     assert verify_cache(result.cache_dir).ok
+    _verify_names_a_changed_quarantine(result.cache_dir)
+
+
+def _verify_names_a_changed_quarantine(cache_dir):
+    """verify counts the excluded entries, in all and per benchmark, against the manifest."""
+    path = os.path.join(cache_dir, fmt.QUARANTINE_NAME)
+    manifest = os.path.join(cache_dir, fmt.MANIFEST_NAME)
+    raw = json.load(open(manifest))
+    for key in ("quarantine_sha256", "quarantine_num_bytes"):  # as in caches that did not record them
+        raw.pop(key)
+    json.dump(raw, open(manifest, "w"))
+    lines = open(path, "rb").readlines()
+    first = json.loads(lines[0])
+    assert first["benchmarks"] == ["ntrex", "subset"]
+    open(path, "wb").write(b"".join(lines[1:]))
+    assert verify_cache(cache_dir).problems == [
+        f"{path}: 5 entries with action 'excluded', the manifest's statistics.excluded_records is 6",
+        f"{path}: excluded entries per benchmark {{'ntrex': 5, 'subset': 1}}, the manifest's "
+        "statistics.excluded_by_benchmark is {'ntrex': 6, 'subset': 2}",
+    ]
 
 
 def test_a_disjoint_pair_excludes_nothing(tmp_path, planted):

@@ -258,7 +258,7 @@ def test_verify_names_an_edited_quarantine_and_reads_older_manifests(quarantined
     assert verify_cache(quarantined).ok
     open(path, "wb").write(b"".join(lines[:-1]) + b"not json\n")
     assert verify_cache(quarantined).problems == [
-        f"{path}: line 3 is not a quarantine entry with action 'skipped' or 'replaced': 'not json'",
+        f"{path}: line 3 is not a quarantine entry with action 'skipped', 'replaced' or 'excluded': 'not json'",
         f"{path}: 1 entries with action 'skipped', the manifest's statistics.skipped_records is 2",
     ]
 

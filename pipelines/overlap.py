@@ -3,7 +3,8 @@
 What is scanned is what the model sees: the cache's examples, decoded with the
 vocabulary stored in the cache, segment by segment (a packed example holds
 several source records), every text feature (``inputs`` and ``targets`` of a
-supervised or span-corruption cache each on its own), with each segment's
+supervised cache each on its own; a span-corrupted example's two put back
+together into its text), with each segment's
 provenance (source file and record) from the cache's provenance sidecar. The
 matching is ``seqcache.tasks.contamination.Benchmark.match``.
 
@@ -138,6 +139,10 @@ def scan_range(bench, reader, *, task_index: int, start: int, stop: int,
     Each example is decoded with the cache's vocabulary, each segment of each
     text feature on its own (``seqcache.feeders.provenance.segments_of``;
     sentinels shown as ``<extra_id_i>``), and looked up with ``bench.match``.
+    A span-corrupted example (``inputs`` and ``targets`` of one vocabulary with
+    extra ids, both holding sentinels) is scanned as one text, feature
+    ``"inputs+targets"``: its noise spans put back into the inputs
+    (``merge_span_corruption``), the document as the model saw it in two parts.
 
     Args:
       bench: a ``seqcache.tasks.contamination.Benchmark``.
@@ -156,27 +161,79 @@ def scan_range(bench, reader, *, task_index: int, start: int, stop: int,
       seqcache.format.CacheError: a record or provenance record cannot be read.
       ValueError: the vocabulary cannot be rebuilt from the cache.
     """
-    from seqcache.feeders.provenance import decode_with_sentinels, segments_of
+    from seqcache.feeders.provenance import decode_with_sentinels
 
     features = list(text_features(reader.manifest) if features is None else features)
     vocabs = _vocabularies(reader, features)
+    merge = _span_corruption_pair(reader.manifest, features)
     counts = {"examples": 0, "segments": 0, "tokens": 0, "characters": 0}
     found: list[tuple[int, str, int, str, list]] = []
     for lo in range(start, stop, READ_BATCH):
         idx = np.arange(lo, min(stop, lo + READ_BATCH), dtype=np.int64)
         for i, record in zip(idx.tolist(), reader.read(idx)):
-            example = reader.decode(record, i)
             counts["examples"] += 1
-            for f in features:
-                for j, ids in enumerate(segments_of(example, f)):
-                    text = decode_with_sentinels(vocabs[f], ids.tolist())
-                    counts["segments"] += 1
-                    counts["tokens"] += int(ids.size)
-                    counts["characters"] += len(text)
-                    matches = bench.match(text)
-                    if matches:
-                        found.append((i, f, j, text, matches))
+            for label, j, ids in _segments(reader.decode(record, i), features, vocabs, merge):
+                text = decode_with_sentinels(vocabs[label.partition("+")[0]], ids)
+                counts["segments"] += 1
+                counts["tokens"] += len(ids)
+                counts["characters"] += len(text)
+                matches = bench.match(text)
+                if matches:
+                    found.append((i, label, j, text, matches))
     return _with_sources(reader, found, task_index), counts
+
+
+def _span_corruption_pair(manifest, features: Sequence[str]) -> tuple[int, int] | None:
+    """The sentinel id range ``[first, end)`` when ``inputs`` and ``targets`` are
+    both scanned and share a vocabulary with extra ids (span corruption's
+    layout: ``_segments`` then merges them where both hold sentinels), else None."""
+    vocabularies = manifest.vocabularies
+    if not {"inputs", "targets"} <= set(features) or vocabularies["inputs"] != vocabularies["targets"]:
+        return None
+    extra = int(vocabularies["inputs"].get("extra_ids") or 0)
+    size = vocabularies["inputs"].get("vocab_size")
+    if not extra or not size:
+        return None
+    return int(size) - extra, int(size)
+
+
+def merge_span_corruption(inputs: Sequence[int], targets: Sequence[int], first: int, end: int) -> list[int] | None:
+    """The text T5's span corruption cut into ``inputs`` and ``targets``, put
+    back: each sentinel of ``inputs`` (ids in ``[first, end)``) replaced by the
+    ids that follow the same sentinel in ``targets``. None when either holds no
+    sentinel (not span corruption). Raffel et al. 2020, section 3.1.4."""
+    spans: dict[int, list[int]] = {}
+    current = None
+    for t in targets:
+        if first <= t < end:
+            current = spans.setdefault(t, [])
+        elif current is not None:
+            current.append(t)
+    if not spans or not any(first <= t < end for t in inputs):
+        return None
+    out: list[int] = []
+    for t in inputs:
+        if first <= t < end:
+            out.extend(spans.get(t, ()))
+        else:
+            out.append(t)
+    return out
+
+
+def _segments(example: Mapping, features: Sequence[str], vocabs: Mapping, merge) -> Iterator[tuple[str, int, list]]:
+    """``(feature, segment index, token ids)`` of each segment of each scanned
+    feature of one decoded example; for span corruption (``merge``: the sentinel
+    range) one ``"inputs+targets"`` text per segment, the spans put back."""
+    from seqcache.feeders.provenance import segments_of
+
+    per = {f: [ids.tolist() for ids in segments_of(example, f)] for f in features}
+    if merge is not None:
+        merged = [merge_span_corruption(a, b, *merge) for a, b in zip(per["inputs"], per["targets"])]
+        if merged and all(m is not None for m in merged):
+            per = {"inputs+targets": merged, **{f: v for f, v in per.items() if f not in ("inputs", "targets")}}
+    for f, segs in per.items():
+        for j, ids in enumerate(segs):
+            yield f, j, ids
 
 
 def _with_sources(reader, found: list, task_index: int) -> list[dict]:

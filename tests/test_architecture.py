@@ -147,3 +147,16 @@ def test_the_core_imports_only_the_core():
     graph = import_graph()
     bad = {m: sorted(graph[m] - CORE) for m in sorted(CORE) if graph[m] - CORE}
     assert not bad, f"core modules importing above the core (docs/architecture.md, Dependency rules): {bad}"
+
+
+def test_the_format_re_exports_every_name_of_the_codec():
+    import types
+
+    from seqcache import codec
+    from seqcache import format as fmt
+
+    names = [n for n, v in vars(codec).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)
+             and getattr(v, "__module__", codec.__name__) == codec.__name__]
+    assert {"CacheError", "FeatureSpec", "encode_batch", "ShardTable", "MANIFEST_NAME"} <= set(names)
+    missing = [n for n in names if getattr(fmt, n, None) is not getattr(codec, n)]
+    assert not missing, f"seqcache.format does not re-export these names of seqcache.codec: {missing}"

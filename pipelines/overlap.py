@@ -67,28 +67,32 @@ def text_features(manifest) -> list[str]:
             if not f.name.endswith(("_segment_ids", "_positions")) and vocabularies.get(f.name)]
 
 
-def plan_units(paths: Sequence[str], shard_starts: Sequence[np.ndarray], *,
-               unit_examples: int = UNIT_EXAMPLES) -> list[tuple[int, int, str, int, int]]:
-    """The work units of a scan: ``(unit, task_index, cache path, start, stop)``,
-    cache indices ``[start, stop)`` of one shard of one cache, at most
-    ``unit_examples`` each, numbered 0.. in (task, index) order.
+def plan_units(paths: Sequence[str], shard_starts: Sequence[np.ndarray], *, fingerprints: Sequence[str] | None = None,
+               unit_examples: int = UNIT_EXAMPLES) -> list[tuple[int, int, str, str | None, int, int]]:
+    """The work units of a scan: ``(unit, task_index, cache path, cache
+    fingerprint, start, stop)``, cache indices ``[start, stop)`` of one shard of
+    one cache, at most ``unit_examples`` each, numbered 0.. in (task, index)
+    order.
 
     Args:
       paths: the caches, in mixture order.
       shard_starts: per cache, its manifest's ``shard_starts`` (int64,
         ``(num_shards + 1,)``).
+      fingerprints: per cache, its fingerprint (a worker refuses a cache
+        rebuilt since), or None.
 
     Raises:
       ValueError: ``unit_examples < 1``.
     """
     if unit_examples < 1:
         raise ValueError(f"unit_examples must be >= 1 (got {unit_examples})")
+    fingerprints = list(fingerprints) if fingerprints is not None else [None] * len(paths)
     units = []
     for t, (path, starts) in enumerate(zip(paths, shard_starts)):
         bounds = [int(x) for x in starts]
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             for start in range(lo, hi, unit_examples):
-                units.append((len(units), t, path, start, min(hi, start + unit_examples)))
+                units.append((len(units), t, path, fingerprints[t], start, min(hi, start + unit_examples)))
     return units
 
 
@@ -258,7 +262,7 @@ def _with_sources(reader, found: list, task_index: int) -> list[dict]:
 
 class ScanUnit:
     """The scan step (a ``beam.FlatMap`` callable): a work unit ``(unit,
-    task_index, cache, start, stop)`` in, its matches and counts written to
+    task_index, cache, fingerprint, start, stop)`` in, its matches and counts written to
     ``scratch_dir/unit-NNNNNNN.json``, ``(0, unit)`` out. Readers stay open in
     the worker process for its later units of the same cache."""
 
@@ -269,12 +273,22 @@ class ScanUnit:
         self.scratch_dir = scratch_dir
         self.fs_options = list(fs_options)
 
-    def _reader(self, path: str):
+    def _reader(self, path: str, fingerprint: str | None):
+        """The process's open reader of ``path`` (the last few caches stay open),
+        refused when the cache is not the one the scan was planned on."""
         from seqcache.feeders.reader import CacheReader
 
         reader = self._readers.get(path)
+        if reader is not None and fingerprint is not None and reader.fingerprint != fingerprint:
+            self._readers.pop(path).close()
+            reader = None
         if reader is None:
+            if len(self._readers) >= 8:
+                self._readers.pop(next(iter(self._readers))).close()
             reader = self._readers[path] = CacheReader(path, open_shards=False)
+        if fingerprint is not None and reader.fingerprint != fingerprint:
+            raise ValueError(f"{path}: the cache was rebuilt while the scan ran (fingerprint {reader.fingerprint[:12]}, "
+                             f"the scan started with {fingerprint[:12]}); run the scan again")
         return reader
 
     def __call__(self, unit) -> Iterator[tuple[int, int]]:
@@ -282,9 +296,10 @@ class ScanUnit:
 
         set_worker_options(self.fs_options)
         settle_worker()
-        number, task_index, path, start, stop = unit
+        number, task_index, path, fingerprint, start, stop = unit
         bench = self.bench.load()
-        matches, counts = scan_range(bench, self._reader(path), task_index=task_index, start=start, stop=stop)
+        matches, counts = scan_range(bench, self._reader(path, fingerprint), task_index=task_index, start=start,
+                                     stop=stop)
         counts["unit"] = number
         _write_json_atomically(unit_path(self.scratch_dir, number), {"counts": counts, "matches": matches})
         yield 0, int(number)
@@ -647,7 +662,8 @@ def find_overlap(bench, opened, *, pipeline_args=None, scratch_parent: str | Non
         if not info["features"]:
             raise ValueError(f"{info['cache']}: no token feature with a stored vocabulary to decode; the scan "
                              "reads text")
-    units = plan_units(opened.paths, [r.shard_starts for r in opened.readers], unit_examples=unit_examples)
+    units = plan_units(opened.paths, [r.shard_starts for r in opened.readers],
+                       fingerprints=[r.fingerprint for r in opened.readers], unit_examples=unit_examples)
     ref = BenchmarkRef(bench.name, n=bench.n, min_words=bench.min_words, fingerprint=bench.fingerprint)
     scratch = tempfile.mkdtemp(prefix=".overlap-", dir=scratch_parent)
     try:

@@ -96,25 +96,54 @@ class Exclusion:
     def find(self, records, positions: Sequence[int]) -> Iterator[tuple[int, str, dict]]:
         """The records at ``positions`` of ``records`` (a ``RecordBatch``) that
         overlap a benchmark, in order: ``(position, message, entry fields)``,
-        where the entry fields are those of the module docstring."""
+        where the entry fields are those of the module docstring.
+
+        The words of every text value of the batch are hashed at once and looked
+        up in each benchmark with one ``Benchmark.hits`` call over their
+        concatenation; a hit that spans two texts is not a match and is dropped.
+        """
+        import numpy as np
+
         from seqcache.tasks import contamination
 
+        texts = []  # (position, field, text), in record then field order
+        words: list[str] = []
+        bounds = [0]
         for i in positions:
-            record = records[i]
-            texts = [(key, value) for key, value in record.data.items() if isinstance(value, str)]
-            hashes = [contamination.word_hashes(contamination.normalize_words(text)) for _, text in texts]
-            names, first = [], None
-            for benchmark in self.benchmarks:
-                for (key, text), h in zip(texts, hashes):
-                    if not benchmark.hits(h):
-                        continue
-                    if first is None:
-                        match = min(benchmark.match(text), key=lambda m: (m.start, m.item))
-                        first = (benchmark, key, match)
-                    names.append(benchmark.name)
-                    break
-            if first is not None:
-                yield (i, *_entry(names, *first))
+            for key, value in records[i].data.items():
+                if isinstance(value, str):
+                    texts.append((i, key, value))
+                    words.extend(contamination.normalize_words(value))
+                    bounds.append(len(words))
+        if not words:
+            return
+        hashes = contamination.word_hashes(words)
+        ends = np.asarray(bounds[1:], dtype=np.int64)
+        overlapping: dict[int, list] = {}  # text number -> benchmarks it overlaps, by name
+        for benchmark in self.benchmarks:
+            hit = {int(t) for _, start, k in benchmark.hits(hashes)
+                   for t in [np.searchsorted(ends, start, side="right")] if start + k <= ends[t]}
+            for t in sorted(hit):
+                overlapping.setdefault(t, []).append(benchmark)
+        by_record: dict[int, list] = {}
+        for t in sorted(overlapping):
+            by_record.setdefault(texts[t][0], []).append(t)
+        for i, numbers in by_record.items():
+            yield (i, *_first_match(texts, numbers, overlapping))
+
+
+def _first_match(texts, numbers: list[int], overlapping: dict[int, list]) -> tuple[str, dict]:
+    """The entry of a record whose texts ``numbers`` (indices into ``texts``)
+    overlap the benchmarks ``overlapping[number]``: every benchmark by name,
+    and the first match (by start, then item) of the first benchmark in the
+    first of its texts that overlaps it."""
+    benchmarks = {b.name: b for t in numbers for b in overlapping[t]}
+    names = sorted(benchmarks)
+    first = benchmarks[names[0]]
+    t = next(t for t in numbers if first in overlapping[t])
+    _, key, text = texts[t]
+    match = min(first.match(text), key=lambda m: (m.start, m.item))
+    return _entry(names, first, key, match)
 
 
 def _entry(names: list[str], benchmark, field: str, match) -> tuple[str, dict]:

@@ -270,9 +270,23 @@ def test_the_command_line_excludes_counts_and_refuses_what_does_not_fit(tmp_path
     assert "excluded 6 records that overlap benchmarks (ntrex 6)" in text.stderr
     assert "quarantine.jsonl" in text.stderr
 
+    info = runner.invoke(main, ["info", str(tmp_path / "c" / "c4_cli" / "train")])
+    assert "6 records overlapping benchmark ntrex" in info.output
+
     usage = runner.invoke(main, args[:-3] + ["--exclude", f"text:{folder / 'ntrex.txt'}"])
     assert usage.exit_code == 2 and "--exclude-benchmark text:" in usage.output
     usage = runner.invoke(main, args[:-3] + ["--exclude-ngram", "8"])
     assert usage.exit_code == 2 and "--exclude-ngram applies to --exclude-benchmark" in usage.output
     missing = runner.invoke(main, args[:-2] + ["text:/nonexistent/bench-*.txt"])
     assert missing.exit_code == 2 and "--exclude-benchmark" in missing.output and "bench-*.txt" in missing.output
+
+
+def test_a_build_whose_every_record_overlaps_says_so(tmp_path, planted):
+    folder = planted[0]
+    corpus = tmp_path / "items.txt"
+    corpus.write_text((folder / "subset.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    config = BuildConfig(num_shards=1, exclude_benchmarks=(_bench(folder),))
+    with pytest.raises(BuildError, match=r"zero examples from 2 source records .*2 excluded for overlapping "
+                                         r"\{'ntrex': 2\}"):
+        build_task(byte_task("all_out", tasks.TextLineSource(str(corpus))), cache_dir=str(tmp_path / "c"),
+                   config=config)

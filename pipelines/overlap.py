@@ -551,33 +551,47 @@ def to_json_bytes(result: Mapping) -> bytes:
     return (json.dumps(result, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-# Columns of a Parquet result, one row per listed match.
-PARQUET_COLUMNS = ("item", "item_source", "item_location", "task_index", "task", "cache_index", "feature", "segment",
-                   "source", "locator", "record_number", "location", "token_offset", "start", "end", "span", "ngram",
-                   "ngrams", "epoch", "step", "row", "host", "host_row", "position")
+# Columns of a Parquet result, one row per listed match: the item, the match
+# (``_item_entry``'s keys, in order), then its example's first read.
+_MATCH_COLUMNS = ("task_index", "task", "cache_index", "feature", "segment", "start", "end", "source_index", "source",
+                  "locator", "record_number", "token_offset", "span", "ngram", "ngrams", "location")
+_SEEN_COLUMNS = ("epoch", "ordinal", "position", "step", "row", "host", "host_row")
+PARQUET_COLUMNS = ("item",) + _MATCH_COLUMNS + _SEEN_COLUMNS
+_STRING_COLUMNS = {"task", "feature", "source", "locator", "span", "ngram", "location"}
 
 
 def to_parquet_table(result: Mapping):
     """The result as a pyarrow Table: one row per listed match (``PARQUET_COLUMNS``;
-    epoch .. position null without a run or for an example the run never
-    reads), and the rest of the result (``items`` without their matches
-    included) as JSON under the schema's metadata key ``PARQUET_KEY``."""
+    epoch .. host_row null without a run or for an example the run never
+    reads), and the rest of the result (``items`` without their matches) as
+    JSON under the schema's metadata key ``PARQUET_KEY``; ``read_result``
+    puts the two back together."""
     import pyarrow as pa
 
     rows: dict[str, list] = {c: [] for c in PARQUET_COLUMNS}
     for it in result["items"]:
         for m in it["matches"]:
             seen = m.get("first_seen") or {}
-            row = dict(m, item=it["item"], item_source=it["source"], item_location=it["location"],
-                       **{k: seen.get(k) for k in ("epoch", "step", "row", "host", "host_row", "position")})
-            for c in PARQUET_COLUMNS:
-                rows[c].append(row.get(c))
-    types = {c: pa.string() for c in ("item_source", "item_location", "task", "feature", "source", "locator",
-                                      "location", "span", "ngram")}
-    schema = pa.schema([(c, types.get(c, pa.int64())) for c in PARQUET_COLUMNS])
+            rows["item"].append(it["item"])
+            for c in _MATCH_COLUMNS:
+                rows[c].append(m.get(c))
+            for c in _SEEN_COLUMNS:
+                rows[c].append(seen.get(c))
+    schema = pa.schema([(c, pa.string() if c in _STRING_COLUMNS else pa.int64()) for c in PARQUET_COLUMNS])
     header = dict(result, items=[{k: v for k, v in it.items() if k != "matches"} for it in result["items"]])
     schema = schema.with_metadata({PARQUET_KEY: json.dumps(header, ensure_ascii=False).encode("utf-8")})
     return pa.table(rows, schema=schema)
+
+
+def _matches_from_table(table, with_run: bool) -> dict[int, list]:
+    """item -> its listed matches, from a Parquet result's rows."""
+    out: dict[int, list] = {}
+    for row in table.to_pylist():
+        m = {c: row[c] for c in _MATCH_COLUMNS}
+        if with_run:
+            m["first_seen"] = None if row["epoch"] is None else {c: row[c] for c in _SEEN_COLUMNS}
+        out.setdefault(row["item"], []).append(m)
+    return out
 
 
 def write_result(result: Mapping, path: str) -> None:
@@ -599,8 +613,8 @@ def write_result(result: Mapping, path: str) -> None:
 
 
 def read_result(path: str) -> dict:
-    """A result written by ``write_result``: the whole JSON, or a Parquet file's
-    metadata (items without their matches).
+    """A result written by ``write_result``, as ``assemble`` gave it (from a
+    Parquet file: its metadata, and each item's matches from the rows).
 
     Raises:
       ValueError: not a result of ``seqcache overlap`` (names the file).
@@ -608,11 +622,15 @@ def read_result(path: str) -> dict:
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        meta = pq.read_schema(path).metadata or {}
-        if PARQUET_KEY not in meta:
-            raise ValueError(f"{path}: not an overlap result (no {PARQUET_KEY.decode()} metadata); write one with "
-                             "seqcache overlap --output FILE.parquet")
+        table = pq.read_table(path)
+        meta = table.schema.metadata or {}
+        if PARQUET_KEY not in meta or tuple(table.column_names) != PARQUET_COLUMNS:
+            raise ValueError(f"{path}: not an overlap result (no {PARQUET_KEY.decode()} metadata or other "
+                             "columns); write one with seqcache overlap --output FILE.parquet")
         data = json.loads(meta[PARQUET_KEY])
+        matches = _matches_from_table(table, data.get("run") is not None)
+        for it in data.get("items", []):
+            it["matches"] = matches.get(it["item"], [])
     else:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

@@ -407,14 +407,65 @@ def mixture_report(*, paths: Sequence[str], names: Sequence[str], rates: Sequenc
 
 
 def build_report(*, caches: Sequence[str], mixture: dict | None = None, top_files: int = TOP_FILES,
-                 first_entries: int = FIRST_ENTRIES) -> dict:
-    """The whole report: one ``cache_report`` per cache, and the mixture's section
-    (``mixture_report``'s result) or None."""
-    return {
+                 first_entries: int = FIRST_ENTRIES, overlaps: Sequence[dict] = ()) -> dict:
+    """The whole report: one ``cache_report`` per cache, the mixture's section
+    (``mixture_report``'s result) or None, and one ``overlap_report`` per
+    result of ``seqcache overlap`` in ``overlaps`` (the key is left out
+    without any)."""
+    out = {
         "report_version": REPORT_VERSION,
         "caches": [cache_report(c, top_files=top_files, first_entries=first_entries) for c in caches],
         "mixture": mixture,
     }
+    if overlaps:
+        fingerprints = {c["summary"]["fingerprint"] for c in out["caches"]}
+        out["overlap"] = [overlap_report(o, fingerprints) for o in overlaps]
+    return out
+
+
+# Benchmark items listed one by one in a report's overlap section.
+OVERLAP_ITEMS = 20
+# Characters of a matched span shown in the report.
+SPAN_CHARS = 240
+
+
+def overlap_report(result: Mapping[str, Any], fingerprints, *, items: int = OVERLAP_ITEMS) -> dict:
+    """The report's section of one result of ``seqcache overlap`` (its JSON, or
+    a Parquet file's metadata: ``seqcache.pipelines.overlap.read_result``).
+
+    Args:
+      result: the result.
+      fingerprints: the fingerprints of the report's caches; ``problem`` says
+        so when the result was computed on other caches (rebuilt since).
+      items: items listed (first read first, then item order; those the run
+        never reads, or without a run, in item order).
+
+    Returns:
+      ``{"benchmark", "summary", "run", "caches", "items", "first_reads",
+      "problem"}``: ``items`` each with item, location, num_examples,
+      num_matches, first_seen (task, cache_index, epoch, step, ...; None
+      without a run) and its first match's task, cache index, location and
+      span (cut to ``SPAN_CHARS`` characters); ``first_reads``: the sorted
+      first steps of the items the run reads (for the curve of items read by
+      step s).
+    """
+    listed = sorted(result.get("items", []), key=lambda it: (
+        it.get("first_seen") is None, (it.get("first_seen") or {}).get("position", 0), it["item"]))
+    rows = []
+    for it in listed[:items]:
+        m = (it.get("matches") or [None])[0]
+        first = None if m is None else {
+            "task": m.get("task"), "cache_index": m.get("cache_index"), "feature": m.get("feature"),
+            "location": m.get("location"), "source": m.get("source"),
+            "span": m["span"] if len(m["span"]) <= SPAN_CHARS else m["span"][:SPAN_CHARS] + "…"}
+        rows.append({"item": it["item"], "location": it.get("location"), "num_examples": it.get("num_examples"),
+                     "num_matches": it.get("num_matches"), "first_seen": it.get("first_seen"), "first_match": first})
+    others = [c["cache"] for c in result.get("caches", []) if c.get("fingerprint") not in set(fingerprints)]
+    problem = (f"computed on caches other than this report's (rebuilt since?): {', '.join(others)}"
+               if others else None)
+    steps = sorted(int(it["first_seen"]["step"]) for it in result.get("items", []) if it.get("first_seen"))
+    return {"benchmark": result.get("benchmark"), "summary": result.get("summary"), "run": result.get("run"),
+            "caches": result.get("caches"), "items": rows, "first_reads": steps, "problem": problem}
 
 
 def to_json(report: Mapping[str, Any]) -> str:

@@ -244,6 +244,23 @@ def plot_epochs(mixture: Mapping[str, Any]) -> str:
     return _png(fig)
 
 
+def plot_first_reads(ov: Mapping[str, Any]) -> str:
+    """Benchmark items whose first overlapping example the run has read by step s."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8.5, 3.0))
+    steps = ov["first_reads"]
+    ax.step([0, *steps], range(len(steps) + 1), where="post", color=_BLUE)
+    before = (ov.get("summary") or {}).get("before_step")
+    if before is not None:
+        ax.axvline(before, color=_RED, linewidth=1, label=f"step {before:,}")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_xlabel(f"step (global batch {ov['run']['global_batch_size']:,})")
+    ax.set_ylabel("items read")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
 # --- page ----------------------------------------------------------------------
 
 _STYLE = """
@@ -271,6 +288,8 @@ def render(report: Mapping[str, Any], *, title: str | None = None, elapsed_s: fl
              f"</title><style>{_STYLE}</style></head><body>", f"<h1>seqcache report: {_e(title)}</h1>"]
     if report.get("mixture"):
         parts.append(_mixture_section(report["mixture"]))
+    for ov in report.get("overlap") or ():
+        parts.append(_overlap_section(ov))
     for c in caches:
         parts.append(_cache_section(c, heading=len(caches) > 1 or bool(report.get("mixture"))))
     foot = f"report format {report.get('report_version')}"
@@ -451,4 +470,39 @@ def _mixture_section(mx: Mapping[str, Any]) -> str:
                f"<th>share of {mx['steps']:,} steps</th><th>largest gap</th><th>examples</th>"
                f"<th>epoch at step {mx['at_step']:,}</th><th>epochs read</th></tr></thead>"
                f"<tbody>{rows}</tbody></table>")
+    return "\n".join(out)
+
+
+def _overlap_section(ov: Mapping[str, Any]) -> str:
+    """A result of ``seqcache overlap``: its counts, the curve of items read by
+    step, and its first items."""
+    b, s, run = ov["benchmark"], ov["summary"], ov.get("run")
+    out = [f"<h2>Benchmark overlap: {_e(b['name'])}</h2>",
+           f"<p>{s['items_with_overlap']:,} of {s['items']:,} items share an n-gram of {b['n']} normalised words "
+           f"with {s['overlapping_examples']:,} example(s) ({s['matches']:,} match(es)); {s['too_short']:,} item(s) "
+           f"too short to match (under {b['min_words']} words). Benchmark fingerprint "
+           f"<code>{_e(b['fingerprint'][:16])}</code>….</p>"]
+    if run is not None:
+        out.append(f"<p>Run: seed {run['seed']}, global batch {run['global_batch_size']:,}"
+                   + (f", saved state at step {run['state_step']:,}" if run.get("state_step") is not None else "")
+                   + f": {s['items_seen']:,} item(s) read"
+                   + (f", {s['items_seen_before_step']:,} before step {s['before_step']:,}"
+                      if s.get("items_seen_before_step") is not None else "") + ".</p>")
+        if ov["first_reads"]:
+            out.append(_figure(plot_first_reads(ov), "benchmark items read by step",
+                               "Items whose first overlapping example the run has read by step s (epoch 0)."))
+    if ov.get("problem"):
+        out.append(f'<p class="warn">warning: {_e(ov["problem"])}</p>')
+    rows = []
+    for it in ov["items"]:
+        first, m = it.get("first_seen"), it.get("first_match") or {}
+        rows.append(f"<tr><td class=\"num\">{it['item']:,}</td><td>{_e(it.get('location'))}</td>"
+                    f"<td class=\"num\">{_num(it.get('num_examples'))}</td>"
+                    f"<td class=\"num\">{_num(None if first is None else first['step'])}</td>"
+                    f"<td>{_e(m.get('task'))} #{_num(m.get('cache_index'))} ({_e(m.get('feature'))}): "
+                    f"{_e(_short(m.get('source')))} {_e(m.get('location'))}</td><td>{_e(m.get('span'))}</td></tr>")
+    if rows:
+        out.append("<table><thead><tr><th>item</th><th>where</th><th>examples</th><th>first step</th>"
+                   "<th>first match: task #index (feature): source</th><th>matched span</th></tr></thead>"
+                   f"<tbody>{''.join(rows)}</tbody></table>")
     return "\n".join(out)

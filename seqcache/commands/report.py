@@ -45,6 +45,15 @@ def _mixture_section(kw: dict, steps: int, at_step: int | None) -> tuple[list[st
         opened.close()
 
 
+def _read_overlaps(paths) -> list[dict]:
+    """The results of ``seqcache overlap`` named by ``--overlap``."""
+    if not paths:
+        return []
+    from seqcache.pipelines.overlap import read_result
+
+    return [read_result(p) for p in paths]
+
+
 @click.command()
 @click.argument("target", metavar="CACHE_OR_MIXTURE")
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
@@ -66,12 +75,16 @@ def _mixture_section(kw: dict, steps: int, at_step: int | None) -> tuple[list[st
               help="Source files shown one by one; the rest are added up.")
 @click.option("--first", "first_entries", type=click.IntRange(min=0), default=5, show_default=True,
               help="Skipped or repaired records shown per kind.")
+@click.option("--overlap", "overlaps", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="A result of seqcache overlap (.json or .parquet) to show (repeatable).")
 def report(target, output, as_json, steps, at_step, batch_size, num_epochs, mixture_rates, cache_dir, split, modules,
-           top_files, first_entries):
+           top_files, first_entries, overlaps):
     """Write a self-contained HTML report of a cache: example lengths against the
     sequence length, packing efficiency, tokens and examples per source file,
     skipped and repaired records, shard sizes; for a mixture or a saved feeder
-    state, each task's share of the first steps and the epoch it reaches.
+    state, each task's share of the first steps and the epoch it reaches; with
+    --overlap FILE, a result of `seqcache overlap`: the benchmark items found in
+    the caches and the step at which the run first reads each.
 
     CACHE_OR_MIXTURE is what `seqcache which` takes: a cache folder, a saved feeder
     state or checkpoint step folder, a task or mixture name with --cache-dir, or a
@@ -87,7 +100,7 @@ def report(target, output, as_json, steps, at_step, batch_size, num_epochs, mixt
     try:
         caches, mixture = _mixture_section(kw, steps, at_step)
         rep = report_lib.build_report(caches=caches, mixture=mixture, top_files=top_files,
-                                      first_entries=first_entries)
+                                      first_entries=first_entries, overlaps=_read_overlaps(overlaps))
     except (fmt.CacheError, ValueError) as e:
         common.stderr_console().print(f"[red]error:[/red] {e}", highlight=False)
         sys.exit(1)

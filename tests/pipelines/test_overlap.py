@@ -208,9 +208,8 @@ def test_parquet_output_holds_the_matches_and_the_summary(planted, tmp_path):
     rows = table.to_pylist()
     assert [(r["item"], r["cache_index"], r["step"]) for r in rows] == [
         (it["item"], m["cache_index"], m["first_seen"]["step"]) for it in result["items"] for m in it["matches"]]
-    back = ov.read_result(str(tmp_path / "o.parquet"))
-    assert back["summary"] == result["summary"] == ov.read_result(str(tmp_path / "o.json"))["summary"]
-    assert [it["item"] for it in back["items"]] == [it["item"] for it in result["items"]]
+    # Read back, either file is the result.
+    assert ov.read_result(str(tmp_path / "o.parquet")) == result == ov.read_result(str(tmp_path / "o.json"))
     with pytest.raises(ValueError, match="not an overlap result"):
         pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
         ov.read_result(str(tmp_path / "other.parquet"))
@@ -270,3 +269,31 @@ def test_cli_refuses_what_it_cannot_do(planted, tmp_path):
     res = runner.invoke(main, ["overlap", planted["spec"], planted["cache"], "-o", str(tmp_path / "o.json"),
                                "--runnr=dask"])
     assert res.exit_code == 2 and "no such option: --runnr=dask" in res.output
+
+
+def test_report_shows_the_overlap_section(planted, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "o.parquet"
+    res = runner.invoke(main, ["overlap", planted["spec"], planted["cache"], "-o", str(out), "--batch-size",
+                               str(BATCH), "--seed", str(SEED), "--before-step", "20"])
+    assert res.exit_code == 0, res.output
+    result = ov.read_result(str(out))
+    res = runner.invoke(main, ["report", planted["cache"], "--overlap", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    (section,) = json.loads(res.output)["overlap"]
+    assert section["summary"] == result["summary"] and section["problem"] is None
+    assert section["first_reads"] == sorted(it["first_seen"]["step"] for it in result["items"])
+    assert [r["first_seen"]["step"] for r in section["items"]] == section["first_reads"]
+    row = section["items"][0]
+    assert row["first_match"]["location"].startswith("row ") and row["first_match"]["span"]
+    res = runner.invoke(main, ["report", planted["cache"], "--overlap", str(out), "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "r.html").read_text()
+    assert f"<h2>Benchmark overlap: {planted['spec']}</h2>" in page
+    assert page.count("<tr><td class=\"num\">") >= len(result["items"])
+    # A result computed on other caches is flagged.
+    other = dict(result, caches=[dict(c, fingerprint="0" * 64) for c in result["caches"]])
+    from seqcache import report as report_lib
+
+    flagged = report_lib.build_report(caches=[planted["cache"]], overlaps=[other])["overlap"][0]
+    assert flagged["problem"].startswith("computed on caches other than this report's")

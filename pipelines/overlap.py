@@ -174,16 +174,17 @@ def scan_range(bench, reader, *, task_index: int, start: int, stop: int,
     found: list[tuple[int, str, int, str, list]] = []
     for lo in range(start, stop, READ_BATCH):
         idx = np.arange(lo, min(stop, lo + READ_BATCH), dtype=np.int64)
+        batch = []  # (cache index, feature, segment, text)
         for i, record in zip(idx.tolist(), reader.read(idx)):
             counts["examples"] += 1
-            for label, j, ids in _segments(reader.decode(record, i), features, vocabs, merge):
-                text = decode_with_sentinels(vocabs[label.partition("+")[0]], ids)
-                counts["segments"] += 1
+            for label, j, ids in _segments(reader.decode(record, i), features, merge):
+                batch.append((i, label, j, decode_with_sentinels(vocabs[label.partition("+")[0]], ids)))
                 counts["tokens"] += len(ids)
-                counts["characters"] += len(text)
-                matches = bench.match(text)
-                if matches:
-                    found.append((i, label, j, text, matches))
+        counts["segments"] += len(batch)
+        counts["characters"] += sum(len(text) for *_, text in batch)
+        for (i, label, j, text), matches in zip(batch, bench.match_many([text for *_, text in batch])):
+            if matches:
+                found.append((i, label, j, text, matches))
     return _with_sources(reader, found, task_index), counts
 
 
@@ -224,15 +225,16 @@ def merge_span_corruption(inputs: Sequence[int], targets: Sequence[int], first: 
     return out
 
 
-def _segments(example: Mapping, features: Sequence[str], vocabs: Mapping, merge) -> Iterator[tuple[str, int, list]]:
+def _segments(example: Mapping, features: Sequence[str], merge) -> Iterator[tuple[str, int, Any]]:
     """``(feature, segment index, token ids)`` of each segment of each scanned
     feature of one decoded example; for span corruption (``merge``: the sentinel
     range) one ``"inputs+targets"`` text per segment, the spans put back."""
     from seqcache.feeders.provenance import segments_of
 
-    per = {f: [ids.tolist() for ids in segments_of(example, f)] for f in features}
+    per = {f: segments_of(example, f) for f in features}
     if merge is not None:
-        merged = [merge_span_corruption(a, b, *merge) for a, b in zip(per["inputs"], per["targets"])]
+        merged = [merge_span_corruption(a.tolist(), b.tolist(), *merge)
+                  for a, b in zip(per["inputs"], per["targets"])]
         if merged and all(m is not None for m in merged):
             per = {"inputs+targets": merged, **{f: v for f, v in per.items() if f not in ("inputs", "targets")}}
     for f, segs in per.items():

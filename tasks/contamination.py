@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import re
 import unicodedata
@@ -53,6 +54,8 @@ DEFAULT_MIN_WORDS = 8
 
 _WORD = re.compile(r"[^\W_]+")
 _CHUNK = re.compile(r"\S+")
+# Every ASCII character that is not a letter or digit, as a space.
+_ASCII_SEPARATORS = str.maketrans({chr(c): " " for c in range(128) if not chr(c).isalnum()})
 # The polynomial's base: a fixed odd 64-bit constant (the golden ratio's, as in splitmix64).
 _BASE = np.uint64(0x9E3779B97F4A7C15)
 # Word hashes already computed in this process; cleared when it holds _CACHE_WORDS words.
@@ -67,6 +70,10 @@ def normalize_words(text: str) -> list[str]:
     Example: ``normalize_words("The  QUICK, brown-fox!")`` is
     ``["the", "quick", "brown", "fox"]``.
     """
+    if text.isascii():
+        # The same words, faster: ASCII is NFKC-stable, its casefold is lower(),
+        # and its letters and digits are [a-zA-Z0-9].
+        return text.lower().translate(_ASCII_SEPARATORS).split()
     return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
@@ -202,8 +209,9 @@ class Benchmark:
     """The n-gram table of a benchmark: what a scan looks texts up in.
 
     Memory: about 35 bytes per n-gram of the items (the sorted uint64 hashes,
-    their item numbers, start words and lengths, and a filter of 8 to 16 bytes) plus 8 bytes per item word and the item
-    texts; nothing grows with what is scanned.
+    their item numbers, start words and lengths, and a filter of 8 to 16 bytes)
+    plus 8 bytes per item word, the item texts and a dict of the items'
+    distinct words (about 100 bytes each); nothing grows with what is scanned.
 
     Args:
       items: the items (``BenchmarkItem``), numbered 0.. in order.
@@ -280,6 +288,12 @@ class Benchmark:
         self._length = cat(lengths, np.uint8)[order]
         self._words = cat(words, np.uint64)
         self._offsets = np.asarray(offsets, dtype=np.int64)
+        # word -> hash, for the words of the items: a scanned text's other words
+        # get 0 (``Benchmark.word_hashes``), and no n-gram holding one can match.
+        self._vocabulary = {}
+        for item in self.items:
+            for w, h in zip(normalize_words(item.text), self.item_words(item.number).tolist()):
+                self._vocabulary[w] = h
         # A filter of the table: one byte per slot, 8 slots per n-gram (at least 2^16), slot = the
         # hash's top bits; a text's n-gram is looked up in the table only where its slot is set.
         bits = max(16, int(8 * max(1, len(table))).bit_length())
@@ -328,38 +342,63 @@ class Benchmark:
         """Item ``number``'s word hashes, shape ``(words,)``, uint64."""
         return self._words[self._offsets[number]:self._offsets[number + 1]]
 
-    def hits(self, hashes: np.ndarray) -> list[tuple[int, int, int]]:
-        """The confirmed hits of a text given its words' hashes (``word_hashes``
-        of ``normalize_words(text)``, shape ``(words,)``, uint64).
+    def word_hashes(self, words: Sequence[str]) -> np.ndarray:
+        """``word_hashes(words)`` for the words the items hold, 0 for any other
+        word (no n-gram that holds one can match): the same hits, faster, and
+        no memory beyond the benchmark's. Shape ``(len(words),)``, uint64."""
+        return np.fromiter(map(self._vocabulary.get, words, itertools.repeat(0)), dtype=np.uint64,
+                           count=len(words))
+
+    def hits(self, hashes: np.ndarray, *, ends: np.ndarray | None = None) -> list[tuple[int, int, int]]:
+        """The confirmed hits of a text given its words' hashes.
+
+        Args:
+          hashes: shape ``(words,)``, uint64: ``word_hashes(normalize_words(text))``
+            or ``Benchmark.word_hashes`` of the same words (0: a word no item
+            holds).
+          ends: for several texts concatenated in ``hashes``, the end of each
+            (sorted word indices, the last ``len(hashes)``); an n-gram across
+            two texts is not a hit. None: one text.
 
         Returns:
-          Sorted ``(item, start word in the text, length in words)`` triples, one
+          Sorted ``(item, start word in hashes, length in words)`` triples, one
           per matched n-gram (confirmed word by word); ``[]`` when none.
         """
-        found = set()
+        hashes = np.asarray(hashes, dtype=np.uint64)
         if not len(self._hashes) or len(hashes) < self.lengths[0]:
             return []
+        unknown = np.concatenate([[0], np.cumsum(hashes == 0)])  # (words + 1,): 0s before each word
+        text_of = None if ends is None else np.searchsorted(np.asarray(ends), np.arange(len(hashes)), side="right")
+        found = set()
         grams, k0 = None, 0
         for k in self.lengths:
-            # The k-grams from the (k0)-grams: g_k[i] = g_k0[i] * P^(k-k0) + ... (ngram_hashes_of's polynomial).
+            # The k-grams from the k0-grams (ngram_hashes_of's polynomial).
             grams = ngram_hashes_of(hashes, k) if grams is None else _extend(grams, hashes, k0, k)
-            k0 = k
-            if not len(grams):
+            k0, m = k, len(grams)
+            if not m:
                 break
-            # The filter first (one cached read per n-gram), the sorted table for what passes.
-            candidates = np.nonzero(self._filter[grams >> self._shift])[0]
-            if not len(candidates):
-                continue
-            lo = np.searchsorted(self._hashes, grams[candidates], side="left")
-            hit = self._hashes[np.minimum(lo, len(self._hashes) - 1)] == grams[candidates]
-            for pos, row in zip(candidates[hit].tolist(), lo[hit].tolist()):
-                while row < len(self._hashes) and self._hashes[row] == grams[pos]:
-                    item, start = int(self._item[row]), int(self._start[row])
-                    if int(self._length[row]) == k and np.array_equal(
-                            self.item_words(item)[start:start + k], hashes[pos:pos + k]):
-                        found.add((item, int(pos), k))
-                    row += 1
+            # Windows of known words inside one text whose slot in the filter is
+            # set (one cached read each); the sorted table for those.
+            ok = (unknown[k:k + m] == unknown[:m]) & self._filter[grams >> self._shift]
+            if text_of is not None:
+                ok &= text_of[:m] == text_of[k - 1:k - 1 + m]
+            candidates = np.flatnonzero(ok)
+            if len(candidates):
+                found.update(self._confirm(hashes, grams, candidates, k))
         return sorted(found)
+
+    def _confirm(self, hashes: np.ndarray, grams: np.ndarray, candidates: np.ndarray, k: int):
+        """The ``(item, start, k)`` hits among the k-gram windows ``candidates``:
+        hash in the table, then the same words as the item's."""
+        lo = np.searchsorted(self._hashes, grams[candidates], side="left")
+        hit = self._hashes[np.minimum(lo, len(self._hashes) - 1)] == grams[candidates]
+        for pos, row in zip(candidates[hit].tolist(), lo[hit].tolist()):
+            while row < len(self._hashes) and self._hashes[row] == grams[pos]:
+                item, start = int(self._item[row]), int(self._start[row])
+                if int(self._length[row]) == k and np.array_equal(
+                        self.item_words(item)[start:start + k], hashes[pos:pos + k]):
+                    yield item, int(pos), k
+                row += 1
 
     def match(self, text: str) -> list[Match]:
         """The spans of ``text`` that overlap benchmark items; a pure function of
@@ -370,20 +409,37 @@ class Benchmark:
           overlaps. Overlapping or adjacent matched n-grams of one item merge
           into one span.
         """
-        words = normalize_words(text)
-        hits = self.hits(word_hashes(words))
-        if not hits:
-            return []
-        _, starts, ends = words_with_offsets(text)
-        out: list[Match] = []
-        i = 0
-        while i < len(hits):
-            item, first, k = hits[i]
-            last, count = first + k, 1
-            i += 1
-            while i < len(hits) and hits[i][0] == item and hits[i][1] <= last:
-                last, count = max(last, hits[i][1] + hits[i][2]), count + 1
-                i += 1
-            out.append(Match(item, starts[first], ends[last - 1], " ".join(words[first:last]),
-                             " ".join(words[first:first + k]), count))
+        return self.match_many([text])[0]
+
+    def match_many(self, texts: Sequence[str]) -> list[list[Match]]:
+        """``[match(t) for t in texts]``, with the words of all texts looked up
+        at once (one ``hits`` call): the fast way to scan many short texts."""
+        words = [normalize_words(t) for t in texts]
+        ends = np.cumsum([len(w) for w in words], dtype=np.int64)
+        hits = self.hits(self.word_hashes(list(itertools.chain.from_iterable(words))), ends=ends)
+        by_text: dict[int, list] = {}
+        for item, start, k in hits:
+            t = int(np.searchsorted(ends, start, side="right"))
+            by_text.setdefault(t, []).append((item, start - int(ends[t] - len(words[t])), k))
+        out: list[list[Match]] = [[] for _ in texts]
+        for t, found in by_text.items():
+            out[t] = _spans(texts[t], words[t], found)
         return out
+
+
+def _spans(text: str, words: list[str], hits: list[tuple[int, int, int]]) -> list[Match]:
+    """The ``Match`` objects of one text from its sorted hits ``(item, start
+    word, length)``: overlapping or adjacent n-grams of one item merged."""
+    _, starts, ends = words_with_offsets(text)
+    out: list[Match] = []
+    i = 0
+    while i < len(hits):
+        item, first, k = hits[i]
+        last, count = first + k, 1
+        i += 1
+        while i < len(hits) and hits[i][0] == item and hits[i][1] <= last:
+            last, count = max(last, hits[i][1] + hits[i][2]), count + 1
+            i += 1
+        out.append(Match(item, starts[first], ends[last - 1], " ".join(words[first:last]),
+                         " ".join(words[first:first + k]), count))
+    return out

@@ -143,3 +143,32 @@ def test_ntrex_sentences_do_not_match_c4_documents(corpora):
     bench = cont.Benchmark.load(f"text:{corpora.ntrex / 'newstest2019-src.eng.txt'}")
     assert len(bench.items) > 1000 and bench.num_ngrams > 10000
     assert sum(len(bench.match(t)) for t in corpora.c4_texts(300).to_pylist()) == 0
+
+
+def test_the_ascii_path_gives_the_words_of_the_unicode_path():
+    import string
+    import unicodedata
+
+    texts = [ITEM, string.printable, "snake_case x__y 3.14 e-mail C++ A1b2 \x00\x7f end", "MiXeD   CaSe\n\tTabs"]
+    for text in texts:
+        assert text.isascii()
+        slow = cont._WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+        assert cont.normalize_words(text) == slow
+
+
+def test_match_many_is_match_of_each_text_and_no_ngram_spans_two_texts():
+    bench = _bench(ITEM, "one two three four five six seven eight nine")
+    words = cont.normalize_words(ITEM)
+    assert len(words) == 23
+    texts = ["nothing here", "a " + ITEM + " b", " ".join(words[:11]), " ".join(words[11:]) + " tail",
+             "One two three four five six seven eight nine", ""]
+    many = bench.match_many(texts)
+    assert many == [bench.match(t) for t in texts]
+    # Texts 2 and 3 together hold ITEM, but no n-gram crosses from one to the other.
+    assert [len(m) for m in many] == [0, 1, 0, 0, 1, 0]
+    # The benchmark's own word hashes are the module's for its words, 0 for others.
+    assert bench.word_hashes(["committee", "zebraquantum"]).tolist() == [
+        int(cont.word_hashes(["committee"])[0]), 0]
+    # hits() takes either, with the same answer.
+    w = cont.normalize_words(texts[1])
+    assert bench.hits(cont.word_hashes(w)) == bench.hits(bench.word_hashes(w)) != []

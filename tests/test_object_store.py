@@ -430,3 +430,26 @@ def test_workers_read_the_sentencepiece_model_the_build_stored_in_the_bucket(s3,
         local_manifest = json.load(f)
     manifest = json.loads(s3["client"].get_object(Bucket=BUCKET, Key="sp/sp/train/manifest.json")["Body"].read())
     assert manifest["shards"] == local_manifest["shards"] and manifest["num_examples"] > 0
+
+
+def test_atomic_writes_to_a_bucket(s3, tmp_path):
+    """seqcache.fs's atomic writes on an object store: a finished write is the
+    whole object, a failed one leaves no object; ``atomic_path`` uploads the
+    local file a writer made and leaves no local temporary file."""
+    from seqcache import fs
+
+    fs.set_options(s3["options"])
+    base = f"s3://{BUCKET}/atomic"
+    fs.write_bytes_atomic(f"{base}/a.json", b'{"a": 1}\n')
+    with pytest.raises(RuntimeError, match="interrupted"):
+        with fs.open_write_atomic(f"{base}/b.json") as f:
+            f.write(b"partial")
+            raise RuntimeError("interrupted")
+    with fs.atomic_path(f"{base}/c.bin") as tmp:
+        assert os.path.dirname(tmp) == tempfile.gettempdir()
+        with open(tmp, "wb") as f:
+            f.write(b"written by name")
+    assert not os.path.exists(tmp)
+    keys = sorted(o["Key"] for o in s3["client"].list_objects_v2(Bucket=BUCKET, Prefix="atomic/")["Contents"])
+    assert keys == ["atomic/a.json", "atomic/c.bin"]
+    assert fs.read_bytes(f"{base}/a.json") == b'{"a": 1}\n' and fs.read_bytes(f"{base}/c.bin") == b"written by name"

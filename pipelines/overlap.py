@@ -48,8 +48,10 @@ import numpy as np
 from seqcache import fs
 
 OVERLAP_VERSION = 1
-# Cache indices per work unit (at most; a unit never crosses a shard).
+# Cache indices per work unit (at most; a unit never crosses a shard); fewer for
+# a small scan, so that its work still spreads over MIN_UNITS units.
 UNIT_EXAMPLES = 4096
+MIN_UNITS = 16
 # Records read and decoded together inside a unit.
 READ_BATCH = 256
 DONE_NAME = "done.json"
@@ -108,6 +110,15 @@ class BenchmarkRef:
     def __init__(self, spec: str, *, n: int, min_words: int, fingerprint: str):
         self.spec, self.n, self.min_words, self.fingerprint = spec, int(n), int(min_words), fingerprint
 
+    def keep(self, bench) -> None:
+        """Makes ``bench`` (loaded from this spec, with this fingerprint) the
+        one ``load`` returns in this process."""
+        if bench.fingerprint != self.fingerprint:
+            raise ValueError(f"benchmark {self.spec!r}: fingerprint {bench.fingerprint[:12]} is not the scan's")
+        with self._lock:
+            self._loaded.clear()
+            self._loaded[(self.spec, self.n, self.min_words, self.fingerprint)] = bench
+
     def load(self):
         """The ``Benchmark``.
 
@@ -165,8 +176,6 @@ def scan_range(bench, reader, *, task_index: int, start: int, stop: int,
       seqcache.format.CacheError: a record or provenance record cannot be read.
       ValueError: the vocabulary cannot be rebuilt from the cache.
     """
-    from seqcache.feeders.provenance import decode_with_sentinels
-
     features = list(text_features(reader.manifest) if features is None else features)
     vocabs = _vocabularies(reader, features)
     merge = _span_corruption_pair(reader.manifest, features)
@@ -174,18 +183,40 @@ def scan_range(bench, reader, *, task_index: int, start: int, stop: int,
     found: list[tuple[int, str, int, str, list]] = []
     for lo in range(start, stop, READ_BATCH):
         idx = np.arange(lo, min(stop, lo + READ_BATCH), dtype=np.int64)
-        batch = []  # (cache index, feature, segment, text)
+        segments = []  # (cache index, feature, segment, token ids)
         for i, record in zip(idx.tolist(), reader.read(idx)):
             counts["examples"] += 1
-            for label, j, ids in _segments(reader.decode(record, i), features, merge):
-                batch.append((i, label, j, decode_with_sentinels(vocabs[label.partition("+")[0]], ids)))
-                counts["tokens"] += len(ids)
+            segments.extend((i, label, j, ids) for label, j, ids in _segments(reader.decode(record, i), features, merge))
+        counts["tokens"] += sum(len(ids) for *_, ids in segments)
+        batch = [(i, label, j, text) for (i, label, j, _), text in zip(segments, _decode(vocabs, segments))]
         counts["segments"] += len(batch)
         counts["characters"] += sum(len(text) for *_, text in batch)
         for (i, label, j, text), matches in zip(batch, bench.match_many([text for *_, text in batch])):
             if matches:
                 found.append((i, label, j, text, matches))
     return _with_sources(reader, found, task_index), counts
+
+
+def _decode(vocabs: Mapping, segments: Sequence[tuple]) -> list[str]:
+    """The text of each ``(index, feature, segment, ids)``: ``decode_batch`` of
+    each feature's segments at once; a segment that holds sentinel ids one by
+    one with ``decode_with_sentinels`` (``<extra_id_i>``)."""
+    from seqcache.feeders.provenance import decode_with_sentinels
+
+    texts: list[str | None] = [None] * len(segments)
+    by_feature: dict[str, list[int]] = {}
+    for k, (_, label, _, ids) in enumerate(segments):
+        vocab = vocabs[label.partition("+")[0]]
+        extra = int(getattr(vocab, "extra_ids", 0) or 0)
+        if extra and len(ids) and bool((np.asarray(ids) >= vocab.base_vocab_size).any()):
+            texts[k] = decode_with_sentinels(vocab, [int(t) for t in ids])
+        else:
+            by_feature.setdefault(label, []).append(k)
+    for label, ks in by_feature.items():
+        decoded = vocabs[label.partition("+")[0]].decode_batch([segments[k][3] for k in ks])
+        for k, text in zip(ks, decoded):
+            texts[k] = text
+    return texts
 
 
 def _span_corruption_pair(manifest, features: Sequence[str]) -> tuple[int, int] | None:
@@ -654,7 +685,7 @@ def caches_info(opened) -> list[dict]:
 
 def find_overlap(bench, opened, *, pipeline_args=None, scratch_parent: str | None = None, stream=None,
                  run: Mapping | None = None, before_step: int | None = None, max_matches: int = MAX_MATCHES,
-                 unit_examples: int = UNIT_EXAMPLES) -> dict:
+                 unit_examples: int | None = None) -> dict:
     """Scans the caches of ``opened`` for ``bench``'s items and returns
     ``assemble``'s result.
 
@@ -668,6 +699,9 @@ def find_overlap(bench, opened, *, pipeline_args=None, scratch_parent: str | Non
       stream: the run's ``IndexStream`` (``opened.stream(...)``), or None.
       run: the run's parameters; ``run["global_batch_size"]`` and
         ``run["hosts"]`` place the first reads. Needed with ``stream``.
+      unit_examples: cache indices per work unit (default: ``UNIT_EXAMPLES``,
+        fewer for a scan of under ``MIN_UNITS`` such units). Never changes
+        the result.
 
     Raises:
       ValueError: no text feature in a cache (names it); a bad host count.
@@ -682,9 +716,13 @@ def find_overlap(bench, opened, *, pipeline_args=None, scratch_parent: str | Non
         if not info["features"]:
             raise ValueError(f"{info['cache']}: no token feature with a stored vocabulary to decode; the scan "
                              "reads text")
+    if unit_examples is None:
+        total = sum(r.num_examples for r in opened.readers)
+        unit_examples = max(256, min(UNIT_EXAMPLES, -(-total // MIN_UNITS)))
     units = plan_units(opened.paths, [r.shard_starts for r in opened.readers],
                        fingerprints=[r.fingerprint for r in opened.readers], unit_examples=unit_examples)
     ref = BenchmarkRef(bench.name, n=bench.n, min_words=bench.min_words, fingerprint=bench.fingerprint)
+    ref.keep(bench)  # a worker in this process (the local engine's default) uses this table, not a second one
     scratch = tempfile.mkdtemp(prefix=".overlap-", dir=scratch_parent)
     try:
         run_scan(units, ref, scratch_dir=scratch, pipeline_args=pipeline_args)

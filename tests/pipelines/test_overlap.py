@@ -99,7 +99,7 @@ def planted(tmp_path_factory, corpora):
             "folder": folder}
 
 
-def _scan(cache, spec, *, stream_args=None, unit_examples=ov.UNIT_EXAMPLES, pipeline_args=None, before_step=None):
+def _scan(cache, spec, *, stream_args=None, unit_examples=None, pipeline_args=None, before_step=None):
     from seqcache.feeders.stream import open_mixture
 
     bench = Benchmark.load(spec)

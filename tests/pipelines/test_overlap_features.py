@@ -93,3 +93,15 @@ def test_a_packed_row_is_scanned_segment_by_segment_with_each_source(tmp_path, n
             assert " ".join(normalize_words(m["span"])) in " ".join(normalize_words(ntrex["lines"][it["item"]]))
     assert any(m["segment"] > 1 for it in result["items"] for m in it["matches"])
     assert any(m["token_offset"] > 0 for it in result["items"] for m in it["matches"])
+
+
+def test_decode_batch_gives_the_texts_of_decode(tmp_path, corpora):
+    from seqcache import tasks
+
+    lines = corpora.botchan.read_text(encoding="utf-8").splitlines()[:2000]
+    spm = tasks.train_sentencepiece(lines, output_path=str(tmp_path / "spm.model"), vocab_size=400)
+    for vocab in (tasks.ByteVocabulary(extra_ids=2), spm):
+        batch = [vocab.encode(line) + [vocab.eos_id, 0] for line in lines[:50]] + [[], [vocab.eos_id]]
+        batch.append(vocab.encode("tail é 日本")[:-1])  # a cut UTF-8 sequence (bytes), or any ids (pieces)
+        assert vocab.decode_batch(batch) == [vocab.decode(ids) for ids in batch]
+        assert vocab.decode_batch([]) == []

@@ -4,7 +4,9 @@ An item of a benchmark (a test set) *overlaps* a text when the two share at
 least one n-gram of ``n`` consecutive normalised words, ``n = 13`` by default:
 the test of GPT-3's contamination study (Brown et al. 2020, "Language Models
 are Few-Shot Learners", appendix C: 13-grams over lower-cased words with
-punctuation removed) and of PaLM's (Chowdhery et al. 2022, section 8).
+punctuation removed). PaLM's study (Chowdhery et al. 2022, section 8) used
+8-grams and a share of an example's 8-grams; ``n`` is settable, the rule here
+is one shared n-gram.
 
 Normalisation (``normalize_words``, version ``NORMALIZATION_VERSION``):
 

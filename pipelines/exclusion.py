@@ -12,8 +12,9 @@ An overlapping record is excluded: it gives no example, and its quarantine
 entry (action ``"excluded"``, kind ``"benchmark"``) names every benchmark it
 overlaps (``benchmarks``) and, for the first of them by name, the item
 (``item``: number, path, record number, locator), the text field (``field``),
-the matched n-gram (``ngram``: its normalised words) and the span in the field's
-text (``start``, ``end``: character offsets). The manifest counts excluded
+the matched n-gram (``ngram``: its normalised words) and the span of the
+field's text that overlaps the item (``start``, ``end``: character offsets;
+every matched n-gram of the item there, merged: ``contamination.Match``). The manifest counts excluded
 records (``statistics.excluded_records``) and, per benchmark, the records that
 overlap it (``statistics.excluded_by_benchmark``; a record that overlaps two
 benchmarks counts for both).

@@ -468,8 +468,8 @@ def _benchmarks(specs, ngram, exclude) -> list:
     """
     from seqcache.pipelines import exclusion
 
-    spec_like = [g for g in exclude if exclusion.split_name(g)[1].partition(":")[0] in ("jsonl", "parquet", "text",
-                                                                                        "hf", "files", "tsv")]
+    schemes = ("jsonl", "parquet", "text", "hf", "files", "tsv", "tfrecord", "tfds")
+    spec_like = [g for g in exclude if exclusion.split_name(g)[1].partition(":")[0] in schemes]
     if spec_like:
         raise click.UsageError(f"--exclude {spec_like[0]}: --exclude leaves out files by glob; to leave out the records "
                                f"that overlap a benchmark give --exclude-benchmark {spec_like[0]}")

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from seqcache import format as fmt
 from seqcache import fs, layout
-from seqcache import manifest as schema
+from seqcache.manifest import Manifest
 from seqcache.tasks.registry import USER_MODULE_PREFIX
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
@@ -306,7 +306,7 @@ def _build_lock(out_dir: str):
 def _build_locked(plan: BuildPlan, *, beam, overwrite, progress, start) -> BuildResult:
     out_dir = plan.out_dir
     writer.recover_publish(out_dir)  # a killed replacement: the old cache back, staging leftovers gone
-    existing = _read_existing(out_dir)
+    existing = _read_existing(out_dir, overwrite=overwrite)
     if existing is not None:
         if existing.fingerprint == plan.fingerprint:
             log.info("cache %s is up to date (fingerprint %s); reusing it", out_dir, plan.fingerprint[:12])
@@ -327,17 +327,17 @@ def _build_locked(plan: BuildPlan, *, beam, overwrite, progress, start) -> Build
     build_dir = writer.staging_path(out_dir) if staged else out_dir
     writer.remove_cache_tree(build_dir)
     try:
-        raw = _build_into(plan, beam=beam, progress=progress, build_dir=build_dir)
+        manifest = _build_into(plan, beam=beam, progress=progress, build_dir=build_dir)
     except BaseException:
         writer.remove_cache_tree(build_dir)
         raise
     if staged:
         log.info("publishing %s over the cache with fingerprint %s", out_dir, existing.fingerprint[:12])
         writer.publish_dir(build_dir, out_dir)
-    return BuildResult(out_dir, fmt.parse_manifest(raw), reused=False, seconds=time.monotonic() - start)
+    return BuildResult(out_dir, manifest, reused=False, seconds=time.monotonic() - start)
 
 
-def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> dict:
+def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> Manifest:
     """Runs the pipeline into ``build_dir`` (``out_dir`` itself, or its staging
     folder) and writes the manifest there last; returns the manifest."""
     task, config, num_shards = plan.task, plan.config, plan.num_shards
@@ -373,7 +373,7 @@ def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> dict:
             shutil.rmtree(local_scratch, ignore_errors=True)
 
 
-def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> dict:
+def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> Manifest:
     """Runs the pipeline and writes the manifest last (see ``_build_into``).
     The steps carry the vocabulary models the cache stores by reference to
     those files (``vocabularies.stored_models``): Beam compresses every pickle
@@ -386,10 +386,10 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
                       units=units)
     summary = _read_summary(plan, scratch, units)
     entries, statistics, quarantine = _gather(plan, summary, build_dir)
-    raw = _manifest(plan, entries, statistics, quarantine, vocabularies)
+    manifest = _manifest(plan, entries, statistics, quarantine, vocabularies)
     fs.remove_tree(scratch)
-    writer.write_manifest(build_dir, raw, shards=entries)
-    return raw
+    manifest.write(build_dir)
+    return manifest
 
 
 def _write_vocabularies(task, build_dir: str) -> tuple[dict, dict]:
@@ -521,12 +521,12 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
     return entries, statistics, quarantine
 
 
-def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) -> dict:
-    """The manifest of the build (``writer.build_manifest``), not yet written."""
+def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) -> Manifest:
+    """The manifest of the build (``Manifest.create``), not yet written."""
     task, config = plan.task, plan.config
     out_features = transforms.features_out(task, config.sequence_length)
     quarantined = statistics["skipped_records"] + statistics["replaced_records"] + statistics.get("excluded_records", 0)
-    return writer.build_manifest(
+    return Manifest.create(
         task=task.name,
         split=config.split,
         fingerprint=plan.fingerprint,
@@ -540,12 +540,11 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
         sequence_length=config.sequence_length,
         packing=task.packing,
         vocabularies=vocabularies,
-        extra={"quarantine": fmt.QUARANTINE_NAME if quarantined else None,
-               **({"quarantine_num_bytes": quarantine.num_bytes, "quarantine_sha256": quarantine.sha256}
-                  if quarantined else {}),
-               "sharding": schema.assemble_object(schema.SHARDING_FIELDS, {
-                   "num_shards": plan.num_shards, "shard_size": plan.shard_size,
-                   "input_bytes": plan.total_bytes, "content_bytes": plan.content_bytes}, what="sharding")},
+        quarantine=fmt.QUARANTINE_NAME if quarantined else None,
+        **({"quarantine_num_bytes": quarantine.num_bytes, "quarantine_sha256": quarantine.sha256}
+           if quarantined else {}),
+        sharding={"num_shards": plan.num_shards, "shard_size": plan.shard_size, "input_bytes": plan.total_bytes,
+                  "content_bytes": plan.content_bytes},
     )
 
 
@@ -652,11 +651,23 @@ def import_beam():
     return fs.import_beam()
 
 
-def _read_existing(out_dir: str):
-    path = writer.join(out_dir, fmt.MANIFEST_NAME)
-    if not writer.exists(path):
+def _read_existing(out_dir: str, *, overwrite: bool):
+    """The manifest of the cache at ``out_dir``, or None when there is none, or
+    when ``overwrite`` and this seqcache cannot read it (a format version it
+    no longer reads, a damaged manifest): that one is replaced like leftovers.
+
+    Raises:
+      CacheError: (without ``overwrite``) the manifest cannot be read; its message says to rebuild.
+    """
+    if not writer.exists(writer.join(out_dir, fmt.MANIFEST_NAME)):
         return None
-    return fmt.parse_manifest(json.loads(writer.read_text(path)), path=path)
+    try:
+        return fmt.read_manifest(out_dir)
+    except fmt.CacheError as e:
+        if not overwrite:
+            raise
+        log.warning("replacing the cache at %s, which this seqcache cannot read: %s", out_dir, e)
+        return None
 
 
 def _pickle_user_modules_by_value() -> None:

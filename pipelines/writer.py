@@ -1,9 +1,10 @@
-"""Writing cache shards and the manifest.
+"""Writing cache shards, and replacing a cache.
 
 A shard is written under a temporary name, checksummed while it is written, and
-moved into place only when complete; the driver writes the shard checksum file
-(``shard-checksums.json``) and then, last, the manifest, each atomically. A folder
-without manifest.json is never read as a cache (G7).
+moved into place only when complete; the driver then writes the shard checksum
+file (``shard-checksums.json``) and, last, the manifest, each atomically
+(``seqcache.manifest.Manifest.write``). A folder without manifest.json is never
+read as a cache (G7).
 
 Paths that are not local (gs://, s3://, hdfs://) go through Beam's FileSystems:
 ArrayRecord writes a local temporary file that is then copied to its destination.
@@ -13,19 +14,16 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime
 import hashlib
 import itertools
-import json
 import os
 import shutil
 from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from seqcache import __version__
 from seqcache import format as fmt
-from seqcache import manifest as schema
+from seqcache.manifest import Manifest
 from seqcache.fs import (  # noqa: F401  (re-exported: the writer's file-system calls)
     is_local, local_path, join, exists, makedirs, read_text, write_bytes, read_bytes, write_bytes_atomic, atomic_path, remove_tree, open_read, open_write, open_write_atomic,
     rename, sizes_in,
@@ -276,128 +274,6 @@ def _encoded_chunks(features, examples) -> Iterator[tuple[list[bytes], list[byte
         yield records, provenances
 
 
-def build_manifest(
-    *,
-    task: str,
-    split: str,
-    fingerprint: str,
-    fingerprint_inputs: Mapping[str, Any],
-    features: Sequence[Mapping[str, Any]],
-    shards: Sequence[Mapping[str, Any]],
-    sources: Sequence[Mapping[str, Any]],
-    statistics: Mapping[str, Any],
-    seed: int,
-    sequence_length: Mapping[str, int] | None,
-    packing: str | None,
-    vocabularies: Mapping[str, Any],
-    extra: Mapping[str, Any] | None = None,
-) -> dict:
-    """Assembles manifest.json's content through its one definition,
-    ``seqcache.manifest.MANIFEST_FIELDS`` (docs/cache-format.md, field by
-    field): the keys in that order, ``extra`` (further fields of that list:
-    ``quarantine``, ``sharding``, ...) among them.
-
-    Raises:
-      ValueError: a field of ``extra``, or of a feature entry, that the
-        manifest schema lacks.
-      seqcache.format.CacheError: the manifest would not pass the readers' checks.
-    """
-    raw = schema.assemble({
-        "format": fmt.FORMAT_NAME,
-        "format_version": fmt.FORMAT_VERSION,
-        "task": task,
-        "split": split,
-        "fingerprint": fingerprint,
-        "seed": seed,
-        "sequence_length": dict(sequence_length) if sequence_length else None,
-        "packing": packing,
-        "writer_options": fmt.WRITER_OPTIONS,
-        "record_encoding": "features in manifest order; each a little-endian uint32 count then the elements, little-endian",
-        "features": [schema.assemble_object(schema.FEATURE_FIELDS, f, what=f"features[{i}]")
-                     for i, f in enumerate(features)],
-        "vocabularies": dict(vocabularies),
-        "num_examples": int(sum(int(s["num_records"]) for s in shards)),
-        "shards": shard_table(shards),
-        "statistics": dict(statistics),
-        "sources": [dict(s) for s in sources],
-        "fingerprint_inputs": dict(fingerprint_inputs),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "seqcache_version": __version__,
-        **(extra or {}),
-    })
-    fmt.parse_manifest(raw)  # never write a manifest the readers would refuse
-    return raw
-
-
-_INT_COLUMNS = ("num_records", "num_bytes", "provenance_num_bytes")
-
-
-def _shard_checksums_file(shards: Sequence[Mapping[str, Any]]) -> bytes:
-    return fmt.shard_checksums_json([s["sha256"] for s in shards], [s["provenance_sha256"] for s in shards])
-
-
-def shard_table(shards: Sequence[Mapping[str, Any]]) -> dict:
-    """The manifest's ``shards`` (format version 2) for the entries of
-    ``write_shard``, in shard order: the shard count, the record counts and byte
-    sizes as ``fmt.encode_int_column`` columns, and the size and sha256 of the
-    shard checksum file (``fmt.SHARD_CHECKSUMS_NAME``, written by
-    ``write_manifest``). File names are not stored: they follow from index and
-    count.
-
-    Raises:
-      ValueError: an entry is not shard i's (its file names are not
-        ``fmt.shard_name(prefix, i, len(shards))``), or a count, size or
-        checksum is malformed.
-    """
-    count = len(shards)
-    for i, s in enumerate(shards):
-        for key, prefix in (("file", fmt.DATA_PREFIX), ("provenance_file", fmt.PROVENANCE_PREFIX)):
-            if s.get(key) != fmt.shard_name(prefix, i, count):
-                raise ValueError(f"shard entry {i} of {count} names {key} {s.get(key)!r}, expected "
-                                 f"{fmt.shard_name(prefix, i, count)!r} (entries must be in shard order)")
-        for key in _INT_COLUMNS:
-            value = s.get(key)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-                raise ValueError(f"shard entry {i}: {key} is {s.get(key)!r}, expected an integer >= 0")
-    checksums = _shard_checksums_file(shards)
-    return schema.assemble_object(schema.SHARD_TABLE_FIELDS, {
-        "num_shards": count,
-        "encoding": fmt.INT_COLUMN_ENCODING,
-        **{key: fmt.encode_int_column([s[key] for s in shards]) for key in _INT_COLUMNS},
-        "checksums": schema.assemble_object(schema.CHECKSUM_FILE_FIELDS, {
-            "file": fmt.SHARD_CHECKSUMS_NAME, "num_bytes": len(checksums),
-            "sha256": hashlib.sha256(checksums).hexdigest()}, what="shards.checksums"),
-    }, what="shards")
-
-
-def write_manifest(cache_dir: str, raw: Mapping[str, Any], *, shards: Sequence[Mapping[str, Any]]) -> None:
-    """Writes the shard checksum file, then manifest.json, each atomically: the
-    last step of every build. The manifest goes last, so a build killed before
-    it leaves no folder that looks complete.
-
-    Args:
-      cache_dir: the cache folder (local or a URL).
-      raw: the manifest, from ``build_manifest``.
-      shards: the shard entries ``raw`` was built from (``write_shard``'s): they
-        hold the checksums that go to ``fmt.SHARD_CHECKSUMS_NAME``.
-
-    Raises:
-      ValueError: ``shards`` are not the entries ``raw`` records (the checksum
-        file would not have the size and sha256 the manifest names), or ``raw``
-        holds a field the manifest schema (``seqcache.manifest``) lacks.
-    """
-    schema.assemble(raw)  # refuses a field the schema lacks; ``raw`` is written as given
-    checksums = _shard_checksums_file(shards)
-    recorded = raw["shards"]["checksums"]
-    if (len(checksums), hashlib.sha256(checksums).hexdigest()) != (recorded["num_bytes"], recorded["sha256"]):
-        raise ValueError(f"{cache_dir}: the shard entries given are not those of the manifest (their checksum file "
-                         f"has {len(checksums)} bytes, sha256 {hashlib.sha256(checksums).hexdigest()}; the manifest "
-                         f"names {recorded['num_bytes']} bytes, sha256 {recorded['sha256']})")
-    write_bytes_atomic(join(cache_dir, fmt.SHARD_CHECKSUMS_NAME), checksums)
-    data = (json.dumps(raw, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    write_bytes_atomic(join(cache_dir, fmt.MANIFEST_NAME), data)
-
-
 def write_cache(
     cache_dir: str,
     *,
@@ -415,7 +291,7 @@ def write_cache(
     """Writes a whole cache from in-memory examples, already in cache order.
 
     For small caches and tests; the Beam pipeline writes shards in parallel with
-    ``write_shard`` and then calls ``build_manifest`` / ``write_manifest``.
+    ``write_shard`` and then calls ``Manifest.create`` / ``Manifest.write``.
     The fingerprint is the sha256 of ``fingerprint_inputs`` (default: the task,
     split, seed and a hash of every record).
     """
@@ -430,7 +306,7 @@ def write_cache(
             write_shard(cache_dir, index=i, num_shards=len(shards), features=features, examples=shard)
         )
     inputs = dict(fingerprint_inputs or {"task": task, "split": split, "seed": seed, "records": digest.hexdigest()})
-    raw = build_manifest(
+    manifest = Manifest.create(
         task=task,
         split=split,
         fingerprint=fmt.fingerprint_of(inputs),
@@ -442,7 +318,7 @@ def write_cache(
         seed=seed,
         sequence_length=sequence_length,
         packing=packing,
-        vocabularies=vocabularies or {},
+        vocabularies=dict(vocabularies or {}),
     )
-    write_manifest(cache_dir, raw, shards=entries)
-    return fmt.parse_manifest(raw)
+    manifest.write(cache_dir)
+    return manifest

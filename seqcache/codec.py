@@ -1,10 +1,9 @@
 """The cache format's building blocks, version 2: names and versions, the
-errors, feature specs, the record codec, the shard table and the ``Manifest``
-object. The lowest module of the format: it imports numpy and the standard
-library only (no Beam, no JAX, no other seqcache module), so that
-``seqcache.manifest`` (the field definitions), ``seqcache.layout`` (the file
-gate) and ``seqcache.format`` (reading a cache's manifest and checksum file)
-all stand on it. Code imports these names through ``seqcache.format``
+errors, feature specs, the record codec and the shard table. The lowest module
+of the format: it imports numpy and the standard library only (no Beam, no
+JAX, no other seqcache module), so that ``seqcache.layout`` (the file gate),
+``seqcache.manifest`` (the manifest model: its fields, reading, writing and
+JSON Schema) and ``seqcache.format`` all stand on it. Code imports these names through ``seqcache.format``
 (``from seqcache import format as fmt``), which re-exports every one of them.
 
 Layout of one cache (one task, one split)::
@@ -24,8 +23,7 @@ with which dtypes. Decoding is ``numpy.frombuffer`` over the record bytes, witho
 copying. No pickle anywhere.
 
 The byte layout is documented in docs/cache-format.md; changing it needs a
-``FORMAT_VERSION`` bump. The manifest's fields are defined once, in
-``seqcache.manifest``.
+``FORMAT_VERSION`` bump. The manifest is modelled once, in ``seqcache.manifest``.
 """
 
 from __future__ import annotations
@@ -33,10 +31,8 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import functools
 import hashlib
 import json
-import operator
 import os
 import re
 import struct
@@ -48,10 +44,11 @@ import numpy as np
 FORMAT_NAME = "seqcache"
 # The version of a cache as a whole, the manifest's ``format_version``: what a
 # reader must understand. Version 2 keeps the manifest's shard table as columns
-# and the shard checksums in ``SHARD_CHECKSUMS_NAME``; version 1 kept one JSON
-# object per shard. Readers read both (``READ_FORMAT_VERSIONS``); writers write 2.
+# and the shard checksums in ``SHARD_CHECKSUMS_NAME``. Version 1 (one JSON
+# object per shard) is no longer read: such a cache is refused with the advice
+# to rebuild it (CHANGELOG.md, 0.2.0).
 FORMAT_VERSION = 2
-READ_FORMAT_VERSIONS = (1, 2)
+READ_FORMAT_VERSIONS = (2,)
 # The version of what the shard files hold and of which example sits at which
 # cache index: record encoding, writer options, shard names. A cache's
 # fingerprint and a feeder state record this one, so that a change of the
@@ -407,22 +404,16 @@ def fingerprint_of(obj: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
-    """One shard file as the manifest records it.
-
-    ``sha256`` and ``provenance_sha256`` are None where the manifest keeps the
-    checksums in its checksum file (format version 2): ``read_shard_checksums``
-    reads them."""
+    """One shard file as the manifest records it (its checksums are in the
+    shard checksum file: ``seqcache.manifest.read_shard_checksums``)."""
 
     file: str
     num_records: int
     num_bytes: int
-    sha256: str | None
     provenance_file: str
     provenance_num_bytes: int
-    provenance_sha256: str | None
 
 
-_SHARD_FIELDS = tuple(f.name for f in dataclasses.fields(ShardInfo))
 _INT_FIELDS = ("num_records", "num_bytes", "provenance_num_bytes")
 _INT_COLUMN = np.dtype("<i8")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -494,60 +485,41 @@ class ShardTable(Sequence[ShardInfo]):
     """The manifest's shard entries, held as columns so that opening a cache costs
     what parsing its JSON costs, with no Python object built per shard.
 
-    Two layouts (docs/cache-format.md):
-
-    - format version 2 (``entries`` a JSON object): ``num_shards``; the integer
-      columns ``num_records``, ``num_bytes``, ``provenance_num_bytes``, each
-      ``encode_int_column`` of one value per shard; ``checksums``, the checksum
-      file ``{file, num_bytes, sha256}``. The shard file names are not stored:
-      shard i of S is ``shard_name(prefix, i, S)``. Checked when the table is
-      built: ``num_records`` decodes to ``num_shards`` integers >= 0, the byte
-      size columns have the length of that many values, and the checksum file
-      is ``SHARD_CHECKSUMS_NAME`` with a byte size and a sha256. A shard's byte
-      sizes are decoded (only its own 8 bytes of each column) and checked
-      (integers >= 0) when its ``ShardInfo`` is first built (its first read);
-      ``check_all`` decodes and checks the columns whole.
-    - format version 1 (``entries`` a JSON list): one JSON object per shard with
-      ``file``, ``num_records``, ``num_bytes``, ``sha256``, ``provenance_file``,
-      ``provenance_num_bytes``, ``provenance_sha256``. Checked when the table is
-      built (vectorised): ``file`` and ``provenance_file`` are this cache's
-      shard names and ``num_records`` is an integer >= 0; the other fields when
-      the shard's ``ShardInfo`` is first built (``table[i]``, at the shard's
-      first read or by ``seqcache verify``, which builds every one).
+    The layout (format version 2, docs/cache-format.md): ``num_shards``; the
+    integer columns ``num_records``, ``num_bytes``, ``provenance_num_bytes``,
+    each ``encode_int_column`` of one value per shard; ``checksums``, the
+    checksum file ``{file, num_bytes, sha256}``. The shard file names are not
+    stored: shard i of S is ``shard_name(prefix, i, S)``. Checked when the table
+    is built: ``num_records`` decodes to ``num_shards`` integers >= 0, the byte
+    size columns have the length of that many values, and the checksum file is
+    ``SHARD_CHECKSUMS_NAME`` with a byte size and a sha256. A shard's byte sizes
+    are decoded (only its own 8 bytes of each column) and checked (integers >=
+    0) when its ``ShardInfo`` is first built (its first read); ``check_all``
+    decodes and checks the columns whole.
 
     Each failure is a ``CacheError`` naming the manifest and the shard.
 
     Attributes:
-      version: the layout, 1 or 2.
       files: the data shard names, one per shard (a sequence of str).
       provenance_files: the provenance shard names, one per shard.
       num_records: int64 array (num_shards,): records per shard.
       starts: int64 array (num_shards + 1,): the cache index of each shard's first
         record, then the total (the cumulative sum of ``num_records``).
-      checksums: (version 2) the checksum file's ``{file, num_bytes, sha256}``;
-        None in version 1, whose entries hold the checksums.
+      checksums: the checksum file's ``{file, num_bytes, sha256}``.
 
     Indexing (``table[i]``, iteration) gives ``ShardInfo`` objects, built on first
     access and kept.
 
     Raises:
-      CacheError: (when built) a bad entry, column or shard name; (``table[i]``)
-        a bad byte size (version 1: or checksum) field of shard i.
+      CacheError: (when built) a bad column or checksum file entry;
+        (``table[i]``) a bad byte size of shard i.
     """
 
-    def __init__(self, entries, *, path: str = MANIFEST_NAME, version: int | None = None):
-        if version is None:
-            version = 2 if isinstance(entries, dict) else 1
-        self.version = version
+    def __init__(self, entries, *, path: str = MANIFEST_NAME):
         self._path = path
-        self.checksums = None
-        if version == 2:
-            _require(isinstance(entries, dict), path,
-                     f"shards is {type(entries).__name__}, expected a JSON object (format version 2)")
-            count = self._init_columns(entries)
-        else:
-            _require(isinstance(entries, list), path, f"shards is {type(entries).__name__}, expected a JSON list")
-            count = self._init_entries(entries)
+        _require(isinstance(entries, dict), path,
+                 f"shards is {type(entries).__name__}, expected a JSON object (format version 2)")
+        count = self._init_columns(entries)
         self.num_records.flags.writeable = False
         self.starts = np.zeros(count + 1, np.int64)
         np.cumsum(self.num_records, out=self.starts[1:])
@@ -603,14 +575,14 @@ class ShardTable(Sequence[ShardInfo]):
         return column
 
     def _column(self, key: str) -> np.ndarray:
-        """(version 2) The int64 column ``key``, decoded and checked whole."""
+        """The int64 column ``key``, decoded and checked whole."""
         column = self._columns.get(key)
         if column is None:
             column = self._columns[key] = self._decode_column(key, self._raw_columns[key])
         return column
 
     def _value(self, key: str, i: int) -> int:
-        """(version 2) Shard i's value in column ``key``, decoding only the base64
+        """Shard i's value in column ``key``, decoding only the base64
         quanta (4 characters per 3 bytes) that hold its 8 bytes: O(1)."""
         column = self._columns.get(key)
         if column is not None:
@@ -626,37 +598,6 @@ class ShardTable(Sequence[ShardInfo]):
         if value < 0:
             raise CacheError(f"{self._path}: shard {i}: {key} is {value}, expected an integer >= 0")
         return value
-
-    def _init_entries(self, entries: list) -> int:
-        path = self._path
-        self._entries = entries
-        count = len(entries)
-        try:
-            self.files = list(map(operator.itemgetter("file"), entries))
-            self.provenance_files = list(map(operator.itemgetter("provenance_file"), entries))
-            records = list(map(operator.itemgetter("num_records"), entries))
-        except (KeyError, TypeError):
-            self._fail_entries(("file", "provenance_file", "num_records"))
-            raise  # unreachable: _fail_entries raises
-        for names, prefix in ((self.files, DATA_PREFIX), (self.provenance_files, PROVENANCE_PREFIX)):
-            if names != _expected_names(prefix, count):
-                i = next(i for i, (a, b) in enumerate(zip(names, _expected_names(prefix, count))) if a != b)
-                _check_shard_name(path, i, count, names[i], prefix)
-        counts = np.array(records) if count else np.zeros(0, np.int64)
-        if counts.dtype.kind not in "iu" or counts.ndim != 1 or (count and int(counts.min()) < 0):
-            for i, n in enumerate(records):
-                if not _is_count(n):
-                    raise CacheError(f"{path}: shard {i}: num_records is {n!r}, expected an integer >= 0")
-        self.num_records = counts.astype(np.int64, copy=False)
-        return count
-
-    def _fail_entries(self, keys) -> None:
-        for i, e in enumerate(self._entries):
-            if not isinstance(e, dict):
-                raise CacheError(f"{self._path}: shard {i}: bad entry: {e!r} is not a JSON object")
-            for key in keys:
-                if key not in e:
-                    raise CacheError(f"{self._path}: shard {i}: bad entry: {key!r}")
 
     def __len__(self) -> int:
         return self._count
@@ -676,42 +617,18 @@ class ShardTable(Sequence[ShardInfo]):
         return (self[i] for i in range(len(self)))
 
     def _info(self, i: int) -> ShardInfo:
-        if self.version == 2:
-            return ShardInfo(file=self.files[i], num_records=int(self.num_records[i]),
-                             num_bytes=self._value("num_bytes", i), sha256=None,
-                             provenance_file=self.provenance_files[i],
-                             provenance_num_bytes=self._value("provenance_num_bytes", i), provenance_sha256=None)
-        entry, path = self._entries[i], self._path
-        missing = [k for k in _SHARD_FIELDS if k not in entry]
-        if missing:
-            raise CacheError(f"{path}: shard {i}: bad entry: {missing[0]!r}")
-        for key in _INT_FIELDS:
-            if not _is_count(entry[key]):
-                raise CacheError(f"{path}: shard {i}: {key} is {entry[key]!r}, expected an integer >= 0")
-        for key in ("sha256", "provenance_sha256"):
-            if not isinstance(entry[key], str):
-                raise CacheError(f"{path}: shard {i}: {key} is {entry[key]!r}, expected a hex string")
-        return ShardInfo(**{k: entry[k] for k in _SHARD_FIELDS})
+        return ShardInfo(file=self.files[i], num_records=int(self.num_records[i]),
+                         num_bytes=self._value("num_bytes", i), provenance_file=self.provenance_files[i],
+                         provenance_num_bytes=self._value("provenance_num_bytes", i))
 
     def check_all(self) -> None:
-        """Checks every shard's entry now: (version 1) builds every shard's
-        ``ShardInfo``; (version 2) decodes and checks the byte-size columns.
+        """Checks every shard's entry now: decodes and checks the byte-size columns.
 
         Raises:
-          CacheError: the first bad entry or column, as ``table[i]`` would.
+          CacheError: the first bad column, as ``table[i]`` would.
         """
-        if self.version == 2:
-            for key in _INT_FIELDS:
-                self._column(key)
-            return
-        for i in range(len(self)):
-            self[i]
-
-
-@functools.lru_cache(maxsize=8)
-def _expected_names(prefix: str, count: int) -> list[str]:
-    """``shard_name(prefix, i, count)`` for every i (one string format each)."""
-    return list(map(f"{prefix}.array_record-{{:05d}}-of-{count:05d}".format, range(count)))
+        for key in _INT_FIELDS:
+            self._column(key)
 
 
 def is_plain_file_name(name: Any) -> bool:
@@ -720,70 +637,6 @@ def is_plain_file_name(name: Any) -> bool:
     must be one (``seqcache.layout.cache_file`` adds the link check)."""
     return (isinstance(name, str) and bool(name) and name not in (".", "..")
             and not any(c in name for c in "/\\\x00") and not (len(name) >= 2 and name[1] == ":"))
-
-
-def _check_shard_name(path: str, i: int, count: int, name, prefix: str) -> None:
-    _require(
-        is_plain_file_name(name),
-        path,
-        f"shard {i}: file name {name!r} is not a plain file name inside the cache folder",
-    )
-    _require(
-        name == shard_name(prefix, i, count),
-        path,
-        f"shard {i}: file name {name!r}, expected {shard_name(prefix, i, count)!r}",
-    )
-
-
-@dataclasses.dataclass
-class Manifest:
-    """The parsed manifest.json of one cache. See docs/cache-format.md for fields.
-
-    ``shards`` is a ``ShardTable``: a sequence of ``ShardInfo`` built on access,
-    with the record counts as one numpy array, so that a manifest of 10,000
-    shards opens in about the time its JSON takes to parse."""
-
-    task: str
-    split: str
-    fingerprint: str
-    features: tuple[FeatureSpec, ...]
-    shards: ShardTable
-    raw: dict = dataclasses.field(repr=False)  # the whole JSON: too long to print
-
-    @property
-    def num_examples(self) -> int:
-        return int(self.shards.starts[-1])
-
-    @property
-    def shard_starts(self) -> np.ndarray:
-        """int64 array (num_shards + 1,), read-only: global index of each shard's
-        first record, then the total."""
-        return self.shards.starts
-
-    @property
-    def sources(self) -> list[dict]:
-        return self.raw.get("sources", [])
-
-    @property
-    def vocabularies(self) -> dict:
-        return self.raw.get("vocabularies", {})
-
-    @property
-    def sequence_length(self) -> dict | None:
-        return self.raw.get("sequence_length")
-
-    @property
-    def statistics(self) -> dict:
-        return self.raw.get("statistics", {})
-
-    @property
-    def quarantine(self) -> str | None:
-        """The quarantine file's name (``QUARANTINE_NAME``) when the build skipped or
-        repaired source records, else None."""
-        return self.raw.get("quarantine")
-
-    def to_json(self) -> str:
-        return json.dumps(self.raw, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
 
 
 def _require(cond: bool, path: str, message: str):

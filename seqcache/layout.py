@@ -103,7 +103,7 @@ def cache_file(cache_dir: str, name: Any, *, what: str = "file", source: str | N
     return path
 
 
-def named_files(manifest: "codec.Manifest") -> list[tuple[str, Any]]:
+def named_files(manifest: "seqcache.manifest.Manifest") -> list[tuple[str, Any]]:
     """``(what, name)`` of every file the manifest names, as it names them:
     each shard and provenance sidecar, each vocabulary model, the quarantine
     file (the fields ``shards[i].file``, ``shards[i].provenance_file``,
@@ -120,7 +120,7 @@ def named_files(manifest: "codec.Manifest") -> list[tuple[str, Any]]:
     return out
 
 
-def check_named_files(cache_dir: str, manifest: "codec.Manifest") -> None:
+def check_named_files(cache_dir: str, manifest: "seqcache.manifest.Manifest") -> None:
     """``cache_file`` of every file the manifest names (``named_files``): one
     lstat each for a local cache, nothing opened.
 

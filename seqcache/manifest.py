@@ -1,38 +1,36 @@
-"""The fields of manifest.json and of shard-checksums.json: the one definition.
+"""The manifest model: the one definition of manifest.json and of
+shard-checksums.json, and the one place that reads, checks, writes and
+publishes them.
 
-``MANIFEST_FIELDS`` lists every field a manifest may hold, in the order the
-writer writes them: its name, JSON type(s), whether a reader requires it, the
-format version that introduced it and a one-line description. Everything else
-comes from it:
-
-- the writer builds the manifest through ``assemble`` (a field not listed here
-  cannot be written, and the keys come out in this order);
-- the readers check a manifest through ``check_manifest``, called by
-  ``seqcache.format.parse_manifest`` (the feeder, ``verify``, ``info``,
-  ``show``, ``which``, ``report``): every field's JSON type, and for the fields
-  with a ``check`` that field's own rules and messages;
-- the published JSON Schema ``manifest.schema.json`` (installed with the
-  package) is ``json_schema()``; regenerate it with
-  ``python -m seqcache.manifest --write`` (``--check`` says whether it is up to
-  date);
-- docs/cache-format.md's field tables are tested against it.
-
-Nested objects are lists of ``Field`` too: the shard table (format version 2),
-its checksum file entry, a shard entry (format version 1), a feature, the
-build's sharding summary, and the shard checksum file. Their readers'
-checks live with the code that decodes them (``seqcache.format.ShardTable``,
-``FeatureSpec``, ``read_shard_checksums``); tests check that their field names
-are these. A vocabulary entry, a source file entry and the keys of
-``statistics`` that the commands read (with their own nested objects) are
-checked by ``check_manifest`` itself, the generic way: a reader refuses a
-wrong value there with one ``CacheError`` naming it
-(``manifest.json: statistics.tokens is 'x', expected a JSON object``), before
-any command uses it. Keys a definition does not list are allowed everywhere.
+- The fields: ``MANIFEST_FIELDS``, every field a manifest may hold in the
+  order it is written, each a ``Field`` (name, JSON types, required or not,
+  the format version that introduced it, a one-line description, its JSON
+  Schema keywords, nested fields); nested objects are lists of ``Field``
+  too (the shard table, a feature, a vocabulary, a source file, the keys of
+  ``statistics`` that the commands read, the sharding summary, the shard
+  checksum file). Keys a definition does not list are allowed everywhere.
+- Reading: ``Manifest.read`` (through ``seqcache.bounded_json``) and
+  ``Manifest.parse`` check every field against its definition (its JSON type
+  and keywords, or the field's own ``check`` where its message is part of the
+  format's interface), then the consistency of the counts and of the
+  fingerprint, and give a typed ``Manifest`` (``FeatureSpec`` tuple,
+  ``ShardTable``). Every failure is one ``CacheError`` line naming the field
+  (``manifest.json: statistics.tokens is 'x', expected a JSON object``).
+- Writing: ``Manifest.create`` assembles a manifest from a build's values
+  (refusing a field the definition lacks, and any manifest ``parse`` would
+  refuse) and ``Manifest.write`` writes the shard checksum file, then
+  manifest.json, each atomically.
+- The JSON Schema: ``json_schema()``, published as ``manifest.schema.json``
+  beside this module; ``python -m seqcache.manifest --write`` regenerates it
+  and ``--check`` says whether it is up to date. docs/cache-format.md's field
+  tables are tested against the definitions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import hashlib
 import json
 import math
 import os
@@ -40,8 +38,11 @@ import re
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
-from seqcache import bounded_json
-from seqcache import codec
+import numpy as np
+
+from seqcache import __version__, bounded_json, codec, fs, layout
+from seqcache.codec import (MANIFEST_NAME, SHARD_CHECKSUMS_NAME, CacheError, FeatureSpec, IncompleteCacheError,
+                            ShardTable)
 
 # JSON type name -> the Python test of a value decoded by ``json.loads``.
 _IS = {
@@ -233,7 +234,7 @@ def _check_format_version(value, ctx):
     codec._require(
         value in codec.READ_FORMAT_VERSIONS and not isinstance(value, bool),
         ctx["path"],
-        f"format_version is {_short(value)}, this seqcache reads versions "
+        f"format_version is {_short(value)}, this seqcache reads format version "
         f"{', '.join(map(str, codec.READ_FORMAT_VERSIONS))}: read the cache with the seqcache release that wrote it, "
         "or rebuild it with this one (seqcache build ... --overwrite)",
     )
@@ -259,11 +260,10 @@ def _check_shards(value, ctx):
         count = value.get("num_shards")
         codec._require(not (_IS["integer"](count) and count >= MAX_SHARDS), path,
                      f"shards.num_shards = {_short(count)}, expected an integer in [0, {bounded_json.bound(MAX_SHARDS)})")
-    table = codec.ShardTable(value, path=path, version=ctx["version"])
-    if table.version == 2:
-        encoding = value.get("encoding")
-        codec._require(encoding is None or isinstance(encoding, str), path,
-                     f"shards.encoding is {_short(encoding)}, expected a string")
+    table = ShardTable(value, path=path)
+    encoding = value.get("encoding")
+    codec._require(encoding is None or isinstance(encoding, str), path,
+                   f"shards.encoding is {_short(encoding)}, expected a string")
     if ctx["check_shards"]:
         table.check_all()
     return table
@@ -325,17 +325,6 @@ SHARD_TABLE_FIELDS = (
           "byte size of each provenance shard file (bytes), base64 of S int64", {"pattern": _BASE64_PATTERN}),
     Field("checksums", ("object",), True, 2, "the shard checksum file: name, size and sha256",
           fields=CHECKSUM_FILE_FIELDS),
-)
-
-# Format version 1: one object per shard (``seqcache.format.ShardInfo``).
-SHARD_ENTRY_FIELDS = (
-    Field("file", ("string",), True, 1, "the data shard's file name"),
-    Field("num_records", ("integer",), True, 1, "its records (records)", {"minimum": 0}),
-    Field("num_bytes", ("integer",), True, 1, "its size (bytes)", {"minimum": 0}),
-    Field("sha256", ("string",), True, 1, "its sha256, hex"),
-    Field("provenance_file", ("string",), True, 1, "the provenance shard's file name"),
-    Field("provenance_num_bytes", ("integer",), True, 1, "its size (bytes)", {"minimum": 0}),
-    Field("provenance_sha256", ("string",), True, 1, "its sha256, hex"),
 )
 
 SHARDING_FIELDS = (
@@ -432,9 +421,6 @@ STATISTICS_FIELDS = (
           "(records)", values=_RECORDS),
 )
 
-_V2_SHARDS = {"type": "object", **object_schema(SHARD_TABLE_FIELDS)}
-_V1_SHARDS = {"type": "array", "items": {"type": "object", **object_schema(SHARD_ENTRY_FIELDS)}}
-
 MANIFEST_FIELDS = (
     Field("format", ("string",), True, 1, "the format's name", {"const": codec.FORMAT_NAME}, check=_check_format),
     Field("format_version", ("integer",), True, 1, "the version of the cache as a whole: what a reader must understand",
@@ -455,9 +441,8 @@ MANIFEST_FIELDS = (
     Field("vocabularies", ("object",), False, 1, "feature -> its vocabulary: kind, vocab_size, extra_ids, ...",
           values=_each(("object",), "a vocabulary (Vocabulary.to_json())", fields=VOCABULARY_FIELDS)),
     Field("num_examples", ("integer",), False, 1, "total examples (records)", {"minimum": 0}),
-    Field("shards", ("object", "array"), True, 1,
-          "the shard table: columns (format version 2), or one object per shard (format version 1)",
-          check=_check_shards),
+    Field("shards", ("object",), True, 1, "the shard table: the shard count and one column per shard field",
+          fields=SHARD_TABLE_FIELDS, check=_check_shards),
     Field("statistics", ("object",), False, 1, "counts of the build: examples, tokens, lengths, bad input",
           fields=STATISTICS_FIELDS),
     Field("sources", ("array",), False, 1, "the source file table, indexed by a provenance record's source_index",
@@ -475,53 +460,299 @@ MANIFEST_FIELDS = (
     Field("sharding", ("object",), False, 1, "how the build chose its shard count", fields=SHARDING_FIELDS),
 )
 FIELDS_BY_NAME = {f.name: f for f in MANIFEST_FIELDS}
-# The order in which ``check_manifest`` checks the fields (the format first: a
+# The order in which ``Manifest.parse`` checks the fields (the format first: a
 # cache of another format or version is named as such before anything else).
 _CHECK_ORDER = ("format", "format_version", "features", "shards", "quarantine", "vocabularies", "sources",
                 "statistics", "sequence_length", "quarantine_num_bytes", "quarantine_sha256")
 
 
-def check_manifest(raw: Any, *, path: str = codec.MANIFEST_NAME, check_shards: bool = True) -> dict[str, Any]:
-    """Checks a manifest dict field by field against ``MANIFEST_FIELDS``.
+@dataclasses.dataclass
+class Manifest:
+    """The manifest.json of one cache, checked against ``MANIFEST_FIELDS``.
 
-    Args:
-      raw: the decoded manifest.json.
-      path: the manifest's path, for messages.
-      check_shards: check every shard entry now (else some at first use; see
-        ``seqcache.format.ShardTable``).
+    Attributes:
+      task, split: the cache's task and split names.
+      fingerprint: sha256 (hex) of the canonical JSON of ``fingerprint_inputs``.
+      features: the record features, in record order.
+      shards: the ``ShardTable``: a sequence of ``ShardInfo`` built on access,
+        the record counts as one int64 array, so that a manifest of 10,000
+        shards opens in about the time its JSON takes to parse.
+      raw: the whole JSON object, as read or as it is written (keys the
+        definition does not list included).
+      shard_checksums: (a manifest from ``create``) the bytes of its shard
+        checksum file, which ``write`` writes beside it; None when read.
+    """
 
-    Returns:
-      field name -> its decoded value, for the fields whose check decodes one:
-      ``features`` (a tuple of ``FeatureSpec``) and ``shards`` (a ``ShardTable``).
+    task: str
+    split: str
+    fingerprint: str
+    features: tuple[FeatureSpec, ...]
+    shards: ShardTable
+    raw: dict = dataclasses.field(repr=False)  # the whole JSON: too long to print
+    shard_checksums: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.shards.starts[-1])
+
+    @property
+    def shard_starts(self) -> np.ndarray:
+        """int64 array (num_shards + 1,), read-only: global index of each shard's
+        first record, then the total."""
+        return self.shards.starts
+
+    @property
+    def sources(self) -> list[dict]:
+        return self.raw.get("sources", [])
+
+    @property
+    def vocabularies(self) -> dict:
+        return self.raw.get("vocabularies", {})
+
+    @property
+    def sequence_length(self) -> dict | None:
+        return self.raw.get("sequence_length")
+
+    @property
+    def statistics(self) -> dict:
+        return self.raw.get("statistics", {})
+
+    @property
+    def quarantine(self) -> str | None:
+        """The quarantine file's name (``QUARANTINE_NAME``) when the build skipped,
+        repaired or excluded source records, else None."""
+        return self.raw.get("quarantine")
+
+    @classmethod
+    def parse(cls, raw: Any, *, path: str = MANIFEST_NAME, check_shards: bool = True) -> "Manifest":
+        """Checks a decoded manifest.json field by field against
+        ``MANIFEST_FIELDS``, then its counts (``num_examples`` and
+        ``statistics.examples`` against the shard table; with ``check_shards``,
+        each shard's byte sizes against its records) and its fingerprint
+        (``check_fingerprint``). Cost: O(number of shards) in numpy operations
+        over the shard columns, no Python object per shard.
+
+        Args:
+          raw: the decoded manifest.json.
+          path: the manifest's path, for messages.
+          check_shards: decode and check the shard byte-size columns now (else
+            each shard's sizes at its first read: what ``read`` does).
+
+        Raises:
+          CacheError: ``{path}: ...`` naming the first bad field: not an object;
+            wrong format or format_version (a version-1 cache, written before
+            0.1.0, is refused with the advice to rebuild it); a required field
+            missing (``missing field 'task'``); a field of the wrong JSON type
+            or value; counts or a fingerprint that contradict each other.
+        """
+        codec._require(isinstance(raw, dict), path, "manifest is not a JSON object")
+        ctx = {"path": path, "check_shards": check_shards}
+        decoded: dict[str, Any] = {}
+        order = list(_CHECK_ORDER) + [f.name for f in MANIFEST_FIELDS if f.name not in _CHECK_ORDER]
+        for i, name in enumerate(order):
+            if i == 2:  # after format and format_version: every required field is there
+                for f in MANIFEST_FIELDS:
+                    codec._require(not f.required or f.name in raw, path, f"missing field {f.name!r}")
+            field = FIELDS_BY_NAME[name]
+            if name not in raw and not field.required:
+                continue
+            value = raw.get(name)
+            if field.check is not None:
+                result = field.check(value, ctx)
+                if result is not None:
+                    decoded[name] = result
+            else:
+                check_value(field, value, path)
+        _check_counts(raw, decoded["shards"], path, decoded["features"], check_shards=check_shards)
+        check_fingerprint(raw, path, decoded["features"])
+        return cls(raw["task"], raw["split"], raw["fingerprint"], decoded["features"], decoded["shards"], raw)
+
+    @classmethod
+    def read(cls, cache_dir: str) -> "Manifest":
+        """Reads ``cache_dir/manifest.json`` (a local path or a URL) through
+        ``seqcache.bounded_json`` and ``parse``-s it; each shard's byte sizes
+        are checked at its first read.
+
+        Raises:
+          IncompleteCacheError: there is no manifest (an unfinished build, a
+            task folder, or not a cache), naming what to give instead.
+          CacheError: the manifest is not valid JSON or not a valid manifest.
+          seqcache.fs.FileSystemError: (URLs) the object store cannot be reached
+            or refused the request.
+        """
+        path = fs.join(cache_dir, MANIFEST_NAME)
+        if not fs.exists(path):
+            if not fs.isdir(cache_dir):
+                raise IncompleteCacheError(f"{cache_dir}: no such cache folder")
+            splits = [] if fs.is_url(cache_dir) else _split_folders(cache_dir)
+            if splits:
+                raise IncompleteCacheError(
+                    f"{cache_dir}: no {MANIFEST_NAME} here; this is a task folder (CACHE_DIR/<task>) holding the "
+                    f"split cache(s) {', '.join(splits)}: give one, e.g. {fs.join(cache_dir, splits[0])}")
+            raise IncompleteCacheError(
+                f"{cache_dir}: no {MANIFEST_NAME}: the cache is incomplete (an unfinished or failed build) "
+                "or this is not a cache folder; re-run the build")
+        raw = bounded_json.read_file(path, error=CacheError, what="manifest")
+        return cls.parse(raw, path=path, check_shards=False)
+
+    @classmethod
+    def create(cls, *, shards: Sequence[Mapping[str, Any]], features: Sequence[Mapping[str, Any]],
+               sequence_length: Mapping[str, int] | None = None, **fields: Any) -> "Manifest":
+        """The manifest of a build, not yet written: ``fields`` (every field of
+        ``MANIFEST_FIELDS`` the build knows: ``task``, ``split``,
+        ``fingerprint``, ``seed``, ``sources``, ``statistics``, ``quarantine``,
+        ``sharding``, ...) with the format's own (``format``,
+        ``format_version``, ``writer_options``, ``record_encoding``,
+        ``num_examples``, ``created``, ``seqcache_version``), in definition
+        order. ``shards`` are ``seqcache.pipelines.writer.write_shard``'s
+        entries in shard order: they become the shard table and the shard
+        checksum file (``shard_checksums``). ``features`` and ``sharding`` may
+        hold only the keys their definitions list.
+
+        Raises:
+          ValueError: a field the definition lacks, a required field missing,
+            or shard entries out of shard order or with a malformed count.
+          CacheError: the manifest would not pass ``parse`` (never write what
+            the readers refuse).
+        """
+        table, checksums = shard_table(shards)
+        values = {
+            "format": codec.FORMAT_NAME, "format_version": codec.FORMAT_VERSION,
+            "sequence_length": dict(sequence_length) if sequence_length else None,
+            "writer_options": codec.WRITER_OPTIONS,
+            "record_encoding": "features in manifest order; each a little-endian uint32 count then the elements, "
+                               "little-endian",
+            "features": [assemble_object(FEATURE_FIELDS, f, what=f"features[{i}]") for i, f in enumerate(features)],
+            "num_examples": int(sum(int(s["num_records"]) for s in shards)), "shards": table,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "seqcache_version": __version__, **fields}
+        if "sharding" in values:
+            values["sharding"] = assemble_object(SHARDING_FIELDS, values["sharding"], what="sharding")
+        manifest = cls.parse(assemble(values))
+        manifest.shard_checksums = checksums
+        return manifest
+
+    def to_json(self) -> str:
+        """manifest.json's text: ``raw`` indented by 2, keys in their order, and a newline."""
+        return json.dumps(self.raw, indent=2, ensure_ascii=False) + "\n"
+
+    def write(self, cache_dir: str) -> None:
+        """Writes the shard checksum file, then manifest.json, each atomically
+        (``seqcache.fs.write_bytes_atomic``): the last step of every build. The
+        manifest goes last, so a build killed before it leaves no folder that
+        looks complete (G7).
+
+        Raises:
+          ValueError: a manifest that was read, not made by ``create`` (it has
+            no shard checksum file to write).
+        """
+        if self.shard_checksums is None:
+            raise ValueError(f"{cache_dir}: only a manifest from Manifest.create is written (this one was read)")
+        fs.write_bytes_atomic(fs.join(cache_dir, SHARD_CHECKSUMS_NAME), self.shard_checksums)
+        fs.write_bytes_atomic(fs.join(cache_dir, MANIFEST_NAME), self.to_json().encode("utf-8"))
+
+
+def _split_folders(folder: str) -> list[str]:
+    """The names of the local ``folder``'s subfolders that hold a manifest, sorted."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [n for n in names if os.path.isfile(os.path.join(folder, n, MANIFEST_NAME))]
+
+
+def shard_table(shards: Sequence[Mapping[str, Any]]) -> tuple[dict, bytes]:
+    """The manifest's ``shards`` for ``write_shard``'s entries, in shard order
+    (the shard count, the record counts and byte sizes as
+    ``codec.encode_int_column`` columns, the size and sha256 of the shard
+    checksum file; file names are not stored: they follow from index and
+    count), and the bytes of that checksum file (``shard_checksums_json``).
 
     Raises:
-      seqcache.format.CacheError: ``{path}: ...`` naming the first bad field:
-        not an object; wrong format or format_version; a required field
-        missing (``missing field 'task'``); a field of the wrong JSON type or
-        value.
+      ValueError: an entry is not shard i's (its file names are not
+        ``codec.shard_name(prefix, i, len(shards))``), or a count, size or
+        checksum is malformed.
     """
-    codec._require(isinstance(raw, dict), path, "manifest is not a JSON object")
-    ctx = {"path": path, "version": None, "check_shards": check_shards}
-    decoded: dict[str, Any] = {}
-    order = list(_CHECK_ORDER) + [f.name for f in MANIFEST_FIELDS if f.name not in _CHECK_ORDER]
-    for i, name in enumerate(order):
-        if i == 2:  # after format and format_version: every required field is there
-            ctx["version"] = raw["format_version"]
-            for f in MANIFEST_FIELDS:
-                codec._require(not f.required or f.name in raw, path, f"missing field {f.name!r}")
-        field = FIELDS_BY_NAME[name]
-        if name not in raw and not field.required:
-            continue
-        value = raw.get(name)
-        if field.check is not None:
-            result = field.check(value, ctx)
-            if result is not None:
-                decoded[name] = result
-        else:
-            check_value(field, value, path)
-    _check_counts(raw, decoded["shards"], path, decoded["features"], check_shards=check_shards)
-    check_fingerprint(raw, path, decoded["features"])
-    return decoded
+    count = len(shards)
+    for i, s in enumerate(shards):
+        for key, prefix in (("file", codec.DATA_PREFIX), ("provenance_file", codec.PROVENANCE_PREFIX)):
+            if s.get(key) != codec.shard_name(prefix, i, count):
+                raise ValueError(f"shard entry {i} of {count} names {key} {s.get(key)!r}, expected "
+                                 f"{codec.shard_name(prefix, i, count)!r} (entries must be in shard order)")
+        for key in codec._INT_FIELDS:
+            if not codec._is_count(s.get(key)):
+                raise ValueError(f"shard entry {i}: {key} is {s.get(key)!r}, expected an integer >= 0")
+    checksums = shard_checksums_json([s["sha256"] for s in shards], [s["provenance_sha256"] for s in shards])
+    table = assemble_object(SHARD_TABLE_FIELDS, {
+        "num_shards": count, "encoding": codec.INT_COLUMN_ENCODING,
+        **{key: codec.encode_int_column([s[key] for s in shards]) for key in codec._INT_FIELDS},
+        "checksums": {"file": SHARD_CHECKSUMS_NAME, "num_bytes": len(checksums),
+                      "sha256": hashlib.sha256(checksums).hexdigest()}}, what="shards")
+    return table, checksums
+
+
+def shard_checksums_json(sha256: Sequence[str], provenance_sha256: Sequence[str]) -> bytes:
+    """The bytes of ``SHARD_CHECKSUMS_NAME``: one JSON object ``{"num_shards":
+    S, "sha256": [...], "provenance_sha256": [...]}`` (hex sha256 of data shard
+    i and of provenance shard i at position i), UTF-8, one line and a newline.
+    A function of the checksums alone, so the file is as deterministic as the
+    shards.
+
+    Raises:
+      ValueError: the two lists differ in length or hold something other than
+        64 hex digits.
+    """
+    sha256, provenance_sha256 = list(sha256), list(provenance_sha256)
+    if len(sha256) != len(provenance_sha256):
+        raise ValueError(f"{len(sha256)} data shard checksums but {len(provenance_sha256)} provenance ones")
+    for key, values in (("sha256", sha256), ("provenance_sha256", provenance_sha256)):
+        for i, v in enumerate(values):
+            if not (isinstance(v, str) and codec._SHA256_RE.fullmatch(v)):
+                raise ValueError(f"shard {i}: {key} is {v!r}, expected 64 hex digits")
+    obj = assemble_object(SHARD_CHECKSUMS_FIELDS, {"num_shards": len(sha256), "sha256": sha256,
+                                                   "provenance_sha256": provenance_sha256}, what=SHARD_CHECKSUMS_NAME)
+    return (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def read_shard_checksums(cache_dir: str, manifest: Manifest) -> tuple[list[str], list[str]]:
+    """Every shard's recorded checksums: (sha256 of each data shard, sha256 of
+    each provenance shard), hex, one per shard in shard order, from
+    ``SHARD_CHECKSUMS_NAME`` (a local path or a URL), after checking that
+    file's byte size and sha256 against the manifest's ``shards.checksums``.
+    Only ``seqcache verify`` (and whatever else compares checksums) needs them:
+    opening a cache never reads this file.
+
+    Raises:
+      CacheError: the checksum file is missing, has another size or sha256 than
+        the manifest records, or is not a checksum list of this cache's shards;
+        naming the file, the expected and the actual value.
+      seqcache.fs.FileSystemError: (URLs) the object store cannot be reached.
+    """
+    table = manifest.shards
+    recorded = table.checksums
+    path = layout.cache_file(cache_dir, recorded["file"], what="shard checksum file")
+    if not fs.exists(path):
+        raise CacheError(f"{path}: shard checksum file is missing (the manifest lists it with "
+                         f"{recorded['num_bytes']} bytes)")
+    data = fs.read_bytes(path)
+    if len(data) != recorded["num_bytes"]:
+        raise CacheError(f"{path}: shard checksum file has {len(data)} bytes, the manifest expects "
+                         f"{recorded['num_bytes']}")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != recorded["sha256"]:
+        raise CacheError(f"{path}: shard checksum file has sha256 {actual}, the manifest expects {recorded['sha256']}")
+    obj = bounded_json.loads(data, path=path, error=CacheError, what="shard checksum file")
+    try:
+        sha, prov = obj["sha256"], obj["provenance_sha256"]
+        shard_checksums_json(sha, prov)  # the same checks as when it was written
+    except (KeyError, TypeError, ValueError) as e:
+        raise CacheError(f"{path}: not a shard checksum file: {bounded_json.short(e)}") from None
+    if obj.get("num_shards") != len(sha):
+        raise CacheError(f"{path}: num_shards = {bounded_json.short(obj.get('num_shards'))}, but it lists "
+                         f"{len(sha)} shard checksums")
+    if len(sha) != len(table):
+        raise CacheError(f"{path}: {len(sha)} shard checksums, the manifest has {len(table)} shards")
+    return sha, prov
 
 
 def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
@@ -557,7 +788,7 @@ def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
                  "record order; the manifest was edited or damaged; rebuild the cache")
 
 
-def _check_counts(raw: Mapping[str, Any], table: "codec.ShardTable", path: str, features, *,
+def _check_counts(raw: Mapping[str, Any], table: ShardTable, path: str, features, *,
                   check_shards: bool) -> None:
     """Refuses a manifest whose counts contradict each other: a shard's
     record count out of range; ``num_examples`` or ``statistics.examples``
@@ -568,8 +799,6 @@ def _check_counts(raw: Mapping[str, Any], table: "codec.ShardTable", path: str, 
     Raises:
       seqcache.format.CacheError: naming the manifest, the fields and both values.
     """
-    import numpy as np
-
     counts = table.num_records
     if len(counts) and int(counts.max()) >= MAX_SHARD_RECORDS:
         i = int(np.argmax(counts >= MAX_SHARD_RECORDS))
@@ -585,7 +814,7 @@ def _check_counts(raw: Mapping[str, Any], table: "codec.ShardTable", path: str, 
         check_shard_sizes(raw, table, path, features)
 
 
-def check_shard_sizes(raw: Mapping[str, Any], table: "codec.ShardTable", path: str, features) -> None:
+def check_shard_sizes(raw: Mapping[str, Any], table: ShardTable, path: str, features) -> None:
     """(Uncompressed shards) Refuses a shard whose byte size cannot hold its
     records: each record holds at least a 4-byte length per feature, each
     provenance record 12 bytes. Decodes every shard's sizes (what
@@ -595,16 +824,10 @@ def check_shard_sizes(raw: Mapping[str, Any], table: "codec.ShardTable", path: s
     Raises:
       seqcache.format.CacheError: naming the manifest, the shard and both values.
     """
-    import numpy as np
-
     counts = table.num_records
     if "uncompressed" not in str(raw.get("writer_options", "")):
         return
-    if table.version == 2:
-        data_bytes, prov_bytes = table._column("num_bytes"), table._column("provenance_num_bytes")
-    else:
-        data_bytes = np.array([s.num_bytes for s in table], np.int64)
-        prov_bytes = np.array([s.provenance_num_bytes for s in table], np.int64)
+    data_bytes, prov_bytes = table._column("num_bytes"), table._column("provenance_num_bytes")
     for key, sizes, per_record in (("num_bytes", data_bytes, 4 * max(len(features), 1)),
                                    ("provenance_num_bytes", prov_bytes, 4 * len(codec.PROVENANCE_FEATURES))):
         short_of = counts * per_record > sizes
@@ -650,20 +873,14 @@ def assemble_object(fields: Sequence[Field], values: Mapping[str, Any], *, what:
 
 def json_schema() -> dict:
     """The JSON Schema (draft 2020-12) of manifest.json, from ``MANIFEST_FIELDS``;
-    ``$defs.shard_checksums`` is that of shard-checksums.json. Version 1
-    manifests have a list of shard entries, later ones the shard table."""
+    ``$defs.shard_checksums`` is that of shard-checksums.json."""
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "seqcache cache manifest (manifest.json)",
         "description": f"Generated from seqcache/manifest.py (python -m seqcache.manifest --write); "
-                       f"format versions {', '.join(map(str, codec.READ_FORMAT_VERSIONS))}. See docs/cache-format.md.",
+                       f"format version {', '.join(map(str, codec.READ_FORMAT_VERSIONS))}. See docs/cache-format.md.",
         "type": "object",
         **object_schema(MANIFEST_FIELDS),
-        "allOf": [{
-            "if": {"properties": {"format_version": {"const": 1}}, "required": ["format_version"]},
-            "then": {"properties": {"shards": _V1_SHARDS}},
-            "else": {"properties": {"shards": _V2_SHARDS}},
-        }],
         "$defs": {"shard_checksums": {"title": "seqcache shard checksum file (shard-checksums.json)", "type": "object",
                                       **object_schema(SHARD_CHECKSUMS_FIELDS)}},
     }

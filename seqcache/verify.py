@@ -25,6 +25,7 @@ import numpy as np
 from seqcache import bounded_json
 from seqcache import format as fmt
 from seqcache import fs, layout
+from seqcache import manifest as schema
 
 
 @dataclasses.dataclass
@@ -159,8 +160,6 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
     # One listing of an object-store folder gives every size (one request per file otherwise).
     listed = None if fs.is_local(cache_dir) else fs.sizes_in(cache_dir)
     manifest.shards.check_all()
-    from seqcache import manifest as schema  # it imports seqcache.format
-
     schema.check_shard_sizes(manifest.raw, manifest.shards, manifest_path, manifest.features)
     checksum_problems = []
     try:

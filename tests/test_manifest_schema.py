@@ -19,7 +19,7 @@ import pytest
 from seqcache import format as fmt
 from seqcache import manifest as schema
 from seqcache import tasks
-from seqcache.pipelines import BuildConfig, build_task, writer
+from seqcache.pipelines import BuildConfig, build_task
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "cache-format.md"
@@ -81,31 +81,21 @@ def test_a_real_builds_manifest_and_checksum_file_validate(built):
     assert set(raw) == set(order)
 
 
-def _as_version_1(raw, sums):
-    raw = copy.deepcopy(raw)
-    table = raw["shards"]
-    count = table["num_shards"]
-    cols = {k: fmt.decode_int_column(table[k]).tolist() for k in ("num_records", "num_bytes", "provenance_num_bytes")}
-    raw["format_version"] = 1
-    raw["shards"] = [{"file": fmt.shard_name("data", i, count), "num_records": cols["num_records"][i],
-                      "num_bytes": cols["num_bytes"][i], "sha256": sums["sha256"][i],
-                      "provenance_file": fmt.shard_name("provenance", i, count),
-                      "provenance_num_bytes": cols["provenance_num_bytes"][i],
-                      "provenance_sha256": sums["provenance_sha256"][i]} for i in range(count)]
-    return raw
-
-
-def test_a_version_1_manifest_validates_and_each_version_needs_its_own_shard_layout(built):
-    _, raw, sums = built
-    v1 = _as_version_1(raw, sums)
-    assert list(_validator().iter_errors(v1)) == []
-    assert fmt.parse_manifest(v1).shards.version == 1
-    assert not _validator().is_valid({**v1, "format_version": 2})
-    assert not _validator().is_valid({**raw, "format_version": 1})
-    v1["shards"][1]["num_bytes"] = "12"
+def test_a_version_1_manifest_fails_the_schema_and_the_readers_with_the_advice_to_rebuild(built):
+    _, raw, _ = built
+    count = raw["shards"]["num_shards"]
+    v1 = {**raw, "format_version": 1, "shards": [
+        {"file": fmt.shard_name("data", i, count), "num_records": 1, "num_bytes": 1, "sha256": "0" * 64,
+         "provenance_file": fmt.shard_name("provenance", i, count), "provenance_num_bytes": 1,
+         "provenance_sha256": "0" * 64} for i in range(count)]}
     assert not _validator().is_valid(v1)
-    with pytest.raises(fmt.CacheError, match=r"shard 1: num_bytes is '12', expected an integer >= 0"):
+    assert not _validator().is_valid({**raw, "shards": v1["shards"]})
+    with pytest.raises(fmt.CacheError, match=r"^manifest\.json: format_version is 1, this seqcache reads format "
+                                             r"version 2: .*rebuild it with this one "
+                                             r"\(seqcache build \.\.\. --overwrite\)$"):
         fmt.parse_manifest(v1)
+    with pytest.raises(fmt.CacheError, match=r"^manifest\.json: shards is list, expected a JSON object"):
+        fmt.parse_manifest({**raw, "shards": v1["shards"]})
 
 
 def _wrong(field: schema.Field):
@@ -264,21 +254,25 @@ def test_a_missing_required_field_fails_both(built):
 
 def test_the_writer_writes_no_field_the_schema_lacks(built, tmp_path):
     cache, raw, _ = built
-    entries = fmt.parse_manifest(raw).shards
     args = dict(task="t", split="train", fingerprint=fmt.fingerprint_of({}), fingerprint_inputs={}, features=raw["features"],
                 shards=[], sources=[], statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={})
     with pytest.raises(ValueError, match=r"\['colour'\] are not in the manifest schema"):
-        writer.build_manifest(**args, extra={"colour": "red"})
-    assert list(writer.build_manifest(**args, extra={"sharding": {"num_shards": 0}}))[-1] == "sharding"
-    with pytest.raises(ValueError, match=r"\['colour'\] are not in the manifest schema"):
-        writer.write_manifest(str(tmp_path), {**raw, "colour": "red"}, shards=[])
-    assert not os.path.exists(tmp_path / fmt.MANIFEST_NAME) and len(entries) == 2
+        schema.Manifest.create(**args, colour="red")
+    with pytest.raises(ValueError, match=r"sharding: unknown field\(s\) \['colour'\]"):
+        schema.Manifest.create(**args, sharding={"num_shards": 0, "colour": "red"})
+    made = schema.Manifest.create(**args, sharding={"num_shards": 0})
+    assert list(made.raw)[-1] == "sharding" and list(made.raw) == [n for n in schema.FIELDS_BY_NAME if n in made.raw]
+    made.write(str(tmp_path))
+    assert fmt.read_manifest(str(tmp_path)).raw == made.raw
+    assert (tmp_path / fmt.SHARD_CHECKSUMS_NAME).read_bytes() == fmt.shard_checksums_json([], [])
+    with pytest.raises(ValueError, match="only a manifest from Manifest.create is written"):
+        fmt.read_manifest(cache).write(str(tmp_path / "other"))
+    assert not os.path.exists(tmp_path / "other")
     with pytest.raises(ValueError, match=r"lacks the required field\(s\) \['task'\]"):
         schema.assemble({k: v for k, v in raw.items() if k != "task"})
 
 
 def test_the_nested_definitions_name_the_readers_fields():
-    assert [f.name for f in schema.SHARD_ENTRY_FIELDS] == [f.name for f in dataclasses.fields(fmt.ShardInfo)]
     assert [f.name for f in schema.SHARD_TABLE_FIELDS if f.name in fmt._INT_FIELDS] == list(fmt._INT_FIELDS)
     assert [f.name for f in schema.FEATURE_FIELDS if f.required] == [f.name for f in dataclasses.fields(fmt.FeatureSpec)]
     assert [f.name for f in schema.SHARD_CHECKSUMS_FIELDS] == list(json.loads(fmt.shard_checksums_json([], [])))

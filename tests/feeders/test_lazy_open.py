@@ -164,7 +164,7 @@ def test_the_manifest_keeps_the_shard_table_as_columns_and_builds_shard_entries_
     assert list(m.shards.provenance_files) == [fmt.shard_name("provenance", i, SHARDS) for i in range(SHARDS)]
     assert m.shards[3] is m.shards[3] and m.shards[-1] == m.shards[SHARDS - 1]
     assert [s.num_bytes for s in m.shards] == [os.path.getsize(os.path.join(path, n)) for n in names]
-    assert m.shards[2].sha256 is None  # not read at open
+    assert not hasattr(m.shards[2], "sha256")  # checksums are not read at open: they are in their own file
     sha, prov = fmt.read_shard_checksums(path, m)
     assert sha[2] == fmt.file_sha256(os.path.join(path, names[2]))
     assert prov[5] == fmt.file_sha256(os.path.join(path, fmt.shard_name("provenance", 5, SHARDS)))
@@ -222,7 +222,7 @@ def test_a_bad_size_column_is_refused_at_the_first_read_naming_the_shard(make_ca
     (lambda raw: raw["shards"]["checksums"].update(sha256="12"), r"shards.checksums: sha256 is '12', expected 64 hex"),
     (lambda raw: raw.update(shards=[]), r"shards is list, expected a JSON object \(format version 2\)"),
     (lambda raw: raw.update(format_version=3),
-     r"format_version is 3, this seqcache reads versions 1, 2: read the cache with the seqcache release that wrote "
+     r"format_version is 3, this seqcache reads format version 2: read the cache with the seqcache release that wrote "
      r"it, or rebuild it with this one \(seqcache build ... --overwrite\)"),
 ])
 def test_the_shard_table_is_checked_at_open(make_cache, edit, message):
@@ -232,66 +232,21 @@ def test_the_shard_table_is_checked_at_open(make_cache, edit, message):
         Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1)
 
 
-# --- the previous format version (1): one JSON object per shard -----------------------------
+# --- the previous format version (1): one JSON object per shard, no longer read ---------------
 
 
-def test_a_version_1_cache_still_opens_reads_and_verifies(make_cache):
-    from seqcache.verify import verify_cache
-
-    path = make_cache(n=N, num_shards=SHARDS)
-    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1, num_epochs=1) as f:
-        want = [f.get_batch(s) for s in range(f.num_steps)]
-        f.step = 3
-        state = f.state()
-    raw = to_format_version_1(path)
-    assert not os.path.exists(os.path.join(path, fmt.SHARD_CHECKSUMS_NAME))
-    m = fmt.read_manifest(path)
-    assert m.shards.version == 1 and m.shards.files == [s["file"] for s in raw["shards"]]
-    assert m.shards[2].sha256 == raw["shards"][2]["sha256"]
-    assert fmt.read_shard_checksums(path, m)[1] == [s["provenance_sha256"] for s in raw["shards"]]
-    # The same stream, and a state saved on the version-2 cache restores on it (same fingerprint).
-    with Feeder.restore(state, cache=path) as f:
-        assert f.step == 3 and np.array_equal(next(f)["cache_index"], want[3]["cache_index"])
-    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1, num_epochs=1) as f:
-        for s, batch in enumerate(want):
-            got = f.get_batch(s)
-            assert all(np.array_equal(got[k], batch[k]) for k in batch)
-    with CacheReader(path) as r:
-        assert len(r) == N
-    report = verify_cache(path)
-    assert report.ok, report.problems
-    with open(os.path.join(path, raw["shards"][1]["file"]), "r+b") as f:
-        f.seek(-1, 2)
-        last = f.read(1)
-        f.seek(-1, 2)
-        f.write(bytes([last[0] ^ 1]))
-    report = verify_cache(path)
-    assert any(raw["shards"][1]["file"] in p and f"expected {raw['shards'][1]['sha256']}" in p for p in report.problems)
-
-
-def test_a_bad_version_1_shard_entry_is_refused_at_that_shards_first_read_naming_it(make_cache):
+def test_a_version_1_cache_is_refused_by_every_reader_with_the_advice_to_rebuild(make_cache):
     path = make_cache(n=N, num_shards=SHARDS)
     to_format_version_1(path)
-    mpath = _edit_manifest(path, lambda raw: raw["shards"][6].update(num_bytes="12"))
-    # A shard's entry is built at its first read; the eager open builds every entry.
-    _refused_at_shard_6s_first_read(path, mpath, "'12'", parse_match="shard 6: num_bytes")
-
-
-@pytest.mark.parametrize("edit, message", [
-    (lambda raw: raw["shards"][4].update(num_records=2.5), r"shard 4: num_records is 2.5, expected an integer >= 0"),
-    (lambda raw: raw["shards"][4].update(num_records=-1), r"shard 4: num_records is -1"),
-    (lambda raw: raw["shards"][4].pop("file"), r"shard 4: bad entry: 'file'"),
-    (lambda raw: raw["shards"][5].update(provenance_file="../x"), r"shard 5: file name '../x' is not a plain file name"),
-    (lambda raw: raw["shards"].reverse(), r"shard 0: file name 'data.array_record-00007-of-00008', expected "
-                                          r"'data.array_record-00000-of-00008'"),
-    (lambda raw: raw.update(shards={}), r"shards is dict, expected a JSON list"),
-])
-def test_version_1_shard_names_and_record_counts_are_checked_at_open(make_cache, edit, message):
-    path = make_cache(n=N, num_shards=SHARDS)
-    to_format_version_1(path)
-    mpath = _edit_manifest(path, edit)
-    with pytest.raises(fmt.CacheError, match=rf"^{mpath}: {message}"):
+    mpath = os.path.join(path, fmt.MANIFEST_NAME)
+    message = (rf"^{mpath}: format_version is 1, this seqcache reads format version 2: read the cache with the "
+               r"seqcache release that wrote it, or rebuild it with this one \(seqcache build ... --overwrite\)$")
+    with pytest.raises(fmt.CacheError, match=message):
         Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1)
+    with pytest.raises(fmt.CacheError, match=message):
+        CacheReader(path)
+    with pytest.raises(fmt.CacheError, match=message):
+        verify_cache(path)
 
 
 def test_a_shards_sizes_are_decoded_from_its_own_base64_quanta():

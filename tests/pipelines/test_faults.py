@@ -61,7 +61,8 @@ def test_a_retried_unit_gives_exactly_the_input_multiset(tmp_path, corpora, exch
     import collections
 
     from seqcache.feeders.reader import CacheReader
-    from seqcache.pipelines import transforms, writer
+    from seqcache.manifest import Manifest
+    from seqcache.pipelines import transforms
 
     path = str(corpora.shakespeare)
     task = _task(path)
@@ -91,10 +92,10 @@ def test_a_retried_unit_gives_exactly_the_input_multiset(tmp_path, corpora, exch
         results[result.get("shard", result["kind"])] = result
     assert results["counts"]["records"] == 40000
     entries = [results[shard]["entry"] for shard in range(2)]
-    raw = writer.build_manifest(task="lines", split="train", fingerprint=fmt.fingerprint_of({}), fingerprint_inputs={}, features=[
+    Manifest.create(task="lines", split="train", fingerprint=fmt.fingerprint_of({}), fingerprint_inputs={}, features=[
         {"name": f.name, "dtype": f.dtype} for f in transforms.features_out(task)], shards=entries,
-        sources=[{"path": path}], statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={})
-    writer.write_manifest(str(out_dir), raw, shards=entries)
+        sources=[{"path": path}], statistics={}, seed=0, sequence_length=None, packing=None,
+        vocabularies={}).write(str(out_dir))
     with CacheReader(str(out_dir)) as r:
         got = collections.Counter(tuple(e["targets"].tolist()) for e in r.read_examples(range(len(r))))
     lines = open(path, encoding="utf-8").read().split("\n")[:-1]

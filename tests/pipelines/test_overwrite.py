@@ -255,3 +255,31 @@ def test_overwrite_on_an_object_store(tmp_path, corpus):
         {k: v for k, v in want.items() if k != fmt.MANIFEST_NAME}
     assert verify_cache(local).ok
     assert not os.path.exists(staged) or _hashes(staged) == {}
+
+
+def test_a_cache_of_a_format_version_no_longer_read_is_refused_and_rebuilt_with_overwrite(tmp_path, corpus):
+    """A version-1 cache (one JSON object per shard) is refused with the advice to
+    rebuild; ``--overwrite`` rebuilds it, with the same shard bytes and fingerprint."""
+    import json
+
+    root, pattern = str(tmp_path / "c"), str(corpus / "*.txt")
+    built = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2))
+    want = _hashes(built.cache_dir)
+    mpath = os.path.join(built.cache_dir, fmt.MANIFEST_NAME)
+    raw = json.load(open(mpath))
+    raw["format_version"] = 1
+    raw["shards"] = [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes,
+                      "sha256": "0" * 64, "provenance_file": s.provenance_file,
+                      "provenance_num_bytes": s.provenance_num_bytes, "provenance_sha256": "0" * 64}
+                     for s in built.manifest.shards]
+    json.dump(raw, open(mpath, "w"))
+    os.unlink(os.path.join(built.cache_dir, fmt.SHARD_CHECKSUMS_NAME))
+    with pytest.raises(fmt.CacheError, match=r"format_version is 1, this seqcache reads format version 2: .*"
+                                             r"rebuild it with this one \(seqcache build \.\.\. --overwrite\)"):
+        build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2))
+    rebuilt = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2), overwrite=True)
+    assert not rebuilt.reused and rebuilt.manifest.fingerprint == built.manifest.fingerprint
+    now = _hashes(rebuilt.cache_dir)
+    assert {k: v for k, v in now.items() if k != fmt.MANIFEST_NAME} == \
+        {k: v for k, v in want.items() if k != fmt.MANIFEST_NAME}
+    assert verify_cache(rebuilt.cache_dir).ok

@@ -2,11 +2,12 @@
 shard-checksums.json, and the one place that reads, checks, writes and
 publishes them.
 
-- The fields: ``MANIFEST_FIELDS``, every field a manifest may hold in the
-  order it is written, each a ``Field`` (name, JSON types, required or not,
-  the format version that introduced it, a one-line description, its JSON
-  Schema keywords, nested fields); nested objects are lists of ``Field``
-  too (the shard table, a feature, a vocabulary, a source file, the keys of
+- The fields: the attributes of the dataclass ``Manifest``, every field a
+  manifest may hold in the order it is written, each typed and carrying its
+  ``Field`` (JSON types, required or not, the format version that introduced
+  it, a one-line description, its JSON Schema keywords, nested fields, the
+  reader's check); ``MANIFEST_FIELDS`` lists them. Nested objects are lists
+  of ``Field`` (the shard table, a feature, a vocabulary, a source file, the keys of
   ``statistics`` that the commands read, the sharding summary, the shard
   checksum file). Keys a definition does not list are allowed everywhere.
 - Reading: ``Manifest.read`` (through ``seqcache.bounded_json``) and
@@ -83,7 +84,7 @@ class Field:
       check: the reader's check of the value instead of the generic one:
         ``check(value, context)`` raises ``seqcache.format.CacheError`` with
         the field's own message and may return a decoded value (``context``:
-        ``path``, ``version``, ``check_shards``).
+        ``path``, ``check_shards``).
     """
 
     name: str
@@ -421,107 +422,97 @@ STATISTICS_FIELDS = (
           "(records)", values=_RECORDS),
 )
 
-MANIFEST_FIELDS = (
-    Field("format", ("string",), True, 1, "the format's name", {"const": codec.FORMAT_NAME}, check=_check_format),
-    Field("format_version", ("integer",), True, 1, "the version of the cache as a whole: what a reader must understand",
-          {"enum": list(codec.READ_FORMAT_VERSIONS)}, check=_check_format_version),
-    Field("task", ("string",), True, 1, "the task's name"),
-    Field("split", ("string",), True, 1, "the split's name"),
-    Field("fingerprint", ("string",), True, 1, "sha256 of the canonical JSON of fingerprint_inputs"),
-    Field("seed", ("integer",), False, 1, "the shuffle seed"),
-    Field("sequence_length", ("object", "integer", "null"), False, 1, "feature -> tokens, or null",
-          {"minimum": 1, "additionalProperties": {"type": ["integer", "null"], "minimum": 1}},
-          check=_check_sequence_length),
-    Field("packing", ("string", "null"), False, 1, "the packing: lm, first_fit or null",
-          {"enum": list(PACKINGS)}),
-    Field("writer_options", ("string",), False, 1, "the ArrayRecord writer options"),
-    Field("record_encoding", ("string",), False, 1, "the record encoding, for humans"),
-    Field("features", ("array",), True, 1, "the record features, in record order", fields=FEATURE_FIELDS,
-          check=_check_features),
-    Field("vocabularies", ("object",), False, 1, "feature -> its vocabulary: kind, vocab_size, extra_ids, ...",
-          values=_each(("object",), "a vocabulary (Vocabulary.to_json())", fields=VOCABULARY_FIELDS)),
-    Field("num_examples", ("integer",), False, 1, "total examples (records)", {"minimum": 0}),
-    Field("shards", ("object",), True, 1, "the shard table: the shard count and one column per shard field",
-          fields=SHARD_TABLE_FIELDS, check=_check_shards),
-    Field("statistics", ("object",), False, 1, "counts of the build: examples, tokens, lengths, bad input",
-          fields=STATISTICS_FIELDS),
-    Field("sources", ("array",), False, 1, "the source file table, indexed by a provenance record's source_index",
-          fields=SOURCE_FIELDS),
-    Field("fingerprint_inputs", ("object",), False, 1, "what the fingerprint is computed from"),
-    Field("created", ("string",), False, 1, "when it was written, ISO 8601, UTC"),
-    Field("seqcache_version", ("string",), False, 1, "the seqcache release that wrote it"),
-    Field("quarantine", ("string", "null"), False, 1, "quarantine.jsonl when records were skipped, repaired or "
-          "excluded, else null",
-          {"enum": [codec.QUARANTINE_NAME, None]}, check=_check_quarantine),
-    Field("quarantine_num_bytes", ("integer", "null"), False, 1, "the quarantine file's size (bytes)",
-          {"minimum": 0}, check=_check_quarantine_num_bytes),
-    Field("quarantine_sha256", ("string", "null"), False, 1, "the quarantine file's sha256, hex",
-          {"pattern": _SHA256_PATTERN}, check=_check_quarantine_sha256),
-    Field("sharding", ("object",), False, 1, "how the build chose its shard count", fields=SHARDING_FIELDS),
-)
-FIELDS_BY_NAME = {f.name: f for f in MANIFEST_FIELDS}
+
+
+def _field(types: tuple[str, ...], description: str, keywords: Mapping[str, Any] | None = None, *,
+           required: bool = False, default: Any = None, show: bool = False, **kw):
+    """A ``Manifest`` attribute that is a field of manifest.json: its ``Field``
+    (named after the attribute, since format version 1) in the metadata;
+    ``default`` (a value, or a type to call) where the field is optional;
+    ``show``: in the repr."""
+    meta = {"field": Field("", types, required, 1, description, dict(keywords or {}), **kw)}
+    if required:
+        return dataclasses.field(repr=show, metadata=meta)
+    if isinstance(default, type):
+        return dataclasses.field(default_factory=default, repr=show, metadata=meta)
+    return dataclasses.field(default=default, repr=show, metadata=meta)
+
+
 # The order in which ``Manifest.parse`` checks the fields (the format first: a
 # cache of another format or version is named as such before anything else).
 _CHECK_ORDER = ("format", "format_version", "features", "shards", "quarantine", "vocabularies", "sources",
                 "statistics", "sequence_length", "quarantine_num_bytes", "quarantine_sha256")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Manifest:
-    """The manifest.json of one cache, checked against ``MANIFEST_FIELDS``.
+    """manifest.json of one cache: the typed model, and the one definition of
+    its fields. Each attribute below up to ``sharding`` is a field of
+    manifest.json, in the order it is written, its ``Field`` (JSON types,
+    required or not, description, JSON Schema keywords, nested fields, the
+    reader's check) in the attribute's metadata; ``MANIFEST_FIELDS`` lists
+    them. An optional field a manifest lacks has the attribute's default.
 
-    Attributes:
-      task, split: the cache's task and split names.
-      fingerprint: sha256 (hex) of the canonical JSON of ``fingerprint_inputs``.
-      features: the record features, in record order.
-      shards: the ``ShardTable``: a sequence of ``ShardInfo`` built on access,
-        the record counts as one int64 array, so that a manifest of 10,000
-        shards opens in about the time its JSON takes to parse.
+    Attributes beyond the fields:
       raw: the whole JSON object, as read or as it is written (keys the
         definition does not list included).
       shard_checksums: (a manifest from ``create``) the bytes of its shard
         checksum file, which ``write`` writes beside it; None when read.
     """
 
-    task: str
-    split: str
-    fingerprint: str
-    features: tuple[FeatureSpec, ...]
-    shards: ShardTable
-    raw: dict = dataclasses.field(repr=False)  # the whole JSON: too long to print
-    shard_checksums: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
+    format: str = _field(("string",), "the format's name", {"const": codec.FORMAT_NAME}, required=True,
+                         check=_check_format)
+    format_version: int = _field(("integer",), "the version of the cache as a whole: what a reader must understand",
+                                 {"enum": list(codec.READ_FORMAT_VERSIONS)}, required=True,
+                                 check=_check_format_version)
+    task: str = _field(("string",), "the task's name", required=True, show=True)
+    split: str = _field(("string",), "the split's name", required=True, show=True)
+    fingerprint: str = _field(("string",), "sha256 of the canonical JSON of fingerprint_inputs", required=True,
+                              show=True)
+    seed: int | None = _field(("integer",), "the shuffle seed")
+    sequence_length: dict[str, int | None] | int | None = _field(
+        ("object", "integer", "null"), "feature -> tokens, or null",
+        {"minimum": 1, "additionalProperties": {"type": ["integer", "null"], "minimum": 1}},
+        check=_check_sequence_length)
+    packing: str | None = _field(("string", "null"), "the packing: lm, first_fit or null", {"enum": list(PACKINGS)})
+    writer_options: str | None = _field(("string",), "the ArrayRecord writer options")
+    record_encoding: str | None = _field(("string",), "the record encoding, for humans")
+    features: tuple[FeatureSpec, ...] = _field(("array",), "the record features, in record order", required=True,
+                                               show=True, fields=FEATURE_FIELDS, check=_check_features)
+    vocabularies: dict[str, dict] = _field(
+        ("object",), "feature -> its vocabulary: kind, vocab_size, extra_ids, ...", default=dict,
+        values=_each(("object",), "a vocabulary (Vocabulary.to_json())", fields=VOCABULARY_FIELDS))
+    # Always the shard table's total when read (a manifest whose field differs is refused).
+    num_examples: int = _field(("integer",), "total examples (records)", {"minimum": 0}, default=0)
+    # A sequence of ``ShardInfo`` built on access, the record counts as one
+    # int64 array: a manifest of 10,000 shards opens in about the time its JSON
+    # takes to parse.
+    shards: ShardTable = _field(("object",), "the shard table: the shard count and one column per shard field",
+                                required=True, show=True, fields=SHARD_TABLE_FIELDS, check=_check_shards)
+    statistics: dict[str, Any] = _field(("object",), "counts of the build: examples, tokens, lengths, bad input",
+                                        default=dict, fields=STATISTICS_FIELDS)
+    sources: list[dict] = _field(("array",), "the source file table, indexed by a provenance record's source_index",
+                                 default=list, fields=SOURCE_FIELDS)
+    fingerprint_inputs: dict | None = _field(("object",), "what the fingerprint is computed from")
+    created: str | None = _field(("string",), "when it was written, ISO 8601, UTC")
+    seqcache_version: str | None = _field(("string",), "the seqcache release that wrote it")
+    quarantine: str | None = _field(("string", "null"), "quarantine.jsonl when records were skipped, repaired or "
+                                    "excluded, else null", {"enum": [codec.QUARANTINE_NAME, None]},
+                                    check=_check_quarantine)
+    quarantine_num_bytes: int | None = _field(("integer", "null"), "the quarantine file's size (bytes)",
+                                              {"minimum": 0}, check=_check_quarantine_num_bytes)
+    quarantine_sha256: str | None = _field(("string", "null"), "the quarantine file's sha256, hex",
+                                           {"pattern": _SHA256_PATTERN}, check=_check_quarantine_sha256)
+    sharding: dict | None = _field(("object",), "how the build chose its shard count", fields=SHARDING_FIELDS)
 
-    @property
-    def num_examples(self) -> int:
-        return int(self.shards.starts[-1])
+    raw: dict = dataclasses.field(default_factory=dict, repr=False)  # the whole JSON: too long to print
+    shard_checksums: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def shard_starts(self) -> np.ndarray:
         """int64 array (num_shards + 1,), read-only: global index of each shard's
         first record, then the total."""
         return self.shards.starts
-
-    @property
-    def sources(self) -> list[dict]:
-        return self.raw.get("sources", [])
-
-    @property
-    def vocabularies(self) -> dict:
-        return self.raw.get("vocabularies", {})
-
-    @property
-    def sequence_length(self) -> dict | None:
-        return self.raw.get("sequence_length")
-
-    @property
-    def statistics(self) -> dict:
-        return self.raw.get("statistics", {})
-
-    @property
-    def quarantine(self) -> str | None:
-        """The quarantine file's name (``QUARANTINE_NAME``) when the build skipped,
-        repaired or excluded source records, else None."""
-        return self.raw.get("quarantine")
 
     @classmethod
     def parse(cls, raw: Any, *, path: str = MANIFEST_NAME, check_shards: bool = True) -> "Manifest":
@@ -565,7 +556,9 @@ class Manifest:
                 check_value(field, value, path)
         _check_counts(raw, decoded["shards"], path, decoded["features"], check_shards=check_shards)
         check_fingerprint(raw, path, decoded["features"])
-        return cls(raw["task"], raw["split"], raw["fingerprint"], decoded["features"], decoded["shards"], raw)
+        values = {name: decoded.get(name, raw[name]) for name in FIELDS_BY_NAME if name in raw}
+        values["num_examples"] = int(decoded["shards"].starts[-1])
+        return cls(**values, raw=raw)
 
     @classmethod
     def read(cls, cache_dir: str) -> "Manifest":
@@ -650,6 +643,11 @@ class Manifest:
             raise ValueError(f"{cache_dir}: only a manifest from Manifest.create is written (this one was read)")
         fs.write_bytes_atomic(fs.join(cache_dir, SHARD_CHECKSUMS_NAME), self.shard_checksums)
         fs.write_bytes_atomic(fs.join(cache_dir, MANIFEST_NAME), self.to_json().encode("utf-8"))
+
+
+MANIFEST_FIELDS = tuple(dataclasses.replace(f.metadata["field"], name=f.name) for f in dataclasses.fields(Manifest)
+                        if "field" in f.metadata)
+FIELDS_BY_NAME = {f.name: f for f in MANIFEST_FIELDS}
 
 
 def _split_folders(folder: str) -> list[str]:

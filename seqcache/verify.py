@@ -178,9 +178,6 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
                         fmt.PROVENANCE_FEATURES, decode_batch, listed)
         )
     problems = checksum_problems + [p for s in shards for p in s.problems]
-    declared = manifest.raw.get("num_examples")
-    if declared is not None and declared != manifest.num_examples:
-        problems.append(f"{manifest_path}: num_examples {declared}, shards sum to {manifest.num_examples}")
     for name, desc in manifest.vocabularies.items():
         if "file" not in desc:
             if desc.get("kind") in ("sentencepiece", "hf_tokenizer"):
@@ -229,7 +226,7 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
     """
     manifest_path = fs.join(cache_dir, fmt.MANIFEST_NAME)
     problems: list[str] = []
-    declared = _declared_quarantine_counts(manifest_path, manifest.statistics, problems)
+    declared = {action: manifest.statistics.get(key) or 0 for action, key in _QUARANTINE_COUNTS}
     name = manifest.quarantine
     if name is None:
         if any(declared.values()):
@@ -261,19 +258,6 @@ def _and_excluded(declared: dict[str, int]) -> str:
 
 _QUARANTINE_COUNTS = (("skipped", "skipped_records"), ("replaced", "replaced_records"),
                       ("excluded", "excluded_records"))
-
-
-def _declared_quarantine_counts(manifest_path: str, stats: dict, problems: list[str]) -> dict[str, int]:
-    """The manifest's skipped and replaced record counts, {action: records}; a
-    count that is not a record count is a problem (appended) and counts 0."""
-    declared = {}
-    for action, key in _QUARANTINE_COUNTS:
-        value = stats.get(key) or 0
-        if not isinstance(value, int) or value < 0:
-            problems.append(f"{manifest_path}: statistics.{key} is {value!r}, expected a record count")
-            value = 0
-        declared[action] = value
-    return declared
 
 
 @dataclasses.dataclass
@@ -328,10 +312,10 @@ def _quarantine_differences(path: str, manifest: fmt.Manifest, declared: dict[st
     """Where the scanned quarantine file differs from the manifest: size, sha256,
     entries per action, and entries per action and kind."""
     problems = []
-    expected_bytes = manifest.raw.get("quarantine_num_bytes")
+    expected_bytes = manifest.quarantine_num_bytes
     if expected_bytes is not None and expected_bytes != scan.num_bytes:
         problems.append(f"{path}: size {scan.num_bytes} bytes, expected {expected_bytes}")
-    expected_sha = manifest.raw.get("quarantine_sha256")
+    expected_sha = manifest.quarantine_sha256
     if expected_sha is not None and expected_sha != scan.sha256:
         problems.append(f"{path}: sha256 {scan.sha256}, expected {expected_sha}")
     counts = scan.counts

@@ -81,6 +81,21 @@ def test_a_real_builds_manifest_and_checksum_file_validate(built):
     assert set(raw) == set(order)
 
 
+def test_the_model_s_attributes_are_the_fields_typed_and_defaulted(built):
+    _, raw, _ = built
+    m = fmt.parse_manifest(raw)
+    assert [f.name for f in dataclasses.fields(schema.Manifest) if "field" in f.metadata] == \
+        [f.name for f in schema.MANIFEST_FIELDS] == list(raw)
+    assert (m.seed, m.packing, m.quarantine, m.sharding, m.created) == \
+        (raw["seed"], "lm", fmt.QUARANTINE_NAME, raw["sharding"], raw["created"])
+    assert m.features == tuple(fmt.FeatureSpec(f["name"], f["dtype"]) for f in raw["features"])
+    assert isinstance(m.shards, fmt.ShardTable) and m.num_examples == raw["num_examples"] == int(m.shards.starts[-1])
+    bare = fmt.parse_manifest({k: v for k, v in raw.items() if schema.FIELDS_BY_NAME[k].required})
+    assert (bare.seed, bare.sources, bare.statistics, bare.vocabularies, bare.quarantine) == (None, [], {}, {}, None)
+    assert bare.num_examples == m.num_examples  # from the shard table when the field is absent
+    assert "statistics" not in repr(m) and "ShardTable(2 shards" in repr(m)
+
+
 def test_a_version_1_manifest_fails_the_schema_and_the_readers_with_the_advice_to_rebuild(built):
     _, raw, _ = built
     count = raw["shards"]["num_shards"]

@@ -45,6 +45,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from seqcache import format as fmt
 from seqcache import fs
 
 OVERLAP_VERSION = 1
@@ -186,7 +187,9 @@ def scan_range(bench, reader, *, task_index: int, start: int, stop: int,
         segments = []  # (cache index, feature, segment, token ids)
         for i, record in zip(idx.tolist(), reader.read(idx)):
             counts["examples"] += 1
-            segments.extend((i, label, j, ids) for label, j, ids in _segments(reader.decode(record, i), features, merge))
+            # The record's name for errors, without reader.decode's shard look-up per record.
+            example = fmt.decode_example(reader.features, record, where=f"{reader.cache_dir}: cache index {i}")
+            segments.extend((i, label, j, ids) for label, j, ids in _segments(example, features, merge))
         counts["tokens"] += sum(len(ids) for *_, ids in segments)
         batch = [(i, label, j, text) for (i, label, j, _), text in zip(segments, _decode(vocabs, segments))]
         counts["segments"] += len(batch)

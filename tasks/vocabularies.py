@@ -187,13 +187,12 @@ class ByteVocabulary(Vocabulary):
         one numpy pass."""
         if not len(batch):
             return []
-        arrays = [np.asarray(ids, dtype=np.int64).ravel() for ids in batch]
-        flat = np.concatenate(arrays)
-        keep = (flat >= self._OFFSET) & (flat < self.base_vocab_size)
-        ends = np.cumsum(np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays)))
-        kept = np.concatenate([[0], np.cumsum(keep)])[np.concatenate([[0], ends])].tolist()
-        data = (flat[keep] - self._OFFSET).astype(np.uint8).tobytes()
-        return [data[a:b].decode("utf-8", errors="replace") for a, b in zip(kept[:-1], kept[1:])]
+        arrays = [np.asarray(ids).ravel() for ids in batch]
+        masks = [(a >= self._OFFSET) & (a < self.base_vocab_size) for a in arrays]
+        data = (np.concatenate([a[m] for a, m in zip(arrays, masks)]).astype(np.int64) - self._OFFSET
+                ).astype(np.uint8).tobytes()
+        ends = np.cumsum([np.count_nonzero(m) for m in masks]).tolist()
+        return [data[a:b].decode("utf-8", errors="replace") for a, b in zip([0, *ends[:-1]], ends)]
 
     def fingerprint(self) -> dict:
         return {"kind": "byte", "sha256": None, "extra_ids": self.extra_ids}

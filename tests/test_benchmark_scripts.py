@@ -50,3 +50,17 @@ def test_small_files_benchmark_builds_both_and_compares_the_shards(tmp_path):
     assert report["files"] == 40 and report["data_sha256_equal"], report
     assert row["one"]["data_sha256"] == row["many"]["data_sha256"] and row["one"]["examples"] == 32_777, row
     assert all(report[f"ratio_{what}"]["median"] > 0 for what in ("wall_s", "cpu_s", "build_s")), report
+
+
+def test_overlap_benchmark_builds_scans_and_measures_memory(tmp_path):
+    out = tmp_path / "overlap.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/overlap.py", "--mb", "1", "--mb2", "0", "--repeat", "1", "--bench-mb",
+         "--work-dir", str(tmp_path), "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (row,) = report["speed"]["rounds"]
+    assert row["scanned_examples"] > 0 and row["build_mb_s"] > 0 and row["scan_mb_s"] > 0, report
+    (ntrex,) = report["memory"]
+    assert ntrex["items"] == 1997 and ntrex["peak_tree_rss_mb"] > 0, report

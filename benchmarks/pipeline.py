@@ -445,10 +445,10 @@ def group_sizes(tmp: pathlib.Path, *, records: int, batch_size: int = 256, steps
                                        examples=writer.EncodedChunks([(encoded, provenance)]), group_size=g)
             write_us = (cpu() - c0) / n * 1e6
             label = str(g) if g is not None else f"auto ({file_group_size(path / entry['file'])})"
-            writer.write_manifest(str(path), writer.build_manifest(
-                task="g", split="train", fingerprint=f"g{g}", fingerprint_inputs={}, features=[
+            fmt.Manifest.create(
+                task="g", split="train", fingerprint=fmt.fingerprint_of({}), fingerprint_inputs={}, features=[
                     {"name": "targets", "dtype": "uint16"}], shards=[entry], sources=[{"path": "synthetic"}],
-                statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={}), shards=[entry])
+                statistics={}, seed=0, sequence_length=None, packing=None, vocabularies={}).write(str(path))
             size = sum(s.num_bytes for s in fmt.read_manifest(str(path)).shards)
             with Feeder(cache=str(path), global_batch_size=batch_size, sequence_length=int(mean * 2),
                         host_index=0, host_count=1, num_threads=1, prefetch=0) as f:

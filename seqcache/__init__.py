@@ -8,7 +8,7 @@ Areas (one import namespace):
   seqcache.training   a small JAX trainer on top of the feeder
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # From a source checkout (the repository root on sys.path, e.g. a script or
 # ``python -c`` run there), this folder holds only the package's face: the areas

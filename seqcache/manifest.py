@@ -531,8 +531,8 @@ class Manifest:
 
         Raises:
           CacheError: ``{path}: ...`` naming the first bad field: not an object;
-            wrong format or format_version (a version-1 cache, written before
-            0.1.0, is refused with the advice to rebuild it); a required field
+            wrong format or format_version (a version-1 cache is refused with
+            the advice to rebuild it); a required field
             missing (``missing field 'task'``); a field of the wrong JSON type
             or value; counts or a fingerprint that contradict each other.
         """
@@ -816,7 +816,7 @@ def check_shard_sizes(raw: Mapping[str, Any], table: ShardTable, path: str, feat
     """(Uncompressed shards) Refuses a shard whose byte size cannot hold its
     records: each record holds at least a 4-byte length per feature, each
     provenance record 12 bytes. Decodes every shard's sizes (what
-    ``check_manifest`` does with ``check_shards``; ``seqcache info`` calls it
+    ``Manifest.parse`` does with ``check_shards``; ``seqcache info`` calls it
     too, a feeder leaves the sizes to each shard's first read).
 
     Raises:

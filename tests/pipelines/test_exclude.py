@@ -166,6 +166,48 @@ def _verify_names_a_changed_quarantine(cache_dir):
     ]
 
 
+def _grams(words, n=N) -> set:
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def test_exclusion_agrees_with_a_set_oracle_on_random_plants(tmp_path, planted, corpora):
+    """Runs of 9 to 17 whitespace-separated tokens of random items (punctuation
+    and case as written) planted at random places in 150 documents: a document
+    is excluded exactly when its normalised words and an item's share a
+    13-gram, computed here with Python sets, and each entry's n-gram is one of
+    the item's."""
+    import random
+
+    folder, _, items, _ = planted
+    rng = random.Random(0)
+    docs = corpora.c4_texts(150).to_pylist()
+    for i in rng.sample(range(len(docs)), 60):
+        tokens = items[rng.randrange(len(items))].split()
+        length = rng.randint(9, 17)
+        start = rng.randrange(len(tokens) - length + 1)
+        cut = rng.randrange(len(docs[i]) + 1)
+        docs[i] = f"{docs[i][:cut]} {' '.join(tokens[start:start + length])} {docs[i][cut:]}"
+    path = tmp_path / "random.jsonl"
+    offsets = {}
+    with open(path, "wb") as f:
+        for i, text in enumerate(docs):
+            offsets[f.tell()] = i
+            f.write(json.dumps({"text": text}, ensure_ascii=False).encode("utf-8") + b"\n")
+    item_grams = [_grams(normalize_words(item)) for item in items]
+    every = set().union(*item_grams)
+    oracle = {i for i, d in enumerate(docs) if _grams(normalize_words(d)) & every}
+    config = BuildConfig(num_shards=2, exclude_benchmarks=(_bench(folder),))
+    result = build_task(byte_task("random", tasks.JsonLinesSource(str(path))), cache_dir=str(tmp_path / "c"),
+                        config=config)
+    entries = _quarantine(result.cache_dir) if result.manifest.quarantine else []
+    assert {offsets[e["record_number"]] for e in entries} == oracle
+    assert 20 < len(oracle) < 60  # both outcomes occur
+    for e in entries:
+        assert tuple(e["ngram"].split()) in item_grams[e["item"]["number"]]
+        assert tuple(e["ngram"].split()) in _grams(normalize_words(docs[offsets[e["record_number"]]]))
+    assert result.manifest.num_examples == len(docs) - len(oracle)
+
+
 def test_a_disjoint_pair_excludes_nothing(tmp_path, planted):
     folder, _, _, _ = planted
     config = BuildConfig(num_shards=2, exclude_benchmarks=(f"ntrex=text:{planted[0] / 'ntrex.txt'}",))

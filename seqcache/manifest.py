@@ -188,7 +188,7 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
         hi = kw.get("maximum", MAX_INTEGER if "minimum" in kw else 2**63)
         if not -2**63 <= value < hi:
             lo = f"{kw['minimum']}" if "minimum" in kw else "-2^63"
-            raise codec.CacheError(f"{path}: {name} = {_short(value)}, expected an integer in "
+            raise CacheError(f"{path}: {name} = {_short(value)}, expected an integer in "
                                  f"[{lo}, {bounded_json.bound(hi)})")
     if ok and isinstance(value, float) and not math.isfinite(value):
         ok = False
@@ -205,18 +205,18 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
             expected = _what(field.type) + (f" >= {kw['minimum']}" if "minimum" in kw else "")
             if "minItems" in kw and kw.get("maxItems") == kw["minItems"]:
                 expected += f" of {kw['minItems']} items"
-        raise codec.CacheError(f"{path}: {name} is {_short(value)}, expected {expected}")
+        raise CacheError(f"{path}: {name} is {_short(value)}, expected {expected}")
     if field.fields:
         items = value if isinstance(value, list) else [value] if isinstance(value, dict) else []
         for i, item in enumerate(items):
             prefix = f"{name}[{i}]." if isinstance(value, list) else f"{name}."
             if not isinstance(item, dict):
-                raise codec.CacheError(f"{path}: {prefix[:-1]} is {_short(item)}, expected a JSON object")
+                raise CacheError(f"{path}: {prefix[:-1]} is {_short(item)}, expected a JSON object")
             for sub in field.fields:
                 if sub.name in item:
                     check_value(sub, item[sub.name], path, prefix)
                 elif sub.required:
-                    raise codec.CacheError(f"{path}: {prefix[:-1]}: missing field {sub.name!r}")
+                    raise CacheError(f"{path}: {prefix[:-1]}: missing field {sub.name!r}")
     if field.values is not None and isinstance(value, dict):
         for key, member in value.items():
             check_value(field.values, member, path, name=f"{name}.{key}")
@@ -252,7 +252,7 @@ def _check_features(value, ctx):
                     raise ValueError(f"{key} is {_short(f[key])}, expected {_what(types)}")
         return tuple(codec.FeatureSpec(f["name"], f["dtype"]) for f in value)
     except (KeyError, TypeError, ValueError) as e:
-        raise codec.CacheError(f"{path}: bad features entry: {e}") from None
+        raise CacheError(f"{path}: bad features entry: {e}") from None
 
 
 def _check_shards(value, ctx):
@@ -309,7 +309,7 @@ FEATURE_FIELDS = (
 )
 
 CHECKSUM_FILE_FIELDS = (
-    Field("file", ("string",), True, 2, "the shard checksum file's name", {"const": codec.SHARD_CHECKSUMS_NAME}),
+    Field("file", ("string",), True, 2, "the shard checksum file's name", {"const": SHARD_CHECKSUMS_NAME}),
     Field("num_bytes", ("integer",), True, 2, "its size (bytes)", {"minimum": 0}),
     Field("sha256", ("string",), True, 2, "its sha256, hex", {"pattern": _SHA256_PATTERN}),
 )
@@ -421,7 +421,6 @@ STATISTICS_FIELDS = (
     Field("excluded_by_benchmark", ("object",), False, 1, "benchmark name -> excluded records that overlap it "
           "(records)", values=_RECORDS),
 )
-
 
 
 def _field(types: tuple[str, ...], description: str, keywords: Mapping[str, Any] | None = None, *,
@@ -615,12 +614,12 @@ class Manifest:
             "writer_options": codec.WRITER_OPTIONS,
             "record_encoding": "features in manifest order; each a little-endian uint32 count then the elements, "
                                "little-endian",
-            "features": [assemble_object(FEATURE_FIELDS, f, what=f"features[{i}]") for i, f in enumerate(features)],
+            "features": [assemble(f, FEATURE_FIELDS, what=f"features[{i}]") for i, f in enumerate(features)],
             "num_examples": int(sum(int(s["num_records"]) for s in shards)), "shards": table,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "seqcache_version": __version__, **fields}
         if "sharding" in values:
-            values["sharding"] = assemble_object(SHARDING_FIELDS, values["sharding"], what="sharding")
+            values["sharding"] = assemble(values["sharding"], SHARDING_FIELDS, what="sharding")
         manifest = cls.parse(assemble(values))
         manifest.shard_checksums = checksums
         return manifest
@@ -681,7 +680,7 @@ def shard_table(shards: Sequence[Mapping[str, Any]]) -> tuple[dict, bytes]:
             if not codec._is_count(s.get(key)):
                 raise ValueError(f"shard entry {i}: {key} is {s.get(key)!r}, expected an integer >= 0")
     checksums = shard_checksums_json([s["sha256"] for s in shards], [s["provenance_sha256"] for s in shards])
-    table = assemble_object(SHARD_TABLE_FIELDS, {
+    table = assemble(fields=SHARD_TABLE_FIELDS, values={
         "num_shards": count, "encoding": codec.INT_COLUMN_ENCODING,
         **{key: codec.encode_int_column([s[key] for s in shards]) for key in codec._INT_FIELDS},
         "checksums": {"file": SHARD_CHECKSUMS_NAME, "num_bytes": len(checksums),
@@ -707,8 +706,8 @@ def shard_checksums_json(sha256: Sequence[str], provenance_sha256: Sequence[str]
         for i, v in enumerate(values):
             if not (isinstance(v, str) and codec._SHA256_RE.fullmatch(v)):
                 raise ValueError(f"shard {i}: {key} is {v!r}, expected 64 hex digits")
-    obj = assemble_object(SHARD_CHECKSUMS_FIELDS, {"num_shards": len(sha256), "sha256": sha256,
-                                                   "provenance_sha256": provenance_sha256}, what=SHARD_CHECKSUMS_NAME)
+    obj = assemble({"num_shards": len(sha256), "sha256": sha256, "provenance_sha256": provenance_sha256},
+                   SHARD_CHECKSUMS_FIELDS, what=SHARD_CHECKSUMS_NAME)
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
 
 
@@ -800,7 +799,7 @@ def _check_counts(raw: Mapping[str, Any], table: ShardTable, path: str, features
     counts = table.num_records
     if len(counts) and int(counts.max()) >= MAX_SHARD_RECORDS:
         i = int(np.argmax(counts >= MAX_SHARD_RECORDS))
-        raise codec.CacheError(f"{path}: shards[{i}].num_records = {int(counts[i])}, expected an integer in "
+        raise CacheError(f"{path}: shards[{i}].num_records = {int(counts[i])}, expected an integer in "
                              f"[0, {bounded_json.bound(MAX_SHARD_RECORDS)})")
     total = int(counts.sum(dtype=np.int64))
     for name, value in (("num_examples", raw.get("num_examples")),
@@ -831,41 +830,31 @@ def check_shard_sizes(raw: Mapping[str, Any], table: ShardTable, path: str, feat
         short_of = counts * per_record > sizes
         if short_of.any():
             i = int(np.argmax(short_of))
-            raise codec.CacheError(
+            raise CacheError(
                 f"{path}: shards[{i}]: {int(counts[i]):,} records need at least {int(counts[i]) * per_record:,} "
                 f"bytes, but {key} = {int(sizes[i]):,}: the manifest contradicts itself (edited or damaged); "
                 "rebuild the cache")
 
 
-def assemble(values: Mapping[str, Any]) -> dict:
-    """The manifest dict of ``values``, its keys in ``MANIFEST_FIELDS`` order
-    (the order manifest.json is written in). A field given as None is written
-    as null; a field not given is not written.
+def assemble(values: Mapping[str, Any], fields: Sequence[Field] | None = None, *, what: str = "manifest") -> dict:
+    """The JSON object of ``values``, its keys in the order of ``fields``
+    (default ``MANIFEST_FIELDS``: the order manifest.json is written in; or a
+    nested object's, e.g. ``SHARD_TABLE_FIELDS``). A field given as None is
+    written as null; a field not given is not written.
 
     Raises:
-      ValueError: a key that is not a manifest field, or a required field missing.
+      ValueError: a key that is not among ``fields``, or a required field
+        missing; naming ``what``.
     """
-    unknown = [k for k in values if k not in FIELDS_BY_NAME]
-    if unknown:
-        raise ValueError(f"manifest field(s) {unknown} are not in the manifest schema (seqcache/manifest.py): "
-                         f"add them there first (known: {', '.join(FIELDS_BY_NAME)})")
-    missing = [f.name for f in MANIFEST_FIELDS if f.required and f.name not in values]
-    if missing:
-        raise ValueError(f"manifest lacks the required field(s) {missing}")
-    return {f.name: values[f.name] for f in MANIFEST_FIELDS if f.name in values}
-
-
-def assemble_object(fields: Sequence[Field], values: Mapping[str, Any], *, what: str) -> dict:
-    """``assemble`` for a nested object of the format (``SHARD_TABLE_FIELDS``, ...).
-
-    Raises:
-      ValueError: a key not among ``fields``, or a required one missing; naming ``what``.
-    """
+    fields = MANIFEST_FIELDS if fields is None else fields
     names = [f.name for f in fields]
     unknown = [k for k in values if k not in names]
+    if unknown:
+        raise ValueError(f"{what} field(s) {unknown} are not in the manifest schema (seqcache/manifest.py): "
+                         f"add them there first (known: {', '.join(names)})")
     missing = [f.name for f in fields if f.required and f.name not in values]
-    if unknown or missing:
-        raise ValueError(f"{what}: unknown field(s) {unknown}, missing field(s) {missing} (fields: {', '.join(names)})")
+    if missing:
+        raise ValueError(f"{what} lacks the required field(s) {missing}")
     return {n: values[n] for n in names if n in values}
 
 

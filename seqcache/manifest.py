@@ -336,7 +336,7 @@ SHARDING_FIELDS = (
           "the sources' decompressed content size (bytes) where measured, or null"),
 )
 
-# shard-checksums.json (format version 2), written by ``seqcache.format.shard_checksums_json``.
+# shard-checksums.json (format version 2), written by ``shard_checksums_json``.
 SHARD_CHECKSUMS_FIELDS = (
     Field("num_shards", ("integer",), True, 2, "S, the shard count", {"minimum": 0}),
     Field("sha256", ("array",), True, 2, "sha256 of data shard s at position s, hex",

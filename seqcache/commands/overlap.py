@@ -191,6 +191,7 @@ def _scan(benchmark, kw, output, *, pipeline_args, state_path, host_count, befor
     except (fmt.CacheError, ValueError) as e:
         _fail(str(e))
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
         with common.worker_stderr(verbose=verbose):
             result = overlap_lib.find_overlap(
                 bench, opened, pipeline_args=pipeline_args, stream=stream, run=run, before_step=before_step,

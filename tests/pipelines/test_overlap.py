@@ -269,6 +269,9 @@ def test_cli_refuses_what_it_cannot_do(planted, tmp_path):
     res = runner.invoke(main, ["overlap", planted["spec"], planted["cache"], "-o", str(tmp_path / "o.json"),
                                "--runnr=dask"])
     assert res.exit_code == 2 and "no such option: --runnr=dask" in res.output
+    res = runner.invoke(main, ["overlap", planted["spec"], planted["cache"], "-o", str(tmp_path / "o.json"),
+                               "--workers", "2", "--direct_num_workers=3"])
+    assert res.exit_code == 2 and "give --workers N or Beam's --direct_num_workers" in res.output
 
 
 def test_report_shows_the_overlap_section(planted, tmp_path):

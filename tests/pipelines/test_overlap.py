@@ -300,3 +300,19 @@ def test_report_shows_the_overlap_section(planted, tmp_path):
 
     flagged = report_lib.build_report(caches=[planted["cache"]], overlaps=[other])["overlap"][0]
     assert flagged["problem"].startswith("computed on caches other than this report's")
+
+
+def test_collect_refuses_a_scan_that_lost_work(tmp_path):
+    with pytest.raises(RuntimeError, match="done.json is missing; the scan lost work"):
+        ov.collect(str(tmp_path), 2)
+    (tmp_path / ov.DONE_NAME).write_text(json.dumps({"units": [0, 2]}))
+    with pytest.raises(RuntimeError, match="2 of 3 work units reported; the runner lost work"):
+        ov.collect(str(tmp_path), 3)
+    counts = {"examples": 1, "segments": 1, "tokens": 5, "characters": 5}
+    match = dict.fromkeys(ov.MATCH_KEYS, 0)
+    for unit, item in ((0, 4), (1, 2)):
+        (tmp_path / f"unit-{unit:07d}.json").write_text(json.dumps({"counts": counts, "matches": [
+            dict(match, item=item)]}))
+    (tmp_path / ov.DONE_NAME).write_text(json.dumps({"units": [0, 1]}))
+    matches, total = ov.collect(str(tmp_path), 2)
+    assert [m["item"] for m in matches] == [2, 4] and total["tokens"] == 10

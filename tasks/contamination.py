@@ -312,7 +312,8 @@ class Benchmark:
         """Reads the items of a source spec (any form
         ``seqcache.tasks.sources.parse_source_spec`` accepts: ``jsonl:PATTERN#FIELD``,
         ``jsonl:PATTERN#question=q,answer=a``, ``parquet:...``, ``text:...``,
-        ``hf:PATH@SPLIT#COLUMN``, ...). Each record is one item; its text is
+        ``hf:PATH@SPLIT#COLUMN``, ...; a ``hf:`` or ``tfds:`` spec without
+        ``@SPLIT`` reads ``test``). Each record is one item; its text is
         its values joined by newlines (in the record's key order).
 
         Raises:

@@ -316,3 +316,37 @@ def test_collect_refuses_a_scan_that_lost_work(tmp_path):
     (tmp_path / ov.DONE_NAME).write_text(json.dumps({"units": [0, 1]}))
     matches, total = ov.collect(str(tmp_path), 2)
     assert [m["item"] for m in matches] == [2, 4] and total["tokens"] == 10
+
+
+def test_first_reads_across_a_schedule_change_agree_with_trace(planted, tmp_path):
+    from seqcache.feeders.provenance import trace_rows
+    from seqcache.feeders.stream import open_mixture
+
+    second = tmp_path / "second.txt"
+    second.write_text("".join(" ".join(planted["docs"][row].split()) + "\n" for row in (3, 50, 77)), encoding="utf-8")
+    res = CliRunner().invoke(main, ["build", "--source", f"text:{second}", "--name", "second",
+                                    "--cache-dir", str(tmp_path / "caches")])
+    assert res.exit_code == 0, res.output
+    second_cache = str(tmp_path / "caches" / "second" / "train")
+    # The second task joins at step 4: its examples are first read after the change.
+    schedule = {0: {planted["cache"]: 1.0}, 4: {planted["cache"]: 1.0, second_cache: 2.0}}
+    # 140 steps: all of the first task's epoch 0 (about 4 + 268 * 3 / 8 steps).
+    table = trace_rows(mixture=schedule, global_batch_size=BATCH, steps=range(140), seed=1)
+    first: dict[tuple, int] = {}
+    for step, t, i in zip(*(table.column(c).to_pylist() for c in ("step", "task_index", "cache_index"))):
+        first.setdefault((t, i), step)
+    bench = Benchmark.load(planted["spec"])
+    opened = open_mixture(mixture=schedule)
+    try:
+        stream = opened.stream(seed=1, num_epochs=None, global_batch_size=BATCH)
+        result = ov.find_overlap(bench, opened, stream=stream, run={"global_batch_size": BATCH, "hosts": 2})
+    finally:
+        opened.close()
+    in_second = [m for it in result["items"] for m in it["matches"] if m["task_index"] == 1]
+    assert len(in_second) == 3
+    for it in result["items"]:
+        for m in it["matches"]:
+            seen = m["first_seen"]
+            assert seen["step"] == first[(m["task_index"], m["cache_index"])]
+            assert seen["host"] == seen["row"] // (BATCH // 2) and seen["host_row"] == seen["row"] % (BATCH // 2)
+    assert min(m["first_seen"]["step"] for m in in_second) >= 4

@@ -356,6 +356,7 @@ class WriteDone:
 
 
 def unit_path(scratch_dir: str, number: int) -> str:
+    """Where work unit ``number`` writes its matches: ``unit-NNNNNNN.json``."""
     return os.path.join(scratch_dir, f"unit-{int(number):07d}.json")
 
 

@@ -21,7 +21,7 @@ from seqcache.tasks.preprocessors import (
     PreprocessorError,
     run_preprocessors,
 )
-from seqcache.tasks.sources import Source, SourceRecord, error_hint, is_error_record
+from seqcache.tasks.sources import Source, SourceRecord, describe_record, error_hint, is_error_record
 from seqcache.tasks.vocabularies import Vocabulary
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -351,13 +351,12 @@ class Task:
     def record_label(self, record: SourceRecord) -> str:
         """The record in words that do not depend on how the file was split
         (they go into quarantine.jsonl): ``"line at byte 17 of file 0"``,
-        ``"row 3 of file 1"``, ``"record 5 of file 0"``, ``"file 2"``."""
-        n = record.record_number
+        ``"row 3 of file 1"``, ``"record 5 of file 0"``, ``"file 2"``
+        (``describe_record(..., stable=True)``)."""
         locator = getattr(self.source, "locator", "record")
-        what = {"byte_offset": f"line at byte {n}", "row": f"row {n}", "line": f"line {n + 1}"}.get(locator)
         if locator == "file":
             return f"file {record.file_index}"
-        return f"{what or f'record {n}'} of file {record.file_index}"
+        return f"{describe_record('', locator, record.record_number, stable=True)} of file {record.file_index}"
 
     def _finalize(self, ex: dict, record: SourceRecord) -> dict[str, np.ndarray]:
         where = f"task {self.name!r}, {self.record_label(record)}"

@@ -467,9 +467,9 @@ def _benchmarks(specs, ngram, exclude) -> list:
         a source spec given to ``--exclude`` (which takes file globs).
     """
     from seqcache.pipelines import exclusion
+    from seqcache.tasks.sources.base import SPEC_KINDS
 
-    schemes = ("jsonl", "parquet", "text", "hf", "files", "tsv", "tfrecord", "tfds")
-    spec_like = [g for g in exclude if exclusion.split_name(g)[1].partition(":")[0] in schemes]
+    spec_like = [g for g in exclude if exclusion.split_name(g)[1].partition(":")[0] in SPEC_KINDS]
     if spec_like:
         raise click.UsageError(f"--exclude {spec_like[0]}: --exclude leaves out files by glob; to leave out the records "
                                f"that overlap a benchmark give --exclude-benchmark {spec_like[0]}")

@@ -4,7 +4,10 @@ JSON, file matching, and the ``Source`` interface.
 A record's id is ``(file_index, record_number)``; what ``record_number`` counts
 depends on the source and is named by its ``locator`` (see ``seqcache.tasks.sources``
 for the table). ``describe_record`` turns a locator and a record number into
-something a person can find in the file.
+words: the one place where a record's place is worded. The helpers every
+source uses are public here: ``BOM``, ``READ_ERRORS``, ``read_error``,
+``read_whole``, ``check_target``, ``json_default``, ``text_of_bytes``,
+``FileSource`` and ``TextSource``.
 """
 
 from __future__ import annotations
@@ -24,10 +27,20 @@ from seqcache.tasks.sources.policy import ErrorPolicy, Where, as_where, check_te
 
 log = logging.getLogger(__name__)
 
-_BOM = b"\xef\xbb\xbf"
+BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark, removed at byte 0 of a file
 
 # The values of ``Source.locator``: what ``SourceRecord.record_number`` counts.
 LOCATORS = ("byte_offset", "row", "record", "file", "line")
+# A record's place by locator, in words that read no file and do not depend on
+# how the file was split (messages of skipped records, quarantine entries), and
+# in words for people (``show``, ``which``, raised errors); ``{n}`` is the
+# record number, ``{l}`` the 1-based line. A byte offset becomes a line number
+# in ``describe_record``.
+_STABLE_WORDS = {"byte_offset": "line at byte {n}", "line": "line {l}", "row": "row {n}", "record": "record {n}",
+                 "file": "file"}
+_WORDS = {"line": "line {l:,}", "row": "row {n:,}", "record": "record {n:,}", "file": "whole file"}
+# The sources with a command-line form, by ``kind`` (``parse_source_spec``).
+SPEC_KINDS: dict[str, type] = {}
 
 
 class RecordIssue(NamedTuple):
@@ -115,9 +128,9 @@ class SourceFile(NamedTuple):
     mtime_ns: int
 
 
-_encode_json_string = json.encoder.encode_basestring  # json.dumps's own, ensure_ascii=False
+encode_json_string = json.encoder.encode_basestring  # json.dumps's own, ensure_ascii=False
 # The bytes json.dumps escapes in a string (ensure_ascii=False), and their escapes.
-_JSON_ESCAPES = {c: _encode_json_string(chr(c))[1:-1].encode() for c in [*range(0x20), 0x22, 0x5C]}
+_JSON_ESCAPES = {c: encode_json_string(chr(c))[1:-1].encode() for c in [*range(0x20), 0x22, 0x5C]}
 
 
 def json_string_bodies(data: bytes, offsets) -> tuple[bytes, list[int]]:
@@ -170,7 +183,7 @@ def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = Non
         if type(obj) is dict and all(type(k) is str and type(v) is str for k, v in obj.items()):
             # The common row (text values only), as json.dumps writes it, without
             # building an encoder per call.
-            quote = _encode_json_string
+            quote = encode_json_string
             text = "{" + ",".join(f"{quote(k)}:{quote(obj[k])}" for k in sorted(obj)) + "}"
         else:
             text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=default)
@@ -334,46 +347,41 @@ def is_error_record(record: SourceRecord) -> bool:
     return record.issue is not None and record.issue.action == "skipped"
 
 
-def describe_record(path: str, locator: str, record_number: int) -> str:
+def describe_record(path: str, locator: str, record_number: int, *, stable: bool = False) -> str:
     """Where record ``record_number`` of a source with ``locator`` lies in
-    ``path``, in words a person can find:
+    ``path``, in words: the one function that words a record's place.
 
-    ===============  ==========================================================
-    locator          result
-    ===============  ==========================================================
-    ``byte_offset``  ``"line 12 (byte 1,234)"`` (1-based line, counted in a
-                     local file up to the offset, decompressed for ``.gz``);
-                     ``"byte 1,234"`` when the file is not local, cannot be
-                     read, or no line begins there any more (it changed)
-    ``line``         ``"line 12"`` for record number 11 (caches whose record
-                     numbers were 0-based line numbers)
-    ``row``          ``"row 7"`` (0-based row index in the file)
-    ``record``       ``"record 3"`` (0-based)
-    ``file``         ``"whole file"``
-    other            ``"<locator> <record_number>"``
-    ===============  ==========================================================
+    ===============  ============================  =================================
+    locator          words (default)               ``stable=True``
+    ===============  ============================  =================================
+    ``byte_offset``  ``"line 12 (byte 1,234)"``    ``"line at byte 1234"``
+    ``line``         ``"line 12"`` (number 11)     ``"line 12"``
+    ``row``          ``"row 7"`` (0-based)         ``"row 7"``
+    ``record``       ``"record 3"`` (0-based)      ``"record 3"``
+    ``file``         ``"whole file"``              ``"file"``
+    other            ``"<locator> <number>"``      ``"<locator> <number>"``
+    ===============  ============================  =================================
 
-    Counting lines reads the file up to the offset (1 MiB at a time): meant for
-    ``show``, ``which`` and error messages, not for every record. Never raises
-    for an unreadable file.
+    The default counts the lines of a local file up to a byte offset
+    (decompressed for ``.gz``, 1 MiB at a time: meant for ``show``, ``which``
+    and raised errors, not for every record) and says ``"byte 1,234"`` when the
+    file is not local, cannot be read, or no line begins there any more (it
+    changed). ``stable=True`` reads nothing: words that do not depend on how
+    the file was split, for skipped records and quarantine entries
+    (``Source.where``, ``Task.record_label``). Never raises for an unreadable
+    file.
     """
     n = int(record_number)
+    if stable:
+        return _STABLE_WORDS.get(locator, locator + " {n}").format(n=n, l=n + 1)
     if locator == "byte_offset":
         if fs.is_local(path):
             try:
                 return f"line {line_number_at(path, n) + 1:,} (byte {n:,})"
-            except (ValueError,) + _READ_ERRORS:  # "never raises for an unreadable file"
+            except (ValueError,) + READ_ERRORS:  # "never raises for an unreadable file"
                 pass
         return f"byte {n:,}"
-    if locator == "line":
-        return f"line {n + 1:,}"
-    if locator == "row":
-        return f"row {n:,}"
-    if locator == "record":
-        return f"record {n:,}"
-    if locator == "file":
-        return "whole file"
-    return f"{locator} {n:,}"
+    return _WORDS.get(locator, locator + " {n:,}").format(n=n, l=n + 1)
 
 
 # ---------------------------------------------------------------------------
@@ -443,10 +451,11 @@ def open_binary(path: str, *, decompress: bool = True):
     return fs.open_binary(path, decompress=decompress)
 
 
-_READ_ERRORS = (EOFError, OSError, zlib.error) + compression.read_errors()
+# What reading a file may raise (I/O, truncated or corrupt compressed data): ``read_error`` words them.
+READ_ERRORS = (EOFError, OSError, zlib.error) + compression.read_errors()
 
 
-def _read_error(path: str, error: BaseException, after: str | None) -> ValueError:
+def read_error(path: str, error: BaseException, after: str | None) -> ValueError:
     """A ``ValueError`` naming ``path`` for a file that fails while being read
     (``after``: the last line, byte or row read, None when it failed at the start)."""
     kind = compression.format_name(path)
@@ -459,15 +468,16 @@ def _read_error(path: str, error: BaseException, after: str | None) -> ValueErro
                       "(exclude=... in the source, --exclude on the command line)")
 
 
-def _read_whole(path: str) -> bytes:
+def read_whole(path: str) -> bytes:
+    """The whole (decompressed) file. Raises ``ValueError`` (``read_error``) when it cannot be read."""
     try:
         with fs.open_binary(path) as f:
             return f.read()
-    except _READ_ERRORS as e:
-        raise _read_error(path, e, None) from None
+    except READ_ERRORS as e:
+        raise read_error(path, e, None) from None
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     """Canonical JSON of the values Parquet gives that JSON lacks (dates, times,
     decimals: their ISO / decimal strings); anything else is refused."""
     import datetime
@@ -480,7 +490,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"a value of type {type(value).__name__} has no JSON form")
 
 
-def _text_of_bytes(data: dict) -> tuple[dict, str | None]:
+def text_of_bytes(data: dict) -> tuple[dict, str | None]:
     """``data`` with top-level ``bytes`` values decoded as UTF-8 text (a binary
     Parquet column, a function yielding bytes). Returns the data and, when a value
     is not UTF-8, a description of the first such value (the bytes are then
@@ -509,7 +519,8 @@ def _patterns(pattern: str | Sequence[str]) -> tuple[str, ...]:
     return out
 
 
-def _check_target(target_bytes: int) -> None:
+def check_target(target_bytes: int) -> None:
+    """Raises ``ValueError`` unless ``target_bytes`` (a split's wanted size) is an int >= 1."""
     if not isinstance(target_bytes, int) or target_bytes < 1:
         raise ValueError(f"target_bytes must be an int >= 1 (got {target_bytes=})")
 
@@ -535,6 +546,15 @@ class Source(abc.ABC):
     # its size alone: the plan then cuts many files in parallel threads (on an
     # object store each is a round trip); for the others threads only cost.
     splits_read_files: bool = True
+
+    def __init_subclass__(cls, **kwargs):
+        """A subclass that sets its ``kind`` and has the classmethod
+        ``from_spec(spec)`` (a ``SourceSpec``) has a command-line form
+        ``KIND:...``: it registers itself with ``parse_source_spec`` here, and
+        its ``spec_forms`` words the forms for the message that lists them."""
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__ and hasattr(cls, "from_spec"):
+            SPEC_KINDS[cls.kind] = cls
 
     @abc.abstractmethod
     def list_files(self) -> list[SourceFile]:
@@ -568,7 +588,7 @@ class Source(abc.ABC):
           ValueError: ``target_bytes < 1``; a file whose layout cannot be read
             (names the file).
         """
-        _check_target(target_bytes)
+        check_target(target_bytes)
         return [Split(file_index, file.path, 0, None, file.num_bytes)]
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
@@ -645,6 +665,15 @@ class Source(abc.ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.describe()}>"
 
+    def where(self, path: str, record_number: int) -> Where:
+        """The place of a record of ``path`` for messages (``describe_record``):
+        ``"{path}: line at byte 1234"``, and for a raised error ``"{path}: line
+        12 (byte 1,234)"``, the line counted only then."""
+        text = f"{path}: {describe_record(path, self.locator, record_number, stable=True)}"
+        if self.locator != "byte_offset":
+            return Where(text)
+        return Where(text, lambda: f"{path}: {describe_record(path, self.locator, record_number)}")
+
     def _require_whole(self, split: Split) -> None:
         if not split.whole:
             raise ValueError(f"{split.path}: {type(self).__name__} reads whole files only "
@@ -691,7 +720,7 @@ class Source(abc.ABC):
         return SourceRecord(file_index, record_number, {}, raw, RecordIssue("skipped", kind, f"{where.text}{problem}"))
 
 
-class _FileSource(Source):
+class FileSource(Source):
     """Shared code of the sources that read files matched by glob patterns."""
 
     def __init__(self, pattern: str | Sequence[str], *, on_error: "str | Mapping[str, str] | None" = None,
@@ -721,8 +750,13 @@ class _FileSource(Source):
         return ", ".join(self.patterns)
 
 
-class _TextSource(_FileSource):
+class TextSource(FileSource):
     """Shared constructor of the sources whose records are plain text."""
+
+    @classmethod
+    def from_spec(cls, spec) -> "TextSource":
+        """``KIND:PATTERN`` (``text:``, ``files:``): the text under ``"text"``."""
+        return cls(spec.rest, exclude=spec.exclude, on_error=spec.on_error)
 
     def __init__(self, pattern: str | Sequence[str], *, field: str = "text",
                  on_error: "str | Mapping[str, str] | None" = None, exclude: str | Sequence[str] = ()):

@@ -9,8 +9,8 @@ from seqcache.tasks.sources.base import (
     SourceFile,
     SourceRecord,
     Split,
-    _json_default,
-    _text_of_bytes,
+    json_default,
+    text_of_bytes,
     canonical_json_bytes,
 )
 from seqcache.tasks.sources.policy import ErrorPolicy
@@ -71,8 +71,8 @@ class FunctionSource(Source):
                 kind = type(item).__name__
                 raise ValueError(f"{self.path}: record {number} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, "
                                  "expected a dict")
-            where = f"{self.path}: record {number}"
-            data, problem = _text_of_bytes(dict(item))
+            where = self.where(self.path, number)
+            data, problem = text_of_bytes(dict(item))
             repairs = []
             if problem is not None:
                 if self.on_error.actions["invalid_utf8"] != "replace":
@@ -80,7 +80,7 @@ class FunctionSource(Source):
                     continue
                 repairs.append(("invalid_utf8", f"{where}: {problem}"))
             try:
-                raw = canonical_json_bytes(data, default=_json_default)
+                raw = canonical_json_bytes(data, default=json_default)
             except (TypeError, ValueError) as e:
                 yield self._bad("bad_value", file_index, number, b"", where, f": {e}")
                 continue

@@ -20,7 +20,7 @@ import os
 from typing import Mapping
 
 from seqcache import fs
-from seqcache.tasks.sources.base import Source, SourceFile, Split, _read_error, match_files
+from seqcache.tasks.sources.base import Source, SourceFile, Split, read_error, match_files
 from seqcache.tasks.sources.parquet import ParquetSource
 
 # Hub-style Parquet layouts, in the order they are tried ({split} is the split).
@@ -59,6 +59,14 @@ class HfDatasetSource(ParquetSource):
 
     kind = "hf"
     locator = "row"
+    spec_forms = "'hf:PATH[@SPLIT][#COLUMN]' (a Hugging Face dataset saved on disk)"
+
+    @classmethod
+    def from_spec(cls, spec) -> "HfDatasetSource":
+        """``hf:PATH[@SPLIT][#COLUMN]``: the split is the build's without ``@SPLIT``."""
+        target, name = spec.target_and_name()
+        path, split = spec.dataset_split(target)
+        return cls(path, split=split, column=name or "text", on_error=spec.on_error)
 
     def __init__(self, path: str, *, split: str = "train", column: str = "text", output_key: str = "text",
                  on_error: "str | Mapping[str, str]" = "raise", batch_size: int = 1024):
@@ -150,5 +158,5 @@ class HfDatasetSource(ParquetSource):
                     yield number, batch.select(list(wanted))
                     number += batch.num_rows
         except (pa.ArrowException, OSError) as e:
-            raise _read_error(path, e, f"row {number}" if number else None) from None
+            raise read_error(path, e, f"row {number}" if number else None) from None
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Mapping, Sequence
 
-from seqcache.tasks.sources.base import _BOM, Split, SourceRecord, _FileSource
-from seqcache.tasks.sources.text_lines import LineSplits, line_where, split_lines
+from seqcache.tasks.sources.base import BOM, Split, SourceRecord, FileSource
+from seqcache.tasks.sources.text_lines import LineSplits, split_lines
 
 
 def _split_path(dotted: str) -> tuple[str, ...]:
@@ -24,7 +24,7 @@ def _lookup(obj: Any, parts: tuple[str, ...]) -> Any:
     return obj
 
 
-class JsonLinesSource(LineSplits, _FileSource):
+class JsonLinesSource(LineSplits, FileSource):
     """One record per JSON line of ``.jsonl`` / ``.jsonl.gz`` files.
 
     Each line must hold a JSON object. ``field`` is a key or a dotted path into
@@ -56,6 +56,15 @@ class JsonLinesSource(LineSplits, _FileSource):
 
     kind = "jsonl"
     locator = "byte_offset"
+    spec_forms = "'jsonl:PATTERN#FIELD' (FIELD may be dotted, default 'text'), 'jsonl:PATTERN#inputs=FIELD,targets=FIELD'"
+
+    @classmethod
+    def from_spec(cls, spec) -> "JsonLinesSource":
+        """``jsonl:PATTERN[#FIELD]`` or ``jsonl:PATTERN#KEY=FIELD,...``."""
+        pattern, name = spec.target_and_name()
+        named = spec.named(name or "text")
+        return cls(pattern, **({"fields": named} if named else {"field": name or "text"}), exclude=spec.exclude,
+                   on_error=spec.on_error)
 
     def __init__(self, pattern: str | Sequence[str], *, field: str = "text", output_key: str = "text",
                  fields: dict[str, str] | None = None, on_error: "str | Mapping[str, str] | None" = None,
@@ -80,11 +89,11 @@ class JsonLinesSource(LineSplits, _FileSource):
         file_index, path = split.file_index, split.path
         for offset, line in split_lines(split):
             raw = line.strip()
-            if offset == 0 and raw.startswith(_BOM):
-                raw = raw[len(_BOM):].strip()
+            if offset == 0 and raw.startswith(BOM):
+                raw = raw[len(BOM):].strip()
             if not raw:
                 continue  # a blank line between objects is layout, not a record
-            where = line_where(path, offset)
+            where = self.where(path, offset)
             repairs = []
             line_text, bad = self._decode(file_index, offset, raw, where, repairs)
             if bad is not None:

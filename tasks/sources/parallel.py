@@ -6,13 +6,13 @@ import itertools
 from typing import Iterator, Mapping
 
 from seqcache.tasks.sources.base import (
-    _BOM,
-    _READ_ERRORS,
+    BOM,
+    READ_ERRORS,
     Source,
     SourceFile,
     SourceRecord,
     Split,
-    _read_error,
+    read_error,
     canonical_json_bytes,
     match_files,
 )
@@ -49,6 +49,25 @@ class ParallelTextSource(Source):
 
     kind = "parallel"
     locator = "line"
+    spec_forms = "'parallel:inputs=PATTERN,targets=PATTERN' (line-aligned files)"
+
+    @classmethod
+    def from_spec(cls, spec) -> "ParallelTextSource":
+        """``parallel:KEY=PATTERN,...``, its keys in sorted order (as JSON lines
+        and Parquet keep them): the same files in another order are the same
+        source (fingerprint, provenance paths, which name the first key's files).
+
+        Raises:
+          ValueError: fewer than two files, or ``exclude`` (the files are named one by one).
+        """
+        files = spec.named(spec.rest)
+        if not files or len(files) < 2:
+            raise spec.error("a parallel source names two or more line-aligned files as KEY=PATTERN, "
+                             "e.g. 'parallel:inputs=train.en.gz,targets=train.de.gz'")
+        if spec.exclude:
+            raise ValueError(f"{spec.text!r}: exclude does not apply to a parallel source (its files are named one "
+                             "by one)")
+        return cls(dict(sorted(files.items())), on_error=spec.on_error)
 
     def __init__(self, files: Mapping[str, str], *, on_error=None):
         files = dict(files)
@@ -109,8 +128,8 @@ class ParallelTextSource(Source):
                         f"parallel files are not line-aligned: {paths[have[0]]} has line {k + 1:,} but "
                         f"{paths[lack[0]]} ends after line {k:,}; both must have the same number of lines")
                 yield self._pair_record(file_index, k, dict(zip(fields, lines)), paths)
-        except _READ_ERRORS as e:
-            raise _read_error(", ".join(paths.values()), e, f"line {k + 1}" if k >= 0 else None) from None
+        except READ_ERRORS as e:
+            raise read_error(", ".join(paths.values()), e, f"line {k + 1}" if k >= 0 else None) from None
         finally:
             for h in handles.values():
                 h.close()
@@ -120,13 +139,13 @@ class ParallelTextSource(Source):
         for field, line in lines.items():
             if line.endswith(b"\n"):
                 line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-            if k == 0 and line.startswith(_BOM):
-                line = line[len(_BOM):]
-            where = f"{paths[field]}: line {k + 1:,}"
+            if k == 0 and line.startswith(BOM):
+                line = line[len(BOM):]
+            where = self.where(paths[field], k)
             text, bad = self._decode(file_index, k, line, where, repairs)
             if bad is not None:
                 return bad
             data[field] = text
         raw = canonical_json_bytes(data)
-        where = f"{paths[next(iter(paths))]} and its parallel files: line {k + 1:,}"
+        where = self.where(f"{paths[next(iter(paths))]} and its parallel files", k)
         return self._record(file_index, k, raw, where, data, repairs)

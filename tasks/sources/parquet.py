@@ -10,12 +10,12 @@ from seqcache.tasks.sources.base import (
     Split,
     SourceFile,
     SourceRecord,
-    _check_target,
-    _encode_json_string,
-    _FileSource,
-    _json_default,
-    _read_error,
-    _text_of_bytes,
+    check_target,
+    encode_json_string,
+    FileSource,
+    json_default,
+    read_error,
+    text_of_bytes,
     canonical_json_bytes,
     json_string_bodies,
 )
@@ -48,7 +48,7 @@ def _python_values(array) -> list:
         return array.cast(pa.large_binary()).to_pylist()
 
 
-class ParquetSource(_FileSource):
+class ParquetSource(FileSource):
     """One record per row of Parquet files, read with pyarrow in record batches.
 
     ``record_number`` is the 0-based row index in the file (``locator``
@@ -78,6 +78,15 @@ class ParquetSource(_FileSource):
 
     kind = "parquet"
     locator = "row"
+    spec_forms = "'parquet:PATTERN#COLUMN' (default 'text'), 'parquet:PATTERN#inputs=COLUMN,targets=COLUMN'"
+
+    @classmethod
+    def from_spec(cls, spec) -> "ParquetSource":
+        """``parquet:PATTERN[#COLUMN]`` or ``parquet:PATTERN#KEY=COLUMN,...``."""
+        pattern, name = spec.target_and_name()
+        named = spec.named(name or "text")
+        return cls(pattern, **({"columns": named} if named else {"column": name or "text"}), exclude=spec.exclude,
+                   on_error=spec.on_error)
 
     def __init__(self, pattern: str | Sequence[str], *, column: str = "text", output_key: str = "text",
                  columns: dict[str, str] | None = None, batch_size: int = 1024,
@@ -106,12 +115,12 @@ class ParquetSource(_FileSource):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        _check_target(target_bytes)
+        check_target(target_bytes)
         try:
             with fs.open_binary(file.path, decompress=False) as f:
                 groups = _row_groups(pq.ParquetFile(f))
         except (pa.ArrowException, OSError) as e:
-            raise _read_error(file.path, e, None) from None
+            raise read_error(file.path, e, None) from None
         parts: list[list[int]] = []  # [first row, rows, bytes]
         for rows, size in groups:
             if parts and parts[-1][2] + size <= target_bytes:
@@ -185,7 +194,7 @@ class ParquetSource(_FileSource):
         odd_rows = {i for i, t in enumerate(texts) if not t or t.isspace()}  # None, "" and whitespace-only
         odd_rows.update(suspect_utf8_values(np.frombuffer(values, np.uint8), offs).tolist())
         escaped, out = json_string_bodies(values, offs)
-        head, tail = ("{" + _encode_json_string(column) + ':"').encode("utf-8"), b'"}'
+        head, tail = ("{" + encode_json_string(column) + ':"').encode("utf-8"), b'"}'
         raws = [head + escaped[a:b] + tail for a, b in zip(out[:-1], out[1:])]
         numbers = list(range(number, number + n))
         odd = {}
@@ -222,7 +231,7 @@ class ParquetSource(_FileSource):
                     yield number, batch
                     number += batch.num_rows
         except (pa.ArrowException, OSError) as e:
-            raise _read_error(path, e, f"row {number}" if number else None) from None
+            raise read_error(path, e, f"row {number}" if number else None) from None
 
     @staticmethod
     def _row_groups_of(split: Split, pf) -> list[int]:
@@ -244,14 +253,14 @@ class ParquetSource(_FileSource):
 
     def _row(self, file_index: int, number: int, path: str, row: dict) -> SourceRecord:
         where = f"{path}: record {number} (row index {number})"
-        row, problem = _text_of_bytes(row)
+        row, problem = text_of_bytes(row)
         repairs = []
         if problem is not None:
             if self.on_error.actions["invalid_utf8"] != "replace":
                 return self._bad("invalid_utf8", file_index, number, b"", where, f": {problem}")
             repairs.append(("invalid_utf8", f"{where}: {problem}"))
         try:
-            raw = canonical_json_bytes(row, default=_json_default)
+            raw = canonical_json_bytes(row, default=json_default)
         except (TypeError, ValueError) as e:
             return self._bad("bad_value", file_index, number, b"", where, f": {e}")
         return self._record(file_index, number, raw, where, {k: row[c] for k, c in self.columns.items()}, repairs)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from seqcache.tasks.sources.base import _BOM, Split, SourceRecord, _read_whole, _TextSource
+from seqcache.tasks.sources.base import BOM, Split, SourceRecord, read_whole, TextSource
 
 
-class TextFileSource(_TextSource):
+class TextFileSource(TextSource):
     """One record per whole file (plain or ``.gz``), e.g. for code corpora.
 
     ``record_number`` is always 0 (``locator`` ``"file"``) and ``raw`` is the
@@ -27,6 +27,7 @@ class TextFileSource(_TextSource):
 
     kind = "files"
     locator = "file"
+    spec_forms = "'files:PATTERN' (one record per file)"
 
     def describe(self) -> str:
         return f"whole files of {self._pattern_text()}"
@@ -36,10 +37,10 @@ class TextFileSource(_TextSource):
         return self._read(split.file_index, split.path)
 
     def _read(self, file_index: int, path: str) -> Iterator[SourceRecord]:
-        raw = _read_whole(path)
-        if raw.startswith(_BOM):
-            raw = raw[len(_BOM):]
-        where = f"{path}: file"
+        raw = read_whole(path)
+        if raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        where = self.where(path, 0)
         repairs = []
         text, bad = self._decode(file_index, 0, raw, where, repairs)
         yield bad if bad is not None else self._record(file_index, 0, raw, where, {self.field: text}, repairs)

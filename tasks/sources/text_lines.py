@@ -4,24 +4,23 @@ and the helpers it shares with ``JsonLinesSource`` (splits, lines, messages)."""
 from __future__ import annotations
 
 import re
-import zlib
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from seqcache.tasks.sources.base import (
-    _BOM,
-    _READ_ERRORS,
+    BOM,
+    READ_ERRORS,
     RecordBatch,
     Split,
     SourceFile,
     SourceRecord,
-    _check_target,
-    _read_error,
-    _TextSource,
+    check_target,
+    read_error,
+    TextSource,
 )
-from seqcache.tasks.sources.lines import byte_ranges, is_compressed, line_number_at, read_line_blocks, read_lines
-from seqcache.tasks.sources.policy import SUSPECT_CHARACTERS, Where, is_clean_text
+from seqcache.tasks.sources.lines import byte_ranges, is_compressed, read_line_blocks, read_lines
+from seqcache.tasks.sources.policy import SUSPECT_CHARACTERS, is_clean_text
 
 # What makes a line fail ``is_clean_text``, or hold a carriage return: one of
 # these characters; a whitespace-only line (after its newline: the whitespace of
@@ -33,20 +32,6 @@ _LINE_SUSPECT_RE = re.compile(f"[\r{SUSPECT_CHARACTERS}]+")
 _CLEAN_ASCII = bytes(b for b in range(128) if not _LINE_SUSPECT_RE.match(chr(b)))
 
 
-def line_where(path: str, offset: int) -> Where:
-    """The ``Where`` of the line at byte ``offset``: ``"{path}: line at byte
-    {offset}"`` for skipped and repaired records, ``"{path}: line {n} (byte
-    {offset})"`` for raised errors (the line number counted on that path only)."""
-
-    def raised() -> str:
-        try:
-            return f"{path}: line {line_number_at(path, offset) + 1} (byte {offset})"
-        except (OSError, EOFError, ValueError, zlib.error):
-            return f"{path}: line at byte {offset}"
-
-    return Where(f"{path}: line at byte {offset}", raised)
-
-
 def line_splits(file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
     """Byte-range splits of a line-oriented file (see ``seqcache.tasks.sources.lines``):
     about ``target_bytes`` each; one whole-file split for a compressed file.
@@ -54,7 +39,7 @@ def line_splits(file_index: int, file: SourceFile, target_bytes: int) -> list[Sp
     Raises:
       ValueError: ``target_bytes < 1``.
     """
-    _check_target(target_bytes)
+    check_target(target_bytes)
     if is_compressed(file.path):
         return [Split(file_index, file.path, 0, None, file.num_bytes)]
     return [Split(file_index, file.path, a, b, (file.num_bytes if b is None else b) - a)
@@ -74,9 +59,9 @@ def split_lines(split: Split) -> Iterator[tuple[int, bytes]]:
         for offset, line in read_lines(split.path, split.start, split.stop):
             yield offset, line
             count += 1
-    except _READ_ERRORS as e:
+    except READ_ERRORS as e:
         after = None if not count else (f"line {count}" if split.start == 0 else f"the line at byte {offset}")
-        raise _read_error(split.path, e, after) from None
+        raise read_error(split.path, e, after) from None
 
 
 class LineSplits:
@@ -90,7 +75,7 @@ class LineSplits:
         return line_splits(file_index, file, target_bytes)
 
 
-class TextLineSource(LineSplits, _TextSource):
+class TextLineSource(LineSplits, TextSource):
     """One record per line of text files (plain or compressed, e.g. ``.gz``).
 
     ``record_number`` is the **byte offset** of the line's first byte in the file
@@ -124,6 +109,7 @@ class TextLineSource(LineSplits, _TextSource):
 
     kind = "text"
     locator = "byte_offset"
+    spec_forms = "'text:PATTERN' (one record per line)"
     # Bytes read at a time by ``read_batches`` (whole lines: more for a longer line).
     block_bytes = 1 << 20
 
@@ -184,12 +170,12 @@ class TextLineSource(LineSplits, _TextSource):
             for offset, block in read_line_blocks(path, split.start, split.stop, self.block_bytes):
                 yield offset, block
                 count += block.count(b"\n") + (not block.endswith(b"\n"))
-        except _READ_ERRORS as e:
+        except READ_ERRORS as e:
             if is_compressed(path):
                 for _ in split_lines(split):  # raises the error after the exact line
                     pass
             after = None if not count else (f"line {count}" if split.start == 0 else f"the line at byte {offset}")
-            raise _read_error(path, e, after) from None
+            raise read_error(path, e, after) from None
 
     def _segment_batches(self, segments: list[tuple[int, str, int, bytes]],
                          batch_records: int) -> Iterator[RecordBatch]:
@@ -239,7 +225,7 @@ class TextLineSource(LineSplits, _TextSource):
         odd_lines = set(self._suspect_lines(texts, sizes))
         last = (first + counts - 1).tolist()
         for k, (_, _, offset, block) in enumerate(segments):
-            if offset == 0 and block.startswith(_BOM):
+            if offset == 0 and block.startswith(BOM):
                 odd_lines.add(int(first[k]))
         odd = {}
         segment_of = segment_of.tolist()
@@ -280,7 +266,7 @@ class TextLineSource(LineSplits, _TextSource):
         except UnicodeDecodeError:
             texts, odd_lines = [None] * n, range(n)
         numbers = starts.tolist()
-        if offset == 0 and lines and lines[0].startswith(_BOM):
+        if offset == 0 and lines and lines[0].startswith(BOM):
             odd_lines = sorted({0, *odd_lines})
         odd = {}
         for i in odd_lines:
@@ -316,15 +302,15 @@ class TextLineSource(LineSplits, _TextSource):
             line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
         elif line.endswith(b"\r"):
             line = line[:-1]  # a last line ended by a lone CR
-        if offset == 0 and line.startswith(_BOM):
-            line = line[len(_BOM):]
+        if offset == 0 and line.startswith(BOM):
+            line = line[len(BOM):]
         try:  # the common case first: clean text needs no message
             text = line.decode("utf-8")
             if is_clean_text(text):
                 return SourceRecord(file_index, offset, {self.field: text}, line)
         except UnicodeDecodeError:
             pass
-        where = line_where(path, offset)
+        where = self.where(path, offset)
         repairs = []
         text, bad = self._decode(file_index, offset, line, where, repairs)
         if bad is not None:

@@ -16,9 +16,10 @@ import os
 from typing import Any, Iterator, Mapping
 
 from seqcache import fs
-from seqcache.tasks.sources.base import SourceFile, SourceRecord, Split, _check_target, _read_error
+from seqcache.tasks.sources.base import SourceFile, SourceRecord, Split, check_target, read_error
 from seqcache.tasks.sources.policy import ErrorPolicy
-from seqcache.tasks.sources.tfrecord import PIP_HINT, _crc32c, _ExampleRecords
+from seqcache.tasks.sources.spec import PIP_HINT
+from seqcache.tasks.sources.tfrecord import _crc32c, _ExampleRecords
 
 # The TFDS file formats this source reads, by the infix of their shard names
 # (``NAME-SPLIT.tfrecord-00000-of-00004``).
@@ -103,6 +104,14 @@ class TfdsSource(_ExampleRecords):
 
     kind = "tfds"
     locator = "record"
+    spec_forms = "'tfds:NAME[/CONFIG][:VERSION][@SPLIT][#FEATURE]' (a prepared TFDS dataset)"
+
+    @classmethod
+    def from_spec(cls, spec) -> "TfdsSource":
+        """``tfds:NAME[/CONFIG][:VERSION][@SPLIT][#FEATURE]`` in ``spec.tfds_data_dir``."""
+        target, name = spec.target_and_name("tensorflow_datasets")
+        dataset, split = spec.dataset_split(target)
+        return cls(dataset, split=split, data_dir=spec.tfds_data_dir, field=name or "text", on_error=spec.on_error)
 
     def __init__(self, name: str, *, split: str = "train", data_dir: str | None = None, field: str = "text",
                  output_key: str = "text", on_error: "str | Mapping[str, str]" = "raise"):
@@ -212,7 +221,7 @@ class TfdsSource(_ExampleRecords):
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
         """One split per TFRecord shard (its records in the split's range);
         record ranges of about ``target_bytes`` for an ArrayRecord shard."""
-        _check_target(target_bytes)
+        check_target(target_bytes)
         lo, hi = self._range(file.path)
         if _format_of(file.path) == "tfrecord" or file.num_bytes <= target_bytes:
             return [Split(file_index, file.path, lo, hi, file.num_bytes)]
@@ -273,4 +282,4 @@ class TfdsSource(_ExampleRecords):
                     if reader.is_open():
                         reader.close()
         except (OSError, RuntimeError) as e:
-            raise _read_error(path, e, f"record {number}" if number > start else None) from None
+            raise read_error(path, e, f"record {number}" if number > start else None) from None

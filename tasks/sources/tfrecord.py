@@ -29,12 +29,12 @@ from seqcache.tasks.sources.base import (
     Source,
     SourceRecord,
     Split,
-    _FileSource,
-    _read_error,
+    FileSource,
+    read_error,
     canonical_json_bytes,
 )
+from seqcache.tasks.sources.spec import PIP_HINT
 
-PIP_HINT = "pip install 'seqcache[tfds]'"
 
 _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
@@ -122,7 +122,7 @@ def iter_tfrecords(path: str, start: int = 0, stop: int | None = None) -> Iterat
                 yield index, data, masked_crc32c(data, crc) == struct.unpack("<I", body[length:])[0]
                 index += 1
     except (EOFError, OSError) as e:
-        raise _read_error(path, e, f"record {index}" if index else None) from None
+        raise read_error(path, e, f"record {index}" if index else None) from None
 
 
 # ---------------------------------------------------------------------------
@@ -246,7 +246,7 @@ class _ExampleRecords(Source):
     output_key: str = "text"
 
     def _convert(self, file_index: int, number: int, path: str, data: bytes, data_ok: bool) -> SourceRecord:
-        where = f"{path}: record {number}"
+        where = self.where(path, number)
         if not data_ok:
             return self._bad("malformed", file_index, number, data, where,
                              " is damaged: its data's CRC does not match (a corrupt TFRecord file)")
@@ -295,7 +295,7 @@ class _ExampleRecords(Source):
             raise ValueError(f"{e}; replace the file, or leave it out") from None
 
 
-class TFRecordSource(_ExampleRecords, _FileSource):
+class TFRecordSource(_ExampleRecords, FileSource):
     """One record per record of TFRecord files: a ``tf.train.Example`` feature, or
     the record's bytes as UTF-8 text.
 
@@ -332,6 +332,13 @@ class TFRecordSource(_ExampleRecords, _FileSource):
 
     kind = "tfrecord"
     locator = "record"
+    spec_forms = "'tfrecord:PATTERN[#FEATURE]' (raw UTF-8 records, or a tf.train.Example feature)"
+
+    @classmethod
+    def from_spec(cls, spec) -> "TFRecordSource":
+        """``tfrecord:PATTERN[#FEATURE]``."""
+        pattern, name = spec.target_and_name("google_crc32c")
+        return cls(pattern, feature=name, exclude=spec.exclude, on_error=spec.on_error)
 
     def __init__(self, pattern: str | Sequence[str], *, feature: str | None = None, output_key: str = "text",
                  features: Mapping[str, str] | None = None, on_error: "str | Mapping[str, str]" = "raise",

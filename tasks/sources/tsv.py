@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping, Sequence
 
-from seqcache.tasks.sources.base import _BOM, Split, SourceRecord, _FileSource
-from seqcache.tasks.sources.text_lines import LineSplits, line_where, split_lines
+from seqcache.tasks.sources.base import BOM, Split, SourceRecord, FileSource
+from seqcache.tasks.sources.text_lines import LineSplits, split_lines
 
 DEFAULT_COLUMNS = {"inputs": 0, "targets": 1}
 
 
-class TsvSource(LineSplits, _FileSource):
+class TsvSource(LineSplits, FileSource):
     """One record per line of tab-separated files (``.tsv``, ``.tsv.gz``, or any
     name), such as the source/reference pairs of translation corpora.
 
@@ -47,6 +47,23 @@ class TsvSource(LineSplits, _FileSource):
 
     kind = "tsv"
     locator = "byte_offset"
+    spec_forms = "'tsv:PATTERN[#inputs=0,targets=1]' (tab-separated columns by 0-based index)"
+
+    @classmethod
+    def from_spec(cls, spec) -> "TsvSource":
+        """``tsv:PATTERN[#KEY=INDEX,...]``: 0-based column indices."""
+        pattern, _, named = spec.rest.partition("#")
+        if not pattern:
+            raise spec.error()
+        columns = spec.named(named) if named else None
+        example = "e.g. 'tsv:pairs.tsv#inputs=0,targets=1'"
+        if named and columns is None:
+            raise ValueError(f"bad source spec {spec.text!r}: a tsv source names its columns as KEY=INDEX, {example}")
+        try:
+            indices = {k: int(v) for k, v in columns.items()} if columns else None
+        except ValueError:
+            raise ValueError(f"bad source spec {spec.text!r}: tsv columns are 0-based indices, {example}") from None
+        return cls(pattern, columns=indices, exclude=spec.exclude, on_error=spec.on_error)
 
     def __init__(self, pattern: str | Sequence[str], *, columns: Mapping[str, int] | None = None,
                  header: bool = False, on_error: "str | Mapping[str, str] | None" = None,
@@ -75,13 +92,13 @@ class TsvSource(LineSplits, _FileSource):
         for offset, line in split_lines(split):
             line = line.rstrip(b"\r\n")
             if offset == 0:
-                if line.startswith(_BOM):
-                    line = line[len(_BOM):]
+                if line.startswith(BOM):
+                    line = line[len(BOM):]
                 if self.header:
                     continue
             if not line.strip():
                 continue  # a blank line is layout, not a record
-            where = line_where(path, offset)
+            where = self.where(path, offset)
             repairs = []
             text, bad = self._decode(file_index, offset, line, where, repairs)
             if bad is not None:

@@ -228,17 +228,6 @@ def _sources(m: fmt.Manifest, names: Sequence[str], top: int) -> dict:
     return out
 
 
-def describe_location(path: str, locator: str, record_number) -> str:
-    """``line 3 (byte 23)``, ``row 7``, ... (``seqcache.tasks.describe_record``)."""
-    if record_number is None:
-        return "record ?"
-    if locator in (None, "record"):
-        return f"record {record_number}"
-    from seqcache.tasks import describe_record
-
-    return describe_record(path or "", locator, int(record_number))
-
-
 def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = FIRST_ENTRIES) -> dict:
     """Skipped and repaired source records by (action, kind), with the first
     ``first_entries`` of each and their location, streaming quarantine.jsonl
@@ -252,6 +241,8 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
       seqcache.format.CacheError: the manifest names a quarantine file that is
         missing, or a line that is not a JSON object (file and line named).
     """
+    from seqcache.tasks import describe_record
+
     stats = m.statistics
     out = {"file": m.quarantine, "skipped_records": int(stats.get("skipped_records", 0)),
            "replaced_records": int(stats.get("replaced_records", 0)), "kinds": []}
@@ -288,7 +279,7 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
             si = e.get("source_index")
             locator = locators[si] if isinstance(si, int) and 0 <= si < len(locators) else "record"
             firsts.append({"path": e.get("path"), "record_number": e.get("record_number"),
-                           "location": describe_location(e.get("path"), locator, e.get("record_number")),
+                           "location": describe_record(e.get("path"), locator, e.get("record_number")),
                            "error": e.get("error")})
         k["first"] = firsts
     out["kinds"] = sorted(kinds.values(), key=lambda k: (k["action"], -k["records"], k["kind"]))

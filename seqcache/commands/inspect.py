@@ -20,6 +20,7 @@ from rich.table import Table
 from seqcache import format as fmt
 from seqcache import layout
 from seqcache.commands import common
+from seqcache.tasks import describe_record
 
 
 def _open(cache_dir, *, open_shards=True):
@@ -242,7 +243,8 @@ def show(ctx, cache_dir, indices, count, ids, max_chars, as_json):
                           highlight=False)
             for k, seg in enumerate(entry["segments"], 1):
                 p = seg.get("provenance") or {}
-                where = f"{p.get('path')} {_locate(p)}" if p else "unknown source"
+                where = f"{p.get('path')} {describe_record(p.get('path'), p.get('locator'), p.get('record_number'))}" \
+                    if p else "unknown source"
                 if p.get("token_offset"):
                     where += f", from token {p['token_offset']}"
                 console.print(f"[cyan]segment {k}[/cyan] ({seg['length']} tokens) <- {where}", highlight=False)
@@ -253,17 +255,6 @@ def show(ctx, cache_dir, indices, count, ids, max_chars, as_json):
                     console.out(text, highlight=False)
                 if "ids" in seg:
                     console.print(f"ids: {seg['ids'][:64]}" + (" …" if seg["length"] > 64 else ""), highlight=False)
-
-
-def _locate(p: dict) -> str:
-    """A segment's record in words a person can find (``line 12 (byte 1,234)``,
-    ``row 7``), from the locator its source recorded in the manifest."""
-    from seqcache.tasks import describe_record
-
-    locator = p.get("locator", "record")
-    if locator == "record" or p.get("record_number") is None:
-        return f"record {p.get('record_number')}"
-    return describe_record(p.get("path") or "", locator, p["record_number"])
 
 
 def _read_for_show(reader, cache_dir, indices, count):

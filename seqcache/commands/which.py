@@ -10,7 +10,7 @@ import click
 
 from seqcache import format as fmt
 from seqcache import layout
-from seqcache.tasks import registry
+from seqcache.tasks import describe_record, registry
 
 
 def _parse_rates(pairs, root: str) -> list[tuple[str, float]]:
@@ -161,8 +161,9 @@ def format_text(d: dict) -> str:
     ]
     for seg in d["segments"]:
         src = seg.get("source") or f"source #{seg.get('source_index')}"
+        place = describe_record(seg.get("source"), seg.get("locator"), seg.get("record_number"))
         lines.append(
-            f"segment {seg['segment']}: {src} {_locate(seg)} "
+            f"segment {seg['segment']}: {src} {place} "
             f"(token offset {seg.get('token_offset')}), {seg.get('num_tokens', '?')} tokens"
         )
         if seg.get("text") is not None:
@@ -305,19 +306,6 @@ def _check_position(stop_step: int, global_batch_size: int, option: str) -> None
                                  "global position 2^62 or beyond, past any run", param_hint=option)
 
 
-def _locate(seg: dict) -> str:
-    """The segment's record in words a person can find (``line 12 (byte 1,234)``,
-    ``row 7``), from the locator its source recorded in the manifest."""
-    from seqcache.tasks import describe_record
-
-    if seg.get("record_number") is None:
-        return "record ?"
-    locator = seg.get("locator", "record")
-    if locator == "record":
-        return f"record {seg['record_number']}"
-    return describe_record(seg.get("source") or "", locator, seg["record_number"])
-
-
 def _which_steps(kw: dict, steps: range, output, feature, with_text: bool) -> None:
     """``which --steps``: writes the trace of whole steps to a Parquet file."""
     import time
@@ -384,8 +372,8 @@ def format_where(found: list, *, source, global_batch_size: int, host_count: int
         span = f"steps 0..{until - 1}" if until is not None else "the whole run"
         head = f"cache index {d['cache_index']} of task {d['task']} ({d['cache']}, {d['num_examples']} examples)"
         if "segment" in d:
-            head += (f": segment {d['segment']} is {d['source']} {_locate(d)} "
-                     f"(token offset {d['token_offset']})")
+            place = describe_record(d.get("source"), d.get("locator"), d.get("record_number"))
+            head += f": segment {d['segment']} is {d['source']} {place} (token offset {d['token_offset']})"
         lines.append(head)
         lines.append(f"  in {span} (global batch {global_batch_size}, {host_count} host(s)): "
                      f"{d['epochs_started']} epoch(s) started, seen {len(d['occurrences'])} time(s)")

@@ -9,30 +9,10 @@ only on ``raw``, the cache order does not depend on file order or on how
 records are split across files (guarantee G1); because the id does not depend
 on the split either, neither does anything a build writes.
 
-``record_number`` within a file, by source (``Source.locator`` names it, and
-``describe_record`` turns it into words such as ``"line 12 (byte 1,234)"``):
-
-==================  ===============  =====================================  ==========================================
-source              locator          record_number                          raw
-==================  ===============  =====================================  ==========================================
-TextLineSource      ``byte_offset``  byte offset of the line's first byte   UTF-8 line without its terminator
-                                     (decompressed stream for ``.gz``)
-TextFileSource      ``file``         always 0 (one record per file)         the file's bytes
-JsonLinesSource     ``byte_offset``  byte offset of the line's first byte   the line's bytes, stripped of surrounding
-                                     (blank lines are not records)          whitespace
-ParquetSource       ``row``          0-based row index in the file          canonical JSON of the selected columns
-ParallelTextSource  ``line``         0-based line index (the same in every  canonical JSON of {field: line}
-                                     file of the pair)
-FunctionSource      ``record``       0-based index of the yielded dict      canonical JSON of the yielded dict
-TFRecordSource      ``record``       0-based index of the record in the     canonical JSON of {feature: value}, or the
-                                     TFRecord file                          record's bytes (raw UTF-8 records)
-TfdsSource          ``record``       0-based index of the example in its    canonical JSON of {feature: value}
-                                     shard file (whatever split slice)
-HfDatasetSource     ``row``          0-based row index in the Arrow or      canonical JSON of the selected columns
-                                     Parquet file
-TsvSource           ``byte_offset``  byte offset of the line's first byte   the line's bytes without its terminator
-                                     (blank lines are not records)
-==================  ===============  =====================================  ==========================================
+``record_number`` within a file counts what the source's ``locator`` names
+(a byte offset, a row, a record; each source's docstring and docs/tasks.md
+give the table), and ``describe_record`` turns it into words such as
+``"line 12 (byte 1,234)"``.
 
 Splits (``Source.splits(file_index, file, target_bytes)``, read with
 ``Source.read_split``): text lines and JSON lines of uncompressed files are cut
@@ -79,7 +59,6 @@ from seqcache.tasks.sources.base import (
     describe_record,
     is_error_record,
     match_files,
-    open_binary,
 )
 from seqcache.tasks.sources.function import FunctionSource
 from seqcache.tasks.sources.hf_datasets import HfDatasetSource
@@ -128,7 +107,6 @@ __all__ = [
     "error_hint",
     "is_error_record",
     "match_files",
-    "open_binary",
     "parse_on_error",
     "parse_source_spec",
     "text_problems",

@@ -38,7 +38,7 @@ LOCATORS = ("byte_offset", "row", "record", "file", "line")
 # in ``describe_record``.
 _STABLE_WORDS = {"byte_offset": "line at byte {n}", "line": "line {l}", "row": "row {n}", "record": "record {n}",
                  "file": "file"}
-_WORDS = {"line": "line {l:,}", "row": "row {n:,}", "record": "record {n:,}", "file": "whole file"}
+_WORDS = {"line": "line {l:,}", "row": "row {n:,}", "record": "record {n}", "file": "whole file"}
 # The sources with a command-line form, by ``kind`` (``parse_source_spec``).
 SPEC_KINDS: dict[str, type] = {}
 
@@ -347,7 +347,7 @@ def is_error_record(record: SourceRecord) -> bool:
     return record.issue is not None and record.issue.action == "skipped"
 
 
-def describe_record(path: str, locator: str, record_number: int, *, stable: bool = False) -> str:
+def describe_record(path: str | None, locator: str | None, record_number: int | None, *, stable: bool = False) -> str:
     """Where record ``record_number`` of a source with ``locator`` lies in
     ``path``, in words: the one function that words a record's place.
 
@@ -362,6 +362,9 @@ def describe_record(path: str, locator: str, record_number: int, *, stable: bool
     other            ``"<locator> <number>"``      ``"<locator> <number>"``
     ===============  ============================  =================================
 
+    A locator of None is ``record``; a record number of None is ``"record ?"``
+    (a manifest or quarantine entry that lacks them).
+
     The default counts the lines of a local file up to a byte offset
     (decompressed for ``.gz``, 1 MiB at a time: meant for ``show``, ``which``
     and raised errors, not for every record) and says ``"byte 1,234"`` when the
@@ -371,11 +374,13 @@ def describe_record(path: str, locator: str, record_number: int, *, stable: bool
     (``Source.where``, ``Task.record_label``). Never raises for an unreadable
     file.
     """
-    n = int(record_number)
+    if record_number is None:
+        return "record ?"
+    n, locator = int(record_number), locator or "record"
     if stable:
         return _STABLE_WORDS.get(locator, locator + " {n}").format(n=n, l=n + 1)
     if locator == "byte_offset":
-        if fs.is_local(path):
+        if path and fs.is_local(path):
             try:
                 return f"line {line_number_at(path, n) + 1:,} (byte {n:,})"
             except (ValueError,) + READ_ERRORS:  # "never raises for an unreadable file"
@@ -443,12 +448,6 @@ def _excluder(pattern: str) -> Callable[[str], bool]:
         pattern = os.path.abspath(pattern)
     pattern = os.path.expanduser(pattern)
     return lambda path: fnmatch.fnmatchcase(path, pattern)
-
-
-def open_binary(path: str, *, decompress: bool = True):
-    """Opens ``path`` for binary reading; ``.gz`` files are decompressed on the fly
-    (``seqcache.fs.open_binary``)."""
-    return fs.open_binary(path, decompress=decompress)
 
 
 # What reading a file may raise (I/O, truncated or corrupt compressed data): ``read_error`` words them.

@@ -105,30 +105,16 @@ class SourceSpec(NamedTuple):
 def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
                       on_error: "str | Mapping[str, str] | None" = None, split: str = "train",
                       tfds_data_dir: str | None = None) -> Source:
-    """Builds a source from its command-line form ``KIND:REST``, by the
-    ``from_spec`` of the source whose ``kind`` is KIND:
-
-    - ``text:PATTERN`` (one record per line), ``files:PATTERN`` (one per file);
-    - ``jsonl:PATTERN#FIELD`` (FIELD may be dotted) and
-      ``parquet:PATTERN#COLUMN``, FIELD / COLUMN ``text`` by default, stored
-      under ``"text"``; or ``#inputs=FIELD,targets=FIELD`` for several values,
-      each under its own key;
-    - ``parallel:inputs=PATTERN,targets=PATTERN``: a ``ParallelTextSource`` of
-      line-aligned files (e.g. ``parallel:inputs=train.en.gz,targets=train.de.gz``),
-      its fields in sorted key order;
-    - ``tsv:PATTERN[#inputs=0,targets=1]``: tab-separated columns by 0-based index;
-    - ``tfrecord:PATTERN[#FEATURE]`` (raw UTF-8 records, or a ``tf.train.Example``
-      feature); ``tfds:NAME[/CONFIG][:VERSION][@SPLIT][#FEATURE]`` (a prepared
-      TFDS dataset in ``tfds_data_dir``); ``hf:PATH[@SPLIT][#COLUMN]`` (a Hugging
-      Face dataset saved on disk). The split is ``@SPLIT`` or else ``split``.
-
+    """Builds a source from its command-line form ``KIND:REST`` with the
+    ``from_spec`` of the source whose ``kind`` is KIND; the forms are the
+    sources' ``spec_forms`` (``text:PATTERN``, ``jsonl:PATTERN#FIELD``,
+    ``parallel:inputs=PATTERN,targets=PATTERN``, ``hf:PATH[@SPLIT][#COLUMN]``, ...).
     ``exclude``: glob patterns of paths to leave out; ``on_error``: the source's
-    ``ErrorPolicy`` spec (see ``parse_on_error``).
+    ``ErrorPolicy`` spec; ``split``: a dataset's split without ``@SPLIT``.
 
     Raises:
-      ValueError: an unknown kind, an empty pattern, a malformed ``KEY=VALUE``
-        list, a parallel spec with fewer than two files or with ``exclude``,
-        ``exclude`` with a ``tfds:`` or ``hf:`` source; the message lists the forms.
+      ValueError: an unknown kind or a malformed spec (the message lists the
+        forms), ``exclude`` with a source that has no file patterns.
       ImportError: a ``tfrecord:`` or ``tfds:`` source without the ``tfds`` extra
         (the message gives ``pip install 'seqcache[tfds]'``).
     """

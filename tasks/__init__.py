@@ -49,18 +49,9 @@ from seqcache.tasks.sources import (
 from seqcache.tasks.task import Feature, Task
 from seqcache.tasks.scan import KindCount, ScanReport, scan_task
 from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary, train_hf_tokenizer
-from seqcache.tasks.vocabularies import (
-    ByteVocabulary,
-    SampleCounts,
-    SentencePieceVocabulary,
-    Vocabulary,
-    decode_with_sentinels,
-    round_trip_problems,
-    sample_for_vocabulary,
-    train_sentencepiece,
-    vocabulary_from_json,
-    vocabulary_from_spec,
-)
+from seqcache.tasks.vocabularies import ByteVocabulary, SentencePieceVocabulary, Vocabulary, decode_with_sentinels
+from seqcache.tasks.vocabulary_specs import vocabulary_from_json, vocabulary_from_spec
+from seqcache.tasks.vocabulary_training import SampleCounts, round_trip_problems, sample_for_vocabulary, train_sentencepiece
 
 __all__ = [
     "ERROR_KINDS",

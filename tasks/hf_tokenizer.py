@@ -31,8 +31,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from seqcache.tasks.vocabularies import (ModelFile, Vocabulary, _pickled_model, _read_bytes, _unpickled_model,
-                                         _write_bytes)
+from seqcache import fs
+from seqcache.tasks.vocabularies import ModelFile, Vocabulary, _pickled_model, _unpickled_model
 
 # Tried in this order when no token is named (the first one in the vocabulary wins).
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "<|eot_id|>")
@@ -124,7 +124,7 @@ class HfTokenizerVocabulary(Vocabulary):
                 self._bytes = self._model_file.read()
                 return self._bytes
             try:
-                self._bytes = _read_bytes(self.path)
+                self._bytes = fs.read_bytes(self.path)
             except OSError as e:
                 raise ValueError(f"cannot read tokenizer {self.path!r}: {e}") from e
         return self._bytes
@@ -341,7 +341,7 @@ def train_hf_tokenizer(texts: Iterable[str], *, output_path: str, model: str, vo
         tok = _train_unigram(texts, vocab_size=vocab_size, normalization=normalization, seed=seed,
                              character_coverage=character_coverage, max_sentence_length=max_sentence_length)
     data = tok.to_str(pretty=True).encode("utf-8")
-    _write_bytes(os.fspath(output_path), data)
+    fs.write_bytes_atomic(os.fspath(output_path), data, fsync=False)
     vocab = HfTokenizerVocabulary(tokenizer_bytes=data, extra_ids=extra_ids)
     vocab.path = os.fspath(output_path)
     return vocab
@@ -379,7 +379,7 @@ def _train_unigram(texts: list[str], *, vocab_size: int, normalization: str, see
     import sentencepiece as spm
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    from seqcache.tasks.vocabularies import train_sentencepiece
+    from seqcache.tasks.vocabulary_training import train_sentencepiece
 
     # SentencePiece sees the text as the tokenizer's normalizer will give it, and
     # normalises nothing itself, so that its pieces are the tokenizer's pieces.

@@ -20,7 +20,7 @@ from testsupport import write_lines
 @pytest.fixture(scope="module")
 def botchan_sample(corpora):
     src = S.TextLineSource(str(corpora.botchan), on_error={"empty": "skip"})
-    return V.sample_for_vocabulary(src, max_records=3000, seed=7)
+    return tasks.sample_for_vocabulary(src, max_records=3000, seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_trained_bpe_has_t5_special_ids_and_round_trips(bpe_path, botchan_sample
     assert all(a.dtype == np.int32 and a.ndim == 1 for a in arrays)
     assert [a.tolist() for a in arrays] == [v.encode(t) for t in botchan_sample[:500]]
     # Byte-level BPE encodes everything; NFKC is the only change (none on this text).
-    assert V.round_trip_problems(v, botchan_sample[:500]) == []
+    assert tasks.round_trip_problems(v, botchan_sample[:500]) == []
     lines = corpora.blns.read_text(encoding="utf-8").split("\n")
     import unicodedata
 
@@ -88,11 +88,11 @@ def test_special_tokens_are_found_named_or_refused(tmp_path):
     with pytest.raises(ValueError, match=r"bert\.json: the eos token '</s>' is not in the tokenizer's vocabulary"):
         H.HfTokenizerVocabulary(str(bert), eos_token="</s>").eos_id
     # The same through a --vocabulary spec, and the EOS choice is part of the identity.
-    spec = V.vocabulary_from_spec(f"{bert}#eos=[SEP],pad=[CLS]")
+    spec = tasks.vocabulary_from_spec(f"{bert}#eos=[SEP],pad=[CLS]")
     assert (spec.eos_id, spec.pad_id) == (2, 1)
     assert spec.fingerprint() != named.fingerprint()
     with pytest.raises(ValueError, match="bad vocabulary option 'bos=x'"):
-        V.vocabulary_from_spec(f"{bert}#eos=[SEP],bos=x")
+        tasks.vocabulary_from_spec(f"{bert}#eos=[SEP],bos=x")
     with pytest.raises(ValueError, match="is not a valid tokenizer.json"):
         H.HfTokenizerVocabulary(tokenizer_bytes=b"{not json")
 
@@ -111,21 +111,21 @@ def test_truncation_and_padding_in_the_file_are_ignored(bpe_path, tmp_path):
 
 
 def test_spec_and_json_round_trip_and_checks(bpe_path, tmp_path):
-    v = V.vocabulary_from_spec(str(bpe_path), extra_ids=3)
+    v = tasks.vocabulary_from_spec(str(bpe_path), extra_ids=3)
     assert isinstance(v, H.HfTokenizerVocabulary)
     # A tokenizer.json under another name is recognised by its content.
     other = tmp_path / "vocab.bin"
     other.write_bytes(bpe_path.read_bytes())
-    assert V.vocabulary_from_spec(str(other), extra_ids=3) == v
-    assert V.vocabulary_from_spec(str(bpe_path.parent), extra_ids=3) == v  # the folder that holds it
+    assert tasks.vocabulary_from_spec(str(other), extra_ids=3) == v
+    assert tasks.vocabulary_from_spec(str(bpe_path.parent), extra_ids=3) == v  # the folder that holds it
     desc = v.to_json()
     assert desc["kind"] == "hf_tokenizer" and desc["sha256"] == hashlib.sha256(bpe_path.read_bytes()).hexdigest()
     (tmp_path / desc["file"]).write_bytes(v.model_bytes())
-    back = V.vocabulary_from_json(json.loads(json.dumps(desc)), str(tmp_path))
+    back = tasks.vocabulary_from_json(json.loads(json.dumps(desc)), str(tmp_path))
     assert back == v and back.encode("the school") == v.encode("the school")
     (tmp_path / desc["file"]).write_bytes(v.model_bytes().replace(b'"</s>"', b'"</S>"'))
     with pytest.raises(ValueError, match=r"tokenizer\.json .* has sha256 [0-9a-f]{64}, but the cache expects"):
-        V.vocabulary_from_json(desc, str(tmp_path))
+        tasks.vocabulary_from_json(desc, str(tmp_path))
 
 
 def test_pickle_carries_the_bytes_into_a_fresh_process(bpe_path, tmp_path):
@@ -172,7 +172,7 @@ def test_pickle_carries_a_stored_tokenizer_by_reference(bpe_path, tmp_path):
 
 _TRAIN = """
 import sys
-from seqcache.tasks import hf_tokenizer as H, sources as S, vocabularies as V
+from seqcache.tasks import hf_tokenizer as H, sources as S, vocabulary_training as V
 src = S.TextLineSource(sys.argv[1], on_error={"empty": "skip"})
 texts = V.sample_for_vocabulary(src, max_records=1500, seed=3)
 H.train_hf_tokenizer(texts, output_path=sys.argv[2], model=sys.argv[3], vocab_size=600)

@@ -43,20 +43,20 @@ def test_byte_extra_ids():
     with pytest.raises(ValueError, match="sentinel index 100 is out of range"):
         v.sentinel_id(100)
     assert v.fingerprint() == {"kind": "byte", "sha256": None, "extra_ids": 100}
-    assert V.vocabulary_from_json(v.to_json(), "/nonexistent") == v
+    assert tasks.vocabulary_from_json(v.to_json(), "/nonexistent") == v
     assert v.model_bytes() is None
 
 
 @pytest.fixture(scope="module")
 def botchan_sample(corpora):
     src = S.TextLineSource(str(corpora.botchan))
-    return V.sample_for_vocabulary(src, max_records=3000, seed=7)
+    return tasks.sample_for_vocabulary(src, max_records=3000, seed=7)
 
 
 @pytest.fixture(scope="module")
 def spm_model(botchan_sample, tmp_path_factory):
     path = tmp_path_factory.mktemp("spm") / "botchan.model"
-    V.train_sentencepiece(botchan_sample, output_path=str(path), vocab_size=800)
+    tasks.train_sentencepiece(botchan_sample, output_path=str(path), vocab_size=800)
     return path
 
 
@@ -66,12 +66,12 @@ def test_sample_for_vocabulary_independent_of_file_order(tmp_path, corpora):
     (tmp_path / "b.txt").write_text("\n".join(lines[2500:]) + "\n")
     (tmp_path / "c.txt").write_text("\n".join(reversed(lines)) + "\n")
     skip_empty = {"empty": "skip"}
-    split = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "[ab].txt"), on_error=skip_empty), max_records=500,
+    split = tasks.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "[ab].txt"), on_error=skip_empty), max_records=500,
                                     seed=3)
-    reordered = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "c.txt"), on_error=skip_empty), max_records=500,
+    reordered = tasks.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "c.txt"), on_error=skip_empty), max_records=500,
                                         seed=3)
     assert len(split) == 500 and split == reordered
-    other_seed = V.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "c.txt"), on_error=skip_empty), max_records=500,
+    other_seed = tasks.sample_for_vocabulary(S.TextLineSource(str(tmp_path / "c.txt"), on_error=skip_empty), max_records=500,
                                          seed=4)
     assert other_seed != split
     assert "" not in split
@@ -95,12 +95,12 @@ def test_train_sentencepiece_deterministic(botchan_sample, spm_model, corpora, t
     subprocess.run([sys.executable, "-c", code, botchan, str(again)], check=True, timeout=120)
     assert hashlib.sha256(again.read_bytes()).hexdigest() == hashlib.sha256(spm_model.read_bytes()).hexdigest()
     # Different training text gives a different model.
-    other = V.train_sentencepiece(botchan_sample[:1500], output_path=str(tmp_path / "o.model"), vocab_size=800)
+    other = tasks.train_sentencepiece(botchan_sample[:1500], output_path=str(tmp_path / "o.model"), vocab_size=800)
     assert other.sha256 != hashlib.sha256(spm_model.read_bytes()).hexdigest()
 
 
 def test_identity_normalization_is_lossless(botchan_sample, corpora, tmp_path):
-    v = V.train_sentencepiece(botchan_sample[:2000], output_path=str(tmp_path / "id.model"), vocab_size=600,
+    v = tasks.train_sentencepiece(botchan_sample[:2000], output_path=str(tmp_path / "id.model"), vocab_size=600,
                               model_type="bpe", normalization_rule_name="identity", remove_extra_whitespaces=False)
     texts = _blns_lines(corpora) + ["  two  spaces ", "tab\tand ｆｕｌｌ width"]
     for text, ids in zip(texts, v.encode_batch(texts)):
@@ -193,13 +193,13 @@ def test_sentencepiece_extra_ids_and_json(spm_model, tmp_path):
     desc = v.to_json()
     assert desc["kind"] == "sentencepiece" and desc["extra_ids"] == 5 and desc["sha256"] == v.sha256
     (tmp_path / desc["file"]).write_bytes(v.model_bytes())
-    back = V.vocabulary_from_json(desc, str(tmp_path))
+    back = tasks.vocabulary_from_json(desc, str(tmp_path))
     assert back == v and back.vocab_size == 805
     (tmp_path / desc["file"]).write_bytes(v.model_bytes()[:-1] + b"x")
     with pytest.raises(ValueError, match="has sha256 .* but the cache expects"):
-        V.vocabulary_from_json(desc, str(tmp_path))
+        tasks.vocabulary_from_json(desc, str(tmp_path))
     with pytest.raises(ValueError, match="bad model file name"):
-        V.vocabulary_from_json({**desc, "file": "../x.model"}, str(tmp_path))
+        tasks.vocabulary_from_json({**desc, "file": "../x.model"}, str(tmp_path))
 
 
 def test_sentencepiece_pickles_by_bytes(spm_model, tmp_path):
@@ -262,23 +262,23 @@ def test_sentencepiece_bad_model(tmp_path):
 
 
 def test_vocabulary_from_spec(spm_model):
-    assert V.vocabulary_from_spec("byte", extra_ids=3) == V.ByteVocabulary(extra_ids=3)
-    assert isinstance(V.vocabulary_from_spec(str(spm_model)), V.SentencePieceVocabulary)
+    assert tasks.vocabulary_from_spec("byte", extra_ids=3) == V.ByteVocabulary(extra_ids=3)
+    assert isinstance(tasks.vocabulary_from_spec(str(spm_model)), V.SentencePieceVocabulary)
     with pytest.raises(ValueError, match="expected 'byte' or the path"):
-        V.vocabulary_from_spec("bytes")
+        tasks.vocabulary_from_spec("bytes")
 
 
 def test_train_errors(tmp_path):
     with pytest.raises(ValueError, match="model_type"):
-        V.train_sentencepiece(["a"], output_path=str(tmp_path / "x.model"), vocab_size=300, model_type="word")
+        tasks.train_sentencepiece(["a"], output_path=str(tmp_path / "x.model"), vocab_size=300, model_type="word")
     with pytest.raises(ValueError, match="SentencePiece training failed"):
-        V.train_sentencepiece(["tiny text"] * 10, output_path=str(tmp_path / "x.model"), vocab_size=5000)
+        tasks.train_sentencepiece(["tiny text"] * 10, output_path=str(tmp_path / "x.model"), vocab_size=5000)
 
 
 def test_training_when_every_line_is_too_long_names_the_count(tmp_path):
     texts = ["x" * 300 + f" {i}" for i in range(50)]
     with pytest.raises(ValueError, match=r"every one of the 50 training sentences is longer than max_sentence_length \(100 bytes\)"):
-        V.train_sentencepiece(texts, output_path=str(tmp_path / "m.model"), vocab_size=300, max_sentence_length=100)
+        tasks.train_sentencepiece(texts, output_path=str(tmp_path / "m.model"), vocab_size=300, max_sentence_length=100)
 
 
 def test_a_vocabulary_sample_of_a_parallel_source_holds_both_sides(tmp_path):

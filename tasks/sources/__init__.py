@@ -43,9 +43,9 @@ Modules: ``base`` (records, splits, files, the ``Source`` interface), ``policy``
 ``text_lines``, ``text_files``, ``json_lines``, ``tsv``, ``parquet``, ``function``,
 ``tfrecord``, ``tfds``, ``hf_datasets`` (one source each) and ``spec``
 (``parse_source_spec``: each source with a command-line form registers its
-``kind`` by defining ``from_spec``; see ``seqcache.tasks.sources.spec``). ``tfrecord`` and ``tfds`` need the ``tfds`` extra
-(google-crc32c; TFDS where a TFDS dataset is resolved), imported only when such
-a source is used: nothing here imports TensorFlow.
+``kind`` by defining ``from_spec``). ``tfrecord`` and ``tfds`` need the
+``tfds`` extra (google-crc32c; TFDS where a TFDS dataset is resolved), imported
+only when such a source is used: nothing here imports TensorFlow.
 """
 
 from seqcache.tasks.sources.base import (

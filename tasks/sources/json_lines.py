@@ -88,9 +88,7 @@ class JsonLinesSource(LineSplits, FileSource):
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         file_index, path = split.file_index, split.path
         for offset, line in split_lines(split):
-            raw = line.strip()
-            if offset == 0 and raw.startswith(BOM):
-                raw = raw[len(BOM):].strip()
+            raw = line.strip().removeprefix(BOM).strip() if offset == 0 else line.strip()
             if not raw:
                 continue  # a blank line between objects is layout, not a record
             where = self.where(path, offset)

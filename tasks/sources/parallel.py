@@ -139,8 +139,7 @@ class ParallelTextSource(Source):
         for field, line in lines.items():
             if line.endswith(b"\n"):
                 line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-            if k == 0 and line.startswith(BOM):
-                line = line[len(BOM):]
+            line = line.removeprefix(BOM) if k == 0 else line
             where = self.where(paths[field], k)
             text, bad = self._decode(file_index, k, line, where, repairs)
             if bad is not None:

@@ -17,11 +17,6 @@ from seqcache.tasks.sources.base import SPEC_KINDS, Source
 PIP_HINT = "pip install 'seqcache[tfds]'"
 
 
-def spec_help() -> str:
-    """Every registered command-line form, for error messages."""
-    return "accepted source specs: " + ", ".join(SPEC_KINDS[k].spec_forms for k in sorted(SPEC_KINDS))
-
-
 class SourceSpec(NamedTuple):
     """A source's command-line form, cut at its first colon, with the build's
     options: what ``Source.from_spec`` reads.
@@ -45,8 +40,10 @@ class SourceSpec(NamedTuple):
     tfds_data_dir: str | None = None
 
     def error(self, detail: str = "") -> ValueError:
-        """``ValueError("bad source spec '...': {detail}; accepted source specs: ...")``."""
-        return ValueError(f"bad source spec {self.text!r}: {detail + '; ' if detail else ''}{spec_help()}")
+        """``ValueError("bad source spec '...': {detail}; accepted source specs: ...")``,
+        every registered source's ``spec_forms``."""
+        forms = ", ".join(SPEC_KINDS[k].spec_forms for k in sorted(SPEC_KINDS))
+        return ValueError(f"bad source spec {self.text!r}: {detail + '; ' if detail else ''}accepted source specs: {forms}")
 
     def named(self, text: str) -> dict[str, str] | None:
         """``"inputs=a,targets=b"`` -> ``{"inputs": "a", "targets": "b"}`` in the

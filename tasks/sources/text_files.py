@@ -37,9 +37,7 @@ class TextFileSource(TextSource):
         return self._read(split.file_index, split.path)
 
     def _read(self, file_index: int, path: str) -> Iterator[SourceRecord]:
-        raw = read_whole(path)
-        if raw.startswith(BOM):
-            raw = raw[len(BOM):]
+        raw = read_whole(path).removeprefix(BOM)
         where = self.where(path, 0)
         repairs = []
         text, bad = self._decode(file_index, 0, raw, where, repairs)

@@ -32,20 +32,6 @@ _LINE_SUSPECT_RE = re.compile(f"[\r{SUSPECT_CHARACTERS}]+")
 _CLEAN_ASCII = bytes(b for b in range(128) if not _LINE_SUSPECT_RE.match(chr(b)))
 
 
-def line_splits(file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
-    """Byte-range splits of a line-oriented file (see ``seqcache.tasks.sources.lines``):
-    about ``target_bytes`` each; one whole-file split for a compressed file.
-
-    Raises:
-      ValueError: ``target_bytes < 1``.
-    """
-    check_target(target_bytes)
-    if is_compressed(file.path):
-        return [Split(file_index, file.path, 0, None, file.num_bytes)]
-    return [Split(file_index, file.path, a, b, (file.num_bytes if b is None else b) - a)
-            for a, b in byte_ranges(file.num_bytes, target_bytes)]
-
-
 def split_lines(split: Split) -> Iterator[tuple[int, bytes]]:
     """``(byte offset, line with its terminator)`` of the lines of ``split``,
     with read errors turned into a ``ValueError`` that names the file.
@@ -71,8 +57,13 @@ class LineSplits:
 
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
         """Byte ranges of about ``target_bytes`` bytes (one split for a compressed
-        file); a line belongs to the range where its first byte lies."""
-        return line_splits(file_index, file, target_bytes)
+        file); a line belongs to the range where its first byte lies
+        (``seqcache.tasks.sources.lines``). Raises ``ValueError`` for ``target_bytes < 1``."""
+        check_target(target_bytes)
+        if is_compressed(file.path):
+            return [Split(file_index, file.path, 0, None, file.num_bytes)]
+        return [Split(file_index, file.path, a, b, (file.num_bytes if b is None else b) - a)
+                for a, b in byte_ranges(file.num_bytes, target_bytes)]
 
 
 class TextLineSource(LineSplits, TextSource):
@@ -302,8 +293,7 @@ class TextLineSource(LineSplits, TextSource):
             line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
         elif line.endswith(b"\r"):
             line = line[:-1]  # a last line ended by a lone CR
-        if offset == 0 and line.startswith(BOM):
-            line = line[len(BOM):]
+        line = line.removeprefix(BOM) if offset == 0 else line
         try:  # the common case first: clean text needs no message
             text = line.decode("utf-8")
             if is_clean_text(text):

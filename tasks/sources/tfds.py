@@ -19,7 +19,7 @@ from seqcache import fs
 from seqcache.tasks.sources.base import SourceFile, SourceRecord, Split, check_target, read_error
 from seqcache.tasks.sources.policy import ErrorPolicy
 from seqcache.tasks.sources.spec import PIP_HINT
-from seqcache.tasks.sources.tfrecord import _crc32c, _ExampleRecords
+from seqcache.tasks.sources.tfrecord import crc32c_function, ExampleRecords
 
 # The TFDS file formats this source reads, by the infix of their shard names
 # (``NAME-SPLIT.tfrecord-00000-of-00004``).
@@ -57,7 +57,7 @@ def _flat_keys(info: Any, prefix: str = "") -> list[str]:
     return out
 
 
-class TfdsSource(_ExampleRecords):
+class TfdsSource(ExampleRecords):
     """One record per example of a prepared TFDS split, read from its shard files.
 
     ``name`` is TFDS's ``NAME[/CONFIG][:VERSION]`` (``c4/en:3.0.1``); ``data_dir``
@@ -252,7 +252,7 @@ class TfdsSource(_ExampleRecords):
         else:
             start, stop = split.start, split.stop
         if _format_of(split.path) == "tfrecord":
-            _crc32c()
+            crc32c_function()
             return self._read_tfrecord(split, start, stop)
         return self._read_array_record(split, start, stop)
 

@@ -40,7 +40,7 @@ _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
 
 
-def _crc32c():
+def crc32c_function():
     """``google_crc32c.value``: CRC-32C of a bytes object, as an int.
 
     Raises:
@@ -55,7 +55,7 @@ def _crc32c():
 
 def masked_crc32c(data: bytes, crc=None) -> int:
     """TFRecord's masked CRC-32C of ``data`` (uint32; see the module docstring)."""
-    c = (crc or _crc32c())(data)
+    c = (crc or crc32c_function())(data)
     return (((c >> 15) | (c << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -63,7 +63,7 @@ def write_tfrecords(path: str, records: Sequence[bytes]) -> None:
     """Writes ``records`` to a TFRecord file at ``path`` (uncompressed; through
     ``seqcache.fs``). Meant for tests and small fixtures: the whole file is built
     in memory."""
-    crc = _crc32c()
+    crc = crc32c_function()
     out = bytearray()
     for data in records:
         length = struct.pack("<Q", len(data))
@@ -91,7 +91,7 @@ def iter_tfrecords(path: str, start: int = 0, stop: int | None = None) -> Iterat
         inside a record (names the file and the record index).
       ValueError: the file cannot be read (names it).
     """
-    crc = _crc32c()
+    crc = crc32c_function()
     index = 0
     try:
         with fs.open_binary(path) as f:
@@ -235,7 +235,7 @@ def _decode_error():
     return DecodeError
 
 
-class _ExampleRecords(Source):
+class ExampleRecords(Source):
     """Shared code of the sources whose records are serialized ``tf.train.Example``
     protos or raw UTF-8 bytes: turning one stored record into a ``SourceRecord``.
 
@@ -295,7 +295,7 @@ class _ExampleRecords(Source):
             raise ValueError(f"{e}; replace the file, or leave it out") from None
 
 
-class TFRecordSource(_ExampleRecords, FileSource):
+class TFRecordSource(ExampleRecords, FileSource):
     """One record per record of TFRecord files: a ``tf.train.Example`` feature, or
     the record's bytes as UTF-8 text.
 
@@ -364,5 +364,5 @@ class TFRecordSource(_ExampleRecords, FileSource):
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         self._require_whole(split)
-        _crc32c()  # a missing google-crc32c fails here, before the first record
+        crc32c_function()  # a missing google-crc32c fails here, before the first record
         return self._read_tfrecord(split)

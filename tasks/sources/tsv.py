@@ -92,8 +92,7 @@ class TsvSource(LineSplits, FileSource):
         for offset, line in split_lines(split):
             line = line.rstrip(b"\r\n")
             if offset == 0:
-                if line.startswith(BOM):
-                    line = line[len(BOM):]
+                line = line.removeprefix(BOM)
                 if self.header:
                     continue
             if not line.strip():

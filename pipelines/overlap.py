@@ -224,10 +224,16 @@ def _decode(vocabs: Mapping, segments: Sequence[tuple]) -> list[str]:
 
 def _span_corruption_pair(manifest, features: Sequence[str]) -> tuple[int, int] | None:
     """The sentinel id range ``[first, end)`` when ``inputs`` and ``targets`` are
-    both scanned and share a vocabulary with extra ids (span corruption's
-    layout: ``_segments`` then merges them where both hold sentinels), else None."""
+    both scanned and share a vocabulary with extra ids (the same entry but for
+    the model's file name; span corruption's layout: ``_segments`` then merges
+    them where both hold sentinels), else None."""
     vocabularies = manifest.vocabularies
-    if not {"inputs", "targets"} <= set(features) or vocabularies["inputs"] != vocabularies["targets"]:
+    if not {"inputs", "targets"} <= set(features):
+        return None
+    # Each feature's model file has its own name (vocabulary-inputs.model, ...): one vocabulary is
+    # the same kind, model bytes (sha256), size and extra ids.
+    same = {k: v for k, v in vocabularies["inputs"].items() if k != "file"}
+    if same != {k: v for k, v in vocabularies["targets"].items() if k != "file"}:
         return None
     extra = int(vocabularies["inputs"].get("extra_ids") or 0)
     size = vocabularies["inputs"].get("vocab_size")

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from seqcache.cli import main
 from seqcache.pipelines import overlap as ov
+from seqcache.tasks import train_sentencepiece
 from seqcache.tasks.contamination import normalize_words
 
 
@@ -54,12 +55,18 @@ def test_inputs_and_targets_of_a_packed_supervised_cache_are_both_scanned(tmp_pa
                               (b, "targets", f"line 30 (byte {offsets[1]:,})")}
 
 
-def test_a_span_corrupted_example_is_scanned_as_its_text(tmp_path, ntrex):
+@pytest.mark.parametrize("vocabulary", ["byte", "sentencepiece"])
+def test_a_span_corrupted_example_is_scanned_as_its_text(tmp_path, ntrex, vocabulary):
     picks = ntrex["long"][:20]
     path = tmp_path / "docs.txt"
     path.write_text("".join(f"doc {k}: {ntrex['lines'][i]}\n" for k, i in enumerate(picks)), encoding="utf-8")
+    args = []
+    if vocabulary == "sentencepiece":  # each feature's model file has its own name in the cache
+        model = tmp_path / "spm.model"
+        train_sentencepiece(ntrex["lines"], output_path=str(model), vocab_size=1000)
+        args = ["--vocabulary", str(model)]
     _build(tmp_path, "--source", f"text:{path}", "--name", "sc", "--objective", "span_corruption", "--extra-ids",
-           "100", "--sequence-length", "inputs=1024")
+           "100", "--sequence-length", "inputs=1024", *args)
     result = _overlap(tmp_path, ntrex["spec"], tmp_path / "caches" / "sc" / "train")
     # 15% of the bytes are noise in spans of about 3: the inputs alone, or the
     # targets alone, hold no 13 words in a row; put back together they hold all.

@@ -6,8 +6,9 @@ depends on the source and is named by its ``locator`` (see ``seqcache.tasks.sour
 for the table). ``describe_record`` turns a locator and a record number into
 words: the one place where a record's place is worded. The helpers every
 source uses are public here: ``BOM``, ``READ_ERRORS``, ``read_error``,
-``read_whole``, ``check_target``, ``json_default``, ``text_of_bytes``,
-``FileSource`` and ``TextSource``.
+``read_whole``, ``check_target``, ``FileSource`` and ``TextSource``, and
+``Source``'s methods for subclasses (``_record``, ``_row_record``, ``_decode``,
+``_bad``).
 """
 
 from __future__ import annotations
@@ -476,7 +477,7 @@ def read_whole(path: str) -> bytes:
         raise read_error(path, e, None) from None
 
 
-def json_default(value: Any) -> Any:
+def _json_default(value: Any) -> Any:
     """Canonical JSON of the values Parquet gives that JSON lacks (dates, times,
     decimals: their ISO / decimal strings); anything else is refused."""
     import datetime
@@ -489,7 +490,7 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"a value of type {type(value).__name__} has no JSON form")
 
 
-def text_of_bytes(data: dict) -> tuple[dict, str | None]:
+def _text_of_bytes(data: dict) -> tuple[dict, str | None]:
     """``data`` with top-level ``bytes`` values decoded as UTF-8 text (a binary
     Parquet column, a function yielding bytes). Returns the data and, when a value
     is not UTF-8, a description of the first such value (the bytes are then
@@ -693,6 +694,26 @@ class Source(abc.ABC):
             return SourceRecord(file_index, record_number, checked, raw, RecordIssue("replaced", kinds, message),
                                 tuple(kept))
         return SourceRecord(file_index, record_number, checked, raw, None, tuple(kept))
+
+    def _row_record(self, file_index: int, record_number: int, where: "str | Where", row: dict,
+                    keys: Mapping[str, str] | None = None) -> SourceRecord:
+        """The record of a row of values (a Parquet row, a function's dict):
+        ``raw`` is the row's canonical JSON (dates and decimals as strings),
+        bytes values are read as UTF-8 (kind ``invalid_utf8`` when they are not,
+        ``bad_value`` for a value with no JSON form), and ``data`` holds the
+        values of ``keys`` (output key -> row key; the whole row when None)."""
+        row, problem = _text_of_bytes(row)
+        repairs = []
+        if problem is not None:
+            if self.on_error.actions["invalid_utf8"] != "replace":
+                return self._bad("invalid_utf8", file_index, record_number, b"", where, f": {problem}")
+            repairs.append(("invalid_utf8", f"{where}: {problem}"))
+        try:
+            raw = canonical_json_bytes(row, default=_json_default)
+        except (TypeError, ValueError) as e:
+            return self._bad("bad_value", file_index, record_number, b"", where, f": {e}")
+        data = row if keys is None else {k: row[c] for k, c in keys.items()}
+        return self._record(file_index, record_number, raw, where, data, repairs)
 
     def _decode(self, file_index: int, record_number: int, raw: bytes, where: "str | Where",
                 repairs: list) -> tuple[str | None, SourceRecord | None]:

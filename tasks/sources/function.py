@@ -4,15 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator, Mapping
 
-from seqcache.tasks.sources.base import (
-    Source,
-    SourceFile,
-    SourceRecord,
-    Split,
-    json_default,
-    text_of_bytes,
-    canonical_json_bytes,
-)
+from seqcache.tasks.sources.base import Source, SourceFile, SourceRecord, Split
 from seqcache.tasks.sources.policy import ErrorPolicy
 
 
@@ -71,20 +63,7 @@ class FunctionSource(Source):
                 kind = type(item).__name__
                 raise ValueError(f"{self.path}: record {number} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, "
                                  "expected a dict")
-            where = self.where(self.path, number)
-            data, problem = text_of_bytes(dict(item))
-            repairs = []
-            if problem is not None:
-                if self.on_error.actions["invalid_utf8"] != "replace":
-                    yield self._bad("invalid_utf8", file_index, number, b"", where, f": {problem}")
-                    continue
-                repairs.append(("invalid_utf8", f"{where}: {problem}"))
-            try:
-                raw = canonical_json_bytes(data, default=json_default)
-            except (TypeError, ValueError) as e:
-                yield self._bad("bad_value", file_index, number, b"", where, f": {e}")
-                continue
-            yield self._record(file_index, number, raw, where, data, repairs)
+            yield self._row_record(file_index, number, self.where(self.path, number), dict(item))
 
     def fingerprint(self) -> dict:
         return {

@@ -5,20 +5,8 @@ from __future__ import annotations
 from typing import Iterator, Mapping, Sequence
 
 from seqcache import fs
-from seqcache.tasks.sources.base import (
-    RecordBatch,
-    Split,
-    SourceFile,
-    SourceRecord,
-    check_target,
-    encode_json_string,
-    FileSource,
-    json_default,
-    read_error,
-    text_of_bytes,
-    canonical_json_bytes,
-    json_string_bodies,
-)
+from seqcache.tasks.sources.base import (FileSource, RecordBatch, SourceFile, SourceRecord, Split, check_target,
+                                         encode_json_string, json_string_bodies, read_error)
 from seqcache.tasks.sources.policy import suspect_utf8_values
 
 
@@ -252,15 +240,4 @@ class ParquetSource(FileSource):
         return list(range(lo, hi))
 
     def _row(self, file_index: int, number: int, path: str, row: dict) -> SourceRecord:
-        where = f"{path}: record {number} (row index {number})"
-        row, problem = text_of_bytes(row)
-        repairs = []
-        if problem is not None:
-            if self.on_error.actions["invalid_utf8"] != "replace":
-                return self._bad("invalid_utf8", file_index, number, b"", where, f": {problem}")
-            repairs.append(("invalid_utf8", f"{where}: {problem}"))
-        try:
-            raw = canonical_json_bytes(row, default=json_default)
-        except (TypeError, ValueError) as e:
-            return self._bad("bad_value", file_index, number, b"", where, f": {e}")
-        return self._record(file_index, number, raw, where, {k: row[c] for k, c in self.columns.items()}, repairs)
+        return self._row_record(file_index, number, f"{path}: record {number} (row index {number})", row, self.columns)

@@ -210,6 +210,42 @@ def test_parse_source_spec_errors(spec):
         S.parse_source_spec(spec)
 
 
+def test_a_source_with_a_kind_and_from_spec_is_a_command_line_form(tmp_path):
+    from seqcache.tasks.sources.base import SPEC_KINDS
+
+    assert sorted(SPEC_KINDS) == ["files", "hf", "jsonl", "parallel", "parquet", "text", "tfds", "tfrecord", "tsv"]
+
+    class UpperLines(S.TextLineSource):  # one class, no other edit
+        kind = "upper"
+        spec_forms = "'upper:PATTERN' (lines, upper-cased)"
+
+        def read_split(self, split):
+            return (r._replace(data={"text": r.data["text"].upper()}) for r in super().read_split(split))
+
+    p = tmp_path / "a.txt"
+    p.write_text("ab\ncd\n")
+    try:
+        src = S.parse_source_spec(f"upper:{p}")
+        assert type(src) is UpperLines and [r.data["text"] for r in src.read_all()] == ["AB", "CD"]
+        with pytest.raises(ValueError, match=r"unknown kind 'nope'; accepted source specs: .*'upper:PATTERN'"):
+            S.parse_source_spec("nope:x")
+    finally:
+        del SPEC_KINDS["upper"]
+
+
+def test_describe_record_is_the_one_wording_of_a_place(tmp_path):
+    p = tmp_path / "a.txt"
+    p.write_text("x\n" * 600)
+    assert S.describe_record(str(p), "byte_offset", 1100) == "line 551 (byte 1,100)"
+    assert S.describe_record(str(p), "byte_offset", 1100, stable=True) == "line at byte 1100"  # reads nothing
+    assert [S.describe_record(None, loc, 1234, stable=True) for loc in ("row", "record", "line", "file")] == [
+        "row 1234", "record 1234", "line 1235", "file"]
+    assert S.describe_record(None, None, 1234) == "record 1234" and S.describe_record("a", "row", None) == "record ?"
+    src = S.TextLineSource(str(p))
+    assert src.where(str(p), 1100).text == f"{p}: line at byte 1100"
+    assert src.where(str(p), 1100).raised() == f"{p}: line 551 (byte 1,100)"
+
+
 # ---------------------------------------------------------------------------
 # The content kinds: control characters, U+2581, empty and whitespace-only text.
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import unicodedata
 
 import numpy as np
 import pytest
@@ -152,8 +153,30 @@ def test_the_ascii_path_gives_the_words_of_the_unicode_path():
     texts = [ITEM, string.printable, "snake_case x__y 3.14 e-mail C++ A1b2 \x00\x7f end", "MiXeD   CaSe\n\tTabs"]
     for text in texts:
         assert text.isascii()
-        slow = cont._WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+        slow = cont._words(unicodedata.normalize("NFKC", text).casefold())
         assert cont.normalize_words(text) == slow
+
+
+def test_combining_marks_stay_in_their_word():
+    # Devanagari vowel signs and virama, Thai vowels and tone marks, Hebrew
+    # points, Myanmar medials and asat: category M, inside the word.
+    assert cont.normalize_words("पिछले कुछ महीनों में सेंट मार्टिन") == [
+        "पिछले", "कुछ", "महीनों", "में", "सेंट", "मार्टिन"]
+    assert cont.normalize_words("ภาษาไทย เป็น ภาษา") == ["ภาษาไทย", "เป็น", "ภาษา"]
+    assert cont.normalize_words("שָׁלוֹם, עֲלֵיכֶם!") == ["שָׁלוֹם", "עֲלֵיכֶם"]
+    assert cont.normalize_words("မြန်မာ စာ") == ["မြန်မာ", "စာ"]
+    # An accent NFKC cannot compose stays on its letter; the underscore still separates.
+    assert cont.normalize_words("q\u0301 snake_case") == ["q\u0301", "snake", "case"]
+    # Japanese without spaces: one word per run between punctuation.
+    assert cont.normalize_words("東京タワー、大阪") == ["東京タワー", "大阪"]
+    # Words that differ only in their vowel signs are different words: no match
+    # (split at the marks, each word's consonants alone would match).
+    item = "पिछले कुछ महीनों में सेंट मार्टिन के लोगों ने समुद्र तट पर बहुत काम किया है"
+    bench = _bench(item)
+    other_signs = "".join("\u093e" if unicodedata.category(ch).startswith("M") else ch for ch in item)
+    assert len(cont.normalize_words(item)) == 16
+    assert [m.item for m in bench.match("x " + item + " y")] == [0]
+    assert bench.match(other_signs) == []
 
 
 def test_match_many_is_match_of_each_text_and_no_ngram_spans_two_texts():

@@ -216,30 +216,28 @@ class RecordBatch:
 
     __slots__ = ("file_index", "file_indices", "record_numbers", "raws", "_field", "_texts", "_odd", "_records")
 
-    def __init__(self, file_index: int, record_numbers: list[int], raws: list[bytes], *, field: str,
-                 texts: list, odd: dict[int, SourceRecord], file_indices: list[int] | None = None):
+    def __init__(self, file_index: int, record_numbers: list[int], raws: list[bytes], *, field: str | None,
+                 texts: list | None, odd: dict[int, SourceRecord] | None, file_indices: list[int] | None = None,
+                 records: list[SourceRecord] | None = None):
         """Column form: record i is ``odd[i]`` where present, else
         ``SourceRecord(file_index, record_numbers[i], {field: texts[i]}, raws[i])``
         (a clean record: no issue, nothing kept; ``file_indices[i]`` for
-        the file index of a batch made by ``concat``)."""
+        the file index of a batch made by ``concat``). With ``records``, those
+        records (``field``, ``texts`` and ``odd`` None)."""
         self.file_index = file_index
         self.file_indices = file_indices
         self.record_numbers = record_numbers
         self.raws = raws
-        self._field, self._texts, self._odd, self._records = field, texts, odd, None
+        self._field, self._texts, self._odd, self._records = field, texts, odd, records
 
     @classmethod
     def from_records(cls, records: Sequence[SourceRecord]) -> "RecordBatch":
         """A batch of records built one by one (each source's ``read_split``)."""
-        batch = cls.__new__(cls)
-        batch._records = list(records)
-        batch.file_index = batch._records[0].file_index if batch._records else 0
-        indices = [r.file_index for r in batch._records]
-        batch.file_indices = None if all(i == batch.file_index for i in indices) else indices
-        batch.record_numbers = [r.record_number for r in batch._records]
-        batch.raws = [r.raw for r in batch._records]
-        batch._field = batch._texts = batch._odd = None
-        return batch
+        records = list(records)
+        first = records[0].file_index if records else 0
+        indices = [r.file_index for r in records]
+        return cls(first, [r.record_number for r in records], [r.raw for r in records], field=None, texts=None,
+                   odd=None, file_indices=None if all(i == first for i in indices) else indices, records=records)
 
     @classmethod
     def concat(cls, batches: Sequence["RecordBatch"]) -> "RecordBatch":
@@ -258,23 +256,16 @@ class RecordBatch:
         first = batches[0]
         if any(b._records is not None or b._field != first._field for b in batches):
             return cls.from_records([b[i] for b in batches for i in range(len(b))])
-        out = cls.__new__(cls)
-        out.file_index = first.file_index
-        if all(b.file_indices is None and b.file_index == first.file_index for b in batches):
-            out.file_indices = None
-        else:
-            out.file_indices = [i for b in batches
-                                for i in (b.file_indices if b.file_indices is not None else [b.file_index] * len(b))]
-        out.record_numbers = [n for b in batches for n in b.record_numbers]
-        out.raws = [r for b in batches for r in b.raws]
-        out._field, out._records = first._field, None
-        out._texts = [t for b in batches for t in b._texts]
-        out._odd, offset = {}, 0
+        odd, offset = {}, 0
         for b in batches:
-            for i, r in b._odd.items():
-                out._odd[offset + i] = r
+            odd.update((offset + i, r) for i, r in b._odd.items())
             offset += len(b)
-        return out
+        one_file = all(b.file_indices is None and b.file_index == first.file_index for b in batches)
+        return cls(first.file_index, [n for b in batches for n in b.record_numbers],
+                   [r for b in batches for r in b.raws], field=first._field,
+                   texts=[t for b in batches for t in b._texts], odd=odd,
+                   file_indices=None if one_file else [
+                       i for b in batches for i in (b.file_indices if b.file_indices is not None else [b.file_index] * len(b))])
 
     def __len__(self) -> int:
         return len(self.raws)
@@ -291,19 +282,12 @@ class RecordBatch:
     def take(self, start: int, stop: int) -> "RecordBatch":
         """Records ``start`` to ``stop`` (exclusive) as a batch of their own,
         in the same form (columns stay columns)."""
-        batch = RecordBatch.__new__(RecordBatch)
-        batch.file_index = self.file_index
-        batch.file_indices = None if self.file_indices is None else self.file_indices[start:stop]
-        batch.record_numbers = self.record_numbers[start:stop]
-        batch.raws = self.raws[start:stop]
-        batch._field = self._field
-        if self._records is not None:
-            batch._records, batch._texts, batch._odd = self._records[start:stop], None, None
-        else:
-            batch._records = None
-            batch._texts = self._texts[start:stop]
-            batch._odd = {i - start: r for i, r in self._odd.items() if start <= i < stop}
-        return batch
+        rows = self._records is not None
+        return RecordBatch(self.file_index, self.record_numbers[start:stop], self.raws[start:stop], field=self._field,
+                           texts=None if rows else self._texts[start:stop],
+                           odd=None if rows else {i - start: r for i, r in self._odd.items() if start <= i < stop},
+                           file_indices=None if self.file_indices is None else self.file_indices[start:stop],
+                           records=self._records[start:stop] if rows else None)
 
     def byte_bounded(self, max_bytes: int) -> Iterator["RecordBatch"]:
         """The batch in consecutive pieces of at most ``max_bytes`` of raw

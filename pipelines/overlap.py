@@ -639,14 +639,14 @@ def _matches_from_table(table, with_run: bool) -> dict[int, list]:
 
 def write_result(result: Mapping, path: str) -> None:
     """Writes the result to ``path``: JSON for ``.json``, Parquet for
-    ``.parquet`` (``to_parquet_table``), atomically.
+    ``.parquet`` (``to_parquet_table``; either suffix in any case), atomically.
 
     Raises:
       ValueError: another suffix (names the path and the two forms).
     """
-    if path.endswith(".json"):
+    if path.lower().endswith(".json"):
         fs.write_bytes_atomic(path, to_json_bytes(result))
-    elif path.endswith(".parquet"):
+    elif path.lower().endswith(".parquet"):
         import pyarrow.parquet as pq
 
         with fs.atomic_path(path) as tmp:
@@ -662,7 +662,7 @@ def read_result(path: str) -> dict:
     Raises:
       ValueError: not a result of ``seqcache overlap`` (names the file).
     """
-    if path.endswith(".parquet"):
+    if path.lower().endswith(".parquet"):
         import pyarrow.parquet as pq
 
         table = pq.read_table(path)

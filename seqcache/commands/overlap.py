@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 
 import click
@@ -145,7 +146,7 @@ def overlap(benchmark, target, args, output, n, min_words, state_path, batch_siz
     from seqcache.commands.which import _resolve
 
     t0 = time.perf_counter()
-    if not output.endswith((".json", ".parquet")):
+    if not output.lower().endswith((".json", ".parquet")):
         raise click.BadParameter(f"{output}: the output is a .json or a .parquet file", param_hint="--output")
     pipeline_args = _pipeline_args(list(args))
     if workers > 1:
@@ -191,17 +192,54 @@ def _scan(benchmark, kw, output, *, pipeline_args, state_path, host_count, befor
     except (fmt.CacheError, ValueError) as e:
         _fail(str(e))
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        refused = _own_input(output, bench, opened.paths)
+        if refused:
+            common.print_error(refused)
+            sys.exit(2)
+        _check_writable(output)
         with common.worker_stderr(verbose=verbose):
             result = overlap_lib.find_overlap(
                 bench, opened, pipeline_args=pipeline_args, stream=stream, run=run, before_step=before_step,
                 max_matches=max_matches, scratch_parent=os.path.dirname(os.path.abspath(output)))
-        overlap_lib.write_result(result, output)
+        try:
+            overlap_lib.write_result(result, output)
+        except OSError as e:
+            raise OSError(f"cannot write --output {output}: {e.strerror or e}") from e
     except (fmt.CacheError, ValueError, RuntimeError, RunnerError, OSError) as e:
         _fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
     finally:
         opened.close()
     return result
+
+
+def _own_input(output: str, bench, cache_paths) -> str | None:
+    """The error line when ``output`` would overwrite what the scan reads: a
+    file inside a scanned cache's folder, or a benchmark file; else None."""
+    out = os.path.realpath(output)
+    for path in cache_paths:
+        root = os.path.realpath(path)
+        if out == root or out.startswith(root.rstrip(os.sep) + os.sep):
+            return f"--output {output} is inside the scanned cache {path}: write the result outside it"
+    for path in sorted({item.path for item in bench.items}):
+        if out == os.path.realpath(path):
+            return f"--output {output} is a file of the benchmark: write the result to another file"
+    return None
+
+
+def _check_writable(output: str) -> None:
+    """Makes the output's folder and tries a file there before the scan (its
+    scratch folder goes there too); errors name the output.
+
+    Raises:
+      OSError: the folder cannot be made or written (names ``output``).
+    """
+    folder = os.path.dirname(os.path.abspath(output))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".overlap-"):
+            pass
+    except OSError as e:
+        raise OSError(f"cannot write --output {output}: {e.strerror or e}") from e
 
 
 def _fail(message: str) -> None:

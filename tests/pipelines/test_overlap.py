@@ -6,6 +6,9 @@ order (the Feeder's batches and ``trace``)."""
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -272,6 +275,36 @@ def test_cli_refuses_what_it_cannot_do(planted, tmp_path):
     res = runner.invoke(main, ["overlap", planted["spec"], planted["cache"], "-o", str(tmp_path / "o.json"),
                                "--workers", "2", "--direct_num_workers=3"])
     assert res.exit_code == 2 and "give --workers N or Beam's --direct_num_workers" in res.output
+
+
+def test_cli_never_overwrites_what_it_reads(planted, tmp_path):
+    # Copies: a refusal that failed would overwrite them.
+    cache = tmp_path / "cache"
+    shutil.copytree(planted["cache"], cache)
+    lines = (pathlib.Path(planted["spec"][len("text:"):])).read_text(encoding="utf-8").splitlines()[:50]
+    pq.write_table(pa.table({"text": lines}), tmp_path / "b.parquet")
+    spec = f"parquet:{tmp_path / 'b.parquet'}#text"
+    before = {p: p.read_bytes() for p in [tmp_path / "b.parquet", *sorted(cache.rglob("*"))] if p.is_file()}
+    runner = CliRunner()
+    for output, why in ((cache / "manifest.json", "inside the scanned cache"),
+                        (cache / "new" / "o.json", "inside the scanned cache"),
+                        (tmp_path / "b.parquet", "a file of the benchmark")):
+        res = runner.invoke(main, ["overlap", spec, str(cache), "-o", str(output)])
+        assert res.exit_code == 2, res.output
+        assert len(res.output.strip().splitlines()) == 1 and str(output) in res.output and why in res.output
+    assert {p: p.read_bytes() for p in before} == before and not (cache / "new").exists()
+    # An upper-case suffix is the same output kind.
+    res = runner.invoke(main, ["overlap", spec, str(cache), "-o", str(tmp_path / "o.JSON")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "o.JSON").read_text())["summary"]["items"] == 50
+    res = runner.invoke(main, ["overlap", spec, str(cache), "-o", str(tmp_path / "o.PARQUET")])
+    assert res.exit_code == 0, res.output
+    assert ov.read_result(str(tmp_path / "o.PARQUET"))["summary"]["items"] == 50
+    # A folder that cannot be written: the error names the output, not a scratch file.
+    if os.path.isdir("/proc/self"):
+        res = runner.invoke(main, ["overlap", spec, str(cache), "-o", "/proc/overlap-result.json"])
+        assert res.exit_code == 1 and "cannot write --output /proc/overlap-result.json" in res.output
+        assert ".overlap-" not in res.output
 
 
 def test_report_shows_the_overlap_section(planted, tmp_path):

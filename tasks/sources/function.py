@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator, Mapping
 
-from seqcache.tasks.sources.base import Source, SourceFile, SourceRecord, Split
+from seqcache.tasks.sources.base import Source, SourceFile, SourceRecord
 from seqcache.tasks.sources.policy import ErrorPolicy
 
 
@@ -53,11 +53,7 @@ class FunctionSource(Source):
     def list_files(self) -> list[SourceFile]:
         return [SourceFile(self.path, 0, 0)]
 
-    def read_split(self, split: Split) -> Iterator[SourceRecord]:
-        self._require_whole(split)
-        return self._read(split.file_index)
-
-    def _read(self, file_index: int) -> Iterator[SourceRecord]:
+    def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
         for number, item in enumerate(self.fn()):
             if not isinstance(item, dict):
                 kind = type(item).__name__

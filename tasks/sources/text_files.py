@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from seqcache.tasks.sources.base import BOM, Split, SourceRecord, read_whole, TextSource
+from seqcache.tasks.sources.base import BOM, SourceRecord, TextSource, read_whole
 
 
 class TextFileSource(TextSource):
@@ -32,11 +32,7 @@ class TextFileSource(TextSource):
     def describe(self) -> str:
         return f"whole files of {self._pattern_text()}"
 
-    def read_split(self, split: Split) -> Iterator[SourceRecord]:
-        self._require_whole(split)
-        return self._read(split.file_index, split.path)
-
-    def _read(self, file_index: int, path: str) -> Iterator[SourceRecord]:
+    def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
         raw = read_whole(path).removeprefix(BOM)
         where = self.where(path, 0)
         repairs = []

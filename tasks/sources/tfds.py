@@ -256,10 +256,6 @@ class TfdsSource(ExampleRecords):
             return self._read_tfrecord(split, start, stop)
         return self._read_array_record(split, start, stop)
 
-    def read_all(self) -> Iterator[SourceRecord]:
-        for i, f in enumerate(self.list_files()):
-            yield from self.read_split(Split(i, f.path))
-
     def _read_array_record(self, split: Split, start: int, stop: int | None) -> Iterator[SourceRecord]:
         from array_record.python.array_record_module import ArrayRecordReader
 

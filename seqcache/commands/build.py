@@ -7,7 +7,6 @@ import functools
 import json
 import logging
 import os
-import re
 import sys
 
 import click
@@ -547,7 +546,7 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
                                 overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
         except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
             if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
-                message = _cause(e)
+                message = common.error_line(e)
                 console.print(f"[red]error:[/red] {message}", highlight=False)
                 if "on_error=" in message:  # bad input that the policy raises on
                     console.print("(`seqcache scan` with the same task or --source lists every kind of bad input "
@@ -612,32 +611,3 @@ def _interrupt_text(task, split, cache_dir) -> str:
     if before:
         return f"{task.name}/{split} still holds the cache from before, untouched; run the same command again to replace it"
     return f"{task.name}/{split} has no manifest, so it is not a cache; run the same command again to build it"
-
-
-# "ValueError: ", "seqcache.pipelines.build.BuildError: ": the name of an exception
-# class at the start of a line of a traceback or of a wrapped message.
-_EXCEPTION_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")
-
-
-def _cause(error: BaseException) -> str:
-    """The message of the error a step raised, without what Beam wraps around
-    it: the exception names of ``RuntimeError: ValueError: ...``, the
-    `` [while running 'STEP']`` suffix and, when the step ran in a worker
-    (``multi_processing``, ``multi_threading``), the worker's traceback that
-    Beam sends back as the message (the last exception line is the cause)."""
-    text = str(error)
-    if "Traceback (most recent call last):" in text:
-        text = _last_exception_line(text) or text
-    while (m := _EXCEPTION_PREFIX.match(text)) is not None:
-        text = text[m.end():]
-    return text.split(" [while running ")[0].strip()
-
-
-def _last_exception_line(traceback_text: str) -> str | None:
-    """The ``Name: message`` line that ends the last traceback in ``traceback_text``
-    (frames are indented; the exception line is the first one that is not)."""
-    tail = traceback_text.rsplit("Traceback (most recent call last):", 1)[1]
-    for line in tail.splitlines():
-        if line and not line.startswith(" "):
-            return line
-    return None

@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import sys
 import threading
 
@@ -396,8 +397,6 @@ class _ByteSize(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
-        import re
-
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]i?)?[bB]?\s*", str(value))
         if not m:
             self.fail(f"{value!r} is not a size in bytes (e.g. 500000, 64MiB, 1GB)", param, ctx)
@@ -408,3 +407,33 @@ class _ByteSize(click.ParamType):
 
 
 BYTE_SIZE = _ByteSize()
+
+
+# "ValueError: ", "seqcache.pipelines.build.BuildError: ": the name of an exception
+# class at the start of a line of a traceback or of a wrapped message.
+_EXCEPTION_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")
+
+
+def error_line(error: BaseException) -> str:
+    """The message of the error a step raised, without what Beam wraps around
+    it: the exception names of ``RuntimeError: ValueError: ...``, the
+    `` [while running 'STEP']`` suffix and, when the step ran in a worker
+    (``multi_processing``, ``multi_threading``), the worker's traceback that
+    Beam sends back as the message (the last exception line is the cause).
+    What ``seqcache build`` and ``seqcache overlap`` print after ``error:``."""
+    text = str(error)
+    if "Traceback (most recent call last):" in text:
+        text = _last_exception_line(text) or text
+    while (m := _EXCEPTION_PREFIX.match(text)) is not None:
+        text = text[m.end():]
+    return text.split(" [while running ")[0].strip()
+
+
+def _last_exception_line(traceback_text: str) -> str | None:
+    """The ``Name: message`` line that ends the last traceback in ``traceback_text``
+    (frames are indented; the exception line is the first one that is not)."""
+    tail = traceback_text.rsplit("Traceback (most recent call last):", 1)[1]
+    for line in tail.splitlines():
+        if line and not line.startswith(" "):
+            return line
+    return None

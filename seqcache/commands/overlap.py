@@ -206,7 +206,7 @@ def _scan(benchmark, kw, output, *, pipeline_args, state_path, host_count, befor
         except OSError as e:
             raise OSError(f"cannot write --output {output}: {e.strerror or e}") from e
     except (fmt.CacheError, ValueError, RuntimeError, RunnerError, OSError) as e:
-        _fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+        _fail((common.error_line(e).splitlines() or [type(e).__name__])[0])
     finally:
         opened.close()
     return result

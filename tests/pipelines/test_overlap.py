@@ -307,6 +307,22 @@ def test_cli_never_overwrites_what_it_reads(planted, tmp_path):
         assert ".overlap-" not in res.output
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_damaged_shard_is_one_line_under_any_number_of_workers(planted, tmp_path, workers):
+    cache = tmp_path / "cache"
+    shutil.copytree(planted["cache"], cache)
+    (data,) = cache.glob("data.array_record-00000-of-*")
+    with open(data, "r+b") as f:
+        f.seek(100_000)
+        f.write(bytes(5000))
+    res = CliRunner().invoke(main, ["overlap", planted["spec"], str(cache), "-o", str(tmp_path / "o.json"),
+                                    "--workers", workers])
+    assert res.exit_code == 1
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith(f"error: {data}: cannot read records ") and "run `seqcache verify" in line
+    assert "Traceback" not in line and "[while running" not in line
+
+
 def test_report_shows_the_overlap_section(planted, tmp_path):
     runner = CliRunner()
     out = tmp_path / "o.parquet"

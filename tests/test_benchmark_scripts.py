@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # a fresh interpreter importing JAX and Beam: the slow tests run it
 def test_feeder_benchmark_runs_from_the_repository_root(tmp_path):
     out = tmp_path / "feeder.json"
     done = subprocess.run(
@@ -23,6 +26,7 @@ def test_feeder_benchmark_runs_from_the_repository_root(tmp_path):
     assert rss and all(isinstance(v, (int, float)) and v > 0 for v in rss.values()), report
 
 
+@pytest.mark.slow  # a fresh interpreter importing JAX and Beam: the slow tests run it
 def test_scale_benchmark_builds_with_a_sentencepiece_model(tmp_path):
     out = tmp_path / "scale.json"
     done = subprocess.run(

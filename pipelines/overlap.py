@@ -552,6 +552,7 @@ def assemble(bench, caches: Sequence[Mapping], matches: Sequence[Mapping], count
         "items": len(bench.items),
         "items_with_overlap": len(items),
         "too_short": len(bench.too_short),
+        "empty": bench.empty,
         "overlapping_examples": len({(m["task_index"], m["cache_index"]) for m in matches}),
         "matches": len(matches),
         "before_step": before_step,

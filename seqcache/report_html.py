@@ -480,7 +480,9 @@ def _overlap_section(ov: Mapping[str, Any]) -> str:
     out = [f"<h2>Benchmark overlap: {_e(b['name'])}</h2>",
            f"<p>{s['items_with_overlap']:,} of {s['items']:,} items share an n-gram of {b['n']} normalised words "
            f"with {s['overlapping_examples']:,} example(s) ({s['matches']:,} match(es)); {s['too_short']:,} item(s) "
-           f"too short to match (under {b['min_words']} words). Benchmark fingerprint "
+           f"too short to match (under {b['min_words']} words)"
+           + (f", {s['empty']:,} empty benchmark record(s) skipped" if s.get("empty") else "")
+           + ". Benchmark fingerprint "
            f"<code>{_e(b['fingerprint'][:16])}</code>….</p>"]
     if run is not None:
         out.append(f"<p>Run: seed {run['seed']}, global batch {run['global_batch_size']:,}"

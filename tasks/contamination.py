@@ -37,6 +37,8 @@ Short items: an item with fewer than ``n`` words but at least ``min_words``
 (default 8) is matched whole: it overlaps a text that holds all its words,
 consecutively. An item with fewer than ``min_words`` words cannot be matched;
 ``Benchmark.too_short`` counts them (they are reported, never silently dropped).
+A record whose text is empty, whitespace or null is no item; ``Benchmark.empty``
+counts those records.
 """
 
 from __future__ import annotations
@@ -265,11 +267,14 @@ class Benchmark:
       min_words: items with fewer than ``n`` words but at least ``min_words``
         are matched whole; items with fewer words are ``too_short``.
       name: a name for reports (e.g. the source spec).
+      empty: records of the source that gave no item (an empty, whitespace-only
+        or null value): counted here, not numbered.
 
     Attributes:
       n, min_words, name, items.
       too_short: numbers of the items that cannot match (fewer than
         ``min_words`` words), sorted.
+      empty: the ``empty`` argument (reported with ``too_short``).
       fingerprint: sha256 hex of n, min_words, the normalisation version and the
         item texts.
       size_bytes: UTF-8 bytes of the item texts.
@@ -281,13 +286,13 @@ class Benchmark:
     """
 
     def __init__(self, items: Sequence[BenchmarkItem], *, n: int = DEFAULT_N,
-                 min_words: int = DEFAULT_MIN_WORDS, name: str = "benchmark"):
+                 min_words: int = DEFAULT_MIN_WORDS, name: str = "benchmark", empty: int = 0):
         if n < 1:
             raise ValueError(f"n-gram length must be >= 1 (got n={n})")
         min_words = min(min_words, n)
         if min_words < 1:
             raise ValueError(f"min_words must be >= 1 (got min_words={min_words})")
-        self.n, self.min_words, self.name = n, min_words, name
+        self.n, self.min_words, self.name, self.empty = n, min_words, name, int(empty)
         self.items = list(items)
         for i, item in enumerate(self.items):
             if item.number != i:
@@ -358,32 +363,35 @@ class Benchmark:
         ``jsonl:PATTERN#question=q,answer=a``, ``parquet:...``, ``text:...``,
         ``hf:PATH@SPLIT#COLUMN``, ...; a ``hf:`` or ``tfds:`` spec without
         ``@SPLIT`` reads ``test``). Each record is one item; its text is
-        its values joined by newlines (in the record's key order).
+        its values joined by newlines (in the record's key order); a value that
+        is not a string (a number, a boolean) is its Python text (``42``,
+        ``3.5``, ``True``), a null value is left out. A record whose text is
+        empty or whitespace (a blank line of a ``text:`` file, ``""``, null) is
+        no item: it is counted in ``empty``.
 
         Raises:
           ValueError: a bad spec or record (as ``parse_source_spec`` and the
-            source), or a spec with no records (names the spec).
+            source), a record without a selected field (names the record, the
+            field and the record's fields), or a spec with no items (names the
+            spec).
           FileNotFoundError: a pattern that matches nothing.
         """
         from seqcache.tasks.sources.spec import parse_source_spec
 
-        source = parse_source_spec(spec, split="test")
-        files = source.list_files()
-        items = []
-        for i, f in enumerate(files):
-            for record in source.read_file(i, f.path):
-                text = "\n".join(str(v) for v in record.data.values() if v is not None)
-                items.append(BenchmarkItem(len(items), f.path, source.locator, record.record_number, text))
+        source = parse_source_spec(spec, split="test", on_error={"missing_field": "skip"})
+        items, empty = _read_items(source)
         if not items:
-            raise ValueError(f"benchmark {spec!r} has no records: point it at the test set's files")
-        return cls(items, n=n, min_words=min_words, name=name or spec)
+            what = f"no items: its {empty:,} record(s) are empty" if empty else "no records"
+            raise ValueError(f"benchmark {spec!r} has {what}: point it at the test set's files and fields")
+        return cls(items, n=n, min_words=min_words, name=name or spec, empty=empty)
 
     def describe(self) -> dict:
         """JSON-able summary: name, fingerprint, n, min_words, items, n-grams,
-        bytes, the normalisation version and the too-short items' count."""
+        bytes, the normalisation version, the too-short items' count and the
+        empty records' count."""
         return {"name": self.name, "fingerprint": self.fingerprint, "n": self.n, "min_words": self.min_words,
                 "normalization": NORMALIZATION_VERSION, "items": len(self.items), "ngrams": self.num_ngrams,
-                "size_bytes": self.size_bytes, "too_short": len(self.too_short)}
+                "size_bytes": self.size_bytes, "too_short": len(self.too_short), "empty": self.empty}
 
     def item_words(self, number: int) -> np.ndarray:
         """Item ``number``'s word hashes, shape ``(words,)``, uint64."""
@@ -472,6 +480,35 @@ class Benchmark:
         for t, found in by_text.items():
             out[t] = _spans(texts[t], words[t], found)
         return out
+
+
+def _read_items(source) -> tuple[list[BenchmarkItem], int]:
+    """The items of a source (read with ``missing_field`` skipped) and the
+    count of its empty records (``Benchmark.load``).
+
+    Raises:
+      ValueError: a record without a selected field, or another record the
+        source skipped (its message, naming the record).
+    """
+    items: list[BenchmarkItem] = []
+    empty = 0
+    for i, f in enumerate(source.list_files()):
+        for record in source.read_file(i, f.path):
+            issue = record.issue
+            if issue is not None and issue.action == "skipped":
+                if issue.kind in ("empty", "whitespace"):
+                    empty += 1
+                    continue
+                if issue.kind == "missing_field":
+                    raise ValueError(f"{issue.message}; every benchmark record needs the spec's field(s) "
+                                     "(#FIELD or #a=FIELD,b=FIELD): name fields each record has")
+                raise ValueError(issue.message)
+            text = "\n".join(v if isinstance(v, str) else str(v) for v in record.data.values() if v is not None)
+            if not text.strip():
+                empty += 1
+                continue
+            items.append(BenchmarkItem(len(items), f.path, source.locator, record.record_number, text))
+    return items, empty
 
 
 def _spans(text: str, words: list[str], hits: list[tuple[int, int, int]]) -> list[Match]:

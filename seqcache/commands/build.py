@@ -481,6 +481,7 @@ def _benchmarks(specs, ngram, exclude) -> list:
     for b in benchmarks:
         short = (f"; {common.plural(len(b.too_short), 'item')} of fewer than {b.min_words} words cannot match"
                  if b.too_short else "")
+        short += f"; {common.plural(b.empty, 'empty record')} skipped" if b.empty else ""
         click.echo(f"excluding benchmark {b.name}: {common.plural(len(b.items), 'item')}, "
                    f"{common.plural(b.num_ngrams, f'{b.n}-gram')}{short}", err=True)
     return benchmarks

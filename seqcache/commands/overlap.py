@@ -256,7 +256,8 @@ def _report(result: dict, output: str, elapsed: float, *, as_json: bool) -> None
     scanned = s["scanned"]
     line = (f"{output}: {s['items_with_overlap']:,} of {s['items']:,} benchmark items overlap "
             f"{s['overlapping_examples']:,} example(s) ({s['matches']:,} match(es); n={result['benchmark']['n']}, "
-            f"{s['too_short']:,} item(s) too short to match)")
+            f"{s['too_short']:,} item(s) too short to match"
+            + (f", {s['empty']:,} empty benchmark record(s) skipped)" if s.get("empty") else ")"))
     if s["items_seen_before_step"] is not None:
         line += f"; {s['items_seen_before_step']:,} first read before step {s['before_step']:,}"
     elif s["items_seen"] is not None:

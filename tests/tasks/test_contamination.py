@@ -179,6 +179,36 @@ def test_combining_marks_stay_in_their_word():
     assert bench.match(other_signs) == []
 
 
+def test_a_benchmark_record_without_its_field_names_the_field_and_the_record_fields(tmp_path):
+    path = tmp_path / "b.jsonl"
+    path.write_text('{"question": "x"}\n{"q": "y", "answer": "z"}\n')
+    with pytest.raises(ValueError) as e:
+        cont.Benchmark.load(f"jsonl:{path}#question")
+    message = str(e.value)
+    assert "has no field 'question'" in message and "['answer', 'q']" in message and str(path) in message
+    assert "--on-error" not in message and "on_error" not in message
+
+
+def test_empty_and_null_benchmark_records_are_counted_not_items(tmp_path):
+    text = tmp_path / "b.txt"
+    text.write_text("line one is here\n\n   \n" + ITEM + "\n")
+    bench = cont.Benchmark.load(f"text:{text}")
+    assert [item.text for item in bench.items] == ["line one is here", ITEM]
+    assert bench.empty == 2 and bench.too_short == [0]
+    assert bench.describe()["empty"] == 2 and bench.describe()["too_short"] == 1
+    lines = [{"q": None}, {"q": ""}, {"q": 42}, {"q": 3.5}, {"q": True}, {"q": ITEM}, {"q": None, "a": "kept"}]
+    records = tmp_path / "b.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    bench = cont.Benchmark.load(f"jsonl:{records}#q")
+    assert [item.text for item in bench.items] == ["42", "3.5", "True", ITEM]
+    assert [item.record_number for item in bench.items][0] == len(json.dumps(lines[0])) + len(json.dumps(lines[1])) + 2
+    assert bench.empty == 3
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n")
+    with pytest.raises(ValueError, match=r"has no items: its 2 record\(s\) are empty"):
+        cont.Benchmark.load(f"text:{blank}")
+
+
 def test_match_many_is_match_of_each_text_and_no_ngram_spans_two_texts():
     bench = _bench(ITEM, "one two three four five six seven eight nine")
     words = cont.normalize_words(ITEM)

@@ -360,13 +360,14 @@ def import_modules(modules):
 @click.option("--exchange", type=click.Choice(["auto", "runner", "spill"]), default="auto", show_default=True,
               help="How examples reach the shard writers: the runner's shuffle, or spill files (auto: spill files on "
               "Beam's local engine, the runner's shuffle elsewhere). Never changes the cache's bytes.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help=common.WORKERS_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace an existing cache whose fingerprint differs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
 @click.pass_context
 def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
           objective, noise_density, mean_noise_span_length, pack, no_pack, seed, num_shards, shard_size, split_size,
-          exchange, overwrite, as_json, verbose, tfds_data_dir, exclude_benchmarks, exclude_ngram):
+          exchange, workers, overwrite, as_json, verbose, tfds_data_dir, exclude_benchmarks, exclude_ngram):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 
@@ -376,6 +377,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     from seqcache.pipelines import BuildConfig
 
     name, pipeline_args = _name_and_pipeline_args(ctx, args)
+    pipeline_args = common.with_workers(pipeline_args, workers)
     # force: a library that logged before this (at import) has configured the root logger already.
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
                         force=True)
@@ -583,9 +585,10 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
         console.print(f"[yellow]note[/yellow]: {line} under the source's on_error policy; {where}", highlight=False)
     if "excluded_by_benchmark" in stats:  # decontamination: counted per benchmark, never silent
         per = ", ".join(f"{name} {n:,}" for name, n in stats["excluded_by_benchmark"].items())
+        listed = (f"; listed with the item and the matched n-gram in {result.cache_dir}/{m.quarantine}"
+                  if stats.get("excluded_records") and m.quarantine else "")
         console.print(f"[yellow]note[/yellow]: excluded {common.plural(stats.get('excluded_records', 0), 'record')} "
-                      f"that overlap benchmarks ({per}); listed with the item and the matched n-gram in "
-                      f"{result.cache_dir}/quarantine.jsonl", highlight=False)
+                      f"that overlap benchmarks ({per}){listed}", highlight=False)
     return result
 
 

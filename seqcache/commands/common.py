@@ -437,3 +437,22 @@ def _last_exception_line(traceback_text: str) -> str | None:
         if line and not line.startswith(" "):
             return line
     return None
+
+
+WORKERS_HELP = ("Worker processes of Beam's local engine (--direct_num_workers=N "
+                "--direct_running_mode=multi_processing); other runners: their own options.")
+
+
+def with_workers(pipeline_args: list[str], workers: int) -> list[str]:
+    """``pipeline_args`` with ``--workers N``'s Beam options (N > 1): the local
+    engine's ``--direct_num_workers=N --direct_running_mode=multi_processing``.
+
+    Raises:
+      click.UsageError: N > 1 with ``--direct_num_workers`` or
+        ``--direct_running_mode`` already given.
+    """
+    if workers <= 1:
+        return list(pipeline_args)
+    if any(a.startswith(("--direct_num_workers", "--direct_running_mode")) for a in pipeline_args):
+        raise click.UsageError("give --workers N or Beam's --direct_num_workers/--direct_running_mode, not both")
+    return [*pipeline_args, f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]

@@ -121,9 +121,7 @@ def _open_run(kw: dict, state_path, *, host_count, before_step):
 @click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or mixture name.")
 @click.option("--split", default="train", show_default=True)
 @click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Worker processes of Beam's local engine (--direct_num_workers=N "
-              "--direct_running_mode=multi_processing); other runners: their own options.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help=common.WORKERS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
 def overlap(benchmark, target, args, output, n, min_words, state_path, batch_size, seed, num_epochs, host_count,
@@ -149,10 +147,7 @@ def overlap(benchmark, target, args, output, n, min_words, state_path, batch_siz
     if not output.lower().endswith((".json", ".parquet")):
         raise click.BadParameter(f"{output}: the output is a .json or a .parquet file", param_hint="--output")
     pipeline_args = _pipeline_args(list(args))
-    if workers > 1:
-        if any(a.startswith(("--direct_num_workers", "--direct_running_mode")) for a in pipeline_args):
-            raise click.UsageError("give --workers N or Beam's --direct_num_workers/--direct_running_mode, not both")
-        pipeline_args += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+    pipeline_args = common.with_workers(pipeline_args, workers)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", force=True)
     if not verbose:

@@ -312,8 +312,8 @@ def test_the_command_line_excludes_counts_and_refuses_what_does_not_fit(tmp_path
     assert "excluded 6 records that overlap benchmarks (ntrex 6)" in text.stderr
     assert "quarantine.jsonl" in text.stderr
 
-    info = runner.invoke(main, ["info", str(tmp_path / "c" / "c4_cli" / "train")])
-    assert "6 records overlapping benchmark ntrex" in info.output
+    info = runner.invoke(main, ["info", str(tmp_path / "c" / "c4_cli" / "train")], env={"COLUMNS": "200"})
+    assert "6 records overlapping benchmark ntrex (quarantine.jsonl)" in info.output
 
     usage = runner.invoke(main, args[:-3] + ["--exclude", f"text:{folder / 'ntrex.txt'}"])
     assert usage.exit_code == 2 and "--exclude-benchmark text:" in usage.output
@@ -321,6 +321,31 @@ def test_the_command_line_excludes_counts_and_refuses_what_does_not_fit(tmp_path
     assert usage.exit_code == 2 and "--exclude-ngram applies to --exclude-benchmark" in usage.output
     missing = runner.invoke(main, args[:-2] + ["text:/nonexistent/bench-*.txt"])
     assert missing.exit_code == 2 and "--exclude-benchmark" in missing.output and "bench-*.txt" in missing.output
+
+
+def test_a_build_that_excludes_nothing_names_no_quarantine_file(tmp_path, planted):
+    # Two workers of the local engine (--workers 2) write the cache one worker writes.
+    folder = planted[0]
+    runner = CliRunner()
+    args = ["build", "--source", f"jsonl:{folder / 'c4_clean.jsonl'}#text", "--name", "c4_clean", "--num-shards",
+            "2", "--exclude-benchmark", _bench(folder)]
+    one = runner.invoke(main, [*args, "--cache-dir", str(tmp_path / "one")], catch_exceptions=False)
+    assert one.exit_code == 0, one.output
+    assert "excluded 0 records that overlap benchmarks (ntrex 0)" in one.stderr
+    assert "quarantine" not in one.stderr
+    cache = tmp_path / "one" / "c4_clean" / "train"
+    assert not (cache / "quarantine.jsonl").exists()
+    info = runner.invoke(main, ["info", str(cache)], env={"COLUMNS": "200"})
+    assert "0 records overlapping benchmark ntrex" in info.output and "quarantine" not in info.output
+    two = runner.invoke(main, [*args, "--cache-dir", str(tmp_path / "two"), "--workers", "2"],
+                        catch_exceptions=False)
+    assert two.exit_code == 0, two.output
+    data = sorted(p.name for p in cache.glob("*.array_record-*"))
+    assert data and all((cache / n).read_bytes() == (tmp_path / "two" / "c4_clean" / "train" / n).read_bytes()
+                        for n in data)
+    both = runner.invoke(main, [*args, "--cache-dir", str(tmp_path / "three"), "--workers", "2",
+                                "--direct_num_workers=3"])
+    assert both.exit_code == 2 and "give --workers N or Beam's --direct_num_workers" in both.output
 
 
 def test_a_build_whose_every_record_overlaps_says_so(tmp_path, planted):

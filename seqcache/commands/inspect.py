@@ -187,8 +187,8 @@ def info(ctx, cache_dir, as_json, shards):
     for line in describe_bad_input(stats):
         t.add_row("bad input", line)
     for name, n in (stats.get("excluded_by_benchmark") or {}).items():
-        listed = f" ({m.quarantine})" if n and m.quarantine else ""
-        t.add_row("excluded", f"{common.plural(n, 'record')} overlapping benchmark {name}{listed}")
+        t.add_row("excluded", f"{common.plural(n, 'record')} overlapping benchmark {name}"
+                  + (f" ({m.quarantine})" if n and m.quarantine else ""))
     t.add_row("sources", common.plural(len(m.sources), "file"))
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
     console.print(t)

@@ -117,6 +117,23 @@ def _shown(value) -> str:
     return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else str(value)
 
 
+def _record_rows(t: Table, m) -> None:
+    """``info``'s rows of the source records: counts, bad input and the records
+    excluded per benchmark (the quarantine file named where it lists some)."""
+    stats = m.statistics
+    for key in ("source_records", "source_examples", "segments", "truncated_tokens", "skipped_records",
+                "replaced_records"):
+        if key in stats:
+            t.add_row(key.replace("_", " "), f"{stats[key]:,}")
+    from seqcache.pipelines.stats import describe_bad_input
+
+    for line in describe_bad_input(stats):
+        t.add_row("bad input", line)
+    for name, n in (stats.get("excluded_by_benchmark") or {}).items():
+        listed = f" ({m.quarantine})" if n and m.quarantine else ""
+        t.add_row("excluded", f"{common.plural(n, 'record')} overlapping benchmark {name}{listed}")
+
+
 @click.command(context_settings=common.BEAM_OPTIONS_CONTEXT, epilog=common.BEAM_OPTIONS_EPILOG)
 @click.argument("cache_dir")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -178,17 +195,7 @@ def info(ctx, cache_dir, as_json, shards):
         )
     for name, eff in (d["packing_efficiency"] or {}).items():
         t.add_row(f"packing efficiency ({name})", f"{eff:.1%} (non-padding tokens / all tokens)")
-    for key in ("source_records", "source_examples", "segments", "truncated_tokens", "skipped_records",
-                "replaced_records"):
-        if key in stats:
-            t.add_row(key.replace("_", " "), f"{stats[key]:,}")
-    from seqcache.pipelines.stats import describe_bad_input
-
-    for line in describe_bad_input(stats):
-        t.add_row("bad input", line)
-    for name, n in (stats.get("excluded_by_benchmark") or {}).items():
-        t.add_row("excluded", f"{common.plural(n, 'record')} overlapping benchmark {name}"
-                  + (f" ({m.quarantine})" if n and m.quarantine else ""))
+    _record_rows(t, m)
     t.add_row("sources", common.plural(len(m.sources), "file"))
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
     console.print(t)

@@ -394,6 +394,40 @@ def find_source_examples(readers: Sequence, paths: Sequence[str], location: Sour
     return out
 
 
+def excluded_entries(readers: Sequence, paths: Sequence[str], location: SourceLocation | str) -> list[dict]:
+    """The quarantine entries (``"action": "excluded"``: the record overlaps a
+    benchmark of ``seqcache build --exclude-benchmark``) of source record
+    ``location`` in the caches that list its file; each with ``task_index``,
+    ``task`` and ``cache`` added. Reads only the quarantine files (one line per
+    quarantined record), and only the lines that hold ``"excluded"``.
+
+    Raises:
+      ValueError: as ``find_source_examples`` for the location.
+      OSError: a quarantine file the manifest names cannot be read.
+    """
+    import json
+
+    loc = parse_source(location) if isinstance(location, str) else location
+    wanted: dict[int, dict[int, int]] = {}  # task -> source_index -> record number
+    for t, s, entry in matching_sources(readers, loc.path):
+        wanted.setdefault(t, {})[s] = record_number(loc, entry)
+    out = []
+    for t, by_source in wanted.items():
+        reader = readers[t]
+        name = reader.manifest.quarantine
+        if not name:
+            continue
+        with fs.open_binary(fs.join(reader.cache_dir, name)) as f:
+            for line in f:
+                if b'"excluded"' not in line:
+                    continue
+                entry = json.loads(line)
+                if entry.get("action") == "excluded" and by_source.get(entry.get("source_index")) == entry.get(
+                        "record_number"):
+                    out.append({"task_index": t, "task": reader.manifest.task, "cache": paths[t], **entry})
+    return out
+
+
 # --- one entry point -----------------------------------------------------------
 
 

@@ -359,7 +359,37 @@ def _which_where(kw: dict, *, example, source, task, until_step, host_count, as_
     if as_json:
         click.echo(json.dumps(found, indent=2, ensure_ascii=False))
         return
-    click.echo(format_where(found, source=source, global_batch_size=b, host_count=host_count))
+    text = format_where(found, source=source, global_batch_size=b, host_count=host_count)
+    if source is not None and not found:
+        text = _excluded_text(kw, source) or text
+    click.echo(text)
+
+
+def _excluded_text(kw: dict, source: str) -> str | None:
+    """What ``which --source`` says of a record that ``build --exclude-benchmark``
+    left out (from the caches' quarantine files), or None."""
+    from seqcache.feeders.inverse import excluded_entries
+    from seqcache.feeders.provenance import _open_checked
+    from seqcache.feeders.stream import open_mixture
+
+    split = kw.get("split", "train")
+    try:
+        opened = (_open_checked(kw["state"], cache=None, mixture=None, caches_root=None, split=split)
+                  if "state" in kw else open_mixture(cache=kw.get("cache"), mixture=kw.get("mixture"),
+                                                     caches_root=kw.get("caches_root"), split=split))
+        try:
+            entries = excluded_entries(opened.readers, opened.paths, source)
+        finally:
+            opened.close()
+    except (fmt.CacheError, ValueError, OSError):
+        return None
+    lines = []
+    for e in entries:
+        item = e.get("item") or {}
+        lines.append(f"{source}: excluded from the cache of task {e['task']} ({e['cache']}) by seqcache build "
+                     f"--exclude-benchmark: it overlaps item {item.get('number')} of benchmark "
+                     f"{e.get('benchmark')!r} (n-gram {e.get('ngram')!r}; listed in its quarantine.jsonl)")
+    return "\n".join(lines) or None
 
 
 def format_where(found: list, *, source, global_batch_size: int, host_count: int) -> str:

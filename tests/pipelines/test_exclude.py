@@ -314,6 +314,16 @@ def test_the_command_line_excludes_counts_and_refuses_what_does_not_fit(tmp_path
 
     info = runner.invoke(main, ["info", str(tmp_path / "c" / "c4_cli" / "train")], env={"COLUMNS": "200"})
     assert "6 records overlapping benchmark ntrex (quarantine.jsonl)" in info.output
+    # which --source on an excluded record says so, by byte offset and by line.
+    cache = tmp_path / "c" / "c4_cli" / "train"
+    entry = _quarantine(cache)[0]
+    line = (folder / "c4.jsonl").read_bytes()[:entry["record_number"]].count(b"\n") + 1
+    for where in (f"byte={entry['record_number']}", str(line)):
+        which = runner.invoke(main, ["which", str(cache), "--source", f"{folder / 'c4.jsonl'}:{where}",
+                                     "--batch-size", "4"])
+        assert which.exit_code == 0, which.output
+        assert f"excluded from the cache of task c4_cli ({cache})" in which.output
+        assert f"item {entry['item']['number']} of benchmark 'ntrex'" in which.output and entry["ngram"] in which.output
 
     usage = runner.invoke(main, args[:-3] + ["--exclude", f"text:{folder / 'ntrex.txt'}"])
     assert usage.exit_code == 2 and "--exclude-benchmark text:" in usage.output

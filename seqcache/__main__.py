@@ -1,0 +1,5 @@
+"""``python -m seqcache``: the ``seqcache`` command."""
+
+from seqcache.cli import run
+
+run()

@@ -14,9 +14,9 @@ if [ ! -f "$OUT/spm-1k.model" ]; then
     --output "$OUT/spm-1k.model" >&2
 fi
 seqcache build --source "text:$DATA/tinyshakespeare/input.txt" --vocabulary "$OUT/spm-1k.model" \
-  --name shakespeare_lm --sequence-length 64 --pack --seed 0 --num-shards 4 --cache-dir "$OUT/caches" >&2
+  --name shakespeare_lm --sequence-length 64 --pack --seed 0 --num-shards 4 --cache-dir "$OUT/caches" --overwrite >&2
 seqcache build --source "parquet:$DATA/c4/c4_validation_2k.parquet#text" --objective span_corruption \
   --vocabulary "$OUT/spm-1k.model" --extra-ids 100 --sequence-length inputs=64,targets=16 --pack first_fit \
-  --name c4_span --seed 0 --num-shards 4 --cache-dir "$OUT/caches" >&2
+  --name c4_span --seed 0 --num-shards 4 --cache-dir "$OUT/caches" --overwrite >&2
 echo "$OUT/caches/shakespeare_lm/train"
 echo "$OUT/caches/c4_span/train"

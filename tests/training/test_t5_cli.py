@@ -65,6 +65,7 @@ def _losses(ckpt):
     return [m["loss"] for m in read_metrics(str(ckpt / "metrics.jsonl")) if "loss" in m]
 
 
+@pytest.mark.slow  # the default suite resolves the same config in the stop-and-resume test below
 def test_t5_loss_falls_on_span_corruption(caches, tmp_path):
     ckpt = tmp_path / "span"
     res = _train(caches, "c4_span", ckpt, "--model", "t5-tiny", "--steps", "12",
@@ -137,6 +138,11 @@ def test_t5_stop_and_resume_on_a_real_cache_matches_an_uninterrupted_run(caches,
     assert _losses(tmp_path / "resumed") == _losses(tmp_path / "full")
     saved = json.loads((tmp_path / "resumed" / "6" / "feeder" / "metadata").read_text())
     assert saved["converter"] == {"name": "encdec", "sequence_length": {"inputs": INPUTS, "targets": SPAN_TARGETS}}
+    # Resolved from the cache: the converter, the encoder length, the vocabulary
+    # (256 bytes + 3 special ids + 100 sentinels).
+    config = json.loads((tmp_path / "full" / "config.json").read_text())
+    assert config["data"]["converter"] == "encdec" and config["inputs_sequence_length"] == INPUTS
+    assert config["model"]["architecture"] == "t5" and config["model"]["vocab_size"] == 359
 
 
 def test_a_model_vocabulary_smaller_than_the_cache_is_refused(caches, tmp_path):

@@ -101,3 +101,25 @@ def default_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_DFL)
+
+
+# --- Beam's runners: 2 local worker processes, a dask.distributed cluster -----------
+
+MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+
+
+def local_dask_cluster(**config):
+    """A ``dask.distributed`` scheduler and 2 worker processes on 127.0.0.1
+    (``config``: dask settings for its start); close it when done."""
+    import dask
+    import distributed
+
+    with dask.config.set(config):
+        return distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                        dashboard_address="127.0.0.1:0", protocol="tcp")
+
+
+def dask_args(cluster) -> list[str]:
+    """The pipeline options that run a build or a scan on ``cluster`` with Beam's DaskRunner."""
+    return ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}",
+            "--dask_connection_timeout=30"]

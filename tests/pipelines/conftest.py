@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from testsupport import write_lines
+from testsupport import local_dask_cluster, write_lines
 
 TESTS = pathlib.Path(__file__).resolve().parents[1]
 
@@ -127,3 +127,15 @@ def kill_a_build_at_shard_2():
     """``kill(pattern, root, seed=0, overwrite=False)``: a build killed after it
     has written shards 0 and 1 of 3."""
     return _kill_a_build_at_shard_2
+
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    """``testsupport.local_dask_cluster()`` for a module's tests (skipped without dask.distributed)."""
+    pytest.importorskip("distributed")
+    cluster = local_dask_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.close()

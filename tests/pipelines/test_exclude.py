@@ -26,7 +26,7 @@ from seqcache.cli import main
 from seqcache.pipelines import BuildConfig, BuildError, build_task
 from seqcache.tasks.contamination import normalize_words
 from seqcache.verify import verify_cache
-from testsupport import byte_task
+from testsupport import byte_task, dask_args, local_dask_cluster
 
 NUM_DOCS = 300
 N = 13
@@ -251,18 +251,15 @@ def test_the_cache_does_not_depend_on_the_work_split_the_exchange_or_the_benchma
 def test_dask_writes_the_same_cache_as_the_local_engine(tmp_path, planted):
     """Beam's DaskRunner on 2 worker processes (the benchmarks travel to them
     pickled with the read step) against the local engine."""
-    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("distributed")
     folder = planted[0]
     task = _task(folder)
     config = BuildConfig(num_shards=3, exclude_benchmarks=(_bench(folder), _bench(folder, "subset")))
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                       dashboard_address="127.0.0.1:0", protocol="tcp")
+    cluster = local_dask_cluster()
     try:
-        dask_args = ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}",
-                     "--dask_connection_timeout=30"]
         runs = {
             "local engine": dict(pipeline_args=[]),
-            "dask x2": dict(pipeline_args=dask_args, split_size=30_000),
+            "dask x2": dict(pipeline_args=dask_args(cluster), split_size=30_000),
         }
         results = {name: build_task(task, cache_dir=str(tmp_path / str(k)), config=config, **kw)
                    for k, (name, kw) in enumerate(runs.items())}

@@ -13,28 +13,9 @@ from click.testing import CliRunner
 from seqcache import tasks
 from seqcache.cli import main
 from seqcache.pipelines import BuildConfig, build_task
-from testsupport import byte_task
+from testsupport import MULTI_PROCESSING, byte_task, dask_args
 
-distributed = pytest.importorskip("distributed")
-
-MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
-
-
-@pytest.fixture(scope="module")
-def dask_cluster():
-    """A scheduler and 2 worker processes on 127.0.0.1, for this module's tests."""
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                       dashboard_address="127.0.0.1:0", protocol="tcp")
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
-def _dask_args(cluster):
-    return ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}",
-            "--dask_connection_timeout=30"]
-
+pytest.importorskip("distributed")
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory, corpora):
@@ -51,7 +32,7 @@ def cache(tmp_path_factory, corpora):
 
 def test_every_runner_writes_the_same_result(tmp_path, corpora, cache, dask_cluster):
     spec = f"text:{corpora.ntrex / 'newstest2019-src.eng.txt'}"
-    runs = {"local": [], "multi_processing x2": MULTI_PROCESSING, "dask x2": _dask_args(dask_cluster)}
+    runs = {"local": [], "multi_processing x2": MULTI_PROCESSING, "dask x2": dask_args(dask_cluster)}
     outputs = {}
     for name, args in runs.items():
         out = tmp_path / f"{name.split()[0]}.json"

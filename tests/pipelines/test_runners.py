@@ -21,34 +21,9 @@ import pytest
 from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, BuildError, build_task
+from testsupport import MULTI_PROCESSING, dask_args, local_dask_cluster
 
-distributed = pytest.importorskip("distributed")
-
-MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
-
-
-def _cluster(**config):
-    import dask
-
-    with dask.config.set(config):
-        return distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                        dashboard_address="127.0.0.1:0", protocol="tcp")
-
-
-@pytest.fixture(scope="module")
-def dask_cluster():
-    """A scheduler and 2 worker processes on 127.0.0.1, for this module's tests."""
-    cluster = _cluster()
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
-def _dask_args(cluster):
-    return ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}",
-            "--dask_connection_timeout=30"]
-
+pytest.importorskip("distributed")
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, corpora):
@@ -89,7 +64,7 @@ def test_every_runner_and_exchange_writes_the_same_shards(tmp_path, corpus, dask
         "local engine, spill files": dict(pipeline_args=[], split_size=None),
         "local engine, runner shuffle, tiny splits": dict(pipeline_args=[], split_size=50_000, exchange="runner"),
         "multi_processing x2": dict(pipeline_args=MULTI_PROCESSING, split_size=200_000),
-        "dask x2": dict(pipeline_args=_dask_args(dask_cluster), split_size=100_000),
+        "dask x2": dict(pipeline_args=dask_args(dask_cluster), split_size=100_000),
     }
     results = {name: build_task(task, cache_dir=str(tmp_path / str(k)), config=config, **kw)
                for k, (name, kw) in enumerate(runs.items())}
@@ -108,9 +83,9 @@ def test_every_runner_and_exchange_writes_the_same_shards(tmp_path, corpus, dask
 
 def test_dask_builds_a_second_task_on_the_same_cluster_and_reuses_caches(tmp_path, corpus, dask_cluster):
     task = _task(corpus)
-    a = build_task(task, cache_dir=str(tmp_path), config=BuildConfig(num_shards=2), pipeline_args=_dask_args(dask_cluster))
+    a = build_task(task, cache_dir=str(tmp_path), config=BuildConfig(num_shards=2), pipeline_args=dask_args(dask_cluster))
     again = build_task(task, cache_dir=str(tmp_path), config=BuildConfig(num_shards=2),
-                       pipeline_args=_dask_args(dask_cluster))
+                       pipeline_args=dask_args(dask_cluster))
     assert not a.reused and again.reused
     assert sorted(os.listdir(tmp_path / task.name)) == ["train"]  # no lock file, no staging left
     assert not os.path.exists(os.path.join(a.cache_dir, "_tmp"))
@@ -164,7 +139,7 @@ def _decoded(cache_dir):
 def test_a_killed_dask_worker_is_replaced_and_the_cache_holds_every_record_once(tmp_path, corpus, dask_cluster):
     task, marker = _killer_task(tmp_path, corpus)
     result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
-                        pipeline_args=_dask_args(dask_cluster), split_size=100_000)
+                        pipeline_args=dask_args(dask_cluster), split_size=100_000)
     assert marker.exists()  # a worker did die in the middle of the build
     want = collections.Counter(line for p in sorted(corpus.glob("*.txt"))
                                for line in p.read_text(encoding="utf-8").split("\n")[:-1] if line.strip())
@@ -174,11 +149,11 @@ def test_a_killed_dask_worker_is_replaced_and_the_cache_holds_every_record_once(
 
 def test_a_build_that_loses_its_worker_for_good_fails_in_one_line_and_leaves_no_manifest(tmp_path, corpus):
     task, marker = _killer_task(tmp_path, corpus)
-    cluster = _cluster(**{"distributed.scheduler.allowed-failures": 0})
+    cluster = local_dask_cluster(**{"distributed.scheduler.allowed-failures": 0})
     try:
         with pytest.raises(BuildError) as info:
             build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
-                       pipeline_args=_dask_args(cluster), split_size=100_000)
+                       pipeline_args=dask_args(cluster), split_size=100_000)
     finally:
         cluster.close()
     message = str(info.value)
@@ -286,7 +261,7 @@ def test_span_corruption_first_fit_writes_the_same_shards_on_every_runner(tmp_pa
         "local engine": dict(pipeline_args=[]),
         "local engine, runner shuffle, row-group splits": dict(pipeline_args=[], split_size=1, exchange="runner"),
         "multi_processing x2": dict(pipeline_args=MULTI_PROCESSING, split_size=1),
-        "dask x2": dict(pipeline_args=_dask_args(dask_cluster), split_size=1),
+        "dask x2": dict(pipeline_args=dask_args(dask_cluster), split_size=1),
     }
     built = {name: build_task(task, cache_dir=str(tmp_path / str(k)), config=config, **kw)
              for k, (name, kw) in enumerate(runs.items())}

@@ -61,10 +61,8 @@ class JsonLinesSource(LineSplits, FileSource):
     @classmethod
     def from_spec(cls, spec) -> "JsonLinesSource":
         """``jsonl:PATTERN[#FIELD]`` or ``jsonl:PATTERN#KEY=FIELD,...``."""
-        pattern, name = spec.target_and_name()
-        named = spec.named(name or "text")
-        return cls(pattern, **({"fields": named} if named else {"field": name or "text"}), exclude=spec.exclude,
-                   on_error=spec.on_error)
+        pattern, names = spec.one_or_named("field", "fields")
+        return cls(pattern, **names, exclude=spec.exclude, on_error=spec.on_error)
 
     def __init__(self, pattern: str | Sequence[str], *, field: str = "text", output_key: str = "text",
                  fields: dict[str, str] | None = None, on_error: "str | Mapping[str, str] | None" = None,

@@ -71,10 +71,8 @@ class ParquetSource(FileSource):
     @classmethod
     def from_spec(cls, spec) -> "ParquetSource":
         """``parquet:PATTERN[#COLUMN]`` or ``parquet:PATTERN#KEY=COLUMN,...``."""
-        pattern, name = spec.target_and_name()
-        named = spec.named(name or "text")
-        return cls(pattern, **({"columns": named} if named else {"column": name or "text"}), exclude=spec.exclude,
-                   on_error=spec.on_error)
+        pattern, names = spec.one_or_named("column", "columns")
+        return cls(pattern, **names, exclude=spec.exclude, on_error=spec.on_error)
 
     def __init__(self, pattern: str | Sequence[str], *, column: str = "text", output_key: str = "text",
                  columns: dict[str, str] | None = None, batch_size: int = 1024,

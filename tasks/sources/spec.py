@@ -64,6 +64,19 @@ class SourceSpec(NamedTuple):
             out[key] = value
         return out
 
+    def one_or_named(self, one: str, several: str, default: str = "text") -> tuple[str, dict]:
+        """``PATTERN[#NAME]`` or ``PATTERN#KEY=NAME,...`` -> ``(PATTERN, kwargs)``,
+        kwargs ``{one: NAME}`` (``default`` without ``#``) or ``{several:
+        {KEY: NAME, ...}}``: the two forms of the sources that read one named
+        field or several (``jsonl``, ``parquet``).
+
+        Raises:
+          ValueError: as ``target_and_name`` and ``named``.
+        """
+        pattern, name = self.target_and_name()
+        named = self.named(name or default)
+        return pattern, ({several: named} if named else {one: name or default})
+
     def target_and_name(self, module: str | None = None) -> tuple[str, str | None]:
         """``TARGET#NAME`` -> ``(TARGET, NAME)``, ``TARGET`` -> ``(TARGET, None)``
         (cut at the last ``#``), after checking that ``module`` (what the source

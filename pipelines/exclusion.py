@@ -99,9 +99,10 @@ class Exclusion:
         overlap a benchmark, in order: ``(position, message, entry fields)``,
         where the entry fields are those of the module docstring.
 
-        The words of every text value of the batch are hashed at once and looked
-        up in each benchmark with one ``Benchmark.hits`` call over their
-        concatenation; a hit that spans two texts is not a match and is dropped.
+        The words of every text value of the batch are looked up in each
+        benchmark at once (``Benchmark.word_hashes``, then one ``Benchmark.hits``
+        call over their concatenation, which drops an n-gram that spans two
+        texts).
         """
         import numpy as np
 
@@ -118,12 +119,12 @@ class Exclusion:
                     bounds.append(len(words))
         if not words:
             return
-        hashes = contamination.word_hashes(words)
         ends = np.asarray(bounds[1:], dtype=np.int64)
         overlapping: dict[int, list] = {}  # text number -> benchmarks it overlaps, by name
         for benchmark in self.benchmarks:
-            hit = {int(t) for _, start, k in benchmark.hits(hashes)
-                   for t in [np.searchsorted(ends, start, side="right")] if start + k <= ends[t]}
+            # The benchmark's own word hashes (0 for a word no item holds), as Benchmark.match_many looks up.
+            hits = benchmark.hits(benchmark.word_hashes(words), ends=ends)
+            hit = {int(np.searchsorted(ends, start, side="right")) for _, start, _ in hits}
             for t in sorted(hit):
                 overlapping.setdefault(t, []).append(benchmark)
         by_record: dict[int, list] = {}

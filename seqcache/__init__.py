@@ -8,22 +8,17 @@ Areas (one import namespace):
   seqcache.training   a small JAX trainer on top of the feeder
 """
 
+import os
+
 __version__ = "0.2.0"
 
-# From a source checkout (the repository root on sys.path, e.g. a script or
-# ``python -c`` run there), this folder holds only the package's face: the areas
-# live beside it (tasks/, pipelines/, feeders/, training/, mapped to
-# seqcache.tasks ... by package-dir in pyproject.toml). Looking for subpackages
-# in the checkout's root too gives the whole package there, as installed.
-def _cover_source_checkout() -> None:
-    import os
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    if not os.path.isdir(os.path.join(here, "pipelines")) and os.path.isfile(
-            os.path.join(root, "pipelines", "__init__.py")) and root not in __path__:
-        __path__.append(root)
-
-
-_cover_source_checkout()
-del _cover_source_checkout
+# From a source checkout (the repository root on sys.path), this folder holds
+# only the package's face: the areas live beside it (tasks/, pipelines/, ...,
+# mapped by package-dir in pyproject.toml). Looking for subpackages in the
+# checkout's root too gives the whole package there, as installed.
+_here = os.path.dirname(os.path.abspath(__file__))
+_root = os.path.dirname(_here)
+if not os.path.isdir(os.path.join(_here, "pipelines")) and os.path.isfile(
+        os.path.join(_root, "pipelines", "__init__.py")) and _root not in __path__:
+    __path__.append(_root)
+del _here, _root

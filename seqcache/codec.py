@@ -1,10 +1,8 @@
 """The cache format's building blocks, version 2: names and versions, the
 errors, feature specs, the record codec and the shard table. The lowest module
-of the format: it imports numpy and the standard library only (no Beam, no
-JAX, no other seqcache module), so that ``seqcache.layout`` (the file gate),
-``seqcache.manifest`` (the manifest model: its fields, reading, writing and
-JSON Schema) and ``seqcache.format`` all stand on it. Code imports these names through ``seqcache.format``
-(``from seqcache import format as fmt``), which re-exports every one of them.
+of the format (numpy and the standard library only): ``seqcache.layout``,
+``seqcache.manifest`` and ``seqcache.format`` stand on it. Code imports these
+names through ``seqcache.format`` (``from seqcache import format as fmt``).
 
 Layout of one cache (one task, one split)::
 
@@ -183,15 +181,9 @@ def encode_example(specs: Sequence[FeatureSpec], example: Mapping[str, Any]) -> 
         target = spec.np_dtype
         if arr.dtype != target:
             if arr.size and arr.dtype.kind in "iu" and target.kind in "iu":
-                info = np.iinfo(target)
-                lo, hi = int(arr.min()), int(arr.max())
-                if lo < info.min or hi > info.max:
-                    raise ValueError(
-                        f"feature {spec.name!r}: values in [{lo}, {hi}] do not fit {spec.dtype}"
-                    )
+                check_fits(spec.name, spec.dtype, int(arr.min()), int(arr.max()))
             arr = arr.astype(target)
-        parts.append(_pack_len(arr.size))
-        parts.append(arr.tobytes())
+        parts += (_pack_len(arr.size), arr.tobytes())
     return b"".join(parts)
 
 
@@ -384,10 +376,7 @@ def file_sha256(path: str, chunk_bytes: int = 1 << 22) -> str:
     """Hex sha256 of a local file, read in chunks (memory does not grow with size)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk_bytes)
-            if not block:
-                break
+        for block in iter(lambda: f.read(chunk_bytes), b""):
             h.update(block)
     return h.hexdigest()
 
@@ -519,16 +508,6 @@ class ShardTable(Sequence[ShardInfo]):
         self._path = path
         _require(isinstance(entries, dict), path,
                  f"shards is {type(entries).__name__}, expected a JSON object (format version 2)")
-        count = self._init_columns(entries)
-        self.num_records.flags.writeable = False
-        self.starts = np.zeros(count + 1, np.int64)
-        np.cumsum(self.num_records, out=self.starts[1:])
-        self.starts.flags.writeable = False
-        self._count = count
-        self._infos: list[ShardInfo | None] = [None] * count
-
-    def _init_columns(self, entries: dict) -> int:
-        path = self._path
         count = entries.get("num_shards")
         _require(_is_count(count), path, f"shards.num_shards is {count!r}, expected an integer >= 0")
         self._count = count
@@ -541,7 +520,7 @@ class ShardTable(Sequence[ShardInfo]):
             if not (isinstance(text, str) and len(text) == 4 * -(-8 * count // 3)):
                 self._decode_column(key, text)  # raises, naming what is wrong
             self._raw_columns[key] = text
-        self._column("num_records")
+        self.num_records = self._column("num_records")
         checksums = entries.get("checksums")
         _require(isinstance(checksums, dict), path,
                  f"shards.checksums is {checksums!r}, expected {{file, num_bytes, sha256}} of {SHARD_CHECKSUMS_NAME!r}")
@@ -556,10 +535,13 @@ class ShardTable(Sequence[ShardInfo]):
         _require(isinstance(sha, str) and _SHA256_RE.fullmatch(sha) is not None, path,
                  f"shards.checksums: sha256 is {sha!r}, expected 64 hex digits")
         self.checksums = checksums
-        self.num_records = self._columns["num_records"]
+        self.num_records.flags.writeable = False
+        self.starts = np.zeros(count + 1, np.int64)
+        np.cumsum(self.num_records, out=self.starts[1:])
+        self.starts.flags.writeable = False
         self.files = _ShardNames(DATA_PREFIX, count)
         self.provenance_files = _ShardNames(PROVENANCE_PREFIX, count)
-        return count
+        self._infos: list[ShardInfo | None] = [None] * count
 
     def _decode_column(self, key: str, text) -> np.ndarray:
         path, count = self._path, self._count
@@ -610,16 +592,11 @@ class ShardTable(Sequence[ShardInfo]):
             return [self[j] for j in range(*i.indices(len(self)))]
         info = self._infos[i]
         if info is None:
-            info = self._infos[i] = self._info(i % len(self) if i < 0 else i)
+            i %= self._count
+            info = self._infos[i] = ShardInfo(
+                file=self.files[i], num_records=int(self.num_records[i]), num_bytes=self._value("num_bytes", i),
+                provenance_file=self.provenance_files[i], provenance_num_bytes=self._value("provenance_num_bytes", i))
         return info
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self)))
-
-    def _info(self, i: int) -> ShardInfo:
-        return ShardInfo(file=self.files[i], num_records=int(self.num_records[i]),
-                         num_bytes=self._value("num_bytes", i), provenance_file=self.provenance_files[i],
-                         provenance_num_bytes=self._value("provenance_num_bytes", i))
 
     def check_all(self) -> None:
         """Checks every shard's entry now: decodes and checks the byte-size columns.

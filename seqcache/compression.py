@@ -14,7 +14,10 @@ there without a word, so a truncated file would lose its end silently.
 
 from __future__ import annotations
 
+import bz2
 import io
+import lzma
+import zlib
 from typing import Callable
 
 # Every suffix a file is decompressed by, and its format's name.
@@ -42,40 +45,28 @@ def decompressor(path: str) -> Callable | None:
     has ``decompress(data) -> bytes``, ``unused_data`` (the input after its
     member's end) and ``eof`` (the member's end was reached); None for an
     unknown suffix, or for zstd without the zstandard package."""
-    import bz2
-    import lzma
-    import zlib
-
     name = format_name(path)
-    if name == "gzip":
-        return lambda: zlib.decompressobj(wbits=31)
-    if name == "bzip2":
-        return bz2.BZ2Decompressor
-    if name in ("xz", "lzma"):
-        return lzma.LZMADecompressor
-    if name == "zlib":
-        return zlib.decompressobj
     if name == "zstd":
         try:
-            import zstandard
+            import zstandard  # optional: zstandard
         except ImportError:
             return None
         return lambda: zstandard.ZstdDecompressor().decompressobj()
-    return None
+    return _STDLIB_DECOMPRESSORS.get(name)
+
+
+_STDLIB_DECOMPRESSORS = {"gzip": lambda: zlib.decompressobj(wbits=31), "bzip2": bz2.BZ2Decompressor,
+                         "xz": lzma.LZMADecompressor, "lzma": lzma.LZMADecompressor, "zlib": zlib.decompressobj}
 
 
 def read_errors() -> tuple[type[BaseException], ...]:
     """What reading a damaged compressed file raises besides ``EOFError`` and
     ``OSError``: zlib's, lzma's and zstandard's errors."""
-    import lzma
-    import zlib
-
-    errors: tuple[type[BaseException], ...] = (zlib.error, lzma.LZMAError)
     try:
-        import zstandard
+        import zstandard  # optional: zstandard
     except ImportError:
-        return errors
-    return errors + (zstandard.ZstdError,)
+        return (zlib.error, lzma.LZMAError)
+    return (zlib.error, lzma.LZMAError, zstandard.ZstdError)
 
 
 class Decompressed(io.RawIOBase):

@@ -1,19 +1,13 @@
 """The on-disk cache format, version 2, as the rest of seqcache uses it
-(``from seqcache import format as fmt``): every name of ``seqcache.codec``
-(names and versions, errors, feature specs, the record codec, the shard
-table), the manifest model of ``seqcache.manifest`` (``Manifest``,
-``read_manifest`` = ``Manifest.read``, ``parse_manifest`` = ``Manifest.parse``,
-the shard checksum file), re-exported here, and ``check_shard_files`` and
-``iter_json_lines``.
+(``from seqcache import format as fmt``): every name of ``seqcache.codec``,
+the manifest model of ``seqcache.manifest`` (``read_manifest`` =
+``Manifest.read``, ``parse_manifest`` = ``Manifest.parse``), and
+``check_shard_files`` and ``iter_json_lines``, which read local paths and URLs
+alike through ``seqcache.fs``.
 
-It stands on the other core modules and none of them imports it:
-``seqcache.codec`` <- ``seqcache.layout`` <- ``seqcache.manifest`` <- this
-module (docs/architecture.md, "Dependency rules"). It imports neither Beam
-nor JAX; its readers go through ``seqcache.fs``, so they read local paths and
-URLs (``gs://``, ``s3://``) alike, and import Beam only when given a URL.
-
-The byte layout is documented in docs/cache-format.md; changing it needs a
-``FORMAT_VERSION`` bump.
+It stands on the other core modules and none of them imports it
+(docs/architecture.md, "Dependency rules"). The byte layout is documented in
+docs/cache-format.md; changing it needs a ``FORMAT_VERSION`` bump.
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ from seqcache.codec import (  # noqa: F401  the codec's names, as fmt.<name>
     IncompleteCacheError, FeatureSpec, PROVENANCE_FEATURES, shard_name, encode_example, check_fits,
     encode_batch, encode_provenance, encode_provenance_batch, decode_example, file_sha256, canonical_json,
     fingerprint_of, ShardInfo, encode_int_column, decode_int_column, decode_base64, ShardTable,
-    is_plain_file_name, _DTYPES, _INT_FIELDS, _SHA256_RE, _require,
+    is_plain_file_name, _DTYPES, _INT_FIELDS,
 )
 from seqcache.manifest import Manifest, read_shard_checksums, shard_checksums_json  # noqa: F401
 
@@ -46,7 +40,6 @@ def check_shard_files(cache_dir: str, manifest: Manifest) -> None:
       CacheError: naming the file, the expected and the actual value.
       seqcache.fs.FileSystemError: (URLs) the listing failed.
     """
-
     listed = None if fs.is_local(cache_dir) else fs.sizes_in(cache_dir)
     for s in manifest.shards:
         for name, size in ((s.file, s.num_bytes), (s.provenance_file, s.provenance_num_bytes)):
@@ -65,7 +58,6 @@ def iter_json_lines(path: str) -> Iterable[dict]:
     Raises:
       CacheError: a line that is not JSON within ``seqcache.bounded_json``'s bounds.
     """
-
     with fs.open_read(path) as f:
         for number, line in enumerate(f, start=1):
             if line.strip():

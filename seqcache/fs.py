@@ -3,19 +3,15 @@
 ``FileSystems``, imported only when a URL is met.
 
 Everything in seqcache that lists, opens, reads, writes, renames or deletes a
-file goes through here (the build, its workers, the sources, ``info``,
-``verify`` and ``show``), so local paths and object stores behave the same way
-everywhere. The feeder reads ArrayRecord files with their C++ reader, which
-opens local paths only: ``require_local`` gives it a clear error for a URL.
+file goes through here, so local paths and object stores behave the same way
+everywhere. The feeder's ArrayRecord reader opens local paths only:
+``require_local`` gives it a clear error for a URL.
 
-Object-store options (endpoint, credentials) are Beam pipeline options, for
-example ``--s3_endpoint_url=...``; ``set_options`` hands them to
-``FileSystems`` (the CLI does it with the Beam-style options each command is
-given, before its first file-system call; Beam's workers get them from the
-pipeline). Without any options, a URL is opened with Beam's defaults, and
-Beam's S3 client then falls back on boto3's own configuration
-(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-``AWS_DEFAULT_REGION``, ``~/.aws``).
+Object-store options (endpoint, credentials) are Beam pipeline options, e.g.
+``--s3_endpoint_url=...``, handed to ``FileSystems`` by ``set_options`` (Beam's
+workers get them from the pipeline). Without any, Beam's S3 client falls back
+on boto3's own configuration (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, ``~/.aws``).
 
 A failed request on a URL raises ``FileSystemError`` (an ``OSError``) whose
 message names the URL, the cause and, where there is one, the fix; a missing
@@ -27,10 +23,17 @@ Beam's own S3 calls retry such failures with exponential backoff for minutes.
 
 from __future__ import annotations
 
+import bz2
+import collections
 import contextlib
+import ctypes
 import errno
+import gc
+import glob
+import gzip
 import io
 import logging
+import lzma
 import os
 import shutil
 import sys
@@ -79,16 +82,13 @@ def tune_allocator() -> bool:
     128 KiB and raises them only as mapped blocks are freed; until then, and
     in the heaps of the other threads (SentencePiece's), a batch's buffers (a
     few MiB each) go back to the system when freed and are faulted in again,
-    zeroed, for the next batch. A 204 MB documents build took about 90,000
-    minor page faults, 47,000 with these thresholds, and about 2.5% less CPU
-    (benchmarks/README.md), at a peak RSS of 254 MB against 240.
+    zeroed, for the next batch: about half the minor page faults and 2.5%
+    less CPU with these thresholds (benchmarks/README.md).
 
-    Called by ``seqcache build`` and the local engine's worker processes, not
-    by other commands or by a program that calls ``build_task`` itself. A
-    process whose environment sets any of glibc's malloc variables (a name
-    that starts with ``MALLOC_``: ``MALLOC_ARENA_MAX``,
-    ``MALLOC_TRIM_THRESHOLD_``...) or a ``glibc.malloc`` tunable in
-    ``GLIBC_TUNABLES`` keeps its allocator as the environment set it.
+    Called by ``seqcache build`` and the local engine's worker processes. A
+    process whose environment sets a ``MALLOC_*`` variable or a
+    ``glibc.malloc`` tunable in ``GLIBC_TUNABLES`` keeps its allocator as the
+    environment set it.
 
     Returns:
       True if both thresholds were set; False elsewhere (not glibc, or the
@@ -99,8 +99,6 @@ def tune_allocator() -> bool:
     env = os.environ
     if any(k.startswith("MALLOC_") for k in env) or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
         return False
-    import ctypes
-
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # glibc's, not another C library's
@@ -115,17 +113,12 @@ def tune_allocator() -> bool:
 
 def freeze_heap() -> None:
     """In seqcache's own processes (``own_process``), moves every object alive
-    now (the modules Beam, protobuf, pyarrow and the build imported: several
-    hundred thousand) into the interpreter's permanent generation
-    (``gc.freeze``), so that the cyclic garbage collections a build's many
-    short-lived lists and tuples trigger no longer walk them: about 4% of a
-    build of short lines' CPU (benchmarks/README.md). Frozen objects are never
-    collected, which costs nothing for modules that live as long as the
-    process. Elsewhere (a program calling ``build_task``) it does nothing: that
-    heap is its owner's."""
+    now (the imported modules: several hundred thousand objects) into the
+    interpreter's permanent generation (``gc.freeze``), so that the cyclic
+    garbage collections a build's short-lived objects trigger no longer walk
+    them: about 4% of a build of short lines' CPU (benchmarks/README.md).
+    Elsewhere (a program calling ``build_task``) it does nothing."""
     if _own_process:
-        import gc
-
         gc.freeze()
 
 
@@ -134,13 +127,11 @@ def import_beam():
     optional GCP client libraries (root logger, WARNING), which says nothing
     about seqcache's work, and without pandas.
 
-    Beam imports pandas whenever it is installed (the Hugging Face ``datasets``
-    package brings it), only to register pandas types for batched DoFns, which
-    no seqcache pipeline uses: about a quarter of Beam's import time (0.65 s
-    of CPU of a build's fixed cost). While Beam is imported here,
-    ``import pandas`` fails (Beam then leaves those types out); afterwards it
-    works as before, for whoever needs it. When pandas is already imported,
-    Beam's import is left alone."""
+    Beam imports pandas whenever it is installed, only to register pandas
+    types for batched DoFns, which no seqcache pipeline uses: about a quarter
+    of Beam's import time. While Beam is imported here, ``import pandas``
+    fails (Beam then leaves those types out); afterwards it works as before.
+    When pandas is already imported, Beam's import is left alone."""
     if "apache_beam.io.filesystems" not in sys.modules:
         root = logging.getLogger()
         level = root.level
@@ -149,31 +140,26 @@ def import_beam():
         if hidden:
             sys.modules["pandas"] = None  # an import of it raises ImportError
         try:
-            import apache_beam  # noqa: F401
-            import apache_beam.io.filesystems  # noqa: F401
+            import apache_beam.io.filesystems  # noqa: F401  keeps Beam out of the feeder's import
         finally:
             root.setLevel(level)
             if hidden and sys.modules.get("pandas", 0) is None:
                 del sys.modules["pandas"]
-    import apache_beam
-
-    return apache_beam
+    return sys.modules["apache_beam"]
 
 
 def _beam_fs():
     """Beam's ``FileSystems`` class, for calls that make no request (join)."""
-    import_beam()
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems
+    return import_beam().io.filesystems.FileSystems
 
 
-def _compression_types():
-    """Beam's ``CompressionTypes`` (imported after ``_beam_fs``, quietly)."""
-    _beam_fs()
-    from apache_beam.io.filesystem import CompressionTypes
-
-    return CompressionTypes
+def _url_file(path: str, what: str, *, create: bool = False) -> BinaryIO:
+    """The object at the URL ``path`` opened (or, with ``create``, created)
+    uncompressed through Beam's file system; errors as ``_url_errors``."""
+    fsys = _beam(path)
+    uncompressed = import_beam().io.filesystem.CompressionTypes.UNCOMPRESSED
+    with _url_errors(path, what):
+        return (fsys.create if create else fsys.open)(path, compression_type=uncompressed)
 
 
 def _beam(path: str):
@@ -188,13 +174,14 @@ def _beam(path: str):
         named), or the s3:// check failed.
     """
     FileSystems = _beam_fs()
-    from apache_beam.options.value_provider import RuntimeValueProvider
+    from apache_beam.options.pipeline_options import PipelineOptions  # keeps Beam out of the feeder's import
+    from apache_beam.options.value_provider import RuntimeValueProvider  # keeps Beam out of the feeder's import
 
     # FileSystems has no public getter; this is the attribute its get_filesystem reads.
-    if FileSystems._pipeline_options is None and RuntimeValueProvider.runtime_options is None:
-        from apache_beam.options.pipeline_options import PipelineOptions
-
-        FileSystems.set_options(PipelineOptions([]))
+    options = FileSystems._pipeline_options or RuntimeValueProvider.runtime_options
+    if options is None:
+        options = PipelineOptions([])
+        FileSystems.set_options(options)
     scheme = path.partition("://")[0].lower()
     try:
         FileSystems.get_filesystem(path)
@@ -203,62 +190,48 @@ def _beam(path: str):
         fix = f"pip install 'seqcache[{extra}]'" if extra else "install the Beam extra that provides it"
         raise FileSystemError(f"{path}: Beam has no file system for {scheme}:// URLs here; {fix}") from None
     if scheme == "s3":
-        _check_s3(path, FileSystems)
+        _check_s3(path, options)
     return FileSystems
 
 
 _S3_CHECKED: set = set()
 
 
-def _s3_client_kwargs(options: Any) -> dict:
-    """The arguments Beam's boto3 client (apache_beam.io.aws.clients.s3.boto3_client)
-    is created with, from the same options (a ``PipelineOptions`` or a dict)."""
-    from apache_beam.options.pipeline_options import PipelineOptions, S3Options
-
-    if isinstance(options, PipelineOptions):
-        view = options.view_as(S3Options)
-        get = lambda name: getattr(view, name, None)  # noqa: E731
-    else:
-        get = (options or {}).get
-    return {
-        "region_name": get("s3_region_name"),
-        "api_version": get("s3_api_version"),
-        "use_ssl": not get("s3_disable_ssl"),
-        "verify": get("s3_verify"),
-        "endpoint_url": get("s3_endpoint_url"),
-        "aws_access_key_id": get("s3_access_key_id"),
-        "aws_secret_access_key": get("s3_secret_access_key"),
-        "aws_session_token": get("s3_session_token"),
-    }
-
-
-def _check_s3(path: str, FileSystems) -> None:
-    """One ``HeadBucket`` request per bucket and client configuration (options
-    and ``AWS_*`` environment variables), with at most two attempts: an endpoint that does not answer, missing credentials or
-    a missing bucket fail here at once, with the fix, instead of in Beam's S3
-    calls, which retry them with exponential backoff for minutes. A denied
-    check (403: the credentials may lack ``s3:ListBucket`` on the bucket, or be
-    wrong) or a redirect is left to the requests themselves, which Beam does
-    not retry on such codes.
+def _check_s3(path: str, options: Any) -> None:
+    """One ``HeadBucket`` request per bucket and client configuration (the
+    options, a ``PipelineOptions`` or Beam's runtime dict, and the ``AWS_*``
+    environment variables), with at most two attempts: an endpoint that does
+    not answer, missing credentials or a missing bucket fail here at once,
+    with the fix, instead of in Beam's S3 calls, which retry them with
+    exponential backoff for minutes. A denied check (403) or a redirect is
+    left to the requests themselves, which Beam does not retry on such codes.
 
     Raises:
       FileSystemError: boto3 is missing, no credentials, endpoint unreachable,
         no such bucket.
     """
-    from apache_beam.options.value_provider import RuntimeValueProvider
+    from apache_beam.options.pipeline_options import PipelineOptions, S3Options  # keeps Beam out of the feeder's import
 
+    if isinstance(options, PipelineOptions):
+        view = options.view_as(S3Options)
+        get = lambda name: getattr(view, name, None)  # noqa: E731
+    else:
+        get = options.get
+    # The arguments Beam's boto3 client (apache_beam.io.aws.clients.s3.boto3_client) is created with.
+    kwargs = {"region_name": get("s3_region_name"), "api_version": get("s3_api_version"),
+              "use_ssl": not get("s3_disable_ssl"), "verify": get("s3_verify"), "endpoint_url": get("s3_endpoint_url"),
+              "aws_access_key_id": get("s3_access_key_id"), "aws_secret_access_key": get("s3_secret_access_key"),
+              "aws_session_token": get("s3_session_token")}
     bucket = path[len("s3://"):].split("/", 1)[0]
-    kwargs = _s3_client_kwargs(FileSystems._pipeline_options or RuntimeValueProvider.runtime_options)
-    # What the client is made of: the options, and boto3's environment (endpoint,
-    # credentials, profile, config files) for what the options leave unset.
+    # What the client is made of: the options, and boto3's environment for what they leave unset.
     key = (bucket, tuple(sorted(kwargs.items(), key=lambda kv: kv[0])),
            tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
     if key in _S3_CHECKED:
         return
     try:
-        import boto3
-        from botocore.config import Config
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+        import boto3  # optional: boto3
+        from botocore.config import Config  # optional: botocore
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError  # optional: botocore
     except ImportError:
         raise FileSystemError(f"{path}: s3:// URLs need boto3: pip install 'seqcache[s3]'") from None
     config = Config(retries={"total_max_attempts": 2, "mode": "standard"}, connect_timeout=10, read_timeout=30)
@@ -293,29 +266,13 @@ def _check_s3(path: str, FileSystems) -> None:
 def _cause(error: BaseException) -> BaseException:
     """The error behind Beam's wrappers: the first per-path error of a
     ``BeamIOError`` (batch operations: match, delete, rename, exists)."""
-    seen = 0
-    while seen < 8:  # wrappers nest a few levels at most
-        seen += 1
+    for _ in range(8):  # wrappers nest a few levels at most
         details = getattr(error, "exception_details", None)
-        if isinstance(details, dict):
-            inner = next((e for e in details.values() if isinstance(e, BaseException)), None)
-            if inner is not None:
-                error = inner
-                continue
-        break
+        inner = isinstance(details, dict) and next((e for e in details.values() if isinstance(e, BaseException)), None)
+        if not inner:
+            return error
+        error = inner
     return error
-
-
-def _message(error: BaseException) -> str:
-    text = getattr(error, "message", None)  # Beam's S3ClientError keeps it here, not in args
-    if not isinstance(text, str) or not text:
-        text = str(error) or type(error).__name__
-    return text
-
-
-def _not_found(error: BaseException) -> bool:
-    code = getattr(error, "code", None)
-    return code == 404 or getattr(error, "errno", None) == errno.ENOENT or isinstance(error, FileNotFoundError)
 
 
 @contextlib.contextmanager
@@ -330,9 +287,12 @@ def _url_errors(path: str, what: str) -> Iterator[None]:
         raise
     except Exception as e:
         cause = _cause(e)
-        if _not_found(cause):
+        if (getattr(cause, "code", None) == 404 or getattr(cause, "errno", None) == errno.ENOENT
+                or isinstance(cause, FileNotFoundError)):
             raise FileNotFoundError(f"{path}: no such file") from e
-        raise FileSystemError(f"{path}: cannot {what}: {_message(cause)}") from e
+        text = getattr(cause, "message", None)  # Beam's S3ClientError keeps it here, not in args
+        text = text if isinstance(text, str) and text else str(cause) or type(cause).__name__
+        raise FileSystemError(f"{path}: cannot {what}: {text}") from e
 
 
 def is_local(path: str) -> bool:
@@ -382,24 +342,16 @@ def write_bytes(path: str, data: bytes) -> None:
         with open(local_path(path), "wb") as f:
             f.write(data)
         return
-    CompressionTypes = _compression_types()
-
-    fsys = _beam(path)
-    with _url_errors(path, "write"):
-        with fsys.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.write(data)
+    with _url_errors(path, "write"), _url_file(path, "write", create=True) as f:
+        f.write(data)
 
 
 def read_bytes(path: str) -> bytes:
     if is_local(path):
         with open(local_path(path), "rb") as f:
             return f.read()
-    CompressionTypes = _compression_types()
-
-    fsys = _beam(path)
-    with _url_errors(path, "read"):
-        with fsys.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return f.read()
+    with _url_errors(path, "read"), _url_file(path, "read") as f:
+        return f.read()
 
 
 def write_bytes_atomic(path: str, data: bytes, *, fsync: bool = True) -> None:
@@ -451,12 +403,7 @@ def open_read(path: str) -> Iterator[BinaryIO]:
         with open(local_path(path), "rb") as f:
             yield f
         return
-    CompressionTypes = _compression_types()
-
-    fsys = _beam(path)
-    with _url_errors(path, "open it"):
-        f = fsys.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-    with f:
+    with _url_file(path, "open it") as f:
         yield f
 
 
@@ -468,18 +415,12 @@ def open_write(path: str) -> Iterator[BinaryIO]:
         with open(local_path(path), "wb") as f:
             yield f
         return
-    CompressionTypes = _compression_types()
-
-    fsys = _beam(path)
-    with _url_errors(path, "create it"):
-        f = fsys.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    f = _url_file(path, "create it", create=True)
     try:
         yield f
     except BaseException:
-        try:
+        with contextlib.suppress(Exception):  # the block's own error is the one to report
             f.close()
-        except Exception:  # the block's own error is the one to report
-            pass
         raise
     with _url_errors(path, "write"):
         f.close()
@@ -515,11 +456,8 @@ def atomic_path(path: str) -> Iterator[str]:
         if is_local(path):
             os.replace(tmp, local_path(path))
             return
-        CompressionTypes = _compression_types()
-        fsys = _beam(path)
-        with _url_errors(path, "upload"):
-            with open(tmp, "rb") as src, fsys.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as out:
-                shutil.copyfileobj(src, out, length=1 << 22)
+        with _url_errors(path, "upload"), open(tmp, "rb") as src, _url_file(path, "upload", create=True) as out:
+            shutil.copyfileobj(src, out, length=1 << 22)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -569,11 +507,6 @@ def is_url(path: str) -> bool:
     return not is_local(path)
 
 
-def has_magic(pattern: str) -> bool:
-    """True when ``pattern`` holds a glob character (``*``, ``?``, ``[``)."""
-    return any(c in pattern for c in "*?[")
-
-
 def match(pattern: str) -> list[FileInfo]:
     """The files matching a glob ``pattern`` (``**`` is recursive; a pattern
     without a glob character names one file), sorted by path. Local paths are
@@ -583,11 +516,9 @@ def match(pattern: str) -> list[FileInfo]:
     Raises:
       FileSystemError: (URLs) the listing failed.
     """
-    import glob
-
     if is_local(pattern):
         expanded = os.path.expanduser(local_path(pattern))
-        names = glob.glob(expanded, recursive=True) if has_magic(expanded) else [expanded]
+        names = glob.glob(expanded, recursive=True) if any(c in expanded for c in "*?[") else [expanded]
         out = []
         for name in names:
             if os.path.isfile(name):
@@ -655,7 +586,7 @@ def isdir(path: str) -> bool:
 # Local compressed files the standard library opens itself (by suffix, in any
 # case). The other compressed files, local .deflate/.zst/.zstd and every
 # compressed URL, are read through ``seqcache.compression.Decompressed``.
-_STDLIB_FILES = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".lzma": "lzma"}
+_STDLIB_FILES = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}
 
 
 def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:
@@ -672,15 +603,10 @@ def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:
         if make is None:
             return open(p, "rb")
         if suffix in _STDLIB_FILES:
-            import importlib
-
-            return importlib.import_module(_STDLIB_FILES[suffix]).open(p, "rb")
+            return _STDLIB_FILES[suffix](p, "rb")
         raw = open(p, "rb")
     else:
-        CompressionTypes = _compression_types()
-        fsys = _beam(path)
-        with _url_errors(path, "open it"):
-            raw = fsys.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        raw = _url_file(path, "open it")
         if make is None:
             return raw
     return io.BufferedReader(compression.Decompressed(raw, make, skip_nulls=path.lower().endswith(".gz")),
@@ -693,8 +619,6 @@ class RangeReader:
     one read a call. ``close()`` closes them all."""
 
     def __init__(self, max_open: int = 64):
-        import collections
-
         self.max_open = int(max_open)
         self._files: "collections.OrderedDict[str, BinaryIO]" = collections.OrderedDict()
 
@@ -769,7 +693,7 @@ def set_options(options: Any) -> None:
     it before the first file-system call on a URL that needs them; Beam's
     ``Pipeline`` sets its own options again when it is created."""
     FileSystems = _beam_fs()
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import PipelineOptions  # keeps Beam out of the feeder's import
 
     if not isinstance(options, PipelineOptions):
         options = PipelineOptions(list(options or []))

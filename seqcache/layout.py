@@ -9,17 +9,12 @@ Layout (DESIGN.md, Cache format)::
         vocabulary-<feature>.model
         quarantine.jsonl
 
-``cache_file`` is the one gate for every path a manifest names (shards,
-provenance sidecars, vocabulary models, the quarantine file): the name must be a
-plain file name, and for a local cache the file, once links are resolved, must
-lie inside the cache folder. A manifest is data that anyone may edit or ship;
-without this gate ``verify`` would hash ``/etc/passwd`` and a feeder would read
-a shard linked from anywhere. An object-store URL has no links: there the
-plain-name check is the whole check.
-
-This module imports neither Beam nor JAX, and of seqcache only ``seqcache.codec``
-and ``seqcache.fs``. Turning a name a user types into cache folders, which
-needs the task registries, is ``seqcache.tasks.registry.resolve_name``.
+``cache_file`` is the one gate for every path a manifest names: the name must
+be a plain file name, and for a local cache the file, once links are resolved,
+must lie inside the cache folder. A manifest is data that anyone may edit or
+ship; without this gate ``verify`` would hash ``/etc/passwd`` and a feeder
+would read a shard linked from anywhere. An object-store URL has no links:
+there the plain-name check is the whole check.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from seqcache import codec
-from seqcache import fs
+from seqcache import codec, fs
 
 MANIFEST_NAME = codec.MANIFEST_NAME
 
@@ -58,7 +52,6 @@ def sibling_split(cache_dir: str, split: str) -> str:
     return os.path.join(os.path.dirname(os.path.normpath(os.fspath(cache_dir))), split)
 
 
-# True for a non-empty file name with no folder part (see seqcache.format).
 is_plain_name = codec.is_plain_file_name
 
 
@@ -75,14 +68,12 @@ def cache_file(cache_dir: str, name: Any, *, what: str = "file", source: str | N
         ``cache_dir/manifest.json``).
 
     Returns:
-      ``cache_dir/name`` (through ``seqcache.fs.join``). The file need not exist:
-      a missing file is the caller's error to report.
+      ``cache_dir/name``; the file need not exist.
 
     Raises:
-      UnsafeCachePathError (a ``CacheError`` and a ``ValueError``): ``name``
-        is not a plain file name, or (local caches) it is a link whose target
-        lies outside the cache folder. The message names the manifest, the
-        field's value and, for a link, its target.
+      UnsafeCachePathError: ``name`` is not a plain file name, or (local
+        caches) it is a link whose target lies outside the cache folder; the
+        message names the manifest, the value and, for a link, its target.
     """
     cache_dir = os.fspath(cache_dir)
     source = source or f"{cache_dir.rstrip('/')}/{MANIFEST_NAME}"  # no file system asked for a message

@@ -1,34 +1,26 @@
 """The manifest model: the one definition of manifest.json and of
-shard-checksums.json, and the one place that reads, checks, writes and
-publishes them.
+shard-checksums.json, and the one place that reads, checks and writes them.
 
-- The fields: the attributes of the dataclass ``Manifest``, every field a
-  manifest may hold in the order it is written, each typed and carrying its
-  ``Field`` (JSON types, required or not, the format version that introduced
-  it, a one-line description, its JSON Schema keywords, nested fields, the
-  reader's check); ``MANIFEST_FIELDS`` lists them. Nested objects are lists
-  of ``Field`` (the shard table, a feature, a vocabulary, a source file, the keys of
-  ``statistics`` that the commands read, the sharding summary, the shard
-  checksum file). Keys a definition does not list are allowed everywhere.
-- Reading: ``Manifest.read`` (through ``seqcache.bounded_json``) and
-  ``Manifest.parse`` check every field against its definition (its JSON type
-  and keywords, or the field's own ``check`` where its message is part of the
-  format's interface), then the consistency of the counts and of the
-  fingerprint, and give a typed ``Manifest`` (``FeatureSpec`` tuple,
-  ``ShardTable``). Every failure is one ``CacheError`` line naming the field
+- The fields: the attributes of the dataclass ``Manifest``, in the order they
+  are written, each carrying its ``Field``; ``MANIFEST_FIELDS`` lists them.
+  Nested objects are tuples of ``Field``. Keys a definition does not list are
+  allowed everywhere.
+- Reading: ``Manifest.read`` and ``Manifest.parse`` check every field against
+  its definition, then the counts and the fingerprint, and give a typed
+  ``Manifest``. Every failure is one ``CacheError`` line naming the field
   (``manifest.json: statistics.tokens is 'x', expected a JSON object``).
-- Writing: ``Manifest.create`` assembles a manifest from a build's values
-  (refusing a field the definition lacks, and any manifest ``parse`` would
-  refuse) and ``Manifest.write`` writes the shard checksum file, then
-  manifest.json, each atomically.
+- Writing: ``Manifest.create`` assembles a build's manifest (refusing a field
+  the definition lacks, and any manifest ``parse`` would refuse);
+  ``Manifest.write`` writes the shard checksum file, then manifest.json,
+  each atomically.
 - The JSON Schema: ``json_schema()``, published as ``manifest.schema.json``
-  beside this module; ``python -m seqcache.manifest --write`` regenerates it
-  and ``--check`` says whether it is up to date. docs/cache-format.md's field
-  tables are tested against the definitions.
+  beside this module (``python -m seqcache.manifest --write`` regenerates it,
+  ``--check`` compares).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -66,25 +58,22 @@ class Field:
 
     Attributes:
       name: the key.
-      type: the JSON types its value may have (``"string"``, ``"integer"``,
-        ``"number"``, ``"boolean"``, ``"object"``, ``"array"``, ``"null"``).
+      type: the JSON types its value may have (the keys of ``_IS``).
       required: a reader refuses the object without it (``missing field``).
       since: the ``format_version`` that introduced it.
       description: one line, for the JSON Schema and the docs.
-      keywords: further JSON Schema keywords of its value (``const``, ``enum``,
-        ``minimum``, ``pattern``, ``items``, ``additionalProperties``...).
-        Readers without a ``check`` test ``minimum``, ``pattern``, ``enum``,
-        ``minItems`` and ``maxItems`` too.
+      keywords: further JSON Schema keywords of its value; ``check_value``
+        tests ``minimum``, ``maximum``, ``pattern``, ``enum``, ``minItems``
+        and ``maxItems``.
       fields: the fields of the value (an object), or of each item (an array
         of objects).
-      values: the field of each member of an object keyed by name (feature ->
-        tokens, ...); its ``name`` is unused. JSON Schema ``additionalProperties``.
-      items: the field of each item of an array whose items are not objects
-        with ``fields`` (numbers, lists); its ``name`` is unused.
-      check: the reader's check of the value instead of the generic one:
-        ``check(value, context)`` raises ``seqcache.format.CacheError`` with
-        the field's own message and may return a decoded value (``context``:
-        ``path``, ``check_shards``).
+      values: the field of each member of an object keyed by name
+        (``additionalProperties``); its ``name`` is unused.
+      items: the field of each item of an array of non-objects; its ``name``
+        is unused.
+      check: the reader's own check instead of ``check_value``:
+        ``check(value, {"path", "check_shards"})`` raises ``CacheError`` with
+        the field's own message and may return a decoded value.
     """
 
     name: str
@@ -129,8 +118,7 @@ def _each(types: tuple[str, ...], description: str, keywords: Mapping[str, Any] 
 
 
 def object_schema(fields: Sequence[Field]) -> dict:
-    """The JSON Schema of an object with ``fields`` (others allowed: readers
-    ignore fields they do not know)."""
+    """The JSON Schema of an object with ``fields`` (others allowed)."""
     out: dict[str, Any] = {"properties": {f.name: f.schema() for f in fields}}
     required = [f.name for f in fields if f.required]
     if required:
@@ -138,38 +126,31 @@ def object_schema(fields: Sequence[Field]) -> dict:
     return out
 
 
-def _what(types: Sequence[str]) -> str:
-    words = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
-             "object": "a JSON object", "array": "a JSON list", "null": "null"}
-    names = [words[t] for t in types]
+_WORDS = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
+          "object": "a JSON object", "array": "a JSON list", "null": "null"}
+_short = bounded_json.short
+
+
+def _either(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def _short(value: Any) -> str:
-    return bounded_json.short(value)
+def _what(types: Sequence[str]) -> str:
+    return _either([_WORDS[t] for t in types])
 
 
-# Every count of a manifest (an integer with a ``minimum``) is below this
-# (exact in a double, summable in int64) unless its definition gives a
-# ``maximum``; any other integer lies in the int64 range.
+# A count (an integer with a ``minimum``) is below MAX_INTEGER unless its
+# definition gives a ``maximum``; any other integer lies in the int64 range.
 MAX_INTEGER = bounded_json.MAX_COUNT
-# The largest shard count, record count of one shard and sequence length a
-# reader accepts (far above what a build writes; far below what overflows).
+# The largest shard count, shard record count and sequence length a reader accepts.
 MAX_SHARDS = 2**20
 MAX_SHARD_RECORDS = 2**40
 MAX_SEQUENCE_LENGTH = bounded_json.MAX_SEQUENCE_LENGTH
 
 
-def _allowed(values: Sequence[Any]) -> str:
-    names = ["null" if v is None else repr(v) for v in values]
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-
-
 def check_value(field: Field, value: Any, path: str, where: str = "", *, name: str | None = None) -> None:
-    """The generic reader check of one field's value: its JSON type, then
-    ``minimum``, ``pattern``, ``enum``, ``minItems`` and ``maxItems`` where
-    given, then its ``fields`` (an object's, or each item's of an array), its
-    ``values`` (each member's) and its ``items`` (each item's).
+    """The generic reader check of one field's value: its JSON type and
+    keywords, then its ``fields``, ``values`` and ``items``, recursively.
 
     Args:
       name: how messages name the value (default ``where`` + ``field.name``),
@@ -184,7 +165,6 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
     if ok and "minimum" in kw and _IS["number"](value):
         ok = value >= kw["minimum"]
     if ok and _IS["integer"](value):
-        # A count (a minimum of 0 or more) is below 2^53, any other integer in int64.
         hi = kw.get("maximum", MAX_INTEGER if "minimum" in kw else 2**63)
         if not -2**63 <= value < hi:
             lo = f"{kw['minimum']}" if "minimum" in kw else "-2^63"
@@ -200,7 +180,7 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
         ok = kw.get("minItems", 0) <= len(value) <= kw.get("maxItems", len(value))
     if not ok:
         if "enum" in kw:
-            expected = _allowed(kw["enum"])
+            expected = _either(["null" if v is None else repr(v) for v in kw["enum"]])
         else:
             expected = _what(field.type) + (f" >= {kw['minimum']}" if "minimum" in kw else "")
             if "minItems" in kw and kw.get("maxItems") == kw["minItems"]:
@@ -225,7 +205,7 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
             check_value(field.items, item, path, name=f"{name}[{i}]")
 
 
-# -- The readers' own checks of some fields (their messages are part of the format's interface).
+# -- The readers' own checks (their messages are part of the format's interface).
 
 def _check_format(value, ctx):
     codec._require(value == codec.FORMAT_NAME, ctx["path"], f"format is {_short(value)}, expected {codec.FORMAT_NAME!r}")
@@ -271,7 +251,7 @@ def _check_shards(value, ctx):
 
 
 def _is_token_count(v) -> bool:
-    return v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 < v < MAX_SEQUENCE_LENGTH)
+    return v is None or (_IS["integer"](v) and 0 < v < MAX_SEQUENCE_LENGTH)
 
 
 def _check_sequence_length(value, ctx):
@@ -289,13 +269,11 @@ def _check_quarantine(value, ctx):
 
 
 def _check_quarantine_num_bytes(value, ctx):
-    codec._require(value is None or (isinstance(value, int) and not isinstance(value, bool)
-                                   and 0 <= value < MAX_INTEGER),
-                 ctx["path"], f"quarantine_num_bytes is {_short(value)}, expected a byte count in [0, 2^53)")
+    codec._require(value is None or (_IS["integer"](value) and 0 <= value < MAX_INTEGER), ctx["path"], f"quarantine_num_bytes is {_short(value)}, expected a byte count in [0, 2^53)")
 
 
 def _check_quarantine_sha256(value, ctx):
-    codec._require(value is None or (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None),
+    codec._require(value is None or (isinstance(value, str) and codec._SHA256_RE.fullmatch(value) is not None),
                  ctx["path"], f"quarantine_sha256 is {_short(value)}, expected 64 hex digits")
 
 
@@ -425,10 +403,8 @@ STATISTICS_FIELDS = (
 
 def _field(types: tuple[str, ...], description: str, keywords: Mapping[str, Any] | None = None, *,
            required: bool = False, default: Any = None, show: bool = False, **kw):
-    """A ``Manifest`` attribute that is a field of manifest.json: its ``Field``
-    (named after the attribute, since format version 1) in the metadata;
-    ``default`` (a value, or a type to call) where the field is optional;
-    ``show``: in the repr."""
+    """A ``Manifest`` attribute that is a field: its ``Field`` in the metadata;
+    ``default`` (a value, or a type to call) for an optional one; ``show``: in the repr."""
     meta = {"field": Field("", types, required, 1, description, dict(keywords or {}), **kw)}
     if required:
         return dataclasses.field(repr=show, metadata=meta)
@@ -446,11 +422,9 @@ _CHECK_ORDER = ("format", "format_version", "features", "shards", "quarantine", 
 @dataclasses.dataclass(kw_only=True)
 class Manifest:
     """manifest.json of one cache: the typed model, and the one definition of
-    its fields. Each attribute below up to ``sharding`` is a field of
-    manifest.json, in the order it is written, its ``Field`` (JSON types,
-    required or not, description, JSON Schema keywords, nested fields, the
-    reader's check) in the attribute's metadata; ``MANIFEST_FIELDS`` lists
-    them. An optional field a manifest lacks has the attribute's default.
+    its fields. Each attribute up to ``sharding`` is a field, in the order it
+    is written, its ``Field`` in the attribute's metadata. An optional field a
+    manifest lacks has the attribute's default.
 
     Attributes beyond the fields:
       raw: the whole JSON object, as read or as it is written (keys the
@@ -481,11 +455,7 @@ class Manifest:
     vocabularies: dict[str, dict] = _field(
         ("object",), "feature -> its vocabulary: kind, vocab_size, extra_ids, ...", default=dict,
         values=_each(("object",), "a vocabulary (Vocabulary.to_json())", fields=VOCABULARY_FIELDS))
-    # Always the shard table's total when read (a manifest whose field differs is refused).
     num_examples: int = _field(("integer",), "total examples (records)", {"minimum": 0}, default=0)
-    # A sequence of ``ShardInfo`` built on access, the record counts as one
-    # int64 array: a manifest of 10,000 shards opens in about the time its JSON
-    # takes to parse.
     shards: ShardTable = _field(("object",), "the shard table: the shard count and one column per shard field",
                                 required=True, show=True, fields=SHARD_TABLE_FIELDS, check=_check_shards)
     statistics: dict[str, Any] = _field(("object",), "counts of the build: examples, tokens, lengths, bad input",
@@ -519,8 +489,7 @@ class Manifest:
         ``MANIFEST_FIELDS``, then its counts (``num_examples`` and
         ``statistics.examples`` against the shard table; with ``check_shards``,
         each shard's byte sizes against its records) and its fingerprint
-        (``check_fingerprint``). Cost: O(number of shards) in numpy operations
-        over the shard columns, no Python object per shard.
+        (``check_fingerprint``). Cost: O(number of shards) in numpy operations.
 
         Args:
           raw: the decoded manifest.json.
@@ -531,9 +500,9 @@ class Manifest:
         Raises:
           CacheError: ``{path}: ...`` naming the first bad field: not an object;
             wrong format or format_version (a version-1 cache is refused with
-            the advice to rebuild it); a required field
-            missing (``missing field 'task'``); a field of the wrong JSON type
-            or value; counts or a fingerprint that contradict each other.
+            the advice to rebuild it); a required field missing (``missing
+            field 'task'``); a field of the wrong JSON type or value; counts or
+            a fingerprint that contradict each other.
         """
         codec._require(isinstance(raw, dict), path, "manifest is not a JSON object")
         ctx = {"path": path, "check_shards": check_shards}
@@ -590,16 +559,15 @@ class Manifest:
     @classmethod
     def create(cls, *, shards: Sequence[Mapping[str, Any]], features: Sequence[Mapping[str, Any]],
                sequence_length: Mapping[str, int] | None = None, **fields: Any) -> "Manifest":
-        """The manifest of a build, not yet written: ``fields`` (every field of
-        ``MANIFEST_FIELDS`` the build knows: ``task``, ``split``,
-        ``fingerprint``, ``seed``, ``sources``, ``statistics``, ``quarantine``,
-        ``sharding``, ...) with the format's own (``format``,
-        ``format_version``, ``writer_options``, ``record_encoding``,
-        ``num_examples``, ``created``, ``seqcache_version``), in definition
-        order. ``shards`` are ``seqcache.pipelines.writer.write_shard``'s
-        entries in shard order: they become the shard table and the shard
-        checksum file (``shard_checksums``). ``features`` and ``sharding`` may
-        hold only the keys their definitions list.
+        """The manifest of a build, not yet written: ``fields`` (the fields the
+        build knows: ``task``, ``split``, ``fingerprint``, ``sources``, ...)
+        with the format's own (``format``, ``format_version``,
+        ``writer_options``, ``record_encoding``, ``num_examples``, ``created``,
+        ``seqcache_version``), in definition order. ``shards`` are
+        ``seqcache.pipelines.writer.write_shard``'s entries in shard order:
+        they become the shard table and the shard checksum file
+        (``shard_checksums``). ``features`` and ``sharding`` may hold only the
+        keys their definitions list.
 
         Raises:
           ValueError: a field the definition lacks, a required field missing,
@@ -630,9 +598,8 @@ class Manifest:
 
     def write(self, cache_dir: str) -> None:
         """Writes the shard checksum file, then manifest.json, each atomically
-        (``seqcache.fs.write_bytes_atomic``): the last step of every build. The
-        manifest goes last, so a build killed before it leaves no folder that
-        looks complete (G7).
+        (``seqcache.fs.write_bytes_atomic``): the last step of every build, so a
+        build killed before it leaves no folder that looks complete (G7).
 
         Raises:
           ValueError: a manifest that was read, not made by ``create`` (it has
@@ -651,11 +618,9 @@ FIELDS_BY_NAME = {f.name: f for f in MANIFEST_FIELDS}
 
 def _split_folders(folder: str) -> list[str]:
     """The names of the local ``folder``'s subfolders that hold a manifest, sorted."""
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return []
-    return [n for n in names if os.path.isfile(os.path.join(folder, n, MANIFEST_NAME))]
+    with contextlib.suppress(OSError):
+        return [n for n in sorted(os.listdir(folder)) if os.path.isfile(os.path.join(folder, n, MANIFEST_NAME))]
+    return []
 
 
 def shard_table(shards: Sequence[Mapping[str, Any]]) -> tuple[dict, bytes]:
@@ -713,11 +678,9 @@ def shard_checksums_json(sha256: Sequence[str], provenance_sha256: Sequence[str]
 
 def read_shard_checksums(cache_dir: str, manifest: Manifest) -> tuple[list[str], list[str]]:
     """Every shard's recorded checksums: (sha256 of each data shard, sha256 of
-    each provenance shard), hex, one per shard in shard order, from
-    ``SHARD_CHECKSUMS_NAME`` (a local path or a URL), after checking that
-    file's byte size and sha256 against the manifest's ``shards.checksums``.
-    Only ``seqcache verify`` (and whatever else compares checksums) needs them:
-    opening a cache never reads this file.
+    each provenance shard), hex, in shard order, from ``SHARD_CHECKSUMS_NAME``
+    (a local path or a URL), after checking that file's byte size and sha256
+    against the manifest's ``shards.checksums``. Opening a cache never reads it.
 
     Raises:
       CacheError: the checksum file is missing, has another size or sha256 than
@@ -754,13 +717,10 @@ def read_shard_checksums(cache_dir: str, manifest: Manifest) -> tuple[list[str],
 
 def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
     """Refuses a manifest whose identity contradicts itself (edited or damaged):
-    ``fingerprint`` that is not the sha256 of the canonical JSON of
-    ``fingerprint_inputs`` (``seqcache.format.fingerprint_of``, as the build
-    computes it), or a ``features`` table whose names, dtypes or order differ
-    from ``fingerprint_inputs.record_features`` (``[[name, dtype], ...]``,
-    written by every build of a task). A manifest without
-    ``fingerprint_inputs`` (the field is optional), or whose inputs have no
-    ``record_features``, skips that part. Cost: one hash of the (small) inputs.
+    ``fingerprint`` that is not ``codec.fingerprint_of(fingerprint_inputs)``,
+    or a ``features`` table whose names, dtypes or order differ from
+    ``fingerprint_inputs.record_features`` (``[[name, dtype], ...]``). Each
+    part is skipped when its input is absent.
 
     Raises:
       seqcache.format.CacheError: one line naming the manifest, the field and
@@ -787,15 +747,9 @@ def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
 
 def _check_counts(raw: Mapping[str, Any], table: ShardTable, path: str, features, *,
                   check_shards: bool) -> None:
-    """Refuses a manifest whose counts contradict each other: a shard's
-    record count out of range; ``num_examples`` or ``statistics.examples``
-    that is not the sum of the shard table's record counts; with
-    ``check_shards``, a shard whose byte size cannot hold its records
-    (``check_shard_sizes``).
-
-    Raises:
-      seqcache.format.CacheError: naming the manifest, the fields and both values.
-    """
+    """Refuses a shard record count out of range, ``num_examples`` or
+    ``statistics.examples`` other than the shard table's total and, with
+    ``check_shards``, what ``check_shard_sizes`` refuses."""
     counts = table.num_records
     if len(counts) and int(counts.max()) >= MAX_SHARD_RECORDS:
         i = int(np.argmax(counts >= MAX_SHARD_RECORDS))
@@ -814,9 +768,7 @@ def _check_counts(raw: Mapping[str, Any], table: ShardTable, path: str, features
 def check_shard_sizes(raw: Mapping[str, Any], table: ShardTable, path: str, features) -> None:
     """(Uncompressed shards) Refuses a shard whose byte size cannot hold its
     records: each record holds at least a 4-byte length per feature, each
-    provenance record 12 bytes. Decodes every shard's sizes (what
-    ``Manifest.parse`` does with ``check_shards``; ``seqcache info`` calls it
-    too, a feeder leaves the sizes to each shard's first read).
+    provenance record 12 bytes. Decodes every shard's sizes.
 
     Raises:
       seqcache.format.CacheError: naming the manifest, the shard and both values.
@@ -861,7 +813,7 @@ def assemble(values: Mapping[str, Any], fields: Sequence[Field] | None = None, *
 def json_schema() -> dict:
     """The JSON Schema (draft 2020-12) of manifest.json, from ``MANIFEST_FIELDS``;
     ``$defs.shard_checksums`` is that of shard-checksums.json."""
-    schema = {
+    return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "seqcache cache manifest (manifest.json)",
         "description": f"Generated from seqcache/manifest.py (python -m seqcache.manifest --write); "
@@ -871,7 +823,6 @@ def json_schema() -> dict:
         "$defs": {"shard_checksums": {"title": "seqcache shard checksum file (shard-checksums.json)", "type": "object",
                                       **object_schema(SHARD_CHECKSUMS_FIELDS)}},
     }
-    return schema
 
 
 def schema_text() -> str:
@@ -887,22 +838,19 @@ def schema_path() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m seqcache.manifest [--write | --check] [PATH]``: print the
-    JSON Schema, write it to PATH (default: seqcache/manifest.schema.json of the
-    source tree this module was run from), or exit 1 when PATH differs from it."""
+    JSON Schema, write it to PATH (default: ``schema_path()``), or exit 1 when
+    PATH differs from it."""
     args = list(sys.argv[1:] if argv is None else argv)
     mode = args.pop(0) if args and args[0] in ("--write", "--check") else None
     target = args[0] if args else schema_path()
     text = schema_text()
     if mode is None:
         sys.stdout.write(text)
-        return 0
-    if mode == "--write":
+    elif mode == "--write":
         with open(target, "w", encoding="utf-8") as f:
             f.write(text)
         print(f"wrote {target}")
-        return 0
-    current = open(target, encoding="utf-8").read() if os.path.exists(target) else None
-    if current != text:
+    elif not os.path.exists(target) or open(target, encoding="utf-8").read() != text:
         print(f"{target} is not up to date: run python -m seqcache.manifest --write {target}", file=sys.stderr)
         return 1
     return 0

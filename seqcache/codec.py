@@ -15,13 +15,12 @@ Layout of one cache (one task, one split)::
 
 Record encoding (``encode_example`` / ``decode_example``): the features of the
 record, in manifest order, each as a little-endian ``uint32`` element count
-followed by that many elements of the feature's dtype, little-endian. There is no
-padding and no per-record header; the manifest says which features, in which order,
-with which dtypes. Decoding is ``numpy.frombuffer`` over the record bytes, without
-copying. No pickle anywhere.
+followed by that many elements of the feature's dtype, little-endian; no
+padding, no per-record header, no pickle. Decoding is ``numpy.frombuffer``
+over the record bytes, without copying.
 
 The byte layout is documented in docs/cache-format.md; changing it needs a
-``FORMAT_VERSION`` bump. The manifest is modelled once, in ``seqcache.manifest``.
+``FORMAT_VERSION`` bump.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import binascii
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import struct
 import sys
@@ -41,17 +39,13 @@ import numpy as np
 
 FORMAT_NAME = "seqcache"
 # The version of a cache as a whole, the manifest's ``format_version``: what a
-# reader must understand. Version 2 keeps the manifest's shard table as columns
-# and the shard checksums in ``SHARD_CHECKSUMS_NAME``. Version 1 (one JSON
-# object per shard) is no longer read: such a cache is refused with the advice
-# to rebuild it (CHANGELOG.md, 0.2.0).
+# reader must understand. Version 2: the shard table as columns, the checksums
+# in ``SHARD_CHECKSUMS_NAME``; version 1 is refused (CHANGELOG.md, 0.2.0).
 FORMAT_VERSION = 2
 READ_FORMAT_VERSIONS = (2,)
 # The version of what the shard files hold and of which example sits at which
-# cache index: record encoding, writer options, shard names. A cache's
-# fingerprint and a feeder state record this one, so that a change of the
-# manifest's layout alone neither changes fingerprints (an existing cache is
-# still reused) nor invalidates saved feeder states. Unchanged since version 1.
+# cache index. Fingerprints and feeder states record this one, so that a change
+# of the manifest alone neither changes fingerprints nor invalidates states.
 RECORD_FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 DATA_PREFIX = "data"
@@ -61,19 +55,15 @@ SHARD_CHECKSUMS_NAME = "shard-checksums.json"
 # The encoding of the manifest's integer shard columns (format version 2), for humans.
 INT_COLUMN_ENCODING = "base64 of little-endian int64, one per shard"
 
-# ArrayRecord writer options, as the manifest records them. Files are written
-# uncompressed (token ids compress poorly in small chunks, and decompression
-# would sit on the feeder's hot path). A file's group size (records per chunk)
-# follows from the mean size of its records (``group_size_for``): a random read
-# decodes one chunk, so long records keep a chunk each while short ones share
-# chunks of about CHUNK_TARGET_BYTES, which is cheaper to write and, for the
-# feeder, to read (benchmarks/README.md, "ArrayRecord group size"). Each file
-# records its own group size in its header, which is what readers use.
+# ArrayRecord writer options, as the manifest records them. Uncompressed (token
+# ids compress poorly in small chunks; decompression would sit on the feeder's
+# hot path). A random read decodes one chunk, so long records keep a chunk each
+# while short ones share chunks of about CHUNK_TARGET_BYTES (``group_size_for``;
+# benchmarks/README.md, "ArrayRecord group size"); each file's header records it.
 WRITER_OPTIONS = "group_size:auto,uncompressed"
 CHUNK_TARGET_BYTES = 1024
 MAX_GROUP_SIZE = 64
-# Provenance records (28 bytes for one segment) are read by look-ups, not by
-# the feeder's hot path.
+# Provenance records (28 bytes for one segment) are read by look-ups only.
 PROVENANCE_GROUP_SIZE = 64
 
 
@@ -94,17 +84,9 @@ def writer_options(group_size: int) -> str:
     """The ArrayRecord writer options of one file: ``"group_size:G,uncompressed"``."""
     return f"group_size:{int(group_size)},uncompressed"
 
-_DTYPES = {
-    "int8": "<i1",
-    "uint8": "<u1",
-    "int16": "<i2",
-    "uint16": "<u2",
-    "int32": "<i4",
-    "uint32": "<u4",
-    "int64": "<i8",
-    "uint64": "<u8",
-    "float32": "<f4",
-}
+
+_DTYPES = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "uint16": "<u2", "int32": "<i4", "uint32": "<u4",
+           "int64": "<i8", "uint64": "<u8", "float32": "<f4"}
 
 _LEN = np.dtype("<u4")
 
@@ -217,11 +199,8 @@ def encode_batch(specs: Sequence[FeatureSpec], columns: Mapping[str, tuple[np.nd
     Returns:
       ``(data, record_offsets)``: uint8 ``(total bytes,)`` holding the records
       one after the other, and int64 ``(n + 1,)``: record ``i`` is
-      ``data[record_offsets[i]:record_offsets[i + 1]]``.
-
-    One range check per feature and batch (not per example), and no Python loop
-    over examples or tokens: the records are laid out with numpy index
-    arithmetic.
+      ``data[record_offsets[i]:record_offsets[i + 1]]``. One range check per
+      feature and batch, no Python loop over examples or tokens.
 
     Raises:
       KeyError: a feature of ``specs`` is missing from ``columns``.
@@ -293,11 +272,7 @@ def encode_provenance(segments: Sequence[tuple[int, int, int]]) -> bytes:
             (a, b, c), = segments
             return _PROV_ONE(1, a, 1, b, 1, c)
         cols = tuple(zip(*segments)) if n else ((), (), ())
-        return b"".join((
-            _pack_len(n), struct.pack(f"<{n}I", *cols[0]),
-            _pack_len(n), struct.pack(f"<{n}Q", *cols[1]),
-            _pack_len(n), struct.pack(f"<{n}I", *cols[2]),
-        ))
+        return struct.pack(f"<I{n}II{n}QI{n}I", n, *cols[0], n, *cols[1], n, *cols[2])
     except struct.error as e:
         raise ValueError(f"provenance {list(segments)[:4]}: {e}") from None
 
@@ -445,8 +420,7 @@ def decode_base64(text: str) -> bytes:
 
 
 class _ShardNames(Sequence[str]):
-    """``shard_name(prefix, i, count)`` for i in [0, count), computed on access
-    (a version-2 manifest stores no file names: they follow from index and count)."""
+    """``shard_name(prefix, i, count)`` for i in [0, count), computed on access."""
 
     def __init__(self, prefix: str, count: int):
         self._prefix, self._count = prefix, count
@@ -461,11 +435,6 @@ class _ShardNames(Sequence[str]):
             raise IndexError(f"shard {i} out of range for {self._count} shards")
         return shard_name(self._prefix, i % self._count, self._count)
 
-    def __eq__(self, other):
-        if isinstance(other, (list, tuple, _ShardNames)):
-            return len(other) == self._count and list(self) == list(other)
-        return NotImplemented
-
     def __repr__(self) -> str:
         return f"_ShardNames({self._prefix!r}, {self._count})"
 
@@ -475,18 +444,13 @@ class ShardTable(Sequence[ShardInfo]):
     what parsing its JSON costs, with no Python object built per shard.
 
     The layout (format version 2, docs/cache-format.md): ``num_shards``; the
-    integer columns ``num_records``, ``num_bytes``, ``provenance_num_bytes``,
-    each ``encode_int_column`` of one value per shard; ``checksums``, the
-    checksum file ``{file, num_bytes, sha256}``. The shard file names are not
-    stored: shard i of S is ``shard_name(prefix, i, S)``. Checked when the table
-    is built: ``num_records`` decodes to ``num_shards`` integers >= 0, the byte
-    size columns have the length of that many values, and the checksum file is
-    ``SHARD_CHECKSUMS_NAME`` with a byte size and a sha256. A shard's byte sizes
-    are decoded (only its own 8 bytes of each column) and checked (integers >=
-    0) when its ``ShardInfo`` is first built (its first read); ``check_all``
-    decodes and checks the columns whole.
-
-    Each failure is a ``CacheError`` naming the manifest and the shard.
+    integer columns ``num_records``, ``num_bytes``, ``provenance_num_bytes``
+    (``encode_int_column``); ``checksums``, the checksum file ``{file,
+    num_bytes, sha256}``. Shard i of S is named ``shard_name(prefix, i, S)``.
+    ``num_records`` and the checksum file are checked when the table is built,
+    the byte-size columns' lengths too; a shard's byte sizes are decoded (its
+    own 8 bytes of each column) and checked when its ``ShardInfo`` is first
+    built; ``check_all`` decodes and checks the columns whole.
 
     Attributes:
       files: the data shard names, one per shard (a sequence of str).
@@ -496,12 +460,11 @@ class ShardTable(Sequence[ShardInfo]):
         record, then the total (the cumulative sum of ``num_records``).
       checksums: the checksum file's ``{file, num_bytes, sha256}``.
 
-    Indexing (``table[i]``, iteration) gives ``ShardInfo`` objects, built on first
-    access and kept.
+    Indexing and iteration give ``ShardInfo`` objects, built on first access.
 
     Raises:
-      CacheError: (when built) a bad column or checksum file entry;
-        (``table[i]``) a bad byte size of shard i.
+      CacheError: naming the manifest and the shard: (when built) a bad column
+        or checksum file entry; (``table[i]``) a bad byte size of shard i.
     """
 
     def __init__(self, entries, *, path: str = MANIFEST_NAME):
@@ -515,8 +478,7 @@ class ShardTable(Sequence[ShardInfo]):
         for key in _INT_FIELDS:
             _require(key in entries, path, f"shards: missing column {key!r}")
             text = entries[key]
-            # The byte sizes are decoded at their first use (a shard's first read);
-            # their length is checked now, without decoding.
+            # The byte sizes are decoded at their first use; their length is checked now.
             if not (isinstance(text, str) and len(text) == 4 * -(-8 * count // 3)):
                 self._decode_column(key, text)  # raises, naming what is wrong
             self._raw_columns[key] = text

@@ -78,17 +78,12 @@ def tune_allocator() -> bool:
     """Fixes glibc malloc's thresholds for a build's pattern of allocations
     (``mallopt``): blocks below ``MALLOC_MMAP_THRESHOLD`` (32 MiB) come from the
     heap, and a heap gives its free top back to the system only above
-    ``MALLOC_TRIM_THRESHOLD`` (64 MiB). By default glibc starts both at
-    128 KiB and raises them only as mapped blocks are freed; until then, and
-    in the heaps of the other threads (SentencePiece's), a batch's buffers (a
-    few MiB each) go back to the system when freed and are faulted in again,
-    zeroed, for the next batch: about half the minor page faults and 2.5%
-    less CPU with these thresholds (benchmarks/README.md).
-
-    Called by ``seqcache build`` and the local engine's worker processes. A
-    process whose environment sets a ``MALLOC_*`` variable or a
-    ``glibc.malloc`` tunable in ``GLIBC_TUNABLES`` keeps its allocator as the
-    environment set it.
+    ``MALLOC_TRIM_THRESHOLD`` (64 MiB). glibc's defaults (128 KiB, raised
+    only as mapped blocks are freed) give a batch's buffers back to the system
+    and fault them in again, zeroed, for the next batch: these halve the minor
+    page faults and save 2.5% of CPU (benchmarks/README.md). An environment
+    that sets a ``MALLOC_*`` variable or a ``glibc.malloc`` tunable in
+    ``GLIBC_TUNABLES`` keeps its allocator.
 
     Returns:
       True if both thresholds were set; False elsewhere (not glibc, or the
@@ -164,15 +159,9 @@ def _url_file(path: str, what: str, *, create: bool = False) -> BinaryIO:
 
 def _beam(path: str):
     """Beam's ``FileSystems``, ready for a request on the URL ``path``: options
-    are set (Beam's defaults when nobody set any, so that its clients fall back
-    on their own configuration, e.g. boto3's environment variables), the
-    scheme's file system is installed, and an s3:// bucket has been checked
-    once (``_check_s3``).
-
-    Raises:
-      FileSystemError: no file system for the scheme (the extra to install is
-        named), or the s3:// check failed.
-    """
+    set (Beam's defaults when nobody set any), the scheme's file system
+    installed (else ``FileSystemError`` naming the extra), an s3:// bucket
+    checked once (``_check_s3``)."""
     FileSystems = _beam_fs()
     from apache_beam.options.pipeline_options import PipelineOptions  # keeps Beam out of the feeder's import
     from apache_beam.options.value_provider import RuntimeValueProvider  # keeps Beam out of the feeder's import
@@ -198,18 +187,12 @@ _S3_CHECKED: set = set()
 
 
 def _check_s3(path: str, options: Any) -> None:
-    """One ``HeadBucket`` request per bucket and client configuration (the
-    options, a ``PipelineOptions`` or Beam's runtime dict, and the ``AWS_*``
-    environment variables), with at most two attempts: an endpoint that does
-    not answer, missing credentials or a missing bucket fail here at once,
-    with the fix, instead of in Beam's S3 calls, which retry them with
-    exponential backoff for minutes. A denied check (403) or a redirect is
-    left to the requests themselves, which Beam does not retry on such codes.
-
-    Raises:
-      FileSystemError: boto3 is missing, no credentials, endpoint unreachable,
-        no such bucket.
-    """
+    """One ``HeadBucket`` request (two attempts at most) per bucket and client
+    configuration (``options``: a ``PipelineOptions`` or Beam's runtime dict;
+    the ``AWS_*`` variables), so that a missing boto3, endpoint, credentials or
+    bucket fails at once with the fix (``FileSystemError``), not after Beam's
+    minutes of retries. A denied check (403) or a redirect is left to the
+    requests themselves, which Beam does not retry."""
     from apache_beam.options.pipeline_options import PipelineOptions, S3Options  # keeps Beam out of the feeder's import
 
     if isinstance(options, PipelineOptions):
@@ -278,9 +261,8 @@ def _cause(error: BaseException) -> BaseException:
 @contextlib.contextmanager
 def _url_errors(path: str, what: str) -> Iterator[None]:
     """Inside the block, an error of Beam's file systems on ``path`` becomes a
-    ``FileNotFoundError`` (no such object) or a ``FileSystemError`` naming the
-    URL, what was being done and the cause. Wrap only this module's own calls,
-    never a caller's code."""
+    ``FileNotFoundError`` or a ``FileSystemError`` naming the URL, ``what`` was
+    being done and the cause. Wraps this module's own calls only."""
     try:
         yield
     except (FileSystemError, FileNotFoundError):
@@ -429,18 +411,15 @@ def open_write(path: str) -> Iterator[BinaryIO]:
 @contextlib.contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """The one way seqcache replaces a file atomically: a local temporary path
-    to write ``path``'s new content to (for writers that open files by name,
-    such as ArrayRecord's); when the ``with`` block ends without an error the
-    file there becomes ``path``, and readers of ``path`` see the old file or
-    the whole new one, never a part.
+    to write ``path``'s new content to; when the ``with`` block ends without an
+    error the file there becomes ``path``, and readers see the old file or the
+    whole new one, never a part.
 
-    Locally the temporary file lies beside ``path`` (same file system), named
-    ``.tmp-<12 hex digits>-<name>`` (unique to the attempt: a retried writer
-    never meets an earlier attempt's file), and ``os.replace`` moves it into
+    Locally the temporary file lies beside ``path``, named ``.tmp-<12 hex
+    digits>-<name>`` (unique to the attempt), and ``os.replace`` moves it into
     place. For a URL it lies in the system's temporary folder and is uploaded
-    (4 MiB blocks) when the block ends; an object store publishes an upload
-    whole when it completes. The temporary file is removed whatever happens.
-    ``open_write_atomic`` and ``write_bytes_atomic`` are built on it.
+    when the block ends (an object store publishes an upload whole). The
+    temporary file is removed whatever happens.
 
     Raises:
       FileNotFoundError: the block wrote no file at the temporary path.
@@ -467,10 +446,9 @@ def atomic_path(path: str) -> Iterator[str]:
 def open_write_atomic(path: str, *, fsync: bool = True) -> Iterator[BinaryIO]:
     """A binary file open for writing whose content readers see at ``path``
     only when the ``with`` block ends without an error, then whole. Locally
-    ``atomic_path``: a temporary file beside ``path``, flushed to the disk
-    before the rename with ``fsync=True`` (the default: a crash then leaves the
-    old file or the new one); on an object store the upload is streamed and
-    published when it closes, and deleted again if the block failed.
+    ``atomic_path``, flushed to the disk before the rename with ``fsync=True``
+    (a crash then leaves the old file or the new one); on an object store the
+    upload is streamed, published when it closes, deleted if the block failed.
 
     Raises:
       FileSystemError: (URLs) the object store refused the upload.
@@ -597,18 +575,12 @@ def open_binary(path: str, *, decompress: bool = True) -> BinaryIO:
     in any case) is decompressed on the fly, for a local path as for a URL;
     reading a file that ends inside a compressed member raises ``EOFError``."""
     make = compression.decompressor(path) if decompress else None
-    if is_local(path):
-        p = local_path(path)
-        suffix = os.path.splitext(p)[1].lower()
-        if make is None:
-            return open(p, "rb")
-        if suffix in _STDLIB_FILES:
-            return _STDLIB_FILES[suffix](p, "rb")
-        raw = open(p, "rb")
-    else:
-        raw = _url_file(path, "open it")
-        if make is None:
-            return raw
+    stdlib_file = _STDLIB_FILES.get(os.path.splitext(path)[1].lower()) if make and is_local(path) else None
+    if stdlib_file is not None:
+        return stdlib_file(local_path(path), "rb")
+    raw = open(local_path(path), "rb") if is_local(path) else _url_file(path, "open it")
+    if make is None:
+        return raw
     return io.BufferedReader(compression.Decompressed(raw, make, skip_nulls=path.lower().endswith(".gz")),
                              buffer_size=1 << 20)
 
@@ -649,9 +621,8 @@ class RangeReader:
 @contextlib.contextmanager
 def local_copy(path: str, *, suffix: str = "", dir: str | None = None) -> Iterator[str]:
     """A local path holding the bytes of ``path``: ``path`` itself when local,
-    else a temporary copy (in ``dir``, default the system's temporary folder),
-    streamed in 4 MiB blocks and removed when the block ends (for readers such
-    as ArrayRecord's that open local files only).
+    else a temporary copy in ``dir`` (default the system's temporary folder),
+    removed when the block ends.
 
     Raises:
       FileNotFoundError: no such file.

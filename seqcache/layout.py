@@ -94,29 +94,20 @@ def cache_file(cache_dir: str, name: Any, *, what: str = "file", source: str | N
     return path
 
 
-def named_files(manifest: "seqcache.manifest.Manifest") -> list[tuple[str, Any]]:
-    """``(what, name)`` of every file the manifest names, as it names them:
-    each shard and provenance sidecar, each vocabulary model, the quarantine
-    file (the fields ``shards[i].file``, ``shards[i].provenance_file``,
-    ``vocabularies.<feature>.file``, ``quarantine``)."""
-    out: list[tuple[str, Any]] = []
-    for i, s in enumerate(manifest.shards):
-        out.append((f"shard file (shards[{i}].file)", s.file))
-        out.append((f"provenance file (shards[{i}].provenance_file)", s.provenance_file))
-    for feature, desc in manifest.vocabularies.items():
-        if isinstance(desc, dict) and "file" in desc:
-            out.append((f"vocabulary model of feature {feature!r} (vocabularies.{feature}.file)", desc["file"]))
-    if manifest.quarantine is not None:
-        out.append(("quarantine file (quarantine)", manifest.quarantine))
-    return out
-
-
 def check_named_files(cache_dir: str, manifest: "seqcache.manifest.Manifest") -> None:
-    """``cache_file`` of every file the manifest names (``named_files``): one
-    lstat each for a local cache, nothing opened.
+    """``cache_file`` of every file the manifest names (``shards[i].file``,
+    ``shards[i].provenance_file``, ``vocabularies.<feature>.file``,
+    ``quarantine``): one lstat each for a local cache, nothing opened.
 
     Raises:
       UnsafeCachePathError: the first name that is not a plain file name
         inside the cache, or a link out of it."""
-    for what, name in named_files(manifest):
-        cache_file(cache_dir, name, what=what)
+    for i, s in enumerate(manifest.shards):
+        cache_file(cache_dir, s.file, what=f"shard file (shards[{i}].file)")
+        cache_file(cache_dir, s.provenance_file, what=f"provenance file (shards[{i}].provenance_file)")
+    for feature, desc in manifest.vocabularies.items():
+        if isinstance(desc, dict) and "file" in desc:
+            cache_file(cache_dir, desc["file"],
+                       what=f"vocabulary model of feature {feature!r} (vocabularies.{feature}.file)")
+    if manifest.quarantine is not None:
+        cache_file(cache_dir, manifest.quarantine, what="quarantine file (quarantine)")

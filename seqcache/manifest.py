@@ -406,11 +406,8 @@ def _field(types: tuple[str, ...], description: str, keywords: Mapping[str, Any]
     """A ``Manifest`` attribute that is a field: its ``Field`` in the metadata;
     ``default`` (a value, or a type to call) for an optional one; ``show``: in the repr."""
     meta = {"field": Field("", types, required, 1, description, dict(keywords or {}), **kw)}
-    if required:
-        return dataclasses.field(repr=show, metadata=meta)
-    if isinstance(default, type):
-        return dataclasses.field(default_factory=default, repr=show, metadata=meta)
-    return dataclasses.field(default=default, repr=show, metadata=meta)
+    given = {} if required else {"default_factory": default} if isinstance(default, type) else {"default": default}
+    return dataclasses.field(repr=show, metadata=meta, **given)
 
 
 # The order in which ``Manifest.parse`` checks the fields (the format first: a

@@ -75,12 +75,9 @@ class UrlCacheReader(CacheReader):
             with self._lock:
                 reader, self._data[shard] = self._data[shard], None
             reader.close()
-            self._forget(self._path(self.manifest.shards[shard].file))
-
-    def _forget(self, path: str) -> None:
-        local = self._copies.pop(path, None)
-        if local is not None and os.path.exists(local):
-            os.unlink(local)
+            local = self._copies.pop(self._path(self.manifest.shards[shard].file), None)
+            if local is not None and os.path.exists(local):
+                os.unlink(local)
 
     def _remove_copies(self) -> None:
         self._copies.clear()

@@ -2,14 +2,12 @@
 them (in any case): gzip ``.gz``, bzip2 ``.bz2``, xz and lzma ``.xz`` /
 ``.lzma``, zlib ``.deflate``, zstd ``.zst`` / ``.zstd``.
 
-``decompressor(path)`` gives a streaming decompressor of the standard library
-(zstandard's for zstd). ``Decompressed`` reads a binary stream through one:
-``seqcache.fs`` uses it for the files no standard-library file class opens
-(zlib and zstd files, and every compressed file at a URL, read from Beam's
-raw stream). It follows concatenated members (``cat a.gz b.gz``), and a file
-that ends inside a member raises ``EOFError``, as the standard library's
-``gzip``, ``bz2`` and ``lzma`` files do. Beam's own decompressing file stops
-there without a word, so a truncated file would lose its end silently.
+``decompressor(path)`` gives a streaming decompressor (zstandard's for zstd,
+else the standard library's). ``Decompressed`` reads a binary stream through
+one, for the files no standard-library file class opens (zlib and zstd, and
+every compressed file at a URL). It follows concatenated members, and a file
+that ends inside a member raises ``EOFError``, as the standard library's files
+do (Beam's own decompressing file would lose a truncated file's end silently).
 """
 
 from __future__ import annotations

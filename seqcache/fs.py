@@ -13,12 +13,9 @@ workers get them from the pipeline). Without any, Beam's S3 client falls back
 on boto3's own configuration (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, ``~/.aws``).
 
-A failed request on a URL raises ``FileSystemError`` (an ``OSError``) whose
-message names the URL, the cause and, where there is one, the fix; a missing
-object raises ``FileNotFoundError``. Before the first request to an s3://
-bucket, one quick ``HeadBucket`` call (at most two attempts) checks that the
-endpoint answers, that there are credentials and that the bucket exists:
-Beam's own S3 calls retry such failures with exponential backoff for minutes.
+A failed request on a URL raises ``FileSystemError`` (an ``OSError``) naming
+the URL, the cause and the fix where there is one; a missing object raises
+``FileNotFoundError``.
 """
 
 from __future__ import annotations
@@ -44,10 +41,9 @@ from seqcache import compression
 
 
 class FileSystemError(OSError):
-    """A request on a URL failed for another reason than a missing file: an
-    endpoint that does not answer, missing credentials, a missing bucket, a
-    denied request, a file system whose extra is not installed. The message
-    names the URL, the cause and the fix where there is one."""
+    """A request on a URL failed for another reason than a missing file (an
+    endpoint that does not answer, missing credentials or bucket, a denied
+    request, a missing extra), naming the URL, the cause and the fix."""
 
 
 # The extra that brings a scheme's client library (see pyproject.toml).
@@ -58,17 +54,14 @@ _own_process = False
 
 
 def own_process() -> None:
-    """Marks this process as one of seqcache's own: the ``seqcache`` executable
-    (``seqcache.cli.run``) or a worker of its local engine, which run no Beam
-    pipeline but the build's: there ``freeze_heap`` freezes the heap. A
-    process that calls ``build_task`` itself keeps its heap as it is."""
+    """Marks this process as one of seqcache's own (the ``seqcache``
+    executable or a worker of its local engine), whose heap ``freeze_heap``
+    freezes; a program that calls ``build_task`` itself keeps its heap."""
     global _own_process
     _own_process = True
 
 
-# glibc's malloc: blocks from this size on get their own mapping (the most its
-# own adaptive rule reaches), and free memory at the top of a heap is given back
-# to the system from this size on (see ``tune_allocator``).
+# glibc malloc's mmap and trim thresholds (``tune_allocator``).
 MALLOC_MMAP_THRESHOLD = 32 << 20
 MALLOC_TRIM_THRESHOLD = 64 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
@@ -486,10 +479,9 @@ def is_url(path: str) -> bool:
 
 
 def match(pattern: str) -> list[FileInfo]:
-    """The files matching a glob ``pattern`` (``**`` is recursive; a pattern
-    without a glob character names one file), sorted by path. Local paths are
-    made absolute; folders are left out. An empty list when nothing matches
-    (on an object store, also when the bucket does not exist).
+    """The files matching a glob ``pattern`` (``**`` is recursive), sorted by
+    path; local paths made absolute, folders left out. An empty list when
+    nothing matches (on an object store, also when the bucket does not exist).
 
     Raises:
       FileSystemError: (URLs) the listing failed.
@@ -497,23 +489,14 @@ def match(pattern: str) -> list[FileInfo]:
     if is_local(pattern):
         expanded = os.path.expanduser(local_path(pattern))
         names = glob.glob(expanded, recursive=True) if any(c in expanded for c in "*?[") else [expanded]
-        out = []
-        for name in names:
-            if os.path.isfile(name):
-                st = os.stat(name)
-                out.append(FileInfo(os.path.abspath(name), st.st_size, st.st_mtime_ns))
-        return sorted(out)
+        stats = [(name, os.stat(name)) for name in names if os.path.isfile(name)]
+        return sorted(FileInfo(os.path.abspath(name), st.st_size, st.st_mtime_ns) for name, st in stats)
     fsys = _beam(pattern)
-    out = []
     with _url_errors(pattern, "list it"):
         results = fsys.match([pattern])
-    for result in results:
-        for meta in result.metadata_list:
-            if meta.path.endswith("/"):
-                continue
-            mtime = getattr(meta, "last_updated_in_seconds", 0.0) or 0.0
-            out.append(FileInfo(meta.path, int(meta.size_in_bytes), int(round(mtime * 1e9))))
-    return sorted(out)
+    found = [meta for result in results for meta in result.metadata_list if not meta.path.endswith("/")]
+    return sorted(FileInfo(meta.path, int(meta.size_in_bytes),
+                           int(round((getattr(meta, "last_updated_in_seconds", 0.0) or 0.0) * 1e9))) for meta in found)
 
 
 def size(path: str) -> int | None:
@@ -536,12 +519,8 @@ def sizes_in(folder: str) -> dict[str, int]:
             return {}
         return {e.name: e.stat().st_size for e in entries if e.is_file()}
     prefix = folder.rstrip("/") + "/"
-    out = {}
-    for f in match(prefix + "*"):
-        name = f.path[len(prefix):] if f.path.startswith(prefix) else None
-        if name and "/" not in name:
-            out[name] = f.num_bytes
-    return out
+    sizes = {f.path[len(prefix):]: f.num_bytes for f in match(prefix + "*") if f.path.startswith(prefix)}
+    return {name: n for name, n in sizes.items() if name and "/" not in name}
 
 
 def isfile(path: str) -> bool:
@@ -561,9 +540,8 @@ def isdir(path: str) -> bool:
         return bool(fsys.match([path.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
 
 
-# Local compressed files the standard library opens itself (by suffix, in any
-# case). The other compressed files, local .deflate/.zst/.zstd and every
-# compressed URL, are read through ``seqcache.compression.Decompressed``.
+# Local compressed files the standard library opens itself; the others are
+# read through ``seqcache.compression.Decompressed``.
 _STDLIB_FILES = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}
 
 
@@ -633,9 +611,8 @@ def local_copy(path: str, *, suffix: str = "", dir: str | None = None) -> Iterat
         return
     fd, tmp = tempfile.mkstemp(prefix="seqcache-", suffix=suffix, dir=dir)
     try:
-        with os.fdopen(fd, "wb") as out, open_read(path) as src:
-            with _url_errors(path, "download it"):
-                shutil.copyfileobj(src, out, length=1 << 22)
+        with os.fdopen(fd, "wb") as out, open_read(path) as src, _url_errors(path, "download it"):
+            shutil.copyfileobj(src, out, length=1 << 22)
         yield tmp
     finally:
         os.unlink(tmp)

@@ -62,10 +62,8 @@ def cache_file(cache_dir: str, name: Any, *, what: str = "file", source: str | N
     Args:
       cache_dir: the cache folder (a local path or a URL).
       name: the name as the manifest gives it, e.g. ``shards[3].file``.
-      what: what the file is, for the message (``"vocabulary model of feature
-        'targets'"``).
-      source: where the name comes from, for the message (default:
-        ``cache_dir/manifest.json``).
+      what, source: what the file is and where the name comes from (default
+        ``cache_dir/manifest.json``), for the message.
 
     Returns:
       ``cache_dir/name``; the file need not exist.

@@ -323,9 +323,8 @@ SHARD_CHECKSUMS_FIELDS = (
           {"items": {"type": "string", "pattern": _SHA256_PATTERN}}),
 )
 
-# The packings a cache may have (``seqcache.tasks.task.PACKING_MODES``) and the
-# vocabulary kinds a manifest may describe (those ``seqcache.tasks.vocabulary_from_json``
-# rebuilds); tests check both against the code that uses them.
+# The packings (``seqcache.tasks.task.PACKING_MODES``) and vocabulary kinds
+# (``seqcache.tasks.vocabulary_from_json``) a manifest may hold; tests compare them.
 PACKINGS = ("lm", "first_fit", None)
 VOCABULARY_KINDS = ("byte", "sentencepiece", "hf_tokenizer")
 
@@ -371,8 +370,7 @@ SOURCE_FILES_FIELDS = (
     Field("units", ("string",), False, 1, "the units, for humans"),
 )
 
-# The keys of ``statistics`` that the commands read (``seqcache.pipelines.stats``);
-# a manifest may hold others.
+# The keys of ``statistics`` that the commands read (``seqcache.pipelines.stats``).
 STATISTICS_FIELDS = (
     Field("examples", ("integer",), False, 1, "cached examples (records)", {"minimum": 0}),
     Field("segments", ("integer",), False, 1, "segments, the pieces packed into them (records)", {"minimum": 0}),
@@ -410,8 +408,7 @@ def _field(types: tuple[str, ...], description: str, keywords: Mapping[str, Any]
     return dataclasses.field(repr=show, metadata=meta, **given)
 
 
-# The order in which ``Manifest.parse`` checks the fields (the format first: a
-# cache of another format or version is named as such before anything else).
+# The order ``Manifest.parse`` checks the fields in: the format and version first.
 _CHECK_ORDER = ("format", "format_version", "features", "shards", "quarantine", "vocabularies", "sources",
                 "statistics", "sequence_length", "quarantine_num_bytes", "quarantine_sha256")
 
@@ -528,8 +525,7 @@ class Manifest:
     @classmethod
     def read(cls, cache_dir: str) -> "Manifest":
         """Reads ``cache_dir/manifest.json`` (a local path or a URL) through
-        ``seqcache.bounded_json`` and ``parse``-s it; each shard's byte sizes
-        are checked at its first read.
+        ``seqcache.bounded_json`` and ``parse``-s it (``check_shards=False``).
 
         Raises:
           IncompleteCacheError: there is no manifest (an unfinished build, a
@@ -599,8 +595,7 @@ class Manifest:
         build killed before it leaves no folder that looks complete (G7).
 
         Raises:
-          ValueError: a manifest that was read, not made by ``create`` (it has
-            no shard checksum file to write).
+          ValueError: a manifest that was read, not made by ``create``.
         """
         if self.shard_checksums is None:
             raise ValueError(f"{cache_dir}: only a manifest from Manifest.create is written (this one was read)")
@@ -622,10 +617,8 @@ def _split_folders(folder: str) -> list[str]:
 
 def shard_table(shards: Sequence[Mapping[str, Any]]) -> tuple[dict, bytes]:
     """The manifest's ``shards`` for ``write_shard``'s entries, in shard order
-    (the shard count, the record counts and byte sizes as
-    ``codec.encode_int_column`` columns, the size and sha256 of the shard
-    checksum file; file names are not stored: they follow from index and
-    count), and the bytes of that checksum file (``shard_checksums_json``).
+    (the shard count, ``codec.encode_int_column`` columns, the size and sha256
+    of the shard checksum file), and the bytes of that file.
 
     Raises:
       ValueError: an entry is not shard i's (its file names are not
@@ -653,9 +646,8 @@ def shard_table(shards: Sequence[Mapping[str, Any]]) -> tuple[dict, bytes]:
 def shard_checksums_json(sha256: Sequence[str], provenance_sha256: Sequence[str]) -> bytes:
     """The bytes of ``SHARD_CHECKSUMS_NAME``: one JSON object ``{"num_shards":
     S, "sha256": [...], "provenance_sha256": [...]}`` (hex sha256 of data shard
-    i and of provenance shard i at position i), UTF-8, one line and a newline.
-    A function of the checksums alone, so the file is as deterministic as the
-    shards.
+    i and of provenance shard i at position i), UTF-8, one line and a newline:
+    as deterministic as the shards.
 
     Raises:
       ValueError: the two lists differ in length or hold something other than
@@ -787,9 +779,8 @@ def check_shard_sizes(raw: Mapping[str, Any], table: ShardTable, path: str, feat
 
 def assemble(values: Mapping[str, Any], fields: Sequence[Field] | None = None, *, what: str = "manifest") -> dict:
     """The JSON object of ``values``, its keys in the order of ``fields``
-    (default ``MANIFEST_FIELDS``: the order manifest.json is written in; or a
-    nested object's, e.g. ``SHARD_TABLE_FIELDS``). A field given as None is
-    written as null; a field not given is not written.
+    (default ``MANIFEST_FIELDS``). A field given as None is written as null; a
+    field not given is not written.
 
     Raises:
       ValueError: a key that is not among ``fields``, or a required field

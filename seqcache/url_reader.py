@@ -2,11 +2,8 @@
 for the CLI (``seqcache show``); the feeder reads local or mounted paths only.
 
 ArrayRecord's C++ reader opens local files only, so this reader downloads each
-shard file it reads, once, streaming, into a private temporary folder that
-``close()`` removes: the local disk holds the shards that were read, never the
-whole cache. ``check_record_counts`` on a shard that is not read downloads it,
-checks its record count and deletes it at once. Every access goes through
-``seqcache.fs`` (Beam's FileSystems for URLs).
+shard file it reads, once, into a private temporary folder that ``close()``
+removes: the local disk holds the shards that were read, never the whole cache.
 """
 
 from __future__ import annotations

@@ -126,11 +126,8 @@ class FeatureSpec:
 #   token_offset:  offset, in tokens of the primary feature after preprocessing,
 #                  at which this segment starts inside its source record (non-zero
 #                  when language-model packing split a long document)
-PROVENANCE_FEATURES = (
-    FeatureSpec("source_index", "uint32"),
-    FeatureSpec("record_number", "uint64"),
-    FeatureSpec("token_offset", "uint32"),
-)
+PROVENANCE_FEATURES = (FeatureSpec("source_index", "uint32"), FeatureSpec("record_number", "uint64"),
+                       FeatureSpec("token_offset", "uint32"))
 
 
 def shard_name(prefix: str, index: int, count: int) -> str:
@@ -337,9 +334,8 @@ def decode_example(specs: Sequence[FeatureSpec], record: bytes, *, where: str = 
         offset += 4
         nbytes = int(n) * spec.np_dtype.itemsize
         if offset + nbytes > size:
-            raise CacheError(
-                f"{where}: truncated record: feature {spec.name!r} needs {nbytes} bytes at byte {offset}, record has {size}"
-            )
+            raise CacheError(f"{where}: truncated record: feature {spec.name!r} needs {nbytes} bytes at byte "
+                             f"{offset}, record has {size}")
         out[spec.name] = np.frombuffer(record, dtype=spec.np_dtype, count=int(n), offset=offset)
         offset += nbytes
     if offset != size:

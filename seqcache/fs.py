@@ -32,6 +32,7 @@ import io
 import logging
 import lzma
 import os
+import pathlib
 import shutil
 import sys
 import tempfile
@@ -219,36 +220,18 @@ def _check_s3(path: str, options: Any) -> None:
     try:
         client.head_bucket(Bucket=bucket)
     except NoCredentialsError:
-        raise FileSystemError(
-            f"{path}: no S3 credentials: pass --s3_access_key_id=... --s3_secret_access_key=..., or set "
-            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile)"
-        ) from None
+        raise FileSystemError(f"{path}: no S3 credentials: pass --s3_access_key_id=... --s3_secret_access_key=..., "
+                              "or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile)") from None
     except ClientError as e:
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         code = e.response.get("Error", {}).get("Code")
         if status == 404 or code in ("404", "NoSuchBucket"):
-            raise FileSystemError(
-                f"s3://{bucket}: no such bucket at {endpoint} (asked for {path}); check the bucket name and "
-                "--s3_endpoint_url, or create the bucket"
-            ) from None
+            raise FileSystemError(f"s3://{bucket}: no such bucket at {endpoint} (asked for {path}); check the bucket "
+                                  "name and --s3_endpoint_url, or create the bucket") from None
     except BotoCoreError as e:  # EndpointConnectionError, ConnectTimeoutError, SSLError, ...
-        raise FileSystemError(
-            f"cannot reach the S3 endpoint {endpoint} (asked for {path}): {e}; check --s3_endpoint_url "
-            "(or AWS_ENDPOINT_URL)"
-        ) from None
+        raise FileSystemError(f"cannot reach the S3 endpoint {endpoint} (asked for {path}): {e}; check "
+                              "--s3_endpoint_url (or AWS_ENDPOINT_URL)") from None
     _S3_CHECKED.add(key)
-
-
-def _cause(error: BaseException) -> BaseException:
-    """The error behind Beam's wrappers: the first per-path error of a
-    ``BeamIOError`` (batch operations: match, delete, rename, exists)."""
-    for _ in range(8):  # wrappers nest a few levels at most
-        details = getattr(error, "exception_details", None)
-        inner = isinstance(details, dict) and next((e for e in details.values() if isinstance(e, BaseException)), None)
-        if not inner:
-            return error
-        error = inner
-    return error
 
 
 @contextlib.contextmanager
@@ -261,7 +244,14 @@ def _url_errors(path: str, what: str) -> Iterator[None]:
     except (FileSystemError, FileNotFoundError):
         raise
     except Exception as e:
-        cause = _cause(e)
+        cause = e
+        for _ in range(8):  # a BeamIOError's first per-path error; wrappers nest a few levels at most
+            details = getattr(cause, "exception_details", None)
+            errors = details.values() if isinstance(details, dict) else ()
+            inner = next((x for x in errors if isinstance(x, BaseException)), None)
+            if inner is None:
+                break
+            cause = inner
         if (getattr(cause, "code", None) == 404 or getattr(cause, "errno", None) == errno.ENOENT
                 or isinstance(cause, FileNotFoundError)):
             raise FileNotFoundError(f"{path}: no such file") from e
@@ -305,8 +295,7 @@ def makedirs(path: str) -> None:
 
 def read_text(path: str) -> str:
     if is_local(path):
-        with open(local_path(path), encoding="utf-8") as f:
-            return f.read()
+        return pathlib.Path(local_path(path)).read_text(encoding="utf-8")
     return read_bytes(path).decode("utf-8")
 
 
@@ -314,8 +303,7 @@ def write_bytes(path: str, data: bytes) -> None:
     """Writes a new file (not atomically: for build-internal files that are named
     to a reader only after they are complete)."""
     if is_local(path):
-        with open(local_path(path), "wb") as f:
-            f.write(data)
+        pathlib.Path(local_path(path)).write_bytes(data)
         return
     with _url_errors(path, "write"), _url_file(path, "write", create=True) as f:
         f.write(data)
@@ -323,8 +311,7 @@ def write_bytes(path: str, data: bytes) -> None:
 
 def read_bytes(path: str) -> bytes:
     if is_local(path):
-        with open(local_path(path), "rb") as f:
-            return f.read()
+        return pathlib.Path(local_path(path)).read_bytes()
     with _url_errors(path, "read"), _url_file(path, "read") as f:
         return f.read()
 
@@ -627,11 +614,9 @@ def require_local(path: str, what: str = "this reader") -> str:
     """
     if is_local(path):
         return local_path(path)
-    raise ValueError(
-        f"{path}: {what} reads local or mounted paths only; mount the bucket (gcsfuse for gs://, "
-        "mountpoint-s3 or s3fs for s3://) and pass the mounted path, or copy the cache to a local folder "
-        "(seqcache info, verify and show read URLs directly)"
-    )
+    raise ValueError(f"{path}: {what} reads local or mounted paths only; mount the bucket (gcsfuse for gs://, "
+                     "mountpoint-s3 or s3fs for s3://) and pass the mounted path, or copy the cache to a local folder "
+                     "(seqcache info, verify and show read URLs directly)")
 
 
 def set_options(options: Any) -> None:

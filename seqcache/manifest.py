@@ -38,15 +38,10 @@ from seqcache.codec import (MANIFEST_NAME, SHARD_CHECKSUMS_NAME, CacheError, Fea
                             ShardTable)
 
 # JSON type name -> the Python test of a value decoded by ``json.loads``.
-_IS = {
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "null": lambda v: v is None,
-}
+_IS = {"string": lambda v: isinstance(v, str), "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+       "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+       "boolean": lambda v: isinstance(v, bool), "object": lambda v: isinstance(v, dict),
+       "array": lambda v: isinstance(v, list), "null": lambda v: v is None}
 _SHA256_PATTERN = "^[0-9a-f]{64}$"
 _BASE64_PATTERN = "^[A-Za-z0-9+/]*={0,2}$"
 SCHEMA_NAME = "manifest.schema.json"
@@ -212,13 +207,10 @@ def _check_format(value, ctx):
 
 
 def _check_format_version(value, ctx):
-    codec._require(
-        value in codec.READ_FORMAT_VERSIONS and not isinstance(value, bool),
-        ctx["path"],
-        f"format_version is {_short(value)}, this seqcache reads format version "
-        f"{', '.join(map(str, codec.READ_FORMAT_VERSIONS))}: read the cache with the seqcache release that wrote it, "
-        "or rebuild it with this one (seqcache build ... --overwrite)",
-    )
+    codec._require(value in codec.READ_FORMAT_VERSIONS and not isinstance(value, bool), ctx["path"],
+                   f"format_version is {_short(value)}, this seqcache reads format version "
+                   f"{', '.join(map(str, codec.READ_FORMAT_VERSIONS))}: read the cache with the seqcache release that "
+                   "wrote it, or rebuild it with this one (seqcache build ... --overwrite)")
 
 
 def _check_features(value, ctx):
@@ -261,11 +253,8 @@ def _check_sequence_length(value, ctx):
 
 
 def _check_quarantine(value, ctx):
-    codec._require(
-        value in (None, codec.QUARANTINE_NAME),
-        ctx["path"],
-        f"quarantine is {_short(value)}, expected {codec.QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)",
-    )
+    codec._require(value in (None, codec.QUARANTINE_NAME), ctx["path"], f"quarantine is {_short(value)}, expected "
+                   f"{codec.QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)")
 
 
 def _check_quarantine_num_bytes(value, ctx):
@@ -430,8 +419,7 @@ class Manifest:
     format: str = _field(("string",), "the format's name", {"const": codec.FORMAT_NAME}, required=True,
                          check=_check_format)
     format_version: int = _field(("integer",), "the version of the cache as a whole: what a reader must understand",
-                                 {"enum": list(codec.READ_FORMAT_VERSIONS)}, required=True,
-                                 check=_check_format_version)
+                                 {"enum": list(codec.READ_FORMAT_VERSIONS)}, required=True, check=_check_format_version)
     task: str = _field(("string",), "the task's name", required=True, show=True)
     split: str = _field(("string",), "the split's name", required=True, show=True)
     fingerprint: str = _field(("string",), "sha256 of the canonical JSON of fingerprint_inputs", required=True,
@@ -734,8 +722,7 @@ def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
                  "record order; the manifest was edited or damaged; rebuild the cache")
 
 
-def _check_counts(raw: Mapping[str, Any], table: ShardTable, path: str, features, *,
-                  check_shards: bool) -> None:
+def _check_counts(raw: Mapping[str, Any], table: ShardTable, path: str, features, *, check_shards: bool) -> None:
     """Refuses a shard record count out of range, ``num_examples`` or
     ``statistics.examples`` other than the shard table's total and, with
     ``check_shards``, what ``check_shard_sizes`` refuses."""

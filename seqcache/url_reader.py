@@ -51,10 +51,8 @@ class UrlCacheReader(CacheReader):
                 with fs.open_read(path) as src, fs.open_write_atomic(local, fsync=False) as out:
                     shutil.copyfileobj(src, out, length=1 << 22)
             except FileNotFoundError:
-                raise fmt.CacheError(
-                    f"{path}: shard file is missing: it was deleted or moved after cache {self.cache_dir} was "
-                    f"opened; {self._verify_hint()}"
-                ) from None
+                raise fmt.CacheError(f"{path}: shard file is missing: it was deleted or moved after cache "
+                                     f"{self.cache_dir} was opened; {self._verify_hint()}") from None
             self._copies[path] = local
         return local
 

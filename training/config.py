@@ -35,6 +35,7 @@ import typing
 from typing import Any, Mapping, Sequence
 
 from seqcache import bounded_json
+from seqcache.training import models
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 # Every integer of a config lies in (-MAX_INTEGER, MAX_INTEGER); the sizes
@@ -120,11 +121,9 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raises ConfigError naming the field when a value cannot work."""
-        from seqcache.training.models import ARCHITECTURES
-
-        if self.architecture not in ARCHITECTURES:
+        if self.architecture not in models.ARCHITECTURES:
             raise ConfigError(
-                f"model.architecture must be one of {sorted(ARCHITECTURES)} (got {self.architecture!r})"
+                f"model.architecture must be one of {sorted(models.ARCHITECTURES)} (got {self.architecture!r})"
             )
         if self.vocab_size is None:
             raise ConfigError(
@@ -314,11 +313,8 @@ class TrainConfig:
     @property
     def converter(self) -> str:
         """The resolved feature converter (``data.converter``, else the model's default)."""
-        if self.data.converter is not None:
-            return self.data.converter
-        from seqcache.training.models import default_converter
-
-        return default_converter(self.model.architecture)
+        conv = self.data.converter
+        return conv if conv is not None else models.default_converter(self.model.architecture)
 
     @property
     def lengths(self) -> dict[str, int]:
@@ -359,12 +355,10 @@ class TrainConfig:
             raise ConfigError(f"optimizer.warmup_steps must be >= 0 (got {self.optimizer.warmup_steps})")
 
     def _validate_converter(self) -> None:
-        from seqcache.training.models import architecture
-
         conv = self.converter
         if conv not in CONVERTERS:
             raise ConfigError(f"data.converter must be one of {CONVERTERS} (got {conv!r})")
-        allowed = [c for c, _ in architecture(self.model.architecture).converters]
+        allowed = [c for c, _ in models.architecture(self.model.architecture).converters]
         if conv not in allowed:
             raise ConfigError(
                 f"data.converter={conv!r} does not feed model architecture {self.model.architecture!r}, which reads "
@@ -409,10 +403,6 @@ def to_json(config: Any) -> str:
     return json.dumps(to_dict(config), indent=2, sort_keys=True) + "\n"
 
 
-def _field_types(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _is_dataclass_type(tp) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
@@ -432,10 +422,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {_short(value)}")
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {bounded_json.short(value)}")
     if _is_dataclass_type(tp):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected an object with fields of {tp.__name__} (got {_short(value)})")
+            raise ConfigError(f"{where}: expected an object with fields of {tp.__name__} (got {bounded_json.short(value)})")
         return _from_mapping(tp, value, where)
     if tp is bool:
         if isinstance(value, bool):
@@ -445,33 +435,30 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer() and abs(value) < MAX_INTEGER:
                 return int(value)
-            raise ConfigError(f"{where}: expected an integer (got {_short(value)})")
+            raise ConfigError(f"{where}: expected an integer (got {bounded_json.short(value)})")
         if not -MAX_INTEGER < value < MAX_INTEGER:
-            raise ConfigError(f"{where}: {_short(value)} is out of range, expected an integer in (-2^53, 2^53)")
+            raise ConfigError(f"{where}: {bounded_json.short(value)} is out of range, expected an integer in (-2^53, 2^53)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number (got {_short(value)})")
+            raise ConfigError(f"{where}: expected a number (got {bounded_json.short(value)})")
         if isinstance(value, int) and not -MAX_INTEGER < value < MAX_INTEGER or not math.isfinite(value):
-            raise ConfigError(f"{where}: expected a finite number (got {_short(value)})")
+            raise ConfigError(f"{where}: expected a finite number (got {bounded_json.short(value)})")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string (got {_short(value)})")
+            raise ConfigError(f"{where}: expected a string (got {bounded_json.short(value)})")
         return value
     if tp is dict or origin is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected an object (got {_short(value)})")
-        try:
-            bounded_json.check_tree(dict(value), path=where, error=ConfigError, max_depth=8, what="value")
-        except ConfigError as e:
-            raise ConfigError(str(e)) from None
+            raise ConfigError(f"{where}: expected an object (got {bounded_json.short(value)})")
+        bounded_json.check_tree(dict(value), path=where, error=ConfigError, max_depth=8, what="value")
         return dict(value)
     raise ConfigError(f"{where}: unsupported field type {tp!r}")
 
 
 def _from_mapping(cls, raw: Mapping[str, Any], where: str, base: Any = None):
-    types_ = _field_types(cls)
+    types_ = typing.get_type_hints(cls)
     unknown = sorted(set(raw) - set(types_))
     if unknown:
         raise ConfigError(f"{where or 'config'}: unknown field(s) {unknown}; valid fields: {sorted(types_)}")
@@ -515,10 +502,6 @@ def load_config_file(path: str, base: TrainConfig | None = None) -> TrainConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _short(value: Any) -> str:
-    return bounded_json.short(value)
-
-
 def _parse_scalar(text: str, tp: Any, key: str = "override") -> Any:
     """Parses the right-hand side of ``key=value`` for a field of type ``tp``:
     JSON within ``seqcache.bounded_json``'s bounds (NaN, Infinity and integers
@@ -535,13 +518,13 @@ def _parse_scalar(text: str, tp: Any, key: str = "override") -> Any:
     try:
         return json.loads(text, parse_constant=_no_constant, object_pairs_hook=bounded_json.unique_keys)
     except _NotANumber:
-        raise ConfigError(f"override {key!r}: {_short(text)} is not a finite number") from None
+        raise ConfigError(f"override {key!r}: {bounded_json.short(text)} is not a finite number") from None
     except bounded_json.DuplicateKeyError as e:
         raise ConfigError(f"override {key!r}: {e} (JSON readers disagree on which value counts); keep one") from None
     except (json.JSONDecodeError, RecursionError):
         pass
     except ValueError:  # an integer of more digits than int() converts
-        raise ConfigError(f"override {key!r}: {_short(text)} is out of range") from None
+        raise ConfigError(f"override {key!r}: {bounded_json.short(text)} is out of range") from None
     return text  # a bare string
 
 
@@ -554,8 +537,8 @@ def _no_constant(name: str):
 
 
 # Where a new override starts inside one --set value: a dotted key and "="
-# after white space (outside JSON brackets and strings).
-_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
+# (or the end of the value) after white space outside JSON brackets and strings.
+_KEY = re.compile(r"$|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
 
 
 def split_overrides(values: Sequence[str]) -> list[str]:
@@ -571,9 +554,8 @@ def split_overrides(values: Sequence[str]) -> list[str]:
     """
     out: list[str] = []
     for value in values:
-        current, depth, in_string, escaped, i = [], 0, False, False, 0
-        while i < len(value):
-            c = value[i]
+        current, depth, in_string, escaped = "", 0, False, False
+        for i, c in enumerate(value):
             if in_string:
                 in_string = not (c == '"' and not escaped)
                 escaped = c == "\\" and not escaped
@@ -583,18 +565,12 @@ def split_overrides(values: Sequence[str]) -> list[str]:
                 depth += 1
             elif c in "]}":
                 depth = max(depth - 1, 0)
-            elif c.isspace() and depth == 0:
-                rest = value[i:].lstrip()
-                if not rest or _KEY.match(rest) or not "".join(current).strip():
-                    if "".join(current).strip():
-                        out.append("".join(current).strip())
-                    current = []
-                    i += 1
-                    continue
-            current.append(c)
-            i += 1
-        if "".join(current).strip():
-            out.append("".join(current).strip())
+            elif c.isspace() and depth == 0 and (not current.strip() or _KEY.match(value[i:].lstrip())):
+                out += [current.strip()] if current.strip() else []
+                current = ""
+                continue
+            current += c
+        out += [current.strip()] if current.strip() else []
     return out
 
 
@@ -618,7 +594,7 @@ def apply_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfi
 
 
 def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
-    types_ = _field_types(type(obj))
+    types_ = typing.get_type_hints(type(obj))
     name = parts[0]
     if name not in types_:
         raise ConfigError(f"override {key!r}: {type(obj).__name__} has no field {name!r}; valid fields: {sorted(types_)}")
@@ -629,7 +605,7 @@ def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
             raise ConfigError(f"override {key!r}: {name!r} is a value, not a group of fields")
         return dataclasses.replace(obj, **{name: _set_path(child, parts[1:], text, key)})
     if _is_dataclass_type(tp):
-        raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{next(iter(_field_types(tp)))}=...")
+        raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{next(iter(typing.get_type_hints(tp)))}=...")
     value = _parse_scalar(text, tp, key)
     if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
         if value is not None and not isinstance(value, str):
@@ -688,21 +664,12 @@ def apply_flags(config: TrainConfig, flags: CommandLineFlags) -> TrainConfig:
     Raises:
       seqcache.training.partitioning.PartitioningError: a malformed ``mesh``.
     """
-    data = config.data
-    data = dataclasses.replace(
-        data,
-        cache_dir=flags.cache_dir if flags.cache_dir is not None else data.cache_dir,
-        task=flags.task if flags.task is not None else data.task,
-        split=flags.split if flags.split is not None else data.split,
-        eval_split=flags.eval_split if flags.eval_split is not None else data.eval_split,
-    )
-    updates: dict[str, Any] = {"data": data}
-    for name in ("steps", "global_batch_size", "sequence_length", "rules", "seed", "tensorboard"):
-        value = getattr(flags, name)
-        if value is not None:
-            updates[name] = value
+    given = {f.name: getattr(flags, f.name) for f in dataclasses.fields(flags) if getattr(flags, f.name) is not None}
+    data = {k: given.pop(k) for k in ("cache_dir", "task", "split", "eval_split") if k in given}
+    updates: dict[str, Any] = {k: v for k, v in given.items() if k not in ("mesh", "checkpoint_dir")}
+    updates["data"] = dataclasses.replace(config.data, **data)
     if flags.mesh:
-        from seqcache.training import partitioning  # imports JAX
+        from seqcache.training import partitioning  # optional: jax (keeps config readable without it)
 
         updates["mesh"] = MeshConfig(**partitioning.parse_mesh_flag(flags.mesh))
     if flags.checkpoint_dir is not None:

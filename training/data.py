@@ -29,12 +29,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import types
 from typing import Any, Callable
 
+from seqcache import bounded_json, layout
 from seqcache import format as fmt
-from seqcache import layout
+from seqcache.feeders import Feeder, compat
+from seqcache.feeders.converters import ConvertedFeeder
+from seqcache.feeders.stream import check_same_features
 from seqcache.tasks import registry
-from seqcache.feeders import compat
+from seqcache.training import models
 from seqcache.training.config import ConfigError, DataConfig, TrainConfig
 
 
@@ -56,8 +60,6 @@ class Source:
 def _unique_keys_yaml_loader(yaml):
     """PyYAML's SafeLoader, refusing a mapping that has a key twice (PyYAML
     keeps the last value) with ``seqcache.bounded_json.DuplicateKeyError``."""
-    from seqcache import bounded_json
-
     class UniqueKeysLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
             seen = set()
@@ -86,13 +88,11 @@ def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
       ConfigError: the file cannot be read or parsed, or a step or rate is bad;
         the message names the file and the entry.
     """
-    from seqcache import bounded_json
-
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
         if path.endswith((".yaml", ".yml")):
-            import yaml
+            import yaml  # optional: PyYAML (a JSON schedule needs none)
 
             raw = yaml.load(text, Loader=_unique_keys_yaml_loader(yaml))
             bounded_json.check_tree(raw, path=path, error=ConfigError, what="mixture schedule")
@@ -223,10 +223,6 @@ def token_features_of(source: Source) -> tuple[str, ...]:
         (``seqcache.feeders.stream.check_same_features``), naming every
         cache's task, folder and features, and the mixtures that would work.
     """
-    import types
-
-    from seqcache.feeders.stream import check_same_features
-
     manifests = [types.SimpleNamespace(manifest=fmt.read_manifest(path)) for path in source.cache_dirs]
     try:
         check_same_features(list(source.cache_dirs), manifests, converters_only=True)
@@ -245,8 +241,6 @@ def resolve_converter(config: TrainConfig, source: Source, *, model_label: str |
         features, the model and the features it reads), or ``data.converter``
         needs features the caches lack.
     """
-    from seqcache.training import models
-
     features = token_features_of(source)
     arch = config.model.architecture
     label = model_label or arch
@@ -348,13 +342,9 @@ def make_feeder(config: TrainConfig, source: Source, *, seed: int, num_epochs: i
     ``targets`` for the "lm" converter, else a
     ``seqcache.feeders.converters.ConvertedFeeder`` with ``config.converter``
     and the lengths ``config.lengths``."""
-    from seqcache.feeders import Feeder
-
     common = dict(source.kwargs, global_batch_size=config.global_batch_size, seed=seed, num_epochs=num_epochs)
     if config.converter == "lm":
         return Feeder(**common, sequence_length=config.sequence_length)
-    from seqcache.feeders.converters import ConvertedFeeder
-
     return ConvertedFeeder(converter=config.converter, sequence_length=config.lengths, **common)
 
 

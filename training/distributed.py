@@ -30,6 +30,8 @@ import sys
 import threading
 from typing import Mapping, Sequence
 
+import numpy as np
+
 log = logging.getLogger("seqcache.training")
 
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
@@ -136,7 +138,7 @@ def initialize(settings: Settings) -> bool:
     settings.validate()
     if not settings.enabled:
         return False
-    import jax
+    import jax  # optional: jax (the launcher and the settings run without it)
 
     if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -158,12 +160,11 @@ def any_process(flag: bool) -> bool:
     """True on every host when ``flag`` is true on at least one (an all-gather of
     one integer per host; every host must call it at the same point). In one
     process it returns ``flag``."""
-    import jax
+    import jax  # optional: jax
+    from jax.experimental import multihost_utils  # optional: jax
 
     if jax.process_count() == 1:
         return bool(flag)
-    import numpy as np
-    from jax.experimental import multihost_utils
 
     flags = multihost_utils.process_allgather(np.array([int(bool(flag))], dtype=np.int32))
     return bool(np.asarray(flags).any())

@@ -25,10 +25,13 @@ scalar per value: ``train/<name>`` for a step's line (``train/loss``,
 from __future__ import annotations
 
 import json
-import math
 import os
+import struct
 import time
 from typing import Any, Mapping
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 # The folder of event files, next to the metrics file.
 TENSORBOARD_DIR = "tensorboard"
@@ -94,7 +97,7 @@ class TensorBoardWriter:
 
     def __init__(self, logdir: str, *, start_step: int = 0):
         try:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # optional: tensorboardX (the message names the extra)
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(
                 "TensorBoard event files need tensorboardX: pip install 'seqcache[train]' (or tensorboardX), or "
@@ -124,9 +127,7 @@ def read_tensorboard(logdir: str) -> dict[str, list[tuple[int, float]]]:
     """Every scalar in the event files of ``logdir``: tag -> [(step, value)] in
     file order (files by name, i.e. by creation time). Parses the TFRecord
     framing and the ``Event`` protobuf that tensorboardX ships; no TensorFlow."""
-    import struct
-
-    from tensorboardX.proto import event_pb2
+    from tensorboardX.proto import event_pb2  # optional: tensorboardX
 
     out: dict[str, list[tuple[int, float]]] = {}
     names = sorted(n for n in os.listdir(logdir) if n.startswith("events.out.tfevents."))
@@ -159,9 +160,6 @@ class ProgressBar:
         self._progress = None
         if not enabled:
             return
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
         self._progress = Progress(
             TextColumn("train"),
             BarColumn(),

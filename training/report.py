@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from seqcache import fs
 from seqcache.training import config as config_lib
@@ -68,8 +69,6 @@ def params_digest(params) -> str:
         if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
             # Sharded over several hosts: every host gathers the whole array (every
             # host must call this function).
-            from jax.experimental import multihost_utils
-
             value = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
         else:
             value = np.asarray(jax.device_get(leaf))

@@ -10,7 +10,9 @@ from typing import Any, Mapping
 
 import jax
 
+from seqcache import bounded_json
 from seqcache.feeders import compat
+from seqcache.feeders import state as feeder_state
 from seqcache.training import config as config_lib
 from seqcache.training.checkpoints import CheckpointError
 
@@ -86,8 +88,6 @@ def check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str,
     Raises:
       CheckpointError: naming the first difference and both values.
     """
-    from seqcache.feeders import state as feeder_state
-
     if saved.get("converter") != current.get("converter"):
         # ConvertedFeeder states: the converter and its lengths (None for a plain feeder).
         raise CheckpointError(
@@ -143,8 +143,6 @@ def warn_schedule_changes(config_path: str, config: config_lib.TrainConfig, step
     """Logs a WARNING when a resumed run's schedule or optimizer differs from the
     config the run was saved with. Extending a run (more steps) is legitimate, so
     this does not refuse; it makes the change visible."""
-    from seqcache import bounded_json
-
     try:
         saved = bounded_json.read_file(config_path, error=ValueError, max_bytes=1 << 20, what="config file")
     except ValueError as e:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seqcache.training import partitioning
+from seqcache.training import models, partitioning
 from seqcache.training.config import ModelConfig
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -103,8 +103,6 @@ def _compiled_init(init, key, shape, sharding):
 
 
 def _model_class(cfg: ModelConfig):
-    from seqcache.training import models
-
     return models.model_class(cfg.architecture)
 
 

@@ -69,19 +69,10 @@ class Checkpointer:
 
     def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            create=True,
-            enable_async_checkpointing=async_save,
-        )
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=options,
-            item_handlers={
-                STATE_ITEM: ocp.StandardCheckpointHandler(),
-                FEEDER_ITEM: ocp.JsonCheckpointHandler(),
-            },
-        )
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                               enable_async_checkpointing=async_save)
+        handlers = {STATE_ITEM: ocp.StandardCheckpointHandler(), FEEDER_ITEM: ocp.JsonCheckpointHandler()}
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     def all_steps(self) -> list[int]:
         """Steps with a complete (committed) checkpoint, ascending."""
@@ -108,16 +99,9 @@ class Checkpointer:
             )
         if step in self._manager.all_steps():
             return False
-        return self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    STATE_ITEM: ocp.args.StandardSave(dict(state)),
-                    FEEDER_ITEM: feeder_checkpoint.feeder_save_args(_SavedState(feeder_state)),
-                }
-            ),
-            force=True,
-        )
+        # The state of the step just trained, captured before the feeder fetched the next batch.
+        args = {STATE_ITEM: ocp.args.StandardSave(dict(state)), FEEDER_ITEM: ocp.args.JsonSave(dict(feeder_state))}
+        return self._manager.save(step, args=ocp.args.Composite(**args), force=True)
 
     def restore(self, step: int | None, *, abstract_state: Any, global_batch_size: int) -> Restored:
         """Restores step ``step`` (default: the latest).
@@ -192,14 +176,3 @@ class Checkpointer:
     def __exit__(self, *exc):
         self.close()
 
-
-class _SavedState:
-    """A feeder state captured earlier (the trainer saves the state of the step
-    just trained, while its feeder has already fetched the next batch), with the
-    ``state()`` that ``seqcache.feeders.checkpoint.feeder_save_args`` reads."""
-
-    def __init__(self, state: Mapping[str, Any]):
-        self._state = dict(state)
-
-    def state(self) -> dict:
-        return dict(self._state)

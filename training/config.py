@@ -376,11 +376,8 @@ DEFAULT_DATA_SEED = 0
 
 
 def resolve_seeds(config: TrainConfig) -> TrainConfig:
-    """The config with both seeds explicit, as the resolved config.json records
-    them: ``seed`` (parameters, dropout) as given, and ``data.seed`` (the
-    feeder's shuffle) as given or else ``DEFAULT_DATA_SEED``. The data seed is
-    never derived from ``seed``, so changing the initialisation alone leaves the
-    data stream byte for byte the same.
+    """The config with ``data.seed`` explicit (``DEFAULT_DATA_SEED`` when unset;
+    never derived from ``seed``, so another initialisation reads the same stream).
 
     Raises:
       ConfigError: a data seed outside [0, 2**32).
@@ -502,23 +499,24 @@ def load_config_file(path: str, base: TrainConfig | None = None) -> TrainConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _parse_scalar(text: str, tp: Any, key: str = "override") -> Any:
-    """Parses the right-hand side of ``key=value`` for a field of type ``tp``:
-    JSON within ``seqcache.bounded_json``'s bounds (NaN, Infinity and integers
-    of 2^64 or more are refused), else the text as a bare string.
+def _parse_scalar(text: str, key: str) -> Any:
+    """The right-hand side of ``key=value``: none/null, true/false, JSON, else the text itself.
 
     Raises:
-      ConfigError: JSON out of bounds (too deep, NaN, a huge number), an
-        object with a key twice.
+      ConfigError: NaN or Infinity, an integer too long to convert, an object with a key twice.
     """
     if text.lower() in ("none", "null"):
         return None
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
+
+    def no_constant(name):
+        raise ConfigError(f"override {key!r}: {bounded_json.short(text)} is not a finite number")
+
     try:
-        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=bounded_json.unique_keys)
-    except _NotANumber:
-        raise ConfigError(f"override {key!r}: {bounded_json.short(text)} is not a finite number") from None
+        return json.loads(text, parse_constant=no_constant, object_pairs_hook=bounded_json.unique_keys)
+    except ConfigError:
+        raise
     except bounded_json.DuplicateKeyError as e:
         raise ConfigError(f"override {key!r}: {e} (JSON readers disagree on which value counts); keep one") from None
     except (json.JSONDecodeError, RecursionError):
@@ -526,14 +524,6 @@ def _parse_scalar(text: str, tp: Any, key: str = "override") -> Any:
     except ValueError:  # an integer of more digits than int() converts
         raise ConfigError(f"override {key!r}: {bounded_json.short(text)} is out of range") from None
     return text  # a bare string
-
-
-class _NotANumber(Exception):
-    pass
-
-
-def _no_constant(name: str):
-    raise _NotANumber(name)
 
 
 # Where a new override starts inside one --set value: a dotted key and "="
@@ -544,13 +534,10 @@ _KEY = re.compile(r"$|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
 def split_overrides(values: Sequence[str]) -> list[str]:
     """The ``key=value`` overrides of ``--set`` values, each of which may hold
     several separated by white space (``"model.d_model=128 optimizer.lr=1e-3"``).
-    A value runs to the next white space that is outside JSON brackets and
-    strings and followed by a dotted key and ``=``, so JSON values may contain
-    spaces: ``data.mixture={"caches/wiki/train": 3, "caches/code/train": 1}``
-    is one override.
-
-    Returns:
-      The overrides, in order, without surrounding white space.
+    A value runs to the next white space outside JSON brackets and strings that
+    is followed by a dotted key and ``=``, so
+    ``data.mixture={"caches/wiki/train": 3, "caches/code/train": 1}`` is one
+    override. Returns them in order, stripped.
     """
     out: list[str] = []
     for value in values:
@@ -575,10 +562,9 @@ def split_overrides(values: Sequence[str]) -> list[str]:
 
 
 def apply_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
-    """Applies dotted ``key=value`` overrides, e.g. ``["model.d_model=128", "optimizer.lr=1e-3"]``.
-
-    Values are parsed as JSON where possible (numbers, true/false, null/none,
-    objects), otherwise taken as strings, then checked against the field's type.
+    """Applies dotted ``key=value`` overrides, e.g. ``["model.d_model=128", "optimizer.lr=1e-3"]``;
+    values are JSON where they parse (or none/null), else strings, checked
+    against the field's type.
 
     Raises:
       ConfigError: no ``=``, an unknown key (the message lists the valid ones at that
@@ -606,7 +592,7 @@ def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
         return dataclasses.replace(obj, **{name: _set_path(child, parts[1:], text, key)})
     if _is_dataclass_type(tp):
         raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{next(iter(typing.get_type_hints(tp)))}=...")
-    value = _parse_scalar(text, tp, key)
+    value = _parse_scalar(text, key)
     if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
         if value is not None and not isinstance(value, str):
             value = text  # a string field given something that parses as JSON, e.g. "1"
@@ -630,18 +616,12 @@ def model_preset(name: str) -> ModelConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CommandLineFlags:
-    """The ``seqcache train`` flags that set config fields (layer 4 of the module
-    docstring's order). None leaves the field as the layers below set it.
-
-    Attributes:
-      cache_dir, task, split, eval_split: ``data.cache_dir``, ``data.task``,
-        ``data.split``, ``data.eval_split``.
-      steps, global_batch_size, sequence_length, rules, seed, tensorboard: the
-        ``TrainConfig`` fields of those names.
-      mesh: the mesh shape as ``--mesh`` gives it, e.g. ``"data=2,fsdp=4,model=1"``
-        (``seqcache.training.partitioning.parse_mesh_flag``); None or "" leaves
-        ``mesh`` as it is.
-      checkpoint_dir: ``checkpoint.directory``.
+    """The ``seqcache train`` flags that set config fields (layer 4); None (for
+    ``mesh`` also "") leaves a field as the layers below set it. ``cache_dir``,
+    ``task``, ``split``, ``eval_split`` set ``data``'s fields, ``checkpoint_dir``
+    ``checkpoint.directory``, ``mesh`` (``"data=2,fsdp=4,model=1"``,
+    ``partitioning.parse_mesh_flag``) the mesh; the others the ``TrainConfig``
+    fields of those names.
     """
 
     cache_dir: str | None = None
@@ -679,13 +659,9 @@ def apply_flags(config: TrainConfig, flags: CommandLineFlags) -> TrainConfig:
 
 def config_from_layers(*, preset: str | None = None, config_file: str | None = None,
                        flags: CommandLineFlags | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """A run's config from its layers, each over the one before: the defaults,
-    the model preset ``preset`` (a name in ``MODEL_PRESETS``; None or "": none),
-    the JSON file ``config_file`` (``load_config_file``; None or "": none), the
-    command line ``flags`` (``apply_flags``) and the dotted ``overrides``
-    (``apply_overrides``, one ``key=value`` each); then both seeds made explicit
-    (``resolve_seeds``). The config is not validated (``TrainConfig.validate``):
-    the cache may still fill in fields such as ``model.vocab_size``.
+    """A run's config from its layers (see the module docstring; ``preset`` and
+    ``config_file`` None or "": none), then ``resolve_seeds``. Not validated: the
+    cache may still fill in fields such as ``model.vocab_size``.
 
     Raises:
       ConfigError: an unknown preset, a bad config file, a bad override or a

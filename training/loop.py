@@ -37,18 +37,17 @@ class LoopIO:
     on_step: Callable[[dict], None] | None
 
 
-class _Fetcher:
+def _fetcher(feeder) -> Callable[[], tuple]:
     """``next(feeder)`` with the feeder state after it and the seconds it took."""
+    iterator = iter(feeder)
 
-    def __init__(self, feeder):
-        self.feeder = feeder
-        self.iterator = iter(feeder)
-
-    def __call__(self):
+    def fetch():
         t0 = time.perf_counter()
-        host_batch = next(self.iterator)
+        host_batch = next(iterator)
         waited = time.perf_counter() - t0
-        return host_batch, self.feeder.state(), waited
+        return host_batch, feeder.state(), waited
+
+    return fetch
 
 
 def run_loop(trainer, feeder, params, opt_state, compiled, start: int, end: int, io: LoopIO) -> TrainResult:
@@ -58,7 +57,7 @@ def run_loop(trainer, feeder, params, opt_state, compiled, start: int, end: int,
     ``eval_every`` steps and after the run's last step."""
     cfg = trainer.config
     multi_host = jax.process_count() > 1
-    fetch = _Fetcher(feeder)
+    fetch = _fetcher(feeder)
     records: list[dict] = []
     last_eval = None
     stopped = exhausted = False
@@ -103,7 +102,7 @@ def run_loop(trainer, feeder, params, opt_state, compiled, start: int, end: int,
     )
 
 
-def _try_fetch(fetch: _Fetcher):
+def _try_fetch(fetch: Callable[[], tuple]):
     """(pending batch, exhausted): the next fetch, or (None, True) at the end of
     the stream."""
     try:

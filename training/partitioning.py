@@ -43,34 +43,15 @@ MESH_AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
 
 
-_BASE = {
-    "vocab": None,
-    "embed": None,
-    "heads": None,
-    "kv": None,
-    "mlp": None,
-    "norm": None,
-    "relpos_buckets": None,
-    "batch": BATCH_AXES,
-    "length": None,
-    "act_embed": None,
-    "act_heads": None,
-    "act_mlp": None,
-    "act_vocab": None,
-}
+_BASE = {**dict.fromkeys(("vocab", "embed", "heads", "kv", "mlp", "norm", "relpos_buckets")), "batch": BATCH_AXES,
+         **dict.fromkeys(("length", "act_embed", "act_heads", "act_mlp", "act_vocab"))}
+_TP = dict.fromkeys(("heads", "mlp", "act_heads", "act_mlp"), "model")
 
 RULES: dict[str, dict[str, Any]] = {
     "dp": dict(_BASE),
     "fsdp": {**_BASE, "embed": "fsdp"},
-    "tp": {**_BASE, "heads": "model", "mlp": "model", "act_heads": "model", "act_mlp": "model"},
-    "fsdp+tp": {
-        **_BASE,
-        "embed": "fsdp",
-        "heads": "model",
-        "mlp": "model",
-        "act_heads": "model",
-        "act_mlp": "model",
-    },
+    "tp": {**_BASE, **_TP},
+    "fsdp+tp": {**_BASE, "embed": "fsdp", **_TP},
 }
 
 
@@ -169,11 +150,7 @@ def parse_mesh_flag(text: str) -> dict[str, int]:
 
 
 def _mesh_axes_of(rule: Any) -> tuple[str, ...]:
-    if rule is None:
-        return ()
-    if isinstance(rule, str):
-        return (rule,)
-    return tuple(rule)
+    return () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
 
 
 def logical_to_spec(
@@ -238,12 +215,7 @@ def logical_to_spec(
                 f"is not divisible by mesh axis {sizes}; change the mesh or the model size, or use rules "
                 f"that replicate {name!r}"
             )
-        if not axes:
-            spec.append(None)
-        elif len(axes) == 1:
-            spec.append(axes[0])
-        else:
-            spec.append(axes)
+        spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return P(*spec)
 
 

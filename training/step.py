@@ -37,12 +37,6 @@ from seqcache.training import partitioning
 from seqcache.training.models import common as model_lib
 
 BATCH_KEYS = ("targets", "targets_segment_ids", "targets_positions", "targets_loss_weights")
-BATCH_DTYPES = {
-    "targets": jnp.int32,
-    "targets_segment_ids": jnp.int32,
-    "targets_positions": jnp.int32,
-    "targets_loss_weights": jnp.float32,
-}
 
 _DECODER_FIELDS = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights", "decoder_segment_ids",
                    "decoder_positions")
@@ -65,19 +59,15 @@ def batch_fields(converter: str, lengths: dict[str, int]) -> dict[str, tuple[int
     Raises:
       ValueError: an unknown converter.
     """
-    def dtype(name):
-        return jnp.float32 if name.endswith("loss_weights") else jnp.int32
-
     if converter == "lm":
-        return {k: (lengths["targets"], dt) for k, dt in BATCH_DTYPES.items()}
-    if converter == "encdec":
-        out = {k: (lengths["inputs"], dtype(k)) for k in _ENCODER_FIELDS}
-        out.update({k: (lengths["targets"], dtype(k)) for k in _DECODER_FIELDS})
-        return out
-    if converter == "prefix_lm":
-        row = lengths["inputs"] + lengths["targets"]
-        return {k: (row, dtype(k)) for k in _DECODER_FIELDS + ("decoder_causal_attention",)}
-    raise ValueError(f"unknown feature converter {converter!r} (choose one of 'lm', 'prefix_lm', 'encdec')")
+        fields = {k: lengths["targets"] for k in BATCH_KEYS}
+    elif converter == "encdec":
+        fields = {**dict.fromkeys(_ENCODER_FIELDS, lengths["inputs"]), **dict.fromkeys(_DECODER_FIELDS, lengths["targets"])}
+    elif converter == "prefix_lm":
+        fields = dict.fromkeys(_DECODER_FIELDS + ("decoder_causal_attention",), lengths["inputs"] + lengths["targets"])
+    else:
+        raise ValueError(f"unknown feature converter {converter!r} (choose one of 'lm', 'prefix_lm', 'encdec')")
+    return {k: (n, jnp.float32 if k.endswith("loss_weights") else jnp.int32) for k, n in fields.items()}
 
 
 def loss_sums(graphdef, params, batch: dict, dropout_key: jax.Array | None) -> dict[str, jax.Array]:
@@ -140,11 +130,8 @@ def grad_sums(graphdef, params, batch: dict, key: jax.Array, num_microbatches: i
         return one(batch, jax.random.fold_in(key, 0))
 
     micro = split_microbatches(batch, num_microbatches, mesh)
-    zeros = (
-        jax.tree.map(jnp.zeros_like, params),
-        {"loss_sum": jnp.zeros((), jnp.float32), "weight_sum": jnp.zeros((), jnp.float32),
-         "correct_sum": jnp.zeros((), jnp.float32)},
-    )
+    zeros = (jax.tree.map(jnp.zeros_like, params),
+             {k: jnp.zeros((), jnp.float32) for k in ("loss_sum", "weight_sum", "correct_sum")})
 
     def body(carry, xs):
         index, mb = xs

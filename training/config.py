@@ -422,7 +422,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(errors[0] if errors else f"{where}: bad value {bounded_json.short(value)}")
     if _is_dataclass_type(tp):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected an object with fields of {tp.__name__} (got {bounded_json.short(value)})")
+            raise ConfigError(
+                f"{where}: expected an object with fields of {tp.__name__} (got {bounded_json.short(value)})")
         return _from_mapping(tp, value, where)
     if tp is bool:
         if isinstance(value, bool):
@@ -434,7 +435,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return int(value)
             raise ConfigError(f"{where}: expected an integer (got {bounded_json.short(value)})")
         if not -MAX_INTEGER < value < MAX_INTEGER:
-            raise ConfigError(f"{where}: {bounded_json.short(value)} is out of range, expected an integer in (-2^53, 2^53)")
+            raise ConfigError(
+                f"{where}: {bounded_json.short(value)} is out of range, expected an integer in (-2^53, 2^53)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -591,7 +593,8 @@ def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
             raise ConfigError(f"override {key!r}: {name!r} is a value, not a group of fields")
         return dataclasses.replace(obj, **{name: _set_path(child, parts[1:], text, key)})
     if _is_dataclass_type(tp):
-        raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{next(iter(typing.get_type_hints(tp)))}=...")
+        first = next(iter(typing.get_type_hints(tp)))
+        raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{first}=...")
     value = _parse_scalar(text, key)
     if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
         if value is not None and not isinstance(value, str):

@@ -11,22 +11,19 @@ The training source is, in this order of precedence:
 4. ``data.task`` naming a registered task or mixture (``seqcache.tasks``), its
    caches under ``cache_dir``.
 
-Evaluation uses the same source with ``data.eval_split`` and ``num_epochs=1``:
-a finite stream that reads every example exactly once, the last batch padded
-with rows of zero loss weight. (For a schedule: every cache of the schedule with
-equal rates; a finite run reads each example once whatever the rates.)
+Evaluation reads the same source with ``data.eval_split`` and ``num_epochs=1``:
+every example exactly once, the last batch padded with rows of zero loss weight
+(for a schedule: its caches with equal rates).
 
 The feature converter follows from the model and the cache's features
-(``resolve_converter``): a decoder-only model reads a ``targets`` cache with the
-feeder's own fields ("lm") and an (inputs, targets) cache as a prefix LM
-("prefix_lm"); the T5 model reads an (inputs, targets) cache through
-``ConvertedFeeder("encdec")``. A model that cannot read a cache is refused with a
+(``resolve_converter``); a model that cannot read a cache is refused with a
 message naming both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import types
@@ -184,10 +181,8 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), 
     if schedule:
         return _schedule_source(schedule, data, split, for_eval=for_eval)
     if data.mixture:
-        pairs = {}
-        for path, rate in data.mixture.items():
-            full = path if os.path.isabs(path) or data.cache_dir is None else os.path.join(data.cache_dir, path)
-            pairs[full] = rate
+        pairs = {path if os.path.isabs(path) or data.cache_dir is None else os.path.join(data.cache_dir, path): rate
+                 for path, rate in data.mixture.items()}
         return Source(kwargs={"mixture": pairs}, cache_dirs=tuple(pairs), name="mixture")
     task = data.task
     if not task:
@@ -359,8 +354,4 @@ def feeder_readers(feeder) -> list:
 
 def eval_feeder_factory(config: TrainConfig, source: Source, *, seed: int) -> Callable[[], Any]:
     """A function returning a fresh finite (one epoch) feeder over ``source``."""
-
-    def make():
-        return make_feeder(config, source, seed=seed, num_epochs=1)
-
-    return make
+    return functools.partial(make_feeder, config, source, seed=seed, num_epochs=1)

@@ -1,21 +1,11 @@
 """Several JAX processes: one ``seqcache train`` process per host.
 
-Vocabulary (as in the feeder and the trainer): a *host* is one JAX process, with
-index h = ``jax.process_index()`` of H = ``jax.process_count()``. Host h feeds
-rows [h * B / H, (h + 1) * B / H) of every global batch of B rows; the devices
-of all hosts together form the mesh.
-
-- ``Settings`` / ``settings_from``: the coordinator address, the process count
-  and the process id, from flags or the environment (``JAX_COORDINATOR_ADDRESS``,
-  which ``jax.distributed.initialize`` reads itself, and ``JAX_NUM_PROCESSES``,
-  ``JAX_PROCESS_ID``).
-- ``initialize``: ``jax.distributed.initialize`` with them, before anything
-  touches a JAX backend; on CPU it selects the gloo collectives so that
-  all-reduces cross processes.
-- ``any_process``: the hosts agree on a local flag (SIGTERM seen by any host):
-  every host then stops, and saves, at the same step.
-- ``launch_local``: N processes of one command on this machine, on loopback, for
-  trying a multi-host run out; SIGTERM or Ctrl-C is passed on to every process.
+A *host* is one JAX process, index h = ``jax.process_index()`` of H =
+``jax.process_count()``; host h feeds rows [h * B / H, (h + 1) * B / H) of every
+global batch of B rows, and the devices of all hosts form the mesh. Settings
+come from flags or the environment (``JAX_COORDINATOR_ADDRESS``,
+``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``); ``launch_local`` starts N processes
+on this machine to try a multi-host run out.
 """
 
 from __future__ import annotations
@@ -63,9 +53,7 @@ class Settings:
     @property
     def enabled(self) -> bool:
         """True when ``jax.distributed.initialize`` must be called."""
-        return self.auto or any(
-            v is not None for v in (self.coordinator_address, self.num_processes, self.process_id)
-        )
+        return self.auto or any(v is not None for v in (self.coordinator_address, self.num_processes, self.process_id))
 
     def validate(self) -> None:
         """Raises DistributedError unless the settings can start a run."""
@@ -145,11 +133,8 @@ def initialize(settings: Settings) -> bool:
     if settings.auto and settings.coordinator_address is None:
         jax.distributed.initialize()
     else:
-        jax.distributed.initialize(
-            coordinator_address=settings.coordinator_address,
-            num_processes=settings.num_processes,
-            process_id=settings.process_id,
-        )
+        jax.distributed.initialize(coordinator_address=settings.coordinator_address,
+                                   num_processes=settings.num_processes, process_id=settings.process_id)
     log.info("process %d of %d (coordinator %s): %d local devices, %d in all", jax.process_index(),
              jax.process_count(), settings.coordinator_address or "auto", jax.local_device_count(),
              jax.device_count())
@@ -259,9 +244,7 @@ def launch_local(argv: Sequence[str], *, num_processes: int, devices_per_process
                 _kill_after(procs, grace_s)
         statuses = [codes[i] for i in range(len(procs))]
         bad = [c for c in statuses if c not in (0, 143)]
-        if bad:
-            return bad[0]
-        return 143 if 143 in statuses else 0
+        return bad[0] if bad else 143 if 143 in statuses else 0
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

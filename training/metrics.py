@@ -38,12 +38,10 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 class MetricsWriter:
-    """Appends one JSON object per line to ``path`` (flushed every line, so a
-    preempted run keeps every completed step). ``path`` None writes nothing.
-
-    ``tensorboard_dir``: also writes every record to TensorBoard event files
-    there (``TensorBoardWriter``); None writes none. ``start_step``: the step a
-    resumed run starts from (see ``TensorBoardWriter``)."""
+    """Appends one JSON object per line to ``path`` (None: nothing), flushed
+    every line so a preempted run keeps every completed step; with
+    ``tensorboard_dir`` also to event files there (``TensorBoardWriter``, which
+    ``start_step`` is for)."""
 
     def __init__(self, path: str | None, *, tensorboard_dir: str | None = None, start_step: int = 0):
         self.path = path
@@ -78,17 +76,14 @@ def tensorboard_tag(name: str) -> str:
 
 
 class TensorBoardWriter:
-    """One metrics record -> one TensorBoard scalar per numeric field, at step
-    ``record["step"]`` (see the module docstring for the tags), through
-    tensorboardX's ``SummaryWriter`` (event files ``events.out.tfevents.*`` in
-    ``logdir``; TensorFlow is not needed to write or read them). Flushed after
-    every record, like the metrics file.
+    """One metrics record -> one TensorBoard scalar per numeric field at step
+    ``record["step"]`` (tags: see the module docstring), through tensorboardX's
+    ``SummaryWriter`` into ``logdir``; flushed after every record. Non-finite
+    values are written as they are.
 
-    A run resumed at ``start_step`` > 0 writes a new event file that tells
-    TensorBoard to drop the earlier files' values from that step on
-    (``purge_step``): the steps a preempted run trained after its last
-    checkpoint are trained again and shown once. Non-finite values (a diverged
-    loss) are written as they are: TensorBoard shows them as NaN or inf.
+    A run resumed at ``start_step`` > 0 writes a new event file that drops the
+    earlier files' values from that step on (``purge_step``), so steps trained
+    again after a preemption are shown once.
 
     Raises:
       ModuleNotFoundError: tensorboardX is not installed (the ``train`` extra
@@ -125,8 +120,8 @@ class TensorBoardWriter:
 
 def read_tensorboard(logdir: str) -> dict[str, list[tuple[int, float]]]:
     """Every scalar in the event files of ``logdir``: tag -> [(step, value)] in
-    file order (files by name, i.e. by creation time). Parses the TFRecord
-    framing and the ``Event`` protobuf that tensorboardX ships; no TensorFlow."""
+    file order (by name, i.e. creation time), read with tensorboardX's ``Event``
+    protobuf; no TensorFlow."""
     from tensorboardX.proto import event_pb2  # optional: tensorboardX
 
     out: dict[str, list[tuple[int, float]]] = {}

@@ -60,24 +60,20 @@ class PartitioningError(ValueError):
     parameter path, its shape and the mesh axis)."""
 
 
-def get_rules(name_or_rules: str | Mapping[str, Any]) -> dict[str, Any]:
-    """A rules table by preset name, or a custom table (logical axis -> mesh axis,
-    tuple of mesh axes, or None) passed through.
+def get_rules(name: str) -> dict[str, Any]:
+    """A copy of the rules preset ``name`` (logical axis -> mesh axis, tuple of mesh axes, or None).
 
     Raises:
       PartitioningError: unknown preset name (the message lists the presets).
     """
-    if isinstance(name_or_rules, Mapping):
-        return dict(name_or_rules)
     try:
-        return dict(RULES[name_or_rules])
+        return dict(RULES[name])
     except KeyError:
-        raise PartitioningError(f"unknown rules preset {name_or_rules!r}; presets: {sorted(RULES)}") from None
+        raise PartitioningError(f"unknown rules preset {name!r}; presets: {sorted(RULES)}") from None
 
 
 def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, model) sizes with one -1 filled in so that the product is
-    ``num_devices``.
+    """(data, fsdp, model) sizes with one -1 filled in so that the product is ``num_devices``.
 
     Raises:
       PartitioningError: more than one -1, a size < 1, or a product that does not
@@ -107,15 +103,13 @@ def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int,
 
 
 def make_mesh(shape: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
-    """A ('data', 'fsdp', 'model') mesh from ``jax.make_mesh``.
-
-    Axes are of type Auto: shardings are given explicitly at the jit boundary
-    (in_shardings/out_shardings) and XLA's partitioner propagates them inside.
+    """A ('data', 'fsdp', 'model') mesh from ``jax.make_mesh``, axes of type Auto
+    (shardings are given at the jit boundary; XLA propagates them inside).
 
     Args:
       shape: axis name -> size, e.g. ``{"data": 2, "fsdp": 4, "model": 1}``; one
         size may be -1 ("the remaining devices").
-      devices: devices to use; default ``jax.devices()``.
+      devices: default ``jax.devices()``.
 
     Raises:
       PartitioningError: see ``resolve_mesh_shape``.
@@ -171,10 +165,9 @@ def logical_to_spec(
       path: the parameter path, for error messages (e.g. ``blocks/0/attn/wq``).
 
     Raises:
-      PartitioningError: naming ``path``, ``shape`` and the mesh axis when the
-        number of names differs from the rank, a logical axis has no rule, a rule
-        names an axis that is not in the mesh, a mesh axis is used twice, or a
-        dimension is not divisible by the size of its mesh axes.
+      PartitioningError: naming ``path``, ``shape`` and the mesh axis: a name
+        count other than the rank, a logical axis without rule, a mesh axis not
+        in the mesh or used twice, a dimension not divisible by its mesh axes.
     """
     shape = tuple(int(s) for s in shape)
     if len(logical_axes) != len(shape):
@@ -267,13 +260,8 @@ def data_parallel_size(mesh: Mesh) -> int:
     return int(mesh.shape["data"] * mesh.shape["fsdp"])
 
 
-# -- activation sharding constraints -------------------------------------------
-#
-# The model calls ``constrain(x, ("batch", "length", "act_embed"))`` on its
-# residual stream. Inside ``activation_rules(mesh, rules)`` that becomes a
-# ``with_sharding_constraint``; outside (plain eager use, tests on one device) it
-# does nothing.
-
+# Activation sharding: the models call ``constrain(x, logical axes)``; inside
+# ``activation_rules`` it is a ``with_sharding_constraint``, outside a no-op.
 _ACTIVE = threading.local()
 
 

@@ -9,12 +9,8 @@ converter (``batch_fields``). For ``lm`` they are the feeder's own feature names
     targets_positions     int32    position of the token in its segment
     targets_loss_weights  float32  weight of the token in the loss (0 on padding)
 
-For ``encdec`` and ``prefix_lm`` they are t5x's names
-(``seqcache.feeders.converters``): ``encoder_input_tokens``,
-``encoder_segment_ids``, ``encoder_positions`` (encdec; length Li) and
-``decoder_target_tokens``, ``decoder_input_tokens``, ``decoder_loss_weights``
-(float32), ``decoder_segment_ids``, ``decoder_positions`` (length L; Li + L for
-prefix_lm, which adds ``decoder_causal_attention``). The loss is over
+For ``encdec`` and ``prefix_lm`` they are t5x's ``encoder_*`` and ``decoder_*``
+names (``seqcache.feeders.converters``); the loss is over
 ``decoder_target_tokens`` weighted by ``decoder_loss_weights``.
 
 Loss: the mean token cross-entropy weighted by loss weights over the *global*
@@ -51,10 +47,12 @@ def batch_fields(converter: str, lengths: dict[str, int]) -> dict[str, tuple[int
       lengths: {"targets": L} (lm) or {"inputs": Li, "targets": L}.
 
     Returns:
-      ``lm``: the feeder's ``targets*`` fields, length L; ``encdec``: encoder
-      fields of length Li and decoder fields of length L; ``prefix_lm``: decoder
-      fields and ``decoder_causal_attention`` of length Li + L. int32, except
-      loss weights float32.
+      ``lm``: ``BATCH_KEYS``, length L; ``encdec``: ``encoder_input_tokens``,
+      ``encoder_segment_ids``, ``encoder_positions`` of length Li and
+      ``decoder_target_tokens``, ``decoder_input_tokens``,
+      ``decoder_loss_weights``, ``decoder_segment_ids``, ``decoder_positions``
+      of length L; ``prefix_lm``: the decoder fields and
+      ``decoder_causal_attention`` of length Li + L. int32, loss weights float32.
 
     Raises:
       ValueError: an unknown converter.
@@ -62,7 +60,8 @@ def batch_fields(converter: str, lengths: dict[str, int]) -> dict[str, tuple[int
     if converter == "lm":
         fields = {k: lengths["targets"] for k in BATCH_KEYS}
     elif converter == "encdec":
-        fields = {**dict.fromkeys(_ENCODER_FIELDS, lengths["inputs"]), **dict.fromkeys(_DECODER_FIELDS, lengths["targets"])}
+        fields = {**dict.fromkeys(_ENCODER_FIELDS, lengths["inputs"]),
+                  **dict.fromkeys(_DECODER_FIELDS, lengths["targets"])}
     elif converter == "prefix_lm":
         fields = dict.fromkeys(_DECODER_FIELDS + ("decoder_causal_attention",), lengths["inputs"] + lengths["targets"])
     else:

@@ -70,9 +70,6 @@ from seqcache.training.resume import (  # noqa: F401
 
 log = logging.getLogger("seqcache.training")
 
-# The earlier private names, used by tests.
-_check_same_stream = check_same_stream
-
 
 class Trainer:
     """Builds the mesh, shardings, optimizer and compiled steps for one config.
@@ -112,13 +109,8 @@ class Trainer:
         # Optimizer moments mirror the parameters' shardings (ZeRO-3 under 'fsdp');
         # scalars such as the update count are replicated.
         self.opt_shardings = optax.tree_map_params(
-            self.optimizer,
-            lambda _, sharding: sharding,
-            self.abstract_opt_state,
-            self.param_shardings,
-            transform_non_params=lambda _: self.replicated,
-            is_leaf=lambda x: isinstance(x, NamedSharding),
-        )
+            self.optimizer, lambda _, sharding: sharding, self.abstract_opt_state, self.param_shardings,
+            transform_non_params=lambda _: self.replicated, is_leaf=lambda x: isinstance(x, NamedSharding))
         self.num_params = model_lib.count_params(self.abstract_params)
         self._compiled = None
         self._opt_init_fn = None
@@ -199,7 +191,6 @@ class Trainer:
         depend on the mesh (JAX's partitionable threefry RNG)."""
         cfg = self.config
 
-
         def sharding_of(names, shape):
             spec = partitioning.logical_to_spec(names, shape, self.rules, self.mesh)
             return NamedSharding(self.mesh, spec)
@@ -233,14 +224,8 @@ class Trainer:
         if self._compiled is not None:
             return self._compiled
         cfg = self.config
-        train_step = step_lib.make_train_step(
-            self.graphdef,
-            self.optimizer,
-            self.schedule,
-            seed=cfg.seed,
-            num_microbatches=cfg.num_microbatches,
-            mesh=self.mesh,
-        )
+        train_step = step_lib.make_train_step(self.graphdef, self.optimizer, self.schedule, seed=cfg.seed,
+                                              num_microbatches=cfg.num_microbatches, mesh=self.mesh)
         batch_shardings = {k: self.batch_sharding for k in self.batch_fields}
         jitted = jax.jit(
             train_step,
@@ -339,12 +324,8 @@ class Trainer:
         finally:
             feeder.close()
         denom = weight_sum if weight_sum > 0 else 1.0
-        return {
-            "eval_loss": loss_sum / denom,
-            "eval_accuracy": correct_sum / denom,
-            "eval_tokens": weight_sum,
-            "eval_batches": batches,
-        }
+        return {"eval_loss": loss_sum / denom, "eval_accuracy": correct_sum / denom, "eval_tokens": weight_sum,
+                "eval_batches": batches}
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -381,16 +362,13 @@ class Trainer:
         is_chief = jax.process_index() == 0
         ckpt_dir = cfg.checkpoint.directory
         metrics_path = metrics_path_for(cfg)
-        checkpointer = None
-        metrics_writer = None
-        progress = None
+        checkpointer = metrics_writer = progress = None
         stop = StopFlag()
         try:
             check_feeder(feeder, cfg.global_batch_size)
             if ckpt_dir:
-                checkpointer = Checkpointer(
-                    ckpt_dir, max_to_keep=cfg.checkpoint.max_to_keep, async_save=cfg.checkpoint.async_save
-                )
+                checkpointer = Checkpointer(ckpt_dir, max_to_keep=cfg.checkpoint.max_to_keep,
+                                            async_save=cfg.checkpoint.async_save)
             params, opt_state, start, feeder = self._start_state(checkpointer, feeder)
             if ckpt_dir and is_chief:
                 # Written once the checkpoint (if any) is known to fit this config.
@@ -423,9 +401,8 @@ class Trainer:
         if checkpointer is None or checkpointer.latest_step() is None:
             params, opt_state = self.init_state()
             return params, opt_state, 0, feeder
-        restored = checkpointer.restore(
-            None, abstract_state=self.abstract_state(), global_batch_size=cfg.global_batch_size
-        )
+        restored = checkpointer.restore(None, abstract_state=self.abstract_state(),
+                                        global_batch_size=cfg.global_batch_size)
         feeder = restore_feeder(feeder, restored)
         log.info("restored %s (step %d)", restored.path, restored.step)
         warn_schedule_changes(os.path.join(cfg.checkpoint.directory, CONFIG_FILE), cfg, restored.step)

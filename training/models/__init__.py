@@ -14,10 +14,9 @@ parameters carry logical axis names, with a method ``batch_logits(batch, *,
 dropout_key)`` that returns ``(logits, targets, loss_weights)`` for a batch of the
 converter's fields (see ``seqcache.training.step.batch_fields``). The functions
 shared by all models (initialisation, abstract shapes, logical axes) are in
-``seqcache.training.models.common`` and are re-exported here.
+``seqcache.training.models.common``.
 
-A third model: write its module, then ``register("name", Architecture(...))``
-(or add it to ``ARCHITECTURES``).
+A third model: write its module, then add an ``Architecture`` to ``ARCHITECTURES``.
 
 This module imports no JAX until a model is asked for, so that
 ``seqcache.training.config`` can validate architecture names without it.
@@ -57,11 +56,6 @@ ARCHITECTURES: dict[str, Architecture] = {
 
 class ModelDataMismatch(ValueError):
     """A model cannot read a cache (the message names both and what is missing)."""
-
-
-def register(name: str, architecture: Architecture) -> None:
-    """Adds (or replaces) an architecture."""
-    ARCHITECTURES[name] = architecture
 
 
 def architecture(name: str) -> Architecture:
@@ -114,13 +108,3 @@ def converter_for(name: str, features: Iterable[str], *, cache: str, model: str 
         f"{cache}: the cache has features {sorted(have)}, but model {model or name!r} (architecture {name!r}) "
         f"reads features {needs};{hint}"
     )
-
-
-_COMMON = ("Normal", "Ones", "init_params", "create", "abstract_model", "split_params", "logical_axes",
-           "count_params", "batch_logits")
-
-
-def __getattr__(attr):
-    if attr in _COMMON:
-        return getattr(importlib.import_module("seqcache.training.models.common"), attr)
-    raise AttributeError(f"module 'seqcache.training.models' has no attribute {attr!r}")

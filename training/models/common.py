@@ -102,10 +102,6 @@ def _compiled_init(init, key, shape, sharding):
     return _COMPILED_INITS[cache_key](key)
 
 
-def _model_class(cfg: ModelConfig):
-    return models.model_class(cfg.architecture)
-
-
 def init_params(
     cfg: ModelConfig,
     seed: int,
@@ -136,7 +132,7 @@ def init_params(
     _PARAM_FACTORY.fn = factory
     try:
         with nnx.use_eager_sharding(False):
-            model = _model_class(cfg)(cfg, rngs=nnx.Rngs(params=seed))
+            model = models.model_class(cfg.architecture)(cfg, rngs=nnx.Rngs(params=seed))
     finally:
         _PARAM_FACTORY.fn = previous
     return split_params(model)[1]
@@ -152,7 +148,7 @@ def create(cfg: ModelConfig, seed: int) -> nnx.Module:
 
 def abstract_model(cfg: ModelConfig) -> nnx.Module:
     """The model with ShapeDtypeStructs instead of arrays (no memory, no compute)."""
-    cls = _model_class(cfg)
+    cls = models.model_class(cfg.architecture)
     with nnx.use_eager_sharding(False):
         return nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(params=0)))
 

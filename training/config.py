@@ -11,8 +11,7 @@ layer overriding the previous one:
 5. dotted overrides such as ``model.d_model=128 optimizer.lr=1e-3``
    (``apply_overrides``).
 
-The resolved config is written as JSON beside the checkpoints (``to_json``) and can
-be read back with ``config_from_dict``.
+The resolved config is written beside the checkpoints (``to_json``).
 
 Vocabulary of sizes used everywhere in ``seqcache.training``:
   global batch size B: rows per step over all hosts; host batch: B / host count.
@@ -51,15 +50,18 @@ class ConfigError(ValueError):
     """A config value, file or override is invalid (the message names it)."""
 
 
+def _check_choice(field: str, value: Any, choices: Sequence) -> None:
+    if value not in choices:
+        raise ConfigError(f"{field} must be one of {choices} (got {value!r})")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A model of the trainer (see ``seqcache.training.models``).
 
     Attributes:
-      architecture: "decoder" (decoder-only Transformer,
-        ``seqcache.training.models.decoder``) or "t5" (T5.1.1-style
-        encoder-decoder, ``seqcache.training.models.t5``); the registry
-        ``seqcache.training.models.ARCHITECTURES`` lists them.
+      architecture: "decoder" (decoder-only Transformer) or "t5" (T5.1.1-style
+        encoder-decoder), a key of ``seqcache.training.models.ARCHITECTURES``.
       vocab_size: number of token ids (embedding rows). None = take it from the
         data (the cache manifest's vocabulary of the ``targets`` feature).
       d_model: width of the residual stream.
@@ -78,10 +80,9 @@ class ModelConfig:
       relative_attention_max_distance: t5 only: distances from this one on share
         the last bucket (T5: 128).
       norm_eps: epsilon of RMSNorm, added to the mean square.
-      dropout_rate: dropout on attention probabilities and on each residual branch;
-        0 disables it (the RNG plumbing still runs, keyed by fold_in(seed, step)).
-      dtype: compute dtype, "float32" or "bfloat16". Parameters are always float32;
-        logits and the loss are always computed in float32.
+      dropout_rate: dropout on attention probabilities and residual branches (0: none).
+      dtype: compute dtype, "float32" or "bfloat16"; parameters, logits and the
+        loss are always float32.
       tie_embeddings: True (default) uses the input embedding matrix, transposed,
         as the output projection (Press & Wolf 2017, arXiv 1608.05859; t5 then
         scales the logits by d_model ** -0.5, as T5 1.0); False adds a separate
@@ -121,15 +122,11 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raises ConfigError naming the field when a value cannot work."""
-        if self.architecture not in models.ARCHITECTURES:
-            raise ConfigError(
-                f"model.architecture must be one of {sorted(models.ARCHITECTURES)} (got {self.architecture!r})"
-            )
+        _check_choice("model.architecture", self.architecture, sorted(models.ARCHITECTURES))
         if self.vocab_size is None:
             raise ConfigError(
                 "model.vocab_size is not set: pass a cache (the vocabulary size is read from its manifest) "
-                "or set it, e.g. --set model.vocab_size=32128"
-            )
+                "or set it, e.g. --set model.vocab_size=32128")
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "resolved_num_decoder_layers",
                      "relative_attention_num_buckets", "relative_attention_max_distance"):
             if getattr(self, name) < 1:
@@ -138,23 +135,18 @@ class ModelConfig:
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}; "
-                "set model.head_dim explicitly or change one of them"
-            )
+                "set model.head_dim explicitly or change one of them")
         if self.architecture == "decoder" and self.resolved_head_dim % 2:
             raise ConfigError(f"model head_dim must be even for rotary positions (got {self.resolved_head_dim})")
-        if self.mlp_activation not in MLP_ACTIVATIONS:
-            raise ConfigError(f"model.mlp_activation must be one of {MLP_ACTIVATIONS} (got {self.mlp_activation!r})")
+        _check_choice("model.mlp_activation", self.mlp_activation, MLP_ACTIVATIONS)
         if self.architecture == "decoder" and self.mlp_activation != "swiglu":
             raise ConfigError(
                 f"model.mlp_activation={self.mlp_activation!r}: the decoder-only model has a SwiGLU MLP only "
-                "(geglu and relu are for architecture 't5')"
-            )
+                "(geglu and relu are for architecture 't5')")
         if self.architecture == "t5" and self.relative_attention_num_buckets < 4:
             raise ConfigError(
-                f"model.relative_attention_num_buckets must be >= 4 for t5 (got {self.relative_attention_num_buckets})"
-            )
-        if self.dtype not in COMPUTE_DTYPES:
-            raise ConfigError(f"model.dtype must be one of {COMPUTE_DTYPES} (got {self.dtype!r})")
+                f"model.relative_attention_num_buckets must be >= 4 for t5 (got {self.relative_attention_num_buckets})")
+        _check_choice("model.dtype", self.dtype, COMPUTE_DTYPES)
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ConfigError(f"model.dropout_rate must be in [0, 1) (got {self.dropout_rate})")
 
@@ -207,11 +199,8 @@ class OptimizerConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig:
-    """Shape of the device mesh, axes ('data', 'fsdp', 'model').
-
-    One axis may be -1: it takes all devices the others leave. The product must
-    equal the number of devices used.
-    """
+    """Shape of the device mesh, axes ('data', 'fsdp', 'model'); the product is
+    the device count, and one axis may be -1 (the devices the others leave)."""
 
     data: int = -1
     fsdp: int = 1
@@ -342,13 +331,11 @@ class TrainConfig:
         if self.global_batch_size % self.num_microbatches:
             raise ConfigError(
                 f"global_batch_size={self.global_batch_size} is not divisible by "
-                f"num_microbatches={self.num_microbatches}"
-            )
+                f"num_microbatches={self.num_microbatches}")
         if self.checkpoint.every_steps < 1 or self.checkpoint.max_to_keep < 1:
             raise ConfigError(
                 f"checkpoint.every_steps and checkpoint.max_to_keep must be >= 1 (got "
-                f"{self.checkpoint.every_steps}, {self.checkpoint.max_to_keep})"
-            )
+                f"{self.checkpoint.every_steps}, {self.checkpoint.max_to_keep})")
         if self.seed < 0 or self.seed >= 2**32:
             raise ConfigError(f"seed must be in [0, 2**32) (got {self.seed})")
         if self.optimizer.warmup_steps < 0:
@@ -356,19 +343,16 @@ class TrainConfig:
 
     def _validate_converter(self) -> None:
         conv = self.converter
-        if conv not in CONVERTERS:
-            raise ConfigError(f"data.converter must be one of {CONVERTERS} (got {conv!r})")
+        _check_choice("data.converter", conv, CONVERTERS)
         allowed = [c for c, _ in models.architecture(self.model.architecture).converters]
         if conv not in allowed:
             raise ConfigError(
                 f"data.converter={conv!r} does not feed model architecture {self.model.architecture!r}, which reads "
-                f"converters {allowed}"
-            )
+                f"converters {allowed}")
         if conv != "lm" and (self.inputs_sequence_length is None or self.inputs_sequence_length < 1):
             raise ConfigError(
                 f"converter {conv!r} needs inputs_sequence_length >= 1 (got {self.inputs_sequence_length}); set it, "
-                "e.g. --set inputs_sequence_length=512, or train on a cache that records it"
-            )
+                "e.g. --set inputs_sequence_length=512, or train on a cache that records it")
 
 
 # The feeder's seed when ``data.seed`` is unset.
@@ -407,24 +391,13 @@ def _is_dataclass_type(tp) -> bool:
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Checks/converts a JSON value to the annotated field type ``tp``."""
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
+    if origin in (typing.Union, types.UnionType):  # every union of a config is ``X | None``
+        if value is None:
             return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, where)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {bounded_json.short(value)}")
-    if _is_dataclass_type(tp):
-        if not isinstance(value, Mapping):
-            raise ConfigError(
-                f"{where}: expected an object with fields of {tp.__name__} (got {bounded_json.short(value)})")
-        return _from_mapping(tp, value, where)
+        (tp,) = [arg for arg in typing.get_args(tp) if arg is not type(None)]
+        return _coerce(value, tp, where)
+    if _is_dataclass_type(tp):  # a group given something other than an object (``_from_mapping``)
+        raise ConfigError(f"{where}: expected an object with fields of {tp.__name__} (got {bounded_json.short(value)})")
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -456,7 +429,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported field type {tp!r}")
 
 
-def _from_mapping(cls, raw: Mapping[str, Any], where: str, base: Any = None):
+def _from_mapping(cls, raw: Mapping[str, Any], where: str, base: Any):
     types_ = typing.get_type_hints(cls)
     unknown = sorted(set(raw) - set(types_))
     if unknown:
@@ -466,12 +439,9 @@ def _from_mapping(cls, raw: Mapping[str, Any], where: str, base: Any = None):
         sub = f"{where}.{name}" if where else name
         tp = types_[name]
         if _is_dataclass_type(tp) and isinstance(value, Mapping):
-            inner_base = getattr(base, name) if base is not None else tp()
-            values[name] = _from_mapping(tp, value, sub, base=inner_base)
+            values[name] = _from_mapping(tp, value, sub, getattr(base, name))
         else:
             values[name] = _coerce(value, tp, sub)
-    if base is None:
-        return cls(**values)
     return dataclasses.replace(base, **values)
 
 
@@ -483,7 +453,7 @@ def config_from_dict(raw: Mapping[str, Any], base: TrainConfig | None = None) ->
       ConfigError: an unknown field (the message lists the valid ones) or a value
         of the wrong type.
     """
-    return _from_mapping(TrainConfig, raw, "", base=base if base is not None else TrainConfig())
+    return _from_mapping(TrainConfig, raw, "", base if base is not None else TrainConfig())
 
 
 def load_config_file(path: str, base: TrainConfig | None = None) -> TrainConfig:
@@ -596,9 +566,8 @@ def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
         first = next(iter(typing.get_type_hints(tp)))
         raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{first}=...")
     value = _parse_scalar(text, key)
-    if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
-        if value is not None and not isinstance(value, str):
-            value = text  # a string field given something that parses as JSON, e.g. "1"
+    if str in (tp, *typing.get_args(tp)) and value is not None and not isinstance(value, str):
+        value = text  # a string field given something that parses as JSON, e.g. "1"
     return dataclasses.replace(obj, **{name: _coerce(value, tp, key)})
 
 

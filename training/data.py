@@ -41,13 +41,8 @@ from seqcache.training.config import ConfigError, DataConfig, TrainConfig
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Source:
-    """Resolved feeder arguments for one split.
-
-    Attributes:
-      kwargs: ``cache=...`` or ``mixture=...`` (+ ``caches_root``/``split``) for Feeder.
-      cache_dirs: every cache folder the source reads.
-      name: a label for messages.
-    """
+    """Feeder arguments for one split (``cache=`` or ``mixture=``, with
+    ``caches_root``/``split``), every cache folder read, and a label for messages."""
 
     kwargs: dict
     cache_dirs: tuple[str, ...]
@@ -138,9 +133,9 @@ def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
 
 def _schedule_source(schedule: dict[int, dict[str, float]], data: DataConfig, split: str, *,
                      for_eval: bool) -> Source:
-    """The feeder arguments of a mixture schedule. Each name is a task under
-    ``cache_dir`` (``CACHE_DIR/<task>/<split>``) or a cache folder (absolute, or
-    relative to ``cache_dir``; for another split, its sibling folder)."""
+    """The feeder arguments of a mixture schedule; each name is a task under
+    ``cache_dir`` or a cache folder (absolute or under ``cache_dir``; for
+    another split, its sibling folder)."""
     paths: dict[str, str] = {}
     for stage in schedule.values():
         for name in stage:
@@ -202,8 +197,7 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), 
     where = f" or {layout.cache_path(data.cache_dir, task, split)}" if data.cache_dir else ""
     raise ConfigError(
         f"--task {task!r}: not a cache folder{where}, nor a registered task or mixture"
-        + ("" if data.cache_dir else " (give --cache-dir to look up names)")
-    )
+        + ("" if data.cache_dir else " (give --cache-dir to look up names)"))
 
 
 _PER_TOKEN_SUFFIXES = ("_segment_ids", "_positions")
@@ -214,9 +208,8 @@ def token_features_of(source: Source) -> tuple[str, ...]:
     ``source`` has, in the first manifest's order.
 
     Raises:
-      ConfigError: caches with different token features: the Feeder's message
-        (``seqcache.feeders.stream.check_same_features``), naming every
-        cache's task, folder and features, and the mixtures that would work.
+      ConfigError: caches with different token features (the Feeder's message,
+        ``seqcache.feeders.stream.check_same_features``).
     """
     manifests = [types.SimpleNamespace(manifest=fmt.read_manifest(path)) for path in source.cache_dirs]
     try:
@@ -227,14 +220,13 @@ def token_features_of(source: Source) -> tuple[str, ...]:
 
 
 def resolve_converter(config: TrainConfig, source: Source, *, model_label: str | None = None) -> str:
-    """The feature converter that feeds ``config.model`` from ``source``: the
-    configured ``data.converter`` if set (checked against the caches), else the
-    one ``seqcache.training.models.converter_for`` picks from the features.
+    """The feature converter that feeds ``config.model`` from ``source``:
+    ``data.converter`` if set (checked against the caches), else the one
+    ``seqcache.training.models.converter_for`` picks from the features.
 
     Raises:
-      ConfigError: the model cannot read the caches (names the cache, its
-        features, the model and the features it reads), or ``data.converter``
-        needs features the caches lack.
+      ConfigError: the model cannot read the caches, or ``data.converter`` needs
+        features they lack (names the cache, its features and the model's).
     """
     features = token_features_of(source)
     arch = config.model.architecture
@@ -248,8 +240,7 @@ def resolve_converter(config: TrainConfig, source: Source, *, model_label: str |
     if needs is not None and not set(needs) <= set(features):
         raise ConfigError(
             f"{source.name}: data.converter={chosen!r} reads features {list(needs)}, but the cache has "
-            f"{list(features)} (model {label!r})"
-        )
+            f"{list(features)} (model {label!r})")
     return chosen
 
 
@@ -274,8 +265,7 @@ def vocab_size_of(source: Source, feature: str = "targets") -> int:
         if not isinstance(desc, dict) or "vocab_size" not in desc:
             raise ConfigError(
                 f"{path}: the manifest records no vocabulary size for feature {feature!r}; "
-                "set it with --set model.vocab_size=N"
-            )
+                "set it with --set model.vocab_size=N")
         seen[path] = desc
     descs = list(seen.values())
     if any(d != descs[0] for d in descs[1:]):
@@ -297,15 +287,13 @@ def model_vocab_size(source: Source, converter: str) -> int:
         if inputs != size:
             raise ConfigError(
                 f"{source.name}: features 'inputs' and 'targets' have vocabularies of {inputs} and {size} ids; the "
-                "models read both with one embedding table: build the cache with one vocabulary for both"
-            )
+                "models read both with one embedding table: build the cache with one vocabulary for both")
     return size
 
 
 def check_sequence_length(source: Source, sequence_length: int, feature: str = "targets") -> None:
-    """Refuses a sequence length shorter than a packed cache's: the feeder would
-    have to cut packed segments (it refuses it too; this says so before anything
-    is compiled, also in a dry run, in the CLI's terms).
+    """Refuses a sequence length shorter than a packed cache's, before anything
+    is compiled (also in a dry run), in the CLI's terms.
 
     Raises:
       ConfigError: naming the cache, its packed sequence length and the requested one.
@@ -333,10 +321,8 @@ def steps_per_epoch(source: Source, global_batch_size: int) -> int | None:
 
 def make_feeder(config: TrainConfig, source: Source, *, seed: int, num_epochs: int | None = None):
     """A feeder over ``source`` with the run's global batch size and sequence
-    lengths (host index and count from JAX): a ``seqcache.feeders.Feeder`` of
-    ``targets`` for the "lm" converter, else a
-    ``seqcache.feeders.converters.ConvertedFeeder`` with ``config.converter``
-    and the lengths ``config.lengths``."""
+    lengths: a ``Feeder`` of ``targets`` for the "lm" converter, else a
+    ``ConvertedFeeder`` of ``config.converter`` and ``config.lengths``."""
     common = dict(source.kwargs, global_batch_size=config.global_batch_size, seed=seed, num_epochs=num_epochs)
     if config.converter == "lm":
         return Feeder(**common, sequence_length=config.sequence_length)

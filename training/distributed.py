@@ -66,15 +66,13 @@ class Settings:
             raise DistributedError(
                 f"a multi-process run needs the coordinator address, the process count and the process id; "
                 f"missing: {', '.join(missing)} (or {ENV_COORDINATOR}, {ENV_NUM_PROCESSES}, {ENV_PROCESS_ID}); "
-                "give --jax-distributed to let JAX detect them on SLURM, Open MPI, Cloud TPU or Kubernetes"
-            )
+                "give --jax-distributed to let JAX detect them on SLURM, Open MPI, Cloud TPU or Kubernetes")
         if self.num_processes < 1:
             raise DistributedError(f"--num-processes must be >= 1 (got {self.num_processes})")
         if not 0 <= self.process_id < self.num_processes:
             raise DistributedError(
                 f"--process-id must be in [0, {self.num_processes}) for --num-processes {self.num_processes} "
-                f"(got {self.process_id})"
-            )
+                f"(got {self.process_id})")
         host, sep, port = self.coordinator_address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise DistributedError(
@@ -111,14 +109,10 @@ def settings_from(*, coordinator_address: str | None = None, num_processes: int 
 
 
 def initialize(settings: Settings) -> bool:
-    """Joins the run: ``jax.distributed.initialize(coordinator_address,
-    num_processes, process_id)``. Call it before any JAX computation or device
-    query. On CPU, cross-process collectives need an implementation: gloo is
-    selected unless ``jax_cpu_collectives_implementation`` is already set.
-
-    Returns:
-      True if JAX's distributed runtime was initialized, False for a single
-      process without settings.
+    """Joins the run with ``jax.distributed.initialize`` (call it before any JAX
+    computation or device query); on CPU selects the gloo collectives unless
+    ``jax_cpu_collectives_implementation`` is set. Returns False for a single
+    process without settings.
 
     Raises:
       DistributedError: see ``Settings.validate``.
@@ -142,9 +136,8 @@ def initialize(settings: Settings) -> bool:
 
 
 def any_process(flag: bool) -> bool:
-    """True on every host when ``flag`` is true on at least one (an all-gather of
-    one integer per host; every host must call it at the same point). In one
-    process it returns ``flag``."""
+    """True on every host when ``flag`` is true on at least one (an all-gather;
+    every host must call it at the same point)."""
     import jax  # optional: jax
     from jax.experimental import multihost_utils  # optional: jax
 
@@ -164,9 +157,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def local_process_env(*, index: int, count: int, port: int, devices_per_process: int | None,
                       base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of process ``index`` of ``count`` on this machine: the
-    coordinator on 127.0.0.1:``port``; with ``devices_per_process``, CPU devices
-    (``--xla_force_host_platform_device_count``, appended to ``XLA_FLAGS``)."""
+    """The environment of process ``index`` of ``count`` on this machine, the
+    coordinator on 127.0.0.1:``port``; with ``devices_per_process``, that many
+    CPU devices (``--xla_force_host_platform_device_count``)."""
     env = dict(os.environ if base is None else base)
     env[ENV_COORDINATOR] = f"127.0.0.1:{port}"
     env[ENV_NUM_PROCESSES] = str(count)
@@ -184,12 +177,10 @@ def launch_local(argv: Sequence[str], *, num_processes: int, devices_per_process
     """Runs ``argv`` as ``num_processes`` processes of one multi-process JAX run
     on this machine (coordinator on 127.0.0.1, a free port) and waits for them.
 
-    SIGTERM and SIGINT (Ctrl-C) received by this process are passed on to every
-    process as SIGTERM, so that each one saves its part of the checkpoint; the
-    processes run in their own session, so Ctrl-C in a terminal reaches them only
-    this way. When one process fails (an exit status other than 0 and 143), the
-    others are stopped with SIGTERM (the run cannot go on without it); a process
-    still running ``grace_s`` seconds after SIGTERM is killed.
+    SIGTERM and SIGINT received here are passed on to every process (each in
+    its own session) as SIGTERM, so each saves its part of the checkpoint. When
+    one process fails (a status other than 0 and 143), the others get SIGTERM;
+    a process still running ``grace_s`` seconds after SIGTERM is killed.
 
     Returns:
       0 when every process exited with 0; else the first status that is not 0 or

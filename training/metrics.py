@@ -14,12 +14,10 @@ host time spent inside the feeder's ``next`` for that step's batch. Eval lines
 carry ``eval_loss``, ``eval_accuracy``, ``eval_tokens`` (sum of loss weights) and
 ``eval_batches`` instead.
 
-The same values go to TensorBoard event files (``TensorBoardWriter``, through
-tensorboardX: no TensorFlow needed) in a folder next to the metrics file, one
-scalar per value: ``train/<name>`` for a step's line (``train/loss``,
-``train/learning_rate``, ``train/grad_norm``, ``train/tokens_per_s``, ...) and
-``eval/<name>`` without the ``eval_`` prefix for an evaluation's (``eval/loss``,
-``eval/accuracy``, ...), at TensorBoard step = the line's ``step``.
+The same values go to TensorBoard event files (``TensorBoardWriter``; no
+TensorFlow needed) next to the metrics file, at the line's ``step``:
+``train/<name>`` for a step's line (``train/loss``), ``eval/<name>`` without the
+``eval_`` prefix for an evaluation's (``eval/loss``).
 """
 
 from __future__ import annotations
@@ -70,8 +68,7 @@ class MetricsWriter:
 
 
 def tensorboard_tag(name: str) -> str:
-    """The TensorBoard tag of a metrics-file field: ``loss`` -> ``train/loss``,
-    ``eval_loss`` -> ``eval/loss``."""
+    """``loss`` -> ``train/loss``, ``eval_loss`` -> ``eval/loss``."""
     return f"eval/{name[len('eval_'):]}" if name.startswith("eval_") else f"train/{name}"
 
 
@@ -148,22 +145,15 @@ def read_metrics(path: str) -> list[dict]:
 
 
 class ProgressBar:
-    """A rich progress bar over steps [start, total) showing loss and tokens/s,
-    on stderr. Disabled (a no-op) when ``enabled`` is False."""
+    """A rich progress bar on stderr over steps [start, total) with loss and tokens/s; a no-op unless ``enabled``."""
 
     def __init__(self, *, total: int, start: int, enabled: bool):
         self._progress = None
         if not enabled:
             return
         self._progress = Progress(
-            TextColumn("train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-        )
+            TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[tps]} tok/s"), TimeRemainingColumn(), console=Console(stderr=True))
         self._task = self._progress.add_task("train", total=total, completed=start, loss="-", tps="-")
         self._progress.start()
 

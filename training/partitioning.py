@@ -17,16 +17,11 @@ Mesh axes:
 
 The batch dimension is always split over ('data', 'fsdp') together.
 
-Rules presets (``RULES``):
-  dp       everything replicated; batch over ('data', 'fsdp').
-  fsdp     'embed' over 'fsdp'.
-  tp       'heads' and 'mlp' over 'model'.
-  fsdp+tp  both.
-
-RMSNorm scales (logical axis 'norm'), the buckets of T5's relative position
-bias ('relpos_buckets', its other axis is 'heads') and the vocabulary dimension stay
-replicated in every preset: they are small, and replicating 'vocab' keeps any
-vocabulary size usable whatever the mesh.
+Rules presets (``RULES``): ``dp`` replicates every parameter; ``fsdp`` shards
+'embed' over 'fsdp'; ``tp`` 'heads' and 'mlp' over 'model'; ``fsdp+tp`` both.
+RMSNorm scales ('norm'), T5's relative position buckets ('relpos_buckets') and
+'vocab' stay replicated in every preset: they are small, and a replicated
+'vocab' keeps any vocabulary size usable whatever the mesh.
 """
 
 from __future__ import annotations
@@ -91,14 +86,12 @@ def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int,
         if num_devices % known:
             raise PartitioningError(
                 f"mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not divisible by {known}, "
-                f"so axis {unknown[0]!r} cannot take the rest"
-            )
+                f"so axis {unknown[0]!r} cannot take the rest")
         sizes[MESH_AXES.index(unknown[0])] = num_devices // known
     if int(np.prod(sizes)) != num_devices:
         raise PartitioningError(
             f"mesh {dict(zip(MESH_AXES, sizes))} has {int(np.prod(sizes))} devices but {num_devices} are available; "
-            "make the product of data*fsdp*model equal the device count (or set one axis to -1)"
-        )
+            "make the product of data*fsdp*model equal the device count (or set one axis to -1)")
     return tuple(sizes)  # type: ignore[return-value]
 
 
@@ -173,8 +166,7 @@ def logical_to_spec(
     if len(logical_axes) != len(shape):
         raise PartitioningError(
             f"parameter {path} with shape {shape} has {len(logical_axes)} logical axis names "
-            f"{tuple(logical_axes)}; expected one per dimension"
-        )
+            f"{tuple(logical_axes)}; expected one per dimension")
     spec = []
     used: dict[str, int] = {}
     for dim, (name, size) in enumerate(zip(logical_axes, shape)):
@@ -184,21 +176,18 @@ def logical_to_spec(
         if name not in rules:
             raise PartitioningError(
                 f"parameter {path} with shape {shape}: logical axis {name!r} (dimension {dim}) has no rule; "
-                f"the rules table knows {sorted(rules)}"
-            )
+                f"the rules table knows {sorted(rules)}")
         axes = _mesh_axes_of(rules[name])
         total = 1
         for axis in axes:
             if axis not in mesh.shape:
                 raise PartitioningError(
                     f"parameter {path} with shape {shape}: logical axis {name!r} maps to mesh axis {axis!r}, "
-                    f"which is not in the mesh {dict(mesh.shape)}"
-                )
+                    f"which is not in the mesh {dict(mesh.shape)}")
             if axis in used:
                 raise PartitioningError(
                     f"parameter {path} with shape {shape}: mesh axis {axis!r} is used by dimensions "
-                    f"{used[axis]} and {dim}; a mesh axis can shard only one dimension"
-                )
+                    f"{used[axis]} and {dim}; a mesh axis can shard only one dimension")
             used[axis] = dim
             total *= mesh.shape[axis]
         if size % total:
@@ -206,8 +195,7 @@ def logical_to_spec(
             raise PartitioningError(
                 f"parameter {path} with shape {shape}: dimension {dim} (logical axis {name!r}, size {size}) "
                 f"is not divisible by mesh axis {sizes}; change the mesh or the model size, or use rules "
-                f"that replicate {name!r}"
-            )
+                f"that replicate {name!r}")
         spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return P(*spec)
 
@@ -222,13 +210,8 @@ def param_specs(
     rules: Mapping[str, Any],
     mesh: Mesh,
 ) -> Any:
-    """PartitionSpecs for a parameter tree.
-
-    Args:
-      abstract_params: nested dict of arrays or ShapeDtypeStructs.
-      logical_axes: the same tree with a tuple of logical names at each leaf
-        (``seqcache.training.model.logical_axes``).
-      rules, mesh: see ``logical_to_spec``.
+    """PartitionSpecs for a parameter tree (arrays or ShapeDtypeStructs) whose
+    ``logical_axes`` tree (``models.common.logical_axes``) gives each leaf's names.
 
     Raises:
       PartitioningError: see ``logical_to_spec`` (the message names the parameter path).

@@ -34,12 +34,11 @@ class TrainResult:
       end_step: number of updates applied when ``fit`` returned.
       metrics: one dict per step trained in this call (as in the metrics file).
       eval: the last evaluation's metrics, or None.
-      stopped_by_signal: SIGTERM (or a multi-host preemption notice) stopped the run
-        after saving a checkpoint.
+      stopped_by_signal: SIGTERM (or a multi-host preemption notice) stopped the
+        run after saving a checkpoint.
       data_exhausted: the feeder's stream ended before ``config.steps``.
       compile_time_s: seconds to lower and compile the train step.
-      memory_analysis: ``compiled.memory_analysis()`` as a dict of byte counts (may
-        be empty on backends that do not report it).
+      memory_analysis: ``memory_analysis_dict`` of the train step.
       params, opt_state: the final state (sharded jax.Arrays).
     """
 
@@ -120,10 +119,9 @@ _MEMORY_FIELDS = (
 
 
 def format_memory_analysis(memory: Mapping[str, int]) -> str:
-    """One line for the log: the device memory of a compiled program in MB
-    (10^6 bytes), e.g. "arguments 7.5 MB, outputs 7.4 MB, temporaries 1,396.9 MB,
-    peak 7.5 MB". Fields that are absent or zero (aliased bytes, code size) are
-    left out, except arguments and outputs; an empty dict gives "unavailable"."""
+    """One log line of a compiled program's device memory in MB (10^6 bytes), e.g.
+    "arguments 7.5 MB, outputs 7.4 MB, temporaries 1,396.9 MB, peak 7.5 MB";
+    fields absent or zero are left out (except arguments and outputs)."""
     parts = []
     for key, label in _MEMORY_FIELDS:
         value = memory.get(key)

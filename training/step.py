@@ -90,11 +90,8 @@ def loss_sums(graphdef, params, batch: dict, dropout_key: jax.Array | None) -> d
 
 
 def split_microbatches(batch: dict, num_microbatches: int, mesh=None) -> dict:
-    """(B, L) arrays -> (M, B/M, L): microbatch m holds rows m, m+M, m+2M, ...
-
-    Interleaving (rather than contiguous blocks) keeps every microbatch spread over
-    all batch shards, so each device works on every microbatch.
-    """
+    """(B, L) arrays -> (M, B/M, L): microbatch m holds rows m, m+M, m+2M, ...,
+    so every microbatch is spread over all batch shards."""
 
     def split(x):
         b = x.shape[0]
@@ -108,14 +105,9 @@ def split_microbatches(batch: dict, num_microbatches: int, mesh=None) -> dict:
 
 
 def grad_sums(graphdef, params, batch: dict, key: jax.Array, num_microbatches: int, mesh=None):
-    """Gradient of ``loss_sum`` and the sums of ``loss_sums``, accumulated over
-    ``num_microbatches`` microbatches with ``lax.scan`` (inside the caller's jit).
-
-    Microbatch m uses dropout key ``fold_in(key, m)``.
-
-    Returns:
-      (grads: params-shaped tree of float32, sums: dict as ``loss_sums``).
-    """
+    """(grads, sums): the float32 gradient of ``loss_sum`` and the sums of
+    ``loss_sums``, accumulated over the microbatches with ``lax.scan``;
+    microbatch m's dropout key is ``fold_in(key, m)``."""
 
     def one(mb, k):
         def f(p):
@@ -150,15 +142,8 @@ def mean_grads(graphdef, params, batch, key, num_microbatches: int, mesh=None):
     return sums["loss_sum"] / denom, grads, sums
 
 
-def make_train_step(
-    graphdef,
-    optimizer: optax.GradientTransformation,
-    schedule: optax.Schedule,
-    *,
-    seed: int,
-    num_microbatches: int,
-    mesh=None,
-) -> Callable:
+def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule: optax.Schedule, *, seed: int,
+                    num_microbatches: int, mesh=None) -> Callable:
     """``train_step(params, opt_state, step, batch) -> (params, opt_state, metrics)``.
 
     ``step`` is an int32 scalar: the number of updates applied so far; the step's

@@ -1,8 +1,7 @@
 """The trainer: mesh and shardings, sharded initialisation, an ahead-of-time
 compiled train step, evaluation, and ``fit``, which restores or initialises the
-state and runs the loop. The loop itself is in ``loop``, the resume checks in
-``resume``, SIGTERM in ``preemption``, the result and run files in ``report``;
-their public names are importable from here too.
+state and runs the loop (``loop``, ``resume``, ``preemption``, ``report``, whose
+public names are importable from here too).
 
 Vocabulary (shared with the feeder):
   step s        the s-th optimizer update (0-based); it trains on global batch s.
@@ -48,25 +47,10 @@ from seqcache.training.metrics import MetricsWriter, ProgressBar
 from seqcache.training.models import common as model_lib
 from seqcache.training.preemption import StopFlag
 from seqcache.training.report import (  # noqa: F401 (the trainer's public names)
-    CONFIG_FILE,
-    METRICS_FILE,
-    TrainResult,
-    format_memory_analysis,
-    memory_analysis_dict,
-    metrics_path_for,
-    params_digest,
-    ranges,
-    tensorboard_dir_for,
-    write_json_atomic,
-)
+    CONFIG_FILE, METRICS_FILE, TrainResult, format_memory_analysis, memory_analysis_dict, metrics_path_for,
+    params_digest, ranges, tensorboard_dir_for, write_json_atomic)
 from seqcache.training.resume import (  # noqa: F401
-    SCHEDULE_FIELDS,
-    check_feeder,
-    check_same_stream,
-    restore_feeder,
-    schedule_changes,
-    warn_schedule_changes,
-)
+    SCHEDULE_FIELDS, check_feeder, check_same_stream, restore_feeder, schedule_changes, warn_schedule_changes)
 
 log = logging.getLogger("seqcache.training")
 
@@ -135,8 +119,7 @@ class Trainer:
             raise config_lib.ConfigError(
                 f"microbatch size {micro} (global_batch_size={cfg.global_batch_size} / num_microbatches="
                 f"{cfg.num_microbatches}) is not divisible by the {shards} batch shards of the mesh "
-                f"(data={self.mesh.shape['data']} x fsdp={self.mesh.shape['fsdp']})"
-            )
+                f"(data={self.mesh.shape['data']} x fsdp={self.mesh.shape['fsdp']})")
 
     def _check_host_rows(self):
         """With several hosts, host h feeds rows [h * B / H, (h + 1) * B / H) of
@@ -157,8 +140,7 @@ class Trainer:
                 f"{ranges(sorted(rows))}, but the host feeds rows {h * per_host}..{(h + 1) * per_host - 1} of each "
                 f"global batch of {b}; the batch axes (data x fsdp) must split the batch by host: make "
                 f"data x fsdp a multiple of the {hosts} hosts and keep 'model' within a host "
-                f"(model <= {jax.local_device_count()} devices per host)"
-            )
+                f"(model <= {jax.local_device_count()} devices per host)")
 
     def describe(self) -> dict:
         """Derived quantities of the run, printed before training starts."""
@@ -217,10 +199,9 @@ class Trainer:
     # -- compiled steps ------------------------------------------------------------
 
     def compile(self):
-        """Lowers and compiles the train step ahead of time (once); logs the compile
-        time and the compiled memory analysis. Returns the compiled step
-        ``(params, opt_state, step, batch) -> (params, opt_state, metrics)``;
-        params and opt_state are donated."""
+        """The train step ``(params, opt_state, step, batch) -> (params, opt_state,
+        metrics)`` compiled ahead of time (once; params and opt_state donated);
+        logs the compile time and memory analysis."""
         if self._compiled is not None:
             return self._compiled
         cfg = self.config
@@ -266,20 +247,17 @@ class Trainer:
 
     def global_batch(self, host_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """Host-local batch (B / host_count, L) -> global (B, L) jax.Arrays sharded
-        over ('data', 'fsdp'), for the fields the model reads
-        (``step.batch_fields`` of the run's converter); other fields are left out.
+        over ('data', 'fsdp'), of the fields the model reads (``batch_fields``).
 
         Raises:
-          ValueError: a feature is missing or has the wrong number of rows or columns
-            (the message names it and the expected shape).
+          ValueError: a feature is missing or not 2-D (the message names it).
         """
         out = {}
         for key, (_, dtype) in self.batch_fields.items():
             if key not in host_batch:
                 raise ValueError(
                     f"feeder batch has no feature {key!r} (has {sorted(host_batch)}); the model "
-                    f"{self.config.model.architecture!r} reads the fields of converter {self.converter!r}"
-                )
+                    f"{self.config.model.architecture!r} reads the fields of converter {self.converter!r}")
             array = np.asarray(host_batch[key], dtype=dtype)
             if array.ndim != 2:
                 raise ValueError(f"feeder batch feature {key!r} has shape {array.shape}; expected (rows, length)")
@@ -295,17 +273,13 @@ class Trainer:
                 what = "sequence_length" if self.converter == "lm" else f"length of {key!r}"
                 raise ValueError(
                     f"feeder gives global batches of shape {shape}, the config expects (global_batch_size, "
-                    f"{what}) = {expected}"
-                )
+                    f"{what}) = {expected}")
 
     # -- evaluation ------------------------------------------------------------------
 
     def evaluate(self, params, feeder) -> dict:
-        """Loss and token accuracy over a finite feeder, every example once.
-
-        The feeder must end (``num_epochs=1``); its last batch may be padded with
-        rows of zero loss weight, which count for nothing. Sums are accumulated in
-        float64 on the host.
+        """Loss and token accuracy over a finite feeder (``num_epochs=1``), every
+        example once; padding rows weigh nothing; sums in float64 on the host.
 
         Returns:
           ``{"eval_loss": nats per weighted token, "eval_accuracy": weighted token
@@ -338,18 +312,14 @@ class Trainer:
         on_step: Callable[[dict], None] | None = None,
     ) -> TrainResult:
         """Trains up to ``config.steps``, resuming from the latest checkpoint in
-        ``config.checkpoint.directory`` when there is one.
-
-        Takes ownership of ``feeder`` (it is closed, or replaced by the restored
-        feeder, and that one is closed at the end).
+        ``config.checkpoint.directory`` when there is one. Takes ownership of
+        ``feeder`` (the interface: see the module docstring) and closes it.
 
         Args:
-          feeder: the training stream (see the module docstring for the interface).
-          eval_feeder_fn: returns a fresh finite feeder over the eval split; called
-            for each evaluation (every ``config.eval_every`` steps and at the end).
-          stop_at: stop once this many updates are applied (a checkpoint is saved
-            there), as a preemption would; the learning rate schedule still spans
-            ``config.steps``. None = ``config.steps``.
+          eval_feeder_fn: returns a fresh finite feeder over the eval split, for
+            each evaluation (every ``config.eval_every`` steps and at the end).
+          stop_at: stop (with a checkpoint) once this many updates are applied, as
+            a preemption would; the schedule still spans ``config.steps``.
           on_step: called with each step's metrics record after it is written.
 
         Raises:

@@ -53,9 +53,7 @@ _PARAM_FACTORY = threading.local()
 
 
 def make_value(key: jax.Array, init, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
-    """The initial value of one parameter: ``init(key, shape)``, or, inside
-    ``init_params``, the same value computed by a compiled initializer placed
-    with the parameter's sharding."""
+    """``init(key, shape)``; inside ``init_params`` computed compiled, with the parameter's sharding."""
     factory = getattr(_PARAM_FACTORY, "fn", None)
     return init(key, shape, jnp.float32) if factory is None else factory(init, key, shape, names)
 
@@ -76,6 +74,11 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
+def segment_mask(query_segment_ids: jax.Array, key_segment_ids: jax.Array) -> jax.Array:
+    """(batch, q), (batch, k) int32 -> (batch, q, k) bool: same segment, query segment not 0 (padding)."""
+    return (query_segment_ids[:, :, None] == key_segment_ids[:, None, :]) & (query_segment_ids != 0)[:, :, None]
+
+
 def split_keys(key: jax.Array | None, n: int) -> list:
     """``n`` dropout keys from ``key`` (``jax.random.split``), or ``n`` Nones."""
     return [None] * n if key is None else list(jax.random.split(key, n))
@@ -85,9 +88,8 @@ _COMPILED_INITS: dict = {}
 
 
 def _compiled_init(init, key, shape, sharding):
-    """Runs ``init`` as a compiled computation placed with ``sharding``; compiled
-    programs are shared by all parameters of the same kind, shape and sharding
-    (the standard deviation is an argument, not a constant)."""
+    """``init`` compiled and placed with ``sharding``, one program per kind, shape
+    and sharding (the standard deviation is an argument, not a constant)."""
     shape = tuple(shape)
     if isinstance(init, Normal):
         cache_key = ("normal", shape, sharding)
@@ -110,18 +112,12 @@ def init_params(
     """Parameters of the ``cfg.architecture`` model initialised from ``seed``, as
     a nested dict of float32 arrays.
 
-    Each parameter is created by its own compiled initializer, placed directly
-    with its sharding (each device computes only its shard), and compiled
-    initializers are shared between parameters of the same shape and sharding,
-    so compile time does not grow with depth. Keys come from
-    ``nnx.Rngs(params=seed)`` in construction order; with JAX's partitionable
-    threefry the values do not depend on the sharding.
-
-    Args:
-      cfg: the model config.
-      seed: parameter seed.
-      sharding_of: (logical axis names, shape) -> a jax Sharding, or None for
-        the default device.
+    Each parameter is computed by a compiled initializer placed with its
+    sharding (``sharding_of(logical axis names, shape)``; None: the default
+    device), shared by parameters of the same shape and sharding, so compile
+    time does not grow with depth. Keys come from ``nnx.Rngs(params=seed)`` in
+    construction order; with JAX's partitionable threefry the values do not
+    depend on the sharding.
     """
 
     def factory(init, key, shape, names):
@@ -139,9 +135,8 @@ def init_params(
 
 
 def create(cfg: ModelConfig, seed: int) -> nnx.Module:
-    """The model with parameters initialised from ``seed`` on the default
-    device (for inspection and tests; the same values as the trainer's sharded
-    initialisation)."""
+    """The model initialised from ``seed`` on the default device (the values of
+    the trainer's sharded initialisation)."""
     graphdef, _ = split_params(abstract_model(cfg))
     return nnx.merge(graphdef, init_params(cfg, seed))
 
@@ -160,8 +155,7 @@ def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, dict]:
 
 
 def logical_axes(model: nnx.Module) -> dict:
-    """Nested dict shaped like the parameters with a tuple of logical axis names at
-    each leaf.
+    """Nested dict shaped like the parameters with a tuple of logical axis names at each leaf.
 
     Raises:
       partitioning.PartitioningError: a parameter without logical axis names
@@ -174,8 +168,7 @@ def logical_axes(model: nnx.Module) -> dict:
         if not names:
             raise partitioning.PartitioningError(
                 f"parameter {'/'.join(map(str, path))} with shape {tuple(var.shape)} has no logical axis "
-                "names; create it with nnx.with_partitioning"
-            )
+                "names; create it with nnx.with_partitioning")
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})

@@ -54,13 +54,9 @@ class Restored:
 
 
 class Checkpointer:
-    """Saves and restores training state with an Orbax CheckpointManager.
-
-    Args:
-      directory: checkpoint folder (created if missing).
-      max_to_keep: keep only the most recent this many steps.
-      async_save: write in a background thread; ``wait()`` blocks until done.
-    """
+    """Saves and restores training state with an Orbax CheckpointManager in
+    ``directory`` (created if missing), keeping the last ``max_to_keep`` steps;
+    ``async_save`` writes in a background thread (``wait()`` blocks until done)."""
 
     def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)

@@ -212,10 +212,8 @@ class CheckpointConfig:
     """Orbax checkpoints (see ``seqcache.training.checkpoints``).
 
     Attributes:
-      directory: where step folders, config.json and metrics.jsonl go; None trains
-        without checkpoints (and without resume).
-      every_steps: save after every this many steps, and always after the last step
-        and on SIGTERM.
+      directory: step folders, config.json and metrics.jsonl; None: no checkpoints.
+      every_steps: save every this many steps, after the last one and on SIGTERM.
       max_to_keep: keep the most recent this many checkpoints.
       async_save: write checkpoints in a background thread while training goes on.
     """
@@ -236,13 +234,11 @@ class DataConfig:
       split: split of the training data.
       eval_split: split evaluated with exactly-once semantics; None = no eval.
       mixture: explicit mixture, cache path -> rate; replaces ``task`` when set.
-      seed: the feeder's shuffle seed (the order of examples in each epoch);
-        None = ``DEFAULT_DATA_SEED``, set by ``resolve_seeds``. It never comes
-        from the run's ``seed``: another initialisation reads the same stream.
-      converter: how batches are fed to the model (``seqcache.feeders.converters``):
-        "lm" (the feeder's ``targets`` fields), "prefix_lm" (decoder-only model
-        on an (inputs, targets) cache) or "encdec" (encoder-decoder model);
-        None = the model's default ("lm" for the decoder, "encdec" for t5).
+      seed: the feeder's shuffle seed; None = ``DEFAULT_DATA_SEED``
+        (``resolve_seeds``), never the run's ``seed``.
+      converter: "lm" (the feeder's ``targets`` fields), "prefix_lm" (decoder-only
+        model on an (inputs, targets) cache) or "encdec" (encoder-decoder), see
+        ``seqcache.feeders.converters``; None = the model's default.
         ``seqcache train`` sets it from the model and the cache's features.
     """
 
@@ -275,10 +271,8 @@ class TrainConfig:
       seed: seeds parameter initialisation and the per-step RNG
         (``fold_in(key(seed), step)``); the feeder has its own, ``data.seed``.
       eval_every: evaluate every this many steps (0 = only after the last step).
-      metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``
-        (or no file without a checkpoint directory).
-      tensorboard: also write the metrics as TensorBoard event files, in the
-        folder ``tensorboard`` next to the metrics file (none without one).
+      metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``.
+      tensorboard: also write TensorBoard event files next to the metrics file.
       progress: show a progress bar.
     """
 

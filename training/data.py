@@ -69,12 +69,9 @@ def _unique_keys_yaml_loader(yaml):
 
 
 def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
-    """Reads a mixture schedule file: JSON (``.json``) or YAML (``.yaml``/``.yml``)
-    holding {step: {task or cache folder: rate}}, e.g.
-    ``{"0": {"wiki": 1, "code": 1}, "10000": {"wiki": 3, "code": 1}}``.
-
-    Steps are integers >= 0 (JSON keys are strings of digits) and the first stage
-    is at step 0; rates are numbers >= 0 (0 or left out: not read in that stage).
+    """Reads a mixture schedule, JSON or YAML (``.yaml``/``.yml``), {step: {task
+    or cache folder: rate}}, e.g. ``{"0": {"wiki": 1}, "10000": {"wiki": 3, "code": 1}}``:
+    steps are integers >= 0, the first 0; rates numbers >= 0 (0 or left out: not read).
 
     Raises:
       ConfigError: the file cannot be read or parsed, or a step or rate is bad;
@@ -164,10 +161,9 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), 
     """Where batches of ``split`` come from (see the module docstring).
 
     Args:
-      schedule: a mixture schedule (``load_mixture_schedule``), which replaces
+      schedule: a mixture schedule (``load_mixture_schedule``); replaces
         ``data.mixture`` and ``data.task``.
-      for_eval: the source evaluates (with a schedule: the schedule's caches of
-        ``split`` with equal rates).
+      for_eval: with a schedule, its caches of ``split`` at equal rates.
 
     Raises:
       ConfigError: nothing to train on, or a name that is neither a cache folder nor
@@ -260,8 +256,7 @@ def vocab_size_of(source: Source, feature: str = "targets") -> int:
     """
     seen = {}
     for path in source.cache_dirs:
-        manifest = fmt.read_manifest(path)
-        desc = manifest.vocabularies.get(feature)
+        desc = fmt.read_manifest(path).vocabularies.get(feature)
         if not isinstance(desc, dict) or "vocab_size" not in desc:
             raise ConfigError(
                 f"{path}: the manifest records no vocabulary size for feature {feature!r}; "

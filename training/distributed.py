@@ -35,15 +35,10 @@ class DistributedError(ValueError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
-    """How this process joins a multi-process run.
-
-    Attributes:
-      coordinator_address: "HOST:PORT" of process 0's coordination service.
-      num_processes: H, the number of JAX processes (hosts).
-      process_id: h in [0, H).
-      auto: let ``jax.distributed.initialize`` detect what is not given (SLURM,
-        Open MPI, Cloud TPU, Kubernetes).
-    """
+    """How this process joins a multi-process run: process 0's coordinator
+    "HOST:PORT", the process count H, this process's id h in [0, H), or ``auto``
+    (``jax.distributed.initialize`` detects them on SLURM, Open MPI, Cloud TPU or
+    Kubernetes)."""
 
     coordinator_address: str | None = None
     num_processes: int | None = None

@@ -25,9 +25,7 @@ log = logging.getLogger("seqcache.training")
 
 @dataclasses.dataclass
 class LoopIO:
-    """What the loop writes to and reads from besides the trainer: the
-    checkpointer (or None), the metrics writer, the progress bar, the stop flag,
-    the eval feeder factory (or None) and the per-step callback (or None)."""
+    """What the loop writes to and reads from besides the trainer."""
 
     checkpointer: Any
     writer: Any
@@ -52,9 +50,7 @@ def _fetcher(feeder) -> Callable[[], tuple]:
 
 def run_loop(trainer, feeder, params, opt_state, compiled, start: int, end: int, io: LoopIO) -> TrainResult:
     """Trains steps ``start`` .. ``end - 1`` (fewer after SIGTERM or the end of
-    the stream), saving checkpoints every ``checkpoint.every_steps``, at
-    ``end``, on a stop and at the end of the stream; evaluates every
-    ``eval_every`` steps and after the run's last step."""
+    the stream), saving and evaluating as ``_maybe_save`` and ``_maybe_evaluate`` say."""
     cfg = trainer.config
     multi_host = jax.process_count() > 1
     fetch = _fetcher(feeder)
@@ -103,8 +99,7 @@ def run_loop(trainer, feeder, params, opt_state, compiled, start: int, end: int,
 
 
 def _try_fetch(fetch: Callable[[], tuple]):
-    """(pending batch, exhausted): the next fetch, or (None, True) at the end of
-    the stream."""
+    """(the next fetch, False), or (None, True) at the end of the stream."""
     try:
         return fetch(), False
     except StopIteration:

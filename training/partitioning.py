@@ -140,22 +140,12 @@ def _mesh_axes_of(rule: Any) -> tuple[str, ...]:
     return () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
 
 
-def logical_to_spec(
-    logical_axes: Sequence[str | None],
-    shape: Sequence[int],
-    rules: Mapping[str, Any],
-    mesh: Mesh,
-    *,
-    path: str = "<array>",
-) -> P:
-    """Maps one array's logical axis names to a PartitionSpec on ``mesh``.
-
-    Args:
-      logical_axes: one logical axis name (or None = replicated) per dimension.
-      shape: the array's shape.
-      rules: logical axis -> mesh axis name, tuple of names, or None.
-      mesh: the device mesh.
-      path: the parameter path, for error messages (e.g. ``blocks/0/attn/wq``).
+def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], rules: Mapping[str, Any], mesh: Mesh,
+                    *, path: str = "<array>") -> P:
+    """The PartitionSpec on ``mesh`` of an array of ``shape`` with one logical
+    axis name (or None = replicated) per dimension; ``rules`` map logical axes
+    to a mesh axis, a tuple of them or None; ``path`` (e.g. ``blocks/0/attn/wq``)
+    names the array in messages.
 
     Raises:
       PartitioningError: naming ``path``, ``shape`` and the mesh axis: a name
@@ -204,12 +194,7 @@ def _path_str(path: Sequence[Any]) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def param_specs(
-    abstract_params: Any,
-    logical_axes: Any,
-    rules: Mapping[str, Any],
-    mesh: Mesh,
-) -> Any:
+def param_specs(abstract_params: Any, logical_axes: Any, rules: Mapping[str, Any], mesh: Mesh) -> Any:
     """PartitionSpecs for a parameter tree (arrays or ShapeDtypeStructs) whose
     ``logical_axes`` tree (``models.common.logical_axes``) gives each leaf's names.
 

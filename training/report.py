@@ -96,15 +96,8 @@ def memory_analysis_dict(compiled) -> dict:
     except Exception as e:  # some backends do not implement it
         log.info("memory analysis unavailable: %s", e)
         return {}
-    if stats is None:
-        return {}
-    out = {}
-    for name in dir(stats):
-        if name.endswith("_in_bytes"):
-            value = getattr(stats, name)
-            if isinstance(value, (int, np.integer)):
-                out[name] = int(value)
-    return out
+    values = {} if stats is None else {n: getattr(stats, n) for n in dir(stats) if n.endswith("_in_bytes")}
+    return {n: int(v) for n, v in values.items() if isinstance(v, (int, np.integer))}
 
 
 # The memory_analysis fields logged after compiling, with their labels.
@@ -139,11 +132,7 @@ def write_json_atomic(path: str, obj: Any) -> None:
 def tensorboard_dir_for(config: config_lib.TrainConfig, metrics_path: str | None) -> str | None:
     """Where a run writes its TensorBoard event files: the folder ``tensorboard``
     next to its metrics file, or None (``config.tensorboard`` off, or no metrics file)."""
-    if not config.tensorboard or not metrics_path:
-        return None
-    return os.path.join(os.path.dirname(metrics_path), TENSORBOARD_DIR)
-
-
+    return os.path.join(os.path.dirname(metrics_path), TENSORBOARD_DIR) if config.tensorboard and metrics_path else None
 
 
 def metrics_path_for(config: config_lib.TrainConfig) -> str | None:

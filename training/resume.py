@@ -34,8 +34,8 @@ def check_feeder(feeder, global_batch_size: int) -> None:
 
 
 def restore_feeder(feeder, restored):
-    """Moves the run's feeder to a restored checkpoint's feeder state (``set_state``),
-    or rebuilds one from it (``type(feeder).restore``); returns the feeder to train on.
+    """The feeder to train on: the run's moved to the checkpoint's feeder state
+    (``set_state``), or one rebuilt from it (``type(feeder).restore``).
 
     Raises:
       CheckpointError: another data stream (``check_same_stream``), or a state

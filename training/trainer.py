@@ -122,10 +122,8 @@ class Trainer:
                 f"(data={self.mesh.shape['data']} x fsdp={self.mesh.shape['fsdp']})")
 
     def _check_host_rows(self):
-        """With several hosts, host h feeds rows [h * B / H, (h + 1) * B / H) of
-        each global batch (the feeder's slicing): the batch shards on h's devices
-        must be exactly those rows, or ``make_array_from_process_local_data``
-        would place them elsewhere (or need rows h does not have)."""
+        """Host h feeds rows [h * B / H, (h + 1) * B / H) of each global batch: the
+        batch shards on h's devices must be exactly those rows."""
         cfg = self.config
         hosts, h = jax.process_count(), jax.process_index()
         b, per_host = cfg.global_batch_size, cfg.global_batch_size // jax.process_count()
@@ -169,8 +167,7 @@ class Trainer:
 
     def init_state(self) -> tuple[Any, Any]:
         """(params, opt_state) initialised from ``config.seed``, each array created
-        directly with its sharding (see ``model.init_params``). The values do not
-        depend on the mesh (JAX's partitionable threefry RNG)."""
+        with its sharding (``init_params``; the values do not depend on the mesh)."""
         cfg = self.config
 
         def sharding_of(names, shape):

@@ -1,10 +1,8 @@
 """What every model shares: parameters with logical axis names, initializers,
 dropout, sharded initialisation, abstract shapes and the functional call.
 
-Parameters are float32 and carry logical axis names (see
-``seqcache.training.partitioning``) as ``out_sharding`` metadata, as
-``nnx.with_partitioning`` sets it; computation runs in ``ModelConfig.dtype``.
-The model class comes from ``ModelConfig.architecture`` (``seqcache.training.models``).
+Parameters are float32 with logical axis names (``seqcache.training.partitioning``)
+as ``out_sharding`` metadata; computation runs in ``ModelConfig.dtype``.
 """
 
 from __future__ import annotations
@@ -104,11 +102,8 @@ def _compiled_init(init, key, shape, sharding):
     return _COMPILED_INITS[cache_key](key)
 
 
-def init_params(
-    cfg: ModelConfig,
-    seed: int,
-    sharding_of: Callable[[tuple[str, ...], tuple[int, ...]], Any] | None = None,
-) -> dict:
+def init_params(cfg: ModelConfig, seed: int,
+                sharding_of: Callable[[tuple[str, ...], tuple[int, ...]], Any] | None = None) -> dict:
     """Parameters of the ``cfg.architecture`` model initialised from ``seed``, as
     a nested dict of float32 arrays.
 

@@ -188,15 +188,8 @@ class Transformer(nnx.Module):
                 rngs, Normal(cfg.init_std), (cfg.d_model, cfg.vocab_size), ("embed", "vocab")
             )
 
-    def __call__(
-        self,
-        inputs: jax.Array,
-        segment_ids: jax.Array,
-        positions: jax.Array,
-        *,
-        dropout_key: jax.Array | None = None,
-        causal_attention: jax.Array | None = None,
-    ) -> jax.Array:
+    def __call__(self, inputs: jax.Array, segment_ids: jax.Array, positions: jax.Array, *,
+                 dropout_key: jax.Array | None = None, causal_attention: jax.Array | None = None) -> jax.Array:
         """(batch, length, vocab_size) float32 next-token logits.
 
         Args:
@@ -260,15 +253,8 @@ def shift_right_by_segment(targets: jax.Array, segment_ids: jax.Array) -> jax.Ar
 
 
 
-def apply(
-    graphdef: nnx.GraphDef,
-    params: Any,
-    inputs: jax.Array,
-    segment_ids: jax.Array,
-    positions: jax.Array,
-    *,
-    dropout_key: jax.Array | None = None,
-) -> jax.Array:
+def apply(graphdef: nnx.GraphDef, params: Any, inputs: jax.Array, segment_ids: jax.Array, positions: jax.Array, *,
+          dropout_key: jax.Array | None = None) -> jax.Array:
     """Functional call: logits of the model ``graphdef`` with ``params`` (a nested
     dict from ``split_params``). Shapes as in ``Transformer.__call__``."""
     model = nnx.merge(graphdef, params)

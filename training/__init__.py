@@ -5,17 +5,8 @@
     trainer = Trainer(TrainConfig(model=ModelConfig(vocab_size=259), steps=1000))
     result = trainer.fit(feeder)          # any seqcache.feeders.Feeder
 
-Modules: ``config`` (TrainConfig, presets, overrides), ``models`` (the
-registry; ``models.decoder``, the decoder-only Transformer; ``models.t5``, the
-T5 encoder-decoder; ``models.common``), ``partitioning`` (mesh, logical axis
-rules), ``optimizer``, ``step`` (loss, gradient accumulation, train/eval
-steps), ``checkpoints`` (Orbax, with feeder state), ``trainer`` (the Trainer),
-``loop`` (the train loop), ``resume`` (resume checks), ``preemption``
-(SIGTERM), ``report`` (the result, digests, run files), ``data`` (feeders from
-caches), ``metrics``. See docs/training.md.
-
-Names below are imported on first use, so that ``seqcache.training.config``
-can be read without importing JAX.
+See docs/training.md for the modules. Names below are imported on first use,
+so that ``seqcache.training.config`` can be read without importing JAX.
 """
 
 import importlib

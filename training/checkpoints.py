@@ -11,14 +11,10 @@ One Orbax ``CheckpointManager`` step folder per saved step::
 ``<step>`` is the number of optimizer updates applied; the feeder state saved with
 it is positioned at global batch ``<step>``, the first batch not yet trained on.
 
-Atomicity: Orbax writes a step into a temporary folder
-(``<step>.orbax-checkpoint-tmp-*``) and renames it into place only when every
-item is written and committed; a step folder without that commit is never
-listed, so an interrupted save cannot become the latest checkpoint.
-
-Restore refuses a checkpoint without feeder state (the data stream could not be
-resumed exactly) and one whose feeder state was saved with another global batch
-size (every step would see different examples).
+Orbax writes a step into a temporary folder and renames it into place once
+every item is committed, so an interrupted save never becomes the latest
+checkpoint. Restore refuses a checkpoint without feeder state, or with another
+global batch size: the data stream could not resume exactly.
 """
 
 from __future__ import annotations
@@ -37,8 +33,7 @@ FEEDER_ITEM = feeder_checkpoint.ITEM_NAME  # "feeder"
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint cannot be restored into this run (the message says why and
-    what to do)."""
+    """A checkpoint cannot be restored into this run (the message says why and what to do)."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -59,29 +54,16 @@ class Restored:
 
 
 class Checkpointer:
-    """Saves and restores training state with an Orbax CheckpointManager.
-
-    Args:
-      directory: checkpoint folder (created if missing).
-      max_to_keep: keep only the most recent this many steps.
-      async_save: write in a background thread; ``wait()`` blocks until done.
-    """
+    """Saves and restores training state with an Orbax CheckpointManager in
+    ``directory`` (created if missing), keeping the last ``max_to_keep`` steps;
+    ``async_save`` writes in a background thread (``wait()`` blocks until done)."""
 
     def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            create=True,
-            enable_async_checkpointing=async_save,
-        )
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=options,
-            item_handlers={
-                STATE_ITEM: ocp.StandardCheckpointHandler(),
-                FEEDER_ITEM: ocp.JsonCheckpointHandler(),
-            },
-        )
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                               enable_async_checkpointing=async_save)
+        handlers = {STATE_ITEM: ocp.StandardCheckpointHandler(), FEEDER_ITEM: ocp.JsonCheckpointHandler()}
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     def all_steps(self) -> list[int]:
         """Steps with a complete (committed) checkpoint, ascending."""
@@ -104,29 +86,17 @@ class Checkpointer:
         if not isinstance(feeder_state, Mapping) or "global_batch_size" not in feeder_state:
             raise CheckpointError(
                 f"feeder state to save with step {step} must be a dict with 'global_batch_size' "
-                f"(got {feeder_state!r})"
-            )
+                f"(got {feeder_state!r})")
         if step in self._manager.all_steps():
             return False
-        return self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    STATE_ITEM: ocp.args.StandardSave(dict(state)),
-                    FEEDER_ITEM: feeder_checkpoint.feeder_save_args(_SavedState(feeder_state)),
-                }
-            ),
-            force=True,
-        )
+        # The state of the step just trained, captured before the feeder fetched the next batch.
+        args = {STATE_ITEM: ocp.args.StandardSave(dict(state)), FEEDER_ITEM: ocp.args.JsonSave(dict(feeder_state))}
+        return self._manager.save(step, args=ocp.args.Composite(**args), force=True)
 
     def restore(self, step: int | None, *, abstract_state: Any, global_batch_size: int) -> Restored:
-        """Restores step ``step`` (default: the latest).
-
-        Args:
-          step: the step to restore, or None for the latest.
-          abstract_state: the ``state`` tree with ShapeDtypeStructs carrying the
-            shardings to restore into (a different mesh than at save time is fine).
-          global_batch_size: the current run's global batch size.
+        """Restores step ``step`` (None: the latest) into ``abstract_state``, the
+        ``state`` tree as ShapeDtypeStructs with this run's shardings (another
+        mesh than at save time is fine).
 
         Raises:
           CheckpointError: no checkpoint; the step has no feeder state; the feeder
@@ -140,21 +110,19 @@ class Checkpointer:
         path = self.step_path(step)
         if step not in self._manager.all_steps():
             raise CheckpointError(f"{path}: no complete checkpoint for step {step} (have {self.all_steps()})")
-        items = self._item_names(step)
+        items = set(self._manager.item_metadata(step).keys())  # a JSON item's metadata is None: names only
         if FEEDER_ITEM not in items:
             raise CheckpointError(
                 f"{path}: checkpoint has no feeder state (item {FEEDER_ITEM!r}; found {sorted(items)}), so "
                 "the data stream cannot be resumed exactly. Train from scratch with an empty checkpoint "
-                "directory, or restore this checkpoint's parameters yourself."
-            )
+                "directory, or restore this checkpoint's parameters yourself.")
         feeder_state = self._manager.restore(
             step, args=ocp.args.Composite(**{FEEDER_ITEM: feeder_checkpoint.feeder_restore_args()})
         )[FEEDER_ITEM]
         if not isinstance(feeder_state, dict) or "global_batch_size" not in feeder_state:
             raise CheckpointError(
                 f"{path}: the feeder state has no 'global_batch_size' (got keys "
-                f"{sorted(feeder_state) if isinstance(feeder_state, dict) else type(feeder_state).__name__})"
-            )
+                f"{sorted(feeder_state) if isinstance(feeder_state, dict) else type(feeder_state).__name__})")
         saved = int(feeder_state["global_batch_size"])
         try:
             compat.check_global_batch(saved, int(global_batch_size), restored_from="checkpoint was saved with",
@@ -168,14 +136,8 @@ class Checkpointer:
         )
         return Restored(step=step, state=restored[STATE_ITEM], feeder_state=feeder_state, path=path)
 
-    def _item_names(self, step: int) -> set[str]:
-        # Orbax lists the items found in the step folder (a JSON item's metadata
-        # value is None, so only the names count).
-        return set(self._manager.item_metadata(step).keys())
-
     def reached_preemption(self, step: int) -> bool:
-        """True when JAX's distributed preemption service says every host should
-        save now (multi-host runs); False in a single process."""
+        """True when JAX's preemption service says every host should save now (multi-host runs)."""
         return bool(self._manager.reached_preemption(step))
 
     def wait(self) -> None:
@@ -192,14 +154,3 @@ class Checkpointer:
     def __exit__(self, *exc):
         self.close()
 
-
-class _SavedState:
-    """A feeder state captured earlier (the trainer saves the state of the step
-    just trained, while its feeder has already fetched the next batch), with the
-    ``state()`` that ``seqcache.feeders.checkpoint.feeder_save_args`` reads."""
-
-    def __init__(self, state: Mapping[str, Any]):
-        self._state = dict(state)
-
-    def state(self) -> dict:
-        return dict(self._state)

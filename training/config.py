@@ -11,8 +11,7 @@ layer overriding the previous one:
 5. dotted overrides such as ``model.d_model=128 optimizer.lr=1e-3``
    (``apply_overrides``).
 
-The resolved config is written as JSON beside the checkpoints (``to_json``) and can
-be read back with ``config_from_dict``.
+The resolved config is written beside the checkpoints (``to_json``).
 
 Vocabulary of sizes used everywhere in ``seqcache.training``:
   global batch size B: rows per step over all hosts; host batch: B / host count.
@@ -35,6 +34,7 @@ import typing
 from typing import Any, Mapping, Sequence
 
 from seqcache import bounded_json
+from seqcache.training import models
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 # Every integer of a config lies in (-MAX_INTEGER, MAX_INTEGER); the sizes
@@ -50,15 +50,18 @@ class ConfigError(ValueError):
     """A config value, file or override is invalid (the message names it)."""
 
 
+def _check_choice(field: str, value: Any, choices: Sequence) -> None:
+    if value not in choices:
+        raise ConfigError(f"{field} must be one of {choices} (got {value!r})")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A model of the trainer (see ``seqcache.training.models``).
 
     Attributes:
-      architecture: "decoder" (decoder-only Transformer,
-        ``seqcache.training.models.decoder``) or "t5" (T5.1.1-style
-        encoder-decoder, ``seqcache.training.models.t5``); the registry
-        ``seqcache.training.models.ARCHITECTURES`` lists them.
+      architecture: "decoder" (decoder-only Transformer) or "t5" (T5.1.1-style
+        encoder-decoder), a key of ``seqcache.training.models.ARCHITECTURES``.
       vocab_size: number of token ids (embedding rows). None = take it from the
         data (the cache manifest's vocabulary of the ``targets`` feature).
       d_model: width of the residual stream.
@@ -77,10 +80,9 @@ class ModelConfig:
       relative_attention_max_distance: t5 only: distances from this one on share
         the last bucket (T5: 128).
       norm_eps: epsilon of RMSNorm, added to the mean square.
-      dropout_rate: dropout on attention probabilities and on each residual branch;
-        0 disables it (the RNG plumbing still runs, keyed by fold_in(seed, step)).
-      dtype: compute dtype, "float32" or "bfloat16". Parameters are always float32;
-        logits and the loss are always computed in float32.
+      dropout_rate: dropout on attention probabilities and residual branches (0: none).
+      dtype: compute dtype, "float32" or "bfloat16"; parameters, logits and the
+        loss are always float32.
       tie_embeddings: True (default) uses the input embedding matrix, transposed,
         as the output projection (Press & Wolf 2017, arXiv 1608.05859; t5 then
         scales the logits by d_model ** -0.5, as T5 1.0); False adds a separate
@@ -120,17 +122,11 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raises ConfigError naming the field when a value cannot work."""
-        from seqcache.training.models import ARCHITECTURES
-
-        if self.architecture not in ARCHITECTURES:
-            raise ConfigError(
-                f"model.architecture must be one of {sorted(ARCHITECTURES)} (got {self.architecture!r})"
-            )
+        _check_choice("model.architecture", self.architecture, sorted(models.ARCHITECTURES))
         if self.vocab_size is None:
             raise ConfigError(
                 "model.vocab_size is not set: pass a cache (the vocabulary size is read from its manifest) "
-                "or set it, e.g. --set model.vocab_size=32128"
-            )
+                "or set it, e.g. --set model.vocab_size=32128")
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "resolved_num_decoder_layers",
                      "relative_attention_num_buckets", "relative_attention_max_distance"):
             if getattr(self, name) < 1:
@@ -139,23 +135,18 @@ class ModelConfig:
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}; "
-                "set model.head_dim explicitly or change one of them"
-            )
+                "set model.head_dim explicitly or change one of them")
         if self.architecture == "decoder" and self.resolved_head_dim % 2:
             raise ConfigError(f"model head_dim must be even for rotary positions (got {self.resolved_head_dim})")
-        if self.mlp_activation not in MLP_ACTIVATIONS:
-            raise ConfigError(f"model.mlp_activation must be one of {MLP_ACTIVATIONS} (got {self.mlp_activation!r})")
+        _check_choice("model.mlp_activation", self.mlp_activation, MLP_ACTIVATIONS)
         if self.architecture == "decoder" and self.mlp_activation != "swiglu":
             raise ConfigError(
                 f"model.mlp_activation={self.mlp_activation!r}: the decoder-only model has a SwiGLU MLP only "
-                "(geglu and relu are for architecture 't5')"
-            )
+                "(geglu and relu are for architecture 't5')")
         if self.architecture == "t5" and self.relative_attention_num_buckets < 4:
             raise ConfigError(
-                f"model.relative_attention_num_buckets must be >= 4 for t5 (got {self.relative_attention_num_buckets})"
-            )
-        if self.dtype not in COMPUTE_DTYPES:
-            raise ConfigError(f"model.dtype must be one of {COMPUTE_DTYPES} (got {self.dtype!r})")
+                f"model.relative_attention_num_buckets must be >= 4 for t5 (got {self.relative_attention_num_buckets})")
+        _check_choice("model.dtype", self.dtype, COMPUTE_DTYPES)
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ConfigError(f"model.dropout_rate must be in [0, 1) (got {self.dropout_rate})")
 
@@ -208,11 +199,8 @@ class OptimizerConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig:
-    """Shape of the device mesh, axes ('data', 'fsdp', 'model').
-
-    One axis may be -1: it takes all devices the others leave. The product must
-    equal the number of devices used.
-    """
+    """Shape of the device mesh, axes ('data', 'fsdp', 'model'); the product is
+    the device count, and one axis may be -1 (the devices the others leave)."""
 
     data: int = -1
     fsdp: int = 1
@@ -224,10 +212,8 @@ class CheckpointConfig:
     """Orbax checkpoints (see ``seqcache.training.checkpoints``).
 
     Attributes:
-      directory: where step folders, config.json and metrics.jsonl go; None trains
-        without checkpoints (and without resume).
-      every_steps: save after every this many steps, and always after the last step
-        and on SIGTERM.
+      directory: step folders, config.json and metrics.jsonl; None: no checkpoints.
+      every_steps: save every this many steps, after the last one and on SIGTERM.
       max_to_keep: keep the most recent this many checkpoints.
       async_save: write checkpoints in a background thread while training goes on.
     """
@@ -248,13 +234,11 @@ class DataConfig:
       split: split of the training data.
       eval_split: split evaluated with exactly-once semantics; None = no eval.
       mixture: explicit mixture, cache path -> rate; replaces ``task`` when set.
-      seed: the feeder's shuffle seed (the order of examples in each epoch);
-        None = ``DEFAULT_DATA_SEED``, set by ``resolve_seeds``. It never comes
-        from the run's ``seed``: another initialisation reads the same stream.
-      converter: how batches are fed to the model (``seqcache.feeders.converters``):
-        "lm" (the feeder's ``targets`` fields), "prefix_lm" (decoder-only model
-        on an (inputs, targets) cache) or "encdec" (encoder-decoder model);
-        None = the model's default ("lm" for the decoder, "encdec" for t5).
+      seed: the feeder's shuffle seed; None = ``DEFAULT_DATA_SEED``
+        (``resolve_seeds``), never the run's ``seed``.
+      converter: "lm" (the feeder's ``targets`` fields), "prefix_lm" (decoder-only
+        model on an (inputs, targets) cache) or "encdec" (encoder-decoder), see
+        ``seqcache.feeders.converters``; None = the model's default.
         ``seqcache train`` sets it from the model and the cache's features.
     """
 
@@ -287,10 +271,8 @@ class TrainConfig:
       seed: seeds parameter initialisation and the per-step RNG
         (``fold_in(key(seed), step)``); the feeder has its own, ``data.seed``.
       eval_every: evaluate every this many steps (0 = only after the last step).
-      metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``
-        (or no file without a checkpoint directory).
-      tensorboard: also write the metrics as TensorBoard event files, in the
-        folder ``tensorboard`` next to the metrics file (none without one).
+      metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``.
+      tensorboard: also write TensorBoard event files next to the metrics file.
       progress: show a progress bar.
     """
 
@@ -314,11 +296,8 @@ class TrainConfig:
     @property
     def converter(self) -> str:
         """The resolved feature converter (``data.converter``, else the model's default)."""
-        if self.data.converter is not None:
-            return self.data.converter
-        from seqcache.training.models import default_converter
-
-        return default_converter(self.model.architecture)
+        conv = self.data.converter
+        return conv if conv is not None else models.default_converter(self.model.architecture)
 
     @property
     def lengths(self) -> dict[str, int]:
@@ -346,35 +325,28 @@ class TrainConfig:
         if self.global_batch_size % self.num_microbatches:
             raise ConfigError(
                 f"global_batch_size={self.global_batch_size} is not divisible by "
-                f"num_microbatches={self.num_microbatches}"
-            )
+                f"num_microbatches={self.num_microbatches}")
         if self.checkpoint.every_steps < 1 or self.checkpoint.max_to_keep < 1:
             raise ConfigError(
                 f"checkpoint.every_steps and checkpoint.max_to_keep must be >= 1 (got "
-                f"{self.checkpoint.every_steps}, {self.checkpoint.max_to_keep})"
-            )
+                f"{self.checkpoint.every_steps}, {self.checkpoint.max_to_keep})")
         if self.seed < 0 or self.seed >= 2**32:
             raise ConfigError(f"seed must be in [0, 2**32) (got {self.seed})")
         if self.optimizer.warmup_steps < 0:
             raise ConfigError(f"optimizer.warmup_steps must be >= 0 (got {self.optimizer.warmup_steps})")
 
     def _validate_converter(self) -> None:
-        from seqcache.training.models import architecture
-
         conv = self.converter
-        if conv not in CONVERTERS:
-            raise ConfigError(f"data.converter must be one of {CONVERTERS} (got {conv!r})")
-        allowed = [c for c, _ in architecture(self.model.architecture).converters]
+        _check_choice("data.converter", conv, CONVERTERS)
+        allowed = [c for c, _ in models.architecture(self.model.architecture).converters]
         if conv not in allowed:
             raise ConfigError(
                 f"data.converter={conv!r} does not feed model architecture {self.model.architecture!r}, which reads "
-                f"converters {allowed}"
-            )
+                f"converters {allowed}")
         if conv != "lm" and (self.inputs_sequence_length is None or self.inputs_sequence_length < 1):
             raise ConfigError(
                 f"converter {conv!r} needs inputs_sequence_length >= 1 (got {self.inputs_sequence_length}); set it, "
-                "e.g. --set inputs_sequence_length=512, or train on a cache that records it"
-            )
+                "e.g. --set inputs_sequence_length=512, or train on a cache that records it")
 
 
 # The feeder's seed when ``data.seed`` is unset.
@@ -382,11 +354,8 @@ DEFAULT_DATA_SEED = 0
 
 
 def resolve_seeds(config: TrainConfig) -> TrainConfig:
-    """The config with both seeds explicit, as the resolved config.json records
-    them: ``seed`` (parameters, dropout) as given, and ``data.seed`` (the
-    feeder's shuffle) as given or else ``DEFAULT_DATA_SEED``. The data seed is
-    never derived from ``seed``, so changing the initialisation alone leaves the
-    data stream byte for byte the same.
+    """The config with ``data.seed`` explicit (``DEFAULT_DATA_SEED`` when unset;
+    never derived from ``seed``, so another initialisation reads the same stream).
 
     Raises:
       ConfigError: a data seed outside [0, 2**32).
@@ -409,10 +378,6 @@ def to_json(config: Any) -> str:
     return json.dumps(to_dict(config), indent=2, sort_keys=True) + "\n"
 
 
-def _field_types(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _is_dataclass_type(tp) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
@@ -420,23 +385,13 @@ def _is_dataclass_type(tp) -> bool:
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Checks/converts a JSON value to the annotated field type ``tp``."""
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
+    if origin in (typing.Union, types.UnionType):  # every union of a config is ``X | None``
+        if value is None:
             return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, where)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {_short(value)}")
-    if _is_dataclass_type(tp):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected an object with fields of {tp.__name__} (got {_short(value)})")
-        return _from_mapping(tp, value, where)
+        (tp,) = [arg for arg in typing.get_args(tp) if arg is not type(None)]
+        return _coerce(value, tp, where)
+    if _is_dataclass_type(tp):  # a group given something other than an object (``_from_mapping``)
+        raise ConfigError(f"{where}: expected an object with fields of {tp.__name__} (got {bounded_json.short(value)})")
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -445,33 +400,31 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer() and abs(value) < MAX_INTEGER:
                 return int(value)
-            raise ConfigError(f"{where}: expected an integer (got {_short(value)})")
+            raise ConfigError(f"{where}: expected an integer (got {bounded_json.short(value)})")
         if not -MAX_INTEGER < value < MAX_INTEGER:
-            raise ConfigError(f"{where}: {_short(value)} is out of range, expected an integer in (-2^53, 2^53)")
+            raise ConfigError(
+                f"{where}: {bounded_json.short(value)} is out of range, expected an integer in (-2^53, 2^53)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number (got {_short(value)})")
+            raise ConfigError(f"{where}: expected a number (got {bounded_json.short(value)})")
         if isinstance(value, int) and not -MAX_INTEGER < value < MAX_INTEGER or not math.isfinite(value):
-            raise ConfigError(f"{where}: expected a finite number (got {_short(value)})")
+            raise ConfigError(f"{where}: expected a finite number (got {bounded_json.short(value)})")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string (got {_short(value)})")
+            raise ConfigError(f"{where}: expected a string (got {bounded_json.short(value)})")
         return value
     if tp is dict or origin is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected an object (got {_short(value)})")
-        try:
-            bounded_json.check_tree(dict(value), path=where, error=ConfigError, max_depth=8, what="value")
-        except ConfigError as e:
-            raise ConfigError(str(e)) from None
+            raise ConfigError(f"{where}: expected an object (got {bounded_json.short(value)})")
+        bounded_json.check_tree(dict(value), path=where, error=ConfigError, max_depth=8, what="value")
         return dict(value)
     raise ConfigError(f"{where}: unsupported field type {tp!r}")
 
 
-def _from_mapping(cls, raw: Mapping[str, Any], where: str, base: Any = None):
-    types_ = _field_types(cls)
+def _from_mapping(cls, raw: Mapping[str, Any], where: str, base: Any):
+    types_ = typing.get_type_hints(cls)
     unknown = sorted(set(raw) - set(types_))
     if unknown:
         raise ConfigError(f"{where or 'config'}: unknown field(s) {unknown}; valid fields: {sorted(types_)}")
@@ -480,12 +433,9 @@ def _from_mapping(cls, raw: Mapping[str, Any], where: str, base: Any = None):
         sub = f"{where}.{name}" if where else name
         tp = types_[name]
         if _is_dataclass_type(tp) and isinstance(value, Mapping):
-            inner_base = getattr(base, name) if base is not None else tp()
-            values[name] = _from_mapping(tp, value, sub, base=inner_base)
+            values[name] = _from_mapping(tp, value, sub, getattr(base, name))
         else:
             values[name] = _coerce(value, tp, sub)
-    if base is None:
-        return cls(**values)
     return dataclasses.replace(base, **values)
 
 
@@ -497,7 +447,7 @@ def config_from_dict(raw: Mapping[str, Any], base: TrainConfig | None = None) ->
       ConfigError: an unknown field (the message lists the valid ones) or a value
         of the wrong type.
     """
-    return _from_mapping(TrainConfig, raw, "", base=base if base is not None else TrainConfig())
+    return _from_mapping(TrainConfig, raw, "", base if base is not None else TrainConfig())
 
 
 def load_config_file(path: str, base: TrainConfig | None = None) -> TrainConfig:
@@ -515,65 +465,50 @@ def load_config_file(path: str, base: TrainConfig | None = None) -> TrainConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _short(value: Any) -> str:
-    return bounded_json.short(value)
-
-
-def _parse_scalar(text: str, tp: Any, key: str = "override") -> Any:
-    """Parses the right-hand side of ``key=value`` for a field of type ``tp``:
-    JSON within ``seqcache.bounded_json``'s bounds (NaN, Infinity and integers
-    of 2^64 or more are refused), else the text as a bare string.
+def _parse_scalar(text: str, key: str) -> Any:
+    """The right-hand side of ``key=value``: none/null, true/false, JSON, else the text itself.
 
     Raises:
-      ConfigError: JSON out of bounds (too deep, NaN, a huge number), an
-        object with a key twice.
+      ConfigError: NaN or Infinity, an integer too long to convert, an object with a key twice.
     """
     if text.lower() in ("none", "null"):
         return None
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
+
+    def no_constant(name):
+        raise ConfigError(f"override {key!r}: {bounded_json.short(text)} is not a finite number")
+
     try:
-        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=bounded_json.unique_keys)
-    except _NotANumber:
-        raise ConfigError(f"override {key!r}: {_short(text)} is not a finite number") from None
+        return json.loads(text, parse_constant=no_constant, object_pairs_hook=bounded_json.unique_keys)
+    except ConfigError:
+        raise
     except bounded_json.DuplicateKeyError as e:
         raise ConfigError(f"override {key!r}: {e} (JSON readers disagree on which value counts); keep one") from None
     except (json.JSONDecodeError, RecursionError):
         pass
     except ValueError:  # an integer of more digits than int() converts
-        raise ConfigError(f"override {key!r}: {_short(text)} is out of range") from None
+        raise ConfigError(f"override {key!r}: {bounded_json.short(text)} is out of range") from None
     return text  # a bare string
 
 
-class _NotANumber(Exception):
-    pass
-
-
-def _no_constant(name: str):
-    raise _NotANumber(name)
-
-
 # Where a new override starts inside one --set value: a dotted key and "="
-# after white space (outside JSON brackets and strings).
-_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
+# (or the end of the value) after white space outside JSON brackets and strings.
+_KEY = re.compile(r"$|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
 
 
 def split_overrides(values: Sequence[str]) -> list[str]:
     """The ``key=value`` overrides of ``--set`` values, each of which may hold
     several separated by white space (``"model.d_model=128 optimizer.lr=1e-3"``).
-    A value runs to the next white space that is outside JSON brackets and
-    strings and followed by a dotted key and ``=``, so JSON values may contain
-    spaces: ``data.mixture={"caches/wiki/train": 3, "caches/code/train": 1}``
-    is one override.
-
-    Returns:
-      The overrides, in order, without surrounding white space.
+    A value runs to the next white space outside JSON brackets and strings that
+    is followed by a dotted key and ``=``, so
+    ``data.mixture={"caches/wiki/train": 3, "caches/code/train": 1}`` is one
+    override. Returns them in order, stripped.
     """
     out: list[str] = []
     for value in values:
-        current, depth, in_string, escaped, i = [], 0, False, False, 0
-        while i < len(value):
-            c = value[i]
+        current, depth, in_string, escaped = "", 0, False, False
+        for i, c in enumerate(value):
             if in_string:
                 in_string = not (c == '"' and not escaped)
                 escaped = c == "\\" and not escaped
@@ -583,26 +518,19 @@ def split_overrides(values: Sequence[str]) -> list[str]:
                 depth += 1
             elif c in "]}":
                 depth = max(depth - 1, 0)
-            elif c.isspace() and depth == 0:
-                rest = value[i:].lstrip()
-                if not rest or _KEY.match(rest) or not "".join(current).strip():
-                    if "".join(current).strip():
-                        out.append("".join(current).strip())
-                    current = []
-                    i += 1
-                    continue
-            current.append(c)
-            i += 1
-        if "".join(current).strip():
-            out.append("".join(current).strip())
+            elif c.isspace() and depth == 0 and (not current.strip() or _KEY.match(value[i:].lstrip())):
+                out += [current.strip()] if current.strip() else []
+                current = ""
+                continue
+            current += c
+        out += [current.strip()] if current.strip() else []
     return out
 
 
 def apply_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
-    """Applies dotted ``key=value`` overrides, e.g. ``["model.d_model=128", "optimizer.lr=1e-3"]``.
-
-    Values are parsed as JSON where possible (numbers, true/false, null/none,
-    objects), otherwise taken as strings, then checked against the field's type.
+    """Applies dotted ``key=value`` overrides, e.g. ``["model.d_model=128", "optimizer.lr=1e-3"]``;
+    values are JSON where they parse (or none/null), else strings, checked
+    against the field's type.
 
     Raises:
       ConfigError: no ``=``, an unknown key (the message lists the valid ones at that
@@ -618,7 +546,7 @@ def apply_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfi
 
 
 def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
-    types_ = _field_types(type(obj))
+    types_ = typing.get_type_hints(type(obj))
     name = parts[0]
     if name not in types_:
         raise ConfigError(f"override {key!r}: {type(obj).__name__} has no field {name!r}; valid fields: {sorted(types_)}")
@@ -629,11 +557,11 @@ def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
             raise ConfigError(f"override {key!r}: {name!r} is a value, not a group of fields")
         return dataclasses.replace(obj, **{name: _set_path(child, parts[1:], text, key)})
     if _is_dataclass_type(tp):
-        raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{next(iter(_field_types(tp)))}=...")
-    value = _parse_scalar(text, tp, key)
-    if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
-        if value is not None and not isinstance(value, str):
-            value = text  # a string field given something that parses as JSON, e.g. "1"
+        first = next(iter(typing.get_type_hints(tp)))
+        raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{first}=...")
+    value = _parse_scalar(text, key)
+    if str in (tp, *typing.get_args(tp)) and value is not None and not isinstance(value, str):
+        value = text  # a string field given something that parses as JSON, e.g. "1"
     return dataclasses.replace(obj, **{name: _coerce(value, tp, key)})
 
 
@@ -654,18 +582,12 @@ def model_preset(name: str) -> ModelConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CommandLineFlags:
-    """The ``seqcache train`` flags that set config fields (layer 4 of the module
-    docstring's order). None leaves the field as the layers below set it.
-
-    Attributes:
-      cache_dir, task, split, eval_split: ``data.cache_dir``, ``data.task``,
-        ``data.split``, ``data.eval_split``.
-      steps, global_batch_size, sequence_length, rules, seed, tensorboard: the
-        ``TrainConfig`` fields of those names.
-      mesh: the mesh shape as ``--mesh`` gives it, e.g. ``"data=2,fsdp=4,model=1"``
-        (``seqcache.training.partitioning.parse_mesh_flag``); None or "" leaves
-        ``mesh`` as it is.
-      checkpoint_dir: ``checkpoint.directory``.
+    """The ``seqcache train`` flags that set config fields (layer 4); None (for
+    ``mesh`` also "") leaves a field as the layers below set it. ``cache_dir``,
+    ``task``, ``split``, ``eval_split`` set ``data``'s fields, ``checkpoint_dir``
+    ``checkpoint.directory``, ``mesh`` (``"data=2,fsdp=4,model=1"``,
+    ``partitioning.parse_mesh_flag``) the mesh; the others the ``TrainConfig``
+    fields of those names.
     """
 
     cache_dir: str | None = None
@@ -688,21 +610,12 @@ def apply_flags(config: TrainConfig, flags: CommandLineFlags) -> TrainConfig:
     Raises:
       seqcache.training.partitioning.PartitioningError: a malformed ``mesh``.
     """
-    data = config.data
-    data = dataclasses.replace(
-        data,
-        cache_dir=flags.cache_dir if flags.cache_dir is not None else data.cache_dir,
-        task=flags.task if flags.task is not None else data.task,
-        split=flags.split if flags.split is not None else data.split,
-        eval_split=flags.eval_split if flags.eval_split is not None else data.eval_split,
-    )
-    updates: dict[str, Any] = {"data": data}
-    for name in ("steps", "global_batch_size", "sequence_length", "rules", "seed", "tensorboard"):
-        value = getattr(flags, name)
-        if value is not None:
-            updates[name] = value
+    given = {f.name: getattr(flags, f.name) for f in dataclasses.fields(flags) if getattr(flags, f.name) is not None}
+    data = {k: given.pop(k) for k in ("cache_dir", "task", "split", "eval_split") if k in given}
+    updates: dict[str, Any] = {k: v for k, v in given.items() if k not in ("mesh", "checkpoint_dir")}
+    updates["data"] = dataclasses.replace(config.data, **data)
     if flags.mesh:
-        from seqcache.training import partitioning  # imports JAX
+        from seqcache.training import partitioning  # optional: jax (keeps config readable without it)
 
         updates["mesh"] = MeshConfig(**partitioning.parse_mesh_flag(flags.mesh))
     if flags.checkpoint_dir is not None:
@@ -712,13 +625,9 @@ def apply_flags(config: TrainConfig, flags: CommandLineFlags) -> TrainConfig:
 
 def config_from_layers(*, preset: str | None = None, config_file: str | None = None,
                        flags: CommandLineFlags | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """A run's config from its layers, each over the one before: the defaults,
-    the model preset ``preset`` (a name in ``MODEL_PRESETS``; None or "": none),
-    the JSON file ``config_file`` (``load_config_file``; None or "": none), the
-    command line ``flags`` (``apply_flags``) and the dotted ``overrides``
-    (``apply_overrides``, one ``key=value`` each); then both seeds made explicit
-    (``resolve_seeds``). The config is not validated (``TrainConfig.validate``):
-    the cache may still fill in fields such as ``model.vocab_size``.
+    """A run's config from its layers (see the module docstring; ``preset`` and
+    ``config_file`` None or "": none), then ``resolve_seeds``. Not validated: the
+    cache may still fill in fields such as ``model.vocab_size``.
 
     Raises:
       ConfigError: an unknown preset, a bad config file, a bad override or a

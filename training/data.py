@@ -11,42 +11,38 @@ The training source is, in this order of precedence:
 4. ``data.task`` naming a registered task or mixture (``seqcache.tasks``), its
    caches under ``cache_dir``.
 
-Evaluation uses the same source with ``data.eval_split`` and ``num_epochs=1``:
-a finite stream that reads every example exactly once, the last batch padded
-with rows of zero loss weight. (For a schedule: every cache of the schedule with
-equal rates; a finite run reads each example once whatever the rates.)
+Evaluation reads the same source with ``data.eval_split`` and ``num_epochs=1``:
+every example exactly once, the last batch padded with rows of zero loss weight
+(for a schedule: its caches with equal rates).
 
 The feature converter follows from the model and the cache's features
-(``resolve_converter``): a decoder-only model reads a ``targets`` cache with the
-feeder's own fields ("lm") and an (inputs, targets) cache as a prefix LM
-("prefix_lm"); the T5 model reads an (inputs, targets) cache through
-``ConvertedFeeder("encdec")``. A model that cannot read a cache is refused with a
+(``resolve_converter``); a model that cannot read a cache is refused with a
 message naming both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
+import types
 from typing import Any, Callable
 
+from seqcache import bounded_json, layout
 from seqcache import format as fmt
-from seqcache import layout
+from seqcache.feeders import Feeder, compat
+from seqcache.feeders.converters import ConvertedFeeder
+from seqcache.feeders.stream import check_same_features
 from seqcache.tasks import registry
-from seqcache.feeders import compat
+from seqcache.training import models
 from seqcache.training.config import ConfigError, DataConfig, TrainConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Source:
-    """Resolved feeder arguments for one split.
-
-    Attributes:
-      kwargs: ``cache=...`` or ``mixture=...`` (+ ``caches_root``/``split``) for Feeder.
-      cache_dirs: every cache folder the source reads.
-      name: a label for messages.
-    """
+    """Feeder arguments for one split (``cache=`` or ``mixture=``, with
+    ``caches_root``/``split``), every cache folder read, and a label for messages."""
 
     kwargs: dict
     cache_dirs: tuple[str, ...]
@@ -56,8 +52,6 @@ class Source:
 def _unique_keys_yaml_loader(yaml):
     """PyYAML's SafeLoader, refusing a mapping that has a key twice (PyYAML
     keeps the last value) with ``seqcache.bounded_json.DuplicateKeyError``."""
-    from seqcache import bounded_json
-
     class UniqueKeysLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
             seen = set()
@@ -75,24 +69,19 @@ def _unique_keys_yaml_loader(yaml):
 
 
 def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
-    """Reads a mixture schedule file: JSON (``.json``) or YAML (``.yaml``/``.yml``)
-    holding {step: {task or cache folder: rate}}, e.g.
-    ``{"0": {"wiki": 1, "code": 1}, "10000": {"wiki": 3, "code": 1}}``.
-
-    Steps are integers >= 0 (JSON keys are strings of digits) and the first stage
-    is at step 0; rates are numbers >= 0 (0 or left out: not read in that stage).
+    """Reads a mixture schedule, JSON or YAML (``.yaml``/``.yml``), {step: {task
+    or cache folder: rate}}, e.g. ``{"0": {"wiki": 1}, "10000": {"wiki": 3, "code": 1}}``:
+    steps are integers >= 0, the first 0; rates numbers >= 0 (0 or left out: not read).
 
     Raises:
       ConfigError: the file cannot be read or parsed, or a step or rate is bad;
         the message names the file and the entry.
     """
-    from seqcache import bounded_json
-
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
         if path.endswith((".yaml", ".yml")):
-            import yaml
+            import yaml  # optional: PyYAML (a JSON schedule needs none)
 
             raw = yaml.load(text, Loader=_unique_keys_yaml_loader(yaml))
             bounded_json.check_tree(raw, path=path, error=ConfigError, what="mixture schedule")
@@ -141,9 +130,9 @@ def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
 
 def _schedule_source(schedule: dict[int, dict[str, float]], data: DataConfig, split: str, *,
                      for_eval: bool) -> Source:
-    """The feeder arguments of a mixture schedule. Each name is a task under
-    ``cache_dir`` (``CACHE_DIR/<task>/<split>``) or a cache folder (absolute, or
-    relative to ``cache_dir``; for another split, its sibling folder)."""
+    """The feeder arguments of a mixture schedule; each name is a task under
+    ``cache_dir`` or a cache folder (absolute or under ``cache_dir``; for
+    another split, its sibling folder)."""
     paths: dict[str, str] = {}
     for stage in schedule.values():
         for name in stage:
@@ -172,10 +161,9 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), 
     """Where batches of ``split`` come from (see the module docstring).
 
     Args:
-      schedule: a mixture schedule (``load_mixture_schedule``), which replaces
+      schedule: a mixture schedule (``load_mixture_schedule``); replaces
         ``data.mixture`` and ``data.task``.
-      for_eval: the source evaluates (with a schedule: the schedule's caches of
-        ``split`` with equal rates).
+      for_eval: with a schedule, its caches of ``split`` at equal rates.
 
     Raises:
       ConfigError: nothing to train on, or a name that is neither a cache folder nor
@@ -184,10 +172,8 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), 
     if schedule:
         return _schedule_source(schedule, data, split, for_eval=for_eval)
     if data.mixture:
-        pairs = {}
-        for path, rate in data.mixture.items():
-            full = path if os.path.isabs(path) or data.cache_dir is None else os.path.join(data.cache_dir, path)
-            pairs[full] = rate
+        pairs = {path if os.path.isabs(path) or data.cache_dir is None else os.path.join(data.cache_dir, path): rate
+                 for path, rate in data.mixture.items()}
         return Source(kwargs={"mixture": pairs}, cache_dirs=tuple(pairs), name="mixture")
     task = data.task
     if not task:
@@ -207,8 +193,7 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), 
     where = f" or {layout.cache_path(data.cache_dir, task, split)}" if data.cache_dir else ""
     raise ConfigError(
         f"--task {task!r}: not a cache folder{where}, nor a registered task or mixture"
-        + ("" if data.cache_dir else " (give --cache-dir to look up names)")
-    )
+        + ("" if data.cache_dir else " (give --cache-dir to look up names)"))
 
 
 _PER_TOKEN_SUFFIXES = ("_segment_ids", "_positions")
@@ -219,14 +204,9 @@ def token_features_of(source: Source) -> tuple[str, ...]:
     ``source`` has, in the first manifest's order.
 
     Raises:
-      ConfigError: caches with different token features: the Feeder's message
-        (``seqcache.feeders.stream.check_same_features``), naming every
-        cache's task, folder and features, and the mixtures that would work.
+      ConfigError: caches with different token features (the Feeder's message,
+        ``seqcache.feeders.stream.check_same_features``).
     """
-    import types
-
-    from seqcache.feeders.stream import check_same_features
-
     manifests = [types.SimpleNamespace(manifest=fmt.read_manifest(path)) for path in source.cache_dirs]
     try:
         check_same_features(list(source.cache_dirs), manifests, converters_only=True)
@@ -236,17 +216,14 @@ def token_features_of(source: Source) -> tuple[str, ...]:
 
 
 def resolve_converter(config: TrainConfig, source: Source, *, model_label: str | None = None) -> str:
-    """The feature converter that feeds ``config.model`` from ``source``: the
-    configured ``data.converter`` if set (checked against the caches), else the
-    one ``seqcache.training.models.converter_for`` picks from the features.
+    """The feature converter that feeds ``config.model`` from ``source``:
+    ``data.converter`` if set (checked against the caches), else the one
+    ``seqcache.training.models.converter_for`` picks from the features.
 
     Raises:
-      ConfigError: the model cannot read the caches (names the cache, its
-        features, the model and the features it reads), or ``data.converter``
-        needs features the caches lack.
+      ConfigError: the model cannot read the caches, or ``data.converter`` needs
+        features they lack (names the cache, its features and the model's).
     """
-    from seqcache.training import models
-
     features = token_features_of(source)
     arch = config.model.architecture
     label = model_label or arch
@@ -259,8 +236,7 @@ def resolve_converter(config: TrainConfig, source: Source, *, model_label: str |
     if needs is not None and not set(needs) <= set(features):
         raise ConfigError(
             f"{source.name}: data.converter={chosen!r} reads features {list(needs)}, but the cache has "
-            f"{list(features)} (model {label!r})"
-        )
+            f"{list(features)} (model {label!r})")
     return chosen
 
 
@@ -280,13 +256,11 @@ def vocab_size_of(source: Source, feature: str = "targets") -> int:
     """
     seen = {}
     for path in source.cache_dirs:
-        manifest = fmt.read_manifest(path)
-        desc = manifest.vocabularies.get(feature)
+        desc = fmt.read_manifest(path).vocabularies.get(feature)
         if not isinstance(desc, dict) or "vocab_size" not in desc:
             raise ConfigError(
                 f"{path}: the manifest records no vocabulary size for feature {feature!r}; "
-                "set it with --set model.vocab_size=N"
-            )
+                "set it with --set model.vocab_size=N")
         seen[path] = desc
     descs = list(seen.values())
     if any(d != descs[0] for d in descs[1:]):
@@ -308,15 +282,13 @@ def model_vocab_size(source: Source, converter: str) -> int:
         if inputs != size:
             raise ConfigError(
                 f"{source.name}: features 'inputs' and 'targets' have vocabularies of {inputs} and {size} ids; the "
-                "models read both with one embedding table: build the cache with one vocabulary for both"
-            )
+                "models read both with one embedding table: build the cache with one vocabulary for both")
     return size
 
 
 def check_sequence_length(source: Source, sequence_length: int, feature: str = "targets") -> None:
-    """Refuses a sequence length shorter than a packed cache's: the feeder would
-    have to cut packed segments (it refuses it too; this says so before anything
-    is compiled, also in a dry run, in the CLI's terms).
+    """Refuses a sequence length shorter than a packed cache's, before anything
+    is compiled (also in a dry run), in the CLI's terms.
 
     Raises:
       ConfigError: naming the cache, its packed sequence length and the requested one.
@@ -344,17 +316,11 @@ def steps_per_epoch(source: Source, global_batch_size: int) -> int | None:
 
 def make_feeder(config: TrainConfig, source: Source, *, seed: int, num_epochs: int | None = None):
     """A feeder over ``source`` with the run's global batch size and sequence
-    lengths (host index and count from JAX): a ``seqcache.feeders.Feeder`` of
-    ``targets`` for the "lm" converter, else a
-    ``seqcache.feeders.converters.ConvertedFeeder`` with ``config.converter``
-    and the lengths ``config.lengths``."""
-    from seqcache.feeders import Feeder
-
+    lengths: a ``Feeder`` of ``targets`` for the "lm" converter, else a
+    ``ConvertedFeeder`` of ``config.converter`` and ``config.lengths``."""
     common = dict(source.kwargs, global_batch_size=config.global_batch_size, seed=seed, num_epochs=num_epochs)
     if config.converter == "lm":
         return Feeder(**common, sequence_length=config.sequence_length)
-    from seqcache.feeders.converters import ConvertedFeeder
-
     return ConvertedFeeder(converter=config.converter, sequence_length=config.lengths, **common)
 
 
@@ -369,8 +335,4 @@ def feeder_readers(feeder) -> list:
 
 def eval_feeder_factory(config: TrainConfig, source: Source, *, seed: int) -> Callable[[], Any]:
     """A function returning a fresh finite (one epoch) feeder over ``source``."""
-
-    def make():
-        return make_feeder(config, source, seed=seed, num_epochs=1)
-
-    return make
+    return functools.partial(make_feeder, config, source, seed=seed, num_epochs=1)

@@ -1,21 +1,11 @@
 """Several JAX processes: one ``seqcache train`` process per host.
 
-Vocabulary (as in the feeder and the trainer): a *host* is one JAX process, with
-index h = ``jax.process_index()`` of H = ``jax.process_count()``. Host h feeds
-rows [h * B / H, (h + 1) * B / H) of every global batch of B rows; the devices
-of all hosts together form the mesh.
-
-- ``Settings`` / ``settings_from``: the coordinator address, the process count
-  and the process id, from flags or the environment (``JAX_COORDINATOR_ADDRESS``,
-  which ``jax.distributed.initialize`` reads itself, and ``JAX_NUM_PROCESSES``,
-  ``JAX_PROCESS_ID``).
-- ``initialize``: ``jax.distributed.initialize`` with them, before anything
-  touches a JAX backend; on CPU it selects the gloo collectives so that
-  all-reduces cross processes.
-- ``any_process``: the hosts agree on a local flag (SIGTERM seen by any host):
-  every host then stops, and saves, at the same step.
-- ``launch_local``: N processes of one command on this machine, on loopback, for
-  trying a multi-host run out; SIGTERM or Ctrl-C is passed on to every process.
+A *host* is one JAX process, index h = ``jax.process_index()`` of H =
+``jax.process_count()``; host h feeds rows [h * B / H, (h + 1) * B / H) of every
+global batch of B rows, and the devices of all hosts form the mesh. Settings
+come from flags or the environment (``JAX_COORDINATOR_ADDRESS``,
+``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``); ``launch_local`` starts N processes
+on this machine to try a multi-host run out.
 """
 
 from __future__ import annotations
@@ -30,6 +20,8 @@ import sys
 import threading
 from typing import Mapping, Sequence
 
+import numpy as np
+
 log = logging.getLogger("seqcache.training")
 
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
@@ -43,15 +35,10 @@ class DistributedError(ValueError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
-    """How this process joins a multi-process run.
-
-    Attributes:
-      coordinator_address: "HOST:PORT" of process 0's coordination service.
-      num_processes: H, the number of JAX processes (hosts).
-      process_id: h in [0, H).
-      auto: let ``jax.distributed.initialize`` detect what is not given (SLURM,
-        Open MPI, Cloud TPU, Kubernetes).
-    """
+    """How this process joins a multi-process run: process 0's coordinator
+    "HOST:PORT", the process count H, this process's id h in [0, H), or ``auto``
+    (``jax.distributed.initialize`` detects them on SLURM, Open MPI, Cloud TPU or
+    Kubernetes)."""
 
     coordinator_address: str | None = None
     num_processes: int | None = None
@@ -61,9 +48,7 @@ class Settings:
     @property
     def enabled(self) -> bool:
         """True when ``jax.distributed.initialize`` must be called."""
-        return self.auto or any(
-            v is not None for v in (self.coordinator_address, self.num_processes, self.process_id)
-        )
+        return self.auto or any(v is not None for v in (self.coordinator_address, self.num_processes, self.process_id))
 
     def validate(self) -> None:
         """Raises DistributedError unless the settings can start a run."""
@@ -76,15 +61,13 @@ class Settings:
             raise DistributedError(
                 f"a multi-process run needs the coordinator address, the process count and the process id; "
                 f"missing: {', '.join(missing)} (or {ENV_COORDINATOR}, {ENV_NUM_PROCESSES}, {ENV_PROCESS_ID}); "
-                "give --jax-distributed to let JAX detect them on SLURM, Open MPI, Cloud TPU or Kubernetes"
-            )
+                "give --jax-distributed to let JAX detect them on SLURM, Open MPI, Cloud TPU or Kubernetes")
         if self.num_processes < 1:
             raise DistributedError(f"--num-processes must be >= 1 (got {self.num_processes})")
         if not 0 <= self.process_id < self.num_processes:
             raise DistributedError(
                 f"--process-id must be in [0, {self.num_processes}) for --num-processes {self.num_processes} "
-                f"(got {self.process_id})"
-            )
+                f"(got {self.process_id})")
         host, sep, port = self.coordinator_address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise DistributedError(
@@ -121,14 +104,10 @@ def settings_from(*, coordinator_address: str | None = None, num_processes: int 
 
 
 def initialize(settings: Settings) -> bool:
-    """Joins the run: ``jax.distributed.initialize(coordinator_address,
-    num_processes, process_id)``. Call it before any JAX computation or device
-    query. On CPU, cross-process collectives need an implementation: gloo is
-    selected unless ``jax_cpu_collectives_implementation`` is already set.
-
-    Returns:
-      True if JAX's distributed runtime was initialized, False for a single
-      process without settings.
+    """Joins the run with ``jax.distributed.initialize`` (call it before any JAX
+    computation or device query); on CPU selects the gloo collectives unless
+    ``jax_cpu_collectives_implementation`` is set. Returns False for a single
+    process without settings.
 
     Raises:
       DistributedError: see ``Settings.validate``.
@@ -136,18 +115,15 @@ def initialize(settings: Settings) -> bool:
     settings.validate()
     if not settings.enabled:
         return False
-    import jax
+    import jax  # optional: jax (the launcher and the settings run without it)
 
     if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if settings.auto and settings.coordinator_address is None:
         jax.distributed.initialize()
     else:
-        jax.distributed.initialize(
-            coordinator_address=settings.coordinator_address,
-            num_processes=settings.num_processes,
-            process_id=settings.process_id,
-        )
+        jax.distributed.initialize(coordinator_address=settings.coordinator_address,
+                                   num_processes=settings.num_processes, process_id=settings.process_id)
     log.info("process %d of %d (coordinator %s): %d local devices, %d in all", jax.process_index(),
              jax.process_count(), settings.coordinator_address or "auto", jax.local_device_count(),
              jax.device_count())
@@ -155,15 +131,13 @@ def initialize(settings: Settings) -> bool:
 
 
 def any_process(flag: bool) -> bool:
-    """True on every host when ``flag`` is true on at least one (an all-gather of
-    one integer per host; every host must call it at the same point). In one
-    process it returns ``flag``."""
-    import jax
+    """True on every host when ``flag`` is true on at least one (an all-gather;
+    every host must call it at the same point)."""
+    import jax  # optional: jax
+    from jax.experimental import multihost_utils  # optional: jax
 
     if jax.process_count() == 1:
         return bool(flag)
-    import numpy as np
-    from jax.experimental import multihost_utils
 
     flags = multihost_utils.process_allgather(np.array([int(bool(flag))], dtype=np.int32))
     return bool(np.asarray(flags).any())
@@ -178,9 +152,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def local_process_env(*, index: int, count: int, port: int, devices_per_process: int | None,
                       base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of process ``index`` of ``count`` on this machine: the
-    coordinator on 127.0.0.1:``port``; with ``devices_per_process``, CPU devices
-    (``--xla_force_host_platform_device_count``, appended to ``XLA_FLAGS``)."""
+    """The environment of process ``index`` of ``count`` on this machine, the
+    coordinator on 127.0.0.1:``port``; with ``devices_per_process``, that many
+    CPU devices (``--xla_force_host_platform_device_count``)."""
     env = dict(os.environ if base is None else base)
     env[ENV_COORDINATOR] = f"127.0.0.1:{port}"
     env[ENV_NUM_PROCESSES] = str(count)
@@ -198,12 +172,10 @@ def launch_local(argv: Sequence[str], *, num_processes: int, devices_per_process
     """Runs ``argv`` as ``num_processes`` processes of one multi-process JAX run
     on this machine (coordinator on 127.0.0.1, a free port) and waits for them.
 
-    SIGTERM and SIGINT (Ctrl-C) received by this process are passed on to every
-    process as SIGTERM, so that each one saves its part of the checkpoint; the
-    processes run in their own session, so Ctrl-C in a terminal reaches them only
-    this way. When one process fails (an exit status other than 0 and 143), the
-    others are stopped with SIGTERM (the run cannot go on without it); a process
-    still running ``grace_s`` seconds after SIGTERM is killed.
+    SIGTERM and SIGINT received here are passed on to every process (each in
+    its own session) as SIGTERM, so each saves its part of the checkpoint. When
+    one process fails (a status other than 0 and 143), the others get SIGTERM;
+    a process still running ``grace_s`` seconds after SIGTERM is killed.
 
     Returns:
       0 when every process exited with 0; else the first status that is not 0 or
@@ -258,9 +230,7 @@ def launch_local(argv: Sequence[str], *, num_processes: int, devices_per_process
                 _kill_after(procs, grace_s)
         statuses = [codes[i] for i in range(len(procs))]
         bad = [c for c in statuses if c not in (0, 143)]
-        if bad:
-            return bad[0]
-        return 143 if 143 in statuses else 0
+        return bad[0] if bad else 143 if 143 in statuses else 0
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -25,9 +25,7 @@ log = logging.getLogger("seqcache.training")
 
 @dataclasses.dataclass
 class LoopIO:
-    """What the loop writes to and reads from besides the trainer: the
-    checkpointer (or None), the metrics writer, the progress bar, the stop flag,
-    the eval feeder factory (or None) and the per-step callback (or None)."""
+    """What the loop writes to and reads from besides the trainer."""
 
     checkpointer: Any
     writer: Any
@@ -37,28 +35,25 @@ class LoopIO:
     on_step: Callable[[dict], None] | None
 
 
-class _Fetcher:
+def _fetcher(feeder) -> Callable[[], tuple]:
     """``next(feeder)`` with the feeder state after it and the seconds it took."""
+    iterator = iter(feeder)
 
-    def __init__(self, feeder):
-        self.feeder = feeder
-        self.iterator = iter(feeder)
-
-    def __call__(self):
+    def fetch():
         t0 = time.perf_counter()
-        host_batch = next(self.iterator)
+        host_batch = next(iterator)
         waited = time.perf_counter() - t0
-        return host_batch, self.feeder.state(), waited
+        return host_batch, feeder.state(), waited
+
+    return fetch
 
 
 def run_loop(trainer, feeder, params, opt_state, compiled, start: int, end: int, io: LoopIO) -> TrainResult:
     """Trains steps ``start`` .. ``end - 1`` (fewer after SIGTERM or the end of
-    the stream), saving checkpoints every ``checkpoint.every_steps``, at
-    ``end``, on a stop and at the end of the stream; evaluates every
-    ``eval_every`` steps and after the run's last step."""
+    the stream), saving and evaluating as ``_maybe_save`` and ``_maybe_evaluate`` say."""
     cfg = trainer.config
     multi_host = jax.process_count() > 1
-    fetch = _Fetcher(feeder)
+    fetch = _fetcher(feeder)
     records: list[dict] = []
     last_eval = None
     stopped = exhausted = False
@@ -103,9 +98,8 @@ def run_loop(trainer, feeder, params, opt_state, compiled, start: int, end: int,
     )
 
 
-def _try_fetch(fetch: _Fetcher):
-    """(pending batch, exhausted): the next fetch, or (None, True) at the end of
-    the stream."""
+def _try_fetch(fetch: Callable[[], tuple]):
+    """(the next fetch, False), or (None, True) at the end of the stream."""
     try:
         return fetch(), False
     except StopIteration:

@@ -14,33 +14,32 @@ host time spent inside the feeder's ``next`` for that step's batch. Eval lines
 carry ``eval_loss``, ``eval_accuracy``, ``eval_tokens`` (sum of loss weights) and
 ``eval_batches`` instead.
 
-The same values go to TensorBoard event files (``TensorBoardWriter``, through
-tensorboardX: no TensorFlow needed) in a folder next to the metrics file, one
-scalar per value: ``train/<name>`` for a step's line (``train/loss``,
-``train/learning_rate``, ``train/grad_norm``, ``train/tokens_per_s``, ...) and
-``eval/<name>`` without the ``eval_`` prefix for an evaluation's (``eval/loss``,
-``eval/accuracy``, ...), at TensorBoard step = the line's ``step``.
+The same values go to TensorBoard event files (``TensorBoardWriter``; no
+TensorFlow needed) next to the metrics file, at the line's ``step``:
+``train/<name>`` for a step's line (``train/loss``), ``eval/<name>`` without the
+``eval_`` prefix for an evaluation's (``eval/loss``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
+import struct
 import time
 from typing import Any, Mapping
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 # The folder of event files, next to the metrics file.
 TENSORBOARD_DIR = "tensorboard"
 
 
 class MetricsWriter:
-    """Appends one JSON object per line to ``path`` (flushed every line, so a
-    preempted run keeps every completed step). ``path`` None writes nothing.
-
-    ``tensorboard_dir``: also writes every record to TensorBoard event files
-    there (``TensorBoardWriter``); None writes none. ``start_step``: the step a
-    resumed run starts from (see ``TensorBoardWriter``)."""
+    """Appends one JSON object per line to ``path`` (None: nothing), flushed
+    every line so a preempted run keeps every completed step; with
+    ``tensorboard_dir`` also to event files there (``TensorBoardWriter``, which
+    ``start_step`` is for)."""
 
     def __init__(self, path: str | None, *, tensorboard_dir: str | None = None, start_step: int = 0):
         self.path = path
@@ -69,23 +68,19 @@ class MetricsWriter:
 
 
 def tensorboard_tag(name: str) -> str:
-    """The TensorBoard tag of a metrics-file field: ``loss`` -> ``train/loss``,
-    ``eval_loss`` -> ``eval/loss``."""
+    """``loss`` -> ``train/loss``, ``eval_loss`` -> ``eval/loss``."""
     return f"eval/{name[len('eval_'):]}" if name.startswith("eval_") else f"train/{name}"
 
 
 class TensorBoardWriter:
-    """One metrics record -> one TensorBoard scalar per numeric field, at step
-    ``record["step"]`` (see the module docstring for the tags), through
-    tensorboardX's ``SummaryWriter`` (event files ``events.out.tfevents.*`` in
-    ``logdir``; TensorFlow is not needed to write or read them). Flushed after
-    every record, like the metrics file.
+    """One metrics record -> one TensorBoard scalar per numeric field at step
+    ``record["step"]`` (tags: see the module docstring), through tensorboardX's
+    ``SummaryWriter`` into ``logdir``; flushed after every record. Non-finite
+    values are written as they are.
 
-    A run resumed at ``start_step`` > 0 writes a new event file that tells
-    TensorBoard to drop the earlier files' values from that step on
-    (``purge_step``): the steps a preempted run trained after its last
-    checkpoint are trained again and shown once. Non-finite values (a diverged
-    loss) are written as they are: TensorBoard shows them as NaN or inf.
+    A run resumed at ``start_step`` > 0 writes a new event file that drops the
+    earlier files' values from that step on (``purge_step``), so steps trained
+    again after a preemption are shown once.
 
     Raises:
       ModuleNotFoundError: tensorboardX is not installed (the ``train`` extra
@@ -94,7 +89,7 @@ class TensorBoardWriter:
 
     def __init__(self, logdir: str, *, start_step: int = 0):
         try:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # optional: tensorboardX (the message names the extra)
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(
                 "TensorBoard event files need tensorboardX: pip install 'seqcache[train]' (or tensorboardX), or "
@@ -122,11 +117,9 @@ class TensorBoardWriter:
 
 def read_tensorboard(logdir: str) -> dict[str, list[tuple[int, float]]]:
     """Every scalar in the event files of ``logdir``: tag -> [(step, value)] in
-    file order (files by name, i.e. by creation time). Parses the TFRecord
-    framing and the ``Event`` protobuf that tensorboardX ships; no TensorFlow."""
-    import struct
-
-    from tensorboardX.proto import event_pb2
+    file order (by name, i.e. creation time), read with tensorboardX's ``Event``
+    protobuf; no TensorFlow."""
+    from tensorboardX.proto import event_pb2  # optional: tensorboardX
 
     out: dict[str, list[tuple[int, float]]] = {}
     names = sorted(n for n in os.listdir(logdir) if n.startswith("events.out.tfevents."))
@@ -152,25 +145,15 @@ def read_metrics(path: str) -> list[dict]:
 
 
 class ProgressBar:
-    """A rich progress bar over steps [start, total) showing loss and tokens/s,
-    on stderr. Disabled (a no-op) when ``enabled`` is False."""
+    """A rich progress bar on stderr over steps [start, total) with loss and tokens/s; a no-op unless ``enabled``."""
 
     def __init__(self, *, total: int, start: int, enabled: bool):
         self._progress = None
         if not enabled:
             return
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
         self._progress = Progress(
-            TextColumn("train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-        )
+            TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[tps]} tok/s"), TimeRemainingColumn(), console=Console(stderr=True))
         self._task = self._progress.add_task("train", total=total, completed=start, loss="-", tps="-")
         self._progress.start()
 

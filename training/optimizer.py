@@ -17,13 +17,8 @@ def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
     """
     decay_steps = cfg.decay_steps if cfg.decay_steps is not None else total_steps
     decay_steps = max(decay_steps, cfg.warmup_steps + 1)
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=cfg.lr,
-        warmup_steps=cfg.warmup_steps,
-        decay_steps=decay_steps,
-        end_value=cfg.lr * cfg.end_lr_ratio,
-    )
+    return optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
+                                              decay_steps=decay_steps, end_value=cfg.lr * cfg.end_lr_ratio)
 
 
 def _decay_mask(params):
@@ -34,17 +29,7 @@ def _decay_mask(params):
 def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """(optimizer, schedule): clip_by_global_norm (if ``cfg.clip_norm``) then AdamW."""
     schedule = make_schedule(cfg, total_steps)
-    parts = []
-    if cfg.clip_norm is not None:
-        parts.append(optax.clip_by_global_norm(cfg.clip_norm))
-    parts.append(
-        optax.adamw(
-            learning_rate=schedule,
-            b1=cfg.b1,
-            b2=cfg.b2,
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-            mask=_decay_mask,
-        )
-    )
-    return optax.chain(*parts), schedule
+    clip = [] if cfg.clip_norm is None else [optax.clip_by_global_norm(cfg.clip_norm)]
+    adamw = optax.adamw(learning_rate=schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                        mask=_decay_mask)
+    return optax.chain(*clip, adamw), schedule

@@ -17,16 +17,11 @@ Mesh axes:
 
 The batch dimension is always split over ('data', 'fsdp') together.
 
-Rules presets (``RULES``):
-  dp       everything replicated; batch over ('data', 'fsdp').
-  fsdp     'embed' over 'fsdp'.
-  tp       'heads' and 'mlp' over 'model'.
-  fsdp+tp  both.
-
-RMSNorm scales (logical axis 'norm'), the buckets of T5's relative position
-bias ('relpos_buckets', its other axis is 'heads') and the vocabulary dimension stay
-replicated in every preset: they are small, and replicating 'vocab' keeps any
-vocabulary size usable whatever the mesh.
+Rules presets (``RULES``): ``dp`` replicates every parameter; ``fsdp`` shards
+'embed' over 'fsdp'; ``tp`` 'heads' and 'mlp' over 'model'; ``fsdp+tp`` both.
+RMSNorm scales ('norm'), T5's relative position buckets ('relpos_buckets') and
+'vocab' stay replicated in every preset: they are small, and a replicated
+'vocab' keeps any vocabulary size usable whatever the mesh.
 """
 
 from __future__ import annotations
@@ -43,34 +38,15 @@ MESH_AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
 
 
-_BASE = {
-    "vocab": None,
-    "embed": None,
-    "heads": None,
-    "kv": None,
-    "mlp": None,
-    "norm": None,
-    "relpos_buckets": None,
-    "batch": BATCH_AXES,
-    "length": None,
-    "act_embed": None,
-    "act_heads": None,
-    "act_mlp": None,
-    "act_vocab": None,
-}
+_BASE = {**dict.fromkeys(("vocab", "embed", "heads", "kv", "mlp", "norm", "relpos_buckets")), "batch": BATCH_AXES,
+         **dict.fromkeys(("length", "act_embed", "act_heads", "act_mlp", "act_vocab"))}
+_TP = dict.fromkeys(("heads", "mlp", "act_heads", "act_mlp"), "model")
 
 RULES: dict[str, dict[str, Any]] = {
     "dp": dict(_BASE),
     "fsdp": {**_BASE, "embed": "fsdp"},
-    "tp": {**_BASE, "heads": "model", "mlp": "model", "act_heads": "model", "act_mlp": "model"},
-    "fsdp+tp": {
-        **_BASE,
-        "embed": "fsdp",
-        "heads": "model",
-        "mlp": "model",
-        "act_heads": "model",
-        "act_mlp": "model",
-    },
+    "tp": {**_BASE, **_TP},
+    "fsdp+tp": {**_BASE, "embed": "fsdp", **_TP},
 }
 
 
@@ -79,24 +55,20 @@ class PartitioningError(ValueError):
     parameter path, its shape and the mesh axis)."""
 
 
-def get_rules(name_or_rules: str | Mapping[str, Any]) -> dict[str, Any]:
-    """A rules table by preset name, or a custom table (logical axis -> mesh axis,
-    tuple of mesh axes, or None) passed through.
+def get_rules(name: str) -> dict[str, Any]:
+    """A copy of the rules preset ``name`` (logical axis -> mesh axis, tuple of mesh axes, or None).
 
     Raises:
       PartitioningError: unknown preset name (the message lists the presets).
     """
-    if isinstance(name_or_rules, Mapping):
-        return dict(name_or_rules)
     try:
-        return dict(RULES[name_or_rules])
+        return dict(RULES[name])
     except KeyError:
-        raise PartitioningError(f"unknown rules preset {name_or_rules!r}; presets: {sorted(RULES)}") from None
+        raise PartitioningError(f"unknown rules preset {name!r}; presets: {sorted(RULES)}") from None
 
 
 def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, model) sizes with one -1 filled in so that the product is
-    ``num_devices``.
+    """(data, fsdp, model) sizes with one -1 filled in so that the product is ``num_devices``.
 
     Raises:
       PartitioningError: more than one -1, a size < 1, or a product that does not
@@ -114,27 +86,23 @@ def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int,
         if num_devices % known:
             raise PartitioningError(
                 f"mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not divisible by {known}, "
-                f"so axis {unknown[0]!r} cannot take the rest"
-            )
+                f"so axis {unknown[0]!r} cannot take the rest")
         sizes[MESH_AXES.index(unknown[0])] = num_devices // known
     if int(np.prod(sizes)) != num_devices:
         raise PartitioningError(
             f"mesh {dict(zip(MESH_AXES, sizes))} has {int(np.prod(sizes))} devices but {num_devices} are available; "
-            "make the product of data*fsdp*model equal the device count (or set one axis to -1)"
-        )
+            "make the product of data*fsdp*model equal the device count (or set one axis to -1)")
     return tuple(sizes)  # type: ignore[return-value]
 
 
 def make_mesh(shape: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
-    """A ('data', 'fsdp', 'model') mesh from ``jax.make_mesh``.
-
-    Axes are of type Auto: shardings are given explicitly at the jit boundary
-    (in_shardings/out_shardings) and XLA's partitioner propagates them inside.
+    """A ('data', 'fsdp', 'model') mesh from ``jax.make_mesh``, axes of type Auto
+    (shardings are given at the jit boundary; XLA propagates them inside).
 
     Args:
       shape: axis name -> size, e.g. ``{"data": 2, "fsdp": 4, "model": 1}``; one
         size may be -1 ("the remaining devices").
-      devices: devices to use; default ``jax.devices()``.
+      devices: default ``jax.devices()``.
 
     Raises:
       PartitioningError: see ``resolve_mesh_shape``.
@@ -169,42 +137,26 @@ def parse_mesh_flag(text: str) -> dict[str, int]:
 
 
 def _mesh_axes_of(rule: Any) -> tuple[str, ...]:
-    if rule is None:
-        return ()
-    if isinstance(rule, str):
-        return (rule,)
-    return tuple(rule)
+    return () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
 
 
-def logical_to_spec(
-    logical_axes: Sequence[str | None],
-    shape: Sequence[int],
-    rules: Mapping[str, Any],
-    mesh: Mesh,
-    *,
-    path: str = "<array>",
-) -> P:
-    """Maps one array's logical axis names to a PartitionSpec on ``mesh``.
-
-    Args:
-      logical_axes: one logical axis name (or None = replicated) per dimension.
-      shape: the array's shape.
-      rules: logical axis -> mesh axis name, tuple of names, or None.
-      mesh: the device mesh.
-      path: the parameter path, for error messages (e.g. ``blocks/0/attn/wq``).
+def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], rules: Mapping[str, Any], mesh: Mesh,
+                    *, path: str = "<array>") -> P:
+    """The PartitionSpec on ``mesh`` of an array of ``shape`` with one logical
+    axis name (or None = replicated) per dimension; ``rules`` map logical axes
+    to a mesh axis, a tuple of them or None; ``path`` (e.g. ``blocks/0/attn/wq``)
+    names the array in messages.
 
     Raises:
-      PartitioningError: naming ``path``, ``shape`` and the mesh axis when the
-        number of names differs from the rank, a logical axis has no rule, a rule
-        names an axis that is not in the mesh, a mesh axis is used twice, or a
-        dimension is not divisible by the size of its mesh axes.
+      PartitioningError: naming ``path``, ``shape`` and the mesh axis: a name
+        count other than the rank, a logical axis without rule, a mesh axis not
+        in the mesh or used twice, a dimension not divisible by its mesh axes.
     """
     shape = tuple(int(s) for s in shape)
     if len(logical_axes) != len(shape):
         raise PartitioningError(
             f"parameter {path} with shape {shape} has {len(logical_axes)} logical axis names "
-            f"{tuple(logical_axes)}; expected one per dimension"
-        )
+            f"{tuple(logical_axes)}; expected one per dimension")
     spec = []
     used: dict[str, int] = {}
     for dim, (name, size) in enumerate(zip(logical_axes, shape)):
@@ -214,21 +166,18 @@ def logical_to_spec(
         if name not in rules:
             raise PartitioningError(
                 f"parameter {path} with shape {shape}: logical axis {name!r} (dimension {dim}) has no rule; "
-                f"the rules table knows {sorted(rules)}"
-            )
+                f"the rules table knows {sorted(rules)}")
         axes = _mesh_axes_of(rules[name])
         total = 1
         for axis in axes:
             if axis not in mesh.shape:
                 raise PartitioningError(
                     f"parameter {path} with shape {shape}: logical axis {name!r} maps to mesh axis {axis!r}, "
-                    f"which is not in the mesh {dict(mesh.shape)}"
-                )
+                    f"which is not in the mesh {dict(mesh.shape)}")
             if axis in used:
                 raise PartitioningError(
                     f"parameter {path} with shape {shape}: mesh axis {axis!r} is used by dimensions "
-                    f"{used[axis]} and {dim}; a mesh axis can shard only one dimension"
-                )
+                    f"{used[axis]} and {dim}; a mesh axis can shard only one dimension")
             used[axis] = dim
             total *= mesh.shape[axis]
         if size % total:
@@ -236,14 +185,8 @@ def logical_to_spec(
             raise PartitioningError(
                 f"parameter {path} with shape {shape}: dimension {dim} (logical axis {name!r}, size {size}) "
                 f"is not divisible by mesh axis {sizes}; change the mesh or the model size, or use rules "
-                f"that replicate {name!r}"
-            )
-        if not axes:
-            spec.append(None)
-        elif len(axes) == 1:
-            spec.append(axes[0])
-        else:
-            spec.append(axes)
+                f"that replicate {name!r}")
+        spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return P(*spec)
 
 
@@ -251,19 +194,9 @@ def _path_str(path: Sequence[Any]) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def param_specs(
-    abstract_params: Any,
-    logical_axes: Any,
-    rules: Mapping[str, Any],
-    mesh: Mesh,
-) -> Any:
-    """PartitionSpecs for a parameter tree.
-
-    Args:
-      abstract_params: nested dict of arrays or ShapeDtypeStructs.
-      logical_axes: the same tree with a tuple of logical names at each leaf
-        (``seqcache.training.model.logical_axes``).
-      rules, mesh: see ``logical_to_spec``.
+def param_specs(abstract_params: Any, logical_axes: Any, rules: Mapping[str, Any], mesh: Mesh) -> Any:
+    """PartitionSpecs for a parameter tree (arrays or ShapeDtypeStructs) whose
+    ``logical_axes`` tree (``models.common.logical_axes``) gives each leaf's names.
 
     Raises:
       PartitioningError: see ``logical_to_spec`` (the message names the parameter path).
@@ -295,13 +228,8 @@ def data_parallel_size(mesh: Mesh) -> int:
     return int(mesh.shape["data"] * mesh.shape["fsdp"])
 
 
-# -- activation sharding constraints -------------------------------------------
-#
-# The model calls ``constrain(x, ("batch", "length", "act_embed"))`` on its
-# residual stream. Inside ``activation_rules(mesh, rules)`` that becomes a
-# ``with_sharding_constraint``; outside (plain eager use, tests on one device) it
-# does nothing.
-
+# Activation sharding: the models call ``constrain(x, logical axes)``; inside
+# ``activation_rules`` it is a ``with_sharding_constraint``, outside a no-op.
 _ACTIVE = threading.local()
 
 

@@ -33,13 +33,10 @@ class StopFlag:
 
 
 def stop_agreed(stop: StopFlag, checkpointer, done: int, *, multi_host: bool) -> bool:
-    """Whether to stop after ``done`` updates.
-
-    Hosts must stop at the same step: a SIGTERM may reach some hosts a step
-    later than others, or not at all. With several hosts they agree on the
-    local flags (one all-gather of an integer per host) after every step, so
-    every host saves the same step; JAX's preemption service (through Orbax) is
-    asked too, for notices it receives. One host reads its own flag.
+    """Whether to stop after ``done`` updates. A SIGTERM may reach some hosts a
+    step later than others, or not at all, so several hosts agree on their flags
+    after every step (``distributed.any_process``) and ask JAX's preemption
+    service (through Orbax): every host stops, and saves, at the same step.
     """
     if not multi_host:
         return stop.event.is_set()

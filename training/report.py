@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from seqcache import fs
 from seqcache.training import config as config_lib
@@ -33,12 +34,11 @@ class TrainResult:
       end_step: number of updates applied when ``fit`` returned.
       metrics: one dict per step trained in this call (as in the metrics file).
       eval: the last evaluation's metrics, or None.
-      stopped_by_signal: SIGTERM (or a multi-host preemption notice) stopped the run
-        after saving a checkpoint.
+      stopped_by_signal: SIGTERM (or a multi-host preemption notice) stopped the
+        run after saving a checkpoint.
       data_exhausted: the feeder's stream ended before ``config.steps``.
       compile_time_s: seconds to lower and compile the train step.
-      memory_analysis: ``compiled.memory_analysis()`` as a dict of byte counts (may
-        be empty on backends that do not report it).
+      memory_analysis: ``memory_analysis_dict`` of the train step.
       params, opt_state: the final state (sharded jax.Arrays).
     """
 
@@ -68,8 +68,6 @@ def params_digest(params) -> str:
         if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
             # Sharded over several hosts: every host gathers the whole array (every
             # host must call this function).
-            from jax.experimental import multihost_utils
-
             value = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
         else:
             value = np.asarray(jax.device_get(leaf))
@@ -98,15 +96,8 @@ def memory_analysis_dict(compiled) -> dict:
     except Exception as e:  # some backends do not implement it
         log.info("memory analysis unavailable: %s", e)
         return {}
-    if stats is None:
-        return {}
-    out = {}
-    for name in dir(stats):
-        if name.endswith("_in_bytes"):
-            value = getattr(stats, name)
-            if isinstance(value, (int, np.integer)):
-                out[name] = int(value)
-    return out
+    values = {} if stats is None else {n: getattr(stats, n) for n in dir(stats) if n.endswith("_in_bytes")}
+    return {n: int(v) for n, v in values.items() if isinstance(v, (int, np.integer))}
 
 
 # The memory_analysis fields logged after compiling, with their labels.
@@ -121,10 +112,9 @@ _MEMORY_FIELDS = (
 
 
 def format_memory_analysis(memory: Mapping[str, int]) -> str:
-    """One line for the log: the device memory of a compiled program in MB
-    (10^6 bytes), e.g. "arguments 7.5 MB, outputs 7.4 MB, temporaries 1,396.9 MB,
-    peak 7.5 MB". Fields that are absent or zero (aliased bytes, code size) are
-    left out, except arguments and outputs; an empty dict gives "unavailable"."""
+    """One log line of a compiled program's device memory in MB (10^6 bytes), e.g.
+    "arguments 7.5 MB, outputs 7.4 MB, temporaries 1,396.9 MB, peak 7.5 MB";
+    fields absent or zero are left out (except arguments and outputs)."""
     parts = []
     for key, label in _MEMORY_FIELDS:
         value = memory.get(key)
@@ -142,11 +132,7 @@ def write_json_atomic(path: str, obj: Any) -> None:
 def tensorboard_dir_for(config: config_lib.TrainConfig, metrics_path: str | None) -> str | None:
     """Where a run writes its TensorBoard event files: the folder ``tensorboard``
     next to its metrics file, or None (``config.tensorboard`` off, or no metrics file)."""
-    if not config.tensorboard or not metrics_path:
-        return None
-    return os.path.join(os.path.dirname(metrics_path), TENSORBOARD_DIR)
-
-
+    return os.path.join(os.path.dirname(metrics_path), TENSORBOARD_DIR) if config.tensorboard and metrics_path else None
 
 
 def metrics_path_for(config: config_lib.TrainConfig) -> str | None:

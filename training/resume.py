@@ -10,7 +10,9 @@ from typing import Any, Mapping
 
 import jax
 
+from seqcache import bounded_json
 from seqcache.feeders import compat
+from seqcache.feeders import state as feeder_state
 from seqcache.training import config as config_lib
 from seqcache.training.checkpoints import CheckpointError
 
@@ -32,8 +34,8 @@ def check_feeder(feeder, global_batch_size: int) -> None:
 
 
 def restore_feeder(feeder, restored):
-    """Moves the run's feeder to a restored checkpoint's feeder state (``set_state``),
-    or rebuilds one from it (``type(feeder).restore``); returns the feeder to train on.
+    """The feeder to train on: the run's moved to the checkpoint's feeder state
+    (``set_state``), or one rebuilt from it (``type(feeder).restore``).
 
     Raises:
       CheckpointError: another data stream (``check_same_stream``), or a state
@@ -59,8 +61,7 @@ def restore_feeder(feeder, restored):
         new.close()
         raise CheckpointError(
             f"{restored.path}: the feeder state restores to global batch {position}, but the checkpoint "
-            f"is at step {restored.step}; the checkpoint is inconsistent"
-        )
+            f"is at step {restored.step}; the checkpoint is inconsistent")
     return new
 
 
@@ -74,26 +75,19 @@ _STREAM_HINT = (
 
 def check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """Refuses to resume when the run's feeder reads another stream than the
-    checkpoint's (rebuilt caches, another mixture, seed, sequence length, ...):
-    the saved position would denote other examples.
-
-    States of ``seqcache.feeders.Feeder`` are compared with
-    ``seqcache.feeders.state.stream_difference``: caches by fingerprint, rate and
-    mixture order, not by path, so a run may reach the same caches by another path
-    (absolute or relative, moved or copied). Other feeders' states are compared
-    key by key, positions excepted.
+    checkpoint's (rebuilt caches, another mixture, seed, sequence length, ...).
+    ``Feeder`` states are compared by ``seqcache.feeders.state.stream_difference``
+    (caches by fingerprint, not path: moved or copied caches still resume);
+    other feeders' states key by key, positions excepted.
 
     Raises:
       CheckpointError: naming the first difference and both values.
     """
-    from seqcache.feeders import state as feeder_state
-
     if saved.get("converter") != current.get("converter"):
         # ConvertedFeeder states: the converter and its lengths (None for a plain feeder).
         raise CheckpointError(
             f"{path}: the checkpoint's feeder fed the model through converter {saved.get('converter')!r}, this "
-            f"run's feeder through {current.get('converter')!r}{_STREAM_HINT}"
-        )
+            f"run's feeder through {current.get('converter')!r}{_STREAM_HINT}")
     if saved.get("kind") == feeder_state.STATE_KIND and current.get("kind") == feeder_state.STATE_KIND:
         try:
             feeder_state.check_state(saved)
@@ -109,8 +103,7 @@ def check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str,
         if saved.get(key) != current.get(key):
             raise CheckpointError(
                 f"{path}: the checkpoint's feeder state has {key}={saved.get(key)!r}, but this run's feeder has "
-                f"{key}={current.get(key)!r}{_STREAM_HINT}"
-            )
+                f"{key}={current.get(key)!r}{_STREAM_HINT}")
 
 
 # Config fields that change the learning-rate schedule or the optimizer of a run
@@ -119,13 +112,9 @@ SCHEDULE_FIELDS = ("steps",) + tuple(f"optimizer.{f.name}" for f in dataclasses.
 
 
 def schedule_changes(saved: Mapping[str, Any], config: config_lib.TrainConfig) -> list[tuple[str, Any, Any]]:
-    """The schedule and optimizer fields (``SCHEDULE_FIELDS``) whose value in
-    ``config`` differs from a saved config dict (a run's config.json).
-
-    Returns:
-      [(dotted field name, saved value, new value)], in ``SCHEDULE_FIELDS`` order;
-      fields missing from ``saved`` are not compared.
-    """
+    """[(dotted field name, saved value, new value)] of the ``SCHEDULE_FIELDS``
+    whose value in ``config`` differs from a saved config.json dict (fields it
+    lacks are not compared)."""
     current = config_lib.to_dict(config)
     out = []
     for name in SCHEDULE_FIELDS:
@@ -141,10 +130,7 @@ def schedule_changes(saved: Mapping[str, Any], config: config_lib.TrainConfig) -
 
 def warn_schedule_changes(config_path: str, config: config_lib.TrainConfig, step: int) -> None:
     """Logs a WARNING when a resumed run's schedule or optimizer differs from the
-    config the run was saved with. Extending a run (more steps) is legitimate, so
-    this does not refuse; it makes the change visible."""
-    from seqcache import bounded_json
-
+    saved config (extending a run is legitimate, so it does not refuse)."""
     try:
         saved = bounded_json.read_file(config_path, error=ValueError, max_bytes=1 << 20, what="config file")
     except ValueError as e:

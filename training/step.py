@@ -9,12 +9,8 @@ converter (``batch_fields``). For ``lm`` they are the feeder's own feature names
     targets_positions     int32    position of the token in its segment
     targets_loss_weights  float32  weight of the token in the loss (0 on padding)
 
-For ``encdec`` and ``prefix_lm`` they are t5x's names
-(``seqcache.feeders.converters``): ``encoder_input_tokens``,
-``encoder_segment_ids``, ``encoder_positions`` (encdec; length Li) and
-``decoder_target_tokens``, ``decoder_input_tokens``, ``decoder_loss_weights``
-(float32), ``decoder_segment_ids``, ``decoder_positions`` (length L; Li + L for
-prefix_lm, which adds ``decoder_causal_attention``). The loss is over
+For ``encdec`` and ``prefix_lm`` they are t5x's ``encoder_*`` and ``decoder_*``
+names (``seqcache.feeders.converters``); the loss is over
 ``decoder_target_tokens`` weighted by ``decoder_loss_weights``.
 
 Loss: the mean token cross-entropy weighted by loss weights over the *global*
@@ -37,12 +33,6 @@ from seqcache.training import partitioning
 from seqcache.training.models import common as model_lib
 
 BATCH_KEYS = ("targets", "targets_segment_ids", "targets_positions", "targets_loss_weights")
-BATCH_DTYPES = {
-    "targets": jnp.int32,
-    "targets_segment_ids": jnp.int32,
-    "targets_positions": jnp.int32,
-    "targets_loss_weights": jnp.float32,
-}
 
 _DECODER_FIELDS = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights", "decoder_segment_ids",
                    "decoder_positions")
@@ -57,27 +47,26 @@ def batch_fields(converter: str, lengths: dict[str, int]) -> dict[str, tuple[int
       lengths: {"targets": L} (lm) or {"inputs": Li, "targets": L}.
 
     Returns:
-      ``lm``: the feeder's ``targets*`` fields, length L; ``encdec``: encoder
-      fields of length Li and decoder fields of length L; ``prefix_lm``: decoder
-      fields and ``decoder_causal_attention`` of length Li + L. int32, except
-      loss weights float32.
+      ``lm``: ``BATCH_KEYS``, length L; ``encdec``: ``encoder_input_tokens``,
+      ``encoder_segment_ids``, ``encoder_positions`` of length Li and
+      ``decoder_target_tokens``, ``decoder_input_tokens``,
+      ``decoder_loss_weights``, ``decoder_segment_ids``, ``decoder_positions``
+      of length L; ``prefix_lm``: the decoder fields and
+      ``decoder_causal_attention`` of length Li + L. int32, loss weights float32.
 
     Raises:
       ValueError: an unknown converter.
     """
-    def dtype(name):
-        return jnp.float32 if name.endswith("loss_weights") else jnp.int32
-
     if converter == "lm":
-        return {k: (lengths["targets"], dt) for k, dt in BATCH_DTYPES.items()}
-    if converter == "encdec":
-        out = {k: (lengths["inputs"], dtype(k)) for k in _ENCODER_FIELDS}
-        out.update({k: (lengths["targets"], dtype(k)) for k in _DECODER_FIELDS})
-        return out
-    if converter == "prefix_lm":
-        row = lengths["inputs"] + lengths["targets"]
-        return {k: (row, dtype(k)) for k in _DECODER_FIELDS + ("decoder_causal_attention",)}
-    raise ValueError(f"unknown feature converter {converter!r} (choose one of 'lm', 'prefix_lm', 'encdec')")
+        fields = {k: lengths["targets"] for k in BATCH_KEYS}
+    elif converter == "encdec":
+        fields = {**dict.fromkeys(_ENCODER_FIELDS, lengths["inputs"]),
+                  **dict.fromkeys(_DECODER_FIELDS, lengths["targets"])}
+    elif converter == "prefix_lm":
+        fields = dict.fromkeys(_DECODER_FIELDS + ("decoder_causal_attention",), lengths["inputs"] + lengths["targets"])
+    else:
+        raise ValueError(f"unknown feature converter {converter!r} (choose one of 'lm', 'prefix_lm', 'encdec')")
+    return {k: (n, jnp.float32 if k.endswith("loss_weights") else jnp.int32) for k, n in fields.items()}
 
 
 def loss_sums(graphdef, params, batch: dict, dropout_key: jax.Array | None) -> dict[str, jax.Array]:
@@ -101,11 +90,8 @@ def loss_sums(graphdef, params, batch: dict, dropout_key: jax.Array | None) -> d
 
 
 def split_microbatches(batch: dict, num_microbatches: int, mesh=None) -> dict:
-    """(B, L) arrays -> (M, B/M, L): microbatch m holds rows m, m+M, m+2M, ...
-
-    Interleaving (rather than contiguous blocks) keeps every microbatch spread over
-    all batch shards, so each device works on every microbatch.
-    """
+    """(B, L) arrays -> (M, B/M, L): microbatch m holds rows m, m+M, m+2M, ...,
+    so every microbatch is spread over all batch shards."""
 
     def split(x):
         b = x.shape[0]
@@ -119,14 +105,9 @@ def split_microbatches(batch: dict, num_microbatches: int, mesh=None) -> dict:
 
 
 def grad_sums(graphdef, params, batch: dict, key: jax.Array, num_microbatches: int, mesh=None):
-    """Gradient of ``loss_sum`` and the sums of ``loss_sums``, accumulated over
-    ``num_microbatches`` microbatches with ``lax.scan`` (inside the caller's jit).
-
-    Microbatch m uses dropout key ``fold_in(key, m)``.
-
-    Returns:
-      (grads: params-shaped tree of float32, sums: dict as ``loss_sums``).
-    """
+    """(grads, sums): the float32 gradient of ``loss_sum`` and the sums of
+    ``loss_sums``, accumulated over the microbatches with ``lax.scan``;
+    microbatch m's dropout key is ``fold_in(key, m)``."""
 
     def one(mb, k):
         def f(p):
@@ -140,11 +121,8 @@ def grad_sums(graphdef, params, batch: dict, key: jax.Array, num_microbatches: i
         return one(batch, jax.random.fold_in(key, 0))
 
     micro = split_microbatches(batch, num_microbatches, mesh)
-    zeros = (
-        jax.tree.map(jnp.zeros_like, params),
-        {"loss_sum": jnp.zeros((), jnp.float32), "weight_sum": jnp.zeros((), jnp.float32),
-         "correct_sum": jnp.zeros((), jnp.float32)},
-    )
+    zeros = (jax.tree.map(jnp.zeros_like, params),
+             {k: jnp.zeros((), jnp.float32) for k in ("loss_sum", "weight_sum", "correct_sum")})
 
     def body(carry, xs):
         index, mb = xs
@@ -164,15 +142,8 @@ def mean_grads(graphdef, params, batch, key, num_microbatches: int, mesh=None):
     return sums["loss_sum"] / denom, grads, sums
 
 
-def make_train_step(
-    graphdef,
-    optimizer: optax.GradientTransformation,
-    schedule: optax.Schedule,
-    *,
-    seed: int,
-    num_microbatches: int,
-    mesh=None,
-) -> Callable:
+def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule: optax.Schedule, *, seed: int,
+                    num_microbatches: int, mesh=None) -> Callable:
     """``train_step(params, opt_state, step, batch) -> (params, opt_state, metrics)``.
 
     ``step`` is an int32 scalar: the number of updates applied so far; the step's

@@ -1,8 +1,7 @@
 """The trainer: mesh and shardings, sharded initialisation, an ahead-of-time
 compiled train step, evaluation, and ``fit``, which restores or initialises the
-state and runs the loop. The loop itself is in ``loop``, the resume checks in
-``resume``, SIGTERM in ``preemption``, the result and run files in ``report``;
-their public names are importable from here too.
+state and runs the loop (``loop``, ``resume``, ``preemption``, ``report``, whose
+public names are importable from here too).
 
 Vocabulary (shared with the feeder):
   step s        the s-th optimizer update (0-based); it trains on global batch s.
@@ -48,30 +47,12 @@ from seqcache.training.metrics import MetricsWriter, ProgressBar
 from seqcache.training.models import common as model_lib
 from seqcache.training.preemption import StopFlag
 from seqcache.training.report import (  # noqa: F401 (the trainer's public names)
-    CONFIG_FILE,
-    METRICS_FILE,
-    TrainResult,
-    format_memory_analysis,
-    memory_analysis_dict,
-    metrics_path_for,
-    params_digest,
-    ranges,
-    tensorboard_dir_for,
-    write_json_atomic,
-)
+    CONFIG_FILE, METRICS_FILE, TrainResult, format_memory_analysis, memory_analysis_dict, metrics_path_for,
+    params_digest, ranges, tensorboard_dir_for, write_json_atomic)
 from seqcache.training.resume import (  # noqa: F401
-    SCHEDULE_FIELDS,
-    check_feeder,
-    check_same_stream,
-    restore_feeder,
-    schedule_changes,
-    warn_schedule_changes,
-)
+    SCHEDULE_FIELDS, check_feeder, check_same_stream, restore_feeder, schedule_changes, warn_schedule_changes)
 
 log = logging.getLogger("seqcache.training")
-
-# The earlier private names, used by tests.
-_check_same_stream = check_same_stream
 
 
 class Trainer:
@@ -112,13 +93,8 @@ class Trainer:
         # Optimizer moments mirror the parameters' shardings (ZeRO-3 under 'fsdp');
         # scalars such as the update count are replicated.
         self.opt_shardings = optax.tree_map_params(
-            self.optimizer,
-            lambda _, sharding: sharding,
-            self.abstract_opt_state,
-            self.param_shardings,
-            transform_non_params=lambda _: self.replicated,
-            is_leaf=lambda x: isinstance(x, NamedSharding),
-        )
+            self.optimizer, lambda _, sharding: sharding, self.abstract_opt_state, self.param_shardings,
+            transform_non_params=lambda _: self.replicated, is_leaf=lambda x: isinstance(x, NamedSharding))
         self.num_params = model_lib.count_params(self.abstract_params)
         self._compiled = None
         self._opt_init_fn = None
@@ -143,14 +119,11 @@ class Trainer:
             raise config_lib.ConfigError(
                 f"microbatch size {micro} (global_batch_size={cfg.global_batch_size} / num_microbatches="
                 f"{cfg.num_microbatches}) is not divisible by the {shards} batch shards of the mesh "
-                f"(data={self.mesh.shape['data']} x fsdp={self.mesh.shape['fsdp']})"
-            )
+                f"(data={self.mesh.shape['data']} x fsdp={self.mesh.shape['fsdp']})")
 
     def _check_host_rows(self):
-        """With several hosts, host h feeds rows [h * B / H, (h + 1) * B / H) of
-        each global batch (the feeder's slicing): the batch shards on h's devices
-        must be exactly those rows, or ``make_array_from_process_local_data``
-        would place them elsewhere (or need rows h does not have)."""
+        """Host h feeds rows [h * B / H, (h + 1) * B / H) of each global batch: the
+        batch shards on h's devices must be exactly those rows."""
         cfg = self.config
         hosts, h = jax.process_count(), jax.process_index()
         b, per_host = cfg.global_batch_size, cfg.global_batch_size // jax.process_count()
@@ -165,8 +138,7 @@ class Trainer:
                 f"{ranges(sorted(rows))}, but the host feeds rows {h * per_host}..{(h + 1) * per_host - 1} of each "
                 f"global batch of {b}; the batch axes (data x fsdp) must split the batch by host: make "
                 f"data x fsdp a multiple of the {hosts} hosts and keep 'model' within a host "
-                f"(model <= {jax.local_device_count()} devices per host)"
-            )
+                f"(model <= {jax.local_device_count()} devices per host)")
 
     def describe(self) -> dict:
         """Derived quantities of the run, printed before training starts."""
@@ -195,10 +167,8 @@ class Trainer:
 
     def init_state(self) -> tuple[Any, Any]:
         """(params, opt_state) initialised from ``config.seed``, each array created
-        directly with its sharding (see ``model.init_params``). The values do not
-        depend on the mesh (JAX's partitionable threefry RNG)."""
+        with its sharding (``init_params``; the values do not depend on the mesh)."""
         cfg = self.config
-
 
         def sharding_of(names, shape):
             spec = partitioning.logical_to_spec(names, shape, self.rules, self.mesh)
@@ -226,21 +196,14 @@ class Trainer:
     # -- compiled steps ------------------------------------------------------------
 
     def compile(self):
-        """Lowers and compiles the train step ahead of time (once); logs the compile
-        time and the compiled memory analysis. Returns the compiled step
-        ``(params, opt_state, step, batch) -> (params, opt_state, metrics)``;
-        params and opt_state are donated."""
+        """The train step ``(params, opt_state, step, batch) -> (params, opt_state,
+        metrics)`` compiled ahead of time (once; params and opt_state donated);
+        logs the compile time and memory analysis."""
         if self._compiled is not None:
             return self._compiled
         cfg = self.config
-        train_step = step_lib.make_train_step(
-            self.graphdef,
-            self.optimizer,
-            self.schedule,
-            seed=cfg.seed,
-            num_microbatches=cfg.num_microbatches,
-            mesh=self.mesh,
-        )
+        train_step = step_lib.make_train_step(self.graphdef, self.optimizer, self.schedule, seed=cfg.seed,
+                                              num_microbatches=cfg.num_microbatches, mesh=self.mesh)
         batch_shardings = {k: self.batch_sharding for k in self.batch_fields}
         jitted = jax.jit(
             train_step,
@@ -281,20 +244,17 @@ class Trainer:
 
     def global_batch(self, host_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """Host-local batch (B / host_count, L) -> global (B, L) jax.Arrays sharded
-        over ('data', 'fsdp'), for the fields the model reads
-        (``step.batch_fields`` of the run's converter); other fields are left out.
+        over ('data', 'fsdp'), of the fields the model reads (``batch_fields``).
 
         Raises:
-          ValueError: a feature is missing or has the wrong number of rows or columns
-            (the message names it and the expected shape).
+          ValueError: a feature is missing or not 2-D (the message names it).
         """
         out = {}
         for key, (_, dtype) in self.batch_fields.items():
             if key not in host_batch:
                 raise ValueError(
                     f"feeder batch has no feature {key!r} (has {sorted(host_batch)}); the model "
-                    f"{self.config.model.architecture!r} reads the fields of converter {self.converter!r}"
-                )
+                    f"{self.config.model.architecture!r} reads the fields of converter {self.converter!r}")
             array = np.asarray(host_batch[key], dtype=dtype)
             if array.ndim != 2:
                 raise ValueError(f"feeder batch feature {key!r} has shape {array.shape}; expected (rows, length)")
@@ -310,17 +270,13 @@ class Trainer:
                 what = "sequence_length" if self.converter == "lm" else f"length of {key!r}"
                 raise ValueError(
                     f"feeder gives global batches of shape {shape}, the config expects (global_batch_size, "
-                    f"{what}) = {expected}"
-                )
+                    f"{what}) = {expected}")
 
     # -- evaluation ------------------------------------------------------------------
 
     def evaluate(self, params, feeder) -> dict:
-        """Loss and token accuracy over a finite feeder, every example once.
-
-        The feeder must end (``num_epochs=1``); its last batch may be padded with
-        rows of zero loss weight, which count for nothing. Sums are accumulated in
-        float64 on the host.
+        """Loss and token accuracy over a finite feeder (``num_epochs=1``), every
+        example once; padding rows weigh nothing; sums in float64 on the host.
 
         Returns:
           ``{"eval_loss": nats per weighted token, "eval_accuracy": weighted token
@@ -339,12 +295,8 @@ class Trainer:
         finally:
             feeder.close()
         denom = weight_sum if weight_sum > 0 else 1.0
-        return {
-            "eval_loss": loss_sum / denom,
-            "eval_accuracy": correct_sum / denom,
-            "eval_tokens": weight_sum,
-            "eval_batches": batches,
-        }
+        return {"eval_loss": loss_sum / denom, "eval_accuracy": correct_sum / denom, "eval_tokens": weight_sum,
+                "eval_batches": batches}
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -357,18 +309,14 @@ class Trainer:
         on_step: Callable[[dict], None] | None = None,
     ) -> TrainResult:
         """Trains up to ``config.steps``, resuming from the latest checkpoint in
-        ``config.checkpoint.directory`` when there is one.
-
-        Takes ownership of ``feeder`` (it is closed, or replaced by the restored
-        feeder, and that one is closed at the end).
+        ``config.checkpoint.directory`` when there is one. Takes ownership of
+        ``feeder`` (the interface: see the module docstring) and closes it.
 
         Args:
-          feeder: the training stream (see the module docstring for the interface).
-          eval_feeder_fn: returns a fresh finite feeder over the eval split; called
-            for each evaluation (every ``config.eval_every`` steps and at the end).
-          stop_at: stop once this many updates are applied (a checkpoint is saved
-            there), as a preemption would; the learning rate schedule still spans
-            ``config.steps``. None = ``config.steps``.
+          eval_feeder_fn: returns a fresh finite feeder over the eval split, for
+            each evaluation (every ``config.eval_every`` steps and at the end).
+          stop_at: stop (with a checkpoint) once this many updates are applied, as
+            a preemption would; the schedule still spans ``config.steps``.
           on_step: called with each step's metrics record after it is written.
 
         Raises:
@@ -381,16 +329,13 @@ class Trainer:
         is_chief = jax.process_index() == 0
         ckpt_dir = cfg.checkpoint.directory
         metrics_path = metrics_path_for(cfg)
-        checkpointer = None
-        metrics_writer = None
-        progress = None
+        checkpointer = metrics_writer = progress = None
         stop = StopFlag()
         try:
             check_feeder(feeder, cfg.global_batch_size)
             if ckpt_dir:
-                checkpointer = Checkpointer(
-                    ckpt_dir, max_to_keep=cfg.checkpoint.max_to_keep, async_save=cfg.checkpoint.async_save
-                )
+                checkpointer = Checkpointer(ckpt_dir, max_to_keep=cfg.checkpoint.max_to_keep,
+                                            async_save=cfg.checkpoint.async_save)
             params, opt_state, start, feeder = self._start_state(checkpointer, feeder)
             if ckpt_dir and is_chief:
                 # Written once the checkpoint (if any) is known to fit this config.
@@ -423,9 +368,8 @@ class Trainer:
         if checkpointer is None or checkpointer.latest_step() is None:
             params, opt_state = self.init_state()
             return params, opt_state, 0, feeder
-        restored = checkpointer.restore(
-            None, abstract_state=self.abstract_state(), global_batch_size=cfg.global_batch_size
-        )
+        restored = checkpointer.restore(None, abstract_state=self.abstract_state(),
+                                        global_batch_size=cfg.global_batch_size)
         feeder = restore_feeder(feeder, restored)
         log.info("restored %s (step %d)", restored.path, restored.step)
         warn_schedule_changes(os.path.join(cfg.checkpoint.directory, CONFIG_FILE), cfg, restored.step)

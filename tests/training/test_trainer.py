@@ -150,19 +150,19 @@ def _seqcache_state(path, fingerprint, rate=1.0, seed=0):
 def test_another_data_stream_is_named_by_its_real_difference():
     saved = _seqcache_state("caches/t/train", "a" * 64)
     # The same cache reached by another path (absolute, moved): the same stream.
-    T._check_same_stream("ckpt/2", saved, {**_seqcache_state("/abs/caches/t/train", "a" * 64), "position": 0})
+    T.check_same_stream("ckpt/2", saved, {**_seqcache_state("/abs/caches/t/train", "a" * 64), "position": 0})
     with pytest.raises(CheckpointError) as e:
-        T._check_same_stream("ckpt/2", saved, _seqcache_state("/abs/caches/t/train", "b" * 64))
+        T.check_same_stream("ckpt/2", saved, _seqcache_state("/abs/caches/t/train", "b" * 64))
     assert str(e.value).startswith(
         f"ckpt/2: the cache at /abs/caches/t/train was rebuilt (fingerprint {'b' * 64}, the state was saved with "
         f"fingerprint {'a' * 64} at caches/t/train)")
     assert "another data stream" in str(e.value) and "'path'" not in str(e.value)
     with pytest.raises(CheckpointError, match=r"ckpt/2: feeder state has seed=0, but this run has seed=3; the "
                                               r"checkpoint belongs to another data stream"):
-        T._check_same_stream("ckpt/2", saved, _seqcache_state("/abs/caches/t/train", "a" * 64, seed=3))
+        T.check_same_stream("ckpt/2", saved, _seqcache_state("/abs/caches/t/train", "a" * 64, seed=3))
     with pytest.raises(CheckpointError, match=r"saved with rate 1\.0 for the cache at /x \(mixture entry 0\), but "
                                               r"this run has rate 2\.0"):
-        T._check_same_stream("ckpt/2", saved, _seqcache_state("/x", "a" * 64, rate=2.0))
+        T.check_same_stream("ckpt/2", saved, _seqcache_state("/x", "a" * 64, rate=2.0))
 
 
 def test_schedule_changes_name_each_field_and_both_values():

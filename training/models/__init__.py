@@ -14,10 +14,9 @@ parameters carry logical axis names, with a method ``batch_logits(batch, *,
 dropout_key)`` that returns ``(logits, targets, loss_weights)`` for a batch of the
 converter's fields (see ``seqcache.training.step.batch_fields``). The functions
 shared by all models (initialisation, abstract shapes, logical axes) are in
-``seqcache.training.models.common`` and are re-exported here.
+``seqcache.training.models.common``.
 
-A third model: write its module, then ``register("name", Architecture(...))``
-(or add it to ``ARCHITECTURES``).
+A third model: write its module, then add an ``Architecture`` to ``ARCHITECTURES``.
 
 This module imports no JAX until a model is asked for, so that
 ``seqcache.training.config`` can validate architecture names without it.
@@ -32,15 +31,9 @@ from typing import Iterable
 
 @dataclasses.dataclass(frozen=True)
 class Architecture:
-    """One model family.
-
-    Attributes:
-      module: import path of the module defining ``MODEL``.
-      converters: (converter name, cache features it reads), in order of
-        preference for a cache that has several of them; the converter names
-        are those of ``seqcache.feeders.converters`` ("lm" reads the feeder's
-        own ``targets`` fields unconverted).
-    """
+    """One model family: the import path of the module defining ``MODEL``, and
+    its converters (``seqcache.feeders.converters`` names; "lm" reads the
+    feeder's own ``targets`` fields) with the cache features each reads."""
 
     module: str
     converters: tuple[tuple[str, tuple[str, ...]], ...]
@@ -57,11 +50,6 @@ ARCHITECTURES: dict[str, Architecture] = {
 
 class ModelDataMismatch(ValueError):
     """A model cannot read a cache (the message names both and what is missing)."""
-
-
-def register(name: str, architecture: Architecture) -> None:
-    """Adds (or replaces) an architecture."""
-    ARCHITECTURES[name] = architecture
 
 
 def architecture(name: str) -> Architecture:
@@ -89,19 +77,14 @@ def default_converter(name: str) -> str:
 
 def converter_for(name: str, features: Iterable[str], *, cache: str, model: str | None = None) -> str:
     """The converter that feeds architecture ``name`` from a cache with
-    ``features``: among the architecture's converters whose features the cache
-    has, the one reading the most of them (a decoder reads an (inputs, targets)
-    cache as a prefix LM, a targets-only cache as an LM).
-
-    Args:
-      name: the architecture.
-      features: the cache's feature names (manifest order).
-      cache: the cache folder, for the message.
-      model: the model preset or label, for the message (default: ``name``).
+    ``features``: of those whose features the cache has, the one reading the
+    most (a decoder reads an (inputs, targets) cache as a prefix LM, a
+    targets-only cache as an LM). ``cache`` and ``model`` (default ``name``)
+    label the message.
 
     Raises:
-      ModelDataMismatch: no converter of the architecture fits the cache; the
-        message names the cache, its features, the model and what it needs.
+      ModelDataMismatch: no converter fits; names the cache, its features, the
+        model and what it reads.
     """
     have = set(features)
     fits = [(conv, needs) for conv, needs in architecture(name).converters if set(needs) <= have]
@@ -112,15 +95,4 @@ def converter_for(name: str, features: Iterable[str], *, cache: str, model: str 
             "encoder-decoder model needs a cache with inputs and targets (span corruption, translation)")
     raise ModelDataMismatch(
         f"{cache}: the cache has features {sorted(have)}, but model {model or name!r} (architecture {name!r}) "
-        f"reads features {needs};{hint}"
-    )
-
-
-_COMMON = ("Normal", "Ones", "init_params", "create", "abstract_model", "split_params", "logical_axes",
-           "count_params", "batch_logits")
-
-
-def __getattr__(attr):
-    if attr in _COMMON:
-        return getattr(importlib.import_module("seqcache.training.models.common"), attr)
-    raise AttributeError(f"module 'seqcache.training.models' has no attribute {attr!r}")
+        f"reads features {needs};{hint}")

@@ -1,10 +1,8 @@
 """What every model shares: parameters with logical axis names, initializers,
 dropout, sharded initialisation, abstract shapes and the functional call.
 
-Parameters are float32 and carry logical axis names (see
-``seqcache.training.partitioning``) as ``out_sharding`` metadata, as
-``nnx.with_partitioning`` sets it; computation runs in ``ModelConfig.dtype``.
-The model class comes from ``ModelConfig.architecture`` (``seqcache.training.models``).
+Parameters are float32 with logical axis names (``seqcache.training.partitioning``)
+as ``out_sharding`` metadata; computation runs in ``ModelConfig.dtype``.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seqcache.training import partitioning
+from seqcache.training import models, partitioning
 from seqcache.training.config import ModelConfig
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -53,9 +51,7 @@ _PARAM_FACTORY = threading.local()
 
 
 def make_value(key: jax.Array, init, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
-    """The initial value of one parameter: ``init(key, shape)``, or, inside
-    ``init_params``, the same value computed by a compiled initializer placed
-    with the parameter's sharding."""
+    """``init(key, shape)``; inside ``init_params`` computed compiled, with the parameter's sharding."""
     factory = getattr(_PARAM_FACTORY, "fn", None)
     return init(key, shape, jnp.float32) if factory is None else factory(init, key, shape, names)
 
@@ -76,6 +72,11 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
+def segment_mask(query_segment_ids: jax.Array, key_segment_ids: jax.Array) -> jax.Array:
+    """(batch, q), (batch, k) int32 -> (batch, q, k) bool: same segment, query segment not 0 (padding)."""
+    return (query_segment_ids[:, :, None] == key_segment_ids[:, None, :]) & (query_segment_ids != 0)[:, :, None]
+
+
 def split_keys(key: jax.Array | None, n: int) -> list:
     """``n`` dropout keys from ``key`` (``jax.random.split``), or ``n`` Nones."""
     return [None] * n if key is None else list(jax.random.split(key, n))
@@ -85,9 +86,8 @@ _COMPILED_INITS: dict = {}
 
 
 def _compiled_init(init, key, shape, sharding):
-    """Runs ``init`` as a compiled computation placed with ``sharding``; compiled
-    programs are shared by all parameters of the same kind, shape and sharding
-    (the standard deviation is an argument, not a constant)."""
+    """``init`` compiled and placed with ``sharding``, one program per kind, shape
+    and sharding (the standard deviation is an argument, not a constant)."""
     shape = tuple(shape)
     if isinstance(init, Normal):
         cache_key = ("normal", shape, sharding)
@@ -102,32 +102,17 @@ def _compiled_init(init, key, shape, sharding):
     return _COMPILED_INITS[cache_key](key)
 
 
-def _model_class(cfg: ModelConfig):
-    from seqcache.training import models
-
-    return models.model_class(cfg.architecture)
-
-
-def init_params(
-    cfg: ModelConfig,
-    seed: int,
-    sharding_of: Callable[[tuple[str, ...], tuple[int, ...]], Any] | None = None,
-) -> dict:
+def init_params(cfg: ModelConfig, seed: int,
+                sharding_of: Callable[[tuple[str, ...], tuple[int, ...]], Any] | None = None) -> dict:
     """Parameters of the ``cfg.architecture`` model initialised from ``seed``, as
     a nested dict of float32 arrays.
 
-    Each parameter is created by its own compiled initializer, placed directly
-    with its sharding (each device computes only its shard), and compiled
-    initializers are shared between parameters of the same shape and sharding,
-    so compile time does not grow with depth. Keys come from
-    ``nnx.Rngs(params=seed)`` in construction order; with JAX's partitionable
-    threefry the values do not depend on the sharding.
-
-    Args:
-      cfg: the model config.
-      seed: parameter seed.
-      sharding_of: (logical axis names, shape) -> a jax Sharding, or None for
-        the default device.
+    Each parameter is computed by a compiled initializer placed with its
+    sharding (``sharding_of(logical axis names, shape)``; None: the default
+    device), shared by parameters of the same shape and sharding, so compile
+    time does not grow with depth. Keys come from ``nnx.Rngs(params=seed)`` in
+    construction order; with JAX's partitionable threefry the values do not
+    depend on the sharding.
     """
 
     def factory(init, key, shape, names):
@@ -138,23 +123,22 @@ def init_params(
     _PARAM_FACTORY.fn = factory
     try:
         with nnx.use_eager_sharding(False):
-            model = _model_class(cfg)(cfg, rngs=nnx.Rngs(params=seed))
+            model = models.model_class(cfg.architecture)(cfg, rngs=nnx.Rngs(params=seed))
     finally:
         _PARAM_FACTORY.fn = previous
     return split_params(model)[1]
 
 
 def create(cfg: ModelConfig, seed: int) -> nnx.Module:
-    """The model with parameters initialised from ``seed`` on the default
-    device (for inspection and tests; the same values as the trainer's sharded
-    initialisation)."""
+    """The model initialised from ``seed`` on the default device (the values of
+    the trainer's sharded initialisation)."""
     graphdef, _ = split_params(abstract_model(cfg))
     return nnx.merge(graphdef, init_params(cfg, seed))
 
 
 def abstract_model(cfg: ModelConfig) -> nnx.Module:
     """The model with ShapeDtypeStructs instead of arrays (no memory, no compute)."""
-    cls = _model_class(cfg)
+    cls = models.model_class(cfg.architecture)
     with nnx.use_eager_sharding(False):
         return nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(params=0)))
 
@@ -166,8 +150,7 @@ def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, dict]:
 
 
 def logical_axes(model: nnx.Module) -> dict:
-    """Nested dict shaped like the parameters with a tuple of logical axis names at
-    each leaf.
+    """Nested dict shaped like the parameters with a tuple of logical axis names at each leaf.
 
     Raises:
       partitioning.PartitioningError: a parameter without logical axis names
@@ -180,8 +163,7 @@ def logical_axes(model: nnx.Module) -> dict:
         if not names:
             raise partitioning.PartitioningError(
                 f"parameter {'/'.join(map(str, path))} with shape {tuple(var.shape)} has no logical axis "
-                "names; create it with nnx.with_partitioning"
-            )
+                "names; create it with nnx.with_partitioning")
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})

@@ -20,20 +20,14 @@ a query may also attend to a later key of its segment when both are marked as
 prefix (the inputs, and the first target position), as in t5x's decoder-only
 model: ``mask = same segment & (causal | (prefix[q] & prefix[k]))``.
 
-Packed sequences: several examples share one row. ``segment_ids`` (batch, length)
-int32 numbers them 1, 2, ... in each row; 0 marks padding. A query attends to a key
-only if the key is not later (causal) *and* both have the same non-zero segment id.
-Padding queries attend to nothing real; their outputs are garbage that carries zero
-loss weight and that no real token ever reads.
+Packed sequences: ``segment_ids`` (batch, length) int32 number the examples of
+a row 1, 2, ...; 0 marks padding. A query attends to a key only if the key is
+not later (causal) *and* both have the same non-zero segment id; padding
+outputs carry zero loss weight and no real token reads them.
 
-Parameters are float32 and carry logical axis names (see
-``seqcache.training.partitioning``); computation runs in ``ModelConfig.dtype``.
-
-Why not ``jax.nn.dot_product_attention`` and ``nnx.RMSNorm`` here (the T5 model
-uses both): dropout on the attention probabilities is part of this model, and
-``jax.nn.dot_product_attention`` has no dropout; and the parameter values,
-initialisation keys and the bits of the losses of existing runs stay as they
-were (resumed checkpoints keep training bit for bit).
+Not ``jax.nn.dot_product_attention`` and ``nnx.RMSNorm`` (as in the T5 model):
+this model has dropout on the attention probabilities, and resumed checkpoints
+of existing runs keep training bit for bit.
 """
 
 from __future__ import annotations
@@ -47,21 +41,16 @@ from flax import nnx
 
 from seqcache.training import partitioning
 from seqcache.training.config import ModelConfig
-from seqcache.training.models.common import DTYPES, Normal, Ones
+from seqcache.training.models.common import DTYPES, Normal, Ones, segment_mask, split_keys
 from seqcache.training.models.common import dropout as _dropout
 from seqcache.training.models.common import param as _param
 
+
 def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding (RoPE, Su et al. 2021), "rotate half" layout.
-
-    Args:
-      x: (batch, length, heads, head_dim), head_dim even.
-      positions: (batch, length) int32, the position of each token in its segment.
-      theta: frequency base.
-
-    Returns:
-      x rotated, same shape and dtype (the rotation is computed in float32).
-    """
+    """Rotary position embedding (RoPE, Su et al. 2021), "rotate half" layout:
+    x (batch, length, heads, head_dim even) rotated by ``positions`` (batch,
+    length) int32 with frequency base ``theta``; same shape and dtype, computed
+    in float32."""
     half = x.shape[-1] // 2
     freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # (half,)
     angle = positions.astype(jnp.float32)[..., None] * freq  # (batch, length, half)
@@ -81,13 +70,10 @@ def attention_mask(segment_ids: jax.Array, causal_attention: jax.Array | None = 
     of its segment (bidirectional attention over the prefix)."""
     length = segment_ids.shape[-1]
     causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    real = (segment_ids != 0)[:, :, None]
     if causal_attention is None:
-        return same & real & causal[None]
+        return segment_mask(segment_ids, segment_ids) & causal[None]
     prefix = causal_attention.astype(jnp.bool_)
-    visible = causal[None] | (prefix[:, :, None] & prefix[:, None, :])
-    return same & real & visible
+    return segment_mask(segment_ids, segment_ids) & (causal[None] | (prefix[:, :, None] & prefix[:, None, :]))
 
 
 class RMSNorm(nnx.Module):
@@ -169,7 +155,7 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, rngs=rngs)
 
     def __call__(self, x, segment_ids, positions, dropout_key=None, causal_attention=None):
-        keys = [None, None, None] if dropout_key is None else list(jax.random.split(dropout_key, 3))
+        keys = split_keys(dropout_key, 3)
         rate = self.cfg.dropout_rate
         attn = self.attn(self.attn_norm(x), segment_ids, positions, keys[0], causal_attention)
         x = x + _dropout(attn, rate, keys[1])
@@ -202,28 +188,17 @@ class Transformer(nnx.Module):
                 rngs, Normal(cfg.init_std), (cfg.d_model, cfg.vocab_size), ("embed", "vocab")
             )
 
-    def __call__(
-        self,
-        inputs: jax.Array,
-        segment_ids: jax.Array,
-        positions: jax.Array,
-        *,
-        dropout_key: jax.Array | None = None,
-        causal_attention: jax.Array | None = None,
-    ) -> jax.Array:
-        """Next-token logits.
+    def __call__(self, inputs: jax.Array, segment_ids: jax.Array, positions: jax.Array, *,
+                 dropout_key: jax.Array | None = None, causal_attention: jax.Array | None = None) -> jax.Array:
+        """(batch, length, vocab_size) float32 next-token logits.
 
         Args:
-          inputs: (batch, length) int32 token ids (targets shifted right within
-            each segment; see ``shift_right_by_segment``).
+          inputs: (batch, length) int32 token ids (``shift_right_by_segment``).
           segment_ids: (batch, length) int32, 0 = padding.
           positions: (batch, length) int32, restarting at 0 in each segment.
           dropout_key: PRNG key for dropout; None = no dropout (evaluation).
           causal_attention: (batch, length) int32, 1 on the prefix of a prefix
-            LM (see ``attention_mask``); None = causal everywhere.
-
-        Returns:
-          (batch, length, vocab_size) float32 logits.
+            LM (``attention_mask``); None = causal everywhere.
         """
         cfg = self.cfg
         dtype = DTYPES[cfg.dtype]
@@ -269,33 +244,17 @@ MODEL = Transformer
 
 
 def shift_right_by_segment(targets: jax.Array, segment_ids: jax.Array) -> jax.Array:
-    """Decoder inputs from targets, as seqio's DecoderFeatureConverter builds them
-    for packed data: shift right by one within each segment; the first token of each
-    segment (and of each row) gets input 0.
-
-    Args:
-      targets: (batch, length) int32.
-      segment_ids: (batch, length) int32.
-
-    Returns:
-      (batch, length) int32.
-    """
+    """Decoder inputs from (batch, length) int32 targets and segment ids, as
+    seqio's DecoderFeatureConverter builds them for packed data: shifted right
+    by one within each segment, 0 at each segment's (and row's) start."""
     shifted = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
     prev_seg = jnp.pad(segment_ids[:, :-1], ((0, 0), (1, 0)))
     return jnp.where(segment_ids == prev_seg, shifted, 0).astype(jnp.int32)
 
 
 
-
-def apply(
-    graphdef: nnx.GraphDef,
-    params: Any,
-    inputs: jax.Array,
-    segment_ids: jax.Array,
-    positions: jax.Array,
-    *,
-    dropout_key: jax.Array | None = None,
-) -> jax.Array:
+def apply(graphdef: nnx.GraphDef, params: Any, inputs: jax.Array, segment_ids: jax.Array, positions: jax.Array, *,
+          dropout_key: jax.Array | None = None) -> jax.Array:
     """Functional call: logits of the model ``graphdef`` with ``params`` (a nested
     dict from ``split_params``). Shapes as in ``Transformer.__call__``."""
     model = nnx.merge(graphdef, params)

@@ -31,16 +31,12 @@ changes of t5x's ``t5_1_1`` configs):
   the output layer is a separate (d_model, vocab) matrix (T5.1.1), or, with
   ``tie_embeddings``, the decoder's table transposed with the logits scaled by
   d_model ** -0.5 (T5 1.0).
-- Initialisation as in t5x: embeddings normal(1.0); query normal((d_model *
-  head_dim) ** -0.5); key, value and MLP inputs normal(d_model ** -0.5); attention
-  output normal((heads * head_dim) ** -0.5); MLP output normal(mlp_dim ** -0.5);
-  relative bias normal(((buckets + heads) / 2) ** -0.5) (fan-average scale);
-  output layer normal(d_model ** -0.5). ``ModelConfig.init_std`` is not used.
+- Initialisation as in t5x: normal with fan-in scales (each layer's ``Normal``),
+  embeddings normal(1.0); ``ModelConfig.init_std`` is not used.
 - Attention is ``jax.nn.dot_product_attention`` with a boolean mask and the
   relative bias. Dropout is on the embeddings, the residual branches, the MLP
-  hidden layer and the stacks' outputs; unlike t5x, not on the attention
-  probabilities (``jax.nn.dot_product_attention`` has none; T5.1.1 pre-trains
-  with dropout 0 anyway).
+  hidden layer and the stacks' outputs, not on the attention probabilities
+  (unlike t5x; T5.1.1 pre-trains with dropout 0 anyway).
 
 Packed examples: segment k of an encoder row is the input of segment k of the
 decoder row (first-fit packing numbers them alike); 0 marks padding. Masks, all
@@ -67,7 +63,8 @@ from flax import nnx
 
 from seqcache.training import partitioning
 from seqcache.training.config import ModelConfig
-from seqcache.training.models.common import DTYPES, Normal, Ones, dropout, make_value, param, split_keys
+from seqcache.training.models.common import (DTYPES, Normal, Ones, dropout, make_value, param, segment_mask,
+                                             split_keys)
 
 
 def relative_position_bucket(
@@ -77,21 +74,15 @@ def relative_position_bucket(
     ``transformer/attention.py`` ``_relative_position_bucket``; Raffel et al.
     2020, section 2.1; Shaw et al. 2018 for relative positions).
 
-    ``relative_position`` is key position minus query position. Bidirectional:
-    half the buckets for keys before the query, half for keys after it (offset
-    ``num_buckets // 2``); causal: keys after the query all fall in bucket 0. In
-    each half of ``n`` buckets, distances 0 .. n/2 - 1 have a bucket each, and
-    larger distances share the other n/2 buckets logarithmically up to
-    ``max_distance``; farther keys go to the last bucket.
-
-    Args:
-      relative_position: int array of any shape.
-      bidirectional: True in the encoder, False (causal) in the decoder.
-      num_buckets: buckets in all.
-      max_distance: distance from which on every key shares the last bucket.
+    ``relative_position`` (int array, any shape) is key position minus query
+    position. Bidirectional (encoder): half the buckets for keys before the
+    query, half for keys after it; causal (decoder): keys after the query fall
+    in bucket 0. In each half of n buckets, distances below n/2 have a bucket
+    each and larger ones share the rest logarithmically up to ``max_distance``,
+    from which on they share the last bucket.
 
     Returns:
-      int32 array of bucket indices in [0, num_buckets), same shape.
+      int32 bucket indices in [0, num_buckets), same shape.
     """
     n = -np.asarray(relative_position, dtype=np.int64)  # > 0: the key is before the query
     ret = np.zeros_like(n)
@@ -236,23 +227,20 @@ class DecoderLayer(nnx.Module):
 
 def encoder_mask(encoder_segment_ids: jax.Array) -> jax.Array:
     """(batch, Li) int32 -> (batch, 1, Li, Li) bool: same non-zero segment."""
-    seg = encoder_segment_ids
-    return ((seg[:, :, None] == seg[:, None, :]) & (seg != 0)[:, :, None])[:, None]
+    return segment_mask(encoder_segment_ids, encoder_segment_ids)[:, None]
 
 
 def decoder_mask(decoder_segment_ids: jax.Array) -> jax.Array:
     """(batch, L) int32 -> (batch, 1, L, L) bool: causal and same non-zero segment."""
-    seg = decoder_segment_ids
-    length = seg.shape[-1]
+    length = decoder_segment_ids.shape[-1]
     causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
-    return ((seg[:, :, None] == seg[:, None, :]) & (seg != 0)[:, :, None] & causal[None])[:, None]
+    return (segment_mask(decoder_segment_ids, decoder_segment_ids) & causal[None])[:, None]
 
 
 def cross_mask(decoder_segment_ids: jax.Array, encoder_segment_ids: jax.Array) -> jax.Array:
     """(batch, L), (batch, Li) int32 -> (batch, 1, L, Li) bool: a decoder token
     sees the encoder tokens of its own (non-zero) segment."""
-    dec, enc = decoder_segment_ids, encoder_segment_ids
-    return ((dec[:, :, None] == enc[:, None, :]) & (dec != 0)[:, :, None])[:, None]
+    return segment_mask(decoder_segment_ids, encoder_segment_ids)[:, None]
 
 
 class T5(nnx.Module):
@@ -330,19 +318,13 @@ class T5(nnx.Module):
 
     def __call__(self, encoder_input_tokens, encoder_segment_ids, decoder_input_tokens, decoder_segment_ids, *,
                  dropout_key: jax.Array | None = None) -> jax.Array:
-        """Logits of the decoder.
+        """(batch, L, vocab_size) float32 logits of the decoder.
 
         Args:
-          encoder_input_tokens: (batch, Li) int32.
-          encoder_segment_ids: (batch, Li) int32, 0 = padding.
-          decoder_input_tokens: (batch, L) int32 (targets shifted right per
-            segment, 0 at segment starts).
-          decoder_segment_ids: (batch, L) int32, 0 = padding; segment k reads
-            encoder segment k.
+          encoder_input_tokens, encoder_segment_ids: (batch, Li) int32; segment 0 = padding.
+          decoder_input_tokens: (batch, L) int32 (targets shifted right per segment).
+          decoder_segment_ids: (batch, L) int32; segment k reads encoder segment k.
           dropout_key: PRNG key for dropout; None = no dropout (evaluation).
-
-        Returns:
-          (batch, L, vocab_size) float32 logits.
         """
         enc_key, dec_key = split_keys(dropout_key, 2)
         encoded = self.encode(encoder_input_tokens, encoder_segment_ids, dropout_key=enc_key)

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from seqcache.feeders.converters import ConvertedFeeder
 from seqcache.feeders.feeder import Feeder
+from seqcache.feeders.state import FeederStateError
 
 ITEM_NAME = "feeder"
 
@@ -32,14 +34,14 @@ def feeder_save_args(feeder: Feeder):
     Save it after the step's batch was consumed, so that the saved position is the
     next batch to read.
     """
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # optional: orbax
 
     return ocp.args.JsonSave(feeder.state())
 
 
 def feeder_restore_args():
     """``ocp.args.JsonRestore()``: the feeder's item in a Composite restore."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # optional: orbax
 
     return ocp.args.JsonRestore()
 
@@ -61,15 +63,10 @@ def restore_feeder(restored_json: Mapping[str, Any], *, host_index: int | None =
       FeederStateError (a ValueError): no feeder state in the checkpoint, or a state
         that does not match the caches or the expectations.
     """
-    from seqcache.feeders.state import FeederStateError
-
     if restored_json is None:
         raise FeederStateError(
             f"the checkpoint has no feeder state (item {ITEM_NAME!r}); it was saved without feeder_save_args()"
         )
     state = dict(restored_json)
-    if "converter" in state:
-        from seqcache.feeders.converters import ConvertedFeeder
-
-        return ConvertedFeeder.restore(state, host_index=host_index, host_count=host_count, **kwargs)
-    return Feeder.restore(state, host_index=host_index, host_count=host_count, **kwargs)
+    restore = ConvertedFeeder.restore if "converter" in state else Feeder.restore
+    return restore(state, host_index=host_index, host_count=host_count, **kwargs)

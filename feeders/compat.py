@@ -19,6 +19,7 @@ message in its own error type and adds its hint; it does not reword the rule.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -225,9 +226,9 @@ def _entry_difference(i: int, saved: Mapping[str, Any], current: Mapping[str, An
     path, saved_path = current.get("path"), saved.get("path")
     if saved.get("fingerprint") != current.get("fingerprint"):
         if (saved.get("task"), saved.get("split")) == (current.get("task"), current.get("split")):
-            from seqcache.feeders.state import location
-
-            where = "" if saved_path is None or location(saved_path) == path else f" at {saved_path}"
+            # The saved path in ``state.location``'s form: absolute unless a URL.
+            stored = saved_path if saved_path is None or "://" in saved_path else os.path.abspath(saved_path)
+            where = "" if stored in (None, path) else f" at {saved_path}"
             return (
                 f"the cache at {path} was rebuilt (fingerprint {current.get('fingerprint')}, the state was saved "
                 f"with fingerprint {saved.get('fingerprint')}{where}), so the saved position no longer denotes the "

@@ -36,9 +36,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from seqcache import bounded_json
-from seqcache.feeders import compat
 from seqcache.feeders import state as state_lib
-from seqcache.feeders.feeder import Feeder, resolve_hosts
+from seqcache.feeders.feeder import Feeder, restore_with
 from seqcache.feeders.stream import (CONVERTER_FEATURES, check_same_features, describe_features, open_mixture,
                                      token_features)
 
@@ -82,14 +81,12 @@ def convert_encdec(batches: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str,
     -> decoder fields. Segment k of a packed encoder row pairs with segment k of
     the decoder row (first-fit packing numbers them alike)."""
     inputs = batches["inputs"]
-    out = {
+    return {
         "encoder_input_tokens": np.asarray(inputs["inputs"], np.int32),
         "encoder_segment_ids": np.asarray(inputs["inputs_segment_ids"], np.int32),
         "encoder_positions": np.asarray(inputs["inputs_positions"], np.int32),
+        **convert_lm(batches),
     }
-    out.update(_decoder(batches["targets"], "targets"))
-    out.update(_rows(batches["targets"]))
-    return out
 
 
 def convert_prefix_lm(batches: Mapping[str, Mapping[str, np.ndarray]], *, length: int) -> dict[str, np.ndarray]:
@@ -197,9 +194,8 @@ class ConvertedFeeder:
         missing = [n for n in names if n not in sequence_length]
         if missing:
             raise ValueError(f"converter {converter!r} needs a sequence length for {list(names)} (missing {missing})")
-        for bad in ("feature",):
-            if bad in feeder_args:
-                raise ValueError(f"ConvertedFeeder sets {bad}= itself, per feature")
+        if "feature" in feeder_args:
+            raise ValueError("ConvertedFeeder sets feature= itself, per feature")
         _check_caches(converter, feeder_args)
         self.converter = converter
         self.sequence_length = {n: int(sequence_length[n]) for n in names}
@@ -227,11 +223,9 @@ class ConvertedFeeder:
     def get_batch(self, step: int) -> dict[str, np.ndarray]:
         """This host's converted rows of global batch ``step``."""
         batches = {n: f.get_batch(step) for n, f in self.feeders.items()}
-        if self.converter == "lm":
-            return convert_lm(batches)
-        if self.converter == "encdec":
-            return convert_encdec(batches)
-        return convert_prefix_lm(batches, length=sum(self.sequence_length.values()))
+        if self.converter == "prefix_lm":
+            return convert_prefix_lm(batches, length=sum(self.sequence_length.values()))
+        return (convert_lm if self.converter == "lm" else convert_encdec)(batches)
 
     def __iter__(self):
         return self
@@ -319,22 +313,10 @@ class ConvertedFeeder:
         if sequence_length is not None and dict(sequence_length) != lengths:
             raise state_lib.FeederStateError(f"feeder state has sequence lengths {lengths}, but this run has "
                                              f"{dict(sequence_length)}{state_lib.RESTORE_HINT}")
-        Feeder._check_expectations(state, seed=seed, global_batch_size=global_batch_size, num_epochs=num_epochs)
-        host_index, host_count = resolve_hosts(host_index, host_count)
-        compat.check_hosts(state["global_batch_size"], host_index, host_count, saved=True)
-
-        def open_feeder(**arguments):
-            return cls(converter=name, sequence_length=lengths, **arguments)
-
-        feeder = Feeder._open_restored(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split,
-                                       open_feeder=open_feeder, host_index=host_index, host_count=host_count,
-                                       num_threads=num_threads, prefetch=prefetch)
-        try:
-            feeder.set_state(state)
-        except BaseException:
-            feeder.close()
-            raise
-        return feeder
+        return restore_with(state, lambda **arguments: cls(converter=name, sequence_length=lengths, **arguments),
+                            expected=dict(seed=seed, global_batch_size=global_batch_size, num_epochs=num_epochs),
+                            cache=cache, mixture=mixture, caches_root=caches_root, split=split,
+                            host_index=host_index, host_count=host_count, num_threads=num_threads, prefetch=prefetch)
 
     def close(self) -> None:
         for f in self.feeders.values():

@@ -35,12 +35,11 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from seqcache import format as fmt
-from seqcache.feeders import compat, mixing
+from seqcache.feeders import compat, inverse, provenance
 from seqcache.feeders import state as state_lib
 from seqcache.feeders.compat import check_hosts, divisors, host_counts_for  # noqa: F401 (public here too)
 from seqcache.feeders.decode import decode_batch
-from seqcache.feeders.reader import CacheReader
-from seqcache.feeders.stream import IndexStream, Rate, check_same_features, open_mixture
+from seqcache.feeders.stream import Rate, check_same_features, check_step, feature_layout, open_mixture
 
 THREAD_NAME_PREFIX = "seqcache-feeder"
 
@@ -49,7 +48,7 @@ def default_hosts() -> tuple[int, int]:
     """(host index, host count): ``jax.process_index()/process_count()`` when JAX is
     installed, else (0, 1)."""
     if "jax" in sys.modules or importlib.util.find_spec("jax") is not None:
-        import jax
+        import jax  # optional: jax
 
         return int(jax.process_index()), int(jax.process_count())
     return 0, 1
@@ -184,7 +183,7 @@ class Feeder:
             # translation task) is refused, whatever ``feature``: feeding one
             # feature would drop the others of some tasks without a word.
             check_same_features(self.paths, self.readers)
-            self._layouts = [self._layout(r) for r in self.readers]
+            self._layouts = [feature_layout(r, self.feature, self.sequence_length) for r in self.readers]
             self.stream = opened.stream(seed=self.seed, num_epochs=self.num_epochs,
                                         global_batch_size=self.global_batch_size)
         except BaseException:
@@ -208,11 +207,6 @@ class Feeder:
             raise
 
     # --- configuration ---------------------------------------------------------
-
-    def _layout(self, reader: CacheReader) -> dict:
-        """Which stored features give the tokens and segment ids of ``self.feature``
-        (positions are derived from the segment ids: ``positions_from_segment_ids``)."""
-        return feature_layout(reader, self.feature, self.sequence_length)
 
     @property
     def step(self) -> int:
@@ -278,11 +272,11 @@ class Feeder:
         # on this thread): ArrayRecord's reads release the GIL, so the tasks'
         # shard reads overlap instead of queueing one task after another.
         pool = self._read_pool_or_none()
-        pending = [(t, pool.submit(self._read_rows, t, loc.cache_index[rows_of[t]]) if pool is not None and j else None)
+        pending = [(t, pool.submit(self.readers[t].read, loc.cache_index[rows_of[t]]) if pool and j else None)
                    for j, t in enumerate(tasks)]
         try:
             for t, fut in pending:
-                got = fut.result() if fut is not None else self._read_rows(t, loc.cache_index[rows_of[t]])
+                got = fut.result() if fut is not None else self.readers[t].read(loc.cache_index[rows_of[t]])
                 for r, rec in zip(rows_of[t].tolist(), got):
                     records[r] = rec
         finally:
@@ -307,17 +301,11 @@ class Feeder:
         """Tasks with equal keys decode with the same ``decode_batch`` call."""
         return tuple(self.readers[task].features), tuple(self._layouts[task].items())
 
-    def _read_rows(self, task: int, cache_index: np.ndarray) -> list[bytes]:
-        return self.readers[task].read(cache_index)
-
-    def _read_sorted(self, task: int, cache_index: np.ndarray) -> tuple[list[bytes], np.ndarray | None]:
-        return self.readers[task].read_sorted(cache_index)
-
     def _read_and_decode(self, task: int, cache_index: np.ndarray):
         """Rows ``cache_index`` of task ``task``, read and decoded in ascending
         index order (the order the shards return them, and that they lie in
         memory), put in row order by the decoder's copy: 4 arrays (n, L)."""
-        records, order = self._read_sorted(task, cache_index)
+        records, order = self.readers[task].read_sorted(cache_index)
         if order is None:
             return self._decode_block(task, records, cache_index)
         rows = np.empty_like(order)
@@ -543,84 +531,19 @@ class Feeder:
         """
         state_lib.check_state(state)
         state_lib.refuse_converter_state(state)
-        cls._check_expectations(state, seed=seed, global_batch_size=global_batch_size,
-                                sequence_length=sequence_length, feature=feature, num_epochs=num_epochs)
-        host_index, host_count = resolve_hosts(host_index, host_count)
-        # The global batch is part of the stream a state denotes: restoring cannot
-        # change it, so a host count that does not divide it is refused with the
-        # host counts that do.
-        compat.check_hosts(state["global_batch_size"], host_index, host_count, saved=True)
-        feeder = cls._open_restored(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split,
-                                    host_index=host_index, host_count=host_count, num_threads=num_threads,
-                                    prefetch=prefetch)
-        try:
-            feeder.set_state(state)
-        except BaseException:
-            feeder.close()
-            raise
-        return feeder
-
-    @classmethod
-    def _check_expectations(cls, state: Mapping[str, Any], *, num_epochs: Any, **given: Any) -> None:
-        """Refuses a state that differs from the configuration the caller expects:
-        ``given`` (seed, global_batch_size, sequence_length, feature) where not
-        None, and ``num_epochs`` where given (None there means forever).
-
-        Raises:
-          FeederStateError: naming the field and both values.
-        """
-        expected = {key: value for key, value in given.items() if value is not None}
-        if num_epochs is not cls._UNSET:
-            expected["num_epochs"] = num_epochs
-        state_lib.compare(state, expected)
-
-    @classmethod
-    def _open_restored(cls, state: Mapping[str, Any], *, cache, mixture, caches_root, split, open_feeder=None,
-                       **hosts_and_threads: Any) -> "Feeder":
-        """A feeder with the state's configuration over its caches: where the state
-        says, or at ``cache=``/``mixture=`` when given (matched by fingerprint in
-        ``set_state``), at step 0. ``open_feeder(**arguments)`` (default: this
-        class with the state's feature and sequence length) makes it from the
-        caches' location, global batch size, seed, epochs, hosts and threads.
-
-        Raises:
-          seqcache.format.IncompleteCacheError: no cache where the state says; the
-            message adds that moved caches are passed with cache= or mixture=.
-        """
-        if cache is None and mixture is None:
-            where = {"mixture": state_lib.mixture_argument(state)}
-        else:
-            where = {"cache": cache, "mixture": mixture, "caches_root": caches_root, "split": split}
-        if open_feeder is None:
-            def open_feeder(**arguments):
-                return cls(sequence_length=state["sequence_length"], feature=state["feature"], **arguments)
-        try:
-            return open_feeder(
-                **where,
-                global_batch_size=state["global_batch_size"],
-                seed=state["seed"],
-                num_epochs=state["num_epochs"],
-                **hosts_and_threads,
-            )
-        except fmt.IncompleteCacheError as e:
-            # No cache folder or no manifest where the state says: the caches
-            # may have moved. (A damaged cache found there, e.g. a missing
-            # shard, is reported as it is: its message says what to run.)
-            if cache is not None or mixture is not None:
-                raise
-            raise type(e)(
-                f"{e}. The feeder state names its caches by the paths they had when it was saved; if they moved, "
-                "pass their current locations with cache= or mixture= (matched by fingerprint)"
-            ) from e
+        return restore_with(state, lambda **arguments: cls(sequence_length=state["sequence_length"],
+                                                          feature=state["feature"], **arguments),
+                            expected=dict(seed=seed, global_batch_size=global_batch_size,
+                                          sequence_length=sequence_length, feature=feature, num_epochs=num_epochs),
+                            cache=cache, mixture=mixture, caches_root=caches_root, split=split,
+                            host_index=host_index, host_count=host_count, num_threads=num_threads, prefetch=prefetch)
 
     # --- provenance --------------------------------------------------------------
 
     def which(self, step: int, row: int, *, tokens: bool = True) -> dict:
         """Where row ``row`` of global batch ``step`` comes from (G6); see
         ``seqcache.feeders.provenance.which``."""
-        from seqcache.feeders.provenance import which
-
-        return which(self.stream, self.paths, global_batch_size=self.global_batch_size, step=step, row=row,
+        return provenance.which(self.stream, self.paths, global_batch_size=self.global_batch_size, step=step, row=row,
                      feature=self.feature, tokens=tokens)
 
     def trace(self, steps, *, text: bool = False):
@@ -628,9 +551,7 @@ class Feeder:
         host's): one row per (step, row, segment) as a pyarrow Table, computed from
         positions and the provenance sidecars, with no replay. ``steps``: a range
         or an iterable of steps. See ``seqcache.feeders.provenance.trace``."""
-        from seqcache.feeders.provenance import trace
-
-        return trace(self.stream, self.paths, global_batch_size=self.global_batch_size, steps=steps,
+        return provenance.trace(self.stream, self.paths, global_batch_size=self.global_batch_size, steps=steps,
                      feature=self.feature, text=text)
 
     def where(self, *, cache_index: int | None = None, task: int | str | None = None, source: str | None = None,
@@ -648,9 +569,7 @@ class Feeder:
         Raises:
           ValueError: see ``seqcache.feeders.inverse.where``.
         """
-        from seqcache.feeders.inverse import where
-
-        return where(self.stream, self.paths, global_batch_size=self.global_batch_size, host_count=self.host_count,
+        return inverse.where(self.stream, self.paths, global_batch_size=self.global_batch_size, host_count=self.host_count,
                      until_step=until_step, cache_index=cache_index, task=task, source=source, epochs=epochs)
 
     # --- lifetime ----------------------------------------------------------------
@@ -688,50 +607,51 @@ class Feeder:
         )
 
 
-def feature_layout(reader: CacheReader, feature: str, sequence_length: int | None) -> dict:
-    """Which stored features of a cache give the tokens and segment ids of
-    ``feature``: ``{"tokens": name, "segment_ids": name or None}``.
+def restore_with(state: Mapping[str, Any], open_feeder, *, expected: Mapping[str, Any], cache, mixture, caches_root,
+                 split, host_index, host_count, **threads: Any):
+    """A feeder made by ``open_feeder(**arguments)`` (the caches' location,
+    the state's global batch size, seed and epochs, hosts and threads) and moved
+    to a checked ``state``: refused first where it differs from ``expected``
+    (values not None, and ``num_epochs`` unless ``Feeder._UNSET``; None there
+    means forever), or where the host count does not divide the saved global
+    batch. The caches are where the state says, or at ``cache=``/``mixture=``
+    (matched by fingerprint in ``set_state``).
 
     Raises:
-      ValueError: the cache has no such feature; (``sequence_length`` given) a
-        packed cache built for a longer sequence length
-        (``compat.check_sequence_length``).
+      FeederStateError: a difference from ``expected`` or from the caches.
+      ValueError: the host count does not divide the saved global batch.
+      seqcache.format.IncompleteCacheError: no cache where the state says; the
+        message adds that moved caches are passed with cache= or mixture=.
     """
-    names = [f.name for f in reader.features]
-    if feature not in names:
-        tokens = [n for n in names if not n.endswith(("_segment_ids", "_positions"))]
-        raise ValueError(f"{reader.cache_dir}: the cache has no feature {feature!r} (its token features: "
-                         f"{', '.join(tokens)}); choose one of them (feature= in Python, --feature in "
-                         f"seqcache which)")
-    layout = {"tokens": feature, "segment_ids": None}
-    if f"{feature}_segment_ids" in names:
-        layout["segment_ids"] = f"{feature}_segment_ids"
-        if sequence_length is not None:
-            compat.check_sequence_length(reader.manifest, sequence_length, feature=feature, cache=reader.cache_dir)
-    return layout
-
-
-def check_step(step: int, *, global_batch_size: int, num_steps: int | None, num_epochs: int | None,
-               allow_end: bool = False) -> None:
-    """Refuses a step no batch of the stream has: negative, at global position
-    2^62 or beyond, or (a finite run of ``num_steps`` steps) past its end
-    (``allow_end``: the end itself is allowed, as the position after the last
-    batch).
-
-    Raises:
-      ValueError: naming the step and the run's steps.
-    """
-    if step < 0:
-        raise ValueError(f"step must be >= 0 (got {step})")
-    if (step + 1) * global_batch_size > mixing.MAX_POSITION:
-        raise ValueError(f"step {step} is beyond the largest supported global position 2^62")
-    if num_steps is not None:
-        limit = num_steps if allow_end else num_steps - 1
-        if step > limit:
-            raise ValueError(
-                f"step {step} is past the end of this finite run: {num_epochs} epoch(s) take "
-                f"{num_steps} steps (0..{num_steps - 1})"
-            )
+    state_lib.compare(state, {key: value for key, value in expected.items()
+                              if value is not (Feeder._UNSET if key == "num_epochs" else None)})
+    host_index, host_count = resolve_hosts(host_index, host_count)
+    # The global batch is part of the stream a state denotes: restoring cannot
+    # change it, so a host count that does not divide it is refused with the
+    # host counts that do.
+    compat.check_hosts(state["global_batch_size"], host_index, host_count, saved=True)
+    moved = cache is not None or mixture is not None
+    where = (dict(cache=cache, mixture=mixture, caches_root=caches_root, split=split) if moved
+             else {"mixture": state_lib.mixture_argument(state)})
+    try:
+        feeder = open_feeder(**where, global_batch_size=state["global_batch_size"], seed=state["seed"],
+                             num_epochs=state["num_epochs"], host_index=host_index, host_count=host_count, **threads)
+    except fmt.IncompleteCacheError as e:
+        # No cache folder or no manifest where the state says: the caches
+        # may have moved. (A damaged cache found there, e.g. a missing
+        # shard, is reported as it is: its message says what to run.)
+        if moved:
+            raise
+        raise type(e)(
+            f"{e}. The feeder state names its caches by the paths they had when it was saved; if they moved, "
+            "pass their current locations with cache= or mixture= (matched by fingerprint)"
+        ) from e
+    try:
+        feeder.set_state(state)
+    except BaseException:
+        feeder.close()
+        raise
+    return feeder
 
 
 def _zeros(names, rows: int, length: int) -> dict[str, np.ndarray]:

@@ -71,6 +71,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from seqcache import format as fmt
 from seqcache import fs, layout
+from seqcache.tasks import vocabulary_from_json
 
 # readahead_buffer_size:0 -> no read-ahead (random access). max_parallelism:0 turns
 # off the read-ahead threads; a batched read(indices) is still spread over
@@ -470,7 +471,7 @@ class CacheReader:
     def read_provenance(self, indices) -> list[dict[str, np.ndarray]]:
         """The decoded provenance records (source_index, record_number,
         token_offset; one element per segment) at ``indices``."""
-        recs = self._read(self._prov, self.manifest.shards.provenance_files, indices)
+        recs = self.read_provenance_records(indices)
         return [
             fmt.decode_example(fmt.PROVENANCE_FEATURES, r, where=self.describe(int(i), provenance=True))
             for r, i in zip(recs, np.asarray(indices).ravel())
@@ -490,23 +491,17 @@ class CacheReader:
         counts, ``"record"`` for caches that do not say), ``record_number`` and
         ``token_offset``."""
         sources = self.manifest.sources
-        out = []
-        for p in self.read_provenance(indices):
-            segs = []
-            for src, rec, off in zip(p["source_index"].tolist(), p["record_number"].tolist(), p["token_offset"].tolist()):
-                path = sources[src]["path"] if src < len(sources) else None
-                locator = (sources[src].get("locator") if src < len(sources) else None) or "record"
-                segs.append({"source_index": src, "path": path, "locator": locator, "record_number": rec,
-                             "token_offset": off})
-            out.append(segs)
-        return out
+        return [[dict(zip(("source_index", "path", "locator", "record_number", "token_offset"),
+                          (src, *source_of(sources, src), rec, off)))
+                 for src, rec, off in zip(p["source_index"].tolist(), p["record_number"].tolist(),
+                                          p["token_offset"].tolist())]
+                for p in self.read_provenance(indices)]
 
     def vocabulary(self, feature: str):
         """The vocabulary of ``feature``, rebuilt from the manifest and the model
         file stored in the cache; None when the manifest describes none.
 
         Raises:
-          ImportError: seqcache.tasks is not importable.
           ValueError: the stored model is missing or corrupt; its name is not a
             plain file name inside the cache, or it is a link out of the cache
             (``seqcache.layout.UnsafeCachePathError``).
@@ -518,8 +513,6 @@ class CacheReader:
             return None
         if "file" in desc:
             layout.cache_file(self.cache_dir, desc["file"], what=f"vocabulary model of feature {feature!r}")
-        from seqcache.tasks import vocabulary_from_json
-
         try:
             return vocabulary_from_json(desc, self.cache_dir)  # the model's sha256 is checked: a new one is refused
         except ValueError:
@@ -570,6 +563,14 @@ class CacheReader:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._shard_locks = [threading.Lock() for _ in range(_SHARD_LOCKS)]
+
+
+def source_of(sources: Sequence[dict], index: int) -> tuple[str | None, str]:
+    """(path, locator) of entry ``index`` of a manifest's source table: the
+    locator says what ``record_number`` counts (``"record"`` where the cache
+    does not say); (None, "record") for an index outside the table."""
+    entry = sources[index] if 0 <= index < len(sources) else {}
+    return entry.get("path"), entry.get("locator") or "record"
 
 
 def _read_at(reader: ArrayRecordReader, offset: int) -> bytes:

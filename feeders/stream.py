@@ -22,21 +22,22 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import threading
 import os
+import threading
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from seqcache import format as fmt
 from seqcache import fs, layout
-from seqcache.feeders import mixing
+from seqcache.feeders import compat, mixing
 from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation, permute_each
 from seqcache.feeders.reader import CacheReader
 from seqcache.feeders.schedule import Schedule
 from seqcache.rates import Rate
 
 _PERM_CACHE_SIZE = 256
+_ROOT_ONLY_FOR_TASKS = "caches_root= is only used with mixture=<seqcache.tasks.Mixture>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,13 +251,58 @@ def check_same_features(paths: Sequence[str], readers: Sequence[CacheReader], *,
     )
 
 
+def feature_layout(reader: CacheReader, feature: str, sequence_length: int | None) -> dict:
+    """Which stored features of a cache give the tokens and segment ids of
+    ``feature``: ``{"tokens": name, "segment_ids": name or None}``.
+
+    Raises:
+      ValueError: the cache has no such feature; (``sequence_length`` given) a
+        packed cache built for a longer sequence length
+        (``compat.check_sequence_length``).
+    """
+    names = [f.name for f in reader.features]
+    if feature not in names:
+        raise ValueError(f"{reader.cache_dir}: the cache has no feature {feature!r} (its token features: "
+                         f"{', '.join(token_features(reader.manifest))}); choose one of them (feature= in "
+                         f"Python, --feature in seqcache which)")
+    layout = {"tokens": feature, "segment_ids": None}
+    if f"{feature}_segment_ids" in names:
+        layout["segment_ids"] = f"{feature}_segment_ids"
+        if sequence_length is not None:
+            compat.check_sequence_length(reader.manifest, sequence_length, feature=feature, cache=reader.cache_dir)
+    return layout
+
+
+def check_step(step: int, *, global_batch_size: int, num_steps: int | None, num_epochs: int | None,
+               allow_end: bool = False) -> None:
+    """Refuses a step no batch of the stream has: negative, at global position
+    2^62 or beyond, or (a finite run of ``num_steps`` steps) past its end
+    (``allow_end``: the end itself is allowed, as the position after the last
+    batch).
+
+    Raises:
+      ValueError: naming the step and the run's steps.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0 (got {step})")
+    if (step + 1) * global_batch_size > mixing.MAX_POSITION:
+        raise ValueError(f"step {step} is beyond the largest supported global position 2^62")
+    if num_steps is not None:
+        limit = num_steps if allow_end else num_steps - 1
+        if step > limit:
+            raise ValueError(
+                f"step {step} is past the end of this finite run: {num_epochs} epoch(s) take "
+                f"{num_steps} steps (0..{num_steps - 1})"
+            )
+
+
 def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str, Rate]], str | None]:
     """[(cache path, rate or rate callable)], and the mixture's name when it has one."""
     if (cache is None) == (mixture is None):
         raise ValueError("give exactly one of cache= (one task cache folder) or mixture=")
     if cache is not None:
         if caches_root is not None:
-            raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+            raise ValueError(_ROOT_ONLY_FOR_TASKS)
         return [(os.fspath(cache), 1.0)], None
     if _is_task_mixture(mixture):
         paths, counts = _task_mixture_caches(mixture, caches_root, split)
@@ -265,7 +311,7 @@ def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str
         # seqio semantics: a task with rate 0 is part of the mixture but never read.
         return [(paths[n], float(rates[n])) for n in names if rates[n] > 0], getattr(mixture, "name", None)
     if caches_root is not None:
-        raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+        raise ValueError(_ROOT_ONLY_FOR_TASKS)
     items = list(mixture.items()) if isinstance(mixture, Mapping) else list(mixture)
     if not items:
         raise ValueError("mixture= is empty: give {cache_path: rate, ...}")
@@ -328,8 +374,6 @@ def _resolve_schedule(schedule) -> tuple[list[str], list[tuple[int, dict[str, Ra
     paths: list[str] = []
     out = []
     for step, rates in stages:
-        if step < 0:
-            raise ValueError(f"schedule steps must be >= 0 (got {step})")
         if not isinstance(rates, Mapping):
             try:
                 rates = dict(rates)
@@ -337,12 +381,8 @@ def _resolve_schedule(schedule) -> tuple[list[str], list[tuple[int, dict[str, Ra
                 raise ValueError(f"schedule stage at step {step}: expected {{cache path: rate}} (got {rates!r})") from None
         if not rates:
             raise ValueError(f"schedule stage at step {step} has no caches")
-        stage = {}
-        for path, rate in rates.items():
-            path = os.fspath(path)
-            stage[path] = rate
-            if path not in paths:
-                paths.append(path)
+        stage = {os.fspath(path): rate for path, rate in rates.items()}
+        paths.extend(p for p in stage if p not in paths)
         out.append((step, stage))
     return paths, out
 
@@ -386,7 +426,7 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
     """
     if cache is None and is_schedule(mixture):
         if caches_root is not None:
-            raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+            raise ValueError(_ROOT_ONLY_FOR_TASKS)
         return _open_schedule(mixture)
     if cache is None and _is_task_mixture(mixture):
         schedule = _task_mixture_schedule(mixture, caches_root, split)
@@ -395,9 +435,7 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
     entries, name = _resolve_mixture(cache, mixture, caches_root, split)
     readers: list[CacheReader] = []
     try:
-        for path, _ in entries:
-            # O(1) in the number of shards: each shard is checked at its first read.
-            readers.append(CacheReader(path, open_shards=False))
+        _open_readers([path for path, _ in entries], readers)
         rates = [_rate_value(path, rate, reader) for (path, rate), reader in zip(entries, readers)]
         for (path, _), rate in zip(entries, rates):
             if rate == 0:
@@ -409,6 +447,13 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
             r.close()
         raise
     return OpenedMixture(paths=[p for p, _ in entries], readers=readers, rates=rates, weights=weights, name=name)
+
+
+def _open_readers(paths: Sequence[str], readers: list[CacheReader]) -> None:
+    """Appends a reader of each cache to ``readers`` (the caller closes them on
+    failure); O(1) in the number of shards: each shard is checked at its first read."""
+    for path in paths:
+        readers.append(CacheReader(path, open_shards=False))
 
 
 def _rate_value(path: str, rate: Rate, reader: CacheReader) -> float:
@@ -429,8 +474,7 @@ def _open_schedule(schedule, *, name: str | None = None) -> OpenedMixture:
     paths, stages = _resolve_schedule(schedule)
     readers: list[CacheReader] = []
     try:
-        for path in paths:
-            readers.append(CacheReader(path, open_shards=False))
+        _open_readers(paths, readers)
         by_path = dict(zip(paths, readers))
         out = []
         for step, stage in stages:

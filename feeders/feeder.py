@@ -179,9 +179,6 @@ class Feeder:
         self.paths, self.readers, self.rates, self.weights = opened.paths, opened.readers, opened.rates, opened.weights
         self.schedule = opened.stages  # None, or [{"step", "rates", "weights"}] (see ``feeders/schedule.py``)
         try:
-            # A mixture of caches with different features (an LM task and a
-            # translation task) is refused, whatever ``feature``: feeding one
-            # feature would drop the others of some tasks without a word.
             check_same_features(self.paths, self.readers)
             self._layouts = [feature_layout(r, self.feature, self.sequence_length) for r in self.readers]
             self.stream = opened.stream(seed=self.seed, num_epochs=self.num_epochs,
@@ -268,9 +265,7 @@ class Feeder:
         b_host, length = self.rows_per_host, self.sequence_length
         rows_of = {t: np.flatnonzero((loc.task == t) & loc.valid) for t in tasks}
         records: list = [b""] * b_host
-        # Every task's read is in flight at once (on the read pool, the first one
-        # on this thread): ArrayRecord's reads release the GIL, so the tasks'
-        # shard reads overlap instead of queueing one task after another.
+        # Every task's read in flight at once (the first on this thread): ArrayRecord's reads overlap.
         pool = self._read_pool_or_none()
         pending = [(t, pool.submit(self.readers[t].read, loc.cache_index[rows_of[t]]) if pool and j else None)
                    for j, t in enumerate(tasks)]
@@ -372,15 +367,6 @@ class Feeder:
                     thread_name_prefix=THREAD_NAME_PREFIX + "-read")
             return self._read_pool
 
-    def _executor_or_none(self):
-        if self.prefetch == 0:
-            return None
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self.num_threads, thread_name_prefix=THREAD_NAME_PREFIX
-            )
-        return self._executor
-
     def get_batch(self, step: int) -> dict[str, np.ndarray]:
         """This host's rows of global batch ``step`` (see the class docstring for
         keys, shapes and dtypes). Random access: any step, in any order, at the
@@ -396,8 +382,10 @@ class Feeder:
             if self._closed:
                 raise RuntimeError("the feeder is closed")
             fut = self._futures.pop(step, None)
-            executor = self._executor_or_none()
-            if executor is not None:
+            if self.prefetch:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=self.num_threads, thread_name_prefix=THREAD_NAME_PREFIX)
                 window = range(step + 1, step + 1 + self.prefetch)
                 for s in list(self._futures):
                     if s not in window:
@@ -406,7 +394,7 @@ class Feeder:
                     if self.num_steps is not None and s >= self.num_steps:
                         break
                     if s not in self._futures:
-                        self._futures[s] = executor.submit(self._compute, s)
+                        self._futures[s] = self._executor.submit(self._compute, s)
         if fut is not None:
             return fut.result()
         return self._compute(step)
@@ -441,9 +429,7 @@ class Feeder:
             "num_epochs": self.num_epochs,
             "position": self.position,
         }
-        if self.schedule is not None:
-            # The whole schedule, also the stages still ahead: with the caches it
-            # is the stream, so a restored run needs nothing else.
+        if self.schedule is not None:  # the whole schedule, stages ahead included
             state["schedule"] = [dict(step=st["step"], rates=list(st["rates"]), weights=list(st["weights"]))
                                  for st in self.schedule]
         return state
@@ -473,9 +459,6 @@ class Feeder:
         if state.get("schedule") is None and self.schedule is None:
             diff = state_lib.stream_difference(state, current)
         else:
-            # A schedule continues the saved stream when it keeps the past (the
-            # stages before the saved step) and the caches; it may add stages
-            # and caches after it.
             diff = state_lib.schedule_difference(state, current)
         if diff:
             raise state_lib.FeederStateError(diff + state_lib.RESTORE_HINT)
@@ -505,26 +488,21 @@ class Feeder:
         """A feeder positioned where ``state`` was saved: the same global stream,
         for any host count that divides the global batch (G4, G5).
 
-        Where the caches are: by default the paths stored in the state. ``cache=``
-        or ``mixture=`` (with ``caches_root=``/``split=`` for a
-        ``seqcache.tasks.Mixture``), as for the constructor, give their current
-        locations instead: caches moved, copied or reached by another path string
-        are accepted when their fingerprints (and rates, in mixture order) are the
-        state's.
-
-        ``seed``, ``global_batch_size``, ``sequence_length``, ``feature`` and
-        ``num_epochs`` are optional expectations (the current run's
-        configuration): a state that differs is refused.
+        The caches are looked for at the paths stored in the state, or at
+        ``cache=``/``mixture=`` (with ``caches_root=``/``split=``, as for the
+        constructor): caches moved, copied or reached by another path are
+        accepted when their fingerprints (and rates, in mixture order) are the
+        state's. ``seed``, ``global_batch_size``, ``sequence_length``,
+        ``feature`` and ``num_epochs`` are optional expectations: a state that
+        differs is refused.
 
         Raises:
           FeederStateError (a ValueError): another state/format version; a cache
-            whose fingerprint differs from the state's ("the cache at PATH was
-            rebuilt (fingerprint A, the state was saved with fingerprint B)");
-            other rates, caches or mixture order; a state that differs from an
-            expectation. The message names both values.
-          FeederStateError: a ``ConvertedFeeder``'s state (it has a "converter"
-            field; restore it with ``ConvertedFeeder.restore``, or
-            ``restore_feeder``, which feed every feature its converter reads).
+            whose fingerprint differs ("the cache at PATH was rebuilt (fingerprint
+            A, the state was saved with fingerprint B)"); other rates, caches or
+            mixture order; a difference from an expectation (both values named);
+            a ``ConvertedFeeder``'s state (restore it with
+            ``ConvertedFeeder.restore`` or ``restore_feeder``).
           ValueError: the host count does not divide the saved global batch (the
             message lists host counts that do).
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
@@ -609,26 +587,19 @@ class Feeder:
 
 def restore_with(state: Mapping[str, Any], open_feeder, *, expected: Mapping[str, Any], cache, mixture, caches_root,
                  split, host_index, host_count, **threads: Any):
-    """A feeder made by ``open_feeder(**arguments)`` (the caches' location,
-    the state's global batch size, seed and epochs, hosts and threads) and moved
-    to a checked ``state``: refused first where it differs from ``expected``
-    (values not None, and ``num_epochs`` unless ``Feeder._UNSET``; None there
-    means forever), or where the host count does not divide the saved global
-    batch. The caches are where the state says, or at ``cache=``/``mixture=``
-    (matched by fingerprint in ``set_state``).
+    """``Feeder.restore`` of a checked ``state`` with ``open_feeder(**arguments)``
+    (the caches' location, the state's global batch size, seed and epochs, hosts
+    and threads) for the feeder. ``expected``: the values not None, and
+    ``num_epochs`` unless ``Feeder._UNSET`` (None there means forever).
 
     Raises:
-      FeederStateError: a difference from ``expected`` or from the caches.
-      ValueError: the host count does not divide the saved global batch.
-      seqcache.format.IncompleteCacheError: no cache where the state says; the
-        message adds that moved caches are passed with cache= or mixture=.
+      as ``Feeder.restore``; an IncompleteCacheError where the state says adds
+      that moved caches are passed with cache= or mixture=.
     """
     state_lib.compare(state, {key: value for key, value in expected.items()
                               if value is not (Feeder._UNSET if key == "num_epochs" else None)})
     host_index, host_count = resolve_hosts(host_index, host_count)
-    # The global batch is part of the stream a state denotes: restoring cannot
-    # change it, so a host count that does not divide it is refused with the
-    # host counts that do.
+    # A state's stream has its global batch: a host count must divide it.
     compat.check_hosts(state["global_batch_size"], host_index, host_count, saved=True)
     moved = cache is not None or mixture is not None
     where = (dict(cache=cache, mixture=mixture, caches_root=caches_root, split=split) if moved
@@ -637,9 +608,7 @@ def restore_with(state: Mapping[str, Any], open_feeder, *, expected: Mapping[str
         feeder = open_feeder(**where, global_batch_size=state["global_batch_size"], seed=state["seed"],
                              num_epochs=state["num_epochs"], host_index=host_index, host_count=host_count, **threads)
     except fmt.IncompleteCacheError as e:
-        # No cache folder or no manifest where the state says: the caches
-        # may have moved. (A damaged cache found there, e.g. a missing
-        # shard, is reported as it is: its message says what to run.)
+        # The caches may have moved (a damaged cache is reported as it is).
         if moved:
             raise
         raise type(e)(

@@ -135,10 +135,8 @@ def convert_prefix_lm(batches: Mapping[str, Mapping[str, np.ndarray]], *, length
 
 
 def _check_caches(converter: str, feeder_args: Mapping[str, Any]) -> None:
-    """Refuses caches that the converter cannot read whole: a mixture of
-    different features, or a cache without a feature the converter reads. Opens
-    the manifests only (no shard). Errors are those of ``Feeder`` for bad
-    ``cache=``/``mixture=`` arguments, else one line naming every cache."""
+    """Refuses caches the converter cannot read whole (different features in a
+    mixture, or a feature it reads missing), from the manifests alone."""
     where = {k: feeder_args.get(k) for k in ("cache", "mixture", "caches_root")}
     opened = open_mixture(**where, split=feeder_args.get("split", "train"))
     try:
@@ -168,23 +166,17 @@ class ConvertedFeeder:
         size, hosts, seed, num_epochs, start_step, ...) except ``feature`` and
         ``sequence_length``.
 
-    Batches: the converter's fields (see the module docstring), each (R, L),
-    plus ``task_index``, ``cache_index`` and ``epoch`` (R,).
-
-    Every feature is read through its own feeder, so a record is read once
-    per feature.
-
-    The converter is asked for by name, and may read fewer features than the
-    caches have (``lm`` over translation caches reads their targets), but every
-    cache of a mixture must have the same features (``Feeder`` refuses the
-    others too), and each the converter's.
+    Batches: the converter's fields (module docstring), each (R, L), plus
+    ``task_index``, ``cache_index`` and ``epoch`` (R,). A record is read once
+    per feature. The converter may read fewer features than the caches have
+    (``lm`` over translation caches reads their targets), but every cache of a
+    mixture must have the same features, and each the converter's.
 
     Raises:
-      ValueError: an unknown converter (names the choices); lengths missing for
-        the converter's features; a mixture whose caches have different
-        features, or caches that lack a feature the converter reads (the
-        message names every cache's task and features and the converters that
-        fit them).
+      ValueError: an unknown converter; lengths missing for its features; a
+        mixture whose caches have different features, or caches without a
+        feature the converter reads (naming every cache's task and features and
+        the converters that fit them).
     """
 
     def __init__(self, *, converter: str, sequence_length: Mapping[str, int], **feeder_args: Any):
@@ -246,14 +238,11 @@ class ConvertedFeeder:
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Moves every feature's feeder to ``state``'s position, after checking it
-        (``seqcache.feeders.state.check_state`` and ``check_converter``, then
-        ``Feeder.set_state`` per feature).
+        """Moves every feature's feeder to ``state``'s position (``Feeder.set_state``).
 
         Raises:
-          FeederStateError (a ValueError): a damaged state or converter field
-            (one line, the value shortened); the state was saved with another
-            converter or lengths; the differences ``Feeder.set_state`` refuses.
+          FeederStateError (a ValueError): a damaged state or converter field;
+            another converter or lengths; what ``Feeder.set_state`` refuses.
         """
         state_lib.check_state(state)
         name, lengths = state_lib.check_converter(state)
@@ -285,19 +274,14 @@ class ConvertedFeeder:
         sequence_length: Mapping[str, int] | None = None,
         num_epochs: Any = Feeder._UNSET,
     ) -> "ConvertedFeeder":
-        """A converted feeder positioned where ``state`` (``ConvertedFeeder.state()``)
-        was saved, with the state's converter and lengths: the same global
-        stream, for any host count that divides the global batch. The arguments
-        are ``Feeder.restore``'s; ``converter`` and ``sequence_length`` (feature
-        -> length) are expectations too, like ``seed``, ``global_batch_size`` and
-        ``num_epochs``: a state that differs is refused.
+        """``Feeder.restore`` for a ``ConvertedFeeder.state()``, with the state's
+        converter and lengths; ``converter`` and ``sequence_length`` (feature ->
+        length) are expectations too.
 
         Raises:
-          FeederStateError (a ValueError): a damaged state or converter field
-            (``check_state``, ``check_converter``: one line, values shortened);
-            not a ``ConvertedFeeder``'s state (no "converter" field: restore it
-            with ``Feeder.restore``); a state that differs from an expectation
-            or from the caches (``Feeder.restore``).
+          FeederStateError (a ValueError): a damaged state or converter field;
+            not a ``ConvertedFeeder``'s state (restore it with ``Feeder.restore``);
+            what ``Feeder.restore`` refuses.
           ValueError: the host count does not divide the saved global batch.
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """

@@ -245,14 +245,9 @@ class Feeder:
             out = dict(zip(names, self._read_and_decode(tasks[0], loc.cache_index)))
         else:
             out = self._compute_mixed(loc, tasks, names)
-        if all_valid:  # the located arrays are this step's own: no masked copies
-            out["task_index"] = loc.task.astype(np.int32, copy=False)
-            out["cache_index"] = loc.cache_index
-            out["epoch"] = loc.epoch
-        else:
-            out["task_index"] = np.where(valid, loc.task, -1).astype(np.int32)
-            out["cache_index"] = np.where(valid, loc.cache_index, -1)
-            out["epoch"] = np.where(valid, loc.epoch, -1)
+        for key, arr in (("task_index", loc.task), ("cache_index", loc.cache_index), ("epoch", loc.epoch)):
+            out[key] = arr if all_valid else np.where(valid, arr, -1)  # -1 on padding rows
+        out["task_index"] = out["task_index"].astype(np.int32, copy=False)
         for arr in out.values():
             arr.flags.writeable = False
         return out
@@ -413,10 +408,8 @@ class Feeder:
     # --- state -----------------------------------------------------------------
 
     def state(self) -> dict:
-        """A small JSON-serialisable dict: everything needed to resume (G4).
-
-        Cache paths are stored absolute (``state.location``); a cache is identified
-        by its fingerprint, the path only says where it was (see ``restore``)."""
+        """A small JSON-serialisable dict: everything needed to resume (G4). A
+        cache is identified by its fingerprint; its absolute path says where it was."""
         state = {
             "kind": state_lib.STATE_KIND,
             "version": state_lib.STATE_VERSION if self.schedule is None else state_lib.SCHEDULE_STATE_VERSION,
@@ -436,15 +429,12 @@ class Feeder:
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Moves this feeder to a saved state's position after checking that the
-        state denotes this feeder's stream: the same caches (by fingerprint, in the
-        same mixture order, wherever they are now), rates, seed, global batch size,
-        sequence length, feature and number of epochs.
-
-        Mixture schedules: when the state or this feeder has a schedule, this
-        feeder may extend the state's stream: it must keep every stage that
-        started before the saved step and the state's caches (in order); it may
-        add, change or remove later stages and add caches (new tasks, ordinals
-        from 0). This feeder's ``state()`` then records its whole schedule.
+        state denotes this feeder's stream: the same caches (by fingerprint, in
+        mixture order, wherever they are now), rates, seed, global batch size,
+        sequence length, feature and number of epochs. With a schedule (in the
+        state or here) this feeder may extend the stream: it keeps every stage
+        started before the saved step and the state's caches in order, and may
+        change later stages and add caches (ordinals from 0).
 
         Raises:
           FeederStateError (a ValueError): naming the first difference and both
@@ -521,40 +511,32 @@ class Feeder:
     def which(self, step: int, row: int, *, tokens: bool = True) -> dict:
         """Where row ``row`` of global batch ``step`` comes from (G6); see
         ``seqcache.feeders.provenance.which``."""
-        return provenance.which(self.stream, self.paths, global_batch_size=self.global_batch_size, step=step, row=row,
-                     feature=self.feature, tokens=tokens)
+        return provenance.which(self.stream, self.paths, global_batch_size=self.global_batch_size, step=step,
+                                row=row, feature=self.feature, tokens=tokens)
 
     def trace(self, steps, *, text: bool = False):
         """Provenance of whole steps, every row of the global batch (not only this
-        host's): one row per (step, row, segment) as a pyarrow Table, computed from
-        positions and the provenance sidecars, with no replay. ``steps``: a range
-        or an iterable of steps. See ``seqcache.feeders.provenance.trace``."""
+        host's): ``seqcache.feeders.provenance.trace``'s pyarrow Table, one row
+        per (step, row, segment). ``steps``: a range or an iterable of steps."""
         return provenance.trace(self.stream, self.paths, global_batch_size=self.global_batch_size, steps=steps,
-                     feature=self.feature, text=text)
+                                feature=self.feature, text=text)
 
     def where(self, *, cache_index: int | None = None, task: int | str | None = None, source: str | None = None,
               until_step: int | None = None, epochs=None) -> list[dict]:
-        """Where an example appears in this run, the inverse of ``which``: one
-        (epoch, step, row, host, host_row, position) per epoch in steps
-        [0, until_step) (None: the whole of a finite run), with this feeder's
-        host count. The example is ``cache_index`` of ``task`` (an index, cache
-        folder or task name; only needed in a mixture), or every example holding
-        a segment of ``source`` (``"FILE:LINE"``, ``"FILE:row=N"``,
-        ``"FILE:byte=N"``, ``"FILE:record=N"``; an O(N) scan of the provenance
-        sidecars). O(1) per epoch for one cache, O(log T) for a mixture. One
-        dict per example; see ``seqcache.feeders.inverse.where``.
-
-        Raises:
-          ValueError: see ``seqcache.feeders.inverse.where``.
-        """
-        return inverse.where(self.stream, self.paths, global_batch_size=self.global_batch_size, host_count=self.host_count,
-                     until_step=until_step, cache_index=cache_index, task=task, source=source, epochs=epochs)
+        """Where an example appears in this run, the inverse of ``which``, with
+        this feeder's host count: ``seqcache.feeders.inverse.where`` (its
+        arguments, result and errors). The example is ``cache_index`` of
+        ``task`` (only needed in a mixture), or every example holding a segment
+        of ``source`` (``"FILE:LINE"``, ``"FILE:row=N"``, ...)."""
+        return inverse.where(self.stream, self.paths, global_batch_size=self.global_batch_size,
+                             host_count=self.host_count, until_step=until_step, cache_index=cache_index, task=task,
+                             source=source, epochs=epochs)
 
     # --- lifetime ----------------------------------------------------------------
 
     def close(self) -> None:
-        """Stops the reader threads (waiting for running reads) and closes every
-        shard reader. Idempotent; the feeder cannot be used afterwards."""
+        """Stops the reader threads (waiting for running reads) and closes the
+        shard readers. Idempotent; the feeder cannot be used afterwards."""
         with self._lock:
             if self._closed:
                 return

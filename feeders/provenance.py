@@ -45,16 +45,8 @@ def segments_of(example: dict, feature: str) -> list[np.ndarray]:
     return [tokens[seg == value] for value in dict.fromkeys(seg.tolist()) if value != 0]
 
 
-def which(
-    stream: IndexStream,
-    paths: Sequence[str],
-    *,
-    global_batch_size: int,
-    step: int,
-    row: int,
-    feature: str = "targets",
-    tokens: bool = True,
-) -> dict:
+def which(stream: IndexStream, paths: Sequence[str], *, global_batch_size: int, step: int, row: int,
+          feature: str = "targets", tokens: bool = True) -> dict:
     """Locates row ``row`` of global batch ``step``.
 
     Args:
@@ -85,13 +77,16 @@ def which(
         raise ValueError(f"row must be in [0, {global_batch_size}) for global batch size {global_batch_size} (got {row})")
     position = step * global_batch_size + row
     loc = stream.locate_one(position)
-    out = _located_row(stream, paths, loc, step=step, row=row, position=position)
-    if out["padding"]:
-        out.update(cache_index=None, shard=None, record=None, segments=[], epoch=None)
-        return out
     t = loc["task"]
     reader = stream.readers[t]
     m = reader.manifest
+    past_end = stream.end_position is not None and position >= stream.end_position
+    out = {"step": step, "row": row, "position": position, "padding": not loc["valid"] or past_end,
+           "task_index": t, "task": m.task, "split": m.split, "cache": paths[t], "ordinal": loc["ordinal"],
+           "epoch": loc["epoch"], "element": loc["element"], "num_examples": reader.num_examples}
+    if out["padding"]:
+        out.update(cache_index=None, shard=None, record=None, segments=[], epoch=None)
+        return out
     names = token_features(m)
     if feature not in names:
         raise ValueError(f"{paths[t]}: the cache has no feature {feature!r} (its token features: {', '.join(names)})")
@@ -104,41 +99,13 @@ def which(
     return out
 
 
-def _located_row(stream: IndexStream, paths: Sequence[str], loc: dict, *, step: int, row: int,
-                 position: int) -> dict:
-    """The part of ``which``'s answer that the stream alone gives: where the row's
-    example is in the mixture and its epoch, and whether the row is padding."""
-    t = loc["task"]
-    reader = stream.readers[t]
-    m = reader.manifest
-    out = {
-        "step": step,
-        "row": row,
-        "position": position,
-        "padding": not loc["valid"],
-        "task_index": t,
-        "task": m.task,
-        "split": m.split,
-        "cache": paths[t],
-        "ordinal": loc["ordinal"],
-        "epoch": loc["epoch"],
-        "element": loc["element"],
-        "num_examples": reader.num_examples,
-    }
-    if stream.end_position is not None and position >= stream.end_position:
-        out["padding"] = True
-    return out
-
-
 def _segments_of_record(reader, i: int, *, feature: str, tokens: bool) -> list[dict]:
     """``which``'s segments of record ``i`` of the cache: each one's source (from
     the provenance sidecar) and, with ``tokens``, its token ids and text."""
     prov = reader.read_provenance([i])[0]
     example = reader.decode(reader.read([i])[0], i)
     segs = segments_of(example, feature) if feature in example else []
-    vocab, vocab_error = (None, None)
-    if tokens:
-        vocab, vocab_error = _vocabulary(reader, feature)
+    vocab, vocab_error = _vocabulary(reader, feature) if tokens else (None, None)
     sources = reader.manifest.sources
     segments = []
     n_prov = len(prov["source_index"])
@@ -327,7 +294,8 @@ def provenance_segments(reader, indices: np.ndarray):
     records = reader.read_provenance_records(indices)
     lengths = np.fromiter(map(len, records), np.int64, len(records))
     one = lengths == _ONE_SEGMENT.itemsize
-    rows, src, rec, off = [], [], [], []
+    e = np.zeros(0, np.int64)
+    rows, src, rec, off = [e], [e], [e.astype(np.uint64)], [e]
     if one.any():
         sel = np.flatnonzero(one)
         block = np.frombuffer(b"".join(records[i] for i in sel.tolist()), _ONE_SEGMENT)
@@ -345,24 +313,13 @@ def provenance_segments(reader, indices: np.ndarray):
         src.append(p["source_index"].astype(np.int64))
         rec.append(p["record_number"].astype(np.uint64))
         off.append(p["token_offset"].astype(np.int64))
-    if not rows:
-        e = np.zeros(0, np.int64)
-        return e, e, e.astype(np.uint64), e
     rows_a = np.concatenate(rows)
     order = np.argsort(rows_a, kind="stable")
     return rows_a[order], np.concatenate(src)[order], np.concatenate(rec)[order], np.concatenate(off)[order]
 
 
-def trace(
-    stream: IndexStream,
-    paths: Sequence[str],
-    *,
-    global_batch_size: int,
-    steps,
-    feature: str = "targets",
-    text: bool = False,
-    chunk_steps: int = 64,
-):
+def trace(stream: IndexStream, paths: Sequence[str], *, global_batch_size: int, steps, feature: str = "targets",
+          text: bool = False, chunk_steps: int = 64):
     """Provenance of whole steps: one row per (step, row, segment), as a pyarrow Table.
 
     Computed from positions (``IndexStream.locate``, no replay): its cost depends
@@ -443,7 +400,8 @@ def _chunk_segments(stream: IndexStream, loc, valid: np.ndarray, *, feature: str
     """The segments of the valid rows of a located chunk, gathered task by task
     (one batched read of the provenance records per task; with ``text``, of the
     data records too)."""
-    seg_row, seg_src, seg_rec, seg_off, seg_ntok, seg_text = [], [], [], [], [], []
+    e = np.zeros(0, np.int64)
+    seg_row, seg_src, seg_rec, seg_off, seg_ntok, seg_text = [e], [e], [e.astype(np.uint64)], [e], [e], []
     for t in np.unique(loc.task[valid]).tolist():
         rows = np.flatnonzero(valid & (loc.task == t))
         reader = stream.readers[t]
@@ -457,10 +415,6 @@ def _chunk_segments(stream: IndexStream, loc, valid: np.ndarray, *, feature: str
             ntok, txt = _segment_texts(reader, idx, r, feature, vocabs, t)
             seg_ntok.append(ntok)
             seg_text.extend(txt)
-    if not seg_row:
-        none = np.zeros(0, np.int64)
-        return _Segments(row=none, source_index=none, record_number=none.astype(np.uint64), token_offset=none,
-                         num_tokens=none if text else None, text=[] if text else None)
     srow = np.concatenate(seg_row)
     order = np.argsort(srow, kind="stable")
     return _Segments(

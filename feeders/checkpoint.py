@@ -13,8 +13,8 @@ conventionally named "feeder"::
     feeder = restore_feeder(restored["feeder"], host_index=jax.process_index(),
                             host_count=jax.process_count())
 
-Every host saves the same state (it does not depend on the host), so Orbax's
-primary-host write is enough. Orbax is imported only when these helpers are called.
+Every host saves the same state, so Orbax's primary-host write is enough. Orbax
+is imported only when these helpers are called.
 """
 
 from __future__ import annotations
@@ -49,15 +49,9 @@ def feeder_restore_args():
 def restore_feeder(restored_json: Mapping[str, Any], *, host_index: int | None = None,
                    host_count: int | None = None, **kwargs):
     """``Feeder.restore(restored_json, host_index=, host_count=, **kwargs)``, or
-    ``ConvertedFeeder.restore(...)`` for a ``ConvertedFeeder``'s state (one with a
-    "converter" field); returns that feeder.
-
-    ``kwargs`` are passed on: ``num_threads``, ``prefetch``, the caches' current
-    locations (``cache`` or ``mixture``, matched to the state's caches by
-    fingerprint) and the expectations (``seed``, ``global_batch_size``,
-    ``sequence_length``, ``feature``, ``num_epochs``; for a ``ConvertedFeeder``
-    ``converter`` and ``sequence_length`` as {feature: length}, no ``feature``)
-    that make a checkpoint from another configuration be refused.
+    ``ConvertedFeeder.restore(...)`` for a state with a "converter" field.
+    ``kwargs`` (threads, the caches' current locations, the expectations) are
+    those of that ``restore``.
 
     Raises:
       FeederStateError (a ValueError): no feeder state in the checkpoint, or a state

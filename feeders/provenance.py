@@ -361,12 +361,9 @@ def trace(stream: IndexStream, paths: Sequence[str], *, global_batch_size: int, 
         raise ValueError(f"steps must be >= 0 (got {min(steps)})")
     b = int(global_batch_size)
     vocabs: dict[int, Any] = {}
-    tables = [_trace_chunk(stream, paths, np.asarray(steps[c:c + chunk_steps], np.int64), b, feature=feature,
-                           text=text, vocabs=vocabs)
-              for c in range(0, len(steps), chunk_steps)]
-    if not tables:
-        return _empty_trace()
-    return pa.concat_tables(tables)
+    return pa.concat_tables([  # no steps: one empty chunk, for the columns' types
+        _trace_chunk(stream, paths, np.asarray(steps[c:c + chunk_steps], np.int64), b, feature=feature, text=text,
+                     vocabs=vocabs) for c in range(0, max(len(steps), 1), chunk_steps)])
 
 
 class _Segments(NamedTuple):
@@ -470,8 +467,8 @@ def _chunk_table(stream: IndexStream, paths: Sequence[str], positions: np.ndarra
         "position": pa.array(positions[all_rows]),
         "padding": pa.array(~valid_rows),
         "task_index": pa.array(task_of.astype(np.int32)),
-        "task": pa.array([manifests[t].task for t in task_of.tolist()]),
-        "cache": pa.array([paths[t] for t in task_of.tolist()]),
+        "task": pa.array([manifests[t].task for t in task_of.tolist()], pa.string()),
+        "cache": pa.array([paths[t] for t in task_of.tolist()], pa.string()),
         "ordinal": pa.array(loc.ordinal[all_rows]),
         "epoch": pa.array(loc.epoch[all_rows], mask=~valid_rows),
         "cache_index": pa.array(np.where(valid_rows, loc.cache_index[all_rows], 0), mask=~valid_rows),
@@ -497,14 +494,6 @@ def _source_columns(manifests, task_of: np.ndarray, source_index: np.ndarray, is
     return [path for path, _ in found], [locator for _, locator in found]
 
 
-def _empty_trace():
-    types = {"step": pa.int64(), "row": pa.int64(), "position": pa.int64(), "padding": pa.bool_(),
-             "task_index": pa.int32(), "ordinal": pa.int64(), "epoch": pa.int64(), "cache_index": pa.int64(),
-             "record": pa.int64(), "segment": pa.int32(), "source_index": pa.int64(),
-             "record_number": pa.uint64(), "token_offset": pa.int64(), "num_tokens": pa.int64()}
-    return pa.table({c: pa.array([], types.get(c, pa.string())) for c in TRACE_COLUMNS})
-
-
 def _shards_of(stream, task, cache_index, is_seg):
     """(shard file name or None, record offset in the shard) per table row."""
     names: list = [None] * task.size
@@ -526,21 +515,13 @@ def _segment_texts(reader, idx, seg_rows, feature, vocabs, t):
     if t not in vocabs:
         vocabs[t] = _vocabulary(reader, feature)[0]
     vocab = vocabs[t]
-    examples = reader.read_examples(idx)
+    segs = [segments_of(ex, feature) if feature in ex else [] for ex in reader.read_examples(idx)]
     ntok = np.zeros(seg_rows.size, np.int64)
     texts: list = [None] * seg_rows.size
-    j = 0
-    while j < seg_rows.size:
-        r = int(seg_rows[j])
-        segs = segments_of(examples[r], feature) if feature in examples[r] else []
-        k = j
-        while k < seg_rows.size and seg_rows[k] == r:
-            if k - j < len(segs):
-                ids = segs[k - j]
-                ntok[k] = ids.size
-                texts[k] = decode_with_sentinels(vocab, [int(x) for x in ids]) if vocab is not None else None
-            k += 1
-        j = k
+    for k, (r, j) in enumerate(zip(seg_rows.tolist(), (segment_numbers(seg_rows) - 1).tolist())):
+        if j < len(segs[r]):
+            ntok[k] = segs[r][j].size
+            texts[k] = None if vocab is None else decode_with_sentinels(vocab, segs[r][j].tolist())
     return ntok, texts
 
 

@@ -220,18 +220,14 @@ def what_reads(features: Sequence[str], *, converters_only: bool = False) -> str
 
 def check_same_features(paths: Sequence[str], readers: Sequence[CacheReader], *,
                         converters_only: bool = False) -> None:
-    """Refuses a mixture whose caches have different token features.
-
-    Every feeder reads the same features from every cache of a mixture, so it
-    would drop the other features of some tasks without a word (e.g. the
-    ``inputs`` of a translation task mixed with an LM task), and no converter
-    reads a feature a cache lacks. seqio's ``Mixture`` and ``seqcache train``
-    refuse such a mixture too.
+    """Refuses a mixture whose caches have different token features: a feeder
+    would drop some tasks' other features without a word (the ``inputs`` of a
+    translation task mixed with an LM task). seqio's ``Mixture`` refuses it too.
 
     Raises:
       ValueError: one line naming every cache's task, folder and features, and
-        the mixtures that would work, with their readers (``converters_only``:
-        the converters of ``ConvertedFeeder`` alone).
+        the mixtures that would work with their readers (``converters_only``:
+        ``ConvertedFeeder``'s converters alone).
     """
     feats = [token_features(r.manifest) for r in readers]
     if all(set(f) == set(feats[0]) for f in feats[1:]):
@@ -342,7 +338,6 @@ def _task_mixture_caches(mixture, caches_root, split) -> tuple[dict[str, str], d
             f"mixture {getattr(mixture, 'name', mixture)!r} names tasks; give caches_root= (the folder holding "
             "<task>/<split> caches) to find them"
         )
-    # Local or mounted caches only (and no Beam in the feeder): a URL is refused before any read.
     root = fs.require_local(os.fspath(caches_root), "the feeder (CacheReader)")
     paths = {n: layout.cache_path(root, n, split) for n in mixture.task_names}
     counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
@@ -389,10 +384,9 @@ def _resolve_schedule(schedule) -> tuple[list[str], list[tuple[int, dict[str, Ra
 
 @dataclasses.dataclass
 class OpenedMixture:
-    """The caches of a mixture, opened: paths, readers, float rates and integer weights, in mixture order.
-
-    For a schedule, ``stages`` is [{"step", "rates", "weights"}] (one rate and one
-    weight per cache, 0 where a cache is not read in that stage) and ``rates`` /
+    """The caches of a mixture, opened: paths, readers, float rates and integer
+    weights, in mixture order. For a schedule, ``stages`` is [{"step", "rates",
+    "weights"}] (0 where a cache is not read in that stage) and ``rates`` /
     ``weights`` are the first stage's."""
 
     paths: list[str]

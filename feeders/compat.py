@@ -19,6 +19,7 @@ message in its own error type and adds its hint; it does not reword the rule.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -63,15 +64,8 @@ def check_global_batch(restored: int, current: int, **names: str) -> None:
 
 def divisors(n: int) -> list[int]:
     """The divisors of n >= 1, ascending (O(sqrt n))."""
-    small, large = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return small + large[::-1]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def host_counts_for(global_batch_size: int, wanted: int, *, shown: int = 8) -> str:

@@ -31,13 +31,13 @@ mixing) holds for the converted stream: the feeders locate the same examples.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 from seqcache import bounded_json
 from seqcache.feeders import state as state_lib
-from seqcache.feeders.feeder import Feeder, restore_with
+from seqcache.feeders.feeder import Feeder, MixtureArg, restore_with
 from seqcache.feeders.stream import (CONVERTER_FEATURES, check_same_features, describe_features, open_mixture,
                                      token_features)
 
@@ -219,16 +219,7 @@ class ConvertedFeeder:
             return convert_prefix_lm(batches, length=sum(self.sequence_length.values()))
         return (convert_lm if self.converter == "lm" else convert_encdec)(batches)
 
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        step = self.step
-        if self.num_steps is not None and step >= self.num_steps:
-            raise StopIteration
-        batch = self.get_batch(step)
-        self.step = step + 1
-        return batch
+    __iter__, __next__ = Feeder.__iter__, Feeder.__next__
 
     def state(self) -> dict:
         """The feeder state (JSON-able) with the converter and its lengths; the
@@ -256,24 +247,12 @@ class ConvertedFeeder:
             f.set_state(s)
 
     @classmethod
-    def restore(
-        cls,
-        state: Mapping[str, Any],
-        *,
-        host_index: int | None = None,
-        host_count: int | None = None,
-        num_threads: int | None = None,
-        prefetch: int | None = None,
-        cache: str | os.PathLike | None = None,
-        mixture: Mapping[str, Any] | Sequence[tuple[str, Any]] | Any = None,
-        caches_root: str | os.PathLike | None = None,
-        split: str = "train",
-        seed: int | None = None,
-        global_batch_size: int | None = None,
-        converter: str | None = None,
-        sequence_length: Mapping[str, int] | None = None,
-        num_epochs: Any = Feeder._UNSET,
-    ) -> "ConvertedFeeder":
+    def restore(cls, state: Mapping[str, Any], *, host_index: int | None = None, host_count: int | None = None,
+                num_threads: int | None = None, prefetch: int | None = None, cache: str | os.PathLike | None = None,
+                mixture: MixtureArg = None, caches_root: str | os.PathLike | None = None, split: str = "train",
+                seed: int | None = None, global_batch_size: int | None = None, converter: str | None = None,
+                sequence_length: Mapping[str, int] | None = None,
+                num_epochs: Any = Feeder._UNSET) -> "ConvertedFeeder":
         """``Feeder.restore`` for a ``ConvertedFeeder.state()``, with the state's
         converter and lengths; ``converter`` and ``sequence_length`` (feature ->
         length) are expectations too.

@@ -30,7 +30,7 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -42,6 +42,8 @@ from seqcache.feeders.decode import decode_batch
 from seqcache.feeders.stream import Rate, check_same_features, check_step, feature_layout, open_mixture
 
 THREAD_NAME_PREFIX = "seqcache-feeder"
+# What ``mixture=`` takes (see ``Feeder``).
+MixtureArg = Union[Mapping[str, Rate], Sequence[tuple[str, Rate]], Any]
 
 
 def default_hosts() -> tuple[int, int]:
@@ -127,24 +129,11 @@ class Feeder:
       seqcache.format.CacheError: a cache is missing, incomplete or inconsistent.
     """
 
-    def __init__(
-        self,
-        *,
-        cache: str | os.PathLike | None = None,
-        mixture: Mapping[str, Rate] | Sequence[tuple[str, Rate]] | Any = None,
-        caches_root: str | os.PathLike | None = None,
-        split: str = "train",
-        global_batch_size: int,
-        sequence_length: int,
-        host_index: int | None = None,
-        host_count: int | None = None,
-        seed: int = 0,
-        num_epochs: int | None = None,
-        start_step: int = 0,
-        feature: str = "targets",
-        num_threads: int | None = None,
-        prefetch: int | None = None,
-    ):
+    def __init__(self, *, cache: str | os.PathLike | None = None, mixture: MixtureArg = None,
+                 caches_root: str | os.PathLike | None = None, split: str = "train", global_batch_size: int,
+                 sequence_length: int, host_index: int | None = None, host_count: int | None = None, seed: int = 0,
+                 num_epochs: int | None = None, start_step: int = 0, feature: str = "targets",
+                 num_threads: int | None = None, prefetch: int | None = None):
         host_index, host_count = resolve_hosts(host_index, host_count)
         check_hosts(global_batch_size, host_index, host_count)
         if not isinstance(sequence_length, (int, np.integer)) or sequence_length < 1:
@@ -253,10 +242,8 @@ class Feeder:
         return out
 
     def _compute_mixed(self, loc, tasks: list[int], names) -> dict[str, np.ndarray]:
-        """The rows of a step drawn from several tasks (or with padding rows): the
-        reads of all tasks are issued together (one list of records in row order)
-        and, when the tasks share one record layout, decoded in one batch, so a
-        mixture costs what one task costs (no per-task decode and scatter)."""
+        """The rows of a step from several tasks (or with padding rows): every task's
+        reads issued together and, for one shared record layout, decoded in one batch."""
         b_host, length = self.rows_per_host, self.sequence_length
         rows_of = {t: np.flatnonzero((loc.task == t) & loc.valid) for t in tasks}
         records: list = [b""] * b_host
@@ -292,9 +279,8 @@ class Feeder:
         return tuple(self.readers[task].features), tuple(self._layouts[task].items())
 
     def _read_and_decode(self, task: int, cache_index: np.ndarray):
-        """Rows ``cache_index`` of task ``task``, read and decoded in ascending
-        index order (the order the shards return them, and that they lie in
-        memory), put in row order by the decoder's copy: 4 arrays (n, L)."""
+        """Rows ``cache_index`` of task ``task``, read and decoded in ascending index
+        order, put in row order by the decoder's copy: 4 arrays (n, L)."""
         records, order = self.readers[task].read_sorted(cache_index)
         if order is None:
             return self._decode_block(task, records, cache_index)
@@ -335,9 +321,8 @@ class Feeder:
         return tokens, seg, pos, weights
 
     def _full_rows(self, n: int):
-        """Segment ids, positions and loss weights of n <= B/H unpacked rows that
-        fill the sequence length: the same in every batch, so built once for B/H
-        rows and shared, read-only (n < B/H gives views of the first n rows)."""
+        """Segment ids, positions and loss weights of n <= B/H full unpacked rows:
+        built once, shared read-only by every batch."""
         if self._constants is None:
             shape = (self.rows_per_host, self.sequence_length)
             seg = np.ones(shape, np.int32)
@@ -398,11 +383,11 @@ class Feeder:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        step = self._step
+        step = self.step
         if self.num_steps is not None and step >= self.num_steps:
             raise StopIteration
         batch = self.get_batch(step)
-        self._step = step + 1
+        self.step = step + 1
         return batch
 
     # --- state -----------------------------------------------------------------
@@ -457,24 +442,11 @@ class Feeder:
     _UNSET = object()
 
     @classmethod
-    def restore(
-        cls,
-        state: Mapping[str, Any],
-        *,
-        host_index: int | None = None,
-        host_count: int | None = None,
-        num_threads: int | None = None,
-        prefetch: int | None = None,
-        cache: str | os.PathLike | None = None,
-        mixture: Mapping[str, Rate] | Sequence[tuple[str, Rate]] | Any = None,
-        caches_root: str | os.PathLike | None = None,
-        split: str = "train",
-        seed: int | None = None,
-        global_batch_size: int | None = None,
-        sequence_length: int | None = None,
-        feature: str | None = None,
-        num_epochs: Any = _UNSET,
-    ) -> "Feeder":
+    def restore(cls, state: Mapping[str, Any], *, host_index: int | None = None, host_count: int | None = None,
+                num_threads: int | None = None, prefetch: int | None = None, cache: str | os.PathLike | None = None,
+                mixture: MixtureArg = None, caches_root: str | os.PathLike | None = None, split: str = "train",
+                seed: int | None = None, global_batch_size: int | None = None, sequence_length: int | None = None,
+                feature: str | None = None, num_epochs: Any = _UNSET) -> "Feeder":
         """A feeder positioned where ``state`` was saved: the same global stream,
         for any host count that divides the global batch (G4, G5).
 
@@ -545,12 +517,11 @@ class Feeder:
             executor, self._executor = self._executor, None
         for fut in futures.values():
             fut.cancel()
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
         with self._pool_lock:
             read_pool, self._read_pool = self._read_pool, None
-        if read_pool is not None:
-            read_pool.shutdown(wait=True, cancel_futures=True)
+        for pool in (executor, read_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         for r in self.readers:
             r.close()
 

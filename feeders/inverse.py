@@ -48,7 +48,6 @@ from seqcache import fs
 from seqcache.feeders import compat
 from seqcache.feeders.permutation import epoch_permutation, inverse_each, round_keys_many
 from seqcache.feeders.provenance import _open_checked, check_as_feeder, provenance_segments, segment_numbers
-from seqcache.feeders.reader import source_of
 from seqcache.feeders.stream import IndexStream, check_same_features, open_mixture
 
 # More epochs than this for one example needs an explicit ``epochs=`` range.

@@ -367,16 +367,15 @@ def trace(stream: IndexStream, paths: Sequence[str], *, global_batch_size: int, 
 
 
 class _Segments(NamedTuple):
-    """The segments of a chunk of rows, in row order (each row's in segment order):
-    per segment its row (an index into the chunk's positions), source_index,
-    record_number and token_offset, and with ``text`` its num_tokens and text
-    (else None)."""
+    """A chunk's segments in row order, each row's in segment order: its row (in
+    the chunk), source_index, record_number (uint64), token_offset, and with
+    ``text`` num_tokens and text (else None); int64 arrays (n,) but text, a list."""
 
-    row: np.ndarray  # int64
-    source_index: np.ndarray  # int64
-    record_number: np.ndarray  # uint64
-    token_offset: np.ndarray  # int64
-    num_tokens: np.ndarray | None  # int64
+    row: np.ndarray
+    source_index: np.ndarray
+    record_number: np.ndarray
+    token_offset: np.ndarray
+    num_tokens: np.ndarray | None
     text: list | None
 
 
@@ -394,9 +393,8 @@ def _trace_chunk(stream: IndexStream, paths: Sequence[str], chunk: np.ndarray, b
 
 def _chunk_segments(stream: IndexStream, loc, valid: np.ndarray, *, feature: str, text: bool,
                     vocabs: dict) -> _Segments:
-    """The segments of the valid rows of a located chunk, gathered task by task
-    (one batched read of the provenance records per task; with ``text``, of the
-    data records too)."""
+    """The segments of a located chunk's valid rows: per task one batched read of
+    the provenance records (with ``text``, of the data records too)."""
     e = np.zeros(0, np.int64)
     seg_row, seg_src, seg_rec, seg_off, seg_ntok, seg_text = [e], [e], [e.astype(np.uint64)], [e], [e], []
     for t in np.unique(loc.task[valid]).tolist():

@@ -506,13 +506,8 @@ class CacheReader:
 
     def __getstate__(self):
         # Picklable for multiprocess loaders: readers are reopened lazily.
-        state = self.__dict__.copy()
-        state["_lock"] = None
-        state["_shard_locks"] = None
-        state["_retired"] = []
-        state["_data"] = [None] * len(self._data)
-        state["_prov"] = [None] * len(self._prov)
-        return state
+        return dict(self.__dict__, _lock=None, _shard_locks=None, _retired=[], _data=[None] * len(self._data),
+                    _prov=[None] * len(self._prov))
 
     def __setstate__(self, state):
         self.__dict__.update(state)

@@ -37,7 +37,6 @@ from seqcache.feeders.schedule import Schedule
 from seqcache.rates import Rate
 
 _PERM_CACHE_SIZE = 256
-_ROOT_ONLY_FOR_TASKS = "caches_root= is only used with mixture=<seqcache.tasks.Mixture>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +80,7 @@ class IndexStream:
         self.readers = list(readers)
         self.sizes = [r.num_examples for r in readers]
         self.keys = [r.fingerprint for r in readers]
-        if stages is not None:
-            self.mixer = Schedule(stages)
-        else:
-            self.mixer = mixing.Mixer(weights)
+        self.mixer = Schedule(stages) if stages is not None else mixing.Mixer(weights)
         if self.mixer.num_tasks != len(self.readers):
             raise ValueError(f"{len(readers)} caches but {self.mixer.num_tasks} weights")
         self.seed = int(seed)
@@ -294,11 +290,7 @@ def check_step(step: int, *, global_batch_size: int, num_steps: int | None, num_
 
 def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str, Rate]], str | None]:
     """[(cache path, rate or rate callable)], and the mixture's name when it has one."""
-    if (cache is None) == (mixture is None):
-        raise ValueError("give exactly one of cache= (one task cache folder) or mixture=")
     if cache is not None:
-        if caches_root is not None:
-            raise ValueError(_ROOT_ONLY_FOR_TASKS)
         return [(os.fspath(cache), 1.0)], None
     if _is_task_mixture(mixture):
         paths, counts = _task_mixture_caches(mixture, caches_root, split)
@@ -306,8 +298,6 @@ def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str
         rates = mixture.get_rates(counts)
         # seqio semantics: a task with rate 0 is part of the mixture but never read.
         return [(paths[n], float(rates[n])) for n in names if rates[n] > 0], getattr(mixture, "name", None)
-    if caches_root is not None:
-        raise ValueError(_ROOT_ONLY_FOR_TASKS)
     items = list(mixture.items()) if isinstance(mixture, Mapping) else list(mixture)
     if not items:
         raise ValueError("mixture= is empty: give {cache_path: rate, ...}")
@@ -418,11 +408,13 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
       ValueError: both or neither of cache/mixture, bad pairs or rates, a cache listed twice.
       seqcache.format.CacheError: a cache is missing, incomplete or inconsistent.
     """
-    if cache is None and is_schedule(mixture):
-        if caches_root is not None:
-            raise ValueError(_ROOT_ONLY_FOR_TASKS)
+    if (cache is None) == (mixture is None):
+        raise ValueError("give exactly one of cache= (one task cache folder) or mixture=")
+    if caches_root is not None and not _is_task_mixture(mixture):
+        raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+    if is_schedule(mixture):
         return _open_schedule(mixture)
-    if cache is None and _is_task_mixture(mixture):
+    if _is_task_mixture(mixture):
         schedule = _task_mixture_schedule(mixture, caches_root, split)
         if schedule is not None:
             return _open_schedule(schedule, name=getattr(mixture, "name", None))

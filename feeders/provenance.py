@@ -47,15 +47,9 @@ def segments_of(example: dict, feature: str) -> list[np.ndarray]:
 
 def which(stream: IndexStream, paths: Sequence[str], *, global_batch_size: int, step: int, row: int,
           feature: str = "targets", tokens: bool = True) -> dict:
-    """Locates row ``row`` of global batch ``step``.
-
-    Args:
-      stream: the feeder's index stream (``Feeder.stream``).
-      paths: the cache folders, in mixture order.
-      global_batch_size: B.
-      step, row: s >= 0 and r in [0, B).
-      feature: the token feature.
-      tokens: include token ids and text per segment.
+    """Locates row r in [0, B) of global batch ``step`` s >= 0 (B the global batch
+    size) of ``stream`` (``Feeder.stream``) over the cache folders ``paths``, in
+    mixture order; ``tokens``: include each segment's token ids and text.
 
     Returns:
       A JSON-serialisable dict: step, row, position, padding (bool), task_index,
@@ -270,7 +264,7 @@ def _answer(opened, args: dict, *, step, row, tokens) -> dict:
 
 # --- whole steps: one row per (step, row, segment) ---------------------------
 
-# Columns of ``trace``, in order (pyarrow types in ``_trace_schema``).
+# Columns of ``trace``, in order.
 TRACE_COLUMNS = ("step", "row", "position", "padding", "task_index", "task", "cache", "ordinal", "epoch",
                  "cache_index", "shard", "record", "segment", "source_index", "source", "locator", "record_number",
                  "token_offset", "num_tokens", "text")
@@ -328,11 +322,8 @@ def trace(stream: IndexStream, paths: Sequence[str], *, global_batch_size: int, 
     ``chunk_steps`` steps at a time), unless ``text`` asks for the tokens too.
 
     Args:
-      stream: the feeder's index stream (``Feeder.stream``).
-      paths: the cache folders, in mixture order.
-      global_batch_size: B.
-      steps: the steps, a ``range`` (e.g. ``range(91000, 91050)``) or any iterable
-        of steps >= 0.
+      stream, paths, global_batch_size: as for ``which``.
+      steps: a ``range`` (e.g. ``range(91000, 91050)``) or any iterable of steps >= 0.
       feature: the token feature (for ``text``).
       text: also read the data records: ``num_tokens`` (of the segment in the row)
         and ``text`` (decoded with the cache's vocabulary; null when it cannot be

@@ -413,10 +413,9 @@ class CacheReader:
         return self._read(self._data, self.manifest.shards.files, indices)
 
     def read_sorted(self, indices) -> tuple[list[bytes], np.ndarray | None]:
-        """The data records at ``indices`` in ascending cache-index order, as
-        read (no reordering): (records, order), records[j] being the record at
-        indices[order[j]] (order: int64 (n,), the stable argsort of indices), or
-        order None when the indices are ascending already."""
+        """(records, order): the data records at ``indices`` as read, in ascending
+        index order: records[j] is at indices[order[j]] (order: int64 (n,), the
+        stable argsort of indices; None when the indices are ascending)."""
         return self._read_sorted(self._data, self.manifest.shards.files, indices)
 
     def read_provenance_records(self, indices) -> list[bytes]:

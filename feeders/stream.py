@@ -335,9 +335,8 @@ def _task_mixture_caches(mixture, caches_root, split) -> tuple[dict[str, str], d
 
 
 def _task_mixture_schedule(mixture, caches_root, split) -> dict[int, dict[str, float]] | None:
-    """The schedule {step: {cache folder: rate}} of a ``seqcache.tasks.Mixture``
-    that carries one (``Mixture(..., schedule=)``), else None. Rates of 0 are left
-    out (the task is not read in that stage)."""
+    """The schedule {step: {cache folder: rate > 0}} of a ``seqcache.tasks.Mixture``
+    made with ``schedule=``, else None."""
     if not getattr(mixture, "schedule", None):
         return None
     paths, counts = _task_mixture_caches(mixture, caches_root, split)

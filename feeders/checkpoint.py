@@ -13,15 +13,17 @@ conventionally named "feeder"::
     feeder = restore_feeder(restored["feeder"], host_index=jax.process_index(),
                             host_count=jax.process_count())
 
-Every host saves the same state (it does not depend on the host), so Orbax's
-primary-host write is enough. Orbax is imported only when these helpers are called.
+Every host saves the same state, so Orbax's primary-host write is enough. Orbax
+is imported only when these helpers are called.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from seqcache.feeders.converters import ConvertedFeeder
 from seqcache.feeders.feeder import Feeder
+from seqcache.feeders.state import FeederStateError
 
 ITEM_NAME = "feeder"
 
@@ -32,14 +34,14 @@ def feeder_save_args(feeder: Feeder):
     Save it after the step's batch was consumed, so that the saved position is the
     next batch to read.
     """
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # optional: orbax
 
     return ocp.args.JsonSave(feeder.state())
 
 
 def feeder_restore_args():
     """``ocp.args.JsonRestore()``: the feeder's item in a Composite restore."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # optional: orbax
 
     return ocp.args.JsonRestore()
 
@@ -47,29 +49,18 @@ def feeder_restore_args():
 def restore_feeder(restored_json: Mapping[str, Any], *, host_index: int | None = None,
                    host_count: int | None = None, **kwargs):
     """``Feeder.restore(restored_json, host_index=, host_count=, **kwargs)``, or
-    ``ConvertedFeeder.restore(...)`` for a ``ConvertedFeeder``'s state (one with a
-    "converter" field); returns that feeder.
-
-    ``kwargs`` are passed on: ``num_threads``, ``prefetch``, the caches' current
-    locations (``cache`` or ``mixture``, matched to the state's caches by
-    fingerprint) and the expectations (``seed``, ``global_batch_size``,
-    ``sequence_length``, ``feature``, ``num_epochs``; for a ``ConvertedFeeder``
-    ``converter`` and ``sequence_length`` as {feature: length}, no ``feature``)
-    that make a checkpoint from another configuration be refused.
+    ``ConvertedFeeder.restore(...)`` for a state with a "converter" field.
+    ``kwargs`` (threads, the caches' current locations, the expectations) are
+    those of that ``restore``.
 
     Raises:
       FeederStateError (a ValueError): no feeder state in the checkpoint, or a state
         that does not match the caches or the expectations.
     """
-    from seqcache.feeders.state import FeederStateError
-
     if restored_json is None:
         raise FeederStateError(
             f"the checkpoint has no feeder state (item {ITEM_NAME!r}); it was saved without feeder_save_args()"
         )
     state = dict(restored_json)
-    if "converter" in state:
-        from seqcache.feeders.converters import ConvertedFeeder
-
-        return ConvertedFeeder.restore(state, host_index=host_index, host_count=host_count, **kwargs)
-    return Feeder.restore(state, host_index=host_index, host_count=host_count, **kwargs)
+    restore = ConvertedFeeder.restore if "converter" in state else Feeder.restore
+    return restore(state, host_index=host_index, host_count=host_count, **kwargs)

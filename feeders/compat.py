@@ -19,6 +19,8 @@ message in its own error type and adds its hint; it does not reword the rule.
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -36,18 +38,11 @@ GLOBAL_BATCH_CONSEQUENCE = "a global position is step * B, so another B gives ev
 
 def global_batch_difference(restored: int, current: int, *, restored_from: str = "the feeder state was saved with",
                             current_from: str = "this run has") -> str | None:
-    """Why a restored global batch size is not the current one; None when equal.
-
-    Args:
-      restored: B (rows per step) of the saved state or checkpoint.
-      current: B of the current run or feeder.
-      restored_from, current_from: the start of the clause that names each value,
-        e.g. "checkpoint was saved with" and "the current config has".
-
-    Returns:
-      "{restored_from} global batch size R, {current_from} global_batch_size=C;
-      a global position is step * B, ...", or None.
-    """
+    """Why a restored global batch size B (rows per step) is not the current
+    one: "{restored_from} global batch size R, {current_from}
+    global_batch_size=C; a global position is step * B, ...", or None when
+    equal. ``restored_from``/``current_from`` start the clause naming each
+    value, e.g. "checkpoint was saved with" and "the current config has"."""
     if int(restored) == int(current):
         return None
     return (f"{restored_from} global batch size {restored}, {current_from} global_batch_size={current}; "
@@ -57,10 +52,8 @@ def global_batch_difference(restored: int, current: int, *, restored_from: str =
 def check_global_batch(restored: int, current: int, **names: str) -> None:
     """Refuses a restored global batch size that is not the current one.
 
-    ``names``: ``restored_from`` / ``current_from``, see ``global_batch_difference``.
-
     Raises:
-      FeederStateError: naming both values (``global_batch_difference``).
+      FeederStateError: ``global_batch_difference(restored, current, **names)``.
     """
     diff = global_batch_difference(restored, current, **names)
     if diff:
@@ -71,15 +64,8 @@ def check_global_batch(restored: int, current: int, **names: str) -> None:
 
 def divisors(n: int) -> list[int]:
     """The divisors of n >= 1, ascending (O(sqrt n))."""
-    small, large = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return small + large[::-1]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def host_counts_for(global_batch_size: int, wanted: int, *, shown: int = 8) -> str:
@@ -100,14 +86,10 @@ def host_counts_for(global_batch_size: int, wanted: int, *, shown: int = 8) -> s
 
 
 def check_hosts(global_batch_size: int, host_index: int, host_count: int, *, saved: bool = False) -> None:
-    """Refuses a host slicing of the global batch that is not exact:
-    1 <= H <= B, H divides B and 0 <= h < H.
-
-    Args:
-      global_batch_size: B, rows per step over all hosts.
-      host_index, host_count: h and H.
-      saved: B comes from a saved feeder state. A restored run keeps B, so the
-        message lists the host counts that divide B instead of other batches.
+    """Refuses a host slicing of the global batch B (rows per step over all
+    hosts) that is not exact: 1 <= H <= B, H divides B and 0 <= h < H.
+    ``saved``: B comes from a saved feeder state, which a restored run keeps, so
+    the message lists the host counts that divide B instead of other batches.
 
     Raises:
       ValueError: naming B and H (or h), and what would work.
@@ -140,10 +122,8 @@ def check_hosts(global_batch_size: int, host_index: int, host_count: int, *, sav
 # --- sequence length ---------------------------------------------------------------
 
 def recorded_length(manifest, feature: str) -> int | None:
-    """The sequence length (tokens) a cache's manifest records for ``feature``
-    (packed to, or trimmed to), or None when it records none.
-
-    ``manifest``: a ``seqcache.format.Manifest``."""
+    """The sequence length (tokens) a cache's ``seqcache.format.Manifest``
+    records for ``feature`` (packed or trimmed to), or None."""
     lengths = manifest.sequence_length or {}
     value = lengths.get(feature) if isinstance(lengths, Mapping) else None
     return None if value is None else int(value)
@@ -159,16 +139,10 @@ def packed_length(manifest, feature: str) -> int | None:
 
 def check_sequence_length(manifest, sequence_length: int, *, feature: str, cache: Any,
                           setting: str = "sequence_length=") -> None:
-    """Refuses a sequence length shorter than the one a cache is packed to: rows
-    would cut packed segments (a packed cache is never truncated).
-
-    Args:
-      manifest: the cache's ``seqcache.format.Manifest``.
-      sequence_length: L, the tokens per row asked for ``feature``.
-      feature: the packed feature, e.g. "targets".
-      cache: the cache folder, named in the message.
-      setting: how the reader sets L, as written before the value:
-        "sequence_length=" (the Feeder), "--sequence-length " (the CLI).
+    """Refuses a sequence length L (tokens per row of ``feature``) shorter than
+    the one the cache (``manifest``, folder ``cache``) is packed to: rows would
+    cut packed segments. ``setting``: how the reader sets L, as written before
+    the value: "sequence_length=" (the Feeder), "--sequence-length " (the CLI).
 
     Raises:
       ValueError: "{cache}: the cache is packed to sequence length {L_c}
@@ -193,20 +167,14 @@ def _paths(entries: Sequence[Mapping[str, Any]]) -> str:
 
 def fingerprint_difference(saved: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the caches of a saved state are not the current ones, by fingerprint
-    and example count in mixture order; None when they are the same caches
-    (wherever they are found: paths are not compared).
+    and example count in mixture order (paths are not compared), or None.
 
-    Args:
-      saved, current: mixture entries (``state.mixture_entries``): dicts with
-        "path", "task", "split", "fingerprint", "num_examples". Only the first
-        min(len(saved), len(current)) entries are compared: the callers decide
-        whether a different count of caches is allowed.
-
-    Returns:
-      The first difference naming both values: the same caches in another order;
-      a rebuilt cache ("the cache at PATH was rebuilt (fingerprint A, the state was
-      saved with fingerprint B at PATH')"); another task's cache at that mixture
-      entry; another example count for the same fingerprint.
+    ``saved``, ``current``: mixture entries (``state.mixture_entries``); only the
+    first min(len(saved), len(current)) are compared (the callers decide
+    whether another count of caches is allowed). The first difference names
+    both values: the same caches in another order; a rebuilt cache ("the cache
+    at PATH was rebuilt (fingerprint A, the state was saved with fingerprint B
+    at PATH')"); another task's cache; another example count.
     """
     fps = lambda entries: [e.get("fingerprint") for e in entries]  # noqa: E731
     if len(saved) == len(current) and fps(saved) != fps(current) and sorted(fps(saved)) == sorted(fps(current)):
@@ -225,9 +193,9 @@ def _entry_difference(i: int, saved: Mapping[str, Any], current: Mapping[str, An
     path, saved_path = current.get("path"), saved.get("path")
     if saved.get("fingerprint") != current.get("fingerprint"):
         if (saved.get("task"), saved.get("split")) == (current.get("task"), current.get("split")):
-            from seqcache.feeders.state import location
-
-            where = "" if saved_path is None or location(saved_path) == path else f" at {saved_path}"
+            # The saved path in ``state.location``'s form: absolute unless a URL.
+            stored = saved_path if saved_path is None or "://" in saved_path else os.path.abspath(saved_path)
+            where = "" if stored in (None, path) else f" at {saved_path}"
             return (
                 f"the cache at {path} was rebuilt (fingerprint {current.get('fingerprint')}, the state was saved "
                 f"with fingerprint {saved.get('fingerprint')}{where}), so the saved position no longer denotes the "
@@ -247,11 +215,7 @@ def _entry_difference(i: int, saved: Mapping[str, Any], current: Mapping[str, An
 
 
 def check_fingerprints(saved: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]) -> None:
-    """Refuses other caches than a saved state's (``fingerprint_difference``).
-
-    Raises:
-      FeederStateError: naming the first difference and both values.
-    """
+    """Refuses other caches than a saved state's (FeederStateError: ``fingerprint_difference``)."""
     diff = fingerprint_difference(saved, current)
     if diff:
         raise FeederStateError(diff)

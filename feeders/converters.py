@@ -31,14 +31,13 @@ mixing) holds for the converted stream: the feeders locate the same examples.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 from seqcache import bounded_json
-from seqcache.feeders import compat
 from seqcache.feeders import state as state_lib
-from seqcache.feeders.feeder import Feeder, resolve_hosts
+from seqcache.feeders.feeder import Feeder, MixtureArg, restore_with
 from seqcache.feeders.stream import (CONVERTER_FEATURES, check_same_features, describe_features, open_mixture,
                                      token_features)
 
@@ -82,14 +81,12 @@ def convert_encdec(batches: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str,
     -> decoder fields. Segment k of a packed encoder row pairs with segment k of
     the decoder row (first-fit packing numbers them alike)."""
     inputs = batches["inputs"]
-    out = {
+    return {
         "encoder_input_tokens": np.asarray(inputs["inputs"], np.int32),
         "encoder_segment_ids": np.asarray(inputs["inputs_segment_ids"], np.int32),
         "encoder_positions": np.asarray(inputs["inputs_positions"], np.int32),
+        **convert_lm(batches),
     }
-    out.update(_decoder(batches["targets"], "targets"))
-    out.update(_rows(batches["targets"]))
-    return out
 
 
 def convert_prefix_lm(batches: Mapping[str, Mapping[str, np.ndarray]], *, length: int) -> dict[str, np.ndarray]:
@@ -138,10 +135,8 @@ def convert_prefix_lm(batches: Mapping[str, Mapping[str, np.ndarray]], *, length
 
 
 def _check_caches(converter: str, feeder_args: Mapping[str, Any]) -> None:
-    """Refuses caches that the converter cannot read whole: a mixture of
-    different features, or a cache without a feature the converter reads. Opens
-    the manifests only (no shard). Errors are those of ``Feeder`` for bad
-    ``cache=``/``mixture=`` arguments, else one line naming every cache."""
+    """Refuses caches the converter cannot read whole (different features in a
+    mixture, or a feature it reads missing), from the manifests alone."""
     where = {k: feeder_args.get(k) for k in ("cache", "mixture", "caches_root")}
     opened = open_mixture(**where, split=feeder_args.get("split", "train"))
     try:
@@ -171,23 +166,17 @@ class ConvertedFeeder:
         size, hosts, seed, num_epochs, start_step, ...) except ``feature`` and
         ``sequence_length``.
 
-    Batches: the converter's fields (see the module docstring), each (R, L),
-    plus ``task_index``, ``cache_index`` and ``epoch`` (R,).
-
-    Every feature is read through its own feeder, so a record is read once
-    per feature.
-
-    The converter is asked for by name, and may read fewer features than the
-    caches have (``lm`` over translation caches reads their targets), but every
-    cache of a mixture must have the same features (``Feeder`` refuses the
-    others too), and each the converter's.
+    Batches: the converter's fields (module docstring), each (R, L), plus
+    ``task_index``, ``cache_index`` and ``epoch`` (R,). A record is read once
+    per feature. The converter may read fewer features than the caches have
+    (``lm`` over translation caches reads their targets), but every cache of a
+    mixture must have the same features, and each the converter's.
 
     Raises:
-      ValueError: an unknown converter (names the choices); lengths missing for
-        the converter's features; a mixture whose caches have different
-        features, or caches that lack a feature the converter reads (the
-        message names every cache's task and features and the converters that
-        fit them).
+      ValueError: an unknown converter; lengths missing for its features; a
+        mixture whose caches have different features, or caches without a
+        feature the converter reads (naming every cache's task and features and
+        the converters that fit them).
     """
 
     def __init__(self, *, converter: str, sequence_length: Mapping[str, int], **feeder_args: Any):
@@ -197,9 +186,8 @@ class ConvertedFeeder:
         missing = [n for n in names if n not in sequence_length]
         if missing:
             raise ValueError(f"converter {converter!r} needs a sequence length for {list(names)} (missing {missing})")
-        for bad in ("feature",):
-            if bad in feeder_args:
-                raise ValueError(f"ConvertedFeeder sets {bad}= itself, per feature")
+        if "feature" in feeder_args:
+            raise ValueError("ConvertedFeeder sets feature= itself, per feature")
         _check_caches(converter, feeder_args)
         self.converter = converter
         self.sequence_length = {n: int(sequence_length[n]) for n in names}
@@ -227,22 +215,11 @@ class ConvertedFeeder:
     def get_batch(self, step: int) -> dict[str, np.ndarray]:
         """This host's converted rows of global batch ``step``."""
         batches = {n: f.get_batch(step) for n, f in self.feeders.items()}
-        if self.converter == "lm":
-            return convert_lm(batches)
-        if self.converter == "encdec":
-            return convert_encdec(batches)
-        return convert_prefix_lm(batches, length=sum(self.sequence_length.values()))
+        if self.converter == "prefix_lm":
+            return convert_prefix_lm(batches, length=sum(self.sequence_length.values()))
+        return (convert_lm if self.converter == "lm" else convert_encdec)(batches)
 
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        step = self.step
-        if self.num_steps is not None and step >= self.num_steps:
-            raise StopIteration
-        batch = self.get_batch(step)
-        self.step = step + 1
-        return batch
+    __iter__, __next__ = Feeder.__iter__, Feeder.__next__
 
     def state(self) -> dict:
         """The feeder state (JSON-able) with the converter and its lengths; the
@@ -252,14 +229,11 @@ class ConvertedFeeder:
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Moves every feature's feeder to ``state``'s position, after checking it
-        (``seqcache.feeders.state.check_state`` and ``check_converter``, then
-        ``Feeder.set_state`` per feature).
+        """Moves every feature's feeder to ``state``'s position (``Feeder.set_state``).
 
         Raises:
-          FeederStateError (a ValueError): a damaged state or converter field
-            (one line, the value shortened); the state was saved with another
-            converter or lengths; the differences ``Feeder.set_state`` refuses.
+          FeederStateError (a ValueError): a damaged state or converter field;
+            another converter or lengths; what ``Feeder.set_state`` refuses.
         """
         state_lib.check_state(state)
         name, lengths = state_lib.check_converter(state)
@@ -273,37 +247,20 @@ class ConvertedFeeder:
             f.set_state(s)
 
     @classmethod
-    def restore(
-        cls,
-        state: Mapping[str, Any],
-        *,
-        host_index: int | None = None,
-        host_count: int | None = None,
-        num_threads: int | None = None,
-        prefetch: int | None = None,
-        cache: str | os.PathLike | None = None,
-        mixture: Mapping[str, Any] | Sequence[tuple[str, Any]] | Any = None,
-        caches_root: str | os.PathLike | None = None,
-        split: str = "train",
-        seed: int | None = None,
-        global_batch_size: int | None = None,
-        converter: str | None = None,
-        sequence_length: Mapping[str, int] | None = None,
-        num_epochs: Any = Feeder._UNSET,
-    ) -> "ConvertedFeeder":
-        """A converted feeder positioned where ``state`` (``ConvertedFeeder.state()``)
-        was saved, with the state's converter and lengths: the same global
-        stream, for any host count that divides the global batch. The arguments
-        are ``Feeder.restore``'s; ``converter`` and ``sequence_length`` (feature
-        -> length) are expectations too, like ``seed``, ``global_batch_size`` and
-        ``num_epochs``: a state that differs is refused.
+    def restore(cls, state: Mapping[str, Any], *, host_index: int | None = None, host_count: int | None = None,
+                num_threads: int | None = None, prefetch: int | None = None, cache: str | os.PathLike | None = None,
+                mixture: MixtureArg = None, caches_root: str | os.PathLike | None = None, split: str = "train",
+                seed: int | None = None, global_batch_size: int | None = None, converter: str | None = None,
+                sequence_length: Mapping[str, int] | None = None,
+                num_epochs: Any = Feeder._UNSET) -> "ConvertedFeeder":
+        """``Feeder.restore`` for a ``ConvertedFeeder.state()``, with the state's
+        converter and lengths; ``converter`` and ``sequence_length`` (feature ->
+        length) are expectations too.
 
         Raises:
-          FeederStateError (a ValueError): a damaged state or converter field
-            (``check_state``, ``check_converter``: one line, values shortened);
-            not a ``ConvertedFeeder``'s state (no "converter" field: restore it
-            with ``Feeder.restore``); a state that differs from an expectation
-            or from the caches (``Feeder.restore``).
+          FeederStateError (a ValueError): a damaged state or converter field;
+            not a ``ConvertedFeeder``'s state (restore it with ``Feeder.restore``);
+            what ``Feeder.restore`` refuses.
           ValueError: the host count does not divide the saved global batch.
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """
@@ -319,22 +276,10 @@ class ConvertedFeeder:
         if sequence_length is not None and dict(sequence_length) != lengths:
             raise state_lib.FeederStateError(f"feeder state has sequence lengths {lengths}, but this run has "
                                              f"{dict(sequence_length)}{state_lib.RESTORE_HINT}")
-        Feeder._check_expectations(state, seed=seed, global_batch_size=global_batch_size, num_epochs=num_epochs)
-        host_index, host_count = resolve_hosts(host_index, host_count)
-        compat.check_hosts(state["global_batch_size"], host_index, host_count, saved=True)
-
-        def open_feeder(**arguments):
-            return cls(converter=name, sequence_length=lengths, **arguments)
-
-        feeder = Feeder._open_restored(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split,
-                                       open_feeder=open_feeder, host_index=host_index, host_count=host_count,
-                                       num_threads=num_threads, prefetch=prefetch)
-        try:
-            feeder.set_state(state)
-        except BaseException:
-            feeder.close()
-            raise
-        return feeder
+        return restore_with(state, lambda **arguments: cls(converter=name, sequence_length=lengths, **arguments),
+                            expected=dict(seed=seed, global_batch_size=global_batch_size, num_epochs=num_epochs),
+                            cache=cache, mixture=mixture, caches_root=caches_root, split=split,
+                            host_index=host_index, host_count=host_count, num_threads=num_threads, prefetch=prefetch)
 
     def close(self) -> None:
         for f in self.feeders.values():

@@ -1,23 +1,20 @@
 """Batched decoding of cache records into fixed-shape arrays.
 
-``seqcache.format.decode_example`` decodes one record; a training batch holds
-thousands, and a Python call per record would cost more than reading them. This
-module decodes a whole batch of records of the cache format v1 layout (each
-feature, in manifest order, as a little-endian uint32 element count followed by the
-elements) with a constant number of numpy operations:
+A batch of records of the cache format v1 layout (each feature, in manifest
+order, a little-endian uint32 element count then the elements) is decoded with
+a constant number of numpy operations, where ``seqcache.format.decode_example``
+would cost a Python call per record:
 
-1. The records are laid side by side in one (rows, W) uint8 matrix (one copy, done
-   by numpy from the list of ``bytes``; shorter records are zero-filled on the
-   right), a scratch buffer reused per thread.
-2. Each feature's count is gathered from every row at once, which gives every
+1. The records side by side in one (rows, W) uint8 matrix (one copy, zero-filled
+   on the right), a scratch buffer reused per thread.
+2. Each feature's count gathered from every row at once, which gives every
    row's offset of the next feature.
-3. A feature's elements are copied out as one strided block when it starts at the
-   same byte offset in every row (always true for the first feature, and for every
-   feature of packed caches), or gathered per element otherwise.
+3. A feature's elements copied out as one strided block when it starts at the
+   same byte offset in every row (the first feature, and every feature of
+   packed caches), else gathered per element.
 
-It is checked against ``decode_example`` on every record in
-tests/feeders/test_decode.py. Malformed records are reported by ``decode_example``
-itself, so the error names the record as the single-record decoder would.
+Malformed records are reported by ``decode_example``, so the error names the
+record as the single-record decoder would.
 """
 
 from __future__ import annotations
@@ -44,15 +41,6 @@ def _record_matrix(records: Sequence[bytes], width: int) -> np.ndarray:
     mat = buf[: n * width].view(f"S{width}")
     mat[...] = records  # one copy; numpy zero-fills records shorter than width
     return buf[: n * width].reshape(n, width)
-
-
-def _measured_matrix(records: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, int]:
-    """(``_record_matrix`` of the records, their lengths int64 (n,), its width W:
-    the longest record, rounded up to 8 bytes). One copy of the records, whatever
-    the lengths of the batch before."""
-    lens = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
-    width = max(8, (int(lens.max()) + 7) // 8 * 8)
-    return _record_matrix(records, width), lens, width
 
 
 def _gather_u32(mat: np.ndarray, offsets: np.ndarray, uniform: int | None) -> np.ndarray:
@@ -108,7 +96,8 @@ def decode_batch(
             values[name] = np.zeros((0, length), dtype=dt)
             counts[name] = np.zeros((0,), np.int64)
         return values, counts
-    mat, lens, width = _measured_matrix(records)
+    lens = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
+    mat = _record_matrix(records, max(8, (int(lens.max()) + 7) // 8 * 8))  # rows of 8-byte multiples
 
     def fail(bad: np.ndarray):
         i = int(np.flatnonzero(bad)[0])
@@ -170,13 +159,11 @@ def _extract(mat, spec, start, start_u, cnt, length, out_dtype, records, rows) -
         # after an odd number of 4-byte ones): decode record by record.
         out = np.zeros((n, length), dtype=out_dtype)
         for i, rec in enumerate(records):
-            arr = fmt.decode_example((spec,), _feature_bytes(rec, int(start[i]) - 4, int(cnt[i]), isz))[spec.name]
+            at = int(start[i]) - 4
+            arr = fmt.decode_example((spec,), rec[at:at + 4 + int(cnt[i]) * isz])[spec.name]
             out[i, : keep[i]] = arr[: keep[i]]
         return out if rows is None else out[rows]
     if short:
         out[np.arange(length)[None, :] >= keep[:, None]] = 0
     return out if rows is None else out[rows]
 
-
-def _feature_bytes(record: bytes, offset: int, count: int, itemsize: int) -> bytes:
-    return record[offset : offset + 4 + count * itemsize]

@@ -61,9 +61,11 @@ import os
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordWriter
 
 from seqcache import format as fmt
 from seqcache import fs
+from seqcache.feeders.feeder import Feeder
 
 EXPORT_FORMAT_VERSION = 1
 EXPORT_NAME = "export.json"
@@ -386,8 +388,6 @@ def _check_output(output: str, column: str, overwrite: bool) -> str:
 def _open_feeder(*, state, global_batch_size, sequence_length, num_threads, **stream):
     """The Feeder of the whole global batch (one host): at a saved state's
     step, or at step 0 of the stream's arguments."""
-    from seqcache.feeders.feeder import Feeder
-
     if state is not None:
         return Feeder.restore(state, host_index=0, host_count=1, num_threads=num_threads,
                               global_batch_size=global_batch_size, sequence_length=sequence_length)
@@ -401,8 +401,6 @@ def _write_records(feeder, path: str, start: int, n_steps: int, *, column: str, 
                    progress) -> tuple[str, int]:
     """Writes steps start .. start + n_steps - 1 to ``path`` (a temporary name,
     then renamed); returns (ArrayRecord writer options, non-padding tokens)."""
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     writer, options, tokens = None, None, 0
     with fs.atomic_path(path) as tmp:
         try:

@@ -30,26 +30,27 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
 from seqcache import format as fmt
-from seqcache.feeders import compat, mixing
+from seqcache.feeders import compat, inverse, provenance
 from seqcache.feeders import state as state_lib
 from seqcache.feeders.compat import check_hosts, divisors, host_counts_for  # noqa: F401 (public here too)
 from seqcache.feeders.decode import decode_batch
-from seqcache.feeders.reader import CacheReader
-from seqcache.feeders.stream import IndexStream, Rate, check_same_features, open_mixture
+from seqcache.feeders.stream import Rate, check_same_features, check_step, feature_layout, open_mixture
 
 THREAD_NAME_PREFIX = "seqcache-feeder"
+# What ``mixture=`` takes (see ``Feeder``).
+MixtureArg = Union[Mapping[str, Rate], Sequence[tuple[str, Rate]], Any]
 
 
 def default_hosts() -> tuple[int, int]:
     """(host index, host count): ``jax.process_index()/process_count()`` when JAX is
     installed, else (0, 1)."""
     if "jax" in sys.modules or importlib.util.find_spec("jax") is not None:
-        import jax
+        import jax  # optional: jax
 
         return int(jax.process_index()), int(jax.process_count())
     return 0, 1
@@ -128,24 +129,11 @@ class Feeder:
       seqcache.format.CacheError: a cache is missing, incomplete or inconsistent.
     """
 
-    def __init__(
-        self,
-        *,
-        cache: str | os.PathLike | None = None,
-        mixture: Mapping[str, Rate] | Sequence[tuple[str, Rate]] | Any = None,
-        caches_root: str | os.PathLike | None = None,
-        split: str = "train",
-        global_batch_size: int,
-        sequence_length: int,
-        host_index: int | None = None,
-        host_count: int | None = None,
-        seed: int = 0,
-        num_epochs: int | None = None,
-        start_step: int = 0,
-        feature: str = "targets",
-        num_threads: int | None = None,
-        prefetch: int | None = None,
-    ):
+    def __init__(self, *, cache: str | os.PathLike | None = None, mixture: MixtureArg = None,
+                 caches_root: str | os.PathLike | None = None, split: str = "train", global_batch_size: int,
+                 sequence_length: int, host_index: int | None = None, host_count: int | None = None, seed: int = 0,
+                 num_epochs: int | None = None, start_step: int = 0, feature: str = "targets",
+                 num_threads: int | None = None, prefetch: int | None = None):
         host_index, host_count = resolve_hosts(host_index, host_count)
         check_hosts(global_batch_size, host_index, host_count)
         if not isinstance(sequence_length, (int, np.integer)) or sequence_length < 1:
@@ -180,11 +168,8 @@ class Feeder:
         self.paths, self.readers, self.rates, self.weights = opened.paths, opened.readers, opened.rates, opened.weights
         self.schedule = opened.stages  # None, or [{"step", "rates", "weights"}] (see ``feeders/schedule.py``)
         try:
-            # A mixture of caches with different features (an LM task and a
-            # translation task) is refused, whatever ``feature``: feeding one
-            # feature would drop the others of some tasks without a word.
             check_same_features(self.paths, self.readers)
-            self._layouts = [self._layout(r) for r in self.readers]
+            self._layouts = [feature_layout(r, self.feature, self.sequence_length) for r in self.readers]
             self.stream = opened.stream(seed=self.seed, num_epochs=self.num_epochs,
                                         global_batch_size=self.global_batch_size)
         except BaseException:
@@ -208,11 +193,6 @@ class Feeder:
             raise
 
     # --- configuration ---------------------------------------------------------
-
-    def _layout(self, reader: CacheReader) -> dict:
-        """Which stored features give the tokens and segment ids of ``self.feature``
-        (positions are derived from the segment ids: ``positions_from_segment_ids``)."""
-        return feature_layout(reader, self.feature, self.sequence_length)
 
     @property
     def step(self) -> int:
@@ -254,35 +234,26 @@ class Feeder:
             out = dict(zip(names, self._read_and_decode(tasks[0], loc.cache_index)))
         else:
             out = self._compute_mixed(loc, tasks, names)
-        if all_valid:  # the located arrays are this step's own: no masked copies
-            out["task_index"] = loc.task.astype(np.int32, copy=False)
-            out["cache_index"] = loc.cache_index
-            out["epoch"] = loc.epoch
-        else:
-            out["task_index"] = np.where(valid, loc.task, -1).astype(np.int32)
-            out["cache_index"] = np.where(valid, loc.cache_index, -1)
-            out["epoch"] = np.where(valid, loc.epoch, -1)
+        for key, arr in (("task_index", loc.task), ("cache_index", loc.cache_index), ("epoch", loc.epoch)):
+            out[key] = arr if all_valid else np.where(valid, arr, -1)  # -1 on padding rows
+        out["task_index"] = out["task_index"].astype(np.int32, copy=False)
         for arr in out.values():
             arr.flags.writeable = False
         return out
 
     def _compute_mixed(self, loc, tasks: list[int], names) -> dict[str, np.ndarray]:
-        """The rows of a step drawn from several tasks (or with padding rows): the
-        reads of all tasks are issued together (one list of records in row order)
-        and, when the tasks share one record layout, decoded in one batch, so a
-        mixture costs what one task costs (no per-task decode and scatter)."""
+        """The rows of a step from several tasks (or with padding rows): every task's
+        reads issued together and, for one shared record layout, decoded in one batch."""
         b_host, length = self.rows_per_host, self.sequence_length
         rows_of = {t: np.flatnonzero((loc.task == t) & loc.valid) for t in tasks}
         records: list = [b""] * b_host
-        # Every task's read is in flight at once (on the read pool, the first one
-        # on this thread): ArrayRecord's reads release the GIL, so the tasks'
-        # shard reads overlap instead of queueing one task after another.
+        # Every task's read in flight at once (the first on this thread): ArrayRecord's reads overlap.
         pool = self._read_pool_or_none()
-        pending = [(t, pool.submit(self._read_rows, t, loc.cache_index[rows_of[t]]) if pool is not None and j else None)
+        pending = [(t, pool.submit(self.readers[t].read, loc.cache_index[rows_of[t]]) if pool and j else None)
                    for j, t in enumerate(tasks)]
         try:
             for t, fut in pending:
-                got = fut.result() if fut is not None else self._read_rows(t, loc.cache_index[rows_of[t]])
+                got = fut.result() if fut is not None else self.readers[t].read(loc.cache_index[rows_of[t]])
                 for r, rec in zip(rows_of[t].tolist(), got):
                     records[r] = rec
         finally:
@@ -307,16 +278,12 @@ class Feeder:
         """Tasks with equal keys decode with the same ``decode_batch`` call."""
         return tuple(self.readers[task].features), tuple(self._layouts[task].items())
 
-    def _read_rows(self, task: int, cache_index: np.ndarray) -> list[bytes]:
-        return self.readers[task].read(cache_index)
-
     def _read_sorted(self, task: int, cache_index: np.ndarray) -> tuple[list[bytes], np.ndarray | None]:
-        return self.readers[task].read_sorted(cache_index)
+        return self.readers[task].read_sorted(cache_index)  # a seam: benchmarks/feeder.py answers it from memory
 
     def _read_and_decode(self, task: int, cache_index: np.ndarray):
-        """Rows ``cache_index`` of task ``task``, read and decoded in ascending
-        index order (the order the shards return them, and that they lie in
-        memory), put in row order by the decoder's copy: 4 arrays (n, L)."""
+        """Rows ``cache_index`` of task ``task``, read and decoded in ascending index
+        order, put in row order by the decoder's copy: 4 arrays (n, L)."""
         records, order = self._read_sorted(task, cache_index)
         if order is None:
             return self._decode_block(task, records, cache_index)
@@ -357,9 +324,8 @@ class Feeder:
         return tokens, seg, pos, weights
 
     def _full_rows(self, n: int):
-        """Segment ids, positions and loss weights of n <= B/H unpacked rows that
-        fill the sequence length: the same in every batch, so built once for B/H
-        rows and shared, read-only (n < B/H gives views of the first n rows)."""
+        """Segment ids, positions and loss weights of n <= B/H full unpacked rows:
+        built once, shared read-only by every batch."""
         if self._constants is None:
             shape = (self.rows_per_host, self.sequence_length)
             seg = np.ones(shape, np.int32)
@@ -384,15 +350,6 @@ class Feeder:
                     thread_name_prefix=THREAD_NAME_PREFIX + "-read")
             return self._read_pool
 
-    def _executor_or_none(self):
-        if self.prefetch == 0:
-            return None
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self.num_threads, thread_name_prefix=THREAD_NAME_PREFIX
-            )
-        return self._executor
-
     def get_batch(self, step: int) -> dict[str, np.ndarray]:
         """This host's rows of global batch ``step`` (see the class docstring for
         keys, shapes and dtypes). Random access: any step, in any order, at the
@@ -408,8 +365,10 @@ class Feeder:
             if self._closed:
                 raise RuntimeError("the feeder is closed")
             fut = self._futures.pop(step, None)
-            executor = self._executor_or_none()
-            if executor is not None:
+            if self.prefetch:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=self.num_threads, thread_name_prefix=THREAD_NAME_PREFIX)
                 window = range(step + 1, step + 1 + self.prefetch)
                 for s in list(self._futures):
                     if s not in window:
@@ -418,7 +377,7 @@ class Feeder:
                     if self.num_steps is not None and s >= self.num_steps:
                         break
                     if s not in self._futures:
-                        self._futures[s] = executor.submit(self._compute, s)
+                        self._futures[s] = self._executor.submit(self._compute, s)
         if fut is not None:
             return fut.result()
         return self._compute(step)
@@ -427,20 +386,18 @@ class Feeder:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        step = self._step
+        step = self.step
         if self.num_steps is not None and step >= self.num_steps:
             raise StopIteration
         batch = self.get_batch(step)
-        self._step = step + 1
+        self.step = step + 1
         return batch
 
     # --- state -----------------------------------------------------------------
 
     def state(self) -> dict:
-        """A small JSON-serialisable dict: everything needed to resume (G4).
-
-        Cache paths are stored absolute (``state.location``); a cache is identified
-        by its fingerprint, the path only says where it was (see ``restore``)."""
+        """A small JSON-serialisable dict: everything needed to resume (G4). A
+        cache is identified by its fingerprint; its absolute path says where it was."""
         state = {
             "kind": state_lib.STATE_KIND,
             "version": state_lib.STATE_VERSION if self.schedule is None else state_lib.SCHEDULE_STATE_VERSION,
@@ -453,24 +410,19 @@ class Feeder:
             "num_epochs": self.num_epochs,
             "position": self.position,
         }
-        if self.schedule is not None:
-            # The whole schedule, also the stages still ahead: with the caches it
-            # is the stream, so a restored run needs nothing else.
+        if self.schedule is not None:  # the whole schedule, stages ahead included
             state["schedule"] = [dict(step=st["step"], rates=list(st["rates"]), weights=list(st["weights"]))
                                  for st in self.schedule]
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Moves this feeder to a saved state's position after checking that the
-        state denotes this feeder's stream: the same caches (by fingerprint, in the
-        same mixture order, wherever they are now), rates, seed, global batch size,
-        sequence length, feature and number of epochs.
-
-        Mixture schedules: when the state or this feeder has a schedule, this
-        feeder may extend the state's stream: it must keep every stage that
-        started before the saved step and the state's caches (in order); it may
-        add, change or remove later stages and add caches (new tasks, ordinals
-        from 0). This feeder's ``state()`` then records its whole schedule.
+        state denotes this feeder's stream: the same caches (by fingerprint, in
+        mixture order, wherever they are now), rates, seed, global batch size,
+        sequence length, feature and number of epochs. With a schedule (in the
+        state or here) this feeder may extend the stream: it keeps every stage
+        started before the saved step and the state's caches in order, and may
+        change later stages and add caches (ordinals from 0).
 
         Raises:
           FeederStateError (a ValueError): naming the first difference and both
@@ -485,9 +437,6 @@ class Feeder:
         if state.get("schedule") is None and self.schedule is None:
             diff = state_lib.stream_difference(state, current)
         else:
-            # A schedule continues the saved stream when it keeps the past (the
-            # stages before the saved step) and the caches; it may add stages
-            # and caches after it.
             diff = state_lib.schedule_difference(state, current)
         if diff:
             raise state_lib.FeederStateError(diff + state_lib.RESTORE_HINT)
@@ -496,168 +445,73 @@ class Feeder:
     _UNSET = object()
 
     @classmethod
-    def restore(
-        cls,
-        state: Mapping[str, Any],
-        *,
-        host_index: int | None = None,
-        host_count: int | None = None,
-        num_threads: int | None = None,
-        prefetch: int | None = None,
-        cache: str | os.PathLike | None = None,
-        mixture: Mapping[str, Rate] | Sequence[tuple[str, Rate]] | Any = None,
-        caches_root: str | os.PathLike | None = None,
-        split: str = "train",
-        seed: int | None = None,
-        global_batch_size: int | None = None,
-        sequence_length: int | None = None,
-        feature: str | None = None,
-        num_epochs: Any = _UNSET,
-    ) -> "Feeder":
+    def restore(cls, state: Mapping[str, Any], *, host_index: int | None = None, host_count: int | None = None,
+                num_threads: int | None = None, prefetch: int | None = None, cache: str | os.PathLike | None = None,
+                mixture: MixtureArg = None, caches_root: str | os.PathLike | None = None, split: str = "train",
+                seed: int | None = None, global_batch_size: int | None = None, sequence_length: int | None = None,
+                feature: str | None = None, num_epochs: Any = _UNSET) -> "Feeder":
         """A feeder positioned where ``state`` was saved: the same global stream,
         for any host count that divides the global batch (G4, G5).
 
-        Where the caches are: by default the paths stored in the state. ``cache=``
-        or ``mixture=`` (with ``caches_root=``/``split=`` for a
-        ``seqcache.tasks.Mixture``), as for the constructor, give their current
-        locations instead: caches moved, copied or reached by another path string
-        are accepted when their fingerprints (and rates, in mixture order) are the
-        state's.
-
-        ``seed``, ``global_batch_size``, ``sequence_length``, ``feature`` and
-        ``num_epochs`` are optional expectations (the current run's
-        configuration): a state that differs is refused.
+        The caches are looked for at the paths stored in the state, or at
+        ``cache=``/``mixture=`` (with ``caches_root=``/``split=``, as for the
+        constructor): caches moved, copied or reached by another path are
+        accepted when their fingerprints (and rates, in mixture order) are the
+        state's. ``seed``, ``global_batch_size``, ``sequence_length``,
+        ``feature`` and ``num_epochs`` are optional expectations: a state that
+        differs is refused.
 
         Raises:
           FeederStateError (a ValueError): another state/format version; a cache
-            whose fingerprint differs from the state's ("the cache at PATH was
-            rebuilt (fingerprint A, the state was saved with fingerprint B)");
-            other rates, caches or mixture order; a state that differs from an
-            expectation. The message names both values.
-          FeederStateError: a ``ConvertedFeeder``'s state (it has a "converter"
-            field; restore it with ``ConvertedFeeder.restore``, or
-            ``restore_feeder``, which feed every feature its converter reads).
+            whose fingerprint differs ("the cache at PATH was rebuilt (fingerprint
+            A, the state was saved with fingerprint B)"); other rates, caches or
+            mixture order; a difference from an expectation (both values named);
+            a ``ConvertedFeeder``'s state (restore it with
+            ``ConvertedFeeder.restore`` or ``restore_feeder``).
           ValueError: the host count does not divide the saved global batch (the
             message lists host counts that do).
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """
         state_lib.check_state(state)
         state_lib.refuse_converter_state(state)
-        cls._check_expectations(state, seed=seed, global_batch_size=global_batch_size,
-                                sequence_length=sequence_length, feature=feature, num_epochs=num_epochs)
-        host_index, host_count = resolve_hosts(host_index, host_count)
-        # The global batch is part of the stream a state denotes: restoring cannot
-        # change it, so a host count that does not divide it is refused with the
-        # host counts that do.
-        compat.check_hosts(state["global_batch_size"], host_index, host_count, saved=True)
-        feeder = cls._open_restored(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split,
-                                    host_index=host_index, host_count=host_count, num_threads=num_threads,
-                                    prefetch=prefetch)
-        try:
-            feeder.set_state(state)
-        except BaseException:
-            feeder.close()
-            raise
-        return feeder
-
-    @classmethod
-    def _check_expectations(cls, state: Mapping[str, Any], *, num_epochs: Any, **given: Any) -> None:
-        """Refuses a state that differs from the configuration the caller expects:
-        ``given`` (seed, global_batch_size, sequence_length, feature) where not
-        None, and ``num_epochs`` where given (None there means forever).
-
-        Raises:
-          FeederStateError: naming the field and both values.
-        """
-        expected = {key: value for key, value in given.items() if value is not None}
-        if num_epochs is not cls._UNSET:
-            expected["num_epochs"] = num_epochs
-        state_lib.compare(state, expected)
-
-    @classmethod
-    def _open_restored(cls, state: Mapping[str, Any], *, cache, mixture, caches_root, split, open_feeder=None,
-                       **hosts_and_threads: Any) -> "Feeder":
-        """A feeder with the state's configuration over its caches: where the state
-        says, or at ``cache=``/``mixture=`` when given (matched by fingerprint in
-        ``set_state``), at step 0. ``open_feeder(**arguments)`` (default: this
-        class with the state's feature and sequence length) makes it from the
-        caches' location, global batch size, seed, epochs, hosts and threads.
-
-        Raises:
-          seqcache.format.IncompleteCacheError: no cache where the state says; the
-            message adds that moved caches are passed with cache= or mixture=.
-        """
-        if cache is None and mixture is None:
-            where = {"mixture": state_lib.mixture_argument(state)}
-        else:
-            where = {"cache": cache, "mixture": mixture, "caches_root": caches_root, "split": split}
-        if open_feeder is None:
-            def open_feeder(**arguments):
-                return cls(sequence_length=state["sequence_length"], feature=state["feature"], **arguments)
-        try:
-            return open_feeder(
-                **where,
-                global_batch_size=state["global_batch_size"],
-                seed=state["seed"],
-                num_epochs=state["num_epochs"],
-                **hosts_and_threads,
-            )
-        except fmt.IncompleteCacheError as e:
-            # No cache folder or no manifest where the state says: the caches
-            # may have moved. (A damaged cache found there, e.g. a missing
-            # shard, is reported as it is: its message says what to run.)
-            if cache is not None or mixture is not None:
-                raise
-            raise type(e)(
-                f"{e}. The feeder state names its caches by the paths they had when it was saved; if they moved, "
-                "pass their current locations with cache= or mixture= (matched by fingerprint)"
-            ) from e
+        return restore_with(state, lambda **arguments: cls(sequence_length=state["sequence_length"],
+                                                          feature=state["feature"], **arguments),
+                            expected=dict(seed=seed, global_batch_size=global_batch_size,
+                                          sequence_length=sequence_length, feature=feature, num_epochs=num_epochs),
+                            cache=cache, mixture=mixture, caches_root=caches_root, split=split,
+                            host_index=host_index, host_count=host_count, num_threads=num_threads, prefetch=prefetch)
 
     # --- provenance --------------------------------------------------------------
 
     def which(self, step: int, row: int, *, tokens: bool = True) -> dict:
         """Where row ``row`` of global batch ``step`` comes from (G6); see
         ``seqcache.feeders.provenance.which``."""
-        from seqcache.feeders.provenance import which
-
-        return which(self.stream, self.paths, global_batch_size=self.global_batch_size, step=step, row=row,
-                     feature=self.feature, tokens=tokens)
+        return provenance.which(self.stream, self.paths, global_batch_size=self.global_batch_size, step=step,
+                                row=row, feature=self.feature, tokens=tokens)
 
     def trace(self, steps, *, text: bool = False):
         """Provenance of whole steps, every row of the global batch (not only this
-        host's): one row per (step, row, segment) as a pyarrow Table, computed from
-        positions and the provenance sidecars, with no replay. ``steps``: a range
-        or an iterable of steps. See ``seqcache.feeders.provenance.trace``."""
-        from seqcache.feeders.provenance import trace
-
-        return trace(self.stream, self.paths, global_batch_size=self.global_batch_size, steps=steps,
-                     feature=self.feature, text=text)
+        host's): ``seqcache.feeders.provenance.trace``'s pyarrow Table, one row
+        per (step, row, segment). ``steps``: a range or an iterable of steps."""
+        return provenance.trace(self.stream, self.paths, global_batch_size=self.global_batch_size, steps=steps,
+                                feature=self.feature, text=text)
 
     def where(self, *, cache_index: int | None = None, task: int | str | None = None, source: str | None = None,
               until_step: int | None = None, epochs=None) -> list[dict]:
-        """Where an example appears in this run, the inverse of ``which``: one
-        (epoch, step, row, host, host_row, position) per epoch in steps
-        [0, until_step) (None: the whole of a finite run), with this feeder's
-        host count. The example is ``cache_index`` of ``task`` (an index, cache
-        folder or task name; only needed in a mixture), or every example holding
-        a segment of ``source`` (``"FILE:LINE"``, ``"FILE:row=N"``,
-        ``"FILE:byte=N"``, ``"FILE:record=N"``; an O(N) scan of the provenance
-        sidecars). O(1) per epoch for one cache, O(log T) for a mixture. One
-        dict per example; see ``seqcache.feeders.inverse.where``.
-
-        Raises:
-          ValueError: see ``seqcache.feeders.inverse.where``.
-        """
-        from seqcache.feeders.inverse import where
-
-        return where(self.stream, self.paths, global_batch_size=self.global_batch_size, host_count=self.host_count,
-                     until_step=until_step, cache_index=cache_index, task=task, source=source, epochs=epochs)
+        """Where an example appears in this run, the inverse of ``which``, with
+        this feeder's host count: ``seqcache.feeders.inverse.where`` (its
+        arguments, result and errors). The example is ``cache_index`` of
+        ``task`` (only needed in a mixture), or every example holding a segment
+        of ``source`` (``"FILE:LINE"``, ``"FILE:row=N"``, ...)."""
+        return inverse.where(self.stream, self.paths, global_batch_size=self.global_batch_size,
+                             host_count=self.host_count, until_step=until_step, cache_index=cache_index, task=task,
+                             source=source, epochs=epochs)
 
     # --- lifetime ----------------------------------------------------------------
 
     def close(self) -> None:
-        """Stops the reader threads (waiting for running reads) and closes every
-        shard reader. Idempotent; the feeder cannot be used afterwards."""
+        """Stops the reader threads (waiting for running reads) and closes the
+        shard readers. Idempotent; the feeder cannot be used afterwards."""
         with self._lock:
             if self._closed:
                 return
@@ -666,12 +520,11 @@ class Feeder:
             executor, self._executor = self._executor, None
         for fut in futures.values():
             fut.cancel()
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
         with self._pool_lock:
             read_pool, self._read_pool = self._read_pool, None
-        if read_pool is not None:
-            read_pool.shutdown(wait=True, cancel_futures=True)
+        for pool in (executor, read_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         for r in self.readers:
             r.close()
 
@@ -688,50 +541,42 @@ class Feeder:
         )
 
 
-def feature_layout(reader: CacheReader, feature: str, sequence_length: int | None) -> dict:
-    """Which stored features of a cache give the tokens and segment ids of
-    ``feature``: ``{"tokens": name, "segment_ids": name or None}``.
+def restore_with(state: Mapping[str, Any], open_feeder, *, expected: Mapping[str, Any], cache, mixture, caches_root,
+                 split, host_index, host_count, **threads: Any):
+    """``Feeder.restore`` of a checked ``state`` with ``open_feeder(**arguments)``
+    (the caches' location, the state's global batch size, seed and epochs, hosts
+    and threads) for the feeder. ``expected``: the values not None, and
+    ``num_epochs`` unless ``Feeder._UNSET`` (None there means forever).
 
     Raises:
-      ValueError: the cache has no such feature; (``sequence_length`` given) a
-        packed cache built for a longer sequence length
-        (``compat.check_sequence_length``).
+      as ``Feeder.restore``; an IncompleteCacheError where the state says adds
+      that moved caches are passed with cache= or mixture=.
     """
-    names = [f.name for f in reader.features]
-    if feature not in names:
-        tokens = [n for n in names if not n.endswith(("_segment_ids", "_positions"))]
-        raise ValueError(f"{reader.cache_dir}: the cache has no feature {feature!r} (its token features: "
-                         f"{', '.join(tokens)}); choose one of them (feature= in Python, --feature in "
-                         f"seqcache which)")
-    layout = {"tokens": feature, "segment_ids": None}
-    if f"{feature}_segment_ids" in names:
-        layout["segment_ids"] = f"{feature}_segment_ids"
-        if sequence_length is not None:
-            compat.check_sequence_length(reader.manifest, sequence_length, feature=feature, cache=reader.cache_dir)
-    return layout
-
-
-def check_step(step: int, *, global_batch_size: int, num_steps: int | None, num_epochs: int | None,
-               allow_end: bool = False) -> None:
-    """Refuses a step no batch of the stream has: negative, at global position
-    2^62 or beyond, or (a finite run of ``num_steps`` steps) past its end
-    (``allow_end``: the end itself is allowed, as the position after the last
-    batch).
-
-    Raises:
-      ValueError: naming the step and the run's steps.
-    """
-    if step < 0:
-        raise ValueError(f"step must be >= 0 (got {step})")
-    if (step + 1) * global_batch_size > mixing.MAX_POSITION:
-        raise ValueError(f"step {step} is beyond the largest supported global position 2^62")
-    if num_steps is not None:
-        limit = num_steps if allow_end else num_steps - 1
-        if step > limit:
-            raise ValueError(
-                f"step {step} is past the end of this finite run: {num_epochs} epoch(s) take "
-                f"{num_steps} steps (0..{num_steps - 1})"
-            )
+    state_lib.compare(state, {key: value for key, value in expected.items()
+                              if value is not (Feeder._UNSET if key == "num_epochs" else None)})
+    host_index, host_count = resolve_hosts(host_index, host_count)
+    # A state's stream has its global batch: a host count must divide it.
+    compat.check_hosts(state["global_batch_size"], host_index, host_count, saved=True)
+    moved = cache is not None or mixture is not None
+    where = (dict(cache=cache, mixture=mixture, caches_root=caches_root, split=split) if moved
+             else {"mixture": state_lib.mixture_argument(state)})
+    try:
+        feeder = open_feeder(**where, global_batch_size=state["global_batch_size"], seed=state["seed"],
+                             num_epochs=state["num_epochs"], host_index=host_index, host_count=host_count, **threads)
+    except fmt.IncompleteCacheError as e:
+        # The caches may have moved (a damaged cache is reported as it is).
+        if moved:
+            raise
+        raise type(e)(
+            f"{e}. The feeder state names its caches by the paths they had when it was saved; if they moved, "
+            "pass their current locations with cache= or mixture= (matched by fingerprint)"
+        ) from e
+    try:
+        feeder.set_state(state)
+    except BaseException:
+        feeder.close()
+        raise
+    return feeder
 
 
 def _zeros(names, rows: int, length: int) -> dict[str, np.ndarray]:

@@ -1,26 +1,21 @@
-"""A grain ``RandomAccessDataSource`` view of one task cache.
+"""A grain ``RandomAccessDataSource`` view of one task cache, for pipelines built
+on grain (``grain.python.DataLoader`` or ``grain.MapDataset``) rather than on
+``Feeder``.
 
-For pipelines built on grain (``grain.python.DataLoader`` or ``grain.MapDataset``)
-rather than on ``Feeder``: ``CacheDataSource(cache_dir)`` has ``__len__`` (the number
-of examples) and ``__getitem__(cache_index)`` returning the decoded example
-(feature name -> 1-D numpy array, read-only views over the record bytes), plus the
-batched ``_getitems(indices)`` that grain's ``MapDataset.source`` uses when present
-(one ArrayRecord read per shard instead of one per record), also available as
-``__getitems__`` (the name PyTorch's loaders and ArrayRecord's own data source
-use). It is thread-safe and picklable (shard readers reopen lazily in each worker
-process, each shard checked at its first open against the manifest the source
-was made with: a cache rebuilt since raises ``CacheRebuiltError`` in the worker,
-never returns new records). Importing this module does not import grain: the class satisfies grain's
-protocol structurally.
+``CacheDataSource(cache_dir)`` has ``__len__`` (the number of examples),
+``__getitem__(cache_index)`` (the decoded example: feature name -> 1-D numpy
+array, read-only views over the record bytes) and the batched
+``_getitems(indices)`` of grain's ``MapDataset.source`` (one ArrayRecord read
+per shard), also as ``__getitems__`` (PyTorch's and ArrayRecord's name). It is
+thread-safe and picklable: shard readers reopen lazily in each worker, each
+checked against the manifest the source was made with (a rebuilt cache raises
+``CacheRebuiltError``). It satisfies grain's protocol without importing grain.
 
-Note that grain's own samplers decide the order, by cache index; the
-exactly-once, elastic and O(1)-resume guarantees documented in docs/feeder.md
-are the Feeder's. grain 0.2.18's ``DataLoader`` sharded over H hosts
-(``ShardOptions``, ``ShardByJaxProcess``) loses records when H does not divide
-the N examples: N mod H per epoch with ``drop_remainder=True``, and with
-``drop_remainder=False`` too (over several epochs, some records are read fewer
-times than others); give each host ``MapDataset.source(src)[h::H]``
-with ``NoSharding()`` instead, or use ``MapDataset`` or the Feeder
+grain's samplers decide the order; the exactly-once, elastic and O(1)-resume
+guarantees (docs/feeder.md) are the Feeder's. grain 0.2.18's ``DataLoader``
+sharded over H hosts (``ShardOptions``, ``ShardByJaxProcess``) loses records
+when H does not divide the N examples, with or without ``drop_remainder``;
+give each host ``MapDataset.source(src)[h::H]`` with ``NoSharding()`` instead
 (docs/feeder.md, "Interop"). Its worker processes (``worker_count`` > 0) need
 ``absl.flags.FLAGS.mark_as_parsed()`` in a program that does not run absl's app.
 """

@@ -38,6 +38,7 @@ source records: every example with a segment from that record is reported.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Mapping, Sequence
 
@@ -46,7 +47,8 @@ import numpy as np
 from seqcache import fs
 from seqcache.feeders import compat
 from seqcache.feeders.permutation import epoch_permutation, inverse_each, round_keys_many
-from seqcache.feeders.stream import IndexStream
+from seqcache.feeders.provenance import _open_checked, check_as_feeder, provenance_segments, segment_numbers
+from seqcache.feeders.stream import IndexStream, check_same_features, open_mixture
 
 # More epochs than this for one example needs an explicit ``epochs=`` range.
 MAX_EPOCHS = 1_000_000
@@ -355,8 +357,6 @@ def find_source_examples(readers: Sequence, paths: Sequence[str], location: Sour
         fit the file's locator.
       seqcache.format.CacheError: a provenance shard is missing or damaged.
     """
-    from seqcache.feeders.provenance import _decode_provenance  # the one decoder of provenance blocks
-
     loc = parse_source(location) if isinstance(location, str) else location
     found = matching_sources(readers, loc.path)
     if not found:
@@ -372,17 +372,13 @@ def find_source_examples(readers: Sequence, paths: Sequence[str], location: Sour
         n = reader.num_examples
         for lo in range(0, n, SCAN_CHUNK):
             idx = np.arange(lo, min(n, lo + SCAN_CHUNK), dtype=np.int64)
-            rows, src, rec, off = _decode_provenance(reader.read_provenance_records(idx), reader, idx)
+            rows, src, rec, off = provenance_segments(reader, idx)
             hit = np.zeros(rows.size, bool)
             for s, (number, _) in by_source.items():
                 hit |= (src == s) & (rec == np.uint64(number))
             if not hit.any():
                 continue
-            # Segment numbers: rows come in row order, each row's segments in order.
-            first = np.ones(rows.size, bool)
-            first[1:] = rows[1:] != rows[:-1]
-            starts = np.flatnonzero(first)
-            segno = np.arange(rows.size) - np.repeat(starts, np.diff(np.append(starts, rows.size))) + 1
+            segno = segment_numbers(rows)
             for j in np.flatnonzero(hit).tolist():
                 number, entry = by_source[int(src[j])]
                 out.append({
@@ -405,8 +401,6 @@ def excluded_entries(readers: Sequence, paths: Sequence[str], location: SourceLo
       ValueError: as ``find_source_examples`` for the location.
       OSError: a quarantine file the manifest names cannot be read.
     """
-    import json
-
     loc = parse_source(location) if isinstance(location, str) else location
     wanted: dict[int, dict[int, int]] = {}  # task -> source_index -> record number
     for t, s, entry in matching_sources(readers, loc.path):
@@ -522,8 +516,6 @@ def where_in_run(*, cache=None, mixture=None, caches_root=None, split: str = "tr
     schedule included, as for ``Feeder``), answers ``query`` (the keyword
     arguments of ``where``) for the stream with this seed, global batch size and
     number of epochs, and closes them."""
-    from seqcache.feeders.stream import check_same_features, open_mixture
-
     opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
         check_same_features(opened.paths, opened.readers)  # as a Feeder over these caches
@@ -544,8 +536,6 @@ def where_in_state(state: Mapping[str, Any], *, cache=None, mixture=None, caches
       FeederStateError (a ValueError): not a valid state, or caches that differ
         from the state's.
     """
-    from seqcache.feeders.provenance import _open_checked, check_as_feeder  # the state checks of ``which``
-
     opened = _open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
         b = state["global_batch_size"]

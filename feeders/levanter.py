@@ -268,9 +268,9 @@ class _FeederDatasetBase:
 @functools.cache
 def _dataset_class() -> type:
     """Defines ``FeederDataset`` (imports levanter, and so JAX)."""
-    from levanter.data import AsyncDataset
-    from levanter.data.text.examples import GrugLmExample
-    from levanter.grug.attention import AttentionMask
+    from levanter.data import AsyncDataset  # optional: levanter
+    from levanter.data.text.examples import GrugLmExample  # optional: levanter
+    from levanter.grug.attention import AttentionMask  # optional: levanter
 
     class FeederDataset(_FeederDatasetBase, AsyncDataset[GrugLmExample]):
         """A levanter ``AsyncDataset[GrugLmExample]`` whose index i is global

@@ -14,31 +14,23 @@ from __future__ import annotations
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from seqcache import format as fmt
 from seqcache.feeders import state as state_lib
-from seqcache.feeders.stream import IndexStream, check_same_features, open_mixture
-
-
-def decode_with_sentinels(vocabulary, ids) -> str:
-    """The text of ``ids`` with sentinels shown as ``<extra_id_i>``
-    (``seqcache.tasks.decode_with_sentinels``; the vocabulary came from
-    ``seqcache.tasks``, so importing it here costs nothing more)."""
-    from seqcache.tasks.vocabularies import decode_with_sentinels as decode
-
-    return decode(vocabulary, ids)
+from seqcache.feeders.reader import source_of
+from seqcache.feeders.stream import (IndexStream, check_same_features, check_step, feature_layout, open_mixture,
+                                     token_features)
+from seqcache.tasks import decode_with_sentinels
 
 
 def _vocabulary(reader, feature: str):
     """(vocabulary or None, error message or None)."""
-    desc = reader.manifest.vocabularies.get(feature)
-    if not desc:
+    if not reader.manifest.vocabularies.get(feature):
         return None, f"the manifest describes no vocabulary for {feature!r}"
     try:
         return reader.vocabulary(feature), None  # the model file's name is checked there
-    except ImportError as e:  # seqcache.tasks is optional for readers
-        return None, f"cannot import seqcache.tasks to rebuild the vocabulary: {e}"
-    except (ValueError, OSError) as e:
+    except (ImportError, ValueError, OSError) as e:
         return None, str(e)
 
 
@@ -50,35 +42,14 @@ def segments_of(example: dict, feature: str) -> list[np.ndarray]:
     if seg is None:
         return [tokens]
     seg = np.asarray(seg)
-    out = []
-    ids = []
-    for value in seg.tolist():
-        if value != 0 and value not in ids:
-            ids.append(value)
-    for value in ids:
-        out.append(tokens[seg == value])
-    return out
+    return [tokens[seg == value] for value in dict.fromkeys(seg.tolist()) if value != 0]
 
 
-def which(
-    stream: IndexStream,
-    paths: Sequence[str],
-    *,
-    global_batch_size: int,
-    step: int,
-    row: int,
-    feature: str = "targets",
-    tokens: bool = True,
-) -> dict:
-    """Locates row ``row`` of global batch ``step``.
-
-    Args:
-      stream: the feeder's index stream (``Feeder.stream``).
-      paths: the cache folders, in mixture order.
-      global_batch_size: B.
-      step, row: s >= 0 and r in [0, B).
-      feature: the token feature.
-      tokens: include token ids and text per segment.
+def which(stream: IndexStream, paths: Sequence[str], *, global_batch_size: int, step: int, row: int,
+          feature: str = "targets", tokens: bool = True) -> dict:
+    """Locates row r in [0, B) of global batch ``step`` s >= 0 (B the global batch
+    size) of ``stream`` (``Feeder.stream``) over the cache folders ``paths``, in
+    mixture order; ``tokens``: include each segment's token ids and text.
 
     Returns:
       A JSON-serialisable dict: step, row, position, padding (bool), task_index,
@@ -100,14 +71,17 @@ def which(
         raise ValueError(f"row must be in [0, {global_batch_size}) for global batch size {global_batch_size} (got {row})")
     position = step * global_batch_size + row
     loc = stream.locate_one(position)
-    out = _located_row(stream, paths, loc, step=step, row=row, position=position)
-    if out["padding"]:
-        out.update(cache_index=None, shard=None, record=None, segments=[], epoch=None)
-        return out
     t = loc["task"]
     reader = stream.readers[t]
     m = reader.manifest
-    names = [f.name for f in m.features if not f.name.endswith(("_segment_ids", "_positions"))]
+    past_end = stream.end_position is not None and position >= stream.end_position
+    out = {"step": step, "row": row, "position": position, "padding": not loc["valid"] or past_end,
+           "task_index": t, "task": m.task, "split": m.split, "cache": paths[t], "ordinal": loc["ordinal"],
+           "epoch": loc["epoch"], "element": loc["element"], "num_examples": reader.num_examples}
+    if out["padding"]:
+        out.update(cache_index=None, shard=None, record=None, segments=[], epoch=None)
+        return out
+    names = token_features(m)
     if feature not in names:
         raise ValueError(f"{paths[t]}: the cache has no feature {feature!r} (its token features: {', '.join(names)})")
     i = loc["cache_index"]
@@ -119,41 +93,13 @@ def which(
     return out
 
 
-def _located_row(stream: IndexStream, paths: Sequence[str], loc: dict, *, step: int, row: int,
-                 position: int) -> dict:
-    """The part of ``which``'s answer that the stream alone gives: where the row's
-    example is in the mixture and its epoch, and whether the row is padding."""
-    t = loc["task"]
-    reader = stream.readers[t]
-    m = reader.manifest
-    out = {
-        "step": step,
-        "row": row,
-        "position": position,
-        "padding": not loc["valid"],
-        "task_index": t,
-        "task": m.task,
-        "split": m.split,
-        "cache": paths[t],
-        "ordinal": loc["ordinal"],
-        "epoch": loc["epoch"],
-        "element": loc["element"],
-        "num_examples": reader.num_examples,
-    }
-    if stream.end_position is not None and position >= stream.end_position:
-        out["padding"] = True
-    return out
-
-
 def _segments_of_record(reader, i: int, *, feature: str, tokens: bool) -> list[dict]:
     """``which``'s segments of record ``i`` of the cache: each one's source (from
     the provenance sidecar) and, with ``tokens``, its token ids and text."""
     prov = reader.read_provenance([i])[0]
     example = reader.decode(reader.read([i])[0], i)
     segs = segments_of(example, feature) if feature in example else []
-    vocab, vocab_error = (None, None)
-    if tokens:
-        vocab, vocab_error = _vocabulary(reader, feature)
+    vocab, vocab_error = _vocabulary(reader, feature) if tokens else (None, None)
     sources = reader.manifest.sources
     segments = []
     n_prov = len(prov["source_index"])
@@ -171,15 +117,9 @@ def _segment_source(prov: dict, j: int, sources: list) -> dict:
     """Segment ``j``'s source file, record number and token offset, from a
     decoded provenance record and the manifest's source table."""
     src = int(prov["source_index"][j])
-    known = 0 <= src < len(sources)
-    return {
-        "source_index": src,
-        "source": sources[src].get("path") if known else None,
-        "record_number": int(prov["record_number"][j]),
-        # What record_number counts in that file (byte_offset, row, ...; older caches: record).
-        "locator": (sources[src].get("locator") if known else None) or "record",
-        "token_offset": int(prov["token_offset"][j]),
-    }
+    path, locator = source_of(sources, src)
+    return {"source_index": src, "source": path, "record_number": int(prov["record_number"][j]),
+            "locator": locator, "token_offset": int(prov["token_offset"][j])}
 
 
 def _segment_tokens(ids: np.ndarray, *, tokens: bool, vocab, vocab_error: str | None) -> dict:
@@ -187,53 +127,28 @@ def _segment_tokens(ids: np.ndarray, *, tokens: bool, vocab, vocab_error: str | 
     (None, with the vocabulary error, when the vocabulary cannot be rebuilt)."""
     seg: dict = {"num_tokens": int(ids.size)}
     if tokens:
-        seg["token_ids"] = [int(x) for x in ids]
-        if vocab is not None:
-            seg["text"] = decode_with_sentinels(vocab, [int(x) for x in ids])
-        else:
-            seg["text"] = None
+        seg["token_ids"] = ids.tolist()
+        seg["text"] = None if vocab is None else decode_with_sentinels(vocab, seg["token_ids"])
+        if vocab is None:
             seg["vocabulary_error"] = vocab_error
     return seg
 
 
-def locate_row(
-    *,
-    cache=None,
-    mixture=None,
-    caches_root=None,
-    split: str = "train",
-    global_batch_size: int,
-    step: int,
-    row: int,
-    seed: int = 0,
-    num_epochs: int | None = None,
-    feature: str = "targets",
-    tokens: bool = True,
-) -> dict:
+def locate_row(*, cache=None, mixture=None, caches_root=None, split: str = "train", global_batch_size: int,
+               step: int, row: int, seed: int = 0, num_epochs: int | None = None, feature: str = "targets",
+               tokens: bool = True) -> dict:
     """``which`` without a Feeder: opens the caches (``cache=`` or ``mixture=``, as
     for ``Feeder``), locates (step, row) of the stream with this seed, global batch
     size and number of epochs, and closes them. See ``which`` for the result.
     No sequence length is needed: records are shown whole."""
     opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
-    try:
-        return _answer(opened, seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size,
-                       step=step, row=row, feature=feature, tokens=tokens)
-    finally:
-        opened.close()
+    return _answer(opened, dict(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size,
+                                feature=feature), step=step, row=row, tokens=tokens)
 
 
-def locate_row_in_state(
-    state: Mapping[str, Any],
-    *,
-    step: int,
-    row: int,
-    cache=None,
-    mixture=None,
-    caches_root=None,
-    split: str = "train",
-    feature: str | None = None,
-    tokens: bool = True,
-) -> dict:
+def locate_row_in_state(state: Mapping[str, Any], *, step: int, row: int, cache=None, mixture=None,
+                        caches_root=None, split: str = "train", feature: str | None = None,
+                        tokens: bool = True) -> dict:
     """``locate_row`` for the stream a saved feeder state denotes: its caches,
     rates, seed, global batch size and number of epochs.
 
@@ -249,24 +164,21 @@ def locate_row_in_state(
       seqcache.format.CacheError: a cache cannot be opened.
     """
     opened = _open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
-    try:
-        return _answer(opened, seed=state["seed"], num_epochs=state["num_epochs"],
-                       global_batch_size=state["global_batch_size"], step=step, row=row,
-                       feature=feature or state["feature"], tokens=tokens,
-                       sequence_length=_state_sequence_length(state, feature))
-    finally:
-        opened.close()
+    return _answer(opened, _state_stream(state, feature), step=step, row=row, tokens=tokens)
 
 
 def _open_checked(state, *, cache, mixture, caches_root, split):
-    """A checked state's caches, opened; refused (and closed) when they differ
-    from the caches the state was saved with.
+    """A checked state's caches, opened (at its paths, with its schedule, or at
+    ``cache=``/``mixture=``); refused (and closed) when they differ from the
+    caches the state was saved with.
 
     Raises:
       FeederStateError: not a valid state, or caches that differ from the state's.
     """
     state_lib.check_state(state)
-    opened = open_state_caches(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    if cache is None and mixture is None:
+        mixture = state_lib.mixture_argument(state)
+    opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     diff = state_difference(state, opened)
     if diff:
         opened.close()
@@ -275,14 +187,6 @@ def _open_checked(state, *, cache, mixture, caches_root, split):
             "those caches"
         )
     return opened
-
-
-def open_state_caches(state, *, cache=None, mixture=None, caches_root=None, split: str = "train"):
-    """Opens a checked state's caches: at its paths (with its schedule, if any), or
-    at ``cache=``/``mixture=``."""
-    if cache is None and mixture is None:
-        mixture = state_lib.mixture_argument(state)
-    return open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
 
 
 def state_difference(state, opened) -> str | None:
@@ -309,19 +213,24 @@ def check_as_feeder(opened, stream, *, global_batch_size: int, num_epochs, featu
     (``stream.check_same_features``), each has ``feature``, a packed cache is
     not built for a longer sequence length than ``sequence_length`` (when
     given: a state's), and ``last_step`` is a step of the run
-    (``feeder.check_step``: a finite run ends).
+    (``stream.check_step``: a finite run ends).
 
     Raises:
       ValueError: the feeder's message.
     """
-    from seqcache.feeders.feeder import check_step, feature_layout
-
     check_same_features(opened.paths, opened.readers)
     for reader in opened.readers:
         feature_layout(reader, feature, sequence_length)
     if last_step is not None:
         check_step(last_step, global_batch_size=global_batch_size, num_steps=stream.num_steps(global_batch_size),
                    num_epochs=num_epochs)
+
+
+def _checked_stream(opened, *, seed: int, **checks) -> IndexStream:
+    """The stream of the opened caches, after ``check_as_feeder(**checks)``."""
+    stream = opened.stream(seed=seed, num_epochs=checks["num_epochs"], global_batch_size=checks["global_batch_size"])
+    check_as_feeder(opened, stream, **checks)
+    return stream
 
 
 def _last_step(steps) -> int | None:
@@ -331,29 +240,31 @@ def _last_step(steps) -> int | None:
     return max(steps, default=None)
 
 
-def _state_sequence_length(state, feature):
-    """The state's sequence length when ``feature`` is its feature (None otherwise)."""
-    return state["sequence_length"] if feature in (None, state["feature"]) else None
+def _state_stream(state, feature) -> dict:
+    """``_checked_stream``'s arguments for a state's stream; the state's sequence
+    length only when ``feature`` is its feature."""
+    return dict(seed=state["seed"], num_epochs=state["num_epochs"], global_batch_size=state["global_batch_size"],
+                feature=feature or state["feature"],
+                sequence_length=state["sequence_length"] if feature in (None, state["feature"]) else None)
 
 
-def _answer(opened, *, seed, num_epochs, global_batch_size, step, row, feature, tokens,
-            sequence_length=None) -> dict:
-    """``which`` over opened caches, with the stream's parameters in the answer,
-    after the checks of ``check_as_feeder``."""
-    stream = opened.stream(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size)
-    check_as_feeder(opened, stream, global_batch_size=global_batch_size, num_epochs=num_epochs, feature=feature,
-                    sequence_length=sequence_length, last_step=step)
-    out = which(stream, opened.paths, global_batch_size=global_batch_size, step=step, row=row,
-                feature=feature, tokens=tokens)
-    out["seed"] = seed
-    out["global_batch_size"] = global_batch_size
+def _answer(opened, args: dict, *, step, row, tokens) -> dict:
+    """``which`` over opened caches (closed after), with the stream's parameters in the answer."""
+    try:
+        stream = _checked_stream(opened, **args, last_step=step)
+        out = which(stream, opened.paths, global_batch_size=args["global_batch_size"], step=step, row=row,
+                    feature=args["feature"], tokens=tokens)
+    finally:
+        opened.close()
+    out["seed"] = args["seed"]
+    out["global_batch_size"] = args["global_batch_size"]
     out["mixture"] = [{"path": p, "rate": r} for p, r in zip(opened.paths, opened.rates)]
     return out
 
 
 # --- whole steps: one row per (step, row, segment) ---------------------------
 
-# Columns of ``trace``, in order (pyarrow types in ``_trace_schema``).
+# Columns of ``trace``, in order.
 TRACE_COLUMNS = ("step", "row", "position", "padding", "task_index", "task", "cache", "ordinal", "epoch",
                  "cache_index", "shard", "record", "segment", "source_index", "source", "locator", "record_number",
                  "token_offset", "num_tokens", "text")
@@ -364,51 +275,45 @@ _ONE_SEGMENT = np.dtype([("n0", "<u4"), ("source_index", "<u4"), ("n1", "<u4"), 
                          ("n2", "<u4"), ("token_offset", "<u4")])
 
 
-def _decode_provenance(records: list[bytes], reader, indices: np.ndarray):
-    """(row of each segment, source_index, record_number, token_offset) for a batch
-    of provenance records: one-segment records (unpacked caches) decoded as one
-    numpy block, the others one by one."""
-    _np = np
-    size = _ONE_SEGMENT.itemsize
-    lengths = _np.fromiter(map(len, records), _np.int64, len(records))
-    one = lengths == size
-    rows, src, rec, off = [], [], [], []
+def provenance_segments(reader, indices: np.ndarray):
+    """(row of each segment, source_index, record_number, token_offset), each
+    (n_segments,), of the provenance records at cache indices ``indices`` (int64
+    (n,)): segments in row order, each row's in segment order; int64 but
+    record_number uint64. One-segment records (unpacked caches) are decoded as
+    one numpy block, the others one by one.
+
+    Raises:
+      seqcache.format.CacheError: a provenance shard is missing or damaged.
+    """
+    records = reader.read_provenance_records(indices)
+    lengths = np.fromiter(map(len, records), np.int64, len(records))
+    one = lengths == _ONE_SEGMENT.itemsize
+    e = np.zeros(0, np.int64)
+    rows, src, rec, off = [e], [e], [e.astype(np.uint64)], [e]
     if one.any():
-        sel = _np.flatnonzero(one)
-        block = _np.frombuffer(b"".join(records[i] for i in sel.tolist()), _ONE_SEGMENT)
+        sel = np.flatnonzero(one)
+        block = np.frombuffer(b"".join(records[i] for i in sel.tolist()), _ONE_SEGMENT)
         if (block["n0"] == 1).all() and (block["n1"] == 1).all() and (block["n2"] == 1).all():
             rows.append(sel)
-            src.append(block["source_index"].astype(_np.int64))
-            rec.append(block["record_number"].astype(_np.uint64))
-            off.append(block["token_offset"].astype(_np.int64))
+            src.append(block["source_index"].astype(np.int64))
+            rec.append(block["record_number"].astype(np.uint64))
+            off.append(block["token_offset"].astype(np.int64))
         else:
             one[:] = False
-    for i in _np.flatnonzero(~one).tolist():
+    for i in np.flatnonzero(~one).tolist():
         p = fmt.decode_example(fmt.PROVENANCE_FEATURES, records[i],
                                where=reader.describe(int(indices[i]), provenance=True))
-        n = len(p["source_index"])
-        rows.append(_np.full(n, i, _np.int64))
-        src.append(p["source_index"].astype(_np.int64))
-        rec.append(p["record_number"].astype(_np.uint64))
-        off.append(p["token_offset"].astype(_np.int64))
-    if not rows:
-        e = _np.zeros(0, _np.int64)
-        return e, e, e.astype(_np.uint64), e
-    rows_a = _np.concatenate(rows)
-    order = _np.argsort(rows_a, kind="stable")  # segments in row order, each row's in segment order
-    return (rows_a[order], _np.concatenate(src)[order], _np.concatenate(rec)[order], _np.concatenate(off)[order])
+        rows.append(np.full(len(p["source_index"]), i, np.int64))
+        src.append(p["source_index"].astype(np.int64))
+        rec.append(p["record_number"].astype(np.uint64))
+        off.append(p["token_offset"].astype(np.int64))
+    rows_a = np.concatenate(rows)
+    order = np.argsort(rows_a, kind="stable")
+    return rows_a[order], np.concatenate(src)[order], np.concatenate(rec)[order], np.concatenate(off)[order]
 
 
-def trace(
-    stream: IndexStream,
-    paths: Sequence[str],
-    *,
-    global_batch_size: int,
-    steps,
-    feature: str = "targets",
-    text: bool = False,
-    chunk_steps: int = 64,
-):
+def trace(stream: IndexStream, paths: Sequence[str], *, global_batch_size: int, steps, feature: str = "targets",
+          text: bool = False, chunk_steps: int = 64):
     """Provenance of whole steps: one row per (step, row, segment), as a pyarrow Table.
 
     Computed from positions (``IndexStream.locate``, no replay): its cost depends
@@ -417,11 +322,8 @@ def trace(
     ``chunk_steps`` steps at a time), unless ``text`` asks for the tokens too.
 
     Args:
-      stream: the feeder's index stream (``Feeder.stream``).
-      paths: the cache folders, in mixture order.
-      global_batch_size: B.
-      steps: the steps, a ``range`` (e.g. ``range(91000, 91050)``) or any iterable
-        of steps >= 0.
+      stream, paths, global_batch_size: as for ``which``.
+      steps: a ``range`` (e.g. ``range(91000, 91050)``) or any iterable of steps >= 0.
       feature: the token feature (for ``text``).
       text: also read the data records: ``num_tokens`` (of the segment in the row)
         and ``text`` (decoded with the cache's vocabulary; null when it cannot be
@@ -445,32 +347,26 @@ def trace(
       ValueError: a negative step.
       seqcache.format.CacheError: a provenance shard is missing or damaged.
     """
-    import pyarrow as pa
-
     steps = list(steps) if not isinstance(steps, range) else steps
     if len(steps) and min(steps) < 0:
         raise ValueError(f"steps must be >= 0 (got {min(steps)})")
     b = int(global_batch_size)
     vocabs: dict[int, Any] = {}
-    tables = [_trace_chunk(stream, paths, np.asarray(steps[c:c + chunk_steps], np.int64), b, feature=feature,
-                           text=text, vocabs=vocabs)
-              for c in range(0, len(steps), chunk_steps)]
-    if not tables:
-        return _empty_trace()
-    return pa.concat_tables(tables)
+    return pa.concat_tables([  # no steps: one empty chunk, for the columns' types
+        _trace_chunk(stream, paths, np.asarray(steps[c:c + chunk_steps], np.int64), b, feature=feature, text=text,
+                     vocabs=vocabs) for c in range(0, max(len(steps), 1), chunk_steps)])
 
 
 class _Segments(NamedTuple):
-    """The segments of a chunk of rows, in row order (each row's in segment order):
-    per segment its row (an index into the chunk's positions), source_index,
-    record_number and token_offset, and with ``text`` its num_tokens and text
-    (else None)."""
+    """A chunk's segments in row order, each row's in segment order: its row (in
+    the chunk), source_index, record_number (uint64), token_offset, and with
+    ``text`` num_tokens and text (else None); int64 arrays (n,) but text, a list."""
 
-    row: np.ndarray  # int64
-    source_index: np.ndarray  # int64
-    record_number: np.ndarray  # uint64
-    token_offset: np.ndarray  # int64
-    num_tokens: np.ndarray | None  # int64
+    row: np.ndarray
+    source_index: np.ndarray
+    record_number: np.ndarray
+    token_offset: np.ndarray
+    num_tokens: np.ndarray | None
     text: list | None
 
 
@@ -488,16 +384,15 @@ def _trace_chunk(stream: IndexStream, paths: Sequence[str], chunk: np.ndarray, b
 
 def _chunk_segments(stream: IndexStream, loc, valid: np.ndarray, *, feature: str, text: bool,
                     vocabs: dict) -> _Segments:
-    """The segments of the valid rows of a located chunk, gathered task by task
-    (one batched read of the provenance records per task; with ``text``, of the
-    data records too)."""
-    seg_row, seg_src, seg_rec, seg_off, seg_ntok, seg_text = [], [], [], [], [], []
+    """The segments of a located chunk's valid rows: per task one batched read of
+    the provenance records (with ``text``, of the data records too)."""
+    e = np.zeros(0, np.int64)
+    seg_row, seg_src, seg_rec, seg_off, seg_ntok, seg_text = [e], [e], [e.astype(np.uint64)], [e], [e], []
     for t in np.unique(loc.task[valid]).tolist():
         rows = np.flatnonzero(valid & (loc.task == t))
         reader = stream.readers[t]
         idx = loc.cache_index[rows]
-        records = reader.read_provenance_records(idx)
-        r, src, rec, off = _decode_provenance(records, reader, idx)
+        r, src, rec, off = provenance_segments(reader, idx)
         seg_row.append(rows[r])
         seg_src.append(src)
         seg_rec.append(rec)
@@ -506,10 +401,6 @@ def _chunk_segments(stream: IndexStream, loc, valid: np.ndarray, *, feature: str
             ntok, txt = _segment_texts(reader, idx, r, feature, vocabs, t)
             seg_ntok.append(ntok)
             seg_text.extend(txt)
-    if not seg_row:
-        none = np.zeros(0, np.int64)
-        return _Segments(row=none, source_index=none, record_number=none.astype(np.uint64), token_offset=none,
-                         num_tokens=none if text else None, text=[] if text else None)
     srow = np.concatenate(seg_row)
     order = np.argsort(srow, kind="stable")
     return _Segments(
@@ -522,7 +413,7 @@ def _chunk_segments(stream: IndexStream, loc, valid: np.ndarray, *, feature: str
     )
 
 
-def _segment_numbers(seg_rows: np.ndarray) -> np.ndarray:
+def segment_numbers(seg_rows: np.ndarray) -> np.ndarray:
     """Each segment's number, 1-based within its row, for segments in row order."""
     first = np.ones(seg_rows.size, bool)
     first[1:] = seg_rows[1:] != seg_rows[:-1]
@@ -533,10 +424,8 @@ def _segment_numbers(seg_rows: np.ndarray) -> np.ndarray:
 def _chunk_table(stream: IndexStream, paths: Sequence[str], positions: np.ndarray, loc, valid: np.ndarray,
                  segments: _Segments, *, b: int, text: bool):
     """The pyarrow table of a chunk: one row per segment, and one row of nulls per padding row."""
-    import pyarrow as pa
-
     srow = segments.row
-    segno = _segment_numbers(srow)
+    segno = segment_numbers(srow)
     # Padding rows: one table row each, with nulls.
     pad = np.flatnonzero(~valid)
     all_rows = np.concatenate([srow, pad])
@@ -567,8 +456,8 @@ def _chunk_table(stream: IndexStream, paths: Sequence[str], positions: np.ndarra
         "position": pa.array(positions[all_rows]),
         "padding": pa.array(~valid_rows),
         "task_index": pa.array(task_of.astype(np.int32)),
-        "task": pa.array([manifests[t].task for t in task_of.tolist()]),
-        "cache": pa.array([paths[t] for t in task_of.tolist()]),
+        "task": pa.array([manifests[t].task for t in task_of.tolist()], pa.string()),
+        "cache": pa.array([paths[t] for t in task_of.tolist()], pa.string()),
         "ordinal": pa.array(loc.ordinal[all_rows]),
         "epoch": pa.array(loc.epoch[all_rows], mask=~valid_rows),
         "cache_index": pa.array(np.where(valid_rows, loc.cache_index[all_rows], 0), mask=~valid_rows),
@@ -589,28 +478,9 @@ def _chunk_table(stream: IndexStream, paths: Sequence[str], positions: np.ndarra
 def _source_columns(manifests, task_of: np.ndarray, source_index: np.ndarray, is_seg: np.ndarray):
     """(source path, locator) per table row, from the manifests' source tables;
     None for a padding row."""
-    sources_tables = [m.sources for m in manifests]
-    src_path, src_loc = [], []
-    for is_s, t, s in zip(is_seg.tolist(), task_of.tolist(), source_index.tolist()):
-        if not is_s:
-            src_path.append(None)
-            src_loc.append(None)
-            continue
-        table = sources_tables[t]
-        entry = table[s] if 0 <= s < len(table) else {}
-        src_path.append(entry.get("path"))
-        src_loc.append(entry.get("locator") or "record")
-    return src_path, src_loc
-
-
-def _empty_trace():
-    import pyarrow as pa
-
-    types = {"step": pa.int64(), "row": pa.int64(), "position": pa.int64(), "padding": pa.bool_(),
-             "task_index": pa.int32(), "ordinal": pa.int64(), "epoch": pa.int64(), "cache_index": pa.int64(),
-             "record": pa.int64(), "segment": pa.int32(), "source_index": pa.int64(),
-             "record_number": pa.uint64(), "token_offset": pa.int64(), "num_tokens": pa.int64()}
-    return pa.table({c: pa.array([], types.get(c, pa.string())) for c in TRACE_COLUMNS})
+    found = [source_of(manifests[t].sources, s) if is_s else (None, None)
+             for is_s, t, s in zip(is_seg.tolist(), task_of.tolist(), source_index.tolist())]
+    return [path for path, _ in found], [locator for _, locator in found]
 
 
 def _shards_of(stream, task, cache_index, is_seg):
@@ -634,21 +504,13 @@ def _segment_texts(reader, idx, seg_rows, feature, vocabs, t):
     if t not in vocabs:
         vocabs[t] = _vocabulary(reader, feature)[0]
     vocab = vocabs[t]
-    examples = reader.read_examples(idx)
+    segs = [segments_of(ex, feature) if feature in ex else [] for ex in reader.read_examples(idx)]
     ntok = np.zeros(seg_rows.size, np.int64)
     texts: list = [None] * seg_rows.size
-    j = 0
-    while j < seg_rows.size:
-        r = int(seg_rows[j])
-        segs = segments_of(examples[r], feature) if feature in examples[r] else []
-        k = j
-        while k < seg_rows.size and seg_rows[k] == r:
-            if k - j < len(segs):
-                ids = segs[k - j]
-                ntok[k] = ids.size
-                texts[k] = decode_with_sentinels(vocab, [int(x) for x in ids]) if vocab is not None else None
-            k += 1
-        j = k
+    for k, (r, j) in enumerate(zip(seg_rows.tolist(), (segment_numbers(seg_rows) - 1).tolist())):
+        if j < len(segs[r]):
+            ntok[k] = segs[r][j].size
+            texts[k] = None if vocab is None else decode_with_sentinels(vocab, segs[r][j].tolist())
     return ntok, texts
 
 
@@ -657,16 +519,9 @@ def trace_rows(*, cache=None, mixture=None, caches_root=None, split: str = "trai
     """``trace`` without a Feeder: opens the caches (``cache=`` or ``mixture=``, a
     schedule included, as for ``Feeder``), traces ``steps`` of the stream with this
     seed, global batch size and number of epochs, and closes them."""
-    steps = steps if isinstance(steps, range) else list(steps)
     opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
-    try:
-        stream = opened.stream(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size)
-        check_as_feeder(opened, stream, global_batch_size=global_batch_size, num_epochs=num_epochs, feature=feature,
-                        last_step=_last_step(steps))
-        return trace(stream, opened.paths, global_batch_size=global_batch_size, steps=steps, feature=feature,
-                     text=text)
-    finally:
-        opened.close()
+    return _trace_opened(opened, dict(seed=seed, num_epochs=num_epochs, global_batch_size=global_batch_size,
+                                      feature=feature), steps=steps, text=text)
 
 
 def trace_rows_in_state(state: Mapping[str, Any], *, steps, cache=None, mixture=None, caches_root=None,
@@ -674,15 +529,16 @@ def trace_rows_in_state(state: Mapping[str, Any], *, steps, cache=None, mixture=
     """``trace_rows`` for the stream a saved feeder state denotes (its caches,
     rates or schedule, seed, global batch size and number of epochs), with the
     checks of ``locate_row_in_state``."""
-    steps = steps if isinstance(steps, range) else list(steps)
     opened = _open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    return _trace_opened(opened, _state_stream(state, feature), steps=steps, text=text)
+
+
+def _trace_opened(opened, args: dict, *, steps, text: bool):
+    """``trace`` over opened caches, after the checks of ``check_as_feeder``; closes them."""
+    steps = steps if isinstance(steps, range) else list(steps)
     try:
-        b = state["global_batch_size"]
-        stream = opened.stream(seed=state["seed"], num_epochs=state["num_epochs"], global_batch_size=b)
-        check_as_feeder(opened, stream, global_batch_size=b, num_epochs=state["num_epochs"],
-                        feature=feature or state["feature"], sequence_length=_state_sequence_length(state, feature),
-                        last_step=_last_step(steps))
-        return trace(stream, opened.paths, global_batch_size=b, steps=steps, feature=feature or state["feature"],
-                     text=text)
+        stream = _checked_stream(opened, **args, last_step=_last_step(steps))
+        return trace(stream, opened.paths, global_batch_size=args["global_batch_size"], steps=steps,
+                     feature=args["feature"], text=text)
     finally:
         opened.close()

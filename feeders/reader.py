@@ -1,62 +1,45 @@
 """Random access to one task cache: batched ArrayRecord reads by cache index.
 
-A cache index i (0-based, in cache order) lives in shard s with
-shard_starts[s] <= i < shard_starts[s + 1], at record offset i - shard_starts[s] of
-that shard's file. ``CacheReader.read`` takes a batch of cache indices, sorts them
-(which groups them by shard and orders them within each shard), reads each
-shard's records in ascending offset order, and returns the records in the order
-asked for. Each shard's reader is opened once, on first use, with
-``READER_OPTIONS`` and shared by all threads.
+Cache index i (0-based, in cache order) is record i - shard_starts[s] of shard s,
+where shard_starts[s] <= i < shard_starts[s + 1]. ``CacheReader.read`` sorts a
+batch of indices (grouping them by shard, ascending within each), reads each
+shard's records in that order and returns them in the order asked for. Each
+shard's reader is opened once, on first use, with ``READER_OPTIONS``, and shared
+by all threads.
 
-How a shard's records are read (``read_mode``):
+``read_mode`` says how a shard's records are read; the bytes are the same:
 
-- ``"batched"``: one ``ArrayRecordReader.read(offsets)`` per shard touched. It
-  releases the GIL and hands every chunk to ArrayRecord's own pool of 64
-  threads, each chunk with a fresh chunk reader and decoder: about 16 us of CPU
-  per 2 KB record on a 2-core machine, most of it in waking pool threads and
+- ``"batched"``: one ``ArrayRecordReader.read(offsets)`` per shard, which
+  releases the GIL and hands every chunk to ArrayRecord's pool of 64 threads:
+  about 16 us of CPU per 2 KB record on 2 cores, mostly waking threads and
   setting up decoders.
-- ``"one_by_one"``: ``seek(offset)`` then ``read()`` for each record, on the
-  calling thread, under a lock per shard (the reader's position is shared
-  state): about 3.5 us per record for records in the page cache, 4-5x less CPU
-  than a batched read of the same records (benchmarks/feeder.py, "raw one by
-  one"). These calls do not release the GIL, which costs nothing for files in
-  memory but would hold every Python thread during a read from a disk or a
-  mounted bucket.
-- ``"auto"`` (the default): one by one while reads are fast; a shard's read
-  whose median sampled record takes over ``SLOW_RECORD_S`` (a read that waited
-  on storage) turns the reader to batched reads for the next
-  ``BATCHED_AFTER_SLOW`` shard reads, after which it tries again. The records
-  returned are the same bytes whichever way they are read.
+- ``"one_by_one"``: ``seek`` then ``read`` per record on the calling thread,
+  under a lock per shard: about 3.5 us per record in the page cache, 4-5x less
+  CPU (benchmarks/feeder.py, "raw one by one"), but holding the GIL during a
+  read from a disk or a mounted bucket.
+- ``"auto"`` (the default): one by one while reads are fast; a shard read whose
+  median sampled record takes over ``SLOW_RECORD_S`` (it waited on storage)
+  switches to batched reads for the next ``BATCHED_AFTER_SLOW`` shard reads.
 
-A damaged shard raises the same ``CacheError`` either way: a one-by-one read
-that fails leaves ArrayRecord's reader failed for every later record, so the
-shard's reader is reopened and its records read batched, which fails on the
-damaged record alone.
+A damaged shard raises the same ``CacheError`` in every mode: a failed one-by-one
+read leaves ArrayRecord's reader failed, so the shard is reopened and read
+batched, which fails on the damaged record alone.
 
-A reader is pinned to the manifest it opened (its generation, named by the
-manifest's fingerprint): each shard file's first open, after ArrayRecord has
-opened the file, checks that ``manifest.json`` is still the file the reader read
-(one ``os.stat``: device, inode, size, modification and change times), and when
-it is not, reads the manifest again and compares fingerprints. A cache rebuilt
-in place (``seqcache build --overwrite``, or any other way) since the reader
-opened it is refused with ``CacheRebuiltError`` naming the cache and both
-fingerprints; shards opened before the rebuild keep reading the old files (an
-open file outlives its name), and records are never checked one by one
-(docs/cache-format.md, "Readers and rebuilds").
+A reader is pinned to the manifest it opened: each shard file's first open checks
+that ``manifest.json`` is still the same file (one ``os.stat``) or, when it is
+not, that it holds the same fingerprint. A cache rebuilt since the reader opened
+it is refused with ``CacheRebuiltError``; shards opened before keep reading the
+old files (docs/cache-format.md, "Readers and rebuilds").
 
-Memory: the reader holds the shard start offsets (one int64 per shard) and, inside
-ArrayRecord, each opened shard's chunk index: one entry per chunk, so per record
-for long records and per up to 64 short ones (``seqcache.format.group_size_for``);
-it is ArrayRecord's, kept in
-memory because the offloaded index makes random reads about 30x slower on this
-format (measured in benchmarks/feeder.py).
+Memory: one int64 per shard, and inside ArrayRecord each opened shard's chunk
+index (one entry per chunk of up to 64 records,
+``seqcache.format.group_size_for``), kept in memory because the offloaded index
+makes random reads about 30x slower (benchmarks/feeder.py).
 
-Caches are read from local (or mounted) paths only: ArrayRecord's C++ reader
-opens local files, and the feeder never imports Beam. A URL (``gs://``,
-``s3://``) is refused with ``seqcache.fs.require_local``'s error, which says to
-mount the bucket (gcsfuse, mountpoint-s3) or copy the cache; ``seqcache show``
-reads URLs with a subclass that downloads each shard it reads
-(``seqcache.url_reader``).
+Caches are read from local (or mounted) paths only (the feeder never imports
+Beam): a URL is refused with ``seqcache.fs.require_local``'s error, which says to
+mount the bucket or copy the cache; ``seqcache show`` reads URLs with a subclass
+that downloads each shard it reads (``seqcache.url_reader``).
 """
 
 from __future__ import annotations
@@ -71,18 +54,15 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from seqcache import format as fmt
 from seqcache import fs, layout
+from seqcache.tasks import vocabulary_from_json
 
-# readahead_buffer_size:0 -> no read-ahead (random access). max_parallelism:0 turns
-# off the read-ahead threads; a batched read(indices) is still spread over
-# ArrayRecord's own thread pool. Measured on 16 shards x 64 records per step, it is
-# a few percent faster than the default parallelism.
+# No read-ahead (random access) and no read-ahead threads; a batched read still
+# uses ArrayRecord's own pool. A few percent faster on 16 shards x 64 records a step.
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 
 READ_MODES = ("auto", "batched", "one_by_one")
-# "auto": a record read one by one that takes longer than this (median of the
-# sampled records of one shard's read) waited on storage: 5-10x the time of a
-# record in the page cache (about 3.5 us for 2 KB), well under a disk's or a
-# network file system's latency (100 us and more).
+# "auto": a record slower than this (median of a shard read's sampled records)
+# waited on storage: 5-10x a page-cache read, well under a disk's 100 us.
 SLOW_RECORD_S = 25e-6
 # "auto": shard reads done batched after a slow one-by-one read, before trying again.
 BATCHED_AFTER_SLOW = 256
@@ -118,10 +98,9 @@ class CacheReader:
         alone) and runs the same checks on each shard file at its first read,
         before any of its records are returned (what ``Feeder`` does).
 
-    The checks, eager or lazy, are the same and raise the same errors: a missing
-    or resized shard file (``seqcache.format.check_shard_files``' messages), or a
-    data or provenance shard whose record count is not the manifest's. Checksums
-    are ``seqcache verify``'s job.
+    The checks, eager or lazy, raise the same errors: a missing or resized shard
+    file, or a shard whose record count is not the manifest's. Checksums are
+    ``seqcache verify``'s job.
 
     Raises:
       ValueError: ``cache_dir`` is a URL (gs://, s3://, ...): mount the bucket
@@ -138,8 +117,7 @@ class CacheReader:
         docstring); the message names the cache and both fingerprints.
     """
 
-    # Whether this class reads caches at URLs (a subclass that fetches shard files
-    # itself, seqcache.url_reader.UrlCacheReader); this one opens local files only.
+    # True in a subclass that fetches shard files at URLs itself (seqcache.url_reader).
     _reads_urls = False
 
     def __init__(self, cache_dir: str, *, reader_options: str = READER_OPTIONS, open_shards: bool = True,
@@ -151,9 +129,7 @@ class CacheReader:
         self.cache_dir = os.fspath(cache_dir)
         if not self._reads_urls:
             self.cache_dir = fs.require_local(self.cache_dir, "the feeder (CacheReader)")
-        # Which manifest file this reader read: taken before reading it, so that
-        # a manifest replaced in between is noticed (and its fingerprint
-        # compared) at the first shard open, never taken for the one read.
+        # Taken before reading the manifest: one replaced in between is noticed at the first shard open.
         self._manifest_id = self._manifest_file_id()
         self.manifest = fmt.read_manifest(self.cache_dir)
         self._eager = bool(open_shards)
@@ -176,10 +152,7 @@ class CacheReader:
         self._prov: list[ArrayRecordReader | None] = [None] * len(self.manifest.shards)
         self._closed = False
         if open_shards:
-            # Open-time check of every data shard: ArrayRecord reads its footer,
-            # and the record count must be the manifest's (an edited manifest or a
-            # shard swapped in from another cache is refused here, not in the
-            # middle of a run). The readers stay open for reading.
+            # Every data shard's record count checked now, not in the middle of a run.
             for shard, info in enumerate(self.manifest.shards):
                 self._open(self._data, shard, info.file)
 
@@ -202,9 +175,7 @@ class CacheReader:
                 except fmt.CacheError:
                     self.check_generation()  # a rebuild explains a missing or resized shard best
                     raise
-                # The file is open now (its bytes stay this file's whatever later
-                # happens to the name): it belongs to the reader's manifest if
-                # the manifest is still the one read at open.
+                # The open file outlives its name: it is the reader's if the manifest still is.
                 try:
                     self.check_generation()
                 except BaseException:
@@ -222,8 +193,7 @@ class CacheReader:
             reader = ArrayRecordReader(local, self._options)
         except _ARRAY_RECORD_ERRORS as e:
             raise self._open_failed(path, e) from e
-        # A failed open does not raise: the reader is not ok(), counts
-        # 0 records, and its close() raises the failure's status.
+        # A failed open does not raise: the reader is not ok() and its close() raises.
         error = None if reader.ok() else _failure_of(reader)
         if error is None:
             try:
@@ -243,10 +213,8 @@ class CacheReader:
         return reader
 
     def _manifest_file_id(self) -> tuple | None:
-        """(device, inode, size, mtime ns, ctime ns) of the cache's manifest.json
-        as it is now; None for a cache at a URL or when there is none. A
-        manifest is always written to a new file and renamed into place (and a
-        rebuild exchanges whole folders), so another manifest is another file."""
+        """(device, inode, size, mtime ns, ctime ns) of manifest.json now (a new
+        manifest is always a new file); None at a URL or when there is none."""
         if not fs.is_local(self.cache_dir):
             return None
         try:
@@ -257,10 +225,8 @@ class CacheReader:
 
     def check_generation(self) -> None:
         """Checks that the cache is still the one this reader opened: its
-        manifest.json is the same file (one stat), or holds the same
-        fingerprint (read again only when the file changed; for a cache at a
-        URL, every time). Run at each shard file's first open, after the file
-        was opened.
+        manifest.json is the same file (one stat) or holds the same fingerprint
+        (read again when the file changed; at a URL, every time).
 
         Raises:
           CacheRebuiltError: the manifest now has another fingerprint, or there
@@ -301,15 +267,11 @@ class CacheReader:
         return fs.join(self.cache_dir, name)
 
     def _local_file(self, path: str) -> str:
-        """The local file ArrayRecord opens for the cache file ``path``: the
-        file itself here; a downloaded copy in ``UrlCacheReader`` (which raises
-        CacheError for a shard that is gone)."""
+        """The local file ArrayRecord opens for ``path`` (a downloaded copy in ``UrlCacheReader``)."""
         return path
 
     def _check_size(self, shard: int, name: str, path: str, shown: str | None = None) -> None:
-        """The byte size check of ``check_shard_files`` for one shard file, run
-        before the file is first opened: one stat, so that a truncated or
-        replaced file is refused before any of its records is returned."""
+        """``check_shard_files``' size check of one shard file, before its first open (one stat)."""
         info = self.manifest.shards[shard]
         size = info.num_bytes if name == info.file else info.provenance_num_bytes
         shown = shown or path
@@ -328,9 +290,8 @@ class CacheReader:
 
     def check_record_counts(self, shards: Iterable[int]) -> None:
         """Opens the data shards ``shards`` (if not open yet), which checks each
-        one's record count against the manifest. A reader opened with
-        ``open_shards=False`` maps an index to its shard by the manifest's counts:
-        checking every shard up to the last one read makes that mapping exact.
+        one's record count against the manifest (making a lazy reader's map from
+        index to shard exact up to the last shard checked).
 
         Raises:
           CacheError: a shard is missing, unreadable, or has another record count.
@@ -352,9 +313,7 @@ class CacheReader:
         )
 
     def _open_failed(self, path: str, error: BaseException) -> fmt.CacheError:
-        """The CacheError for a shard file ArrayRecord cannot open: 'missing'
-        when the file is gone (deleted or moved after the cache was opened; the
-        open-time size check saw it), else ``_corrupt``."""
+        """The CacheError for a shard file ArrayRecord cannot open: 'missing' or ``_corrupt``."""
         if not fs.exists(path):
             return fmt.CacheError(
                 f"{path}: shard file is missing: it was deleted or moved after cache {self.cache_dir} was opened; "
@@ -433,9 +392,7 @@ class CacheReader:
                     times.append(clock() - t0)
                 out.extend(_read_at(reader, off) for off in offsets[_SAMPLED_RECORDS:])
         except (*_ARRAY_RECORD_ERRORS, IndexError):
-            # The failed read left the reader failed for every later record: a
-            # fresh one reads the shard batched, which raises on the damaged
-            # record alone (or returns the records, if the fault has passed).
+            # The reader is failed now: a fresh one reads batched, failing on the damaged record alone.
             return self._reopen(table, shard, name, reader).read(offsets)
         times.sort()
         if times[len(times) // 2] > SLOW_RECORD_S:
@@ -443,8 +400,7 @@ class CacheReader:
         return out
 
     def _reopen(self, table: list, shard: int, name: str, failed: ArrayRecordReader) -> ArrayRecordReader:
-        """A new reader for ``shard`` in place of ``failed`` (which other threads
-        may still hold: it is closed by ``close``)."""
+        """A new reader in place of ``failed`` (which ``close`` closes: other threads may hold it)."""
         with self._lock:
             if table[shard] is failed:
                 table[shard] = None
@@ -457,10 +413,9 @@ class CacheReader:
         return self._read(self._data, self.manifest.shards.files, indices)
 
     def read_sorted(self, indices) -> tuple[list[bytes], np.ndarray | None]:
-        """The data records at ``indices`` in ascending cache-index order, as
-        read (no reordering): (records, order), records[j] being the record at
-        indices[order[j]] (order: int64 (n,), the stable argsort of indices), or
-        order None when the indices are ascending already."""
+        """(records, order): the data records at ``indices`` as read, in ascending
+        index order: records[j] is at indices[order[j]] (order: int64 (n,), the
+        stable argsort of indices; None when the indices are ascending)."""
         return self._read_sorted(self._data, self.manifest.shards.files, indices)
 
     def read_provenance_records(self, indices) -> list[bytes]:
@@ -470,7 +425,7 @@ class CacheReader:
     def read_provenance(self, indices) -> list[dict[str, np.ndarray]]:
         """The decoded provenance records (source_index, record_number,
         token_offset; one element per segment) at ``indices``."""
-        recs = self._read(self._prov, self.manifest.shards.provenance_files, indices)
+        recs = self.read_provenance_records(indices)
         return [
             fmt.decode_example(fmt.PROVENANCE_FEATURES, r, where=self.describe(int(i), provenance=True))
             for r, i in zip(recs, np.asarray(indices).ravel())
@@ -490,23 +445,17 @@ class CacheReader:
         counts, ``"record"`` for caches that do not say), ``record_number`` and
         ``token_offset``."""
         sources = self.manifest.sources
-        out = []
-        for p in self.read_provenance(indices):
-            segs = []
-            for src, rec, off in zip(p["source_index"].tolist(), p["record_number"].tolist(), p["token_offset"].tolist()):
-                path = sources[src]["path"] if src < len(sources) else None
-                locator = (sources[src].get("locator") if src < len(sources) else None) or "record"
-                segs.append({"source_index": src, "path": path, "locator": locator, "record_number": rec,
-                             "token_offset": off})
-            out.append(segs)
-        return out
+        return [[dict(zip(("source_index", "path", "locator", "record_number", "token_offset"),
+                          (src, *source_of(sources, src), rec, off)))
+                 for src, rec, off in zip(p["source_index"].tolist(), p["record_number"].tolist(),
+                                          p["token_offset"].tolist())]
+                for p in self.read_provenance(indices)]
 
     def vocabulary(self, feature: str):
         """The vocabulary of ``feature``, rebuilt from the manifest and the model
         file stored in the cache; None when the manifest describes none.
 
         Raises:
-          ImportError: seqcache.tasks is not importable.
           ValueError: the stored model is missing or corrupt; its name is not a
             plain file name inside the cache, or it is a link out of the cache
             (``seqcache.layout.UnsafeCachePathError``).
@@ -518,8 +467,6 @@ class CacheReader:
             return None
         if "file" in desc:
             layout.cache_file(self.cache_dir, desc["file"], what=f"vocabulary model of feature {feature!r}")
-        from seqcache.tasks import vocabulary_from_json
-
         try:
             return vocabulary_from_json(desc, self.cache_dir)  # the model's sha256 is checked: a new one is refused
         except ValueError:
@@ -558,18 +505,21 @@ class CacheReader:
 
     def __getstate__(self):
         # Picklable for multiprocess loaders: readers are reopened lazily.
-        state = self.__dict__.copy()
-        state["_lock"] = None
-        state["_shard_locks"] = None
-        state["_retired"] = []
-        state["_data"] = [None] * len(self._data)
-        state["_prov"] = [None] * len(self._prov)
-        return state
+        return dict(self.__dict__, _lock=None, _shard_locks=None, _retired=[], _data=[None] * len(self._data),
+                    _prov=[None] * len(self._prov))
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._shard_locks = [threading.Lock() for _ in range(_SHARD_LOCKS)]
+
+
+def source_of(sources: Sequence[dict], index: int) -> tuple[str | None, str]:
+    """(path, locator) of entry ``index`` of a manifest's source table: the
+    locator says what ``record_number`` counts (``"record"`` where the cache
+    does not say); (None, "record") for an index outside the table."""
+    entry = sources[index] if 0 <= index < len(sources) else {}
+    return entry.get("path"), entry.get("locator") or "record"
 
 
 def _read_at(reader: ArrayRecordReader, offset: int) -> bytes:
@@ -587,8 +537,7 @@ def _failure_of(reader: ArrayRecordReader) -> BaseException:
 
 
 def _close_quietly(reader: ArrayRecordReader) -> None:
-    """Closes a reader whose open or check failed; its close() re-raises the
-    failure (already being reported), which is dropped here."""
+    """Closes a failed reader, dropping the failure its close() re-raises."""
     try:
         reader.close()
     except _ARRAY_RECORD_ERRORS:

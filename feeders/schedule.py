@@ -88,7 +88,7 @@ class Schedule:
         self.bases = bases  # bases[j][t]: task t's ordinals taken before stage j
         self._base_arrays = [np.array(b, np.int64) for b in bases]
         self._starts_array = np.array(self.starts, np.int64)
-        self._task_bases: list[list[int]] | None = None  # per task, its base in each stage (position_of)
+        self._task_bases = [list(b) for b in zip(*bases)]  # per task, its base in each stage (position_of)
 
     @property
     def num_stages(self) -> int:
@@ -138,8 +138,6 @@ class Schedule:
         """
         mixing.check_task_ordinal(task, ordinal, self.num_tasks)
         k = int(ordinal)
-        if self._task_bases is None:
-            self._task_bases = [[b[t] for b in self.bases] for t in range(self.num_tasks)]
         j = bisect.bisect_right(self._task_bases[task], k) - 1
         local = self._local[j].get(task)
         if local is None:  # only in the last stage: the task's ordinals end before k

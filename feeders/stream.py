@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import threading
 import os
+import threading
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from seqcache import format as fmt
 from seqcache import fs, layout
-from seqcache.feeders import mixing
+from seqcache.feeders import compat, mixing
 from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation, permute_each
 from seqcache.feeders.reader import CacheReader
 from seqcache.feeders.schedule import Schedule
@@ -80,10 +80,7 @@ class IndexStream:
         self.readers = list(readers)
         self.sizes = [r.num_examples for r in readers]
         self.keys = [r.fingerprint for r in readers]
-        if stages is not None:
-            self.mixer = Schedule(stages)
-        else:
-            self.mixer = mixing.Mixer(weights)
+        self.mixer = Schedule(stages) if stages is not None else mixing.Mixer(weights)
         if self.mixer.num_tasks != len(self.readers):
             raise ValueError(f"{len(readers)} caches but {self.mixer.num_tasks} weights")
         self.seed = int(seed)
@@ -219,18 +216,14 @@ def what_reads(features: Sequence[str], *, converters_only: bool = False) -> str
 
 def check_same_features(paths: Sequence[str], readers: Sequence[CacheReader], *,
                         converters_only: bool = False) -> None:
-    """Refuses a mixture whose caches have different token features.
-
-    Every feeder reads the same features from every cache of a mixture, so it
-    would drop the other features of some tasks without a word (e.g. the
-    ``inputs`` of a translation task mixed with an LM task), and no converter
-    reads a feature a cache lacks. seqio's ``Mixture`` and ``seqcache train``
-    refuse such a mixture too.
+    """Refuses a mixture whose caches have different token features: a feeder
+    would drop some tasks' other features without a word (the ``inputs`` of a
+    translation task mixed with an LM task). seqio's ``Mixture`` refuses it too.
 
     Raises:
       ValueError: one line naming every cache's task, folder and features, and
-        the mixtures that would work, with their readers (``converters_only``:
-        the converters of ``ConvertedFeeder`` alone).
+        the mixtures that would work with their readers (``converters_only``:
+        ``ConvertedFeeder``'s converters alone).
     """
     feats = [token_features(r.manifest) for r in readers]
     if all(set(f) == set(feats[0]) for f in feats[1:]):
@@ -250,13 +243,54 @@ def check_same_features(paths: Sequence[str], readers: Sequence[CacheReader], *,
     )
 
 
+def feature_layout(reader: CacheReader, feature: str, sequence_length: int | None) -> dict:
+    """Which stored features of a cache give the tokens and segment ids of
+    ``feature``: ``{"tokens": name, "segment_ids": name or None}``.
+
+    Raises:
+      ValueError: the cache has no such feature; (``sequence_length`` given) a
+        packed cache built for a longer sequence length
+        (``compat.check_sequence_length``).
+    """
+    names = [f.name for f in reader.features]
+    if feature not in names:
+        raise ValueError(f"{reader.cache_dir}: the cache has no feature {feature!r} (its token features: "
+                         f"{', '.join(token_features(reader.manifest))}); choose one of them (feature= in "
+                         f"Python, --feature in seqcache which)")
+    layout = {"tokens": feature, "segment_ids": None}
+    if f"{feature}_segment_ids" in names:
+        layout["segment_ids"] = f"{feature}_segment_ids"
+        if sequence_length is not None:
+            compat.check_sequence_length(reader.manifest, sequence_length, feature=feature, cache=reader.cache_dir)
+    return layout
+
+
+def check_step(step: int, *, global_batch_size: int, num_steps: int | None, num_epochs: int | None,
+               allow_end: bool = False) -> None:
+    """Refuses a step no batch of the stream has: negative, at global position
+    2^62 or beyond, or (a finite run of ``num_steps`` steps) past its end
+    (``allow_end``: the end itself is allowed, as the position after the last
+    batch).
+
+    Raises:
+      ValueError: naming the step and the run's steps.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0 (got {step})")
+    if (step + 1) * global_batch_size > mixing.MAX_POSITION:
+        raise ValueError(f"step {step} is beyond the largest supported global position 2^62")
+    if num_steps is not None:
+        limit = num_steps if allow_end else num_steps - 1
+        if step > limit:
+            raise ValueError(
+                f"step {step} is past the end of this finite run: {num_epochs} epoch(s) take "
+                f"{num_steps} steps (0..{num_steps - 1})"
+            )
+
+
 def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str, Rate]], str | None]:
     """[(cache path, rate or rate callable)], and the mixture's name when it has one."""
-    if (cache is None) == (mixture is None):
-        raise ValueError("give exactly one of cache= (one task cache folder) or mixture=")
     if cache is not None:
-        if caches_root is not None:
-            raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
         return [(os.fspath(cache), 1.0)], None
     if _is_task_mixture(mixture):
         paths, counts = _task_mixture_caches(mixture, caches_root, split)
@@ -264,8 +298,6 @@ def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str
         rates = mixture.get_rates(counts)
         # seqio semantics: a task with rate 0 is part of the mixture but never read.
         return [(paths[n], float(rates[n])) for n in names if rates[n] > 0], getattr(mixture, "name", None)
-    if caches_root is not None:
-        raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
     items = list(mixture.items()) if isinstance(mixture, Mapping) else list(mixture)
     if not items:
         raise ValueError("mixture= is empty: give {cache_path: rate, ...}")
@@ -296,7 +328,6 @@ def _task_mixture_caches(mixture, caches_root, split) -> tuple[dict[str, str], d
             f"mixture {getattr(mixture, 'name', mixture)!r} names tasks; give caches_root= (the folder holding "
             "<task>/<split> caches) to find them"
         )
-    # Local or mounted caches only (and no Beam in the feeder): a URL is refused before any read.
     root = fs.require_local(os.fspath(caches_root), "the feeder (CacheReader)")
     paths = {n: layout.cache_path(root, n, split) for n in mixture.task_names}
     counts = {n: fmt.read_manifest(p).num_examples for n, p in paths.items()}
@@ -304,9 +335,8 @@ def _task_mixture_caches(mixture, caches_root, split) -> tuple[dict[str, str], d
 
 
 def _task_mixture_schedule(mixture, caches_root, split) -> dict[int, dict[str, float]] | None:
-    """The schedule {step: {cache folder: rate}} of a ``seqcache.tasks.Mixture``
-    that carries one (``Mixture(..., schedule=)``), else None. Rates of 0 are left
-    out (the task is not read in that stage)."""
+    """The schedule {step: {cache folder: rate > 0}} of a ``seqcache.tasks.Mixture``
+    made with ``schedule=``, else None."""
     if not getattr(mixture, "schedule", None):
         return None
     paths, counts = _task_mixture_caches(mixture, caches_root, split)
@@ -328,8 +358,6 @@ def _resolve_schedule(schedule) -> tuple[list[str], list[tuple[int, dict[str, Ra
     paths: list[str] = []
     out = []
     for step, rates in stages:
-        if step < 0:
-            raise ValueError(f"schedule steps must be >= 0 (got {step})")
         if not isinstance(rates, Mapping):
             try:
                 rates = dict(rates)
@@ -337,22 +365,17 @@ def _resolve_schedule(schedule) -> tuple[list[str], list[tuple[int, dict[str, Ra
                 raise ValueError(f"schedule stage at step {step}: expected {{cache path: rate}} (got {rates!r})") from None
         if not rates:
             raise ValueError(f"schedule stage at step {step} has no caches")
-        stage = {}
-        for path, rate in rates.items():
-            path = os.fspath(path)
-            stage[path] = rate
-            if path not in paths:
-                paths.append(path)
+        stage = {os.fspath(path): rate for path, rate in rates.items()}
+        paths.extend(p for p in stage if p not in paths)
         out.append((step, stage))
     return paths, out
 
 
 @dataclasses.dataclass
 class OpenedMixture:
-    """The caches of a mixture, opened: paths, readers, float rates and integer weights, in mixture order.
-
-    For a schedule, ``stages`` is [{"step", "rates", "weights"}] (one rate and one
-    weight per cache, 0 where a cache is not read in that stage) and ``rates`` /
+    """The caches of a mixture, opened: paths, readers, float rates and integer
+    weights, in mixture order. For a schedule, ``stages`` is [{"step", "rates",
+    "weights"}] (0 where a cache is not read in that stage) and ``rates`` /
     ``weights`` are the first stage's."""
 
     paths: list[str]
@@ -384,20 +407,20 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
       ValueError: both or neither of cache/mixture, bad pairs or rates, a cache listed twice.
       seqcache.format.CacheError: a cache is missing, incomplete or inconsistent.
     """
-    if cache is None and is_schedule(mixture):
-        if caches_root is not None:
-            raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+    if (cache is None) == (mixture is None):
+        raise ValueError("give exactly one of cache= (one task cache folder) or mixture=")
+    if caches_root is not None and not _is_task_mixture(mixture):
+        raise ValueError("caches_root= is only used with mixture=<seqcache.tasks.Mixture>")
+    if is_schedule(mixture):
         return _open_schedule(mixture)
-    if cache is None and _is_task_mixture(mixture):
+    if _is_task_mixture(mixture):
         schedule = _task_mixture_schedule(mixture, caches_root, split)
         if schedule is not None:
             return _open_schedule(schedule, name=getattr(mixture, "name", None))
     entries, name = _resolve_mixture(cache, mixture, caches_root, split)
     readers: list[CacheReader] = []
     try:
-        for path, _ in entries:
-            # O(1) in the number of shards: each shard is checked at its first read.
-            readers.append(CacheReader(path, open_shards=False))
+        _open_readers([path for path, _ in entries], readers)
         rates = [_rate_value(path, rate, reader) for (path, rate), reader in zip(entries, readers)]
         for (path, _), rate in zip(entries, rates):
             if rate == 0:
@@ -409,6 +432,13 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
             r.close()
         raise
     return OpenedMixture(paths=[p for p, _ in entries], readers=readers, rates=rates, weights=weights, name=name)
+
+
+def _open_readers(paths: Sequence[str], readers: list[CacheReader]) -> None:
+    """Appends a reader of each cache to ``readers`` (the caller closes them on
+    failure); O(1) in the number of shards: each shard is checked at its first read."""
+    for path in paths:
+        readers.append(CacheReader(path, open_shards=False))
 
 
 def _rate_value(path: str, rate: Rate, reader: CacheReader) -> float:
@@ -429,8 +459,7 @@ def _open_schedule(schedule, *, name: str | None = None) -> OpenedMixture:
     paths, stages = _resolve_schedule(schedule)
     readers: list[CacheReader] = []
     try:
-        for path in paths:
-            readers.append(CacheReader(path, open_shards=False))
+        _open_readers(paths, readers)
         by_path = dict(zip(paths, readers))
         out = []
         for step, stage in stages:

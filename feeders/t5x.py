@@ -40,8 +40,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from seqcache import fs
+from seqcache import bounded_json, fs
 from seqcache.feeders.converters import ROW_KEYS, ConvertedFeeder
+from seqcache.feeders.reader import CacheReader
+from seqcache.tasks import MixtureRegistry
 
 STATE_FORMAT = "seqcache.feeders.t5x/1"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
@@ -105,7 +107,7 @@ def latest_checkpoint_step(model_dir: str) -> int | None:
     is none.
     """
     try:
-        from t5x import checkpoints_utils
+        from t5x import checkpoints_utils  # optional: t5x
     except ImportError:
         checkpoints_utils = None
     if checkpoints_utils is not None:
@@ -141,8 +143,6 @@ def feeder_source(name_or_task: Any, *, split: str, caches_root: str | None) -> 
     if os.path.isfile(os.path.join(name, "manifest.json")):
         return {"cache": name}
     if caches_root is not None:
-        from seqcache.tasks import MixtureRegistry
-
         if name in MixtureRegistry.names():
             return {"mixture": MixtureRegistry.get(name), "caches_root": caches_root, "split": split}
         folder = os.path.join(caches_root, name, split)
@@ -258,7 +258,7 @@ def _first_step(model_dir: str | None, start_step: int) -> int:
 def _register_with_clu() -> None:
     """Makes ``CacheDatasetIterator`` a clu ``DatasetIterator`` (a registered
     virtual subclass, so that this module need not import clu)."""
-    from clu.data.dataset_iterator import DatasetIterator
+    from clu.data.dataset_iterator import DatasetIterator  # optional: clu
 
     if not issubclass(CacheDatasetIterator, DatasetIterator):
         DatasetIterator.register(CacheDatasetIterator)
@@ -301,7 +301,7 @@ class CacheDatasetIterator:
         """Field -> clu ``ArraySpec``: int32 (R, L), ``decoder_loss_weights``
         float32 (R, L); R = B // num_shards, L the decoder length (Li + Lt for
         ``prefix_lm``) or the encoder length."""
-        from clu.data.dataset_iterator import ArraySpec
+        from clu.data.dataset_iterator import ArraySpec  # optional: clu
 
         lengths = self.feeder.sequence_length
         conv = self.feeder.converter
@@ -353,8 +353,6 @@ class CacheDatasetIterator:
             another stream; ``FeederStateError``: another cache, seed or
             global batch.
         """
-        from seqcache import bounded_json
-
         path = os.fspath(filename)
         saved = bounded_json.read_file(path, what="t5x dataset state")
         if not isinstance(saved, dict) or saved.get("format") != STATE_FORMAT or not isinstance(saved.get("state"), dict):
@@ -378,8 +376,6 @@ def _stored_model(cache: str, feature: str) -> tuple[str, int]:
       ValueError: the feature has no SentencePiece vocabulary, or its stored
         model is missing or differs from the manifest's sha256.
     """
-    from seqcache.feeders.reader import CacheReader
-
     with CacheReader(cache) as reader:
         desc = reader.manifest.vocabularies.get(feature)
         if not desc or desc.get("kind") != "sentencepiece":
@@ -401,7 +397,7 @@ def vocabulary(cache: str, feature: str = "targets"):
     Raises:
       ValueError: see ``_stored_model``.
     """
-    import seqio
+    import seqio  # optional: seqio
 
     path, extra_ids = _stored_model(cache, feature)
     return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
@@ -418,8 +414,6 @@ def vocabulary_size(cache: str, feature: str = "targets", multiple: int = 128) -
     """
     if multiple < 1:
         raise ValueError(f"vocabulary_size multiple must be >= 1 (got {multiple=})")
-    from seqcache.feeders.reader import CacheReader
-
     _stored_model(cache, feature)
     with CacheReader(cache) as reader:
         size = reader.vocabulary(feature).vocab_size
@@ -446,10 +440,8 @@ def seqio_task(cache: str, name: str | None = None):
       ValueError: a name already registered for another cache; see
         ``_stored_model``.
     """
-    import seqio
-    import tensorflow as tf
-
-    from seqcache.feeders.reader import CacheReader
+    import seqio  # optional: seqio
+    import tensorflow as tf  # optional: tensorflow
 
     cache = os.path.abspath(cache)
     with CacheReader(cache) as reader:
@@ -496,8 +488,6 @@ def seqio_task_name(cache: str, name: str | None = None) -> str:
 
 def _records(cache: str, features) -> Any:
     """The cache's records in cache order: {feature: int32 tokens}."""
-    from seqcache.feeders.reader import CacheReader
-
     with CacheReader(cache) as reader:
         n = reader.num_examples
         for start in range(0, n, 256):

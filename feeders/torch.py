@@ -36,10 +36,12 @@ Importing ``seqcache.feeders`` does not import this module (nor torch).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.utils.data
 
 from seqcache import bounded_json
@@ -62,8 +64,6 @@ def dist_rank_and_world_size(rank: int | None = None, world_size: int | None = N
     """(rank, world size): the given ones; each None from ``torch.distributed``
     when it is initialised, else 0 and 1."""
     if rank is None or world_size is None:
-        import torch.distributed as dist
-
         on = dist.is_available() and dist.is_initialized()
         if rank is None:
             rank = dist.get_rank() if on else 0
@@ -407,9 +407,7 @@ def _torchtitan_source(config: Any) -> dict:
 def _torchtitan_loader_class():
     """``TorchtitanDataLoader``: a ``FeederLoader`` that is a torchtitan
     ``BaseDataLoader`` (imports torchtitan)."""
-    from dataclasses import dataclass, field
-
-    from torchtitan.components.dataloader import BaseDataLoader
+    from torchtitan.components.dataloader import BaseDataLoader  # optional: torchtitan
 
     class TorchtitanDataLoader(FeederLoader, BaseDataLoader):
         """The Feeder's stream as torchtitan's data loader.

@@ -26,13 +26,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import unicodedata
 from typing import Iterable, Sequence
 
 import numpy as np
+import sentencepiece as spm
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from seqcache import fs
 from seqcache.tasks.vocabularies import ModelFile, Vocabulary, _pickled_model, _unpickled_model
+from seqcache.tasks.vocabulary_training import train_sentencepiece
 
 # Tried in this order when no token is named (the first one in the vocabulary wins).
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "<|eot_id|>")
@@ -45,8 +49,6 @@ META_SPACE = "\u2581"
 
 
 def _tokenizer_from_bytes(data: bytes, where: str):
-    from tokenizers import Tokenizer
-
     try:
         tok = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as e:  # tokenizers raises its own Exception subclass; UnicodeDecodeError too
@@ -347,19 +349,14 @@ def train_hf_tokenizer(texts: Iterable[str], *, output_path: str, model: str, vo
     return vocab
 
 
-def _normalizer(normalization: str):
-    from tokenizers import normalizers
-
-    return normalizers.NFKC() if normalization == "nfkc" else None
+def _set_normalizer(tok, normalization: str) -> None:
+    if normalization == "nfkc":
+        tok.normalizer = normalizers.NFKC()
 
 
 def _train_bpe(texts: list[str], *, vocab_size: int, normalization: str):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE(unk_token=TRAINED_SPECIAL_TOKENS[2]))
-    norm = _normalizer(normalization)
-    if norm is not None:
-        tok.normalizer = norm
+    _set_normalizer(tok, normalization)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=int(vocab_size), min_frequency=2, show_progress=False,
@@ -374,13 +371,6 @@ def _train_bpe(texts: list[str], *, vocab_size: int, normalization: str):
 
 def _train_unigram(texts: list[str], *, vocab_size: int, normalization: str, seed: int, character_coverage: float,
                    max_sentence_length: int):
-    import tempfile
-
-    import sentencepiece as spm
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    from seqcache.tasks.vocabulary_training import train_sentencepiece
-
     # SentencePiece sees the text as the tokenizer's normalizer will give it, and
     # normalises nothing itself, so that its pieces are the tokenizer's pieces.
     if normalization == "nfkc":
@@ -406,9 +396,7 @@ def _train_unigram(texts: list[str], *, vocab_size: int, normalization: str, see
     vocab = [(sp.id_to_piece(i), floor if (sp.is_byte(i) or sp.is_control(i) or sp.is_unknown(i))
               else float(scores[i])) for i in range(n)]
     tok = Tokenizer(models.Unigram(vocab, unk_id=sp.unk_id(), byte_fallback=True))
-    norm = _normalizer(normalization)
-    if norm is not None:
-        tok.normalizer = norm
+    _set_normalizer(tok, normalization)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=META_SPACE, prepend_scheme="always", split=True)
     # The decoder of SentencePiece-style tokenizers in ``tokenizers`` (Llama's):
     # U+2581 -> space, <0x..> runs -> bytes, one leading space (the prepended one) off.

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 from seqcache.rates import Rate, RateNumExamples, rate_num_examples
 from seqcache.tasks.task import Task, check_name
+from seqcache.tasks.task_registry import TaskRegistry
 
 __all__ = ["Mixture", "Rate", "RateNumExamples", "rate_num_examples"]
 
@@ -96,8 +97,6 @@ class Mixture:
     def _known_tasks(self) -> list[Task]:
         """The Task objects given, and the task names registered now (a name
         registered later is checked by ``get_tasks`` and the feeder)."""
-        from seqcache.tasks.registry import TaskRegistry
-
         registered = set(TaskRegistry.names())
         return [self._task_objects[n] if n in self._task_objects else TaskRegistry.get(n)
                 for n in self._rates if n in self._task_objects or n in registered]
@@ -178,8 +177,6 @@ class Mixture:
           ValueError: the tasks have different output features (a name
             registered after the mixture was built).
         """
-        from seqcache.tasks.registry import TaskRegistry
-
         tasks = [self._task_objects.get(n) or TaskRegistry.get(n) for n in self._rates]
         self._check_features(tasks)
         return tasks

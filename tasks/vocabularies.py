@@ -39,6 +39,7 @@ import threading
 from typing import Sequence
 
 import numpy as np
+import sentencepiece as spm
 
 from seqcache import fs
 
@@ -338,9 +339,7 @@ def encoding_threads() -> int:
 def _encodes_to_numpy() -> bool:
     """True when the installed SentencePiece encodes to numpy arrays
     (``out_type="numpy"``; older releases lack it)."""
-    import sentencepiece
-
-    return hasattr(sentencepiece.SentencePieceProcessor, "EncodeAsNumpy")
+    return hasattr(spm.SentencePieceProcessor, "EncodeAsNumpy")
 
 
 class SentencePieceVocabulary(Vocabulary):
@@ -394,8 +393,6 @@ class SentencePieceVocabulary(Vocabulary):
 
     def _processor(self):
         if self._sp is None:
-            import sentencepiece as spm
-
             data = self.model_bytes()
             sp = spm.SentencePieceProcessor()
             try:

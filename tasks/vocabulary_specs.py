@@ -8,6 +8,7 @@ import hashlib
 import os
 
 from seqcache import fs
+from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary
 from seqcache.tasks.vocabularies import ByteVocabulary, SentencePieceVocabulary, Vocabulary
 
 
@@ -44,8 +45,6 @@ def vocabulary_from_json(desc: dict, base_dir: str) -> Vocabulary:
             vocab = SentencePieceVocabulary(model_bytes=data, extra_ids=extra_ids)
             vocab.model_path = path
             return vocab
-        from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary
-
         try:
             vocab = HfTokenizerVocabulary(tokenizer_bytes=data, extra_ids=extra_ids, eos_token=desc.get("eos_token"),
                                           pad_token=desc.get("pad_token"), unk_token=desc.get("unk_token"))
@@ -85,8 +84,6 @@ def vocabulary_from_spec(spec: str, extra_ids: int = 0) -> Vocabulary:
     if "://" not in path and os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer.json")):
         path = os.path.join(path, "tokenizer.json")  # a tokenizer's folder, as Hugging Face saves one
     if path.endswith(".json") or (not path.endswith(".model") and _looks_like_json(path)):
-        from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary
-
         vocab = HfTokenizerVocabulary(path, extra_ids=extra_ids, **names)
         vocab._tokenizer()  # fail now, naming the path
         return vocab

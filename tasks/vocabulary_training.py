@@ -14,6 +14,8 @@ import logging
 import os
 from typing import Iterable, Sequence
 
+import sentencepiece as spm
+
 from seqcache import fs
 from seqcache.tasks.sources import ERROR_KINDS, Source, is_error_record, text_problems
 from seqcache.tasks.vocabularies import SentencePieceVocabulary, Vocabulary
@@ -155,8 +157,6 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
       ValueError: bad options, no text, or SentencePiece refused to train (for
         example ``vocab_size`` too large for the text); the message says which.
     """
-    import sentencepiece as spm
-
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"model_type must be 'unigram' or 'bpe' (got {model_type!r})")
     if vocab_size < 260:

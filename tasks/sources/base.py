@@ -14,6 +14,8 @@ source uses are public here: ``BOM``, ``READ_ERRORS``, ``read_error``,
 from __future__ import annotations
 
 import abc
+import datetime
+import decimal
 import fnmatch
 import gzip
 import json
@@ -21,6 +23,8 @@ import logging
 import os
 import zlib
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+
+import numpy as np
 
 from seqcache import compression, fs
 from seqcache.tasks.sources.lines import line_number_at
@@ -148,8 +152,6 @@ def json_string_bodies(data: bytes, offsets) -> tuple[bytes, list[int]]:
       escaped (a quote, a backslash, the control characters): UTF-8 holds them
       in no multi-byte sequence, so ``bytes.replace`` on the whole column is safe.
     """
-    import numpy as np
-
     arr = np.frombuffer(data, dtype=np.uint8)
     base = np.asarray(offsets, dtype=np.int64) - int(offsets[0])
     special = np.flatnonzero((arr < 0x20) | (arr == 0x22) | (arr == 0x5C))
@@ -464,9 +466,6 @@ def read_whole(path: str) -> bytes:
 def _json_default(value: Any) -> Any:
     """Canonical JSON of the values Parquet gives that JSON lacks (dates, times,
     decimals: their ISO / decimal strings); anything else is refused."""
-    import datetime
-    import decimal
-
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     if isinstance(value, (decimal.Decimal, datetime.timedelta)):

@@ -19,6 +19,8 @@ import json
 import os
 from typing import Mapping
 
+import pyarrow as pa
+
 from seqcache import fs
 from seqcache.tasks.sources.base import Source, SourceFile, Split, read_error, match_files
 from seqcache.tasks.sources.parquet import ParquetSource
@@ -142,8 +144,6 @@ class HfDatasetSource(ParquetSource):
         if not split.path.endswith(".arrow"):
             yield from super()._arrow_batches(split, wanted)
             return
-        import pyarrow as pa
-
         self._require_whole(split)
         path = split.path
         number = 0

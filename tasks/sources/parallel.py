@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterator, Mapping
 
+from seqcache import fs
 from seqcache.tasks.sources.base import (
     BOM,
     READ_ERRORS,
@@ -112,8 +113,6 @@ class ParallelTextSource(Source):
         return self._read(split.file_index, paths)
 
     def _read(self, file_index: int, paths: dict[str, str]) -> Iterator[SourceRecord]:
-        from seqcache import fs
-
         fields = list(paths)
         handles = {f: fs.open_binary(p) for f, p in paths.items()}
         k = -1

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping, Sequence
 
+import numpy as np
+import pyarrow as pa
+
 from seqcache import fs
 from seqcache.tasks.sources.base import (FileSource, RecordBatch, SourceFile, SourceRecord, Split, check_target,
                                          encode_json_string, json_string_bodies, read_error)
@@ -25,8 +28,6 @@ def _python_values(array) -> list:
     UTF-8 (Parquet writers need not check), the values as ``bytes``, so that
     the ``invalid_utf8`` policy decides each row (as for a binary column)
     instead of the whole file failing."""
-    import pyarrow as pa
-
     try:
         return array.to_pylist()
     except UnicodeDecodeError:
@@ -98,8 +99,7 @@ class ParquetSource(FileSource):
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
         """Groups of consecutive row groups of about ``target_bytes`` compressed
         bytes (at least one row group each), read from the file's footer."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # keeps pyarrow.parquet out of seqcache.tasks's import
 
         check_target(target_bytes)
         try:
@@ -135,8 +135,6 @@ class ParquetSource(FileSource):
         only the rows those checks find (empty, whitespace-only, a suspect
         character, null) read one by one as ``read_split`` reads them. The same
         records, in the same order."""
-        import pyarrow as pa
-
         if len(self.columns) != 1:
             yield from super().read_batches(split, batch_records)
             return
@@ -168,9 +166,6 @@ class ParquetSource(FileSource):
         ``array`` whose first row is row ``number``: the rows ``_row`` has to
         look at (nulls, empty and whitespace-only values, a suspect character)
         built by it, the others in column form."""
-        import numpy as np
-        import pyarrow as pa
-
         texts = array.to_pylist()
         n = len(texts)
         _, offsets, data = array.buffers()
@@ -197,8 +192,7 @@ class ParquetSource(FileSource):
           ValueError: a file that is not Parquet or cannot be read (names the
             file and the row reached), or that lacks a wanted column.
         """
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # keeps pyarrow.parquet out of seqcache.tasks's import
 
         path = split.path
         number = split.start

@@ -12,11 +12,14 @@ of ``seqcache.tasks.sources.tfrecord``, ArrayRecord shards with
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Iterator, Mapping
 
+from array_record.python.array_record_module import ArrayRecordReader
+
 from seqcache import fs
-from seqcache.tasks.sources.base import SourceFile, SourceRecord, Split, check_target, read_error
+from seqcache.tasks.sources.base import FileSource, SourceFile, SourceRecord, Split, check_target, read_error
 from seqcache.tasks.sources.policy import ErrorPolicy
 from seqcache.tasks.sources.spec import PIP_HINT
 from seqcache.tasks.sources.tfrecord import crc32c_function, ExampleRecords
@@ -31,7 +34,7 @@ _BATCH = 1024
 def import_tfds():
     """``tensorflow_datasets``, or an ImportError that says how to install it."""
     try:
-        import tensorflow_datasets as tfds
+        import tensorflow_datasets as tfds  # optional: tensorflow_datasets
     except ImportError as e:
         raise ImportError(f"the tfds: source needs TensorFlow Datasets: {PIP_HINT} ({e})") from None
     return tfds
@@ -43,6 +46,18 @@ def _format_of(path: str) -> str:
         if f".{f}-" in name or name.endswith(f".{f}"):
             return f
     raise ValueError(f"{path}: not a TFDS shard file in a format this source reads ({', '.join(FILE_FORMATS)})")
+
+
+@contextlib.contextmanager
+def _array_record(path: str):
+    """An ``ArrayRecordReader`` of ``path`` (a local copy of a URL), closed after the block."""
+    with fs.local_copy(path, suffix=".array_record") as local:
+        reader = ArrayRecordReader(local, "readahead_buffer_size:0")
+        try:
+            yield reader
+        finally:
+            if reader.is_open():
+                reader.close()
 
 
 def _flat_keys(info: Any, prefix: str = "") -> list[str]:
@@ -198,15 +213,12 @@ class TfdsSource(ExampleRecords):
             out.append(SourceFile(*found[0]))
         return out
 
-    def fingerprint(self) -> dict:
+    def _params(self) -> dict:
         full_name, file_format, ranges = self._resolve()
-        return {
-            "kind": self.kind,
-            "params": {"name": full_name, "split": self.split, "field": self.field, "file_format": file_format,
-                       "ranges": [list(r) for r in ranges.values()]},
-            "on_error": self.on_error.to_json(),
-            "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in self.list_files()],
-        }
+        return {"name": full_name, "split": self.split, "field": self.field, "file_format": file_format,
+                "ranges": [list(r) for r in ranges.values()]}
+
+    fingerprint = FileSource.fingerprint
 
     def describe(self) -> str:
         where = f" in {self.data_dir}" if self.data_dir else ""
@@ -235,14 +247,8 @@ class TfdsSource(ExampleRecords):
 
     @staticmethod
     def _num_records(path: str) -> int:
-        from array_record.python.array_record_module import ArrayRecordReader
-
-        with fs.local_copy(path, suffix=".array_record") as local:
-            reader = ArrayRecordReader(local, "readahead_buffer_size:0")
-            try:
-                return int(reader.num_records())
-            finally:
-                reader.close()
+        with _array_record(path) as reader:
+            return int(reader.num_records())
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         """The records ``[start, stop)`` of a shard file (a whole-file split: the
@@ -257,25 +263,16 @@ class TfdsSource(ExampleRecords):
         return self._read_array_record(split, start, stop)
 
     def _read_array_record(self, split: Split, start: int, stop: int | None) -> Iterator[SourceRecord]:
-        from array_record.python.array_record_module import ArrayRecordReader
-
         path = split.path
         number = start
         try:
-            with fs.local_copy(path, suffix=".array_record") as local:
-                reader = ArrayRecordReader(local, "readahead_buffer_size:0")
-                try:
-                    if not reader.ok():
-                        reader.close()
-                        raise OSError("not an ArrayRecord file")
-                    end = reader.num_records() if stop is None else min(stop, reader.num_records())
-                    while number < end:
-                        batch = reader.read(number, min(end, number + _BATCH))
-                        for data in batch:
-                            yield self._convert(split.file_index, number, path, data, True)
-                            number += 1
-                finally:
-                    if reader.is_open():
-                        reader.close()
+            with _array_record(path) as reader:
+                if not reader.ok():
+                    raise OSError("not an ArrayRecord file")
+                end = reader.num_records() if stop is None else min(stop, reader.num_records())
+                while number < end:
+                    for data in reader.read(number, min(end, number + _BATCH)):
+                        yield self._convert(split.file_index, number, path, data, True)
+                        number += 1
         except (OSError, RuntimeError) as e:
             raise read_error(path, e, f"record {number}" if number > start else None) from None

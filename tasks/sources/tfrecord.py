@@ -46,7 +46,7 @@ def crc32c_function():
     Raises:
       ImportError: google-crc32c is not installed; says which extra installs it."""
     try:
-        import google_crc32c
+        import google_crc32c  # optional: google_crc32c
     except ImportError:
         raise ImportError(f"reading TFRecord files needs google-crc32c: {PIP_HINT} "
                           "(or pip install google-crc32c)") from None
@@ -136,7 +136,7 @@ def example_class():
     TensorFlow's; built once per process in a private descriptor pool)."""
     if _EXAMPLE_CLASS:
         return _EXAMPLE_CLASS[0]
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # optional: protobuf (Beam's)
 
     F = descriptor_pb2.FieldDescriptorProto
     pkg = "seqcache.tf_example"
@@ -213,10 +213,12 @@ def decode_example(data: bytes) -> dict[str, tuple[str, list]]:
 
 def _feature_map(data: bytes):
     """The ``features.feature`` map of the parsed Example (see ``decode_example``)."""
+    from google.protobuf.message import DecodeError  # optional: protobuf (Beam's)
+
     ex = example_class()()
     try:
         ex.ParseFromString(data)
-    except _decode_error():
+    except DecodeError:
         raise ValueError("not a tf.train.Example (its bytes do not parse as one)") from None
     if data and not ex.ListFields():
         # Text and other bytes often parse as fields unknown to Example: none of its own.
@@ -227,12 +229,6 @@ def _feature_map(data: bytes):
 def _values(feat) -> tuple[str, list]:
     kind = feat.WhichOneof("kind") or ""
     return kind, (list(getattr(feat, kind).value) if kind else [])
-
-
-def _decode_error():
-    from google.protobuf.message import DecodeError
-
-    return DecodeError
 
 
 class ExampleRecords(Source):

@@ -35,7 +35,7 @@ import sentencepiece as spm
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from seqcache import fs
-from seqcache.tasks.vocabularies import ModelFile, Vocabulary, _pickled_model, _unpickled_model
+from seqcache.tasks.vocabularies import ModelFile, Vocabulary, pickled_model, read_model, unpickled_model
 from seqcache.tasks.vocabulary_training import train_sentencepiece
 
 # Tried in this order when no token is named (the first one in the vocabulary wins).
@@ -122,13 +122,7 @@ class HfTokenizerVocabulary(Vocabulary):
     def model_bytes(self) -> bytes:
         """The ``tokenizer.json`` bytes (what a cache stores next to its manifest)."""
         if self._bytes is None:
-            if self._model_file is not None:
-                self._bytes = self._model_file.read()
-                return self._bytes
-            try:
-                self._bytes = fs.read_bytes(self.path)
-            except OSError as e:
-                raise ValueError(f"cannot read tokenizer {self.path!r}: {e}") from e
+            self._bytes = read_model(self.path, self._model_file, "tokenizer")
         return self._bytes
 
     def _tokenizer(self):
@@ -176,13 +170,13 @@ class HfTokenizerVocabulary(Vocabulary):
         else:
             self._tokenizer()
             names = {role: self._special[role][0] for role in ("eos", "pad", "unk")}
-        return {"tokenizer_bytes": _pickled_model(self._model_file, self.model_bytes, self._digest),
+        return {"tokenizer_bytes": pickled_model(self._model_file, self.model_bytes, self._digest),
                 "path": self.path, "extra_ids": self.extra_ids, "names": names}
 
     def __setstate__(self, state):
         self.extra_ids = state["extra_ids"]
         self.path = state["path"]
-        self._bytes, self._model_file, self._digest = _unpickled_model(state["tokenizer_bytes"])
+        self._bytes, self._model_file, self._digest = unpickled_model(state["tokenizer_bytes"])
         self._names = dict(state["names"])
         self._tok = None
         self._special = None

@@ -272,16 +272,27 @@ def stored_models(files: dict[str, bytes]):
         _STORED.files = before
 
 
-def _pickled_model(stored: ModelFile | None, data, digest_cache: list) -> bytes | ModelFile:
+def read_model(path: str, stored: ModelFile | None, what: str) -> bytes:
+    """A vocabulary's model bytes: ``stored`` (a build's copy) when given, else
+    the file ``path``. Raises ``ValueError`` naming ``what`` and the file."""
+    if stored is not None:
+        return stored.read()
+    try:
+        return fs.read_bytes(path)
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {path!r}: {e}") from e
+
+
+def pickled_model(stored: ModelFile | None, data, digest_cache: list) -> bytes | ModelFile:
     """What a vocabulary pickles for its model: ``stored``, the reference it was
     unpickled from, as it is (the file not read), or else ``_model_state`` of
     ``data()``, its bytes."""
     return stored if stored is not None else _model_state(data(), digest_cache)
 
 
-def _unpickled_model(value: bytes | ModelFile) -> tuple[bytes | None, ModelFile | None, list]:
+def unpickled_model(value: bytes | ModelFile) -> tuple[bytes | None, ModelFile | None, list]:
     """(model bytes or None, the ``ModelFile`` or None, the digest cache) of a
-    pickled model value (``_pickled_model``)."""
+    pickled model value (``pickled_model``)."""
     if isinstance(value, ModelFile):
         return None, value, [value.sha256]
     return value, None, [None]
@@ -382,13 +393,7 @@ class SentencePieceVocabulary(Vocabulary):
 
     def model_bytes(self) -> bytes:
         if self._model_bytes is None:
-            if self._model_file is not None:
-                self._model_bytes = self._model_file.read()
-                return self._model_bytes
-            try:
-                self._model_bytes = fs.read_bytes(self.model_path)
-            except OSError as e:
-                raise ValueError(f"cannot read SentencePiece model {self.model_path!r}: {e}") from e
+            self._model_bytes = read_model(self.model_path, self._model_file, "SentencePiece model")
         return self._model_bytes
 
     def _processor(self):
@@ -406,13 +411,13 @@ class SentencePieceVocabulary(Vocabulary):
         return self._sp
 
     def __getstate__(self):
-        return {"model_bytes": _pickled_model(self._model_file, self.model_bytes, self._digest),
+        return {"model_bytes": pickled_model(self._model_file, self.model_bytes, self._digest),
                 "model_path": self.model_path, "extra_ids": self.extra_ids}
 
     def __setstate__(self, state):
         self.extra_ids = state["extra_ids"]
         self.model_path = state["model_path"]
-        self._model_bytes, self._model_file, self._digest = _unpickled_model(state["model_bytes"])
+        self._model_bytes, self._model_file, self._digest = unpickled_model(state["model_bytes"])
         self._sp = None
 
     # -- sizes and special ids

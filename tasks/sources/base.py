@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from seqcache import compression, fs
-from seqcache.tasks.sources.lines import line_number_at
+from seqcache.tasks.sources.lines import check_target, line_number_at
 from seqcache.tasks.sources.policy import ErrorPolicy, Where, as_where, check_text_values, error_hint
 
 log = logging.getLogger(__name__)
@@ -283,13 +283,23 @@ class RecordBatch:
 
     def take(self, start: int, stop: int) -> "RecordBatch":
         """Records ``start`` to ``stop`` (exclusive) as a batch of their own,
-        in the same form (columns stay columns)."""
+        in the same form (columns stay columns); ``file_indices`` None when
+        they come from one file."""
         rows = self._records is not None
-        return RecordBatch(self.file_index, self.record_numbers[start:stop], self.raws[start:stop], field=self._field,
+        file_index, files = self.file_index, self.file_indices
+        if files is not None:
+            files = files[start:stop]
+            if files and files.count(files[0]) == len(files):
+                file_index, files = files[0], None
+        return RecordBatch(file_index, self.record_numbers[start:stop], self.raws[start:stop], field=self._field,
                            texts=None if rows else self._texts[start:stop],
                            odd=None if rows else {i - start: r for i, r in self._odd.items() if start <= i < stop},
-                           file_indices=None if self.file_indices is None else self.file_indices[start:stop],
-                           records=self._records[start:stop] if rows else None)
+                           file_indices=files, records=self._records[start:stop] if rows else None)
+
+    def pieces(self, size: int) -> Iterator["RecordBatch"]:
+        """The batch in consecutive pieces of at most ``size`` records (``take``)."""
+        for start in range(0, len(self), size):
+            yield self.take(start, start + size)
 
     def byte_bounded(self, max_bytes: int) -> Iterator["RecordBatch"]:
         """The batch in consecutive pieces of at most ``max_bytes`` of raw
@@ -500,12 +510,6 @@ def _patterns(pattern: str | Sequence[str]) -> tuple[str, ...]:
     if not out or any(not p for p in out):
         raise ValueError(f"a source needs at least one non-empty file pattern (got {pattern!r})")
     return out
-
-
-def check_target(target_bytes: int) -> None:
-    """Raises ``ValueError`` unless ``target_bytes`` (a split's wanted size) is an int >= 1."""
-    if not isinstance(target_bytes, int) or target_bytes < 1:
-        raise ValueError(f"target_bytes must be an int >= 1 (got {target_bytes=})")
 
 
 # ---------------------------------------------------------------------------

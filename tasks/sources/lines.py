@@ -38,6 +38,12 @@ is_compressed = compression.is_compressed
 _CHUNK = 1 << 20  # bytes per read when counting lines
 
 
+def check_target(target_bytes: int) -> None:
+    """Raises ``ValueError`` unless ``target_bytes`` (a split's wanted size) is an int >= 1."""
+    if not isinstance(target_bytes, int) or target_bytes < 1:
+        raise ValueError(f"target_bytes must be an int >= 1 (got {target_bytes=})")
+
+
 def byte_ranges(num_bytes: int, target_bytes: int) -> list[tuple[int, int | None]]:
     """``[start, stop)`` byte ranges of about ``target_bytes`` (at most that) that
     cover a file of ``num_bytes`` bytes, in order; the last has ``stop=None`` (to
@@ -47,8 +53,7 @@ def byte_ranges(num_bytes: int, target_bytes: int) -> list[tuple[int, int | None
     Raises:
       ValueError: ``target_bytes < 1``.
     """
-    if not isinstance(target_bytes, int) or target_bytes < 1:
-        raise ValueError(f"target_bytes must be an int >= 1 (got {target_bytes=})")
+    check_target(target_bytes)
     if num_bytes <= target_bytes:
         return [(0, None)]
     n = -(-num_bytes // target_bytes)

@@ -156,10 +156,7 @@ class ParquetSource(FileSource):
                 numbers, texts, raws = [r.record_number for r in records], [None] * len(records), \
                     [r.raw for r in records]
                 odd = dict(enumerate(records))
-            for a in range(0, len(texts), batch_records):
-                b = min(a + batch_records, len(texts))
-                yield RecordBatch(file_index, numbers[a:b], raws[a:b], field=key, texts=texts[a:b],
-                                  odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {})
+            yield from RecordBatch(file_index, numbers, raws, field=key, texts=texts, odd=odd).pieces(batch_records)
 
     def _column_records(self, file_index: int, path: str, number: int, column: str, array):
         """``(record numbers, texts, raws, {row: SourceRecord})`` of a string

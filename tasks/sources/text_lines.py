@@ -225,13 +225,8 @@ class TextLineSource(LineSplits, TextSource):
             line = lines[i] if unended[k] and i == last[k] else lines[i] + b"\n"
             odd[i] = self._line_record(file_of[i], segments[k][1], numbers[i], line)
             lines[i] = odd[i].raw  # the raw column is the records' raw (no CR, no byte order mark)
-        field = self.field
-        for a in range(0, n, batch_records):
-            b = min(a + batch_records, n)
-            files = file_of[a:b]
-            yield RecordBatch(files[0], numbers[a:b], lines[a:b], field=field, texts=texts[a:b],
-                              odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {},
-                              file_indices=None if files.count(files[0]) == len(files) else files)
+        yield from RecordBatch(file_of[0], numbers, lines, field=self.field, texts=texts, odd=odd,
+                               file_indices=file_of).pieces(batch_records)
 
     def _block_batches(self, file_index: int, path: str, offset: int, block: bytes,
                        batch_records: int) -> Iterator[RecordBatch]:
@@ -264,11 +259,8 @@ class TextLineSource(LineSplits, TextSource):
             line = lines[i] + b"\n" if ended or i + 1 < n else lines[i]
             odd[i] = self._line_record(file_index, path, numbers[i], line)
             lines[i] = odd[i].raw  # the raw column is the records' raw (no CR, no byte order mark)
-        field = self.field
-        for a in range(0, n, batch_records):
-            b = min(a + batch_records, n)
-            yield RecordBatch(file_index, numbers[a:b], lines[a:b], field=field, texts=texts[a:b],
-                              odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {})
+        yield from RecordBatch(file_index, numbers, lines, field=self.field, texts=texts,
+                               odd=odd).pieces(batch_records)
 
     @staticmethod
     def _suspect_lines(texts: list[str], sizes: np.ndarray) -> Sequence[int]:

@@ -2,13 +2,11 @@
 JSON, file matching, and the ``Source`` interface.
 
 A record's id is ``(file_index, record_number)``; what ``record_number`` counts
-depends on the source and is named by its ``locator`` (see ``seqcache.tasks.sources``
-for the table). ``describe_record`` turns a locator and a record number into
-words: the one place where a record's place is worded. The helpers every
-source uses are public here: ``BOM``, ``READ_ERRORS``, ``read_error``,
-``read_whole``, ``check_target``, ``FileSource`` and ``TextSource``, and
-``Source``'s methods for subclasses (``_record``, ``_row_record``, ``_decode``,
-``_bad``).
+is the source's ``locator``, and ``describe_record`` is the one function that
+words a record's place. The helpers every source uses are public here
+(``BOM``, ``READ_ERRORS``, ``read_error``, ``read_whole``, ``check_target``,
+``FileSource``, ``TextSource``), with ``Source``'s methods for subclasses
+(``_record``, ``_row_record``, ``_decode``, ``_bad``).
 """
 
 from __future__ import annotations
@@ -36,11 +34,8 @@ BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark, removed at byte 0 of a file
 
 # The values of ``Source.locator``: what ``SourceRecord.record_number`` counts.
 LOCATORS = ("byte_offset", "row", "record", "file", "line")
-# A record's place by locator, in words that read no file and do not depend on
-# how the file was split (messages of skipped records, quarantine entries), and
-# in words for people (``show``, ``which``, raised errors); ``{n}`` is the
-# record number, ``{l}`` the 1-based line. A byte offset becomes a line number
-# in ``describe_record``.
+# A record's place by locator (``describe_record``), stable and for people;
+# ``{n}`` is the record number, ``{l}`` the 1-based line.
 _STABLE_WORDS = {"byte_offset": "line at byte {n}", "line": "line {l}", "row": "row {n}", "record": "record {n}",
                  "file": "file"}
 _WORDS = {"line": "line {l:,}", "row": "row {n:,}", "record": "record {n}", "file": "whole file"}
@@ -94,13 +89,10 @@ class SourceRecord(NamedTuple):
 
 
 class Split(NamedTuple):
-    """A part of one input file: the unit of reading work.
-
-    The records of a split are those whose first byte (byte splits) or row (row
-    splits) lies in ``[start, stop)``; ``stop=None`` reads to the end of the
-    file, so ``Split(i, path)`` is the whole file. A record's id never depends
-    on the split that reads it, and the splits of a file hold each of its
-    records exactly once.
+    """A part of one input file, the unit of reading work: the records whose
+    first byte (byte splits) or row (row splits) lies in ``[start, stop)``;
+    ``Split(i, path)`` is the whole file. The splits of a file hold each of its
+    records exactly once, with ids that do not depend on the split.
 
     Attributes:
       file_index: the file's index in ``Source.list_files()``.
@@ -196,17 +188,14 @@ def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = Non
 
 
 class RecordBatch:
-    """Consecutive records of one split, in file order, as columns: what the
-    pipeline reads (``Source.read_batches``), so that the common case needs no
-    Python object per record. ``concat`` joins the batches of consecutive
-    splits (small files) into one, so that a preprocessing batch is not cut at
-    every file.
+    """Consecutive records in file order, as columns: what the pipeline reads
+    (``Source.read_batches``), with no Python object per clean record.
 
-    A batch is a sequence of ``SourceRecord`` (``batch[i]``, ``len(batch)``): the
-    records a source built one by one (``from_records``), or, for sources with a
-    columnar fast path (text lines), clean records held as columns (one text
-    field) with the few others (skipped, repaired or kept bad input) as whole
-    ``SourceRecord`` objects at their positions.
+    A sequence of ``SourceRecord`` (``batch[i]``, ``len(batch)``): the records
+    a source built one by one (``from_records``), or, for sources with a
+    columnar fast path, clean records held as columns (one text field) with the
+    others (skipped, repaired, kept bad input) as ``SourceRecord`` objects at
+    their positions. ``concat`` joins the batches of small files.
 
     Attributes:
       file_index: the split's file index: every record's, unless ``file_indices``.
@@ -221,11 +210,9 @@ class RecordBatch:
     def __init__(self, file_index: int, record_numbers: list[int], raws: list[bytes], *, field: str | None,
                  texts: list | None, odd: dict[int, SourceRecord] | None, file_indices: list[int] | None = None,
                  records: list[SourceRecord] | None = None):
-        """Column form: record i is ``odd[i]`` where present, else
-        ``SourceRecord(file_index, record_numbers[i], {field: texts[i]}, raws[i])``
-        (a clean record: no issue, nothing kept; ``file_indices[i]`` for
-        the file index of a batch made by ``concat``). With ``records``, those
-        records (``field``, ``texts`` and ``odd`` None)."""
+        """Column form: record i is ``odd[i]`` where present, else the clean
+        ``SourceRecord(file_indices[i] or file_index, record_numbers[i],
+        {field: texts[i]}, raws[i])``. With ``records``, those records."""
         self.file_index = file_index
         self.file_indices = file_indices
         self.record_numbers = record_numbers
@@ -243,10 +230,8 @@ class RecordBatch:
 
     @classmethod
     def concat(cls, batches: Sequence["RecordBatch"]) -> "RecordBatch":
-        """The records of ``batches`` (non-empty), in order, as one batch:
-        columns when every batch is in column form for the same field (no
-        Python object per clean record), else records. ``file_indices`` is
-        set when the records come from more than one file.
+        """The records of ``batches``, in order, as one batch: columns when all
+        are columns of the same field. ``file_indices`` is set for several files.
 
         Raises:
           ValueError: ``batches`` is empty.
@@ -303,8 +288,7 @@ class RecordBatch:
 
     def byte_bounded(self, max_bytes: int) -> Iterator["RecordBatch"]:
         """The batch in consecutive pieces of at most ``max_bytes`` of raw
-        records each (a larger record is a piece of its own), itself when it
-        is that small."""
+        records (a larger record alone), itself when it is that small."""
         sizes = list(map(len, self.raws))
         if sum(sizes) <= max_bytes:
             yield self
@@ -318,16 +302,14 @@ class RecordBatch:
         yield self.take(start, len(sizes))
 
     def special(self) -> Iterator[tuple[int, SourceRecord]]:
-        """``(position, record)`` of the records with an issue or kept bad input,
-        in order: the only ones the pipeline looks at one by one."""
+        """``(position, record)`` of the records with an issue or kept bad input, in order."""
         if self._records is not None:
             return ((i, r) for i, r in enumerate(self._records) if r.issue is not None or r.kept)
         return ((i, self._odd[i]) for i in sorted(self._odd) if self._odd[i].issue is not None or self._odd[i].kept)
 
     def text_values(self, key: str, index: Sequence[int]) -> list | None:
-        """The text (``str``) of field ``key`` of the records at ``index``, or
-        None when this batch is not in column form for ``key`` or one of these
-        values is not a ``str`` (the caller then reads the records)."""
+        """The ``str`` values of field ``key`` of the records at ``index``; None
+        when the batch is not in column form for ``key`` or a value is no ``str``."""
         if self._records is not None or key != self._field:
             return None
         texts, odd = self._texts, self._odd
@@ -359,17 +341,12 @@ def describe_record(path: str | None, locator: str | None, record_number: int | 
     other            ``"<locator> <number>"``      ``"<locator> <number>"``
     ===============  ============================  =================================
 
-    A locator of None is ``record``; a record number of None is ``"record ?"``
-    (a manifest or quarantine entry that lacks them).
-
-    The default counts the lines of a local file up to a byte offset
-    (decompressed for ``.gz``, 1 MiB at a time: meant for ``show``, ``which``
-    and raised errors, not for every record) and says ``"byte 1,234"`` when the
-    file is not local, cannot be read, or no line begins there any more (it
-    changed). ``stable=True`` reads nothing: words that do not depend on how
-    the file was split, for skipped records and quarantine entries
-    (``Source.where``, ``Task.record_label``). Never raises for an unreadable
-    file.
+    A locator of None is ``record``; a record number of None gives ``"record ?"``.
+    The default counts the lines of a local file up to a byte offset (for
+    ``show``, ``which`` and raised errors, not for every record) and says
+    ``"byte 1,234"`` when the file is not local, cannot be read or changed.
+    ``stable=True`` reads nothing: words that do not depend on the split, for
+    skipped records and quarantine entries. Never raises for an unreadable file.
     """
     if record_number is None:
         return "record ?"
@@ -391,15 +368,12 @@ def describe_record(path: str | None, locator: str | None, record_number: int | 
 
 
 def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list[SourceFile]:
-    """Files matching any of ``patterns`` (glob; ``**`` is recursive), sorted by path,
-    less those matching any of the ``exclude`` patterns (fnmatch, where ``*`` also
-    crosses ``/``: ``*/site-packages/*`` drops a whole folder). An exclude pattern
-    without ``/`` matches file names (``notes.txt``, ``*.md``); a relative one with
-    ``/`` is taken from the working directory, like the source patterns. An exclude
-    pattern that leaves out nothing is logged as a warning.
-
-    Local paths are made absolute so that the list (and every fingerprint built on
-    it) does not depend on the working directory. Directories are ignored.
+    """Files matching any of ``patterns`` (glob; ``**`` is recursive), sorted by
+    path, less those matching an ``exclude`` pattern (fnmatch: ``*`` also
+    crosses ``/``; one without ``/`` matches file names, a relative one is
+    taken from the working directory). An exclude pattern that leaves out
+    nothing is logged as a warning. Local paths are made absolute (fingerprints
+    do not depend on the working directory); directories are ignored.
 
     Raises:
       FileNotFoundError: a pattern matches no file (the message names the pattern).
@@ -474,8 +448,7 @@ def read_whole(path: str) -> bytes:
 
 
 def _json_default(value: Any) -> Any:
-    """Canonical JSON of the values Parquet gives that JSON lacks (dates, times,
-    decimals: their ISO / decimal strings); anything else is refused."""
+    """The JSON form of Parquet's dates, times and decimals (ISO / decimal strings)."""
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     if isinstance(value, (decimal.Decimal, datetime.timedelta)):
@@ -484,10 +457,8 @@ def _json_default(value: Any) -> Any:
 
 
 def _text_of_bytes(data: dict) -> tuple[dict, str | None]:
-    """``data`` with top-level ``bytes`` values decoded as UTF-8 text (a binary
-    Parquet column, a function yielding bytes). Returns the data and, when a value
-    is not UTF-8, a description of the first such value (the bytes are then
-    decoded with U+FFFD)."""
+    """``data`` with top-level ``bytes`` values decoded as UTF-8 (U+FFFD for
+    bad bytes), and a description of the first value that is not UTF-8, or None."""
     if not any(isinstance(v, (bytes, bytearray)) for v in data.values()):
         return data, None
     out, problem = {}, None
@@ -519,26 +490,20 @@ class Source(abc.ABC):
     """A collection of raw records, split into files, each record with a stable id.
 
     Subclasses implement ``list_files``, ``fingerprint``, ``describe`` and either
-    ``read_split`` (with ``splits`` when a file can be read in parts) or, for a
-    source that reads whole files only, ``read_file``. Implementations must be
-    picklable and cheap to pickle: they are shipped to pipeline workers.
+    ``read_split`` (with ``splits`` when a file can be read in parts) or
+    ``read_file`` (whole files only). They are pickled to pipeline workers.
     """
 
     kind: str = "source"
     on_error: ErrorPolicy = ErrorPolicy()
-    # What ``SourceRecord.record_number`` counts in this source's files (one of
-    # ``LOCATORS``), for the manifest's source table and ``describe_record``.
-    locator: str = "record"
-    # Whether ``splits`` opens the file (a Parquet footer) rather than cutting
-    # its size alone: the plan then cuts many files in parallel threads (on an
-    # object store each is a round trip); for the others threads only cost.
+    locator: str = "record"  # what ``SourceRecord.record_number`` counts, one of ``LOCATORS``
+    # Whether ``splits`` opens the file (a Parquet footer): the plan then cuts
+    # many files in parallel threads.
     splits_read_files: bool = True
 
     def __init_subclass__(cls, **kwargs):
-        """A subclass that sets its ``kind`` and has the classmethod
-        ``from_spec(spec)`` (a ``SourceSpec``) has a command-line form
-        ``KIND:...``: it registers itself with ``parse_source_spec`` here, and
-        its ``spec_forms`` words the forms for the message that lists them."""
+        """Registers a subclass that sets ``kind`` and has ``from_spec(spec)``
+        as the command-line form ``KIND:...`` of ``parse_source_spec``."""
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__ and hasattr(cls, "from_spec"):
             SPEC_KINDS[cls.kind] = cls
@@ -560,16 +525,9 @@ class Source(abc.ABC):
         """Short human-readable description, e.g. ``"text lines of data/*.txt"``."""
 
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
-        """The splits of one input file, each about ``target_bytes`` bytes, in
-        file order; together they hold each record of the file exactly once.
-
-        The default is the whole file, one split; sources that can start
-        reading in the middle of a file (byte ranges, row groups) override it.
-
-        Args:
-          file_index: the file's index in ``list_files()``.
-          file: the file, as in ``list_files()``.
-          target_bytes: the wanted size of a split, in bytes (>= 1).
+        """The splits of ``file`` (index ``file_index`` in ``list_files()``),
+        each about ``target_bytes`` bytes, in file order, together holding
+        each record once. The default is one split, the whole file.
 
         Raises:
           ValueError: ``target_bytes < 1``; a file whose layout cannot be read
@@ -579,14 +537,13 @@ class Source(abc.ABC):
         return [Split(file_index, file.path, 0, None, file.num_bytes)]
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
-        """Streams the records of one split (see ``Split``) in file order; memory
-        does not grow with the file size. The default reads whole files only,
-        with ``read_file``.
+        """Streams the records of one split in file order, in memory that does
+        not grow with the file. The default reads whole files with ``read_file``.
 
         Raises:
-          ValueError: a record cannot be read (``on_error="raise"``), or the file
-            cannot be read; the message names the file and the record. A split
-            this source cannot read (not the whole file, for whole-file sources).
+          ValueError: a record (``on_error="raise"``) or the file cannot be
+            read, naming the file and the record; a split a whole-file source
+            cannot read.
           TypeError: the subclass defines neither ``read_split`` nor ``read_file``.
         """
         if type(self).read_file is Source.read_file:
@@ -596,13 +553,9 @@ class Source(abc.ABC):
         return self.read_file(split.file_index, split.path)
 
     def read_batches(self, split: Split, batch_records: int) -> Iterator[RecordBatch]:
-        """The records of ``read_split(split)`` in batches of up to
-        ``batch_records`` (``RecordBatch``), in order: what the pipeline reads.
-        Sources with a columnar fast path override it; the records are the same.
-
-        Raises:
-          ValueError: as ``read_split``.
-        """
+        """The records of ``read_split(split)`` in ``RecordBatch``es of up to
+        ``batch_records``; a columnar fast path gives the same records.
+        Raises ``ValueError`` as ``read_split``."""
         batch: list[SourceRecord] = []
         for record in self.read_split(split):
             batch.append(record)
@@ -614,14 +567,11 @@ class Source(abc.ABC):
 
     def read_batches_of(self, splits: Sequence[Split], batch_records: int) -> Iterator[RecordBatch]:
         """The records of consecutive ``splits`` (a work unit), in order, in
-        batches of up to ``batch_records``: what the pipeline reads. The
-        default is ``read_batches`` of each split in turn; a source may
-        gather small splits into one batch (its ``file_indices`` then name
-        each record's file), never changing the records.
+        batches of up to ``batch_records`` (the default: ``read_batches`` of
+        each; a source may gather small splits into one batch).
 
         Raises:
-          ValueError: as ``read_split``, the message starting with the path of
-            the file (added here where the source's error lacks it).
+          ValueError: as ``read_split``, the message starting with the file's path.
         """
         for split in splits:
             path = str(split.path)
@@ -633,15 +583,7 @@ class Source(abc.ABC):
                 raise ValueError(f"{path}: {e}") from None
 
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
-        """Streams the records of one whole file: ``read_split(Split(file_index, path))``.
-
-        Args:
-          file_index: the file's index in ``list_files()``; copied into each record.
-          path: the file's path, as in ``list_files()``.
-
-        Raises:
-          ValueError: as ``read_split``.
-        """
+        """The records of one whole file: ``read_split(Split(file_index, path))``."""
         return self.read_split(Split(file_index, path))
 
     def read_all(self) -> Iterator[SourceRecord]:
@@ -654,8 +596,7 @@ class Source(abc.ABC):
 
     def where(self, path: str, record_number: int) -> Where:
         """The place of a record of ``path`` for messages (``describe_record``):
-        ``"{path}: line at byte 1234"``, and for a raised error ``"{path}: line
-        12 (byte 1,234)"``, the line counted only then."""
+        ``"{path}: line at byte 1234"``; raised, ``"{path}: line 12 (byte 1,234)"``."""
         text = f"{path}: {describe_record(path, self.locator, record_number, stable=True)}"
         if self.locator != "byte_offset":
             return Where(text)
@@ -685,10 +626,9 @@ class Source(abc.ABC):
     def _row_record(self, file_index: int, record_number: int, where: "str | Where", row: dict,
                     keys: Mapping[str, str] | None = None) -> SourceRecord:
         """The record of a row of values (a Parquet row, a function's dict):
-        ``raw`` is the row's canonical JSON (dates and decimals as strings),
-        bytes values are read as UTF-8 (kind ``invalid_utf8`` when they are not,
-        ``bad_value`` for a value with no JSON form), and ``data`` holds the
-        values of ``keys`` (output key -> row key; the whole row when None)."""
+        ``raw`` its canonical JSON (dates and decimals as strings; bytes read as
+        UTF-8, else ``invalid_utf8``; ``bad_value`` without a JSON form),
+        ``data`` the values of ``keys`` (output key -> row key; None: all)."""
         row, problem = _text_of_bytes(row)
         repairs = []
         if problem is not None:
@@ -718,9 +658,8 @@ class Source(abc.ABC):
 
     def _bad(self, kind: str, file_index: int, record_number: int, raw: bytes, where: "str | Where",
              problem: str) -> SourceRecord:
-        """A record of ``kind`` that cannot be repaired: raised, or marked skipped.
-        The message is ``where`` followed by ``problem`` (which starts with its
-        own separator, e.g. ``" is not valid JSON: ..."``)."""
+        """A record of ``kind`` that cannot be repaired: raised, or marked skipped;
+        the message is ``where`` then ``problem`` (``" is not valid JSON: ..."``)."""
         where = as_where(where)
         if self.on_error.actions[kind] == "raise":
             raise ValueError(f"{where.raised()}{problem}; {error_hint(kind)}")
@@ -743,9 +682,7 @@ class FileSource(Source):
         return {}
 
     def fingerprint(self) -> dict:
-        # The files themselves (absolute paths, sizes, mtimes) identify the input;
-        # the patterns as typed do not: "*.txt", "./a.txt" and "/abs/a.txt" that
-        # match the same file give the same fingerprint.
+        # The files identify the input, not the patterns as typed.
         return {
             "kind": self.kind,
             "params": self._params(),

@@ -33,12 +33,9 @@ class HfDatasetSource(ParquetSource):
     """One record per row of a Hugging Face dataset saved on disk (see the module
     docstring for the layouts), by column.
 
-    ``record_number`` is the 0-based row index in its file (``locator``
-    ``"row"``), and ``raw`` the canonical JSON of the selected columns, as for
-    ``ParquetSource``: the same rows give the same shuffle keys whether they come
-    from Arrow files or Parquet shards. Parquet shards are split by row groups;
-    an Arrow stream file is one split, read one record batch at a time (memory
-    does not grow with the file).
+    ``record_number`` and ``raw`` are as for ``ParquetSource``, the same for a
+    row of an Arrow file and of a Parquet shard. Parquet shards are split by
+    row groups; an Arrow stream file is one split, read batch by batch.
 
     Args:
       path: the dataset's folder (local or a URL).
@@ -139,8 +136,7 @@ class HfDatasetSource(ParquetSource):
         return super().splits(file_index, file, target_bytes)
 
     def _arrow_batches(self, split: Split, wanted):
-        """``ParquetSource._arrow_batches``; an Arrow file (IPC stream) is read
-        whole, batch by batch, as its writer wrote them."""
+        """``ParquetSource._arrow_batches``; an Arrow IPC stream file whole."""
         if not split.path.endswith(".arrow"):
             yield from super()._arrow_batches(split, wanted)
             return

@@ -24,10 +24,8 @@ def _row_groups(pf) -> list[tuple[int, int]]:
 
 
 def _python_values(array) -> list:
-    """``array.to_pylist()``; for a string column holding bytes that are not
-    UTF-8 (Parquet writers need not check), the values as ``bytes``, so that
-    the ``invalid_utf8`` policy decides each row (as for a binary column)
-    instead of the whole file failing."""
+    """``array.to_pylist()``; ``bytes`` for a string column that is not UTF-8,
+    so that the ``invalid_utf8`` policy decides each row."""
     try:
         return array.to_pylist()
     except UnicodeDecodeError:
@@ -41,13 +39,9 @@ class ParquetSource(FileSource):
     """One record per row of Parquet files, read with pyarrow in record batches.
 
     ``record_number`` is the 0-based row index in the file (``locator``
-    ``"row"``), whatever the split. A file is split by row groups: consecutive
-    row groups are grouped up to about ``target_bytes`` (their compressed size,
-    from the footer), and a split's ``start`` / ``stop`` are row indices at
-    row-group boundaries; reading a split reads only its row groups. Memory is
-    bounded by ``batch_size`` rows (``ParquetFile.iter_batches``), not by the
-    file size. ``column`` is stored under ``output_key``; several columns can be
-    selected with ``columns={output_key: column, ...}``.
+    ``"row"``). A split is consecutive row groups of about ``target_bytes``
+    (compressed, from the footer), its ``start`` / ``stop`` row indices at
+    row-group boundaries. Memory is bounded by ``batch_size`` rows.
 
     Args:
       pattern: a glob pattern (``**`` recursive) or a sequence of them.
@@ -128,13 +122,9 @@ class ParquetSource(FileSource):
                 yield self._row(file_index, number + i, path, {c: values[c][i] for c in wanted})
 
     def read_batches(self, split: Split, batch_records: int) -> Iterator[RecordBatch]:
-        """``read_split`` in batches; a single text column in column form: its
-        values' suspect characters found in the column's UTF-8 bytes at once
-        (``suspect_utf8_values``), the shuffle key's input (the row's canonical
-        JSON) escaped for the whole column at once (``json_string_bodies``), and
-        only the rows those checks find (empty, whitespace-only, a suspect
-        character, null) read one by one as ``read_split`` reads them. The same
-        records, in the same order."""
+        """``read_split`` in batches; a single text column in column form (the
+        suspect values found and the canonical JSON escaped for the whole
+        column at once), only the rows those checks find read one by one."""
         if len(self.columns) != 1:
             yield from super().read_batches(split, batch_records)
             return
@@ -160,9 +150,7 @@ class ParquetSource(FileSource):
 
     def _column_records(self, file_index: int, path: str, number: int, column: str, array):
         """``(record numbers, texts, raws, {row: SourceRecord})`` of a string
-        ``array`` whose first row is row ``number``: the rows ``_row`` has to
-        look at (nulls, empty and whitespace-only values, a suspect character)
-        built by it, the others in column form."""
+        ``array`` from row ``number``: the rows to look at built by ``_row``."""
         texts = array.to_pylist()
         n = len(texts)
         _, offsets, data = array.buffers()
@@ -182,13 +170,9 @@ class ParquetSource(FileSource):
         return numbers, texts, raws, odd
 
     def _arrow_batches(self, split: Split, wanted: Sequence[str]):
-        """``(row index of the first row, pyarrow RecordBatch of the columns
-        ``wanted``)`` for the rows of ``split``, in order.
-
-        Raises:
-          ValueError: a file that is not Parquet or cannot be read (names the
-            file and the row reached), or that lacks a wanted column.
-        """
+        """``(first row index, pyarrow RecordBatch of the columns wanted)`` of
+        the rows of ``split``. ``ValueError`` for a file that cannot be read
+        (names it and the row reached) or lacks a column."""
         import pyarrow.parquet as pq  # keeps pyarrow.parquet out of seqcache.tasks's import
 
         path = split.path
@@ -212,10 +196,8 @@ class ParquetSource(FileSource):
 
     @staticmethod
     def _row_groups_of(split: Split, pf) -> list[int]:
-        """The row groups holding rows ``[split.start, split.stop)``.
-
-        Raises:
-          ValueError: ``start`` or ``stop`` is not a row-group boundary."""
+        """The row groups of rows ``[split.start, split.stop)``; ``ValueError``
+        when these are not row-group boundaries."""
         first = [0]
         for rows, _ in _row_groups(pf):
             first.append(first[-1] + rows)
@@ -224,8 +206,7 @@ class ParquetSource(FileSource):
             raise ValueError(f"{split.path}: rows [{split.start}, {split.stop}) do not lie on row-group "
                              f"boundaries (row groups start at rows {first[:-1][:20]}, {first[-1]} rows in all)")
         lo, hi = first.index(split.start), first.index(stop)
-        # An empty row group shares its first row with the next group; a split may then
-        # read it twice, which yields no row twice.
+        # An empty row group read twice yields no row twice.
         return list(range(lo, hi))
 
     def _row(self, file_index: int, number: int, path: str, row: dict) -> SourceRecord:

@@ -1,12 +1,10 @@
 """``TfdsSource``: the records of a prepared TensorFlow Datasets (TFDS) split.
 
-The driver asks TFDS (``tfds.builder(name, data_dir=...)``, which reads the
-prepared dataset's ``dataset_info.json``) for the split's file instructions:
-the shard files with the range of records each contributes (a whole split, or
-a slice such as ``train[:10%]``). The work units then read those shard files
-directly, without TFDS or TensorFlow: TFRecord shards with the framing reader
-of ``seqcache.tasks.sources.tfrecord``, ArrayRecord shards with
-``ArrayRecordReader`` in batches; every record is a serialized
+The driver asks TFDS (``tfds.builder``, from the prepared dataset's
+``dataset_info.json``) for the split's shard files and the range of records
+each contributes (a slice such as ``train[:10%]`` too). The workers read the
+shards without TFDS or TensorFlow: TFRecord with ``tfrecord``'s reader,
+ArrayRecord with ``ArrayRecordReader``; every record is a serialized
 ``tf.train.Example``. Nothing is downloaded or prepared at build time.
 """
 
@@ -61,8 +59,7 @@ def _array_record(path: str):
 
 
 def _flat_keys(info: Any, prefix: str = "") -> list[str]:
-    """The feature names of a serialized example (nested dicts joined with "/",
-    as TFDS flattens them)."""
+    """The feature names of a serialized example (nested ones joined with "/")."""
     out = []
     for k, v in info.items():
         if isinstance(v, dict):
@@ -75,26 +72,16 @@ def _flat_keys(info: Any, prefix: str = "") -> list[str]:
 class TfdsSource(ExampleRecords):
     """One record per example of a prepared TFDS split, read from its shard files.
 
-    ``name`` is TFDS's ``NAME[/CONFIG][:VERSION]`` (``c4/en:3.0.1``); ``data_dir``
-    the folder the dataset was prepared into (``DATA_DIR/NAME/CONFIG/VERSION``
-    holds ``dataset_info.json`` and the shards). The dataset must be prepared
-    already, in the ``tfrecord`` or ``array_record`` file format: nothing is
-    downloaded. A dataset whose builder code is not installed is read from its
-    files (TFDS's read-only builder).
-
-    Files are the split's shard files (sorted by path); ``record_number`` is the
-    record's 0-based index in its shard file (``locator`` ``"record"``), so
-    provenance names the shard and the record whatever slice was read. A shard
-    of a TFRecord dataset is one split of work; one of an ArrayRecord dataset
-    is cut into record ranges of about ``target_bytes``. Values are read from
-    the serialized ``tf.train.Example`` like ``TFRecordSource`` reads them: a
-    ``Text`` (bytes) feature is text, an int64 sequence is token ids; nested
-    features are named with "/" (``"meta/title"``). ``raw`` is the canonical
-    JSON of ``{feature: value}``.
-
-    TFDS (the ``tfds`` extra) is needed where the source is resolved (the build's
-    driver: ``list_files``, ``fingerprint``); the workers read the shards with
-    google-crc32c (TFRecord) or array_record only.
+    ``name`` is TFDS's ``NAME[/CONFIG][:VERSION]`` (``c4/en:3.0.1``), prepared
+    in ``data_dir`` in the ``tfrecord`` or ``array_record`` file format (a
+    dataset whose builder code is not installed is read from its files).
+    ``record_number`` is the record's 0-based index in its shard file
+    (``locator`` ``"record"``). A TFRecord shard is one split; an ArrayRecord
+    shard is cut into record ranges of about ``target_bytes``. Values are read
+    as ``TFRecordSource`` reads them; nested features are named with "/"
+    (``"meta/title"``). TFDS (the ``tfds`` extra) is needed where the source is
+    resolved (``list_files``, ``fingerprint``); workers need google-crc32c or
+    array_record only.
 
     Args:
       name: ``NAME[/CONFIG][:VERSION]``.
@@ -147,8 +134,7 @@ class TfdsSource(ExampleRecords):
         self.output_key = output_key
         self.features = {output_key: field}
         self.on_error = ErrorPolicy(on_error)
-        # Filled on the driver by _resolve (and pickled to the workers with the source):
-        # the dataset's full name, file format and {shard path: (first record, stop)}.
+        # (full name, file format, {shard path: (first record, stop)}), from the driver.
         self._resolved: tuple[str, str, dict[str, tuple[int, int]]] | None = None
 
     # -- resolution, on the driver ------------------------------------------
@@ -231,8 +217,8 @@ class TfdsSource(ExampleRecords):
         return ranges[path]
 
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
-        """One split per TFRecord shard (its records in the split's range);
-        record ranges of about ``target_bytes`` for an ArrayRecord shard."""
+        """One split per TFRecord shard; record ranges of about ``target_bytes``
+        for an ArrayRecord shard."""
         check_target(target_bytes)
         lo, hi = self._range(file.path)
         if _format_of(file.path) == "tfrecord" or file.num_bytes <= target_bytes:
@@ -251,8 +237,7 @@ class TfdsSource(ExampleRecords):
             return int(reader.num_records())
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
-        """The records ``[start, stop)`` of a shard file (a whole-file split: the
-        split's range of that shard), in file order."""
+        """The records ``[start, stop)`` of a shard file (whole: the split's range)."""
         if split.whole and self._resolved is not None:
             start, stop = self._range(split.path)
         else:

@@ -60,9 +60,8 @@ def masked_crc32c(data: bytes, crc=None) -> int:
 
 
 def write_tfrecords(path: str, records: Sequence[bytes]) -> None:
-    """Writes ``records`` to a TFRecord file at ``path`` (uncompressed; through
-    ``seqcache.fs``). Meant for tests and small fixtures: the whole file is built
-    in memory."""
+    """Writes ``records`` to an uncompressed TFRecord file at ``path``, built in
+    memory (for tests and small fixtures)."""
     crc = crc32c_function()
     out = bytearray()
     for data in records:
@@ -77,14 +76,10 @@ class TFRecordCorrupt(ValueError):
 
 
 def iter_tfrecords(path: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, bytes, bool]]:
-    """Streams the records of the TFRecord file ``path`` (``.gz``: gzip, as
-    TensorFlow's ``GZIP`` option writes it) with their 0-based index.
-
-    Yields ``(index, data, data_ok)`` for ``start <= index < stop`` (``stop=None``:
-    to the end); ``data_ok`` is False when the data's CRC does not match (the
-    record is damaged, the ones after it are still framed). Records before
-    ``start`` are framed and skipped (TFRecord has no index); memory holds one
-    record at a time.
+    """``(index, data, data_ok)`` of the records ``start <= index < stop``
+    (``stop=None``: to the end) of the TFRecord file ``path`` (``.gz``:
+    gzip), one at a time; ``data_ok`` is False when the data's CRC does not
+    match (the records after it are still framed).
 
     Raises:
       TFRecordCorrupt: a length whose CRC does not match, or a file that ends
@@ -205,14 +200,11 @@ def decode_example(data: bytes) -> dict[str, tuple[str, list]]:
     Raises:
       ValueError: ``data`` does not parse as a ``tf.train.Example``, or is not
         empty and holds none of its fields (e.g. a line of text)."""
-    out = {}
-    for name, feat in _feature_map(data).items():
-        out[name] = _values(feat)
-    return out
+    return {name: _values(feat) for name, feat in _feature_map(data).items()}
 
 
 def _feature_map(data: bytes):
-    """The ``features.feature`` map of the parsed Example (see ``decode_example``)."""
+    """The ``features.feature`` map of the parsed Example (``decode_example``)."""
     from google.protobuf.message import DecodeError  # optional: protobuf (Beam's)
 
     ex = example_class()()
@@ -232,11 +224,9 @@ def _values(feat) -> tuple[str, list]:
 
 
 class ExampleRecords(Source):
-    """Shared code of the sources whose records are serialized ``tf.train.Example``
-    protos or raw UTF-8 bytes: turning one stored record into a ``SourceRecord``.
-
-    ``self.features`` maps output keys to Example feature names; empty for raw
-    records (the record's bytes, as UTF-8, under ``self.output_key``)."""
+    """The record of a serialized ``tf.train.Example`` (``self.features``: output
+    key -> feature name) or, without features, of raw UTF-8 bytes (under
+    ``self.output_key``)."""
 
     features: dict[str, str] = {}
     output_key: str = "text"
@@ -296,16 +286,13 @@ class TFRecordSource(ExampleRecords, FileSource):
     the record's bytes as UTF-8 text.
 
     ``record_number`` is the record's 0-based index in its file (``locator``
-    ``"record"``). A file is one split (TFRecord has no index to start reading
-    in the middle); ``.gz`` files are gunzipped. With ``feature`` (or
-    ``features``), each record must be a serialized ``tf.train.Example``: a
-    ``bytes_list`` feature of one value is text (UTF-8), an ``int64_list``
-    feature is token ids (a list of ints; the task checks them against its
-    vocabulary and no ``tokenize`` applies to them). ``raw`` is the canonical
-    JSON of ``{feature: value}``, so the same values give the same shuffle key
-    whatever else the Example holds. Without a feature, each record's bytes are
-    UTF-8 text and ``raw`` is those bytes. Reading needs google-crc32c (the
-    ``tfds`` extra), not TensorFlow.
+    ``"record"``); a file is one split; ``.gz`` files are gunzipped. With
+    ``feature`` (or ``features``), each record is a ``tf.train.Example``: a
+    ``bytes_list`` of one value is text, an ``int64_list`` token ids (checked
+    by the task against its vocabulary, never tokenized); ``raw`` is the
+    canonical JSON of ``{feature: value}``. Without a feature, a record's bytes
+    are UTF-8 text and ``raw``. Reading needs google-crc32c (the ``tfds``
+    extra), not TensorFlow.
 
     Args:
       pattern: a glob pattern (``**`` recursive) or a sequence of them.

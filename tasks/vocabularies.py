@@ -19,11 +19,9 @@ seqio/T5: ``<extra_id_0>`` is the last id (``vocab_size - 1``) and
 ``encode`` never adds EOS (the ``append_eos`` preprocessor does); ``decode`` drops
 pad, EOS, unknown-to-the-model ids and sentinels, and never stops early.
 
-A vocabulary is stored in a cache as ``to_json()`` (plus, for SentencePiece and
-tokenizers, the model file named by ``desc["file"]`` next to the manifest) and
-rebuilt with ``vocabulary_from_json``. This module holds the vocabulary types;
-``seqcache.tasks.vocabulary_specs`` builds them from descriptions (JSON, the
-command line), ``seqcache.tasks.vocabulary_training`` trains and tries them.
+A cache stores a vocabulary as ``to_json()`` (and the model file
+``desc["file"]`` next to the manifest), rebuilt by ``vocabulary_from_json``
+(``vocabulary_specs``); ``vocabulary_training`` trains and tries them.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ import abc
 import itertools
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import os
 import threading
@@ -150,9 +147,6 @@ class ByteVocabulary(Vocabulary):
 
     _OFFSET = 3
 
-    def __init__(self, extra_ids: int = 0):
-        super().__init__(extra_ids)
-
     @property
     def base_vocab_size(self) -> int:
         return 256 + self._OFFSET
@@ -203,17 +197,11 @@ class ByteVocabulary(Vocabulary):
 
 
 # -- model files a build stores, pickled by reference --------------------------
-# Beam pickles every step of a pipeline, and compresses each pickle with bz2 at
-# level 9 (``apache_beam.internal.pickler``), as it sends the steps to the
-# workers and as each worker unpickles them, several times a build: a
-# SentencePiece model or tokenizer.json inside the task's steps (hundreds of KB
-# to several MB) cost a 1.2 MB build with an 8,000-piece model about 0.09 s of
-# its 0.41 s pipeline time (benchmarks/README.md). While a
-# build's pipeline is made and run (``stored_models``), a vocabulary whose model
-# bytes the build has stored in its cache folder pickles that file's URL and
-# sha256 instead (``ModelFile``), and loads it from there on first use, once per
-# process; a vocabulary unpickled from a ``ModelFile`` pickles it again as it is
-# (a worker's runner pickles the steps it was given anew).
+# Beam pickles (and bz2-compresses) every step several times a build; a model
+# inside them cost a 1.2 MB build about 0.09 s of 0.41 s (benchmarks/README.md).
+# While ``stored_models`` holds a build's stored models, a vocabulary pickles
+# the stored file's URL and sha256 (``ModelFile``) instead, loaded once per
+# process on first use, and pickled again as it is.
 
 
 _STORED = threading.local()  # .files: {sha256 hex: URL}, in the thread that makes and runs the pipeline
@@ -255,12 +243,8 @@ class ModelFile:
 @contextlib.contextmanager
 def stored_models(files: dict[str, bytes]):
     """While the block runs, in this thread, a vocabulary whose model bytes are
-    one of ``files``' values pickles a ``ModelFile`` of that URL instead of the
-    bytes (see the comment above ``ModelFile``).
-
-    Args:
-      files: {URL of a stored copy: the model bytes written there}.
-    """
+    a value of ``files`` ({URL of a stored copy: its bytes}) pickles a
+    ``ModelFile`` of that URL instead of the bytes."""
     before = getattr(_STORED, "files", None)
     current = dict(before or {})
     for url, data in files.items():
@@ -284,25 +268,21 @@ def read_model(path: str, stored: ModelFile | None, what: str) -> bytes:
 
 
 def pickled_model(stored: ModelFile | None, data, digest_cache: list) -> bytes | ModelFile:
-    """What a vocabulary pickles for its model: ``stored``, the reference it was
-    unpickled from, as it is (the file not read), or else ``_model_state`` of
-    ``data()``, its bytes."""
+    """What a vocabulary pickles for its model: ``stored`` (the reference it was
+    unpickled from) as it is, else ``_model_state(data())``."""
     return stored if stored is not None else _model_state(data(), digest_cache)
 
 
 def unpickled_model(value: bytes | ModelFile) -> tuple[bytes | None, ModelFile | None, list]:
-    """(model bytes or None, the ``ModelFile`` or None, the digest cache) of a
-    pickled model value (``pickled_model``)."""
+    """(bytes or None, ``ModelFile`` or None, digest cache) of a ``pickled_model`` value."""
     if isinstance(value, ModelFile):
         return None, value, [value.sha256]
     return value, None, [None]
 
 
 def _model_state(data: bytes, digest_cache: list) -> bytes | ModelFile:
-    """What a vocabulary pickles for its model bytes ``data``: a ``ModelFile``
-    when ``stored_models`` holds them in this thread, else the bytes.
-    ``digest_cache``: a one-item list holding the bytes' sha256 (or None), kept
-    by the vocabulary so that each pickle does not hash them again."""
+    """A ``ModelFile`` for ``data`` when ``stored_models`` holds it in this
+    thread, else ``data``; ``digest_cache`` (a one-item list) keeps its sha256."""
     files = getattr(_STORED, "files", None)
     if not files:
         return data
@@ -312,25 +292,18 @@ def _model_state(data: bytes, digest_cache: list) -> bytes | ModelFile:
     return data if url is None else ModelFile(url, digest_cache[0])
 
 
-# Mean characters per text from which ``SentencePieceVocabulary.encode_batch_flat``
-# asks SentencePiece for int32 buffers instead of lists of ints (documents, not
-# lines: measured in benchmarks/pipeline.py's bound).
+# Mean characters per text from which ``encode_batch_flat`` asks SentencePiece
+# for int32 buffers instead of lists (benchmarks/pipeline.py).
 SENTENCEPIECE_BUFFER_CHARS = 256
-
-
 ENCODING_THREADS_ENV = "SEQCACHE_ENCODING_THREADS"
 
 
 def encoding_threads() -> int:
-    """SentencePiece's encoding threads for a batch when the caller names none:
-    ``$SEQCACHE_ENCODING_THREADS`` when set (a positive integer; a build
-    hands its driver's value to every worker,
-    ``seqcache.pipelines.transforms.driver_encoding_threads``), else the CPUs
-    this process may run on
-    (``os.sched_getaffinity``, which a container's or ``taskset``'s CPU set
-    limits). Not SentencePiece's own default, the machine's hardware
-    threads, which runs more threads than CPUs in a pinned process, a
-    container or beside other workers, and makes them take turns.
+    """SentencePiece's encoding threads when the caller names none:
+    ``$SEQCACHE_ENCODING_THREADS`` when set (a build hands its driver's value
+    to every worker), else the CPUs this process may run on
+    (``os.sched_getaffinity``), not SentencePiece's default, the hardware
+    threads, which oversubscribes a pinned process or a container.
 
     Raises:
       ValueError: ``$SEQCACHE_ENCODING_THREADS`` is not a positive integer.
@@ -346,23 +319,16 @@ def encoding_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-@functools.lru_cache(maxsize=None)
-def _encodes_to_numpy() -> bool:
-    """True when the installed SentencePiece encodes to numpy arrays
-    (``out_type="numpy"``; older releases lack it)."""
-    return hasattr(spm.SentencePieceProcessor, "EncodeAsNumpy")
+# Whether the installed SentencePiece encodes to numpy arrays (older releases do not).
+_ENCODES_TO_NUMPY = hasattr(spm.SentencePieceProcessor, "EncodeAsNumpy")
 
 
 class SentencePieceVocabulary(Vocabulary):
     """A SentencePiece model (Kudo & Richardson 2018, arXiv 1808.06226).
 
-    The model is loaded lazily, on first use. A pickled vocabulary carries the
-    model bytes, not the path, so that pipeline workers in fresh processes (or on
-    other machines) can use it.
-
-    Special ids come from the model: models trained by ``train_sentencepiece`` use
-    pad 0, eos 1, unk 2 and no bos (T5 layout). For a model without a pad piece
-    ``pad_id`` is 0 (padding is masked by loss weights anyway).
+    Loaded on first use; a pickled vocabulary carries the model bytes, not the
+    path. Special ids come from the model (``train_sentencepiece``: pad 0,
+    eos 1, unk 2, no bos); without a pad piece ``pad_id`` is 0.
 
     Args:
       model_path: path of a ``.model`` file (local or a Beam FileSystems URL).
@@ -469,7 +435,7 @@ class SentencePieceVocabulary(Vocabulary):
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
         kwargs = {"num_threads": int(encoding_threads() if num_threads is None else num_threads)}
         texts = list(texts)
-        if sum(map(len, texts)) >= SENTENCEPIECE_BUFFER_CHARS * len(texts) and _encodes_to_numpy():
+        if sum(map(len, texts)) >= SENTENCEPIECE_BUFFER_CHARS * len(texts) and _ENCODES_TO_NUMPY:
             # Long texts: SentencePiece's int32 buffers, no Python int per id.
             arrays = self._processor().encode(texts, out_type="numpy", **kwargs)
             lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
@@ -513,12 +479,8 @@ class SentencePieceVocabulary(Vocabulary):
         return {"kind": "sentencepiece", "sha256": self.sha256, "extra_ids": self.extra_ids}
 
     def to_json(self) -> dict:
-        """``{"kind", "file", "sha256", "extra_ids", "vocab_size"}``.
-
-        ``file`` is the name under which a cache stores ``model_bytes()``; it is
-        derived from the model's hash, so two features with different models never
-        share a file.
-        """
+        """``{"kind", "file", "sha256", "extra_ids", "vocab_size"}``; ``file``, the
+        name a cache stores ``model_bytes()`` under, comes from the model's hash."""
         sha = self.sha256
         return {"kind": "sentencepiece", "file": f"spm-{sha[:16]}.model", "sha256": sha,
                 "extra_ids": self.extra_ids, "vocab_size": self.vocab_size}
@@ -536,9 +498,8 @@ def decode_with_sentinels(vocabulary, ids) -> str:
         inputs:  Thank you <extra_id_0> me to your party <extra_id_1> week.
         targets: <extra_id_0> for inviting <extra_id_1> last
 
-    The ids between two sentinels are decoded together; a SentencePiece piece
-    that starts a word (``▁``) right after a sentinel keeps its space. Pad and
-    EOS are dropped, as by ``decode``."""
+    The ids between two sentinels are decoded together (a piece starting with
+    ``▁`` after a sentinel keeps its space); pad and EOS are dropped."""
     extra = int(getattr(vocabulary, "extra_ids", 0) or 0)
     if not extra:
         return vocabulary.decode(ids)

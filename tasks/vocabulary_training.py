@@ -26,13 +26,10 @@ class SampleCounts:
     """What ``sample_for_vocabulary`` met under the sources' ``on_error`` policies.
 
     Attributes:
-      records: source records read (records).
-      skipped: records skipped per kind of bad input (left out of the sample).
-      replaced: records repaired per kind (a record repaired for two kinds counts
-        under both).
-      kept: records kept as they are per kind whose action is ``"keep"`` (for
-        example ``empty``: such records are read, but empty texts never enter
-        the sample).
+      records: source records read.
+      skipped, replaced, kept: records skipped (left out), repaired, or kept as
+        they are (action ``"keep"``; empty texts never enter the sample) per
+        kind of bad input; a record counts under each of its kinds.
     """
 
     records: int = 0
@@ -50,12 +47,10 @@ def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int
                           field: str | None = None, counts: SampleCounts | None = None) -> list[str]:
     """A deterministic sample of record texts to train a vocabulary on.
 
-    Keeps the ``max_records`` records with the smallest keyed hash
-    ``blake2b(raw, key=seed, digest_size=8)`` (a bottom-k sample): the sample
-    depends only on the multiset of records and the seed, not on file order or on
-    how records are split across files. Streams with a bounded heap, so memory is
-    O(max_records) texts. Empty texts, non-string values and records a source
-    skipped are left out. The result is ordered by hash.
+    The ``max_records`` records with the smallest keyed hash ``blake2b(raw,
+    key=seed, digest_size=8)`` (a bottom-k sample, ordered by hash): it depends
+    only on the multiset of records and the seed. Memory: O(max_records)
+    texts. Empty texts, non-string values and skipped records are left out.
 
     Args:
       source: one source or several (sampled together).
@@ -64,8 +59,7 @@ def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int
       field: the key of the text in ``SourceRecord.data``; None (default):
         every string value of the record, in key order, one per line (both
         sides of a parallel or TSV source; the text of a one-value source).
-      counts: if given, filled with the records read and the skipped, repaired
-        and kept records per kind (see ``SampleCounts``).
+      counts: if given, filled in (``SampleCounts``).
 
     Raises:
       ValueError: max_records < 1, seed < 0, or the sources hold no text.
@@ -126,13 +120,10 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
                         extra_ids: int = 0) -> SentencePieceVocabulary:
     """Trains a SentencePiece model with the T5 id layout and writes it to ``output_path``.
 
-    Ids: pad 0, eos 1, unk 2, no bos; ``byte_fallback`` is on, so every string is
-    encodable (unknown characters become byte pieces ``<0x..>``).
-
-    Determinism: the same texts, in the same order, with the same options give a
-    byte-identical ``.model`` file, in the same or another process (training runs
-    on one thread with a fixed random seed and no input shuffling). Pass texts from
-    ``sample_for_vocabulary`` to make the result independent of file order too.
+    Ids: pad 0, eos 1, unk 2, no bos; with ``byte_fallback`` every string is
+    encodable (byte pieces ``<0x..>``). The same texts in the same order with
+    the same options give a byte-identical ``.model`` file (one thread, a fixed
+    seed, no shuffling).
 
     Args:
       texts: training texts; with ``split_lines`` each is split into lines and
@@ -146,10 +137,8 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
       input_sentence_size: if > 0, train on the first this many sentences.
       seed: SentencePiece's random seed.
       split_lines: split texts into lines.
-      normalization_rule_name: SentencePiece normalisation: ``"nmt_nfkc"`` (T5's
-        choice) or ``"identity"``. With ``"identity"`` and
-        ``remove_extra_whitespaces=False``, ``decode(encode(text)) == text`` for
-        every text (lossless; useful for code); NFKC changes some characters.
+      normalization_rule_name: ``"nmt_nfkc"`` (T5's) or ``"identity"`` (with
+        ``remove_extra_whitespaces=False``: ``decode(encode(text)) == text``).
       remove_extra_whitespaces: collapse runs of spaces and strip ends.
       extra_ids: sentinels of the returned vocabulary (not stored in the model).
 
@@ -200,9 +189,8 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
 
 
 class _TrainingSentences:
-    """The sentences SentencePiece trains on (non-empty lines of the texts, or the
-    non-empty texts themselves), counted as they stream, with how many are longer
-    than ``max_sentence_length`` bytes (SentencePiece skips those)."""
+    """The non-empty lines (or texts) SentencePiece trains on, counted as they
+    stream, with those over ``max_sentence_length`` bytes (it skips them)."""
 
     def __init__(self, texts: Iterable[str], *, split_lines: bool, max_sentence_length: int):
         self.texts, self.split_lines, self.max_sentence_length = texts, split_lines, max_sentence_length
@@ -253,12 +241,11 @@ META_SPACE = "\u2581"  # SentencePiece's whitespace symbol: decodes as a space
 def round_trip_problems(vocabulary: Vocabulary, texts: Sequence[str]) -> list[dict]:
     """Where ``decode(encode(text)) != text`` under the vocabulary's normalisation.
 
-    Returns, for each such text (by index), a dict with ``index``, ``offset`` (the
-    first differing character), ``expected`` and ``got`` (a few characters around
-    it) and ``reason``: ``"contains U+2581"`` (SentencePiece's whitespace symbol,
-    which decodes as a space), or ``"normalisation"`` (NFKC, collapsed or stripped
-    spaces; ``identity`` normalisation without whitespace removal avoids it), or
-    ``"unknown characters"`` when the vocabulary maps them to unk.
+    Returns, for each such text, a dict with ``index``, ``offset`` (the first
+    differing character), ``expected`` and ``got`` (the characters around it)
+    and ``reason``: ``"contains U+2581"`` (decodes as a space),
+    ``"unknown characters"`` (mapped to unk) or ``"normalisation"`` (NFKC,
+    collapsed or stripped spaces).
     """
     out = []
     for i, (text, ids) in enumerate(zip(texts, vocabulary.encode_batch(list(texts)))):

@@ -1,14 +1,9 @@
 """Mixtures: tasks with mixing rates (seqio's ``Mixture``).
 
-A mixture names tasks and their rates. A rate is a constant or a callable of the
-task's number of cached examples (``rate_num_examples``, ``seqcache.rates``).
-Rates are relative: ``get_rates`` returns them unnormalised; the feeder normalises
-and mixes. Changing rates needs no rebuild of the task caches.
-
-A mixture may also carry a schedule: rates that change at given training steps
-(``schedule={10_000: {"wiki": 3, "code": 1}}``); the feeder reads it as a mixture
-schedule (``seqcache.feeders.schedule``: each task's ordinals continue across a
-change, so every example is still read once per epoch).
+A rate is a constant or a callable of the task's number of cached examples
+(``rate_num_examples``), relative: the feeder normalises and mixes, and
+changing rates needs no rebuild. A schedule changes the rates at given steps
+(``schedule={10_000: {"wiki": 3, "code": 1}}``; ``seqcache.feeders.schedule``).
 """
 
 from __future__ import annotations
@@ -48,10 +43,9 @@ class Mixture:
         has rate 0 in it (not read). Every task named must be one of ``tasks``
         (list a task that starts later with rate 0).
 
-    Every task of a mixture has the same output features (by name; seqio's rule):
-    the feeder reads the same features from every task's cache. Tasks given as
-    Task objects or registered names are checked here; a name registered later,
-    when ``get_tasks`` resolves it, and every cache when the feeder opens it.
+    Every task of a mixture has the same output features (by name; seqio's
+    rule), checked here for the tasks known now, by ``get_tasks`` for names
+    registered later, and by the feeder for every cache.
 
     Raises:
       ValueError: no tasks, a task listed twice, a task without a rate and no
@@ -95,17 +89,13 @@ class Mixture:
         self._check_features(self._known_tasks())
 
     def _known_tasks(self) -> list[Task]:
-        """The Task objects given, and the task names registered now (a name
-        registered later is checked by ``get_tasks`` and the feeder)."""
+        """The Task objects given, and those of the names registered now."""
         registered = set(TaskRegistry.names())
         return [self._task_objects[n] if n in self._task_objects else TaskRegistry.get(n)
                 for n in self._rates if n in self._task_objects or n in registered]
 
     def _check_features(self, tasks: Sequence[Task]) -> None:
-        """Refuses tasks with different output features (by name), as seqio does:
-        a feeder reads the same features from every task, so it would drop the
-        others of some tasks (the ``inputs`` of a translation task mixed with an
-        LM task)."""
+        """Refuses tasks with different output features (by name), as seqio does."""
         if all(set(t.output_features) == set(tasks[0].output_features) for t in tasks[1:]):
             return
         seen = "; ".join(f"task {t.name!r} has {sorted(t.output_features)}" for t in tasks)

@@ -25,16 +25,13 @@ class ParallelTextSource(Source):
     translating line ``k`` of the others, e.g. Multi30k's ``train.en.gz`` and
     ``train.de.gz`` or NTREX's ``newstest2019-src.eng.txt`` and a reference file.
 
-    ``files`` maps a field name to a glob pattern. Each pattern must match the
-    same number of files; the k-th files (sorted by path) of every field form
-    pair k, which is ``file_index`` k (``list_files`` lists the files of the
-    first field, each with the size of the whole pair). A record is one line
-    index: ``record_number`` is the 0-based line index (``locator`` ``"line"``:
-    ``describe_record`` gives ``"line 12"``), ``data`` is ``{field: text}`` and
-    ``raw`` the canonical JSON of ``data``. A pair is read whole (one split),
-    streaming, so memory holds one line per file. Line terminators (``\\n``,
-    ``\\r\\n``) and a leading UTF-8 byte order mark are removed; ``.gz`` files are
-    decompressed.
+    ``files`` maps a field name to a glob pattern, each matching as many
+    files; the k-th files (sorted by path) of every field form pair k,
+    ``file_index`` k (``list_files`` lists the first field's files, each with
+    the pair's size). ``record_number`` is the 0-based line index (``locator``
+    ``"line"``), ``data`` ``{field: text}``, ``raw`` its canonical JSON. A pair
+    is one split, streamed line by line; terminators and a leading byte order
+    mark are removed.
 
     Args:
       files: field -> pattern (at least two fields), in the order given.

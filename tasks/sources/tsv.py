@@ -14,22 +14,13 @@ class TsvSource(LineSplits, FileSource):
     """One record per line of tab-separated files (``.tsv``, ``.tsv.gz``, or any
     name), such as the source/reference pairs of translation corpora.
 
-    Each line is split on tab characters; ``columns`` maps an output key to a
-    0-based column index (default ``{"inputs": 0, "targets": 1}``), and each
-    selected column's text is stored under its key. No quoting or escaping is
-    interpreted: a field is the bytes between two tabs, as ``cut -f`` reads
-    them, which is how WMT-style TSV files are written. A line with fewer
-    columns than the largest index asked for is bad input of the kind
-    ``malformed``; an empty field is of the content kinds ``empty`` /
-    ``whitespace`` (skipped by default, like blank lines of a text file). A
-    fully blank line is layout, not a record. With ``header=True`` the file's
-    first line names the columns and is not a record.
-
-    ``record_number`` is the **byte offset** of the line's first byte
-    (``locator`` ``"byte_offset"``, as ``TextLineSource``), so it does not
-    depend on how the file is split; ``raw`` is the line without its
-    terminator. Uncompressed files are split into byte ranges; a compressed file
-    is one split.
+    ``columns`` maps an output key to a 0-based column index (default
+    ``{"inputs": 0, "targets": 1}``). No quoting or escaping: a field is the
+    bytes between two tabs, as ``cut -f`` reads them. A line with too few
+    columns is ``malformed``; an empty field is ``empty`` / ``whitespace``; a
+    blank line is layout, not a record. With ``header=True`` each file's first
+    line is not a record. ``record_number`` is the line's byte offset and
+    ``raw`` the line without its terminator, as for ``TextLineSource``.
 
     Args:
       pattern: a glob pattern (``**`` recursive) or a sequence of them.

@@ -278,17 +278,15 @@ def train_hf_tokenizer(texts: Iterable[str], *, output_path: str, model: str, vo
     depend on file order either).
 
     Args:
-      texts: training texts (bpe trains on whole texts; unigram on their
-        non-blank lines, as SentencePiece does).
-      output_path: where to write the tokenizer.json (local or a Beam URL).
+      texts: training texts (unigram: their non-blank lines).
+      output_path: where to write the tokenizer.json (local or a URL).
       model: ``"bpe"`` or ``"unigram"``.
       vocab_size: number of ids, including the 3 special tokens (and for bpe the
         256 byte symbols): >= 260.
       normalization: ``"nfkc"`` (Unicode NFKC, as T5's models) or ``"identity"``
         (none: ``decode(encode(text)) == text`` for every text with bpe).
       seed: SentencePiece's random seed (unigram; bpe has no randomness).
-      character_coverage: unigram: fraction of characters covered by their own
-        pieces (the rest fall back to bytes).
+      character_coverage: unigram: fraction of characters with their own pieces.
       max_sentence_length: unigram: longer lines (bytes) are skipped by SentencePiece.
       extra_ids: sentinels of the returned vocabulary (not stored in the file).
 

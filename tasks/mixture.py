@@ -37,11 +37,9 @@ class Mixture:
         then get ``default_rate``. A rate is a number >= 0 or a callable of the
         task's example count (see ``rate_num_examples``).
       default_rate: the rate of tasks listed without one.
-      schedule: optional rates that change at given steps: {step: {task name:
-        rate}}, steps >= 1 (the rates of ``tasks`` are the stage at step 0). Each
-        stage names the rates of that stage; a task of the mixture it leaves out
-        has rate 0 in it (not read). Every task named must be one of ``tasks``
-        (list a task that starts later with rate 0).
+      schedule: optional {step: {task name: rate}}, steps >= 1 (``tasks``'
+        rates are step 0's); a task a stage leaves out has rate 0 in it, and
+        every task named is one of ``tasks`` (rate 0 for one that starts later).
 
     Every task of a mixture has the same output features (by name; seqio's
     rule), checked here for the tasks known now, by ``get_tasks`` for names

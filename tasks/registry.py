@@ -1,11 +1,9 @@
 """Registries of tasks and mixtures by name (seqio style, class-level).
 
-User code registers tasks at import time (``TaskRegistry.add("name", source=...,
-output_features=...)``); the ``seqcache build`` command imports the user's module
-(``import_definitions``) and looks the name up with ``get_task_or_mixture``.
-``resolve_name`` turns what a user types (a cache folder, a task name under
-``CACHE_DIR``, a registered task or mixture) into cache folders, the same way
-for ``seqcache train`` and ``seqcache which``.
+User code registers tasks at import time (``TaskRegistry.add("name", ...)``);
+``seqcache build`` imports it (``import_definitions``) and looks names up with
+``get_task_or_mixture``. ``resolve_name`` turns what a user types into cache
+folders.
 """
 
 from __future__ import annotations
@@ -106,13 +104,11 @@ class Resolved:
     """What a name given by a user stands for.
 
     Attributes:
-      kind: ``"folder"`` (the name is a cache folder), ``"cache"``
-        (``CACHE_DIR/<name>/<split>`` is a cache), ``"task"`` (a registered
-        task: its cache under ``CACHE_DIR``, built or not) or ``"mixture"`` (a
-        registered mixture).
+      kind: ``"folder"`` (a cache folder), ``"cache"`` (``CACHE_DIR/<name>/<split>``),
+        ``"task"`` or ``"mixture"`` (registered; caches under ``CACHE_DIR``).
       cache_dirs: the cache folder of each task, in the mixture's task order.
       label: a short name for messages (``"wiki/train"``).
-      mixture: the ``seqcache.tasks.Mixture`` for kind ``"mixture"``, else None.
+      mixture: the ``Mixture`` for kind ``"mixture"``, else None.
     """
 
     kind: str
@@ -124,13 +120,9 @@ class Resolved:
 def resolve_name(name: str, *, split: str, cache_dir: str | None = None,
                  modules: Sequence[str] = ()) -> Resolved | None:
     """Resolves ``name``, in this order: a cache folder; ``cache_dir/<name>/<split>``
-    when it is a cache; a task or mixture registered in ``seqcache.tasks``
-    (after importing ``modules``), its caches under ``cache_dir``. Without
-    ``cache_dir`` only the first applies.
-
-    Returns:
-      A ``Resolved``, or None when ``name`` is none of these (the caller says
-      what was tried: ``seqcache.layout.cache_path(cache_dir, name, split)`` and the registries).
+    when it is a cache; a task or mixture registered (after importing
+    ``modules``), its caches under ``cache_dir``. Without ``cache_dir`` only
+    the first applies. Returns a ``Resolved``, or None.
     """
     if layout.is_cache(name):
         return Resolved("folder", (os.fspath(name),), os.fspath(name))
@@ -161,8 +153,7 @@ def registered(name: str, modules: Sequence[str] = ()):
 
 
 def not_registered(name: str) -> str:
-    """Why ``name`` is no registered task or mixture, in the registry's words
-    (with close names it knows), for messages after ``resolve_name`` gave None."""
+    """Why ``name`` is no registered task or mixture (with close names)."""
     try:
         get_task_or_mixture(name)
     except KeyError as e:

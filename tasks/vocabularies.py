@@ -96,13 +96,9 @@ class Vocabulary(abc.ABC):
         return [np.asarray(self.encode(t), dtype=np.int32) for t in texts]
 
     def encode_batch_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """``encode_batch`` as one column: ``(ids, lengths)``, the token ids of
-        every text one after the other (int32, shape (sum(lengths),)) and the
-        number of ids of each text (int64, shape (len(texts),)).
-
-        Raises:
-          as ``encode_batch``.
-        """
+        """``encode_batch`` as one column: ``(ids, lengths)``, every text's ids
+        one after the other (int32, (sum(lengths),)) and their counts (int64,
+        (len(texts),)). Raises as ``encode_batch``."""
         arrays = self.encode_batch(texts) if len(texts) else []
         lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
         flat = np.concatenate(arrays, dtype=np.int32, casting="unsafe") if arrays else np.zeros(0, np.int32)
@@ -113,8 +109,7 @@ class Vocabulary(abc.ABC):
         """Text of ``ids``; pad, EOS and sentinel ids are dropped."""
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
-        """``[decode(ids) for ids in batch]``; vocabularies with a faster way
-        (one call into SentencePiece) override it, with the same texts."""
+        """``[decode(ids) for ids in batch]`` (overridden by faster ways)."""
         return [self.decode(ids) for ids in batch]
 
     # -- identity and storage
@@ -211,19 +206,14 @@ _LOADED_LOCK = threading.Lock()
 
 @dataclasses.dataclass(frozen=True)
 class ModelFile:
-    """A vocabulary model stored in a cache folder: what a vocabulary pickles
-    instead of its bytes while ``stored_models`` holds them."""
+    """A model stored in a cache folder, pickled instead of its bytes (``stored_models``)."""
 
     url: str
     sha256: str
 
     def read(self) -> bytes:
-        """The model's bytes, read once per process.
-
-        Raises:
-          ValueError: the file cannot be read, or its bytes are not the ones
-            the build stored (their sha256 differs); the message names the file.
-        """
+        """The model's bytes, read once per process; ``ValueError`` naming the
+        file when it cannot be read or its sha256 differs."""
         with _LOADED_LOCK:
             data = _LOADED.get(self.sha256)
         if data is not None:
@@ -413,13 +403,8 @@ class SentencePieceVocabulary(Vocabulary):
         return list(self._processor().encode(text, out_type=int))
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[np.ndarray]:
-        """Token ids of many texts in one call into SentencePiece (int32 arrays).
-
-        Args:
-          texts: the texts.
-          num_threads: SentencePiece's encoding threads (None:
-            ``encoding_threads()``, the CPUs this process may use).
-        """
+        """Token ids of many texts in one call into SentencePiece (int32 arrays),
+        on ``num_threads`` threads (None: ``encoding_threads()``)."""
         if not texts:
             return []
         kwargs = {"num_threads": int(encoding_threads() if num_threads is None else num_threads)}
@@ -428,9 +413,7 @@ class SentencePieceVocabulary(Vocabulary):
 
     def encode_batch_flat(self, texts: Sequence[str], *, num_threads: int | None = None
                           ) -> tuple[np.ndarray, np.ndarray]:
-        """``Vocabulary.encode_batch_flat``: one call into SentencePiece, and the
-        ids gathered into one int32 array without an array per text; threads as
-        ``encode_batch``'s."""
+        """``Vocabulary.encode_batch_flat`` in one call into SentencePiece."""
         if not len(texts):
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
         kwargs = {"num_threads": int(encoding_threads() if num_threads is None else num_threads)}
@@ -454,9 +437,7 @@ class SentencePieceVocabulary(Vocabulary):
         return sp.decode(clean)
 
     def decode_batch(self, batch: Sequence[Sequence[int]], *, num_threads: int | None = None) -> list[str]:
-        """``decode`` of each id sequence of ``batch``, the ids filtered with
-        numpy and decoded in one call into SentencePiece (``num_threads``: as
-        ``encode_batch``'s)."""
+        """``decode`` of each id sequence, in one call into SentencePiece."""
         if not len(batch):
             return []
         sp = self._processor()

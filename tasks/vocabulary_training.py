@@ -126,13 +126,11 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
     seed, no shuffling).
 
     Args:
-      texts: training texts; with ``split_lines`` each is split into lines and
-        empty lines are skipped (SentencePiece trains on sentences).
-      output_path: where to write the ``.model`` file (local or a Beam URL).
+      texts: training texts (with ``split_lines``, their non-empty lines).
+      output_path: where to write the ``.model`` file (local or a URL).
       vocab_size: number of pieces, including pad/eos/unk and the 256 byte pieces.
       model_type: ``"unigram"`` (Kudo 2018, arXiv 1804.10959) or ``"bpe"``.
-      character_coverage: fraction of characters covered by single-character
-        pieces (the rest fall back to bytes).
+      character_coverage: fraction of characters covered by their own pieces.
       max_sentence_length: longer sentences (in bytes) are skipped by SentencePiece.
       input_sentence_size: if > 0, train on the first this many sentences.
       seed: SentencePiece's random seed.
@@ -156,24 +154,12 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
     spm.set_random_generator_seed(int(seed))
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=writer,
-            vocab_size=int(vocab_size),
-            model_type=model_type,
-            character_coverage=float(character_coverage),
-            max_sentence_length=int(max_sentence_length),
-            input_sentence_size=int(input_sentence_size),
-            shuffle_input_sentence=False,
-            num_threads=1,
-            pad_id=0,
-            eos_id=1,
-            unk_id=2,
-            bos_id=-1,
-            byte_fallback=True,
+            sentence_iterator=iter(sentences), model_writer=writer, vocab_size=int(vocab_size), model_type=model_type,
+            character_coverage=float(character_coverage), max_sentence_length=int(max_sentence_length),
+            input_sentence_size=int(input_sentence_size), shuffle_input_sentence=False, num_threads=1,
+            pad_id=0, eos_id=1, unk_id=2, bos_id=-1, byte_fallback=True,
             normalization_rule_name=normalization_rule_name,
-            remove_extra_whitespaces=bool(remove_extra_whitespaces),
-            minloglevel=2,
-        )
+            remove_extra_whitespaces=bool(remove_extra_whitespaces), minloglevel=2)
     except (RuntimeError, OSError) as e:
         if sentences.all_too_long:
             raise sentences.too_long_error() from e

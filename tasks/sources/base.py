@@ -47,13 +47,11 @@ class RecordIssue(NamedTuple):
     """What a source found wrong with one record and did under its policy.
 
     Attributes:
-      action: ``"skipped"`` (the record gives no example; its ``data`` is ``{}``)
-        or ``"replaced"`` (it was repaired and is kept, with the repaired data).
-      kind: the kind of bad input, a key of ``ERROR_KINDS``; for a repair, the
-        kinds repaired, comma-separated, in the order met.
+      action: ``"skipped"`` (no example; ``data`` is ``{}``) or ``"replaced"``
+        (kept, repaired).
+      kind: a key of ``ERROR_KINDS``; for a repair, the kinds, comma-separated.
       message: what is wrong, naming the file and the record by an id that does
-        not depend on how the file was split (it goes into a cache's quarantine
-        file), e.g. ``"/data/a.txt: line at byte 1234 is empty"``.
+        not depend on the split (``"/data/a.txt: line at byte 1234 is empty"``).
     """
 
     action: str
@@ -66,18 +64,13 @@ class SourceRecord(NamedTuple):
 
     Attributes:
       file_index: index of the file in ``Source.list_files()`` (sorted by path).
-      record_number: the record's id within its file; what it counts depends on
-        the source (its ``locator``: a byte offset, a row index, ...; see the
-        table in ``seqcache.tasks.sources``). It does not depend on the split.
-      data: the record's fields, e.g. ``{"text": "..."}``; ``{}`` for a record
-        the source skipped.
-      raw: canonical bytes of the raw record: the input of the shuffle key (kept
-        for a skipped record too, for the quarantine file).
-      issue: None for a clean record; else what was wrong and whether the record
-        was skipped or repaired (``RecordIssue``).
-      kept: the kinds of bad input the record holds and its source accepted as
-        they are (action ``"keep"``, e.g. ``("control_characters",)``), in the
-        order met; the pipeline counts them in ``statistics.bad_input_records``.
+      record_number: the record's id within its file, counting what the
+        source's ``locator`` names; it does not depend on the split.
+      data: the record's fields, e.g. ``{"text": "..."}``; ``{}`` if skipped.
+      raw: canonical bytes of the raw record, the shuffle key's input.
+      issue: None for a clean record, else a ``RecordIssue``.
+      kept: the kinds of bad input accepted as they are (action ``"keep"``),
+        in the order met, counted in ``statistics.bad_input_records``.
     """
 
     file_index: int
@@ -97,12 +90,10 @@ class Split(NamedTuple):
     Attributes:
       file_index: the file's index in ``Source.list_files()``.
       path: the file's path.
-      start: first byte (byte splits: text lines, JSON lines) or row (row
-        splits: Parquet) of the split; 0 for a whole file.
-      stop: end of the split (exclusive, same unit), or None for the end of the
-        file.
-      num_bytes: the split's size in bytes (for row splits, the compressed size
-        of its row groups), used to plan the work; 0 when unknown.
+      start: first byte or row of the split; 0 for a whole file.
+      stop: end (exclusive, same unit), or None for the end of the file.
+      num_bytes: the split's size (compressed, for row splits), for planning;
+        0 when unknown.
     """
 
     file_index: int
@@ -131,9 +122,9 @@ _JSON_ESCAPES = {c: encode_json_string(chr(c))[1:-1].encode() for c in [*range(0
 
 
 def json_string_bodies(data: bytes, offsets) -> tuple[bytes, list[int]]:
-    """The JSON string forms of a column of UTF-8 strings, escaped all at once:
-    value i's ``json.dumps(value, ensure_ascii=False)`` without its quotes is
-    ``escaped[out[i]:out[i + 1]]``, encoded as UTF-8.
+    """The JSON string forms of a column of UTF-8 strings, escaped at once:
+    ``escaped[out[i]:out[i + 1]]`` is value i's ``json.dumps(value,
+    ensure_ascii=False)`` without its quotes, as UTF-8.
 
     Args:
       data: the values' UTF-8 bytes, one after the other.
@@ -141,8 +132,7 @@ def json_string_bodies(data: bytes, offsets) -> tuple[bytes, list[int]]:
 
     Returns:
       ``(escaped, out)``: bytes, and a list of n + 1 ints. Only ASCII bytes are
-      escaped (a quote, a backslash, the control characters): UTF-8 holds them
-      in no multi-byte sequence, so ``bytes.replace`` on the whole column is safe.
+      escaped, which UTF-8 holds in no multi-byte sequence.
     """
     arr = np.frombuffer(data, dtype=np.uint8)
     base = np.asarray(offsets, dtype=np.int64) - int(offsets[0])
@@ -176,8 +166,7 @@ def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = Non
     """
     try:
         if type(obj) is dict and all(type(k) is str and type(v) is str for k, v in obj.items()):
-            # The common row (text values only), as json.dumps writes it, without
-            # building an encoder per call.
+            # Text values only, as json.dumps writes them, without an encoder per call.
             quote = encode_json_string
             text = "{" + ",".join(f"{quote(k)}:{quote(obj[k])}" for k in sorted(obj)) + "}"
         else:
@@ -667,7 +656,13 @@ class Source(abc.ABC):
 
 
 class FileSource(Source):
-    """Shared code of the sources that read files matched by glob patterns."""
+    """Shared code of the sources that read files matched by glob patterns.
+
+    Args (every file source):
+      pattern: a glob pattern (``**`` recursive) or a sequence of them.
+      on_error: the ``ErrorPolicy`` spec (None: every kind's default).
+      exclude: glob patterns of paths to leave out (``match_files``).
+    """
 
     def __init__(self, pattern: str | Sequence[str], *, on_error: "str | Mapping[str, str] | None" = None,
                  exclude: str | Sequence[str] = ()):

@@ -1,16 +1,10 @@
 """``HfDatasetSource``: a Hugging Face dataset on disk, read with pyarrow.
 
-Two layouts, both read without the ``datasets`` library and without any
-download:
-
-- a folder written by ``datasets.Dataset.save_to_disk`` (``state.json`` lists
-  its Arrow files, ``data-00000-of-00002.arrow``, in the Arrow IPC *stream*
-  format) or by ``DatasetDict.save_to_disk`` (``dataset_dict.json`` and one
-  such folder per split);
-- a Hub-style folder of Parquet shards, found by split with the Hub's own
-  file-name conventions: ``data/SPLIT-00000-of-00002.parquet``,
-  ``data/SPLIT/*.parquet``, ``SPLIT/*.parquet`` or ``SPLIT-*.parquet``
-  (searched in that order, the first that matches wins).
+Two layouts, read without the ``datasets`` library and without download: a
+folder of ``Dataset.save_to_disk`` (``state.json`` and its Arrow IPC stream
+files) or ``DatasetDict.save_to_disk`` (``dataset_dict.json``, a folder per
+split); or a Hub-style folder of Parquet shards (``PARQUET_LAYOUTS``, the
+first that matches).
 """
 
 from __future__ import annotations
@@ -39,9 +33,8 @@ class HfDatasetSource(ParquetSource):
 
     Args:
       path: the dataset's folder (local or a URL).
-      split: the split to read: a ``DatasetDict`` subfolder, or the ``SPLIT`` of
-        the Parquet file names. A single saved ``Dataset`` is one split: the
-        one its ``state.json`` names (``_split``), or any when it names none.
+      split: a ``DatasetDict`` subfolder, or the ``SPLIT`` of the Parquet file
+        names; a saved ``Dataset`` is the split its ``state.json`` names.
       column: the column to read, stored under ``output_key``.
       output_key: key of the value in ``SourceRecord.data``.
       on_error: the ``ErrorPolicy`` spec (kinds as for ``ParquetSource``); a

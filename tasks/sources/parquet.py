@@ -44,7 +44,6 @@ class ParquetSource(FileSource):
     row-group boundaries. Memory is bounded by ``batch_size`` rows.
 
     Args:
-      pattern: a glob pattern (``**`` recursive) or a sequence of them.
       column: the column to read.
       output_key: key of the value in ``SourceRecord.data``.
       columns: optional mapping output key -> column (several values).

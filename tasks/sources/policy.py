@@ -210,8 +210,7 @@ _HOW = {
 
 
 def is_clean_text(text: str) -> bool:
-    """True when ``text`` has none of the content problems of ``text_problems``
-    and no carriage return (the fast path of line sources: no message is built)."""
+    """True when ``text`` has none of ``text_problems`` and no carriage return."""
     return bool(text) and "\r" not in text and _SUSPECT_RE.search(text) is None and not text.isspace()
 
 
@@ -222,8 +221,7 @@ _C1_SECOND[[*range(0x80, 0x85), *range(0x86, 0xA0)]] = True
 
 def suspect_utf8_values(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Indices of the values of a column of UTF-8 strings that hold a character
-    of ``SUSPECT_CHARACTERS`` (what ``check_text_values`` scans each value
-    for), found in the column's bytes at once instead of one scan per value.
+    of ``SUSPECT_CHARACTERS``, found in the column's bytes at once.
 
     Args:
       data: uint8 (B,), the values' UTF-8 bytes, one after the other.
@@ -261,10 +259,9 @@ def error_hint(kind: str) -> str:
 
 
 def text_problems(text: str) -> list[tuple[str, str]]:
-    """The content problems of one text value, as ``(kind, description)`` pairs
-    (kinds ``invalid_utf8`` for a lone surrogate, ``control_characters``,
-    ``u2581``, ``empty``, ``whitespace``).
-    The description locates the first offending character (0-based index)."""
+    """The content problems of one text value, ``(kind, description)`` pairs
+    (``invalid_utf8`` for a lone surrogate, ``control_characters``, ``u2581``,
+    ``empty``, ``whitespace``), locating the first offending character."""
     if not text:
         return [("empty", "is empty")]
     out = []

@@ -41,12 +41,8 @@ class SourceSpec(NamedTuple):
         return ValueError(f"bad source spec {self.text!r}: {detail + '; ' if detail else ''}accepted source specs: {forms}")
 
     def named(self, text: str) -> dict[str, str] | None:
-        """``"inputs=a,targets=b"`` -> ``{"inputs": "a", "targets": "b"}`` in the
-        order given; None for a plain name without ``=``.
-
-        Raises:
-          ValueError: an empty key or value, or a key given twice (names the spec).
-        """
+        """``"inputs=a,targets=b"`` -> ``{"inputs": "a", "targets": "b"}``; None
+        without ``=``. ``ValueError`` for an empty key or value, or a key twice."""
         if "=" not in text:
             return None
         out: dict[str, str] = {}
@@ -90,11 +86,7 @@ class SourceSpec(NamedTuple):
 
     def dataset_split(self, target: str) -> tuple[str, str]:
         """``NAME@SPLIT`` -> ``(NAME, SPLIT)``; ``(NAME, self.split)`` without
-        ``@SPLIT`` (or when what follows ``@`` holds a ``/``).
-
-        Raises:
-          ValueError: ``exclude`` was given (a dataset has no file patterns).
-        """
+        ``@SPLIT`` (or a ``/`` after ``@``). ``ValueError`` with ``exclude``."""
         if self.exclude:
             raise ValueError(f"--exclude applies to file patterns, not to the {self.kind}: source {self.text!r}")
         head, at, tail = target.rpartition("@")

@@ -79,13 +79,9 @@ class TextLineSource(LineSplits, TextSource):
     are split into byte ranges; a compressed file is one split.
 
     Args:
-      pattern: a glob pattern (``**`` recursive) or a sequence of them.
       field: key of the line's text in ``SourceRecord.data``.
-      on_error: the ``ErrorPolicy`` spec: None (every kind's default),
-        ``"raise"``, ``"skip"``, ``"replace"`` or a mapping kind -> action.
-        Kinds met here: ``invalid_utf8``,
-        ``carriage_return`` (a CR that does not end the line) and the content
-        kinds.
+      on_error: kinds met here: ``invalid_utf8``, ``carriage_return`` (a CR
+        that does not end the line) and the content kinds.
 
     Raises (from ``read_split`` / ``read_file``):
       ValueError: bad input whose action is ``"raise"``; names the file, the
@@ -100,7 +96,6 @@ class TextLineSource(LineSplits, TextSource):
 
     def describe(self) -> str:
         return f"text lines of {self._pattern_text()}"
-
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         file_index, path = split.file_index, split.path

@@ -95,11 +95,9 @@ class TfdsSource(ExampleRecords):
 
     Raises (from ``list_files``, ``fingerprint``, ``splits``):
       ImportError: TFDS is not installed (says ``pip install 'seqcache[tfds]'``).
-      FileNotFoundError: the dataset is not prepared in ``data_dir``; the message
-        says how to prepare it (``tfds build``, ``download_and_prepare``).
-      ValueError: an unknown split or feature (lists the ones there are); a file
-        format other than tfrecord and array_record; a dataset TFDS cannot open
-        (e.g. a version its installed builder code does not know; TFDS's message).
+      FileNotFoundError: the dataset is not prepared in ``data_dir`` (says how).
+      ValueError: an unknown split or feature (lists those there are); another
+        file format; a dataset TFDS cannot open (TFDS's message).
     (from ``read_split``): ValueError as ``TFRecordSource``, naming the shard
       file and the record index.
     """

@@ -2,21 +2,19 @@
 feature or as raw UTF-8 text; the TFRecord and ``tf.train.Example`` readers
 that ``TfdsSource`` shares.
 
-Nothing here imports TensorFlow. TFRecord framing is read as TensorFlow writes
-it (``tensorflow/core/lib/io/record_writer.cc``; the format is documented at
-https://www.tensorflow.org/tutorials/load_data/tfrecord): per record
+Nothing here imports TensorFlow. TFRecord framing, as TensorFlow writes it
+(``tensorflow/core/lib/io/record_writer.cc``;
+https://www.tensorflow.org/tutorials/load_data/tfrecord), per record:
 
     uint64 length, little-endian
     uint32 masked CRC-32C of the 8 length bytes
     byte   data[length]
     uint32 masked CRC-32C of the data
 
-where ``masked(crc) = ((crc >> 15 | crc << 17) + 0xa282ead8) mod 2**32``; the
-CRC-32C comes from ``google-crc32c`` (the ``tfds`` extra). ``tf.train.Example``
-is parsed with protobuf from a copy of the message definitions of
-``tensorflow/core/example/{example,feature}.proto`` kept in a private
-descriptor pool: the wire format is TensorFlow's, the names cannot clash with
-TensorFlow's own when both are loaded.
+where ``masked(crc) = ((crc >> 15 | crc << 17) + 0xa282ead8) mod 2**32``
+(CRC-32C from ``google-crc32c``). ``tf.train.Example`` is parsed with protobuf
+from a copy of ``tensorflow/core/example/{example,feature}.proto`` in a private
+descriptor pool (no clash with TensorFlow's own names).
 """
 
 from __future__ import annotations
@@ -41,10 +39,8 @@ _HEADER = struct.Struct("<QI")
 
 
 def crc32c_function():
-    """``google_crc32c.value``: CRC-32C of a bytes object, as an int.
-
-    Raises:
-      ImportError: google-crc32c is not installed; says which extra installs it."""
+    """``google_crc32c.value`` (CRC-32C of bytes, an int); ``ImportError`` saying
+    which extra installs it."""
     try:
         import google_crc32c  # optional: google_crc32c
     except ImportError:
@@ -127,8 +123,7 @@ _EXAMPLE_CLASS: list = []
 
 
 def example_class():
-    """The protobuf message class of ``tf.train.Example`` (wire-compatible with
-    TensorFlow's; built once per process in a private descriptor pool)."""
+    """The protobuf message class of ``tf.train.Example``, built once per process."""
     if _EXAMPLE_CLASS:
         return _EXAMPLE_CLASS[0]
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # optional: protobuf (Beam's)
@@ -172,11 +167,8 @@ def example_class():
 
 def encode_example(features: Mapping[str, Any]) -> bytes:
     """A serialized ``tf.train.Example`` of ``{name: value}``: ``str`` / ``bytes``
-    (or a list of them) become a ``bytes_list``, ints (or a list of them) an
-    ``int64_list``, floats a ``float_list``. For tests and fixtures.
-
-    Raises:
-      TypeError: a value of another type."""
+    (or lists of them) a ``bytes_list``, ints an ``int64_list``, floats a
+    ``float_list``; ``TypeError`` for another type. For tests and fixtures."""
     ex = example_class()()
     for name, value in features.items():
         values = value if isinstance(value, (list, tuple)) else [value]
@@ -198,8 +190,7 @@ def decode_example(data: bytes) -> dict[str, tuple[str, list]]:
     (ints), ``"float_list"`` (floats) or ``""`` (a feature with no list).
 
     Raises:
-      ValueError: ``data`` does not parse as a ``tf.train.Example``, or is not
-        empty and holds none of its fields (e.g. a line of text)."""
+      ValueError: ``data`` is not a ``tf.train.Example`` (or holds none of its fields)."""
     return {name: _values(feat) for name, feat in _feature_map(data).items()}
 
 
@@ -295,7 +286,6 @@ class TFRecordSource(ExampleRecords, FileSource):
     extra), not TensorFlow.
 
     Args:
-      pattern: a glob pattern (``**`` recursive) or a sequence of them.
       feature: the Example feature to read, stored under ``output_key``; None
         for raw UTF-8 records.
       output_key: key of the value in ``SourceRecord.data``.

@@ -23,12 +23,10 @@ class TsvSource(LineSplits, FileSource):
     ``raw`` the line without its terminator, as for ``TextLineSource``.
 
     Args:
-      pattern: a glob pattern (``**`` recursive) or a sequence of them.
       columns: output key -> 0-based column index.
       header: whether each file's first line is a header to skip.
       on_error: the ``ErrorPolicy`` spec. Kinds met here: ``invalid_utf8``,
         ``malformed`` and the content kinds.
-      exclude: glob patterns of paths to leave out.
 
     Raises:
       ValueError: (constructor) no columns, a negative or non-integer index;
@@ -76,7 +74,6 @@ class TsvSource(LineSplits, FileSource):
     def describe(self) -> str:
         sel = ", ".join(f"column {i} as {k}" for k, i in self.columns.items())
         return f"tab-separated lines of {self._pattern_text()} ({sel})"
-
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         file_index, path = split.file_index, split.path

@@ -72,17 +72,15 @@ class HfTokenizerVocabulary(Vocabulary):
     ``extra_ids`` sentinels follow the tokenizer's ids, as in seqio/T5.
 
     Args:
-      path: a ``tokenizer.json`` file (local or a Beam FileSystems URL).
+      path: a ``tokenizer.json`` file (local or a URL).
       tokenizer_bytes: the file's bytes, instead of ``path``.
       extra_ids: number of sentinel ids added after the tokenizer's ids.
       eos_token, pad_token, unk_token: the special tokens, by their text.
 
     Raises:
-      ValueError: neither or both of path and tokenizer_bytes; a file that is
-        missing or is not a tokenizer.json; a named token that the vocabulary
-        lacks; no EOS token named and none of ``EOS_CANDIDATES`` present. The
-        message names the file. Reported on first use for a path, at once for
-        bytes.
+      ValueError: neither or both of path and tokenizer_bytes; a missing file
+        or not a tokenizer.json; a named token the vocabulary lacks; no EOS
+        token found. Names the file; on first use for a path, at once for bytes.
     """
 
     def __init__(self, path: str | None = None, *, tokenizer_bytes: bytes | None = None, extra_ids: int = 0,
@@ -101,7 +99,6 @@ class HfTokenizerVocabulary(Vocabulary):
         if self._bytes is not None:
             self._tokenizer()
 
-    # -- loading and pickling
     def _where(self) -> str:
         return self.path if self.path is not None else "<tokenizer.json bytes>"
 
@@ -165,7 +162,6 @@ class HfTokenizerVocabulary(Vocabulary):
         self._special = None
         self._size = None
 
-    # -- sizes and special ids
     @property
     def base_vocab_size(self) -> int:
         """1 + the largest id of the tokenizer (its vocabulary and added tokens)."""
@@ -197,7 +193,6 @@ class HfTokenizerVocabulary(Vocabulary):
     def sha256(self) -> str:
         return hashlib.sha256(self.model_bytes()).hexdigest()
 
-    # -- encoding
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer().encode(text, add_special_tokens=False).ids)
 
@@ -225,7 +220,6 @@ class HfTokenizerVocabulary(Vocabulary):
         piece = self._tokenizer().id_to_token(int(i))
         return piece if piece is not None else f"<id {i}>"
 
-    # -- identity and storage
     def fingerprint(self) -> dict:
         return {"kind": "hf_tokenizer", "sha256": self.sha256, "extra_ids": self.extra_ids,
                 "eos_id": self.eos_id, "pad_id": self.pad_id, "unk_id": self.unk_id}
@@ -244,8 +238,7 @@ class HfTokenizerVocabulary(Vocabulary):
 
 
 def _model_unk_token(data: bytes) -> tuple[str, ...]:
-    """The unk token the model section of a tokenizer.json names (BPE, WordPiece,
-    WordLevel: ``unk_token``; Unigram: ``unk_id`` into its vocab), or ()."""
+    """The unk token a tokenizer.json's model names (``unk_token`` or ``unk_id``), or ()."""
     try:
         model = json.loads(data)["model"]
         if model.get("unk_token"):
@@ -255,10 +248,6 @@ def _model_unk_token(data: bytes) -> tuple[str, ...]:
     except (ValueError, KeyError, IndexError, TypeError):
         pass
     return ()
-
-
-# ---------------------------------------------------------------------------
-# Training.
 
 
 HF_MODELS = ("bpe", "unigram")
@@ -360,8 +349,7 @@ def _train_unigram(texts: list[str], *, vocab_size: int, normalization: str, see
     tok = Tokenizer(models.Unigram(vocab, unk_id=sp.unk_id(), byte_fallback=True))
     _set_normalizer(tok, normalization)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=META_SPACE, prepend_scheme="always", split=True)
-    # The decoder of SentencePiece-style tokenizers in ``tokenizers`` (Llama's):
-    # U+2581 -> space, <0x..> runs -> bytes, one leading space (the prepended one) off.
+    # Llama's decoder: U+2581 -> space, <0x..> runs -> bytes, the prepended space off.
     tok.decoder = decoders.Sequence([decoders.Replace(META_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TRAINED_SPECIAL_TOKENS])

@@ -46,10 +46,9 @@ class Mixture:
     registered later, and by the feeder for every cache.
 
     Raises:
-      ValueError: no tasks, a task listed twice, a task without a rate and no
-        default_rate, or a negative constant rate; in ``schedule``, a step that is
-        not an integer >= 1, a task that is not in the mixture, or a bad rate;
-        tasks with different output features (names each task and its features).
+      ValueError: no tasks, a task listed twice or without a rate, a negative
+        rate; in ``schedule``, a step not an integer >= 1, a task not in the
+        mixture, a bad rate; tasks with different output features.
     """
 
     def __init__(self, name: str, tasks: Sequence[tuple[str | Task, Rate]] | Sequence[str | Task], *,
@@ -139,13 +138,9 @@ class Mixture:
         return {step: dict(stage) for step, stage in self._schedule.items()}
 
     def get_schedule(self, num_examples: Mapping[str, int] | None = None) -> dict[int, dict[str, float]]:
-        """Every stage's rates, {step: {task name: rate}} from step 0 (``get_rates``)
-        on; a task a stage leaves out has rate 0.0 in it. Without a schedule,
-        ``{0: get_rates(num_examples)}``.
-
-        Raises:
-          ValueError: as ``get_rates``, for any stage.
-        """
+        """Every stage's rates, {step: {task name: rate}} from step 0
+        (``get_rates``) on, 0.0 for a task a stage leaves out. Raises
+        ``ValueError`` as ``get_rates``."""
         out = {0: self.get_rates(num_examples)}
         for step, stage in self._schedule.items():
             out[step] = self._evaluate({n: stage.get(n, 0.0) for n in self._rates}, num_examples,

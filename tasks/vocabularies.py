@@ -53,7 +53,6 @@ class Vocabulary(abc.ABC):
             raise ValueError(f"extra_ids must be >= 0 (got {extra_ids=})")
         self.extra_ids = int(extra_ids)
 
-    # -- sizes and special ids
     @property
     @abc.abstractmethod
     def base_vocab_size(self) -> int:
@@ -86,7 +85,6 @@ class Vocabulary(abc.ABC):
             raise ValueError(f"sentinel index {i} is out of range: this vocabulary has {self.extra_ids} extra ids")
         return self.base_vocab_size + self.extra_ids - 1 - i
 
-    # -- encoding
     @abc.abstractmethod
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no EOS appended)."""
@@ -112,7 +110,6 @@ class Vocabulary(abc.ABC):
         """``[decode(ids) for ids in batch]`` (overridden by faster ways)."""
         return [self.decode(ids) for ids in batch]
 
-    # -- identity and storage
     @abc.abstractmethod
     def fingerprint(self) -> dict:
         """JSON-able identity: kind, sha256 of the model bytes (or None), extra_ids."""
@@ -191,12 +188,9 @@ class ByteVocabulary(Vocabulary):
         return f"ByteVocabulary(extra_ids={self.extra_ids})"
 
 
-# -- model files a build stores, pickled by reference --------------------------
-# Beam pickles (and bz2-compresses) every step several times a build; a model
-# inside them cost a 1.2 MB build about 0.09 s of 0.41 s (benchmarks/README.md).
-# While ``stored_models`` holds a build's stored models, a vocabulary pickles
-# the stored file's URL and sha256 (``ModelFile``) instead, loaded once per
-# process on first use, and pickled again as it is.
+# Model files a build stores, pickled by reference: Beam pickles every step
+# several times a build (a model in them cost 0.09 s of a 0.41 s build,
+# benchmarks/README.md), so a stored model pickles as its URL and sha256.
 
 
 _STORED = threading.local()  # .files: {sha256 hex: URL}, in the thread that makes and runs the pipeline
@@ -326,9 +320,8 @@ class SentencePieceVocabulary(Vocabulary):
       extra_ids: number of sentinel ids added after the model's pieces.
 
     Raises:
-      ValueError: neither or both of model_path and model_bytes are given; the
-        file is missing or is not a SentencePiece model (the message names it).
-        Reported on first use for a path, at once for bytes.
+      ValueError: neither or both of model_path and model_bytes; a missing file
+        or not a SentencePiece model (names it; on first use for a path).
     """
 
     def __init__(self, model_path: str | None = None, *, model_bytes: bytes | None = None, extra_ids: int = 0):
@@ -343,7 +336,6 @@ class SentencePieceVocabulary(Vocabulary):
         if self._model_bytes is not None:
             self._processor()
 
-    # -- loading and pickling
     def _where(self) -> str:
         return self.model_path if self.model_path is not None else "<model bytes>"
 
@@ -376,7 +368,6 @@ class SentencePieceVocabulary(Vocabulary):
         self._model_bytes, self._model_file, self._digest = unpickled_model(state["model_bytes"])
         self._sp = None
 
-    # -- sizes and special ids
     @property
     def base_vocab_size(self) -> int:
         return self._processor().get_piece_size()
@@ -398,7 +389,6 @@ class SentencePieceVocabulary(Vocabulary):
     def sha256(self) -> str:
         return hashlib.sha256(self.model_bytes()).hexdigest()
 
-    # -- encoding
     def encode(self, text: str) -> list[int]:
         return list(self._processor().encode(text, out_type=int))
 
@@ -455,7 +445,6 @@ class SentencePieceVocabulary(Vocabulary):
             return f"<extra_id_{n + self.extra_ids - 1 - i}>"
         return self._processor().id_to_piece(int(i))
 
-    # -- identity and storage
     def fingerprint(self) -> dict:
         return {"kind": "sentencepiece", "sha256": self.sha256, "extra_ids": self.extra_ids}
 

@@ -13,11 +13,8 @@ from seqcache.tasks.vocabularies import ByteVocabulary, SentencePieceVocabulary,
 
 
 def vocabulary_from_json(desc: dict, base_dir: str) -> Vocabulary:
-    """Rebuilds a vocabulary from ``Vocabulary.to_json()``.
-
-    Args:
-      desc: the JSON description.
-      base_dir: folder holding the model file ``desc["file"]`` (SentencePiece).
+    """Rebuilds a vocabulary from ``Vocabulary.to_json()`` (``desc``), its model
+    file ``desc["file"]`` in ``base_dir``.
 
     Raises:
       ValueError: an unknown kind, a missing model file, or a model whose sha256
@@ -72,11 +69,9 @@ def vocabulary_from_spec(spec: str, extra_ids: int = 0) -> Vocabulary:
                                             SentencePiece
     ======================================  ==========================================
 
-    The file is loaded at once, so that a bad one fails here, naming it.
-
     Raises:
-      ValueError: anything else, a bad file or special-token option (the message
-        says what is accepted).
+      ValueError: anything else, a bad file (loaded at once, named) or
+        special-token option (says what is accepted).
     """
     if spec == "byte":
         return ByteVocabulary(extra_ids=extra_ids)

@@ -56,9 +56,8 @@ def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int
       source: one source or several (sampled together).
       max_records: sample size (records).
       seed: non-negative int, the hash key.
-      field: the key of the text in ``SourceRecord.data``; None (default):
-        every string value of the record, in key order, one per line (both
-        sides of a parallel or TSV source; the text of a one-value source).
+      field: the key of the text in ``SourceRecord.data``; None: every string
+        value of the record, in key order, one per line.
       counts: if given, filled in (``SampleCounts``).
 
     Raises:

@@ -352,10 +352,6 @@ def describe_record(path: str | None, locator: str | None, record_number: int | 
     return _WORDS.get(locator, locator + " {n:,}").format(n=n, l=n + 1)
 
 
-# ---------------------------------------------------------------------------
-# Files: matching patterns and reading, through seqcache.fs.
-
-
 def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list[SourceFile]:
     """Files matching any of ``patterns`` (glob; ``**`` is recursive), sorted by
     path, less those matching an ``exclude`` pattern (fnmatch: ``*`` also
@@ -472,9 +468,6 @@ def _patterns(pattern: str | Sequence[str]) -> tuple[str, ...]:
     return out
 
 
-# ---------------------------------------------------------------------------
-
-
 class Source(abc.ABC):
     """A collection of raw records, split into files, each record with a stable id.
 
@@ -486,8 +479,7 @@ class Source(abc.ABC):
     kind: str = "source"
     on_error: ErrorPolicy = ErrorPolicy()
     locator: str = "record"  # what ``SourceRecord.record_number`` counts, one of ``LOCATORS``
-    # Whether ``splits`` opens the file (a Parquet footer): the plan then cuts
-    # many files in parallel threads.
+    # Whether ``splits`` opens the file (a Parquet footer): planned in threads.
     splits_read_files: bool = True
 
     def __init_subclass__(cls, **kwargs):

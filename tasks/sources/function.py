@@ -22,9 +22,8 @@ class FunctionSource(Source):
       version: the version of the function's output.
       on_error: the ``ErrorPolicy`` spec (content kinds, the task's checks).
 
-    Raises (from ``read_split`` / ``read_file``):
-      ValueError: ``fn`` yields something that is not a dict; a split that is
-        not the whole pseudo-file.
+    Raises (from ``read_split``):
+      ValueError: ``fn`` yields a non-dict; a split that is not the whole.
     """
 
     kind = "function"

@@ -41,12 +41,10 @@ class HfDatasetSource(ParquetSource):
         missing column always raises.
 
     Raises (from ``list_files``):
-      FileNotFoundError: no dataset in ``path``, or no files of ``split`` (names
-        the folder, the layouts tried and the splits there are).
-      ValueError: a ``state.json`` this reader cannot follow (an indices
-        mapping: save the dataset after ``flatten_indices()``).
-    (from ``read_split``): ValueError naming the file and the row (as
-      ``ParquetSource``); a missing column names the columns the file has.
+      FileNotFoundError: no dataset in ``path``, or no files of ``split``
+        (names the layouts tried and the splits there are).
+      ValueError: a ``state.json`` with an indices mapping.
+    (from ``read_split``): ValueError as ``ParquetSource``.
     """
 
     kind = "hf"

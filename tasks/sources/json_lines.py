@@ -42,9 +42,8 @@ class JsonLinesSource(LineSplits, FileSource):
         values).
 
     Raises (from ``read_split`` / ``read_file``):
-      ValueError: a line is not a JSON object or lacks a field (action
-        ``"raise"``); names the file, the line (number and byte offset) and the
-        field. A file that cannot be read.
+      ValueError: a line that is not a JSON object or lacks a field (action
+        ``"raise"``), naming the file, the line and the field; an unreadable file.
     """
 
     kind = "jsonl"

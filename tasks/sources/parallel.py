@@ -39,10 +39,9 @@ class ParallelTextSource(Source):
         per field; an empty line on either side is ``empty``).
 
     Raises:
-      ValueError: fewer than two fields; patterns matching different numbers of
-        files; from ``read_split``, files that do not have the same number of
-        lines (names both files and the first line that one has and the other
-        lacks), or bad input whose action is ``"raise"``.
+      ValueError: fewer than two fields; patterns matching different numbers
+        of files; files of different lengths (names both and the first line
+        one lacks), or bad input whose action is ``"raise"``.
     """
 
     kind = "parallel"
@@ -51,9 +50,8 @@ class ParallelTextSource(Source):
 
     @classmethod
     def from_spec(cls, spec) -> "ParallelTextSource":
-        """``parallel:KEY=PATTERN,...``, its keys in sorted order (as JSON lines
-        and Parquet keep them): the same files in another order are the same
-        source (fingerprint, provenance paths, which name the first key's files).
+        """``parallel:KEY=PATTERN,...``, its keys sorted (the same files in
+        another order are the same source).
 
         Raises:
           ValueError: fewer than two files, or ``exclude`` (the files are named one by one).

@@ -48,14 +48,12 @@ class ParquetSource(FileSource):
       output_key: key of the value in ``SourceRecord.data``.
       columns: optional mapping output key -> column (several values).
       batch_size: rows per record batch.
-      on_error: the ``ErrorPolicy`` spec for the content kinds (string values)
-        and the task's checks; a missing column always raises (it is a property
-        of the file, not of a record).
+      on_error: for the content kinds and the task's checks; a missing column
+        always raises.
 
     Raises (from ``splits``, ``read_split`` / ``read_file``):
-      ValueError: a file that is not Parquet or cannot be read; a column is
-        missing from a file (names the file, the column and the columns the file
-        has); a split whose rows do not lie on row-group boundaries.
+      ValueError: a file that is not Parquet or cannot be read; a missing
+        column (names the file's columns); a split off row-group boundaries.
     """
 
     kind = "parquet"

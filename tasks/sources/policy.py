@@ -35,9 +35,8 @@ characters become U+FFFD, a carriage return inside a line a newline, U+2581 a
 space. ``"keep"`` accepts the text and names the kind in
 ``SourceRecord.kept`` (counted in ``statistics.bad_input_records.kept``). The
 content checks (control characters, U+2581, empty, whitespace) apply to every
-string value a source yields, after any repair. Messages of skipped and
-repaired records name the record by an id that does not depend on the split;
-a raised error may say more (``Where``).
+string value a source yields, after any repair. A raised error may say
+more than the split-independent id of other messages (``Where``).
 """
 
 from __future__ import annotations
@@ -132,12 +131,8 @@ class ErrorPolicy:
 
 def parse_on_error(values: "str | Sequence[str]") -> "str | dict[str, str] | None":
     """The ``on_error`` of command-line values: ``"raise"``, ``"skip"``,
-    ``"replace"`` or ``"KIND=ACTION"`` (several may be given, e.g.
-    ``["skip", "empty=keep"]``). No values give None: every kind's default.
-
-    Raises:
-      ValueError: a malformed value, an unknown kind or action.
-    """
+    ``"replace"`` or ``"KIND=ACTION"`` (several: ``["skip", "empty=keep"]``);
+    None for none. ``ValueError`` for a malformed value, kind or action."""
     if isinstance(values, str):
         values = [values]
     spec: dict[str, str] = {}

@@ -19,8 +19,8 @@ class TextFileSource(TextSource):
         content kinds (an empty file is ``empty``).
 
     Raises (from ``read_split`` / ``read_file``):
-      ValueError: bad input whose action is ``"raise"``; names the file. A file
-        that cannot be read; a split that is not the whole file.
+      ValueError: bad input whose action is ``"raise"`` or an unreadable file
+        (names it); a split that is not the whole file.
     """
 
     kind = "files"

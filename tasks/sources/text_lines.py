@@ -22,8 +22,7 @@ from seqcache.tasks.sources.base import (
 from seqcache.tasks.sources.lines import byte_ranges, is_compressed, read_line_blocks, read_lines
 from seqcache.tasks.sources.policy import SUSPECT_CHARACTERS, is_clean_text
 
-# What makes a line fail ``is_clean_text`` or hold a carriage return: a
-# whitespace-only line, one of these characters, or no text.
+# A line fails ``is_clean_text`` or holds a CR: whitespace only, these characters, no text.
 _WHITESPACE_LINE_RE = re.compile(r"\n[^\S\n]+(?=\n|\Z)")
 _LINE_SUSPECT_RE = re.compile(f"[\r{SUSPECT_CHARACTERS}]+")
 # The ASCII bytes that are none of those characters.

@@ -85,10 +85,9 @@ class TfdsSource(ExampleRecords):
 
     Args:
       name: ``NAME[/CONFIG][:VERSION]``.
-      split: a TFDS split, with TFDS's slicing (``"train"``, ``"validation[:500]"``,
-        ``"train[10%:20%]"``).
-      data_dir: the TFDS data folder (local, or a URL TFDS reads); None: TFDS's
-        default (``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
+      split: a TFDS split, sliced as TFDS slices (``"validation[:500]"``).
+      data_dir: the TFDS data folder; None: TFDS's default
+        (``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
       field: the feature to read, stored under ``output_key``.
       output_key: key of the value in ``SourceRecord.data``.
       on_error: the ``ErrorPolicy`` spec (kinds as for ``TFRecordSource``).
@@ -98,8 +97,7 @@ class TfdsSource(ExampleRecords):
       FileNotFoundError: the dataset is not prepared in ``data_dir`` (says how).
       ValueError: an unknown split or feature (lists those there are); another
         file format; a dataset TFDS cannot open (TFDS's message).
-    (from ``read_split``): ValueError as ``TFRecordSource``, naming the shard
-      file and the record index.
+    (from ``read_split``): ValueError as ``TFRecordSource``.
     """
 
     kind = "tfds"
@@ -135,7 +133,6 @@ class TfdsSource(ExampleRecords):
         # (full name, file format, {shard path: (first record, stop)}), from the driver.
         self._resolved: tuple[str, str, dict[str, tuple[int, int]]] | None = None
 
-    # -- resolution, on the driver ------------------------------------------
 
     def _how_to_prepare(self, where: str) -> str:
         dd = self.data_dir or "~/tensorflow_datasets"
@@ -184,7 +181,6 @@ class TfdsSource(ExampleRecords):
         self._resolved = (builder.info.full_name, file_format, dict(sorted(ranges.items())))
         return self._resolved
 
-    # -- Source ---------------------------------------------------------------
 
     def list_files(self) -> list[SourceFile]:
         _, _, ranges = self._resolve()

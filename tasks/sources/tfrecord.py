@@ -19,6 +19,7 @@ descriptor pool (no clash with TensorFlow's own names).
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -116,16 +117,9 @@ def iter_tfrecords(path: str, start: int = 0, stop: int | None = None) -> Iterat
         raise read_error(path, e, f"record {index}" if index else None) from None
 
 
-# ---------------------------------------------------------------------------
-# tf.train.Example without TensorFlow.
-
-_EXAMPLE_CLASS: list = []
-
-
+@functools.lru_cache(maxsize=None)
 def example_class():
     """The protobuf message class of ``tf.train.Example``, built once per process."""
-    if _EXAMPLE_CLASS:
-        return _EXAMPLE_CLASS[0]
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # optional: protobuf (Beam's)
 
     F = descriptor_pb2.FieldDescriptorProto
@@ -160,9 +154,7 @@ def example_class():
     message("Example", [("features", 1, F.TYPE_MESSAGE, opt, f".{pkg}.Features", None)])
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
-    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.Example"))
-    _EXAMPLE_CLASS.append(cls)
-    return cls
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.Example"))
 
 
 def encode_example(features: Mapping[str, Any]) -> bytes:
@@ -290,16 +282,14 @@ class TFRecordSource(ExampleRecords, FileSource):
         for raw UTF-8 records.
       output_key: key of the value in ``SourceRecord.data``.
       features: optional mapping output key -> Example feature (several values).
-      on_error: the ``ErrorPolicy`` spec. Kinds met here: ``malformed`` (not a
-        ``tf.train.Example``, or data whose CRC does not match),
-        ``missing_field`` (the feature is absent), ``bad_value`` (a float
-        feature, several bytes values), ``invalid_utf8`` and the content kinds.
+      on_error: kinds met here: ``malformed`` (not an Example, a bad data CRC),
+        ``missing_field``, ``bad_value`` (a float feature, several bytes
+        values), ``invalid_utf8`` and the content kinds.
 
     Raises (from ``read_split`` / ``read_file``):
-      ValueError: bad input whose action is ``"raise"``, naming the file and the
-        record index; a file whose framing is broken (a bad length CRC, a
-        truncated file), naming the file and the record; a split that is not
-        the whole file.
+      ValueError: bad input whose action is ``"raise"``, or broken framing (a
+        bad length CRC, a truncated file), naming the file and the record; a
+        split that is not the whole file.
       ImportError: google-crc32c is not installed (says ``pip install 'seqcache[tfds]'``).
     """
 

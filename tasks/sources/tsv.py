@@ -29,9 +29,8 @@ class TsvSource(LineSplits, FileSource):
         ``malformed`` and the content kinds.
 
     Raises:
-      ValueError: (constructor) no columns, a negative or non-integer index;
-        (reading) bad input whose action is ``"raise"``, naming the file, the
-        line (number and byte offset) and the column count.
+      ValueError: no columns, a bad index; bad input whose action is
+        ``"raise"``, naming the file, the line and the column count.
     """
 
     kind = "tsv"

@@ -53,6 +53,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from seqcache.tasks.sources.spec import parse_source_spec
+
 # Bump when normalize_words, word_hashes or ngram_hashes change: it enters every
 # Benchmark.fingerprint (and so the fingerprint of a cache built with --exclude).
 NORMALIZATION_VERSION = 2
@@ -376,8 +378,6 @@ class Benchmark:
             spec).
           FileNotFoundError: a pattern that matches nothing.
         """
-        from seqcache.tasks.sources.spec import parse_source_spec
-
         source = parse_source_spec(spec, split="test", on_error={"missing_field": "skip"})
         items, empty = _read_items(source)
         if not items:

@@ -14,11 +14,9 @@ unigram    NFKC (or none)              Metaspace (``▁``)      SentencePiece's 
                                                               ``tokenizers`` Unigram model, byte fallback
 =========  ==========================  =====================  ==========================================
 
-Why SentencePiece trains the unigram model: ``tokenizers``' own UnigramTrainer
-gives different scores (and so, at times, different pieces) from run to run on
-the same text, because its EM sums run in hash-map order; SentencePiece's
-trainer on one thread with a fixed seed gives the same model every time. The
-tokenizer it writes is an ordinary ``tokenizers`` Unigram model.
+SentencePiece trains the unigram model because ``tokenizers``' UnigramTrainer
+sums in hash-map order and so differs from run to run; SentencePiece on one
+thread with a fixed seed does not. The result is an ordinary Unigram model.
 """
 
 from __future__ import annotations
@@ -26,13 +24,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import unicodedata
 from typing import Iterable, Sequence
 
 import numpy as np
+import sentencepiece as spm
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from seqcache import fs
-from seqcache.tasks.vocabularies import ModelFile, Vocabulary, _pickled_model, _unpickled_model
+from seqcache.tasks.vocabularies import ModelFile, Vocabulary, pickled_model, read_model, unpickled_model
+from seqcache.tasks.vocabulary_training import META_SPACE, train_sentencepiece
 
 # Tried in this order when no token is named (the first one in the vocabulary wins).
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "<|eot_id|>")
@@ -41,19 +43,14 @@ UNK_CANDIDATES = ("<unk>", "[UNK]", "<|unk|>")
 
 # The special tokens of tokenizers trained by ``train_hf_tokenizer``, at ids 0, 1, 2.
 TRAINED_SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
-META_SPACE = "\u2581"
 
 
 def _tokenizer_from_bytes(data: bytes, where: str):
-    from tokenizers import Tokenizer
-
     try:
         tok = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as e:  # tokenizers raises its own Exception subclass; UnicodeDecodeError too
         raise ValueError(f"{where} is not a valid tokenizer.json ({len(data):,} bytes): {e}") from e
-    # Settings in the file that would change ids behind the cache's back: encode
-    # returns every token of the text, unpadded; special tokens written in the
-    # text are text, never control ids.
+    # Every token of the text, unpadded; special tokens in the text are text.
     tok.no_truncation()
     tok.no_padding()
     tok.encode_special_tokens = True
@@ -63,38 +60,27 @@ def _tokenizer_from_bytes(data: bytes, where: str):
 class HfTokenizerVocabulary(Vocabulary):
     """A Hugging Face ``tokenizers`` tokenizer (a ``tokenizer.json`` file) as a vocabulary.
 
-    The tokenizer is loaded lazily, on first use. A pickled vocabulary carries the
-    file's bytes, not its path, so that pipeline workers in fresh processes (or on
-    other machines) can use it. Its identity is the sha256 of those bytes.
-
-    Encoding never adds special tokens (no post-processor BOS/EOS: the
-    ``append_eos`` preprocessor appends EOS), ignores any truncation or padding
-    the file asks for, and treats special tokens written in the text (a literal
-    ``"</s>"``) as text, so that no document can inject control ids.
+    Loaded on first use; a pickled vocabulary carries the file's bytes, whose
+    sha256 is its identity. Encoding never adds special tokens (``append_eos``
+    appends EOS), ignores the file's truncation and padding, and reads special
+    tokens written in the text (a literal ``"</s>"``) as text.
 
     Special ids: each of EOS, pad and unk is the token named here, or else the
     first of ``EOS_CANDIDATES`` / ``PAD_CANDIDATES`` / (the model's own unk
-    token, then) ``UNK_CANDIDATES`` found in the vocabulary. Without a pad token
-    ``pad_id`` is ``eos_id`` (padding rows carry zero loss weight anyway); without
-    an unk token ``unk_id`` is None (byte-level BPE has none: every text is
-    encodable).
-
-    ``extra_ids`` sentinels follow the tokenizer's ids, numbered as in seqio/T5
-    (``<extra_id_0>`` is the last id); encoding never yields them and decoding
-    drops them, as for ``SentencePieceVocabulary``.
+    token, then) ``UNK_CANDIDATES`` in the vocabulary. Without a pad token
+    ``pad_id`` is ``eos_id``; without an unk token ``unk_id`` is None.
+    ``extra_ids`` sentinels follow the tokenizer's ids, as in seqio/T5.
 
     Args:
-      path: a ``tokenizer.json`` file (local or a Beam FileSystems URL).
+      path: a ``tokenizer.json`` file (local or a URL).
       tokenizer_bytes: the file's bytes, instead of ``path``.
       extra_ids: number of sentinel ids added after the tokenizer's ids.
       eos_token, pad_token, unk_token: the special tokens, by their text.
 
     Raises:
-      ValueError: neither or both of path and tokenizer_bytes; a file that is
-        missing or is not a tokenizer.json; a named token that the vocabulary
-        lacks; no EOS token named and none of ``EOS_CANDIDATES`` present. The
-        message names the file. Reported on first use for a path, at once for
-        bytes.
+      ValueError: neither or both of path and tokenizer_bytes; a missing file
+        or not a tokenizer.json; a named token the vocabulary lacks; no EOS
+        token found. Names the file; on first use for a path, at once for bytes.
     """
 
     def __init__(self, path: str | None = None, *, tokenizer_bytes: bytes | None = None, extra_ids: int = 0,
@@ -113,20 +99,13 @@ class HfTokenizerVocabulary(Vocabulary):
         if self._bytes is not None:
             self._tokenizer()
 
-    # -- loading and pickling
     def _where(self) -> str:
         return self.path if self.path is not None else "<tokenizer.json bytes>"
 
     def model_bytes(self) -> bytes:
         """The ``tokenizer.json`` bytes (what a cache stores next to its manifest)."""
         if self._bytes is None:
-            if self._model_file is not None:
-                self._bytes = self._model_file.read()
-                return self._bytes
-            try:
-                self._bytes = fs.read_bytes(self.path)
-            except OSError as e:
-                raise ValueError(f"cannot read tokenizer {self.path!r}: {e}") from e
+            self._bytes = read_model(self.path, self._model_file, "tokenizer")
         return self._bytes
 
     def _tokenizer(self):
@@ -166,27 +145,23 @@ class HfTokenizerVocabulary(Vocabulary):
 
     def __getstate__(self):
         if self._model_file is not None and self._tok is None:
-            # Unpickled from a stored model's reference and not used since: its
-            # special tokens' names are resolved already, and the file is not read
-            # (a runner may pickle a worker's steps anew before it has the options
-            # to read it).
+            # Unpickled from a stored model and not used since: not read again.
             names = dict(self._names)
         else:
             self._tokenizer()
             names = {role: self._special[role][0] for role in ("eos", "pad", "unk")}
-        return {"tokenizer_bytes": _pickled_model(self._model_file, self.model_bytes, self._digest),
+        return {"tokenizer_bytes": pickled_model(self._model_file, self.model_bytes, self._digest),
                 "path": self.path, "extra_ids": self.extra_ids, "names": names}
 
     def __setstate__(self, state):
         self.extra_ids = state["extra_ids"]
         self.path = state["path"]
-        self._bytes, self._model_file, self._digest = _unpickled_model(state["tokenizer_bytes"])
+        self._bytes, self._model_file, self._digest = unpickled_model(state["tokenizer_bytes"])
         self._names = dict(state["names"])
         self._tok = None
         self._special = None
         self._size = None
 
-    # -- sizes and special ids
     @property
     def base_vocab_size(self) -> int:
         """1 + the largest id of the tokenizer (its vocabulary and added tokens)."""
@@ -218,13 +193,11 @@ class HfTokenizerVocabulary(Vocabulary):
     def sha256(self) -> str:
         return hashlib.sha256(self.model_bytes()).hexdigest()
 
-    # -- encoding
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer().encode(text, add_special_tokens=False).ids)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Token ids of many texts in one call into ``tokenizers`` (its Rust
-        thread pool encodes them in parallel); a list of 1-D int32 arrays."""
+        """Token ids of many texts in one parallel call into ``tokenizers``: int32 arrays."""
         if not texts:
             return []
         tok = self._tokenizer()
@@ -247,17 +220,13 @@ class HfTokenizerVocabulary(Vocabulary):
         piece = self._tokenizer().id_to_token(int(i))
         return piece if piece is not None else f"<id {i}>"
 
-    # -- identity and storage
     def fingerprint(self) -> dict:
         return {"kind": "hf_tokenizer", "sha256": self.sha256, "extra_ids": self.extra_ids,
                 "eos_id": self.eos_id, "pad_id": self.pad_id, "unk_id": self.unk_id}
 
     def to_json(self) -> dict:
-        """``{"kind", "file", "sha256", "extra_ids", "vocab_size", "eos_token", "pad_token", "unk_token"}``.
-
-        ``file`` is the name under which a cache stores ``model_bytes()`` (derived
-        from the hash); the token texts rebuild the same special ids.
-        """
+        """``{"kind", "file", "sha256", "extra_ids", "vocab_size", "eos_token",
+        "pad_token", "unk_token"}``; ``file`` comes from the hash."""
         sha = self.sha256
         names = self.special_tokens()
         return {"kind": "hf_tokenizer", "file": f"tokenizer-{sha[:16]}.json", "sha256": sha,
@@ -269,8 +238,7 @@ class HfTokenizerVocabulary(Vocabulary):
 
 
 def _model_unk_token(data: bytes) -> tuple[str, ...]:
-    """The unk token the model section of a tokenizer.json names (BPE, WordPiece,
-    WordLevel: ``unk_token``; Unigram: ``unk_id`` into its vocab), or ()."""
+    """The unk token a tokenizer.json's model names (``unk_token`` or ``unk_id``), or ()."""
     try:
         model = json.loads(data)["model"]
         if model.get("unk_token"):
@@ -282,10 +250,6 @@ def _model_unk_token(data: bytes) -> tuple[str, ...]:
     return ()
 
 
-# ---------------------------------------------------------------------------
-# Training.
-
-
 HF_MODELS = ("bpe", "unigram")
 
 
@@ -294,32 +258,24 @@ def train_hf_tokenizer(texts: Iterable[str], *, output_path: str, model: str, vo
                        max_sentence_length: int = 16384, extra_ids: int = 0) -> HfTokenizerVocabulary:
     """Trains a ``tokenizers`` tokenizer and writes its ``tokenizer.json`` to ``output_path``.
 
-    Ids: ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2 (T5 layout), then the model's tokens.
-    Every string is encodable: bpe works on bytes (GPT-2's ByteLevel
-    pre-tokenizer and alphabet, Radford et al. 2019; merges by Sennrich et al.
-    2016, arXiv 1508.07909); unigram (Kudo 2018, arXiv 1804.10959) falls back to
-    byte tokens ``<0x..>`` for characters it lacks. See the module docstring for
-    the normalizer and pre-tokenizer of each model.
-
-    Determinism: the same texts in the same order with the same options give a
-    byte-identical tokenizer.json, in the same or another process. ``BpeTrainer``
-    breaks ties between equally frequent pairs by their ids, and the ids of the
-    byte alphabet are fixed; the unigram model is trained by SentencePiece on one
-    thread with a fixed seed (see the module docstring). Pass texts from
-    ``sample_for_vocabulary`` to make the result independent of file order too.
+    Ids: ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2 (T5 layout), then the model's
+    tokens. Every string is encodable: bpe works on bytes (GPT-2's ByteLevel,
+    Radford et al. 2019; merges by Sennrich et al. 2016, arXiv 1508.07909);
+    unigram (Kudo 2018, arXiv 1804.10959) falls back to byte tokens ``<0x..>``.
+    The same texts in the same order with the same options give a
+    byte-identical tokenizer.json (texts from ``sample_for_vocabulary`` do not
+    depend on file order either).
 
     Args:
-      texts: training texts (bpe trains on whole texts; unigram on their
-        non-blank lines, as SentencePiece does).
-      output_path: where to write the tokenizer.json (local or a Beam URL).
+      texts: training texts (unigram: their non-blank lines).
+      output_path: where to write the tokenizer.json (local or a URL).
       model: ``"bpe"`` or ``"unigram"``.
       vocab_size: number of ids, including the 3 special tokens (and for bpe the
         256 byte symbols): >= 260.
       normalization: ``"nfkc"`` (Unicode NFKC, as T5's models) or ``"identity"``
         (none: ``decode(encode(text)) == text`` for every text with bpe).
       seed: SentencePiece's random seed (unigram; bpe has no randomness).
-      character_coverage: unigram: fraction of characters covered by their own
-        pieces (the rest fall back to bytes).
+      character_coverage: unigram: fraction of characters with their own pieces.
       max_sentence_length: unigram: longer lines (bytes) are skipped by SentencePiece.
       extra_ids: sentinels of the returned vocabulary (not stored in the file).
 
@@ -347,19 +303,14 @@ def train_hf_tokenizer(texts: Iterable[str], *, output_path: str, model: str, vo
     return vocab
 
 
-def _normalizer(normalization: str):
-    from tokenizers import normalizers
-
-    return normalizers.NFKC() if normalization == "nfkc" else None
+def _set_normalizer(tok, normalization: str) -> None:
+    if normalization == "nfkc":
+        tok.normalizer = normalizers.NFKC()
 
 
 def _train_bpe(texts: list[str], *, vocab_size: int, normalization: str):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE(unk_token=TRAINED_SPECIAL_TOKENS[2]))
-    norm = _normalizer(normalization)
-    if norm is not None:
-        tok.normalizer = norm
+    _set_normalizer(tok, normalization)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=int(vocab_size), min_frequency=2, show_progress=False,
@@ -374,15 +325,7 @@ def _train_bpe(texts: list[str], *, vocab_size: int, normalization: str):
 
 def _train_unigram(texts: list[str], *, vocab_size: int, normalization: str, seed: int, character_coverage: float,
                    max_sentence_length: int):
-    import tempfile
-
-    import sentencepiece as spm
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    from seqcache.tasks.vocabulary_training import train_sentencepiece
-
-    # SentencePiece sees the text as the tokenizer's normalizer will give it, and
-    # normalises nothing itself, so that its pieces are the tokenizer's pieces.
+    # SentencePiece sees the text as the tokenizer's normalizer gives it.
     if normalization == "nfkc":
         texts = [unicodedata.normalize("NFKC", t) for t in texts]
     with tempfile.TemporaryDirectory(prefix="seqcache-unigram-") as tmp:
@@ -399,19 +342,14 @@ def _train_unigram(texts: list[str], *, vocab_size: int, normalization: str, see
     n = sp.get_piece_size()
     scores = [sp.get_score(i) for i in range(n)]
     normal = [scores[i] for i in range(n) if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i))]
-    # Byte tokens serve byte fallback only, and control tokens are never text:
-    # both are scored below every piece, so that a literal "<0x41>" or "</s>" in
-    # the text is read as characters.
+    # Byte and control tokens score below every piece: "<0x41>" in text is characters.
     floor = (min(normal) if normal else 0.0) - 1e6
     vocab = [(sp.id_to_piece(i), floor if (sp.is_byte(i) or sp.is_control(i) or sp.is_unknown(i))
               else float(scores[i])) for i in range(n)]
     tok = Tokenizer(models.Unigram(vocab, unk_id=sp.unk_id(), byte_fallback=True))
-    norm = _normalizer(normalization)
-    if norm is not None:
-        tok.normalizer = norm
+    _set_normalizer(tok, normalization)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=META_SPACE, prepend_scheme="always", split=True)
-    # The decoder of SentencePiece-style tokenizers in ``tokenizers`` (Llama's):
-    # U+2581 -> space, <0x..> runs -> bytes, one leading space (the prepended one) off.
+    # Llama's decoder: U+2581 -> space, <0x..> runs -> bytes, the prepended space off.
     tok.decoder = decoders.Sequence([decoders.Replace(META_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TRAINED_SPECIAL_TOKENS])

@@ -1,14 +1,9 @@
 """Mixtures: tasks with mixing rates (seqio's ``Mixture``).
 
-A mixture names tasks and their rates. A rate is a constant or a callable of the
-task's number of cached examples (``rate_num_examples``, ``seqcache.rates``).
-Rates are relative: ``get_rates`` returns them unnormalised; the feeder normalises
-and mixes. Changing rates needs no rebuild of the task caches.
-
-A mixture may also carry a schedule: rates that change at given training steps
-(``schedule={10_000: {"wiki": 3, "code": 1}}``); the feeder reads it as a mixture
-schedule (``seqcache.feeders.schedule``: each task's ordinals continue across a
-change, so every example is still read once per epoch).
+A rate is a constant or a callable of the task's number of cached examples
+(``rate_num_examples``), relative: the feeder normalises and mixes, and
+changing rates needs no rebuild. A schedule changes the rates at given steps
+(``schedule={10_000: {"wiki": 3, "code": 1}}``; ``seqcache.feeders.schedule``).
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ from typing import Mapping, Sequence
 
 from seqcache.rates import Rate, RateNumExamples, rate_num_examples
 from seqcache.tasks.task import Task, check_name
+from seqcache.tasks.task_registry import TaskRegistry
 
 __all__ = ["Mixture", "Rate", "RateNumExamples", "rate_num_examples"]
 
@@ -41,22 +37,18 @@ class Mixture:
         then get ``default_rate``. A rate is a number >= 0 or a callable of the
         task's example count (see ``rate_num_examples``).
       default_rate: the rate of tasks listed without one.
-      schedule: optional rates that change at given steps: {step: {task name:
-        rate}}, steps >= 1 (the rates of ``tasks`` are the stage at step 0). Each
-        stage names the rates of that stage; a task of the mixture it leaves out
-        has rate 0 in it (not read). Every task named must be one of ``tasks``
-        (list a task that starts later with rate 0).
+      schedule: optional {step: {task name: rate}}, steps >= 1 (``tasks``'
+        rates are step 0's); a task a stage leaves out has rate 0 in it, and
+        every task named is one of ``tasks`` (rate 0 for one that starts later).
 
-    Every task of a mixture has the same output features (by name; seqio's rule):
-    the feeder reads the same features from every task's cache. Tasks given as
-    Task objects or registered names are checked here; a name registered later,
-    when ``get_tasks`` resolves it, and every cache when the feeder opens it.
+    Every task of a mixture has the same output features (by name; seqio's
+    rule), checked here for the tasks known now, by ``get_tasks`` for names
+    registered later, and by the feeder for every cache.
 
     Raises:
-      ValueError: no tasks, a task listed twice, a task without a rate and no
-        default_rate, or a negative constant rate; in ``schedule``, a step that is
-        not an integer >= 1, a task that is not in the mixture, or a bad rate;
-        tasks with different output features (names each task and its features).
+      ValueError: no tasks, a task listed twice or without a rate, a negative
+        rate; in ``schedule``, a step not an integer >= 1, a task not in the
+        mixture, a bad rate; tasks with different output features.
     """
 
     def __init__(self, name: str, tasks: Sequence[tuple[str | Task, Rate]] | Sequence[str | Task], *,
@@ -94,19 +86,13 @@ class Mixture:
         self._check_features(self._known_tasks())
 
     def _known_tasks(self) -> list[Task]:
-        """The Task objects given, and the task names registered now (a name
-        registered later is checked by ``get_tasks`` and the feeder)."""
-        from seqcache.tasks.registry import TaskRegistry
-
+        """The Task objects given, and those of the names registered now."""
         registered = set(TaskRegistry.names())
         return [self._task_objects[n] if n in self._task_objects else TaskRegistry.get(n)
                 for n in self._rates if n in self._task_objects or n in registered]
 
     def _check_features(self, tasks: Sequence[Task]) -> None:
-        """Refuses tasks with different output features (by name), as seqio does:
-        a feeder reads the same features from every task, so it would drop the
-        others of some tasks (the ``inputs`` of a translation task mixed with an
-        LM task)."""
+        """Refuses tasks with different output features (by name), as seqio does."""
         if all(set(t.output_features) == set(tasks[0].output_features) for t in tasks[1:]):
             return
         seen = "; ".join(f"task {t.name!r} has {sorted(t.output_features)}" for t in tasks)
@@ -152,13 +138,9 @@ class Mixture:
         return {step: dict(stage) for step, stage in self._schedule.items()}
 
     def get_schedule(self, num_examples: Mapping[str, int] | None = None) -> dict[int, dict[str, float]]:
-        """Every stage's rates, {step: {task name: rate}} from step 0 (``get_rates``)
-        on; a task a stage leaves out has rate 0.0 in it. Without a schedule,
-        ``{0: get_rates(num_examples)}``.
-
-        Raises:
-          ValueError: as ``get_rates``, for any stage.
-        """
+        """Every stage's rates, {step: {task name: rate}} from step 0
+        (``get_rates``) on, 0.0 for a task a stage leaves out. Raises
+        ``ValueError`` as ``get_rates``."""
         out = {0: self.get_rates(num_examples)}
         for step, stage in self._schedule.items():
             out[step] = self._evaluate({n: stage.get(n, 0.0) for n in self._rates}, num_examples,
@@ -178,8 +160,6 @@ class Mixture:
           ValueError: the tasks have different output features (a name
             registered after the mixture was built).
         """
-        from seqcache.tasks.registry import TaskRegistry
-
         tasks = [self._task_objects.get(n) or TaskRegistry.get(n) for n in self._rates]
         self._check_features(tasks)
         return tasks

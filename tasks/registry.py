@@ -1,102 +1,27 @@
 """Registries of tasks and mixtures by name (seqio style, class-level).
 
-User code registers tasks at import time (``TaskRegistry.add("name", source=...,
-output_features=...)``); the ``seqcache build`` command imports the user's module
-(``import_definitions``) and looks the name up with ``get_task_or_mixture``.
-``resolve_name`` turns what a user types (a cache folder, a task name under
-``CACHE_DIR``, a registered task or mixture) into cache folders, the same way
-for ``seqcache train`` and ``seqcache which``.
+User code registers tasks at import time (``TaskRegistry.add("name", ...)``);
+``seqcache build`` imports it (``import_definitions``) and looks names up with
+``get_task_or_mixture``. ``resolve_name`` turns what a user types into cache
+folders.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import importlib
 import importlib.util
 import os
 import sys
-from typing import Any, ClassVar, Generic, Sequence, TypeVar
+from typing import Any, ClassVar, Sequence
 
 from seqcache import layout
 from seqcache.tasks.mixture import Mixture
 from seqcache.tasks.task import Task
+from seqcache.tasks.task_registry import Registry, TaskRegistry, suggest
 
-T = TypeVar("T")
-
-
-def _suggest(name: str, names: list[str]) -> str:
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-    if close:
-        return f"did you mean {', '.join(repr(c) for c in close)}?"
-    if not names:
-        return "nothing is registered; import the module that defines your tasks (seqcache build --module ...)"
-    shown = ", ".join(repr(n) for n in sorted(names)[:10])
-    return f"registered: {shown}{' ...' if len(names) > 10 else ''}"
-
-
-class _Registry(Generic[T]):
-    _kind: ClassVar[str]
-    _items: ClassVar[dict]
-
-    @classmethod
-    def _add(cls, obj: T) -> T:
-        if obj.name in cls._items:
-            raise ValueError(f"{cls._kind} {obj.name!r} is already registered; remove it first or pick another name")
-        cls._items[obj.name] = obj
-        return obj
-
-    @classmethod
-    def get(cls, name: str) -> T:
-        """The registered object of that name.
-
-        Raises:
-          KeyError: no such name; the message lists the closest registered names.
-        """
-        try:
-            return cls._items[name]
-        except KeyError:
-            raise KeyError(f"no {cls._kind} named {name!r}; {_suggest(name, list(cls._items))}") from None
-
-    @classmethod
-    def names(cls) -> list[str]:
-        """Registered names, sorted."""
-        return sorted(cls._items)
-
-    @classmethod
-    def remove(cls, name: str) -> None:
-        """Unregisters ``name`` (KeyError with suggestions if unknown)."""
-        cls.get(name)
-        del cls._items[name]
-
-    @classmethod
-    def reset(cls) -> None:
-        """Removes everything (for tests)."""
-        cls._items.clear()
-
-
-class TaskRegistry(_Registry[Task]):
-    """Global registry of tasks."""
-
-    _kind = "task"
-    _items: ClassVar[dict[str, Task]] = {}
-
-    @classmethod
-    def add(cls, name_or_task: str | Task, **kwargs) -> Task:
-        """Registers a Task, or builds one with ``Task(name, **kwargs)`` and registers it.
-
-        Raises:
-          ValueError: the name is already registered (or the Task is invalid).
-        """
-        if isinstance(name_or_task, Task):
-            if kwargs:
-                raise TypeError("TaskRegistry.add(task) takes no other arguments")
-            return cls._add(name_or_task)
-        return cls._add(Task(name_or_task, **kwargs))
-
-
-class MixtureRegistry(_Registry[Mixture]):
+class MixtureRegistry(Registry[Mixture]):
     """Global registry of mixtures."""
 
     _kind = "mixture"
@@ -129,7 +54,7 @@ def get_task_or_mixture(name: str) -> Task | Mixture:
     if name in MixtureRegistry._items:
         return MixtureRegistry._items[name]
     every = TaskRegistry.names() + MixtureRegistry.names()
-    raise KeyError(f"no task or mixture named {name!r}; {_suggest(name, every)}")
+    raise KeyError(f"no task or mixture named {name!r}; {suggest(name, every)}")
 
 
 # Module names given to task files imported by path (``import_definitions``).
@@ -179,13 +104,11 @@ class Resolved:
     """What a name given by a user stands for.
 
     Attributes:
-      kind: ``"folder"`` (the name is a cache folder), ``"cache"``
-        (``CACHE_DIR/<name>/<split>`` is a cache), ``"task"`` (a registered
-        task: its cache under ``CACHE_DIR``, built or not) or ``"mixture"`` (a
-        registered mixture).
+      kind: ``"folder"`` (a cache folder), ``"cache"`` (``CACHE_DIR/<name>/<split>``),
+        ``"task"`` or ``"mixture"`` (registered; caches under ``CACHE_DIR``).
       cache_dirs: the cache folder of each task, in the mixture's task order.
       label: a short name for messages (``"wiki/train"``).
-      mixture: the ``seqcache.tasks.Mixture`` for kind ``"mixture"``, else None.
+      mixture: the ``Mixture`` for kind ``"mixture"``, else None.
     """
 
     kind: str
@@ -197,13 +120,9 @@ class Resolved:
 def resolve_name(name: str, *, split: str, cache_dir: str | None = None,
                  modules: Sequence[str] = ()) -> Resolved | None:
     """Resolves ``name``, in this order: a cache folder; ``cache_dir/<name>/<split>``
-    when it is a cache; a task or mixture registered in ``seqcache.tasks``
-    (after importing ``modules``), its caches under ``cache_dir``. Without
-    ``cache_dir`` only the first applies.
-
-    Returns:
-      A ``Resolved``, or None when ``name`` is none of these (the caller says
-      what was tried: ``seqcache.layout.cache_path(cache_dir, name, split)`` and the registries).
+    when it is a cache; a task or mixture registered (after importing
+    ``modules``), its caches under ``cache_dir``. Without ``cache_dir`` only
+    the first applies. Returns a ``Resolved``, or None.
     """
     if layout.is_cache(name):
         return Resolved("folder", (os.fspath(name),), os.fspath(name))
@@ -234,8 +153,7 @@ def registered(name: str, modules: Sequence[str] = ()):
 
 
 def not_registered(name: str) -> str:
-    """Why ``name`` is no registered task or mixture, in the registry's words
-    (with close names it knows), for messages after ``resolve_name`` gave None."""
+    """Why ``name`` is no registered task or mixture (with close names)."""
     try:
         get_task_or_mixture(name)
     except KeyError as e:

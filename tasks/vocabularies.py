@@ -19,11 +19,9 @@ seqio/T5: ``<extra_id_0>`` is the last id (``vocab_size - 1``) and
 ``encode`` never adds EOS (the ``append_eos`` preprocessor does); ``decode`` drops
 pad, EOS, unknown-to-the-model ids and sentinels, and never stops early.
 
-A vocabulary is stored in a cache as ``to_json()`` (plus, for SentencePiece and
-tokenizers, the model file named by ``desc["file"]`` next to the manifest) and
-rebuilt with ``vocabulary_from_json``. This module holds the vocabulary types;
-``seqcache.tasks.vocabulary_specs`` builds them from descriptions (JSON, the
-command line), ``seqcache.tasks.vocabulary_training`` trains and tries them.
+A cache stores a vocabulary as ``to_json()`` (and the model file
+``desc["file"]`` next to the manifest), rebuilt by ``vocabulary_from_json``
+(``vocabulary_specs``); ``vocabulary_training`` trains and tries them.
 """
 
 from __future__ import annotations
@@ -32,13 +30,13 @@ import abc
 import itertools
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import os
 import threading
 from typing import Sequence
 
 import numpy as np
+import sentencepiece as spm
 
 from seqcache import fs
 
@@ -55,7 +53,6 @@ class Vocabulary(abc.ABC):
             raise ValueError(f"extra_ids must be >= 0 (got {extra_ids=})")
         self.extra_ids = int(extra_ids)
 
-    # -- sizes and special ids
     @property
     @abc.abstractmethod
     def base_vocab_size(self) -> int:
@@ -88,7 +85,6 @@ class Vocabulary(abc.ABC):
             raise ValueError(f"sentinel index {i} is out of range: this vocabulary has {self.extra_ids} extra ids")
         return self.base_vocab_size + self.extra_ids - 1 - i
 
-    # -- encoding
     @abc.abstractmethod
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no EOS appended)."""
@@ -98,13 +94,9 @@ class Vocabulary(abc.ABC):
         return [np.asarray(self.encode(t), dtype=np.int32) for t in texts]
 
     def encode_batch_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """``encode_batch`` as one column: ``(ids, lengths)``, the token ids of
-        every text one after the other (int32, shape (sum(lengths),)) and the
-        number of ids of each text (int64, shape (len(texts),)).
-
-        Raises:
-          as ``encode_batch``.
-        """
+        """``encode_batch`` as one column: ``(ids, lengths)``, every text's ids
+        one after the other (int32, (sum(lengths),)) and their counts (int64,
+        (len(texts),)). Raises as ``encode_batch``."""
         arrays = self.encode_batch(texts) if len(texts) else []
         lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
         flat = np.concatenate(arrays, dtype=np.int32, casting="unsafe") if arrays else np.zeros(0, np.int32)
@@ -115,11 +107,9 @@ class Vocabulary(abc.ABC):
         """Text of ``ids``; pad, EOS and sentinel ids are dropped."""
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
-        """``[decode(ids) for ids in batch]``; vocabularies with a faster way
-        (one call into SentencePiece) override it, with the same texts."""
+        """``[decode(ids) for ids in batch]`` (overridden by faster ways)."""
         return [self.decode(ids) for ids in batch]
 
-    # -- identity and storage
     @abc.abstractmethod
     def fingerprint(self) -> dict:
         """JSON-able identity: kind, sha256 of the model bytes (or None), extra_ids."""
@@ -148,9 +138,6 @@ class ByteVocabulary(Vocabulary):
     """
 
     _OFFSET = 3
-
-    def __init__(self, extra_ids: int = 0):
-        super().__init__(extra_ids)
 
     @property
     def base_vocab_size(self) -> int:
@@ -201,18 +188,9 @@ class ByteVocabulary(Vocabulary):
         return f"ByteVocabulary(extra_ids={self.extra_ids})"
 
 
-# -- model files a build stores, pickled by reference --------------------------
-# Beam pickles every step of a pipeline, and compresses each pickle with bz2 at
-# level 9 (``apache_beam.internal.pickler``), as it sends the steps to the
-# workers and as each worker unpickles them, several times a build: a
-# SentencePiece model or tokenizer.json inside the task's steps (hundreds of KB
-# to several MB) cost a 1.2 MB build with an 8,000-piece model about 0.09 s of
-# its 0.41 s pipeline time (benchmarks/README.md). While a
-# build's pipeline is made and run (``stored_models``), a vocabulary whose model
-# bytes the build has stored in its cache folder pickles that file's URL and
-# sha256 instead (``ModelFile``), and loads it from there on first use, once per
-# process; a vocabulary unpickled from a ``ModelFile`` pickles it again as it is
-# (a worker's runner pickles the steps it was given anew).
+# Model files a build stores, pickled by reference: Beam pickles every step
+# several times a build (a model in them cost 0.09 s of a 0.41 s build,
+# benchmarks/README.md), so a stored model pickles as its URL and sha256.
 
 
 _STORED = threading.local()  # .files: {sha256 hex: URL}, in the thread that makes and runs the pipeline
@@ -222,19 +200,14 @@ _LOADED_LOCK = threading.Lock()
 
 @dataclasses.dataclass(frozen=True)
 class ModelFile:
-    """A vocabulary model stored in a cache folder: what a vocabulary pickles
-    instead of its bytes while ``stored_models`` holds them."""
+    """A model stored in a cache folder, pickled instead of its bytes (``stored_models``)."""
 
     url: str
     sha256: str
 
     def read(self) -> bytes:
-        """The model's bytes, read once per process.
-
-        Raises:
-          ValueError: the file cannot be read, or its bytes are not the ones
-            the build stored (their sha256 differs); the message names the file.
-        """
+        """The model's bytes, read once per process; ``ValueError`` naming the
+        file when it cannot be read or its sha256 differs."""
         with _LOADED_LOCK:
             data = _LOADED.get(self.sha256)
         if data is not None:
@@ -254,12 +227,8 @@ class ModelFile:
 @contextlib.contextmanager
 def stored_models(files: dict[str, bytes]):
     """While the block runs, in this thread, a vocabulary whose model bytes are
-    one of ``files``' values pickles a ``ModelFile`` of that URL instead of the
-    bytes (see the comment above ``ModelFile``).
-
-    Args:
-      files: {URL of a stored copy: the model bytes written there}.
-    """
+    a value of ``files`` ({URL of a stored copy: its bytes}) pickles a
+    ``ModelFile`` of that URL instead of the bytes."""
     before = getattr(_STORED, "files", None)
     current = dict(before or {})
     for url, data in files.items():
@@ -271,26 +240,33 @@ def stored_models(files: dict[str, bytes]):
         _STORED.files = before
 
 
-def _pickled_model(stored: ModelFile | None, data, digest_cache: list) -> bytes | ModelFile:
-    """What a vocabulary pickles for its model: ``stored``, the reference it was
-    unpickled from, as it is (the file not read), or else ``_model_state`` of
-    ``data()``, its bytes."""
+def read_model(path: str, stored: ModelFile | None, what: str) -> bytes:
+    """A vocabulary's model bytes: ``stored`` (a build's copy) when given, else
+    the file ``path``. Raises ``ValueError`` naming ``what`` and the file."""
+    if stored is not None:
+        return stored.read()
+    try:
+        return fs.read_bytes(path)
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {path!r}: {e}") from e
+
+
+def pickled_model(stored: ModelFile | None, data, digest_cache: list) -> bytes | ModelFile:
+    """What a vocabulary pickles for its model: ``stored`` (the reference it was
+    unpickled from) as it is, else ``_model_state(data())``."""
     return stored if stored is not None else _model_state(data(), digest_cache)
 
 
-def _unpickled_model(value: bytes | ModelFile) -> tuple[bytes | None, ModelFile | None, list]:
-    """(model bytes or None, the ``ModelFile`` or None, the digest cache) of a
-    pickled model value (``_pickled_model``)."""
+def unpickled_model(value: bytes | ModelFile) -> tuple[bytes | None, ModelFile | None, list]:
+    """(bytes or None, ``ModelFile`` or None, digest cache) of a ``pickled_model`` value."""
     if isinstance(value, ModelFile):
         return None, value, [value.sha256]
     return value, None, [None]
 
 
 def _model_state(data: bytes, digest_cache: list) -> bytes | ModelFile:
-    """What a vocabulary pickles for its model bytes ``data``: a ``ModelFile``
-    when ``stored_models`` holds them in this thread, else the bytes.
-    ``digest_cache``: a one-item list holding the bytes' sha256 (or None), kept
-    by the vocabulary so that each pickle does not hash them again."""
+    """A ``ModelFile`` for ``data`` when ``stored_models`` holds it in this
+    thread, else ``data``; ``digest_cache`` (a one-item list) keeps its sha256."""
     files = getattr(_STORED, "files", None)
     if not files:
         return data
@@ -300,25 +276,18 @@ def _model_state(data: bytes, digest_cache: list) -> bytes | ModelFile:
     return data if url is None else ModelFile(url, digest_cache[0])
 
 
-# Mean characters per text from which ``SentencePieceVocabulary.encode_batch_flat``
-# asks SentencePiece for int32 buffers instead of lists of ints (documents, not
-# lines: measured in benchmarks/pipeline.py's bound).
+# Mean characters per text from which ``encode_batch_flat`` asks SentencePiece
+# for int32 buffers instead of lists (benchmarks/pipeline.py).
 SENTENCEPIECE_BUFFER_CHARS = 256
-
-
 ENCODING_THREADS_ENV = "SEQCACHE_ENCODING_THREADS"
 
 
 def encoding_threads() -> int:
-    """SentencePiece's encoding threads for a batch when the caller names none:
-    ``$SEQCACHE_ENCODING_THREADS`` when set (a positive integer; a build
-    hands its driver's value to every worker,
-    ``seqcache.pipelines.transforms.driver_encoding_threads``), else the CPUs
-    this process may run on
-    (``os.sched_getaffinity``, which a container's or ``taskset``'s CPU set
-    limits). Not SentencePiece's own default, the machine's hardware
-    threads, which runs more threads than CPUs in a pinned process, a
-    container or beside other workers, and makes them take turns.
+    """SentencePiece's encoding threads when the caller names none:
+    ``$SEQCACHE_ENCODING_THREADS`` when set (a build hands its driver's value
+    to every worker), else the CPUs this process may run on
+    (``os.sched_getaffinity``), not SentencePiece's default, the hardware
+    threads, which oversubscribes a pinned process or a container.
 
     Raises:
       ValueError: ``$SEQCACHE_ENCODING_THREADS`` is not a positive integer.
@@ -334,25 +303,16 @@ def encoding_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-@functools.lru_cache(maxsize=None)
-def _encodes_to_numpy() -> bool:
-    """True when the installed SentencePiece encodes to numpy arrays
-    (``out_type="numpy"``; older releases lack it)."""
-    import sentencepiece
-
-    return hasattr(sentencepiece.SentencePieceProcessor, "EncodeAsNumpy")
+# Whether the installed SentencePiece encodes to numpy arrays (older releases do not).
+_ENCODES_TO_NUMPY = hasattr(spm.SentencePieceProcessor, "EncodeAsNumpy")
 
 
 class SentencePieceVocabulary(Vocabulary):
     """A SentencePiece model (Kudo & Richardson 2018, arXiv 1808.06226).
 
-    The model is loaded lazily, on first use. A pickled vocabulary carries the
-    model bytes, not the path, so that pipeline workers in fresh processes (or on
-    other machines) can use it.
-
-    Special ids come from the model: models trained by ``train_sentencepiece`` use
-    pad 0, eos 1, unk 2 and no bos (T5 layout). For a model without a pad piece
-    ``pad_id`` is 0 (padding is masked by loss weights anyway).
+    Loaded on first use; a pickled vocabulary carries the model bytes, not the
+    path. Special ids come from the model (``train_sentencepiece``: pad 0,
+    eos 1, unk 2, no bos); without a pad piece ``pad_id`` is 0.
 
     Args:
       model_path: path of a ``.model`` file (local or a Beam FileSystems URL).
@@ -360,9 +320,8 @@ class SentencePieceVocabulary(Vocabulary):
       extra_ids: number of sentinel ids added after the model's pieces.
 
     Raises:
-      ValueError: neither or both of model_path and model_bytes are given; the
-        file is missing or is not a SentencePiece model (the message names it).
-        Reported on first use for a path, at once for bytes.
+      ValueError: neither or both of model_path and model_bytes; a missing file
+        or not a SentencePiece model (names it; on first use for a path).
     """
 
     def __init__(self, model_path: str | None = None, *, model_bytes: bytes | None = None, extra_ids: int = 0):
@@ -377,25 +336,16 @@ class SentencePieceVocabulary(Vocabulary):
         if self._model_bytes is not None:
             self._processor()
 
-    # -- loading and pickling
     def _where(self) -> str:
         return self.model_path if self.model_path is not None else "<model bytes>"
 
     def model_bytes(self) -> bytes:
         if self._model_bytes is None:
-            if self._model_file is not None:
-                self._model_bytes = self._model_file.read()
-                return self._model_bytes
-            try:
-                self._model_bytes = fs.read_bytes(self.model_path)
-            except OSError as e:
-                raise ValueError(f"cannot read SentencePiece model {self.model_path!r}: {e}") from e
+            self._model_bytes = read_model(self.model_path, self._model_file, "SentencePiece model")
         return self._model_bytes
 
     def _processor(self):
         if self._sp is None:
-            import sentencepiece as spm
-
             data = self.model_bytes()
             sp = spm.SentencePieceProcessor()
             try:
@@ -409,16 +359,15 @@ class SentencePieceVocabulary(Vocabulary):
         return self._sp
 
     def __getstate__(self):
-        return {"model_bytes": _pickled_model(self._model_file, self.model_bytes, self._digest),
+        return {"model_bytes": pickled_model(self._model_file, self.model_bytes, self._digest),
                 "model_path": self.model_path, "extra_ids": self.extra_ids}
 
     def __setstate__(self, state):
         self.extra_ids = state["extra_ids"]
         self.model_path = state["model_path"]
-        self._model_bytes, self._model_file, self._digest = _unpickled_model(state["model_bytes"])
+        self._model_bytes, self._model_file, self._digest = unpickled_model(state["model_bytes"])
         self._sp = None
 
-    # -- sizes and special ids
     @property
     def base_vocab_size(self) -> int:
         return self._processor().get_piece_size()
@@ -440,18 +389,12 @@ class SentencePieceVocabulary(Vocabulary):
     def sha256(self) -> str:
         return hashlib.sha256(self.model_bytes()).hexdigest()
 
-    # -- encoding
     def encode(self, text: str) -> list[int]:
         return list(self._processor().encode(text, out_type=int))
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[np.ndarray]:
-        """Token ids of many texts in one call into SentencePiece (int32 arrays).
-
-        Args:
-          texts: the texts.
-          num_threads: SentencePiece's encoding threads (None:
-            ``encoding_threads()``, the CPUs this process may use).
-        """
+        """Token ids of many texts in one call into SentencePiece (int32 arrays),
+        on ``num_threads`` threads (None: ``encoding_threads()``)."""
         if not texts:
             return []
         kwargs = {"num_threads": int(encoding_threads() if num_threads is None else num_threads)}
@@ -460,14 +403,12 @@ class SentencePieceVocabulary(Vocabulary):
 
     def encode_batch_flat(self, texts: Sequence[str], *, num_threads: int | None = None
                           ) -> tuple[np.ndarray, np.ndarray]:
-        """``Vocabulary.encode_batch_flat``: one call into SentencePiece, and the
-        ids gathered into one int32 array without an array per text; threads as
-        ``encode_batch``'s."""
+        """``Vocabulary.encode_batch_flat`` in one call into SentencePiece."""
         if not len(texts):
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
         kwargs = {"num_threads": int(encoding_threads() if num_threads is None else num_threads)}
         texts = list(texts)
-        if sum(map(len, texts)) >= SENTENCEPIECE_BUFFER_CHARS * len(texts) and _encodes_to_numpy():
+        if sum(map(len, texts)) >= SENTENCEPIECE_BUFFER_CHARS * len(texts) and _ENCODES_TO_NUMPY:
             # Long texts: SentencePiece's int32 buffers, no Python int per id.
             arrays = self._processor().encode(texts, out_type="numpy", **kwargs)
             lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
@@ -486,9 +427,7 @@ class SentencePieceVocabulary(Vocabulary):
         return sp.decode(clean)
 
     def decode_batch(self, batch: Sequence[Sequence[int]], *, num_threads: int | None = None) -> list[str]:
-        """``decode`` of each id sequence of ``batch``, the ids filtered with
-        numpy and decoded in one call into SentencePiece (``num_threads``: as
-        ``encode_batch``'s)."""
+        """``decode`` of each id sequence, in one call into SentencePiece."""
         if not len(batch):
             return []
         sp = self._processor()
@@ -506,17 +445,12 @@ class SentencePieceVocabulary(Vocabulary):
             return f"<extra_id_{n + self.extra_ids - 1 - i}>"
         return self._processor().id_to_piece(int(i))
 
-    # -- identity and storage
     def fingerprint(self) -> dict:
         return {"kind": "sentencepiece", "sha256": self.sha256, "extra_ids": self.extra_ids}
 
     def to_json(self) -> dict:
-        """``{"kind", "file", "sha256", "extra_ids", "vocab_size"}``.
-
-        ``file`` is the name under which a cache stores ``model_bytes()``; it is
-        derived from the model's hash, so two features with different models never
-        share a file.
-        """
+        """``{"kind", "file", "sha256", "extra_ids", "vocab_size"}``; ``file``, the
+        name a cache stores ``model_bytes()`` under, comes from the model's hash."""
         sha = self.sha256
         return {"kind": "sentencepiece", "file": f"spm-{sha[:16]}.model", "sha256": sha,
                 "extra_ids": self.extra_ids, "vocab_size": self.vocab_size}
@@ -534,9 +468,8 @@ def decode_with_sentinels(vocabulary, ids) -> str:
         inputs:  Thank you <extra_id_0> me to your party <extra_id_1> week.
         targets: <extra_id_0> for inviting <extra_id_1> last
 
-    The ids between two sentinels are decoded together; a SentencePiece piece
-    that starts a word (``▁``) right after a sentinel keeps its space. Pad and
-    EOS are dropped, as by ``decode``."""
+    The ids between two sentinels are decoded together (a piece starting with
+    ``▁`` after a sentinel keeps its space); pad and EOS are dropped."""
     extra = int(getattr(vocabulary, "extra_ids", 0) or 0)
     if not extra:
         return vocabulary.decode(ids)

@@ -8,15 +8,13 @@ import hashlib
 import os
 
 from seqcache import fs
+from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary
 from seqcache.tasks.vocabularies import ByteVocabulary, SentencePieceVocabulary, Vocabulary
 
 
 def vocabulary_from_json(desc: dict, base_dir: str) -> Vocabulary:
-    """Rebuilds a vocabulary from ``Vocabulary.to_json()``.
-
-    Args:
-      desc: the JSON description.
-      base_dir: folder holding the model file ``desc["file"]`` (SentencePiece).
+    """Rebuilds a vocabulary from ``Vocabulary.to_json()`` (``desc``), its model
+    file ``desc["file"]`` in ``base_dir``.
 
     Raises:
       ValueError: an unknown kind, a missing model file, or a model whose sha256
@@ -44,8 +42,6 @@ def vocabulary_from_json(desc: dict, base_dir: str) -> Vocabulary:
             vocab = SentencePieceVocabulary(model_bytes=data, extra_ids=extra_ids)
             vocab.model_path = path
             return vocab
-        from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary
-
         try:
             vocab = HfTokenizerVocabulary(tokenizer_bytes=data, extra_ids=extra_ids, eos_token=desc.get("eos_token"),
                                           pad_token=desc.get("pad_token"), unk_token=desc.get("unk_token"))
@@ -73,11 +69,9 @@ def vocabulary_from_spec(spec: str, extra_ids: int = 0) -> Vocabulary:
                                             SentencePiece
     ======================================  ==========================================
 
-    The file is loaded at once, so that a bad one fails here, naming it.
-
     Raises:
-      ValueError: anything else, a bad file or special-token option (the message
-        says what is accepted).
+      ValueError: anything else, a bad file (loaded at once, named) or
+        special-token option (says what is accepted).
     """
     if spec == "byte":
         return ByteVocabulary(extra_ids=extra_ids)
@@ -85,8 +79,6 @@ def vocabulary_from_spec(spec: str, extra_ids: int = 0) -> Vocabulary:
     if "://" not in path and os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer.json")):
         path = os.path.join(path, "tokenizer.json")  # a tokenizer's folder, as Hugging Face saves one
     if path.endswith(".json") or (not path.endswith(".model") and _looks_like_json(path)):
-        from seqcache.tasks.hf_tokenizer import HfTokenizerVocabulary
-
         vocab = HfTokenizerVocabulary(path, extra_ids=extra_ids, **names)
         vocab._tokenizer()  # fail now, naming the path
         return vocab

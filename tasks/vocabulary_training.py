@@ -14,6 +14,8 @@ import logging
 import os
 from typing import Iterable, Sequence
 
+import sentencepiece as spm
+
 from seqcache import fs
 from seqcache.tasks.sources import ERROR_KINDS, Source, is_error_record, text_problems
 from seqcache.tasks.vocabularies import SentencePieceVocabulary, Vocabulary
@@ -24,13 +26,10 @@ class SampleCounts:
     """What ``sample_for_vocabulary`` met under the sources' ``on_error`` policies.
 
     Attributes:
-      records: source records read (records).
-      skipped: records skipped per kind of bad input (left out of the sample).
-      replaced: records repaired per kind (a record repaired for two kinds counts
-        under both).
-      kept: records kept as they are per kind whose action is ``"keep"`` (for
-        example ``empty``: such records are read, but empty texts never enter
-        the sample).
+      records: source records read.
+      skipped, replaced, kept: records skipped (left out), repaired, or kept as
+        they are (action ``"keep"``; empty texts never enter the sample) per
+        kind of bad input; a record counts under each of its kinds.
     """
 
     records: int = 0
@@ -48,22 +47,18 @@ def sample_for_vocabulary(source: Source | Sequence[Source], *, max_records: int
                           field: str | None = None, counts: SampleCounts | None = None) -> list[str]:
     """A deterministic sample of record texts to train a vocabulary on.
 
-    Keeps the ``max_records`` records with the smallest keyed hash
-    ``blake2b(raw, key=seed, digest_size=8)`` (a bottom-k sample): the sample
-    depends only on the multiset of records and the seed, not on file order or on
-    how records are split across files. Streams with a bounded heap, so memory is
-    O(max_records) texts. Empty texts, non-string values and records a source
-    skipped are left out. The result is ordered by hash.
+    The ``max_records`` records with the smallest keyed hash ``blake2b(raw,
+    key=seed, digest_size=8)`` (a bottom-k sample, ordered by hash): it depends
+    only on the multiset of records and the seed. Memory: O(max_records)
+    texts. Empty texts, non-string values and skipped records are left out.
 
     Args:
       source: one source or several (sampled together).
       max_records: sample size (records).
       seed: non-negative int, the hash key.
-      field: the key of the text in ``SourceRecord.data``; None (default):
-        every string value of the record, in key order, one per line (both
-        sides of a parallel or TSV source; the text of a one-value source).
-      counts: if given, filled with the records read and the skipped, repaired
-        and kept records per kind (see ``SampleCounts``).
+      field: the key of the text in ``SourceRecord.data``; None: every string
+        value of the record, in key order, one per line.
+      counts: if given, filled in (``SampleCounts``).
 
     Raises:
       ValueError: max_records < 1, seed < 0, or the sources hold no text.
@@ -124,30 +119,23 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
                         extra_ids: int = 0) -> SentencePieceVocabulary:
     """Trains a SentencePiece model with the T5 id layout and writes it to ``output_path``.
 
-    Ids: pad 0, eos 1, unk 2, no bos; ``byte_fallback`` is on, so every string is
-    encodable (unknown characters become byte pieces ``<0x..>``).
-
-    Determinism: the same texts, in the same order, with the same options give a
-    byte-identical ``.model`` file, in the same or another process (training runs
-    on one thread with a fixed random seed and no input shuffling). Pass texts from
-    ``sample_for_vocabulary`` to make the result independent of file order too.
+    Ids: pad 0, eos 1, unk 2, no bos; with ``byte_fallback`` every string is
+    encodable (byte pieces ``<0x..>``). The same texts in the same order with
+    the same options give a byte-identical ``.model`` file (one thread, a fixed
+    seed, no shuffling).
 
     Args:
-      texts: training texts; with ``split_lines`` each is split into lines and
-        empty lines are skipped (SentencePiece trains on sentences).
-      output_path: where to write the ``.model`` file (local or a Beam URL).
+      texts: training texts (with ``split_lines``, their non-empty lines).
+      output_path: where to write the ``.model`` file (local or a URL).
       vocab_size: number of pieces, including pad/eos/unk and the 256 byte pieces.
       model_type: ``"unigram"`` (Kudo 2018, arXiv 1804.10959) or ``"bpe"``.
-      character_coverage: fraction of characters covered by single-character
-        pieces (the rest fall back to bytes).
+      character_coverage: fraction of characters covered by their own pieces.
       max_sentence_length: longer sentences (in bytes) are skipped by SentencePiece.
       input_sentence_size: if > 0, train on the first this many sentences.
       seed: SentencePiece's random seed.
       split_lines: split texts into lines.
-      normalization_rule_name: SentencePiece normalisation: ``"nmt_nfkc"`` (T5's
-        choice) or ``"identity"``. With ``"identity"`` and
-        ``remove_extra_whitespaces=False``, ``decode(encode(text)) == text`` for
-        every text (lossless; useful for code); NFKC changes some characters.
+      normalization_rule_name: ``"nmt_nfkc"`` (T5's) or ``"identity"`` (with
+        ``remove_extra_whitespaces=False``: ``decode(encode(text)) == text``).
       remove_extra_whitespaces: collapse runs of spaces and strip ends.
       extra_ids: sentinels of the returned vocabulary (not stored in the model).
 
@@ -155,8 +143,6 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
       ValueError: bad options, no text, or SentencePiece refused to train (for
         example ``vocab_size`` too large for the text); the message says which.
     """
-    import sentencepiece as spm
-
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"model_type must be 'unigram' or 'bpe' (got {model_type!r})")
     if vocab_size < 260:
@@ -167,24 +153,12 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
     spm.set_random_generator_seed(int(seed))
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=writer,
-            vocab_size=int(vocab_size),
-            model_type=model_type,
-            character_coverage=float(character_coverage),
-            max_sentence_length=int(max_sentence_length),
-            input_sentence_size=int(input_sentence_size),
-            shuffle_input_sentence=False,
-            num_threads=1,
-            pad_id=0,
-            eos_id=1,
-            unk_id=2,
-            bos_id=-1,
-            byte_fallback=True,
+            sentence_iterator=iter(sentences), model_writer=writer, vocab_size=int(vocab_size), model_type=model_type,
+            character_coverage=float(character_coverage), max_sentence_length=int(max_sentence_length),
+            input_sentence_size=int(input_sentence_size), shuffle_input_sentence=False, num_threads=1,
+            pad_id=0, eos_id=1, unk_id=2, bos_id=-1, byte_fallback=True,
             normalization_rule_name=normalization_rule_name,
-            remove_extra_whitespaces=bool(remove_extra_whitespaces),
-            minloglevel=2,
-        )
+            remove_extra_whitespaces=bool(remove_extra_whitespaces), minloglevel=2)
     except (RuntimeError, OSError) as e:
         if sentences.all_too_long:
             raise sentences.too_long_error() from e
@@ -200,9 +174,8 @@ def train_sentencepiece(texts: Iterable[str], *, output_path: str, vocab_size: i
 
 
 class _TrainingSentences:
-    """The sentences SentencePiece trains on (non-empty lines of the texts, or the
-    non-empty texts themselves), counted as they stream, with how many are longer
-    than ``max_sentence_length`` bytes (SentencePiece skips those)."""
+    """The non-empty lines (or texts) SentencePiece trains on, counted as they
+    stream, with those over ``max_sentence_length`` bytes (it skips them)."""
 
     def __init__(self, texts: Iterable[str], *, split_lines: bool, max_sentence_length: int):
         self.texts, self.split_lines, self.max_sentence_length = texts, split_lines, max_sentence_length
@@ -253,12 +226,11 @@ META_SPACE = "\u2581"  # SentencePiece's whitespace symbol: decodes as a space
 def round_trip_problems(vocabulary: Vocabulary, texts: Sequence[str]) -> list[dict]:
     """Where ``decode(encode(text)) != text`` under the vocabulary's normalisation.
 
-    Returns, for each such text (by index), a dict with ``index``, ``offset`` (the
-    first differing character), ``expected`` and ``got`` (a few characters around
-    it) and ``reason``: ``"contains U+2581"`` (SentencePiece's whitespace symbol,
-    which decodes as a space), or ``"normalisation"`` (NFKC, collapsed or stripped
-    spaces; ``identity`` normalisation without whitespace removal avoids it), or
-    ``"unknown characters"`` when the vocabulary maps them to unk.
+    Returns, for each such text, a dict with ``index``, ``offset`` (the first
+    differing character), ``expected`` and ``got`` (the characters around it)
+    and ``reason``: ``"contains U+2581"`` (decodes as a space),
+    ``"unknown characters"`` (mapped to unk) or ``"normalisation"`` (NFKC,
+    collapsed or stripped spaces).
     """
     out = []
     for i, (text, ids) in enumerate(zip(texts, vocabulary.encode_batch(list(texts)))):

@@ -2,18 +2,18 @@
 JSON, file matching, and the ``Source`` interface.
 
 A record's id is ``(file_index, record_number)``; what ``record_number`` counts
-depends on the source and is named by its ``locator`` (see ``seqcache.tasks.sources``
-for the table). ``describe_record`` turns a locator and a record number into
-words: the one place where a record's place is worded. The helpers every
-source uses are public here: ``BOM``, ``READ_ERRORS``, ``read_error``,
-``read_whole``, ``check_target``, ``FileSource`` and ``TextSource``, and
-``Source``'s methods for subclasses (``_record``, ``_row_record``, ``_decode``,
-``_bad``).
+is the source's ``locator``, and ``describe_record`` is the one function that
+words a record's place. The helpers every source uses are public here
+(``BOM``, ``READ_ERRORS``, ``read_error``, ``read_whole``, ``check_target``,
+``FileSource``, ``TextSource``), with ``Source``'s methods for subclasses
+(``_record``, ``_row_record``, ``_decode``, ``_bad``).
 """
 
 from __future__ import annotations
 
 import abc
+import datetime
+import decimal
 import fnmatch
 import gzip
 import json
@@ -22,8 +22,10 @@ import os
 import zlib
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
+import numpy as np
+
 from seqcache import compression, fs
-from seqcache.tasks.sources.lines import line_number_at
+from seqcache.tasks.sources.lines import check_target, line_number_at
 from seqcache.tasks.sources.policy import ErrorPolicy, Where, as_where, check_text_values, error_hint
 
 log = logging.getLogger(__name__)
@@ -32,11 +34,8 @@ BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark, removed at byte 0 of a file
 
 # The values of ``Source.locator``: what ``SourceRecord.record_number`` counts.
 LOCATORS = ("byte_offset", "row", "record", "file", "line")
-# A record's place by locator, in words that read no file and do not depend on
-# how the file was split (messages of skipped records, quarantine entries), and
-# in words for people (``show``, ``which``, raised errors); ``{n}`` is the
-# record number, ``{l}`` the 1-based line. A byte offset becomes a line number
-# in ``describe_record``.
+# A record's place by locator (``describe_record``), stable and for people;
+# ``{n}`` is the record number, ``{l}`` the 1-based line.
 _STABLE_WORDS = {"byte_offset": "line at byte {n}", "line": "line {l}", "row": "row {n}", "record": "record {n}",
                  "file": "file"}
 _WORDS = {"line": "line {l:,}", "row": "row {n:,}", "record": "record {n}", "file": "whole file"}
@@ -48,13 +47,11 @@ class RecordIssue(NamedTuple):
     """What a source found wrong with one record and did under its policy.
 
     Attributes:
-      action: ``"skipped"`` (the record gives no example; its ``data`` is ``{}``)
-        or ``"replaced"`` (it was repaired and is kept, with the repaired data).
-      kind: the kind of bad input, a key of ``ERROR_KINDS``; for a repair, the
-        kinds repaired, comma-separated, in the order met.
+      action: ``"skipped"`` (no example; ``data`` is ``{}``) or ``"replaced"``
+        (kept, repaired).
+      kind: a key of ``ERROR_KINDS``; for a repair, the kinds, comma-separated.
       message: what is wrong, naming the file and the record by an id that does
-        not depend on how the file was split (it goes into a cache's quarantine
-        file), e.g. ``"/data/a.txt: line at byte 1234 is empty"``.
+        not depend on the split (``"/data/a.txt: line at byte 1234 is empty"``).
     """
 
     action: str
@@ -67,18 +64,13 @@ class SourceRecord(NamedTuple):
 
     Attributes:
       file_index: index of the file in ``Source.list_files()`` (sorted by path).
-      record_number: the record's id within its file; what it counts depends on
-        the source (its ``locator``: a byte offset, a row index, ...; see the
-        table in ``seqcache.tasks.sources``). It does not depend on the split.
-      data: the record's fields, e.g. ``{"text": "..."}``; ``{}`` for a record
-        the source skipped.
-      raw: canonical bytes of the raw record: the input of the shuffle key (kept
-        for a skipped record too, for the quarantine file).
-      issue: None for a clean record; else what was wrong and whether the record
-        was skipped or repaired (``RecordIssue``).
-      kept: the kinds of bad input the record holds and its source accepted as
-        they are (action ``"keep"``, e.g. ``("control_characters",)``), in the
-        order met; the pipeline counts them in ``statistics.bad_input_records``.
+      record_number: the record's id within its file, counting what the
+        source's ``locator`` names; it does not depend on the split.
+      data: the record's fields, e.g. ``{"text": "..."}``; ``{}`` if skipped.
+      raw: canonical bytes of the raw record, the shuffle key's input.
+      issue: None for a clean record, else a ``RecordIssue``.
+      kept: the kinds of bad input accepted as they are (action ``"keep"``),
+        in the order met, counted in ``statistics.bad_input_records``.
     """
 
     file_index: int
@@ -90,23 +82,18 @@ class SourceRecord(NamedTuple):
 
 
 class Split(NamedTuple):
-    """A part of one input file: the unit of reading work.
-
-    The records of a split are those whose first byte (byte splits) or row (row
-    splits) lies in ``[start, stop)``; ``stop=None`` reads to the end of the
-    file, so ``Split(i, path)`` is the whole file. A record's id never depends
-    on the split that reads it, and the splits of a file hold each of its
-    records exactly once.
+    """A part of one input file, the unit of reading work: the records whose
+    first byte (byte splits) or row (row splits) lies in ``[start, stop)``;
+    ``Split(i, path)`` is the whole file. The splits of a file hold each of its
+    records exactly once, with ids that do not depend on the split.
 
     Attributes:
       file_index: the file's index in ``Source.list_files()``.
       path: the file's path.
-      start: first byte (byte splits: text lines, JSON lines) or row (row
-        splits: Parquet) of the split; 0 for a whole file.
-      stop: end of the split (exclusive, same unit), or None for the end of the
-        file.
-      num_bytes: the split's size in bytes (for row splits, the compressed size
-        of its row groups), used to plan the work; 0 when unknown.
+      start: first byte or row of the split; 0 for a whole file.
+      stop: end (exclusive, same unit), or None for the end of the file.
+      num_bytes: the split's size (compressed, for row splits), for planning;
+        0 when unknown.
     """
 
     file_index: int
@@ -135,9 +122,9 @@ _JSON_ESCAPES = {c: encode_json_string(chr(c))[1:-1].encode() for c in [*range(0
 
 
 def json_string_bodies(data: bytes, offsets) -> tuple[bytes, list[int]]:
-    """The JSON string forms of a column of UTF-8 strings, escaped all at once:
-    value i's ``json.dumps(value, ensure_ascii=False)`` without its quotes is
-    ``escaped[out[i]:out[i + 1]]``, encoded as UTF-8.
+    """The JSON string forms of a column of UTF-8 strings, escaped at once:
+    ``escaped[out[i]:out[i + 1]]`` is value i's ``json.dumps(value,
+    ensure_ascii=False)`` without its quotes, as UTF-8.
 
     Args:
       data: the values' UTF-8 bytes, one after the other.
@@ -145,11 +132,8 @@ def json_string_bodies(data: bytes, offsets) -> tuple[bytes, list[int]]:
 
     Returns:
       ``(escaped, out)``: bytes, and a list of n + 1 ints. Only ASCII bytes are
-      escaped (a quote, a backslash, the control characters): UTF-8 holds them
-      in no multi-byte sequence, so ``bytes.replace`` on the whole column is safe.
+      escaped, which UTF-8 holds in no multi-byte sequence.
     """
-    import numpy as np
-
     arr = np.frombuffer(data, dtype=np.uint8)
     base = np.asarray(offsets, dtype=np.int64) - int(offsets[0])
     special = np.flatnonzero((arr < 0x20) | (arr == 0x22) | (arr == 0x5C))
@@ -182,8 +166,7 @@ def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = Non
     """
     try:
         if type(obj) is dict and all(type(k) is str and type(v) is str for k, v in obj.items()):
-            # The common row (text values only), as json.dumps writes it, without
-            # building an encoder per call.
+            # Text values only, as json.dumps writes them, without an encoder per call.
             quote = encode_json_string
             text = "{" + ",".join(f"{quote(k)}:{quote(obj[k])}" for k in sorted(obj)) + "}"
         else:
@@ -194,17 +177,14 @@ def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = Non
 
 
 class RecordBatch:
-    """Consecutive records of one split, in file order, as columns: what the
-    pipeline reads (``Source.read_batches``), so that the common case needs no
-    Python object per record. ``concat`` joins the batches of consecutive
-    splits (small files) into one, so that a preprocessing batch is not cut at
-    every file.
+    """Consecutive records in file order, as columns: what the pipeline reads
+    (``Source.read_batches``), with no Python object per clean record.
 
-    A batch is a sequence of ``SourceRecord`` (``batch[i]``, ``len(batch)``): the
-    records a source built one by one (``from_records``), or, for sources with a
-    columnar fast path (text lines), clean records held as columns (one text
-    field) with the few others (skipped, repaired or kept bad input) as whole
-    ``SourceRecord`` objects at their positions.
+    A sequence of ``SourceRecord`` (``batch[i]``, ``len(batch)``): the records
+    a source built one by one (``from_records``), or, for sources with a
+    columnar fast path, clean records held as columns (one text field) with the
+    others (skipped, repaired, kept bad input) as ``SourceRecord`` objects at
+    their positions. ``concat`` joins the batches of small files.
 
     Attributes:
       file_index: the split's file index: every record's, unless ``file_indices``.
@@ -219,11 +199,9 @@ class RecordBatch:
     def __init__(self, file_index: int, record_numbers: list[int], raws: list[bytes], *, field: str | None,
                  texts: list | None, odd: dict[int, SourceRecord] | None, file_indices: list[int] | None = None,
                  records: list[SourceRecord] | None = None):
-        """Column form: record i is ``odd[i]`` where present, else
-        ``SourceRecord(file_index, record_numbers[i], {field: texts[i]}, raws[i])``
-        (a clean record: no issue, nothing kept; ``file_indices[i]`` for
-        the file index of a batch made by ``concat``). With ``records``, those
-        records (``field``, ``texts`` and ``odd`` None)."""
+        """Column form: record i is ``odd[i]`` where present, else the clean
+        ``SourceRecord(file_indices[i] or file_index, record_numbers[i],
+        {field: texts[i]}, raws[i])``. With ``records``, those records."""
         self.file_index = file_index
         self.file_indices = file_indices
         self.record_numbers = record_numbers
@@ -241,10 +219,8 @@ class RecordBatch:
 
     @classmethod
     def concat(cls, batches: Sequence["RecordBatch"]) -> "RecordBatch":
-        """The records of ``batches`` (non-empty), in order, as one batch:
-        columns when every batch is in column form for the same field (no
-        Python object per clean record), else records. ``file_indices`` is
-        set when the records come from more than one file.
+        """The records of ``batches``, in order, as one batch: columns when all
+        are columns of the same field. ``file_indices`` is set for several files.
 
         Raises:
           ValueError: ``batches`` is empty.
@@ -281,18 +257,27 @@ class RecordBatch:
 
     def take(self, start: int, stop: int) -> "RecordBatch":
         """Records ``start`` to ``stop`` (exclusive) as a batch of their own,
-        in the same form (columns stay columns)."""
+        in the same form (columns stay columns); ``file_indices`` None when
+        they come from one file."""
         rows = self._records is not None
-        return RecordBatch(self.file_index, self.record_numbers[start:stop], self.raws[start:stop], field=self._field,
+        file_index, files = self.file_index, self.file_indices
+        if files is not None:
+            files = files[start:stop]
+            if files and files.count(files[0]) == len(files):
+                file_index, files = files[0], None
+        return RecordBatch(file_index, self.record_numbers[start:stop], self.raws[start:stop], field=self._field,
                            texts=None if rows else self._texts[start:stop],
                            odd=None if rows else {i - start: r for i, r in self._odd.items() if start <= i < stop},
-                           file_indices=None if self.file_indices is None else self.file_indices[start:stop],
-                           records=self._records[start:stop] if rows else None)
+                           file_indices=files, records=self._records[start:stop] if rows else None)
+
+    def pieces(self, size: int) -> Iterator["RecordBatch"]:
+        """The batch in consecutive pieces of at most ``size`` records (``take``)."""
+        for start in range(0, len(self), size):
+            yield self.take(start, start + size)
 
     def byte_bounded(self, max_bytes: int) -> Iterator["RecordBatch"]:
         """The batch in consecutive pieces of at most ``max_bytes`` of raw
-        records each (a larger record is a piece of its own), itself when it
-        is that small."""
+        records (a larger record alone), itself when it is that small."""
         sizes = list(map(len, self.raws))
         if sum(sizes) <= max_bytes:
             yield self
@@ -306,16 +291,14 @@ class RecordBatch:
         yield self.take(start, len(sizes))
 
     def special(self) -> Iterator[tuple[int, SourceRecord]]:
-        """``(position, record)`` of the records with an issue or kept bad input,
-        in order: the only ones the pipeline looks at one by one."""
+        """``(position, record)`` of the records with an issue or kept bad input, in order."""
         if self._records is not None:
             return ((i, r) for i, r in enumerate(self._records) if r.issue is not None or r.kept)
         return ((i, self._odd[i]) for i in sorted(self._odd) if self._odd[i].issue is not None or self._odd[i].kept)
 
     def text_values(self, key: str, index: Sequence[int]) -> list | None:
-        """The text (``str``) of field ``key`` of the records at ``index``, or
-        None when this batch is not in column form for ``key`` or one of these
-        values is not a ``str`` (the caller then reads the records)."""
+        """The ``str`` values of field ``key`` of the records at ``index``; None
+        when the batch is not in column form for ``key`` or a value is no ``str``."""
         if self._records is not None or key != self._field:
             return None
         texts, odd = self._texts, self._odd
@@ -347,17 +330,12 @@ def describe_record(path: str | None, locator: str | None, record_number: int | 
     other            ``"<locator> <number>"``      ``"<locator> <number>"``
     ===============  ============================  =================================
 
-    A locator of None is ``record``; a record number of None is ``"record ?"``
-    (a manifest or quarantine entry that lacks them).
-
-    The default counts the lines of a local file up to a byte offset
-    (decompressed for ``.gz``, 1 MiB at a time: meant for ``show``, ``which``
-    and raised errors, not for every record) and says ``"byte 1,234"`` when the
-    file is not local, cannot be read, or no line begins there any more (it
-    changed). ``stable=True`` reads nothing: words that do not depend on how
-    the file was split, for skipped records and quarantine entries
-    (``Source.where``, ``Task.record_label``). Never raises for an unreadable
-    file.
+    A locator of None is ``record``; a record number of None gives ``"record ?"``.
+    The default counts the lines of a local file up to a byte offset (for
+    ``show``, ``which`` and raised errors, not for every record) and says
+    ``"byte 1,234"`` when the file is not local, cannot be read or changed.
+    ``stable=True`` reads nothing: words that do not depend on the split, for
+    skipped records and quarantine entries. Never raises for an unreadable file.
     """
     if record_number is None:
         return "record ?"
@@ -374,20 +352,13 @@ def describe_record(path: str | None, locator: str | None, record_number: int | 
     return _WORDS.get(locator, locator + " {n:,}").format(n=n, l=n + 1)
 
 
-# ---------------------------------------------------------------------------
-# Files: matching patterns and reading, through seqcache.fs.
-
-
 def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list[SourceFile]:
-    """Files matching any of ``patterns`` (glob; ``**`` is recursive), sorted by path,
-    less those matching any of the ``exclude`` patterns (fnmatch, where ``*`` also
-    crosses ``/``: ``*/site-packages/*`` drops a whole folder). An exclude pattern
-    without ``/`` matches file names (``notes.txt``, ``*.md``); a relative one with
-    ``/`` is taken from the working directory, like the source patterns. An exclude
-    pattern that leaves out nothing is logged as a warning.
-
-    Local paths are made absolute so that the list (and every fingerprint built on
-    it) does not depend on the working directory. Directories are ignored.
+    """Files matching any of ``patterns`` (glob; ``**`` is recursive), sorted by
+    path, less those matching an ``exclude`` pattern (fnmatch: ``*`` also
+    crosses ``/``; one without ``/`` matches file names, a relative one is
+    taken from the working directory). An exclude pattern that leaves out
+    nothing is logged as a warning. Local paths are made absolute (fingerprints
+    do not depend on the working directory); directories are ignored.
 
     Raises:
       FileNotFoundError: a pattern matches no file (the message names the pattern).
@@ -462,11 +433,7 @@ def read_whole(path: str) -> bytes:
 
 
 def _json_default(value: Any) -> Any:
-    """Canonical JSON of the values Parquet gives that JSON lacks (dates, times,
-    decimals: their ISO / decimal strings); anything else is refused."""
-    import datetime
-    import decimal
-
+    """The JSON form of Parquet's dates, times and decimals (ISO / decimal strings)."""
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     if isinstance(value, (decimal.Decimal, datetime.timedelta)):
@@ -475,10 +442,8 @@ def _json_default(value: Any) -> Any:
 
 
 def _text_of_bytes(data: dict) -> tuple[dict, str | None]:
-    """``data`` with top-level ``bytes`` values decoded as UTF-8 text (a binary
-    Parquet column, a function yielding bytes). Returns the data and, when a value
-    is not UTF-8, a description of the first such value (the bytes are then
-    decoded with U+FFFD)."""
+    """``data`` with top-level ``bytes`` values decoded as UTF-8 (U+FFFD for
+    bad bytes), and a description of the first value that is not UTF-8, or None."""
     if not any(isinstance(v, (bytes, bytearray)) for v in data.values()):
         return data, None
     out, problem = {}, None
@@ -503,39 +468,23 @@ def _patterns(pattern: str | Sequence[str]) -> tuple[str, ...]:
     return out
 
 
-def check_target(target_bytes: int) -> None:
-    """Raises ``ValueError`` unless ``target_bytes`` (a split's wanted size) is an int >= 1."""
-    if not isinstance(target_bytes, int) or target_bytes < 1:
-        raise ValueError(f"target_bytes must be an int >= 1 (got {target_bytes=})")
-
-
-# ---------------------------------------------------------------------------
-
-
 class Source(abc.ABC):
     """A collection of raw records, split into files, each record with a stable id.
 
     Subclasses implement ``list_files``, ``fingerprint``, ``describe`` and either
-    ``read_split`` (with ``splits`` when a file can be read in parts) or, for a
-    source that reads whole files only, ``read_file``. Implementations must be
-    picklable and cheap to pickle: they are shipped to pipeline workers.
+    ``read_split`` (with ``splits`` when a file can be read in parts) or
+    ``read_file`` (whole files only). They are pickled to pipeline workers.
     """
 
     kind: str = "source"
     on_error: ErrorPolicy = ErrorPolicy()
-    # What ``SourceRecord.record_number`` counts in this source's files (one of
-    # ``LOCATORS``), for the manifest's source table and ``describe_record``.
-    locator: str = "record"
-    # Whether ``splits`` opens the file (a Parquet footer) rather than cutting
-    # its size alone: the plan then cuts many files in parallel threads (on an
-    # object store each is a round trip); for the others threads only cost.
+    locator: str = "record"  # what ``SourceRecord.record_number`` counts, one of ``LOCATORS``
+    # Whether ``splits`` opens the file (a Parquet footer): planned in threads.
     splits_read_files: bool = True
 
     def __init_subclass__(cls, **kwargs):
-        """A subclass that sets its ``kind`` and has the classmethod
-        ``from_spec(spec)`` (a ``SourceSpec``) has a command-line form
-        ``KIND:...``: it registers itself with ``parse_source_spec`` here, and
-        its ``spec_forms`` words the forms for the message that lists them."""
+        """Registers a subclass that sets ``kind`` and has ``from_spec(spec)``
+        as the command-line form ``KIND:...`` of ``parse_source_spec``."""
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__ and hasattr(cls, "from_spec"):
             SPEC_KINDS[cls.kind] = cls
@@ -557,16 +506,9 @@ class Source(abc.ABC):
         """Short human-readable description, e.g. ``"text lines of data/*.txt"``."""
 
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
-        """The splits of one input file, each about ``target_bytes`` bytes, in
-        file order; together they hold each record of the file exactly once.
-
-        The default is the whole file, one split; sources that can start
-        reading in the middle of a file (byte ranges, row groups) override it.
-
-        Args:
-          file_index: the file's index in ``list_files()``.
-          file: the file, as in ``list_files()``.
-          target_bytes: the wanted size of a split, in bytes (>= 1).
+        """The splits of ``file`` (index ``file_index`` in ``list_files()``),
+        each about ``target_bytes`` bytes, in file order, together holding
+        each record once. The default is one split, the whole file.
 
         Raises:
           ValueError: ``target_bytes < 1``; a file whose layout cannot be read
@@ -576,14 +518,13 @@ class Source(abc.ABC):
         return [Split(file_index, file.path, 0, None, file.num_bytes)]
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
-        """Streams the records of one split (see ``Split``) in file order; memory
-        does not grow with the file size. The default reads whole files only,
-        with ``read_file``.
+        """Streams the records of one split in file order, in memory that does
+        not grow with the file. The default reads whole files with ``read_file``.
 
         Raises:
-          ValueError: a record cannot be read (``on_error="raise"``), or the file
-            cannot be read; the message names the file and the record. A split
-            this source cannot read (not the whole file, for whole-file sources).
+          ValueError: a record (``on_error="raise"``) or the file cannot be
+            read, naming the file and the record; a split a whole-file source
+            cannot read.
           TypeError: the subclass defines neither ``read_split`` nor ``read_file``.
         """
         if type(self).read_file is Source.read_file:
@@ -593,13 +534,9 @@ class Source(abc.ABC):
         return self.read_file(split.file_index, split.path)
 
     def read_batches(self, split: Split, batch_records: int) -> Iterator[RecordBatch]:
-        """The records of ``read_split(split)`` in batches of up to
-        ``batch_records`` (``RecordBatch``), in order: what the pipeline reads.
-        Sources with a columnar fast path override it; the records are the same.
-
-        Raises:
-          ValueError: as ``read_split``.
-        """
+        """The records of ``read_split(split)`` in ``RecordBatch``es of up to
+        ``batch_records``; a columnar fast path gives the same records.
+        Raises ``ValueError`` as ``read_split``."""
         batch: list[SourceRecord] = []
         for record in self.read_split(split):
             batch.append(record)
@@ -611,14 +548,11 @@ class Source(abc.ABC):
 
     def read_batches_of(self, splits: Sequence[Split], batch_records: int) -> Iterator[RecordBatch]:
         """The records of consecutive ``splits`` (a work unit), in order, in
-        batches of up to ``batch_records``: what the pipeline reads. The
-        default is ``read_batches`` of each split in turn; a source may
-        gather small splits into one batch (its ``file_indices`` then name
-        each record's file), never changing the records.
+        batches of up to ``batch_records`` (the default: ``read_batches`` of
+        each; a source may gather small splits into one batch).
 
         Raises:
-          ValueError: as ``read_split``, the message starting with the path of
-            the file (added here where the source's error lacks it).
+          ValueError: as ``read_split``, the message starting with the file's path.
         """
         for split in splits:
             path = str(split.path)
@@ -630,15 +564,7 @@ class Source(abc.ABC):
                 raise ValueError(f"{path}: {e}") from None
 
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
-        """Streams the records of one whole file: ``read_split(Split(file_index, path))``.
-
-        Args:
-          file_index: the file's index in ``list_files()``; copied into each record.
-          path: the file's path, as in ``list_files()``.
-
-        Raises:
-          ValueError: as ``read_split``.
-        """
+        """The records of one whole file: ``read_split(Split(file_index, path))``."""
         return self.read_split(Split(file_index, path))
 
     def read_all(self) -> Iterator[SourceRecord]:
@@ -651,8 +577,7 @@ class Source(abc.ABC):
 
     def where(self, path: str, record_number: int) -> Where:
         """The place of a record of ``path`` for messages (``describe_record``):
-        ``"{path}: line at byte 1234"``, and for a raised error ``"{path}: line
-        12 (byte 1,234)"``, the line counted only then."""
+        ``"{path}: line at byte 1234"``; raised, ``"{path}: line 12 (byte 1,234)"``."""
         text = f"{path}: {describe_record(path, self.locator, record_number, stable=True)}"
         if self.locator != "byte_offset":
             return Where(text)
@@ -682,10 +607,9 @@ class Source(abc.ABC):
     def _row_record(self, file_index: int, record_number: int, where: "str | Where", row: dict,
                     keys: Mapping[str, str] | None = None) -> SourceRecord:
         """The record of a row of values (a Parquet row, a function's dict):
-        ``raw`` is the row's canonical JSON (dates and decimals as strings),
-        bytes values are read as UTF-8 (kind ``invalid_utf8`` when they are not,
-        ``bad_value`` for a value with no JSON form), and ``data`` holds the
-        values of ``keys`` (output key -> row key; the whole row when None)."""
+        ``raw`` its canonical JSON (dates and decimals as strings; bytes read as
+        UTF-8, else ``invalid_utf8``; ``bad_value`` without a JSON form),
+        ``data`` the values of ``keys`` (output key -> row key; None: all)."""
         row, problem = _text_of_bytes(row)
         repairs = []
         if problem is not None:
@@ -715,9 +639,8 @@ class Source(abc.ABC):
 
     def _bad(self, kind: str, file_index: int, record_number: int, raw: bytes, where: "str | Where",
              problem: str) -> SourceRecord:
-        """A record of ``kind`` that cannot be repaired: raised, or marked skipped.
-        The message is ``where`` followed by ``problem`` (which starts with its
-        own separator, e.g. ``" is not valid JSON: ..."``)."""
+        """A record of ``kind`` that cannot be repaired: raised, or marked skipped;
+        the message is ``where`` then ``problem`` (``" is not valid JSON: ..."``)."""
         where = as_where(where)
         if self.on_error.actions[kind] == "raise":
             raise ValueError(f"{where.raised()}{problem}; {error_hint(kind)}")
@@ -725,7 +648,13 @@ class Source(abc.ABC):
 
 
 class FileSource(Source):
-    """Shared code of the sources that read files matched by glob patterns."""
+    """Shared code of the sources that read files matched by glob patterns.
+
+    Args (every file source):
+      pattern: a glob pattern (``**`` recursive) or a sequence of them.
+      on_error: the ``ErrorPolicy`` spec (None: every kind's default).
+      exclude: glob patterns of paths to leave out (``match_files``).
+    """
 
     def __init__(self, pattern: str | Sequence[str], *, on_error: "str | Mapping[str, str] | None" = None,
                  exclude: str | Sequence[str] = ()):
@@ -740,9 +669,7 @@ class FileSource(Source):
         return {}
 
     def fingerprint(self) -> dict:
-        # The files themselves (absolute paths, sizes, mtimes) identify the input;
-        # the patterns as typed do not: "*.txt", "./a.txt" and "/abs/a.txt" that
-        # match the same file give the same fingerprint.
+        # The files identify the input, not the patterns as typed.
         return {
             "kind": self.kind,
             "params": self._params(),

@@ -11,25 +11,19 @@ from seqcache.tasks.sources.policy import ErrorPolicy
 class FunctionSource(Source):
     """Records produced by a Python function, e.g. for small synthetic tasks.
 
-    ``fn()`` returns an iterable of dicts; they form one pseudo-file named
-    ``"<function NAME>"`` whose records are numbered 0, 1, ... in the order
-    yielded (``locator`` ``"record"``). The pseudo-file is one split.
-    ``fn`` must be deterministic and picklable (a module-level function).
-
-    The fingerprint holds only ``name`` and ``version``: seqcache cannot see the
-    function's code, so **bump ``version`` whenever the function's output
-    changes**, or a stale cache is reused.
+    ``fn()`` (deterministic, picklable) returns an iterable of dicts: one
+    pseudo-file ``"<function NAME>"``, one split, its records numbered 0, 1, ...
+    (``locator`` ``"record"``). The fingerprint holds only ``name`` and
+    ``version``: **bump ``version`` whenever the function's output changes**.
 
     Args:
       fn: a callable with no arguments returning an iterable of dicts.
       name: the source's name (in the pseudo-file name and the fingerprint).
       version: the version of the function's output.
-      on_error: the policy for the content of string values (control
-        characters, U+2581, empty, whitespace) and for the task's checks.
+      on_error: the ``ErrorPolicy`` spec (content kinds, the task's checks).
 
-    Raises (from ``read_split`` / ``read_file``):
-      ValueError: ``fn`` yields something that is not a dict; a split that is
-        not the whole pseudo-file.
+    Raises (from ``read_split``):
+      ValueError: ``fn`` yields a non-dict; a split that is not the whole.
     """
 
     kind = "function"

@@ -1,16 +1,10 @@
 """``HfDatasetSource``: a Hugging Face dataset on disk, read with pyarrow.
 
-Two layouts, both read without the ``datasets`` library and without any
-download:
-
-- a folder written by ``datasets.Dataset.save_to_disk`` (``state.json`` lists
-  its Arrow files, ``data-00000-of-00002.arrow``, in the Arrow IPC *stream*
-  format) or by ``DatasetDict.save_to_disk`` (``dataset_dict.json`` and one
-  such folder per split);
-- a Hub-style folder of Parquet shards, found by split with the Hub's own
-  file-name conventions: ``data/SPLIT-00000-of-00002.parquet``,
-  ``data/SPLIT/*.parquet``, ``SPLIT/*.parquet`` or ``SPLIT-*.parquet``
-  (searched in that order, the first that matches wins).
+Two layouts, read without the ``datasets`` library and without download: a
+folder of ``Dataset.save_to_disk`` (``state.json`` and its Arrow IPC stream
+files) or ``DatasetDict.save_to_disk`` (``dataset_dict.json``, a folder per
+split); or a Hub-style folder of Parquet shards (``PARQUET_LAYOUTS``, the
+first that matches).
 """
 
 from __future__ import annotations
@@ -18,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Mapping
+
+import pyarrow as pa
 
 from seqcache import fs
 from seqcache.tasks.sources.base import Source, SourceFile, Split, read_error, match_files
@@ -31,30 +27,24 @@ class HfDatasetSource(ParquetSource):
     """One record per row of a Hugging Face dataset saved on disk (see the module
     docstring for the layouts), by column.
 
-    ``record_number`` is the 0-based row index in its file (``locator``
-    ``"row"``), and ``raw`` the canonical JSON of the selected columns, as for
-    ``ParquetSource``: the same rows give the same shuffle keys whether they come
-    from Arrow files or Parquet shards. Parquet shards are split by row groups;
-    an Arrow stream file is one split, read one record batch at a time (memory
-    does not grow with the file).
+    ``record_number`` and ``raw`` are as for ``ParquetSource``, the same for a
+    row of an Arrow file and of a Parquet shard. Parquet shards are split by
+    row groups; an Arrow stream file is one split, read batch by batch.
 
     Args:
       path: the dataset's folder (local or a URL).
-      split: the split to read: a ``DatasetDict`` subfolder, or the ``SPLIT`` of
-        the Parquet file names. A single saved ``Dataset`` is one split: the
-        one its ``state.json`` names (``_split``), or any when it names none.
+      split: a ``DatasetDict`` subfolder, or the ``SPLIT`` of the Parquet file
+        names; a saved ``Dataset`` is the split its ``state.json`` names.
       column: the column to read, stored under ``output_key``.
       output_key: key of the value in ``SourceRecord.data``.
       on_error: the ``ErrorPolicy`` spec (kinds as for ``ParquetSource``); a
         missing column always raises.
 
     Raises (from ``list_files``):
-      FileNotFoundError: no dataset in ``path``, or no files of ``split`` (names
-        the folder, the layouts tried and the splits there are).
-      ValueError: a ``state.json`` this reader cannot follow (an indices
-        mapping: save the dataset after ``flatten_indices()``).
-    (from ``read_split``): ValueError naming the file and the row (as
-      ``ParquetSource``); a missing column names the columns the file has.
+      FileNotFoundError: no dataset in ``path``, or no files of ``split``
+        (names the layouts tried and the splits there are).
+      ValueError: a ``state.json`` with an indices mapping.
+    (from ``read_split``): ValueError as ``ParquetSource``.
     """
 
     kind = "hf"
@@ -137,13 +127,10 @@ class HfDatasetSource(ParquetSource):
         return super().splits(file_index, file, target_bytes)
 
     def _arrow_batches(self, split: Split, wanted):
-        """``ParquetSource._arrow_batches``; an Arrow file (IPC stream) is read
-        whole, batch by batch, as its writer wrote them."""
+        """``ParquetSource._arrow_batches``; an Arrow IPC stream file whole."""
         if not split.path.endswith(".arrow"):
             yield from super()._arrow_batches(split, wanted)
             return
-        import pyarrow as pa
-
         self._require_whole(split)
         path = split.path
         number = 0

@@ -27,20 +27,13 @@ def _lookup(obj: Any, parts: tuple[str, ...]) -> Any:
 class JsonLinesSource(LineSplits, FileSource):
     """One record per JSON line of ``.jsonl`` / ``.jsonl.gz`` files.
 
-    Each line must hold a JSON object. ``field`` is a key or a dotted path into
-    nested objects (``"metadata.title"``); its value is stored under
-    ``output_key`` (default ``"text"``). Several fields can be selected at once
-    with ``fields={output_key: dotted_path, ...}``, which replaces ``field``.
-    Blank lines are layout, not records. ``record_number`` is the **byte
-    offset** of the line's first byte in the file (in the decompressed stream for
-    a compressed file; ``locator`` ``"byte_offset"``), so it does not depend on
-    how the file is split. A UTF-8 byte order mark at byte 0 is removed.
-
-    Uncompressed files are split into byte ranges (``splits``), like
-    ``TextLineSource``; a compressed file is one split.
+    Each line holds a JSON object; ``field`` is a key or a dotted path
+    (``"metadata.title"``), its value stored under ``output_key``;
+    ``fields={output_key: dotted_path, ...}`` selects several. Blank lines are
+    layout. ``record_number``, the byte order mark and the splits are as for
+    ``TextLineSource``.
 
     Args:
-      pattern: a glob pattern (``**`` recursive) or a sequence of them.
       field: dotted path of the value to read.
       output_key: key of that value in ``SourceRecord.data``.
       fields: optional mapping output key -> dotted path (several values).
@@ -49,9 +42,8 @@ class JsonLinesSource(LineSplits, FileSource):
         values).
 
     Raises (from ``read_split`` / ``read_file``):
-      ValueError: a line is not a JSON object or lacks a field (action
-        ``"raise"``); names the file, the line (number and byte offset) and the
-        field. A file that cannot be read.
+      ValueError: a line that is not a JSON object or lacks a field (action
+        ``"raise"``), naming the file, the line and the field; an unreadable file.
     """
 
     kind = "jsonl"
@@ -81,7 +73,6 @@ class JsonLinesSource(LineSplits, FileSource):
     def describe(self) -> str:
         sel = ", ".join(v if k == "text" else f"{v} as {k}" for k, v in self.fields.items())
         return f"JSON lines of {self._pattern_text()} (field {sel})"
-
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         file_index, path = split.file_index, split.path

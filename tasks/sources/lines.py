@@ -16,10 +16,7 @@ a line's first byte is below ``stop``; the last line may run past ``stop``.
 ``b"\\n"`` never occurs inside a multi-byte UTF-8 character, so an edge inside
 one needs no care. The ranges of a file therefore hold every line exactly once.
 
-Compressed files (the suffixes of ``COMPRESSED_SUFFIXES``) cannot be entered in
-the middle and are one range, read whole.
-
-All file access goes through ``seqcache.fs``.
+Compressed files (``seqcache.compression``) are one range, read whole.
 """
 
 from __future__ import annotations
@@ -30,25 +27,26 @@ from typing import Iterator
 
 from seqcache import compression, fs
 
-# The compression suffixes Apache Beam's CompressionTypes recognises (in any
-# case), and whether a path ends in one.
-COMPRESSED_SUFFIXES = compression.COMPRESSED_SUFFIXES
 is_compressed = compression.is_compressed
 
 _CHUNK = 1 << 20  # bytes per read when counting lines
 
 
+def check_target(target_bytes: int) -> None:
+    """Raises ``ValueError`` unless ``target_bytes`` (a split's wanted size) is an int >= 1."""
+    if not isinstance(target_bytes, int) or target_bytes < 1:
+        raise ValueError(f"target_bytes must be an int >= 1 (got {target_bytes=})")
+
+
 def byte_ranges(num_bytes: int, target_bytes: int) -> list[tuple[int, int | None]]:
-    """``[start, stop)`` byte ranges of about ``target_bytes`` (at most that) that
-    cover a file of ``num_bytes`` bytes, in order; the last has ``stop=None`` (to
-    the end of the file). A file of at most ``target_bytes`` is one range ``(0,
-    None)``. Sizes differ by at most one byte.
+    """``[start, stop)`` byte ranges of at most ``target_bytes``, sizes within one
+    byte of each other, covering a file of ``num_bytes`` bytes in order; the
+    last has ``stop=None`` (to the end of the file).
 
     Raises:
       ValueError: ``target_bytes < 1``.
     """
-    if not isinstance(target_bytes, int) or target_bytes < 1:
-        raise ValueError(f"target_bytes must be an int >= 1 (got {target_bytes=})")
+    check_target(target_bytes)
     if num_bytes <= target_bytes:
         return [(0, None)]
     n = -(-num_bytes // target_bytes)
@@ -58,12 +56,9 @@ def byte_ranges(num_bytes: int, target_bytes: int) -> list[tuple[int, int | None
 
 @contextlib.contextmanager
 def _open_at_line(path: str, start: int, stop: int | None):
-    """``(file, offset)``: ``path`` opened (decompressed) and positioned at the
-    first line whose first byte is at or after ``start``, and that byte's offset.
-
-    Raises:
-      ValueError: a bad range, or ``start > 0`` for a compressed file.
-    """
+    """``(file, offset)``: ``path`` opened (decompressed) at the first line that
+    starts at or after ``start``. ``ValueError`` for a bad range, or
+    ``start > 0`` in a compressed file."""
     if start < 0 or (stop is not None and stop < start):
         raise ValueError(f"{path}: bad byte range [{start}, {stop})")
     if start > 0 and is_compressed(path):
@@ -78,8 +73,7 @@ def _open_at_line(path: str, start: int, stop: int | None):
 
 def read_lines(path: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, bytes]]:
     """``(offset, line)`` for each line whose first byte lies in ``[start, stop)``
-    (see the module docstring); ``line`` keeps its terminator. ``stop=None``
-    reads to the end of the file. Memory: one line at a time.
+    (``stop=None``: to the end), ``line`` with its terminator, one at a time.
 
     Raises:
       ValueError: ``start > 0`` for a compressed file.
@@ -95,10 +89,9 @@ def read_lines(path: str, start: int = 0, stop: int | None = None) -> Iterator[t
 
 def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
                      block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
-    """``(offset, block)``: the lines of ``read_lines(path, start, stop)`` joined
-    into blocks of about ``block_bytes`` (more for a longer line), each block
-    whole lines, with their terminators, starting at byte ``offset``; only the
-    file's last line may lack its newline. Memory: one block (and one line).
+    """``(offset, block)``: the lines of ``read_lines(path, start, stop)`` in
+    blocks of whole lines of about ``block_bytes`` (more for a longer line),
+    starting at byte ``offset``. Memory: one block.
 
     Raises:
       ValueError: as ``read_lines``.
@@ -108,9 +101,7 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
         size = _plain_size(path, f)
         pending = b""
         while stop is None or offset < stop:
-            # No more than the file holds: a read of n bytes allocates n bytes
-            # first, and 1 MiB for a file of 300 costs more than the reading
-            # (an mmap and its page faults; 0.15 ms a file).
+            # No more than the file holds: a read allocates its size first.
             data = f.read(block_bytes if size is None else max(1, min(block_bytes, size - f.tell())))
             if not data:
                 if pending:
@@ -122,8 +113,7 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
                 continue  # a line longer than the block: read on
             block, pending = pending[:end], pending[end:]
             if stop is not None and offset + len(block) > stop:
-                # Keep the lines that start before ``stop``: through the newline
-                # at or after byte ``stop - 1``.
+                # The lines that start before ``stop``.
                 block = block[:block.find(b"\n", stop - 1 - offset) + 1]
                 yield offset, block
                 return
@@ -132,8 +122,7 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
 
 
 def _plain_size(path: str, f) -> int | None:
-    """The size in bytes of an uncompressed local file open as ``f``, None
-    for any other (its size on disk is not the size of what it reads)."""
+    """The size of an uncompressed local file open as ``f``, else None."""
     if is_compressed(path) or not fs.is_local(path):
         return None
     try:
@@ -144,9 +133,7 @@ def _plain_size(path: str, f) -> int | None:
 
 def line_number_at(path: str, offset: int) -> int:
     """The 0-based number of the line that begins at byte ``offset`` of ``path``
-    (decompressed): the count of ``b"\\n"`` before it. Reads the file up to
-    ``offset`` in chunks of 1 MiB (memory does not grow with the file); meant for
-    error messages and look-ups by hand, not for every record.
+    (decompressed), read up to there in chunks of 1 MiB: for messages.
 
     Raises:
       ValueError: no line begins at ``offset`` (the file ends before it, or the

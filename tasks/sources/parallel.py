@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterator, Mapping
 
+from seqcache import fs
 from seqcache.tasks.sources.base import (
     BOM,
     READ_ERRORS,
@@ -24,16 +25,13 @@ class ParallelTextSource(Source):
     translating line ``k`` of the others, e.g. Multi30k's ``train.en.gz`` and
     ``train.de.gz`` or NTREX's ``newstest2019-src.eng.txt`` and a reference file.
 
-    ``files`` maps a field name to a glob pattern. Each pattern must match the
-    same number of files; the k-th files (sorted by path) of every field form
-    pair k, which is ``file_index`` k (``list_files`` lists the files of the
-    first field, each with the size of the whole pair). A record is one line
-    index: ``record_number`` is the 0-based line index (``locator`` ``"line"``:
-    ``describe_record`` gives ``"line 12"``), ``data`` is ``{field: text}`` and
-    ``raw`` the canonical JSON of ``data``. A pair is read whole (one split),
-    streaming, so memory holds one line per file. Line terminators (``\\n``,
-    ``\\r\\n``) and a leading UTF-8 byte order mark are removed; ``.gz`` files are
-    decompressed.
+    ``files`` maps a field name to a glob pattern, each matching as many
+    files; the k-th files (sorted by path) of every field form pair k,
+    ``file_index`` k (``list_files`` lists the first field's files, each with
+    the pair's size). ``record_number`` is the 0-based line index (``locator``
+    ``"line"``), ``data`` ``{field: text}``, ``raw`` its canonical JSON. A pair
+    is one split, streamed line by line; terminators and a leading byte order
+    mark are removed.
 
     Args:
       files: field -> pattern (at least two fields), in the order given.
@@ -41,10 +39,9 @@ class ParallelTextSource(Source):
         per field; an empty line on either side is ``empty``).
 
     Raises:
-      ValueError: fewer than two fields; patterns matching different numbers of
-        files; from ``read_split``, files that do not have the same number of
-        lines (names both files and the first line that one has and the other
-        lacks), or bad input whose action is ``"raise"``.
+      ValueError: fewer than two fields; patterns matching different numbers
+        of files; files of different lengths (names both and the first line
+        one lacks), or bad input whose action is ``"raise"``.
     """
 
     kind = "parallel"
@@ -53,9 +50,8 @@ class ParallelTextSource(Source):
 
     @classmethod
     def from_spec(cls, spec) -> "ParallelTextSource":
-        """``parallel:KEY=PATTERN,...``, its keys in sorted order (as JSON lines
-        and Parquet keep them): the same files in another order are the same
-        source (fingerprint, provenance paths, which name the first key's files).
+        """``parallel:KEY=PATTERN,...``, its keys sorted (the same files in
+        another order are the same source).
 
         Raises:
           ValueError: fewer than two files, or ``exclude`` (the files are named one by one).
@@ -112,8 +108,6 @@ class ParallelTextSource(Source):
         return self._read(split.file_index, paths)
 
     def _read(self, file_index: int, paths: dict[str, str]) -> Iterator[SourceRecord]:
-        from seqcache import fs
-
         fields = list(paths)
         handles = {f: fs.open_binary(p) for f, p in paths.items()}
         k = -1

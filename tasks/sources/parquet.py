@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping, Sequence
 
+import numpy as np
+import pyarrow as pa
+
 from seqcache import fs
 from seqcache.tasks.sources.base import (FileSource, RecordBatch, SourceFile, SourceRecord, Split, check_target,
                                          encode_json_string, json_string_bodies, read_error)
@@ -21,12 +24,8 @@ def _row_groups(pf) -> list[tuple[int, int]]:
 
 
 def _python_values(array) -> list:
-    """``array.to_pylist()``; for a string column holding bytes that are not
-    UTF-8 (Parquet writers need not check), the values as ``bytes``, so that
-    the ``invalid_utf8`` policy decides each row (as for a binary column)
-    instead of the whole file failing."""
-    import pyarrow as pa
-
+    """``array.to_pylist()``; ``bytes`` for a string column that is not UTF-8,
+    so that the ``invalid_utf8`` policy decides each row."""
     try:
         return array.to_pylist()
     except UnicodeDecodeError:
@@ -40,28 +39,21 @@ class ParquetSource(FileSource):
     """One record per row of Parquet files, read with pyarrow in record batches.
 
     ``record_number`` is the 0-based row index in the file (``locator``
-    ``"row"``), whatever the split. A file is split by row groups: consecutive
-    row groups are grouped up to about ``target_bytes`` (their compressed size,
-    from the footer), and a split's ``start`` / ``stop`` are row indices at
-    row-group boundaries; reading a split reads only its row groups. Memory is
-    bounded by ``batch_size`` rows (``ParquetFile.iter_batches``), not by the
-    file size. ``column`` is stored under ``output_key``; several columns can be
-    selected with ``columns={output_key: column, ...}``.
+    ``"row"``). A split is consecutive row groups of about ``target_bytes``
+    (compressed, from the footer), its ``start`` / ``stop`` row indices at
+    row-group boundaries. Memory is bounded by ``batch_size`` rows.
 
     Args:
-      pattern: a glob pattern (``**`` recursive) or a sequence of them.
       column: the column to read.
       output_key: key of the value in ``SourceRecord.data``.
       columns: optional mapping output key -> column (several values).
       batch_size: rows per record batch.
-      on_error: the ``ErrorPolicy`` spec for the content kinds (string values)
-        and the task's checks; a missing column always raises (it is a property
-        of the file, not of a record).
+      on_error: for the content kinds and the task's checks; a missing column
+        always raises.
 
     Raises (from ``splits``, ``read_split`` / ``read_file``):
-      ValueError: a file that is not Parquet or cannot be read; a column is
-        missing from a file (names the file, the column and the columns the file
-        has); a split whose rows do not lie on row-group boundaries.
+      ValueError: a file that is not Parquet or cannot be read; a missing
+        column (names the file's columns); a split off row-group boundaries.
     """
 
     kind = "parquet"
@@ -98,8 +90,7 @@ class ParquetSource(FileSource):
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
         """Groups of consecutive row groups of about ``target_bytes`` compressed
         bytes (at least one row group each), read from the file's footer."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # keeps pyarrow.parquet out of seqcache.tasks's import
 
         check_target(target_bytes)
         try:
@@ -128,15 +119,9 @@ class ParquetSource(FileSource):
                 yield self._row(file_index, number + i, path, {c: values[c][i] for c in wanted})
 
     def read_batches(self, split: Split, batch_records: int) -> Iterator[RecordBatch]:
-        """``read_split`` in batches; a single text column in column form: its
-        values' suspect characters found in the column's UTF-8 bytes at once
-        (``suspect_utf8_values``), the shuffle key's input (the row's canonical
-        JSON) escaped for the whole column at once (``json_string_bodies``), and
-        only the rows those checks find (empty, whitespace-only, a suspect
-        character, null) read one by one as ``read_split`` reads them. The same
-        records, in the same order."""
-        import pyarrow as pa
-
+        """``read_split`` in batches; a single text column in column form (the
+        suspect values found and the canonical JSON escaped for the whole
+        column at once), only the rows those checks find read one by one."""
         if len(self.columns) != 1:
             yield from super().read_batches(split, batch_records)
             return
@@ -158,19 +143,11 @@ class ParquetSource(FileSource):
                 numbers, texts, raws = [r.record_number for r in records], [None] * len(records), \
                     [r.raw for r in records]
                 odd = dict(enumerate(records))
-            for a in range(0, len(texts), batch_records):
-                b = min(a + batch_records, len(texts))
-                yield RecordBatch(file_index, numbers[a:b], raws[a:b], field=key, texts=texts[a:b],
-                                  odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {})
+            yield from RecordBatch(file_index, numbers, raws, field=key, texts=texts, odd=odd).pieces(batch_records)
 
     def _column_records(self, file_index: int, path: str, number: int, column: str, array):
         """``(record numbers, texts, raws, {row: SourceRecord})`` of a string
-        ``array`` whose first row is row ``number``: the rows ``_row`` has to
-        look at (nulls, empty and whitespace-only values, a suspect character)
-        built by it, the others in column form."""
-        import numpy as np
-        import pyarrow as pa
-
+        ``array`` from row ``number``: the rows to look at built by ``_row``."""
         texts = array.to_pylist()
         n = len(texts)
         _, offsets, data = array.buffers()
@@ -190,15 +167,10 @@ class ParquetSource(FileSource):
         return numbers, texts, raws, odd
 
     def _arrow_batches(self, split: Split, wanted: Sequence[str]):
-        """``(row index of the first row, pyarrow RecordBatch of the columns
-        ``wanted``)`` for the rows of ``split``, in order.
-
-        Raises:
-          ValueError: a file that is not Parquet or cannot be read (names the
-            file and the row reached), or that lacks a wanted column.
-        """
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        """``(first row index, pyarrow RecordBatch of the columns wanted)`` of
+        the rows of ``split``. ``ValueError`` for a file that cannot be read
+        (names it and the row reached) or lacks a column."""
+        import pyarrow.parquet as pq  # keeps pyarrow.parquet out of seqcache.tasks's import
 
         path = split.path
         number = split.start
@@ -221,10 +193,8 @@ class ParquetSource(FileSource):
 
     @staticmethod
     def _row_groups_of(split: Split, pf) -> list[int]:
-        """The row groups holding rows ``[split.start, split.stop)``.
-
-        Raises:
-          ValueError: ``start`` or ``stop`` is not a row-group boundary."""
+        """The row groups of rows ``[split.start, split.stop)``; ``ValueError``
+        when these are not row-group boundaries."""
         first = [0]
         for rows, _ in _row_groups(pf):
             first.append(first[-1] + rows)
@@ -233,8 +203,7 @@ class ParquetSource(FileSource):
             raise ValueError(f"{split.path}: rows [{split.start}, {split.stop}) do not lie on row-group "
                              f"boundaries (row groups start at rows {first[:-1][:20]}, {first[-1]} rows in all)")
         lo, hi = first.index(split.start), first.index(stop)
-        # An empty row group shares its first row with the next group; a split may then
-        # read it twice, which yields no row twice.
+        # An empty row group read twice yields no row twice.
         return list(range(lo, hi))
 
     def _row(self, file_index: int, number: int, path: str, row: dict) -> SourceRecord:

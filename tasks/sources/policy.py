@@ -22,36 +22,21 @@ kind                    what                                                acti
                         a token id outside the vocabulary (``Task`` checks)
 ======================  ==================================================  ==========================
 
-The defaults build the standard corpora that seqio and Hugging Face datasets
-read (which keep every record, silently), and stop only where the input cannot
-be what was meant. Blank and
-whitespace-only lines are layout (tinyshakespeare's 7,223 blank lines separate
-speeches, WikiText-2's ``" "`` lines separate paragraphs) and give no example:
-skipped, counted and listed. Control characters and U+2581 are rare but
-legitimate text (ESC sequences and U+0092 mojibake in C4, U+0010 in Dolma) and
-are kept as they are, counted in the cache's statistics
-(``SourceRecord.kept``). Invalid UTF-8, malformed JSON, missing fields and wrong
-types mean a wrong file, field or format, so they raise.
+The defaults keep every record seqio and Hugging Face datasets keep, except
+empty and whitespace-only ones (layout, not documents), and raise where the
+input cannot be what was meant; docs/bad-input.md gives the reasons.
 
-``"raise"`` raises ``ValueError`` naming the file, the record and what is wrong,
-and says which option accepts it. ``"skip"`` yields the record with ``data ==
-{}`` and ``issue == RecordIssue("skipped", kind, message)``, so that the
-pipeline counts it and writes it to the quarantine file; ``Task.preprocess_batch``
-never turns such a record into an example. ``"replace"`` keeps the record,
-repaired, with ``issue == RecordIssue("replaced", kinds, message)`` so that the
-pipeline counts and lists it: invalid UTF-8 and control characters become
-U+FFFD, a carriage return inside a line becomes a newline, U+2581 becomes a space
-(what a SentencePiece model reads it as). ``"keep"`` accepts the text as it is
-and names the kinds it kept in ``SourceRecord.kept``, so that the pipeline
-counts them (``statistics.bad_input_records.kept``).
-The content checks (control characters, U+2581, empty, whitespace) apply to every
-string value a source yields, after any repair.
-
-Messages of skipped and repaired records name the record by an id that does not
-depend on how the file was split (a byte offset, a row index); they go into a
-cache's quarantine file, which is part of what a build produces. A raised error
-may say more (a line number, found by reading the file up to the record): see
-``Where``.
+``"raise"`` raises ``ValueError`` naming the file, the record, the problem and
+the option that accepts it. ``"skip"`` yields the record with ``data == {}``
+and ``issue == RecordIssue("skipped", kind, message)`` (counted, and written to
+the quarantine file). ``"replace"`` keeps it repaired, with ``issue ==
+RecordIssue("replaced", kinds, message)``: invalid UTF-8 and control
+characters become U+FFFD, a carriage return inside a line a newline, U+2581 a
+space. ``"keep"`` accepts the text and names the kind in
+``SourceRecord.kept`` (counted in ``statistics.bad_input_records.kept``). The
+content checks (control characters, U+2581, empty, whitespace) apply to every
+string value a source yields, after any repair. A raised error may say
+more than the split-independent id of other messages (``Where``).
 """
 
 from __future__ import annotations
@@ -82,13 +67,10 @@ class ErrorPolicy:
     """What a source does with each kind of bad input (see the module docstring).
 
     ``ErrorPolicy()`` (or ``None``) gives every kind its default action
-    (``DEFAULT_ACTIONS``: skip empty and whitespace-only records, keep control
-    characters and U+2581, raise on the rest). ``ErrorPolicy("raise")`` (strict),
-    ``ErrorPolicy("skip")`` and ``ErrorPolicy("replace")`` apply one action to
-    every kind; ``"replace"`` skips the kinds that cannot be repaired and
-    ``"raise"`` raises on every kind, empty records included. A mapping sets the
-    action per kind; the kinds it does not name get ``"default"`` when it is
-    given, else their own defaults::
+    (``DEFAULT_ACTIONS``). ``"raise"``, ``"skip"`` and ``"replace"`` apply one
+    action to every kind (``"replace"`` skips the kinds that cannot be
+    repaired). A mapping sets the action per kind; the kinds it does not name
+    get ``"default"`` when it is given, else their own defaults::
 
         ErrorPolicy({"control_characters": "raise"})   # the defaults, but strict on Cc
         ErrorPolicy({"default": "raise", "empty": "skip"})
@@ -105,10 +87,7 @@ class ErrorPolicy:
         if isinstance(spec, ErrorPolicy):
             self.actions = dict(spec.actions)
             return
-        if spec is None:
-            spec = {}
-        if isinstance(spec, str):
-            spec = {"default": spec}
+        spec = {} if spec is None else {"default": spec} if isinstance(spec, str) else spec
         if not isinstance(spec, Mapping):
             raise ValueError(f"on_error must be one of {_ON_ERROR} or a mapping kind -> action (got {spec!r})")
         spec = dict(spec)
@@ -116,12 +95,8 @@ class ErrorPolicy:
         if default is not None and default not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR} (got {default!r}); "
                              "'keep' is set per kind, e.g. {'empty': 'keep'}")
-        actions = {}
-        for kind, allowed in ERROR_KINDS.items():
-            if default is None:
-                actions[kind] = DEFAULT_ACTIONS[kind]
-            else:
-                actions[kind] = default if default in allowed else "skip"
+        actions = {kind: DEFAULT_ACTIONS[kind] if default is None else default if default in allowed else "skip"
+                   for kind, allowed in ERROR_KINDS.items()}
         for kind, action in spec.items():
             if kind not in ERROR_KINDS:
                 raise ValueError(f"unknown kind of bad input {kind!r} in on_error (kinds: {', '.join(ERROR_KINDS)})")
@@ -156,12 +131,8 @@ class ErrorPolicy:
 
 def parse_on_error(values: "str | Sequence[str]") -> "str | dict[str, str] | None":
     """The ``on_error`` of command-line values: ``"raise"``, ``"skip"``,
-    ``"replace"`` or ``"KIND=ACTION"`` (several may be given, e.g.
-    ``["skip", "empty=keep"]``). No values give None: every kind's default.
-
-    Raises:
-      ValueError: a malformed value, an unknown kind or action.
-    """
+    ``"replace"`` or ``"KIND=ACTION"`` (several: ``["skip", "empty=keep"]``);
+    None for none. ``ValueError`` for a malformed value, kind or action."""
     if isinstance(values, str):
         values = [values]
     spec: dict[str, str] = {}
@@ -186,15 +157,12 @@ def parse_on_error(values: "str | Sequence[str]") -> "str | dict[str, str] | Non
 
 
 class Where:
-    """Where a record lies, for messages about it.
-
-    ``text`` names the file and the record by an id that does not depend on how
-    the file was split (``"/data/a.txt: line at byte 1234"``): it goes into the
-    message of a skipped or repaired record, and so into a cache's quarantine
-    file. ``raised()`` is what a raised error says instead; it may cost a read of
-    the file (``"/data/a.txt: line 12 (byte 1234)"``), which only the error path
-    pays. A plain string is a ``Where`` whose two forms are the same.
-    """
+    """Where a record lies, for messages: ``text`` names the file and the
+    record by an id that does not depend on the split (``"/data/a.txt: line at
+    byte 1234"``; skipped and repaired records, the quarantine file);
+    ``raised()`` is what a raised error says, which may cost a read of the file
+    (``"/data/a.txt: line 12 (byte 1234)"``). A plain string is a ``Where``
+    whose two forms are the same."""
 
     __slots__ = ("text", "_raised")
 
@@ -237,23 +205,18 @@ _HOW = {
 
 
 def is_clean_text(text: str) -> bool:
-    """True when ``text`` has none of the content problems of ``text_problems``
-    and no carriage return (the fast path of line sources: no message is built)."""
+    """True when ``text`` has none of ``text_problems`` and no carriage return."""
     return bool(text) and "\r" not in text and _SUSPECT_RE.search(text) is None and not text.isspace()
 
 
-# Bytes that start the UTF-8 form of a character of SUSPECT_CHARACTERS: the ASCII
-# ones themselves, 0xC2 (U+0080..U+00BF) and 0xE2 (U+2000..U+2FFF); which of the
-# last two are suspect is decided by the bytes after them. (Surrogates have no
-# UTF-8 form: valid UTF-8 holds none.)
+# The second bytes after 0xC2 that make a suspect C1 control character.
 _C1_SECOND = np.zeros(256, dtype=bool)  # C2 80..84, C2 86..9F: U+0080..U+0084, U+0086..U+009F
 _C1_SECOND[[*range(0x80, 0x85), *range(0x86, 0xA0)]] = True
 
 
 def suspect_utf8_values(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Indices of the values of a column of UTF-8 strings that hold a character
-    of ``SUSPECT_CHARACTERS`` (what ``check_text_values`` scans each value
-    for), found in the column's bytes at once instead of one scan per value.
+    of ``SUSPECT_CHARACTERS``, found in the column's bytes at once.
 
     Args:
       data: uint8 (B,), the values' UTF-8 bytes, one after the other.
@@ -264,8 +227,9 @@ def suspect_utf8_values(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
       an Arrow string column is).
     """
     data = np.asarray(data, dtype=np.uint8)
-    # The lead bytes above (0x00-0x08, 0x0E-0x1F, 0x7F, 0xC2, 0xE2), by comparisons:
-    # a table lookup would first widen every byte to an index.
+    # Bytes that start a suspect character's UTF-8 form: the ASCII ones, 0xC2
+    # (C1 controls) and 0xE2 (U+2581), told apart by the bytes after them
+    # (surrogates have no UTF-8 form). Comparisons, not a table: no widening.
     lead = np.flatnonzero(((data < 0x20) & ((data < 0x09) | (data > 0x0D))) | (data == 0x7F) | (data == 0xC2)
                           | (data == 0xE2))
     if not len(lead):
@@ -290,10 +254,9 @@ def error_hint(kind: str) -> str:
 
 
 def text_problems(text: str) -> list[tuple[str, str]]:
-    """The content problems of one text value, as ``(kind, description)`` pairs
-    (kinds ``invalid_utf8`` for a lone surrogate, ``control_characters``,
-    ``u2581``, ``empty``, ``whitespace``).
-    The description locates the first offending character (0-based index)."""
+    """The content problems of one text value, ``(kind, description)`` pairs
+    (``invalid_utf8`` for a lone surrogate, ``control_characters``, ``u2581``,
+    ``empty``, ``whitespace``), locating the first offending character."""
     if not text:
         return [("empty", "is empty")]
     out = []
@@ -330,16 +293,13 @@ def check_text_values(data: dict, where: "str | Where", policy: ErrorPolicy,
     (strings, and empty token-id lists for the kind ``empty``).
 
     Returns ``(data, repairs, skip)``: the (possibly repaired) data, the repairs
-    made as ``(kind, message)`` pairs, and ``(kind, message)`` when the record is
-    to be skipped (then ``data`` is None). These messages name the record by
-    ``where.text``. When ``kept`` is a list, the kinds found and accepted as they
-    are (action ``"keep"``) are appended to it, each once per record, so that
-    they can be counted.
+    as ``(kind, message)`` pairs, and ``(kind, message)`` when the record is to
+    be skipped (``data`` then None); messages name ``where.text``. The kinds
+    kept as they are go into ``kept`` (when a list), once per record.
 
     Raises:
-      ValueError: a problem whose action is ``"raise"``; names ``where.raised()``
-        (file and record), the field when there are several, the problem and the
-        option.
+      ValueError: a problem whose action is ``"raise"``, naming
+        ``where.raised()``, the field when there are several, and the option.
     """
     where = as_where(where)
     repairs: list[tuple[str, str]] = []

@@ -1,10 +1,6 @@
-"""``parse_source_spec``: a source from its command-line form ``KIND:REST``.
-
-Each source with a command-line form defines the classmethod
-``from_spec(spec: SourceSpec)`` and ``spec_forms`` (its forms, for the message
-that lists them); defining ``from_spec`` registers the source's ``kind`` in
-``SPEC_KINDS`` (``Source.__init_subclass__``). A new source is one module,
-imported by ``seqcache.tasks.sources``; nothing here names it.
+"""``parse_source_spec``: a source from its command-line form ``KIND:REST``,
+built by the ``from_spec(spec: SourceSpec)`` of the source registered for
+``KIND`` (``Source.__init_subclass__``); nothing here names a source.
 """
 
 from __future__ import annotations
@@ -18,8 +14,7 @@ PIP_HINT = "pip install 'seqcache[tfds]'"
 
 
 class SourceSpec(NamedTuple):
-    """A source's command-line form, cut at its first colon, with the build's
-    options: what ``Source.from_spec`` reads.
+    """A source's command-line form, cut at its first colon, with the build's options.
 
     Attributes:
       text: the whole spec, ``KIND:REST``, for messages.
@@ -46,12 +41,8 @@ class SourceSpec(NamedTuple):
         return ValueError(f"bad source spec {self.text!r}: {detail + '; ' if detail else ''}accepted source specs: {forms}")
 
     def named(self, text: str) -> dict[str, str] | None:
-        """``"inputs=a,targets=b"`` -> ``{"inputs": "a", "targets": "b"}`` in the
-        order given; None for a plain name without ``=``.
-
-        Raises:
-          ValueError: an empty key or value, or a key given twice (names the spec).
-        """
+        """``"inputs=a,targets=b"`` -> ``{"inputs": "a", "targets": "b"}``; None
+        without ``=``. ``ValueError`` for an empty key or value, or a key twice."""
         if "=" not in text:
             return None
         out: dict[str, str] = {}
@@ -65,22 +56,16 @@ class SourceSpec(NamedTuple):
         return out
 
     def one_or_named(self, one: str, several: str, default: str = "text") -> tuple[str, dict]:
-        """``PATTERN[#NAME]`` or ``PATTERN#KEY=NAME,...`` -> ``(PATTERN, kwargs)``,
-        kwargs ``{one: NAME}`` (``default`` without ``#``) or ``{several:
-        {KEY: NAME, ...}}``: the two forms of the sources that read one named
-        field or several (``jsonl``, ``parquet``).
-
-        Raises:
-          ValueError: as ``target_and_name`` and ``named``.
-        """
+        """``PATTERN[#NAME]`` -> ``(PATTERN, {one: NAME or default})``;
+        ``PATTERN#KEY=NAME,...`` -> ``(PATTERN, {several: {KEY: NAME, ...}})``.
+        Raises ``ValueError`` as ``target_and_name`` and ``named``."""
         pattern, name = self.target_and_name()
         named = self.named(name or default)
         return pattern, ({several: named} if named else {one: name or default})
 
     def target_and_name(self, module: str | None = None) -> tuple[str, str | None]:
-        """``TARGET#NAME`` -> ``(TARGET, NAME)``, ``TARGET`` -> ``(TARGET, None)``
-        (cut at the last ``#``), after checking that ``module`` (what the source
-        reads with, if any) is installed, without importing it.
+        """``TARGET#NAME`` -> ``(TARGET, NAME)`` (the last ``#``), ``TARGET`` ->
+        ``(TARGET, None)``, once ``module`` (if any) is found installed.
 
         Raises:
           ValueError: an empty target, or an empty name after ``#``.
@@ -101,11 +86,7 @@ class SourceSpec(NamedTuple):
 
     def dataset_split(self, target: str) -> tuple[str, str]:
         """``NAME@SPLIT`` -> ``(NAME, SPLIT)``; ``(NAME, self.split)`` without
-        ``@SPLIT`` (or when what follows ``@`` holds a ``/``).
-
-        Raises:
-          ValueError: ``exclude`` was given (a dataset has no file patterns).
-        """
+        ``@SPLIT`` (or a ``/`` after ``@``). ``ValueError`` with ``exclude``."""
         if self.exclude:
             raise ValueError(f"--exclude applies to file patterns, not to the {self.kind}: source {self.text!r}")
         head, at, tail = target.rpartition("@")
@@ -115,12 +96,10 @@ class SourceSpec(NamedTuple):
 def parse_source_spec(spec: str, *, exclude: Sequence[str] = (),
                       on_error: "str | Mapping[str, str] | None" = None, split: str = "train",
                       tfds_data_dir: str | None = None) -> Source:
-    """Builds a source from its command-line form ``KIND:REST`` with the
-    ``from_spec`` of the source whose ``kind`` is KIND; the forms are the
-    sources' ``spec_forms`` (``text:PATTERN``, ``jsonl:PATTERN#FIELD``,
-    ``parallel:inputs=PATTERN,targets=PATTERN``, ``hf:PATH[@SPLIT][#COLUMN]``, ...).
-    ``exclude``: glob patterns of paths to leave out; ``on_error``: the source's
-    ``ErrorPolicy`` spec; ``split``: a dataset's split without ``@SPLIT``.
+    """The source of the command-line form ``KIND:REST`` (the sources'
+    ``spec_forms``: ``text:PATTERN``, ``jsonl:PATTERN#FIELD``, ...), with
+    ``exclude`` (glob patterns to leave out), ``on_error`` (the ``ErrorPolicy``
+    spec) and ``split`` (a dataset's split without ``@SPLIT``).
 
     Raises:
       ValueError: an unknown kind or a malformed spec (the message lists the

@@ -10,19 +10,17 @@ from seqcache.tasks.sources.base import BOM, SourceRecord, TextSource, read_whol
 class TextFileSource(TextSource):
     """One record per whole file (plain or ``.gz``), e.g. for code corpora.
 
-    ``record_number`` is always 0 (``locator`` ``"file"``) and ``raw`` is the
-    file's (decompressed) bytes; a leading UTF-8 byte order mark is removed. A
-    file is one split, and one file is held in memory at a time.
+    ``record_number`` is 0 (``locator`` ``"file"``), ``raw`` the file's
+    decompressed bytes without a leading byte order mark; a file is one split.
 
     Args:
-      pattern: a glob pattern (``**`` recursive) or a sequence of them.
       field: key of the file's text in ``SourceRecord.data``.
       on_error: the ``ErrorPolicy`` spec. Kinds met here: ``invalid_utf8`` and the
         content kinds (an empty file is ``empty``).
 
     Raises (from ``read_split`` / ``read_file``):
-      ValueError: bad input whose action is ``"raise"``; names the file. A file
-        that cannot be read; a split that is not the whole file.
+      ValueError: bad input whose action is ``"raise"`` or an unreadable file
+        (names it); a split that is not the whole file.
     """
 
     kind = "files"

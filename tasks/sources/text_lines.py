@@ -22,23 +22,19 @@ from seqcache.tasks.sources.base import (
 from seqcache.tasks.sources.lines import byte_ranges, is_compressed, read_line_blocks, read_lines
 from seqcache.tasks.sources.policy import SUSPECT_CHARACTERS, is_clean_text
 
-# What makes a line fail ``is_clean_text``, or hold a carriage return: one of
-# these characters; a whitespace-only line (after its newline: the whitespace of
-# ``str.isspace``, ``[^\S\n]``, up to the next newline or the end); or no text.
+# A line fails ``is_clean_text`` or holds a CR: whitespace only, these characters, no text.
 _WHITESPACE_LINE_RE = re.compile(r"\n[^\S\n]+(?=\n|\Z)")
 _LINE_SUSPECT_RE = re.compile(f"[\r{SUSPECT_CHARACTERS}]+")
-# The ASCII bytes that are none of those characters (an ASCII block without
-# any other byte needs no scan).
+# The ASCII bytes that are none of those characters.
 _CLEAN_ASCII = bytes(b for b in range(128) if not _LINE_SUSPECT_RE.match(chr(b)))
 
 
 def split_lines(split: Split) -> Iterator[tuple[int, bytes]]:
-    """``(byte offset, line with its terminator)`` of the lines of ``split``,
-    with read errors turned into a ``ValueError`` that names the file.
+    """``(byte offset, line with its terminator)`` of the lines of ``split``.
 
     Raises:
-      ValueError: the file cannot be read (a truncated ``.gz``, an I/O error), or
-        a split that starts inside a compressed file.
+      ValueError: the file cannot be read (names it and the last line read),
+        or a split that starts inside a compressed file.
     """
     count, offset = 0, split.start
     try:
@@ -46,8 +42,13 @@ def split_lines(split: Split) -> Iterator[tuple[int, bytes]]:
             yield offset, line
             count += 1
     except READ_ERRORS as e:
-        after = None if not count else (f"line {count}" if split.start == 0 else f"the line at byte {offset}")
-        raise read_error(split.path, e, after) from None
+        raise _read_error(split, e, count, offset) from None
+
+
+def _read_error(split: Split, error: BaseException, count: int, offset: int) -> ValueError:
+    """``read_error`` after ``count`` lines of ``split``, the last at byte ``offset``."""
+    after = None if not count else (f"line {count}" if split.start == 0 else f"the line at byte {offset}")
+    return read_error(split.path, error, after)
 
 
 class LineSplits:
@@ -56,9 +57,8 @@ class LineSplits:
     splits_read_files = False  # byte ranges from the file size alone
 
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
-        """Byte ranges of about ``target_bytes`` bytes (one split for a compressed
-        file); a line belongs to the range where its first byte lies
-        (``seqcache.tasks.sources.lines``). Raises ``ValueError`` for ``target_bytes < 1``."""
+        """Byte ranges of about ``target_bytes`` (``lines.byte_ranges``); one split
+        for a compressed file. Raises ``ValueError`` for ``target_bytes < 1``."""
         check_target(target_bytes)
         if is_compressed(file.path):
             return [Split(file_index, file.path, 0, None, file.num_bytes)]
@@ -69,28 +69,18 @@ class LineSplits:
 class TextLineSource(LineSplits, TextSource):
     """One record per line of text files (plain or compressed, e.g. ``.gz``).
 
-    ``record_number`` is the **byte offset** of the line's first byte in the file
-    (in the decompressed stream for a compressed file), so it does not depend on
-    how the file is split; ``locator`` is ``"byte_offset"`` and
-    ``describe_record`` turns it into a line number. The line terminator
-    (``"\\n"`` or ``"\\r\\n"``) is removed; a last line without a newline is a
-    record. Every line is a record: empty and whitespace-only lines are bad input
-    of the kinds ``empty`` and ``whitespace`` (skipped and counted by default;
-    ``on_error={"empty": "keep"}`` keeps them as empty examples). A UTF-8 byte
-    order mark at byte 0 is removed from the first record (from both ``data`` and
-    ``raw``); elsewhere it is text.
-
-    Uncompressed files are split into byte ranges (``splits``); a compressed file
-    is one split.
+    ``record_number`` is the **byte offset** of the line's first byte (in the
+    decompressed stream for a compressed file; ``locator`` ``"byte_offset"``).
+    The terminator (``"\\n"`` or ``"\\r\\n"``) is removed; a last line without a
+    newline is a record. Empty and whitespace-only lines are bad input of the
+    kinds ``empty`` and ``whitespace`` (skipped by default). A UTF-8 byte order
+    mark at byte 0 is removed (from ``data`` and ``raw``). Uncompressed files
+    are split into byte ranges; a compressed file is one split.
 
     Args:
-      pattern: a glob pattern (``**`` recursive) or a sequence of them.
       field: key of the line's text in ``SourceRecord.data``.
-      on_error: the ``ErrorPolicy`` spec: None (every kind's default),
-        ``"raise"``, ``"skip"``, ``"replace"`` or a mapping kind -> action.
-        Kinds met here: ``invalid_utf8``,
-        ``carriage_return`` (a CR that does not end the line) and the content
-        kinds.
+      on_error: kinds met here: ``invalid_utf8``, ``carriage_return`` (a CR
+        that does not end the line) and the content kinds.
 
     Raises (from ``read_split`` / ``read_file``):
       ValueError: bad input whose action is ``"raise"``; names the file, the
@@ -101,12 +91,10 @@ class TextLineSource(LineSplits, TextSource):
     kind = "text"
     locator = "byte_offset"
     spec_forms = "'text:PATTERN' (one record per line)"
-    # Bytes read at a time by ``read_batches`` (whole lines: more for a longer line).
     block_bytes = 1 << 20
 
     def describe(self) -> str:
         return f"text lines of {self._pattern_text()}"
-
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         file_index, path = split.file_index, split.path
@@ -114,32 +102,19 @@ class TextLineSource(LineSplits, TextSource):
             yield self._line_record(file_index, path, offset, line)
 
     def read_batches(self, split: Split, batch_records: int) -> Iterator[RecordBatch]:
-        """``read_split`` in batches, without a Python object per clean line: an
-        uncompressed file is read in blocks of whole lines, each block decoded
-        and split at once, and one regular-expression scan per block finds the
-        lines that need a look of their own (empty or whitespace-only, a
-        carriage return, a character some content kind looks at, a byte order
-        mark, invalid UTF-8), which are read exactly as ``read_split`` reads
-        them. The same records, in the same order. A compressed file is read
-        the same way, in blocks of its decompressed text.
+        """``read_split`` in batches, without a Python object per clean line: the
+        file is read in blocks of whole lines (``block_bytes``), each decoded
+        and split at once, and one scan per block finds the lines that need a
+        look of their own, read as ``read_split`` reads them.
 
         Raises:
-          ValueError: as ``read_split``; for a compressed file that turns out
-            truncated or corrupt, the message names the last line before the
-            damage, as ``read_split``'s does (the file is read again line by
-            line to find it: a block holds the lines since the last batch)."""
+          ValueError: as ``read_split`` (naming the last line read)."""
         return self.read_batches_of([split], batch_records)
 
     def read_batches_of(self, splits: Sequence[Split], batch_records: int) -> Iterator[RecordBatch]:
-        """``read_batches`` of consecutive splits: the blocks of small splits
-        (small files) are gathered up to ``block_bytes`` and split, decoded and
-        scanned together, so that a file of a few lines costs its opening and
-        reading, not a block's fixed cost (a few NumPy calls, a scan, a batch).
-        A batch may hold the lines of several files (``file_indices``); the
-        records are those of ``read_batches`` of each split, in order.
-
-        Raises:
-          ValueError: as ``read_batches``, naming the file."""
+        """``read_batches`` of consecutive splits, the blocks of small files
+        gathered up to ``block_bytes`` and read together (a batch may hold the
+        lines of several files). Raises ``ValueError`` as ``read_batches``."""
         pending: list[tuple[int, str, int, bytes]] = []
         size = 0
         for split in splits:
@@ -153,8 +128,7 @@ class TextLineSource(LineSplits, TextSource):
             yield from self._segment_batches(pending, batch_records)
 
     def _split_blocks(self, split: Split) -> Iterator[tuple[int, bytes]]:
-        """``read_line_blocks`` of ``split`` with read errors turned into a
-        ``ValueError`` naming the file and the last line read."""
+        """``read_line_blocks`` of ``split``; read errors as ``split_lines``'s."""
         path = split.path
         count, offset = 0, split.start
         try:
@@ -165,16 +139,12 @@ class TextLineSource(LineSplits, TextSource):
             if is_compressed(path):
                 for _ in split_lines(split):  # raises the error after the exact line
                     pass
-            after = None if not count else (f"line {count}" if split.start == 0 else f"the line at byte {offset}")
-            raise read_error(path, e, after) from None
+            raise _read_error(split, e, count, offset) from None
 
     def _segment_batches(self, segments: list[tuple[int, str, int, bytes]],
                          batch_records: int) -> Iterator[RecordBatch]:
-        """The lines of ``segments`` (``(file_index, path, offset, block)``,
-        each block whole lines starting at byte ``offset`` of its file; only a
-        file's last block may lack its final newline), in order, in batches:
-        the blocks are joined and read as one (``_block_batches``), each line
-        keeping its file and its offset in that file."""
+        """The lines of ``segments`` (``(file_index, path, offset, block)``: whole
+        lines from byte ``offset``) in batches, the blocks joined and read as one."""
         if len(segments) == 1:
             yield from self._block_batches(*segments[0], batch_records)
             return
@@ -184,8 +154,7 @@ class TextLineSource(LineSplits, TextSource):
         try:
             texts = joined.decode("utf-8").split("\n")
         except UnicodeDecodeError:
-            # A block that is not UTF-8 is read on its own (line by line); the
-            # runs of blocks between such blocks are read together.
+            # A block that is not UTF-8 is read on its own, the runs between together.
             run: list = []
             for segment in segments:
                 try:
@@ -225,18 +194,12 @@ class TextLineSource(LineSplits, TextSource):
             line = lines[i] if unended[k] and i == last[k] else lines[i] + b"\n"
             odd[i] = self._line_record(file_of[i], segments[k][1], numbers[i], line)
             lines[i] = odd[i].raw  # the raw column is the records' raw (no CR, no byte order mark)
-        field = self.field
-        for a in range(0, n, batch_records):
-            b = min(a + batch_records, n)
-            files = file_of[a:b]
-            yield RecordBatch(files[0], numbers[a:b], lines[a:b], field=field, texts=texts[a:b],
-                              odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {},
-                              file_indices=None if files.count(files[0]) == len(files) else files)
+        yield from RecordBatch(file_of[0], numbers, lines, field=self.field, texts=texts, odd=odd,
+                               file_indices=file_of).pieces(batch_records)
 
     def _block_batches(self, file_index: int, path: str, offset: int, block: bytes,
                        batch_records: int) -> Iterator[RecordBatch]:
-        """The lines of ``block`` (whole lines starting at byte ``offset``; the
-        last one may lack its newline at the end of the file), in batches."""
+        """The lines of ``block`` (whole lines from byte ``offset``), in batches."""
         ended = block.endswith(b"\n")
         lines = block.split(b"\n")
         if ended:
@@ -264,18 +227,14 @@ class TextLineSource(LineSplits, TextSource):
             line = lines[i] + b"\n" if ended or i + 1 < n else lines[i]
             odd[i] = self._line_record(file_index, path, numbers[i], line)
             lines[i] = odd[i].raw  # the raw column is the records' raw (no CR, no byte order mark)
-        field = self.field
-        for a in range(0, n, batch_records):
-            b = min(a + batch_records, n)
-            yield RecordBatch(file_index, numbers[a:b], lines[a:b], field=field, texts=texts[a:b],
-                              odd={i - a: odd[i] for i in odd if a <= i < b} if odd else {})
+        yield from RecordBatch(file_index, numbers, lines, field=self.field, texts=texts,
+                               odd=odd).pieces(batch_records)
 
     @staticmethod
     def _suspect_lines(texts: list[str], sizes: np.ndarray) -> Sequence[int]:
-        """Indices of the lines that ``is_clean_text`` would not pass (or that
-        hold a carriage return): empty lines from their sizes in bytes, then
-        one scan of the whole block for whitespace-only lines and one for the
-        characters."""
+        """Indices of the lines ``is_clean_text`` would not pass, or with a CR:
+        empty ones by size, then one scan each for whitespace-only lines and
+        for the characters."""
         joined = "\n" + "\n".join(texts)
         positions = [m.start() for m in _WHITESPACE_LINE_RE.finditer(joined)]
         if not (joined.isascii() and not joined.encode("ascii").translate(None, _CLEAN_ASCII)):

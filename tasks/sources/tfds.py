@@ -1,22 +1,23 @@
 """``TfdsSource``: the records of a prepared TensorFlow Datasets (TFDS) split.
 
-The driver asks TFDS (``tfds.builder(name, data_dir=...)``, which reads the
-prepared dataset's ``dataset_info.json``) for the split's file instructions:
-the shard files with the range of records each contributes (a whole split, or
-a slice such as ``train[:10%]``). The work units then read those shard files
-directly, without TFDS or TensorFlow: TFRecord shards with the framing reader
-of ``seqcache.tasks.sources.tfrecord``, ArrayRecord shards with
-``ArrayRecordReader`` in batches; every record is a serialized
+The driver asks TFDS (``tfds.builder``, from the prepared dataset's
+``dataset_info.json``) for the split's shard files and the range of records
+each contributes (a slice such as ``train[:10%]`` too). The workers read the
+shards without TFDS or TensorFlow: TFRecord with ``tfrecord``'s reader,
+ArrayRecord with ``ArrayRecordReader``; every record is a serialized
 ``tf.train.Example``. Nothing is downloaded or prepared at build time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Iterator, Mapping
 
+from array_record.python.array_record_module import ArrayRecordReader
+
 from seqcache import fs
-from seqcache.tasks.sources.base import SourceFile, SourceRecord, Split, check_target, read_error
+from seqcache.tasks.sources.base import FileSource, SourceFile, SourceRecord, Split, check_target, read_error
 from seqcache.tasks.sources.policy import ErrorPolicy
 from seqcache.tasks.sources.spec import PIP_HINT
 from seqcache.tasks.sources.tfrecord import crc32c_function, ExampleRecords
@@ -31,7 +32,7 @@ _BATCH = 1024
 def import_tfds():
     """``tensorflow_datasets``, or an ImportError that says how to install it."""
     try:
-        import tensorflow_datasets as tfds
+        import tensorflow_datasets as tfds  # optional: tensorflow_datasets
     except ImportError as e:
         raise ImportError(f"the tfds: source needs TensorFlow Datasets: {PIP_HINT} ({e})") from None
     return tfds
@@ -45,9 +46,20 @@ def _format_of(path: str) -> str:
     raise ValueError(f"{path}: not a TFDS shard file in a format this source reads ({', '.join(FILE_FORMATS)})")
 
 
+@contextlib.contextmanager
+def _array_record(path: str):
+    """An ``ArrayRecordReader`` of ``path`` (a local copy of a URL), closed after the block."""
+    with fs.local_copy(path, suffix=".array_record") as local:
+        reader = ArrayRecordReader(local, "readahead_buffer_size:0")
+        try:
+            yield reader
+        finally:
+            if reader.is_open():
+                reader.close()
+
+
 def _flat_keys(info: Any, prefix: str = "") -> list[str]:
-    """The feature names of a serialized example (nested dicts joined with "/",
-    as TFDS flattens them)."""
+    """The feature names of a serialized example (nested ones joined with "/")."""
     out = []
     for k, v in info.items():
         if isinstance(v, dict):
@@ -60,46 +72,32 @@ def _flat_keys(info: Any, prefix: str = "") -> list[str]:
 class TfdsSource(ExampleRecords):
     """One record per example of a prepared TFDS split, read from its shard files.
 
-    ``name`` is TFDS's ``NAME[/CONFIG][:VERSION]`` (``c4/en:3.0.1``); ``data_dir``
-    the folder the dataset was prepared into (``DATA_DIR/NAME/CONFIG/VERSION``
-    holds ``dataset_info.json`` and the shards). The dataset must be prepared
-    already, in the ``tfrecord`` or ``array_record`` file format: nothing is
-    downloaded. A dataset whose builder code is not installed is read from its
-    files (TFDS's read-only builder).
-
-    Files are the split's shard files (sorted by path); ``record_number`` is the
-    record's 0-based index in its shard file (``locator`` ``"record"``), so
-    provenance names the shard and the record whatever slice was read. A shard
-    of a TFRecord dataset is one split of work; one of an ArrayRecord dataset
-    is cut into record ranges of about ``target_bytes``. Values are read from
-    the serialized ``tf.train.Example`` like ``TFRecordSource`` reads them: a
-    ``Text`` (bytes) feature is text, an int64 sequence is token ids; nested
-    features are named with "/" (``"meta/title"``). ``raw`` is the canonical
-    JSON of ``{feature: value}``.
-
-    TFDS (the ``tfds`` extra) is needed where the source is resolved (the build's
-    driver: ``list_files``, ``fingerprint``); the workers read the shards with
-    google-crc32c (TFRecord) or array_record only.
+    ``name`` is TFDS's ``NAME[/CONFIG][:VERSION]`` (``c4/en:3.0.1``), prepared
+    in ``data_dir`` in the ``tfrecord`` or ``array_record`` file format (a
+    dataset whose builder code is not installed is read from its files).
+    ``record_number`` is the record's 0-based index in its shard file
+    (``locator`` ``"record"``). A TFRecord shard is one split; an ArrayRecord
+    shard is cut into record ranges of about ``target_bytes``. Values are read
+    as ``TFRecordSource`` reads them; nested features are named with "/"
+    (``"meta/title"``). TFDS (the ``tfds`` extra) is needed where the source is
+    resolved (``list_files``, ``fingerprint``); workers need google-crc32c or
+    array_record only.
 
     Args:
       name: ``NAME[/CONFIG][:VERSION]``.
-      split: a TFDS split, with TFDS's slicing (``"train"``, ``"validation[:500]"``,
-        ``"train[10%:20%]"``).
-      data_dir: the TFDS data folder (local, or a URL TFDS reads); None: TFDS's
-        default (``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
+      split: a TFDS split, sliced as TFDS slices (``"validation[:500]"``).
+      data_dir: the TFDS data folder; None: TFDS's default
+        (``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
       field: the feature to read, stored under ``output_key``.
       output_key: key of the value in ``SourceRecord.data``.
       on_error: the ``ErrorPolicy`` spec (kinds as for ``TFRecordSource``).
 
     Raises (from ``list_files``, ``fingerprint``, ``splits``):
       ImportError: TFDS is not installed (says ``pip install 'seqcache[tfds]'``).
-      FileNotFoundError: the dataset is not prepared in ``data_dir``; the message
-        says how to prepare it (``tfds build``, ``download_and_prepare``).
-      ValueError: an unknown split or feature (lists the ones there are); a file
-        format other than tfrecord and array_record; a dataset TFDS cannot open
-        (e.g. a version its installed builder code does not know; TFDS's message).
-    (from ``read_split``): ValueError as ``TFRecordSource``, naming the shard
-      file and the record index.
+      FileNotFoundError: the dataset is not prepared in ``data_dir`` (says how).
+      ValueError: an unknown split or feature (lists those there are); another
+        file format; a dataset TFDS cannot open (TFDS's message).
+    (from ``read_split``): ValueError as ``TFRecordSource``.
     """
 
     kind = "tfds"
@@ -132,11 +130,9 @@ class TfdsSource(ExampleRecords):
         self.output_key = output_key
         self.features = {output_key: field}
         self.on_error = ErrorPolicy(on_error)
-        # Filled on the driver by _resolve (and pickled to the workers with the source):
-        # the dataset's full name, file format and {shard path: (first record, stop)}.
+        # (full name, file format, {shard path: (first record, stop)}), from the driver.
         self._resolved: tuple[str, str, dict[str, tuple[int, int]]] | None = None
 
-    # -- resolution, on the driver ------------------------------------------
 
     def _how_to_prepare(self, where: str) -> str:
         dd = self.data_dir or "~/tensorflow_datasets"
@@ -185,7 +181,6 @@ class TfdsSource(ExampleRecords):
         self._resolved = (builder.info.full_name, file_format, dict(sorted(ranges.items())))
         return self._resolved
 
-    # -- Source ---------------------------------------------------------------
 
     def list_files(self) -> list[SourceFile]:
         _, _, ranges = self._resolve()
@@ -198,15 +193,12 @@ class TfdsSource(ExampleRecords):
             out.append(SourceFile(*found[0]))
         return out
 
-    def fingerprint(self) -> dict:
+    def _params(self) -> dict:
         full_name, file_format, ranges = self._resolve()
-        return {
-            "kind": self.kind,
-            "params": {"name": full_name, "split": self.split, "field": self.field, "file_format": file_format,
-                       "ranges": [list(r) for r in ranges.values()]},
-            "on_error": self.on_error.to_json(),
-            "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in self.list_files()],
-        }
+        return {"name": full_name, "split": self.split, "field": self.field, "file_format": file_format,
+                "ranges": [list(r) for r in ranges.values()]}
+
+    fingerprint = FileSource.fingerprint
 
     def describe(self) -> str:
         where = f" in {self.data_dir}" if self.data_dir else ""
@@ -219,8 +211,8 @@ class TfdsSource(ExampleRecords):
         return ranges[path]
 
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
-        """One split per TFRecord shard (its records in the split's range);
-        record ranges of about ``target_bytes`` for an ArrayRecord shard."""
+        """One split per TFRecord shard; record ranges of about ``target_bytes``
+        for an ArrayRecord shard."""
         check_target(target_bytes)
         lo, hi = self._range(file.path)
         if _format_of(file.path) == "tfrecord" or file.num_bytes <= target_bytes:
@@ -235,18 +227,11 @@ class TfdsSource(ExampleRecords):
 
     @staticmethod
     def _num_records(path: str) -> int:
-        from array_record.python.array_record_module import ArrayRecordReader
-
-        with fs.local_copy(path, suffix=".array_record") as local:
-            reader = ArrayRecordReader(local, "readahead_buffer_size:0")
-            try:
-                return int(reader.num_records())
-            finally:
-                reader.close()
+        with _array_record(path) as reader:
+            return int(reader.num_records())
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
-        """The records ``[start, stop)`` of a shard file (a whole-file split: the
-        split's range of that shard), in file order."""
+        """The records ``[start, stop)`` of a shard file (whole: the split's range)."""
         if split.whole and self._resolved is not None:
             start, stop = self._range(split.path)
         else:
@@ -257,25 +242,16 @@ class TfdsSource(ExampleRecords):
         return self._read_array_record(split, start, stop)
 
     def _read_array_record(self, split: Split, start: int, stop: int | None) -> Iterator[SourceRecord]:
-        from array_record.python.array_record_module import ArrayRecordReader
-
         path = split.path
         number = start
         try:
-            with fs.local_copy(path, suffix=".array_record") as local:
-                reader = ArrayRecordReader(local, "readahead_buffer_size:0")
-                try:
-                    if not reader.ok():
-                        reader.close()
-                        raise OSError("not an ArrayRecord file")
-                    end = reader.num_records() if stop is None else min(stop, reader.num_records())
-                    while number < end:
-                        batch = reader.read(number, min(end, number + _BATCH))
-                        for data in batch:
-                            yield self._convert(split.file_index, number, path, data, True)
-                            number += 1
-                finally:
-                    if reader.is_open():
-                        reader.close()
+            with _array_record(path) as reader:
+                if not reader.ok():
+                    raise OSError("not an ArrayRecord file")
+                end = reader.num_records() if stop is None else min(stop, reader.num_records())
+                while number < end:
+                    for data in reader.read(number, min(end, number + _BATCH)):
+                        yield self._convert(split.file_index, number, path, data, True)
+                        number += 1
         except (OSError, RuntimeError) as e:
             raise read_error(path, e, f"record {number}" if number > start else None) from None

@@ -2,25 +2,24 @@
 feature or as raw UTF-8 text; the TFRecord and ``tf.train.Example`` readers
 that ``TfdsSource`` shares.
 
-Nothing here imports TensorFlow. TFRecord framing is read as TensorFlow writes
-it (``tensorflow/core/lib/io/record_writer.cc``; the format is documented at
-https://www.tensorflow.org/tutorials/load_data/tfrecord): per record
+Nothing here imports TensorFlow. TFRecord framing, as TensorFlow writes it
+(``tensorflow/core/lib/io/record_writer.cc``;
+https://www.tensorflow.org/tutorials/load_data/tfrecord), per record:
 
     uint64 length, little-endian
     uint32 masked CRC-32C of the 8 length bytes
     byte   data[length]
     uint32 masked CRC-32C of the data
 
-where ``masked(crc) = ((crc >> 15 | crc << 17) + 0xa282ead8) mod 2**32``; the
-CRC-32C comes from ``google-crc32c`` (the ``tfds`` extra). ``tf.train.Example``
-is parsed with protobuf from a copy of the message definitions of
-``tensorflow/core/example/{example,feature}.proto`` kept in a private
-descriptor pool: the wire format is TensorFlow's, the names cannot clash with
-TensorFlow's own when both are loaded.
+where ``masked(crc) = ((crc >> 15 | crc << 17) + 0xa282ead8) mod 2**32``
+(CRC-32C from ``google-crc32c``). ``tf.train.Example`` is parsed with protobuf
+from a copy of ``tensorflow/core/example/{example,feature}.proto`` in a private
+descriptor pool (no clash with TensorFlow's own names).
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -41,12 +40,10 @@ _HEADER = struct.Struct("<QI")
 
 
 def crc32c_function():
-    """``google_crc32c.value``: CRC-32C of a bytes object, as an int.
-
-    Raises:
-      ImportError: google-crc32c is not installed; says which extra installs it."""
+    """``google_crc32c.value`` (CRC-32C of bytes, an int); ``ImportError`` saying
+    which extra installs it."""
     try:
-        import google_crc32c
+        import google_crc32c  # optional: google_crc32c
     except ImportError:
         raise ImportError(f"reading TFRecord files needs google-crc32c: {PIP_HINT} "
                           "(or pip install google-crc32c)") from None
@@ -60,9 +57,8 @@ def masked_crc32c(data: bytes, crc=None) -> int:
 
 
 def write_tfrecords(path: str, records: Sequence[bytes]) -> None:
-    """Writes ``records`` to a TFRecord file at ``path`` (uncompressed; through
-    ``seqcache.fs``). Meant for tests and small fixtures: the whole file is built
-    in memory."""
+    """Writes ``records`` to an uncompressed TFRecord file at ``path``, built in
+    memory (for tests and small fixtures)."""
     crc = crc32c_function()
     out = bytearray()
     for data in records:
@@ -77,14 +73,10 @@ class TFRecordCorrupt(ValueError):
 
 
 def iter_tfrecords(path: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, bytes, bool]]:
-    """Streams the records of the TFRecord file ``path`` (``.gz``: gzip, as
-    TensorFlow's ``GZIP`` option writes it) with their 0-based index.
-
-    Yields ``(index, data, data_ok)`` for ``start <= index < stop`` (``stop=None``:
-    to the end); ``data_ok`` is False when the data's CRC does not match (the
-    record is damaged, the ones after it are still framed). Records before
-    ``start`` are framed and skipped (TFRecord has no index); memory holds one
-    record at a time.
+    """``(index, data, data_ok)`` of the records ``start <= index < stop``
+    (``stop=None``: to the end) of the TFRecord file ``path`` (``.gz``:
+    gzip), one at a time; ``data_ok`` is False when the data's CRC does not
+    match (the records after it are still framed).
 
     Raises:
       TFRecordCorrupt: a length whose CRC does not match, or a file that ends
@@ -125,18 +117,10 @@ def iter_tfrecords(path: str, start: int = 0, stop: int | None = None) -> Iterat
         raise read_error(path, e, f"record {index}" if index else None) from None
 
 
-# ---------------------------------------------------------------------------
-# tf.train.Example without TensorFlow.
-
-_EXAMPLE_CLASS: list = []
-
-
+@functools.lru_cache(maxsize=None)
 def example_class():
-    """The protobuf message class of ``tf.train.Example`` (wire-compatible with
-    TensorFlow's; built once per process in a private descriptor pool)."""
-    if _EXAMPLE_CLASS:
-        return _EXAMPLE_CLASS[0]
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    """The protobuf message class of ``tf.train.Example``, built once per process."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # optional: protobuf (Beam's)
 
     F = descriptor_pb2.FieldDescriptorProto
     pkg = "seqcache.tf_example"
@@ -170,18 +154,13 @@ def example_class():
     message("Example", [("features", 1, F.TYPE_MESSAGE, opt, f".{pkg}.Features", None)])
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
-    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.Example"))
-    _EXAMPLE_CLASS.append(cls)
-    return cls
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.Example"))
 
 
 def encode_example(features: Mapping[str, Any]) -> bytes:
     """A serialized ``tf.train.Example`` of ``{name: value}``: ``str`` / ``bytes``
-    (or a list of them) become a ``bytes_list``, ints (or a list of them) an
-    ``int64_list``, floats a ``float_list``. For tests and fixtures.
-
-    Raises:
-      TypeError: a value of another type."""
+    (or lists of them) a ``bytes_list``, ints an ``int64_list``, floats a
+    ``float_list``; ``TypeError`` for another type. For tests and fixtures."""
     ex = example_class()()
     for name, value in features.items():
         values = value if isinstance(value, (list, tuple)) else [value]
@@ -203,20 +182,18 @@ def decode_example(data: bytes) -> dict[str, tuple[str, list]]:
     (ints), ``"float_list"`` (floats) or ``""`` (a feature with no list).
 
     Raises:
-      ValueError: ``data`` does not parse as a ``tf.train.Example``, or is not
-        empty and holds none of its fields (e.g. a line of text)."""
-    out = {}
-    for name, feat in _feature_map(data).items():
-        out[name] = _values(feat)
-    return out
+      ValueError: ``data`` is not a ``tf.train.Example`` (or holds none of its fields)."""
+    return {name: _values(feat) for name, feat in _feature_map(data).items()}
 
 
 def _feature_map(data: bytes):
-    """The ``features.feature`` map of the parsed Example (see ``decode_example``)."""
+    """The ``features.feature`` map of the parsed Example (``decode_example``)."""
+    from google.protobuf.message import DecodeError  # optional: protobuf (Beam's)
+
     ex = example_class()()
     try:
         ex.ParseFromString(data)
-    except _decode_error():
+    except DecodeError:
         raise ValueError("not a tf.train.Example (its bytes do not parse as one)") from None
     if data and not ex.ListFields():
         # Text and other bytes often parse as fields unknown to Example: none of its own.
@@ -229,18 +206,10 @@ def _values(feat) -> tuple[str, list]:
     return kind, (list(getattr(feat, kind).value) if kind else [])
 
 
-def _decode_error():
-    from google.protobuf.message import DecodeError
-
-    return DecodeError
-
-
 class ExampleRecords(Source):
-    """Shared code of the sources whose records are serialized ``tf.train.Example``
-    protos or raw UTF-8 bytes: turning one stored record into a ``SourceRecord``.
-
-    ``self.features`` maps output keys to Example feature names; empty for raw
-    records (the record's bytes, as UTF-8, under ``self.output_key``)."""
+    """The record of a serialized ``tf.train.Example`` (``self.features``: output
+    key -> feature name) or, without features, of raw UTF-8 bytes (under
+    ``self.output_key``)."""
 
     features: dict[str, str] = {}
     output_key: str = "text"
@@ -300,33 +269,27 @@ class TFRecordSource(ExampleRecords, FileSource):
     the record's bytes as UTF-8 text.
 
     ``record_number`` is the record's 0-based index in its file (``locator``
-    ``"record"``). A file is one split (TFRecord has no index to start reading
-    in the middle); ``.gz`` files are gunzipped. With ``feature`` (or
-    ``features``), each record must be a serialized ``tf.train.Example``: a
-    ``bytes_list`` feature of one value is text (UTF-8), an ``int64_list``
-    feature is token ids (a list of ints; the task checks them against its
-    vocabulary and no ``tokenize`` applies to them). ``raw`` is the canonical
-    JSON of ``{feature: value}``, so the same values give the same shuffle key
-    whatever else the Example holds. Without a feature, each record's bytes are
-    UTF-8 text and ``raw`` is those bytes. Reading needs google-crc32c (the
-    ``tfds`` extra), not TensorFlow.
+    ``"record"``); a file is one split; ``.gz`` files are gunzipped. With
+    ``feature`` (or ``features``), each record is a ``tf.train.Example``: a
+    ``bytes_list`` of one value is text, an ``int64_list`` token ids (checked
+    by the task against its vocabulary, never tokenized); ``raw`` is the
+    canonical JSON of ``{feature: value}``. Without a feature, a record's bytes
+    are UTF-8 text and ``raw``. Reading needs google-crc32c (the ``tfds``
+    extra), not TensorFlow.
 
     Args:
-      pattern: a glob pattern (``**`` recursive) or a sequence of them.
       feature: the Example feature to read, stored under ``output_key``; None
         for raw UTF-8 records.
       output_key: key of the value in ``SourceRecord.data``.
       features: optional mapping output key -> Example feature (several values).
-      on_error: the ``ErrorPolicy`` spec. Kinds met here: ``malformed`` (not a
-        ``tf.train.Example``, or data whose CRC does not match),
-        ``missing_field`` (the feature is absent), ``bad_value`` (a float
-        feature, several bytes values), ``invalid_utf8`` and the content kinds.
+      on_error: kinds met here: ``malformed`` (not an Example, a bad data CRC),
+        ``missing_field``, ``bad_value`` (a float feature, several bytes
+        values), ``invalid_utf8`` and the content kinds.
 
     Raises (from ``read_split`` / ``read_file``):
-      ValueError: bad input whose action is ``"raise"``, naming the file and the
-        record index; a file whose framing is broken (a bad length CRC, a
-        truncated file), naming the file and the record; a split that is not
-        the whole file.
+      ValueError: bad input whose action is ``"raise"``, or broken framing (a
+        bad length CRC, a truncated file), naming the file and the record; a
+        split that is not the whole file.
       ImportError: google-crc32c is not installed (says ``pip install 'seqcache[tfds]'``).
     """
 

@@ -14,35 +14,23 @@ class TsvSource(LineSplits, FileSource):
     """One record per line of tab-separated files (``.tsv``, ``.tsv.gz``, or any
     name), such as the source/reference pairs of translation corpora.
 
-    Each line is split on tab characters; ``columns`` maps an output key to a
-    0-based column index (default ``{"inputs": 0, "targets": 1}``), and each
-    selected column's text is stored under its key. No quoting or escaping is
-    interpreted: a field is the bytes between two tabs, as ``cut -f`` reads
-    them, which is how WMT-style TSV files are written. A line with fewer
-    columns than the largest index asked for is bad input of the kind
-    ``malformed``; an empty field is of the content kinds ``empty`` /
-    ``whitespace`` (skipped by default, like blank lines of a text file). A
-    fully blank line is layout, not a record. With ``header=True`` the file's
-    first line names the columns and is not a record.
-
-    ``record_number`` is the **byte offset** of the line's first byte
-    (``locator`` ``"byte_offset"``, as ``TextLineSource``), so it does not
-    depend on how the file is split; ``raw`` is the line without its
-    terminator. Uncompressed files are split into byte ranges; a compressed file
-    is one split.
+    ``columns`` maps an output key to a 0-based column index (default
+    ``{"inputs": 0, "targets": 1}``). No quoting or escaping: a field is the
+    bytes between two tabs, as ``cut -f`` reads them. A line with too few
+    columns is ``malformed``; an empty field is ``empty`` / ``whitespace``; a
+    blank line is layout, not a record. With ``header=True`` each file's first
+    line is not a record. ``record_number`` is the line's byte offset and
+    ``raw`` the line without its terminator, as for ``TextLineSource``.
 
     Args:
-      pattern: a glob pattern (``**`` recursive) or a sequence of them.
       columns: output key -> 0-based column index.
       header: whether each file's first line is a header to skip.
       on_error: the ``ErrorPolicy`` spec. Kinds met here: ``invalid_utf8``,
         ``malformed`` and the content kinds.
-      exclude: glob patterns of paths to leave out.
 
     Raises:
-      ValueError: (constructor) no columns, a negative or non-integer index;
-        (reading) bad input whose action is ``"raise"``, naming the file, the
-        line (number and byte offset) and the column count.
+      ValueError: no columns, a bad index; bad input whose action is
+        ``"raise"``, naming the file, the line and the column count.
     """
 
     kind = "tsv"
@@ -85,7 +73,6 @@ class TsvSource(LineSplits, FileSource):
     def describe(self) -> str:
         sel = ", ".join(f"column {i} as {k}" for k, i in self.columns.items())
         return f"tab-separated lines of {self._pattern_text()} ({sel})"
-
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         file_index, path = split.file_index, split.path

@@ -1,8 +1,8 @@
 """The ``seqcache`` command line (click).
 
 Each command lives in its own module under ``seqcache/commands``; this module only
-assembles the group. Commands import heavy dependencies (Beam, JAX) lazily so that
-``seqcache --help`` stays fast.
+assembles the group and imports a command's module only when that command runs,
+so that ``seqcache --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -21,31 +21,67 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from seqcache import __version__  # noqa: E402
+from seqcache import __version__, fs  # noqa: E402
+from seqcache import format as fmt  # noqa: E402
+from seqcache.commands import common  # noqa: E402
+from seqcache.tasks.vocabularies import encoding_threads  # noqa: E402
 
-# (module under seqcache.commands, attribute): every command the CLI offers.
-_COMMANDS = (
-    ("build", "build"),
-    ("scan", "scan"),
-    ("inspect", "info"),
-    ("inspect", "show"),
-    ("inspect", "verify"),
-    ("inspect", "tasks_cmd"),
-    ("vocab", "vocab"),
-    ("which", "which"),
-    ("overlap", "overlap"),
-    ("export", "export"),
-    ("report", "report"),
-    ("train", "train"),
-)
+# Every command: name -> (module under seqcache.commands, attribute, the first
+# sentence of its help, which ``seqcache --help`` lists without importing it).
+_COMMANDS = {
+    "build": ("build", "build", "Build the deterministic cache of NAME (a registered task or mixture), or of an "
+              "ad-hoc task given by --source/--vocabulary/--name."),
+    "export": ("export", "export", "Write the Feeder's global stream, steps S..S+STEPS-1, as files another trainer "
+               "reads in that order (S = 0, or the step of a saved feeder state)."),
+    "info": ("inspect", "info", "Summarise the cache at CACHE_DIR (a folder with manifest.json: a local path, or a "
+             "gs:// or s3:// URL)."),
+    "overlap": ("overlap", "overlap", "Find the examples of CACHE_OR_MIXTURE that share an n-gram of normalised words "
+                "with an item of BENCHMARK_SPEC, and when a run reads them first."),
+    "report": ("report", "report", "Write a self-contained HTML report of a cache: example lengths against the "
+               "sequence length, packing efficiency, tokens and examples per source file, skipped and repaired "
+               "records, shard sizes; for a mixture or a saved feeder state, each task's share of the first steps "
+               "and the epoch it reaches; with --overlap FILE, a result of `seqcache overlap`: the benchmark items "
+               "found in the caches and the step at which the run first reads each."),
+    "scan": ("scan", "scan", "Count every kind of bad input in the sources of NAME (a registered task or mixture) "
+             "or of an ad-hoc --source, without building anything."),
+    "show": ("inspect", "show", "Decode examples of the cache at CACHE_DIR (a local path, or a gs:// or s3:// URL), "
+             "with their provenance."),
+    "tasks": ("inspect", "tasks_cmd", "List registered tasks and mixtures."),
+    "train": ("train", "train", "Train a decoder-only or a T5 encoder-decoder model on a cache with the "
+              "exactly-once feeder (the model reads the cache through the feature converter that fits its "
+              "features: lm, prefix_lm or encdec)."),
+    "verify": ("inspect", "verify", "Check every shard of CACHE_DIR (a local path, or a gs:// or s3:// URL): "
+               "counts, checksums, decodability."),
+    "vocab": ("vocab", "vocab", "Train a vocabulary (SentencePiece, or a tokenizers BPE/Unigram tokenizer.json) or "
+              "encode text with one."),
+    "which": ("which", "which", "Show what row ROW of global batch STEP was: task, cache index, source file and "
+              "record number of each segment, and the decoded text."),
+}
 
 
 class _Commands(click.Group):
-    """The command group; an interrupt (Ctrl-C, or SIGTERM where a command turns
+    """The command group; a command's module is imported when the command runs
+    or shows its help. An interrupt (Ctrl-C, or SIGTERM where a command turns
     it into one) that a command does not report itself, such as one during its
     start-up, exits with 130 and says so, instead of click's "Aborted!" and 1.
     A ``seqcache.format.CacheError`` or ``FeederStateError`` that a command does
     not report itself is one ``error:`` line on standard error and exit status 1."""
+
+    def list_commands(self, ctx):
+        return sorted({*_COMMANDS, *self.commands})
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in _COMMANDS:
+            module, attr, _ = _COMMANDS[name]
+            self.add_command(getattr(importlib.import_module(f"seqcache.commands.{module}"), attr), name)
+        return self.commands.get(name)
+
+    def format_commands(self, ctx, formatter):
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names))
+        with formatter.section("Commands"):
+            formatter.write_dl([(n, self.commands[n].get_short_help_str(limit) if n in self.commands
+                                 else click.utils.make_default_short_help(_COMMANDS[n][2], limit)) for n in names])
 
     def invoke(self, ctx):
         try:
@@ -53,25 +89,15 @@ class _Commands(click.Group):
         except Exception as e:
             if not _is_damaged_input(e):
                 raise
-            # A damaged cache or feeder state that a command did not report
-            # itself: one line, as the commands report them, never a traceback.
-            from seqcache.commands import common
-
             common.print_error(e)
             sys.exit(1)
         except KeyboardInterrupt:
-            from seqcache.commands import common  # standard error may have been taken from Beam's workers
-
-            common.write_stderr("interrupted\n")
+            common.write_stderr("interrupted\n")  # standard error may have been taken from Beam's workers
             sys.exit(130)
 
 
 def _is_damaged_input(error: BaseException) -> bool:
-    """Whether ``error`` is a ``seqcache.format.CacheError`` or a
-    ``FeederStateError`` (the feeders package is not imported for this: no
-    such error exists before it is)."""
-    from seqcache import format as fmt
-
+    """Whether ``error`` is a ``CacheError`` or, once the feeders are imported, a ``FeederStateError``."""
     compat = sys.modules.get("seqcache.feeders.compat")
     return isinstance(error, fmt.CacheError) or (compat is not None and isinstance(error, compat.FeederStateError))
 
@@ -92,26 +118,10 @@ def _check_environment() -> None:
     Raises:
       click.ClickException: one line naming the variable.
     """
-    from seqcache.tasks.vocabularies import encoding_threads
-
     try:
         encoding_threads()
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-
-
-def _register():
-    for module_name, attr in _COMMANDS:
-        try:
-            module = importlib.import_module(f"seqcache.commands.{module_name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"seqcache.commands.{module_name}":
-                continue  # an area that is not installed in this build
-            raise
-        main.add_command(getattr(module, attr))
-
-
-_register()
 
 
 def run():
@@ -124,8 +134,6 @@ def run():
     0.2 s of every command that imports Beam. Every file a command writes is
     closed before it returns; atexit handlers still run. The process is
     seqcache's own (``seqcache.fs.own_process``)."""
-    from seqcache import fs
-
     fs.own_process()
     try:
         main()

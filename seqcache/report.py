@@ -25,6 +25,8 @@ from typing import Any, Mapping, Sequence
 
 from seqcache import format as fmt
 from seqcache import fs, layout
+from seqcache.feeders import mixing
+from seqcache.tasks import describe_record
 
 REPORT_VERSION = 1
 TOP_FILES = 20
@@ -241,8 +243,6 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
       seqcache.format.CacheError: the manifest names a quarantine file that is
         missing, or a line that is not a JSON object (file and line named).
     """
-    from seqcache.tasks import describe_record
-
     stats = m.statistics
     out = {"file": m.quarantine, "skipped_records": int(stats.get("skipped_records", 0)),
            "replaced_records": int(stats.get("replaced_records", 0)), "kinds": []}
@@ -351,8 +351,6 @@ def mixture_report(*, paths: Sequence[str], names: Sequence[str], rates: Sequenc
       "share_at_steps", "max_share_error", "positions_at_step", "epochs_at_step",
       "epoch_at_step"}], "curve_steps", "epoch_curve_steps"}``.
     """
-    from seqcache.feeders import mixing
-
     if global_batch_size < 1 or steps < 1:
         raise ValueError(f"global_batch_size and steps must be >= 1 (got {global_batch_size=}, {steps=})")
     at_step = steps if at_step is None else int(at_step)

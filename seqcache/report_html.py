@@ -17,22 +17,18 @@ import io
 import json
 from typing import Any, Mapping
 
+import matplotlib
+
+matplotlib.use("Agg", force=True)
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
 # Colours of matplotlib's default cycle, named for the page's legend-free bits.
 _BLUE, _ORANGE, _GREEN, _RED, _GREY = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#7f7f7f"
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _png(fig) -> str:
     """The figure as a ``data:image/png;base64,...`` URL; closes the figure."""
-    plt = _plt()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=96, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
@@ -77,7 +73,6 @@ def plot_lengths(lengths: Mapping[str, dict]) -> str | None:
     recorded = {n: e for n, e in lengths.items() if e.get("histogram")}
     if not recorded:
         return None
-    plt = _plt()
     fig, axes = plt.subplots(1, len(recorded), figsize=(8.5 if len(recorded) == 1 else 5 * len(recorded), 3.2),
                              squeeze=False)
     for ax, (name, e) in zip(axes[0], recorded.items()):
@@ -104,7 +99,6 @@ def plot_packing(packing: Mapping[str, dict]) -> str | None:
     known = {n: e for n, e in packing.items() if e.get("efficiency") is not None}
     if not known:
         return None
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 0.6 + 0.5 * len(known)))
     names = list(known)
     eff = [known[n]["efficiency"] for n in names]
@@ -124,7 +118,6 @@ def plot_sources(sources: Mapping[str, Any]) -> str | None:
     rows = sources["top"]
     if not rows:
         return None
-    plt = _plt()
     recorded = sources["recorded"]
     labels = [_short(r["path"]) for r in rows]
     if recorded:
@@ -171,7 +164,6 @@ def plot_quarantine(quarantine: Mapping[str, Any]) -> str | None:
     kinds = quarantine["kinds"]
     if not kinds:
         return None
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 0.8 + 0.35 * len(kinds)))
     labels = [f"{k['action']}: {k['kind']}" for k in kinds][::-1]
     counts = [k["records"] for k in kinds][::-1]
@@ -189,9 +181,6 @@ def plot_shards(shards: Mapping[str, Any]) -> str | None:
     """Records and bytes per shard, with the mean."""
     if not shards["num_shards"]:
         return None
-    plt = _plt()
-    from matplotlib.ticker import MaxNLocator
-
     xs = list(range(shards["num_shards"]))
     fig, axes = plt.subplots(1, 2, figsize=(10, 2.8))
     for ax, values, label, color in ((axes[0], shards["records"], "records", _BLUE),
@@ -209,7 +198,6 @@ def plot_shards(shards: Mapping[str, Any]) -> str | None:
 
 def plot_shares(mixture: Mapping[str, Any]) -> str:
     """Each task's share of the first s steps, against its target (dashed)."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 3.2))
     steps = mixture["curve_steps"]
     for i, t in enumerate(mixture["tasks"]):
@@ -230,7 +218,6 @@ def plot_shares(mixture: Mapping[str, Any]) -> str:
 
 def plot_epochs(mixture: Mapping[str, Any]) -> str:
     """Epochs read by each task over the steps; the reported step marked."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 3.2))
     steps = mixture["epoch_curve_steps"]
     for i, t in enumerate(mixture["tasks"]):
@@ -246,7 +233,6 @@ def plot_epochs(mixture: Mapping[str, Any]) -> str:
 
 def plot_first_reads(ov: Mapping[str, Any]) -> str:
     """Benchmark items whose first overlapping example the run has read by step s."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 3.0))
     steps = ov["first_reads"]
     ax.step([0, *steps], range(len(steps) + 1), where="post", color=_BLUE)

@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader
 
 from seqcache import bounded_json
 from seqcache import format as fmt
@@ -81,8 +82,6 @@ def _out_of_vocabulary(path: str, start: int, decoded: list[dict], limits: dict[
 
 def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decode_batch, listed,
                 limits=None) -> ShardReport:
-    from array_record.python.array_record_module import ArrayRecordReader
-
     try:  # nothing outside the cache is opened
         path = layout.cache_file(cache_dir, name, what="shard file")
     except layout.UnsafeCachePathError as e:

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
 import sys
 
 import click
 
+from seqcache import format as fmt
+from seqcache import fs, tasks
 from seqcache.commands import common
+from seqcache.pipelines import BuildConfig, BuildError, build_task, cache_path, exclusion
+from seqcache.pipelines.stats import describe_bad_input
+from seqcache.tasks.sources.base import SPEC_KINDS
 
 
 def parse_sequence_length(values, default_feature="targets"):
@@ -49,8 +53,6 @@ SPAN_CORRUPTION_DEFAULTS = {"noise_density": 0.15, "mean_noise_span_length": 3.0
 def _source_keys(source) -> list[str]:
     """The keys of a record's values: several for a parallel-text source or
     JSON-lines / Parquet spec with named fields, else ``["text"]``."""
-    from seqcache import tasks
-
     if isinstance(source, tasks.ParallelTextSource):
         return list(source.files)
     for attr in ("fields", "columns"):  # JsonLinesSource, ParquetSource
@@ -102,8 +104,6 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec,
         ``--objective``, ``--noise-density``, ...).
       click.BadParameter: a bad task name.
     """
-    from seqcache import tasks
-
     source, vocabulary = _adhoc_source_and_vocabulary(source_spec, exclude=exclude, on_error=on_error, split=split,
                                                       tfds_data_dir=tfds_data_dir, vocabulary_spec=vocabulary_spec,
                                                       extra_ids=extra_ids)
@@ -125,8 +125,6 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec,
 def _adhoc_source_and_vocabulary(source_spec, *, exclude, on_error, split, tfds_data_dir, vocabulary_spec,
                                  extra_ids):
     """(source, vocabulary) of an ad-hoc task; a bad spec is a click.UsageError."""
-    from seqcache import tasks
-
     try:
         source = tasks.parse_source_spec(source_spec, exclude=exclude, on_error=on_error, split=split,
                                          tfds_data_dir=tfds_data_dir)
@@ -182,8 +180,6 @@ def _adhoc_preprocessing(vocabulary, objective, *, packing, sequence_length, noi
                          mean_noise_span_length):
     """(output features, preprocessors, the span corruption or prefix LM
     preprocessor or None) of an ad-hoc task with this objective."""
-    from seqcache import tasks
-
     P = tasks.preprocessors
     corruption = None
     if objective == "lm":
@@ -207,8 +203,6 @@ def _adhoc_preprocessing(vocabulary, objective, *, packing, sequence_length, noi
 def _corruption(objective, *, noise_density, mean_noise_span_length):
     """The span corruption (``span_corruption``) or prefix LM preprocessor, with
     the defaults for the options not given; a bad value is a click.UsageError."""
-    from seqcache import tasks
-
     try:
         if objective == "span_corruption":
             kw = {k: v if v is not None else SPAN_CORRUPTION_DEFAULTS[k]
@@ -223,8 +217,6 @@ def _corruption(objective, *, noise_density, mean_noise_span_length):
 
 
 def _span_corruption(task):
-    from seqcache import tasks
-
     return next((p for p in task.preprocessors if isinstance(p, tasks.span_corruption)), None)
 
 
@@ -296,16 +288,6 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
                                "(T5 uses 100)")
 
 
-def import_modules(modules):
-    from seqcache import tasks
-
-    for m in modules:
-        try:
-            tasks.import_definitions(m)
-        except (ImportError, FileNotFoundError) as e:
-            raise click.UsageError(f"--module {m}: cannot import it: {e}") from None
-
-
 @click.command(
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     epilog="Any other --flag is passed to Beam as a pipeline option, for example --runner=DataflowRunner "
@@ -374,14 +356,10 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     The cache of task T goes to CACHE_DIR/T/SPLIT. A cache with the same
     fingerprint is reused; a different one is refused unless --overwrite.
     """
-    from seqcache.pipelines import BuildConfig
-
     name, pipeline_args = _name_and_pipeline_args(ctx, args)
     pipeline_args = common.with_workers(pipeline_args, workers)
-    # force: a library that logged before this (at import) has configured the root logger already.
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
-                        force=True)
-    import_modules(modules)
+    common.beam_logging(pipeline_args, verbose=verbose)
+    common.import_modules(modules)
     seq_len = parse_sequence_length(sequence_length)
     benchmarks = _benchmarks(exclude_benchmarks, exclude_ngram, exclude)
     if source_spec:
@@ -408,17 +386,10 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
                              exclude_benchmarks=benchmarks)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    if not verbose:
-        # Beam's logs, in this process and in its workers (which read this option), only on -v.
-        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-        if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
-            pipeline_args.append("--default_sdk_harness_log_level=ERROR")
     # Object-store options (--s3_endpoint_url=..., --s3_access_key_id=...) reach Beam's
     # FileSystems before the build's first file-system call in this process (listing
     # the source files, reading an existing manifest); the pipeline hands them to its
     # workers itself.
-    from seqcache import fs
-
     fs.tune_allocator()  # this process's malloc (the local workers tune their own)
     fs.set_options(pipeline_args)
     results = []
@@ -437,25 +408,11 @@ def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
     """(NAME or None, Beam pipeline options) from the free arguments: options
     start with "-". Refuses several names and options Beam does not know."""
     names = [a for a in args if not a.startswith("-")]
-    pipeline_args = [a for a in args if a.startswith("-")] + list(ctx.args)
     if len(names) > 1:
         raise click.UsageError(f"one task or mixture NAME at a time (got {names}); Beam options take the --flag=value form")
-    name = names[0] if names else None
-    if pipeline_args:
-        from seqcache.pipelines.build import import_beam
-        from seqcache.pipelines.runner import option_value_errors, unknown_flags
-
-        import_beam()
-        unknown = unknown_flags(pipeline_args)
-        if unknown:
-            raise click.UsageError(
-                f"no such option: {', '.join(unknown)} (options other than this command's own are Beam pipeline "
-                "options, e.g. --runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL)"
-            )
-        wrong = option_value_errors(pipeline_args)
-        if wrong:
-            raise click.UsageError(f"Beam pipeline option: {wrong}")
-    return name, pipeline_args
+    pipeline_args = common.beam_pipeline_args([a for a in args if a.startswith("-")] + list(ctx.args),
+                                              "--runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL")
+    return (names[0] if names else None), pipeline_args
 
 
 def _benchmarks(specs, ngram, exclude) -> list:
@@ -467,9 +424,6 @@ def _benchmarks(specs, ngram, exclude) -> list:
       click.UsageError: a spec that cannot be read, ``--exclude-ngram`` alone, or
         a source spec given to ``--exclude`` (which takes file globs).
     """
-    from seqcache.pipelines import exclusion
-    from seqcache.tasks.sources.base import SPEC_KINDS
-
     spec_like = [g for g in exclude if exclusion.split_name(g)[1].partition(":")[0] in SPEC_KINDS]
     if spec_like:
         raise click.UsageError(f"--exclude {spec_like[0]}: --exclude leaves out files by glob; to leave out the records "
@@ -503,8 +457,6 @@ def _pack_option(pack, no_pack, seq_len):
 def _registered_tasks(ctx, name) -> list:
     """The tasks of registered task or mixture ``name``; the ad-hoc task options
     do not go with one."""
-    from seqcache import tasks
-
     given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
                                               "objective", "noise_density", "mean_noise_span_length", "pack",
                                               "no_pack", "tfds_data_dir"))
@@ -539,8 +491,6 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
                exchange="auto"):
     """Builds one task's cache and prints its summary and warnings; a failure
     prints the error and exits 1, an interrupt (Ctrl-C, SIGTERM) exits 130."""
-    from seqcache.pipelines import BuildError, build_task
-
     deadline = functools.partial(_interrupt_deadline, task, split, cache_dir)
     with common.shard_progress(console, f"{task.name}/{split}") as progress, \
             common.sigterm_as_interrupt(on_deadline=deadline):
@@ -577,8 +527,6 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             f"({stats['truncated_tokens'] / max(total, 1):.1%}); {advice}",
             highlight=False,
         )
-    from seqcache.pipelines.stats import describe_bad_input
-
     for line in describe_bad_input(stats):  # the source's on_error policy: counted, never silent
         where = ("counted in the manifest's statistics" if line.startswith("kept")
                  else f"listed with the reason in {result.cache_dir}/quarantine.jsonl")
@@ -604,9 +552,6 @@ def _interrupt_deadline(task, split, cache_dir):
 
 
 def _interrupt_text(task, split, cache_dir) -> str:
-    from seqcache import format as fmt
-    from seqcache.pipelines import cache_path
-
     try:  # a replacing build (--overwrite) is staged: the old cache is still there
         fmt.read_manifest(cache_path(cache_dir, task.name, split))
         before = True

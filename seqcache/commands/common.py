@@ -7,12 +7,18 @@ import io
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from seqcache import fs
+from seqcache.pipelines.runner import option_value_errors, unknown_flags
+from seqcache.tasks import import_definitions, parse_on_error
 
 
 def stderr_console(file=None) -> Console:
@@ -78,13 +84,8 @@ def filesystem_options(args) -> list[str]:
             raise click.UsageError(
                 f"unexpected argument {a!r}: give one CACHE_DIR; Beam options take the --flag=value form"
             )
-    from seqcache import fs
-    from seqcache.pipelines.build import import_beam
-
-    import_beam()
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    known = set(PipelineOptions([]).get_all_options(drop_default=False))
+    options = fs.import_beam().options.pipeline_options.PipelineOptions([])
+    known = set(options.get_all_options(drop_default=False))
     unknown = [a for a in args if a[2:].partition("=")[0].replace("-", "_") not in known]
     if unknown:
         raise click.UsageError(
@@ -97,9 +98,47 @@ def filesystem_options(args) -> list[str]:
 
 def print_error(message, console: Console | None = None) -> None:
     """``error: MESSAGE`` on standard error, the message printed as is (no markup)."""
-    from rich.markup import escape
-
     (console or stderr_console()).print(f"[red]error:[/red] {escape(str(message))}", highlight=False)
+
+
+def fail(message) -> None:
+    """``error: MESSAGE`` on standard error, and exit status 1."""
+    print_error(message)
+    sys.exit(1)
+
+
+def beam_pipeline_args(args, example: str) -> list[str]:
+    """``args``, Beam pipeline options (``--flag=value``), checked before the
+    work starts: a typo would otherwise be ignored, and a refused value would
+    fail in the workers, whose standard error a command hides.
+
+    Raises:
+      click.UsageError: a flag no Beam option defines (the message ends with
+        ``example``), or a value Beam refuses.
+    """
+    args = list(args)
+    if args:
+        unknown = unknown_flags(args)
+        if unknown:
+            raise click.UsageError(f"no such option: {', '.join(unknown)} (options other than this command's own "
+                                   f"are Beam pipeline options, e.g. {example})")
+        wrong = option_value_errors(args)
+        if wrong:
+            raise click.UsageError(f"Beam pipeline option: {wrong}")
+    return args
+
+
+def beam_logging(pipeline_args: list[str], *, verbose: bool) -> None:
+    """Logs at INFO with ``-v``, else at WARNING; Beam's logs, in this process
+    and in its workers (``pipeline_args`` gains the option they read), only
+    with ``-v``."""
+    # force: a library that logged before this (at import) has configured the root logger already.
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
+                        force=True)
+    if not verbose:
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+        if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
+            pipeline_args.append("--default_sdk_harness_log_level=ERROR")
 
 
 def plural(n: int, word: str) -> str:
@@ -265,9 +304,6 @@ def sigterm_as_interrupt(on_deadline=None, grace_s: float | None = None):
     kills this process's descendants (the runner's worker processes), calls
     ``on_deadline()`` (which prints what the user needs to know) and exits with
     status 130."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -312,8 +348,6 @@ def sigterm_as_interrupt(on_deadline=None, grace_s: float | None = None):
 def kill_descendants() -> None:
     """Sends SIGKILL to every descendant of this process (from /proc; nothing
     where there is no /proc)."""
-    import signal
-
     children: dict[int, list[int]] = {}
     try:
         names = [n for n in os.listdir("/proc") if n.isdigit()]
@@ -350,10 +384,21 @@ def adhoc_options_given(ctx: click.Context, names) -> list[str]:
     return out
 
 
+def import_modules(modules) -> None:
+    """Imports the ``--module`` modules that register tasks and mixtures.
+
+    Raises:
+      click.UsageError: a module that cannot be imported.
+    """
+    for m in modules:
+        try:
+            import_definitions(m)
+        except (ImportError, FileNotFoundError) as e:
+            raise click.UsageError(f"--module {m}: cannot import it: {e}") from None
+
+
 def _on_error_parser(base: tuple[str, ...]):
     def parse(ctx, param, values):
-        from seqcache.tasks import parse_on_error
-
         try:
             spec = parse_on_error(list(values))  # None: every kind's default
             if not base:

@@ -10,6 +10,8 @@ import sys
 import click
 
 from seqcache import format as fmt
+from seqcache.commands.which import resolve
+from seqcache.feeders.export import EXPORT_NAME, export_maxtext, maxtext_flags
 
 
 @click.command()
@@ -60,17 +62,12 @@ def export(target, export_format, output, batch_size, sequence_length, steps, se
     {"global_next_index": g} is the Feeder's position S*B + g. See
     docs/trainers/maxtext.md.
     """
-    from seqcache.commands.which import _resolve
-    from seqcache.feeders.export import export_maxtext, maxtext_flags
-
-    from seqcache.feeders.export import EXPORT_NAME
-
     output = os.path.normpath(output)
     if os.path.exists(os.path.join(output, EXPORT_NAME)) and not overwrite:
         click.echo(f"error: {output} already holds an export ({EXPORT_NAME}); pass --overwrite or choose another "
                    "folder", err=True)
         sys.exit(1)
-    kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
+    kw = resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     args = {"steps": steps, "host_count": host_count, "column": column, "overwrite": overwrite}
     if "state" in kw:
         args.update(state=kw["state"], sequence_length=sequence_length)

@@ -17,25 +17,23 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from seqcache import bounded_json, fs, layout, tasks
 from seqcache import format as fmt
-from seqcache import layout
+from seqcache import manifest as schema
 from seqcache.commands import common
+from seqcache.feeders.reader import CacheReader
+from seqcache.pipelines.stats import describe_bad_input
 from seqcache.tasks import describe_record
+from seqcache.tasks.vocabularies import decode_with_sentinels
+from seqcache.url_reader import UrlCacheReader
+from seqcache.verify import verify_cache
 
 
 def _open(cache_dir, *, open_shards=True):
     """A reader of the cache at ``cache_dir``: the feeder's ``CacheReader`` for
     a local path, ``UrlCacheReader`` (downloads the shards it reads) for a URL."""
-    from seqcache import fs
-
     try:
-        if fs.is_url(cache_dir):
-            from seqcache.url_reader import UrlCacheReader
-
-            return UrlCacheReader(cache_dir, open_shards=open_shards)
-        from seqcache.feeders.reader import CacheReader
-
-        return CacheReader(cache_dir, open_shards=open_shards)
+        return (UrlCacheReader if fs.is_url(cache_dir) else CacheReader)(cache_dir, open_shards=open_shards)
     except (fmt.CacheError, OSError) as e:
         common.print_error(e)
         sys.exit(1)
@@ -58,8 +56,6 @@ def preprocessors(manifest: fmt.Manifest) -> list[str]:
     ``name(param=value, ...)`` each (values as JSON; None and False left out),
     e.g. ``span_corruption(noise_density=0.15, mean_noise_span_length=3.0,
     input_feature="targets")``; [] when the manifest lacks them."""
-    from seqcache import bounded_json
-
     # fingerprint_inputs is free-form (what the build hashed): read it defensively.
     inputs = manifest.raw.get("fingerprint_inputs")
     task = inputs.get("task") if isinstance(inputs, dict) else None
@@ -102,13 +98,6 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
     }
 
 
-def fs_join(folder: str, name: str) -> str:
-    """``seqcache.fs.join`` (imported when first needed)."""
-    from seqcache import fs
-
-    return fs.join(folder, name)
-
-
 def _shown(value) -> str:
     """A manifest value in ``info``'s table: ``none`` for null (whatever the
     field), JSON for an object (``{"targets": 512}``), else its text."""
@@ -125,8 +114,6 @@ def _record_rows(t: Table, m) -> None:
                 "replaced_records"):
         if key in stats:
             t.add_row(key.replace("_", " "), f"{stats[key]:,}")
-    from seqcache.pipelines.stats import describe_bad_input
-
     for line in describe_bad_input(stats):
         t.add_row("bad input", line)
     for name, n in (stats.get("excluded_by_benchmark") or {}).items():
@@ -147,13 +134,11 @@ def info(ctx, cache_dir, as_json, shards):
     missing or resized shard is reported as a warning and makes the exit status 1.
     Record counts are checked when the shards are opened (show, which, a feeder)
     and, with every checksum, by `seqcache verify`."""
-    from seqcache import manifest as schema
-
     common.filesystem_options(ctx.args)
     try:
         m = fmt.read_manifest(cache_dir)
         # Every shard's sizes against its records: the totals shown must add up.
-        schema.check_shard_sizes(m.raw, m.shards, fs_join(cache_dir, fmt.MANIFEST_NAME), m.features)
+        schema.check_shard_sizes(m.raw, m.shards, fs.join(cache_dir, fmt.MANIFEST_NAME), m.features)
     except (fmt.CacheError, OSError) as e:
         common.print_error(e)
         sys.exit(1)
@@ -312,13 +297,6 @@ def _check_indices(indices, num_examples: int) -> None:
     raise click.BadParameter(f"{noun} {shown} out of range: {have}", param_hint="--index")
 
 
-def decode_with_sentinels(vocabulary, ids) -> str:
-    """``seqcache.tasks.decode_with_sentinels`` (imported when first needed)."""
-    from seqcache.tasks.vocabularies import decode_with_sentinels as decode
-
-    return decode(vocabulary, ids)
-
-
 def _describe_example(index, example, provenance, vocabs, with_ids):
     """One example as JSON-able dict: per token feature, its segments with
     provenance, decoded text and (optionally) ids."""
@@ -355,8 +333,6 @@ def verify(ctx, cache_dir, as_json):
     at a time to a temporary file, checked and deleted.
 
     Exits with status 1 and names each bad file when anything is wrong."""
-    from seqcache.verify import verify_cache
-
     common.filesystem_options(ctx.args)
     try:
         report = verify_cache(cache_dir)
@@ -388,10 +364,7 @@ def verify(ctx, cache_dir, as_json):
 @click.option("--json", "as_json", is_flag=True)
 def tasks_cmd(modules, as_json):
     """List registered tasks and mixtures."""
-    from seqcache import tasks
-    from seqcache.commands.build import import_modules
-
-    import_modules(modules)
+    common.import_modules(modules)
     task_rows = []
     for name in tasks.TaskRegistry.names():
         t = tasks.TaskRegistry.get(name)

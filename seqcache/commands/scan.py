@@ -9,7 +9,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from seqcache import tasks
 from seqcache.commands import common
+from seqcache.commands.build import adhoc_task
+from seqcache.tasks.scan import scan_task
 
 
 @click.command()
@@ -32,11 +35,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
     and prints each kind found with its count, its first record and what the
     policy does with it, plus the --on-error settings that would let the build go
     on. Exits 1 when the build would stop, else 0."""
-    from seqcache import tasks
-    from seqcache.commands.build import adhoc_task, import_modules
-    from seqcache.tasks.scan import scan_task
-
-    import_modules(modules)
+    common.import_modules(modules)
     if source_spec:
         if name:
             raise click.UsageError("give either NAME (a registered task) or --source, not both")

@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import click
+import pyarrow.parquet as pq
 
+from seqcache import bounded_json, layout
 from seqcache import format as fmt
-from seqcache import layout
+from seqcache.commands import common
+from seqcache.feeders.inverse import excluded_entries, where_in_run, where_in_state
+from seqcache.feeders.provenance import _open_checked, locate_row, locate_row_in_state, trace_rows, trace_rows_in_state
+from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE, FeederStateError, load_state
+from seqcache.feeders.stream import open_mixture
 from seqcache.tasks import describe_record, registry
 
 
@@ -32,14 +39,12 @@ def _parse_rates(pairs, root: str) -> list[tuple[str, float]]:
 FEEDER_STATE_IN_STEP = os.path.join("feeder", "metadata")
 
 
-def _read_state(path: str, label: str, batch_size, seed, num_epochs) -> dict:
+def read_state(path: str, label: str, batch_size, seed, num_epochs) -> dict:
     """The keyword arguments for a saved feeder state read from ``path``."""
-    from seqcache.feeders.state import FeederStateError, load_state
-
     try:
         state = load_state(path)
     except FeederStateError as e:  # a damaged file, not a usage mistake: one line, exit 1
-        _fail(f"not a readable feeder state: {e}")
+        common.fail(f"not a readable feeder state: {e}")
     for name, given in (("global_batch_size", batch_size), ("seed", seed), ("num_epochs", num_epochs)):
         if given is not None and given != state[name]:
             raise click.UsageError(f"{label} has {name}={json.dumps(state[name])}, but {given} was given; drop "
@@ -61,8 +66,6 @@ def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
     """A mixture schedule file: JSON ``{"STEP": {"CACHE_PATH": RATE, ...}, ...}``
     (e.g. ``{"0": {"wiki": 1, "code": 1}, "10000": {"wiki": 3, "code": 1}}``);
     relative cache paths are relative to ``root``."""
-    from seqcache import bounded_json
-
     label = "--mixture-schedule"
 
     class _Bad(Exception):
@@ -82,19 +85,11 @@ def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
                 bounded_json.number(r, f"stage {step}: rate of {bounded_json.short(p)}", path=path, error=_Bad)
             out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): float(r) for p, r in rates.items()}
     except _Bad as e:  # a damaged file, not a usage mistake: one line, exit 1
-        _fail(f"{label}: {e}")
+        common.fail(f"{label}: {e}")
     return out
 
 
-def _fail(message: str) -> None:
-    """``error: MESSAGE`` on standard error, and exit status 1."""
-    from seqcache.commands import common
-
-    common.print_error(message)
-    sys.exit(1)
-
-
-def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule=None):
+def resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule=None):
     """Returns the keyword arguments of ``locate_row`` (without step/row), or
     ``{"state": ..., "global_batch_size": ...}`` for a saved feeder state."""
     common_kw = {"global_batch_size": batch_size, "seed": seed, "num_epochs": num_epochs}
@@ -113,12 +108,12 @@ def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed,
         return {"mixture": _parse_rates(mixture_rates, target), **common_kw}
     if os.path.isfile(target):
         # A saved feeder state (the "feeder" item of a checkpoint): it fixes the stream.
-        return _read_state(target, target, batch_size, seed, num_epochs)
+        return read_state(target, target, batch_size, seed, num_epochs)
     if os.path.isdir(target):
         in_step = os.path.join(target, FEEDER_STATE_IN_STEP)
         if os.path.isfile(in_step):
             # A checkpoint step folder of `seqcache train`: its saved feeder state.
-            return _read_state(in_step, in_step, batch_size, seed, num_epochs)
+            return read_state(in_step, in_step, batch_size, seed, num_epochs)
         if not layout.is_cache(target):
             steps = _checkpoint_steps(target)
             if steps:
@@ -252,14 +247,10 @@ def which(target, step, row, steps_text, output, example, source, task, until_st
     appears in steps 0..S-1 (--until-step S): per epoch its step, row, host
     (of --hosts H) and global position.
     """
-    from seqcache.feeders.provenance import locate_row, locate_row_in_state
-
-    from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE
-
     if batch_size is not None and batch_size >= MAX_GLOBAL_BATCH_SIZE:
         raise click.BadParameter(f"{batch_size} is not below 2^24, the largest global batch a feeder (and its "
                                  "saved state) takes", param_hint="--batch-size")
-    kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
+    kw = resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     if kw["global_batch_size"] is None:
         raise click.UsageError("--batch-size is required (the global batch size B of the run)")
     if example is not None or source is not None:
@@ -308,12 +299,6 @@ def _check_position(stop_step: int, global_batch_size: int, option: str) -> None
 
 def _which_steps(kw: dict, steps: range, output, feature, with_text: bool) -> None:
     """``which --steps``: writes the trace of whole steps to a Parquet file."""
-    import time
-
-    import pyarrow.parquet as pq
-
-    from seqcache.feeders.provenance import trace_rows, trace_rows_in_state
-
     if output is None:
         raise click.UsageError("--steps needs --output FILE.parquet")
     t0 = time.perf_counter()
@@ -335,8 +320,6 @@ def _which_steps(kw: dict, steps: range, output, feature, with_text: bool) -> No
 
 def _which_where(kw: dict, *, example, source, task, until_step, host_count, as_json: bool) -> None:
     """``which --example/--source``: where examples appear in the run (``seqcache.feeders.inverse``)."""
-    from seqcache.feeders.inverse import where_in_run, where_in_state
-
     if example is not None and source is not None:
         raise click.UsageError("give --example INDEX or --source FILE:LINE, not both")
     b = kw["global_batch_size"]
@@ -368,10 +351,6 @@ def _which_where(kw: dict, *, example, source, task, until_step, host_count, as_
 def _excluded_text(kw: dict, source: str) -> str | None:
     """What ``which --source`` says of a record that ``build --exclude-benchmark``
     left out (from the caches' quarantine files), or None."""
-    from seqcache.feeders.inverse import excluded_entries
-    from seqcache.feeders.provenance import _open_checked
-    from seqcache.feeders.stream import open_mixture
-
     split = kw.get("split", "train")
     try:
         opened = (_open_checked(kw["state"], cache=None, mixture=None, caches_root=None, split=split)

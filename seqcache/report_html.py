@@ -28,7 +28,8 @@ _BLUE, _ORANGE, _GREEN, _RED, _GREY = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"
 
 
 def _png(fig) -> str:
-    """The figure as a ``data:image/png;base64,...`` URL; closes the figure."""
+    """The figure, laid out, as a ``data:image/png;base64,...`` URL; closes the figure."""
+    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=96, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
@@ -90,7 +91,6 @@ def plot_lengths(lengths: Mapping[str, dict]) -> str | None:
         ax.set_ylabel("examples")
         ax.set_title(f"{name}: {e['count']:,} {e['of']}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -109,7 +109,6 @@ def plot_packing(packing: Mapping[str, dict]) -> str | None:
     ax.set_xlim(0, 1)
     ax.set_xlabel("fraction of examples x sequence length")
     ax.legend(loc="lower right", fontsize=8, ncol=2)
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -150,7 +149,6 @@ def plot_sources(sources: Mapping[str, Any]) -> str | None:
         if other and values and min(values) > 0 and max(values) > 20 * min(values):
             ax.set_xscale("log")
             ax.set_xlabel(ax.get_xlabel() + " (log scale)")
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -173,7 +171,6 @@ def plot_quarantine(quarantine: Mapping[str, Any]) -> str | None:
         ax.text(c, y, f" {c:,}", va="center", fontsize=8)
     ax.set_xlabel("source records")
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -192,7 +189,6 @@ def plot_shards(shards: Mapping[str, Any]) -> str | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(label)
         ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -212,7 +208,6 @@ def plot_shares(mixture: Mapping[str, Any]) -> str:
     ax.set_ylabel("share of rows")
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -227,7 +222,6 @@ def plot_epochs(mixture: Mapping[str, Any]) -> str:
     ax.set_ylabel("epochs read (positions / examples)")
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -243,7 +237,6 @@ def plot_first_reads(ov: Mapping[str, Any]) -> str:
     ax.set_xlabel(f"step (global batch {ov['run']['global_batch_size']:,})")
     ax.set_ylabel("items read")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return _png(fig)
 
 

@@ -53,9 +53,7 @@ def shard_progress(console: Console, label: str):
         yield update
 
 
-# Commands that read caches (info, show, verify) take Beam pipeline options as
-# free --flag=value arguments, like build: the object-store endpoint and
-# credentials (--s3_endpoint_url=..., --s3_access_key_id=..., ...).
+# info, show and verify take Beam pipeline options (an object store's endpoint and credentials) as --flag=value.
 BEAM_OPTIONS_CONTEXT = {"ignore_unknown_options": True, "allow_extra_args": True}
 
 BEAM_OPTIONS_EPILOG = (
@@ -68,9 +66,8 @@ BEAM_OPTIONS_EPILOG = (
 
 def filesystem_options(args) -> list[str]:
     """Checks the free arguments of a cache-reading command (Beam pipeline
-    options in the ``--flag=value`` form, each one Beam knows) and hands them
-    to Beam's FileSystems (``seqcache.fs.set_options``) before the command's
-    first file-system call. Imports Beam only when there are any.
+    options, ``--flag=value``) and hands them to Beam's FileSystems
+    (``seqcache.fs.set_options``); imports Beam only when there are any.
 
     Raises:
       click.UsageError: an argument that is not ``--flag[=value]``, or a flag
@@ -147,8 +144,7 @@ def plural(n: int, word: str) -> str:
 
 
 def _stderr_is_fd2() -> bool:
-    """Whether ``sys.stderr`` writes to file descriptor 2 (it does not under
-    click's test runner, which swaps in an in-memory stream)."""
+    """Whether ``sys.stderr`` writes to file descriptor 2 (not under click's test runner)."""
     try:
         return sys.stderr.fileno() == 2
     except (AttributeError, ValueError, io.UnsupportedOperation):
@@ -156,9 +152,7 @@ def _stderr_is_fd2() -> bool:
 
 
 def _drain(read_fd: int, write_fd: int) -> None:
-    """Copies ``read_fd`` to ``write_fd`` until end of file; once a write fails
-    (the reader of ``write_fd`` went away, e.g. ``| head``) it keeps reading and
-    drops the bytes, so that the writers of ``read_fd`` never block or fail."""
+    """Copies ``read_fd`` to ``write_fd`` until end of file, dropping the bytes once a write fails."""
     broken = False
     try:
         while chunk := os.read(read_fd, 65536):
@@ -177,36 +171,21 @@ def worker_stderr(*, verbose: bool):
     """Takes file descriptor 2 away from Beam for the length of a build; yields
     a text stream on the real standard error for the command's own messages.
 
-    Beam's DirectRunner writes outside of ``logging``'s reach: in
-    ``multi_processing`` mode each SDK worker is a ``python -m
-    seqcache.pipelines.worker_main`` subprocess (Beam's ``sdk_worker_main``) that inherits
-    descriptor 2 and logs to it before it has read the pipeline options (an
-    import-time ``apitools`` warning, "Logging handler created"); in
-    ``multi_processing`` and ``multi_threading`` modes a worker ``print``-s a
-    failed bundle's traceback to ``sys.stderr`` (and logs it at ERROR too). And
-    if that write fails (standard error is a pipe whose
-    reader exited, ``2>&1 | head``), the worker never answers the runner, which
-    then waits forever.
-
-    So descriptor 2 itself is redirected, which the worker processes inherit
-    and ``sys.stderr`` writes to:
-
-    - ``verbose=False``: it points at ``os.devnull``; the command's own
-      ``seqcache`` warnings still reach the yielded stream.
-    - ``verbose=True``: it is a pipe that a thread copies to the real standard
-      error; when the reader of standard error goes away the thread keeps
-      draining the pipe, so no worker blocks or fails on a write.
+    Beam's local engine writes outside of ``logging``'s reach: its SDK worker
+    subprocesses inherit descriptor 2 and log to it before they read the
+    pipeline options, and a worker ``print``-s a failed bundle's traceback to
+    ``sys.stderr``; if that write fails (``2>&1 | head`` exited) the worker
+    never answers and the runner waits forever. So descriptor 2 itself is
+    redirected: to ``os.devnull`` (``verbose=False``; seqcache's own warnings
+    still reach the yielded stream) or to a pipe that a thread copies to the
+    real standard error and keeps draining once its reader is gone
+    (``verbose=True``).
 
     Descriptor 2 is restored when the block ends normally or with an
-    unexpected error (so its traceback is shown). A block that ends with
-    ``SystemExit`` or ``KeyboardInterrupt`` leaves it redirected: the command
-    has printed its message and is exiting, and only Beam's teardown (worker
-    threads failing as their processes go away) still writes. What the
-    command still has to say from then on (an interrupt's message, from any
-    thread) goes through ``write_stderr``, which writes to the real standard
-    error.
-
-    When ``sys.stderr`` is not descriptor 2 (click's test runner) nothing is
+    unexpected error (so its traceback is shown); after ``SystemExit`` or
+    ``KeyboardInterrupt`` it stays redirected, as only Beam's teardown still
+    writes, and the command's last words go through ``write_stderr``. When
+    ``sys.stderr`` is not descriptor 2 (click's test runner) nothing is
     redirected and ``sys.stderr`` is yielded.
     """
     global _real_stderr_fd
@@ -245,10 +224,7 @@ def worker_stderr(*, verbose: bool):
 
 
 def _redirect_fd2(saved: int, stream, *, verbose: bool) -> logging.Handler | None:
-    """Points descriptor 2 at a pipe that a thread copies to ``saved`` (the
-    real standard error) when ``verbose``, else at ``os.devnull``, and then
-    sends seqcache's own log warnings to ``stream``: the handler to remove
-    afterwards, or None (``worker_stderr``)."""
+    """Points descriptor 2 as ``worker_stderr`` says; returns the log handler to remove afterwards, or None."""
     if verbose:
         read_fd, write_fd = os.pipe()
         threading.Thread(target=_drain, args=(read_fd, os.dup(saved)), name="seqcache-stderr-relay", daemon=True).start()
@@ -271,11 +247,9 @@ _real_stderr_fd: int | None = None
 
 
 def write_stderr(text: str) -> None:
-    """Writes ``text`` to the real standard error at once, from any thread:
-    while ``worker_stderr`` has taken descriptor 2 away (and after, once its
-    block ended with an exit or an interrupt), to the descriptor it saved;
-    otherwise to ``sys.stderr``. Errors writing (a closed pipe) are ignored:
-    this carries a command's last words as it exits."""
+    """Writes ``text`` to the real standard error at once, from any thread (to
+    the descriptor ``worker_stderr`` saved, if it took descriptor 2 away);
+    errors writing (a closed pipe) are ignored: these are a command's last words."""
     try:
         if _real_stderr_fd is None:
             sys.stderr.write(text)
@@ -296,14 +270,10 @@ INTERRUPT_GRACE_S = 20.0
 @contextlib.contextmanager
 def sigterm_as_interrupt(on_deadline=None, grace_s: float | None = None):
     """SIGTERM raises KeyboardInterrupt while the block runs, so that a terminated
-    build cleans up like a Ctrl-C one (and Beam shuts its workers down).
-
-    After the first SIGTERM or SIGINT, the runner's shutdown gets ``grace_s``
-    seconds (default ``INTERRUPT_GRACE_S``): a shutdown that does not finish by
-    then (a worker that never answers) would leave the command hanging, so it
-    kills this process's descendants (the runner's worker processes), calls
-    ``on_deadline()`` (which prints what the user needs to know) and exits with
-    status 130."""
+    build cleans up like a Ctrl-C one. After the first SIGTERM or SIGINT the
+    shutdown gets ``grace_s`` seconds (default ``INTERRUPT_GRACE_S``); then this
+    process's descendants (the runner's workers) are killed, ``on_deadline()``
+    says what the user needs to know, and the process exits with status 130."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -385,11 +355,7 @@ def adhoc_options_given(ctx: click.Context, names) -> list[str]:
 
 
 def import_modules(modules) -> None:
-    """Imports the ``--module`` modules that register tasks and mixtures.
-
-    Raises:
-      click.UsageError: a module that cannot be imported.
-    """
+    """Imports the ``--module`` modules (they register tasks and mixtures); click.UsageError if one fails."""
     for m in modules:
         try:
             import_definitions(m)
@@ -425,8 +391,7 @@ ON_ERROR_HELP = (
 
 
 def on_error_option(help_text: str = ON_ERROR_HELP, *, base: tuple[str, ...] = ()):
-    """The ``--on-error`` option: repeatable, parsed into an ``ErrorPolicy`` spec;
-    ``base`` values come first, so the user's values override them."""
+    """The repeatable ``--on-error`` option, parsed into an ``ErrorPolicy`` spec that overrides ``base``."""
     return click.option("--on-error", "on_error", multiple=True, metavar="ACTION|KIND=ACTION",
                         callback=_on_error_parser(base), help=help_text)
 
@@ -461,11 +426,8 @@ _EXCEPTION_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Except
 
 def error_line(error: BaseException) -> str:
     """The message of the error a step raised, without what Beam wraps around
-    it: the exception names of ``RuntimeError: ValueError: ...``, the
-    `` [while running 'STEP']`` suffix and, when the step ran in a worker
-    (``multi_processing``, ``multi_threading``), the worker's traceback that
-    Beam sends back as the message (the last exception line is the cause).
-    What ``seqcache build`` and ``seqcache overlap`` print after ``error:``."""
+    it (``RuntimeError: ValueError: ...``, `` [while running 'STEP']``, a
+    worker's traceback): what ``build`` and ``overlap`` print after ``error:``."""
     text = str(error)
     if "Traceback (most recent call last):" in text:
         text = _last_exception_line(text) or text
@@ -475,8 +437,7 @@ def error_line(error: BaseException) -> str:
 
 
 def _last_exception_line(traceback_text: str) -> str | None:
-    """The ``Name: message`` line that ends the last traceback in ``traceback_text``
-    (frames are indented; the exception line is the first one that is not)."""
+    """The ``Name: message`` line (the first unindented one) of the last traceback in ``traceback_text``."""
     tail = traceback_text.rsplit("Traceback (most recent call last):", 1)[1]
     for line in tail.splitlines():
         if line and not line.startswith(" "):

@@ -15,7 +15,7 @@ import sys
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from seqcache import bounded_json, fs, layout, tasks
 from seqcache import format as fmt
@@ -157,9 +157,7 @@ def info(ctx, cache_dir, as_json, shards):
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
         sys.exit(1 if problem else 0)
     console = Console()
-    t = Table(title=f"{m.task}/{m.split}", show_header=False)
-    t.add_column("field", style="bold")
-    t.add_column("value")
+    t = Table(Column("field", style="bold"), "value", title=f"{m.task}/{m.split}", show_header=False)
     stats = m.statistics
     t.add_row("cache", cache_dir)
     t.add_row("fingerprint", m.fingerprint)
@@ -185,9 +183,7 @@ def info(ctx, cache_dir, as_json, shards):
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
     console.print(t)
     if shards:
-        st = Table(title="shards")
-        for col in ("file", "records", "bytes"):
-            st.add_column(col)
+        st = Table("file", "records", "bytes", title="shards")
         for s in m.shards:
             st.add_row(s.file, f"{s.num_records:,}", f"{s.num_bytes:,}")
         console.print(st)
@@ -378,15 +374,11 @@ def tasks_cmd(modules, as_json):
         click.echo(json.dumps({"tasks": task_rows, "mixtures": mixture_rows}, indent=2))
         return
     console = Console()
-    t = Table(title="tasks")
-    for col in ("name", "source", "features", "packing"):
-        t.add_column(col)
+    t = Table("name", "source", "features", "packing", title="tasks")
     for r in task_rows:
         t.add_row(r["name"], r["source"], ", ".join(r["features"]), str(r["packing"]))
     console.print(t)
-    m = Table(title="mixtures")
-    m.add_column("name")
-    m.add_column("tasks")
+    m = Table("name", "tasks", title="mixtures")
     for r in mixture_rows:
         m.add_row(r["name"], ", ".join(r["tasks"]))
     console.print(m)

@@ -7,7 +7,7 @@ import sys
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from seqcache import tasks
 from seqcache.commands import common
@@ -78,9 +78,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
             if not r.unreadable_files:
                 console.print(f"{title}: no bad input", highlight=False)
             continue
-        t = Table(title=title)
-        for col in ("kind", "records", "policy", "first"):
-            t.add_column(col, overflow="fold")
+        t = Table(*(Column(c, overflow="fold") for c in ("kind", "records", "policy", "first")), title=title)
         for k in r.kinds:
             t.add_row(k.kind, f"{k.records:,}", k.action, k.first)
         console.print(t)

@@ -12,7 +12,7 @@ import sys
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from seqcache import format as fmt
 from seqcache.feeders import FeederStateError
@@ -368,9 +368,7 @@ def _fail(error: BaseException) -> None:
 
 
 def _print_derived(derived: dict) -> None:
-    table = Table(title="seqcache train", show_header=False)
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
+    table = Table("quantity", Column("value", justify="right"), title="seqcache train", show_header=False)
     for key, value in derived.items():
         if isinstance(value, int) and not isinstance(value, bool):
             value = f"{value:,}"

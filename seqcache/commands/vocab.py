@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -10,7 +11,7 @@ import time
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from seqcache.commands.common import on_error_option
 from seqcache.tasks import (SampleCounts, describe_record, is_error_record, parse_source_spec, round_trip_problems,
@@ -138,9 +139,8 @@ def _print_counts(console, counts) -> None:
     if not rows:
         console.print(f"{counts.records:,} records read, no bad input", highlight=False)
         return
-    table = Table(title=f"bad input in {counts.records:,} records read")
-    for name in ("kind", "skipped", "replaced", "kept"):
-        table.add_column(name, justify="left" if name == "kind" else "right")
+    table = Table("kind", *(Column(n, justify="right") for n in ("skipped", "replaced", "kept")),
+                  title=f"bad input in {counts.records:,} records read")
     for kind, skipped, replaced, kept in rows:
         table.add_row(kind, f"{skipped:,}", f"{replaced:,}", f"{kept:,}")
     console.print(table)
@@ -226,9 +226,7 @@ def check(vocabulary_spec, sources, exclude, on_error, max_records, show_n, as_j
     problems = round_trip_problems(vocabulary, texts)
     for p in problems:
         p["path"], p["record_number"], p["locator"] = rows[p["index"]]
-    by_reason = {}
-    for p in problems:
-        by_reason[p["reason"]] = by_reason.get(p["reason"], 0) + 1
+    by_reason = dict(collections.Counter(p["reason"] for p in problems))
     report = {"records": len(texts), "changed": len(problems), "by_reason": by_reason, "examples": problems[:show_n]}
     if as_json:
         click.echo(json.dumps(report, indent=2, ensure_ascii=False))

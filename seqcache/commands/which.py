@@ -273,20 +273,25 @@ def which(target, step, row, steps_text, output, example, source, task, until_st
     if row >= kw["global_batch_size"]:
         raise click.UsageError(f"--row {row} is outside the global batch of {kw['global_batch_size']} rows")
     _check_position(step + 1, kw["global_batch_size"], "--step")
-    try:
-        if "state" in kw:
-            d = locate_row_in_state(kw["state"], step=step, row=row, feature=feature, tokens=tokens)
-        else:
-            if kw["seed"] is None:
-                kw["seed"] = 0
-            d = locate_row(step=step, row=row, feature=feature or "targets", tokens=tokens, **kw)
-    except (fmt.CacheError, ValueError) as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    d = _located(kw, locate_row_in_state, locate_row, step=step, row=row, feature=feature, tokens=tokens)
     if as_json:
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
     else:
         click.echo(format_text(d))
+
+
+def _located(kw: dict, in_state, in_run, **args):
+    """``in_state(state, **args)`` for a saved feeder state, else ``in_run(**kw, **args)`` (seed 0 and feature
+    targets unless given); a damaged cache or a bad value is one error line and exit status 1."""
+    try:
+        if "state" in kw:
+            return in_state(kw["state"], **args)
+        if "feature" in args:
+            args["feature"] = args["feature"] or "targets"
+        return in_run(**dict(kw, seed=0 if kw["seed"] is None else kw["seed"]), **args)
+    except (fmt.CacheError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
 
 
 def _check_position(stop_step: int, global_batch_size: int, option: str) -> None:
@@ -302,16 +307,7 @@ def _which_steps(kw: dict, steps: range, output, feature, with_text: bool) -> No
     if output is None:
         raise click.UsageError("--steps needs --output FILE.parquet")
     t0 = time.perf_counter()
-    try:
-        if "state" in kw:
-            table = trace_rows_in_state(kw["state"], steps=steps, feature=feature, text=with_text)
-        else:
-            seed = kw["seed"] if kw["seed"] is not None else 0
-            table = trace_rows(**{k: v for k, v in kw.items() if k != "seed"}, seed=seed, steps=steps,
-                               feature=feature or "targets", text=with_text)
-    except (fmt.CacheError, ValueError) as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    table = _located(kw, trace_rows_in_state, trace_rows, steps=steps, feature=feature, text=with_text)
     pq.write_table(table, output)
     dt = time.perf_counter() - t0
     click.echo(f"{output}: {table.num_rows:,} rows (steps {steps.start}..{steps.stop - 1}, "
@@ -330,15 +326,7 @@ def _which_where(kw: dict, *, example, source, task, until_step, host_count, as_
     query = {"cache_index": example, "source": source, "task": task, "host_count": host_count}
     if until_step is not None:
         query["until_step"] = until_step
-    try:
-        if "state" in kw:
-            found = where_in_state(kw["state"], **query)
-        else:
-            args = dict(kw, seed=kw["seed"] if kw["seed"] is not None else 0)
-            found = where_in_run(**args, **query)
-    except (fmt.CacheError, ValueError) as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    found = _located(kw, where_in_state, where_in_run, **query)
     if as_json:
         click.echo(json.dumps(found, indent=2, ensure_ascii=False))
         return

@@ -7,9 +7,12 @@ so that ``seqcache --help`` stays fast.
 
 from __future__ import annotations
 
+import ast
 import gc
 import importlib
+import importlib.resources
 import os
+import re
 import sys
 
 # numpy's OpenBLAS starts a thread per core when numpy is imported, and each of
@@ -26,37 +29,18 @@ from seqcache import format as fmt  # noqa: E402
 from seqcache.commands import common  # noqa: E402
 from seqcache.tasks.vocabularies import encoding_threads  # noqa: E402
 
-# Every command: name -> (module under seqcache.commands, attribute, the first
-# sentence of its help, which ``seqcache --help`` lists without importing it).
-_COMMANDS = {
-    "build": ("build", "build", "Build the deterministic cache of NAME (a registered task or mixture), or of an "
-              "ad-hoc task given by --source/--vocabulary/--name."),
-    "export": ("export", "export", "Write the Feeder's global stream, steps S..S+STEPS-1, as files another trainer "
-               "reads in that order (S = 0, or the step of a saved feeder state)."),
-    "info": ("inspect", "info", "Summarise the cache at CACHE_DIR (a folder with manifest.json: a local path, or a "
-             "gs:// or s3:// URL)."),
-    "overlap": ("overlap", "overlap", "Find the examples of CACHE_OR_MIXTURE that share an n-gram of normalised words "
-                "with an item of BENCHMARK_SPEC, and when a run reads them first."),
-    "report": ("report", "report", "Write a self-contained HTML report of a cache: example lengths against the "
-               "sequence length, packing efficiency, tokens and examples per source file, skipped and repaired "
-               "records, shard sizes; for a mixture or a saved feeder state, each task's share of the first steps "
-               "and the epoch it reaches; with --overlap FILE, a result of `seqcache overlap`: the benchmark items "
-               "found in the caches and the step at which the run first reads each."),
-    "scan": ("scan", "scan", "Count every kind of bad input in the sources of NAME (a registered task or mixture) "
-             "or of an ad-hoc --source, without building anything."),
-    "show": ("inspect", "show", "Decode examples of the cache at CACHE_DIR (a local path, or a gs:// or s3:// URL), "
-             "with their provenance."),
-    "tasks": ("inspect", "tasks_cmd", "List registered tasks and mixtures."),
-    "train": ("train", "train", "Train a decoder-only or a T5 encoder-decoder model on a cache with the "
-              "exactly-once feeder (the model reads the cache through the feature converter that fits its "
-              "features: lm, prefix_lm or encdec)."),
-    "verify": ("inspect", "verify", "Check every shard of CACHE_DIR (a local path, or a gs:// or s3:// URL): "
-               "counts, checksums, decodability."),
-    "vocab": ("vocab", "vocab", "Train a vocabulary (SentencePiece, or a tokenizers BPE/Unigram tokenizer.json) or "
-              "encode text with one."),
-    "which": ("which", "which", "Show what row ROW of global batch STEP was: task, cache index, source file and "
-              "record number of each segment, and the decoded text."),
-}
+# Every command: name -> (module under seqcache.commands, attribute).
+_COMMANDS = {"build": ("build", "build"), "export": ("export", "export"), "info": ("inspect", "info"),
+             "overlap": ("overlap", "overlap"), "report": ("report", "report"), "scan": ("scan", "scan"),
+             "show": ("inspect", "show"), "tasks": ("inspect", "tasks_cmd"), "train": ("train", "train"),
+             "verify": ("inspect", "verify"), "vocab": ("vocab", "vocab"), "which": ("which", "which")}
+
+
+def _help(name: str) -> str:
+    """A command's help (its function's docstring), read from its module's source without importing it."""
+    module, attr = _COMMANDS[name]
+    source = importlib.resources.files("seqcache.commands").joinpath(f"{module}.py").read_text(encoding="utf-8")
+    return ast.literal_eval(re.search(rf'^def {attr}\(.*?(""".*?""")', source, re.S | re.M).group(1))
 
 
 class _Commands(click.Group):
@@ -72,16 +56,17 @@ class _Commands(click.Group):
 
     def get_command(self, ctx, name):
         if name not in self.commands and name in _COMMANDS:
-            module, attr, _ = _COMMANDS[name]
+            module, attr = _COMMANDS[name]
             self.add_command(getattr(importlib.import_module(f"seqcache.commands.{module}"), attr), name)
         return self.commands.get(name)
 
-    def format_commands(self, ctx, formatter):
+    def format_commands(self, ctx, formatter):  # the commands' summaries, without importing them
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(map(len, names))
+        rows = [(n, self.commands[n].get_short_help_str(limit) if n in self.commands
+                 else click.utils.make_default_short_help(_help(n), limit)) for n in names]
         with formatter.section("Commands"):
-            formatter.write_dl([(n, self.commands[n].get_short_help_str(limit) if n in self.commands
-                                 else click.utils.make_default_short_help(_COMMANDS[n][2], limit)) for n in names])
+            formatter.write_dl(rows)
 
     def invoke(self, ctx):
         try:

@@ -1,8 +1,5 @@
-"""The ``seqcache`` command line (click).
-
-Each command lives in its own module under ``seqcache/commands``; this module only
-assembles the group and imports a command's module only when that command runs,
-so that ``seqcache --help`` stays fast.
+"""The ``seqcache`` command line (click): the group of the commands in
+``seqcache/commands``, each module imported only when its command runs.
 """
 
 from __future__ import annotations
@@ -96,13 +93,8 @@ def main():
 
 
 def _check_environment() -> None:
-    """Refuses, before any command runs, an environment variable of seqcache's
-    that would fail it midway (``SEQCACHE_ENCODING_THREADS`` that is not a
-    positive integer: ``seqcache.tasks.vocabularies.encoding_threads``).
-
-    Raises:
-      click.ClickException: one line naming the variable.
-    """
+    """Refuses, before any command runs, a ``SEQCACHE_ENCODING_THREADS`` that is
+    not a positive integer (a click.ClickException naming it), which would fail a command midway."""
     try:
         encoding_threads()
     except ValueError as e:
@@ -110,15 +102,10 @@ def _check_environment() -> None:
 
 
 def run():
-    """The ``seqcache`` executable: runs the command line (``main``), then
-    exits without the interpreter's cyclic garbage collections at exit.
-
-    The objects left when a command ends (Beam's, protobuf's, the caches'
-    tables: well over 100,000) are frozen (``gc.freeze``) as the command
-    returns, so that finalisation does not walk them again and again: about
-    0.2 s of every command that imports Beam. Every file a command writes is
-    closed before it returns; atexit handlers still run. The process is
-    seqcache's own (``seqcache.fs.own_process``)."""
+    """The ``seqcache`` executable: runs ``main`` in a process of seqcache's own
+    (``seqcache.fs.own_process``), then freezes the objects left (``gc.freeze``:
+    often over 100,000 of Beam's and protobuf's) so that finalisation does not
+    walk them again and again, about 0.2 s of every command that imports Beam."""
     fs.own_process()
     try:
         main()

@@ -1,12 +1,10 @@
 """``seqcache report``'s pictures: one self-contained HTML file.
 
-The plots are drawn by matplotlib with its Agg backend (no display, no browser
-code) and embedded as base64 PNG ``data:`` URLs; the page has no script, no
-external style sheet, font or image: it opens offline, from a mail attachment or
-a CI artifact. Every number the page shows next to a plot comes from the same
-dict that ``seqcache report --json`` prints (``seqcache.report``); the summary
-cells carry ``data-key`` (a dotted path into ``seqcache info --json``) and
-``data-value`` (the exact value), so that a test or a script can read them back.
+Plots are drawn by matplotlib (Agg backend) and embedded as base64 PNG ``data:``
+URLs; the page has no script and no external file, so it opens offline. Every
+number comes from the dict ``seqcache report --json`` prints (``seqcache.report``);
+the summary cells carry ``data-key`` (a dotted path into ``seqcache info --json``)
+and ``data-value`` (the exact value), so that a script can read them back.
 """
 
 from __future__ import annotations

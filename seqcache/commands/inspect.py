@@ -1,11 +1,8 @@
 """``seqcache info | show | verify | tasks``: look inside caches and registries.
 
-``info``, ``show`` and ``verify`` read a cache at a local path or a URL (gs://,
-s3://, through ``seqcache.fs``); Beam pipeline options given as extra
-``--flag=value`` arguments (``--s3_endpoint_url=...``) reach Beam's FileSystems
-before the first file-system call (``common.filesystem_options``). A file
-system that cannot be reached or refuses a request is one ``error:`` line and
-exit status 1.
+``info``, ``show`` and ``verify`` read a cache at a local path or a URL, with
+Beam pipeline options (``--s3_endpoint_url=...``: ``common.filesystem_options``);
+a file system that fails is one ``error:`` line and exit status 1.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ from seqcache.verify import verify_cache
 
 
 def _open(cache_dir, *, open_shards=True):
-    """A reader of the cache at ``cache_dir``: the feeder's ``CacheReader`` for
-    a local path, ``UrlCacheReader`` (downloads the shards it reads) for a URL."""
+    """A reader of the cache at ``cache_dir``: ``CacheReader``, or ``UrlCacheReader`` for a URL."""
     try:
         return (UrlCacheReader if fs.is_url(cache_dir) else CacheReader)(cache_dir, open_shards=open_shards)
     except (fmt.CacheError, OSError) as e:

@@ -191,12 +191,7 @@ def _own_input(output: str, bench, cache_paths) -> str | None:
 
 
 def _check_writable(output: str) -> None:
-    """Makes the output's folder and tries a file there before the scan (its
-    scratch folder goes there too); errors name the output.
-
-    Raises:
-      OSError: the folder cannot be made or written (names ``output``).
-    """
+    """Makes the output's folder and tries a file there before the scan; an OSError names the output."""
     folder = os.path.dirname(os.path.abspath(output))
     try:
         os.makedirs(folder, exist_ok=True)

@@ -26,8 +26,7 @@ EXIT_PREEMPTED = 143
 
 
 class _TrainCommand(click.Command):
-    """Keeps the command's own arguments (``ctx.meta["seqcache.train.args"]``),
-    so that ``--local-processes`` can start the same command N times."""
+    """Keeps the command's arguments (``ctx.meta``) for ``--local-processes`` to run again."""
 
     def parse_args(self, ctx, args):
         ctx.meta[_RAW_ARGS] = list(args)
@@ -146,8 +145,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
 
 
 def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distributed_given: bool) -> None:
-    """``--local-processes N``: runs this command's arguments, without the
-    launcher's options, in N processes on this machine and exits with their status."""
+    """``--local-processes N``: runs this command in N local processes and exits with their status."""
     if distributed_given:
         raise click.UsageError(
             "--local-processes starts its own processes and chooses their coordinator, count and ids; "
@@ -158,10 +156,8 @@ def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distr
 
 
 def _start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed) -> None:
-    """Checks the multi-process flags, sets up logging (each line prefixed with
-    the process in a multi-process run) and initialises JAX's distributed
-    runtime, before anything asks JAX for devices (the feeder asks for the host
-    index)."""
+    """Checks the multi-process flags, sets up logging and initialises JAX's
+    distributed runtime, before anything asks JAX for devices."""
     try:
         settings = distributed.settings_from(coordinator_address=coordinator_address, num_processes=num_processes,
                                              process_id=process_id, auto=jax_distributed, environ={})
@@ -176,10 +172,8 @@ def _start_distributed(*, coordinator_address, num_processes, process_id, jax_di
 
 
 def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_schedule, modules):
-    """(config, training data source, eval data source or None): the config from
-    its layers (``config_from_layers``), completed from the cache and checked,
-    and the caches' sequence lengths checked against it. A bad config is a usage
-    error; a damaged cache exits 1."""
+    """(config, training data source, eval data source or None), the config from its layers
+    (``config_from_layers``) completed from the cache and checked against it."""
     from seqcache.training import partitioning  # optional: jax
 
     try:
@@ -206,8 +200,7 @@ def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_sche
 
 
 def _make_trainer(cfg):
-    """The Trainer of ``cfg`` (the mesh and the sharding rules checked); a config
-    that cannot work on these devices is a usage error."""
+    """The Trainer of ``cfg``; a config that cannot work on these devices is a usage error."""
     from seqcache.training import partitioning  # optional: jax
     from seqcache.training.trainer import Trainer  # optional: jax
 
@@ -218,9 +211,7 @@ def _make_trainer(cfg):
 
 
 def _open_feeders(cfg, source, eval_source):
-    """(training feeder, eval feeder factory or None). The feeders are built
-    (caches opened and checked) before anything is compiled, and in a dry run
-    too: their errors are messages, not tracebacks."""
+    """(training feeder, eval feeder factory or None), built before anything is compiled."""
     feeder_seed = cfg.data.seed  # set by resolve_seeds, never from cfg.seed
     feeder = None
     try:
@@ -238,8 +229,7 @@ def _open_feeders(cfg, source, eval_source):
 
 
 def _derived_quantities(trainer, cfg, source, model_preset) -> dict:
-    """The quantities printed before training: the trainer's (tokens per step,
-    ...), the data's examples, steps per epoch and epochs, and where the run writes."""
+    """The quantities printed before training: the trainer's, the data's and where the run writes."""
     from seqcache.training.trainer import METRICS_FILE, tensorboard_dir_for  # optional: jax
 
     derived = trainer.describe()
@@ -260,9 +250,7 @@ def _derived_quantities(trainer, cfg, source, model_preset) -> dict:
 
 def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
     """Checks the shard files, closes the feeder and prints the resolved config (process 0)."""
-    # The feeder checks each shard at its first read; a dry run reads none,
-    # so it checks every shard file's size against the manifest here (one
-    # stat a file), and a damaged cache fails the dry run too.
+    # A dry run reads no shard, so the feeder's check at the first read is made here.
     try:
         for reader in data_lib.feeder_readers(feeder):
             fmt.check_shard_files(reader.cache_dir, reader.manifest)
@@ -294,10 +282,8 @@ def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step) -> None:
 
 
 def summary_line(summary: dict) -> str:
-    """The summary as one line of strict JSON: a loss or eval value that is NaN
-    or infinite (a diverged run) is written as null, which every JSON reader
-    reads, where Python's ``json`` would write ``NaN``, which none but Python's
-    does. The line after it says from which step the loss is not finite."""
+    """The summary as one line of strict JSON: a NaN or infinite value (a diverged
+    run) is written as null, which every JSON reader reads (``NaN`` is Python's only)."""
 
     def finite(value):
         if isinstance(value, dict):
@@ -314,8 +300,7 @@ def summary_line(summary: dict) -> str:
 
 
 def _summary(result) -> dict:
-    """The run's summary line: steps, final loss, compile time, how it ended, the
-    parameters' digest, the process (multi-process runs) and the eval results."""
+    """The run's summary: steps, final loss, compile time, how it ended, parameters' digest, process, eval."""
     import jax  # optional: jax
 
     from seqcache.training.trainer import params_digest  # optional: jax
@@ -338,9 +323,7 @@ def _summary(result) -> dict:
 
 
 def _resolve_from_cache(cfg, source, model_preset):
-    """The config with what the cache decides: the feature converter, the
-    inputs sequence length (encdec, prefix_lm) and the vocabulary size, where
-    the config leaves them unset."""
+    """The config with what the cache decides where it is unset: converter, inputs length, vocabulary size."""
     converter = data_lib.resolve_converter(cfg, source, model_label=model_preset or cfg.model.architecture)
     updates = {"data": dataclasses.replace(cfg.data, converter=converter)}
     if converter != "lm" and cfg.inputs_sequence_length is None:
@@ -361,8 +344,7 @@ def _resolve_from_cache(cfg, source, model_preset):
 
 
 def _fail(error: BaseException) -> None:
-    """Prints ``error: MESSAGE`` and exits with status 1 (an error that is not a
-    usage error: a damaged cache, a checkpoint that cannot be resumed)."""
+    """``error: MESSAGE`` and exit status 1 (a damaged cache, a checkpoint that cannot be resumed)."""
     click.echo(f"error: {error}", err=True)
     sys.exit(1)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -341,6 +342,25 @@ def kill_descendants() -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+MODULES_OPTION = click.option("--module", "modules", multiple=True,
+                              help="Python module that registers tasks and mixtures (repeatable).")
+
+
+def schedule_option(help_text: str = "A JSON file {step: {PATH: rate}}: rates that change at given steps; PATH is "
+                    "relative to CACHE_OR_MIXTURE."):
+    return click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False), help=help_text)
+
+
+def caches_options(*schedule):
+    """``--mixture-rate``, ``schedule`` (a ``schedule_option``, or none), ``--cache-dir``, ``--split`` and
+    ``--module``: with CACHE_OR_MIXTURE, they name a run's caches (``which.resolve``)."""
+    options = [click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE", help="A cache of "
+                            "the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE."), *schedule,
+               click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or "
+                            "mixture name."), click.option("--split", default="train", show_default=True), MODULES_OPTION]
+    return lambda f: functools.reduce(lambda g, option: option(g), reversed(options), f)
 
 
 def adhoc_options_given(ctx: click.Context, names) -> list[str]:

@@ -352,7 +352,7 @@ def verify(ctx, cache_dir, as_json):
 
 
 @click.command(name="tasks")
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.MODULES_OPTION
 @click.option("--json", "as_json", is_flag=True)
 def tasks_cmd(modules, as_json):
     """List registered tasks and mixtures."""

@@ -90,13 +90,8 @@ def _open_run(kw: dict, state_path, *, host_count, before_step):
               help="Count the items first read before step N [default with --state: the state's step].")
 @click.option("--max-matches", type=click.IntRange(min=0), default=100, show_default=True,
               help="Matches listed per item (the counts are always whole).")
-@click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE",
-              help="A cache of the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE.")
-@click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False),
-              help="JSON {step: {cache path: rate}}; cache paths relative to CACHE_OR_MIXTURE.")
-@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or mixture name.")
-@click.option("--split", default="train", show_default=True)
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.caches_options(common.schedule_option("JSON {step: {cache path: rate}}; cache paths relative to "
+                                              "CACHE_OR_MIXTURE."))
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help=common.WORKERS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")

@@ -58,11 +58,7 @@ def _mixture_section(kw: dict, steps: int, at_step: int | None) -> tuple[list[st
 @click.option("--batch-size", type=click.IntRange(min=1), help="Mixtures: the global batch size B (taken from a saved "
                                                                 "state).")
 @click.option("--num-epochs", type=click.IntRange(min=1), help="Mixtures: a finite run's epochs per task.")
-@click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE",
-              help="A cache of the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE.")
-@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or mixture name.")
-@click.option("--split", default="train", show_default=True)
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.caches_options()
 @click.option("--top-files", type=click.IntRange(min=1), default=20, show_default=True,
               help="Source files shown one by one; the rest are added up.")
 @click.option("--first", "first_entries", type=click.IntRange(min=0), default=5, show_default=True,

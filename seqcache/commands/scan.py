@@ -17,7 +17,7 @@ from seqcache.tasks.scan import scan_task
 
 @click.command()
 @click.argument("name", required=False)
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.MODULES_OPTION
 @click.option("--source", "source_spec", help="Ad-hoc source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc source: leave out files whose path matches this glob.")
 @common.on_error_option("Ad-hoc source: the policy to compare against, as for build (default: each kind's default).")

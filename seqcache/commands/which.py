@@ -204,17 +204,11 @@ def _parse_steps(text: str) -> range:
               help="With --example or --source: the host count H, for each row's host.")
 @click.option("--text", "with_text", is_flag=True,
               help="With --steps: also read the data records for each segment's token count and text.")
-@click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False),
-              help="A JSON file {step: {PATH: rate}}: rates that change at given steps; PATH is relative to "
-                   "CACHE_OR_MIXTURE.")
+@common.schedule_option()
 @click.option("--batch-size", type=click.IntRange(min=1), help="Global batch size B (taken from a saved state).")
 @click.option("--seed", type=click.IntRange(min=0), help="Feeder seed (default 0; taken from a saved state).")
 @click.option("--num-epochs", type=click.IntRange(min=1), help="For finite runs: epochs per task.")
-@click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE",
-              help="A cache of the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE.")
-@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or mixture name.")
-@click.option("--split", default="train", show_default=True)
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.caches_options()
 @click.option("--feature", help="The token feature [default: the state's, else targets].")
 @click.option("--tokens/--no-tokens", default=True, show_default=True, help="Show token ids and text.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

@@ -40,12 +40,7 @@ class VerifyReport:
     shards: list[ShardReport]
 
     def to_json(self) -> dict:
-        return {
-            "cache_dir": self.cache_dir,
-            "ok": self.ok,
-            "problems": self.problems,
-            "shards": [dataclasses.asdict(s) for s in self.shards],
-        }
+        return dataclasses.asdict(self)
 
 
 def vocabulary_limits(manifest: fmt.Manifest) -> dict[str, int]:

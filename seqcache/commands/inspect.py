@@ -70,28 +70,15 @@ def preprocessors(manifest: fmt.Manifest) -> list[str]:
 
 def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
     raw = manifest.raw
-    return {
-        "cache_dir": cache_dir,
-        "task": manifest.task,
-        "split": manifest.split,
-        "fingerprint": manifest.fingerprint,
-        "format_version": raw.get("format_version"),
-        "seed": raw.get("seed"),
-        "sequence_length": raw.get("sequence_length"),
-        "packing": raw.get("packing"),
-        "preprocessors": preprocessors(manifest),
-        "features": raw.get("features"),
-        "vocabularies": manifest.vocabularies,
-        "num_examples": manifest.num_examples,
-        "num_shards": len(manifest.shards),
-        "num_bytes": sum(s.num_bytes for s in manifest.shards),
-        "statistics": manifest.statistics,
-        "packing_efficiency": packing_efficiency(manifest),
-        "num_sources": len(manifest.sources),
-        "created": raw.get("created"),
-        "seqcache_version": raw.get("seqcache_version"),
-        "shards": [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes} for s in manifest.shards],
-    }
+    return {"cache_dir": cache_dir, "task": manifest.task, "split": manifest.split, "fingerprint": manifest.fingerprint,
+            **{k: raw.get(k) for k in ("format_version", "seed", "sequence_length", "packing")},
+            "preprocessors": preprocessors(manifest), "features": raw.get("features"),
+            "vocabularies": manifest.vocabularies, "num_examples": manifest.num_examples,
+            "num_shards": len(manifest.shards), "num_bytes": sum(s.num_bytes for s in manifest.shards),
+            "statistics": manifest.statistics, "packing_efficiency": packing_efficiency(manifest),
+            "num_sources": len(manifest.sources), "created": raw.get("created"),
+            "seqcache_version": raw.get("seqcache_version"),
+            "shards": [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes} for s in manifest.shards]}
 
 
 def _shown(value) -> str:

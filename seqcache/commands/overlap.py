@@ -27,7 +27,7 @@ def _open_state(kw: dict, state_path):
                                                                   caches_root=None, split=kw["split"])
     if state_path is None:
         return None, None, None
-    state = read_state(state_path, state_path, kw.get("global_batch_size"), kw.get("seed"), kw.get("num_epochs"))
+    state = read_state(state_path, kw.get("global_batch_size"), kw.get("seed"), kw.get("num_epochs"))
     opened = _open_checked(state["state"], cache=kw.get("cache"), mixture=kw.get("mixture"),
                            caches_root=kw.get("caches_root"), split=kw["split"])
     return state["state"], state_path, opened

@@ -39,7 +39,7 @@ def _parse_rates(pairs, root: str) -> list[tuple[str, float]]:
 FEEDER_STATE_IN_STEP = os.path.join("feeder", "metadata")
 
 
-def read_state(path: str, label: str, batch_size, seed, num_epochs) -> dict:
+def read_state(path: str, batch_size, seed, num_epochs) -> dict:
     """The keyword arguments for a saved feeder state read from ``path``."""
     try:
         state = load_state(path)
@@ -47,7 +47,7 @@ def read_state(path: str, label: str, batch_size, seed, num_epochs) -> dict:
         common.fail(f"not a readable feeder state: {e}")
     for name, given in (("global_batch_size", batch_size), ("seed", seed), ("num_epochs", num_epochs)):
         if given is not None and given != state[name]:
-            raise click.UsageError(f"{label} has {name}={json.dumps(state[name])}, but {given} was given; drop "
+            raise click.UsageError(f"{path} has {name}={json.dumps(state[name])}, but {given} was given; drop "
                                    "the option")
     # The state fixes the stream; its caches are checked against it (fingerprints).
     return {"state": state, "global_batch_size": state["global_batch_size"]}
@@ -66,8 +66,6 @@ def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
     """A mixture schedule file: JSON ``{"STEP": {"CACHE_PATH": RATE, ...}, ...}``
     (e.g. ``{"0": {"wiki": 1, "code": 1}, "10000": {"wiki": 3, "code": 1}}``);
     relative cache paths are relative to ``root``."""
-    label = "--mixture-schedule"
-
     class _Bad(Exception):
         pass
 
@@ -85,7 +83,7 @@ def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
                 bounded_json.number(r, f"stage {step}: rate of {bounded_json.short(p)}", path=path, error=_Bad)
             out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): float(r) for p, r in rates.items()}
     except _Bad as e:  # a damaged file, not a usage mistake: one line, exit 1
-        common.fail(f"{label}: {e}")
+        common.fail(f"--mixture-schedule: {e}")
     return out
 
 
@@ -108,12 +106,12 @@ def resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, 
         return {"mixture": _parse_rates(mixture_rates, target), **common_kw}
     if os.path.isfile(target):
         # A saved feeder state (the "feeder" item of a checkpoint): it fixes the stream.
-        return read_state(target, target, batch_size, seed, num_epochs)
+        return read_state(target, batch_size, seed, num_epochs)
     if os.path.isdir(target):
         in_step = os.path.join(target, FEEDER_STATE_IN_STEP)
         if os.path.isfile(in_step):
             # A checkpoint step folder of `seqcache train`: its saved feeder state.
-            return read_state(in_step, in_step, batch_size, seed, num_epochs)
+            return read_state(in_step, batch_size, seed, num_epochs)
         if not layout.is_cache(target):
             steps = _checkpoint_steps(target)
             if steps:

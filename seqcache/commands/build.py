@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sys
 
@@ -14,6 +15,7 @@ from seqcache import format as fmt
 from seqcache import fs, pipelines, tasks
 from seqcache.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
+from seqcache.pipelines.runner import option_value_errors, unknown_flags
 from seqcache.pipelines.stats import describe_bad_input
 from seqcache.tasks.sources.base import SPEC_KINDS
 
@@ -321,7 +323,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     """
     name, pipeline_args = _name_and_pipeline_args(ctx, args)
     pipeline_args = common.with_workers(pipeline_args, workers)
-    common.beam_logging(pipeline_args, verbose=verbose)
+    beam_logging(pipeline_args, verbose=verbose)
     common.import_modules(modules)
     seq_len = parse_sequence_length(sequence_length)
     benchmarks = _benchmarks(exclude_benchmarks, exclude_ngram, exclude)
@@ -372,9 +374,43 @@ def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
     names = [a for a in args if not a.startswith("-")]
     if len(names) > 1:
         raise click.UsageError(f"one task or mixture NAME at a time (got {names}); Beam options take the --flag=value form")
-    pipeline_args = common.beam_pipeline_args([a for a in args if a.startswith("-")] + list(ctx.args),
+    pipeline_args = beam_pipeline_args([a for a in args if a.startswith("-")] + list(ctx.args),
                                               "--runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL")
     return (names[0] if names else None), pipeline_args
+
+
+def beam_pipeline_args(args, example: str) -> list[str]:
+    """``args``, Beam pipeline options (``--flag=value``), checked before the
+    work starts: a typo would otherwise be ignored, and a refused value would
+    fail in the workers, whose standard error a command hides.
+
+    Raises:
+      click.UsageError: a flag no Beam option defines (the message ends with
+        ``example``), or a value Beam refuses.
+    """
+    args = list(args)
+    if args:
+        unknown = unknown_flags(args)
+        if unknown:
+            raise click.UsageError(f"no such option: {', '.join(unknown)} (options other than this command's own "
+                                   f"are Beam pipeline options, e.g. {example})")
+        wrong = option_value_errors(args)
+        if wrong:
+            raise click.UsageError(f"Beam pipeline option: {wrong}")
+    return args
+
+
+def beam_logging(pipeline_args: list[str], *, verbose: bool) -> None:
+    """Logs at INFO with ``-v``, else at WARNING; Beam's logs, in this process
+    and in its workers (``pipeline_args`` gains the option they read), only
+    with ``-v``."""
+    # force: a library that logged before this (at import) has configured the root logger already.
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
+                        force=True)
+    if not verbose:
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+        if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
+            pipeline_args.append("--default_sdk_harness_log_level=ERROR")
 
 
 def _benchmarks(specs, ngram, exclude) -> list:

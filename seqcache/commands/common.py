@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from seqcache import fs
-from seqcache.pipelines.runner import option_value_errors, unknown_flags
 from seqcache.tasks import import_definitions, parse_on_error
 
 
@@ -103,40 +102,6 @@ def fail(message) -> None:
     """``error: MESSAGE`` on standard error, and exit status 1."""
     print_error(message)
     sys.exit(1)
-
-
-def beam_pipeline_args(args, example: str) -> list[str]:
-    """``args``, Beam pipeline options (``--flag=value``), checked before the
-    work starts: a typo would otherwise be ignored, and a refused value would
-    fail in the workers, whose standard error a command hides.
-
-    Raises:
-      click.UsageError: a flag no Beam option defines (the message ends with
-        ``example``), or a value Beam refuses.
-    """
-    args = list(args)
-    if args:
-        unknown = unknown_flags(args)
-        if unknown:
-            raise click.UsageError(f"no such option: {', '.join(unknown)} (options other than this command's own "
-                                   f"are Beam pipeline options, e.g. {example})")
-        wrong = option_value_errors(args)
-        if wrong:
-            raise click.UsageError(f"Beam pipeline option: {wrong}")
-    return args
-
-
-def beam_logging(pipeline_args: list[str], *, verbose: bool) -> None:
-    """Logs at INFO with ``-v``, else at WARNING; Beam's logs, in this process
-    and in its workers (``pipeline_args`` gains the option they read), only
-    with ``-v``."""
-    # force: a library that logged before this (at import) has configured the root logger already.
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
-                        force=True)
-    if not verbose:
-        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-        if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
-            pipeline_args.append("--default_sdk_harness_log_level=ERROR")
 
 
 def plural(n: int, word: str) -> str:

@@ -12,6 +12,7 @@ import click
 
 from seqcache import format as fmt
 from seqcache.commands import common
+from seqcache.commands.build import beam_logging, beam_pipeline_args
 from seqcache.commands.which import read_state, resolve
 from seqcache.feeders.provenance import _open_checked, check_as_feeder
 from seqcache.feeders.stream import check_same_features, open_mixture
@@ -119,9 +120,9 @@ def overlap(benchmark, target, args, output, n, min_words, state_path, batch_siz
     if extra:
         raise click.UsageError(f"unexpected argument(s) {extra}: give BENCHMARK_SPEC and CACHE_OR_MIXTURE; Beam "
                                "options take the --flag=value form")
-    pipeline_args = common.with_workers(common.beam_pipeline_args(args, "--runner=dask --dask_client_address=HOST:PORT"),
+    pipeline_args = common.with_workers(beam_pipeline_args(args, "--runner=dask --dask_client_address=HOST:PORT"),
                                         workers)
-    common.beam_logging(pipeline_args, verbose=verbose)
+    beam_logging(pipeline_args, verbose=verbose)
     kw = resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     kw.setdefault("split", split)
     kw.setdefault("seed", seed)

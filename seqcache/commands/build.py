@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import sys
 
 import click
@@ -380,9 +379,7 @@ def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
 
 
 def beam_pipeline_args(args, example: str) -> list[str]:
-    """``args``, Beam pipeline options (``--flag=value``), checked before the
-    work starts: a typo would otherwise be ignored, and a refused value would
-    fail in the workers, whose standard error a command hides.
+    """``args``, Beam pipeline options (``--flag=value``), checked before the work starts.
 
     Raises:
       click.UsageError: a flag no Beam option defines (the message ends with
@@ -457,13 +454,7 @@ def _registered_tasks(ctx, name) -> list:
             "registered task sets them itself, e.g. TextLineSource(..., on_error={'empty': 'skip'}, "
             "exclude=[...]) and its features' vocabularies in the module that registers it"
         )
-    try:
-        obj = tasks.get_task_or_mixture(name)
-    except KeyError as e:
-        raise click.UsageError(e.args[0] if e.args else str(e)) from None
-    if isinstance(obj, tasks.Mixture):
-        return list(obj.get_tasks())
-    return [obj]
+    return common.registered_tasks(name)
 
 
 def _result_json(r) -> dict:

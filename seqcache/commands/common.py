@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from seqcache import fs
-from seqcache.tasks import import_definitions, parse_on_error
+from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, parse_on_error
 
 
 def stderr_console(file=None) -> Console:
@@ -346,6 +346,15 @@ def import_modules(modules) -> None:
             import_definitions(m)
         except (ImportError, FileNotFoundError) as e:
             raise click.UsageError(f"--module {m}: cannot import it: {e}") from None
+
+
+def registered_tasks(name: str) -> list:
+    """The tasks of registered task or mixture ``name``; click.UsageError when there is none."""
+    try:
+        obj = get_task_or_mixture(name)
+    except KeyError as e:
+        raise click.UsageError(e.args[0] if e.args else str(e)) from None
+    return list(obj.get_tasks()) if isinstance(obj, Mixture) else [obj]
 
 
 def _on_error_parser(base: tuple[str, ...]):

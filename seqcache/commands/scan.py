@@ -9,7 +9,6 @@ import click
 from rich.console import Console
 from rich.table import Column, Table
 
-from seqcache import tasks
 from seqcache.commands import common
 from seqcache.commands.build import adhoc_task
 from seqcache.tasks.scan import scan_task
@@ -45,11 +44,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
         given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec"))
         if given:
             raise click.UsageError(f"{' and '.join(given)}: only with --source; a registered task's source sets its own")
-        try:
-            obj = tasks.get_task_or_mixture(name)
-        except KeyError as e:
-            raise click.UsageError(e.args[0] if e.args else str(e)) from None
-        task_list = list(obj.get_tasks()) if isinstance(obj, tasks.Mixture) else [obj]
+        task_list = common.registered_tasks(name)
     else:
         raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source")
 

@@ -1,15 +1,15 @@
-"""The ``seqcache`` command line (click).
-
-Each command lives in its own module under ``seqcache/commands``; this module only
-assembles the group. Commands import heavy dependencies (Beam, JAX) lazily so that
-``seqcache --help`` stays fast.
+"""The ``seqcache`` command line (click): the group of the commands in
+``seqcache/commands``, each module imported only when its command runs.
 """
 
 from __future__ import annotations
 
+import ast
 import gc
 import importlib
+import importlib.resources
 import os
+import re
 import sys
 
 # numpy's OpenBLAS starts a thread per core when numpy is imported, and each of
@@ -21,31 +21,49 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from seqcache import __version__  # noqa: E402
+from seqcache import __version__, fs  # noqa: E402
+from seqcache import format as fmt  # noqa: E402
+from seqcache.commands import common  # noqa: E402
+from seqcache.tasks.vocabularies import encoding_threads  # noqa: E402
 
-# (module under seqcache.commands, attribute): every command the CLI offers.
-_COMMANDS = (
-    ("build", "build"),
-    ("scan", "scan"),
-    ("inspect", "info"),
-    ("inspect", "show"),
-    ("inspect", "verify"),
-    ("inspect", "tasks_cmd"),
-    ("vocab", "vocab"),
-    ("which", "which"),
-    ("overlap", "overlap"),
-    ("export", "export"),
-    ("report", "report"),
-    ("train", "train"),
-)
+# Every command: name -> (module under seqcache.commands, attribute).
+_COMMANDS = {"build": ("build", "build"), "export": ("export", "export"), "info": ("inspect", "info"),
+             "overlap": ("overlap", "overlap"), "report": ("report", "report"), "scan": ("scan", "scan"),
+             "show": ("inspect", "show"), "tasks": ("inspect", "tasks_cmd"), "train": ("train", "train"),
+             "verify": ("inspect", "verify"), "vocab": ("vocab", "vocab"), "which": ("which", "which")}
+
+
+def _help(name: str) -> str:
+    """A command's help (its function's docstring), read from its module's source without importing it."""
+    module, attr = _COMMANDS[name]
+    source = importlib.resources.files("seqcache.commands").joinpath(f"{module}.py").read_text(encoding="utf-8")
+    return ast.literal_eval(re.search(rf'^def {attr}\(.*?(""".*?""")', source, re.S | re.M).group(1))
 
 
 class _Commands(click.Group):
-    """The command group; an interrupt (Ctrl-C, or SIGTERM where a command turns
+    """The command group; a command's module is imported when the command runs
+    or shows its help. An interrupt (Ctrl-C, or SIGTERM where a command turns
     it into one) that a command does not report itself, such as one during its
     start-up, exits with 130 and says so, instead of click's "Aborted!" and 1.
     A ``seqcache.format.CacheError`` or ``FeederStateError`` that a command does
     not report itself is one ``error:`` line on standard error and exit status 1."""
+
+    def list_commands(self, ctx):
+        return sorted({*_COMMANDS, *self.commands})
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in _COMMANDS:
+            module, attr = _COMMANDS[name]
+            self.add_command(getattr(importlib.import_module(f"seqcache.commands.{module}"), attr), name)
+        return self.commands.get(name)
+
+    def format_commands(self, ctx, formatter):  # the commands' summaries, without importing them
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = [(n, self.commands[n].get_short_help_str(limit) if n in self.commands
+                 else click.utils.make_default_short_help(_help(n), limit)) for n in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx):
         try:
@@ -53,25 +71,15 @@ class _Commands(click.Group):
         except Exception as e:
             if not _is_damaged_input(e):
                 raise
-            # A damaged cache or feeder state that a command did not report
-            # itself: one line, as the commands report them, never a traceback.
-            from seqcache.commands import common
-
             common.print_error(e)
             sys.exit(1)
         except KeyboardInterrupt:
-            from seqcache.commands import common  # standard error may have been taken from Beam's workers
-
-            common.write_stderr("interrupted\n")
+            common.write_stderr("interrupted\n")  # standard error may have been taken from Beam's workers
             sys.exit(130)
 
 
 def _is_damaged_input(error: BaseException) -> bool:
-    """Whether ``error`` is a ``seqcache.format.CacheError`` or a
-    ``FeederStateError`` (the feeders package is not imported for this: no
-    such error exists before it is)."""
-    from seqcache import format as fmt
-
+    """Whether ``error`` is a ``CacheError`` or, once the feeders are imported, a ``FeederStateError``."""
     compat = sys.modules.get("seqcache.feeders.compat")
     return isinstance(error, fmt.CacheError) or (compat is not None and isinstance(error, compat.FeederStateError))
 
@@ -85,47 +93,19 @@ def main():
 
 
 def _check_environment() -> None:
-    """Refuses, before any command runs, an environment variable of seqcache's
-    that would fail it midway (``SEQCACHE_ENCODING_THREADS`` that is not a
-    positive integer: ``seqcache.tasks.vocabularies.encoding_threads``).
-
-    Raises:
-      click.ClickException: one line naming the variable.
-    """
-    from seqcache.tasks.vocabularies import encoding_threads
-
+    """Refuses, before any command runs, a ``SEQCACHE_ENCODING_THREADS`` that is
+    not a positive integer (a click.ClickException naming it), which would fail a command midway."""
     try:
         encoding_threads()
     except ValueError as e:
         raise click.ClickException(str(e)) from None
 
 
-def _register():
-    for module_name, attr in _COMMANDS:
-        try:
-            module = importlib.import_module(f"seqcache.commands.{module_name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"seqcache.commands.{module_name}":
-                continue  # an area that is not installed in this build
-            raise
-        main.add_command(getattr(module, attr))
-
-
-_register()
-
-
 def run():
-    """The ``seqcache`` executable: runs the command line (``main``), then
-    exits without the interpreter's cyclic garbage collections at exit.
-
-    The objects left when a command ends (Beam's, protobuf's, the caches'
-    tables: well over 100,000) are frozen (``gc.freeze``) as the command
-    returns, so that finalisation does not walk them again and again: about
-    0.2 s of every command that imports Beam. Every file a command writes is
-    closed before it returns; atexit handlers still run. The process is
-    seqcache's own (``seqcache.fs.own_process``)."""
-    from seqcache import fs
-
+    """The ``seqcache`` executable: runs ``main`` in a process of seqcache's own
+    (``seqcache.fs.own_process``), then freezes the objects left (``gc.freeze``:
+    often over 100,000 of Beam's and protobuf's) so that finalisation does not
+    walk them again and again, about 0.2 s of every command that imports Beam."""
     fs.own_process()
     try:
         main()

@@ -1,20 +1,15 @@
 """The numbers of ``seqcache report``: what a person checks by eye in a new cache.
 
 Everything comes from what the build recorded (manifest.json and, streamed,
-quarantine.jsonl); no data or provenance record is read, so a report costs the
-same for a 10 MB cache and a 1 TB one, up to the size of its quarantine file.
+quarantine.jsonl); no data or provenance record is read. ``cache_report`` gives
+one cache's sections, ``mixture_report`` the stream of a mixture (or a saved
+feeder state) over its first steps: JSON-able dicts that ``seqcache report
+--json`` prints and ``seqcache.report_html`` draws. Units: examples and records
+in records, lengths in tokens, sizes in bytes, shares and efficiencies as
+fractions in [0, 1]; step s, global batch B, global position p = s * B.
 
-``cache_report(cache_dir)`` gives one cache's sections, ``mixture_report(...)``
-the stream of a mixture (or a saved feeder state) over its first steps. Both are
-plain JSON-able dicts: ``seqcache report --json`` prints them, and
-``seqcache.report_html`` draws them. Units are in the field names or next to
-them: examples and records in records, lengths and tokens in tokens, sizes in
-bytes, shares and efficiencies as fractions in [0, 1]. Index vocabulary as in
-``seqcache.feeders.feeder``: step s, global batch B, global position p = s * B.
-
-Caches built before the build recorded ``statistics.length_histogram`` and
-``statistics.source_files`` report everything else; those sections say
-``"recorded": false`` and why.
+Caches without ``statistics.length_histogram`` and ``statistics.source_files``
+report everything else; those sections say ``"recorded": false`` and why.
 """
 
 from __future__ import annotations
@@ -25,6 +20,8 @@ from typing import Any, Mapping, Sequence
 
 from seqcache import format as fmt
 from seqcache import fs, layout
+from seqcache.feeders import mixing
+from seqcache.tasks import describe_record
 
 REPORT_VERSION = 1
 TOP_FILES = 20
@@ -66,37 +63,21 @@ def cache_report(cache_dir: str, *, top_files: int = TOP_FILES, first_entries: i
     except fmt.CacheError as e:
         problem = str(e)
     names = token_features(m)
-    return {
-        "cache_dir": cache_dir,
-        "summary": _summary(m),
-        "lengths": _lengths(m, names),
-        "packing": _packing(m, names),
-        "sources": _sources(m, names, top_files),
-        "quarantine": quarantine_summary(cache_dir, m, first_entries=first_entries),
-        "shards": _shards(m),
-        "problem": problem,
-    }
+    return {"cache_dir": cache_dir, "summary": _summary(m), "lengths": _lengths(m, names),
+            "packing": _packing(m, names), "sources": _sources(m, names, top_files),
+            "quarantine": quarantine_summary(cache_dir, m, first_entries=first_entries), "shards": _shards(m),
+            "problem": problem}
 
 
 def _summary(m: fmt.Manifest) -> dict:
     stats = m.statistics
     keep = ("examples", "segments", "source_records", "source_examples", "truncated_tokens", "skipped_records",
             "replaced_records", "tokens", "mean_length", "max_length")
-    return {
-        "task": m.task,
-        "split": m.split,
-        "fingerprint": m.fingerprint,
-        "seed": m.raw.get("seed"),
-        "sequence_length": m.sequence_length,
-        "packing": m.raw.get("packing"),
-        "num_examples": m.num_examples,
-        "num_shards": len(m.shards),
-        "num_bytes": sum(s.num_bytes for s in m.shards),
-        "num_sources": len(m.sources),
-        "created": m.raw.get("created"),
-        "seqcache_version": m.raw.get("seqcache_version"),
-        "statistics": {k: stats[k] for k in keep if k in stats},
-    }
+    return {"task": m.task, "split": m.split, "fingerprint": m.fingerprint, "seed": m.raw.get("seed"),
+            "sequence_length": m.sequence_length, "packing": m.raw.get("packing"), "num_examples": m.num_examples,
+            "num_shards": len(m.shards), "num_bytes": sum(s.num_bytes for s in m.shards),
+            "num_sources": len(m.sources), "created": m.raw.get("created"),
+            "seqcache_version": m.raw.get("seqcache_version"), "statistics": {k: stats[k] for k in keep if k in stats}}
 
 
 def _sequence_length(m: fmt.Manifest, name: str) -> int | None:
@@ -126,32 +107,22 @@ def histogram_quantile(histogram: Sequence[Sequence[int]], q: float) -> int:
 
 
 def _lengths(m: fmt.Manifest, names: Sequence[str]) -> dict:
-    """Per feature: the histogram of source-example lengths, the sequence length,
-    the recorded mean and max, and how many source examples were longer than the
-    sequence length (packed caches split them; unpacked ones trimmed them)."""
+    """Per feature: the length histogram, the sequence length, the mean and max, and the examples longer."""
     stats = m.statistics
     hists = stats.get("length_histogram")
     out = {}
     for name in names:
         L = _sequence_length(m, name)
-        entry = {
-            "sequence_length": L,
-            "max_length": stats.get("max_length", {}).get(name),
-            "mean_length": stats.get("mean_length", {}).get(name),
-            "of": "source examples, before packing" if m.raw.get("packing") else "examples",
-        }
+        entry = {"sequence_length": L, "max_length": stats.get("max_length", {}).get(name),
+                 "mean_length": stats.get("mean_length", {}).get(name),
+                 "of": "source examples, before packing" if m.raw.get("packing") else "examples"}
         hist = None if hists is None else hists.get(name)
         if hist is None:
             entry.update(recorded=False, reason=_not_recorded(m), histogram=None)
         else:
-            entry.update(
-                recorded=True,
-                histogram=[[int(lo), int(hi), int(c)] for lo, hi, c in hist],
-                count=sum(int(c) for _, _, c in hist),
-                p50_at_most=histogram_quantile(hist, 0.5),
-                p90_at_most=histogram_quantile(hist, 0.9),
-                p99_at_most=histogram_quantile(hist, 0.99),
-            )
+            entry.update(recorded=True, histogram=[[int(lo), int(hi), int(c)] for lo, hi, c in hist],
+                         count=sum(int(c) for _, _, c in hist), p50_at_most=histogram_quantile(hist, 0.5),
+                         p90_at_most=histogram_quantile(hist, 0.9), p99_at_most=histogram_quantile(hist, 0.99))
             if L is not None:
                 # Buckets are exact below 16 tokens and about 9 % wide above: a bucket
                 # straddling L is counted as "at most L" (a lower bound of the longer ones).
@@ -161,9 +132,7 @@ def _lengths(m: fmt.Manifest, names: Sequence[str]) -> dict:
 
 
 def _packing(m: fmt.Manifest, names: Sequence[str]) -> dict:
-    """Per feature: tokens against the capacity ``examples x sequence length``
-    of the rows a feeder makes at the cache's sequence length; the rest is
-    padding. For packed caches also segments (source pieces) per example."""
+    """Per feature: tokens against the capacity ``examples x sequence length`` (and segments per example)."""
     stats = m.statistics
     examples = int(stats.get("examples", m.num_examples))
     out = {}
@@ -187,9 +156,7 @@ def _packing(m: fmt.Manifest, names: Sequence[str]) -> dict:
 
 
 def _sources(m: fmt.Manifest, names: Sequence[str], top: int) -> dict:
-    """Tokens and source examples per source file: the ``top`` files with the
-    most tokens, then the rest in one row. Without recorded counts (older
-    caches): the files' sizes in bytes only."""
+    """Tokens and examples per source file (or, unrecorded, bytes): the ``top`` files, then the rest in one row."""
     files = m.sources
     table = m.statistics.get("source_files")
     key = names[0] if names else None
@@ -230,8 +197,7 @@ def _sources(m: fmt.Manifest, names: Sequence[str], top: int) -> dict:
 
 def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = FIRST_ENTRIES) -> dict:
     """Skipped and repaired source records by (action, kind), with the first
-    ``first_entries`` of each and their location, streaming quarantine.jsonl
-    (memory holds one line and the kept entries, whatever the file's size).
+    ``first_entries`` of each and their location, streaming quarantine.jsonl.
 
     Returns ``{"file", "skipped_records", "replaced_records", "kinds": [{"action",
     "kind", "records", "first": [{"path", "record_number", "location", "error"}]}]}``,
@@ -241,8 +207,6 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
       seqcache.format.CacheError: the manifest names a quarantine file that is
         missing, or a line that is not a JSON object (file and line named).
     """
-    from seqcache.tasks import describe_record
-
     stats = m.statistics
     out = {"file": m.quarantine, "skipped_records": int(stats.get("skipped_records", 0)),
            "replaced_records": int(stats.get("replaced_records", 0)), "kinds": []}
@@ -297,14 +261,8 @@ def _shards(m: fmt.Manifest) -> dict:
         return {"min": min(values, default=0), "max": max(values, default=0), "mean": mean,
                 "max_over_mean": (max(values) / mean) if mean else None}
 
-    return {
-        "num_shards": n,
-        "records": records,
-        "num_bytes": sizes,
-        "files": [s.file for s in m.shards],
-        "records_skew": skew(records),
-        "bytes_skew": skew(sizes),
-    }
+    return {"num_shards": n, "records": records, "num_bytes": sizes, "files": [s.file for s in m.shards],
+            "records_skew": skew(records), "bytes_skew": skew(sizes)}
 
 
 # --- mixtures --------------------------------------------------------------------
@@ -328,9 +286,8 @@ def mixture_report(*, paths: Sequence[str], names: Sequence[str], rates: Sequenc
                    num_examples: Sequence[int], global_batch_size: int, steps: int, at_step: int | None = None,
                    num_epochs: int | None = None, position: int | None = None) -> dict:
     """Each task's share of the stream over the first ``steps`` steps against its
-    target rate, and the epoch each task reaches by ``at_step``: computed with the
-    feeder's own mixing (``seqcache.feeders.mixing.Mixer``), exactly, in
-    O(points x log T), without reading a record.
+    target rate, and the epoch each task reaches by ``at_step``: exact, from the
+    feeder's own mixing (``seqcache.feeders.mixing.Mixer``), reading no record.
 
     Args:
       paths, names, rates, weights, num_examples: per task, in mixture order: the
@@ -338,9 +295,8 @@ def mixture_report(*, paths: Sequence[str], names: Sequence[str], rates: Sequenc
         became (``mixing.integer_weights``) and the cache's examples (N_t).
       global_batch_size: B (rows per step).
       steps: the share curve covers steps [0, steps).
-      at_step: the step whose epochs are reported (default ``steps``): after
-        ``at_step`` steps, task t has been given c_t(at_step * B) positions, so it
-        is in epoch c_t // N_t (0-based) and has read c_t / N_t epochs' worth.
+      at_step: the step whose epochs are reported (default ``steps``): task t,
+        given c_t(at_step * B) positions, is in epoch c_t // N_t (0-based).
       num_epochs: a finite run's E: a task's epochs stop at E (its later
         positions are padding rows); None = forever.
       position: a saved state's global position, shown as its step.
@@ -351,8 +307,6 @@ def mixture_report(*, paths: Sequence[str], names: Sequence[str], rates: Sequenc
       "share_at_steps", "max_share_error", "positions_at_step", "epochs_at_step",
       "epoch_at_step"}], "curve_steps", "epoch_curve_steps"}``.
     """
-    from seqcache.feeders import mixing
-
     if global_batch_size < 1 or steps < 1:
         raise ValueError(f"global_batch_size and steps must be >= 1 (got {global_batch_size=}, {steps=})")
     at_step = steps if at_step is None else int(at_step)
@@ -370,44 +324,26 @@ def mixture_report(*, paths: Sequence[str], names: Sequence[str], rates: Sequenc
         if num_epochs is not None:
             epochs = min(epochs, float(num_epochs))
             epoch_values = [min(e, float(num_epochs)) for e in epoch_values]
-        tasks.append({
-            "name": name,
-            "path": path,
-            "rate": rate,
-            "weight": int(weight),
-            "target_share": target,
-            "num_examples": int(n),
-            "share_at_steps": shares,
-            "max_share_error": max((abs(s - target) for s in shares), default=0.0),
-            "positions_at_step": int(given),
-            "epochs_at_step": epochs,
-            "epoch_at_step": min(int(given // n), num_epochs - 1 if num_epochs else 1 << 62) if n else 0,
-            "epochs_over_steps": epoch_values,
-        })
-    return {
-        "global_batch_size": int(global_batch_size),
-        "steps": int(steps),
-        "at_step": at_step,
-        "num_epochs": num_epochs,
-        "state_step": None if position is None else int(position) // int(global_batch_size),
-        "curve_steps": curve,
-        "epoch_curve_steps": epoch_curve,
-        "tasks": tasks,
-        "units": "shares and target shares: fractions of the positions [0, s * B); epochs: positions given / N_t",
-    }
+        tasks.append({"name": name, "path": path, "rate": rate, "weight": int(weight), "target_share": target,
+                      "num_examples": int(n), "share_at_steps": shares,
+                      "max_share_error": max((abs(s - target) for s in shares), default=0.0),
+                      "positions_at_step": int(given), "epochs_at_step": epochs,
+                      "epoch_at_step": min(int(given // n), num_epochs - 1 if num_epochs else 1 << 62) if n else 0,
+                      "epochs_over_steps": epoch_values})
+    return {"global_batch_size": int(global_batch_size), "steps": int(steps), "at_step": at_step,
+            "num_epochs": num_epochs,
+            "state_step": None if position is None else int(position) // int(global_batch_size),
+            "curve_steps": curve, "epoch_curve_steps": epoch_curve, "tasks": tasks,
+            "units": "shares and target shares: fractions of the positions [0, s * B); epochs: positions given / N_t"}
 
 
 def build_report(*, caches: Sequence[str], mixture: dict | None = None, top_files: int = TOP_FILES,
                  first_entries: int = FIRST_ENTRIES, overlaps: Sequence[dict] = ()) -> dict:
-    """The whole report: one ``cache_report`` per cache, the mixture's section
-    (``mixture_report``'s result) or None, and one ``overlap_report`` per
-    result of ``seqcache overlap`` in ``overlaps`` (the key is left out
-    without any)."""
-    out = {
-        "report_version": REPORT_VERSION,
-        "caches": [cache_report(c, top_files=top_files, first_entries=first_entries) for c in caches],
-        "mixture": mixture,
-    }
+    """The whole report: one ``cache_report`` per cache, the ``mixture`` section
+    or None, and (only when there are any) one ``overlap_report`` per overlap result."""
+    out = {"report_version": REPORT_VERSION,
+           "caches": [cache_report(c, top_files=top_files, first_entries=first_entries) for c in caches],
+           "mixture": mixture}
     if overlaps:
         fingerprints = {c["summary"]["fingerprint"] for c in out["caches"]}
         out["overlap"] = [overlap_report(o, fingerprints) for o in overlaps]
@@ -434,11 +370,9 @@ def overlap_report(result: Mapping[str, Any], fingerprints, *, items: int = OVER
     Returns:
       ``{"benchmark", "summary", "run", "caches", "items", "first_reads",
       "problem"}``: ``items`` each with item, location, num_examples,
-      num_matches, first_seen (task, cache_index, epoch, step, ...; None
-      without a run) and its first match's task, cache index, location and
-      span (cut to ``SPAN_CHARS`` characters); ``first_reads``: the sorted
-      first steps of the items the run reads (for the curve of items read by
-      step s).
+      num_matches, first_seen (None without a run) and its first match (span
+      cut to ``SPAN_CHARS`` characters); ``first_reads``: the sorted first
+      steps of the items the run reads.
     """
     listed = sorted(result.get("items", []), key=lambda it: (
         it.get("first_seen") is None, (it.get("first_seen") or {}).get("position", 0), it["item"]))

@@ -1,12 +1,10 @@
 """``seqcache report``'s pictures: one self-contained HTML file.
 
-The plots are drawn by matplotlib with its Agg backend (no display, no browser
-code) and embedded as base64 PNG ``data:`` URLs; the page has no script, no
-external style sheet, font or image: it opens offline, from a mail attachment or
-a CI artifact. Every number the page shows next to a plot comes from the same
-dict that ``seqcache report --json`` prints (``seqcache.report``); the summary
-cells carry ``data-key`` (a dotted path into ``seqcache info --json``) and
-``data-value`` (the exact value), so that a test or a script can read them back.
+Plots are drawn by matplotlib (Agg backend) and embedded as base64 PNG ``data:``
+URLs; the page has no script and no external file, so it opens offline. Every
+number comes from the dict ``seqcache report --json`` prints (``seqcache.report``);
+the summary cells carry ``data-key`` (a dotted path into ``seqcache info --json``)
+and ``data-value`` (the exact value), so that a script can read them back.
 """
 
 from __future__ import annotations
@@ -17,22 +15,19 @@ import io
 import json
 from typing import Any, Mapping
 
+import matplotlib
+
+matplotlib.use("Agg", force=True)
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
 # Colours of matplotlib's default cycle, named for the page's legend-free bits.
 _BLUE, _ORANGE, _GREEN, _RED, _GREY = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#7f7f7f"
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _png(fig) -> str:
-    """The figure as a ``data:image/png;base64,...`` URL; closes the figure."""
-    plt = _plt()
+    """The figure, laid out, as a ``data:image/png;base64,...`` URL; closes the figure."""
+    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=96, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
@@ -77,7 +72,6 @@ def plot_lengths(lengths: Mapping[str, dict]) -> str | None:
     recorded = {n: e for n, e in lengths.items() if e.get("histogram")}
     if not recorded:
         return None
-    plt = _plt()
     fig, axes = plt.subplots(1, len(recorded), figsize=(8.5 if len(recorded) == 1 else 5 * len(recorded), 3.2),
                              squeeze=False)
     for ax, (name, e) in zip(axes[0], recorded.items()):
@@ -95,7 +89,6 @@ def plot_lengths(lengths: Mapping[str, dict]) -> str | None:
         ax.set_ylabel("examples")
         ax.set_title(f"{name}: {e['count']:,} {e['of']}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -104,7 +97,6 @@ def plot_packing(packing: Mapping[str, dict]) -> str | None:
     known = {n: e for n, e in packing.items() if e.get("efficiency") is not None}
     if not known:
         return None
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 0.6 + 0.5 * len(known)))
     names = list(known)
     eff = [known[n]["efficiency"] for n in names]
@@ -115,7 +107,6 @@ def plot_packing(packing: Mapping[str, dict]) -> str | None:
     ax.set_xlim(0, 1)
     ax.set_xlabel("fraction of examples x sequence length")
     ax.legend(loc="lower right", fontsize=8, ncol=2)
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -124,7 +115,6 @@ def plot_sources(sources: Mapping[str, Any]) -> str | None:
     rows = sources["top"]
     if not rows:
         return None
-    plt = _plt()
     recorded = sources["recorded"]
     labels = [_short(r["path"]) for r in rows]
     if recorded:
@@ -157,7 +147,6 @@ def plot_sources(sources: Mapping[str, Any]) -> str | None:
         if other and values and min(values) > 0 and max(values) > 20 * min(values):
             ax.set_xscale("log")
             ax.set_xlabel(ax.get_xlabel() + " (log scale)")
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -171,7 +160,6 @@ def plot_quarantine(quarantine: Mapping[str, Any]) -> str | None:
     kinds = quarantine["kinds"]
     if not kinds:
         return None
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 0.8 + 0.35 * len(kinds)))
     labels = [f"{k['action']}: {k['kind']}" for k in kinds][::-1]
     counts = [k["records"] for k in kinds][::-1]
@@ -181,7 +169,6 @@ def plot_quarantine(quarantine: Mapping[str, Any]) -> str | None:
         ax.text(c, y, f" {c:,}", va="center", fontsize=8)
     ax.set_xlabel("source records")
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
     return _png(fig)
 
 
@@ -189,9 +176,6 @@ def plot_shards(shards: Mapping[str, Any]) -> str | None:
     """Records and bytes per shard, with the mean."""
     if not shards["num_shards"]:
         return None
-    plt = _plt()
-    from matplotlib.ticker import MaxNLocator
-
     xs = list(range(shards["num_shards"]))
     fig, axes = plt.subplots(1, 2, figsize=(10, 2.8))
     for ax, values, label, color in ((axes[0], shards["records"], "records", _BLUE),
@@ -203,13 +187,11 @@ def plot_shards(shards: Mapping[str, Any]) -> str | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(label)
         ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
     return _png(fig)
 
 
 def plot_shares(mixture: Mapping[str, Any]) -> str:
     """Each task's share of the first s steps, against its target (dashed)."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 3.2))
     steps = mixture["curve_steps"]
     for i, t in enumerate(mixture["tasks"]):
@@ -224,13 +206,11 @@ def plot_shares(mixture: Mapping[str, Any]) -> str:
     ax.set_ylabel("share of rows")
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return _png(fig)
 
 
 def plot_epochs(mixture: Mapping[str, Any]) -> str:
     """Epochs read by each task over the steps; the reported step marked."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 3.2))
     steps = mixture["epoch_curve_steps"]
     for i, t in enumerate(mixture["tasks"]):
@@ -240,13 +220,11 @@ def plot_epochs(mixture: Mapping[str, Any]) -> str:
     ax.set_ylabel("epochs read (positions / examples)")
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return _png(fig)
 
 
 def plot_first_reads(ov: Mapping[str, Any]) -> str:
     """Benchmark items whose first overlapping example the run has read by step s."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 3.0))
     steps = ov["first_reads"]
     ax.step([0, *steps], range(len(steps) + 1), where="post", color=_BLUE)
@@ -257,7 +235,6 @@ def plot_first_reads(ov: Mapping[str, Any]) -> str:
     ax.set_xlabel(f"step (global batch {ov['run']['global_batch_size']:,})")
     ax.set_ylabel("items read")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return _png(fig)
 
 

@@ -1,17 +1,12 @@
 """Full verification of a cache on disk: counts, checksums and decodability.
 
 ``open``-time checks (``seqcache.format.check_shard_files``) are cheap: sizes and
-presence. ``verify_cache`` reads every byte: it recomputes each shard's sha256 (against
-the manifest's shard checksum file, itself checked by size and sha256),
-counts its records and decodes every record (token ids of a feature with a
-vocabulary must lie in [0, vocab_size)), checks the quarantine file against
-the manifest's statistics, and reports every problem, each naming the file and
-the expected and actual value.
-
-Every file access goes through ``seqcache.fs``: a cache at a URL (``gs://``,
-``s3://``) is verified like a local one. ArrayRecord's reader opens local files
-only, so each shard of such a cache is downloaded to a temporary file, checked
-and deleted before the next one: the local disk holds one shard at a time.
+presence. ``verify_cache`` reads every byte: each shard's sha256 (against the
+manifest's shard checksum file), its record count and every record decoded
+(token ids in [0, vocab_size)), and the quarantine file against the manifest's
+statistics; every problem names the file and the expected and actual value.
+A cache at a URL (``gs://``, ``s3://``) is verified like a local one, each shard
+downloaded to a temporary file, checked and deleted before the next one.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ import dataclasses
 import hashlib
 
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader
 
 from seqcache import bounded_json
 from seqcache import format as fmt
@@ -44,12 +40,7 @@ class VerifyReport:
     shards: list[ShardReport]
 
     def to_json(self) -> dict:
-        return {
-            "cache_dir": self.cache_dir,
-            "ok": self.ok,
-            "problems": self.problems,
-            "shards": [dataclasses.asdict(s) for s in self.shards],
-        }
+        return dataclasses.asdict(self)
 
 
 def vocabulary_limits(manifest: fmt.Manifest) -> dict[str, int]:
@@ -61,8 +52,7 @@ def vocabulary_limits(manifest: fmt.Manifest) -> dict[str, int]:
 
 
 def _out_of_vocabulary(path: str, start: int, decoded: list[dict], limits: dict[str, int]) -> str | None:
-    """The first token id outside [0, vocab_size) in a batch of decoded records
-    (one numpy pass per feature over the batch), as a problem line, or None."""
+    """The first token id outside [0, vocab_size) in a batch of decoded records, as a problem line, or None."""
     for name, size in limits.items():
         arrays = [d[name] for d in decoded]
         if not arrays:
@@ -81,8 +71,6 @@ def _out_of_vocabulary(path: str, start: int, decoded: list[dict], limits: dict[
 
 def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decode_batch, listed,
                 limits=None) -> ShardReport:
-    from array_record.python.array_record_module import ArrayRecordReader
-
     try:  # nothing outside the cache is opened
         path = layout.cache_file(cache_dir, name, what="shard file")
     except layout.UnsafeCachePathError as e:
@@ -138,20 +126,17 @@ def _sha256_of(path: str) -> str:
 
 
 def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
-    """Verifies every shard of the cache at ``cache_dir`` (a local path or a
-    URL; shards at a URL are downloaded one at a time to a temporary file).
+    """Verifies every shard of the cache at ``cache_dir`` (a local path or a URL).
 
     Returns:
       A ``VerifyReport`` whose ``problems`` name each bad file with the expected
       and actual value (size, sha256, record count, the undecodable record, the
-      first record per shard with a token id >= its feature's vocab_size;
-      a shard checksum file that is missing or does not match the manifest),
-      and any disagreement between the quarantine file and the manifest
-      (``check_quarantine``).
+      first record per shard with a token id >= its feature's vocab_size, the
+      shard checksum file), and each disagreement of the quarantine file with
+      the manifest (``check_quarantine``).
 
     Raises:
-      CacheError / IncompleteCacheError: the manifest is missing or invalid (then
-      nothing else can be checked).
+      CacheError / IncompleteCacheError: the manifest is missing or invalid.
       seqcache.fs.FileSystemError: (URLs) the object store cannot be reached or
         refused a request.
     """
@@ -204,21 +189,15 @@ _MAX_BAD_LINES = 5
 
 
 def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
-    """Checks the quarantine file against the manifest.
-
-    The file must exist when the manifest names one (``quarantine``); its size and
-    sha256 must match ``quarantine_num_bytes`` / ``quarantine_sha256`` when the
-    manifest records them (caches written before they were recorded have
-    neither); every line must be a JSON object whose ``action`` is ``"skipped"``,
-    ``"replaced"`` or ``"excluded"`` (a line without ``action``, from older
-    caches, counts as skipped); and the entries by action must equal
-    ``statistics.skipped_records``, ``statistics.replaced_records`` and
-    ``statistics.excluded_records`` (absent counts are 0), and, when the
-    manifest has ``statistics.bad_input_records`` and the totals agree, the
-    entries per action and kind must equal its ``skipped`` and ``replaced``
-    counts per kind; the excluded entries per benchmark (their ``benchmarks``)
-    must equal ``statistics.excluded_by_benchmark``. A manifest
-    naming no quarantine file must count no skipped, replaced or excluded record.
+    """Checks the quarantine file against the manifest: it exists when the
+    manifest names one (else no record is counted skipped, replaced or
+    excluded); its size and sha256 match ``quarantine_num_bytes`` /
+    ``quarantine_sha256`` where recorded; every line is a JSON object whose
+    ``action`` is ``"skipped"`` (also a line without one), ``"replaced"`` or
+    ``"excluded"``; the entries per action equal ``statistics.<action>_records``
+    (absent: 0), per action and kind ``statistics.bad_input_records`` (when the
+    totals agree), and the excluded ones per benchmark
+    ``statistics.excluded_by_benchmark``.
 
     Returns:
       The problems, each naming the file and the expected and actual value
@@ -271,9 +250,7 @@ class _QuarantineScan:
 
 
 def _scan_quarantine(path: str, problems: list[str]) -> _QuarantineScan:
-    """Reads the quarantine file once: its entries by action and by kind, its
-    sha256 and size in bytes. Lines that are not entries are problems
-    (appended; the first ``_MAX_BAD_LINES`` shown, the rest counted)."""
+    """Reads the quarantine file once; lines that are not entries are appended to ``problems``."""
     counts: collections.Counter = collections.Counter()
     by_kind: dict[str, collections.Counter] = {action: collections.Counter() for action, _ in _QUARANTINE_COUNTS}
     digest = hashlib.sha256()
@@ -309,8 +286,7 @@ def _scan_quarantine(path: str, problems: list[str]) -> _QuarantineScan:
 
 def _quarantine_differences(path: str, manifest: fmt.Manifest, declared: dict[str, int],
                             scan: _QuarantineScan) -> list[str]:
-    """Where the scanned quarantine file differs from the manifest: size, sha256,
-    entries per action, and entries per action and kind."""
+    """Where the scanned quarantine file differs from the manifest."""
     problems = []
     expected_bytes = manifest.quarantine_num_bytes
     if expected_bytes is not None and expected_bytes != scan.num_bytes:

@@ -6,12 +6,17 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import sys
 
 import click
 
+from seqcache import format as fmt
+from seqcache import fs, pipelines, tasks
 from seqcache.commands import common
+from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
+from seqcache.pipelines.runner import option_value_errors, unknown_flags
+from seqcache.pipelines.stats import describe_bad_input
+from seqcache.tasks.sources.base import SPEC_KINDS
 
 
 def parse_sequence_length(values, default_feature="targets"):
@@ -34,11 +39,7 @@ def parse_sequence_length(values, default_feature="targets"):
     return out or None
 
 
-# The objectives of an ad-hoc task (``--objective``): what its examples hold.
-#   lm:              one feature, targets = the text's tokens + EOS (a language model);
-#   span_corruption: T5's span corruption of the text into inputs and targets;
-#   prefix_lm:       T5's prefix LM: the text split at a random point into inputs and targets;
-#   supervised:      the source's own inputs and targets values (translation, question answering).
+# The objectives of an ad-hoc task (``--objective``; ``adhoc_task`` says what each makes).
 OBJECTIVES = ("lm", "span_corruption", "prefix_lm", "supervised")
 # ``--pack`` values; ``--pack`` alone picks the objective's packing (``PACK_DEFAULT``).
 PACKINGS = ("lm", "first_fit", "none")
@@ -47,10 +48,7 @@ SPAN_CORRUPTION_DEFAULTS = {"noise_density": 0.15, "mean_noise_span_length": 3.0
 
 
 def _source_keys(source) -> list[str]:
-    """The keys of a record's values: several for a parallel-text source or
-    JSON-lines / Parquet spec with named fields, else ``["text"]``."""
-    from seqcache import tasks
-
+    """The keys of a record's values (named fields or files), else ``["text"]``."""
     if isinstance(source, tasks.ParallelTextSource):
         return list(source.files)
     for attr in ("fields", "columns"):  # JsonLinesSource, ParquetSource
@@ -60,41 +58,23 @@ def _source_keys(source) -> list[str]:
     return ["text"]
 
 
-def _packing(pack, objective) -> str | None:
-    """``--pack`` -> the task's packing mode: None, ``"lm"`` or ``"first_fit"``."""
-    if pack is True or pack == PACK_DEFAULT:
-        return "lm" if objective == "lm" else "first_fit"
-    if pack in (None, False, "none"):
-        return None
-    return pack
-
-
 def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec, extra_ids, sequence_length, pack,
                objective=None, noise_density=None, mean_noise_span_length=None, split="train",
                tfds_data_dir=None):
     """The task ``build --source ... --vocabulary ...`` describes.
 
-    ``objective`` (one of ``OBJECTIVES``; None: ``supervised`` for a source whose
-    records hold ``inputs`` and ``targets``, else ``lm``):
-
-    - ``lm``: one feature, ``targets``: the text tokenized with EOS appended,
-      trimmed to the sequence length (or packed to it);
-    - ``span_corruption``: ``inputs`` and ``targets`` from T5's span corruption
-      of the text (``seqcache.tasks.span_corruption`` with ``noise_density``,
-      default 0.15, and ``mean_noise_span_length``, default 3.0); sentinels are
-      the vocabulary's extra ids, so ``extra_ids`` must cover the noise spans;
-    - ``prefix_lm``: ``inputs`` and ``targets`` from T5's prefix LM
-      (``seqcache.tasks.prefix_lm``, ``noise_density`` default 0.5);
-    - ``supervised``: the source's ``inputs`` and ``targets`` values, each
-      tokenized, trimmed and ended with EOS (a translation task from
-      ``parallel:inputs=...,targets=...``).
-
-    ``split`` and ``tfds_data_dir``: the split a ``tfds:`` or ``hf:`` source reads
-    unless its spec names one, and where a ``tfds:`` dataset was prepared.
-
-    ``pack``: ``"lm"``, ``"first_fit"``, ``"none"``/None/False, or True /
-    ``"auto"`` for the objective's own (``lm`` for ``lm``, ``first_fit`` for
-    the others). ``sequence_length``: feature -> tokens (or None), as given.
+    ``objective``, one of ``OBJECTIVES`` (None: ``supervised`` for a source of
+    ``inputs`` and ``targets``, else ``lm``): ``lm`` tokenizes the text into
+    ``targets`` with EOS; ``span_corruption`` and ``prefix_lm`` make ``inputs``
+    and ``targets`` with T5's preprocessors (``seqcache.tasks.span_corruption``,
+    ``noise_density`` 0.15 and ``mean_noise_span_length`` 3.0 by default, its
+    sentinels the vocabulary's ``extra_ids``; ``seqcache.tasks.prefix_lm``,
+    ``noise_density`` 0.5); ``supervised`` tokenizes the source's own values.
+    ``split`` and ``tfds_data_dir``: the split a ``tfds:`` or ``hf:`` source
+    reads unless its spec names one, and where a ``tfds:`` dataset was prepared.
+    ``pack``: one of ``PACKINGS``, None/False, or True/``"auto"`` for the
+    objective's own (``lm`` for ``lm``, else ``first_fit``).
+    ``sequence_length``: feature -> tokens (or None), as given.
 
     Raises:
       click.UsageError: a bad source or vocabulary spec, or options that do not
@@ -102,8 +82,6 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec,
         ``--objective``, ``--noise-density``, ...).
       click.BadParameter: a bad task name.
     """
-    from seqcache import tasks
-
     source, vocabulary = _adhoc_source_and_vocabulary(source_spec, exclude=exclude, on_error=on_error, split=split,
                                                       tfds_data_dir=tfds_data_dir, vocabulary_spec=vocabulary_spec,
                                                       extra_ids=extra_ids)
@@ -125,8 +103,6 @@ def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec,
 def _adhoc_source_and_vocabulary(source_spec, *, exclude, on_error, split, tfds_data_dir, vocabulary_spec,
                                  extra_ids):
     """(source, vocabulary) of an ad-hoc task; a bad spec is a click.UsageError."""
-    from seqcache import tasks
-
     try:
         source = tasks.parse_source_spec(source_spec, exclude=exclude, on_error=on_error, split=split,
                                          tfds_data_dir=tfds_data_dir)
@@ -137,12 +113,7 @@ def _adhoc_source_and_vocabulary(source_spec, *, exclude, on_error, split, tfds_
 
 
 def _adhoc_objective(source_spec, source, objective, *, noise_density, mean_noise_span_length) -> str:
-    """The ad-hoc task's objective (``objective``, or the source's default),
-    checked against the source's values and the objective's options.
-
-    Raises:
-      click.UsageError, click.BadParameter: the message names the flag.
-    """
+    """The objective (given, or the source's default), checked against the source and the options."""
     keys = _source_keys(source)
     pair = sorted(keys) == ["inputs", "targets"]
     if not pair and keys != ["text"]:
@@ -168,22 +139,22 @@ def _adhoc_objective(source_spec, source, objective, *, noise_density, mean_nois
 
 
 def _adhoc_packing(pack, objective) -> str | None:
-    """``--pack`` -> the packing mode, checked against the objective."""
-    packing = _packing(pack, objective)
-    if packing not in (None, "lm", "first_fit"):
+    """``--pack`` -> the task's packing mode (None, ``"lm"`` or ``"first_fit"``), checked against the objective."""
+    if pack is True or pack == PACK_DEFAULT:
+        return "lm" if objective == "lm" else "first_fit"
+    if pack in (None, False, "none"):
+        return None
+    if pack not in ("lm", "first_fit"):
         raise click.BadParameter(f"{pack!r} is not one of {', '.join(PACKINGS)}", param_hint="--pack")
-    if packing == "lm" and objective != "lm":
+    if pack == "lm" and objective != "lm":
         raise click.UsageError(f"--pack lm concatenates one feature, but --objective {objective} makes inputs and "
                                "targets: use --pack first_fit (or --pack alone)")
-    return packing
+    return pack
 
 
 def _adhoc_preprocessing(vocabulary, objective, *, packing, sequence_length, noise_density,
                          mean_noise_span_length):
-    """(output features, preprocessors, the span corruption or prefix LM
-    preprocessor or None) of an ad-hoc task with this objective."""
-    from seqcache import tasks
-
+    """(output features, preprocessors, the span corruption or prefix LM preprocessor or None)."""
     P = tasks.preprocessors
     corruption = None
     if objective == "lm":
@@ -205,10 +176,7 @@ def _adhoc_preprocessing(vocabulary, objective, *, packing, sequence_length, noi
 
 
 def _corruption(objective, *, noise_density, mean_noise_span_length):
-    """The span corruption (``span_corruption``) or prefix LM preprocessor, with
-    the defaults for the options not given; a bad value is a click.UsageError."""
-    from seqcache import tasks
-
+    """The span corruption or prefix LM preprocessor, with defaults for the options not given."""
     try:
         if objective == "span_corruption":
             kw = {k: v if v is not None else SPAN_CORRUPTION_DEFAULTS[k]
@@ -222,26 +190,15 @@ def _corruption(objective, *, noise_density, mean_noise_span_length):
         raise click.UsageError(str(e)) from None
 
 
-def _span_corruption(task):
-    from seqcache import tasks
-
-    return next((p for p in task.preprocessors if isinstance(p, tasks.span_corruption)), None)
-
-
 def adhoc_sequence_length(task, sequence_length):
     """The sequence length of every feature of an ad-hoc task, from what
     ``--sequence-length`` gave (feature -> tokens; ``"*"`` for a bare N).
 
-    - ``targets`` only (lm): as given; a bare N is the targets length.
-    - span corruption: ``inputs=N`` derives the targets length as T5 does
-      (``random_spans_helper``: inputs 512 -> targets 114 at the defaults), and
-      ``targets=N`` the shortest inputs length whose targets take N tokens
-      (``inputs_length_for_targets``: targets 114 -> inputs 508; inputs 508
-      to 513 all give 114), the same lengths as a Python task given only a
-      targets length; both may be given (the targets length must hold the
-      derived one).
-    - prefix LM and supervised: a bare N, or one feature's N, is the length of
-      both features.
+    lm: as given. Span corruption: ``inputs=N`` derives the targets length as
+    T5 does (``random_spans_helper``: inputs 512 -> targets 114), ``targets=N``
+    the shortest inputs length whose targets take N tokens
+    (``inputs_length_for_targets``: 114 -> 508); both may be given. Prefix LM
+    and supervised: one N is the length of both features.
 
     Returns: {feature: tokens} or None (no length given).
 
@@ -255,7 +212,7 @@ def adhoc_sequence_length(task, sequence_length):
     lengths = dict(sequence_length)
     names = list(task.output_features)
     bare = lengths.pop("*", None)
-    corruption = _span_corruption(task)
+    corruption = next((p for p in task.preprocessors if isinstance(p, tasks.span_corruption)), None)
     if bare is not None:
         if corruption is not None:
             raise click.UsageError(f"--sequence-length {bare}: span corruption needs inputs=N or targets=N "
@@ -279,8 +236,7 @@ def adhoc_sequence_length(task, sequence_length):
 
 
 def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
-    """Span corruption needs one sentinel (extra id) per noise span: the most
-    spans a chunk of the sequence length can hold."""
+    """Span corruption needs one sentinel (extra id) per noise span a row can hold."""
     if extra_ids < 1:
         raise click.UsageError("--objective span_corruption marks noise spans with sentinel ids: give the vocabulary "
                                "extra ids, e.g. --extra-ids 100 (as T5)")
@@ -296,16 +252,6 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
                                "(T5 uses 100)")
 
 
-def import_modules(modules):
-    from seqcache import tasks
-
-    for m in modules:
-        try:
-            tasks.import_definitions(m)
-        except (ImportError, FileNotFoundError) as e:
-            raise click.UsageError(f"--module {m}: cannot import it: {e}") from None
-
-
 @click.command(
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     epilog="Any other --flag is passed to Beam as a pipeline option, for example --runner=DataflowRunner "
@@ -315,7 +261,7 @@ def import_modules(modules):
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--cache-dir", required=True, help="Root folder of caches (local path, or gs://... / s3://... URL).")
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.MODULES_OPTION
 @click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | "
               "parquet:GLOB#column | tfrecord:GLOB[#feature] | tfds:NAME[/CONFIG][:VERSION][@SPLIT]#feature | "
               "hf:PATH[@SPLIT]#column; two values per record: parallel:inputs=GLOB,targets=GLOB (line-aligned files) | "
@@ -374,14 +320,10 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     The cache of task T goes to CACHE_DIR/T/SPLIT. A cache with the same
     fingerprint is reused; a different one is refused unless --overwrite.
     """
-    from seqcache.pipelines import BuildConfig
-
     name, pipeline_args = _name_and_pipeline_args(ctx, args)
     pipeline_args = common.with_workers(pipeline_args, workers)
-    # force: a library that logged before this (at import) has configured the root logger already.
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
-                        force=True)
-    import_modules(modules)
+    beam_logging(pipeline_args, verbose=verbose)
+    common.import_modules(modules)
     seq_len = parse_sequence_length(sequence_length)
     benchmarks = _benchmarks(exclude_benchmarks, exclude_ngram, exclude)
     if source_spec:
@@ -408,17 +350,10 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
                              exclude_benchmarks=benchmarks)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    if not verbose:
-        # Beam's logs, in this process and in its workers (which read this option), only on -v.
-        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-        if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
-            pipeline_args.append("--default_sdk_harness_log_level=ERROR")
     # Object-store options (--s3_endpoint_url=..., --s3_access_key_id=...) reach Beam's
     # FileSystems before the build's first file-system call in this process (listing
     # the source files, reading an existing manifest); the pipeline hands them to its
     # workers itself.
-    from seqcache import fs
-
     fs.tune_allocator()  # this process's malloc (the local workers tune their own)
     fs.set_options(pipeline_args)
     results = []
@@ -434,42 +369,50 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
 
 
 def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
-    """(NAME or None, Beam pipeline options) from the free arguments: options
-    start with "-". Refuses several names and options Beam does not know."""
+    """(NAME or None, checked Beam pipeline options) from the free arguments."""
     names = [a for a in args if not a.startswith("-")]
-    pipeline_args = [a for a in args if a.startswith("-")] + list(ctx.args)
     if len(names) > 1:
         raise click.UsageError(f"one task or mixture NAME at a time (got {names}); Beam options take the --flag=value form")
-    name = names[0] if names else None
-    if pipeline_args:
-        from seqcache.pipelines.build import import_beam
-        from seqcache.pipelines.runner import option_value_errors, unknown_flags
+    pipeline_args = beam_pipeline_args([a for a in args if a.startswith("-")] + list(ctx.args),
+                                              "--runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL")
+    return (names[0] if names else None), pipeline_args
 
-        import_beam()
-        unknown = unknown_flags(pipeline_args)
+
+def beam_pipeline_args(args, example: str) -> list[str]:
+    """``args``, Beam pipeline options (``--flag=value``), checked before the work starts.
+
+    Raises:
+      click.UsageError: a flag no Beam option defines (the message ends with
+        ``example``), or a value Beam refuses.
+    """
+    args = list(args)
+    if args:
+        unknown = unknown_flags(args)
         if unknown:
-            raise click.UsageError(
-                f"no such option: {', '.join(unknown)} (options other than this command's own are Beam pipeline "
-                "options, e.g. --runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL)"
-            )
-        wrong = option_value_errors(pipeline_args)
+            raise click.UsageError(f"no such option: {', '.join(unknown)} (options other than this command's own "
+                                   f"are Beam pipeline options, e.g. {example})")
+        wrong = option_value_errors(args)
         if wrong:
             raise click.UsageError(f"Beam pipeline option: {wrong}")
-    return name, pipeline_args
+    return args
+
+
+def beam_logging(pipeline_args: list[str], *, verbose: bool) -> None:
+    """Logs at INFO with ``-v``, else at WARNING; Beam's logs, in this process
+    and in its workers (``pipeline_args`` gains the option they read), only
+    with ``-v``."""
+    # force: a library that logged before this (at import) has configured the root logger already.
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
+                        force=True)
+    if not verbose:
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+        if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
+            pipeline_args.append("--default_sdk_harness_log_level=ERROR")
 
 
 def _benchmarks(specs, ngram, exclude) -> list:
     """The benchmarks of ``--exclude-benchmark`` (``[NAME=]SPEC``), read once for
-    every task of the build, and a note per benchmark on stderr: its items and
-    n-grams, and the items too short to match.
-
-    Raises:
-      click.UsageError: a spec that cannot be read, ``--exclude-ngram`` alone, or
-        a source spec given to ``--exclude`` (which takes file globs).
-    """
-    from seqcache.pipelines import exclusion
-    from seqcache.tasks.sources.base import SPEC_KINDS
-
+    every task, each noted on stderr (items, n-grams, items too short to match)."""
     spec_like = [g for g in exclude if exclusion.split_name(g)[1].partition(":")[0] in SPEC_KINDS]
     if spec_like:
         raise click.UsageError(f"--exclude {spec_like[0]}: --exclude leaves out files by glob; to leave out the records "
@@ -501,10 +444,7 @@ def _pack_option(pack, no_pack, seq_len):
 
 
 def _registered_tasks(ctx, name) -> list:
-    """The tasks of registered task or mixture ``name``; the ad-hoc task options
-    do not go with one."""
-    from seqcache import tasks
-
+    """The tasks of registered task or mixture ``name`` (refusing the ad-hoc task options)."""
     given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
                                               "objective", "noise_density", "mean_noise_span_length", "pack",
                                               "no_pack", "tfds_data_dir"))
@@ -514,13 +454,7 @@ def _registered_tasks(ctx, name) -> list:
             "registered task sets them itself, e.g. TextLineSource(..., on_error={'empty': 'skip'}, "
             "exclude=[...]) and its features' vocabularies in the module that registers it"
         )
-    try:
-        obj = tasks.get_task_or_mixture(name)
-    except KeyError as e:
-        raise click.UsageError(e.args[0] if e.args else str(e)) from None
-    if isinstance(obj, tasks.Mixture):
-        return list(obj.get_tasks())
-    return [obj]
+    return common.registered_tasks(name)
 
 
 def _result_json(r) -> dict:
@@ -537,15 +471,12 @@ def _result_json(r) -> dict:
 
 def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
                exchange="auto"):
-    """Builds one task's cache and prints its summary and warnings; a failure
-    prints the error and exits 1, an interrupt (Ctrl-C, SIGTERM) exits 130."""
-    from seqcache.pipelines import BuildError, build_task
-
+    """Builds one task's cache and prints its summary and notes; exits 1 on failure, 130 on an interrupt."""
     deadline = functools.partial(_interrupt_deadline, task, split, cache_dir)
     with common.shard_progress(console, f"{task.name}/{split}") as progress, \
             common.sigterm_as_interrupt(on_deadline=deadline):
         try:
-            result = build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
+            result = pipelines.build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                 overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
         except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
             if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
@@ -577,8 +508,6 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             f"({stats['truncated_tokens'] / max(total, 1):.1%}); {advice}",
             highlight=False,
         )
-    from seqcache.pipelines.stats import describe_bad_input
-
     for line in describe_bad_input(stats):  # the source's on_error policy: counted, never silent
         where = ("counted in the manifest's statistics" if line.startswith("kept")
                  else f"listed with the reason in {result.cache_dir}/quarantine.jsonl")
@@ -598,20 +527,13 @@ def _interrupted(console, task, split, cache_dir):
 
 
 def _interrupt_deadline(task, split, cache_dir):
-    """What an interrupted build says when its shutdown ran out of time (written
-    straight to stderr: the console may be held by the thread it interrupted)."""
+    """What a build says when its shutdown ran out of time (straight to stderr: the console may be held)."""
     common.write_stderr(f"interrupted: {_interrupt_text(task, split, cache_dir)}\n")
 
 
 def _interrupt_text(task, split, cache_dir) -> str:
-    from seqcache import format as fmt
-    from seqcache.pipelines import cache_path
-
     try:  # a replacing build (--overwrite) is staged: the old cache is still there
         fmt.read_manifest(cache_path(cache_dir, task.name, split))
-        before = True
     except Exception:
-        before = False
-    if before:
-        return f"{task.name}/{split} still holds the cache from before, untouched; run the same command again to replace it"
-    return f"{task.name}/{split} has no manifest, so it is not a cache; run the same command again to build it"
+        return f"{task.name}/{split} has no manifest, so it is not a cache; run the same command again to build it"
+    return f"{task.name}/{split} still holds the cache from before, untouched; run the same command again to replace it"

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from seqcache import fs
+from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, parse_on_error
 
 
 def stderr_console(file=None) -> Console:
@@ -47,9 +53,7 @@ def shard_progress(console: Console, label: str):
         yield update
 
 
-# Commands that read caches (info, show, verify) take Beam pipeline options as
-# free --flag=value arguments, like build: the object-store endpoint and
-# credentials (--s3_endpoint_url=..., --s3_access_key_id=..., ...).
+# info, show and verify take Beam pipeline options (an object store's endpoint and credentials) as --flag=value.
 BEAM_OPTIONS_CONTEXT = {"ignore_unknown_options": True, "allow_extra_args": True}
 
 BEAM_OPTIONS_EPILOG = (
@@ -62,9 +66,8 @@ BEAM_OPTIONS_EPILOG = (
 
 def filesystem_options(args) -> list[str]:
     """Checks the free arguments of a cache-reading command (Beam pipeline
-    options in the ``--flag=value`` form, each one Beam knows) and hands them
-    to Beam's FileSystems (``seqcache.fs.set_options``) before the command's
-    first file-system call. Imports Beam only when there are any.
+    options, ``--flag=value``) and hands them to Beam's FileSystems
+    (``seqcache.fs.set_options``); imports Beam only when there are any.
 
     Raises:
       click.UsageError: an argument that is not ``--flag[=value]``, or a flag
@@ -78,13 +81,8 @@ def filesystem_options(args) -> list[str]:
             raise click.UsageError(
                 f"unexpected argument {a!r}: give one CACHE_DIR; Beam options take the --flag=value form"
             )
-    from seqcache import fs
-    from seqcache.pipelines.build import import_beam
-
-    import_beam()
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    known = set(PipelineOptions([]).get_all_options(drop_default=False))
+    options = fs.import_beam().options.pipeline_options.PipelineOptions([])
+    known = set(options.get_all_options(drop_default=False))
     unknown = [a for a in args if a[2:].partition("=")[0].replace("-", "_") not in known]
     if unknown:
         raise click.UsageError(
@@ -97,9 +95,13 @@ def filesystem_options(args) -> list[str]:
 
 def print_error(message, console: Console | None = None) -> None:
     """``error: MESSAGE`` on standard error, the message printed as is (no markup)."""
-    from rich.markup import escape
-
     (console or stderr_console()).print(f"[red]error:[/red] {escape(str(message))}", highlight=False)
+
+
+def fail(message) -> None:
+    """``error: MESSAGE`` on standard error, and exit status 1."""
+    print_error(message)
+    sys.exit(1)
 
 
 def plural(n: int, word: str) -> str:
@@ -108,8 +110,7 @@ def plural(n: int, word: str) -> str:
 
 
 def _stderr_is_fd2() -> bool:
-    """Whether ``sys.stderr`` writes to file descriptor 2 (it does not under
-    click's test runner, which swaps in an in-memory stream)."""
+    """Whether ``sys.stderr`` writes to file descriptor 2 (not under click's test runner)."""
     try:
         return sys.stderr.fileno() == 2
     except (AttributeError, ValueError, io.UnsupportedOperation):
@@ -117,9 +118,7 @@ def _stderr_is_fd2() -> bool:
 
 
 def _drain(read_fd: int, write_fd: int) -> None:
-    """Copies ``read_fd`` to ``write_fd`` until end of file; once a write fails
-    (the reader of ``write_fd`` went away, e.g. ``| head``) it keeps reading and
-    drops the bytes, so that the writers of ``read_fd`` never block or fail."""
+    """Copies ``read_fd`` to ``write_fd`` until end of file, dropping the bytes once a write fails."""
     broken = False
     try:
         while chunk := os.read(read_fd, 65536):
@@ -138,36 +137,21 @@ def worker_stderr(*, verbose: bool):
     """Takes file descriptor 2 away from Beam for the length of a build; yields
     a text stream on the real standard error for the command's own messages.
 
-    Beam's DirectRunner writes outside of ``logging``'s reach: in
-    ``multi_processing`` mode each SDK worker is a ``python -m
-    seqcache.pipelines.worker_main`` subprocess (Beam's ``sdk_worker_main``) that inherits
-    descriptor 2 and logs to it before it has read the pipeline options (an
-    import-time ``apitools`` warning, "Logging handler created"); in
-    ``multi_processing`` and ``multi_threading`` modes a worker ``print``-s a
-    failed bundle's traceback to ``sys.stderr`` (and logs it at ERROR too). And
-    if that write fails (standard error is a pipe whose
-    reader exited, ``2>&1 | head``), the worker never answers the runner, which
-    then waits forever.
-
-    So descriptor 2 itself is redirected, which the worker processes inherit
-    and ``sys.stderr`` writes to:
-
-    - ``verbose=False``: it points at ``os.devnull``; the command's own
-      ``seqcache`` warnings still reach the yielded stream.
-    - ``verbose=True``: it is a pipe that a thread copies to the real standard
-      error; when the reader of standard error goes away the thread keeps
-      draining the pipe, so no worker blocks or fails on a write.
+    Beam's local engine writes outside of ``logging``'s reach: its SDK worker
+    subprocesses inherit descriptor 2 and log to it before they read the
+    pipeline options, and a worker ``print``-s a failed bundle's traceback to
+    ``sys.stderr``; if that write fails (``2>&1 | head`` exited) the worker
+    never answers and the runner waits forever. So descriptor 2 itself is
+    redirected: to ``os.devnull`` (``verbose=False``; seqcache's own warnings
+    still reach the yielded stream) or to a pipe that a thread copies to the
+    real standard error and keeps draining once its reader is gone
+    (``verbose=True``).
 
     Descriptor 2 is restored when the block ends normally or with an
-    unexpected error (so its traceback is shown). A block that ends with
-    ``SystemExit`` or ``KeyboardInterrupt`` leaves it redirected: the command
-    has printed its message and is exiting, and only Beam's teardown (worker
-    threads failing as their processes go away) still writes. What the
-    command still has to say from then on (an interrupt's message, from any
-    thread) goes through ``write_stderr``, which writes to the real standard
-    error.
-
-    When ``sys.stderr`` is not descriptor 2 (click's test runner) nothing is
+    unexpected error (so its traceback is shown); after ``SystemExit`` or
+    ``KeyboardInterrupt`` it stays redirected, as only Beam's teardown still
+    writes, and the command's last words go through ``write_stderr``. When
+    ``sys.stderr`` is not descriptor 2 (click's test runner) nothing is
     redirected and ``sys.stderr`` is yielded.
     """
     global _real_stderr_fd
@@ -206,10 +190,7 @@ def worker_stderr(*, verbose: bool):
 
 
 def _redirect_fd2(saved: int, stream, *, verbose: bool) -> logging.Handler | None:
-    """Points descriptor 2 at a pipe that a thread copies to ``saved`` (the
-    real standard error) when ``verbose``, else at ``os.devnull``, and then
-    sends seqcache's own log warnings to ``stream``: the handler to remove
-    afterwards, or None (``worker_stderr``)."""
+    """Points descriptor 2 as ``worker_stderr`` says; returns the log handler to remove afterwards, or None."""
     if verbose:
         read_fd, write_fd = os.pipe()
         threading.Thread(target=_drain, args=(read_fd, os.dup(saved)), name="seqcache-stderr-relay", daemon=True).start()
@@ -232,11 +213,9 @@ _real_stderr_fd: int | None = None
 
 
 def write_stderr(text: str) -> None:
-    """Writes ``text`` to the real standard error at once, from any thread:
-    while ``worker_stderr`` has taken descriptor 2 away (and after, once its
-    block ended with an exit or an interrupt), to the descriptor it saved;
-    otherwise to ``sys.stderr``. Errors writing (a closed pipe) are ignored:
-    this carries a command's last words as it exits."""
+    """Writes ``text`` to the real standard error at once, from any thread (to
+    the descriptor ``worker_stderr`` saved, if it took descriptor 2 away);
+    errors writing (a closed pipe) are ignored: these are a command's last words."""
     try:
         if _real_stderr_fd is None:
             sys.stderr.write(text)
@@ -257,17 +236,10 @@ INTERRUPT_GRACE_S = 20.0
 @contextlib.contextmanager
 def sigterm_as_interrupt(on_deadline=None, grace_s: float | None = None):
     """SIGTERM raises KeyboardInterrupt while the block runs, so that a terminated
-    build cleans up like a Ctrl-C one (and Beam shuts its workers down).
-
-    After the first SIGTERM or SIGINT, the runner's shutdown gets ``grace_s``
-    seconds (default ``INTERRUPT_GRACE_S``): a shutdown that does not finish by
-    then (a worker that never answers) would leave the command hanging, so it
-    kills this process's descendants (the runner's worker processes), calls
-    ``on_deadline()`` (which prints what the user needs to know) and exits with
-    status 130."""
-    import signal
-    import threading
-
+    build cleans up like a Ctrl-C one. After the first SIGTERM or SIGINT the
+    shutdown gets ``grace_s`` seconds (default ``INTERRUPT_GRACE_S``); then this
+    process's descendants (the runner's workers) are killed, ``on_deadline()``
+    says what the user needs to know, and the process exits with status 130."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -312,8 +284,6 @@ def sigterm_as_interrupt(on_deadline=None, grace_s: float | None = None):
 def kill_descendants() -> None:
     """Sends SIGKILL to every descendant of this process (from /proc; nothing
     where there is no /proc)."""
-    import signal
-
     children: dict[int, list[int]] = {}
     try:
         names = [n for n in os.listdir("/proc") if n.isdigit()]
@@ -339,6 +309,25 @@ def kill_descendants() -> None:
             pass
 
 
+MODULES_OPTION = click.option("--module", "modules", multiple=True,
+                              help="Python module that registers tasks and mixtures (repeatable).")
+
+
+def schedule_option(help_text: str = "A JSON file {step: {PATH: rate}}: rates that change at given steps; PATH is "
+                    "relative to CACHE_OR_MIXTURE."):
+    return click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False), help=help_text)
+
+
+def caches_options(*schedule):
+    """``--mixture-rate``, ``schedule`` (a ``schedule_option``, or none), ``--cache-dir``, ``--split`` and
+    ``--module``: with CACHE_OR_MIXTURE, they name a run's caches (``which.resolve``)."""
+    options = [click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE", help="A cache of "
+                            "the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE."), *schedule,
+               click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or "
+                            "mixture name."), click.option("--split", default="train", show_default=True), MODULES_OPTION]
+    return lambda f: functools.reduce(lambda g, option: option(g), reversed(options), f)
+
+
 def adhoc_options_given(ctx: click.Context, names) -> list[str]:
     """The options among ``names`` (parameter names) given on the command line,
     as the user spells them (``--on-error``)."""
@@ -350,10 +339,26 @@ def adhoc_options_given(ctx: click.Context, names) -> list[str]:
     return out
 
 
+def import_modules(modules) -> None:
+    """Imports the ``--module`` modules (they register tasks and mixtures); click.UsageError if one fails."""
+    for m in modules:
+        try:
+            import_definitions(m)
+        except (ImportError, FileNotFoundError) as e:
+            raise click.UsageError(f"--module {m}: cannot import it: {e}") from None
+
+
+def registered_tasks(name: str) -> list:
+    """The tasks of registered task or mixture ``name``; click.UsageError when there is none."""
+    try:
+        obj = get_task_or_mixture(name)
+    except KeyError as e:
+        raise click.UsageError(e.args[0] if e.args else str(e)) from None
+    return list(obj.get_tasks()) if isinstance(obj, Mixture) else [obj]
+
+
 def _on_error_parser(base: tuple[str, ...]):
     def parse(ctx, param, values):
-        from seqcache.tasks import parse_on_error
-
         try:
             spec = parse_on_error(list(values))  # None: every kind's default
             if not base:
@@ -380,8 +385,7 @@ ON_ERROR_HELP = (
 
 
 def on_error_option(help_text: str = ON_ERROR_HELP, *, base: tuple[str, ...] = ()):
-    """The ``--on-error`` option: repeatable, parsed into an ``ErrorPolicy`` spec;
-    ``base`` values come first, so the user's values override them."""
+    """The repeatable ``--on-error`` option, parsed into an ``ErrorPolicy`` spec that overrides ``base``."""
     return click.option("--on-error", "on_error", multiple=True, metavar="ACTION|KIND=ACTION",
                         callback=_on_error_parser(base), help=help_text)
 
@@ -416,11 +420,8 @@ _EXCEPTION_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Except
 
 def error_line(error: BaseException) -> str:
     """The message of the error a step raised, without what Beam wraps around
-    it: the exception names of ``RuntimeError: ValueError: ...``, the
-    `` [while running 'STEP']`` suffix and, when the step ran in a worker
-    (``multi_processing``, ``multi_threading``), the worker's traceback that
-    Beam sends back as the message (the last exception line is the cause).
-    What ``seqcache build`` and ``seqcache overlap`` print after ``error:``."""
+    it (``RuntimeError: ValueError: ...``, `` [while running 'STEP']``, a
+    worker's traceback): what ``build`` and ``overlap`` print after ``error:``."""
     text = str(error)
     if "Traceback (most recent call last):" in text:
         text = _last_exception_line(text) or text
@@ -430,8 +431,7 @@ def error_line(error: BaseException) -> str:
 
 
 def _last_exception_line(traceback_text: str) -> str | None:
-    """The ``Name: message`` line that ends the last traceback in ``traceback_text``
-    (frames are indented; the exception line is the first one that is not)."""
+    """The ``Name: message`` line (the first unindented one) of the last traceback in ``traceback_text``."""
     tail = traceback_text.rsplit("Traceback (most recent call last):", 1)[1]
     for line in tail.splitlines():
         if line and not line.startswith(" "):

@@ -10,6 +10,9 @@ import sys
 import click
 
 from seqcache import format as fmt
+from seqcache.commands import common
+from seqcache.commands.which import resolve
+from seqcache.feeders.export import EXPORT_NAME, export_maxtext, maxtext_flags
 
 
 @click.command()
@@ -32,14 +35,7 @@ from seqcache import format as fmt
 @click.option("--column", default="text", show_default=True,
               help="Example feature of the token ids (MaxText's train_data_columns).")
 @click.option("--feature", help="The cache's token feature [default: the state's, else targets].")
-@click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE",
-              help="A cache of the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE.")
-@click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False),
-              help="A JSON file {step: {PATH: rate}}: rates that change at given steps; PATH is relative to "
-                   "CACHE_OR_MIXTURE.")
-@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or mixture name.")
-@click.option("--split", default="train", show_default=True)
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.caches_options(common.schedule_option())
 @click.option("--overwrite", is_flag=True, help="Replace an export already in --output.")
 @click.option("--json", "as_json", is_flag=True, help="Print export.json instead of a summary.")
 def export(target, export_format, output, batch_size, sequence_length, steps, seed, num_epochs, host_count, column,
@@ -60,17 +56,12 @@ def export(target, export_format, output, batch_size, sequence_length, steps, se
     {"global_next_index": g} is the Feeder's position S*B + g. See
     docs/trainers/maxtext.md.
     """
-    from seqcache.commands.which import _resolve
-    from seqcache.feeders.export import export_maxtext, maxtext_flags
-
-    from seqcache.feeders.export import EXPORT_NAME
-
     output = os.path.normpath(output)
     if os.path.exists(os.path.join(output, EXPORT_NAME)) and not overwrite:
         click.echo(f"error: {output} already holds an export ({EXPORT_NAME}); pass --overwrite or choose another "
                    "folder", err=True)
         sys.exit(1)
-    kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
+    kw = resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     args = {"steps": steps, "host_count": host_count, "column": column, "overwrite": overwrite}
     if "state" in kw:
         args.update(state=kw["state"], sequence_length=sequence_length)

@@ -1,11 +1,8 @@
 """``seqcache info | show | verify | tasks``: look inside caches and registries.
 
-``info``, ``show`` and ``verify`` read a cache at a local path or a URL (gs://,
-s3://, through ``seqcache.fs``); Beam pipeline options given as extra
-``--flag=value`` arguments (``--s3_endpoint_url=...``) reach Beam's FileSystems
-before the first file-system call (``common.filesystem_options``). A file
-system that cannot be reached or refuses a request is one ``error:`` line and
-exit status 1.
+``info``, ``show`` and ``verify`` read a cache at a local path or a URL, with
+Beam pipeline options (``--s3_endpoint_url=...``: ``common.filesystem_options``);
+a file system that fails is one ``error:`` line and exit status 1.
 """
 
 from __future__ import annotations
@@ -15,27 +12,24 @@ import sys
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
+from seqcache import bounded_json, fs, layout, tasks
 from seqcache import format as fmt
-from seqcache import layout
+from seqcache import manifest as schema
 from seqcache.commands import common
+from seqcache.feeders.reader import CacheReader
+from seqcache.pipelines.stats import describe_bad_input
 from seqcache.tasks import describe_record
+from seqcache.tasks.vocabularies import decode_with_sentinels
+from seqcache.url_reader import UrlCacheReader
+from seqcache.verify import verify_cache
 
 
 def _open(cache_dir, *, open_shards=True):
-    """A reader of the cache at ``cache_dir``: the feeder's ``CacheReader`` for
-    a local path, ``UrlCacheReader`` (downloads the shards it reads) for a URL."""
-    from seqcache import fs
-
+    """A reader of the cache at ``cache_dir``: ``CacheReader``, or ``UrlCacheReader`` for a URL."""
     try:
-        if fs.is_url(cache_dir):
-            from seqcache.url_reader import UrlCacheReader
-
-            return UrlCacheReader(cache_dir, open_shards=open_shards)
-        from seqcache.feeders.reader import CacheReader
-
-        return CacheReader(cache_dir, open_shards=open_shards)
+        return (UrlCacheReader if fs.is_url(cache_dir) else CacheReader)(cache_dir, open_shards=open_shards)
     except (fmt.CacheError, OSError) as e:
         common.print_error(e)
         sys.exit(1)
@@ -58,8 +52,6 @@ def preprocessors(manifest: fmt.Manifest) -> list[str]:
     ``name(param=value, ...)`` each (values as JSON; None and False left out),
     e.g. ``span_corruption(noise_density=0.15, mean_noise_span_length=3.0,
     input_feature="targets")``; [] when the manifest lacks them."""
-    from seqcache import bounded_json
-
     # fingerprint_inputs is free-form (what the build hashed): read it defensively.
     inputs = manifest.raw.get("fingerprint_inputs")
     task = inputs.get("task") if isinstance(inputs, dict) else None
@@ -78,35 +70,15 @@ def preprocessors(manifest: fmt.Manifest) -> list[str]:
 
 def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
     raw = manifest.raw
-    return {
-        "cache_dir": cache_dir,
-        "task": manifest.task,
-        "split": manifest.split,
-        "fingerprint": manifest.fingerprint,
-        "format_version": raw.get("format_version"),
-        "seed": raw.get("seed"),
-        "sequence_length": raw.get("sequence_length"),
-        "packing": raw.get("packing"),
-        "preprocessors": preprocessors(manifest),
-        "features": raw.get("features"),
-        "vocabularies": manifest.vocabularies,
-        "num_examples": manifest.num_examples,
-        "num_shards": len(manifest.shards),
-        "num_bytes": sum(s.num_bytes for s in manifest.shards),
-        "statistics": manifest.statistics,
-        "packing_efficiency": packing_efficiency(manifest),
-        "num_sources": len(manifest.sources),
-        "created": raw.get("created"),
-        "seqcache_version": raw.get("seqcache_version"),
-        "shards": [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes} for s in manifest.shards],
-    }
-
-
-def fs_join(folder: str, name: str) -> str:
-    """``seqcache.fs.join`` (imported when first needed)."""
-    from seqcache import fs
-
-    return fs.join(folder, name)
+    return {"cache_dir": cache_dir, "task": manifest.task, "split": manifest.split, "fingerprint": manifest.fingerprint,
+            **{k: raw.get(k) for k in ("format_version", "seed", "sequence_length", "packing")},
+            "preprocessors": preprocessors(manifest), "features": raw.get("features"),
+            "vocabularies": manifest.vocabularies, "num_examples": manifest.num_examples,
+            "num_shards": len(manifest.shards), "num_bytes": sum(s.num_bytes for s in manifest.shards),
+            "statistics": manifest.statistics, "packing_efficiency": packing_efficiency(manifest),
+            "num_sources": len(manifest.sources), "created": raw.get("created"),
+            "seqcache_version": raw.get("seqcache_version"),
+            "shards": [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes} for s in manifest.shards]}
 
 
 def _shown(value) -> str:
@@ -125,8 +97,6 @@ def _record_rows(t: Table, m) -> None:
                 "replaced_records"):
         if key in stats:
             t.add_row(key.replace("_", " "), f"{stats[key]:,}")
-    from seqcache.pipelines.stats import describe_bad_input
-
     for line in describe_bad_input(stats):
         t.add_row("bad input", line)
     for name, n in (stats.get("excluded_by_benchmark") or {}).items():
@@ -147,13 +117,11 @@ def info(ctx, cache_dir, as_json, shards):
     missing or resized shard is reported as a warning and makes the exit status 1.
     Record counts are checked when the shards are opened (show, which, a feeder)
     and, with every checksum, by `seqcache verify`."""
-    from seqcache import manifest as schema
-
     common.filesystem_options(ctx.args)
     try:
         m = fmt.read_manifest(cache_dir)
         # Every shard's sizes against its records: the totals shown must add up.
-        schema.check_shard_sizes(m.raw, m.shards, fs_join(cache_dir, fmt.MANIFEST_NAME), m.features)
+        schema.check_shard_sizes(m.raw, m.shards, fs.join(cache_dir, fmt.MANIFEST_NAME), m.features)
     except (fmt.CacheError, OSError) as e:
         common.print_error(e)
         sys.exit(1)
@@ -172,9 +140,7 @@ def info(ctx, cache_dir, as_json, shards):
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
         sys.exit(1 if problem else 0)
     console = Console()
-    t = Table(title=f"{m.task}/{m.split}", show_header=False)
-    t.add_column("field", style="bold")
-    t.add_column("value")
+    t = Table(Column("field", style="bold"), "value", title=f"{m.task}/{m.split}", show_header=False)
     stats = m.statistics
     t.add_row("cache", cache_dir)
     t.add_row("fingerprint", m.fingerprint)
@@ -200,9 +166,7 @@ def info(ctx, cache_dir, as_json, shards):
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
     console.print(t)
     if shards:
-        st = Table(title="shards")
-        for col in ("file", "records", "bytes"):
-            st.add_column(col)
+        st = Table("file", "records", "bytes", title="shards")
         for s in m.shards:
             st.add_row(s.file, f"{s.num_records:,}", f"{s.num_bytes:,}")
         console.print(st)
@@ -312,13 +276,6 @@ def _check_indices(indices, num_examples: int) -> None:
     raise click.BadParameter(f"{noun} {shown} out of range: {have}", param_hint="--index")
 
 
-def decode_with_sentinels(vocabulary, ids) -> str:
-    """``seqcache.tasks.decode_with_sentinels`` (imported when first needed)."""
-    from seqcache.tasks.vocabularies import decode_with_sentinels as decode
-
-    return decode(vocabulary, ids)
-
-
 def _describe_example(index, example, provenance, vocabs, with_ids):
     """One example as JSON-able dict: per token feature, its segments with
     provenance, decoded text and (optionally) ids."""
@@ -355,8 +312,6 @@ def verify(ctx, cache_dir, as_json):
     at a time to a temporary file, checked and deleted.
 
     Exits with status 1 and names each bad file when anything is wrong."""
-    from seqcache.verify import verify_cache
-
     common.filesystem_options(ctx.args)
     try:
         report = verify_cache(cache_dir)
@@ -384,14 +339,11 @@ def verify(ctx, cache_dir, as_json):
 
 
 @click.command(name="tasks")
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.MODULES_OPTION
 @click.option("--json", "as_json", is_flag=True)
 def tasks_cmd(modules, as_json):
     """List registered tasks and mixtures."""
-    from seqcache import tasks
-    from seqcache.commands.build import import_modules
-
-    import_modules(modules)
+    common.import_modules(modules)
     task_rows = []
     for name in tasks.TaskRegistry.names():
         t = tasks.TaskRegistry.get(name)
@@ -405,15 +357,11 @@ def tasks_cmd(modules, as_json):
         click.echo(json.dumps({"tasks": task_rows, "mixtures": mixture_rows}, indent=2))
         return
     console = Console()
-    t = Table(title="tasks")
-    for col in ("name", "source", "features", "packing"):
-        t.add_column(col)
+    t = Table("name", "source", "features", "packing", title="tasks")
     for r in task_rows:
         t.add_row(r["name"], r["source"], ", ".join(r["features"]), str(r["packing"]))
     console.print(t)
-    m = Table(title="mixtures")
-    m.add_column("name")
-    m.add_column("tasks")
+    m = Table("name", "tasks", title="mixtures")
     for r in mixture_rows:
         m.add_row(r["name"], ", ".join(r["tasks"]))
     console.print(m)

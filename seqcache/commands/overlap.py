@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import tempfile
@@ -13,42 +12,23 @@ import click
 
 from seqcache import format as fmt
 from seqcache.commands import common
-
-
-def _pipeline_args(args) -> list[str]:
-    """The free arguments as Beam pipeline options, refused when a value is not
-    an option or Beam does not know it (as ``seqcache build`` does)."""
-    extra = [a for a in args if not a.startswith("-")]
-    if extra:
-        raise click.UsageError(f"unexpected argument(s) {extra}: give BENCHMARK_SPEC and CACHE_OR_MIXTURE; Beam "
-                               "options take the --flag=value form")
-    pipeline_args = list(args)
-    if pipeline_args:
-        from seqcache import fs
-        from seqcache.pipelines.runner import option_value_errors, unknown_flags
-
-        fs.import_beam()
-        unknown = unknown_flags(pipeline_args)
-        if unknown:
-            raise click.UsageError(f"no such option: {', '.join(unknown)} (options other than this command's own "
-                                   "are Beam pipeline options, e.g. --runner=dask --dask_client_address=HOST:PORT)")
-        wrong = option_value_errors(pipeline_args)
-        if wrong:
-            raise click.UsageError(f"Beam pipeline option: {wrong}")
-    return pipeline_args
+from seqcache.commands.build import beam_logging, beam_pipeline_args
+from seqcache.commands.which import read_state, resolve
+from seqcache.feeders.provenance import _open_checked, check_as_feeder
+from seqcache.feeders.stream import check_same_features, open_mixture
+from seqcache.pipelines import overlap as overlap_lib
+from seqcache.pipelines.runner import RunnerError
+from seqcache.tasks.contamination import Benchmark
 
 
 def _open_state(kw: dict, state_path):
     """(state, its file, opened caches checked against it) or (None, None, None)."""
-    from seqcache.commands.which import _read_state
-    from seqcache.feeders.provenance import _open_checked
-
     if "state" in kw:  # CACHE_OR_MIXTURE is the state (or a checkpoint step folder)
         return kw["state"], kw["state_path"], _open_checked(kw["state"], cache=None, mixture=None,
                                                                   caches_root=None, split=kw["split"])
     if state_path is None:
         return None, None, None
-    state = _read_state(state_path, state_path, kw.get("global_batch_size"), kw.get("seed"), kw.get("num_epochs"))
+    state = read_state(state_path, kw.get("global_batch_size"), kw.get("seed"), kw.get("num_epochs"))
     opened = _open_checked(state["state"], cache=kw.get("cache"), mixture=kw.get("mixture"),
                            caches_root=kw.get("caches_root"), split=kw["split"])
     return state["state"], state_path, opened
@@ -56,10 +36,7 @@ def _open_state(kw: dict, state_path):
 
 def _open_run(kw: dict, state_path, *, host_count, before_step):
     """(opened caches, stream or None, run dict or None, before_step) for the
-    resolved target ``kw`` (``which._resolve``) and an optional ``--state``."""
-    from seqcache.feeders.provenance import check_as_feeder
-    from seqcache.feeders.stream import check_same_features, open_mixture
-
+    resolved target ``kw`` (``which.resolve``) and an optional ``--state``."""
     state, state_file, opened = _open_state(kw, state_path)
     if state is not None:
         b = state["global_batch_size"]
@@ -114,13 +91,8 @@ def _open_run(kw: dict, state_path, *, host_count, before_step):
               help="Count the items first read before step N [default with --state: the state's step].")
 @click.option("--max-matches", type=click.IntRange(min=0), default=100, show_default=True,
               help="Matches listed per item (the counts are always whole).")
-@click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE",
-              help="A cache of the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE.")
-@click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False),
-              help="JSON {step: {cache path: rate}}; cache paths relative to CACHE_OR_MIXTURE.")
-@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or mixture name.")
-@click.option("--split", default="train", show_default=True)
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.caches_options(common.schedule_option("JSON {step: {cache path: rate}}; cache paths relative to "
+                                              "CACHE_OR_MIXTURE."))
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help=common.WORKERS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
@@ -141,20 +113,17 @@ def overlap(benchmark, target, args, output, n, min_words, state_path, batch_siz
     (epoch 0: step, row, host) is given, and --before-step N counts the
     items read before step N. See docs/overlap.md.
     """
-    from seqcache.commands.which import _resolve
-
     t0 = time.perf_counter()
     if not output.lower().endswith((".json", ".parquet")):
         raise click.BadParameter(f"{output}: the output is a .json or a .parquet file", param_hint="--output")
-    pipeline_args = _pipeline_args(list(args))
-    pipeline_args = common.with_workers(pipeline_args, workers)
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", force=True)
-    if not verbose:
-        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-        if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
-            pipeline_args.append("--default_sdk_harness_log_level=ERROR")
-    kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
+    extra = [a for a in args if not a.startswith("-")]
+    if extra:
+        raise click.UsageError(f"unexpected argument(s) {extra}: give BENCHMARK_SPEC and CACHE_OR_MIXTURE; Beam "
+                               "options take the --flag=value form")
+    pipeline_args = common.with_workers(beam_pipeline_args(args, "--runner=dask --dask_client_address=HOST:PORT"),
+                                        workers)
+    beam_logging(pipeline_args, verbose=verbose)
+    kw = resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     kw.setdefault("split", split)
     kw.setdefault("seed", seed)
     kw.setdefault("num_epochs", num_epochs)
@@ -173,19 +142,15 @@ def _scan(benchmark, kw, output, *, pipeline_args, state_path, host_count, befor
           verbose) -> dict:
     """Loads the benchmark, opens the run, scans and writes the result; errors
     as one line and exit status 1."""
-    from seqcache.pipelines import overlap as overlap_lib
-    from seqcache.pipelines.runner import RunnerError
-    from seqcache.tasks.contamination import Benchmark
-
     try:
         bench = Benchmark.load(benchmark, n=n, min_words=min_words)
     except (ValueError, FileNotFoundError, ImportError) as e:
-        _fail(f"benchmark {benchmark}: {e}")
+        common.fail(f"benchmark {benchmark}: {e}")
     try:
         opened, stream, run, before_step = _open_run(kw, state_path, host_count=host_count,
                                                      before_step=before_step)
     except (fmt.CacheError, ValueError) as e:
-        _fail(str(e))
+        common.fail(str(e))
     try:
         refused = _own_input(output, bench, opened.paths)
         if refused:
@@ -201,7 +166,7 @@ def _scan(benchmark, kw, output, *, pipeline_args, state_path, host_count, befor
         except OSError as e:
             raise OSError(f"cannot write --output {output}: {e.strerror or e}") from e
     except (fmt.CacheError, ValueError, RuntimeError, RunnerError, OSError) as e:
-        _fail((common.error_line(e).splitlines() or [type(e).__name__])[0])
+        common.fail((common.error_line(e).splitlines() or [type(e).__name__])[0])
     finally:
         opened.close()
     return result
@@ -222,12 +187,7 @@ def _own_input(output: str, bench, cache_paths) -> str | None:
 
 
 def _check_writable(output: str) -> None:
-    """Makes the output's folder and tries a file there before the scan (its
-    scratch folder goes there too); errors name the output.
-
-    Raises:
-      OSError: the folder cannot be made or written (names ``output``).
-    """
+    """Makes the output's folder and tries a file there before the scan; an OSError names the output."""
     folder = os.path.dirname(os.path.abspath(output))
     try:
         os.makedirs(folder, exist_ok=True)
@@ -235,11 +195,6 @@ def _check_writable(output: str) -> None:
             pass
     except OSError as e:
         raise OSError(f"cannot write --output {output}: {e.strerror or e}") from e
-
-
-def _fail(message: str) -> None:
-    common.print_error(message)
-    sys.exit(1)
 
 
 def _report(result: dict, output: str, elapsed: float, *, as_json: bool) -> None:

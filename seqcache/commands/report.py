@@ -9,17 +9,18 @@ import time
 import click
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, report_html
+from seqcache import report as report_lib
 from seqcache.commands import common
+from seqcache.commands.which import resolve
+from seqcache.feeders import state as state_lib
+from seqcache.feeders.stream import open_mixture
+from seqcache.pipelines.overlap import read_result
 
 
 def _mixture_section(kw: dict, steps: int, at_step: int | None) -> tuple[list[str], dict | None]:
-    """The caches of a resolved target (``which._resolve``'s dict) and the
+    """The caches of a resolved target (``which.resolve``'s dict) and the
     mixture's section, or None for a single cache without --batch-size."""
-    from seqcache import report as report_lib
-    from seqcache.feeders import state as state_lib
-    from seqcache.feeders.stream import open_mixture
-
     state = kw.get("state")
     if state is None and kw.get("cache") is not None and kw.get("global_batch_size") is None:
         return [kw["cache"]], None  # one cache and no stream asked for: nothing to open
@@ -45,15 +46,6 @@ def _mixture_section(kw: dict, steps: int, at_step: int | None) -> tuple[list[st
         opened.close()
 
 
-def _read_overlaps(paths) -> list[dict]:
-    """The results of ``seqcache overlap`` named by ``--overlap``."""
-    if not paths:
-        return []
-    from seqcache.pipelines.overlap import read_result
-
-    return [read_result(p) for p in paths]
-
-
 @click.command()
 @click.argument("target", metavar="CACHE_OR_MIXTURE")
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
@@ -66,11 +58,7 @@ def _read_overlaps(paths) -> list[dict]:
 @click.option("--batch-size", type=click.IntRange(min=1), help="Mixtures: the global batch size B (taken from a saved "
                                                                 "state).")
 @click.option("--num-epochs", type=click.IntRange(min=1), help="Mixtures: a finite run's epochs per task.")
-@click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE",
-              help="A cache of the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE.")
-@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or mixture name.")
-@click.option("--split", default="train", show_default=True)
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.caches_options()
 @click.option("--top-files", type=click.IntRange(min=1), default=20, show_default=True,
               help="Source files shown one by one; the rest are added up.")
 @click.option("--first", "first_entries", type=click.IntRange(min=0), default=5, show_default=True,
@@ -91,16 +79,12 @@ def report(target, output, as_json, steps, at_step, batch_size, num_epochs, mixt
     folder with --mixture-rate. The numbers come from the manifests and quarantine
     files only (no record is read); images are inline, so the file opens offline.
     """
-    from seqcache import report as report_lib
-    from seqcache import report_html
-    from seqcache.commands.which import _resolve
-
     t0 = time.perf_counter()
-    kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, None, num_epochs)
+    kw = resolve(target, mixture_rates, cache_dir, split, modules, batch_size, None, num_epochs)
     try:
         caches, mixture = _mixture_section(kw, steps, at_step)
         rep = report_lib.build_report(caches=caches, mixture=mixture, top_files=top_files,
-                                      first_entries=first_entries, overlaps=_read_overlaps(overlaps))
+                                      first_entries=first_entries, overlaps=[read_result(p) for p in overlaps])
     except (fmt.CacheError, ValueError) as e:
         common.stderr_console().print(f"[red]error:[/red] {e}", highlight=False)
         sys.exit(1)

@@ -7,14 +7,16 @@ import sys
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from seqcache.commands import common
+from seqcache.commands.build import adhoc_task
+from seqcache.tasks.scan import scan_task
 
 
 @click.command()
 @click.argument("name", required=False)
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.MODULES_OPTION
 @click.option("--source", "source_spec", help="Ad-hoc source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc source: leave out files whose path matches this glob.")
 @common.on_error_option("Ad-hoc source: the policy to compare against, as for build (default: each kind's default).")
@@ -32,11 +34,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
     and prints each kind found with its count, its first record and what the
     policy does with it, plus the --on-error settings that would let the build go
     on. Exits 1 when the build would stop, else 0."""
-    from seqcache import tasks
-    from seqcache.commands.build import adhoc_task, import_modules
-    from seqcache.tasks.scan import scan_task
-
-    import_modules(modules)
+    common.import_modules(modules)
     if source_spec:
         if name:
             raise click.UsageError("give either NAME (a registered task) or --source, not both")
@@ -46,11 +44,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
         given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec"))
         if given:
             raise click.UsageError(f"{' and '.join(given)}: only with --source; a registered task's source sets its own")
-        try:
-            obj = tasks.get_task_or_mixture(name)
-        except KeyError as e:
-            raise click.UsageError(e.args[0] if e.args else str(e)) from None
-        task_list = list(obj.get_tasks()) if isinstance(obj, tasks.Mixture) else [obj]
+        task_list = common.registered_tasks(name)
     else:
         raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source")
 
@@ -79,9 +73,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
             if not r.unreadable_files:
                 console.print(f"{title}: no bad input", highlight=False)
             continue
-        t = Table(title=title)
-        for col in ("kind", "records", "policy", "first"):
-            t.add_column(col, overflow="fold")
+        t = Table(*(Column(c, overflow="fold") for c in ("kind", "records", "policy", "first")), title=title)
         for k in r.kinds:
             t.add_row(k.kind, f"{k.records:,}", k.action, k.first)
         console.print(t)

@@ -11,25 +11,22 @@ import os
 import sys
 
 import click
+from rich.console import Console
+from rich.table import Column, Table
 
 from seqcache import format as fmt
+from seqcache.feeders import FeederStateError
+from seqcache.training import config as config_lib
+from seqcache.training import data as data_lib
+from seqcache.training import distributed
 
 # Exit status after SIGTERM: the run stopped early with a checkpoint saved
 # (128 + SIGTERM, as a shell reports a process ended by the signal).
 EXIT_PREEMPTED = 143
 
 
-def _split_overrides(values) -> list[str]:
-    """The ``key=value`` overrides of the ``--set`` values
-    (``seqcache.training.config.split_overrides``: JSON values may hold spaces)."""
-    from seqcache.training.config import split_overrides
-
-    return split_overrides(values)
-
-
 class _TrainCommand(click.Command):
-    """Keeps the command's own arguments (``ctx.meta["seqcache.train.args"]``),
-    so that ``--local-processes`` can start the same command N times."""
+    """Keeps the command's arguments (``ctx.meta``) for ``--local-processes`` to run again."""
 
     def parse_args(self, ctx, args):
         ctx.meta[_RAW_ARGS] = list(args)
@@ -126,12 +123,9 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         _launch_local(ctx, local_processes, local_devices, distributed_given=distributed_given)
     _start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
                        process_id=process_id, jax_distributed=jax_distributed)
-    import jax
+    import jax  # optional: jax
 
     is_chief = jax.process_index() == 0
-
-    from seqcache.training import config as config_lib
-
     flags = config_lib.CommandLineFlags(
         cache_dir=cache_dir, task=task, split=split, eval_split=eval_split, steps=steps,
         global_batch_size=batch_size, sequence_length=sequence_length, rules=rules, seed=seed,
@@ -151,10 +145,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
 
 
 def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distributed_given: bool) -> None:
-    """``--local-processes N``: runs this command's arguments, without the
-    launcher's options, in N processes on this machine and exits with their status."""
-    from seqcache.training import distributed
-
+    """``--local-processes N``: runs this command in N local processes and exits with their status."""
     if distributed_given:
         raise click.UsageError(
             "--local-processes starts its own processes and chooses their coordinator, count and ids; "
@@ -165,12 +156,8 @@ def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distr
 
 
 def _start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed) -> None:
-    """Checks the multi-process flags, sets up logging (each line prefixed with
-    the process in a multi-process run) and initialises JAX's distributed
-    runtime, before anything asks JAX for devices (the feeder asks for the host
-    index)."""
-    from seqcache.training import distributed
-
+    """Checks the multi-process flags, sets up logging and initialises JAX's
+    distributed runtime, before anything asks JAX for devices."""
     try:
         settings = distributed.settings_from(coordinator_address=coordinator_address, num_processes=num_processes,
                                              process_id=process_id, auto=jax_distributed, environ={})
@@ -185,17 +172,13 @@ def _start_distributed(*, coordinator_address, num_processes, process_id, jax_di
 
 
 def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_schedule, modules):
-    """(config, training data source, eval data source or None): the config from
-    its layers (``config_from_layers``), completed from the cache and checked,
-    and the caches' sequence lengths checked against it. A bad config is a usage
-    error; a damaged cache exits 1."""
-    from seqcache.training import config as config_lib
-    from seqcache.training import data as data_lib
-    from seqcache.training import partitioning
+    """(config, training data source, eval data source or None), the config from its layers
+    (``config_from_layers``) completed from the cache and checked against it."""
+    from seqcache.training import partitioning  # optional: jax
 
     try:
         cfg = config_lib.config_from_layers(preset=model_preset, config_file=config_file, flags=flags,
-                                            overrides=_split_overrides(overrides))
+                                            overrides=config_lib.split_overrides(overrides))
         if mixture_schedule and cfg.data.task:
             raise config_lib.ConfigError(f"--mixture-schedule replaces --task (data.task={cfg.data.task!r}): give one")
         schedule = data_lib.load_mixture_schedule(mixture_schedule) if mixture_schedule else None
@@ -217,11 +200,9 @@ def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_sche
 
 
 def _make_trainer(cfg):
-    """The Trainer of ``cfg`` (the mesh and the sharding rules checked); a config
-    that cannot work on these devices is a usage error."""
-    from seqcache.training import config as config_lib
-    from seqcache.training import partitioning
-    from seqcache.training.trainer import Trainer
+    """The Trainer of ``cfg``; a config that cannot work on these devices is a usage error."""
+    from seqcache.training import partitioning  # optional: jax
+    from seqcache.training.trainer import Trainer  # optional: jax
 
     try:
         return Trainer(cfg)
@@ -230,11 +211,7 @@ def _make_trainer(cfg):
 
 
 def _open_feeders(cfg, source, eval_source):
-    """(training feeder, eval feeder factory or None). The feeders are built
-    (caches opened and checked) before anything is compiled, and in a dry run
-    too: their errors are messages, not tracebacks."""
-    from seqcache.training import data as data_lib
-
+    """(training feeder, eval feeder factory or None), built before anything is compiled."""
     feeder_seed = cfg.data.seed  # set by resolve_seeds, never from cfg.seed
     feeder = None
     try:
@@ -252,10 +229,8 @@ def _open_feeders(cfg, source, eval_source):
 
 
 def _derived_quantities(trainer, cfg, source, model_preset) -> dict:
-    """The quantities printed before training: the trainer's (tokens per step,
-    ...), the data's examples, steps per epoch and epochs, and where the run writes."""
-    from seqcache.training import data as data_lib
-    from seqcache.training.trainer import METRICS_FILE, tensorboard_dir_for
+    """The quantities printed before training: the trainer's, the data's and where the run writes."""
+    from seqcache.training.trainer import METRICS_FILE, tensorboard_dir_for  # optional: jax
 
     derived = trainer.describe()
     derived["data"] = source.name
@@ -275,12 +250,7 @@ def _derived_quantities(trainer, cfg, source, model_preset) -> dict:
 
 def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
     """Checks the shard files, closes the feeder and prints the resolved config (process 0)."""
-    from seqcache.training import config as config_lib
-    from seqcache.training import data as data_lib
-
-    # The feeder checks each shard at its first read; a dry run reads none,
-    # so it checks every shard file's size against the manifest here (one
-    # stat a file), and a damaged cache fails the dry run too.
+    # A dry run reads no shard, so the feeder's check at the first read is made here.
     try:
         for reader in data_lib.feeder_readers(feeder):
             fmt.check_shard_files(reader.cache_dir, reader.manifest)
@@ -295,8 +265,7 @@ def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
 def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step) -> None:
     """Trains, prints the run's summary as one JSON line, and exits 1 on a loss
     that is not finite, 143 after SIGTERM."""
-    from seqcache.feeders import FeederStateError
-    from seqcache.training.checkpoints import CheckpointError
+    from seqcache.training.checkpoints import CheckpointError  # optional: jax
 
     try:
         result = trainer.fit(feeder, eval_feeder_fn=eval_fn, stop_at=stop_at_step)
@@ -313,10 +282,8 @@ def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step) -> None:
 
 
 def summary_line(summary: dict) -> str:
-    """The summary as one line of strict JSON: a loss or eval value that is NaN
-    or infinite (a diverged run) is written as null, which every JSON reader
-    reads, where Python's ``json`` would write ``NaN``, which none but Python's
-    does. The line after it says from which step the loss is not finite."""
+    """The summary as one line of strict JSON: a NaN or infinite value (a diverged
+    run) is written as null, which every JSON reader reads (``NaN`` is Python's only)."""
 
     def finite(value):
         if isinstance(value, dict):
@@ -333,11 +300,10 @@ def summary_line(summary: dict) -> str:
 
 
 def _summary(result) -> dict:
-    """The run's summary line: steps, final loss, compile time, how it ended, the
-    parameters' digest, the process (multi-process runs) and the eval results."""
-    import jax
+    """The run's summary: steps, final loss, compile time, how it ended, parameters' digest, process, eval."""
+    import jax  # optional: jax
 
-    from seqcache.training.trainer import params_digest
+    from seqcache.training.trainer import params_digest  # optional: jax
 
     summary = {
         "start_step": result.start_step,
@@ -357,12 +323,7 @@ def _summary(result) -> dict:
 
 
 def _resolve_from_cache(cfg, source, model_preset):
-    """The config with what the cache decides: the feature converter, the
-    inputs sequence length (encdec, prefix_lm) and the vocabulary size, where
-    the config leaves them unset."""
-    from seqcache.training import config as config_lib
-    from seqcache.training import data as data_lib
-
+    """The config with what the cache decides where it is unset: converter, inputs length, vocabulary size."""
     converter = data_lib.resolve_converter(cfg, source, model_label=model_preset or cfg.model.architecture)
     updates = {"data": dataclasses.replace(cfg.data, converter=converter)}
     if converter != "lm" and cfg.inputs_sequence_length is None:
@@ -383,19 +344,13 @@ def _resolve_from_cache(cfg, source, model_preset):
 
 
 def _fail(error: BaseException) -> None:
-    """Prints ``error: MESSAGE`` and exits with status 1 (an error that is not a
-    usage error: a damaged cache, a checkpoint that cannot be resumed)."""
+    """``error: MESSAGE`` and exit status 1 (a damaged cache, a checkpoint that cannot be resumed)."""
     click.echo(f"error: {error}", err=True)
     sys.exit(1)
 
 
 def _print_derived(derived: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="seqcache train", show_header=False)
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
+    table = Table("quantity", Column("value", justify="right"), title="seqcache train", show_header=False)
     for key, value in derived.items():
         if isinstance(value, int) and not isinstance(value, bool):
             value = f"{value:,}"

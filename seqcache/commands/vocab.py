@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -9,8 +10,12 @@ import sys
 import time
 
 import click
+from rich.console import Console
+from rich.table import Column, Table
 
 from seqcache.commands.common import on_error_option
+from seqcache.tasks import (SampleCounts, describe_record, is_error_record, parse_source_spec, round_trip_problems,
+                            sample_for_vocabulary, train_hf_tokenizer, train_sentencepiece, vocabulary_from_spec)
 
 
 @click.group()
@@ -66,11 +71,6 @@ def train(sources, exclude, on_error, model, vocab_size, output, max_records, se
     The same sources, options and seed give a byte-identical file. The bad input
     met while sampling is printed per kind: records skipped, replaced and kept.
     """
-    from rich.console import Console
-    from rich.table import Table
-
-    from seqcache.tasks import SampleCounts, parse_source_spec, sample_for_vocabulary, train_hf_tokenizer, train_sentencepiece
-
     console = Console(stderr=True)
     if model != "sentencepiece" and model_type is not None:
         raise click.BadParameter(f"--model-type chooses SentencePiece's algorithm; --model {model} is one already",
@@ -135,15 +135,12 @@ def train(sources, exclude, on_error, model, vocab_size, output, max_records, se
 
 def _print_counts(console, counts) -> None:
     """The bad input met while sampling, per kind: records skipped, replaced, kept."""
-    from rich.table import Table
-
     rows = counts.by_kind()
     if not rows:
         console.print(f"{counts.records:,} records read, no bad input", highlight=False)
         return
-    table = Table(title=f"bad input in {counts.records:,} records read")
-    for name in ("kind", "skipped", "replaced", "kept"):
-        table.add_column(name, justify="left" if name == "kind" else "right")
+    table = Table("kind", *(Column(n, justify="right") for n in ("skipped", "replaced", "kept")),
+                  title=f"bad input in {counts.records:,} records read")
     for kind, skipped, replaced, kept in rows:
         table.add_row(kind, f"{skipped:,}", f"{replaced:,}", f"{kept:,}")
     console.print(table)
@@ -172,8 +169,6 @@ def option_names(message: str) -> str:
 @click.argument("text")
 def encode(vocabulary_spec, extra_ids, pieces, text):
     """Print the token ids of TEXT (no EOS appended)."""
-    from seqcache.tasks import vocabulary_from_spec
-
     try:
         vocabulary = vocabulary_from_spec(vocabulary_spec, extra_ids=extra_ids)
     except ValueError as e:
@@ -208,8 +203,6 @@ def check(vocabulary_spec, sources, exclude, on_error, max_records, show_n, as_j
     The normalisation lives in the model file (SentencePiece .model or
     tokenizer.json), whose sha256 is part of every cache fingerprint: a model
     with other normalisation gives another cache."""
-    from seqcache.tasks import describe_record, is_error_record, parse_source_spec, round_trip_problems, vocabulary_from_spec
-
     try:
         vocabulary = vocabulary_from_spec(vocabulary_spec)
         parsed = [parse_source_spec(s, exclude=exclude, on_error=on_error) for s in sources]
@@ -233,9 +226,7 @@ def check(vocabulary_spec, sources, exclude, on_error, max_records, show_n, as_j
     problems = round_trip_problems(vocabulary, texts)
     for p in problems:
         p["path"], p["record_number"], p["locator"] = rows[p["index"]]
-    by_reason = {}
-    for p in problems:
-        by_reason[p["reason"]] = by_reason.get(p["reason"], 0) + 1
+    by_reason = dict(collections.Counter(p["reason"] for p in problems))
     report = {"records": len(texts), "changed": len(problems), "by_reason": by_reason, "examples": problems[:show_n]}
     if as_json:
         click.echo(json.dumps(report, indent=2, ensure_ascii=False))

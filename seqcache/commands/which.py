@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import click
+import pyarrow.parquet as pq
 
+from seqcache import bounded_json, layout
 from seqcache import format as fmt
-from seqcache import layout
+from seqcache.commands import common
+from seqcache.feeders.inverse import excluded_entries, where_in_run, where_in_state
+from seqcache.feeders.provenance import _open_checked, locate_row, locate_row_in_state, trace_rows, trace_rows_in_state
+from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE, FeederStateError, load_state
+from seqcache.feeders.stream import open_mixture
 from seqcache.tasks import describe_record, registry
 
 
@@ -32,17 +39,15 @@ def _parse_rates(pairs, root: str) -> list[tuple[str, float]]:
 FEEDER_STATE_IN_STEP = os.path.join("feeder", "metadata")
 
 
-def _read_state(path: str, label: str, batch_size, seed, num_epochs) -> dict:
+def read_state(path: str, batch_size, seed, num_epochs) -> dict:
     """The keyword arguments for a saved feeder state read from ``path``."""
-    from seqcache.feeders.state import FeederStateError, load_state
-
     try:
         state = load_state(path)
     except FeederStateError as e:  # a damaged file, not a usage mistake: one line, exit 1
-        _fail(f"not a readable feeder state: {e}")
+        common.fail(f"not a readable feeder state: {e}")
     for name, given in (("global_batch_size", batch_size), ("seed", seed), ("num_epochs", num_epochs)):
         if given is not None and given != state[name]:
-            raise click.UsageError(f"{label} has {name}={json.dumps(state[name])}, but {given} was given; drop "
+            raise click.UsageError(f"{path} has {name}={json.dumps(state[name])}, but {given} was given; drop "
                                    "the option")
     # The state fixes the stream; its caches are checked against it (fingerprints).
     return {"state": state, "global_batch_size": state["global_batch_size"]}
@@ -61,10 +66,6 @@ def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
     """A mixture schedule file: JSON ``{"STEP": {"CACHE_PATH": RATE, ...}, ...}``
     (e.g. ``{"0": {"wiki": 1, "code": 1}, "10000": {"wiki": 3, "code": 1}}``);
     relative cache paths are relative to ``root``."""
-    from seqcache import bounded_json
-
-    label = "--mixture-schedule"
-
     class _Bad(Exception):
         pass
 
@@ -82,19 +83,11 @@ def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
                 bounded_json.number(r, f"stage {step}: rate of {bounded_json.short(p)}", path=path, error=_Bad)
             out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): float(r) for p, r in rates.items()}
     except _Bad as e:  # a damaged file, not a usage mistake: one line, exit 1
-        _fail(f"{label}: {e}")
+        common.fail(f"--mixture-schedule: {e}")
     return out
 
 
-def _fail(message: str) -> None:
-    """``error: MESSAGE`` on standard error, and exit status 1."""
-    from seqcache.commands import common
-
-    common.print_error(message)
-    sys.exit(1)
-
-
-def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule=None):
+def resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule=None):
     """Returns the keyword arguments of ``locate_row`` (without step/row), or
     ``{"state": ..., "global_batch_size": ...}`` for a saved feeder state."""
     common_kw = {"global_batch_size": batch_size, "seed": seed, "num_epochs": num_epochs}
@@ -113,12 +106,12 @@ def _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed,
         return {"mixture": _parse_rates(mixture_rates, target), **common_kw}
     if os.path.isfile(target):
         # A saved feeder state (the "feeder" item of a checkpoint): it fixes the stream.
-        return _read_state(target, target, batch_size, seed, num_epochs)
+        return read_state(target, batch_size, seed, num_epochs)
     if os.path.isdir(target):
         in_step = os.path.join(target, FEEDER_STATE_IN_STEP)
         if os.path.isfile(in_step):
             # A checkpoint step folder of `seqcache train`: its saved feeder state.
-            return _read_state(in_step, in_step, batch_size, seed, num_epochs)
+            return read_state(in_step, batch_size, seed, num_epochs)
         if not layout.is_cache(target):
             steps = _checkpoint_steps(target)
             if steps:
@@ -209,17 +202,11 @@ def _parse_steps(text: str) -> range:
               help="With --example or --source: the host count H, for each row's host.")
 @click.option("--text", "with_text", is_flag=True,
               help="With --steps: also read the data records for each segment's token count and text.")
-@click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False),
-              help="A JSON file {step: {PATH: rate}}: rates that change at given steps; PATH is relative to "
-                   "CACHE_OR_MIXTURE.")
+@common.schedule_option()
 @click.option("--batch-size", type=click.IntRange(min=1), help="Global batch size B (taken from a saved state).")
 @click.option("--seed", type=click.IntRange(min=0), help="Feeder seed (default 0; taken from a saved state).")
 @click.option("--num-epochs", type=click.IntRange(min=1), help="For finite runs: epochs per task.")
-@click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE",
-              help="A cache of the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE.")
-@click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or mixture name.")
-@click.option("--split", default="train", show_default=True)
-@click.option("--module", "modules", multiple=True, help="Python module that registers tasks and mixtures (repeatable).")
+@common.caches_options()
 @click.option("--feature", help="The token feature [default: the state's, else targets].")
 @click.option("--tokens/--no-tokens", default=True, show_default=True, help="Show token ids and text.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -252,14 +239,10 @@ def which(target, step, row, steps_text, output, example, source, task, until_st
     appears in steps 0..S-1 (--until-step S): per epoch its step, row, host
     (of --hosts H) and global position.
     """
-    from seqcache.feeders.provenance import locate_row, locate_row_in_state
-
-    from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE
-
     if batch_size is not None and batch_size >= MAX_GLOBAL_BATCH_SIZE:
         raise click.BadParameter(f"{batch_size} is not below 2^24, the largest global batch a feeder (and its "
                                  "saved state) takes", param_hint="--batch-size")
-    kw = _resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
+    kw = resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     if kw["global_batch_size"] is None:
         raise click.UsageError("--batch-size is required (the global batch size B of the run)")
     if example is not None or source is not None:
@@ -282,20 +265,25 @@ def which(target, step, row, steps_text, output, example, source, task, until_st
     if row >= kw["global_batch_size"]:
         raise click.UsageError(f"--row {row} is outside the global batch of {kw['global_batch_size']} rows")
     _check_position(step + 1, kw["global_batch_size"], "--step")
-    try:
-        if "state" in kw:
-            d = locate_row_in_state(kw["state"], step=step, row=row, feature=feature, tokens=tokens)
-        else:
-            if kw["seed"] is None:
-                kw["seed"] = 0
-            d = locate_row(step=step, row=row, feature=feature or "targets", tokens=tokens, **kw)
-    except (fmt.CacheError, ValueError) as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    d = _located(kw, locate_row_in_state, locate_row, step=step, row=row, feature=feature, tokens=tokens)
     if as_json:
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
     else:
         click.echo(format_text(d))
+
+
+def _located(kw: dict, in_state, in_run, **args):
+    """``in_state(state, **args)`` for a saved feeder state, else ``in_run(**kw, **args)`` (seed 0 and feature
+    targets unless given); a damaged cache or a bad value is one error line and exit status 1."""
+    try:
+        if "state" in kw:
+            return in_state(kw["state"], **args)
+        if "feature" in args:
+            args["feature"] = args["feature"] or "targets"
+        return in_run(**dict(kw, seed=0 if kw["seed"] is None else kw["seed"]), **args)
+    except (fmt.CacheError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
 
 
 def _check_position(stop_step: int, global_batch_size: int, option: str) -> None:
@@ -308,25 +296,10 @@ def _check_position(stop_step: int, global_batch_size: int, option: str) -> None
 
 def _which_steps(kw: dict, steps: range, output, feature, with_text: bool) -> None:
     """``which --steps``: writes the trace of whole steps to a Parquet file."""
-    import time
-
-    import pyarrow.parquet as pq
-
-    from seqcache.feeders.provenance import trace_rows, trace_rows_in_state
-
     if output is None:
         raise click.UsageError("--steps needs --output FILE.parquet")
     t0 = time.perf_counter()
-    try:
-        if "state" in kw:
-            table = trace_rows_in_state(kw["state"], steps=steps, feature=feature, text=with_text)
-        else:
-            seed = kw["seed"] if kw["seed"] is not None else 0
-            table = trace_rows(**{k: v for k, v in kw.items() if k != "seed"}, seed=seed, steps=steps,
-                               feature=feature or "targets", text=with_text)
-    except (fmt.CacheError, ValueError) as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    table = _located(kw, trace_rows_in_state, trace_rows, steps=steps, feature=feature, text=with_text)
     pq.write_table(table, output)
     dt = time.perf_counter() - t0
     click.echo(f"{output}: {table.num_rows:,} rows (steps {steps.start}..{steps.stop - 1}, "
@@ -335,8 +308,6 @@ def _which_steps(kw: dict, steps: range, output, feature, with_text: bool) -> No
 
 def _which_where(kw: dict, *, example, source, task, until_step, host_count, as_json: bool) -> None:
     """``which --example/--source``: where examples appear in the run (``seqcache.feeders.inverse``)."""
-    from seqcache.feeders.inverse import where_in_run, where_in_state
-
     if example is not None and source is not None:
         raise click.UsageError("give --example INDEX or --source FILE:LINE, not both")
     b = kw["global_batch_size"]
@@ -347,15 +318,7 @@ def _which_where(kw: dict, *, example, source, task, until_step, host_count, as_
     query = {"cache_index": example, "source": source, "task": task, "host_count": host_count}
     if until_step is not None:
         query["until_step"] = until_step
-    try:
-        if "state" in kw:
-            found = where_in_state(kw["state"], **query)
-        else:
-            args = dict(kw, seed=kw["seed"] if kw["seed"] is not None else 0)
-            found = where_in_run(**args, **query)
-    except (fmt.CacheError, ValueError) as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    found = _located(kw, where_in_state, where_in_run, **query)
     if as_json:
         click.echo(json.dumps(found, indent=2, ensure_ascii=False))
         return
@@ -368,10 +331,6 @@ def _which_where(kw: dict, *, example, source, task, until_step, host_count, as_
 def _excluded_text(kw: dict, source: str) -> str | None:
     """What ``which --source`` says of a record that ``build --exclude-benchmark``
     left out (from the caches' quarantine files), or None."""
-    from seqcache.feeders.inverse import excluded_entries
-    from seqcache.feeders.provenance import _open_checked
-    from seqcache.feeders.stream import open_mixture
-
     split = kw.get("split", "train")
     try:
         opened = (_open_checked(kw["state"], cache=None, mixture=None, caches_root=None, split=split)

@@ -28,8 +28,21 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import sys
 from typing import Any, Sequence
+
+from seqcache import fs
+
+fs.import_beam()  # before Beam's modules below: quietly, without pandas
+from apache_beam.options import pipeline_options as po  # noqa: E402
+from apache_beam.portability import python_urns  # noqa: E402
+from apache_beam.portability.api import beam_provision_api_pb2  # noqa: E402
+from apache_beam.runners import runner as beam_runner  # noqa: E402
+from apache_beam.runners.portability.fn_api_runner import fn_runner  # noqa: E402
+from apache_beam.runners.portability.portable_runner import JobServiceHandle  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -37,26 +50,17 @@ LOCAL_ENGINE = "FnApiRunner"
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 
 # Short names users type -> what Beam's --runner accepts (lower-cased keys).
+# Beam's DirectRunner first tries to download and start Prism; its own local
+# engine does the same work and honours --direct_running_mode.
 RUNNER_ALIASES = {
-    "dask": DASK_RUNNER,
-    "daskrunner": DASK_RUNNER,
-    # Beam's DirectRunner first tries to download and start Prism; its own local
-    # engine does the same work and honours --direct_running_mode.
-    "direct": LOCAL_ENGINE,
-    "directrunner": LOCAL_ENGINE,
-    "fnapi": LOCAL_ENGINE,
-    "fnapirunner": LOCAL_ENGINE,
+    "dask": DASK_RUNNER, "daskrunner": DASK_RUNNER,
+    "direct": LOCAL_ENGINE, "directrunner": LOCAL_ENGINE, "fnapi": LOCAL_ENGINE, "fnapirunner": LOCAL_ENGINE,
     "local": LOCAL_ENGINE,
-    "dataflow": "DataflowRunner",
-    "dataflowrunner": "DataflowRunner",
-    "flink": "FlinkRunner",
-    "flinkrunner": "FlinkRunner",
-    "spark": "SparkRunner",
-    "sparkrunner": "SparkRunner",
-    "prism": "PrismRunner",
-    "prismrunner": "PrismRunner",
-    "portable": "PortableRunner",
-    "portablerunner": "PortableRunner",
+    "dataflow": "DataflowRunner", "dataflowrunner": "DataflowRunner",
+    "flink": "FlinkRunner", "flinkrunner": "FlinkRunner",
+    "spark": "SparkRunner", "sparkrunner": "SparkRunner",
+    "prism": "PrismRunner", "prismrunner": "PrismRunner",
+    "portable": "PortableRunner", "portablerunner": "PortableRunner",
 }
 # Runners whose shuffle is Beam's local engine (in the driver's memory).
 _LOCAL_ENGINES = {"fnapirunner", "directrunner", "bundlebaseddirectrunner", "swallowingdirectrunner"}
@@ -68,23 +72,9 @@ class RunnerError(Exception):
     bad record): the message is one line naming the runner and the cause."""
 
 
-def runner_name(args: Sequence[str]) -> str | None:
-    """The value of ``--runner`` in ``args`` (the last one wins), or None."""
-    name = None
-    args = list(args)
-    for i, a in enumerate(args):
-        if a.startswith("--runner="):
-            name = a.split("=", 1)[1]
-        elif a == "--runner" and i + 1 < len(args):
-            name = args[i + 1]
-    return name
-
-
 def resolve_runner(name: str | None) -> str:
     """The runner Beam is given for ``name`` (None: the local engine)."""
-    if not name:
-        return LOCAL_ENGINE
-    return RUNNER_ALIASES.get(name.lower(), name)
+    return RUNNER_ALIASES.get(name.lower(), name) if name else LOCAL_ENGINE
 
 
 def is_local_engine(runner: str) -> bool:
@@ -111,54 +101,32 @@ def choose_exchange(exchange: str, runner: str) -> str:
 
 def pipeline_options(pipeline_args: Sequence[str] | Any = None):
     """Beam ``PipelineOptions`` from the command line's free arguments, with the
-    runner's short name resolved (no ``--runner``: the local engine, named
-    explicitly: the DirectRunner itself first tries to download and start the
-    Prism runner, which would make a local build depend on network access and
-    ignore ``--direct_running_mode``) and the Dask partitioning default.
+    runner's short name resolved (the last ``--runner`` wins; none: the local
+    engine, named explicitly: the DirectRunner itself first tries to download
+    and start the Prism runner, which would make a local build depend on
+    network access and ignore ``--direct_running_mode``) and the Dask
+    partitioning default.
 
     Returns:
       ``(options, runner)``: the options and the runner's resolved name.
     """
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-
-    if isinstance(pipeline_args, PipelineOptions):
-        runner = resolve_runner(pipeline_args.view_as(StandardOptions).runner)
-        pipeline_args.view_as(StandardOptions).runner = runner
-        return pipeline_args, runner
-    args = [a for a in (pipeline_args or [])]
-    runner = resolve_runner(runner_name(args))
-    out, skip = [], False
+    if isinstance(pipeline_args, po.PipelineOptions):
+        standard = pipeline_args.view_as(po.StandardOptions)
+        standard.runner = resolve_runner(standard.runner)
+        return pipeline_args, standard.runner
+    args, out, name = iter(pipeline_args or []), [], None
     for a in args:
-        if skip:
-            skip = False
-            continue
         if a == "--runner":
-            skip = True
-            continue
-        if a.startswith("--runner="):
-            continue
-        out.append(a)
+            name = next(args, name)
+        elif a.startswith("--runner="):
+            name = a.split("=", 1)[1]
+        else:
+            out.append(a)
+    runner = resolve_runner(name)
     out.append(f"--runner={runner}")
     if is_dask(runner) and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in out):
         out.append("--dask_partition_size=1")
-    return PipelineOptions(out), runner
-
-
-def local_engine(options):
-    """Beam's local engine for ``options``, made the way Beam's DirectRunner
-    makes it: with the pipeline options in its provision info, so that worker
-    processes (``--direct_running_mode=multi_processing``) see them too (the
-    object-store options their file systems need, the harness log level). A
-    ``FnApiRunner`` made from its name alone gives its workers no options.
-    Its worker processes start through ``seqcache.pipelines.worker_main``,
-    which imports Beam as the build does (without pandas)."""
-    from apache_beam.portability.api import beam_provision_api_pb2
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
-    from apache_beam.runners.portability.portable_runner import JobServiceHandle
-
-    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
-    return _local_engine_class()(provision_info=info)
+    return po.PipelineOptions(out), runner
 
 
 # The worker command Beam's local engine gives multi_processing workers, and ours.
@@ -170,41 +138,39 @@ _SEQCACHE_WORKER_MAIN = "-m seqcache.pipelines.worker_main"
 _WORKER_ENV = "OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}"
 
 
-def _local_engine_class():
+class _LocalEngine(fn_runner.FnApiRunner):
     """``FnApiRunner`` whose multi_processing workers start through
-    ``seqcache.pipelines.worker_main`` (Beam imported without pandas), with
-    one numpy BLAS thread unless ``OPENBLAS_NUM_THREADS`` says otherwise; any
-    other environment is left as Beam made it."""
-    import sys
+    ``seqcache.pipelines.worker_main``, with ``_WORKER_ENV``; any other
+    environment is left as Beam made it."""
 
-    from apache_beam.portability import python_urns
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    def run_via_runner_api(self, pipeline_proto, options):
+        beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
+        for env in pipeline_proto.components.environments.values():
+            if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command:
+                env.payload = f"{_WORKER_ENV} {sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
+        return super().run_via_runner_api(pipeline_proto, options)
 
-    class LocalEngine(fn_runner.FnApiRunner):
-        def run_via_runner_api(self, pipeline_proto, options):
-            beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
-            for env in pipeline_proto.components.environments.values():
-                if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command:
-                    env.payload = f"{_WORKER_ENV} {sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
-            return super().run_via_runner_api(pipeline_proto, options)
 
-    return LocalEngine
+def local_engine(options):
+    """Beam's local engine for ``options``, made the way Beam's DirectRunner
+    makes it: with the pipeline options in its provision info, so that worker
+    processes (``--direct_running_mode=multi_processing``) see them too (the
+    object-store options their file systems need, the harness log level). A
+    ``FnApiRunner`` made from its name alone gives its workers no options.
+    Its worker processes start through ``seqcache.pipelines.worker_main``,
+    which imports Beam as the build does (without pandas)."""
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    return _LocalEngine(provision_info=info)
 
 
 def known_flags(*, dask: bool = True) -> set[str]:
     """Every ``--flag`` a Beam pipeline option here defines (the runners'
     options included: Dask's are registered when its runner can be imported;
     ``dask=False`` leaves that import out, about half a second of CPU)."""
-    from seqcache import fs
-
-    fs.import_beam()  # as the build imports it: without the import-time warning that configures logging
-    from apache_beam.options import pipeline_options as po
-
     if dask:
-        try:
-            import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions)
-        except ImportError:
-            pass
+        with contextlib.suppress(ImportError):
+            import apache_beam.runners.dask.dask_runner  # noqa: F401  optional: dask (registers DaskOptions)
     parser = po._BeamArgumentParser(allow_abbrev=False)
     seen: set = set()
     stack = [po.PipelineOptions]
@@ -239,17 +205,12 @@ def option_value_errors(args: Sequence[str]) -> str | None:
     them here, where it can be said, instead of in the pipeline, whose
     standard error a build hides from its workers; and a negative
     ``--direct_num_workers`` (0 is Beam's "every CPU")."""
-    import contextlib
-    import io
-
-    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
-
     message = io.StringIO()
     try:
         with contextlib.redirect_stderr(message):
-            options = PipelineOptions(list(args))
+            options = po.PipelineOptions(list(args))
             options.get_all_options()
-            workers = options.view_as(DirectOptions).direct_num_workers
+            workers = options.view_as(po.DirectOptions).direct_num_workers
     except SystemExit:
         lines = [line for line in message.getvalue().splitlines() if ": error: " in line]
         return lines[-1].split(": error: ", 1)[1] if lines else message.getvalue().strip() or "invalid option value"
@@ -267,13 +228,11 @@ def check_runner_available(runner: str) -> None:
     """
     if is_dask(runner):
         try:
-            import dask.distributed  # noqa: F401
+            import dask.distributed  # noqa: F401  optional: dask
         except ImportError:
             raise RunnerError(f"runner {runner}: dask.distributed is not installed "
                               "(pip install 'seqcache[dask]')") from None
         return
-    from apache_beam.runners import runner as beam_runner
-
     try:
         beam_runner.create_runner(runner)
     except (ValueError, ImportError, AttributeError) as e:
@@ -289,37 +248,34 @@ def run(pipeline, runner: str) -> None:
       RunnerError: the runner could not start or lost its workers (one line).
       The error a step raised (a bad record, a full disk), as the runner reports it.
     """
+    short = runner.rsplit(".", 1)[-1]
     try:
         result = pipeline.run()
     except Exception as e:
         if _is_step_error(e):
             raise
-        raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]} could not start: {first_line(e)}") from e
+        raise RunnerError(f"runner {short} could not start: {first_line(e)}") from e
     try:
         result.wait_until_finish()
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: stop the runner's remaining work (Dask would go on
         # writing shards into the folder the driver is about to remove).
-        try:
+        with contextlib.suppress(Exception):  # cancelling is best effort
             result.cancel()
-        except Exception:  # cancelling is best effort
-            pass
         raise
     except Exception as e:
-        if _is_lost_worker(e):
-            raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]}: a worker died and the work could not be "
+        if any(type(c).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError") for c in causes(e)):
+            raise RunnerError(f"runner {short}: a worker died and the work could not be "
                               f"finished ({first_line(e)}); nothing was published, run the build again") from e
         raise
     finally:
         client = getattr(result, "client", None)  # DaskRunner: its client of the cluster
         if client is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing is best effort
                 client.close()
-            except Exception:  # closing is best effort
-                pass
     state = str(getattr(result, "state", "DONE"))
     if "FAILED" in state or "CANCELLED" in state:
-        raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]} finished in state {state}")
+        raise RunnerError(f"runner {short} finished in state {state}")
 
 
 def first_line(error: BaseException) -> str:
@@ -327,28 +283,21 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
+def causes(error: BaseException | None, *, context: bool = True):
+    """``error`` and the errors it was raised from (``__cause__``, and with
+    ``context`` ``__context__``), each once."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or (error.__context__ if context else None)
+
+
 def _is_step_error(error: BaseException) -> bool:
     """An error raised by one of the build's own steps (bad input, a full disk)
     rather than by the runner itself: local engines run the steps inside
     ``run()`` and add the step's name (``[while running 'STEP']``) or, from a
     worker process, its traceback to the message."""
-    if isinstance(error, (KeyboardInterrupt, ValueError)):
-        return True
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error)
-        if "[while running" in text or "Traceback (most recent call last)" in text:
-            return True
-        error = error.__cause__
-    return False
-
-
-def _is_lost_worker(error: BaseException) -> bool:
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if type(error).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError"):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return isinstance(error, (KeyboardInterrupt, ValueError)) or any(
+        "[while running" in str(e) or "Traceback (most recent call last)" in str(e)
+        for e in causes(error, context=False))

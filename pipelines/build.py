@@ -1,6 +1,4 @@
-"""The deterministic cache build: the driver.
-
-Data flow (DESIGN.md, Data flow; the steps are in transforms.py)::
+"""The deterministic cache build: the driver (the steps are in transforms.py)::
 
     driver: list the files, plan work units (splits of files, plan.py)
     Create(units) ──> read + preprocess ──(shard, batch)──> GroupByKey ──> sort, pack, write shard
@@ -22,23 +20,39 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
 import json
 import logging
 import os
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from array_record.python.array_record_module import ArrayRecordReader
+
 from seqcache import format as fmt
-from seqcache import fs, layout
+from seqcache import fs
+from seqcache.layout import cache_path  # noqa: F401  (re-exported: seqcache.pipelines.cache_path)
 from seqcache.manifest import Manifest
-from seqcache.tasks.registry import USER_MODULE_PREFIX
+from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
-from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import shuffle, spill, stats as stats_mod, transforms, writer
 from seqcache.pipelines.plan import BuildPlan
 from seqcache.pipelines.runner import RunnerError
+from seqcache.tasks import vocabularies as vocab_mod
+from seqcache.tasks.registry import USER_MODULE_PREFIX
+from seqcache.tasks.sources.policy import ERROR_KINDS
+from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle  # after runner's fs.import_beam
+
+try:
+    import cloudpickle  # what Dask sends tasks with
+except ImportError:
+    cloudpickle = None
 
 log = logging.getLogger(__name__)
 
@@ -261,8 +275,6 @@ def _build_lock(out_dir: str):
     if not fs.is_local(out_dir):
         yield
         return
-    import fcntl
-
     path = fs.local_path(out_dir)
     parent = os.path.dirname(path)
     lock_path = os.path.join(parent, f".{os.path.basename(path)}.lock")
@@ -356,10 +368,7 @@ def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> Manifest:
     # an object per batch would cost a request each).
     local_scratch = None
     if plan.exchange == "spill" and not fs.is_local(build_dir) and runner_mod.is_local_engine(plan.runner):
-        import tempfile
-
-        local_scratch = tempfile.mkdtemp(prefix="seqcache-spill-")
-        spill_dir = local_scratch
+        spill_dir = local_scratch = tempfile.mkdtemp(prefix="seqcache-spill-")
     else:
         spill_dir = fs.join(scratch, "spill")
         fs.makedirs(spill_dir)
@@ -368,8 +377,6 @@ def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> Manifest:
                                spill_dir=spill_dir, units=units)
     finally:
         if local_scratch is not None:
-            import shutil
-
             shutil.rmtree(local_scratch, ignore_errors=True)
 
 
@@ -378,8 +385,6 @@ def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spil
     The steps carry the vocabulary models the cache stores by reference to
     those files (``vocabularies.stored_models``): Beam compresses every pickle
     of a step with bz2."""
-    from seqcache.tasks import vocabularies as vocab_mod
-
     vocabularies, stored = _write_vocabularies(plan.task, build_dir)
     with vocab_mod.stored_models(stored):
         _run_pipeline(plan, beam=beam, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
@@ -441,7 +446,7 @@ def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_
     )
     fs.freeze_heap()
     try:
-        with _ShardProgress(build_dir, num_shards, progress) if progress else contextlib.nullcontext():
+        with _shard_progress(build_dir, num_shards, progress) if progress else contextlib.nullcontext():
             runner_mod.run(pipeline, plan.runner)
     except RunnerError as e:
         raise BuildError(str(e)) from None
@@ -531,7 +536,9 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
         split=config.split,
         fingerprint=plan.fingerprint,
         fingerprint_inputs=plan.inputs,
-        features=[{"name": f.name, "dtype": f.dtype, **_feature_meta(task, f.name)} for f in out_features],
+        features=[{"name": f.name, "dtype": f.dtype,
+                   **({"vocabulary": f.name, "add_eos": bool(task.output_features[f.name].add_eos)}
+                      if f.name in task.output_features else {})} for f in out_features],
         shards=entries,
         sources=[{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns,
                   "locator": getattr(task.source, "locator", "record")} for f in plan.files],
@@ -578,8 +585,6 @@ def _every_record_skipped(first_skipped) -> str:
     """What to do when every record was skipped, from the kinds of the first
     skipped records: keep them (the kinds that can be kept as they are), or fix
     the input."""
-    from seqcache.tasks.sources.policy import ERROR_KINDS
-
     kinds = list(dict.fromkeys(e.get("kind") for e in first_skipped if e.get("kind")))
     keepable = [k for k in kinds if "keep" in ERROR_KINDS.get(k, ())]
     if not keepable:
@@ -591,26 +596,10 @@ def _every_record_skipped(first_skipped) -> str:
             f"on_error option (on_error={{{options}}}; on the command line {flags})")
 
 
-def _feature_meta(task, name):
-    if name in task.output_features:
-        f = task.output_features[name]
-        return {"vocabulary": name, "add_eos": bool(f.add_eos)}
-    return {}
-
-
 def _is_no_space(error: BaseException) -> bool:
     """ENOSPC, raised here or by a worker (Beam wraps workers' errors in others)."""
-    import errno
-
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+               for e in runner_mod.causes(error))
 
 
 def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
@@ -646,9 +635,7 @@ def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
     return "; ".join(diffs[:limit]) + more
 
 
-def import_beam():
-    """Imports Beam quietly (``seqcache.fs.import_beam``); returns ``apache_beam``."""
-    return fs.import_beam()
+import_beam = fs.import_beam  # Beam imported quietly, without pandas; returns ``apache_beam``
 
 
 def _read_existing(out_dir: str, *, overwrite: bool):
@@ -674,46 +661,28 @@ def _pickle_user_modules_by_value() -> None:
     """Task modules imported from a file path (``--module my_tasks.py``) are not
     importable by name in worker processes: their functions travel by value,
     with Beam's pickler and with the cloudpickle that Dask sends tasks with."""
-    import sys
-
-    from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle
-
-    picklers = [beam_cloudpickle]
-    try:
-        import cloudpickle
-
-        picklers.append(cloudpickle)
-    except ImportError:
-        pass
     for name, module in list(sys.modules.items()):
         if name.startswith(USER_MODULE_PREFIX):
-            for pickler in picklers:
-                pickler.register_pickle_by_value(module)
+            for pickler in (beam_cloudpickle, cloudpickle):
+                if pickler is not None:
+                    pickler.register_pickle_by_value(module)
 
 
 def _verify_written(out_dir: str, entries) -> None:
     """The driver's check of every shard before the manifest is written: the file
     exists with the size its writer reported and, locally, the record count
     (on an object store, one listing gives every size)."""
-    expected = {}
-    for e in entries:
-        expected[e["file"]] = e["num_bytes"]
-        expected[e["provenance_file"]] = e["provenance_num_bytes"]
-    if not fs.is_local(out_dir):
+    local = fs.is_local(out_dir)
+    if not local:
         found = {f.path.rstrip("/").rpartition("/")[2]: f.num_bytes for f in fs.match(fs.join(out_dir, "*"))}
-        for name, size in sorted(expected.items()):
-            if found.get(name) != size:
-                raise BuildError(f"{fs.join(out_dir, name)}: shard has {found.get(name)} bytes after the build, "
-                                 f"its writer reported {size}")
-        return
-    from array_record.python.array_record_module import ArrayRecordReader
-
     for e in entries:
         for name, size in ((e["file"], e["num_bytes"]), (e["provenance_file"], e["provenance_num_bytes"])):
-            path = os.path.join(fs.local_path(out_dir), name)
-            actual = os.path.getsize(path) if os.path.exists(path) else None
+            path = os.path.join(fs.local_path(out_dir), name) if local else fs.join(out_dir, name)
+            actual = (os.path.getsize(path) if os.path.exists(path) else None) if local else found.get(name)
             if actual != size:
                 raise BuildError(f"{path}: shard has {actual} bytes after the build, its writer reported {size}")
+            if not local:
+                continue
             reader = ArrayRecordReader(path)
             try:
                 n = reader.num_records()
@@ -721,11 +690,6 @@ def _verify_written(out_dir: str, entries) -> None:
                 reader.close()
             if n != e["num_records"]:
                 raise BuildError(f"{path}: shard holds {n} records, its writer reported {e['num_records']}")
-
-
-def cache_path(cache_dir: str, task_name: str, split: str) -> str:
-    """``cache_dir/<task>/<split>``: where one task's cache lives (``seqcache.layout.cache_path``)."""
-    return layout.cache_path(cache_dir, task_name, split)
 
 
 def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
@@ -746,38 +710,34 @@ def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
     return inputs
 
 
-class _ShardProgress:
+@contextlib.contextmanager
+def _shard_progress(build_dir: str, num_shards: int, callback, interval_s: float = 0.5):
     """Polls the cache folder while the pipeline runs and reports
     ``callback(shards_written, num_shards)`` from the data shards already in
     place (a shard gets its final name only when complete): progress that works
-    on any runner whose workers write to the file system the driver reads."""
+    on any runner whose workers write to the file system the driver reads
+    (local folders only)."""
+    if not fs.is_local(build_dir):
+        yield
+        return
+    stop = threading.Event()
 
-    def __init__(self, build_dir, num_shards, callback, interval_s=0.5):
-        self.build_dir, self.num_shards, self.callback, self.interval_s = build_dir, num_shards, callback, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="seqcache-build-progress", daemon=True)
-
-    def _count(self):
-        if not fs.is_local(self.build_dir):
-            return None
+    def report():
         try:
-            return sum(1 for n in os.listdir(fs.local_path(self.build_dir)) if n.startswith(fmt.DATA_PREFIX))
+            n = sum(1 for name in os.listdir(fs.local_path(build_dir)) if name.startswith(fmt.DATA_PREFIX))
         except OSError:
-            return 0
+            n = 0
+        callback(n, num_shards)
 
-    def _run(self):
-        while not self._stop.wait(self.interval_s):
-            n = self._count()
-            if n is not None:
-                self.callback(n, self.num_shards)
+    def poll():
+        while not stop.wait(interval_s):
+            report()
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        n = self._count()
-        if n is not None:
-            self.callback(n, self.num_shards)
+    thread = threading.Thread(target=poll, name="seqcache-build-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        report()

@@ -27,8 +27,10 @@ paths; randomness comes only from the record keys.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import itertools
 import json
 import os
 from typing import Any, Iterator, Sequence
@@ -37,9 +39,11 @@ import numpy as np
 
 from seqcache import format as fmt
 from seqcache import fs
-from seqcache.pipelines import shuffle, spill, stats as stats_mod
+from seqcache.pipelines import shuffle, spill, stats as stats_mod, writer
 from seqcache.pipelines.spill import ragged_take
+from seqcache.tasks import Split, pack_first_fit, pack_lm
 from seqcache.tasks.sources.base import RecordBatch
+from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV, encoding_threads
 
 QUARANTINE_KEY = -1
 COUNTS_KEY = -2
@@ -108,13 +112,9 @@ class ReadPreprocess:
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048, batch_bytes=BATCH_BYTES,
                  exclusion=None):
-        self.task = task
-        self.exclusion = exclusion
-        self.batch_bytes = int(batch_bytes)
-        self.seed = seed
+        self.task, self.exclusion, self.seed, self.num_shards = task, exclusion, seed, num_shards
+        self.batch_records, self.batch_bytes = batch_records, int(batch_bytes)
         self.sequence_length = dict(sequence_length) if sequence_length else None
-        self.num_shards = num_shards
-        self.batch_records = batch_records
         self.features = features_in(task)
 
     def read(self, splits) -> Iterator[tuple[str, Any]]:
@@ -125,8 +125,6 @@ class ReadPreprocess:
           ValueError: a source error (naming the file and record), or a
             preprocessing error, prefixed with the path of the record's file.
         """
-        from seqcache.tasks import Split
-
         splits = [splits] if isinstance(splits, Split) else list(splits)
         key = shuffle.seed_key(self.seed)
         paths = {int(s.file_index): str(s.path) for s in splits}
@@ -140,9 +138,6 @@ class ReadPreprocess:
         """The records of ``splits`` in batches of at most ``batch_records``
         records and ``batch_bytes`` raw bytes (a larger record is a batch of
         its own), each as full as the records allow, across splits."""
-        import bisect
-        import itertools
-
         limit_records, limit_bytes = self.batch_records, self.batch_bytes
         pending: list[RecordBatch] = []
         count = size = 0
@@ -386,11 +381,7 @@ def driver_encoding_threads() -> int | None:
     Raises:
       ValueError: ``$SEQCACHE_ENCODING_THREADS`` is not a positive integer.
     """
-    from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV, encoding_threads
-
-    if os.environ.get(ENCODING_THREADS_ENV, "").strip():
-        return encoding_threads()
-    return None
+    return encoding_threads() if os.environ.get(ENCODING_THREADS_ENV, "").strip() else None
 
 
 class ReadUnit:
@@ -416,20 +407,13 @@ class ReadUnit:
                  encoding_threads: int | None = None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
-        self.reader = reader
-        self.paths = list(paths)
-        self.spill_dir = spill_dir
-        self.exchange = exchange
+        self.reader, self.paths, self.spill_dir, self.exchange = reader, list(paths), spill_dir, exchange
         if flush_bytes is None:
             flush_bytes = spill.SPILL_BYTES if exchange == "spill" else spill.RUNNER_FLUSH_BYTES
-        self.flush_bytes = int(flush_bytes)
-        self.fs_options = list(fs_options)
+        self.flush_bytes, self.fs_options = int(flush_bytes), list(fs_options)
         self.encoding_threads = None if encoding_threads is None else int(encoding_threads)
 
     def __call__(self, unit) -> Iterator[tuple[int, Any]]:
-        from seqcache.tasks import Split
-        from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV
-
         set_worker_options(self.fs_options)
         settle_worker()
         if self.encoding_threads is not None:
@@ -449,17 +433,15 @@ class ReadUnit:
                 records += payload
             elif kind == "kept":
                 bad_input.add_counts("kept", *payload)
-            elif kind == "issue":
-                record_file, record_number, action, message, error_kind = payload
-                bad_input.add(action, error_kind.split(","))
+            elif kind in ("issue", "excluded"):
+                if kind == "issue":
+                    record_file, record_number, action, message, error_kind = payload
+                    bad_input.add(action, error_kind.split(","))
+                    fields = None
+                else:
+                    (record_file, record_number, message, fields), action, error_kind = payload, kind, "benchmark"
                 state.quarantine.add(record_file, record_number, action, self.paths[record_file], message,
-                                     error_kind)
-                if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
-                    yield QUARANTINE_KEY, self._write_quarantine(state, token)
-            elif kind == "excluded":
-                record_file, record_number, message, fields = payload
-                state.quarantine.add(record_file, record_number, "excluded", self.paths[record_file], message,
-                                     "benchmark", fields)
+                                     error_kind, fields)
                 if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
                     yield QUARANTINE_KEY, self._write_quarantine(state, token)
             else:
@@ -487,9 +469,8 @@ class ReadUnit:
                 sections = spill.write_flush(f, state.buffers, num_features)
             for shard, offset, length in sections:
                 yield shard, (path, offset, length)
-        state.flushes += 1
+        state.flushes, state.buffered = state.flushes + 1, 0
         state.buffers = collections.defaultdict(spill.SpillBuffer)
-        state.buffered = 0
 
     def _write_quarantine(self, state, token) -> str:
         path = fs.join(self.spill_dir, f"{spill.QUARANTINE_PREFIX}{token}-{state.quarantine_chunks:05d}.txt")
@@ -525,11 +506,8 @@ class _UnitState:
     __slots__ = ("buffers", "buffered", "flushes", "quarantine", "quarantine_chunks")
 
     def __init__(self):
-        self.buffers = collections.defaultdict(spill.SpillBuffer)
-        self.buffered = 0
-        self.flushes = 0
-        self.quarantine = spill.QuarantineBuffer()
-        self.quarantine_chunks = 0
+        self.buffers, self.quarantine = collections.defaultdict(spill.SpillBuffer), spill.QuarantineBuffer()
+        self.buffered = self.flushes = self.quarantine_chunks = 0
 
 
 def load_batches(values, num_features: int) -> spill.ShardEntries:
@@ -567,7 +545,8 @@ def load_batches(values, num_features: int) -> spill.ShardEntries:
                 initial = b""
             else:
                 head, initial = first[:head_bytes], first[head_bytes:]
-            section = spill.SectionOnDisk(where, _section_reader(files, path, offset), head_bytes, length, initial)
+            read = lambda begin, size, path=path, offset=offset: files.read(path, offset + begin, size)  # noqa: E731
+            section = spill.SectionOnDisk(where, read, head_bytes, length, initial)
             buffers.append((where, (head, section, length)))
     try:
         entries = spill.load_shard(buffers, num_features)
@@ -576,12 +555,6 @@ def load_batches(values, num_features: int) -> spill.ShardEntries:
         raise
     entries.closers.append(files.close)
     return entries
-
-
-def _section_reader(files: fs.RangeReader, path: str, offset: int):
-    def read(begin: int, length: int) -> bytes:
-        return files.read(path, offset + begin, length)
-    return read
 
 
 class WriteGroup:
@@ -600,17 +573,14 @@ class WriteGroup:
     """
 
     def __init__(self, task, *, out_dir, scratch_dir, num_shards, sequence_length, fs_options=()):
-        self.task_name = task.name
-        self.packing = task.packing
+        self.task_name, self.packing = task.name, task.packing
         self.features_in = features_in(task)
         self.features_out = features_out(task, sequence_length)
         self.pack_feature = next(iter(task.output_features)) if task.packing == "lm" else None
         self.pack_length = int(sequence_length[self.pack_feature]) if self.pack_feature else None
         self.fit_lengths = ({name: int(sequence_length[name]) for name in task.output_features}
                             if task.packing == "first_fit" else None)
-        self.out_dir = out_dir
-        self.scratch_dir = scratch_dir
-        self.num_shards = num_shards
+        self.out_dir, self.scratch_dir, self.num_shards = out_dir, scratch_dir, num_shards
         self.fs_options = list(fs_options)
 
     def __call__(self, element) -> Iterator[tuple[int, dict]]:
@@ -648,8 +618,6 @@ class WriteGroup:
             entries.close()
 
     def _write(self, shard: int, entries: spill.ShardEntries) -> dict:
-        from seqcache.pipelines import writer
-
         st = stats_mod.ShardStats(self.features_out)
         st.source_examples = len(entries)
         st.truncated_tokens = int(entries.truncated.sum(dtype=np.int64))
@@ -662,35 +630,23 @@ class WriteGroup:
             return writer.EncodedChunks(entries.record_chunks())
 
         def packed():
-            from seqcache.tasks import pack_lm
-
             stream = ((fmt.decode_example(self.features_in, data), prov) for data, prov in entries.items())
-            for example, segments in pack_lm(stream, feature=self.pack_feature, sequence_length=self.pack_length):
-                st.add(example, len(segments))
-                yield example, [(prov[0], prov[1], offset) for prov, offset in segments]
-
-        def first_fit():
-            from seqcache.tasks import pack_first_fit
-
-            stream = ((fmt.decode_example(self.features_in, data), prov) for data, prov in entries.items())
-            for row, segments, cut in pack_first_fit(stream, sequence_length=self.fit_lengths):
+            if self.packing == "lm":
+                rows = ((example, segments, 0) for example, segments
+                        in pack_lm(stream, feature=self.pack_feature, sequence_length=self.pack_length))
+            else:
+                rows = pack_first_fit(stream, sequence_length=self.fit_lengths)
+            for row, segments, cut in rows:
                 st.add(row, len(segments))
                 st.truncated_tokens += cut
                 yield row, [(prov[0], prov[1], offset) for prov, offset in segments]
 
-        examples = {"lm": packed, "first_fit": first_fit}.get(self.packing, unpacked)()
+        is_packed = self.packing in ("lm", "first_fit")
         # Unpacked, the format's group size rule (the mean of the first 65,536
         # records) is applied here: the writer's first chunk may be fewer records.
-        group_size = (fmt.group_size_for(entries.mean_example_bytes(1 << 16))
-                      if self.packing not in ("lm", "first_fit") and len(entries) else None)
-        entry = writer.write_shard(
-            self.out_dir,
-            index=shard,
-            num_shards=self.num_shards,
-            features=self.features_out,
-            examples=examples,
-            group_size=group_size,
-        )
+        group_size = fmt.group_size_for(entries.mean_example_bytes(1 << 16)) if not is_packed and len(entries) else None
+        entry = writer.write_shard(self.out_dir, index=shard, num_shards=self.num_shards, features=self.features_out,
+                                   examples=packed() if is_packed else unpacked(), group_size=group_size)
         return {"kind": "shard", "shard": shard, "entry": entry, "statistics": st.to_json()}
 
 
@@ -701,8 +657,7 @@ class WriteSummary:
     sends the leaf's elements back to the client)."""
 
     def __init__(self, *, scratch_dir, fs_options=()):
-        self.scratch_dir = scratch_dir
-        self.fs_options = list(fs_options)
+        self.scratch_dir, self.fs_options = scratch_dir, list(fs_options)
 
     def __call__(self, element) -> Iterator[int]:
         set_worker_options(self.fs_options)

@@ -22,9 +22,9 @@ shard's columns, the windows (``READ_BYTES``) and the flush buffers
 (``SPILL_BYTES``), whatever the corpus and shard sizes; batches that came
 through the runner's shuffle are held whole (one shard's example bytes).
 
-Retries are safe: a unit that fails has its outputs discarded by the runner,
-so the files it wrote are never named to a writer; the driver deletes ``_tmp``
-at the end of the build.
+Spill files are build-internal, never part of a cache. Retries are safe: a
+unit that fails has its outputs discarded by the runner, so the files it wrote
+are never named to a writer; the driver deletes ``_tmp`` at the end of the build.
 
 A batch (one shard's section) is columnar and sorted, so that a writer loads
 its columns with ``numpy.frombuffer`` and sorts a whole shard with one
@@ -42,12 +42,10 @@ example). All integers are little-endian; ``n`` entries, ``F`` features::
     data_offsets    (n + 1) x uint64
     data            the encoded examples (seqcache.format), back to back
 
-A flush file is its sections back to back, then an index of them
-(``FLUSH_INDEX``: per section shard uint32, offset uint64, length uint64), then
-the section count (uint32) and the magic ``b"SQSPILL1"``, so that a file
-describes itself; the writers use the offsets they were sent.
-
-Spill files are build-internal and never part of a cache.
+A flush file is its sections back to back, then an index of them (per
+section shard uint32, offset uint64, length uint64), then the section count
+(uint32) and the magic ``b"SQSPILL1"``, so that a file describes itself; the
+writers use the offsets they were sent.
 
 Quarantine chunks travel the same way. The read step writes the records that
 its source skipped or repaired (``on_error``), and those it excluded for
@@ -78,6 +76,8 @@ import struct
 from typing import BinaryIO, Iterable, Iterator, Sequence
 
 import numpy as np
+
+from seqcache import format as fmt
 
 # Buffered bytes at which the read step flushes (``transforms.ReadUnit``):
 # to a spill file (the local engine), or as one element per shard to the
@@ -153,8 +153,7 @@ class SpillBuffer:
     __slots__ = ("batches", "nbytes")
 
     def __init__(self):
-        self.batches = []
-        self.nbytes = 0
+        self.batches, self.nbytes = [], 0
 
     def add_batch(self, batch) -> None:
         """Adds a batch of entries (kept as they are, not copied)."""
@@ -182,17 +181,16 @@ class SpillBuffer:
         return written
 
     def _pieces(self, num_features: int, release: bool = False) -> Iterator:
+        """The section's bytes, a column at a time (a buffer holds at least one batch)."""
         bs = self.batches
         if release:
             self.batches, self.nbytes = [], 0
         n = sum(len(b) for b in bs)
 
         def column(name, dtype):
-            if not bs:
-                return np.zeros(0, dtype)
             return np.concatenate([np.asarray(getattr(b, name), dtype=dtype) for b in bs])
 
-        keys = np.concatenate([np.ascontiguousarray(b.key) for b in bs]) if bs else np.zeros(0, "V16")
+        keys = np.concatenate([np.ascontiguousarray(b.key) for b in bs])
         sub, files, recs = column("sub_index", "<u4"), column("file_index", "<u4"), column("record_number", "<u8")
         hi_lo = keys.view(">u8").reshape(-1, 2)
         order = sort_order(hi_lo[:, 0].astype(np.uint64), hi_lo[:, 1].astype(np.uint64), sub, files, recs)
@@ -202,15 +200,13 @@ class SpillBuffer:
             yield values[order]
         del keys, sub, files, recs
         yield column("truncated", "<u4")[order]
-        yield (np.concatenate([np.asarray(b.lengths, dtype="<u4").reshape(len(b), num_features) for b in bs])
-               if bs else np.zeros((0, num_features), "<u4"))[order]
+        yield np.concatenate([np.asarray(b.lengths, dtype="<u4").reshape(len(b), num_features) for b in bs])[order]
         if len(bs) == 1:
             data, offsets = np.asarray(bs[0].data, dtype=np.uint8), np.asarray(bs[0].offsets, dtype=np.int64)
         else:
             offsets = np.zeros(n + 1, dtype=np.int64)
-            if bs:
-                np.cumsum(np.concatenate([np.diff(b.offsets) for b in bs]), out=offsets[1:])
-            data = np.concatenate([np.asarray(b.data, dtype=np.uint8) for b in bs]) if bs else np.zeros(0, np.uint8)
+            np.cumsum(np.concatenate([np.diff(b.offsets) for b in bs]), out=offsets[1:])
+            data = column("data", np.uint8)
         del bs
         data, offsets = ragged_take(data, offsets, order)
         yield offsets.astype("<u8")
@@ -354,8 +350,6 @@ class ShardEntries:
         and ``CHUNK_BYTES`` of examples, so that the copies stay small beside
         the shard), for a shard that is written as it is (no packing: one
         segment per record, token offset 0)."""
-        from seqcache import format as fmt
-
         for lo, hi, data in self._chunks(chunk):
             yield data, fmt.encode_provenance_batch(self.file_index[lo:hi], self.record_number[lo:hi])
 
@@ -392,10 +386,9 @@ _COLUMNS = (("keys", "V16", 1), ("sub_index", "<u4", 1), ("file_index", "<u4", 1
             ("truncated", "<u4", 1), ("lengths", "<u4", None))
 
 
-def section_head_bytes(head: bytes, where: str) -> int:
-    """How many bytes of a section come before its example bytes (its head and
-    columns, ``_parse``'s part), from the section's first ``_HEAD.size``
-    bytes.
+def _columns(head: bytes, where: str) -> Iterator[tuple[str, str, int]]:
+    """``(name, dtype, element count)`` of each column of the section whose
+    first bytes are ``head``, in file order, the data offsets last.
 
     Raises:
       ValueError: fewer bytes than a head (``where`` names the section).
@@ -403,23 +396,32 @@ def section_head_bytes(head: bytes, where: str) -> int:
     if len(head) < _HEAD.size:
         raise ValueError(f"{where}: truncated spill file ({len(head)} bytes)")
     n, f = _HEAD.unpack_from(head, 0)
-    per_entry = sum(np.dtype(dtype).itemsize * (f if count is None else count) for _, dtype, count in _COLUMNS)
-    return _HEAD.size + n * per_entry + (n + 1) * 8
+    for name, dtype, count in _COLUMNS:
+        yield name, dtype, n * (f if count is None else count)
+    yield "offsets", "<u8", n + 1
+
+
+def section_head_bytes(head: bytes, where: str) -> int:
+    """How many bytes of a section come before its example bytes (its head and
+    columns, ``_parse``'s part), from the section's first ``HEAD_SIZE`` bytes.
+
+    Raises:
+      ValueError: fewer bytes than a head (``where`` names the section).
+    """
+    return _HEAD.size + sum(np.dtype(dtype).itemsize * count for _, dtype, count in _columns(head, where))
 
 
 def _parse(buf: bytes, num_features: int, where: str, *, section_length: int | None = None) -> dict:
     """The columns of one section. ``buf`` is the whole section, or (with
     ``section_length``, the section's size) only its head and columns, the
     example bytes left on disk."""
-    if len(buf) < _HEAD.size:
-        raise ValueError(f"{where}: truncated spill file ({len(buf)} bytes)")
+    columns = list(_columns(buf, where))
     n, f = _HEAD.unpack_from(buf, 0)
     if f != num_features:
         raise ValueError(f"{where}: spill file has {f} features, expected {num_features}")
     pos = _HEAD.size
     cols = {}
-    for name, dtype, count in (*_COLUMNS, ("offsets", "<u8", None)):
-        count = n + 1 if name == "offsets" else n * (f if count is None else count)
+    for name, dtype, count in columns:
         size = np.dtype(dtype).itemsize * count
         if pos + size > len(buf):
             raise ValueError(f"{where}: truncated spill file: column {name} ends at byte {pos + size} of {len(buf)}")
@@ -483,12 +485,7 @@ def load_shard(buffers: Iterable[tuple[str, "bytes | tuple[bytes, SectionOnDisk,
         none = np.zeros(0, np.int64)
         return ShardEntries(empty, empty, np.zeros(0, np.uint64), empty, np.zeros((0, num_features), np.uint32),
                             np.zeros(0, np.int32), none, none, [])
-    keys = np.concatenate([p["keys"] for p in parts])
-    sub = np.concatenate([p["sub_index"] for p in parts])
-    files = np.concatenate([p["file_index"] for p in parts])
-    recs = np.concatenate([p["record_number"] for p in parts])
-    trunc = np.concatenate([p["truncated"] for p in parts])
-    lengths = np.concatenate([p["lengths"] for p in parts])
+    keys, sub, files, recs, trunc, lengths = (np.concatenate([p[name] for p in parts]) for name, _, _ in _COLUMNS)
     part = np.concatenate([np.full(len(p["sub_index"]), k, dtype=np.int32) for k, p in enumerate(parts)])
     begin = np.concatenate([p["offsets"][:-1].astype(np.int64) + p["base"] for p in parts])
     end = np.concatenate([p["offsets"][1:].astype(np.int64) + p["base"] for p in parts])
@@ -513,30 +510,6 @@ FIRST_SKIPPED = 5
 QUARANTINE_ACTIONS = ("skipped", "replaced", "excluded")
 
 
-def quarantine_entry(file_index: int, record_number: int, action: str, path: str, message: str,
-                     kind: str | None = None, extra: dict | None = None) -> bytes:
-    """One line of quarantine.jsonl, without its newline: a JSON object with
-    ``source_index``, ``path``, ``record_number``, ``action`` (``"skipped"``,
-    ``"replaced"`` or ``"excluded"``), ``error`` and ``kind``: the kind of bad
-    input, a key of ``seqcache.tasks.ERROR_KINDS`` (for a repaired record, the
-    kinds repaired, comma-separated; ``"benchmark"`` for a record excluded for
-    overlapping a benchmark, whose entry adds the fields of ``extra``:
-    ``benchmarks``, ``benchmark``, ``item`` and ``ngram``, see
-    ``seqcache.pipelines.transforms.ReadPreprocess``). A message that starts
-    with the file's path (``"<path>: line 3 (record 2) is empty"``) loses that
-    prefix: the path is already in ``path``."""
-    prefix = f"{path}: "
-    if message.startswith(prefix):
-        message = message[len(prefix):]
-    entry = {"source_index": int(file_index), "path": path, "record_number": int(record_number),
-             "action": action, "error": message}
-    if kind is not None:
-        entry["kind"] = kind
-    if extra:
-        entry.update(extra)
-    return json.dumps(entry, ensure_ascii=False).encode("utf-8")
-
-
 class QuarantineBuffer:
     """The quarantine entries gathered by one bundle, before they are written as
     one sorted chunk (see the module docstring for the line format)."""
@@ -549,9 +522,26 @@ class QuarantineBuffer:
 
     def add(self, file_index: int, record_number: int, action: str, path: str, message: str,
             kind: str | None = None, extra: dict | None = None) -> None:
+        """Adds one line of quarantine.jsonl: a JSON object with
+        ``source_index``, ``path``, ``record_number``, ``action`` (``"skipped"``,
+        ``"replaced"`` or ``"excluded"``), ``error`` and ``kind``: the kind of bad
+        input, a key of ``seqcache.tasks.ERROR_KINDS`` (for a repaired record, the
+        kinds repaired, comma-separated; ``"benchmark"`` for a record excluded for
+        overlapping a benchmark, whose entry adds the fields of ``extra``:
+        ``benchmarks``, ``benchmark``, ``item`` and ``ngram``, see
+        ``seqcache.pipelines.transforms.ReadPreprocess``). A message that starts
+        with the file's path (``"<path>: line 3 (record 2) is empty"``) loses that
+        prefix: the path is already in ``path``.
+
+        Raises:
+          ValueError: an action not in ``QUARANTINE_ACTIONS``."""
         if action not in QUARANTINE_ACTIONS:
             raise ValueError(f"quarantine action must be one of {', '.join(QUARANTINE_ACTIONS)} (got {action!r})")
-        entry = quarantine_entry(file_index, record_number, action, path, message, kind, extra)
+        if message.startswith(f"{path}: "):
+            message = message[len(path) + 2:]
+        entry = {"source_index": int(file_index), "path": path, "record_number": int(record_number),
+                 "action": action, "error": message, **({"kind": kind} if kind is not None else {}), **(extra or {})}
+        entry = json.dumps(entry, ensure_ascii=False).encode("utf-8")
         line = b"%010d\t%020d\t%s\t%s\n" % (file_index, record_number, action.encode(), entry)
         self.lines.append(line)
         self.nbytes += len(line) + 64  # the list slot and the bytes object's header

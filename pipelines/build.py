@@ -646,7 +646,7 @@ def _read_existing(out_dir: str, *, overwrite: bool):
     Raises:
       CacheError: (without ``overwrite``) the manifest cannot be read; its message says to rebuild.
     """
-    if not writer.exists(writer.join(out_dir, fmt.MANIFEST_NAME)):
+    if not fs.exists(fs.join(out_dir, fmt.MANIFEST_NAME)):
         return None
     try:
         return fmt.read_manifest(out_dir)

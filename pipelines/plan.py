@@ -24,6 +24,14 @@ import concurrent.futures
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from seqcache import fs
+from seqcache.compression import decompressor
+from seqcache.tasks.sources import Source
+from seqcache.tasks.sources.lines import is_compressed
+
 # Units of reading work: about this much input each, at most MAX_UNITS in all
 # (a runner such as Dataflow carries Create's elements in the job graph).
 DEFAULT_SPLIT_BYTES = 64 << 20
@@ -116,11 +124,10 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
         raise ValueError(f"split_size must be >= 1 byte (got {split_size})")
 
     def cut(item):
-        i, f = item
-        return source.splits(i, f, split_size)
+        return source.splits(*item, split_size)
 
     items = list(enumerate(files))
-    if len(items) > 8 and type(source).splits is not _default_splits() and getattr(source, "splits_read_files", True):
+    if len(items) > 8 and type(source).splits is not Source.splits and getattr(source, "splits_read_files", True):
         # Splits that open files (Parquet footers) are looked up in parallel: on
         # an object store each is a round trip. Splits from the file size alone
         # (line files) are not: a thread pool's futures would cost 20 us a file.
@@ -142,12 +149,6 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
     if current:
         units.append((len(units), UnitSplits(current)))
     return units
-
-
-def _default_splits():
-    from seqcache.tasks.sources import Source
-
-    return Source.splits
 
 
 def content_bytes(source, files: Sequence[Any]) -> int:
@@ -180,8 +181,6 @@ def content_bytes(source, files: Sequence[Any]) -> int:
         (a compressed file that cannot be decompressed counts its file size:
         the source reports it when it reads it).
     """
-    from seqcache.tasks.sources.lines import is_compressed
-
     kinds: dict[str, list[int]] = {"parquet": [], "compressed": []}
     total = 0
     for i, f in enumerate(files):
@@ -214,11 +213,6 @@ def content_bytes(source, files: Sequence[Any]) -> int:
 def _parquet_content(path: str, columns: Sequence[str] | None) -> int:
     """Uncompressed bytes of the column chunks named ``columns`` (all when None
     or when none of them is found) over every row group of a Parquet file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from seqcache import fs
-
     try:
         with fs.open_binary(path, decompress=False) as f:
             md = pq.ParquetFile(f).metadata
@@ -242,9 +236,6 @@ def _compressed_content(path: str, num_bytes: int) -> int:
     ``SAMPLE_BYTES`` bytes, else ``num_bytes`` times the ratio of its first
     ``SAMPLE_BYTES`` compressed bytes. Concatenated members (``cat a.gz b.gz``)
     are followed. Unknown suffixes count their file size."""
-    from seqcache import fs
-    from seqcache.compression import decompressor
-
     make = decompressor(path)
     if make is None or num_bytes <= 0:
         return int(num_bytes)

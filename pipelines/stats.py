@@ -13,6 +13,7 @@ examples) for its non-empty buckets, ``lo`` ascending, ``hi`` exclusive.
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -41,16 +42,8 @@ class BadInputCounts:
         self.records: dict[str, int] = dict.fromkeys(BAD_INPUT_ACTIONS, 0)
 
     def add(self, action: str, kinds) -> None:
-        """Counts one record under ``action`` and each kind in ``kinds``.
-
-        Raises:
-          ValueError: an action not in ``BAD_INPUT_ACTIONS``."""
-        if action not in self.counts:
-            raise ValueError(f"bad-input action must be one of {BAD_INPUT_ACTIONS} (got {action!r})")
-        have = self.counts[action]
-        for kind in kinds:
-            have[kind] = have.get(kind, 0) + 1
-        self.records[action] += 1
+        """Counts one record under ``action`` and each kind in ``kinds`` (``add_counts``)."""
+        self.add_counts(action, 1, collections.Counter(kinds))
 
     def add_counts(self, action: str, records: int, kinds: Mapping[str, int]) -> None:
         """Counts ``records`` records under ``action`` and ``kinds[kind]`` under
@@ -79,10 +72,7 @@ class BadInputCounts:
         for part in parts:
             part = part or {}
             for action in BAD_INPUT_ACTIONS:
-                have = total.counts[action]
-                for kind, n in (part.get(action) or {}).items():
-                    have[kind] = have.get(kind, 0) + int(n)
-                total.records[action] += int((part.get("records") or {}).get(action, 0))
+                total.add_counts(action, (part.get("records") or {}).get(action, 0), part.get(action) or {})
         return total.to_json()
 
 
@@ -113,10 +103,7 @@ class ShardStats:
 
     def __init__(self, features):
         self.names = [f.name for f in features if not f.name.endswith(("_segment_ids", "_positions"))]
-        self.examples = 0
-        self.segments = 0
-        self.source_examples = 0
-        self.truncated_tokens = 0
+        self.examples = self.segments = self.source_examples = self.truncated_tokens = 0
         self.tokens = dict.fromkeys(self.names, 0)
         self.max_length = dict.fromkeys(self.names, 0)
         # feature -> {bucket lo: examples}: lengths of the source examples (before packing).
@@ -137,7 +124,13 @@ class ShardStats:
                 hist[b] = hist.get(b, 0) + c
 
     def add(self, example, segments):
-        self.add_lengths([int(example[name].size) for name in self.names], segments)
+        """One example (feature -> array) of ``segments`` segments."""
+        self.examples += 1
+        self.segments += segments
+        for name in self.names:
+            n = int(example[name].size)
+            self.tokens[name] += n
+            self.max_length[name] = max(self.max_length[name], n)
 
     def add_many(self, lengths):
         """Unpacked examples, one segment each; ``lengths`` (n, F) in ``self.names`` order."""
@@ -148,15 +141,6 @@ class ShardStats:
             if n:
                 self.tokens[name] += int(lengths[:, k].sum(dtype=np.int64))
                 self.max_length[name] = max(self.max_length[name], int(lengths[:, k].max()))
-
-    def add_lengths(self, lengths, segments):
-        """``lengths``: tokens per feature, in ``self.names`` order."""
-        self.examples += 1
-        self.segments += segments
-        for name, n in zip(self.names, lengths):
-            self.tokens[name] += n
-            if n > self.max_length[name]:
-                self.max_length[name] = n
 
     def to_json(self):
         return {

@@ -47,7 +47,8 @@ from seqcache.pipelines.runner import RunnerError
 from seqcache.tasks import vocabularies as vocab_mod
 from seqcache.tasks.registry import USER_MODULE_PREFIX
 from seqcache.tasks.sources.policy import ERROR_KINDS
-from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle  # after runner's fs.import_beam
+import apache_beam as beam  # after runner's fs.import_beam: quietly, without pandas
+from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle
 
 try:
     import cloudpickle  # what Dask sends tasks with
@@ -131,32 +132,22 @@ class BuildResult:
 
 
 def _check_task(task, config: BuildConfig) -> None:
-    unknown = sorted(set(config.sequence_length or {}) - set(task.output_features))
+    lengths, features, name = config.sequence_length or {}, task.output_features, task.name
+    unknown = sorted(set(lengths) - set(features))
     if unknown:
-        raise BuildError(
-            f"task {task.name!r}: sequence length given for {unknown}, which the task does not produce "
-            f"(its features: {sorted(task.output_features)})"
-        )
+        raise BuildError(f"task {name!r}: sequence length given for {unknown}, which the task does not produce "
+                         f"(its features: {sorted(features)})")
     if task.packing not in (None, "lm", "first_fit"):
-        raise BuildError(f"task {task.name!r}: unknown packing {task.packing!r} (expected None, 'lm' or 'first_fit')")
-    if task.packing == "first_fit":
-        missing = [n for n in task.output_features if not config.sequence_length or n not in config.sequence_length]
-        if missing:
-            raise BuildError(
-                f"task {task.name!r}: packing='first_fit' needs a sequence length for every feature; missing "
-                f"{missing} (pass --sequence-length " + ",".join(f"{n}=N" for n in missing) + ")"
-            )
-    if task.packing == "lm":
-        if len(task.output_features) != 1:
-            raise BuildError(
-                f"task {task.name!r}: packing='lm' needs exactly one output feature (has {sorted(task.output_features)})"
-            )
-        (name,) = task.output_features
-        if not config.sequence_length or name not in config.sequence_length:
-            raise BuildError(
-                f"task {task.name!r}: packing='lm' needs a sequence length for feature {name!r} "
-                f"(pass --sequence-length {name}=N)"
-            )
+        raise BuildError(f"task {name!r}: unknown packing {task.packing!r} (expected None, 'lm' or 'first_fit')")
+    missing = [n for n in features if n not in lengths]
+    if task.packing == "first_fit" and missing:
+        raise BuildError(f"task {name!r}: packing='first_fit' needs a sequence length for every feature; missing "
+                         f"{missing} (pass --sequence-length " + ",".join(f"{n}=N" for n in missing) + ")")
+    if task.packing == "lm" and len(features) != 1:
+        raise BuildError(f"task {name!r}: packing='lm' needs exactly one output feature (has {sorted(features)})")
+    if task.packing == "lm" and missing:
+        raise BuildError(f"task {name!r}: packing='lm' needs a sequence length for feature {missing[0]!r} "
+                         f"(pass --sequence-length {missing[0]}=N)")
 
 
 def build_task(
@@ -200,7 +191,6 @@ def build_task(
         benchmark of ``config.exclude_benchmarks`` cannot be read.
       Any error of the task's sources or preprocessors, naming file and record.
     """
-    beam = import_beam()
     start = time.monotonic()
     _check_task(task, config)
     options, runner = runner_mod.pipeline_options(pipeline_args)
@@ -236,15 +226,11 @@ def build_task(
         content_bytes=content, exclusion=exclusion,
     )
     with _build_lock(plan.out_dir):
-        return _build_locked(plan, beam=beam, overwrite=overwrite, progress=progress, start=start)
+        return _build_locked(plan, overwrite=overwrite, progress=progress, start=start)
 
 
 def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
-    """The benchmarks the build excludes (None when none are given).
-
-    Raises:
-      BuildError: a benchmark cannot be read, or two share a name.
-    """
+    """The benchmarks the build excludes, or None; BuildError when one cannot be read, or two share a name."""
     if not config.exclude_benchmarks:
         return None
     try:
@@ -266,12 +252,11 @@ def _fs_options(pipeline_args) -> list[str]:
 @contextlib.contextmanager
 def _build_lock(out_dir: str):
     """An exclusive lock on one cache folder for the length of a build (local
-    file systems: ``fcntl.flock`` on ``<task>/.<split>.lock``), so that two builds
-    of the same cache never interleave. A second build fails at once, saying so.
-    The lock file is removed when the build ends (a taker checks that the file
-    it locked is still the one at the path, so removal never lets two builds in),
-    and so are the folders the build created when it left nothing in them.
-    Object stores have no such lock; there, run one build per cache at a time."""
+    file systems: ``fcntl.flock`` on ``<task>/.<split>.lock``); a second build
+    fails at once, saying so. The lock file is removed at the end (a taker
+    checks that the file it locked is still the one at the path), and so are
+    the folders the build created when left empty. Object stores have no such
+    lock; there, run one build per cache at a time."""
     if not fs.is_local(out_dir):
         yield
         return
@@ -315,7 +300,7 @@ def _build_lock(out_dir: str):
                 break
 
 
-def _build_locked(plan: BuildPlan, *, beam, overwrite, progress, start) -> BuildResult:
+def _build_locked(plan: BuildPlan, *, overwrite, progress, start) -> BuildResult:
     out_dir = plan.out_dir
     writer.recover_publish(out_dir)  # a killed replacement: the old cache back, staging leftovers gone
     existing = _read_existing(out_dir, overwrite=overwrite)
@@ -330,16 +315,13 @@ def _build_locked(plan: BuildPlan, *, beam, overwrite, progress, start) -> Build
                 f"{plan.fingerprint[:12]}; what changed: {changed}. "
                 "Pass --overwrite to replace it, or choose another --cache-dir"
             )
-    # Replacing a complete cache: build beside it, in a staging folder, and publish
-    # only when the new cache is complete; a build that fails leaves the old cache
-    # as it was. Otherwise (no cache, or the leftovers of an unfinished build) build
-    # in place after removing what is there: nothing there is worth keeping, and a
-    # build that fails removes what it wrote.
+    # A complete cache is replaced through a staging folder published when the
+    # new cache is complete; else (no cache, or leftovers) the build goes in place.
     staged = existing is not None
     build_dir = writer.staging_path(out_dir) if staged else out_dir
     writer.remove_cache_tree(build_dir)
     try:
-        manifest = _build_into(plan, beam=beam, progress=progress, build_dir=build_dir)
+        manifest = _build_into(plan, progress=progress, build_dir=build_dir)
     except BaseException:
         writer.remove_cache_tree(build_dir)
         raise
@@ -349,23 +331,24 @@ def _build_locked(plan: BuildPlan, *, beam, overwrite, progress, start) -> Build
     return BuildResult(out_dir, manifest, reused=False, seconds=time.monotonic() - start)
 
 
-def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> Manifest:
+def _build_into(plan: BuildPlan, *, progress, build_dir) -> Manifest:
     """Runs the pipeline into ``build_dir`` (``out_dir`` itself, or its staging
-    folder) and writes the manifest there last; returns the manifest."""
-    task, config, num_shards = plan.task, plan.config, plan.num_shards
-    units = plan_mod.plan_units(task.source, plan.files, plan.split_size)
+    folder) and writes the manifest there last; returns the manifest. The steps
+    carry the vocabulary models the cache stores by reference to those files
+    (``vocabularies.stored_models``): Beam compresses every pickle of a step with bz2."""
+    units = plan_mod.plan_units(plan.task.source, plan.files, plan.split_size)
     log.info(
-        "building %s: %d files, %.1f MB, %d work units, %d shards, examples through %s -> %s", task.name,
-        len(plan.files), plan.total_bytes / 1e6, len(units), num_shards,
+        "building %s: %d files, %.1f MB, %d work units, %d shards, examples through %s -> %s", plan.task.name,
+        len(plan.files), plan.total_bytes / 1e6, len(units), plan.num_shards,
         "the runner's shuffle" if plan.exchange == "runner" else "spill files", build_dir,
     )
     fs.makedirs(build_dir)
     scratch = fs.join(build_dir, writer.TMP_DIR_NAME)
     fs.makedirs(scratch)
-    # Spill files and quarantine chunks go where every worker can read them: the
-    # cache's _tmp/ folder; but the local engine's workers share this machine, so
-    # for a cache on an object store they stay on local disk (one ranged read of
-    # an object per batch would cost a request each).
+    vocabularies, stored = _write_vocabularies(plan.task, build_dir)
+    # Spill files and quarantine chunks go to the cache's _tmp/, where every
+    # worker reads them; the local engine's workers share this machine, so for a
+    # cache on an object store they stay on local disk (a request per ranged read).
     local_scratch = None
     if plan.exchange == "spill" and not fs.is_local(build_dir) and runner_mod.is_local_engine(plan.runner):
         spill_dir = local_scratch = tempfile.mkdtemp(prefix="seqcache-spill-")
@@ -373,22 +356,12 @@ def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> Manifest:
         spill_dir = fs.join(scratch, "spill")
         fs.makedirs(spill_dir)
     try:
-        return _run_and_finish(plan, beam=beam, progress=progress, build_dir=build_dir, scratch=scratch,
-                               spill_dir=spill_dir, units=units)
+        with vocab_mod.stored_models(stored):
+            _run_pipeline(plan, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
+                          units=units)
     finally:
         if local_scratch is not None:
             shutil.rmtree(local_scratch, ignore_errors=True)
-
-
-def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> Manifest:
-    """Runs the pipeline and writes the manifest last (see ``_build_into``).
-    The steps carry the vocabulary models the cache stores by reference to
-    those files (``vocabularies.stored_models``): Beam compresses every pickle
-    of a step with bz2."""
-    vocabularies, stored = _write_vocabularies(plan.task, build_dir)
-    with vocab_mod.stored_models(stored):
-        _run_pipeline(plan, beam=beam, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
-                      units=units)
     summary = _read_summary(plan, scratch, units)
     entries, statistics, quarantine = _gather(plan, summary, build_dir)
     manifest = _manifest(plan, entries, statistics, quarantine, vocabularies)
@@ -404,9 +377,7 @@ def _write_vocabularies(task, build_dir: str) -> tuple[dict, dict]:
     for name, feature in task.output_features.items():
         desc = dict(feature.vocabulary.to_json())
         model = feature.vocabulary.model_bytes()
-        if model is not None:
-            # One file per feature, keeping the ending of the vocabulary's own file
-            # name (.model for SentencePiece, .json for a tokenizer.json).
+        if model is not None:  # one file per feature, with the ending of the vocabulary's own file
             ending = os.path.splitext(desc.get("file") or "")[1] or ".model"
             desc["file"] = f"vocabulary-{name}{ending}"
             url = fs.join(build_dir, desc["file"])
@@ -416,12 +387,9 @@ def _write_vocabularies(task, build_dir: str) -> tuple[dict, dict]:
     return vocabularies, stored
 
 
-def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> None:
-    """The Beam pipeline, one straight line with one leaf, run to its end.
-
-    Raises:
-      BuildError: the runner failed (one line), or the disk filled up.
-    """
+def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, units) -> None:
+    """The Beam pipeline, one straight line with one leaf, run to its end;
+    BuildError when the runner failed (one line) or the disk filled up."""
     task, config, num_shards = plan.task, plan.config, plan.num_shards
     reader = transforms.ReadPreprocess(task, seed=config.seed, sequence_length=config.sequence_length,
                                        num_shards=num_shards, exclusion=plan.exclusion)
@@ -450,9 +418,7 @@ def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_
             runner_mod.run(pipeline, plan.runner)
     except RunnerError as e:
         raise BuildError(str(e)) from None
-    except BaseException as e:
-        # No manifest was written, so nothing looks complete; the caller removes
-        # what was written (a full disk is a common cause) and we say what to do.
+    except BaseException as e:  # no manifest: nothing looks complete, and the caller removes it
         if _is_no_space(e):
             raise BuildError(
                 f"{plan.out_dir}: no space left on the device while building; nothing was published (no manifest). "
@@ -463,11 +429,7 @@ def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_
 
 
 def _read_summary(plan: BuildPlan, scratch: str, units) -> dict:
-    """The summary the pipeline wrote, checked to account for every work unit.
-
-    Raises:
-      BuildError: the summary is missing, or work units are missing from it.
-    """
+    """The summary the pipeline wrote; BuildError when it is missing or lacks work units."""
     summary = transforms.read_summary(scratch)
     if summary is None:
         raise BuildError(f"{plan.out_dir}: the runner {plan.runner} finished but the build's summary "
@@ -480,11 +442,8 @@ def _read_summary(plan: BuildPlan, scratch: str, units) -> dict:
 
 def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict, "spill.QuarantineSummary"]:
     """(shard entries in shard order, the cache's statistics, the quarantine
-    summary); an empty shard file for every key range no record hashed into.
-
-    Raises:
-      BuildError: zero examples; a written shard disagrees with its entry.
-    """
+    summary), writing the empty shards; BuildError for zero examples or a shard
+    that disagrees with its entry."""
     task, config, num_shards = plan.task, plan.config, plan.num_shards
     records_read = summary["records"]
     entries, shard_stats = [], []
@@ -494,8 +453,7 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
         if result is not None:
             entries.append(result["entry"])
             shard_stats.append(result["statistics"])
-        else:
-            # No record hashed into this key range: an empty shard keeps the layout regular.
+        else:  # no record hashed into this key range: an empty shard keeps the layout regular
             entries.append(writer.write_shard(build_dir, index=shard, num_shards=num_shards,
                                               features=out_features, examples=[]))
             shard_stats.append(stats_mod.ShardStats(out_features).to_json())
@@ -556,8 +514,8 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
 
 
 def _zero_examples_message(task, config, files, total_bytes, records_read, quarantine) -> str:
-    """Why a build produced nothing: the counts, and since nothing is written (so no
-    quarantine file either), the first skipped records with their reasons."""
+    """Why a build produced nothing: the counts, and (no quarantine file is
+    written) the first skipped records with their reasons."""
     skipped, replaced = quarantine.skipped_records, quarantine.replaced_records
     excluded = quarantine.excluded_records
     read = "an unknown number of" if records_read is None else f"{records_read:,}"
@@ -582,9 +540,7 @@ def _zero_examples_message(task, config, files, total_bytes, records_read, quara
 
 
 def _every_record_skipped(first_skipped) -> str:
-    """What to do when every record was skipped, from the kinds of the first
-    skipped records: keep them (the kinds that can be kept as they are), or fix
-    the input."""
+    """What to do when every record was skipped: keep them (the kinds that can be), or fix the input."""
     kinds = list(dict.fromkeys(e.get("kind") for e in first_skipped if e.get("kind")))
     keepable = [k for k in kinds if "keep" in ERROR_KINDS.get(k, ())]
     if not keepable:
@@ -640,12 +596,8 @@ import_beam = fs.import_beam  # Beam imported quietly, without pandas; returns `
 
 def _read_existing(out_dir: str, *, overwrite: bool):
     """The manifest of the cache at ``out_dir``, or None when there is none, or
-    when ``overwrite`` and this seqcache cannot read it (a format version it
-    no longer reads, a damaged manifest): that one is replaced like leftovers.
-
-    Raises:
-      CacheError: (without ``overwrite``) the manifest cannot be read; its message says to rebuild.
-    """
+    when ``overwrite`` and it cannot be read (then it is replaced like leftovers;
+    without ``overwrite``, its ``CacheError`` is raised)."""
     if not fs.exists(fs.join(out_dir, fmt.MANIFEST_NAME)):
         return None
     try:

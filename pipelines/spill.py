@@ -15,21 +15,19 @@ of the unit, it hands them on in one of two ways (``exchange``, runner.py):
   files grows with corpus / flush size, never with corpus x shards.
 
 Every section is sorted in cache order when it is written, so the shard
-writer sorts only the shard's columns (44 + 4F bytes an example) and then
-reads the example bytes of spill sections front to back, a window at a time
-(``ShardEntries``): a k-way merge of sorted runs. Memory per worker is the
+writer sorts only the shard's columns (44 + 4F bytes an example) and reads
+the example bytes of spill sections front to back, a window at a time
+(``ShardEntries``: a k-way merge of sorted runs). Memory per worker is the
 shard's columns, the windows (``READ_BYTES``) and the flush buffers
-(``SPILL_BYTES``), whatever the corpus and shard sizes; batches that came
-through the runner's shuffle are held whole (one shard's example bytes).
+(``SPILL_BYTES``); batches from the runner's shuffle are held whole.
 
 Spill files are build-internal, never part of a cache. Retries are safe: a
 unit that fails has its outputs discarded by the runner, so the files it wrote
 are never named to a writer; the driver deletes ``_tmp`` at the end of the build.
 
 A batch (one shard's section) is columnar and sorted, so that a writer loads
-its columns with ``numpy.frombuffer`` and sorts a whole shard with one
-``numpy`` sort (memory: 44 bytes per example, not one Python object per
-example). All integers are little-endian; ``n`` entries, ``F`` features::
+its columns with ``numpy.frombuffer`` and sorts a shard with one ``numpy``
+sort. All integers are little-endian; ``n`` entries, ``F`` features::
 
     n               uint64
     F               uint32
@@ -47,14 +45,13 @@ section shard uint32, offset uint64, length uint64), then the section count
 (uint32) and the magic ``b"SQSPILL1"``, so that a file describes itself; the
 writers use the offsets they were sent.
 
-Quarantine chunks travel the same way. The read step writes the records that
-its source skipped or repaired (``on_error``), and those it excluded for
-overlapping a benchmark (``BuildConfig.exclude_benchmarks``), to
-``_tmp/spill/quarantine-<unique>.txt``, sorted, a chunk per ``QUARANTINE_BYTES``
-of entries and at the end of every bundle, and emits only the chunk's path; the
-quarantine writer merges the chunks (``merge_quarantine``) into the cache's
-``quarantine.jsonl``. Memory therefore does not grow with the number of skipped
-records, anywhere. A chunk line is::
+Quarantine chunks travel the same way. The read step writes the records its
+source skipped or repaired (``on_error``) or that it excluded for overlapping
+a benchmark to ``_tmp/spill/quarantine-<unique>.txt``, sorted, a chunk per
+``QUARANTINE_BYTES`` of entries and at the end of every unit, and emits only the
+chunk's path; ``merge_quarantine`` merges the chunks into the cache's
+``quarantine.jsonl``, so memory never grows with the skipped records. A chunk
+line is::
 
     <file_index, 10 digits>\t<record_number, 20 digits>\t<action>\t<quarantine.jsonl line>\n
 
@@ -73,45 +70,33 @@ import io
 import json
 import os
 import struct
-from typing import BinaryIO, Iterable, Iterator, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from seqcache import format as fmt
 
-# Buffered bytes at which the read step flushes (``transforms.ReadUnit``):
-# to a spill file (the local engine), or as one element per shard to the
-# runner's shuffle. A spill flush is smaller: its buffers are the read step's
-# largest memory, and a writer reads a spill section in windows whatever its
-# size. A flush to the runner stays large, because its elements are one
-# columnar batch per shard and flush: a distributed shuffle pays per element.
+# Buffered bytes at which the read step flushes (``transforms.ReadUnit``): to
+# a spill file (smaller: its buffers are the read step's largest memory), or as
+# one element per shard to the runner's shuffle (larger: a distributed shuffle
+# pays per element).
 SPILL_BYTES = 16 << 20
 RUNNER_FLUSH_BYTES = 64 << 20
-# Memory of one buffered entry besides its example bytes (its columns in the
-# batches' numpy arrays: key, four ints, lengths, offset): counted against
-# SPILL_BYTES so that the buffers of a bundle stay near SPILL_BYTES of real memory.
+# Memory counted against the flush size besides example bytes: per buffered
+# entry (its columns), and per batch of a shard (the object and its nine arrays).
 ENTRY_OVERHEAD = 48
-# ... and of one batch of a shard (the batch object and its nine small numpy
-# arrays): a batch of records spread over many shards adds this per shard.
 BATCH_OVERHEAD = 1300
 _HEAD = struct.Struct("<QI")
 HEAD_SIZE = _HEAD.size  # a section's first bytes: entry count (uint64), feature count (uint32)
-# Example bytes a shard writer copies out of a shard's sections at a time
-# (``ShardEntries.chunk_bounds``): sections that travelled through the runner
-# are held whole, their copies in pieces of this size; sections in spill files
-# are read a window at a time (READ_BYTES).
+# Example bytes a shard writer copies out of its sections at a time
+# (``ShardEntries.chunk_bounds``).
 CHUNK_BYTES = 4 << 20
-# What a shard writer reads of the spill sections on disk ahead of the range it
-# copies (``ShardEntries``): this budget divided among a shard's sections, at
-# least MIN_READ_BYTES a read.
+# What a shard writer reads of its spill sections on disk ahead of the range it
+# copies: this budget divided among the sections, at least MIN_READ_BYTES a read.
 READ_BYTES = 8 << 20
 MIN_READ_BYTES = 64 << 10
-
-
-# Mean piece size (bytes) from which ``ragged_take`` copies pieces whole
-# (``bytes.join`` of views) instead of gathering their bytes one by one: the
-# gather builds an int64 index per byte (16 bytes of index work per byte), a
-# join costs about 0.2 us per piece.
+# Mean piece size (bytes) from which ``ragged_take`` joins views of whole
+# pieces (about 0.2 us a piece) instead of one gather (an int64 index per byte).
 _JOIN_PIECE_BYTES = 64
 
 
@@ -119,12 +104,8 @@ def ragged_take(data: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tup
     """Pieces ``order`` of a ragged uint8 array (``data`` with int64 ``offsets``,
     piece i is ``data[offsets[i]:offsets[i + 1]]``), one after the other: the
     new data (uint8, ``(sum of the pieces' sizes,)``) and offsets (int64,
-    ``(len(order) + 1,)``). ``data`` itself when ``order`` is the identity.
-
-    Short pieces (a mean under ``_JOIN_PIECE_BYTES``) are gathered byte by
-    byte in one numpy gather; longer ones are copied whole, a view per piece
-    joined into one buffer (read-only), which for documents of a kilobyte is
-    about 20x less work than the gather's index of one int64 per byte."""
+    ``(len(order) + 1,)``). ``data`` itself when ``order`` is the identity;
+    read-only data when the pieces are long (``_JOIN_PIECE_BYTES``)."""
     sizes = np.diff(offsets)[order]
     new = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(sizes, out=new[1:])
@@ -156,7 +137,7 @@ class SpillBuffer:
         self.batches, self.nbytes = [], 0
 
     def add_batch(self, batch) -> None:
-        """Adds a batch of entries (kept as they are, not copied)."""
+        """Adds a batch of entries (not copied)."""
         self.batches.append(batch)
         self.nbytes += batch_bytes(batch)
 
@@ -170,9 +151,8 @@ class SpillBuffer:
         return b"".join(self._pieces(num_features))
 
     def write_to(self, f: BinaryIO, num_features: int) -> int:
-        """Writes ``to_bytes`` to ``f`` piece by piece (a column at a time,
-        never the whole section at once) and drops the buffer's batches;
-        returns the bytes written."""
+        """Writes ``to_bytes`` to ``f`` a column at a time and drops the
+        buffer's batches; returns the bytes written."""
         written = 0
         for piece in self._pieces(num_features, release=True):
             view = memoryview(piece)
@@ -220,9 +200,8 @@ _SECTION = struct.Struct("<IQQ")
 
 def write_flush(f: BinaryIO, buffers: dict, num_features: int) -> list[tuple[int, int, int]]:
     """Writes one flush file of ``buffers`` (shard -> ``SpillBuffer``, emptied
-    as they are written, so that the flush never holds the buffers and their
-    copy at once) to ``f``, and returns its sections as ``(shard, offset,
-    length)``, in shard order."""
+    as written) to ``f``; returns its sections as ``(shard, offset, length)``,
+    in shard order."""
     index, pos = [], 0
     for shard in sorted(buffers):
         length = buffers.pop(shard).write_to(f, num_features)
@@ -293,16 +272,10 @@ class ShardEntries:
 
     def _chunks(self, chunk: int) -> Iterator[tuple[int, int, list[bytes]]]:
         """``(lo, hi, the encoded examples lo..hi)`` over ``chunk_bounds``, in
-        order.
-
-        A section on disk (``SectionOnDisk``) is sorted, so the shard's order
-        reads each one front to back: every section has a window of its bytes
-        in memory, refilled by one read of at least ``READ_BYTES`` divided
-        among the sections (and at least ``MIN_READ_BYTES``, at most the rest
-        of the section). Memory: about twice that budget plus a range's copies,
-        never more than the sections themselves; reads: about the shard's
-        example bytes x sections / ``READ_BYTES``, one per section when the
-        sections are small."""
+        order. Sections on disk are sorted, so each is read front to back
+        through a window of its bytes, refilled by reads of ``READ_BYTES``
+        divided among the sections (at least ``MIN_READ_BYTES``): memory about
+        twice that budget plus a range's copies."""
         parts = self.parts
         on_disk = [k for k, p in enumerate(parts) if isinstance(p, SectionOnDisk)]
         cursor = np.zeros(len(parts), dtype=np.int64)  # where each section's next unread example starts
@@ -338,48 +311,38 @@ class ShardEntries:
             yield lo, hi, [windows[p][x:y] for p, x, y in zip(part.tolist(), begin.tolist(), end.tolist())]
 
     def items(self, chunk: int = 1 << 16) -> Iterable[tuple[bytes, tuple[int, int]]]:
-        """(encoded example, (file_index, record_number)) in sorted order; converted
-        to Python objects a chunk at a time (``chunk_bounds``) so that memory
-        stays near the arrays'."""
+        """(encoded example, (file_index, record_number)) in sorted order, a
+        chunk at a time (``chunk_bounds``)."""
         for lo, hi, data in self._chunks(chunk):
             yield from zip(data, zip(self.file_index[lo:hi].tolist(), self.record_number[lo:hi].tolist()))
 
     def record_chunks(self, chunk: int = 1 << 16) -> Iterable[tuple[list[bytes], list[bytes]]]:
         """(encoded examples, encoded provenance records) in sorted order, a
-        chunk of entries at a time (``chunk_bounds``: at most ``chunk`` entries
-        and ``CHUNK_BYTES`` of examples, so that the copies stay small beside
-        the shard), for a shard that is written as it is (no packing: one
-        segment per record, token offset 0)."""
+        chunk at a time (``chunk_bounds``), for a shard written as it is (no
+        packing: one segment per record, token offset 0)."""
         for lo, hi, data in self._chunks(chunk):
             yield data, fmt.encode_provenance_batch(self.file_index[lo:hi], self.record_number[lo:hi])
 
 
+@dataclasses.dataclass
 class SectionOnDisk:
     """One shard's section of a flush file whose example bytes stay in the
     file until a shard writer reads them (``ShardEntries``).
 
-    Args:
+    Attributes:
       where: the section's name in errors (file and byte offset).
-      read: ``read(offset, length) -> bytes`` of the section (offsets from the
-        section's first byte).
-      data_start: where the section's example bytes begin (bytes from its
-        first byte).
+      read: ``read(begin, end) -> bytes``: bytes ``begin`` to ``end`` of the
+        section (from its first byte).
+      data_start: where the section's example bytes begin (bytes from its first byte).
       length: the section's size in bytes (its example bytes end there).
       initial: the first example bytes, already read (from ``data_start``).
     """
 
-    __slots__ = ("where", "_read", "data_start", "length", "initial")
-
-    def __init__(self, where: str, read, data_start: int, length: int, initial: bytes = b""):
-        self.where = where
-        self._read = read
-        self.data_start = int(data_start)
-        self.length = int(length)
-        self.initial = initial
-
-    def read(self, begin: int, end: int) -> bytes:
-        """Bytes ``begin`` to ``end`` of the section."""
-        return self._read(begin, end - begin)
+    where: str
+    read: Callable[[int, int], bytes]
+    data_start: int
+    length: int
+    initial: bytes = b""
 
 
 _COLUMNS = (("keys", "V16", 1), ("sub_index", "<u4", 1), ("file_index", "<u4", 1), ("record_number", "<u8", 1),

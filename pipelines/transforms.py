@@ -10,10 +10,10 @@ The pipeline is one straight line with one leaf::
   ``(shard, batch)`` for the examples of each shard (a batch's bytes, or where
   a spill file holds them: spill.py), ``(QUARANTINE_KEY, chunk path)`` for the
   records its source skipped or repaired (or that overlap a benchmark the
-  build excludes: exclusion.py), and ``(COUNTS_KEY, (unit, records
-  read, per-file counts, bad-input counts))``. Everything is emitted from ``process``: nothing from
-  ``finish_bundle``, no tagged outputs, no metrics; some runners (Dask) lose
-  or mix those.
+  build excludes: exclusion.py), and ``(COUNTS_KEY, (unit, records read,
+  per-file counts, bad-input counts))``. Everything is emitted from
+  ``process`` (no ``finish_bundle`` outputs, tagged outputs or metrics, which
+  some runners, Dask, lose or mix).
 - ``WriteGroup`` gets one key with all its values: it sorts, packs and writes
   a shard, merges the quarantine chunks into quarantine.jsonl, or adds up the
   record counts, and emits a small JSON-able result.
@@ -78,26 +78,23 @@ def features_out(task, sequence_length=None) -> list[fmt.FeatureSpec]:
     return specs
 
 
-# Raw record bytes preprocessed together at most (a batch of ``batch_records``
-# documents is cut into pieces of this size): a batch's tokens and their copies
-# are the read step's largest transient memory (about 14 bytes a raw byte with
-# the byte vocabulary), and a tokenizer call of 1 MiB of text costs no more per
-# byte than one of 4 MiB.
+# Raw record bytes preprocessed together at most: a batch's tokens and their
+# copies are the read step's largest transient memory (about 14 bytes a raw
+# byte with the byte vocabulary), and a tokenizer call of 1 MiB of text costs
+# no more per byte than one of 4 MiB.
 BATCH_BYTES = 1 << 20
 
 
 class ReadPreprocess:
     """Reads splits of the task's source and preprocesses their records in
     batches of ``batch_records``, and at most ``batch_bytes`` of raw records
-    (one tokenizer call per batch). A batch is filled across the splits it is
-    given: the records of many small files share one batch (a batch per file
-    would pay a batch's fixed cost, its NumPy and vocabulary calls, per file).
+    (one tokenizer call per batch), filled across the splits it is given (the
+    records of many small files share one batch).
 
     ``read(splits)`` (one ``Split`` or a sequence of them, read in order)
-    yields ``("records", n)`` for every batch of n source records
-    read, ``("examples", EncodedExamples)`` per batch (its examples encoded
-    together, as columns: no Python loop over tokens, one range check per
-    feature and batch), and ``("issue",
+    yields ``("records", n)`` for every batch of n source records read,
+    ``("examples", EncodedExamples)`` per batch (encoded together, as
+    columns), and ``("issue",
     (file_index, record_number, action, message, kind))`` for each record that
     its source skipped or repaired, or the task's checks skipped, under the
     ``on_error`` policy: counted and quarantined, never dropped silently; and
@@ -118,8 +115,7 @@ class ReadPreprocess:
         self.features = features_in(task)
 
     def read(self, splits) -> Iterator[tuple[str, Any]]:
-        """The outputs of the class docstring for ``splits`` (a ``Split`` or a
-        sequence of them).
+        """The outputs of the class docstring for ``splits``.
 
         Raises:
           ValueError: a source error (naming the file and record), or a
@@ -164,10 +160,9 @@ class ReadPreprocess:
             yield RecordBatch.concat(pending)
 
     def _named_error(self, batch: RecordBatch, key, paths: dict, error: ValueError) -> ValueError:
-        """``error`` (raised preprocessing ``batch``, which knows record numbers,
-        not files) prefixed with the path of the file it came from: for a batch
-        of several files, each file's records are preprocessed again alone
-        (this error path only) to find the one that fails."""
+        """``error`` (raised preprocessing ``batch``) prefixed with the path of
+        the file it came from: for a batch of several files, each file's
+        records are preprocessed again alone to find the one that fails."""
         def named(file_index, e):
             path = paths.get(int(file_index), f"file {file_index}")
             return e if str(e).startswith(path) else ValueError(f"{path}: {e}")
@@ -372,10 +367,8 @@ def driver_encoding_threads() -> int | None:
     """The SentencePiece threads a build gives its read step's workers
     (``ReadUnit``): ``$SEQCACHE_ENCODING_THREADS`` when the driver sets it
     (a distributed runner's workers do not inherit the driver's
-    environment), else None: each worker uses the CPUs it may run on. Two
-    local worker processes on 2 CPUs with 2 threads each build short lines
-    1.81x as fast as one worker, with 1 thread each 1.55x: a worker's
-    threads use the CPU the other leaves idle (benchmarks/README.md,
+    environment), else None: each worker uses the CPUs it may run on (a
+    worker's threads use the CPU the other leaves idle: benchmarks/README.md,
     "Worker processes").
 
     Raises:
@@ -391,15 +384,13 @@ class ReadUnit:
 
     Memory: the shard buffers (about ``flush_bytes``: default
     ``spill.SPILL_BYTES`` for the spill exchange, ``spill.RUNNER_FLUSH_BYTES``
-    for the runner's) plus one preprocessing batch (``BATCH_BYTES`` of raw
-    records and their tokens) plus at most ``spill.QUARANTINE_BYTES`` of
-    quarantine entries, however large the unit and however many records are
-    skipped.
+    for the runner's), one preprocessing batch (``BATCH_BYTES`` of raw
+    records and their tokens) and at most ``spill.QUARANTINE_BYTES`` of
+    quarantine entries, however large the unit.
 
     ``encoding_threads``: the SentencePiece threads of the worker that runs
     it (``$SEQCACHE_ENCODING_THREADS`` there), or None to leave the worker's
-    own (``seqcache.tasks.vocabularies.encoding_threads``; see
-    ``driver_encoding_threads``).
+    own (``driver_encoding_threads``).
     """
 
     def __init__(self, reader: ReadPreprocess, *, paths: Sequence[str], spill_dir: str, exchange: str,
@@ -426,8 +417,6 @@ class ReadUnit:
         per_file: dict[int, list[int]] = {}
         bad_input = stats_mod.BadInputCounts()
         splits = [Split(file_index, self.paths[file_index], start, stop, 0) for file_index, start, stop in ranges]
-        # The unit's splits are read as one stream: a preprocessing batch holds
-        # the records of many small files.
         for kind, payload in self.reader.read(splits) if splits else ():
             if kind == "records":
                 records += payload
@@ -512,16 +501,10 @@ class _UnitState:
 
 def load_batches(values, num_features: int) -> spill.ShardEntries:
     """One shard's entries from its values: batch bytes (runner exchange) or
-    ``(path, offset, length)`` sections of spill files. Sorted (see
-    ``spill.load_shard``).
-
-    A spill file section is loaded with its columns and at most
-    ``spill.MIN_READ_BYTES`` of its example bytes (one ranged read, two for
-    long columns); the rest is read window by window while the shard is
-    written (``spill.SectionOnDisk``), so that a writer's memory is the
-    shard's columns (44 bytes an example) plus the windows
-    (``spill.READ_BYTES``) and one range's copies (``spill.CHUNK_BYTES``),
-    not the shard."""
+    ``(path, offset, length)`` sections of spill files, sorted
+    (``spill.load_shard``). A spill file section is loaded with its columns
+    and at most ``spill.MIN_READ_BYTES`` of its example bytes; the rest is read
+    window by window while the shard is written (``spill.SectionOnDisk``)."""
     inline, refs = [], collections.defaultdict(list)
     for v in values:
         if isinstance(v, (bytes, bytearray, memoryview)):
@@ -534,8 +517,7 @@ def load_batches(values, num_features: int) -> spill.ShardEntries:
     for path in sorted(refs):
         for offset, length in sorted(refs[path]):
             where = f"{path} at byte {offset}"
-            # One read for the head, the columns and the first example bytes
-            # (a small section: all of it); a second one only for long columns.
+            # One read for the head, the columns and the first example bytes; a second for long columns.
             first = files.read(path, offset, min(length, spill.MIN_READ_BYTES))
             head_bytes = spill.section_head_bytes(first, where)
             if head_bytes > length:
@@ -545,7 +527,7 @@ def load_batches(values, num_features: int) -> spill.ShardEntries:
                 initial = b""
             else:
                 head, initial = first[:head_bytes], first[head_bytes:]
-            read = lambda begin, size, path=path, offset=offset: files.read(path, offset + begin, size)  # noqa: E731
+            read = lambda begin, end, path=path, offset=offset: files.read(path, offset + begin, end - begin)  # noqa: E731
             section = spill.SectionOnDisk(where, read, head_bytes, length, initial)
             buffers.append((where, (head, section, length)))
     try:
@@ -653,8 +635,7 @@ class WriteGroup:
 class WriteSummary:
     """The last step: every ``WriteGroup`` result in one element, written to
     ``<scratch>/summary.json`` (atomically) for the driver. Emits the number of
-    results, so that the pipeline's only leaf is tiny (a runner such as Dask
-    sends the leaf's elements back to the client)."""
+    results: the pipeline's only leaf is tiny (Dask sends it to the client)."""
 
     def __init__(self, *, scratch_dir, fs_options=()):
         self.scratch_dir, self.fs_options = scratch_dir, list(fs_options)
@@ -696,11 +677,9 @@ _SETTLED: list = []
 
 
 def settle_worker() -> None:
-    """Once per process, at a step's first element: ``fs.freeze_heap`` (in
-    seqcache's own processes only), so that the objects a worker made to run
-    the pipeline after its start (the unpickled steps and task, Beam's bundle
-    processors and channels) are not walked again by every cyclic collection
-    the work triggers."""
+    """Once per process, at a step's first element: ``fs.freeze_heap``, so that
+    what a worker made to run the pipeline (the unpickled steps, Beam's bundle
+    processors) is not walked again by every cyclic collection."""
     if not _SETTLED:
         _SETTLED.append(True)
         fs.freeze_heap()
@@ -708,8 +687,8 @@ def settle_worker() -> None:
 
 def set_worker_options(fs_options: Sequence[str]) -> None:
     """Hands the build's file-system options (object-store endpoints and
-    credentials) to Beam's FileSystems in a worker, once per process: runners
-    such as Dask start workers that never saw the pipeline options."""
+    credentials) to a worker, once per process: runners such as Dask start
+    workers that never saw the pipeline options."""
     if not fs_options or _WORKER_OPTIONS == [tuple(fs_options)]:
         return
     fs.set_options(list(fs_options))

@@ -8,14 +8,11 @@ split size). Only the first half defines the cache's bytes.
 Work units: each input file is cut into splits by its source
 (``Source.splits``: byte ranges of uncompressed text and JSON lines, row groups
 of Parquet, whole files otherwise) of about ``split_size`` bytes; consecutive
-small splits (small files) are grouped into one unit of about ``split_size``,
-so that a corpus of a million small files is not a million units. A unit is
-``(unit_index, ((file_index, start, stop), ...))``: small, picklable, and
-independent of everything but the file list and the split size. The read step
-reads a unit's splits as one stream of records, so that one preprocessing
-batch holds the records of many small files (transforms.ReadPreprocess). How the work
-is cut never changes the cache: record ids are byte offsets or row indices,
-and shards are key ranges.
+small splits (small files) are grouped into one unit of about ``split_size``.
+A unit is ``(unit_index, ((file_index, start, stop), ...))``: small, picklable,
+and independent of everything but the file list and the split size. How the
+work is cut never changes the cache: record ids are byte offsets or row
+indices, and shards are key ranges.
 """
 
 from __future__ import annotations
@@ -88,10 +85,8 @@ class BuildPlan:
 
 class UnitSplits(tuple):
     """The splits of one work unit, ``((file_index, start, stop), ...)``: a
-    tuple. Its own type so that Beam's ``Create`` sees one opaque element type:
-    of a plain tuple it infers a type hint with one member per split, and
-    spends about 0.1 ms a split building and printing it (0.6 s for a unit
-    of 5,000 small files)."""
+    tuple of its own type, so that Beam's ``Create`` does not infer (and
+    print) a type hint with one member per split (0.1 ms a split)."""
 
     __slots__ = ()
 
@@ -128,9 +123,8 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
 
     items = list(enumerate(files))
     if len(items) > 8 and type(source).splits is not Source.splits and getattr(source, "splits_read_files", True):
-        # Splits that open files (Parquet footers) are looked up in parallel: on
-        # an object store each is a round trip. Splits from the file size alone
-        # (line files) are not: a thread pool's futures would cost 20 us a file.
+        # Splits that open files (Parquet footers) are looked up in parallel (a
+        # round trip each on an object store); those from the file size are not.
         with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
             per_file = list(pool.map(cut, items))
     else:
@@ -164,10 +158,9 @@ def content_bytes(source, files: Sequence[Any]) -> int:
       bytes (exact for smaller files).
     - Anything else: the file size.
 
-    At most ``MAX_SAMPLED_FILES`` files of each kind are opened (evenly spaced in
-    file order, so the result depends only on the file list); the others get
-    the ratio of content to file bytes of those sampled. Files are opened in
-    parallel (on an object store each is a round trip).
+    At most ``MAX_SAMPLED_FILES`` files of each kind are opened, in parallel
+    (evenly spaced in file order, so the result depends only on the file
+    list); the others get the ratio of content to file bytes of those sampled.
 
     Args:
       source: the task's source (its ``columns`` name the Parquet columns read).
@@ -253,9 +246,7 @@ def _compressed_content(path: str, num_bytes: int) -> int:
             if not d.eof:
                 break
             pending = d.unused_data
-    except Exception:  # zlib.error, lzma.LZMAError, OSError ...: not decodable
-        # The source reports a corrupt file when it reads it, naming the record
-        # (and its on_error policy applies); for sizing, it counts its file size.
+    except Exception:  # not decodable: the source reports it when it reads it; here it counts its size
         return int(num_bytes)
     if len(data) >= num_bytes:
         return out

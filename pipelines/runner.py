@@ -4,26 +4,21 @@ The build is one portable Beam pipeline (see transforms.py): it uses no
 feature that only some runners have (outputs from ``finish_bundle``, several
 leaves, tagged outputs, metrics). What differs between runners is set here:
 
-- **The runner's name.** Users type short names (``--runner=DaskRunner``,
-  ``--runner=dask``, ``--runner=direct``); Beam wants a class it knows or a
-  fully qualified class path for the others. ``RUNNER_ALIASES`` maps them;
-  ``DirectRunner`` means its local engine, ``FnApiRunner``, which Beam's
-  DirectRunner would only reach after trying to download Prism.
+- **The runner's name.** ``RUNNER_ALIASES`` maps short names
+  (``--runner=dask``, ``--runner=direct``) to what Beam wants; ``direct``
+  means Beam's local engine, ``FnApiRunner``, which Beam's DirectRunner would
+  only reach after trying to download Prism.
 - **How examples travel to the shard writers** (``exchange``): through the
-  runner's own shuffle (``"runner"``: Dataflow Shuffle, Flink, Spark and Dask
-  are built for it), or, on Beam's local engine, whose shuffle keeps every
-  element in the driver's memory, through spill files (``"spill"``): one file
-  per flush holding every shard's section, with only ``(shard, file, offset,
-  length)`` going through the shuffle. ``"auto"`` picks spill for the local
-  engine and the runner's shuffle everywhere else.
-- **Parallelism on Dask.** Beam's DaskRunner turns ``Create`` into a
-  ``dask.bag`` of 128 elements per partition and treats ``Reshuffle`` as a
-  no-op, so a build of a few dozen work units would run in one task. Unless the
-  user sets ``--dask_npartitions`` or ``--dask_partition_size``, every work unit
-  gets its own partition (``--dask_partition_size=1``).
-- **Starting and finishing.** A runner that cannot start (Prism or a Flink
-  job server that would have to be downloaded, a Dask scheduler that does not
-  answer) raises ``RunnerError`` with one line that says which runner and why.
+  runner's own shuffle (``"runner"``), or, on Beam's local engine, whose
+  shuffle keeps every element in the driver's memory, through spill files
+  (``"spill"``, spill.py). ``"auto"`` picks spill for the local engine.
+- **Parallelism on Dask.** Beam's DaskRunner puts 128 elements of ``Create``
+  in a partition and treats ``Reshuffle`` as a no-op, so unless the user sets
+  ``--dask_npartitions`` or ``--dask_partition_size``, every work unit gets its
+  own partition (``--dask_partition_size=1``).
+- **Starting and finishing.** A runner that cannot start (a job server that
+  would have to be downloaded, a Dask scheduler that does not answer) raises
+  ``RunnerError`` with one line that says which runner and why.
 """
 
 from __future__ import annotations
@@ -155,19 +150,16 @@ def local_engine(options):
     """Beam's local engine for ``options``, made the way Beam's DirectRunner
     makes it: with the pipeline options in its provision info, so that worker
     processes (``--direct_running_mode=multi_processing``) see them too (the
-    object-store options their file systems need, the harness log level). A
-    ``FnApiRunner`` made from its name alone gives its workers no options.
-    Its worker processes start through ``seqcache.pipelines.worker_main``,
-    which imports Beam as the build does (without pandas)."""
+    object-store options, the harness log level). Its worker processes start
+    through ``seqcache.pipelines.worker_main`` (Beam imported without pandas)."""
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
     return _LocalEngine(provision_info=info)
 
 
 def known_flags(*, dask: bool = True) -> set[str]:
-    """Every ``--flag`` a Beam pipeline option here defines (the runners'
-    options included: Dask's are registered when its runner can be imported;
-    ``dask=False`` leaves that import out, about half a second of CPU)."""
+    """Every ``--flag`` a Beam pipeline option here defines, the runners' included
+    (``dask=False`` leaves out Dask's, whose import costs about half a second)."""
     if dask:
         with contextlib.suppress(ImportError):
             import apache_beam.runners.dask.dask_runner  # noqa: F401  optional: dask (registers DaskOptions)
@@ -199,12 +191,10 @@ def unknown_flags(args: Sequence[str]) -> list[str]:
 
 def option_value_errors(args: Sequence[str]) -> str | None:
     """What is wrong with the values of ``args`` (Beam pipeline options whose
-    flags exist, ``unknown_flags``), as one line, or None: argparse's own
-    message for a value its option refuses (``--direct_running_mode=multiprocess``:
-    "argument --direct_running_mode: invalid choice: ..."), found by parsing
-    them here, where it can be said, instead of in the pipeline, whose
-    standard error a build hides from its workers; and a negative
-    ``--direct_num_workers`` (0 is Beam's "every CPU")."""
+    flags exist), as one line, or None: argparse's own message for a value its
+    option refuses ("argument --direct_running_mode: invalid choice: ..."),
+    found here rather than in the pipeline, whose workers' standard error a
+    build hides; and a negative ``--direct_num_workers`` (0 is "every CPU")."""
     message = io.StringIO()
     try:
         with contextlib.redirect_stderr(message):
@@ -294,10 +284,9 @@ def causes(error: BaseException | None, *, context: bool = True):
 
 
 def _is_step_error(error: BaseException) -> bool:
-    """An error raised by one of the build's own steps (bad input, a full disk)
-    rather than by the runner itself: local engines run the steps inside
-    ``run()`` and add the step's name (``[while running 'STEP']``) or, from a
-    worker process, its traceback to the message."""
+    """An error raised by one of the build's own steps (bad input, a full disk),
+    not by the runner: local engines add the step's name (``[while running
+    'STEP']``) or a worker's traceback to the message."""
     return isinstance(error, (KeyboardInterrupt, ValueError)) or any(
         "[while running" in str(e) or "Traceback (most recent call last)" in str(e)
         for e in causes(error, context=False))

@@ -13,6 +13,9 @@ import sys
 
 from seqcache import fs
 
+fs.import_beam()  # before Beam's modules below (already done by the package's import of runner.py)
+from apache_beam.runners.worker import sdk_worker_main  # noqa: E402
+
 
 def main(argv=None) -> None:
     """Runs Beam's worker until its runner closes the control channel; then the
@@ -23,9 +26,6 @@ def main(argv=None) -> None:
     argv = list(sys.argv if argv is None else argv)
     fs.own_process()
     fs.tune_allocator()
-    fs.import_beam()
-    from apache_beam.runners.worker import sdk_worker_main
-
     fs.freeze_heap()  # what is imported by now lives as long as the worker
     try:
         sdk_worker_main.main(argv)

@@ -59,8 +59,7 @@ def _sibling(cache_dir: str, suffix: str) -> str:
 
 
 def remove_cache_tree(path: str) -> None:
-    """Removes a cache folder, its manifest first, so that a removal that is
-    interrupted never leaves a folder that looks complete."""
+    """Removes a cache folder, its manifest first (an interrupted removal never looks complete)."""
     manifest = join(path, fmt.MANIFEST_NAME)
     if exists(manifest):
         if is_local(manifest):
@@ -91,20 +90,16 @@ def publish_dir(staging: str, cache_dir: str) -> None:
     ``cache_dir``, replacing the cache there, and removes the old one.
 
     Local folders: one atomic exchange (renameat2 with ``RENAME_EXCHANGE``,
-    Linux) where supported, so a reader always finds
-    either the old or the new complete cache; otherwise ``cache_dir`` is renamed to
-    ``replaced_path(cache_dir)`` and ``staging`` to ``cache_dir``, and for the
-    moment between the two renames there is no folder at ``cache_dir`` (a reader
-    is told there is no such cache; it never sees a mix). A build killed in that
-    moment is undone by ``recover_publish`` on the next build: the old cache
-    comes back.
+    Linux) where supported, so a reader always finds the old or the new
+    complete cache; otherwise two renames through ``replaced_path(cache_dir)``,
+    between which there is no folder at ``cache_dir`` (a reader never sees a
+    mix; a build killed there is undone by ``recover_publish``).
 
-    Object stores (gs://, s3://, hdfs://): the old manifest is deleted first (the
-    old cache stops looking complete), then the old files; the new files are
-    renamed (copied) into place and the manifest is written last. From the first
-    deletion to the last write there is no readable cache at ``cache_dir``, and a
-    build killed there leaves a folder without a manifest, which the next build
-    rebuilds.
+    Object stores (gs://, s3://, hdfs://): the old manifest is deleted first,
+    then the old files; the new files are renamed (copied) into place and the
+    manifest is written last. Until then there is no readable cache at
+    ``cache_dir``; a build killed there leaves a folder without a manifest,
+    which the next build rebuilds.
     """
     if is_local(cache_dir):
         src, dst = local_path(staging), local_path(cache_dir)
@@ -129,10 +124,9 @@ def publish_dir(staging: str, cache_dir: str) -> None:
 
 
 def recover_publish(cache_dir: str) -> None:
-    """Cleans up after a build that was killed while replacing ``cache_dir``:
-    an old cache caught between the two renames of ``publish_dir`` is put back,
-    and the leftovers of staging builds and of old caches are removed. Call it
-    holding the cache's build lock."""
+    """Cleans up after a build killed while replacing ``cache_dir``: an old cache
+    caught between the two renames of ``publish_dir`` is put back, and staging
+    and old-cache leftovers are removed. Call it holding the cache's build lock."""
     old = replaced_path(cache_dir)
     if is_local(cache_dir) and not exists(cache_dir) and exists(join(old, fmt.MANIFEST_NAME)):
         os.rename(local_path(old), local_path(cache_dir))
@@ -165,14 +159,14 @@ def write_shard(
       cache_dir: the cache folder (local or gs://...); it must exist.
       index, num_shards: which shard this is.
       features: the record features, in manifest order.
-      examples: (example, provenance) pairs in cache order. ``example`` maps feature
-        name -> 1-D array, or is already encoded record bytes; ``provenance`` is a list, one per segment, of
-        (source_index, record_number, token_offset), or is already encoded
-        (``seqcache.format.encode_provenance``). Or an ``EncodedChunks``.
+      examples: (example, provenance) pairs in cache order, or an
+        ``EncodedChunks``. ``example`` maps feature name -> 1-D array, or is
+        encoded record bytes; ``provenance`` is a list, one per segment, of
+        (source_index, record_number, token_offset), or is encoded
+        (``seqcache.format.encode_provenance``).
       group_size: the data file's ArrayRecord group size; None (the format's
         rule): ``fmt.group_size_for`` the mean size of the shard's first chunk
-        of records (up to 65,536 of them, or ``_FIRST_CHUNK`` examples). The
-        provenance file's is ``fmt.PROVENANCE_GROUP_SIZE``.
+        of records. The provenance file's is ``fmt.PROVENANCE_GROUP_SIZE``.
 
     Returns:
       The shard's manifest entry (a dict, see ``seqcache.format.ShardInfo``).
@@ -180,9 +174,7 @@ def write_shard(
     Raises:
       ValueError: a chunk whose records and provenance records differ in number.
 
-    Both files are written under temporary names and moved into place only when
-    complete (``seqcache.fs.atomic_path``), so a killed worker leaves no file
-    with a final name.
+    Both files are moved into place only when complete (``seqcache.fs.atomic_path``).
     """
     chunks, group_size = _chunks_and_group_size(features, examples, group_size)
     data_name = fmt.shard_name(fmt.DATA_PREFIX, index, num_shards)
@@ -250,12 +242,9 @@ def write_cache(
     vocabularies: Mapping[str, Any] | None = None,
     fingerprint_inputs: Mapping[str, Any] | None = None,
 ) -> fmt.Manifest:
-    """Writes a whole cache from in-memory examples, already in cache order.
-
-    For small caches and tests; the Beam pipeline writes shards in parallel with
-    ``write_shard`` and then calls ``Manifest.create`` / ``Manifest.write``.
-    The fingerprint is the sha256 of ``fingerprint_inputs`` (default: the task,
-    split, seed and a hash of every record).
+    """Writes a whole cache from in-memory examples, already in cache order (small
+    caches and tests). The fingerprint is the sha256 of ``fingerprint_inputs``
+    (default: the task, split, seed and a hash of every record).
     """
     makedirs(cache_dir)
     entries = []

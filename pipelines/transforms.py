@@ -185,8 +185,7 @@ class ReadPreprocess:
 
     def _flush(self, records: RecordBatch, key):
         yield "records", len(records)
-        skipped = []
-        kept = None
+        skipped, kept, records_kept = [], collections.Counter(), 0
         for i, r in records.special():
             issue = r.issue
             if issue is not None:
@@ -195,21 +194,16 @@ class ReadPreprocess:
                     skipped.append(i)
                     continue
             if r.kept:
-                kept = kept or collections.Counter()
-                kept[None] += 1  # records
+                records_kept += 1
                 kept.update(r.kept)
-        if kept:
-            records_kept = kept.pop(None)
+        if records_kept:
             yield "kept", (records_kept, dict(kept))
         if self.exclusion is not None:
             drop = set(skipped)
-            excluded = []
             for i, message, fields in self.exclusion.find(records, [i for i in range(len(records)) if i not in drop]):
-                r = records[i]
-                yield "excluded", (r.file_index, r.record_number, message, fields)
-                excluded.append(i)
-            if excluded:
-                skipped = sorted(drop.union(excluded))
+                yield "excluded", (records[i].file_index, records[i].record_number, message, fields)
+                skipped.append(i)
+            skipped.sort()
         live = LiveRecords(records, skipped)
         if not len(live):
             return
@@ -356,11 +350,13 @@ class EncodedExamples:
         stops = np.concatenate([cuts, [len(order)]]).tolist()
         data, offsets = ragged_take(self.data, self.offsets, order)
         for a, b in zip(starts, stops):
-            sel = slice(a, b)
+            rows = order[a:b]
             yield int(shards[a]), EncodedExamples(
-                shards[sel], self.key[order[sel]], self.sub_index[order[sel]], self.file_index[order[sel]],
-                self.record_number[order[sel]], self.truncated[order[sel]], self.lengths[order[sel]],
+                shards[a:b], *(getattr(self, name)[rows] for name in _ROW_COLUMNS),
                 data[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a])
+
+
+_ROW_COLUMNS = ("key", "sub_index", "file_index", "record_number", "truncated", "lengths")
 
 
 def driver_encoding_threads() -> int | None:

@@ -10,10 +10,9 @@
             only when complete (writer.publish_dir)
 
 The pipeline runs on Beam's local engine by default and unchanged on any other
-runner (runner.py): every pipeline option passes through. Workers get everything
-they need pickled with the steps (the task, its source and vocabularies;
-SentencePiece vocabularies pickle their model bytes), so fresh worker processes
-need no access to the driver's files except the corpus and the cache folder.
+runner (runner.py). Workers get everything they need pickled with the steps
+(the task, its source and vocabularies with their model bytes): they need no
+file of the driver's but the corpus and the cache folder.
 """
 
 from __future__ import annotations
@@ -122,8 +121,8 @@ class BuildConfig:
 
 @dataclasses.dataclass
 class BuildResult:
-    """What ``build_task`` did: the cache folder, its manifest, and whether an
-    existing cache with the same fingerprint was reused without work."""
+    """What ``build_task`` did: the cache folder, its manifest, whether an existing
+    cache with the same fingerprint was reused without work, and the seconds taken."""
 
     cache_dir: str
     manifest: fmt.Manifest
@@ -241,8 +240,7 @@ def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
 
 
 def _fs_options(pipeline_args) -> list[str]:
-    """The pipeline options that file systems read (object-store endpoints and
-    credentials), to hand to workers that never saw the pipeline options."""
+    """The pipeline options that file systems read (object-store endpoints and credentials), for workers."""
     if pipeline_args is None or not isinstance(pipeline_args, (list, tuple)):
         return []
     prefixes = ("--s3_", "--gcs_", "--hdfs_", "--azure_", "--blob_", "--project", "--temp_location")
@@ -461,7 +459,7 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
     if summary["files"] is not None:
         statistics["source_files"] = stats_mod.source_file_table(
             summary["files"], len(plan.files), [f.name for f in transforms.features_in(task)])
-    quarantine = spill.QuarantineSummary(**summary["quarantine"]) if summary["quarantine"] else spill.QuarantineSummary()
+    quarantine = spill.QuarantineSummary(**(summary["quarantine"] or {}))
     statistics["skipped_records"] = quarantine.skipped_records
     statistics["replaced_records"] = quarantine.replaced_records
     statistics["bad_input_records"] = stats_mod.BadInputCounts.merge([summary.get("bad_input")])
@@ -474,10 +472,8 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
                      quarantine.excluded_records, statistics["excluded_by_benchmark"],
                      fs.join(plan.out_dir, fmt.QUARANTINE_NAME))
     if statistics["skipped_records"]:
-        log.info(
-            "task %s: skipped %d bad records; their locations and reasons are in %s",
-            task.name, statistics["skipped_records"], fs.join(plan.out_dir, fmt.QUARANTINE_NAME),
-        )
+        log.info("task %s: skipped %d bad records; their locations and reasons are in %s",
+                 task.name, statistics["skipped_records"], fs.join(plan.out_dir, fmt.QUARANTINE_NAME))
     if statistics["examples"] == 0:
         raise BuildError(_zero_examples_message(task, config, plan.files, plan.total_bytes, records_read, quarantine))
     _verify_written(build_dir, entries)
@@ -587,8 +583,7 @@ def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
     walk(old, new, "")
     if not diffs:
         return "nothing recorded differs (an older seqcache wrote it)"
-    more = f"; and more" if len(diffs) > limit else ""
-    return "; ".join(diffs[:limit]) + more
+    return "; ".join(diffs[:limit]) + ("; and more" if len(diffs) > limit else "")
 
 
 import_beam = fs.import_beam  # Beam imported quietly, without pandas; returns ``apache_beam``

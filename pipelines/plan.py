@@ -146,44 +146,35 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
 
 
 def content_bytes(source, files: Sequence[Any]) -> int:
-    """The uncompressed size of the input's text in bytes, which the shard count
-    follows (a shard is sorted in one worker's memory: its compressed size on
-    disk says little about that).
+    """The uncompressed size of the input's text in bytes (int >= 0), which the
+    shard count follows (a shard is sorted in one worker's memory).
 
     - Parquet files: the uncompressed sizes of the column chunks the source
-      reads (``total_uncompressed_size`` in the footer's row-group metadata:
-      the values after decoding pages, before any dictionary or compression).
+      reads (``source.columns``; ``total_uncompressed_size`` in the footer's
+      row-group metadata).
     - Compressed files (``.gz``, ``.bz2``, ``.xz``/``.lzma``, ``.zst``): the file
       size times the compression ratio of its first ``SAMPLE_BYTES`` compressed
-      bytes (exact for smaller files).
+      bytes (exact for smaller files; its file size if it cannot be decoded).
     - Anything else: the file size.
 
     At most ``MAX_SAMPLED_FILES`` files of each kind are opened, in parallel
     (evenly spaced in file order, so the result depends only on the file
     list); the others get the ratio of content to file bytes of those sampled.
 
-    Args:
-      source: the task's source (its ``columns`` name the Parquet columns read).
-      files: ``source.list_files()`` (``SourceFile``: path, num_bytes).
-
-    Returns:
-      Bytes (int >= 0).
-
     Raises:
-      ValueError: a Parquet file whose footer cannot be read, naming the file
-        (a compressed file that cannot be decompressed counts its file size:
-        the source reports it when it reads it).
+      ValueError: a Parquet file whose footer cannot be read, naming the file.
     """
+    parquet = getattr(source, "kind", None) == "parquet"
+    columns = sorted(set(getattr(source, "columns", {}).values())) if parquet else None
     kinds: dict[str, list[int]] = {"parquet": [], "compressed": []}
     total = 0
     for i, f in enumerate(files):
-        if f.path.lower().endswith(".parquet") or getattr(source, "kind", None) == "parquet":
+        if f.path.lower().endswith(".parquet") or parquet:
             kinds["parquet"].append(i)
         elif is_compressed(f.path):
             kinds["compressed"].append(i)
         else:
             total += int(f.num_bytes)
-    columns = sorted(set(getattr(source, "columns", {}).values())) if getattr(source, "kind", None) == "parquet" else None
     for kind, members in kinds.items():
         if not members:
             continue

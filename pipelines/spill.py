@@ -6,13 +6,11 @@ The read step gathers the examples of its work unit in one in-memory
 of the unit, it hands them on in one of two ways (``exchange``, runner.py):
 
 - ``"runner"``: each shard's buffer becomes one element ``(shard, batch
-  bytes)`` of the runner's own shuffle (GroupByKey): Dataflow Shuffle, Flink,
-  Spark or Dask move the data, as they are built to.
+  bytes)`` of the runner's own shuffle (GroupByKey).
 - ``"spill"`` (Beam's local engine, whose shuffle holds every element in the
   driver's memory): the buffers are written to **one file per flush holding
   every shard's section**, ``_tmp/spill/<unit>-<unique>-<flush>.bin``, and only
-  ``(shard, (path, offset, length))`` goes through the shuffle. The number of
-  files grows with corpus / flush size, never with corpus x shards.
+  ``(shard, (path, offset, length))`` goes through the shuffle.
 
 Every section is sorted in cache order when it is written, so the shard
 writer sorts only the shard's columns (44 + 4F bytes an example) and reads
@@ -549,16 +547,14 @@ def merge_quarantine(paths: Sequence[str], out: BinaryIO, *, scratch_dir: str, o
       paths: the chunk files named by the read step's outputs (any order).
       out: the binary file quarantine.jsonl is written to.
       scratch_dir: where the rounds of a merge of more than ``fan_in`` chunks
-        write their intermediate chunks (build-internal, like spill files).
-      open_read, open_write: ``path -> context manager of a binary file``
-        (``seqcache.pipelines.writer.open_read`` / ``open_write``).
-      join: ``seqcache.pipelines.writer.join``.
+        write their intermediate chunks.
+      open_read, open_write, join: ``seqcache.fs``'s.
       fan_in: chunk files open at once (default ``MERGE_FAN_IN``).
 
     Returns:
-      A ``QuarantineSummary``. Memory holds one line per open chunk, whatever
-      the number of entries (a k-way merge, ``heapq.merge``, in rounds of
-      ``fan_in`` files: external merge sort, Knuth, TAOCP vol. 3, 5.4.1).
+      A ``QuarantineSummary``. Memory holds one line per open chunk (a k-way
+      merge, ``heapq.merge``, in rounds of ``fan_in`` files: external merge
+      sort, Knuth, TAOCP vol. 3, 5.4.1).
 
     Raises:
       ValueError: a chunk line that is not in the chunk format (the file is named).

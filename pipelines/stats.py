@@ -110,10 +110,9 @@ class ShardStats:
         self.length_counts = {name: {} for name in self.names}
 
     def add_source_lengths(self, lengths, names) -> None:
-        """Counts the lengths of a shard's source examples (the preprocessed
-        examples, before packing; for unpacked caches, the cached examples) in the
+        """Counts the lengths of a shard's source examples (before packing) in the
         length histogram. ``lengths``: (n, F) tokens, columns named by ``names``
-        (the read step's features; only ``self.names`` are counted)."""
+        (only ``self.names`` are counted)."""
         lengths = np.asarray(lengths)
         for k, name in enumerate(names):
             if name not in self.length_counts or not lengths.shape[0]:
@@ -156,8 +155,7 @@ class ShardStats:
 
 
 def _bucket_counts(lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(lo, return_counts=True)``; by ``np.bincount`` (no sort) when
-    every edge is below 2^16, as for most sequence lengths."""
+    """``np.unique(lo, return_counts=True)``, by ``np.bincount`` when every edge is below 2^16."""
     if len(lo) and int(lo.max()) < 1 << 16:
         counts = np.bincount(lo)
         edges = np.flatnonzero(counts)

@@ -18,8 +18,7 @@ The pipeline is one straight line with one leaf::
   a shard, merges the quarantine chunks into quarantine.jsonl, or adds up the
   record counts, and emits a small JSON-able result.
 - ``WriteSummary`` gathers every result in one element and writes
-  ``_tmp/summary.json``, which the driver reads to write the manifest. Counts
-  therefore come from what the pipeline itself wrote, on every runner.
+  ``_tmp/summary.json``, from which the driver writes the manifest.
 
 Every step is a plain picklable object whose state is the task and a few
 paths; randomness comes only from the record keys.
@@ -523,7 +522,7 @@ def load_batches(values, num_features: int) -> spill.ShardEntries:
                 initial = b""
             else:
                 head, initial = first[:head_bytes], first[head_bytes:]
-            read = lambda begin, end, path=path, offset=offset: files.read(path, offset + begin, end - begin)  # noqa: E731
+            read = lambda begin, end, p=path, at=offset: files.read(p, at + begin, end - begin)  # noqa: E731
             section = spill.SectionOnDisk(where, read, head_bytes, length, initial)
             buffers.append((where, (head, section, length)))
     try:

@@ -1,13 +1,10 @@
 """Writing cache shards, and replacing a cache.
 
-A shard is written under a temporary name, checksummed while it is written, and
-moved into place only when complete; the driver then writes the shard checksum
-file (``shard-checksums.json``) and, last, the manifest, each atomically
-(``seqcache.manifest.Manifest.write``). A folder without manifest.json is never
-read as a cache (G7).
-
-Paths that are not local (gs://, s3://, hdfs://) go through Beam's FileSystems:
-ArrayRecord writes a local temporary file that is then copied to its destination.
+A shard is written under a temporary name and moved into place only when
+complete; the driver then writes the shard checksum file and, last, the
+manifest (``Manifest.write``). A folder without manifest.json is never read as
+a cache (G7). On object stores, ArrayRecord writes a local temporary file that
+is then copied to its destination.
 """
 
 from __future__ import annotations

@@ -211,10 +211,8 @@ def build_task(
     num_shards = config.num_shards or shuffle.choose_num_shards(content, target_shard_bytes=shard_size)
     max_shards = max(FREE_SHARDS, max(total_bytes, content or 0) // MIN_SHARD_BYTES)
     if num_shards > max_shards:
-        raise BuildError(
-            f"task {task.name!r}: {num_shards:,} shards for {total_bytes:,} bytes of input is too many (each shard, "
-            f"even empty, is a file); use at most {max_shards:,}, or leave --num-shards out"
-        )
+        raise BuildError(f"task {task.name!r}: {num_shards:,} shards for {total_bytes:,} bytes of input is too many "
+                         f"(each shard, even empty, is a file); use at most {max_shards:,}, or leave --num-shards out")
     exclusion = _exclusion(config)
     inputs = task_fingerprint_inputs(task, config, num_shards, exclusion=exclusion)
     plan = BuildPlan(
@@ -241,7 +239,7 @@ def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
 
 def _fs_options(pipeline_args) -> list[str]:
     """The pipeline options that file systems read (object-store endpoints and credentials), for workers."""
-    if pipeline_args is None or not isinstance(pipeline_args, (list, tuple)):
+    if not isinstance(pipeline_args, (list, tuple)):
         return []
     prefixes = ("--s3_", "--gcs_", "--hdfs_", "--azure_", "--blob_", "--project", "--temp_location")
     return [a for a in pipeline_args if isinstance(a, str) and a.startswith(prefixes)]
@@ -273,16 +271,11 @@ def _build_lock(out_dir: str):
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise BuildError(
-                f"{out_dir}: another build of this cache is running (it holds {lock_path}); "
-                "wait for it to finish, or build into another --cache-dir"
-            ) from None
-        try:
-            same = os.path.samestat(os.fstat(f.fileno()), os.stat(lock_path))
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
+            raise BuildError(f"{out_dir}: another build of this cache is running (it holds {lock_path}); "
+                             "wait for it to finish, or build into another --cache-dir") from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(f.fileno()), os.stat(lock_path)):
+                break
         f.close()  # the holder removed it while we waited: lock the new one
     try:
         yield
@@ -308,11 +301,9 @@ def _build_locked(plan: BuildPlan, *, overwrite, progress, start) -> BuildResult
             return BuildResult(out_dir, existing, reused=True, seconds=time.monotonic() - start)
         if not overwrite:
             changed = describe_changes(existing.raw.get("fingerprint_inputs", {}), plan.inputs)
-            raise BuildError(
-                f"{out_dir}: holds a cache with fingerprint {existing.fingerprint[:12]}, this build's fingerprint is "
-                f"{plan.fingerprint[:12]}; what changed: {changed}. "
-                "Pass --overwrite to replace it, or choose another --cache-dir"
-            )
+            raise BuildError(f"{out_dir}: holds a cache with fingerprint {existing.fingerprint[:12]}, this build's "
+                             f"fingerprint is {plan.fingerprint[:12]}; what changed: {changed}. "
+                             "Pass --overwrite to replace it, or choose another --cache-dir")
     # A complete cache is replaced through a staging folder published when the
     # new cache is complete; else (no cache, or leftovers) the build goes in place.
     staged = existing is not None
@@ -418,11 +409,9 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
         raise BuildError(str(e)) from None
     except BaseException as e:  # no manifest: nothing looks complete, and the caller removes it
         if _is_no_space(e):
-            raise BuildError(
-                f"{plan.out_dir}: no space left on the device while building; nothing was published (no manifest). "
-                "Free space (the build needs about twice the cache's size while it runs) or use another "
-                "--cache-dir, then run the build again"
-            ) from e
+            raise BuildError(f"{plan.out_dir}: no space left on the device while building; nothing was published "
+                             "(no manifest). Free space (the build needs about twice the cache's size while it runs) "
+                             "or use another --cache-dir, then run the build again") from e
         raise
 
 

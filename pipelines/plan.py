@@ -48,13 +48,11 @@ class BuildPlan:
 
     Attributes:
       task, config: the task and the ``BuildConfig`` (they define the cache).
-      files: the input files (``SourceFile``: path, bytes, mtime), sorted.
-      total_bytes: their size in bytes.
-      num_shards: the shard count.
-      shard_size: the content bytes per shard it was derived from (None when
-        the count was given).
-      content_bytes: the uncompressed size of their text (``content_bytes``),
-        which the shard count follows; None when the count was given.
+      files: the input files (``SourceFile``: path, bytes, mtime), sorted;
+        total_bytes: their size in bytes.
+      num_shards: the shard count; shard_size and content_bytes (the
+        uncompressed size of the files' text): what it was derived from (None
+        when the count was given).
       inputs, fingerprint: the fingerprint's inputs and the fingerprint.
       out_dir: ``cache_dir/<task>/<split>``.
       runner: the Beam runner (resolved name); options: its ``PipelineOptions``.

@@ -95,15 +95,10 @@ def choose_exchange(exchange: str, runner: str) -> str:
 
 
 def pipeline_options(pipeline_args: Sequence[str] | Any = None):
-    """Beam ``PipelineOptions`` from the command line's free arguments, with the
-    runner's short name resolved (the last ``--runner`` wins; none: the local
-    engine, named explicitly: the DirectRunner itself first tries to download
-    and start the Prism runner, which would make a local build depend on
-    network access and ignore ``--direct_running_mode``) and the Dask
-    partitioning default.
-
-    Returns:
-      ``(options, runner)``: the options and the runner's resolved name.
+    """``(options, runner)``: Beam ``PipelineOptions`` from the command line's
+    free arguments and the runner's resolved name (the last ``--runner`` wins;
+    none: the local engine, named explicitly, since the DirectRunner would
+    first try to download Prism), with the Dask partitioning default.
     """
     if isinstance(pipeline_args, po.PipelineOptions):
         standard = pipeline_args.view_as(po.StandardOptions)

@@ -456,10 +456,7 @@ def load_shard(buffers: Iterable[tuple[str, "bytes | tuple[bytes, SectionOnDisk,
                         part[order], begin[order], end[order], [p["data"] for p in parts])
 
 
-# ---------------------------------------------------------------------------
-# Quarantine chunks
-
-# Entries a bundle holds in memory before it writes them to a chunk file (bytes).
+# Quarantine chunks. Entries a bundle holds in memory before it writes them to a chunk file (bytes).
 QUARANTINE_BYTES = 4 << 20
 # Chunk files open at once while merging; more are merged in rounds.
 MERGE_FAN_IN = 64

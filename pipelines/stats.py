@@ -2,13 +2,12 @@
 manifest's ``statistics`` (units: examples and segments in records; tokens and
 lengths in tokens).
 
-Length histograms use fixed, data-independent buckets so that the shards' counts
-merge by addition (the build's result does not depend on how examples were
-split between shards or workers): a length n below 16 has its own bucket
-[n, n + 1); above, each power of two [2^e, 2^(e+1)) is cut into 8 buckets of
-width 2^(e-3) (about 9 % of the length: the layout of HdrHistogram with three
-significant bits). A histogram is a list of ``[lo, hi, count]`` (tokens, tokens,
-examples) for its non-empty buckets, ``lo`` ascending, ``hi`` exclusive.
+Length histograms use fixed, data-independent buckets so that the shards'
+counts merge by addition: a length n below 16 has its own bucket [n, n + 1);
+above, each power of two [2^e, 2^(e+1)) is cut into 8 buckets of width
+2^(e-3) (about 9 % of the length: the layout of HdrHistogram with three
+significant bits). A histogram is a list of ``[lo, hi, count]`` (tokens,
+tokens, examples) for its non-empty buckets, ``lo`` ascending, ``hi`` exclusive.
 """
 
 from __future__ import annotations

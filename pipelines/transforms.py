@@ -86,24 +86,21 @@ BATCH_BYTES = 1 << 20
 
 class ReadPreprocess:
     """Reads splits of the task's source and preprocesses their records in
-    batches of ``batch_records``, and at most ``batch_bytes`` of raw records
-    (one tokenizer call per batch), filled across the splits it is given (the
-    records of many small files share one batch).
+    batches of ``batch_records`` and at most ``batch_bytes`` of raw records
+    (one tokenizer call per batch), filled across the splits it is given.
+    Which records share a batch never changes an example: preprocessing is
+    per record, its randomness drawn from the record's key.
 
-    ``read(splits)`` (one ``Split`` or a sequence of them, read in order)
-    yields ``("records", n)`` for every batch of n source records read,
-    ``("examples", EncodedExamples)`` per batch (encoded together, as
-    columns), and ``("issue",
-    (file_index, record_number, action, message, kind))`` for each record that
-    its source skipped or repaired, or the task's checks skipped, under the
-    ``on_error`` policy: counted and quarantined, never dropped silently; and
-    ``("kept", (records, {kind: records}))`` once per batch with records holding
-    bad input its policy keeps as it is (``SourceRecord.kept``): counted; and,
-    with an ``exclusion`` (``seqcache.pipelines.exclusion.Exclusion``),
-    ``("excluded", (file_index, record_number, message, entry fields))`` for
-    each record that overlaps one of its benchmarks: quarantined, never
-    preprocessed. Which records share a batch never changes an example:
-    preprocessing is per record, its randomness drawn from the record's key.
+    ``read(splits)`` (a ``Split`` or a sequence of them, read in order) yields
+    ``("records", n)`` per batch of n source records; ``("examples",
+    EncodedExamples)`` per batch; ``("issue", (file_index, record_number,
+    action, message, kind))`` per record its source skipped or repaired, or the
+    task's checks skipped (``on_error``: quarantined, never dropped silently);
+    ``("kept", (records, {kind: records}))`` per batch with records whose bad
+    input the policy keeps (``SourceRecord.kept``: counted); and, with an
+    ``exclusion`` (``exclusion.Exclusion``), ``("excluded", (file_index,
+    record_number, message, entry fields))`` per record that overlaps one of
+    its benchmarks (quarantined, never preprocessed).
     """
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048, batch_bytes=BATCH_BYTES,

@@ -1,6 +1,4 @@
-"""The deterministic cache build: the driver.
-
-Data flow (DESIGN.md, Data flow; the steps are in transforms.py)::
+"""The deterministic cache build: the driver (the steps are in transforms.py)::
 
     driver: list the files, plan work units (splits of files, plan.py)
     Create(units) ──> read + preprocess ──(shard, batch)──> GroupByKey ──> sort, pack, write shard
@@ -12,33 +10,49 @@ Data flow (DESIGN.md, Data flow; the steps are in transforms.py)::
             only when complete (writer.publish_dir)
 
 The pipeline runs on Beam's local engine by default and unchanged on any other
-runner (runner.py): every pipeline option passes through. Workers get everything
-they need pickled with the steps (the task, its source and vocabularies;
-SentencePiece vocabularies pickle their model bytes), so fresh worker processes
-need no access to the driver's files except the corpus and the cache folder.
+runner (runner.py). Workers get everything they need pickled with the steps
+(the task, its source and vocabularies with their model bytes): they need no
+file of the driver's but the corpus and the cache folder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
 import json
 import logging
 import os
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from array_record.python.array_record_module import ArrayRecordReader
+
 from seqcache import format as fmt
-from seqcache import fs, layout
+from seqcache import fs
+from seqcache.layout import cache_path  # noqa: F401  (re-exported: seqcache.pipelines.cache_path)
 from seqcache.manifest import Manifest
-from seqcache.tasks.registry import USER_MODULE_PREFIX
+from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
-from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import shuffle, spill, stats as stats_mod, transforms, writer
 from seqcache.pipelines.plan import BuildPlan
 from seqcache.pipelines.runner import RunnerError
+from seqcache.tasks import vocabularies as vocab_mod
+from seqcache.tasks.registry import USER_MODULE_PREFIX
+from seqcache.tasks.sources.policy import ERROR_KINDS
+import apache_beam as beam  # after runner's fs.import_beam: quietly, without pandas
+from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle
+
+try:
+    import cloudpickle  # what Dask sends tasks with
+except ImportError:
+    cloudpickle = None
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +121,8 @@ class BuildConfig:
 
 @dataclasses.dataclass
 class BuildResult:
-    """What ``build_task`` did: the cache folder, its manifest, and whether an
-    existing cache with the same fingerprint was reused without work."""
+    """What ``build_task`` did: the cache folder, its manifest, whether an existing
+    cache with the same fingerprint was reused without work, and the seconds taken."""
 
     cache_dir: str
     manifest: fmt.Manifest
@@ -117,32 +131,22 @@ class BuildResult:
 
 
 def _check_task(task, config: BuildConfig) -> None:
-    unknown = sorted(set(config.sequence_length or {}) - set(task.output_features))
+    lengths, features, name = config.sequence_length or {}, task.output_features, task.name
+    unknown = sorted(set(lengths) - set(features))
     if unknown:
-        raise BuildError(
-            f"task {task.name!r}: sequence length given for {unknown}, which the task does not produce "
-            f"(its features: {sorted(task.output_features)})"
-        )
+        raise BuildError(f"task {name!r}: sequence length given for {unknown}, which the task does not produce "
+                         f"(its features: {sorted(features)})")
     if task.packing not in (None, "lm", "first_fit"):
-        raise BuildError(f"task {task.name!r}: unknown packing {task.packing!r} (expected None, 'lm' or 'first_fit')")
-    if task.packing == "first_fit":
-        missing = [n for n in task.output_features if not config.sequence_length or n not in config.sequence_length]
-        if missing:
-            raise BuildError(
-                f"task {task.name!r}: packing='first_fit' needs a sequence length for every feature; missing "
-                f"{missing} (pass --sequence-length " + ",".join(f"{n}=N" for n in missing) + ")"
-            )
-    if task.packing == "lm":
-        if len(task.output_features) != 1:
-            raise BuildError(
-                f"task {task.name!r}: packing='lm' needs exactly one output feature (has {sorted(task.output_features)})"
-            )
-        (name,) = task.output_features
-        if not config.sequence_length or name not in config.sequence_length:
-            raise BuildError(
-                f"task {task.name!r}: packing='lm' needs a sequence length for feature {name!r} "
-                f"(pass --sequence-length {name}=N)"
-            )
+        raise BuildError(f"task {name!r}: unknown packing {task.packing!r} (expected None, 'lm' or 'first_fit')")
+    missing = [n for n in features if n not in lengths]
+    if task.packing == "first_fit" and missing:
+        raise BuildError(f"task {name!r}: packing='first_fit' needs a sequence length for every feature; missing "
+                         f"{missing} (pass --sequence-length " + ",".join(f"{n}=N" for n in missing) + ")")
+    if task.packing == "lm" and len(features) != 1:
+        raise BuildError(f"task {name!r}: packing='lm' needs exactly one output feature (has {sorted(features)})")
+    if task.packing == "lm" and missing:
+        raise BuildError(f"task {name!r}: packing='lm' needs a sequence length for feature {missing[0]!r} "
+                         f"(pass --sequence-length {missing[0]}=N)")
 
 
 def build_task(
@@ -186,7 +190,6 @@ def build_task(
         benchmark of ``config.exclude_benchmarks`` cannot be read.
       Any error of the task's sources or preprocessors, naming file and record.
     """
-    beam = import_beam()
     start = time.monotonic()
     _check_task(task, config)
     options, runner = runner_mod.pipeline_options(pipeline_args)
@@ -208,10 +211,8 @@ def build_task(
     num_shards = config.num_shards or shuffle.choose_num_shards(content, target_shard_bytes=shard_size)
     max_shards = max(FREE_SHARDS, max(total_bytes, content or 0) // MIN_SHARD_BYTES)
     if num_shards > max_shards:
-        raise BuildError(
-            f"task {task.name!r}: {num_shards:,} shards for {total_bytes:,} bytes of input is too many (each shard, "
-            f"even empty, is a file); use at most {max_shards:,}, or leave --num-shards out"
-        )
+        raise BuildError(f"task {task.name!r}: {num_shards:,} shards for {total_bytes:,} bytes of input is too many "
+                         f"(each shard, even empty, is a file); use at most {max_shards:,}, or leave --num-shards out")
     exclusion = _exclusion(config)
     inputs = task_fingerprint_inputs(task, config, num_shards, exclusion=exclusion)
     plan = BuildPlan(
@@ -222,15 +223,11 @@ def build_task(
         content_bytes=content, exclusion=exclusion,
     )
     with _build_lock(plan.out_dir):
-        return _build_locked(plan, beam=beam, overwrite=overwrite, progress=progress, start=start)
+        return _build_locked(plan, overwrite=overwrite, progress=progress, start=start)
 
 
 def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
-    """The benchmarks the build excludes (None when none are given).
-
-    Raises:
-      BuildError: a benchmark cannot be read, or two share a name.
-    """
+    """The benchmarks the build excludes, or None; BuildError when one cannot be read, or two share a name."""
     if not config.exclude_benchmarks:
         return None
     try:
@@ -241,9 +238,8 @@ def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
 
 
 def _fs_options(pipeline_args) -> list[str]:
-    """The pipeline options that file systems read (object-store endpoints and
-    credentials), to hand to workers that never saw the pipeline options."""
-    if pipeline_args is None or not isinstance(pipeline_args, (list, tuple)):
+    """The pipeline options that file systems read (object-store endpoints and credentials), for workers."""
+    if not isinstance(pipeline_args, (list, tuple)):
         return []
     prefixes = ("--s3_", "--gcs_", "--hdfs_", "--azure_", "--blob_", "--project", "--temp_location")
     return [a for a in pipeline_args if isinstance(a, str) and a.startswith(prefixes)]
@@ -252,17 +248,14 @@ def _fs_options(pipeline_args) -> list[str]:
 @contextlib.contextmanager
 def _build_lock(out_dir: str):
     """An exclusive lock on one cache folder for the length of a build (local
-    file systems: ``fcntl.flock`` on ``<task>/.<split>.lock``), so that two builds
-    of the same cache never interleave. A second build fails at once, saying so.
-    The lock file is removed when the build ends (a taker checks that the file
-    it locked is still the one at the path, so removal never lets two builds in),
-    and so are the folders the build created when it left nothing in them.
-    Object stores have no such lock; there, run one build per cache at a time."""
+    file systems: ``fcntl.flock`` on ``<task>/.<split>.lock``); a second build
+    fails at once, saying so. The lock file is removed at the end (a taker
+    checks that the file it locked is still the one at the path), and so are
+    the folders the build created when left empty. Object stores have no such
+    lock; there, run one build per cache at a time."""
     if not fs.is_local(out_dir):
         yield
         return
-    import fcntl
-
     path = fs.local_path(out_dir)
     parent = os.path.dirname(path)
     lock_path = os.path.join(parent, f".{os.path.basename(path)}.lock")
@@ -278,16 +271,11 @@ def _build_lock(out_dir: str):
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise BuildError(
-                f"{out_dir}: another build of this cache is running (it holds {lock_path}); "
-                "wait for it to finish, or build into another --cache-dir"
-            ) from None
-        try:
-            same = os.path.samestat(os.fstat(f.fileno()), os.stat(lock_path))
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
+            raise BuildError(f"{out_dir}: another build of this cache is running (it holds {lock_path}); "
+                             "wait for it to finish, or build into another --cache-dir") from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(f.fileno()), os.stat(lock_path)):
+                break
         f.close()  # the holder removed it while we waited: lock the new one
     try:
         yield
@@ -303,7 +291,7 @@ def _build_lock(out_dir: str):
                 break
 
 
-def _build_locked(plan: BuildPlan, *, beam, overwrite, progress, start) -> BuildResult:
+def _build_locked(plan: BuildPlan, *, overwrite, progress, start) -> BuildResult:
     out_dir = plan.out_dir
     writer.recover_publish(out_dir)  # a killed replacement: the old cache back, staging leftovers gone
     existing = _read_existing(out_dir, overwrite=overwrite)
@@ -313,21 +301,16 @@ def _build_locked(plan: BuildPlan, *, beam, overwrite, progress, start) -> Build
             return BuildResult(out_dir, existing, reused=True, seconds=time.monotonic() - start)
         if not overwrite:
             changed = describe_changes(existing.raw.get("fingerprint_inputs", {}), plan.inputs)
-            raise BuildError(
-                f"{out_dir}: holds a cache with fingerprint {existing.fingerprint[:12]}, this build's fingerprint is "
-                f"{plan.fingerprint[:12]}; what changed: {changed}. "
-                "Pass --overwrite to replace it, or choose another --cache-dir"
-            )
-    # Replacing a complete cache: build beside it, in a staging folder, and publish
-    # only when the new cache is complete; a build that fails leaves the old cache
-    # as it was. Otherwise (no cache, or the leftovers of an unfinished build) build
-    # in place after removing what is there: nothing there is worth keeping, and a
-    # build that fails removes what it wrote.
+            raise BuildError(f"{out_dir}: holds a cache with fingerprint {existing.fingerprint[:12]}, this build's "
+                             f"fingerprint is {plan.fingerprint[:12]}; what changed: {changed}. "
+                             "Pass --overwrite to replace it, or choose another --cache-dir")
+    # A complete cache is replaced through a staging folder published when the
+    # new cache is complete; else (no cache, or leftovers) the build goes in place.
     staged = existing is not None
     build_dir = writer.staging_path(out_dir) if staged else out_dir
     writer.remove_cache_tree(build_dir)
     try:
-        manifest = _build_into(plan, beam=beam, progress=progress, build_dir=build_dir)
+        manifest = _build_into(plan, progress=progress, build_dir=build_dir)
     except BaseException:
         writer.remove_cache_tree(build_dir)
         raise
@@ -337,53 +320,37 @@ def _build_locked(plan: BuildPlan, *, beam, overwrite, progress, start) -> Build
     return BuildResult(out_dir, manifest, reused=False, seconds=time.monotonic() - start)
 
 
-def _build_into(plan: BuildPlan, *, beam, progress, build_dir) -> Manifest:
+def _build_into(plan: BuildPlan, *, progress, build_dir) -> Manifest:
     """Runs the pipeline into ``build_dir`` (``out_dir`` itself, or its staging
-    folder) and writes the manifest there last; returns the manifest."""
-    task, config, num_shards = plan.task, plan.config, plan.num_shards
-    units = plan_mod.plan_units(task.source, plan.files, plan.split_size)
+    folder) and writes the manifest there last; returns the manifest. The steps
+    carry the vocabulary models the cache stores by reference to those files
+    (``vocabularies.stored_models``): Beam compresses every pickle of a step with bz2."""
+    units = plan_mod.plan_units(plan.task.source, plan.files, plan.split_size)
     log.info(
-        "building %s: %d files, %.1f MB, %d work units, %d shards, examples through %s -> %s", task.name,
-        len(plan.files), plan.total_bytes / 1e6, len(units), num_shards,
+        "building %s: %d files, %.1f MB, %d work units, %d shards, examples through %s -> %s", plan.task.name,
+        len(plan.files), plan.total_bytes / 1e6, len(units), plan.num_shards,
         "the runner's shuffle" if plan.exchange == "runner" else "spill files", build_dir,
     )
     fs.makedirs(build_dir)
     scratch = fs.join(build_dir, writer.TMP_DIR_NAME)
     fs.makedirs(scratch)
-    # Spill files and quarantine chunks go where every worker can read them: the
-    # cache's _tmp/ folder; but the local engine's workers share this machine, so
-    # for a cache on an object store they stay on local disk (one ranged read of
-    # an object per batch would cost a request each).
+    vocabularies, stored = _write_vocabularies(plan.task, build_dir)
+    # Spill files and quarantine chunks go to the cache's _tmp/, where every
+    # worker reads them; the local engine's workers share this machine, so for a
+    # cache on an object store they stay on local disk (a request per ranged read).
     local_scratch = None
     if plan.exchange == "spill" and not fs.is_local(build_dir) and runner_mod.is_local_engine(plan.runner):
-        import tempfile
-
-        local_scratch = tempfile.mkdtemp(prefix="seqcache-spill-")
-        spill_dir = local_scratch
+        spill_dir = local_scratch = tempfile.mkdtemp(prefix="seqcache-spill-")
     else:
         spill_dir = fs.join(scratch, "spill")
         fs.makedirs(spill_dir)
     try:
-        return _run_and_finish(plan, beam=beam, progress=progress, build_dir=build_dir, scratch=scratch,
-                               spill_dir=spill_dir, units=units)
+        with vocab_mod.stored_models(stored):
+            _run_pipeline(plan, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
+                          units=units)
     finally:
         if local_scratch is not None:
-            import shutil
-
             shutil.rmtree(local_scratch, ignore_errors=True)
-
-
-def _run_and_finish(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> Manifest:
-    """Runs the pipeline and writes the manifest last (see ``_build_into``).
-    The steps carry the vocabulary models the cache stores by reference to
-    those files (``vocabularies.stored_models``): Beam compresses every pickle
-    of a step with bz2."""
-    from seqcache.tasks import vocabularies as vocab_mod
-
-    vocabularies, stored = _write_vocabularies(plan.task, build_dir)
-    with vocab_mod.stored_models(stored):
-        _run_pipeline(plan, beam=beam, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
-                      units=units)
     summary = _read_summary(plan, scratch, units)
     entries, statistics, quarantine = _gather(plan, summary, build_dir)
     manifest = _manifest(plan, entries, statistics, quarantine, vocabularies)
@@ -399,9 +366,7 @@ def _write_vocabularies(task, build_dir: str) -> tuple[dict, dict]:
     for name, feature in task.output_features.items():
         desc = dict(feature.vocabulary.to_json())
         model = feature.vocabulary.model_bytes()
-        if model is not None:
-            # One file per feature, keeping the ending of the vocabulary's own file
-            # name (.model for SentencePiece, .json for a tokenizer.json).
+        if model is not None:  # one file per feature, with the ending of the vocabulary's own file
             ending = os.path.splitext(desc.get("file") or "")[1] or ".model"
             desc["file"] = f"vocabulary-{name}{ending}"
             url = fs.join(build_dir, desc["file"])
@@ -411,12 +376,9 @@ def _write_vocabularies(task, build_dir: str) -> tuple[dict, dict]:
     return vocabularies, stored
 
 
-def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_dir, units) -> None:
-    """The Beam pipeline, one straight line with one leaf, run to its end.
-
-    Raises:
-      BuildError: the runner failed (one line), or the disk filled up.
-    """
+def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, units) -> None:
+    """The Beam pipeline, one straight line with one leaf, run to its end;
+    BuildError when the runner failed (one line) or the disk filled up."""
     task, config, num_shards = plan.task, plan.config, plan.num_shards
     reader = transforms.ReadPreprocess(task, seed=config.seed, sequence_length=config.sequence_length,
                                        num_shards=num_shards, exclusion=plan.exclusion)
@@ -441,28 +403,20 @@ def _run_pipeline(plan: BuildPlan, *, beam, progress, build_dir, scratch, spill_
     )
     fs.freeze_heap()
     try:
-        with _ShardProgress(build_dir, num_shards, progress) if progress else contextlib.nullcontext():
+        with _shard_progress(build_dir, num_shards, progress) if progress else contextlib.nullcontext():
             runner_mod.run(pipeline, plan.runner)
     except RunnerError as e:
         raise BuildError(str(e)) from None
-    except BaseException as e:
-        # No manifest was written, so nothing looks complete; the caller removes
-        # what was written (a full disk is a common cause) and we say what to do.
+    except BaseException as e:  # no manifest: nothing looks complete, and the caller removes it
         if _is_no_space(e):
-            raise BuildError(
-                f"{plan.out_dir}: no space left on the device while building; nothing was published (no manifest). "
-                "Free space (the build needs about twice the cache's size while it runs) or use another "
-                "--cache-dir, then run the build again"
-            ) from e
+            raise BuildError(f"{plan.out_dir}: no space left on the device while building; nothing was published "
+                             "(no manifest). Free space (the build needs about twice the cache's size while it runs) "
+                             "or use another --cache-dir, then run the build again") from e
         raise
 
 
 def _read_summary(plan: BuildPlan, scratch: str, units) -> dict:
-    """The summary the pipeline wrote, checked to account for every work unit.
-
-    Raises:
-      BuildError: the summary is missing, or work units are missing from it.
-    """
+    """The summary the pipeline wrote; BuildError when it is missing or lacks work units."""
     summary = transforms.read_summary(scratch)
     if summary is None:
         raise BuildError(f"{plan.out_dir}: the runner {plan.runner} finished but the build's summary "
@@ -475,11 +429,8 @@ def _read_summary(plan: BuildPlan, scratch: str, units) -> dict:
 
 def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict, "spill.QuarantineSummary"]:
     """(shard entries in shard order, the cache's statistics, the quarantine
-    summary); an empty shard file for every key range no record hashed into.
-
-    Raises:
-      BuildError: zero examples; a written shard disagrees with its entry.
-    """
+    summary), writing the empty shards; BuildError for zero examples or a shard
+    that disagrees with its entry."""
     task, config, num_shards = plan.task, plan.config, plan.num_shards
     records_read = summary["records"]
     entries, shard_stats = [], []
@@ -489,8 +440,7 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
         if result is not None:
             entries.append(result["entry"])
             shard_stats.append(result["statistics"])
-        else:
-            # No record hashed into this key range: an empty shard keeps the layout regular.
+        else:  # no record hashed into this key range: an empty shard keeps the layout regular
             entries.append(writer.write_shard(build_dir, index=shard, num_shards=num_shards,
                                               features=out_features, examples=[]))
             shard_stats.append(stats_mod.ShardStats(out_features).to_json())
@@ -498,7 +448,7 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
     if summary["files"] is not None:
         statistics["source_files"] = stats_mod.source_file_table(
             summary["files"], len(plan.files), [f.name for f in transforms.features_in(task)])
-    quarantine = spill.QuarantineSummary(**summary["quarantine"]) if summary["quarantine"] else spill.QuarantineSummary()
+    quarantine = spill.QuarantineSummary(**(summary["quarantine"] or {}))
     statistics["skipped_records"] = quarantine.skipped_records
     statistics["replaced_records"] = quarantine.replaced_records
     statistics["bad_input_records"] = stats_mod.BadInputCounts.merge([summary.get("bad_input")])
@@ -511,10 +461,8 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
                      quarantine.excluded_records, statistics["excluded_by_benchmark"],
                      fs.join(plan.out_dir, fmt.QUARANTINE_NAME))
     if statistics["skipped_records"]:
-        log.info(
-            "task %s: skipped %d bad records; their locations and reasons are in %s",
-            task.name, statistics["skipped_records"], fs.join(plan.out_dir, fmt.QUARANTINE_NAME),
-        )
+        log.info("task %s: skipped %d bad records; their locations and reasons are in %s",
+                 task.name, statistics["skipped_records"], fs.join(plan.out_dir, fmt.QUARANTINE_NAME))
     if statistics["examples"] == 0:
         raise BuildError(_zero_examples_message(task, config, plan.files, plan.total_bytes, records_read, quarantine))
     _verify_written(build_dir, entries)
@@ -531,7 +479,9 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
         split=config.split,
         fingerprint=plan.fingerprint,
         fingerprint_inputs=plan.inputs,
-        features=[{"name": f.name, "dtype": f.dtype, **_feature_meta(task, f.name)} for f in out_features],
+        features=[{"name": f.name, "dtype": f.dtype,
+                   **({"vocabulary": f.name, "add_eos": bool(task.output_features[f.name].add_eos)}
+                      if f.name in task.output_features else {})} for f in out_features],
         shards=entries,
         sources=[{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns,
                   "locator": getattr(task.source, "locator", "record")} for f in plan.files],
@@ -549,8 +499,8 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
 
 
 def _zero_examples_message(task, config, files, total_bytes, records_read, quarantine) -> str:
-    """Why a build produced nothing: the counts, and since nothing is written (so no
-    quarantine file either), the first skipped records with their reasons."""
+    """Why a build produced nothing: the counts, and (no quarantine file is
+    written) the first skipped records with their reasons."""
     skipped, replaced = quarantine.skipped_records, quarantine.replaced_records
     excluded = quarantine.excluded_records
     read = "an unknown number of" if records_read is None else f"{records_read:,}"
@@ -575,11 +525,7 @@ def _zero_examples_message(task, config, files, total_bytes, records_read, quara
 
 
 def _every_record_skipped(first_skipped) -> str:
-    """What to do when every record was skipped, from the kinds of the first
-    skipped records: keep them (the kinds that can be kept as they are), or fix
-    the input."""
-    from seqcache.tasks.sources.policy import ERROR_KINDS
-
+    """What to do when every record was skipped: keep them (the kinds that can be), or fix the input."""
     kinds = list(dict.fromkeys(e.get("kind") for e in first_skipped if e.get("kind")))
     keepable = [k for k in kinds if "keep" in ERROR_KINDS.get(k, ())]
     if not keepable:
@@ -591,26 +537,10 @@ def _every_record_skipped(first_skipped) -> str:
             f"on_error option (on_error={{{options}}}; on the command line {flags})")
 
 
-def _feature_meta(task, name):
-    if name in task.output_features:
-        f = task.output_features[name]
-        return {"vocabulary": name, "add_eos": bool(f.add_eos)}
-    return {}
-
-
 def _is_no_space(error: BaseException) -> bool:
     """ENOSPC, raised here or by a worker (Beam wraps workers' errors in others)."""
-    import errno
-
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+               for e in runner_mod.causes(error))
 
 
 def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
@@ -642,24 +572,17 @@ def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
     walk(old, new, "")
     if not diffs:
         return "nothing recorded differs (an older seqcache wrote it)"
-    more = f"; and more" if len(diffs) > limit else ""
-    return "; ".join(diffs[:limit]) + more
+    return "; ".join(diffs[:limit]) + ("; and more" if len(diffs) > limit else "")
 
 
-def import_beam():
-    """Imports Beam quietly (``seqcache.fs.import_beam``); returns ``apache_beam``."""
-    return fs.import_beam()
+import_beam = fs.import_beam  # Beam imported quietly, without pandas; returns ``apache_beam``
 
 
 def _read_existing(out_dir: str, *, overwrite: bool):
     """The manifest of the cache at ``out_dir``, or None when there is none, or
-    when ``overwrite`` and this seqcache cannot read it (a format version it
-    no longer reads, a damaged manifest): that one is replaced like leftovers.
-
-    Raises:
-      CacheError: (without ``overwrite``) the manifest cannot be read; its message says to rebuild.
-    """
-    if not writer.exists(writer.join(out_dir, fmt.MANIFEST_NAME)):
+    when ``overwrite`` and it cannot be read (then it is replaced like leftovers;
+    without ``overwrite``, its ``CacheError`` is raised)."""
+    if not fs.exists(fs.join(out_dir, fmt.MANIFEST_NAME)):
         return None
     try:
         return fmt.read_manifest(out_dir)
@@ -674,46 +597,28 @@ def _pickle_user_modules_by_value() -> None:
     """Task modules imported from a file path (``--module my_tasks.py``) are not
     importable by name in worker processes: their functions travel by value,
     with Beam's pickler and with the cloudpickle that Dask sends tasks with."""
-    import sys
-
-    from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle
-
-    picklers = [beam_cloudpickle]
-    try:
-        import cloudpickle
-
-        picklers.append(cloudpickle)
-    except ImportError:
-        pass
     for name, module in list(sys.modules.items()):
         if name.startswith(USER_MODULE_PREFIX):
-            for pickler in picklers:
-                pickler.register_pickle_by_value(module)
+            for pickler in (beam_cloudpickle, cloudpickle):
+                if pickler is not None:
+                    pickler.register_pickle_by_value(module)
 
 
 def _verify_written(out_dir: str, entries) -> None:
     """The driver's check of every shard before the manifest is written: the file
     exists with the size its writer reported and, locally, the record count
     (on an object store, one listing gives every size)."""
-    expected = {}
-    for e in entries:
-        expected[e["file"]] = e["num_bytes"]
-        expected[e["provenance_file"]] = e["provenance_num_bytes"]
-    if not fs.is_local(out_dir):
+    local = fs.is_local(out_dir)
+    if not local:
         found = {f.path.rstrip("/").rpartition("/")[2]: f.num_bytes for f in fs.match(fs.join(out_dir, "*"))}
-        for name, size in sorted(expected.items()):
-            if found.get(name) != size:
-                raise BuildError(f"{fs.join(out_dir, name)}: shard has {found.get(name)} bytes after the build, "
-                                 f"its writer reported {size}")
-        return
-    from array_record.python.array_record_module import ArrayRecordReader
-
     for e in entries:
         for name, size in ((e["file"], e["num_bytes"]), (e["provenance_file"], e["provenance_num_bytes"])):
-            path = os.path.join(fs.local_path(out_dir), name)
-            actual = os.path.getsize(path) if os.path.exists(path) else None
+            path = os.path.join(fs.local_path(out_dir), name) if local else fs.join(out_dir, name)
+            actual = (os.path.getsize(path) if os.path.exists(path) else None) if local else found.get(name)
             if actual != size:
                 raise BuildError(f"{path}: shard has {actual} bytes after the build, its writer reported {size}")
+            if not local:
+                continue
             reader = ArrayRecordReader(path)
             try:
                 n = reader.num_records()
@@ -721,11 +626,6 @@ def _verify_written(out_dir: str, entries) -> None:
                 reader.close()
             if n != e["num_records"]:
                 raise BuildError(f"{path}: shard holds {n} records, its writer reported {e['num_records']}")
-
-
-def cache_path(cache_dir: str, task_name: str, split: str) -> str:
-    """``cache_dir/<task>/<split>``: where one task's cache lives (``seqcache.layout.cache_path``)."""
-    return layout.cache_path(cache_dir, task_name, split)
 
 
 def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
@@ -746,38 +646,34 @@ def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
     return inputs
 
 
-class _ShardProgress:
+@contextlib.contextmanager
+def _shard_progress(build_dir: str, num_shards: int, callback, interval_s: float = 0.5):
     """Polls the cache folder while the pipeline runs and reports
     ``callback(shards_written, num_shards)`` from the data shards already in
     place (a shard gets its final name only when complete): progress that works
-    on any runner whose workers write to the file system the driver reads."""
+    on any runner whose workers write to the file system the driver reads
+    (local folders only)."""
+    if not fs.is_local(build_dir):
+        yield
+        return
+    stop = threading.Event()
 
-    def __init__(self, build_dir, num_shards, callback, interval_s=0.5):
-        self.build_dir, self.num_shards, self.callback, self.interval_s = build_dir, num_shards, callback, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="seqcache-build-progress", daemon=True)
-
-    def _count(self):
-        if not fs.is_local(self.build_dir):
-            return None
+    def report():
         try:
-            return sum(1 for n in os.listdir(fs.local_path(self.build_dir)) if n.startswith(fmt.DATA_PREFIX))
+            n = sum(1 for name in os.listdir(fs.local_path(build_dir)) if name.startswith(fmt.DATA_PREFIX))
         except OSError:
-            return 0
+            n = 0
+        callback(n, num_shards)
 
-    def _run(self):
-        while not self._stop.wait(self.interval_s):
-            n = self._count()
-            if n is not None:
-                self.callback(n, self.num_shards)
+    def poll():
+        while not stop.wait(interval_s):
+            report()
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        n = self._count()
-        if n is not None:
-            self.callback(n, self.num_shards)
+    thread = threading.Thread(target=poll, name="seqcache-build-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        report()

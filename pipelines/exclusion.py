@@ -31,6 +31,10 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
+from seqcache.tasks import contamination
+
 # ``NAME=SPEC``: a name before the source spec, e.g. ``gsm8k=jsonl:test.jsonl#question``
 # (a spec's own ``=`` comes after its scheme's colon).
 _NAMED = re.compile(r"^([A-Za-z0-9_.-]+)=(?=[a-z]+:)")
@@ -58,8 +62,6 @@ def load_benchmarks(values: Sequence[Any], *, n: int | None = None) -> list:
         benchmarks with the same name (the message names them).
       FileNotFoundError: a spec whose pattern matches no file.
     """
-    from seqcache.tasks import contamination
-
     out = []
     for value in values:
         if isinstance(value, contamination.Benchmark):
@@ -104,10 +106,6 @@ class Exclusion:
         call over their concatenation, which drops an n-gram that spans two
         texts).
         """
-        import numpy as np
-
-        from seqcache.tasks import contamination
-
         texts = []  # (position, field, text), in record then field order
         words: list[str] = []
         bounds = [0]

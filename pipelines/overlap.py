@@ -40,13 +40,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from seqcache import format as fmt
 from seqcache import fs
+from seqcache.feeders import compat
+from seqcache.feeders.inverse import position_in_epoch
+from seqcache.feeders.provenance import decode_with_sentinels, segments_of
+from seqcache.feeders.reader import CacheReader
+from seqcache.pipelines import runner as runner_mod
+from seqcache.pipelines.transforms import set_worker_options, settle_worker
+from seqcache.tasks import describe_record
+from seqcache.tasks.contamination import Benchmark
 
 OVERLAP_VERSION = 1
 # Cache indices per work unit (at most; a unit never crosses a shard); fewer for
@@ -127,8 +139,6 @@ class BenchmarkRef:
           ValueError: the items read here have another fingerprint (the files
             changed while the scan ran), naming the spec.
         """
-        from seqcache.tasks.contamination import Benchmark
-
         key = (self.spec, self.n, self.min_words, self.fingerprint)
         with self._lock:
             bench = self._loaded.get(key)
@@ -204,8 +214,6 @@ def _decode(vocabs: Mapping, segments: Sequence[tuple]) -> list[str]:
     """The text of each ``(index, feature, segment, ids)``: ``decode_batch`` of
     each feature's segments at once; a segment that holds sentinel ids one by
     one with ``decode_with_sentinels`` (``<extra_id_i>``)."""
-    from seqcache.feeders.provenance import decode_with_sentinels
-
     texts: list[str | None] = [None] * len(segments)
     by_feature: dict[str, list[int]] = {}
     for k, (_, label, _, ids) in enumerate(segments):
@@ -269,8 +277,6 @@ def _segments(example: Mapping, features: Sequence[str], merge) -> Iterator[tupl
     """``(feature, segment index, token ids)`` of each segment of each scanned
     feature of one decoded example; for span corruption (``merge``: the sentinel
     range) one ``"inputs+targets"`` text per segment, the spans put back."""
-    from seqcache.feeders.provenance import segments_of
-
     per = {f: segments_of(example, f) for f in features}
     if merge is not None:
         merged = [merge_span_corruption(a.tolist(), b.tolist(), *merge)
@@ -318,8 +324,6 @@ class ScanUnit:
     def _reader(self, path: str, fingerprint: str | None):
         """The process's open reader of ``path`` (the last few caches stay open),
         refused when the cache is not the one the scan was planned on."""
-        from seqcache.feeders.reader import CacheReader
-
         reader = self._readers.get(path)
         if reader is not None and fingerprint is not None and reader.fingerprint != fingerprint:
             self._readers.pop(path).close()
@@ -334,8 +338,6 @@ class ScanUnit:
         return reader
 
     def __call__(self, unit) -> Iterator[tuple[int, int]]:
-        from seqcache.pipelines.transforms import set_worker_options, settle_worker
-
         set_worker_options(self.fs_options)
         settle_worker()
         number, task_index, path, fingerprint, start, stop = unit
@@ -381,8 +383,6 @@ def run_scan(units: Sequence[tuple], bench: BenchmarkRef, *, scratch_dir: str, p
         its workers (one line).
       The error a unit raised (a damaged cache, a changed benchmark).
     """
-    from seqcache.pipelines import runner as runner_mod
-
     beam = fs.import_beam()
     options, runner = runner_mod.pipeline_options(pipeline_args)
     runner_mod.check_runner_available(runner)
@@ -456,9 +456,6 @@ def first_seen(stream, *, task: int, cache_index: int, global_batch_size: int, h
     Raises:
       ValueError: a bad task, cache index or host count.
     """
-    from seqcache.feeders import compat
-    from seqcache.feeders.inverse import position_in_epoch
-
     b = int(global_batch_size)
     compat.check_hosts(b, 0, host_count)
     k, p = position_in_epoch(stream, task=task, cache_index=cache_index, epoch=0)
@@ -473,8 +470,6 @@ def record_locations(records) -> dict[tuple, str]:
     """``(path, locator, record_number) -> "line 12 (byte 1,234)"`` / ``"row 7"``
     (``seqcache.tasks.describe_record``'s words), for many records: the byte
     offsets of one local file are turned into lines in one pass over it."""
-    from seqcache.tasks import describe_record
-
     by_file: dict[tuple, set] = {}
     for path, locator, number in records:
         if path is not None and number is not None:
@@ -610,8 +605,6 @@ def to_parquet_table(result: Mapping):
     reads), and the rest of the result (``items`` without their matches) as
     JSON under the schema's metadata key ``PARQUET_KEY``; ``read_result``
     puts the two back together."""
-    import pyarrow as pa
-
     rows: dict[str, list] = {c: [] for c in PARQUET_COLUMNS}
     for it in result["items"]:
         for m in it["matches"]:
@@ -648,8 +641,6 @@ def write_result(result: Mapping, path: str) -> None:
     if path.lower().endswith(".json"):
         fs.write_bytes_atomic(path, to_json_bytes(result))
     elif path.lower().endswith(".parquet"):
-        import pyarrow.parquet as pq
-
         with fs.atomic_path(path) as tmp:
             pq.write_table(to_parquet_table(result), tmp)
     else:
@@ -664,8 +655,6 @@ def read_result(path: str) -> dict:
       ValueError: not a result of ``seqcache overlap`` (names the file).
     """
     if path.lower().endswith(".parquet"):
-        import pyarrow.parquet as pq
-
         table = pq.read_table(path)
         meta = table.schema.metadata or {}
         if PARQUET_KEY not in meta or tuple(table.column_names) != PARQUET_COLUMNS:
@@ -719,9 +708,6 @@ def find_overlap(bench, opened, *, pipeline_args=None, scratch_parent: str | Non
       RuntimeError: the runner lost work.
       seqcache.pipelines.runner.RunnerError: the runner could not start.
     """
-    import shutil
-    import tempfile
-
     infos = caches_info(opened)
     for info in infos:
         if not info["features"]:

@@ -8,14 +8,11 @@ split size). Only the first half defines the cache's bytes.
 Work units: each input file is cut into splits by its source
 (``Source.splits``: byte ranges of uncompressed text and JSON lines, row groups
 of Parquet, whole files otherwise) of about ``split_size`` bytes; consecutive
-small splits (small files) are grouped into one unit of about ``split_size``,
-so that a corpus of a million small files is not a million units. A unit is
-``(unit_index, ((file_index, start, stop), ...))``: small, picklable, and
-independent of everything but the file list and the split size. The read step
-reads a unit's splits as one stream of records, so that one preprocessing
-batch holds the records of many small files (transforms.ReadPreprocess). How the work
-is cut never changes the cache: record ids are byte offsets or row indices,
-and shards are key ranges.
+small splits (small files) are grouped into one unit of about ``split_size``.
+A unit is ``(unit_index, ((file_index, start, stop), ...))``: small, picklable,
+and independent of everything but the file list and the split size. How the
+work is cut never changes the cache: record ids are byte offsets or row
+indices, and shards are key ranges.
 """
 
 from __future__ import annotations
@@ -23,6 +20,14 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from seqcache import fs
+from seqcache.compression import decompressor
+from seqcache.tasks.sources import Source
+from seqcache.tasks.sources.lines import is_compressed
 
 # Units of reading work: about this much input each, at most MAX_UNITS in all
 # (a runner such as Dataflow carries Create's elements in the job graph).
@@ -43,13 +48,11 @@ class BuildPlan:
 
     Attributes:
       task, config: the task and the ``BuildConfig`` (they define the cache).
-      files: the input files (``SourceFile``: path, bytes, mtime), sorted.
-      total_bytes: their size in bytes.
-      num_shards: the shard count.
-      shard_size: the content bytes per shard it was derived from (None when
-        the count was given).
-      content_bytes: the uncompressed size of their text (``content_bytes``),
-        which the shard count follows; None when the count was given.
+      files: the input files (``SourceFile``: path, bytes, mtime), sorted;
+        total_bytes: their size in bytes.
+      num_shards: the shard count; shard_size and content_bytes (the
+        uncompressed size of the files' text): what it was derived from (None
+        when the count was given).
       inputs, fingerprint: the fingerprint's inputs and the fingerprint.
       out_dir: ``cache_dir/<task>/<split>``.
       runner: the Beam runner (resolved name); options: its ``PipelineOptions``.
@@ -80,10 +83,8 @@ class BuildPlan:
 
 class UnitSplits(tuple):
     """The splits of one work unit, ``((file_index, start, stop), ...)``: a
-    tuple. Its own type so that Beam's ``Create`` sees one opaque element type:
-    of a plain tuple it infers a type hint with one member per split, and
-    spends about 0.1 ms a split building and printing it (0.6 s for a unit
-    of 5,000 small files)."""
+    tuple of its own type, so that Beam's ``Create`` does not infer (and
+    print) a type hint with one member per split (0.1 ms a split)."""
 
     __slots__ = ()
 
@@ -116,14 +117,12 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
         raise ValueError(f"split_size must be >= 1 byte (got {split_size})")
 
     def cut(item):
-        i, f = item
-        return source.splits(i, f, split_size)
+        return source.splits(*item, split_size)
 
     items = list(enumerate(files))
-    if len(items) > 8 and type(source).splits is not _default_splits() and getattr(source, "splits_read_files", True):
-        # Splits that open files (Parquet footers) are looked up in parallel: on
-        # an object store each is a round trip. Splits from the file size alone
-        # (line files) are not: a thread pool's futures would cost 20 us a file.
+    if len(items) > 8 and type(source).splits is not Source.splits and getattr(source, "splits_read_files", True):
+        # Splits that open files (Parquet footers) are looked up in parallel (a
+        # round trip each on an object store); those from the file size are not.
         with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
             per_file = list(pool.map(cut, items))
     else:
@@ -144,54 +143,36 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
     return units
 
 
-def _default_splits():
-    from seqcache.tasks.sources import Source
-
-    return Source.splits
-
-
 def content_bytes(source, files: Sequence[Any]) -> int:
-    """The uncompressed size of the input's text in bytes, which the shard count
-    follows (a shard is sorted in one worker's memory: its compressed size on
-    disk says little about that).
+    """The uncompressed size of the input's text in bytes (int >= 0), which the
+    shard count follows (a shard is sorted in one worker's memory).
 
     - Parquet files: the uncompressed sizes of the column chunks the source
-      reads (``total_uncompressed_size`` in the footer's row-group metadata:
-      the values after decoding pages, before any dictionary or compression).
+      reads (``source.columns``; ``total_uncompressed_size`` in the footer's
+      row-group metadata).
     - Compressed files (``.gz``, ``.bz2``, ``.xz``/``.lzma``, ``.zst``): the file
       size times the compression ratio of its first ``SAMPLE_BYTES`` compressed
-      bytes (exact for smaller files).
+      bytes (exact for smaller files; its file size if it cannot be decoded).
     - Anything else: the file size.
 
-    At most ``MAX_SAMPLED_FILES`` files of each kind are opened (evenly spaced in
-    file order, so the result depends only on the file list); the others get
-    the ratio of content to file bytes of those sampled. Files are opened in
-    parallel (on an object store each is a round trip).
-
-    Args:
-      source: the task's source (its ``columns`` name the Parquet columns read).
-      files: ``source.list_files()`` (``SourceFile``: path, num_bytes).
-
-    Returns:
-      Bytes (int >= 0).
+    At most ``MAX_SAMPLED_FILES`` files of each kind are opened, in parallel
+    (evenly spaced in file order, so the result depends only on the file
+    list); the others get the ratio of content to file bytes of those sampled.
 
     Raises:
-      ValueError: a Parquet file whose footer cannot be read, naming the file
-        (a compressed file that cannot be decompressed counts its file size:
-        the source reports it when it reads it).
+      ValueError: a Parquet file whose footer cannot be read, naming the file.
     """
-    from seqcache.tasks.sources.lines import is_compressed
-
+    parquet = getattr(source, "kind", None) == "parquet"
+    columns = sorted(set(getattr(source, "columns", {}).values())) if parquet else None
     kinds: dict[str, list[int]] = {"parquet": [], "compressed": []}
     total = 0
     for i, f in enumerate(files):
-        if f.path.lower().endswith(".parquet") or getattr(source, "kind", None) == "parquet":
+        if f.path.lower().endswith(".parquet") or parquet:
             kinds["parquet"].append(i)
         elif is_compressed(f.path):
             kinds["compressed"].append(i)
         else:
             total += int(f.num_bytes)
-    columns = sorted(set(getattr(source, "columns", {}).values())) if getattr(source, "kind", None) == "parquet" else None
     for kind, members in kinds.items():
         if not members:
             continue
@@ -214,11 +195,6 @@ def content_bytes(source, files: Sequence[Any]) -> int:
 def _parquet_content(path: str, columns: Sequence[str] | None) -> int:
     """Uncompressed bytes of the column chunks named ``columns`` (all when None
     or when none of them is found) over every row group of a Parquet file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from seqcache import fs
-
     try:
         with fs.open_binary(path, decompress=False) as f:
             md = pq.ParquetFile(f).metadata
@@ -242,9 +218,6 @@ def _compressed_content(path: str, num_bytes: int) -> int:
     ``SAMPLE_BYTES`` bytes, else ``num_bytes`` times the ratio of its first
     ``SAMPLE_BYTES`` compressed bytes. Concatenated members (``cat a.gz b.gz``)
     are followed. Unknown suffixes count their file size."""
-    from seqcache import fs
-    from seqcache.compression import decompressor
-
     make = decompressor(path)
     if make is None or num_bytes <= 0:
         return int(num_bytes)
@@ -262,9 +235,7 @@ def _compressed_content(path: str, num_bytes: int) -> int:
             if not d.eof:
                 break
             pending = d.unused_data
-    except Exception:  # zlib.error, lzma.LZMAError, OSError ...: not decodable
-        # The source reports a corrupt file when it reads it, naming the record
-        # (and its on_error policy applies); for sizing, it counts its file size.
+    except Exception:  # not decodable: the source reports it when it reads it; here it counts its size
         return int(num_bytes)
     if len(data) >= num_bytes:
         return out

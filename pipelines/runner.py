@@ -4,32 +4,40 @@ The build is one portable Beam pipeline (see transforms.py): it uses no
 feature that only some runners have (outputs from ``finish_bundle``, several
 leaves, tagged outputs, metrics). What differs between runners is set here:
 
-- **The runner's name.** Users type short names (``--runner=DaskRunner``,
-  ``--runner=dask``, ``--runner=direct``); Beam wants a class it knows or a
-  fully qualified class path for the others. ``RUNNER_ALIASES`` maps them;
-  ``DirectRunner`` means its local engine, ``FnApiRunner``, which Beam's
-  DirectRunner would only reach after trying to download Prism.
+- **The runner's name.** ``RUNNER_ALIASES`` maps short names
+  (``--runner=dask``, ``--runner=direct``) to what Beam wants; ``direct``
+  means Beam's local engine, ``FnApiRunner``, which Beam's DirectRunner would
+  only reach after trying to download Prism.
 - **How examples travel to the shard writers** (``exchange``): through the
-  runner's own shuffle (``"runner"``: Dataflow Shuffle, Flink, Spark and Dask
-  are built for it), or, on Beam's local engine, whose shuffle keeps every
-  element in the driver's memory, through spill files (``"spill"``): one file
-  per flush holding every shard's section, with only ``(shard, file, offset,
-  length)`` going through the shuffle. ``"auto"`` picks spill for the local
-  engine and the runner's shuffle everywhere else.
-- **Parallelism on Dask.** Beam's DaskRunner turns ``Create`` into a
-  ``dask.bag`` of 128 elements per partition and treats ``Reshuffle`` as a
-  no-op, so a build of a few dozen work units would run in one task. Unless the
-  user sets ``--dask_npartitions`` or ``--dask_partition_size``, every work unit
-  gets its own partition (``--dask_partition_size=1``).
-- **Starting and finishing.** A runner that cannot start (Prism or a Flink
-  job server that would have to be downloaded, a Dask scheduler that does not
-  answer) raises ``RunnerError`` with one line that says which runner and why.
+  runner's own shuffle (``"runner"``), or, on Beam's local engine, whose
+  shuffle keeps every element in the driver's memory, through spill files
+  (``"spill"``, spill.py). ``"auto"`` picks spill for the local engine.
+- **Parallelism on Dask.** Beam's DaskRunner puts 128 elements of ``Create``
+  in a partition and treats ``Reshuffle`` as a no-op, so unless the user sets
+  ``--dask_npartitions`` or ``--dask_partition_size``, every work unit gets its
+  own partition (``--dask_partition_size=1``).
+- **Starting and finishing.** A runner that cannot start (a job server that
+  would have to be downloaded, a Dask scheduler that does not answer) raises
+  ``RunnerError`` with one line that says which runner and why.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import sys
 from typing import Any, Sequence
+
+from seqcache import fs
+
+fs.import_beam()  # before Beam's modules below: quietly, without pandas
+from apache_beam.options import pipeline_options as po  # noqa: E402
+from apache_beam.portability import python_urns  # noqa: E402
+from apache_beam.portability.api import beam_provision_api_pb2  # noqa: E402
+from apache_beam.runners import runner as beam_runner  # noqa: E402
+from apache_beam.runners.portability.fn_api_runner import fn_runner  # noqa: E402
+from apache_beam.runners.portability.portable_runner import JobServiceHandle  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -37,26 +45,17 @@ LOCAL_ENGINE = "FnApiRunner"
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 
 # Short names users type -> what Beam's --runner accepts (lower-cased keys).
+# Beam's DirectRunner first tries to download and start Prism; its own local
+# engine does the same work and honours --direct_running_mode.
 RUNNER_ALIASES = {
-    "dask": DASK_RUNNER,
-    "daskrunner": DASK_RUNNER,
-    # Beam's DirectRunner first tries to download and start Prism; its own local
-    # engine does the same work and honours --direct_running_mode.
-    "direct": LOCAL_ENGINE,
-    "directrunner": LOCAL_ENGINE,
-    "fnapi": LOCAL_ENGINE,
-    "fnapirunner": LOCAL_ENGINE,
+    "dask": DASK_RUNNER, "daskrunner": DASK_RUNNER,
+    "direct": LOCAL_ENGINE, "directrunner": LOCAL_ENGINE, "fnapi": LOCAL_ENGINE, "fnapirunner": LOCAL_ENGINE,
     "local": LOCAL_ENGINE,
-    "dataflow": "DataflowRunner",
-    "dataflowrunner": "DataflowRunner",
-    "flink": "FlinkRunner",
-    "flinkrunner": "FlinkRunner",
-    "spark": "SparkRunner",
-    "sparkrunner": "SparkRunner",
-    "prism": "PrismRunner",
-    "prismrunner": "PrismRunner",
-    "portable": "PortableRunner",
-    "portablerunner": "PortableRunner",
+    "dataflow": "DataflowRunner", "dataflowrunner": "DataflowRunner",
+    "flink": "FlinkRunner", "flinkrunner": "FlinkRunner",
+    "spark": "SparkRunner", "sparkrunner": "SparkRunner",
+    "prism": "PrismRunner", "prismrunner": "PrismRunner",
+    "portable": "PortableRunner", "portablerunner": "PortableRunner",
 }
 # Runners whose shuffle is Beam's local engine (in the driver's memory).
 _LOCAL_ENGINES = {"fnapirunner", "directrunner", "bundlebaseddirectrunner", "swallowingdirectrunner"}
@@ -68,23 +67,9 @@ class RunnerError(Exception):
     bad record): the message is one line naming the runner and the cause."""
 
 
-def runner_name(args: Sequence[str]) -> str | None:
-    """The value of ``--runner`` in ``args`` (the last one wins), or None."""
-    name = None
-    args = list(args)
-    for i, a in enumerate(args):
-        if a.startswith("--runner="):
-            name = a.split("=", 1)[1]
-        elif a == "--runner" and i + 1 < len(args):
-            name = args[i + 1]
-    return name
-
-
 def resolve_runner(name: str | None) -> str:
     """The runner Beam is given for ``name`` (None: the local engine)."""
-    if not name:
-        return LOCAL_ENGINE
-    return RUNNER_ALIASES.get(name.lower(), name)
+    return RUNNER_ALIASES.get(name.lower(), name) if name else LOCAL_ENGINE
 
 
 def is_local_engine(runner: str) -> bool:
@@ -110,55 +95,28 @@ def choose_exchange(exchange: str, runner: str) -> str:
 
 
 def pipeline_options(pipeline_args: Sequence[str] | Any = None):
-    """Beam ``PipelineOptions`` from the command line's free arguments, with the
-    runner's short name resolved (no ``--runner``: the local engine, named
-    explicitly: the DirectRunner itself first tries to download and start the
-    Prism runner, which would make a local build depend on network access and
-    ignore ``--direct_running_mode``) and the Dask partitioning default.
-
-    Returns:
-      ``(options, runner)``: the options and the runner's resolved name.
+    """``(options, runner)``: Beam ``PipelineOptions`` from the command line's
+    free arguments and the runner's resolved name (the last ``--runner`` wins;
+    none: the local engine, named explicitly, since the DirectRunner would
+    first try to download Prism), with the Dask partitioning default.
     """
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-
-    if isinstance(pipeline_args, PipelineOptions):
-        runner = resolve_runner(pipeline_args.view_as(StandardOptions).runner)
-        pipeline_args.view_as(StandardOptions).runner = runner
-        return pipeline_args, runner
-    args = [a for a in (pipeline_args or [])]
-    runner = resolve_runner(runner_name(args))
-    out, skip = [], False
+    if isinstance(pipeline_args, po.PipelineOptions):
+        standard = pipeline_args.view_as(po.StandardOptions)
+        standard.runner = resolve_runner(standard.runner)
+        return pipeline_args, standard.runner
+    args, out, name = iter(pipeline_args or []), [], None
     for a in args:
-        if skip:
-            skip = False
-            continue
         if a == "--runner":
-            skip = True
-            continue
-        if a.startswith("--runner="):
-            continue
-        out.append(a)
+            name = next(args, name)
+        elif a.startswith("--runner="):
+            name = a.split("=", 1)[1]
+        else:
+            out.append(a)
+    runner = resolve_runner(name)
     out.append(f"--runner={runner}")
     if is_dask(runner) and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in out):
         out.append("--dask_partition_size=1")
-    return PipelineOptions(out), runner
-
-
-def local_engine(options):
-    """Beam's local engine for ``options``, made the way Beam's DirectRunner
-    makes it: with the pipeline options in its provision info, so that worker
-    processes (``--direct_running_mode=multi_processing``) see them too (the
-    object-store options their file systems need, the harness log level). A
-    ``FnApiRunner`` made from its name alone gives its workers no options.
-    Its worker processes start through ``seqcache.pipelines.worker_main``,
-    which imports Beam as the build does (without pandas)."""
-    from apache_beam.portability.api import beam_provision_api_pb2
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
-    from apache_beam.runners.portability.portable_runner import JobServiceHandle
-
-    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
-    return _local_engine_class()(provision_info=info)
+    return po.PipelineOptions(out), runner
 
 
 # The worker command Beam's local engine gives multi_processing workers, and ours.
@@ -170,41 +128,36 @@ _SEQCACHE_WORKER_MAIN = "-m seqcache.pipelines.worker_main"
 _WORKER_ENV = "OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}"
 
 
-def _local_engine_class():
+class _LocalEngine(fn_runner.FnApiRunner):
     """``FnApiRunner`` whose multi_processing workers start through
-    ``seqcache.pipelines.worker_main`` (Beam imported without pandas), with
-    one numpy BLAS thread unless ``OPENBLAS_NUM_THREADS`` says otherwise; any
-    other environment is left as Beam made it."""
-    import sys
+    ``seqcache.pipelines.worker_main``, with ``_WORKER_ENV``; any other
+    environment is left as Beam made it."""
 
-    from apache_beam.portability import python_urns
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    def run_via_runner_api(self, pipeline_proto, options):
+        beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
+        for env in pipeline_proto.components.environments.values():
+            if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command:
+                env.payload = f"{_WORKER_ENV} {sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
+        return super().run_via_runner_api(pipeline_proto, options)
 
-    class LocalEngine(fn_runner.FnApiRunner):
-        def run_via_runner_api(self, pipeline_proto, options):
-            beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
-            for env in pipeline_proto.components.environments.values():
-                if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command:
-                    env.payload = f"{_WORKER_ENV} {sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
-            return super().run_via_runner_api(pipeline_proto, options)
 
-    return LocalEngine
+def local_engine(options):
+    """Beam's local engine for ``options``, made the way Beam's DirectRunner
+    makes it: with the pipeline options in its provision info, so that worker
+    processes (``--direct_running_mode=multi_processing``) see them too (the
+    object-store options, the harness log level). Its worker processes start
+    through ``seqcache.pipelines.worker_main`` (Beam imported without pandas)."""
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    return _LocalEngine(provision_info=info)
 
 
 def known_flags(*, dask: bool = True) -> set[str]:
-    """Every ``--flag`` a Beam pipeline option here defines (the runners'
-    options included: Dask's are registered when its runner can be imported;
-    ``dask=False`` leaves that import out, about half a second of CPU)."""
-    from seqcache import fs
-
-    fs.import_beam()  # as the build imports it: without the import-time warning that configures logging
-    from apache_beam.options import pipeline_options as po
-
+    """Every ``--flag`` a Beam pipeline option here defines, the runners' included
+    (``dask=False`` leaves out Dask's, whose import costs about half a second)."""
     if dask:
-        try:
-            import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions)
-        except ImportError:
-            pass
+        with contextlib.suppress(ImportError):
+            import apache_beam.runners.dask.dask_runner  # noqa: F401  optional: dask (registers DaskOptions)
     parser = po._BeamArgumentParser(allow_abbrev=False)
     seen: set = set()
     stack = [po.PipelineOptions]
@@ -233,23 +186,16 @@ def unknown_flags(args: Sequence[str]) -> list[str]:
 
 def option_value_errors(args: Sequence[str]) -> str | None:
     """What is wrong with the values of ``args`` (Beam pipeline options whose
-    flags exist, ``unknown_flags``), as one line, or None: argparse's own
-    message for a value its option refuses (``--direct_running_mode=multiprocess``:
-    "argument --direct_running_mode: invalid choice: ..."), found by parsing
-    them here, where it can be said, instead of in the pipeline, whose
-    standard error a build hides from its workers; and a negative
-    ``--direct_num_workers`` (0 is Beam's "every CPU")."""
-    import contextlib
-    import io
-
-    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
-
+    flags exist), as one line, or None: argparse's own message for a value its
+    option refuses ("argument --direct_running_mode: invalid choice: ..."),
+    found here rather than in the pipeline, whose workers' standard error a
+    build hides; and a negative ``--direct_num_workers`` (0 is "every CPU")."""
     message = io.StringIO()
     try:
         with contextlib.redirect_stderr(message):
-            options = PipelineOptions(list(args))
+            options = po.PipelineOptions(list(args))
             options.get_all_options()
-            workers = options.view_as(DirectOptions).direct_num_workers
+            workers = options.view_as(po.DirectOptions).direct_num_workers
     except SystemExit:
         lines = [line for line in message.getvalue().splitlines() if ": error: " in line]
         return lines[-1].split(": error: ", 1)[1] if lines else message.getvalue().strip() or "invalid option value"
@@ -267,13 +213,11 @@ def check_runner_available(runner: str) -> None:
     """
     if is_dask(runner):
         try:
-            import dask.distributed  # noqa: F401
+            import dask.distributed  # noqa: F401  optional: dask
         except ImportError:
             raise RunnerError(f"runner {runner}: dask.distributed is not installed "
                               "(pip install 'seqcache[dask]')") from None
         return
-    from apache_beam.runners import runner as beam_runner
-
     try:
         beam_runner.create_runner(runner)
     except (ValueError, ImportError, AttributeError) as e:
@@ -289,37 +233,34 @@ def run(pipeline, runner: str) -> None:
       RunnerError: the runner could not start or lost its workers (one line).
       The error a step raised (a bad record, a full disk), as the runner reports it.
     """
+    short = runner.rsplit(".", 1)[-1]
     try:
         result = pipeline.run()
     except Exception as e:
         if _is_step_error(e):
             raise
-        raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]} could not start: {first_line(e)}") from e
+        raise RunnerError(f"runner {short} could not start: {first_line(e)}") from e
     try:
         result.wait_until_finish()
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: stop the runner's remaining work (Dask would go on
         # writing shards into the folder the driver is about to remove).
-        try:
+        with contextlib.suppress(Exception):  # cancelling is best effort
             result.cancel()
-        except Exception:  # cancelling is best effort
-            pass
         raise
     except Exception as e:
-        if _is_lost_worker(e):
-            raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]}: a worker died and the work could not be "
+        if any(type(c).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError") for c in causes(e)):
+            raise RunnerError(f"runner {short}: a worker died and the work could not be "
                               f"finished ({first_line(e)}); nothing was published, run the build again") from e
         raise
     finally:
         client = getattr(result, "client", None)  # DaskRunner: its client of the cluster
         if client is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing is best effort
                 client.close()
-            except Exception:  # closing is best effort
-                pass
     state = str(getattr(result, "state", "DONE"))
     if "FAILED" in state or "CANCELLED" in state:
-        raise RunnerError(f"runner {runner.rsplit('.', 1)[-1]} finished in state {state}")
+        raise RunnerError(f"runner {short} finished in state {state}")
 
 
 def first_line(error: BaseException) -> str:
@@ -327,28 +268,20 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
+def causes(error: BaseException | None, *, context: bool = True):
+    """``error`` and the errors it was raised from (``__cause__``, and with
+    ``context`` ``__context__``), each once."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or (error.__context__ if context else None)
+
+
 def _is_step_error(error: BaseException) -> bool:
-    """An error raised by one of the build's own steps (bad input, a full disk)
-    rather than by the runner itself: local engines run the steps inside
-    ``run()`` and add the step's name (``[while running 'STEP']``) or, from a
-    worker process, its traceback to the message."""
-    if isinstance(error, (KeyboardInterrupt, ValueError)):
-        return True
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error)
-        if "[while running" in text or "Traceback (most recent call last)" in text:
-            return True
-        error = error.__cause__
-    return False
-
-
-def _is_lost_worker(error: BaseException) -> bool:
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if type(error).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError"):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    """An error raised by one of the build's own steps (bad input, a full disk),
+    not by the runner: local engines add the step's name (``[while running
+    'STEP']``) or a worker's traceback to the message."""
+    return isinstance(error, (KeyboardInterrupt, ValueError)) or any(
+        "[while running" in str(e) or "Traceback (most recent call last)" in str(e)
+        for e in causes(error, context=False))

@@ -6,30 +6,26 @@ The read step gathers the examples of its work unit in one in-memory
 of the unit, it hands them on in one of two ways (``exchange``, runner.py):
 
 - ``"runner"``: each shard's buffer becomes one element ``(shard, batch
-  bytes)`` of the runner's own shuffle (GroupByKey): Dataflow Shuffle, Flink,
-  Spark or Dask move the data, as they are built to.
+  bytes)`` of the runner's own shuffle (GroupByKey).
 - ``"spill"`` (Beam's local engine, whose shuffle holds every element in the
   driver's memory): the buffers are written to **one file per flush holding
   every shard's section**, ``_tmp/spill/<unit>-<unique>-<flush>.bin``, and only
-  ``(shard, (path, offset, length))`` goes through the shuffle. The number of
-  files grows with corpus / flush size, never with corpus x shards.
+  ``(shard, (path, offset, length))`` goes through the shuffle.
 
 Every section is sorted in cache order when it is written, so the shard
-writer sorts only the shard's columns (44 + 4F bytes an example) and then
-reads the example bytes of spill sections front to back, a window at a time
-(``ShardEntries``): a k-way merge of sorted runs. Memory per worker is the
+writer sorts only the shard's columns (44 + 4F bytes an example) and reads
+the example bytes of spill sections front to back, a window at a time
+(``ShardEntries``: a k-way merge of sorted runs). Memory per worker is the
 shard's columns, the windows (``READ_BYTES``) and the flush buffers
-(``SPILL_BYTES``), whatever the corpus and shard sizes; batches that came
-through the runner's shuffle are held whole (one shard's example bytes).
+(``SPILL_BYTES``); batches from the runner's shuffle are held whole.
 
-Retries are safe: a unit that fails has its outputs discarded by the runner,
-so the files it wrote are never named to a writer; the driver deletes ``_tmp``
-at the end of the build.
+Spill files are build-internal, never part of a cache. Retries are safe: a
+unit that fails has its outputs discarded by the runner, so the files it wrote
+are never named to a writer; the driver deletes ``_tmp`` at the end of the build.
 
 A batch (one shard's section) is columnar and sorted, so that a writer loads
-its columns with ``numpy.frombuffer`` and sorts a whole shard with one
-``numpy`` sort (memory: 44 bytes per example, not one Python object per
-example). All integers are little-endian; ``n`` entries, ``F`` features::
+its columns with ``numpy.frombuffer`` and sorts a shard with one ``numpy``
+sort. All integers are little-endian; ``n`` entries, ``F`` features::
 
     n               uint64
     F               uint32
@@ -42,21 +38,18 @@ example). All integers are little-endian; ``n`` entries, ``F`` features::
     data_offsets    (n + 1) x uint64
     data            the encoded examples (seqcache.format), back to back
 
-A flush file is its sections back to back, then an index of them
-(``FLUSH_INDEX``: per section shard uint32, offset uint64, length uint64), then
-the section count (uint32) and the magic ``b"SQSPILL1"``, so that a file
-describes itself; the writers use the offsets they were sent.
+A flush file is its sections back to back, then an index of them (per
+section shard uint32, offset uint64, length uint64), then the section count
+(uint32) and the magic ``b"SQSPILL1"``, so that a file describes itself; the
+writers use the offsets they were sent.
 
-Spill files are build-internal and never part of a cache.
-
-Quarantine chunks travel the same way. The read step writes the records that
-its source skipped or repaired (``on_error``), and those it excluded for
-overlapping a benchmark (``BuildConfig.exclude_benchmarks``), to
-``_tmp/spill/quarantine-<unique>.txt``, sorted, a chunk per ``QUARANTINE_BYTES``
-of entries and at the end of every bundle, and emits only the chunk's path; the
-quarantine writer merges the chunks (``merge_quarantine``) into the cache's
-``quarantine.jsonl``. Memory therefore does not grow with the number of skipped
-records, anywhere. A chunk line is::
+Quarantine chunks travel the same way. The read step writes the records its
+source skipped or repaired (``on_error``) or that it excluded for overlapping
+a benchmark to ``_tmp/spill/quarantine-<unique>.txt``, sorted, a chunk per
+``QUARANTINE_BYTES`` of entries and at the end of every unit, and emits only the
+chunk's path; ``merge_quarantine`` merges the chunks into the cache's
+``quarantine.jsonl``, so memory never grows with the skipped records. A chunk
+line is::
 
     <file_index, 10 digits>\t<record_number, 20 digits>\t<action>\t<quarantine.jsonl line>\n
 
@@ -75,43 +68,33 @@ import io
 import json
 import os
 import struct
-from typing import BinaryIO, Iterable, Iterator, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-# Buffered bytes at which the read step flushes (``transforms.ReadUnit``):
-# to a spill file (the local engine), or as one element per shard to the
-# runner's shuffle. A spill flush is smaller: its buffers are the read step's
-# largest memory, and a writer reads a spill section in windows whatever its
-# size. A flush to the runner stays large, because its elements are one
-# columnar batch per shard and flush: a distributed shuffle pays per element.
+from seqcache import format as fmt
+
+# Buffered bytes at which the read step flushes (``transforms.ReadUnit``): to
+# a spill file (smaller: its buffers are the read step's largest memory), or as
+# one element per shard to the runner's shuffle (larger: a distributed shuffle
+# pays per element).
 SPILL_BYTES = 16 << 20
 RUNNER_FLUSH_BYTES = 64 << 20
-# Memory of one buffered entry besides its example bytes (its columns in the
-# batches' numpy arrays: key, four ints, lengths, offset): counted against
-# SPILL_BYTES so that the buffers of a bundle stay near SPILL_BYTES of real memory.
+# Memory counted against the flush size besides example bytes: per buffered
+# entry (its columns), and per batch of a shard (the object and its nine arrays).
 ENTRY_OVERHEAD = 48
-# ... and of one batch of a shard (the batch object and its nine small numpy
-# arrays): a batch of records spread over many shards adds this per shard.
 BATCH_OVERHEAD = 1300
 _HEAD = struct.Struct("<QI")
 HEAD_SIZE = _HEAD.size  # a section's first bytes: entry count (uint64), feature count (uint32)
-# Example bytes a shard writer copies out of a shard's sections at a time
-# (``ShardEntries.chunk_bounds``): sections that travelled through the runner
-# are held whole, their copies in pieces of this size; sections in spill files
-# are read a window at a time (READ_BYTES).
+# Example bytes a shard writer copies out of its sections at a time
+# (``ShardEntries.chunk_bounds``).
 CHUNK_BYTES = 4 << 20
-# What a shard writer reads of the spill sections on disk ahead of the range it
-# copies (``ShardEntries``): this budget divided among a shard's sections, at
-# least MIN_READ_BYTES a read.
+# What a shard writer reads of its spill sections on disk ahead of the range it
+# copies: this budget divided among the sections, at least MIN_READ_BYTES a read.
 READ_BYTES = 8 << 20
 MIN_READ_BYTES = 64 << 10
-
-
-# Mean piece size (bytes) from which ``ragged_take`` copies pieces whole
-# (``bytes.join`` of views) instead of gathering their bytes one by one: the
-# gather builds an int64 index per byte (16 bytes of index work per byte), a
-# join costs about 0.2 us per piece.
+# Mean piece size (bytes) from which ``ragged_take`` joins views of whole
+# pieces (about 0.2 us a piece) instead of one gather (an int64 index per byte).
 _JOIN_PIECE_BYTES = 64
 
 
@@ -119,12 +102,8 @@ def ragged_take(data: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tup
     """Pieces ``order`` of a ragged uint8 array (``data`` with int64 ``offsets``,
     piece i is ``data[offsets[i]:offsets[i + 1]]``), one after the other: the
     new data (uint8, ``(sum of the pieces' sizes,)``) and offsets (int64,
-    ``(len(order) + 1,)``). ``data`` itself when ``order`` is the identity.
-
-    Short pieces (a mean under ``_JOIN_PIECE_BYTES``) are gathered byte by
-    byte in one numpy gather; longer ones are copied whole, a view per piece
-    joined into one buffer (read-only), which for documents of a kilobyte is
-    about 20x less work than the gather's index of one int64 per byte."""
+    ``(len(order) + 1,)``). ``data`` itself when ``order`` is the identity;
+    read-only data when the pieces are long (``_JOIN_PIECE_BYTES``)."""
     sizes = np.diff(offsets)[order]
     new = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(sizes, out=new[1:])
@@ -153,11 +132,10 @@ class SpillBuffer:
     __slots__ = ("batches", "nbytes")
 
     def __init__(self):
-        self.batches = []
-        self.nbytes = 0
+        self.batches, self.nbytes = [], 0
 
     def add_batch(self, batch) -> None:
-        """Adds a batch of entries (kept as they are, not copied)."""
+        """Adds a batch of entries (not copied)."""
         self.batches.append(batch)
         self.nbytes += batch_bytes(batch)
 
@@ -171,9 +149,8 @@ class SpillBuffer:
         return b"".join(self._pieces(num_features))
 
     def write_to(self, f: BinaryIO, num_features: int) -> int:
-        """Writes ``to_bytes`` to ``f`` piece by piece (a column at a time,
-        never the whole section at once) and drops the buffer's batches;
-        returns the bytes written."""
+        """Writes ``to_bytes`` to ``f`` a column at a time and drops the
+        buffer's batches; returns the bytes written."""
         written = 0
         for piece in self._pieces(num_features, release=True):
             view = memoryview(piece)
@@ -182,17 +159,16 @@ class SpillBuffer:
         return written
 
     def _pieces(self, num_features: int, release: bool = False) -> Iterator:
+        """The section's bytes, a column at a time (a buffer holds at least one batch)."""
         bs = self.batches
         if release:
             self.batches, self.nbytes = [], 0
         n = sum(len(b) for b in bs)
 
         def column(name, dtype):
-            if not bs:
-                return np.zeros(0, dtype)
             return np.concatenate([np.asarray(getattr(b, name), dtype=dtype) for b in bs])
 
-        keys = np.concatenate([np.ascontiguousarray(b.key) for b in bs]) if bs else np.zeros(0, "V16")
+        keys = np.concatenate([np.ascontiguousarray(b.key) for b in bs])
         sub, files, recs = column("sub_index", "<u4"), column("file_index", "<u4"), column("record_number", "<u8")
         hi_lo = keys.view(">u8").reshape(-1, 2)
         order = sort_order(hi_lo[:, 0].astype(np.uint64), hi_lo[:, 1].astype(np.uint64), sub, files, recs)
@@ -202,15 +178,13 @@ class SpillBuffer:
             yield values[order]
         del keys, sub, files, recs
         yield column("truncated", "<u4")[order]
-        yield (np.concatenate([np.asarray(b.lengths, dtype="<u4").reshape(len(b), num_features) for b in bs])
-               if bs else np.zeros((0, num_features), "<u4"))[order]
+        yield np.concatenate([np.asarray(b.lengths, dtype="<u4").reshape(len(b), num_features) for b in bs])[order]
         if len(bs) == 1:
             data, offsets = np.asarray(bs[0].data, dtype=np.uint8), np.asarray(bs[0].offsets, dtype=np.int64)
         else:
             offsets = np.zeros(n + 1, dtype=np.int64)
-            if bs:
-                np.cumsum(np.concatenate([np.diff(b.offsets) for b in bs]), out=offsets[1:])
-            data = np.concatenate([np.asarray(b.data, dtype=np.uint8) for b in bs]) if bs else np.zeros(0, np.uint8)
+            np.cumsum(np.concatenate([np.diff(b.offsets) for b in bs]), out=offsets[1:])
+            data = column("data", np.uint8)
         del bs
         data, offsets = ragged_take(data, offsets, order)
         yield offsets.astype("<u8")
@@ -224,9 +198,8 @@ _SECTION = struct.Struct("<IQQ")
 
 def write_flush(f: BinaryIO, buffers: dict, num_features: int) -> list[tuple[int, int, int]]:
     """Writes one flush file of ``buffers`` (shard -> ``SpillBuffer``, emptied
-    as they are written, so that the flush never holds the buffers and their
-    copy at once) to ``f``, and returns its sections as ``(shard, offset,
-    length)``, in shard order."""
+    as written) to ``f``; returns its sections as ``(shard, offset, length)``,
+    in shard order."""
     index, pos = [], 0
     for shard in sorted(buffers):
         length = buffers.pop(shard).write_to(f, num_features)
@@ -297,16 +270,10 @@ class ShardEntries:
 
     def _chunks(self, chunk: int) -> Iterator[tuple[int, int, list[bytes]]]:
         """``(lo, hi, the encoded examples lo..hi)`` over ``chunk_bounds``, in
-        order.
-
-        A section on disk (``SectionOnDisk``) is sorted, so the shard's order
-        reads each one front to back: every section has a window of its bytes
-        in memory, refilled by one read of at least ``READ_BYTES`` divided
-        among the sections (and at least ``MIN_READ_BYTES``, at most the rest
-        of the section). Memory: about twice that budget plus a range's copies,
-        never more than the sections themselves; reads: about the shard's
-        example bytes x sections / ``READ_BYTES``, one per section when the
-        sections are small."""
+        order. Sections on disk are sorted, so each is read front to back
+        through a window of its bytes, refilled by reads of ``READ_BYTES``
+        divided among the sections (at least ``MIN_READ_BYTES``): memory about
+        twice that budget plus a range's copies."""
         parts = self.parts
         on_disk = [k for k, p in enumerate(parts) if isinstance(p, SectionOnDisk)]
         cursor = np.zeros(len(parts), dtype=np.int64)  # where each section's next unread example starts
@@ -342,60 +309,47 @@ class ShardEntries:
             yield lo, hi, [windows[p][x:y] for p, x, y in zip(part.tolist(), begin.tolist(), end.tolist())]
 
     def items(self, chunk: int = 1 << 16) -> Iterable[tuple[bytes, tuple[int, int]]]:
-        """(encoded example, (file_index, record_number)) in sorted order; converted
-        to Python objects a chunk at a time (``chunk_bounds``) so that memory
-        stays near the arrays'."""
+        """(encoded example, (file_index, record_number)) in sorted order, a
+        chunk at a time (``chunk_bounds``)."""
         for lo, hi, data in self._chunks(chunk):
             yield from zip(data, zip(self.file_index[lo:hi].tolist(), self.record_number[lo:hi].tolist()))
 
     def record_chunks(self, chunk: int = 1 << 16) -> Iterable[tuple[list[bytes], list[bytes]]]:
         """(encoded examples, encoded provenance records) in sorted order, a
-        chunk of entries at a time (``chunk_bounds``: at most ``chunk`` entries
-        and ``CHUNK_BYTES`` of examples, so that the copies stay small beside
-        the shard), for a shard that is written as it is (no packing: one
-        segment per record, token offset 0)."""
-        from seqcache import format as fmt
-
+        chunk at a time (``chunk_bounds``), for a shard written as it is (no
+        packing: one segment per record, token offset 0)."""
         for lo, hi, data in self._chunks(chunk):
             yield data, fmt.encode_provenance_batch(self.file_index[lo:hi], self.record_number[lo:hi])
 
 
+@dataclasses.dataclass
 class SectionOnDisk:
     """One shard's section of a flush file whose example bytes stay in the
     file until a shard writer reads them (``ShardEntries``).
 
-    Args:
+    Attributes:
       where: the section's name in errors (file and byte offset).
-      read: ``read(offset, length) -> bytes`` of the section (offsets from the
-        section's first byte).
-      data_start: where the section's example bytes begin (bytes from its
-        first byte).
+      read: ``read(begin, end) -> bytes``: bytes ``begin`` to ``end`` of the
+        section (from its first byte).
+      data_start: where the section's example bytes begin (bytes from its first byte).
       length: the section's size in bytes (its example bytes end there).
       initial: the first example bytes, already read (from ``data_start``).
     """
 
-    __slots__ = ("where", "_read", "data_start", "length", "initial")
-
-    def __init__(self, where: str, read, data_start: int, length: int, initial: bytes = b""):
-        self.where = where
-        self._read = read
-        self.data_start = int(data_start)
-        self.length = int(length)
-        self.initial = initial
-
-    def read(self, begin: int, end: int) -> bytes:
-        """Bytes ``begin`` to ``end`` of the section."""
-        return self._read(begin, end - begin)
+    where: str
+    read: Callable[[int, int], bytes]
+    data_start: int
+    length: int
+    initial: bytes = b""
 
 
 _COLUMNS = (("keys", "V16", 1), ("sub_index", "<u4", 1), ("file_index", "<u4", 1), ("record_number", "<u8", 1),
             ("truncated", "<u4", 1), ("lengths", "<u4", None))
 
 
-def section_head_bytes(head: bytes, where: str) -> int:
-    """How many bytes of a section come before its example bytes (its head and
-    columns, ``_parse``'s part), from the section's first ``_HEAD.size``
-    bytes.
+def _columns(head: bytes, where: str) -> Iterator[tuple[str, str, int]]:
+    """``(name, dtype, element count)`` of each column of the section whose
+    first bytes are ``head``, in file order, the data offsets last.
 
     Raises:
       ValueError: fewer bytes than a head (``where`` names the section).
@@ -403,23 +357,32 @@ def section_head_bytes(head: bytes, where: str) -> int:
     if len(head) < _HEAD.size:
         raise ValueError(f"{where}: truncated spill file ({len(head)} bytes)")
     n, f = _HEAD.unpack_from(head, 0)
-    per_entry = sum(np.dtype(dtype).itemsize * (f if count is None else count) for _, dtype, count in _COLUMNS)
-    return _HEAD.size + n * per_entry + (n + 1) * 8
+    for name, dtype, count in _COLUMNS:
+        yield name, dtype, n * (f if count is None else count)
+    yield "offsets", "<u8", n + 1
+
+
+def section_head_bytes(head: bytes, where: str) -> int:
+    """How many bytes of a section come before its example bytes (its head and
+    columns, ``_parse``'s part), from the section's first ``HEAD_SIZE`` bytes.
+
+    Raises:
+      ValueError: fewer bytes than a head (``where`` names the section).
+    """
+    return _HEAD.size + sum(np.dtype(dtype).itemsize * count for _, dtype, count in _columns(head, where))
 
 
 def _parse(buf: bytes, num_features: int, where: str, *, section_length: int | None = None) -> dict:
     """The columns of one section. ``buf`` is the whole section, or (with
     ``section_length``, the section's size) only its head and columns, the
     example bytes left on disk."""
-    if len(buf) < _HEAD.size:
-        raise ValueError(f"{where}: truncated spill file ({len(buf)} bytes)")
+    columns = list(_columns(buf, where))
     n, f = _HEAD.unpack_from(buf, 0)
     if f != num_features:
         raise ValueError(f"{where}: spill file has {f} features, expected {num_features}")
     pos = _HEAD.size
     cols = {}
-    for name, dtype, count in (*_COLUMNS, ("offsets", "<u8", None)):
-        count = n + 1 if name == "offsets" else n * (f if count is None else count)
+    for name, dtype, count in columns:
         size = np.dtype(dtype).itemsize * count
         if pos + size > len(buf):
             raise ValueError(f"{where}: truncated spill file: column {name} ends at byte {pos + size} of {len(buf)}")
@@ -483,12 +446,7 @@ def load_shard(buffers: Iterable[tuple[str, "bytes | tuple[bytes, SectionOnDisk,
         none = np.zeros(0, np.int64)
         return ShardEntries(empty, empty, np.zeros(0, np.uint64), empty, np.zeros((0, num_features), np.uint32),
                             np.zeros(0, np.int32), none, none, [])
-    keys = np.concatenate([p["keys"] for p in parts])
-    sub = np.concatenate([p["sub_index"] for p in parts])
-    files = np.concatenate([p["file_index"] for p in parts])
-    recs = np.concatenate([p["record_number"] for p in parts])
-    trunc = np.concatenate([p["truncated"] for p in parts])
-    lengths = np.concatenate([p["lengths"] for p in parts])
+    keys, sub, files, recs, trunc, lengths = (np.concatenate([p[name] for p in parts]) for name, _, _ in _COLUMNS)
     part = np.concatenate([np.full(len(p["sub_index"]), k, dtype=np.int32) for k, p in enumerate(parts)])
     begin = np.concatenate([p["offsets"][:-1].astype(np.int64) + p["base"] for p in parts])
     end = np.concatenate([p["offsets"][1:].astype(np.int64) + p["base"] for p in parts])
@@ -498,10 +456,7 @@ def load_shard(buffers: Iterable[tuple[str, "bytes | tuple[bytes, SectionOnDisk,
                         part[order], begin[order], end[order], [p["data"] for p in parts])
 
 
-# ---------------------------------------------------------------------------
-# Quarantine chunks
-
-# Entries a bundle holds in memory before it writes them to a chunk file (bytes).
+# Quarantine chunks. Entries a bundle holds in memory before it writes them to a chunk file (bytes).
 QUARANTINE_BYTES = 4 << 20
 # Chunk files open at once while merging; more are merged in rounds.
 MERGE_FAN_IN = 64
@@ -511,30 +466,6 @@ FIRST_SKIPPED = 5
 # What happened to a quarantined record: skipped or repaired under its source's
 # on_error policy, or excluded for overlapping a benchmark (``build --exclude-benchmark``).
 QUARANTINE_ACTIONS = ("skipped", "replaced", "excluded")
-
-
-def quarantine_entry(file_index: int, record_number: int, action: str, path: str, message: str,
-                     kind: str | None = None, extra: dict | None = None) -> bytes:
-    """One line of quarantine.jsonl, without its newline: a JSON object with
-    ``source_index``, ``path``, ``record_number``, ``action`` (``"skipped"``,
-    ``"replaced"`` or ``"excluded"``), ``error`` and ``kind``: the kind of bad
-    input, a key of ``seqcache.tasks.ERROR_KINDS`` (for a repaired record, the
-    kinds repaired, comma-separated; ``"benchmark"`` for a record excluded for
-    overlapping a benchmark, whose entry adds the fields of ``extra``:
-    ``benchmarks``, ``benchmark``, ``item`` and ``ngram``, see
-    ``seqcache.pipelines.transforms.ReadPreprocess``). A message that starts
-    with the file's path (``"<path>: line 3 (record 2) is empty"``) loses that
-    prefix: the path is already in ``path``."""
-    prefix = f"{path}: "
-    if message.startswith(prefix):
-        message = message[len(prefix):]
-    entry = {"source_index": int(file_index), "path": path, "record_number": int(record_number),
-             "action": action, "error": message}
-    if kind is not None:
-        entry["kind"] = kind
-    if extra:
-        entry.update(extra)
-    return json.dumps(entry, ensure_ascii=False).encode("utf-8")
 
 
 class QuarantineBuffer:
@@ -549,9 +480,26 @@ class QuarantineBuffer:
 
     def add(self, file_index: int, record_number: int, action: str, path: str, message: str,
             kind: str | None = None, extra: dict | None = None) -> None:
+        """Adds one line of quarantine.jsonl: a JSON object with
+        ``source_index``, ``path``, ``record_number``, ``action`` (``"skipped"``,
+        ``"replaced"`` or ``"excluded"``), ``error`` and ``kind``: the kind of bad
+        input, a key of ``seqcache.tasks.ERROR_KINDS`` (for a repaired record, the
+        kinds repaired, comma-separated; ``"benchmark"`` for a record excluded for
+        overlapping a benchmark, whose entry adds the fields of ``extra``:
+        ``benchmarks``, ``benchmark``, ``item`` and ``ngram``, see
+        ``seqcache.pipelines.transforms.ReadPreprocess``). A message that starts
+        with the file's path (``"<path>: line 3 (record 2) is empty"``) loses that
+        prefix: the path is already in ``path``.
+
+        Raises:
+          ValueError: an action not in ``QUARANTINE_ACTIONS``."""
         if action not in QUARANTINE_ACTIONS:
             raise ValueError(f"quarantine action must be one of {', '.join(QUARANTINE_ACTIONS)} (got {action!r})")
-        entry = quarantine_entry(file_index, record_number, action, path, message, kind, extra)
+        if message.startswith(f"{path}: "):
+            message = message[len(path) + 2:]
+        entry = {"source_index": int(file_index), "path": path, "record_number": int(record_number),
+                 "action": action, "error": message, **({"kind": kind} if kind is not None else {}), **(extra or {})}
+        entry = json.dumps(entry, ensure_ascii=False).encode("utf-8")
         line = b"%010d\t%020d\t%s\t%s\n" % (file_index, record_number, action.encode(), entry)
         self.lines.append(line)
         self.nbytes += len(line) + 64  # the list slot and the bytes object's header
@@ -596,16 +544,14 @@ def merge_quarantine(paths: Sequence[str], out: BinaryIO, *, scratch_dir: str, o
       paths: the chunk files named by the read step's outputs (any order).
       out: the binary file quarantine.jsonl is written to.
       scratch_dir: where the rounds of a merge of more than ``fan_in`` chunks
-        write their intermediate chunks (build-internal, like spill files).
-      open_read, open_write: ``path -> context manager of a binary file``
-        (``seqcache.pipelines.writer.open_read`` / ``open_write``).
-      join: ``seqcache.pipelines.writer.join``.
+        write their intermediate chunks.
+      open_read, open_write, join: ``seqcache.fs``'s.
       fan_in: chunk files open at once (default ``MERGE_FAN_IN``).
 
     Returns:
-      A ``QuarantineSummary``. Memory holds one line per open chunk, whatever
-      the number of entries (a k-way merge, ``heapq.merge``, in rounds of
-      ``fan_in`` files: external merge sort, Knuth, TAOCP vol. 3, 5.4.1).
+      A ``QuarantineSummary``. Memory holds one line per open chunk (a k-way
+      merge, ``heapq.merge``, in rounds of ``fan_in`` files: external merge
+      sort, Knuth, TAOCP vol. 3, 5.4.1).
 
     Raises:
       ValueError: a chunk line that is not in the chunk format (the file is named).

@@ -2,17 +2,17 @@
 manifest's ``statistics`` (units: examples and segments in records; tokens and
 lengths in tokens).
 
-Length histograms use fixed, data-independent buckets so that the shards' counts
-merge by addition (the build's result does not depend on how examples were
-split between shards or workers): a length n below 16 has its own bucket
-[n, n + 1); above, each power of two [2^e, 2^(e+1)) is cut into 8 buckets of
-width 2^(e-3) (about 9 % of the length: the layout of HdrHistogram with three
-significant bits). A histogram is a list of ``[lo, hi, count]`` (tokens, tokens,
-examples) for its non-empty buckets, ``lo`` ascending, ``hi`` exclusive.
+Length histograms use fixed, data-independent buckets so that the shards'
+counts merge by addition: a length n below 16 has its own bucket [n, n + 1);
+above, each power of two [2^e, 2^(e+1)) is cut into 8 buckets of width
+2^(e-3) (about 9 % of the length: the layout of HdrHistogram with three
+significant bits). A histogram is a list of ``[lo, hi, count]`` (tokens,
+tokens, examples) for its non-empty buckets, ``lo`` ascending, ``hi`` exclusive.
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -41,16 +41,8 @@ class BadInputCounts:
         self.records: dict[str, int] = dict.fromkeys(BAD_INPUT_ACTIONS, 0)
 
     def add(self, action: str, kinds) -> None:
-        """Counts one record under ``action`` and each kind in ``kinds``.
-
-        Raises:
-          ValueError: an action not in ``BAD_INPUT_ACTIONS``."""
-        if action not in self.counts:
-            raise ValueError(f"bad-input action must be one of {BAD_INPUT_ACTIONS} (got {action!r})")
-        have = self.counts[action]
-        for kind in kinds:
-            have[kind] = have.get(kind, 0) + 1
-        self.records[action] += 1
+        """Counts one record under ``action`` and each kind in ``kinds`` (``add_counts``)."""
+        self.add_counts(action, 1, collections.Counter(kinds))
 
     def add_counts(self, action: str, records: int, kinds: Mapping[str, int]) -> None:
         """Counts ``records`` records under ``action`` and ``kinds[kind]`` under
@@ -79,10 +71,7 @@ class BadInputCounts:
         for part in parts:
             part = part or {}
             for action in BAD_INPUT_ACTIONS:
-                have = total.counts[action]
-                for kind, n in (part.get(action) or {}).items():
-                    have[kind] = have.get(kind, 0) + int(n)
-                total.records[action] += int((part.get("records") or {}).get(action, 0))
+                total.add_counts(action, (part.get("records") or {}).get(action, 0), part.get(action) or {})
         return total.to_json()
 
 
@@ -113,20 +102,16 @@ class ShardStats:
 
     def __init__(self, features):
         self.names = [f.name for f in features if not f.name.endswith(("_segment_ids", "_positions"))]
-        self.examples = 0
-        self.segments = 0
-        self.source_examples = 0
-        self.truncated_tokens = 0
+        self.examples = self.segments = self.source_examples = self.truncated_tokens = 0
         self.tokens = dict.fromkeys(self.names, 0)
         self.max_length = dict.fromkeys(self.names, 0)
         # feature -> {bucket lo: examples}: lengths of the source examples (before packing).
         self.length_counts = {name: {} for name in self.names}
 
     def add_source_lengths(self, lengths, names) -> None:
-        """Counts the lengths of a shard's source examples (the preprocessed
-        examples, before packing; for unpacked caches, the cached examples) in the
+        """Counts the lengths of a shard's source examples (before packing) in the
         length histogram. ``lengths``: (n, F) tokens, columns named by ``names``
-        (the read step's features; only ``self.names`` are counted)."""
+        (only ``self.names`` are counted)."""
         lengths = np.asarray(lengths)
         for k, name in enumerate(names):
             if name not in self.length_counts or not lengths.shape[0]:
@@ -137,7 +122,13 @@ class ShardStats:
                 hist[b] = hist.get(b, 0) + c
 
     def add(self, example, segments):
-        self.add_lengths([int(example[name].size) for name in self.names], segments)
+        """One example (feature -> array) of ``segments`` segments."""
+        self.examples += 1
+        self.segments += segments
+        for name in self.names:
+            n = int(example[name].size)
+            self.tokens[name] += n
+            self.max_length[name] = max(self.max_length[name], n)
 
     def add_many(self, lengths):
         """Unpacked examples, one segment each; ``lengths`` (n, F) in ``self.names`` order."""
@@ -148,15 +139,6 @@ class ShardStats:
             if n:
                 self.tokens[name] += int(lengths[:, k].sum(dtype=np.int64))
                 self.max_length[name] = max(self.max_length[name], int(lengths[:, k].max()))
-
-    def add_lengths(self, lengths, segments):
-        """``lengths``: tokens per feature, in ``self.names`` order."""
-        self.examples += 1
-        self.segments += segments
-        for name, n in zip(self.names, lengths):
-            self.tokens[name] += n
-            if n > self.max_length[name]:
-                self.max_length[name] = n
 
     def to_json(self):
         return {
@@ -172,8 +154,7 @@ class ShardStats:
 
 
 def _bucket_counts(lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(lo, return_counts=True)``; by ``np.bincount`` (no sort) when
-    every edge is below 2^16, as for most sequence lengths."""
+    """``np.unique(lo, return_counts=True)``, by ``np.bincount`` when every edge is below 2^16."""
     if len(lo) and int(lo.max()) < 1 << 16:
         counts = np.bincount(lo)
         edges = np.flatnonzero(counts)

@@ -10,16 +10,15 @@ The pipeline is one straight line with one leaf::
   ``(shard, batch)`` for the examples of each shard (a batch's bytes, or where
   a spill file holds them: spill.py), ``(QUARANTINE_KEY, chunk path)`` for the
   records its source skipped or repaired (or that overlap a benchmark the
-  build excludes: exclusion.py), and ``(COUNTS_KEY, (unit, records
-  read, per-file counts, bad-input counts))``. Everything is emitted from ``process``: nothing from
-  ``finish_bundle``, no tagged outputs, no metrics; some runners (Dask) lose
-  or mix those.
+  build excludes: exclusion.py), and ``(COUNTS_KEY, (unit, records read,
+  per-file counts, bad-input counts))``. Everything is emitted from
+  ``process`` (no ``finish_bundle`` outputs, tagged outputs or metrics, which
+  some runners, Dask, lose or mix).
 - ``WriteGroup`` gets one key with all its values: it sorts, packs and writes
   a shard, merges the quarantine chunks into quarantine.jsonl, or adds up the
   record counts, and emits a small JSON-able result.
 - ``WriteSummary`` gathers every result in one element and writes
-  ``_tmp/summary.json``, which the driver reads to write the manifest. Counts
-  therefore come from what the pipeline itself wrote, on every runner.
+  ``_tmp/summary.json``, from which the driver writes the manifest.
 
 Every step is a plain picklable object whose state is the task and a few
 paths; randomness comes only from the record keys.
@@ -27,8 +26,10 @@ paths; randomness comes only from the record keys.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import itertools
 import json
 import os
 from typing import Any, Iterator, Sequence
@@ -37,9 +38,11 @@ import numpy as np
 
 from seqcache import format as fmt
 from seqcache import fs
-from seqcache.pipelines import shuffle, spill, stats as stats_mod
+from seqcache.pipelines import shuffle, spill, stats as stats_mod, writer
 from seqcache.pipelines.spill import ragged_take
+from seqcache.tasks import Split, pack_first_fit, pack_lm
 from seqcache.tasks.sources.base import RecordBatch
+from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV, encoding_threads
 
 QUARANTINE_KEY = -1
 COUNTS_KEY = -2
@@ -74,59 +77,46 @@ def features_out(task, sequence_length=None) -> list[fmt.FeatureSpec]:
     return specs
 
 
-# Raw record bytes preprocessed together at most (a batch of ``batch_records``
-# documents is cut into pieces of this size): a batch's tokens and their copies
-# are the read step's largest transient memory (about 14 bytes a raw byte with
-# the byte vocabulary), and a tokenizer call of 1 MiB of text costs no more per
-# byte than one of 4 MiB.
+# Raw record bytes preprocessed together at most: a batch's tokens and their
+# copies are the read step's largest transient memory (about 14 bytes a raw
+# byte with the byte vocabulary), and a tokenizer call of 1 MiB of text costs
+# no more per byte than one of 4 MiB.
 BATCH_BYTES = 1 << 20
 
 
 class ReadPreprocess:
     """Reads splits of the task's source and preprocesses their records in
-    batches of ``batch_records``, and at most ``batch_bytes`` of raw records
-    (one tokenizer call per batch). A batch is filled across the splits it is
-    given: the records of many small files share one batch (a batch per file
-    would pay a batch's fixed cost, its NumPy and vocabulary calls, per file).
+    batches of ``batch_records`` and at most ``batch_bytes`` of raw records
+    (one tokenizer call per batch), filled across the splits it is given.
+    Which records share a batch never changes an example: preprocessing is
+    per record, its randomness drawn from the record's key.
 
-    ``read(splits)`` (one ``Split`` or a sequence of them, read in order)
-    yields ``("records", n)`` for every batch of n source records
-    read, ``("examples", EncodedExamples)`` per batch (its examples encoded
-    together, as columns: no Python loop over tokens, one range check per
-    feature and batch), and ``("issue",
-    (file_index, record_number, action, message, kind))`` for each record that
-    its source skipped or repaired, or the task's checks skipped, under the
-    ``on_error`` policy: counted and quarantined, never dropped silently; and
-    ``("kept", (records, {kind: records}))`` once per batch with records holding
-    bad input its policy keeps as it is (``SourceRecord.kept``): counted; and,
-    with an ``exclusion`` (``seqcache.pipelines.exclusion.Exclusion``),
-    ``("excluded", (file_index, record_number, message, entry fields))`` for
-    each record that overlaps one of its benchmarks: quarantined, never
-    preprocessed. Which records share a batch never changes an example:
-    preprocessing is per record, its randomness drawn from the record's key.
+    ``read(splits)`` (a ``Split`` or a sequence of them, read in order) yields
+    ``("records", n)`` per batch of n source records; ``("examples",
+    EncodedExamples)`` per batch; ``("issue", (file_index, record_number,
+    action, message, kind))`` per record its source skipped or repaired, or the
+    task's checks skipped (``on_error``: quarantined, never dropped silently);
+    ``("kept", (records, {kind: records}))`` per batch with records whose bad
+    input the policy keeps (``SourceRecord.kept``: counted); and, with an
+    ``exclusion`` (``exclusion.Exclusion``), ``("excluded", (file_index,
+    record_number, message, entry fields))`` per record that overlaps one of
+    its benchmarks (quarantined, never preprocessed).
     """
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048, batch_bytes=BATCH_BYTES,
                  exclusion=None):
-        self.task = task
-        self.exclusion = exclusion
-        self.batch_bytes = int(batch_bytes)
-        self.seed = seed
+        self.task, self.exclusion, self.seed, self.num_shards = task, exclusion, seed, num_shards
+        self.batch_records, self.batch_bytes = batch_records, int(batch_bytes)
         self.sequence_length = dict(sequence_length) if sequence_length else None
-        self.num_shards = num_shards
-        self.batch_records = batch_records
         self.features = features_in(task)
 
     def read(self, splits) -> Iterator[tuple[str, Any]]:
-        """The outputs of the class docstring for ``splits`` (a ``Split`` or a
-        sequence of them).
+        """The outputs of the class docstring for ``splits``.
 
         Raises:
           ValueError: a source error (naming the file and record), or a
             preprocessing error, prefixed with the path of the record's file.
         """
-        from seqcache.tasks import Split
-
         splits = [splits] if isinstance(splits, Split) else list(splits)
         key = shuffle.seed_key(self.seed)
         paths = {int(s.file_index): str(s.path) for s in splits}
@@ -140,9 +130,6 @@ class ReadPreprocess:
         """The records of ``splits`` in batches of at most ``batch_records``
         records and ``batch_bytes`` raw bytes (a larger record is a batch of
         its own), each as full as the records allow, across splits."""
-        import bisect
-        import itertools
-
         limit_records, limit_bytes = self.batch_records, self.batch_bytes
         pending: list[RecordBatch] = []
         count = size = 0
@@ -169,10 +156,9 @@ class ReadPreprocess:
             yield RecordBatch.concat(pending)
 
     def _named_error(self, batch: RecordBatch, key, paths: dict, error: ValueError) -> ValueError:
-        """``error`` (raised preprocessing ``batch``, which knows record numbers,
-        not files) prefixed with the path of the file it came from: for a batch
-        of several files, each file's records are preprocessed again alone
-        (this error path only) to find the one that fails."""
+        """``error`` (raised preprocessing ``batch``) prefixed with the path of
+        the file it came from: for a batch of several files, each file's
+        records are preprocessed again alone to find the one that fails."""
         def named(file_index, e):
             path = paths.get(int(file_index), f"file {file_index}")
             return e if str(e).startswith(path) else ValueError(f"{path}: {e}")
@@ -195,8 +181,7 @@ class ReadPreprocess:
 
     def _flush(self, records: RecordBatch, key):
         yield "records", len(records)
-        skipped = []
-        kept = None
+        skipped, kept, records_kept = [], collections.Counter(), 0
         for i, r in records.special():
             issue = r.issue
             if issue is not None:
@@ -205,21 +190,16 @@ class ReadPreprocess:
                     skipped.append(i)
                     continue
             if r.kept:
-                kept = kept or collections.Counter()
-                kept[None] += 1  # records
+                records_kept += 1
                 kept.update(r.kept)
-        if kept:
-            records_kept = kept.pop(None)
+        if records_kept:
             yield "kept", (records_kept, dict(kept))
         if self.exclusion is not None:
             drop = set(skipped)
-            excluded = []
             for i, message, fields in self.exclusion.find(records, [i for i in range(len(records)) if i not in drop]):
-                r = records[i]
-                yield "excluded", (r.file_index, r.record_number, message, fields)
-                excluded.append(i)
-            if excluded:
-                skipped = sorted(drop.union(excluded))
+                yield "excluded", (records[i].file_index, records[i].record_number, message, fields)
+                skipped.append(i)
+            skipped.sort()
         live = LiveRecords(records, skipped)
         if not len(live):
             return
@@ -366,31 +346,27 @@ class EncodedExamples:
         stops = np.concatenate([cuts, [len(order)]]).tolist()
         data, offsets = ragged_take(self.data, self.offsets, order)
         for a, b in zip(starts, stops):
-            sel = slice(a, b)
+            rows = order[a:b]
             yield int(shards[a]), EncodedExamples(
-                shards[sel], self.key[order[sel]], self.sub_index[order[sel]], self.file_index[order[sel]],
-                self.record_number[order[sel]], self.truncated[order[sel]], self.lengths[order[sel]],
+                shards[a:b], *(getattr(self, name)[rows] for name in _ROW_COLUMNS),
                 data[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a])
+
+
+_ROW_COLUMNS = ("key", "sub_index", "file_index", "record_number", "truncated", "lengths")
 
 
 def driver_encoding_threads() -> int | None:
     """The SentencePiece threads a build gives its read step's workers
     (``ReadUnit``): ``$SEQCACHE_ENCODING_THREADS`` when the driver sets it
     (a distributed runner's workers do not inherit the driver's
-    environment), else None: each worker uses the CPUs it may run on. Two
-    local worker processes on 2 CPUs with 2 threads each build short lines
-    1.81x as fast as one worker, with 1 thread each 1.55x: a worker's
-    threads use the CPU the other leaves idle (benchmarks/README.md,
+    environment), else None: each worker uses the CPUs it may run on (a
+    worker's threads use the CPU the other leaves idle: benchmarks/README.md,
     "Worker processes").
 
     Raises:
       ValueError: ``$SEQCACHE_ENCODING_THREADS`` is not a positive integer.
     """
-    from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV, encoding_threads
-
-    if os.environ.get(ENCODING_THREADS_ENV, "").strip():
-        return encoding_threads()
-    return None
+    return encoding_threads() if os.environ.get(ENCODING_THREADS_ENV, "").strip() else None
 
 
 class ReadUnit:
@@ -400,15 +376,13 @@ class ReadUnit:
 
     Memory: the shard buffers (about ``flush_bytes``: default
     ``spill.SPILL_BYTES`` for the spill exchange, ``spill.RUNNER_FLUSH_BYTES``
-    for the runner's) plus one preprocessing batch (``BATCH_BYTES`` of raw
-    records and their tokens) plus at most ``spill.QUARANTINE_BYTES`` of
-    quarantine entries, however large the unit and however many records are
-    skipped.
+    for the runner's), one preprocessing batch (``BATCH_BYTES`` of raw
+    records and their tokens) and at most ``spill.QUARANTINE_BYTES`` of
+    quarantine entries, however large the unit.
 
     ``encoding_threads``: the SentencePiece threads of the worker that runs
     it (``$SEQCACHE_ENCODING_THREADS`` there), or None to leave the worker's
-    own (``seqcache.tasks.vocabularies.encoding_threads``; see
-    ``driver_encoding_threads``).
+    own (``driver_encoding_threads``).
     """
 
     def __init__(self, reader: ReadPreprocess, *, paths: Sequence[str], spill_dir: str, exchange: str,
@@ -416,20 +390,13 @@ class ReadUnit:
                  encoding_threads: int | None = None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
-        self.reader = reader
-        self.paths = list(paths)
-        self.spill_dir = spill_dir
-        self.exchange = exchange
+        self.reader, self.paths, self.spill_dir, self.exchange = reader, list(paths), spill_dir, exchange
         if flush_bytes is None:
             flush_bytes = spill.SPILL_BYTES if exchange == "spill" else spill.RUNNER_FLUSH_BYTES
-        self.flush_bytes = int(flush_bytes)
-        self.fs_options = list(fs_options)
+        self.flush_bytes, self.fs_options = int(flush_bytes), list(fs_options)
         self.encoding_threads = None if encoding_threads is None else int(encoding_threads)
 
     def __call__(self, unit) -> Iterator[tuple[int, Any]]:
-        from seqcache.tasks import Split
-        from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV
-
         set_worker_options(self.fs_options)
         settle_worker()
         if self.encoding_threads is not None:
@@ -442,24 +409,20 @@ class ReadUnit:
         per_file: dict[int, list[int]] = {}
         bad_input = stats_mod.BadInputCounts()
         splits = [Split(file_index, self.paths[file_index], start, stop, 0) for file_index, start, stop in ranges]
-        # The unit's splits are read as one stream: a preprocessing batch holds
-        # the records of many small files.
         for kind, payload in self.reader.read(splits) if splits else ():
             if kind == "records":
                 records += payload
             elif kind == "kept":
                 bad_input.add_counts("kept", *payload)
-            elif kind == "issue":
-                record_file, record_number, action, message, error_kind = payload
-                bad_input.add(action, error_kind.split(","))
+            elif kind in ("issue", "excluded"):
+                if kind == "issue":
+                    record_file, record_number, action, message, error_kind = payload
+                    bad_input.add(action, error_kind.split(","))
+                    fields = None
+                else:
+                    (record_file, record_number, message, fields), action, error_kind = payload, kind, "benchmark"
                 state.quarantine.add(record_file, record_number, action, self.paths[record_file], message,
-                                     error_kind)
-                if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
-                    yield QUARANTINE_KEY, self._write_quarantine(state, token)
-            elif kind == "excluded":
-                record_file, record_number, message, fields = payload
-                state.quarantine.add(record_file, record_number, "excluded", self.paths[record_file], message,
-                                     "benchmark", fields)
+                                     error_kind, fields)
                 if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
                     yield QUARANTINE_KEY, self._write_quarantine(state, token)
             else:
@@ -487,9 +450,8 @@ class ReadUnit:
                 sections = spill.write_flush(f, state.buffers, num_features)
             for shard, offset, length in sections:
                 yield shard, (path, offset, length)
-        state.flushes += 1
+        state.flushes, state.buffered = state.flushes + 1, 0
         state.buffers = collections.defaultdict(spill.SpillBuffer)
-        state.buffered = 0
 
     def _write_quarantine(self, state, token) -> str:
         path = fs.join(self.spill_dir, f"{spill.QUARANTINE_PREFIX}{token}-{state.quarantine_chunks:05d}.txt")
@@ -525,25 +487,16 @@ class _UnitState:
     __slots__ = ("buffers", "buffered", "flushes", "quarantine", "quarantine_chunks")
 
     def __init__(self):
-        self.buffers = collections.defaultdict(spill.SpillBuffer)
-        self.buffered = 0
-        self.flushes = 0
-        self.quarantine = spill.QuarantineBuffer()
-        self.quarantine_chunks = 0
+        self.buffers, self.quarantine = collections.defaultdict(spill.SpillBuffer), spill.QuarantineBuffer()
+        self.buffered = self.flushes = self.quarantine_chunks = 0
 
 
 def load_batches(values, num_features: int) -> spill.ShardEntries:
     """One shard's entries from its values: batch bytes (runner exchange) or
-    ``(path, offset, length)`` sections of spill files. Sorted (see
-    ``spill.load_shard``).
-
-    A spill file section is loaded with its columns and at most
-    ``spill.MIN_READ_BYTES`` of its example bytes (one ranged read, two for
-    long columns); the rest is read window by window while the shard is
-    written (``spill.SectionOnDisk``), so that a writer's memory is the
-    shard's columns (44 bytes an example) plus the windows
-    (``spill.READ_BYTES``) and one range's copies (``spill.CHUNK_BYTES``),
-    not the shard."""
+    ``(path, offset, length)`` sections of spill files, sorted
+    (``spill.load_shard``). A spill file section is loaded with its columns
+    and at most ``spill.MIN_READ_BYTES`` of its example bytes; the rest is read
+    window by window while the shard is written (``spill.SectionOnDisk``)."""
     inline, refs = [], collections.defaultdict(list)
     for v in values:
         if isinstance(v, (bytes, bytearray, memoryview)):
@@ -556,8 +509,7 @@ def load_batches(values, num_features: int) -> spill.ShardEntries:
     for path in sorted(refs):
         for offset, length in sorted(refs[path]):
             where = f"{path} at byte {offset}"
-            # One read for the head, the columns and the first example bytes
-            # (a small section: all of it); a second one only for long columns.
+            # One read for the head, the columns and the first example bytes; a second for long columns.
             first = files.read(path, offset, min(length, spill.MIN_READ_BYTES))
             head_bytes = spill.section_head_bytes(first, where)
             if head_bytes > length:
@@ -567,7 +519,8 @@ def load_batches(values, num_features: int) -> spill.ShardEntries:
                 initial = b""
             else:
                 head, initial = first[:head_bytes], first[head_bytes:]
-            section = spill.SectionOnDisk(where, _section_reader(files, path, offset), head_bytes, length, initial)
+            read = lambda begin, end, p=path, at=offset: files.read(p, at + begin, end - begin)  # noqa: E731
+            section = spill.SectionOnDisk(where, read, head_bytes, length, initial)
             buffers.append((where, (head, section, length)))
     try:
         entries = spill.load_shard(buffers, num_features)
@@ -576,12 +529,6 @@ def load_batches(values, num_features: int) -> spill.ShardEntries:
         raise
     entries.closers.append(files.close)
     return entries
-
-
-def _section_reader(files: fs.RangeReader, path: str, offset: int):
-    def read(begin: int, length: int) -> bytes:
-        return files.read(path, offset + begin, length)
-    return read
 
 
 class WriteGroup:
@@ -600,17 +547,14 @@ class WriteGroup:
     """
 
     def __init__(self, task, *, out_dir, scratch_dir, num_shards, sequence_length, fs_options=()):
-        self.task_name = task.name
-        self.packing = task.packing
+        self.task_name, self.packing = task.name, task.packing
         self.features_in = features_in(task)
         self.features_out = features_out(task, sequence_length)
         self.pack_feature = next(iter(task.output_features)) if task.packing == "lm" else None
         self.pack_length = int(sequence_length[self.pack_feature]) if self.pack_feature else None
         self.fit_lengths = ({name: int(sequence_length[name]) for name in task.output_features}
                             if task.packing == "first_fit" else None)
-        self.out_dir = out_dir
-        self.scratch_dir = scratch_dir
-        self.num_shards = num_shards
+        self.out_dir, self.scratch_dir, self.num_shards = out_dir, scratch_dir, num_shards
         self.fs_options = list(fs_options)
 
     def __call__(self, element) -> Iterator[tuple[int, dict]]:
@@ -648,8 +592,6 @@ class WriteGroup:
             entries.close()
 
     def _write(self, shard: int, entries: spill.ShardEntries) -> dict:
-        from seqcache.pipelines import writer
-
         st = stats_mod.ShardStats(self.features_out)
         st.source_examples = len(entries)
         st.truncated_tokens = int(entries.truncated.sum(dtype=np.int64))
@@ -662,47 +604,33 @@ class WriteGroup:
             return writer.EncodedChunks(entries.record_chunks())
 
         def packed():
-            from seqcache.tasks import pack_lm
-
             stream = ((fmt.decode_example(self.features_in, data), prov) for data, prov in entries.items())
-            for example, segments in pack_lm(stream, feature=self.pack_feature, sequence_length=self.pack_length):
-                st.add(example, len(segments))
-                yield example, [(prov[0], prov[1], offset) for prov, offset in segments]
-
-        def first_fit():
-            from seqcache.tasks import pack_first_fit
-
-            stream = ((fmt.decode_example(self.features_in, data), prov) for data, prov in entries.items())
-            for row, segments, cut in pack_first_fit(stream, sequence_length=self.fit_lengths):
+            if self.packing == "lm":
+                rows = ((example, segments, 0) for example, segments
+                        in pack_lm(stream, feature=self.pack_feature, sequence_length=self.pack_length))
+            else:
+                rows = pack_first_fit(stream, sequence_length=self.fit_lengths)
+            for row, segments, cut in rows:
                 st.add(row, len(segments))
                 st.truncated_tokens += cut
                 yield row, [(prov[0], prov[1], offset) for prov, offset in segments]
 
-        examples = {"lm": packed, "first_fit": first_fit}.get(self.packing, unpacked)()
+        is_packed = self.packing in ("lm", "first_fit")
         # Unpacked, the format's group size rule (the mean of the first 65,536
         # records) is applied here: the writer's first chunk may be fewer records.
-        group_size = (fmt.group_size_for(entries.mean_example_bytes(1 << 16))
-                      if self.packing not in ("lm", "first_fit") and len(entries) else None)
-        entry = writer.write_shard(
-            self.out_dir,
-            index=shard,
-            num_shards=self.num_shards,
-            features=self.features_out,
-            examples=examples,
-            group_size=group_size,
-        )
+        group_size = fmt.group_size_for(entries.mean_example_bytes(1 << 16)) if not is_packed and len(entries) else None
+        entry = writer.write_shard(self.out_dir, index=shard, num_shards=self.num_shards, features=self.features_out,
+                                   examples=packed() if is_packed else unpacked(), group_size=group_size)
         return {"kind": "shard", "shard": shard, "entry": entry, "statistics": st.to_json()}
 
 
 class WriteSummary:
     """The last step: every ``WriteGroup`` result in one element, written to
     ``<scratch>/summary.json`` (atomically) for the driver. Emits the number of
-    results, so that the pipeline's only leaf is tiny (a runner such as Dask
-    sends the leaf's elements back to the client)."""
+    results: the pipeline's only leaf is tiny (Dask sends it to the client)."""
 
     def __init__(self, *, scratch_dir, fs_options=()):
-        self.scratch_dir = scratch_dir
-        self.fs_options = list(fs_options)
+        self.scratch_dir, self.fs_options = scratch_dir, list(fs_options)
 
     def __call__(self, element) -> Iterator[int]:
         set_worker_options(self.fs_options)
@@ -741,11 +669,9 @@ _SETTLED: list = []
 
 
 def settle_worker() -> None:
-    """Once per process, at a step's first element: ``fs.freeze_heap`` (in
-    seqcache's own processes only), so that the objects a worker made to run
-    the pipeline after its start (the unpickled steps and task, Beam's bundle
-    processors and channels) are not walked again by every cyclic collection
-    the work triggers."""
+    """Once per process, at a step's first element: ``fs.freeze_heap``, so that
+    what a worker made to run the pipeline (the unpickled steps, Beam's bundle
+    processors) is not walked again by every cyclic collection."""
     if not _SETTLED:
         _SETTLED.append(True)
         fs.freeze_heap()
@@ -753,8 +679,8 @@ def settle_worker() -> None:
 
 def set_worker_options(fs_options: Sequence[str]) -> None:
     """Hands the build's file-system options (object-store endpoints and
-    credentials) to Beam's FileSystems in a worker, once per process: runners
-    such as Dask start workers that never saw the pipeline options."""
+    credentials) to a worker, once per process: runners such as Dask start
+    workers that never saw the pipeline options."""
     if not fs_options or _WORKER_OPTIONS == [tuple(fs_options)]:
         return
     fs.set_options(list(fs_options))

@@ -1,11 +1,7 @@
 """A worker process of Beam's local engine (``--direct_running_mode=multi_processing``):
 Beam's own ``sdk_worker_main``, with Beam imported as the build imports it
-(``seqcache.fs.import_beam``: without pandas), so that each worker starts
-sooner.
-
-``runner.local_engine`` starts workers with ``python -m seqcache.pipelines.worker_main``
-instead of ``python -m apache_beam.runners.worker.sdk_worker_main``; the
-arguments and the environment are Beam's.
+(``seqcache.fs.import_beam``: without pandas). ``runner.local_engine`` starts
+it instead of Beam's; the arguments and the environment are Beam's.
 """
 
 import gc
@@ -13,19 +9,17 @@ import sys
 
 from seqcache import fs
 
+fs.import_beam()  # before Beam's modules below (already done by the package's import of runner.py)
+from apache_beam.runners.worker import sdk_worker_main  # noqa: E402
+
 
 def main(argv=None) -> None:
-    """Runs Beam's worker until its runner closes the control channel; then the
-    objects left are frozen (``gc.freeze``), so that the process exits without
-    walking them in its cyclic garbage collections (about 0.2 s that the
-    runner waits for at the end of a build). The process is seqcache's own
-    (``seqcache.fs.own_process``)."""
+    """Runs Beam's worker, in a process of seqcache's own (``fs.own_process``),
+    until its runner closes the control channel; then the objects left are
+    frozen (``gc.freeze``), so that the exit does not walk them (about 0.2 s)."""
     argv = list(sys.argv if argv is None else argv)
     fs.own_process()
     fs.tune_allocator()
-    fs.import_beam()
-    from apache_beam.runners.worker import sdk_worker_main
-
     fs.freeze_heap()  # what is imported by now lives as long as the worker
     try:
         sdk_worker_main.main(argv)

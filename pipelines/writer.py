@@ -1,51 +1,38 @@
 """Writing cache shards, and replacing a cache.
 
-A shard is written under a temporary name, checksummed while it is written, and
-moved into place only when complete; the driver then writes the shard checksum
-file (``shard-checksums.json``) and, last, the manifest, each atomically
-(``seqcache.manifest.Manifest.write``). A folder without manifest.json is never
-read as a cache (G7).
-
-Paths that are not local (gs://, s3://, hdfs://) go through Beam's FileSystems:
-ArrayRecord writes a local temporary file that is then copied to its destination.
+A shard is written under a temporary name and moved into place only when
+complete; the driver then writes the shard checksum file and, last, the
+manifest (``Manifest.write``). A folder without manifest.json is never read as
+a cache (G7). On object stores, ArrayRecord writes a local temporary file that
+is then copied to its destination.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
+import ctypes
+import errno
 import hashlib
 import itertools
 import os
-import shutil
-from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from seqcache import format as fmt
-from seqcache.manifest import Manifest
-from seqcache.fs import (  # noqa: F401  (re-exported: the writer's file-system calls)
-    is_local, local_path, join, exists, makedirs, read_text, write_bytes, read_bytes, write_bytes_atomic, atomic_path, remove_tree, open_read, open_write, open_write_atomic,
-    rename, sizes_in,
+from seqcache.fs import (  # noqa: F401  (open_read, open_write: re-exported, the writer's file-system calls)
+    atomic_path, exists, is_local, join, local_path, makedirs, open_read, open_write, read_bytes, remove_tree, rename,
+    sizes_in, write_bytes_atomic,
 )
+from seqcache.manifest import Manifest
 
 TMP_DIR_NAME = "_tmp"
 
-
-# ---------------------------------------------------------------------------
-# Replacing a cache: staging beside it, publishing at the end.
-#
-# A build that replaces an existing cache (--overwrite) writes the new one into
-# the hidden sibling ``<task>/.<split>.staging`` and publishes it only once it is
-# complete (manifest written): the old cache stays intact and readable until
-# then, whatever happens to the build. Locally, publishing exchanges the two
-# folders with one atomic rename(2) (``RENAME_EXCHANGE``, Linux) where the file
-# system supports it, else with two renames through ``<task>/.<split>.replaced``.
-# Object stores have no folders to rename: see ``publish_dir``.
-#
-# Publishing never writes into a file of the old cache: its files are only
-# unlinked (a reader holding one open reads its old bytes to the end), and the
-# new cache's files are new files under the same names. A reader of the old
+# Replacing a cache (--overwrite): the new one is built in the hidden sibling
+# ``<task>/.<split>.staging`` and published only once complete (manifest
+# written), so the old cache stays intact and readable until then. Publishing
+# never writes into a file of the old cache: its files are only unlinked (a
+# reader holding one open reads its old bytes to the end); a reader of the old
 # cache that opens a shard after the publish is refused at that open
 # (``seqcache.feeders.reader.CacheRebuiltError``; docs/cache-format.md,
 # "Readers and rebuilds").
@@ -69,8 +56,7 @@ def _sibling(cache_dir: str, suffix: str) -> str:
 
 
 def remove_cache_tree(path: str) -> None:
-    """Removes a cache folder, its manifest first, so that a removal that is
-    interrupted never leaves a folder that looks complete."""
+    """Removes a cache folder, its manifest first (an interrupted removal never looks complete)."""
     manifest = join(path, fmt.MANIFEST_NAME)
     if exists(manifest):
         if is_local(manifest):
@@ -83,9 +69,6 @@ def remove_cache_tree(path: str) -> None:
 def _exchange(a: str, b: str) -> bool:
     """Swaps two local folders atomically (renameat2 with RENAME_EXCHANGE);
     False where the C library or the file system cannot."""
-    import ctypes
-    import errno
-
     try:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (AttributeError, OSError):
@@ -103,20 +86,17 @@ def publish_dir(staging: str, cache_dir: str) -> None:
     """Puts the complete cache built in ``staging`` (manifest included) at
     ``cache_dir``, replacing the cache there, and removes the old one.
 
-    Local folders: one atomic exchange where supported, so a reader always finds
-    either the old or the new complete cache; otherwise ``cache_dir`` is renamed to
-    ``replaced_path(cache_dir)`` and ``staging`` to ``cache_dir``, and for the
-    moment between the two renames there is no folder at ``cache_dir`` (a reader
-    is told there is no such cache; it never sees a mix). A build killed in that
-    moment is undone by ``recover_publish`` on the next build: the old cache
-    comes back.
+    Local folders: one atomic exchange (renameat2 with ``RENAME_EXCHANGE``,
+    Linux) where supported, so a reader always finds the old or the new
+    complete cache; otherwise two renames through ``replaced_path(cache_dir)``,
+    between which there is no folder at ``cache_dir`` (a reader never sees a
+    mix; a build killed there is undone by ``recover_publish``).
 
-    Object stores (gs://, s3://, hdfs://): the old manifest is deleted first (the
-    old cache stops looking complete), then the old files; the new files are
-    renamed (copied) into place and the manifest is written last. From the first
-    deletion to the last write there is no readable cache at ``cache_dir``, and a
-    build killed there leaves a folder without a manifest, which the next build
-    rebuilds.
+    Object stores (gs://, s3://, hdfs://): the old manifest is deleted first,
+    then the old files; the new files are renamed (copied) into place and the
+    manifest is written last. Until then there is no readable cache at
+    ``cache_dir``; a build killed there leaves a folder without a manifest,
+    which the next build rebuilds.
     """
     if is_local(cache_dir):
         src, dst = local_path(staging), local_path(cache_dir)
@@ -141,33 +121,14 @@ def publish_dir(staging: str, cache_dir: str) -> None:
 
 
 def recover_publish(cache_dir: str) -> None:
-    """Cleans up after a build that was killed while replacing ``cache_dir``:
-    an old cache caught between the two renames of ``publish_dir`` is put back,
-    and the leftovers of staging builds and of old caches are removed. Call it
-    holding the cache's build lock."""
+    """Cleans up after a build killed while replacing ``cache_dir``: an old cache
+    caught between the two renames of ``publish_dir`` is put back, and staging
+    and old-cache leftovers are removed. Call it holding the cache's build lock."""
     old = replaced_path(cache_dir)
     if is_local(cache_dir) and not exists(cache_dir) and exists(join(old, fmt.MANIFEST_NAME)):
         os.rename(local_path(old), local_path(cache_dir))
     for leftover in (staging_path(cache_dir), old):
         remove_cache_tree(leftover)  # nothing to do when absent (object stores: no such prefix)
-
-
-class _HashingArrayRecordFile:
-    """An ArrayRecord file being written at a local temporary path."""
-
-    def __init__(self, local_path: str, group_size: int):
-        self.path = local_path
-        self.writer = ArrayRecordWriter(local_path, fmt.writer_options(group_size))
-        self.num_records = 0
-
-    def write(self, record: bytes) -> None:
-        self.writer.write(record)
-        self.num_records += 1
-
-    def close(self) -> tuple[int, str]:
-        """Closes the file; returns (size in bytes, sha256 hex)."""
-        self.writer.close()
-        return os.path.getsize(self.path), fmt.file_sha256(self.path)
 
 
 class EncodedChunks:
@@ -195,14 +156,14 @@ def write_shard(
       cache_dir: the cache folder (local or gs://...); it must exist.
       index, num_shards: which shard this is.
       features: the record features, in manifest order.
-      examples: (example, provenance) pairs in cache order. ``example`` maps feature
-        name -> 1-D array, or is already encoded record bytes; ``provenance`` is a list, one per segment, of
-        (source_index, record_number, token_offset), or is already encoded
-        (``seqcache.format.encode_provenance``). Or an ``EncodedChunks``.
+      examples: (example, provenance) pairs in cache order, or an
+        ``EncodedChunks``. ``example`` maps feature name -> 1-D array, or is
+        encoded record bytes; ``provenance`` is a list, one per segment, of
+        (source_index, record_number, token_offset), or is encoded
+        (``seqcache.format.encode_provenance``).
       group_size: the data file's ArrayRecord group size; None (the format's
         rule): ``fmt.group_size_for`` the mean size of the shard's first chunk
-        of records (up to 65,536 of them, or ``_FIRST_CHUNK`` examples). The
-        provenance file's is ``fmt.PROVENANCE_GROUP_SIZE``.
+        of records. The provenance file's is ``fmt.PROVENANCE_GROUP_SIZE``.
 
     Returns:
       The shard's manifest entry (a dict, see ``seqcache.format.ShardInfo``).
@@ -210,36 +171,26 @@ def write_shard(
     Raises:
       ValueError: a chunk whose records and provenance records differ in number.
 
-    Both files are written under temporary names and moved into place only when
-    complete (``seqcache.fs.atomic_path``), so a killed worker leaves no file
-    with a final name.
+    Both files are moved into place only when complete (``seqcache.fs.atomic_path``).
     """
     chunks, group_size = _chunks_and_group_size(features, examples, group_size)
     data_name = fmt.shard_name(fmt.DATA_PREFIX, index, num_shards)
     prov_name = fmt.shard_name(fmt.PROVENANCE_PREFIX, index, num_shards)
     with atomic_path(join(cache_dir, prov_name)) as prov_tmp, atomic_path(join(cache_dir, data_name)) as data_tmp:
-        data = _HashingArrayRecordFile(data_tmp, group_size)
-        prov = _HashingArrayRecordFile(prov_tmp, fmt.PROVENANCE_GROUP_SIZE)
-        write_data, write_prov = data.writer.write, prov.writer.write
+        data = ArrayRecordWriter(data_tmp, fmt.writer_options(group_size))
+        prov = ArrayRecordWriter(prov_tmp, fmt.writer_options(fmt.PROVENANCE_GROUP_SIZE))
         count = 0
         for records, provenances in chunks:
             if len(records) != len(provenances):
                 raise ValueError(f"shard {index}: {len(records)} records but {len(provenances)} provenance records")
-            collections.deque(map(write_data, records), maxlen=0)  # a loop in C: one call per record
-            collections.deque(map(write_prov, provenances), maxlen=0)
+            collections.deque(map(data.write, records), maxlen=0)  # a loop in C: one call per record
+            collections.deque(map(prov.write, provenances), maxlen=0)
             count += len(records)
-        data.num_records = prov.num_records = count
-        data_bytes, data_sha = data.close()
-        prov_bytes, prov_sha = prov.close()
-    return {
-        "file": data_name,
-        "num_records": data.num_records,
-        "num_bytes": data_bytes,
-        "sha256": data_sha,
-        "provenance_file": prov_name,
-        "provenance_num_bytes": prov_bytes,
-        "provenance_sha256": prov_sha,
-    }
+        data.close()
+        prov.close()
+        return {"file": data_name, "num_records": count, "num_bytes": os.path.getsize(data_tmp),
+                "sha256": fmt.file_sha256(data_tmp), "provenance_file": prov_name,
+                "provenance_num_bytes": os.path.getsize(prov_tmp), "provenance_sha256": fmt.file_sha256(prov_tmp)}
 
 
 def _chunks_and_group_size(features, examples, group_size: int | None):
@@ -288,12 +239,9 @@ def write_cache(
     vocabularies: Mapping[str, Any] | None = None,
     fingerprint_inputs: Mapping[str, Any] | None = None,
 ) -> fmt.Manifest:
-    """Writes a whole cache from in-memory examples, already in cache order.
-
-    For small caches and tests; the Beam pipeline writes shards in parallel with
-    ``write_shard`` and then calls ``Manifest.create`` / ``Manifest.write``.
-    The fingerprint is the sha256 of ``fingerprint_inputs`` (default: the task,
-    split, seed and a hash of every record).
+    """Writes a whole cache from in-memory examples, already in cache order (small
+    caches and tests). The fingerprint is the sha256 of ``fingerprint_inputs``
+    (default: the task, split, seed and a hash of every record).
     """
     makedirs(cache_dir)
     entries = []
@@ -302,23 +250,13 @@ def write_cache(
         shard = list(shard)
         for example, _ in shard:
             digest.update(fmt.encode_example(features, example))
-        entries.append(
-            write_shard(cache_dir, index=i, num_shards=len(shards), features=features, examples=shard)
-        )
+        entries.append(write_shard(cache_dir, index=i, num_shards=len(shards), features=features, examples=shard))
     inputs = dict(fingerprint_inputs or {"task": task, "split": split, "seed": seed, "records": digest.hexdigest()})
     manifest = Manifest.create(
-        task=task,
-        split=split,
-        fingerprint=fmt.fingerprint_of(inputs),
-        fingerprint_inputs=inputs,
-        features=[{"name": f.name, "dtype": f.dtype} for f in features],
-        shards=entries,
-        sources=list(sources),
-        statistics={"num_examples": sum(e["num_records"] for e in entries)},
-        seed=seed,
-        sequence_length=sequence_length,
-        packing=packing,
-        vocabularies=dict(vocabularies or {}),
+        task=task, split=split, fingerprint=fmt.fingerprint_of(inputs), fingerprint_inputs=inputs,
+        features=[{"name": f.name, "dtype": f.dtype} for f in features], shards=entries, sources=list(sources),
+        statistics={"num_examples": sum(e["num_records"] for e in entries)}, seed=seed,
+        sequence_length=sequence_length, packing=packing, vocabularies=dict(vocabularies or {}),
     )
     manifest.write(cache_dir)
     return manifest

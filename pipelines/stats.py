@@ -75,27 +75,6 @@ class BadInputCounts:
         return total.to_json()
 
 
-def describe_bad_input(statistics: Mapping[str, Any]) -> list[str]:
-    """One line per action of a manifest's ``statistics`` with records under it,
-    for a build's summary and ``seqcache info``, e.g. ``"skipped 7,223 records
-    (empty 7,223)"``, ``"kept 5 records unchanged (control_characters 5)"``.
-    Manifests from before ``bad_input_records`` give the skipped and replaced
-    totals."""
-    by_kind = statistics.get("bad_input_records") or {}
-    records = by_kind.get("records") or {}
-    out = []
-    for action, total_key, tail in (("skipped", "skipped_records", ""), ("replaced", "replaced_records", ""),
-                                    ("kept", None, " unchanged")):
-        kinds = by_kind.get(action) or {}
-        total = int(records.get(action) or (statistics.get(total_key) if total_key else 0) or 0)
-        if not total:
-            continue
-        detail = ", ".join(f"{kind} {n:,}" for kind, n in kinds.items())
-        noun = "record" if total == 1 else "records"
-        out.append(f"{action} {total:,} {noun}{tail}" + (f" ({detail})" if detail else ""))
-    return out
-
-
 class ShardStats:
     """Statistics of one written shard: examples and segments (records), tokens
     and the longest example per feature (tokens), tokens trimmed away."""

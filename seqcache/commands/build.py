@@ -15,7 +15,6 @@ from seqcache import fs, pipelines, tasks
 from seqcache.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
 from seqcache.pipelines.runner import option_value_errors, unknown_flags
-from seqcache.pipelines.stats import describe_bad_input
 from seqcache.tasks.sources.base import SPEC_KINDS
 
 
@@ -508,7 +507,7 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             f"({stats['truncated_tokens'] / max(total, 1):.1%}); {advice}",
             highlight=False,
         )
-    for line in describe_bad_input(stats):  # the source's on_error policy: counted, never silent
+    for line in common.describe_bad_input(stats):  # the source's on_error policy: counted, never silent
         where = ("counted in the manifest's statistics" if line.startswith("kept")
                  else f"listed with the reason in {result.cache_dir}/quarantine.jsonl")
         console.print(f"[yellow]note[/yellow]: {line} under the source's on_error policy; {where}", highlight=False)

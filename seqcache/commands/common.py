@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 import threading
+from typing import Any, Mapping
 
 import click
 from rich.console import Console
@@ -456,3 +457,24 @@ def with_workers(pipeline_args: list[str], workers: int) -> list[str]:
     if any(a.startswith(("--direct_num_workers", "--direct_running_mode")) for a in pipeline_args):
         raise click.UsageError("give --workers N or Beam's --direct_num_workers/--direct_running_mode, not both")
     return [*pipeline_args, f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+
+
+def describe_bad_input(statistics: Mapping[str, Any]) -> list[str]:
+    """One line per action of a manifest's ``statistics`` with records under it,
+    for a build's summary and ``seqcache info``, e.g. ``"skipped 7,223 records
+    (empty 7,223)"``, ``"kept 5 records unchanged (control_characters 5)"``.
+    Manifests from before ``bad_input_records`` give the skipped and replaced
+    totals."""
+    by_kind = statistics.get("bad_input_records") or {}
+    records = by_kind.get("records") or {}
+    out = []
+    for action, total_key, tail in (("skipped", "skipped_records", ""), ("replaced", "replaced_records", ""),
+                                    ("kept", None, " unchanged")):
+        kinds = by_kind.get(action) or {}
+        total = int(records.get(action) or (statistics.get(total_key) if total_key else 0) or 0)
+        if not total:
+            continue
+        detail = ", ".join(f"{kind} {n:,}" for kind, n in kinds.items())
+        noun = "record" if total == 1 else "records"
+        out.append(f"{action} {total:,} {noun}{tail}" + (f" ({detail})" if detail else ""))
+    return out

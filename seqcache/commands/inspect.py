@@ -19,7 +19,6 @@ from seqcache import format as fmt
 from seqcache import manifest as schema
 from seqcache.commands import common
 from seqcache.feeders.reader import CacheReader
-from seqcache.pipelines.stats import describe_bad_input
 from seqcache.tasks import describe_record
 from seqcache.tasks.vocabularies import decode_with_sentinels
 from seqcache.url_reader import UrlCacheReader
@@ -97,7 +96,7 @@ def _record_rows(t: Table, m) -> None:
                 "replaced_records"):
         if key in stats:
             t.add_row(key.replace("_", " "), f"{stats[key]:,}")
-    for line in describe_bad_input(stats):
+    for line in common.describe_bad_input(stats):
         t.add_row("bad input", line)
     for name, n in (stats.get("excluded_by_benchmark") or {}).items():
         listed = f" ({m.quarantine})" if n and m.quarantine else ""

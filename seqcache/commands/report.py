@@ -15,7 +15,13 @@ from seqcache.commands import common
 from seqcache.commands.which import resolve
 from seqcache.feeders import state as state_lib
 from seqcache.feeders.stream import open_mixture
-from seqcache.pipelines.overlap import read_result
+
+
+def _read_overlaps(paths) -> list[dict]:
+    """The results of ``seqcache overlap`` given with --overlap."""
+    from seqcache.pipelines.overlap import read_result  # keeps Beam out of `seqcache report` without --overlap
+
+    return [read_result(p) for p in paths]
 
 
 def _mixture_section(kw: dict, steps: int, at_step: int | None) -> tuple[list[str], dict | None]:
@@ -84,7 +90,7 @@ def report(target, output, as_json, steps, at_step, batch_size, num_epochs, mixt
     try:
         caches, mixture = _mixture_section(kw, steps, at_step)
         rep = report_lib.build_report(caches=caches, mixture=mixture, top_files=top_files,
-                                      first_entries=first_entries, overlaps=[read_result(p) for p in overlaps])
+                                      first_entries=first_entries, overlaps=_read_overlaps(overlaps))
     except (fmt.CacheError, ValueError) as e:
         common.stderr_console().print(f"[red]error:[/red] {e}", highlight=False)
         sys.exit(1)

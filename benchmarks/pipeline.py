@@ -304,8 +304,8 @@ def child_cpu(code: str) -> tuple[float, float]:
 # What a build's fixed cost is made of, step by step (each a fresh interpreter;
 # a step's cost is its CPU time minus the previous step's). Each step exits as
 # the ``seqcache`` executable does (the heap frozen, ``seqcache.cli.run``) and
-# imports Beam as it does (``fs.own_process``).
-_BEAM = "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.own_process(); fs.import_beam()"
+# imports Beam as it does (``process.own_process``).
+_BEAM = "import seqcache.cli, seqcache.pipelines.build; from seqcache import process; process.own_process(); process.import_beam()"
 _FREEZE = "; import gc; gc.freeze()"
 STARTUP_STEPS = (
     ("interpreter", "pass" + _FREEZE),
@@ -321,9 +321,9 @@ STARTUP_STEPS = (
 # with one choice undone, against the step as it is, as paired differences of
 # alternating fresh interpreters (a difference of two medians would drown in
 # this machine's noise).
-_OWN = "import seqcache.cli, seqcache.pipelines.build; from seqcache import fs; fs.own_process(); "
+_OWN = "import seqcache.cli, seqcache.pipelines.build; from seqcache import process; process.own_process(); "
 STARTUP_CHOICES = (
-    ("pandas imported with Beam (for its pandas batch types)", _OWN + "import pandas; fs.import_beam()" + _FREEZE),
+    ("pandas imported with Beam (for its pandas batch types)", _OWN + "import pandas; process.import_beam()" + _FREEZE),
     ("the exit not frozen (cyclic collections at exit)", _BEAM),
 )
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 from array_record.python.array_record_module import ArrayRecordReader
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, process
 from seqcache.layout import cache_path  # noqa: F401  (re-exported: seqcache.pipelines.cache_path)
 from seqcache.manifest import Manifest
 from seqcache.pipelines import exclusion as exclusion_mod
@@ -46,7 +46,7 @@ from seqcache.pipelines.runner import RunnerError
 from seqcache.tasks import vocabularies as vocab_mod
 from seqcache.tasks.registry import USER_MODULE_PREFIX
 from seqcache.tasks.sources.policy import ERROR_KINDS
-import apache_beam as beam  # after runner's fs.import_beam: quietly, without pandas
+import apache_beam as beam  # after runner's process.import_beam: quietly, without pandas
 from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle
 
 try:
@@ -401,7 +401,7 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
         | "GatherResults" >> beam.GroupByKey()
         | "WriteSummary" >> beam.FlatMap(summarize)
     )
-    fs.freeze_heap()
+    process.freeze_heap()
     try:
         with _shard_progress(build_dir, num_shards, progress) if progress else contextlib.nullcontext():
             runner_mod.run(pipeline, plan.runner)
@@ -575,7 +575,7 @@ def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
     return "; ".join(diffs[:limit]) + ("; and more" if len(diffs) > limit else "")
 
 
-import_beam = fs.import_beam  # Beam imported quietly, without pandas; returns ``apache_beam``
+import_beam = process.import_beam  # Beam imported quietly, without pandas; returns ``apache_beam``
 
 
 def _read_existing(out_dir: str, *, overwrite: bool):

@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, process
 from seqcache.feeders import compat
 from seqcache.feeders.inverse import position_in_epoch
 from seqcache.feeders.provenance import decode_with_sentinels, segments_of
@@ -383,7 +383,7 @@ def run_scan(units: Sequence[tuple], bench: BenchmarkRef, *, scratch_dir: str, p
         its workers (one line).
       The error a unit raised (a damaged cache, a changed benchmark).
     """
-    beam = fs.import_beam()
+    beam = process.import_beam()
     options, runner = runner_mod.pipeline_options(pipeline_args)
     runner_mod.check_runner_available(runner)
     fs.set_options(options)

@@ -29,9 +29,9 @@ import logging
 import sys
 from typing import Any, Sequence
 
-from seqcache import fs
+from seqcache import process
 
-fs.import_beam()  # before Beam's modules below: quietly, without pandas
+process.import_beam()  # before Beam's modules below: quietly, without pandas
 from apache_beam.options import pipeline_options as po  # noqa: E402
 from apache_beam.portability import python_urns  # noqa: E402
 from apache_beam.portability.api import beam_provision_api_pb2  # noqa: E402

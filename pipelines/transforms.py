@@ -37,7 +37,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from seqcache import format as fmt
-from seqcache import fs
+from seqcache import fs, process
 from seqcache.pipelines import shuffle, spill, stats as stats_mod, writer
 from seqcache.pipelines.spill import ragged_take
 from seqcache.tasks import Split, pack_first_fit, pack_lm
@@ -669,12 +669,12 @@ _SETTLED: list = []
 
 
 def settle_worker() -> None:
-    """Once per process, at a step's first element: ``fs.freeze_heap``, so that
+    """Once per process, at a step's first element: ``process.freeze_heap``, so that
     what a worker made to run the pipeline (the unpickled steps, Beam's bundle
     processors) is not walked again by every cyclic collection."""
     if not _SETTLED:
         _SETTLED.append(True)
-        fs.freeze_heap()
+        process.freeze_heap()
 
 
 def set_worker_options(fs_options: Sequence[str]) -> None:

@@ -21,7 +21,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from seqcache import __version__, fs  # noqa: E402
+from seqcache import __version__, process  # noqa: E402
 from seqcache import format as fmt  # noqa: E402
 from seqcache.commands import common  # noqa: E402
 from seqcache.tasks.vocabularies import encoding_threads  # noqa: E402
@@ -103,10 +103,10 @@ def _check_environment() -> None:
 
 def run():
     """The ``seqcache`` executable: runs ``main`` in a process of seqcache's own
-    (``seqcache.fs.own_process``), then freezes the objects left (``gc.freeze``:
+    (``seqcache.process.own_process``), then freezes the objects left (``gc.freeze``:
     often over 100,000 of Beam's and protobuf's) so that finalisation does not
     walk them again and again, about 0.2 s of every command that imports Beam."""
-    fs.own_process()
+    process.own_process()
     try:
         main()
     finally:

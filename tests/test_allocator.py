@@ -1,5 +1,5 @@
 """``seqcache build`` and the local engine's workers fix glibc malloc's
-thresholds (``fs.tune_allocator``): memory a heap frees at its top stays with
+thresholds (``process.tune_allocator``): memory a heap frees at its top stays with
 the process for the next batch instead of going back to the system and being
 faulted in again. Other commands, and a process whose environment chose
 malloc's settings, keep the allocator as it was. Each check in a fresh
@@ -28,10 +28,10 @@ pytestmark = pytest.mark.skipif(not _glibc(), reason="glibc's malloc")
 PATTERN = r'''
 import json, os, resource, sys
 import numpy as np
-from seqcache import fs
-fs.own_process()  # as every seqcache command is
+from seqcache import process
+process.own_process()  # as every seqcache command is
 if sys.argv[1] == "tune":
-    fs.tune_allocator()
+    process.tune_allocator()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 blocks = [np.ones(100_000, np.uint8) for _ in range(200)]  # 20 MB in heap blocks (below 128 KiB each)
@@ -65,10 +65,10 @@ def test_tuned_process_keeps_freed_heap_memory_for_the_next_batch():
 COMMANDS = r'''
 import json, sys
 from click.testing import CliRunner
-from seqcache import fs
+from seqcache import process
 from seqcache.cli import main
-tuned, real = [], fs.tune_allocator
-fs.tune_allocator = lambda: tuned.append(real()) or tuned[-1]
+tuned, real = [], process.tune_allocator
+process.tune_allocator = lambda: tuned.append(real()) or tuned[-1]
 out = {}
 for name, args in (("build", ["build", "--source", "text:" + sys.argv[1], "--vocabulary", "byte", "--name", "t",
                               "--cache-dir", sys.argv[2]]),

@@ -24,7 +24,7 @@ PACKAGE_DIRS = {
 }
 CORE = frozenset({
     "seqcache.codec", "seqcache.compression", "seqcache.fs", "seqcache.bounded_json", "seqcache.manifest",
-    "seqcache.layout", "seqcache.format",
+    "seqcache.layout", "seqcache.format", "seqcache.process",
 })
 
 

@@ -1,4 +1,4 @@
-"""``seqcache.fs.import_beam`` imports Beam without pandas (which Beam would
+"""``seqcache.process.import_beam`` imports Beam without pandas (which Beam would
 import only to register pandas batch types) and leaves pandas importable and
 working afterwards; a pipeline still runs, and the local engine's worker
 processes import Beam the same way. Each check in a fresh interpreter."""
@@ -12,9 +12,9 @@ import pytest
 
 SCRIPT = r'''
 import json, sys
-from seqcache import fs
+from seqcache import process
 
-beam = fs.import_beam()
+beam = process.import_beam()
 out = {"pandas_after_beam": "pandas" in sys.modules}
 import pandas  # works as before
 import pyarrow as pa
@@ -28,9 +28,9 @@ print(json.dumps(out))
 ALREADY = r'''
 import json, sys
 import pandas
-from seqcache import fs
+from seqcache import process
 
-fs.import_beam()
+process.import_beam()
 import apache_beam.typehints as th
 print(json.dumps({"pandas_types": hasattr(th, "pandas_type_compatibility")}))
 '''
@@ -56,10 +56,10 @@ def test_pandas_imported_first_leaves_beams_import_alone():
 
 WORKERS = r'''
 import json, sys
-from seqcache import fs
+from seqcache import process
 from seqcache.pipelines import runner
 
-beam = fs.import_beam()
+beam = process.import_beam()
 options, name = runner.pipeline_options(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
 
 
@@ -96,12 +96,12 @@ CLI_PROCESS = r'''
 import json, os, sys
 import seqcache.cli
 import numpy  # imported by the command line already
-from seqcache import fs
-fs.freeze_heap()  # not seqcache's own process yet: nothing frozen
+from seqcache import process
+process.freeze_heap()  # not seqcache's own process yet: nothing frozen
 import gc
 before = gc.get_freeze_count()
-fs.own_process()
-fs.freeze_heap()
+process.own_process()
+process.freeze_heap()
 print(json.dumps([os.environ.get("OPENBLAS_NUM_THREADS"), before, gc.get_freeze_count()]))
 '''
 
@@ -120,10 +120,10 @@ def test_command_line_asks_for_one_blas_thread_unless_told_and_freezes_only_its_
 
 SETTLE_PROCESS = r'''
 import gc, json
-from seqcache import fs
+from seqcache import process
 from seqcache.pipelines import transforms
-fs.own_process()
-fs.freeze_heap()
+process.own_process()
+process.freeze_heap()
 frozen = gc.get_freeze_count()
 made = [[i] for i in range(50_000)]  # what a worker builds after its start (its steps, Beam's bundle processors)
 transforms.settle_worker()

@@ -11,7 +11,7 @@ import sys
 import click
 
 from seqcache import format as fmt
-from seqcache import fs, pipelines, tasks
+from seqcache import fs, pipelines, process, tasks
 from seqcache.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
 from seqcache.pipelines.runner import option_value_errors, unknown_flags
@@ -353,7 +353,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     # FileSystems before the build's first file-system call in this process (listing
     # the source files, reading an existing manifest); the pipeline hands them to its
     # workers itself.
-    fs.tune_allocator()  # this process's malloc (the local workers tune their own)
+    process.tune_allocator()  # this process's malloc (the local workers tune their own)
     fs.set_options(pipeline_args)
     results = []
     # What Beam's workers write to standard error outside of logging: nothing without -v.

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from seqcache import fs
+from seqcache import fs, process
 from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, parse_on_error
 
 
@@ -82,7 +82,7 @@ def filesystem_options(args) -> list[str]:
             raise click.UsageError(
                 f"unexpected argument {a!r}: give one CACHE_DIR; Beam options take the --flag=value form"
             )
-    options = fs.import_beam().options.pipeline_options.PipelineOptions([])
+    options = process.import_beam().options.pipeline_options.PipelineOptions([])
     known = set(options.get_all_options(drop_default=False))
     unknown = [a for a in args if a[2:].partition("=")[0].replace("-", "_") not in known]
     if unknown:

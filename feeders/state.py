@@ -30,6 +30,7 @@ from seqcache import bounded_json
 from seqcache import format as fmt
 from seqcache.feeders import compat
 from seqcache.feeders.compat import FeederStateError  # defined with the rules; this module's error
+from seqcache.feeders.stream import CONVERTER_FEATURES
 
 STATE_KIND = "seqcache.feeders.Feeder"
 # Bump when the stream a state denotes changes: the mixing algorithm, the
@@ -136,8 +137,6 @@ def check_converter(state: Mapping[str, Any], *, path: str = "feeder state") -> 
       FeederStateError: one line naming ``path`` and the field, with the value
         shortened (``seqcache.bounded_json.short``).
     """
-    from seqcache.feeders.stream import CONVERTER_FEATURES
-
     err = FeederStateError
     converter = bounded_json.mapping(state.get("converter"), "converter", path=path, error=err)
     extra = sorted(str(k) for k in converter if k not in ("name", "sequence_length"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Module prefix -> source folder, relative to the repository root (pyproject's package-dir).
@@ -160,3 +161,66 @@ def test_the_format_re_exports_every_name_of_the_codec():
     assert {"CacheError", "FeatureSpec", "encode_batch", "ShardTable", "MANIFEST_NAME"} <= set(names)
     missing = [n for n in names if getattr(fmt, n, None) is not getattr(codec, n)]
     assert not missing, f"seqcache.format does not re-export these names of seqcache.codec: {missing}"
+
+
+def test_the_package_is_in_no_import_cycle():
+    found = cycles(import_graph())
+    assert not found, f"import cycles (docs/architecture.md, Dependency rules): {found}"
+
+
+# The packages pyproject.toml requires (import names). An import of any other
+# package (jax, torch, boto3, the trainers, ...) is of an optional dependency.
+REQUIRED = frozenset({"seqcache", "apache_beam", "array_record", "sentencepiece", "tokenizers", "pyarrow", "numpy",
+                      "click", "rich", "matplotlib"})
+# Imports inside functions of the standard library, the required packages and
+# seqcache itself, each with a comment saying why (Beam kept out of the feeder's
+# and the light commands' import, pyarrow.parquet out of the tasks', modules that
+# need JAX): at most this many.
+LAZY_REQUIRED_LIMIT = 19
+
+
+def function_imports(root: pathlib.Path = ROOT, package_dirs=PACKAGE_DIRS) -> list[tuple[str, int, set[str], str]]:
+    """``(file, line, top-level package names, the line's text)`` of every
+    ``import`` inside a function (nested functions and methods included)."""
+    out = []
+    for path in package_modules(root, package_dirs).values():
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines()
+        functions = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        seen = set()
+        for function in functions:
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno not in seen:
+                    seen.add(node.lineno)
+                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                        ["seqcache" if node.level else (node.module or "")]
+                    out.append((str(path.relative_to(root)), node.lineno, {n.split(".")[0] for n in names},
+                                lines[node.lineno - 1]))
+    return sorted(out)
+
+
+def _lazy_required(imports):
+    return [(f, n, text.strip()) for f, n, tops, text in imports
+            if tops & (REQUIRED | set(sys.stdlib_module_names))]
+
+
+def test_imports_inside_functions_are_of_optional_packages_or_say_why():
+    lazy = _lazy_required(function_imports())
+    silent = [item for item in lazy if "#" not in item[2]]
+    assert not silent, ("imports inside functions of the standard library, a required package or seqcache "
+                        f"without a comment saying why (move them to the module's top): {silent}")
+    stdlib = [item for item in lazy if not {item[2].split()[1].split(".")[0]} - set(sys.stdlib_module_names)]
+    assert not stdlib, f"the standard library is imported at the module's top: {stdlib}"
+    assert len(lazy) <= LAZY_REQUIRED_LIMIT, (f"{len(lazy)} imports inside functions of required packages "
+                                              f"(at most {LAZY_REQUIRED_LIMIT}): {lazy}")
+
+
+def test_the_function_import_count_sees_nested_and_relative_imports(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("import os\n")
+    (tmp_path / "pkg" / "a.py").write_text(
+        "def f():\n    import json\n    def g():\n        from . import b  # why\n"
+        "class C:\n    def m(self):\n        import jax  # optional\n")
+    found = function_imports(tmp_path, {"pkg": "pkg"})
+    assert [(n, tops) for _, n, tops, _ in found] == [(2, {"json"}), (4, {"seqcache"}), (7, {"jax"})]
+    assert [(n, text) for _, n, text in _lazy_required(found)] == [(2, "import json"), (4, "from . import b  # why")]

@@ -20,6 +20,8 @@ Names follow seqio: ``rekey``, ``tokenize``, ``append_eos``,
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
@@ -83,7 +85,7 @@ def cut_tokens(values: np.ndarray, offsets: np.ndarray, keep: int | None = None,
       ``(values, offsets, cut)``: the new column (``values`` of the input dtype)
       and int64 ``(n,)``, the tokens removed from each example.
     """
-    lengths = np.diff(offsets)
+    lengths = offsets[1:] - offsets[:-1]
     cut = np.zeros(len(lengths), dtype=np.int64)
     if keep is not None and (lengths > keep).any():
         position = np.arange(values.size, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
@@ -147,7 +149,7 @@ class ExampleBatch:
     has_truncated: np.ndarray
     ranges: dict = dataclasses.field(default_factory=dict)
     fields: dict = dataclasses.field(default_factory=dict)
-    # (records, live): the record of example i is records[live[index[i]]], read on demand.
+    # (records, live, their data or None): example i is records[live[index[i]]], read on demand.
     source: Any = dataclasses.field(default=None, repr=False)
 
     def __len__(self) -> int:
@@ -156,10 +158,13 @@ class ExampleBatch:
     @classmethod
     def from_records(cls, records: Sequence, live: list[int]) -> "ExampleBatch":
         """The records at ``live`` as a batch, their data read only when asked for."""
-        n = len(live)
-        if getattr(records, "text_values", None) is None and any(TRUNCATED_TOKENS_KEY in records[i].data for i in live):
-            return cls.from_dicts([dict(records[i].data) for i in live])
-        return cls(np.arange(n, dtype=np.int64), {}, np.zeros(n, np.int64), np.zeros(n, bool), source=(records, live))
+        n, datas = len(live), None
+        if getattr(records, "text_values", None) is None:
+            datas = list(map(operator.attrgetter("data"), records if n == len(records) else [records[i] for i in live]))
+            if any(map(operator.contains, datas, itertools.repeat(TRUNCATED_TOKENS_KEY))):
+                return cls.from_dicts([dict(d) for d in datas])
+        return cls(np.arange(n, dtype=np.int64), {}, np.zeros(n, np.int64), np.zeros(n, bool),
+                   source=(records, live, datas))
 
     @classmethod
     def from_dicts(cls, examples: Sequence[dict | None], index: np.ndarray | None = None,
@@ -186,30 +191,41 @@ class ExampleBatch:
             fields[key] = column
         return cls(index[kept], columns, truncated, has_truncated, fields=fields)
 
-    def copy(self) -> "ExampleBatch":
-        """A batch whose dicts of columns a step may change."""
-        return dataclasses.replace(self, columns=dict(self.columns), fields=dict(self.fields))
+    def copy(self, **changes) -> "ExampleBatch":
+        """A batch whose dicts of columns a step may change, with ``changes``
+        (``dataclasses.replace`` without its cost per call)."""
+        out = object.__new__(ExampleBatch)
+        out.__dict__.update(self.__dict__, **{"columns": dict(self.columns), "fields": dict(self.fields), **changes})
+        return out
 
-    def field(self, key: str) -> list:
-        """The values of ``key``, one per example (``ABSENT`` where an example lacks it)."""
-        if key in self.fields:
-            return self.fields[key]
+    def field(self, key: str, strict: bool = False) -> list:
+        """The values of ``key``, one per example: ``ABSENT`` where an example
+        lacks it, or with ``strict`` a KeyError."""
         if key in self.columns:
             values, offsets = self.columns[key]
             bounds = offsets.tolist()
             return [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        if self.source is None:
-            return [self.ABSENT] * len(self)
-        records, live = self.source
-        at = [live[j] for j in self.index.tolist()]
-        text_values = getattr(records, "text_values", None)
-        texts = text_values(key, at) if text_values is not None else None
-        return texts if texts is not None else [records[i].data.get(key, self.ABSENT) for i in at]
+        if key in self.fields or self.source is None:
+            column = self.fields.get(key) or [self.ABSENT] * len(self)
+            if strict and any(map(operator.is_, column, itertools.repeat(self.ABSENT))):
+                raise KeyError(key)
+            return column
+        records, live, datas = self.source
+        at = None if len(live) == len(self) else self.index.tolist()
+        if datas is None:
+            at = live if at is None else [live[j] for j in at]
+            texts = records.text_values(key, at)
+            if texts is not None:
+                return texts
+            datas = [records[i].data for i in at]
+        elif at is not None:
+            datas = [datas[j] for j in at]
+        return list(map(operator.itemgetter(key), datas)) if strict else [d.get(key, self.ABSENT) for d in datas]
 
     def dicts(self) -> list[dict]:
         """The examples as dicts (token features as views of the columns)."""
         if self.source is not None:
-            records, live = self.source
+            records, live, _ = self.source
             out = [dict(records[live[j]].data) for j in self.index.tolist()]
         else:
             out = [{} for _ in range(len(self))]
@@ -231,11 +247,11 @@ class ExampleBatch:
         """The examples where the bool ``(n,)`` mask ``keep`` is True."""
         columns = {}
         for key, (values, offsets) in self.columns.items():
-            lengths = np.diff(offsets)
+            lengths = offsets[1:] - offsets[:-1]
             columns[key] = (values[np.repeat(keep, lengths)], _offsets(lengths[keep]))
         fields = {key: [v for v, k in zip(column, keep.tolist()) if k] for key, column in self.fields.items()}
-        return dataclasses.replace(self, index=self.index[keep], columns=columns, truncated=self.truncated[keep],
-                                   has_truncated=self.has_truncated[keep], fields=fields)
+        return self.copy(index=self.index[keep], columns=columns, truncated=self.truncated[keep],
+                         has_truncated=self.has_truncated[keep], fields=fields)
 
     def lengths(self, names: Sequence[str]) -> np.ndarray:
         """int64 ``(n, len(names))``: every example's length in tokens per feature."""
@@ -350,12 +366,13 @@ class rekey(Preprocessor):  # noqa: N801 (seqio's name)
             if old in batch.columns:
                 columns[new] = batch.columns[old]
                 continue
-            column = batch.field(old) if old else [""] * len(batch)
-            if any(v is ExampleBatch.ABSENT for v in column):
+            try:
+                fields[new] = batch.field(old, strict=True) if old else [""] * len(batch)
+            except KeyError:
                 for ex in batch.dicts():
                     self(ex, ctx)  # names the first example without the key
-            fields[new] = column
-        return dataclasses.replace(batch, columns=columns, fields=fields, source=None)
+                raise
+        return batch.copy(columns=columns, fields=fields, source=None)
 
     def __call__(self, example, ctx):
         out = {}
@@ -405,14 +422,16 @@ class tokenize(Preprocessor):  # noqa: N801
             if name in batch.columns:
                 continue
             column = batch.field(name)
-            where = [j for j, v in enumerate(column) if isinstance(v, str)]
-            if not where:
-                continue
-            texts = column if len(where) == len(column) else [column[j] for j in where]
+            texts = column
+            if set(map(type, column)) != {str}:
+                where = [j for j, v in enumerate(column) if isinstance(v, str)]
+                if not where:
+                    continue
+                texts = [column[j] for j in where]
             flat, lengths = _encode_flat(feature.vocabulary, texts)
             if self.copy_pretokenized:
                 batch.fields[f"{name}_pretokenized"] = [v if isinstance(v, str) else ExampleBatch.ABSENT for v in column]
-            if len(where) == len(column):
+            if texts is column:
                 batch.columns[name] = (flat, _offsets(lengths))
                 batch.fields.pop(name, None)
             else:
@@ -498,7 +517,8 @@ class filter_empty(Preprocessor):  # noqa: N801
         empty = np.zeros(len(batch), bool)
         for name in ctx.output_features:
             if name in batch.columns:
-                empty |= np.diff(batch.columns[name][1]) == 0
+                offsets = batch.columns[name][1]
+                empty |= offsets[1:] == offsets[:-1]
             elif name in batch.fields:
                 empty |= [isinstance(v, (np.ndarray, list, tuple)) and len(v) == 0 for v in batch.fields[name]]
         return empty
@@ -564,10 +584,14 @@ def run_columns(preprocessors: Sequence[Preprocessor], batch: ExampleBatch, ctx:
         exception and where it was raised, with the input index of the first
         example that fails alone (each is retried on its own, on this error path only).
     """
+    step, index = ctx, None
     for p in preprocessors:
         if not len(batch):
             break
-        step = dataclasses.replace(ctx, keys=[ctx.keys[j] for j in batch.index.tolist()])
+        if batch.index is not index:  # a step dropped examples (the index only ever shrinks)
+            index = batch.index
+            if len(index) != len(ctx.keys):
+                step = dataclasses.replace(ctx, keys=[ctx.keys[j] for j in index.tolist()])
         try:
             batch = p.process_columns(batch, step)
         except Exception as e:

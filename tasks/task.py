@@ -29,12 +29,14 @@ def _a(noun: str) -> str:
     return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
 
 
-def _bad_id(ids: np.ndarray, size: int) -> int | None:
-    """An id of ``ids`` outside ``[0, size)`` (the least if one is negative, else the greatest), or None."""
-    if not ids.size:
-        return None
-    lo, hi = int(ids.min()), int(ids.max())
-    return lo if lo < 0 else hi if hi >= size else None
+def _outside(name: str, size: int, lo: int, hi: int) -> str | None:
+    """The vocabulary check of ids from ``lo`` to ``hi``: what is wrong, or None."""
+    bad = lo if lo < 0 else hi if hi >= size else None
+    return None if bad is None else f"feature {name!r} has token id {bad}, outside its vocabulary [0, {size})"
+
+
+def _ranges(columns: dict) -> dict:
+    return {name: (int(v.min()), int(v.max())) for name, (v, _) in columns.items() if v.size}
 
 
 def _checked_ids(name: str, feature: "Feature", value, example: Callable[[], dict]) -> np.ndarray:
@@ -61,10 +63,9 @@ def _checked_ids(name: str, feature: "Feature", value, example: Callable[[], dic
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise ValueError(f"feature {name!r} is {_a(type(value).__name__)} ({shown}); "
                          "expected text (a string) or a 1-D sequence of integer token ids")
-    bad = _bad_id(ids, feature.vocabulary.vocab_size)
-    if bad is not None:
-        raise ValueError(f"feature {name!r} has token id {bad}, outside its vocabulary "
-                         f"[0, {feature.vocabulary.vocab_size})")
+    problem = ids.size and _outside(name, feature.vocabulary.vocab_size, int(ids.min()), int(ids.max()))
+    if problem:
+        raise ValueError(problem)
     return ids.astype(feature.dtype, copy=False)
 
 
@@ -213,9 +214,10 @@ class Task:
             raise ValueError(f"task {self.name!r}: got {len(keys)} keys for {len(records)} records")
         # A batch with columns (the pipeline's ``LiveRecords``) holds no skipped record.
         live = list(range(len(records))) if getattr(records, "text_values", None) is not None else \
-            [i for i, r in enumerate(records) if not is_error_record(r)]
+            [i for i, r in enumerate(records) if r.issue is None or not is_error_record(r)]
+        keys = list(keys) if len(live) == len(keys) else [keys[i] for i in live]
         ctx = PreprocessContext(output_features=self.output_features, sequence_length=sequence_length,
-                                seed=int(seed), keys=[bytes(keys[i]) for i in live])
+                                seed=int(seed), keys=keys)
         try:
             batch = run_columns(self.preprocessors, ExampleBatch.from_records(records, live), ctx)
         except PreprocessorError as e:
@@ -226,12 +228,12 @@ class Task:
         return self._finish(batch, records, skipped)
 
     def _finish(self, batch: ExampleBatch, records: Sequence[SourceRecord], skipped: list | None) -> ExampleBatch:
-        """The output features of ``batch`` in their dtypes, checked: present,
-        1-D integer ids inside the vocabulary. The first bad example raises,
+        """The output features of ``batch`` in their dtypes, checked once per
+        feature and batch: present, 1-D integer ids inside the vocabulary. The first bad example raises,
         naming its record, or (``skipped`` given and the source skipping
         ``bad_value``) every bad one is left out and listed in ``skipped``."""
         problems: dict[int, str] = {}  # example -> its first problem
-        columns = {}
+        columns, ranges = {}, {}
         for name, feature in self.output_features.items():
             size = feature.vocabulary.vocab_size
             if name in batch.columns:
@@ -248,14 +250,17 @@ class Task:
                     np.zeros(0, feature.dtype)
                 offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
                 np.cumsum([a.size for a in arrays], out=offsets[1:])
-            if _bad_id(values, size) is not None:
+            lo_hi = _ranges({name: (values, offsets)})
+            ranges.update(lo_hi)
+            if name in lo_hi and _outside(name, size, *lo_hi[name]):
                 bounds = offsets.tolist()
                 for k in range(len(batch)):
-                    bad = _bad_id(values[bounds[k]:bounds[k + 1]], size)
-                    if bad is not None:
-                        problems.setdefault(k, f"feature {name!r} has token id {bad}, outside its vocabulary [0, {size})")
+                    ids = values[bounds[k]:bounds[k + 1]]
+                    problem = ids.size and _outside(name, size, int(ids.min()), int(ids.max()))
+                    if problem:
+                        problems.setdefault(k, problem)
             columns[name] = (values.astype(feature.dtype, copy=False), offsets)
-        out = ExampleBatch(batch.index, columns, batch.truncated, batch.has_truncated)
+        out = ExampleBatch(batch.index, columns, batch.truncated, batch.has_truncated, ranges)
         if problems:
             if skipped is None or self.source.on_error.action("bad_value") != "skip":
                 k = min(problems)
@@ -265,7 +270,7 @@ class Task:
                 i = int(batch.index[k])
                 skipped.append((i, f"task {self.name!r}, {self.record_label(records[i])}: {problems[k]}"))
             out = out.take(~np.isin(np.arange(len(out)), list(problems)))
-        out.ranges = {name: (int(v.min()), int(v.max())) for name, (v, _) in out.columns.items() if v.size}
+            out.ranges = _ranges(out.columns)
         return out
 
     def record_label(self, record: SourceRecord) -> str:

@@ -1,20 +1,12 @@
 """Preprocessors: small, named, parameterised steps that turn records into examples.
 
-A preprocessor works on a batch of examples at a time, held as columns (an
-``ExampleBatch``): ``process_columns(batch, ctx)`` returns the new batch, less
-the examples it drops. Its ``name`` and ``params()`` are part of the task
-fingerprint, so a changed parameter gives a different cache. Per-example code
-implements ``__call__(example, ctx) -> dict | None`` (or ``process_batch`` over
-a list of example dicts) and the base class converts. Tokenisation runs once per
-batch and feature; EOS and trimming run on whole columns (``cut_tokens``).
-
-Randomness comes only from ``PreprocessContext.rng(i)``, seeded by the task seed
-and the example's shuffle key (the keyed hash of its raw record): the draws for a
-record are the same whatever batch, worker or position it lands in.
-
-Names follow seqio: ``rekey``, ``tokenize``, ``append_eos``,
-``append_eos_after_trim``, ``trim`` (seqio's ``trim_output_features``) and
-``filter_empty``.
+A preprocessor maps a batch of examples held as columns (an ``ExampleBatch``)
+to the new batch, less the examples it drops; per-example code implements
+``__call__`` and the base class converts. ``name`` and ``params()`` are part of
+the task fingerprint. Randomness comes only from ``PreprocessContext.rng(i)``,
+seeded by the task seed and the example's shuffle key, so a record's draws do
+not depend on its batch, worker or position. Names follow seqio (``trim`` is
+seqio's ``trim_output_features``).
 """
 
 from __future__ import annotations
@@ -73,17 +65,12 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
 
 def cut_tokens(values: np.ndarray, offsets: np.ndarray, keep: int | None = None,
                eos: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Example ``i`` of the ragged column ``(values, offsets)`` cut to its first
-    ``keep`` tokens (all when None) and followed by ``eos`` (nothing when None),
-    for every example at once.
+    """Every example of the ragged column ``(values, offsets)`` (1-D values;
+    int64 ``(n + 1,)`` offsets from 0) cut to its first ``keep`` tokens (all
+    when None) and followed by ``eos`` (nothing when None).
 
-    Args:
-      values: 1-D, every example's tokens one after the other.
-      offsets: int64 ``(n + 1,)`` from 0: example ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
-
-    Returns:
-      ``(values, offsets, cut)``: the new column (``values`` of the input dtype)
-      and int64 ``(n,)``, the tokens removed from each example.
+    Returns ``(values, offsets, cut)``: the new column, values of the input
+    dtype, and int64 ``(n,)``, the tokens removed from each example.
     """
     lengths = offsets[1:] - offsets[:-1]
     cut = np.zeros(len(lengths), dtype=np.int64)
@@ -121,24 +108,17 @@ class ExampleBatch:
     """A batch of examples as columns.
 
     Attributes:
-      index: int64 ``(n,)``: the input each example comes from (the position in
-        the examples or records the batch was made of), in input order.
+      index: int64 ``(n,)``: the input (example or record) of each example, in order.
       columns: feature name -> ``(values, offsets)``, the token features:
-        ``values`` 1-D integers, every example's tokens one after the other;
-        ``offsets`` int64 ``(n + 1,)``: example ``i`` is
-        ``values[offsets[i]:offsets[i + 1]]``. In a finished batch (what
-        ``Task.preprocess_columns`` returns) exactly the output features, in
-        their dtypes.
-      truncated: int64 ``(n,)``: tokens a trimming preprocessor removed (0 when
-        none ran).
-      has_truncated: bool ``(n,)``: whether a trimming preprocessor ran on the
-        example (``"_truncated_tokens"`` in its dict).
-      ranges: feature name -> ``(min, max)`` of its values (features with values
-        only) in a finished batch: the vocabulary check's result, reused by the
-        encoder.
-      fields: key -> list of ``n`` values, every other value (text, a feature
-        not in column form, anything a preprocessor adds); ``ABSENT`` where an
-        example lacks the key. Empty when finished.
+        ``values`` 1-D integers, ``offsets`` int64 ``(n + 1,)``: example ``i``
+        is ``values[offsets[i]:offsets[i + 1]]``. When finished (what
+        ``Task.preprocess_columns`` returns): the output features, in their dtypes.
+      truncated: int64 ``(n,)``: tokens a trimming preprocessor removed.
+      has_truncated: bool ``(n,)``: whether one ran (``"_truncated_tokens"`` in the dict).
+      ranges: feature name -> ``(min, max)`` of its values, when finished: the
+        vocabulary check's result, reused by the encoder.
+      fields: key -> list of ``n`` values: every other value (text, anything a
+        preprocessor adds); ``ABSENT`` where an example lacks the key.
     """
 
     ABSENT = object()
@@ -280,25 +260,27 @@ class ExampleBatch:
             self.columns[key] = (values, offsets)
             self.fields.pop(key, None)
             return cut
-        column = list(column)
-        bounds = offsets.tolist()
-        for k, j in enumerate(where):
-            column[j] = values[bounds[k]:bounds[k + 1]]
-        self.fields[key] = column
+        self.fields[key] = _put(column, where, values, offsets)
         full = np.zeros(len(self), np.int64)
         full[where] = cut
         return full
 
 
+def _put(column: list, where: list[int], values: np.ndarray, offsets: np.ndarray) -> list:
+    """``column`` with the examples of the ragged ``(values, offsets)`` at ``where``."""
+    column, bounds = list(column), offsets.tolist()
+    for k, j in enumerate(where):
+        column[j] = values[bounds[k]:bounds[k + 1]]
+    return column
+
+
 class Preprocessor:
     """Base class of preprocessors.
 
-    Subclasses set ``name``, return their parameters from ``params()`` (JSON-able)
-    and implement one of: ``__call__(example, ctx) -> dict | None`` (per example;
-    ``ctx`` is the example's own context, so use ``ctx.rng(0)``);
-    ``process_batch(examples, ctx) -> list[dict | None]`` (a list of example
-    dicts, None drops); ``process_columns(batch, ctx) -> ExampleBatch`` (the
-    batch as columns, less the examples dropped).
+    Subclasses set ``name``, return their JSON-able parameters from ``params()``
+    and implement one of: ``__call__(example, ctx) -> dict | None`` (``ctx`` is
+    the example's own: use ``ctx.rng(0)``); ``process_batch(examples, ctx) ->
+    list[dict | None]``; ``process_columns(batch, ctx) -> ExampleBatch``.
     """
 
     name: str = "preprocessor"
@@ -308,8 +290,8 @@ class Preprocessor:
         return {}
 
     def process_columns(self, batch: ExampleBatch, ctx: PreprocessContext) -> ExampleBatch:
-        """The batch after this step (what the pipeline calls). By default the
-        examples as dicts through ``process_batch``.
+        """The batch after this step, less the examples it drops (what the
+        pipeline calls); by default the examples as dicts through ``process_batch``.
 
         Raises:
           ValueError: ``process_batch`` returned a different number of outputs than inputs.
@@ -435,10 +417,7 @@ class tokenize(Preprocessor):  # noqa: N801
                 batch.columns[name] = (flat, _offsets(lengths))
                 batch.fields.pop(name, None)
             else:
-                column, bounds = list(column), _offsets(lengths).tolist()
-                for k, j in enumerate(where):
-                    column[j] = flat[bounds[k]:bounds[k + 1]]
-                batch.fields[name] = column
+                batch.fields[name] = _put(column, where, flat, _offsets(lengths))
         return batch
 
 
@@ -533,19 +512,14 @@ class filter_empty(Preprocessor):  # noqa: N801
 
 
 class FunctionPreprocessor(Preprocessor):
-    """Wraps a user function as a preprocessor.
+    """Wraps ``fn(example, ctx) -> dict | None`` (``ctx.rng(0)`` is the
+    example's generator) or, with ``batched=True``, ``fn(examples, ctx) -> list``
+    (the batch's example dicts) as a preprocessor named ``name`` with JSON-able
+    ``params`` (e.g. a version) in the task fingerprint.
 
-    ``fn(example, ctx) -> dict | None`` (per example, ``ctx.rng(0)`` is the
-    example's generator) or, with ``batched=True``, ``fn(examples, ctx) -> list``.
-    The function must be deterministic given its inputs and picklable (module
-    level). seqcache cannot see its code: change ``name`` or ``params`` whenever
-    its behaviour changes, or a stale cache is reused.
-
-    Args:
-      fn: the function.
-      name: name in the task fingerprint.
-      params: JSON-able parameters in the task fingerprint (e.g. a version).
-      batched: whether ``fn`` takes the whole batch.
+    ``fn`` must be deterministic and picklable (module level). seqcache cannot
+    see its code: change ``name`` or ``params`` when its behaviour changes, or a
+    stale cache is reused.
     """
 
     def __init__(self, fn: Callable, name: str, params: Mapping[str, Any] | None = None, *, batched: bool = False):
@@ -610,10 +584,10 @@ def run_columns(preprocessors: Sequence[Preprocessor], batch: ExampleBatch, ctx:
 
 def run_preprocessors(preprocessors: Sequence[Preprocessor], examples: list[dict],
                       ctx: PreprocessContext) -> list[tuple[int, dict]]:
-    """Runs ``preprocessors`` in order; returns (input index, example) of survivors.
+    """``run_columns`` on example dicts; returns (input index, example) of survivors.
 
     Raises:
-      PreprocessorError: as ``run_columns``.
-      ValueError: a preprocessor returned a different number of outputs than inputs.
+      PreprocessorError: as ``run_columns`` (also for a preprocessor that
+        returned a different number of outputs than inputs).
     """
     return run_columns(preprocessors, ExampleBatch.from_dicts(examples, None, ctx.output_features), ctx).examples()

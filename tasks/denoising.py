@@ -25,12 +25,12 @@ packing then packs short documents together.
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np
 
 from seqcache.tasks.preprocessors import PreprocessContext, Preprocessor
+
 
 def _spans_lengths(tokens_length: int, noise_density: float, mean_noise_span_length: float,
                    extra_inputs: int = 1, extra_targets: int = 1) -> tuple[int, int]:
@@ -168,6 +168,7 @@ NOISE_MASKS: dict[str, Callable] = {
     "iid": iid_noise_mask,
     "random_prefix": random_prefix_noise_mask,
 }
+
 
 def noise_span_to_unique_sentinel(tokens: np.ndarray, noise_mask: np.ndarray, vocabulary, rng=None) -> np.ndarray:
     """Each noise span becomes one sentinel (``<extra_id_0>``, ``<extra_id_1>``,

@@ -412,7 +412,8 @@ class tokenize(Preprocessor):  # noqa: N801
                 texts = [column[j] for j in where]
             flat, lengths = _encode_flat(feature.vocabulary, texts)
             if self.copy_pretokenized:
-                batch.fields[f"{name}_pretokenized"] = [v if isinstance(v, str) else ExampleBatch.ABSENT for v in column]
+                absent = ExampleBatch.ABSENT
+                batch.fields[f"{name}_pretokenized"] = [v if isinstance(v, str) else absent for v in column]
             if texts is column:
                 batch.columns[name] = (flat, _offsets(lengths))
                 batch.fields.pop(name, None)

@@ -12,6 +12,7 @@ seqio's ``trim_output_features``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import operator
 import traceback
@@ -158,10 +159,8 @@ class ExampleBatch:
         truncated = np.asarray([int(ex.get(TRUNCATED_TOKENS_KEY, 0)) for ex in rows], dtype=np.int64)
         has_truncated = np.asarray([TRUNCATED_TOKENS_KEY in ex for ex in rows], dtype=bool)
         columns, fields = {}, {}
-        for key in dict.fromkeys(k for ex in rows for k in ex):
+        for key in dict.fromkeys(k for ex in rows for k in ex if k != TRUNCATED_TOKENS_KEY):
             column = [ex.get(key, cls.ABSENT) for ex in rows]
-            if key == TRUNCATED_TOKENS_KEY:
-                continue
             if key in (token_names or ()) and all(
                     type(v) is np.ndarray and v.ndim == 1 and (v.dtype.kind in "iu" or not v.size) for v in column):
                 values = np.concatenate(column) if column else np.zeros(0, np.int32)
@@ -196,7 +195,7 @@ class ExampleBatch:
             at = live if at is None else [live[j] for j in at]
             texts = records.text_values(key, at)
             if texts is not None:
-                return texts
+                return _Texts(texts)
             datas = [records[i].data for i in at]
         elif at is not None:
             datas = [datas[j] for j in at]
@@ -264,6 +263,10 @@ class ExampleBatch:
         full = np.zeros(len(self), np.int64)
         full[where] = cut
         return full
+
+
+class _Texts(list):
+    """A column known to hold only ``str`` (a source's text column)."""
 
 
 def _put(column: list, where: list[int], values: np.ndarray, offsets: np.ndarray) -> list:
@@ -370,12 +373,17 @@ class rekey(Preprocessor):  # noqa: N801 (seqio's name)
         return out
 
 
+@functools.cache
+def _own_flat(cls: type) -> bool:
+    """Whether ``cls.encode_batch_flat`` is at least as derived as its ``encode_batch``."""
+    owner = [next(i for i, c in enumerate(cls.__mro__) if m in c.__dict__) for m in ("encode_batch", "encode_batch_flat")]
+    return owner[0] >= owner[1]
+
+
 def _encode_flat(vocabulary, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """``vocabulary.encode_batch_flat(texts)``, or ``encode_batch`` where a
     subclass overrides that alone."""
-    mro = type(vocabulary).__mro__
-    owner = [next(i for i, c in enumerate(mro) if m in c.__dict__) for m in ("encode_batch", "encode_batch_flat")]
-    if owner[0] >= owner[1]:
+    if _own_flat(type(vocabulary)):
         return vocabulary.encode_batch_flat(texts)
     arrays = vocabulary.encode_batch(texts)
     flat = np.concatenate(arrays, dtype=np.int32, casting="unsafe") if arrays else np.zeros(0, np.int32)
@@ -405,7 +413,7 @@ class tokenize(Preprocessor):  # noqa: N801
                 continue
             column = batch.field(name)
             texts = column
-            if set(map(type, column)) != {str}:
+            if type(column) is not _Texts and set(map(type, column)) != {str}:
                 where = [j for j, v in enumerate(column) if isinstance(v, str)]
                 if not where:
                     continue

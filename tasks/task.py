@@ -182,23 +182,21 @@ class Task:
           keys: one shuffle key (bytes) per record; seeds the per-example RNG.
           seed: the task seed.
           sequence_length: feature name -> length in tokens, or None.
+          skipped: when given and the source's ``on_error`` skips ``bad_value``,
+            examples failing the checks below are left out and ``(index,
+            message)`` is appended here instead (the pipeline quarantines them).
 
         Returns:
-          (index into ``records``, example) pairs in input order, where the example
-          holds exactly the output features as 1-D arrays of the feature dtype,
-          plus ``"_truncated_tokens"`` (int) if a trimming preprocessor ran.
-          Dropped examples and records a source skipped (``record.issue.action ==
-          "skipped"``) are absent; a repaired record is preprocessed like any other.
-
-          skipped: when given and the source's ``on_error`` skips ``bad_value``, examples
-            that fail the checks below are left out and ``(index, message)`` is
-            appended here instead of raising (the pipeline quarantines them).
+          (index into ``records``, example) pairs in input order; an example holds
+          exactly the output features as 1-D arrays of the feature dtype, plus
+          ``"_truncated_tokens"`` (int) if a trimming preprocessor ran. Dropped
+          examples and records a source skipped are absent.
 
         Raises:
           ValueError: ``len(keys) != len(records)``; a required feature is missing,
             null, still a string (no ``tokenize``), not a 1-D sequence of integers,
-            or holds an id outside its vocabulary; the message names the record
-            (file_index, record_number), the feature and the value.
+            or holds an id outside its vocabulary; the message names the record,
+            the feature and the value.
         """
         return self.preprocess_columns(records, keys, seed=seed, sequence_length=sequence_length,
                                        skipped=skipped).examples()

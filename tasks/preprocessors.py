@@ -255,26 +255,28 @@ class ExampleBatch:
             offsets = _offsets(np.fromiter(map(len, arrays), np.int64, len(arrays)))
         values, offsets, cut = cut_tokens(values if dtype is None else values.astype(dtype, copy=False),
                                           offsets, keep, eos)
-        if where is None or len(where) == len(self):
-            self.columns[key] = (values, offsets)
-            self.fields.pop(key, None)
+        self.put(key, column, where, values, offsets)
+        if where is None:
             return cut
-        self.fields[key] = _put(column, where, values, offsets)
         full = np.zeros(len(self), np.int64)
         full[where] = cut
         return full
 
+    def put(self, key: str, column: list, where: list[int] | None, values: np.ndarray, offsets: np.ndarray):
+        """Sets ``key`` of the examples at ``where`` (all when None) of ``column``
+        to the ragged ``(values, offsets)``; in place."""
+        if where is None or len(where) == len(self):
+            self.columns[key] = (values, offsets)
+            self.fields.pop(key, None)
+            return
+        column, bounds = list(column), offsets.tolist()
+        for k, j in enumerate(where):
+            column[j] = values[bounds[k]:bounds[k + 1]]
+        self.fields[key] = column
+
 
 class _Texts(list):
     """A column known to hold only ``str`` (a source's text column)."""
-
-
-def _put(column: list, where: list[int], values: np.ndarray, offsets: np.ndarray) -> list:
-    """``column`` with the examples of the ragged ``(values, offsets)`` at ``where``."""
-    column, bounds = list(column), offsets.tolist()
-    for k, j in enumerate(where):
-        column[j] = values[bounds[k]:bounds[k + 1]]
-    return column
 
 
 class Preprocessor:
@@ -411,22 +413,17 @@ class tokenize(Preprocessor):  # noqa: N801
         for name, feature in ctx.output_features.items():
             if name in batch.columns:
                 continue
-            column = batch.field(name)
-            texts = column
+            column, texts, where = batch.field(name), None, None
             if type(column) is not _Texts and set(map(type, column)) != {str}:
                 where = [j for j, v in enumerate(column) if isinstance(v, str)]
                 if not where:
                     continue
                 texts = [column[j] for j in where]
-            flat, lengths = _encode_flat(feature.vocabulary, texts)
+            flat, lengths = _encode_flat(feature.vocabulary, column if texts is None else texts)
             if self.copy_pretokenized:
                 absent = ExampleBatch.ABSENT
                 batch.fields[f"{name}_pretokenized"] = [v if isinstance(v, str) else absent for v in column]
-            if texts is column:
-                batch.columns[name] = (flat, _offsets(lengths))
-                batch.fields.pop(name, None)
-            else:
-                batch.fields[name] = _put(column, where, flat, _offsets(lengths))
+            batch.put(name, column, where, flat, _offsets(lengths))
         return batch
 
 

@@ -243,7 +243,7 @@ class ExampleBatch:
         when given), on the examples holding token ids; a value of any other
         kind is left as it is. Returns int64 ``(n,)``: the tokens removed."""
         if key in self.columns:
-            where, (values, offsets) = None, self.columns[key]
+            where, column, (values, offsets) = None, None, self.columns[key]
         else:
             column = self.field(key)
             where = [j for j, v in enumerate(column) if _as_ids(v) is not None]

@@ -222,14 +222,15 @@ class Task:
             if e.index is None:
                 raise ValueError(f"task {self.name!r}, a batch of {len(live)} records: {e}") from None
             raise ValueError(f"task {self.name!r}, {self.record_label(records[live[e.index]])}: {e}") from None
-        batch.index = np.asarray(live, dtype=np.int64)[batch.index]
-        return self._finish(batch, records, skipped)
+        return self._finish(batch, records, np.asarray(live, dtype=np.int64)[batch.index], skipped)
 
-    def _finish(self, batch: ExampleBatch, records: Sequence[SourceRecord], skipped: list | None) -> ExampleBatch:
+    def _finish(self, batch: ExampleBatch, records: Sequence[SourceRecord], index: np.ndarray,
+                skipped: list | None) -> ExampleBatch:
         """The output features of ``batch`` in their dtypes, checked once per
         feature and batch: present, 1-D integer ids inside the vocabulary. The first bad example raises,
         naming its record, or (``skipped`` given and the source skipping
-        ``bad_value``) every bad one is left out and listed in ``skipped``."""
+        ``bad_value``) every bad one is left out and listed in ``skipped``.
+        ``index``: the record of each example."""
         problems: dict[int, str] = {}  # example -> its first problem
         columns, ranges = {}, {}
         for name, feature in self.output_features.items():
@@ -258,14 +259,14 @@ class Task:
                     if problem:
                         problems.setdefault(k, problem)
             columns[name] = (values.astype(feature.dtype, copy=False), offsets)
-        out = ExampleBatch(batch.index, columns, batch.truncated, batch.has_truncated, ranges)
+        out = ExampleBatch(index, columns, batch.truncated, batch.has_truncated, ranges)
         if problems:
             if skipped is None or self.source.on_error.action("bad_value") != "skip":
                 k = min(problems)
-                where = f"task {self.name!r}, {self.record_label(records[batch.index[k]])}"
+                where = f"task {self.name!r}, {self.record_label(records[index[k]])}"
                 raise ValueError(f"{where}: {problems[k]}; {error_hint('bad_value')}")
             for k in sorted(problems):
-                i = int(batch.index[k])
+                i = int(index[k])
                 skipped.append((i, f"task {self.name!r}, {self.record_label(records[i])}: {problems[k]}"))
             out = out.take(~np.isin(np.arange(len(out)), list(problems)))
             out.ranges = _ranges(out.columns)

@@ -137,7 +137,7 @@ class ExampleBatch:
         return len(self.index)
 
     @classmethod
-    def from_records(cls, records: Sequence, live: list[int]) -> "ExampleBatch":
+    def from_records(cls, records: Sequence, live: Sequence[int]) -> "ExampleBatch":
         """The records at ``live`` as a batch, their data read only when asked for."""
         n, datas = len(live), None
         if getattr(records, "text_values", None) is None:

@@ -211,7 +211,7 @@ class Task:
         if len(keys) != len(records):
             raise ValueError(f"task {self.name!r}: got {len(keys)} keys for {len(records)} records")
         # A batch with columns (the pipeline's ``LiveRecords``) holds no skipped record.
-        live = list(range(len(records))) if getattr(records, "text_values", None) is not None else \
+        live = range(len(records)) if getattr(records, "text_values", None) is not None else \
             [i for i, r in enumerate(records) if r.issue is None or not is_error_record(r)]
         keys = list(keys) if len(live) == len(keys) else [keys[i] for i in live]
         ctx = PreprocessContext(output_features=self.output_features, sequence_length=sequence_length,
@@ -222,7 +222,8 @@ class Task:
             if e.index is None:
                 raise ValueError(f"task {self.name!r}, a batch of {len(live)} records: {e}") from None
             raise ValueError(f"task {self.name!r}, {self.record_label(records[live[e.index]])}: {e}") from None
-        return self._finish(batch, records, np.asarray(live, dtype=np.int64)[batch.index], skipped)
+        index = batch.index if len(live) == len(records) else np.asarray(live, dtype=np.int64)[batch.index]
+        return self._finish(batch, records, index, skipped)
 
     def _finish(self, batch: ExampleBatch, records: Sequence[SourceRecord], index: np.ndarray,
                 skipped: list | None) -> ExampleBatch:

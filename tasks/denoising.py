@@ -348,24 +348,29 @@ class denoise(Preprocessor):  # noqa: N801 (T5's name)
                       mean_noise_span_length=self.mean_noise_span_length)
         return fn(length, rng, noise_density=self.noise_density)
 
-    def __call__(self, example, ctx):
+    def process_batch(self, examples, ctx):  # the chunk length once per batch
         if "inputs" not in ctx.output_features:
             raise ValueError(f"{self.name}: the task needs an 'inputs' output feature "
                              f"(has {sorted(ctx.output_features)})")
         vocabulary = ctx.output_features["inputs"].vocabulary
-        tokens = example.get(self.input_feature)
-        if tokens is None or isinstance(tokens, str):
-            raise ValueError(f"{self.name}: feature {self.input_feature!r} must be token ids; run tokenize() first")
-        tokens = np.asarray(tokens, dtype=np.int32)
-        rng = ctx.rng(0, salt=self.name)
         chunk_length = self._chunk_length(ctx)
-        if chunk_length is not None:
-            tokens = select_random_chunk(tokens, chunk_length, rng)
-        if len(tokens) == 0:
-            return None  # nothing to corrupt: dropped, as T5's filter on empty targets
-        mask = self._mask(len(tokens), rng)
-        return {**example, "inputs": INPUTS_FNS[self.inputs_fn](tokens, mask, vocabulary, rng),
-                "targets": TARGETS_FNS[self.targets_fn](tokens, mask, vocabulary, rng)}
+        out = []
+        for i, ex in enumerate(examples):
+            tokens = ex.get(self.input_feature)
+            if tokens is None or isinstance(tokens, str):
+                raise ValueError(f"{self.name}: feature {self.input_feature!r} must be token ids; "
+                                 "run tokenize() first")
+            tokens = np.asarray(tokens, dtype=np.int32)
+            rng = ctx.rng(i, salt=self.name)
+            if chunk_length is not None:
+                tokens = select_random_chunk(tokens, chunk_length, rng)
+            if len(tokens) == 0:
+                out.append(None)  # nothing to corrupt: dropped, as T5's filter on empty targets
+                continue
+            mask = self._mask(len(tokens), rng)
+            out.append({**ex, "inputs": INPUTS_FNS[self.inputs_fn](tokens, mask, vocabulary, rng),
+                        "targets": TARGETS_FNS[self.targets_fn](tokens, mask, vocabulary, rng)})
+        return out
 
 
 class span_corruption(denoise):  # noqa: N801 (T5's name)

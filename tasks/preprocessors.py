@@ -54,7 +54,7 @@ class PreprocessContext:
 
     def example(self, i: int) -> "PreprocessContext":
         """The context of example ``i`` alone (its ``rng(0)`` equals ``self.rng(i)``)."""
-        return dataclasses.replace(self, keys=[self.keys[i]])
+        return PreprocessContext(self.output_features, self.sequence_length, self.seed, [self.keys[i]])
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:

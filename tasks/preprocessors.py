@@ -504,8 +504,8 @@ class filter_empty(Preprocessor):  # noqa: N801
             if name in batch.columns:
                 offsets = batch.columns[name][1]
                 empty |= offsets[1:] == offsets[:-1]
-            elif name in batch.fields:
-                empty |= [isinstance(v, (np.ndarray, list, tuple)) and len(v) == 0 for v in batch.fields[name]]
+            else:
+                empty |= [isinstance(v, (np.ndarray, list, tuple)) and len(v) == 0 for v in batch.field(name)]
         return empty
 
     def process_columns(self, batch, ctx):

@@ -302,7 +302,7 @@ class Preprocessor:
           ValueError: ``process_batch`` returned a different number of outputs than inputs.
         """
         examples = batch.dicts()
-        out = _one_each(self, self.process_batch(examples, ctx), examples)
+        out = _one_each(self, self.process_batch(examples, ctx), examples, OutputCountError)
         return ExampleBatch.from_dicts(out, batch.index, ctx.output_features)
 
     def process_batch(self, examples: list[dict], ctx: PreprocessContext) -> list[dict | None]:
@@ -323,10 +323,14 @@ class Preprocessor:
         return f"{self.name}({args})"
 
 
-def _one_each(p: Preprocessor, out, examples: list) -> list:
+class OutputCountError(ValueError):
+    """A preprocessor returned a different number of outputs than inputs."""
+
+
+def _one_each(p: Preprocessor, out, examples: list, error: type = ValueError) -> list:
     out = list(out)
     if len(out) != len(examples):
-        raise ValueError(f"preprocessor {p.name!r} returned {len(out)} outputs for {len(examples)} examples")
+        raise error(f"preprocessor {p.name!r} returned {len(out)} outputs for {len(examples)} examples")
     return out
 
 
@@ -378,8 +382,9 @@ class rekey(Preprocessor):  # noqa: N801 (seqio's name)
 @functools.cache
 def _own_flat(cls: type) -> bool:
     """Whether ``cls.encode_batch_flat`` is at least as derived as its ``encode_batch``."""
-    owner = [next(i for i, c in enumerate(cls.__mro__) if m in c.__dict__) for m in ("encode_batch", "encode_batch_flat")]
-    return owner[0] >= owner[1]
+    batch, flat = (next(i for i, c in enumerate(cls.__mro__) if m in c.__dict__)
+                   for m in ("encode_batch", "encode_batch_flat"))
+    return batch >= flat
 
 
 def _encode_flat(vocabulary, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -563,6 +568,7 @@ def run_columns(preprocessors: Sequence[Preprocessor], batch: ExampleBatch, ctx:
       PreprocessorError: a preprocessor raised (any exception); names it, the
         exception and where it was raised, with the input index of the first
         example that fails alone (each is retried on its own, on this error path only).
+      OutputCountError: a ``process_batch`` returned a different number of outputs than inputs.
     """
     step, index = ctx, None
     for p in preprocessors:
@@ -574,6 +580,8 @@ def run_columns(preprocessors: Sequence[Preprocessor], batch: ExampleBatch, ctx:
                 step = dataclasses.replace(ctx, keys=[ctx.keys[j] for j in index.tolist()])
         try:
             batch = p.process_columns(batch, step)
+        except OutputCountError:
+            raise
         except Exception as e:
             frames = traceback.extract_tb(e.__traceback__)
             where = f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
@@ -593,7 +601,7 @@ def run_preprocessors(preprocessors: Sequence[Preprocessor], examples: list[dict
     """``run_columns`` on example dicts; returns (input index, example) of survivors.
 
     Raises:
-      PreprocessorError: as ``run_columns`` (also for a preprocessor that
-        returned a different number of outputs than inputs).
+      PreprocessorError: as ``run_columns``.
+      OutputCountError: a preprocessor returned a different number of outputs than inputs.
     """
     return run_columns(preprocessors, ExampleBatch.from_dicts(examples, None, ctx.output_features), ctx).examples()

@@ -46,13 +46,10 @@ def _spans_lengths(tokens_length: int, noise_density: float, mean_noise_span_len
 def random_spans_helper(inputs_length: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0,
                         extra_tokens_per_span_inputs: int = 1,
                         extra_tokens_per_span_targets: int = 1) -> tuple[int, int]:
-    """The raw length and the targets length that fit ``inputs_length`` (T5's
-    ``random_spans_helper``).
-
-    Returns ``(tokens_length, targets_length)``: the largest number of raw tokens
-    whose corrupted inputs (non-noise tokens, one sentinel per span, EOS) fit in
-    ``inputs_length``, and the length of the targets they give (noise tokens, one
-    sentinel per span, EOS). T5's default: 512 -> (568, 114).
+    """T5's ``random_spans_helper``: ``(tokens_length, targets_length)``, the most
+    raw tokens whose corrupted inputs (non-noise tokens, one sentinel per span,
+    EOS) fit in ``inputs_length``, and the length of their targets (noise tokens,
+    one sentinel per span, EOS). T5's default: 512 -> (568, 114).
 
     Raises:
       ValueError: inputs_length < 2, or a density outside (0, 1).
@@ -146,11 +143,9 @@ def iid_noise_mask(length: int, rng: np.random.Generator, *, noise_density: floa
 
 
 def random_prefix_noise_mask(length: int, rng: np.random.Generator, *, noise_density: float = 0.5) -> np.ndarray:
-    """T5's ``random_prefix_noise_mask``: a non-noise prefix, then noise.
-
-    The prefix length is uniform in ``[max(1, round((1 - 2 * noise_density) *
-    (length - 1))), length - 1]``, so the expected noise fraction is
-    noise_density. Returns bool, shape (length,).
+    """T5's ``random_prefix_noise_mask``: bool ``(length,)``, a non-noise prefix of
+    a length uniform in ``[max(1, round((1 - 2 * noise_density) * (length - 1))),
+    length - 1]`` (so noise_density is the expected noise fraction), then noise.
 
     Raises:
       ValueError: noise_density > 0.5.
@@ -276,9 +271,8 @@ def resolve_sentinels(inputs, targets, vocabulary) -> np.ndarray:
 
 
 def select_random_chunk(tokens: np.ndarray, max_length: int, rng: np.random.Generator) -> np.ndarray:
-    """A chunk of ``min(len, max_length)`` tokens starting uniformly at random
-    in ``[0, len - max_length]`` (seqio's ``select_random_chunk`` with
-    ``uniform_random_start=True``): every chunk of a long document is full."""
+    """``min(len, max_length)`` tokens from a start uniform in ``[0, len -
+    max_length]`` (seqio's ``select_random_chunk``, ``uniform_random_start=True``)."""
     n = len(tokens)
     if n <= max_length:
         return tokens

@@ -42,11 +42,9 @@ class PreprocessContext:
     keys: list[bytes]
 
     def rng(self, i: int, salt: str = "") -> np.random.Generator:
-        """A generator for example ``i``, seeded only by (seed, keys[i], salt).
-
-        Use a distinct ``salt`` (e.g. the preprocessor's name) when two
-        preprocessors of one task draw random numbers, so their draws differ.
-        """
+        """A generator for example ``i``, seeded only by (seed, keys[i], salt); a
+        distinct ``salt`` (e.g. the preprocessor's name) keeps two preprocessors'
+        draws apart."""
         entropy = [int(self.seed), int.from_bytes(self.keys[i], "little"), len(self.keys[i])]
         if salt:
             entropy.append(int.from_bytes(salt.encode("utf-8"), "little"))
@@ -398,11 +396,9 @@ def _encode_flat(vocabulary, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class tokenize(Preprocessor):  # noqa: N801
-    """Tokenizes every output feature whose value is a ``str``.
-
-    One ``encode_batch_flat`` call per feature for the whole batch. Values become
-    1-D int32 arrays. With ``copy_pretokenized`` the text is kept under
-    ``"<feature>_pretokenized"`` (dropped from the final example).
+    """Tokenizes every output feature whose value is a ``str`` into 1-D int32 ids,
+    one ``encode_batch_flat`` call per feature and batch. With ``copy_pretokenized``
+    the text is kept under ``"<feature>_pretokenized"`` (not in the final example).
     """
 
     name = "tokenize"
@@ -433,10 +429,8 @@ class tokenize(Preprocessor):  # noqa: N801
 
 
 class append_eos(Preprocessor):  # noqa: N801
-    """Appends the vocabulary's EOS id to every token feature with ``add_eos=True``.
-
-    Token values become int32 arrays; one numpy pass per feature and batch.
-    """
+    """Appends the vocabulary's EOS id to every token feature with ``add_eos=True``
+    (values become int32), one numpy pass per feature and batch."""
 
     name = "append_eos"
 
@@ -449,11 +443,9 @@ class append_eos(Preprocessor):  # noqa: N801
 
 
 class trim(Preprocessor):  # noqa: N801
-    """Trims token features to their length (seqio's ``trim_output_features``).
-
-    Lengths come from ``feature_lengths`` or else ``ctx.sequence_length``; with
-    neither, or for a feature without a length, nothing is trimmed. The number of
-    removed tokens (summed over features) is added to
+    """Trims token features to their length (seqio's ``trim_output_features``):
+    ``feature_lengths``, else ``ctx.sequence_length``; a feature without one is
+    kept whole. The removed tokens (summed over features) are added to
     ``example["_truncated_tokens"]`` (an int, 0 when nothing was cut).
     """
 
@@ -482,12 +474,9 @@ class trim(Preprocessor):  # noqa: N801
 
 
 class append_eos_after_trim(trim):  # noqa: N801
-    """Trims to length - 1 and then appends EOS, for features with ``add_eos=True``.
-
-    Unlike ``trim`` followed by ``append_eos`` the EOS is never cut off. Features
-    with ``add_eos=False`` are trimmed to their full length. Removed tokens are
-    counted in ``example["_truncated_tokens"]`` as in ``trim``. Same parameters
-    as ``trim``.
+    """Trims to length - 1 and then appends EOS, for features with ``add_eos=True``
+    (so EOS is never cut off); other features are trimmed to their length.
+    Parameters and ``"_truncated_tokens"`` as ``trim``'s.
     """
 
     name = "append_eos_after_trim"
@@ -495,10 +484,8 @@ class append_eos_after_trim(trim):  # noqa: N801
 
 
 class filter_empty(Preprocessor):  # noqa: N801
-    """Drops examples in which any token feature (an output feature) is empty.
-
-    Run it after ``tokenize`` and before ``append_eos``. Output features that are
-    not present or not yet tokenized are ignored.
+    """Drops examples in which any output feature holds no tokens (features absent
+    or not yet tokenized are ignored). Run it after ``tokenize``, before ``append_eos``.
     """
 
     name = "filter_empty"

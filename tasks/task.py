@@ -1,9 +1,8 @@
 """Features and tasks (seqio's vocabulary, rebuilt for deterministic caches).
 
-A ``Task`` names a source, the output features (each with a vocabulary) and the
-preprocessors that turn the source's records into examples; optionally packing.
-``Task.fingerprint`` is the identity of everything that shapes the cache's
-content; ``Task.preprocess_batch`` is what pipeline workers run.
+A ``Task`` names a source, the output features (each with a vocabulary), the
+preprocessors that turn records into examples and optionally packing.
+``Task.fingerprint`` identifies everything that shapes the cache's content.
 """
 
 from __future__ import annotations

@@ -8,35 +8,28 @@ A numpy rebuild of ``t5.data.preprocessors`` (``random_spans_helper``,
 "Exploring the Limits of Transfer Learning with a Unified Text-to-Text
 Transformer" (arXiv 1910.10683, section 3.1.4 and 3.3).
 
-Vocabulary used below: *tokens* are the example's ``targets`` ids before
-corruption; the *noise mask* is a bool array over them (True = noise); a *span*
-is a maximal run of noise (or non-noise) tokens. Sentinel ``i`` is
-``vocabulary.sentinel_id(i)`` (``<extra_id_i>``: the last id of the vocabulary
-for i = 0, then descending, as in T5).
+*Tokens* are the example's ``targets`` ids before corruption; the *noise mask*
+is a bool array over them (True = noise); a *span* is a maximal run of noise (or
+non-noise) tokens. Sentinel ``i`` is ``vocabulary.sentinel_id(i)``
+(``<extra_id_i>``: the last id for i = 0, then descending, as in T5).
 
-Every random draw comes from ``PreprocessContext.rng(i, salt)``, seeded only by
-the task seed and the record's shuffle key: the corruption of a record is the
-same in any runner, worker, batch or file split. The draws are numpy's, not
-TensorFlow's stateless ones, so the masks are T5's distribution, not T5's bits.
+Every draw comes from ``PreprocessContext.rng(i, salt)`` (task seed and shuffle
+key): a record's corruption is the same in any runner, worker, batch or file
+split. The draws are numpy's, so the masks follow T5's distribution, not its bits.
 
-One difference from T5's task definition: a seqcache preprocessor maps one
-record to one example, so ``select_random_chunk`` keeps one chunk of the
-document (of the raw length that the sequence length allows, at a uniformly
-random start) instead of
-``reduce_concat_tokens`` + ``split_tokens`` making several; short documents
-give short examples, which first-fit packing then packs together.
+Unlike T5's task, one record gives one example: ``select_random_chunk`` keeps
+one chunk of the raw length the sequence length allows, at a uniformly random
+start, instead of ``reduce_concat_tokens`` + ``split_tokens``; first-fit
+packing then packs short documents together.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np
 
 from seqcache.tasks.preprocessors import PreprocessContext, Preprocessor
-
-# --------------------------------------------------------------------- lengths
 
 
 def _spans_lengths(tokens_length: int, noise_density: float, mean_noise_span_length: float,
@@ -53,13 +46,10 @@ def _spans_lengths(tokens_length: int, noise_density: float, mean_noise_span_len
 def random_spans_helper(inputs_length: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0,
                         extra_tokens_per_span_inputs: int = 1,
                         extra_tokens_per_span_targets: int = 1) -> tuple[int, int]:
-    """The raw length and the targets length that fit ``inputs_length`` (T5's
-    ``random_spans_helper``).
-
-    Returns ``(tokens_length, targets_length)``: the largest number of raw tokens
-    whose corrupted inputs (non-noise tokens, one sentinel per span, EOS) fit in
-    ``inputs_length``, and the length of the targets they give (noise tokens, one
-    sentinel per span, EOS). T5's default: 512 -> (568, 114).
+    """T5's ``random_spans_helper``: ``(tokens_length, targets_length)``, the most
+    raw tokens whose corrupted inputs (non-noise tokens, one sentinel per span,
+    EOS) fit in ``inputs_length``, and the length of their targets (noise tokens,
+    one sentinel per span, EOS). T5's default: 512 -> (568, 114).
 
     Raises:
       ValueError: inputs_length < 2, or a density outside (0, 1).
@@ -104,9 +94,6 @@ def inputs_length_for_targets(targets_length: int, noise_density: float = 0.15,
         else:
             lo = mid + 1
     return lo, random_spans_helper(lo, noise_density, mean_noise_span_length)[0]
-
-
-# ----------------------------------------------------------------- noise masks
 
 
 def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
@@ -156,11 +143,9 @@ def iid_noise_mask(length: int, rng: np.random.Generator, *, noise_density: floa
 
 
 def random_prefix_noise_mask(length: int, rng: np.random.Generator, *, noise_density: float = 0.5) -> np.ndarray:
-    """T5's ``random_prefix_noise_mask``: a non-noise prefix, then noise.
-
-    The prefix length is uniform in ``[max(1, round((1 - 2 * noise_density) *
-    (length - 1))), length - 1]``, so the expected noise fraction is
-    noise_density. Returns bool, shape (length,).
+    """T5's ``random_prefix_noise_mask``: bool ``(length,)``, a non-noise prefix of
+    a length uniform in ``[max(1, round((1 - 2 * noise_density) * (length - 1))),
+    length - 1]`` (so noise_density is the expected noise fraction), then noise.
 
     Raises:
       ValueError: noise_density > 0.5.
@@ -178,8 +163,6 @@ NOISE_MASKS: dict[str, Callable] = {
     "iid": iid_noise_mask,
     "random_prefix": random_prefix_noise_mask,
 }
-
-# --------------------------------------------------- inputs_fn / targets_fn
 
 
 def noise_span_to_unique_sentinel(tokens: np.ndarray, noise_mask: np.ndarray, vocabulary, rng=None) -> np.ndarray:
@@ -287,13 +270,9 @@ def resolve_sentinels(inputs, targets, vocabulary) -> np.ndarray:
     return np.asarray(out, dtype=np.int32)
 
 
-# ---------------------------------------------------------------- preprocessors
-
-
 def select_random_chunk(tokens: np.ndarray, max_length: int, rng: np.random.Generator) -> np.ndarray:
-    """A chunk of ``min(len, max_length)`` tokens starting uniformly at random
-    in ``[0, len - max_length]`` (seqio's ``select_random_chunk`` with
-    ``uniform_random_start=True``): every chunk of a long document is full."""
+    """``min(len, max_length)`` tokens from a start uniform in ``[0, len -
+    max_length]`` (seqio's ``select_random_chunk``, ``uniform_random_start=True``)."""
     n = len(tokens)
     if n <= max_length:
         return tokens
@@ -363,11 +342,11 @@ class denoise(Preprocessor):  # noqa: N801 (T5's name)
                       mean_noise_span_length=self.mean_noise_span_length)
         return fn(length, rng, noise_density=self.noise_density)
 
-    def process_batch(self, examples, ctx):
-        vocabulary = ctx.output_features["inputs"].vocabulary if "inputs" in ctx.output_features else None
-        if vocabulary is None:
+    def process_batch(self, examples, ctx):  # the chunk length once per batch
+        if "inputs" not in ctx.output_features:
             raise ValueError(f"{self.name}: the task needs an 'inputs' output feature "
                              f"(has {sorted(ctx.output_features)})")
+        vocabulary = ctx.output_features["inputs"].vocabulary
         chunk_length = self._chunk_length(ctx)
         out = []
         for i, ex in enumerate(examples):
@@ -383,35 +362,26 @@ class denoise(Preprocessor):  # noqa: N801 (T5's name)
                 out.append(None)  # nothing to corrupt: dropped, as T5's filter on empty targets
                 continue
             mask = self._mask(len(tokens), rng)
-            ex = dict(ex)
-            ex["inputs"] = INPUTS_FNS[self.inputs_fn](tokens, mask, vocabulary, rng)
-            ex["targets"] = TARGETS_FNS[self.targets_fn](tokens, mask, vocabulary, rng)
-            out.append(ex)
+            out.append({**ex, "inputs": INPUTS_FNS[self.inputs_fn](tokens, mask, vocabulary, rng),
+                        "targets": TARGETS_FNS[self.targets_fn](tokens, mask, vocabulary, rng)})
         return out
 
 
 class span_corruption(denoise):  # noqa: N801 (T5's name)
     """T5's span corruption pre-training objective (Raffel et al. 2020, section
-    3.1.4; ``t5.data.preprocessors.span_corruption``).
+    3.1.4; ``t5.data.preprocessors.span_corruption``), per example:
 
-    Algorithm, per example (``targets`` holds the document's token ids):
-
-    1. ``tokens_length, targets_length = random_spans_helper(inputs_length,
-       noise_density, mean_noise_span_length)`` where ``inputs_length`` is the
-       task's ``inputs`` sequence length (or, with only a ``targets`` length,
-       the one ``inputs_length_for_targets`` derives from it); 512 -> 568 raw
-       tokens and 114 targets tokens at the defaults. A ``targets`` sequence
-       length shorter than the derived one is an error, as in T5.
+    1. ``tokens_length, targets_length = random_spans_helper(inputs_length, ...)``
+       with the task's ``inputs`` sequence length (or the one
+       ``inputs_length_for_targets`` derives from a ``targets`` length alone);
+       512 -> 568 raw tokens and 114 targets tokens at the defaults.
     2. A chunk of ``tokens_length`` tokens at a random start (all of a shorter
-       document).
+       document; without a sequence length, the whole document).
     3. ``random_spans_noise_mask``: ``round(n * noise_density)`` noise tokens in
        ``round(noise / mean_noise_span_length)`` spans.
     4. ``inputs``: non-noise tokens, each noise span replaced by one sentinel;
        ``targets``: each non-noise span replaced by one sentinel, then the noise
-       tokens. Sentinel ``i`` is ``<extra_id_i>`` (the last id, descending).
-
-    Without a sequence length the whole document is corrupted. Follow it with
-    ``append_eos_after_trim``.
+       tokens. Follow it with ``append_eos_after_trim``.
 
     Raises:
       ValueError: at run time, a ``targets`` length shorter than the derived one;

@@ -1,10 +1,9 @@
 """Scanning a task's input for every kind of bad input at once.
 
-A build stops at the first record its source's policy raises on. Before building
-a large corpus it is cheaper to learn every kind it holds in one pass:
-``scan_task`` reads the records (and runs the task's preprocessors and checks, so
-that wrong types and out-of-range token ids are found too) with every kind set to
-``"skip"``, and counts the records of each kind. Nothing is written.
+A build stops at the first record its source's policy raises on; ``scan_task``
+instead reads the records with every kind set to ``"skip"``, runs the task's
+preprocessors and checks (finding wrong types and out-of-range ids too) and
+counts the records of each kind, in one pass. Nothing is written.
 """
 
 from __future__ import annotations
@@ -95,14 +94,7 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
     source.on_error = ErrorPolicy("skip")
     scanning = copy.copy(task)
     scanning.source = source
-    counts: dict[str, list] = {}
-
-    def found(kind: str, message: str) -> None:
-        if kind in counts:
-            counts[kind][0] += 1
-        else:
-            counts[kind] = [1, message]
-
+    counts: dict[str, list] = {}  # kind -> [records, first message]
     records = 0
     files = source.list_files()
     complete = True
@@ -112,7 +104,7 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
         live = [r for r in batch if not is_error_record(r)]
         for r in batch:
             if is_error_record(r):
-                found(r.issue.kind, r.issue.message)
+                counts.setdefault(r.issue.kind, [0, r.issue.message])[0] += 1
         if live:
             rejected: list = []
             keys = [hashlib.blake2b(r.raw, digest_size=16).digest() for r in live]
@@ -121,7 +113,7 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
             except ValueError as e:  # a preprocessor that raised: name the file, as a build does
                 raise ValueError(f"{files[live[0].file_index].path}: {e}") from None
             for index, message in rejected:
-                found("bad_value", f"{files[live[index].file_index].path}: {message}")
+                counts.setdefault("bad_value", [0, f"{files[live[index].file_index].path}: {message}"])[0] += 1
         batch.clear()
         if progress is not None:
             progress(records)

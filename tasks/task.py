@@ -1,26 +1,19 @@
 """Features and tasks (seqio's vocabulary, rebuilt for deterministic caches).
 
-A ``Task`` names a source, the output features (each with a vocabulary) and the
-preprocessors that turn the source's records into examples; optionally packing.
-``Task.fingerprint`` is the identity of everything that shapes the cache's
-content; ``Task.preprocess_batch`` is what pipeline workers run.
+A ``Task`` names a source, the output features (each with a vocabulary), the
+preprocessors that turn records into examples and optionally packing.
+``Task.fingerprint`` identifies everything that shapes the cache's content.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from seqcache.tasks.preprocessors import (
-    TRUNCATED_TOKENS_KEY,
-    PreprocessContext,
-    Preprocessor,
-    PreprocessorError,
-    run_preprocessors,
-)
+from seqcache.tasks.preprocessors import ExampleBatch, PreprocessContext, Preprocessor, PreprocessorError, run_columns
 from seqcache.tasks.sources import Source, SourceRecord, describe_record, error_hint, is_error_record
 from seqcache.tasks.vocabularies import Vocabulary
 
@@ -33,6 +26,46 @@ _EMPTY_INT32 = np.zeros((0,), dtype=np.int32)
 def _a(noun: str) -> str:
     """``"an int"``, ``"a list"``."""
     return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
+def _outside(name: str, size: int, lo: int, hi: int) -> str | None:
+    """The vocabulary check of ids from ``lo`` to ``hi``: what is wrong, or None."""
+    bad = lo if lo < 0 else hi if hi >= size else None
+    return None if bad is None else f"feature {name!r} has token id {bad}, outside its vocabulary [0, {size})"
+
+
+def _ranges(columns: dict) -> dict:
+    return {name: (int(v.min()), int(v.max())) for name, (v, _) in columns.items() if v.size}
+
+
+def _checked_ids(name: str, feature: "Feature", value, example: Callable[[], dict]) -> np.ndarray:
+    """A feature's value as ids of its dtype (empty for an absent optional
+    feature), inside the vocabulary.
+
+    Raises:
+      ValueError: the value is missing, null, text or not a 1-D integer sequence.
+    """
+    if value is None or value is ExampleBatch.ABSENT:
+        if not feature.required:
+            return np.zeros((0,), dtype=feature.dtype)
+        if value is None:
+            raise ValueError(f"feature {name!r} is null (expected text or token ids)")
+        raise ValueError(f"required feature {name!r} is missing (example keys: {sorted(example())})")
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"feature {name!r} is still text; add the tokenize() preprocessor")
+    try:
+        ids = np.asarray(value)
+    except ValueError:  # ragged nesting
+        ids = np.asarray(None)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise ValueError(f"feature {name!r} is {_a(type(value).__name__)} ({shown}); "
+                         "expected text (a string) or a 1-D sequence of integer token ids")
+    problem = ids.size and _outside(name, feature.vocabulary.vocab_size, int(ids.min()), int(ids.max()))
+    if problem:
+        raise ValueError(problem)
+    return ids.astype(feature.dtype, copy=False)
 
 
 def check_name(name: str, what: str) -> str:
@@ -148,30 +181,28 @@ class Task:
           keys: one shuffle key (bytes) per record; seeds the per-example RNG.
           seed: the task seed.
           sequence_length: feature name -> length in tokens, or None.
+          skipped: when given and the source's ``on_error`` skips ``bad_value``,
+            examples failing the checks below are left out and ``(index,
+            message)`` is appended here instead (the pipeline quarantines them).
 
         Returns:
-          (index into ``records``, example) pairs in input order, where the example
-          holds exactly the output features as 1-D arrays of the feature dtype,
-          plus ``"_truncated_tokens"`` (int) if a trimming preprocessor ran.
-          Dropped examples and records a source skipped (``record.issue.action ==
-          "skipped"``) are absent; a repaired record is preprocessed like any other.
-
-          skipped: when given and the source's ``on_error`` skips ``bad_value``, examples
-            that fail the checks below are left out and ``(index, message)`` is
-            appended here instead of raising (the pipeline quarantines them).
+          (index into ``records``, example) pairs in input order; an example holds
+          exactly the output features as 1-D arrays of the feature dtype, plus
+          ``"_truncated_tokens"`` (int) if a trimming preprocessor ran. Dropped
+          examples and records a source skipped are absent.
 
         Raises:
           ValueError: ``len(keys) != len(records)``; a required feature is missing,
             null, still a string (no ``tokenize``), not a 1-D sequence of integers,
-            or holds an id outside its vocabulary; the message names the record
-            (file_index, record_number), the feature and the value.
+            or holds an id outside its vocabulary; the message names the record,
+            the feature and the value.
         """
         return self.preprocess_columns(records, keys, seed=seed, sequence_length=sequence_length,
                                        skipped=skipped).examples()
 
     def preprocess_columns(self, records: Sequence[SourceRecord], keys: Sequence[bytes], *, seed: int,
                            sequence_length: Mapping[str, int] | None,
-                           skipped: list | None = None) -> "ExampleBatch":
+                           skipped: list | None = None) -> ExampleBatch:
         """``preprocess_batch``, returning the examples as columns (an ``ExampleBatch``:
         per feature one array of every example's tokens and their offsets), which
         the pipeline encodes without a loop over examples. Same arguments, the same
@@ -179,174 +210,67 @@ class Task:
         if len(keys) != len(records):
             raise ValueError(f"task {self.name!r}: got {len(keys)} keys for {len(records)} records")
         # A batch with columns (the pipeline's ``LiveRecords``) holds no skipped record.
-        text_values = getattr(records, "text_values", None)
-        live = list(range(len(records))) if text_values is not None else \
-            [i for i, r in enumerate(records) if not is_error_record(r)]
-        fast = self._language_model_columns(records, live, sequence_length, text_values)
-        if fast is not None:
-            return fast
+        live = range(len(records)) if getattr(records, "text_values", None) is not None else \
+            [i for i, r in enumerate(records) if r.issue is None or not is_error_record(r)]
+        keys = list(keys) if len(live) == len(keys) else [keys[i] for i in live]
         ctx = PreprocessContext(output_features=self.output_features, sequence_length=sequence_length,
-                                seed=int(seed), keys=[bytes(keys[i]) for i in live])
-        inputs = [dict(records[i].data) for i in live]
+                                seed=int(seed), keys=keys)
         try:
-            survivors = run_preprocessors(self.preprocessors, inputs, ctx)
+            batch = run_columns(self.preprocessors, ExampleBatch.from_records(records, live), ctx)
         except PreprocessorError as e:
             if e.index is None:
-                raise ValueError(f"task {self.name!r}, a batch of {len(inputs)} records: {e}") from None
-            r = records[live[e.index]]
-            raise ValueError(f"task {self.name!r}, {self.record_label(r)}: {e}") from None
-        index = [live[j] for j, _ in survivors]
-        examples = [ex for _, ex in survivors]
-        batch = self._finalize_batch(index, examples)
-        if batch is not None:
-            return batch
-        # Slow path (values that are not 1-D integer arrays, or a failed check):
-        # example by example, so that errors and skips name the first bad record.
-        out_index, out = [], []
-        for i, ex in zip(index, examples):
-            try:
-                out.append(self._finalize(ex, records[i]))
-                out_index.append(i)
-            except ValueError as e:
-                if skipped is None or self.source.on_error.action("bad_value") != "skip":
-                    raise ValueError(f"{e}; {error_hint('bad_value')}") from None
-                skipped.append((i, str(e)))
-        return ExampleBatch.from_examples(out_index, out, self.output_features)
+                raise ValueError(f"task {self.name!r}, a batch of {len(live)} records: {e}") from None
+            raise ValueError(f"task {self.name!r}, {self.record_label(records[live[e.index]])}: {e}") from None
+        index = batch.index if len(live) == len(records) else np.asarray(live, dtype=np.int64)[batch.index]
+        return self._finish(batch, records, index, skipped)
 
-    def _language_model_chain(self):
-        """``(key, feature name, filter, eos step)`` when the preprocessors are the
-        plain language-model chain ``rekey({feature: key})``, ``tokenize()``, an
-        optional ``filter_empty()`` and an optional ``append_eos()`` or
-        ``append_eos_after_trim()``, for one output feature; else None."""
-        from seqcache.tasks import preprocessors as P
-
-        chain = list(self.preprocessors)
-        if len(self.output_features) != 1 or len(chain) < 2:
-            return None
-        first, second, rest = chain[0], chain[1], chain[2:]
-        if type(first) is not P.rekey or len(first.key_map) != 1 or type(second) is not P.tokenize \
-                or second.copy_pretokenized:
-            return None
-        ((name, key),) = first.key_map.items()
-        if name not in self.output_features or not key:
-            return None
-        keep_empty = True
-        if rest and type(rest[0]) is P.filter_empty:
-            keep_empty, rest = False, rest[1:]
-        if len(rest) > 1 or (rest and type(rest[0]) not in (P.append_eos, P.append_eos_after_trim)):
-            return None
-        return key, name, keep_empty, rest[0] if rest else None
-
-    def _language_model_columns(self, records: Sequence[SourceRecord], live: list[int],
-                                sequence_length: Mapping[str, int] | None,
-                                text_values=None) -> "ExampleBatch | None":
-        """The plain language-model chain (``_language_model_chain``) on whole
-        columns: one ``encode_batch`` call, then EOS and trimming on the
-        concatenated tokens, with no example dicts. The same examples as running
-        the preprocessors one by one; None (the general path) for anything else,
-        and for any batch holding a value that is not text, or ids outside the
-        vocabulary, so that errors keep naming the record."""
-        chain = self._language_model_chain()
-        if chain is None:
-            return None
-        key, name, keep_empty, eos_step = chain
-        texts = text_values(key, live) if text_values is not None else None
-        if texts is None:
-            texts = []
-            for i in live:
-                data = records[i].data
-                value = data.get(key)
-                if type(value) is not str or TRUNCATED_TOKENS_KEY in data:
-                    return None
-                texts.append(value)
-        feature = self.output_features[name]
-        try:
-            flat, lengths = feature.vocabulary.encode_batch_flat(texts)
-        except Exception:  # the general path reports it, naming the record
-            return None
-        index = np.asarray(live, dtype=np.int64)
-        if not keep_empty:
-            kept = lengths > 0
-            if not kept.all():
-                flat = flat[np.repeat(kept, lengths)]
-                lengths, index = lengths[kept], index[kept]
-        n = len(index)
-        truncated = np.zeros(n, dtype=np.int64)
-        has_truncated = np.zeros(n, dtype=bool)
-        from seqcache.tasks import preprocessors as P
-
-        if isinstance(eos_step, P.append_eos_after_trim):
-            seq = eos_step.feature_lengths if eos_step.feature_lengths is not None else sequence_length
-            length = (seq or {}).get(name)
-            keep = None if length is None else int(length) - (1 if feature.add_eos else 0)
-            if keep is not None and keep < 0:
-                return None
-            has_truncated[:] = True
-            if keep is not None and (lengths > keep).any():
-                starts = np.zeros(n + 1, dtype=np.int64)
-                np.cumsum(lengths, out=starts[1:])
-                position = np.arange(flat.size, dtype=np.int64) - np.repeat(starts[:-1], lengths)
-                flat = flat[position < keep]
-                truncated = np.maximum(lengths - keep, 0)
-                lengths = np.minimum(lengths, keep)
-        if eos_step is not None and feature.add_eos:
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(lengths + 1, out=offsets[1:])
-            out = np.empty(int(offsets[-1]), dtype=np.int32)
-            ends = offsets[1:] - 1
-            out[ends] = int(feature.vocabulary.eos_id)
-            mask = np.ones(out.size, dtype=bool)
-            mask[ends] = False
-            out[mask] = flat
-            flat = out
-        else:
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-        ranges = {}
-        if flat.size:
-            lo, hi = int(flat.min()), int(flat.max())
-            if lo < 0 or hi >= feature.vocabulary.vocab_size:
-                return None
-            ranges[name] = (lo, hi)
-        columns = {name: (flat.astype(feature.dtype, copy=False), offsets)}
-        return ExampleBatch(index, columns, truncated, has_truncated, ranges)
-
-    def _finalize_batch(self, index: list[int], examples: list[dict]) -> "ExampleBatch | None":
-        """The fast path of finalising a batch: every output feature of every
-        example is a 1-D integer numpy array (or an absent optional feature) with
-        ids inside its vocabulary; one concatenation and one range check per
-        feature and batch. None when anything else is seen (the caller then
-        takes the example-by-example path, which reports the first bad record)."""
-        n = len(examples)
+    def _finish(self, batch: ExampleBatch, records: Sequence[SourceRecord], index: np.ndarray,
+                skipped: list | None) -> ExampleBatch:
+        """The output features of ``batch`` in their dtypes, checked once per
+        feature and batch: present, 1-D integer ids inside the vocabulary. The first bad example raises,
+        naming its record, or (``skipped`` given and the source skipping
+        ``bad_value``) every bad one is left out and listed in ``skipped``.
+        ``index``: the record of each example."""
+        problems: dict[int, str] = {}  # example -> its first problem
         columns, ranges = {}, {}
         for name, feature in self.output_features.items():
-            values = []
-            for ex in examples:
-                v = ex.get(name)
-                if type(v) is not np.ndarray or v.ndim != 1 or (v.dtype.kind not in "iu" and v.size):
-                    if v is None and not feature.required:
-                        v = _EMPTY_INT32  # an absent optional feature is stored empty
-                    else:
-                        return None
-                values.append(v)
-            lengths = np.fromiter((v.size for v in values), dtype=np.int64, count=n)
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            kinds = {v.dtype for v in values if v.size}
-            if len(kinds) > 1 and any(k.kind == "u" and k.itemsize == 8 for k in kinds):
-                return None  # uint64 with signed ids would concatenate to float64
-            flat = np.concatenate(values) if values else np.zeros(0, np.int32)
-            if flat.size:
-                if flat.dtype.kind not in "iu":
-                    return None
-                lo, hi = int(flat.min()), int(flat.max())
-                if lo < 0 or hi >= feature.vocabulary.vocab_size:
-                    return None
-                ranges[name] = (lo, hi)
-            columns[name] = (flat.astype(feature.dtype, copy=False), offsets)
-        truncated = np.fromiter((int(ex.get(TRUNCATED_TOKENS_KEY, 0)) for ex in examples), dtype=np.int64, count=n)
-        has_truncated = np.fromiter((TRUNCATED_TOKENS_KEY in ex for ex in examples), dtype=bool, count=n)
-        return ExampleBatch(np.asarray(index, dtype=np.int64), columns, truncated, has_truncated, ranges)
+            size = feature.vocabulary.vocab_size
+            if name in batch.columns:
+                values, offsets = batch.columns[name]
+            else:
+                arrays = []
+                for k, value in enumerate(batch.field(name)):
+                    try:
+                        arrays.append(_checked_ids(name, feature, value, lambda: batch.dicts()[k]))
+                    except ValueError as e:
+                        problems.setdefault(k, str(e))
+                        arrays.append(_EMPTY_INT32)
+                values = np.concatenate(arrays, dtype=feature.dtype, casting="unsafe") if arrays else \
+                    np.zeros(0, feature.dtype)
+                offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+                np.cumsum([a.size for a in arrays], out=offsets[1:])
+            lo_hi = _ranges({name: (values, offsets)})
+            ranges.update(lo_hi)
+            if name in lo_hi and _outside(name, size, *lo_hi[name]):
+                bounds = offsets.tolist()
+                for k in range(len(batch)):
+                    ids = values[bounds[k]:bounds[k + 1]]
+                    problem = ids.size and _outside(name, size, int(ids.min()), int(ids.max()))
+                    if problem:
+                        problems.setdefault(k, problem)
+            columns[name] = (values.astype(feature.dtype, copy=False), offsets)
+        out = ExampleBatch(index, columns, batch.truncated, batch.has_truncated, ranges)
+        if problems:
+            if skipped is None or self.source.on_error.action("bad_value") != "skip":
+                k = min(problems)
+                where = f"task {self.name!r}, {self.record_label(records[index[k]])}"
+                raise ValueError(f"{where}: {problems[k]}; {error_hint('bad_value')}")
+            for k in sorted(problems):
+                i = int(index[k])
+                skipped.append((i, f"task {self.name!r}, {self.record_label(records[i])}: {problems[k]}"))
+            out = out.take(~np.isin(np.arange(len(out)), list(problems)))
+            out.ranges = _ranges(out.columns)
+        return out
 
     def record_label(self, record: SourceRecord) -> str:
         """The record in words that do not depend on how the file was split
@@ -358,111 +282,6 @@ class Task:
             return f"file {record.file_index}"
         return f"{describe_record('', locator, record.record_number, stable=True)} of file {record.file_index}"
 
-    def _finalize(self, ex: dict, record: SourceRecord) -> dict[str, np.ndarray]:
-        where = f"task {self.name!r}, {self.record_label(record)}"
-        result = {}
-        for name, feature in self.output_features.items():
-            value = ex.get(name)
-            if value is None:
-                if feature.required:
-                    if name in ex:
-                        raise ValueError(f"{where}: feature {name!r} is null (expected text or token ids)")
-                    raise ValueError(f"{where}: required feature {name!r} is missing (example keys: {sorted(ex)})")
-                result[name] = np.zeros((0,), dtype=feature.dtype)
-                continue
-            if isinstance(value, (str, bytes)):
-                raise ValueError(f"{where}: feature {name!r} is still text; add the tokenize() preprocessor")
-            try:
-                arr = np.asarray(value)
-            except ValueError:  # ragged nesting
-                arr = np.asarray(None)
-            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-                shown = repr(value)
-                shown = shown if len(shown) <= 60 else shown[:57] + "..."
-                raise ValueError(
-                    f"{where}: feature {name!r} is {_a(type(value).__name__)} ({shown}); "
-                    "expected text (a string) or a 1-D sequence of integer token ids"
-                )
-            if arr.size:
-                lo, hi = int(arr.min()), int(arr.max())
-                size = feature.vocabulary.vocab_size
-                if lo < 0 or hi >= size:
-                    bad = lo if lo < 0 else hi
-                    raise ValueError(
-                        f"{where}: feature {name!r} has token id {bad}, outside its vocabulary [0, {size})"
-                    )
-            result[name] = arr.astype(feature.dtype, copy=False)
-        if TRUNCATED_TOKENS_KEY in ex:
-            result[TRUNCATED_TOKENS_KEY] = int(ex[TRUNCATED_TOKENS_KEY])
-        return result
-
     def __repr__(self) -> str:
         return (f"Task({self.name!r}, source={self.source.describe()!r}, features={sorted(self.output_features)}, "
                 f"preprocessors={[p.name for p in self.preprocessors]}, packing={self.packing!r})")
-
-
-@dataclasses.dataclass
-class ExampleBatch:
-    """The examples of one batch of records, as columns.
-
-    Attributes:
-      index: int64 ``(n,)``: the input record each example comes from (index
-        into the records given to ``Task.preprocess_columns``), in input order.
-      columns: feature name -> ``(values, offsets)``: ``values`` 1-D in the
-        feature's dtype, every example's tokens one after the other; ``offsets``
-        int64 ``(n + 1,)``: example ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
-      truncated: int64 ``(n,)``: tokens a trimming preprocessor removed (0 when
-        none ran).
-      has_truncated: bool ``(n,)``: whether a trimming preprocessor ran on the
-        example (``"_truncated_tokens"`` in its dict).
-      ranges: feature name -> ``(min, max)`` of its values (features with values
-        only): the vocabulary check's result, reused by the encoder.
-    """
-
-    index: np.ndarray
-    columns: dict
-    truncated: np.ndarray
-    has_truncated: np.ndarray
-    ranges: dict
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def lengths(self, names: Sequence[str]) -> np.ndarray:
-        """int64 ``(n, len(names))``: every example's length in tokens per feature."""
-        if not names:
-            return np.zeros((len(self), 0), dtype=np.int64)
-        return np.stack([np.diff(self.columns[name][1]) for name in names], axis=1)
-
-    def examples(self) -> list[tuple[int, dict[str, np.ndarray]]]:
-        """``(index, example)`` pairs, the examples as dicts of views (the form
-        ``Task.preprocess_batch`` returns)."""
-        out = []
-        per_feature = []
-        for name, (values, offsets) in self.columns.items():
-            bounds = offsets.tolist()
-            per_feature.append((name, values, bounds))
-        for k, i in enumerate(self.index.tolist()):
-            ex = {name: values[bounds[k]:bounds[k + 1]] for name, values, bounds in per_feature}
-            if self.has_truncated[k]:
-                ex[TRUNCATED_TOKENS_KEY] = int(self.truncated[k])
-            out.append((i, ex))
-        return out
-
-    @classmethod
-    def from_examples(cls, index: Sequence[int], examples: Sequence[dict], output_features: Mapping[str, Feature]
-                      ) -> "ExampleBatch":
-        """Columns of finalised examples (dicts of 1-D arrays of the feature dtypes)."""
-        n = len(examples)
-        columns, ranges = {}, {}
-        for name, feature in output_features.items():
-            values = [ex[name] for ex in examples]
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum([v.size for v in values], out=offsets[1:])
-            flat = np.concatenate(values).astype(feature.dtype, copy=False) if n else np.zeros(0, feature.dtype)
-            columns[name] = (flat, offsets)
-            if flat.size:
-                ranges[name] = (int(flat.min()), int(flat.max()))
-        truncated = np.asarray([int(ex.get(TRUNCATED_TOKENS_KEY, 0)) for ex in examples], dtype=np.int64)
-        has_truncated = np.asarray([TRUNCATED_TOKENS_KEY in ex for ex in examples], dtype=bool)
-        return cls(np.asarray(index, dtype=np.int64), columns, truncated, has_truncated, ranges)

@@ -176,7 +176,7 @@ REQUIRED = frozenset({"seqcache", "apache_beam", "array_record", "sentencepiece"
 # seqcache itself, each with a comment saying why (Beam kept out of the feeder's
 # and the light commands' import, pyarrow.parquet out of the tasks', modules that
 # need JAX): at most this many.
-LAZY_REQUIRED_LIMIT = 19
+LAZY_REQUIRED_LIMIT = 16
 
 
 def function_imports(root: pathlib.Path = ROOT, package_dirs=PACKAGE_DIRS) -> list[tuple[str, int, set[str], str]]:

@@ -431,6 +431,11 @@ class _ShardNames(Sequence[str]):
             raise IndexError(f"shard {i} out of range for {self._count} shards")
         return shard_name(self._prefix, i % self._count, self._count)
 
+    def __eq__(self, other):  # equal to the list of the names (a manifest compared with its JSON's)
+        if isinstance(other, (list, tuple, _ShardNames)):
+            return len(other) == self._count and list(self) == list(other)
+        return NotImplemented
+
     def __repr__(self) -> str:
         return f"_ShardNames({self._prefix!r}, {self._count})"
 

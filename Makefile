@@ -27,8 +27,10 @@ install: $(VENV)/.deps
 demo: install
 	DEMO=$(DEMO) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
 
+# Each test module runs in one worker (its module-scoped fixtures are built once), the
+# costliest modules first (tests/conftest.py, HEAVY_FIRST).
 test: install
-	$(VENV)/bin/pytest -q -m "not slow" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-slow: install
 	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)

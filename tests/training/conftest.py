@@ -6,6 +6,7 @@ collide with helper modules of other test folders (tests run with
 """
 
 import importlib.util
+import os
 import pathlib
 import sys
 
@@ -31,13 +32,24 @@ import pytest
 
 @pytest.fixture(scope="session")
 def _compilation_cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("jax-compilation-cache"))
+    """One folder for this test run: under pytest-xdist, the parent of the
+    workers' own temporary folders, so that a program one worker compiled is
+    loaded by the other."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return str(tmp_path_factory.mktemp("jax-compilation-cache"))
+    path = tmp_path_factory.getbasetemp().parent / "jax-compilation-cache"
+    path.mkdir(exist_ok=True)
+    return str(path)
 
 
 _CACHE_OPTIONS = {
     "jax_persistent_cache_min_compile_time_secs": 0.0,
     "jax_persistent_cache_min_entry_size_bytes": -1,
 }
+if importlib.util.find_spec("filelock") is not None:
+    # A size limit makes JAX lock the folder around each read and write: several
+    # processes (xdist workers, the children they start) share it. No entry is evicted.
+    _CACHE_OPTIONS["jax_compilation_cache_max_size"] = 1 << 40
 
 
 @pytest.fixture(autouse=True, scope="module")

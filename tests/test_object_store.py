@@ -206,6 +206,10 @@ def test_compressed_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path, 
         (s["sha256"], s["provenance_sha256"]) for s in _local_entries(caches["local"])]
 
 
+# Slow (three builds into the bucket): the default suite keeps the rule through
+# tests/pipelines/test_overwrite.py::test_overwrite_on_an_object_store (an object-store
+# file system whose renames are copies) and this module's builds, verify and atomic writes in S3.
+@pytest.mark.slow
 def test_overwrite_replaces_a_cache_in_the_bucket(s3, caches, tmp_path):
     with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
         corpus = json.load(f)["sources"][0]["path"]

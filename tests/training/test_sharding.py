@@ -90,9 +90,10 @@ def _compare(losses, params, reference):
 @pytest.mark.parametrize(
     "rules, mesh, extra",
     [
-        # fsdp in the default suite (with the fsdp+tp fit below), dp and tp with the slow tests.
+        # The slow tests: the default suite keeps the fsdp+tp fit below (fsdp and model axes
+        # together, layouts and losses against one device) and the T5 fsdp+tp preset.
         pytest.param("dp", {"data": 8, "fsdp": 1, "model": 1}, {}, marks=pytest.mark.slow),
-        ("fsdp", {"data": 2, "fsdp": 4, "model": 1}, {}),
+        pytest.param("fsdp", {"data": 2, "fsdp": 4, "model": 1}, {}, marks=pytest.mark.slow),
         pytest.param("tp", {"data": 2, "fsdp": 1, "model": 4}, {}, marks=pytest.mark.slow),
     ],
     ids=["dp", "fsdp", "tp"],

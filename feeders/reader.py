@@ -54,7 +54,6 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from seqcache import format as fmt
 from seqcache import fs, layout
-from seqcache.tasks import vocabulary_from_json
 
 # No read-ahead (random access) and no read-ahead threads; a batched read still
 # uses ArrayRecord's own pool. A few percent faster on 16 shards x 64 records a step.
@@ -467,6 +466,8 @@ class CacheReader:
             return None
         if "file" in desc:
             layout.cache_file(self.cache_dir, desc["file"], what=f"vocabulary model of feature {feature!r}")
+        from seqcache.tasks import vocabulary_from_json  # the feeder imports numpy and array_record only (trainers install seqcache --no-deps)
+
         try:
             return vocabulary_from_json(desc, self.cache_dir)  # the model's sha256 is checked: a new one is refused
         except ValueError:

@@ -43,7 +43,6 @@ import numpy as np
 from seqcache import bounded_json, fs
 from seqcache.feeders.converters import ROW_KEYS, ConvertedFeeder
 from seqcache.feeders.reader import CacheReader
-from seqcache.tasks import MixtureRegistry
 
 STATE_FORMAT = "seqcache.feeders.t5x/1"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
@@ -143,6 +142,8 @@ def feeder_source(name_or_task: Any, *, split: str, caches_root: str | None) -> 
     if os.path.isfile(os.path.join(name, "manifest.json")):
         return {"cache": name}
     if caches_root is not None:
+        from seqcache.tasks import MixtureRegistry  # the feeder imports numpy and array_record only (trainers install seqcache --no-deps)
+
         if name in MixtureRegistry.names():
             return {"mixture": MixtureRegistry.get(name), "caches_root": caches_root, "split": split}
         folder = os.path.join(caches_root, name, split)

@@ -376,6 +376,10 @@ def run_gloo(tmp_path, name, cache, *, world, n_steps, k, ckpt_from=None):
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
+# Slow (two torch.distributed processes): the default suite keeps the rule through
+# test_resume_in_a_fresh_process_on_other_world_sizes, and `make test-trainers` resumes
+# torchtitan's own two-process run.
+@pytest.mark.slow
 def test_two_rank_gloo_loop_resumes_a_one_rank_checkpoint_exactly(tmp_path, packed):
     """A 1-rank run saves a DCP checkpoint after step k; 2 fresh ranks resume
     from it: from step k on, the rows of each global batch (rank 0's then rank

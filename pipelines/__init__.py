@@ -4,6 +4,13 @@
     result = build_task(task, cache_dir="caches", config=BuildConfig(seed=0))
 """
 
-from seqcache.pipelines.build import BuildConfig, BuildError, BuildResult, build_task, cache_path
-
 __all__ = ["BuildConfig", "BuildError", "BuildResult", "build_task", "cache_path"]
+
+
+def __getattr__(name: str):
+    """The names of ``__all__``, from ``pipelines/build.py`` on first use (PEP 562)."""
+    if name in __all__:
+        from seqcache.pipelines import build  # keeps Beam out of importing the writer (trainers' test caches)
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

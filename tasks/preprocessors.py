@@ -91,6 +91,14 @@ def cut_tokens(values: np.ndarray, offsets: np.ndarray, keep: int | None = None,
     return out, offsets, cut
 
 
+def _fits(values: np.ndarray, dtype) -> bool:
+    """Whether the integer ``values`` convert to ``dtype`` unchanged."""
+    if not values.size or values.dtype == dtype:
+        return True
+    info = np.iinfo(dtype)
+    return values.dtype.kind in "iu" and info.min <= int(values.min()) and int(values.max()) <= info.max
+
+
 def _as_ids(value) -> np.ndarray | None:
     """``value`` as a 1-D integer array when it is one (an empty sequence too), else None."""
     if not isinstance(value, (np.ndarray, list, tuple)):
@@ -251,8 +259,9 @@ class ExampleBatch:
             kinds = {a.dtype for a in arrays if a.size}
             values = np.concatenate(arrays, dtype=kinds.pop() if len(kinds) == 1 else np.int64, casting="unsafe")
             offsets = _offsets(np.fromiter(map(len, arrays), np.int64, len(arrays)))
-        values, offsets, cut = cut_tokens(values if dtype is None else values.astype(dtype, copy=False),
-                                          offsets, keep, eos)
+        if dtype is not None and _fits(values, dtype):  # ids that do not fit keep their dtype: Task's check names them
+            values = values.astype(dtype, copy=False)
+        values, offsets, cut = cut_tokens(values, offsets, keep, eos)
         self.put(key, column, where, values, offsets)
         if where is None:
             return cut
@@ -566,7 +575,7 @@ def run_columns(preprocessors: Sequence[Preprocessor], batch: ExampleBatch, ctx:
             if len(index) != len(ctx.keys):
                 step = dataclasses.replace(ctx, keys=[ctx.keys[j] for j in index.tolist()])
         try:
-            batch = p.process_columns(batch, step)
+            out = p.process_columns(batch, step)
         except OutputCountError:
             raise
         except Exception as e:
@@ -580,6 +589,10 @@ def run_columns(preprocessors: Sequence[Preprocessor], batch: ExampleBatch, ctx:
                 except Exception:
                     raise PreprocessorError(message, int(batch.index[j])) from None
             raise PreprocessorError(message, None) from None
+        if not isinstance(out, ExampleBatch):
+            raise PreprocessorError(f"preprocessor {p.name!r}: process_columns returned {type(out).__name__}, "
+                                    "expected an ExampleBatch", None)
+        batch = out
     return batch
 
 

@@ -98,6 +98,10 @@ class Feature:
             raise TypeError(f"Feature.vocabulary must be a Vocabulary (got {type(self.vocabulary).__name__})")
         if self.dtype not in _DTYPES:
             raise ValueError(f"unsupported feature dtype {self.dtype!r} (expected one of {_DTYPES})")
+        kind = np.dtype(self.dtype)  # a narrow dtype must hold every id (int32 and wider always do)
+        if kind.kind in "iu" and kind.itemsize < 4 and np.iinfo(kind).max < self.vocabulary.vocab_size - 1:
+            raise ValueError(f"feature dtype {self.dtype} cannot hold the ids of a vocabulary of "
+                             f"{self.vocabulary.vocab_size} (largest {np.iinfo(kind).max}); use a wider dtype")
 
     def fingerprint(self) -> dict:
         return {"vocabulary": self.vocabulary.fingerprint(), "add_eos": self.add_eos,
@@ -249,6 +253,12 @@ class Task:
                     np.zeros(0, feature.dtype)
                 offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
                 np.cumsum([a.size for a in arrays], out=offsets[1:])
+            if values.size and values.dtype.kind not in "iu":  # a preprocessor's column of floats, say
+                for k in np.flatnonzero(np.diff(offsets)).tolist():
+                    problems.setdefault(k, f"feature {name!r} holds {values.dtype} values; "
+                                           "expected a 1-D sequence of integer token ids")
+                values = np.zeros(0, feature.dtype)
+                offsets = np.zeros(len(batch) + 1, np.int64)
             lo_hi = _ranges({name: (values, offsets)})
             ranges.update(lo_hi)
             if name in lo_hi and _outside(name, size, *lo_hi[name]):

@@ -171,3 +171,60 @@ def test_task_pickles_for_workers(corpora, tmp_path):
     assert len(a) == len(b) > 100
     for (i, x), (j, y) in zip(a, b):
         assert i == j and x["targets"].tobytes() == y["targets"].tobytes()
+
+
+class _ColumnsAsFloats(FunctionPreprocessor):
+    """A column step that leaves float values in a token column."""
+
+    def __init__(self):
+        super().__init__(lambda ex, ctx: ex, "floats")
+
+    def process_columns(self, batch, ctx):
+        values, offsets = batch.columns["targets"]
+        batch.columns["targets"] = (values.astype(np.float64) + 0.9, offsets)
+        return batch
+
+
+class _ColumnsReturnNothing(FunctionPreprocessor):
+    def __init__(self):
+        super().__init__(lambda ex, ctx: ex, "nothing")
+
+    def process_columns(self, batch, ctx):
+        return None
+
+
+def test_ids_too_large_for_int32_are_refused_not_wrapped(shakespeare):
+    records = [SourceRecord(0, 9, {"text": [10, 2**32 + 70]}, b"a"), SourceRecord(0, 20, {"text": [10, 20]}, b"b")]
+    for eos_step in (append_eos(), append_eos_after_trim()):
+        task = _lm_task(shakespeare, preprocessors=[rekey({"targets": "text"}), tokenize(), eos_step])
+        with pytest.raises(ValueError, match=r"line at byte 9 of file 0: feature 'targets' has token id 4294967366, "
+                                             r"outside its vocabulary \[0, 259\)"):
+            task.preprocess_batch(records, _keys(records), seed=0, sequence_length={"targets": 8})
+    skipping = _lm_task(JsonLinesSource(str(shakespeare.patterns[0]), on_error={"bad_value": "skip"}),
+                        preprocessors=[rekey({"targets": "text"}), tokenize(), append_eos()])
+    skipped = []
+    out = skipping.preprocess_batch(records, _keys(records), seed=0, sequence_length=None, skipped=skipped)
+    assert [(i, ex["targets"].tolist()) for i, ex in out] == [(1, [10, 20, 1])]
+    assert [i for i, _ in skipped] == [0] and "token id 4294967366" in skipped[0][1]
+
+
+def test_a_column_of_floats_is_refused_naming_the_record(shakespeare):
+    records = [SourceRecord(0, 5, {"text": "ab"}, b"ab")]
+    task = _lm_task(shakespeare, preprocessors=[rekey({"targets": "text"}), tokenize(), _ColumnsAsFloats()])
+    with pytest.raises(ValueError, match=r"line at byte 5 of file 0: feature 'targets' holds float64 values; "
+                                         r"expected a 1-D sequence of integer token ids"):
+        task.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)
+
+
+def test_process_columns_returning_no_batch_is_named(shakespeare):
+    records = [SourceRecord(0, 5, {"text": "ab"}, b"ab")]
+    task = _lm_task(shakespeare, preprocessors=[rekey({"targets": "text"}), tokenize(), _ColumnsReturnNothing()])
+    with pytest.raises(ValueError, match=r"preprocessor 'nothing': process_columns returned NoneType, "
+                                         r"expected an ExampleBatch"):
+        task.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)
+
+
+def test_a_dtype_too_narrow_for_the_vocabulary_is_refused():
+    with pytest.raises(ValueError, match=r"feature dtype uint8 cannot hold the ids of a vocabulary of 259"):
+        Feature(ByteVocabulary(), dtype="uint8")
+    assert Feature(ByteVocabulary(), dtype="uint16").dtype == "uint16"

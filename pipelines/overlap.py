@@ -53,11 +53,11 @@ from seqcache import format as fmt
 from seqcache import fs, process
 from seqcache.feeders import compat
 from seqcache.feeders.inverse import position_in_epoch
-from seqcache.feeders.provenance import decode_with_sentinels, segments_of
+from seqcache.feeders.provenance import segments_of
 from seqcache.feeders.reader import CacheReader
 from seqcache.pipelines import runner as runner_mod
 from seqcache.pipelines.transforms import set_worker_options, settle_worker
-from seqcache.tasks import describe_record
+from seqcache.tasks import decode_with_sentinels, describe_record
 from seqcache.tasks.contamination import Benchmark
 
 OVERLAP_VERSION = 1

@@ -173,24 +173,21 @@ def test_task_pickles_for_workers(corpora, tmp_path):
         assert i == j and x["targets"].tobytes() == y["targets"].tobytes()
 
 
-class _ColumnsAsFloats(FunctionPreprocessor):
-    """A column step that leaves float values in a token column."""
+class _Columns(FunctionPreprocessor):
+    """A column step: ``step(batch)`` is what ``process_columns`` returns."""
 
-    def __init__(self):
-        super().__init__(lambda ex, ctx: ex, "floats")
-
-    def process_columns(self, batch, ctx):
-        values, offsets = batch.columns["targets"]
-        batch.columns["targets"] = (values.astype(np.float64) + 0.9, offsets)
-        return batch
-
-
-class _ColumnsReturnNothing(FunctionPreprocessor):
-    def __init__(self):
-        super().__init__(lambda ex, ctx: ex, "nothing")
+    def __init__(self, name, step):
+        super().__init__(lambda ex, ctx: ex, name)
+        self.step = step
 
     def process_columns(self, batch, ctx):
-        return None
+        return self.step(batch)
+
+
+def _floats(batch):
+    values, offsets = batch.columns["targets"]
+    batch.columns["targets"] = (values.astype(np.float64) + 0.9, offsets)
+    return batch
 
 
 def test_ids_too_large_for_int32_are_refused_not_wrapped(shakespeare):
@@ -210,7 +207,7 @@ def test_ids_too_large_for_int32_are_refused_not_wrapped(shakespeare):
 
 def test_a_column_of_floats_is_refused_naming_the_record(shakespeare):
     records = [SourceRecord(0, 5, {"text": "ab"}, b"ab")]
-    task = _lm_task(shakespeare, preprocessors=[rekey({"targets": "text"}), tokenize(), _ColumnsAsFloats()])
+    task = _lm_task(shakespeare, preprocessors=[rekey({"targets": "text"}), tokenize(), _Columns("floats", _floats)])
     with pytest.raises(ValueError, match=r"line at byte 5 of file 0: feature 'targets' holds float64 values; "
                                          r"expected a 1-D sequence of integer token ids"):
         task.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)
@@ -218,7 +215,7 @@ def test_a_column_of_floats_is_refused_naming_the_record(shakespeare):
 
 def test_process_columns_returning_no_batch_is_named(shakespeare):
     records = [SourceRecord(0, 5, {"text": "ab"}, b"ab")]
-    task = _lm_task(shakespeare, preprocessors=[rekey({"targets": "text"}), tokenize(), _ColumnsReturnNothing()])
+    task = _lm_task(shakespeare, preprocessors=[rekey({"targets": "text"}), tokenize(), _Columns("nothing", lambda batch: None)])
     with pytest.raises(ValueError, match=r"preprocessor 'nothing': process_columns returned NoneType, "
                                          r"expected an ExampleBatch"):
         task.preprocess_batch(records, _keys(records), seed=0, sequence_length=None)

@@ -152,36 +152,31 @@ def local_engine(options):
     return _LocalEngine(provision_info=info)
 
 
-def known_flags(*, dask: bool = True) -> set[str]:
-    """Every ``--flag`` a Beam pipeline option here defines, the runners' included
-    (``dask=False`` leaves out Dask's, whose import costs about half a second)."""
-    if dask:
-        with contextlib.suppress(ImportError):
-            import apache_beam.runners.dask.dask_runner  # noqa: F401  optional: dask (registers DaskOptions)
-    parser = po._BeamArgumentParser(allow_abbrev=False)
-    seen: set = set()
-    stack = [po.PipelineOptions]
-    while stack:
-        for cls in stack.pop().__subclasses__():
-            if cls in seen:
-                continue
-            seen.add(cls)
-            stack.append(cls)
-            try:
-                cls._add_argparse_args(parser)
-            except Exception:  # an options class that clashes with another: its flags stay unknown
-                continue
-    return set(parser._option_string_actions)
+def _unknown(args: Sequence[str]) -> set[str]:
+    """The option names of ``args`` that no registered Beam options class
+    defines: what ``get_all_options`` keeps only when told to retain unknown options."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            known = po.PipelineOptions(list(args)).get_all_options()
+            return set(po.PipelineOptions(list(args)).get_all_options(retain_unknown_options=True)) - set(known)
+    except SystemExit:  # a value an option refuses: option_value_errors words it
+        return set()
 
 
 def unknown_flags(args: Sequence[str]) -> list[str]:
     """The arguments of ``args`` whose ``--flag`` no Beam option defines (a
     typo such as ``--runnr=dask`` would otherwise be ignored without a word)."""
-    flags = [a.partition("=")[0] for a in args if a.startswith("--")]
-    known = known_flags(dask=False)
-    if any(f not in known for f in flags):
-        known = known_flags()  # only then import the Dask runner for its options
-    return [a for a in args if a.startswith("--") and a.partition("=")[0] not in known]
+    beam_logger = logging.getLogger("apache_beam.options.pipeline_options")
+    level, beam_logger.level = beam_logger.level, logging.ERROR  # its "Discarding unparseable args" warning
+    try:
+        unknown = _unknown(args)
+        if unknown:
+            with contextlib.suppress(ImportError):  # only then import the Dask runner for its options
+                import apache_beam.runners.dask.dask_runner  # noqa: F401  optional: dask (registers DaskOptions)
+            unknown = _unknown(args)
+    finally:
+        beam_logger.level = level
+    return [a for a in args if a.startswith("--") and a.partition("=")[0][2:].replace("-", "_") in unknown]
 
 
 def option_value_errors(args: Sequence[str]) -> str | None:

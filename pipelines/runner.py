@@ -27,14 +27,20 @@ import contextlib
 import io
 import logging
 import sys
+from concurrent import futures
 from typing import Any, Sequence
 
+import grpc
+from google.protobuf import json_format, text_format
+
 from seqcache import process
+from seqcache.pipelines import workers
 
 process.import_beam()  # before Beam's modules below: quietly, without pandas
 from apache_beam.options import pipeline_options as po  # noqa: E402
-from apache_beam.portability import python_urns  # noqa: E402
-from apache_beam.portability.api import beam_provision_api_pb2  # noqa: E402
+from apache_beam.portability import common_urns, python_urns  # noqa: E402
+from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc, beam_provision_api_pb2  # noqa: E402
+from apache_beam.portability.api import beam_runner_api_pb2, endpoints_pb2  # noqa: E402
 from apache_beam.runners import runner as beam_runner  # noqa: E402
 from apache_beam.runners.portability.fn_api_runner import fn_runner  # noqa: E402
 from apache_beam.runners.portability.portable_runner import JobServiceHandle  # noqa: E402
@@ -49,8 +55,7 @@ DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 # engine does the same work and honours --direct_running_mode.
 RUNNER_ALIASES = {
     "dask": DASK_RUNNER, "daskrunner": DASK_RUNNER,
-    "direct": LOCAL_ENGINE, "directrunner": LOCAL_ENGINE, "fnapi": LOCAL_ENGINE, "fnapirunner": LOCAL_ENGINE,
-    "local": LOCAL_ENGINE,
+    **dict.fromkeys(workers.LOCAL_ENGINE_NAMES, LOCAL_ENGINE),
     "dataflow": "DataflowRunner", "dataflowrunner": "DataflowRunner",
     "flink": "FlinkRunner", "flinkrunner": "FlinkRunner",
     "spark": "SparkRunner", "sparkrunner": "SparkRunner",
@@ -119,37 +124,73 @@ def pipeline_options(pipeline_args: Sequence[str] | Any = None):
     return po.PipelineOptions(out), runner
 
 
-# The worker command Beam's local engine gives multi_processing workers, and ours.
+# The worker command of Beam's local engine in multi_processing mode.
 _BEAM_WORKER_MAIN = "-m apache_beam.runners.worker.sdk_worker_main"
-_SEQCACHE_WORKER_MAIN = "-m seqcache.pipelines.worker_main"
-# Beam runs the worker command through the shell. One numpy BLAS thread in each
-# worker unless the environment says otherwise (seqcache.cli: OpenBLAS's idle
-# threads spin for about 0.1 s of CPU per process at start).
-_WORKER_ENV = "OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}"
+
+
+class _WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
+    """Beam's worker-pool service for the local engine's workers: each
+    ``StartWorker`` request becomes the SDK harness's environment, handed to a
+    worker process (``workers.hand_out``)."""
+
+    def __init__(self, pipeline_options_json: str):
+        self._options = pipeline_options_json
+
+    def StartWorker(self, request, context):  # noqa: N802  (the service's method name)
+        # The runner names the control endpoint by this host's name; the worker is local.
+        control = endpoints_pb2.ApiServiceDescriptor(url="localhost:" + request.control_endpoint.url.rsplit(":", 1)[1])
+        try:
+            workers.hand_out({"CONTROL_API_SERVICE_DESCRIPTOR": text_format.MessageToString(control),
+                              "LOGGING_API_SERVICE_DESCRIPTOR": text_format.MessageToString(request.logging_endpoint),
+                              "PIPELINE_OPTIONS": self._options, "WORKER_ID": request.worker_id})
+        except OSError as e:
+            return beam_fn_api_pb2.StartWorkerResponse(error=f"cannot start a worker process: {e}")
+        return beam_fn_api_pb2.StartWorkerResponse()
+
+    def StopWorker(self, request, context):  # noqa: N802  (a worker leaves when its control channel closes)
+        return beam_fn_api_pb2.StopWorkerResponse()
 
 
 class _LocalEngine(fn_runner.FnApiRunner):
-    """``FnApiRunner`` whose multi_processing workers start through
-    ``seqcache.pipelines.worker_main``, with ``_WORKER_ENV``; any other
+    """``FnApiRunner`` whose multi_processing workers are seqcache's
+    (``seqcache.pipelines.workers``): their environment becomes an EXTERNAL one,
+    served by a ``_WorkerPool`` on 127.0.0.1 while the pipeline runs; any other
     environment is left as Beam made it."""
+
+    def __init__(self, options):
+        encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+        super().__init__(provision_info=fn_runner.ExtendedProvisionInfo(
+            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+        self._options_json = json_format.MessageToJson(encoded)
 
     def run_via_runner_api(self, pipeline_proto, options):
         beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
-        for env in pipeline_proto.components.environments.values():
-            if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command:
-                env.payload = f"{_WORKER_ENV} {sys.executable} {_SEQCACHE_WORKER_MAIN}".encode()
-        return super().run_via_runner_api(pipeline_proto, options)
+        local = [env for env in pipeline_proto.components.environments.values()
+                 if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command]
+        if not local:
+            return super().run_via_runner_api(pipeline_proto, options)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(_WorkerPool(self._options_json), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        pool = beam_runner_api_pb2.ExternalPayload(endpoint=endpoints_pb2.ApiServiceDescriptor(url=f"127.0.0.1:{port}"))
+        for env in local:
+            env.urn, env.payload = common_urns.environments.EXTERNAL.urn, pool.SerializeToString()
+        try:
+            return super().run_via_runner_api(pipeline_proto, options)
+        finally:
+            server.stop(None)
+            workers.close()
 
 
 def local_engine(options):
     """Beam's local engine for ``options``, made the way Beam's DirectRunner
     makes it: with the pipeline options in its provision info, so that worker
     processes (``--direct_running_mode=multi_processing``) see them too (the
-    object-store options, the harness log level). Its worker processes start
-    through ``seqcache.pipelines.worker_main`` (Beam imported without pandas)."""
-    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
-    return _LocalEngine(provision_info=info)
+    object-store options, the harness log level). Its worker processes are
+    seqcache's (``seqcache.pipelines.workers``: Beam imported without pandas,
+    started ahead by the ``seqcache build`` executable)."""
+    return _LocalEngine(options)
 
 
 def _unknown(args: Sequence[str]) -> set[str]:

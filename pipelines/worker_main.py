@@ -1,16 +1,29 @@
 """A worker process of Beam's local engine (``--direct_running_mode=multi_processing``):
 Beam's own ``sdk_worker_main``, with Beam imported as the build imports it
-(``seqcache.process.import_beam``: without pandas). ``runner.local_engine`` starts
-it instead of Beam's; the arguments and the environment are Beam's.
+(``seqcache.process.import_beam``: without pandas) and the build's steps
+imported before there is work. With ``--wait`` (``workers.WAIT_FLAG``, how
+``seqcache.pipelines.workers`` starts it) it then waits on its standard input
+for its environment, one JSON line, and exits quietly if the input ends first.
 """
 
 import gc
+import json
+import os
+import signal
 import sys
 
-from seqcache import process
+if __name__ == "__main__" and "--wait" in sys.argv[1:]:
+    # Until it has work, a waiting process leaves Ctrl-C to its command (which then
+    # stops it): no traceback from an import cut short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+from seqcache import process  # noqa: E402
 
 process.import_beam()  # before Beam's modules below (already done by the package's import of runner.py)
 from apache_beam.runners.worker import sdk_worker_main  # noqa: E402
+
+import seqcache.pipelines.transforms  # noqa: E402,F401  what unpickling the build's steps imports
+from seqcache.pipelines import workers  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -21,6 +34,13 @@ def main(argv=None) -> None:
     process.own_process()
     process.tune_allocator()
     process.freeze_heap()  # what is imported by now lives as long as the worker
+    if workers.WAIT_FLAG in argv[1:]:
+        line = sys.stdin.buffer.readline()
+        if not line:
+            return
+        os.environ.update(json.loads(line))
+        argv = argv[:1]
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a worker now, interrupted with the others
     try:
         sdk_worker_main.main(argv)
     finally:

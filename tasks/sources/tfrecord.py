@@ -120,7 +120,7 @@ def iter_tfrecords(path: str, start: int = 0, stop: int | None = None) -> Iterat
 @functools.lru_cache(maxsize=None)
 def example_class():
     """The protobuf message class of ``tf.train.Example``, built once per process."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # keeps protobuf out of seqcache.tasks' import
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # keeps protobuf out of the tasks' import
 
     F = descriptor_pb2.FieldDescriptorProto
     pkg = "seqcache.tf_example"
@@ -188,7 +188,7 @@ def decode_example(data: bytes) -> dict[str, tuple[str, list]]:
 
 def _feature_map(data: bytes):
     """The ``features.feature`` map of the parsed Example (``decode_example``)."""
-    from google.protobuf.message import DecodeError  # keeps protobuf out of seqcache.tasks' import
+    from google.protobuf.message import DecodeError  # keeps protobuf out of the tasks' import
 
     ex = example_class()()
     try:

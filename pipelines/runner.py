@@ -135,14 +135,16 @@ class _WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
 
     def __init__(self, pipeline_options_json: str):
         self._options = pipeline_options_json
+        self.processes = []  # the worker processes handed out
 
     def StartWorker(self, request, context):  # noqa: N802  (the service's method name)
         # The runner names the control endpoint by this host's name; the worker is local.
         control = endpoints_pb2.ApiServiceDescriptor(url="localhost:" + request.control_endpoint.url.rsplit(":", 1)[1])
+        environment = {"CONTROL_API_SERVICE_DESCRIPTOR": text_format.MessageToString(control),
+                       "LOGGING_API_SERVICE_DESCRIPTOR": text_format.MessageToString(request.logging_endpoint),
+                       "PIPELINE_OPTIONS": self._options, "WORKER_ID": request.worker_id}
         try:
-            workers.hand_out({"CONTROL_API_SERVICE_DESCRIPTOR": text_format.MessageToString(control),
-                              "LOGGING_API_SERVICE_DESCRIPTOR": text_format.MessageToString(request.logging_endpoint),
-                              "PIPELINE_OPTIONS": self._options, "WORKER_ID": request.worker_id})
+            self.processes.append(workers.hand_out(environment))
         except OSError as e:
             return beam_fn_api_pb2.StartWorkerResponse(error=f"cannot start a worker process: {e}")
         return beam_fn_api_pb2.StartWorkerResponse()
@@ -169,8 +171,8 @@ class _LocalEngine(fn_runner.FnApiRunner):
                  if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command]
         if not local:
             return super().run_via_runner_api(pipeline_proto, options)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(_WorkerPool(self._options_json), server)
+        server, servicer = grpc.server(futures.ThreadPoolExecutor(max_workers=4)), _WorkerPool(self._options_json)
+        beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(servicer, server)
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         pool = beam_runner_api_pb2.ExternalPayload(endpoint=endpoints_pb2.ApiServiceDescriptor(url=f"127.0.0.1:{port}"))
@@ -180,7 +182,8 @@ class _LocalEngine(fn_runner.FnApiRunner):
             return super().run_via_runner_api(pipeline_proto, options)
         finally:
             server.stop(None)
-            workers.close()
+            workers.stop_waiting()
+            workers.reap(servicer.processes)
 
 
 def local_engine(options):

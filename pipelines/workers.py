@@ -20,8 +20,8 @@ ahead inherits the command's standard error before the build takes it away
 from Beam (``seqcache.commands.common.worker_stderr``): a thread copies its
 standard error to descriptor 2 wherever that points at the time, as a process
 started later would inherit it. Waiting processes are stopped when the
-pipeline ends (``close``; they serve one pipeline, the command's first) or at
-exit; one whose command dies reads end-of-file and exits. Until it has work a
+pipeline ends (``stop_waiting``; they serve one pipeline, the command's first)
+or at exit; one whose command dies reads end-of-file and exits. Until it has work a
 waiting process ignores SIGINT, which Ctrl-C sends to the whole process
 group: the command handles it.
 """
@@ -45,7 +45,6 @@ EXIT_WAIT_S = 10.0
 
 _lock = threading.Lock()
 _waiting: list[subprocess.Popen] = []
-_handed_out: list[subprocess.Popen] = []
 
 
 def asked(args: Sequence[str], cpu_count: int | None = None) -> int:
@@ -81,7 +80,7 @@ def start_ahead(args: Sequence[str]) -> int:
     ask for (``asked``), to wait for their pipeline; returns how many."""
     count = asked(args)
     if count:
-        atexit.register(close)
+        atexit.register(stop_waiting)
         with _lock:
             _waiting.extend(_start(relay_stderr=True) for _ in range(count))
     return count
@@ -108,9 +107,9 @@ def _relay(stream) -> None:
                 pass
 
 
-def hand_out(environment: Mapping[str, str]) -> None:
+def hand_out(environment: Mapping[str, str]) -> subprocess.Popen:
     """Gives ``environment`` (the SDK harness's variables) to a waiting worker
-    process, or to one started now when none is left.
+    process, or to one started now when none is left; returns the process.
 
     Raises:
       OSError: no process could be started.
@@ -119,31 +118,33 @@ def hand_out(environment: Mapping[str, str]) -> None:
     while True:
         with _lock:
             proc = _waiting.pop(0) if _waiting else _start(relay_stderr=False)
-            _handed_out.append(proc)
         try:
             proc.stdin.write(line)
             proc.stdin.close()
-            return
+            return proc
         except OSError:  # it exited while waiting (killed): the next one, or a new one
             proc.kill()
+            proc.wait()
 
 
-def close() -> None:
-    """Stops the waiting processes and waits for those handed out to exit
-    (their pipeline has ended: they leave when its control channel closes),
-    killing any that take longer than ``EXIT_WAIT_S``."""
+def stop_waiting() -> None:
+    """Stops the processes still waiting for work (started ahead, not handed out)."""
     with _lock:
-        waiting, handed_out = list(_waiting), list(_handed_out)
+        waiting = list(_waiting)
         _waiting.clear()
-        _handed_out.clear()
     for proc in waiting:
         proc.kill()
-    for proc in handed_out:
+        proc.wait()
+        proc.stdin.close()
+
+
+def reap(processes: Sequence[subprocess.Popen]) -> None:
+    """Waits for worker ``processes`` whose pipeline has ended to exit (they
+    leave when its control channel closes), killing any that take longer than
+    ``EXIT_WAIT_S``."""
+    for proc in processes:
         try:
             proc.wait(EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
-    for proc in waiting + handed_out:
-        proc.wait()
-        if proc.stdin and not proc.stdin.closed:
-            proc.stdin.close()
+            proc.wait()

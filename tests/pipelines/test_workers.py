@@ -129,8 +129,8 @@ def test_a_waiting_process_that_died_is_replaced(tmp_path):
         build_task(task, cache_dir=str(tmp_path / "w"), config=config, split_size=1000,
                    pipeline_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
     finally:
-        workers.close()
-    assert workers._waiting == [] and workers._handed_out == []
+        workers.stop_waiting()
+    assert workers._waiting == []
     build_task(task, cache_dir=str(tmp_path / "m"), config=config, split_size=1000)
     sums = [(tmp_path / d / "waiting" / "train" / "shard-checksums.json").read_bytes() for d in ("w", "m")]
     assert sums[0] == sums[1]

@@ -63,6 +63,24 @@ def s3():
         FileSystems.set_options(None)  # the commands set them for this process: leave none behind
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_botocore_loader():
+    """One botocore data loader for every session of this process. Beam makes a
+    new boto3 session, so a new loader, for each file operation, and each parses
+    botocore's service-model files again (about 0.1 s of CPU per operation); a
+    shared loader is what botocore itself does for the clients of one session."""
+    import functools
+
+    import botocore.session
+
+    create = botocore.session.create_loader
+    botocore.session.create_loader = functools.lru_cache(maxsize=None)(create)
+    try:
+        yield
+    finally:
+        botocore.session.create_loader = create
+
+
 @pytest.fixture(autouse=True)
 def _bounded_boto3_retries(monkeypatch):
     """boto3's own retries, bounded (Beam's S3 client is created without a retry config)."""

@@ -63,6 +63,24 @@ def s3():
         FileSystems.set_options(None)  # the commands set them for this process: leave none behind
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_botocore_loader():
+    """One botocore data loader for every session of this process. Beam makes a
+    new boto3 session, so a new loader, for each file operation, and each parses
+    botocore's service-model files again (about 0.1 s of CPU per operation); a
+    shared loader is what botocore itself does for the clients of one session."""
+    import functools
+
+    import botocore.session
+
+    create = botocore.session.create_loader
+    botocore.session.create_loader = functools.lru_cache(maxsize=None)(create)
+    try:
+        yield
+    finally:
+        botocore.session.create_loader = create
+
+
 @pytest.fixture(autouse=True)
 def _bounded_boto3_retries(monkeypatch):
     """boto3's own retries, bounded (Beam's S3 client is created without a retry config)."""
@@ -398,21 +416,11 @@ def test_build_task_hands_its_pipeline_args_to_filesystems(s3, caches, monkeypat
     assert result.manifest.num_examples > 0
 
 
-def test_multi_processing_workers_get_the_s3_options(s3, caches, monkeypatch):
-    _without_aws_credentials(monkeypatch)
-    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
-        corpus = json.load(f)["sources"][0]["path"]
-    args = _build_args(corpus, f"s3://{BUCKET}/workers") + s3["options"] + [
-        "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
-    out = CliRunner().invoke(main, args, catch_exceptions=False)
-    assert "Traceback" not in out.output
-    assert out.exit_code == 0, out.output
-
-
-def test_workers_read_the_sentencepiece_model_the_build_stored_in_the_bucket(s3, caches, monkeypatch, tmp_path):
-    """The build's steps carry the vocabulary model as the URL of the copy it
-    stores in the cache (here s3://), which multi_processing workers read with
-    the build's S3 options: the same shards as a local build."""
+def test_multi_processing_workers_get_the_s3_options(s3, caches, monkeypatch, tmp_path):
+    """Worker processes have no AWS credentials but the build's S3 options: with
+    them they write the shards into the bucket, and read the vocabulary model,
+    which the build's steps carry as the URL of the copy it stores in the cache
+    (here s3://): the same shards as a local build."""
     from seqcache import tasks
 
     _without_aws_credentials(monkeypatch)

@@ -16,11 +16,48 @@ from seqcache.feeders.reader import CacheReader
 from seqcache.pipelines import BuildConfig, BuildError, build_task, writer
 from seqcache.verify import verify_cache
 from testsupport import lines_task as _task
+from testsupport import write_lines
+
+NUM_LINES = 300
 
 
 @pytest.fixture
 def corpus(shakespeare_halves):
-    return shakespeare_halves(3000)
+    """A corpus of this test's own, which it may change."""
+    return shakespeare_halves(NUM_LINES)
+
+
+class _Shared:
+    """A corpus no test changes, its cache (3 shards, seed 0) and the fresh
+    builds the tests compare replacements with, each built once per module."""
+
+    def __init__(self, root, lines):
+        self.root = root
+        write_lines(root / "in" / "a.txt", lines[:len(lines) // 2])
+        write_lines(root / "in" / "b.txt", lines[len(lines) // 2:])
+        self.pattern = str(root / "in" / "*.txt")
+        self.old = build_task(_task(self.pattern), cache_dir=str(root / "old"), config=BuildConfig(num_shards=3))
+        self._fresh = {}
+
+    def old_cache(self, root) -> str:
+        """A copy of the cache built from ``pattern`` (3 shards, seed 0) in the
+        caches root ``root``, byte for byte; returns its folder."""
+        cache_dir = os.path.join(root, os.path.relpath(self.old.cache_dir, self.root / "old"))
+        shutil.copytree(self.old.cache_dir, cache_dir)
+        return cache_dir
+
+    def fresh(self, num_shards: int, seed: int):
+        """A fresh build of ``pattern`` into a caches root of its own."""
+        if (num_shards, seed) not in self._fresh:
+            self._fresh[num_shards, seed] = build_task(
+                _task(self.pattern), cache_dir=str(self.root / f"fresh-{num_shards}-{seed}"),
+                config=BuildConfig(num_shards=num_shards, seed=seed))
+        return self._fresh[num_shards, seed]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, corpora):
+    return _Shared(tmp_path_factory.mktemp("shared"), corpora.shakespeare_lines(NUM_LINES))
 
 
 def _hashes(folder) -> dict[str, str]:
@@ -39,13 +76,15 @@ def _read_all(cache_dir):
 
 
 @pytest.mark.parametrize("failure", ["first record raises", "zero examples"])
-def test_a_failing_overwrite_leaves_the_old_cache_byte_for_byte(tmp_path, corpus, failure):
+def test_a_failing_overwrite_leaves_the_old_cache_byte_for_byte(tmp_path, shared, failure):
     root = str(tmp_path / "c")
-    old = build_task(_task(str(corpus / "*.txt")), cache_dir=root, config=BuildConfig(num_shards=3))
-    before = _hashes(old.cache_dir)
-    examples = _read_all(old.cache_dir)
+    old_dir = shared.old_cache(root)
+    before = _hashes(old_dir)
+    examples = _read_all(old_dir)
+    corpus = tmp_path / "in"  # the old cache's input, changed below (so the fingerprint changes)
+    shutil.copytree(os.path.dirname(shared.pattern), corpus)
     if failure == "first record raises":
-        # The input changes (so the fingerprint does) and the new build fails on its first line (byte 0).
+        # The new build fails on its first line (byte 0).
         (corpus / "a.txt").write_bytes(b"\xff broken first line\n" + (corpus / "a.txt").read_bytes())
         with pytest.raises(ValueError, match=r"a\.txt: line 1 \(byte 0\) is not valid UTF-8"):
             build_task(_task(str(corpus / "*.txt")), cache_dir=root, config=BuildConfig(num_shards=3), overwrite=True)
@@ -55,23 +94,23 @@ def test_a_failing_overwrite_leaves_the_old_cache_byte_for_byte(tmp_path, corpus
         with pytest.raises(BuildError, match="zero examples from 3 source records"):
             build_task(_task(str(corpus / "*.txt"), on_error={"empty": "skip"}), cache_dir=root,
                        config=BuildConfig(num_shards=3), overwrite=True)
-    assert _hashes(old.cache_dir) == before
-    assert _read_all(old.cache_dir) == examples and verify_cache(old.cache_dir).ok
-    assert sorted(os.listdir(os.path.dirname(old.cache_dir))) == ["train"]  # no staging left
+    assert _hashes(old_dir) == before
+    assert _read_all(old_dir) == examples and verify_cache(old_dir).ok
+    assert sorted(os.listdir(os.path.dirname(old_dir))) == ["train"]  # no staging left
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
-def test_a_successful_overwrite_replaces_the_cache(tmp_path, corpus, monkeypatch, exchange):
+def test_a_successful_overwrite_replaces_the_cache(tmp_path, shared, monkeypatch, exchange):
     """Published by one atomic exchange of the folders, or, where the file system
     cannot, by two renames: the same result."""
     if not exchange:
         monkeypatch.setattr(writer, "_exchange", lambda a, b: False)
     root = str(tmp_path / "c")
-    pattern = str(corpus / "*.txt")
-    old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
+    pattern = shared.pattern
+    old_dir = shared.old_cache(root)
     replaced = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2, seed=7), overwrite=True)
-    fresh = build_task(_task(pattern), cache_dir=str(tmp_path / "fresh"), config=BuildConfig(num_shards=2, seed=7))
-    assert replaced.cache_dir == old.cache_dir and not replaced.reused
+    fresh = shared.fresh(2, 7)
+    assert replaced.cache_dir == old_dir and not replaced.reused
     assert fmt.read_manifest(replaced.cache_dir).raw["seed"] == 7
     now, want = _hashes(replaced.cache_dir), _hashes(fresh.cache_dir)
     assert sorted(now) == sorted(want)  # the old cache's three shards are gone
@@ -82,7 +121,7 @@ def test_a_successful_overwrite_replaces_the_cache(tmp_path, corpus, monkeypatch
 
 
 @pytest.mark.parametrize("store", ["exchange", "two-renames", "object store"])
-def test_an_overwrite_writes_into_no_file_of_the_old_cache(tmp_path, corpus, monkeypatch, store):
+def test_an_overwrite_writes_into_no_file_of_the_old_cache(tmp_path, shared, monkeypatch, store):
     """A reader of the old cache may hold any of its files open, or open it
     later by its name: a replacement writes no byte into any of them. The new
     cache is made of new files (other inodes) under the same names, and the old
@@ -92,9 +131,8 @@ def test_an_overwrite_writes_into_no_file_of_the_old_cache(tmp_path, corpus, mon
     if store == "two-renames":
         monkeypatch.setattr(writer, "_exchange", lambda a, b: False)
     root = f"objtest://{tmp_path}/c" if store == "object store" else str(tmp_path / "c")
-    local = str(tmp_path / "c" / "lines" / "train")
-    pattern = str(corpus / "*.txt")
-    build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
+    local = shared.old_cache(str(tmp_path / "c"))
+    pattern = shared.pattern
     before = _hashes(local)
     held = {name: open(os.path.join(local, name), "rb") for name in before}
     try:
@@ -110,44 +148,48 @@ def test_an_overwrite_writes_into_no_file_of_the_old_cache(tmp_path, corpus, mon
             f.close()
 
 
-def test_a_killed_overwrite_keeps_the_old_cache_and_the_rerun_cleans_up(tmp_path, corpus, kill_a_build_at_shard_2):
+def test_a_killed_overwrite_keeps_the_old_cache_and_the_rerun_cleans_up(tmp_path, shared, kill_a_build_at_shard_2):
     root = str(tmp_path / "c")
-    pattern = str(corpus / "*.txt")
-    old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
-    before = _hashes(old.cache_dir)
+    pattern = shared.pattern
+    old_dir = shared.old_cache(root)
+    before = _hashes(old_dir)
     kill_a_build_at_shard_2(pattern, root, seed=7, overwrite=True)
-    staging = writer.staging_path(old.cache_dir)
+    staging = writer.staging_path(old_dir)
     assert "data.array_record-00000-of-00003" in os.listdir(staging)  # the new build got that far ...
     assert fmt.MANIFEST_NAME not in os.listdir(staging)  # ... and never looked complete
-    assert _hashes(old.cache_dir) == before and verify_cache(old.cache_dir).ok  # the old cache is untouched
+    assert _hashes(old_dir) == before and verify_cache(old_dir).ok  # the old cache is untouched
+    # Everything the killed build left beside the cache (its staged folder, its
+    # lock file), kept for the second case below.
+    task_dir, left = os.path.dirname(old_dir), tmp_path / "left"
+    shutil.copytree(task_dir, left, ignore=lambda folder, names: ["train"] if folder == task_dir else [])
+    assert ".train.staging" in os.listdir(left)
 
     # The next build cleans the leftovers up: reusing the old cache, or replacing it.
     assert build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3)).reused
     assert not os.path.exists(staging)
-    kill_a_build_at_shard_2(pattern, root, seed=7, overwrite=True)
+    shutil.copytree(left, task_dir, dirs_exist_ok=True)  # the same leftovers again, as a second kill leaves them
     again = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3, seed=7), overwrite=True)
-    fresh = build_task(_task(pattern), cache_dir=str(tmp_path / "fresh"), config=BuildConfig(num_shards=3, seed=7))
+    fresh = shared.fresh(3, 7)
     assert (fmt.read_shard_checksums(again.cache_dir, again.manifest)
             == fmt.read_shard_checksums(fresh.cache_dir, fresh.manifest))
     assert sorted(os.listdir(os.path.dirname(again.cache_dir))) == ["train"]
 
 
-def test_a_publish_killed_between_its_two_renames_is_undone_by_the_next_build(tmp_path, corpus):
+def test_a_publish_killed_between_its_two_renames_is_undone_by_the_next_build(tmp_path, shared):
     """Without an atomic exchange, publishing renames the old cache aside, then the
     new one into place. Killed in between, there is no cache folder; the next build
     puts the old cache back (it was never replaced) and removes the staged one."""
     root = str(tmp_path / "c")
-    pattern = str(corpus / "*.txt")
-    old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
-    before = _hashes(old.cache_dir)
-    new = build_task(_task(pattern), cache_dir=str(tmp_path / "new"), config=BuildConfig(num_shards=3, seed=7))
-    os.rename(old.cache_dir, writer.replaced_path(old.cache_dir))  # the first rename ...
-    shutil.copytree(new.cache_dir, writer.staging_path(old.cache_dir))  # ... and the complete staged cache
-    assert not os.path.exists(old.cache_dir)
+    old_dir = shared.old_cache(root)
+    before = _hashes(old_dir)
+    new = shared.fresh(3, 7)
+    os.rename(old_dir, writer.replaced_path(old_dir))  # the first rename ...
+    shutil.copytree(new.cache_dir, writer.staging_path(old_dir))  # ... and the complete staged cache
+    assert not os.path.exists(old_dir)
 
-    again = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
-    assert again.reused and _hashes(old.cache_dir) == before
-    assert sorted(os.listdir(os.path.dirname(old.cache_dir))) == ["train"]
+    again = build_task(_task(shared.pattern), cache_dir=root, config=BuildConfig(num_shards=3))
+    assert again.reused and _hashes(old_dir) == before
+    assert sorted(os.listdir(os.path.dirname(old_dir))) == ["train"]
 
 
 # ---------------------------------------------------------------------------
@@ -257,15 +299,15 @@ def test_overwrite_on_an_object_store(tmp_path, corpus):
     assert not os.path.exists(staged) or _hashes(staged) == {}
 
 
-def test_a_cache_of_a_format_version_no_longer_read_is_refused_and_rebuilt_with_overwrite(tmp_path, corpus):
+def test_a_cache_of_a_format_version_no_longer_read_is_refused_and_rebuilt_with_overwrite(tmp_path, shared):
     """A version-1 cache (one JSON object per shard) is refused with the advice to
     rebuild; ``--overwrite`` rebuilds it, with the same shard bytes and fingerprint."""
     import json
 
-    root, pattern = str(tmp_path / "c"), str(corpus / "*.txt")
-    built = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2))
-    want = _hashes(built.cache_dir)
-    mpath = os.path.join(built.cache_dir, fmt.MANIFEST_NAME)
+    root, pattern, built = str(tmp_path / "c"), shared.pattern, shared.old
+    cache_dir = shared.old_cache(root)
+    want = _hashes(cache_dir)
+    mpath = os.path.join(cache_dir, fmt.MANIFEST_NAME)
     raw = json.load(open(mpath))
     raw["format_version"] = 1
     raw["shards"] = [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes,
@@ -273,11 +315,11 @@ def test_a_cache_of_a_format_version_no_longer_read_is_refused_and_rebuilt_with_
                       "provenance_num_bytes": s.provenance_num_bytes, "provenance_sha256": "0" * 64}
                      for s in built.manifest.shards]
     json.dump(raw, open(mpath, "w"))
-    os.unlink(os.path.join(built.cache_dir, fmt.SHARD_CHECKSUMS_NAME))
+    os.unlink(os.path.join(cache_dir, fmt.SHARD_CHECKSUMS_NAME))
     with pytest.raises(fmt.CacheError, match=r"format_version is 1, this seqcache reads format version 2: .*"
                                              r"rebuild it with this one \(seqcache build \.\.\. --overwrite\)"):
-        build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2))
-    rebuilt = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2), overwrite=True)
+        build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
+    rebuilt = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3), overwrite=True)
     assert not rebuilt.reused and rebuilt.manifest.fingerprint == built.manifest.fingerprint
     now = _hashes(rebuilt.cache_dir)
     assert {k: v for k, v in now.items() if k != fmt.MANIFEST_NAME} == \

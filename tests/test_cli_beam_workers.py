@@ -244,28 +244,6 @@ def test_a_task_file_given_by_path_reaches_the_workers_and_success_prints_only_i
     assert texts == ["ONE", "THREE", "TWO"]
 
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def test_the_repository_root_is_a_safe_place_to_work(tmp_path):
-    """From a source checkout's root, the folder ``seqcache/`` comes first on
-    sys.path: importing the feeder there, and a build whose worker processes
-    start there, see the whole package (the areas beside the face folder)."""
-    env, marker = _marked_env()
-    probe = subprocess.run([sys.executable, "-c", "import seqcache, seqcache.feeders, seqcache.tasks; "
-                            "from seqcache.feeders import Feeder; print(seqcache.__file__)"],
-                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert probe.returncode == 0, probe.stderr
-    assert probe.stdout.strip() == os.path.join(REPO_ROOT, "seqcache", "__init__.py")  # the checkout, not site-packages
-    corpus = tmp_path / "a.txt"
-    corpus.write_text("one line\nanother line\nthird line\n", encoding="utf-8")
-    out = _run(["build", "--source", f"text:{corpus}", "--name", "root", "--cache-dir", str(tmp_path / "c"),
-                "--json", *MULTI_PROCESSING], cwd=REPO_ROOT, env=env)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)[0]["num_examples"] == 3
-    assert not _processes_with(marker)
-
-
 def test_a_mistyped_beam_option_is_refused_before_anything_runs(tmp_path):
     corpus = tmp_path / "a.txt"
     corpus.write_text("one line\n", encoding="utf-8")
@@ -276,17 +254,30 @@ def test_a_mistyped_beam_option_is_refused_before_anything_runs(tmp_path):
         assert not (tmp_path / "c").exists()
 
 
-def test_workers_give_the_bytes_of_an_in_memory_build(tmp_path):
-    """``seqcache build`` with multi_processing workers (started through
-    ``seqcache.pipelines.worker_main``): the same cache bytes as the in-memory
-    mode, and no process left behind."""
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_workers_started_from_the_repository_root_give_the_bytes_of_an_in_memory_build(tmp_path):
+    """From a source checkout's root, the folder ``seqcache/`` comes first on
+    sys.path: importing the feeder there, and a build whose worker processes
+    start there, see the whole package (the areas beside the face folder).
+    That build, with multi_processing workers (started through
+    ``seqcache.pipelines.worker_main``), writes the same cache bytes as the
+    in-memory mode, logs with ``-v``, and leaves no process behind."""
+    env, marker = _marked_env()
+    probe = subprocess.run([sys.executable, "-c", "import seqcache, seqcache.feeders, seqcache.tasks; "
+                            "from seqcache.feeders import Feeder; print(seqcache.__file__)"],
+                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == os.path.join(REPO_ROOT, "seqcache", "__init__.py")  # the checkout, not site-packages
     src = write_files(tmp_path / "in", {"a.txt": "".join(f"line {i}\n" for i in range(3000)).encode(),
                                         "b.txt": b"three\nfour\n"})
-    env, marker = _marked_env()
     common = ["--source", f"text:{src}/*.txt", "--name", "mp", "--num-shards", "3"]
-    workers = _run(["build", "-v", "--cache-dir", str(tmp_path / "w"), *common, *MULTI_PROCESSING], cwd=tmp_path, env=env)
-    assert _processes_with(marker) == {}
+    workers = _run(["build", "-v", "--cache-dir", str(tmp_path / "w"), *common, "--json", *MULTI_PROCESSING],
+                   cwd=REPO_ROOT, env=env)
+    assert not _processes_with(marker)
     assert workers.returncode == 0, workers.stderr
+    assert json.loads(workers.stdout)[0]["num_examples"] == 3002
     assert "INFO seqcache.pipelines.build: building mp:" in workers.stderr  # -v logs, with Beam options too
     in_memory = _run_in_this_process(["build", "--cache-dir", str(tmp_path / "m"), *common])
     assert in_memory.returncode == 0, in_memory.stderr

@@ -3,7 +3,8 @@ runs it: the CLI in a subprocess, ``--direct_running_mode=multi_processing
 --direct_num_workers=2``.
 
 What is checked: without ``-v`` the output is the command's own lines only
-(the same as the default in-memory mode, no worker tracebacks or Beam logs); a
+(the same as the default in-memory mode, which runs in this process through
+click's test runner; no worker tracebacks or Beam logs); a
 failing build whose standard error is a pipe nobody reads any more (``2>&1 |
 head``) exits instead of waiting forever; Ctrl-C and SIGTERM exit 130. Every
 case also checks that no worker process outlives the command: each run gets a
@@ -70,6 +71,17 @@ def _run(args, *, cwd, env):
     return subprocess.run(_seqcache(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
+def _run_in_this_process(args) -> subprocess.CompletedProcess:
+    """The command in this process (click's test runner), as a ``subprocess.run`` result:
+    the in-memory mode needs no process of its own."""
+    from click.testing import CliRunner
+
+    from seqcache.cli import main
+
+    out = CliRunner().invoke(main, args)
+    return subprocess.CompletedProcess(args, out.exit_code, out.stdout, out.stderr)
+
+
 @pytest.fixture
 def bad_corpus(tmp_path):
     """Two text files; line 2 of a.txt is not UTF-8 (raised on by default)."""
@@ -81,7 +93,7 @@ def test_failing_build_prints_the_same_one_line_error_as_in_memory_mode(tmp_path
     args = ["build", "--cache-dir", str(tmp_path / "c"), "--source", f"text:{bad_corpus}", "--name", "mp"]
     workers = _run([*args, *MULTI_PROCESSING], cwd=tmp_path, env=env)
     assert _processes_with(marker) == {}
-    in_memory = _run(args, cwd=tmp_path, env=env)
+    in_memory = _run_in_this_process(args)
 
     assert workers.returncode == 1, workers.stderr
     assert "Traceback" not in workers.stderr
@@ -91,22 +103,6 @@ def test_failing_build_prints_the_same_one_line_error_as_in_memory_mode(tmp_path
     assert "--on-error invalid_utf8=" in lines[0] and "seqcache scan" in lines[1]
     assert workers.stdout == ""
     assert (in_memory.returncode, in_memory.stderr, in_memory.stdout) == (1, workers.stderr, "")
-
-
-def test_successful_build_prints_only_its_summary(tmp_path):
-    src = tmp_path / "in"
-    src.mkdir()
-    (src / "a.txt").write_text("one\ntwo\n")
-    (src / "b.txt").write_text("three\n")
-    env, marker = _marked_env()
-    out = _run(["build", "--cache-dir", str(tmp_path / "c"), "--source", f"text:{src}/*.txt", "--name", "mp",
-                *MULTI_PROCESSING], cwd=tmp_path, env=env)
-    assert _processes_with(marker) == {}
-    assert out.returncode == 0, out.stderr
-    assert re.fullmatch(rf"mp/train: 3 examples in 1 shard, built in \d+\.\d s -> {re.escape(str(tmp_path))}/c/mp/train\n",
-                        out.stderr), out.stderr
-    assert out.stdout == ""
-    assert (tmp_path / "c" / "mp" / "train" / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize("verbose", [
@@ -214,9 +210,10 @@ def test_interrupted_build_exits_130_and_leaves_no_worker(tmp_path, signum, to_g
     assert not (tmp_path / "c" / "gated" / "train" / "manifest.json").exists()
 
 
-def test_a_task_file_given_by_path_reaches_the_worker_processes(tmp_path):
+def test_a_task_file_given_by_path_reaches_the_workers_and_success_prints_only_its_summary(tmp_path):
     """``--module my_tasks.py`` imports the file under a made-up module name that
-    worker processes cannot import: its functions must travel by value."""
+    worker processes cannot import: its functions must travel by value. The
+    successful build prints its one summary line on standard error, and nothing else."""
     (tmp_path / "a.txt").write_text("one\ntwo\nthree\n")
     (tmp_path / "defs").mkdir()
     (tmp_path / "defs" / "my_tasks.py").write_text(textwrap.dedent(f"""
@@ -233,9 +230,12 @@ def test_a_task_file_given_by_path_reaches_the_worker_processes(tmp_path):
     """))
     env, marker = _marked_env()
     out = _run(["build", "shouted", "--module", str(tmp_path / "defs" / "my_tasks.py"), "--cache-dir",
-                str(tmp_path / "c"), "--json", *MULTI_PROCESSING], cwd=tmp_path, env=env)
+                str(tmp_path / "c"), *MULTI_PROCESSING], cwd=tmp_path, env=env)
     assert _processes_with(marker) == {}
     assert out.returncode == 0, out.stderr
+    assert re.fullmatch(rf"shouted/train: 3 examples in 1 shard, built in \d+\.\d s -> "
+                        rf"{re.escape(str(tmp_path))}/c/shouted/train\n", out.stderr), out.stderr
+    assert out.stdout == ""
     from seqcache.feeders.reader import CacheReader
     from seqcache.tasks import ByteVocabulary
 
@@ -244,52 +244,42 @@ def test_a_task_file_given_by_path_reaches_the_worker_processes(tmp_path):
     assert texts == ["ONE", "THREE", "TWO"]
 
 
+def test_a_mistyped_beam_option_is_refused_before_anything_runs(tmp_path):
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("one line\n", encoding="utf-8")
+    for typo in ("--runnr=dask", "--dask_client_adress=127.0.0.1:1", "--s3_endpoint_ur=http://127.0.0.1:1"):
+        out = _run_in_this_process(["build", "--source", f"text:{corpus}", "--name", "t", "--cache-dir",
+                                    str(tmp_path / "c"), typo])
+        assert out.returncode == 2 and f"no such option: {typo}" in out.stderr, out.stderr
+        assert not (tmp_path / "c").exists()
+
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_the_repository_root_is_a_safe_place_to_work(tmp_path):
+def test_workers_started_from_the_repository_root_give_the_bytes_of_an_in_memory_build(tmp_path):
     """From a source checkout's root, the folder ``seqcache/`` comes first on
     sys.path: importing the feeder there, and a build whose worker processes
-    start there, see the whole package (the areas beside the face folder)."""
+    start there, see the whole package (the areas beside the face folder).
+    That build, with multi_processing workers (started through
+    ``seqcache.pipelines.worker_main``), writes the same cache bytes as the
+    in-memory mode, logs with ``-v``, and leaves no process behind."""
     env, marker = _marked_env()
     probe = subprocess.run([sys.executable, "-c", "import seqcache, seqcache.feeders, seqcache.tasks; "
                             "from seqcache.feeders import Feeder; print(seqcache.__file__)"],
                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == os.path.join(REPO_ROOT, "seqcache", "__init__.py")  # the checkout, not site-packages
-    corpus = tmp_path / "a.txt"
-    corpus.write_text("one line\nanother line\nthird line\n", encoding="utf-8")
-    out = _run(["build", "--source", f"text:{corpus}", "--name", "root", "--cache-dir", str(tmp_path / "c"),
-                "--json", *MULTI_PROCESSING], cwd=REPO_ROOT, env=env)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)[0]["num_examples"] == 3
-    assert not _processes_with(marker)
-
-
-def test_a_mistyped_beam_option_is_refused_before_anything_runs(tmp_path):
-    corpus = tmp_path / "a.txt"
-    corpus.write_text("one line\n", encoding="utf-8")
-    env, _ = _marked_env()
-    for typo in ("--runnr=dask", "--dask_client_adress=127.0.0.1:1", "--s3_endpoint_ur=http://127.0.0.1:1"):
-        out = _run(["build", "--source", f"text:{corpus}", "--name", "t", "--cache-dir", str(tmp_path / "c"), typo],
-                   cwd=str(tmp_path), env=env)
-        assert out.returncode == 2 and f"no such option: {typo}" in out.stderr, out.stderr
-        assert not (tmp_path / "c").exists()
-
-
-def test_workers_give_the_bytes_of_an_in_memory_build(tmp_path):
-    """``seqcache build`` with multi_processing workers (started through
-    ``seqcache.pipelines.worker_main``): the same cache bytes as the in-memory
-    mode, and no process left behind."""
     src = write_files(tmp_path / "in", {"a.txt": "".join(f"line {i}\n" for i in range(3000)).encode(),
                                         "b.txt": b"three\nfour\n"})
-    env, marker = _marked_env()
     common = ["--source", f"text:{src}/*.txt", "--name", "mp", "--num-shards", "3"]
-    workers = _run(["build", "-v", "--cache-dir", str(tmp_path / "w"), *common, *MULTI_PROCESSING], cwd=tmp_path, env=env)
-    assert _processes_with(marker) == {}
+    workers = _run(["build", "-v", "--cache-dir", str(tmp_path / "w"), *common, "--json", *MULTI_PROCESSING],
+                   cwd=REPO_ROOT, env=env)
+    assert not _processes_with(marker)
     assert workers.returncode == 0, workers.stderr
+    assert json.loads(workers.stdout)[0]["num_examples"] == 3002
     assert "INFO seqcache.pipelines.build: building mp:" in workers.stderr  # -v logs, with Beam options too
-    in_memory = _run(["build", "--cache-dir", str(tmp_path / "m"), *common], cwd=tmp_path, env=env)
+    in_memory = _run_in_this_process(["build", "--cache-dir", str(tmp_path / "m"), *common])
     assert in_memory.returncode == 0, in_memory.stderr
     sums = [(tmp_path / d / "mp" / "train" / "shard-checksums.json").read_bytes() for d in ("w", "m")]
     assert sums[0] == sums[1]

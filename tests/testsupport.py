@@ -108,13 +108,21 @@ def default_signals() -> None:
 MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
 
+# A test cluster's housekeeping, slowed down: the stack sampling profiler, the
+# event-loop tick check and the system monitor serve the dashboard and its
+# warnings, and at their default rates they cost an idle cluster about a tenth
+# of a core.
+QUIET_DASK = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+              "distributed.admin.system-monitor.interval": "2s"}
+
+
 def local_dask_cluster(**config):
     """A ``dask.distributed`` scheduler and 2 worker processes on 127.0.0.1
-    (``config``: dask settings for its start); close it when done."""
+    (``config``: dask settings for its start, over ``QUIET_DASK``); close it when done."""
     import dask
     import distributed
 
-    with dask.config.set(config):
+    with dask.config.set({**QUIET_DASK, **config}):
         return distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                                         dashboard_address="127.0.0.1:0", protocol="tcp")
 

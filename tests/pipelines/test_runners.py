@@ -21,15 +21,17 @@ import pytest
 from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, BuildError, build_task
-from testsupport import MULTI_PROCESSING, dask_args, local_dask_cluster
+from testsupport import MULTI_PROCESSING, dask_args
 
 pytest.importorskip("distributed")
 
+CORPUS_LINES = 10_000
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, corpora):
-    """tinyshakespeare in 3 files, and a WikiText-2 file with CRLF line ends."""
+    """The first 10,000 lines of tinyshakespeare (1,875 of them empty) in 3 files."""
     folder = tmp_path_factory.mktemp("corpus")
-    lines = corpora.shakespeare_lines(-1)
+    lines = corpora.shakespeare_lines(CORPUS_LINES)
     for k in range(3):
         part = lines[k * len(lines) // 3:(k + 1) * len(lines) // 3]
         (folder / f"part-{k}.txt").write_text("\n".join(part) + "\n", encoding="utf-8")
@@ -62,20 +64,20 @@ def test_every_runner_and_exchange_writes_the_same_shards(tmp_path, corpus, dask
     config = BuildConfig(num_shards=3, sequence_length={"targets": 256} if pack else None)
     runs = {
         "local engine, spill files": dict(pipeline_args=[], split_size=None),
-        "local engine, runner shuffle, tiny splits": dict(pipeline_args=[], split_size=50_000, exchange="runner"),
-        "multi_processing x2": dict(pipeline_args=MULTI_PROCESSING, split_size=200_000),
-        "dask x2": dict(pipeline_args=dask_args(dask_cluster), split_size=100_000),
+        "local engine, runner shuffle, tiny splits": dict(pipeline_args=[], split_size=12_000, exchange="runner"),
+        "multi_processing x2": dict(pipeline_args=MULTI_PROCESSING, split_size=50_000),
+        "dask x2": dict(pipeline_args=dask_args(dask_cluster), split_size=25_000),
     }
     results = {name: build_task(task, cache_dir=str(tmp_path / str(k)), config=config, **kw)
                for k, (name, kw) in enumerate(runs.items())}
     first_result = next(iter(results.values()))
     first = first_result.manifest
-    assert first.num_examples > (300 if pack else 30_000)
+    assert first.num_examples > (70 if pack else 8_000)
     for name, result in results.items():
         m = result.manifest
         assert _shard_hashes(result) == _shard_hashes(first_result), name
-        assert m.statistics["source_records"] == 40_000, name
-        assert m.statistics["skipped_records"] == 7_223, name
+        assert m.statistics["source_records"] == CORPUS_LINES, name
+        assert m.statistics["skipped_records"] == 1_875, name
         assert m.statistics == first.statistics, name
         quarantine = fmt.file_sha256(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
         assert quarantine == first.raw["quarantine_sha256"], name
@@ -91,89 +93,17 @@ def test_dask_builds_a_second_task_on_the_same_cluster_and_reuses_caches(tmp_pat
     assert not os.path.exists(os.path.join(a.cache_dir, "_tmp"))
 
 
-# A task module whose preprocessor kills the worker process that runs it, once:
-# the first worker to reach the marked line dies as a preempted machine does
-# (SIGKILL, no clean-up); the marker file makes the retried attempt go on.
-_KILLER = '''
-import os, signal
-from seqcache import tasks
-
-MARKER = {marker!r}
-
-def _kill_once(example, ctx):
-    if example["text"] == {line!r} and not os.path.exists(MARKER):
-        with open(MARKER, "w") as f:
-            f.write(str(os.getpid()))
-        os.kill(os.getpid(), signal.SIGKILL)
-    return example
-
-tasks.TaskRegistry.add(
-    "killer",
-    source=tasks.TextLineSource({pattern!r}, on_error={{"empty": "skip", "whitespace": "skip"}}),
-    output_features={{"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)}},
-    preprocessors=[tasks.preprocessors.FunctionPreprocessor(_kill_once, "kill_once"),
-                   tasks.preprocessors.rekey({{"targets": "text"}}), tasks.preprocessors.tokenize(),
-                   tasks.preprocessors.append_eos()],
-)
-'''
-
-
-def _killer_task(tmp_path, corpus):
-    marker = tmp_path / "killed"
-    module = tmp_path / f"killer_{os.urandom(4).hex()}.py"
-    module.write_text(textwrap.dedent(_KILLER).format(marker=str(marker), line="ROMEO:",
-                                                      pattern=str(corpus / "*.txt")))
-    tasks.TaskRegistry.remove("killer") if "killer" in tasks.TaskRegistry.names() else None
-    tasks.import_definitions(str(module))
-    return tasks.TaskRegistry.get("killer"), marker
-
-
-def _decoded(cache_dir):
-    from seqcache.feeders.reader import CacheReader
-
-    with CacheReader(cache_dir) as r:
-        return collections.Counter(bytes(x - 3 for x in e["targets"].tolist()[:-1]).decode("utf-8")
-                                   for e in r.read_examples(range(len(r))))
-
-
-def test_a_killed_dask_worker_is_replaced_and_the_cache_holds_every_record_once(tmp_path, corpus, dask_cluster):
-    task, marker = _killer_task(tmp_path, corpus)
-    result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
-                        pipeline_args=dask_args(dask_cluster), split_size=100_000)
-    assert marker.exists()  # a worker did die in the middle of the build
-    want = collections.Counter(line for p in sorted(corpus.glob("*.txt"))
-                               for line in p.read_text(encoding="utf-8").split("\n")[:-1] if line.strip())
-    assert _decoded(result.cache_dir) == want
-    assert result.manifest.statistics["source_records"] == 40_000
-
-
-def test_a_build_that_loses_its_worker_for_good_fails_in_one_line_and_leaves_no_manifest(tmp_path, corpus):
-    task, marker = _killer_task(tmp_path, corpus)
-    cluster = local_dask_cluster(**{"distributed.scheduler.allowed-failures": 0})
-    try:
-        with pytest.raises(BuildError) as info:
-            build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
-                       pipeline_args=dask_args(cluster), split_size=100_000)
-    finally:
-        cluster.close()
-    message = str(info.value)
-    assert "\n" not in message and "a worker died" in message and "nothing was published" in message
-    assert marker.exists()
-    assert not os.path.exists(tmp_path / "c")  # no manifest, no folder, no lock file
-
-
 @pytest.fixture(scope="module")
 def mixed_corpus(tmp_path_factory, corpora):
-    """C4 documents as one JSON-lines file and as a Parquet file of 16 row
+    """300 C4 documents as one JSON-lines file and as a Parquet file of 17 row
     groups (the same documents), and multilingual NTREX text with multi-byte
-    characters."""
+    characters (the first 500 lines of 3 languages)."""
     import json
 
     import pyarrow.parquet as pq
 
     folder = tmp_path_factory.mktemp("mixed")
-    docs = corpora.c4_texts().to_pylist()
-    docs = docs[:600]
+    docs = corpora.c4_texts(300).to_pylist()
     with open(folder / "c4.jsonl", "w", encoding="utf-8") as f:
         for d in docs:
             f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
@@ -181,7 +111,8 @@ def mixed_corpus(tmp_path_factory, corpora):
 
     pq.write_table(pa.table({"text": docs}), folder / "c4.parquet", row_group_size=len(docs) // 16)
     for lang in ("jpn", "rus", "hin"):
-        (folder / f"ntrex.{lang}.txt").write_bytes((corpora.ntrex / f"newstest2019-ref.{lang}.txt").read_bytes())
+        lines = (corpora.ntrex / f"newstest2019-ref.{lang}.txt").read_bytes().split(b"\n")
+        (folder / f"ntrex.{lang}.txt").write_bytes(b"\n".join(lines[:500]) + b"\n")
     return folder, docs
 
 
@@ -271,3 +202,79 @@ def test_span_corruption_first_fit_writes_the_same_shards_on_every_runner(tmp_pa
     for name, m in results.items():
         assert _shard_hashes(built[name]) == _shard_hashes(built["local engine"]), name
         assert m.statistics == first.statistics, name
+
+
+# Last in the module, as they leave the cluster restarting a worker.
+# A task module whose preprocessor kills the worker process that runs it, once:
+# the first worker to reach the marked line dies as a preempted machine does
+# (SIGKILL, no clean-up); the marker file makes the retried attempt go on.
+_KILLER = '''
+import os, signal
+from seqcache import tasks
+
+MARKER = {marker!r}
+
+def _kill_once(example, ctx):
+    if example["text"] == {line!r} and not os.path.exists(MARKER):
+        with open(MARKER, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return example
+
+tasks.TaskRegistry.add(
+    "killer",
+    source=tasks.TextLineSource({pattern!r}, on_error={{"empty": "skip", "whitespace": "skip"}}),
+    output_features={{"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)}},
+    preprocessors=[tasks.preprocessors.FunctionPreprocessor(_kill_once, "kill_once"),
+                   tasks.preprocessors.rekey({{"targets": "text"}}), tasks.preprocessors.tokenize(),
+                   tasks.preprocessors.append_eos()],
+)
+'''
+
+
+def _killer_task(tmp_path, corpus):
+    marker = tmp_path / "killed"
+    module = tmp_path / f"killer_{os.urandom(4).hex()}.py"
+    module.write_text(textwrap.dedent(_KILLER).format(marker=str(marker), line="MENENIUS:",
+                                                      pattern=str(corpus / "*.txt")))
+    tasks.TaskRegistry.remove("killer") if "killer" in tasks.TaskRegistry.names() else None
+    tasks.import_definitions(str(module))
+    return tasks.TaskRegistry.get("killer"), marker
+
+
+def _decoded(cache_dir):
+    from seqcache.feeders.reader import CacheReader
+
+    with CacheReader(cache_dir) as r:
+        return collections.Counter(bytes(x - 3 for x in e["targets"].tolist()[:-1]).decode("utf-8")
+                                   for e in r.read_examples(range(len(r))))
+
+
+def test_a_killed_dask_worker_is_replaced_and_the_cache_holds_every_record_once(tmp_path, corpus, dask_cluster):
+    task, marker = _killer_task(tmp_path, corpus)
+    result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
+                        pipeline_args=dask_args(dask_cluster), split_size=25_000)
+    assert marker.exists()  # a worker did die in the middle of the build
+    want = collections.Counter(line for p in sorted(corpus.glob("*.txt"))
+                               for line in p.read_text(encoding="utf-8").split("\n")[:-1] if line.strip())
+    assert _decoded(result.cache_dir) == want
+    assert result.manifest.statistics["source_records"] == CORPUS_LINES
+
+
+def test_a_build_that_loses_its_worker_for_good_fails_in_one_line_and_leaves_no_manifest(tmp_path, corpus,
+                                                                                          dask_cluster):
+    """The same cluster with no retry allowed (the scheduler's ``allowed_failures``,
+    the ``distributed.scheduler.allowed-failures`` setting, set to 0 for this build)."""
+    task, marker = _killer_task(tmp_path, corpus)
+    allowed = dask_cluster.scheduler.allowed_failures
+    dask_cluster.scheduler.allowed_failures = 0
+    try:
+        with pytest.raises(BuildError) as info:
+            build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
+                       pipeline_args=dask_args(dask_cluster), split_size=25_000)
+    finally:
+        dask_cluster.scheduler.allowed_failures = allowed
+    message = str(info.value)
+    assert "\n" not in message and "a worker died" in message and "nothing was published" in message
+    assert marker.exists()
+    assert not os.path.exists(tmp_path / "c")  # no manifest, no folder, no lock file

@@ -18,14 +18,13 @@ CFG = C.ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4, mlp_di
 def setup():
     graphdef, params = M.split_params(M.create(CFG, seed=3))
     feeder = FakeFeeder(global_batch_size=8, sequence_length=16, seed=1)
-    batch = feeder.get_batch(0)
+    batch = {k: jnp.asarray(v) for k, v in feeder.get_batch(0).items()}
     # Make two rows all padding and one row's second half zero-weighted, so the
-    # microbatches carry different total weights (edited on the host: no device
-    # program per edit).
+    # microbatches carry different total weights.
     for key in ("targets_loss_weights", "targets_segment_ids"):
-        batch[key][[1, 6]] = 0
-    batch["targets_loss_weights"][3, 8:] = 0.0
-    return graphdef, params, {k: jnp.asarray(v) for k, v in batch.items()}
+        batch[key] = batch[key].at[1].set(0).at[6].set(0)
+    batch["targets_loss_weights"] = batch["targets_loss_weights"].at[3, 8:].set(0.0)
+    return graphdef, params, batch
 
 
 def test_loss_matches_float64_reference(setup):

@@ -1,14 +1,20 @@
 """Test-wide set-up and fixtures.
 
 Eight host-platform devices let sharding tests run on CPU; the flag must be set
-before JAX is first imported, so it is set here, at collection time. This folder
+before JAX is first imported, so it is set here, at collection time. The tests'
+programs are compiled without LLVM's optimization passes
+(``--xla_backend_optimization_level=0``): they are tiny, so compiling dominates
+their cost, and this halves it; every comparison the tests make (sharded against
+one device, resumed against uninterrupted, several processes against one) is
+between programs compiled with the same flags, which processes the tests start
+inherit. This folder
 goes on ``sys.path`` so that test modules can import the plain helpers of
 ``testsupport.py``.
 """
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pathlib

@@ -15,6 +15,9 @@ JAX_PROCESS_ID) and the real feeder, which is only observed:
   stdout and reads one byte from stdin. A test delivers SIGTERM while every
   process waits there, then writes the byte, so that the stop does not depend on
   timing: the hosts agree to stop after step N - 1 and save checkpoint N.
+
+A test that runs the command in its own process records the same way with
+``recording_next`` (this file imported as a module).
 """
 
 import json
@@ -26,36 +29,38 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from seqcache.cli import main
 from seqcache.feeders import Feeder
 
-ROWS_DIR = os.environ.get("ROWS_DIR")
-PAUSE_AT = int(os.environ["PAUSE_AT"]) if os.environ.get("PAUSE_AT") else None
-PROCESS = os.environ.get("JAX_PROCESS_ID", "0")
-
 _original_next = Feeder.__next__
 
 
-def _recording_next(self):
-    step = self.step
-    kind = "train" if self.num_epochs is None else "eval"
-    if kind == "train" and step == PAUSE_AT:
-        print(f"PAUSED {step}", flush=True)
-        os.read(0, 1)
-    batch = _original_next(self)
-    if ROWS_DIR:
-        record = {
-            "step": step,
-            "host": self.host_index,
-            "hosts": self.host_count,
-            "first_row": self.first_row,
-            "cache_index": batch["cache_index"].tolist(),
-            "epoch": batch["epoch"].tolist(),
-            "weight": batch["targets_loss_weights"].sum(axis=1).tolist(),
-        }
-        with open(os.path.join(ROWS_DIR, f"{kind}-{PROCESS}.jsonl"), "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-    return batch
+def recording_next(rows_dir, process, pause_at=None):
+    """``Feeder.__next__`` that records every batch in ``rows_dir`` and pauses
+    before the training batch of step ``pause_at`` (see the module docstring)."""
 
+    def _recording_next(self):
+        step = self.step
+        kind = "train" if self.num_epochs is None else "eval"
+        if kind == "train" and step == pause_at:
+            print(f"PAUSED {step}", flush=True)
+            os.read(0, 1)
+        batch = _original_next(self)
+        if rows_dir:
+            record = {
+                "step": step,
+                "host": self.host_index,
+                "hosts": self.host_count,
+                "first_row": self.first_row,
+                "cache_index": batch["cache_index"].tolist(),
+                "epoch": batch["epoch"].tolist(),
+                "weight": batch["targets_loss_weights"].sum(axis=1).tolist(),
+            }
+            with open(os.path.join(rows_dir, f"{kind}-{process}.jsonl"), "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        return batch
 
-Feeder.__next__ = _recording_next
+    return _recording_next
+
 
 if __name__ == "__main__":
+    Feeder.__next__ = recording_next(os.environ.get("ROWS_DIR"), os.environ.get("JAX_PROCESS_ID", "0"),
+                                     int(os.environ["PAUSE_AT"]) if os.environ.get("PAUSE_AT") else None)
     main(args=sys.argv[1:], prog_name="seqcache")

@@ -5,6 +5,8 @@ Each run is ``seqcache train`` (through child_multihost.py, which records the
 cache indices every process's feeder returned) in fresh processes: a single
 process with 8 CPU devices, or P processes with 8 / P devices each, joined by
 ``jax.distributed.initialize`` on 127.0.0.1 (a free port) with gloo collectives.
+The default suite's single-process reference runs the same command line with the
+same recorder in the test process itself, which has the same 8 CPU devices.
 The mesh is the same in every run (fsdp = 8, rules fsdp: parameters, optimizer
 state and the batch sharded over all 8 devices, across the processes).
 
@@ -40,6 +42,7 @@ import subprocess
 import sys
 import threading
 
+import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -47,6 +50,7 @@ from click.testing import CliRunner
 from seqcache import format as fmt
 from seqcache.training import distributed
 from seqcache.training.metrics import read_metrics, read_tensorboard
+from testsupport import SMALL_MODEL
 
 HERE = pathlib.Path(__file__).resolve().parent
 CHILD = str(HERE / "child_multihost.py")
@@ -89,9 +93,12 @@ def caches(tmp_path_factory):
 
 
 def _args(caches, ckpt, steps, *extra):
+    # The tiny model shrunk to one layer (SMALL_MODEL): every parameter is still
+    # sharded over the 8 devices, and each process compiles a smaller program.
     return ["train", "--cache-dir", str(caches), "--task", "toy", "--model", "tiny", "--steps", str(steps),
             "--batch-size", str(B), "--sequence-length", str(L), "--mesh", "data=1,fsdp=-1", "--rules", "fsdp",
-            "--checkpoint-dir", str(ckpt), "--set", "progress=false checkpoint.async_save=false", *extra]
+            "--checkpoint-dir", str(ckpt), "--set", SMALL_MODEL, "--set", "progress=false checkpoint.async_save=false",
+            *extra]
 
 
 class _Run:
@@ -162,6 +169,30 @@ def _run(args, rows_dir, num_processes, cache_env, *, expect=0):
     return [summary for _, summary in results]
 
 
+def _run_here(args, rows_dir):
+    """``_run(args, rows_dir, 1, ...)`` in this process: the real command line on
+    this process's 8 CPU devices, with child_multihost.py's recorder in place of
+    ``Feeder.__next__`` for the run."""
+    import importlib.util
+
+    from seqcache.cli import main
+    from seqcache.feeders import Feeder
+
+    assert jax.device_count() == DEVICES
+    spec = importlib.util.spec_from_file_location("seqcache_multihost_child", CHILD)
+    child = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(child)
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    original = Feeder.__next__
+    Feeder.__next__ = child.recording_next(str(rows_dir), "0")
+    try:
+        result = CliRunner().invoke(main, args, catch_exceptions=False)
+    finally:
+        Feeder.__next__ = original
+    assert result.exit_code == 0, result.output
+    return [json.loads([x for x in result.output.splitlines() if x.startswith("{")][-1])]
+
+
 def _rows(rows_dir, kind, num_processes, steps=None):
     """{step: (cache indices, epochs, row weights) of the global batch}, put
     together from every process's record of its own rows."""
@@ -206,7 +237,9 @@ def one_and_two(caches, tmp_path_factory, compilation_cache_env):
     out = {}
     for n in (1, 2):
         args = _args(caches, tmp / f"ckpt{n}", STEPS, "--eval-split", "validation")
-        out[n] = (tmp / f"ckpt{n}", tmp / f"rows{n}", _run(args, tmp / f"rows{n}", n, compilation_cache_env))
+        summaries = (_run_here(args, tmp / "rows1") if n == 1 else
+                     _run(args, tmp / f"rows{n}", n, compilation_cache_env))
+        out[n] = (tmp / f"ckpt{n}", tmp / f"rows{n}", summaries)
     return out
 
 

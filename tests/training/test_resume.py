@@ -1,23 +1,22 @@
-"""Preemption and bit-exact resume, each in fresh processes.
+"""Preemption, and bit-exact resume in a fresh process.
 
-Scenario: an uninterrupted run of 2N steps in this process; a child process that
-trains the same config and receives SIGTERM during step N-1 (it must save a final
-checkpoint at step N and exit cleanly); a second, fresh child process that
-restores that checkpoint and trains to 2N. The per-step losses and the final
-parameter bytes must equal the uninterrupted run's. Dropout is on and gradients
-are accumulated over 2 microbatches, so the per-step RNG (fold_in(seed, step))
-and the accumulation are covered too.
+Scenario: an uninterrupted run of 2N steps in this process; a second run of the
+same config, in this process too, that receives SIGTERM during step N-1 (it must
+save a final checkpoint at step N and return, stopped by the signal); a fresh
+child process that restores that checkpoint and trains to 2N. The per-step
+losses and the final parameter bytes must equal the uninterrupted run's. Dropout
+is on and gradients are accumulated over 2 microbatches, so the per-step RNG
+(fold_in(seed, step)) and the accumulation are covered too.
 
-The children share this session's compilation cache (conftest.py): they load
-the executables this process compiled for the same programs instead of
-compiling them again; all state comes from the checkpoint on disk.
+The child shares this session's compilation cache (conftest.py): it loads the
+executables this process compiled for the same programs instead of compiling
+them again; all state comes from the checkpoint on disk.
 
 Both models run the scenario: the decoder-only Transformer and the T5
 encoder-decoder (fed packed (inputs, targets) rows, t5x's field names).
 
-The first child runs in lockstep with this test (it waits for a line on stdin
-after each step), so SIGTERM arrives at an exact step and nothing depends on
-timing.
+The preempted run sends SIGTERM to its own process from the callback of step
+N-1, so the signal arrives at an exact step and nothing depends on timing.
 """
 
 import json
@@ -54,36 +53,44 @@ def _flat(params):
     return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
 
 
-def _child(tmp_path, name, compilation_cache_env, *, model, sigterm_at_step=None):
+def _preempted_here(tmp_path, *, model):
+    """The run of ``_child(..., sigterm_at_step=N - 1)`` in this process: SIGTERM
+    arrives while step N-1's record is handled. Returns (records, arrays) as
+    ``_child`` does."""
+    trainer = T.Trainer(C.config_from_dict(_config(tmp_path / "resumed", model=model)), devices=jax.devices()[:1])
+    records = []
+
+    def on_step(record):
+        records.append(json.loads(json.dumps(record)))
+        if record["step"] == N - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    result = trainer.fit(MODELS[model][1](**FEEDER_KWARGS), on_step=on_step)
+    records.append({"done": True, "end_step": result.end_step, "stopped_by_signal": result.stopped_by_signal})
+    arrays = {f"param:{k}": v for k, v in _flat(result.params).items()}
+    arrays["losses"] = np.asarray(result.losses, dtype=np.float32)
+    return records, arrays
+
+
+def _child(tmp_path, name, compilation_cache_env, *, model):
+    """Trains the config in a fresh process (resuming from the checkpoint in
+    ``tmp_path / "resumed"``); returns (records, arrays)."""
     spec = {
         "config": _config(tmp_path / "resumed", model=model),
         "feeder": FEEDER_KWARGS,
         "feeder_class": MODELS[model][1].__name__,
         "out": str(tmp_path / f"{name}.npz"),
-        "lockstep": sigterm_at_step is not None,
     }
     spec_path = tmp_path / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
     with open(tmp_path / f"{name}.stderr", "w") as stderr:
-        proc = subprocess.Popen(
+        proc = subprocess.run(
             [sys.executable, str(HERE / "child_train.py"), str(spec_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300,
             env={**os.environ, **compilation_cache_env},
         )
-        records = []
-        for line in proc.stdout:
-            record = json.loads(line)
-            records.append(record)
-            if "done" in record:
-                break
-            if record["step"] == sigterm_at_step:
-                proc.send_signal(signal.SIGTERM)
-            if spec["lockstep"]:
-                proc.stdin.write("\n")
-                proc.stdin.flush()
-        proc.stdin.close()
-        code = proc.wait(timeout=300)
-    assert code == 0, (tmp_path / f"{name}.stderr").read_text()[-3000:]
+    assert proc.returncode == 0, (tmp_path / f"{name}.stderr").read_text()[-3000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
     return records, np.load(tmp_path / f"{name}.npz")
 
 
@@ -99,7 +106,7 @@ def runs(request, tmp_path_factory, compilation_cache_env):
     trainer = T.Trainer(cfg, devices=jax.devices()[:1])
     straight = trainer.fit(MODELS[model][1](**FEEDER_KWARGS))
     init = _flat(trainer.init_state()[0])
-    preempted = _child(tmp_path, "preempted", compilation_cache_env, model=model, sigterm_at_step=N - 1)
+    preempted = _preempted_here(tmp_path, model=model)
     resumed = _child(tmp_path, "resumed", compilation_cache_env, model=model)
     return tmp_path, straight, init, preempted, resumed, model
 

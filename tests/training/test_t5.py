@@ -99,8 +99,14 @@ def test_a_packed_example_equals_the_example_alone(tiny):
     assert np.abs(swapped[0:4] - alone[0:4]).max() > 1e-3
 
 
-def test_parameters_by_hand_and_embedding_options():
-    _, params = M.split_params(M.create(CFG, seed=0))
+def _abstract_params(cfg):
+    return M.split_params(M.abstract_model(cfg))[1]
+
+
+def test_parameters_by_hand_and_embedding_options(tiny):
+    _, params = tiny  # initialised; the options below are counted on their shapes alone
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), params) == jax.tree.map(lambda x: (x.shape, x.dtype),
+                                                                              _abstract_params(CFG))
     d, h, k, f, v, b = 32, 4, 8, 64, 64, 32
     attn, mlp = 4 * d * h * k, 3 * d * f
     expected = (v * d  # shared input embedding
@@ -111,21 +117,22 @@ def test_parameters_by_hand_and_embedding_options():
                 + d * v)  # output layer (T5.1.1: not tied)
     assert M.count_params(params) == expected
     assert params["encoder_bias"]["embedding"].shape == (b, h)
-    _, separate = M.split_params(M.create(dataclasses.replace(CFG, share_embeddings=False), seed=0))
+    separate = _abstract_params(dataclasses.replace(CFG, share_embeddings=False))
     assert M.count_params(separate) == expected + v * d
-    _, tied = M.split_params(M.create(dataclasses.replace(CFG, tie_embeddings=True), seed=0))
+    tied = _abstract_params(dataclasses.replace(CFG, tie_embeddings=True))
     assert M.count_params(tied) == expected - d * v and "output" not in tied
     relu = dataclasses.replace(CFG, mlp_activation="relu")
-    assert M.count_params(M.split_params(M.create(relu, seed=0))[1]) == expected - 4 * d * f
+    assert M.count_params(_abstract_params(relu)) == expected - 4 * d * f
 
 
 def test_rms_norm_is_flax_rms_norm_in_float32_and_bfloat16():
     norm = T5.rms_norm(CFG, nnx.Rngs(params=0))
-    x = jax.random.normal(jax.random.key(1), (2, 3, 32)) * 3.0
-    want = x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + CFG.norm_eps)
-    np.testing.assert_allclose(np.asarray(norm(x)), np.asarray(want), rtol=1e-5, atol=1e-6)
     bf16 = T5.rms_norm(dataclasses.replace(CFG, dtype="bfloat16"), nnx.Rngs(params=0))
-    assert bf16(x).dtype == jnp.bfloat16 and bf16.scale[...].dtype == jnp.float32
+    x = np.random.default_rng(1).normal(size=(2, 3, 32)).astype(np.float32) * 3.0
+    want = x / np.sqrt(np.mean(np.float64(x) ** 2, axis=-1, keepdims=True) + CFG.norm_eps)
+    got, got_bf16 = nnx.jit(lambda a, b, x: (a(x), b(x)))(norm, bf16, x)  # one compiled program for both
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+    assert got_bf16.dtype == jnp.bfloat16 and bf16.scale[...].dtype == jnp.float32
 
 
 def test_rules_presets_shard_the_t5_parameters():
@@ -181,18 +188,23 @@ def test_attention_matches_a_plain_softmax_reference():
     equals softmax(q k^T + bias, masked) v written out, in float32."""
     attn = T5.Attention(CFG, rngs=nnx.Rngs(params=3))
     bias_module = T5.RelativePositionBias(CFG, bidirectional=True, rngs=nnx.Rngs(params=4))
-    x = jax.random.normal(jax.random.key(2), (2, 6, 32))
-    seg = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]], jnp.int32)
-    mask = T5.encoder_mask(seg)
-    bias = bias_module(6, 6, jnp.float32)
-    got = attn(x, x, mask, bias)
-    q = jnp.einsum("bld,dhk->bhlk", x, attn.wq[...])
-    k = jnp.einsum("bld,dhk->bhlk", x, attn.wk[...])
-    v = jnp.einsum("bld,dhk->bhlk", x, attn.wv[...])
-    logits = jnp.einsum("bhqk,bhsk->bhqs", q, k) + bias  # T5: no 1/sqrt(head_dim)
-    probs = jax.nn.softmax(jnp.where(mask, logits, -1e30), axis=-1)
-    want = jnp.einsum("bhqs,bhsk,hkd->bqd", probs, v, attn.wo[...])
-    real = np.asarray(seg) != 0  # padding queries attend to nothing real; their output is unused
+    x = np.random.default_rng(2).normal(size=(2, 6, 32)).astype(np.float32)
+    seg = np.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]], np.int32)
+
+    @nnx.jit  # the module and the written-out reference in one compiled program
+    def both(attn, bias_module, x, seg):
+        mask = T5.encoder_mask(seg)
+        bias = bias_module(6, 6, jnp.float32)
+        got = attn(x, x, mask, bias)
+        q = jnp.einsum("bld,dhk->bhlk", x, attn.wq[...])
+        k = jnp.einsum("bld,dhk->bhlk", x, attn.wk[...])
+        v = jnp.einsum("bld,dhk->bhlk", x, attn.wv[...])
+        logits = jnp.einsum("bhqk,bhsk->bhqs", q, k) + bias  # T5: no 1/sqrt(head_dim)
+        probs = jax.nn.softmax(jnp.where(mask, logits, -1e30), axis=-1)
+        return got, jnp.einsum("bhqs,bhsk,hkd->bqd", probs, v, attn.wo[...])
+
+    got, want = both(attn, bias_module, x, seg)
+    real = seg != 0  # padding queries attend to nothing real; their output is unused
     np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=2e-5, atol=2e-5)
 
 

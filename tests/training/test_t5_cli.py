@@ -1,8 +1,9 @@
 """``seqcache train`` with the T5 model on real (inputs, targets) caches built by
 the pipeline: span corruption of the C4 sample (first-fit packed, byte
 vocabulary with 100 sentinel ids) and Multi30k en->de translation
-(ParallelTextSource); the decoder-only model on the same cache as a prefix LM;
-and the refusal of a T5 model on a language-model cache."""
+(ParallelTextSource), trained, stopped and resumed; the decoder-only model on
+the span-corruption cache as a prefix LM; and the refusal of a T5 model on a
+language-model cache."""
 
 import json
 
@@ -65,7 +66,7 @@ def _losses(ckpt):
     return [m["loss"] for m in read_metrics(str(ckpt / "metrics.jsonl")) if "loss" in m]
 
 
-@pytest.mark.slow  # the default suite resolves the same config in the stop-and-resume test below
+@pytest.mark.slow  # the default suite resolves the same config in test_t5_config_is_resolved_from_the_span_cache
 def test_t5_loss_falls_on_span_corruption(caches, tmp_path):
     ckpt = tmp_path / "span"
     res = _train(caches, "c4_span", ckpt, "--model", "t5-tiny", "--steps", "12",
@@ -84,12 +85,45 @@ def test_t5_loss_falls_on_span_corruption(caches, tmp_path):
     assert sum(losses[-3:]) / 3 < losses[0] - 1.5
 
 
-def test_t5_trains_on_translation(caches, tmp_path):
-    ckpt = tmp_path / "translation"
-    res = _train(caches, "multi30k_en_de", ckpt, "--model", "t5-tiny", "--steps", "8",
-                 "--sequence-length", str(INPUTS), "--set", SMALL)
+def test_t5_config_is_resolved_from_the_span_cache(caches, tmp_path):
+    res = _train(caches, "c4_span", tmp_path / "span", "--model", "t5-tiny", "--steps", "12",
+                 "--sequence-length", str(SPAN_TARGETS), "--set", SMALL, "--dry-run")
     assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    config = json.loads("\n".join(lines[lines.index("{"):]))
+    # Resolved from the cache: the converter, the encoder length, the vocabulary
+    # (256 bytes + 3 special ids + 100 sentinels).
+    assert config["data"]["converter"] == "encdec" and config["inputs_sequence_length"] == INPUTS
+    assert config["model"]["architecture"] == "t5" and config["model"]["vocab_size"] == 359
+    assert config["sequence_length"] == SPAN_TARGETS
+
+
+# One T5 program for the translation runs below: 8 steps of this schedule,
+# checkpointed at step 4 (checkpointing is not part of the compiled step).
+TRANSLATION = ("--model", "t5-tiny", "--steps", "8", "--sequence-length", str(INPUTS), "--set", SMALL,
+               "--set", "checkpoint.every_steps=4")
+
+
+@pytest.fixture(scope="module")
+def translation_run(caches, tmp_path_factory):
+    """The uninterrupted T5 run on the translation cache: (checkpoint folder, summary)."""
+    ckpt = tmp_path_factory.mktemp("t5run") / "full"
+    res = _train(caches, "multi30k_en_de", ckpt, *TRANSLATION)
+    assert res.exit_code == 0, res.output
+    return ckpt, _last_json(res.output)
+
+
+def _last_json(output: str) -> dict:
+    return json.loads([x for x in output.splitlines() if x.startswith("{")][-1])
+
+
+def test_t5_trains_on_translation(translation_run):
+    ckpt, summary = translation_run
+    assert summary["end_step"] == 8
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["data"]["converter"] == "encdec" and config["inputs_sequence_length"] == INPUTS
     losses = _losses(ckpt)
+    assert len(losses) == 8
     assert sum(losses[-3:]) / 3 < losses[0] - 1.0
 
 
@@ -119,30 +153,24 @@ def test_t5_on_a_language_model_cache_is_refused_naming_both(lm_cache, tmp_path)
         assert "Traceback" not in res.output and not (tmp_path / "t5lm").exists()
 
 
-def test_t5_stop_and_resume_on_a_real_cache_matches_an_uninterrupted_run(caches, tmp_path):
-    """Through ConvertedFeeder("encdec") and the real feeders: --stop-at-step 3,
-    then the same command resumes (a new invocation, the feeders restored from
-    the checkpoint's state); per-step losses and the parameter digest equal the
-    uninterrupted run's."""
-    common = ("--model", "t5-tiny", "--steps", "6", "--sequence-length", str(SPAN_TARGETS), "--set", SMALL,
-              "--set", "checkpoint.every_steps=3")
-    full = _train(caches, "c4_span", tmp_path / "full", *common)
-    assert full.exit_code == 0, full.output
-    stopped = _train(caches, "c4_span", tmp_path / "resumed", *common, "--stop-at-step", "3")
+def test_t5_stop_and_resume_on_a_real_cache_matches_an_uninterrupted_run(caches, translation_run, tmp_path):
+    """Through ConvertedFeeder("encdec") and the real feeders, on the packed
+    translation cache: --stop-at-step 4, then the same command resumes (a new
+    invocation, the feeders restored from the checkpoint's state); per-step
+    losses and the parameter digest equal the uninterrupted run's."""
+    full, summary = translation_run
+    stopped = _train(caches, "multi30k_en_de", tmp_path / "resumed", *TRANSLATION, "--stop-at-step", "4")
     assert stopped.exit_code == 0, stopped.output
-    resumed = _train(caches, "c4_span", tmp_path / "resumed", *common)
+    assert _last_json(stopped.output)["end_step"] == 4
+    resumed = _train(caches, "multi30k_en_de", tmp_path / "resumed", *TRANSLATION)
     assert resumed.exit_code == 0, resumed.output
-    last = lambda out: json.loads([x for x in out.splitlines() if x.startswith("{")][-1])  # noqa: E731
-    assert last(resumed.output)["start_step"] == 3
-    assert last(resumed.output)["params_sha256"] == last(full.output)["params_sha256"]
-    assert _losses(tmp_path / "resumed") == _losses(tmp_path / "full")
-    saved = json.loads((tmp_path / "resumed" / "6" / "feeder" / "metadata").read_text())
-    assert saved["converter"] == {"name": "encdec", "sequence_length": {"inputs": INPUTS, "targets": SPAN_TARGETS}}
-    # Resolved from the cache: the converter, the encoder length, the vocabulary
-    # (256 bytes + 3 special ids + 100 sentinels).
-    config = json.loads((tmp_path / "full" / "config.json").read_text())
-    assert config["data"]["converter"] == "encdec" and config["inputs_sequence_length"] == INPUTS
-    assert config["model"]["architecture"] == "t5" and config["model"]["vocab_size"] == 359
+    assert _last_json(resumed.output)["start_step"] == 4
+    assert _last_json(resumed.output)["params_sha256"] == summary["params_sha256"]
+    # The digest does tell parameters apart: step 4's are not step 8's.
+    assert _last_json(stopped.output)["params_sha256"] != summary["params_sha256"]
+    assert _losses(tmp_path / "resumed") == _losses(full)
+    saved = json.loads((tmp_path / "resumed" / "8" / "feeder" / "metadata").read_text())
+    assert saved["converter"] == {"name": "encdec", "sequence_length": {"inputs": INPUTS, "targets": INPUTS}}
 
 
 def test_a_model_vocabulary_smaller_than_the_cache_is_refused(caches, tmp_path):

@@ -32,8 +32,10 @@ demo: install
 test: install
 	$(VENV)/bin/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
+# The slow tests compile with XLA's default optimization (the default suite's
+# tests/conftest.py compiles without LLVM's passes, to halve compile time).
 test-slow: install
-	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
+	XLA_FLAGS="$${XLA_FLAGS:---xla_force_host_platform_device_count=8}" $(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
 
 # The real trainers (t5x, levanter, torchtitan, MaxText), each in a venv of its own
 # under build/trainers; TRAINERS="levanter torchtitan" picks some. docs/trainers.md.

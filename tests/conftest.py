@@ -7,7 +7,7 @@ programs are compiled without LLVM's optimization passes
 their cost, and this halves it; every comparison the tests make (sharded against
 one device, resumed against uninterrupted, several processes against one) is
 between programs compiled with the same flags, which processes the tests start
-inherit. This folder
+inherit; ``make test-slow`` sets ``XLA_FLAGS`` without it. This folder
 goes on ``sys.path`` so that test modules can import the plain helpers of
 ``testsupport.py``.
 """

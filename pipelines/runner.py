@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import multiprocessing
 import sys
 from concurrent import futures
 from typing import Any, Sequence
@@ -128,20 +129,31 @@ def pipeline_options(pipeline_args: Sequence[str] | Any = None):
 _BEAM_WORKER_MAIN = "-m apache_beam.runners.worker.sdk_worker_main"
 
 
-class _WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
-    """Beam's worker-pool service for the local engine's workers: each
-    ``StartWorker`` request becomes the SDK harness's environment, handed to a
-    worker process (``workers.hand_out``)."""
+# The local engine's workers' log entries are logged under Beam's name, so that
+# the build shows them as it shows Beam's own logs (with -v only).
+_WORKER_LOG = logging.getLogger("apache_beam.runners.worker.logs")
+_SEVERITY = beam_fn_api_pb2.LogEntry.Severity
+_LOG_LEVELS = {_SEVERITY.TRACE: logging.DEBUG, _SEVERITY.DEBUG: logging.DEBUG, _SEVERITY.INFO: logging.INFO,
+               _SEVERITY.NOTICE: logging.INFO, _SEVERITY.WARN: logging.WARNING, _SEVERITY.ERROR: logging.ERROR,
+               _SEVERITY.CRITICAL: logging.CRITICAL}
 
-    def __init__(self, pipeline_options_json: str):
+
+class _WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer, beam_fn_api_pb2_grpc.BeamFnLoggingServicer):
+    """Beam's worker-pool and logging services for the local engine's workers:
+    each ``StartWorker`` request becomes the SDK harness's environment, handed
+    to a worker process (``workers.hand_out``), whose log entries come back
+    here (``Logging``)."""
+
+    def __init__(self, pipeline_options_json: str, logging_endpoint: str):
         self._options = pipeline_options_json
+        self._logging = endpoints_pb2.ApiServiceDescriptor(url=logging_endpoint)
         self.processes = []  # the worker processes handed out
 
     def StartWorker(self, request, context):  # noqa: N802  (the service's method name)
         # The runner names the control endpoint by this host's name; the worker is local.
         control = endpoints_pb2.ApiServiceDescriptor(url="localhost:" + request.control_endpoint.url.rsplit(":", 1)[1])
         environment = {"CONTROL_API_SERVICE_DESCRIPTOR": text_format.MessageToString(control),
-                       "LOGGING_API_SERVICE_DESCRIPTOR": text_format.MessageToString(request.logging_endpoint),
+                       "LOGGING_API_SERVICE_DESCRIPTOR": text_format.MessageToString(self._logging),
                        "PIPELINE_OPTIONS": self._options, "WORKER_ID": request.worker_id}
         try:
             self.processes.append(workers.hand_out(environment))
@@ -151,6 +163,13 @@ class _WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
 
     def StopWorker(self, request, context):  # noqa: N802  (a worker leaves when its control channel closes)
         return beam_fn_api_pb2.StopWorkerResponse()
+
+    def Logging(self, request_iterator, context):  # noqa: N802  (one stream per worker, until it exits)
+        for entries in request_iterator:
+            for entry in entries.log_entries:
+                _WORKER_LOG.log(_LOG_LEVELS.get(entry.severity, logging.INFO), "worker: %s (%s)", entry.message,
+                                entry.log_location)
+        return iter([])
 
 
 class _LocalEngine(fn_runner.FnApiRunner):
@@ -171,9 +190,13 @@ class _LocalEngine(fn_runner.FnApiRunner):
                  if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command]
         if not local:
             return super().run_via_runner_api(pipeline_proto, options)
-        server, servicer = grpc.server(futures.ThreadPoolExecutor(max_workers=4)), _WorkerPool(self._options_json)
-        beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(servicer, server)
+        # A thread per worker's log stream, and some for its requests.
+        num_workers = options.view_as(po.DirectOptions).direct_num_workers or multiprocessing.cpu_count()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=num_workers + 4))
         port = server.add_insecure_port("127.0.0.1:0")
+        servicer = _WorkerPool(self._options_json, f"127.0.0.1:{port}")
+        beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(servicer, server)
+        beam_fn_api_pb2_grpc.add_BeamFnLoggingServicer_to_server(servicer, server)
         server.start()
         pool = beam_runner_api_pb2.ExternalPayload(endpoint=endpoints_pb2.ApiServiceDescriptor(url=f"127.0.0.1:{port}"))
         for env in local:

@@ -175,7 +175,7 @@ class _WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer, beam_fn
 class _LocalEngine(fn_runner.FnApiRunner):
     """``FnApiRunner`` whose multi_processing workers are seqcache's
     (``seqcache.pipelines.workers``): their environment becomes an EXTERNAL one,
-    served by a ``_WorkerPool`` on 127.0.0.1 while the pipeline runs; any other
+    served by a ``_WorkerPool`` on localhost while the pipeline runs; any other
     environment is left as Beam made it."""
 
     def __init__(self, options):
@@ -193,20 +193,24 @@ class _LocalEngine(fn_runner.FnApiRunner):
         # A thread per worker's log stream, and some for its requests.
         num_workers = options.view_as(po.DirectOptions).direct_num_workers or multiprocessing.cpu_count()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=num_workers + 4))
-        port = server.add_insecure_port("127.0.0.1:0")
-        servicer = _WorkerPool(self._options_json, f"127.0.0.1:{port}")
+        # localhost, as Beam names its own endpoints (which a no_proxy setting names too).
+        port = server.add_insecure_port("localhost:0")
+        servicer = _WorkerPool(self._options_json, f"localhost:{port}")
         beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(servicer, server)
         beam_fn_api_pb2_grpc.add_BeamFnLoggingServicer_to_server(servicer, server)
         server.start()
-        pool = beam_runner_api_pb2.ExternalPayload(endpoint=endpoints_pb2.ApiServiceDescriptor(url=f"127.0.0.1:{port}"))
+        pool = beam_runner_api_pb2.ExternalPayload(endpoint=endpoints_pb2.ApiServiceDescriptor(url=f"localhost:{port}"))
         for env in local:
             env.urn, env.payload = common_urns.environments.EXTERNAL.urn, pool.SerializeToString()
+        ended = False
         try:
-            return super().run_via_runner_api(pipeline_proto, options)
-        finally:
+            result = super().run_via_runner_api(pipeline_proto, options)
+            ended = True
+            return result
+        finally:  # interrupted or failed: its workers are killed at once
             server.stop(None)
             workers.stop_waiting()
-            workers.reap(servicer.processes)
+            workers.reap(servicer.processes, kill=not ended)
 
 
 def local_engine(options):
@@ -301,7 +305,9 @@ def run(pipeline, runner: str) -> None:
     except Exception as e:
         if _is_step_error(e):
             raise
-        raise RunnerError(f"runner {short} could not start: {first_line(e)}") from e
+        # The local engine runs the whole pipeline here: it started, then failed.
+        how = "failed" if is_local_engine(runner) else "could not start"
+        raise RunnerError(f"runner {short} {how}: {first_line(e)}") from e
     try:
         result.wait_until_finish()
     except KeyboardInterrupt:
@@ -326,6 +332,10 @@ def run(pipeline, runner: str) -> None:
 
 
 def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (a gRPC error's code and details), at most 300 characters."""
+    if callable(getattr(error, "details", None)) and callable(getattr(error, "code", None)):
+        with contextlib.suppress(Exception):  # a gRPC error whose call never completed has neither
+            return f"{error.code().name}: {error.details()}"[:300]
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0][:300]
 

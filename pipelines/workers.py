@@ -34,13 +34,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from typing import Mapping, Sequence
 
 # The argument that makes ``seqcache.pipelines.worker_main`` wait for its environment.
 WAIT_FLAG = "--wait"
 # ``--runner`` values that mean Beam's local engine (runner.RUNNER_ALIASES maps them to it).
 LOCAL_ENGINE_NAMES = ("direct", "directrunner", "fnapi", "fnapirunner", "local")
-# Seconds a worker gets to exit once its pipeline has ended before it is killed.
+# Seconds the workers of a pipeline that has ended get to exit before they are killed.
 EXIT_WAIT_S = 10.0
 
 _lock = threading.Lock()
@@ -78,7 +79,7 @@ def asked(args: Sequence[str], cpu_count: int | None = None) -> int:
 def start_ahead(args: Sequence[str]) -> int:
     """Starts the worker processes the ``seqcache build`` arguments ``args``
     ask for (``asked``), to wait for their pipeline; returns how many."""
-    count = asked(args)
+    count = 0 if {"-h", "--help"} & set(args) else asked(args)
     if count:
         atexit.register(stop_waiting)
         with _lock:
@@ -138,13 +139,15 @@ def stop_waiting() -> None:
         proc.stdin.close()
 
 
-def reap(processes: Sequence[subprocess.Popen]) -> None:
+def reap(processes: Sequence[subprocess.Popen], *, kill: bool = False) -> None:
     """Waits for worker ``processes`` whose pipeline has ended to exit (they
-    leave when its control channel closes), killing any that take longer than
-    ``EXIT_WAIT_S``."""
+    leave when its control channel closes), killing those still running after
+    ``EXIT_WAIT_S`` in all; with ``kill`` (the pipeline was interrupted or
+    failed) kills them at once."""
+    deadline = time.monotonic() + (0.0 if kill else EXIT_WAIT_S)
     for proc in processes:
         try:
-            proc.wait(EXIT_WAIT_S)
+            proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import uuid
 
 import pytest
@@ -134,3 +133,51 @@ def test_a_waiting_process_that_died_is_replaced(tmp_path):
     build_task(task, cache_dir=str(tmp_path / "m"), config=config, split_size=1000)
     sums = [(tmp_path / d / "waiting" / "train" / "shard-checksums.json").read_bytes() for d in ("w", "m")]
     assert sums[0] == sums[1]
+
+
+class _Stuck:
+    """A worker process that never exits by itself: records what ``reap`` asks
+    of it; a wait moves ``clock`` on by its timeout."""
+
+    def __init__(self, clock):
+        self.clock, self.timeouts, self.killed = clock, [], False
+
+    def wait(self, timeout=None):
+        if self.killed:
+            return -9
+        self.timeouts.append(timeout)
+        self.clock[0] += timeout
+        raise subprocess.TimeoutExpired("worker", timeout)
+
+    def kill(self):
+        self.killed = True
+
+
+def test_the_workers_of_an_interrupted_pipeline_are_killed_at_once(monkeypatch):
+    """An interrupted or failed pipeline's workers may never see their control
+    channel close (one still importing missed the Ctrl-C): they are killed
+    without a wait; an ended pipeline's get ``EXIT_WAIT_S`` in all, not each."""
+    clock = [1000.0]
+    monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
+    procs = [_Stuck(clock) for _ in range(3)]
+    workers.reap(procs, kill=True)
+    assert all(p.killed for p in procs) and [p.timeouts for p in procs] == [[0.0]] * 3
+    procs = [_Stuck(clock) for _ in range(3)]
+    workers.reap(procs)
+    assert all(p.killed for p in procs)
+    assert [p.timeouts for p in procs] == [[workers.EXIT_WAIT_S], [0.0], [0.0]]
+
+
+def test_a_grpc_error_is_named_by_its_code_and_details():
+    from seqcache.pipelines import runner
+
+    class Unavailable(Exception):
+        def code(self):
+            return type("Code", (), {"name": "UNAVAILABLE"})()
+
+        def details(self):
+            return "failed to connect to all addresses"
+
+    assert runner.first_line(Unavailable("<_InactiveRpcError of RPC that terminated with:\n\tstatus = ...")) == \
+        "UNAVAILABLE: failed to connect to all addresses"
+    assert runner.first_line(ValueError("one\ntwo")) == "one"

@@ -1,14 +1,12 @@
-"""Runs one training job in a fresh process, for resume and SIGTERM tests.
+"""Runs one training job in a fresh process, for resume tests.
 
 Usage: python child_train.py SPEC.json
 
 SPEC holds ``config`` (a TrainConfig dict), ``feeder`` (FakeFeeder keyword
 arguments), optional ``feeder_class`` (a class of fakes.py, default
 "FakeFeeder"), optional ``stop_at``, ``devices`` (how many devices to use), ``out``
-(an .npz path for the final parameters and the per-step losses) and
-``lockstep``. Every step's metrics record is printed to stdout as one JSON line;
-with ``lockstep`` the child then waits for a line on stdin before going on, so
-that a parent can deliver a signal at an exact step.
+(an .npz path for the final parameters and the per-step losses). Every step's
+metrics record is printed to stdout as one JSON line.
 """
 
 import os
@@ -51,8 +49,6 @@ def main(spec_path: str) -> int:
 
     def on_step(record):
         print(json.dumps(record), flush=True)
-        if spec.get("lockstep"):
-            sys.stdin.readline()
 
     result = trainer_lib.Trainer(config, devices=devices).fit(feeder, stop_at=spec.get("stop_at"), on_step=on_step)
     if spec.get("out"):

@@ -40,7 +40,7 @@ from seqcache.pipelines import workers
 process.import_beam()  # before Beam's modules below: quietly, without pandas
 from apache_beam.options import pipeline_options as po  # noqa: E402
 from apache_beam.portability import common_urns, python_urns  # noqa: E402
-from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc, beam_provision_api_pb2  # noqa: E402
+from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc  # noqa: E402
 from apache_beam.portability.api import beam_runner_api_pb2, endpoints_pb2  # noqa: E402
 from apache_beam.runners import runner as beam_runner  # noqa: E402
 from apache_beam.runners.portability.fn_api_runner import fn_runner  # noqa: E402
@@ -179,9 +179,9 @@ class _LocalEngine(fn_runner.FnApiRunner):
     environment is left as Beam made it."""
 
     def __init__(self, options):
+        super().__init__()
+        # The workers' PIPELINE_OPTIONS, encoded as Beam's DirectRunner encodes them.
         encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-        super().__init__(provision_info=fn_runner.ExtendedProvisionInfo(
-            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
         self._options_json = json_format.MessageToJson(encoded)
 
     def run_via_runner_api(self, pipeline_proto, options):
@@ -214,12 +214,10 @@ class _LocalEngine(fn_runner.FnApiRunner):
 
 
 def local_engine(options):
-    """Beam's local engine for ``options``, made the way Beam's DirectRunner
-    makes it: with the pipeline options in its provision info, so that worker
-    processes (``--direct_running_mode=multi_processing``) see them too (the
-    object-store options, the harness log level). Its worker processes are
-    seqcache's (``seqcache.pipelines.workers``: Beam imported without pandas,
-    started ahead by the ``seqcache build`` executable)."""
+    """Beam's local engine for ``options``. Its multi_processing worker
+    processes are seqcache's (``seqcache.pipelines.workers``: Beam imported
+    without pandas, started ahead by the ``seqcache build`` executable), and
+    get ``options`` (the object-store options, the harness log level)."""
     return _LocalEngine(options)
 
 

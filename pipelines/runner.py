@@ -190,7 +190,8 @@ class _LocalEngine(fn_runner.FnApiRunner):
                  if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command]
         if not local:
             return super().run_via_runner_api(pipeline_proto, options)
-        # A thread per worker's log stream, and some for its requests.
+        # A thread per worker's log stream, and some for its requests (threads start as
+        # needed: an unset count, 1 worker, is sized as 0, every CPU, at no cost).
         num_workers = options.view_as(po.DirectOptions).direct_num_workers or multiprocessing.cpu_count()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=num_workers + 4))
         # localhost, as Beam names its own endpoints (which a no_proxy setting names too).

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from seqcache.training.flops import RunFlops
 from seqcache.training.preemption import StopFlag, stop_agreed
 from seqcache.training.report import TrainResult
 
@@ -52,6 +53,7 @@ def run_loop(trainer, feeder, params, opt_state, compiled, start: int, end: int,
     """Trains steps ``start`` .. ``end - 1`` (fewer after SIGTERM or the end of
     the stream), saving and evaluating as ``_maybe_save`` and ``_maybe_evaluate`` say."""
     cfg = trainer.config
+    run_flops = RunFlops.of(cfg, trainer.mesh)
     multi_host = jax.process_count() > 1
     fetch = _fetcher(feeder)
     records: list[dict] = []
@@ -75,7 +77,7 @@ def run_loop(trainer, feeder, params, opt_state, compiled, start: int, end: int,
         pending = None
         if done < end and not (io.stop.event.is_set() and not multi_host):
             pending, exhausted = _try_fetch(fetch)
-        record, last_time = _step_record(cfg, step, metrics, last_time, data_wait)
+        record, last_time = _step_record(cfg, run_flops, step, metrics, last_time, data_wait)
         records.append(record)
         _report_step(io, record, done)
         stopped = stop_agreed(io.stop, io.checkpointer, done, multi_host=multi_host)
@@ -106,9 +108,10 @@ def _try_fetch(fetch: Callable[[], tuple]):
         return None, True
 
 
-def _step_record(cfg, step: int, metrics, last_time: float, data_wait: float) -> tuple[dict, float]:
+def _step_record(cfg, run_flops: RunFlops, step: int, metrics, last_time: float,
+                 data_wait: float) -> tuple[dict, float]:
     """The metrics line of ``step`` (waits for the step's values) and the time it
-    was taken."""
+    was taken; the FLOP fields from ``run_flops`` (``RunFlops.step_metrics``)."""
     values = {k: float(v) for k, v in jax.device_get(metrics).items()}
     now = time.perf_counter()
     step_time = now - last_time
@@ -118,13 +121,15 @@ def _step_record(cfg, step: int, metrics, last_time: float, data_wait: float) ->
         "tokens_per_s": cfg.tokens_per_step / step_time if step_time > 0 else float("inf"),
         "step_time_s": step_time,
         "data_wait_s": data_wait,
+        **run_flops.step_metrics(step_time),
     }
     return record, now
 
 
 def _report_step(io: LoopIO, record: dict, done: int) -> None:
     io.writer.write(record)
-    io.progress.update(completed=done, loss=record["loss"], tokens_per_s=record["tokens_per_s"])
+    io.progress.update(completed=done, loss=record["loss"], tokens_per_s=record["tokens_per_s"],
+                       tflops_per_s_per_device=record["tflops_per_s_per_device"], mfu=record["mfu"])
     if io.on_step is not None:
         io.on_step(record)
 

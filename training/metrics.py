@@ -4,20 +4,28 @@ One line per training step in the metrics file, for instance::
 
     {"step": 12, "loss": 3.91, "learning_rate": 0.0012, "grad_norm": 0.83,
      "accuracy": 0.21, "loss_weight_sum": 2011.0, "tokens_per_s": 18233.4,
-     "step_time_s": 0.112, "data_wait_s": 0.0004}
+     "step_time_s": 0.112, "data_wait_s": 0.0004,
+     "model_flops_per_token": 984192.0, "tflops_per_s_per_device": 0.0179,
+     "mfu": null}
 
 ``step`` is the 0-based index of the step (it trained on global batch ``step``);
 loss is in nats per token (weighted by loss weights); ``tokens_per_s`` counts all
 B * L tokens of the global batch, padding included, per second of wall time
 between two consecutive completed steps (``step_time_s``); ``data_wait_s`` is the
-host time spent inside the feeder's ``next`` for that step's batch. Eval lines
+host time spent inside the feeder's ``next`` for that step's batch.
+``model_flops_per_token`` is the step's model FLOPs (forward and backward,
+``seqcache.training.flops.model_flops_per_step``) per token,
+``tflops_per_s_per_device`` those FLOPs per second of ``step_time_s`` per chip of
+the mesh, in TFLOP/s, and ``mfu`` that rate over the chip's dense bf16 peak (a
+fraction; null where the device's peak is unknown, e.g. on CPU). Eval lines
 carry ``eval_loss``, ``eval_accuracy``, ``eval_tokens`` (sum of loss weights) and
 ``eval_batches`` instead.
 
 The same values go to TensorBoard event files (``TensorBoardWriter``; no
 TensorFlow needed) next to the metrics file, at the line's ``step``:
 ``train/<name>`` for a step's line (``train/loss``), ``eval/<name>`` without the
-``eval_`` prefix for an evaluation's (``eval/loss``).
+``eval_`` prefix for an evaluation's (``eval/loss``); a null value (``mfu`` on
+CPU) is left out.
 """
 
 from __future__ import annotations
@@ -145,7 +153,8 @@ def read_metrics(path: str) -> list[dict]:
 
 
 class ProgressBar:
-    """A rich progress bar on stderr over steps [start, total) with loss and tokens/s; a no-op unless ``enabled``."""
+    """A rich progress bar on stderr over steps [start, total) with loss, tokens/s,
+    model TFLOP/s per chip and MFU ("-" when unknown); a no-op unless ``enabled``."""
 
     def __init__(self, *, total: int, start: int, enabled: bool):
         self._progress = None
@@ -153,13 +162,20 @@ class ProgressBar:
             return
         self._progress = Progress(
             TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"), TimeRemainingColumn(), console=Console(stderr=True))
-        self._task = self._progress.add_task("train", total=total, completed=start, loss="-", tps="-")
+            TextColumn("{task.fields[tps]} tok/s"), TextColumn("{task.fields[tflops]} TFLOP/s/chip"),
+            TextColumn("MFU {task.fields[mfu]}"), TimeRemainingColumn(), console=Console(stderr=True))
+        self._task = self._progress.add_task("train", total=total, completed=start, loss="-", tps="-",
+                                             tflops="-", mfu="-")
         self._progress.start()
 
-    def update(self, *, completed: int, loss: float, tokens_per_s: float) -> None:
+    def update(self, *, completed: int, loss: float, tokens_per_s: float,
+               tflops_per_s_per_device: float | None = None, mfu: float | None = None) -> None:
+        """Shows step ``completed``'s values; a None TFLOP/s or MFU shows "-"."""
         if self._progress is not None:
-            self._progress.update(self._task, completed=completed, loss=f"{loss:.4f}", tps=f"{tokens_per_s:,.0f}")
+            self._progress.update(
+                self._task, completed=completed, loss=f"{loss:.4f}", tps=f"{tokens_per_s:,.0f}",
+                tflops="-" if tflops_per_s_per_device is None else f"{tflops_per_s_per_device:,.3g}",
+                mfu="-" if mfu is None else f"{mfu:.1%}")
 
     def close(self) -> None:
         if self._progress is not None:

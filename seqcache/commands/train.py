@@ -8,6 +8,7 @@ import logging
 import math
 import numbers
 import os
+import statistics
 import sys
 
 import click
@@ -19,6 +20,7 @@ from seqcache.feeders import FeederStateError
 from seqcache.training import config as config_lib
 from seqcache.training import data as data_lib
 from seqcache.training import distributed
+from seqcache.training import flops as flops_lib
 
 # Exit status after SIGTERM: the run stopped early with a checkpoint saved
 # (128 + SIGTERM, as a shell reports a process ended by the signal).
@@ -233,6 +235,8 @@ def _derived_quantities(trainer, cfg, source, model_preset) -> dict:
     from seqcache.training.trainer import METRICS_FILE, tensorboard_dir_for  # optional: jax
 
     derived = trainer.describe()
+    derived["model_flops_per_token"] = round(flops_lib.flops_per_token(cfg))
+    derived["peak_tflops_per_device"] = flops_lib.peak_tflops(flops_lib.device_kind_of(trainer.mesh))
     derived["data"] = source.name
     derived["examples"] = data_lib.num_examples_of(source)
     derived["steps_per_epoch"] = data_lib.steps_per_epoch(source, cfg.global_batch_size)
@@ -300,7 +304,8 @@ def summary_line(summary: dict) -> str:
 
 
 def _summary(result) -> dict:
-    """The run's summary: steps, final loss, compile time, how it ended, parameters' digest, process, eval."""
+    """The run's summary: steps, final loss, compile time, how it ended, parameters' digest, throughput
+    (``throughput_summary``), process, eval."""
     import jax  # optional: jax
 
     from seqcache.training.trainer import params_digest  # optional: jax
@@ -314,12 +319,30 @@ def _summary(result) -> dict:
         "data_exhausted": result.data_exhausted,
         "params_sha256": params_digest(result.params),
     }
+    summary.update(throughput_summary(result.metrics))
     if jax.process_count() > 1:
         summary["process"] = jax.process_index()
         summary["processes"] = jax.process_count()
     if result.eval:
         summary.update(result.eval)
     return summary
+
+
+# The step metrics the summary gives as medians over a run's steps (``throughput_summary``).
+THROUGHPUT_FIELDS = ("model_flops_per_token", "tokens_per_s", "tflops_per_s_per_device", "mfu")
+
+
+def throughput_summary(records: list[dict]) -> dict:
+    """``THROUGHPUT_FIELDS`` as medians over the step records of a run, leaving
+    out the first step (its time includes dispatching the compiled program) unless
+    it is the only one; a field is None where no step has a number for it (``mfu``
+    on a device of unknown peak, or no step at all)."""
+    steps = records[1:] if len(records) > 1 else records
+    out = {}
+    for name in THROUGHPUT_FIELDS:
+        values = [r[name] for r in steps if isinstance(r.get(name), numbers.Real)]
+        out[name] = statistics.median(values) if values else None
+    return out
 
 
 def _resolve_from_cache(cfg, source, model_preset):

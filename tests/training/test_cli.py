@@ -7,6 +7,7 @@ import json
 import logging
 import pathlib
 import shutil
+import statistics
 
 import pytest
 from click.testing import CliRunner
@@ -53,6 +54,13 @@ def test_train_eval_resume_and_refuse(cache, tmp_path, caplog):
     # Derived quantities up front: 8 x 64 tokens per step, steps per epoch from the manifest.
     assert "tokens per step" in first.output and "512" in first.output
     assert "steps per epoch" in first.output and str(-(-manifest.num_examples // 8)) in first.output
+    # Throughput: medians over the steps but the first; the CPU's MFU is unknown (null).
+    lines = read_metrics(str(ckpt / "metrics.jsonl"))
+    steps = [m for m in lines if "loss" in m][1:]
+    for name in ("tokens_per_s", "tflops_per_s_per_device"):
+        assert out[name] == statistics.median(m[name] for m in steps)
+    assert out["model_flops_per_token"] == steps[0]["model_flops_per_token"] > 0 and out["mfu"] is None
+    assert "model flops per token" in first.output
     # Evaluation read every example of the split once: its weighted tokens are the
     # cache's token count, and its batches cover the examples (the last one padded).
     assert out["eval_tokens"] == manifest.statistics["tokens"]["targets"]

@@ -4,7 +4,7 @@ A run is fully described by one ``TrainConfig``. It is built in this order, each
 layer overriding the previous one:
 
 1. the defaults below,
-2. a model preset (``MODEL_PRESETS``: decoder-only ``tiny``, ``small``, ``base``;
+2. a model preset (``MODEL_PRESETS``: decoder-only ``tiny``, ``small``, ``base``, ``large``;
    encoder-decoder ``t5-tiny``, ``t5-small``),
 3. a JSON config file (``load_config_file``), nested like ``to_dict`` writes it,
 4. command line flags,
@@ -43,6 +43,10 @@ MAX_INTEGER = bounded_json.MAX_COUNT
 MAX_GLOBAL_BATCH_SIZE = 2**24
 MAX_SEQUENCE_LENGTH = bounded_json.MAX_SEQUENCE_LENGTH
 MLP_ACTIVATIONS = ("swiglu", "geglu", "relu")
+# ``ModelConfig.attention``: the attention kernel (``seqcache.training.models.attention``).
+ATTENTION_KERNELS = ("auto", "xla", "splash")
+# ``ModelConfig.remat``: what a layer keeps for the backward pass (``seqcache.training.models.layers``).
+REMAT_POLICIES = ("none", "dots", "full")
 CONVERTERS = ("lm", "prefix_lm", "encdec")
 
 
@@ -91,6 +95,26 @@ class ModelConfig:
         embedding table (T5); False gives each its own.
       init_std: decoder only: standard deviation of the normal initialisation
         of matrices (t5 uses T5's fan-in initialisation, see its module).
+      attention: the attention kernel: "xla" (the einsum path: scores and
+        probabilities of shape (batch, heads, L, L) in float32), "splash"
+        (Pallas splash attention from ``jax.experimental``: a fused kernel that
+        never writes the (L, L) matrix to memory; on a TPU compiled, elsewhere
+        run in Pallas interpret mode, slowly) or "auto" (splash on a TPU when
+        every sequence length is a multiple of 128 and dropout is off, else
+        xla). T5 uses splash for cross-attention only: its self-attention adds
+        the relative position bias, which the kernel cannot take.
+      remat: what each layer keeps for the backward pass (``jax.checkpoint``):
+        "none" (every activation), "dots" (only the outputs of matrix
+        multiplications without batch dimensions: the projections and the MLP;
+        the rest is recomputed) or "full" (only the layer's input; the whole
+        layer is recomputed). Values are the same; memory and time differ.
+      scan_layers: store the layers' parameters stacked along a leading
+        'layers' axis and compile one layer, scanned over them
+        (``jax.lax.scan``): compile time no longer grows with depth. Same
+        initial values and losses as unscanned layers; the checkpoint's
+        parameter tree differs (``blocks/attn/wq`` of shape (layers, ...)
+        instead of ``blocks/0/attn/wq``), so a checkpoint resumes only with
+        the setting it was saved with.
     """
 
     architecture: str = "decoder"
@@ -111,6 +135,9 @@ class ModelConfig:
     tie_embeddings: bool = True
     share_embeddings: bool = True
     init_std: float = 0.02
+    attention: str = "auto"
+    remat: str = "none"
+    scan_layers: bool = False
 
     @property
     def resolved_head_dim(self) -> int:
@@ -149,6 +176,12 @@ class ModelConfig:
         _check_choice("model.dtype", self.dtype, COMPUTE_DTYPES)
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ConfigError(f"model.dropout_rate must be in [0, 1) (got {self.dropout_rate})")
+        _check_choice("model.attention", self.attention, ATTENTION_KERNELS)
+        _check_choice("model.remat", self.remat, REMAT_POLICIES)
+        if self.attention == "splash" and self.dropout_rate > 0 and self.architecture == "decoder":
+            raise ConfigError(
+                f"model.attention='splash' has no dropout on attention probabilities (model.dropout_rate="
+                f"{self.dropout_rate}); set model.dropout_rate=0 or model.attention=xla")
 
 
 MODEL_PRESETS: dict[str, ModelConfig] = {
@@ -158,6 +191,11 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(d_model=256, num_layers=4, num_heads=4, mlp_dim=1024),
     # GPT-2 small shape (Radford et al. 2019) with SwiGLU width 2048 (about 8/3 * d_model).
     "base": ModelConfig(d_model=768, num_layers=12, num_heads=12, mlp_dim=2048),
+    # About 480 M parameters (plus embeddings): the largest decoder whose float32 parameters,
+    # gradients and AdamW moments (16 bytes a parameter) leave room on one 16 GB chip for a
+    # global batch of 32 rows of 1024 tokens, with every layer recomputed in the backward
+    # pass, one compiled layer scanned over 16 and the splash kernel on a TPU.
+    "large": ModelConfig(d_model=1536, num_layers=16, num_heads=12, mlp_dim=4096, remat="full", scan_layers=True),
     # T5.1.1-style encoder-decoder (gated-GELU MLP, untied output layer, shared
     # input embeddings, relative position buckets); trains in seconds on CPU.
     "t5-tiny": ModelConfig(architecture="t5", d_model=64, num_layers=2, num_decoder_layers=2, num_heads=4,

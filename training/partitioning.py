@@ -19,7 +19,8 @@ The batch dimension is always split over ('data', 'fsdp') together.
 
 Rules presets (``RULES``): ``dp`` replicates every parameter; ``fsdp`` shards
 'embed' over 'fsdp'; ``tp`` 'heads' and 'mlp' over 'model'; ``fsdp+tp`` both.
-RMSNorm scales ('norm'), T5's relative position buckets ('relpos_buckets') and
+RMSNorm scales ('norm'), T5's relative position buckets ('relpos_buckets'),
+the leading axis of scanned layers' stacked parameters ('layers') and
 'vocab' stay replicated in every preset: they are small, and a replicated
 'vocab' keeps any vocabulary size usable whatever the mesh.
 """
@@ -38,7 +39,8 @@ MESH_AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
 
 
-_BASE = {**dict.fromkeys(("vocab", "embed", "heads", "kv", "mlp", "norm", "relpos_buckets")), "batch": BATCH_AXES,
+_BASE = {**dict.fromkeys(("vocab", "embed", "heads", "kv", "mlp", "norm", "relpos_buckets", "layers")),
+         "batch": BATCH_AXES,
          **dict.fromkeys(("length", "act_embed", "act_heads", "act_mlp", "act_vocab"))}
 _TP = dict.fromkeys(("heads", "mlp", "act_heads", "act_mlp"), "model")
 
@@ -242,6 +244,11 @@ def activation_rules(mesh: Mesh, rules: Mapping[str, Any]):
         yield
     finally:
         _ACTIVE.value = previous
+
+
+def active() -> tuple[Mesh, dict[str, Any]] | None:
+    """(mesh, rules) of the enclosing ``activation_rules``, or None outside one."""
+    return getattr(_ACTIVE, "value", None)
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:

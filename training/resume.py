@@ -106,6 +106,35 @@ def check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str,
                 f"{key}={current.get(key)!r}{_STREAM_HINT}")
 
 
+# Model settings that change the checkpoint's parameter tree (not its values),
+# with the value a config.json written before the setting existed means.
+STRUCTURE_FIELDS = (("scan_layers", False),)
+
+
+def check_structure(config_path: str, config: config_lib.TrainConfig, checkpoint: str) -> None:
+    """Refuses, before Orbax is asked, a checkpoint whose parameter tree another
+    setting of ``STRUCTURE_FIELDS`` laid out (read from the run's saved
+    config.json; without one, nothing is compared).
+
+    Raises:
+      CheckpointError: one line naming the setting, both values and the fix.
+    """
+    try:
+        saved = bounded_json.read_file(config_path, error=ValueError, max_bytes=1 << 20, what="config file")
+    except ValueError:
+        return
+    model = saved.get("model") if isinstance(saved, Mapping) else None
+    if not isinstance(model, Mapping):
+        return
+    for name, default in STRUCTURE_FIELDS:
+        old, new = model.get(name, default), getattr(config.model, name)
+        if old != new:
+            raise CheckpointError(
+                f"{checkpoint}: the checkpoint was saved with model.{name}={json.dumps(old)} and this run has "
+                f"model.{name}={json.dumps(new)}, which lays the parameters out otherwise (stacked layers or one "
+                f"per layer); resume with --set model.{name}={json.dumps(old)}")
+
+
 # Config fields that change the learning-rate schedule or the optimizer of a run
 # (``steps`` is the schedule's length unless optimizer.decay_steps is set).
 SCHEDULE_FIELDS = ("steps",) + tuple(f"optimizer.{f.name}" for f in dataclasses.fields(config_lib.OptimizerConfig))

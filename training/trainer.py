@@ -50,7 +50,8 @@ from seqcache.training.report import (  # noqa: F401 (the trainer's public names
     CONFIG_FILE, METRICS_FILE, TrainResult, format_memory_analysis, memory_analysis_dict, metrics_path_for,
     params_digest, ranges, tensorboard_dir_for, write_json_atomic)
 from seqcache.training.resume import (  # noqa: F401
-    SCHEDULE_FIELDS, check_feeder, check_same_stream, restore_feeder, schedule_changes, warn_schedule_changes)
+    SCHEDULE_FIELDS, check_feeder, check_same_stream, check_structure, restore_feeder, schedule_changes,
+    warn_schedule_changes)
 
 log = logging.getLogger("seqcache.training")
 
@@ -368,6 +369,7 @@ class Trainer:
         if checkpointer is None or checkpointer.latest_step() is None:
             params, opt_state = self.init_state()
             return params, opt_state, 0, feeder
+        check_structure(os.path.join(cfg.checkpoint.directory, CONFIG_FILE), cfg, checkpointer.directory)
         restored = checkpointer.restore(None, abstract_state=self.abstract_state(),
                                         global_batch_size=cfg.global_batch_size)
         feeder = restore_feeder(feeder, restored)

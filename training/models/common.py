@@ -126,7 +126,13 @@ def init_params(cfg: ModelConfig, seed: int,
             model = models.model_class(cfg.architecture)(cfg, rngs=nnx.Rngs(params=seed))
     finally:
         _PARAM_FACTORY.fn = previous
-    return split_params(model)[1]
+    params = split_params(model)[1]
+    if sharding_of is None:
+        return params
+    # Scanned layers' parameters were stacked after their initializers ran:
+    # place them with the sharding of their stacked shape (a no-op for the rest).
+    return jax.tree.map(lambda value, names: jax.device_put(value, sharding_of(names, value.shape)),
+                        params, logical_axes(model), is_leaf=lambda x: isinstance(x, tuple))
 
 
 def create(cfg: ModelConfig, seed: int) -> nnx.Module:

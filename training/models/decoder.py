@@ -25,9 +25,15 @@ a row 1, 2, ...; 0 marks padding. A query attends to a key only if the key is
 not later (causal) *and* both have the same non-zero segment id; padding
 outputs carry zero loss weight and no real token reads them.
 
-Not ``jax.nn.dot_product_attention`` and ``nnx.RMSNorm`` (as in the T5 model):
-this model has dropout on the attention probabilities, and resumed checkpoints
-of existing runs keep training bit for bit.
+Attention: ``ModelConfig.attention`` picks the einsum path below or the fused
+splash kernel (``seqcache.training.models.attention``), which takes the segment
+ids and the prefix itself and never writes the (length, length) matrix. The
+einsum path is not ``jax.nn.dot_product_attention`` and ``nnx.RMSNorm`` (as in
+the T5 model): it has dropout on the attention probabilities, and resumed
+checkpoints of existing runs keep training bit for bit.
+
+Layers: ``ModelConfig.scan_layers`` and ``ModelConfig.remat``
+(``seqcache.training.models.layers``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from flax import nnx
 
 from seqcache.training import partitioning
 from seqcache.training.config import ModelConfig
+from seqcache.training.models import attention as attention_lib
+from seqcache.training.models import layers as layers_lib
 from seqcache.training.models.common import DTYPES, Normal, Ones, segment_mask, split_keys
 from seqcache.training.models.common import dropout as _dropout
 from seqcache.training.models.common import param as _param
@@ -114,6 +122,11 @@ class Attention(nnx.Module):
         q = partitioning.constrain(q, ("batch", "length", "act_heads", None))
         q = rotary(q, positions, cfg.rope_theta)
         k = rotary(k, positions, cfg.rope_theta)
+        kernel = attention_lib.resolve(cfg.attention, lengths=(q.shape[1],), dropout_rate=cfg.dropout_rate)
+        if kernel == "splash":
+            out = attention_lib.splash_attention(q, k, v, segment_ids, segment_ids, causal=True,
+                                                 scale=1.0 / math.sqrt(q.shape[-1]), prefix=causal_attention)
+            return jnp.einsum("bqhk,hkd->bqd", out, self.wo[...].astype(dtype))
         scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)  # (batch, heads, q, k)
         scores = scores / math.sqrt(q.shape[-1])
         mask = attention_mask(segment_ids, causal_attention)[:, None]  # (batch, 1, q, k)
@@ -181,7 +194,8 @@ class Transformer(nnx.Module):
         self.embedding = _param(
             rngs, Normal(cfg.init_std), (cfg.vocab_size, cfg.d_model), ("vocab", "embed")
         )
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.blocks = layers_lib.stack([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)],
+                                       scan=cfg.scan_layers)
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
         if not cfg.tie_embeddings:
             self.unembedding = _param(
@@ -208,9 +222,9 @@ class Transformer(nnx.Module):
         table = partitioning.constrain(self.embedding[...], ("act_vocab", "act_embed"))
         x = jnp.take(table, inputs, axis=0).astype(dtype)  # (batch, length, d_model)
         x = partitioning.constrain(x, ("batch", "length", "act_embed"))
-        for i, block in enumerate(self.blocks):
-            key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
-            x = block(x, segment_ids, positions, key, causal_attention)
+        x = layers_lib.apply(
+            self.blocks, x, lambda block, y, key: block(y, segment_ids, positions, key, causal_attention),
+            dropout_key=dropout_key, remat=cfg.remat)
         x = self.final_norm(x)
         if cfg.tie_embeddings:
             logits = jnp.einsum("bld,vd->blv", x, table.astype(dtype))

@@ -34,7 +34,12 @@ changes of t5x's ``t5_1_1`` configs):
 - Initialisation as in t5x: normal with fan-in scales (each layer's ``Normal``),
   embeddings normal(1.0); ``ModelConfig.init_std`` is not used.
 - Attention is ``jax.nn.dot_product_attention`` with a boolean mask and the
-  relative bias. Dropout is on the embeddings, the residual branches, the MLP
+  relative bias. Cross-attention, which has no bias, runs the fused splash
+  kernel where ``ModelConfig.attention`` resolves to it
+  (``seqcache.training.models.attention``); self-attention stays on this path,
+  since the kernel of ``jax.experimental`` takes no additive bias (its logits
+  are q.k, soft-capped at most) and a (heads, L, L) bias materialised for it
+  would be the very matrix the kernel avoids. Dropout is on the embeddings, the residual branches, the MLP
   hidden layer and the stacks' outputs, not on the attention probabilities
   (unlike t5x; T5.1.1 pre-trains with dropout 0 anyway).
 
@@ -63,6 +68,8 @@ from flax import nnx
 
 from seqcache.training import partitioning
 from seqcache.training.config import ModelConfig
+from seqcache.training.models import attention as attention_lib
+from seqcache.training.models import layers as layers_lib
 from seqcache.training.models.common import (DTYPES, Normal, Ones, dropout, make_value, param, segment_mask,
                                              split_keys)
 
@@ -138,20 +145,29 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, h, k = cfg.d_model, cfg.num_heads, cfg.resolved_head_dim
+        self.kernel = cfg.attention
         self.wq = param(rngs, Normal((d * k) ** -0.5), (d, h, k), ("embed", "heads", "kv"))
         self.wk = param(rngs, Normal(d ** -0.5), (d, h, k), ("embed", "heads", "kv"))
         self.wv = param(rngs, Normal(d ** -0.5), (d, h, k), ("embed", "heads", "kv"))
         self.wo = param(rngs, Normal((h * k) ** -0.5), (h, k, d), ("heads", "kv", "embed"))
 
-    def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array, bias: jax.Array | None) -> jax.Array:
+    def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array, bias: jax.Array | None,
+                 segments: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
         """x_q: (batch, q, d_model), x_kv: (batch, k, d_model), mask: (batch, 1, q, k)
-        bool, bias: (1, heads, q, k) or None -> (batch, q, d_model)."""
+        bool, bias: (1, heads, q, k) or None -> (batch, q, d_model). With
+        ``segments`` ((batch, q), (batch, k) int32 segment ids that give the
+        same mask) and no bias, the splash kernel may run instead
+        (``ModelConfig.attention``)."""
         dtype = x_q.dtype
         q = jnp.einsum("bld,dhk->blhk", x_q, self.wq[...].astype(dtype))
         k = jnp.einsum("bld,dhk->blhk", x_kv, self.wk[...].astype(dtype))
         v = jnp.einsum("bld,dhk->blhk", x_kv, self.wv[...].astype(dtype))
         q = partitioning.constrain(q, ("batch", "length", "act_heads", None))
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=1.0, implementation="xla")
+        if (bias is None and segments is not None
+                and attention_lib.resolve(self.kernel, lengths=(q.shape[1], k.shape[1])) == "splash"):
+            out = attention_lib.splash_attention(q, k, v, *segments, causal=False, scale=1.0)
+        else:
+            out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=1.0, implementation="xla")
         return jnp.einsum("bqhk,hkd->bqd", out, self.wo[...].astype(dtype))
 
 
@@ -217,11 +233,12 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = rms_norm(cfg, rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, y, encoded, self_mask, cross_mask, bias, dropout_key=None):
+    def __call__(self, y, encoded, self_mask, cross_mask, bias, dropout_key=None, cross_segments=None):
         keys = split_keys(dropout_key, 4)
         h = self.self_attn_norm(y)
         y = _residual(y, self.self_attn(h, h, self_mask, bias), self.rate, keys[0])
-        y = _residual(y, self.cross_attn(self.cross_attn_norm(y), encoded, cross_mask, None), self.rate, keys[1])
+        cross = self.cross_attn(self.cross_attn_norm(y), encoded, cross_mask, None, segments=cross_segments)
+        y = _residual(y, cross, self.rate, keys[1])
         return _residual(y, self.mlp(self.mlp_norm(y), keys[2]), self.rate, keys[3])
 
 
@@ -262,12 +279,12 @@ class T5(nnx.Module):
         if not cfg.share_embeddings:
             self.decoder_embedding = param(rngs, Normal(1.0), (v, d), ("vocab", "embed"))
         self.encoder_bias = RelativePositionBias(cfg, bidirectional=True, rngs=rngs)
-        self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.encoder_layers = layers_lib.stack([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)],
+                                               scan=cfg.scan_layers)
         self.encoder_norm = rms_norm(cfg, rngs)
         self.decoder_bias = RelativePositionBias(cfg, bidirectional=False, rngs=rngs)
-        self.decoder_layers = nnx.List(
-            [DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.resolved_num_decoder_layers)]
-        )
+        self.decoder_layers = layers_lib.stack(
+            [DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.resolved_num_decoder_layers)], scan=cfg.scan_layers)
         self.decoder_norm = rms_norm(cfg, rngs)
         if not cfg.tie_embeddings:
             self.output = param(rngs, Normal(d ** -0.5), (d, v), ("embed", "vocab"))
@@ -288,8 +305,8 @@ class T5(nnx.Module):
         length = encoder_input_tokens.shape[1]
         mask = encoder_mask(encoder_segment_ids)
         bias = self.encoder_bias(length, length, dtype)
-        for i, layer in enumerate(self.encoder_layers):
-            x = layer(x, mask, bias, None if dropout_key is None else jax.random.fold_in(dropout_key, 2 + i))
+        x = layers_lib.apply(self.encoder_layers, x, lambda layer, y, key: layer(y, mask, bias, key),
+                             dropout_key=dropout_key, key_offset=2, remat=cfg.remat)
         return dropout(self.encoder_norm(x), cfg.dropout_rate, keys[1])
 
     def decode(self, encoded, encoder_segment_ids, decoder_input_tokens, decoder_segment_ids, *,
@@ -305,9 +322,11 @@ class T5(nnx.Module):
         self_mask = decoder_mask(decoder_segment_ids)
         x_mask = cross_mask(decoder_segment_ids, encoder_segment_ids)
         bias = self.decoder_bias(length, length, dtype)
-        for i, layer in enumerate(self.decoder_layers):
-            key = None if dropout_key is None else jax.random.fold_in(dropout_key, 2 + i)
-            y = layer(y, encoded, self_mask, x_mask, bias, key)
+        segments = (decoder_segment_ids, encoder_segment_ids)
+        y = layers_lib.apply(
+            self.decoder_layers, y,
+            lambda layer, z, key: layer(z, encoded, self_mask, x_mask, bias, key, cross_segments=segments),
+            dropout_key=dropout_key, key_offset=2, remat=cfg.remat)
         y = dropout(self.decoder_norm(y), cfg.dropout_rate, keys[1])
         if cfg.tie_embeddings:
             table = partitioning.constrain(table, ("act_vocab", "act_embed"))

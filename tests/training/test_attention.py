@@ -1,0 +1,230 @@
+"""The fused attention kernel, scanned layers and rematerialisation against the
+einsum path, on random packed batches.
+
+On CPU the splash kernel runs in Pallas interpret mode: the same kernel code,
+interpreted. The tests marked ``tpu`` compile it for the chip and run only
+there (``pytest -m tpu``).
+"""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from seqcache.training import config as config_lib
+from seqcache.training import step as step_lib
+from seqcache.training.checkpoints import CheckpointError
+from seqcache.training.models import attention as attention_lib
+from seqcache.training.models import common
+from seqcache.training.models.decoder import attention_mask, shift_right_by_segment
+from seqcache.training.resume import check_structure
+
+ON_TPU = jax.default_backend() == "tpu"
+
+
+def packed_segments(rng, rows, length, *, pad=8, most=70):
+    """(rows, length) int32 segment ids 1, 2, ... of random lengths, then padding,
+    and positions restarting at 0 in each segment."""
+    seg = np.zeros((rows, length), np.int32)
+    pos = np.zeros((rows, length), np.int32)
+    for r in range(rows):
+        i, s = 0, 1
+        while i < length - pad:
+            n = min(int(rng.integers(3, most)), length - pad - i)
+            seg[r, i:i + n], pos[r, i:i + n] = s, np.arange(n)
+            i, s = i + n, s + 1
+    return seg, pos
+
+
+def lm_batch(seed, rows=2, length=128, vocab=50, prefix=False):
+    """A language-model batch (``lm``), or a prefix-LM one (``prefix_lm``) whose
+    prefix is a run at the start of each segment, as seqio's converter marks it."""
+    rng = np.random.default_rng(seed)
+    seg, pos = packed_segments(rng, rows, length)
+    targets = rng.integers(1, vocab, (rows, length)).astype(np.int32) * (seg > 0)
+    weights = (seg > 0).astype(np.float32)
+    if not prefix:
+        return {"targets": targets, "targets_segment_ids": seg, "targets_positions": pos,
+                "targets_loss_weights": weights}
+    causal = np.zeros_like(seg)
+    for r in range(rows):
+        for s in set(seg[r]) - {0}:
+            where = np.flatnonzero(seg[r] == s)
+            causal[r, where[:int(rng.integers(1, len(where) + 1))]] = 1
+    inputs = np.asarray(shift_right_by_segment(jnp.asarray(targets), jnp.asarray(seg)))
+    return {"decoder_target_tokens": targets, "decoder_input_tokens": inputs,
+            "decoder_loss_weights": weights * (1 - causal), "decoder_segment_ids": seg, "decoder_positions": pos,
+            "decoder_causal_attention": causal}
+
+
+def encdec_batch(seed, rows=2, inputs_length=256, length=128, vocab=60):
+    rng = np.random.default_rng(seed)
+    enc, enc_pos = packed_segments(rng, rows, inputs_length, most=120)
+    dec, dec_pos = packed_segments(rng, rows, length)
+    dec = np.where(dec > enc.max(axis=1, keepdims=True), 0, dec)  # every decoder segment has its inputs
+    return {"encoder_input_tokens": rng.integers(1, vocab, enc.shape).astype(np.int32) * (enc > 0),
+            "encoder_segment_ids": enc, "encoder_positions": enc_pos,
+            "decoder_target_tokens": rng.integers(1, vocab, dec.shape).astype(np.int32) * (dec > 0),
+            "decoder_input_tokens": rng.integers(1, vocab, dec.shape).astype(np.int32) * (dec > 0),
+            "decoder_loss_weights": (dec > 0).astype(np.float32), "decoder_segment_ids": dec,
+            "decoder_positions": dec_pos}
+
+
+def loss_and_grads(cfg, batch):
+    """(weighted loss sum, gradients) of ``cfg``'s model initialised from seed 0."""
+    graphdef, params = common.split_params(common.create(cfg, 0))
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+
+    def f(p):
+        return step_lib.loss_sums(graphdef, p, batch, None)["loss_sum"]
+
+    loss, grads = jax.jit(jax.value_and_grad(f))(params)
+    return float(loss), grads
+
+
+def unstacked(tree):
+    """Scanned layers' stacked gradients as the unscanned model lays them out."""
+    tree = dict(tree)
+    for name in ("blocks", "encoder_layers", "decoder_layers"):
+        if name in tree and 0 not in tree[name]:
+            count = jax.tree.leaves(tree[name])[0].shape[0]
+            tree[name] = {i: jax.tree.map(lambda x, i=i: x[i], tree[name]) for i in range(count)}
+    return tree
+
+
+def assert_close(got, want, *, rtol):
+    """Losses within ``rtol``; each gradient within ``rtol`` of its norm (a wrong
+    mask moves a gradient by a share of its whole norm, far above rounding)."""
+    got_loss, got_grads = got
+    want_loss, want_grads = want
+    got_grads = unstacked(got_grads)
+    assert jax.tree.structure(got_grads) == jax.tree.structure(want_grads)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=rtol)
+    for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+        assert float(jnp.linalg.norm(g - w)) <= rtol * max(float(jnp.linalg.norm(w)), 1e-12)
+
+
+def decoder_config(**changes):
+    return dataclasses.replace(config_lib.MODEL_PRESETS["tiny"], **{"vocab_size": 50, **changes})
+
+
+def t5_config(**changes):
+    return dataclasses.replace(config_lib.MODEL_PRESETS["t5-tiny"], **{"vocab_size": 60, **changes})
+
+
+# -- the kernel alone ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", [False, True], ids=["causal", "prefix_lm"])
+def test_splash_matches_the_masked_reference_on_packed_rows(prefix):
+    """Splash (interpret mode on CPU, compiled on a TPU) against softmax over the
+    decoder's own mask, at every non-padding query, in float32 and bfloat16."""
+    batch = lm_batch(1, rows=3, length=256, prefix=prefix)
+    seg = jnp.asarray(batch["decoder_segment_ids" if prefix else "targets_segment_ids"])
+    causal = jnp.asarray(batch["decoder_causal_attention"]) if prefix else None
+    keys = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(key, (3, 256, 4, 32), jnp.float32) for key in keys)
+    mask = attention_mask(seg, causal)[:, None]  # (batch, 1, q, k)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(32)
+    probs = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
+    want = np.asarray(jnp.einsum("bhqk,bkhd->bqhd", probs, v))
+    real = np.asarray(seg) > 0
+    for dtype, tol in ((jnp.float32, 2e-5), (jnp.bfloat16, 3e-2)):
+        got = attention_lib.splash_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), seg, seg,
+                                             causal=True, scale=1 / np.sqrt(32), prefix=causal)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(np.asarray(got, np.float32)[real], want[real], atol=tol, rtol=tol)
+
+
+def test_resolve_picks_splash_only_where_it_applies():
+    assert attention_lib.resolve("xla", lengths=(1024,)) == "xla"
+    assert attention_lib.resolve("splash", lengths=(1024, 512)) == "splash"
+    expected = "splash" if ON_TPU else "xla"
+    assert attention_lib.resolve("auto", lengths=(1024,)) == expected
+    assert attention_lib.resolve("auto", lengths=(1000,)) == "xla"
+    assert attention_lib.resolve("auto", lengths=(1024,), dropout_rate=0.1) == "xla"
+    with pytest.raises(config_lib.ConfigError, match=r"multiples of 128 \(got \[1000\]\).*model.attention=xla"):
+        attention_lib.resolve("splash", lengths=(1000,))
+
+
+def test_config_refuses_splash_with_attention_dropout_and_unknown_settings():
+    with pytest.raises(config_lib.ConfigError, match="no dropout on attention probabilities"):
+        decoder_config(attention="splash", dropout_rate=0.1).validate()
+    with pytest.raises(config_lib.ConfigError, match="model.remat must be one of"):
+        decoder_config(remat="some").validate()
+    with pytest.raises(config_lib.ConfigError, match="model.attention must be one of"):
+        decoder_config(attention="flash").validate()
+
+
+# -- whole models ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("converter", ["lm", "prefix_lm"])
+def test_decoder_splash_scan_and_remat_agree_with_the_einsum_path(converter):
+    """Loss and every gradient: splash, scanned layers and both remat policies
+    equal the einsum path to float32 rounding; in bfloat16 splash stays within
+    bfloat16 tolerance of the einsum path in bfloat16."""
+    batch = lm_batch(2, prefix=converter == "prefix_lm")
+    want = loss_and_grads(decoder_config(attention="xla"), batch)
+    for changes in ({"attention": "splash"}, {"scan_layers": True, "remat": "dots"},
+                    {"remat": "full", "attention": "splash", "scan_layers": True}):
+        assert_close(loss_and_grads(decoder_config(**changes), batch), want, rtol=1e-4)
+    want16 = loss_and_grads(decoder_config(attention="xla", dtype="bfloat16"), batch)
+    got16 = loss_and_grads(decoder_config(attention="splash", dtype="bfloat16"), batch)
+    assert_close(got16, want16, rtol=5e-2)
+
+
+def test_t5_splash_cross_attention_scan_and_remat_agree_with_the_einsum_path():
+    batch = encdec_batch(3)
+    want = loss_and_grads(t5_config(attention="xla"), batch)
+    for changes in ({"attention": "splash"}, {"attention": "splash", "scan_layers": True, "remat": "full"}):
+        assert_close(loss_and_grads(t5_config(**changes), batch), want, rtol=1e-4)
+
+
+def test_scanned_parameters_are_the_stacked_unscanned_ones():
+    """Same initial values, stacked on a leading 'layers' axis that every rules
+    preset replicates."""
+    flat = common.split_params(common.create(decoder_config(), 0))[1]
+    scanned_model = common.create(decoder_config(scan_layers=True), 0)
+    scanned = common.split_params(scanned_model)[1]
+    assert sorted(scanned["blocks"]) == sorted(flat["blocks"][0])
+    wq = scanned["blocks"]["attn"]["wq"]
+    assert wq.shape == (2,) + flat["blocks"][0]["attn"]["wq"].shape
+    for i in range(2):
+        np.testing.assert_array_equal(wq[i], flat["blocks"][i]["attn"]["wq"])
+    axes = common.logical_axes(scanned_model)
+    assert axes["blocks"]["attn"]["wq"] == ("layers", "embed", "heads", "kv")
+    assert axes["embedding"] == ("vocab", "embed")
+
+
+def test_a_checkpoint_resumes_only_with_the_scan_setting_it_was_saved_with(tmp_path):
+    """One line naming the setting, both values and the fix; a config.json from
+    before the setting counts as unscanned."""
+    path = tmp_path / "config.json"
+    saved = config_lib.to_dict(config_lib.TrainConfig(model=decoder_config()))
+    path.write_text(json.dumps(saved))
+    scanned = config_lib.TrainConfig(model=decoder_config(scan_layers=True))
+    with pytest.raises(CheckpointError) as e:
+        check_structure(str(path), scanned, "runs/x")
+    assert str(e.value).count("\n") == 0
+    assert "model.scan_layers=false" in str(e.value) and "--set model.scan_layers=false" in str(e.value)
+    check_structure(str(path), config_lib.TrainConfig(model=decoder_config(remat="full")), "runs/x")
+    del saved["model"]["scan_layers"]
+    path.write_text(json.dumps(saved))
+    with pytest.raises(CheckpointError, match="saved with model.scan_layers=false"):
+        check_structure(str(path), scanned, "runs/x")
+
+
+@pytest.mark.tpu
+@pytest.mark.skipif(not ON_TPU, reason="needs a TPU")
+def test_compiled_splash_on_the_chip_matches_the_einsum_path_in_bfloat16():
+    """On the chip, L = 1024: the compiled kernel, bfloat16, against the einsum path."""
+    for prefix in (False, True):
+        batch = lm_batch(4, rows=4, length=1024, vocab=500, prefix=prefix)
+        cfg = dict(vocab_size=500, d_model=256, num_heads=2, num_layers=2, mlp_dim=512, dtype="bfloat16")
+        want = loss_and_grads(decoder_config(attention="xla", **cfg), batch)
+        got = loss_and_grads(decoder_config(attention="splash", **cfg), batch)
+        assert_close(got, want, rtol=5e-2)

@@ -306,6 +306,11 @@ class TrainConfig:
         ``inputs`` feature per row (Li); ``seqcache train`` takes it from the
         cache manifest when unset.
       num_microbatches: gradient accumulation inside the step (M divides B).
+      loss_chunks: the output layer and the loss run over each (micro)batch in
+        this many chunks of rows (``lax.scan``), each chunk's logits recomputed
+        in the backward pass, so that the float32 (rows, length, vocab) logits
+        of one chunk only are in memory at a time; 1 = all rows at once. The
+        loss is the same up to float rounding.
       seed: seeds parameter initialisation and the per-step RNG
         (``fold_in(key(seed), step)``); the feeder has its own, ``data.seed``.
       eval_every: evaluate every this many steps (0 = only after the last step).
@@ -325,6 +330,7 @@ class TrainConfig:
     sequence_length: int = 128
     inputs_sequence_length: int | None = None
     num_microbatches: int = 1
+    loss_chunks: int = 1
     seed: int = 0
     eval_every: int = 0
     metrics_file: str | None = None
@@ -352,7 +358,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Raises ConfigError naming the field when a value cannot work."""
         self.model.validate()
-        for name in ("steps", "global_batch_size", "sequence_length", "num_microbatches"):
+        for name in ("steps", "global_batch_size", "sequence_length", "num_microbatches", "loss_chunks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
         for name, most in (("global_batch_size", MAX_GLOBAL_BATCH_SIZE), ("sequence_length", MAX_SEQUENCE_LENGTH),

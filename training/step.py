@@ -27,6 +27,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seqcache.training import partitioning
@@ -69,15 +70,8 @@ def batch_fields(converter: str, lengths: dict[str, int]) -> dict[str, tuple[int
     return {k: (n, jnp.float32 if k.endswith("loss_weights") else jnp.int32) for k, n in fields.items()}
 
 
-def loss_sums(graphdef, params, batch: dict, dropout_key: jax.Array | None) -> dict[str, jax.Array]:
-    """Weighted sums over one (micro)batch.
-
-    Returns:
-      dict of float32 scalars: ``loss_sum`` = sum(w * cross-entropy) in nats,
-      ``weight_sum`` = sum(w), ``correct_sum`` = sum(w * [argmax == target]).
-    """
-    logits, targets, weights = model_lib.batch_logits(graphdef, params, batch, dropout_key=dropout_key)
-    weights = weights.astype(jnp.float32)  # logits: (batch, length, vocab) float32
+def _sums(logits, targets, weights) -> dict[str, jax.Array]:
+    weights = weights.astype(jnp.float32)  # logits: (..., vocab) float32
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     cross_entropy = log_z - target_logit
@@ -87,6 +81,40 @@ def loss_sums(graphdef, params, batch: dict, dropout_key: jax.Array | None) -> d
         "weight_sum": jnp.sum(weights),
         "correct_sum": jnp.sum(correct * weights),
     }
+
+
+def loss_sums(graphdef, params, batch: dict, dropout_key: jax.Array | None, *, loss_chunks: int = 1,
+              mesh=None) -> dict[str, jax.Array]:
+    """Weighted sums over one (micro)batch.
+
+    With ``loss_chunks`` > 1 the output layer and the loss run over chunks of
+    rows (row r in chunk r mod ``loss_chunks``, so that every chunk spans all
+    batch shards) under ``lax.scan``, each chunk rematerialised: only one
+    chunk's (rows, length, vocab) float32 logits are in memory at a time.
+
+    Returns:
+      dict of float32 scalars: ``loss_sum`` = sum(w * cross-entropy) in nats,
+      ``weight_sum`` = sum(w), ``correct_sum`` = sum(w * [argmax == target]).
+    """
+    if loss_chunks == 1:
+        logits, targets, weights = model_lib.batch_logits(graphdef, params, batch, dropout_key=dropout_key)
+        return _sums(logits, targets, weights)
+    model = nnx.merge(graphdef, params)
+    hidden, targets, weights = model.batch_hidden(batch, dropout_key=dropout_key)
+    out_graphdef, out_state = nnx.split(model)
+    chunks = split_microbatches({"hidden": hidden, "targets": targets, "weights": weights}, loss_chunks, mesh)
+
+    @jax.checkpoint
+    def chunk_sums(state, chunk):
+        logits = nnx.merge(out_graphdef, state).logits(chunk["hidden"])
+        return _sums(logits, chunk["targets"], chunk["weights"])
+
+    def body(carry, chunk):
+        return jax.tree.map(jnp.add, carry, chunk_sums(out_state, chunk)), None
+
+    zeros = {k: jnp.zeros((), jnp.float32) for k in ("loss_sum", "weight_sum", "correct_sum")}
+    sums, _ = jax.lax.scan(body, zeros, chunks)
+    return sums
 
 
 def split_microbatches(batch: dict, num_microbatches: int, mesh=None) -> dict:
@@ -104,14 +132,14 @@ def split_microbatches(batch: dict, num_microbatches: int, mesh=None) -> dict:
     return jax.tree.map(split, batch)
 
 
-def grad_sums(graphdef, params, batch: dict, key: jax.Array, num_microbatches: int, mesh=None):
+def grad_sums(graphdef, params, batch: dict, key: jax.Array, num_microbatches: int, mesh=None, loss_chunks: int = 1):
     """(grads, sums): the float32 gradient of ``loss_sum`` and the sums of
     ``loss_sums``, accumulated over the microbatches with ``lax.scan``;
     microbatch m's dropout key is ``fold_in(key, m)``."""
 
     def one(mb, k):
         def f(p):
-            sums = loss_sums(graphdef, p, mb, k)
+            sums = loss_sums(graphdef, p, mb, k, loss_chunks=loss_chunks, mesh=mesh)
             return sums["loss_sum"], sums
 
         (_, sums), grads = jax.value_and_grad(f, has_aux=True)(params)
@@ -133,17 +161,17 @@ def grad_sums(graphdef, params, batch: dict, key: jax.Array, num_microbatches: i
     return grads, sums
 
 
-def mean_grads(graphdef, params, batch, key, num_microbatches: int, mesh=None):
+def mean_grads(graphdef, params, batch, key, num_microbatches: int, mesh=None, loss_chunks: int = 1):
     """(loss, grads, sums): the weighted-mean loss over the global batch and its
     gradient. A batch with zero total weight gives loss 0 and zero gradients."""
-    grads, sums = grad_sums(graphdef, params, batch, key, num_microbatches, mesh)
+    grads, sums = grad_sums(graphdef, params, batch, key, num_microbatches, mesh, loss_chunks)
     denom = jnp.where(sums["weight_sum"] > 0, sums["weight_sum"], 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     return sums["loss_sum"] / denom, grads, sums
 
 
 def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule: optax.Schedule, *, seed: int,
-                    num_microbatches: int, mesh=None) -> Callable:
+                    num_microbatches: int, mesh=None, loss_chunks: int = 1) -> Callable:
     """``train_step(params, opt_state, step, batch) -> (params, opt_state, metrics)``.
 
     ``step`` is an int32 scalar: the number of updates applied so far; the step's
@@ -155,7 +183,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule:
 
     def train_step(params, opt_state, step, batch):
         key = jax.random.fold_in(jax.random.key(seed), step)
-        loss, grads, sums = mean_grads(graphdef, params, batch, key, num_microbatches, mesh)
+        loss, grads, sums = mean_grads(graphdef, params, batch, key, num_microbatches, mesh, loss_chunks)
         grad_norm = optax.global_norm(grads)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -172,11 +200,11 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule:
     return train_step
 
 
-def make_eval_step(graphdef) -> Callable:
+def make_eval_step(graphdef, *, loss_chunks: int = 1, mesh=None) -> Callable:
     """``eval_step(params, batch) -> sums`` (see ``loss_sums``), no dropout."""
 
     def eval_step(params, batch):
-        return loss_sums(graphdef, params, batch, None)
+        return loss_sums(graphdef, params, batch, None, loss_chunks=loss_chunks, mesh=mesh)
 
     return eval_step
 

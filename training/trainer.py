@@ -121,6 +121,10 @@ class Trainer:
                 f"microbatch size {micro} (global_batch_size={cfg.global_batch_size} / num_microbatches="
                 f"{cfg.num_microbatches}) is not divisible by the {shards} batch shards of the mesh "
                 f"(data={self.mesh.shape['data']} x fsdp={self.mesh.shape['fsdp']})")
+        if micro % (shards * cfg.loss_chunks):
+            raise config_lib.ConfigError(
+                f"microbatch size {micro} is not divisible by loss_chunks={cfg.loss_chunks} x the {shards} batch "
+                f"shards of the mesh: each chunk of the loss takes the same rows from every batch shard")
 
     def _check_host_rows(self):
         """Host h feeds rows [h * B / H, (h + 1) * B / H) of each global batch: the
@@ -204,7 +208,8 @@ class Trainer:
             return self._compiled
         cfg = self.config
         train_step = step_lib.make_train_step(self.graphdef, self.optimizer, self.schedule, seed=cfg.seed,
-                                              num_microbatches=cfg.num_microbatches, mesh=self.mesh)
+                                              num_microbatches=cfg.num_microbatches, mesh=self.mesh,
+                                              loss_chunks=cfg.loss_chunks)
         batch_shardings = {k: self.batch_sharding for k in self.batch_fields}
         jitted = jax.jit(
             train_step,
@@ -227,7 +232,7 @@ class Trainer:
 
     def _eval_fn(self):
         if self._eval_step is None:
-            eval_step = step_lib.make_eval_step(self.graphdef)
+            eval_step = step_lib.make_eval_step(self.graphdef, loss_chunks=self.config.loss_chunks, mesh=self.mesh)
             jitted = jax.jit(
                 eval_step,
                 in_shardings=(self.param_shardings, {k: self.batch_sharding for k in self.batch_fields}),

@@ -73,13 +73,13 @@ def encdec_batch(seed, rows=2, inputs_length=256, length=128, vocab=60):
             "decoder_positions": dec_pos}
 
 
-def loss_and_grads(cfg, batch):
+def loss_and_grads(cfg, batch, loss_chunks=1):
     """(weighted loss sum, gradients) of ``cfg``'s model initialised from seed 0."""
     graphdef, params = common.split_params(common.create(cfg, 0))
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
 
     def f(p):
-        return step_lib.loss_sums(graphdef, p, batch, None)["loss_sum"]
+        return step_lib.loss_sums(graphdef, p, batch, None, loss_chunks=loss_chunks)["loss_sum"]
 
     loss, grads = jax.jit(jax.value_and_grad(f))(params)
     return float(loss), grads
@@ -189,6 +189,21 @@ def test_t5_splash_cross_attention_scan_and_remat_agree_with_the_einsum_path():
     want = loss_and_grads(t5_config(attention="xla"), batch)
     got = loss_and_grads(t5_config(attention="splash", scan_layers=True, remat="full"), batch)
     assert_close(got, want, rtol=1e-4)
+
+
+def test_chunked_loss_equals_the_whole_batch_loss():
+    """``loss_chunks``: the same loss and gradients, for the decoder (untied output
+    layer) and T5; a batch the chunks cannot split evenly over the shards is refused."""
+    batch = lm_batch(6, rows=4)
+    cfg = decoder_config(tie_embeddings=False)
+    assert_close(loss_and_grads(cfg, batch, loss_chunks=2), loss_and_grads(cfg, batch), rtol=1e-5)
+    batch = encdec_batch(7)
+    assert_close(loss_and_grads(t5_config(), batch, loss_chunks=2), loss_and_grads(t5_config(), batch), rtol=1e-5)
+    from seqcache.training.trainer import Trainer
+
+    bad = config_lib.TrainConfig(model=decoder_config(), global_batch_size=6, loss_chunks=4)
+    with pytest.raises(config_lib.ConfigError, match="not divisible by loss_chunks=4"):
+        Trainer(bad, devices=jax.devices()[:1])
 
 
 def test_scanned_parameters_are_the_stacked_unscanned_ones():

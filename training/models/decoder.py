@@ -214,44 +214,65 @@ class Transformer(nnx.Module):
           causal_attention: (batch, length) int32, 1 on the prefix of a prefix
             LM (``attention_mask``); None = causal everywhere.
         """
-        cfg = self.cfg
-        dtype = DTYPES[cfg.dtype]
+        hidden = self.hidden(inputs, segment_ids, positions, dropout_key=dropout_key,
+                             causal_attention=causal_attention)
+        return self.logits(hidden)
+
+    def _table(self) -> jax.Array:
         # Under fsdp the table is sharded along d_model; gather it whole before the
         # lookup (ZeRO-3 gathers parameters per use) so that the looked-up rows come
         # out split by batch rows, not by d_model.
-        table = partitioning.constrain(self.embedding[...], ("act_vocab", "act_embed"))
-        x = jnp.take(table, inputs, axis=0).astype(dtype)  # (batch, length, d_model)
+        return partitioning.constrain(self.embedding[...], ("act_vocab", "act_embed"))
+
+    def hidden(self, inputs: jax.Array, segment_ids: jax.Array, positions: jax.Array, *,
+               dropout_key: jax.Array | None = None, causal_attention: jax.Array | None = None) -> jax.Array:
+        """(batch, length, d_model) final-normed hidden states in the compute
+        dtype, the input of ``logits``; arguments as in ``__call__``."""
+        cfg = self.cfg
+        dtype = DTYPES[cfg.dtype]
+        x = jnp.take(self._table(), inputs, axis=0).astype(dtype)  # (batch, length, d_model)
         x = partitioning.constrain(x, ("batch", "length", "act_embed"))
         x = layers_lib.apply(
             self.blocks, x, lambda block, y, key: block(y, segment_ids, positions, key, causal_attention),
             dropout_key=dropout_key, remat=cfg.remat)
-        x = self.final_norm(x)
-        if cfg.tie_embeddings:
-            logits = jnp.einsum("bld,vd->blv", x, table.astype(dtype))
+        return self.final_norm(x)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """(..., d_model) hidden states -> (..., vocab_size) float32 logits."""
+        dtype = hidden.dtype
+        if self.cfg.tie_embeddings:
+            logits = jnp.einsum("...d,vd->...v", hidden, self._table().astype(dtype))
         else:
-            logits = jnp.einsum("bld,dv->blv", x, self.unembedding[...].astype(dtype))
+            logits = jnp.einsum("...d,dv->...v", hidden, self.unembedding[...].astype(dtype))
         return logits.astype(jnp.float32)
 
-    def batch_logits(self, batch: dict, *, dropout_key: jax.Array | None = None):
-        """``(logits, targets, loss_weights)`` for a batch of either converter:
+    def batch_hidden(self, batch: dict, *, dropout_key: jax.Array | None = None):
+        """``(hidden, targets, loss_weights)`` for a batch of either converter:
 
         - ``lm``: the feeder's own fields ``targets``, ``targets_segment_ids``,
           ``targets_positions``, ``targets_loss_weights`` (inputs are the targets
           shifted right within each segment, ``shift_right_by_segment``);
         - ``prefix_lm``: t5x's ``decoder_*`` fields with ``decoder_causal_attention``.
 
-        All (batch, length); logits (batch, length, vocab_size) float32.
+        All (batch, length); hidden (batch, length, d_model) in the compute dtype
+        (``logits`` maps it to the vocabulary).
         """
         if "targets" in batch:
             targets, segment_ids = batch["targets"], batch["targets_segment_ids"]
             inputs = shift_right_by_segment(targets, segment_ids)
-            logits = self(inputs, segment_ids, batch["targets_positions"], dropout_key=dropout_key)
-            return logits, targets, batch["targets_loss_weights"]
-        logits = self(
+            hidden = self.hidden(inputs, segment_ids, batch["targets_positions"], dropout_key=dropout_key)
+            return hidden, targets, batch["targets_loss_weights"]
+        hidden = self.hidden(
             batch["decoder_input_tokens"], batch["decoder_segment_ids"], batch["decoder_positions"],
             dropout_key=dropout_key, causal_attention=batch["decoder_causal_attention"],
         )
-        return logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"]
+        return hidden, batch["decoder_target_tokens"], batch["decoder_loss_weights"]
+
+    def batch_logits(self, batch: dict, *, dropout_key: jax.Array | None = None):
+        """``(logits, targets, loss_weights)``: ``batch_hidden`` through ``logits``;
+        logits (batch, length, vocab_size) float32."""
+        hidden, targets, weights = self.batch_hidden(batch, dropout_key=dropout_key)
+        return self.logits(hidden), targets, weights
 
 
 MODEL = Transformer

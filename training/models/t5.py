@@ -313,11 +313,20 @@ class T5(nnx.Module):
                dropout_key=None) -> jax.Array:
         """Logits (batch, L, vocab_size) float32 of the decoder over ``encoded``
         (batch, Li, d_model)."""
+        return self.logits(self.decode_hidden(encoded, encoder_segment_ids, decoder_input_tokens,
+                                              decoder_segment_ids, dropout_key=dropout_key))
+
+    def _decoder_table(self) -> jax.Array:
+        return self.embedding[...] if self.cfg.share_embeddings else self.decoder_embedding[...]
+
+    def decode_hidden(self, encoded, encoder_segment_ids, decoder_input_tokens, decoder_segment_ids, *,
+                      dropout_key=None) -> jax.Array:
+        """The decoder's final hidden states (batch, L, d_model) in the compute
+        dtype, the input of ``logits``; arguments as in ``decode``."""
         cfg = self.cfg
         dtype = DTYPES[cfg.dtype]
         keys = split_keys(dropout_key, 2)
-        table = self.embedding[...] if cfg.share_embeddings else self.decoder_embedding[...]
-        y = dropout(self._embed(table, decoder_input_tokens, dtype), cfg.dropout_rate, keys[0])
+        y = dropout(self._embed(self._decoder_table(), decoder_input_tokens, dtype), cfg.dropout_rate, keys[0])
         length = decoder_input_tokens.shape[1]
         self_mask = decoder_mask(decoder_segment_ids)
         x_mask = cross_mask(decoder_segment_ids, encoder_segment_ids)
@@ -327,12 +336,17 @@ class T5(nnx.Module):
             self.decoder_layers, y,
             lambda layer, z, key: layer(z, encoded, self_mask, x_mask, bias, key, cross_segments=segments),
             dropout_key=dropout_key, key_offset=2, remat=cfg.remat)
-        y = dropout(self.decoder_norm(y), cfg.dropout_rate, keys[1])
+        return dropout(self.decoder_norm(y), cfg.dropout_rate, keys[1])
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """(..., d_model) decoder hidden states -> (..., vocab_size) float32 logits."""
+        cfg = self.cfg
+        dtype = hidden.dtype
         if cfg.tie_embeddings:
-            table = partitioning.constrain(table, ("act_vocab", "act_embed"))
-            logits = jnp.einsum("bld,vd->blv", y, table.astype(dtype)) * (cfg.d_model ** -0.5)
+            table = partitioning.constrain(self._decoder_table(), ("act_vocab", "act_embed"))
+            logits = jnp.einsum("...d,vd->...v", hidden, table.astype(dtype)) * (cfg.d_model ** -0.5)
         else:
-            logits = jnp.einsum("bld,dv->blv", y, self.output[...].astype(dtype))
+            logits = jnp.einsum("...d,dv->...v", hidden, self.output[...].astype(dtype))
         return logits.astype(jnp.float32)
 
     def __call__(self, encoder_input_tokens, encoder_segment_ids, decoder_input_tokens, decoder_segment_ids, *,
@@ -345,17 +359,29 @@ class T5(nnx.Module):
           decoder_segment_ids: (batch, L) int32; segment k reads encoder segment k.
           dropout_key: PRNG key for dropout; None = no dropout (evaluation).
         """
+        return self.logits(self._hidden(encoder_input_tokens, encoder_segment_ids, decoder_input_tokens,
+                                        decoder_segment_ids, dropout_key=dropout_key))
+
+    def _hidden(self, encoder_input_tokens, encoder_segment_ids, decoder_input_tokens, decoder_segment_ids, *,
+                dropout_key=None) -> jax.Array:
         enc_key, dec_key = split_keys(dropout_key, 2)
         encoded = self.encode(encoder_input_tokens, encoder_segment_ids, dropout_key=enc_key)
-        return self.decode(encoded, encoder_segment_ids, decoder_input_tokens, decoder_segment_ids,
-                           dropout_key=dec_key)
+        return self.decode_hidden(encoded, encoder_segment_ids, decoder_input_tokens, decoder_segment_ids,
+                                  dropout_key=dec_key)
+
+    def batch_hidden(self, batch: dict, *, dropout_key: jax.Array | None = None):
+        """``(decoder hidden states, decoder_target_tokens, decoder_loss_weights)``
+        for an ``encdec`` batch (t5x field names, ``seqcache.feeders.converters``);
+        ``logits`` maps the hidden states to the vocabulary."""
+        hidden = self._hidden(batch["encoder_input_tokens"], batch["encoder_segment_ids"],
+                              batch["decoder_input_tokens"], batch["decoder_segment_ids"], dropout_key=dropout_key)
+        return hidden, batch["decoder_target_tokens"], batch["decoder_loss_weights"]
 
     def batch_logits(self, batch: dict, *, dropout_key: jax.Array | None = None):
-        """``(logits, decoder_target_tokens, decoder_loss_weights)`` for an
-        ``encdec`` batch (t5x field names, ``seqcache.feeders.converters``)."""
-        logits = self(batch["encoder_input_tokens"], batch["encoder_segment_ids"], batch["decoder_input_tokens"],
-                      batch["decoder_segment_ids"], dropout_key=dropout_key)
-        return logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"]
+        """``(logits, decoder_target_tokens, decoder_loss_weights)``: ``batch_hidden``
+        through ``logits``."""
+        hidden, targets, weights = self.batch_hidden(batch, dropout_key=dropout_key)
+        return self.logits(hidden), targets, weights
 
 
 MODEL = T5

@@ -68,3 +68,37 @@ def test_overlap_benchmark_builds_scans_and_measures_memory(tmp_path):
     assert row["scanned_examples"] > 0 and row["build_mb_s"] > 0 and row["scan_mb_s"] > 0, report
     (ntrex,) = report["memory"]
     assert ntrex["items"] == 1997 and ntrex["peak_tree_rss_mb"] > 0, report
+
+
+def test_accelerator_benchmark_searches_the_batch_and_trains_from_a_cache(tmp_path, tmp_path_factory,
+                                                                          shakespeare_lm_cache):
+    cache = shakespeare_lm_cache(tmp_path_factory, num_lines=400, sequence_length=64) / "shakespeare_lm" / "train"
+    out = tmp_path / "accelerator.json"
+    # The CPU reports no memory limit: --memory-limit gives one, so that the search
+    # runs (the tiny model's step takes a few MB per device: some sizes fit, some not).
+    done = subprocess.run(
+        [sys.executable, "benchmarks/accelerator.py", "--cache", str(cache), "--models", "tiny",
+         "--batch-sizes", "8", "--steps", "4", "--warmup", "1", "--max-batch", "16",
+         "--memory-limit", "4600000", "--set", "optimizer.lr=1e-3", "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    env = report["environment"]
+    assert env["sequence_length"] == 64 and env["overrides"] == ["optimizer.lr=1e-3"], env
+    assert "--memory-limit 4600000" in env["command"], env
+    (search,) = report["search"]
+    tried = search["tried"]
+    assert [t["batch_size"] for t in tried] == [8, 16][:len(tried)], tried
+    # Every size up to the largest fits within 95% of the limit; the one after it does not.
+    fitting = [t["batch_size"] for t in tried if t["fits"]]
+    assert fitting == [t["batch_size"] for t in tried[:len(fitting)]] and search["largest"] == max(fitting, default=None), search
+    assert all((t["program_bytes"] <= 4_370_000) == t["fits"] for t in tried), tried
+    assert sorted(t["program_bytes"] for t in tried) == [t["program_bytes"] for t in tried], tried
+    assert len(tried) == 2 or not tried[-1]["fits"], tried
+    runs = {r["batch_size"]: r for r in report["runs"]}
+    assert set(runs) == {8} | set(fitting[-1:]), runs
+    for b, row in runs.items():
+        assert row["status"] == "ok" and row["steps_measured"] == 3, row
+        assert row["tokens_per_step"] == b * 64 and row["tokens_per_s"] > 0 and 0 <= row["data_wait_share"] < 1, row
+        assert row["largest_that_fits"] == (b == search["largest"]), row
+    assert "| tiny | 0.1 M | 8 | 64 |" in done.stdout, done.stdout

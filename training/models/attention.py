@@ -33,17 +33,15 @@ heads over the axis of the 'act_heads' rule (tensor parallelism).
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from jax.sharding import PartitionSpec as P
 
 from seqcache.training import partitioning
 from seqcache.training.config import ConfigError
-
-log = logging.getLogger("seqcache.training")
 
 # Sequence lengths must be multiples of the kernel's smallest block.
 BLOCK_MULTIPLE = 128
@@ -78,8 +76,6 @@ def _block(length: int) -> int:
 @functools.lru_cache(maxsize=64)
 def _kernel(heads: int, q_length: int, kv_length: int, causal: bool, interpret: bool):
     """The splash kernel for (heads, q, head_dim) queries of one row (built once per shape)."""
-    from jax.experimental.pallas.ops.tpu import splash_attention as sa  # optional: the TPU kernels of jax
-
     shape = (q_length, kv_length)
     mask = sa.CausalMask(shape) if causal else sa.FullMask(shape)
     bq, bkv = _block(q_length), _block(kv_length)
@@ -97,8 +93,6 @@ def _local(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool):
     q (batch, heads, Lq, head_dim), k and v (batch, heads, Lk, head_dim),
     segment ids (batch, Lq) and (batch, Lk) int32 -> (batch, heads, Lq, head_dim).
     """
-    from jax.experimental.pallas.ops.tpu import splash_attention as sa  # optional: the TPU kernels of jax
-
     kernel = _kernel(q.shape[1], q.shape[2], k.shape[2], causal, jax.default_backend() != "tpu")
 
     def row(q1, k1, v1, qs, ks):

@@ -91,7 +91,8 @@ def test_accelerator_benchmark_searches_the_batch_and_trains_from_a_cache(tmp_pa
     assert [t["batch_size"] for t in tried] == [8, 16][:len(tried)], tried
     # Every size up to the largest fits within 95% of the limit; the one after it does not.
     fitting = [t["batch_size"] for t in tried if t["fits"]]
-    assert fitting == [t["batch_size"] for t in tried[:len(fitting)]] and search["largest"] == max(fitting, default=None), search
+    assert fitting == [t["batch_size"] for t in tried[:len(fitting)]], tried
+    assert search["largest"] == max(fitting, default=None), search
     assert all((t["program_bytes"] <= 4_370_000) == t["fits"] for t in tried), tried
     assert sorted(t["program_bytes"] for t in tried) == [t["program_bytes"] for t in tried], tried
     assert len(tried) == 2 or not tried[-1]["fits"], tried

@@ -39,7 +39,7 @@ rm -f "$OUT"/wheels/seqcache-*.whl
 rm -rf build/lib build/bdist.* ./*.egg-info
 .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
   --platform manylinux2014_x86_64 -d "$OUT/wheels" array_record==0.8.6
-cp "$SETUP" "$OUT/"
+cp -f "$SETUP" "$OUT/"  # -f: the copy is read-only, as the original
 
 CACHE="$OUT/caches/$NAME/train"
 if [ -f "$CACHE/manifest.json" ]; then

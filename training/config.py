@@ -46,7 +46,7 @@ MLP_ACTIVATIONS = ("swiglu", "geglu", "relu")
 # ``ModelConfig.attention``: the attention kernel (``seqcache.training.models.attention``).
 ATTENTION_KERNELS = ("auto", "xla", "splash")
 # ``ModelConfig.remat``: what a layer keeps for the backward pass (``seqcache.training.models.layers``).
-REMAT_POLICIES = ("none", "dots", "full")
+REMAT_POLICIES = ("none", "dots", "attention", "full")
 CONVERTERS = ("lm", "prefix_lm", "encdec")
 
 
@@ -104,10 +104,12 @@ class ModelConfig:
         xla). T5 uses splash for cross-attention only: its self-attention adds
         the relative position bias, which the kernel cannot take.
       remat: what each layer keeps for the backward pass (``jax.checkpoint``):
-        "none" (every activation), "dots" (only the outputs of matrix
-        multiplications without batch dimensions: the projections and the MLP;
-        the rest is recomputed) or "full" (only the layer's input; the whole
-        layer is recomputed). Values are the same; memory and time differ.
+        "none" (every activation), "dots" (the outputs of matrix
+        multiplications without batch dimensions, the projections and the MLP,
+        and attention's output; norms, rotary positions and activations are
+        recomputed), "attention" (attention's output only) or "full" (only the
+        layer's input; the whole layer is recomputed). Values are the same;
+        memory and time differ (``seqcache.training.models.layers``).
       scan_layers: store the layers' parameters stacked along a leading
         'layers' axis and compile one layer, scanned over them
         (``jax.lax.scan``): compile time no longer grows with depth. Same
@@ -190,7 +192,10 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     # A few million parameters (plus embeddings); CPU benchmarks.
     "small": ModelConfig(d_model=256, num_layers=4, num_heads=4, mlp_dim=1024),
     # GPT-2 small shape (Radford et al. 2019) with SwiGLU width 2048 (about 8/3 * d_model).
-    "base": ModelConfig(d_model=768, num_layers=12, num_heads=12, mlp_dim=2048),
+    # One compiled layer scanned over 12, the projections, the MLP and attention's output
+    # kept for the backward pass (the rest recomputed): fits a global batch of 32 rows of
+    # 1024 tokens on one 16 GB chip without microbatches.
+    "base": ModelConfig(d_model=768, num_layers=12, num_heads=12, mlp_dim=2048, remat="dots", scan_layers=True),
     # About 480 M parameters (plus embeddings): the largest decoder whose float32 parameters,
     # gradients and AdamW moments (16 bytes a parameter) leave room on one 16 GB chip for a
     # global batch of 32 rows of 1024 tokens, with every layer recomputed in the backward

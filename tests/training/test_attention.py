@@ -168,7 +168,8 @@ def test_decoder_splash_scan_and_remat_agree_with_the_einsum_path():
     bfloat16 tolerance of the einsum path in bfloat16."""
     batch = lm_batch(2)
     want = loss_and_grads(decoder_config(attention="xla"), batch)
-    for changes in ({"attention": "splash"}, {"scan_layers": True, "remat": "dots"},
+    for changes in ({"attention": "splash"}, {"scan_layers": True, "remat": "dots", "attention": "splash"},
+                    {"remat": "attention", "scan_layers": True},
                     {"remat": "full", "attention": "splash", "scan_layers": True}):
         assert_close(loss_and_grads(decoder_config(**changes), batch), want, rtol=1e-4)
     want16 = loss_and_grads(decoder_config(attention="xla", dtype="bfloat16"), batch)

@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 
 from seqcache.training import partitioning
 from seqcache.training.config import ConfigError
+from seqcache.training.models.layers import ATTENTION_NAME
 
 # Sequence lengths must be multiples of the kernel's smallest block.
 BLOCK_MULTIPLE = 128
@@ -84,7 +85,7 @@ def _kernel(heads: int, q_length: int, kv_length: int, causal: bool, interpret: 
     # Built outside any trace (the mask's block tables are constants), once per shape.
     with jax.ensure_compile_time_eval():
         return sa.make_splash_mha(sa.MultiHeadMask([mask] * heads), block_sizes=sizes, head_shards=1,
-                                  q_seq_shards=1, interpret=interpret)
+                                  q_seq_shards=1, interpret=interpret, residual_checkpoint_name=ATTENTION_NAME)
 
 
 def _local(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool):
@@ -115,6 +116,24 @@ def _sharded(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool):
                          check_vma=False)(q, k, v, q_segment_ids, kv_segment_ids)
 
 
+def splash_attention_bhlk(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array,
+                          kv_segment_ids: jax.Array, *, causal: bool, scale: float,
+                          prefix: jax.Array | None = None) -> jax.Array:
+    """``splash_attention`` in the kernel's own layout: q (batch, heads, Lq,
+    head_dim), k and v (batch, heads, Lk, head_dim) -> (batch, heads, Lq,
+    head_dim) in q's dtype; the other arguments as there."""
+    qs = q * jnp.asarray(scale, q.dtype)
+    q_segment_ids = q_segment_ids.astype(jnp.int32)
+    kv_segment_ids = kv_segment_ids.astype(jnp.int32)
+    out = _sharded(qs, k, v, q_segment_ids, kv_segment_ids, causal=causal)
+    if prefix is not None:
+        prefix = prefix.astype(jnp.bool_)
+        prefix_keys = jnp.where(prefix, kv_segment_ids, -1)
+        bidirectional = _sharded(qs, k, v, q_segment_ids, prefix_keys, causal=False)
+        out = jnp.where(prefix[:, None, :, None], bidirectional, out)
+    return out.astype(q.dtype)
+
+
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array, kv_segment_ids: jax.Array,
                      *, causal: bool, scale: float, prefix: jax.Array | None = None) -> jax.Array:
     """Attention with the splash kernel, in the models' layout.
@@ -132,16 +151,10 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: ja
 
     Returns:
       (batch, Lq, heads, head_dim) in q's dtype. Rows of queries whose mask is
-      empty (padding) hold finite values that no real token reads.
+      empty (padding) hold finite values that no real token reads. The kernel's
+      output and log-sum-exp are named ``layers.ATTENTION_NAME`` for the
+      rematerialisation policies.
     """
-    qt = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)  # (batch, heads, Lq, head_dim)
-    kt, vt = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-    q_segment_ids = q_segment_ids.astype(jnp.int32)
-    kv_segment_ids = kv_segment_ids.astype(jnp.int32)
-    out = _sharded(qt, kt, vt, q_segment_ids, kv_segment_ids, causal=causal)
-    if prefix is not None:
-        prefix = prefix.astype(jnp.bool_)
-        prefix_keys = jnp.where(prefix, kv_segment_ids, -1)
-        bidirectional = _sharded(qt, kt, vt, q_segment_ids, prefix_keys, causal=False)
-        out = jnp.where(prefix[:, None, :, None], bidirectional, out)
-    return jnp.swapaxes(out, 1, 2).astype(q.dtype)
+    out = splash_attention_bhlk(jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), q_segment_ids,
+                                kv_segment_ids, causal=causal, scale=scale, prefix=prefix)
+    return jnp.swapaxes(out, 1, 2)

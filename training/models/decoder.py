@@ -54,19 +54,33 @@ from seqcache.training.models.common import dropout as _dropout
 from seqcache.training.models.common import param as _param
 
 
+def rotary_tables(positions: jax.Array, theta: float, head_dim: int) -> tuple[jax.Array, jax.Array]:
+    """(sin, cos) of the rotary angles, each (batch, length, head_dim // 2)
+    float32, for ``positions`` (batch, length) int32 with frequency base
+    ``theta``. Computed once per forward pass and shared by the layers (on a TPU
+    the transcendentals per layer cost more than the attention projections)."""
+    half = head_dim // 2
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # (half,)
+    angle = positions.astype(jnp.float32)[..., None] * freq  # (batch, length, half)
+    return jnp.sin(angle), jnp.cos(angle)
+
+
+def apply_rotary(x: jax.Array, tables: tuple[jax.Array, jax.Array], *, heads_axis: int = 2) -> jax.Array:
+    """``x`` (batch, length, heads, head_dim), or with ``heads_axis=1`` (batch,
+    heads, length, head_dim), rotated by ``rotary_tables``; same shape and
+    dtype, computed in float32."""
+    sin, cos = (jnp.expand_dims(t, heads_axis) for t in tables)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
 def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     """Rotary position embedding (RoPE, Su et al. 2021), "rotate half" layout:
     x (batch, length, heads, head_dim even) rotated by ``positions`` (batch,
     length) int32 with frequency base ``theta``; same shape and dtype, computed
-    in float32."""
-    half = x.shape[-1] // 2
-    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # (half,)
-    angle = positions.astype(jnp.float32)[..., None] * freq  # (batch, length, half)
-    sin = jnp.sin(angle)[:, :, None, :]
-    cos = jnp.cos(angle)[:, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
+    in float32 (``rotary_tables`` then ``apply_rotary``)."""
+    return apply_rotary(x, rotary_tables(positions, theta, x.shape[-1]))
 
 
 def attention_mask(segment_ids: jax.Array, causal_attention: jax.Array | None = None) -> jax.Array:
@@ -112,21 +126,30 @@ class Attention(nnx.Module):
         self.wv = _param(rngs, init, (d, h, k), ("embed", "heads", "kv"))
         self.wo = _param(rngs, out_init, (h, k, d), ("heads", "kv", "embed"))
 
-    def __call__(self, x, segment_ids, positions, dropout_key=None, causal_attention=None):
-        """x: (batch, length, d_model) -> (batch, length, d_model)."""
+    def __call__(self, x, segment_ids, rope, dropout_key=None, causal_attention=None):
+        """x: (batch, length, d_model) -> (batch, length, d_model); ``rope``:
+        ``rotary_tables`` of the row's positions."""
         cfg = self.cfg
         dtype = x.dtype
+        kernel = attention_lib.resolve(cfg.attention, lengths=(x.shape[1],), dropout_rate=cfg.dropout_rate)
+        if kernel == "splash":
+            # Projected straight into the kernel's (batch, heads, length, head_dim)
+            # layout: no transposes around the kernel.
+            q = jnp.einsum("bld,dhk->bhlk", x, self.wq[...].astype(dtype))
+            k = jnp.einsum("bld,dhk->bhlk", x, self.wk[...].astype(dtype))
+            v = jnp.einsum("bld,dhk->bhlk", x, self.wv[...].astype(dtype))
+            q = partitioning.constrain(q, ("batch", "act_heads", "length", None))
+            q = apply_rotary(q, rope, heads_axis=1)
+            k = apply_rotary(k, rope, heads_axis=1)
+            out = attention_lib.splash_attention_bhlk(q, k, v, segment_ids, segment_ids, causal=True,
+                                                      scale=1.0 / math.sqrt(q.shape[-1]), prefix=causal_attention)
+            return jnp.einsum("bhqk,hkd->bqd", out, self.wo[...].astype(dtype))
         q = jnp.einsum("bld,dhk->blhk", x, self.wq[...].astype(dtype))
         k = jnp.einsum("bld,dhk->blhk", x, self.wk[...].astype(dtype))
         v = jnp.einsum("bld,dhk->blhk", x, self.wv[...].astype(dtype))
         q = partitioning.constrain(q, ("batch", "length", "act_heads", None))
-        q = rotary(q, positions, cfg.rope_theta)
-        k = rotary(k, positions, cfg.rope_theta)
-        kernel = attention_lib.resolve(cfg.attention, lengths=(q.shape[1],), dropout_rate=cfg.dropout_rate)
-        if kernel == "splash":
-            out = attention_lib.splash_attention(q, k, v, segment_ids, segment_ids, causal=True,
-                                                 scale=1.0 / math.sqrt(q.shape[-1]), prefix=causal_attention)
-            return jnp.einsum("bqhk,hkd->bqd", out, self.wo[...].astype(dtype))
+        q = apply_rotary(q, rope)
+        k = apply_rotary(k, rope)
         scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)  # (batch, heads, q, k)
         scores = scores / math.sqrt(q.shape[-1])
         mask = attention_mask(segment_ids, causal_attention)[:, None]  # (batch, 1, q, k)
@@ -134,6 +157,7 @@ class Attention(nnx.Module):
         probs = jax.nn.softmax(scores, axis=-1)
         probs = _dropout(probs, cfg.dropout_rate, dropout_key).astype(dtype)
         out = jnp.einsum("bhqs,bshk->bqhk", probs, v)
+        out = layers_lib.name_attention(out)
         return jnp.einsum("bqhk,hkd->bqd", out, self.wo[...].astype(dtype))
 
 
@@ -167,10 +191,10 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, segment_ids, positions, dropout_key=None, causal_attention=None):
+    def __call__(self, x, segment_ids, rope, dropout_key=None, causal_attention=None):
         keys = split_keys(dropout_key, 3)
         rate = self.cfg.dropout_rate
-        attn = self.attn(self.attn_norm(x), segment_ids, positions, keys[0], causal_attention)
+        attn = self.attn(self.attn_norm(x), segment_ids, rope, keys[0], causal_attention)
         x = x + _dropout(attn, rate, keys[1])
         x = partitioning.constrain(x, ("batch", "length", "act_embed"))
         x = x + _dropout(self.mlp(self.mlp_norm(x)), rate, keys[2])
@@ -232,8 +256,9 @@ class Transformer(nnx.Module):
         dtype = DTYPES[cfg.dtype]
         x = jnp.take(self._table(), inputs, axis=0).astype(dtype)  # (batch, length, d_model)
         x = partitioning.constrain(x, ("batch", "length", "act_embed"))
+        rope = rotary_tables(positions, cfg.rope_theta, cfg.resolved_head_dim)
         x = layers_lib.apply(
-            self.blocks, x, lambda block, y, key: block(y, segment_ids, positions, key, causal_attention),
+            self.blocks, x, lambda block, y, key: block(y, segment_ids, rope, key, causal_attention),
             dropout_key=dropout_key, remat=cfg.remat)
         return self.final_norm(x)
 

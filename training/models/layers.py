@@ -15,14 +15,18 @@
 ``jax.checkpoint`` with the policy of ``ModelConfig.remat`` (Chen et al. 2016,
 "Training Deep Nets with Sublinear Memory Cost", arXiv 1604.06174):
 
-=======  ==================================================================
-none     every intermediate kept for the backward pass
-dots     only the results of matrix multiplications without batch dimensions
-         (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``: the
-         projections and the MLP); attention, norms and activations recomputed
-full     nothing but the layer's input (``nothing_saveable``): the layer's
-         forward pass is recomputed in the backward pass
-=======  ==================================================================
+=========  ================================================================
+none       every intermediate kept for the backward pass
+dots       the results of matrix multiplications without batch dimensions
+           (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``: the
+           projections and the MLP) and attention's output (``ATTENTION_NAME``:
+           the splash kernel's output and log-sum-exp); norms, rotary
+           positions and activations recomputed
+attention  attention's output only: the projections and the MLP recomputed,
+           the attention kernel not
+full       nothing but the layer's input (``nothing_saveable``): the layer's
+           forward pass is recomputed in the backward pass
+=========  ================================================================
 """
 
 from __future__ import annotations
@@ -32,12 +36,24 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 LAYERS_AXIS = "layers"
+# The name (``jax.ad_checkpoint.checkpoint_name``) of attention's output: the
+# splash kernel's residuals (output and log-sum-exp), or the einsum path's output.
+ATTENTION_NAME = "attention"
+
+
+def name_attention(x: jax.Array) -> jax.Array:
+    """``x`` tagged as attention's output, which the "dots" and "attention" policies keep."""
+    return checkpoint_name(x, ATTENTION_NAME)
 
 
 def _policy(remat: str):
-    return {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    saved_attention = jax.checkpoint_policies.save_only_these_names(ATTENTION_NAME)
+    return {"dots": jax.checkpoint_policies.save_from_both_policies(
+                jax.checkpoint_policies.dots_with_no_batch_dims_saveable, saved_attention),
+            "attention": saved_attention,
             "full": jax.checkpoint_policies.nothing_saveable}[remat]
 
 

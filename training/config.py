@@ -192,10 +192,10 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     # A few million parameters (plus embeddings); CPU benchmarks.
     "small": ModelConfig(d_model=256, num_layers=4, num_heads=4, mlp_dim=1024),
     # GPT-2 small shape (Radford et al. 2019) with SwiGLU width 2048 (about 8/3 * d_model).
-    # One compiled layer scanned over 12, the projections, the MLP and attention's output
-    # kept for the backward pass (the rest recomputed): fits a global batch of 32 rows of
-    # 1024 tokens on one 16 GB chip without microbatches.
-    "base": ModelConfig(d_model=768, num_layers=12, num_heads=12, mlp_dim=2048, remat="dots", scan_layers=True),
+    # With the splash kernel (model.attention=auto on a TPU) a global batch of 32 rows of
+    # 1024 tokens fits one 16 GB chip as it is; scan_layers=true compiles in half the time
+    # and runs slower (benchmarks/README.md, "Accelerator").
+    "base": ModelConfig(d_model=768, num_layers=12, num_heads=12, mlp_dim=2048),
     # About 480 M parameters (plus embeddings): the largest decoder whose float32 parameters,
     # gradients and AdamW moments (16 bytes a parameter) leave room on one 16 GB chip for a
     # global batch of 32 rows of 1024 tokens, with every layer recomputed in the backward

@@ -45,6 +45,8 @@ MAX_SEQUENCE_LENGTH = bounded_json.MAX_SEQUENCE_LENGTH
 MLP_ACTIVATIONS = ("swiglu", "geglu", "relu")
 # ``ModelConfig.attention``: the attention kernel (``seqcache.training.models.attention``).
 ATTENTION_KERNELS = ("auto", "xla", "splash")
+# The splash kernel's smallest block: its sequence lengths are multiples of it.
+SPLASH_BLOCK = 128
 # ``ModelConfig.remat``: what a layer keeps for the backward pass (``seqcache.training.models.layers``).
 REMAT_POLICIES = ("none", "dots", "attention", "full")
 CONVERTERS = ("lm", "prefix_lm", "encdec")
@@ -371,6 +373,7 @@ class TrainConfig:
             if (getattr(self, name) or 0) >= most:
                 raise ConfigError(f"{name} must be below {bounded_json.bound(most)} (got {getattr(self, name)})")
         self._validate_converter()
+        self._validate_attention()
         if self.global_batch_size % self.num_microbatches:
             raise ConfigError(
                 f"global_batch_size={self.global_batch_size} is not divisible by "
@@ -383,6 +386,22 @@ class TrainConfig:
             raise ConfigError(f"seed must be in [0, 2**32) (got {self.seed})")
         if self.optimizer.warmup_steps < 0:
             raise ConfigError(f"optimizer.warmup_steps must be >= 0 (got {self.optimizer.warmup_steps})")
+
+    def _validate_attention(self) -> None:
+        """model.attention=splash needs every length its kernel reads to be a
+        multiple of ``SPLASH_BLOCK`` (the decoder's self-attention; T5's
+        cross-attention, queries and keys)."""
+        if self.model.attention != "splash":
+            return
+        conv = self.converter
+        li = int(self.inputs_sequence_length or 0)
+        lengths = {"lm": [self.sequence_length], "prefix_lm": [li + self.sequence_length],
+                   "encdec": [self.sequence_length, li]}.get(conv, [])
+        if any(n % SPLASH_BLOCK for n in lengths):
+            raise ConfigError(
+                f"model.attention='splash' needs sequence lengths that are multiples of {SPLASH_BLOCK} (the "
+                f"{conv} converter's are {lengths}); pack the cache to such a length or set model.attention=auto "
+                "(splash where it applies, else the einsum path) or xla")
 
     def _validate_converter(self) -> None:
         conv = self.converter
@@ -609,8 +628,10 @@ def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
         first = next(iter(typing.get_type_hints(tp)))
         raise ConfigError(f"override {key!r}: {name!r} is a group; set one of its fields, e.g. {key}.{first}=...")
     value = _parse_scalar(text, key)
-    if str in (tp, *typing.get_args(tp)) and value is not None and not isinstance(value, str):
-        value = text  # a string field given something that parses as JSON, e.g. "1"
+    if str in (tp, *typing.get_args(tp)) and not isinstance(value, str) and (value is not None or tp is str):
+        # A string field given something that parses as JSON, e.g. "1"; or "none"
+        # for a field that cannot be null (model.remat=none is the string).
+        value = text.strip()
     return dataclasses.replace(obj, **{name: _coerce(value, tp, key)})
 
 

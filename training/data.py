@@ -49,10 +49,36 @@ class Source:
     name: str
 
 
-def _unique_keys_yaml_loader(yaml):
-    """PyYAML's SafeLoader, refusing a mapping that has a key twice (PyYAML
-    keeps the last value) with ``seqcache.bounded_json.DuplicateKeyError``."""
-    class UniqueKeysLoader(yaml.SafeLoader):
+# The most bytes a mixture schedule file may have (as ``seqcache which`` and a
+# feeder state): a schedule of thousands of stages takes well under 1 MiB.
+MAX_SCHEDULE_BYTES = 16 << 20
+
+
+class _YamlAliasError(Exception):
+    """A YAML anchor (``&a``) or alias (``*a``, ``<<: *a``) in a mixture
+    schedule, at ``line`` and ``column`` (1-based)."""
+
+    def __init__(self, kind: str, name: str, line: int, column: int):
+        super().__init__(f"line {line}, column {column}: {kind} {name}")
+        self.kind, self.name, self.line, self.column = kind, name, line, column
+
+
+def _schedule_yaml_loader(yaml):
+    """PyYAML's SafeLoader for a mixture schedule. It refuses an anchor or an
+    alias (``_YamlAliasError``) as the parser meets it, before anything is
+    built: a schedule never needs them, and ten lines of aliases of the line
+    before ("billion laughs") stand for 9^10 values that nothing could walk.
+    It refuses a mapping that has a key twice (PyYAML keeps the last value)
+    with ``seqcache.bounded_json.DuplicateKeyError``."""
+    class ScheduleLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            alias = isinstance(event, yaml.AliasEvent)
+            if alias or getattr(event, "anchor", None) is not None:
+                raise _YamlAliasError("alias" if alias else "anchor", ("*" if alias else "&") + event.anchor,
+                                      event.start_mark.line + 1, event.start_mark.column + 1)
+            return super().compose_node(parent, index)
+
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
@@ -65,30 +91,35 @@ def _unique_keys_yaml_loader(yaml):
                     continue
             return super().construct_mapping(node, deep=deep)
 
-    return UniqueKeysLoader
+    return ScheduleLoader
 
 
-def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
-    """Reads a mixture schedule, JSON or YAML (``.yaml``/``.yml``), {step: {task
-    or cache folder: rate}}, e.g. ``{"0": {"wiki": 1}, "10000": {"wiki": 3, "code": 1}}``:
-    steps are integers >= 0, the first 0; rates numbers >= 0 (0 or left out: not read).
+def _read_schedule(path: str) -> Any:
+    """The decoded schedule file (JSON, or YAML for ``.yaml``/``.yml``), within
+    ``seqcache.bounded_json``'s bounds: at most ``MAX_SCHEDULE_BYTES``, and no
+    YAML anchors or aliases.
 
     Raises:
-      ConfigError: the file cannot be read or parsed, or a step or rate is bad;
-        the message names the file and the entry.
+      ConfigError: naming the file, and the line of a YAML anchor or alias.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        if path.endswith((".yaml", ".yml")):
-            import yaml  # optional: PyYAML (a JSON schedule needs none)
+        with open(path, "rb") as f:
+            data = f.read(MAX_SCHEDULE_BYTES + 1)  # no more than one byte past the bound
+        if not path.endswith((".yaml", ".yml")):
+            return bounded_json.loads(data, path=path, error=ConfigError, max_bytes=MAX_SCHEDULE_BYTES,
+                                      what="mixture schedule")
+        if len(data) > MAX_SCHEDULE_BYTES:
+            raise ConfigError(f"{path}: the mixture schedule is larger than the {MAX_SCHEDULE_BYTES:,} bytes allowed")
+        import yaml  # optional: PyYAML (a JSON schedule needs none)
 
-            raw = yaml.load(text, Loader=_unique_keys_yaml_loader(yaml))
-            bounded_json.check_tree(raw, path=path, error=ConfigError, what="mixture schedule")
-        else:
-            raw = bounded_json.loads(text, path=path, error=ConfigError, what="mixture schedule")
+        raw = yaml.load(data.decode("utf-8"), Loader=_schedule_yaml_loader(yaml))
+        bounded_json.check_tree(raw, path=path, error=ConfigError, what="mixture schedule")
+        return raw
     except ConfigError:
         raise
+    except _YamlAliasError as e:
+        raise ConfigError(f"{path}: {e}: a mixture schedule may not use YAML anchors or aliases "
+                          "(&name, *name, <<: *name); write each stage out in full") from None
     except RecursionError:
         raise ConfigError(f"{path}: the mixture schedule is nested too deep") from None
     except bounded_json.DuplicateKeyError as e:
@@ -100,6 +131,22 @@ def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
                           "or write it as JSON") from None
     except Exception as e:  # yaml.YAMLError
         raise ConfigError(f"{path}: cannot parse the mixture schedule: {e}") from None
+
+
+def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
+    """Reads a mixture schedule, JSON or YAML (``.yaml``/``.yml``), {step: {task
+    or cache folder: rate}}, e.g. ``{"0": {"wiki": 1}, "10000": {"wiki": 3, "code": 1}}``:
+    steps are integers >= 0, the first 0; rates numbers >= 0 (0 or left out: not read).
+    The file is read within ``seqcache.bounded_json``'s bounds (at most
+    ``MAX_SCHEDULE_BYTES`` and ``bounded_json.MAX_NODES`` values); a YAML
+    anchor or alias (``&a``, ``*a``) is refused where it stands.
+
+    Raises:
+      ConfigError: the file cannot be read or parsed, is out of bounds, uses
+        YAML anchors or aliases, or a step or rate is bad; the message names
+        the file and the entry.
+    """
+    raw = _read_schedule(path)
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(f"{path}: a mixture schedule is a mapping {{step: {{task: rate}}}} "
                           f"(got {bounded_json.short(raw)})")

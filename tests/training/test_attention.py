@@ -150,6 +150,19 @@ def test_resolve_picks_splash_only_where_it_applies():
         attention_lib.resolve("splash", lengths=(1000,))
 
 
+def test_config_refuses_splash_lengths_before_compiling_and_reads_remat_none_as_a_string():
+    with pytest.raises(config_lib.ConfigError, match=r"lm converter's are \[200\]"):
+        config_lib.TrainConfig(model=decoder_config(attention="splash"), sequence_length=200).validate()
+    t5 = config_lib.TrainConfig(model=t5_config(attention="splash"), sequence_length=128, inputs_sequence_length=100)
+    with pytest.raises(config_lib.ConfigError, match=r"encdec converter's are \[128, 100\]"):
+        t5.validate()
+    config_lib.TrainConfig(model=decoder_config(attention="auto"), sequence_length=200).validate()
+    cfg = config_lib.apply_overrides(config_lib.TrainConfig(model=decoder_config(remat="full")), ["model.remat=none"])
+    assert cfg.model.remat == "none"
+    cfg = config_lib.apply_overrides(cfg, ["checkpoint.directory=none"])
+    assert cfg.checkpoint.directory is None
+
+
 def test_config_refuses_splash_with_attention_dropout_and_unknown_settings():
     with pytest.raises(config_lib.ConfigError, match="no dropout on attention probabilities"):
         decoder_config(attention="splash", dropout_rate=0.1).validate()

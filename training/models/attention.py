@@ -41,11 +41,11 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from jax.sharding import PartitionSpec as P
 
 from seqcache.training import partitioning
-from seqcache.training.config import ConfigError
+from seqcache.training.config import SPLASH_BLOCK, ConfigError
 from seqcache.training.models.layers import ATTENTION_NAME
 
 # Sequence lengths must be multiples of the kernel's smallest block.
-BLOCK_MULTIPLE = 128
+BLOCK_MULTIPLE = SPLASH_BLOCK
 # Block sizes tried in order: the largest dividing the length is used.
 _BLOCKS = (512, 256, 128)
 

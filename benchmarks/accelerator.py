@@ -479,6 +479,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     overrides = check_overrides(args.overrides)
     data = open_cache(args.cache)
+    from seqcache.training.config import ConfigError
+
+    for preset in args.models:  # a bad preset or override: one line before anything is compiled
+        try:
+            make_config(preset, data, max(args.batch_sizes), args.steps, overrides).validate()
+        except ConfigError as e:
+            sys.exit(f"error: {preset}: {e}")
     env = environment(args, data, [sys.argv[0], *argv])
     print(f"{env['devices']} x {env['device_kind']}, JAX {env['jax']}; cache {data.source.name}: "
           f"{data.num_examples:,} examples, L = {data.sequence_length:,}", flush=True)

@@ -16,9 +16,13 @@ data-parallel world size that divides the global batch (G4, G5)::
 Three ways in, one stream:
 
 - a plain loop over ``FeederLoader`` (above);
-- torchdata's ``StatefulDataLoader(FeederDataset(...), batch_size=None)``: the
-  dataset is itself ``Stateful``, so the loader's ``state_dict()`` carries the
-  Feeder's JSON under ``"dataset_state"``;
+- torchdata's ``StatefulDataLoader(FeederDataset(...), batch_size=None,
+  num_workers=W)``: the dataset is itself ``Stateful``. With W = 0 the loader's
+  ``state_dict()`` carries the Feeder's JSON under ``"dataset_state"``; with
+  W >= 1 worker w makes microbatches w, w + W, ... and the loader, which fetches
+  from its workers in turn, yields the same items in the same order, and
+  ``dataset_state_of`` finds the position in the workers' saved states, which
+  ``FeederDataset.load_state_dict`` restores on any W and world size;
 - torchtitan: ``TorchtitanDataLoader``, a ``torchtitan.components.dataloader.
   BaseDataLoader`` built by ``Trainer.Config(dataloader=TorchtitanDataLoader.Config(...))``
   (created when first accessed, so that importing this module does not import
@@ -191,19 +195,12 @@ class FeederLoader:
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         feeder = self._feeder
-        feature = feeder.feature
         while feeder.num_steps is None or feeder.step < feeder.num_steps:
             step = feeder.step
             batch = feeder.get_batch(step)
             while self._microbatch < self.microbatches_per_step:
                 m = self._microbatch
-                rows = slice(m * self.local_batch_size, (m + 1) * self.local_batch_size)
-                item = self._convert(batch, feature, rows)
-                if self.on_rows is not None:
-                    self.on_rows({"step": step, "microbatch": m, "rank": self.rank,
-                                  "cache_index": batch["cache_index"][rows].copy(),
-                                  "task_index": batch["task_index"][rows].copy(),
-                                  "epoch": batch["epoch"][rows].copy()})
+                item = self._serve(batch, step, m)
                 # The state moves before the item is handed over: a state_dict()
                 # taken after the consumer has it names the next microbatch.
                 self._microbatch = m + 1
@@ -213,6 +210,38 @@ class FeederLoader:
                 yield item
                 if feeder.step != step:
                     break
+
+    def _serve(self, batch: Mapping[str, np.ndarray], step: int, m: int):
+        """Microbatch m of this rank's rows of ``step`` (``batch``: the Feeder's
+        batch of that step), after calling ``on_rows`` with its provenance."""
+        rows = slice(m * self.local_batch_size, (m + 1) * self.local_batch_size)
+        item = self._convert(batch, self._feeder.feature, rows)
+        if self.on_rows is not None:
+            self.on_rows({"step": step, "microbatch": m, "rank": self.rank,
+                          "cache_index": batch["cache_index"][rows].copy(),
+                          "task_index": batch["task_index"][rows].copy(),
+                          "epoch": batch["epoch"][rows].copy()})
+        return item
+
+    # Microbatch j of this rank's stream is microbatch j % M of step j // M (M =
+    # microbatches_per_step); loader worker processes split the stream by j.
+
+    @property
+    def _item(self) -> int:
+        """j of the microbatch served next."""
+        return self._feeder.step * self.microbatches_per_step + self._microbatch
+
+    def _seek(self, item: int) -> None:
+        """Moves to microbatch j = ``item`` (the state follows)."""
+        step, m = divmod(item, self.microbatches_per_step)
+        self._feeder.step = step
+        self._microbatch = m
+
+    @property
+    def _num_items(self) -> int | None:
+        """Microbatches in this rank's stream: None (forever) or num_steps * M."""
+        steps = self._feeder.num_steps
+        return None if steps is None else steps * self.microbatches_per_step
 
     def _convert(self, batch: Mapping[str, np.ndarray], feature: str, rows: slice):
         tokens = batch[feature][rows]
@@ -308,50 +337,298 @@ class FeederLoader:
                 f"microbatch {self._microbatch}/{self.microbatches_per_step}, {self._feeder!r})")
 
 
-class FeederDataset(torch.utils.data.IterableDataset):
-    """A ``FeederLoader`` as a ``Stateful`` ``IterableDataset``, for torchdata's
-    ``StatefulDataLoader`` (or torch's ``DataLoader``)::
+WORKER_KEY = "loader_worker"
+"""Key, in the state of a ``FeederDataset`` inside loader worker w of W, of
+``{"worker": w, "num_workers": W, "ahead": k}``: the state's position is one
+past the last microbatch this worker made (the dataset's start before it made
+one), and the worker's next microbatch is k further on."""
 
-        from torchdata.stateful_dataloader import StatefulDataLoader
-        loader = StatefulDataLoader(FeederDataset(cache=..., global_batch_size=256,
-                                                  sequence_length=512), batch_size=None)
-        state = loader.state_dict()     # the Feeder's JSON under "dataset_state"
+PLAIN_LOADER_ERROR = (
+    "FeederDataset: iterated in a worker process of a loader that keeps no state (torch.utils.data.DataLoader, "
+    "num_workers={num_workers}): the position would stay where the dataset was built and a resume would repeat "
+    "data; use torchdata's StatefulDataLoader (a drop-in DataLoader whose state_dict() resumes on any number of "
+    "workers and ranks), or num_workers=0"
+)
 
-    Each item is already a microbatch: pass ``batch_size=None``. Use
-    ``num_workers=0``: the Feeder reads on its own threads (``num_threads``,
-    ``prefetch``). Worker processes are refused: several would each read the
-    whole stream, and with one the loader keeps the state in its worker
-    snapshot (not under ``"dataset_state"``), a state that only a loader with
-    the same number of workers loads.
 
-    Args: those of ``FeederLoader``.
+class _WorkerPart:
+    """The microbatches that loader worker w of W makes: j0 + w, j0 + w + W,
+    j0 + w + 2W, ... of this rank's stream (j0: where the dataset started).
+
+    A loader that fetches from its workers in turn (0, 1, ..., W-1, 0, ...: the
+    in-order round-robin of torch's and torchdata's loaders) therefore yields
+    j0, j0 + 1, j0 + 2, ...: the stream of ``num_workers=0``.
+
+    ``loader`` is this worker's own FeederLoader; its position is one past the
+    last microbatch made here (j0 before the first), and ``ahead`` says how far
+    past it the next one is (w at the start, W - 1 after each).
+    """
+
+    def __init__(self, loader: FeederLoader, *, worker: int, num_workers: int):
+        self.loader, self.worker, self.num_workers = loader, worker, num_workers
+        self.ahead = worker
+        self._batch: tuple[int, Mapping[str, np.ndarray]] | None = None  # (step, batch) last read
+
+    def __iter__(self):
+        lo = self.loader
+        end = lo._num_items
+        while end is None or lo._item + self.ahead < end:
+            j = lo._item + self.ahead
+            step, m = divmod(j, lo.microbatches_per_step)
+            if self._batch is None or self._batch[0] != step:  # with gradient accumulation W workers share steps
+                self._batch = (step, lo.feeder.get_batch(step))
+            item = lo._serve(self._batch[1], step, m)
+            lo._seek(j + 1)  # the state moves before the item is handed over, as in FeederLoader
+            self.ahead = self.num_workers - 1
+            yield item
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.loader.state_dict(),
+                WORKER_KEY: {"worker": self.worker, "num_workers": self.num_workers, "ahead": self.ahead}}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continues a state this worker saved (torchdata restores each worker's
+        own state into a loader of as many workers).
+
+        Raises:
+          FeederStateError: not a worker's state, or another worker's.
+        """
+        where = "dataloader worker state"
+        saved = state_dict.get(WORKER_KEY)
+        if not isinstance(saved, Mapping):
+            raise FeederStateError(
+                f"{where}: no {WORKER_KEY!r} (keys: {sorted(state_dict)[:8]}); a state of the whole loader is "
+                "loaded into the FeederDataset before the loader is built (dataset.load_state_dict(state))")
+        worker = bounded_json.integer(saved.get("worker"), "worker", path=where, error=FeederStateError, hi=2**16)
+        count = bounded_json.integer(saved.get("num_workers"), "num_workers", path=where, error=FeederStateError,
+                                     lo=1, hi=2**16)
+        if (worker, count) != (self.worker, self.num_workers):
+            raise FeederStateError(
+                f"{where}: saved by worker {worker} of {count}, loaded into worker {self.worker} of "
+                f"{self.num_workers}; load the loader's state into the FeederDataset instead "
+                "(dataset.load_state_dict(state)), which resumes on any number of workers")
+        ahead = bounded_json.integer(saved.get("ahead"), "ahead", path=where, error=FeederStateError, hi=count)
+        self.loader.load_state_dict({k: v for k, v in state_dict.items() if k != WORKER_KEY})
+        self.ahead = ahead
+
+
+def dataset_state_of(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """The position (a ``FeederLoader`` state) in any saved state of a loader
+    over ``FeederDataset``, whatever its number of workers.
+
+    ``state_dict`` is one of: a ``FeederLoader`` or ``FeederDataset`` state
+    (returned as it is, less a worker's ``WORKER_KEY``); a ``StatefulDataLoader``
+    state with ``num_workers=0`` (its ``"dataset_state"``); one with W >= 1
+    workers: torchdata keeps each worker's dataset state as of the last
+    microbatch the loader yielded from it, so the furthest of them is where the
+    loader was at its last snapshot, to which the microbatches yielded since
+    (``"_steps_since_snapshot"``, 0 with the default
+    ``snapshot_every_n_steps=1``) are added. Anything else is returned as it
+    is, for ``FeederLoader.load_state_dict`` to refuse.
 
     Raises:
-      RuntimeError: iterated inside a loader worker process (``num_workers``
-        of 1 or more).
+      FeederStateError: a worker snapshot without a FeederDataset state, or
+        worker states of different slicings.
+    """
+    if not isinstance(state_dict, Mapping) or not state_dict:
+        return state_dict
+    if STATE_KEY in state_dict:
+        return {k: v for k, v in state_dict.items() if k != WORKER_KEY}
+    if "dataset_state" in state_dict and isinstance(state_dict["dataset_state"], Mapping):
+        return dataset_state_of(state_dict["dataset_state"])
+    snapshot = state_dict.get("_snapshot")
+    if isinstance(snapshot, Mapping) and isinstance(snapshot.get("_worker_snapshots"), Mapping):
+        return _furthest_worker_state(snapshot["_worker_snapshots"], state_dict.get("_steps_since_snapshot", 0))
+    return state_dict
+
+
+def _position(state: Mapping[str, Any], where: str) -> tuple[dict, int, int]:
+    """(Feeder state, j, M) of a FeederLoader state: j = step * M + microbatch
+    under the slicing it was saved with, M = B / (R * b) microbatches per step.
+
+    Raises:
+      FeederStateError: malformed JSON or fields, or a slicing that does not divide B.
+    """
+    text = state.get(STATE_KEY)
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise FeederStateError(f"{where}: {STATE_KEY} is a {type(text).__name__}, expected JSON text")
+    feeder = bounded_json.loads(bytes(text) if isinstance(text, bytearray) else text, path=where,
+                                error=FeederStateError, what="feeder state")
+    if not isinstance(feeder, dict):
+        raise FeederStateError(f"{where}: {STATE_KEY} is not a JSON object")
+    g = bounded_json.integer(feeder.get("global_batch_size"), "global_batch_size", path=where,
+                             error=FeederStateError, lo=1, hi=2**40)
+    p = bounded_json.integer(feeder.get("position"), "position", path=where, error=FeederStateError, hi=2**62)
+    r = bounded_json.integer(state.get("world_size"), "world_size", path=where, error=FeederStateError, lo=1, hi=g + 1)
+    b = bounded_json.integer(state.get("local_batch_size"), "local_batch_size", path=where, error=FeederStateError,
+                             lo=1, hi=g + 1)
+    if g % (r * b) or p % g:
+        raise FeederStateError(f"{where}: position {p}, world_size={r} and local_batch_size={b} do not slice "
+                               f"global_batch_size={g} into whole steps and microbatches")
+    per_step = g // (r * b)
+    m = bounded_json.integer(state.get(MICROBATCH_KEY, 0), MICROBATCH_KEY, path=where, error=FeederStateError,
+                             hi=per_step)
+    return feeder, p // g * per_step + m, per_step
+
+
+def _furthest_worker_state(workers: Mapping[str, Any], since: Any) -> dict[str, Any]:
+    """The position of a StatefulDataLoader with workers: the furthest of its
+    workers' states, ``since`` microbatches further on (see ``dataset_state_of``)."""
+    where = "dataloader state"
+    since = bounded_json.integer(since, "_steps_since_snapshot", path=where, error=FeederStateError, hi=2**62)
+    best = None
+    for key in sorted(workers):
+        state = workers[key].get("dataset_state") if isinstance(workers[key], Mapping) else None
+        if not isinstance(state, Mapping) or STATE_KEY not in state:
+            raise FeederStateError(f"{where}: worker snapshot {key!r} holds no FeederDataset state; it was not "
+                                   "saved by a StatefulDataLoader over seqcache.feeders.torch.FeederDataset")
+        feeder, j, per_step = _position(state, f"{where}, worker snapshot {key!r}")
+        slicing = (state["world_size"], state["local_batch_size"])
+        if best is not None and slicing != best[3]:
+            raise FeederStateError(f"{where}: worker snapshots of two slicings, (world_size, local_batch_size) = "
+                                   f"{best[3]} and {slicing}; the state was edited or is not one loader's")
+        if best is None or j > best[1]:
+            best = (state, j, feeder, slicing, per_step)
+    if best is None:
+        raise FeederStateError(f"{where}: no worker snapshots")
+    state, j, feeder, _, per_step = best
+    out = {k: v for k, v in state.items() if k != WORKER_KEY}
+    if since:
+        step, m = divmod(j + since, per_step)
+        feeder = {**feeder, "position": step * feeder["global_batch_size"]}
+        out.update({STATE_KEY: json.dumps(feeder, sort_keys=True), MICROBATCH_KEY: m})
+    return out
+
+
+class FeederDataset(torch.utils.data.IterableDataset):
+    """A ``FeederLoader`` as a ``Stateful`` ``IterableDataset``, for torchdata's
+    ``StatefulDataLoader``, with or without worker processes::
+
+        from torchdata.stateful_dataloader import StatefulDataLoader
+        dataset = FeederDataset(cache=..., global_batch_size=256, sequence_length=512)
+        loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2)
+        state = loader.state_dict()
+        ...                             # a later run, any number of workers and ranks:
+        dataset = FeederDataset(cache=..., global_batch_size=256, sequence_length=512)
+        dataset.load_state_dict(state)  # before the loader is built
+        loader = StatefulDataLoader(dataset, batch_size=None, num_workers=1)
+
+    Each item is already a microbatch: pass ``batch_size=None``.
+
+    ``num_workers=0``: the dataset's ``FeederLoader`` serves the items (the
+    Feeder reads on its own threads: ``num_threads``, ``prefetch``), and the
+    loader's state holds its state under ``"dataset_state"``.
+
+    ``num_workers=W >= 1``: worker w opens the caches itself and makes
+    microbatches j0 + w, j0 + w + W, ... of this rank's stream (j0: the
+    dataset's position when the loader starts its workers; ``_WorkerPart``),
+    reading with ``prefetch=0`` (torchdata's ``prefetch_factor`` is the read
+    ahead). The loader fetches from its workers in turn and yields in that order
+    (``in_order=True``, the default), so the items are those of
+    ``num_workers=0``, in the same order. torchdata saves each worker's state
+    (``WORKER_KEY``); ``dataset_state_of`` finds the position in them.
+    ``on_rows`` is called in the worker process.
+
+    Resuming: ``dataset.load_state_dict(state)`` takes any saved loader state
+    (0 or W workers, any rank: ``dataset_state_of``) and a loader built after it
+    continues there, with any number of workers, on any world size that divides
+    B (a state saved between two microbatches of a step: the same slicing
+    only). ``loader.load_state_dict(state)`` works too, but torchdata accepts
+    only a state of as many workers.
+
+    A loader with workers starts them from the dataset's position at each
+    ``iter(loader)``: use one iterator per run, and restore from
+    ``loader.state_dict()`` to continue elsewhere. The dataset's own
+    ``state_dict()`` in the main process does not follow the workers.
+
+    Args: those of ``FeederLoader`` (``rank`` and ``world_size`` are resolved
+    here, in the main process, and handed to the workers).
+
+    Raises:
+      RuntimeError: iterated in a worker process of a loader that keeps no
+        state (torch's ``DataLoader`` with ``num_workers`` >= 1,
+        ``PLAIN_LOADER_ERROR``): its position cannot be saved. torchdata's
+        ``StatefulDataLoader`` is told apart by asking each worker's dataset
+        for its state before the first item.
+      FeederStateError: from ``load_state_dict``, as ``FeederLoader``'s.
     """
 
     def __init__(self, **loader_args: Any):
-        self.loader = FeederLoader(**loader_args)
+        self.loader: FeederLoader | None = FeederLoader(**loader_args)
+        # A worker process has no torch.distributed: it gets the rank and world size resolved here.
+        self._loader_args = {**loader_args, "rank": self.loader.rank, "world_size": self.loader.world_size}
+        self._start: Mapping[str, Any] | None = None  # the position, in a copy unpickled without its loader
+        self._part: _WorkerPart | None = None  # in a loader worker process: this worker's microbatches
+        self._asked = False  # in a worker: whether the loader asked for state (torchdata's does, at the start)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # spawn and forkserver workers get the arguments and the position, not the open Feeder
+        return {"loader_args": self._loader_args, "start": self._main_loader().state_dict()}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.loader, self._loader_args, self._start = None, state["loader_args"], state["start"]
+        self._part, self._asked = None, False
+
+    def _main_loader(self) -> FeederLoader:
+        """The loader of the main process (built from the arguments and the
+        position in a copy unpickled without it)."""
+        if self.loader is None:
+            self.loader = FeederLoader(**self._loader_args)
+            self.loader.load_state_dict(self._start or {})
+        return self.loader
+
+    def _worker_part(self, info: Any) -> _WorkerPart:
+        if self._part is None:
+            # The loader inherited from a forked parent is not used: its reader threads did not come along.
+            start = self.loader.state_dict() if self.loader is not None else (self._start or {})
+            loader = FeederLoader(**{**self._loader_args, "prefetch": 0})
+            loader.load_state_dict(start)
+            self._part = _WorkerPart(loader, worker=info.id, num_workers=info.num_workers)
+        return self._part
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
-        if info is not None:
-            raise RuntimeError(
-                f"FeederDataset: iterated in a loader worker process (num_workers={info.num_workers}); use "
-                "num_workers=0: the Feeder reads on its own threads (num_threads=, prefetch=), and the loader's "
-                "state_dict() then holds the Feeder's state under 'dataset_state'"
-            )
-        return iter(self.loader)
+        if info is None:
+            return iter(self._main_loader())
+        return self._worker_items(info)
+
+    def _worker_items(self, info: Any):
+        # A generator: torchdata creates the iterator first, then asks for the state, then fetches.
+        if not self._asked:
+            raise RuntimeError(PLAIN_LOADER_ERROR.format(num_workers=info.num_workers))
+        yield from self._worker_part(info)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
+        """The ``FeederLoader`` state; in worker w of W, this worker's, with
+        ``WORKER_KEY``."""
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return self._main_loader().state_dict()
+        self._asked = True
+        return self._worker_part(info).state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        self.loader.load_state_dict(state_dict)
+        """In the main process: moves to the position of any saved state of a
+        loader over this dataset (``dataset_state_of``). In a worker process:
+        continues that worker's own state (torchdata's restore, same number of
+        workers). An empty dict changes nothing.
+
+        Raises:
+          FeederStateError (a ValueError): as ``FeederLoader.load_state_dict``
+            and ``dataset_state_of``; in a worker, a state of another worker.
+        """
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            self._main_loader().load_state_dict(dataset_state_of(state_dict))
+            return
+        self._asked = True
+        if state_dict:
+            self._worker_part(info).load_state_dict(state_dict)
 
     def close(self) -> None:
-        self.loader.close()
+        """Closes the main process's loader (a worker's goes with its process). Idempotent."""
+        if self.loader is not None:
+            self.loader.close()
 
 
 def torchtitan_global_batch_size(configured: int, *, local_batch_size: int, dp_world_size: int,
@@ -493,5 +770,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FeederDataset", "FeederLoader", "IGNORE_INDEX", "TorchtitanDataLoader", "dist_rank_and_world_size",
-           "next_token_labels", "torchtitan_global_batch_size"]
+__all__ = ["FeederDataset", "FeederLoader", "IGNORE_INDEX", "TorchtitanDataLoader", "dataset_state_of",
+           "dist_rank_and_world_size", "next_token_labels", "torchtitan_global_batch_size"]

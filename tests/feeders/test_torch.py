@@ -19,8 +19,8 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
 from seqcache.feeders import Feeder, FeederStateError
-from seqcache.feeders.torch import (IGNORE_INDEX, MICROBATCH_KEY, STATE_KEY, FeederDataset, FeederLoader,
-                                    next_token_labels, torchtitan_global_batch_size)
+from seqcache.feeders.torch import (IGNORE_INDEX, MICROBATCH_KEY, PLAIN_LOADER_ERROR, STATE_KEY, FeederDataset,
+                                    FeederLoader, dataset_state_of, next_token_labels, torchtitan_global_batch_size)
 
 B, L = 8, 12
 
@@ -262,18 +262,196 @@ def test_stateful_dataloader_carries_the_feeders_state(packed):
         assert np.array_equal(np.concatenate([halves[0][s], halves[1][s]]), want[2 + s])
 
 
-def test_stateful_dataloader_with_a_worker_process_is_refused(packed):
-    """num_workers=0 only: with one worker torchdata keeps the dataset's state in
-    its worker snapshot, not under "dataset_state"; with more each would read
-    the whole stream."""
+def loader_items(loader, n=None):
+    """The first n items of a loader (all when n is None): (inputs, positions, labels) as numpy."""
+    out = []
+    for inputs, labels in loader:
+        out.append((inputs["input"].numpy(), inputs["positions"].numpy(), labels.numpy()))
+        if len(out) == n:
+            break
+    return out
+
+
+def rank_rows(cache, *, global_batch_size, rank, world_size, local_batch_size):
+    """This rank's microbatches of the whole finite epoch, from the Feeder itself:
+    (tokens, positions, next-token labels) as numpy."""
+    out = []
+    with Feeder(cache=cache, global_batch_size=global_batch_size, sequence_length=L, seed=3, num_epochs=1,
+                host_index=rank, host_count=world_size) as f:
+        for step in range(f.num_steps):
+            batch = f.get_batch(step)
+            for m in range(f.rows_per_host // local_batch_size):
+                rows = slice(m * local_batch_size, (m + 1) * local_batch_size)
+                out.append((batch["targets"][rows], batch["targets_positions"][rows],
+                            next_token_labels(batch["targets"][rows], batch["targets_segment_ids"][rows],
+                                              batch["targets_loss_weights"][rows])))
+    return out
+
+
+def assert_same_items(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert all(np.array_equal(a, b) for a, b in zip(g, w))
+
+
+# 3 workers: a stride that does not divide the 2 microbatches per step (torch warns
+# that 3 workers exceed the 2 cores of CI's machines).
+@pytest.mark.parametrize("num_workers", [0, 1, 2, pytest.param(3, marks=pytest.mark.filterwarnings(
+    "ignore:This DataLoader will create 3 worker processes"))])
+def test_stateful_dataloader_workers_serve_the_feeders_order(packed, num_workers):
+    """With W worker processes, worker w makes microbatches w, w + W, ... and
+    torchdata fetches from the workers in turn: every item of rank 1 of 2
+    (two microbatches of 2 rows per step) is the Feeder's, in the order of
+    num_workers=0, over the whole finite epoch, and the loader's state after it
+    is the end of the epoch."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    slicing = dict(rank=1, world_size=2, local_batch_size=2)
+    want = rank_rows(packed, global_batch_size=B, **slicing)
+    assert len(want) == 10  # 37 examples, B = 8: 5 steps of 2 microbatches
+    ds = FeederDataset(**args(packed), num_epochs=1, **slicing)
+    try:
+        loader = StatefulDataLoader(ds, batch_size=None, num_workers=num_workers)
+        assert_same_items(loader_items(loader), want)
+        state = json.loads(json.dumps(dataset_state_of(loader.state_dict())))
+        assert (json.loads(state[STATE_KEY])["position"], state[MICROBATCH_KEY]) == (5 * B, 0)
+    finally:
+        ds.close()
+
+
+# Runs in a fresh interpreter: builds one StatefulDataLoader of 1 worker per rank
+# of 3 over a FeederDataset restored from a saved loader state (of 2 workers),
+# reads every rank to the end of the epoch and prints, per step, the tokens of
+# the whole global batch (ranks concatenated in order).
+WORKERS_RESUME_CHILD = r"""
+import json, sys
+import numpy as np
+from torchdata.stateful_dataloader import StatefulDataLoader
+from seqcache.feeders.torch import FeederDataset
+req = json.load(sys.stdin)
+per_rank = []
+for rank in range(3):
+    ds = FeederDataset(**req["args"], rank=rank, world_size=3)
+    ds.load_state_dict(req["state"])
+    per_rank.append([inputs["input"].numpy() for inputs, _ in StatefulDataLoader(ds, batch_size=None, num_workers=1)])
+    ds.close()
+assert len({len(r) for r in per_rank}) == 1, [len(r) for r in per_rank]
+print(json.dumps([np.concatenate(parts).tolist() for parts in zip(*per_rank)]))
+"""
+
+
+def test_two_ranks_of_two_workers_resume_on_three_ranks_of_one_worker_exactly_once(packed):
+    """2 ranks x 2 workers read k steps of a finite epoch (B = 6) and save their
+    loaders' states (the same position on both ranks); a fresh process restores
+    rank 0's, passed through JSON, into 3 ranks x 1 worker and reads to the end:
+    the first run's steps then the resumed run's are the Feeder's epoch, step by
+    step, every example exactly once. torchdata's own restore into as many
+    workers continues the same way."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    b6, k = 6, 3
+    with Feeder(cache=packed, global_batch_size=b6, sequence_length=L, seed=3, num_epochs=1, host_index=0,
+                host_count=1) as f:
+        epoch = [f.get_batch(s) for s in range(f.num_steps)]
+    assert len(epoch) == 7
+    ids = np.concatenate([b["cache_index"] for b in epoch])
+    assert sorted(ids[ids >= 0].tolist()) == list(range(37))  # the epoch holds every example once
+    run_args = {**args(packed), "global_batch_size": b6, "num_epochs": 1}
+    datasets = [FeederDataset(**run_args, rank=r, world_size=2) for r in range(2)]
+    loaders = [StatefulDataLoader(ds, batch_size=None, num_workers=2) for ds in datasets]
+    first = [loader_items(lo, k) for lo in loaders]
+    states = [json.loads(json.dumps(lo.state_dict())) for lo in loaders]
+    for ds in datasets:
+        ds.close()
+    assert dataset_state_of(states[0]) == dataset_state_of(states[1])
+    assert json.loads(dataset_state_of(states[0])[STATE_KEY])["position"] == k * b6
+    proc = subprocess.run([sys.executable, "-c", WORKERS_RESUME_CHILD], capture_output=True, text=True, timeout=120,
+                          input=json.dumps({"args": run_args, "state": states[0]}))
+    assert proc.returncode == 0, proc.stderr
+    resumed = json.loads(proc.stdout)
+    served = [np.concatenate([first[0][s][0], first[1][s][0]]).tolist() for s in range(k)] + resumed
+    assert served == [b["targets"].tolist() for b in epoch]
+    # torchdata's restore, into a loader of as many workers (each worker its own state):
+    again = FeederDataset(**run_args, rank=1, world_size=2)
+    try:
+        loader = StatefulDataLoader(again, batch_size=None, num_workers=2)
+        loader.load_state_dict(states[1])
+        assert [x[0].tolist() for x in loader_items(loader)] == [b["targets"][3:].tolist() for b in epoch[k:]]
+    finally:
+        again.close()
+
+
+def test_a_state_between_torchdata_snapshots_resumes_exactly(packed):
+    """snapshot_every_n_steps=3: torchdata's state is its workers' states at the
+    last snapshot plus the microbatches yielded since; the position counts
+    both, on 0 workers and on torchdata's own restore into 2."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    want = rank_rows(packed, global_batch_size=B, rank=0, world_size=1, local_batch_size=4)
+    ds = FeederDataset(**args(packed), num_epochs=1, local_batch_size=4)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2, snapshot_every_n_steps=3)
+    head = loader_items(loader, 5)
+    sd = json.loads(json.dumps(loader.state_dict()))
+    ds.close()
+    assert sd["_steps_since_snapshot"] == 2
+    state = dataset_state_of(sd)
+    assert (json.loads(state[STATE_KEY])["position"], state[MICROBATCH_KEY]) == (2 * B, 1)  # 5 of 2 per step
+    for num_workers, restore_into in [(0, "dataset"), (2, "loader")]:
+        again = FeederDataset(**args(packed), num_epochs=1, local_batch_size=4)
+        loader = StatefulDataLoader(again, batch_size=None, num_workers=num_workers)
+        (again if restore_into == "dataset" else loader).load_state_dict(sd)
+        assert_same_items(head + loader_items(loader), want)
+        again.close()
+
+
+def test_a_plain_dataloader_with_workers_is_refused_in_one_line(packed):
+    """torch's DataLoader keeps no state: with workers the position could not be
+    saved, so the workers refuse; with num_workers=0 it serves the stream."""
     ds = FeederDataset(**args(packed))
     try:
-        dl = StatefulDataLoader(ds, batch_size=None, num_workers=1)
-        with pytest.raises(RuntimeError, match=r"iterated in a loader worker process \(num_workers=1\); use "
-                                               "num_workers=0"):
-            next(iter(dl))
+        it = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1))
+        with pytest.raises(RuntimeError) as e:
+            next(it)
+        it._shutdown_workers()  # else torch's shutdown from the garbage collector waits 5 s for the worker
+        line = PLAIN_LOADER_ERROR.format(num_workers=1)
+        assert "\n" not in line and line in str(e.value)
+        assert "use torchdata's StatefulDataLoader" in line
+        inputs, _ = next(iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)))
+        with Feeder(cache=packed, global_batch_size=B, sequence_length=L, seed=3, host_index=0, host_count=1) as f:
+            assert np.array_equal(inputs["input"].numpy(), f.get_batch(0)["targets"])
+    finally:
+        ds.close()
+
+
+def test_spawned_workers_get_the_arguments_and_the_position(packed):
+    """With spawn (the default start method on macOS) each worker gets the
+    dataset pickled: its arguments and its position (here step 2), not the
+    open Feeder."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    want = rank_rows(packed, global_batch_size=B, rank=0, world_size=2, local_batch_size=4)
+    ds = FeederDataset(**args(packed), num_epochs=1, rank=0, world_size=2)
+    try:
+        ds.loader.feeder.step = 2
+        loader = StatefulDataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+        assert_same_items(loader_items(loader), want[2:])
+    finally:
+        ds.close()
+
+
+@pytest.mark.parametrize("sd,match", [
+    ({"_snapshot": {"_worker_snapshots": {"worker_0": {"dataset_state": None}}}, "_steps_since_snapshot": 0},
+     "worker snapshot 'worker_0' holds no FeederDataset state"),
+    ({"_snapshot": {"_worker_snapshots": {}}, "_steps_since_snapshot": 0}, "no worker snapshots"),
+    ({"_snapshot": {"_worker_snapshots": {"worker_0": {"dataset_state": {STATE_KEY: "{"}}}}},
+     "not valid JSON"),
+])
+def test_foreign_worker_states_are_refused(packed, sd, match):
+    ds = FeederDataset(**args(packed))
+    try:
+        with pytest.raises(FeederStateError, match=match):
+            ds.load_state_dict(sd)
+        assert ds.loader.step == 0
     finally:
         ds.close()
 

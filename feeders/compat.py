@@ -92,6 +92,8 @@ def check_hosts(global_batch_size: int, host_index: int, host_count: int, *, sav
     the message lists the host counts that divide B instead of other batches.
 
     Raises:
+      FeederStateError (a ValueError): ``saved``, and H does not divide the
+        state's B (the state cannot be restored on H hosts).
       ValueError: naming B and H (or h), and what would work.
     """
     b, h, n = global_batch_size, host_index, host_count
@@ -100,7 +102,7 @@ def check_hosts(global_batch_size: int, host_index: int, host_count: int, *, sav
     if not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"host_count must be an integer >= 1 (got {n!r})")
     if saved and b % n:
-        raise ValueError(
+        raise FeederStateError(
             f"the feeder state was saved with global_batch_size={b}, which host_count={n} does not "
             f"divide (every host reads B / H rows, and a restored run keeps B): restore on a host count that "
             f"divides {b}: {host_counts_for(b, n)}"

@@ -260,8 +260,9 @@ class ConvertedFeeder:
         Raises:
           FeederStateError (a ValueError): a damaged state or converter field;
             not a ``ConvertedFeeder``'s state (restore it with ``Feeder.restore``);
-            what ``Feeder.restore`` refuses.
-          ValueError: the host count does not divide the saved global batch.
+            what ``Feeder.restore`` refuses (every refusal of the state, a host
+            count that does not divide the saved global batch included).
+          ValueError: a bad ``host_index``, ``num_threads`` or ``prefetch``.
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """
         state_lib.check_state(state)

@@ -46,6 +46,24 @@ THREAD_NAME_PREFIX = "seqcache-feeder"
 MixtureArg = Union[Mapping[str, Rate], Sequence[tuple[str, Rate]], Any]
 
 
+def resolve_threads(num_threads: int | None, prefetch: int | None) -> tuple[int, int]:
+    """``(num_threads, prefetch)`` with their defaults: min(4, CPUs) reader
+    threads, and as many steps read ahead.
+
+    Raises:
+      ValueError: ``num_threads`` below 1 or ``prefetch`` below 0.
+    """
+    if num_threads is None:
+        num_threads = min(4, os.cpu_count() or 1)
+    if num_threads < 1:
+        raise ValueError(f"num_threads must be >= 1 (got {num_threads})")
+    if prefetch is None:
+        prefetch = num_threads
+    if prefetch < 0:
+        raise ValueError(f"prefetch must be >= 0 (got {prefetch})")
+    return num_threads, prefetch
+
+
 def default_hosts() -> tuple[int, int]:
     """(host index, host count): ``jax.process_index()/process_count()`` when JAX is
     installed, else (0, 1)."""
@@ -142,14 +160,7 @@ class Feeder:
             raise ValueError(f"seed must be an integer in [0, 2**64) (got {seed=})")
         if num_epochs is not None and (not isinstance(num_epochs, (int, np.integer)) or num_epochs < 1):
             raise ValueError(f"num_epochs must be None (forever) or an integer >= 1 (got {num_epochs!r})")
-        if num_threads is None:
-            num_threads = min(4, os.cpu_count() or 1)
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1 (got {num_threads})")
-        if prefetch is None:
-            prefetch = num_threads
-        if prefetch < 0:
-            raise ValueError(f"prefetch must be >= 0 (got {prefetch})")
+        num_threads, prefetch = resolve_threads(num_threads, prefetch)
 
         self.global_batch_size = int(global_batch_size)
         self.sequence_length = int(sequence_length)
@@ -425,10 +436,12 @@ class Feeder:
         change later stages and add caches (ordinals from 0).
 
         Raises:
-          FeederStateError (a ValueError): naming the first difference and both
-            values, e.g. "the cache at PATH was rebuilt (fingerprint A, the state
-            was saved with fingerprint B)", or "the mixture schedule rewrites the
-            past at step S: ..."; a ``ConvertedFeeder``'s state (restore it with
+          FeederStateError (a ValueError): every refusal of ``state``: a
+            malformed state (``state.check_state``); the first difference, with
+            both values, e.g. "the cache at PATH was rebuilt (fingerprint A, the
+            state was saved with fingerprint B)", or "the mixture schedule
+            rewrites the past at step S: ..."; a position past the end of a
+            finite run; a ``ConvertedFeeder``'s state (restore it with
             ``ConvertedFeeder``).
         """
         state_lib.check_state(state)
@@ -440,7 +453,13 @@ class Feeder:
             diff = state_lib.schedule_difference(state, current)
         if diff:
             raise state_lib.FeederStateError(diff + state_lib.RESTORE_HINT)
-        self.step = state["position"] // self.global_batch_size
+        step = state["position"] // self.global_batch_size
+        try:
+            self._check_step(step, allow_end=True)
+        except ValueError as e:
+            raise state_lib.FeederStateError(f"feeder state has position={state['position']} "
+                                             f"(global_batch_size={self.global_batch_size}): {e}") from None
+        self.step = step
 
     _UNSET = object()
 
@@ -462,14 +481,17 @@ class Feeder:
         differs is refused.
 
         Raises:
-          FeederStateError (a ValueError): another state/format version; a cache
-            whose fingerprint differs ("the cache at PATH was rebuilt (fingerprint
-            A, the state was saved with fingerprint B)"); other rates, caches or
+          FeederStateError (a ValueError): every refusal of ``state``: a
+            malformed state or another state/format version; a cache whose
+            fingerprint differs ("the cache at PATH was rebuilt (fingerprint A,
+            the state was saved with fingerprint B)"); other rates, caches or
             mixture order; a difference from an expectation (both values named);
-            a ``ConvertedFeeder``'s state (restore it with
+            a feature or sequence length the caches cannot give; a position past
+            the end of a finite run; a host count that does not divide the saved
+            global batch (the message lists host counts that do); a
+            ``ConvertedFeeder``'s state (restore it with
             ``ConvertedFeeder.restore`` or ``restore_feeder``).
-          ValueError: the host count does not divide the saved global batch (the
-            message lists host counts that do).
+          ValueError: a bad ``host_index``, ``num_threads`` or ``prefetch``.
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """
         state_lib.check_state(state)
@@ -557,6 +579,7 @@ def restore_with(state: Mapping[str, Any], open_feeder, *, expected: Mapping[str
     host_index, host_count = resolve_hosts(host_index, host_count)
     # A state's stream has its global batch: a host count must divide it.
     compat.check_hosts(state["global_batch_size"], host_index, host_count, saved=True)
+    resolve_threads(threads.get("num_threads"), threads.get("prefetch"))  # the caller's own arguments
     moved = cache is not None or mixture is not None
     where = (dict(cache=cache, mixture=mixture, caches_root=caches_root, split=split) if moved
              else {"mixture": state_lib.mixture_argument(state)})
@@ -571,6 +594,14 @@ def restore_with(state: Mapping[str, Any], open_feeder, *, expected: Mapping[str
             f"{e}. The feeder state names its caches by the paths they had when it was saved; if they moved, "
             "pass their current locations with cache= or mixture= (matched by fingerprint)"
         ) from e
+    except state_lib.FeederStateError:
+        raise
+    except ValueError as e:
+        # The hosts and threads are checked above: what is left is the state's
+        # own values (feature, sequence length, mixture, schedule, epochs) that
+        # the caches cannot give. The message is the constructor's, as
+        # ``seqcache which`` prints it for the same state.
+        raise state_lib.FeederStateError(str(e)) from None
     try:
         feeder.set_state(state)
     except BaseException:

@@ -10,6 +10,10 @@ comes out, with one line naming the file:
 - size: at most ``max_bytes`` bytes (a local file is not read past them);
 - nesting: at most ``max_depth`` levels of objects and lists (Python's JSON
   parser recurses, and so does everything that walks the result);
+- values: at most ``max_nodes`` values in all (objects, lists and scalars;
+  a value reached twice, as YAML aliases or a dict handed over with shared
+  parts make it, counts twice), so that the walk ends after that many steps
+  whatever the input;
 - numbers: ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's ``json``
   accepts, but JSON does not) are refused, and so are floats that overflow to
   infinity (``1e999``) and integers of 2^64 or more in magnitude;
@@ -17,8 +21,9 @@ comes out, with one line naming the file:
   the last value without a word, other readers the first: an edited file
   would mean one thing to one reader and another to the next).
 
-``check_tree`` applies the same nesting and number rules to a value that is
-already decoded (a feeder state handed over as a dict by Orbax or a user).
+``check_tree`` applies the same nesting, size and number rules to a value that
+is already decoded (a feeder state handed over as a dict by Orbax or a user, a
+YAML mixture schedule).
 ``integer``, ``number``, ``string`` and ``mapping`` check one field's value
 and name it: ``caches/x/train/manifest.json: shards[3].num_records = -1,
 expected an integer in [0, 2^40)``.
@@ -37,6 +42,13 @@ from seqcache import fs
 # levels and under 4 MB), far below what breaks a parser.
 MAX_DEPTH = 64
 MAX_BYTES = 64 << 20
+# The most values (objects, lists, strings, numbers, booleans, nulls) a value
+# may hold, counting a shared one each time it is reached: one per 8 bytes of
+# MAX_BYTES (what seqcache writes has about one per 40 bytes: the manifest of a
+# build of 500 files holds 5,700 values in 230 kB; the shard checksum file of
+# 2^20 shards 2^21), walked in a few seconds, where 400 bytes of YAML aliases
+# ("billion laughs") expand to 9^10 values that would take hours.
+MAX_NODES = 2**23
 # Integers a JSON file may hold at all, in magnitude: the uint64 range (each
 # field has its own, tighter range).
 MAX_INTEGER = 2**64
@@ -145,7 +157,7 @@ def _parse_constant(name: str):
 
 
 def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
-          max_bytes: int = MAX_BYTES, what: str = "JSON file") -> Any:
+          max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES, what: str = "JSON file") -> Any:
     """Parses JSON text within bounds.
 
     Args:
@@ -154,6 +166,7 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
       error: the exception class to raise.
       max_depth: most levels of nested objects and lists.
       max_bytes: most bytes (UTF-8).
+      max_nodes: most values in all (``check_tree``).
       what: what the file is, for messages ("manifest", "feeder state").
 
     Returns:
@@ -162,8 +175,9 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
 
     Raises:
       error: ``{path}: ...`` one line: too large, not UTF-8, not JSON, nested
-        too deep, NaN or Infinity, a number out of range, an object with a
-        key twice (``{path}: mixture[0] has the key 'rate' twice ...``).
+        too deep, more than ``max_nodes`` values, NaN or Infinity, a number
+        out of range, an object with a key twice (``{path}: mixture[0] has the
+        key 'rate' twice ...``).
     """
     size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
@@ -180,12 +194,12 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
         raise error(f"{path}: the {what} is nested deeper than {max_depth} levels") from None
     except ValueError as e:  # json.JSONDecodeError, and int() of too many digits
         raise error(f"{path}: the {what} is not valid JSON: {e}") from None
-    check_tree(value, path=path, error=error, max_depth=max_depth, what=what)
+    check_tree(value, path=path, error=error, max_depth=max_depth, max_nodes=max_nodes, what=what)
     return value
 
 
 def read_file(path: str, *, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
-              max_bytes: int = MAX_BYTES, what: str = "JSON file") -> Any:
+              max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES, what: str = "JSON file") -> Any:
     """``loads`` of the file at ``path`` (a local path or a URL, through
     ``seqcache.fs``); a local file is read no further than one byte past
     ``max_bytes``.
@@ -202,26 +216,36 @@ def read_file(path: str, *, error: type[Exception] = ValueError, max_depth: int 
             data = fs.read_bytes(path)
     except OSError as e:
         raise error(f"{path}: cannot read the {what}: {e}") from None
-    return loads(data, path=path, error=error, max_depth=max_depth, max_bytes=max_bytes, what=what)
+    return loads(data, path=path, error=error, max_depth=max_depth, max_bytes=max_bytes, max_nodes=max_nodes,
+                 what=what)
 
 
 def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
-               what: str = "JSON file") -> None:
+               max_nodes: int = MAX_NODES, what: str = "JSON file") -> None:
     """Checks a decoded value without recursion: at most ``max_depth`` levels
-    of dicts and lists, no float that is NaN or infinite, no integer of 2^64 or
-    more in magnitude, and nothing but JSON's types (dict with str keys, list,
-    str, int, float, bool, None; tuples are taken as lists; keys are strings, or
-    the scalars YAML allows).
+    of dicts and lists, at most ``max_nodes`` values in all (the value itself,
+    every dict and list, every key's value and item, a shared one counted each
+    time it is reached, so that a value built from aliases or shared parts is
+    refused after ``max_nodes`` steps, not walked for hours; a cycle is refused
+    too), no float that is NaN or infinite, no integer of 2^64 or more in
+    magnitude, and nothing but JSON's types (dict with str keys, list, str,
+    int, float, bool, None; tuples are taken as lists; keys are strings, or the
+    scalars YAML allows).
 
     Raises:
       error: ``{path}: ...`` naming the first value that breaks a rule and where.
     """
     stack = [(value, 1, "")]
+    nodes = 1
     while stack:
         node, depth, where = stack.pop()
         if isinstance(node, (dict, list, tuple)):
             if depth > max_depth:
                 raise error(f"{path}: the {what} is nested deeper than {max_depth} levels (at {where or 'top'})")
+            nodes += len(node)
+            if nodes > max_nodes:
+                raise error(f"{path}: the {what} holds more than {max_nodes:,} values (at {where or 'top'}; a "
+                            "value reached twice, through an alias or a shared part, counts twice)")
             if isinstance(node, dict):
                 for key, item in node.items():
                     if isinstance(key, int) and not isinstance(key, bool) and not -MAX_INTEGER < key < MAX_INTEGER \

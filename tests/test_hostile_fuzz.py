@@ -7,8 +7,13 @@ or a schedule: deep nesting, integers far out of range, negative counts, NaN
 and Infinity, wrong types, deleted keys, shard counts that contradict the
 totals. Nothing but the documented errors may come out of the library
 (``seqcache.format.CacheError``, ``FeederStateError``, ``ConfigError``, and
-``ValueError`` where the Feeder documents it), and ``info``, ``verify``,
-``show`` and ``which`` may print no traceback.
+``ValueError`` where the Feeder documents it for a damaged manifest), and
+``info``, ``verify``, ``show`` and ``which`` may print no traceback. A state
+that ``Feeder.restore`` or ``set_state`` refuses is refused with
+``FeederStateError`` (or ``CacheError`` for a cache that cannot be opened where
+the state says), never a bare ``ValueError``, ``KeyError``, ``TypeError`` or
+``IndexError``. A mixture schedule with YAML aliases (a "billion laughs" file
+of a few hundred bytes) is refused as it is read.
 
 The default suite runs a bounded number of examples (a few seconds); the
 ``slow`` tests run many more.
@@ -20,13 +25,14 @@ import base64
 import copy
 import json
 import os
+import re
 import shutil
 
 import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from click.testing import CliRunner  # noqa: E402
@@ -211,6 +217,15 @@ def saved_state(pristine):
 
 
 @pytest.fixture(scope="module")
+def finite_state(pristine):
+    """A state of a one-epoch run (a position past its end is refused)."""
+    with Feeder(cache=pristine, global_batch_size=B, sequence_length=64, host_index=0, host_count=1,
+                num_epochs=1) as f:
+        f.step = 3
+        return json.loads(json.dumps(f.state()))
+
+
+@pytest.fixture(scope="module")
 def work(pristine, tmp_path_factory):
     """A copy of the cache whose manifest each example rewrites."""
     return str(shutil.copytree(pristine, tmp_path_factory.mktemp("work") / "c"))
@@ -247,14 +262,45 @@ def check_manifest_text(work, text: str, *, commands=True) -> None:
         run_cli("which", work, "--step", 1, "--row", 2, "--batch-size", B)
 
 
-def check_state_text(pristine, tmp_path, state_doc) -> None:
+def decoded(state_doc):
+    """The state as ``json.loads`` gives it, or None for what Python's own json
+    cannot build (nesting too deep, an integer of over 4,300 digits): only a
+    file read through ``bounded_json`` takes those."""
     try:
-        with Feeder.restore(json.loads(render(state_doc)), host_index=0, host_count=1) as f:
+        return json.loads(render(state_doc))
+    except (RecursionError, ValueError):
+        return None
+
+
+def restore_or_refuse(state) -> None:
+    """``Feeder.restore(state)`` and a batch from the restored feeder; a refusal
+    must be a ``FeederStateError``, or a ``CacheError`` for a cache that cannot
+    be opened where the state says (anything else fails the test)."""
+    try:
+        f = Feeder.restore(state, host_index=0, host_count=1)
+    except (FeederStateError, fmt.CacheError):
+        return
+    with f:
+        if f.num_steps is None or f.step < f.num_steps:  # a state at the end of a finite run has no next batch
             f.get_batch(f.step)
-    except (FeederStateError, fmt.CacheError, ValueError):
-        pass
-    except RecursionError:
-        pass  # nesting Python's own json cannot build: only the file read below takes it
+
+
+def set_state_or_refuse(feeder, state) -> None:
+    """``feeder.set_state(state)``; a refusal must be a ``FeederStateError``,
+    and leaves the feeder where it was."""
+    before = feeder.step
+    try:
+        feeder.set_state(state)
+    except FeederStateError:
+        assert feeder.step == before
+    else:
+        assert feeder.step * feeder.global_batch_size == state["position"]
+
+
+def check_state_text(pristine, tmp_path, state_doc) -> None:
+    state = decoded(state_doc)
+    if state is not None:
+        restore_or_refuse(state)
     path = tmp_path / "state.json"
     path.write_text(render(state_doc))
     run_cli("which", path, "--step", 3, "--row", 1)
@@ -291,6 +337,34 @@ def test_fuzz_feeder_state(pristine, saved_state, tmp_path):
     run()
 
 
+def test_fuzz_restore_and_set_state_refuse_only_with_feeder_state_error(pristine, saved_state, finite_state):
+    # Forever and one-epoch runs; the two explicit examples were once bare
+    # ValueErrors: a feature the cache lacks, a position past a finite run's end.
+    extra = [("mixture", 0, "rate"), ("mixture", 0, "num_examples"), ("num_epochs",), ("position",), ("feature",)]
+    past_end = B * 10**6
+    with Feeder(cache=pristine, global_batch_size=B, sequence_length=64, host_index=0, host_count=1) as forever, \
+            Feeder(cache=pristine, global_batch_size=B, sequence_length=64, host_index=0, host_count=1,
+                   num_epochs=1) as finite:
+        @FAST
+        @example(dict(saved_state, feature=""))
+        @example(dict(finite_state, position=past_end))
+        @example(dict(saved_state, num_epochs=1, position=past_end))
+        @given(st.one_of(mutated(saved_state, extra_paths=extra), mutated(finite_state, extra_paths=extra)))
+        def run(doc):
+            state = decoded(doc)
+            if state is None:
+                return
+            restore_or_refuse(state)
+            for feeder in (forever, finite):
+                set_state_or_refuse(feeder, state)
+
+        run()
+    with pytest.raises(FeederStateError, match="has no feature ''"):
+        Feeder.restore(dict(saved_state, feature=""), host_index=0, host_count=1)
+    with pytest.raises(FeederStateError, match=f"position={past_end} .* past the end of this finite run"):
+        Feeder.restore(dict(finite_state, position=past_end), host_index=0, host_count=1)
+
+
 CONFIG = {"steps": 10, "global_batch_size": 8, "sequence_length": 16, "optimizer": {"lr": 0.001, "decay_steps": 5},
           "model": {"vocab_size": 300, "d_model": 64}, "data": {"mixture": {"a": 1}, "seed": 3},
           "checkpoint": {"every_steps": 2}, "mesh": {"data": -1}}
@@ -321,16 +395,92 @@ def test_fuzz_schedule_files(pristine, tmp_path):
 
     root = os.path.dirname(pristine)
     path = tmp_path / "schedule.json"
+    yaml_path = tmp_path / "schedule.yaml"  # JSON text is YAML too: the same documents through the YAML reader
 
     @FAST
     @given(mutated({"0": {"c": 1}, "5": {"c": 2}}))
     def run(doc):
         path.write_text(render(doc))
-        try:
-            data_lib.load_mixture_schedule(str(path))
-        except config_lib.ConfigError:
-            pass
+        yaml_path.write_text(render(doc))
+        for schedule in (path, yaml_path):
+            try:
+                data_lib.load_mixture_schedule(str(schedule))
+            except config_lib.ConfigError:
+                pass
         run_cli("which", root, "--mixture-schedule", path, "--step", 1, "--row", 0, "--batch-size", B)
+
+    run()
+
+
+@st.composite
+def yaml_alias_schedules(draw):
+    """A YAML schedule with an anchor or alias somewhere: an alias bomb of
+    ``width`` aliases per line over ``depth`` lines (each line the aliases of the
+    one before: width^depth values once expanded), a merge key, or an anchor on
+    a stage, a rate or a key, after a few plain stages."""
+    lines = [f"{10 * i}: {{c: {i + 1}}}" for i in range(draw(st.integers(min_value=0, max_value=3)))]
+    kind = draw(st.sampled_from(["bomb", "merge", "stage", "rate", "key", "alias"]))
+    if kind == "bomb":
+        width, depth = draw(st.integers(min_value=1, max_value=16)), draw(st.integers(min_value=1, max_value=16))
+        lines.append(f"x0: &x0 [{', '.join(['c'] * width)}]")
+        lines += [f"x{d}: &x{d} [{', '.join([f'*x{d - 1}'] * width)}]" for d in range(1, depth)]
+    elif kind == "merge":
+        lines += ["base: &base {c: 1}", "100: {<<: *base, d: 2}"]
+    elif kind == "stage":
+        lines += ["100: &s {c: 1}", "200: *s"]
+    elif kind == "rate":
+        lines += ["100: {c: &r 1, d: *r}"]
+    elif kind == "key":
+        lines += ["&k 100: {c: 1}"]
+    else:
+        lines += ["100: {c: *undefined}"]
+    return "\n".join(draw(st.permutations(lines))) + "\n"
+
+
+def test_fuzz_yaml_schedules_with_anchors_or_aliases_are_refused(tmp_path):
+    # Before anything is built, whatever the alias stands for (9 aliases over
+    # 10 lines once hung `seqcache train` for as long as anyone waited).
+    from seqcache.training import data as data_lib
+
+    path = tmp_path / "schedule.yaml"
+
+    @FAST
+    @example("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefghi", "bcdefghij")))
+    @given(yaml_alias_schedules())
+    def run(text):
+        path.write_text(text)
+        with pytest.raises(config_lib.ConfigError, match=f"^{re.escape(str(path))}: line [0-9]+, column [0-9]+: "
+                           "(anchor &|alias \\*)"
+                           ".* a mixture schedule may not use YAML anchors or aliases"):
+            data_lib.load_mixture_schedule(str(path))
+
+    run()
+
+
+def _shared(width: int, depth: int) -> list:
+    """A list of ``width`` references to one list, ``depth`` levels deep, over
+    ``width`` strings: 1 + width + ... + width^depth values once expanded."""
+    node: list = ["x"] * width
+    for _ in range(depth - 1):
+        node = [node] * width
+    return node
+
+
+def test_fuzz_check_tree_counts_a_shared_value_each_time_it_is_reached():
+    from seqcache import bounded_json
+
+    @FAST
+    @given(st.integers(min_value=1, max_value=12), st.integers(min_value=1, max_value=12),
+           st.integers(min_value=1, max_value=5000))
+    def run(width, depth, max_nodes):
+        total = sum(width**k for k in range(depth + 1))
+        value = {"a": _shared(width, depth)}  # and the dict: one more value
+        if total + 1 > max_nodes:
+            with pytest.raises(ValueError, match=f"^x: the JSON file holds more than {max_nodes:,} values"):
+                bounded_json.check_tree(value, path="x", max_nodes=max_nodes)
+        else:
+            bounded_json.check_tree(value, path="x", max_nodes=max_nodes)
 
     run()
 

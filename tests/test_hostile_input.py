@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import inspect
 import json
 import os
 
@@ -367,6 +368,38 @@ def test_bounded_loader_refuses_what_json_loads_accepts_or_crashes_on():
     assert len(bounded_json.short(deep)) < 40 and len(bounded_json.short(10**5000)) < 100
 
 
+def test_the_bounded_loader_counts_values_and_a_shared_one_each_time(tmp_path):
+    from seqcache import bounded_json
+
+    # JSON text: at most max_nodes values, the default bounded_json.MAX_NODES.
+    for reader in (bounded_json.loads, bounded_json.read_file):
+        assert inspect.signature(reader).parameters["max_nodes"].default == bounded_json.MAX_NODES == 2**23
+    text = json.dumps({"a": [1, 2, [3, 4]], "b": "x"})  # 8 values: the object, a, its 3 items, 3 and 4, b
+    assert bounded_json.loads(text, path="x", max_nodes=8) == json.loads(text)
+    with pytest.raises(fmt.CacheError, match=r"^x: the manifest holds more than 7 values \(at a\[2\]"):
+        bounded_json.loads(text, path="x", error=fmt.CacheError, max_nodes=7, what="manifest")
+    path = tmp_path / "m.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"^{path}: the JSON file holds more than 5 values"):
+        bounded_json.read_file(str(path), max_nodes=5)
+    # A decoded value with shared parts (a dict handed over, aliases): ten levels
+    # of nine references to the level below stand for 9^10 values; the walk
+    # stops after the default MAX_NODES.
+    node: list = ["x"] * 9
+    for _ in range(9):
+        node = [node] * 9
+    with pytest.raises(ValueError, match="^s.yaml: the mixture schedule holds more than 8,388,608 values"):
+        bounded_json.check_tree({"j": node}, path="s.yaml", what="mixture schedule")
+    shared = [1, 2]
+    bounded_json.check_tree({"a": shared, "b": shared}, path="x", max_nodes=7)  # 7 values, counted twice
+    with pytest.raises(ValueError, match="holds more than 6 values"):
+        bounded_json.check_tree({"a": shared, "b": shared}, path="x", max_nodes=6)
+    cycle: list = []
+    cycle.extend([cycle] * 9)
+    with pytest.raises(ValueError, match="^x: the JSON file (is nested deeper|holds more)"):
+        bounded_json.check_tree(cycle, path="x")
+
+
 def test_a_garbage_shard_is_named_once(cache):
     """Was: "cannot open the shard of this shard of cache"."""
     shard = os.path.join(str(cache), fmt.shard_name(fmt.DATA_PREFIX, 0, SHARDS))
@@ -515,7 +548,7 @@ def _which_and_restore(state, tmp_path, *which_args):
     """``which STATE_FILE ...``'s one error line, and Feeder.restore's message, for ``state``."""
     path = tmp_path / "state.json"
     path.write_text(json.dumps(state))
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(FeederStateError) as e:
         Feeder.restore(state, host_index=0, host_count=1)
     return run_cli("which", path, *which_args), str(e.value)
 

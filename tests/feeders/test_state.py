@@ -201,7 +201,7 @@ def test_restore_refuses_a_host_count_that_does_not_divide_the_batch(make_cache)
     # The global batch cannot change on restore: the message lists the host counts
     # that work instead of suggesting another global batch.
     for hosts in (3, 8):
-        with pytest.raises(ValueError) as e:
+        with pytest.raises(FeederStateError) as e:
             Feeder.restore(state, host_index=0, host_count=hosts)
         msg = str(e.value)
         assert f"saved with global_batch_size={B}, which host_count={hosts} does not divide" in msg
@@ -233,3 +233,49 @@ def test_malformed_or_foreign_states_are_refused(make_cache, field, value, match
     state[field] = value
     with pytest.raises(FeederStateError, match=match):
         Feeder.restore(state, host_index=0, host_count=1)
+
+
+def _refusals(state, path, **feeder):
+    """The errors restoring ``state`` raises: ``Feeder.restore`` at the stored
+    paths and with ``cache=``, and ``set_state`` on a feeder of ``path``
+    built with ``feeder``'s arguments."""
+    errors = []
+    for restore in (lambda: Feeder.restore(state, host_index=0, host_count=1),
+                    lambda: Feeder.restore(state, cache=path, host_index=0, host_count=1)):
+        with pytest.raises(Exception) as e:
+            restore().close()
+        errors.append(e.value)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1, **feeder) as g:
+        with pytest.raises(Exception) as e:
+            g.set_state(state)
+        errors.append(e.value)
+        assert g.step == 0  # a refused state leaves the feeder where it was
+    return errors
+
+
+def test_a_feature_the_cache_lacks_is_a_feeder_state_error(make_cache):
+    path = make_cache(n=N)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        state = dict(f.state(), feature="")
+    restore, moved, set_state = _refusals(state, path)
+    for e in (restore, moved):
+        assert type(e) is FeederStateError, repr(e)
+        assert "the cache has no feature ''" in str(e) and path in str(e)
+    # set_state compares first: the feeder has another feature than the state.
+    assert type(set_state) is FeederStateError and 'feeder state has feature="", but this run has feature="targets"' \
+        in str(set_state)
+
+
+def test_a_position_past_the_end_of_a_finite_run_is_a_feeder_state_error(make_cache):
+    path = make_cache(n=N)  # one epoch = 15 steps: the run ends at step 15 (position 60)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1, num_epochs=1) as f:
+        state = f.state()
+    at_end = dict(state, position=15 * B)
+    with Feeder.restore(at_end, host_index=0, host_count=1) as f:
+        assert f.step == 15 and f.num_steps == 15 and list(f) == []  # the end itself: the position after the last batch
+    for position in (16 * B, 10**12 * B):
+        errors = _refusals(dict(state, position=position), path, num_epochs=1)
+        for e in errors:
+            assert type(e) is FeederStateError, repr(e)
+            assert str(e).startswith(f"feeder state has position={position} (global_batch_size={B}): step "
+                                     f"{position // B} is past the end of this finite run: 1 epoch(s) take 15 steps")

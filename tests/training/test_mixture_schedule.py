@@ -5,6 +5,8 @@ rewrite the past."""
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -171,3 +173,58 @@ def test_a_schedule_and_a_task_together_are_refused(tmp_path):
     out = CliRunner().invoke(train, ["--cache-dir", str(tmp_path), "--mixture-schedule", sched, "--task", "a",
                                      "--batch-size", "4", "--sequence-length", "8", "--dry-run"])
     assert out.exit_code == 2 and "--mixture-schedule replaces --task" in out.output, out.output
+
+
+def _alias_bomb(path):
+    """Ten lines, each a list of nine aliases of the line before: 9^10 values
+    once expanded ("billion laughs") in 341 bytes."""
+    lines = ["a: &a [x,x,x,x,x,x,x,x,x]"] + [f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]"
+                                           for p, n in zip("abcdefghi", "bcdefghij")]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    path = _alias_bomb(tmp_path / "s.yaml")
+    assert os.path.getsize(path) == 341
+    with pytest.raises(ConfigError) as e:
+        data_lib.load_mixture_schedule(path)
+    assert str(e.value) == (f"{path}: line 1, column 4: anchor &a: a mixture schedule may not use YAML anchors or "
+                            "aliases (&name, *name, <<: *name); write each stage out in full")
+
+
+def test_the_train_command_refuses_a_yaml_alias_bomb_in_one_line(tmp_path):
+    from seqcache.cli import main
+
+    path = _alias_bomb(tmp_path / "s.yaml")
+    out = CliRunner().invoke(main, ["train", "--mixture-schedule", path, "--cache-dir", str(tmp_path),
+                                    "--batch-size", "4", "--sequence-length", "8", "--dry-run"])
+    # Reported as the other schedule errors are: a usage error, exit status 2.
+    assert out.exit_code == 2, out.output
+    errors = [line for line in out.output.splitlines() if line.lower().startswith("error:")]
+    assert errors == [f"Error: {path}: line 1, column 4: anchor &a: a mixture schedule may not use YAML anchors "
+                      "or aliases (&name, *name, <<: *name); write each stage out in full"], out.output
+    assert "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("text, where", [
+    ("base: &base {a: 1}\n0: {<<: *base, b: 1}\n", "line 1, column 7: anchor &base"),  # a merge key
+    ("0: {a: 1}\n5: {a: *r}\n", "line 2, column 8: alias *r"),  # an alias of no anchor
+    ("0: &s {a: 1}\n", "line 1, column 4: anchor &s"),  # an anchor no alias uses
+    ("&k 0: {a: 1}\n", "line 1, column 1: anchor &k"),  # on a key
+])
+def test_yaml_anchors_and_aliases_are_refused_naming_the_line(tmp_path, text, where):
+    path = tmp_path / "s.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: {re.escape(where)}: a mixture schedule may not "
+                       "use YAML anchors"):
+        data_lib.load_mixture_schedule(str(path))
+
+
+def test_a_schedule_file_larger_than_the_bound_is_refused(tmp_path):
+    for name in ("s.json", "s.yaml"):
+        path = tmp_path / name
+        path.write_text('{"0": {"a": 1}}' + " " * data_lib.MAX_SCHEDULE_BYTES)
+        with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: the mixture schedule is larger than the "
+                           "16,777,216 bytes"):
+            data_lib.load_mixture_schedule(str(path))

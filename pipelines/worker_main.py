@@ -4,6 +4,13 @@ Beam's own ``sdk_worker_main``, with Beam imported as the build imports it
 imported before there is work. With ``--wait`` (``workers.WAIT_FLAG``, how
 ``seqcache.pipelines.workers`` starts it) it then waits on its standard input
 for its environment, one JSON line, and exits quietly if the input ends first.
+
+While it waits it ignores SIGINT (Ctrl-C reaches the whole process group; its
+command stops it; ``workers`` starts it with SIGINT blocked until then); once
+it has work it takes back the SIGINT handling it was started with, the
+command's: interrupted with the others, or, when the command was started with
+SIGINT ignored (``nohup``, a shell script's background job), still ignoring
+it, as the command does.
 """
 
 import gc
@@ -12,10 +19,18 @@ import os
 import signal
 import sys
 
+# The SIGINT handling this process was started with: Python's own, or SIG_IGN
+# where the command ignores SIGINT (exec keeps an ignored signal ignored); None
+# (a handler set outside Python) is taken as Python's own.
+INHERITED_SIGINT = signal.getsignal(signal.SIGINT)
+if INHERITED_SIGINT is None:
+    INHERITED_SIGINT = signal.default_int_handler
 if __name__ == "__main__" and "--wait" in sys.argv[1:]:
     # Until it has work, a waiting process leaves Ctrl-C to its command (which then
-    # stops it): no traceback from an import cut short.
+    # stops it): no traceback from an import cut short. ``workers`` starts it with
+    # SIGINT blocked, so that none comes before this; one pending is dropped here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
 from seqcache import process  # noqa: E402
 
@@ -40,7 +55,7 @@ def main(argv=None) -> None:
             return
         os.environ.update(json.loads(line))
         argv = argv[:1]
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a worker now, interrupted with the others
+        signal.signal(signal.SIGINT, INHERITED_SIGINT)  # a worker now: as its command, interrupted or not
     try:
         sdk_worker_main.main(argv)
     finally:

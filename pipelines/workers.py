@@ -22,8 +22,11 @@ standard error to descriptor 2 wherever that points at the time, as a process
 started later would inherit it. Waiting processes are stopped when the
 pipeline ends (``stop_waiting``; they serve one pipeline, the command's first)
 or at exit; one whose command dies reads end-of-file and exits. Until it has work a
-waiting process ignores SIGINT, which Ctrl-C sends to the whole process
-group: the command handles it.
+waiting process ignores SIGINT (from its start: it is blocked until
+``worker_main`` ignores it), which Ctrl-C sends to the whole process group:
+the command handles it. Once it has work it takes back the command's SIGINT
+handling: interrupted with the others, or, when the command was started with
+SIGINT ignored (``nohup``), still ignoring it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -88,11 +92,19 @@ def start_ahead(args: Sequence[str]) -> int:
 
 
 def _start(*, relay_stderr: bool) -> subprocess.Popen:
-    """One waiting worker process, with one numpy BLAS thread unless the environment says otherwise."""
+    """One waiting worker process, with one numpy BLAS thread unless the
+    environment says otherwise. It starts with SIGINT blocked (the calling
+    thread's mask, which it inherits), until ``worker_main`` ignores it: a
+    Ctrl-C while its interpreter starts is no traceback of its own; in this
+    process it is only delayed until the process has started."""
     env = dict(os.environ)
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    proc = subprocess.Popen([sys.executable, "-m", "seqcache.pipelines.worker_main", WAIT_FLAG], env=env,
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE if relay_stderr else None)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "seqcache.pipelines.worker_main", WAIT_FLAG], env=env,
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE if relay_stderr else None)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if relay_stderr:
         threading.Thread(target=_relay, args=(proc.stderr,), name="seqcache-worker-stderr", daemon=True).start()
     return proc

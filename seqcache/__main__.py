@@ -1,5 +1,5 @@
 """``python -m seqcache``: the ``seqcache`` command."""
 
-from seqcache.cli import run
+from seqcache.executable import run
 
 run()

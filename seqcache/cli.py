@@ -4,13 +4,20 @@
 
 from __future__ import annotations
 
-import ast
-import gc
-import importlib
-import importlib.resources
-import os
-import re
-import sys
+import runpy
+
+if __name__ == "__main__":
+    # ``python -m seqcache.cli`` (how ``seqcache train`` starts its processes) is the
+    # executable, whose first statement handles SIGINT and SIGTERM: before the imports below.
+    runpy.run_module("seqcache", run_name="__main__")
+
+import ast  # noqa: E402
+import gc  # noqa: E402
+import importlib  # noqa: E402
+import importlib.resources  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
 
 # numpy's OpenBLAS starts a thread per core when numpy is imported, and each of
 # them spins for about 0.1 s of CPU before it sleeps; no command here multiplies
@@ -21,7 +28,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from seqcache import __version__, process  # noqa: E402
+from seqcache import __version__, interrupts, process  # noqa: E402
 from seqcache import format as fmt  # noqa: E402
 from seqcache.commands import common  # noqa: E402
 from seqcache.pipelines import workers  # noqa: E402
@@ -43,9 +50,10 @@ def _help(name: str) -> str:
 
 class _Commands(click.Group):
     """The command group; a command's module is imported when the command runs
-    or shows its help. An interrupt (Ctrl-C, or SIGTERM where a command turns
-    it into one) that a command does not report itself, such as one during its
-    start-up, exits with 130 and says so, instead of click's "Aborted!" and 1.
+    or shows its help. An interrupt (Ctrl-C, or SIGTERM: ``seqcache.interrupts``)
+    that a command does not report itself, such as one during its start-up,
+    exits with 130 (143 after SIGTERM) and says so in one line, "interrupted"
+    ("interrupted by SIGTERM"), instead of click's "Aborted!" and 1.
     A ``seqcache.format.CacheError`` or ``FeederStateError`` that a command does
     not report itself is one ``error:`` line on standard error and exit status 1."""
 
@@ -66,6 +74,12 @@ class _Commands(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            _exit_interrupted()
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -75,8 +89,13 @@ class _Commands(click.Group):
             common.print_error(e)
             sys.exit(1)
         except KeyboardInterrupt:
-            common.write_stderr("interrupted\n")  # standard error may have been taken from Beam's workers
-            sys.exit(130)
+            _exit_interrupted()
+
+
+def _exit_interrupted():
+    """One line, "interrupted" or "interrupted by SIGTERM", and exit status 130 or 143."""
+    interrupts.say_interrupted()  # to the real standard error, which may have been taken from Beam's workers
+    sys.exit(interrupts.exit_status())
 
 
 def _is_damaged_input(error: BaseException) -> bool:
@@ -103,10 +122,12 @@ def _check_environment() -> None:
 
 
 def run():
-    """The ``seqcache`` executable: runs ``main`` in a process of seqcache's own
-    (``seqcache.process.own_process``), then freezes the objects left (``gc.freeze``:
-    often over 100,000 of Beam's and protobuf's) so that finalisation does not
-    walk them again and again, about 0.2 s of every command that imports Beam.
+    """The command line, as the ``seqcache`` executable runs it once it handles
+    SIGINT and SIGTERM (``seqcache.executable``): ``main``, in a process of
+    seqcache's own (``seqcache.process.own_process``), then freezes the objects
+    left (``gc.freeze``: often over 100,000 of Beam's and protobuf's) so that
+    finalisation does not walk them again and again, about 0.2 s of every
+    command that imports Beam.
     ``seqcache build``'s local worker processes start first, to import while
     the command does (``seqcache.pipelines.workers.start_ahead``)."""
     process.own_process()
@@ -116,7 +137,3 @@ def run():
         main()
     finally:
         gc.freeze()
-
-
-if __name__ == "__main__":
-    run()

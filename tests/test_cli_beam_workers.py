@@ -6,7 +6,7 @@ What is checked: without ``-v`` the output is the command's own lines only
 (the same as the default in-memory mode, which runs in this process through
 click's test runner; no worker tracebacks or Beam logs); a
 failing build whose standard error is a pipe nobody reads any more (``2>&1 |
-head``) exits instead of waiting forever; Ctrl-C and SIGTERM exit 130. Every
+head``) exits instead of waiting forever; Ctrl-C exits 130, SIGTERM 143. Every
 case also checks that no worker process outlives the command: each run gets a
 marker in its environment, which the worker processes inherit, and no process
 may still carry it once the command has exited.
@@ -23,12 +23,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
-import uuid
 
 import pytest
 
-from testsupport import default_signals, write_files
+from testsupport import GATED_TASK, default_signals, gate_opened, marked_env, processes_with, write_files
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
 
@@ -38,29 +36,6 @@ MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_work
 A_TXT = b"ok\nbad \xff byte\nfine\n"
 # A line's record id is the byte offset of its first byte: line 2 starts after "ok\n".
 BAD_RECORD = f"line 2 (byte {A_TXT.index(b'bad')}) is not valid UTF-8"
-
-
-def _marked_env() -> tuple[dict, str]:
-    marker = f"SEQCACHE_TEST_RUN={uuid.uuid4().hex}"
-    key, value = marker.split("=")
-    return {**os.environ, key: value}, marker
-
-
-def _processes_with(marker: str) -> dict[int, str]:
-    """pid -> command line of every live process whose environment holds ``marker``."""
-    found = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if marker.encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                found[int(name)] = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return found
 
 
 def _seqcache(*args: str) -> list[str]:
@@ -89,10 +64,10 @@ def bad_corpus(tmp_path):
 
 
 def test_failing_build_prints_the_same_one_line_error_as_in_memory_mode(tmp_path, bad_corpus):
-    env, marker = _marked_env()
+    env, marker = marked_env()
     args = ["build", "--cache-dir", str(tmp_path / "c"), "--source", f"text:{bad_corpus}", "--name", "mp"]
     workers = _run([*args, *MULTI_PROCESSING], cwd=tmp_path, env=env)
-    assert _processes_with(marker) == {}
+    assert processes_with(marker) == {}
     in_memory = _run_in_this_process(args)
 
     assert workers.returncode == 1, workers.stderr
@@ -112,7 +87,7 @@ def test_failing_build_prints_the_same_one_line_error_as_in_memory_mode(tmp_path
 def test_failing_build_exits_when_the_reader_of_its_output_is_gone(tmp_path, bad_corpus, verbose):
     """``seqcache build ... 2>&1 | head -3``: the pipe's reader exits early; a
     worker that fails to write its traceback must not stall the build."""
-    env, marker = _marked_env()
+    env, marker = marked_env()
     proc = subprocess.Popen(
         _seqcache("build", *(["-v"] if verbose else []), "--cache-dir", str(tmp_path / "c"), "--source",
                   f"text:{bad_corpus}", "--name", "mp", *MULTI_PROCESSING),
@@ -126,35 +101,8 @@ def test_failing_build_exits_when_the_reader_of_its_output_is_gone(tmp_path, bad
             proc.kill()
             proc.wait()
     assert returncode == 1
-    assert _processes_with(marker) == {}
+    assert processes_with(marker) == {}
     assert not (tmp_path / "c" / "mp" / "train" / "manifest.json").exists()
-
-
-# A registered task whose only record waits until the test opens the write end
-# of the FIFO ``gate``: the build is then surely running in a worker process.
-_GATED_TASK = textwrap.dedent(
-    """
-    import os
-
-    from seqcache import tasks
-
-    GATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate")
-
-
-    def records():
-        with open(GATE) as f:
-            f.read()
-        yield {"text": "after the gate"}
-
-
-    tasks.TaskRegistry.add(
-        "gated",
-        source=tasks.FunctionSource(records, name="gated"),
-        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
-        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
-    )
-    """
-)
 
 
 @pytest.mark.parametrize("signum, to_group", [
@@ -163,50 +111,38 @@ _GATED_TASK = textwrap.dedent(
     # kill, timeout: SIGTERM to the command alone.
     pytest.param(signal.SIGTERM, False, id="SIGTERM", marks=pytest.mark.slow),
 ])
-def test_interrupted_build_exits_130_and_leaves_no_worker(tmp_path, signum, to_group):
-    (tmp_path / "gated_task.py").write_text(_GATED_TASK)
+def test_interrupted_build_exits_130_or_143_and_leaves_no_worker(tmp_path, signum, to_group):
+    (tmp_path / "gated_task.py").write_text(GATED_TASK)
     gate = tmp_path / "gate"
     os.mkfifo(gate)
-    env, marker = _marked_env()
+    env, marker = marked_env()
     # The module is imported by name from the working folder, by the command and by its workers.
     proc = subprocess.Popen(
         _seqcache("build", "--cache-dir", str(tmp_path / "c"), "--module", "gated_task", "gated", *MULTI_PROCESSING),
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=to_group,
         preexec_fn=default_signals,
     )
-    held = {}
-
-    def open_gate():  # returns once a worker has opened the read end
-        held["gate"] = open(gate, "w")
-
-    opener = threading.Thread(target=open_gate, daemon=True)
-    opener.start()
     try:
-        opener.join(timeout=TIMEOUT_S)
-        assert "gate" in held, f"the build never reached its worker: {proc.poll()=}"
-        running = _processes_with(marker)
-        # A worker: a process of the command's other than the command (forked ones share its command line).
-        assert set(running) - {proc.pid}, running
-        # The worker stays blocked reading the gate: the command has to stop it.
-        if to_group:
-            os.killpg(proc.pid, signum)
-        else:
-            proc.send_signal(signum)
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+        with gate_opened(gate, timeout_s=TIMEOUT_S):  # a worker has opened it: the build runs there
+            running = processes_with(marker)
+            # A worker: a process of the command's other than the command (forked ones share its command line).
+            assert set(running) - {proc.pid}, running
+            # The worker stays blocked reading the gate: the command has to stop it.
+            if to_group:
+                os.killpg(proc.pid, signum)
+            else:
+                proc.send_signal(signum)
+            stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-        if "gate" not in held:  # unblock the opener thread
-            os.close(os.open(gate, os.O_RDONLY | os.O_NONBLOCK))
-            opener.join()
-        if "gate" in held:
-            held["gate"].close()
-    assert proc.returncode == 130, stderr
-    assert stderr == ("interrupted: gated/train has no manifest, so it is not a cache; "
+    assert proc.returncode == 128 + signum, stderr  # 130, 143: as a shell reports the signal
+    said = "interrupted" if signum == signal.SIGINT else "interrupted by SIGTERM"
+    assert stderr == (f"{said}: gated/train has no manifest, so it is not a cache; "
                       "run the same command again to build it\n")
     assert stdout == ""
-    assert _processes_with(marker) == {}
+    assert processes_with(marker) == {}
     assert not (tmp_path / "c" / "gated" / "train" / "manifest.json").exists()
 
 
@@ -228,10 +164,10 @@ def test_a_task_file_given_by_path_reaches_the_workers_and_success_prints_only_i
             preprocessors=[tasks.FunctionPreprocessor(shout, name="shout"),
                            tasks.preprocessors.rekey({{"targets": "text"}}), tasks.preprocessors.tokenize()])
     """))
-    env, marker = _marked_env()
+    env, marker = marked_env()
     out = _run(["build", "shouted", "--module", str(tmp_path / "defs" / "my_tasks.py"), "--cache-dir",
                 str(tmp_path / "c"), *MULTI_PROCESSING], cwd=tmp_path, env=env)
-    assert _processes_with(marker) == {}
+    assert processes_with(marker) == {}
     assert out.returncode == 0, out.stderr
     assert re.fullmatch(rf"shouted/train: 3 examples in 1 shard, built in \d+\.\d s -> "
                         rf"{re.escape(str(tmp_path))}/c/shouted/train\n", out.stderr), out.stderr
@@ -264,7 +200,7 @@ def test_workers_started_from_the_repository_root_give_the_bytes_of_an_in_memory
     That build, with multi_processing workers (started through
     ``seqcache.pipelines.worker_main``), writes the same cache bytes as the
     in-memory mode, logs with ``-v``, and leaves no process behind."""
-    env, marker = _marked_env()
+    env, marker = marked_env()
     probe = subprocess.run([sys.executable, "-c", "import seqcache, seqcache.feeders, seqcache.tasks; "
                             "from seqcache.feeders import Feeder; print(seqcache.__file__)"],
                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -275,7 +211,7 @@ def test_workers_started_from_the_repository_root_give_the_bytes_of_an_in_memory
     common = ["--source", f"text:{src}/*.txt", "--name", "mp", "--num-shards", "3"]
     workers = _run(["build", "-v", "--cache-dir", str(tmp_path / "w"), *common, "--json", *MULTI_PROCESSING],
                    cwd=REPO_ROOT, env=env)
-    assert not _processes_with(marker)
+    assert not processes_with(marker)
     assert workers.returncode == 0, workers.stderr
     assert json.loads(workers.stdout)[0]["num_examples"] == 3002
     assert "INFO seqcache.pipelines.build: building mp:" in workers.stderr  # -v logs, with Beam options too

@@ -8,8 +8,13 @@ so that importing this module costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import pathlib
+import textwrap
+import threading
+import uuid
 
 
 def byte_task(name: str, source, *, first=(), eos: bool = True, packing: str | None = None):
@@ -101,6 +106,93 @@ def default_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_DFL)
+
+
+# --- The seqcache command in a subprocess, stopped at a moment the test finds --------
+
+def marked_env() -> tuple[dict, str]:
+    """``(environment, marker)``: this process's environment with a marker
+    ``SEQCACHE_TEST_RUN=<random hex>`` added, which a command's worker processes
+    inherit, so that ``processes_with(marker)`` finds them (and the command)."""
+    marker = f"SEQCACHE_TEST_RUN={uuid.uuid4().hex}"
+    key, value = marker.split("=")
+    return {**os.environ, key: value}, marker
+
+
+def processes_with(marker: str) -> dict[int, str]:
+    """pid -> command line of every live process whose environment holds
+    ``marker`` (from /proc: Linux only; a zombie's environment reads empty)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if marker.encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                found[int(name)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+# The module ``gated_task`` (write it to the command's working folder, beside a
+# FIFO named ``gate``): a registered task ``gated`` whose only record waits until
+# the test opens the gate's write end (``gate_opened``), so that the build is surely
+# running its pipeline (in a worker process, with worker processes), and then
+# until the test closes it.
+GATED_TASK = textwrap.dedent(
+    """
+    import os
+
+    from seqcache import tasks
+
+    GATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate")
+
+
+    def records():
+        with open(GATE) as f:
+            f.read()
+        yield {"text": "after the gate"}
+
+
+    tasks.TaskRegistry.add(
+        "gated",
+        source=tasks.FunctionSource(records, name="gated"),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+    )
+    """
+)
+
+
+@contextlib.contextmanager
+def gate_opened(gate, *, timeout_s: float):
+    """Opens the FIFO ``gate`` for writing, which returns once a reader has opened
+    it (``GATED_TASK``'s record, in a running build), and holds it open while the
+    block runs; the reader reads to its end when the block ends.
+
+    Raises:
+      AssertionError: no reader came within ``timeout_s`` seconds.
+    """
+    held = {}
+
+    def open_gate():  # returns once the reader has opened the read end
+        held["gate"] = open(gate, "w")
+
+    opener = threading.Thread(target=open_gate, daemon=True)
+    opener.start()
+    opener.join(timeout=timeout_s)
+    if "gate" not in held:
+        os.close(os.open(gate, os.O_RDONLY | os.O_NONBLOCK))  # a reader of our own: the opener returns
+        opener.join()
+        held["gate"].close()
+        raise AssertionError(f"no build reached the gate in {timeout_s} s")
+    try:
+        yield
+    finally:
+        held["gate"].close()
 
 
 # --- Beam's runners: 2 local worker processes, a dask.distributed cluster -----------

@@ -11,7 +11,7 @@ import sys
 import click
 
 from seqcache import format as fmt
-from seqcache import fs, pipelines, process, tasks
+from seqcache import fs, interrupts, pipelines, process, tasks
 from seqcache.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
 from seqcache.pipelines.runner import option_value_errors, unknown_flags
@@ -470,10 +470,11 @@ def _result_json(r) -> dict:
 
 def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
                exchange="auto"):
-    """Builds one task's cache and prints its summary and notes; exits 1 on failure, 130 on an interrupt."""
+    """Builds one task's cache and prints its summary and notes; exits 1 on
+    failure, 130 after Ctrl-C and 143 after SIGTERM (``interrupts.exit_status``)."""
     deadline = functools.partial(_interrupt_deadline, task, split, cache_dir)
     with common.shard_progress(console, f"{task.name}/{split}") as progress, \
-            common.sigterm_as_interrupt(on_deadline=deadline):
+            interrupts.handled(on_deadline=deadline):
         try:
             result = pipelines.build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                 overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
@@ -521,13 +522,16 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
 
 
 def _interrupted(console, task, split, cache_dir):
-    console.print(f"[yellow]interrupted[/yellow]: {_interrupt_text(task, split, cache_dir)}", highlight=False)
-    sys.exit(130)
+    """Says that the build of ``task`` was interrupted ("interrupted by SIGTERM"
+    after SIGTERM) and what is left of its cache; exits 130 or 143."""
+    console.print(f"[yellow]{interrupts.describe()}[/yellow]: {_interrupt_text(task, split, cache_dir)}",
+                  highlight=False)
+    sys.exit(interrupts.exit_status())
 
 
 def _interrupt_deadline(task, split, cache_dir):
     """What a build says when its shutdown ran out of time (straight to stderr: the console may be held)."""
-    common.write_stderr(f"interrupted: {_interrupt_text(task, split, cache_dir)}\n")
+    common.write_stderr(f"{interrupts.describe()}: {_interrupt_text(task, split, cache_dir)}\n")
 
 
 def _interrupt_text(task, split, cache_dir) -> str:

@@ -8,7 +8,6 @@ import io
 import logging
 import os
 import re
-import signal
 import sys
 import threading
 from typing import Any, Mapping
@@ -18,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from seqcache import fs, process
+from seqcache import fs, interrupts, process
 from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, parse_on_error
 
 
@@ -155,13 +154,12 @@ def worker_stderr(*, verbose: bool):
     ``sys.stderr`` is not descriptor 2 (click's test runner) nothing is
     redirected and ``sys.stderr`` is yielded.
     """
-    global _real_stderr_fd
     if not _stderr_is_fd2():
         yield sys.stderr
         return
     sys.stderr.flush()
     saved = os.dup(2)
-    _real_stderr_fd = saved
+    interrupts.real_stderr_fd = saved
     stream = open(os.dup(saved), "w", encoding=sys.stderr.encoding, errors=sys.stderr.errors or "backslashreplace",
                   buffering=1)
     handler = _redirect_fd2(saved, stream, verbose=verbose)
@@ -181,7 +179,7 @@ def worker_stderr(*, verbose: bool):
         if restore:
             sys.stderr.flush()
             os.dup2(saved, 2)
-            _real_stderr_fd = None
+            interrupts.real_stderr_fd = None
             os.close(saved)
         # else ``saved`` stays open for ``write_stderr`` until the process exits.
         try:
@@ -208,106 +206,9 @@ def _redirect_fd2(saved: int, stream, *, verbose: bool) -> logging.Handler | Non
     return handler
 
 
-# The real standard error while ``worker_stderr`` has taken descriptor 2 away
-# (and after, when the block ended with an exit or an interrupt); None otherwise.
-_real_stderr_fd: int | None = None
-
-
-def write_stderr(text: str) -> None:
-    """Writes ``text`` to the real standard error at once, from any thread (to
-    the descriptor ``worker_stderr`` saved, if it took descriptor 2 away);
-    errors writing (a closed pipe) are ignored: these are a command's last words."""
-    try:
-        if _real_stderr_fd is None:
-            sys.stderr.write(text)
-            sys.stderr.flush()
-            return
-        data = text.encode(sys.stderr.encoding or "utf-8", "backslashreplace")
-        while data:
-            data = data[os.write(_real_stderr_fd, data):]
-    except (OSError, ValueError):
-        pass
-
-
-# Seconds an interrupted build may take to stop its runner and clean up before
-# the command stops its worker processes and exits anyway.
-INTERRUPT_GRACE_S = 20.0
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt(on_deadline=None, grace_s: float | None = None):
-    """SIGTERM raises KeyboardInterrupt while the block runs, so that a terminated
-    build cleans up like a Ctrl-C one. After the first SIGTERM or SIGINT the
-    shutdown gets ``grace_s`` seconds (default ``INTERRUPT_GRACE_S``); then this
-    process's descendants (the runner's workers) are killed, ``on_deadline()``
-    says what the user needs to know, and the process exits with status 130."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    grace_s = INTERRUPT_GRACE_S if grace_s is None else grace_s
-    started = threading.Event()
-
-    def deadline():
-        kill_descendants()
-        try:
-            if on_deadline is not None:
-                on_deadline()
-            sys.stderr.flush()
-            sys.stdout.flush()
-        finally:
-            os._exit(130)
-
-    def start_deadline():
-        if not started.is_set():
-            started.set()
-            timer = threading.Timer(grace_s, deadline)
-            timer.daemon = True
-            timer.start()
-
-    def on_sigterm(signum, frame):
-        start_deadline()
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    def on_sigint(signum, frame):
-        start_deadline()
-        raise KeyboardInterrupt
-
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm)}
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def kill_descendants() -> None:
-    """Sends SIGKILL to every descendant of this process (from /proc; nothing
-    where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    try:
-        names = [n for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return
-    for name in names:
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    todo, seen = list(children.get(os.getpid(), [])), set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        todo.extend(children.get(pid, []))
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+# The command's last words, to the real standard error (the descriptor
+# ``worker_stderr`` saved, if it took descriptor 2 away), from any thread.
+write_stderr = interrupts.write_stderr
 
 
 MODULES_OPTION = click.option("--module", "modules", multiple=True,

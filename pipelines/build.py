@@ -1,7 +1,8 @@
 """The deterministic cache build: the driver (the steps are in transforms.py)::
 
     driver: list the files, plan work units (splits of files, plan.py)
-    Create(units) ──> read + preprocess ──(shard, batch)──> GroupByKey ──> sort, pack, write shard
+    Create(units) ──> read + preprocess ──(shard, batch)──> GroupByKey ──> spread copies of identical
+                  records to their own keys' shards ──> GroupByKey ──> sort, pack, write shard
                                       └─(quarantine chunk)─┘            merge quarantine.jsonl
                                       └─(records read)─────┘            add up counts
                   ──> one summary of every shard and count (_tmp/summary.json)
@@ -387,6 +388,8 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
                                encoding_threads=transforms.driver_encoding_threads())
     write = transforms.WriteGroup(task, out_dir=build_dir, scratch_dir=spill_dir, num_shards=num_shards,
                                   sequence_length=config.sequence_length, fs_options=plan.fs_options)
+    spread = transforms.SpreadCopies(seed=config.seed, num_features=len(reader.features), spill_dir=spill_dir,
+                                     exchange=plan.exchange, num_shards=num_shards, fs_options=plan.fs_options)
     summarize = transforms.WriteSummary(scratch_dir=scratch, fs_options=plan.fs_options)
     _pickle_user_modules_by_value()
     engine = runner_mod.local_engine(plan.options) if plan.runner == runner_mod.LOCAL_ENGINE else None
@@ -397,6 +400,8 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
         | "SpreadWork" >> beam.Reshuffle()
         | "ReadPreprocess" >> beam.FlatMap(read)
         | "GroupByShard" >> beam.GroupByKey()
+        | "SpreadCopies" >> beam.FlatMap(spread)
+        | "GroupWithCopies" >> beam.GroupByKey()
         | "SortPackWrite" >> beam.FlatMap(write)
         | "GatherResults" >> beam.GroupByKey()
         | "WriteSummary" >> beam.FlatMap(summarize)
@@ -635,6 +640,7 @@ def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
     the build excludes benchmarks, so other caches keep their fingerprints."""
     inputs = {
         "format_version": fmt.RECORD_FORMAT_VERSION,
+        "shuffle_version": shuffle.SHUFFLE_VERSION,
         "writer_options": fmt.WRITER_OPTIONS,
         "split": config.split,
         "num_shards": num_shards,

@@ -11,6 +11,18 @@ the key's first 64 bits, so shards are contiguous key ranges: concatenating the
 shards in index order gives the global sorted order. Inside a shard, records are
 sorted by (key, example index within the record, example bytes, provenance), a
 total order that does not depend on arrival order.
+
+Identical records share that first key, so they would sit side by side and fill
+packed rows with one text. Each copy gets its own place instead: the k-th copy
+(k = 0, 1, ...; copies ranked by provenance, file index and record number) keeps
+the first key when k = 0 and is re-keyed to ``copy_keys(first key, k)`` =
+``blake2b(first key || k, key=seed, person=COPY_PERSON)`` otherwise, a key of
+its own, in whatever shard holds it (``transforms.SpreadCopies`` moves it
+there). The keys of a record's c copies, the first key and ``copy_keys(first,
+k)`` for 1 <= k < c, depend only on the record and its count in the multiset,
+so G1 holds; since copies are identical, which copy is the k-th changes
+provenance only.
+``SHUFFLE_VERSION`` names this scheme in a cache's fingerprint.
 """
 
 from __future__ import annotations
@@ -18,7 +30,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
+import numpy as np
+
 KEY_BYTES = 16
+# The shuffle scheme, in every cache's fingerprint inputs: 1 gave identical
+# records one shared key; 2 gives each copy its own (``copy_keys``). Changing it
+# changes which example sits at which cache index: caches must be rebuilt.
+SHUFFLE_VERSION = 2
+# BLAKE2's personalisation for copy keys: no raw record's key can equal one.
+COPY_PERSON = b"seqcache copy"
 
 
 def seed_key(seed: int) -> bytes:
@@ -47,6 +67,38 @@ def record_keys(raws: Iterable[bytes], key: bytes) -> list[bytes]:
         h.update(raw)
         append(h.digest())
     return out
+
+
+def copy_ranks(keys: np.ndarray, sub_index: np.ndarray) -> np.ndarray:
+    """uint32 (n,): for entries sorted by (key, sub-index, provenance), the number
+    of earlier entries with the same key and sub-index: each entry's copy number k
+    among the identical records (0 for a record with no copy). ``keys`` is ``V16``
+    (n,), ``sub_index`` (n,)."""
+    n = len(keys)
+    if n < 2:
+        return np.zeros(n, np.uint32)
+    same = np.concatenate([[False], (keys[1:] == keys[:-1]) & (sub_index[1:] == sub_index[:-1])])
+    if not same.any():
+        return np.zeros(n, np.uint32)
+    starts = np.flatnonzero(~same)
+    first = np.repeat(starts, np.diff(np.concatenate([starts, [n]])))
+    return (np.arange(n) - first).astype(np.uint32)
+
+
+def copy_keys(first: np.ndarray, copies: np.ndarray, key: bytes) -> np.ndarray:
+    """``V16`` (n,): the keys of copies ``copies`` (uint, (n,), each >= 1) of the
+    records whose first keys are ``first`` (``V16`` (n,)), under the BLAKE2 key
+    ``key``: ``blake2b(first || k as 8 bytes little-endian, key=key,
+    person=COPY_PERSON, digest_size=16)``."""
+    keyed = hashlib.blake2b(key=key, digest_size=KEY_BYTES, person=COPY_PERSON)
+    raw = np.ascontiguousarray(first).tobytes()
+    out = bytearray()
+    for i, k in enumerate(np.asarray(copies).tolist()):
+        h = keyed.copy()
+        h.update(raw[i * KEY_BYTES:(i + 1) * KEY_BYTES])
+        h.update(int(k).to_bytes(8, "little"))
+        out += h.digest()
+    return np.frombuffer(bytes(out), dtype="V16")
 
 
 def shard_of(key: bytes, num_shards: int) -> int:

@@ -238,6 +238,7 @@ class ShardEntries:
     end: np.ndarray            # int64 (n,)
     parts: list                # the spill files' bytes (not copied); begin/end count from their start
     closers: list = dataclasses.field(default_factory=list)  # called by close(): the files parts read from
+    key: np.ndarray | None = None  # V16 (n,): the shuffle keys (``load_shard`` keeps them)
 
     def __len__(self) -> int:
         return len(self.sub_index)
@@ -246,6 +247,24 @@ class ShardEntries:
         """Releases what the sections on disk read from (their open files)."""
         while self.closers:
             self.closers.pop()()
+
+    def take(self, rows: np.ndarray) -> "ShardEntries":
+        """The entries at ``rows`` (int, increasing), over the same parts: their
+        sections may then have gaps, which ``items`` and ``record_chunks`` skip.
+        The result closes nothing; close this one."""
+        rows = np.asarray(rows, dtype=np.int64)
+        columns = {f.name: getattr(self, f.name)[rows] for f in dataclasses.fields(self)
+                   if f.name not in ("parts", "closers") and getattr(self, f.name) is not None}
+        return dataclasses.replace(self, **columns, closers=[])
+
+    def example_bytes(self, rows: Sequence[int]) -> list[bytes]:
+        """The encoded examples at ``rows``, one read each (for a few entries:
+        ``items`` streams them all)."""
+        out = []
+        for i in np.asarray(rows, dtype=np.int64).tolist():
+            part, begin, end = self.parts[int(self.part[i])], int(self.begin[i]), int(self.end[i])
+            out.append(part.read(begin, end) if isinstance(part, SectionOnDisk) else bytes(part[begin:end]))
+        return out
 
     def chunk_bounds(self, chunk: int = 1 << 16, max_bytes: int | None = None) -> Iterator[tuple[int, int]]:
         """``(lo, hi)`` ranges of the sorted entries, in order, covering them all:
@@ -273,7 +292,8 @@ class ShardEntries:
         order. Sections on disk are sorted, so each is read front to back
         through a window of its bytes, refilled by reads of ``READ_BYTES``
         divided among the sections (at least ``MIN_READ_BYTES``): memory about
-        twice that budget plus a range's copies."""
+        twice that budget plus a range's copies. A section may have gaps (entries
+        left out by ``take``): its window skips nothing, but is read in order."""
         parts = self.parts
         on_disk = [k for k, p in enumerate(parts) if isinstance(p, SectionOnDisk)]
         cursor = np.zeros(len(parts), dtype=np.int64)  # where each section's next unread example starts
@@ -288,14 +308,14 @@ class ShardEntries:
             part = self.part[lo:hi]
             begin, end = self.begin[lo:hi], self.end[lo:hi]
             if on_disk:
-                size = np.bincount(part, weights=end - begin, minlength=len(parts)).astype(np.int64)
-                at = cursor[part]
-                outside = (begin < at) | (end - at > size[part])
+                last = cursor.copy()  # where each section's entries of this range end
+                np.maximum.at(last, part, end)
+                outside = begin < cursor[part]
                 if outside.any():
                     bad = parts[int(part[np.flatnonzero(outside)[0]])]
                     raise ValueError(f"{bad.where}: spill section not in sorted order")
                 for k in on_disk:
-                    need = int(cursor[k] + size[k])
+                    need = int(last[k])
                     have = int(window_start[k]) + len(windows[k])
                     if need > have:
                         section = parts[k]
@@ -304,7 +324,7 @@ class ShardEntries:
                         more = section.read(have, stop)
                         windows[k] = keep + more if keep else more
                         window_start[k] = cursor[k]
-                cursor[on_disk] += size[on_disk]
+                cursor[on_disk] = last[on_disk]
                 begin, end = begin - window_start[part], end - window_start[part]
             yield lo, hi, [windows[p][x:y] for p, x, y in zip(part.tolist(), begin.tolist(), end.tolist())]
 
@@ -445,7 +465,7 @@ def load_shard(buffers: Iterable[tuple[str, "bytes | tuple[bytes, SectionOnDisk,
         empty = np.zeros(0, dtype=np.uint32)
         none = np.zeros(0, np.int64)
         return ShardEntries(empty, empty, np.zeros(0, np.uint64), empty, np.zeros((0, num_features), np.uint32),
-                            np.zeros(0, np.int32), none, none, [])
+                            np.zeros(0, np.int32), none, none, [], key=np.zeros(0, "V16"))
     keys, sub, files, recs, trunc, lengths = (np.concatenate([p[name] for p in parts]) for name, _, _ in _COLUMNS)
     part = np.concatenate([np.full(len(p["sub_index"]), k, dtype=np.int32) for k, p in enumerate(parts)])
     begin = np.concatenate([p["offsets"][:-1].astype(np.int64) + p["base"] for p in parts])
@@ -453,7 +473,7 @@ def load_shard(buffers: Iterable[tuple[str, "bytes | tuple[bytes, SectionOnDisk,
     hi_lo = keys.view(">u8").reshape(-1, 2) if len(keys) else np.zeros((0, 2), ">u8")
     order = sort_order(hi_lo[:, 0].astype(np.uint64), hi_lo[:, 1].astype(np.uint64), sub, files, recs)
     return ShardEntries(sub[order], files[order], recs[order], trunc[order], lengths[order],
-                        part[order], begin[order], end[order], [p["data"] for p in parts])
+                        part[order], begin[order], end[order], [p["data"] for p in parts], key=keys[order])
 
 
 # Quarantine chunks. Entries a bundle holds in memory before it writes them to a chunk file (bytes).

@@ -3,6 +3,7 @@
 The pipeline is one straight line with one leaf::
 
     Create(work units) ──Reshuffle──> ReadUnit ──(key, value)──> GroupByKey
+        ──> SpreadCopies ──(key, value)──> GroupByKey
         ──> WriteGroup ──(0, result)──> GroupByKey ──> WriteSummary
 
 - ``ReadUnit`` reads one work unit (a few splits of input files, see plan.py),
@@ -14,8 +15,14 @@ The pipeline is one straight line with one leaf::
   per-file counts, bad-input counts))``. Everything is emitted from
   ``process`` (no ``finish_bundle`` outputs, tagged outputs or metrics, which
   some runners, Dask, lose or mix).
-- ``WriteGroup`` gets one key with all its values: it sorts, packs and writes
-  a shard, merges the quarantine chunks into quarantine.jsonl, or adds up the
+- ``SpreadCopies`` gets one key with all its values and emits them again
+  (the runner's shuffle carries them twice), adding, for a shard, the
+  copies of identical records after the first, each under its own key
+  (``shuffle.copy_keys``) to the shard that key falls in: identical records
+  share their first key, so all copies meet in one shard first.
+- ``WriteGroup`` gets one key with all its values: it leaves out the copies
+  ``SpreadCopies`` moved (recomputed from the same entries), sorts, packs and
+  writes a shard, merges the quarantine chunks into quarantine.jsonl, or adds up the
   record counts, and emits a small JSON-able result.
 - ``WriteSummary`` gathers every result in one element and writes
   ``_tmp/summary.json``, from which the driver writes the manifest.
@@ -440,16 +447,8 @@ class ReadUnit:
                            bad_input.to_json())
 
     def _flush(self, state, token):
-        num_features = len(self.reader.features)
-        if self.exchange == "runner":
-            for shard in sorted(state.buffers):
-                yield shard, state.buffers[shard].to_bytes(num_features)
-        else:
-            path = fs.join(self.spill_dir, f"{token}-{state.flushes:05d}.bin")
-            with fs.open_write(path) as f:
-                sections = spill.write_flush(f, state.buffers, num_features)
-            for shard, offset, length in sections:
-                yield shard, (path, offset, length)
+        yield from emit_buffers(state.buffers, exchange=self.exchange, num_features=len(self.reader.features),
+                                path=fs.join(self.spill_dir, f"{token}-{state.flushes:05d}.bin"))
         state.flushes, state.buffered = state.flushes + 1, 0
         state.buffers = collections.defaultdict(spill.SpillBuffer)
 
@@ -459,6 +458,96 @@ class ReadUnit:
         state.quarantine_chunks += 1
         state.quarantine = spill.QuarantineBuffer()
         return path
+
+
+def emit_buffers(buffers: dict, *, exchange: str, num_features: int, path: str) -> Iterator[tuple[int, Any]]:
+    """``(shard, value)`` for each shard of ``buffers`` (shard -> ``SpillBuffer``),
+    in shard order: the buffer's bytes (``exchange="runner"``) or ``(path,
+    offset, length)``, its section of the flush file written to ``path``."""
+    if exchange == "runner":
+        for shard in sorted(buffers):
+            yield shard, buffers[shard].to_bytes(num_features)
+        return
+    with fs.open_write(path) as f:
+        sections = spill.write_flush(f, buffers, num_features)
+    for shard, offset, length in sections:
+        yield shard, (path, offset, length)
+
+
+class SpreadCopies:
+    """The copies step (a ``beam.FlatMap`` callable) between the two groupings:
+    ``(key, values)`` in; every value out again under its key, and for a shard
+    key, ``(shard, batch)`` of the copies it moves.
+
+    In a shard's sorted entries, the k-th entry (k >= 1) with the key and
+    sub-index of an earlier one is the k-th copy of an identical record (copies
+    ranked by provenance: ``shuffle.copy_ranks``); it moves, whatever shard its
+    new key ``shuffle.copy_keys`` falls in (this one too), as a section of its
+    own (``emit_buffers``: bytes, or a spill file under ``spill_dir`` named
+    ``copies-<shard>-<random>-<n>.bin``), and ``WriteGroup`` leaves it out of
+    the shard it came from. Copies are identical, so each distinct record's
+    example bytes are read once.
+
+    Memory: one shard's columns (``load_batches``) and at most ``flush_bytes``
+    of moved examples at a time.
+    """
+
+    def __init__(self, *, seed: int, num_features: int, spill_dir: str, exchange: str, num_shards: int,
+                 flush_bytes: int | None = None, fs_options: Sequence[str] = ()):
+        if exchange not in ("runner", "spill"):
+            raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
+        self.seed, self.num_features, self.num_shards = seed, int(num_features), int(num_shards)
+        self.spill_dir, self.exchange, self.fs_options = spill_dir, exchange, list(fs_options)
+        if flush_bytes is None:
+            flush_bytes = spill.SPILL_BYTES if exchange == "spill" else spill.RUNNER_FLUSH_BYTES
+        self.flush_bytes = int(flush_bytes)
+
+    def __call__(self, element) -> Iterator[tuple[int, Any]]:
+        set_worker_options(self.fs_options)
+        settle_worker()
+        key, values = element
+        values = list(values)
+        for v in values:
+            yield key, v
+        if key in (QUARANTINE_KEY, COUNTS_KEY):
+            return
+        entries = load_batches(values, self.num_features)
+        try:
+            yield from self._moved(int(key), entries)
+        finally:
+            entries.close()
+
+    def _moved(self, shard: int, entries: spill.ShardEntries) -> Iterator[tuple[int, Any]]:
+        rank = shuffle.copy_ranks(entries.key, entries.sub_index)
+        rows = np.flatnonzero(rank)
+        if not len(rows):
+            return
+        first = rows - rank[rows].astype(np.int64)  # each copy's first entry: the same example bytes
+        keys = shuffle.copy_keys(entries.key[first], rank[rows], shuffle.seed_key(self.seed))
+        ends = np.cumsum((entries.end - entries.begin)[rows])  # example bytes up to and including each copy
+        token = f"copies-{shard:07d}-{os.urandom(6).hex()}"  # unique per attempt
+        lo, n, flushes = 0, len(rows), 0
+        while lo < n:
+            before = int(ends[lo - 1]) if lo else 0
+            hi = max(lo + 1, int(np.searchsorted(ends, before + self.flush_bytes, side="right")))
+            distinct, inverse = np.unique(first[lo:hi], return_inverse=True)
+            data = entries.example_bytes(distinct)
+            pieces = [data[j] for j in inverse.tolist()]
+            offsets = np.zeros(hi - lo + 1, dtype=np.int64)
+            np.cumsum([len(p) for p in pieces], out=offsets[1:])
+            at = rows[lo:hi]
+            key_bytes = keys[lo:hi].tobytes()
+            moved = EncodedExamples(
+                shard=shard_of_keys(key_bytes, self.num_shards), key=keys[lo:hi], sub_index=entries.sub_index[at],
+                file_index=entries.file_index[at], record_number=entries.record_number[at],
+                truncated=entries.truncated[at], lengths=entries.lengths[at],
+                data=np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets=offsets)
+            buffers = collections.defaultdict(spill.SpillBuffer)
+            for dest, part in moved.by_shard():
+                buffers[dest].add_batch(part)
+            yield from emit_buffers(buffers, exchange=self.exchange, num_features=self.num_features,
+                                    path=fs.join(self.spill_dir, f"{token}-{flushes:05d}.bin"))
+            lo, flushes = hi, flushes + 1
 
 
 def _count_per_file(per_file: dict[int, list[int]], file_index: np.ndarray, lengths: np.ndarray) -> None:
@@ -535,7 +624,9 @@ class WriteGroup:
     """The write step (a ``beam.FlatMap`` callable): ``(key, values)`` in, one
     ``(0, result)`` out, where ``result`` is a small JSON-able dict:
 
-    - a shard key: the shard is sorted, packed if the task packs (``lm``:
+    - a shard key: the copies ``SpreadCopies`` moved away are left out (the
+      entries ranked k >= 1 by ``shuffle.copy_ranks``: copies it brought have
+      keys of their own, rank 0), the shard is sorted, packed if the task packs (``lm``:
       ``pack_lm``; ``first_fit``: ``pack_first_fit``), and written
       with its provenance sidecar: ``{"kind": "shard", "shard": i, "entry":
       <manifest entry>, "statistics": <ShardStats>}``;
@@ -587,7 +678,9 @@ class WriteGroup:
     def _shard(self, shard: int, values) -> dict:
         entries = load_batches(values, len(self.features_in))
         try:
-            return self._write(shard, entries)
+            rank = shuffle.copy_ranks(entries.key, entries.sub_index)
+            stay = entries.take(np.flatnonzero(rank == 0)) if rank.any() else entries
+            return self._write(shard, stay)
         finally:
             entries.close()
 

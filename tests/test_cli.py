@@ -177,10 +177,11 @@ def test_show_checks_the_counts_it_relies_on_and_names_bad_shards(tmp_path, corp
     shard = os.path.join(cache, files[1])
     size = os.path.getsize(shard)
     with open(shard, "r+b") as f:
-        f.seek(size // 3)
+        f.seek(min(4096, size // 3))  # inside the records (a shard file is padded to 64 KiB blocks)
         f.write(b"\0" * 4096)
     first_of_shard_1 = int(counts[0]) - 1  # the edited count was one more
-    out = runner.invoke(main, ["show", cache, "--index", str(first_of_shard_1 + 5), "--count", "50"])
+    # Every record of shard 1 but its first (the edited count was one fewer): the damaged chunk among them.
+    out = runner.invoke(main, ["show", cache, "--index", str(first_of_shard_1 + 1), "--count", str(int(counts[1]))])
     assert out.exit_code == 1 and "Traceback" not in out.output and files[1] in out.output
 
 

@@ -108,8 +108,8 @@ def test_global_shuffle_order(reference, tmp_path):
     assert sorted(cache_order) == sorted(input_order)
     # ... in an order that is not the input order, nor sorted, nor per-file:
     assert cache_order != input_order
-    # Compare orders on the lines that occur once (blank and repeated lines share
-    # a key, so they sit together by design).
+    # Compare orders on the lines that occur once (the copies of a repeated line
+    # are interchangeable: which copy sits where says nothing about the input order).
     counts = collections.Counter(input_order)
     position = {seq: i for i, seq in enumerate(input_order) if counts[seq] == 1}
     cache_pos = np.array([i for i, s in enumerate(cache_order) if s in position])

@@ -83,6 +83,8 @@ def test_a_retried_unit_gives_exactly_the_input_multiset(tmp_path, corpora, exch
     assert not orphans & named
     groups = group(outputs)
     assert sum(1 for k in groups if k >= 0) == 2 and len(groups[transforms.COUNTS_KEY]) == 1
+    spread = transforms.SpreadCopies(seed=0, num_features=1, spill_dir=str(spill_dir), exchange=exchange, num_shards=2)
+    groups = group([kv for k in sorted(groups) for kv in attempt(spread, (k, groups[k]))])
 
     write = transforms.WriteGroup(task, out_dir=str(out_dir), scratch_dir=str(spill_dir), num_shards=2,
                                   sequence_length=None)

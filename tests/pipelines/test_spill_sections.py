@@ -179,6 +179,9 @@ def test_batch_and_flush_sizes_do_not_change_a_byte(tmp_path, corpora, exchange,
         read = transforms.ReadUnit(reader, paths=[path], spill_dir=str(spill_dir), exchange=exchange,
                                    flush_bytes=flush_bytes)
         groups = group(attempt(read, (0, ((0, 0, None),))))
+        spread = transforms.SpreadCopies(seed=3, num_features=1, spill_dir=str(spill_dir), exchange=exchange,
+                                         num_shards=3, flush_bytes=flush_bytes)
+        groups = group([kv for k in sorted(groups) for kv in attempt(spread, (k, groups[k]))])
         write = transforms.WriteGroup(task, out_dir=str(out_dir), scratch_dir=str(spill_dir), num_shards=3,
                                       sequence_length=None)
         entries = [attempt(write, (k, groups[k]))[0][1]["entry"] for k in range(3)]

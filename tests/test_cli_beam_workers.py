@@ -26,7 +26,8 @@ import textwrap
 
 import pytest
 
-from testsupport import GATED_TASK, default_signals, gate_opened, marked_env, processes_with, write_files
+from testsupport import (default_signals, gate_opened, interrupt, kill_if_running, marked_env, processes_with,
+                         start_gated_build, write_files)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
 
@@ -112,31 +113,19 @@ def test_failing_build_exits_when_the_reader_of_its_output_is_gone(tmp_path, bad
     pytest.param(signal.SIGTERM, False, id="SIGTERM", marks=pytest.mark.slow),
 ])
 def test_interrupted_build_exits_130_or_143_and_leaves_no_worker(tmp_path, signum, to_group):
-    (tmp_path / "gated_task.py").write_text(GATED_TASK)
-    gate = tmp_path / "gate"
-    os.mkfifo(gate)
     env, marker = marked_env()
     # The module is imported by name from the working folder, by the command and by its workers.
-    proc = subprocess.Popen(
-        _seqcache("build", "--cache-dir", str(tmp_path / "c"), "--module", "gated_task", "gated", *MULTI_PROCESSING),
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=to_group,
-        preexec_fn=default_signals,
-    )
+    proc, gate = start_gated_build(tmp_path, _seqcache(), build_args=MULTI_PROCESSING, env=env,
+                                   start_new_session=to_group, preexec_fn=default_signals)
     try:
         with gate_opened(gate, timeout_s=TIMEOUT_S):  # a worker has opened it: the build runs there
             running = processes_with(marker)
             # A worker: a process of the command's other than the command (forked ones share its command line).
             assert set(running) - {proc.pid}, running
             # The worker stays blocked reading the gate: the command has to stop it.
-            if to_group:
-                os.killpg(proc.pid, signum)
-            else:
-                proc.send_signal(signum)
-            stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+            stdout, stderr = interrupt(proc, signum, to_group=to_group, timeout_s=TIMEOUT_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_if_running(proc)
     assert proc.returncode == 128 + signum, stderr  # 130, 143: as a shell reports the signal
     said = "interrupted" if signum == signal.SIGINT else "interrupted by SIGTERM"
     assert stderr == (f"{said}: gated/train has no manifest, so it is not a cache; "

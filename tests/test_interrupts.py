@@ -29,7 +29,8 @@ import time
 import pytest
 
 from seqcache import format as fmt
-from testsupport import GATED_TASK, MULTI_PROCESSING, default_signals, gate_opened, marked_env, processes_with
+from testsupport import (MULTI_PROCESSING, default_signals, gate_opened, interrupt, kill_if_running, marked_env,
+                         processes_with, start_gated_build)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
 
@@ -124,15 +125,9 @@ def test_a_signal_during_start_up_exits_with_its_status_and_one_line(tmp_path, s
                             start_new_session=True, preexec_fn=default_signals)
     try:
         _moment(proc, moment)
-        if to_group:
-            os.killpg(proc.pid, signum)
-        else:
-            proc.send_signal(signum)
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+        stdout, stderr = interrupt(proc, signum, to_group=to_group, timeout_s=TIMEOUT_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_if_running(proc)
     assert proc.returncode == 128 + signum, stderr  # 143, 130: as a shell reports the signal
     assert stderr == ("interrupted by SIGTERM\n" if signum == signal.SIGTERM else "interrupted\n")
     assert stdout == ""
@@ -160,12 +155,7 @@ def test_sigterm_inside_code_run_by_exec_still_exits_143(tmp_path, entry):
 def test_sigterm_while_the_pipeline_runs_in_memory_exits_143_and_says_what_is_left(tmp_path):
     """SIGTERM while the pipeline runs (in this process: the default in-memory
     mode): 143, and the one line names the signal and what is left of the cache."""
-    (tmp_path / "gated_task.py").write_text(GATED_TASK)
-    gate = tmp_path / "gate"
-    os.mkfifo(gate)
-    proc = subprocess.Popen(_seqcache("build", "--cache-dir", str(tmp_path / "c"), "--module", "gated_task", "gated"),
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_signals)
+    proc, gate = start_gated_build(tmp_path, _seqcache(), preexec_fn=default_signals)
     try:
         with gate_opened(gate, timeout_s=TIMEOUT_S):  # the record is being read: the pipeline runs
             proc.send_signal(signal.SIGTERM)
@@ -192,15 +182,9 @@ def test_a_build_started_with_sigint_ignored_ignores_it_in_its_workers_too_and_f
     """SIGINT to the process group of a build started with SIGINT ignored
     reaches the command and its worker processes while a worker runs the
     pipeline: each of them ignores it, and the build finishes with its cache."""
-    (tmp_path / "gated_task.py").write_text(GATED_TASK)
-    gate = tmp_path / "gate"
-    os.mkfifo(gate)
     env, marker = marked_env()
-    proc = subprocess.Popen(
-        _seqcache("build", "--cache-dir", str(tmp_path / "c"), "--module", "gated_task", "gated", *MULTI_PROCESSING),
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=_ignore_sigint,
-    )
+    proc, gate = start_gated_build(tmp_path, _seqcache(), build_args=MULTI_PROCESSING, env=env,
+                                   start_new_session=True, preexec_fn=_ignore_sigint)
     try:
         with gate_opened(gate, timeout_s=TIMEOUT_S):  # a worker reads the record: the pipeline runs there
             running = processes_with(marker)

@@ -200,6 +200,39 @@ def gate_opened(gate, *, timeout_s: float):
 MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
 
+def interrupt(proc, signum, *, to_group: bool, timeout_s: float) -> tuple[str, str]:
+    """Sends ``signum`` to ``proc`` (with ``to_group``, to its process group, as
+    a terminal's Ctrl-C does) and waits for it: its (stdout, stderr)."""
+    if to_group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    return proc.communicate(timeout=timeout_s)
+
+
+def kill_if_running(proc) -> None:
+    """Kills and reaps ``proc`` if a test left it running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def start_gated_build(tmp_path, command: list, *, build_args=(), **popen):
+    """Writes ``GATED_TASK`` to ``tmp_path`` and starts ``command`` (the
+    interpreter and the CLI module) ``build --cache-dir tmp_path/c --module
+    gated_task gated`` plus ``build_args`` there, output piped as text;
+    ``popen``: more ``subprocess.Popen`` arguments. Returns (process, the gate
+    FIFO that ``gate_opened`` waits on)."""
+    import subprocess
+
+    (tmp_path / "gated_task.py").write_text(GATED_TASK)
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    args = [*command, "build", "--cache-dir", str(tmp_path / "c"), "--module", "gated_task", "gated", *build_args]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return proc, gate
+
+
 # A test cluster's housekeeping, slowed down: the stack sampling profiler, the
 # event-loop tick check and the system monitor serve the dashboard and its
 # warnings, and at their default rates they cost an idle cluster about a tenth

@@ -377,6 +377,13 @@ def _write_vocabularies(task, build_dir: str) -> tuple[dict, dict]:
     return vocabularies, stored
 
 
+def _duplicate_action(source) -> str:
+    """The source's ``on_error`` action for ``duplicate`` (``"keep"`` for a
+    source without a policy)."""
+    policy = getattr(source, "on_error", None)
+    return policy.action("duplicate") if policy is not None else "keep"
+
+
 def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, units) -> None:
     """The Beam pipeline, one straight line with one leaf, run to its end;
     BuildError when the runner failed (one line) or the disk filled up."""
@@ -389,7 +396,9 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
     write = transforms.WriteGroup(task, out_dir=build_dir, scratch_dir=spill_dir, num_shards=num_shards,
                                   sequence_length=config.sequence_length, fs_options=plan.fs_options)
     spread = transforms.SpreadCopies(seed=config.seed, num_features=len(reader.features), spill_dir=spill_dir,
-                                     exchange=plan.exchange, num_shards=num_shards, fs_options=plan.fs_options)
+                                     exchange=plan.exchange, num_shards=num_shards, fs_options=plan.fs_options,
+                                     duplicates=_duplicate_action(task.source), paths=[f.path for f in plan.files],
+                                     locator=getattr(task.source, "locator", "record"))
     summarize = transforms.WriteSummary(scratch_dir=scratch, fs_options=plan.fs_options)
     _pickle_user_modules_by_value()
     engine = runner_mod.local_engine(plan.options) if plan.runner == runner_mod.LOCAL_ENGINE else None

@@ -19,7 +19,9 @@ The pipeline is one straight line with one leaf::
   (the runner's shuffle carries them twice), adding, for a shard, the
   copies of identical records after the first, each under its own key
   (``shuffle.copy_keys``) to the shard that key falls in: identical records
-  share their first key, so all copies meet in one shard first.
+  share their first key, so all copies meet in one shard first. Under the
+  source's ``on_error={"duplicate": "skip"}`` it moves nothing and emits,
+  for the copies after the first, quarantine chunks and a count instead.
 - ``WriteGroup`` gets one key with all its values: it leaves out the copies
   ``SpreadCopies`` moved (recomputed from the same entries), sorts, packs and
   writes a shard, merges the quarantine chunks into quarantine.jsonl, or adds up the
@@ -48,7 +50,7 @@ from seqcache import fs, process
 from seqcache.pipelines import shuffle, spill, stats as stats_mod, writer
 from seqcache.pipelines.spill import ragged_take
 from seqcache.tasks import Split, pack_first_fit, pack_lm
-from seqcache.tasks.sources.base import RecordBatch
+from seqcache.tasks.sources.base import RecordBatch, describe_record
 from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV, encoding_threads
 
 QUARANTINE_KEY = -1
@@ -488,16 +490,31 @@ class SpreadCopies:
     the shard it came from. Copies are identical, so each distinct record's
     example bytes are read once.
 
+    ``duplicates="skip"`` (the source's ``on_error`` for ``duplicate``) moves
+    nothing: each copy k >= 1 is skipped instead, one quarantine entry per
+    record (action ``"skipped"``, kind ``"duplicate"``, naming the copy and, in
+    ``kept``, the copy k = 0 that stays) in a chunk ``(QUARANTINE_KEY,
+    path)``, and one ``(COUNTS_KEY, ("copies-<shard>", 0, per-file counts
+    with the copies' examples and tokens taken off, bad-input counts))``
+    (``WriteGroup`` counts it once, not as a work unit). Both come from
+    ``process``, from the one shard where all copies meet, so they do not
+    depend on how records were split or bundled. ``paths`` (by file index)
+    and ``locator`` (the source's) word the entries; required with ``"skip"``.
+
     Memory: one shard's columns (``load_batches``) and at most ``flush_bytes``
     of moved examples at a time.
     """
 
     def __init__(self, *, seed: int, num_features: int, spill_dir: str, exchange: str, num_shards: int,
-                 flush_bytes: int | None = None, fs_options: Sequence[str] = ()):
+                 flush_bytes: int | None = None, fs_options: Sequence[str] = (), duplicates: str = "keep",
+                 paths: Sequence[str] = (), locator: str | None = None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
+        if duplicates not in ("keep", "skip"):
+            raise ValueError(f"duplicates must be 'keep' or 'skip' (got {duplicates!r})")
         self.seed, self.num_features, self.num_shards = seed, int(num_features), int(num_shards)
         self.spill_dir, self.exchange, self.fs_options = spill_dir, exchange, list(fs_options)
+        self.duplicates, self.paths, self.locator = duplicates, list(paths), locator
         if flush_bytes is None:
             flush_bytes = spill.SPILL_BYTES if exchange == "spill" else spill.RUNNER_FLUSH_BYTES
         self.flush_bytes = int(flush_bytes)
@@ -513,9 +530,49 @@ class SpreadCopies:
             return
         entries = load_batches(values, self.num_features)
         try:
-            yield from self._moved(int(key), entries)
+            if self.duplicates == "skip":
+                yield from self._skipped(int(key), entries)
+            else:
+                yield from self._moved(int(key), entries)
         finally:
             entries.close()
+
+    def _skipped(self, shard: int, entries: spill.ShardEntries) -> Iterator[tuple[int, Any]]:
+        """The quarantine chunks and the counts of the copies k >= 1 of ``shard``
+        (see the class docstring); nothing when the shard has no copy."""
+        rank = shuffle.copy_ranks(entries.key, entries.sub_index)
+        rows = np.flatnonzero(rank)
+        if not len(rows):
+            return
+        per_file: dict[int, list[int]] = {}
+        _count_per_file(per_file, entries.file_index[rows], entries.lengths[rows])
+        records = rows[entries.sub_index[rows] == 0]  # one entry per skipped record: its first example
+        kept = records - rank[records].astype(np.int64)
+        token = f"copies-{shard:07d}-{os.urandom(6).hex()}"  # unique per attempt
+        buffer, chunks = spill.QuarantineBuffer(), 0
+        for row, first in zip(records.tolist(), kept.tolist()):
+            fi, rn = int(entries.file_index[row]), int(entries.record_number[row])
+            kfi, krn = int(entries.file_index[first]), int(entries.record_number[first])
+            path, kept_path = self.paths[fi], self.paths[kfi]
+            message = (f"{describe_record(path, self.locator, rn, stable=True)} is identical to {kept_path}: "
+                       f"{describe_record(kept_path, self.locator, krn, stable=True)}, which is kept "
+                       "(on_error duplicate=skip)")
+            buffer.add(fi, rn, "skipped", path, message, "duplicate",
+                       {"kept": {"source_index": kfi, "path": kept_path, "record_number": krn}})
+            if buffer.nbytes >= spill.QUARANTINE_BYTES:
+                yield QUARANTINE_KEY, self._write_quarantine(buffer, token, chunks)
+                buffer, chunks = spill.QuarantineBuffer(), chunks + 1
+        if buffer:
+            yield QUARANTINE_KEY, self._write_quarantine(buffer, token, chunks)
+        bad_input = stats_mod.BadInputCounts()
+        bad_input.add_counts("skipped", len(records), {"duplicate": len(records)})
+        yield COUNTS_KEY, (f"copies-{shard}", 0, sorted([fi, *(-n for n in row)] for fi, row in per_file.items()),
+                           bad_input.to_json())
+
+    def _write_quarantine(self, buffer: spill.QuarantineBuffer, token: str, chunk: int) -> str:
+        path = fs.join(self.spill_dir, f"{spill.QUARANTINE_PREFIX}{token}-{chunk:05d}.txt")
+        fs.write_bytes(path, buffer.to_bytes())
+        return path
 
     def _moved(self, shard: int, entries: spill.ShardEntries) -> Iterator[tuple[int, Any]]:
         rank = shuffle.copy_ranks(entries.key, entries.sub_index)
@@ -653,7 +710,9 @@ class WriteGroup:
         settle_worker()
         key, values = element
         if key == COUNTS_KEY:
-            per_unit = {v[0]: v[1:] for v in values}  # a unit read twice (a retried attempt) counts once
+            # A unit read twice (a retried attempt) counts once; the entries of
+            # skipped copies (``SpreadCopies``, ids "copies-<shard>") are no work units.
+            per_unit = {v[0]: v[1:] for v in values}
             files: dict[int, list[int]] = {}
             for per_file in (v[1] for v in per_unit.values() if len(v) > 1):
                 for fi, *row in per_file:
@@ -662,7 +721,7 @@ class WriteGroup:
                         have[k] += int(n)
             bad_input = stats_mod.BadInputCounts.merge(v[2] for v in per_unit.values() if len(v) > 2)
             yield 0, {"kind": "counts", "records": int(sum(v[0] for v in per_unit.values())),
-                      "units": len(per_unit), "files": sorted([fi, *row] for fi, row in files.items()),
+                      "units": sum(1 for u in per_unit if not isinstance(u, str)), "files": sorted([fi, *row] for fi, row in files.items()),
                       "bad_input": bad_input}
         elif key == QUARANTINE_KEY:
             yield 0, {"kind": "quarantine", "summary": self._quarantine(sorted(set(values)))}

@@ -351,3 +351,20 @@ def test_a_beam_option_with_a_bad_value_is_named_before_the_build(tmp_path):
         assert out.exit_code == 2, out.output
         assert "Beam pipeline option:" in out.output and said in out.output, out.output
     assert not (tmp_path / "c" / "t").exists()
+
+
+def test_on_error_duplicate_skip_deduplicates_an_ad_hoc_source(tmp_path):
+    write_lines(tmp_path / "in" / "a.txt", ["one", "two", "one", "three", "two", "one"])
+    out = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/in/a.txt", "--on-error", "duplicate=skip",
+                                    "--name", "d", "--num-shards", "2", "--cache-dir", str(tmp_path / "c")])
+    assert out.exit_code == 0, out.output
+    cache = os.path.join(tmp_path, "c", "d", "train")
+    manifest = fmt.read_manifest(cache)
+    assert manifest.num_examples == 3 and manifest.statistics["skipped_records"] == 3
+    assert manifest.statistics["bad_input_records"]["skipped"] == {"duplicate": 3}
+    entries = list(fmt.iter_json_lines(os.path.join(cache, fmt.QUARANTINE_NAME)))
+    # Lines at bytes 8 ("one"), 18 ("two") and 22 ("one"), each naming the first copy (bytes 0 and 4).
+    assert [(e["record_number"], e["kind"], e["kept"]["record_number"]) for e in entries] == [
+        (8, "duplicate", 0), (18, "duplicate", 4), (22, "duplicate", 0)]
+    verified = CliRunner().invoke(main, ["verify", cache])
+    assert verified.exit_code == 0, verified.output

@@ -281,7 +281,9 @@ ON_ERROR_HELP = (
     "every kind: 'raise' (strict), 'skip' or 'replace' (repair what can be repaired: bad UTF-8 and control "
     "characters -> U+FFFD, a CR inside a line -> newline, U+2581 -> space; skip the rest). KIND=ACTION sets one "
     "kind: invalid_utf8, carriage_return, control_characters, u2581, empty, whitespace, malformed, "
-    "missing_field, bad_value; ACTION is raise, skip, replace or keep (accept as is). Repeatable, e.g. "
+    "missing_field, bad_value, duplicate; ACTION is raise, skip, replace or keep (accept as is). "
+    "duplicate=skip is exact deduplication (the first copy of each identical record is kept, the others "
+    "skipped); duplicate is keep unless named. Repeatable, e.g. "
     "--on-error control_characters=raise --on-error empty=keep."
 )
 

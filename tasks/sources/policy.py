@@ -20,11 +20,21 @@ kind                    what                                                acti
 ``missing_field``       a selected JSON field that is absent                 raise, skip
 ``bad_value``           a value the task cannot use: a wrong type, a null,   raise, skip
                         a token id outside the vocabulary (``Task`` checks)
+``duplicate``           a record identical to another (the same raw bytes:   keep, skip
+                        the same shuffle key); found in the build's shuffle
+                        (``transforms.SpreadCopies``), not by the source
 ======================  ==================================================  ==========================
 
 The defaults keep every record seqio and Hugging Face datasets keep, except
 empty and whitespace-only ones (layout, not documents), and raise where the
 input cannot be what was meant; docs/bad-input.md gives the reasons.
+``duplicate`` is set only by name (``{"duplicate": "skip"}``): one action for
+every kind (``"raise"``, ``"skip"``, ``"replace"``, a mapping's ``"default"``)
+leaves it at ``"keep"``, as exact deduplication changes what a cache holds
+rather than refusing or repairing bad bytes. Under ``"skip"`` the first copy
+of each identical record in provenance order (file index, record number) is
+kept and every other copy is skipped: quarantined and counted like any
+skipped record.
 
 ``"raise"`` raises ``ValueError`` naming the file, the record, the problem and
 the option that accepts it. ``"skip"`` yields the record with ``data == {}``
@@ -57,7 +67,10 @@ ERROR_KINDS: dict[str, tuple[str, ...]] = {
     "malformed": ("raise", "skip"),
     "missing_field": ("raise", "skip"),
     "bad_value": ("raise", "skip"),
+    "duplicate": ("keep", "skip"),
 }
+# The kinds one action for every kind leaves at their default: set only by name.
+NAMED_ONLY_KINDS = frozenset({"duplicate"})
 # Each kind's default action (the reasons are in the module docstring).
 DEFAULT_ACTIONS: dict[str, str] = {kind: actions[0] for kind, actions in ERROR_KINDS.items()}
 _ON_ERROR = ("raise", "skip", "replace")
@@ -69,7 +82,8 @@ class ErrorPolicy:
     ``ErrorPolicy()`` (or ``None``) gives every kind its default action
     (``DEFAULT_ACTIONS``). ``"raise"``, ``"skip"`` and ``"replace"`` apply one
     action to every kind (``"replace"`` skips the kinds that cannot be
-    repaired). A mapping sets the action per kind; the kinds it does not name
+    repaired; ``duplicate``, set only by name, stays ``"keep"``). A mapping
+    sets the action per kind; the kinds it does not name
     get ``"default"`` when it is given, else their own defaults::
 
         ErrorPolicy({"control_characters": "raise"})   # the defaults, but strict on Cc
@@ -95,7 +109,8 @@ class ErrorPolicy:
         if default is not None and default not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR} (got {default!r}); "
                              "'keep' is set per kind, e.g. {'empty': 'keep'}")
-        actions = {kind: DEFAULT_ACTIONS[kind] if default is None else default if default in allowed else "skip"
+        actions = {kind: DEFAULT_ACTIONS[kind] if default is None or kind in NAMED_ONLY_KINDS
+                   else default if default in allowed else "skip"
                    for kind, allowed in ERROR_KINDS.items()}
         for kind, action in spec.items():
             if kind not in ERROR_KINDS:
@@ -201,6 +216,7 @@ _HOW = {
     "malformed": "'skip'",
     "missing_field": "'skip'",
     "bad_value": "'skip'",
+    "duplicate": "'skip' (keep the first copy) or 'keep'",
 }
 
 

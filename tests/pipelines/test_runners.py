@@ -38,12 +38,13 @@ def corpus(tmp_path_factory, corpora):
     return folder
 
 
-def _task(folder, *, pack=False):
+def _task(folder, *, pack=False, duplicate="keep"):
     pre = [tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
            tasks.preprocessors.append_eos()]
     return tasks.Task(
         "runners" + ("_packed" if pack else ""),
-        source=tasks.TextLineSource(str(folder / "*.txt"), on_error={"empty": "skip", "whitespace": "skip"}),
+        source=tasks.TextLineSource(str(folder / "*.txt"),
+                                    on_error={"empty": "skip", "whitespace": "skip", "duplicate": duplicate}),
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)},
         preprocessors=pre,
         packing="lm" if pack else None,
@@ -79,6 +80,32 @@ def test_every_runner_and_exchange_writes_the_same_shards(tmp_path, corpus, dask
         assert m.statistics["source_records"] == CORPUS_LINES, name
         assert m.statistics["skipped_records"] == 1_875, name
         assert m.statistics == first.statistics, name
+        quarantine = fmt.file_sha256(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
+        assert quarantine == first.raw["quarantine_sha256"], name
+
+
+def test_every_runner_skips_the_same_duplicates(tmp_path, corpus, corpora, dask_cluster):
+    """``on_error={"duplicate": "skip"}``: the same shards, quarantine and counts
+    on every runner, however the work is cut (the copies are found in the shuffle)."""
+    task = _task(corpus, duplicate="skip")
+    runs = {
+        "local engine, spill files": dict(pipeline_args=[], split_size=None),
+        "local engine, runner shuffle, tiny splits": dict(pipeline_args=[], split_size=12_000, exchange="runner"),
+        "multi_processing x2": dict(pipeline_args=MULTI_PROCESSING, split_size=50_000),
+        "dask x2": dict(pipeline_args=dask_args(dask_cluster), split_size=25_000),
+    }
+    results = {name: build_task(task, cache_dir=str(tmp_path / str(k)), config=BuildConfig(num_shards=3), **kw)
+               for k, (name, kw) in enumerate(runs.items())}
+    lines = [line for line in corpora.shakespeare_lines(CORPUS_LINES) if line.strip()]
+    copies = len(lines) - len(set(lines))
+    first_result = next(iter(results.values()))
+    first = first_result.manifest
+    assert copies > 500 and first.num_examples == len(set(lines))
+    assert first.statistics["bad_input_records"]["skipped"]["duplicate"] == copies
+    assert first.statistics["skipped_records"] == 1_875 + copies
+    for name, result in results.items():
+        assert _shard_hashes(result) == _shard_hashes(first_result), name
+        assert result.manifest.statistics == first.statistics, name
         quarantine = fmt.file_sha256(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
         assert quarantine == first.raw["quarantine_sha256"], name
 

@@ -368,12 +368,18 @@ def test_error_policy_parsing_and_fingerprint():
     # The defaults: skip empty and whitespace-only records, keep control characters and U+2581, raise on the rest.
     defaults = S.ErrorPolicy().to_json()
     assert {k for k, v in defaults.items() if v == "skip"} == {"empty", "whitespace"}
-    assert {k for k, v in defaults.items() if v == "keep"} == {"control_characters", "u2581"}
+    assert {k for k, v in defaults.items() if v == "keep"} == {"control_characters", "u2581", "duplicate"}
     assert {k for k, v in defaults.items() if v == "raise"} == {
         "invalid_utf8", "carriage_return", "malformed", "missing_field", "bad_value"}
     assert S.ErrorPolicy(None) == S.ErrorPolicy({}) == S.TextLineSource("x.txt").on_error
     assert S.ErrorPolicy({"control_characters": "raise"}).to_json() == {**defaults, "control_characters": "raise"}
-    assert S.ErrorPolicy("raise").to_json() == {k: "raise" for k in S.ERROR_KINDS}  # strict: every kind
+    # Strict: every kind but duplicate, which only its name sets (exact deduplication is no error).
+    assert S.ErrorPolicy("raise").to_json() == {**{k: "raise" for k in S.ERROR_KINDS}, "duplicate": "keep"}
+    assert defaults["duplicate"] == "keep" and S.ErrorPolicy({"default": "skip"}).action("duplicate") == "keep"
+    assert S.ErrorPolicy({"duplicate": "skip"}).to_json() == {**defaults, "duplicate": "skip"}
+    assert S.parse_on_error(["duplicate=skip"]) == {"duplicate": "skip"}
+    with pytest.raises(ValueError, match="duplicate can be keep, skip"):
+        S.parse_on_error(["duplicate=raise"])
     assert S.parse_on_error([]) is None and S.parse_on_error(["raise"]) == "raise"
     for bad, message in [({"empty": "replace"}, r"on_error\['empty'\] must be one of"),
                          ({"nope": "skip"}, "unknown kind of bad input 'nope'"), ("keep", "set per kind"),
@@ -385,7 +391,7 @@ def test_error_policy_parsing_and_fingerprint():
     a = S.TextLineSource("x.txt", on_error={"empty": "skip"})
     assert pickle.loads(pickle.dumps(a)).on_error == a.on_error == {"empty": "skip"}
     assert a.on_error != S.ErrorPolicy("raise")
-    assert S.ErrorPolicy(S.ErrorPolicy("skip")).to_json() == {k: "skip" for k in S.ERROR_KINDS}
+    assert S.ErrorPolicy(S.ErrorPolicy("skip")).to_json() == {**{k: "skip" for k in S.ERROR_KINDS}, "duplicate": "keep"}
 
 
 def test_truncated_or_corrupt_gzip_names_the_file(tmp_path, corpora):

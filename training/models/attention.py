@@ -44,28 +44,27 @@ from seqcache.training import partitioning
 from seqcache.training.config import SPLASH_BLOCK, ConfigError
 from seqcache.training.models.layers import ATTENTION_NAME
 
-# Sequence lengths must be multiples of the kernel's smallest block.
-BLOCK_MULTIPLE = SPLASH_BLOCK
 # Block sizes tried in order: the largest dividing the length is used.
 _BLOCKS = (512, 256, 128)
 
 
-def resolve(kernel: str, *, lengths: Sequence[int], dropout_rate: float = 0.0, where: str = "model.attention") -> str:
+def resolve(kernel: str, *, lengths: Sequence[int], dropout_rate: float = 0.0) -> str:
     """The kernel to run: "xla" or "splash", for ``ModelConfig.attention``
     ``kernel`` ("auto", "xla" or "splash") on sequences of ``lengths`` tokens.
 
     Raises:
       ConfigError: "splash" asked for with a length that is not a multiple of
-        128 (the message names the lengths and the fallback).
+        128 (the message names the lengths and the fallback); a ``TrainConfig``
+        refuses this earlier, when it is validated, for the lengths it knows.
     """
-    fits = all(int(n) % BLOCK_MULTIPLE == 0 for n in lengths)
+    fits = all(int(n) % SPLASH_BLOCK == 0 for n in lengths)
     if kernel == "xla":
         return "xla"
     if kernel == "splash":
         if not fits:
             raise ConfigError(
-                f"{where}='splash' needs sequence lengths that are multiples of {BLOCK_MULTIPLE} (got "
-                f"{list(map(int, lengths))}); pad the cache's sequence length or set {where}=xla")
+                f"model.attention='splash' needs sequence lengths that are multiples of {SPLASH_BLOCK} (got "
+                f"{list(map(int, lengths))}); pad the cache's sequence length or set model.attention=xla")
         return "splash"
     return "splash" if fits and dropout_rate == 0.0 and jax.default_backend() == "tpu" else "xla"
 

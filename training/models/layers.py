@@ -1,6 +1,6 @@
 """A stack of identical layers: unrolled or scanned, with rematerialisation.
 
-``stack(layers, cfg)`` holds the layers as ``ModelConfig.scan_layers`` says:
+``stack(layers, scan=cfg.scan_layers)`` holds the layers as ``ModelConfig.scan_layers`` says:
 
 - unscanned: an ``nnx.List`` of the layers (parameters ``blocks/0/attn/wq``, ...);
 - scanned: one layer module whose parameters are the layers' parameters
@@ -85,7 +85,7 @@ def apply(layers: nnx.Module, x: jax.Array, call: Callable[[nnx.Module, jax.Arra
         encoder's output) it closes over.
       dropout_key: layer i gets ``fold_in(dropout_key, key_offset + i)``; None:
         every layer gets None.
-      remat: "none", "dots" or "full" (module docstring).
+      remat: "none", "dots", "attention" or "full" (module docstring).
     """
     if isinstance(layers, nnx.List):
         if remat == "none":

@@ -370,8 +370,9 @@ class CacheDatasetIterator:
 
 
 def _stored_model(cache: str, feature: str) -> tuple[str, int]:
-    """(path of the SentencePiece model the cache stores for ``feature``, its
-    extra ids); of several stored files with the same bytes, the first by name.
+    """(absolute path of the SentencePiece model the cache stores for
+    ``feature``, its extra ids); of several stored files with the same bytes,
+    the first by name.
 
     Raises:
       ValueError: the feature has no SentencePiece vocabulary, or its stored
@@ -387,7 +388,9 @@ def _stored_model(cache: str, feature: str) -> tuple[str, int]:
         # the same bytes (one file per feature in the cache) share one file.
         same = [d["file"] for d in reader.manifest.vocabularies.values()
                 if d and d.get("kind") == "sentencepiece" and d.get("sha256") == desc.get("sha256") and "file" in d]
-        return os.path.join(cache, min(same)), int(desc.get("extra_ids", 0))
+        # Absolute, as seqio_task makes its cache path: seqio compares the task's and
+        # the model's vocabularies by file name, so a relative CACHE would differ.
+        return os.path.join(os.path.abspath(cache), min(same)), int(desc.get("extra_ids", 0))
 
 
 def vocabulary(cache: str, feature: str = "targets"):

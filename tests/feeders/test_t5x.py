@@ -286,3 +286,24 @@ def test_the_gin_files_are_installed_with_the_package():
     assert names == ["seqcache_common.gin", "seqcache_decoder_only_tiny.gin", "seqcache_t5_1_1_tiny.gin"]
     text = open(os.path.join(t5x.gin_dir(), "seqcache_common.gin")).read()
     assert "train_script.train.get_dataset_fn = @seqcache_t5x.get_deterministic_dataset" in text
+
+
+def test_the_stored_vocabulary_path_is_absolute_for_a_relative_cache(tmp_path, corpora, monkeypatch):
+    """seqio compares the task's and the model's vocabularies by file name, and
+    the task's cache path is absolute: a CACHE given relative to the working
+    folder must name the same file."""
+    from click.testing import CliRunner
+
+    from seqcache.cli import main
+
+    model = tmp_path / "spm.model"
+    trained = CliRunner().invoke(main, ["vocab", "train", "--source", f"text:{corpora.botchan}",
+                                        "--vocab-size", "400", "--max-records", "2000", "--output", str(model)])
+    assert trained.exit_code == 0, trained.output
+    built = CliRunner().invoke(main, ["build", "--source", f"text:{corpora.botchan}", "--vocabulary", str(model),
+                                      "--name", "bot", "--cache-dir", str(tmp_path / "caches")])
+    assert built.exit_code == 0, built.output
+    monkeypatch.chdir(tmp_path)
+    path, extra_ids = t5x._stored_model(os.path.join("caches", "bot", "train"), "targets")
+    assert os.path.isabs(path) and os.path.isfile(path), path
+    assert path.startswith(str(tmp_path / "caches" / "bot" / "train")) and extra_ids == 0

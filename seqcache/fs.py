@@ -388,6 +388,8 @@ def match(pattern: str) -> list[FileInfo]:
     if is_local(pattern):
         expanded = os.path.expanduser(local_path(pattern))
         names = glob.glob(expanded, recursive=True) if any(c in expanded for c in "*?[") else [expanded]
+        # glob gives normalised absolute names for a normalised absolute pattern: abspath only otherwise.
+        absolute = os.path.isabs(expanded) and os.path.normpath(expanded) == expanded
         found = []
         for name in names:  # one stat per file (not isfile, then stat)
             try:
@@ -395,7 +397,7 @@ def match(pattern: str) -> list[FileInfo]:
             except OSError:  # gone since the glob, or a broken link: not a file, as isfile says
                 continue
             if stat.S_ISREG(st.st_mode):
-                found.append(FileInfo(os.path.abspath(name), st.st_size, st.st_mtime_ns))
+                found.append(FileInfo(name if absolute else os.path.abspath(name), st.st_size, st.st_mtime_ns))
         return sorted(found)
     fsys = _beam(pattern)
     with _url_errors(pattern, "list it"):

@@ -48,6 +48,21 @@ def built(tmp_path_factory):
 FORMAT_2_ONLY = {"sources"}
 
 
+@pytest.fixture(scope="module")
+def built_v2(built):
+    """The manifest of ``built`` as format 2 wrote it: the source table inline."""
+    from testsupport import format_2_manifest
+
+    raw = format_2_manifest(built[0])
+    assert raw["format_version"] == 2 and "source_table" not in raw and raw["sources"][0]["locator"] == "byte_offset"
+    return raw
+
+
+def _for(dotted: str, raw: dict, raw_v2: dict) -> dict:
+    """The manifest a test of the field at ``dotted`` edits: format 2's for the inline source table."""
+    return raw_v2 if dotted.startswith(("sources", "statistics.source_files")) else raw
+
+
 def _validator(sub: str | None = None):
     full = schema.json_schema()
     jsonschema.Draft202012Validator.check_schema(full)
@@ -114,7 +129,7 @@ def test_a_version_1_manifest_fails_the_schema_and_the_readers_with_the_advice_t
     assert not _validator().is_valid(v1)
     assert not _validator().is_valid({**raw, "shards": v1["shards"]})
     with pytest.raises(fmt.CacheError, match=r"^manifest\.json: format_version is 1, this seqcache reads format "
-                                             r"version 2: .*rebuild it with this one "
+                                             r"version 2 or 3: .*rebuild it with this one "
                                              r"\(seqcache build \.\.\. --overwrite\)$"):
         fmt.parse_manifest(v1)
     with pytest.raises(fmt.CacheError, match=r"^manifest\.json: shards is list, expected a JSON object"):
@@ -192,16 +207,17 @@ def _set(raw, dotted, value):
     ("sequence_length.targets", 0, r"sequence_length is \{'targets': 0\}, expected null"),
     ("quarantine_sha256", "ABC", r"quarantine_sha256 is 'ABC', expected 64 hex digits"),
 ])
-def test_a_bad_nested_value_fails_the_schema_and_the_readers_with_its_message(built, dotted, value, message):
+def test_a_bad_nested_value_fails_the_schema_and_the_readers_with_its_message(built, built_v2, dotted, value,
+                                                                             message):
     _, raw, _ = built
-    bad = _set(raw, dotted, value)
+    bad = _set(_for(dotted, raw, built_v2), dotted, value)
     assert not _validator().is_valid(bad)
     with pytest.raises(fmt.CacheError, match=rf"^{fmt.MANIFEST_NAME}: {message}"):
         fmt.parse_manifest(bad)
 
 
-def test_a_bad_value_of_a_key_the_definition_lists_fails_both_and_other_keys_are_open(built):
-    _, raw, _ = built
+def test_a_bad_value_of_a_key_the_definition_lists_fails_both_and_other_keys_are_open(built_v2):
+    raw = built_v2
     bad = _set(raw, "statistics.source_files", {"tokens": {}})
     assert not _validator().is_valid(bad)
     with pytest.raises(fmt.CacheError, match=r"^manifest\.json: statistics\.source_files: missing field 'examples'$"):
@@ -242,13 +258,14 @@ HAND_EDITS = [
 
 
 @pytest.mark.parametrize(("dotted", "value", "message"), HAND_EDITS, ids=[e[0] for e in HAND_EDITS])
-def test_a_hand_edited_manifest_is_one_error_line_from_every_command(built, tmp_path, dotted, value, message):
+def test_a_hand_edited_manifest_is_one_error_line_from_every_command(built, built_v2, tmp_path, dotted, value,
+                                                                   message):
     from click.testing import CliRunner
 
     from seqcache.cli import main
 
     cache, raw, _ = built
-    bad = _set(raw, dotted, value)
+    bad = _set(_for(dotted, raw, built_v2), dotted, value)
     errors = list(_validator().iter_errors(bad))
     assert errors and all(e.json_path.startswith("$." + dotted.split(".")[0]) for e in errors), errors
     copy_dir = tmp_path / "c"
@@ -270,6 +287,9 @@ def test_a_missing_required_field_fails_both(built):
         assert _validator().is_valid(bad) == (not field.required), field.name
         if field.required and field.name not in ("format", "format_version"):
             with pytest.raises(fmt.CacheError, match=rf"missing field {field.name!r}"):
+                fmt.parse_manifest(bad)
+        elif field.name == "source_table":  # optional (format 2 has none), but this one's inputs lack the files
+            with pytest.raises(fmt.CacheError, match=r"but the sha256 of fingerprint_inputs is"):
                 fmt.parse_manifest(bad)
         elif not field.required:
             fmt.parse_manifest(bad)

@@ -348,7 +348,9 @@ def _doc_table(heading: str) -> dict[str, tuple[set[str], bool]]:
 
 
 @pytest.mark.parametrize(("heading", "fields"), [("## manifest.json", schema.MANIFEST_FIELDS),
-                                                 ("### shards: the shard table", schema.SHARD_TABLE_FIELDS)])
+                                                 ("### shards: the shard table", schema.SHARD_TABLE_FIELDS),
+                                                 ("### source_table: the source table file",
+                                                  schema.SOURCE_TABLE_FILE_FIELDS)])
 def test_the_docs_field_table_is_the_definition(heading, fields):
     documented = _doc_table(heading)
     defined = {f.name: (set(f.type), f.required) for f in fields}

@@ -648,7 +648,7 @@ class Manifest:
         """
         table, checksums = shard_table(shards)
         fields = dict(fields)
-        sources = _detach_source_table(fields)
+        sources, sources_bytes = _detach_source_table(fields)
         values = {
             "format": codec.FORMAT_NAME, "format_version": codec.FORMAT_VERSION,
             "sequence_length": dict(sequence_length) if sequence_length else None,
@@ -663,7 +663,7 @@ class Manifest:
             values["sharding"] = assemble(values["sharding"], SHARDING_FIELDS, what="sharding")
         manifest = cls.parse(assemble(values))
         manifest.shard_checksums = checksums
-        manifest.source_table_bytes = sources.to_bytes()
+        manifest.source_table_bytes = sources_bytes
         manifest._sources = sources
         return manifest
 
@@ -992,13 +992,11 @@ def _check_sources(entries: Sequence[Any]) -> None:
     Raises:
       CacheError: naming the first bad entry and its field (``sources[3].path``).
     """
-    def plausible(e) -> bool:
-        return (isinstance(e, Mapping) and isinstance(e.get("path"), str)
-                and ("num_bytes" not in e or _is_count_value(e["num_bytes"]))
-                and ("mtime_ns" not in e or _is_int_or_null(e["mtime_ns"]) and e["mtime_ns"] is not None)
-                and isinstance(e.get("locator", ""), str))
-
-    for i in (i for i, e in enumerate(entries) if not plausible(e)):  # only the bad ones (if any) in detail
+    plausible = [(type(e) is dict or isinstance(e, Mapping)) and type(e.get("path")) is str  # one pass
+                 and type(e.get("num_bytes", 0)) is int and 0 <= e.get("num_bytes", 0) < MAX_INTEGER
+                 and type(e.get("mtime_ns", 0)) is int and -2**63 <= e.get("mtime_ns", 0) < 2**63
+                 and type(e.get("locator", "")) is str for e in entries]
+    for i in (i for i, ok in enumerate(plausible) if not ok):  # only the bad ones (if any) in detail
         e = entries[i]
         if not isinstance(e, Mapping):
             raise CacheError(f"{MANIFEST_NAME}: sources[{i}] is {_short(e)}, expected a JSON object")
@@ -1023,12 +1021,13 @@ def _check_source_files(per_file: Any) -> None:
     check_value(field, per_file, MANIFEST_NAME, "statistics.")
 
 
-def _detach_source_table(fields: dict) -> SourceTable:
+def _detach_source_table(fields: dict) -> tuple[SourceTable, bytes]:
     """Moves a build's per-file source table out of its manifest fields (in
     place): ``sources``, ``statistics.source_files`` and the fingerprint
     inputs' file list (``FINGERPRINT_FILES_KEYS``) go into the returned
-    ``SourceTable``, and ``source_table`` (its file's name, size, sha256, file
-    count and the keys of what left the fingerprint inputs) comes in.
+    ``SourceTable`` (returned with the bytes of its file), and
+    ``source_table`` (its file's name, size, sha256, file count and the keys
+    of what left the fingerprint inputs) comes in.
 
     Raises:
       CacheError: ``fingerprint`` is not the sha256 of ``fingerprint_inputs``
@@ -1065,7 +1064,7 @@ def _detach_source_table(fields: dict) -> SourceTable:
         record["fingerprint_files"] = keys
         record["inputs_sha256"] = inputs_sha256(fields["fingerprint"], fields["fingerprint_inputs"])
     fields["source_table"] = record
-    return table
+    return table, data
 
 
 def inputs_sha256(fingerprint: str, inputs: Mapping[str, Any]) -> str:

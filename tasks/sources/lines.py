@@ -97,6 +97,14 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
       ValueError: as ``read_lines``.
       OSError, EOFError, zlib.error: the file cannot be read (the caller names it).
     """
+    data = _small_whole_file(path, block_bytes) if start == 0 and stop is None else None
+    if data is not None:
+        end = data.rfind(b"\n") + 1
+        if end:
+            yield 0, data[:end]
+        if end < len(data):
+            yield end, data[end:]  # the last line, without its newline
+        return
     with _open_at_line(path, start, stop) as (f, offset):
         size = _plain_size(path, f)
         pending = b""
@@ -119,6 +127,25 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
                 return
             yield offset, block
             offset += len(block)
+
+
+def _small_whole_file(path: str, block_bytes: int) -> bytes | None:
+    """The bytes of an uncompressed local file of at most ``block_bytes``,
+    read in one call (a many-small-files corpus opens each file once, without
+    the seek and size logic of a range); None for any other file, or one that
+    grew past its size while being read (read as a range then).
+
+    Raises:
+      OSError: the file cannot be read.
+    """
+    if is_compressed(path) or not fs.is_local(path):
+        return None
+    with open(fs.local_path(path), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > block_bytes:
+            return None
+        data = f.read(size + 1)
+    return data if len(data) <= size else None
 
 
 def _plain_size(path: str, f) -> int | None:

@@ -1,5 +1,6 @@
-"""The manifest model: the one definition of manifest.json and of
-shard-checksums.json, and the one place that reads, checks and writes them.
+"""The manifest model: the one definition of manifest.json, of
+shard-checksums.json and of source-table.json, and the one place that reads,
+checks and writes them.
 
 - The fields: the attributes of the dataclass ``Manifest``, in the order they
   are written, each carrying its ``Field``; ``MANIFEST_FIELDS`` lists them.
@@ -10,9 +11,12 @@ shard-checksums.json, and the one place that reads, checks and writes them.
   ``Manifest``. Every failure is one ``CacheError`` line naming the field
   (``manifest.json: statistics.tokens is 'x', expected a JSON object``).
 - Writing: ``Manifest.create`` assembles a build's manifest (refusing a field
-  the definition lacks, and any manifest ``parse`` would refuse);
-  ``Manifest.write`` writes the shard checksum file, then manifest.json,
-  each atomically.
+  the definition lacks, and any manifest ``parse`` would refuse; the
+  per-file source table goes to its own file, ``SourceTable``);
+  ``Manifest.write`` writes the shard checksum file, the source table file,
+  then manifest.json, each atomically.
+- The source table (format version 3): ``read_source_table`` (or
+  ``Manifest.read_source_table``) reads and checks it, only when asked.
 - The JSON Schema: ``json_schema()``, published as ``manifest.schema.json``
   beside this module (``python -m seqcache.manifest --write`` regenerates it,
   ``--check`` compares).

@@ -132,20 +132,24 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
 def _small_whole_file(path: str, block_bytes: int) -> bytes | None:
     """The bytes of an uncompressed local file of at most ``block_bytes``,
     read in one call (a many-small-files corpus opens each file once, without
-    the seek and size logic of a range); None for any other file, or one that
-    grew past its size while being read (read as a range then).
+    the seek and size logic of a range); None for any other file, or one whose
+    read did not give exactly its size (it changed, or the read came back
+    short: read as a range then).
 
     Raises:
       OSError: the file cannot be read.
     """
     if is_compressed(path) or not fs.is_local(path):
         return None
-    with open(fs.local_path(path), "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    fd = os.open(fs.local_path(path), os.O_RDONLY)  # no file object: four system calls and nothing else
+    try:
+        size = os.fstat(fd).st_size
         if size > block_bytes:
             return None
-        data = f.read(size + 1)
-    return data if len(data) <= size else None
+        data = os.read(fd, size + 1)
+    finally:
+        os.close(fd)
+    return data if len(data) == size else None  # a short read, or a file that changed: read as a range
 
 
 def _plain_size(path: str, f) -> int | None:

@@ -125,7 +125,7 @@ class FeatureSpec:
 
 
 # Provenance sidecar: one record per example, one element per segment.
-#   source_index:  index into manifest["sources"] (the source file table)
+#   source_index:  index into the source table (source-table.json; manifest["sources"] in format 2)
 #   record_number: 0-based record number inside that file (line, JSON line, row)
 #   token_offset:  offset, in tokens of the primary feature after preprocessing,
 #                  at which this segment starts inside its source record (non-zero

@@ -141,8 +141,10 @@ def print_report(res: dict) -> None:
     per_file = f" of {res['lines_per_file']} lines" if res.get("lines_per_file") else ""
     print(f"tinyshakespeare, 1 file against {res['files']:,} files{per_file}, {res['examples']:,} examples, "
           f"{res['repeat']} rounds; data shards equal (sha256): {res['data_sha256_equal']}")
+    tables = [f"{n:,} bytes" if n is not None else "none" for n in (res["one_source_table_bytes"],
+                                                                     res["many_source_table_bytes"])]
     print(f"manifest.json: {res['one_manifest_bytes']:,} bytes (1 file), {res['many_manifest_bytes']:,} bytes (many); "
-          f"{fmt.SOURCE_TABLE_NAME}: {res['one_source_table_bytes']:,} and {res['many_source_table_bytes']:,} bytes")
+          f"{fmt.SOURCE_TABLE_NAME}: {tables[0]} (1 file), {tables[1]} (many)")
     print(f"{'':>8} {'1 file':>9} {'many':>9} {'many / 1 file':>28}")
     for what, label in (("wall_s", "wall s"), ("cpu_s", "CPU s"), ("build_s", "build s")):
         r = res[f"ratio_{what}"]

@@ -3,7 +3,11 @@
 tinyshakespeare (40,000 lines, 1.1 MB) is written twice into a temporary
 folder: as one file, and cut into --files files of consecutive lines (5,000
 files of 8 lines by default), so that both hold the same lines in the same
-order. Each is built with the command a user types::
+order. With --lines-per-file N the corpus is --files times N lines instead:
+tinyshakespeare's lines in order, as often as needed, each copy after the
+first with its copy number in front (``2 First Citizen:``), so that
+``--files 50000 --lines-per-file 1`` is 50,000 one-line files. Each is built
+with the command a user types::
 
     seqcache build --source 'text:DIR/*.txt' --vocabulary byte --name NAME --cache-dir D --json
 
@@ -18,9 +22,11 @@ over the rounds with [min, max]:
 and each as a ratio many / one, taken in the same round. The data shards of
 the two builds must have the same sha256 (guarantee G1: the bytes depend on
 the multiset of records, not on how they are split into files); the run
-fails otherwise.
+fails otherwise. Also reported: the two manifests' sizes and the source table
+files' (bytes).
 
-Usage: python benchmarks/small_files.py [--files 5000] [--repeat 3] [--work-dir DIR] [--json out.json]
+Usage: python benchmarks/small_files.py [--files 5000] [--lines-per-file N] [--repeat 3] [--work-dir DIR]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -46,14 +52,26 @@ DATA = ROOT.parent / "shared" / "data"
 CLI = "import sys; from seqcache.cli import run; sys.argv[0] = 'seqcache'; sys.exit(run())"
 
 
-def write_corpus(folder: pathlib.Path, num_files: int) -> dict[str, str]:
-    """``one/input.txt`` and ``many/part-NNNNN.txt`` (``num_files`` files of
-    consecutive lines, as even as the line count allows) under ``folder``;
-    returns the two source specs."""
+def corpus_lines(num_files: int, lines_per_file: int | None) -> list[bytes]:
+    """tinyshakespeare's lines; with ``lines_per_file``, ``num_files *
+    lines_per_file`` of them, the lines repeated in order as often as needed,
+    copy c >= 2 with ``b"c "`` in front of each line."""
     data = (DATA / "tinyshakespeare" / "input.txt").read_bytes()
     lines = data.split(b"\n")
     if lines[-1] == b"":
         lines.pop()
+    if lines_per_file is None:
+        return lines
+    n = len(lines)
+    return [lines[k % n] if k < n else b"%d %s" % (k // n + 1, lines[k % n])
+            for k in range(num_files * lines_per_file)]
+
+
+def write_corpus(folder: pathlib.Path, num_files: int, lines_per_file: int | None = None) -> dict[str, str]:
+    """``one/input.txt`` and ``many/part-NNNNN.txt`` (``num_files`` files of
+    consecutive lines, as even as the line count allows) under ``folder``;
+    returns the two source specs."""
+    lines = corpus_lines(num_files, lines_per_file)
     (folder / "one").mkdir(parents=True)
     (folder / "one" / "input.txt").write_bytes(b"".join(line + b"\n" for line in lines))
     (folder / "many").mkdir()
@@ -79,8 +97,10 @@ def build(spec: str, cache_dir: pathlib.Path) -> dict:
     folder = cache_dir / "x" / "train"
     hashes = [hashlib.sha256((folder / s.file).read_bytes()).hexdigest()
               for s in fmt.read_manifest(str(folder)).shards]
+    table = folder / fmt.SOURCE_TABLE_NAME
     return {"wall_s": wall, "build_s": float(report["seconds"]), "data_sha256": hashes,
-            "examples": int(report["num_examples"])}
+            "examples": int(report["num_examples"]), "manifest_bytes": (folder / fmt.MANIFEST_NAME).stat().st_size,
+            "source_table_bytes": table.stat().st_size if table.exists() else None}
 
 
 def _cpu_children() -> float:
@@ -90,8 +110,8 @@ def _cpu_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def measure(work: pathlib.Path, num_files: int, repeat: int) -> dict:
-    specs = write_corpus(work / "in", num_files)
+def measure(work: pathlib.Path, num_files: int, repeat: int, lines_per_file: int | None = None) -> dict:
+    specs = write_corpus(work / "in", num_files, lines_per_file)
     rounds = []
     for r in range(repeat):
         row = {}
@@ -105,8 +125,10 @@ def measure(work: pathlib.Path, num_files: int, repeat: int) -> dict:
             raise SystemExit(f"the data shards differ between one file and {num_files} files: "
                              f"{row['one']['data_sha256']} against {row['many']['data_sha256']}")
         rounds.append(row)
-    out = {"files": num_files, "repeat": repeat, "examples": rounds[0]["one"]["examples"],
-           "data_sha256_equal": True, "rounds": rounds}
+    out = {"files": num_files, "lines_per_file": lines_per_file, "repeat": repeat,
+           "examples": rounds[0]["one"]["examples"], "data_sha256_equal": True, "rounds": rounds,
+           **{f"{name}_{what}": rounds[0][name][what] for name in ("one", "many")
+              for what in ("manifest_bytes", "source_table_bytes")}}
     for what in ("wall_s", "cpu_s", "build_s"):
         for name in ("one", "many"):
             out[f"{name}_{what}"] = statistics.median(row[name][what] for row in rounds)
@@ -116,8 +138,13 @@ def measure(work: pathlib.Path, num_files: int, repeat: int) -> dict:
 
 
 def print_report(res: dict) -> None:
-    print(f"tinyshakespeare, 1 file against {res['files']:,} files, {res['examples']:,} examples, "
+    per_file = f" of {res['lines_per_file']} lines" if res.get("lines_per_file") else ""
+    print(f"tinyshakespeare, 1 file against {res['files']:,} files{per_file}, {res['examples']:,} examples, "
           f"{res['repeat']} rounds; data shards equal (sha256): {res['data_sha256_equal']}")
+    tables = [f"{n:,} bytes" if n is not None else "none" for n in (res["one_source_table_bytes"],
+                                                                     res["many_source_table_bytes"])]
+    print(f"manifest.json: {res['one_manifest_bytes']:,} bytes (1 file), {res['many_manifest_bytes']:,} bytes (many); "
+          f"{fmt.SOURCE_TABLE_NAME}: {tables[0]} (1 file), {tables[1]} (many)")
     print(f"{'':>8} {'1 file':>9} {'many':>9} {'many / 1 file':>28}")
     for what, label in (("wall_s", "wall s"), ("cpu_s", "CPU s"), ("build_s", "build s")):
         r = res[f"ratio_{what}"]
@@ -128,14 +155,17 @@ def print_report(res: dict) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=5000, help="files to cut tinyshakespeare into (default 5000)")
+    ap.add_argument("--lines-per-file", type=int, help="lines per file: the corpus is --files times this many "
+                    "lines, tinyshakespeare's repeated with a copy number in front (default: tinyshakespeare "
+                    "once, cut into --files files)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds, each building both (default 3)")
     ap.add_argument("--work-dir", help="folder for the corpus and caches (default: a temporary one, removed)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
-    if args.files < 1 or args.repeat < 1:
-        ap.error("--files and --repeat must be >= 1")
+    if args.files < 1 or args.repeat < 1 or (args.lines_per_file is not None and args.lines_per_file < 1):
+        ap.error("--files, --lines-per-file and --repeat must be >= 1")
     with tempfile.TemporaryDirectory(prefix="small-files-", dir=args.work_dir) as tmp:
-        res = measure(pathlib.Path(tmp), args.files, args.repeat)
+        res = measure(pathlib.Path(tmp), args.files, args.repeat, args.lines_per_file)
     print_report(res)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(res, indent=2))

@@ -271,7 +271,7 @@ def matching_sources(readers: Sequence, path: str) -> list[tuple[int, int, dict]
     names (``_same_file``)."""
     out = []
     for t, reader in enumerate(readers):
-        for s, entry in enumerate(reader.manifest.sources):
+        for s, entry in enumerate(reader.sources):
             stored = entry.get("path")
             if stored and _same_file(path, stored):
                 out.append((t, s, entry))
@@ -360,7 +360,7 @@ def find_source_examples(readers: Sequence, paths: Sequence[str], location: Sour
     loc = parse_source(location) if isinstance(location, str) else location
     found = matching_sources(readers, loc.path)
     if not found:
-        listed = sorted({e.get("path") for r in readers for e in r.manifest.sources if e.get("path")})
+        listed = sorted({e.get("path") for r in readers for e in r.sources if e.get("path")})
         shown = ", ".join(listed[:5]) + (f" and {len(listed) - 5} more" if len(listed) > 5 else "")
         raise ValueError(f"{loc.path}: no cache of this run lists it as a source (they list: {shown or 'none'})")
     wanted: dict[int, dict[int, tuple[int, dict]]] = {}  # task -> source_index -> (record number, entry)

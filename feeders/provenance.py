@@ -98,7 +98,7 @@ def _segments_of_record(reader, i: int, *, feature: str, tokens: bool) -> list[d
     example = reader.decode(reader.read([i])[0], i)
     segs = segments_of(example, feature) if feature in example else []
     vocab, vocab_error = _vocabulary(reader, feature) if tokens else (None, None)
-    sources = reader.manifest.sources
+    sources = reader.sources
     segments = []
     n_prov = len(prov["source_index"])
     for j in range(max(n_prov, len(segs))):
@@ -451,7 +451,7 @@ def _chunk_table(stream: IndexStream, paths: Sequence[str], positions: np.ndarra
     task_of = loc.task[all_rows]
     shard_names, record_offsets = _shards_of(stream, task_of, loc.cache_index[all_rows], is_seg)
     manifests = [r.manifest for r in stream.readers]
-    src_path, src_loc = _source_columns(manifests, task_of, full(segments.source_index, np.int64), is_seg)
+    src_path, src_loc = _source_columns(stream.readers, task_of, full(segments.source_index, np.int64), is_seg)
     valid_rows = valid[all_rows]
     txt = segments.text
     return pa.table({
@@ -479,10 +479,10 @@ def _chunk_table(stream: IndexStream, paths: Sequence[str], positions: np.ndarra
     })
 
 
-def _source_columns(manifests, task_of: np.ndarray, source_index: np.ndarray, is_seg: np.ndarray):
-    """(source path, locator) per table row, from the manifests' source tables;
-    None for a padding row."""
-    found = [source_of(manifests[t].sources, s) if is_s else (None, None)
+def _source_columns(readers, task_of: np.ndarray, source_index: np.ndarray, is_seg: np.ndarray):
+    """(source path, locator) per table row, from the caches' source tables
+    (each read when a row needs it); None for a padding row."""
+    found = [source_of(readers[t].sources, s) if is_s else (None, None)
              for is_s, t, s in zip(is_seg.tolist(), task_of.tolist(), source_index.tolist())]
     return [path for path, _ in found], [locator for _, locator in found]
 

@@ -438,12 +438,26 @@ class CacheReader:
         idx = np.asarray(indices, dtype=np.int64).ravel()
         return [self.decode(r, int(i)) for r, i in zip(self.read(idx), idx)]
 
+    @property
+    def sources(self) -> "fmt.SourceTable":
+        """The cache's per-file source table (``seqcache.format.SourceTable``: a
+        sequence of ``{path, num_bytes, mtime_ns, locator}``, indexed by a
+        provenance record's ``source_index``), read at the first use, not when
+        the cache is opened (from its source table file, checked against the
+        manifest, or from the manifest of an older cache).
+
+        Raises:
+          seqcache.format.CacheError: the source table file is missing or does
+            not match the manifest (one line naming it).
+        """
+        return self.manifest.read_source_table(self.cache_dir)
+
     def read_sources(self, indices) -> list[list[dict]]:
         """Per example, one dict per segment: ``source_index``, ``path`` and
-        ``locator`` (from the manifest's source table: what ``record_number``
+        ``locator`` (from the cache's source table, ``sources``: what ``record_number``
         counts, ``"record"`` for caches that do not say), ``record_number`` and
         ``token_offset``."""
-        sources = self.manifest.sources
+        sources = self.sources
         return [[dict(zip(("source_index", "path", "locator", "record_number", "token_offset"),
                           (src, *source_of(sources, src), rec, off)))
                  for src, rec, off in zip(p["source_index"].tolist(), p["record_number"].tolist(),

@@ -215,7 +215,7 @@ def build_task(
         raise BuildError(f"task {task.name!r}: {num_shards:,} shards for {total_bytes:,} bytes of input is too many "
                          f"(each shard, even empty, is a file); use at most {max_shards:,}, or leave --num-shards out")
     exclusion = _exclusion(config)
-    inputs = task_fingerprint_inputs(task, config, num_shards, exclusion=exclusion)
+    inputs = task_fingerprint_inputs(task, config, num_shards, exclusion=exclusion, files=files)
     plan = BuildPlan(
         task=task, config=config, files=files, total_bytes=total_bytes, num_shards=num_shards,
         shard_size=None if config.num_shards else shard_size, inputs=inputs, fingerprint=fmt.fingerprint_of(inputs),
@@ -301,7 +301,7 @@ def _build_locked(plan: BuildPlan, *, overwrite, progress, start) -> BuildResult
             log.info("cache %s is up to date (fingerprint %s); reusing it", out_dir, plan.fingerprint[:12])
             return BuildResult(out_dir, existing, reused=True, seconds=time.monotonic() - start)
         if not overwrite:
-            changed = describe_changes(existing.raw.get("fingerprint_inputs", {}), plan.inputs)
+            changed = describe_changes(_recorded_inputs(existing), plan.inputs)
             raise BuildError(f"{out_dir}: holds a cache with fingerprint {existing.fingerprint[:12]}, this build's "
                              f"fingerprint is {plan.fingerprint[:12]}; what changed: {changed}. "
                              "Pass --overwrite to replace it, or choose another --cache-dir")
@@ -395,9 +395,12 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
                                encoding_threads=transforms.driver_encoding_threads())
     write = transforms.WriteGroup(task, out_dir=build_dir, scratch_dir=spill_dir, num_shards=num_shards,
                                   sequence_length=config.sequence_length, fs_options=plan.fs_options)
+    duplicates = _duplicate_action(task.source)
+    # The paths word the entries of skipped copies only: a step is pickled (and bz2-compressed) with what it holds.
     spread = transforms.SpreadCopies(seed=config.seed, num_features=len(reader.features), spill_dir=spill_dir,
                                      exchange=plan.exchange, num_shards=num_shards, fs_options=plan.fs_options,
-                                     duplicates=_duplicate_action(task.source), paths=[f.path for f in plan.files],
+                                     duplicates=duplicates,
+                                     paths=[f.path for f in plan.files] if duplicates == "skip" else (),
                                      locator=getattr(task.source, "locator", "record"))
     summarize = transforms.WriteSummary(scratch_dir=scratch, fs_options=plan.fs_options)
     _pickle_user_modules_by_value()
@@ -510,6 +513,17 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
         sharding={"num_shards": plan.num_shards, "shard_size": plan.shard_size, "input_bytes": plan.total_bytes,
                   "content_bytes": plan.content_bytes},
     )
+
+
+def _recorded_inputs(manifest: Manifest) -> dict:
+    """A cache's fingerprint inputs as hashed (with the file list from its
+    source table file), for ``describe_changes``; the manifest's own inputs
+    when that file cannot be read."""
+    try:
+        return manifest.full_fingerprint_inputs() or {}
+    except (fmt.CacheError, ValueError) as e:
+        log.warning("%s", e)
+        return manifest.fingerprint_inputs or {}
 
 
 def _zero_examples_message(task, config, files, total_bytes, records_read, quarantine) -> str:
@@ -643,10 +657,12 @@ def _verify_written(out_dir: str, entries) -> None:
 
 
 def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
-                            exclusion: "exclusion_mod.Exclusion | None" = None) -> dict:
+                            exclusion: "exclusion_mod.Exclusion | None" = None, files=None) -> dict:
     """What a cache's fingerprint is the sha256 of (``fmt.fingerprint_of``);
     ``exclude_benchmarks`` (each benchmark's ``describe()``, by name) only when
-    the build excludes benchmarks, so other caches keep their fingerprints."""
+    the build excludes benchmarks, so other caches keep their fingerprints.
+    ``files``: the source's ``list_files()`` as the build listed them (the
+    same value; the files are not listed a second time)."""
     inputs = {
         "format_version": fmt.RECORD_FORMAT_VERSION,
         "shuffle_version": shuffle.SHUFFLE_VERSION,
@@ -654,7 +670,7 @@ def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
         "split": config.split,
         "num_shards": num_shards,
         "record_features": [[f.name, f.dtype] for f in transforms.features_out(task, config.sequence_length)],
-        "task": task.fingerprint(seed=config.seed, sequence_length=config.sequence_length),
+        "task": task.fingerprint(seed=config.seed, sequence_length=config.sequence_length, files=files),
     }
     if exclusion is not None:
         inputs["exclude_benchmarks"] = exclusion.describe()

@@ -166,8 +166,10 @@ def merge_histograms(histograms: Sequence[Sequence[Sequence[int]]]) -> list[list
 
 
 def source_file_table(per_file: Mapping[int, Sequence[int]], num_files: int, names: Sequence[str]) -> dict:
-    """The manifest's ``statistics.source_files``: per source file (indexed like
-    the manifest's ``sources``), the source examples it gave (records) and their
+    """The per-file counts of the source table (``seqcache.format.SourceTable``;
+    ``statistics.source_files`` as the build hands it to ``Manifest.create``,
+    which moves it to the source table file): per source file (indexed like
+    the source table), the source examples it gave (records) and their
     tokens per feature (tokens, before packing). ``per_file``: file index ->
     ``[examples, tokens of names[0], tokens of names[1], ...]``."""
     examples = [0] * num_files

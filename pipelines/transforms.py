@@ -607,6 +607,21 @@ class SpreadCopies:
             lo, flushes = hi, flushes + 1
 
 
+def _merge_file_rows(tables: Sequence[Sequence[Sequence[int]]]) -> list[list[int]]:
+    """The rows ``[file index, examples, tokens of each feature]`` of
+    ``tables`` (one list of rows per work unit) added up per file, sorted by
+    file index: one numpy pass, not a Python loop per file and unit (a build of
+    many small files has a row per file)."""
+    arrays = [np.asarray(t, dtype=np.int64) for t in tables if len(t)]
+    if not arrays:
+        return []
+    rows = np.concatenate(arrays)
+    files, inverse = np.unique(rows[:, 0], return_inverse=True)
+    sums = np.zeros((len(files), rows.shape[1] - 1), dtype=np.int64)
+    np.add.at(sums, inverse.ravel(), rows[:, 1:])
+    return np.concatenate([files[:, None], sums], axis=1).tolist()
+
+
 def _count_per_file(per_file: dict[int, list[int]], file_index: np.ndarray, lengths: np.ndarray) -> None:
     """Adds a batch's examples and tokens per feature to ``per_file`` (file index
     -> [examples, tokens of each feature]); ``file_index`` (n,), ``lengths`` (n, F)."""
@@ -713,15 +728,10 @@ class WriteGroup:
             # A unit read twice (a retried attempt) counts once; the entries of
             # skipped copies (``SpreadCopies``, ids "copies-<shard>") are no work units.
             per_unit = {v[0]: v[1:] for v in values}
-            files: dict[int, list[int]] = {}
-            for per_file in (v[1] for v in per_unit.values() if len(v) > 1):
-                for fi, *row in per_file:
-                    have = files.setdefault(int(fi), [0] * len(row))
-                    for k, n in enumerate(row):
-                        have[k] += int(n)
             bad_input = stats_mod.BadInputCounts.merge(v[2] for v in per_unit.values() if len(v) > 2)
             yield 0, {"kind": "counts", "records": int(sum(v[0] for v in per_unit.values())),
-                      "units": sum(1 for u in per_unit if not isinstance(u, str)), "files": sorted([fi, *row] for fi, row in files.items()),
+                      "units": sum(1 for u in per_unit if not isinstance(u, str)),
+                      "files": _merge_file_rows([v[1] for v in per_unit.values() if len(v) > 1]),
                       "bad_input": bad_input}
         elif key == QUARANTINE_KEY:
             yield 0, {"kind": "quarantine", "summary": self._quarantine(sorted(set(values)))}

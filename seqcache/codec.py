@@ -41,8 +41,11 @@ FORMAT_NAME = "seqcache"
 # The version of a cache as a whole, the manifest's ``format_version``: what a
 # reader must understand. Version 2: the shard table as columns, the checksums
 # in ``SHARD_CHECKSUMS_NAME``; version 1 is refused (CHANGELOG.md, 0.2.0).
-FORMAT_VERSION = 2
-READ_FORMAT_VERSIONS = (2,)
+# Version 3: the per-file source table (``sources``, ``statistics.source_files``
+# and the fingerprint's file list) in ``SOURCE_TABLE_NAME``, so that the
+# manifest's size does not grow with the file count; version 2 is still read.
+FORMAT_VERSION = 3
+READ_FORMAT_VERSIONS = (2, 3)
 # The version of what the shard files hold and of which example sits at which
 # cache index. Fingerprints and feeder states record this one, so that a change
 # of the manifest alone neither changes fingerprints nor invalidates states.
@@ -52,6 +55,7 @@ DATA_PREFIX = "data"
 PROVENANCE_PREFIX = "provenance"
 QUARANTINE_NAME = "quarantine.jsonl"
 SHARD_CHECKSUMS_NAME = "shard-checksums.json"
+SOURCE_TABLE_NAME = "source-table.json"
 # The encoding of the manifest's integer shard columns (format version 2), for humans.
 INT_COLUMN_ENCODING = "base64 of little-endian int64, one per shard"
 
@@ -121,7 +125,7 @@ class FeatureSpec:
 
 
 # Provenance sidecar: one record per example, one element per segment.
-#   source_index:  index into manifest["sources"] (the source file table)
+#   source_index:  index into the source table (source-table.json; manifest["sources"] in format 2)
 #   record_number: 0-based record number inside that file (line, JSON line, row)
 #   token_offset:  offset, in tokens of the primary feature after preprocessing,
 #                  at which this segment starts inside its source record (non-zero

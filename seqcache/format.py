@@ -1,4 +1,4 @@
-"""The on-disk cache format, version 2, as the rest of seqcache uses it
+"""The on-disk cache format, version 3, as the rest of seqcache uses it
 (``from seqcache import format as fmt``): every name of ``seqcache.codec``,
 the manifest model of ``seqcache.manifest`` (``read_manifest`` =
 ``Manifest.read``, ``parse_manifest`` = ``Manifest.parse``), and
@@ -17,13 +17,14 @@ from typing import Iterable
 from seqcache import bounded_json, fs, layout
 from seqcache.codec import (  # noqa: F401  the codec's names, as fmt.<name>
     FORMAT_NAME, FORMAT_VERSION, READ_FORMAT_VERSIONS, RECORD_FORMAT_VERSION, MANIFEST_NAME, DATA_PREFIX,
-    PROVENANCE_PREFIX, QUARANTINE_NAME, SHARD_CHECKSUMS_NAME, INT_COLUMN_ENCODING, WRITER_OPTIONS,
+    PROVENANCE_PREFIX, QUARANTINE_NAME, SHARD_CHECKSUMS_NAME, SOURCE_TABLE_NAME, INT_COLUMN_ENCODING, WRITER_OPTIONS,
     CHUNK_TARGET_BYTES, MAX_GROUP_SIZE, PROVENANCE_GROUP_SIZE, group_size_for, writer_options, CacheError,
     IncompleteCacheError, FeatureSpec, PROVENANCE_FEATURES, shard_name, encode_example, check_fits,
     encode_batch, encode_provenance, encode_provenance_batch, decode_example, file_sha256, canonical_json,
     fingerprint_of, ShardInfo, encode_int_column, decode_int_column, decode_base64, ShardTable,
     is_plain_file_name, _DTYPES, _INT_FIELDS)
-from seqcache.manifest import Manifest, read_shard_checksums, shard_checksums_json  # noqa: F401
+from seqcache.manifest import (Manifest, SourceTable, read_shard_checksums, read_source_table,  # noqa: F401
+                               shard_checksums_json)
 
 read_manifest = Manifest.read
 parse_manifest = Manifest.parse

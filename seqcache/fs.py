@@ -31,6 +31,7 @@ import lzma
 import os
 import pathlib
 import shutil
+import stat
 import tempfile
 from typing import Any, BinaryIO, Iterator, NamedTuple, Sequence
 
@@ -387,8 +388,17 @@ def match(pattern: str) -> list[FileInfo]:
     if is_local(pattern):
         expanded = os.path.expanduser(local_path(pattern))
         names = glob.glob(expanded, recursive=True) if any(c in expanded for c in "*?[") else [expanded]
-        stats = [(name, os.stat(name)) for name in names if os.path.isfile(name)]
-        return sorted(FileInfo(os.path.abspath(name), st.st_size, st.st_mtime_ns) for name, st in stats)
+        # glob gives normalised absolute names for a normalised absolute pattern: abspath only otherwise.
+        absolute = os.path.isabs(expanded) and os.path.normpath(expanded) == expanded
+        found = []
+        for name in names:  # one stat per file (not isfile, then stat)
+            try:
+                st = os.stat(name)
+            except OSError:  # gone since the glob, or a broken link: not a file, as isfile says
+                continue
+            if stat.S_ISREG(st.st_mode):
+                found.append(FileInfo(name if absolute else os.path.abspath(name), st.st_size, st.st_mtime_ns))
+        return sorted(found)
     fsys = _beam(pattern)
     with _url_errors(pattern, "list it"):
         results = fsys.match([pattern])

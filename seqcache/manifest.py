@@ -1,5 +1,6 @@
-"""The manifest model: the one definition of manifest.json and of
-shard-checksums.json, and the one place that reads, checks and writes them.
+"""The manifest model: the one definition of manifest.json, of
+shard-checksums.json and of source-table.json, and the one place that reads,
+checks and writes them.
 
 - The fields: the attributes of the dataclass ``Manifest``, in the order they
   are written, each carrying its ``Field``; ``MANIFEST_FIELDS`` lists them.
@@ -10,9 +11,12 @@ shard-checksums.json, and the one place that reads, checks and writes them.
   ``Manifest``. Every failure is one ``CacheError`` line naming the field
   (``manifest.json: statistics.tokens is 'x', expected a JSON object``).
 - Writing: ``Manifest.create`` assembles a build's manifest (refusing a field
-  the definition lacks, and any manifest ``parse`` would refuse);
-  ``Manifest.write`` writes the shard checksum file, then manifest.json,
-  each atomically.
+  the definition lacks, and any manifest ``parse`` would refuse; the
+  per-file source table goes to its own file, ``SourceTable``);
+  ``Manifest.write`` writes the shard checksum file, the source table file,
+  then manifest.json, each atomically.
+- The source table (format version 3): ``read_source_table`` (or
+  ``Manifest.read_source_table``) reads and checks it, only when asked.
 - The JSON Schema: ``json_schema()``, published as ``manifest.schema.json``
   beside this module (``python -m seqcache.manifest --write`` regenerates it,
   ``--check`` compares).
@@ -20,6 +24,7 @@ shard-checksums.json, and the one place that reads, checks and writes them.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import dataclasses
 import datetime
@@ -34,8 +39,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from seqcache import __version__, bounded_json, codec, fs, layout
-from seqcache.codec import (MANIFEST_NAME, SHARD_CHECKSUMS_NAME, CacheError, FeatureSpec, IncompleteCacheError,
-                            ShardTable)
+from seqcache.codec import (MANIFEST_NAME, SHARD_CHECKSUMS_NAME, SOURCE_TABLE_NAME, CacheError, FeatureSpec,
+                            IncompleteCacheError, ShardTable)
 
 # JSON type name -> the Python test of a value decoded by ``json.loads``.
 _IS = {"string": lambda v: isinstance(v, str), "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -209,7 +214,8 @@ def _check_format(value, ctx):
 def _check_format_version(value, ctx):
     codec._require(value in codec.READ_FORMAT_VERSIONS and not isinstance(value, bool), ctx["path"],
                    f"format_version is {_short(value)}, this seqcache reads format version "
-                   f"{', '.join(map(str, codec.READ_FORMAT_VERSIONS))}: read the cache with the seqcache release that "
+                   f"{_either(list(map(str, codec.READ_FORMAT_VERSIONS)))}: read the cache with the seqcache release "
+                   "that "
                    "wrote it, or rebuild it with this one (seqcache build ... --overwrite)")
 
 
@@ -359,6 +365,42 @@ SOURCE_FILES_FIELDS = (
     Field("units", ("string",), False, 1, "the units, for humans"),
 )
 
+# The manifest's ``source_table`` (format version 3): the file that holds the
+# per-file source table, checked like the shard checksum file.
+SOURCE_TABLE_FILE_FIELDS = (
+    Field("file", ("string",), True, 3, "the source table file's name", {"enum": [SOURCE_TABLE_NAME]}),
+    Field("num_bytes", ("integer",), True, 3, "its size (bytes)", {"minimum": 0}),
+    Field("sha256", ("string",), True, 3, "its sha256, hex", {"pattern": _SHA256_PATTERN}),
+    Field("num_files", ("integer",), True, 3, "the source files it lists (files)", {"minimum": 0}),
+    Field("fingerprint_files", ("array",), False, 3, "the keys, from the top, of the value of fingerprint_inputs "
+          "that it holds (['task', 'source', 'files']); absent when it holds none",
+          items=_each(("string",), "a key")),
+    Field("inputs_sha256", ("string",), False, 3, "with fingerprint_files: the sha256 of the canonical JSON of "
+          "{fingerprint, fingerprint_inputs} as this manifest records them (what opening a cache checks, where "
+          "the fingerprint itself needs the file)", {"pattern": _SHA256_PATTERN}),
+)
+
+# source-table.json (format version 3), written by ``SourceTable.to_bytes``:
+# one column per field of ``SOURCE_FIELDS`` and ``SOURCE_FILES_FIELDS``.
+SOURCE_TABLE_FIELDS = (
+    Field("num_files", ("integer",), True, 3, "N, the source files (files)", {"minimum": 0}),
+    Field("path", ("array",), True, 3, "file i's path or URL at position i (i is a provenance record's "
+          "source_index)", items=_each(("string",), "a path or URL")),
+    Field("num_bytes", ("array",), False, 3, "each file's size (bytes), null where not recorded",
+          items=_each(("integer", "null"), "bytes", {"minimum": 0})),
+    Field("mtime_ns", ("array",), False, 3, "each file's modification time (nanoseconds since the epoch), null "
+          "where not recorded", items=_each(("integer", "null"), "nanoseconds")),
+    Field("locator", ("string", "array"), False, 3, "what record_number counts in the files: one locator for "
+          "every file, or one per file (null: record)"),
+    Field("examples", ("array",), False, 3, "source examples per file (records); absent when not counted",
+          items=_RECORDS),
+    Field("tokens", ("object",), False, 3, "feature -> tokens per file, before packing (tokens)",
+          values=_BY_FEATURE_TOKENS),
+    Field("fingerprint_files", ("object",), False, 3, "the value of fingerprint_inputs at the manifest's "
+          "source_table.fingerprint_files: {\"value\": V}, or {\"from_columns\": true} for the list of "
+          "{path, num_bytes, mtime_ns} of each file"),
+)
+
 # The keys of ``statistics`` that the commands read (``seqcache.pipelines.stats``).
 STATISTICS_FIELDS = (
     Field("examples", ("integer",), False, 1, "cached examples (records)", {"minimum": 0}),
@@ -389,17 +431,17 @@ STATISTICS_FIELDS = (
 
 
 def _field(types: tuple[str, ...], description: str, keywords: Mapping[str, Any] | None = None, *,
-           required: bool = False, default: Any = None, show: bool = False, **kw):
+           required: bool = False, default: Any = None, show: bool = False, since: int = 1, **kw):
     """A ``Manifest`` attribute that is a field: its ``Field`` in the metadata;
     ``default`` (a value, or a type to call) for an optional one; ``show``: in the repr."""
-    meta = {"field": Field("", types, required, 1, description, dict(keywords or {}), **kw)}
+    meta = {"field": Field("", types, required, since, description, dict(keywords or {}), **kw)}
     given = {} if required else {"default_factory": default} if isinstance(default, type) else {"default": default}
     return dataclasses.field(repr=show, metadata=meta, **given)
 
 
 # The order ``Manifest.parse`` checks the fields in: the format and version first.
 _CHECK_ORDER = ("format", "format_version", "features", "shards", "quarantine", "vocabularies", "sources",
-                "statistics", "sequence_length", "quarantine_num_bytes", "quarantine_sha256")
+                "source_table", "statistics", "sequence_length", "quarantine_num_bytes", "quarantine_sha256")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -442,8 +484,12 @@ class Manifest:
                                 required=True, show=True, fields=SHARD_TABLE_FIELDS, check=_check_shards)
     statistics: dict[str, Any] = _field(("object",), "counts of the build: examples, tokens, lengths, bad input",
                                         default=dict, fields=STATISTICS_FIELDS)
-    sources: list[dict] = _field(("array",), "the source file table, indexed by a provenance record's source_index",
+    sources: list[dict] = _field(("array",), "(format version 2) the source file table, indexed by a provenance "
+                                 "record's source_index; version 3 keeps it in source_table's file",
                                  default=list, fields=SOURCE_FIELDS)
+    source_table: dict | None = _field(("object",), "the source table file: per source file its path, size, "
+                                       "mtime, locator, examples and tokens (read only by what needs them)",
+                                       fields=SOURCE_TABLE_FILE_FIELDS, since=3)
     fingerprint_inputs: dict | None = _field(("object",), "what the fingerprint is computed from")
     created: str | None = _field(("string",), "when it was written, ISO 8601, UTC")
     seqcache_version: str | None = _field(("string",), "the seqcache release that wrote it")
@@ -458,6 +504,44 @@ class Manifest:
 
     raw: dict = dataclasses.field(default_factory=dict, repr=False)  # the whole JSON: too long to print
     shard_checksums: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
+    source_table_bytes: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
+    cache_dir: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    _sources: "SourceTable | None" = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def num_sources(self) -> int:
+        """The source files of the cache (files), from the manifest alone:
+        ``source_table.num_files``, or the length of an inline ``sources``."""
+        if self.source_table is not None:
+            return int(self.source_table["num_files"])
+        return len(self.sources)
+
+    def read_source_table(self, cache_dir: str | None = None) -> "SourceTable":
+        """The per-file source table (``read_source_table``), read once and
+        kept: from the source table file of ``cache_dir`` (default: the folder
+        this manifest was read from), or from the manifest itself for a cache
+        that keeps it inline (format version 2). Opening a cache never calls it.
+
+        Raises:
+          CacheError: as ``read_source_table``; ValueError: a manifest neither
+            read from a folder nor given one, whose table lies in a file.
+        """
+        if self._sources is None:
+            folder = cache_dir if cache_dir is not None else self.cache_dir
+            if folder is None and self.source_table is not None:
+                raise ValueError("this manifest was not read from a cache folder: give read_source_table(cache_dir)")
+            self._sources = read_source_table(folder, self)
+        return self._sources
+
+    def full_fingerprint_inputs(self, cache_dir: str | None = None) -> dict | None:
+        """``fingerprint_inputs`` as hashed: with the value the source table
+        file holds (``source_table.fingerprint_files``) put back in its place,
+        which reads that file; the inputs as recorded when nothing was moved."""
+        inputs = self.fingerprint_inputs
+        keys = (self.source_table or {}).get("fingerprint_files")
+        if inputs is None or not keys:
+            return inputs
+        return with_value_at(inputs, keys, self.read_source_table(cache_dir).fingerprint_value())
 
     @property
     def shard_starts(self) -> np.ndarray:
@@ -535,7 +619,9 @@ class Manifest:
                 f"{cache_dir}: no {MANIFEST_NAME}: the cache is incomplete (an unfinished or failed build) "
                 "or this is not a cache folder; re-run the build")
         raw = bounded_json.read_file(path, error=CacheError, what="manifest")
-        return cls.parse(raw, path=path, check_shards=False)
+        manifest = cls.parse(raw, path=path, check_shards=False)
+        manifest.cache_dir = cache_dir
+        return manifest
 
     @classmethod
     def create(cls, *, shards: Sequence[Mapping[str, Any]], features: Sequence[Mapping[str, Any]],
@@ -550,13 +636,23 @@ class Manifest:
         (``shard_checksums``). ``features`` and ``sharding`` may hold only the
         keys their definitions list.
 
+        The per-file source table leaves the manifest for the source table
+        file (``source_table_bytes``, written by ``write``; format version 3):
+        ``sources``, ``statistics.source_files`` and, when
+        ``fingerprint_inputs`` has one, its ``task.source.files`` (the
+        fingerprint stays the sha256 of the inputs with it). So the manifest's
+        size does not grow with the file count.
+
         Raises:
           ValueError: a field the definition lacks, a required field missing,
             or shard entries out of shard order or with a malformed count.
           CacheError: the manifest would not pass ``parse`` (never write what
-            the readers refuse).
+            the readers refuse); a ``fingerprint`` that is not the sha256 of
+            ``fingerprint_inputs``; a source table whose columns disagree.
         """
         table, checksums = shard_table(shards)
+        fields = dict(fields)
+        sources, sources_bytes = _detach_source_table(fields)
         values = {
             "format": codec.FORMAT_NAME, "format_version": codec.FORMAT_VERSION,
             "sequence_length": dict(sequence_length) if sequence_length else None,
@@ -571,6 +667,8 @@ class Manifest:
             values["sharding"] = assemble(values["sharding"], SHARDING_FIELDS, what="sharding")
         manifest = cls.parse(assemble(values))
         manifest.shard_checksums = checksums
+        manifest.source_table_bytes = sources_bytes
+        manifest._sources = sources
         return manifest
 
     def to_json(self) -> str:
@@ -578,16 +676,18 @@ class Manifest:
         return json.dumps(self.raw, indent=2, ensure_ascii=False) + "\n"
 
     def write(self, cache_dir: str) -> None:
-        """Writes the shard checksum file, then manifest.json, each atomically
+        """Writes the shard checksum file, the source table file, then
+        manifest.json, each atomically
         (``seqcache.fs.write_bytes_atomic``): the last step of every build, so a
         build killed before it leaves no folder that looks complete (G7).
 
         Raises:
           ValueError: a manifest that was read, not made by ``create``.
         """
-        if self.shard_checksums is None:
+        if self.shard_checksums is None or self.source_table_bytes is None:
             raise ValueError(f"{cache_dir}: only a manifest from Manifest.create is written (this one was read)")
         fs.write_bytes_atomic(fs.join(cache_dir, SHARD_CHECKSUMS_NAME), self.shard_checksums)
+        fs.write_bytes_atomic(fs.join(cache_dir, SOURCE_TABLE_NAME), self.source_table_bytes)
         fs.write_bytes_atomic(fs.join(cache_dir, MANIFEST_NAME), self.to_json().encode("utf-8"))
 
 
@@ -692,10 +792,348 @@ def read_shard_checksums(cache_dir: str, manifest: Manifest) -> tuple[list[str],
     return sha, prov
 
 
+# Where a build's fingerprint inputs keep the file list (``Task.fingerprint``'s
+# ``source``, ``FileSource.fingerprint``'s ``files``): moved to the source table file.
+FINGERPRINT_FILES_KEYS = ("task", "source", "files")
+
+
+def _is_column(values: Any, test: Callable[[Any], bool]) -> bool:
+    return isinstance(values, list) and all(map(test, values))
+
+
+def _is_count_or_null(v) -> bool:
+    return v is None or (type(v) is int and 0 <= v < MAX_INTEGER)
+
+
+def _is_int_or_null(v) -> bool:
+    return v is None or (type(v) is int and -2**63 <= v < 2**63)
+
+
+def _is_count_value(v) -> bool:
+    return type(v) is int and 0 <= v < MAX_INTEGER
+
+
+class SourceTable(collections.abc.Sequence):
+    """The per-file source table of a cache: entry ``i`` (``table[i]``) is
+    ``{path, num_bytes?, mtime_ns?, locator?}`` of the file whose provenance
+    records carry ``source_index`` i, as the ``sources`` of a format-2
+    manifest; with the read step's counts per file (``examples``, records;
+    ``tokens``, feature -> tokens before packing; None when not counted) and
+    the value moved out of the fingerprint inputs (``fingerprint_value``).
+
+    In format version 3 it is the file ``SOURCE_TABLE_NAME`` (``to_bytes``:
+    one line of JSON, a column per field, ``SOURCE_TABLE_FIELDS``), checked
+    against the manifest's ``source_table`` by ``read_source_table``.
+    """
+
+    def __init__(self, entries: Sequence[Mapping[str, Any]], *, examples: Sequence[int] | None = None,
+                 tokens: Mapping[str, Sequence[int]] | None = None, fingerprint_files: Mapping[str, Any] | None = None,
+                 path: str = SOURCE_TABLE_NAME, prefix: str = ""):
+        """Raises CacheError (naming ``path`` and the column, after ``prefix``):
+        counts of another length than the entries."""
+        self._entries = [dict(e) for e in entries]
+        self.examples = None if examples is None else list(examples)
+        self.tokens = None if tokens is None else {k: list(v) for k, v in tokens.items()}
+        self.fingerprint_files = None if fingerprint_files is None else dict(fingerprint_files)
+        n = len(self._entries)
+        for what, values in (("examples", self.examples), *((f"tokens.{k}", v) for k, v in (self.tokens or {}).items())):
+            codec._require(values is None or len(values) == n, path,
+                           f"{prefix}{what} has {0 if values is None else len(values)} entries for {n} source files "
+                           "(edited or damaged); rebuild the cache")
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index):
+        return self._entries[index]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, SourceTable):
+            return (self._entries, self.examples, self.tokens) == (other._entries, other.examples, other.tokens)
+        return isinstance(other, list) and self._entries == other
+
+    __hash__ = None  # mutable entries
+
+    def __repr__(self) -> str:
+        return f"SourceTable({len(self)} files)"
+
+    @property
+    def statistics(self) -> dict | None:
+        """``{"examples": [...], "tokens": {feature: [...]}}`` (records, tokens;
+        one per file), the former ``statistics.source_files``; None when the
+        build did not count them."""
+        if self.examples is None:
+            return None
+        return {"examples": self.examples, "tokens": self.tokens or {}}
+
+    def fingerprint_value(self) -> Any:
+        """The value of the fingerprint inputs this table holds: the list of
+        ``{path, num_bytes, mtime_ns}`` of each file (``from_columns``), or the
+        value stored as it was. CacheError when it holds none."""
+        moved = self.fingerprint_files
+        if moved is None:
+            raise CacheError(f"{SOURCE_TABLE_NAME}: holds no fingerprint_files, but the manifest's "
+                             "source_table.fingerprint_files says it does; rebuild the cache")
+        if moved.get("from_columns") is True:
+            return [{"path": e["path"], "num_bytes": e.get("num_bytes"), "mtime_ns": e.get("mtime_ns")}
+                    for e in self._entries]
+        return moved.get("value")
+
+    def to_json(self) -> dict:
+        """The object of the source table file: ``num_files``, then one column
+        per field (``SOURCE_TABLE_FIELDS``); a locator shared by every file is
+        written once."""
+        entries = self._entries
+        obj: dict[str, Any] = {"num_files": len(entries), "path": [e["path"] for e in entries]}
+        for key in ("num_bytes", "mtime_ns"):
+            column = [e.get(key) for e in entries]
+            if any(v is not None for v in column):
+                obj[key] = column
+        locators = [e.get("locator") for e in entries]
+        if any(v is not None for v in locators):
+            obj["locator"] = locators[0] if None not in locators and len(set(locators)) == 1 else locators
+        if self.examples is not None:
+            obj["examples"] = self.examples
+            obj["tokens"] = self.tokens or {}
+        if self.fingerprint_files is not None:
+            obj["fingerprint_files"] = self.fingerprint_files
+        return obj
+
+    def to_bytes(self) -> bytes:
+        """The bytes of ``SOURCE_TABLE_NAME``: ``to_json`` as compact JSON
+        (UTF-8), one line and a newline; as deterministic as the file listing."""
+        return (json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_json(cls, obj: Any, *, path: str = SOURCE_TABLE_NAME) -> "SourceTable":
+        """The table of a decoded source table file, checked column by column.
+
+        Raises:
+          CacheError: ``{path}: ...`` naming the first bad field: not an object,
+            a missing column, a column of another length than ``num_files`` or
+            holding a value of the wrong type.
+        """
+        codec._require(isinstance(obj, dict), path, "the source table file is not a JSON object")
+        n = obj.get("num_files")
+        codec._require(_is_count_value(n), path, f"num_files is {_short(n)}, expected an integer >= 0")
+        checks = (("path", lambda v: isinstance(v, str), True, "strings"),
+                  ("num_bytes", _is_count_or_null, False, "integers >= 0 or null"),
+                  ("mtime_ns", _is_int_or_null, False, "integers or null"),
+                  ("examples", _is_count_value, False, "integers >= 0"))
+        for key, test, required, what in checks:
+            if key not in obj:
+                codec._require(not required, path, f"missing field {key!r}")
+                continue
+            column = obj[key]
+            codec._require(_is_column(column, test) and len(column) == n, path,
+                           f"{key} is {_short(column)}, expected a JSON list of {n} {what}")
+        locator = obj.get("locator")
+        codec._require(locator is None or isinstance(locator, str)
+                       or (_is_column(locator, lambda v: v is None or isinstance(v, str)) and len(locator) == n),
+                       path, f"locator is {_short(locator)}, expected a string or a JSON list of {n} strings or null")
+        tokens = obj.get("tokens")
+        if tokens is not None:
+            codec._require(isinstance(tokens, dict), path, f"tokens is {_short(tokens)}, expected a JSON object")
+            for name, column in tokens.items():
+                codec._require(_is_column(column, _is_count_value) and len(column) == n, path,
+                               f"tokens.{name} is {_short(column)}, expected a JSON list of {n} integers >= 0")
+        codec._require((tokens is None) == ("examples" not in obj), path,
+                       "examples and tokens go together: one of them is missing")
+        moved = obj.get("fingerprint_files")
+        codec._require(moved is None or (isinstance(moved, dict) and (moved.get("from_columns") is True
+                                                                    or "value" in moved)), path,
+                       f"fingerprint_files is {_short(moved)}, expected {{\"value\": ...}} or "
+                       "{\"from_columns\": true}")
+        locators = locator if isinstance(locator, list) else [locator] * n
+        sizes, times = obj.get("num_bytes") or [None] * n, obj.get("mtime_ns") or [None] * n
+        entries = []
+        for p, size, mtime, loc in zip(obj["path"], sizes, times, locators):
+            entry = {"path": p}
+            if size is not None:
+                entry["num_bytes"] = size
+            if mtime is not None:
+                entry["mtime_ns"] = mtime
+            if loc is not None:
+                entry["locator"] = loc
+            entries.append(entry)
+        return cls(entries, examples=obj.get("examples"), tokens=tokens, fingerprint_files=moved, path=path)
+
+
+def with_value_at(obj: Mapping[str, Any], keys: Sequence[str], value: Any) -> dict:
+    """A copy of the nested object ``obj`` with ``value`` at ``keys`` (the
+    objects along the way copied, the rest shared)."""
+    out = dict(obj)
+    if len(keys) == 1:
+        out[keys[0]] = value
+    else:
+        inner = out.get(keys[0])
+        out[keys[0]] = with_value_at(inner if isinstance(inner, dict) else {}, keys[1:], value)
+    return out
+
+
+def _without_value_at(obj: Mapping[str, Any], keys: Sequence[str]) -> tuple[dict, Any] | None:
+    """(a copy of ``obj`` without the value at ``keys``, that value), or None
+    when there is none."""
+    inner: Any = obj
+    for key in keys:
+        if not isinstance(inner, dict) or key not in inner:
+            return None
+        inner = inner[key]
+    out = dict(obj)
+    if len(keys) == 1:
+        del out[keys[0]]
+    else:
+        out[keys[0]], _ = _without_value_at(obj[keys[0]], keys[1:])
+    return out, inner
+
+
+def _check_sources(entries: Sequence[Any]) -> None:
+    """``check_value`` of each entry of a build's ``sources`` against
+    ``SOURCE_FIELDS``, for the entries that fail a quick test of every field
+    at once (one pass of comprehensions: a build of a million files checks
+    them in well under a second, where a ``check_value`` of each takes ten).
+
+    Raises:
+      CacheError: naming the first bad entry and its field (``sources[3].path``).
+    """
+    plausible = [(type(e) is dict or isinstance(e, Mapping)) and type(e.get("path")) is str  # one pass
+                 and type(e.get("num_bytes", 0)) is int and 0 <= e.get("num_bytes", 0) < MAX_INTEGER
+                 and type(e.get("mtime_ns", 0)) is int and -2**63 <= e.get("mtime_ns", 0) < 2**63
+                 and type(e.get("locator", "")) is str for e in entries]
+    for i in (i for i, ok in enumerate(plausible) if not ok):  # only the bad ones (if any) in detail
+        e = entries[i]
+        if not isinstance(e, Mapping):
+            raise CacheError(f"{MANIFEST_NAME}: sources[{i}] is {_short(e)}, expected a JSON object")
+        for f in SOURCE_FIELDS:
+            if f.name in e:
+                check_value(f, e[f.name], MANIFEST_NAME, f"sources[{i}].")
+            elif f.required:
+                raise CacheError(f"{MANIFEST_NAME}: sources[{i}]: missing field {f.name!r}")
+        raise CacheError(f"{MANIFEST_NAME}: sources[{i}] is {_short(e)}, expected a source file entry")
+
+
+def _check_source_files(per_file: Any) -> None:
+    """``check_value`` of a build's ``statistics.source_files``, its long
+    columns first tested in one pass each. Raises CacheError as ``check_value``."""
+    field = next(f for f in STATISTICS_FIELDS if f.name == "source_files")
+    if (isinstance(per_file, dict) and _is_column(per_file.get("examples"), _is_count_value)
+            and isinstance(per_file.get("tokens"), dict)
+            and all(_is_column(v, _is_count_value) for v in per_file["tokens"].values())):
+        short = {k: v for k, v in per_file.items() if k not in ("examples", "tokens")}
+        check_value(field, {**short, "examples": [], "tokens": {}}, MANIFEST_NAME, "statistics.")
+        return
+    check_value(field, per_file, MANIFEST_NAME, "statistics.")
+
+
+def _detach_source_table(fields: dict) -> tuple[SourceTable, bytes]:
+    """Moves a build's per-file source table out of its manifest fields (in
+    place): ``sources``, ``statistics.source_files`` and the fingerprint
+    inputs' file list (``FINGERPRINT_FILES_KEYS``) go into the returned
+    ``SourceTable`` (returned with the bytes of its file), and
+    ``source_table`` (its file's name, size, sha256, file count and the keys
+    of what left the fingerprint inputs) comes in.
+
+    Raises:
+      CacheError: ``fingerprint`` is not the sha256 of ``fingerprint_inputs``
+        (checked here, while the inputs are whole); columns that disagree.
+    """
+    entries = fields.pop("sources", None) or []
+    _check_sources(entries)
+    statistics = fields.get("statistics")
+    per_file = None
+    if isinstance(statistics, Mapping) and "source_files" in statistics:
+        statistics = dict(statistics)
+        per_file = statistics.pop("source_files")
+        _check_source_files(per_file)
+        fields["statistics"] = statistics
+    inputs, moved, keys = fields.get("fingerprint_inputs"), None, None
+    if isinstance(inputs, Mapping) and isinstance(fields.get("fingerprint"), str):
+        actual = codec.fingerprint_of(inputs)
+        codec._require(fields["fingerprint"] == actual, MANIFEST_NAME,
+                       f"fingerprint = {_short(fields['fingerprint'])}, but the sha256 of fingerprint_inputs is "
+                       f"{actual!r}")
+        split = _without_value_at(inputs, FINGERPRINT_FILES_KEYS)
+        if split is not None:
+            fields["fingerprint_inputs"], value = split
+            keys = list(FINGERPRINT_FILES_KEYS)
+            same = value == [{"path": e["path"], "num_bytes": e.get("num_bytes"), "mtime_ns": e.get("mtime_ns")}
+                             for e in entries]
+            moved = {"from_columns": True} if same else {"value": value}
+    table = SourceTable(entries, examples=None if per_file is None else per_file["examples"],
+                        tokens=None if per_file is None else per_file["tokens"], fingerprint_files=moved)
+    data = table.to_bytes()
+    record = {"file": SOURCE_TABLE_NAME, "num_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+              "num_files": len(table)}
+    if keys is not None:
+        record["fingerprint_files"] = keys
+        record["inputs_sha256"] = inputs_sha256(fields["fingerprint"], fields["fingerprint_inputs"])
+    fields["source_table"] = record
+    return table, data
+
+
+def inputs_sha256(fingerprint: str, inputs: Mapping[str, Any]) -> str:
+    """``source_table.inputs_sha256``: the sha256 of the canonical JSON of
+    ``{"fingerprint": fingerprint, "fingerprint_inputs": inputs}`` (the inputs
+    as the manifest records them, without what the source table file holds)."""
+    return codec.fingerprint_of({"fingerprint": fingerprint, "fingerprint_inputs": inputs})
+
+
+def read_source_table(cache_dir: str | None, manifest: "Manifest") -> SourceTable:
+    """The cache's per-file source table: from ``SOURCE_TABLE_NAME`` in
+    ``cache_dir`` (a local path or a URL) after checking that file's size and
+    sha256 against the manifest's ``source_table`` (format version 3); or, for
+    a cache that keeps it in the manifest (``sources`` and
+    ``statistics.source_files``, format version 2), from the manifest without
+    reading anything. Opening a cache (``info``, the feeder) never reads it;
+    ``which --source``, provenance look-ups, ``report`` and ``verify`` do.
+
+    Raises:
+      CacheError: one line naming the file: missing, another size or sha256
+        than the manifest records, not a source table, or listing another
+        number of files than the manifest's ``source_table.num_files``.
+      seqcache.fs.FileSystemError: (URLs) the object store cannot be reached.
+    """
+    recorded = manifest.source_table
+    if recorded is None:
+        per_file = manifest.statistics.get("source_files")
+        per_file = per_file if isinstance(per_file, dict) else {}
+        where = MANIFEST_NAME if manifest.cache_dir is None else fs.join(manifest.cache_dir, MANIFEST_NAME)
+        return SourceTable(manifest.sources, examples=per_file.get("examples"), tokens=per_file.get("tokens"),
+                           path=where, prefix="statistics.source_files.")
+    if cache_dir is None:
+        raise ValueError("read_source_table: the manifest keeps its source table in a file; give the cache folder")
+    path = layout.cache_file(cache_dir, recorded["file"], what="source table file")
+    if not fs.exists(path):
+        raise CacheError(f"{path}: source table file is missing (the manifest lists it with {recorded['num_bytes']} "
+                         f"bytes for {recorded['num_files']:,} source files); rebuild the cache")
+    data = fs.read_bytes(path)
+    if len(data) != recorded["num_bytes"]:
+        raise CacheError(f"{path}: source table file has {len(data)} bytes, the manifest expects "
+                         f"{recorded['num_bytes']}")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != recorded["sha256"]:
+        raise CacheError(f"{path}: source table file has sha256 {actual}, the manifest expects {recorded['sha256']}")
+    obj = bounded_json.loads(data, path=path, error=CacheError, what="source table file",
+                             max_bytes=max(bounded_json.MAX_BYTES, len(data)),
+                             max_nodes=bounded_json.MAX_NODES + 8 * recorded["num_files"])
+    table = SourceTable.from_json(obj, path=path)
+    if len(table) != recorded["num_files"]:
+        raise CacheError(f"{path}: lists {len(table):,} source files, the manifest's source_table.num_files is "
+                         f"{recorded['num_files']:,}")
+    if recorded.get("fingerprint_files") and table.fingerprint_files is None:
+        raise CacheError(f"{path}: holds no fingerprint_files, but the manifest's source_table.fingerprint_files "
+                         f"is {recorded['fingerprint_files']}")
+    return table
+
+
 def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
     """Refuses a manifest whose identity contradicts itself (edited or damaged):
-    ``fingerprint`` that is not ``codec.fingerprint_of(fingerprint_inputs)``,
-    or a ``features`` table whose names, dtypes or order differ from
+    ``fingerprint`` that is not ``codec.fingerprint_of(fingerprint_inputs)``
+    (when part of the inputs lies in the source table file,
+    ``source_table.fingerprint_files``, which opening does not read: a
+    ``source_table.inputs_sha256`` that is not ``inputs_sha256`` of the
+    fingerprint and the inputs recorded; ``seqcache verify`` checks the
+    fingerprint with that file), or a ``features`` table whose names, dtypes or order differ from
     ``fingerprint_inputs.record_features`` (``[[name, dtype], ...]``). Each
     part is skipped when its input is absent.
 
@@ -706,12 +1144,28 @@ def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
     inputs = raw.get("fingerprint_inputs")
     if inputs is None:
         return
-    actual = codec.fingerprint_of(inputs)
     fingerprint = raw["fingerprint"]
     shown = repr(fingerprint) if len(fingerprint) <= 80 else _short(fingerprint)  # a sha256 is 64 characters
+    record = raw.get("source_table") or {}
+    if record.get("fingerprint_files"):
+        # Part of the inputs is in the source table file, which opening does not
+        # read: the manifest's own digest of the rest here, the fingerprint in verify.
+        actual = inputs_sha256(fingerprint, inputs)
+        codec._require(record.get("inputs_sha256") == actual, path,
+                       f"fingerprint = {shown}, but the sha256 of fingerprint_inputs (its file list in "
+                       f"{SOURCE_TABLE_NAME}) with the fingerprint is {actual!r}, not source_table.inputs_sha256 = "
+                       f"{_short(record.get('inputs_sha256'))}: the manifest was edited or damaged; rebuild the cache")
+        _check_record_features(inputs, path, features)
+        return
+    actual = codec.fingerprint_of(inputs)
     codec._require(fingerprint == actual, path,
                  f"fingerprint = {shown}, but the sha256 of fingerprint_inputs is {actual!r}: "
                  "the manifest was edited or damaged; rebuild the cache")
+    _check_record_features(inputs, path, features)
+
+
+def _check_record_features(inputs: Mapping[str, Any], path: str, features) -> None:
+    """``check_fingerprint``'s test of ``features`` against ``fingerprint_inputs.record_features``."""
     recorded = inputs.get("record_features")
     if recorded is None:
         return
@@ -787,7 +1241,8 @@ def assemble(values: Mapping[str, Any], fields: Sequence[Field] | None = None, *
 
 def json_schema() -> dict:
     """The JSON Schema (draft 2020-12) of manifest.json, from ``MANIFEST_FIELDS``;
-    ``$defs.shard_checksums`` is that of shard-checksums.json."""
+    ``$defs.shard_checksums`` is that of shard-checksums.json, ``$defs.source_table``
+    that of source-table.json."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "seqcache cache manifest (manifest.json)",
@@ -796,7 +1251,9 @@ def json_schema() -> dict:
         "type": "object",
         **object_schema(MANIFEST_FIELDS),
         "$defs": {"shard_checksums": {"title": "seqcache shard checksum file (shard-checksums.json)", "type": "object",
-                                      **object_schema(SHARD_CHECKSUMS_FIELDS)}},
+                                      **object_schema(SHARD_CHECKSUMS_FIELDS)},
+                  "source_table": {"title": f"seqcache source table file ({SOURCE_TABLE_NAME})", "type": "object",
+                                   **object_schema(SOURCE_TABLE_FIELDS)}},
     }
 
 

@@ -1,7 +1,7 @@
 """The numbers of ``seqcache report``: what a person checks by eye in a new cache.
 
-Everything comes from what the build recorded (manifest.json and, streamed,
-quarantine.jsonl); no data or provenance record is read. ``cache_report`` gives
+Everything comes from what the build recorded (manifest.json, the source table
+file and, streamed, quarantine.jsonl); no data or provenance record is read. ``cache_report`` gives
 one cache's sections, ``mixture_report`` the stream of a mixture (or a saved
 feeder state) over its first steps: JSON-able dicts that ``seqcache report
 --json`` prints and ``seqcache.report_html`` draws. Units: examples and records
@@ -53,7 +53,8 @@ def cache_report(cache_dir: str, *, top_files: int = TOP_FILES, first_entries: i
       ``seqcache info --json`` under the same names (``statistics.*`` nested).
 
     Raises:
-      seqcache.format.CacheError: no readable manifest, or a quarantine file
+      seqcache.format.CacheError: no readable manifest, a source table file
+        that is missing or does not match the manifest, or a quarantine file
         that is missing or not JSON lines (naming the file and line).
     """
     m = fmt.read_manifest(cache_dir)
@@ -64,7 +65,7 @@ def cache_report(cache_dir: str, *, top_files: int = TOP_FILES, first_entries: i
         problem = str(e)
     names = token_features(m)
     return {"cache_dir": cache_dir, "summary": _summary(m), "lengths": _lengths(m, names),
-            "packing": _packing(m, names), "sources": _sources(m, names, top_files),
+            "packing": _packing(m, names), "sources": _sources(m, cache_dir, names, top_files),
             "quarantine": quarantine_summary(cache_dir, m, first_entries=first_entries), "shards": _shards(m),
             "problem": problem}
 
@@ -76,7 +77,7 @@ def _summary(m: fmt.Manifest) -> dict:
     return {"task": m.task, "split": m.split, "fingerprint": m.fingerprint, "seed": m.raw.get("seed"),
             "sequence_length": m.sequence_length, "packing": m.raw.get("packing"), "num_examples": m.num_examples,
             "num_shards": len(m.shards), "num_bytes": sum(s.num_bytes for s in m.shards),
-            "num_sources": len(m.sources), "created": m.raw.get("created"),
+            "num_sources": m.num_sources, "created": m.raw.get("created"),
             "seqcache_version": m.raw.get("seqcache_version"), "statistics": {k: stats[k] for k in keep if k in stats}}
 
 
@@ -155,19 +156,17 @@ def _packing(m: fmt.Manifest, names: Sequence[str]) -> dict:
     return out
 
 
-def _sources(m: fmt.Manifest, names: Sequence[str], top: int) -> dict:
-    """Tokens and examples per source file (or, unrecorded, bytes): the ``top`` files, then the rest in one row."""
-    files = m.sources
-    table = m.statistics.get("source_files")
+def _sources(m: fmt.Manifest, cache_dir: str, names: Sequence[str], top: int) -> dict:
+    """Tokens and examples per source file (or, unrecorded, bytes): the ``top``
+    files, then the rest in one row; from the cache's source table (its file,
+    checked against the manifest, or the manifest of an older cache)."""
+    files = m.read_source_table(cache_dir)
+    table = files.statistics
     key = names[0] if names else None
     rows = []
     if table is not None:
         examples = table["examples"]
         tokens = {n: table["tokens"].get(n) or [0] * len(files) for n in names}
-        for what, values in [("examples", examples), *((f"tokens.{n}", v) for n, v in tokens.items())]:
-            if len(values) != len(files):
-                raise ValueError(f"the manifest's statistics.source_files.{what} has {len(values)} entries for "
-                                 f"{len(files)} source files (a manifest edited by hand?); rebuild the cache")
     for i, f in enumerate(files):
         row = {"source_index": i, "path": f.get("path"), "num_bytes": f.get("num_bytes")}
         if table is not None:
@@ -216,7 +215,6 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
     if not fs.exists(path):
         raise fmt.CacheError(f"{path}: the quarantine file the manifest names is missing; run `seqcache verify "
                              f"{cache_dir}`")
-    locators = [s.get("locator", "record") for s in m.sources]
     kinds: dict[tuple[str, str], dict] = {}
     decode = json.JSONDecoder().decode
     with fs.open_read(path) as f:
@@ -237,6 +235,7 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
             k["records"] += 1
             if len(k["first"]) < first_entries:
                 k["first"].append(entry)
+    locators = [s.get("locator", "record") for s in m.read_source_table(cache_dir)] if kinds else []
     for k in kinds.values():
         firsts = []
         for e in k["first"]:

@@ -3,8 +3,8 @@
 ``open``-time checks (``seqcache.format.check_shard_files``) are cheap: sizes and
 presence. ``verify_cache`` reads every byte: each shard's sha256 (against the
 manifest's shard checksum file), its record count and every record decoded
-(token ids in [0, vocab_size)), and the quarantine file against the manifest's
-statistics; every problem names the file and the expected and actual value.
+(token ids in [0, vocab_size)), the quarantine file against the manifest's
+statistics, and the source table file against the manifest and the fingerprint; every problem names the file and the expected and actual value.
 A cache at a URL (``gs://``, ``s3://``) is verified like a local one, each shard
 downloaded to a temporary file, checked and deleted before the next one.
 """
@@ -132,8 +132,9 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
       A ``VerifyReport`` whose ``problems`` name each bad file with the expected
       and actual value (size, sha256, record count, the undecodable record, the
       first record per shard with a token id >= its feature's vocab_size, the
-      shard checksum file), and each disagreement of the quarantine file with
-      the manifest (``check_quarantine``).
+      shard checksum file), and each disagreement of the quarantine file
+      (``check_quarantine``) and of the source table (``check_source_table``)
+      with the manifest.
 
     Raises:
       CacheError / IncompleteCacheError: the manifest is missing or invalid.
@@ -182,7 +183,40 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
                 problems.append(f"{path}: vocabulary model of feature {name!r} has sha256 {actual}, "
                                 f"the manifest expects {desc['sha256']}")
     problems.extend(check_quarantine(cache_dir, manifest))
+    problems.extend(check_source_table(cache_dir, manifest))
     return VerifyReport(cache_dir, not problems, problems, shards)
+
+
+def check_source_table(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
+    """Checks the source table against the manifest: its file's size and
+    sha256 as ``source_table`` records them and its columns
+    (``seqcache.format.read_source_table``); the fingerprint recomputed from
+    ``fingerprint_inputs`` with the part the file holds put back (opening a
+    cache cannot check it); its examples per file adding up to
+    ``statistics.source_examples``.
+
+    Returns:
+      The problems, each naming the file and the expected and actual value
+      (empty when all is well).
+    """
+    try:
+        table = manifest.read_source_table(cache_dir)
+    except fmt.CacheError as e:
+        return [f"{e}; the source files and the fingerprint were not checked"]
+    where = fs.join(cache_dir, (manifest.source_table or {}).get("file") or fmt.MANIFEST_NAME)
+    problems = []
+    if (manifest.source_table or {}).get("fingerprint_files"):
+        actual = fmt.fingerprint_of(manifest.full_fingerprint_inputs(cache_dir))
+        if actual != manifest.fingerprint:
+            problems.append(f"{where}: the sha256 of fingerprint_inputs with this file's fingerprint_files is "
+                            f"{actual}, the manifest's fingerprint is {manifest.fingerprint}: the file or the "
+                            "manifest was edited or damaged; rebuild the cache")
+    per_file = table.statistics
+    total = manifest.statistics.get("source_examples")
+    if per_file is not None and isinstance(total, int) and sum(per_file["examples"]) != total:
+        problems.append(f"{where}: its examples per source file add up to {sum(per_file['examples']):,}, the "
+                        f"manifest's statistics.source_examples is {total:,}")
+    return problems
 
 
 _MAX_BAD_LINES = 5

@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from seqcache.tasks.preprocessors import ExampleBatch, PreprocessContext, Preprocessor, PreprocessorError, run_columns
-from seqcache.tasks.sources import Source, SourceRecord, describe_record, error_hint, is_error_record
+from seqcache.tasks.sources import Source, SourceFile, SourceRecord, describe_record, error_hint, is_error_record
 from seqcache.tasks.vocabularies import Vocabulary
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -158,16 +158,19 @@ class Task:
         """The feature that ``packing="lm"`` packs (the only output feature), else None."""
         return next(iter(self.output_features)) if self.packing == "lm" else None
 
-    def fingerprint(self, *, seed: int, sequence_length: Mapping[str, int] | None) -> dict:
+    def fingerprint(self, *, seed: int, sequence_length: Mapping[str, int] | None,
+                    files: Sequence[SourceFile] | None = None) -> dict:
         """JSON-able identity of the task's cache content for this seed and length.
 
         Keys: name, source (its fingerprint, with the file list), preprocessors
         (list of [name, params]), features ({name: vocabulary fingerprint, add_eos,
-        required, dtype}), packing, seed, sequence_length.
+        required, dtype}), packing, seed, sequence_length. ``files``: the
+        source's ``list_files()`` when the caller has just listed them (the
+        same value, without a second listing).
         """
         return {
             "name": self.name,
-            "source": self.source.fingerprint(),
+            "source": self.source.fingerprint() if files is None else self.source.fingerprint_of_files(files),
             "preprocessors": [[p.name, p.params()] for p in self.preprocessors],
             "features": {k: f.fingerprint() for k, f in sorted(self.output_features.items())},
             "packing": self.packing,

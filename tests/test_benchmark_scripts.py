@@ -54,6 +54,24 @@ def test_small_files_benchmark_builds_both_and_compares_the_shards(tmp_path):
     assert report["files"] == 40 and report["data_sha256_equal"], report
     assert row["one"]["data_sha256"] == row["many"]["data_sha256"] and row["one"]["examples"] == 32_777, row
     assert all(report[f"ratio_{what}"]["median"] > 0 for what in ("wall_s", "cpu_s", "build_s")), report
+    # The source table is in its own file: the manifests are within bytes of each other, the tables are not.
+    assert abs(report["many_manifest_bytes"] - report["one_manifest_bytes"]) < 64, report
+    assert report["many_source_table_bytes"] > report["one_source_table_bytes"] + 39 * len("part-00000.txt"), report
+
+
+def test_small_files_corpus_of_one_line_files_repeats_the_lines_with_a_copy_number():
+    sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+    try:
+        import small_files
+    finally:
+        sys.path.remove(os.path.join(REPO_ROOT, "benchmarks"))
+    lines = small_files.corpus_lines(1, None)
+    n = len(lines)
+    assert n == 40_000 and lines[0] == b"First Citizen:"
+    many = small_files.corpus_lines(n + 3, 1)
+    assert len(many) == n + 3 and many[:n] == lines
+    assert many[n:] == [b"2 " + lines[0], b"2 " + lines[1], b"2 " + lines[2]]
+    assert small_files.corpus_lines(5, 2) == lines[:10]
 
 
 def test_overlap_benchmark_builds_scans_and_measures_memory(tmp_path):

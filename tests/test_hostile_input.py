@@ -438,9 +438,9 @@ IDENTITY_CASES = [
     ("dtype", lambda raw: raw["features"][0].update(dtype="int32"), "features = [['targets', 'int32'], "),
     ("duplicate-features-key", _duplicate_features_key, "the manifest has the key 'features' twice"),
     ("fingerprint", lambda raw: raw.update(fingerprint="0" * 64),
-     f"fingerprint = '{'0' * 64}', but the sha256 of fingerprint_inputs is '"),
+     f"fingerprint = '{'0' * 64}', but the sha256 of fingerprint_inputs"),
     ("fingerprint-inputs-split", lambda raw: raw["fingerprint_inputs"].update(split="validation"),
-     "but the sha256 of fingerprint_inputs is '"),
+     "but the sha256 of fingerprint_inputs"),
 ]
 
 
@@ -483,11 +483,11 @@ def test_a_duplicate_key_is_refused_in_manifests_states_schedules_and_set_values
     cache = tmp_path / "c"
     import shutil
     shutil.copytree(pristine, cache)
-    mpath = edit_manifest(cache, lambda raw: json.dumps(raw).replace('"sources": [{"path": ',
-                                                                     '"sources": [{"path": "x", "path": '))
+    mpath = edit_manifest(cache, lambda raw: json.dumps(raw).replace('"shards": {"num_shards": ',
+                                                                     '"shards": {"num_shards": 1, "num_shards": '))
     for args in (["info", cache], ["verify", cache]):
         out = run_cli(*args)
-        assert f"{mpath}: sources[0] has the key 'path' twice" in out, out
+        assert f"{mpath}: shards has the key 'num_shards' twice" in out, out
     # Mixture schedules, JSON (which, train) and YAML (train).
     schedule = tmp_path / "schedule.json"
     schedule.write_text('{"0": {"c": 1}, "0": {"c": 2}}')

@@ -44,6 +44,25 @@ def built(tmp_path_factory):
     return cache, raw, sums
 
 
+# Fields a format-2 manifest has and a build no longer writes (they are in the source table file).
+FORMAT_2_ONLY = {"sources"}
+
+
+@pytest.fixture(scope="module")
+def built_v2(built):
+    """The manifest of ``built`` as format 2 wrote it: the source table inline."""
+    from testsupport import format_2_manifest
+
+    raw = format_2_manifest(built[0])
+    assert raw["format_version"] == 2 and "source_table" not in raw and raw["sources"][0]["locator"] == "byte_offset"
+    return raw
+
+
+def _for(dotted: str, raw: dict, raw_v2: dict) -> dict:
+    """The manifest a test of the field at ``dotted`` edits: format 2's for the inline source table."""
+    return raw_v2 if dotted.startswith(("sources", "statistics.source_files")) else raw
+
+
 def _validator(sub: str | None = None):
     full = schema.json_schema()
     jsonschema.Draft202012Validator.check_schema(full)
@@ -72,20 +91,24 @@ def test_check_mode_reports_a_stale_file(tmp_path, capsys):
 
 
 def test_a_real_builds_manifest_and_checksum_file_validate(built):
-    _, raw, sums = built
+    cache, raw, sums = built
     assert list(_validator().iter_errors(raw)) == []
     assert list(_validator("shard_checksums").iter_errors(sums)) == []
+    table = json.loads(open(os.path.join(cache, fmt.SOURCE_TABLE_NAME), encoding="utf-8").read())
+    assert list(_validator("source_table").iter_errors(table)) == []
+    assert table["num_files"] == raw["source_table"]["num_files"] == 1 and table["locator"] == "byte_offset"
     # The writer wrote every field in the definition's order.
     order = [f.name for f in schema.MANIFEST_FIELDS]
     assert list(raw) == [n for n in order if n in raw]
-    assert set(raw) == set(order)
+    assert set(raw) == set(order) - FORMAT_2_ONLY
 
 
 def test_the_model_s_attributes_are_the_fields_typed_and_defaulted(built):
     _, raw, _ = built
     m = fmt.parse_manifest(raw)
     assert [f.name for f in dataclasses.fields(schema.Manifest) if "field" in f.metadata] == \
-        [f.name for f in schema.MANIFEST_FIELDS] == list(raw)
+        [f.name for f in schema.MANIFEST_FIELDS]
+    assert [f.name for f in schema.MANIFEST_FIELDS if f.name not in FORMAT_2_ONLY] == list(raw)
     assert (m.seed, m.packing, m.quarantine, m.sharding, m.created) == \
         (raw["seed"], "lm", fmt.QUARANTINE_NAME, raw["sharding"], raw["created"])
     assert m.features == tuple(fmt.FeatureSpec(f["name"], f["dtype"]) for f in raw["features"])
@@ -106,7 +129,7 @@ def test_a_version_1_manifest_fails_the_schema_and_the_readers_with_the_advice_t
     assert not _validator().is_valid(v1)
     assert not _validator().is_valid({**raw, "shards": v1["shards"]})
     with pytest.raises(fmt.CacheError, match=r"^manifest\.json: format_version is 1, this seqcache reads format "
-                                             r"version 2: .*rebuild it with this one "
+                                             r"version 2 or 3: .*rebuild it with this one "
                                              r"\(seqcache build \.\.\. --overwrite\)$"):
         fmt.parse_manifest(v1)
     with pytest.raises(fmt.CacheError, match=r"^manifest\.json: shards is list, expected a JSON object"):
@@ -184,16 +207,17 @@ def _set(raw, dotted, value):
     ("sequence_length.targets", 0, r"sequence_length is \{'targets': 0\}, expected null"),
     ("quarantine_sha256", "ABC", r"quarantine_sha256 is 'ABC', expected 64 hex digits"),
 ])
-def test_a_bad_nested_value_fails_the_schema_and_the_readers_with_its_message(built, dotted, value, message):
+def test_a_bad_nested_value_fails_the_schema_and_the_readers_with_its_message(built, built_v2, dotted, value,
+                                                                             message):
     _, raw, _ = built
-    bad = _set(raw, dotted, value)
+    bad = _set(_for(dotted, raw, built_v2), dotted, value)
     assert not _validator().is_valid(bad)
     with pytest.raises(fmt.CacheError, match=rf"^{fmt.MANIFEST_NAME}: {message}"):
         fmt.parse_manifest(bad)
 
 
-def test_a_bad_value_of_a_key_the_definition_lists_fails_both_and_other_keys_are_open(built):
-    _, raw, _ = built
+def test_a_bad_value_of_a_key_the_definition_lists_fails_both_and_other_keys_are_open(built_v2):
+    raw = built_v2
     bad = _set(raw, "statistics.source_files", {"tokens": {}})
     assert not _validator().is_valid(bad)
     with pytest.raises(fmt.CacheError, match=r"^manifest\.json: statistics\.source_files: missing field 'examples'$"):
@@ -234,13 +258,14 @@ HAND_EDITS = [
 
 
 @pytest.mark.parametrize(("dotted", "value", "message"), HAND_EDITS, ids=[e[0] for e in HAND_EDITS])
-def test_a_hand_edited_manifest_is_one_error_line_from_every_command(built, tmp_path, dotted, value, message):
+def test_a_hand_edited_manifest_is_one_error_line_from_every_command(built, built_v2, tmp_path, dotted, value,
+                                                                   message):
     from click.testing import CliRunner
 
     from seqcache.cli import main
 
     cache, raw, _ = built
-    bad = _set(raw, dotted, value)
+    bad = _set(_for(dotted, raw, built_v2), dotted, value)
     errors = list(_validator().iter_errors(bad))
     assert errors and all(e.json_path.startswith("$." + dotted.split(".")[0]) for e in errors), errors
     copy_dir = tmp_path / "c"
@@ -262,6 +287,9 @@ def test_a_missing_required_field_fails_both(built):
         assert _validator().is_valid(bad) == (not field.required), field.name
         if field.required and field.name not in ("format", "format_version"):
             with pytest.raises(fmt.CacheError, match=rf"missing field {field.name!r}"):
+                fmt.parse_manifest(bad)
+        elif field.name == "source_table":  # optional (format 2 has none), but this one's inputs lack the files
+            with pytest.raises(fmt.CacheError, match=r"but the sha256 of fingerprint_inputs is"):
                 fmt.parse_manifest(bad)
         elif not field.required:
             fmt.parse_manifest(bad)
@@ -320,7 +348,9 @@ def _doc_table(heading: str) -> dict[str, tuple[set[str], bool]]:
 
 
 @pytest.mark.parametrize(("heading", "fields"), [("## manifest.json", schema.MANIFEST_FIELDS),
-                                                 ("### shards: the shard table", schema.SHARD_TABLE_FIELDS)])
+                                                 ("### shards: the shard table", schema.SHARD_TABLE_FIELDS),
+                                                 ("### source_table: the source table file",
+                                                  schema.SOURCE_TABLE_FILE_FIELDS)])
 def test_the_docs_field_table_is_the_definition(heading, fields):
     documented = _doc_table(heading)
     defined = {f.name: (set(f.type), f.required) for f in fields}

@@ -182,22 +182,23 @@ def test_data_shards_are_byte_identical_to_the_local_build(s3, caches):
                 assert f.read() == body
     listed = {o["Key"] for o in s3["client"].list_objects_v2(Bucket=BUCKET, Prefix="caches/")["Contents"]}
     # Nothing but the cache is left: no temporary or statistics objects.
-    assert listed == {f"caches/t/train/{n}" for n in ["manifest.json", "quarantine.jsonl", fmt.SHARD_CHECKSUMS_NAME]
-                      + [s[k] for s in entries for k in ("file", "provenance_file")]}
+    names = ["manifest.json", "quarantine.jsonl", fmt.SHARD_CHECKSUMS_NAME, fmt.SOURCE_TABLE_NAME]
+    assert listed == {f"caches/t/train/{n}" for n in names + [s[k] for s in entries for k in ("file", "provenance_file")]}
+
+
+def _first_source(cache_dir: str) -> str:
+    """The path of the first source file of the cache at ``cache_dir`` (its source table)."""
+    return fmt.read_manifest(cache_dir).read_source_table()[0]["path"]
 
 
 def test_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path):
-    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
-        local_manifest = json.load(f)
-    corpus = local_manifest["sources"][0]["path"]
+    corpus = _first_source(caches["local"])
     s3["client"].upload_file(corpus, BUCKET, "corpus/in.txt")
     out = CliRunner().invoke(main, _build_args(f"s3://{BUCKET}/corpus/*.txt", str(tmp_path / "c")) + s3["options"],
                              catch_exceptions=False)
     assert out.exit_code == 0, out.output
     cache_dir = json.loads(out.stdout)[0]["cache_dir"]
-    with open(os.path.join(cache_dir, "manifest.json"), encoding="utf-8") as f:
-        manifest = json.load(f)
-    assert [s["path"] for s in manifest["sources"]] == [f"s3://{BUCKET}/corpus/in.txt"]
+    assert [s["path"] for s in fmt.read_manifest(cache_dir).read_source_table()] == [f"s3://{BUCKET}/corpus/in.txt"]
     assert [(s["sha256"], s["provenance_sha256"]) for s in _local_entries(cache_dir)] == [
         (s["sha256"], s["provenance_sha256"]) for s in _local_entries(caches["local"])]
 
@@ -206,8 +207,7 @@ def test_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path):
 def test_compressed_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path, suffix):
     """A compressed file at a URL is read through Beam's decompressing file
     (readline, no iteration): the same records, so the same shards."""
-    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
-        corpus = json.load(f)["sources"][0]["path"]
+    corpus = _first_source(caches["local"])
     data = open(corpus, "rb").read()
     if suffix == ".gz":
         import gzip
@@ -229,8 +229,7 @@ def test_compressed_sources_at_a_url_give_the_same_shards(s3, caches, tmp_path, 
 # file system whose renames are copies) and this module's builds, verify and atomic writes in S3.
 @pytest.mark.slow
 def test_overwrite_replaces_a_cache_in_the_bucket(s3, caches, tmp_path):
-    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
-        corpus = json.load(f)["sources"][0]["path"]
+    corpus = _first_source(caches["local"])
     runner = CliRunner()
     args = _build_args(corpus, f"s3://{BUCKET}/replaced") + ["--name", "r"] + s3["options"]
     assert runner.invoke(main, args, catch_exceptions=False).exit_code == 0
@@ -240,7 +239,8 @@ def test_overwrite_replaces_a_cache_in_the_bucket(s3, caches, tmp_path):
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)[0]["num_shards"] == 3
     keys = {o["Key"] for o in s3["client"].list_objects_v2(Bucket=BUCKET, Prefix="replaced/")["Contents"]}
-    assert keys == {f"replaced/r/train/{n}" for n in ["manifest.json", "quarantine.jsonl", fmt.SHARD_CHECKSUMS_NAME]
+    assert keys == {f"replaced/r/train/{n}" for n in ["manifest.json", "quarantine.jsonl", fmt.SHARD_CHECKSUMS_NAME,
+                                                              fmt.SOURCE_TABLE_NAME]
                     + [f"{p}.array_record-{i:05d}-of-00003" for p in ("data", "provenance") for i in range(3)]}
     assert runner.invoke(main, ["verify", f"s3://{BUCKET}/replaced/r/train"] + s3["options"]).exit_code == 0
 
@@ -407,8 +407,7 @@ def test_build_task_hands_its_pipeline_args_to_filesystems(s3, caches, monkeypat
 
     _without_aws_credentials(monkeypatch)
     FileSystems.set_options(None)  # a fresh process: only build_task's own arguments
-    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
-        corpus = json.load(f)["sources"][0]["path"]
+    corpus = _first_source(caches["local"])
     task = adhoc_task(name="api", source_spec=f"text:{corpus}", on_error={"empty": "skip"}, vocabulary_spec="byte",
                       extra_ids=0, sequence_length=None, pack=False)
     result = build_task(task, cache_dir=f"s3://{BUCKET}/api", config=BuildConfig(num_shards=2),
@@ -424,8 +423,7 @@ def test_multi_processing_workers_get_the_s3_options(s3, caches, monkeypatch, tm
     from seqcache import tasks
 
     _without_aws_credentials(monkeypatch)
-    with open(os.path.join(caches["local"], "manifest.json"), encoding="utf-8") as f:
-        corpus = json.load(f)["sources"][0]["path"]
+    corpus = _first_source(caches["local"])
     with open(corpus, encoding="utf-8") as f:
         lines = [line for line in f.read().splitlines() if line.strip()]
     model = tmp_path / "spm.model"

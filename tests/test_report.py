@@ -98,9 +98,11 @@ def test_report_json_matches_info_and_the_corpus(c4_cache, corpora):
 def test_report_of_a_cache_built_before_the_new_statistics(c4_cache, tmp_path):
     """A manifest without length histograms or per-file counts still reports
     everything else, and says what is missing."""
+    from testsupport import rewrite_as_format_2
+
     old = tmp_path / "old"
     shutil.copytree(c4_cache, old)
-    raw = json.loads((old / "manifest.json").read_text())
+    raw = rewrite_as_format_2(old)  # per-file counts were in the manifest then
     del raw["statistics"]["length_histogram"], raw["statistics"]["source_files"]
     (old / "manifest.json").write_text(json.dumps(raw))
     rep = json.loads(_invoke("report", old, "--json").stdout)["caches"][0]
@@ -114,9 +116,11 @@ def test_report_of_a_cache_built_before_the_new_statistics(c4_cache, tmp_path):
 
 
 def test_report_of_a_manifest_whose_source_table_does_not_fit_its_sources(c4_cache, tmp_path):
+    from testsupport import rewrite_as_format_2
+
     bad = tmp_path / "bad"
     shutil.copytree(c4_cache, bad)
-    raw = json.loads((bad / "manifest.json").read_text())
+    raw = rewrite_as_format_2(bad)
     raw["statistics"]["source_files"]["examples"].append(7)
     (bad / "manifest.json").write_text(json.dumps(raw))
     result = CliRunner().invoke(main, ["report", str(bad), "--json"])

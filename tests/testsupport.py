@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import pathlib
 import textwrap
@@ -256,3 +257,39 @@ def dask_args(cluster) -> list[str]:
     """The pipeline options that run a build or a scan on ``cluster`` with Beam's DaskRunner."""
     return ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}",
             "--dask_connection_timeout=30"]
+
+
+def format_2_manifest(cache_dir) -> dict:
+    """The manifest.json a format-2 seqcache would have written for the cache
+    at ``cache_dir`` (built by this one, format 3): the per-file source table
+    inline (``sources``, ``statistics.source_files``, and the fingerprint
+    inputs' file list back in ``fingerprint_inputs``), no ``source_table``,
+    ``format_version`` 2. The fingerprint is unchanged."""
+    from seqcache import format as fmt
+
+    m = fmt.read_manifest(str(cache_dir))
+    table = m.read_source_table()
+    raw = {k: v for k, v in m.raw.items() if k != "source_table"}
+    raw["format_version"] = 2
+    raw["fingerprint_inputs"] = m.full_fingerprint_inputs()
+    statistics = dict(raw.get("statistics") or {})
+    if table.statistics is not None:
+        statistics["source_files"] = {**table.statistics, "units": "examples in records (source examples, before packing); tokens in tokens"}
+    raw["statistics"] = statistics
+    order = list(raw)
+    raw["sources"] = [dict(e) for e in table]
+    at = order.index("statistics") + 1  # where format 2 wrote it: after statistics
+    return {k: raw[k] for k in order[:at] + ["sources"] + order[at:]}
+
+
+def rewrite_as_format_2(cache_dir) -> dict:
+    """Rewrites the cache at ``cache_dir`` (format 3) as format 2 wrote it:
+    ``format_2_manifest`` as its manifest.json (indented, as written then),
+    and no source table file. Returns that manifest."""
+    from seqcache import format as fmt
+
+    raw = format_2_manifest(cache_dir)
+    folder = pathlib.Path(cache_dir)
+    (folder / fmt.MANIFEST_NAME).write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (folder / fmt.SOURCE_TABLE_NAME).unlink()
+    return raw

@@ -75,7 +75,7 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
             "vocabularies": manifest.vocabularies, "num_examples": manifest.num_examples,
             "num_shards": len(manifest.shards), "num_bytes": sum(s.num_bytes for s in manifest.shards),
             "statistics": manifest.statistics, "packing_efficiency": packing_efficiency(manifest),
-            "num_sources": len(manifest.sources), "created": raw.get("created"),
+            "num_sources": manifest.num_sources, "created": raw.get("created"),
             "seqcache_version": raw.get("seqcache_version"),
             "shards": [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes} for s in manifest.shards]}
 
@@ -161,7 +161,7 @@ def info(ctx, cache_dir, as_json, shards):
     for name, eff in (d["packing_efficiency"] or {}).items():
         t.add_row(f"packing efficiency ({name})", f"{eff:.1%} (non-padding tokens / all tokens)")
     _record_rows(t, m)
-    t.add_row("sources", common.plural(len(m.sources), "file"))
+    t.add_row("sources", common.plural(m.num_sources, "file"))
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
     console.print(t)
     if shards:
@@ -328,7 +328,8 @@ def verify(ctx, cache_dir, as_json):
         bad = [s for s in report.shards if not s.ok]
         if report.ok:
             console.print(f"[green]ok[/green]: {cache_dir}: {n} files verified (sizes, sha256, record counts, every "
-                          "record decoded), and the vocabulary models and quarantine file against the manifest")
+                          "record decoded), and the vocabulary models, quarantine file and source table against the "
+                          "manifest")
         else:
             console.print(f"[red]FAILED[/red]: {cache_dir}: {common.plural(len(report.problems), 'problem')}"
                           + (f", {len(bad)} of {n} files bad" if bad else ""))

@@ -501,6 +501,14 @@ class Source(abc.ABC):
     def fingerprint(self) -> dict:
         """JSON-able identity: kind, parameters and files (path, num_bytes, mtime_ns)."""
 
+    def fingerprint_of_files(self, files: Sequence[SourceFile]) -> dict:
+        """``fingerprint()`` for a listing already made: ``files`` is what
+        ``list_files()`` just gave, and the value is the one ``fingerprint()``
+        gives, without listing the files again (a build lists them once). The
+        default calls ``fingerprint()``; a source whose fingerprint holds
+        ``list_files()`` overrides it."""
+        return self.fingerprint()
+
     @abc.abstractmethod
     def describe(self) -> str:
         """Short human-readable description, e.g. ``"text lines of data/*.txt"``."""
@@ -669,12 +677,15 @@ class FileSource(Source):
         return {}
 
     def fingerprint(self) -> dict:
+        return self.fingerprint_of_files(self.list_files())
+
+    def fingerprint_of_files(self, files: Sequence[SourceFile]) -> dict:
         # The files identify the input, not the patterns as typed.
         return {
             "kind": self.kind,
             "params": self._params(),
             "on_error": self.on_error.to_json(),
-            "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in self.list_files()],
+            "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in files],
         }
 
     def _pattern_text(self) -> str:

@@ -60,7 +60,7 @@ class LineSplits:
         """Byte ranges of about ``target_bytes`` (``lines.byte_ranges``); one split
         for a compressed file. Raises ``ValueError`` for ``target_bytes < 1``."""
         check_target(target_bytes)
-        if is_compressed(file.path):
+        if file.num_bytes <= target_bytes or is_compressed(file.path):  # one split (small files: no more checks)
             return [Split(file_index, file.path, 0, None, file.num_bytes)]
         return [Split(file_index, file.path, a, b, (file.num_bytes if b is None else b) - a)
                 for a, b in byte_ranges(file.num_bytes, target_bytes)]

@@ -199,6 +199,7 @@ class TfdsSource(ExampleRecords):
                 "ranges": [list(r) for r in ranges.values()]}
 
     fingerprint = FileSource.fingerprint
+    fingerprint_of_files = FileSource.fingerprint_of_files
 
     def describe(self) -> str:
         where = f" in {self.data_dir}" if self.data_dir else ""

@@ -296,7 +296,7 @@ def test_source_line_of_real_text_agrees_with_trace(shakespeare):
     cache, lines = shakespeare
     with Feeder(cache=cache, global_batch_size=8, sequence_length=48, host_index=0, host_count=2, seed=4,
                 prefetch=0) as f:
-        src = f.readers[0].manifest.sources[0]["path"]
+        src = f.readers[0].sources[0]["path"]
         steps = 60
         table = f.trace(range(steps)).to_pydict()
         starts, offset = [], 0

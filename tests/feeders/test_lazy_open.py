@@ -148,7 +148,7 @@ def test_the_manifest_keeps_the_shard_table_as_columns_and_builds_shard_entries_
     path = make_cache(n=N, num_shards=SHARDS)
     raw = json.load(open(os.path.join(path, fmt.MANIFEST_NAME)))
     table = raw["shards"]
-    assert raw["format_version"] == fmt.FORMAT_VERSION == 2
+    assert raw["format_version"] == fmt.FORMAT_VERSION == 3
     # No file names and no checksums in the manifest: they follow from index and
     # count, and live in the shard checksum file.
     assert sorted(table) == ["checksums", "encoding", "num_bytes", "num_records", "num_shards", "provenance_num_bytes"]
@@ -221,8 +221,8 @@ def test_a_bad_size_column_is_refused_at_the_first_read_naming_the_shard(make_ca
      r"shards.checksums: file name 'other.json', expected 'shard-checksums.json'"),
     (lambda raw: raw["shards"]["checksums"].update(sha256="12"), r"shards.checksums: sha256 is '12', expected 64 hex"),
     (lambda raw: raw.update(shards=[]), r"shards is list, expected a JSON object \(format version 2\)"),
-    (lambda raw: raw.update(format_version=3),
-     r"format_version is 3, this seqcache reads format version 2: read the cache with the seqcache release that wrote "
+    (lambda raw: raw.update(format_version=4),
+     r"format_version is 4, this seqcache reads format version 2 or 3: read the cache with the seqcache release that wrote "
      r"it, or rebuild it with this one \(seqcache build ... --overwrite\)"),
 ])
 def test_the_shard_table_is_checked_at_open(make_cache, edit, message):
@@ -239,7 +239,7 @@ def test_a_version_1_cache_is_refused_by_every_reader_with_the_advice_to_rebuild
     path = make_cache(n=N, num_shards=SHARDS)
     to_format_version_1(path)
     mpath = os.path.join(path, fmt.MANIFEST_NAME)
-    message = (rf"^{mpath}: format_version is 1, this seqcache reads format version 2: read the cache with the "
+    message = (rf"^{mpath}: format_version is 1, this seqcache reads format version 2 or 3: read the cache with the "
                r"seqcache release that wrote it, or rebuild it with this one \(seqcache build ... --overwrite\)$")
     with pytest.raises(fmt.CacheError, match=message):
         Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1)

@@ -100,8 +100,9 @@ def test_skip_keeps_one_of_each_record_and_quarantines_the_other_copies(tmp_path
     assert stats["bad_input_records"]["records"]["skipped"] == 6
     # Per source file: the kept copies' examples and tokens (bytes and EOS) only.
     kept_lines = [(fi, t) for fi, _, rn, t in lines if first[t][2] == rn and first[t][0] == fi]
-    assert stats["source_files"]["examples"] == [sum(1 for fi, _ in kept_lines if fi == k) for k in (0, 1)]
-    assert stats["source_files"]["tokens"]["targets"] == [
+    per_file = result.manifest.read_source_table().statistics
+    assert per_file["examples"] == [sum(1 for fi, _ in kept_lines if fi == k) for k in (0, 1)]
+    assert per_file["tokens"]["targets"] == [
         sum(len(t) + 1 for fi, t in kept_lines if fi == k) for k in (0, 1)]
     assert stats["tokens"]["targets"] == sum(len(t) + 1 for t in first)
     assert verify_cache(result.cache_dir).problems == []

@@ -270,8 +270,8 @@ def test_overwrite_on_an_object_store(tmp_path, corpus):
     old = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
     local = str(tmp_path / "store" / "lines" / "train")
     before = _hashes(local)
-    # manifest, shard checksum file, 3 data and 3 provenance shards
-    assert fmt.MANIFEST_NAME in before and fmt.SHARD_CHECKSUMS_NAME in before and len(before) == 8
+    # manifest, shard checksum file, source table file, 3 data and 3 provenance shards
+    assert {fmt.MANIFEST_NAME, fmt.SHARD_CHECKSUMS_NAME, fmt.SOURCE_TABLE_NAME} <= set(before) and len(before) == 9
 
     # Leftovers of a killed replacement are removed by the next build, here one that reuses the cache.
     staged = str(tmp_path / "store" / "lines" / ".train.staging")
@@ -316,7 +316,7 @@ def test_a_cache_of_a_format_version_no_longer_read_is_refused_and_rebuilt_with_
                      for s in built.manifest.shards]
     json.dump(raw, open(mpath, "w"))
     os.unlink(os.path.join(cache_dir, fmt.SHARD_CHECKSUMS_NAME))
-    with pytest.raises(fmt.CacheError, match=r"format_version is 1, this seqcache reads format version 2: .*"
+    with pytest.raises(fmt.CacheError, match=r"format_version is 1, this seqcache reads format version 2 or 3: .*"
                                              r"rebuild it with this one \(seqcache build \.\.\. --overwrite\)"):
         build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3))
     rebuilt = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=3), overwrite=True)

@@ -41,17 +41,17 @@ def test_histogram_and_per_file_counts_are_exact(tmp_path, corpora):
                 config=BuildConfig(num_shards=3, sequence_length={"targets": 128} if pack else None),
                 split_size=split_size).manifest
     m = results[False, 1 << 30]
-    files = [s["path"] for s in m.sources]
+    files = [s["path"] for s in m.read_source_table()]
     kept = {f"{folder}/part-{i}.txt": [x for x in part if x] for i, part in enumerate(parts)}
-    st = m.statistics
-    assert st["source_files"]["examples"] == [len(kept[f]) for f in files]
-    assert st["source_files"]["tokens"]["targets"] == [sum(len(x.encode()) + 1 for x in kept[f]) for f in files]
-    assert sum(st["source_files"]["examples"]) == st["source_examples"]
+    st, per_file = m.statistics, m.read_source_table().statistics
+    assert per_file["examples"] == [len(kept[f]) for f in files]
+    assert per_file["tokens"]["targets"] == [sum(len(x.encode()) + 1 for x in kept[f]) for f in files]
+    assert sum(per_file["examples"]) == st["source_examples"]
     want = collections.Counter(int(lo) for lo in stats.bucket_lo(
         np.array([len(x.encode()) + 1 for f in files for x in kept[f]])))
     assert st["length_histogram"]["targets"] == [[lo, stats.bucket_hi(lo), want[lo]] for lo in sorted(want)]
     for (pack, split_size), other in results.items():
         # Packing changes the cached examples, not the source examples the histogram and the file table count.
         assert other.statistics["length_histogram"] == st["length_histogram"], (pack, split_size)
-        assert other.statistics["source_files"] == st["source_files"], (pack, split_size)
+        assert other.read_source_table().statistics == per_file, (pack, split_size)
     assert results[True, 4096].statistics == results[True, 1 << 30].statistics

@@ -115,7 +115,7 @@ def test_translation_cache_from_parallel_text(tmp_path, corpora):
     en = gzip.open(d / "val.en.gz", "rt", encoding="utf-8").read().splitlines()
     de = gzip.open(d / "val.de.gz", "rt", encoding="utf-8").read().splitlines()
     m = fmt.read_manifest(out)
-    assert m.sources[0]["locator"] == "line"
+    assert m.read_source_table()[0]["locator"] == "line"
     with CacheReader(out) as r:
         assert len(r) == 1014
         idx = list(range(len(r)))

@@ -158,3 +158,18 @@ def test_a_batch_keeps_each_records_file_index():
     assert live.record_numbers == [5, 9] and live.raws == [b"a", b"c"]
     same = LiveRecords(RecordBatch.from_records([records[0], records[0]._replace(record_number=6)]), [])
     assert same.file_index_column().tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("data", [b"a\nbb\nccc", b"a\nbb\nccc\n", b"ccc", b"", b"\n\n"])
+def test_a_small_whole_file_is_read_in_one_call_with_the_blocks_of_a_range(tmp_path, data, monkeypatch):
+    from seqcache.tasks.sources import lines
+
+    path = tmp_path / "small.txt"
+    path.write_bytes(data)
+    whole = list(lines.read_line_blocks(str(path)))  # one read (the file fits in a block)
+    # The same file read as a range (the general path): blocks of whole lines, then the unended last one.
+    monkeypatch.setattr(lines, "_small_whole_file", lambda p, b: None)
+    ranged = list(lines.read_line_blocks(str(path)))
+    assert whole == ranged
+    end = data.rfind(b"\n") + 1
+    assert whole == [(0, data[:end])] * bool(end) + [(end, data[end:])] * (end < len(data))

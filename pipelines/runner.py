@@ -11,7 +11,8 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
 - **How examples travel to the shard writers** (``exchange``): through the
   runner's own shuffle (``"runner"``), or, on Beam's local engine, whose
   shuffle keeps every element in the driver's memory, through spill files
-  (``"spill"``, spill.py). ``"auto"`` picks spill for the local engine.
+  (``"spill"``, spill.py). ``"auto"`` picks spill where every step runs on
+  this machine (``steps_run_here``: the local engine, Prism as a build starts it).
 - **Parallelism on Dask.** Beam's DaskRunner puts 128 elements of ``Create``
   in a partition and treats ``Reshuffle`` as a no-op, so unless the user sets
   ``--dask_npartitions`` or ``--dask_partition_size``, every work unit gets its
@@ -22,7 +23,8 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
   ``SEQCACHE_PRISM`` variable, or ``prism`` beside the Python executable,
   where ``make prism`` links it, or on ``PATH``), and fails in one line, before
   anything is written, when there is none. Prism runs the Python steps in the
-  submitting process (Beam's ``LOOPBACK`` environment, its default there).
+  submitting process (Beam's ``LOOPBACK`` environment, its default there), so
+  ``"auto"`` moves examples through spill files there too.
 - **Starting and finishing.** A runner that cannot start (a job server that
   would have to be downloaded, a Dask scheduler that does not answer) raises
   ``RunnerError`` with one line that says which runner and why.
@@ -118,8 +120,25 @@ def prism_location() -> str | None:
     return shutil.which("prism")
 
 
-def choose_exchange(exchange: str, runner: str) -> str:
-    """``"runner"`` or ``"spill"`` for the requested ``exchange`` on ``runner``.
+def steps_run_here(runner: str, options=None) -> bool:
+    """True where every step of a build runs on this machine: Beam's local
+    engine, and Prism with its steps in the build's process (its default
+    ``LOOPBACK`` environment, and the job server ``--runner=prism`` starts
+    here, not one named by ``--job_endpoint``)."""
+    if is_local_engine(runner):
+        return True
+    if not is_prism(runner) or options is None:
+        return False
+    portable = options.view_as(po.PortableOptions)
+    return (portable.environment_type or "LOOPBACK").upper() == "LOOPBACK" and not portable.job_endpoint
+
+
+def choose_exchange(exchange: str, runner: str, options=None) -> str:
+    """``"runner"`` or ``"spill"`` for the requested ``exchange`` on ``runner``
+    (``options``: the build's ``PipelineOptions``). ``"auto"`` is spill files
+    where every step runs on this machine (``steps_run_here``): on Prism, whose
+    shuffle holds every example in its Go process, they cost a third of the CPU
+    and a fifteenth of the memory of its shuffle at 100 MB (docs/scaling.md).
 
     Raises:
       ValueError: an unknown exchange.
@@ -128,7 +147,7 @@ def choose_exchange(exchange: str, runner: str) -> str:
         raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)} (got {exchange!r})")
     if exchange != "auto":
         return exchange
-    return "spill" if is_local_engine(runner) else "runner"
+    return "spill" if steps_run_here(runner, options) else "runner"
 
 
 def pipeline_options(pipeline_args: Sequence[str] | Any = None):

@@ -85,7 +85,8 @@ RUNNERS = [
     Runner("multi_processing x2", lambda request: list(MULTI_PROCESSING)),
     Runner("dask x2", lambda request: dask_args(request.getfixturevalue("dask_cluster")),
            missing=_missing_module("distributed")),
-    Runner("prism", lambda request: ["--runner=prism"], missing=_prism_missing),
+    Runner("prism", lambda request: ["--runner=prism"], missing=_prism_missing),  # spill files (auto)
+    Runner("prism, runner shuffle", lambda request: ["--runner=prism"], missing=_prism_missing, exchange="runner"),
 ]
 
 
@@ -197,3 +198,17 @@ def test_a_build_on_prism_without_its_binary_says_so_in_one_line_and_writes_noth
         f"error: prism runner: no prism binary at {tmp_path / 'absent'}; run `make prism` in the seqcache checkout, "
         f"or set {runner_mod.PRISM_VARIABLE} or --prism_location to one"], proc.stderr
     assert not (tmp_path / "caches").exists()
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--runner=prism"], "spill"),  # its steps run in the build's process (LOOPBACK)
+    (["--runner=prism", "--environment_type=LOOPBACK"], "spill"),
+    (["--runner=prism", "--environment_type=DOCKER"], "runner"),
+    (["--runner=prism", "--job_endpoint=localhost:8073"], "runner"),  # a Prism started elsewhere
+    ([], "spill"),  # the local engine
+    (["--runner=dask"], "runner"),
+])
+def test_auto_moves_examples_through_spill_files_where_every_step_runs_here(args, expected):
+    options, runner = runner_mod.pipeline_options(args)
+    assert runner_mod.choose_exchange("auto", runner, options) == expected
+    assert runner_mod.choose_exchange("runner", runner, options) == "runner"

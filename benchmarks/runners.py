@@ -34,9 +34,10 @@ Runners:
   dask: Beam's DaskRunner on a ``distributed.LocalCluster`` of worker
       processes (1 thread each) on 127.0.0.1, started by this script;
   prism: Beam's PrismRunner with the binary ``make prism`` installs (its
-      Python steps in the build's process: Beam's LOOPBACK environment);
-  prism_spill (not in the default list): the same, examples moved through
-      spill files (``--exchange=spill``) instead of Prism's shuffle.
+      Python steps in the build's process: Beam's LOOPBACK environment;
+      examples through spill files, as ``--exchange=auto`` picks there);
+  prism_shuffle (not in the default list): the same, examples moved through
+      Prism's own shuffle (``--exchange=runner``).
 
 Usage (from any folder; the runs need the corpora of ../shared/data):
   python benchmarks/runners.py [--mb 100] [--runners local,multi_processing,dask,prism]
@@ -71,7 +72,7 @@ RUNNERS = {
     "multi_processing": lambda n, ctx: ["--direct_running_mode=multi_processing", f"--direct_num_workers={n}"],
     "dask": lambda n, ctx: ["--runner=dask", f"--dask_client_address={ctx.dask(n)[0]}"],
     "prism": lambda n, ctx: ["--runner=prism"],
-    "prism_spill": lambda n, ctx: ["--runner=prism", "--exchange=spill"],
+    "prism_shuffle": lambda n, ctx: ["--runner=prism", "--exchange=runner"],
 }
 TAKES_WORKERS = {"multi_processing", "dask"}
 

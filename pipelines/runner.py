@@ -137,8 +137,8 @@ def choose_exchange(exchange: str, runner: str, options=None) -> str:
     """``"runner"`` or ``"spill"`` for the requested ``exchange`` on ``runner``
     (``options``: the build's ``PipelineOptions``). ``"auto"`` is spill files
     where every step runs on this machine (``steps_run_here``): on Prism, whose
-    shuffle holds every example in its Go process, they cost a third of the CPU
-    and a fifteenth of the memory of its shuffle at 100 MB (docs/scaling.md).
+    shuffle holds every example in its Go process, they cost about a third of
+    the CPU and a twelfth of the memory of its shuffle at 100 MB (docs/scaling.md).
 
     Raises:
       ValueError: an unknown exchange.
@@ -161,6 +161,9 @@ def pipeline_options(pipeline_args: Sequence[str] | Any = None):
     if isinstance(pipeline_args, po.PipelineOptions):
         standard = pipeline_args.view_as(po.StandardOptions)
         standard.runner = resolve_runner(standard.runner)
+        prism = pipeline_args.view_as(po.PrismRunnerOptions)
+        if is_prism(standard.runner) and not prism.prism_location:
+            prism.prism_location = prism_location()
         return pipeline_args, standard.runner
     args, out, name = iter(pipeline_args or []), [], None
     for a in args:

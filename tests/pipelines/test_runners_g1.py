@@ -212,3 +212,21 @@ def test_auto_moves_examples_through_spill_files_where_every_step_runs_here(args
     options, runner = runner_mod.pipeline_options(args)
     assert runner_mod.choose_exchange("auto", runner, options) == expected
     assert runner_mod.choose_exchange("runner", runner, options) == "runner"
+
+
+def test_prism_gets_the_installed_binary_from_arguments_and_from_options(monkeypatch, tmp_path):
+    binary = tmp_path / "prism"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv(runner_mod.PRISM_VARIABLE, str(binary))
+    from apache_beam.options import pipeline_options as po
+
+    for given in (["--runner=prism"], po.PipelineOptions(["--runner=prism"])):
+        options, runner = runner_mod.pipeline_options(given)
+        assert runner == runner_mod.PRISM_RUNNER
+        assert options.view_as(po.PrismRunnerOptions).prism_location == str(binary)
+        runner_mod.check_runner_available(runner, options)  # an executable file: accepted
+    options, _ = runner_mod.pipeline_options(["--runner=prism", "--prism_location=/elsewhere/prism"])
+    assert options.view_as(po.PrismRunnerOptions).prism_location == "/elsewhere/prism"  # the user's wins
+    with pytest.raises(runner_mod.RunnerError, match="no prism binary at /elsewhere/prism"):
+        runner_mod.check_runner_available(runner_mod.PRISM_RUNNER, options)

@@ -10,7 +10,13 @@ PYTEST_WORKERS ?= 2
 # Extras installed into .venv (tfds: TensorFlow and TFDS, for the tfds: source and its tests).
 EXTRAS ?= train,test,tfds
 
-.PHONY: install demo test test-slow test-trainers bench clean
+# Prism, Beam's own runner, for --runner=prism: built from the Go module proxy at the
+# version of the Beam SDK that constraints.txt pins (its go.mod needs Go 1.26), into
+# build/bin and linked into the venv's bin, where `seqcache build` finds it (docs/scaling.md).
+BEAM_VERSION := $(shell sed -n 's/^apache-beam==//p' constraints.txt)
+PRISM := build/bin/prism
+
+.PHONY: install prism demo test test-slow test-trainers bench clean
 
 $(VENV)/.deps: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +30,20 @@ install: $(VENV)/.deps
 	$(PY) -m pip install -q --no-deps --force-reinstall --no-build-isolation . 2>&1 | grep -v "already satisfied" || true
 	rm -rf build/lib build/bdist* *.egg-info
 
+$(PRISM): constraints.txt
+	@command -v go >/dev/null || { echo "prism: needs Go 1.26 or newer (go not found)"; exit 1; }
+	GOBIN=$(CURDIR)/build/bin GOFLAGS=-modcacherw go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
+	touch $@
+
+prism: $(VENV)/.deps $(PRISM)
+	ln -sf $(CURDIR)/$(PRISM) $(VENV)/bin/prism
+
 demo: install
 	DEMO=$(DEMO) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
 
 # Each test module runs in one worker (its module-scoped fixtures are built once), the
 # costliest modules first (tests/conftest.py, HEAVY_FIRST).
-test: install
+test: install prism
 	$(VENV)/bin/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The slow tests compile with XLA's default optimization (the default suite's

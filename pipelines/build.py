@@ -195,8 +195,8 @@ def build_task(
     _check_task(task, config)
     options, runner = runner_mod.pipeline_options(pipeline_args)
     try:
-        runner_mod.check_runner_available(runner)
-        exchange = runner_mod.choose_exchange(exchange, runner)
+        runner_mod.check_runner_available(runner, options)
+        exchange = runner_mod.choose_exchange(exchange, runner, options)
     except (RunnerError, ValueError) as e:
         raise BuildError(str(e)) from None
     fs_options = _fs_options(pipeline_args)
@@ -337,10 +337,12 @@ def _build_into(plan: BuildPlan, *, progress, build_dir) -> Manifest:
     fs.makedirs(scratch)
     vocabularies, stored = _write_vocabularies(plan.task, build_dir)
     # Spill files and quarantine chunks go to the cache's _tmp/, where every
-    # worker reads them; the local engine's workers share this machine, so for a
-    # cache on an object store they stay on local disk (a request per ranged read).
+    # worker reads them; the local engine's (and Prism's, as a build starts it) workers
+    # share this machine, so for a cache on an object store they stay on local disk
+    # (a request per ranged read).
     local_scratch = None
-    if plan.exchange == "spill" and not fs.is_local(build_dir) and runner_mod.is_local_engine(plan.runner):
+    if (plan.exchange == "spill" and not fs.is_local(build_dir)
+            and runner_mod.steps_run_here(plan.runner, plan.options)):
         spill_dir = local_scratch = tempfile.mkdtemp(prefix="seqcache-spill-")
     else:
         spill_dir = fs.join(scratch, "spill")

@@ -385,7 +385,7 @@ def run_scan(units: Sequence[tuple], bench: BenchmarkRef, *, scratch_dir: str, p
     """
     beam = process.import_beam()
     options, runner = runner_mod.pipeline_options(pipeline_args)
-    runner_mod.check_runner_available(runner)
+    runner_mod.check_runner_available(runner, options)
     fs.set_options(options)
     scan = ScanUnit(bench, scratch_dir=scratch_dir, fs_options=_fs_options(pipeline_args))
     engine = runner_mod.local_engine(options) if runner == runner_mod.LOCAL_ENGINE else None

@@ -11,11 +11,20 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
 - **How examples travel to the shard writers** (``exchange``): through the
   runner's own shuffle (``"runner"``), or, on Beam's local engine, whose
   shuffle keeps every element in the driver's memory, through spill files
-  (``"spill"``, spill.py). ``"auto"`` picks spill for the local engine.
+  (``"spill"``, spill.py). ``"auto"`` picks spill where every step runs on
+  this machine (``steps_run_here``: the local engine, Prism as a build starts it).
 - **Parallelism on Dask.** Beam's DaskRunner puts 128 elements of ``Create``
   in a partition and treats ``Reshuffle`` as a no-op, so unless the user sets
   ``--dask_npartitions`` or ``--dask_partition_size``, every work unit gets its
   own partition (``--dask_partition_size=1``).
+- **Prism, installed, never downloaded.** Beam's PrismRunner downloads its
+  Go binary from GitHub unless ``--prism_location`` names one. Without that
+  option a build passes the binary that ``prism_location`` finds (the
+  ``SEQCACHE_PRISM`` variable, or ``prism`` beside the Python executable,
+  where ``make prism`` links it, or on ``PATH``), and fails in one line, before
+  anything is written, when there is none. Prism runs the Python steps in the
+  submitting process (Beam's ``LOOPBACK`` environment, its default there), so
+  ``"auto"`` moves examples through spill files there too.
 - **Starting and finishing.** A runner that cannot start (a job server that
   would have to be downloaded, a Dask scheduler that does not answer) raises
   ``RunnerError`` with one line that says which runner and why.
@@ -27,6 +36,8 @@ import contextlib
 import io
 import logging
 import multiprocessing
+import os
+import shutil
 import sys
 from concurrent import futures
 from typing import Any, Sequence
@@ -50,6 +61,9 @@ log = logging.getLogger(__name__)
 
 LOCAL_ENGINE = "FnApiRunner"
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+PRISM_RUNNER = "PrismRunner"
+# Names the Prism binary a build on --runner=prism uses, when --prism_location does not.
+PRISM_VARIABLE = "SEQCACHE_PRISM"
 
 # Short names users type -> what Beam's --runner accepts (lower-cased keys).
 # Beam's DirectRunner first tries to download and start Prism; its own local
@@ -60,7 +74,7 @@ RUNNER_ALIASES = {
     "dataflow": "DataflowRunner", "dataflowrunner": "DataflowRunner",
     "flink": "FlinkRunner", "flinkrunner": "FlinkRunner",
     "spark": "SparkRunner", "sparkrunner": "SparkRunner",
-    "prism": "PrismRunner", "prismrunner": "PrismRunner",
+    "prism": PRISM_RUNNER, "prismrunner": PRISM_RUNNER,
     "portable": "PortableRunner", "portablerunner": "PortableRunner",
 }
 # Runners whose shuffle is Beam's local engine (in the driver's memory).
@@ -87,8 +101,44 @@ def is_dask(runner: str) -> bool:
     return runner.rsplit(".", 1)[-1].lower() == "daskrunner"
 
 
-def choose_exchange(exchange: str, runner: str) -> str:
-    """``"runner"`` or ``"spill"`` for the requested ``exchange`` on ``runner``.
+def is_prism(runner: str) -> bool:
+    return runner.rsplit(".", 1)[-1].lower() == "prismrunner"
+
+
+def prism_location() -> str | None:
+    """The Prism binary for a build on ``--runner=prism`` without
+    ``--prism_location``: the path in ``$SEQCACHE_PRISM`` when set (even one
+    that does not exist: the build then names it), else ``prism`` in the
+    folder of the Python executable (a venv's ``bin``, where ``make prism``
+    links it), else ``prism`` on ``PATH``; None when there is none."""
+    named = os.environ.get(PRISM_VARIABLE)
+    if named:
+        return named
+    beside = os.path.join(os.path.dirname(sys.executable), "prism")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("prism")
+
+
+def steps_run_here(runner: str, options=None) -> bool:
+    """True where every step of a build runs on this machine: Beam's local
+    engine, and Prism with its steps in the build's process (its default
+    ``LOOPBACK`` environment, and the job server ``--runner=prism`` starts
+    here, not one named by ``--job_endpoint``)."""
+    if is_local_engine(runner):
+        return True
+    if not is_prism(runner) or options is None:
+        return False
+    portable = options.view_as(po.PortableOptions)
+    return (portable.environment_type or "LOOPBACK").upper() == "LOOPBACK" and not portable.job_endpoint
+
+
+def choose_exchange(exchange: str, runner: str, options=None) -> str:
+    """``"runner"`` or ``"spill"`` for the requested ``exchange`` on ``runner``
+    (``options``: the build's ``PipelineOptions``). ``"auto"`` is spill files
+    where every step runs on this machine (``steps_run_here``): on Prism, whose
+    shuffle holds every example in its Go process, they cost about a third of
+    the CPU and a twelfth of the memory of its shuffle at 100 MB (docs/scaling.md).
 
     Raises:
       ValueError: an unknown exchange.
@@ -97,18 +147,23 @@ def choose_exchange(exchange: str, runner: str) -> str:
         raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)} (got {exchange!r})")
     if exchange != "auto":
         return exchange
-    return "spill" if is_local_engine(runner) else "runner"
+    return "spill" if steps_run_here(runner, options) else "runner"
 
 
 def pipeline_options(pipeline_args: Sequence[str] | Any = None):
     """``(options, runner)``: Beam ``PipelineOptions`` from the command line's
     free arguments and the runner's resolved name (the last ``--runner`` wins;
     none: the local engine, named explicitly, since the DirectRunner would
-    first try to download Prism), with the Dask partitioning default.
+    first try to download Prism), with the Dask partitioning default and, on
+    Prism, ``--prism_location`` from ``prism_location()`` when not given
+    (``check_runner_available`` refuses a missing binary).
     """
     if isinstance(pipeline_args, po.PipelineOptions):
         standard = pipeline_args.view_as(po.StandardOptions)
         standard.runner = resolve_runner(standard.runner)
+        prism = pipeline_args.view_as(po.PrismRunnerOptions)
+        if is_prism(standard.runner) and not prism.prism_location:
+            prism.prism_location = prism_location()
         return pipeline_args, standard.runner
     args, out, name = iter(pipeline_args or []), [], None
     for a in args:
@@ -122,6 +177,10 @@ def pipeline_options(pipeline_args: Sequence[str] | Any = None):
     out.append(f"--runner={runner}")
     if is_dask(runner) and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in out):
         out.append("--dask_partition_size=1")
+    if is_prism(runner) and not any(a.startswith("--prism_location") for a in out):
+        location = prism_location()
+        if location:
+            out.append(f"--prism_location={location}")
     return po.PipelineOptions(out), runner
 
 
@@ -269,13 +328,17 @@ def option_value_errors(args: Sequence[str]) -> str | None:
     return None
 
 
-def check_runner_available(runner: str) -> None:
+def check_runner_available(runner: str, options=None) -> None:
     """Fails early, before anything is written, when ``runner`` cannot be used
-    here: an unknown name, or a runner whose Python packages are missing.
+    here: an unknown name, a runner whose Python packages are missing, or
+    Prism without a binary on this machine (``options``: the build's
+    ``PipelineOptions``, whose ``--prism_location`` is checked).
 
     Raises:
       RunnerError: one line naming the runner and what to do.
     """
+    if is_prism(runner):
+        _check_prism(options)
     if is_dask(runner):
         try:
             import dask.distributed  # noqa: F401  optional: dask
@@ -289,6 +352,17 @@ def check_runner_available(runner: str) -> None:
         known = ", ".join(sorted({v.rsplit(".", 1)[-1] for v in RUNNER_ALIASES.values()}))
         why = "is unknown" if "Unexpected pipeline runner" in str(e) else f"is not available: {first_line(e)}"
         raise RunnerError(f"runner {runner!r} {why} (runners: {known}, or a fully qualified class name)") from None
+
+
+def _check_prism(options) -> None:
+    """RunnerError unless ``options``' ``--prism_location`` is an executable file
+    here (Beam would otherwise try to download one, or take a URL)."""
+    location = options.view_as(po.PrismRunnerOptions).prism_location if options is not None else None
+    where = (f"at {location}" if location else
+             f"beside {sys.executable}, in ${PRISM_VARIABLE} or on PATH")
+    if not location or not (os.path.isfile(location) and os.access(location, os.X_OK)):
+        raise RunnerError(f"prism runner: no prism binary {where}; run `make prism` in the seqcache checkout, "
+                          f"or set {PRISM_VARIABLE} or --prism_location to one")
 
 
 def run(pipeline, runner: str) -> None:

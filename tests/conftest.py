@@ -31,7 +31,8 @@ SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 HEAVY_FIRST = (
     "tests/test_object_store.py", "tests/training/test_sharding.py", "tests/training/test_t5_cli.py",
     "tests/training/test_cli.py", "tests/training/test_multihost.py", "tests/training/test_t5.py",
-    "tests/training/test_resume.py", "tests/pipelines/test_runners.py", "tests/test_cli_beam_workers.py",
+    "tests/training/test_resume.py", "tests/pipelines/test_runners.py", "tests/pipelines/test_runners_g1.py",
+    "tests/test_cli_beam_workers.py",
     "tests/training/test_step.py", "tests/training/test_attention.py",
 )
 

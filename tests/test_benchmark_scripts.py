@@ -121,3 +121,19 @@ def test_accelerator_benchmark_searches_the_batch_and_trains_from_a_cache(tmp_pa
         assert row["tokens_per_step"] == b * 64 and row["tokens_per_s"] > 0 and 0 <= row["data_wait_share"] < 1, row
         assert row["largest_that_fits"] == (b == search["largest"]), row
     assert "| tiny | 0.1 M | 8 | 64 |" in done.stdout, done.stdout
+
+
+def test_runners_benchmark_builds_on_each_runner_and_compares_the_shards(tmp_path):
+    out = tmp_path / "runners.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/runners.py", "--mb", "0.3", "--runners", "local,multi_processing,prism",
+         "--ratio", "--work-dir", str(tmp_path), "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {(s["runner"], s["workers"]): s for s in report["summary"]}
+    assert set(rows) == {("local", 1), ("multi_processing", 2), ("prism", 1), ("multi_processing", 1)}, rows
+    assert all(s["same_bytes"] and s["cpu_s"] > 0 and s["peak_tree_rss_mb"] > 0 for s in rows.values()), rows
+    mp = rows[("multi_processing", 2)]
+    assert mp["cpu_2_over_1"] == round(mp["cpu_s"] / rows[("multi_processing", 1)]["cpu_s"], 3), mp
+    assert len({r["examples"] for r in report["rows"]}) == 1 and report["rows"][0]["examples"] > 100, report["rows"]

@@ -304,7 +304,8 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
               "of the corpus, between 1 MiB and 64 MiB). Never changes the cache's bytes.")
 @click.option("--exchange", type=click.Choice(["auto", "runner", "spill"]), default="auto", show_default=True,
               help="How examples reach the shard writers: the runner's shuffle, or spill files (auto: spill files on "
-              "Beam's local engine, the runner's shuffle elsewhere). Never changes the cache's bytes.")
+              "Beam's local engine and on Prism, whose steps run in this process; the runner's shuffle elsewhere). "
+              "Never changes the cache's bytes.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help=common.WORKERS_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace an existing cache whose fingerprint differs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

@@ -4,6 +4,10 @@ The rows a loader serves are the Feeder's rows (by cache index), its state is
 the Feeder's JSON, and a state saved on one rank resumes on other world sizes in
 a fresh process, in a plain loop, with torchdata's StatefulDataLoader and in a
 real two-rank gloo training loop that checkpoints with torch.distributed.checkpoint.
+
+PyTorch is not in the default suite's venv (PyPI's torch wheel for Linux is a
+CUDA build of several GB): ``make test-trainers`` runs this module in the
+torchtitan venv, which has torch and torchdata (tests/trainers/torchtitan/run.sh).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import sys
 
 import numpy as np
 import pytest
-import torch
-from torch.distributed.checkpoint.stateful import Stateful
+
+torch = pytest.importorskip("torch", reason="runs in make test-trainers' torchtitan venv, which installs PyTorch")
+pytest.importorskip("torchdata", reason="runs in make test-trainers' torchtitan venv, which installs torchdata")
+from torch.distributed.checkpoint.stateful import Stateful  # noqa: E402
 
 from seqcache.feeders import Feeder, FeederStateError
 from seqcache.feeders.torch import (IGNORE_INDEX, MICROBATCH_KEY, PLAIN_LOADER_ERROR, STATE_KEY, FeederDataset,

@@ -10,7 +10,21 @@ PYTEST_WORKERS ?= 2
 # Extras installed into .venv (tfds: TensorFlow and TFDS, for the tfds: source and its tests).
 EXTRAS ?= train,test,tfds
 
-.PHONY: install demo test test-slow test-trainers bench clean
+.PHONY: install demo test test-slow test-trainers bench clean jars
+
+# Beam's Flink and Spark job servers (Java), for `seqcache build --runner=flink|spark`:
+# Maven fetches Beam's runner libraries and their dependencies from Maven Central
+# (runners/*/pom.xml) into $(JARS)/<runner>/. Needs java (17+) and mvn. docs/scaling.md.
+JARS ?= build/jars
+MVN  ?= mvn
+jars: $(JARS)/flink/flink-job-server.jar $(JARS)/spark/spark-job-server.jar
+
+$(JARS)/flink/flink-job-server.jar: runners/flink/pom.xml
+$(JARS)/spark/spark-job-server.jar: runners/spark/pom.xml
+$(JARS)/flink/flink-job-server.jar $(JARS)/spark/spark-job-server.jar:
+	rm -rf $(@D)
+	$(MVN) -q -B -f $< package -Dout=$(abspath $(@D))
+	rm -rf $(@D)/target
 
 $(VENV)/.deps: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)

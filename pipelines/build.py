@@ -195,7 +195,7 @@ def build_task(
     _check_task(task, config)
     options, runner = runner_mod.pipeline_options(pipeline_args)
     try:
-        runner_mod.check_runner_available(runner)
+        runner_mod.check_runner_available(runner, options)
         exchange = runner_mod.choose_exchange(exchange, runner)
     except (RunnerError, ValueError) as e:
         raise BuildError(str(e)) from None

@@ -16,6 +16,14 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
   in a partition and treats ``Reshuffle`` as a no-op, so unless the user sets
   ``--dask_npartitions`` or ``--dask_partition_size``, every work unit gets its
   own partition (``--dask_partition_size=1``).
+- **Flink and Spark.** Beam's FlinkRunner and SparkRunner start a job server
+  (Java) that Beam would download from Maven Central; here it is the one
+  ``make jars`` builds (runners/flink, runners/spark: Beam's runner library and
+  its dependencies from Maven Central), found under ``$SEQCACHE_JARS`` (default ``build/jars``) unless
+  ``--flink_job_server_jar`` / ``--spark_job_server_jar`` or ``--job_endpoint``
+  names one. Without a master, Flink runs embedded in the job server
+  (``[local]``) and Spark as ``local[*]``, and the Python steps run in the
+  submitting process (Beam's LOOPBACK environment).
 - **Starting and finishing.** A runner that cannot start (a job server that
   would have to be downloaded, a Dask scheduler that does not answer) raises
   ``RunnerError`` with one line that says which runner and why.
@@ -27,6 +35,8 @@ import contextlib
 import io
 import logging
 import multiprocessing
+import os
+import shutil
 import sys
 from concurrent import futures
 from typing import Any, Sequence
@@ -63,6 +73,15 @@ RUNNER_ALIASES = {
     "prism": "PrismRunner", "prismrunner": "PrismRunner",
     "portable": "PortableRunner", "portablerunner": "PortableRunner",
 }
+# The job servers of Beam's FlinkRunner and SparkRunner: runner -> (its option naming
+# the jar, the jar `make jars` builds, under $SEQCACHE_JARS).
+JOB_SERVERS = {
+    "flinkrunner": ("flink_job_server_jar", "flink/flink-job-server.jar"),
+    "sparkrunner": ("spark_job_server_jar", "spark/spark-job-server.jar"),
+}
+# Where `make jars` puts them: $SEQCACHE_JARS, else build/jars under the working directory.
+JARS_ENV = "SEQCACHE_JARS"
+DEFAULT_JARS = "build/jars"
 # Runners whose shuffle is Beam's local engine (in the driver's memory).
 _LOCAL_ENGINES = {"fnapirunner", "directrunner", "bundlebaseddirectrunner", "swallowingdirectrunner"}
 EXCHANGES = ("auto", "runner", "spill")
@@ -85,6 +104,17 @@ def is_local_engine(runner: str) -> bool:
 
 def is_dask(runner: str) -> bool:
     return runner.rsplit(".", 1)[-1].lower() == "daskrunner"
+
+
+def job_server(runner: str) -> tuple[str, str] | None:
+    """``(option, default jar path)`` for a runner that starts a Java job server
+    (Beam's FlinkRunner, SparkRunner), else None. The path is
+    ``$SEQCACHE_JARS/<runner>/<runner>-job-server.jar`` (default ``build/jars``)."""
+    entry = JOB_SERVERS.get(runner.rsplit(".", 1)[-1].lower())
+    if entry is None:
+        return None
+    option, jar = entry
+    return option, os.path.join(os.environ.get(JARS_ENV) or DEFAULT_JARS, jar)
 
 
 def choose_exchange(exchange: str, runner: str) -> str:
@@ -120,6 +150,9 @@ def pipeline_options(pipeline_args: Sequence[str] | Any = None):
             out.append(a)
     runner = resolve_runner(name)
     out.append(f"--runner={runner}")
+    server = job_server(runner)
+    if server and not any(a.startswith((f"--{server[0]}", "--job_endpoint")) for a in out):
+        out.append(f"--{server[0]}={server[1]}")  # never a jar Beam would download
     if is_dask(runner) and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in out):
         out.append("--dask_partition_size=1")
     return po.PipelineOptions(out), runner
@@ -269,13 +302,37 @@ def option_value_errors(args: Sequence[str]) -> str | None:
     return None
 
 
-def check_runner_available(runner: str) -> None:
+def _check_job_server(runner: str, option: str, default_jar: str, options) -> None:
+    """RunnerError unless ``runner``'s job server can start here: its jar exists
+    (never one Beam would download) and ``java`` is on the PATH; nothing to
+    check when ``--job_endpoint`` names a running job server."""
+    name = runner.rsplit(".", 1)[-1].lower().removesuffix("runner")
+    all_options = options.get_all_options() if options is not None else {}
+    if all_options.get("job_endpoint"):
+        return
+    jar = all_options.get(option) or default_jar
+    if "://" in jar:
+        raise RunnerError(f"{name} runner: --{option}={jar} is a URL; seqcache downloads no job server, "
+                          "run `make jars` and give the jar's path")
+    if not os.path.isfile(jar):
+        raise RunnerError(f"{name} runner: no job server jar at {jar}; run `make jars`")
+    if shutil.which("java") is None:
+        raise RunnerError(f"{name} runner: no `java` on the PATH to start the job server {jar} (Java 17 or newer)")
+
+
+def check_runner_available(runner: str, options=None) -> None:
     """Fails early, before anything is written, when ``runner`` cannot be used
-    here: an unknown name, or a runner whose Python packages are missing.
+    here: an unknown name, a runner whose Python packages are missing, or a
+    Flink or Spark job server jar that ``make jars`` has not built
+    (``options``: the build's ``PipelineOptions``, for the jar's option).
 
     Raises:
       RunnerError: one line naming the runner and what to do.
     """
+    server = job_server(runner)
+    if server:
+        _check_job_server(runner, *server, options)
+        return
     if is_dask(runner):
         try:
             import dask.distributed  # noqa: F401  optional: dask

@@ -376,6 +376,12 @@ def run(pipeline, runner: str) -> None:
         if any(type(c).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError") for c in causes(e)):
             raise RunnerError(f"runner {short}: a worker died and the work could not be "
                               f"finished ({first_line(e)}); nothing was published, run the build again") from e
+        lost = next((c for c in causes(e) if isinstance(c, grpc.RpcError) and callable(getattr(c, "code", None))
+                     and c.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)), None)
+        if lost is not None and not _is_step_error(e):
+            # Flink, Spark, any job service: its connection went away (the job server died).
+            raise RunnerError(f"runner {short}: lost its job server while the job ran ({first_line(lost)}); "
+                              "nothing was published, run the build again") from e
         raise
     finally:
         client = getattr(result, "client", None)  # DaskRunner: its client of the cluster

@@ -7,7 +7,7 @@ runner libraries from Maven Central): Flink embedded in its job server
 127.0.0.1 and stops them at its end; the builds reach them with
 ``--job_endpoint`` and run their Python steps in the test's own process
 (Beam's LOOPBACK environment). Without the jars the module skips, or fails
-under CI.
+under CI. The tests that kill a job server are marked slow; .ci/run runs them.
 """
 
 from __future__ import annotations
@@ -250,6 +250,8 @@ def _decoded(cache_dir):
                                    for e in r.read_examples(range(len(r))))
 
 
+# Slow (a job server of its own for each runner): .ci/run runs them by name.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SERVERS))
 def test_a_job_server_killed_mid_build_fails_in_one_line_or_leaves_every_record_once(tmp_path, corpus, name):
     """The job server (its own, not the module's) is killed while a work unit is

@@ -25,7 +25,6 @@ $(JARS)/flink/flink-job-server.jar $(JARS)/spark/spark-job-server.jar:
 	rm -rf $(@D)
 	$(MVN) -q -B -f $< package -Dout=$(abspath $(@D))
 	rm -rf $(@D)/target
-	if [ -d $(<D)/conf ]; then cp -r $(<D)/conf $(@D)/conf; fi
 
 $(VENV)/.deps: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)

@@ -305,9 +305,7 @@ def option_value_errors(args: Sequence[str]) -> str | None:
 def _check_job_server(runner: str, option: str, default_jar: str, options) -> None:
     """RunnerError unless ``runner``'s job server can start here: its jar exists
     (never one Beam would download) and ``java`` is on the PATH; nothing to
-    check when ``--job_endpoint`` names a running job server. For Flink, sets
-    ``FLINK_CONF_DIR`` (unless set) to the ``conf`` folder beside the jar, where
-    ``make jars`` puts the Flink settings the job server then reads."""
+    check when ``--job_endpoint`` names a running job server."""
     name = runner.rsplit(".", 1)[-1].lower().removesuffix("runner")
     all_options = options.get_all_options() if options is not None else {}
     if all_options.get("job_endpoint"):
@@ -320,11 +318,6 @@ def _check_job_server(runner: str, option: str, default_jar: str, options) -> No
         raise RunnerError(f"{name} runner: no job server jar at {jar}; run `make jars`")
     if shutil.which("java") is None:
         raise RunnerError(f"{name} runner: no `java` on the PATH to start the job server {jar} (Java 17 or newer)")
-    conf = os.path.join(os.path.dirname(os.path.abspath(jar)), "conf")
-    if name == "flink" and "FLINK_CONF_DIR" not in os.environ and os.path.isdir(conf):
-        # The job server Beam starts inherits it: the Flink settings `make jars` installs
-        # beside the jar (runners/flink/conf: managed memory for the shuffle's large elements).
-        os.environ["FLINK_CONF_DIR"] = conf
 
 
 def check_runner_available(runner: str, options=None) -> None:

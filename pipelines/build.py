@@ -196,7 +196,7 @@ def build_task(
     options, runner = runner_mod.pipeline_options(pipeline_args)
     try:
         runner_mod.check_runner_available(runner, options)
-        exchange = runner_mod.choose_exchange(exchange, runner)
+        exchange = runner_mod.choose_exchange(exchange, runner, options)
     except (RunnerError, ValueError) as e:
         raise BuildError(str(e)) from None
     fs_options = _fs_options(pipeline_args)

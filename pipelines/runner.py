@@ -11,7 +11,8 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
 - **How examples travel to the shard writers** (``exchange``): through the
   runner's own shuffle (``"runner"``), or, on Beam's local engine, whose
   shuffle keeps every element in the driver's memory, through spill files
-  (``"spill"``, spill.py). ``"auto"`` picks spill for the local engine.
+  (``"spill"``, spill.py). ``"auto"`` picks spill for the local engine and
+  for Flink embedded in its job server.
 - **Parallelism on Dask.** Beam's DaskRunner puts 128 elements of ``Create``
   in a partition and treats ``Reshuffle`` as a no-op, so unless the user sets
   ``--dask_npartitions`` or ``--dask_partition_size``, every work unit gets its
@@ -117,8 +118,22 @@ def job_server(runner: str) -> tuple[str, str] | None:
     return option, os.path.join(os.environ.get(JARS_ENV) or DEFAULT_JARS, jar)
 
 
-def choose_exchange(exchange: str, runner: str) -> str:
-    """``"runner"`` or ``"spill"`` for the requested ``exchange`` on ``runner``.
+def is_embedded_flink(runner: str, options=None) -> bool:
+    """True for Beam's FlinkRunner with the Flink cluster embedded in the job
+    server it starts here (``--flink_master`` ``[local]`` or ``[auto]``, no
+    ``--job_endpoint``): every process of the build shares this file system."""
+    if runner.rsplit(".", 1)[-1].lower() != "flinkrunner" or options is None:
+        return False
+    all_options = options.get_all_options()
+    return not all_options.get("job_endpoint") and (all_options.get("flink_master") or "[auto]") in ("[local]", "[auto]")
+
+
+def choose_exchange(exchange: str, runner: str, options=None) -> str:
+    """``"runner"`` or ``"spill"`` for the requested ``exchange`` on ``runner``
+    (``options``: the build's ``PipelineOptions``). ``"auto"`` is spill files
+    on the local engine and on embedded Flink, whose batch sort must hold a
+    shard's grouped values in one record and fails once they outgrow a sort
+    buffer (docs/scaling.md); the runner's shuffle elsewhere.
 
     Raises:
       ValueError: an unknown exchange.
@@ -127,7 +142,7 @@ def choose_exchange(exchange: str, runner: str) -> str:
         raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)} (got {exchange!r})")
     if exchange != "auto":
         return exchange
-    return "spill" if is_local_engine(runner) else "runner"
+    return "spill" if is_local_engine(runner) or is_embedded_flink(runner, options) else "runner"
 
 
 def pipeline_options(pipeline_args: Sequence[str] | Any = None):

@@ -141,15 +141,17 @@ def _shard_hashes(result):
 
 
 def test_flink_and_spark_write_the_local_engines_shards(tmp_path, corpus, job_servers):
-    """G1 on a plain byte-vocabulary task, the work cut into several units."""
+    """G1 on a plain byte-vocabulary task, the work cut into several units,
+    through the runner's shuffle and through spill files."""
     task, config = _byte_task(corpus), BuildConfig(num_shards=3)
     local = build_task(task, cache_dir=str(tmp_path / "local"), config=config)
     assert local.manifest.num_examples > 2_000
     for name, server in job_servers.items():
-        result = build_task(task, cache_dir=str(tmp_path / name), config=config, pipeline_args=server.args(),
-                            split_size=20_000)
-        assert _shard_hashes(result) == _shard_hashes(local), name
-        assert result.manifest.statistics == local.manifest.statistics, name
+        for exchange in ("runner", "spill"):
+            result = build_task(task, cache_dir=str(tmp_path / f"{name}-{exchange}"), config=config,
+                                pipeline_args=server.args(), split_size=20_000, exchange=exchange)
+            assert _shard_hashes(result) == _shard_hashes(local), (name, exchange)
+            assert result.manifest.statistics == local.manifest.statistics, (name, exchange)
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +200,21 @@ def test_a_missing_job_server_jar_fails_in_one_line_naming_make_jars(tmp_path, c
     jar = tmp_path / "no-jars" / SERVERS[name][0]
     assert message == f"{name} runner: no job server jar at {jar}; run `make jars`"
     assert not (tmp_path / "c").exists()
+
+
+def test_embedded_flink_exchanges_through_spill_files_by_default():
+    """``--exchange=auto``: spill files on Flink embedded in the job server the
+    build starts; the runner's shuffle for a job server or master elsewhere."""
+    def exchange(*args):
+        options, runner = runner_mod.pipeline_options(list(args))
+        return runner_mod.choose_exchange("auto", runner, options)
+
+    assert exchange("--runner=flink") == "spill"
+    assert exchange("--runner=flink", "--flink_master=[local]") == "spill"
+    assert exchange("--runner=flink", "--flink_master=jobmanager:8081") == "runner"
+    assert exchange("--runner=flink", "--job_endpoint=localhost:8099") == "runner"
+    assert exchange("--runner=spark") == "runner"
+    assert exchange() == "spill"
 
 
 def test_the_cli_names_make_jars_and_writes_nothing(tmp_path, corpus):

@@ -16,7 +16,21 @@ EXTRAS ?= train,test,tfds
 BEAM_VERSION := $(shell sed -n 's/^apache-beam==//p' constraints.txt)
 PRISM := build/bin/prism
 
-.PHONY: install prism demo test test-slow test-trainers bench clean
+.PHONY: install prism jars demo test test-slow test-trainers bench clean
+
+# Beam's Flink and Spark job servers (Java), for `seqcache build --runner=flink|spark`:
+# Maven fetches Beam's runner libraries and their dependencies from Maven Central
+# (runners/*/pom.xml) into $(JARS)/<runner>/. Needs java (17+) and mvn. docs/scaling.md.
+JARS ?= build/jars
+MVN  ?= mvn
+jars: $(JARS)/flink/flink-job-server.jar $(JARS)/spark/spark-job-server.jar
+
+$(JARS)/flink/flink-job-server.jar: runners/flink/pom.xml
+$(JARS)/spark/spark-job-server.jar: runners/spark/pom.xml
+$(JARS)/flink/flink-job-server.jar $(JARS)/spark/spark-job-server.jar:
+	rm -rf $(@D)
+	$(MVN) -q -B -f $< package -Dout=$(abspath $(@D))
+	rm -rf $(@D)/target
 
 $(VENV)/.deps: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)

@@ -12,7 +12,8 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
   runner's own shuffle (``"runner"``), or, on Beam's local engine, whose
   shuffle keeps every element in the driver's memory, through spill files
   (``"spill"``, spill.py). ``"auto"`` picks spill where every step runs on
-  this machine (``steps_run_here``: the local engine, Prism as a build starts it).
+  this machine (``steps_run_here``: the local engine, Prism as a build starts
+  it, and Flink embedded in its job server).
 - **Parallelism on Dask.** Beam's DaskRunner puts 128 elements of ``Create``
   in a partition and treats ``Reshuffle`` as a no-op, so unless the user sets
   ``--dask_npartitions`` or ``--dask_partition_size``, every work unit gets its
@@ -25,6 +26,14 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
   anything is written, when there is none. Prism runs the Python steps in the
   submitting process (Beam's ``LOOPBACK`` environment, its default there), so
   ``"auto"`` moves examples through spill files there too.
+- **Flink and Spark.** Beam's FlinkRunner and SparkRunner start a job server
+  (Java) that Beam would download from Maven Central; here it is the one
+  ``make jars`` builds (runners/flink, runners/spark: Beam's runner library and
+  its dependencies from Maven Central), found under ``$SEQCACHE_JARS`` (default ``build/jars``) unless
+  ``--flink_job_server_jar`` / ``--spark_job_server_jar`` or ``--job_endpoint``
+  names one. Without a master, Flink runs embedded in the job server
+  (``[local]``) and Spark as ``local[*]``, and the Python steps run in the
+  submitting process (Beam's LOOPBACK environment).
 - **Starting and finishing.** A runner that cannot start (a job server that
   would have to be downloaded, a Dask scheduler that does not answer) raises
   ``RunnerError`` with one line that says which runner and why.
@@ -77,6 +86,15 @@ RUNNER_ALIASES = {
     "prism": PRISM_RUNNER, "prismrunner": PRISM_RUNNER,
     "portable": "PortableRunner", "portablerunner": "PortableRunner",
 }
+# The job servers of Beam's FlinkRunner and SparkRunner: runner -> (its option naming
+# the jar, the jar `make jars` builds, under $SEQCACHE_JARS).
+JOB_SERVERS = {
+    "flinkrunner": ("flink_job_server_jar", "flink/flink-job-server.jar"),
+    "sparkrunner": ("spark_job_server_jar", "spark/spark-job-server.jar"),
+}
+# Where `make jars` puts them: $SEQCACHE_JARS, else build/jars under the working directory.
+JARS_ENV = "SEQCACHE_JARS"
+DEFAULT_JARS = "build/jars"
 # Runners whose shuffle is Beam's local engine (in the driver's memory).
 _LOCAL_ENGINES = {"fnapirunner", "directrunner", "bundlebaseddirectrunner", "swallowingdirectrunner"}
 EXCHANGES = ("auto", "runner", "spill")
@@ -124,8 +142,9 @@ def steps_run_here(runner: str, options=None) -> bool:
     """True where every step of a build runs on this machine: Beam's local
     engine, and Prism with its steps in the build's process (its default
     ``LOOPBACK`` environment, and the job server ``--runner=prism`` starts
-    here, not one named by ``--job_endpoint``)."""
-    if is_local_engine(runner):
+    here, not one named by ``--job_endpoint``), and Flink embedded in the job
+    server a build starts here (``is_embedded_flink``)."""
+    if is_local_engine(runner) or is_embedded_flink(runner, options):
         return True
     if not is_prism(runner) or options is None:
         return False
@@ -133,12 +152,36 @@ def steps_run_here(runner: str, options=None) -> bool:
     return (portable.environment_type or "LOOPBACK").upper() == "LOOPBACK" and not portable.job_endpoint
 
 
+def job_server(runner: str) -> tuple[str, str] | None:
+    """``(option, default jar path)`` for a runner that starts a Java job server
+    (Beam's FlinkRunner, SparkRunner), else None. The path is
+    ``$SEQCACHE_JARS/<runner>/<runner>-job-server.jar`` (default ``build/jars``)."""
+    entry = JOB_SERVERS.get(runner.rsplit(".", 1)[-1].lower())
+    if entry is None:
+        return None
+    option, jar = entry
+    return option, os.path.join(os.environ.get(JARS_ENV) or DEFAULT_JARS, jar)
+
+
+def is_embedded_flink(runner: str, options=None) -> bool:
+    """True for Beam's FlinkRunner with the Flink cluster embedded in the job
+    server it starts here (``--flink_master`` ``[local]`` or ``[auto]``, no
+    ``--job_endpoint``): every process of the build shares this file system."""
+    if runner.rsplit(".", 1)[-1].lower() != "flinkrunner" or options is None:
+        return False
+    all_options = options.get_all_options()
+    return not all_options.get("job_endpoint") and (all_options.get("flink_master") or "[auto]") in ("[local]", "[auto]")
+
+
 def choose_exchange(exchange: str, runner: str, options=None) -> str:
     """``"runner"`` or ``"spill"`` for the requested ``exchange`` on ``runner``
     (``options``: the build's ``PipelineOptions``). ``"auto"`` is spill files
     where every step runs on this machine (``steps_run_here``): on Prism, whose
     shuffle holds every example in its Go process, they cost about a third of
-    the CPU and a twelfth of the memory of its shuffle at 100 MB (docs/scaling.md).
+    the CPU and a twelfth of the memory of its shuffle at 100 MB; embedded
+    Flink's batch sort must hold a shard's grouped values in one record and
+    fails once they outgrow a sort buffer (docs/scaling.md). The runner's
+    shuffle elsewhere.
 
     Raises:
       ValueError: an unknown exchange.
@@ -175,6 +218,9 @@ def pipeline_options(pipeline_args: Sequence[str] | Any = None):
             out.append(a)
     runner = resolve_runner(name)
     out.append(f"--runner={runner}")
+    server = job_server(runner)
+    if server and not any(a.startswith((f"--{server[0]}", "--job_endpoint")) for a in out):
+        out.append(f"--{server[0]}={server[1]}")  # never a jar Beam would download
     if is_dask(runner) and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in out):
         out.append("--dask_partition_size=1")
     if is_prism(runner) and not any(a.startswith("--prism_location") for a in out):
@@ -328,17 +374,40 @@ def option_value_errors(args: Sequence[str]) -> str | None:
     return None
 
 
+def _check_job_server(runner: str, option: str, default_jar: str, options) -> None:
+    """RunnerError unless ``runner``'s job server can start here: its jar exists
+    (never one Beam would download) and ``java`` is on the PATH; nothing to
+    check when ``--job_endpoint`` names a running job server."""
+    name = runner.rsplit(".", 1)[-1].lower().removesuffix("runner")
+    all_options = options.get_all_options() if options is not None else {}
+    if all_options.get("job_endpoint"):
+        return
+    jar = all_options.get(option) or default_jar
+    if "://" in jar:
+        raise RunnerError(f"{name} runner: --{option}={jar} is a URL; seqcache downloads no job server, "
+                          "run `make jars` and give the jar's path")
+    if not os.path.isfile(jar):
+        raise RunnerError(f"{name} runner: no job server jar at {jar}; run `make jars`")
+    if shutil.which("java") is None:
+        raise RunnerError(f"{name} runner: no `java` on the PATH to start the job server {jar} (Java 17 or newer)")
+
+
 def check_runner_available(runner: str, options=None) -> None:
     """Fails early, before anything is written, when ``runner`` cannot be used
-    here: an unknown name, a runner whose Python packages are missing, or
-    Prism without a binary on this machine (``options``: the build's
-    ``PipelineOptions``, whose ``--prism_location`` is checked).
+    here: an unknown name, a runner whose Python packages are missing, Prism
+    without a binary on this machine, or a Flink or Spark job server jar that
+    ``make jars`` has not built (``options``: the build's ``PipelineOptions``,
+    for ``--prism_location`` and the jar's option).
 
     Raises:
       RunnerError: one line naming the runner and what to do.
     """
     if is_prism(runner):
         _check_prism(options)
+    server = job_server(runner)
+    if server:
+        _check_job_server(runner, *server, options)
+        return
     if is_dask(runner):
         try:
             import dask.distributed  # noqa: F401  optional: dask
@@ -393,6 +462,12 @@ def run(pipeline, runner: str) -> None:
         if any(type(c).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError") for c in causes(e)):
             raise RunnerError(f"runner {short}: a worker died and the work could not be "
                               f"finished ({first_line(e)}); nothing was published, run the build again") from e
+        lost = next((c for c in causes(e) if isinstance(c, grpc.RpcError) and callable(getattr(c, "code", None))
+                     and c.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)), None)
+        if lost is not None and not _is_step_error(e):
+            # Flink, Spark, any job service: its connection went away (the job server died).
+            raise RunnerError(f"runner {short}: lost its job server while the job ran ({first_line(lost)}); "
+                              "nothing was published, run the build again") from e
         raise
     finally:
         client = getattr(result, "client", None)  # DaskRunner: its client of the cluster

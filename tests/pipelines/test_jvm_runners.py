@@ -1,0 +1,302 @@
+"""Beam's Flink and Spark runners: the same cache bytes as the local engine (G1),
+and a job server killed in the middle of a build.
+
+The job servers are the ones ``make jars`` builds under build/jars (Beam's
+runner libraries from Maven Central): Flink embedded in its job server
+(``[local]``), Spark as ``local[2]``. The module starts one of each on
+127.0.0.1 and stops them at its end; the builds reach them with
+``--job_endpoint`` and run their Python steps in the test's own process
+(Beam's LOOPBACK environment). Without the jars the module skips, or fails
+under CI. The tests that kill a job server are marked slow; .ci/run runs them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+from seqcache import format as fmt
+from seqcache import tasks
+from seqcache.pipelines import BuildConfig, BuildError, build_task
+from seqcache.pipelines import runner as runner_mod
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+JARS = pathlib.Path(os.environ.get(runner_mod.JARS_ENV) or REPO / runner_mod.DEFAULT_JARS)
+# runner -> (its job server's jar under JARS, the driver's master argument)
+SERVERS = {
+    "flink": ("flink/flink-job-server.jar", ["--flink-master=[local]"]),
+    "spark": ("spark/spark-job-server.jar", ["--spark-master-url=local[2]"]),
+}
+# What Beam's SparkRunner gives the JVM (Spark 3 on Java 17).
+SPARK_JVM = ["--add-opens=java.base/sun.nio.ch=ALL-UNNAMED", "--add-opens=java.base/java.nio=ALL-UNNAMED",
+             "--add-opens=java.base/java.util=ALL-UNNAMED", "--add-opens=java.base/java.lang.invoke=ALL-UNNAMED"]
+START_TIMEOUT_S = 120
+
+
+def _under_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _require(jar: pathlib.Path) -> None:
+    missing = None if shutil.which("java") else "no `java` on the PATH"
+    missing = missing or (None if jar.is_file() else f"no job server jar at {jar}; run `make jars`")
+    if missing:
+        if _under_ci():
+            pytest.fail(missing + " (CI is set: the Flink and Spark job servers are required)", pytrace=False)
+        pytest.skip(missing)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class JobServer:
+    """One Beam job server (``java -jar``) on 127.0.0.1, started and stopped by the tests."""
+
+    def __init__(self, name: str, folder: pathlib.Path):
+        jar, master = SERVERS[name]
+        _require(JARS / jar)
+        self.name, self.port = name, _free_port()
+        self.log = folder / f"{name}-job-server.log"
+        jvm = SPARK_JVM if name == "spark" else []
+        command = ["java", *jvm, "-jar", str(JARS / jar), *master, f"--artifacts-dir={folder / 'artifacts'}",
+                   f"--job-port={self.port}", "--artifact-port=0", "--expansion-port=0"]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:  # bounded: the port answers, the JVM exits, or the deadline passes
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = self.log.read_text(errors="replace")[-2000:]
+                pytest.fail(f"{name} job server did not start on port {self.port}:\n{tail}", pytrace=False)
+            time.sleep(0.2)
+
+    def args(self, *extra: str) -> list[str]:
+        return [f"--runner={self.name}", f"--job_endpoint=localhost:{self.port}", "--environment_type=LOOPBACK",
+                *extra]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def job_servers(tmp_path_factory):
+    """A Flink and a Spark job server for the whole module."""
+    folder = tmp_path_factory.mktemp("job-servers")
+    servers = {}
+    try:
+        for name in SERVERS:
+            servers[name] = JobServer(name, folder)
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, corpora):
+    """The first 3,000 lines of tinyshakespeare in 2 files."""
+    folder = tmp_path_factory.mktemp("corpus")
+    lines = corpora.shakespeare_lines(3000)
+    for k in range(2):
+        part = lines[k * len(lines) // 2:(k + 1) * len(lines) // 2]
+        (folder / f"part-{k}.txt").write_text("\n".join(part) + "\n", encoding="utf-8")
+    return folder
+
+
+def _byte_task(folder, name="jvm_plain"):
+    return tasks.Task(
+        name,
+        source=tasks.TextLineSource(str(folder / "*.txt"), on_error={"empty": "skip", "whitespace": "skip"}),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.preprocessors.append_eos()],
+    )
+
+
+def _shard_hashes(result):
+    """(data shard sha256s, provenance shard sha256s), as the build's checksum file records them."""
+    sums = fmt.read_shard_checksums(result.cache_dir, result.manifest)
+    assert all(sums[0]) and all(sums[1])
+    return sums
+
+
+def test_flink_and_spark_write_the_local_engines_shards(tmp_path, corpus, job_servers):
+    """G1 on a plain byte-vocabulary task, the work cut into several units,
+    through the runner's shuffle and through spill files."""
+    task, config = _byte_task(corpus), BuildConfig(num_shards=3)
+    local = build_task(task, cache_dir=str(tmp_path / "local"), config=config)
+    assert local.manifest.num_examples > 2_000
+    for name, server in job_servers.items():
+        for exchange in ("runner", "spill"):
+            result = build_task(task, cache_dir=str(tmp_path / f"{name}-{exchange}"), config=config,
+                                pipeline_args=server.args(), split_size=20_000, exchange=exchange)
+            assert _shard_hashes(result) == _shard_hashes(local), (name, exchange)
+            assert result.manifest.statistics == local.manifest.statistics, (name, exchange)
+
+
+@pytest.fixture(scope="module")
+def span_task(tmp_path_factory, corpora):
+    """T5's span corruption over 120 C4 documents (3 Parquet files of 10-row row
+    groups), a SentencePiece vocabulary of 600 pieces with 100 sentinels,
+    first-fit packed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("span")
+    docs = corpora.c4_texts(120)
+    for k in range(3):
+        pq.write_table(pa.table({"text": docs[k * 40:(k + 1) * 40]}), folder / f"part-{k}.parquet", row_group_size=10)
+    lines = corpora.botchan.read_text(encoding="utf-8").splitlines()
+    tasks.train_sentencepiece(lines[:3000], output_path=str(folder / "spm.model"), vocab_size=600)
+    vocab = tasks.SentencePieceVocabulary(str(folder / "spm.model"), extra_ids=100)
+    return tasks.Task(
+        "jvm_span",
+        source=tasks.ParquetSource(str(folder / "*.parquet"), column="text", on_error={"control_characters": "keep"}),
+        output_features={"inputs": tasks.Feature(vocab), "targets": tasks.Feature(vocab)},
+        preprocessors=[tasks.preprocessors.rekey({"inputs": None, "targets": "text"}), tasks.preprocessors.tokenize(),
+                       tasks.span_corruption(), tasks.preprocessors.append_eos_after_trim()],
+        packing="first_fit",
+    )
+
+
+def test_span_corruption_first_fit_sentencepiece_is_the_same_on_flink_and_spark(tmp_path, span_task, job_servers):
+    config = BuildConfig(num_shards=2, sequence_length={"inputs": 256, "targets": 58})
+    local = build_task(span_task, cache_dir=str(tmp_path / "local"), config=config)
+    assert local.manifest.statistics["segments"] == 120 and local.manifest.num_examples < 120
+    for name, server in job_servers.items():
+        result = build_task(span_task, cache_dir=str(tmp_path / name), config=config, pipeline_args=server.args(),
+                            split_size=1)
+        assert _shard_hashes(result) == _shard_hashes(local), name
+        assert result.manifest.statistics == local.manifest.statistics, name
+
+
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_a_missing_job_server_jar_fails_in_one_line_naming_make_jars(tmp_path, corpus, monkeypatch, name):
+    monkeypatch.setenv(runner_mod.JARS_ENV, str(tmp_path / "no-jars"))
+    with pytest.raises(BuildError) as info:
+        build_task(_byte_task(corpus), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
+                   pipeline_args=[f"--runner={name}"])
+    message = str(info.value)
+    jar = tmp_path / "no-jars" / SERVERS[name][0]
+    assert message == f"{name} runner: no job server jar at {jar}; run `make jars`"
+    assert not (tmp_path / "c").exists()
+
+
+def test_embedded_flink_exchanges_through_spill_files_by_default():
+    """``--exchange=auto``: spill files on Flink embedded in the job server the
+    build starts; the runner's shuffle for a job server or master elsewhere."""
+    def exchange(*args):
+        options, runner = runner_mod.pipeline_options(list(args))
+        return runner_mod.choose_exchange("auto", runner, options)
+
+    assert exchange("--runner=flink") == "spill"
+    assert exchange("--runner=flink", "--flink_master=[local]") == "spill"
+    assert exchange("--runner=flink", "--flink_master=jobmanager:8081") == "runner"
+    assert exchange("--runner=flink", "--job_endpoint=localhost:8099") == "runner"
+    assert exchange("--runner=spark") == "runner"
+    assert exchange() == "spill"
+
+
+def test_the_cli_names_make_jars_and_writes_nothing(tmp_path, corpus):
+    """``seqcache build --runner=flink`` without the jars: exit status 1, one line, no folder."""
+    import sys
+
+    env = {**os.environ, runner_mod.JARS_ENV: str(tmp_path / "no-jars")}
+    exe = pathlib.Path(sys.executable).with_name("seqcache")
+    proc = subprocess.run([str(exe), "build", "--source", f"text:{corpus}/*.txt", "--name", "plain",
+                           "--cache-dir", str(tmp_path / "c"), "--runner=flink"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "flink runner: no job server jar at" in lines[0] and "make jars" in lines[0], lines
+    assert not (tmp_path / "c").exists()
+
+
+# A task module whose preprocessor, on reaching a marked line, kills the job
+# server's JVM (SIGKILL: the Flink or Spark cluster embedded in it goes with it),
+# once; LOOPBACK runs the preprocessor in this process, which is left running.
+_KILLER = '''
+import os, signal
+from seqcache import tasks
+
+MARKER, PID = {marker!r}, {pid}
+
+def _kill_job_server(example, ctx):
+    if example["text"] == {line!r} and not os.path.exists(MARKER):
+        with open(MARKER, "w") as f:
+            f.write(str(PID))
+        os.kill(PID, signal.SIGKILL)
+    return example
+
+tasks.TaskRegistry.add(
+    {name!r},
+    source=tasks.TextLineSource({pattern!r}, on_error={{"empty": "skip", "whitespace": "skip"}}),
+    output_features={{"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)}},
+    preprocessors=[tasks.preprocessors.FunctionPreprocessor(_kill_job_server, "kill_job_server"),
+                   tasks.preprocessors.rekey({{"targets": "text"}}), tasks.preprocessors.tokenize(),
+                   tasks.preprocessors.append_eos()],
+)
+'''
+
+
+def _decoded(cache_dir):
+    from seqcache.feeders.reader import CacheReader
+
+    with CacheReader(cache_dir) as r:
+        return collections.Counter(bytes(x - 3 for x in e["targets"].tolist()[:-1]).decode("utf-8")
+                                   for e in r.read_examples(range(len(r))))
+
+
+# Slow (a job server of its own for each runner): .ci/run runs them by name.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_a_job_server_killed_mid_build_fails_in_one_line_or_leaves_every_record_once(tmp_path, corpus, name):
+    """The job server (its own, not the module's) is killed while a work unit is
+    being read: the build either holds every input line exactly once or fails
+    with one line and leaves no manifest, no folder and no lock file."""
+    server = JobServer(name, tmp_path)
+    try:
+        marker, task_name = tmp_path / "killed", f"killer_{name}_{os.urandom(4).hex()}"
+        module = tmp_path / f"{task_name}.py"
+        module.write_text(textwrap.dedent(_KILLER).format(marker=str(marker), pid=server.proc.pid, line="MENENIUS:",
+                                                          name=task_name, pattern=str(corpus / "*.txt")))
+        tasks.import_definitions(str(module))
+        task = tasks.TaskRegistry.get(task_name)
+        cache = tmp_path / "c"
+        try:
+            result = build_task(task, cache_dir=str(cache), config=BuildConfig(num_shards=2),
+                                pipeline_args=server.args(), split_size=20_000)
+        except BuildError as e:
+            message = str(e)
+            assert "\n" not in message and len(message) < 600, message
+            assert "job server" in message and "nothing was published" in message, message
+            assert not cache.exists()
+        else:
+            want = collections.Counter(line for p in sorted(corpus.glob("*.txt"))
+                                       for line in p.read_text(encoding="utf-8").split("\n")[:-1] if line.strip())
+            assert _decoded(result.cache_dir) == want
+        assert marker.exists()  # the job server was killed in the middle of the build
+        assert server.proc.wait(timeout=30) == -9
+    finally:
+        server.stop()
+        tasks.TaskRegistry.remove(task_name) if task_name in tasks.TaskRegistry.names() else None

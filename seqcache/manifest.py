@@ -767,17 +767,7 @@ def read_shard_checksums(cache_dir: str, manifest: Manifest) -> tuple[list[str],
     """
     table = manifest.shards
     recorded = table.checksums
-    path = layout.cache_file(cache_dir, recorded["file"], what="shard checksum file")
-    if not fs.exists(path):
-        raise CacheError(f"{path}: shard checksum file is missing (the manifest lists it with "
-                         f"{recorded['num_bytes']} bytes)")
-    data = fs.read_bytes(path)
-    if len(data) != recorded["num_bytes"]:
-        raise CacheError(f"{path}: shard checksum file has {len(data)} bytes, the manifest expects "
-                         f"{recorded['num_bytes']}")
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != recorded["sha256"]:
-        raise CacheError(f"{path}: shard checksum file has sha256 {actual}, the manifest expects {recorded['sha256']}")
+    path, data = _read_recorded_file(cache_dir, recorded, "shard checksum file")
     obj = bounded_json.loads(data, path=path, error=CacheError, what="shard checksum file")
     try:
         sha, prov = obj["sha256"], obj["provenance_sha256"]
@@ -1102,17 +1092,8 @@ def read_source_table(cache_dir: str | None, manifest: "Manifest") -> SourceTabl
                            path=where, prefix="statistics.source_files.")
     if cache_dir is None:
         raise ValueError("read_source_table: the manifest keeps its source table in a file; give the cache folder")
-    path = layout.cache_file(cache_dir, recorded["file"], what="source table file")
-    if not fs.exists(path):
-        raise CacheError(f"{path}: source table file is missing (the manifest lists it with {recorded['num_bytes']} "
-                         f"bytes for {recorded['num_files']:,} source files); rebuild the cache")
-    data = fs.read_bytes(path)
-    if len(data) != recorded["num_bytes"]:
-        raise CacheError(f"{path}: source table file has {len(data)} bytes, the manifest expects "
-                         f"{recorded['num_bytes']}")
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != recorded["sha256"]:
-        raise CacheError(f"{path}: source table file has sha256 {actual}, the manifest expects {recorded['sha256']}")
+    path, data = _read_recorded_file(cache_dir, recorded, "source table file",
+                                     missing=f" for {recorded['num_files']:,} source files); rebuild the cache")
     obj = bounded_json.loads(data, path=path, error=CacheError, what="source table file",
                              max_bytes=max(bounded_json.MAX_BYTES, len(data)),
                              max_nodes=bounded_json.MAX_NODES + 8 * recorded["num_files"])
@@ -1290,3 +1271,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _read_recorded_file(cache_dir: str, recorded: collections.abc.Mapping, what: str, *, missing: str = ")") -> tuple[str, bytes]:
+    """``(path, bytes)`` of the cache file the manifest records as ``{file,
+    num_bytes, sha256}`` (the shard checksum file, the source table), checked
+    against the record.
+
+    Raises:
+      CacheError: the file is missing (the message ends with ``missing``), or
+        its size or sha256 differs from the record, naming the file.
+    """
+    path = layout.cache_file(cache_dir, recorded["file"], what=what)
+    if not fs.exists(path):
+        raise CacheError(f"{path}: {what} is missing (the manifest lists it with {recorded['num_bytes']} bytes{missing}")
+    data = fs.read_bytes(path)
+    if len(data) != recorded["num_bytes"]:
+        raise CacheError(f"{path}: {what} has {len(data)} bytes, the manifest expects {recorded['num_bytes']}")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != recorded["sha256"]:
+        raise CacheError(f"{path}: {what} has sha256 {actual}, the manifest expects {recorded['sha256']}")
+    return path, data

@@ -69,13 +69,12 @@ def _beam(path: str):
     installed (else ``FileSystemError`` naming the extra), an s3:// bucket
     checked once (``_check_s3``)."""
     FileSystems = _beam_fs()
-    from apache_beam.options.pipeline_options import PipelineOptions  # keeps Beam out of the feeder's import
-    from apache_beam.options.value_provider import RuntimeValueProvider  # keeps Beam out of the feeder's import
+    from apache_beam.options import pipeline_options, value_provider  # keeps Beam out of the feeder's import
 
     # FileSystems has no public getter; this is the attribute its get_filesystem reads.
-    options = FileSystems._pipeline_options or RuntimeValueProvider.runtime_options
+    options = FileSystems._pipeline_options or value_provider.RuntimeValueProvider.runtime_options
     if options is None:
-        options = PipelineOptions([])
+        options = pipeline_options.PipelineOptions([])
         FileSystems.set_options(options)
     scheme = path.partition("://")[0].lower()
     try:

@@ -217,28 +217,13 @@ def end_process(code) -> None:
 
 
 def kill_descendants() -> None:
-    """Sends SIGKILL to every descendant of this process (from /proc; nothing
-    where there is no /proc)."""
-    children: dict[int, list[int]] = {}
+    """Sends SIGKILL to every descendant of this process (psutil's process
+    tree; children that end meanwhile are passed over)."""
+    import psutil  # here, not at the top: only a signal's path needs it, and it imports socket and datetime
     try:
-        names = [n for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
+        descendants = psutil.Process().children(recursive=True)
+    except psutil.Error:
         return
-    for name in names:
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    todo, seen = list(children.get(os.getpid(), [])), set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        todo.extend(children.get(pid, []))
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    for child in descendants:
+        with contextlib.suppress(psutil.Error):
+            child.kill()

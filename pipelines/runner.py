@@ -386,8 +386,14 @@ def _check_job_server(runner: str, option: str, default_jar: str, options) -> No
     if "://" in jar:
         raise RunnerError(f"{name} runner: --{option}={jar} is a URL; seqcache downloads no job server, "
                           "run `make jars` and give the jar's path")
-    if not os.path.isfile(jar):
-        raise RunnerError(f"{name} runner: no job server jar at {jar}; run `make jars`")
+    missing = jar if not os.path.isfile(jar) else None
+    if missing is None and os.path.abspath(jar) == os.path.abspath(default_jar):  # `make jars`'s launcher: jars in lib/
+        lib = os.path.join(os.path.dirname(jar), "lib")
+        missing = lib if not os.path.isdir(lib) or not os.listdir(lib) else None
+    if missing is not None:
+        what = "job server jar" if missing == jar else f"job server libraries (for {jar})"
+        raise RunnerError(f"{name} runner: no {what} at {missing}; run `make jars` in the checkout, "
+                          f"or set {JARS_ENV} or --{option}")
     if shutil.which("java") is None:
         raise RunnerError(f"{name} runner: no `java` on the PATH to start the job server {jar} (Java 17 or newer)")
 

@@ -368,3 +368,15 @@ def test_on_error_duplicate_skip_deduplicates_an_ad_hoc_source(tmp_path):
         (8, "duplicate", 0), (18, "duplicate", 4), (22, "duplicate", 0)]
     verified = CliRunner().invoke(main, ["verify", cache])
     assert verified.exit_code == 0, verified.output
+
+
+def test_a_source_given_twice_is_refused_not_half_built(tmp_path):
+    """click keeps the last of a repeated single-value option; ``build`` and ``scan`` refuse it."""
+    write_lines(tmp_path / "a.txt", ["one", "two"])
+    write_lines(tmp_path / "b.txt", ["three"])
+    for command in (["build", "--name", "x", "--cache-dir", str(tmp_path / "c")], ["scan"]):
+        out = CliRunner().invoke(main, [*command, "--source", f"text:{tmp_path}/a.txt",
+                                        "--source", f"text:{tmp_path}/b.txt"])
+        assert out.exit_code == 2, out.output
+        assert "given 2 times" in out.output and "give it once" in out.output
+    assert not (tmp_path / "c").exists()

@@ -261,7 +261,7 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--cache-dir", required=True, help="Root folder of caches (local path, or gs://... / s3://... URL).")
 @common.MODULES_OPTION
-@click.option("--source", "source_spec", help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | "
+@click.option("--source", "source_spec", multiple=True, callback=common.given_once, help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | "
               "parquet:GLOB#column | tfrecord:GLOB[#feature] | tfds:NAME[/CONFIG][:VERSION][@SPLIT]#feature | "
               "hf:PATH[@SPLIT]#column; two values per record: parallel:inputs=GLOB,targets=GLOB (line-aligned files) | "
               "jsonl:GLOB#inputs=FIELD,targets=FIELD | parquet:GLOB#inputs=COLUMN,targets=COLUMN | "

@@ -230,6 +230,16 @@ def caches_options(*schedule):
     return lambda f: functools.reduce(lambda g, option: option(g), reversed(options), f)
 
 
+def given_once(ctx: click.Context, param: click.Parameter, values):
+    """A ``multiple=True`` option's callback for an option that takes one value:
+    the value (None when absent); given twice, a usage error (click would keep the
+    last one without a word)."""
+    if len(values) > 1:
+        raise click.BadParameter(f"given {len(values)} times ({', '.join(values)}); give it once "
+                                 "(a glob or a task module covers several files)", ctx=ctx, param=param)
+    return values[0] if values else None
+
+
 def adhoc_options_given(ctx: click.Context, names) -> list[str]:
     """The options among ``names`` (parameter names) given on the command line,
     as the user spells them (``--on-error``)."""

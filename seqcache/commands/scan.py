@@ -17,7 +17,7 @@ from seqcache.tasks.scan import scan_task
 @click.command()
 @click.argument("name", required=False)
 @common.MODULES_OPTION
-@click.option("--source", "source_spec", help="Ad-hoc source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
+@click.option("--source", "source_spec", multiple=True, callback=common.given_once, help="Ad-hoc source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
 @click.option("--exclude", "exclude", multiple=True, help="Ad-hoc source: leave out files whose path matches this glob.")
 @common.on_error_option("Ad-hoc source: the policy to compare against, as for build (default: each kind's default).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,

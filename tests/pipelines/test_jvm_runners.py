@@ -198,7 +198,24 @@ def test_a_missing_job_server_jar_fails_in_one_line_naming_make_jars(tmp_path, c
                    pipeline_args=[f"--runner={name}"])
     message = str(info.value)
     jar = tmp_path / "no-jars" / SERVERS[name][0]
-    assert message == f"{name} runner: no job server jar at {jar}; run `make jars`"
+    option = f"{name}_job_server_jar"
+    assert message == (f"{name} runner: no job server jar at {jar}; run `make jars` in the checkout, "
+                       f"or set {runner_mod.JARS_ENV} or --{option}")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_a_launcher_jar_without_its_libraries_fails_in_one_line(tmp_path, corpus, monkeypatch, name):
+    """Half a ``make jars``: the launcher jar is there, the jars it names in lib/ are not."""
+    jar = tmp_path / "jars" / SERVERS[name][0]
+    jar.parent.mkdir(parents=True)
+    jar.write_bytes(b"PK")
+    monkeypatch.setenv(runner_mod.JARS_ENV, str(tmp_path / "jars"))
+    with pytest.raises(BuildError) as info:
+        build_task(_byte_task(corpus), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
+                   pipeline_args=[f"--runner={name}"])
+    assert str(info.value).startswith(f"{name} runner: no job server libraries (for {jar}) at {jar.parent / 'lib'}; "
+                                      "run `make jars` in the checkout"), str(info.value)
     assert not (tmp_path / "c").exists()
 
 

@@ -143,7 +143,8 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     if dry_run:
         _finish_dry_run(cfg, feeder, is_chief=is_chief)
         return
-    _fit_and_report(trainer, feeder, eval_fn, stop_at_step=stop_at_step)
+    evaluator = _make_evaluator(cfg, trainer, modules=tuple(modules)) if eval_fn and not mixture_schedule else None
+    _fit_and_report(trainer, feeder, eval_fn, stop_at_step=stop_at_step, evaluator=evaluator)
 
 
 def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distributed_given: bool) -> None:
@@ -266,14 +267,34 @@ def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
         click.echo(config_lib.to_json(cfg), nl=False)
 
 
-def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step) -> None:
+def _make_evaluator(cfg, trainer, *, modules):
+    """The Evaluator of the eval split when ``cfg.eval_metrics`` is on and a
+    registered task of the split has metric_fns; else None."""
+    from seqcache.training import evaluation  # optional: jax
+
+    if not cfg.eval_metrics:
+        return None
+    try:
+        tasks = evaluation.eval_tasks(cfg, cfg.data.eval_split, modules=modules)
+        if not any(t.metric_fns for t in tasks):
+            return None
+        return evaluation.evaluator_for(cfg, tasks, split=cfg.data.eval_split, mesh=trainer.mesh)
+    except config_lib.ConfigError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step, evaluator=None) -> None:
     """Trains, prints the run's summary as one JSON line, and exits 1 on a loss
     that is not finite, 143 after SIGTERM."""
     from seqcache.training.checkpoints import CheckpointError  # optional: jax
 
     try:
-        result = trainer.fit(feeder, eval_feeder_fn=eval_fn, stop_at=stop_at_step)
+        result = trainer.fit(feeder, eval_feeder_fn=eval_fn, stop_at=stop_at_step, evaluator=evaluator)
     except (CheckpointError, FeederStateError, fmt.CacheError) as e:
+        _fail(e)
+    except ValueError as e:  # a task metric that failed (MetricError) or an eval split read wrongly (EvalError)
+        if type(e).__name__ not in ("MetricError", "EvalError"):
+            raise
         _fail(e)
     click.echo(summary_line(_summary(result)))
     bad = next((result.start_step + i + 1 for i, x in enumerate(result.losses) if not math.isfinite(float(x))), None)

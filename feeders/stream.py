@@ -185,6 +185,9 @@ class IndexStream:
 
 # Stored features that accompany a token feature rather than being one.
 PER_TOKEN_SUFFIXES = ("_segment_ids", "_positions")
+# Stored features that are not token features: the per-token ones and an
+# evaluation cache's source text (``<feature>_pretokenized``, uint8 UTF-8).
+NOT_TOKEN_SUFFIXES = PER_TOKEN_SUFFIXES + (fmt.PRETOKENIZED_SUFFIX,)
 
 # The converters of ``seqcache.feeders.converters`` and the features each reads.
 CONVERTER_FEATURES = {"lm": ("targets",), "encdec": ("inputs", "targets"), "prefix_lm": ("inputs", "targets")}
@@ -192,8 +195,9 @@ CONVERTER_FEATURES = {"lm": ("targets",), "encdec": ("inputs", "targets"), "pref
 
 def token_features(manifest) -> tuple[str, ...]:
     """The token features of a cache (its stored features less the per-token
-    ``<feature>_segment_ids`` / ``_positions``), in manifest order."""
-    return tuple(f.name for f in manifest.features if not f.name.endswith(PER_TOKEN_SUFFIXES))
+    ``<feature>_segment_ids`` / ``_positions`` and the source text
+    ``<feature>_pretokenized``), in manifest order."""
+    return tuple(f.name for f in manifest.features if not f.name.endswith(NOT_TOKEN_SUFFIXES))
 
 
 def describe_features(paths: Sequence[str], readers: Sequence[CacheReader]) -> str:

@@ -424,7 +424,7 @@ def vocabulary_size(cache: str, feature: str = "targets", multiple: int = 128) -
     return -(-size // multiple) * multiple
 
 
-def seqio_task(cache: str, name: str | None = None):
+def seqio_task(cache: str, name: str | None = None, *, task=None):
     """Registers (once) and returns a seqio ``Task`` for ``cache``, so that
     t5x's vocabulary check (``verify_matching_vocabs``), inference and
     ``seqio.get_mixture_or_task`` see the cache's vocabulary, and
@@ -434,51 +434,82 @@ def seqio_task(cache: str, name: str | None = None):
     ``targets``), each with the stored SentencePiece vocabulary and
     ``add_eos=False`` (the cache's records already end as built). Its source
     yields the cache's records in cache order, as stored (a packed cache's
-    records are packed rows), for the split the cache was built for.
+    records are packed rows), for the split the cache was built for, with the
+    source's target text (``targets_pretokenized``, a string) where the cache
+    keeps it, as seqio's evaluator reads it.
+
+    Its ``postprocess_fn`` and metrics (what t5x's evaluator runs) are those
+    of ``task`` when given; else those of a seqio Task registered under the
+    cache's task name (the manifest's ``task``) or under ``name`` by someone
+    else (its ``metric_fns`` and ``metric_objs`` carried over by seqio's
+    ``Task.replace``); else none.
 
     Args:
       cache: a cache folder, ``CACHE_DIR/<task>/<split>``.
       name: the seqio name; default ``seqcache:<task>:<split>`` of the manifest.
+      task: optional seqcache ``Task`` (the cache's), whose ``postprocess_fn``
+        and ``metric_fns`` the seqio Task gets; given, it re-registers a task
+        already registered for the cache.
 
     Raises:
       ValueError: a name already registered for another cache; see
         ``_stored_model``.
     """
     import seqio  # optional: seqio
-    import tensorflow as tf  # optional: tensorflow
 
     cache = os.path.abspath(cache)
     with CacheReader(cache) as reader:
         manifest = reader.manifest
         names = {f.name for f in reader.features}
         features = [f for f in ("inputs", "targets") if f in names]
+        texts = [f for f in ("targets_pretokenized",) if f in names]
         split = manifest.split
         task_name = name or f"seqcache:{manifest.task}:{split}"
     with _TASK_LOCK:
         known = _TASK_CACHES.get(task_name)
         if known is not None and known != cache:
             raise ValueError(f"seqio task {task_name!r} is already registered for {known}; pick another name for {cache}")
-        if known is not None and task_name in seqio.TaskRegistry.names():
+        registered = set(seqio.TaskRegistry.names())
+        if known is not None and task_name in registered and task is None:
             return seqio.TaskRegistry.get(task_name)
-        output_features = {}
-        for f in features:
-            path, extra_ids = _stored_model(cache, f)
-            output_features[f] = seqio.Feature(seqio.SentencePieceVocabulary(path, extra_ids=extra_ids),
-                                               add_eos=False, dtype=tf.int32)
-
-        def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
-            del split, shuffle_files, seed  # the cache's one split, in cache order
-            return tf.data.Dataset.from_generator(
-                lambda: _records(cache, features),
-                output_signature={f: tf.TensorSpec([None], tf.int32) for f in features})
-
-        task = seqio.Task(task_name, source=seqio.FunctionDataSource(dataset_fn, splits=[split]),
-                          output_features=output_features)
-        if task_name in seqio.TaskRegistry.names():
+        theirs = next((seqio.TaskRegistry.get(n) for n in (task_name, manifest.task)
+                       if n in registered and not (n == task_name and known is not None)), None)
+        made = _seqio_task(seqio, cache, task_name, split, features, texts, task, theirs)
+        if task_name in registered:
             seqio.TaskRegistry.remove(task_name)
-        seqio.TaskRegistry.add_provider(task_name, task)
+        seqio.TaskRegistry.add_provider(task_name, made)
         _TASK_CACHES[task_name] = cache
-        return task
+        return made
+
+
+def _seqio_task(seqio, cache: str, task_name: str, split: str, features, texts, task, theirs):
+    """``seqio_task``'s Task (not registered): the cache's features and
+    records, with ``task``'s postprocess_fn and metrics, or else those of the
+    registered seqio Task ``theirs`` (None: none)."""
+    import tensorflow as tf  # optional: tensorflow
+
+    output_features = {}
+    for f in features:
+        path, extra_ids = _stored_model(cache, f)
+        output_features[f] = seqio.Feature(seqio.SentencePieceVocabulary(path, extra_ids=extra_ids),
+                                           add_eos=False, dtype=tf.int32)
+    signature = {**{f: tf.TensorSpec([None], tf.int32) for f in features},
+                 **{f: tf.TensorSpec([], tf.string) for f in texts}}
+
+    def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
+        del split, shuffle_files, seed  # the cache's one split, in cache order
+        return tf.data.Dataset.from_generator(lambda: _records(cache, features, texts), output_signature=signature)
+
+    source = seqio.FunctionDataSource(dataset_fn, splits=[split])
+    if task is not None:
+        return seqio.Task(task_name, source=source, output_features=output_features,
+                          postprocess_fn=task.postprocess_fn, metric_fns=list(task.metric_fns))
+    if theirs is not None and hasattr(theirs, "replace"):
+        return theirs.replace(name=task_name, source=source, output_features=output_features, preprocessors=[])
+    if theirs is not None:  # a seqio without Task.replace
+        return seqio.Task(task_name, source=source, output_features=output_features,
+                          postprocess_fn=theirs.postprocessor, metric_fns=list(theirs.metric_fns))
+    return seqio.Task(task_name, source=source, output_features=output_features)
 
 
 def seqio_task_name(cache: str, name: str | None = None) -> str:
@@ -490,13 +521,15 @@ def seqio_task_name(cache: str, name: str | None = None) -> str:
     return seqio_task(cache, name).name
 
 
-def _records(cache: str, features) -> Any:
-    """The cache's records in cache order: {feature: int32 tokens}."""
+def _records(cache: str, features, texts=()) -> Any:
+    """The cache's records in cache order: {feature: int32 tokens}, and each
+    text feature of ``texts`` as its UTF-8 bytes (a tf.string)."""
     with CacheReader(cache) as reader:
         n = reader.num_examples
         for start in range(0, n, 256):
             for ex in reader.read_examples(np.arange(start, min(n, start + 256))):
-                yield {f: np.asarray(ex[f], np.int32) for f in features}
+                yield {**{f: np.asarray(ex[f], np.int32) for f in features},
+                       **{f: ex[f].tobytes() for f in texts}}
 
 
 __all__ = [

@@ -466,7 +466,8 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
     statistics = stats_mod.merge_stats(shard_stats, records_read)
     if summary["files"] is not None:
         statistics["source_files"] = stats_mod.source_file_table(
-            summary["files"], len(plan.files), [f.name for f in transforms.features_in(task)])
+            summary["files"], len(plan.files),  # token features (the source text columns come last)
+            [f.name for f in transforms.features_in(task) if not f.name.endswith(fmt.PRETOKENIZED_SUFFIX)])
     quarantine = spill.QuarantineSummary(**(summary["quarantine"] or {}))
     statistics["skipped_records"] = quarantine.skipped_records
     statistics["replaced_records"] = quarantine.replaced_records
@@ -514,6 +515,7 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
            if quarantined else {}),
         sharding={"num_shards": plan.num_shards, "shard_size": plan.shard_size, "input_bytes": plan.total_bytes,
                   "content_bytes": plan.content_bytes},
+        evaluation=task.evaluation() if hasattr(task, "evaluation") else None,
     )
 
 

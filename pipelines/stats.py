@@ -17,6 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from seqcache.codec import PRETOKENIZED_SUFFIX
+
 
 # The actions a build counts records under, per kind of bad input.
 BAD_INPUT_ACTIONS = ("skipped", "replaced", "kept")
@@ -80,7 +82,10 @@ class ShardStats:
     and the longest example per feature (tokens), tokens trimmed away."""
 
     def __init__(self, features):
-        self.names = [f.name for f in features if not f.name.endswith(("_segment_ids", "_positions"))]
+        # Token features only: not segment ids, positions, nor source text (``_pretokenized``, stored
+        # after the token features, so these names are the first columns of the lengths).
+        self.names = [f.name for f in features if not f.name.endswith(("_segment_ids", "_positions",
+                                                                        PRETOKENIZED_SUFFIX))]
         self.examples = self.segments = self.source_examples = self.truncated_tokens = 0
         self.tokens = dict.fromkeys(self.names, 0)
         self.max_length = dict.fromkeys(self.names, 0)

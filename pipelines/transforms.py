@@ -68,8 +68,12 @@ def storage_dtype(feature) -> str:
 
 
 def features_in(task) -> list[fmt.FeatureSpec]:
-    """The features of one preprocessed example, as the read step encodes it."""
-    return [fmt.FeatureSpec(name, storage_dtype(f)) for name, f in task.output_features.items()]
+    """The features of one preprocessed example, as the read step encodes it:
+    the token features, then (a task with metrics, unpacked) the source text of
+    each of ``task.pretokenized_features`` (``<feature>_pretokenized``, uint8)."""
+    specs = [fmt.FeatureSpec(name, storage_dtype(f)) for name, f in task.output_features.items()]
+    return specs + [fmt.FeatureSpec(name + fmt.PRETOKENIZED_SUFFIX, fmt.TEXT_DTYPE)
+                    for name in getattr(task, "pretokenized_features", ())]
 
 
 def features_out(task, sequence_length=None) -> list[fmt.FeatureSpec]:

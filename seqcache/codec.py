@@ -56,6 +56,10 @@ PROVENANCE_PREFIX = "provenance"
 QUARANTINE_NAME = "quarantine.jsonl"
 SHARD_CHECKSUMS_NAME = "shard-checksums.json"
 SOURCE_TABLE_NAME = "source-table.json"
+# A stored feature "<feature>_pretokenized" holds the source's text of <feature>
+# (uint8, its UTF-8 bytes): an evaluation cache's, no token ids (docs/cache-format.md).
+PRETOKENIZED_SUFFIX = "_pretokenized"
+TEXT_DTYPE = "uint8"
 # The encoding of the manifest's integer shard columns (format version 2), for humans.
 INT_COLUMN_ENCODING = "base64 of little-endian int64, one per shard"
 

@@ -309,6 +309,15 @@ SHARDING_FIELDS = (
           "the sources' decompressed content size (bytes) where measured, or null"),
 )
 
+# The task's evaluation (``seqcache.tasks.Task.evaluation``): what an evaluator runs on the cache.
+EVALUATION_FIELDS = (
+    Field("metrics", ("array",), True, 3, "the task's metric functions' names, in order",
+          {"items": {"type": "string"}}),
+    Field("postprocess_fn", ("string", "null"), True, 3, "the task's postprocess function's name, or null"),
+    Field("pretokenized", ("array",), True, 3, "the stored features holding the source's text "
+          "(<feature>_pretokenized, uint8 UTF-8 bytes)", {"items": {"type": "string"}}),
+)
+
 # shard-checksums.json (format version 2), written by ``shard_checksums_json``.
 SHARD_CHECKSUMS_FIELDS = (
     Field("num_shards", ("integer",), True, 2, "S, the shard count", {"minimum": 0}),
@@ -447,7 +456,7 @@ _CHECK_ORDER = ("format", "format_version", "features", "shards", "quarantine", 
 @dataclasses.dataclass(kw_only=True)
 class Manifest:
     """manifest.json of one cache: the typed model, and the one definition of
-    its fields. Each attribute up to ``sharding`` is a field, in the order it
+    its fields. Each attribute up to ``evaluation`` is a field, in the order it
     is written, its ``Field`` in the attribute's metadata. An optional field a
     manifest lacks has the attribute's default.
 
@@ -501,6 +510,8 @@ class Manifest:
     quarantine_sha256: str | None = _field(("string", "null"), "the quarantine file's sha256, hex",
                                            {"pattern": _SHA256_PATTERN}, check=_check_quarantine_sha256)
     sharding: dict | None = _field(("object",), "how the build chose its shard count", fields=SHARDING_FIELDS)
+    evaluation: dict | None = _field(("object", "null"), "the task's metrics and postprocess function, or null "
+                                     "for a task without", fields=EVALUATION_FIELDS, since=3)
 
     raw: dict = dataclasses.field(default_factory=dict, repr=False)  # the whole JSON: too long to print
     shard_checksums: bytes | None = dataclasses.field(default=None, repr=False, compare=False)

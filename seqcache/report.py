@@ -34,8 +34,10 @@ NOT_RECORDED = ("not recorded by the build of this cache (built by seqcache {ver
 
 
 def token_features(manifest: fmt.Manifest) -> list[str]:
-    """The token features of a cache (no ``_segment_ids`` or ``_positions``), in record order."""
-    return [f.name for f in manifest.features if not f.name.endswith(("_segment_ids", "_positions"))]
+    """The token features of a cache (no ``_segment_ids``, ``_positions`` or
+    ``_pretokenized`` source text), in record order."""
+    return [f.name for f in manifest.features if not f.name.endswith(("_segment_ids", "_positions",
+                                                                      fmt.PRETOKENIZED_SUFFIX))]
 
 
 def cache_report(cache_dir: str, *, top_files: int = TOP_FILES, first_entries: int = FIRST_ENTRIES) -> dict:

@@ -34,12 +34,16 @@ class PreprocessContext:
       sequence_length: feature name -> length in tokens, or None.
       seed: the task seed (non-negative int).
       keys: one shuffle key (bytes, 16 in the pipeline) per example of the batch.
+      keep_pretokenized: features whose text ``tokenize`` keeps as
+        ``"<feature>_pretokenized"`` whatever its ``copy_pretokenized`` (the
+        task's ``pretokenized_features``: an evaluation cache stores it).
     """
 
     output_features: Mapping[str, Any]
     sequence_length: Mapping[str, int] | None
     seed: int
     keys: list[bytes]
+    keep_pretokenized: tuple = ()
 
     def rng(self, i: int, salt: str = "") -> np.random.Generator:
         """A generator for example ``i``, seeded only by (seed, keys[i], salt); a
@@ -52,7 +56,8 @@ class PreprocessContext:
 
     def example(self, i: int) -> "PreprocessContext":
         """The context of example ``i`` alone (its ``rng(0)`` equals ``self.rng(i)``)."""
-        return PreprocessContext(self.output_features, self.sequence_length, self.seed, [self.keys[i]])
+        return PreprocessContext(self.output_features, self.sequence_length, self.seed, [self.keys[i]],
+                                 self.keep_pretokenized)
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -407,7 +412,9 @@ def _encode_flat(vocabulary, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 class tokenize(Preprocessor):  # noqa: N801
     """Tokenizes every output feature whose value is a ``str`` into 1-D int32 ids,
     one ``encode_batch_flat`` call per feature and batch. With ``copy_pretokenized``
-    the text is kept under ``"<feature>_pretokenized"`` (not in the final example).
+    the text is kept under ``"<feature>_pretokenized"`` (not in the final example,
+    except for the features of ``ctx.keep_pretokenized``, whose text is kept
+    either way: a task with metrics stores it).
     """
 
     name = "tokenize"
@@ -430,7 +437,7 @@ class tokenize(Preprocessor):  # noqa: N801
                     continue
                 texts = [column[j] for j in where]
             flat, lengths = _encode_flat(feature.vocabulary, column if texts is None else texts)
-            if self.copy_pretokenized:
+            if self.copy_pretokenized or name in ctx.keep_pretokenized:
                 absent = ExampleBatch.ABSENT
                 batch.fields[f"{name}_pretokenized"] = [v if isinstance(v, str) else absent for v in column]
             batch.put(name, column, where, flat, _offsets(lengths))

@@ -3,16 +3,22 @@
 A ``Task`` names a source, the output features (each with a vocabulary), the
 preprocessors that turn records into examples and optionally packing.
 ``Task.fingerprint`` identifies everything that shapes the cache's content.
+For evaluation a task may carry seqio's ``postprocess_fn`` and ``metric_fns``
+(see ``seqcache.tasks.metrics``); an unpacked cache of such a task keeps the
+source's text of its targets (``"targets_pretokenized"``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import re
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from seqcache.codec import PRETOKENIZED_SUFFIX
 from seqcache.tasks.preprocessors import ExampleBatch, PreprocessContext, Preprocessor, PreprocessorError, run_columns
 from seqcache.tasks.sources import Source, SourceFile, SourceRecord, describe_record, error_hint, is_error_record
 from seqcache.tasks.vocabularies import Vocabulary
@@ -20,6 +26,8 @@ from seqcache.tasks.vocabularies import Vocabulary
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float32")
 PACKING_MODES = (None, "lm", "first_fit")
+# The features whose source text an evaluation cache keeps, as "<feature>_pretokenized".
+PRETOKENIZED_FEATURES = ("targets",)
 _EMPTY_INT32 = np.zeros((0,), dtype=np.int32)
 
 
@@ -66,6 +74,63 @@ def _checked_ids(name: str, feature: "Feature", value, example: Callable[[], dic
     if problem:
         raise ValueError(problem)
     return ids.astype(feature.dtype, copy=False)
+
+
+def function_names(fns) -> list[str]:
+    """The name of each function of ``fns`` (``__name__``; a
+    ``functools.partial``'s function's name; else its type's name), as the
+    manifest and ``seqcache info`` show them."""
+    names = []
+    for fn in fns:
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        names.append(str(getattr(fn, "__name__", None) or type(fn).__name__))
+    return names
+
+
+def metric_kind(fn) -> str | None:
+    """``"predict"`` for a metric ``fn(targets, predictions)``, ``"score"`` for
+    ``fn(targets, scores)``; None for any other. seqio's rule: the kind is
+    read from the names of the parameters a call must give (positional or
+    keyword, without a default), in order; other parameters need defaults. A
+    ``functools.partial`` is seen through ``inspect.signature``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    needed = tuple(p.name for p in params if p.default is inspect.Parameter.empty
+                   and p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return {("targets", "predictions"): "predict", ("targets", "scores"): "score"}.get(needed)
+
+
+def _checked_metric_fns(name: str, metric_fns) -> tuple:
+    """``metric_fns`` as a tuple, each callable with one of seqio's two signatures.
+
+    Raises:
+      TypeError: naming the task and the bad entry.
+    """
+    if callable(metric_fns) or isinstance(metric_fns, (str, bytes)):
+        raise TypeError(f"task {name!r}: metric_fns must be a sequence of functions (got {metric_fns!r}); "
+                        "wrap a single metric in a list")
+    out = tuple(metric_fns)
+    for fn in out:
+        if not callable(fn):
+            raise TypeError(f"task {name!r}: metric_fns holds {fn!r}, which is not callable")
+        if metric_kind(fn) is None:
+            raise TypeError(f"task {name!r}: metric {function_names([fn])[0]!r} must take (targets, "
+                            "predictions) or (targets, scores) (seqio's predict and score metrics), by those "
+                            "parameter names, any others with defaults")
+    return out
+
+
+def _text_column(texts: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """The UTF-8 bytes of ``texts`` as a column: uint8 values and int64 ``(n +
+    1,)`` offsets; a value that is not text (absent, token ids) stores no bytes."""
+    encoded = [t.encode("utf-8") if isinstance(t, str) else bytes(t) if isinstance(t, bytes) else b""
+               for t in texts]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
 
 
 def check_name(name: str, what: str) -> str:
@@ -130,7 +195,8 @@ class Task:
     """
 
     def __init__(self, name: str, *, source: Source, output_features: Mapping[str, Feature],
-                 preprocessors: Sequence[Preprocessor] = (), packing: str | None = None):
+                 preprocessors: Sequence[Preprocessor] = (), packing: str | None = None,
+                 postprocess_fn: Callable | None = None, metric_fns: Sequence[Callable] = ()):
         self.name = check_name(name, "task")
         if not isinstance(source, Source):
             raise TypeError(f"task {name!r}: source must be a Source (got {type(source).__name__})")
@@ -148,10 +214,43 @@ class Task:
         if packing == "lm" and len(output_features) != 1:
             raise ValueError(f"task {name!r}: packing='lm' needs exactly one output feature "
                              f"(got {sorted(output_features)})")
+        if postprocess_fn is not None and not callable(postprocess_fn):
+            raise TypeError(f"task {name!r}: postprocess_fn must be callable or None (got {postprocess_fn!r})")
         self.source = source
         self.output_features = dict(output_features)
         self.preprocessors = tuple(preprocessors)
         self.packing = packing
+        self.postprocess_fn = postprocess_fn
+        self.metric_fns = _checked_metric_fns(name, metric_fns)
+
+    @property
+    def predict_metric_fns(self) -> tuple:
+        """The metrics ``fn(targets, predictions)``, in ``metric_fns`` order."""
+        return tuple(fn for fn in self.metric_fns if metric_kind(fn) == "predict")
+
+    @property
+    def score_metric_fns(self) -> tuple:
+        """The metrics ``fn(targets, scores)``, in ``metric_fns`` order."""
+        return tuple(fn for fn in self.metric_fns if metric_kind(fn) == "score")
+
+    @property
+    def pretokenized_features(self) -> tuple[str, ...]:
+        """The features whose source text the task's cache keeps (as
+        ``"<feature>_pretokenized"``): those of ``PRETOKENIZED_FEATURES`` the
+        task has, when it has metrics and no packing; else none."""
+        if not self.metric_fns or self.packing is not None:
+            return ()
+        return tuple(f for f in PRETOKENIZED_FEATURES if f in self.output_features)
+
+    def evaluation(self) -> dict | None:
+        """What the manifest records of the task's evaluation: ``{"metrics":
+        [names], "postprocess_fn": name or None, "pretokenized": [stored text
+        features]}``, or None for a task without metrics or postprocess_fn."""
+        if not self.metric_fns and self.postprocess_fn is None:
+            return None
+        return {"metrics": function_names(self.metric_fns),
+                "postprocess_fn": function_names([self.postprocess_fn])[0] if self.postprocess_fn else None,
+                "pretokenized": [f + PRETOKENIZED_SUFFIX for f in self.pretokenized_features]}
 
     @property
     def packing_feature(self) -> str | None:
@@ -164,10 +263,13 @@ class Task:
 
         Keys: name, source (its fingerprint, with the file list), preprocessors
         (list of [name, params]), features ({name: vocabulary fingerprint, add_eos,
-        required, dtype}), packing, seed, sequence_length. ``files``: the
+        required, dtype}), packing, seed, sequence_length; and, for a task
+        with metrics or a postprocess_fn only (so other fingerprints are
+        unchanged), evaluation (``evaluation()``). ``files``: the
         source's ``list_files()`` when the caller has just listed them (the
         same value, without a second listing).
         """
+        evaluation = self.evaluation()
         return {
             "name": self.name,
             "source": self.source.fingerprint() if files is None else self.source.fingerprint_of_files(files),
@@ -176,6 +278,7 @@ class Task:
             "packing": self.packing,
             "seed": int(seed),
             "sequence_length": dict(sorted(sequence_length.items())) if sequence_length else None,
+            **({"evaluation": evaluation} if evaluation is not None else {}),
         }
 
     def preprocess_batch(self, records: Sequence[SourceRecord], keys: Sequence[bytes], *, seed: int,
@@ -195,6 +298,8 @@ class Task:
         Returns:
           (index into ``records``, example) pairs in input order; an example holds
           exactly the output features as 1-D arrays of the feature dtype, plus
+          ``"<feature>_pretokenized"`` (uint8 UTF-8 bytes) for each of
+          ``pretokenized_features``, plus
           ``"_truncated_tokens"`` (int) if a trimming preprocessor ran. Dropped
           examples and records a source skipped are absent.
 
@@ -221,7 +326,7 @@ class Task:
             [i for i, r in enumerate(records) if r.issue is None or not is_error_record(r)]
         keys = list(keys) if len(live) == len(keys) else [keys[i] for i in live]
         ctx = PreprocessContext(output_features=self.output_features, sequence_length=sequence_length,
-                                seed=int(seed), keys=keys)
+                                seed=int(seed), keys=keys, keep_pretokenized=self.pretokenized_features)
         try:
             batch = run_columns(self.preprocessors, ExampleBatch.from_records(records, live), ctx)
         except PreprocessorError as e:
@@ -272,6 +377,8 @@ class Task:
                     if problem:
                         problems.setdefault(k, problem)
             columns[name] = (values.astype(feature.dtype, copy=False), offsets)
+        for name in self.pretokenized_features:
+            columns[name + PRETOKENIZED_SUFFIX] = _text_column(batch.field(name + PRETOKENIZED_SUFFIX))
         out = ExampleBatch(index, columns, batch.truncated, batch.has_truncated, ranges)
         if problems:
             if skipped is None or self.source.on_error.action("bad_value") != "skip":
@@ -296,5 +403,6 @@ class Task:
         return f"{describe_record('', locator, record.record_number, stable=True)} of file {record.file_index}"
 
     def __repr__(self) -> str:
+        metrics = f", metric_fns={function_names(self.metric_fns)}" if self.metric_fns else ""
         return (f"Task({self.name!r}, source={self.source.describe()!r}, features={sorted(self.output_features)}, "
-                f"preprocessors={[p.name for p in self.preprocessors]}, packing={self.packing!r})")
+                f"preprocessors={[p.name for p in self.preprocessors]}, packing={self.packing!r}{metrics})")

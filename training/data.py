@@ -243,7 +243,8 @@ def resolve_source(data: DataConfig, split: str, modules: tuple[str, ...] = (), 
         + ("" if data.cache_dir else " (give --cache-dir to look up names)"))
 
 
-_PER_TOKEN_SUFFIXES = ("_segment_ids", "_positions")
+# Not token features: per-token ones and an evaluation cache's source text.
+_PER_TOKEN_SUFFIXES = ("_segment_ids", "_positions", fmt.PRETOKENIZED_SUFFIX)
 
 
 def token_features_of(source: Source) -> tuple[str, ...]:

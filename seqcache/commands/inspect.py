@@ -76,7 +76,7 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
             "num_shards": len(manifest.shards), "num_bytes": sum(s.num_bytes for s in manifest.shards),
             "statistics": manifest.statistics, "packing_efficiency": packing_efficiency(manifest),
             "num_sources": manifest.num_sources, "created": raw.get("created"),
-            "seqcache_version": raw.get("seqcache_version"),
+            "seqcache_version": raw.get("seqcache_version"), "evaluation": raw.get("evaluation"),
             "shards": [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes} for s in manifest.shards]}
 
 
@@ -86,6 +86,16 @@ def _shown(value) -> str:
     if value is None:
         return "none"
     return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else str(value)
+
+
+def _evaluation_rows(t: Table, evaluation) -> None:
+    """``info``'s rows of the task's evaluation (the manifest's ``evaluation``), if it has one."""
+    if not isinstance(evaluation, dict):
+        return
+    t.add_row("metrics", ", ".join(map(str, evaluation.get("metrics") or [])) or "none")
+    t.add_row("postprocess_fn", _shown(evaluation.get("postprocess_fn")))
+    if evaluation.get("pretokenized"):
+        t.add_row("target text", ", ".join(map(str, evaluation["pretokenized"])) + " (source text, UTF-8)")
 
 
 def _record_rows(t: Table, m) -> None:
@@ -160,6 +170,7 @@ def info(ctx, cache_dir, as_json, shards):
         )
     for name, eff in (d["packing_efficiency"] or {}).items():
         t.add_row(f"packing efficiency ({name})", f"{eff:.1%} (non-padding tokens / all tokens)")
+    _evaluation_rows(t, d["evaluation"])
     _record_rows(t, m)
     t.add_row("sources", common.plural(m.num_sources, "file"))
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
@@ -281,6 +292,10 @@ def _describe_example(index, example, provenance, vocabs, with_ids):
     item = {"index": index, "provenance": provenance, "features": {}}
     for name, arr in example.items():
         if name.endswith(("_segment_ids", "_positions")):
+            continue
+        if name.endswith(fmt.PRETOKENIZED_SUFFIX):  # the source's text, UTF-8 bytes
+            text = bytes(arr.astype("uint8")).decode("utf-8", errors="replace")
+            item["features"][name] = {"length": int(arr.size), "text": text}
             continue
         seg_ids = example.get(f"{name}_segment_ids")
         vocab = vocabs.get(name)

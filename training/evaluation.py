@@ -49,6 +49,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from seqcache import format as fmt
 from seqcache import fs
@@ -148,6 +149,7 @@ class Evaluator:
       mesh: the device mesh the model's parameters live on (passed to decoding).
       seed: the feeder's seed (the order of reading; the results do not depend on it).
       metrics: False to write predictions only (``seqcache infer``).
+      rules: the logical axis rules preset the parameters are sharded by (the run's).
 
     Raises:
       EvalError: no tasks, or a cache without ``targets`` when metrics are asked for.
@@ -155,7 +157,7 @@ class Evaluator:
 
     def __init__(self, tasks: Sequence[EvalTask], *, split: str, decode: decoding.DecodeConfig,
                  global_batch_size: int, inputs_length: int | None, targets_length: int, mesh=None, seed: int = 0,
-                 metrics: bool = True):
+                 metrics: bool = True, rules: str = "dp"):
         if not tasks:
             raise EvalError("nothing to evaluate: no task caches given")
         self.tasks = list(tasks)
@@ -167,6 +169,7 @@ class Evaluator:
         self.mesh = mesh
         self.seed = int(seed)
         self.with_metrics = metrics
+        self.rules = rules
 
     @property
     def has_metrics(self) -> bool:
@@ -238,16 +241,29 @@ class Evaluator:
         scoring = self.with_metrics and bool(task.score_metric_fns)
         out: list[dict] = []
         try:
-            for batches in zip(*(iter(f) for f in feeders.values())):
+            for step, batches in enumerate(zip(*(iter(f) for f in feeders.values()))):
                 batch = dict(zip(feeders, batches))
                 raw = {f: np.asarray(b[f]) for f, b in batch.items()}
-                predicted = np.asarray(decoding.predict(model, raw, self.decode, mesh=self.mesh))
-                scores = np.asarray(decoding.score(model, raw, mesh=self.mesh)) if scoring else None
+                predicted, scores = self._decode_global(model, raw, step, scoring)
                 out.extend(self._rows(task, reader, vocabs, batch["targets"]["cache_index"], raw, predicted, scores))
         finally:
             for f in feeders.values():
                 f.close()
         return out
+
+    def _decode_global(self, model, raw: dict[str, np.ndarray], step: int, scoring: bool):
+        """(predictions, scores or None) of this process's rows: the rows of
+        every process are put together into the global batch, which every
+        process decodes together (one SPMD program over the mesh); each keeps
+        its own rows [h * R, (h + 1) * R) of the result."""
+        rows = next(iter(raw.values())).shape[0]
+        first = jax.process_index() * rows
+        full = gather_rows(raw)
+        kwargs = {"mesh": self.mesh, "rules": self.rules}
+        predicted = np.asarray(decoding.predict(model, full, self.decode, row_offset=step * self.global_batch_size,
+                                                **kwargs))[first:first + rows]
+        scores = np.asarray(decoding.score(model, full, **kwargs))[first:first + rows] if scoring else None
+        return predicted, scores
 
     def _rows(self, task: EvalTask, reader, vocabs, cache_index, raw, predicted, scores) -> list[dict]:
         """The rows of one host batch that are examples (cache index >= 0)."""
@@ -343,14 +359,21 @@ def _merge_rows(task: EvalTask, per_process: list[list[dict]]) -> list[dict]:
     return rows
 
 
+def gather_rows(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each process's host-local rows (R, ...) put together into the global
+    batch (H * R, ...), in process order, on every process; one process: the
+    arrays themselves. Every process must call it."""
+    if jax.process_count() == 1:
+        return dict(arrays)
+    return {k: np.asarray(multihost_utils.process_allgather(np.asarray(v), tiled=True)) for k, v in arrays.items()}
+
+
 def gather_to_chief(obj: Any) -> list:
     """``[obj of process 0, obj of process 1, ...]`` on process 0 (pickled and
     gathered as bytes with ``jax.experimental.multihost_utils``); on the other
     processes an empty list. One process: ``[obj]``. Every process must call it."""
     if jax.process_count() == 1:
         return [obj]
-    from jax.experimental import multihost_utils  # several processes only
-
     data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int64))).reshape(-1)
     padded = np.zeros(int(sizes.max()), np.uint8)
@@ -489,4 +512,4 @@ def evaluator_for(run_config, tasks: Sequence[EvalTask], *, split: str, mesh=Non
     return Evaluator(tasks, split=split, decode=decode,
                      global_batch_size=global_batch_size or run_config.global_batch_size,
                      inputs_length=lengths.get("inputs"), targets_length=targets_length, mesh=mesh,
-                     seed=run_config.data.seed or 0, metrics=metrics)
+                     seed=run_config.data.seed or 0, metrics=metrics, rules=run_config.rules)

@@ -18,14 +18,15 @@ from seqcache.training.metrics import read_metrics, read_tensorboard
 HERE = pathlib.Path(__file__).resolve().parent
 MODULE = str(HERE / "copy_tasks.py")
 ALPHABET = np.array(list("0123456789abcdef"))
-LENGTH = 10  # the longest line (8 characters) with EOS fits
+WIDTH = 6  # characters per line: a fixed width, so that copying is a fixed offset for the prefix LM
+LENGTH = 8  # a line and its EOS fit
 TRAIN_LINES, EVAL_LINES = 2000, 40
 
 
 def _lines(rng, n, exclude=frozenset()):
     out = []
     while len(out) < n:
-        line = "".join(rng.choice(ALPHABET, size=int(rng.integers(3, 9))))
+        line = "".join(rng.choice(ALPHABET, size=WIDTH))
         if line not in exclude:
             out.append(line)
     return out

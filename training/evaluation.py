@@ -129,9 +129,10 @@ class EvalResult:
                 for name, value in values.items()}
 
 
-def output_dir(root: str, task: str, split: str, step: int) -> str:
-    """``root/eval/<task>/<split>/step_<step>``: where an evaluation's files go."""
-    return os.path.join(root, "eval", task, split, f"step_{step}")
+def output_dir(root: str, task: str, split: str, step: int, kind: str = "eval") -> str:
+    """``root/<kind>/<task>/<split>/step_<step>``: where an evaluation's files
+    go (``kind``: "eval", or "infer" for predictions without metrics)."""
+    return os.path.join(root, kind, task, split, f"step_{step}")
 
 
 class Evaluator:
@@ -195,9 +196,10 @@ class Evaluator:
             values = self._task_metrics(task, rows) if self.with_metrics else {}
             clean = [r["record"] for r in rows]
             if out_root is not None:
-                folder = output_dir(out_root, task.name, self.split, step)
-                write_outputs(folder, clean, {"task": task.name, "split": self.split, "step": step,
-                                              "num_examples": len(clean), "metrics": values})
+                folder = output_dir(out_root, task.name, self.split, step, "eval" if self.with_metrics else "infer")
+                summary = {"task": task.name, "split": self.split, "step": step, "num_examples": len(clean),
+                           "metrics": values}
+                write_outputs(folder, clean, summary if self.with_metrics else None)
                 result.paths[task.name] = folder
             result.rows[task.name] = clean
             if values:
@@ -398,14 +400,17 @@ def mixture_means(per_task: Mapping[str, Mapping[str, float]], rates: Mapping[st
     return out
 
 
-def write_outputs(folder: str, records: Sequence[Mapping], summary: Mapping) -> None:
-    """``predictions.jsonl`` and ``metrics.json`` in ``folder``, each written to
-    a temporary file and renamed into place (``seqcache.fs.atomic_path``)."""
+def write_outputs(folder: str, records: Sequence[Mapping], summary: Mapping | None) -> None:
+    """``predictions.jsonl`` and (unless ``summary`` is None) ``metrics.json``
+    in ``folder``, each written to a temporary file and renamed into place
+    (``seqcache.fs.atomic_path``)."""
     os.makedirs(folder, exist_ok=True)
     with fs.atomic_path(os.path.join(folder, PREDICTIONS_FILE)) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             for record in records:
                 f.write(json.dumps(_finite(record), ensure_ascii=False, sort_keys=True) + "\n")
+    if summary is None:
+        return
     with fs.atomic_path(os.path.join(folder, METRICS_JSON)) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(json.dumps(_finite(dict(summary)), indent=2, sort_keys=True) + "\n")

@@ -15,6 +15,9 @@ from seqcache import format as fmt
 from seqcache.feeders import FeederStateError
 from seqcache.training import config as config_lib
 
+# The task and split names of the cache ``seqcache infer --source`` builds:
+# its predictions go to OUTPUT_DIR/infer/source/source/step_<N>/.
+SOURCE_TASK = SOURCE_SPLIT = "source"
 # What a failed evaluation prints before exiting 1 (a usage mistake exits 2).
 _FAILURES = ("CheckpointError", "EvalError", "MetricError", "CacheError", "FeederStateError")
 
@@ -99,15 +102,13 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
         run = evaluation.load_run(checkpoint_dir, step=step)
         if source_spec:
             temporary = tempfile.mkdtemp(prefix="seqcache-infer-")
-            task, cache_dir, split = _source_cache(run.config, source_spec, temporary), None, "infer"
+            task, cache_dir, split = _source_cache(run.config, source_spec, temporary), None, SOURCE_SPLIT
         tasks = evaluation.eval_tasks(run.config, split, task=task, cache_dir=cache_dir, modules=modules)
         decode = decoding.DecodeConfig(max_decode_length=max_decode_length or run.config.lengths["targets"],
                                        method=method, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         evaluator = evaluation.evaluator_for(run.config, tasks, split=split, mesh=run.trainer.mesh, decode=decode,
                                              global_batch_size=batch_size, metrics=with_metrics)
-        root = output_dir or checkpoint_dir
-        out = os.path.join(root, "infer") if not with_metrics else root
-        result = evaluator.evaluate(run.model, step=run.step, out_root=out)
+        result = evaluator.evaluate(run.model, step=run.step, out_root=output_dir or checkpoint_dir)
     except (config_lib.ConfigError, ValueError) as e:
         if type(e).__name__ in _FAILURES or isinstance(e, (fmt.CacheError, FeederStateError)):
             _fail(e)
@@ -126,7 +127,7 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
     if jax.process_index() == 0:
         click.echo(summary_line({"step": result.step, "split": split, "metrics": result.metrics,
                                  "examples": {t: len(r) for t, r in result.rows.items()},
-                                 "outputs": {t: p for t, p in result.paths.items()} if not temporary else {}}))
+                                 "outputs": result.paths}))
 
 
 def _log_metrics(run, result, checkpoint_dir) -> None:
@@ -140,9 +141,7 @@ def _log_metrics(run, result, checkpoint_dir) -> None:
 
     if jax.process_index() != 0:
         return
-    path = metrics_path_for(run.config) or os.path.join(checkpoint_dir, "metrics.jsonl")
-    if not os.path.isabs(path) and not os.path.exists(os.path.dirname(path) or "."):
-        path = os.path.join(checkpoint_dir, os.path.basename(path))
+    path = metrics_path_for(run.config)  # the run's metrics_file, else RUN/metrics.jsonl
     writer = MetricsWriter(path, tensorboard_dir=tensorboard_dir_for(run.config, path))
     try:
         writer.write({"step": max(result.step - 1, 0), "eval_checkpoint": result.step, **result.flat()})
@@ -172,12 +171,12 @@ def _source_cache(config, spec: str, root: str) -> str:
     pair = "inputs=" in spec and "targets=" in spec
     features = {"inputs": tasks.Feature(vocab), "targets": tasks.Feature(vocab, required=pair)}
     rekey = {"inputs": "inputs", "targets": "targets"} if pair else {"inputs": "text", "targets": None}
-    task = tasks.Task("infer", source=source, output_features=features,
+    task = tasks.Task(SOURCE_TASK, source=source, output_features=features,
                       preprocessors=[P.rekey(rekey), P.tokenize(), P.append_eos_after_trim()])
     lengths = {"inputs": config.lengths.get("inputs") or config.sequence_length, "targets": config.sequence_length}
     pipelines.build_task(task, cache_dir=root, config=pipelines.BuildConfig(
-        split="infer", num_shards=1, sequence_length=lengths))
-    return os.path.join(root, "infer", "infer")
+        split=SOURCE_SPLIT, num_shards=1, sequence_length=lengths))
+    return os.path.join(root, SOURCE_TASK, SOURCE_SPLIT)
 
 
 def _run_vocabulary(cache_dir: str, manifest):

@@ -7,8 +7,10 @@ devices); the single-process evaluation runs here too, the two-process one in
 two fresh processes of 4 devices each. The eval split (40 examples, batches of
 16) ends with a partial batch: 8 padding rows, on process 1 only."""
 
+import importlib.util
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -20,34 +22,47 @@ from seqcache import pipelines
 from seqcache.cli import main
 from seqcache.training import distributed
 
-import test_evaluation as copy_eval
-
+HERE = pathlib.Path(__file__).resolve().parent
+MODULE = str(HERE / "copy_tasks.py")
 RUN_TIMEOUT_S = 300
 B = 16
+EVAL_LINES = 40
+LENGTH = 8
+
+
+def _copy_tasks():
+    spec = importlib.util.spec_from_file_location("seqcache_eval_copy_tasks", MODULE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _lines(rng, n):
+    return ["".join(rng.choice(list("0123456789abcdef"), size=6)) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("evalmh")
     rng = np.random.default_rng(1)
-    for split, n in (("train", 64), ("validation", copy_eval.EVAL_LINES)):
-        (root / f"{split}.txt").write_text("\n".join(copy_eval._lines(rng, n)) + "\n")
-        task = copy_eval._load_copy_tasks().copy_task("copy", str(root / f"{split}.txt"))
+    for split, n in (("train", 64), ("validation", EVAL_LINES)):
+        (root / f"{split}.txt").write_text("\n".join(_lines(rng, n)) + "\n")
+        task = _copy_tasks().copy_task("copy", str(root / f"{split}.txt"))
         pipelines.build_task(task, cache_dir=str(root / "caches"), config=pipelines.BuildConfig(split=split,
                                                                                                 num_shards=2))
     run = root / "run"
     res = CliRunner().invoke(main, [
-        "train", "--module", copy_eval.MODULE, "--cache-dir", str(root / "caches"), "--task", "copy",
-        "--model", "tiny", "--steps", "2", "--batch-size", str(B), "--sequence-length", str(copy_eval.LENGTH),
+        "train", "--module", MODULE, "--cache-dir", str(root / "caches"), "--task", "copy",
+        "--model", "tiny", "--steps", "2", "--batch-size", str(B), "--sequence-length", str(LENGTH),
         "--checkpoint-dir", str(run), "--set",
-        f"inputs_sequence_length={copy_eval.LENGTH} progress=false checkpoint.async_save=false tensorboard=false"],
+        f"inputs_sequence_length={LENGTH} progress=false checkpoint.async_save=false tensorboard=false"],
         catch_exceptions=False)
     assert res.exit_code == 0, res.output
     return root, run
 
 
 def _eval_args(root, run, out):
-    return ["eval", "--checkpoint-dir", str(run), "--module", copy_eval.MODULE, "--cache-dir",
+    return ["eval", "--checkpoint-dir", str(run), "--module", MODULE, "--cache-dir",
             str(root / "caches"), "--task", "copy", "--output-dir", str(out), "--max-decode-length", "6"]
 
 
@@ -78,11 +93,11 @@ def test_two_processes_predict_each_example_once_like_one(small_run, tmp_path, c
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], [e.decode()[-3000:] for _, e in outs]
     # Only process 0 prints the summary and writes the files.
-    assert json.loads(outs[0][0].decode().splitlines()[-1])["examples"] == {"copy": copy_eval.EVAL_LINES}
+    assert json.loads(outs[0][0].decode().splitlines()[-1])["examples"] == {"copy": EVAL_LINES}
     assert not [x for x in outs[1][0].decode().splitlines() if x.startswith("{")]
     two = _rows(tmp_path / "two")
     # Exactly one prediction per example, in cache order, on 1 and on 2 processes.
-    assert [r["cache_index"] for r in one] == [r["cache_index"] for r in two] == list(range(copy_eval.EVAL_LINES))
+    assert [r["cache_index"] for r in one] == [r["cache_index"] for r in two] == list(range(EVAL_LINES))
     for a, b in zip(one, two):
         assert (a["source"], a["line"], a["targets"]) == (b["source"], b["line"], b["targets"])
         assert a["prediction"] == b["prediction"]

@@ -38,7 +38,8 @@ def _copy_tasks():
 
 
 def _lines(rng, n):
-    return ["".join(rng.choice(list("0123456789abcdef"), size=6)) for _ in range(n)]
+    return ["".join(rng.choice(list("0123456789abcdefghijklmnopqrstuvwxyz"), size=6, replace=False))
+            for _ in range(n)]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from seqcache import manifest as schema
 from seqcache.commands import common
 from seqcache.feeders.reader import CacheReader
 from seqcache.tasks import describe_record
+from seqcache.tasks.task import function_names
 from seqcache.tasks.vocabularies import decode_with_sentinels
 from seqcache.url_reader import UrlCacheReader
 from seqcache.verify import verify_cache
@@ -363,7 +364,7 @@ def tasks_cmd(modules, as_json):
     for name in tasks.TaskRegistry.names():
         t = tasks.TaskRegistry.get(name)
         task_rows.append({"name": name, "source": t.source.describe(), "features": sorted(t.output_features),
-                          "packing": t.packing})
+                          "packing": t.packing, "metrics": function_names(t.metric_fns)})
     mixture_rows = []
     for name in tasks.MixtureRegistry.names():
         m = tasks.MixtureRegistry.get(name)

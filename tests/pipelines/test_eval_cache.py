@@ -119,6 +119,19 @@ def test_feeders_and_converters_read_the_cache_as_its_token_features(eval_cache)
         [metrics.pretokenized_text(ex) for ex in first]
 
 
+def test_the_trainer_sees_the_token_features_and_mixes_with_a_plain_cache(eval_cache, tmp_path):
+    pytest.importorskip("jax")
+    from seqcache.training.data import Source, token_features_of
+
+    plain = _build(tmp_path / "plain", _task(_files(tmp_path / "in"), metric_fns=()))
+    both = Source(kwargs={"mixture": {eval_cache: 1.0, plain: 1.0}}, cache_dirs=(eval_cache, plain), name="mix")
+    assert token_features_of(both) == ("inputs", "targets")
+    with ConvertedFeeder(converter="encdec", sequence_length={"inputs": 64, "targets": 24}, mixture=both.kwargs[
+            "mixture"], split="validation", global_batch_size=4, host_index=0, host_count=1, num_epochs=1) as f:
+        assert sorted(set(f.get_batch(0)["task_index"].tolist()) | set(f.get_batch(1)["task_index"].tolist())) \
+            == [0, 1]
+
+
 def test_info_shows_the_metrics(eval_cache):
     run = [sys.executable, "-m", "seqcache", "info", eval_cache]
     table = subprocess.run(run, capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "200"})
@@ -126,3 +139,10 @@ def test_info_shows_the_metrics(eval_cache):
     as_json = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True).stdout)
     assert as_json["evaluation"]["metrics"] == ["bleu", "chrf"]
     assert as_json["evaluation"]["postprocess_fn"] == "_strip"
+    shown = json.loads(subprocess.run([sys.executable, "-m", "seqcache", "show", eval_cache, "--json"],
+                                      capture_output=True, text=True, check=True).stdout)
+    shown = shown[0] if isinstance(shown, list) else shown
+    text = shown["features"]["targets_pretokenized"]["text"]
+    assert text in DE
+    verified = subprocess.run([sys.executable, "-m", "seqcache", "verify", eval_cache], capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -195,6 +195,13 @@ def test_the_fingerprint_changes_with_the_metrics_only_for_tasks_with_metrics(tm
     assert {k: v for k, v in with_bleu.items() if k != "evaluation"} == plain
 
 
+def test_a_mixture_s_tasks_keep_their_metrics(tmp_path):
+    a = _task(tmp_path, metric_fns=[metrics.bleu], postprocess_fn=str.strip)
+    mixture = tasks.Mixture("mix", [(a, 1.0)])
+    (got,) = mixture.get_tasks()
+    assert got.metric_fns == (metrics.bleu,) and got.postprocess_fn is str.strip
+
+
 def _upper(output, example=None, is_target=False):
     return (output.upper(), example["id"] if example else None, is_target)
 

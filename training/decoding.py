@@ -56,11 +56,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from seqcache.training import decoding_programs as programs
+from seqcache.training import sampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +72,10 @@ class DecodeConfig:
       temperature: divides the logits before sampling (> 0; 0 = greedy).
       top_k: sample among the k most likely tokens; 0 = off.
       top_p: nucleus sampling threshold in (0, 1]; 1.0 = off.
-      seed: the sampling seed (the module docstring gives each row's key).
-      eos_id: a row stops at this token (kept); its later positions are 0.
+      seed: the sampling seed, taken modulo 2**32 (the module docstring gives
+        each row's key).
+      eos_id: a row stops at this token (kept); its later positions are 0. A
+        negative id never stops a row.
     """
 
     max_decode_length: int
@@ -128,9 +129,10 @@ def predict(model, batch: Mapping[str, Any], config: DecodeConfig, *, mesh=None,
     conv = programs.resolve_converter(model, batch, converter)
     arrays, rows = programs.prompt_arrays(model, batch, conv)
     arrays["row_ids"] = np.arange(rows, dtype=np.int32) + np.int32(row_offset)
-    fn = programs.predict_fn(model, conv, config, use_cache)
-    out = programs.run(fn, model, arrays, rows, mesh=mesh, rules=rules,
-                       key=("predict", conv, config, use_cache))
+    length = int(config.max_decode_length)
+    fn = programs.predict_fn(conv, length, use_cache)
+    out = programs.run(fn, model, arrays, sampling.knobs(config), mesh=mesh, rules=rules,
+                       key=("predict", conv, length, use_cache))
     return np.asarray(out, np.int32)[:rows]
 
 
@@ -156,5 +158,5 @@ def score(model, batch: Mapping[str, Any], *, mesh=None, rules: str | Mapping[st
     """
     conv = programs.resolve_converter(model, batch, converter)
     fields, rows = programs.score_fields(batch, conv)
-    out = programs.run(programs.score_fn(model), model, fields, rows, mesh=mesh, rules=rules, key=("score",))
+    out = programs.run(programs.score_fn(), model, fields, {}, mesh=mesh, rules=rules, key=("score",))
     return np.asarray(out, np.float32)[:rows]

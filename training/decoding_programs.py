@@ -119,12 +119,12 @@ def score_fields(batch: Mapping[str, Any], converter: str) -> tuple[dict[str, np
     return {k: v for k, v in fields.items() if k.startswith(("encoder_", "decoder_"))}, rows
 
 
-def score_fn(model) -> Callable:
-    """``fn(model, fields) -> (B,) float32``: the sum of log-softmax of each
-    row's target tokens where the loss weight is positive."""
-    del model
+def score_fn() -> Callable:
+    """``fn(model, fields, knob) -> (B,) float32``: the sum of log-softmax of
+    each row's target tokens where the loss weight is positive (``knob`` unused)."""
 
-    def fn(module, fields):
+    def fn(module, fields, knob):
+        del knob
         logits, targets, weights = module.batch_logits(fields)
         logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[..., None], axis=-1)[..., 0]
         return jnp.sum(jnp.where(weights > 0, logp, 0.0), axis=-1)
@@ -132,27 +132,27 @@ def score_fn(model) -> Callable:
     return fn
 
 
-def predict_fn(model, converter: str, config, use_cache: bool) -> Callable:
-    """``fn(model, arrays) -> (B, max_decode_length) int32``: the decode
-    program of the model's architecture (``prompt_arrays``' arrays plus
-    ``row_ids`` (B,) int32)."""
+def predict_fn(converter: str, length: int, use_cache: bool) -> Callable:
+    """``fn(model, arrays, knob) -> (B, length) int32``: the decode program of
+    the converter's architecture (``prompt_arrays``' arrays plus ``row_ids``
+    (B,) int32; ``knob``: ``sampling.knobs``)."""
     if converter == "encdec":
-        return functools.partial(_t5_cached if use_cache else _t5_slow, config=config)
+        return functools.partial(_t5_cached if use_cache else _t5_slow, length=length)
     program = _decoder_cached if use_cache else _decoder_slow
-    return functools.partial(program, config=config, prefix=converter == "prefix_lm")
+    return functools.partial(program, length=length, prefix=converter == "prefix_lm")
 
 
-def _decoder_cached(model, arrays, *, config, prefix: bool):
+def _decoder_cached(model, arrays, knob, *, length: int, prefix: bool):
     prompt, n = arrays["prompt"], arrays["lengths"]
     rows, p = prompt.shape
-    length = p + int(config.max_decode_length)
-    idx = jnp.arange(length)
+    total = p + length
+    idx = jnp.arange(total)
     seen = idx[None, :] <= n[:, None]  # (B, S): the start token and the prompt
     q = jnp.arange(p)
     mask = seen[:, None, :] if prefix else seen[:, None, :] & (idx[None, None, :] <= q[None, :, None])
-    mask = jnp.broadcast_to(mask, (rows, p, length))
+    mask = jnp.broadcast_to(mask, (rows, p, total))
     positions = jnp.broadcast_to(q[None, :], (rows, p))
-    hidden, cache = model.decode_cached(prompt, positions, model.init_cache(rows, length), jnp.int32(0), mask)
+    hidden, cache = model.decode_cached(prompt, positions, model.init_cache(rows, total), jnp.int32(0), mask)
     first = model.logits(jnp.take_along_axis(hidden, n[:, None, None], axis=1))[:, 0]
 
     def step(cache, t, token):
@@ -161,16 +161,16 @@ def _decoder_cached(model, arrays, *, config, prefix: bool):
         hidden, cache = model.decode_cached(token[:, None], (n + 1 + t)[:, None], cache, at, visible)
         return model.logits(hidden)[:, 0], cache
 
-    return sampling.generate(first, cache, step, config, arrays["row_ids"])
+    return sampling.generate(first, cache, step, length, knob, arrays["row_ids"])
 
 
-def _decoder_slow(model, arrays, *, config, prefix: bool):
+def _decoder_slow(model, arrays, knob, *, length: int, prefix: bool):
     prompt, n = arrays["prompt"], arrays["lengths"]
     rows, p = prompt.shape
-    length = p + int(config.max_decode_length)
-    idx = jnp.arange(length)
-    seq = jnp.pad(prompt, ((0, 0), (0, length - p)))
-    positions = jnp.broadcast_to(idx[None, :], (rows, length))
+    total = p + length
+    idx = jnp.arange(total)
+    seq = jnp.pad(prompt, ((0, 0), (0, total - p)))
+    positions = jnp.broadcast_to(idx[None, :], (rows, total))
     causal = (idx[None, :] <= n[:, None]).astype(jnp.int32) if prefix else None
 
     def logits_at(seq, at):
@@ -183,34 +183,34 @@ def _decoder_slow(model, arrays, *, config, prefix: bool):
         seq = jnp.where(idx[None, :] == at[:, None], token[:, None], seq)
         return logits_at(seq, at), seq
 
-    return sampling.generate(logits_at(seq, n), seq, step, config, arrays["row_ids"])
+    return sampling.generate(logits_at(seq, n), seq, step, length, knob, arrays["row_ids"])
 
 
-def _t5_cached(model, arrays, *, config):
+def _t5_cached(model, arrays, knob, *, length: int):
     tokens, segments = arrays["encoder_tokens"], arrays["encoder_segment_ids"]
-    rows, length = tokens.shape[0], int(config.max_decode_length) + 1
+    rows, total = tokens.shape[0], length + 1
     encoded = model.encode(tokens, segments)
     x_mask = (segments != 0)[:, None, None, :]
-    bias = model.decoder_bias(length, length, encoded.dtype)  # (1, heads, S, S)
-    idx = jnp.arange(length)
+    bias = model.decoder_bias(total, total, encoded.dtype)  # (1, heads, S, S)
+    idx = jnp.arange(total)
 
     def run(token, at, cache):
-        self_mask = jnp.broadcast_to((idx <= at)[None, None, None, :], (rows, 1, 1, length))
+        self_mask = jnp.broadcast_to((idx <= at)[None, None, None, :], (rows, 1, 1, total))
         row_bias = jax.lax.dynamic_slice_in_dim(bias, at, 1, axis=2)
         hidden, cache = model.decode_cached(token[:, None], cache, at, self_mask, x_mask, row_bias)
         return model.logits(hidden)[:, 0], cache
 
-    first, cache = run(jnp.zeros((rows,), jnp.int32), jnp.int32(0), model.init_cache(encoded, length))
-    return sampling.generate(first, cache, lambda c, t, token: run(token, t + 1, c), config, arrays["row_ids"])
+    first, cache = run(jnp.zeros((rows,), jnp.int32), jnp.int32(0), model.init_cache(encoded, total))
+    return sampling.generate(first, cache, lambda c, t, token: run(token, t + 1, c), length, knob, arrays["row_ids"])
 
 
-def _t5_slow(model, arrays, *, config):
+def _t5_slow(model, arrays, knob, *, length: int):
     tokens, segments = arrays["encoder_tokens"], arrays["encoder_segment_ids"]
-    rows, length = tokens.shape[0], int(config.max_decode_length) + 1
-    idx = jnp.arange(length)
+    rows, total = tokens.shape[0], length + 1
+    idx = jnp.arange(total)
 
     def logits_at(dec, at):
-        dec_segments = jnp.broadcast_to((idx <= at).astype(jnp.int32)[None, :], (rows, length))
+        dec_segments = jnp.broadcast_to((idx <= at).astype(jnp.int32)[None, :], (rows, total))
         logits = model(tokens, segments, dec, dec_segments)
         return jax.lax.dynamic_index_in_dim(logits, at, axis=1, keepdims=False)
 
@@ -218,8 +218,8 @@ def _t5_slow(model, arrays, *, config):
         dec = jax.lax.dynamic_update_slice_in_dim(dec, token[:, None], t + 1, axis=1)
         return logits_at(dec, t + 1), dec
 
-    dec = jnp.zeros((rows, length), jnp.int32)
-    return sampling.generate(logits_at(dec, jnp.int32(0)), dec, step, config, arrays["row_ids"])
+    dec = jnp.zeros((rows, total), jnp.int32)
+    return sampling.generate(logits_at(dec, jnp.int32(0)), dec, step, length, knob, arrays["row_ids"])
 
 
 # Compiled programs by (graphdef, program key, mesh, rules, array layout); the
@@ -240,13 +240,14 @@ def _pad_rows(arrays: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndar
     return {k: np.pad(v, [(0, extra)] + [(0, 0)] * (v.ndim - 1)) for k, v in arrays.items()}
 
 
-def run(fn: Callable, model, arrays: dict[str, np.ndarray], rows: int, *, mesh=None, rules="dp",
-        key: tuple) -> np.ndarray:
-    """``fn(model, arrays)`` compiled once per (model structure, ``key``,
+def run(fn: Callable, model, arrays: dict[str, np.ndarray], knob: dict[str, np.ndarray], *, mesh=None,
+        rules="dp", key: tuple) -> np.ndarray:
+    """``fn(model, arrays, knob)`` compiled once per (model structure, ``key``,
     mesh, rules, array names and ranks) and run: on the default device, or
-    over ``mesh`` with the parameters sharded by ``rules`` and the rows split
-    over the batch axes (padded with zero rows to a multiple of the batch
-    shards). Returns the host copy of the result, padded rows included."""
+    over ``mesh`` with the parameters sharded by ``rules``, the rows of
+    ``arrays`` split over the batch axes (padded with zero rows to a multiple
+    of the batch shards) and the scalars of ``knob`` replicated. Returns the
+    host copy of the result, padded rows included."""
     graphdef, params = model_lib.split_params(model)
     layout = tuple(sorted((k, v.ndim) for k, v in arrays.items()))
     if mesh is None:
@@ -267,13 +268,13 @@ def run(fn: Callable, model, arrays: dict[str, np.ndarray], rows: int, *, mesh=N
         params = jax.device_put(params, param_shardings)
         arrays = jax.device_put(arrays, array_shardings)
     with context:
-        out = jitted(params, arrays)
+        out = jitted(params, arrays, knob)
     return np.asarray(jax.device_get(out))
 
 
 def _compile(fn, graphdef, model, params, arrays, mesh, table):
-    def call(p, a):
-        return fn(nnx.merge(graphdef, p), a)
+    def call(p, a, k):
+        return fn(nnx.merge(graphdef, p), a, k)
 
     if mesh is None:
         return jax.jit(call), None, None
@@ -281,6 +282,6 @@ def _compile(fn, graphdef, model, params, arrays, mesh, table):
     param_shardings = partitioning.named_shardings(specs, mesh)
     array_shardings = {k: NamedSharding(mesh, P(partitioning.BATCH_AXES, *[None] * (v.ndim - 1)))
                        for k, v in arrays.items()}
-    jitted = jax.jit(call, in_shardings=(param_shardings, array_shardings),
+    jitted = jax.jit(call, in_shardings=(param_shardings, array_shardings, partitioning.replicated(mesh)),
                      out_shardings=partitioning.replicated(mesh))
     return jitted, param_shardings, array_shardings

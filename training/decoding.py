@@ -60,6 +60,7 @@ import numpy as np
 
 from seqcache.training import decoding_programs as programs
 from seqcache.training import sampling
+from seqcache.training.config import SPLASH_BLOCK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,9 @@ class DecodeConfig:
         each row's key).
       eos_id: a row stops at this token (kept); its later positions are 0. A
         negative id never stops a row.
+
+    Raises:
+      ValueError: at construction, a field out of range (the message names it).
     """
 
     max_decode_length: int
@@ -85,6 +89,9 @@ class DecodeConfig:
     top_p: float = 1.0
     seed: int = 0
     eos_id: int = 1
+
+    def __post_init__(self):
+        self.validate()
 
     def validate(self) -> None:
         """Raises ValueError naming the field when a value cannot work."""
@@ -112,7 +119,9 @@ def predict(model, batch: Mapping[str, Any], config: DecodeConfig, *, mesh=None,
       config: how to decode.
       mesh: a ('data', 'fsdp', 'model') mesh (``partitioning.make_mesh``);
         None = the default device.
-      use_cache: False runs the slow reference decode (full forward pass per step).
+      use_cache: False runs the slow reference decode (the model's full
+        forward pass at every step; with ``attention="splash"`` only where
+        Li + 1 + max_decode_length, or T5's lengths, fit the kernel).
       rules: a rules preset name or table for the parameters' shardings.
       converter: a decoder's converter ("lm" or "prefix_lm"); None = from the
         batch's features.
@@ -122,10 +131,9 @@ def predict(model, batch: Mapping[str, Any], config: DecodeConfig, *, mesh=None,
       numpy int32 (B, max_decode_length): generated token ids, 0 after a row's EOS.
 
     Raises:
-      ValueError: a bad config, a batch without the features the model reads,
-        or a packed batch.
+      ValueError: a batch without the features the model reads, a converter
+        that does not feed the model, or a packed batch.
     """
-    config.validate()
     conv = programs.resolve_converter(model, batch, converter)
     arrays, rows = programs.prompt_arrays(model, batch, conv)
     arrays["row_ids"] = np.arange(rows, dtype=np.int32) + np.int32(row_offset)
@@ -157,6 +165,7 @@ def score(model, batch: Mapping[str, Any], *, mesh=None, rules: str | Mapping[st
       ValueError: a batch without the features the model reads, or a packed batch.
     """
     conv = programs.resolve_converter(model, batch, converter)
-    fields, rows = programs.score_fields(batch, conv)
+    multiple = SPLASH_BLOCK if model.cfg.attention == "splash" else 1
+    fields, rows = programs.score_fields(batch, conv, multiple=multiple)
     out = programs.run(programs.score_fn(), model, fields, {}, mesh=mesh, rules=rules, key=("score",))
     return np.asarray(out, np.float32)[:rows]

@@ -103,14 +103,21 @@ def _feeder_like(batch: Mapping[str, Any], name: str) -> dict[str, np.ndarray]:
             f"{name}_loss_weights": segments.astype(np.float32)}
 
 
-def score_fields(batch: Mapping[str, Any], converter: str) -> tuple[dict[str, np.ndarray], int]:
+def _pad_length(fields: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
+    """Each (B, L) field padded with 0 to a length that is a multiple of ``multiple``."""
+    return {k: np.pad(v, [(0, 0), (0, -v.shape[1] % multiple)]) for k, v in fields.items()}
+
+
+def score_fields(batch: Mapping[str, Any], converter: str, *, multiple: int = 1) -> tuple[dict[str, np.ndarray], int]:
     """(fields, rows): the converter's training fields of ``batch``
-    (``seqcache.feeders.converters``), every target token weighted 1."""
+    (``seqcache.feeders.converters``), every target token weighted 1, each
+    feature padded to a multiple of ``multiple`` tokens (the splash kernel's
+    block, for a model whose ``attention`` is "splash")."""
     rows = _rows(batch)
-    targets = _feeder_like(batch, "targets")
+    targets = _pad_length(_feeder_like(batch, "targets"), multiple)
     if converter == "lm":
         return targets, rows
-    inputs = _feeder_like(batch, "inputs")
+    inputs = _pad_length(_feeder_like(batch, "inputs"), multiple)
     if converter == "encdec":
         fields = converters_lib.convert_encdec({"inputs": inputs, "targets": targets})
     else:

@@ -169,6 +169,13 @@ def test_score_is_the_log_likelihood_of_a_direct_forward_pass(kind, decoder, t5)
     np.testing.assert_allclose(got, _direct_scores(model, kind), rtol=1e-5, atol=1e-5)
 
 
+def test_score_pads_the_rows_for_the_splash_kernel(decoder):
+    graphdef, params = M.split_params(M.create(dataclasses.replace(DECODER, attention="splash"), seed=0))
+    splash = nnx.merge(graphdef, M.split_params(decoder)[1])  # the same weights, the fused kernel
+    batch = _batch("prefix_lm")
+    np.testing.assert_allclose(D.score(splash, batch), D.score(decoder, batch), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["decoder", "t5"])
 def test_an_8_device_mesh_decodes_and_scores_like_one_device(name, decoder, t5):
     if jax.device_count() < 8:

@@ -44,10 +44,10 @@ def resolve_converter(model, batch: Mapping[str, Any], converter: str | None) ->
 
 
 def _rows(batch: Mapping[str, Any]) -> int:
-    for value in batch.values():
-        shape = np.shape(value)
-        if shape:
-            return int(shape[0])
+    for name in ("inputs", "targets", *batch):
+        value = batch.get(name)
+        if isinstance(value, (np.ndarray, jax.Array)) and value.ndim:
+            return int(value.shape[0])
     raise ValueError(f"decoding: the batch has no array to count its rows (features {sorted(batch)})")
 
 

@@ -45,14 +45,15 @@ def _batch(kind):
     return {"targets": TARGETS} if kind == "lm" else {"inputs": INPUTS, "targets": TARGETS}
 
 
-@pytest.mark.parametrize("kind", ["lm", "lm_prompt", "prefix_lm", "t5", "prefix_lm_scanned"])
+@pytest.mark.parametrize("kind", ["lm", "lm_prompt", "prefix_lm", "t5",
+                                  # Scanned layers: a cache stacked along the layer axis, run under lax.scan.
+                                  pytest.param("prefix_lm_scanned", marks=pytest.mark.slow),
+                                  pytest.param("t5_scanned", marks=pytest.mark.slow)])
 def test_greedy_with_the_cache_equals_the_full_forward_pass(kind, decoder, t5):
-    if kind == "t5":
-        model = t5
-    elif kind == "prefix_lm_scanned":
-        model = M.create(dataclasses.replace(DECODER, scan_layers=True), seed=0)
+    if kind.endswith("_scanned"):
+        model = M.create(dataclasses.replace(T5 if kind == "t5_scanned" else DECODER, scan_layers=True), seed=0)
     else:
-        model = decoder
+        model = t5 if kind == "t5" else decoder
     batch = {"inputs": INPUTS} if kind != "lm" else {"targets": TARGETS}
     converter = "lm" if kind.startswith("lm") else None
     cfg = D.DecodeConfig(max_decode_length=LENGTH, eos_id=NEVER)

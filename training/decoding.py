@@ -24,8 +24,8 @@ its last non-zero token plus one.
 Decoder layout (both converters): a row's decoder inputs are the start token 0,
 the prompt, then the generated tokens, at positions 0, 1, 2, ... (as
 ``shift_right_by_segment`` and the prefix LM converter lay them out). With the
-key/value cache (``use_cache=True``) the prompts, right-padded to the longest
-plus one, run in one pass that fills the cache (prefix LM: bidirectional over
+key/value cache (``use_cache=True``) the prompts, right-padded to P = Li + 1
+tokens with the start token, run in one pass that fills the cache (prefix LM: bidirectional over
 the start token and the prompt, the converter's ``decoder_causal_attention``);
 generated token t is then written at cache index ``P + t`` for every row, with
 its row's own rotary position ``n_r + 1 + t``, and a mask over the cache hides
@@ -48,7 +48,11 @@ gets the same tokens however the set is cut into batches, and on any mesh.
 Mesh: with ``mesh`` the program is compiled with the parameters sharded as in
 training (``rules``, default "dp") and the rows split over ('data', 'fsdp');
 rows are padded with empty rows to a multiple of the batch shards. Outputs are
-numpy arrays on the host.
+numpy arrays on the host, replicated: on several hosts every process passes the
+same global batch and gets every row back.
+
+An empty prompt (a row of zeros) decodes as a language model does: the prefix
+is then the start token alone, which attends to itself only.
 """
 
 from __future__ import annotations

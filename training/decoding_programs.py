@@ -273,10 +273,18 @@ def run(fn: Callable, model, arrays: dict[str, np.ndarray], knob: dict[str, np.n
     jitted, param_shardings, array_shardings = entry
     if mesh is not None:
         params = jax.device_put(params, param_shardings)
-        arrays = jax.device_put(arrays, array_shardings)
+        arrays = {k: _global(v, array_shardings[k]) for k, v in arrays.items()}
+        knob = {k: _global(v, partitioning.replicated(mesh)) for k, v in knob.items()}
     with context:
         out = jitted(params, arrays, knob)
     return np.asarray(jax.device_get(out))
+
+
+def _global(value: np.ndarray, sharding) -> jax.Array:
+    """A global array from the whole ``value`` that every process holds (each
+    device takes its slice: no transfer between hosts)."""
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
 def _compile(fn, graphdef, model, params, arrays, mesh, table):

@@ -44,8 +44,10 @@ def resolve_converter(model, batch: Mapping[str, Any], converter: str | None) ->
 
 
 def _rows(batch: Mapping[str, Any]) -> int:
-    for name in ("inputs", "targets", *batch):
-        value = batch.get(name)
+    for name in ("inputs", "targets"):
+        if name in batch:
+            return int(np.shape(batch[name])[0])
+    for value in batch.values():
         if isinstance(value, (np.ndarray, jax.Array)) and value.ndim:
             return int(value.shape[0])
     raise ValueError(f"decoding: the batch has no array to count its rows (features {sorted(batch)})")
@@ -239,6 +241,10 @@ def _rules_table(rules) -> dict[str, Any]:
     return partitioning.get_rules(rules) if isinstance(rules, str) else dict(rules)
 
 
+def _hashable(rule: Any) -> Any:
+    return tuple(rule) if isinstance(rule, list) else rule
+
+
 def _pad_rows(arrays: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
     rows = next(iter(arrays.values())).shape[0]
     extra = -rows % multiple
@@ -263,7 +269,8 @@ def run(fn: Callable, model, arrays: dict[str, np.ndarray], knob: dict[str, np.n
         table = _rules_table(rules)
         context = partitioning.activation_rules(mesh, table)
         arrays = _pad_rows(arrays, partitioning.data_parallel_size(mesh))
-    cache_key = (graphdef, key, mesh, None if table is None else tuple(sorted(table.items())), layout)
+    rules_key = None if table is None else tuple(sorted((k, _hashable(v)) for k, v in table.items()))
+    cache_key = (graphdef, key, mesh, rules_key, layout)
     entry = _PROGRAMS.get(cache_key)
     if entry is None:
         entry = _compile(fn, graphdef, model, params, arrays, mesh, table)

@@ -24,8 +24,8 @@ its last non-zero token plus one.
 Decoder layout (both converters): a row's decoder inputs are the start token 0,
 the prompt, then the generated tokens, at positions 0, 1, 2, ... (as
 ``shift_right_by_segment`` and the prefix LM converter lay them out). With the
-key/value cache (``use_cache=True``) the prompts, right-padded to the longest
-plus one, run in one pass that fills the cache (prefix LM: bidirectional over
+key/value cache (``use_cache=True``) the prompts, right-padded to P = Li + 1
+tokens with the start token, run in one pass that fills the cache (prefix LM: bidirectional over
 the start token and the prompt, the converter's ``decoder_causal_attention``);
 generated token t is then written at cache index ``P + t`` for every row, with
 its row's own rotary position ``n_r + 1 + t``, and a mask over the cache hides
@@ -48,7 +48,11 @@ gets the same tokens however the set is cut into batches, and on any mesh.
 Mesh: with ``mesh`` the program is compiled with the parameters sharded as in
 training (``rules``, default "dp") and the rows split over ('data', 'fsdp');
 rows are padded with empty rows to a multiple of the batch shards. Outputs are
-numpy arrays on the host.
+numpy arrays on the host, replicated: on several hosts every process passes the
+same global batch and gets every row back.
+
+An empty prompt (a row of zeros) decodes as a language model does: the prefix
+is then the start token alone, which attends to itself only.
 """
 
 from __future__ import annotations
@@ -56,11 +60,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from seqcache.training import decoding_programs as programs
+from seqcache.training import sampling
+from seqcache.training.config import SPLASH_BLOCK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +77,13 @@ class DecodeConfig:
       temperature: divides the logits before sampling (> 0; 0 = greedy).
       top_k: sample among the k most likely tokens; 0 = off.
       top_p: nucleus sampling threshold in (0, 1]; 1.0 = off.
-      seed: the sampling seed (the module docstring gives each row's key).
-      eos_id: a row stops at this token (kept); its later positions are 0.
+      seed: the sampling seed, taken modulo 2**32 (the module docstring gives
+        each row's key).
+      eos_id: a row stops at this token (kept); its later positions are 0. A
+        negative id never stops a row.
+
+    Raises:
+      ValueError: at construction, a field out of range (the message names it).
     """
 
     max_decode_length: int
@@ -84,6 +93,9 @@ class DecodeConfig:
     top_p: float = 1.0
     seed: int = 0
     eos_id: int = 1
+
+    def __post_init__(self):
+        self.validate()
 
     def validate(self) -> None:
         """Raises ValueError naming the field when a value cannot work."""
@@ -111,7 +123,9 @@ def predict(model, batch: Mapping[str, Any], config: DecodeConfig, *, mesh=None,
       config: how to decode.
       mesh: a ('data', 'fsdp', 'model') mesh (``partitioning.make_mesh``);
         None = the default device.
-      use_cache: False runs the slow reference decode (full forward pass per step).
+      use_cache: False runs the slow reference decode (the model's full
+        forward pass at every step; with ``attention="splash"`` only where
+        Li + 1 + max_decode_length, or T5's lengths, fit the kernel).
       rules: a rules preset name or table for the parameters' shardings.
       converter: a decoder's converter ("lm" or "prefix_lm"); None = from the
         batch's features.
@@ -121,16 +135,16 @@ def predict(model, batch: Mapping[str, Any], config: DecodeConfig, *, mesh=None,
       numpy int32 (B, max_decode_length): generated token ids, 0 after a row's EOS.
 
     Raises:
-      ValueError: a bad config, a batch without the features the model reads,
-        or a packed batch.
+      ValueError: a batch without the features the model reads, a converter
+        that does not feed the model, or a packed batch.
     """
-    config.validate()
     conv = programs.resolve_converter(model, batch, converter)
     arrays, rows = programs.prompt_arrays(model, batch, conv)
     arrays["row_ids"] = np.arange(rows, dtype=np.int32) + np.int32(row_offset)
-    fn = programs.predict_fn(model, conv, config, use_cache)
-    out = programs.run(fn, model, arrays, rows, mesh=mesh, rules=rules,
-                       key=("predict", conv, config, use_cache))
+    length = int(config.max_decode_length)
+    fn = programs.predict_fn(conv, length, use_cache)
+    out = programs.run(fn, model, arrays, sampling.knobs(config), mesh=mesh, rules=rules,
+                       key=("predict", conv, length, use_cache))
     return np.asarray(out, np.int32)[:rows]
 
 
@@ -155,6 +169,7 @@ def score(model, batch: Mapping[str, Any], *, mesh=None, rules: str | Mapping[st
       ValueError: a batch without the features the model reads, or a packed batch.
     """
     conv = programs.resolve_converter(model, batch, converter)
-    fields, rows = programs.score_fields(batch, conv)
-    out = programs.run(programs.score_fn(model), model, fields, rows, mesh=mesh, rules=rules, key=("score",))
+    multiple = SPLASH_BLOCK if model.cfg.attention == "splash" else 1
+    fields, rows = programs.score_fields(batch, conv, multiple=multiple)
+    out = programs.run(programs.score_fn(), model, fields, {}, mesh=mesh, rules=rules, key=("score",))
     return np.asarray(out, np.float32)[:rows]

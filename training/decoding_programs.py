@@ -44,10 +44,12 @@ def resolve_converter(model, batch: Mapping[str, Any], converter: str | None) ->
 
 
 def _rows(batch: Mapping[str, Any]) -> int:
+    for name in ("inputs", "targets"):
+        if name in batch:
+            return int(np.shape(batch[name])[0])
     for value in batch.values():
-        shape = np.shape(value)
-        if shape:
-            return int(shape[0])
+        if isinstance(value, (np.ndarray, jax.Array)) and value.ndim:
+            return int(value.shape[0])
     raise ValueError(f"decoding: the batch has no array to count its rows (features {sorted(batch)})")
 
 
@@ -103,14 +105,21 @@ def _feeder_like(batch: Mapping[str, Any], name: str) -> dict[str, np.ndarray]:
             f"{name}_loss_weights": segments.astype(np.float32)}
 
 
-def score_fields(batch: Mapping[str, Any], converter: str) -> tuple[dict[str, np.ndarray], int]:
+def _pad_length(fields: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
+    """Each (B, L) field padded with 0 to a length that is a multiple of ``multiple``."""
+    return {k: np.pad(v, [(0, 0), (0, -v.shape[1] % multiple)]) for k, v in fields.items()}
+
+
+def score_fields(batch: Mapping[str, Any], converter: str, *, multiple: int = 1) -> tuple[dict[str, np.ndarray], int]:
     """(fields, rows): the converter's training fields of ``batch``
-    (``seqcache.feeders.converters``), every target token weighted 1."""
+    (``seqcache.feeders.converters``), every target token weighted 1, each
+    feature padded to a multiple of ``multiple`` tokens (the splash kernel's
+    block, for a model whose ``attention`` is "splash")."""
     rows = _rows(batch)
-    targets = _feeder_like(batch, "targets")
+    targets = _pad_length(_feeder_like(batch, "targets"), multiple)
     if converter == "lm":
         return targets, rows
-    inputs = _feeder_like(batch, "inputs")
+    inputs = _pad_length(_feeder_like(batch, "inputs"), multiple)
     if converter == "encdec":
         fields = converters_lib.convert_encdec({"inputs": inputs, "targets": targets})
     else:
@@ -119,12 +128,12 @@ def score_fields(batch: Mapping[str, Any], converter: str) -> tuple[dict[str, np
     return {k: v for k, v in fields.items() if k.startswith(("encoder_", "decoder_"))}, rows
 
 
-def score_fn(model) -> Callable:
-    """``fn(model, fields) -> (B,) float32``: the sum of log-softmax of each
-    row's target tokens where the loss weight is positive."""
-    del model
+def score_fn() -> Callable:
+    """``fn(model, fields, knob) -> (B,) float32``: the sum of log-softmax of
+    each row's target tokens where the loss weight is positive (``knob`` unused)."""
 
-    def fn(module, fields):
+    def fn(module, fields, knob):
+        del knob
         logits, targets, weights = module.batch_logits(fields)
         logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[..., None], axis=-1)[..., 0]
         return jnp.sum(jnp.where(weights > 0, logp, 0.0), axis=-1)
@@ -132,27 +141,27 @@ def score_fn(model) -> Callable:
     return fn
 
 
-def predict_fn(model, converter: str, config, use_cache: bool) -> Callable:
-    """``fn(model, arrays) -> (B, max_decode_length) int32``: the decode
-    program of the model's architecture (``prompt_arrays``' arrays plus
-    ``row_ids`` (B,) int32)."""
+def predict_fn(converter: str, length: int, use_cache: bool) -> Callable:
+    """``fn(model, arrays, knob) -> (B, length) int32``: the decode program of
+    the converter's architecture (``prompt_arrays``' arrays plus ``row_ids``
+    (B,) int32; ``knob``: ``sampling.knobs``)."""
     if converter == "encdec":
-        return functools.partial(_t5_cached if use_cache else _t5_slow, config=config)
+        return functools.partial(_t5_cached if use_cache else _t5_slow, length=length)
     program = _decoder_cached if use_cache else _decoder_slow
-    return functools.partial(program, config=config, prefix=converter == "prefix_lm")
+    return functools.partial(program, length=length, prefix=converter == "prefix_lm")
 
 
-def _decoder_cached(model, arrays, *, config, prefix: bool):
+def _decoder_cached(model, arrays, knob, *, length: int, prefix: bool):
     prompt, n = arrays["prompt"], arrays["lengths"]
     rows, p = prompt.shape
-    length = p + int(config.max_decode_length)
-    idx = jnp.arange(length)
+    total = p + length
+    idx = jnp.arange(total)
     seen = idx[None, :] <= n[:, None]  # (B, S): the start token and the prompt
     q = jnp.arange(p)
     mask = seen[:, None, :] if prefix else seen[:, None, :] & (idx[None, None, :] <= q[None, :, None])
-    mask = jnp.broadcast_to(mask, (rows, p, length))
+    mask = jnp.broadcast_to(mask, (rows, p, total))
     positions = jnp.broadcast_to(q[None, :], (rows, p))
-    hidden, cache = model.decode_cached(prompt, positions, model.init_cache(rows, length), jnp.int32(0), mask)
+    hidden, cache = model.decode_cached(prompt, positions, model.init_cache(rows, total), jnp.int32(0), mask)
     first = model.logits(jnp.take_along_axis(hidden, n[:, None, None], axis=1))[:, 0]
 
     def step(cache, t, token):
@@ -161,16 +170,16 @@ def _decoder_cached(model, arrays, *, config, prefix: bool):
         hidden, cache = model.decode_cached(token[:, None], (n + 1 + t)[:, None], cache, at, visible)
         return model.logits(hidden)[:, 0], cache
 
-    return sampling.generate(first, cache, step, config, arrays["row_ids"])
+    return sampling.generate(first, cache, step, length, knob, arrays["row_ids"])
 
 
-def _decoder_slow(model, arrays, *, config, prefix: bool):
+def _decoder_slow(model, arrays, knob, *, length: int, prefix: bool):
     prompt, n = arrays["prompt"], arrays["lengths"]
     rows, p = prompt.shape
-    length = p + int(config.max_decode_length)
-    idx = jnp.arange(length)
-    seq = jnp.pad(prompt, ((0, 0), (0, length - p)))
-    positions = jnp.broadcast_to(idx[None, :], (rows, length))
+    total = p + length
+    idx = jnp.arange(total)
+    seq = jnp.pad(prompt, ((0, 0), (0, total - p)))
+    positions = jnp.broadcast_to(idx[None, :], (rows, total))
     causal = (idx[None, :] <= n[:, None]).astype(jnp.int32) if prefix else None
 
     def logits_at(seq, at):
@@ -183,34 +192,34 @@ def _decoder_slow(model, arrays, *, config, prefix: bool):
         seq = jnp.where(idx[None, :] == at[:, None], token[:, None], seq)
         return logits_at(seq, at), seq
 
-    return sampling.generate(logits_at(seq, n), seq, step, config, arrays["row_ids"])
+    return sampling.generate(logits_at(seq, n), seq, step, length, knob, arrays["row_ids"])
 
 
-def _t5_cached(model, arrays, *, config):
+def _t5_cached(model, arrays, knob, *, length: int):
     tokens, segments = arrays["encoder_tokens"], arrays["encoder_segment_ids"]
-    rows, length = tokens.shape[0], int(config.max_decode_length) + 1
+    rows, total = tokens.shape[0], length + 1
     encoded = model.encode(tokens, segments)
     x_mask = (segments != 0)[:, None, None, :]
-    bias = model.decoder_bias(length, length, encoded.dtype)  # (1, heads, S, S)
-    idx = jnp.arange(length)
+    bias = model.decoder_bias(total, total, encoded.dtype)  # (1, heads, S, S)
+    idx = jnp.arange(total)
 
     def run(token, at, cache):
-        self_mask = jnp.broadcast_to((idx <= at)[None, None, None, :], (rows, 1, 1, length))
+        self_mask = jnp.broadcast_to((idx <= at)[None, None, None, :], (rows, 1, 1, total))
         row_bias = jax.lax.dynamic_slice_in_dim(bias, at, 1, axis=2)
         hidden, cache = model.decode_cached(token[:, None], cache, at, self_mask, x_mask, row_bias)
         return model.logits(hidden)[:, 0], cache
 
-    first, cache = run(jnp.zeros((rows,), jnp.int32), jnp.int32(0), model.init_cache(encoded, length))
-    return sampling.generate(first, cache, lambda c, t, token: run(token, t + 1, c), config, arrays["row_ids"])
+    first, cache = run(jnp.zeros((rows,), jnp.int32), jnp.int32(0), model.init_cache(encoded, total))
+    return sampling.generate(first, cache, lambda c, t, token: run(token, t + 1, c), length, knob, arrays["row_ids"])
 
 
-def _t5_slow(model, arrays, *, config):
+def _t5_slow(model, arrays, knob, *, length: int):
     tokens, segments = arrays["encoder_tokens"], arrays["encoder_segment_ids"]
-    rows, length = tokens.shape[0], int(config.max_decode_length) + 1
-    idx = jnp.arange(length)
+    rows, total = tokens.shape[0], length + 1
+    idx = jnp.arange(total)
 
     def logits_at(dec, at):
-        dec_segments = jnp.broadcast_to((idx <= at).astype(jnp.int32)[None, :], (rows, length))
+        dec_segments = jnp.broadcast_to((idx <= at).astype(jnp.int32)[None, :], (rows, total))
         logits = model(tokens, segments, dec, dec_segments)
         return jax.lax.dynamic_index_in_dim(logits, at, axis=1, keepdims=False)
 
@@ -218,8 +227,8 @@ def _t5_slow(model, arrays, *, config):
         dec = jax.lax.dynamic_update_slice_in_dim(dec, token[:, None], t + 1, axis=1)
         return logits_at(dec, t + 1), dec
 
-    dec = jnp.zeros((rows, length), jnp.int32)
-    return sampling.generate(logits_at(dec, jnp.int32(0)), dec, step, config, arrays["row_ids"])
+    dec = jnp.zeros((rows, total), jnp.int32)
+    return sampling.generate(logits_at(dec, jnp.int32(0)), dec, step, length, knob, arrays["row_ids"])
 
 
 # Compiled programs by (graphdef, program key, mesh, rules, array layout); the
@@ -232,6 +241,10 @@ def _rules_table(rules) -> dict[str, Any]:
     return partitioning.get_rules(rules) if isinstance(rules, str) else dict(rules)
 
 
+def _hashable(rule: Any) -> Any:
+    return tuple(rule) if isinstance(rule, list) else rule
+
+
 def _pad_rows(arrays: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
     rows = next(iter(arrays.values())).shape[0]
     extra = -rows % multiple
@@ -240,13 +253,14 @@ def _pad_rows(arrays: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndar
     return {k: np.pad(v, [(0, extra)] + [(0, 0)] * (v.ndim - 1)) for k, v in arrays.items()}
 
 
-def run(fn: Callable, model, arrays: dict[str, np.ndarray], rows: int, *, mesh=None, rules="dp",
-        key: tuple) -> np.ndarray:
-    """``fn(model, arrays)`` compiled once per (model structure, ``key``,
+def run(fn: Callable, model, arrays: dict[str, np.ndarray], knob: dict[str, np.ndarray], *, mesh=None,
+        rules="dp", key: tuple) -> np.ndarray:
+    """``fn(model, arrays, knob)`` compiled once per (model structure, ``key``,
     mesh, rules, array names and ranks) and run: on the default device, or
-    over ``mesh`` with the parameters sharded by ``rules`` and the rows split
-    over the batch axes (padded with zero rows to a multiple of the batch
-    shards). Returns the host copy of the result, padded rows included."""
+    over ``mesh`` with the parameters sharded by ``rules``, the rows of
+    ``arrays`` split over the batch axes (padded with zero rows to a multiple
+    of the batch shards) and the scalars of ``knob`` replicated. Returns the
+    host copy of the result, padded rows included."""
     graphdef, params = model_lib.split_params(model)
     layout = tuple(sorted((k, v.ndim) for k, v in arrays.items()))
     if mesh is None:
@@ -255,7 +269,8 @@ def run(fn: Callable, model, arrays: dict[str, np.ndarray], rows: int, *, mesh=N
         table = _rules_table(rules)
         context = partitioning.activation_rules(mesh, table)
         arrays = _pad_rows(arrays, partitioning.data_parallel_size(mesh))
-    cache_key = (graphdef, key, mesh, None if table is None else tuple(sorted(table.items())), layout)
+    rules_key = None if table is None else tuple(sorted((k, _hashable(v)) for k, v in table.items()))
+    cache_key = (graphdef, key, mesh, rules_key, layout)
     entry = _PROGRAMS.get(cache_key)
     if entry is None:
         entry = _compile(fn, graphdef, model, params, arrays, mesh, table)
@@ -265,15 +280,23 @@ def run(fn: Callable, model, arrays: dict[str, np.ndarray], rows: int, *, mesh=N
     jitted, param_shardings, array_shardings = entry
     if mesh is not None:
         params = jax.device_put(params, param_shardings)
-        arrays = jax.device_put(arrays, array_shardings)
+        arrays = {k: _global(v, array_shardings[k]) for k, v in arrays.items()}
+        knob = {k: _global(v, partitioning.replicated(mesh)) for k, v in knob.items()}
     with context:
-        out = jitted(params, arrays)
+        out = jitted(params, arrays, knob)
     return np.asarray(jax.device_get(out))
 
 
+def _global(value: np.ndarray, sharding) -> jax.Array:
+    """A global array from the whole ``value`` that every process holds (each
+    device takes its slice: no transfer between hosts)."""
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
 def _compile(fn, graphdef, model, params, arrays, mesh, table):
-    def call(p, a):
-        return fn(nnx.merge(graphdef, p), a)
+    def call(p, a, k):
+        return fn(nnx.merge(graphdef, p), a, k)
 
     if mesh is None:
         return jax.jit(call), None, None
@@ -281,6 +304,6 @@ def _compile(fn, graphdef, model, params, arrays, mesh, table):
     param_shardings = partitioning.named_shardings(specs, mesh)
     array_shardings = {k: NamedSharding(mesh, P(partitioning.BATCH_AXES, *[None] * (v.ndim - 1)))
                        for k, v in arrays.items()}
-    jitted = jax.jit(call, in_shardings=(param_shardings, array_shardings),
+    jitted = jax.jit(call, in_shardings=(param_shardings, array_shardings, partitioning.replicated(mesh)),
                      out_shardings=partitioning.replicated(mesh))
     return jitted, param_shardings, array_shardings

@@ -13,15 +13,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from seqcache.training import config as C
 from seqcache.training import decoding as D
 from seqcache.training import partitioning as Pt
+from seqcache.training import sampling
 from seqcache.training.models import common as M
 
 DECODER = C.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, mlp_dim=64, init_std=0.5)
 T5 = C.ModelConfig(architecture="t5", vocab_size=64, d_model=32, num_layers=2, num_decoder_layers=2, num_heads=4,
                    head_dim=8, mlp_dim=64, mlp_activation="geglu", tie_embeddings=False)
+LENGTH = 7  # tokens decoded per row: one compiled program per model serves most tests
 NEVER = -1  # an eos_id no token equals: every row runs to max_decode_length
 # Three prompts of different lengths, padded with 0 (raw feeder examples).
 INPUTS = np.array([[5, 9, 13, 2, 7, 40], [11, 3, 0, 0, 0, 0], [20, 21, 22, 23, 0, 0]], np.int32)
@@ -42,34 +45,35 @@ def _batch(kind):
     return {"targets": TARGETS} if kind == "lm" else {"inputs": INPUTS, "targets": TARGETS}
 
 
-@pytest.mark.parametrize("kind", ["lm", "lm_prompt", "prefix_lm", "t5", "prefix_lm_scanned"])
+@pytest.mark.parametrize("kind", ["lm", "lm_prompt", "prefix_lm", "t5",
+                                  # Scanned layers: a cache stacked along the layer axis, run under lax.scan.
+                                  pytest.param("prefix_lm_scanned", marks=pytest.mark.slow),
+                                  pytest.param("t5_scanned", marks=pytest.mark.slow)])
 def test_greedy_with_the_cache_equals_the_full_forward_pass(kind, decoder, t5):
-    if kind == "t5":
-        model = t5
-    elif kind == "prefix_lm_scanned":
-        model = M.create(dataclasses.replace(DECODER, scan_layers=True), seed=0)
+    if kind.endswith("_scanned"):
+        model = M.create(dataclasses.replace(T5 if kind == "t5_scanned" else DECODER, scan_layers=True), seed=0)
     else:
-        model = decoder
+        model = t5 if kind == "t5" else decoder
     batch = {"inputs": INPUTS} if kind != "lm" else {"targets": TARGETS}
     converter = "lm" if kind.startswith("lm") else None
-    cfg = D.DecodeConfig(max_decode_length=7, eos_id=NEVER)
+    cfg = D.DecodeConfig(max_decode_length=LENGTH, eos_id=NEVER)
     fast = D.predict(model, batch, cfg, converter=converter)
     slow = D.predict(model, batch, cfg, converter=converter, use_cache=False)
-    assert fast.shape == (3, 7) and fast.dtype == np.int32
+    assert fast.shape == (3, LENGTH) and fast.dtype == np.int32
     np.testing.assert_array_equal(fast, slow)
     if kind != "lm":  # without a prompt every greedy row is the same
         assert len({tuple(row) for row in fast}) > 1  # the rows read their own prompts
 
 
 def test_a_prefix_lm_prompt_is_read_bidirectionally_and_a_lm_prompt_causally(decoder):
-    cfg = D.DecodeConfig(max_decode_length=5, eos_id=NEVER)
+    cfg = D.DecodeConfig(max_decode_length=LENGTH, eos_id=NEVER)
     prefix = D.predict(decoder, {"inputs": INPUTS}, cfg)
     causal = D.predict(decoder, {"inputs": INPUTS}, cfg, converter="lm")
     assert not np.array_equal(prefix, causal)
 
 
 def test_a_row_decodes_the_same_alone_and_beside_longer_rows(decoder, t5):
-    cfg = D.DecodeConfig(max_decode_length=6, eos_id=NEVER)
+    cfg = D.DecodeConfig(max_decode_length=LENGTH, eos_id=NEVER)
     for model in (decoder, t5):
         together = D.predict(model, {"inputs": INPUTS}, cfg)
         alone = D.predict(model, {"inputs": INPUTS[1:2, :2]}, cfg)
@@ -78,10 +82,10 @@ def test_a_row_decodes_the_same_alone_and_beside_longer_rows(decoder, t5):
 
 def test_sampling_is_deterministic_per_seed_and_limits_reduce_to_greedy(decoder):
     batch = {"inputs": INPUTS}
-    greedy = D.predict(decoder, batch, D.DecodeConfig(max_decode_length=8, eos_id=NEVER))
+    greedy = D.predict(decoder, batch, D.DecodeConfig(max_decode_length=LENGTH, eos_id=NEVER))
 
     def sample(**kw):
-        return D.predict(decoder, batch, D.DecodeConfig(max_decode_length=8, method="sample", eos_id=NEVER, **kw))
+        return D.predict(decoder, batch, D.DecodeConfig(max_decode_length=LENGTH, method="sample", eos_id=NEVER, **kw))
 
     a, b, c = sample(seed=1), sample(seed=1), sample(seed=2)
     np.testing.assert_array_equal(a, b)
@@ -93,18 +97,19 @@ def test_sampling_is_deterministic_per_seed_and_limits_reduce_to_greedy(decoder)
     np.testing.assert_array_equal(sample(seed=3, top_p=1e-6), greedy)
     # A row's draws depend on its index in the whole set (row_offset), not on the batch it is in.
     shifted = D.predict(decoder, {"inputs": INPUTS[1:]},
-                        D.DecodeConfig(max_decode_length=8, method="sample", eos_id=NEVER, seed=1), row_offset=1)
+                        D.DecodeConfig(max_decode_length=LENGTH, method="sample", eos_id=NEVER, seed=1), row_offset=1)
     np.testing.assert_array_equal(shifted, a[1:])
 
 
 def test_top_k_and_top_p_draw_only_from_the_kept_tokens():
     logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 400, jnp.float32))
     rows = jnp.arange(400, dtype=jnp.int32)
-    from seqcache.training import sampling
+
+    select = jax.jit(sampling.select_tokens)  # one program: the choices are arrays
 
     def draws(**kw):
-        cfg = D.DecodeConfig(max_decode_length=1, method="sample", **kw)
-        return set(np.asarray(sampling.select_tokens(logits, cfg, rows, jnp.int32(0))).tolist())
+        knob = sampling.knobs(D.DecodeConfig(max_decode_length=1, method="sample", **kw))
+        return set(np.asarray(select(logits, knob, rows, jnp.int32(0))).tolist())
 
     assert draws() == {0, 1, 2, 3}
     assert draws(top_k=2) == {0, 1}
@@ -115,9 +120,9 @@ def test_top_k_and_top_p_draw_only_from_the_kept_tokens():
 
 def test_positions_after_eos_are_zero(decoder, t5):
     for model in (decoder, t5):
-        free = D.predict(model, {"inputs": INPUTS}, D.DecodeConfig(max_decode_length=8, eos_id=NEVER))
+        free = D.predict(model, {"inputs": INPUTS}, D.DecodeConfig(max_decode_length=LENGTH, eos_id=NEVER))
         eos = int(free[0, 2])
-        out = D.predict(model, {"inputs": INPUTS}, D.DecodeConfig(max_decode_length=8, eos_id=eos))
+        out = D.predict(model, {"inputs": INPUTS}, D.DecodeConfig(max_decode_length=LENGTH, eos_id=eos))
         for row, full in zip(out, free):
             hits = np.flatnonzero(full == eos)
             stop = hits[0] + 1 if hits.size else len(full)
@@ -126,31 +131,34 @@ def test_positions_after_eos_are_zero(decoder, t5):
         assert not out[0, 3:].any()
 
 
-def _log_softmax_sum(logits, targets):
-    logp = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
-    return float(jnp.sum(jnp.take_along_axis(logp, jnp.asarray(targets)[:, None], axis=-1)))
-
-
 def _direct_scores(model, kind):
-    """Per row, unbatched: the model's forward pass on the row laid out by hand."""
-    out = []
+    """The model's own forward pass (``__call__``) on the rows laid out by hand,
+    one example a row, then the log-softmax of each target token, summed."""
+    feeds, picks = [], []
     for prompt, target in zip(INPUTS, TARGETS):
         a, b = prompt[prompt != 0], target[target != 0]
+        a = np.zeros((0,), np.int32) if kind == "lm" else a
         if kind == "t5":
-            dec = np.concatenate([[0], b[:-1]])[None]
-            logits = model(jnp.asarray(a[None]), jnp.ones((1, len(a)), jnp.int32), jnp.asarray(dec),
-                           jnp.ones((1, len(b)), jnp.int32))[0]
-            out.append(_log_softmax_sum(logits, b))
+            feeds.append((a, np.ones(len(a)), np.concatenate([[0], b[:-1]]), np.ones(len(b))))
+            picks.append((0, b))
             continue
-        a = a if kind == "prefix_lm" else np.zeros((0,), np.int32)
         row = np.concatenate([a, b])
-        inputs = np.concatenate([[0], row[:-1]])[None]
-        n = len(row)
-        causal = None if kind == "lm" else jnp.asarray((np.arange(n) <= len(a)).astype(np.int32)[None])
-        logits = model(jnp.asarray(inputs), jnp.ones((1, n), jnp.int32), jnp.arange(n)[None],
-                       causal_attention=causal)[0]
-        out.append(_log_softmax_sum(logits[len(a):], b))
-    return np.array(out, np.float32)
+        feeds.append((np.concatenate([[0], row[:-1]]), np.ones(len(row)), np.arange(len(row)),
+                      np.arange(len(row)) <= len(a)))
+        picks.append((len(a), b))
+    width = max(max(len(x) for x in feed) for feed in feeds)
+    args = [jnp.asarray(np.stack([np.pad(feed[i], (0, width - len(feed[i]))) for feed in feeds]), jnp.int32)
+            for i in range(4)]
+    graphdef, params = M.split_params(model)
+    if kind == "t5":
+        logits = jax.jit(lambda p, *a: nnx.merge(graphdef, p)(*a))(params, *args)
+    else:
+        causal = None if kind == "lm" else args[3]
+        logits = jax.jit(lambda p, x, s, q, c: nnx.merge(graphdef, p)(x, s, q, causal_attention=c))(
+            params, *args[:3], causal)
+    logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    return np.array([logp[r, np.arange(start, start + len(b)), b].sum() for r, (start, b) in enumerate(picks)],
+                    np.float32)
 
 
 @pytest.mark.parametrize("kind", ["lm", "prefix_lm", "t5"])
@@ -162,6 +170,13 @@ def test_score_is_the_log_likelihood_of_a_direct_forward_pass(kind, decoder, t5)
     np.testing.assert_allclose(got, _direct_scores(model, kind), rtol=1e-5, atol=1e-5)
 
 
+def test_score_pads_the_rows_for_the_splash_kernel(decoder):
+    graphdef, params = M.split_params(M.create(dataclasses.replace(DECODER, attention="splash"), seed=0))
+    splash = nnx.merge(graphdef, M.split_params(decoder)[1])  # the same weights, the fused kernel
+    batch = _batch("prefix_lm")
+    np.testing.assert_allclose(D.score(splash, batch), D.score(decoder, batch), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["decoder", "t5"])
 def test_an_8_device_mesh_decodes_and_scores_like_one_device(name, decoder, t5):
     if jax.device_count() < 8:
@@ -169,8 +184,8 @@ def test_an_8_device_mesh_decodes_and_scores_like_one_device(name, decoder, t5):
     model = t5 if name == "t5" else decoder
     mesh = Pt.make_mesh({"data": 2, "fsdp": 2, "model": 2}, jax.devices()[:8])
     batch = {"inputs": INPUTS, "targets": TARGETS}  # 3 rows: padded to the 4 batch shards
-    for cfg in (D.DecodeConfig(max_decode_length=6, eos_id=NEVER),
-                D.DecodeConfig(max_decode_length=6, method="sample", top_k=20, top_p=0.9, seed=4)):
+    for cfg in (D.DecodeConfig(max_decode_length=LENGTH, eos_id=NEVER),
+                D.DecodeConfig(max_decode_length=LENGTH, method="sample", top_k=20, top_p=0.9, seed=4)):
         one = D.predict(model, batch, cfg)
         np.testing.assert_array_equal(D.predict(model, batch, cfg, mesh=mesh, rules="fsdp+tp"), one)
     np.testing.assert_allclose(D.score(model, batch, mesh=mesh, rules="fsdp+tp"), D.score(model, batch),
@@ -179,11 +194,11 @@ def test_an_8_device_mesh_decodes_and_scores_like_one_device(name, decoder, t5):
 
 def test_bad_configs_and_batches_raise_one_clear_error(decoder, t5):
     with pytest.raises(ValueError, match="method"):
-        D.predict(decoder, {"inputs": INPUTS}, D.DecodeConfig(max_decode_length=4, method="beam"))
+        D.predict(decoder, {"inputs": INPUTS}, D.DecodeConfig(max_decode_length=LENGTH, method="beam"))
     with pytest.raises(ValueError, match="top_p"):
-        D.predict(decoder, {"inputs": INPUTS}, D.DecodeConfig(max_decode_length=4, top_p=0.0))
+        D.predict(decoder, {"inputs": INPUTS}, D.DecodeConfig(max_decode_length=LENGTH, top_p=0.0))
     with pytest.raises(ValueError, match="packed"):
         D.predict(decoder, {"inputs": INPUTS, "inputs_segment_ids": np.array([[1, 1, 2, 2, 0, 0]] * 3)},
-                  D.DecodeConfig(max_decode_length=4))
+                  D.DecodeConfig(max_decode_length=LENGTH))
     with pytest.raises(ValueError, match="inputs"):
-        D.predict(t5, {"targets": TARGETS}, D.DecodeConfig(max_decode_length=4))
+        D.predict(t5, {"targets": TARGETS}, D.DecodeConfig(max_decode_length=LENGTH))

@@ -10,10 +10,19 @@ import sys
 import tempfile
 
 import click
+import jax
 
 from seqcache import format as fmt
+from seqcache import pipelines, tasks
+from seqcache.commands.train import _start_distributed, summary_line
 from seqcache.feeders import FeederStateError
+from seqcache.feeders.reader import CacheReader
+from seqcache.tasks import preprocessors as P
 from seqcache.training import config as config_lib
+from seqcache.training import data as data_lib
+from seqcache.training import decoding, evaluation
+from seqcache.training.metrics import MetricsWriter
+from seqcache.training.report import metrics_path_for, tensorboard_dir_for
 
 # The task and split names of the cache ``seqcache infer --source`` builds:
 # its predictions go to OUTPUT_DIR/infer/source/source/step_<N>/.
@@ -91,22 +100,18 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
          max_decode_length, method, temperature, top_k, top_p, seed, batch_size, coordinator_address,
          num_processes, process_id):
     """Loads the run, resolves the caches, evaluates, writes and prints (see ``eval_cmd``)."""
-    from seqcache.commands.train import _start_distributed, summary_line
-
     _start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
                        process_id=process_id, jax_distributed=False)
-    from seqcache.training import decoding, evaluation  # optional: jax
-
     temporary = None
     try:
         run = evaluation.load_run(checkpoint_dir, step=step)
         if source_spec:
             temporary = tempfile.mkdtemp(prefix="seqcache-infer-")
             task, cache_dir, split = _source_cache(run.config, source_spec, temporary), None, SOURCE_SPLIT
-        tasks = evaluation.eval_tasks(run.config, split, task=task, cache_dir=cache_dir, modules=modules)
+        to_evaluate = evaluation.eval_tasks(run.config, split, task=task, cache_dir=cache_dir, modules=modules)
         decode = decoding.DecodeConfig(max_decode_length=max_decode_length or run.config.lengths["targets"],
                                        method=method, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        evaluator = evaluation.evaluator_for(run.config, tasks, split=split, mesh=run.trainer.mesh, decode=decode,
+        evaluator = evaluation.evaluator_for(run.config, to_evaluate, split=split, mesh=run.trainer.mesh, decode=decode,
                                              global_batch_size=batch_size, metrics=with_metrics)
         result = evaluator.evaluate(run.model, step=run.step, out_root=output_dir or checkpoint_dir)
     except (config_lib.ConfigError, ValueError) as e:
@@ -122,8 +127,6 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
             shutil.rmtree(temporary, ignore_errors=True)
     if with_metrics and result.metrics:
         _log_metrics(run, result, checkpoint_dir)
-    import jax  # optional: jax
-
     if jax.process_index() == 0:
         click.echo(summary_line({"step": result.step, "split": split, "metrics": result.metrics,
                                  "examples": {t: len(r) for t, r in result.rows.items()},
@@ -134,11 +137,6 @@ def _log_metrics(run, result, checkpoint_dir) -> None:
     """The metrics appended to the run's metrics.jsonl and TensorBoard files
     (process 0), at the step the checkpoint's last update was (``N - 1``), as
     the training's own eval lines."""
-    import jax  # optional: jax
-
-    from seqcache.training.metrics import MetricsWriter
-    from seqcache.training.report import metrics_path_for, tensorboard_dir_for
-
     if jax.process_index() != 0:
         return
     path = metrics_path_for(run.config)  # the run's metrics_file, else RUN/metrics.jsonl
@@ -157,10 +155,6 @@ def _source_cache(config, spec: str, root: str) -> str:
     Raises:
       click.UsageError: a bad spec, or a run whose cache records no vocabulary.
     """
-    from seqcache import pipelines, tasks
-    from seqcache.tasks import preprocessors as P
-    from seqcache.training import data as data_lib
-
     source_of_run = data_lib.resolve_source(config.data, config.data.split)
     reader_manifest = fmt.read_manifest(source_of_run.cache_dirs[0])
     vocab = _run_vocabulary(source_of_run.cache_dirs[0], reader_manifest)
@@ -185,8 +179,6 @@ def _run_vocabulary(cache_dir: str, manifest):
     Raises:
       click.UsageError: the cache's manifest records none that can be rebuilt (says why).
     """
-    from seqcache.feeders.reader import CacheReader
-
     feature = "inputs" if "inputs" in manifest.vocabularies else "targets"
     reader = CacheReader(cache_dir)
     try:

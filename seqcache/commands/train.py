@@ -135,7 +135,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     cfg, source, eval_source = _resolve_config(flags, model_preset=model_preset, config_file=config_file,
                                                overrides=overrides, mixture_schedule=mixture_schedule,
                                                modules=tuple(modules))
-    trainer = _make_trainer(cfg)
+    trainer, evaluator = _make_trainer(cfg, modules=tuple(modules), evaluate_tasks=not mixture_schedule)
     feeder, eval_fn = _open_feeders(cfg, source, eval_source)
     derived = _derived_quantities(trainer, cfg, source, model_preset)  # on every process; process 0 prints it
     if is_chief:
@@ -143,7 +143,6 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     if dry_run:
         _finish_dry_run(cfg, feeder, is_chief=is_chief)
         return
-    evaluator = _make_evaluator(cfg, trainer, modules=tuple(modules)) if eval_fn and not mixture_schedule else None
     _fit_and_report(trainer, feeder, eval_fn, stop_at_step=stop_at_step, evaluator=evaluator)
 
 
@@ -202,13 +201,21 @@ def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_sche
     return cfg, source, eval_source
 
 
-def _make_trainer(cfg):
-    """The Trainer of ``cfg``; a config that cannot work on these devices is a usage error."""
-    from seqcache.training import partitioning  # optional: jax
-    from seqcache.training.trainer import Trainer  # optional: jax
+def _make_trainer(cfg, *, modules=(), evaluate_tasks=False):
+    """(the Trainer of ``cfg``, the Evaluator of its eval split or None); a
+    config that cannot work on these devices is a usage error. With
+    ``evaluate_tasks`` (and ``cfg.eval_metrics``), the Evaluator decodes the eval
+    split and runs its task's metrics when a registered task of it has metric_fns."""
+    from seqcache.training import evaluation, partitioning, trainer as trainer_lib  # optional: jax
 
     try:
-        return Trainer(cfg)
+        trainer = trainer_lib.Trainer(cfg)
+        if not (evaluate_tasks and cfg.eval_metrics and cfg.data.eval_split):
+            return trainer, None
+        tasks = evaluation.eval_tasks(cfg, cfg.data.eval_split, modules=modules)
+        if not any(t.metric_fns for t in tasks):
+            return trainer, None
+        return trainer, evaluation.evaluator_for(cfg, tasks, split=cfg.data.eval_split, mesh=trainer.mesh)
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
 
@@ -265,22 +272,6 @@ def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
     feeder.close()
     if is_chief:
         click.echo(config_lib.to_json(cfg), nl=False)
-
-
-def _make_evaluator(cfg, trainer, *, modules):
-    """The Evaluator of the eval split when ``cfg.eval_metrics`` is on and a
-    registered task of the split has metric_fns; else None."""
-    from seqcache.training import evaluation  # optional: jax
-
-    if not cfg.eval_metrics:
-        return None
-    try:
-        tasks = evaluation.eval_tasks(cfg, cfg.data.eval_split, modules=modules)
-        if not any(t.metric_fns for t in tasks):
-            return None
-        return evaluation.evaluator_for(cfg, tasks, split=cfg.data.eval_split, mesh=trainer.mesh)
-    except config_lib.ConfigError as e:
-        raise click.UsageError(str(e)) from None
 
 
 def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step, evaluator=None) -> None:

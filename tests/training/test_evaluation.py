@@ -218,3 +218,19 @@ def test_translation_reports_bleu_and_chrf_with_source_lines(tmp_path):
         assert os.path.basename(r["source"]) == EN and r["locator"] == "line"
         assert r["inputs"] == english[r["line"] - 1].rstrip("\r")
         assert r["targets"] == german[r["line"] - 1].rstrip("\r")
+
+
+def test_mixture_means_weigh_each_task_by_its_rate():
+    from seqcache.training.evaluation import mixture_means
+
+    per_task = {"a": {"bleu": 10.0, "chrf": 40.0}, "b": {"bleu": 30.0}, "c": {"bleu": 99.0}}
+    means = mixture_means(per_task, {"a": 3.0, "b": 1.0, "c": 0.0})
+    # chrf only from a; c has rate 0 and counts nowhere.
+    assert means == {"bleu": pytest.approx((3 * 10.0 + 1 * 30.0) / 4), "chrf": 40.0}
+
+
+def test_until_eos_cuts_at_the_first_eos_and_drops_padding():
+    from seqcache.training.evaluation import until_eos
+
+    assert until_eos(np.array([5, 0, 6, 1, 7, 1, 0]), 1) == [5, 6]
+    assert until_eos(np.array([5, 6, 7]), 1) == [5, 6, 7]

@@ -220,6 +220,25 @@ def test_translation_reports_bleu_and_chrf_with_source_lines(tmp_path):
         assert r["targets"] == german[r["line"] - 1].rstrip("\r")
 
 
+def test_a_failing_metric_during_training_stops_the_run_after_its_checkpoint(copy_caches, tmp_path):
+    root, _ = copy_caches
+    caches, run = root / "caches", tmp_path / "run"
+    res = _invoke(["train", "--module", MODULE, "--cache-dir", str(caches), "--task", "copy_bad_metric",
+                   "--model", "tiny", "--steps", "2", "--batch-size", "32", "--sequence-length", str(LENGTH),
+                   "--checkpoint-dir", str(run), "--eval-split", "validation", "--set",
+                   f"inputs_sequence_length={LENGTH} progress=false checkpoint.async_save=false"])
+    assert res.exit_code == 1
+    errors = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "copy_bad_metric" in errors[0] and "broken_metric" in errors[0], res.output
+    assert (run / "2").is_dir()  # the checkpoint saved before the evaluation is kept
+    assert not (run / "eval").exists() or not any(p.is_file() for p in (run / "eval").rglob("*"))
+
+
+def test_eval_of_a_folder_that_is_no_run_says_so(tmp_path):
+    res = _invoke(["eval", "--checkpoint-dir", str(tmp_path), "--task", "copy"])
+    assert res.exit_code == 1 and "no config.json" in res.output and str(tmp_path) in res.output
+
+
 def test_mixture_means_weigh_each_task_by_its_rate():
     from seqcache.training.evaluation import mixture_means
 

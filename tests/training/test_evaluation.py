@@ -129,6 +129,13 @@ def test_decoder_learns_to_copy_and_seqcache_eval_scores_it(copy_caches, tmp_pat
     assert lines and lines[-1]["eval_copy/exact_match"] == pytest.approx(recomputed)
     assert "eval/copy/exact_match" in read_tensorboard(str(run / "tensorboard"))
 
+    # seqcache infer on the same cache: the same predictions, no metrics.
+    res = _invoke(["infer", "--checkpoint-dir", str(run), "--cache-dir", str(caches), "--task", "copy"])
+    assert res.exit_code == 0, res.output
+    folder = run / "infer" / "copy" / "validation" / f"step_{STEPS}"
+    assert _summary(res.output)["metrics"] == {} and not (folder / "metrics.json").exists()
+    assert [json.loads(x) for x in (folder / "predictions.jsonl").read_text().splitlines()] == rows
+
     # seqcache infer on a source that is no cache: built with the run's vocabulary, predictions only.
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(held_out[:3]) + "\n")

@@ -35,7 +35,8 @@ from seqcache.pipelines import workers  # noqa: E402
 from seqcache.tasks.vocabularies import encoding_threads  # noqa: E402
 
 # Every command: name -> (module under seqcache.commands, attribute).
-_COMMANDS = {"build": ("build", "build"), "export": ("export", "export"), "info": ("inspect", "info"),
+_COMMANDS = {"build": ("build", "build"), "eval": ("evaluate", "eval_cmd"), "export": ("export", "export"),
+             "infer": ("evaluate", "infer"), "info": ("inspect", "info"),
              "overlap": ("overlap", "overlap"), "report": ("report", "report"), "scan": ("scan", "scan"),
              "show": ("inspect", "show"), "tasks": ("inspect", "tasks_cmd"), "train": ("train", "train"),
              "verify": ("inspect", "verify"), "vocab": ("vocab", "vocab"), "which": ("which", "which")}

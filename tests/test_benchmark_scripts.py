@@ -137,3 +137,16 @@ def test_runners_benchmark_builds_on_each_runner_and_compares_the_shards(tmp_pat
     mp = rows[("multi_processing", 2)]
     assert mp["cpu_2_over_1"] == round(mp["cpu_s"] / rows[("multi_processing", 1)]["cpu_s"], 3), mp
     assert len({r["examples"] for r in report["rows"]}) == 1 and report["rows"][0]["examples"] > 100, report["rows"]
+
+
+@pytest.mark.slow  # a fresh interpreter importing JAX: the slow tests run it
+def test_decode_benchmark_gives_the_same_tokens_with_and_without_the_cache(tmp_path):
+    out = tmp_path / "decode.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/decode.py", "--models", "tiny,t5-tiny", "--batch-size", "2", "--prompt", "6",
+         "--length", "4", "--vocab", "64", "--rounds", "1", "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [row["model"] for row in report] == ["tiny", "t5-tiny"]
+    assert all(row["same_tokens"] and row["cache_tokens_per_s"] > 0 for row in report), report

@@ -321,6 +321,9 @@ class TrainConfig:
       seed: seeds parameter initialisation and the per-step RNG
         (``fold_in(key(seed), step)``); the feeder has its own, ``data.seed``.
       eval_every: evaluate every this many steps (0 = only after the last step).
+      eval_metrics: at each evaluation also decode the eval split and run the
+        task's metrics (``seqcache.training.evaluation``) when its registered
+        task has ``metric_fns``.
       metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``.
       tensorboard: also write TensorBoard event files next to the metrics file.
       progress: show a progress bar.
@@ -340,6 +343,7 @@ class TrainConfig:
     loss_chunks: int = 1
     seed: int = 0
     eval_every: int = 0
+    eval_metrics: bool = True
     metrics_file: str | None = None
     tensorboard: bool = True
     progress: bool = True

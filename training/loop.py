@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from flax import nnx
 
 from seqcache.training.flops import RunFlops
 from seqcache.training.preemption import StopFlag, stop_agreed
@@ -34,6 +35,10 @@ class LoopIO:
     stop: StopFlag
     eval_feeder_fn: Callable[[], Any] | None
     on_step: Callable[[dict], None] | None
+    # A ``seqcache.training.evaluation.Evaluator`` run after each eval loss (its
+    # files under ``eval_root``), or None.
+    evaluator: Any = None
+    eval_root: str | None = None
 
 
 def _fetcher(feeder) -> Callable[[], tuple]:
@@ -146,11 +151,17 @@ def _maybe_save(cfg, io: LoopIO, done, end, ending, params, opt_state, step_arr,
 
 def _maybe_evaluate(trainer, io: LoopIO, params, step: int, done: int, exhausted: bool) -> dict | None:
     """Evaluates after ``done`` updates every ``eval_every`` steps, after the
-    run's last step and at the end of the stream; None when it is not time."""
+    run's last step and at the end of the stream; None when it is not time.
+    With ``io.evaluator``, the eval line also has the task metrics of the
+    model's decoded predictions (``EvalResult.flat``: ``eval_<task>/<metric>``)."""
     cfg = trainer.config
     if not ((cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps or exhausted):
         return None
     result = trainer.evaluate(params, io.eval_feeder_fn())
+    if io.evaluator is not None:
+        # Decoded predictions and the task's metrics, on every process (process 0 writes).
+        model = nnx.merge(trainer.graphdef, params)
+        result.update(io.evaluator.evaluate(model, step=done, out_root=io.eval_root).flat())
     io.writer.write({"step": step, **result})
     log.info("eval after step %d: %s", step, result)
     return result

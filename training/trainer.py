@@ -313,6 +313,7 @@ class Trainer:
         eval_feeder_fn: Callable[[], Any] | None = None,
         stop_at: int | None = None,
         on_step: Callable[[dict], None] | None = None,
+        evaluator=None,
     ) -> TrainResult:
         """Trains up to ``config.steps``, resuming from the latest checkpoint in
         ``config.checkpoint.directory`` when there is one. Takes ownership of
@@ -324,6 +325,10 @@ class Trainer:
           stop_at: stop (with a checkpoint) once this many updates are applied, as
             a preemption would; the schedule still spans ``config.steps``.
           on_step: called with each step's metrics record after it is written.
+          evaluator: a ``seqcache.training.evaluation.Evaluator`` run at each
+            evaluation after the eval loss: the model's decoded predictions and
+            the task's metrics, its files under the checkpoint directory (or
+            the metrics file's folder).
 
         Raises:
           CheckpointError: the latest checkpoint has no feeder state or another
@@ -354,8 +359,9 @@ class Trainer:
             progress = ProgressBar(total=cfg.steps, start=start, enabled=cfg.progress and is_chief)
             stop.install()
             end = cfg.steps if stop_at is None else min(int(stop_at), cfg.steps)
+            eval_root = ckpt_dir or (os.path.dirname(metrics_path) if metrics_path else None)
             io = LoopIO(checkpointer=checkpointer, writer=metrics_writer, progress=progress, stop=stop,
-                        eval_feeder_fn=eval_feeder_fn, on_step=on_step)
+                        eval_feeder_fn=eval_feeder_fn, on_step=on_step, evaluator=evaluator, eval_root=eval_root)
             return run_loop(self, feeder, params, opt_state, compiled, start, end, io)
         finally:
             stop.uninstall()

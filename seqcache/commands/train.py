@@ -135,7 +135,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     cfg, source, eval_source = _resolve_config(flags, model_preset=model_preset, config_file=config_file,
                                                overrides=overrides, mixture_schedule=mixture_schedule,
                                                modules=tuple(modules))
-    trainer = _make_trainer(cfg)
+    trainer, evaluator = _make_trainer(cfg, modules=tuple(modules), evaluate_tasks=not mixture_schedule)
     feeder, eval_fn = _open_feeders(cfg, source, eval_source)
     derived = _derived_quantities(trainer, cfg, source, model_preset)  # on every process; process 0 prints it
     if is_chief:
@@ -143,7 +143,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     if dry_run:
         _finish_dry_run(cfg, feeder, is_chief=is_chief)
         return
-    _fit_and_report(trainer, feeder, eval_fn, stop_at_step=stop_at_step)
+    _fit_and_report(trainer, feeder, eval_fn, stop_at_step=stop_at_step, evaluator=evaluator)
 
 
 def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distributed_given: bool) -> None:
@@ -201,13 +201,21 @@ def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_sche
     return cfg, source, eval_source
 
 
-def _make_trainer(cfg):
-    """The Trainer of ``cfg``; a config that cannot work on these devices is a usage error."""
-    from seqcache.training import partitioning  # optional: jax
-    from seqcache.training.trainer import Trainer  # optional: jax
+def _make_trainer(cfg, *, modules=(), evaluate_tasks=False):
+    """(the Trainer of ``cfg``, the Evaluator of its eval split or None); a
+    config that cannot work on these devices is a usage error. With
+    ``evaluate_tasks`` (and ``cfg.eval_metrics``), the Evaluator decodes the eval
+    split and runs its task's metrics when a registered task of it has metric_fns."""
+    from seqcache.training import evaluation, partitioning, trainer as trainer_lib  # optional: jax
 
     try:
-        return Trainer(cfg)
+        trainer = trainer_lib.Trainer(cfg)
+        if not (evaluate_tasks and cfg.eval_metrics and cfg.data.eval_split):
+            return trainer, None
+        tasks = evaluation.eval_tasks(cfg, cfg.data.eval_split, modules=modules)
+        if not any(t.metric_fns for t in tasks):
+            return trainer, None
+        return trainer, evaluation.evaluator_for(cfg, tasks, split=cfg.data.eval_split, mesh=trainer.mesh)
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
 
@@ -266,14 +274,18 @@ def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
         click.echo(config_lib.to_json(cfg), nl=False)
 
 
-def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step) -> None:
+def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step, evaluator=None) -> None:
     """Trains, prints the run's summary as one JSON line, and exits 1 on a loss
     that is not finite, 143 after SIGTERM."""
     from seqcache.training.checkpoints import CheckpointError  # optional: jax
 
     try:
-        result = trainer.fit(feeder, eval_feeder_fn=eval_fn, stop_at=stop_at_step)
+        result = trainer.fit(feeder, eval_feeder_fn=eval_fn, stop_at=stop_at_step, evaluator=evaluator)
     except (CheckpointError, FeederStateError, fmt.CacheError) as e:
+        _fail(e)
+    except ValueError as e:  # a task metric that failed (MetricError) or an eval split read wrongly (EvalError)
+        if type(e).__name__ not in ("MetricError", "EvalError"):
+            raise
         _fail(e)
     click.echo(summary_line(_summary(result)))
     bad = next((result.start_step + i + 1 for i, x in enumerate(result.losses) if not math.isfinite(float(x))), None)

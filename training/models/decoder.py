@@ -160,6 +160,25 @@ class Attention(nnx.Module):
         out = layers_lib.name_attention(out)
         return jnp.einsum("bqhk,hkd->bqd", out, self.wo[...].astype(dtype))
 
+    def cached(self, x, rope, cache, index, mask):
+        """Attention of new tokens over a key/value cache (decoding; einsum path,
+        no dropout). x: (batch, Lq, d_model) at the positions of ``rope``;
+        ``cache``: {"k", "v"} (batch, S, heads, head_dim), keys rotated; the
+        new keys and values are written at cache indices ``index`` ..
+        ``index + Lq - 1`` (int32 scalar); ``mask``: (batch, Lq, S) bool, the
+        cache entries each query sees. Returns ((batch, Lq, d_model), cache)."""
+        dtype = x.dtype
+        q = apply_rotary(jnp.einsum("bld,dhk->blhk", x, self.wq[...].astype(dtype)), rope)
+        k = apply_rotary(jnp.einsum("bld,dhk->blhk", x, self.wk[...].astype(dtype)), rope)
+        v = jnp.einsum("bld,dhk->blhk", x, self.wv[...].astype(dtype))
+        keys = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), index, axis=1)
+        values = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), index, axis=1)
+        scores = jnp.einsum("bqhk,bshk->bhqs", q, keys.astype(dtype)).astype(jnp.float32) / math.sqrt(q.shape[-1])
+        scores = jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+        out = jnp.einsum("bhqs,bshk->bqhk", probs, values.astype(dtype))
+        return jnp.einsum("bqhk,hkd->bqd", out, self.wo[...].astype(dtype)), {"k": keys, "v": values}
+
 
 class MLP(nnx.Module):
     """Gated MLP with SiLU gate (SwiGLU): (silu(x W_gate) * (x W_up)) W_down."""
@@ -199,6 +218,14 @@ class Block(nnx.Module):
         x = partitioning.constrain(x, ("batch", "length", "act_embed"))
         x = x + _dropout(self.mlp(self.mlp_norm(x)), rate, keys[2])
         return partitioning.constrain(x, ("batch", "length", "act_embed"))
+
+    def cached(self, x, rope, cache, index, mask):
+        """The block over new tokens with a key/value cache (``Attention.cached``);
+        returns (x, cache)."""
+        attn, cache = self.attn.cached(self.attn_norm(x), rope, cache, index, mask)
+        x = partitioning.constrain(x + attn, ("batch", "length", "act_embed"))
+        x = x + self.mlp(self.mlp_norm(x))
+        return partitioning.constrain(x, ("batch", "length", "act_embed")), cache
 
 
 class Transformer(nnx.Module):
@@ -270,6 +297,30 @@ class Transformer(nnx.Module):
         else:
             logits = jnp.einsum("...d,dv->...v", hidden, self.unembedding[...].astype(dtype))
         return logits.astype(jnp.float32)
+
+    def init_cache(self, batch: int, length: int):
+        """A zero key/value cache for ``decode_cached``: per layer {"k", "v"}
+        of shape (batch, length, heads, head_dim) in the compute dtype
+        (``layers.init_cache`` layout)."""
+        cfg = self.cfg
+        shape = (batch, length, cfg.num_heads, cfg.resolved_head_dim)
+        dtype = DTYPES[cfg.dtype]
+        return layers_lib.init_cache(self.blocks, lambda: {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)})
+
+    def decode_cached(self, tokens: jax.Array, positions: jax.Array, cache, index: jax.Array, mask: jax.Array):
+        """Final-normed hidden states (batch, Lq, d_model) of ``tokens`` (batch,
+        Lq) int32 at ``positions`` (batch, Lq) int32, attending to the cache
+        entries of ``mask`` (batch, Lq, S) bool after their own keys and values
+        are written at cache indices ``index`` .. ``index + Lq - 1``; returns
+        (hidden, cache). The same function as ``hidden`` (no dropout) when the
+        mask lets each query see the tokens ``attention_mask`` would."""
+        cfg = self.cfg
+        x = jnp.take(self._table(), tokens, axis=0).astype(DTYPES[cfg.dtype])
+        x = partitioning.constrain(x, ("batch", "length", "act_embed"))
+        rope = rotary_tables(positions, cfg.rope_theta, cfg.resolved_head_dim)
+        x, cache = layers_lib.apply_cached(self.blocks, x, cache,
+                                           lambda block, y, c: block.cached(y, rope, c, index, mask))
+        return self.final_norm(x), cache
 
     def batch_hidden(self, batch: dict, *, dropout_key: jax.Array | None = None):
         """``(hidden, targets, loss_weights)`` for a batch of either converter:

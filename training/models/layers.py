@@ -118,3 +118,38 @@ def apply(layers: nnx.Module, x: jax.Array, call: Callable[[nnx.Module, jax.Arra
         body = jax.checkpoint(body, policy=_policy(remat))
     x, _ = jax.lax.scan(body, x, (state, keys))
     return x
+
+
+def apply_cached(layers: nnx.Module, x: jax.Array, cache: Any,
+                 call: Callable[[nnx.Module, jax.Array, Any], tuple[jax.Array, Any]]) -> tuple[jax.Array, Any]:
+    """``x`` through every layer in order, each reading and updating its own
+    part of a decoding cache: ``x, cache_i = call(layer_i, x, cache_i)``. No
+    dropout, no rematerialisation (inference).
+
+    ``cache`` is what ``init_cache`` built for ``layers``: a list of per-layer
+    pytrees (unscanned), or one pytree whose arrays have a leading layer axis
+    (scanned, run under ``jax.lax.scan``). Returns ``(x, cache)`` alike.
+    """
+    if isinstance(layers, nnx.List):
+        out = []
+        for layer, layer_cache in zip(layers, cache):
+            x, layer_cache = call(layer, x, layer_cache)
+            out.append(layer_cache)
+        return x, out
+    graphdef, state = nnx.split(layers)
+
+    def body(y, xs):
+        layer_state, layer_cache = xs
+        return call(nnx.merge(graphdef, layer_state), y, layer_cache)
+
+    return jax.lax.scan(body, x, (state, cache))
+
+
+def init_cache(layers: nnx.Module, make: Callable[[], Any]) -> Any:
+    """A decoding cache for ``layers`` (``apply_cached``) from ``make()``, one
+    layer's pytree of zeros: a list of them, or stacked along a leading layer
+    axis for scanned layers."""
+    if isinstance(layers, nnx.List):
+        return [make() for _ in layers]
+    count = jax.tree.leaves(nnx.state(layers))[0].shape[0]
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (count,) + a.shape), make())

@@ -170,6 +170,23 @@ class Attention(nnx.Module):
             out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=1.0, implementation="xla")
         return jnp.einsum("bqhk,hkd->bqd", out, self.wo[...].astype(dtype))
 
+    def project_kv(self, x_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """x_kv: (batch, k, d_model) -> keys and values, each (batch, k, heads, head_dim)."""
+        dtype = x_kv.dtype
+        return (jnp.einsum("bld,dhk->blhk", x_kv, self.wk[...].astype(dtype)),
+                jnp.einsum("bld,dhk->blhk", x_kv, self.wv[...].astype(dtype)))
+
+    def attend(self, x_q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+               bias: jax.Array | None) -> jax.Array:
+        """``__call__`` on keys and values already projected (``project_kv``;
+        decoding): x_q (batch, q, d_model), k and v (batch, k, heads, head_dim),
+        mask (batch, 1, q, k) bool, bias (1, heads, q, k) or None -> (batch, q, d_model)."""
+        dtype = x_q.dtype
+        q = jnp.einsum("bld,dhk->blhk", x_q, self.wq[...].astype(dtype))
+        out = jax.nn.dot_product_attention(q, k.astype(dtype), v.astype(dtype), bias=bias, mask=mask, scale=1.0,
+                                           implementation="xla")
+        return jnp.einsum("bqhk,hkd->bqd", out, self.wo[...].astype(dtype))
+
 
 class MLP(nnx.Module):
     """T5's feed-forward block: gated GELU / gated SiLU (``(act(x W0) * x W1) Wo``)
@@ -240,6 +257,21 @@ class DecoderLayer(nnx.Module):
         cross = self.cross_attn(self.cross_attn_norm(y), encoded, cross_mask, None, segments=cross_segments)
         y = _residual(y, cross, self.rate, keys[1])
         return _residual(y, self.mlp(self.mlp_norm(y), keys[2]), self.rate, keys[3])
+
+    def cached(self, y, cache, index, self_mask, x_mask, bias):
+        """The layer over new decoder tokens y (batch, Lq, d_model) with a cache
+        (``T5.decode_cached``): {"k", "v"} (batch, S, heads, head_dim) of the
+        self-attention, written at ``index``, and {"ck", "cv"} (batch, Li,
+        heads, head_dim) of the cross-attention, read only. Returns (y, cache)."""
+        h = self.self_attn_norm(y)
+        k, v = self.self_attn.project_kv(h)
+        keys = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), index, axis=1)
+        values = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), index, axis=1)
+        y = _residual(y, self.self_attn.attend(h, keys, values, self_mask, bias), 0.0, None)
+        y = _residual(y, self.cross_attn.attend(self.cross_attn_norm(y), cache["ck"], cache["cv"], x_mask, None),
+                      0.0, None)
+        y = _residual(y, self.mlp(self.mlp_norm(y)), 0.0, None)
+        return y, {**cache, "k": keys, "v": values}
 
 
 def encoder_mask(encoder_segment_ids: jax.Array) -> jax.Array:
@@ -337,6 +369,43 @@ class T5(nnx.Module):
             lambda layer, z, key: layer(z, encoded, self_mask, x_mask, bias, key, cross_segments=segments),
             dropout_key=dropout_key, key_offset=2, remat=cfg.remat)
         return dropout(self.decoder_norm(y), cfg.dropout_rate, keys[1])
+
+    def init_cache(self, encoded: jax.Array, length: int):
+        """The decoding cache over ``encoded`` (batch, Li, d_model) for up to
+        ``length`` decoder tokens: per decoder layer the cross-attention keys and
+        values of the encodings ("ck", "cv", computed here once) and a zero
+        self-attention cache ("k", "v", (batch, length, heads, head_dim)), in the
+        compute dtype."""
+        cfg = self.cfg
+        dtype = DTYPES[cfg.dtype]
+        b, li = encoded.shape[:2]
+        heads, head_dim = cfg.num_heads, cfg.resolved_head_dim
+
+        def make():
+            own, other = (b, length, heads, head_dim), (b, li, heads, head_dim)
+            return {"k": jnp.zeros(own, dtype), "v": jnp.zeros(own, dtype),
+                    "ck": jnp.zeros(other, dtype), "cv": jnp.zeros(other, dtype)}
+
+        def cross(layer, x, c):
+            ck, cv = layer.cross_attn.project_kv(encoded.astype(dtype))
+            return x, {**c, "ck": ck.astype(dtype), "cv": cv.astype(dtype)}
+
+        _, cache = layers_lib.apply_cached(self.decoder_layers, jnp.zeros((), dtype),
+                                           layers_lib.init_cache(self.decoder_layers, make), cross)
+        return cache
+
+    def decode_cached(self, tokens: jax.Array, cache, index: jax.Array, self_mask: jax.Array, x_mask: jax.Array,
+                      bias: jax.Array):
+        """The decoder's final hidden states (batch, Lq, d_model) of ``tokens``
+        (batch, Lq) int32 at decoder indices ``index`` .. ``index + Lq - 1``
+        (int32 scalar), with ``cache`` from ``init_cache``; ``self_mask`` (batch,
+        1, Lq, S) and ``x_mask`` (batch, 1, Lq, Li) bool, ``bias`` (1, heads,
+        Lq, S) the rows of ``decoder_bias`` for these indices. Returns
+        (hidden, cache); no dropout."""
+        y = self._embed(self._decoder_table(), tokens, DTYPES[self.cfg.dtype])
+        y, cache = layers_lib.apply_cached(
+            self.decoder_layers, y, cache, lambda layer, z, c: layer.cached(z, c, index, self_mask, x_mask, bias))
+        return self.decoder_norm(y), cache
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """(..., d_model) decoder hidden states -> (..., vocab_size) float32 logits."""

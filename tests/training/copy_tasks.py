@@ -1,0 +1,49 @@
+"""Tasks for the evaluation tests, imported with ``--module``: a copy task
+(targets = inputs: each line of a text file, byte vocabulary) with the metric
+exact_match, registered as ``copy`` and ``copy_t5`` (two runs in one test
+session), and ``copy_bad_metric`` with a metric that raises.
+
+``copy_task(name, pattern)`` builds the same task over other files (the
+tests build the train and validation caches with it)."""
+
+from seqcache import tasks
+from seqcache.tasks import metrics
+from seqcache.tasks import preprocessors as P
+
+
+def broken_metric(targets, predictions):
+    """A metric that fails: the evaluation must stop with one line naming it."""
+    raise ZeroDivisionError("no examples counted")
+
+
+def copy_task(name, pattern, metric_fns=(metrics.exact_match,)):
+    vocab = tasks.ByteVocabulary()
+    return tasks.Task(
+        name,
+        source=tasks.TextLineSource(pattern),
+        output_features={"inputs": tasks.Feature(vocab), "targets": tasks.Feature(vocab)},
+        preprocessors=[P.rekey({"inputs": "text", "targets": "text"}), P.tokenize(), P.append_eos_after_trim()],
+        metric_fns=metric_fns,
+    )
+
+
+for _name, _fns in (("copy", (metrics.exact_match,)), ("copy_t5", (metrics.exact_match,)),
+                    ("copy_bad_metric", (metrics.exact_match, broken_metric))):
+    if _name not in tasks.TaskRegistry.names():
+        tasks.TaskRegistry.add(copy_task(_name, "unused.txt", _fns))
+
+
+def translation_task(name, inputs_pattern, targets_pattern):
+    """English -> German on line-aligned files (``parallel:``), byte vocabulary, BLEU and chrF."""
+    vocab = tasks.ByteVocabulary()
+    return tasks.Task(
+        name,
+        source=tasks.ParallelTextSource({"inputs": inputs_pattern, "targets": targets_pattern}),
+        output_features={"inputs": tasks.Feature(vocab), "targets": tasks.Feature(vocab)},
+        preprocessors=[P.tokenize(), P.append_eos_after_trim()],
+        metric_fns=(metrics.bleu, metrics.chrf),
+    )
+
+
+if "ntrex_en_de" not in tasks.TaskRegistry.names():
+    tasks.TaskRegistry.add(translation_task("ntrex_en_de", "unused.en", "unused.de"))

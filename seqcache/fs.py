@@ -390,15 +390,18 @@ def match(pattern: str) -> list[FileInfo]:
         names = glob.glob(expanded, recursive=True) if any(c in expanded for c in "*?[") else [expanded]
         # glob gives normalised absolute names for a normalised absolute pattern: abspath only otherwise.
         absolute = os.path.isabs(expanded) and os.path.normpath(expanded) == expanded
-        found = []
+        if not absolute:
+            names = [os.path.abspath(name) for name in names]
+        names.sort()  # the paths, not the tuples: the same order, compared faster
+        found, stat_of, is_file, make = [], os.stat, stat.S_ISREG, tuple.__new__
         for name in names:  # one stat per file (not isfile, then stat)
             try:
-                st = os.stat(name)
+                st = stat_of(name)
             except OSError:  # gone since the glob, or a broken link: not a file, as isfile says
                 continue
-            if stat.S_ISREG(st.st_mode):
-                found.append(FileInfo(name if absolute else os.path.abspath(name), st.st_size, st.st_mtime_ns))
-        return sorted(found)
+            if is_file(st.st_mode):
+                found.append(make(FileInfo, (name, st.st_size, st.st_mtime_ns)))
+        return found
     fsys = _beam(pattern)
     with _url_errors(pattern, "list it"):
         results = fsys.match([pattern])

@@ -99,11 +99,7 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
     """
     data = _small_whole_file(path, block_bytes) if start == 0 and stop is None else None
     if data is not None:
-        end = data.rfind(b"\n") + 1
-        if end:
-            yield 0, data[:end]
-        if end < len(data):
-            yield end, data[end:]  # the last line, without its newline
+        yield from whole_blocks(data)
         return
     with _open_at_line(path, start, stop) as (f, offset):
         size = _plain_size(path, f)
@@ -127,6 +123,26 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
                 return
             yield offset, block
             offset += len(block)
+
+
+def whole_blocks(data: bytes) -> tuple[tuple[int, bytes], ...]:
+    """``read_line_blocks`` of a whole file's ``data`` (of at most one block):
+    ``(0, its whole lines)`` and ``(offset, the last line)`` when that has no
+    newline; each only when not empty."""
+    end = data.rfind(b"\n") + 1
+    if end == len(data):
+        return ((0, data),) if end else ()
+    return ((0, data[:end]), (end, data[end:])) if end else ((0, data),)
+
+
+def small_whole_file(path: str, block_bytes: int) -> bytes | None:
+    """The bytes of an uncompressed local file of at most ``block_bytes``,
+    read in one call; None for any other file, and for one that cannot be
+    read so (read it with ``read_line_blocks``, whose errors name the file)."""
+    try:
+        return _small_whole_file(path, block_bytes)
+    except OSError:
+        return None
 
 
 def _small_whole_file(path: str, block_bytes: int) -> bytes | None:

@@ -502,8 +502,7 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
                    **({"vocabulary": f.name, "add_eos": bool(task.output_features[f.name].add_eos)}
                       if f.name in task.output_features else {})} for f in out_features],
         shards=entries,
-        sources=[{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns,
-                  "locator": getattr(task.source, "locator", "record")} for f in plan.files],
+        sources=fmt.SourceTable.from_columns(*_file_columns(plan.files), locators=getattr(task.source, "locator", "record")),
         statistics=statistics,
         seed=config.seed,
         sequence_length=config.sequence_length,
@@ -515,6 +514,11 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
         sharding={"num_shards": plan.num_shards, "shard_size": plan.shard_size, "input_bytes": plan.total_bytes,
                   "content_bytes": plan.content_bytes},
     )
+
+
+def _file_columns(files) -> tuple[list, list, list]:
+    """The paths, sizes and modification times of ``files`` (``SourceFile``s) as three lists."""
+    return tuple([f[k] for f in files] for k in range(3))
 
 
 def _recorded_inputs(manifest: Manifest) -> dict:

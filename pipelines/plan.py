@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections.abc
 import concurrent.futures
 import dataclasses
-import re
 import zlib
 from typing import Any, Mapping, Sequence
 
@@ -30,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqcache import fs
-from seqcache.compression import COMPRESSED_SUFFIXES, decompressor
+from seqcache.compression import COMPRESSED_SUFFIXES, decompressor, paths_ending_in
 from seqcache.tasks.sources import Source
 from seqcache.tasks.sources.lines import check_target, is_compressed
 
@@ -237,7 +236,7 @@ def content_bytes(source, files: Sequence[Any]) -> int:
     kinds: dict[str, list[int]] = {"parquet": [], "compressed": []}
     total = 0
     # Only the files whose paths end in a suffix of those kinds are looked at one by one.
-    suffixed = set() if parquet else set(_ending_in([f.path for f in files], (".parquet", *COMPRESSED_SUFFIXES)))
+    suffixed = set() if parquet else set(paths_ending_in([f.path for f in files], (".parquet", *COMPRESSED_SUFFIXES)))
     for i in (range(len(files)) if parquet else sorted(suffixed)):
         f = files[i]
         if f.path.lower().endswith(".parquet") or parquet:
@@ -265,19 +264,6 @@ def content_bytes(source, files: Sequence[Any]) -> int:
         for i in members:
             total += sizes[i] if i in sizes else int(round(int(files[i].num_bytes) * ratio))
     return int(total)
-
-
-def _ending_in(paths: Sequence[str], suffixes: Sequence[str]) -> list[int]:
-    """The indices of ``paths`` that may end in one of ``suffixes`` (any case):
-    every one that does, found with one scan of the paths joined (a path that
-    holds a newline may add one that does not: test each)."""
-    joined = "\n".join(paths) + "\n"
-    pattern = re.compile("(?:" + "|".join(map(re.escape, suffixes)) + ")\n", re.IGNORECASE)
-    ends = [m.end() for m in pattern.finditer(joined)]
-    if not ends:
-        return []
-    bounds = np.cumsum(np.fromiter(map(len, paths), dtype=np.int64, count=len(paths)) + 1)
-    return sorted(set(np.searchsorted(bounds, ends, side="left").tolist()))
 
 
 def _parquet_content(path: str, columns: Sequence[str] | None) -> int:

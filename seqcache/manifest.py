@@ -938,13 +938,15 @@ class SourceTable(collections.abc.Sequence):
         column by column, without a dict per file."""
         if not isinstance(value, list) or len(value) != len(self):
             return False
-        keys = {"path", "num_bytes", "mtime_ns"}
-        if not all(type(v) is dict and v.keys() == keys for v in value):
+        if value and (set(map(type, value)) != {dict} or set(map(len, value)) != {3}):
             return False
         nothing = [None] * len(self)
-        return ([v["path"] for v in value] == self.paths
-                and [v["num_bytes"] for v in value] == (self.num_bytes or nothing)
-                and [v["mtime_ns"] for v in value] == (self.mtime_ns or nothing))
+        try:  # three keys each, these three: no other
+            return ([v["path"] for v in value] == self.paths
+                    and [v["num_bytes"] for v in value] == (self.num_bytes or nothing)
+                    and [v["mtime_ns"] for v in value] == (self.mtime_ns or nothing))
+        except KeyError:
+            return False
 
     def to_json(self) -> dict:
         """The object of the source table file: ``num_files``, then one column

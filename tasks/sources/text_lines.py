@@ -19,8 +19,7 @@ from seqcache.tasks.sources.base import (
     read_error,
     TextSource,
 )
-from seqcache.tasks.sources.lines import (byte_ranges, is_compressed, read_line_blocks, read_lines, small_whole_file,
-                                          whole_blocks)
+from seqcache.tasks.sources.lines import byte_ranges, is_compressed, read_line_blocks, read_lines, small_whole_files
 from seqcache.tasks.sources.policy import SUSPECT_CHARACTERS, is_clean_text
 
 # A line fails ``is_clean_text`` or holds a CR: whitespace only, these characters, no text.
@@ -119,11 +118,10 @@ class TextLineSource(LineSplits, TextSource):
         lines of several files). Raises ``ValueError`` as ``read_batches``."""
         pending: list[tuple[int, str, int, bytes]] = []
         size, block_bytes = 0, self.block_bytes
-        for split in splits:
-            # A small whole file is read here in one call (no generators per file); anything else, or a
-            # file that cannot be read that way, as a range (which names the file in its errors).
-            data = small_whole_file(split.path, block_bytes) if split.start == 0 and split.stop is None else None
-            for offset, block in self._split_blocks(split) if data is None else whole_blocks(data):
+        # Small whole files are read in one loop (no generators per file); anything else, or a
+        # file that cannot be read that way, as a range (which names the file in its errors).
+        for split, whole in small_whole_files(splits, block_bytes):
+            for offset, block in self._split_blocks(split) if whole is None else whole:
                 pending.append((split.file_index, split.path, offset, block))
                 size += len(block)
                 if size >= block_bytes:

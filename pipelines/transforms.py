@@ -455,7 +455,7 @@ class ReadUnit:
         token = f"{unit_index:07d}-{os.urandom(6).hex()}"  # unique per attempt: retries never collide
         state = _UnitState()
         records = 0
-        per_file = FileCounts(1 + len(self.reader.features))  # source examples and tokens per file
+        per_file = FileCounts()  # source examples and tokens per file
         bad_input = stats_mod.BadInputCounts()
         paths, make = self.paths.unpacked(), tuple.__new__  # a Split per range, made without its keyword defaults
         splits = [make(Split, (file_index, paths[file_index], start, stop, 0)) for file_index, start, stop in ranges]
@@ -584,7 +584,7 @@ class SpreadCopies:
         rows = np.flatnonzero(rank)
         if not len(rows):
             return
-        per_file = FileCounts(1 + self.num_features)
+        per_file = FileCounts()
         per_file.add(entries.file_index[rows], entries.lengths[rows], sign=-1)
         records = rows[entries.sub_index[rows] == 0]  # one entry per skipped record: its first example
         kept = records - rank[records].astype(np.int64)
@@ -650,34 +650,36 @@ class FileCounts:
     """Source examples and tokens per file of a work unit (or of the copies a
     shard skips), added up batch by batch as arrays: a batch's counts are
     reduced per file at once (``add``), and ``columns`` merges them, with no
-    Python object per file. ``width``: 1 + the number of read features."""
+    Python object per file."""
 
-    __slots__ = ("width", "_files", "_rows")
+    __slots__ = ("_files", "_rows")
 
-    def __init__(self, width: int):
-        self.width, self._files, self._rows = int(width), [], []
+    def __init__(self):
+        self._files, self._rows = [], []
 
     def add(self, file_index: np.ndarray, lengths: np.ndarray, sign: int = 1) -> None:
         """Adds (``sign`` -1: takes off) one example per entry of
-        ``file_index`` (n,) to its file, with its tokens per feature,
-        ``lengths`` (n, width - 1)."""
-        if not len(file_index):
+        ``file_index`` (n,) to its file, with its tokens per read feature,
+        ``lengths`` (n, F)."""
+        n = len(file_index)
+        if not n:
             return
-        lengths = np.asarray(lengths, dtype=np.int64).reshape(len(file_index), self.width - 1)
+        lengths = np.asarray(lengths, dtype=np.int64)
         if file_index[0] == file_index[-1] and (file_index == file_index[0]).all():  # one file (no sort)
             files = np.asarray(file_index[:1], dtype=np.int64)
-            rows = np.concatenate([[len(file_index)], lengths.sum(axis=0)])[None, :]
+            rows = np.concatenate([[n], lengths.sum(axis=0)])[None, :]
         else:
             files, rows = _sum_by_file(np.asarray(file_index, dtype=np.int64),
-                                       np.concatenate([np.ones((len(file_index), 1), dtype=np.int64), lengths], 1))
+                                       np.concatenate([np.ones((n, 1), dtype=np.int64), lengths], 1))
         self._files.append(files)
         self._rows.append(rows * sign)
 
     def columns(self) -> list[list[int]]:
-        """``[file indices, examples, tokens of each feature]``: width + 1
-        lists of ints, one entry per file counted, in file order (JSON-able)."""
+        """``[file indices, examples, tokens of each feature]``: lists of ints,
+        one entry per file counted, in file order (JSON-able); ``[]`` when
+        nothing was counted."""
         if not self._files:
-            return [[] for _ in range(self.width + 1)]
+            return []
         files, rows = _sum_by_file(np.concatenate(self._files), np.concatenate(self._rows))
         return [files.tolist(), *rows.T.tolist()]
 

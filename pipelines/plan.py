@@ -101,6 +101,15 @@ class UnitSplits(collections.abc.Sequence):
         table = np.array([(f, a, -1 if b is None else b) for f, a, b in splits], dtype=np.int64).reshape(-1, 3)
         self._packed, self._splits = zlib.compress(table.tobytes(), 1), None
 
+    @classmethod
+    def from_table(cls, table: np.ndarray) -> "UnitSplits":
+        """The splits of an int64 array (n, 3) of ``(file_index, start, stop)``,
+        ``stop`` -1 for None."""
+        out = cls.__new__(cls)
+        out._packed = zlib.compress(np.ascontiguousarray(table, dtype=np.int64).tobytes(), 1)
+        out._splits = None
+        return out
+
     def _unpacked(self) -> list[tuple[int, int, int | None]]:
         if self._splits is None:
             table = np.frombuffer(zlib.decompress(self._packed), dtype=np.int64).reshape(-1, 3).tolist()
@@ -162,54 +171,61 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
     if split_size < 1:
         raise ValueError(f"split_size must be >= 1 byte (got {split_size})")
     whole_when_small = type(source).splits is Source.splits or getattr(source, "small_files_whole", False)
-    per_file = _file_splits(source, files, split_size, whole_when_small)
+    table, sizes = _split_table(source, files, split_size, whole_when_small)
+    # Greedy, in order: a unit takes the next splits while they fit in split_size
+    # bytes and MAX_SPLITS_PER_UNIT splits (at least one split).
+    ends = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(np.maximum(sizes, 1), out=ends[1:])
     units: list = []
-    current: list = []
-    current_bytes = 0
-    for splits in per_file:
-        if type(splits) is tuple:  # a small file, whole: (its index, its size)
-            file_index, size = splits
-            size = max(size, 1)
-            if current and (current_bytes + size > split_size or len(current) >= MAX_SPLITS_PER_UNIT):
-                units.append((len(units), UnitSplits(current)))
-                current, current_bytes = [], 0
-            current.append((file_index, 0, None))
-            current_bytes += size
-            continue
-        for s in splits:
-            size = max(int(s.num_bytes), 1)
-            if current and (current_bytes + size > split_size or len(current) >= MAX_SPLITS_PER_UNIT):
-                units.append((len(units), UnitSplits(current)))
-                current, current_bytes = [], 0
-            current.append((int(s.file_index), int(s.start), None if s.stop is None else int(s.stop)))
-            current_bytes += size
-    if current:
-        units.append((len(units), UnitSplits(current)))
+    i, n = 0, len(sizes)
+    while i < n:
+        j = int(np.searchsorted(ends, ends[i] + split_size, side="right")) - 1
+        j = min(max(j, i + 1), i + MAX_SPLITS_PER_UNIT, n)
+        units.append((len(units), UnitSplits.from_table(table[i:j])))
+        i = j
     return units
 
 
-def _file_splits(source, files: Sequence[Any], split_size: int, whole_when_small: bool) -> list:
-    """Per file, ``source.splits`` of it; or, when ``whole_when_small`` (the
+def _split_table(source, files: Sequence[Any], split_size: int,
+                 whole_when_small: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Every split of ``files`` in order, as an int64 array (n, 3) of
+    ``(file_index, start, stop)`` (stop None as -1), and their sizes in bytes
+    (n,): ``source.splits`` of each file; or, when ``whole_when_small`` (the
     source reads a file of at most ``split_size`` bytes as one whole split),
-    for such a file only ``(index, size)`` (no ``Split`` and no call per small
-    file, which a corpus of many small files makes by the hundred thousand)."""
+    those of the larger files only (no ``Split`` and no call per small file,
+    which a corpus of many small files makes by the hundred thousand)."""
     def cut(item):
         return source.splits(*item, split_size)
 
+    sizes = np.fromiter((f.num_bytes for f in files), dtype=np.int64, count=len(files))
     if whole_when_small:
         check_target(split_size)
-        big = [i for i, f in enumerate(files) if f.num_bytes > split_size]
-        out: list = [(i, int(f.num_bytes)) for i, f in enumerate(files)]
-        for i in big:
-            out[i] = cut((i, files[i]))
-        return out
-    items = list(enumerate(files))
-    if len(items) > 8 and type(source).splits is not Source.splits and getattr(source, "splits_read_files", True):
-        # Splits that open files (Parquet footers) are looked up in parallel (a
-        # round trip each on an object store); those from the file size are not.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-            return list(pool.map(cut, items))
-    return [cut(item) for item in items]
+        big = np.flatnonzero(sizes > split_size).tolist()
+        per_file: dict = {i: cut((i, files[i])) for i in big}
+        if not big:
+            table = np.stack([np.arange(len(files), dtype=np.int64), np.zeros(len(files), dtype=np.int64),
+                              np.full(len(files), -1, dtype=np.int64)], axis=1)
+            return table, sizes
+    else:
+        items = list(enumerate(files))
+        if len(items) > 8 and type(source).splits is not Source.splits and getattr(source, "splits_read_files", True):
+            # Splits that open files (Parquet footers) are looked up in parallel (a
+            # round trip each on an object store); those from the file size are not.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+                per_file = dict(enumerate(pool.map(cut, items)))
+        else:
+            per_file = {i: cut(item) for i, item in items}
+    rows, row_sizes = [], []
+    for i in range(len(files)):
+        splits = per_file.get(i)
+        if splits is None:  # a small file, whole
+            rows.append((i, 0, -1))
+            row_sizes.append(int(sizes[i]))
+            continue
+        for s in splits:
+            rows.append((int(s.file_index), int(s.start), -1 if s.stop is None else int(s.stop)))
+            row_sizes.append(int(s.num_bytes))
+    return np.array(rows, dtype=np.int64).reshape(-1, 3), np.array(row_sizes, dtype=np.int64)
 
 
 def content_bytes(source, files: Sequence[Any]) -> int:

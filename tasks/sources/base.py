@@ -698,7 +698,7 @@ class FileSource(Source):
             "kind": self.kind,
             "params": self._params(),
             "on_error": self.on_error.to_json(),
-            "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in files],
+            "files": [{"path": path, "num_bytes": size, "mtime_ns": mtime} for path, size, mtime in files],
         }
 
     def _pattern_text(self) -> str:

@@ -498,6 +498,7 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
         split=config.split,
         fingerprint=plan.fingerprint,
         fingerprint_inputs=plan.inputs,
+        fingerprint_known=True,  # fmt.fingerprint_of(plan.inputs), when planned
         features=[{"name": f.name, "dtype": f.dtype,
                    **({"vocabulary": f.name, "add_eos": bool(task.output_features[f.name].add_eos)}
                       if f.name in task.output_features else {})} for f in out_features],

@@ -214,7 +214,7 @@ def _split_table(source, files: Sequence[Any], split_size: int,
             with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
                 per_file = dict(enumerate(pool.map(cut, items)))
         else:
-            per_file = {i: cut(item) for i, item in items}
+            per_file = {i: cut(item) for i, item in enumerate(items)}
     rows, row_sizes = [], []
     for i in range(len(files)):
         splits = per_file.get(i)

@@ -499,12 +499,12 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
         split=config.split,
         fingerprint=plan.fingerprint,
         fingerprint_inputs=plan.inputs,
+        fingerprint_known=True,  # fmt.fingerprint_of(plan.inputs), when planned
         features=[{"name": f.name, "dtype": f.dtype,
                    **({"vocabulary": f.name, "add_eos": bool(task.output_features[f.name].add_eos)}
                       if f.name in task.output_features else {})} for f in out_features],
         shards=entries,
-        sources=[{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns,
-                  "locator": getattr(task.source, "locator", "record")} for f in plan.files],
+        sources=fmt.SourceTable.from_columns(*_file_columns(plan.files), locators=getattr(task.source, "locator", "record")),
         statistics=statistics,
         seed=config.seed,
         sequence_length=config.sequence_length,
@@ -517,6 +517,11 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
                   "content_bytes": plan.content_bytes},
         evaluation=task.evaluation() if hasattr(task, "evaluation") else None,
     )
+
+
+def _file_columns(files) -> tuple[list, list, list]:
+    """The paths, sizes and modification times of ``files`` (``SourceFile``s) as three lists."""
+    return tuple([f[k] for f in files] for k in range(3))
 
 
 def _recorded_inputs(manifest: Manifest) -> dict:

@@ -170,21 +170,31 @@ def merge_histograms(histograms: Sequence[Sequence[Sequence[int]]]) -> list[list
     return [[lo, hi, c] for (lo, hi), c in sorted(total.items())]
 
 
-def source_file_table(per_file: Mapping[int, Sequence[int]], num_files: int, names: Sequence[str]) -> dict:
+def source_file_table(columns: Sequence[Sequence[int]], num_files: int, names: Sequence[str]) -> dict:
     """The per-file counts of the source table (``seqcache.format.SourceTable``;
     ``statistics.source_files`` as the build hands it to ``Manifest.create``,
     which moves it to the source table file): per source file (indexed like
     the source table), the source examples it gave (records) and their
-    tokens per feature (tokens, before packing). ``per_file``: file index ->
-    ``[examples, tokens of names[0], tokens of names[1], ...]``."""
-    examples = [0] * num_files
-    tokens = {name: [0] * num_files for name in names}
-    for fi, row in per_file.items():
-        fi = int(fi)
-        examples[fi] += int(row[0])
-        for name, n in zip(names, row[1:]):
-            tokens[name][fi] += int(n)
-    return {"examples": examples, "tokens": tokens,
+    tokens per feature (tokens, before packing). ``columns``: ``[file
+    indices, examples, tokens of names[0], tokens of names[1], ...]``
+    (``transforms.merge_file_columns``: each file at most once; an empty
+    list for none), read as arrays, with no Python object per file.
+
+    Raises:
+      ValueError: a file index outside ``[0, num_files)`` or repeated, or
+        columns of different lengths.
+    """
+    width = 2 + len(names)
+    table = np.zeros((width - 1, num_files), dtype=np.int64)
+    if len(columns) and len(columns[0]):
+        if len(columns) != width or len({len(c) for c in columns}) != 1:
+            raise ValueError(f"per-file counts: expected {width} columns of one length (got {len(columns)})")
+        files = np.asarray(columns[0], dtype=np.int64)
+        if files.min() < 0 or files.max() >= num_files or len(np.unique(files)) != len(files):
+            raise ValueError(f"per-file counts: file indices outside [0, {num_files}) or repeated")
+        table[:, files] = np.asarray(columns[1:], dtype=np.int64)
+    rows = table.tolist()
+    return {"examples": rows[0], "tokens": dict(zip(names, rows[1:])),
             "units": "examples in records (source examples, before packing); tokens in tokens"}
 
 

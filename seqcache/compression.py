@@ -12,11 +12,14 @@ do (Beam's own decompressing file would lose a truncated file's end silently).
 
 from __future__ import annotations
 
+import bisect
 import bz2
 import io
+import itertools
 import lzma
+import re
 import zlib
-from typing import Callable
+from typing import Callable, Sequence
 
 # Every suffix a file is decompressed by, and its format's name.
 _FORMAT_NAMES = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".lzma": "lzma", ".deflate": "zlib", ".zst": "zstd",
@@ -29,6 +32,22 @@ _CHUNK = 1 << 16  # compressed bytes per read
 def is_compressed(path: str) -> bool:
     """True when ``path`` ends in one of ``COMPRESSED_SUFFIXES`` (any case)."""
     return path.lower().endswith(COMPRESSED_SUFFIXES)
+
+
+def paths_ending_in(paths: Sequence[str], suffixes: Sequence[str]) -> list[int]:
+    """The indices (sorted) of ``paths`` that may end in one of ``suffixes``
+    (any case): every one that does, found with one scan of the paths joined
+    (a path that holds a newline may add one that does not: test each), so
+    that a list of a million paths is not tested path by path."""
+    if not paths:
+        return []
+    joined = "\n".join(paths) + "\n"
+    pattern = re.compile("(?:" + "|".join(map(re.escape, suffixes)) + ")\n", re.IGNORECASE)
+    ends = [m.end() for m in pattern.finditer(joined)]
+    if not ends:
+        return []
+    bounds = list(itertools.accumulate(len(p) + 1 for p in paths))  # where each path's line ends
+    return sorted({bisect.bisect_left(bounds, end) for end in ends})
 
 
 def format_name(path: str) -> str | None:

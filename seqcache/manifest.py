@@ -636,7 +636,8 @@ class Manifest:
 
     @classmethod
     def create(cls, *, shards: Sequence[Mapping[str, Any]], features: Sequence[Mapping[str, Any]],
-               sequence_length: Mapping[str, int] | None = None, **fields: Any) -> "Manifest":
+               sequence_length: Mapping[str, int] | None = None, fingerprint_known: bool = False,
+               **fields: Any) -> "Manifest":
         """The manifest of a build, not yet written: ``fields`` (the fields the
         build knows: ``task``, ``split``, ``fingerprint``, ``sources``, ...)
         with the format's own (``format``, ``format_version``,
@@ -652,7 +653,11 @@ class Manifest:
         ``sources``, ``statistics.source_files`` and, when
         ``fingerprint_inputs`` has one, its ``task.source.files`` (the
         fingerprint stays the sha256 of the inputs with it). So the manifest's
-        size does not grow with the file count.
+        size does not grow with the file count. ``fingerprint_known``: the
+        caller computed ``fingerprint`` as ``codec.fingerprint_of`` of this
+        very ``fingerprint_inputs`` object (a build, which hashed them when it
+        planned): it is not hashed again (the canonical JSON of a 50,000-file
+        list takes about 0.05 s).
 
         Raises:
           ValueError: a field the definition lacks, a required field missing,
@@ -663,7 +668,7 @@ class Manifest:
         """
         table, checksums = shard_table(shards)
         fields = dict(fields)
-        sources, sources_bytes = _detach_source_table(fields)
+        sources, sources_bytes = _detach_source_table(fields, fingerprint_known=fingerprint_known)
         values = {
             "format": codec.FORMAT_NAME, "format_version": codec.FORMAT_VERSION,
             "sequence_length": dict(sequence_length) if sequence_length else None,
@@ -814,6 +819,24 @@ def _is_count_value(v) -> bool:
     return type(v) is int and 0 <= v < MAX_INTEGER
 
 
+def _is_int_column(values: Any, low: int, high: int, *, nulls: bool = False) -> bool:
+    """``values`` is a list of ints in ``[low, high)`` (and None, with
+    ``nulls``): one pass over the types, then min and max (what
+    ``_is_column`` tests one value at a time)."""
+    if not isinstance(values, list):
+        return False
+    types = set(map(type, values))
+    if not types <= ({int, type(None)} if nulls else {int}):
+        return False
+    ints = [v for v in values if v is not None] if type(None) in types else values
+    return not ints or (min(ints) >= low and max(ints) < high)
+
+
+def _is_count_column(values: Any) -> bool:
+    """``_is_column(values, _is_count_value)``, in one pass over the types."""
+    return _is_int_column(values, 0, MAX_INTEGER)
+
+
 class SourceTable(collections.abc.Sequence):
     """The per-file source table of a cache: entry ``i`` (``table[i]``) is
     ``{path, num_bytes?, mtime_ns?, locator?}`` of the file whose provenance
@@ -822,36 +845,77 @@ class SourceTable(collections.abc.Sequence):
     ``tokens``, feature -> tokens before packing; None when not counted) and
     the value moved out of the fingerprint inputs (``fingerprint_value``).
 
-    In format version 3 it is the file ``SOURCE_TABLE_NAME`` (``to_bytes``:
-    one line of JSON, a column per field, ``SOURCE_TABLE_FIELDS``), checked
-    against the manifest's ``source_table`` by ``read_source_table``.
+    Held as columns (``paths``, ``num_bytes``, ``mtime_ns``, ``locators``;
+    ``from_columns``), each entry made when asked for: a table of a million
+    files is a few lists, not a million dicts. In format version 3 it is the
+    file ``SOURCE_TABLE_NAME`` (``to_bytes``: one line of JSON, a column per
+    field, ``SOURCE_TABLE_FIELDS``), checked against the manifest's
+    ``source_table`` by ``read_source_table``.
     """
 
-    def __init__(self, entries: Sequence[Mapping[str, Any]], *, examples: Sequence[int] | None = None,
+    def __init__(self, entries: Sequence[Mapping[str, Any]] = (), *, examples: Sequence[int] | None = None,
                  tokens: Mapping[str, Sequence[int]] | None = None, fingerprint_files: Mapping[str, Any] | None = None,
-                 path: str = SOURCE_TABLE_NAME, prefix: str = ""):
-        """Raises CacheError (naming ``path`` and the column, after ``prefix``):
-        counts of another length than the entries."""
-        self._entries = [dict(e) for e in entries]
+                 path: str = SOURCE_TABLE_NAME, prefix: str = "", columns: Sequence[Any] | None = None):
+        """``entries`` (mappings), or ``columns``: ``(paths, num_bytes,
+        mtime_ns, locators)`` (``from_columns``). Raises CacheError (naming
+        ``path`` and the column, after ``prefix``): counts of another length
+        than the entries."""
+        if columns is None:
+            entries = [dict(e) for e in entries]
+            columns = ([e["path"] for e in entries], *([e.get(k) for e in entries] for k in ("num_bytes", "mtime_ns")),
+                       [e.get("locator") for e in entries])
+        paths, sizes, times, locators = columns
+        self.paths = list(paths)
+        n = len(self.paths)
+        # None for a column with no value; a locator shared by every file as one string.
+        self.num_bytes, self.mtime_ns = ((None if c is None or all(v is None for v in c) else list(c))
+                                         for c in (sizes, times))
+        if locators is not None and not isinstance(locators, str):
+            locators = list(locators)
+            distinct = set(locators)
+            locators = None if distinct <= {None} else (locators[0] if len(distinct) == 1 and n else locators)
+        self.locators = locators
         self.examples = None if examples is None else list(examples)
         self.tokens = None if tokens is None else {k: list(v) for k, v in tokens.items()}
         self.fingerprint_files = None if fingerprint_files is None else dict(fingerprint_files)
-        n = len(self._entries)
+        for what, values in (("num_bytes", self.num_bytes), ("mtime_ns", self.mtime_ns),
+                             ("locator", None if isinstance(locators, str) else locators)):
+            codec._require(values is None or len(values) == n, path,
+                           f"{prefix}{what} has {len(values or ())} entries for {n} source files; rebuild the cache")
         for what, values in (("examples", self.examples), *((f"tokens.{k}", v) for k, v in (self.tokens or {}).items())):
             codec._require(values is None or len(values) == n, path,
                            f"{prefix}{what} has {0 if values is None else len(values)} entries for {n} source files "
                            "(edited or damaged); rebuild the cache")
 
+    @classmethod
+    def from_columns(cls, paths: Sequence[str], num_bytes: Sequence[int | None] | None = None,
+                     mtime_ns: Sequence[int | None] | None = None, locators: "str | Sequence[str | None] | None" = None,
+                     **kw) -> "SourceTable":
+        """The table of files given as columns (a build's listing): ``paths``
+        (str), ``num_bytes`` and ``mtime_ns`` (ints or None each, or None for
+        none), ``locators`` (one for every file, a list, or None); ``kw`` as
+        the constructor's. No dict per file is made."""
+        return cls(columns=(paths, num_bytes, mtime_ns, locators), **kw)
+
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.paths)
 
     def __getitem__(self, index):
-        return self._entries[index]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        entry = {"path": self.paths[index]}
+        for key, column in (("num_bytes", self.num_bytes), ("mtime_ns", self.mtime_ns)):
+            if column is not None and column[index] is not None:
+                entry[key] = column[index]
+        locator = self.locators if isinstance(self.locators, str) or self.locators is None else self.locators[index]
+        if locator is not None:
+            entry["locator"] = locator
+        return entry
 
     def __eq__(self, other) -> bool:
         if isinstance(other, SourceTable):
-            return (self._entries, self.examples, self.tokens) == (other._entries, other.examples, other.tokens)
-        return isinstance(other, list) and self._entries == other
+            return (list(self), self.examples, self.tokens) == (list(other), other.examples, other.tokens)
+        return isinstance(other, list) and list(self) == other
 
     __hash__ = None  # mutable entries
 
@@ -876,23 +940,40 @@ class SourceTable(collections.abc.Sequence):
             raise CacheError(f"{SOURCE_TABLE_NAME}: holds no fingerprint_files, but the manifest's "
                              "source_table.fingerprint_files says it does; rebuild the cache")
         if moved.get("from_columns") is True:
-            return [{"path": e["path"], "num_bytes": e.get("num_bytes"), "mtime_ns": e.get("mtime_ns")}
-                    for e in self._entries]
+            return [{"path": p, "num_bytes": b, "mtime_ns": t} for p, b, t in self._file_rows()]
         return moved.get("value")
+
+    def _file_rows(self):
+        """``(path, num_bytes, mtime_ns)`` of each file (None where not known)."""
+        nothing = [None] * len(self)
+        return zip(self.paths, self.num_bytes or nothing, self.mtime_ns or nothing)
+
+    def same_files(self, value: Any) -> bool:
+        """Whether ``value`` is the list of ``{path, num_bytes, mtime_ns}`` of
+        each file (what ``fingerprint_value`` gives ``from_columns``): compared
+        column by column, without a dict per file."""
+        if not isinstance(value, list) or len(value) != len(self):
+            return False
+        if value and (set(map(type, value)) != {dict} or set(map(len, value)) != {3}):
+            return False
+        nothing = [None] * len(self)
+        try:  # three keys each, these three: no other
+            return ([v["path"] for v in value] == self.paths
+                    and [v["num_bytes"] for v in value] == (self.num_bytes or nothing)
+                    and [v["mtime_ns"] for v in value] == (self.mtime_ns or nothing))
+        except KeyError:
+            return False
 
     def to_json(self) -> dict:
         """The object of the source table file: ``num_files``, then one column
         per field (``SOURCE_TABLE_FIELDS``); a locator shared by every file is
         written once."""
-        entries = self._entries
-        obj: dict[str, Any] = {"num_files": len(entries), "path": [e["path"] for e in entries]}
-        for key in ("num_bytes", "mtime_ns"):
-            column = [e.get(key) for e in entries]
-            if any(v is not None for v in column):
+        obj: dict[str, Any] = {"num_files": len(self), "path": self.paths}
+        for key, column in (("num_bytes", self.num_bytes), ("mtime_ns", self.mtime_ns)):
+            if column is not None:
                 obj[key] = column
-        locators = [e.get("locator") for e in entries]
-        if any(v is not None for v in locators):
-            obj["locator"] = locators[0] if None not in locators and len(set(locators)) == 1 else locators
+        if self.locators is not None:
+            obj["locator"] = self.locators
         if self.examples is not None:
             obj["examples"] = self.examples
             obj["tokens"] = self.tokens or {}
@@ -921,12 +1002,15 @@ class SourceTable(collections.abc.Sequence):
                   ("num_bytes", _is_count_or_null, False, "integers >= 0 or null"),
                   ("mtime_ns", _is_int_or_null, False, "integers or null"),
                   ("examples", _is_count_value, False, "integers >= 0"))
+        quick = {"num_bytes": lambda c: _is_int_column(c, 0, MAX_INTEGER, nulls=True),
+                 "mtime_ns": lambda c: _is_int_column(c, -2**63, 2**63, nulls=True), "examples": _is_count_column}
         for key, test, required, what in checks:
             if key not in obj:
                 codec._require(not required, path, f"missing field {key!r}")
                 continue
             column = obj[key]
-            codec._require(_is_column(column, test) and len(column) == n, path,
+            ok = quick[key](column) if key in quick else _is_column(column, test)
+            codec._require(ok and len(column) == n, path,
                            f"{key} is {_short(column)}, expected a JSON list of {n} {what}")
         locator = obj.get("locator")
         codec._require(locator is None or isinstance(locator, str)
@@ -936,7 +1020,7 @@ class SourceTable(collections.abc.Sequence):
         if tokens is not None:
             codec._require(isinstance(tokens, dict), path, f"tokens is {_short(tokens)}, expected a JSON object")
             for name, column in tokens.items():
-                codec._require(_is_column(column, _is_count_value) and len(column) == n, path,
+                codec._require(_is_count_column(column) and len(column) == n, path,
                                f"tokens.{name} is {_short(column)}, expected a JSON list of {n} integers >= 0")
         codec._require((tokens is None) == ("examples" not in obj), path,
                        "examples and tokens go together: one of them is missing")
@@ -945,19 +1029,8 @@ class SourceTable(collections.abc.Sequence):
                                                                     or "value" in moved)), path,
                        f"fingerprint_files is {_short(moved)}, expected {{\"value\": ...}} or "
                        "{\"from_columns\": true}")
-        locators = locator if isinstance(locator, list) else [locator] * n
-        sizes, times = obj.get("num_bytes") or [None] * n, obj.get("mtime_ns") or [None] * n
-        entries = []
-        for p, size, mtime, loc in zip(obj["path"], sizes, times, locators):
-            entry = {"path": p}
-            if size is not None:
-                entry["num_bytes"] = size
-            if mtime is not None:
-                entry["mtime_ns"] = mtime
-            if loc is not None:
-                entry["locator"] = loc
-            entries.append(entry)
-        return cls(entries, examples=obj.get("examples"), tokens=tokens, fingerprint_files=moved, path=path)
+        return cls.from_columns(obj["path"], obj.get("num_bytes"), obj.get("mtime_ns"), locator,
+                                examples=obj.get("examples"), tokens=tokens, fingerprint_files=moved, path=path)
 
 
 def with_value_at(obj: Mapping[str, Any], keys: Sequence[str], value: Any) -> dict:
@@ -1013,20 +1086,32 @@ def _check_sources(entries: Sequence[Any]) -> None:
         raise CacheError(f"{MANIFEST_NAME}: sources[{i}] is {_short(e)}, expected a source file entry")
 
 
+def _check_source_columns(table: SourceTable) -> None:
+    """``_check_sources`` of a table given as columns (``SourceTable.from_columns``):
+    one pass over each column's types, entry by entry only when one fails."""
+    locators = table.locators
+    if (set(map(type, table.paths)) <= {str}
+            and (table.num_bytes is None or _is_int_column(table.num_bytes, 0, MAX_INTEGER, nulls=True))
+            and (table.mtime_ns is None or _is_int_column(table.mtime_ns, -2**63, 2**63, nulls=True))
+            and (locators is None or isinstance(locators, str) or set(map(type, locators)) <= {str, type(None)})):
+        return
+    _check_sources(list(table))
+
+
 def _check_source_files(per_file: Any) -> None:
     """``check_value`` of a build's ``statistics.source_files``, its long
     columns first tested in one pass each. Raises CacheError as ``check_value``."""
     field = next(f for f in STATISTICS_FIELDS if f.name == "source_files")
-    if (isinstance(per_file, dict) and _is_column(per_file.get("examples"), _is_count_value)
+    if (isinstance(per_file, dict) and _is_count_column(per_file.get("examples"))
             and isinstance(per_file.get("tokens"), dict)
-            and all(_is_column(v, _is_count_value) for v in per_file["tokens"].values())):
+            and all(_is_count_column(v) for v in per_file["tokens"].values())):
         short = {k: v for k, v in per_file.items() if k not in ("examples", "tokens")}
         check_value(field, {**short, "examples": [], "tokens": {}}, MANIFEST_NAME, "statistics.")
         return
     check_value(field, per_file, MANIFEST_NAME, "statistics.")
 
 
-def _detach_source_table(fields: dict) -> tuple[SourceTable, bytes]:
+def _detach_source_table(fields: dict, *, fingerprint_known: bool = False) -> tuple[SourceTable, bytes]:
     """Moves a build's per-file source table out of its manifest fields (in
     place): ``sources``, ``statistics.source_files`` and the fingerprint
     inputs' file list (``FINGERPRINT_FILES_KEYS``) go into the returned
@@ -1036,10 +1121,15 @@ def _detach_source_table(fields: dict) -> tuple[SourceTable, bytes]:
 
     Raises:
       CacheError: ``fingerprint`` is not the sha256 of ``fingerprint_inputs``
-        (checked here, while the inputs are whole); columns that disagree.
+        (checked here, while the inputs are whole, unless ``fingerprint_known``);
+        columns that disagree.
     """
     entries = fields.pop("sources", None) or []
-    _check_sources(entries)
+    if isinstance(entries, SourceTable):
+        _check_source_columns(entries)
+    else:
+        _check_sources(entries)
+        entries = SourceTable(entries)
     statistics = fields.get("statistics")
     per_file = None
     if isinstance(statistics, Mapping) and "source_files" in statistics:
@@ -1049,7 +1139,7 @@ def _detach_source_table(fields: dict) -> tuple[SourceTable, bytes]:
         fields["statistics"] = statistics
     inputs, moved, keys = fields.get("fingerprint_inputs"), None, None
     if isinstance(inputs, Mapping) and isinstance(fields.get("fingerprint"), str):
-        actual = codec.fingerprint_of(inputs)
+        actual = fields["fingerprint"] if fingerprint_known else codec.fingerprint_of(inputs)
         codec._require(fields["fingerprint"] == actual, MANIFEST_NAME,
                        f"fingerprint = {_short(fields['fingerprint'])}, but the sha256 of fingerprint_inputs is "
                        f"{actual!r}")
@@ -1057,11 +1147,10 @@ def _detach_source_table(fields: dict) -> tuple[SourceTable, bytes]:
         if split is not None:
             fields["fingerprint_inputs"], value = split
             keys = list(FINGERPRINT_FILES_KEYS)
-            same = value == [{"path": e["path"], "num_bytes": e.get("num_bytes"), "mtime_ns": e.get("mtime_ns")}
-                             for e in entries]
-            moved = {"from_columns": True} if same else {"value": value}
-    table = SourceTable(entries, examples=None if per_file is None else per_file["examples"],
-                        tokens=None if per_file is None else per_file["tokens"], fingerprint_files=moved)
+            moved = {"from_columns": True} if entries.same_files(value) else {"value": value}
+    table = SourceTable.from_columns(entries.paths, entries.num_bytes, entries.mtime_ns, entries.locators,
+                                     examples=None if per_file is None else per_file["examples"],
+                                     tokens=None if per_file is None else per_file["tokens"], fingerprint_files=moved)
     data = table.to_bytes()
     record = {"file": SOURCE_TABLE_NAME, "num_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
               "num_files": len(table)}

@@ -373,9 +373,9 @@ def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list
                 used[k] = hit = True
         return hit
 
-    found: dict[str, SourceFile] = {}
+    listings: list[list[SourceFile]] = []
     for pattern in patterns:
-        matched = [SourceFile(*f) for f in fs.match(pattern)]
+        matched = list(map(SourceFile._make, fs.match(pattern)))  # sorted by path
         if not matched:
             raise FileNotFoundError(f"no file matches the source pattern {pattern!r}")
         if exclude:
@@ -385,13 +385,23 @@ def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list
                     f"every file matching the source pattern {pattern!r} is excluded by {list(exclude)}"
                 )
             matched = kept
-        for f in matched:
-            found[f.path] = f
+        listings.append(matched)
     for k, x in enumerate(exclude):
         if not used[k] and (x, tuple(patterns)) not in _WARNED:
             _WARNED.add((x, tuple(patterns)))
             log.warning("the exclude pattern %r leaves out no file of %s", x, list(patterns))
+    if len(listings) == 1:  # one listing, already sorted: no table of paths
+        return _without_repeats(listings[0])
+    found = {f.path: f for matched in listings for f in matched}
     return [found[p] for p in sorted(found)]
+
+
+def _without_repeats(files: list[SourceFile]) -> list[SourceFile]:
+    """``files`` (sorted by path) with each path once."""
+    paths = [f.path for f in files]
+    if len(set(paths)) == len(paths):
+        return files
+    return [f for k, f in enumerate(files) if k == 0 or paths[k - 1] != f.path]
 
 
 _WARNED: set = set()  # (exclude pattern, source patterns) already warned about in this process
@@ -481,6 +491,9 @@ class Source(abc.ABC):
     locator: str = "record"  # what ``SourceRecord.record_number`` counts, one of ``LOCATORS``
     # Whether ``splits`` opens the file (a Parquet footer): planned in threads.
     splits_read_files: bool = True
+    # Whether ``splits`` gives a file of at most ``target_bytes`` as one whole
+    # split (then the plan makes no call per small file); true of the default.
+    small_files_whole: bool = False
 
     def __init_subclass__(cls, **kwargs):
         """Registers a subclass that sets ``kind`` and has ``from_spec(spec)``
@@ -685,7 +698,7 @@ class FileSource(Source):
             "kind": self.kind,
             "params": self._params(),
             "on_error": self.on_error.to_json(),
-            "files": [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in files],
+            "files": [{"path": path, "num_bytes": size, "mtime_ns": mtime} for path, size, mtime in files],
         }
 
     def _pattern_text(self) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 from seqcache import compression, fs
 
@@ -99,11 +99,7 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
     """
     data = _small_whole_file(path, block_bytes) if start == 0 and stop is None else None
     if data is not None:
-        end = data.rfind(b"\n") + 1
-        if end:
-            yield 0, data[:end]
-        if end < len(data):
-            yield end, data[end:]  # the last line, without its newline
+        yield from whole_blocks(data)
         return
     with _open_at_line(path, start, stop) as (f, offset):
         size = _plain_size(path, f)
@@ -127,6 +123,45 @@ def read_line_blocks(path: str, start: int = 0, stop: int | None = None,
                 return
             yield offset, block
             offset += len(block)
+
+
+def whole_blocks(data: bytes) -> tuple[tuple[int, bytes], ...]:
+    """``read_line_blocks`` of a whole file's ``data`` (of at most one block):
+    ``(0, its whole lines)`` and ``(offset, the last line)`` when that has no
+    newline; each only when not empty."""
+    end = data.rfind(b"\n") + 1
+    if end == len(data):
+        return ((0, data),) if end else ()
+    return ((0, data[:end]), (end, data[end:])) if end else ((0, data),)
+
+
+def small_whole_files(splits: Sequence[Any], block_bytes: int) -> Iterator[tuple[Any, tuple | None]]:
+    """``(split, blocks)`` for each of ``splits`` (``Split``s, in order):
+    ``blocks`` is ``whole_blocks`` of the file's bytes for a whole split of
+    an uncompressed local file of at most ``block_bytes``, read in one call
+    (open, ``fstat``, read, close); None for any other split, and for a file
+    that cannot be read so or changed while read: read it with
+    ``read_line_blocks``, whose errors name the file. Compressed files are
+    found with one scan of the paths (``compression.paths_ending_in``), not
+    one test each: a work unit of many small files reads them in one loop."""
+    compressed = set(compression.paths_ending_in([s.path for s in splits], compression.COMPRESSED_SUFFIXES))
+    open_file, stat_of, read, close, flags = os.open, os.fstat, os.read, os.close, os.O_RDONLY
+    for k, split in enumerate(splits):
+        path, data = split.path, None
+        if split.start == 0 and split.stop is None and k not in compressed and "://" not in path:
+            try:
+                fd = open_file(path, flags)
+                try:
+                    size = stat_of(fd).st_size
+                    if size <= block_bytes:
+                        data = read(fd, size + 1)
+                finally:
+                    close(fd)
+            except OSError:
+                data = None
+            if data is not None and len(data) != size:  # a short read, or a file that changed
+                data = None
+        yield split, (None if data is None else whole_blocks(data))
 
 
 def _small_whole_file(path: str, block_bytes: int) -> bytes | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 from seqcache import fs
 from seqcache.tasks.sources.base import (
@@ -71,6 +71,9 @@ class ParallelTextSource(Source):
             raise ValueError(f"ParallelTextSource needs at least two fields (got {sorted(files)})")
         self.files = files
         self.on_error = ErrorPolicy(on_error)
+        # The last listing (list_files): (its result, each field's files). A build lists once: its
+        # fingerprint and, where the source is pickled to, its reads use this listing.
+        self._listing: tuple[list[SourceFile], dict[str, list[SourceFile]]] | None = None
 
     def _matched(self) -> dict[str, list[SourceFile]]:
         matched = {field: match_files([pattern]) for field, pattern in self.files.items()}
@@ -83,24 +86,38 @@ class ParallelTextSource(Source):
     def list_files(self) -> list[SourceFile]:
         matched = self._matched()
         first = next(iter(matched.values()))
-        return [SourceFile(f.path, sum(m[k].num_bytes for m in matched.values()), f.mtime_ns)
-                for k, f in enumerate(first)]
+        files = [SourceFile(f.path, sum(m[k].num_bytes for m in matched.values()), f.mtime_ns)
+                 for k, f in enumerate(first)]
+        self._listing = (files, matched)
+        return files
 
     def fingerprint(self) -> dict:
+        return self._fingerprint(self._matched())
+
+    def fingerprint_of_files(self, files: Sequence[SourceFile]) -> dict:
+        """``fingerprint()``, from the fields' files of the ``list_files`` call
+        that gave ``files`` (listed again when ``files`` is another list)."""
+        listing = self._listing
+        return self._fingerprint(listing[1] if listing is not None and listing[0] is files else self._matched())
+
+    def _fingerprint(self, matched: dict[str, list[SourceFile]]) -> dict:
         return {
             "kind": self.kind,
             "params": {"fields": list(self.files)},
             "on_error": self.on_error.to_json(),
             "files": {field: [{"path": f.path, "num_bytes": f.num_bytes, "mtime_ns": f.mtime_ns} for f in m]
-                      for field, m in self._matched().items()},
+                      for field, m in matched.items()},
         }
 
     def describe(self) -> str:
         return "parallel text of " + ", ".join(f"{k}={v}" for k, v in self.files.items())
 
     def pair(self, file_index: int) -> dict[str, str]:
-        """The paths of pair ``file_index``: field -> path."""
-        return {field: m[file_index].path for field, m in self._matched().items()}
+        """The paths of pair ``file_index``: field -> path, in the last
+        ``list_files`` (the build's, which the pipeline's file indices
+        count), else in a new listing."""
+        matched = self._listing[1] if self._listing is not None else self._matched()
+        return {field: m[file_index].path for field, m in matched.items()}
 
     def read_split(self, split: Split) -> Iterator[SourceRecord]:
         self._require_whole(split)

@@ -19,7 +19,7 @@ from seqcache.tasks.sources.base import (
     read_error,
     TextSource,
 )
-from seqcache.tasks.sources.lines import byte_ranges, is_compressed, read_line_blocks, read_lines
+from seqcache.tasks.sources.lines import byte_ranges, is_compressed, read_line_blocks, read_lines, small_whole_files
 from seqcache.tasks.sources.policy import SUSPECT_CHARACTERS, is_clean_text
 
 # A line fails ``is_clean_text`` or holds a CR: whitespace only, these characters, no text.
@@ -55,6 +55,7 @@ class LineSplits:
     """The splits of every line-oriented source (text lines, JSON lines, TSV)."""
 
     splits_read_files = False  # byte ranges from the file size alone
+    small_files_whole = True  # a file of at most the target size is one whole split (plan.plan_units)
 
     def splits(self, file_index: int, file: SourceFile, target_bytes: int) -> list[Split]:
         """Byte ranges of about ``target_bytes`` (``lines.byte_ranges``); one split
@@ -116,12 +117,14 @@ class TextLineSource(LineSplits, TextSource):
         gathered up to ``block_bytes`` and read together (a batch may hold the
         lines of several files). Raises ``ValueError`` as ``read_batches``."""
         pending: list[tuple[int, str, int, bytes]] = []
-        size = 0
-        for split in splits:
-            for offset, block in self._split_blocks(split):
+        size, block_bytes = 0, self.block_bytes
+        # Small whole files are read in one loop (no generators per file); anything else, or a
+        # file that cannot be read that way, as a range (which names the file in its errors).
+        for split, whole in small_whole_files(splits, block_bytes):
+            for offset, block in self._split_blocks(split) if whole is None else whole:
                 pending.append((split.file_index, split.path, offset, block))
                 size += len(block)
-                if size >= self.block_bytes:
+                if size >= block_bytes:
                     yield from self._segment_batches(pending, batch_records)
                     pending, size = [], 0
         if pending:

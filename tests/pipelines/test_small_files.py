@@ -78,7 +78,8 @@ def test_a_unit_of_many_small_files_is_one_preprocessing_batch_per_2048_records(
                                        exchange="runner")(units[0]))
     assert reader.batches == [2048, 4000 - 2048]
     ((_, counts),) = [(k, v) for k, v in outputs if k == transforms.COUNTS_KEY]
-    assert counts[1] == 4000 and len(counts[2]) == NUM_FILES  # records read, and examples of every file
+    assert counts[1] == 4000 and len(counts[2][0]) == NUM_FILES  # records read, and examples of every file
+    assert counts[2][0] == list(range(NUM_FILES)) and sum(counts[2][1]) == 4000  # empty lines kept: 4000 examples
     # The byte bound holds across files too: batches of at most 20,000 raw
     # bytes, each as full as the next record allows.
     reader = transforms.ReadPreprocess(task, seed=0, sequence_length=None, num_shards=2, batch_bytes=20_000)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from seqcache import codec, fs
 from seqcache import format as fmt
-from seqcache import fs
 from seqcache.cli import main
 from seqcache.feeders import CacheDataSource, Feeder
 from seqcache.feeders.levanter import FeederRows
@@ -44,14 +44,18 @@ def many(tmp_path_factory):
         p.write_bytes(f"line {i} of many small files\n".encode())
         paths.append(str(p))
     pattern = str(folder / "*.txt")
-    calls = []
-    real_match = fs.match
+    calls, hashed = [], []
+    real_match, real_fingerprint = fs.match, fmt.fingerprint_of
     mp = pytest.MonkeyPatch()
     mp.setattr(fs, "match", lambda p: calls.append(p) or real_match(p))
+    for module in (codec, fmt):  # the build calls fmt's, the manifest codec's
+        mp.setattr(module, "fingerprint_of", lambda obj: hashed.append(obj) or real_fingerprint(obj))
     try:
         result = build_task(lines_task(pattern), cache_dir=str(root / "c"), config=BuildConfig(num_shards=2))
     finally:
         mp.undo()
+    # The fingerprint inputs (with the file list) are hashed once: when planned, not again for the manifest.
+    assert sum(1 for obj in hashed if "task" in obj) == 1, [sorted(obj) for obj in hashed]
     return result.cache_dir, paths, pattern, calls
 
 

@@ -67,3 +67,26 @@ def test_empty_line_follows_the_policy(tmp_path):
         tasks.ParallelTextSource(files, on_error={"empty": "skip"}).read_all())  # skip is the default
     records = list(tasks.ParallelTextSource(files, on_error={"empty": "skip"}).read_all())
     assert [r.record_number for r in records if not tasks.is_error_record(r)] == [0, 2]
+
+
+def test_a_listing_serves_the_fingerprint_and_the_pairs(tmp_path, monkeypatch):
+    """The build lists a parallel source once: its fingerprint and each pair's
+    paths come from that listing, not from a listing per pair; a list that
+    is not the last listing is listed again."""
+    from seqcache.tasks.sources import parallel
+
+    for k in range(6):
+        (tmp_path / f"p{k}.en").write_text(f"one {k}\ntwo\n")
+        (tmp_path / f"p{k}.de").write_text(f"eins {k}\nzwei\n")
+    src = tasks.ParallelTextSource({"en": str(tmp_path / "*.en"), "de": str(tmp_path / "*.de")})
+    calls = []
+    real = parallel.match_files
+    monkeypatch.setattr(parallel, "match_files", lambda patterns: calls.append(patterns) or real(patterns))
+    files = src.list_files()
+    assert len(calls) == 2
+    assert src.fingerprint_of_files(files) == src.fingerprint()  # the second lists again
+    assert len(calls) == 4
+    records = [r for i in range(len(files)) for r in src.read_file(i, files[i].path)]
+    assert len(calls) == 4 and len(records) == 12
+    assert records[2].data == {"en": "one 1", "de": "eins 1"}
+    assert src.fingerprint_of_files(list(files)) == src.fingerprint_of_files(files) and len(calls) == 6

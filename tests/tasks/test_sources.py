@@ -81,6 +81,35 @@ def test_text_lines_invalid_utf8(tmp_path):
     assert records[0].issue is None and records[3].data == {"text": "fine"}
 
 
+def test_a_listing_of_one_folder_is_what_glob_lists(tmp_path, monkeypatch):
+    """A pattern whose wildcards are all in its last part is listed from the
+    folder directly: the same files, sizes and times as glob and stat give
+    (hidden names only for a pattern that starts with a dot; folders and
+    broken links left out), sorted by path; relative patterns too."""
+    import glob
+    import os
+
+    from seqcache import fs
+
+    for name, data in [("b.txt", b"bb\n"), ("a.txt", b"a\n"), ("A.TXT", b"AAA\n"), (".hidden.txt", b"h\n"),
+                       ("c.md", b"c\n"), ("[x].txt", b"x\n")]:
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "folder.txt").mkdir()
+    os.symlink(tmp_path / "gone", tmp_path / "broken.txt")
+    os.symlink(tmp_path / "a.txt", tmp_path / "link.txt")
+    for pattern in ["*.txt", ".*.txt", "*", "[ab].*", "?.txt", "[[]x].txt", "*.TXT", "a.txt"]:
+        expect = sorted(p for p in glob.glob(str(tmp_path / pattern)) if os.path.isfile(p))
+        got = fs.match(str(tmp_path / pattern))
+        assert [f.path for f in got] == expect, pattern
+        assert [(f.num_bytes, f.mtime_ns) for f in got] == [(os.stat(p).st_size, os.stat(p).st_mtime_ns)
+                                                            for p in expect], pattern
+    assert [f.path for f in fs.match(str(tmp_path / "*.txt"))] == [str(tmp_path / n) for n in
+                                                                   ["[x].txt", "a.txt", "b.txt", "link.txt"]]
+    monkeypatch.chdir(tmp_path)
+    assert [f.path for f in fs.match("*.md")] == [str(tmp_path / "c.md")]
+    assert fs.match(str(tmp_path / "nothing" / "*.txt")) == []
+
+
 def test_glob_sorted_recursive_and_no_match(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "deep").mkdir()

@@ -465,9 +465,10 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
             shard_stats.append(stats_mod.ShardStats(out_features).to_json())
     statistics = stats_mod.merge_stats(shard_stats, records_read)
     if summary["files"] is not None:
-        statistics["source_files"] = stats_mod.source_file_table(
-            summary["files"], len(plan.files),  # token features (the source text columns come last)
-            [f.name for f in transforms.features_in(task) if not f.name.endswith(fmt.PRETOKENIZED_SUFFIX)])
+        names = [f.name for f in transforms.features_in(task) if not f.name.endswith(fmt.PRETOKENIZED_SUFFIX)]
+        columns = summary["files"][:2 + len(names)] if len(summary["files"]) else summary["files"]
+        # file indices, examples, the token features' tokens (the source text columns come last)
+        statistics["source_files"] = stats_mod.source_file_table(columns, len(plan.files), names)
     quarantine = spill.QuarantineSummary(**(summary["quarantine"] or {}))
     statistics["skipped_records"] = quarantine.skipped_records
     statistics["replaced_records"] = quarantine.replaced_records

@@ -451,10 +451,20 @@ def _registered_tasks(ctx, name) -> list:
     if given:
         raise click.UsageError(
             f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
-            "registered task sets them itself, e.g. TextLineSource(..., on_error={'empty': 'skip'}, "
-            "exclude=[...]) and its features' vocabularies in the module that registers it"
+            f"registered task sets {_how_a_task_sets(given)} itself in the module that registers it"
         )
     return common.registered_tasks(name)
+
+
+def _how_a_task_sets(given) -> str:
+    """What a registered task sets in place of the ad-hoc options ``given``, with examples."""
+    ways = []
+    if {"--pack", "--no-pack"} & set(given):
+        ways.append("its packing (Task(..., packing='first_fit' or 'lm'; None: unpacked))")
+    if set(given) - {"--pack", "--no-pack"}:
+        ways.append("its source's options, e.g. TextLineSource(..., on_error={'empty': 'skip'}, exclude=[...]), "
+                    "and its features' vocabularies")
+    return " and ".join(ways)
 
 
 def _result_json(r) -> dict:

@@ -406,3 +406,31 @@ def test_a_task_module_that_raises_is_one_error_line_and_its_traceback_with_verb
     out = CliRunner().invoke(main, ["build", "bad_metric_task", "--module", str(bad), "--cache-dir",
                                     str(tmp_path / "c"), "-v"])
     assert out.exit_code == 1 and "Traceback" in out.output and out.output.strip().splitlines()[-1].startswith("error:")
+
+
+def test_a_bare_sequence_length_is_every_feature_of_a_registered_task(tmp_path):
+    (tmp_path / "a.txt").write_text("a long first line\nsecond line here\n", encoding="utf-8")
+    module = tmp_path / "pair_tasks_for_lengths.py"
+    module.write_text(
+        "from seqcache import tasks\n"
+        "from seqcache.tasks import preprocessors as P\n"
+        f"tasks.TaskRegistry.add('pair_lengths', source=tasks.TextLineSource({str(tmp_path / 'a.txt')!r}),\n"
+        "    output_features={'inputs': tasks.Feature(tasks.ByteVocabulary()),\n"
+        "                     'targets': tasks.Feature(tasks.ByteVocabulary())},\n"
+        "    preprocessors=[P.rekey({'inputs': 'text', 'targets': 'text'}), P.tokenize(), P.append_eos_after_trim()])\n",
+        encoding="utf-8",
+    )
+    for lengths, expected in ((["5"], {"inputs": 5, "targets": 5}),
+                              (["5", "targets=7"], {"inputs": 5, "targets": 7})):
+        out = CliRunner().invoke(main, ["build", "pair_lengths", "--module", str(module), "--cache-dir",
+                                        str(tmp_path / "c"), "--overwrite", "--num-shards", "1",
+                                        *[x for n in lengths for x in ("--sequence-length", n)]])
+        assert out.exit_code == 0, out.output
+        cache = str(tmp_path / "c" / "pair_lengths" / "train")
+        assert fmt.read_manifest(cache).sequence_length == expected
+        from seqcache.feeders.reader import CacheReader
+
+        with CacheReader(cache) as r:
+            examples = list(r.read_examples(list(range(len(r)))))
+        assert len(examples) == 2
+        assert all(len(ex[f]) == expected[f] for ex in examples for f in expected)  # both lines are longer

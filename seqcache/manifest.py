@@ -620,7 +620,7 @@ class Manifest:
         path = fs.join(cache_dir, MANIFEST_NAME)
         if not fs.exists(path):
             if not fs.isdir(cache_dir):
-                raise IncompleteCacheError(f"{cache_dir}: no such cache folder")
+                raise IncompleteCacheError(f"{cache_dir}: no such cache folder{_siblings(cache_dir)}")
             splits = [] if fs.is_url(cache_dir) else _split_folders(cache_dir)
             if splits:
                 raise IncompleteCacheError(
@@ -710,6 +710,18 @@ class Manifest:
 MANIFEST_FIELDS = tuple(dataclasses.replace(f.metadata["field"], name=f.name) for f in dataclasses.fields(Manifest)
                         if "field" in f.metadata)
 FIELDS_BY_NAME = {f.name: f for f in MANIFEST_FIELDS}
+
+
+def _siblings(cache_dir: str) -> str:
+    """``; TASK_FOLDER holds the split(s) a, b`` for a missing local split
+    folder whose task folder holds other splits; empty otherwise."""
+    if fs.is_url(cache_dir):
+        return ""
+    parent = os.path.dirname(os.path.normpath(cache_dir))
+    splits = _split_folders(parent) if parent else []
+    if not splits:
+        return ""
+    return f"; {parent} holds the split{'s' if len(splits) > 1 else ''} {', '.join(splits)}"
 
 
 def _split_folders(folder: str) -> list[str]:

@@ -3,6 +3,7 @@ ad-hoc task described on the command line."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -326,6 +327,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     common.import_modules(modules)
     seq_len = parse_sequence_length(sequence_length)
     benchmarks = _benchmarks(exclude_benchmarks, exclude_ngram, exclude)
+    lengths_of = {}  # task name -> its own sequence lengths, where they differ from seq_len
     if source_spec:
         if name:
             raise click.UsageError("give either NAME (a registered task) or --source (an ad-hoc task), not both")
@@ -342,6 +344,8 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         task_list = [task]
     elif name:
         task_list = _registered_tasks(ctx, name)
+        lengths_of = registered_sequence_lengths(task_list, parse_sequence_length(sequence_length,
+                                                                                  default_feature="*"))
     else:
         raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
 
@@ -361,7 +365,9 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     with common.worker_stderr(verbose=verbose) as stderr:
         console = common.stderr_console(stderr)
         for task in task_list:
-            results.append(_build_one(console, task, split=split, cache_dir=cache_dir, config=config,
+            task_config = (dataclasses.replace(config, sequence_length=lengths_of[task.name])
+                           if task.name in lengths_of else config)
+            results.append(_build_one(console, task, split=split, cache_dir=cache_dir, config=task_config,
                                       pipeline_args=pipeline_args, overwrite=overwrite, as_json=as_json,
                                       split_size=split_size, exchange=exchange))
     if as_json:
@@ -451,10 +457,34 @@ def _registered_tasks(ctx, name) -> list:
     if given:
         raise click.UsageError(
             f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
-            "registered task sets them itself, e.g. TextLineSource(..., on_error={'empty': 'skip'}, "
-            "exclude=[...]) and its features' vocabularies in the module that registers it"
+            f"registered task sets {_how_a_task_sets(given)} itself in the module that registers it"
         )
     return common.registered_tasks(name)
+
+
+def registered_sequence_lengths(task_list, asked) -> dict:
+    """Each registered task's sequence lengths from what ``--sequence-length``
+    gave (feature -> tokens; ``"*"`` for a bare N): a bare N is the length of
+    every feature of the task, ``FEATURE=N`` that feature's (over a bare N).
+
+    Returns: task name -> {feature: tokens}; empty when no bare N was given
+    (the lengths are then the same for every task, as given).
+    """
+    if not asked or "*" not in asked:
+        return {}
+    explicit = {k: v for k, v in asked.items() if k != "*"}
+    return {t.name: {**{f: asked["*"] for f in t.output_features}, **explicit} for t in task_list}
+
+
+def _how_a_task_sets(given) -> str:
+    """What a registered task sets in place of the ad-hoc options ``given``, with examples."""
+    ways = []
+    if {"--pack", "--no-pack"} & set(given):
+        ways.append("its packing (Task(..., packing='first_fit' or 'lm'; None: unpacked))")
+    if set(given) - {"--pack", "--no-pack"}:
+        ways.append("its source's options, e.g. TextLineSource(..., on_error={'empty': 'skip'}, exclude=[...]), "
+                    "and its features' vocabularies")
+    return " and ".join(ways)
 
 
 def _result_json(r) -> dict:

@@ -218,6 +218,8 @@ def _make_trainer(cfg, *, modules=(), evaluate_tasks=False):
         return trainer, evaluation.evaluator_for(cfg, tasks, split=cfg.data.eval_split, mesh=trainer.mesh)
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
+    except evaluation.EvalError as e:  # a packed eval split: refused before the first step
+        _fail(e)
 
 
 def _open_feeders(cfg, source, eval_source):

@@ -21,6 +21,7 @@ from seqcache.training import config as config_lib
 from seqcache.training import data as data_lib
 from seqcache.training import distributed
 from seqcache.training import flops as flops_lib
+from seqcache.training import metrics as metrics_lib
 
 # Exit status after SIGTERM: the run stopped early with a checkpoint saved
 # (128 + SIGTERM, as a shell reports a process ended by the signal).
@@ -302,19 +303,7 @@ def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step, evaluator=None) -
 def summary_line(summary: dict) -> str:
     """The summary as one line of strict JSON: a NaN or infinite value (a diverged
     run) is written as null, which every JSON reader reads (``NaN`` is Python's only)."""
-
-    def finite(value):
-        if isinstance(value, dict):
-            return {k: finite(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [finite(v) for v in value]
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            return value
-        if isinstance(value, numbers.Integral):
-            return int(value)
-        return float(value) if math.isfinite(value) else None
-
-    return json.dumps(finite(summary), sort_keys=True, allow_nan=False)
+    return json.dumps(metrics_lib.strict_json(summary), sort_keys=True, allow_nan=False)
 
 
 def _summary(result) -> dict:

@@ -282,7 +282,7 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
 @click.option("--name", "adhoc_name", help="Name of the ad-hoc task (the cache folder name).")
 @click.option("--split", default="train", show_default=True,
               help="The split: the cache goes to CACHE_DIR/TASK/SPLIT; a task with a source per split "
-              "reads SPLIT's, an ad-hoc tfds: or hf: source that split.")
+              "reads SPLIT's, an ad-hoc tfds: or hf: source that split unless its spec names one.")
 @click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens), e.g. "
               "inputs=512,targets=114; repeatable. With span_corruption one of inputs=N / targets=N derives the "
               "other as T5 does.")

@@ -23,7 +23,7 @@ from seqcache.tasks.scan import scan_task
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,
               help="Ad-hoc source: vocabulary for the token id checks (byte, a SentencePiece .model path or a tokenizer.json path).")
 @click.option("--split", default=None, help="For a task with a source per split: scan this split's source only "
-              "[default: every split's]. Ad-hoc tfds: and hf: sources: the split read [default: train].")
+              "[default: every split's]. Ad-hoc tfds: and hf: sources: the split read unless the spec names one [default: train].")
 @click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many source records.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context

@@ -131,6 +131,23 @@ class BuildResult:
     seconds: float
 
 
+def task_for_split(task, split: str):
+    """``task`` as the cache of ``split`` reads it (``Task.for_split``: the
+    split's source, for a task with a source per split; else ``task``).
+
+    Raises:
+      BuildError: the task has a source per split and none for ``split`` (one
+        line, listing its splits); raised before anything is written.
+    """
+    for_split = getattr(task, "for_split", None)
+    if for_split is None:  # a task-like object without splits
+        return task
+    try:
+        return for_split(split)
+    except ValueError as e:
+        raise BuildError(str(e)) from None
+
+
 def _check_task(task, config: BuildConfig) -> None:
     lengths, features, name = config.sequence_length or {}, task.output_features, task.name
     unknown = sorted(set(lengths) - set(features))
@@ -164,7 +181,8 @@ def build_task(
     """Builds (or reuses) the cache of one task at ``cache_dir/<task>/<split>``.
 
     Args:
-      task: a ``seqcache.tasks.Task``.
+      task: a ``seqcache.tasks.Task``; one with a source per split reads
+        ``config.split``'s (``Task.for_split``).
       cache_dir: the caches root (local path or gs://, s3://, hdfs:// URL).
       config: the options that define the cache (see ``BuildConfig``).
       pipeline_args: Beam pipeline options (a list of ``--flag=value`` strings or
@@ -185,13 +203,15 @@ def build_task(
 
     Raises:
       FileNotFoundError: the task's source matches no file.
-      BuildError: a different cache exists and ``overwrite`` is False; the task
+      BuildError: the task has a source per split but none for
+        ``config.split``; a different cache exists and ``overwrite`` is False; the task
         produced zero examples; a shard failed verification; the runner could
         not start or lost its workers (one line; nothing is left behind); a
         benchmark of ``config.exclude_benchmarks`` cannot be read.
       Any error of the task's sources or preprocessors, naming file and record.
     """
     start = time.monotonic()
+    task = task_for_split(task, config.split)
     _check_task(task, config)
     options, runner = runner_mod.pipeline_options(pipeline_args)
     try:
@@ -672,7 +692,9 @@ def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
     ``exclude_benchmarks`` (each benchmark's ``describe()``, by name) only when
     the build excludes benchmarks, so other caches keep their fingerprints.
     ``files``: the source's ``list_files()`` as the build listed them (the
-    same value; the files are not listed a second time)."""
+    same value; the files are not listed a second time). A task with a
+    source per split counts ``config.split``'s source only."""
+    task = task_for_split(task, config.split)
     inputs = {
         "format_version": fmt.RECORD_FORMAT_VERSION,
         "shuffle_version": shuffle.SHUFFLE_VERSION,

@@ -281,7 +281,9 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
 @click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary "
               "(span_corruption needs one per noise span; T5 uses 100).")
 @click.option("--name", "adhoc_name", help="Name of the ad-hoc task (the cache folder name).")
-@click.option("--split", default="train", show_default=True)
+@click.option("--split", default="train", show_default=True,
+              help="The split: the cache goes to CACHE_DIR/TASK/SPLIT; a task with a source per split "
+              "reads SPLIT's, an ad-hoc tfds: or hf: source that split unless its spec names one.")
 @click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens), e.g. "
               "inputs=512,targets=114; repeatable. With span_corruption one of inputs=N / targets=N derives the "
               "other as T5 does.")
@@ -318,7 +320,8 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 
-    The cache of task T goes to CACHE_DIR/T/SPLIT. A cache with the same
+    The cache of task T goes to CACHE_DIR/T/SPLIT; a task with a source per
+    split reads SPLIT's (one it lacks is refused). A cache with the same
     fingerprint is reused; a different one is refused unless --overwrite.
     """
     name, pipeline_args = _name_and_pipeline_args(ctx, args)
@@ -354,6 +357,10 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
                              exclude_benchmarks=benchmarks)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    try:  # every task of a mixture has the split (a source for it), before anything is built
+        task_list = [task.for_split(split) for task in task_list]
+    except ValueError as e:
+        common.fail(e)
     # Object-store options (--s3_endpoint_url=..., --s3_access_key_id=...) reach Beam's
     # FileSystems before the build's first file-system call in this process (listing
     # the source files, reading an existing manifest); the pipeline hands them to its

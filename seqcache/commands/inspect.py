@@ -363,8 +363,11 @@ def tasks_cmd(modules, as_json):
     task_rows = []
     for name in tasks.TaskRegistry.names():
         t = tasks.TaskRegistry.get(name)
-        task_rows.append({"name": name, "source": t.source.describe(), "features": sorted(t.output_features),
-                          "packing": t.packing, "metrics": function_names(t.metric_fns)})
+        source = t.source.describe() if t.splits is None else \
+            "; ".join(f"{split}: {t.source_for(split).describe()}" for split in t.splits)
+        task_rows.append({"name": name, "source": source, "splits": list(t.splits) if t.splits else None,
+                          "features": sorted(t.output_features), "packing": t.packing,
+                          "metrics": function_names(t.metric_fns)})
     mixture_rows = []
     for name in tasks.MixtureRegistry.names():
         m = tasks.MixtureRegistry.get(name)
@@ -373,9 +376,10 @@ def tasks_cmd(modules, as_json):
         click.echo(json.dumps({"tasks": task_rows, "mixtures": mixture_rows}, indent=2))
         return
     console = Console()
-    t = Table("name", "source", "features", "packing", title="tasks")
+    t = Table("name", "splits", "source", "features", "packing", title="tasks")
     for r in task_rows:
-        t.add_row(r["name"], r["source"], ", ".join(r["features"]), str(r["packing"]))
+        t.add_row(r["name"], ", ".join(r["splits"]) if r["splits"] else "any", r["source"], ", ".join(r["features"]),
+                  str(r["packing"]))
     console.print(t)
     m = Table("name", "tasks", title="mixtures")
     for r in mixture_rows:

@@ -679,6 +679,11 @@ class FileSource(Source):
 
     def __init__(self, pattern: str | Sequence[str], *, on_error: "str | Mapping[str, str] | None" = None,
                  exclude: str | Sequence[str] = ()):
+        if isinstance(pattern, Mapping):  # seqio's split_to_filepattern: a Task takes one source per split
+            kind = type(self).__name__
+            raise TypeError(f"{kind} takes a file pattern, not a mapping (keys {list(pattern)!r}); for a source per "
+                            f"split give the Task a mapping of split -> source instead: Task(..., source="
+                            f"{{'train': {kind}('train*'), 'validation': {kind}('valid*')}})")
         self.patterns = _patterns(pattern)
         self.on_error = ErrorPolicy(on_error)
         self.exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)

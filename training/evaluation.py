@@ -25,7 +25,8 @@ Files (process 0), under ``OUT/eval/<task>/<split>/step_<N>/``:
                      for line-oriented sources) and ``place`` (the same in words,
                      as ``seqcache which`` gives it), ``inputs``, ``targets``,
                      ``prediction`` (texts) and ``score`` (nats) when computed.
-  metrics.json       {"task", "split", "step", "num_examples", "metrics": {name: value}}.
+  metrics.json       {"task", "split", "step", "num_examples", "decode" (the DecodeConfig's fields),
+                     "global_batch_size", "metrics": {name: value}}.
 
 Both are written to a temporary file and renamed into place only once the
 metrics have been computed, so a metric that fails leaves neither behind.
@@ -205,6 +206,7 @@ class Evaluator:
             if out_root is not None:
                 folder = output_dir(out_root, task.name, self.split, step, "eval" if self.with_metrics else "infer")
                 summary = {"task": task.name, "split": self.split, "step": step, "num_examples": len(clean),
+                           "decode": dataclasses.asdict(self.decode), "global_batch_size": self.global_batch_size,
                            "metrics": values}
                 write_outputs(folder, clean, summary if self.with_metrics else None)
                 result.paths[task.name] = folder

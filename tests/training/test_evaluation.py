@@ -120,6 +120,7 @@ def test_decoder_learns_to_copy_and_seqcache_eval_scores_it(copy_caches, tmp_pat
     folder = run / "eval" / "copy" / "validation" / f"step_{STEPS}"
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["metrics"] == summary["metrics"]["copy"] and metrics["num_examples"] == EVAL_LINES
+    assert metrics["decode"]["method"] == "greedy" and metrics["decode"]["max_decode_length"] >= LENGTH - 1
     rows = _check_predictions(folder, held_out, str(root / "validation.txt"))
     # exact_match as t5.evaluation.metrics gives it: a percentage, here recomputed from the predictions.
     recomputed = 100.0 * np.mean([r["prediction"] == r["targets"] for r in rows])

@@ -544,9 +544,10 @@ class Source(abc.ABC):
         not grow with the file. The default reads whole files with ``read_file``.
 
         Raises:
-          ValueError: a record (``on_error="raise"``) or the file cannot be
-            read, naming the file and the record; a split a whole-file source
-            cannot read.
+          BadInputError (a ValueError): a record the ``on_error`` policy
+            raises on, naming the file and the record.
+          ValueError: the file cannot be read, naming it; a split a
+            whole-file source cannot read.
           TypeError: the subclass defines neither ``read_split`` nor ``read_file``.
         """
         if type(self).read_file is Source.read_file:

@@ -36,11 +36,12 @@ of each identical record in provenance order (file index, record number) is
 kept and every other copy is skipped: quarantined and counted like any
 skipped record.
 
-``"raise"`` raises ``ValueError`` naming the file, the record, the problem and
-the option that accepts it. ``"skip"`` yields the record with ``data == {}``
-and ``issue == RecordIssue("skipped", kind, message)`` (counted, and written to
-the quarantine file). ``"replace"`` keeps it repaired, with ``issue ==
-RecordIssue("replaced", kinds, message)``: invalid UTF-8 and control
+``"raise"`` raises ``BadInputError`` (a ``ValueError``) naming the file, the
+record, the problem and the option that accepts it. ``"skip"`` yields the
+record with ``data == {}`` and ``issue == RecordIssue("skipped", kind,
+message)`` (counted, and written to the quarantine file). ``"replace"`` keeps
+it repaired, with ``issue == RecordIssue("replaced", kinds, message)``:
+invalid UTF-8 and control
 characters become U+FFFD, a carriage return inside a line a newline, U+2581 a
 space. ``"keep"`` accepts the text and names the kind in
 ``SourceRecord.kept`` (counted in ``statistics.bad_input_records.kept``). The

@@ -46,7 +46,7 @@ from seqcache.pipelines.plan import BuildPlan
 from seqcache.pipelines.runner import RunnerError
 from seqcache.tasks import vocabularies as vocab_mod
 from seqcache.tasks.registry import USER_MODULE_PREFIX
-from seqcache.tasks.sources.policy import ERROR_KINDS
+from seqcache.tasks.sources.policy import ERROR_KINDS, BadInputError
 import apache_beam as beam  # after runner's process.import_beam: quietly, without pandas
 from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle
 
@@ -63,7 +63,16 @@ FREE_SHARDS = 64
 
 
 class BuildError(Exception):
-    """A build cannot start or cannot finish (the message says why and what to do)."""
+    """A build cannot start or cannot finish (the message says why and what to do).
+
+    Attributes:
+      bad_input: the build stopped because every record was skipped and some
+        of them are of kinds the source's ``on_error`` policy can keep.
+    """
+
+    def __init__(self, message: str, *, bad_input: bool = False):
+        super().__init__(message)
+        self.bad_input = bad_input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +264,7 @@ def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
         return exclusion_mod.Exclusion(exclusion_mod.load_benchmarks(config.exclude_benchmarks,
                                                                      n=config.exclude_ngram))
     except (ValueError, FileNotFoundError) as e:
-        raise BuildError(f"exclude_benchmarks: {e}") from None
+        raise BuildError(f"exclude_benchmarks: {e}", bad_input=isinstance(e, BadInputError)) from None
 
 
 def _fs_options(pipeline_args) -> list[str]:
@@ -505,7 +514,7 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
         log.info("task %s: skipped %d bad records; their locations and reasons are in %s",
                  task.name, statistics["skipped_records"], fs.join(plan.out_dir, fmt.QUARANTINE_NAME))
     if statistics["examples"] == 0:
-        raise BuildError(_zero_examples_message(task, config, plan.files, plan.total_bytes, records_read, quarantine))
+        raise _zero_examples_error(task, config, plan.files, plan.total_bytes, records_read, quarantine)
     _verify_written(build_dir, entries)
     return entries, statistics, quarantine
 
@@ -556,7 +565,7 @@ def _recorded_inputs(manifest: Manifest) -> dict:
         return manifest.fingerprint_inputs or {}
 
 
-def _zero_examples_message(task, config, files, total_bytes, records_read, quarantine) -> str:
+def _zero_examples_error(task, config, files, total_bytes, records_read, quarantine) -> BuildError:
     """Why a build produced nothing: the counts, and (no quarantine file is
     written) the first skipped records with their reasons."""
     skipped, replaced = quarantine.skipped_records, quarantine.replaced_records
@@ -569,34 +578,38 @@ def _zero_examples_message(task, config, files, total_bytes, records_read, quara
         + f"source {task.source.describe()}, {len(files)} files, {total_bytes:,} bytes); nothing was written"
     )
     if records_read == 0:
-        return text + ". The files hold no records: check the source pattern and the files"
+        return BuildError(text + ". The files hold no records: check the source pattern and the files")
     if skipped:
         reasons = "; ".join(f"{e['path']}: {e['error']}" for e in quarantine.first_skipped)
         more = f" (first {len(quarantine.first_skipped)} of {skipped:,})" if skipped > len(quarantine.first_skipped) else ""
         text += f". Skipped{more}: {reasons}"
         if records_read is not None and skipped >= records_read:
-            return text + _every_record_skipped(quarantine.first_skipped)
+            advice, keepable = _every_record_skipped(quarantine.first_skipped)
+            return BuildError(text + advice, bad_input=keepable)
     kept = None if records_read is None else records_read - skipped - excluded
     if kept:
         text += f". The task's preprocessors dropped all {kept:,} other records: check its filters"
-    return text
+    return BuildError(text)
 
 
-def _every_record_skipped(first_skipped) -> str:
-    """What to do when every record was skipped: keep them (the kinds that can be), or fix the input."""
+def _every_record_skipped(first_skipped) -> tuple[str, bool]:
+    """What to do when every record was skipped: keep them (the kinds that can
+    be), or fix the input; and whether some can be kept."""
     kinds = list(dict.fromkeys(e.get("kind") for e in first_skipped if e.get("kind")))
     keepable = [k for k in kinds if "keep" in ERROR_KINDS.get(k, ())]
     if not keepable:
         what = f" ({', '.join(kinds)}: these cannot be kept as they are)" if kinds else ""
-        return f". Every record was skipped: fix the input{what}"
+        return f". Every record was skipped: fix the input{what}", False
     options = ", ".join(f"{k!r}: 'keep'" for k in keepable)
     flags = " ".join(f"--on-error {k}=keep" for k in keepable)
     return (". Every record was skipped: fix the input, or accept these records with the source's "
-            f"on_error option (on_error={{{options}}}; on the command line {flags})")
+            f"on_error option (on_error={{{options}}}; on the command line {flags})"), True
 
 
 def _is_no_space(error: BaseException) -> bool:
-    """ENOSPC, raised here or by a worker (Beam wraps workers' errors in others)."""
+    """ENOSPC, raised here or by a worker: the one place that reads it from
+    Beam's text, since a worker's ``OSError`` comes back inside another error
+    (a ``RuntimeError``, across processes as its message only)."""
     return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
                for e in runner_mod.causes(error))
 

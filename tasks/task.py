@@ -21,7 +21,8 @@ import numpy as np
 
 from seqcache.codec import PRETOKENIZED_SUFFIX
 from seqcache.tasks.preprocessors import ExampleBatch, PreprocessContext, Preprocessor, PreprocessorError, run_columns
-from seqcache.tasks.sources import Source, SourceFile, SourceRecord, describe_record, error_hint, is_error_record
+from seqcache.tasks.sources import (BadInputError, Source, SourceFile, SourceRecord, describe_record, error_hint,
+                                   is_error_record)
 from seqcache.tasks.vocabularies import Vocabulary
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -462,7 +463,7 @@ class Task:
             if skipped is None or self.source.on_error.action("bad_value") != "skip":
                 k = min(problems)
                 where = f"task {self.name!r}, {self.record_label(records[index[k]])}"
-                raise ValueError(f"{where}: {problems[k]}; {error_hint('bad_value')}")
+                raise BadInputError(f"{where}: {problems[k]}; {error_hint('bad_value')}")
             for k in sorted(problems):
                 i = int(index[k])
                 skipped.append((i, f"task {self.name!r}, {self.record_label(records[i])}: {problems[k]}"))

@@ -127,6 +127,41 @@ def test_an_interrupt_inside_a_beam_step_is_reported_as_an_interrupt(tmp_path, m
     assert out.exit_code == 130 and "interrupted" in out.output and "Traceback" not in out.output
 
 
+SCAN_HINT = "`seqcache scan` with the same task or --source lists every kind of bad input"
+
+
+def test_bad_input_that_the_policy_raises_on_points_to_scan(tmp_path):
+    (tmp_path / "a.txt").write_text("one\n\ntwo\n", encoding="utf-8")
+    args = ["build", "--source", f"text:{tmp_path}/a.txt", "--name", "x", "--cache-dir", str(tmp_path / "c")]
+    raised = CliRunner().invoke(main, [*args, "--on-error", "empty=raise"])  # a BadInputError from a step
+    assert raised.exit_code == 1 and "line 2 (byte 4) is empty" in raised.output, raised.output
+    assert SCAN_HINT in " ".join(raised.output.split())
+    (tmp_path / "b.txt").write_text("\n\n", encoding="utf-8")  # every record skipped, and they can be kept
+    skipped = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/b.txt", "--name", "y",
+                                        "--cache-dir", str(tmp_path / "d")])
+    assert skipped.exit_code == 1 and "on_error={'empty': 'keep'}" in skipped.output, skipped.output
+    assert SCAN_HINT in " ".join(skipped.output.split())
+    missing = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/none-*.txt", "--name", "z",
+                                        "--cache-dir", str(tmp_path / "e")])
+    assert missing.exit_code != 0 and SCAN_HINT not in " ".join(missing.output.split()), missing.output
+
+
+def test_bad_input_that_beam_hands_back_as_text_points_to_scan(tmp_path, monkeypatch):
+    import seqcache.pipelines
+    from seqcache.tasks.sources import error_hint
+
+    def failed(*args, **kwargs):  # a worker's error across processes: only its text comes back
+        raise RuntimeError(f"Traceback (most recent call last):\n  ...\nValueError: a.txt: line 2 is empty; "
+                           f"{error_hint('empty')} [while running 'ReadSplits']")
+
+    monkeypatch.setattr(seqcache.pipelines, "build_task", failed)
+    (tmp_path / "a.txt").write_text("one line\n", encoding="utf-8")
+    out = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/a.txt", "--name", "x",
+                                    "--cache-dir", str(tmp_path / "c")])
+    assert out.exit_code == 1 and "error: a.txt: line 2 is empty; set the source's on_error=" in out.output
+    assert SCAN_HINT in " ".join(out.output.split()) and "while running" not in out.output, out.output
+
+
 def test_vocab_check_reports_what_does_not_survive_the_round_trip(tmp_path, corpora):
     model = tmp_path / "nfkc.model"
     runner = CliRunner()

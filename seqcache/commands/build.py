@@ -15,8 +15,9 @@ from seqcache import format as fmt
 from seqcache import fs, interrupts, pipelines, process, tasks
 from seqcache.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
-from seqcache.pipelines.runner import option_value_errors, unknown_flags
+from seqcache.pipelines.runner import causes, interrupted_in_step, option_value_errors, unknown_flags
 from seqcache.tasks.sources.base import SPEC_KINDS
+from seqcache.tasks.sources.policy import BadInputError
 
 
 def parse_sequence_length(values, default_feature="targets"):
@@ -506,6 +507,18 @@ def _result_json(r) -> dict:
                if "excluded_by_benchmark" in r.manifest.statistics else {})}
 
 
+def _is_bad_input(error: BaseException, message: str) -> bool:
+    """Whether ``build_task`` stopped on bad input under the source's
+    ``on_error`` policy: a ``BuildError`` with ``bad_input``, or a
+    ``BadInputError`` among the errors ``error`` was raised from. Beam hands a
+    worker's error back as text only (inside its ``RuntimeError``, across
+    processes), so then ``message`` (``common.error_line(error)``) is read for
+    ``error_hint``'s ``on_error=`` advice, here alone."""
+    if isinstance(error, BuildError):
+        return error.bad_input
+    return any(isinstance(e, BadInputError) for e in causes(error)) or "on_error=" in message
+
+
 def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
                exchange="auto"):
     """Builds one task's cache and prints its summary and notes; exits 1 on
@@ -517,10 +530,10 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             result = pipelines.build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                 overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
         except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
-            if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
+            if not interrupted_in_step(e):
                 message = common.error_line(e)
                 console.print(f"[red]error:[/red] {message}", highlight=False)
-                if "on_error=" in message:  # bad input that the policy raises on
+                if _is_bad_input(e, message):
                     console.print("(`seqcache scan` with the same task or --source lists every kind of bad input "
                                   "in the corpus at once)", highlight=False)
                 sys.exit(1)

@@ -15,7 +15,7 @@ import jax
 from seqcache import format as fmt
 from seqcache import pipelines, tasks
 from seqcache.commands import common
-from seqcache.commands.train import _start_distributed, summary_line
+from seqcache.commands.train import start_distributed, summary_line
 from seqcache.feeders import FeederStateError
 from seqcache.feeders.reader import CacheReader
 from seqcache.tasks import preprocessors as P
@@ -102,7 +102,7 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
          num_processes, process_id):
     """Loads the run, resolves the caches, evaluates, writes and prints (see ``eval_cmd``)."""
     common.import_modules(modules)  # a module that cannot be imported stops here, before the run is loaded
-    _start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
+    start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
                        process_id=process_id, jax_distributed=False)
     temporary = None
     try:

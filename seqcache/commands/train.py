@@ -124,7 +124,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         distributed_given = (any(v is not None for v in (coordinator_address, num_processes, process_id))
                              or jax_distributed)
         _launch_local(ctx, local_processes, local_devices, distributed_given=distributed_given)
-    _start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
+    start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
                        process_id=process_id, jax_distributed=jax_distributed)
     import jax  # optional: jax
 
@@ -158,9 +158,14 @@ def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distr
     sys.exit(distributed.launch_local(argv, num_processes=local_processes, devices_per_process=local_devices))
 
 
-def _start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed) -> None:
+def start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed) -> None:
     """Checks the multi-process flags, sets up logging and initialises JAX's
-    distributed runtime, before anything asks JAX for devices."""
+    distributed runtime, before anything asks JAX for devices (``train`` and
+    ``evaluate`` both start this way).
+
+    Raises:
+      click.UsageError: flags that do not make one valid multi-process setup.
+    """
     try:
         settings = distributed.settings_from(coordinator_address=coordinator_address, num_processes=num_processes,
                                              process_id=process_id, auto=jax_distributed, environ={})

@@ -47,7 +47,7 @@ import numpy as np
 from seqcache import fs
 from seqcache.feeders import compat
 from seqcache.feeders.permutation import epoch_permutation, inverse_each, round_keys_many
-from seqcache.feeders.provenance import _open_checked, check_as_feeder, provenance_segments, segment_numbers
+from seqcache.feeders.provenance import open_checked, check_as_feeder, provenance_segments, segment_numbers
 from seqcache.feeders.stream import IndexStream, check_same_features, open_mixture
 
 # More epochs than this for one example needs an explicit ``epochs=`` range.
@@ -536,7 +536,7 @@ def where_in_state(state: Mapping[str, Any], *, cache=None, mixture=None, caches
       FeederStateError (a ValueError): not a valid state, or caches that differ
         from the state's.
     """
-    opened = _open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    opened = open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     try:
         b = state["global_batch_size"]
         query.setdefault("until_step", state["position"] // b)

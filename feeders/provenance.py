@@ -163,14 +163,16 @@ def locate_row_in_state(state: Mapping[str, Any], *, step: int, row: int, cache=
       ValueError: a row outside [0, B).
       seqcache.format.CacheError: a cache cannot be opened.
     """
-    opened = _open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    opened = open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     return _answer(opened, _state_stream(state, feature), step=step, row=row, tokens=tokens)
 
 
-def _open_checked(state, *, cache, mixture, caches_root, split):
+def open_checked(state, *, cache, mixture, caches_root, split):
     """A checked state's caches, opened (at its paths, with its schedule, or at
     ``cache=``/``mixture=``); refused (and closed) when they differ from the
-    caches the state was saved with.
+    caches the state was saved with. The caller closes what it returns (an
+    ``OpenedMixture``, as ``open_mixture`` returns it); the provenance, inverse,
+    ``which`` and ``overlap`` code paths open a state's caches through it.
 
     Raises:
       FeederStateError: not a valid state, or caches that differ from the state's.
@@ -535,7 +537,7 @@ def trace_rows_in_state(state: Mapping[str, Any], *, steps, cache=None, mixture=
     """``trace_rows`` for the stream a saved feeder state denotes (its caches,
     rates or schedule, seed, global batch size and number of epochs), with the
     checks of ``locate_row_in_state``."""
-    opened = _open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
+    opened = open_checked(state, cache=cache, mixture=mixture, caches_root=caches_root, split=split)
     return _trace_opened(opened, _state_stream(state, feature), steps=steps, text=text)
 
 

@@ -46,7 +46,7 @@ from seqcache.pipelines.plan import BuildPlan
 from seqcache.pipelines.runner import RunnerError
 from seqcache.tasks import vocabularies as vocab_mod
 from seqcache.tasks.registry import USER_MODULE_PREFIX
-from seqcache.tasks.sources.policy import ERROR_KINDS
+from seqcache.tasks.sources.policy import ERROR_KINDS, BadInputError
 import apache_beam as beam  # after runner's process.import_beam: quietly, without pandas
 from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle
 
@@ -63,7 +63,16 @@ FREE_SHARDS = 64
 
 
 class BuildError(Exception):
-    """A build cannot start or cannot finish (the message says why and what to do)."""
+    """A build cannot start or cannot finish (the message says why and what to do).
+
+    Attributes:
+      bad_input: the build stopped because every record was skipped and some
+        of them are of kinds the source's ``on_error`` policy can keep.
+    """
+
+    def __init__(self, message: str, *, bad_input: bool = False):
+        super().__init__(message)
+        self.bad_input = bad_input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +140,23 @@ class BuildResult:
     seconds: float
 
 
+def task_for_split(task, split: str):
+    """``task`` as the cache of ``split`` reads it (``Task.for_split``: the
+    split's source, for a task with a source per split; else ``task``).
+
+    Raises:
+      BuildError: the task has a source per split and none for ``split`` (one
+        line, listing its splits); raised before anything is written.
+    """
+    for_split = getattr(task, "for_split", None)
+    if for_split is None:  # a task-like object without splits
+        return task
+    try:
+        return for_split(split)
+    except ValueError as e:
+        raise BuildError(str(e)) from None
+
+
 def _check_task(task, config: BuildConfig) -> None:
     lengths, features, name = config.sequence_length or {}, task.output_features, task.name
     unknown = sorted(set(lengths) - set(features))
@@ -164,7 +190,8 @@ def build_task(
     """Builds (or reuses) the cache of one task at ``cache_dir/<task>/<split>``.
 
     Args:
-      task: a ``seqcache.tasks.Task``.
+      task: a ``seqcache.tasks.Task``; one with a source per split reads
+        ``config.split``'s (``Task.for_split``).
       cache_dir: the caches root (local path or gs://, s3://, hdfs:// URL).
       config: the options that define the cache (see ``BuildConfig``).
       pipeline_args: Beam pipeline options (a list of ``--flag=value`` strings or
@@ -185,13 +212,15 @@ def build_task(
 
     Raises:
       FileNotFoundError: the task's source matches no file.
-      BuildError: a different cache exists and ``overwrite`` is False; the task
+      BuildError: the task has a source per split but none for
+        ``config.split``; a different cache exists and ``overwrite`` is False; the task
         produced zero examples; a shard failed verification; the runner could
         not start or lost its workers (one line; nothing is left behind); a
         benchmark of ``config.exclude_benchmarks`` cannot be read.
       Any error of the task's sources or preprocessors, naming file and record.
     """
     start = time.monotonic()
+    task = task_for_split(task, config.split)
     _check_task(task, config)
     options, runner = runner_mod.pipeline_options(pipeline_args)
     try:
@@ -235,7 +264,7 @@ def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
         return exclusion_mod.Exclusion(exclusion_mod.load_benchmarks(config.exclude_benchmarks,
                                                                      n=config.exclude_ngram))
     except (ValueError, FileNotFoundError) as e:
-        raise BuildError(f"exclude_benchmarks: {e}") from None
+        raise BuildError(f"exclude_benchmarks: {e}", bad_input=isinstance(e, BadInputError)) from None
 
 
 def _fs_options(pipeline_args) -> list[str]:
@@ -485,7 +514,7 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
         log.info("task %s: skipped %d bad records; their locations and reasons are in %s",
                  task.name, statistics["skipped_records"], fs.join(plan.out_dir, fmt.QUARANTINE_NAME))
     if statistics["examples"] == 0:
-        raise BuildError(_zero_examples_message(task, config, plan.files, plan.total_bytes, records_read, quarantine))
+        raise _zero_examples_error(task, config, plan.files, plan.total_bytes, records_read, quarantine)
     _verify_written(build_dir, entries)
     return entries, statistics, quarantine
 
@@ -536,7 +565,7 @@ def _recorded_inputs(manifest: Manifest) -> dict:
         return manifest.fingerprint_inputs or {}
 
 
-def _zero_examples_message(task, config, files, total_bytes, records_read, quarantine) -> str:
+def _zero_examples_error(task, config, files, total_bytes, records_read, quarantine) -> BuildError:
     """Why a build produced nothing: the counts, and (no quarantine file is
     written) the first skipped records with their reasons."""
     skipped, replaced = quarantine.skipped_records, quarantine.replaced_records
@@ -549,34 +578,38 @@ def _zero_examples_message(task, config, files, total_bytes, records_read, quara
         + f"source {task.source.describe()}, {len(files)} files, {total_bytes:,} bytes); nothing was written"
     )
     if records_read == 0:
-        return text + ". The files hold no records: check the source pattern and the files"
+        return BuildError(text + ". The files hold no records: check the source pattern and the files")
     if skipped:
         reasons = "; ".join(f"{e['path']}: {e['error']}" for e in quarantine.first_skipped)
         more = f" (first {len(quarantine.first_skipped)} of {skipped:,})" if skipped > len(quarantine.first_skipped) else ""
         text += f". Skipped{more}: {reasons}"
         if records_read is not None and skipped >= records_read:
-            return text + _every_record_skipped(quarantine.first_skipped)
+            advice, keepable = _every_record_skipped(quarantine.first_skipped)
+            return BuildError(text + advice, bad_input=keepable)
     kept = None if records_read is None else records_read - skipped - excluded
     if kept:
         text += f". The task's preprocessors dropped all {kept:,} other records: check its filters"
-    return text
+    return BuildError(text)
 
 
-def _every_record_skipped(first_skipped) -> str:
-    """What to do when every record was skipped: keep them (the kinds that can be), or fix the input."""
+def _every_record_skipped(first_skipped) -> tuple[str, bool]:
+    """What to do when every record was skipped: keep them (the kinds that can
+    be), or fix the input; and whether some can be kept."""
     kinds = list(dict.fromkeys(e.get("kind") for e in first_skipped if e.get("kind")))
     keepable = [k for k in kinds if "keep" in ERROR_KINDS.get(k, ())]
     if not keepable:
         what = f" ({', '.join(kinds)}: these cannot be kept as they are)" if kinds else ""
-        return f". Every record was skipped: fix the input{what}"
+        return f". Every record was skipped: fix the input{what}", False
     options = ", ".join(f"{k!r}: 'keep'" for k in keepable)
     flags = " ".join(f"--on-error {k}=keep" for k in keepable)
     return (". Every record was skipped: fix the input, or accept these records with the source's "
-            f"on_error option (on_error={{{options}}}; on the command line {flags})")
+            f"on_error option (on_error={{{options}}}; on the command line {flags})"), True
 
 
 def _is_no_space(error: BaseException) -> bool:
-    """ENOSPC, raised here or by a worker (Beam wraps workers' errors in others)."""
+    """ENOSPC, raised here or by a worker: the one place that reads it from
+    Beam's text, since a worker's ``OSError`` comes back inside another error
+    (a ``RuntimeError``, across processes as its message only)."""
     return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
                for e in runner_mod.causes(error))
 
@@ -672,7 +705,9 @@ def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
     ``exclude_benchmarks`` (each benchmark's ``describe()``, by name) only when
     the build excludes benchmarks, so other caches keep their fingerprints.
     ``files``: the source's ``list_files()`` as the build listed them (the
-    same value; the files are not listed a second time)."""
+    same value; the files are not listed a second time). A task with a
+    source per split counts ``config.split``'s source only."""
+    task = task_for_split(task, config.split)
     inputs = {
         "format_version": fmt.RECORD_FORMAT_VERSION,
         "shuffle_version": shuffle.SHUFFLE_VERSION,

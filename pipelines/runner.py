@@ -425,8 +425,15 @@ def check_runner_available(runner: str, options=None) -> None:
         beam_runner.create_runner(runner)
     except (ValueError, ImportError, AttributeError) as e:
         known = ", ".join(sorted({v.rsplit(".", 1)[-1] for v in RUNNER_ALIASES.values()}))
-        why = "is unknown" if "Unexpected pipeline runner" in str(e) else f"is not available: {first_line(e)}"
+        why = "is unknown" if _is_unknown_runner(e) else f"is not available: {first_line(e)}"
         raise RunnerError(f"runner {runner!r} {why} (runners: {known}, or a fully qualified class name)") from None
+
+
+def _is_unknown_runner(error: Exception) -> bool:
+    """Whether ``error`` (raised by Beam's ``create_runner``) says Beam knows no
+    runner of that name: Beam raises a plain ``ValueError`` for it, told apart
+    from a known runner that fails to load only by its text, read here alone."""
+    return "Unexpected pipeline runner" in str(error)
 
 
 def _check_prism(options) -> None:
@@ -504,10 +511,21 @@ def causes(error: BaseException | None, *, context: bool = True):
         error = error.__cause__ or (error.__context__ if context else None)
 
 
+def interrupted_in_step(error: BaseException) -> bool:
+    """Whether ``error`` is a ``KeyboardInterrupt`` raised inside a step (Ctrl-C
+    reaches the engine's threads and workers): Beam hands it back wrapped in
+    another error, across processes as text only, so besides the errors it was
+    raised from (``causes``) its text is read, here alone."""
+    return any(isinstance(e, KeyboardInterrupt) for e in causes(error, context=False)) or \
+        "KeyboardInterrupt" in str(error)
+
+
 def _is_step_error(error: BaseException) -> bool:
     """An error raised by one of the build's own steps (bad input, a full disk),
     not by the runner: local engines add the step's name (``[while running
-    'STEP']``) or a worker's traceback to the message."""
+    'STEP']``) or a worker's traceback to the message. Beam hands a worker's
+    error back as text only (inside its ``RuntimeError``), so this is the one
+    place that reads that text."""
     return isinstance(error, (KeyboardInterrupt, ValueError)) or any(
         "[while running" in str(e) or "Traceback (most recent call last)" in str(e)
         for e in causes(error, context=False))

@@ -52,6 +52,7 @@ from seqcache.pipelines import shuffle, spill, stats as stats_mod, writer
 from seqcache.pipelines.spill import ragged_take
 from seqcache.tasks import Split, pack_first_fit, pack_lm
 from seqcache.tasks.sources.base import RecordBatch, describe_record
+from seqcache.tasks.sources.policy import with_path
 from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV, encoding_threads
 
 QUARANTINE_KEY = -1
@@ -174,7 +175,7 @@ class ReadPreprocess:
         records are preprocessed again alone to find the one that fails."""
         def named(file_index, e):
             path = paths.get(int(file_index), f"file {file_index}")
-            return e if str(e).startswith(path) else ValueError(f"{path}: {e}")
+            return with_path(e, path)
 
         if batch.file_indices is None:
             return named(batch.file_index, error)
@@ -190,7 +191,7 @@ class ReadPreprocess:
                 return named(indices[start], e)
             start = k
         first, last = paths.get(int(indices[0]), ""), paths.get(int(indices[-1]), "")
-        return ValueError(f"{first} to {last} (one batch of several files): {error}")
+        return with_path(error, f"{first} to {last} (one batch of several files)")
 
     def _flush(self, records: RecordBatch, key):
         yield "records", len(records)

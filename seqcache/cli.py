@@ -18,6 +18,7 @@ import importlib.resources  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
+import traceback  # noqa: E402
 
 # numpy's OpenBLAS starts a thread per core when numpy is imported, and each of
 # them spins for about 0.1 s of CPU before it sleeps; no command here multiplies
@@ -32,6 +33,7 @@ from seqcache import __version__, interrupts, process  # noqa: E402
 from seqcache import format as fmt  # noqa: E402
 from seqcache.commands import common  # noqa: E402
 from seqcache.pipelines import workers  # noqa: E402
+from seqcache.tasks.registry import DefinitionsError  # noqa: E402
 from seqcache.tasks.vocabularies import encoding_threads  # noqa: E402
 
 # Every command: name -> (module under seqcache.commands, attribute).
@@ -56,7 +58,10 @@ class _Commands(click.Group):
     exits with 130 (143 after SIGTERM) and says so in one line, "interrupted"
     ("interrupted by SIGTERM"), instead of click's "Aborted!" and 1.
     A ``seqcache.format.CacheError`` or ``FeederStateError`` that a command does
-    not report itself is one ``error:`` line on standard error and exit status 1."""
+    not report itself is one ``error:`` line on standard error and exit status 1,
+    and so is a ``--module`` that raised while it was imported
+    (``seqcache.tasks.registry.DefinitionsError``; with ``-v``/``--verbose``
+    its traceback first)."""
 
     def list_commands(self, ctx):
         return sorted({*_COMMANDS, *self.commands})
@@ -82,8 +87,14 @@ class _Commands(click.Group):
             _exit_interrupted()
 
     def invoke(self, ctx):
+        args = [*getattr(ctx, "_protected_args", ()), *ctx.args]  # the command's name and arguments
         try:
             return super().invoke(ctx)
+        except DefinitionsError as e:  # a --module that raised while it was imported
+            if {"-v", "--verbose"} & set(args):
+                traceback.print_exception(e.__cause__ or e, file=sys.stderr)
+            common.print_error(e)
+            sys.exit(1)
         except Exception as e:
             if not _is_damaged_input(e):
                 raise

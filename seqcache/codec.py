@@ -93,8 +93,10 @@ def writer_options(group_size: int) -> str:
     return f"group_size:{int(group_size)},uncompressed"
 
 
-_DTYPES = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "uint16": "<u2", "int32": "<i4", "uint32": "<u4",
-           "int64": "<i8", "uint64": "<u8", "float32": "<f4"}
+# Feature dtype name -> its little-endian NumPy dtype string: the dtypes a cache
+# may store (docs/cache-format.md).
+DTYPES = {"int8": "<i1", "uint8": "<u1", "int16": "<i2", "uint16": "<u2", "int32": "<i4", "uint32": "<u4",
+          "int64": "<i8", "uint64": "<u8", "float32": "<f4"}
 
 _LEN = np.dtype("<u4")
 
@@ -120,12 +122,12 @@ class FeatureSpec:
     dtype: str
 
     def __post_init__(self):
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"feature {self.name!r}: unsupported dtype {self.dtype!r} (expected one of {sorted(_DTYPES)})")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"feature {self.name!r}: unsupported dtype {self.dtype!r} (expected one of {sorted(DTYPES)})")
 
     @property
     def np_dtype(self) -> np.dtype:
-        return np.dtype(_DTYPES[self.dtype])
+        return np.dtype(DTYPES[self.dtype])
 
 
 # Provenance sidecar: one record per example, one element per segment.
@@ -183,7 +185,7 @@ def check_fits(name: str, dtype: str, lo: int, hi: int) -> None:
     Raises:
       ValueError: ``lo`` or ``hi`` is outside the range of integer ``dtype``.
     """
-    info = np.iinfo(np.dtype(_DTYPES[dtype]))
+    info = np.iinfo(np.dtype(DTYPES[dtype]))
     if lo < info.min or hi > info.max:
         raise ValueError(f"feature {name!r}: values in [{lo}, {hi}] do not fit {dtype}")
 
@@ -382,13 +384,16 @@ class ShardInfo:
     provenance_num_bytes: int
 
 
-_INT_FIELDS = ("num_records", "num_bytes", "provenance_num_bytes")
+# The integer columns of the manifest's shard table (``ShardInfo`` fields), in order.
+INT_FIELDS = ("num_records", "num_bytes", "provenance_num_bytes")
 _INT_COLUMN = np.dtype("<i8")
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# A SHA-256 checksum as the manifest writes it: 64 lowercase hex digits.
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _STRICT_BASE64 = sys.version_info >= (3, 11)
 
 
-def _is_count(value) -> bool:
+def is_count(value) -> bool:
+    """Whether ``value`` is a JSON count: an ``int`` (not a ``bool``) >= 0."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -478,14 +483,14 @@ class ShardTable(Sequence[ShardInfo]):
 
     def __init__(self, entries, *, path: str = MANIFEST_NAME):
         self._path = path
-        _require(isinstance(entries, dict), path,
+        require(isinstance(entries, dict), path,
                  f"shards is {type(entries).__name__}, expected a JSON object (format version 2)")
         count = entries.get("num_shards")
-        _require(_is_count(count), path, f"shards.num_shards is {count!r}, expected an integer >= 0")
+        require(is_count(count), path, f"shards.num_shards is {count!r}, expected an integer >= 0")
         self._count = count
         self._raw_columns, self._columns = {}, {}
-        for key in _INT_FIELDS:
-            _require(key in entries, path, f"shards: missing column {key!r}")
+        for key in INT_FIELDS:
+            require(key in entries, path, f"shards: missing column {key!r}")
             text = entries[key]
             # The byte sizes are decoded at their first use; their length is checked now.
             if not (isinstance(text, str) and len(text) == 4 * -(-8 * count // 3)):
@@ -493,17 +498,17 @@ class ShardTable(Sequence[ShardInfo]):
             self._raw_columns[key] = text
         self.num_records = self._column("num_records")
         checksums = entries.get("checksums")
-        _require(isinstance(checksums, dict), path,
+        require(isinstance(checksums, dict), path,
                  f"shards.checksums is {checksums!r}, expected {{file, num_bytes, sha256}} of {SHARD_CHECKSUMS_NAME!r}")
         name = checksums.get("file")
-        _require(is_plain_file_name(name), path,
+        require(is_plain_file_name(name), path,
                  f"shards.checksums: file name {name!r} is not a plain file name inside the cache folder")
-        _require(name == SHARD_CHECKSUMS_NAME, path,
+        require(name == SHARD_CHECKSUMS_NAME, path,
                  f"shards.checksums: file name {name!r}, expected {SHARD_CHECKSUMS_NAME!r}")
-        _require(_is_count(checksums.get("num_bytes")), path,
+        require(is_count(checksums.get("num_bytes")), path,
                  f"shards.checksums: num_bytes is {checksums.get('num_bytes')!r}, expected a byte count")
         sha = checksums.get("sha256")
-        _require(isinstance(sha, str) and _SHA256_RE.fullmatch(sha) is not None, path,
+        require(isinstance(sha, str) and SHA256_RE.fullmatch(sha) is not None, path,
                  f"shards.checksums: sha256 is {sha!r}, expected 64 hex digits")
         self.checksums = checksums
         self.num_records.flags.writeable = False
@@ -520,7 +525,7 @@ class ShardTable(Sequence[ShardInfo]):
             column = decode_int_column(text)
         except (ValueError, TypeError) as e:
             raise CacheError(f"{path}: shards.{key} is not {INT_COLUMN_ENCODING}: {e}") from None
-        _require(column.size == count, path,
+        require(column.size == count, path,
                  f"shards.{key} has {column.size} values, expected {count} (shards.num_shards)")
         if count and int(column.min()) < 0:
             i = int(np.argmax(column < 0))
@@ -575,7 +580,7 @@ class ShardTable(Sequence[ShardInfo]):
         Raises:
           CacheError: the first bad column, as ``table[i]`` would.
         """
-        for key in _INT_FIELDS:
+        for key in INT_FIELDS:
             self._column(key)
 
 
@@ -587,6 +592,11 @@ def is_plain_file_name(name: Any) -> bool:
             and not any(c in name for c in "/\\\x00") and not (len(name) >= 2 and name[1] == ":"))
 
 
-def _require(cond: bool, path: str, message: str):
+def require(cond: bool, path: str, message: str):
+    """Checks one condition of a file being read.
+
+    Raises:
+      CacheError: ``"PATH: MESSAGE"`` when ``cond`` is false.
+    """
     if not cond:
         raise CacheError(f"{path}: {message}")

@@ -22,7 +22,7 @@ from seqcache.codec import (  # noqa: F401  the codec's names, as fmt.<name>
     IncompleteCacheError, FeatureSpec, PROVENANCE_FEATURES, shard_name, encode_example, check_fits,
     encode_batch, encode_provenance, encode_provenance_batch, decode_example, file_sha256, canonical_json,
     fingerprint_of, ShardInfo, encode_int_column, decode_int_column, decode_base64, ShardTable,
-    is_plain_file_name, PRETOKENIZED_SUFFIX, TEXT_DTYPE, _DTYPES, _INT_FIELDS)
+    is_plain_file_name, PRETOKENIZED_SUFFIX, TEXT_DTYPE, DTYPES, INT_FIELDS, SHA256_RE, is_count, require)
 from seqcache.manifest import (Manifest, SourceTable, read_shard_checksums, read_source_table,  # noqa: F401
                                shard_checksums_json)
 

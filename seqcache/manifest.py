@@ -208,11 +208,11 @@ def check_value(field: Field, value: Any, path: str, where: str = "", *, name: s
 # -- The readers' own checks (their messages are part of the format's interface).
 
 def _check_format(value, ctx):
-    codec._require(value == codec.FORMAT_NAME, ctx["path"], f"format is {_short(value)}, expected {codec.FORMAT_NAME!r}")
+    codec.require(value == codec.FORMAT_NAME, ctx["path"], f"format is {_short(value)}, expected {codec.FORMAT_NAME!r}")
 
 
 def _check_format_version(value, ctx):
-    codec._require(value in codec.READ_FORMAT_VERSIONS and not isinstance(value, bool), ctx["path"],
+    codec.require(value in codec.READ_FORMAT_VERSIONS and not isinstance(value, bool), ctx["path"],
                    f"format_version is {_short(value)}, this seqcache reads format version "
                    f"{_either(list(map(str, codec.READ_FORMAT_VERSIONS)))}: read the cache with the seqcache release "
                    "that "
@@ -221,7 +221,7 @@ def _check_format_version(value, ctx):
 
 def _check_features(value, ctx):
     path = ctx["path"]
-    codec._require(isinstance(value, list), path, f"bad features entry: features is {type(value).__name__}, "
+    codec.require(isinstance(value, list), path, f"bad features entry: features is {type(value).__name__}, "
                  "expected a JSON list")
     try:
         for f in value:
@@ -237,11 +237,11 @@ def _check_shards(value, ctx):
     path = ctx["path"]
     if isinstance(value, dict):
         count = value.get("num_shards")
-        codec._require(not (_IS["integer"](count) and count >= MAX_SHARDS), path,
+        codec.require(not (_IS["integer"](count) and count >= MAX_SHARDS), path,
                      f"shards.num_shards = {_short(count)}, expected an integer in [0, {bounded_json.bound(MAX_SHARDS)})")
     table = ShardTable(value, path=path)
     encoding = value.get("encoding")
-    codec._require(encoding is None or isinstance(encoding, str), path,
+    codec.require(encoding is None or isinstance(encoding, str), path,
                    f"shards.encoding is {_short(encoding)}, expected a string")
     if ctx["check_shards"]:
         table.check_all()
@@ -253,22 +253,22 @@ def _is_token_count(v) -> bool:
 
 
 def _check_sequence_length(value, ctx):
-    codec._require(_is_token_count(value) or (isinstance(value, dict) and all(map(_is_token_count, value.values()))),
+    codec.require(_is_token_count(value) or (isinstance(value, dict) and all(map(_is_token_count, value.values()))),
                  ctx["path"], f"sequence_length is {_short(value)}, expected null, a token count in [1, "
                  f"{bounded_json.bound(MAX_SEQUENCE_LENGTH)}) or {{feature: token count}}")
 
 
 def _check_quarantine(value, ctx):
-    codec._require(value in (None, codec.QUARANTINE_NAME), ctx["path"], f"quarantine is {_short(value)}, expected "
+    codec.require(value in (None, codec.QUARANTINE_NAME), ctx["path"], f"quarantine is {_short(value)}, expected "
                    f"{codec.QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)")
 
 
 def _check_quarantine_num_bytes(value, ctx):
-    codec._require(value is None or (_IS["integer"](value) and 0 <= value < MAX_INTEGER), ctx["path"], f"quarantine_num_bytes is {_short(value)}, expected a byte count in [0, 2^53)")
+    codec.require(value is None or (_IS["integer"](value) and 0 <= value < MAX_INTEGER), ctx["path"], f"quarantine_num_bytes is {_short(value)}, expected a byte count in [0, 2^53)")
 
 
 def _check_quarantine_sha256(value, ctx):
-    codec._require(value is None or (isinstance(value, str) and codec._SHA256_RE.fullmatch(value) is not None),
+    codec.require(value is None or (isinstance(value, str) and codec.SHA256_RE.fullmatch(value) is not None),
                  ctx["path"], f"quarantine_sha256 is {_short(value)}, expected 64 hex digits")
 
 
@@ -276,7 +276,7 @@ def _check_quarantine_sha256(value, ctx):
 
 FEATURE_FIELDS = (
     Field("name", ("string",), True, 1, "feature name, e.g. targets or targets_segment_ids"),
-    Field("dtype", ("string",), True, 1, "storage dtype of its elements", {"enum": sorted(codec._DTYPES)}),
+    Field("dtype", ("string",), True, 1, "storage dtype of its elements", {"enum": sorted(codec.DTYPES)}),
     Field("vocabulary", ("string",), False, 1, "the key of its entry in vocabularies (token features)"),
     Field("add_eos", ("boolean",), False, 1, "whether the task appends EOS to it (token features)"),
 )
@@ -581,14 +581,14 @@ class Manifest:
             field 'task'``); a field of the wrong JSON type or value; counts or
             a fingerprint that contradict each other.
         """
-        codec._require(isinstance(raw, dict), path, "manifest is not a JSON object")
+        codec.require(isinstance(raw, dict), path, "manifest is not a JSON object")
         ctx = {"path": path, "check_shards": check_shards}
         decoded: dict[str, Any] = {}
         order = list(_CHECK_ORDER) + [f.name for f in MANIFEST_FIELDS if f.name not in _CHECK_ORDER]
         for i, name in enumerate(order):
             if i == 2:  # after format and format_version: every required field is there
                 for f in MANIFEST_FIELDS:
-                    codec._require(not f.required or f.name in raw, path, f"missing field {f.name!r}")
+                    codec.require(not f.required or f.name in raw, path, f"missing field {f.name!r}")
             field = FIELDS_BY_NAME[name]
             if name not in raw and not field.required:
                 continue
@@ -620,7 +620,7 @@ class Manifest:
         path = fs.join(cache_dir, MANIFEST_NAME)
         if not fs.exists(path):
             if not fs.isdir(cache_dir):
-                raise IncompleteCacheError(f"{cache_dir}: no such cache folder")
+                raise IncompleteCacheError(f"{cache_dir}: no such cache folder{_siblings(cache_dir)}")
             splits = [] if fs.is_url(cache_dir) else _split_folders(cache_dir)
             if splits:
                 raise IncompleteCacheError(
@@ -712,6 +712,18 @@ MANIFEST_FIELDS = tuple(dataclasses.replace(f.metadata["field"], name=f.name) fo
 FIELDS_BY_NAME = {f.name: f for f in MANIFEST_FIELDS}
 
 
+def _siblings(cache_dir: str) -> str:
+    """``; TASK_FOLDER holds the split(s) a, b`` for a missing local split
+    folder whose task folder holds other splits; empty otherwise."""
+    if fs.is_url(cache_dir):
+        return ""
+    parent = os.path.dirname(os.path.normpath(cache_dir))
+    splits = _split_folders(parent) if parent else []
+    if not splits:
+        return ""
+    return f"; {parent} holds the split{'s' if len(splits) > 1 else ''} {', '.join(splits)}"
+
+
 def _split_folders(folder: str) -> list[str]:
     """The names of the local ``folder``'s subfolders that hold a manifest, sorted."""
     with contextlib.suppress(OSError):
@@ -735,13 +747,13 @@ def shard_table(shards: Sequence[Mapping[str, Any]]) -> tuple[dict, bytes]:
             if s.get(key) != codec.shard_name(prefix, i, count):
                 raise ValueError(f"shard entry {i} of {count} names {key} {s.get(key)!r}, expected "
                                  f"{codec.shard_name(prefix, i, count)!r} (entries must be in shard order)")
-        for key in codec._INT_FIELDS:
-            if not codec._is_count(s.get(key)):
+        for key in codec.INT_FIELDS:
+            if not codec.is_count(s.get(key)):
                 raise ValueError(f"shard entry {i}: {key} is {s.get(key)!r}, expected an integer >= 0")
     checksums = shard_checksums_json([s["sha256"] for s in shards], [s["provenance_sha256"] for s in shards])
     table = assemble(fields=SHARD_TABLE_FIELDS, values={
         "num_shards": count, "encoding": codec.INT_COLUMN_ENCODING,
-        **{key: codec.encode_int_column([s[key] for s in shards]) for key in codec._INT_FIELDS},
+        **{key: codec.encode_int_column([s[key] for s in shards]) for key in codec.INT_FIELDS},
         "checksums": {"file": SHARD_CHECKSUMS_NAME, "num_bytes": len(checksums),
                       "sha256": hashlib.sha256(checksums).hexdigest()}}, what="shards")
     return table, checksums
@@ -762,7 +774,7 @@ def shard_checksums_json(sha256: Sequence[str], provenance_sha256: Sequence[str]
         raise ValueError(f"{len(sha256)} data shard checksums but {len(provenance_sha256)} provenance ones")
     for key, values in (("sha256", sha256), ("provenance_sha256", provenance_sha256)):
         for i, v in enumerate(values):
-            if not (isinstance(v, str) and codec._SHA256_RE.fullmatch(v)):
+            if not (isinstance(v, str) and codec.SHA256_RE.fullmatch(v)):
                 raise ValueError(f"shard {i}: {key} is {v!r}, expected 64 hex digits")
     obj = assemble({"num_shards": len(sha256), "sha256": sha256, "provenance_sha256": provenance_sha256},
                    SHARD_CHECKSUMS_FIELDS, what=SHARD_CHECKSUMS_NAME)
@@ -880,10 +892,10 @@ class SourceTable(collections.abc.Sequence):
         self.fingerprint_files = None if fingerprint_files is None else dict(fingerprint_files)
         for what, values in (("num_bytes", self.num_bytes), ("mtime_ns", self.mtime_ns),
                              ("locator", None if isinstance(locators, str) else locators)):
-            codec._require(values is None or len(values) == n, path,
+            codec.require(values is None or len(values) == n, path,
                            f"{prefix}{what} has {len(values or ())} entries for {n} source files; rebuild the cache")
         for what, values in (("examples", self.examples), *((f"tokens.{k}", v) for k, v in (self.tokens or {}).items())):
-            codec._require(values is None or len(values) == n, path,
+            codec.require(values is None or len(values) == n, path,
                            f"{prefix}{what} has {0 if values is None else len(values)} entries for {n} source files "
                            "(edited or damaged); rebuild the cache")
 
@@ -995,9 +1007,9 @@ class SourceTable(collections.abc.Sequence):
             a missing column, a column of another length than ``num_files`` or
             holding a value of the wrong type.
         """
-        codec._require(isinstance(obj, dict), path, "the source table file is not a JSON object")
+        codec.require(isinstance(obj, dict), path, "the source table file is not a JSON object")
         n = obj.get("num_files")
-        codec._require(_is_count_value(n), path, f"num_files is {_short(n)}, expected an integer >= 0")
+        codec.require(_is_count_value(n), path, f"num_files is {_short(n)}, expected an integer >= 0")
         checks = (("path", lambda v: isinstance(v, str), True, "strings"),
                   ("num_bytes", _is_count_or_null, False, "integers >= 0 or null"),
                   ("mtime_ns", _is_int_or_null, False, "integers or null"),
@@ -1006,26 +1018,26 @@ class SourceTable(collections.abc.Sequence):
                  "mtime_ns": lambda c: _is_int_column(c, -2**63, 2**63, nulls=True), "examples": _is_count_column}
         for key, test, required, what in checks:
             if key not in obj:
-                codec._require(not required, path, f"missing field {key!r}")
+                codec.require(not required, path, f"missing field {key!r}")
                 continue
             column = obj[key]
             ok = quick[key](column) if key in quick else _is_column(column, test)
-            codec._require(ok and len(column) == n, path,
+            codec.require(ok and len(column) == n, path,
                            f"{key} is {_short(column)}, expected a JSON list of {n} {what}")
         locator = obj.get("locator")
-        codec._require(locator is None or isinstance(locator, str)
+        codec.require(locator is None or isinstance(locator, str)
                        or (_is_column(locator, lambda v: v is None or isinstance(v, str)) and len(locator) == n),
                        path, f"locator is {_short(locator)}, expected a string or a JSON list of {n} strings or null")
         tokens = obj.get("tokens")
         if tokens is not None:
-            codec._require(isinstance(tokens, dict), path, f"tokens is {_short(tokens)}, expected a JSON object")
+            codec.require(isinstance(tokens, dict), path, f"tokens is {_short(tokens)}, expected a JSON object")
             for name, column in tokens.items():
-                codec._require(_is_count_column(column) and len(column) == n, path,
+                codec.require(_is_count_column(column) and len(column) == n, path,
                                f"tokens.{name} is {_short(column)}, expected a JSON list of {n} integers >= 0")
-        codec._require((tokens is None) == ("examples" not in obj), path,
+        codec.require((tokens is None) == ("examples" not in obj), path,
                        "examples and tokens go together: one of them is missing")
         moved = obj.get("fingerprint_files")
-        codec._require(moved is None or (isinstance(moved, dict) and (moved.get("from_columns") is True
+        codec.require(moved is None or (isinstance(moved, dict) and (moved.get("from_columns") is True
                                                                     or "value" in moved)), path,
                        f"fingerprint_files is {_short(moved)}, expected {{\"value\": ...}} or "
                        "{\"from_columns\": true}")
@@ -1140,7 +1152,7 @@ def _detach_source_table(fields: dict, *, fingerprint_known: bool = False) -> tu
     inputs, moved, keys = fields.get("fingerprint_inputs"), None, None
     if isinstance(inputs, Mapping) and isinstance(fields.get("fingerprint"), str):
         actual = fields["fingerprint"] if fingerprint_known else codec.fingerprint_of(inputs)
-        codec._require(fields["fingerprint"] == actual, MANIFEST_NAME,
+        codec.require(fields["fingerprint"] == actual, MANIFEST_NAME,
                        f"fingerprint = {_short(fields['fingerprint'])}, but the sha256 of fingerprint_inputs is "
                        f"{actual!r}")
         split = _without_value_at(inputs, FINGERPRINT_FILES_KEYS)
@@ -1232,14 +1244,14 @@ def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
         # Part of the inputs is in the source table file, which opening does not
         # read: the manifest's own digest of the rest here, the fingerprint in verify.
         actual = inputs_sha256(fingerprint, inputs)
-        codec._require(record.get("inputs_sha256") == actual, path,
+        codec.require(record.get("inputs_sha256") == actual, path,
                        f"fingerprint = {shown}, but the sha256 of fingerprint_inputs (its file list in "
                        f"{SOURCE_TABLE_NAME}) with the fingerprint is {actual!r}, not source_table.inputs_sha256 = "
                        f"{_short(record.get('inputs_sha256'))}: the manifest was edited or damaged; rebuild the cache")
         _check_record_features(inputs, path, features)
         return
     actual = codec.fingerprint_of(inputs)
-    codec._require(fingerprint == actual, path,
+    codec.require(fingerprint == actual, path,
                  f"fingerprint = {shown}, but the sha256 of fingerprint_inputs is {actual!r}: "
                  "the manifest was edited or damaged; rebuild the cache")
     _check_record_features(inputs, path, features)
@@ -1251,7 +1263,7 @@ def _check_record_features(inputs: Mapping[str, Any], path: str, features) -> No
     if recorded is None:
         return
     table = [[f.name, f.dtype] for f in features]
-    codec._require(recorded == table, path,
+    codec.require(recorded == table, path,
                  f"features = {_short(table)} (name, dtype), but fingerprint_inputs.record_features = "
                  f"{_short(recorded)}: the features table must list the recorded features with their dtypes in "
                  "record order; the manifest was edited or damaged; rebuild the cache")
@@ -1269,7 +1281,7 @@ def _check_counts(raw: Mapping[str, Any], table: ShardTable, path: str, features
     total = int(counts.sum(dtype=np.int64))
     for name, value in (("num_examples", raw.get("num_examples")),
                         ("statistics.examples", (raw.get("statistics") or {}).get("examples"))):
-        codec._require(value is None or value == total, path,
+        codec.require(value is None or value == total, path,
                      f"{name} = {value}, but the shard table's record counts add up to {total:,}: the manifest "
                      "contradicts itself (edited or damaged); rebuild the cache")
     if check_shards:

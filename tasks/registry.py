@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from typing import Any, ClassVar, Sequence
 
 from seqcache import layout
@@ -61,12 +62,46 @@ def get_task_or_mixture(name: str) -> Task | Mixture:
 USER_MODULE_PREFIX = "_seqcache_user_"
 
 
+class DefinitionsError(Exception):
+    """A task definitions module that raised while it was imported (a Task with
+    a bad argument, a metric with a wrong signature, ...). The one-line message
+    names the module, the exception and the module's line; the exception is
+    chained (``__cause__``) for a full traceback."""
+
+
 def import_definitions(module_or_path: str) -> None:
     """Imports a module that registers tasks: a dotted module name or a ``.py`` path.
 
     Raises:
       ImportError / FileNotFoundError: the module or file cannot be found.
+      DefinitionsError: the module raised anything else while it was imported.
     """
+    try:
+        _import_definitions(module_or_path)
+    except (ImportError, FileNotFoundError):
+        raise
+    except Exception as e:
+        raise DefinitionsError(f"--module {module_or_path}: importing it raised {type(e).__name__}: {e}"
+                               f"{_where(module_or_path, e)}") from e
+
+
+def _where(module_or_path: str, error: BaseException) -> str:
+    """`` (FILE, line N)``: the innermost frame of ``error``'s traceback in the
+    module's own file; empty when there is none."""
+    if module_or_path.endswith(".py") or os.sep in module_or_path:
+        origin = os.path.abspath(module_or_path)
+    else:
+        try:
+            spec = importlib.util.find_spec(module_or_path)
+        except (ImportError, ValueError):
+            spec = None
+        origin = os.path.abspath(spec.origin) if spec is not None and spec.origin else None
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if os.path.abspath(f.filename) == origin]
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+
+
+def _import_definitions(module_or_path: str) -> None:
+    """``import_definitions`` without the wrapping of what the module raised."""
     if module_or_path.endswith(".py") or os.sep in module_or_path:
         path = os.path.abspath(module_or_path)
         if not os.path.isfile(path):

@@ -49,6 +49,8 @@ class ScanReport:
         (a truncated ``.gz``, a Parquet file without the column); the records
         read before the failure are counted, and the scan goes on with the next
         file. A build raises on such a file whatever the policy.
+      split: the split whose source was scanned, for a task with a source
+        per split (``Task.for_split``); else None.
     """
 
     task: str
@@ -57,6 +59,12 @@ class ScanReport:
     kinds: list[KindCount]
     complete: bool
     unreadable_files: list[str] = dataclasses.field(default_factory=list)
+    split: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``"task"``, or ``"task/split"`` for one split of a task with a source per split."""
+        return self.task if self.split is None else f"{self.task}/{self.split}"
 
     @property
     def stops_build(self) -> KindCount | None:
@@ -65,7 +73,7 @@ class ScanReport:
         return next((k for k in self.kinds if k.action == "raise"), None)
 
     def to_json(self) -> dict:
-        return {"task": self.task, "records": self.records, "files": self.files, "complete": self.complete,
+        return {"task": self.task, **({"split": self.split} if self.split is not None else {}), "records": self.records, "files": self.files, "complete": self.complete,
                 "kinds": [dataclasses.asdict(k) for k in self.kinds], "unreadable_files": list(self.unreadable_files)}
 
 
@@ -78,7 +86,8 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
     records); sequence lengths are not applied. Files are read in path order.
 
     Args:
-      task: the task to scan; it is not modified.
+      task: the task to scan; it is not modified. One with a source per
+        split must be resolved first (``task.for_split(split)``).
       max_records: stop after this many source records (None: all).
       batch_records: records per preprocessing batch.
       progress: called with the running count of records read, once per batch.
@@ -141,4 +150,4 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
             break
     flush()
     kinds = [KindCount(k, counts[k][0], counts[k][1], own_policy.action(k)) for k in ERROR_KINDS if k in counts]
-    return ScanReport(task.name, records, len(files), kinds, complete, unreadable)
+    return ScanReport(task.name, records, len(files), kinds, complete, unreadable, getattr(task, "split", None))

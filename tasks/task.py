@@ -10,6 +10,7 @@ source's text of its targets (``"targets_pretokenized"``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -20,7 +21,8 @@ import numpy as np
 
 from seqcache.codec import PRETOKENIZED_SUFFIX
 from seqcache.tasks.preprocessors import ExampleBatch, PreprocessContext, Preprocessor, PreprocessorError, run_columns
-from seqcache.tasks.sources import Source, SourceFile, SourceRecord, describe_record, error_hint, is_error_record
+from seqcache.tasks.sources import (BadInputError, Source, SourceFile, SourceRecord, describe_record, error_hint,
+                                   is_error_record)
 from seqcache.tasks.vocabularies import Vocabulary
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -173,12 +175,38 @@ class Feature:
                 "required": self.required, "dtype": self.dtype}
 
 
+def _checked_sources(name: str, source) -> dict[str, Source] | None:
+    """A task's ``source`` argument as ``{split: Source}`` (a mapping), or None
+    (one Source for every split).
+
+    Raises:
+      TypeError / ValueError: naming the task and the bad split or value.
+    """
+    if isinstance(source, Source):
+        return None
+    if not isinstance(source, Mapping):
+        raise TypeError(f"task {name!r}: source must be a Source or a mapping of split -> Source "
+                        f"(got {type(source).__name__})")
+    if not source:
+        raise ValueError(f"task {name!r}: source maps no split; give at least one, e.g. {{'train': ...}}")
+    out = {}
+    for split, s in source.items():
+        check_name(split, f"task {name!r}: split")
+        if not isinstance(s, Source):
+            raise TypeError(f"task {name!r}: the source of split {split!r} must be a Source (got {type(s).__name__})")
+        out[split] = s
+    return out
+
+
 class Task:
     """A source, output features and preprocessors: one cache per (task, split).
 
     Args:
       name: task name; letters, digits, ``_ . -`` (it names a cache folder).
-      source: where the records come from.
+      source: where the records come from: one Source, read for every split,
+        or a mapping ``{split: Source}`` (seqio's ``split_to_filepattern``,
+        with any sources), of which a cache of split S reads only S's (see
+        ``for_split``). Split names follow the task-name rule.
       output_features: feature name -> Feature; the cache stores exactly these.
       preprocessors: applied in order to each batch of records.
       packing: None, or ``"lm"`` (concatenate the single output feature of all
@@ -190,16 +218,16 @@ class Task:
         feature).
 
     Raises:
-      ValueError / TypeError: a bad name, no output features, a preprocessor that
-        is not a Preprocessor, or an unknown packing mode.
+      ValueError / TypeError: a bad name, a source that is neither a Source nor
+        a non-empty mapping of split name -> Source, no output features, a
+        preprocessor that is not a Preprocessor, or an unknown packing mode.
     """
 
     def __init__(self, name: str, *, source: Source, output_features: Mapping[str, Feature],
                  preprocessors: Sequence[Preprocessor] = (), packing: str | None = None,
                  postprocess_fn: Callable | None = None, metric_fns: Sequence[Callable] = ()):
         self.name = check_name(name, "task")
-        if not isinstance(source, Source):
-            raise TypeError(f"task {name!r}: source must be a Source (got {type(source).__name__})")
+        self.sources = _checked_sources(name, source)
         if not output_features:
             raise ValueError(f"task {name!r} needs at least one output feature")
         for fname, f in output_features.items():
@@ -216,12 +244,63 @@ class Task:
                              f"(got {sorted(output_features)})")
         if postprocess_fn is not None and not callable(postprocess_fn):
             raise TypeError(f"task {name!r}: postprocess_fn must be callable or None (got {postprocess_fn!r})")
-        self.source = source
+        self._source = source if self.sources is None else None
+        self.split = None  # the split whose source ``_source`` is (``for_split``); None: every split's
         self.output_features = dict(output_features)
         self.preprocessors = tuple(preprocessors)
         self.packing = packing
         self.postprocess_fn = postprocess_fn
         self.metric_fns = _checked_metric_fns(name, metric_fns)
+
+    @property
+    def source(self) -> Source:
+        """The Source the task reads: its only one, or the split's of a task
+        returned by ``for_split``.
+
+        Raises:
+          ValueError: a task with a source per split, not resolved by ``for_split``.
+        """
+        if self._source is None:
+            raise ValueError(f"task {self.name!r} has a source per split ({', '.join(self.sources)}); "
+                             "read it through task.for_split(split) or task.source_for(split)")
+        return self._source
+
+    @source.setter
+    def source(self, value: Source) -> None:
+        self._source = value
+
+    @property
+    def splits(self) -> tuple[str, ...] | None:
+        """The split names of a task with a source per split, in the order
+        given; None for a task whose one source serves every split."""
+        return None if self.sources is None else tuple(self.sources)
+
+    def source_for(self, split: str) -> Source:
+        """The Source that the cache of ``split`` reads.
+
+        Raises:
+          ValueError: a task with a source per split has none for ``split``
+            (one line, listing the task's splits).
+        """
+        if self.sources is None:
+            return self.source
+        if split not in self.sources:
+            raise ValueError(f"task {self.name!r} has no split {split!r} (its splits: {', '.join(self.sources)})")
+        return self.sources[split]
+
+    def for_split(self, split: str) -> "Task":
+        """The task as the cache of ``split`` sees it: itself for a task with
+        one source; else a shallow copy whose ``source`` is the split's (so
+        its ``fingerprint`` covers that source only).
+
+        Raises:
+          ValueError: as ``source_for``.
+        """
+        if self.sources is None:
+            return self
+        resolved = copy.copy(self)
+        resolved._source, resolved.split = self.source_for(split), split
+        return resolved
 
     @property
     def predict_metric_fns(self) -> tuple:
@@ -384,7 +463,7 @@ class Task:
             if skipped is None or self.source.on_error.action("bad_value") != "skip":
                 k = min(problems)
                 where = f"task {self.name!r}, {self.record_label(records[index[k]])}"
-                raise ValueError(f"{where}: {problems[k]}; {error_hint('bad_value')}")
+                raise BadInputError(f"{where}: {problems[k]}; {error_hint('bad_value')}")
             for k in sorted(problems):
                 i = int(index[k])
                 skipped.append((i, f"task {self.name!r}, {self.record_label(records[i])}: {problems[k]}"))
@@ -404,5 +483,7 @@ class Task:
 
     def __repr__(self) -> str:
         metrics = f", metric_fns={function_names(self.metric_fns)}" if self.metric_fns else ""
-        return (f"Task({self.name!r}, source={self.source.describe()!r}, features={sorted(self.output_features)}, "
+        source = self._source.describe() if self._source is not None else \
+            {split: s.describe() for split, s in self.sources.items()}
+        return (f"Task({self.name!r}, source={source!r}, features={sorted(self.output_features)}, "
                 f"preprocessors={[p.name for p in self.preprocessors]}, packing={self.packing!r}{metrics})")

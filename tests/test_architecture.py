@@ -169,6 +169,73 @@ def test_the_package_is_in_no_import_cycle():
     assert not found, f"import cycles (docs/architecture.md, Dependency rules): {found}"
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _module_names(tree: ast.AST, module: str, is_package: bool, modules) -> dict[str, str]:
+    """Local name -> the package's module it is bound to by an import
+    (``from seqcache import codec``, ``import seqcache.codec as codec``)."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _imported(node, module, is_package)[0]
+            bound.update({a.asname or a.name: f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules})
+        elif isinstance(node, ast.Import):
+            bound.update({a.asname: a.name for a in node.names if a.asname and a.name in modules})
+    return bound
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def private_names_across_modules(root: pathlib.Path = ROOT, package_dirs=PACKAGE_DIRS) -> list[tuple[str, int, str]]:
+    """``(file, line, "module._name")`` of every private name of one of the
+    package's modules that another of its modules uses: ``from X import _y``
+    (a re-export too), ``X._y`` and ``pkg.X._y``."""
+    modules = package_modules(root, package_dirs)
+    out = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_package = path.name == "__init__.py"
+        bound = _module_names(tree, name, is_package, modules)
+        where = str(path.relative_to(root))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _imported(node, name, is_package)[0]
+                out += [(where, node.lineno, f"{base}.{a.name}") for a in node.names
+                        if base in modules and base != name and _private(a.name)]
+            elif isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = _dotted(node.value)
+                owner = bound.get(owner, owner)
+                if owner in modules and owner != name:
+                    out.append((where, node.lineno, f"{owner}.{node.attr}"))
+    return sorted(out)
+
+
+def test_the_private_name_finder_sees_imports_attributes_and_re_exports(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("_x = 1\ndef _f():\n    return _x\nclass C:\n    _n = 2\n")
+    (tmp_path / "pkg" / "b.py").write_text("from pkg.a import _f, C  # re-exported\n")
+    (tmp_path / "pkg" / "c.py").write_text("from pkg import a as m\nimport pkg.a\ndef g(o):\n"
+                                           "    return m._x + pkg.a._x + o._y + m.C._n + m.__name__\n")
+    found = private_names_across_modules(tmp_path, {"pkg": "pkg"})
+    assert found == [("pkg/b.py", 1, "pkg.a._f"), ("pkg/c.py", 4, "pkg.a._x"), ("pkg/c.py", 4, "pkg.a._x")]
+
+
+def test_no_private_name_crosses_a_module():
+    # A name another module needs is public, with a docstring; attributes of
+    # other libraries' objects (Beam's, click's) are not the package's names.
+    found = private_names_across_modules()
+    assert not found, f"private names of a seqcache module used from another one (make them public): {found}"
+
+
 # The packages pyproject.toml requires (import names). An import of any other
 # package (jax, torch, boto3, the trainers, ...) is of an optional dependency.
 REQUIRED = frozenset({"seqcache", "apache_beam", "array_record", "sentencepiece", "tokenizers", "pyarrow", "numpy",

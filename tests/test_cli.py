@@ -127,6 +127,41 @@ def test_an_interrupt_inside_a_beam_step_is_reported_as_an_interrupt(tmp_path, m
     assert out.exit_code == 130 and "interrupted" in out.output and "Traceback" not in out.output
 
 
+SCAN_HINT = "`seqcache scan` with the same task or --source lists every kind of bad input"
+
+
+def test_bad_input_that_the_policy_raises_on_points_to_scan(tmp_path):
+    (tmp_path / "a.txt").write_text("one\n\ntwo\n", encoding="utf-8")
+    args = ["build", "--source", f"text:{tmp_path}/a.txt", "--name", "x", "--cache-dir", str(tmp_path / "c")]
+    raised = CliRunner().invoke(main, [*args, "--on-error", "empty=raise"])  # a BadInputError from a step
+    assert raised.exit_code == 1 and "line 2 (byte 4) is empty" in raised.output, raised.output
+    assert SCAN_HINT in " ".join(raised.output.split())
+    (tmp_path / "b.txt").write_text("\n\n", encoding="utf-8")  # every record skipped, and they can be kept
+    skipped = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/b.txt", "--name", "y",
+                                        "--cache-dir", str(tmp_path / "d")])
+    assert skipped.exit_code == 1 and "on_error={'empty': 'keep'}" in skipped.output, skipped.output
+    assert SCAN_HINT in " ".join(skipped.output.split())
+    missing = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/none-*.txt", "--name", "z",
+                                        "--cache-dir", str(tmp_path / "e")])
+    assert missing.exit_code != 0 and SCAN_HINT not in " ".join(missing.output.split()), missing.output
+
+
+def test_bad_input_that_beam_hands_back_as_text_points_to_scan(tmp_path, monkeypatch):
+    import seqcache.pipelines
+    from seqcache.tasks.sources import error_hint
+
+    def failed(*args, **kwargs):  # a worker's error across processes: only its text comes back
+        raise RuntimeError(f"Traceback (most recent call last):\n  ...\nValueError: a.txt: line 2 is empty; "
+                           f"{error_hint('empty')} [while running 'ReadSplits']")
+
+    monkeypatch.setattr(seqcache.pipelines, "build_task", failed)
+    (tmp_path / "a.txt").write_text("one line\n", encoding="utf-8")
+    out = CliRunner().invoke(main, ["build", "--source", f"text:{tmp_path}/a.txt", "--name", "x",
+                                    "--cache-dir", str(tmp_path / "c")])
+    assert out.exit_code == 1 and "error: a.txt: line 2 is empty; set the source's on_error=" in out.output
+    assert SCAN_HINT in " ".join(out.output.split()) and "while running" not in out.output, out.output
+
+
 def test_vocab_check_reports_what_does_not_survive_the_round_trip(tmp_path, corpora):
     model = tmp_path / "nfkc.model"
     runner = CliRunner()
@@ -284,6 +319,8 @@ def test_ad_hoc_options_with_a_registered_task_and_scan_advice_for_it(tmp_path, 
                          (["--extra-ids", "5"], "--extra-ids"), (["--pack"], "--pack")]:
         out = CliRunner().invoke(main, base + extra)
         assert out.exit_code == 2 and f"{named} describes an ad-hoc --source" in out.output, out.output
+        # --pack: the task's packing=, not its source's on_error/exclude.
+        assert ("packing=" in out.output) == (named == "--pack") and ("on_error" in out.output) != (named == "--pack")
     scan = CliRunner().invoke(main, ["scan", "adhoc_opts", "--module", "reg_tasks_for_adhoc"])
     assert scan.exit_code == 1 and "on_error={'carriage_return': 'skip'} in the task's source" in scan.output
     assert "--on-error" not in scan.output
@@ -380,3 +417,55 @@ def test_a_source_given_twice_is_refused_not_half_built(tmp_path):
         assert out.exit_code == 2, out.output
         assert "given 2 times" in out.output and "give it once" in out.output
     assert not (tmp_path / "c").exists()
+
+
+def test_a_task_module_that_raises_is_one_error_line_and_its_traceback_with_verbose(tmp_path, monkeypatch):
+    bad = tmp_path / "bad_metric_tasks.py"
+    bad.write_text(
+        "from seqcache import tasks\n"
+        "def wrong(predictions):\n"
+        "    return {'x': 0.0}\n"
+        "tasks.TaskRegistry.add('bad_metric_task', source=tasks.TextLineSource('unused.txt'),\n"
+        "    output_features={'targets': tasks.Feature(tasks.ByteVocabulary())}, metric_fns=[wrong])\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    for args in (["tasks", "--module", str(bad)], ["tasks", "--module", "bad_metric_tasks"],
+                 ["build", "bad_metric_task", "--module", str(bad), "--cache-dir", str(tmp_path / "c")],
+                 ["eval", "--checkpoint-dir", str(tmp_path), "--module", str(bad), "--task", "x"]):
+        out = CliRunner().invoke(main, args)
+        lines = out.output.strip().splitlines()
+        assert out.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: --module "), (args, out.output)
+        assert "bad_metric_tasks" in lines[0] and "TypeError" in lines[0] and "'wrong'" in lines[0], lines[0]
+        assert "line 4" in lines[0], lines[0]  # the module's own line that raised
+    out = CliRunner().invoke(main, ["build", "bad_metric_task", "--module", str(bad), "--cache-dir",
+                                    str(tmp_path / "c"), "-v"])
+    assert out.exit_code == 1 and "Traceback" in out.output and out.output.strip().splitlines()[-1].startswith("error:")
+
+
+def test_a_bare_sequence_length_is_every_feature_of_a_registered_task(tmp_path):
+    (tmp_path / "a.txt").write_text("a long first line\nsecond line here\n", encoding="utf-8")
+    module = tmp_path / "pair_tasks_for_lengths.py"
+    module.write_text(
+        "from seqcache import tasks\n"
+        "from seqcache.tasks import preprocessors as P\n"
+        f"tasks.TaskRegistry.add('pair_lengths', source=tasks.TextLineSource({str(tmp_path / 'a.txt')!r}),\n"
+        "    output_features={'inputs': tasks.Feature(tasks.ByteVocabulary()),\n"
+        "                     'targets': tasks.Feature(tasks.ByteVocabulary())},\n"
+        "    preprocessors=[P.rekey({'inputs': 'text', 'targets': 'text'}), P.tokenize(), P.append_eos_after_trim()])\n",
+        encoding="utf-8",
+    )
+    for lengths, expected in ((["5"], {"inputs": 5, "targets": 5}),
+                              (["5", "targets=7"], {"inputs": 5, "targets": 7})):
+        out = CliRunner().invoke(main, ["build", "pair_lengths", "--module", str(module), "--cache-dir",
+                                        str(tmp_path / "c"), "--overwrite", "--num-shards", "1",
+                                        *[x for n in lengths for x in ("--sequence-length", n)]])
+        assert out.exit_code == 0, out.output
+        cache = str(tmp_path / "c" / "pair_lengths" / "train")
+        assert fmt.read_manifest(cache).sequence_length == expected
+        from seqcache.feeders.reader import CacheReader
+
+        with CacheReader(cache) as r:
+            examples = list(r.read_examples(list(range(len(r)))))
+        assert len(examples) == 2
+        assert all(len(ex[f]) == expected[f] for ex in examples for f in expected)  # both lines are longer

@@ -316,10 +316,10 @@ def test_the_writer_writes_no_field_the_schema_lacks(built, tmp_path):
 
 
 def test_the_nested_definitions_name_the_readers_fields():
-    assert [f.name for f in schema.SHARD_TABLE_FIELDS if f.name in fmt._INT_FIELDS] == list(fmt._INT_FIELDS)
+    assert [f.name for f in schema.SHARD_TABLE_FIELDS if f.name in fmt.INT_FIELDS] == list(fmt.INT_FIELDS)
     assert [f.name for f in schema.FEATURE_FIELDS if f.required] == [f.name for f in dataclasses.fields(fmt.FeatureSpec)]
     assert [f.name for f in schema.SHARD_CHECKSUMS_FIELDS] == list(json.loads(fmt.shard_checksums_json([], [])))
-    assert sorted(schema.FIELDS_BY_NAME["features"].fields[1].keywords["enum"]) == sorted(fmt._DTYPES)
+    assert sorted(schema.FIELDS_BY_NAME["features"].fields[1].keywords["enum"]) == sorted(fmt.DTYPES)
 
 
 # --- docs/cache-format.md --------------------------------------------------------------------

@@ -25,7 +25,8 @@ Files (process 0), under ``OUT/eval/<task>/<split>/step_<N>/``:
                      for line-oriented sources) and ``place`` (the same in words,
                      as ``seqcache which`` gives it), ``inputs``, ``targets``,
                      ``prediction`` (texts) and ``score`` (nats) when computed.
-  metrics.json       {"task", "split", "step", "num_examples", "metrics": {name: value}}.
+  metrics.json       {"task", "split", "step", "num_examples", "decode" (the DecodeConfig's fields),
+                     "global_batch_size", "metrics": {name: value}}.
 
 Both are written to a temporary file and renamed into place only once the
 metrics have been computed, so a metric that fails leaves neither behind.
@@ -88,12 +89,15 @@ class EvalTask:
       task: the registered ``seqcache.tasks.Task`` (its ``metric_fns`` and
         ``postprocess_fn``), or None: predictions only.
       rate: the task's mixing rate, the weight of its metrics in a mixture's mean.
+      named_metrics: the metric functions' names the cache's manifest records
+        (its ``evaluation``), which need the task registered to run.
     """
 
     name: str
     cache_dir: str
     task: Any = None
     rate: float = 1.0
+    named_metrics: tuple[str, ...] = ()
 
     @property
     def metric_fns(self) -> tuple:
@@ -153,7 +157,9 @@ class Evaluator:
       rules: the logical axis rules preset the parameters are sharded by (the run's).
 
     Raises:
-      EvalError: no tasks, or a cache without ``targets`` when metrics are asked for.
+      EvalError: no tasks; a packed cache (``packing`` in its manifest: a row
+        holds several examples, and seqio evaluates unpacked ones), refused
+        before anything is decoded or written; or a cache without ``targets``.
     """
 
     def __init__(self, tasks: Sequence[EvalTask], *, split: str, decode: decoding.DecodeConfig,
@@ -161,6 +167,8 @@ class Evaluator:
                  metrics: bool = True, rules: str = "dp"):
         if not tasks:
             raise EvalError("nothing to evaluate: no task caches given")
+        for task in tasks:
+            refuse_packed(task, split)
         self.tasks = list(tasks)
         self.split = split
         self.decode = decode
@@ -198,6 +206,7 @@ class Evaluator:
             if out_root is not None:
                 folder = output_dir(out_root, task.name, self.split, step, "eval" if self.with_metrics else "infer")
                 summary = {"task": task.name, "split": self.split, "step": step, "num_examples": len(clean),
+                           "decode": dataclasses.asdict(self.decode), "global_batch_size": self.global_batch_size,
                            "metrics": values}
                 write_outputs(folder, clean, summary if self.with_metrics else None)
                 result.paths[task.name] = folder
@@ -299,6 +308,19 @@ class Evaluator:
         scores = [r["score"] for r in rows] if task.score_metric_fns else None
         return metrics_lib.run_metrics(task.name, task.metric_fns, targets=[r["target"] for r in rows],
                                        predictions=[r["prediction"] for r in rows], scores=scores)
+
+
+def refuse_packed(task: EvalTask, split: str) -> None:
+    """Refuses a packed eval cache, whose rows are not examples.
+
+    Raises:
+      EvalError: the manifest's ``packing`` is set (names the cache, the task and the packing).
+    """
+    packing = fmt.read_manifest(task.cache_dir).packing
+    if packing:
+        raise EvalError(f"{task.cache_dir}: the {split!r} cache of task {task.name!r} is packed "
+                        f"(packing {packing!r}: a row holds several examples), so it cannot be evaluated example "
+                        "by example; build the eval split without packing, as seqio evaluates unpacked examples")
 
 
 def until_eos(ids: np.ndarray, eos_id: int) -> list[int]:
@@ -483,11 +505,25 @@ def eval_tasks(config, split: str, *, task: str | None = None, cache_dir: str | 
     rates = _source_rates(source)
     out = []
     for path in source.cache_dirs:
-        name = fmt.read_manifest(path).task
-        found = registry.registered(name, tuple(modules))
-        out.append(EvalTask(name=name, cache_dir=path, task=found if hasattr(found, "output_features") else None,
-                            rate=rates.get(path, 1.0)))
+        manifest = fmt.read_manifest(path)
+        found = registry.registered(manifest.task, tuple(modules))
+        named = (manifest.evaluation or {}).get("metrics") or ()
+        out.append(EvalTask(name=manifest.task, cache_dir=path,
+                            task=found if hasattr(found, "output_features") else None,
+                            rate=rates.get(path, 1.0), named_metrics=tuple(named)))
     return out
+
+
+def unregistered_metrics(tasks: Sequence[EvalTask]) -> str | None:
+    """Why metrics would be missing: the first task whose cache names metrics
+    (its manifest's ``evaluation``) but that is not registered here, in words
+    (names the cache, the metrics and the task); None when there is none."""
+    for t in tasks:
+        if t.task is None and t.named_metrics:
+            return (f"{t.cache_dir}: the cache names metrics {', '.join(t.named_metrics)}, but task {t.name!r} "
+                    "is not registered here; give --module with the module that registers it (seqcache infer "
+                    "writes predictions without metrics)")
+    return None
 
 
 def _source_rates(source) -> dict[str, float]:

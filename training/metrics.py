@@ -26,11 +26,18 @@ TensorFlow needed) next to the metrics file, at the line's ``step``:
 ``train/<name>`` for a step's line (``train/loss``), ``eval/<name>`` without the
 ``eval_`` prefix for an evaluation's (``eval/loss``); a null value (``mfu`` on
 CPU) is left out.
+
+Every line is strict JSON: a NaN or infinite value (the loss of a step that
+diverged, before the run stops on it; a task metric that returned NaN) is
+written as null, as in ``seqcache train``'s and ``seqcache eval``'s summaries
+and in metrics.json; TensorBoard gets the value as it is.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import struct
 import time
@@ -61,7 +68,7 @@ class MetricsWriter:
 
     def write(self, record: Mapping[str, Any]) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(dict(record), sort_keys=True) + "\n")
+            self._file.write(json.dumps(strict_json(dict(record)), sort_keys=True, allow_nan=False) + "\n")
             self._file.flush()
         if self.tensorboard is not None:
             self.tensorboard.write(record)
@@ -73,6 +80,20 @@ class MetricsWriter:
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
+
+
+def strict_json(value):
+    """``value`` (dicts, lists and tuples within) with every NaN and infinite number as None
+    (numpy scalars as Python numbers)."""
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    return float(value) if math.isfinite(value) else None
 
 
 def tensorboard_tag(name: str) -> str:

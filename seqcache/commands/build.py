@@ -3,6 +3,7 @@ ad-hoc task described on the command line."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -14,8 +15,9 @@ from seqcache import format as fmt
 from seqcache import fs, interrupts, pipelines, process, tasks
 from seqcache.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
-from seqcache.pipelines.runner import option_value_errors, unknown_flags
+from seqcache.pipelines.runner import causes, interrupted_in_step, option_value_errors, unknown_flags
 from seqcache.tasks.sources.base import SPEC_KINDS
+from seqcache.tasks.sources.policy import BadInputError
 
 
 def parse_sequence_length(values, default_feature="targets"):
@@ -280,7 +282,9 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
 @click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary "
               "(span_corruption needs one per noise span; T5 uses 100).")
 @click.option("--name", "adhoc_name", help="Name of the ad-hoc task (the cache folder name).")
-@click.option("--split", default="train", show_default=True)
+@click.option("--split", default="train", show_default=True,
+              help="The split: the cache goes to CACHE_DIR/TASK/SPLIT; a task with a source per split "
+              "reads SPLIT's, an ad-hoc tfds: or hf: source that split unless its spec names one.")
 @click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens), e.g. "
               "inputs=512,targets=114; repeatable. With span_corruption one of inputs=N / targets=N derives the "
               "other as T5 does.")
@@ -317,7 +321,8 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 
-    The cache of task T goes to CACHE_DIR/T/SPLIT. A cache with the same
+    The cache of task T goes to CACHE_DIR/T/SPLIT; a task with a source per
+    split reads SPLIT's (one it lacks is refused). A cache with the same
     fingerprint is reused; a different one is refused unless --overwrite.
     """
     name, pipeline_args = _name_and_pipeline_args(ctx, args)
@@ -326,6 +331,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     common.import_modules(modules)
     seq_len = parse_sequence_length(sequence_length)
     benchmarks = _benchmarks(exclude_benchmarks, exclude_ngram, exclude)
+    lengths_of = {}  # task name -> its own sequence lengths, where they differ from seq_len
     if source_spec:
         if name:
             raise click.UsageError("give either NAME (a registered task) or --source (an ad-hoc task), not both")
@@ -342,6 +348,8 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
         task_list = [task]
     elif name:
         task_list = _registered_tasks(ctx, name)
+        lengths_of = registered_sequence_lengths(task_list, parse_sequence_length(sequence_length,
+                                                                                  default_feature="*"))
     else:
         raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
 
@@ -350,6 +358,10 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
                              exclude_benchmarks=benchmarks)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    try:  # every task of a mixture has the split (a source for it), before anything is built
+        task_list = [task.for_split(split) for task in task_list]
+    except ValueError as e:
+        common.fail(e)
     # Object-store options (--s3_endpoint_url=..., --s3_access_key_id=...) reach Beam's
     # FileSystems before the build's first file-system call in this process (listing
     # the source files, reading an existing manifest); the pipeline hands them to its
@@ -361,7 +373,9 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
     with common.worker_stderr(verbose=verbose) as stderr:
         console = common.stderr_console(stderr)
         for task in task_list:
-            results.append(_build_one(console, task, split=split, cache_dir=cache_dir, config=config,
+            task_config = (dataclasses.replace(config, sequence_length=lengths_of[task.name])
+                           if task.name in lengths_of else config)
+            results.append(_build_one(console, task, split=split, cache_dir=cache_dir, config=task_config,
                                       pipeline_args=pipeline_args, overwrite=overwrite, as_json=as_json,
                                       split_size=split_size, exchange=exchange))
     if as_json:
@@ -451,10 +465,34 @@ def _registered_tasks(ctx, name) -> list:
     if given:
         raise click.UsageError(
             f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
-            "registered task sets them itself, e.g. TextLineSource(..., on_error={'empty': 'skip'}, "
-            "exclude=[...]) and its features' vocabularies in the module that registers it"
+            f"registered task sets {_how_a_task_sets(given)} itself in the module that registers it"
         )
     return common.registered_tasks(name)
+
+
+def registered_sequence_lengths(task_list, asked) -> dict:
+    """Each registered task's sequence lengths from what ``--sequence-length``
+    gave (feature -> tokens; ``"*"`` for a bare N): a bare N is the length of
+    every feature of the task, ``FEATURE=N`` that feature's (over a bare N).
+
+    Returns: task name -> {feature: tokens}; empty when no bare N was given
+    (the lengths are then the same for every task, as given).
+    """
+    if not asked or "*" not in asked:
+        return {}
+    explicit = {k: v for k, v in asked.items() if k != "*"}
+    return {t.name: {**{f: asked["*"] for f in t.output_features}, **explicit} for t in task_list}
+
+
+def _how_a_task_sets(given) -> str:
+    """What a registered task sets in place of the ad-hoc options ``given``, with examples."""
+    ways = []
+    if {"--pack", "--no-pack"} & set(given):
+        ways.append("its packing (Task(..., packing='first_fit' or 'lm'; None: unpacked))")
+    if set(given) - {"--pack", "--no-pack"}:
+        ways.append("its source's options, e.g. TextLineSource(..., on_error={'empty': 'skip'}, exclude=[...]), "
+                    "and its features' vocabularies")
+    return " and ".join(ways)
 
 
 def _result_json(r) -> dict:
@@ -469,6 +507,18 @@ def _result_json(r) -> dict:
                if "excluded_by_benchmark" in r.manifest.statistics else {})}
 
 
+def _is_bad_input(error: BaseException, message: str) -> bool:
+    """Whether ``build_task`` stopped on bad input under the source's
+    ``on_error`` policy: a ``BuildError`` with ``bad_input``, or a
+    ``BadInputError`` among the errors ``error`` was raised from. Beam hands a
+    worker's error back as text only (inside its ``RuntimeError``, across
+    processes), so then ``message`` (``common.error_line(error)``) is read for
+    ``error_hint``'s ``on_error=`` advice, here alone."""
+    if isinstance(error, BuildError):
+        return error.bad_input
+    return any(isinstance(e, BadInputError) for e in causes(error)) or "on_error=" in message
+
+
 def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
                exchange="auto"):
     """Builds one task's cache and prints its summary and notes; exits 1 on
@@ -480,10 +530,10 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             result = pipelines.build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                 overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
         except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
-            if "KeyboardInterrupt" not in str(e):  # Beam wraps an interrupt raised inside a step
+            if not interrupted_in_step(e):
                 message = common.error_line(e)
                 console.print(f"[red]error:[/red] {message}", highlight=False)
-                if "on_error=" in message:  # bad input that the policy raises on
+                if _is_bad_input(e, message):
                     console.print("(`seqcache scan` with the same task or --source lists every kind of bad input "
                                   "in the corpus at once)", highlight=False)
                 sys.exit(1)

@@ -335,7 +335,9 @@ _EXCEPTION_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Except
 def error_line(error: BaseException) -> str:
     """The message of the error a step raised, without what Beam wraps around
     it (``RuntimeError: ValueError: ...``, `` [while running 'STEP']``, a
-    worker's traceback): what ``build`` and ``overlap`` print after ``error:``."""
+    worker's traceback): what ``build`` and ``overlap`` print after ``error:``.
+    Beam hands a worker's error back as text only (across processes the
+    original exception is gone), so this is the one place that reads it."""
     text = str(error)
     if "Traceback (most recent call last):" in text:
         text = _last_exception_line(text) or text

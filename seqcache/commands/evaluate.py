@@ -14,7 +14,8 @@ import jax
 
 from seqcache import format as fmt
 from seqcache import pipelines, tasks
-from seqcache.commands.train import _start_distributed, summary_line
+from seqcache.commands import common
+from seqcache.commands.train import start_distributed, summary_line
 from seqcache.feeders import FeederStateError
 from seqcache.feeders.reader import CacheReader
 from seqcache.tasks import preprocessors as P
@@ -100,7 +101,8 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
          max_decode_length, method, temperature, top_k, top_p, seed, batch_size, coordinator_address,
          num_processes, process_id):
     """Loads the run, resolves the caches, evaluates, writes and prints (see ``eval_cmd``)."""
-    _start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
+    common.import_modules(modules)  # a module that cannot be imported stops here, before the run is loaded
+    start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
                        process_id=process_id, jax_distributed=False)
     temporary = None
     try:
@@ -109,6 +111,9 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
             temporary = tempfile.mkdtemp(prefix="seqcache-infer-")
             task, cache_dir, split = _source_cache(run.config, source_spec, temporary), None, SOURCE_SPLIT
         to_evaluate = evaluation.eval_tasks(run.config, split, task=task, cache_dir=cache_dir, modules=modules)
+        unregistered = evaluation.unregistered_metrics(to_evaluate) if with_metrics else None
+        if unregistered:  # metrics.json would be empty: refused, not written
+            raise click.UsageError(unregistered)
         decode = decoding.DecodeConfig(max_decode_length=max_decode_length or run.config.lengths["targets"],
                                        method=method, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         evaluator = evaluation.evaluator_for(run.config, to_evaluate, split=split, mesh=run.trainer.mesh, decode=decode,

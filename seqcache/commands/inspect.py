@@ -222,6 +222,10 @@ def show(ctx, cache_dir, indices, count, ids, max_chars, as_json):
     for item in out:
         console.rule(f"[bold]example {item['index']}")
         for name, entry in item["features"].items():
+            if "segments" not in entry:  # the source's text that an evaluation cache keeps (UTF-8 bytes)
+                console.print(f"[bold]{name}[/bold]: {entry['length']} bytes of source text", highlight=False)
+                console.out(_cut(entry["text"], max_chars), highlight=False)
+                continue
             console.print(f"[bold]{name}[/bold]: {entry['length']} tokens, {len(entry['segments'])} segment(s)",
                           highlight=False)
             for k, seg in enumerate(entry["segments"], 1):
@@ -231,11 +235,8 @@ def show(ctx, cache_dir, indices, count, ids, max_chars, as_json):
                 if p.get("token_offset"):
                     where += f", from token {p['token_offset']}"
                 console.print(f"[cyan]segment {k}[/cyan] ({seg['length']} tokens) <- {where}", highlight=False)
-                text = seg.get("text")
-                if text is not None:
-                    if max_chars and len(text) > max_chars:
-                        text = text[:max_chars] + f"… [{len(text) - max_chars} more characters]"
-                    console.out(text, highlight=False)
+                if seg.get("text") is not None:
+                    console.out(_cut(seg["text"], max_chars), highlight=False)
                 if "ids" in seg:
                     console.print(f"ids: {seg['ids'][:64]}" + (" …" if seg["length"] > 64 else ""), highlight=False)
 
@@ -285,6 +286,13 @@ def _check_indices(indices, num_examples: int) -> None:
     have = (f"the cache has {common.plural(num_examples, 'example')}, indices 0 to {num_examples - 1}"
             if num_examples else "the cache has no examples")
     raise click.BadParameter(f"{noun} {shown} out of range: {have}", param_hint="--index")
+
+
+def _cut(text: str, max_chars: int) -> str:
+    """``text`` cut after ``max_chars`` characters (0: whole), saying how many more there are."""
+    if max_chars and len(text) > max_chars:
+        return text[:max_chars] + f"… [{len(text) - max_chars} more characters]"
+    return text
 
 
 def _describe_example(index, example, provenance, vocabs, with_ids):
@@ -363,8 +371,11 @@ def tasks_cmd(modules, as_json):
     task_rows = []
     for name in tasks.TaskRegistry.names():
         t = tasks.TaskRegistry.get(name)
-        task_rows.append({"name": name, "source": t.source.describe(), "features": sorted(t.output_features),
-                          "packing": t.packing, "metrics": function_names(t.metric_fns)})
+        source = t.source.describe() if t.splits is None else \
+            "; ".join(f"{split}: {t.source_for(split).describe()}" for split in t.splits)
+        task_rows.append({"name": name, "source": source, "splits": list(t.splits) if t.splits else None,
+                          "features": sorted(t.output_features), "packing": t.packing,
+                          "metrics": function_names(t.metric_fns)})
     mixture_rows = []
     for name in tasks.MixtureRegistry.names():
         m = tasks.MixtureRegistry.get(name)
@@ -373,9 +384,10 @@ def tasks_cmd(modules, as_json):
         click.echo(json.dumps({"tasks": task_rows, "mixtures": mixture_rows}, indent=2))
         return
     console = Console()
-    t = Table("name", "source", "features", "packing", title="tasks")
+    t = Table("name", "splits", "source", "features", "packing", title="tasks")
     for r in task_rows:
-        t.add_row(r["name"], r["source"], ", ".join(r["features"]), str(r["packing"]))
+        t.add_row(r["name"], ", ".join(r["splits"]) if r["splits"] else "any", r["source"], ", ".join(r["features"]),
+                  str(r["packing"]))
     console.print(t)
     m = Table("name", "tasks", title="mixtures")
     for r in mixture_rows:

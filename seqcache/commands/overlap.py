@@ -14,7 +14,7 @@ from seqcache import format as fmt
 from seqcache.commands import common
 from seqcache.commands.build import beam_logging, beam_pipeline_args
 from seqcache.commands.which import read_state, resolve
-from seqcache.feeders.provenance import _open_checked, check_as_feeder
+from seqcache.feeders.provenance import open_checked, check_as_feeder
 from seqcache.feeders.stream import check_same_features, open_mixture
 from seqcache.pipelines import overlap as overlap_lib
 from seqcache.pipelines.runner import RunnerError
@@ -24,12 +24,12 @@ from seqcache.tasks.contamination import Benchmark
 def _open_state(kw: dict, state_path):
     """(state, its file, opened caches checked against it) or (None, None, None)."""
     if "state" in kw:  # CACHE_OR_MIXTURE is the state (or a checkpoint step folder)
-        return kw["state"], kw["state_path"], _open_checked(kw["state"], cache=None, mixture=None,
+        return kw["state"], kw["state_path"], open_checked(kw["state"], cache=None, mixture=None,
                                                                   caches_root=None, split=kw["split"])
     if state_path is None:
         return None, None, None
     state = read_state(state_path, kw.get("global_batch_size"), kw.get("seed"), kw.get("num_epochs"))
-    opened = _open_checked(state["state"], cache=kw.get("cache"), mixture=kw.get("mixture"),
+    opened = open_checked(state["state"], cache=kw.get("cache"), mixture=kw.get("mixture"),
                            caches_root=kw.get("caches_root"), split=kw["split"])
     return state["state"], state_path, opened
 

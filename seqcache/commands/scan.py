@@ -22,10 +22,12 @@ from seqcache.tasks.scan import scan_task
 @common.on_error_option("Ad-hoc source: the policy to compare against, as for build (default: each kind's default).")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,
               help="Ad-hoc source: vocabulary for the token id checks (byte, a SentencePiece .model path or a tokenizer.json path).")
+@click.option("--split", default=None, help="For a task with a source per split: scan this split's source only "
+              "[default: every split's]. Ad-hoc tfds: and hf: sources: the split read unless the spec names one [default: train].")
 @click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many source records.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, max_records, as_json):
+def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, split, max_records, as_json):
     """Count every kind of bad input in the sources of NAME (a registered task or
     mixture) or of an ad-hoc --source, without building anything.
 
@@ -39,12 +41,13 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
         if name:
             raise click.UsageError("give either NAME (a registered task) or --source, not both")
         task_list = [adhoc_task(name="adhoc", source_spec=source_spec, exclude=exclude, on_error=on_error,
-                                vocabulary_spec=vocabulary_spec, extra_ids=0, sequence_length=None, pack=False)]
+                                vocabulary_spec=vocabulary_spec, extra_ids=0, sequence_length=None, pack=False,
+                                split=split or "train")]
     elif name:
         given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec"))
         if given:
             raise click.UsageError(f"{' and '.join(given)}: only with --source; a registered task's source sets its own")
-        task_list = common.registered_tasks(name)
+        task_list = _per_split(common.registered_tasks(name), split)
     else:
         raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source")
 
@@ -52,9 +55,10 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
     reports = []
     for task in task_list:
         try:
-            with err.status(f"scanning {task.name}") as status:
+            label = task.name if task.split is None else f"{task.name}/{task.split}"
+            with err.status(f"scanning {label}") as status:
                 reports.append(scan_task(task, max_records=max_records,
-                                         progress=lambda n: status.update(f"scanning {task.name}: {n:,} records")))
+                                         progress=lambda n: status.update(f"scanning {label}: {n:,} records")))
         except (ValueError, FileNotFoundError, OSError) as e:
             err.print(f"[red]error:[/red] {e}", highlight=False)
             sys.exit(1)
@@ -64,7 +68,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
         sys.exit(1 if stops else 0)
     console = Console(soft_wrap=True)
     for r in reports:
-        title = (f"{r.task}: {common.plural(r.records, 'record')} in {common.plural(r.files, 'file')}"
+        title = (f"{r.label}: {common.plural(r.records, 'record')} in {common.plural(r.files, 'file')}"
                  + ("" if r.complete else " (stopped at --max-records)"))
         for message in r.unreadable_files:
             console.print(f"[red]unreadable file[/red] (a build stops here whatever the policy): {message}",
@@ -83,7 +87,20 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, ma
                 fix = " ".join(f"--on-error {kind}=skip" for kind in raising)
             else:
                 fix = "on_error=" + repr({kind: "skip" for kind in raising}) + " in the task's source"
-            console.print(f"a build of {r.task} stops at its first record of a kind whose policy is raise. To skip "
+            console.print(f"a build of {r.label} stops at its first record of a kind whose policy is raise. To skip "
                           f"them all (counted, and listed in the cache's quarantine file): {fix}. "
                           "`seqcache build --help` explains replace and keep.", highlight=False)
     sys.exit(1 if stops else 0)
+
+
+def _per_split(task_list, split):
+    """The tasks to scan: a task with a source per split once per split (only
+    ``split`` when given; exits 1 naming the task's splits when one lacks it)."""
+    out = []
+    for task in task_list:
+        try:
+            out.extend([task.for_split(split)] if split is not None else
+                       [task.for_split(s) for s in task.splits] if task.splits else [task])
+        except ValueError as e:
+            common.fail(e)
+    return out

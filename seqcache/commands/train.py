@@ -21,6 +21,7 @@ from seqcache.training import config as config_lib
 from seqcache.training import data as data_lib
 from seqcache.training import distributed
 from seqcache.training import flops as flops_lib
+from seqcache.training import metrics as metrics_lib
 
 # Exit status after SIGTERM: the run stopped early with a checkpoint saved
 # (128 + SIGTERM, as a shell reports a process ended by the signal).
@@ -123,7 +124,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
         distributed_given = (any(v is not None for v in (coordinator_address, num_processes, process_id))
                              or jax_distributed)
         _launch_local(ctx, local_processes, local_devices, distributed_given=distributed_given)
-    _start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
+    start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
                        process_id=process_id, jax_distributed=jax_distributed)
     import jax  # optional: jax
 
@@ -157,9 +158,14 @@ def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distr
     sys.exit(distributed.launch_local(argv, num_processes=local_processes, devices_per_process=local_devices))
 
 
-def _start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed) -> None:
+def start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed) -> None:
     """Checks the multi-process flags, sets up logging and initialises JAX's
-    distributed runtime, before anything asks JAX for devices."""
+    distributed runtime, before anything asks JAX for devices (``train`` and
+    ``evaluate`` both start this way).
+
+    Raises:
+      click.UsageError: flags that do not make one valid multi-process setup.
+    """
     try:
         settings = distributed.settings_from(coordinator_address=coordinator_address, num_processes=num_processes,
                                              process_id=process_id, auto=jax_distributed, environ={})
@@ -218,6 +224,8 @@ def _make_trainer(cfg, *, modules=(), evaluate_tasks=False):
         return trainer, evaluation.evaluator_for(cfg, tasks, split=cfg.data.eval_split, mesh=trainer.mesh)
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
+    except evaluation.EvalError as e:  # a packed eval split: refused before the first step
+        _fail(e)
 
 
 def _open_feeders(cfg, source, eval_source):
@@ -300,19 +308,7 @@ def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step, evaluator=None) -
 def summary_line(summary: dict) -> str:
     """The summary as one line of strict JSON: a NaN or infinite value (a diverged
     run) is written as null, which every JSON reader reads (``NaN`` is Python's only)."""
-
-    def finite(value):
-        if isinstance(value, dict):
-            return {k: finite(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [finite(v) for v in value]
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            return value
-        if isinstance(value, numbers.Integral):
-            return int(value)
-        return float(value) if math.isfinite(value) else None
-
-    return json.dumps(finite(summary), sort_keys=True, allow_nan=False)
+    return json.dumps(metrics_lib.strict_json(summary), sort_keys=True, allow_nan=False)
 
 
 def _summary(result) -> dict:

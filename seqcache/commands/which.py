@@ -14,7 +14,7 @@ from seqcache import bounded_json, layout
 from seqcache import format as fmt
 from seqcache.commands import common
 from seqcache.feeders.inverse import excluded_entries, where_in_run, where_in_state
-from seqcache.feeders.provenance import _open_checked, locate_row, locate_row_in_state, trace_rows, trace_rows_in_state
+from seqcache.feeders.provenance import open_checked, locate_row, locate_row_in_state, trace_rows, trace_rows_in_state
 from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE, FeederStateError, load_state
 from seqcache.feeders.stream import open_mixture
 from seqcache.tasks import describe_record, registry
@@ -333,7 +333,7 @@ def _excluded_text(kw: dict, source: str) -> str | None:
     left out (from the caches' quarantine files), or None."""
     split = kw.get("split", "train")
     try:
-        opened = (_open_checked(kw["state"], cache=None, mixture=None, caches_root=None, split=split)
+        opened = (open_checked(kw["state"], cache=None, mixture=None, caches_root=None, split=split)
                   if "state" in kw else open_mixture(cache=kw.get("cache"), mixture=kw.get("mixture"),
                                                      caches_root=kw.get("caches_root"), split=split))
         try:

@@ -35,7 +35,8 @@ from seqcache.tasks.sources.json_lines import JsonLinesSource
 from seqcache.tasks.sources.parallel import ParallelTextSource
 from seqcache.tasks.sources.parquet import ParquetSource
 from seqcache.tasks.sources.policy import (
-    ERROR_KINDS, ErrorPolicy, Where, check_text_values, error_hint, parse_on_error, text_problems,
+    ERROR_KINDS, BadInputError, ErrorPolicy, Where, check_text_values, error_hint, parse_on_error, text_problems,
+    with_path,
 )
 from seqcache.tasks.sources.spec import parse_source_spec
 from seqcache.tasks.sources.text_files import TextFileSource
@@ -45,9 +46,9 @@ from seqcache.tasks.sources.tfrecord import TFRecordSource
 from seqcache.tasks.sources.tsv import TsvSource
 
 __all__ = [
-    "ERROR_KINDS", "LOCATORS", "ErrorPolicy", "FunctionSource", "HfDatasetSource", "JsonLinesSource",
+    "ERROR_KINDS", "LOCATORS", "BadInputError", "ErrorPolicy", "FunctionSource", "HfDatasetSource", "JsonLinesSource",
     "ParallelTextSource", "ParquetSource", "RecordIssue", "Source", "SourceFile", "SourceRecord", "Split",
     "TextFileSource", "TextLineSource", "TFRecordSource", "TfdsSource", "TsvSource", "Where", "canonical_json_bytes",
     "check_text_values", "describe_record", "error_hint", "is_error_record", "match_files", "parse_on_error",
-    "parse_source_spec", "text_problems",
+    "parse_source_spec", "text_problems", "with_path",
 ]

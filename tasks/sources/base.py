@@ -26,7 +26,8 @@ import numpy as np
 
 from seqcache import compression, fs
 from seqcache.tasks.sources.lines import check_target, line_number_at
-from seqcache.tasks.sources.policy import ErrorPolicy, Where, as_where, check_text_values, error_hint
+from seqcache.tasks.sources.policy import (BadInputError, ErrorPolicy, Where, as_where, check_text_values, error_hint,
+                                           with_path)
 
 log = logging.getLogger(__name__)
 
@@ -543,9 +544,10 @@ class Source(abc.ABC):
         not grow with the file. The default reads whole files with ``read_file``.
 
         Raises:
-          ValueError: a record (``on_error="raise"``) or the file cannot be
-            read, naming the file and the record; a split a whole-file source
-            cannot read.
+          BadInputError (a ValueError): a record the ``on_error`` policy
+            raises on, naming the file and the record.
+          ValueError: the file cannot be read, naming it; a split a
+            whole-file source cannot read.
           TypeError: the subclass defines neither ``read_split`` nor ``read_file``.
         """
         if type(self).read_file is Source.read_file:
@@ -580,9 +582,10 @@ class Source(abc.ABC):
             try:
                 yield from self.read_batches(split, batch_records)
             except ValueError as e:
-                if str(e).startswith(path):
+                named = with_path(e, path)
+                if named is e:
                     raise
-                raise ValueError(f"{path}: {e}") from None
+                raise named from None
 
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
         """The records of one whole file: ``read_split(Split(file_index, path))``."""
@@ -664,7 +667,7 @@ class Source(abc.ABC):
         the message is ``where`` then ``problem`` (``" is not valid JSON: ..."``)."""
         where = as_where(where)
         if self.on_error.actions[kind] == "raise":
-            raise ValueError(f"{where.raised()}{problem}; {error_hint(kind)}")
+            raise BadInputError(f"{where.raised()}{problem}; {error_hint(kind)}")
         return SourceRecord(file_index, record_number, {}, raw, RecordIssue("skipped", kind, f"{where.text}{problem}"))
 
 
@@ -679,6 +682,11 @@ class FileSource(Source):
 
     def __init__(self, pattern: str | Sequence[str], *, on_error: "str | Mapping[str, str] | None" = None,
                  exclude: str | Sequence[str] = ()):
+        if isinstance(pattern, Mapping):  # seqio's split_to_filepattern: a Task takes one source per split
+            kind = type(self).__name__
+            raise TypeError(f"{kind} takes a file pattern, not a mapping (keys {list(pattern)!r}); for a source per "
+                            f"split give the Task a mapping of split -> source instead: Task(..., source="
+                            f"{{'train': {kind}('train*'), 'validation': {kind}('valid*')}})")
         self.patterns = _patterns(pattern)
         self.on_error = ErrorPolicy(on_error)
         self.exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)

@@ -36,11 +36,12 @@ of each identical record in provenance order (file index, record number) is
 kept and every other copy is skipped: quarantined and counted like any
 skipped record.
 
-``"raise"`` raises ``ValueError`` naming the file, the record, the problem and
-the option that accepts it. ``"skip"`` yields the record with ``data == {}``
-and ``issue == RecordIssue("skipped", kind, message)`` (counted, and written to
-the quarantine file). ``"replace"`` keeps it repaired, with ``issue ==
-RecordIssue("replaced", kinds, message)``: invalid UTF-8 and control
+``"raise"`` raises ``BadInputError`` (a ``ValueError``) naming the file, the
+record, the problem and the option that accepts it. ``"skip"`` yields the
+record with ``data == {}`` and ``issue == RecordIssue("skipped", kind,
+message)`` (counted, and written to the quarantine file). ``"replace"`` keeps
+it repaired, with ``issue == RecordIssue("replaced", kinds, message)``:
+invalid UTF-8 and control
 characters become U+FFFD, a carriage return inside a line a newline, U+2581 a
 space. ``"keep"`` accepts the text and names the kind in
 ``SourceRecord.kept`` (counted in ``statistics.bad_input_records.kept``). The
@@ -263,6 +264,22 @@ def suspect_utf8_values(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.unique(np.searchsorted(ends, lead[keep], side="right"))
 
 
+class BadInputError(ValueError):
+    """A record the source's ``on_error`` policy raises on (the kind's action is
+    ``"raise"``); the message names the record and ends with ``error_hint``'s
+    way to accept, repair or skip it."""
+
+
+def with_path(error: ValueError, path: str) -> ValueError:
+    """``error`` with its message starting with ``path`` (the file it came from):
+    ``error`` itself when it does, else a new one of the same kind (a
+    ``BadInputError`` stays one, anything else becomes a ``ValueError``)."""
+    if str(error).startswith(path):
+        return error
+    kind = BadInputError if isinstance(error, BadInputError) else ValueError
+    return kind(f"{path}: {error}")
+
+
 def error_hint(kind: str) -> str:
     """How to accept, repair or skip records of ``kind``, for error messages."""
     return (f"set the source's on_error={{{kind!r}: ...}} to {_HOW[kind]} "
@@ -337,7 +354,7 @@ def check_text_values(data: dict, where: "str | Where", policy: ErrorPolicy,
                 continue
             message = f"{label(key, action == 'raise')} is empty (no token ids)"
             if action == "raise":
-                raise ValueError(f"{message}; {error_hint('empty')}")
+                raise BadInputError(f"{message}; {error_hint('empty')}")
             return None, repairs, ("empty", message)
         if not isinstance(value, str):
             continue
@@ -356,7 +373,7 @@ def check_text_values(data: dict, where: "str | Where", policy: ErrorPolicy,
             action = policy.actions[kind]
             message = f"{label(key, action == 'raise')} {description}"
             if action == "raise":
-                raise ValueError(f"{message}; {error_hint(kind)}")
+                raise BadInputError(f"{message}; {error_hint(kind)}")
             if action == "skip":
                 return None, repairs, (kind, message)
             value = _REPAIRS[kind](value)

@@ -144,5 +144,9 @@ def test_info_shows_the_metrics(eval_cache):
     shown = shown[0] if isinstance(shown, list) else shown
     text = shown["features"]["targets_pretokenized"]["text"]
     assert text in DE
+    plain = subprocess.run([sys.executable, "-m", "seqcache", "show", eval_cache], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": "200"})
+    assert plain.returncode == 0 and not plain.stderr, plain.stderr
+    assert "targets_pretokenized: " in plain.stdout and text in plain.stdout
     verified = subprocess.run([sys.executable, "-m", "seqcache", "verify", eval_cache], capture_output=True, text=True)
     assert verified.returncode == 0, verified.stdout + verified.stderr

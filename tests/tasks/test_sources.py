@@ -20,7 +20,7 @@ def _first(source, n=None):
 
 def test_text_lines_tinyshakespeare(corpora):
     path = str(corpora.shakespeare)
-    with pytest.raises(ValueError, match=r"input.txt: line 3 \(byte 61\) is empty; .*--on-error empty="):
+    with pytest.raises(S.BadInputError, match=r"input.txt: line 3 \(byte 61\) is empty; .*--on-error empty="):
         _first(S.TextLineSource(path, on_error="raise"))  # empty lines raise when asked to
     # By default the blank lines that separate speeches are skipped, each marked for the quarantine file.
     default = list(S.TextLineSource(path).read_all())
@@ -287,6 +287,14 @@ def _texts(source):
             for r in source.read_all()]
 
 
+def test_with_path_names_the_file_once_and_keeps_bad_input_typed():
+    bad = S.with_path(S.BadInputError("line 2 is empty; set ..."), "a.txt")
+    assert type(bad) is S.BadInputError and str(bad) == "a.txt: line 2 is empty; set ..."
+    assert S.with_path(bad, "a.txt") is bad
+    plain = S.with_path(ValueError("no"), "b.txt")
+    assert type(plain) is ValueError and str(plain) == "b.txt: no"
+
+
 def test_control_characters_raise_skip_replace_or_keep(tmp_path):
     p = tmp_path / "ctl.txt"
     # ESC, a C1 control (U+0092, cp1252 mojibake) and NUL; tab, form feed and NEL are whitespace, not controls.
@@ -352,11 +360,11 @@ def test_empty_values_in_every_kind_of_source(tmp_path):
     pq.write_table(pa.table({"text": ["x", "  "]}), tmp_path / "e.parquet")
     # A zero-byte file has no lines (no record), but as a whole file it is one empty record.
     assert _first(S.TextLineSource(str(tmp_path / "zero.txt"))) == []
-    with pytest.raises(ValueError, match=r"zero.py: file is empty"):
+    with pytest.raises(S.BadInputError, match=r"zero.py: file is empty"):
         _first(S.TextFileSource(str(tmp_path / "zero.py"), on_error="raise"))
-    with pytest.raises(ValueError, match=r"e.jsonl: line 2 \(byte 14\) is empty"):
+    with pytest.raises(S.BadInputError, match=r"e.jsonl: line 2 \(byte 14\) is empty"):
         _first(S.JsonLinesSource(str(tmp_path / "e.jsonl"), on_error="raise"))
-    with pytest.raises(ValueError, match=r"e.parquet: record 1 \(row index 1\) holds only whitespace"):
+    with pytest.raises(S.BadInputError, match=r"e.parquet: record 1 \(row index 1\) holds only whitespace"):
         _first(S.ParquetSource(str(tmp_path / "e.parquet"), on_error="raise"))
     # By default each is skipped, with its kind.
     for source, kind in [(S.TextFileSource(str(tmp_path / "zero.py")), "empty"),

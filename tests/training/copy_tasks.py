@@ -4,7 +4,7 @@ exact_match, registered as ``copy`` and ``copy_t5`` (two runs in one test
 session), and ``copy_bad_metric`` with a metric that raises.
 
 ``copy_task(name, pattern)`` builds the same task over other files (the
-tests build the train and validation caches with it)."""
+tests build the train and validation caches with it; ``packing=`` packs them)."""
 
 from seqcache import tasks
 from seqcache.tasks import metrics
@@ -16,7 +16,7 @@ def broken_metric(targets, predictions):
     raise ZeroDivisionError("no examples counted")
 
 
-def copy_task(name, pattern, metric_fns=(metrics.exact_match,)):
+def copy_task(name, pattern, metric_fns=(metrics.exact_match,), packing=None):
     vocab = tasks.ByteVocabulary()
     return tasks.Task(
         name,
@@ -24,6 +24,7 @@ def copy_task(name, pattern, metric_fns=(metrics.exact_match,)):
         output_features={"inputs": tasks.Feature(vocab), "targets": tasks.Feature(vocab)},
         preprocessors=[P.rekey({"inputs": "text", "targets": "text"}), P.tokenize(), P.append_eos_after_trim()],
         metric_fns=metric_fns,
+        packing=packing,
     )
 
 

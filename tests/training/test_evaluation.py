@@ -6,11 +6,13 @@ the files it writes, their provenance, and a metric that fails."""
 import json
 import os
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from seqcache import format as fmt
 from seqcache import pipelines
 from seqcache.cli import main
 from seqcache.training.metrics import read_metrics, read_tensorboard
@@ -127,6 +129,7 @@ def test_decoder_learns_to_copy_and_seqcache_eval_scores_it(copy_caches, tmp_pat
     folder = run / "eval" / "copy" / "validation" / f"step_{STEPS}"
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["metrics"] == summary["metrics"]["copy"] and metrics["num_examples"] == EVAL_LINES
+    assert metrics["decode"]["method"] == "greedy" and metrics["decode"]["max_decode_length"] >= LENGTH - 1
     rows = _check_predictions(folder, held_out, str(root / "validation.txt"))
     # exact_match as t5.evaluation.metrics gives it: a percentage, here recomputed from the predictions.
     recomputed = 100.0 * np.mean([r["prediction"] == r["targets"] for r in rows])
@@ -272,6 +275,75 @@ def test_a_failing_metric_during_training_stops_the_run_after_its_checkpoint(cop
     assert not (run / "eval").exists() or not any(p.is_file() for p in (run / "eval").rglob("*"))
 
 
+def _packed_copy_caches(root, tmp_path):
+    """tmp_path/caches/copy/{train (a copy of the unpacked one), validation (first-fit packed, 16 tokens a row)}."""
+    caches = tmp_path / "caches"
+    shutil.copytree(root / "caches" / "copy" / "train", caches / "copy" / "train")
+    task = _load_copy_tasks().copy_task("copy", str(root / "validation.txt"), packing="first_fit")
+    pipelines.build_task(task, cache_dir=str(caches), config=pipelines.BuildConfig(
+        split="validation", num_shards=1, sequence_length={"inputs": 2 * LENGTH, "targets": 2 * LENGTH}))
+    packed = caches / "copy" / "validation"
+    manifest = fmt.read_manifest(str(packed))
+    assert manifest.packing == "first_fit" and manifest.num_examples < EVAL_LINES  # rows are not examples
+    return caches, packed
+
+
+@pytest.fixture(scope="module")
+def tiny_run(copy_caches, tmp_path_factory):
+    """A run of the tiny decoder trained 2 steps on the copy task (for the eval's refusals)."""
+    root, _ = copy_caches
+    run = tmp_path_factory.mktemp("tiny") / "run"
+    _train(root / "caches", "copy", run, "tiny", 2, 1e-3)
+    return run
+
+
+def test_a_packed_eval_cache_is_refused_before_anything_is_decoded_or_written(copy_caches, tiny_run, tmp_path):
+    root, _ = copy_caches
+    caches, packed = _packed_copy_caches(root, tmp_path)
+    before = (tiny_run / "metrics.jsonl").read_text()
+    for command in ("eval", "infer"):
+        res = _invoke([command, "--checkpoint-dir", str(tiny_run), "--module", MODULE, "--task", str(packed)])
+        errors = [x for x in res.output.splitlines() if x.startswith("error:")]
+        assert res.exit_code == 1 and len(errors) == 1, res.output
+        assert str(packed) in errors[0] and "first_fit" in errors[0] and "without packing" in errors[0]
+    assert not (tiny_run / "eval").exists() and not (tiny_run / "infer").exists()
+    assert (tiny_run / "metrics.jsonl").read_text() == before
+    # Training with the packed split as --eval-split stops before its first step.
+    run2 = tmp_path / "run2"
+    res = _invoke(["train", "--module", MODULE, "--cache-dir", str(caches), "--task", "copy", "--model", "tiny",
+                   "--steps", "2", "--batch-size", "32", "--sequence-length", str(2 * LENGTH),
+                   "--checkpoint-dir", str(run2), "--eval-split", "validation", "--set",
+                   f"inputs_sequence_length={2 * LENGTH} progress=false checkpoint.async_save=false"])
+    errors = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert res.exit_code == 1 and len(errors) == 1 and str(packed) in errors[0], res.output
+    assert not (run2 / "1").exists() and not (run2 / "2").exists()
+
+
+def test_eval_of_a_cache_naming_metrics_of_an_unregistered_task_says_to_give_module(copy_caches, tiny_run,
+                                                                                    tmp_path):
+    root, _ = copy_caches
+    task = _load_copy_tasks().copy_task("copy_not_registered", str(root / "validation.txt"))
+    pipelines.build_task(task, cache_dir=str(tmp_path), config=pipelines.BuildConfig(split="validation",
+                                                                                     num_shards=1))
+    cache = tmp_path / "copy_not_registered" / "validation"
+    res = _invoke(["eval", "--checkpoint-dir", str(tiny_run), "--task", str(cache)])
+    assert res.exit_code == 2, res.output
+    assert "exact_match" in res.output and "'copy_not_registered' is not registered" in res.output
+    assert "--module" in res.output and not (tiny_run / "eval").exists()
+    # Predictions without metrics need no module.
+    res = _invoke(["infer", "--checkpoint-dir", str(tiny_run), "--task", str(cache), "--output-dir",
+                   str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+
+
+def test_eval_of_a_split_that_does_not_exist_lists_the_splits_there(copy_caches, tiny_run):
+    root, _ = copy_caches
+    res = _eval(tiny_run, root / "caches", "copy", "--split", "test")
+    errors = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert res.exit_code == 1 and len(errors) == 1, res.output
+    assert errors[0].endswith(f"; {root / 'caches' / 'copy'} holds the splits train, validation"), errors[0]
+
+
 def test_eval_of_a_folder_that_is_no_run_says_so(tmp_path):
     res = _invoke(["eval", "--checkpoint-dir", str(tmp_path), "--task", "copy"])
     assert res.exit_code == 1 and "no config.json" in res.output and str(tmp_path) in res.output
@@ -291,3 +363,20 @@ def test_until_eos_cuts_at_the_first_eos_and_drops_padding():
 
     assert until_eos(np.array([5, 0, 6, 1, 7, 1, 0]), 1) == [5, 6]
     assert until_eos(np.array([5, 6, 7]), 1) == [5, 6, 7]
+
+
+def test_metrics_jsonl_writes_nan_and_infinity_as_null(tmp_path):
+    from seqcache.training.metrics import MetricsWriter
+
+    path = tmp_path / "metrics.jsonl"
+    writer = MetricsWriter(str(path))
+    writer.write({"step": 3, "loss": float("nan"), "accuracy": 0.5})
+    writer.write({"step": 4, "eval_copy/bleu": float("nan"), "eval_copy/chrf": np.float64("inf"), "eval_n": 7})
+    writer.close()
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    lines = [json.loads(x, parse_constant=refuse) for x in path.read_text().splitlines()]
+    assert lines == [{"step": 3, "loss": None, "accuracy": 0.5},
+                     {"step": 4, "eval_copy/bleu": None, "eval_copy/chrf": None, "eval_n": 7}]

@@ -88,6 +88,7 @@ def test_overlap_benchmark_builds_scans_and_measures_memory(tmp_path):
     assert ntrex["items"] == 1997 and ntrex["peak_tree_rss_mb"] > 0, report
 
 
+@pytest.mark.slow  # a batch search and a training run (about 20-35 s)
 def test_accelerator_benchmark_searches_the_batch_and_trains_from_a_cache(tmp_path, tmp_path_factory,
                                                                           shakespeare_lm_cache):
     cache = shakespeare_lm_cache(tmp_path_factory, num_lines=400, sequence_length=64) / "shakespeare_lm" / "train"
@@ -123,6 +124,7 @@ def test_accelerator_benchmark_searches_the_batch_and_trains_from_a_cache(tmp_pa
     assert "| tiny | 0.1 M | 8 | 64 |" in done.stdout, done.stdout
 
 
+@pytest.mark.slow  # a build on every runner (about 15-35 s)
 def test_runners_benchmark_builds_on_each_runner_and_compares_the_shards(tmp_path):
     out = tmp_path / "runners.json"
     done = subprocess.run(

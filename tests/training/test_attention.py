@@ -175,6 +175,8 @@ def test_config_refuses_splash_with_attention_dropout_and_unknown_settings():
 # -- whole models ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # five models' gradients through the interpreted kernel (about 70 s on 2 cores); the
+# prefix LM's test below keeps splash with scanned layers and remat in the default suite
 def test_decoder_splash_scan_and_remat_agree_with_the_einsum_path():
     """Loss and every gradient: splash, scanned layers and both remat policies
     equal the einsum path to float32 rounding; in bfloat16 splash stays within

@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import pickle
 from typing import Any, Mapping, Sequence
@@ -63,6 +62,7 @@ from seqcache.tasks.sources.lines import line_number_at
 from seqcache.training import config as config_lib
 from seqcache.training import data as data_lib
 from seqcache.training import decoding
+from seqcache.training import metrics as run_metrics_lib
 from seqcache.training.checkpoints import Checkpointer
 from seqcache.training.report import CONFIG_FILE
 from seqcache.training.trainer import Trainer
@@ -430,21 +430,12 @@ def write_outputs(folder: str, records: Sequence[Mapping], summary: Mapping | No
     with fs.atomic_path(os.path.join(folder, PREDICTIONS_FILE)) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             for record in records:
-                f.write(json.dumps(_finite(record), ensure_ascii=False, sort_keys=True) + "\n")
+                f.write(json.dumps(run_metrics_lib.strict_json(record), ensure_ascii=False, sort_keys=True) + "\n")
     if summary is None:
         return
     with fs.atomic_path(os.path.join(folder, METRICS_JSON)) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(_finite(dict(summary)), indent=2, sort_keys=True) + "\n")
-
-
-def _finite(value):
-    """``value`` with NaN and infinities as None (strict JSON)."""
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+            f.write(json.dumps(run_metrics_lib.strict_json(dict(summary)), indent=2, sort_keys=True) + "\n")
 
 
 # -- a run's model and eval tasks ------------------------------------------------------

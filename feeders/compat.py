@@ -6,8 +6,8 @@ cache allows of the run that reads it.
                      denotes its examples only with B (``check_global_batch``).
   hosts H            host h reads rows [h * B / H, (h + 1) * B / H): H divides B
                      (``check_hosts``); a restored run keeps B, only H can change.
-  sequence length L  a cache packed to L_c tokens is read with L >= L_c, never
-                     truncated (``check_sequence_length``).
+  sequence length L  the caches' own by default; a given L only cuts rows
+                     shorter (``seqcache.lengths.fit_lengths``).
   fingerprints       a state's cache is the cache with the same fingerprint and
                      example count, wherever it is found (``check_fingerprints``).
 
@@ -119,46 +119,6 @@ def check_hosts(global_batch_size: int, host_index: int, host_count: int, *, sav
         )
     if not isinstance(h, (int, np.integer)) or not 0 <= h < n:
         raise ValueError(f"host_index must be in [0, {n}) for host_count={n} (got {h!r})")
-
-
-# --- sequence length ---------------------------------------------------------------
-
-def recorded_length(manifest, feature: str) -> int | None:
-    """The sequence length (tokens) a cache's ``seqcache.format.Manifest``
-    records for ``feature`` (packed or trimmed to), or None."""
-    lengths = manifest.sequence_length or {}
-    value = lengths.get(feature) if isinstance(lengths, Mapping) else None
-    return None if value is None else int(value)
-
-
-def packed_length(manifest, feature: str) -> int | None:
-    """The sequence length (tokens) ``feature`` is packed to: the recorded one
-    when the cache stores ``<feature>_segment_ids``, else None (not packed)."""
-    if f"{feature}_segment_ids" not in {f.name for f in manifest.features}:
-        return None
-    return recorded_length(manifest, feature)
-
-
-def check_sequence_length(manifest, sequence_length: int, *, feature: str, cache: Any,
-                          setting: str = "sequence_length=") -> None:
-    """Refuses a sequence length L (tokens per row of ``feature``) shorter than
-    the one the cache (``manifest``, folder ``cache``) is packed to: rows would
-    cut packed segments. ``setting``: how the reader sets L, as written before
-    the value: "sequence_length=" (the Feeder), "--sequence-length " (the CLI).
-
-    Raises:
-      ValueError: "{cache}: the cache is packed to sequence length {L_c}
-        (feature 'f'), but {setting} is {L}: ...", with both fixes.
-    """
-    built = packed_length(manifest, feature)
-    if built is None or built <= sequence_length:
-        return
-    rebuild = f"{sequence_length}" if feature == "targets" else f"{feature}={sequence_length}"
-    raise ValueError(
-        f"{cache}: the cache is packed to sequence length {built} (feature {feature!r}), but "
-        f"{setting.rstrip(' =')} is {sequence_length}: rows would cut packed segments. Use "
-        f"{setting}{built} (or more), or rebuild the cache with --sequence-length {rebuild}"
-    )
 
 
 # --- fingerprints --------------------------------------------------------------------

@@ -40,6 +40,7 @@ from seqcache.feeders import state as state_lib
 from seqcache.feeders.feeder import Feeder, MixtureArg, restore_with
 from seqcache.feeders.stream import (CONVERTER_FEATURES, check_same_features, describe_features, open_mixture,
                                      token_features)
+from seqcache.lengths import sequence_lengths
 
 CONVERTERS = tuple(CONVERTER_FEATURES)  # ("lm", "encdec", "prefix_lm")
 ROW_KEYS = ("task_index", "cache_index", "epoch")
@@ -160,8 +161,11 @@ class ConvertedFeeder:
     Args (keyword-only):
       converter: ``"lm"``, ``"encdec"`` or ``"prefix_lm"``.
       sequence_length: feature -> length: ``{"targets": L}`` for ``lm``,
-        ``{"inputs": Li, "targets": Lt}`` for ``encdec`` and ``prefix_lm``;
-        ``prefix_lm`` rows have Li + Lt tokens.
+        ``{"inputs": Li, "targets": Lt}`` for ``encdec`` and ``prefix_lm``
+        (``prefix_lm`` rows have Li + Lt tokens); an int is every feature's
+        (``seqcache.lengths.sequence_lengths``). A feature left out (or None)
+        gets the caches' own length (``seqcache.lengths.fit_lengths``: a given
+        length only cuts rows shorter, a longer one is refused).
       **feeder_args: the ``Feeder`` arguments (cache or mixture, global batch
         size, hosts, seed, num_epochs, start_step, ...) except ``feature`` and
         ``sequence_length``.
@@ -173,31 +177,32 @@ class ConvertedFeeder:
     mixture must have the same features, and each the converter's.
 
     Raises:
-      ValueError: an unknown converter; lengths missing for its features; a
-        mixture whose caches have different features, or caches without a
+      seqcache.lengths.SequenceLengthError (a ValueError): a length longer
+        than the caches' own, or none where a cache records none.
+      ValueError: an unknown converter; a length for a feature it does not
+        read; a mixture whose caches have different features, or caches without a
         feature the converter reads (naming every cache's task and features and
         the converters that fit them).
     """
 
-    def __init__(self, *, converter: str, sequence_length: Mapping[str, int], **feeder_args: Any):
+    def __init__(self, *, converter: str, sequence_length: Mapping[str, int] | int | None = None,
+                 **feeder_args: Any):
         if converter not in CONVERTERS:
             raise ValueError(f"unknown feature converter {converter!r} (choose one of {CONVERTERS})")
         names = CONVERTER_FEATURES[converter]
-        missing = [n for n in names if n not in sequence_length]
-        if missing:
-            raise ValueError(f"converter {converter!r} needs a sequence length for {list(names)} (missing {missing})")
+        asked = sequence_lengths(sequence_length, names)
         if "feature" in feeder_args:
             raise ValueError("ConvertedFeeder sets feature= itself, per feature")
         _check_caches(converter, feeder_args)
         self.converter = converter
-        self.sequence_length = {n: int(sequence_length[n]) for n in names}
         self.feeders: dict[str, Feeder] = {}
         try:
             for n in names:
-                self.feeders[n] = Feeder(feature=n, sequence_length=self.sequence_length[n], **feeder_args)
+                self.feeders[n] = Feeder(feature=n, sequence_length=asked.get(n), **feeder_args)
         except BaseException:
             self.close()
             raise
+        self.sequence_length = {n: f.sequence_length for n, f in self.feeders.items()}
 
     @property
     def step(self) -> int:
@@ -251,11 +256,11 @@ class ConvertedFeeder:
                 num_threads: int | None = None, prefetch: int | None = None, cache: str | os.PathLike | None = None,
                 mixture: MixtureArg = None, caches_root: str | os.PathLike | None = None, split: str = "train",
                 seed: int | None = None, global_batch_size: int | None = None, converter: str | None = None,
-                sequence_length: Mapping[str, int] | None = None,
+                sequence_length: Mapping[str, int] | int | None = None,
                 num_epochs: Any = Feeder._UNSET) -> "ConvertedFeeder":
         """``Feeder.restore`` for a ``ConvertedFeeder.state()``, with the state's
         converter and lengths; ``converter`` and ``sequence_length`` (feature ->
-        length) are expectations too.
+        length, or an int for every feature) are expectations too.
 
         Raises:
           FeederStateError (a ValueError): a damaged state or converter field;
@@ -274,9 +279,10 @@ class ConvertedFeeder:
         if converter is not None and converter != name:
             raise state_lib.FeederStateError(f"feeder state has converter {name!r}, but this run has converter "
                                              f"{converter!r}{state_lib.RESTORE_HINT}")
-        if sequence_length is not None and dict(sequence_length) != lengths:
+        expected = sequence_lengths(sequence_length, lengths) if sequence_length is not None else None
+        if expected is not None and expected != lengths:
             raise state_lib.FeederStateError(f"feeder state has sequence lengths {lengths}, but this run has "
-                                             f"{dict(sequence_length)}{state_lib.RESTORE_HINT}")
+                                             f"{expected}{state_lib.RESTORE_HINT}")
         return restore_with(state, lambda **arguments: cls(converter=name, sequence_length=lengths, **arguments),
                             expected=dict(seed=seed, global_batch_size=global_batch_size, num_epochs=num_epochs),
                             cache=cache, mixture=mixture, caches_root=caches_root, split=split,

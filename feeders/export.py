@@ -391,8 +391,8 @@ def _open_feeder(*, state, global_batch_size, sequence_length, num_threads, **st
     if state is not None:
         return Feeder.restore(state, host_index=0, host_count=1, num_threads=num_threads,
                               global_batch_size=global_batch_size, sequence_length=sequence_length)
-    if global_batch_size is None or sequence_length is None:
-        raise ValueError("give global_batch_size and sequence_length (or a saved feeder state)")
+    if global_batch_size is None:
+        raise ValueError("give global_batch_size (or a saved feeder state)")
     return Feeder(global_batch_size=global_batch_size, sequence_length=sequence_length, host_index=0, host_count=1,
                   num_threads=num_threads, **stream)
 

@@ -40,6 +40,7 @@ from seqcache.feeders import state as state_lib
 from seqcache.feeders.compat import check_hosts, divisors, host_counts_for  # noqa: F401 (public here too)
 from seqcache.feeders.decode import decode_batch
 from seqcache.feeders.stream import Rate, check_same_features, check_step, feature_layout, open_mixture
+from seqcache.lengths import fit_lengths, sequence_lengths
 
 THREAD_NAME_PREFIX = "seqcache-feeder"
 # What ``mixture=`` takes (see ``Feeder``).
@@ -103,7 +104,12 @@ class Feeder:
         ``seqcache.feeders.schedule``).
       caches_root, split: see ``mixture``.
       global_batch_size: B, rows per step over all hosts.
-      sequence_length: L, tokens per row.
+      sequence_length: L, tokens per row: an int, or a mapping ``{feature: L}``
+        (``seqcache.lengths.sequence_lengths``). Default: the caches' own
+        (``seqcache.lengths.fit_lengths``: the length a cache is packed or
+        trimmed to, else its longest example; the longest over a mixture). A
+        given L only cuts rows shorter; one longer than a packed or trimmed
+        cache's is refused.
       host_index, host_count: h and H (default: ``jax.process_index()`` /
         ``jax.process_count()`` when JAX is installed, else 0 / 1). H must divide B.
       seed: in [0, 2^64); selects the per-epoch orders.
@@ -136,10 +142,11 @@ class Feeder:
 
     Padding rows (only in finite runs, once a task is exhausted) have zeros
     everywhere and zero loss weight. Records longer than L are truncated to L
-    (like seqio's trimming); a packed cache built for a longer sequence length is
-    refused.
+    (like seqio's trimming), packed rows too.
 
     Raises:
+      seqcache.lengths.SequenceLengthError (a ValueError): an L longer than the
+        caches' own, or none given where a cache records none.
       ValueError: bad arguments (host count that does not divide the global batch,
         more hosts than rows, unknown feature, bad rates, ...); a mixture whose
         caches have different features (``stream.check_same_features``: the
@@ -149,13 +156,11 @@ class Feeder:
 
     def __init__(self, *, cache: str | os.PathLike | None = None, mixture: MixtureArg = None,
                  caches_root: str | os.PathLike | None = None, split: str = "train", global_batch_size: int,
-                 sequence_length: int, host_index: int | None = None, host_count: int | None = None, seed: int = 0,
+                 sequence_length: Mapping[str, int] | int | None = None, host_index: int | None = None, host_count: int | None = None, seed: int = 0,
                  num_epochs: int | None = None, start_step: int = 0, feature: str = "targets",
                  num_threads: int | None = None, prefetch: int | None = None):
         host_index, host_count = resolve_hosts(host_index, host_count)
         check_hosts(global_batch_size, host_index, host_count)
-        if not isinstance(sequence_length, (int, np.integer)) or sequence_length < 1:
-            raise ValueError(f"sequence_length must be an integer >= 1 (got {sequence_length!r})")
         if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
             raise ValueError(f"seed must be an integer in [0, 2**64) (got {seed=})")
         if num_epochs is not None and (not isinstance(num_epochs, (int, np.integer)) or num_epochs < 1):
@@ -163,7 +168,6 @@ class Feeder:
         num_threads, prefetch = resolve_threads(num_threads, prefetch)
 
         self.global_batch_size = int(global_batch_size)
-        self.sequence_length = int(sequence_length)
         self.host_index = int(host_index)
         self.host_count = int(host_count)
         self.seed = int(seed)
@@ -180,7 +184,9 @@ class Feeder:
         self.schedule = opened.stages  # None, or [{"step", "rates", "weights"}] (see ``feeders/schedule.py``)
         try:
             check_same_features(self.paths, self.readers)
-            self._layouts = [feature_layout(r, self.feature, self.sequence_length) for r in self.readers]
+            self._layouts = [feature_layout(r, self.feature) for r in self.readers]
+            manifests = {p: r.manifest for p, r in zip(self.paths, self.readers)}
+            self.sequence_length = fit_lengths(sequence_length, manifests, [feature])[feature]
             self.stream = opened.stream(seed=self.seed, num_epochs=self.num_epochs,
                                         global_batch_size=self.global_batch_size)
         except BaseException:
@@ -467,8 +473,9 @@ class Feeder:
     def restore(cls, state: Mapping[str, Any], *, host_index: int | None = None, host_count: int | None = None,
                 num_threads: int | None = None, prefetch: int | None = None, cache: str | os.PathLike | None = None,
                 mixture: MixtureArg = None, caches_root: str | os.PathLike | None = None, split: str = "train",
-                seed: int | None = None, global_batch_size: int | None = None, sequence_length: int | None = None,
-                feature: str | None = None, num_epochs: Any = _UNSET) -> "Feeder":
+                seed: int | None = None, global_batch_size: int | None = None,
+                sequence_length: Mapping[str, int] | int | None = None, feature: str | None = None,
+                num_epochs: Any = _UNSET) -> "Feeder":
         """A feeder positioned where ``state`` was saved: the same global stream,
         for any host count that divides the global batch (G4, G5).
 
@@ -496,6 +503,9 @@ class Feeder:
         """
         state_lib.check_state(state)
         state_lib.refuse_converter_state(state)
+        if sequence_length is not None:  # an int, or {feature: L}: the expectation for the state's feature
+            sequence_length = sequence_lengths(sequence_length, [feature or state["feature"]]).get(
+                feature or state["feature"])
         return restore_with(state, lambda **arguments: cls(sequence_length=state["sequence_length"],
                                                           feature=state["feature"], **arguments),
                             expected=dict(seed=seed, global_batch_size=global_batch_size,

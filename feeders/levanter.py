@@ -36,7 +36,7 @@ import asyncio
 import collections
 import functools
 import threading
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class FeederRows:
     Args (keyword-only): those of ``Feeder`` that define the stream: ``cache`` or
       ``mixture`` (a mixture or a mixture schedule; ``caches_root`` and ``split``
       for a ``seqcache.tasks.Mixture``), ``global_batch_size`` (B),
-      ``sequence_length`` (L), ``seed``, ``num_epochs`` (None: forever),
+      ``sequence_length`` (L; default the caches' own), ``seed``, ``num_epochs`` (None: forever),
       ``feature``; and ``num_threads``, ``prefetch`` (reading only). No host index
       or count: every position of the global stream can be asked for.
 
@@ -75,7 +75,7 @@ class FeederRows:
     """
 
     def __init__(self, *, cache=None, mixture=None, caches_root=None, split: str = "train",
-                 global_batch_size: int, sequence_length: int, seed: int = 0, num_epochs: int | None = None,
+                 global_batch_size: int, sequence_length: Mapping[str, int] | int | None = None, seed: int = 0, num_epochs: int | None = None,
                  feature: str = "targets", num_threads: int | None = None, prefetch: int | None = None):
         self.seed = seed
         self._args = dict(cache=cache, mixture=mixture, caches_root=caches_root, split=split,

@@ -20,6 +20,7 @@ from seqcache.feeders import state as state_lib
 from seqcache.feeders.reader import source_of
 from seqcache.feeders.stream import (IndexStream, check_same_features, check_step, feature_layout, open_mixture,
                                      token_features)
+from seqcache.lengths import fit_lengths
 
 
 def _vocabulary(reader, feature: str):
@@ -212,9 +213,9 @@ def check_as_feeder(opened, stream, *, global_batch_size: int, num_epochs, featu
     """The checks a ``Feeder`` (and ``Feeder.restore``/``get_batch``) runs over
     the same caches and stream, so that a provenance answer is given only for a
     row a feeder would feed: every cache of a mixture has the same features
-    (``stream.check_same_features``), each has ``feature``, a packed cache is
-    not built for a longer sequence length than ``sequence_length`` (when
-    given: a state's), and ``last_step`` is a step of the run
+    (``stream.check_same_features``), each has ``feature``, ``sequence_length``
+    (when given: a state's) is not longer than the caches' own
+    (``seqcache.lengths.fit_lengths``), and ``last_step`` is a step of the run
     (``stream.check_step``: a finite run ends).
 
     Raises:
@@ -222,7 +223,9 @@ def check_as_feeder(opened, stream, *, global_batch_size: int, num_epochs, featu
     """
     check_same_features(opened.paths, opened.readers)
     for reader in opened.readers:
-        feature_layout(reader, feature, sequence_length)
+        feature_layout(reader, feature)
+    if sequence_length is not None:
+        fit_lengths(sequence_length, {p: r.manifest for p, r in zip(opened.paths, opened.readers)}, [feature])
     if last_step is not None:
         check_step(last_step, global_batch_size=global_batch_size, num_steps=stream.num_steps(global_batch_size),
                    num_epochs=num_epochs)

@@ -30,7 +30,7 @@ import numpy as np
 
 from seqcache import format as fmt
 from seqcache import fs, layout
-from seqcache.feeders import compat, mixing
+from seqcache.feeders import mixing
 from seqcache.feeders.permutation import FeistelPermutation, epoch_permutation, permute_each
 from seqcache.feeders.reader import CacheReader
 from seqcache.feeders.schedule import Schedule
@@ -247,14 +247,12 @@ def check_same_features(paths: Sequence[str], readers: Sequence[CacheReader], *,
     )
 
 
-def feature_layout(reader: CacheReader, feature: str, sequence_length: int | None) -> dict:
+def feature_layout(reader: CacheReader, feature: str) -> dict:
     """Which stored features of a cache give the tokens and segment ids of
     ``feature``: ``{"tokens": name, "segment_ids": name or None}``.
 
     Raises:
-      ValueError: the cache has no such feature; (``sequence_length`` given) a
-        packed cache built for a longer sequence length
-        (``compat.check_sequence_length``).
+      ValueError: the cache has no such feature.
     """
     names = [f.name for f in reader.features]
     if feature not in names:
@@ -264,8 +262,6 @@ def feature_layout(reader: CacheReader, feature: str, sequence_length: int | Non
     layout = {"tokens": feature, "segment_ids": None}
     if f"{feature}_segment_ids" in names:
         layout["segment_ids"] = f"{feature}_segment_ids"
-        if sequence_length is not None:
-            compat.check_sequence_length(reader.manifest, sequence_length, feature=feature, cache=reader.cache_dir)
     return layout
 
 

@@ -109,7 +109,8 @@ class FeederLoader:
     Args (keyword-only):
       global_batch_size: B, rows per step over all ranks. Must be the same in a
         resumed run (it is part of the stream).
-      sequence_length: L, tokens per row (the model's sequence length).
+      sequence_length: L, tokens per row (the model's sequence length): an
+        int or {feature: L}; default the caches' own (as ``Feeder``'s).
       rank, world_size: r and R (the data-parallel rank and degree). Default:
         ``torch.distributed``'s rank and world size when it is initialised, else
         0 and 1. R must divide B.
@@ -149,7 +150,7 @@ class FeederLoader:
         self,
         *,
         global_batch_size: int,
-        sequence_length: int,
+        sequence_length: Mapping[str, int] | int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         local_batch_size: int | None = None,

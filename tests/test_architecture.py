@@ -3,9 +3,10 @@ rules"), read from the source with ``ast``: every ``import`` counts, those
 inside functions too, so that a lazy import cannot hide a cycle.
 
 The core (``CORE``: the codec, the manifest's fields, the layout, the format,
-the file system, bounded JSON, compression) is in no import cycle, and imports
-nothing of seqcache but the core: never the areas (tasks, pipelines, feeders,
-training) nor the application (the CLI and its commands, verify, report).
+the file system, bounded JSON, compression, sequence lengths) is in no import
+cycle, and imports nothing of seqcache but the core: never the areas (tasks,
+pipelines, feeders, training) nor the application (the CLI and its commands,
+verify, report).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ PACKAGE_DIRS = {
 }
 CORE = frozenset({
     "seqcache.codec", "seqcache.compression", "seqcache.fs", "seqcache.bounded_json", "seqcache.manifest",
-    "seqcache.layout", "seqcache.format", "seqcache.process",
+    "seqcache.layout", "seqcache.format", "seqcache.process", "seqcache.lengths",
 })
 
 

@@ -576,11 +576,11 @@ def test_which_refuses_a_mixed_feature_mixture_state_as_restore_does(pristine, t
     assert "different features" in where
 
 
-def test_which_refuses_a_state_shorter_than_its_packed_cache_as_restore_does(built_lm, tmp_path):
+def test_which_refuses_a_state_longer_than_its_packed_cache_as_restore_does(built_lm, tmp_path):
     with Feeder(cache=built_lm, global_batch_size=B, sequence_length=64, host_index=0, host_count=1) as f:
         state = json.loads(json.dumps(f.state()))
-    out, restored = _which_and_restore(dict(state, sequence_length=32), tmp_path, "--step", 0, "--row", 0)
-    assert "the cache is packed to sequence length 64 (feature 'targets'), but sequence_length is 32" in restored
+    out, restored = _which_and_restore(dict(state, sequence_length=128), tmp_path, "--step", 0, "--row", 0)
+    assert "sequence length 128 for feature 'targets' is longer than the cache's, 64 tokens" in restored
     assert out == f"error: {restored}\n"
 
 

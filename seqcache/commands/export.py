@@ -23,7 +23,8 @@ from seqcache.feeders.export import EXPORT_NAME, export_maxtext, maxtext_flags
 @click.option("--output", required=True, type=click.Path(file_okay=False), help="The export folder (local).")
 @click.option("--batch-size", "--global-batch-size", "batch_size", type=click.IntRange(min=1),
               help="Global batch size B (taken from a saved state).")
-@click.option("--sequence-length", type=click.IntRange(min=1), help="Tokens per row L (taken from a saved state).")
+@click.option("--sequence-length", type=click.IntRange(min=1),
+              help="Tokens per row L [default: a saved state's, else the cache's own; a given L only cuts rows].")
 @click.option("--steps", type=click.IntRange(min=1),
               help="Steps to export, from step 0 or a saved state's step (steps x B records) [default with "
                    "--num-epochs: the rest of the run].")
@@ -68,8 +69,6 @@ def export(target, export_format, output, batch_size, sequence_length, steps, se
     else:
         if kw["global_batch_size"] is None:
             raise click.UsageError("--batch-size is required (the global batch size B of the run)")
-        if sequence_length is None:
-            raise click.UsageError("--sequence-length is required (tokens per row L)")
         if steps is None and num_epochs is None:
             raise click.UsageError("--steps is required (the stream repeats forever without --num-epochs)")
         args.update({k: v for k, v in kw.items() if k != "seed"}, seed=kw["seed"] or 0,

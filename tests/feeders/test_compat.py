@@ -1,10 +1,7 @@
 """The compatibility rules (seqcache.feeders.compat): each refuses with both values."""
 
-from types import SimpleNamespace
-
 import pytest
 
-from seqcache import format as fmt
 from seqcache.feeders import FeederStateError, compat
 from seqcache.feeders import state as state_lib
 
@@ -34,29 +31,6 @@ def test_hosts(b, h, n, saved, message):
         compat.check_hosts(b, h, n, saved=saved)
     assert message in str(e.value)
     compat.check_hosts(b, 0, 1, saved=saved)  # one host always divides
-
-
-def _manifest(names, lengths):
-    return SimpleNamespace(features=[fmt.FeatureSpec(n, "int32") for n in names], sequence_length=lengths)
-
-
-def test_sequence_length_of_a_packed_cache():
-    packed = _manifest(["targets", "targets_segment_ids", "inputs", "inputs_segment_ids"],
-                       {"targets": 114, "inputs": 512})
-    assert compat.packed_length(packed, "targets") == 114 and compat.recorded_length(packed, "inputs") == 512
-    compat.check_sequence_length(packed, 114, feature="targets", cache="c/t/train")
-    with pytest.raises(ValueError) as e:
-        compat.check_sequence_length(packed, 256, feature="inputs", cache="c/t/train",
-                                     setting="--set inputs_sequence_length=")
-    assert str(e.value) == (
-        "c/t/train: the cache is packed to sequence length 512 (feature 'inputs'), but --set inputs_sequence_length "
-        "is 256: rows would cut packed segments. Use --set inputs_sequence_length=512 (or more), or rebuild the "
-        "cache with --sequence-length inputs=256")
-    # Unpacked caches are trimmed, never refused; a length not recorded is not checked.
-    trimmed = _manifest(["targets"], {"targets": 512})
-    assert compat.packed_length(trimmed, "targets") is None and compat.recorded_length(trimmed, "targets") == 512
-    compat.check_sequence_length(trimmed, 8, feature="targets", cache="c")
-    compat.check_sequence_length(_manifest(["targets", "targets_segment_ids"], None), 8, feature="targets", cache="c")
 
 
 def _entry(path, fingerprint, task="t", n=10):

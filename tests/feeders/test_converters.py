@@ -6,6 +6,7 @@ import pytest
 from seqcache import tasks
 from seqcache.feeders import ConvertedFeeder, autoregressive_inputs
 from seqcache.feeders import converters as C
+from seqcache.lengths import SequenceLengthError
 from seqcache.pipelines.build import BuildConfig, build_task
 from seqcache.tasks import preprocessors as P
 
@@ -127,8 +128,14 @@ def test_lm_and_prefix_lm(caches):
         assert b["decoder_loss_weights"][r].tolist() == [0] * n_in + [1] * n_tg + [0] * (192 - n_in - n_tg)
     with pytest.raises(ValueError, match="unknown feature converter 'bert'"):
         ConvertedFeeder(converter="bert", cache=plain, sequence_length={}, global_batch_size=4)
-    with pytest.raises(ValueError, match="needs a sequence length"):
-        ConvertedFeeder(converter="encdec", cache=plain, sequence_length={"targets": 8}, global_batch_size=4)
+    # A feature left out reads the cache's own length; a longer one is refused.
+    with ConvertedFeeder(converter="encdec", cache=plain, sequence_length={"targets": 8}, global_batch_size=4,
+                         host_index=0, host_count=1) as f:
+        assert f.sequence_length == {"inputs": 96, "targets": 8}
+        assert f.get_batch(0)["encoder_input_tokens"].shape == (4, 96)
+    with pytest.raises(SequenceLengthError, match="sequence length 97 for feature 'inputs' is longer than the "
+                                                  "cache's, 96 tokens"):
+        ConvertedFeeder(converter="encdec", cache=plain, sequence_length=97, global_batch_size=4)
 
 
 def test_a_mixture_of_an_lm_and_a_translation_task_is_refused_by_every_converter(caches, tmp_path, fx):

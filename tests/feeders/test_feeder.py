@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from seqcache.feeders import Feeder, positions_from_segment_ids, rate_num_examples
+from seqcache.lengths import SequenceLengthError
 
 KEYS = ("targets", "targets_segment_ids", "targets_positions", "targets_loss_weights", "task_index",
         "cache_index", "epoch")
@@ -71,9 +72,27 @@ def test_packed_cache_keeps_segments_and_positions(tmp_path, fx):
             assert b["targets_positions"][r].tolist() == list(range(a)) + list(range(12 - a - pad)) + [0] * pad
             assert b["targets_loss_weights"][r].tolist() == [float(s > 0) for s in seg]
             assert b["targets"][r, 0] == i + 1
-    # A packed cache is never truncated: a shorter sequence length is refused.
-    with pytest.raises(ValueError, match="packed to sequence length 12"):
-        Feeder(cache=str(tmp_path / "p"), global_batch_size=4, sequence_length=8, host_index=0, host_count=1)
+    # The cache's own length is the default; a shorter one cuts the packed rows; a longer one is refused.
+    with Feeder(cache=str(tmp_path / "p"), global_batch_size=4, host_index=0, host_count=1) as whole, \
+            Feeder(cache=str(tmp_path / "p"), global_batch_size=4, sequence_length={"targets": 8}, host_index=0,
+                   host_count=1) as cut:
+        assert (whole.sequence_length, cut.sequence_length) == (12, 8)
+        full, short = whole.get_batch(1), cut.get_batch(1)
+        for key in ("targets", "targets_segment_ids", "targets_positions", "targets_loss_weights"):
+            assert short[key].shape == (4, 8)
+            assert np.array_equal(short[key], full[key][:, :8]), key
+    with pytest.raises(SequenceLengthError) as e:
+        Feeder(cache=str(tmp_path / "p"), global_batch_size=4, sequence_length=13, host_index=0, host_count=1)
+    assert str(e.value) == (f"{tmp_path / 'p'}: sequence length 13 for feature 'targets' is longer than the cache's, "
+                            "12 tokens; leave sequence_length out to read rows of 12, or give at most 12")
+
+
+def test_a_cache_without_a_recorded_length_needs_one(tmp_path, fx):
+    fx.write_fixture_cache(tmp_path / "u", n=6, length=5)
+    with pytest.raises(SequenceLengthError, match="the cache records no sequence length for feature 'targets'"):
+        Feeder(cache=str(tmp_path / "u"), global_batch_size=2, host_index=0, host_count=1)
+    with Feeder(cache=str(tmp_path / "u"), global_batch_size=2, sequence_length=9, host_index=0, host_count=1) as f:
+        assert f.get_batch(0)["targets_loss_weights"].sum(axis=1).tolist() == [5.0, 5.0]
 
 
 def test_positions_from_segment_ids():

@@ -130,10 +130,10 @@ def open_cache(path: str) -> Data:
     if not layout.is_cache(path):
         sys.exit(f"--cache {path}: not a cache folder (no manifest.json); build one with scripts/tpu_bundle.sh")
     source = data_lib.resolve_source(config_lib.DataConfig(task=path), "train")
-    length = data_lib.packed_length_of(source, "targets")
-    if length is None:
-        sys.exit(f"--cache {path}: the manifest records no sequence length for 'targets'; the benchmark "
-                 "needs a packed cache (seqcache build ... --sequence-length N --pack)")
+    try:
+        length = data_lib.source_lengths(source, None, ["targets"])["targets"]
+    except ValueError as e:
+        sys.exit(f"{e}; the benchmark needs a packed cache (seqcache build ... --sequence-length N --pack)")
     return Data(source=source, sequence_length=length, num_examples=data_lib.num_examples_of(source))
 
 
@@ -170,7 +170,8 @@ def make_config(preset: str, data: Data, batch_size: int, steps: int, overrides:
     cfg = config_lib.apply_overrides(cfg, overrides)
     # What seqcache train takes from the cache: converter, inputs length, vocabulary size.
     converter = data_lib.resolve_converter(cfg, data.source, model_label=preset)
-    inputs_length = data_lib.packed_length_of(data.source, "inputs") if converter != "lm" else None
+    inputs_length = (data_lib.source_lengths(data.source, cfg.inputs_sequence_length, ["inputs"])["inputs"]
+                     if converter != "lm" else None)
     vocab = cfg.model.vocab_size or data_lib.model_vocab_size(data.source, converter)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, converter=converter),
                               inputs_sequence_length=cfg.inputs_sequence_length or inputs_length,

@@ -37,6 +37,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from seqcache import format as fmt
 from seqcache import fs, process
 from seqcache.layout import cache_path  # noqa: F401  (re-exported: seqcache.pipelines.cache_path)
+from seqcache.lengths import sequence_lengths
 from seqcache.manifest import Manifest
 from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import plan as plan_mod
@@ -83,8 +84,10 @@ class BuildConfig:
     Attributes:
       split: split name, the last folder of the cache path (``<task>/<split>``).
       seed: shuffle seed in [0, 2**64); also seeds random preprocessing per record.
-      sequence_length: feature name -> length in tokens; used by ``trim`` and by
-        packing. None leaves examples at their natural length.
+      sequence_length: feature name -> length in tokens, or an int for every
+        output feature of the task (``seqcache.lengths.sequence_lengths``);
+        used by ``trim`` and by packing. None leaves examples at their natural
+        length.
       num_shards: shard count; None derives it from the corpus's content size
         (the uncompressed size of its text: ``plan.content_bytes``) and
         ``shard_size``.
@@ -107,7 +110,7 @@ class BuildConfig:
 
     split: str = "train"
     seed: int = 0
-    sequence_length: Mapping[str, int] | None = None
+    sequence_length: Mapping[str, int] | int | None = None
     num_shards: int | None = None
     shard_size: int | None = None
     exclude_benchmarks: Sequence[Any] = ()
@@ -157,12 +160,15 @@ def task_for_split(task, split: str):
         raise BuildError(str(e)) from None
 
 
-def _check_task(task, config: BuildConfig) -> None:
-    lengths, features, name = config.sequence_length or {}, task.output_features, task.name
-    unknown = sorted(set(lengths) - set(features))
-    if unknown:
-        raise BuildError(f"task {name!r}: sequence length given for {unknown}, which the task does not produce "
-                         f"(its features: {sorted(features)})")
+def _check_task(task, config: BuildConfig) -> BuildConfig:
+    """``config`` with its sequence lengths as a mapping over the task's
+    features (``seqcache.lengths.sequence_lengths``: an int is every
+    feature's), once checked against the task's packing (BuildError)."""
+    features, name = task.output_features, task.name
+    try:
+        lengths = sequence_lengths(config.sequence_length, features)
+    except ValueError as e:
+        raise BuildError(f"task {name!r}: {e}") from None
     if task.packing not in (None, "lm", "first_fit"):
         raise BuildError(f"task {name!r}: unknown packing {task.packing!r} (expected None, 'lm' or 'first_fit')")
     missing = [n for n in features if n not in lengths]
@@ -174,6 +180,7 @@ def _check_task(task, config: BuildConfig) -> None:
     if task.packing == "lm" and missing:
         raise BuildError(f"task {name!r}: packing='lm' needs a sequence length for feature {missing[0]!r} "
                          f"(pass --sequence-length {missing[0]}=N)")
+    return dataclasses.replace(config, sequence_length=lengths or None)
 
 
 def build_task(
@@ -221,7 +228,7 @@ def build_task(
     """
     start = time.monotonic()
     task = task_for_split(task, config.split)
-    _check_task(task, config)
+    config = _check_task(task, config)
     options, runner = runner_mod.pipeline_options(pipeline_args)
     try:
         runner_mod.check_runner_available(runner, options)

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from seqcache import format as fmt
 from seqcache import fs, layout
+from seqcache import lengths as lengths_lib
 from seqcache.feeders import mixing
 from seqcache.tasks import describe_record
 
@@ -84,10 +85,7 @@ def _summary(m: fmt.Manifest) -> dict:
 
 
 def _sequence_length(m: fmt.Manifest, name: str) -> int | None:
-    lengths = m.sequence_length
-    if isinstance(lengths, Mapping) and lengths.get(name) is not None:
-        return int(lengths[name])
-    return None
+    return lengths_lib.built_lengths(m).get(name)
 
 
 def _not_recorded(m: fmt.Manifest) -> str:

@@ -307,11 +307,14 @@ class TrainConfig:
       steps: number of optimizer steps of the whole run (a resumed run continues
         up to this number).
       global_batch_size: rows per step over all hosts (B).
-      sequence_length: tokens per row (L); of the decoder (targets) for the
-        encdec and prefix_lm converters.
+      sequence_length: tokens per row (L) of the ``targets`` feature (of the
+        decoder for the encdec and prefix_lm converters); None: the cache's
+        own, which ``seqcache train`` fills in (``seqcache.lengths``: a given
+        length only cuts rows shorter; one longer than the cache's is
+        refused). A ``Trainer`` built in Python needs it given.
       inputs_sequence_length: encdec and prefix_lm only: tokens of the
-        ``inputs`` feature per row (Li); ``seqcache train`` takes it from the
-        cache manifest when unset.
+        ``inputs`` feature per row (Li); None: the cache's own, as for
+        ``sequence_length``. ``lengths`` gives both as one mapping.
       num_microbatches: gradient accumulation inside the step (M divides B).
       loss_chunks: the output layer and the loss run over each (micro)batch in
         this many chunks of rows (``lax.scan``), each chunk's logits recomputed
@@ -337,7 +340,7 @@ class TrainConfig:
     rules: str = "dp"
     steps: int = 100
     global_batch_size: int = 8
-    sequence_length: int = 128
+    sequence_length: int | None = None
     inputs_sequence_length: int | None = None
     num_microbatches: int = 1
     loss_chunks: int = 1
@@ -356,11 +359,12 @@ class TrainConfig:
 
     @property
     def lengths(self) -> dict[str, int]:
-        """Sequence length per feature the converter reads: {"targets": L}, plus
-        {"inputs": Li} for encdec and prefix_lm."""
+        """The sequence lengths (``seqcache.lengths``): feature -> tokens per
+        row of the features the converter reads, {"targets": L}, plus
+        {"inputs": Li} for encdec and prefix_lm (0 where not set)."""
         if self.converter == "lm":
-            return {"targets": self.sequence_length}
-        return {"inputs": int(self.inputs_sequence_length or 0), "targets": self.sequence_length}
+            return {"targets": int(self.sequence_length or 0)}
+        return {"inputs": int(self.inputs_sequence_length or 0), "targets": int(self.sequence_length or 0)}
 
     @property
     def tokens_per_step(self) -> int:
@@ -370,7 +374,7 @@ class TrainConfig:
         """Raises ConfigError naming the field when a value cannot work."""
         self.model.validate()
         for name in ("steps", "global_batch_size", "sequence_length", "num_microbatches", "loss_chunks"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
         for name, most in (("global_batch_size", MAX_GLOBAL_BATCH_SIZE), ("sequence_length", MAX_SEQUENCE_LENGTH),
                            ("inputs_sequence_length", MAX_SEQUENCE_LENGTH)):
@@ -390,6 +394,8 @@ class TrainConfig:
             raise ConfigError(f"seed must be in [0, 2**32) (got {self.seed})")
         if self.optimizer.warmup_steps < 0:
             raise ConfigError(f"optimizer.warmup_steps must be >= 0 (got {self.optimizer.warmup_steps})")
+        if self.sequence_length is None:
+            raise ConfigError("sequence_length is not set: give it (the cache's own is filled in by seqcache train)")
 
     def _validate_attention(self) -> None:
         """model.attention=splash needs every length its kernel reads to be a
@@ -398,9 +404,8 @@ class TrainConfig:
         if self.model.attention != "splash":
             return
         conv = self.converter
-        li = int(self.inputs_sequence_length or 0)
-        lengths = {"lm": [self.sequence_length], "prefix_lm": [li + self.sequence_length],
-                   "encdec": [self.sequence_length, li]}.get(conv, [])
+        li, lt = self.lengths.get("inputs", 0), self.lengths["targets"]
+        lengths = {"lm": [lt], "prefix_lm": [li + lt], "encdec": [lt, li]}.get(conv, [])
         if any(n % SPLASH_BLOCK for n in lengths):
             raise ConfigError(
                 f"model.attention='splash' needs sequence lengths that are multiples of {SPLASH_BLOCK} (the "
@@ -660,8 +665,10 @@ class CommandLineFlags:
     ``mesh`` also "") leaves a field as the layers below set it. ``cache_dir``,
     ``task``, ``split``, ``eval_split`` set ``data``'s fields, ``checkpoint_dir``
     ``checkpoint.directory``, ``mesh`` (``"data=2,fsdp=4,model=1"``,
-    ``partitioning.parse_mesh_flag``) the mesh; the others the ``TrainConfig``
-    fields of those names.
+    ``partitioning.parse_mesh_flag``) the mesh, ``sequence_length`` an int
+    (of targets) or {feature: tokens} ``sequence_length`` (targets) and
+    ``inputs_sequence_length``; the others the ``TrainConfig`` fields of those
+    names.
     """
 
     cache_dir: str | None = None
@@ -670,12 +677,22 @@ class CommandLineFlags:
     eval_split: str | None = None
     steps: int | None = None
     global_batch_size: int | None = None
-    sequence_length: int | None = None
+    sequence_length: Mapping[str, int] | int | None = None
     rules: str | None = None
     seed: int | None = None
     tensorboard: bool | None = None
     mesh: str | None = None
     checkpoint_dir: str | None = None
+
+
+def _length_fields(lengths: Mapping[str, int]) -> dict[str, int]:
+    """{"targets": L, "inputs": Li} (either) as the fields ``sequence_length`` and
+    ``inputs_sequence_length``; ConfigError for another feature."""
+    unknown = sorted(set(lengths) - {"inputs", "targets"})
+    if unknown:
+        raise ConfigError(f"--sequence-length: the models read features 'inputs' and 'targets', not {unknown}")
+    fields = {"targets": "sequence_length", "inputs": "inputs_sequence_length"}
+    return {fields[name]: int(n) for name, n in lengths.items()}
 
 
 def apply_flags(config: TrainConfig, flags: CommandLineFlags) -> TrainConfig:
@@ -687,6 +704,9 @@ def apply_flags(config: TrainConfig, flags: CommandLineFlags) -> TrainConfig:
     given = {f.name: getattr(flags, f.name) for f in dataclasses.fields(flags) if getattr(flags, f.name) is not None}
     data = {k: given.pop(k) for k in ("cache_dir", "task", "split", "eval_split") if k in given}
     updates: dict[str, Any] = {k: v for k, v in given.items() if k not in ("mesh", "checkpoint_dir")}
+    if isinstance(flags.sequence_length, Mapping):  # feature -> tokens: the fields of targets and inputs
+        updates.pop("sequence_length")
+        updates.update(_length_fields(flags.sequence_length))
     updates["data"] = dataclasses.replace(config.data, **data)
     if flags.mesh:
         from seqcache.training import partitioning  # optional: jax (keeps config readable without it)

@@ -27,11 +27,12 @@ import functools
 import math
 import os
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from seqcache import bounded_json, layout
 from seqcache import format as fmt
-from seqcache.feeders import Feeder, compat
+from seqcache import lengths as lengths_lib
+from seqcache.feeders import Feeder
 from seqcache.feeders.converters import ConvertedFeeder
 from seqcache.feeders.stream import check_same_features
 from seqcache.tasks import registry
@@ -288,12 +289,26 @@ def resolve_converter(config: TrainConfig, source: Source, *, model_label: str |
     return chosen
 
 
-def packed_length_of(source: Source, feature: str) -> int | None:
-    """The sequence length the caches were built with for ``feature`` (the
-    largest over the caches), or None when no manifest records one."""
-    lengths = [compat.recorded_length(fmt.read_manifest(path), feature) for path in source.cache_dirs]
-    lengths = [n for n in lengths if n is not None]
-    return max(lengths) if lengths else None
+def source_lengths(source: Source, given: Mapping[str, int | None] | int | None,
+                   features: Sequence[str]) -> dict[str, int]:
+    """The run's sequence lengths over ``source``'s caches, feature -> tokens
+    (``seqcache.lengths.fit_lengths``): the given ones (None or a mapping's None:
+    not given), else the caches' own; read before anything is compiled (also
+    in a dry run), in the CLI's terms.
+
+    Raises:
+      seqcache.lengths.SequenceLengthError: a length longer than a cache's,
+        or none given where a cache records none (the message names the cache
+        and ``--sequence-length``).
+      ConfigError: a malformed length (not an integer >= 1).
+    """
+    manifests = {path: fmt.read_manifest(path) for path in source.cache_dirs}
+    try:
+        return lengths_lib.fit_lengths(given, manifests, features, setting="--sequence-length ")
+    except lengths_lib.SequenceLengthError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def vocab_size_of(source: Source, feature: str = "targets") -> int:
@@ -334,22 +349,6 @@ def model_vocab_size(source: Source, converter: str) -> int:
     return size
 
 
-def check_sequence_length(source: Source, sequence_length: int, feature: str = "targets") -> None:
-    """Refuses a sequence length shorter than a packed cache's, before anything
-    is compiled (also in a dry run), in the CLI's terms.
-
-    Raises:
-      ConfigError: naming the cache, its packed sequence length and the requested one.
-    """
-    setting = "--sequence-length " if feature == "targets" else "--set inputs_sequence_length="
-    for path in source.cache_dirs:
-        manifest = fmt.read_manifest(path)
-        try:
-            compat.check_sequence_length(manifest, sequence_length, feature=feature, cache=path, setting=setting)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-
-
 def num_examples_of(source: Source) -> int:
     """Examples in the source's caches (all tasks together)."""
     return sum(fmt.read_manifest(path).num_examples for path in source.cache_dirs)
@@ -368,7 +367,7 @@ def make_feeder(config: TrainConfig, source: Source, *, seed: int, num_epochs: i
     ``ConvertedFeeder`` of ``config.converter`` and ``config.lengths``."""
     common = dict(source.kwargs, global_batch_size=config.global_batch_size, seed=seed, num_epochs=num_epochs)
     if config.converter == "lm":
-        return Feeder(**common, sequence_length=config.sequence_length)
+        return Feeder(**common, sequence_length=config.lengths)
     return ConvertedFeeder(converter=config.converter, sequence_length=config.lengths, **common)
 
 

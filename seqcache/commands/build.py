@@ -13,6 +13,7 @@ import click
 
 from seqcache import format as fmt
 from seqcache import fs, interrupts, pipelines, process, tasks
+from seqcache import lengths as lengths_lib
 from seqcache.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
 from seqcache.pipelines.runner import causes, interrupted_in_step, option_value_errors, unknown_flags
@@ -21,23 +22,15 @@ from seqcache.tasks.sources.policy import BadInputError
 
 
 def parse_sequence_length(values, default_feature="targets"):
-    """``("1024",)`` or ``("targets=1024", "inputs=512")`` -> {feature: length}."""
-    out = {}
-    for value in values:
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            name, sep, length = part.rpartition("=")
-            name = name if sep else default_feature
-            try:
-                n = int(length)
-            except ValueError:
-                raise click.BadParameter(f"{part!r}: expected N or FEATURE=N") from None
-            if n < 1:
-                raise click.BadParameter(f"{part!r}: a sequence length must be >= 1")
-            out[name] = n
-    return out or None
+    """``--sequence-length`` (``seqcache.lengths.parse_sequence_length``), None when not given.
+
+    Raises:
+      click.BadParameter: a value that is not N or FEATURE=N (N >= 1).
+    """
+    try:
+        return lengths_lib.parse_sequence_length(values, default_feature) or None
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 # The objectives of an ad-hoc task (``--objective``; ``adhoc_task`` says what each makes).

@@ -16,6 +16,7 @@ from rich.table import Column, Table
 
 from seqcache import bounded_json, fs, layout, tasks
 from seqcache import format as fmt
+from seqcache import lengths as lengths_lib
 from seqcache import manifest as schema
 from seqcache.commands import common
 from seqcache.feeders.reader import CacheReader
@@ -39,12 +40,11 @@ def packing_efficiency(manifest: fmt.Manifest) -> dict[str, float] | None:
     """Per feature, non-padding tokens / all tokens of the rows the feeder
     makes (examples x sequence length), for a cache with a sequence length per
     feature; None otherwise. Units: a fraction in [0, 1]."""
-    lengths = manifest.raw.get("sequence_length") or {}
+    lengths = lengths_lib.built_lengths(manifest)
     tokens = manifest.statistics.get("tokens", {})
-    if (not manifest.num_examples or not tokens or not isinstance(lengths, dict)
-            or any(lengths.get(name) is None for name in tokens)):
+    if not manifest.num_examples or not tokens or any(name not in lengths for name in tokens):
         return None
-    return {name: n / (manifest.num_examples * int(lengths[name])) for name, n in tokens.items()}
+    return {name: n / (manifest.num_examples * lengths[name]) for name, n in tokens.items()}
 
 
 def preprocessors(manifest: fmt.Manifest) -> list[str]:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from seqcache import format as fmt
+from seqcache import lengths as lengths_lib
 from seqcache.feeders import FeederStateError
 from seqcache.training import config as config_lib
 from seqcache.training import data as data_lib
@@ -66,7 +67,9 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 @click.option("--module", "modules", multiple=True, help="Python module or .py file that registers tasks and mixtures (repeatable).")
 @click.option("--steps", type=int, help="Total optimizer steps of the run.")
 @click.option("--batch-size", type=int, help="Global batch size (rows per step over all hosts).")
-@click.option("--sequence-length", type=int, help="Tokens per row.")
+@click.option("--sequence-length", callback=lambda ctx, param, value: _lengths_flag(value),
+              help="Tokens per row: N (of targets) or FEATURE=N, e.g. inputs=512,targets=114 [default: the "
+                   "cache's own; a given length only cuts rows shorter].")
 @click.option("--mesh", "mesh_flag", help="Mesh shape, e.g. data=2,fsdp=4,model=1 (one axis may be -1).")
 @click.option("--rules", type=click.Choice(["dp", "fsdp", "tp", "fsdp+tp"]), help="Logical axis rules preset.")
 @click.option("--checkpoint-dir", help="Checkpoints, config.json and metrics.jsonl; resumes from the latest checkpoint.")
@@ -197,12 +200,11 @@ def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_sche
             data_lib.resolve_source(cfg.data, cfg.data.eval_split, modules, schedule=schedule, for_eval=True)
             if cfg.data.eval_split else None
         )
-        for src in (source, eval_source):
-            for feature, length in (cfg.lengths.items() if src is not None else ()):
-                data_lib.check_sequence_length(src, length, feature)
+        if eval_source is not None:
+            data_lib.source_lengths(eval_source, cfg.lengths, list(cfg.lengths))
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
-    except fmt.CacheError as e:
+    except (fmt.CacheError, lengths_lib.SequenceLengthError) as e:
         _fail(e)
     return cfg, source, eval_source
 
@@ -354,11 +356,14 @@ def throughput_summary(records: list[dict]) -> dict:
 
 
 def _resolve_from_cache(cfg, source, model_preset):
-    """The config with what the cache decides where it is unset: converter, inputs length, vocabulary size."""
+    """The config with what the cache decides where it is unset: converter,
+    sequence lengths (``data_lib.source_lengths``), vocabulary size."""
     converter = data_lib.resolve_converter(cfg, source, model_label=model_preset or cfg.model.architecture)
-    updates = {"data": dataclasses.replace(cfg.data, converter=converter)}
-    if converter != "lm" and cfg.inputs_sequence_length is None:
-        updates["inputs_sequence_length"] = data_lib.packed_length_of(source, "inputs")
+    given = {"targets": cfg.sequence_length, **({"inputs": cfg.inputs_sequence_length} if converter != "lm" else {})}
+    lengths = data_lib.source_lengths(source, given, list(given))
+    updates = {"data": dataclasses.replace(cfg.data, converter=converter), "sequence_length": lengths["targets"]}
+    if converter != "lm":
+        updates["inputs_sequence_length"] = lengths["inputs"]
     if cfg.model.vocab_size is None:
         updates["model"] = dataclasses.replace(cfg.model, vocab_size=data_lib.model_vocab_size(source, converter))
         return dataclasses.replace(cfg, **updates)
@@ -372,6 +377,14 @@ def _resolve_from_cache(cfg, source, model_preset):
             f"its token ids would index outside the embedding; leave model.vocab_size unset or set it to {needed} "
             "or more")
     return dataclasses.replace(cfg, **updates)
+
+
+def _lengths_flag(value):
+    """``--sequence-length``: None, or {feature: tokens} (a bare N is targets')."""
+    try:
+        return lengths_lib.parse_sequence_length((value,), "targets") if value is not None else None
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def _fail(error: BaseException) -> None:

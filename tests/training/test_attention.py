@@ -217,7 +217,7 @@ def test_chunked_loss_equals_the_whole_batch_loss():
     assert_close(loss_and_grads(t5_config(), batch, loss_chunks=2), loss_and_grads(t5_config(), batch), rtol=1e-5)
     from seqcache.training.trainer import Trainer
 
-    bad = config_lib.TrainConfig(model=decoder_config(), global_batch_size=6, loss_chunks=4)
+    bad = config_lib.TrainConfig(model=decoder_config(), global_batch_size=6, sequence_length=128, loss_chunks=4)
     with pytest.raises(config_lib.ConfigError, match="not divisible by loss_chunks=4"):
         Trainer(bad, devices=jax.devices()[:1])
 

@@ -103,14 +103,29 @@ def test_bad_flags_are_usage_errors(cache, tmp_path):
     # 4 heads cannot be split over a 'model' axis of 8 devices: named parameter.
     bad_rule = _train(cache, tmp_path / "d", "--mesh", "data=1,model=8", "--rules", "tp")
     assert bad_rule.exit_code == 2 and "blocks/0/attn/w" in bad_rule.output and "'model' of size 8" in bad_rule.output
-    # A sequence length shorter than the cache's packed one: a usage error naming
-    # the cache and both lengths, in a dry run too, before anything is compiled.
+    # A sequence length longer than the cache's packed one: one error line naming
+    # the cache, the feature and both lengths, in a dry run too, before anything is compiled.
     for extra in ((), ("--dry-run",)):
-        short = _train(cache, tmp_path / "e", "--sequence-length", str(L // 2), *extra)
-        assert short.exit_code == 2, short.output
-        assert (f"{cache / 'shakespeare_lm' / 'train'}: the cache is packed to sequence length {L} (feature "
-                f"'targets'), but --sequence-length is {L // 2}") in short.output
-        assert "Traceback" not in short.output and not (tmp_path / "e").exists()
+        long = _train(cache, tmp_path / "e", "--sequence-length", str(2 * L), *extra)
+        assert long.exit_code == 1, long.output
+        assert long.output == (f"error: {cache / 'shakespeare_lm' / 'train'}: sequence length {2 * L} for feature "
+                               f"'targets' is longer than the cache's, {L} tokens; leave --sequence-length out to "
+                               f"read rows of {L}, or give at most {L}\n")
+        assert not (tmp_path / "e").exists()
+    bad_length = _train(cache, tmp_path / "f", "--sequence-length", "targets=x")
+    assert bad_length.exit_code == 2 and "'targets=x': expected N or FEATURE=N" in bad_length.output
+
+
+def test_the_sequence_length_defaults_to_the_cache_s_and_a_given_one_cuts_rows(cache):
+    args = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8", "--model", "tiny",
+            "--dry-run"]
+    lengths = []
+    for extra in ((), ("--sequence-length", "targets=32"), ("--sequence-length", "32")):
+        res = CliRunner().invoke(train, args + list(extra), catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        lines = res.output.splitlines()
+        lengths.append(json.loads("\n".join(lines[lines.index("{"):]))["sequence_length"])
+    assert lengths == [L, 32, 32]
 
 
 def test_feeder_errors_are_messages_not_tracebacks(cache, tmp_path):

@@ -156,11 +156,12 @@ class Feeder:
 
     def __init__(self, *, cache: str | os.PathLike | None = None, mixture: MixtureArg = None,
                  caches_root: str | os.PathLike | None = None, split: str = "train", global_batch_size: int,
-                 sequence_length: Mapping[str, int] | int | None = None, host_index: int | None = None, host_count: int | None = None, seed: int = 0,
-                 num_epochs: int | None = None, start_step: int = 0, feature: str = "targets",
-                 num_threads: int | None = None, prefetch: int | None = None):
+                 sequence_length: Mapping[str, int] | int | None = None, host_index: int | None = None,
+                 host_count: int | None = None, seed: int = 0, num_epochs: int | None = None, start_step: int = 0,
+                 feature: str = "targets", num_threads: int | None = None, prefetch: int | None = None):
         host_index, host_count = resolve_hosts(host_index, host_count)
         check_hosts(global_batch_size, host_index, host_count)
+        asked = sequence_lengths(sequence_length, [feature])  # malformed: refused before the caches are opened
         if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
             raise ValueError(f"seed must be an integer in [0, 2**64) (got {seed=})")
         if num_epochs is not None and (not isinstance(num_epochs, (int, np.integer)) or num_epochs < 1):
@@ -186,7 +187,7 @@ class Feeder:
             check_same_features(self.paths, self.readers)
             self._layouts = [feature_layout(r, self.feature) for r in self.readers]
             manifests = {p: r.manifest for p, r in zip(self.paths, self.readers)}
-            self.sequence_length = fit_lengths(sequence_length, manifests, [feature])[feature]
+            self.sequence_length = fit_lengths(asked, manifests, [feature])[feature]
             self.stream = opened.stream(seed=self.seed, num_epochs=self.num_epochs,
                                         global_batch_size=self.global_batch_size)
         except BaseException:

@@ -665,8 +665,8 @@ class CommandLineFlags:
     ``mesh`` also "") leaves a field as the layers below set it. ``cache_dir``,
     ``task``, ``split``, ``eval_split`` set ``data``'s fields, ``checkpoint_dir``
     ``checkpoint.directory``, ``mesh`` (``"data=2,fsdp=4,model=1"``,
-    ``partitioning.parse_mesh_flag``) the mesh, ``sequence_length`` an int
-    (of targets) or {feature: tokens} ``sequence_length`` (targets) and
+    ``partitioning.parse_mesh_flag``) the mesh, ``sequence_length`` (an int,
+    the targets', or {feature: tokens}) the fields ``sequence_length`` and
     ``inputs_sequence_length``; the others the ``TrainConfig`` fields of those
     names.
     """

@@ -87,6 +87,14 @@ def test_packed_cache_keeps_segments_and_positions(tmp_path, fx):
                             "12 tokens; leave sequence_length out to read rows of 12, or give at most 12")
 
 
+def test_a_malformed_length_is_refused_before_the_caches_are_opened(tmp_path):
+    for bad in (0, 2.5, {"inputs": 8}):
+        with pytest.raises(ValueError, match="sequence") as e:
+            Feeder(cache=str(tmp_path / "missing"), global_batch_size=2, sequence_length=bad, host_index=0,
+                   host_count=1)
+        assert not isinstance(e.value, SequenceLengthError)
+
+
 def test_a_cache_without_a_recorded_length_needs_one(tmp_path, fx):
     fx.write_fixture_cache(tmp_path / "u", n=6, length=5)
     with pytest.raises(SequenceLengthError, match="the cache records no sequence length for feature 'targets'"):

@@ -1,5 +1,6 @@
 """TrainConfig: presets, JSON round trip, dotted overrides and their errors."""
 
+import dataclasses
 import json
 import re
 
@@ -65,3 +66,17 @@ def test_presets_and_validation():
     with pytest.raises(C.ConfigError, match="head_dim must be even"):
         C.ModelConfig(vocab_size=8, d_model=12, num_heads=4).validate()
     assert C.TrainConfig(global_batch_size=4, sequence_length=32).tokens_per_step == 128
+    # Unset, the sequence length is the cache's, which seqcache train fills in; in Python it is given.
+    unset = C.apply_overrides(C.TrainConfig(), ["model.vocab_size=10"])
+    with pytest.raises(C.ConfigError, match="sequence_length is not set"):
+        unset.validate()
+    dataclasses.replace(unset, sequence_length=16).validate()
+
+
+def test_the_sequence_length_flag_sets_both_length_fields():
+    flags = C.CommandLineFlags(sequence_length={"inputs": 512, "targets": 114})
+    cfg = C.apply_flags(C.TrainConfig(), flags)
+    assert (cfg.sequence_length, cfg.inputs_sequence_length) == (114, 512)
+    assert C.apply_flags(C.TrainConfig(), C.CommandLineFlags(sequence_length=64)).sequence_length == 64
+    with pytest.raises(C.ConfigError, match=r"not \['labels'\]"):
+        C.apply_flags(C.TrainConfig(), C.CommandLineFlags(sequence_length={"labels": 8}))

@@ -1,6 +1,6 @@
 """The ``seqcache`` executable (also ``python -m seqcache`` and ``python -m
 seqcache.cli``): its first statement installs the handling of SIGINT and
-SIGTERM (``seqcache.interrupts``), before the command line's modules are
+SIGTERM (``seqcache.cli.interrupts``), before the command line's modules are
 imported (click, rich and the tasks, about 0.2 s; Beam's 2 s more for
 ``build``), so that a signal at any moment ends the command with one line and
 status 130 or 143 instead of killing it without a word midway through an
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import sys
 
-from seqcache import interrupts
+from seqcache.cli import interrupts
 
 
 def run() -> None:
-    """Runs the command line (``seqcache.cli.run``) with SIGINT and SIGTERM
+    """Runs the command line (``seqcache.cli.main.run``) with SIGINT and SIGTERM
     handled from the start; an interrupt that no command reports itself (one
     while the command line's modules load or ``build`` starts its worker
     processes, which are then killed) is one line on standard error and exit
@@ -29,7 +29,7 @@ def run() -> None:
     status = 0
     interrupts.install()
     try:
-        from seqcache import cli  # after the handlers: a signal while the command line loads is handled
+        from seqcache.cli import main as cli  # after the handlers: a signal while the command line loads is handled
 
         cli.run()
     except KeyboardInterrupt:

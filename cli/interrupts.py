@@ -13,7 +13,7 @@ worker processes) are killed, ``on_deadline`` says what the user needs to
 know, and the process exits with that status anyway.
 
 The ``seqcache`` executable installs the handlers with its first statement
-(``install``, from ``seqcache.executable``), before click, rich or Beam are
+(``install``, from ``seqcache.cli.executable``), before click, rich or Beam are
 imported, so that from then on no signal kills it without a word (status -15;
 only the interpreter's own start-up, before any seqcache code runs, is left to
 Python's defaults); a build installs them again around its pipeline (``handled``),
@@ -68,7 +68,7 @@ def describe() -> str:
 
 
 # The real standard error while a build has taken descriptor 2 away from Beam's
-# workers (``seqcache.commands.common.worker_stderr``, which sets it; and after,
+# workers (``seqcache.cli.commands.common.worker_stderr``, which sets it; and after,
 # when the build ended with an exit or an interrupt); None otherwise.
 real_stderr_fd: int | None = None
 

@@ -1,5 +1,5 @@
 """The ``seqcache`` command line (click): the group of the commands in
-``seqcache/commands``, each module imported only when its command runs.
+``cli/commands``, each module imported only when its command runs.
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import runpy
 
 if __name__ == "__main__":
-    # ``python -m seqcache.cli`` (how ``seqcache train`` starts its processes) is the
+    # ``python -m seqcache.cli.main``, like ``python -m seqcache.cli`` (cli/__main__.py), is the
     # executable, whose first statement handles SIGINT and SIGTERM: before the imports below.
     runpy.run_module("seqcache", run_name="__main__")
 
@@ -29,14 +29,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from seqcache import __version__, interrupts, process  # noqa: E402
+from seqcache import __version__, process  # noqa: E402
+from seqcache.cli import interrupts  # noqa: E402
 from seqcache import format as fmt  # noqa: E402
-from seqcache.commands import common  # noqa: E402
+from seqcache.cli.commands import common  # noqa: E402
 from seqcache.pipelines import workers  # noqa: E402
 from seqcache.tasks.registry import DefinitionsError  # noqa: E402
 from seqcache.tasks.vocabularies import encoding_threads  # noqa: E402
 
-# Every command: name -> (module under seqcache.commands, attribute).
+# Every command: name -> (module under seqcache.cli.commands, attribute).
 _COMMANDS = {"build": ("build", "build"), "eval": ("evaluate", "eval_cmd"), "export": ("export", "export"),
              "infer": ("evaluate", "infer"), "info": ("inspect", "info"),
              "overlap": ("overlap", "overlap"), "report": ("report", "report"), "scan": ("scan", "scan"),
@@ -47,13 +48,13 @@ _COMMANDS = {"build": ("build", "build"), "eval": ("evaluate", "eval_cmd"), "exp
 def _help(name: str) -> str:
     """A command's help (its function's docstring), read from its module's source without importing it."""
     module, attr = _COMMANDS[name]
-    source = importlib.resources.files("seqcache.commands").joinpath(f"{module}.py").read_text(encoding="utf-8")
+    source = importlib.resources.files("seqcache.cli.commands").joinpath(f"{module}.py").read_text(encoding="utf-8")
     return ast.literal_eval(re.search(rf'^def {attr}\(.*?(""".*?""")', source, re.S | re.M).group(1))
 
 
 class _Commands(click.Group):
     """The command group; a command's module is imported when the command runs
-    or shows its help. An interrupt (Ctrl-C, or SIGTERM: ``seqcache.interrupts``)
+    or shows its help. An interrupt (Ctrl-C, or SIGTERM: ``seqcache.cli.interrupts``)
     that a command does not report itself, such as one during its start-up,
     exits with 130 (143 after SIGTERM) and says so in one line, "interrupted"
     ("interrupted by SIGTERM"), instead of click's "Aborted!" and 1.
@@ -69,7 +70,7 @@ class _Commands(click.Group):
     def get_command(self, ctx, name):
         if name not in self.commands and name in _COMMANDS:
             module, attr = _COMMANDS[name]
-            self.add_command(getattr(importlib.import_module(f"seqcache.commands.{module}"), attr), name)
+            self.add_command(getattr(importlib.import_module(f"seqcache.cli.commands.{module}"), attr), name)
         return self.commands.get(name)
 
     def format_commands(self, ctx, formatter):  # the commands' summaries, without importing them
@@ -135,7 +136,7 @@ def _check_environment() -> None:
 
 def run():
     """The command line, as the ``seqcache`` executable runs it once it handles
-    SIGINT and SIGTERM (``seqcache.executable``): ``main``, in a process of
+    SIGINT and SIGTERM (``seqcache.cli.executable``): ``main``, in a process of
     seqcache's own (``seqcache.process.own_process``), then freezes the objects
     left (``gc.freeze``: often over 100,000 of Beam's and protobuf's) so that
     finalisation does not walk them again and again, about 0.2 s of every

@@ -4,7 +4,7 @@ Everything comes from what the build recorded (manifest.json, the source table
 file and, streamed, quarantine.jsonl); no data or provenance record is read. ``cache_report`` gives
 one cache's sections, ``mixture_report`` the stream of a mixture (or a saved
 feeder state) over its first steps: JSON-able dicts that ``seqcache report
---json`` prints and ``seqcache.report_html`` draws. Units: examples and records
+--json`` prints and ``seqcache.cli.report_html`` draws. Units: examples and records
 in records, lengths in tokens, sizes in bytes, shares and efficiencies as
 fractions in [0, 1]; step s, global batch B, global position p = s * B.
 

@@ -2,7 +2,7 @@
 
 Plots are drawn by matplotlib (Agg backend) and embedded as base64 PNG ``data:``
 URLs; the page has no script and no external file, so it opens offline. Every
-number comes from the dict ``seqcache report --json`` prints (``seqcache.report``);
+number comes from the dict ``seqcache report --json`` prints (``seqcache.cli.report``);
 the summary cells carry ``data-key`` (a dotted path into ``seqcache info --json``)
 and ``data-value`` (the exact value), so that a script can read them back.
 """
@@ -256,7 +256,7 @@ code { font-size: .92em; } .warn { color: #a00; }
 
 
 def render(report: Mapping[str, Any], *, title: str | None = None, elapsed_s: float | None = None) -> str:
-    """The HTML page of a report (``seqcache.report.build_report``'s dict)."""
+    """The HTML page of a report (``seqcache.cli.report.build_report``'s dict)."""
     caches = report["caches"]
     if title is None:
         title = ("mixture of " + ", ".join(c["summary"]["task"] for c in caches)) if report.get("mixture") \

@@ -1,5 +1,5 @@
 """``python -m seqcache``: the ``seqcache`` command."""
 
-from seqcache.executable import run
+from seqcache.cli.executable import run
 
 run()

@@ -1324,7 +1324,7 @@ def assemble(values: Mapping[str, Any], fields: Sequence[Field] | None = None, *
     names = [f.name for f in fields]
     unknown = [k for k in values if k not in names]
     if unknown:
-        raise ValueError(f"{what} field(s) {unknown} are not in the manifest schema (seqcache/manifest.py): "
+        raise ValueError(f"{what} field(s) {unknown} are not in the manifest schema (core/manifest.py): "
                          f"add them there first (known: {', '.join(names)})")
     missing = [f.name for f in fields if f.required and f.name not in values]
     if missing:
@@ -1339,7 +1339,7 @@ def json_schema() -> dict:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "seqcache cache manifest (manifest.json)",
-        "description": f"Generated from seqcache/manifest.py (python -m seqcache.manifest --write); "
+        "description": f"Generated from core/manifest.py (python -m seqcache.manifest --write); "
                        f"format version {', '.join(map(str, codec.READ_FORMAT_VERSIONS))}. See docs/cache-format.md.",
         "type": "object",
         **object_schema(MANIFEST_FIELDS),

@@ -1,1 +1,1 @@
-"""One module per CLI command group; see seqcache/cli.py."""
+"""One module per CLI command group; see cli/main.py."""

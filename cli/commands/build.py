@@ -12,8 +12,9 @@ import sys
 import click
 
 from seqcache import format as fmt
-from seqcache import fs, interrupts, pipelines, process, tasks
-from seqcache.commands import common
+from seqcache import fs, pipelines, process, tasks
+from seqcache.cli import interrupts
+from seqcache.cli.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
 from seqcache.pipelines.runner import causes, interrupted_in_step, option_value_errors, unknown_flags
 from seqcache.tasks.sources.base import SPEC_KINDS

@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from seqcache import fs, interrupts, process
+from seqcache import fs, process
+from seqcache.cli import interrupts
 from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, parse_on_error
 
 

@@ -14,8 +14,8 @@ import jax
 
 from seqcache import format as fmt
 from seqcache import pipelines, tasks
-from seqcache.commands import common
-from seqcache.commands.train import start_distributed, summary_line
+from seqcache.cli.commands import common
+from seqcache.cli.commands.train import start_distributed, summary_line
 from seqcache.feeders import FeederStateError
 from seqcache.feeders.reader import CacheReader
 from seqcache.tasks import preprocessors as P

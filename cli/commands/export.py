@@ -1,5 +1,5 @@
 """``seqcache export``: the Feeder's global stream as files another trainer reads
-in that order (``--format maxtext``: seqcache.feeders.export)."""
+in that order (``--format maxtext``: seqcache.feeders.trainers.export)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import sys
 import click
 
 from seqcache import format as fmt
-from seqcache.commands import common
-from seqcache.commands.which import resolve
-from seqcache.feeders.export import EXPORT_NAME, export_maxtext, maxtext_flags
+from seqcache.cli.commands import common
+from seqcache.cli.commands.which import resolve
+from seqcache.feeders.trainers.export import EXPORT_NAME, export_maxtext, maxtext_flags
 
 
 @click.command()

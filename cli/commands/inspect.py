@@ -17,13 +17,13 @@ from rich.table import Column, Table
 from seqcache import bounded_json, fs, layout, tasks
 from seqcache import format as fmt
 from seqcache import manifest as schema
-from seqcache.commands import common
+from seqcache.cli.commands import common
 from seqcache.feeders.reader import CacheReader
 from seqcache.tasks import describe_record
 from seqcache.tasks.task import function_names
 from seqcache.tasks.vocabularies import decode_with_sentinels
-from seqcache.url_reader import UrlCacheReader
-from seqcache.verify import verify_cache
+from seqcache.cli.url_reader import UrlCacheReader
+from seqcache.cli.verify import verify_cache
 
 
 def _open(cache_dir, *, open_shards=True):

@@ -9,10 +9,11 @@ import time
 import click
 
 from seqcache import format as fmt
-from seqcache import fs, report_html
-from seqcache import report as report_lib
-from seqcache.commands import common
-from seqcache.commands.which import resolve
+from seqcache import fs
+from seqcache.cli import report_html
+from seqcache.cli import report as report_lib
+from seqcache.cli.commands import common
+from seqcache.cli.commands.which import resolve
 from seqcache.feeders import state as state_lib
 from seqcache.feeders.stream import open_mixture
 

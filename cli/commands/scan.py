@@ -9,8 +9,8 @@ import click
 from rich.console import Console
 from rich.table import Column, Table
 
-from seqcache.commands import common
-from seqcache.commands.build import adhoc_task
+from seqcache.cli.commands import common
+from seqcache.cli.commands.build import adhoc_task
 from seqcache.tasks.scan import scan_task
 
 

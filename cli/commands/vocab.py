@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Column, Table
 
-from seqcache.commands.common import on_error_option
+from seqcache.cli.commands.common import on_error_option
 from seqcache.tasks import (SampleCounts, describe_record, is_error_record, parse_source_spec, round_trip_problems,
                             sample_for_vocabulary, train_hf_tokenizer, train_sentencepiece, vocabulary_from_spec)
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from seqcache import bounded_json, layout
 from seqcache import format as fmt
-from seqcache.commands import common
+from seqcache.cli.commands import common
 from seqcache.feeders.inverse import excluded_entries, where_in_run, where_in_state
 from seqcache.feeders.provenance import open_checked, locate_row, locate_row_in_state, trace_rows, trace_rows_in_state
 from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE, FeederStateError, load_state

@@ -10,7 +10,7 @@ mixture schedule, finite or forever, so that levanter consumes the Feeder's
 stream exactly, resumes on any process count, and changes nothing in levanter:
 
     from levanter.data.text import DirectDatasetComponent, LmDataConfig
-    from seqcache.feeders.levanter import cache_dataset
+    from seqcache.feeders.trainers.levanter import cache_dataset
 
     train = cache_dataset(cache="caches/wiki/train", global_batch_size=256, sequence_length=1024, seed=0)
     data = LmDataConfig(tokenizer="passthrough", vocab_size=32_000,
@@ -27,7 +27,7 @@ whole recipe.
 Importing this module imports neither levanter nor JAX: ``FeederRows`` (the index
 arithmetic and reads) needs neither, and the ``AsyncDataset`` subclass
 ``FeederDataset`` is defined when first asked for (``cache_dataset(...)``, or
-``from seqcache.feeders.levanter import FeederDataset``), which imports levanter.
+``from seqcache.feeders.trainers.levanter import FeederDataset``), which imports levanter.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ data, and names a ``utils.get_deterministic_dataset(model_dir, start_step)``
 that it never defines. This module gives it:
 
     from __gin__ import dynamic_registration
-    from seqcache.feeders import t5x as seqcache_t5x
+    from seqcache.feeders.trainers import t5x as seqcache_t5x
     import __main__ as train_script
 
     train_script.train.get_dataset_fn = @seqcache_t5x.get_deterministic_dataset
@@ -69,7 +69,7 @@ _TASK_LOCK = threading.Lock()
 def gin_dir() -> str:
     """The folder of the gin files shipped with seqcache (``seqcache_t5_1_1_tiny.gin``,
     ``seqcache_decoder_only_tiny.gin``): pass it to t5x's ``--gin_search_paths``."""
-    return str(resources.files("seqcache.feeders").joinpath("t5x_gin"))
+    return str(resources.files("seqcache.feeders.trainers").joinpath("t5x_gin"))
 
 
 def converter_name(feature_converter_cls: Any, task_feature_lengths: Mapping[str, int]) -> str:
@@ -151,7 +151,7 @@ def feeder_source(name_or_task: Any, *, split: str, caches_root: str | None) -> 
             return {"cache": folder}
     raise ValueError(
         f"train DatasetConfig.mixture_or_task_name {name!r} is not a seqcache cache: give a cache folder "
-        f"(CACHE_DIR/<task>/<split>), a task registered with seqcache.feeders.t5x.seqio_task, or set "
+        f"(CACHE_DIR/<task>/<split>), a task registered with seqcache.feeders.trainers.t5x.seqio_task, or set "
         f"get_deterministic_dataset.caches_root to the folder holding <task>/{split}")
 
 

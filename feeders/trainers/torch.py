@@ -5,7 +5,7 @@ torchtitan's ``(input_dict, labels)`` form, and its ``state_dict()`` is the
 Feeder's JSON state (the global position), so a run resumes exactly on any
 data-parallel world size that divides the global batch (G4, G5)::
 
-    from seqcache.feeders.torch import FeederLoader
+    from seqcache.feeders.trainers.torch import FeederLoader
 
     loader = FeederLoader(cache="caches/wiki/train", global_batch_size=256, sequence_length=512)
     for input_dict, labels in loader:       # rank r of R: rows [r*256/R, (r+1)*256/R) of each step
@@ -282,7 +282,7 @@ class FeederLoader:
         if STATE_KEY not in state_dict:
             raise FeederStateError(
                 f"{where}: no {STATE_KEY!r} (keys: {sorted(state_dict)[:8]}); it was not saved by "
-                "seqcache.feeders.torch.FeederLoader"
+                "seqcache.feeders.trainers.torch.FeederLoader"
             )
         text = state_dict[STATE_KEY]
         if isinstance(text, (bytes, bytearray)):
@@ -481,7 +481,7 @@ def _furthest_worker_state(workers: Mapping[str, Any], since: Any) -> dict[str, 
         state = workers[key].get("dataset_state") if isinstance(workers[key], Mapping) else None
         if not isinstance(state, Mapping) or STATE_KEY not in state:
             raise FeederStateError(f"{where}: worker snapshot {key!r} holds no FeederDataset state; it was not "
-                                   "saved by a StatefulDataLoader over seqcache.feeders.torch.FeederDataset")
+                                   "saved by a StatefulDataLoader over seqcache.feeders.trainers.torch.FeederDataset")
         feeder, j, per_step = _position(state, f"{where}, worker snapshot {key!r}")
         slicing = (state["world_size"], state["local_batch_size"])
         if best is not None and slicing != best[3]:

@@ -75,7 +75,7 @@ def test_the_published_schema_is_the_generated_one():
     # Regenerate with: python -m seqcache.manifest --write core/manifest.schema.json
     installed = pathlib.Path(schema.schema_path())
     assert installed.read_text(encoding="utf-8") == schema.schema_text()  # the installed package data
-    source = REPO / "seqcache" / schema.SCHEMA_NAME
+    source = REPO / "core" / schema.SCHEMA_NAME
     assert source.read_text(encoding="utf-8") == schema.schema_text(), "run python -m seqcache.manifest --write"
     assert schema.main(["--check", str(source)]) == 0
     assert json.loads(schema.schema_text())["properties"]["format"] == {

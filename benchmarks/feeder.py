@@ -426,8 +426,7 @@ def rss_growth(path, *, batch_size, length) -> int:
     """RSS growth (bytes) of a fresh process that opens a feeder and reads one batch.
 
     The child imports the seqcache this process imported, from any working
-    directory: it gets this process's ``sys.path`` and runs in a neutral folder
-    (so a checkout's working directory does not shadow the installed package)."""
+    directory: it gets this process's ``sys.path`` and runs in a neutral folder."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path))
     done = subprocess.run([sys.executable, "-c", RSS_CHILD, os.path.abspath(path), str(batch_size), str(length)],
                           capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())

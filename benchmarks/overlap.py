@@ -16,8 +16,7 @@ What it measures (docs/overlap.md):
       (copies with a number in front), all on the same cache; and NTREX on a
       corpus of ``--mb2`` MB, to show that the corpus's size does not move it.
 
-Usage (from a folder other than the repository root, whose seqcache/ folder
-would shadow the installed package; or from the root, as the tests do):
+Usage (from any folder, the repository root too: it imports the installed package):
   python benchmarks/overlap.py [--mb 100] [--mb2 20] [--repeat 3]
                                [--vocabulary byte|sentencepiece] [--bench-mb 2 8]
                                [--workers N] [--json out.json]

@@ -185,7 +185,7 @@ def _peak():
         f.write(str(max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)))
 
 atexit.register(_peak)
-from seqcache.cli import run
+from seqcache.cli.main import run
 sys.argv = ["seqcache"] + sys.argv[1:]
 run()
 """
@@ -256,7 +256,7 @@ def t5_rows(tmp: pathlib.Path, model_path: str, target_bytes: int, workers: int)
     the feeder makes: tokens / (rows x sequence length); None without a
     sequence length)."""
     from seqcache import format as fmt
-    from seqcache.commands.inspect import packing_efficiency
+    from seqcache.cli.commands.inspect import packing_efficiency
 
     spec, records = make_documents(tmp / "t5-documents", target_bytes)
     raw_mb = sum(len(r.encode()) for r in records) / 1e6
@@ -303,13 +303,13 @@ def child_cpu(code: str) -> tuple[float, float]:
 
 # What a build's fixed cost is made of, step by step (each a fresh interpreter;
 # a step's cost is its CPU time minus the previous step's). Each step exits as
-# the ``seqcache`` executable does (the heap frozen, ``seqcache.cli.run``) and
+# the ``seqcache`` executable does (the heap frozen, ``seqcache.cli.main.run``) and
 # imports Beam as it does (``process.own_process``).
-_BEAM = "import seqcache.cli, seqcache.pipelines.build; from seqcache import process; process.own_process(); process.import_beam()"
+_BEAM = "import seqcache.cli.main, seqcache.pipelines.build; from seqcache import process; process.own_process(); process.import_beam()"
 _FREEZE = "; import gc; gc.freeze()"
 STARTUP_STEPS = (
     ("interpreter", "pass" + _FREEZE),
-    ("seqcache CLI (click, rich, numpy)", "import seqcache.cli" + _FREEZE),
+    ("seqcache CLI (click, rich, numpy)", "import seqcache.cli.main" + _FREEZE),
     ("Apache Beam, as the build imports it", _BEAM + _FREEZE),
     ("Beam's local engine (FnApiRunner)",
      _BEAM + "; from apache_beam.runners.portability.fn_api_runner import fn_runner" + _FREEZE),
@@ -321,7 +321,7 @@ STARTUP_STEPS = (
 # with one choice undone, against the step as it is, as paired differences of
 # alternating fresh interpreters (a difference of two medians would drown in
 # this machine's noise).
-_OWN = "import seqcache.cli, seqcache.pipelines.build; from seqcache import process; process.own_process(); "
+_OWN = "import seqcache.cli.main, seqcache.pipelines.build; from seqcache import process; process.own_process(); "
 STARTUP_CHOICES = (
     ("pandas imported with Beam (for its pandas batch types)", _OWN + "import pandas; process.import_beam()" + _FREEZE),
     ("the exit not frozen (cyclic collections at exit)", _BEAM),

@@ -38,7 +38,7 @@ DEFAULT_TEXT = "/work/shared/data/tinyshakespeare/input.txt"
 
 def build_cache(text: str, cache_dir: str, sequence_length: int) -> str:
     """The packed byte-vocabulary cache of ``text`` (``seqcache build``)."""
-    from seqcache.cli import main
+    from seqcache.cli.main import main
 
     try:
         main(["build", "--cache-dir", cache_dir, "--source", f"text:{text}", "--vocabulary", "byte",

@@ -63,8 +63,7 @@ One run on a 2-core machine shared with other work (documents, load average
   --vocabulary sentencepiece (8,000 pieces, separate run): peak RSS 322 MB at
   100 MB, 377 MB at 1 GB (x1.17; byte: x1.15)
 
-Usage (run it from a folder other than the repository root, whose seqcache/
-folder would shadow the installed package):
+Usage (from any folder, the repository root too: it imports the installed package):
   python benchmarks/scale.py [--mb 10 100 1000] [--dask-mb 100] [--corpus documents]
                              [--vocabulary byte|sentencepiece] [--vocab-size 8000]
                              [--shard-size 128MiB] [--json out.json]
@@ -90,7 +89,7 @@ import psutil
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 NAME = "scale"
-CLI = "import sys; from seqcache.cli import run; sys.argv = ['seqcache'] + sys.argv[1:]; run()"
+CLI = "import sys; from seqcache.cli.main import run; sys.argv = ['seqcache'] + sys.argv[1:]; run()"
 
 
 # ---------------------------------------------------------------------------

@@ -49,7 +49,7 @@ DATA = ROOT.parent / "shared" / "data"
 
 
 # The ``seqcache`` command, as its console script runs it.
-CLI = "import sys; from seqcache.cli import run; sys.argv[0] = 'seqcache'; sys.exit(run())"
+CLI = "import sys; from seqcache.cli.main import run; sys.argv[0] = 'seqcache'; sys.exit(run())"
 
 
 def corpus_lines(num_files: int, lines_per_file: int | None) -> list[bytes]:

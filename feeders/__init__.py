@@ -12,10 +12,10 @@ and guarantees are in docs/feeder.md. This package imports neither Beam nor JAX:
 ``make_global_batch`` (JAX) and the Orbax helpers import them when called.
 
 The trainers beyond seqcache's own (docs/trainers.md), each imported on its own
-and importing its trainer only when used: ``seqcache.feeders.t5x``
-(``get_deterministic_dataset``), ``seqcache.feeders.levanter``
-(``cache_dataset``), ``seqcache.feeders.torch`` (``FeederLoader``) and
-``seqcache.feeders.export`` (``seqcache export --format maxtext``). Where an
+and importing its trainer only when used: ``seqcache.feeders.trainers.t5x``
+(``get_deterministic_dataset``), ``seqcache.feeders.trainers.levanter``
+(``cache_dataset``), ``seqcache.feeders.trainers.torch`` (``FeederLoader``) and
+``seqcache.feeders.trainers.export`` (``seqcache export --format maxtext``). Where an
 example was seen in a run: ``seqcache.feeders.inverse`` and ``Feeder.where``.
 """
 

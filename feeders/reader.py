@@ -39,7 +39,7 @@ makes random reads about 30x slower (benchmarks/feeder.py).
 Caches are read from local (or mounted) paths only (the feeder never imports
 Beam): a URL is refused with ``seqcache.fs.require_local``'s error, which says to
 mount the bucket or copy the cache; ``seqcache show`` reads URLs with a subclass
-that downloads each shard it reads (``seqcache.url_reader``).
+that downloads each shard it reads (``seqcache.cli.url_reader``).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class CacheReader:
         docstring); the message names the cache and both fingerprints.
     """
 
-    # True in a subclass that fetches shard files at URLs itself (seqcache.url_reader).
+    # True in a subclass that fetches shard files at URLs itself (seqcache.cli.url_reader).
     _reads_urls = False
 
     def __init__(self, cache_dir: str, *, reader_options: str = READER_OPTIONS, open_shards: bool = True,

@@ -237,6 +237,7 @@ def build_task(
         raise BuildError(str(e)) from None
     fs_options = _fs_options(pipeline_args)
     fs.set_options(options)  # before the first file access: object-store endpoints and credentials
+    process.freeze_heap()  # what is imported lives on: a listing's collections (many files) skip it
     files = task.source.list_files()
     if not files:
         raise FileNotFoundError(f"task {task.name!r}: source {task.source.describe()} matches no file")
@@ -428,8 +429,8 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
     task, config, num_shards = plan.task, plan.config, plan.num_shards
     reader = transforms.ReadPreprocess(task, seed=config.seed, sequence_length=config.sequence_length,
                                        num_shards=num_shards, exclusion=plan.exclusion)
-    read = transforms.ReadUnit(reader, paths=[f.path for f in plan.files], spill_dir=spill_dir,
-                               exchange=plan.exchange, fs_options=plan.fs_options,
+    read = transforms.ReadUnit(reader, paths=[f.path for f in plan.files], sizes=[f.num_bytes for f in plan.files],
+                               spill_dir=spill_dir, exchange=plan.exchange, fs_options=plan.fs_options,
                                encoding_threads=transforms.driver_encoding_threads())
     write = transforms.WriteGroup(task, out_dir=build_dir, scratch_dir=spill_dir, num_shards=num_shards,
                                   sequence_length=config.sequence_length, fs_options=plan.fs_options)

@@ -385,17 +385,22 @@ def driver_encoding_threads() -> int | None:
 
 class PackedPaths(collections.abc.Sequence):
     """The input files' paths by file index (a sequence of str), as the steps
-    that word records by their file hold them: pickled as one zlib-compressed
-    string of the paths joined by NUL (no path holds one), unpacked at the
-    first look. A step is pickled, and Beam compresses the pickle with bz2: a
-    list of 50,000 paths took 0.3 s to compress that way, their packed form
-    a tenth of that. Paths that are not UTF-8 (``os.fsdecode``'s surrogate
-    escapes) come back as they were."""
+    that word records by their file hold them, and optionally their sizes
+    (bytes, as listed): pickled as one zlib-compressed string of the paths
+    joined by NUL (no path holds one) and one of the sizes (in the narrowest
+    unsigned integer type that holds them), unpacked
+    at the first look. A step is pickled, and Beam compresses the pickle with
+    bz2: a list of 50,000 paths took 0.3 s to compress that way, their packed
+    form a tenth of that. Paths that are not UTF-8 (``os.fsdecode``'s
+    surrogate escapes) come back as they were."""
 
-    __slots__ = ("_paths", "_packed", "_count")
+    __slots__ = ("_paths", "_packed", "_count", "_sizes")
 
-    def __init__(self, paths: Sequence[str] = ()):
+    def __init__(self, paths: Sequence[str] = (), sizes: Sequence[int] | None = None):
         self._paths, self._packed, self._count = list(paths), None, None
+        self._sizes = None if sizes is None else list(sizes)
+        if self._sizes is not None and len(self._sizes) != len(self._paths):
+            raise ValueError(f"{len(self._paths)} paths but {len(self._sizes)} sizes")
 
     def unpacked(self) -> list[str]:
         """The paths as a list (not to be changed)."""
@@ -405,6 +410,14 @@ class PackedPaths(collections.abc.Sequence):
             self._packed = None
         return self._paths
 
+    def sizes(self) -> list[int] | None:
+        """The files' sizes in bytes as listed, by file index (not to be
+        changed), or None when not given."""
+        if isinstance(self._sizes, tuple):
+            packed, dtype = self._sizes
+            self._sizes = np.frombuffer(zlib.decompress(packed), dtype=dtype).tolist()
+        return self._sizes
+
     def __len__(self) -> int:
         return len(self._paths) if self._paths is not None else self._count
 
@@ -412,15 +425,19 @@ class PackedPaths(collections.abc.Sequence):
         return self.unpacked()[index]
 
     def __reduce__(self):
-        paths = self.unpacked()
+        paths, sizes = self.unpacked(), self.sizes()
         packed = zlib.compress("\0".join(paths).encode("utf-8", "surrogateescape"), 1)
-        return _packed_paths, (packed, len(paths))
+        if sizes is not None:  # in the narrowest unsigned type that holds them (most files are small)
+            column = np.asarray(sizes, dtype=np.int64)
+            column = column.astype(np.min_scalar_type(int(column.max()) if len(column) else 0))
+            sizes = (zlib.compress(column.tobytes(), 1), column.dtype.str)
+        return _packed_paths, (packed, len(paths), sizes)
 
 
-def _packed_paths(packed: bytes, count: int) -> PackedPaths:
+def _packed_paths(packed: bytes, count: int, sizes: tuple[bytes, str] | None = None) -> PackedPaths:
     """The ``PackedPaths`` of a pickle (``PackedPaths.__reduce__``)."""
     out = PackedPaths()
-    out._paths, out._packed, out._count = None, packed, count
+    out._paths, out._packed, out._count, out._sizes = None, packed, count, sizes
     return out
 
 
@@ -437,15 +454,17 @@ class ReadUnit:
 
     ``encoding_threads``: the SentencePiece threads of the worker that runs
     it (``$SEQCACHE_ENCODING_THREADS`` there), or None to leave the worker's
-    own (``driver_encoding_threads``).
+    own (``driver_encoding_threads``). ``sizes``: the files' sizes as
+    listed (bytes, by file index), or None; a whole small file of that size
+    is then read without asking its size first.
     """
 
     def __init__(self, reader: ReadPreprocess, *, paths: Sequence[str], spill_dir: str, exchange: str,
                  flush_bytes: int | None = None, fs_options: Sequence[str] = (),
-                 encoding_threads: int | None = None):
+                 encoding_threads: int | None = None, sizes: Sequence[int] | None = None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
-        self.reader, self.paths, self.spill_dir, self.exchange = reader, PackedPaths(paths), spill_dir, exchange
+        self.reader, self.paths, self.spill_dir, self.exchange = reader, PackedPaths(paths, sizes), spill_dir, exchange
         if flush_bytes is None:
             flush_bytes = spill.SPILL_BYTES if exchange == "spill" else spill.RUNNER_FLUSH_BYTES
         self.flush_bytes, self.fs_options = int(flush_bytes), list(fs_options)
@@ -462,8 +481,12 @@ class ReadUnit:
         records = 0
         per_file = FileCounts()  # source examples and tokens per file
         bad_input = stats_mod.BadInputCounts()
-        paths, make = self.paths.unpacked(), tuple.__new__  # a Split per range, made without its keyword defaults
-        splits = [make(Split, (file_index, paths[file_index], start, stop, 0)) for file_index, start, stop in ranges]
+        # A Split per range, made without its keyword defaults; a whole file's with its listed size
+        # (a small file is then read without asking its size: lines.small_whole_files).
+        paths, sizes, make = self.paths.unpacked(), self.paths.sizes(), tuple.__new__
+        splits = [make(Split, (file_index, paths[file_index], start, stop,
+                               sizes[file_index] if sizes is not None and stop is None and not start else 0))
+                  for file_index, start, stop in ranges]
         for kind, payload in self.reader.read(splits) if splits else ():
             if kind == "records":
                 records += payload

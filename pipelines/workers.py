@@ -17,7 +17,7 @@ command leaves idle while it starts (benchmarks/README.md, "Worker
 processes"). A request that finds no waiting process starts one then (the
 only way in a program that calls ``build_task`` itself). A process started
 ahead inherits the command's standard error before the build takes it away
-from Beam (``seqcache.commands.common.worker_stderr``): a thread copies its
+from Beam (``seqcache.cli.commands.common.worker_stderr``): a thread copies its
 standard error to descriptor 2 wherever that points at the time, as a process
 started later would inherit it. Waiting processes are stopped when the
 pipeline ends (``stop_waiting``; they serve one pipeline, the command's first)

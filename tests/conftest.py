@@ -51,9 +51,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def _run_outside_the_source_tree(tmp_path_factory):
     """Every test (and every process it starts: Beam workers, resume checks) runs
-    from an empty folder. From the repository root, ``python -m``/``-c`` would put
-    the source folder ``seqcache/`` first on sys.path and shadow the installed
-    package, whose subpackages live elsewhere in the source tree."""
+    from an empty folder, so that nothing of the working directory comes before
+    the installed package on sys.path (the repository root has no ``seqcache/``
+    folder: tests/test_cli_beam_workers.py runs from there on purpose)."""
     old = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("cwd"))
     yield

@@ -66,7 +66,7 @@ COMMANDS = r'''
 import json, sys
 from click.testing import CliRunner
 from seqcache import process
-from seqcache.cli import main
+from seqcache.cli.main import main
 tuned, real = [], process.tune_allocator
 process.tune_allocator = lambda: tuned.append(real()) or tuned[-1]
 out = {}

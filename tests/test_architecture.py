@@ -2,11 +2,15 @@
 rules"), read from the source with ``ast``: every ``import`` counts, those
 inside functions too, so that a lazy import cannot hide a cycle.
 
-The core (``CORE``: the codec, the manifest's fields, the layout, the format,
-the file system, bounded JSON, compression, sequence lengths) is in no import
+Each top-level folder of the repository is one area (``PACKAGE_DIRS``,
+pyproject.toml's package-dir): ``core/`` is ``seqcache``, ``cli/`` is
+``seqcache.cli``, and so on. The core (``CORE``: the codec, the manifest's
+fields, the layout, the format, the file system, bounded JSON, compression,
+the process's settings, mixing rates, sequence lengths) is in no import
 cycle, and imports nothing of seqcache but the core: never the areas (tasks,
-pipelines, feeders, training) nor the application (the CLI and its commands,
-verify, report).
+pipelines, feeders, training) nor the application (``seqcache.cli``: the executable, the click
+group and its commands, verify, report). The areas import downwards only
+(``ALLOWED``).
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# Module prefix -> source folder, relative to the repository root (pyproject's package-dir).
+# Module prefix -> source folder, relative to the repository root (pyproject's package-dir):
+# one top-level folder an area, none of them named ``seqcache``.
 PACKAGE_DIRS = {
-    "seqcache": "seqcache",
+    "seqcache": "core",
+    "seqcache.cli": "cli",
     "seqcache.tasks": "tasks",
     "seqcache.pipelines": "pipelines",
     "seqcache.feeders": "feeders",
@@ -27,8 +33,25 @@ PACKAGE_DIRS = {
 }
 CORE = frozenset({
     "seqcache.codec", "seqcache.compression", "seqcache.fs", "seqcache.bounded_json", "seqcache.manifest",
-    "seqcache.layout", "seqcache.format", "seqcache.process", "seqcache.lengths",
+    "seqcache.layout", "seqcache.format", "seqcache.process", "seqcache.rates", "seqcache.lengths",
 })
+# ``python -m seqcache``: the application's entry, which Python looks for in the package's own folder.
+MAIN = "seqcache.__main__"
+# Area -> the areas it may import (besides itself). The trainer room
+# (``seqcache.feeders.trainers``) is an area of its own inside ``feeders/``: it
+# imports the feeder, the feeder never imports it. Only the application imports
+# ``training``; nothing but ``python -m seqcache`` imports the application.
+ALLOWED = {
+    "core": set(),
+    "tasks": {"core"},
+    "pipelines": {"core", "tasks", "feeders"},  # feeders: the overlap scan reads caches (pipelines/overlap.py)
+    "feeders": {"core", "tasks"},
+    "feeders.trainers": {"core", "tasks", "feeders"},
+    "training": {"core", "tasks", "feeders"},
+    "cli": {"core", "tasks", "pipelines", "feeders", "feeders.trainers", "training"},
+    "main": {"cli"},
+}
+AREAS = ("cli", "tasks", "pipelines", "feeders.trainers", "feeders", "training")
 
 
 def package_modules(root: pathlib.Path = ROOT, package_dirs=PACKAGE_DIRS) -> dict[str, pathlib.Path]:
@@ -42,7 +65,7 @@ def package_modules(root: pathlib.Path = ROOT, package_dirs=PACKAGE_DIRS) -> dic
             if parts[-1] == "__init__":
                 parts.pop()
             name = ".".join([prefix, *parts])
-            if name in modules and modules[name] != path:  # seqcache/ holds no area folder: one source each
+            if name in modules and modules[name] != path:  # no area folder inside another's: one source each
                 raise AssertionError(f"{name}: two source files, {modules[name]} and {path}")
             modules[name] = path
     return modules
@@ -66,8 +89,9 @@ def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
 def import_graph(root: pathlib.Path = ROOT, package_dirs=PACKAGE_DIRS) -> dict[str, set[str]]:
     """Module -> the package's modules it imports anywhere in its source (at
     the top, inside functions, under ``if``), not counting the packages that
-    contain it (importing ``seqcache.fs`` runs ``seqcache/__init__.py``, which
-    imports nothing of the package)."""
+    contain it (importing ``seqcache.fs`` runs ``core/__init__.py``, which
+    imports nothing of the package; nor do ``cli/__init__.py`` and
+    ``feeders/trainers/__init__.py``)."""
     modules = package_modules(root, package_dirs)
     graph = {}
     for name, path in modules.items():
@@ -120,10 +144,62 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(out)
 
 
+def area_of(module: str) -> str:
+    """The area of one of the package's modules: a key of ``ALLOWED``."""
+    if module == MAIN:
+        return "main"
+    for area in AREAS:
+        prefix = f"seqcache.{area}"
+        if module == prefix or module.startswith(prefix + "."):
+            return area
+    return "core"
+
+
 def test_the_package_modules_are_found():
     modules = package_modules()
     assert CORE <= set(modules), f"core modules without a source file: {sorted(CORE - set(modules))}"
-    assert {"seqcache.tasks", "seqcache.pipelines.build", "seqcache.feeders.feeder", "seqcache.cli"} <= set(modules)
+    assert {"seqcache.tasks", "seqcache.pipelines.build", "seqcache.feeders.feeder", "seqcache.cli.main",
+            "seqcache.cli.executable", "seqcache.cli.commands.build", "seqcache.feeders.trainers.t5x"} <= set(modules)
+
+
+def test_the_package_dirs_are_pyproject_s():
+    import tomllib
+
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-dir"]
+    # Every mapped folder lies inside the folder of one area, as its module lies inside the area's package.
+    for name, folder in mapping.items():
+        area = max((p for p in PACKAGE_DIRS if name == p or name.startswith(p + ".")), key=len)
+        inside = name[len(area):].lstrip(".").replace(".", "/")
+        assert folder == "/".join(filter(None, [PACKAGE_DIRS[area], inside])), (name, folder)
+    assert {n: f for n, f in mapping.items() if n in PACKAGE_DIRS} == PACKAGE_DIRS
+    assert not (ROOT / "seqcache" / "__init__.py").exists(), "a seqcache/ package at the root shadows the installed one"
+
+
+def test_the_core_folder_holds_the_core_alone():
+    in_core = {m for m, path in package_modules().items() if (ROOT / "core") in path.parents}
+    assert in_core == CORE | {"seqcache", MAIN}, sorted(in_core ^ (CORE | {"seqcache", MAIN}))
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``"module -> imported"`` for every import of ``graph`` from one area
+    into an area it may not import (``ALLOWED``), sorted."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                  if area_of(t) != area_of(m) and area_of(t) not in ALLOWED[area_of(m)])
+
+
+def test_the_areas_import_downwards_only():
+    bad = upward_imports(import_graph())
+    assert not bad, f"imports against the hierarchy of areas (docs/architecture.md, Dependency rules): {bad}"
+
+
+def test_the_area_check_sees_an_upward_import():
+    graph = {"seqcache.feeders.reader": {"seqcache.feeders.trainers.t5x", "seqcache.fs"},
+             "seqcache.feeders.trainers.t5x": {"seqcache.feeders.reader"},
+             "seqcache.training.loop": {"seqcache.cli.commands.train"}, "seqcache.__main__": {"seqcache.cli.executable"},
+             "seqcache.fs": {"seqcache.cli.interrupts"}, "seqcache.cli.main": {"seqcache.pipelines.workers"}}
+    assert upward_imports(graph) == ["seqcache.feeders.reader -> seqcache.feeders.trainers.t5x",
+                                     "seqcache.fs -> seqcache.cli.interrupts",
+                                     "seqcache.training.loop -> seqcache.cli.commands.train"]
 
 
 def test_the_cycle_finder_counts_imports_inside_functions(tmp_path):
@@ -300,7 +376,7 @@ def test_the_feeder_imports_numpy_and_array_record_only(tmp_path):
     # Trainer environments install seqcache --no-deps beside their own pins
     # (docs/trainers/*.md): importing the feeder, its state and its trainer
     # modules (but the torch one) needs no other package.
-    code = ("import sys, seqcache.feeders, seqcache.feeders.t5x, seqcache.feeders.levanter\n"
+    code = ("import sys, seqcache.feeders, seqcache.feeders.trainers.t5x, seqcache.feeders.trainers.levanter\n"
             "print(sorted({m.split('.')[0] for m in sys.modules if not m.startswith('_')}"
             " - set(sys.stdlib_module_names)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -94,7 +94,7 @@ def test_local_engine_workers_import_beam_without_pandas(tmp_path):
 
 CLI_PROCESS = r'''
 import json, os, sys
-import seqcache.cli
+import seqcache.cli.main
 import numpy  # imported by the command line already
 from seqcache import process
 process.freeze_heap()  # not seqcache's own process yet: nothing frozen

@@ -1,5 +1,6 @@
-"""The benchmark scripts run from the repository root (where the folder
-``seqcache/`` comes first on sys.path), child processes included."""
+"""The benchmark scripts run from the repository root (which comes first on
+sys.path and holds no ``seqcache/`` folder: they import the installed package),
+child processes included."""
 
 import json
 import os

@@ -8,7 +8,7 @@ import os
 from click.testing import CliRunner
 
 from seqcache import format as fmt
-from seqcache.cli import main
+from seqcache.cli.main import main
 from testsupport import write_lines
 
 

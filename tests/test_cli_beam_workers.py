@@ -26,6 +26,7 @@ import textwrap
 
 import pytest
 
+import seqcache
 from testsupport import (default_signals, gate_opened, interrupt, kill_if_running, marked_env, processes_with,
                          start_gated_build, write_files)
 
@@ -52,7 +53,7 @@ def _run_in_this_process(args) -> subprocess.CompletedProcess:
     the in-memory mode needs no process of its own."""
     from click.testing import CliRunner
 
-    from seqcache.cli import main
+    from seqcache.cli.main import main
 
     out = CliRunner().invoke(main, args)
     return subprocess.CompletedProcess(args, out.exit_code, out.stdout, out.stderr)
@@ -183,9 +184,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_workers_started_from_the_repository_root_give_the_bytes_of_an_in_memory_build(tmp_path):
-    """From a source checkout's root, the folder ``seqcache/`` comes first on
-    sys.path: importing the feeder there, and a build whose worker processes
-    start there, see the whole package (the areas beside the face folder).
+    """From a source checkout's root, which comes first on sys.path and holds
+    no ``seqcache/`` folder (the core is ``core/``, mapped by package-dir):
+    importing the feeder there, and a build whose worker processes start
+    there, see the installed package, the one the tests import.
     That build, with multi_processing workers (started through
     ``seqcache.pipelines.worker_main``), writes the same cache bytes as the
     in-memory mode, logs with ``-v``, and leaves no process behind."""
@@ -194,7 +196,7 @@ def test_workers_started_from_the_repository_root_give_the_bytes_of_an_in_memory
                             "from seqcache.feeders import Feeder; print(seqcache.__file__)"],
                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert probe.returncode == 0, probe.stderr
-    assert probe.stdout.strip() == os.path.join(REPO_ROOT, "seqcache", "__init__.py")  # the checkout, not site-packages
+    assert probe.stdout.strip() == seqcache.__file__  # the package this process imported, not a folder of the root
     src = write_files(tmp_path / "in", {"a.txt": "".join(f"line {i}\n" for i in range(3000)).encode(),
                                         "b.txt": b"three\nfour\n"})
     common = ["--source", f"text:{src}/*.txt", "--name", "mp", "--num-shards", "3"]

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from seqcache import format as fmt
 from seqcache import tasks
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.feeders.reader import CacheReader
 from seqcache.pipelines import BuildConfig, build_task
 from seqcache.tasks import preprocessors as P
@@ -152,7 +152,7 @@ def test_which_shows_sentinels_and_refuses_a_feature_the_cache_lacks(span_caches
 
 
 def test_decode_with_sentinels_keeps_sentencepiece_spaces(tmp_path, corpora):
-    from seqcache.commands.inspect import decode_with_sentinels
+    from seqcache.cli.commands.inspect import decode_with_sentinels
 
     lines = corpora.botchan.read_text(encoding="utf-8").splitlines()[:2000]
     vocab = tasks.train_sentencepiece(lines, output_path=str(tmp_path / "spm.model"), vocab_size=400, extra_ids=10)

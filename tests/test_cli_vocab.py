@@ -12,8 +12,8 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from seqcache.cli import main
-from seqcache.commands.vocab import option_names
+from seqcache.cli.main import main
+from seqcache.cli.commands.vocab import option_names
 from testsupport import write_lines
 
 

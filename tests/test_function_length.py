@@ -10,7 +10,7 @@ import pathlib
 MAX_LINES = 80
 # The package's source folders and the benchmark scripts' folder, relative to the
 # repository root (the parent of tests/).
-SOURCE_FOLDERS = ("seqcache", "tasks", "pipelines", "feeders", "training", "benchmarks")
+SOURCE_FOLDERS = ("core", "cli", "tasks", "pipelines", "feeders", "training", "benchmarks")
 # (path relative to the repository root, qualified name) of functions allowed
 # to be longer: none.
 ALLOWED: set[tuple[str, str]] = set()

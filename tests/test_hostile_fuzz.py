@@ -38,7 +38,7 @@ from hypothesis import strategies as st  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from seqcache import format as fmt  # noqa: E402
-from seqcache.cli import main  # noqa: E402
+from seqcache.cli.main import main  # noqa: E402
 from seqcache.feeders import Feeder, FeederStateError  # noqa: E402
 from seqcache.training import config as config_lib  # noqa: E402
 

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import format as fmt
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.feeders import Feeder, FeederStateError
 from seqcache.pipelines.writer import write_cache
 from seqcache.training import config as config_lib
@@ -515,7 +515,7 @@ def test_verify_refuses_token_ids_at_or_above_the_manifests_vocab_size(built_lm,
     then gathers embeddings out of range (a NaN loss)."""
     import shutil
 
-    from seqcache.verify import verify_cache
+    from seqcache.cli.verify import verify_cache
 
     cache = str(shutil.copytree(built_lm, tmp_path / "c"))
     assert verify_cache(cache).ok

@@ -13,7 +13,7 @@ from testsupport import default_signals
 
 CHILD = textwrap.dedent("""
     import os, subprocess, sys, time
-    from seqcache import interrupts
+    from seqcache.cli import interrupts
 
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -79,8 +79,8 @@ def test_an_interrupt_during_start_up_exits_130(tmp_path):
 
 REDIRECTED = textwrap.dedent("""
     import os, sys, time
-    from seqcache import interrupts
-    from seqcache.commands import common
+    from seqcache.cli import interrupts
+    from seqcache.cli.commands import common
 
     with common.worker_stderr(verbose=False) as stderr:  # descriptor 2 taken from Beam's workers
         os.write(2, b"a worker's noise\\n")
@@ -112,8 +112,8 @@ def test_an_interrupt_after_a_hidden_stderr_block_still_says_so(tmp_path):
     written to the real standard error."""
     child = textwrap.dedent("""
         import sys
-        from seqcache import cli
-        from seqcache.commands import common
+        from seqcache.cli import main as cli
+        from seqcache.cli.commands import common
 
         @cli.main.command("hide-and-interrupt")
         def hide_and_interrupt():

@@ -1,4 +1,4 @@
-"""SIGINT and SIGTERM at any moment of a command (``seqcache.interrupts``),
+"""SIGINT and SIGTERM at any moment of a command (``seqcache.cli.interrupts``),
 run as a user runs it: the executable (``python -m seqcache``) in a
 subprocess; mostly ``seqcache build`` with 2 worker processes started ahead.
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from seqcache import layout, tasks
 from seqcache.tasks import registry
-from seqcache.cli import main
+from seqcache.cli.main import main
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from seqcache import format as fmt
 from seqcache import layout, tasks
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.feeders import Feeder
 from seqcache.pipelines import BuildConfig, build_task
 
@@ -152,7 +152,7 @@ def test_the_feeder_refuses_a_shard_outside_the_cache(built, tmp_path, field, at
 
 @pytest.mark.parametrize("attack", ["symlink"])
 def test_report_refuses_a_quarantine_link_outside_the_cache(built, tmp_path, attack):
-    from seqcache.report import quarantine_summary
+    from seqcache.cli.report import quarantine_summary
 
     cache, _ = _attack(built, tmp_path, "quarantine", attack)
     with pytest.raises(fmt.CacheError, match="outside the cache folder"):

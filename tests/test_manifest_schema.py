@@ -72,10 +72,10 @@ def _validator(sub: str | None = None):
 
 
 def test_the_published_schema_is_the_generated_one():
-    # Regenerate with: python -m seqcache.manifest --write seqcache/manifest.schema.json
+    # Regenerate with: python -m seqcache.manifest --write core/manifest.schema.json
     installed = pathlib.Path(schema.schema_path())
     assert installed.read_text(encoding="utf-8") == schema.schema_text()  # the installed package data
-    source = REPO / "seqcache" / schema.SCHEMA_NAME
+    source = REPO / "core" / schema.SCHEMA_NAME
     assert source.read_text(encoding="utf-8") == schema.schema_text(), "run python -m seqcache.manifest --write"
     assert schema.main(["--check", str(source)]) == 0
     assert json.loads(schema.schema_text())["properties"]["format"] == {
@@ -262,7 +262,7 @@ def test_a_hand_edited_manifest_is_one_error_line_from_every_command(built, buil
                                                                    message):
     from click.testing import CliRunner
 
-    from seqcache.cli import main
+    from seqcache.cli.main import main
 
     cache, raw, _ = built
     bad = _set(_for(dotted, raw, built_v2), dotted, value)

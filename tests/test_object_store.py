@@ -28,7 +28,7 @@ pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
 from seqcache import format as fmt  # noqa: E402
-from seqcache.cli import main  # noqa: E402
+from seqcache.cli.main import main  # noqa: E402
 
 BUCKET = "seqcache-test"
 KEY_ID, SECRET, REGION = "testing-key", "testing-secret", "us-east-1"
@@ -402,7 +402,7 @@ def _without_aws_credentials(monkeypatch):
 def test_build_task_hands_its_pipeline_args_to_filesystems(s3, caches, monkeypatch):
     from apache_beam.io.filesystems import FileSystems
 
-    from seqcache.commands.build import adhoc_task
+    from seqcache.cli.commands.build import adhoc_task
     from seqcache.pipelines import BuildConfig, build_task
 
     _without_aws_credentials(monkeypatch)

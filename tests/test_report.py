@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from seqcache.cli import main
+from seqcache.cli.main import main
 
 SEQUENCE_LENGTH = 512
 

@@ -38,7 +38,7 @@ import json, os, sys
 import click
 
 out = {}
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.feeders import Feeder
 from seqcache.tasks import ByteVocabulary, parse_source_spec
 from seqcache.tasks.sources import TfdsSource

@@ -90,7 +90,7 @@ def train_shakespeare_lm(cache, ckpt, *extra, sequence_length: int):
     click's Result (exceptions propagate)."""
     from click.testing import CliRunner
 
-    from seqcache.commands.train import train
+    from seqcache.cli.commands.train import train
 
     args = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8",
             "--sequence-length", str(sequence_length), "--checkpoint-dir", str(ckpt), "--model", "tiny",

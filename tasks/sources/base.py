@@ -109,12 +109,10 @@ class Split(NamedTuple):
         return self.start == 0 and self.stop is None
 
 
-class SourceFile(NamedTuple):
-    """One input file: path, size in bytes and modification time in nanoseconds."""
-
-    path: str
-    num_bytes: int
-    mtime_ns: int
+# One input file: path, size in bytes and modification time in nanoseconds. The
+# file system's listing entry itself (``fs.FileInfo``): a listing of many files
+# is not copied into a second tuple type, one tuple per file.
+SourceFile = fs.FileInfo
 
 
 encode_json_string = json.encoder.encode_basestring  # json.dumps's own, ensure_ascii=False
@@ -376,7 +374,7 @@ def match_files(patterns: Sequence[str], *, exclude: Sequence[str] = ()) -> list
 
     listings: list[list[SourceFile]] = []
     for pattern in patterns:
-        matched = list(map(SourceFile._make, fs.match(pattern)))  # sorted by path
+        matched = fs.match(pattern)  # sorted by path
         if not matched:
             raise FileNotFoundError(f"no file matches the source pattern {pattern!r}")
         if exclude:

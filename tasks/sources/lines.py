@@ -135,33 +135,38 @@ def whole_blocks(data: bytes) -> tuple[tuple[int, bytes], ...]:
     return ((0, data[:end]), (end, data[end:])) if end else ((0, data),)
 
 
-def small_whole_files(splits: Sequence[Any], block_bytes: int) -> Iterator[tuple[Any, tuple | None]]:
-    """``(split, blocks)`` for each of ``splits`` (``Split``s, in order):
-    ``blocks`` is ``whole_blocks`` of the file's bytes for a whole split of
-    an uncompressed local file of at most ``block_bytes``, read in one call
-    (open, ``fstat``, read, close); None for any other split, and for a file
-    that cannot be read so or changed while read: read it with
-    ``read_line_blocks``, whose errors name the file. Compressed files are
-    found with one scan of the paths (``compression.paths_ending_in``), not
-    one test each: a work unit of many small files reads them in one loop."""
+def small_whole_files(splits: Sequence[Any], block_bytes: int) -> Iterator[tuple[Any, bytes | None]]:
+    """``(split, data)`` for each of ``splits`` (``Split``s, in order):
+    ``data`` is the file's bytes (maybe empty) for a whole split of an
+    uncompressed local file of at most ``block_bytes``, read in one call
+    (open, read, close; ``fstat`` too when the split's ``num_bytes`` is 0,
+    unknown); None for any other split, and for a file that cannot be read
+    so, or whose size is not the one expected (it changed since it was
+    listed, or the read came back short): read it with ``read_line_blocks``,
+    whose errors name the file. The data's lines are ``whole_blocks(data)``.
+    Compressed files are found with one scan of the paths
+    (``compression.paths_ending_in``), not one test each: a work unit of many
+    small files reads them in one loop."""
     compressed = set(compression.paths_ending_in([s.path for s in splits], compression.COMPRESSED_SUFFIXES))
     open_file, stat_of, read, close, flags = os.open, os.fstat, os.read, os.close, os.O_RDONLY
     for k, split in enumerate(splits):
-        path, data = split.path, None
-        if split.start == 0 and split.stop is None and k not in compressed and "://" not in path:
+        path, data, size = split.path, None, split.num_bytes
+        if split.start == 0 and split.stop is None and size <= block_bytes and k not in compressed \
+                and "://" not in path:
             try:
                 fd = open_file(path, flags)
                 try:
-                    size = stat_of(fd).st_size
+                    if not size:
+                        size = stat_of(fd).st_size
                     if size <= block_bytes:
                         data = read(fd, size + 1)
                 finally:
                     close(fd)
             except OSError:
                 data = None
-            if data is not None and len(data) != size:  # a short read, or a file that changed
+            if data is not None and len(data) != size:
                 data = None
-        yield split, (None if data is None else whole_blocks(data))
+        yield split, data
 
 
 def _small_whole_file(path: str, block_bytes: int) -> bytes | None:

@@ -120,8 +120,9 @@ class TextLineSource(LineSplits, TextSource):
         size, block_bytes = 0, self.block_bytes
         # Small whole files are read in one loop (no generators per file); anything else, or a
         # file that cannot be read that way, as a range (which names the file in its errors).
-        for split, whole in small_whole_files(splits, block_bytes):
-            for offset, block in self._split_blocks(split) if whole is None else whole:
+        # A whole file's data is one segment, its last line maybe without a newline.
+        for split, data in small_whole_files(splits, block_bytes):
+            for offset, block in self._split_blocks(split) if data is None else ((0, data),) if data else ():
                 pending.append((split.file_index, split.path, offset, block))
                 size += len(block)
                 if size >= block_bytes:

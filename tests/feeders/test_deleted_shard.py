@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import format as fmt
-from seqcache.cli import main as cli
+from seqcache.cli.main import main as cli
 from seqcache.feeders import Feeder
 from seqcache.feeders.reader import CacheReader
 from seqcache.feeders.provenance import locate_row, locate_row_in_state

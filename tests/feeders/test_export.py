@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache.feeders import Feeder
-from seqcache.feeders import export as ex
+from seqcache.feeders.trainers import export as ex
 
 B, L = 8, 8
 
@@ -248,7 +248,7 @@ def test_maxtext_processes_read_the_feeder_steps_and_resume_on_another_count(tmp
 
 
 def test_cli_export_writes_the_same_file(tmp_path, fx):
-    from seqcache.cli import main
+    from seqcache.cli.main import main
 
     fx.write_fixture_cache(tmp_path / "c", n=30, num_shards=2, length=L)
     api = ex.export_maxtext(tmp_path / "api", cache=str(tmp_path / "c"), global_batch_size=B, sequence_length=L,
@@ -279,7 +279,7 @@ def test_export_from_a_saved_state_starts_at_its_step(tmp_path, fx):
     """A feeder state saved after step 3 exports steps 3.. : its records are the
     records 3B.. of the export from step 0, byte for byte (each holds its global
     position), and MaxText's global_next_index g is the position 3B + g."""
-    from seqcache.cli import main
+    from seqcache.cli.main import main
 
     fx.write_fixture_cache(tmp_path / "c", n=30, num_shards=2, length=L)
     kw = dict(global_batch_size=B, sequence_length=L, seed=5, host_count=2)

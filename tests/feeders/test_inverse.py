@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.feeders import Feeder
 from seqcache.feeders import inverse
 from seqcache.feeders.mixing import MAX_POSITION, Mixer

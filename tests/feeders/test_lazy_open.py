@@ -17,7 +17,7 @@ import pytest
 from seqcache import format as fmt
 from seqcache.feeders import Feeder
 from seqcache.feeders.reader import CacheReader
-from seqcache.verify import verify_cache
+from seqcache.cli.verify import verify_cache
 
 N, SHARDS, B = 40, 8, 4
 
@@ -118,7 +118,7 @@ def test_a_shard_with_another_record_count_is_refused_at_its_first_read(make_cac
 
 
 def test_a_resized_shard_is_refused_at_its_first_read_and_by_verify(make_cache):
-    from seqcache.verify import verify_cache
+    from seqcache.cli.verify import verify_cache
 
     path = make_cache(n=N, num_shards=SHARDS)
     info = fmt.read_manifest(path).shards[3]

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from seqcache.feeders import Feeder
-from seqcache.feeders.levanter import FeederRows, cache_dataset, next_token_loss_weight
+from seqcache.feeders.trainers.levanter import FeederRows, cache_dataset, next_token_loss_weight
 
 B, L, SEED = 8, 12, 3
 STEPS = 12  # crosses epoch boundaries of every fixture cache below
@@ -280,7 +280,7 @@ def test_bad_arguments_are_refused(streams):
 
 
 def test_importing_seqcache_imports_neither_levanter_nor_jax():
-    code = ("import sys, seqcache, seqcache.feeders, seqcache.feeders.levanter as m; "
+    code = ("import sys, seqcache, seqcache.feeders, seqcache.feeders.trainers.levanter as m; "
             "assert m.FeederRows; "
             "print(sorted(x for x in ('levanter', 'haliax', 'jax', 'equinox') if x in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -202,7 +202,7 @@ def test_schedule_arguments_are_checked(two):
 def test_which_with_a_mixture_schedule_file_and_from_a_scheduled_state(two, tmp_path):
     from click.testing import CliRunner
 
-    from seqcache.cli import main as cli
+    from seqcache.cli.main import main as cli
 
     a, b = two
     sched = tmp_path / "schedule.json"

@@ -1,4 +1,4 @@
-"""seqcache.feeders.t5x without t5x: the clu iterator t5x's get_dataset_fn gets
+"""seqcache.feeders.trainers.t5x without t5x: the clu iterator t5x's get_dataset_fn gets
 is the converted feeder's stream, positioned at the latest checkpoint step."""
 
 import json
@@ -13,7 +13,7 @@ from clu.data.dataset_iterator import ArraySpec, DatasetIterator
 
 from seqcache import format as fmt
 from seqcache.feeders import ConvertedFeeder, FeederStateError
-from seqcache.feeders import t5x
+from seqcache.feeders.trainers import t5x
 from seqcache.pipelines.writer import write_cache
 
 ROW_KEYS = ("task_index", "cache_index", "epoch")
@@ -93,7 +93,7 @@ def assert_same(a, b):
 
 
 def test_importing_the_module_imports_no_trainer_or_framework():
-    code = ("import sys, seqcache.feeders.t5x; "
+    code = ("import sys, seqcache.feeders.trainers.t5x; "
             "print([m for m in ('t5x', 'gin', 'clu', 'seqio', 'tensorflow', 'jax') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -168,7 +168,7 @@ def test_hosts_read_their_rows_of_each_global_batch(encdec_cache, tmp_path):
 # model folder; prints the cache index of every row of `steps` global batches.
 RESUME_CHILD = r"""
 import json, sys, types
-from seqcache.feeders import t5x
+from seqcache.feeders.trainers import t5x
 req = json.load(sys.stdin)
 c = types.SimpleNamespace(mixture_or_task_name=req["cache"], task_feature_lengths={"targets": 8}, split="train",
                           batch_size=req["batch"], seed=3, module=None)
@@ -294,7 +294,7 @@ def test_the_stored_vocabulary_path_is_absolute_for_a_relative_cache(tmp_path, c
     folder must name the same file."""
     from click.testing import CliRunner
 
-    from seqcache.cli import main
+    from seqcache.cli.main import main
 
     model = tmp_path / "spm.model"
     trained = CliRunner().invoke(main, ["vocab", "train", "--source", f"text:{corpora.botchan}",

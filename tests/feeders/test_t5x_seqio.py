@@ -1,4 +1,4 @@
-"""seqcache.feeders.t5x.seqio_task with the real seqio: the seqio Task of a
+"""seqcache.feeders.trainers.t5x.seqio_task with the real seqio: the seqio Task of a
 cache carries the postprocess_fn and metrics of the seqcache task, or of a seqio
 Task registered under the cache's task name, and yields the cache's target
 text as seqio's ``targets_pretokenized``. Skipped where seqio is not installed
@@ -10,7 +10,7 @@ import pytest
 seqio = pytest.importorskip("seqio")
 
 from seqcache import tasks  # noqa: E402
-from seqcache.feeders import t5x  # noqa: E402
+from seqcache.feeders.trainers import t5x  # noqa: E402
 from seqcache.pipelines.build import BuildConfig, build_task  # noqa: E402
 from seqcache.tasks import metrics  # noqa: E402
 from seqcache.tasks import preprocessors as P  # noqa: E402

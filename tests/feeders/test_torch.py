@@ -1,4 +1,4 @@
-"""seqcache.feeders.torch: the Feeder's global stream as a Stateful PyTorch loader.
+"""seqcache.feeders.trainers.torch: the Feeder's global stream as a Stateful PyTorch loader.
 
 The rows a loader serves are the Feeder's rows (by cache index), its state is
 the Feeder's JSON, and a state saved on one rank resumes on other world sizes in
@@ -25,7 +25,7 @@ pytest.importorskip("torchdata", reason="runs in make test-trainers' torchtitan 
 from torch.distributed.checkpoint.stateful import Stateful  # noqa: E402
 
 from seqcache.feeders import Feeder, FeederStateError
-from seqcache.feeders.torch import (IGNORE_INDEX, MICROBATCH_KEY, PLAIN_LOADER_ERROR, STATE_KEY, FeederDataset,
+from seqcache.feeders.trainers.torch import (IGNORE_INDEX, MICROBATCH_KEY, PLAIN_LOADER_ERROR, STATE_KEY, FeederDataset,
                                     FeederLoader, dataset_state_of, next_token_labels, torchtitan_global_batch_size)
 
 B, L = 8, 12
@@ -103,7 +103,7 @@ def test_a_loader_is_stateful_and_its_state_is_the_feeders_json(packed):
 RESUME_CHILD = r"""
 import json, sys
 import numpy as np
-from seqcache.feeders.torch import FeederLoader
+from seqcache.feeders.trainers.torch import FeederLoader
 req = json.load(sys.stdin)
 results = []
 for world_size in req["world_sizes"]:
@@ -333,7 +333,7 @@ WORKERS_RESUME_CHILD = r"""
 import json, sys
 import numpy as np
 from torchdata.stateful_dataloader import StatefulDataLoader
-from seqcache.feeders.torch import FeederDataset
+from seqcache.feeders.trainers.torch import FeederDataset
 req = json.load(sys.stdin)
 per_rank = []
 for rank in range(3):
@@ -490,7 +490,7 @@ GLOO_LOOP = r"""
 import datetime, json, os, sys
 import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from seqcache.feeders.torch import FeederLoader
+from seqcache.feeders.trainers.torch import FeederLoader
 
 cache, n_steps, k, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -586,7 +586,7 @@ def test_importing_the_feeders_does_not_import_torch():
     code = "import sys, seqcache, seqcache.feeders; print('torch' in sys.modules, 'torchtitan' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "False"]
-    code = "import sys, seqcache.feeders.torch; print('torchtitan' in sys.modules)"
+    code = "import sys, seqcache.feeders.trainers.torch; print('torchtitan' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False"]
 

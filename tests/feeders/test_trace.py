@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from seqcache.cli import main as cli
+from seqcache.cli.main import main as cli
 from seqcache.feeders import Feeder
 
 B = 4

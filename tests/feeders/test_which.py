@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.feeders import Feeder
 
 

@@ -17,7 +17,7 @@ from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.feeders.reader import CacheReader
 from seqcache.pipelines import BuildConfig, BuildError, build_task
-from seqcache.verify import verify_cache
+from seqcache.cli.verify import verify_cache
 from testsupport import MULTI_PROCESSING, lines_task, write_lines
 
 # Two files, read as file 0 (a.txt) and file 1 (b.txt); 6 of the 12 lines are

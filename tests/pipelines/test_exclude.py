@@ -22,10 +22,10 @@ from click.testing import CliRunner
 
 from seqcache import format as fmt
 from seqcache import tasks
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.pipelines import BuildConfig, BuildError, build_task
 from seqcache.tasks.contamination import normalize_words
-from seqcache.verify import verify_cache
+from seqcache.cli.verify import verify_cache
 from testsupport import byte_task, dask_args, local_dask_cluster
 
 NUM_DOCS = 300

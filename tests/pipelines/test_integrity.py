@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 from seqcache import format as fmt
 from seqcache import tasks
-from seqcache.cli import main as cli
+from seqcache.cli.main import main as cli
 from seqcache.pipelines import BuildConfig, BuildError, build_task
 from seqcache.feeders.reader import CacheReader
-from seqcache.verify import verify_cache
+from seqcache.cli.verify import verify_cache
 from testsupport import byte_task, write_files
 from testsupport import lines_task as _task
 

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import tasks
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.pipelines import BuildConfig, build_task
 from seqcache.pipelines import overlap as ov
 from seqcache.tasks.contamination import Benchmark, normalize_words
@@ -345,7 +345,7 @@ def test_report_shows_the_overlap_section(planted, tmp_path):
     assert page.count("<tr><td class=\"num\">") >= len(result["items"])
     # A result computed on other caches is flagged.
     other = dict(result, caches=[dict(c, fingerprint="0" * 64) for c in result["caches"]])
-    from seqcache import report as report_lib
+    from seqcache.cli import report as report_lib
 
     flagged = report_lib.build_report(caches=[planted["cache"]], overlaps=[other])["overlap"][0]
     assert flagged["problem"].startswith("computed on caches other than this report's")

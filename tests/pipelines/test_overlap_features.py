@@ -10,7 +10,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.pipelines import overlap as ov
 from seqcache.tasks import train_sentencepiece
 from seqcache.tasks.contamination import normalize_words

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import tasks
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.pipelines import BuildConfig, build_task
 from testsupport import MULTI_PROCESSING, byte_task, dask_args
 

@@ -14,7 +14,7 @@ import pytest
 from seqcache import format as fmt
 from seqcache.feeders.reader import CacheReader
 from seqcache.pipelines import BuildConfig, BuildError, build_task, writer
-from seqcache.verify import verify_cache
+from seqcache.cli.verify import verify_cache
 from testsupport import lines_task as _task
 from testsupport import write_lines
 

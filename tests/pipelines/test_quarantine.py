@@ -15,10 +15,10 @@ from click.testing import CliRunner
 
 from seqcache import format as fmt
 from seqcache import tasks
-from seqcache.cli import main as cli
+from seqcache.cli.main import main as cli
 from seqcache.pipelines import BuildConfig, BuildError, build_task
 from seqcache.pipelines import spill
-from seqcache.verify import verify_cache
+from seqcache.cli.verify import verify_cache
 from testsupport import lines_task
 
 POLICY = {"empty": "skip", "whitespace": "skip", "invalid_utf8": "replace"}

@@ -19,12 +19,12 @@ from click.testing import CliRunner
 
 from seqcache import codec, fs
 from seqcache import format as fmt
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.feeders import CacheDataSource, Feeder
-from seqcache.feeders.levanter import FeederRows
+from seqcache.feeders.trainers.levanter import FeederRows
 from seqcache.pipelines import BuildConfig, build_task
 from seqcache.pipelines import build as build_mod
-from seqcache.verify import verify_cache
+from seqcache.cli.verify import verify_cache
 from testsupport import lines_task, rewrite_as_format_2
 
 NUM_FILES = 2000

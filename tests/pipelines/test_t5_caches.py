@@ -135,7 +135,7 @@ def test_first_fit_cache_packs_the_same_examples(span_reference, tmp_path):
     other = _build(tmp_path / "b", _write(tmp_path / "b" / "in", texts, 3, row_group_size=23), split_size=1,
                    packing="first_fit")
     assert _hashes(packed) == _hashes(other)
-    from seqcache.commands.inspect import packing_efficiency
+    from seqcache.cli.commands.inspect import packing_efficiency
 
     m = fmt.read_manifest(packed)
     assert m.statistics["segments"] == len(texts) and m.statistics["truncated_tokens"] == 0

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import format as fmt
-from seqcache.cli import main
+from seqcache.cli.main import main
 
 # The Unicode Cc characters other than the White_Space ones, and U+2581 (see tasks/sources/policy.py).
 CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")

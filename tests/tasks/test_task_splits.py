@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from testsupport import byte_task, write_lines
 
 from seqcache import tasks
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.feeders.reader import CacheReader
 from seqcache.pipelines import BuildConfig, BuildError, build_task
 from seqcache.pipelines import build as build_mod

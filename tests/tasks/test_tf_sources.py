@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import format as fmt
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.tasks import sources as S
 from seqcache.tasks.sources import tfrecord as tfr
 

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import tasks
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.feeders import CacheReader
 
 

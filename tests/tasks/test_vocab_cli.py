@@ -4,7 +4,7 @@ import hashlib
 
 from click.testing import CliRunner
 
-from seqcache.commands.vocab import vocab
+from seqcache.cli.commands.vocab import vocab
 
 
 def test_vocab_train_is_deterministic_and_encode(corpora, tmp_path):

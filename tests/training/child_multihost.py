@@ -2,7 +2,7 @@
 
 Usage: python child_multihost.py train [seqcache train arguments]
 
-Runs the real command line (``seqcache.cli.main``), with the multi-process
+Runs the real command line (``seqcache.cli.main.main``), with the multi-process
 settings from the environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
 JAX_PROCESS_ID) and the real feeder, which is only observed:
 
@@ -26,7 +26,7 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.feeders import Feeder
 
 _original_next = Feeder.__next__

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import format as fmt
-from seqcache.cli import main
-from seqcache.commands.train import train
+from seqcache.cli.main import main
+from seqcache.cli.commands.train import train
 from seqcache.training.metrics import read_metrics
 from testsupport import train_shakespeare_lm
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from seqcache import format as fmt
 from seqcache import pipelines
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.training.metrics import read_metrics, read_tensorboard
 
 HERE = pathlib.Path(__file__).resolve().parent

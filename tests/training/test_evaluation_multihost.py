@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import pipelines
-from seqcache.cli import main
+from seqcache.cli.main import main
 from seqcache.training import distributed
 
 HERE = pathlib.Path(__file__).resolve().parent

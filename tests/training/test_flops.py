@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from seqcache.commands.train import throughput_summary
+from seqcache.cli.commands.train import throughput_summary
 from seqcache.training import config as C
 from seqcache.training import flops as F
 from seqcache.training.metrics import ProgressBar, read_metrics, read_tensorboard

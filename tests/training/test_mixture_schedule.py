@@ -117,7 +117,7 @@ def test_resume_accepts_an_appended_stage_and_refuses_a_rewritten_past(caches, t
 
 
 def test_the_train_command_passes_the_schedule_to_the_feeder(caches, tmp_path, monkeypatch):
-    from seqcache.commands.train import train
+    from seqcache.cli.commands.train import train
 
     sched = _write(tmp_path / "s.json", {"0": {"a": 1, "b": 1}, "6": {"a": 1, "c": 1}})
     made = []
@@ -143,7 +143,7 @@ def test_the_train_command_passes_the_schedule_to_the_feeder(caches, tmp_path, m
 
 @pytest.mark.slow
 def test_train_resumes_with_an_appended_stage_and_refuses_a_rewritten_past(caches, tmp_path):
-    from seqcache.commands.train import train
+    from seqcache.cli.commands.train import train
 
     ckpt = tmp_path / "ckpt"
 
@@ -167,7 +167,7 @@ def test_train_resumes_with_an_appended_stage_and_refuses_a_rewritten_past(cache
 
 
 def test_a_schedule_and_a_task_together_are_refused(tmp_path):
-    from seqcache.commands.train import train
+    from seqcache.cli.commands.train import train
 
     sched = _write(tmp_path / "s.json", {"0": {"a": 1}})
     out = CliRunner().invoke(train, ["--cache-dir", str(tmp_path), "--mixture-schedule", sched, "--task", "a",
@@ -194,7 +194,7 @@ def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
 
 
 def test_the_train_command_refuses_a_yaml_alias_bomb_in_one_line(tmp_path):
-    from seqcache.cli import main
+    from seqcache.cli.main import main
 
     path = _alias_bomb(tmp_path / "s.yaml")
     out = CliRunner().invoke(main, ["train", "--mixture-schedule", path, "--cache-dir", str(tmp_path),

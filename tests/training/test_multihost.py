@@ -175,7 +175,7 @@ def _run_here(args, rows_dir):
     ``Feeder.__next__`` for the run."""
     import importlib.util
 
-    from seqcache.cli import main
+    from seqcache.cli.main import main
     from seqcache.feeders import Feeder
 
     assert jax.device_count() == DEVICES
@@ -305,7 +305,7 @@ def test_settings_from_flags_and_environment():
 
 
 def test_cli_refuses_inconsistent_process_settings(caches, tmp_path):
-    from seqcache.commands.train import train
+    from seqcache.cli.commands.train import train
 
     result = CliRunner().invoke(train, _args(caches, tmp_path, 1, "--process-id", "0")[1:])
     assert result.exit_code == 2 and "missing: --coordinator-address, --num-processes" in result.output
@@ -386,7 +386,7 @@ def test_preempted_on_two_processes_resumes_on_one_two_and_four(caches, tmp_path
     first = _rows(pre_rows, "train", 2, steps=range(N))
 
     # `seqcache which` reads it: row 5 of step N - 1 is what the processes read.
-    from seqcache.cli import main
+    from seqcache.cli.main import main
 
     for row in (0, 5, B - 1):  # rows of process 0 and of process 1
         which = CliRunner().invoke(main, ["which", str(pre_dir / str(N)), "--step", str(N - 1), "--row", str(row),

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from seqcache import pipelines, tasks
-from seqcache.commands.train import train
+from seqcache.cli.commands.train import train
 from seqcache.tasks import preprocessors as P
 from seqcache.training.metrics import read_metrics
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # levanter trains on the packed LM cache of tests/trainers/make_caches.sh through
-# seqcache.feeders.levanter, in a venv of its own ($SEQCACHE_TRAINER_WORK/venvs/levanter:
+# seqcache.feeders.trainers.levanter, in a venv of its own ($SEQCACHE_TRAINER_WORK/venvs/levanter:
 # marin-levanter from PyPI, whose pins do not fit the main venv, and seqcache from
 # this checkout without its dependencies). Runs there the levanter protocol tests
 # of tests/feeders/test_levanter.py (skipped in the main venv) and the training

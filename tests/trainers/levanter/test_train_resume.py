@@ -1,4 +1,4 @@
-"""levanter trains on the packed LM cache through ``seqcache.feeders.levanter``:
+"""levanter trains on the packed LM cache through ``seqcache.feeders.trainers.levanter``:
 at every step the rows it consumed are the Feeder's, and a run stopped at step K
 on 1 process resumes on 2 processes (jax.distributed on 127.0.0.1) through
 levanter's own checkpoint, from the step alone, with the uninterrupted run's rows

@@ -2,7 +2,7 @@
 records, per process, what levanter's training loop consumed.
 
 The data configuration is the one docs/trainers/levanter.md gives: one
-``DirectDatasetComponent`` over ``seqcache.feeders.levanter.cache_dataset``, with
+``DirectDatasetComponent`` over ``seqcache.feeders.trainers.levanter.cache_dataset``, with
 ``shuffle=False`` and ``mixture_block_size=1``, built by levanter's own
 ``LmDataConfig.train_set``. The loop is levanter's ``Trainer`` (as in
 ``levanter.main.train_lm``, and ``Trainer.train``'s own loop): ``initial_state`` restores the latest checkpoint
@@ -66,7 +66,7 @@ def main() -> None:
     from levanter.tracker import NoopConfig
     from levanter.trainer import Trainer, TrainerConfig
 
-    from seqcache.feeders.levanter import cache_dataset
+    from seqcache.feeders.trainers.levanter import cache_dataset
 
     out = open(args.out, "a")
     lock = threading.Lock()

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 from seqcache.feeders import Feeder
-from seqcache.feeders.export import position_of_record, read_export
+from seqcache.feeders.trainers.export import position_of_record, read_export
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORK = pathlib.Path(os.environ["SEQCACHE_TRAINER_WORK"])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # t5x's own train.py, from a source checkout, trains on the two caches of
-# tests/trainers/make_caches.sh through seqcache.feeders.t5x, in a venv of its
+# tests/trainers/make_caches.sh through seqcache.feeders.trainers.t5x, in a venv of its
 # own ($SEQCACHE_TRAINER_WORK/venvs/t5x). Prints "t5x: N passed, N failed", or
 # "t5x: skipped: why" when no t5x source is given.
 #   T5X_SOURCE=/path/to/t5x bash tests/trainers/t5x/run.sh

@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("t5x")
 
 from seqcache.feeders import Feeder  # noqa: E402
-from seqcache.feeders import t5x as seqcache_t5x  # noqa: E402
+from seqcache.feeders.trainers import t5x as seqcache_t5x  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "trainers" / "t5x.md"
 WORK = os.environ["SEQCACHE_TRAINER_WORK"]

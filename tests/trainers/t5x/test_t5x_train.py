@@ -1,5 +1,5 @@
 """t5x's own train.py (python -m t5x.train) on the two caches of make_caches.sh,
-through seqcache.feeders.t5x: at every step the cache indices of the rows t5x
+through seqcache.feeders.trainers.t5x: at every step the cache indices of the rows t5x
 consumed are the Feeder's for the same seed and global batch, in a run that
 stops at step K on one process and resumes on two through t5x's own checkpoint,
 and its losses equal those of the uninterrupted run.
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from seqcache.feeders import Feeder
-from seqcache.feeders import t5x as seqcache_t5x
+from seqcache.feeders.trainers import t5x as seqcache_t5x
 
 WORK = os.environ["SEQCACHE_TRAINER_WORK"]
 B = 8  # global batch (rows)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # torchtitan's own train.py trains llama3's debug model on the packed LM cache of
-# tests/trainers/make_caches.sh through seqcache.feeders.torch.TorchtitanDataLoader
+# tests/trainers/make_caches.sh through seqcache.feeders.trainers.torch.TorchtitanDataLoader
 # (--module seqcache_torchtitan --config llama3_seqcache), on CPU, in a venv of its
 # own ($SEQCACHE_TRAINER_WORK/venvs/torchtitan), and resumes from its DCP
 # checkpoint. Prints "torchtitan: N passed, N failed".

@@ -5,7 +5,7 @@
 
 (this folder on PYTHONPATH; RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT set, as torchrun sets them). The data loader is
-``seqcache.feeders.torch.TorchtitanDataLoader``: torchtitan builds it with its
+``seqcache.feeders.trainers.torch.TorchtitanDataLoader``: torchtitan builds it with its
 data-parallel rank and degree, and its checkpoint (DCP) saves the loader's
 state, the Feeder's global position, under "dataloader".
 
@@ -35,7 +35,7 @@ from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAt
 from torchtitan.models.llama3 import model_registry
 from torchtitan.trainer import Trainer
 
-from seqcache.feeders.torch import TorchtitanDataLoader
+from seqcache.feeders.trainers.torch import TorchtitanDataLoader
 
 GLOBAL_BATCH = 8  # B rows per step, over all data-parallel ranks
 LOCAL_BATCH = 4  # rows per microbatch: B / (R * 4) microbatches per step on R ranks

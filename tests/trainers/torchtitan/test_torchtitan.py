@@ -1,6 +1,6 @@
 """torchtitan's own trainer (``python -m torchtitan.train --module seqcache_torchtitan
 --config llama3_seqcache``) reads the packed LM cache through
-seqcache.feeders.torch.TorchtitanDataLoader on CPU.
+seqcache.feeders.trainers.torch.TorchtitanDataLoader on CPU.
 
 A run of 6 steps saves torchtitan's DCP checkpoint after step 3; a second run in
 a fresh process resumes from that checkpoint. At every step of both runs the
@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from seqcache.feeders import Feeder
-from seqcache.feeders.torch import STATE_KEY
+from seqcache.feeders.trainers.torch import STATE_KEY
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORK = pathlib.Path(os.environ["SEQCACHE_TRAINER_WORK"]).resolve()

@@ -1,0 +1,587 @@
+"""``seqcache build``: build the cache of a registered task or mixture, or of an
+ad-hoc task described on the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import sys
+
+import click
+
+from seqcache import format as fmt
+from seqcache import fs, pipelines, process, tasks
+from seqcache import lengths as lengths_lib
+from seqcache.cli import interrupts
+from seqcache.cli.commands import common
+from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
+from seqcache.pipelines.runner import causes, interrupted_in_step, option_value_errors, unknown_flags
+from seqcache.tasks.sources.base import SPEC_KINDS
+from seqcache.tasks.sources.policy import BadInputError
+
+
+def parse_sequence_length(values, default_feature="targets"):
+    """``--sequence-length`` (``seqcache.lengths.parse_sequence_length``), None when not given.
+
+    Raises:
+      click.BadParameter: a value that is not N or FEATURE=N (N >= 1).
+    """
+    try:
+        return lengths_lib.parse_sequence_length(values, default_feature) or None
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+# The objectives of an ad-hoc task (``--objective``; ``adhoc_task`` says what each makes).
+OBJECTIVES = ("lm", "span_corruption", "prefix_lm", "supervised")
+# ``--pack`` values; ``--pack`` alone picks the objective's packing (``PACK_DEFAULT``).
+PACKINGS = ("lm", "first_fit", "none")
+PACK_DEFAULT = "auto"
+SPAN_CORRUPTION_DEFAULTS = {"noise_density": 0.15, "mean_noise_span_length": 3.0}
+
+
+def _source_keys(source) -> list[str]:
+    """The keys of a record's values (named fields or files), else ``["text"]``."""
+    if isinstance(source, tasks.ParallelTextSource):
+        return list(source.files)
+    for attr in ("fields", "columns"):  # JsonLinesSource, ParquetSource
+        named = getattr(source, attr, None)
+        if isinstance(named, dict):
+            return list(named)
+    return ["text"]
+
+
+def adhoc_task(*, name, source_spec, exclude=(), on_error=None, vocabulary_spec, extra_ids, sequence_length, pack,
+               objective=None, noise_density=None, mean_noise_span_length=None, split="train",
+               tfds_data_dir=None):
+    """The task ``build --source ... --vocabulary ...`` describes.
+
+    ``objective``, one of ``OBJECTIVES`` (None: ``supervised`` for a source of
+    ``inputs`` and ``targets``, else ``lm``): ``lm`` tokenizes the text into
+    ``targets`` with EOS; ``span_corruption`` and ``prefix_lm`` make ``inputs``
+    and ``targets`` with T5's preprocessors (``seqcache.tasks.span_corruption``,
+    ``noise_density`` 0.15 and ``mean_noise_span_length`` 3.0 by default, its
+    sentinels the vocabulary's ``extra_ids``; ``seqcache.tasks.prefix_lm``,
+    ``noise_density`` 0.5); ``supervised`` tokenizes the source's own values.
+    ``split`` and ``tfds_data_dir``: the split a ``tfds:`` or ``hf:`` source
+    reads unless its spec names one, and where a ``tfds:`` dataset was prepared.
+    ``pack``: one of ``PACKINGS``, None/False, or True/``"auto"`` for the
+    objective's own (``lm`` for ``lm``, else ``first_fit``).
+    ``sequence_length``: feature -> tokens (or None), as given.
+
+    Raises:
+      click.UsageError: a bad source or vocabulary spec, or options that do not
+        go together; the message names the flag (``--extra-ids``, ``--pack``,
+        ``--objective``, ``--noise-density``, ...).
+      click.BadParameter: a bad task name.
+    """
+    source, vocabulary = _adhoc_source_and_vocabulary(source_spec, exclude=exclude, on_error=on_error, split=split,
+                                                      tfds_data_dir=tfds_data_dir, vocabulary_spec=vocabulary_spec,
+                                                      extra_ids=extra_ids)
+    objective = _adhoc_objective(source_spec, source, objective, noise_density=noise_density,
+                                 mean_noise_span_length=mean_noise_span_length)
+    packing = _adhoc_packing(pack, objective)
+    features, pre, corruption = _adhoc_preprocessing(vocabulary, objective, packing=packing,
+                                                     sequence_length=sequence_length, noise_density=noise_density,
+                                                     mean_noise_span_length=mean_noise_span_length)
+    try:
+        task = tasks.Task(name, source=source, output_features=features, preprocessors=pre, packing=packing)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--name") from None
+    if objective == "span_corruption":
+        _check_sentinels(corruption, vocabulary, adhoc_sequence_length(task, sequence_length), extra_ids)
+    return task
+
+
+def _adhoc_source_and_vocabulary(source_spec, *, exclude, on_error, split, tfds_data_dir, vocabulary_spec,
+                                 extra_ids):
+    """(source, vocabulary) of an ad-hoc task; a bad spec is a click.UsageError."""
+    try:
+        source = tasks.parse_source_spec(source_spec, exclude=exclude, on_error=on_error, split=split,
+                                         tfds_data_dir=tfds_data_dir)
+        vocabulary = tasks.vocabulary_from_spec(vocabulary_spec, extra_ids=extra_ids)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise click.UsageError(str(e)) from None
+    return source, vocabulary
+
+
+def _adhoc_objective(source_spec, source, objective, *, noise_density, mean_noise_span_length) -> str:
+    """The objective (given, or the source's default), checked against the source and the options."""
+    keys = _source_keys(source)
+    pair = sorted(keys) == ["inputs", "targets"]
+    if not pair and keys != ["text"]:
+        raise click.UsageError(f"--source {source_spec}: an ad-hoc task reads one value per record or two named "
+                               f"inputs and targets (got {', '.join(keys)}), e.g. "
+                               "'parallel:inputs=train.en.gz,targets=train.de.gz'")
+    objective = objective or ("supervised" if pair else "lm")
+    if objective not in OBJECTIVES:
+        raise click.BadParameter(f"{objective!r} is not one of {', '.join(OBJECTIVES)}", param_hint="--objective")
+    if pair != (objective == "supervised"):
+        raise click.UsageError(
+            f"--objective {objective} needs " + ("a source of two values, inputs and targets (e.g. "
+                                                 "'parallel:inputs=A,targets=B' or 'jsonl:PATH#inputs=src,targets=tgt')"
+                                                 if objective == "supervised" else
+                                                 "one text value per record, but --source gives inputs and targets "
+                                                 "(drop --objective: such a task is supervised)"))
+    if noise_density is not None and objective not in ("span_corruption", "prefix_lm"):
+        raise click.UsageError(f"--noise-density applies to --objective span_corruption or prefix_lm, "
+                               f"not {objective}")
+    if mean_noise_span_length is not None and objective != "span_corruption":
+        raise click.UsageError(f"--mean-noise-span-length applies to --objective span_corruption, not {objective}")
+    return objective
+
+
+def _adhoc_packing(pack, objective) -> str | None:
+    """``--pack`` -> the task's packing mode (None, ``"lm"`` or ``"first_fit"``), checked against the objective."""
+    if pack is True or pack == PACK_DEFAULT:
+        return "lm" if objective == "lm" else "first_fit"
+    if pack in (None, False, "none"):
+        return None
+    if pack not in ("lm", "first_fit"):
+        raise click.BadParameter(f"{pack!r} is not one of {', '.join(PACKINGS)}", param_hint="--pack")
+    if pack == "lm" and objective != "lm":
+        raise click.UsageError(f"--pack lm concatenates one feature, but --objective {objective} makes inputs and "
+                               "targets: use --pack first_fit (or --pack alone)")
+    return pack
+
+
+def _adhoc_preprocessing(vocabulary, objective, *, packing, sequence_length, noise_density,
+                         mean_noise_span_length):
+    """(output features, preprocessors, the span corruption or prefix LM preprocessor or None)."""
+    P = tasks.preprocessors
+    corruption = None
+    if objective == "lm":
+        features = {"targets": tasks.Feature(vocabulary, add_eos=True)}
+        pre = [P.rekey({"targets": "text"}), P.tokenize(), P.append_eos()]
+        if sequence_length and not packing:
+            pre.append(P.trim())
+        return features, pre, corruption
+    features = {"inputs": tasks.Feature(vocabulary, add_eos=True),
+                "targets": tasks.Feature(vocabulary, add_eos=True)}
+    if objective == "supervised":
+        pre = [P.rekey({"inputs": "inputs", "targets": "targets"}), P.tokenize()]
+    else:
+        corruption = _corruption(objective, noise_density=noise_density,
+                                 mean_noise_span_length=mean_noise_span_length)
+        pre = [P.rekey({"inputs": None, "targets": "text"}), P.tokenize(), corruption]
+    pre.append(P.append_eos_after_trim())
+    return features, pre, corruption
+
+
+def _corruption(objective, *, noise_density, mean_noise_span_length):
+    """The span corruption or prefix LM preprocessor, with defaults for the options not given."""
+    try:
+        if objective == "span_corruption":
+            kw = {k: v if v is not None else SPAN_CORRUPTION_DEFAULTS[k]
+                  for k, v in (("noise_density", noise_density),
+                               ("mean_noise_span_length", mean_noise_span_length))}
+            if not 0.0 < kw["noise_density"] < 1.0:
+                raise ValueError(f"--noise-density must be in (0, 1) (got {kw['noise_density']})")
+            return tasks.span_corruption(**kw)
+        return tasks.prefix_lm(**({} if noise_density is None else {"noise_density": noise_density}))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def adhoc_sequence_length(task, sequence_length):
+    """The sequence length of every feature of an ad-hoc task, from what
+    ``--sequence-length`` gave (feature -> tokens; ``"*"`` for a bare N).
+
+    lm: as given. Span corruption: ``inputs=N`` derives the targets length as
+    T5 does (``random_spans_helper``: inputs 512 -> targets 114), ``targets=N``
+    the shortest inputs length whose targets take N tokens
+    (``inputs_length_for_targets``: 114 -> 508); both may be given. Prefix LM
+    and supervised: one N is the length of both features.
+
+    Returns: {feature: tokens} or None (no length given).
+
+    Raises:
+      click.UsageError: a feature the task does not have, a bare N for span
+        corruption, a targets length shorter than the one span corruption
+        makes; the message names ``--sequence-length``.
+    """
+    if not sequence_length:
+        return None
+    lengths = dict(sequence_length)
+    names = list(task.output_features)
+    bare = lengths.pop("*", None)
+    corruption = next((p for p in task.preprocessors if isinstance(p, tasks.span_corruption)), None)
+    if bare is not None:
+        if corruption is not None:
+            raise click.UsageError(f"--sequence-length {bare}: span corruption needs inputs=N or targets=N "
+                                   "(e.g. inputs=512, which gives targets=114)")
+        for n in names:
+            lengths.setdefault(n, bare)
+    unknown = sorted(set(lengths) - set(names))
+    if unknown:
+        raise click.UsageError(f"--sequence-length: the task has no feature {', '.join(unknown)} "
+                               f"(its features: {', '.join(names)})")
+    if corruption is not None:
+        try:
+            inputs_length, _, targets_length = corruption.lengths(lengths)
+        except ValueError as e:
+            raise click.UsageError(f"--sequence-length: {e}") from None
+        return {"inputs": lengths.get("inputs", inputs_length), "targets": lengths.get("targets", targets_length)}
+    if len(names) == 2 and len(lengths) == 1:
+        (n,) = lengths.values()
+        return {name: n for name in names}
+    return {n: lengths[n] for n in names if n in lengths}
+
+
+def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
+    """Span corruption needs one sentinel (extra id) per noise span a row can hold."""
+    if extra_ids < 1:
+        raise click.UsageError("--objective span_corruption marks noise spans with sentinel ids: give the vocabulary "
+                               "extra ids, e.g. --extra-ids 100 (as T5)")
+    if lengths is None:
+        raise click.UsageError("--objective span_corruption needs --sequence-length inputs=N or targets=N "
+                               "(e.g. inputs=512, which gives targets=114)")
+    _, tokens_length, _ = corruption.lengths(lengths)
+    num_noise = min(max(int(round(tokens_length * corruption.noise_density)), 1), max(tokens_length - 1, 1))
+    num_spans = max(int(round(num_noise / corruption.mean_noise_span_length)), 1)
+    if extra_ids < num_spans:
+        raise click.UsageError(f"--extra-ids {extra_ids}: span corruption of {tokens_length} tokens makes "
+                               f"{num_spans} noise spans, one sentinel each; give --extra-ids {num_spans} or more "
+                               "(T5 uses 100)")
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    epilog="Any other --flag is passed to Beam as a pipeline option, for example --runner=DataflowRunner "
+    "--project=P --region=R --temp_location=gs://..., or --direct_num_workers=2 --direct_running_mode=multi_processing, "
+    "or an object store's endpoint and credentials: --s3_endpoint_url=... --s3_access_key_id=... "
+    "--s3_secret_access_key=... (see docs/object-stores.md).",
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--cache-dir", required=True, help="Root folder of caches (local path, or gs://... / s3://... URL).")
+@common.MODULES_OPTION
+@click.option("--source", "source_spec", multiple=True, callback=common.given_once, help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | "
+              "parquet:GLOB#column | tfrecord:GLOB[#feature] | tfds:NAME[/CONFIG][:VERSION][@SPLIT]#feature | "
+              "hf:PATH[@SPLIT]#column; two values per record: parallel:inputs=GLOB,targets=GLOB (line-aligned files) | "
+              "jsonl:GLOB#inputs=FIELD,targets=FIELD | parquet:GLOB#inputs=COLUMN,targets=COLUMN | "
+              "tsv:GLOB[#inputs=0,targets=1] (tab-separated columns).")
+@click.option("--tfds-data-dir", "tfds_data_dir", help="Ad-hoc tfds: source: the folder the TFDS dataset was prepared "
+              "into (default: $TFDS_DATA_DIR or ~/tensorflow_datasets). Nothing is downloaded.")
+@common.on_error_option()
+@click.option("--exclude", "exclude", multiple=True, help="Ad-hoc task: leave out files whose path matches this glob (repeatable).")
+@click.option("--exclude-benchmark", "exclude_benchmarks", multiple=True, metavar="[NAME=]SPEC",
+              help="Leave out (quarantine) every source record that shares an n-gram of normalised words with an "
+              "item of this benchmark, a source spec such as jsonl:test.jsonl#question (repeatable; NAME=SPEC names "
+              "it). Its fingerprint enters the cache's.")
+@click.option("--exclude-ngram", "exclude_ngram", type=click.IntRange(min=1), metavar="N",
+              help="n-gram length in words for --exclude-benchmark (default 13).")
+@click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte, a SentencePiece .model path or a Hugging Face tokenizer.json path.")
+@click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary "
+              "(span_corruption needs one per noise span; T5 uses 100).")
+@click.option("--name", "adhoc_name", help="Name of the ad-hoc task (the cache folder name).")
+@click.option("--split", default="train", show_default=True,
+              help="The split: the cache goes to CACHE_DIR/TASK/SPLIT; a task with a source per split "
+              "reads SPLIT's, an ad-hoc tfds: or hf: source that split unless its spec names one.")
+@click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens), e.g. "
+              "inputs=512,targets=114; repeatable. With span_corruption one of inputs=N / targets=N derives the "
+              "other as T5 does.")
+@click.option("--objective", type=click.Choice(OBJECTIVES), help="Ad-hoc task: lm (targets = the text), "
+              "span_corruption or prefix_lm (T5's, inputs and targets from the text), supervised (the source's "
+              "inputs and targets). Default: supervised for a source of inputs and targets, else lm.")
+@click.option("--noise-density", type=float, help="span_corruption / prefix_lm: fraction of tokens that are noise "
+              "(default 0.15 for span_corruption, 0.5 for prefix_lm).")
+@click.option("--mean-noise-span-length", type=float, help="span_corruption: mean noise span length in tokens "
+              "(default 3.0).")
+@click.option("--pack", type=click.Choice(PACKINGS + (PACK_DEFAULT,)), is_flag=False, flag_value=PACK_DEFAULT,
+              default=None, help="Ad-hoc task packing to the sequence length: lm (concatenate, split into full rows), "
+              "first_fit (whole inputs/targets examples into rows), none. --pack alone (or auto): lm for "
+              "--objective lm, first_fit for the others.")
+@click.option("--no-pack", "no_pack", is_flag=True, hidden=True, help="The same as --pack none.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**64 - 1), help="Shuffle seed.")
+@click.option("--num-shards", type=click.IntRange(min=1), help="Shard count (default: from the corpus size and --shard-size).")
+@click.option("--shard-size", type=common.BYTE_SIZE, help="Raw input bytes per shard when --num-shards is not given, "
+              "e.g. 128MiB (the default), 1GB, 500000. One shard is sorted in one worker's memory.")
+@click.option("--split-size", type=common.BYTE_SIZE, help="Input bytes per unit of reading work (default: about 1/64 "
+              "of the corpus, between 1 MiB and 64 MiB). Never changes the cache's bytes.")
+@click.option("--exchange", type=click.Choice(["auto", "runner", "spill"]), default="auto", show_default=True,
+              help="How examples reach the shard writers: the runner's shuffle, or spill files (auto: spill files on "
+              "Beam's local engine and on Prism, whose steps run in this process; the runner's shuffle elsewhere). "
+              "Never changes the cache's bytes.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help=common.WORKERS_HELP)
+@click.option("--overwrite", is_flag=True, help="Replace an existing cache whose fingerprint differs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
+@click.pass_context
+def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
+          objective, noise_density, mean_noise_span_length, pack, no_pack, seed, num_shards, shard_size, split_size,
+          exchange, workers, overwrite, as_json, verbose, tfds_data_dir, exclude_benchmarks, exclude_ngram):
+    """Build the deterministic cache of NAME (a registered task or mixture), or of
+    an ad-hoc task given by --source/--vocabulary/--name.
+
+    The cache of task T goes to CACHE_DIR/T/SPLIT; a task with a source per
+    split reads SPLIT's (one it lacks is refused). A cache with the same
+    fingerprint is reused; a different one is refused unless --overwrite.
+    """
+    name, pipeline_args = _name_and_pipeline_args(ctx, args)
+    pipeline_args = common.with_workers(pipeline_args, workers)
+    beam_logging(pipeline_args, verbose=verbose)
+    common.import_modules(modules)
+    seq_len = parse_sequence_length(sequence_length)
+    benchmarks = _benchmarks(exclude_benchmarks, exclude_ngram, exclude)
+    lengths_of = {}  # task name -> its own sequence lengths, where they differ from seq_len
+    if source_spec:
+        if name:
+            raise click.UsageError("give either NAME (a registered task) or --source (an ad-hoc task), not both")
+        if not adhoc_name:
+            raise click.UsageError("an ad-hoc task needs --name")
+        pack = _pack_option(pack, no_pack, seq_len)
+        asked = parse_sequence_length(sequence_length, default_feature="*")
+        task = adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error,
+                          vocabulary_spec=vocabulary_spec, extra_ids=extra_ids, sequence_length=asked, pack=pack,
+                          objective=objective, noise_density=noise_density,
+                          mean_noise_span_length=mean_noise_span_length, split=split,
+                          tfds_data_dir=tfds_data_dir)
+        seq_len = adhoc_sequence_length(task, asked)
+        task_list = [task]
+    elif name:
+        task_list = _registered_tasks(ctx, name)
+        lengths_of = registered_sequence_lengths(task_list, parse_sequence_length(sequence_length,
+                                                                                  default_feature="*"))
+    else:
+        raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
+
+    try:
+        config = BuildConfig(split=split, seed=seed, sequence_length=seq_len, num_shards=num_shards, shard_size=shard_size,
+                             exclude_benchmarks=benchmarks)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    try:  # every task of a mixture has the split (a source for it), before anything is built
+        task_list = [task.for_split(split) for task in task_list]
+    except ValueError as e:
+        common.fail(e)
+    # Object-store options (--s3_endpoint_url=..., --s3_access_key_id=...) reach Beam's
+    # FileSystems before the build's first file-system call in this process (listing
+    # the source files, reading an existing manifest); the pipeline hands them to its
+    # workers itself.
+    process.tune_allocator()  # this process's malloc (the local workers tune their own)
+    fs.set_options(pipeline_args)
+    results = []
+    # What Beam's workers write to standard error outside of logging: nothing without -v.
+    with common.worker_stderr(verbose=verbose) as stderr:
+        console = common.stderr_console(stderr)
+        for task in task_list:
+            task_config = (dataclasses.replace(config, sequence_length=lengths_of[task.name])
+                           if task.name in lengths_of else config)
+            results.append(_build_one(console, task, split=split, cache_dir=cache_dir, config=task_config,
+                                      pipeline_args=pipeline_args, overwrite=overwrite, as_json=as_json,
+                                      split_size=split_size, exchange=exchange))
+    if as_json:
+        click.echo(json.dumps([_result_json(r) for r in results], indent=2))
+
+
+def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
+    """(NAME or None, checked Beam pipeline options) from the free arguments."""
+    names = [a for a in args if not a.startswith("-")]
+    if len(names) > 1:
+        raise click.UsageError(f"one task or mixture NAME at a time (got {names}); Beam options take the --flag=value form")
+    pipeline_args = beam_pipeline_args([a for a in args if a.startswith("-")] + list(ctx.args),
+                                              "--runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL")
+    return (names[0] if names else None), pipeline_args
+
+
+def beam_pipeline_args(args, example: str) -> list[str]:
+    """``args``, Beam pipeline options (``--flag=value``), checked before the work starts.
+
+    Raises:
+      click.UsageError: a flag no Beam option defines (the message ends with
+        ``example``), or a value Beam refuses.
+    """
+    args = list(args)
+    if args:
+        unknown = unknown_flags(args)
+        if unknown:
+            raise click.UsageError(f"no such option: {', '.join(unknown)} (options other than this command's own "
+                                   f"are Beam pipeline options, e.g. {example})")
+        wrong = option_value_errors(args)
+        if wrong:
+            raise click.UsageError(f"Beam pipeline option: {wrong}")
+    return args
+
+
+def beam_logging(pipeline_args: list[str], *, verbose: bool) -> None:
+    """Logs at INFO with ``-v``, else at WARNING; Beam's logs, in this process
+    and in its workers (``pipeline_args`` gains the option they read), only
+    with ``-v``."""
+    # force: a library that logged before this (at import) has configured the root logger already.
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
+                        force=True)
+    if not verbose:
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+        if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
+            pipeline_args.append("--default_sdk_harness_log_level=ERROR")
+
+
+def _benchmarks(specs, ngram, exclude) -> list:
+    """The benchmarks of ``--exclude-benchmark`` (``[NAME=]SPEC``), read once for
+    every task, each noted on stderr (items, n-grams, items too short to match)."""
+    spec_like = [g for g in exclude if exclusion.split_name(g)[1].partition(":")[0] in SPEC_KINDS]
+    if spec_like:
+        raise click.UsageError(f"--exclude {spec_like[0]}: --exclude leaves out files by glob; to leave out the records "
+                               f"that overlap a benchmark give --exclude-benchmark {spec_like[0]}")
+    if ngram is not None and not specs:
+        raise click.UsageError("--exclude-ngram applies to --exclude-benchmark, which was not given")
+    try:
+        benchmarks = exclusion.load_benchmarks(specs, n=ngram)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise click.UsageError(f"--exclude-benchmark: {e}") from None
+    for b in benchmarks:
+        short = (f"; {common.plural(len(b.too_short), 'item')} of fewer than {b.min_words} words cannot match"
+                 if b.too_short else "")
+        short += f"; {common.plural(b.empty, 'empty record')} skipped" if b.empty else ""
+        click.echo(f"excluding benchmark {b.name}: {common.plural(len(b.items), 'item')}, "
+                   f"{common.plural(b.num_ngrams, f'{b.n}-gram')}{short}", err=True)
+    return benchmarks
+
+
+def _pack_option(pack, no_pack, seq_len):
+    """``--pack`` with ``--no-pack`` folded in; packing needs a sequence length."""
+    if no_pack:
+        if pack not in (None, "none"):
+            raise click.UsageError(f"give --pack {pack} or --no-pack, not both")
+        pack = "none"
+    if pack not in (None, "none") and not seq_len:
+        raise click.UsageError("--pack needs --sequence-length")
+    return pack
+
+
+def _registered_tasks(ctx, name) -> list:
+    """The tasks of registered task or mixture ``name`` (refusing the ad-hoc task options)."""
+    given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
+                                              "objective", "noise_density", "mean_noise_span_length", "pack",
+                                              "no_pack", "tfds_data_dir"))
+    if given:
+        raise click.UsageError(
+            f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
+            f"registered task sets {_how_a_task_sets(given)} itself in the module that registers it"
+        )
+    return common.registered_tasks(name)
+
+
+def registered_sequence_lengths(task_list, asked) -> dict:
+    """Each registered task's sequence lengths from what ``--sequence-length``
+    gave (feature -> tokens; ``"*"`` for a bare N): a bare N is the length of
+    every feature of the task, ``FEATURE=N`` that feature's (over a bare N).
+
+    Returns: task name -> {feature: tokens}; empty when no bare N was given
+    (the lengths are then the same for every task, as given).
+    """
+    if not asked or "*" not in asked:
+        return {}
+    explicit = {k: v for k, v in asked.items() if k != "*"}
+    return {t.name: {**{f: asked["*"] for f in t.output_features}, **explicit} for t in task_list}
+
+
+def _how_a_task_sets(given) -> str:
+    """What a registered task sets in place of the ad-hoc options ``given``, with examples."""
+    ways = []
+    if {"--pack", "--no-pack"} & set(given):
+        ways.append("its packing (Task(..., packing='first_fit' or 'lm'; None: unpacked))")
+    if set(given) - {"--pack", "--no-pack"}:
+        ways.append("its source's options, e.g. TextLineSource(..., on_error={'empty': 'skip'}, exclude=[...]), "
+                    "and its features' vocabularies")
+    return " and ".join(ways)
+
+
+def _result_json(r) -> dict:
+    """One built (or reused) cache, as ``build --json`` prints it."""
+    return {"task": r.manifest.task, "split": r.manifest.split, "cache_dir": r.cache_dir, "reused": r.reused,
+            "seconds": round(r.seconds, 3), "num_examples": r.manifest.num_examples,
+            "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint,
+            **{k: int(r.manifest.statistics.get(k) or 0)
+               for k in ("source_records", "skipped_records", "replaced_records", "truncated_tokens")},
+            "bad_input_records": r.manifest.statistics.get("bad_input_records"),
+            **({k: r.manifest.statistics.get(k) for k in ("excluded_records", "excluded_by_benchmark")}
+               if "excluded_by_benchmark" in r.manifest.statistics else {})}
+
+
+def _is_bad_input(error: BaseException, message: str) -> bool:
+    """Whether ``build_task`` stopped on bad input under the source's
+    ``on_error`` policy: a ``BuildError`` with ``bad_input``, or a
+    ``BadInputError`` among the errors ``error`` was raised from. Beam hands a
+    worker's error back as text only (inside its ``RuntimeError``, across
+    processes), so then ``message`` (``common.error_line(error)``) is read for
+    ``error_hint``'s ``on_error=`` advice, here alone."""
+    if isinstance(error, BuildError):
+        return error.bad_input
+    return any(isinstance(e, BadInputError) for e in causes(error)) or "on_error=" in message
+
+
+def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
+               exchange="auto"):
+    """Builds one task's cache and prints its summary and notes; exits 1 on
+    failure, 130 after Ctrl-C and 143 after SIGTERM (``interrupts.exit_status``)."""
+    deadline = functools.partial(_interrupt_deadline, task, split, cache_dir)
+    with common.shard_progress(console, f"{task.name}/{split}") as progress, \
+            interrupts.handled(on_deadline=deadline):
+        try:
+            result = pipelines.build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
+                                overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
+        except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
+            if not interrupted_in_step(e):
+                message = common.error_line(e)
+                console.print(f"[red]error:[/red] {message}", highlight=False)
+                if _is_bad_input(e, message):
+                    console.print("(`seqcache scan` with the same task or --source lists every kind of bad input "
+                                  "in the corpus at once)", highlight=False)
+                sys.exit(1)
+            _interrupted(console, task, split, cache_dir)
+        except KeyboardInterrupt:
+            _interrupted(console, task, split, cache_dir)
+    m = result.manifest
+    if not as_json:
+        verb = "reused" if result.reused else f"built in {result.seconds:.1f} s"
+        console.print(
+            f"[green]{task.name}/{split}[/green]: {common.plural(m.num_examples, 'example')} in "
+            f"{common.plural(len(m.shards), 'shard')}, {verb} -> {result.cache_dir}",
+            highlight=False,
+        )
+    stats = m.statistics
+    if stats.get("truncated_tokens"):
+        total = stats["truncated_tokens"] + sum(stats.get("tokens", {}).values())
+        # First-fit packing places whole examples, so it trims too: only a longer length keeps them.
+        advice = ("a longer --sequence-length keeps them" if task.packing == "first_fit" or len(task.output_features) > 1
+                  else "--pack keeps every token")
+        console.print(
+            f"[yellow]warning[/yellow]: trimming to the sequence length dropped {stats['truncated_tokens']:,} tokens "
+            f"({stats['truncated_tokens'] / max(total, 1):.1%}); {advice}",
+            highlight=False,
+        )
+    for line in common.describe_bad_input(stats):  # the source's on_error policy: counted, never silent
+        where = ("counted in the manifest's statistics" if line.startswith("kept")
+                 else f"listed with the reason in {result.cache_dir}/quarantine.jsonl")
+        console.print(f"[yellow]note[/yellow]: {line} under the source's on_error policy; {where}", highlight=False)
+    if "excluded_by_benchmark" in stats:  # decontamination: counted per benchmark, never silent
+        per = ", ".join(f"{name} {n:,}" for name, n in stats["excluded_by_benchmark"].items())
+        listed = (f"; listed with the item and the matched n-gram in {result.cache_dir}/{m.quarantine}"
+                  if stats.get("excluded_records") and m.quarantine else "")
+        console.print(f"[yellow]note[/yellow]: excluded {common.plural(stats.get('excluded_records', 0), 'record')} "
+                      f"that overlap benchmarks ({per}){listed}", highlight=False)
+    return result
+
+
+def _interrupted(console, task, split, cache_dir):
+    """Says that the build of ``task`` was interrupted ("interrupted by SIGTERM"
+    after SIGTERM) and what is left of its cache; exits 130 or 143."""
+    console.print(f"[yellow]{interrupts.describe()}[/yellow]: {_interrupt_text(task, split, cache_dir)}",
+                  highlight=False)
+    sys.exit(interrupts.exit_status())
+
+
+def _interrupt_deadline(task, split, cache_dir):
+    """What a build says when its shutdown ran out of time (straight to stderr: the console may be held)."""
+    common.write_stderr(f"{interrupts.describe()}: {_interrupt_text(task, split, cache_dir)}\n")
+
+
+def _interrupt_text(task, split, cache_dir) -> str:
+    try:  # a replacing build (--overwrite) is staged: the old cache is still there
+        fmt.read_manifest(cache_path(cache_dir, task.name, split))
+    except Exception:
+        return f"{task.name}/{split} has no manifest, so it is not a cache; run the same command again to build it"
+    return f"{task.name}/{split} still holds the cache from before, untouched; run the same command again to replace it"

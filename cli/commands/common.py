@@ -1,0 +1,396 @@
+"""Small helpers shared by the CLI commands (consoles, progress, cache lookup)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import os
+import re
+import sys
+import threading
+from typing import Any, Mapping
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from seqcache import fs, process
+from seqcache.cli import interrupts
+from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, parse_on_error
+
+
+def stderr_console(file=None) -> Console:
+    """A rich console on standard error (or on ``file``, a text stream)."""
+    if file is not None:
+        return Console(file=file, soft_wrap=True)
+    return Console(stderr=True, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def shard_progress(console: Console, label: str):
+    """A progress bar of shards written; yields the callback a build reports to."""
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("shards"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+        # sys.stderr stays as it is: a proxy onto the console would bypass ``worker_stderr``.
+        redirect_stdout=False,
+        redirect_stderr=False,
+    ) as progress:
+        task_id = progress.add_task(f"building {label}", total=None)
+
+        def update(done: int, total: int):
+            progress.update(task_id, completed=done, total=total)
+
+        yield update
+
+
+# info, show and verify take Beam pipeline options (an object store's endpoint and credentials) as --flag=value.
+BEAM_OPTIONS_CONTEXT = {"ignore_unknown_options": True, "allow_extra_args": True}
+
+BEAM_OPTIONS_EPILOG = (
+    "Any other --flag=value is a Beam pipeline option for the file system of a URL CACHE_DIR, for example "
+    "--s3_endpoint_url=http://127.0.0.1:9000 --s3_access_key_id=... --s3_secret_access_key=... "
+    "--s3_region_name=us-east-1; without them boto3's own settings apply (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
+    "AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION, ~/.aws)."
+)
+
+
+def filesystem_options(args) -> list[str]:
+    """Checks the free arguments of a cache-reading command (Beam pipeline
+    options, ``--flag=value``) and hands them to Beam's FileSystems
+    (``seqcache.fs.set_options``); imports Beam only when there are any.
+
+    Raises:
+      click.UsageError: an argument that is not ``--flag[=value]``, or a flag
+        that no Beam option has (a typo would otherwise be ignored).
+    """
+    args = list(args)
+    if not args:
+        return args
+    for a in args:
+        if not a.startswith("--") or a == "--":
+            raise click.UsageError(
+                f"unexpected argument {a!r}: give one CACHE_DIR; Beam options take the --flag=value form"
+            )
+    options = process.import_beam().options.pipeline_options.PipelineOptions([])
+    known = set(options.get_all_options(drop_default=False))
+    unknown = [a for a in args if a[2:].partition("=")[0].replace("-", "_") not in known]
+    if unknown:
+        raise click.UsageError(
+            f"no such option: {', '.join(unknown)} (options other than this command's own are Beam pipeline "
+            "options, e.g. --s3_endpoint_url=...)"
+        )
+    fs.set_options(args)
+    return args
+
+
+def print_error(message, console: Console | None = None) -> None:
+    """``error: MESSAGE`` on standard error, the message printed as is (no markup)."""
+    (console or stderr_console()).print(f"[red]error:[/red] {escape(str(message))}", highlight=False)
+
+
+def fail(message) -> None:
+    """``error: MESSAGE`` on standard error, and exit status 1."""
+    print_error(message)
+    sys.exit(1)
+
+
+def plural(n: int, word: str) -> str:
+    """``plural(1, "shard")`` -> "1 shard"; ``plural(3, "shard")`` -> "3 shards"."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _stderr_is_fd2() -> bool:
+    """Whether ``sys.stderr`` writes to file descriptor 2 (not under click's test runner)."""
+    try:
+        return sys.stderr.fileno() == 2
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+def _drain(read_fd: int, write_fd: int) -> None:
+    """Copies ``read_fd`` to ``write_fd`` until end of file, dropping the bytes once a write fails."""
+    broken = False
+    try:
+        while chunk := os.read(read_fd, 65536):
+            while chunk and not broken:
+                try:
+                    chunk = chunk[os.write(write_fd, chunk):]
+                except OSError:
+                    broken = True
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+@contextlib.contextmanager
+def worker_stderr(*, verbose: bool):
+    """Takes file descriptor 2 away from Beam for the length of a build; yields
+    a text stream on the real standard error for the command's own messages.
+
+    Beam's local engine writes outside of ``logging``'s reach: its SDK worker
+    subprocesses inherit descriptor 2 and log to it before they read the
+    pipeline options, and a worker ``print``-s a failed bundle's traceback to
+    ``sys.stderr``; if that write fails (``2>&1 | head`` exited) the worker
+    never answers and the runner waits forever. So descriptor 2 itself is
+    redirected: to ``os.devnull`` (``verbose=False``; seqcache's own warnings
+    still reach the yielded stream) or to a pipe that a thread copies to the
+    real standard error and keeps draining once its reader is gone
+    (``verbose=True``).
+
+    Descriptor 2 is restored when the block ends normally or with an
+    unexpected error (so its traceback is shown); after ``SystemExit`` or
+    ``KeyboardInterrupt`` it stays redirected, as only Beam's teardown still
+    writes, and the command's last words go through ``write_stderr``. When
+    ``sys.stderr`` is not descriptor 2 (click's test runner) nothing is
+    redirected and ``sys.stderr`` is yielded.
+    """
+    if not _stderr_is_fd2():
+        yield sys.stderr
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    interrupts.real_stderr_fd = saved
+    stream = open(os.dup(saved), "w", encoding=sys.stderr.encoding, errors=sys.stderr.errors or "backslashreplace",
+                  buffering=1)
+    handler = _redirect_fd2(saved, stream, verbose=verbose)
+    restore = True
+    try:
+        yield stream
+    except (SystemExit, KeyboardInterrupt):
+        restore = False
+        raise
+    finally:
+        if handler is not None:
+            logging.getLogger("seqcache").removeHandler(handler)
+        try:
+            stream.flush()
+        except OSError:
+            pass
+        if restore:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            interrupts.real_stderr_fd = None
+            os.close(saved)
+        # else ``saved`` stays open for ``write_stderr`` until the process exits.
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+def _redirect_fd2(saved: int, stream, *, verbose: bool) -> logging.Handler | None:
+    """Points descriptor 2 as ``worker_stderr`` says; returns the log handler to remove afterwards, or None."""
+    if verbose:
+        read_fd, write_fd = os.pipe()
+        threading.Thread(target=_drain, args=(read_fd, os.dup(saved)), name="seqcache-stderr-relay", daemon=True).start()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        return None
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("seqcache").addHandler(handler)
+    return handler
+
+
+# The command's last words, to the real standard error (the descriptor
+# ``worker_stderr`` saved, if it took descriptor 2 away), from any thread.
+write_stderr = interrupts.write_stderr
+
+
+MODULES_OPTION = click.option("--module", "modules", multiple=True,
+                              help="Python module that registers tasks and mixtures (repeatable).")
+
+
+def schedule_option(help_text: str = "A JSON file {step: {PATH: rate}}: rates that change at given steps; PATH is "
+                    "relative to CACHE_OR_MIXTURE."):
+    return click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False), help=help_text)
+
+
+def caches_options(*schedule):
+    """``--mixture-rate``, ``schedule`` (a ``schedule_option``, or none), ``--cache-dir``, ``--split`` and
+    ``--module``: with CACHE_OR_MIXTURE, they name a run's caches (``which.resolve``)."""
+    options = [click.option("--mixture-rate", "mixture_rates", multiple=True, metavar="PATH=RATE", help="A cache of "
+                            "the mixture and its rate (repeatable); PATH is relative to CACHE_OR_MIXTURE."), *schedule,
+               click.option("--cache-dir", help="Root of <task>/<split> caches, when CACHE_OR_MIXTURE is a task or "
+                            "mixture name."), click.option("--split", default="train", show_default=True), MODULES_OPTION]
+    return lambda f: functools.reduce(lambda g, option: option(g), reversed(options), f)
+
+
+def given_once(ctx: click.Context, param: click.Parameter, values):
+    """A ``multiple=True`` option's callback for an option that takes one value:
+    the value (None when absent); given twice, a usage error (click would keep the
+    last one without a word)."""
+    if len(values) > 1:
+        raise click.BadParameter(f"given {len(values)} times ({', '.join(values)}); give it once "
+                                 "(a glob or a task module covers several files)", ctx=ctx, param=param)
+    return values[0] if values else None
+
+
+def adhoc_options_given(ctx: click.Context, names) -> list[str]:
+    """The options among ``names`` (parameter names) given on the command line,
+    as the user spells them (``--on-error``)."""
+    out = []
+    for name in names:
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+            param = next(p for p in ctx.command.params if p.name == name)
+            out.append(max(param.opts, key=len))
+    return out
+
+
+def import_modules(modules) -> None:
+    """Imports the ``--module`` modules (they register tasks and mixtures); click.UsageError if one fails."""
+    for m in modules:
+        try:
+            import_definitions(m)
+        except (ImportError, FileNotFoundError) as e:
+            raise click.UsageError(f"--module {m}: cannot import it: {e}") from None
+
+
+def registered_tasks(name: str) -> list:
+    """The tasks of registered task or mixture ``name``; click.UsageError when there is none."""
+    try:
+        obj = get_task_or_mixture(name)
+    except KeyError as e:
+        raise click.UsageError(e.args[0] if e.args else str(e)) from None
+    return list(obj.get_tasks()) if isinstance(obj, Mixture) else [obj]
+
+
+def _on_error_parser(base: tuple[str, ...]):
+    def parse(ctx, param, values):
+        try:
+            spec = parse_on_error(list(values))  # None: every kind's default
+            if not base:
+                return spec
+            merged = dict(parse_on_error(list(base)))  # the user's values override the command's own
+            merged.update({"default": spec} if isinstance(spec, str) else spec or {})
+            return merged
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+
+    return parse
+
+
+ON_ERROR_HELP = (
+    "Bad source records. By default empty and whitespace-only records are skipped (counted, and listed in the "
+    "cache's quarantine file), control characters and U+2581 are kept (counted), and invalid UTF-8, a CR inside "
+    "a line, malformed JSON, missing fields and wrong values fail naming the file and record. One action for "
+    "every kind: 'raise' (strict), 'skip' or 'replace' (repair what can be repaired: bad UTF-8 and control "
+    "characters -> U+FFFD, a CR inside a line -> newline, U+2581 -> space; skip the rest). KIND=ACTION sets one "
+    "kind: invalid_utf8, carriage_return, control_characters, u2581, empty, whitespace, malformed, "
+    "missing_field, bad_value, duplicate; ACTION is raise, skip, replace or keep (accept as is). "
+    "duplicate=skip is exact deduplication (the first copy of each identical record is kept, the others "
+    "skipped); duplicate is keep unless named. Repeatable, e.g. "
+    "--on-error control_characters=raise --on-error empty=keep."
+)
+
+
+def on_error_option(help_text: str = ON_ERROR_HELP, *, base: tuple[str, ...] = ()):
+    """The repeatable ``--on-error`` option, parsed into an ``ErrorPolicy`` spec that overrides ``base``."""
+    return click.option("--on-error", "on_error", multiple=True, metavar="ACTION|KIND=ACTION",
+                        callback=_on_error_parser(base), help=help_text)
+
+
+class _ByteSize(click.ParamType):
+    """A size in bytes: ``500000``, ``64MiB``, ``1.5GB``, ``10TB`` (k/M/G/T are
+    powers of 1000, Ki/Mi/Gi/Ti of 1024; a trailing B is optional)."""
+
+    name = "size"
+    _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+              "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]i?)?[bB]?\s*", str(value))
+        if not m:
+            self.fail(f"{value!r} is not a size in bytes (e.g. 500000, 64MiB, 1GB)", param, ctx)
+        n = int(float(m.group(1)) * self._UNITS[(m.group(2) or "").lower()])
+        if n < 1:
+            self.fail(f"{value!r}: a size must be at least 1 byte", param, ctx)
+        return n
+
+
+BYTE_SIZE = _ByteSize()
+
+
+# "ValueError: ", "seqcache.pipelines.build.BuildError: ": the name of an exception
+# class at the start of a line of a traceback or of a wrapped message.
+_EXCEPTION_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")
+
+
+def error_line(error: BaseException) -> str:
+    """The message of the error a step raised, without what Beam wraps around
+    it (``RuntimeError: ValueError: ...``, `` [while running 'STEP']``, a
+    worker's traceback): what ``build`` and ``overlap`` print after ``error:``.
+    Beam hands a worker's error back as text only (across processes the
+    original exception is gone), so this is the one place that reads it."""
+    text = str(error)
+    if "Traceback (most recent call last):" in text:
+        text = _last_exception_line(text) or text
+    while (m := _EXCEPTION_PREFIX.match(text)) is not None:
+        text = text[m.end():]
+    return text.split(" [while running ")[0].strip()
+
+
+def _last_exception_line(traceback_text: str) -> str | None:
+    """The ``Name: message`` line (the first unindented one) of the last traceback in ``traceback_text``."""
+    tail = traceback_text.rsplit("Traceback (most recent call last):", 1)[1]
+    for line in tail.splitlines():
+        if line and not line.startswith(" "):
+            return line
+    return None
+
+
+WORKERS_HELP = ("Worker processes of Beam's local engine (--direct_num_workers=N "
+                "--direct_running_mode=multi_processing); other runners: their own options.")
+
+
+def with_workers(pipeline_args: list[str], workers: int) -> list[str]:
+    """``pipeline_args`` with ``--workers N``'s Beam options (N > 1): the local
+    engine's ``--direct_num_workers=N --direct_running_mode=multi_processing``.
+
+    Raises:
+      click.UsageError: N > 1 with ``--direct_num_workers`` or
+        ``--direct_running_mode`` already given.
+    """
+    if workers <= 1:
+        return list(pipeline_args)
+    if any(a.startswith(("--direct_num_workers", "--direct_running_mode")) for a in pipeline_args):
+        raise click.UsageError("give --workers N or Beam's --direct_num_workers/--direct_running_mode, not both")
+    return [*pipeline_args, f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+
+
+def describe_bad_input(statistics: Mapping[str, Any]) -> list[str]:
+    """One line per action of a manifest's ``statistics`` with records under it,
+    for a build's summary and ``seqcache info``, e.g. ``"skipped 7,223 records
+    (empty 7,223)"``, ``"kept 5 records unchanged (control_characters 5)"``.
+    Manifests from before ``bad_input_records`` give the skipped and replaced
+    totals."""
+    by_kind = statistics.get("bad_input_records") or {}
+    records = by_kind.get("records") or {}
+    out = []
+    for action, total_key, tail in (("skipped", "skipped_records", ""), ("replaced", "replaced_records", ""),
+                                    ("kept", None, " unchanged")):
+        kinds = by_kind.get(action) or {}
+        total = int(records.get(action) or (statistics.get(total_key) if total_key else 0) or 0)
+        if not total:
+            continue
+        detail = ", ".join(f"{kind} {n:,}" for kind, n in kinds.items())
+        noun = "record" if total == 1 else "records"
+        out.append(f"{action} {total:,} {noun}{tail}" + (f" ({detail})" if detail else ""))
+    return out

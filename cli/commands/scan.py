@@ -1,0 +1,106 @@
+"""``seqcache scan``: every kind of bad input in a task's sources, in one pass."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Column, Table
+
+from seqcache.cli.commands import common
+from seqcache.cli.commands.build import adhoc_task
+from seqcache.tasks.scan import scan_task
+
+
+@click.command()
+@click.argument("name", required=False)
+@common.MODULES_OPTION
+@click.option("--source", "source_spec", multiple=True, callback=common.given_once, help="Ad-hoc source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
+@click.option("--exclude", "exclude", multiple=True, help="Ad-hoc source: leave out files whose path matches this glob.")
+@common.on_error_option("Ad-hoc source: the policy to compare against, as for build (default: each kind's default).")
+@click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,
+              help="Ad-hoc source: vocabulary for the token id checks (byte, a SentencePiece .model path or a tokenizer.json path).")
+@click.option("--split", default=None, help="For a task with a source per split: scan this split's source only "
+              "[default: every split's]. Ad-hoc tfds: and hf: sources: the split read unless the spec names one [default: train].")
+@click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many source records.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, split, max_records, as_json):
+    """Count every kind of bad input in the sources of NAME (a registered task or
+    mixture) or of an ad-hoc --source, without building anything.
+
+    A build stops at the first record its policy raises on; scan reads every
+    record (and runs the task's preprocessors and checks) with every kind skipped,
+    and prints each kind found with its count, its first record and what the
+    policy does with it, plus the --on-error settings that would let the build go
+    on. Exits 1 when the build would stop, else 0."""
+    common.import_modules(modules)
+    if source_spec:
+        if name:
+            raise click.UsageError("give either NAME (a registered task) or --source, not both")
+        task_list = [adhoc_task(name="adhoc", source_spec=source_spec, exclude=exclude, on_error=on_error,
+                                vocabulary_spec=vocabulary_spec, extra_ids=0, sequence_length=None, pack=False,
+                                split=split or "train")]
+    elif name:
+        given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec"))
+        if given:
+            raise click.UsageError(f"{' and '.join(given)}: only with --source; a registered task's source sets its own")
+        task_list = _per_split(common.registered_tasks(name), split)
+    else:
+        raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source")
+
+    err = common.stderr_console()
+    reports = []
+    for task in task_list:
+        try:
+            label = task.name if task.split is None else f"{task.name}/{task.split}"
+            with err.status(f"scanning {label}") as status:
+                reports.append(scan_task(task, max_records=max_records,
+                                         progress=lambda n: status.update(f"scanning {label}: {n:,} records")))
+        except (ValueError, FileNotFoundError, OSError) as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False)
+            sys.exit(1)
+    stops = [r for r in reports if r.stops_build or r.unreadable_files]
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in reports], indent=2, ensure_ascii=False))
+        sys.exit(1 if stops else 0)
+    console = Console(soft_wrap=True)
+    for r in reports:
+        title = (f"{r.label}: {common.plural(r.records, 'record')} in {common.plural(r.files, 'file')}"
+                 + ("" if r.complete else " (stopped at --max-records)"))
+        for message in r.unreadable_files:
+            console.print(f"[red]unreadable file[/red] (a build stops here whatever the policy): {message}",
+                          highlight=False)
+        if not r.kinds:
+            if not r.unreadable_files:
+                console.print(f"{title}: no bad input", highlight=False)
+            continue
+        t = Table(*(Column(c, overflow="fold") for c in ("kind", "records", "policy", "first")), title=title)
+        for k in r.kinds:
+            t.add_row(k.kind, f"{k.records:,}", k.action, k.first)
+        console.print(t)
+        if r.stops_build:
+            raising = [k.kind for k in r.kinds if k.action == "raise"]
+            if source_spec:
+                fix = " ".join(f"--on-error {kind}=skip" for kind in raising)
+            else:
+                fix = "on_error=" + repr({kind: "skip" for kind in raising}) + " in the task's source"
+            console.print(f"a build of {r.label} stops at its first record of a kind whose policy is raise. To skip "
+                          f"them all (counted, and listed in the cache's quarantine file): {fix}. "
+                          "`seqcache build --help` explains replace and keep.", highlight=False)
+    sys.exit(1 if stops else 0)
+
+
+def _per_split(task_list, split):
+    """The tasks to scan: a task with a source per split once per split (only
+    ``split`` when given; exits 1 naming the task's splits when one lacks it)."""
+    out = []
+    for task in task_list:
+        try:
+            out.extend([task.for_split(split)] if split is not None else
+                       [task.for_split(s) for s in task.splits] if task.splits else [task])
+        except ValueError as e:
+            common.fail(e)
+    return out

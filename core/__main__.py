@@ -1,0 +1,5 @@
+"""``python -m seqcache``: the ``seqcache`` command."""
+
+from seqcache.cli.executable import run
+
+run()

@@ -1,5 +1,0 @@
-"""``python -m seqcache``: the ``seqcache`` command."""
-
-from seqcache.executable import run
-
-run()

@@ -3,6 +3,7 @@ and the helpers it shares with ``JsonLinesSource`` (splits, lines, messages)."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Iterator, Sequence
 
@@ -152,7 +153,7 @@ class TextLineSource(LineSplits, TextSource):
         if len(segments) == 1:
             yield from self._block_batches(*segments[0], batch_records)
             return
-        blocks = [block for _, _, _, block in segments]
+        file_ids, _, offsets, blocks = zip(*segments)  # columns, without a loop per segment
         unended = [not block.endswith(b"\n") for block in blocks]
         joined = b"".join(block + b"\n" if u else block for block, u in zip(blocks, unended))
         try:
@@ -175,22 +176,22 @@ class TextLineSource(LineSplits, TextSource):
         lines = joined.split(b"\n")
         lines.pop()
         n = len(lines)
-        counts = np.fromiter((block.count(b"\n") + u for block, u in zip(blocks, unended)), dtype=np.int64,
-                             count=len(blocks))
+        counts = np.fromiter(map(bytes.count, blocks, itertools.repeat(b"\n")), dtype=np.int64, count=len(blocks))
+        counts += np.fromiter(unended, dtype=bool, count=len(blocks))
         sizes = np.fromiter(map(len, lines), dtype=np.int64, count=n)
         at = np.zeros(n, dtype=np.int64)  # each line's first byte in ``joined``
         np.cumsum(sizes[:-1] + 1, out=at[1:])
         first = np.zeros(len(blocks), dtype=np.int64)  # each block's first line
         np.cumsum(counts[:-1], out=first[1:])
         segment_of = np.repeat(np.arange(len(blocks)), counts)
-        base = np.fromiter((offset for _, _, offset, _ in segments), dtype=np.int64, count=len(blocks)) - at[first]
+        base = np.array(offsets, dtype=np.int64) - at[first]
         numbers = (at + base[segment_of]).tolist()
-        file_of = np.fromiter((fi for fi, _, _, _ in segments), dtype=np.int64, count=len(blocks))[segment_of].tolist()
+        file_of = np.array(file_ids, dtype=np.int64)[segment_of].tolist()
         odd_lines = set(self._suspect_lines(texts, sizes))
         last = (first + counts - 1).tolist()
-        for k, (_, _, offset, block) in enumerate(segments):
-            if offset == 0 and block.startswith(BOM):
-                odd_lines.add(int(first[k]))
+        if BOM in joined:  # rare: look for it at each file's start
+            odd_lines.update(int(first[k]) for k, (offset, block) in enumerate(zip(offsets, blocks))
+                             if offset == 0 and block.startswith(BOM))
         odd = {}
         segment_of = segment_of.tolist()
         for i in sorted(odd_lines):

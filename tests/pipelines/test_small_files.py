@@ -170,6 +170,12 @@ def test_text_lines_of_many_files_read_together_are_each_files_records(tmp_path,
                 assert indices == [r.file_index for r in b]
             if block == 1 << 20 and target == 1 << 20:
                 assert any(b.file_indices for b in batches)  # batches did span files
+                # A whole file is read with its listed size; unknown (0), or not the size it has now
+                # (changed since listed), it is read as a range: the same records.
+                for wrong in (lambda n: 0, lambda n: n + 1, lambda n: n // 2):
+                    other = [s._replace(num_bytes=wrong(s.num_bytes)) for s in splits]
+                    batches = list(source.read_batches_of(other, 7))
+                    assert [b[i] for b in batches for i in range(len(b))] == expect
 
 
 def test_concat_keeps_each_records_file(tmp_path):

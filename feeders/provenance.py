@@ -24,7 +24,7 @@ from seqcache.feeders.stream import (IndexStream, check_same_features, check_ste
 
 def _vocabulary(reader, feature: str):
     """(vocabulary or None, error message or None)."""
-    if not reader.manifest.vocabularies.get(feature):
+    if reader.manifest.vocabularies.get(feature) is None:
         return None, f"the manifest describes no vocabulary for {feature!r}"
     try:
         return reader.vocabulary(feature), None  # the model file's name is checked there

@@ -96,8 +96,8 @@ def test_c4_parquet_every_document_once_with_trim(tmp_path, corpora):
     assert _decoded_multiset(result.cache_dir) == _expected(texts, vocab, trim_to=512)
     full = sum(len(t.encode()) + 1 for t in texts)
     kept = sum(min(512, len(t.encode()) + 1) for t in texts)
-    assert result.manifest.statistics["truncated_tokens"] == full - kept
-    assert result.manifest.statistics["max_length"]["targets"] == 512
+    assert result.manifest.statistics.truncated_tokens == full - kept
+    assert result.manifest.statistics.max_length["targets"] == 512
 
 
 def test_dolma_jsonl_gz_every_document_once(tmp_path, corpora):

@@ -112,8 +112,8 @@ def test_keep_is_the_default_and_holds_every_copy(tmp_path, corpus):
     default = _build(corpus, tmp_path / "default")
     keep = _build(corpus, tmp_path / "keep", "keep")
     assert _texts(default.cache_dir) == collections.Counter(t for *_, t in _lines())
-    assert default.manifest.statistics["skipped_records"] == 0
-    assert default.manifest.raw["quarantine"] is None
+    assert default.manifest.statistics.skipped_records == 0
+    assert default.manifest.quarantine is None
     assert fmt.read_shard_checksums(default.cache_dir, default.manifest) == \
         fmt.read_shard_checksums(keep.cache_dir, keep.manifest)
 

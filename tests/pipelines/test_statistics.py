@@ -52,6 +52,6 @@ def test_histogram_and_per_file_counts_are_exact(tmp_path, corpora):
     assert st["length_histogram"]["targets"] == [[lo, stats.bucket_hi(lo), want[lo]] for lo in sorted(want)]
     for (pack, split_size), other in results.items():
         # Packing changes the cached examples, not the source examples the histogram and the file table count.
-        assert other.statistics["length_histogram"] == st["length_histogram"], (pack, split_size)
+        assert other.statistics.length_histogram == st["length_histogram"], (pack, split_size)
         assert other.read_source_table().statistics == per_file, (pack, split_size)
     assert results[True, 4096].statistics == results[True, 1 << 30].statistics

@@ -480,7 +480,7 @@ class CacheReader:
             return None
         if desc.file is not None:
             layout.cache_file(self.cache_dir, desc.file, what=f"vocabulary model of feature {feature!r}")
-        from seqcache.tasks import vocabulary_from_json  # the feeder imports numpy and array_record only (trainers install seqcache --no-deps)
+        from seqcache.tasks import vocabulary_from_json  # the feeder imports numpy, array_record and msgspec only (trainers install seqcache --no-deps)
 
         try:
             return vocabulary_from_json(desc.to_json(), self.cache_dir)  # the model's sha256 is checked: a new one is refused

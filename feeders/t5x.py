@@ -142,7 +142,7 @@ def feeder_source(name_or_task: Any, *, split: str, caches_root: str | None) -> 
     if os.path.isfile(os.path.join(name, "manifest.json")):
         return {"cache": name}
     if caches_root is not None:
-        from seqcache.tasks import MixtureRegistry  # the feeder imports numpy and array_record only (trainers install seqcache --no-deps)
+        from seqcache.tasks import MixtureRegistry  # the feeder imports numpy, array_record and msgspec only (trainers install seqcache --no-deps)
 
         if name in MixtureRegistry.names():
             return {"mixture": MixtureRegistry.get(name), "caches_root": caches_root, "split": split}

@@ -30,7 +30,6 @@ checks and writes them.
 import collections.abc
 import contextlib
 import datetime
-import functools
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ import re
 import sys
 import types
 import typing
-from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
+from typing import Annotated, Any, Literal, Mapping, Sequence
 
 import msgspec
 import numpy as np
@@ -821,40 +820,6 @@ def read_shard_checksums(cache_dir: str, manifest: Manifest) -> tuple[list[str],
 FINGERPRINT_FILES_KEYS = ("task", "source", "files")
 
 
-def _is_column(values: Any, test: Callable[[Any], bool]) -> bool:
-    return isinstance(values, list) and all(map(test, values))
-
-
-def _is_count_or_null(v) -> bool:
-    return v is None or (type(v) is int and 0 <= v < MAX_INTEGER)
-
-
-def _is_int_or_null(v) -> bool:
-    return v is None or (type(v) is int and -2**63 <= v < 2**63)
-
-
-def _is_count_value(v) -> bool:
-    return type(v) is int and 0 <= v < MAX_INTEGER
-
-
-def _is_int_column(values: Any, low: int, high: int, *, nulls: bool = False) -> bool:
-    """``values`` is a list of ints in ``[low, high)`` (and None, with
-    ``nulls``): one pass over the types, then min and max (what
-    ``_is_column`` tests one value at a time)."""
-    if not isinstance(values, list):
-        return False
-    types = set(map(type, values))
-    if not types <= ({int, type(None)} if nulls else {int}):
-        return False
-    ints = [v for v in values if v is not None] if type(None) in types else values
-    return not ints or (min(ints) >= low and max(ints) < high)
-
-
-def _is_count_column(values: Any) -> bool:
-    """``_is_column(values, _is_count_value)``, in one pass over the types."""
-    return _is_int_column(values, 0, MAX_INTEGER)
-
-
 class SourceTable(collections.abc.Sequence):
     """The per-file source table of a cache: entry ``i`` (``table[i]``) is
     ``{path, num_bytes?, mtime_ns?, locator?}`` of the file whose provenance
@@ -867,7 +832,7 @@ class SourceTable(collections.abc.Sequence):
     ``from_columns``), each entry made when asked for: a table of a million
     files is a few lists, not a million dicts. In format version 3 it is the
     file ``SOURCE_TABLE_NAME`` (``to_bytes``: one line of JSON, a column per
-    field, ``SOURCE_TABLE_FIELDS``), checked against the manifest's
+    field, ``SourceTableFile``), checked against the manifest's
     ``source_table`` by ``read_source_table``.
     """
 
@@ -984,7 +949,7 @@ class SourceTable(collections.abc.Sequence):
 
     def to_json(self) -> dict:
         """The object of the source table file: ``num_files``, then one column
-        per field (``SOURCE_TABLE_FIELDS``); a locator shared by every file is
+        per field (``SourceTableFile``); a locator shared by every file is
         written once."""
         obj: dict[str, Any] = {"num_files": len(self), "path": self.paths}
         for key, column in (("num_bytes", self.num_bytes), ("mtime_ns", self.mtime_ns)):
@@ -1014,41 +979,21 @@ class SourceTable(collections.abc.Sequence):
             holding a value of the wrong type.
         """
         codec.require(isinstance(obj, dict), path, "the source table file is not a JSON object")
-        n = obj.get("num_files")
-        codec.require(_is_count_value(n), path, f"num_files is {_short(n)}, expected an integer >= 0")
-        checks = (("path", lambda v: isinstance(v, str), True, "strings"),
-                  ("num_bytes", _is_count_or_null, False, "integers >= 0 or null"),
-                  ("mtime_ns", _is_int_or_null, False, "integers or null"),
-                  ("examples", _is_count_value, False, "integers >= 0"))
-        quick = {"num_bytes": lambda c: _is_int_column(c, 0, MAX_INTEGER, nulls=True),
-                 "mtime_ns": lambda c: _is_int_column(c, -2**63, 2**63, nulls=True), "examples": _is_count_column}
-        for key, test, required, what in checks:
-            if key not in obj:
-                codec.require(not required, path, f"missing field {key!r}")
-                continue
-            column = obj[key]
-            ok = quick[key](column) if key in quick else _is_column(column, test)
-            codec.require(ok and len(column) == n, path,
-                           f"{key} is {_short(column)}, expected a JSON list of {n} {what}")
-        locator = obj.get("locator")
-        codec.require(locator is None or isinstance(locator, str)
-                       or (_is_column(locator, lambda v: v is None or isinstance(v, str)) and len(locator) == n),
-                       path, f"locator is {_short(locator)}, expected a string or a JSON list of {n} strings or null")
-        tokens = obj.get("tokens")
-        if tokens is not None:
-            codec.require(isinstance(tokens, dict), path, f"tokens is {_short(tokens)}, expected a JSON object")
-            for name, column in tokens.items():
-                codec.require(_is_count_column(column) and len(column) == n, path,
-                               f"tokens.{name} is {_short(column)}, expected a JSON list of {n} integers >= 0")
-        codec.require((tokens is None) == ("examples" not in obj), path,
-                       "examples and tokens go together: one of them is missing")
-        moved = obj.get("fingerprint_files")
-        codec.require(moved is None or (isinstance(moved, dict) and (moved.get("from_columns") is True
-                                                                    or "value" in moved)), path,
-                       f"fingerprint_files is {_short(moved)}, expected {{\"value\": ...}} or "
-                       "{\"from_columns\": true}")
-        return cls.from_columns(obj["path"], obj.get("num_bytes"), obj.get("mtime_ns"), locator,
-                                examples=obj.get("examples"), tokens=tokens, fingerprint_files=moved, path=path)
+        t = convert(obj, SourceTableFile, path=path)  # each column's type (msgspec), then its length
+        n = t.num_files
+        columns = {"path": t.path, "num_bytes": t.num_bytes, "mtime_ns": t.mtime_ns, "examples": t.examples,
+                   "locator": None if isinstance(t.locator, str) else t.locator,
+                   **{f"tokens.{k}": v for k, v in (t.tokens or {}).items()}}
+        for key, column in columns.items():
+            codec.require(column is None or len(column) == n, path,
+                          f"{key} has {len(column or ())} entries, expected num_files = {n}")
+        codec.require((t.tokens is None) == (t.examples is None), path,
+                      "examples and tokens go together: one of them is missing")
+        moved = t.fingerprint_files
+        codec.require(moved is None or moved.get("from_columns") is True or "value" in moved, path,
+                      f"fingerprint_files is {_short(moved)}, expected {{\"value\": ...}} or {{\"from_columns\": true}}")
+        return cls.from_columns(t.path, t.num_bytes, t.mtime_ns, t.locator, examples=t.examples, tokens=t.tokens,
+                                fingerprint_files=moved, path=path)
 
 
 def with_value_at(obj: Mapping[str, Any], keys: Sequence[str], value: Any) -> dict:

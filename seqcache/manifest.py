@@ -74,7 +74,9 @@ def _doc(text: str, since: int = 1) -> Meta:
 Count = Annotated[int, Meta(ge=0, lt=MAX_INTEGER)]
 Int64 = Annotated[int, Meta(ge=-2**63, le=2**63 - 1)]
 Sha256 = Annotated[str, Meta(pattern=_SHA256_PATTERN)]
-Base64 = Annotated[str, Meta(pattern=_BASE64_PATTERN)]
+# A shard table column: decoded (and checked) by ``codec.ShardTable``, the size
+# columns at a shard's first read; the pattern is the JSON Schema's only.
+Base64 = Annotated[str, Meta(extra_json_schema={"pattern": _BASE64_PATTERN})]
 TokenCount = Annotated[int, Meta(ge=1, lt=MAX_SEQUENCE_LENGTH)]
 Records = dict[str, Count]
 
@@ -552,14 +554,18 @@ def convert(value: Any, model: Any, *, path: str = MANIFEST_NAME, prefix: str = 
       CacheError: ``{path}: {field path} is {value}, expected {what}``, or
         ``{path}: {object}: missing field 'x'``, or the field's own message.
     """
-    def hook(kind, obj):
+    def hook(kind, obj):  # the shard table: the codec's checks and messages, then the rest of ``Shards``
         if kind is not ShardTable:
             raise NotImplementedError(kind)
+        count = obj.get("num_shards") if isinstance(obj, dict) else None
+        codec.require(not (type(count) is int and count >= MAX_SHARDS), path, f"shards.num_shards = "
+                      f"{_short(count)}, expected an integer in [0, {bounded_json.bound(MAX_SHARDS)})")
+        table = ShardTable(obj, path=path)
         try:
             msgspec.convert(obj, Shards)
         except msgspec.ValidationError as e:
             raise _Refused(e, obj, Shards, "shards") from None
-        return ShardTable(obj, path=path)
+        return table
 
     try:
         return msgspec.convert(value, model, dec_hook=hook)
@@ -613,7 +619,9 @@ def _pinpoint(value: Any, kind: Any, where: str, text: str) -> tuple[list[str], 
     for name, index in _TOKEN.findall(where):
         kind = _step(kind, "object" if name or index == "..." else "array")
         if name:
-            kind = next((f.type for f in msgspec.structs.fields(kind) if f.encode_name == name), Any)
+            base = _unwrap(kind)[0]
+            fields = msgspec.structs.fields(base) if isinstance(base, type) and issubclass(base, Struct) else ()
+            kind = next((f.type for f in fields if f.encode_name == name), Any)
             value = value.get(name) if isinstance(value, dict) else None
             steps.append(f".{name}")
         elif index == "...":
@@ -1038,8 +1046,9 @@ def _check_source_columns(table: SourceTable) -> None:
     """``_check_sources`` of a table given as columns (``SourceTable.from_columns``):
     the columns against ``SourceTableFile``, entry by entry only when one fails."""
     try:
-        msgspec.convert({"num_files": len(table), "path": table.paths, "num_bytes": table.num_bytes,
-                         "mtime_ns": table.mtime_ns, "locator": table.locators}, SourceTableFile)
+        columns = {"num_bytes": table.num_bytes, "mtime_ns": table.mtime_ns, "locator": table.locators}
+        msgspec.convert({"num_files": len(table), "path": table.paths,
+                         **{k: v for k, v in columns.items() if v is not None}}, SourceTableFile)
     except msgspec.ValidationError:
         _check_sources(list(table))
 

@@ -136,7 +136,7 @@ def test_planted_items_are_all_excluded_with_their_benchmark_item_and_ngram(tmp_
         assert f" {e['ngram']} " in f" {item_words} "
         span = docs[doc][e["start"]:e["end"]]
         assert f" {e['ngram']} " in " " + " ".join(normalize_words(span)) + " "
-    stats = result.manifest.statistics
+    stats = result.manifest.statistics.to_json()
     assert stats["excluded_records"] == len(excluded) == 6
     assert stats["excluded_by_benchmark"] == {"ntrex": 6, "subset": 2}
     assert stats["source_records"] == NUM_DOCS
@@ -212,7 +212,7 @@ def test_a_disjoint_pair_excludes_nothing(tmp_path, planted):
     folder, _, _, _ = planted
     config = BuildConfig(num_shards=2, exclude_benchmarks=(f"ntrex=text:{planted[0] / 'ntrex.txt'}",))
     result = build_task(_task(folder, "c4_clean", "c4_clean.jsonl"), cache_dir=str(tmp_path / "c"), config=config)
-    stats = result.manifest.statistics
+    stats = result.manifest.statistics.to_json()
     assert stats["excluded_records"] == 0 and stats["excluded_by_benchmark"] == {"ntrex": 0}
     assert result.manifest.num_examples == NUM_DOCS
     assert result.manifest.quarantine is None

@@ -347,7 +347,7 @@ def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
     skipped = build_task(task("skip"), cache_dir=str(tmp_path / "b"), config=BuildConfig(num_shards=1))
     assert skipped.manifest.num_examples == 1 and skipped.manifest.statistics.skipped_records == 2
     repaired = build_task(task("replace"), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
-    stats = repaired.manifest.statistics
+    stats = repaired.manifest.statistics.to_json()
     assert repaired.manifest.num_examples == 3 and stats["replaced_records"] == 2 and stats["skipped_records"] == 0
     vocab = tasks.ByteVocabulary()
     with CacheReader(repaired.cache_dir) as r:
@@ -385,7 +385,7 @@ def test_control_characters_in_c4_raise_or_are_counted(tmp_path, corpora):
                              ("replace", [control.sub("\ufffd", t) for t in texts])]:
         result = build_task(task({"control_characters": action}), cache_dir=str(tmp_path / action),
                             config=BuildConfig(num_shards=2))
-        stats = result.manifest.statistics
+        stats = result.manifest.statistics.to_json()
         assert stats["skipped_records" if action == "skip" else "replaced_records"] == len(bad)
         with CacheReader(result.cache_dir) as r:
             got = sorted(vocab.decode(e["targets"].tolist()) for e in r.read_examples(range(len(r))))

@@ -72,7 +72,7 @@ def test_many_skipped_records_are_counted_and_listed_exactly(tmp_path, monkeypat
     chunked = build_task(_task(pattern), cache_dir=str(tmp_path / "chunked"), config=BuildConfig(num_shards=2))
 
     for result in (default, chunked):
-        stats = result.manifest.statistics
+        stats = result.manifest.statistics.to_json()
         assert stats["skipped_records"] == skipped and stats["replaced_records"] == replaced
         assert stats["source_records"] == 9000
         assert result.manifest.num_examples == 9000 - skipped

@@ -43,7 +43,7 @@ def test_histogram_and_per_file_counts_are_exact(tmp_path, corpora):
     m = results[False, 1 << 30]
     files = [s["path"] for s in m.read_source_table()]
     kept = {f"{folder}/part-{i}.txt": [x for x in part if x] for i, part in enumerate(parts)}
-    st, per_file = m.statistics, m.read_source_table().statistics
+    st, per_file = m.statistics.to_json(), m.read_source_table().statistics
     assert per_file["examples"] == [len(kept[f]) for f in files]
     assert per_file["tokens"]["targets"] == [sum(len(x.encode()) + 1 for x in kept[f]) for f in files]
     assert sum(per_file["examples"]) == st["source_examples"]

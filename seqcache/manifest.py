@@ -310,6 +310,12 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
     _sources = None
     _text = None
 
+    def __reduce__(self):  # pickled (a feeder's worker processes) with the attributes beyond the fields
+        return _restore, (type(self), msgspec.structs.asdict(self), dict(self.__dict__))
+
+    def __copy__(self):
+        return _restore(type(self), msgspec.structs.asdict(self), dict(self.__dict__))
+
     def __repr__(self) -> str:  # the statistics and tables are too long to print
         return (f"Manifest(task={self.task!r}, split={self.split!r}, fingerprint={self.fingerprint!r}, "
                 f"features={self.features!r}, shards={self.shards!r})")
@@ -509,6 +515,13 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
         fs.write_bytes_atomic(fs.join(cache_dir, SHARD_CHECKSUMS_NAME), self.shard_checksums)
         fs.write_bytes_atomic(fs.join(cache_dir, SOURCE_TABLE_NAME), self.source_table_bytes)
         fs.write_bytes_atomic(fs.join(cache_dir, MANIFEST_NAME), text.encode("utf-8"))
+
+
+def _restore(cls: type, fields: dict, attributes: dict) -> Manifest:
+    """``Manifest.__reduce__``'s inverse."""
+    manifest = cls(**fields)
+    manifest.__dict__.update(attributes)
+    return manifest
 
 
 def ordered(values: Mapping[str, Any], model: type, *, what: str = "manifest") -> dict:

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import pickle
 import re
 import shutil
 
@@ -143,6 +144,16 @@ def test_the_model_s_attributes_are_the_fields_typed_and_defaulted(built):
         (None, [], schema.Statistics(), {}, None, None)
     assert bare.num_examples == m.num_examples  # from the shard table when the field is absent
     assert "statistics" not in repr(m) and "ShardTable(2 shards" in repr(m)
+
+
+def test_a_read_manifest_pickles_and_copies_with_its_folder(built):
+    cache, _, _ = built
+    m = fmt.read_manifest(cache)
+    for other in (pickle.loads(pickle.dumps(m)), copy.copy(m), copy.deepcopy(m)):
+        assert (other.cache_dir, other.task, other.fingerprint, other.statistics, other.features) == \
+            (cache, m.task, m.fingerprint, m.statistics, m.features)
+        assert [s.num_records for s in other.shards] == [s.num_records for s in m.shards]
+        assert len(other.read_source_table()) == 1  # from the folder it was read from
 
 
 def test_a_version_1_manifest_fails_the_schema_and_the_readers_with_the_advice_to_rebuild(built):

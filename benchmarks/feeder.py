@@ -86,7 +86,7 @@ def cpu_seconds() -> float:
 def build_cache(path: str, *, records: int, length: int, shards: int) -> None:
     if os.path.exists(os.path.join(path, fmt.MANIFEST_NAME)):
         m = fmt.read_manifest(path)
-        if m.num_examples == records and m.raw.get("fingerprint_inputs", {}).get("length") == length:
+        if m.num_examples == records and (m.fingerprint_inputs or {}).get("length") == length:
             print(f"reusing {path} ({records:,} records)")
             return
     from seqcache.pipelines.writer import write_cache

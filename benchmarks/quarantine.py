@@ -45,7 +45,7 @@ _CHILD = textwrap.dedent(
     print(json.dumps({
         "action": action,
         "examples": result.manifest.num_examples,
-        "skipped_records": result.manifest.statistics["skipped_records"],
+        "skipped_records": result.manifest.statistics.skipped_records,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "seconds": round(time.monotonic() - start, 1),
         "quarantine_mb": round(os.path.getsize(quarantine) / 1e6, 1) if os.path.exists(quarantine) else 0.0,

@@ -74,14 +74,14 @@ def cache_report(cache_dir: str, *, top_files: int = TOP_FILES, first_entries: i
 
 
 def _summary(m: fmt.Manifest) -> dict:
-    stats = m.statistics
+    stats = m.statistics.to_json()
     keep = ("examples", "segments", "source_records", "source_examples", "truncated_tokens", "skipped_records",
             "replaced_records", "tokens", "mean_length", "max_length")
-    return {"task": m.task, "split": m.split, "fingerprint": m.fingerprint, "seed": m.raw.get("seed"),
-            "sequence_length": m.sequence_length, "packing": m.raw.get("packing"), "num_examples": m.num_examples,
+    return {"task": m.task, "split": m.split, "fingerprint": m.fingerprint, "seed": m.seed,
+            "sequence_length": m.sequence_length, "packing": m.packing, "num_examples": m.num_examples,
             "num_shards": len(m.shards), "num_bytes": sum(s.num_bytes for s in m.shards),
-            "num_sources": m.num_sources, "created": m.raw.get("created"),
-            "seqcache_version": m.raw.get("seqcache_version"), "statistics": {k: stats[k] for k in keep if k in stats}}
+            "num_sources": m.num_sources, "created": m.created,
+            "seqcache_version": m.seqcache_version, "statistics": {k: stats[k] for k in keep if k in stats}}
 
 
 def _sequence_length(m: fmt.Manifest, name: str) -> int | None:
@@ -89,7 +89,7 @@ def _sequence_length(m: fmt.Manifest, name: str) -> int | None:
 
 
 def _not_recorded(m: fmt.Manifest) -> str:
-    return NOT_RECORDED.format(version=m.raw.get("seqcache_version", "?"))
+    return NOT_RECORDED.format(version=m.seqcache_version or "?")
 
 
 def histogram_quantile(histogram: Sequence[Sequence[int]], q: float) -> int:
@@ -110,13 +110,13 @@ def histogram_quantile(histogram: Sequence[Sequence[int]], q: float) -> int:
 def _lengths(m: fmt.Manifest, names: Sequence[str]) -> dict:
     """Per feature: the length histogram, the sequence length, the mean and max, and the examples longer."""
     stats = m.statistics
-    hists = stats.get("length_histogram")
+    hists = stats.length_histogram
     out = {}
     for name in names:
         L = _sequence_length(m, name)
-        entry = {"sequence_length": L, "max_length": stats.get("max_length", {}).get(name),
-                 "mean_length": stats.get("mean_length", {}).get(name),
-                 "of": "source examples, before packing" if m.raw.get("packing") else "examples"}
+        entry = {"sequence_length": L, "max_length": (stats.max_length or {}).get(name),
+                 "mean_length": (stats.mean_length or {}).get(name),
+                 "of": "source examples, before packing" if m.packing else "examples"}
         hist = None if hists is None else hists.get(name)
         if hist is None:
             entry.update(recorded=False, reason=_not_recorded(m), histogram=None)
@@ -135,12 +135,12 @@ def _lengths(m: fmt.Manifest, names: Sequence[str]) -> dict:
 def _packing(m: fmt.Manifest, names: Sequence[str]) -> dict:
     """Per feature: tokens against the capacity ``examples x sequence length`` (and segments per example)."""
     stats = m.statistics
-    examples = int(stats.get("examples", m.num_examples))
+    examples = int(m.num_examples if stats.examples is None else stats.examples)
     out = {}
     for name in names:
         L = _sequence_length(m, name)
-        tokens = int(stats.get("tokens", {}).get(name, 0))
-        entry = {"packed": m.raw.get("packing") is not None, "tokens": tokens, "examples": examples,
+        tokens = int((stats.tokens or {}).get(name, 0))
+        entry = {"packed": m.packing is not None, "tokens": tokens, "examples": examples,
                  "sequence_length": L}
         if L is None:
             entry.update(efficiency=None, reason="the cache has no sequence length for this feature: a feeder pads "
@@ -150,8 +150,8 @@ def _packing(m: fmt.Manifest, names: Sequence[str]) -> dict:
             entry.update(capacity_tokens=capacity, padding_tokens=capacity - tokens,
                          efficiency=tokens / capacity if capacity else 0.0)
         if entry["packed"] and examples:
-            entry["segments_per_example"] = int(stats.get("segments", examples)) / examples
-        entry["truncated_tokens"] = int(stats.get("truncated_tokens", 0))
+            entry["segments_per_example"] = int(examples if stats.segments is None else stats.segments) / examples
+        entry["truncated_tokens"] = int(stats.truncated_tokens or 0)
         out[name] = entry
     return out
 
@@ -207,8 +207,8 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
         missing, or a line that is not a JSON object (file and line named).
     """
     stats = m.statistics
-    out = {"file": m.quarantine, "skipped_records": int(stats.get("skipped_records", 0)),
-           "replaced_records": int(stats.get("replaced_records", 0)), "kinds": []}
+    out = {"file": m.quarantine, "skipped_records": int(stats.skipped_records or 0),
+           "replaced_records": int(stats.replaced_records or 0), "kinds": []}
     if m.quarantine is None:
         return out
     path = layout.cache_file(cache_dir, m.quarantine, what="quarantine file")

@@ -47,8 +47,8 @@ def vocabulary_limits(manifest: fmt.Manifest) -> dict[str, int]:
     """feature -> ``vocabularies.<feature>.vocab_size`` for each record feature
     that has a vocabulary with a size: its token ids must lie in [0, size)."""
     names = {f.name for f in manifest.features}
-    return {name: int(desc["vocab_size"]) for name, desc in manifest.vocabularies.items()
-            if name in names and isinstance(desc, dict) and isinstance(desc.get("vocab_size"), int)}
+    return {name: int(desc.vocab_size) for name, desc in manifest.vocabularies.items()
+            if name in names and desc.vocab_size is not None}
 
 
 def _out_of_vocabulary(path: str, start: int, decoded: list[dict], limits: dict[str, int]) -> str | None:
@@ -146,7 +146,7 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
     # One listing of an object-store folder gives every size (one request per file otherwise).
     listed = None if fs.is_local(cache_dir) else fs.sizes_in(cache_dir)
     manifest.shards.check_all()
-    schema.check_shard_sizes(manifest.raw, manifest.shards, manifest_path, manifest.features)
+    schema.check_shard_sizes(manifest, manifest_path)
     checksum_problems = []
     try:
         sha256, provenance_sha256 = fmt.read_shard_checksums(cache_dir, manifest)
@@ -165,23 +165,23 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
         )
     problems = checksum_problems + [p for s in shards for p in s.problems]
     for name, desc in manifest.vocabularies.items():
-        if "file" not in desc:
-            if desc.get("kind") in ("sentencepiece", "hf_tokenizer"):
-                what = "SentencePiece" if desc["kind"] == "sentencepiece" else "tokenizer.json"
+        if desc.file is None:
+            if desc.kind in ("sentencepiece", "hf_tokenizer"):
+                what = "SentencePiece" if desc.kind == "sentencepiece" else "tokenizer.json"
                 problems.append(f"{manifest_path}: the {what} vocabulary of feature {name!r} names no model file")
             continue
         try:  # nothing outside the cache is opened
-            path = layout.cache_file(cache_dir, desc["file"], what=f"vocabulary model of feature {name!r}")
+            path = layout.cache_file(cache_dir, desc.file, what=f"vocabulary model of feature {name!r}")
         except layout.UnsafeCachePathError as e:
             problems.append(str(e))
             continue
         if not fs.isfile(path):
             problems.append(f"{path}: vocabulary file of feature {name!r} is missing (or not a file)")
-        elif desc.get("sha256"):
+        elif desc.sha256:
             actual = _sha256_of(path)
-            if actual != desc["sha256"]:
+            if actual != desc.sha256:
                 problems.append(f"{path}: vocabulary model of feature {name!r} has sha256 {actual}, "
-                                f"the manifest expects {desc['sha256']}")
+                                f"the manifest expects {desc.sha256}")
     problems.extend(check_quarantine(cache_dir, manifest))
     problems.extend(check_source_table(cache_dir, manifest))
     return VerifyReport(cache_dir, not problems, problems, shards)
@@ -203,16 +203,17 @@ def check_source_table(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
         table = manifest.read_source_table(cache_dir)
     except fmt.CacheError as e:
         return [f"{e}; the source files and the fingerprint were not checked"]
-    where = fs.join(cache_dir, (manifest.source_table or {}).get("file") or fmt.MANIFEST_NAME)
+    record = manifest.source_table
+    where = fs.join(cache_dir, fmt.MANIFEST_NAME if record is None else record.file)
     problems = []
-    if (manifest.source_table or {}).get("fingerprint_files"):
+    if record is not None and record.fingerprint_files:
         actual = fmt.fingerprint_of(manifest.full_fingerprint_inputs(cache_dir))
         if actual != manifest.fingerprint:
             problems.append(f"{where}: the sha256 of fingerprint_inputs with this file's fingerprint_files is "
                             f"{actual}, the manifest's fingerprint is {manifest.fingerprint}: the file or the "
                             "manifest was edited or damaged; rebuild the cache")
     per_file = table.statistics
-    total = manifest.statistics.get("source_examples")
+    total = manifest.statistics.source_examples
     if per_file is not None and isinstance(total, int) and sum(per_file["examples"]) != total:
         problems.append(f"{where}: its examples per source file add up to {sum(per_file['examples']):,}, the "
                         f"manifest's statistics.source_examples is {total:,}")
@@ -239,7 +240,7 @@ def check_quarantine(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
     """
     manifest_path = fs.join(cache_dir, fmt.MANIFEST_NAME)
     problems: list[str] = []
-    declared = {action: manifest.statistics.get(key) or 0 for action, key in _QUARANTINE_COUNTS}
+    declared = {action: getattr(manifest.statistics, key) or 0 for action, key in _QUARANTINE_COUNTS}
     name = manifest.quarantine
     if name is None:
         if any(declared.values()):
@@ -335,15 +336,15 @@ def _quarantine_differences(path: str, manifest: fmt.Manifest, declared: dict[st
                 f"{path}: {counts[action]} entries with action {action!r}, the manifest's statistics.{key} "
                 f"is {declared[action]}"
             )
-    per_kind = manifest.statistics.get("bad_input_records")
-    if isinstance(per_kind, dict):  # absent in caches written before it was recorded
+    per_kind = manifest.statistics.bad_input_records
+    if per_kind is not None:  # absent in caches written before it was recorded
         for action in ("skipped", "replaced"):
-            expected = per_kind.get(action) or {}
+            expected = getattr(per_kind, action) or {}
             found = dict(sorted(scan.by_kind[action].items()))
             if found != expected and counts[action] == declared[action]:  # else the totals said it
                 problems.append(f"{path}: entries with action {action!r} per kind {found}, the manifest's "
                                 f"statistics.bad_input_records.{action} is {expected}")
-    per_benchmark = manifest.statistics.get("excluded_by_benchmark")
+    per_benchmark = manifest.statistics.excluded_by_benchmark
     found = dict(sorted(scan.by_kind["excluded"].items()))
     if isinstance(per_benchmark, dict) and {k: v for k, v in per_benchmark.items() if v} != found:
         problems.append(f"{path}: excluded entries per benchmark {found}, the manifest's "

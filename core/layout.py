@@ -104,8 +104,8 @@ def check_named_files(cache_dir: str, manifest: "seqcache.manifest.Manifest") ->
         cache_file(cache_dir, s.file, what=f"shard file (shards[{i}].file)")
         cache_file(cache_dir, s.provenance_file, what=f"provenance file (shards[{i}].provenance_file)")
     for feature, desc in manifest.vocabularies.items():
-        if isinstance(desc, dict) and "file" in desc:
-            cache_file(cache_dir, desc["file"],
+        if desc.file is not None:
+            cache_file(cache_dir, desc.file,
                        what=f"vocabulary model of feature {feature!r} (vocabularies.{feature}.file)")
     if manifest.quarantine is not None:
         cache_file(cache_dir, manifest.quarantine, what="quarantine file (quarantine)")

@@ -2,13 +2,17 @@
 shard-checksums.json and of source-table.json, and the one place that reads,
 checks and writes them.
 
-- The fields: the attributes of the dataclass ``Manifest``, in the order they
-  are written, each carrying its ``Field``; ``MANIFEST_FIELDS`` lists them.
-  Nested objects are tuples of ``Field``. Keys a definition does not list are
-  allowed everywhere.
-- Reading: ``Manifest.read`` and ``Manifest.parse`` check every field against
-  its definition, then the counts and the fingerprint, and give a typed
-  ``Manifest``. Every failure is one ``CacheError`` line naming the field
+- The fields: the ``msgspec.Struct`` ``Manifest``, its attributes in the order
+  they are written; each nested object is a Struct of its own (``Feature``,
+  ``Shards``, ``Vocabulary``, ``Source``, ``Statistics``, ``Sharding``,
+  ``Evaluation``, ``SourceTableRecord``, ...), bounds and descriptions in
+  ``msgspec.Meta``. Keys a definition does not list are allowed everywhere (and
+  ignored). An optional field a manifest lacks has the attribute's default
+  (None, or an empty container).
+- Reading: ``Manifest.read`` and ``Manifest.parse`` check the format and its
+  version, then every field (``msgspec.convert``), then the counts and the
+  fingerprint, and give a typed ``Manifest``. Every failure is one
+  ``CacheError`` line naming the file and the field path
   (``manifest.json: statistics.tokens is 'x', expected a JSON object``).
 - Writing: ``Manifest.create`` assembles a build's manifest (refusing a field
   the definition lacks, and any manifest ``parse`` would refuse; the
@@ -17,514 +21,311 @@ checks and writes them.
   then manifest.json, each atomically.
 - The source table (format version 3): ``read_source_table`` (or
   ``Manifest.read_source_table``) reads and checks it, only when asked.
-- The JSON Schema: ``json_schema()``, published as ``manifest.schema.json``
+- The JSON Schema: ``json_schema()``, generated from the Structs by
+  ``msgspec.json.schema_components`` and published as ``manifest.schema.json``
   beside this module (``python -m seqcache.manifest --write`` regenerates it,
   ``--check`` compares).
 """
 
-from __future__ import annotations
-
 import collections.abc
 import contextlib
-import dataclasses
 import datetime
 import hashlib
 import json
-import math
 import os
 import re
 import sys
-from typing import Any, Callable, Mapping, Sequence
+import types
+import typing
+from typing import Annotated, Any, Literal, Mapping, Sequence
 
+import msgspec
 import numpy as np
+from msgspec import Meta, Struct
 
 from seqcache import __version__, bounded_json, codec, fs, layout
-from seqcache.codec import (MANIFEST_NAME, SHARD_CHECKSUMS_NAME, SOURCE_TABLE_NAME, CacheError, FeatureSpec,
-                            IncompleteCacheError, ShardTable)
+from seqcache.codec import (MANIFEST_NAME, SHARD_CHECKSUMS_NAME, SOURCE_TABLE_NAME, CacheError, IncompleteCacheError,
+                            ShardTable)
 
-# JSON type name -> the Python test of a value decoded by ``json.loads``.
-_IS = {"string": lambda v: isinstance(v, str), "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-       "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-       "boolean": lambda v: isinstance(v, bool), "object": lambda v: isinstance(v, dict),
-       "array": lambda v: isinstance(v, list), "null": lambda v: v is None}
 _SHA256_PATTERN = "^[0-9a-f]{64}$"
 _BASE64_PATTERN = "^[A-Za-z0-9+/]*={0,2}$"
 SCHEMA_NAME = "manifest.schema.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
-    """One field of a JSON object of the cache format.
-
-    Attributes:
-      name: the key.
-      type: the JSON types its value may have (the keys of ``_IS``).
-      required: a reader refuses the object without it (``missing field``).
-      since: the ``format_version`` that introduced it.
-      description: one line, for the JSON Schema and the docs.
-      keywords: further JSON Schema keywords of its value; ``check_value``
-        tests ``minimum``, ``maximum``, ``pattern``, ``enum``, ``minItems``
-        and ``maxItems``.
-      fields: the fields of the value (an object), or of each item (an array
-        of objects).
-      values: the field of each member of an object keyed by name
-        (``additionalProperties``); its ``name`` is unused.
-      items: the field of each item of an array of non-objects; its ``name``
-        is unused.
-      check: the reader's own check instead of ``check_value``:
-        ``check(value, {"path", "check_shards"})`` raises ``CacheError`` with
-        the field's own message and may return a decoded value.
-    """
-
-    name: str
-    type: tuple[str, ...]
-    required: bool
-    since: int
-    description: str
-    keywords: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    fields: tuple["Field", ...] = ()
-    values: "Field | None" = None
-    items: "Field | None" = None
-    check: Callable[[Any, Mapping[str, Any]], Any] | None = None
-
-    def __post_init__(self):
-        unknown = [t for t in self.type if t not in _IS]
-        if unknown:
-            raise ValueError(f"field {self.name!r}: unknown JSON type(s) {unknown} (expected some of {sorted(_IS)})")
-
-    def schema(self) -> dict:
-        """This field's JSON Schema (draft 2020-12) fragment."""
-        out: dict[str, Any] = {"type": list(self.type) if len(self.type) > 1 else self.type[0],
-                               "description": self.description}
-        if self.since > 1:
-            out["$comment"] = f"since format version {self.since}"
-        out.update(self.keywords)
-        if self.fields:
-            obj = object_schema(self.fields)
-            if "array" in self.type:
-                out["items"] = {"type": "object", **obj}
-            else:
-                out.update(obj)
-        if self.values is not None:
-            out["additionalProperties"] = self.values.schema()
-        if self.items is not None:
-            out["items"] = self.items.schema()
-        return out
-
-
-def _each(types: tuple[str, ...], description: str, keywords: Mapping[str, Any] | None = None, **kw) -> Field:
-    """The ``Field`` of each member (``values``) or item (``items``) of a value."""
-    return Field("", types, False, 1, description, dict(keywords or {}), **kw)
-
-
-def object_schema(fields: Sequence[Field]) -> dict:
-    """The JSON Schema of an object with ``fields`` (others allowed)."""
-    out: dict[str, Any] = {"properties": {f.name: f.schema() for f in fields}}
-    required = [f.name for f in fields if f.required]
-    if required:
-        out["required"] = required
-    return out
-
-
-_WORDS = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
-          "object": "a JSON object", "array": "a JSON list", "null": "null"}
 _short = bounded_json.short
 
-
-def _either(names: Sequence[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-
-
-def _what(types: Sequence[str]) -> str:
-    return _either([_WORDS[t] for t in types])
-
-
-# A count (an integer with a ``minimum``) is below MAX_INTEGER unless its
-# definition gives a ``maximum``; any other integer lies in the int64 range.
+# A count is below MAX_INTEGER unless its definition says otherwise; any other
+# integer lies in the int64 range.
 MAX_INTEGER = bounded_json.MAX_COUNT
 # The largest shard count, shard record count and sequence length a reader accepts.
 MAX_SHARDS = 2**20
 MAX_SHARD_RECORDS = 2**40
 MAX_SEQUENCE_LENGTH = bounded_json.MAX_SEQUENCE_LENGTH
 
-
-def check_value(field: Field, value: Any, path: str, where: str = "", *, name: str | None = None) -> None:
-    """The generic reader check of one field's value: its JSON type and
-    keywords, then its ``fields``, ``values`` and ``items``, recursively.
-
-    Args:
-      name: how messages name the value (default ``where`` + ``field.name``),
-        e.g. ``statistics.tokens.targets`` or ``sources[0].path``.
-
-    Raises:
-      seqcache.format.CacheError: ``{path}: {name} is {value}, expected {what}``.
-    """
-    name = f"{where}{field.name}" if name is None else name
-    kw = field.keywords
-    ok = any(_IS[t](value) for t in field.type)
-    if ok and "minimum" in kw and _IS["number"](value):
-        ok = value >= kw["minimum"]
-    if ok and _IS["integer"](value):
-        hi = kw.get("maximum", MAX_INTEGER if "minimum" in kw else 2**63)
-        if not -2**63 <= value < hi:
-            lo = f"{kw['minimum']}" if "minimum" in kw else "-2^63"
-            raise CacheError(f"{path}: {name} = {_short(value)}, expected an integer in "
-                                 f"[{lo}, {bounded_json.bound(hi)})")
-    if ok and isinstance(value, float) and not math.isfinite(value):
-        ok = False
-    if ok and "pattern" in kw and isinstance(value, str):
-        ok = re.search(kw["pattern"], value) is not None
-    if ok and "enum" in kw:
-        ok = value in kw["enum"]
-    if ok and isinstance(value, list):
-        ok = kw.get("minItems", 0) <= len(value) <= kw.get("maxItems", len(value))
-    if not ok:
-        if "enum" in kw:
-            expected = _either(["null" if v is None else repr(v) for v in kw["enum"]])
-        else:
-            expected = _what(field.type) + (f" >= {kw['minimum']}" if "minimum" in kw else "")
-            if "minItems" in kw and kw.get("maxItems") == kw["minItems"]:
-                expected += f" of {kw['minItems']} items"
-        raise CacheError(f"{path}: {name} is {_short(value)}, expected {expected}")
-    if field.fields:
-        items = value if isinstance(value, list) else [value] if isinstance(value, dict) else []
-        for i, item in enumerate(items):
-            prefix = f"{name}[{i}]." if isinstance(value, list) else f"{name}."
-            if not isinstance(item, dict):
-                raise CacheError(f"{path}: {prefix[:-1]} is {_short(item)}, expected a JSON object")
-            for sub in field.fields:
-                if sub.name in item:
-                    check_value(sub, item[sub.name], path, prefix)
-                elif sub.required:
-                    raise CacheError(f"{path}: {prefix[:-1]}: missing field {sub.name!r}")
-    if field.values is not None and isinstance(value, dict):
-        for key, member in value.items():
-            check_value(field.values, member, path, name=f"{name}.{key}")
-    if field.items is not None and isinstance(value, list):
-        for i, item in enumerate(value):
-            check_value(field.items, item, path, name=f"{name}[{i}]")
-
-
-# -- The readers' own checks (their messages are part of the format's interface).
-
-def _check_format(value, ctx):
-    codec.require(value == codec.FORMAT_NAME, ctx["path"], f"format is {_short(value)}, expected {codec.FORMAT_NAME!r}")
-
-
-def _check_format_version(value, ctx):
-    codec.require(value in codec.READ_FORMAT_VERSIONS and not isinstance(value, bool), ctx["path"],
-                   f"format_version is {_short(value)}, this seqcache reads format version "
-                   f"{_either(list(map(str, codec.READ_FORMAT_VERSIONS)))}: read the cache with the seqcache release "
-                   "that "
-                   "wrote it, or rebuild it with this one (seqcache build ... --overwrite)")
-
-
-def _check_features(value, ctx):
-    path = ctx["path"]
-    codec.require(isinstance(value, list), path, f"bad features entry: features is {type(value).__name__}, "
-                 "expected a JSON list")
-    try:
-        for f in value:
-            for key, types in (("name", ("string",)), ("vocabulary", ("string",)), ("add_eos", ("boolean",))):
-                if key in f and not any(_IS[t](f[key]) for t in types):
-                    raise ValueError(f"{key} is {_short(f[key])}, expected {_what(types)}")
-        return tuple(codec.FeatureSpec(f["name"], f["dtype"]) for f in value)
-    except (KeyError, TypeError, ValueError) as e:
-        raise CacheError(f"{path}: bad features entry: {e}") from None
-
-
-def _check_shards(value, ctx):
-    path = ctx["path"]
-    if isinstance(value, dict):
-        count = value.get("num_shards")
-        codec.require(not (_IS["integer"](count) and count >= MAX_SHARDS), path,
-                     f"shards.num_shards = {_short(count)}, expected an integer in [0, {bounded_json.bound(MAX_SHARDS)})")
-    table = ShardTable(value, path=path)
-    encoding = value.get("encoding")
-    codec.require(encoding is None or isinstance(encoding, str), path,
-                   f"shards.encoding is {_short(encoding)}, expected a string")
-    if ctx["check_shards"]:
-        table.check_all()
-    return table
-
-
-def _is_token_count(v) -> bool:
-    return v is None or (_IS["integer"](v) and 0 < v < MAX_SEQUENCE_LENGTH)
-
-
-def _check_sequence_length(value, ctx):
-    codec.require(_is_token_count(value) or (isinstance(value, dict) and all(map(_is_token_count, value.values()))),
-                 ctx["path"], f"sequence_length is {_short(value)}, expected null, a token count in [1, "
-                 f"{bounded_json.bound(MAX_SEQUENCE_LENGTH)}) or {{feature: token count}}")
-
-
-def _check_quarantine(value, ctx):
-    codec.require(value in (None, codec.QUARANTINE_NAME), ctx["path"], f"quarantine is {_short(value)}, expected "
-                   f"{codec.QUARANTINE_NAME!r} or null (a plain file name inside the cache folder)")
-
-
-def _check_quarantine_num_bytes(value, ctx):
-    codec.require(value is None or (_IS["integer"](value) and 0 <= value < MAX_INTEGER), ctx["path"], f"quarantine_num_bytes is {_short(value)}, expected a byte count in [0, 2^53)")
-
-
-def _check_quarantine_sha256(value, ctx):
-    codec.require(value is None or (isinstance(value, str) and codec.SHA256_RE.fullmatch(value) is not None),
-                 ctx["path"], f"quarantine_sha256 is {_short(value)}, expected 64 hex digits")
-
-
-# -- The fields.
-
-FEATURE_FIELDS = (
-    Field("name", ("string",), True, 1, "feature name, e.g. targets or targets_segment_ids"),
-    Field("dtype", ("string",), True, 1, "storage dtype of its elements", {"enum": sorted(codec.DTYPES)}),
-    Field("vocabulary", ("string",), False, 1, "the key of its entry in vocabularies (token features)"),
-    Field("add_eos", ("boolean",), False, 1, "whether the task appends EOS to it (token features)"),
-)
-
-CHECKSUM_FILE_FIELDS = (
-    Field("file", ("string",), True, 2, "the shard checksum file's name", {"const": SHARD_CHECKSUMS_NAME}),
-    Field("num_bytes", ("integer",), True, 2, "its size (bytes)", {"minimum": 0}),
-    Field("sha256", ("string",), True, 2, "its sha256, hex", {"pattern": _SHA256_PATTERN}),
-)
-
-SHARD_TABLE_FIELDS = (
-    Field("num_shards", ("integer",), True, 2, "S, the shard count (shard names follow from index and S)",
-          {"minimum": 0}),
-    Field("encoding", ("string",), False, 2, "how the integer columns are stored, for humans"),
-    Field("num_records", ("string",), True, 2, "records per shard (records), base64 of S little-endian int64",
-          {"pattern": _BASE64_PATTERN}),
-    Field("num_bytes", ("string",), True, 2, "byte size of each data shard file (bytes), base64 of S int64",
-          {"pattern": _BASE64_PATTERN}),
-    Field("provenance_num_bytes", ("string",), True, 2,
-          "byte size of each provenance shard file (bytes), base64 of S int64", {"pattern": _BASE64_PATTERN}),
-    Field("checksums", ("object",), True, 2, "the shard checksum file: name, size and sha256",
-          fields=CHECKSUM_FILE_FIELDS),
-)
-
-SHARDING_FIELDS = (
-    Field("num_shards", ("integer",), True, 1, "the shard count the build chose or was given", {"minimum": 0}),
-    Field("shard_size", ("integer", "null"), False, 1, "the target shard size (bytes) it was given, or null"),
-    Field("input_bytes", ("integer",), False, 1, "the source files' total size (bytes)", {"minimum": 0}),
-    Field("content_bytes", ("integer", "null"), False, 1,
-          "the sources' decompressed content size (bytes) where measured, or null"),
-)
-
-# The task's evaluation (``seqcache.tasks.Task.evaluation``): what an evaluator runs on the cache.
-EVALUATION_FIELDS = (
-    Field("metrics", ("array",), True, 3, "the task's metric functions' names, in order",
-          {"items": {"type": "string"}}),
-    Field("postprocess_fn", ("string", "null"), True, 3, "the task's postprocess function's name, or null"),
-    Field("pretokenized", ("array",), True, 3, "the stored features holding the source's text "
-          "(<feature>_pretokenized, uint8 UTF-8 bytes)", {"items": {"type": "string"}}),
-)
-
-# shard-checksums.json (format version 2), written by ``shard_checksums_json``.
-SHARD_CHECKSUMS_FIELDS = (
-    Field("num_shards", ("integer",), True, 2, "S, the shard count", {"minimum": 0}),
-    Field("sha256", ("array",), True, 2, "sha256 of data shard s at position s, hex",
-          {"items": {"type": "string", "pattern": _SHA256_PATTERN}}),
-    Field("provenance_sha256", ("array",), True, 2, "sha256 of provenance shard s at position s, hex",
-          {"items": {"type": "string", "pattern": _SHA256_PATTERN}}),
-)
-
 # The packings (``seqcache.tasks.task.PACKING_MODES``) and vocabulary kinds
 # (``seqcache.tasks.vocabulary_from_json``) a manifest may hold; tests compare them.
 PACKINGS = ("lm", "first_fit", None)
 VOCABULARY_KINDS = ("byte", "sentencepiece", "hf_tokenizer")
 
-# One entry of ``vocabularies`` (``Vocabulary.to_json()``, ``file`` renamed by the build).
-VOCABULARY_FIELDS = (
-    Field("kind", ("string",), False, 1, "the vocabulary's kind", {"enum": list(VOCABULARY_KINDS)}),
-    Field("vocab_size", ("integer",), False, 1, "ids in the vocabulary, extra ids included", {"minimum": 1}),
-    Field("extra_ids", ("integer",), False, 1, "sentinel ids appended to the model's", {"minimum": 0}),
-    Field("file", ("string",), False, 1, "the model file stored in the cache folder (sentencepiece, hf_tokenizer)"),
-    Field("sha256", ("string", "null"), False, 1, "the model file's sha256, hex", {"pattern": _SHA256_PATTERN}),
-    Field("eos_token", ("string", "null"), False, 1, "the EOS token's text (hf_tokenizer)"),
-    Field("pad_token", ("string", "null"), False, 1, "the pad token's text (hf_tokenizer)"),
-    Field("unk_token", ("string", "null"), False, 1, "the unk token's text (hf_tokenizer)"),
-)
 
-# One entry of ``sources``, the source file table (``seqcache.tasks.SourceFile`` and the source's locator).
-SOURCE_FIELDS = (
-    Field("path", ("string",), True, 1, "the file's path or URL"),
-    Field("num_bytes", ("integer",), False, 1, "its size (bytes)", {"minimum": 0}),
-    Field("mtime_ns", ("integer",), False, 1, "its modification time (nanoseconds since the epoch)"),
-    Field("locator", ("string",), False, 1, "what a provenance record's record_number counts in it "
-          "(byte_offset, line, row, record, file); record when absent"),
-)
-
-_RECORDS = _each(("integer",), "records", {"minimum": 0})
-_TOKENS = _each(("integer",), "tokens", {"minimum": 0})
-_BY_FEATURE_TOKENS = _each(("array",), "tokens, one per source file", items=_TOKENS)
-_HISTOGRAM = _each(("array",), "the non-empty buckets [lo, hi, examples], lo ascending, hi exclusive (tokens)",
-                   items=_each(("array",), "[lo, hi, examples]", {"minItems": 3, "maxItems": 3},
-                               items=_each(("integer",), "tokens or examples", {"minimum": 0})))
-
-BAD_INPUT_FIELDS = (
-    Field("skipped", ("object",), False, 1, "kind -> records skipped (records)", values=_RECORDS),
-    Field("replaced", ("object",), False, 1, "kind -> records repaired (records)", values=_RECORDS),
-    Field("kept", ("object",), False, 1, "kind -> records kept unchanged (records)", values=_RECORDS),
-    Field("records", ("object",), False, 1, "action -> records (records)", values=_RECORDS),
-)
-
-SOURCE_FILES_FIELDS = (
-    Field("examples", ("array",), True, 1, "source examples per source file (records)", items=_RECORDS),
-    Field("tokens", ("object",), True, 1, "feature -> tokens per source file, before packing (tokens)",
-          values=_BY_FEATURE_TOKENS),
-    Field("units", ("string",), False, 1, "the units, for humans"),
-)
-
-# The manifest's ``source_table`` (format version 3): the file that holds the
-# per-file source table, checked like the shard checksum file.
-SOURCE_TABLE_FILE_FIELDS = (
-    Field("file", ("string",), True, 3, "the source table file's name", {"enum": [SOURCE_TABLE_NAME]}),
-    Field("num_bytes", ("integer",), True, 3, "its size (bytes)", {"minimum": 0}),
-    Field("sha256", ("string",), True, 3, "its sha256, hex", {"pattern": _SHA256_PATTERN}),
-    Field("num_files", ("integer",), True, 3, "the source files it lists (files)", {"minimum": 0}),
-    Field("fingerprint_files", ("array",), False, 3, "the keys, from the top, of the value of fingerprint_inputs "
-          "that it holds (['task', 'source', 'files']); absent when it holds none",
-          items=_each(("string",), "a key")),
-    Field("inputs_sha256", ("string",), False, 3, "with fingerprint_files: the sha256 of the canonical JSON of "
-          "{fingerprint, fingerprint_inputs} as this manifest records them (what opening a cache checks, where "
-          "the fingerprint itself needs the file)", {"pattern": _SHA256_PATTERN}),
-)
-
-# source-table.json (format version 3), written by ``SourceTable.to_bytes``:
-# one column per field of ``SOURCE_FIELDS`` and ``SOURCE_FILES_FIELDS``.
-SOURCE_TABLE_FIELDS = (
-    Field("num_files", ("integer",), True, 3, "N, the source files (files)", {"minimum": 0}),
-    Field("path", ("array",), True, 3, "file i's path or URL at position i (i is a provenance record's "
-          "source_index)", items=_each(("string",), "a path or URL")),
-    Field("num_bytes", ("array",), False, 3, "each file's size (bytes), null where not recorded",
-          items=_each(("integer", "null"), "bytes", {"minimum": 0})),
-    Field("mtime_ns", ("array",), False, 3, "each file's modification time (nanoseconds since the epoch), null "
-          "where not recorded", items=_each(("integer", "null"), "nanoseconds")),
-    Field("locator", ("string", "array"), False, 3, "what record_number counts in the files: one locator for "
-          "every file, or one per file (null: record)"),
-    Field("examples", ("array",), False, 3, "source examples per file (records); absent when not counted",
-          items=_RECORDS),
-    Field("tokens", ("object",), False, 3, "feature -> tokens per file, before packing (tokens)",
-          values=_BY_FEATURE_TOKENS),
-    Field("fingerprint_files", ("object",), False, 3, "the value of fingerprint_inputs at the manifest's "
-          "source_table.fingerprint_files: {\"value\": V}, or {\"from_columns\": true} for the list of "
-          "{path, num_bytes, mtime_ns} of each file"),
-)
-
-# The keys of ``statistics`` that the commands read (``seqcache.pipelines.stats``).
-STATISTICS_FIELDS = (
-    Field("examples", ("integer",), False, 1, "cached examples (records)", {"minimum": 0}),
-    Field("segments", ("integer",), False, 1, "segments, the pieces packed into them (records)", {"minimum": 0}),
-    Field("source_examples", ("integer",), False, 1, "preprocessed examples before packing (records)",
-          {"minimum": 0}),
-    Field("tokens", ("object",), False, 1, "feature -> tokens in the cached examples (tokens)", values=_TOKENS),
-    Field("max_length", ("object",), False, 1, "feature -> the longest cached example (tokens)", values=_TOKENS),
-    Field("mean_length", ("object",), False, 1, "feature -> the mean cached example (tokens)",
-          values=_each(("number",), "tokens", {"minimum": 0})),
-    Field("truncated_tokens", ("integer",), False, 1, "tokens trimmed to the sequence length (tokens)",
-          {"minimum": 0}),
-    Field("length_histogram", ("object",), False, 1, "feature -> histogram of source example lengths",
-          values=_HISTOGRAM),
-    Field("skipped_records", ("integer",), False, 1, "source records skipped as bad input (records)", {"minimum": 0}),
-    Field("units", ("string",), False, 1, "the units, for humans"),
-    Field("source_records", ("integer",), False, 1, "source records read (records)", {"minimum": 0}),
-    Field("source_files", ("object",), False, 1, "per source file: source examples and tokens",
-          fields=SOURCE_FILES_FIELDS),
-    Field("replaced_records", ("integer",), False, 1, "source records repaired (records)", {"minimum": 0}),
-    Field("bad_input_records", ("object",), False, 1, "records per kind of bad input, by action",
-          fields=BAD_INPUT_FIELDS),
-    Field("excluded_records", ("integer",), False, 1, "source records excluded for overlapping a benchmark "
-          "(records)", {"minimum": 0}),
-    Field("excluded_by_benchmark", ("object",), False, 1, "benchmark name -> excluded records that overlap it "
-          "(records)", values=_RECORDS),
-)
+def _doc(text: str, since: int = 1) -> Meta:
+    """A field's description (and ``$comment``: the format version that introduced it)."""
+    return Meta(description=text, extra_json_schema={"$comment": f"since format version {since}"} if since > 1 else None)
 
 
-def _field(types: tuple[str, ...], description: str, keywords: Mapping[str, Any] | None = None, *,
-           required: bool = False, default: Any = None, show: bool = False, since: int = 1, **kw):
-    """A ``Manifest`` attribute that is a field: its ``Field`` in the metadata;
-    ``default`` (a value, or a type to call) for an optional one; ``show``: in the repr."""
-    meta = {"field": Field("", types, required, since, description, dict(keywords or {}), **kw)}
-    given = {} if required else {"default_factory": default} if isinstance(default, type) else {"default": default}
-    return dataclasses.field(repr=show, metadata=meta, **given)
+Count = Annotated[int, Meta(ge=0, lt=MAX_INTEGER)]
+Int64 = Annotated[int, Meta(ge=-2**63, le=2**63 - 1)]
+Sha256 = Annotated[str, Meta(pattern=_SHA256_PATTERN)]
+# A shard table column: decoded (and checked) by ``codec.ShardTable``, the size
+# columns at a shard's first read; the pattern is the JSON Schema's only.
+Base64 = Annotated[str, Meta(extra_json_schema={"pattern": _BASE64_PATTERN})]
+TokenCount = Annotated[int, Meta(ge=1, lt=MAX_SEQUENCE_LENGTH)]
+Records = dict[str, Count]
 
 
-# The order ``Manifest.parse`` checks the fields in: the format and version first.
-_CHECK_ORDER = ("format", "format_version", "features", "shards", "quarantine", "vocabularies", "sources",
-                "source_table", "statistics", "sequence_length", "quarantine_num_bytes", "quarantine_sha256")
+class Entry(Struct, kw_only=True, omit_defaults=True):
+    """A nested object of the format: keys it does not list are allowed and
+    ignored; an optional key it lacks reads as None. ``to_json()``: the keys
+    it holds (None ones left out), as plain JSON values."""
+
+    def to_json(self) -> dict:
+        return msgspec.to_builtins(self)
 
 
-@dataclasses.dataclass(kw_only=True)
-class Manifest:
+class Feature(Entry, frozen=True, kw_only=True):
+    """One entry of ``features``: a record feature (``np_dtype``: its numpy dtype)."""
+
+    name: Annotated[str, _doc("feature name, e.g. targets or targets_segment_ids")]
+    dtype: Annotated[Literal[tuple(sorted(codec.DTYPES))], _doc("storage dtype of its elements")]
+    vocabulary: Annotated[str, _doc("the key of its entry in vocabularies (token features)")] = None
+    add_eos: Annotated[bool, _doc("whether the task appends EOS to it (token features)")] = None
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(codec.DTYPES[self.dtype])
+
+
+class ChecksumFile(Entry, kw_only=True):
+    """``shards.checksums``: the shard checksum file (format version 2)."""
+
+    file: Annotated[Literal[SHARD_CHECKSUMS_NAME], _doc("the shard checksum file's name", 2)]
+    num_bytes: Annotated[Count, _doc("its size (bytes)", 2)]
+    sha256: Annotated[Sha256, _doc("its sha256, hex", 2)]
+
+
+class Shards(Entry, kw_only=True):
+    """``shards``: the shard table (format version 2); read as a ``codec.ShardTable``."""
+
+    num_shards: Annotated[int, Meta(ge=0, lt=MAX_SHARDS), _doc("S, the shard count (shard names follow from index "
+                                                               "and S)", 2)]
+    encoding: Annotated[str, _doc("how the integer columns are stored, for humans", 2)] = None
+    num_records: Annotated[Base64, _doc("records per shard (records), base64 of S little-endian int64", 2)]
+    num_bytes: Annotated[Base64, _doc("byte size of each data shard file (bytes), base64 of S int64", 2)]
+    provenance_num_bytes: Annotated[Base64, _doc("byte size of each provenance shard file (bytes), base64 of S "
+                                                 "int64", 2)]
+    checksums: Annotated[ChecksumFile, _doc("the shard checksum file: name, size and sha256", 2)]
+
+
+class Sharding(Entry, kw_only=True):
+    """``sharding``: how the build chose its shard count."""
+
+    num_shards: Annotated[Count, _doc("the shard count the build chose or was given")]
+    shard_size: Annotated[Int64 | None, _doc("the target shard size (bytes) it was given, or null")] = None
+    input_bytes: Annotated[Count, _doc("the source files' total size (bytes)")] = None
+    content_bytes: Annotated[Int64 | None, _doc("the sources' decompressed content size (bytes) where measured, "
+                                                "or null")] = None
+
+
+class Evaluation(Entry, kw_only=True):
+    """``evaluation`` (format version 3): what an evaluator runs on the cache
+    (``seqcache.tasks.Task.evaluation``)."""
+
+    metrics: Annotated[list[str], _doc("the task's metric functions' names, in order", 3)]
+    postprocess_fn: Annotated[str | None, _doc("the task's postprocess function's name, or null", 3)]
+    pretokenized: Annotated[list[str], _doc("the stored features holding the source's text "
+                                            "(<feature>_pretokenized, uint8 UTF-8 bytes)", 3)]
+
+
+class ShardChecksums(Entry, kw_only=True):
+    """shard-checksums.json (format version 2), written by ``shard_checksums_json``."""
+
+    num_shards: Annotated[Count, _doc("S, the shard count", 2)]
+    sha256: Annotated[list[Sha256], _doc("sha256 of data shard s at position s, hex", 2)]
+    provenance_sha256: Annotated[list[Sha256], _doc("sha256 of provenance shard s at position s, hex", 2)]
+
+
+class Vocabulary(Entry, kw_only=True):
+    """One entry of ``vocabularies`` (``Vocabulary.to_json()``, ``file`` renamed by the build)."""
+
+    kind: Annotated[Literal[VOCABULARY_KINDS], _doc("the vocabulary's kind")] = None
+    vocab_size: Annotated[int, Meta(ge=1, lt=MAX_INTEGER), _doc("ids in the vocabulary, extra ids included")] = None
+    extra_ids: Annotated[Count, _doc("sentinel ids appended to the model's")] = None
+    file: Annotated[str, _doc("the model file stored in the cache folder (sentencepiece, hf_tokenizer)")] = None
+    sha256: Annotated[Sha256 | None, _doc("the model file's sha256, hex")] = None
+    eos_token: Annotated[str | None, _doc("the EOS token's text (hf_tokenizer)")] = None
+    pad_token: Annotated[str | None, _doc("the pad token's text (hf_tokenizer)")] = None
+    unk_token: Annotated[str | None, _doc("the unk token's text (hf_tokenizer)")] = None
+
+
+class Source(Entry, kw_only=True):
+    """One entry of ``sources`` (format version 2), the source file table
+    (``seqcache.tasks.SourceFile`` and the source's locator)."""
+
+    path: Annotated[str, _doc("the file's path or URL")]
+    num_bytes: Annotated[Count, _doc("its size (bytes)")] = None
+    mtime_ns: Annotated[Int64, _doc("its modification time (nanoseconds since the epoch)")] = None
+    locator: Annotated[str, _doc("what a provenance record's record_number counts in it (byte_offset, line, row, "
+                                 "record, file); record when absent")] = None
+
+
+class BadInput(Entry, kw_only=True):
+    """``statistics.bad_input_records``: records per kind of bad input, by action."""
+
+    skipped: Annotated[Records, _doc("kind -> records skipped (records)")] = None
+    replaced: Annotated[Records, _doc("kind -> records repaired (records)")] = None
+    kept: Annotated[Records, _doc("kind -> records kept unchanged (records)")] = None
+    records: Annotated[Records, _doc("action -> records (records)")] = None
+
+
+class SourceFiles(Entry, kw_only=True):
+    """``statistics.source_files`` (format version 2): per source file, source examples and tokens."""
+
+    examples: Annotated[list[Count], _doc("source examples per source file (records)")]
+    tokens: Annotated[dict[str, list[Count]], _doc("feature -> tokens per source file, before packing (tokens)")]
+    units: Annotated[str, _doc("the units, for humans")] = None
+
+
+Histogram = list[Annotated[list[Count], Meta(min_length=3, max_length=3)]]
+
+
+class Statistics(Entry, kw_only=True):
+    """``statistics``: counts of the build (``seqcache.pipelines.stats``); None where not counted."""
+
+    examples: Annotated[Count, _doc("cached examples (records)")] = None
+    segments: Annotated[Count, _doc("segments, the pieces packed into them (records)")] = None
+    source_examples: Annotated[Count, _doc("preprocessed examples before packing (records)")] = None
+    tokens: Annotated[dict[str, Count], _doc("feature -> tokens in the cached examples (tokens)")] = None
+    max_length: Annotated[dict[str, Count], _doc("feature -> the longest cached example (tokens)")] = None
+    mean_length: Annotated[dict[str, Annotated[float, Meta(ge=0)]], _doc("feature -> the mean cached example "
+                                                                         "(tokens)")] = None
+    truncated_tokens: Annotated[Count, _doc("tokens trimmed to the sequence length (tokens)")] = None
+    length_histogram: Annotated[dict[str, Histogram], _doc(
+        "feature -> histogram of source example lengths: the non-empty buckets [lo, hi, examples], lo ascending, "
+        "hi exclusive (tokens)")] = None
+    skipped_records: Annotated[Count, _doc("source records skipped as bad input (records)")] = None
+    units: Annotated[str, _doc("the units, for humans")] = None
+    source_records: Annotated[Count, _doc("source records read (records)")] = None
+    source_files: Annotated[SourceFiles, _doc("per source file: source examples and tokens")] = None
+    replaced_records: Annotated[Count, _doc("source records repaired (records)")] = None
+    bad_input_records: Annotated[BadInput, _doc("records per kind of bad input, by action")] = None
+    excluded_records: Annotated[Count, _doc("source records excluded for overlapping a benchmark (records)")] = None
+    excluded_by_benchmark: Annotated[Records, _doc("benchmark name -> excluded records that overlap it "
+                                                   "(records)")] = None
+
+
+class SourceTableRecord(Entry, kw_only=True):
+    """The manifest's ``source_table`` (format version 3): the file that holds
+    the per-file source table, checked like the shard checksum file."""
+
+    file: Annotated[Literal[SOURCE_TABLE_NAME], _doc("the source table file's name", 3)]
+    num_bytes: Annotated[Count, _doc("its size (bytes)", 3)]
+    sha256: Annotated[Sha256, _doc("its sha256, hex", 3)]
+    num_files: Annotated[Count, _doc("the source files it lists (files)", 3)]
+    fingerprint_files: Annotated[list[str], _doc(
+        "the keys, from the top, of the value of fingerprint_inputs that it holds (['task', 'source', 'files']); "
+        "absent when it holds none", 3)] = None
+    inputs_sha256: Annotated[Sha256, _doc(
+        "with fingerprint_files: the sha256 of the canonical JSON of {fingerprint, fingerprint_inputs} as this "
+        "manifest records them (what opening a cache checks, where the fingerprint itself needs the file)", 3)] = None
+
+
+class SourceTableFile(Entry, kw_only=True):
+    """source-table.json (format version 3), written by ``SourceTable.to_bytes``:
+    one column per field of ``Source`` and ``SourceFiles``."""
+
+    num_files: Annotated[Count, _doc("N, the source files (files)", 3)]
+    path: Annotated[list[str], _doc("file i's path or URL at position i (i is a provenance record's "
+                                    "source_index)", 3)]
+    num_bytes: Annotated[list[Count | None], _doc("each file's size (bytes), null where not recorded", 3)] = None
+    mtime_ns: Annotated[list[Int64 | None], _doc("each file's modification time (nanoseconds since the epoch), "
+                                                 "null where not recorded", 3)] = None
+    locator: Annotated[str | list[str | None], _doc("what record_number counts in the files: one locator for "
+                                                    "every file, or one per file (null: record)", 3)] = None
+    examples: Annotated[list[Count], _doc("source examples per file (records); absent when not counted", 3)] = None
+    tokens: Annotated[dict[str, list[Count]], _doc("feature -> tokens per file, before packing (tokens)", 3)] = None
+    fingerprint_files: Annotated[dict[str, Any], _doc(
+        "the value of fingerprint_inputs at the manifest's source_table.fingerprint_files: {\"value\": V}, or "
+        "{\"from_columns\": true} for the list of {path, num_bytes, mtime_ns} of each file", 3)] = None
+
+
+class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
     """manifest.json of one cache: the typed model, and the one definition of
-    its fields. Each attribute up to ``evaluation`` is a field, in the order it
-    is written, its ``Field`` in the attribute's metadata. An optional field a
-    manifest lacks has the attribute's default.
+    its fields, in the order they are written. An optional field a manifest
+    lacks has the attribute's default. ``shards`` is read as a
+    ``codec.ShardTable``.
 
     Attributes beyond the fields:
-      raw: the whole JSON object, as read or as it is written (keys the
-        definition does not list included).
       shard_checksums: (a manifest from ``create``) the bytes of its shard
         checksum file, which ``write`` writes beside it; None when read.
+      source_table_bytes: (from ``create``) the bytes of its source table file.
+      cache_dir: (from ``read``) the folder it was read from.
     """
 
-    format: str = _field(("string",), "the format's name", {"const": codec.FORMAT_NAME}, required=True,
-                         check=_check_format)
-    format_version: int = _field(("integer",), "the version of the cache as a whole: what a reader must understand",
-                                 {"enum": list(codec.READ_FORMAT_VERSIONS)}, required=True, check=_check_format_version)
-    task: str = _field(("string",), "the task's name", required=True, show=True)
-    split: str = _field(("string",), "the split's name", required=True, show=True)
-    fingerprint: str = _field(("string",), "sha256 of the canonical JSON of fingerprint_inputs", required=True,
-                              show=True)
-    seed: int | None = _field(("integer",), "the shuffle seed")
-    sequence_length: dict[str, int | None] | int | None = _field(
-        ("object", "integer", "null"), "feature -> tokens, or null",
-        {"minimum": 1, "additionalProperties": {"type": ["integer", "null"], "minimum": 1}},
-        check=_check_sequence_length)
-    packing: str | None = _field(("string", "null"), "the packing: lm, first_fit or null", {"enum": list(PACKINGS)})
-    writer_options: str | None = _field(("string",), "the ArrayRecord writer options")
-    record_encoding: str | None = _field(("string",), "the record encoding, for humans")
-    features: tuple[FeatureSpec, ...] = _field(("array",), "the record features, in record order", required=True,
-                                               show=True, fields=FEATURE_FIELDS, check=_check_features)
-    vocabularies: dict[str, dict] = _field(
-        ("object",), "feature -> its vocabulary: kind, vocab_size, extra_ids, ...", default=dict,
-        values=_each(("object",), "a vocabulary (Vocabulary.to_json())", fields=VOCABULARY_FIELDS))
-    num_examples: int = _field(("integer",), "total examples (records)", {"minimum": 0}, default=0)
-    shards: ShardTable = _field(("object",), "the shard table: the shard count and one column per shard field",
-                                required=True, show=True, fields=SHARD_TABLE_FIELDS, check=_check_shards)
-    statistics: dict[str, Any] = _field(("object",), "counts of the build: examples, tokens, lengths, bad input",
-                                        default=dict, fields=STATISTICS_FIELDS)
-    sources: list[dict] = _field(("array",), "(format version 2) the source file table, indexed by a provenance "
-                                 "record's source_index; version 3 keeps it in source_table's file",
-                                 default=list, fields=SOURCE_FIELDS)
-    source_table: dict | None = _field(("object",), "the source table file: per source file its path, size, "
-                                       "mtime, locator, examples and tokens (read only by what needs them)",
-                                       fields=SOURCE_TABLE_FILE_FIELDS, since=3)
-    fingerprint_inputs: dict | None = _field(("object",), "what the fingerprint is computed from")
-    created: str | None = _field(("string",), "when it was written, ISO 8601, UTC")
-    seqcache_version: str | None = _field(("string",), "the seqcache release that wrote it")
-    quarantine: str | None = _field(("string", "null"), "quarantine.jsonl when records were skipped, repaired or "
-                                    "excluded, else null", {"enum": [codec.QUARANTINE_NAME, None]},
-                                    check=_check_quarantine)
-    quarantine_num_bytes: int | None = _field(("integer", "null"), "the quarantine file's size (bytes)",
-                                              {"minimum": 0}, check=_check_quarantine_num_bytes)
-    quarantine_sha256: str | None = _field(("string", "null"), "the quarantine file's sha256, hex",
-                                           {"pattern": _SHA256_PATTERN}, check=_check_quarantine_sha256)
-    sharding: dict | None = _field(("object",), "how the build chose its shard count", fields=SHARDING_FIELDS)
-    evaluation: dict | None = _field(("object", "null"), "the task's metrics and postprocess function, or null "
-                                     "for a task without", fields=EVALUATION_FIELDS, since=3)
+    format: Annotated[Literal[codec.FORMAT_NAME], _doc("the format's name")]
+    format_version: Annotated[Literal[codec.READ_FORMAT_VERSIONS], _doc(
+        "the version of the cache as a whole: what a reader must understand")]
+    task: Annotated[str, _doc("the task's name")]
+    split: Annotated[str, _doc("the split's name")]
+    fingerprint: Annotated[str, _doc("sha256 of the canonical JSON of fingerprint_inputs")]
+    seed: Annotated[Int64, _doc("the shuffle seed")] = None
+    sequence_length: Annotated[dict[str, TokenCount | None] | TokenCount | None, _doc(
+        "feature -> tokens, or null")] = None
+    packing: Annotated[Literal["lm", "first_fit"] | None, _doc("the packing: lm, first_fit or null")] = None
+    writer_options: Annotated[str, _doc("the ArrayRecord writer options")] = None
+    record_encoding: Annotated[str, _doc("the record encoding, for humans")] = None
+    features: Annotated[tuple[Feature, ...], _doc("the record features, in record order")]
+    vocabularies: Annotated[dict[str, Vocabulary], _doc("feature -> its vocabulary: kind, vocab_size, extra_ids, "
+                                                         "...")] = {}
+    num_examples: Annotated[Count, _doc("total examples (records); absent: the shard table's total")] = None
+    shards: Annotated[ShardTable, _doc("the shard table: the shard count and one column per shard field", 2)]
+    statistics: Annotated[Statistics, _doc("counts of the build: examples, tokens, lengths, bad input")] = \
+        msgspec.field(default_factory=Statistics)
+    sources: Annotated[list[Source], _doc("(format version 2) the source file table, indexed by a provenance "
+                                          "record's source_index; version 3 keeps it in source_table's file")] = []
+    source_table: Annotated[SourceTableRecord, _doc("the source table file: per source file its path, size, mtime, "
+                                                    "locator, examples and tokens (read only by what needs them)",
+                                                    3)] = None
+    fingerprint_inputs: Annotated[dict[str, Any], _doc("what the fingerprint is computed from")] = None
+    created: Annotated[str, _doc("when it was written, ISO 8601, UTC")] = None
+    seqcache_version: Annotated[str, _doc("the seqcache release that wrote it")] = None
+    quarantine: Annotated[Literal[codec.QUARANTINE_NAME] | None, _doc(
+        "quarantine.jsonl when records were skipped, repaired or excluded, else null")] = None
+    quarantine_num_bytes: Annotated[Count | None, _doc("the quarantine file's size (bytes)")] = None
+    quarantine_sha256: Annotated[Sha256 | None, _doc("the quarantine file's sha256, hex")] = None
+    sharding: Annotated[Sharding, _doc("how the build chose its shard count")] = None
+    evaluation: Annotated[Evaluation | None, _doc("the task's metrics and postprocess function, or null for a "
+                                                  "task without", 3)] = None
 
-    raw: dict = dataclasses.field(default_factory=dict, repr=False)  # the whole JSON: too long to print
-    shard_checksums: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
-    source_table_bytes: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
-    cache_dir: str | None = dataclasses.field(default=None, repr=False, compare=False)
-    _sources: "SourceTable | None" = dataclasses.field(default=None, repr=False, compare=False)
+    shard_checksums = None  # (not fields) set by create and read
+    source_table_bytes = None
+    cache_dir = None
+    _sources = None
+    _text = None
+
+    def __reduce__(self):  # pickled (a feeder's worker processes) with the attributes beyond the fields
+        return _restore, (type(self), msgspec.structs.asdict(self), dict(self.__dict__))
+
+    def __copy__(self):
+        return _restore(type(self), msgspec.structs.asdict(self), dict(self.__dict__))
+
+    def __repr__(self) -> str:  # the statistics and tables are too long to print
+        return (f"Manifest(task={self.task!r}, split={self.split!r}, fingerprint={self.fingerprint!r}, "
+                f"features={self.features!r}, shards={self.shards!r})")
 
     @property
     def num_sources(self) -> int:
         """The source files of the cache (files), from the manifest alone:
         ``source_table.num_files``, or the length of an inline ``sources``."""
         if self.source_table is not None:
-            return int(self.source_table["num_files"])
+            return int(self.source_table.num_files)
         return len(self.sources)
 
     def read_source_table(self, cache_dir: str | None = None) -> "SourceTable":
@@ -549,7 +350,7 @@ class Manifest:
         file holds (``source_table.fingerprint_files``) put back in its place,
         which reads that file; the inputs as recorded when nothing was moved."""
         inputs = self.fingerprint_inputs
-        keys = (self.source_table or {}).get("fingerprint_files")
+        keys = self.source_table.fingerprint_files if self.source_table is not None else None
         if inputs is None or not keys:
             return inputs
         return with_value_at(inputs, keys, self.read_source_table(cache_dir).fingerprint_value())
@@ -562,11 +363,13 @@ class Manifest:
 
     @classmethod
     def parse(cls, raw: Any, *, path: str = MANIFEST_NAME, check_shards: bool = True) -> "Manifest":
-        """Checks a decoded manifest.json field by field against
-        ``MANIFEST_FIELDS``, then its counts (``num_examples`` and
-        ``statistics.examples`` against the shard table; with ``check_shards``,
-        each shard's byte sizes against its records) and its fingerprint
-        (``check_fingerprint``). Cost: O(number of shards) in numpy operations.
+        """Checks a decoded manifest.json: its ``format`` and
+        ``format_version``, the required fields, then every field against the
+        model (``msgspec.convert``, strict: no coercion), then its counts
+        (``num_examples`` and ``statistics.examples`` against the shard table;
+        with ``check_shards``, each shard's byte sizes against its records)
+        and its fingerprint (``check_fingerprint``). Cost: O(number of shards)
+        in numpy operations.
 
         Args:
           raw: the decoded manifest.json.
@@ -578,32 +381,27 @@ class Manifest:
           CacheError: ``{path}: ...`` naming the first bad field: not an object;
             wrong format or format_version (a version-1 cache is refused with
             the advice to rebuild it); a required field missing (``missing
-            field 'task'``); a field of the wrong JSON type or value; counts or
-            a fingerprint that contradict each other.
+            field 'task'``); a field of the wrong JSON type or value
+            (``statistics.tokens.targets is 'x', expected an integer >= 0``);
+            counts or a fingerprint that contradict each other.
         """
         codec.require(isinstance(raw, dict), path, "manifest is not a JSON object")
-        ctx = {"path": path, "check_shards": check_shards}
-        decoded: dict[str, Any] = {}
-        order = list(_CHECK_ORDER) + [f.name for f in MANIFEST_FIELDS if f.name not in _CHECK_ORDER]
-        for i, name in enumerate(order):
-            if i == 2:  # after format and format_version: every required field is there
-                for f in MANIFEST_FIELDS:
-                    codec.require(not f.required or f.name in raw, path, f"missing field {f.name!r}")
-            field = FIELDS_BY_NAME[name]
-            if name not in raw and not field.required:
-                continue
-            value = raw.get(name)
-            if field.check is not None:
-                result = field.check(value, ctx)
-                if result is not None:
-                    decoded[name] = result
-            else:
-                check_value(field, value, path)
-        _check_counts(raw, decoded["shards"], path, decoded["features"], check_shards=check_shards)
-        check_fingerprint(raw, path, decoded["features"])
-        values = {name: decoded.get(name, raw[name]) for name in FIELDS_BY_NAME if name in raw}
-        values["num_examples"] = int(decoded["shards"].starts[-1])
-        return cls(**values, raw=raw)
+        fmt_name, version = raw.get("format"), raw.get("format_version")
+        codec.require(fmt_name == codec.FORMAT_NAME, path,
+                      f"format is {_short(fmt_name)}, expected {codec.FORMAT_NAME!r}")
+        codec.require(version in codec.READ_FORMAT_VERSIONS and not isinstance(version, bool), path,
+                      f"format_version is {_short(version)}, this seqcache reads format version "
+                      f"{_either(list(map(str, codec.READ_FORMAT_VERSIONS)))}: read the cache with the seqcache "
+                      "release that wrote it, or rebuild it with this one (seqcache build ... --overwrite)")
+        for f in msgspec.structs.fields(cls):
+            codec.require(not f.required or f.name in raw, path, f"missing field {f.name!r}")
+        manifest = convert(raw, cls, path=path)
+        if check_shards:
+            manifest.shards.check_all()
+        _check_counts(manifest, path, check_shards=check_shards)
+        check_fingerprint(manifest, path)
+        manifest.num_examples = int(manifest.shards.starts[-1])
+        return manifest
 
     @classmethod
     def read(cls, cache_dir: str) -> "Manifest":
@@ -646,7 +444,8 @@ class Manifest:
         ``seqcache.pipelines.writer.write_shard``'s entries in shard order:
         they become the shard table and the shard checksum file
         (``shard_checksums``). ``features`` and ``sharding`` may hold only the
-        keys their definitions list.
+        keys their definitions list. The text written (``to_json``) keeps the
+        key order of the values given inside each nested object.
 
         The per-file source table leaves the manifest for the source table
         file (``source_table_bytes``, written by ``write``; format version 3):
@@ -675,21 +474,30 @@ class Manifest:
             "writer_options": codec.WRITER_OPTIONS,
             "record_encoding": "features in manifest order; each a little-endian uint32 count then the elements, "
                                "little-endian",
-            "features": [assemble(f, FEATURE_FIELDS, what=f"features[{i}]") for i, f in enumerate(features)],
+            "features": [ordered(f, Feature, what=f"features[{i}]") for i, f in enumerate(features)],
             "num_examples": int(sum(int(s["num_records"]) for s in shards)), "shards": table,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "seqcache_version": __version__, **fields}
         if "sharding" in values:
-            values["sharding"] = assemble(values["sharding"], SHARDING_FIELDS, what="sharding")
-        manifest = cls.parse(assemble(values))
+            values["sharding"] = ordered(values["sharding"], Sharding, what="sharding")
+        values = ordered(values, cls)
+        manifest = cls.parse(values)
+        manifest._text = json.dumps(values, indent=2, ensure_ascii=False) + "\n"
         manifest.shard_checksums = checksums
         manifest.source_table_bytes = sources_bytes
         manifest._sources = sources
         return manifest
 
     def to_json(self) -> str:
-        """manifest.json's text: ``raw`` indented by 2, keys in their order, and a newline."""
-        return json.dumps(self.raw, indent=2, ensure_ascii=False) + "\n"
+        """manifest.json's text (a manifest from ``create``): the fields in
+        definition order, indented by 2, and a newline.
+
+        Raises:
+          ValueError: a manifest that was read, not made by ``create``.
+        """
+        if self._text is None or self.shard_checksums is None or self.source_table_bytes is None:
+            raise ValueError("only a manifest from Manifest.create is written (this one was read)")
+        return self._text
 
     def write(self, cache_dir: str) -> None:
         """Writes the shard checksum file, the source table file, then
@@ -700,16 +508,234 @@ class Manifest:
         Raises:
           ValueError: a manifest that was read, not made by ``create``.
         """
-        if self.shard_checksums is None or self.source_table_bytes is None:
-            raise ValueError(f"{cache_dir}: only a manifest from Manifest.create is written (this one was read)")
+        try:
+            text = self.to_json()
+        except ValueError as e:
+            raise ValueError(f"{cache_dir}: {e}") from None
         fs.write_bytes_atomic(fs.join(cache_dir, SHARD_CHECKSUMS_NAME), self.shard_checksums)
         fs.write_bytes_atomic(fs.join(cache_dir, SOURCE_TABLE_NAME), self.source_table_bytes)
-        fs.write_bytes_atomic(fs.join(cache_dir, MANIFEST_NAME), self.to_json().encode("utf-8"))
+        fs.write_bytes_atomic(fs.join(cache_dir, MANIFEST_NAME), text.encode("utf-8"))
 
 
-MANIFEST_FIELDS = tuple(dataclasses.replace(f.metadata["field"], name=f.name) for f in dataclasses.fields(Manifest)
-                        if "field" in f.metadata)
-FIELDS_BY_NAME = {f.name: f for f in MANIFEST_FIELDS}
+def _restore(cls: type, fields: dict, attributes: dict) -> Manifest:
+    """``Manifest.__reduce__``'s inverse."""
+    manifest = cls(**fields)
+    manifest.__dict__.update(attributes)
+    return manifest
+
+
+def ordered(values: Mapping[str, Any], model: type, *, what: str = "manifest") -> dict:
+    """The JSON object of ``values``, its keys in the order of ``model``'s
+    fields (a Struct). A field given as None is written as null; a field not
+    given is not written.
+
+    Raises:
+      ValueError: a key that is not among the fields, or a required field
+        missing; naming ``what``.
+    """
+    fields = msgspec.structs.fields(model)
+    names = [f.encode_name for f in fields]
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise ValueError(f"{what} field(s) {unknown} are not in the manifest schema (core/manifest.py): "
+                         f"add them there first (known: {', '.join(names)})")
+    missing = [f.encode_name for f in fields if f.required and f.encode_name not in values]
+    if missing:
+        raise ValueError(f"{what} lacks the required field(s) {missing}")
+    return {n: values[n] for n in names if n in values}
+
+
+# -- Reading: msgspec.convert, and its refusals as one line naming the field path.
+
+class _Refused(Exception):
+    """A refusal inside a nested conversion (the shard table): the inner
+    ValidationError and where its value lies."""
+
+    def __init__(self, error: msgspec.ValidationError, value: Any, model: Any, prefix: str):
+        super().__init__(str(error))
+        self.error, self.value, self.model, self.prefix = error, value, model, prefix
+
+
+def convert(value: Any, model: Any, *, path: str = MANIFEST_NAME, prefix: str = "") -> Any:
+    """``msgspec.convert(value, model)`` (strict: no coercion), a ``ShardTable``
+    made and checked where the model has one.
+
+    Args:
+      prefix: how messages name ``value`` (``sources``; empty: the manifest).
+
+    Raises:
+      CacheError: ``{path}: {field path} is {value}, expected {what}``, or
+        ``{path}: {object}: missing field 'x'``, or the field's own message.
+    """
+    def hook(kind, obj):  # the shard table: the codec's checks and messages, then the rest of ``Shards``
+        if kind is not ShardTable:
+            raise NotImplementedError(kind)
+        count = obj.get("num_shards") if isinstance(obj, dict) else None
+        codec.require(not (type(count) is int and count >= MAX_SHARDS), path, f"shards.num_shards = "
+                      f"{_short(count)}, expected an integer in [0, {bounded_json.bound(MAX_SHARDS)})")
+        table = ShardTable(obj, path=path)
+        try:
+            msgspec.convert(obj, Shards)
+        except msgspec.ValidationError as e:
+            raise _Refused(e, obj, Shards, "shards") from None
+        return table
+
+    try:
+        return msgspec.convert(value, model, dec_hook=hook)
+    except msgspec.ValidationError as e:
+        raise _refusal(e, value, model, path, prefix) from None
+    except _Refused as e:
+        raise _refusal(e.error, e.value, e.model, path, e.prefix) from None
+
+
+# The messages of fields whose refusal names the whole value (part of the format's interface).
+_ADVICE = {
+    "sequence_length": lambda v: f"sequence_length is {_short(v)}, expected null, a token count in [1, "
+                                 f"{bounded_json.bound(MAX_SEQUENCE_LENGTH)}) or {{feature: token count}}",
+    "quarantine": lambda v: f"quarantine is {_short(v)}, expected {codec.QUARANTINE_NAME!r} or null (a plain file "
+                            "name inside the cache folder)",
+    "quarantine_num_bytes": lambda v: f"quarantine_num_bytes is {_short(v)}, expected a byte count in [0, "
+                                      f"{bounded_json.bound(MAX_INTEGER)})",
+    "quarantine_sha256": lambda v: f"quarantine_sha256 is {_short(v)}, expected 64 hex digits",
+}
+_TOKEN = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+
+
+def _refusal(error: msgspec.ValidationError, value: Any, model: Any, path: str, prefix: str) -> CacheError:
+    """The ``CacheError`` line of ``error`` (converting ``value`` to ``model``):
+    the field path with dict keys named (msgspec writes ``[...]``), the value
+    there and what the model expects of it."""
+    text, _, where = str(error).partition(" - at `$")
+    names, leaf, kind, text = _pinpoint(value, model, where.rstrip("`"), text)
+    name = prefix + "".join(names)
+    name = name[1:] if name.startswith(".") else name
+    top = re.match(r"[^.\[]*", name).group()
+    missing = re.fullmatch(r"Object missing required field `(.*)`", text)
+    if missing:
+        return CacheError(f"{path}: {name + ': ' if name else ''}missing field {missing.group(1)!r}")
+    if top in _ADVICE and not prefix:
+        return CacheError(f"{path}: {_ADVICE[top](value.get(top))}")
+    if kind is None:
+        return CacheError(f"{path}: {name}: {text}")
+    lo, hi = _bounds(kind)
+    if type(leaf) is int and hi is not None and (lo is None or leaf >= lo) and not -2**63 <= leaf < hi:
+        return CacheError(f"{path}: {name} = {_short(leaf)}, expected an integer in "
+                          f"[{'-2^63' if lo in (None, -2**63) else lo}, {bounded_json.bound(hi)})")
+    return CacheError(f"{path}: {name} is {_short(leaf)}, expected {_either(_words(kind))}")
+
+
+def _pinpoint(value: Any, kind: Any, where: str, text: str) -> tuple[list[str], Any, Any, str]:
+    """(``.name`` / ``[i]`` steps, the value there, its model, msgspec's text)
+    of msgspec's ``where`` (``.statistics.tokens[...]``) in ``value``: a dict
+    key msgspec leaves unnamed is the first member that its model refuses."""
+    steps: list[str] = []
+    for name, index in _TOKEN.findall(where):
+        kind = _step(kind, "object" if name or index == "..." else "array")
+        if name:
+            base = _unwrap(kind)[0]
+            fields = msgspec.structs.fields(base) if isinstance(base, type) and issubclass(base, Struct) else ()
+            kind = next((f.type for f in fields if f.encode_name == name), Any)
+            value = value.get(name) if isinstance(value, dict) else None
+            steps.append(f".{name}")
+        elif index == "...":
+            member = _dict_value(kind)
+            for key, item in (value.items() if isinstance(value, dict) else ()):
+                try:
+                    msgspec.convert(item, member, dec_hook=lambda k, o: o)
+                except msgspec.ValidationError as e:
+                    inner, _, rest = str(e).partition(" - at `$")
+                    sub, leaf, leaf_kind, inner = _pinpoint(item, member, rest.rstrip("`"), inner)
+                    return steps + [f".{key}"] + sub, leaf, leaf_kind, inner
+            return steps + ["[...]"], value, None, text
+        else:
+            kind = _item(kind, int(index))
+            value = value[int(index)] if isinstance(value, (list, tuple)) and int(index) < len(value) else None
+            steps.append(f"[{index}]")
+    return steps, value, kind, text
+
+
+def _unwrap(kind: Any) -> tuple[Any, dict]:
+    """(the type inside ``Annotated``, its merged ``Meta`` constraints)."""
+    meta: dict = {}
+    while typing.get_origin(kind) is Annotated:
+        for m in kind.__metadata__:
+            if isinstance(m, Meta):
+                meta.update({k: getattr(m, k) for k in ("ge", "lt", "le", "min_length", "max_length", "pattern")
+                             if getattr(m, k) is not None})
+        kind = kind.__origin__
+    return kind, meta
+
+
+def _members(kind: Any) -> list:
+    base, _ = _unwrap(kind)
+    if typing.get_origin(base) in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(base) for m in _members(a)]
+    return [kind]
+
+
+def _step(kind: Any, want: str) -> Any:
+    """The member of a union that is an object (``want="object"``) or an array."""
+    for member in _members(kind):
+        base = _unwrap(member)[0]
+        origin = typing.get_origin(base) or base
+        is_object = origin is dict or (isinstance(base, type) and issubclass(base, Struct)) or base is ShardTable
+        if (want == "object") == is_object and (is_object or origin in (list, tuple)):
+            return Shards if base is ShardTable else member
+    return Any
+
+
+def _dict_value(kind: Any) -> Any:
+    base = _unwrap(kind)[0]
+    args = typing.get_args(base)
+    return args[1] if len(args) == 2 else Any
+
+
+def _item(kind: Any, index: int) -> Any:
+    args = typing.get_args(_unwrap(kind)[0])
+    return args[0] if args else Any
+
+
+def _bounds(kind: Any) -> tuple[int | None, int | None]:
+    """The integer member's ``ge`` and ``lt`` (default the int64 range's top);
+    (None, None) when ``kind`` has none."""
+    for member in _members(kind):
+        base, meta = _unwrap(member)
+        if base is int:
+            return meta.get("ge"), meta.get("lt", meta.get("le", 2**63 - 1) + 1)
+    return None, None
+
+
+def _words(kind: Any) -> list[str]:
+    """How a message names what ``kind`` accepts: ``an integer >= 0``, ``'lm'``, ``null``, ..."""
+    out: list[str] = []
+    for member in _members(kind):
+        base, meta = _unwrap(member)
+        origin = typing.get_origin(base) or base
+        if origin is Literal:
+            out += ["null" if v is None else repr(v) for v in typing.get_args(base)]
+        elif base is type(None) or base is None:
+            out.append("null")
+        elif base in (int, float):
+            word = "an integer" if base is int else "a number"
+            out.append(word + (f" >= {meta['ge']}" if meta.get("ge", -2**63) != -2**63 else ""))
+        elif base is str and "pattern" in meta:
+            out.append("64 hex digits" if meta["pattern"] == _SHA256_PATTERN else f"a string matching {meta['pattern']}")
+        elif base is str:
+            out.append("a string")
+        elif base is bool:
+            out.append("true or false")
+        elif origin in (list, tuple):
+            n = meta.get("min_length")
+            out.append("a JSON list" + (f" of {n} items" if n is not None and meta.get("max_length") == n else ""))
+        elif origin is dict or base is ShardTable or (isinstance(base, type) and issubclass(base, Struct)):
+            out.append("a JSON object")
+        else:
+            out.append("any JSON value")
+    return out
+
+
+def _either(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def _siblings(cache_dir: str) -> str:
@@ -751,7 +777,7 @@ def shard_table(shards: Sequence[Mapping[str, Any]]) -> tuple[dict, bytes]:
             if not codec.is_count(s.get(key)):
                 raise ValueError(f"shard entry {i}: {key} is {s.get(key)!r}, expected an integer >= 0")
     checksums = shard_checksums_json([s["sha256"] for s in shards], [s["provenance_sha256"] for s in shards])
-    table = assemble(fields=SHARD_TABLE_FIELDS, values={
+    table = ordered(model=Shards, values={
         "num_shards": count, "encoding": codec.INT_COLUMN_ENCODING,
         **{key: codec.encode_int_column([s[key] for s in shards]) for key in codec.INT_FIELDS},
         "checksums": {"file": SHARD_CHECKSUMS_NAME, "num_bytes": len(checksums),
@@ -776,8 +802,8 @@ def shard_checksums_json(sha256: Sequence[str], provenance_sha256: Sequence[str]
         for i, v in enumerate(values):
             if not (isinstance(v, str) and codec.SHA256_RE.fullmatch(v)):
                 raise ValueError(f"shard {i}: {key} is {v!r}, expected 64 hex digits")
-    obj = assemble({"num_shards": len(sha256), "sha256": sha256, "provenance_sha256": provenance_sha256},
-                   SHARD_CHECKSUMS_FIELDS, what=SHARD_CHECKSUMS_NAME)
+    obj = ordered({"num_shards": len(sha256), "sha256": sha256, "provenance_sha256": provenance_sha256},
+                  ShardChecksums, what=SHARD_CHECKSUMS_NAME)
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
 
 
@@ -815,40 +841,6 @@ def read_shard_checksums(cache_dir: str, manifest: Manifest) -> tuple[list[str],
 FINGERPRINT_FILES_KEYS = ("task", "source", "files")
 
 
-def _is_column(values: Any, test: Callable[[Any], bool]) -> bool:
-    return isinstance(values, list) and all(map(test, values))
-
-
-def _is_count_or_null(v) -> bool:
-    return v is None or (type(v) is int and 0 <= v < MAX_INTEGER)
-
-
-def _is_int_or_null(v) -> bool:
-    return v is None or (type(v) is int and -2**63 <= v < 2**63)
-
-
-def _is_count_value(v) -> bool:
-    return type(v) is int and 0 <= v < MAX_INTEGER
-
-
-def _is_int_column(values: Any, low: int, high: int, *, nulls: bool = False) -> bool:
-    """``values`` is a list of ints in ``[low, high)`` (and None, with
-    ``nulls``): one pass over the types, then min and max (what
-    ``_is_column`` tests one value at a time)."""
-    if not isinstance(values, list):
-        return False
-    types = set(map(type, values))
-    if not types <= ({int, type(None)} if nulls else {int}):
-        return False
-    ints = [v for v in values if v is not None] if type(None) in types else values
-    return not ints or (min(ints) >= low and max(ints) < high)
-
-
-def _is_count_column(values: Any) -> bool:
-    """``_is_column(values, _is_count_value)``, in one pass over the types."""
-    return _is_int_column(values, 0, MAX_INTEGER)
-
-
 class SourceTable(collections.abc.Sequence):
     """The per-file source table of a cache: entry ``i`` (``table[i]``) is
     ``{path, num_bytes?, mtime_ns?, locator?}`` of the file whose provenance
@@ -861,7 +853,7 @@ class SourceTable(collections.abc.Sequence):
     ``from_columns``), each entry made when asked for: a table of a million
     files is a few lists, not a million dicts. In format version 3 it is the
     file ``SOURCE_TABLE_NAME`` (``to_bytes``: one line of JSON, a column per
-    field, ``SOURCE_TABLE_FIELDS``), checked against the manifest's
+    field, ``SourceTableFile``), checked against the manifest's
     ``source_table`` by ``read_source_table``.
     """
 
@@ -978,7 +970,7 @@ class SourceTable(collections.abc.Sequence):
 
     def to_json(self) -> dict:
         """The object of the source table file: ``num_files``, then one column
-        per field (``SOURCE_TABLE_FIELDS``); a locator shared by every file is
+        per field (``SourceTableFile``); a locator shared by every file is
         written once."""
         obj: dict[str, Any] = {"num_files": len(self), "path": self.paths}
         for key, column in (("num_bytes", self.num_bytes), ("mtime_ns", self.mtime_ns)):
@@ -1008,41 +1000,21 @@ class SourceTable(collections.abc.Sequence):
             holding a value of the wrong type.
         """
         codec.require(isinstance(obj, dict), path, "the source table file is not a JSON object")
-        n = obj.get("num_files")
-        codec.require(_is_count_value(n), path, f"num_files is {_short(n)}, expected an integer >= 0")
-        checks = (("path", lambda v: isinstance(v, str), True, "strings"),
-                  ("num_bytes", _is_count_or_null, False, "integers >= 0 or null"),
-                  ("mtime_ns", _is_int_or_null, False, "integers or null"),
-                  ("examples", _is_count_value, False, "integers >= 0"))
-        quick = {"num_bytes": lambda c: _is_int_column(c, 0, MAX_INTEGER, nulls=True),
-                 "mtime_ns": lambda c: _is_int_column(c, -2**63, 2**63, nulls=True), "examples": _is_count_column}
-        for key, test, required, what in checks:
-            if key not in obj:
-                codec.require(not required, path, f"missing field {key!r}")
-                continue
-            column = obj[key]
-            ok = quick[key](column) if key in quick else _is_column(column, test)
-            codec.require(ok and len(column) == n, path,
-                           f"{key} is {_short(column)}, expected a JSON list of {n} {what}")
-        locator = obj.get("locator")
-        codec.require(locator is None or isinstance(locator, str)
-                       or (_is_column(locator, lambda v: v is None or isinstance(v, str)) and len(locator) == n),
-                       path, f"locator is {_short(locator)}, expected a string or a JSON list of {n} strings or null")
-        tokens = obj.get("tokens")
-        if tokens is not None:
-            codec.require(isinstance(tokens, dict), path, f"tokens is {_short(tokens)}, expected a JSON object")
-            for name, column in tokens.items():
-                codec.require(_is_count_column(column) and len(column) == n, path,
-                               f"tokens.{name} is {_short(column)}, expected a JSON list of {n} integers >= 0")
-        codec.require((tokens is None) == ("examples" not in obj), path,
-                       "examples and tokens go together: one of them is missing")
-        moved = obj.get("fingerprint_files")
-        codec.require(moved is None or (isinstance(moved, dict) and (moved.get("from_columns") is True
-                                                                    or "value" in moved)), path,
-                       f"fingerprint_files is {_short(moved)}, expected {{\"value\": ...}} or "
-                       "{\"from_columns\": true}")
-        return cls.from_columns(obj["path"], obj.get("num_bytes"), obj.get("mtime_ns"), locator,
-                                examples=obj.get("examples"), tokens=tokens, fingerprint_files=moved, path=path)
+        t = convert(obj, SourceTableFile, path=path)  # each column's type (msgspec), then its length
+        n = t.num_files
+        columns = {"path": t.path, "num_bytes": t.num_bytes, "mtime_ns": t.mtime_ns, "examples": t.examples,
+                   "locator": None if isinstance(t.locator, str) else t.locator,
+                   **{f"tokens.{k}": v for k, v in (t.tokens or {}).items()}}
+        for key, column in columns.items():
+            codec.require(column is None or len(column) == n, path,
+                          f"{key} has {len(column or ())} entries, expected num_files = {n}")
+        codec.require((t.tokens is None) == (t.examples is None), path,
+                      "examples and tokens go together: one of them is missing")
+        moved = t.fingerprint_files
+        codec.require(moved is None or moved.get("from_columns") is True or "value" in moved, path,
+                      f"fingerprint_files is {_short(moved)}, expected {{\"value\": ...}} or {{\"from_columns\": true}}")
+        return cls.from_columns(t.path, t.num_bytes, t.mtime_ns, t.locator, examples=t.examples, tokens=t.tokens,
+                                fingerprint_files=moved, path=path)
 
 
 def with_value_at(obj: Mapping[str, Any], keys: Sequence[str], value: Any) -> dict:
@@ -1074,53 +1046,30 @@ def _without_value_at(obj: Mapping[str, Any], keys: Sequence[str]) -> tuple[dict
 
 
 def _check_sources(entries: Sequence[Any]) -> None:
-    """``check_value`` of each entry of a build's ``sources`` against
-    ``SOURCE_FIELDS``, for the entries that fail a quick test of every field
-    at once (one pass of comprehensions: a build of a million files checks
-    them in well under a second, where a ``check_value`` of each takes ten).
+    """Checks a build's ``sources`` against ``Source`` (one ``msgspec.convert``:
+    a million entries in well under a second).
 
     Raises:
       CacheError: naming the first bad entry and its field (``sources[3].path``).
     """
-    plausible = [(type(e) is dict or isinstance(e, Mapping)) and type(e.get("path")) is str  # one pass
-                 and type(e.get("num_bytes", 0)) is int and 0 <= e.get("num_bytes", 0) < MAX_INTEGER
-                 and type(e.get("mtime_ns", 0)) is int and -2**63 <= e.get("mtime_ns", 0) < 2**63
-                 and type(e.get("locator", "")) is str for e in entries]
-    for i in (i for i, ok in enumerate(plausible) if not ok):  # only the bad ones (if any) in detail
-        e = entries[i]
-        if not isinstance(e, Mapping):
-            raise CacheError(f"{MANIFEST_NAME}: sources[{i}] is {_short(e)}, expected a JSON object")
-        for f in SOURCE_FIELDS:
-            if f.name in e:
-                check_value(f, e[f.name], MANIFEST_NAME, f"sources[{i}].")
-            elif f.required:
-                raise CacheError(f"{MANIFEST_NAME}: sources[{i}]: missing field {f.name!r}")
-        raise CacheError(f"{MANIFEST_NAME}: sources[{i}] is {_short(e)}, expected a source file entry")
+    convert(list(entries), list[Source], path=MANIFEST_NAME, prefix="sources")
 
 
 def _check_source_columns(table: SourceTable) -> None:
     """``_check_sources`` of a table given as columns (``SourceTable.from_columns``):
-    one pass over each column's types, entry by entry only when one fails."""
-    locators = table.locators
-    if (set(map(type, table.paths)) <= {str}
-            and (table.num_bytes is None or _is_int_column(table.num_bytes, 0, MAX_INTEGER, nulls=True))
-            and (table.mtime_ns is None or _is_int_column(table.mtime_ns, -2**63, 2**63, nulls=True))
-            and (locators is None or isinstance(locators, str) or set(map(type, locators)) <= {str, type(None)})):
-        return
-    _check_sources(list(table))
+    the columns against ``SourceTableFile``, entry by entry only when one fails."""
+    try:
+        columns = {"num_bytes": table.num_bytes, "mtime_ns": table.mtime_ns, "locator": table.locators}
+        msgspec.convert({"num_files": len(table), "path": table.paths,
+                         **{k: v for k, v in columns.items() if v is not None}}, SourceTableFile)
+    except msgspec.ValidationError:
+        _check_sources(list(table))
 
 
 def _check_source_files(per_file: Any) -> None:
-    """``check_value`` of a build's ``statistics.source_files``, its long
-    columns first tested in one pass each. Raises CacheError as ``check_value``."""
-    field = next(f for f in STATISTICS_FIELDS if f.name == "source_files")
-    if (isinstance(per_file, dict) and _is_count_column(per_file.get("examples"))
-            and isinstance(per_file.get("tokens"), dict)
-            and all(_is_count_column(v) for v in per_file["tokens"].values())):
-        short = {k: v for k, v in per_file.items() if k not in ("examples", "tokens")}
-        check_value(field, {**short, "examples": [], "tokens": {}}, MANIFEST_NAME, "statistics.")
-        return
-    check_value(field, per_file, MANIFEST_NAME, "statistics.")
+    """Checks a build's ``statistics.source_files`` against ``SourceFiles``.
+    Raises CacheError as ``convert``."""
+    convert(per_file, SourceFiles, path=MANIFEST_NAME, prefix="statistics.source_files")
 
 
 def _detach_source_table(fields: dict, *, fingerprint_known: bool = False) -> tuple[SourceTable, bytes]:
@@ -1197,29 +1146,28 @@ def read_source_table(cache_dir: str | None, manifest: "Manifest") -> SourceTabl
     """
     recorded = manifest.source_table
     if recorded is None:
-        per_file = manifest.statistics.get("source_files")
-        per_file = per_file if isinstance(per_file, dict) else {}
+        per_file = manifest.statistics.source_files or SourceFiles(examples=None, tokens=None)
         where = MANIFEST_NAME if manifest.cache_dir is None else fs.join(manifest.cache_dir, MANIFEST_NAME)
-        return SourceTable(manifest.sources, examples=per_file.get("examples"), tokens=per_file.get("tokens"),
-                           path=where, prefix="statistics.source_files.")
+        return SourceTable([s.to_json() for s in manifest.sources], examples=per_file.examples,
+                           tokens=per_file.tokens, path=where, prefix="statistics.source_files.")
     if cache_dir is None:
         raise ValueError("read_source_table: the manifest keeps its source table in a file; give the cache folder")
-    path, data = _read_recorded_file(cache_dir, recorded, "source table file",
-                                     missing=f" for {recorded['num_files']:,} source files); rebuild the cache")
+    path, data = _read_recorded_file(cache_dir, recorded.to_json(), "source table file",
+                                     missing=f" for {recorded.num_files:,} source files); rebuild the cache")
     obj = bounded_json.loads(data, path=path, error=CacheError, what="source table file",
                              max_bytes=max(bounded_json.MAX_BYTES, len(data)),
-                             max_nodes=bounded_json.MAX_NODES + 8 * recorded["num_files"])
+                             max_nodes=bounded_json.MAX_NODES + 8 * recorded.num_files)
     table = SourceTable.from_json(obj, path=path)
-    if len(table) != recorded["num_files"]:
+    if len(table) != recorded.num_files:
         raise CacheError(f"{path}: lists {len(table):,} source files, the manifest's source_table.num_files is "
-                         f"{recorded['num_files']:,}")
-    if recorded.get("fingerprint_files") and table.fingerprint_files is None:
+                         f"{recorded.num_files:,}")
+    if recorded.fingerprint_files and table.fingerprint_files is None:
         raise CacheError(f"{path}: holds no fingerprint_files, but the manifest's source_table.fingerprint_files "
-                         f"is {recorded['fingerprint_files']}")
+                         f"is {recorded.fingerprint_files}")
     return table
 
 
-def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
+def check_fingerprint(manifest: Manifest, path: str) -> None:
     """Refuses a manifest whose identity contradicts itself (edited or damaged):
     ``fingerprint`` that is not ``codec.fingerprint_of(fingerprint_inputs)``
     (when part of the inputs lies in the source table file,
@@ -1234,20 +1182,20 @@ def check_fingerprint(raw: Mapping[str, Any], path: str, features) -> None:
       seqcache.format.CacheError: one line naming the manifest, the field and
         both values (shortened).
     """
-    inputs = raw.get("fingerprint_inputs")
+    inputs, features = manifest.fingerprint_inputs, manifest.features
     if inputs is None:
         return
-    fingerprint = raw["fingerprint"]
+    fingerprint = manifest.fingerprint
     shown = repr(fingerprint) if len(fingerprint) <= 80 else _short(fingerprint)  # a sha256 is 64 characters
-    record = raw.get("source_table") or {}
-    if record.get("fingerprint_files"):
+    record = manifest.source_table or SourceTableRecord(file=SOURCE_TABLE_NAME, num_bytes=0, sha256="", num_files=0)
+    if record.fingerprint_files:
         # Part of the inputs is in the source table file, which opening does not
         # read: the manifest's own digest of the rest here, the fingerprint in verify.
         actual = inputs_sha256(fingerprint, inputs)
-        codec.require(record.get("inputs_sha256") == actual, path,
+        codec.require(record.inputs_sha256 == actual, path,
                        f"fingerprint = {shown}, but the sha256 of fingerprint_inputs (its file list in "
                        f"{SOURCE_TABLE_NAME}) with the fingerprint is {actual!r}, not source_table.inputs_sha256 = "
-                       f"{_short(record.get('inputs_sha256'))}: the manifest was edited or damaged; rebuild the cache")
+                       f"{_short(record.inputs_sha256)}: the manifest was edited or damaged; rebuild the cache")
         _check_record_features(inputs, path, features)
         return
     actual = codec.fingerprint_of(inputs)
@@ -1269,26 +1217,26 @@ def _check_record_features(inputs: Mapping[str, Any], path: str, features) -> No
                  "record order; the manifest was edited or damaged; rebuild the cache")
 
 
-def _check_counts(raw: Mapping[str, Any], table: ShardTable, path: str, features, *, check_shards: bool) -> None:
+def _check_counts(manifest: Manifest, path: str, *, check_shards: bool) -> None:
     """Refuses a shard record count out of range, ``num_examples`` or
     ``statistics.examples`` other than the shard table's total and, with
     ``check_shards``, what ``check_shard_sizes`` refuses."""
+    table = manifest.shards
     counts = table.num_records
     if len(counts) and int(counts.max()) >= MAX_SHARD_RECORDS:
         i = int(np.argmax(counts >= MAX_SHARD_RECORDS))
         raise CacheError(f"{path}: shards[{i}].num_records = {int(counts[i])}, expected an integer in "
                              f"[0, {bounded_json.bound(MAX_SHARD_RECORDS)})")
     total = int(counts.sum(dtype=np.int64))
-    for name, value in (("num_examples", raw.get("num_examples")),
-                        ("statistics.examples", (raw.get("statistics") or {}).get("examples"))):
+    for name, value in (("num_examples", manifest.num_examples), ("statistics.examples", manifest.statistics.examples)):
         codec.require(value is None or value == total, path,
                      f"{name} = {value}, but the shard table's record counts add up to {total:,}: the manifest "
                      "contradicts itself (edited or damaged); rebuild the cache")
     if check_shards:
-        check_shard_sizes(raw, table, path, features)
+        check_shard_sizes(manifest, path)
 
 
-def check_shard_sizes(raw: Mapping[str, Any], table: ShardTable, path: str, features) -> None:
+def check_shard_sizes(manifest: Manifest, path: str) -> None:
     """(Uncompressed shards) Refuses a shard whose byte size cannot hold its
     records: each record holds at least a 4-byte length per feature, each
     provenance record 12 bytes. Decodes every shard's sizes.
@@ -1296,8 +1244,9 @@ def check_shard_sizes(raw: Mapping[str, Any], table: ShardTable, path: str, feat
     Raises:
       seqcache.format.CacheError: naming the manifest, the shard and both values.
     """
+    table, features = manifest.shards, manifest.features
     counts = table.num_records
-    if "uncompressed" not in str(raw.get("writer_options", "")):
+    if "uncompressed" not in str(manifest.writer_options or ""):
         return
     data_bytes, prov_bytes = table._column("num_bytes"), table._column("provenance_num_bytes")
     for key, sizes, per_record in (("num_bytes", data_bytes, 4 * max(len(features), 1)),
@@ -1311,42 +1260,36 @@ def check_shard_sizes(raw: Mapping[str, Any], table: ShardTable, path: str, feat
                 "rebuild the cache")
 
 
-def assemble(values: Mapping[str, Any], fields: Sequence[Field] | None = None, *, what: str = "manifest") -> dict:
-    """The JSON object of ``values``, its keys in the order of ``fields``
-    (default ``MANIFEST_FIELDS``). A field given as None is written as null; a
-    field not given is not written.
-
-    Raises:
-      ValueError: a key that is not among ``fields``, or a required field
-        missing; naming ``what``.
-    """
-    fields = MANIFEST_FIELDS if fields is None else fields
-    names = [f.name for f in fields]
-    unknown = [k for k in values if k not in names]
-    if unknown:
-        raise ValueError(f"{what} field(s) {unknown} are not in the manifest schema (core/manifest.py): "
-                         f"add them there first (known: {', '.join(names)})")
-    missing = [f.name for f in fields if f.required and f.name not in values]
-    if missing:
-        raise ValueError(f"{what} lacks the required field(s) {missing}")
-    return {n: values[n] for n in names if n in values}
+def _schema_hook(kind: Any) -> dict:
+    if kind is ShardTable:
+        return {"$ref": "#/$defs/Shards"}
+    raise NotImplementedError(kind)
 
 
 def json_schema() -> dict:
-    """The JSON Schema (draft 2020-12) of manifest.json, from ``MANIFEST_FIELDS``;
-    ``$defs.shard_checksums`` is that of shard-checksums.json, ``$defs.source_table``
-    that of source-table.json."""
+    """The JSON Schema (draft 2020-12) of manifest.json, generated from the
+    Structs (``msgspec.json.schema_components``): the ``Manifest`` at the top,
+    each nested object in ``$defs`` (``$defs.shard_checksums`` is that of
+    shard-checksums.json, ``$defs.source_table`` that of source-table.json);
+    each object's description is the first paragraph of its Struct's docstring."""
+    _, defs = msgspec.json.schema_components([Manifest, Shards, ShardChecksums, SourceTableFile],
+                                             schema_hook=_schema_hook, ref_template="#/$defs/{name}")
+    for name, body in defs.items():
+        body.pop("title", None)
+        if "description" in body:
+            body["description"] = " ".join(body["description"].split("\n\n")[0].split())
+    top = defs.pop("Manifest")
+    top.pop("description", None)
+    defs["shard_checksums"] = {"title": "seqcache shard checksum file (shard-checksums.json)",
+                               **defs.pop("ShardChecksums")}
+    defs["source_table"] = {"title": f"seqcache source table file ({SOURCE_TABLE_NAME})", **defs.pop("SourceTableFile")}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "seqcache cache manifest (manifest.json)",
         "description": f"Generated from core/manifest.py (python -m seqcache.manifest --write); "
                        f"format version {', '.join(map(str, codec.READ_FORMAT_VERSIONS))}. See docs/cache-format.md.",
-        "type": "object",
-        **object_schema(MANIFEST_FIELDS),
-        "$defs": {"shard_checksums": {"title": "seqcache shard checksum file (shard-checksums.json)", "type": "object",
-                                      **object_schema(SHARD_CHECKSUMS_FIELDS)},
-                  "source_table": {"title": f"seqcache source table file ({SOURCE_TABLE_NAME})", "type": "object",
-                                   **object_schema(SOURCE_TABLE_FIELDS)}},
+        **top,
+        "$defs": dict(sorted(defs.items())),
     }
 
 

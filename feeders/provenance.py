@@ -25,7 +25,7 @@ from seqcache.lengths import fit_lengths
 
 def _vocabulary(reader, feature: str):
     """(vocabulary or None, error message or None)."""
-    if not reader.manifest.vocabularies.get(feature):
+    if reader.manifest.vocabularies.get(feature) is None:
         return None, f"the manifest describes no vocabulary for {feature!r}"
     try:
         return reader.vocabulary(feature), None  # the model file's name is checked there
@@ -126,7 +126,7 @@ def _segment_tokens(ids: np.ndarray, *, tokens: bool, vocab, vocab_error: str | 
     (None, with the vocabulary error, when the vocabulary cannot be rebuilt)."""
     seg: dict = {"num_tokens": int(ids.size)}
     if tokens:
-        from seqcache.tasks import decode_with_sentinels  # the feeder imports numpy and array_record only (trainers install seqcache --no-deps)
+        from seqcache.tasks import decode_with_sentinels  # the feeder imports numpy, array_record and msgspec only (trainers install seqcache --no-deps)
 
         seg["token_ids"] = ids.tolist()
         seg["text"] = None if vocab is None else decode_with_sentinels(vocab, seg["token_ids"])
@@ -355,7 +355,7 @@ def trace(stream: IndexStream, paths: Sequence[str], *, global_batch_size: int, 
     steps = list(steps) if not isinstance(steps, range) else steps
     if len(steps) and min(steps) < 0:
         raise ValueError(f"steps must be >= 0 (got {min(steps)})")
-    import pyarrow as pa  # the feeder imports numpy and array_record only (trainers install seqcache --no-deps)
+    import pyarrow as pa  # the feeder imports numpy, array_record and msgspec only (trainers install seqcache --no-deps)
 
     b = int(global_batch_size)
     vocabs: dict[int, Any] = {}
@@ -431,7 +431,7 @@ def segment_numbers(seg_rows: np.ndarray) -> np.ndarray:
 def _chunk_table(stream: IndexStream, paths: Sequence[str], positions: np.ndarray, loc, valid: np.ndarray,
                  segments: _Segments, *, b: int, text: bool):
     """The pyarrow table of a chunk: one row per segment, and one row of nulls per padding row."""
-    import pyarrow as pa  # the feeder imports numpy and array_record only (trainers install seqcache --no-deps)
+    import pyarrow as pa  # the feeder imports numpy, array_record and msgspec only (trainers install seqcache --no-deps)
 
     srow = segments.row
     segno = segment_numbers(srow)
@@ -510,7 +510,7 @@ def _shards_of(stream, task, cache_index, is_seg):
 def _segment_texts(reader, idx, seg_rows, feature, vocabs, t):
     """Per segment (``seg_rows``: the index into ``idx`` of each segment's row, in
     order): its number of tokens and text (None without a vocabulary)."""
-    from seqcache.tasks import decode_with_sentinels  # the feeder imports numpy and array_record only (trainers install seqcache --no-deps)
+    from seqcache.tasks import decode_with_sentinels  # the feeder imports numpy, array_record and msgspec only (trainers install seqcache --no-deps)
 
     if t not in vocabs:
         vocabs[t] = _vocabulary(reader, feature)[0]

@@ -476,14 +476,14 @@ class CacheReader:
             was rebuilt since this reader opened it.
         """
         desc = self.manifest.vocabularies.get(feature)
-        if not desc:
+        if desc is None:
             return None
-        if "file" in desc:
-            layout.cache_file(self.cache_dir, desc["file"], what=f"vocabulary model of feature {feature!r}")
-        from seqcache.tasks import vocabulary_from_json  # the feeder imports numpy and array_record only (trainers install seqcache --no-deps)
+        if desc.file is not None:
+            layout.cache_file(self.cache_dir, desc.file, what=f"vocabulary model of feature {feature!r}")
+        from seqcache.tasks import vocabulary_from_json  # the feeder imports numpy, array_record and msgspec only (trainers install seqcache --no-deps)
 
         try:
-            return vocabulary_from_json(desc, self.cache_dir)  # the model's sha256 is checked: a new one is refused
+            return vocabulary_from_json(desc.to_json(), self.cache_dir)  # the model's sha256 is checked: a new one is refused
         except ValueError:
             self.check_generation()  # ... as a rebuild, when that is what it is
             raise

@@ -240,11 +240,11 @@ def _span_corruption_pair(manifest, features: Sequence[str]) -> tuple[int, int] 
         return None
     # Each feature's model file has its own name (vocabulary-inputs.model, ...): one vocabulary is
     # the same kind, model bytes (sha256), size and extra ids.
-    same = {k: v for k, v in vocabularies["inputs"].items() if k != "file"}
-    if same != {k: v for k, v in vocabularies["targets"].items() if k != "file"}:
+    same = {k: v for k, v in vocabularies["inputs"].to_json().items() if k != "file"}
+    if same != {k: v for k, v in vocabularies["targets"].to_json().items() if k != "file"}:
         return None
-    extra = int(vocabularies["inputs"].get("extra_ids") or 0)
-    size = vocabularies["inputs"].get("vocab_size")
+    extra = int(vocabularies["inputs"].extra_ids or 0)
+    size = vocabularies["inputs"].vocab_size
     if not extra or not size:
         return None
     return int(size) - extra, int(size)

@@ -2,7 +2,7 @@
 # Prepares build/tpu/ for a lent TPU machine (Python 3.11, JAX, a local package
 # index without array_record, grain or Apache Beam, no registry): the seqcache
 # wheel of this tree (what the machine imports: run this again after changing
-# the trainer) and array_record's, the setup script that installs them with the
+# the trainer), array_record's and msgspec's, the setup script that installs them with the
 # training dependencies, and the cache benchmarks/accelerator.py reads.
 #
 # The cache: WikiText-2 (valid and test; its train split is not among the
@@ -31,14 +31,14 @@ SEQCACHE=.venv/bin/seqcache
 [ -d "$DATA" ] || { echo "corpora not found: $DATA (set DATA=...)" >&2; exit 1; }
 [ -f "$SETUP" ] || { echo "setup script not found: $SETUP (set SETUP=...)" >&2; exit 1; }
 
-echo "== wheels: seqcache (this tree) and array_record 0.8.6 for CPython 3.11, manylinux x86_64"
+echo "== wheels: seqcache (this tree), array_record 0.8.6 and msgspec 0.23.0 for CPython 3.11, manylinux x86_64"
 mkdir -p "$OUT/wheels"
 rm -f "$OUT"/wheels/seqcache-*.whl
 .venv/bin/pip wheel -q --no-deps --no-build-isolation -w "$OUT/wheels" .
 # What the wheel build leaves in the tree (as `make install` does).
 rm -rf build/lib build/bdist.* ./*.egg-info
 .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
-  --platform manylinux2014_x86_64 -d "$OUT/wheels" array_record==0.8.6
+  --platform manylinux2014_x86_64 -d "$OUT/wheels" array_record==0.8.6 msgspec==0.23.0
 cp -f "$SETUP" "$OUT/"  # -f: the copy is read-only, as the original
 
 CACHE="$OUT/caches/$NAME/train"

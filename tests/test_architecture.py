@@ -372,13 +372,15 @@ def test_the_function_import_count_sees_nested_and_relative_imports(tmp_path):
     assert [(n, text) for _, n, text in _lazy_required(found)] == [(2, "import json"), (4, "from . import b  # why")]
 
 
-def test_the_feeder_imports_numpy_and_array_record_only(tmp_path):
+def test_the_feeder_imports_numpy_array_record_and_msgspec_only(tmp_path):
     # Trainer environments install seqcache --no-deps beside their own pins
-    # (docs/trainers/*.md): importing the feeder, its state and its trainer
-    # modules (but the torch one) needs no other package.
+    # (docs/trainers/*.md), and numpy, array_record and msgspec (the manifest
+    # model): importing the feeder, its state and its trainer modules (but the
+    # torch one) needs no other package. msgspec imports typing_extensions
+    # only where it is installed (it falls back to typing).
     code = ("import sys, seqcache.feeders, seqcache.feeders.trainers.t5x, seqcache.feeders.trainers.levanter\n"
             "print(sorted({m.split('.')[0] for m in sys.modules if not m.startswith('_')}"
             " - set(sys.stdlib_module_names)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert set(eval(done.stdout)) <= {"seqcache", "numpy", "array_record"}, done.stdout
+    assert set(eval(done.stdout)) <= {"seqcache", "numpy", "array_record", "msgspec", "typing_extensions"}, done.stdout

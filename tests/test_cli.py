@@ -397,8 +397,8 @@ def test_on_error_duplicate_skip_deduplicates_an_ad_hoc_source(tmp_path):
     assert out.exit_code == 0, out.output
     cache = os.path.join(tmp_path, "c", "d", "train")
     manifest = fmt.read_manifest(cache)
-    assert manifest.num_examples == 3 and manifest.statistics["skipped_records"] == 3
-    assert manifest.statistics["bad_input_records"]["skipped"] == {"duplicate": 3}
+    assert manifest.num_examples == 3 and manifest.statistics.skipped_records == 3
+    assert manifest.statistics.bad_input_records.skipped == {"duplicate": 3}
     entries = list(fmt.iter_json_lines(os.path.join(cache, fmt.QUARANTINE_NAME)))
     # Lines at bytes 8 ("one"), 18 ("two") and 22 ("one"), each naming the first copy (bytes 0 and 4).
     assert [(e["record_number"], e["kind"], e["kept"]["record_number"]) for e in entries] == [

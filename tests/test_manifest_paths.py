@@ -35,7 +35,7 @@ def built(tmp_path_factory, corpora):
                       preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
     cache = build_task(task, cache_dir=str(root / "c"), config=BuildConfig(num_shards=2)).cache_dir
     m = fmt.read_manifest(cache)
-    assert m.quarantine and m.vocabularies["targets"]["file"] and len(m.shards) == 2
+    assert m.quarantine and m.vocabularies["targets"].file and len(m.shards) == 2
     return cache
 
 
@@ -163,7 +163,7 @@ def test_links_inside_the_cache_and_a_linked_cache_folder_are_fine(built, tmp_pa
     cache = str(tmp_path / "sp" / "train")
     shutil.copytree(built, cache)
     m = fmt.read_manifest(cache)
-    model = m.vocabularies["targets"]["file"]
+    model = m.vocabularies["targets"].file
     os.rename(os.path.join(cache, model), os.path.join(cache, "real.model"))
     os.symlink("real.model", os.path.join(cache, model))  # a relative link inside the cache
     linked = str(tmp_path / "linked")

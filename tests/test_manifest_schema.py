@@ -10,10 +10,12 @@ import dataclasses
 import json
 import os
 import pathlib
+import pickle
 import re
 import shutil
 
 import jsonschema
+import msgspec
 import pytest
 
 from seqcache import format as fmt
@@ -23,6 +25,24 @@ from seqcache.pipelines import BuildConfig, build_task
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "cache-format.md"
+FIELDS = msgspec.structs.fields(schema.Manifest)
+NAMES = [f.encode_name for f in FIELDS]
+REQUIRED = {f.encode_name for f in FIELDS if f.required}
+
+
+def _json_types(node: dict) -> set[str]:
+    """The JSON types a (generated) JSON Schema node allows."""
+    if "$ref" in node:
+        return {"object"}
+    if "anyOf" in node:
+        return set().union(*map(_json_types, node["anyOf"]))
+    if "enum" in node:
+        return {{str: "string", int: "integer", type(None): "null"}[type(v)] for v in node["enum"]}
+    return set(node["type"]) if isinstance(node["type"], list) else {node["type"]}
+
+
+def _types(name: str) -> set[str]:
+    return _json_types(schema.json_schema()["properties"][name])
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +99,7 @@ def test_the_published_schema_is_the_generated_one():
     assert source.read_text(encoding="utf-8") == schema.schema_text(), "run python -m seqcache.manifest --write"
     assert schema.main(["--check", str(source)]) == 0
     assert json.loads(schema.schema_text())["properties"]["format"] == {
-        "type": "string", "description": "the format's name", "const": "seqcache"}
+        "description": "the format's name", "enum": ["seqcache"]}
 
 
 def test_check_mode_reports_a_stale_file(tmp_path, capsys):
@@ -98,25 +118,42 @@ def test_a_real_builds_manifest_and_checksum_file_validate(built):
     assert list(_validator("source_table").iter_errors(table)) == []
     assert table["num_files"] == raw["source_table"]["num_files"] == 1 and table["locator"] == "byte_offset"
     # The writer wrote every field in the definition's order.
-    order = [f.name for f in schema.MANIFEST_FIELDS]
-    assert list(raw) == [n for n in order if n in raw]
-    assert set(raw) == set(order) - FORMAT_2_ONLY
+    assert list(raw) == [n for n in NAMES if n in raw]
+    assert set(raw) == set(NAMES) - FORMAT_2_ONLY
 
 
 def test_the_model_s_attributes_are_the_fields_typed_and_defaulted(built):
     _, raw, _ = built
     m = fmt.parse_manifest(raw)
-    assert [f.name for f in dataclasses.fields(schema.Manifest) if "field" in f.metadata] == \
-        [f.name for f in schema.MANIFEST_FIELDS]
-    assert [f.name for f in schema.MANIFEST_FIELDS if f.name not in FORMAT_2_ONLY] == list(raw)
-    assert (m.seed, m.packing, m.quarantine, m.sharding, m.created) == \
-        (raw["seed"], "lm", fmt.QUARANTINE_NAME, raw["sharding"], raw["created"])
-    assert m.features == tuple(fmt.FeatureSpec(f["name"], f["dtype"]) for f in raw["features"])
+    assert [f.name for f in FIELDS] == NAMES  # the attributes are the fields, by their JSON names
+    assert [n for n in NAMES if n not in FORMAT_2_ONLY] == list(raw)
+    assert (m.seed, m.packing, m.quarantine, m.sharding, m.created, m.seqcache_version) == \
+        (raw["seed"], "lm", fmt.QUARANTINE_NAME, schema.Sharding(**raw["sharding"]), raw["created"],
+         raw["seqcache_version"])
+    assert m.sharding.num_shards == 2 and m.sequence_length == {"targets": 32} == raw["sequence_length"]
+    assert [(f.name, f.dtype, f.np_dtype) for f in m.features] == \
+        [(f["name"], f["dtype"], fmt.FeatureSpec(f["name"], f["dtype"]).np_dtype) for f in raw["features"]]
+    assert [f.to_json() for f in m.features] == raw["features"]
+    assert {k: v.to_json() for k, v in m.vocabularies.items()} == raw["vocabularies"]
+    assert (m.statistics.examples, m.statistics.tokens, m.statistics.bad_input_records.skipped) == \
+        (raw["statistics"]["examples"], raw["statistics"]["tokens"], raw["statistics"]["bad_input_records"]["skipped"])
+    assert m.source_table.to_json() == raw["source_table"] and m.fingerprint_inputs == raw["fingerprint_inputs"]
     assert isinstance(m.shards, fmt.ShardTable) and m.num_examples == raw["num_examples"] == int(m.shards.starts[-1])
-    bare = fmt.parse_manifest({k: v for k, v in raw.items() if schema.FIELDS_BY_NAME[k].required})
-    assert (bare.seed, bare.sources, bare.statistics, bare.vocabularies, bare.quarantine) == (None, [], {}, {}, None)
+    bare = fmt.parse_manifest({k: v for k, v in raw.items() if k in REQUIRED})
+    assert (bare.seed, bare.sources, bare.statistics, bare.vocabularies, bare.quarantine, bare.sequence_length) == \
+        (None, [], schema.Statistics(), {}, None, None)
     assert bare.num_examples == m.num_examples  # from the shard table when the field is absent
     assert "statistics" not in repr(m) and "ShardTable(2 shards" in repr(m)
+
+
+def test_a_read_manifest_pickles_and_copies_with_its_folder(built):
+    cache, _, _ = built
+    m = fmt.read_manifest(cache)
+    for other in (pickle.loads(pickle.dumps(m)), copy.copy(m), copy.deepcopy(m)):
+        assert (other.cache_dir, other.task, other.fingerprint, other.statistics, other.features) == \
+            (cache, m.task, m.fingerprint, m.statistics, m.features)
+        assert [s.num_records for s in other.shards] == [s.num_records for s in m.shards]
+        assert len(other.read_source_table()) == 1  # from the folder it was read from
 
 
 def test_a_version_1_manifest_fails_the_schema_and_the_readers_with_the_advice_to_rebuild(built):
@@ -136,26 +173,27 @@ def test_a_version_1_manifest_fails_the_schema_and_the_readers_with_the_advice_t
         fmt.parse_manifest({**raw, "shards": v1["shards"]})
 
 
-def _wrong(field: schema.Field):
-    """A value of a JSON type that ``field`` does not allow."""
+def _wrong(name: str):
+    """A value of a JSON type that the field ``name`` does not allow."""
+    types = _types(name)
     for value, json_type in (("x", "string"), (5, "integer"), ([1], "array"), ({"a": 1}, "object"), (True, "boolean")):
-        if json_type not in field.type and not (json_type == "integer" and "number" in field.type):
+        if json_type not in types and not (json_type == "integer" and "number" in types):
             return value
-    raise AssertionError(field)
+    raise AssertionError(name)
 
 
-@pytest.mark.parametrize("field", schema.MANIFEST_FIELDS, ids=lambda f: f.name)
-def test_a_wrong_typed_field_fails_the_schema_and_the_readers(built, field):
+@pytest.mark.parametrize("name", NAMES)
+def test_a_wrong_typed_field_fails_the_schema_and_the_readers(built, name):
     _, raw, _ = built
-    bad = {**raw, field.name: _wrong(field)}
+    bad = {**raw, name: _wrong(name)}
     errors = list(_validator().iter_errors(bad))
-    assert errors and any(field.name in e.json_path for e in errors), errors
+    assert errors and any(name in e.json_path for e in errors), errors
     with pytest.raises(fmt.CacheError) as e:
         fmt.parse_manifest(bad)
-    assert field.name in str(e.value)
+    assert name in str(e.value)
 
 
-@pytest.mark.parametrize("name", [f.name for f in schema.MANIFEST_FIELDS if "null" not in f.type])
+@pytest.mark.parametrize("name", [n for n in NAMES if "null" not in _types(n)])
 def test_null_where_the_schema_has_no_null_fails_both(built, name):
     _, raw, _ = built
     assert not _validator().is_valid({**raw, name: None})
@@ -176,10 +214,14 @@ def _set(raw, dotted, value):
 @pytest.mark.parametrize(("dotted", "value", "message"), [
     ("sharding.num_shards", "2", r"sharding\.num_shards is '2', expected an integer >= 0"),
     ("sharding.shard_size", "big", r"sharding\.shard_size is 'big', expected an integer or null"),
-    ("features.0.add_eos", "yes", r"bad features entry: add_eos is 'yes', expected true or false"),
-    ("features.0.name", 3, r"bad features entry: name is 3, expected a string"),
-    ("features.0.dtype", "int4", r"bad features entry: feature 'targets': unsupported dtype 'int4'"),
+    ("features.0.add_eos", "yes", r"features\[0\]\.add_eos is 'yes', expected true or false$"),
+    ("features.0.name", 3, r"features\[0\]\.name is 3, expected a string$"),
+    ("features.0.dtype", "int4", r"features\[0\]\.dtype is 'int4', expected 'float32', 'int16', .* or 'uint8'$"),
     ("shards.checksums.num_bytes", -1, r"shards\.checksums: num_bytes is -1, expected a byte count"),
+    ("shards.num_shards", 2**30, r"shards\.num_shards = 1073741824, expected an integer in \[0, 2\^20\)$"),
+    ("seed", 2**70, r"seed = 1180591620717411303424, expected an integer in \[-2\^63, 2\^63\)$"),
+    ("source_table.sha256", "x", r"source_table\.sha256 is 'x', expected 64 hex digits$"),
+    ("evaluation", 5, r"evaluation is 5, expected a JSON object or null$"),
     ("shards.encoding", 7, r"shards\.encoding is 7, expected a string"),
     ("vocabularies.targets.kind", 1, r"vocabularies\.targets\.kind is 1, expected 'byte', 'sentencepiece' or "
                                      r"'hf_tokenizer'$"),
@@ -282,16 +324,16 @@ def test_a_hand_edited_manifest_is_one_error_line_from_every_command(built, buil
 
 def test_a_missing_required_field_fails_both(built):
     _, raw, _ = built
-    for field in schema.MANIFEST_FIELDS:
-        bad = {k: v for k, v in raw.items() if k != field.name}
-        assert _validator().is_valid(bad) == (not field.required), field.name
-        if field.required and field.name not in ("format", "format_version"):
-            with pytest.raises(fmt.CacheError, match=rf"missing field {field.name!r}"):
+    for name in NAMES:
+        bad = {k: v for k, v in raw.items() if k != name}
+        assert _validator().is_valid(bad) == (name not in REQUIRED), name
+        if name in REQUIRED and name not in ("format", "format_version"):
+            with pytest.raises(fmt.CacheError, match=rf"missing field {name!r}"):
                 fmt.parse_manifest(bad)
-        elif field.name == "source_table":  # optional (format 2 has none), but this one's inputs lack the files
+        elif name == "source_table":  # optional (format 2 has none), but this one's inputs lack the files
             with pytest.raises(fmt.CacheError, match=r"but the sha256 of fingerprint_inputs is"):
                 fmt.parse_manifest(bad)
-        elif not field.required:
+        elif name not in REQUIRED:
             fmt.parse_manifest(bad)
 
 
@@ -304,22 +346,29 @@ def test_the_writer_writes_no_field_the_schema_lacks(built, tmp_path):
     with pytest.raises(ValueError, match=r"^sharding field\(s\) \['colour'\] are not in the manifest schema"):
         schema.Manifest.create(**args, sharding={"num_shards": 0, "colour": "red"})
     made = schema.Manifest.create(**args, sharding={"num_shards": 0})
-    assert list(made.raw)[-1] == "sharding" and list(made.raw) == [n for n in schema.FIELDS_BY_NAME if n in made.raw]
+    written = json.loads(made.to_json())
+    assert list(written)[-1] == "sharding" and list(written) == [n for n in NAMES if n in written]
+    assert written["packing"] is None and "quarantine" not in written  # given as None: null; not given: absent
     made.write(str(tmp_path))
-    assert fmt.read_manifest(str(tmp_path)).raw == made.raw
+    assert (tmp_path / fmt.MANIFEST_NAME).read_text(encoding="utf-8") == made.to_json()
+    read = fmt.read_manifest(str(tmp_path))
+    assert (read.task, read.fingerprint, read.sharding, read.features) == \
+        (made.task, made.fingerprint, made.sharding, made.features)
     assert (tmp_path / fmt.SHARD_CHECKSUMS_NAME).read_bytes() == fmt.shard_checksums_json([], [])
     with pytest.raises(ValueError, match="only a manifest from Manifest.create is written"):
         fmt.read_manifest(cache).write(str(tmp_path / "other"))
     assert not os.path.exists(tmp_path / "other")
     with pytest.raises(ValueError, match=r"lacks the required field\(s\) \['task'\]"):
-        schema.assemble({k: v for k, v in raw.items() if k != "task"})
+        schema.ordered({k: v for k, v in raw.items() if k != "task"}, schema.Manifest)
 
 
 def test_the_nested_definitions_name_the_readers_fields():
-    assert [f.name for f in schema.SHARD_TABLE_FIELDS if f.name in fmt.INT_FIELDS] == list(fmt.INT_FIELDS)
-    assert [f.name for f in schema.FEATURE_FIELDS if f.required] == [f.name for f in dataclasses.fields(fmt.FeatureSpec)]
-    assert [f.name for f in schema.SHARD_CHECKSUMS_FIELDS] == list(json.loads(fmt.shard_checksums_json([], [])))
-    assert sorted(schema.FIELDS_BY_NAME["features"].fields[1].keywords["enum"]) == sorted(fmt.DTYPES)
+    names = lambda model, required=False: [f.encode_name for f in msgspec.structs.fields(model)  # noqa: E731
+                                           if f.required or not required]
+    assert [n for n in names(schema.Shards) if n in fmt.INT_FIELDS] == list(fmt.INT_FIELDS)
+    assert names(schema.Feature, required=True) == [f.name for f in dataclasses.fields(fmt.FeatureSpec)]
+    assert names(schema.ShardChecksums) == list(json.loads(fmt.shard_checksums_json([], [])))
+    assert sorted(schema.json_schema()["$defs"]["Feature"]["properties"]["dtype"]["enum"]) == sorted(fmt.DTYPES)
 
 
 # --- docs/cache-format.md --------------------------------------------------------------------
@@ -347,11 +396,13 @@ def _doc_table(heading: str) -> dict[str, tuple[set[str], bool]]:
     return rows
 
 
-@pytest.mark.parametrize(("heading", "fields"), [("## manifest.json", schema.MANIFEST_FIELDS),
-                                                 ("### shards: the shard table", schema.SHARD_TABLE_FIELDS),
-                                                 ("### source_table: the source table file",
-                                                  schema.SOURCE_TABLE_FILE_FIELDS)])
-def test_the_docs_field_table_is_the_definition(heading, fields):
+@pytest.mark.parametrize(("heading", "model"), [("## manifest.json", schema.Manifest),
+                                                ("### shards: the shard table", schema.Shards),
+                                                ("### source_table: the source table file", schema.SourceTableRecord)])
+def test_the_docs_field_table_is_the_definition(heading, model):
     documented = _doc_table(heading)
-    defined = {f.name: (set(f.type), f.required) for f in fields}
+    full = schema.json_schema()
+    properties = full["properties"] if model is schema.Manifest else full["$defs"][model.__name__]["properties"]
+    defined = {f.encode_name: (_json_types(properties[f.encode_name]), f.required)
+               for f in msgspec.structs.fields(model)}
     assert documented == defined

@@ -269,7 +269,8 @@ def format_2_manifest(cache_dir) -> dict:
 
     m = fmt.read_manifest(str(cache_dir))
     table = m.read_source_table()
-    raw = {k: v for k, v in m.raw.items() if k != "source_table"}
+    with open(os.path.join(str(cache_dir), fmt.MANIFEST_NAME), encoding="utf-8") as f:
+        raw = {k: v for k, v in json.load(f).items() if k != "source_table"}
     raw["format_version"] = 2
     raw["fingerprint_inputs"] = m.full_fingerprint_inputs()
     statistics = dict(raw.get("statistics") or {})

@@ -320,7 +320,7 @@ def vocab_size_of(source: Source, feature: str = "targets") -> int:
     seen = {}
     for path in source.cache_dirs:
         desc = fmt.read_manifest(path).vocabularies.get(feature)
-        if not isinstance(desc, dict) or "vocab_size" not in desc:
+        if desc is None or desc.vocab_size is None:
             raise ConfigError(
                 f"{path}: the manifest records no vocabulary size for feature {feature!r}; "
                 "set it with --set model.vocab_size=N")
@@ -328,7 +328,7 @@ def vocab_size_of(source: Source, feature: str = "targets") -> int:
     descs = list(seen.values())
     if any(d != descs[0] for d in descs[1:]):
         raise ConfigError(f"the caches use different vocabularies for {feature!r}: {seen}")
-    return int(descs[0]["vocab_size"])
+    return int(descs[0].vocab_size)
 
 
 def model_vocab_size(source: Source, converter: str) -> int:

@@ -498,7 +498,7 @@ def eval_tasks(config, split: str, *, task: str | None = None, cache_dir: str | 
     for path in source.cache_dirs:
         manifest = fmt.read_manifest(path)
         found = registry.registered(manifest.task, tuple(modules))
-        named = (manifest.evaluation or {}).get("metrics") or ()
+        named = manifest.evaluation.metrics if manifest.evaluation is not None else ()
         out.append(EvalTask(name=manifest.task, cache_dir=path,
                             task=found if hasattr(found, "output_features") else None,
                             rate=rates.get(path, 1.0), named_metrics=tuple(named)))

@@ -491,14 +491,15 @@ def _how_a_task_sets(given) -> str:
 
 def _result_json(r) -> dict:
     """One built (or reused) cache, as ``build --json`` prints it."""
+    stats = r.manifest.statistics.to_json()
     return {"task": r.manifest.task, "split": r.manifest.split, "cache_dir": r.cache_dir, "reused": r.reused,
             "seconds": round(r.seconds, 3), "num_examples": r.manifest.num_examples,
             "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint,
-            **{k: int(r.manifest.statistics.get(k) or 0)
+            **{k: int(stats.get(k) or 0)
                for k in ("source_records", "skipped_records", "replaced_records", "truncated_tokens")},
-            "bad_input_records": r.manifest.statistics.get("bad_input_records"),
-            **({k: r.manifest.statistics.get(k) for k in ("excluded_records", "excluded_by_benchmark")}
-               if "excluded_by_benchmark" in r.manifest.statistics else {})}
+            "bad_input_records": stats.get("bad_input_records"),
+            **({k: stats.get(k) for k in ("excluded_records", "excluded_by_benchmark")}
+               if "excluded_by_benchmark" in stats else {})}
 
 
 def _is_bad_input(error: BaseException, message: str) -> bool:
@@ -542,7 +543,7 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             f"{common.plural(len(m.shards), 'shard')}, {verb} -> {result.cache_dir}",
             highlight=False,
         )
-    stats = m.statistics
+    stats = m.statistics.to_json()
     if stats.get("truncated_tokens"):
         total = stats["truncated_tokens"] + sum(stats.get("tokens", {}).values())
         # First-fit packing places whole examples, so it trims too: only a longer length keeps them.

@@ -41,7 +41,7 @@ def packing_efficiency(manifest: fmt.Manifest) -> dict[str, float] | None:
     makes (examples x sequence length), for a cache with a sequence length per
     feature; None otherwise. Units: a fraction in [0, 1]."""
     lengths = lengths_lib.built_lengths(manifest)
-    tokens = manifest.statistics.get("tokens", {})
+    tokens = manifest.statistics.tokens or {}
     if not manifest.num_examples or not tokens or any(name not in lengths for name in tokens):
         return None
     return {name: n / (manifest.num_examples * lengths[name]) for name, n in tokens.items()}
@@ -53,7 +53,7 @@ def preprocessors(manifest: fmt.Manifest) -> list[str]:
     e.g. ``span_corruption(noise_density=0.15, mean_noise_span_length=3.0,
     input_feature="targets")``; [] when the manifest lacks them."""
     # fingerprint_inputs is free-form (what the build hashed): read it defensively.
-    inputs = manifest.raw.get("fingerprint_inputs")
+    inputs = manifest.fingerprint_inputs
     task = inputs.get("task") if isinstance(inputs, dict) else None
     entries = task.get("preprocessors") if isinstance(task, dict) else None
     out = []
@@ -69,15 +69,15 @@ def preprocessors(manifest: fmt.Manifest) -> list[str]:
 
 
 def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
-    raw = manifest.raw
-    return {"cache_dir": cache_dir, "task": manifest.task, "split": manifest.split, "fingerprint": manifest.fingerprint,
-            **{k: raw.get(k) for k in ("format_version", "seed", "sequence_length", "packing")},
-            "preprocessors": preprocessors(manifest), "features": raw.get("features"),
-            "vocabularies": manifest.vocabularies, "num_examples": manifest.num_examples,
-            "num_shards": len(manifest.shards), "num_bytes": sum(s.num_bytes for s in manifest.shards),
-            "statistics": manifest.statistics, "packing_efficiency": packing_efficiency(manifest),
-            "num_sources": manifest.num_sources, "created": raw.get("created"),
-            "seqcache_version": raw.get("seqcache_version"), "evaluation": raw.get("evaluation"),
+    m = manifest
+    return {"cache_dir": cache_dir, "task": m.task, "split": m.split, "fingerprint": m.fingerprint,
+            "format_version": m.format_version, "seed": m.seed, "sequence_length": m.sequence_length,
+            "packing": m.packing, "preprocessors": preprocessors(m), "features": [f.to_json() for f in m.features],
+            "vocabularies": {k: v.to_json() for k, v in m.vocabularies.items()}, "num_examples": m.num_examples,
+            "num_shards": len(m.shards), "num_bytes": sum(s.num_bytes for s in m.shards),
+            "statistics": m.statistics.to_json(), "packing_efficiency": packing_efficiency(m),
+            "num_sources": m.num_sources, "created": m.created, "seqcache_version": m.seqcache_version,
+            "evaluation": None if m.evaluation is None else m.evaluation.to_json(),
             "shards": [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes} for s in manifest.shards]}
 
 
@@ -105,11 +105,11 @@ def _record_rows(t: Table, m) -> None:
     stats = m.statistics
     for key in ("source_records", "source_examples", "segments", "truncated_tokens", "skipped_records",
                 "replaced_records"):
-        if key in stats:
-            t.add_row(key.replace("_", " "), f"{stats[key]:,}")
-    for line in common.describe_bad_input(stats):
+        if getattr(stats, key) is not None:
+            t.add_row(key.replace("_", " "), f"{getattr(stats, key):,}")
+    for line in common.describe_bad_input(stats.to_json()):
         t.add_row("bad input", line)
-    for name, n in (stats.get("excluded_by_benchmark") or {}).items():
+    for name, n in (stats.excluded_by_benchmark or {}).items():
         listed = f" ({m.quarantine})" if n and m.quarantine else ""
         t.add_row("excluded", f"{common.plural(n, 'record')} overlapping benchmark {name}{listed}")
 
@@ -131,7 +131,7 @@ def info(ctx, cache_dir, as_json, shards):
     try:
         m = fmt.read_manifest(cache_dir)
         # Every shard's sizes against its records: the totals shown must add up.
-        schema.check_shard_sizes(m.raw, m.shards, fs.join(cache_dir, fmt.MANIFEST_NAME), m.features)
+        schema.check_shard_sizes(m, fs.join(cache_dir, fmt.MANIFEST_NAME))
     except (fmt.CacheError, OSError) as e:
         common.print_error(e)
         sys.exit(1)
@@ -163,11 +163,11 @@ def info(ctx, cache_dir, as_json, shards):
         t.add_row("preprocessors", ", ".join(d["preprocessors"]))
     t.add_row("features", ", ".join(f"{f['name']}:{f['dtype']}" for f in d["features"]))
     for name, vocab in m.vocabularies.items():
-        t.add_row(f"vocabulary ({name})", ", ".join(f"{k}={v}" for k, v in vocab.items() if k != "sha256"))
-    for name, n in stats.get("tokens", {}).items():
+        t.add_row(f"vocabulary ({name})", ", ".join(f"{k}={v}" for k, v in vocab.to_json().items() if k != "sha256"))
+    for name, n in (stats.tokens or {}).items():
         t.add_row(
             f"tokens ({name})",
-            f"{n:,} (mean {stats.get('mean_length', {}).get(name, 0):,.1f}, max {stats.get('max_length', {}).get(name, 0):,} per example)",
+            f"{n:,} (mean {(stats.mean_length or {}).get(name, 0):,.1f}, max {(stats.max_length or {}).get(name, 0):,} per example)",
         )
     for name, eff in (d["packing_efficiency"] or {}).items():
         t.add_row(f"packing efficiency ({name})", f"{eff:.1%} (non-padding tokens / all tokens)")

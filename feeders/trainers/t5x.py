@@ -142,7 +142,7 @@ def feeder_source(name_or_task: Any, *, split: str, caches_root: str | None) -> 
     if os.path.isfile(os.path.join(name, "manifest.json")):
         return {"cache": name}
     if caches_root is not None:
-        from seqcache.tasks import MixtureRegistry  # the feeder imports numpy and array_record only (trainers install seqcache --no-deps)
+        from seqcache.tasks import MixtureRegistry  # the feeder imports numpy, array_record and msgspec only (trainers install seqcache --no-deps)
 
         if name in MixtureRegistry.names():
             return {"mixture": MixtureRegistry.get(name), "caches_root": caches_root, "split": split}
@@ -380,17 +380,17 @@ def _stored_model(cache: str, feature: str) -> tuple[str, int]:
     """
     with CacheReader(cache) as reader:
         desc = reader.manifest.vocabularies.get(feature)
-        if not desc or desc.get("kind") != "sentencepiece":
+        if desc is None or desc.kind != "sentencepiece":
             raise ValueError(f"{cache}: feature {feature!r} has no SentencePiece vocabulary "
                              f"(manifest: {desc!r}); seqio_task and vocabulary need one")
         reader.vocabulary(feature)  # checks the stored model's sha256
         # seqio compares vocabularies by file name: features whose models are
         # the same bytes (one file per feature in the cache) share one file.
-        same = [d["file"] for d in reader.manifest.vocabularies.values()
-                if d and d.get("kind") == "sentencepiece" and d.get("sha256") == desc.get("sha256") and "file" in d]
+        same = [d.file for d in reader.manifest.vocabularies.values()
+                if d.kind == "sentencepiece" and d.sha256 == desc.sha256 and d.file is not None]
         # Absolute, as seqio_task makes its cache path: seqio compares the task's and
         # the model's vocabularies by file name, so a relative CACHE would differ.
-        return os.path.join(os.path.abspath(cache), min(same)), int(desc.get("extra_ids", 0))
+        return os.path.join(os.path.abspath(cache), min(same)), int(desc.extra_ids or 0)
 
 
 def vocabulary(cache: str, feature: str = "targets"):

@@ -68,7 +68,7 @@ def _rebuild(build, cache) -> tuple[fmt.Manifest, fmt.Manifest]:
     new = fmt.read_manifest(cache)
     assert new.fingerprint != old.fingerprint
     for key in ("num_records", "num_bytes", "provenance_num_bytes"):
-        assert new.raw["shards"][key] == old.raw["shards"][key], key
+        assert [getattr(s, key) for s in new.shards] == [getattr(s, key) for s in old.shards], key
     return old, new
 
 

@@ -73,7 +73,7 @@ def test_tinyshakespeare_every_line_once(tmp_path, corpora):
     empty = [starts[i] for i, line in enumerate(lines) if not line]
     assert result.manifest.num_examples == len(kept) and len(empty) > 7000
     assert _decoded_multiset(result.cache_dir) == _expected(kept, vocab)
-    stats = result.manifest.statistics
+    stats = result.manifest.statistics.to_json()
     assert stats["tokens"]["targets"] == sum(len(line.encode()) + 1 for line in kept)
     assert stats["skipped_records"] == len(empty) and stats["source_records"] == 40000
     quarantined = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
@@ -96,8 +96,8 @@ def test_c4_parquet_every_document_once_with_trim(tmp_path, corpora):
     assert _decoded_multiset(result.cache_dir) == _expected(texts, vocab, trim_to=512)
     full = sum(len(t.encode()) + 1 for t in texts)
     kept = sum(min(512, len(t.encode()) + 1) for t in texts)
-    assert result.manifest.statistics["truncated_tokens"] == full - kept
-    assert result.manifest.statistics["max_length"]["targets"] == 512
+    assert result.manifest.statistics.truncated_tokens == full - kept
+    assert result.manifest.statistics.max_length["targets"] == 512
 
 
 def test_dolma_jsonl_gz_every_document_once(tmp_path, corpora):

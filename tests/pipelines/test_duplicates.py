@@ -68,7 +68,7 @@ def _fingerprint(result) -> tuple:
     data and provenance shard sha256s, the quarantine file's bytes, the statistics."""
     with open(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME), "rb") as f:
         quarantine = f.read()
-    return fmt.read_shard_checksums(result.cache_dir, result.manifest), quarantine, result.manifest.statistics
+    return fmt.read_shard_checksums(result.cache_dir, result.manifest), quarantine, result.manifest.statistics.to_json()
 
 
 def test_skip_keeps_one_of_each_record_and_quarantines_the_other_copies(tmp_path, corpus):
@@ -93,7 +93,7 @@ def test_skip_keeps_one_of_each_record_and_quarantines_the_other_copies(tmp_path
     assert entries[0]["error"] == (f"line at byte {entries[0]['record_number']} is identical to {kept['path']}: "
                                    f"line at byte {kept['record_number']}, which is kept (on_error duplicate=skip)")
 
-    stats = result.manifest.statistics
+    stats = result.manifest.statistics.to_json()
     assert stats["source_records"] == 12 and stats["examples"] == 6
     assert stats["skipped_records"] == 6
     assert stats["bad_input_records"]["skipped"] == {"duplicate": 6}
@@ -112,8 +112,8 @@ def test_keep_is_the_default_and_holds_every_copy(tmp_path, corpus):
     default = _build(corpus, tmp_path / "default")
     keep = _build(corpus, tmp_path / "keep", "keep")
     assert _texts(default.cache_dir) == collections.Counter(t for *_, t in _lines())
-    assert default.manifest.statistics["skipped_records"] == 0
-    assert default.manifest.raw["quarantine"] is None
+    assert default.manifest.statistics.skipped_records == 0
+    assert default.manifest.quarantine is None
     assert fmt.read_shard_checksums(default.cache_dir, default.manifest) == \
         fmt.read_shard_checksums(keep.cache_dir, keep.manifest)
 
@@ -144,6 +144,6 @@ def test_skip_with_one_shard_and_packing_keeps_one_of_each(tmp_path, corpus):
                       packing="lm")
     result = build_task(task, cache_dir=str(tmp_path / "c"),
                         config=BuildConfig(num_shards=1, sequence_length={"targets": 16}))
-    stats = result.manifest.statistics
+    stats = result.manifest.statistics.to_json()
     assert stats["skipped_records"] == 6 and stats["source_examples"] == 6
     assert stats["tokens"]["targets"] == sum(len(t) + 1 for t in {t for *_, t in _lines()})

@@ -64,11 +64,11 @@ def test_the_cache_keeps_each_target_line_whole(eval_cache):
     m = fmt.read_manifest(eval_cache)
     assert [(f.name, f.dtype) for f in m.features] == [
         ("inputs", "uint16"), ("targets", "uint16"), ("targets_pretokenized", "uint8")]
-    assert m.raw["features"][2] == {"name": "targets_pretokenized", "dtype": "uint8"}  # no vocabulary
-    assert m.raw["evaluation"] == {"metrics": ["bleu", "chrf"], "postprocess_fn": "_strip",
+    assert m.features[2].to_json() == {"name": "targets_pretokenized", "dtype": "uint8"}  # no vocabulary
+    assert m.evaluation.to_json() == {"metrics": ["bleu", "chrf"], "postprocess_fn": "_strip",
                                    "pretokenized": ["targets_pretokenized"]}
     # Statistics and the source table count tokens of the token features only.
-    assert sorted(m.statistics["tokens"]) == ["inputs", "targets"]
+    assert sorted(m.statistics.tokens) == ["inputs", "targets"]
     assert sorted(m.read_source_table().tokens) == ["inputs", "targets"]
     with CacheReader(eval_cache) as r:
         idx = list(range(len(r)))
@@ -93,7 +93,7 @@ def test_without_metrics_or_packed_no_text_is_kept(eval_cache, tmp_path):
     plain = _build(tmp_path / "plain", _task(files, metric_fns=()))
     m = fmt.read_manifest(plain)
     assert [f.name for f in m.features] == ["inputs", "targets"]
-    assert m.raw["evaluation"] == {"metrics": [], "postprocess_fn": "_strip", "pretokenized": []}
+    assert m.evaluation.to_json() == {"metrics": [], "postprocess_fn": "_strip", "pretokenized": []}
     assert m.fingerprint != fmt.read_manifest(eval_cache).fingerprint
     with CacheReader(plain) as a, CacheReader(eval_cache) as b:  # the same token features, example by example
         assert [{k: v.tolist() for k, v in ex.items()} for ex in a.read_examples(range(len(a)))] == \
@@ -102,7 +102,7 @@ def test_without_metrics_or_packed_no_text_is_kept(eval_cache, tmp_path):
     packed = _build(tmp_path / "packed", _task(files, packing="first_fit"))
     m = fmt.read_manifest(packed)
     assert "targets_pretokenized" not in [f.name for f in m.features]
-    assert m.raw["evaluation"]["pretokenized"] == [] and m.raw["evaluation"]["metrics"] == ["bleu", "chrf"]
+    assert m.evaluation.pretokenized == [] and m.evaluation.metrics == ["bleu", "chrf"]
 
 
 def test_feeders_and_converters_read_the_cache_as_its_token_features(eval_cache):

@@ -136,7 +136,7 @@ def test_planted_items_are_all_excluded_with_their_benchmark_item_and_ngram(tmp_
         assert f" {e['ngram']} " in f" {item_words} "
         span = docs[doc][e["start"]:e["end"]]
         assert f" {e['ngram']} " in " " + " ".join(normalize_words(span)) + " "
-    stats = result.manifest.statistics
+    stats = result.manifest.statistics.to_json()
     assert stats["excluded_records"] == len(excluded) == 6
     assert stats["excluded_by_benchmark"] == {"ntrex": 6, "subset": 2}
     assert stats["source_records"] == NUM_DOCS
@@ -212,7 +212,7 @@ def test_a_disjoint_pair_excludes_nothing(tmp_path, planted):
     folder, _, _, _ = planted
     config = BuildConfig(num_shards=2, exclude_benchmarks=(f"ntrex=text:{planted[0] / 'ntrex.txt'}",))
     result = build_task(_task(folder, "c4_clean", "c4_clean.jsonl"), cache_dir=str(tmp_path / "c"), config=config)
-    stats = result.manifest.statistics
+    stats = result.manifest.statistics.to_json()
     assert stats["excluded_records"] == 0 and stats["excluded_by_benchmark"] == {"ntrex": 0}
     assert result.manifest.num_examples == NUM_DOCS
     assert result.manifest.quarantine is None
@@ -227,7 +227,7 @@ def _runs_agree(results: dict) -> None:
     for name, result in results.items():
         assert _shard_sums(result) == _shard_sums(first), name
         assert result.manifest.statistics == first.manifest.statistics, name
-        assert result.manifest.raw["quarantine_sha256"] == first.manifest.raw["quarantine_sha256"], name
+        assert result.manifest.quarantine_sha256 == first.manifest.quarantine_sha256, name
         assert result.manifest.fingerprint == first.manifest.fingerprint, name
 
 
@@ -244,7 +244,7 @@ def test_the_cache_does_not_depend_on_the_work_split_the_exchange_or_the_benchma
     }
     results = {name: build_task(task, cache_dir=str(tmp_path / str(k)), **kw)
                for k, (name, kw) in enumerate(runs.items())}
-    assert next(iter(results.values())).manifest.statistics["excluded_records"] == 6
+    assert next(iter(results.values())).manifest.statistics.excluded_records == 6
     _runs_agree(results)
 
 
@@ -265,7 +265,7 @@ def test_dask_writes_the_same_cache_as_the_local_engine(tmp_path, planted):
                    for k, (name, kw) in enumerate(runs.items())}
     finally:
         cluster.close()
-    assert next(iter(results.values())).manifest.statistics["excluded_by_benchmark"] == {"ntrex": 6, "subset": 2}
+    assert next(iter(results.values())).manifest.statistics.excluded_by_benchmark == {"ntrex": 6, "subset": 2}
     _runs_agree(results)
 
 
@@ -279,8 +279,8 @@ def test_the_benchmark_enters_the_fingerprint_and_a_change_is_named(tmp_path, pl
     plain = build_task(task, cache_dir=str(tmp_path / "plain"), config=BuildConfig(num_shards=2))
     first = build_task(task, cache_dir=cache, config=BuildConfig(num_shards=2, exclude_benchmarks=spec))
     assert first.manifest.fingerprint != plain.manifest.fingerprint
-    assert "exclude_benchmarks" not in plain.manifest.raw["fingerprint_inputs"]
-    recorded = first.manifest.raw["fingerprint_inputs"]["exclude_benchmarks"]
+    assert "exclude_benchmarks" not in plain.manifest.fingerprint_inputs
+    recorded = first.manifest.fingerprint_inputs["exclude_benchmarks"]
     assert [(b["name"], b["n"], b["items"]) for b in recorded] == [("ntrex", N, 40)]
     again = build_task(task, cache_dir=cache, config=BuildConfig(num_shards=2, exclude_benchmarks=spec))
     assert again.reused and again.manifest.fingerprint == first.manifest.fingerprint

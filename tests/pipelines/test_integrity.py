@@ -174,7 +174,7 @@ def test_same_fingerprint_is_reused_and_different_is_refused(tmp_path, corpus, c
     with pytest.raises(BuildError, match="--overwrite"):
         build_task(_task(corpus), cache_dir=root, config=BuildConfig(num_shards=3, seed=7))
     replaced = build_task(_task(corpus), cache_dir=root, config=BuildConfig(num_shards=3, seed=7), overwrite=True)
-    assert not replaced.reused and replaced.manifest.raw["seed"] == 7
+    assert not replaced.reused and replaced.manifest.seed == 7
 
 
 def test_zero_examples_is_an_error_naming_task_and_split(tmp_path):
@@ -227,9 +227,9 @@ def test_skipped_records_are_counted_and_quarantined(tmp_path):
     result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
     m = result.manifest
     assert m.num_examples == 3
-    assert m.statistics["skipped_records"] == 1
-    assert m.statistics["source_records"] == 4  # every record read, the skipped one included
-    assert m.raw["quarantine"] == fmt.QUARANTINE_NAME
+    assert m.statistics.skipped_records == 1
+    assert m.statistics.source_records == 4  # every record read, the skipped one included
+    assert m.quarantine == fmt.QUARANTINE_NAME
     entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
     assert [(os.path.basename(e["path"]), e["record_number"]) for e in entries] == [("a.txt", BAD_UTF8_RECORD)]
     assert "UTF-8" in entries[0]["error"] and f"line at byte {BAD_UTF8_RECORD} " in entries[0]["error"]
@@ -316,7 +316,7 @@ def test_records_failing_the_task_checks_are_skipped_when_asked(tmp_path):
     src.write_bytes(data)
     task = byte_task("j", tasks.JsonLinesSource(str(src), on_error="skip"))
     result = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
-    assert result.manifest.num_examples == 2 and result.manifest.statistics["skipped_records"] == 1
+    assert result.manifest.num_examples == 2 and result.manifest.statistics.skipped_records == 1
     (entry,) = fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
     offset = data.index(b'{"text": [300')  # the record number: the byte offset of the line's first byte
     assert entry["record_number"] == offset and "outside its vocabulary" in entry["error"]
@@ -345,9 +345,9 @@ def test_lone_carriage_returns_raise_by_default_and_can_be_repaired(tmp_path):
     with pytest.raises(ValueError, match=r"mac\.txt: line 1 \(byte 0\) contains a carriage return"):
         build_task(task("raise"), cache_dir=str(tmp_path / "a"), config=BuildConfig(num_shards=1))
     skipped = build_task(task("skip"), cache_dir=str(tmp_path / "b"), config=BuildConfig(num_shards=1))
-    assert skipped.manifest.num_examples == 1 and skipped.manifest.statistics["skipped_records"] == 2
+    assert skipped.manifest.num_examples == 1 and skipped.manifest.statistics.skipped_records == 2
     repaired = build_task(task("replace"), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1))
-    stats = repaired.manifest.statistics
+    stats = repaired.manifest.statistics.to_json()
     assert repaired.manifest.num_examples == 3 and stats["replaced_records"] == 2 and stats["skipped_records"] == 0
     vocab = tasks.ByteVocabulary()
     with CacheReader(repaired.cache_dir) as r:
@@ -385,7 +385,7 @@ def test_control_characters_in_c4_raise_or_are_counted(tmp_path, corpora):
                              ("replace", [control.sub("\ufffd", t) for t in texts])]:
         result = build_task(task({"control_characters": action}), cache_dir=str(tmp_path / action),
                             config=BuildConfig(num_shards=2))
-        stats = result.manifest.statistics
+        stats = result.manifest.statistics.to_json()
         assert stats["skipped_records" if action == "skip" else "replaced_records"] == len(bad)
         with CacheReader(result.cache_dir) as r:
             got = sorted(vocab.decode(e["targets"].tolist()) for e in r.read_examples(range(len(r))))

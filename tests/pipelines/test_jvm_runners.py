@@ -182,7 +182,7 @@ def span_task(tmp_path_factory, corpora):
 def test_span_corruption_first_fit_sentencepiece_is_the_same_on_flink_and_spark(tmp_path, span_task, job_servers):
     config = BuildConfig(num_shards=2, sequence_length={"inputs": 256, "targets": 58})
     local = build_task(span_task, cache_dir=str(tmp_path / "local"), config=config)
-    assert local.manifest.statistics["segments"] == 120 and local.manifest.num_examples < 120
+    assert local.manifest.statistics.segments == 120 and local.manifest.num_examples < 120
     for name, server in job_servers.items():
         result = build_task(span_task, cache_dir=str(tmp_path / name), config=config, pipeline_args=server.args(),
                             split_size=1)

@@ -111,7 +111,7 @@ def test_a_successful_overwrite_replaces_the_cache(tmp_path, shared, monkeypatch
     replaced = build_task(_task(pattern), cache_dir=root, config=BuildConfig(num_shards=2, seed=7), overwrite=True)
     fresh = shared.fresh(2, 7)
     assert replaced.cache_dir == old_dir and not replaced.reused
-    assert fmt.read_manifest(replaced.cache_dir).raw["seed"] == 7
+    assert fmt.read_manifest(replaced.cache_dir).seed == 7
     now, want = _hashes(replaced.cache_dir), _hashes(fresh.cache_dir)
     assert sorted(now) == sorted(want)  # the old cache's three shards are gone
     assert {k: v for k, v in now.items() if k != fmt.MANIFEST_NAME} == \
@@ -288,7 +288,7 @@ def test_overwrite_on_an_object_store(tmp_path, corpus):
 
     replaced = build_task(_task(pattern, on_error={"empty": "keep", "invalid_utf8": "replace"}), cache_dir=root,
                           config=BuildConfig(num_shards=2, seed=7), overwrite=True)
-    assert replaced.cache_dir == old.cache_dir and replaced.manifest.statistics["replaced_records"] == 1
+    assert replaced.cache_dir == old.cache_dir and replaced.manifest.statistics.replaced_records == 1
     fresh = build_task(_task(pattern, on_error={"empty": "keep", "invalid_utf8": "replace"}), cache_dir=str(tmp_path / "fresh"),
                        config=BuildConfig(num_shards=2, seed=7))
     now, want = _hashes(local), _hashes(fresh.cache_dir)

@@ -72,7 +72,7 @@ def test_many_skipped_records_are_counted_and_listed_exactly(tmp_path, monkeypat
     chunked = build_task(_task(pattern), cache_dir=str(tmp_path / "chunked"), config=BuildConfig(num_shards=2))
 
     for result in (default, chunked):
-        stats = result.manifest.statistics
+        stats = result.manifest.statistics.to_json()
         assert stats["skipped_records"] == skipped and stats["replaced_records"] == replaced
         assert stats["source_records"] == 9000
         assert result.manifest.num_examples == 9000 - skipped
@@ -85,8 +85,8 @@ def test_many_skipped_records_are_counted_and_listed_exactly(tmp_path, monkeypat
         offset = len(b"file 0 line 0\n")
         assert first["record_number"] == offset and first["error"] == f"line at byte {offset} is empty"
         assert not any(e["error"].startswith(e["path"]) for e in entries)
-        assert result.manifest.raw["quarantine_num_bytes"] == os.path.getsize(path)
-        assert result.manifest.raw["quarantine_sha256"] == fmt.file_sha256(path)
+        assert result.manifest.quarantine_num_bytes == os.path.getsize(path)
+        assert result.manifest.quarantine_sha256 == fmt.file_sha256(path)
         assert verify_cache(result.cache_dir).ok
         assert not os.path.exists(os.path.join(result.cache_dir, "_tmp"))
     assert open(os.path.join(default.cache_dir, fmt.QUARANTINE_NAME), "rb").read() == \
@@ -108,7 +108,7 @@ _PEAK_RSS = textwrap.dedent(
     )
     result = build_task(task, cache_dir=cache_dir, config=BuildConfig(num_shards=2))
     print(json.dumps({"maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                      "skipped": result.manifest.statistics["skipped_records"],
+                      "skipped": result.manifest.statistics.skipped_records,
                       "examples": result.manifest.num_examples}))
     """
 )
@@ -224,7 +224,7 @@ def _edit_manifest(cache_dir, edit):
 
 def test_verify_checks_the_quarantine_file_against_the_manifest(quarantined):
     m = fmt.read_manifest(quarantined)
-    assert (m.statistics["skipped_records"], m.statistics["replaced_records"]) == (2, 1)
+    assert (m.statistics.skipped_records, m.statistics.replaced_records) == (2, 1)
     code, report = _verify_cli(quarantined)
     assert code == 0 and report["ok"] and report["problems"] == []
     path = os.path.join(quarantined, fmt.QUARANTINE_NAME)

@@ -77,11 +77,11 @@ def test_every_runner_and_exchange_writes_the_same_shards(tmp_path, corpus, dask
     for name, result in results.items():
         m = result.manifest
         assert _shard_hashes(result) == _shard_hashes(first_result), name
-        assert m.statistics["source_records"] == CORPUS_LINES, name
-        assert m.statistics["skipped_records"] == 1_875, name
+        assert m.statistics.source_records == CORPUS_LINES, name
+        assert m.statistics.skipped_records == 1_875, name
         assert m.statistics == first.statistics, name
         quarantine = fmt.file_sha256(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
-        assert quarantine == first.raw["quarantine_sha256"], name
+        assert quarantine == first.quarantine_sha256, name
 
 
 def test_every_runner_skips_the_same_duplicates(tmp_path, corpus, corpora, dask_cluster):
@@ -101,13 +101,13 @@ def test_every_runner_skips_the_same_duplicates(tmp_path, corpus, corpora, dask_
     first_result = next(iter(results.values()))
     first = first_result.manifest
     assert copies > 500 and first.num_examples == len(set(lines))
-    assert first.statistics["bad_input_records"]["skipped"]["duplicate"] == copies
-    assert first.statistics["skipped_records"] == 1_875 + copies
+    assert first.statistics.bad_input_records.skipped["duplicate"] == copies
+    assert first.statistics.skipped_records == 1_875 + copies
     for name, result in results.items():
         assert _shard_hashes(result) == _shard_hashes(first_result), name
         assert result.manifest.statistics == first.statistics, name
         quarantine = fmt.file_sha256(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME))
-        assert quarantine == first.raw["quarantine_sha256"], name
+        assert quarantine == first.quarantine_sha256, name
 
 
 def test_dask_builds_a_second_task_on_the_same_cluster_and_reuses_caches(tmp_path, corpus, dask_cluster):
@@ -183,7 +183,7 @@ def test_the_split_size_never_changes_the_cache(tmp_path, mixed_corpus, kind):
         m = result.manifest
         assert _shard_hashes(result) == _shard_hashes(results["whole"]), name
         assert m.statistics == whole.statistics, name
-        assert m.raw.get("quarantine_sha256") == whole.raw.get("quarantine_sha256"), name
+        assert m.quarantine_sha256 == whole.quarantine_sha256, name
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +225,7 @@ def test_span_corruption_first_fit_writes_the_same_shards_on_every_runner(tmp_pa
              for k, (name, kw) in enumerate(runs.items())}
     results = {name: b.manifest for name, b in built.items()}
     first = results["local engine"]
-    assert first.statistics["segments"] == 150 and first.num_examples < 150
+    assert first.statistics.segments == 150 and first.num_examples < 150
     for name, m in results.items():
         assert _shard_hashes(built[name]) == _shard_hashes(built["local engine"]), name
         assert m.statistics == first.statistics, name
@@ -285,7 +285,7 @@ def test_a_killed_dask_worker_is_replaced_and_the_cache_holds_every_record_once(
     want = collections.Counter(line for p in sorted(corpus.glob("*.txt"))
                                for line in p.read_text(encoding="utf-8").split("\n")[:-1] if line.strip())
     assert _decoded(result.cache_dir) == want
-    assert result.manifest.statistics["source_records"] == CORPUS_LINES
+    assert result.manifest.statistics.source_records == CORPUS_LINES
 
 
 def test_a_build_that_loses_its_worker_for_good_fails_in_one_line_and_leaves_no_manifest(tmp_path, corpus,

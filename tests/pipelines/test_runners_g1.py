@@ -146,6 +146,7 @@ def references(tmp_path_factory, plain_task, span_task):
 def test_the_reference_builds_are_real(references):
     plain, plain_stats, _ = references["g1_plain"]
     span, span_stats, span_num_rows = references["g1_span"]
+    plain_stats, span_stats = plain_stats.to_json(), span_stats.to_json()
     assert len(plain) == 3 and len(span) == 2 and len(set(plain + span)) == 5
     assert plain_stats["source_records"] == PLAIN_LINES
     assert plain_stats["examples"] > 4_000

@@ -71,7 +71,7 @@ def test_build_shard_count_follows_gz_text(corpora, tmp_path):
                       preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()])
     shard_size = 300_000
     result = build_task(task, cache_dir=str(tmp_path / "cache"), config=BuildConfig(shard_size=shard_size))
-    sharding = result.manifest.raw["sharding"]
-    assert sharding["content_bytes"] == len(lines)
+    sharding = result.manifest.sharding
+    assert sharding.content_bytes == len(lines)
     assert len(result.manifest.shards) == math.ceil(len(lines) / shard_size) == 4
-    assert math.ceil(sharding["input_bytes"] / shard_size) < 4  # what file bytes would have given
+    assert math.ceil(sharding.input_bytes / shard_size) < 4  # what file bytes would have given

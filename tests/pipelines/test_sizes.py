@@ -153,7 +153,7 @@ def test_one_very_long_line_is_truncated_exactly_in_bounded_memory(tmp_path, req
     assert 0 < len(want_short) < L
 
     with CacheReader(out["cache_dir"]) as r:
-        stats = r.manifest.statistics
+        stats = r.manifest.statistics.to_json()
         assert r.num_examples == 2
         examples = r.read_examples([0, 1])
         sources = r.read_sources([0, 1])

@@ -243,12 +243,12 @@ def test_many_small_files_write_the_bytes_of_one_file(tmp_path, shakespeare):
     recut = _build(str(tmp_path / "many" / "*.txt"), tmp_path / "c-recut", split_size=4096, exchange="runner")
     assert many.manifest.num_examples == one.manifest.num_examples == sum(1 for line in shakespeare if line)
     assert _hashes(many.cache_dir, "data") == _hashes(one.cache_dir, "data")
-    assert many.manifest.statistics["tokens"] == one.manifest.statistics["tokens"]
+    assert many.manifest.statistics.tokens == one.manifest.statistics.tokens
     assert _hashes(many.cache_dir, "provenance") != _hashes(one.cache_dir, "provenance")
     for which in ("data", "provenance"):
         assert _hashes(recut.cache_dir, which) == _hashes(many.cache_dir, which)
     assert recut.manifest.statistics == many.manifest.statistics
-    assert recut.manifest.raw["quarantine_sha256"] == many.manifest.raw["quarantine_sha256"]
+    assert recut.manifest.quarantine_sha256 == many.manifest.quarantine_sha256
 
 
 def test_the_order_of_many_small_files_does_not_change_the_data(tmp_path, shakespeare):
@@ -270,4 +270,4 @@ def test_many_small_files_on_two_worker_processes_write_the_same_cache(tmp_path,
                      pipeline_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
     for which in ("data", "provenance"):
         assert _hashes(workers.cache_dir, which) == _hashes(local.cache_dir, which)
-    assert workers.manifest.raw["quarantine_sha256"] == local.manifest.raw["quarantine_sha256"]
+    assert workers.manifest.quarantine_sha256 == local.manifest.quarantine_sha256

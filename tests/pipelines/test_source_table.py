@@ -91,7 +91,7 @@ def test_the_manifest_stays_small_and_the_table_is_in_its_checksummed_file(many)
     stats = table.statistics
     assert stats["examples"] == [1] * NUM_FILES
     assert stats["tokens"]["targets"] == [os.path.getsize(p) for p in paths]  # the bytes, less "\n", plus EOS
-    assert sum(stats["examples"]) == fmt.read_manifest(cache).statistics["source_examples"]
+    assert sum(stats["examples"]) == fmt.read_manifest(cache).statistics.source_examples
 
 
 def test_the_fingerprint_keeps_its_definition_and_verify_recomputes_it(many):
@@ -116,7 +116,7 @@ def test_the_source_table_is_written_before_the_manifest(many, tmp_path, monkeyp
                                                                            real(path, data, **kw)))
     m = fmt.read_manifest(many[0])
     made = fmt.Manifest.create(task="t", split="train", fingerprint=fmt.fingerprint_of({}), fingerprint_inputs={},
-                               features=m.raw["features"], shards=[], sources=[{"path": "a.txt", "num_bytes": 3}],
+                               features=[f.to_json() for f in m.features], shards=[], sources=[{"path": "a.txt", "num_bytes": 3}],
                                statistics={})
     made.write(str(tmp_path))
     assert written == [fmt.SHARD_CHECKSUMS_NAME, fmt.SOURCE_TABLE_NAME, fmt.MANIFEST_NAME]
@@ -149,7 +149,7 @@ def test_which_source_and_verify_refuse_a_missing_table_with_one_line(copy):
     out = _cli("which", copy, "--batch-size", B, "--num-epochs", 1, "--source", "part-00007.txt:1")
     assert out.exit_code == 1 and out.output.strip().splitlines() == [
         f"error: {table}: source table file is missing (the manifest lists it with "
-        f"{fmt.read_manifest(copy).source_table['num_bytes']} bytes for {NUM_FILES:,} source files); rebuild the "
+        f"{fmt.read_manifest(copy).source_table.num_bytes} bytes for {NUM_FILES:,} source files); rebuild the "
         "cache"], out.output
     report = verify_cache(copy)
     assert not report.ok and [p for p in report.problems if fmt.SOURCE_TABLE_NAME in p] == report.problems
@@ -176,8 +176,8 @@ def test_verify_finds_a_table_that_does_not_give_the_fingerprint(copy):
     obj["mtime_ns"][5] += 1
     data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
     pathlib.Path(copy, fmt.SOURCE_TABLE_NAME).write_bytes(data)
-    raw = dict(m.raw, source_table={**m.source_table, "num_bytes": len(data),
-                                    "sha256": hashlib.sha256(data).hexdigest()})
+    raw = json.loads(pathlib.Path(copy, fmt.MANIFEST_NAME).read_text(encoding="utf-8"))
+    raw["source_table"].update(num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     pathlib.Path(copy, fmt.MANIFEST_NAME).write_text(json.dumps(raw), encoding="utf-8")
     _opens_and_reads(copy)  # the manifest agrees with itself
     problems = verify_cache(copy).problems

@@ -138,7 +138,7 @@ def test_first_fit_cache_packs_the_same_examples(span_reference, tmp_path):
     from seqcache.cli.commands.inspect import packing_efficiency
 
     m = fmt.read_manifest(packed)
-    assert m.statistics["segments"] == len(texts) and m.statistics["truncated_tokens"] == 0
+    assert m.statistics.segments == len(texts) and m.statistics.truncated_tokens == 0
     eff = packing_efficiency(m)
     unpacked_eff = packing_efficiency(fmt.read_manifest(ref))
     assert eff["inputs"] > unpacked_eff["inputs"] and eff["targets"] > unpacked_eff["targets"]

@@ -236,7 +236,7 @@ def test_a_cache_built_with_it_in_fresh_workers_is_read_by_the_feeder(bpe_path, 
     a = pipelines.build_task(task, cache_dir=str(tmp_path / "a"), config=config, pipeline_args=args)
     b = pipelines.build_task(task, cache_dir=str(tmp_path / "b"), config=config)
     assert read_shard_checksums(a.cache_dir, a.manifest) == read_shard_checksums(b.cache_dir, b.manifest)
-    assert a.manifest.vocabularies["targets"]["sha256"] == vocab.sha256
+    assert a.manifest.vocabularies["targets"].sha256 == vocab.sha256
     assert a.manifest.num_examples == sum(1 for line in lines if line)
 
     with CacheReader(a.cache_dir) as reader:

@@ -1,7 +1,8 @@
 # Shared by the trainers' run.sh files (sourced, not run).
 
 # install_seqcache NAME VENV ROOT: seqcache from this checkout into the trainer's venv,
-# every run, without its dependencies (the feeders need numpy and array_record only);
+# every run, without its dependencies (the feeders need numpy, array_record and msgspec only,
+# each trainer's requirements.txt pins them);
 # build leftovers removed, as `make install` does, so no stale copy reaches a later wheel.
 install_seqcache() {
   "$2/bin/pip" install -q --no-deps --force-reinstall "$3" \

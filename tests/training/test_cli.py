@@ -63,7 +63,7 @@ def test_train_eval_resume_and_refuse(cache, tmp_path, caplog):
     assert "model flops per token" in first.output
     # Evaluation read every example of the split once: its weighted tokens are the
     # cache's token count, and its batches cover the examples (the last one padded).
-    assert out["eval_tokens"] == manifest.statistics["tokens"]["targets"]
+    assert out["eval_tokens"] == manifest.statistics.tokens["targets"]
     assert out["eval_batches"] == -(-manifest.num_examples // 8)
     config = json.loads((ckpt / "config.json").read_text())
     assert config["model"]["vocab_size"] == 259 and config["global_batch_size"] == 8

@@ -44,7 +44,7 @@ if [ ! -f "$VENV/.installed-$STAMP" ]; then
   (cd "$T5X_SOURCE" && pwd) > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/t5x-source.pth"
   touch "$VENV/.installed-$STAMP"
 fi
-# seqcache from this checkout, every run (its feeders need numpy and array_record only).
+# seqcache from this checkout, every run (its feeders need numpy, array_record and msgspec only).
 install_seqcache t5x "$VENV" "$ROOT"
 cd "$ROOT"
 # The log is a file of its own: tee to /dev/stderr would reopen (and truncate) a log that

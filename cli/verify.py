@@ -202,7 +202,7 @@ def check_source_table(cache_dir: str, manifest: fmt.Manifest) -> list[str]:
     try:
         table = manifest.read_source_table(cache_dir)
     except fmt.CacheError as e:
-        return [f"{e}; the source files and the fingerprint were not checked"]
+        return [f"{e}; the source table's file list and the fingerprint were not checked"]
     record = manifest.source_table
     where = fs.join(cache_dir, fmt.MANIFEST_NAME if record is None else record.file)
     problems = []

@@ -1334,13 +1334,18 @@ def _read_recorded_file(cache_dir: str, recorded: collections.abc.Mapping, what:
     against the record.
 
     Raises:
-      CacheError: the file is missing (the message ends with ``missing``), or
-        its size or sha256 differs from the record, naming the file.
+      CacheError: the file is missing (the message ends with ``missing``),
+        cannot be read (a folder in its place), or its size or sha256 differs
+        from the record, naming the file.
     """
     path = layout.cache_file(cache_dir, recorded["file"], what=what)
     if not fs.exists(path):
         raise CacheError(f"{path}: {what} is missing (the manifest lists it with {recorded['num_bytes']} bytes{missing}")
-    data = fs.read_bytes(path)
+    try:
+        data = fs.read_bytes(path)
+    except OSError as e:  # a folder or an unreadable file in its place
+        raise CacheError(f"{path}: {what} cannot be read ({e.strerror or type(e).__name__}); rebuild the cache") \
+            from None
     if len(data) != recorded["num_bytes"]:
         raise CacheError(f"{path}: {what} has {len(data)} bytes, the manifest expects {recorded['num_bytes']}")
     actual = hashlib.sha256(data).hexdigest()

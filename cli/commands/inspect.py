@@ -331,7 +331,9 @@ def _describe_example(index, example, provenance, vocabs, with_ids):
 @click.pass_context
 def verify(ctx, cache_dir, as_json):
     """Check every shard of CACHE_DIR (a local path, or a gs:// or s3:// URL):
-    counts, checksums, decodability. From a URL, the shards are downloaded one
+    counts, checksums, decodability; and the cache's other files (vocabulary
+    models, quarantine file, source table) against the manifest. The source
+    files themselves are not read. From a URL, the shards are downloaded one
     at a time to a temporary file, checked and deleted.
 
     Exits with status 1 and names each bad file when anything is wrong."""

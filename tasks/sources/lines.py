@@ -141,10 +141,10 @@ def small_whole_files(splits: Sequence[Any], block_bytes: int) -> Iterator[tuple
     uncompressed local file of at most ``block_bytes``, read in one call
     (open, read, close; ``fstat`` too when the split's ``num_bytes`` is 0,
     unknown); None for any other split, and for a file that cannot be read
-    so, or whose size is not the one expected (it changed since it was
-    listed, or the read came back short): read it with ``read_line_blocks``,
-    whose errors name the file. The data's lines are ``whole_blocks(data)``.
-    Compressed files are found with one scan of the paths
+    so (or whose size is unknown, 0, and not what ``fstat`` said): read it
+    with ``read_line_blocks``, whose errors name the file. The data's lines are ``whole_blocks(data)``.
+    Raises ``ValueError`` (``file_changed``) for a file whose size is not
+    the split's ``num_bytes``, its size as listed. Compressed files are found with one scan of the paths
     (``compression.paths_ending_in``), not one test each: a work unit of many
     small files reads them in one loop."""
     compressed = set(compression.paths_ending_in([s.path for s in splits], compression.COMPRESSED_SUFFIXES))
@@ -165,8 +165,19 @@ def small_whole_files(splits: Sequence[Any], block_bytes: int) -> Iterator[tuple
             except OSError:
                 data = None
             if data is not None and len(data) != size:
+                if split.num_bytes:  # its size as listed: it changed since, and the fingerprint says otherwise
+                    raise file_changed(path, size, len(data))
                 data = None
         yield split, data
+
+
+def file_changed(path: str, listed: int, read: int) -> ValueError:
+    """The error of a file whose size is not the one listed when the build
+    planned (``listed`` bytes; ``read``: the bytes a read of ``listed + 1``
+    gave)."""
+    now = f"{read:,} bytes" if read <= listed else f"more than {listed:,} bytes"
+    return ValueError(f"{path}: changed since it was listed ({listed:,} bytes then, {now} now); a source file "
+                      "must not change while a build reads it: run the build again once it is complete")
 
 
 def _small_whole_file(path: str, block_bytes: int) -> bytes | None:

@@ -170,12 +170,18 @@ def test_text_lines_of_many_files_read_together_are_each_files_records(tmp_path,
                 assert indices == [r.file_index for r in b]
             if block == 1 << 20 and target == 1 << 20:
                 assert any(b.file_indices for b in batches)  # batches did span files
-                # A whole file is read with its listed size; unknown (0), or not the size it has now
-                # (changed since listed), it is read as a range: the same records.
-                for wrong in (lambda n: 0, lambda n: n + 1, lambda n: n // 2):
-                    other = [s._replace(num_bytes=wrong(s.num_bytes)) for s in splits]
-                    batches = list(source.read_batches_of(other, 7))
-                    assert [b[i] for b in batches for i in range(len(b))] == expect
+                # A whole file is read with its listed size; unknown (0), it is read as a range: the
+                # same records. Listed with another size than it has now, it changed since: one line.
+                unknown = [s._replace(num_bytes=0) for s in splits]
+                batches = list(source.read_batches_of(unknown, 7))
+                assert [b[i] for b in batches for i in range(len(b))] == expect
+                changed = max(range(len(splits)), key=lambda k: splits[k].num_bytes)
+                for listed, now in ((splits[changed].num_bytes - 1, "more than"), (splits[changed].num_bytes + 1, "")):
+                    other = list(splits)
+                    other[changed] = splits[changed]._replace(num_bytes=listed)
+                    with pytest.raises(ValueError, match=rf"{other[changed].path}: changed since it was listed "
+                                                         rf"\({listed:,} bytes then, {now}"):
+                        list(source.read_batches_of(other, 7))
 
 
 def test_concat_keeps_each_records_file(tmp_path):
@@ -271,3 +277,27 @@ def test_many_small_files_on_two_worker_processes_write_the_same_cache(tmp_path,
     for which in ("data", "provenance"):
         assert _hashes(workers.cache_dir, which) == _hashes(local.cache_dir, which)
     assert workers.manifest.quarantine_sha256 == local.manifest.quarantine_sha256
+
+
+def test_a_file_that_changes_after_it_is_listed_stops_the_build_in_one_line(tmp_path, monkeypatch):
+    """A file grown since the listing (whose size and time the fingerprint
+    and the source table record) is refused when read, naming it; nothing
+    is left that looks like a cache."""
+    from seqcache import fs
+
+    pattern = _write_parts(tmp_path / "in", [f"line {i}" for i in range(60)], 30)
+    listing = fs.match
+
+    def listed_before_a_line_was_appended(p):
+        files = listing(p)
+        grown = files[7].path
+        with open(grown, "ab") as f:  # written after the listing, before the read
+            f.write(b"appended\n")
+        return files
+
+    monkeypatch.setattr(fs, "match", listed_before_a_line_was_appended)
+    with pytest.raises(Exception, match=r"part-00007\.txt: changed since it was listed \((\d+) bytes then, more than "
+                                        r"\1 bytes now\)") as raised:
+        _build(pattern, tmp_path / "c")
+    assert len(str(raised.value).strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "c" / "small_files" / "train" / fmt.MANIFEST_NAME)

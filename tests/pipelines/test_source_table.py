@@ -157,6 +157,20 @@ def test_which_source_and_verify_refuse_a_missing_table_with_one_line(copy):
     assert all(s.ok for s in report.shards)  # the shards are still checked
 
 
+def test_a_folder_in_the_tables_place_is_one_line_for_which_report_and_verify(copy):
+    table = os.path.join(copy, fmt.SOURCE_TABLE_NAME)
+    os.unlink(table)
+    os.mkdir(table)
+    for args in (("which", copy, "--batch-size", B, "--num-epochs", 1, "--source", "part-00007.txt:1"),
+                 ("report", copy)):
+        out = _cli(*args)
+        assert out.exit_code == 1 and out.output.strip().splitlines() == [
+            f"error: {table}: source table file cannot be read (Is a directory); rebuild the cache"], out.output
+    report = verify_cache(copy)
+    assert report.problems and report.problems[0].startswith(f"{table}: source table file cannot be read")
+    assert all(s.ok for s in report.shards)  # the shards are still checked
+
+
 def test_which_source_and_verify_refuse_an_edited_table(copy):
     table = os.path.join(copy, fmt.SOURCE_TABLE_NAME)
     data = pathlib.Path(table).read_bytes()

@@ -118,11 +118,8 @@ def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decod
 
 def _sha256_of(path: str) -> str:
     """Hex sha256 of a file (local or URL), streaming."""
-    h = hashlib.sha256()
     with fs.open_read(path) as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:

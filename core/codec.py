@@ -353,13 +353,10 @@ def decode_example(specs: Sequence[FeatureSpec], record: bytes, *, where: str = 
     return out
 
 
-def file_sha256(path: str, chunk_bytes: int = 1 << 22) -> str:
+def file_sha256(path: str) -> str:
     """Hex sha256 of a local file, read in chunks (memory does not grow with size)."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk_bytes), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def canonical_json(obj: Any) -> bytes:

@@ -69,8 +69,7 @@ def sequence_lengths(value: Mapping[str, int | None] | int | None, features: Ite
         return {n: _length(v, n) for n, v in value.items() if v is not None}
     if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Integral):
         raise ValueError(f"sequence_length must be an integer or a mapping feature -> integer (got {value!r})")
-    length = _length(value, None)
-    return dict.fromkeys(names, length)
+    return dict.fromkeys(names, _length(value, None))
 
 
 def parse_sequence_length(texts: Iterable[str], default_feature: str = "targets") -> dict[str, int]:
@@ -118,7 +117,7 @@ def cache_lengths(manifest: Any) -> dict[str, int]:
     the build counted it, above 0). Features with neither are left out.
 
     Raises:
-      ValueError: see ``built_lengths``.
+      ValueError: a recorded length outside [1, 2^24).
     """
     names = [f.name for f in manifest.features]
     out = built_lengths(manifest)
@@ -144,14 +143,10 @@ def _longest(manifests: Mapping[str, Any], name: str, lengths_of) -> tuple[int |
 
 def fit_lengths(given: Mapping[str, int | None] | int | None, manifests: Mapping[str, Any],
                 features: Iterable[str], *, setting: str = "sequence_length=") -> dict[str, int]:
-    """The sequence lengths a reader of caches uses for ``features``: the one
-    rule of the package. A feature's length is the given one, else the caches'
-    own (``cache_lengths``; the longest over several caches, so that a
-    mixture's rows fit every cache's). A given length may cut rows shorter;
-    one longer than the length the caches were built to (``built_lengths``,
-    packed or trimmed; the longest over the caches) is refused. A cache built
-    to no length (neither packed nor trimmed) sets no limit: longer rows only
-    pad its examples.
+    """The sequence lengths a reader of caches uses for ``features``, by the
+    package's one rule (the module's docstring): the given length, else the
+    caches' own; a given length over ``built_lengths`` is refused. A cache
+    built to no length sets no limit: longer rows only pad its examples.
 
     Args:
       given: what the user gave, None, an int or a mapping feature -> int or

@@ -13,7 +13,7 @@ checks and writes them.
   version, then every field (``msgspec.convert``), then the counts and the
   fingerprint, and give a typed ``Manifest``. Every failure is one
   ``CacheError`` line naming the file and the field path
-  (``manifest.json: statistics.tokens is 'x', expected a JSON object``).
+  (``manifest.json: statistics.tokens is 'x': expected `object```).
 - Writing: ``Manifest.create`` assembles a build's manifest (refusing a field
   the definition lacks, and any manifest ``parse`` would refuse; the
   per-file source table goes to its own file, ``SourceTable``);
@@ -35,8 +35,6 @@ import json
 import os
 import re
 import sys
-import types
-import typing
 from typing import Annotated, Any, Literal, Mapping, Sequence
 
 import msgspec
@@ -382,7 +380,7 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
             wrong format or format_version (a version-1 cache is refused with
             the advice to rebuild it); a required field missing (``missing
             field 'task'``); a field of the wrong JSON type or value
-            (``statistics.tokens.targets is 'x', expected an integer >= 0``);
+            (``statistics.tokens.targets is -1: expected `int` >= 0``);
             counts or a fingerprint that contradict each other.
         """
         codec.require(isinstance(raw, dict), path, "manifest is not a JSON object")
@@ -391,7 +389,7 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
                       f"format is {_short(fmt_name)}, expected {codec.FORMAT_NAME!r}")
         codec.require(version in codec.READ_FORMAT_VERSIONS and not isinstance(version, bool), path,
                       f"format_version is {_short(version)}, this seqcache reads format version "
-                      f"{_either(list(map(str, codec.READ_FORMAT_VERSIONS)))}: read the cache with the seqcache "
+                      f"{' or '.join(map(str, codec.READ_FORMAT_VERSIONS))}: read the cache with the seqcache "
                       "release that wrote it, or rebuild it with this one (seqcache build ... --overwrite)")
         for f in msgspec.structs.fields(cls):
             codec.require(not f.required or f.name in raw, path, f"missing field {f.name!r}")
@@ -549,11 +547,11 @@ def ordered(values: Mapping[str, Any], model: type, *, what: str = "manifest") -
 
 class _Refused(Exception):
     """A refusal inside a nested conversion (the shard table): the inner
-    ValidationError and where its value lies."""
+    ValidationError, the value converted and how messages name it."""
 
-    def __init__(self, error: msgspec.ValidationError, value: Any, model: Any, prefix: str):
+    def __init__(self, error: msgspec.ValidationError, value: Any, prefix: str):
         super().__init__(str(error))
-        self.error, self.value, self.model, self.prefix = error, value, model, prefix
+        self.error, self.value, self.prefix = error, value, prefix
 
 
 def convert(value: Any, model: Any, *, path: str = MANIFEST_NAME, prefix: str = "") -> Any:
@@ -564,8 +562,10 @@ def convert(value: Any, model: Any, *, path: str = MANIFEST_NAME, prefix: str = 
       prefix: how messages name ``value`` (``sources``; empty: the manifest).
 
     Raises:
-      CacheError: ``{path}: {field path} is {value}, expected {what}``, or
-        ``{path}: {object}: missing field 'x'``, or the field's own message.
+      CacheError: ``{path}: {field path} is {value}: {msgspec's words}``
+        (``manifest.json: seed is '7': expected `int```), or
+        ``{path}: {object}: object missing required field `x```, or the shard
+        table's own message.
     """
     def hook(kind, obj):  # the shard table: the codec's checks and messages, then the rest of ``Shards``
         if kind is not ShardTable:
@@ -577,165 +577,40 @@ def convert(value: Any, model: Any, *, path: str = MANIFEST_NAME, prefix: str = 
         try:
             msgspec.convert(obj, Shards)
         except msgspec.ValidationError as e:
-            raise _Refused(e, obj, Shards, "shards") from None
+            raise _Refused(e, obj, "shards") from None
         return table
 
     try:
         return msgspec.convert(value, model, dec_hook=hook)
     except msgspec.ValidationError as e:
-        raise _refusal(e, value, model, path, prefix) from None
+        raise _refusal(e, value, path, prefix) from None
     except _Refused as e:
-        raise _refusal(e.error, e.value, e.model, path, e.prefix) from None
+        raise _refusal(e.error, e.value, path, e.prefix) from None
 
 
-# The messages of fields whose refusal names the whole value (part of the format's interface).
-_ADVICE = {
-    "sequence_length": lambda v: f"sequence_length is {_short(v)}, expected null, a token count in [1, "
-                                 f"{bounded_json.bound(MAX_SEQUENCE_LENGTH)}) or {{feature: token count}}",
-    "quarantine": lambda v: f"quarantine is {_short(v)}, expected {codec.QUARANTINE_NAME!r} or null (a plain file "
-                            "name inside the cache folder)",
-    "quarantine_num_bytes": lambda v: f"quarantine_num_bytes is {_short(v)}, expected a byte count in [0, "
-                                      f"{bounded_json.bound(MAX_INTEGER)})",
-    "quarantine_sha256": lambda v: f"quarantine_sha256 is {_short(v)}, expected 64 hex digits",
-}
-_TOKEN = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
-
-
-def _refusal(error: msgspec.ValidationError, value: Any, model: Any, path: str, prefix: str) -> CacheError:
-    """The ``CacheError`` line of ``error`` (converting ``value`` to ``model``):
-    the field path with dict keys named (msgspec writes ``[...]``), the value
-    there and what the model expects of it."""
+def _refusal(error: msgspec.ValidationError, value: Any, path: str, prefix: str) -> CacheError:
+    """The ``CacheError`` line of msgspec's ``error`` (converting ``value``):
+    its field path (``$.statistics.tokens[...]``) after ``prefix``, a dict key
+    named where the dict has only one, and the value found there."""
     text, _, where = str(error).partition(" - at `$")
-    names, leaf, kind, text = _pinpoint(value, model, where.rstrip("`"), text)
-    name = prefix + "".join(names)
-    name = name[1:] if name.startswith(".") else name
-    top = re.match(r"[^.\[]*", name).group()
-    missing = re.fullmatch(r"Object missing required field `(.*)`", text)
-    if missing:
-        return CacheError(f"{path}: {name + ': ' if name else ''}missing field {missing.group(1)!r}")
-    if top in _ADVICE and not prefix:
-        return CacheError(f"{path}: {_ADVICE[top](value.get(top))}")
-    if kind is None:
-        return CacheError(f"{path}: {name}: {text}")
-    lo, hi = _bounds(kind)
-    if type(leaf) is int and hi is not None and (lo is None or leaf >= lo) and not -2**63 <= leaf < hi:
-        return CacheError(f"{path}: {name} = {_short(leaf)}, expected an integer in "
-                          f"[{'-2^63' if lo in (None, -2**63) else lo}, {bounded_json.bound(hi)})")
-    return CacheError(f"{path}: {name} is {_short(leaf)}, expected {_either(_words(kind))}")
-
-
-def _pinpoint(value: Any, kind: Any, where: str, text: str) -> tuple[list[str], Any, Any, str]:
-    """(``.name`` / ``[i]`` steps, the value there, its model, msgspec's text)
-    of msgspec's ``where`` (``.statistics.tokens[...]``) in ``value``: a dict
-    key msgspec leaves unnamed is the first member that its model refuses."""
-    steps: list[str] = []
-    for name, index in _TOKEN.findall(where):
-        kind = _step(kind, "object" if name or index == "..." else "array")
-        if name:
-            base = _unwrap(kind)[0]
-            fields = msgspec.structs.fields(base) if isinstance(base, type) and issubclass(base, Struct) else ()
-            kind = next((f.type for f in fields if f.encode_name == name), Any)
-            value = value.get(name) if isinstance(value, dict) else None
-            steps.append(f".{name}")
-        elif index == "...":
-            member = _dict_value(kind)
-            for key, item in (value.items() if isinstance(value, dict) else ()):
-                try:
-                    msgspec.convert(item, member, dec_hook=lambda k, o: o)
-                except msgspec.ValidationError as e:
-                    inner, _, rest = str(e).partition(" - at `$")
-                    sub, leaf, leaf_kind, inner = _pinpoint(item, member, rest.rstrip("`"), inner)
-                    return steps + [f".{key}"] + sub, leaf, leaf_kind, inner
-            return steps + ["[...]"], value, None, text
+    name, found = prefix, True
+    for key, index in re.findall(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]", where):
+        if index == "..." and isinstance(value, dict) and len(value) == 1:
+            key = next(iter(value))
+        if key:
+            name += f".{key}"
+            found = found and isinstance(value, dict) and key in value
+            value = value[key] if found else None
         else:
-            kind = _item(kind, int(index))
-            value = value[int(index)] if isinstance(value, (list, tuple)) and int(index) < len(value) else None
-            steps.append(f"[{index}]")
-    return steps, value, kind, text
-
-
-def _unwrap(kind: Any) -> tuple[Any, dict]:
-    """(the type inside ``Annotated``, its merged ``Meta`` constraints)."""
-    meta: dict = {}
-    while typing.get_origin(kind) is Annotated:
-        for m in kind.__metadata__:
-            if isinstance(m, Meta):
-                meta.update({k: getattr(m, k) for k in ("ge", "lt", "le", "min_length", "max_length", "pattern")
-                             if getattr(m, k) is not None})
-        kind = kind.__origin__
-    return kind, meta
-
-
-def _members(kind: Any) -> list:
-    base, _ = _unwrap(kind)
-    if typing.get_origin(base) in (typing.Union, types.UnionType):
-        return [m for a in typing.get_args(base) for m in _members(a)]
-    return [kind]
-
-
-def _step(kind: Any, want: str) -> Any:
-    """The member of a union that is an object (``want="object"``) or an array."""
-    for member in _members(kind):
-        base = _unwrap(member)[0]
-        origin = typing.get_origin(base) or base
-        is_object = origin is dict or (isinstance(base, type) and issubclass(base, Struct)) or base is ShardTable
-        if (want == "object") == is_object and (is_object or origin in (list, tuple)):
-            return Shards if base is ShardTable else member
-    return Any
-
-
-def _dict_value(kind: Any) -> Any:
-    base = _unwrap(kind)[0]
-    args = typing.get_args(base)
-    return args[1] if len(args) == 2 else Any
-
-
-def _item(kind: Any, index: int) -> Any:
-    args = typing.get_args(_unwrap(kind)[0])
-    return args[0] if args else Any
-
-
-def _bounds(kind: Any) -> tuple[int | None, int | None]:
-    """The integer member's ``ge`` and ``lt`` (default the int64 range's top);
-    (None, None) when ``kind`` has none."""
-    for member in _members(kind):
-        base, meta = _unwrap(member)
-        if base is int:
-            return meta.get("ge"), meta.get("lt", meta.get("le", 2**63 - 1) + 1)
-    return None, None
-
-
-def _words(kind: Any) -> list[str]:
-    """How a message names what ``kind`` accepts: ``an integer >= 0``, ``'lm'``, ``null``, ..."""
-    out: list[str] = []
-    for member in _members(kind):
-        base, meta = _unwrap(member)
-        origin = typing.get_origin(base) or base
-        if origin is Literal:
-            out += ["null" if v is None else repr(v) for v in typing.get_args(base)]
-        elif base is type(None) or base is None:
-            out.append("null")
-        elif base in (int, float):
-            word = "an integer" if base is int else "a number"
-            out.append(word + (f" >= {meta['ge']}" if meta.get("ge", -2**63) != -2**63 else ""))
-        elif base is str and "pattern" in meta:
-            out.append("64 hex digits" if meta["pattern"] == _SHA256_PATTERN else f"a string matching {meta['pattern']}")
-        elif base is str:
-            out.append("a string")
-        elif base is bool:
-            out.append("true or false")
-        elif origin in (list, tuple):
-            n = meta.get("min_length")
-            out.append("a JSON list" + (f" of {n} items" if n is not None and meta.get("max_length") == n else ""))
-        elif origin is dict or base is ShardTable or (isinstance(base, type) and issubclass(base, Struct)):
-            out.append("a JSON object")
-        else:
-            out.append("any JSON value")
-    return out
-
-
-def _either(names: Sequence[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+            name += f"[{index}]"
+            found = found and index.isdigit() and isinstance(value, list) and int(index) < len(value)
+            value = value[int(index)] if found else None
+    name = name.removeprefix(".")
+    text = text[:1].lower() + text[1:]
+    if not found or text.startswith("object missing"):
+        return CacheError(f"{path}: {name + ': ' if name else ''}{text}")
+    text = re.sub(r", got `[^`]*`$|(?<=^invalid enum value) .*", "", text)  # the value is shown
+    return CacheError(f"{path}: {name} is {_short(value)}: {text}")
 
 
 def _siblings(cache_dir: str) -> str:

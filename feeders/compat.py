@@ -175,9 +175,3 @@ def _entry_difference(i: int, saved: Mapping[str, Any], current: Mapping[str, An
         )
     return None
 
-
-def check_fingerprints(saved: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]) -> None:
-    """Refuses other caches than a saved state's (FeederStateError: ``fingerprint_difference``)."""
-    diff = fingerprint_difference(saved, current)
-    if diff:
-        raise FeederStateError(diff)

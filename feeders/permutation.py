@@ -59,16 +59,7 @@ def round_keys(*, seed: int, task_key: str, epoch: int) -> np.ndarray:
     Returns:
       uint64 array of shape (ROUNDS,).
     """
-    if not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be in [0, 2**64) (got {seed=})")
-    if epoch < 0:
-        raise ValueError(f"epoch must be >= 0 (got {epoch=})")
-    h = hashlib.blake2b(digest_size=8 * ROUNDS)
-    h.update(_KEY_DOMAIN)
-    h.update(b"\x00seed=%d\x00task=" % seed)
-    h.update(task_key.encode("utf-8"))
-    h.update(b"\x00epoch=%d" % epoch)
-    return np.frombuffer(h.digest(), dtype="<u8").astype(np.uint64)
+    return round_keys_many(seed=seed, task_key=task_key, epochs=[epoch])[0]
 
 
 def round_keys_many(*, seed: int, task_key: str, epochs) -> np.ndarray:

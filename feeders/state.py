@@ -118,8 +118,7 @@ def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None
         )
 
 
-def _short(value: Any) -> str:
-    return bounded_json.short(value)
+_short = bounded_json.short
 
 
 def check_converter(state: Mapping[str, Any], *, path: str = "feeder state") -> tuple[str, dict[str, int]]:

@@ -235,7 +235,7 @@ def build_task(
         exchange = runner_mod.choose_exchange(exchange, runner, options)
     except (RunnerError, ValueError) as e:
         raise BuildError(str(e)) from None
-    fs_options = _fs_options(pipeline_args)
+    fs_options = runner_mod.fs_options(pipeline_args)
     fs.set_options(options)  # before the first file access: object-store endpoints and credentials
     process.freeze_heap()  # what is imported lives on: a listing's collections (many files) skip it
     files = task.source.list_files()
@@ -273,14 +273,6 @@ def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
                                                                      n=config.exclude_ngram))
     except (ValueError, FileNotFoundError) as e:
         raise BuildError(f"exclude_benchmarks: {e}", bad_input=isinstance(e, BadInputError)) from None
-
-
-def _fs_options(pipeline_args) -> list[str]:
-    """The pipeline options that file systems read (object-store endpoints and credentials), for workers."""
-    if not isinstance(pipeline_args, (list, tuple)):
-        return []
-    prefixes = ("--s3_", "--gcs_", "--hdfs_", "--azure_", "--blob_", "--project", "--temp_location")
-    return [a for a in pipeline_args if isinstance(a, str) and a.startswith(prefixes)]
 
 
 @contextlib.contextmanager

@@ -387,7 +387,7 @@ def run_scan(units: Sequence[tuple], bench: BenchmarkRef, *, scratch_dir: str, p
     options, runner = runner_mod.pipeline_options(pipeline_args)
     runner_mod.check_runner_available(runner, options)
     fs.set_options(options)
-    scan = ScanUnit(bench, scratch_dir=scratch_dir, fs_options=_fs_options(pipeline_args))
+    scan = ScanUnit(bench, scratch_dir=scratch_dir, fs_options=runner_mod.fs_options(pipeline_args))
     engine = runner_mod.local_engine(options) if runner == runner_mod.LOCAL_ENGINE else None
     pipeline = beam.Pipeline(runner=engine, options=options)
     _ = (
@@ -399,15 +399,6 @@ def run_scan(units: Sequence[tuple], bench: BenchmarkRef, *, scratch_dir: str, p
         | "WriteDone" >> beam.FlatMap(WriteDone(scratch_dir=scratch_dir))
     )
     runner_mod.run(pipeline, runner)
-
-
-def _fs_options(pipeline_args) -> list[str]:
-    """The pipeline options file systems read (object-store endpoints and
-    credentials), for workers that never saw the pipeline options."""
-    if not isinstance(pipeline_args, (list, tuple)):
-        return []
-    prefixes = ("--s3_", "--gcs_", "--hdfs_", "--azure_", "--blob_", "--project", "--temp_location")
-    return [a for a in pipeline_args if isinstance(a, str) and a.startswith(prefixes)]
 
 
 def collect(scratch_dir: str, num_units: int) -> tuple[list[dict], dict]:

@@ -234,6 +234,15 @@ def pipeline_options(pipeline_args: Sequence[str] | Any = None):
 _BEAM_WORKER_MAIN = "-m apache_beam.runners.worker.sdk_worker_main"
 
 
+def fs_options(pipeline_args) -> list[str]:
+    """The pipeline options file systems read (object-store endpoints and
+    credentials), for workers that never saw the pipeline options."""
+    if not isinstance(pipeline_args, (list, tuple)):
+        return []
+    prefixes = ("--s3_", "--gcs_", "--hdfs_", "--azure_", "--blob_", "--project", "--temp_location")
+    return [a for a in pipeline_args if isinstance(a, str) and a.startswith(prefixes)]
+
+
 # The local engine's workers' log entries are logged under Beam's name, so that
 # the build shows them as it shows Beam's own logs (with -v only).
 _WORKER_LOG = logging.getLogger("apache_beam.runners.worker.logs")

@@ -25,7 +25,7 @@ So two texts that differ only in case, whitespace, punctuation or Unicode
 compatibility forms have the same words. Paraphrases, translations and changed
 words do not match: the test is exact on words.
 
-Hashes (``word_hashes``, ``ngram_hashes``): a word's hash is the first 8 bytes
+Hashes (``word_hashes``, ``ngram_hashes_of``): a word's hash is the first 8 bytes
 of BLAKE2b of its UTF-8 bytes, read little-endian as uint64; an n-gram's is the
 polynomial ``sum_k w[i+k] * P^(n-1-k) mod 2^64`` of its words' hashes (fixed
 odd ``P``). Both depend on the words only: the same in every process, on every
@@ -55,7 +55,7 @@ import numpy as np
 
 from seqcache.tasks.sources.spec import parse_source_spec
 
-# Bump when normalize_words, word_hashes or ngram_hashes change: it enters every
+# Bump when normalize_words, word_hashes or ngram_hashes_of change: it enters every
 # Benchmark.fingerprint (and so the fingerprint of a cache built with --exclude).
 NORMALIZATION_VERSION = 2
 DEFAULT_N = 13
@@ -196,18 +196,6 @@ def _extend(grams: np.ndarray, hashes: np.ndarray, k0: int, k: int) -> np.ndarra
         out *= _BASE
         out += hashes[j:j + m]
     return out
-
-
-def ngram_hashes(words: Sequence[str], n: int) -> np.ndarray:
-    """The hash of each n-gram of ``words``: element ``i`` is that of
-    ``words[i:i + n]`` (so an n-gram's start word index is its index here).
-    Shape ``(max(0, len(words) - n + 1),)``, dtype uint64; stable across
-    processes and platforms.
-
-    Raises:
-      ValueError: ``n < 1``.
-    """
-    return ngram_hashes_of(word_hashes(words), n)
 
 
 class BenchmarkItem(NamedTuple):

@@ -331,11 +331,6 @@ class Task:
                 "postprocess_fn": function_names([self.postprocess_fn])[0] if self.postprocess_fn else None,
                 "pretokenized": [f + PRETOKENIZED_SUFFIX for f in self.pretokenized_features]}
 
-    @property
-    def packing_feature(self) -> str | None:
-        """The feature that ``packing="lm"`` packs (the only output feature), else None."""
-        return next(iter(self.output_features)) if self.packing == "lm" else None
-
     def fingerprint(self, *, seed: int, sequence_length: Mapping[str, int] | None,
                     files: Sequence[SourceFile] | None = None) -> dict:
         """JSON-able identity of the task's cache content for this seed and length.

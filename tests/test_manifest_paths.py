@@ -98,7 +98,8 @@ def _attack(built, tmp_path, field, attack) -> tuple[str, str]:
     return cache, (target if attack != "parent" else outside)
 
 
-REFUSED = ("not a plain file name", "outside the cache folder", "file name")
+# (quarantine is the one name quarantine.jsonl: any other is not a value of the field)
+REFUSED = ("not a plain file name", "outside the cache folder", "file name", "quarantine is ")
 
 
 def _refused(text: str) -> bool:

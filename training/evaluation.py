@@ -180,11 +180,6 @@ class Evaluator:
         self.with_metrics = metrics
         self.rules = rules
 
-    @property
-    def has_metrics(self) -> bool:
-        """Whether any task has metric functions."""
-        return any(t.metric_fns for t in self.tasks)
-
     def evaluate(self, model, *, step: int, out_root: str | None = None) -> EvalResult:
         """Evaluates ``model`` (an ``nnx.Module``: the run's graph with the
         checkpoint's parameters) on every task; writes the files under

@@ -274,21 +274,6 @@ class RecordBatch:
         for start in range(0, len(self), size):
             yield self.take(start, start + size)
 
-    def byte_bounded(self, max_bytes: int) -> Iterator["RecordBatch"]:
-        """The batch in consecutive pieces of at most ``max_bytes`` of raw
-        records (a larger record alone), itself when it is that small."""
-        sizes = list(map(len, self.raws))
-        if sum(sizes) <= max_bytes:
-            yield self
-            return
-        start, total = 0, 0
-        for i, size in enumerate(sizes):
-            if total and total + size > max_bytes:
-                yield self.take(start, i)
-                start, total = i, 0
-            total += size
-        yield self.take(start, len(sizes))
-
     def special(self) -> Iterator[tuple[int, SourceRecord]]:
         """``(position, record)`` of the records with an issue or kept bad input, in order."""
         if self._records is not None:

@@ -273,7 +273,7 @@ def test_verify_refuses_counts_without_a_quarantine_file(tmp_path):
         f"{os.path.join(cache, fmt.MANIFEST_NAME)}: statistics count 0 skipped and 3 replaced records, but the "
         "manifest names no quarantine file (quarantine is null)"]
     _edit_manifest(cache, lambda raw: raw.update(quarantine="../elsewhere.jsonl"))
-    with pytest.raises(fmt.CacheError, match=r"quarantine is '\.\./elsewhere\.jsonl', expected 'quarantine\.jsonl'"):
+    with pytest.raises(fmt.CacheError, match=r"quarantine is '\.\./elsewhere\.jsonl': invalid enum value$"):
         fmt.read_manifest(cache)
 
 

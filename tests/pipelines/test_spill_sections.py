@@ -145,23 +145,6 @@ def test_a_truncated_section_on_disk_names_the_file(tmp_path):
         transforms.load_batches([(path, offset, length - 1)], 1)
 
 
-def test_byte_bounded_batches_keep_every_record_in_order():
-    from seqcache.tasks.sources.base import RecordBatch, SourceRecord
-
-    raws = [b"x" * n for n in (5, 1, 30, 2, 2, 2, 9, 0, 4)]
-    texts = [r.decode() for r in raws]
-    odd = {2: SourceRecord(0, 102, {"text": "odd"}, raws[2]), 7: SourceRecord(0, 107, {"text": ""}, raws[7])}
-    batch = RecordBatch(0, [100 + i for i in range(len(raws))], raws, field="text", texts=texts, odd=odd)
-    pieces = list(batch.byte_bounded(8))
-    assert [p.raws for p in pieces] == [[raws[0], raws[1]], [raws[2]], [raws[3], raws[4], raws[5]], [raws[6]],
-                                        [raws[7], raws[8]]]
-    records = [(r.record_number, r.data) for p in pieces for r in (p[i] for i in range(len(p)))]
-    assert records == [(batch[i].record_number, batch[i].data) for i in range(len(batch))]
-    assert list(batch.byte_bounded(1000)) == [batch]
-    by_one = RecordBatch.from_records([batch[i] for i in range(len(batch))])
-    assert [[r.raw for r in (p[i] for i in range(len(p)))] for p in by_one.byte_bounded(8)] == [p.raws for p in pieces]
-
-
 @pytest.mark.parametrize("exchange", ["runner", "spill"])
 def test_batch_and_flush_sizes_do_not_change_a_byte(tmp_path, corpora, exchange, attempt, group):
     """Preprocessing batches cut by bytes, and flushes of any size, give the

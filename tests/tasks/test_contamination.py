@@ -44,14 +44,14 @@ def test_offsets_give_the_same_words_and_point_into_the_text(text):
 
 def test_ngram_hashes_match_the_polynomial_and_the_word_spans():
     words = cont.normalize_words(ITEM)
-    h = cont.ngram_hashes(words, 13)
+    h = cont.ngram_hashes_of(cont.word_hashes(words), 13)
     assert h.dtype == np.uint64 and h.shape == (len(words) - 12,)
     # Element i is the hash of words[i:i+13]: the same n-gram elsewhere hashes the same.
-    assert cont.ngram_hashes(words[5:18], 13)[0] == h[5]
+    assert cont.ngram_hashes_of(cont.word_hashes(words[5:18]), 13)[0] == h[5]
     assert len(set(h.tolist())) == len(h)
-    assert cont.ngram_hashes(words[:12], 13).shape == (0,)
+    assert cont.ngram_hashes_of(cont.word_hashes(words[:12]), 13).shape == (0,)
     with pytest.raises(ValueError, match="n-gram length must be >= 1"):
-        cont.ngram_hashes(words, 0)
+        cont.ngram_hashes_of(cont.word_hashes(words), 0)
 
 
 # Golden values: changing them changes every benchmark's fingerprint and every
@@ -60,7 +60,8 @@ GOLDEN_FIRST_NGRAM = 0x8D7FE61EDEFA3938  # the first 13-gram of ITEM
 GOLDEN_CODE = ("from seqcache.tasks import contamination as c;"
                "import json,sys;"
                "w=c.normalize_words(sys.argv[1]);"
-               "print(json.dumps([int(x) for x in c.ngram_hashes(w, 13)] + [int(c.word_hashes(['the'])[0])]))")
+               "print(json.dumps([int(x) for x in c.ngram_hashes_of(c.word_hashes(w), 13)]"
+               " + [int(c.word_hashes(['the'])[0])]))")
 
 
 def test_hashes_are_the_same_in_two_fresh_processes_with_different_hash_seeds():
@@ -71,7 +72,7 @@ def test_hashes_are_the_same_in_two_fresh_processes_with_different_hash_seeds():
                              env=env, check=True)
         outs.append(json.loads(run.stdout))
     assert outs[0] == outs[1]
-    here = [int(x) for x in cont.ngram_hashes(cont.normalize_words(ITEM), 13)]
+    here = [int(x) for x in cont.ngram_hashes_of(cont.word_hashes(cont.normalize_words(ITEM)), 13)]
     assert outs[0][:-1] == here
     assert here[0] == GOLDEN_FIRST_NGRAM
     import hashlib

@@ -143,7 +143,6 @@ def test_task_validation(shakespeare):
         Task("t", source=shakespeare, output_features=feats, preprocessors=[lambda ex: ex])
     with pytest.raises(ValueError, match="unsupported feature dtype"):
         Feature(ByteVocabulary(), dtype="int4")
-    assert Task("t", source=shakespeare, output_features=feats, packing="lm").packing_feature == "targets"
 
 
 def test_task_pickles_for_workers(corpora, tmp_path):

@@ -125,7 +125,8 @@ def ordinals_before(stream: IndexStream, *, task: int, until_step: int | None, g
     limit = None if stream.limits is None else stream.limits[task]
     if until_step is None:
         if limit is None:
-            raise ValueError("the run repeats forever (num_epochs=None): give until_step, the step to look up to")
+            raise ValueError("the run repeats forever (num_epochs=None): give until_step, the step to look up to "
+                             "(--until-step on the command line)")
         return limit
     if until_step < 0:
         raise ValueError(f"until_step must be >= 0 (got {until_step})")

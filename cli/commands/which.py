@@ -315,9 +315,6 @@ def _which_where(kw: dict, *, example, source, task, until_step, host_count, as_
         raise click.UsageError(f"--hosts {host_count} does not divide the global batch of {b} rows")
     if until_step is not None:
         _check_position(until_step, b, "--until-step")
-    elif kw.get("num_epochs") is None and "state" not in kw:
-        raise click.UsageError("--until-step S is required: the run repeats forever (no --num-epochs), so say "
-                               "up to which step to look")
     query = {"cache_index": example, "source": source, "task": task, "host_count": host_count}
     if until_step is not None:
         query["until_step"] = until_step

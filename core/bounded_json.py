@@ -336,8 +336,8 @@ def convert(value: Any, model: Any, *, path: str, error: type[Exception] = Value
 
     Raises:
       error: one line naming ``path``, the field and its value, in msgspec's
-        words: ``{path}: mixture[0].rate = -1, expected `float` >= 0.0``, or
-        ``{path}: mixture[0]: object missing required field `rate```.
+        words: ``{path}: mixture[0].rate: expected `float` >= 0.0 (got -1)``,
+        or ``{path}: mixture[0]: object missing required field `rate```.
     """
     try:
         return msgspec.convert(value, model, strict=True)
@@ -348,6 +348,4 @@ def convert(value: Any, model: Any, *, path: str, error: type[Exception] = Value
         name, value = (f"{name}.{key}", value[key]) if key else (f"{name}[{index}]", value[int(index)])
     text = re.sub(r", got `[^`]*`$", "", text[:1].lower() + text[1:])
     place = f"{path}: {name.removeprefix('.')}" if name else path
-    if text.startswith("object missing"):
-        raise error(f"{place}: {text}")
-    raise error(f"{place} = {short(value)}, {text}")
+    raise error(f"{place}: {text}" + ("" if text.startswith("object missing") else f" (got {short(value)})"))

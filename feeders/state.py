@@ -105,8 +105,8 @@ def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None
     Raises:
       FeederStateError: one line naming ``path`` and the field: not a feeder
         state, another state or cache format version, a missing field, a value
-        of the wrong type or out of range (``feeder state: mixture[0].rate =
-        -1, expected `float` >= 0.0``), a schedule that does not fit the
+        of the wrong type or out of range (``feeder state: mixture[0].rate:
+        expected `float` >= 0.0 (got -1)``), a schedule that does not fit the
         mixture, or a position that is not a multiple of the global batch.
     """
     if not isinstance(state, Mapping):

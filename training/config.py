@@ -32,8 +32,6 @@ import re
 import typing
 from typing import Any, Mapping, Sequence
 
-import msgspec
-
 from seqcache import bounded_json
 from seqcache.training import models
 
@@ -461,7 +459,7 @@ def _is_dataclass_type(tp) -> bool:
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """A JSON value as the annotated field type ``tp`` (``msgspec.convert``,
+    """A JSON value as the annotated field type ``tp`` (``bounded_json.convert``,
     strict: no coercion but an integral float to an integer), with the bounds
     msgspec does not check: integers in (-2^53, 2^53), finite floats, objects
     at most 8 levels deep.
@@ -473,11 +471,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     integral = isinstance(value, float) and value.is_integer() and abs(value) < MAX_INTEGER
     if integral and int in (tp, *typing.get_args(tp)):  # 3.0 is the integer 3
         value = int(value)
-    try:
-        out = msgspec.convert(value, tp, strict=True)
-    except msgspec.ValidationError as e:
-        text = re.sub(r", got `[^`]*`$", "", str(e).partition(" - at `$")[0])
-        raise ConfigError(f"{where}: {text[:1].lower() + text[1:]} (got {bounded_json.short(value)})") from None
+    out = bounded_json.convert(value, tp, path=where, error=ConfigError)
     if type(out) is int and not -MAX_INTEGER < out < MAX_INTEGER:
         raise ConfigError(f"{where}: {bounded_json.short(value)} is out of range, expected an integer in (-2^53, 2^53)")
     if type(out) is float and (type(value) is int and not -MAX_INTEGER < value < MAX_INTEGER or not math.isfinite(out)):

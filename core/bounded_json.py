@@ -27,7 +27,8 @@ YAML mixture schedule).
 ``integer``, ``number``, ``string`` and ``mapping`` check one field's value
 and name it: ``caches/x/train/manifest.json: shards[3].num_records = -1,
 expected an integer in [0, 2^40)``; ``convert`` checks a whole value against
-a type (a ``msgspec.Struct`` with ``msgspec.Meta`` bounds) in the same words.
+a type (a ``msgspec.Struct`` with ``msgspec.Meta`` bounds) and names the field
+that fails: ``state.json: mixture[0].rate: expected `float` >= 0.0 (got -1)``.
 """
 
 from __future__ import annotations
@@ -344,7 +345,9 @@ def convert(value: Any, model: Any, *, path: str, error: type[Exception] = Value
     except msgspec.ValidationError as e:
         text, _, where = str(e).partition(" - at `$")
     name = ""
-    for key, index in re.findall(r"\.(\w+)|\[(\d+)\]", where):  # the field path of a value msgspec reached
+    for key, index in re.findall(r"\.(\w+)|\[(\d+|\.\.\.)\]", where):  # the field path of a value msgspec reached
+        if index == "...":  # a value of a dict, whose key msgspec does not give: the dict is shown
+            break
         name, value = (f"{name}.{key}", value[key]) if key else (f"{name}[{index}]", value[int(index)])
     text = re.sub(r", got `[^`]*`$", "", text[:1].lower() + text[1:])
     place = f"{path}: {name.removeprefix('.')}" if name else path

@@ -26,15 +26,20 @@ is already decoded (a feeder state handed over as a dict by Orbax or a user, a
 YAML mixture schedule).
 ``integer``, ``number``, ``string`` and ``mapping`` check one field's value
 and name it: ``caches/x/train/manifest.json: shards[3].num_records = -1,
-expected an integer in [0, 2^40)``.
+expected an integer in [0, 2^40)``; ``convert`` checks a whole value against
+a type (a ``msgspec.Struct`` with ``msgspec.Meta`` bounds) and names the field
+that fails: ``state.json: mixture[0].rate: expected `float` >= 0.0 (got -1)``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import reprlib
 from typing import Any, Mapping
+
+import msgspec
 
 from seqcache import fs
 
@@ -322,3 +327,28 @@ def mapping(value: Any, name: str, *, path: str, error: type[Exception] = ValueE
     if not isinstance(value, Mapping):
         raise error(f"{path}: {name} = {short(value)}, expected a JSON object")
     return value
+
+
+def convert(value: Any, model: Any, *, path: str, error: type[Exception] = ValueError) -> Any:
+    """``msgspec.convert(value, model, strict=True)``: ``value`` as the type
+    ``model`` (a ``msgspec.Struct``, a dataclass, ``int | None``, ...) without
+    coercion (an int is taken where a float is expected; a bool is never a
+    number), its ``msgspec.Meta`` bounds checked.
+
+    Raises:
+      error: one line naming ``path``, the field and its value, in msgspec's
+        words: ``{path}: mixture[0].rate: expected `float` >= 0.0 (got -1)``,
+        or ``{path}: mixture[0]: object missing required field `rate```.
+    """
+    try:
+        return msgspec.convert(value, model, strict=True)
+    except msgspec.ValidationError as e:
+        text, _, where = str(e).partition(" - at `$")
+    name = ""
+    for key, index in re.findall(r"\.(\w+)|\[(\d+|\.\.\.)\]", where):  # the field path of a value msgspec reached
+        if index == "...":  # a value of a dict, whose key msgspec does not give: the dict is shown
+            break
+        name, value = (f"{name}.{key}", value[key]) if key else (f"{name}[{index}]", value[int(index)])
+    text = re.sub(r", got `[^`]*`$", "", text[:1].lower() + text[1:])
+    place = f"{path}: {name.removeprefix('.')}" if name else path
+    raise error(f"{place}: {text}" + ("" if text.startswith("object missing") else f" (got {short(value)})"))

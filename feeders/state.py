@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Sequence
+
+from msgspec import Meta, Struct
 
 from seqcache import bounded_json
 from seqcache import format as fmt
@@ -41,10 +43,6 @@ STATE_VERSION = 1
 # schedules refuses it instead of reading it as constant rates.
 SCHEDULE_STATE_VERSION = 2
 
-_FIELDS = ("kind", "version", "cache_format_version", "mixture", "seed", "global_batch_size",
-           "sequence_length", "feature", "num_epochs", "position")
-
-
 # The ranges a restored state's values must lie in (far above what a run uses,
 # far below what overflows the feeder's int64 positions or its allocations).
 MAX_GLOBAL_BATCH_SIZE = 2**24
@@ -54,11 +52,51 @@ MAX_SEED = 2**64
 MAX_MIXTURE_ENTRIES = 2**16
 MAX_SCHEDULE_STAGES = 2**16
 
+_Count = Annotated[int, Meta(ge=0, lt=bounded_json.MAX_COUNT)]
+_Rate = Annotated[float, Meta(ge=0, lt=bounded_json.MAX_COUNT)]
+_Text = Annotated[str, Meta(max_length=4096)]
+_Position = Annotated[int, Meta(ge=0, lt=MAX_POSITION)]
+
+
+class _Cache(Struct):
+    """An entry of a state's ``mixture`` (``mixture_entries``)."""
+
+    path: _Text
+    rate: _Rate
+    weight: _Count
+    fingerprint: _Text
+    num_examples: _Count
+    task: _Text | None = None
+    split: _Text | None = None
+
+
+class _Stage(Struct):
+    """A stage of a state's ``schedule`` (``stages_of``): one rate and weight per mixture entry."""
+
+    step: _Position
+    rates: list[_Rate]
+    weights: list[_Count]
+
+
+class _State(Struct):
+    """The fields of a state after its kind and versions (other keys are not read here).
+    The seed's upper bound, ``MAX_SEED``, is ``check_tree``'s (msgspec's bounds fit in int64)."""
+
+    mixture: Annotated[list[_Cache], Meta(min_length=1, max_length=MAX_MIXTURE_ENTRIES)]
+    seed: Annotated[int, Meta(ge=0)]
+    global_batch_size: Annotated[int, Meta(ge=1, lt=MAX_GLOBAL_BATCH_SIZE)]
+    sequence_length: Annotated[int, Meta(ge=1, lt=bounded_json.MAX_SEQUENCE_LENGTH)]
+    feature: _Text
+    num_epochs: Annotated[int, Meta(ge=1, lt=MAX_EPOCHS)] | None
+    position: _Position
+    schedule: Annotated[list[_Stage], Meta(min_length=1, max_length=MAX_SCHEDULE_STAGES)] | None = None
+
 
 def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None:
     """Validates the structure, version and every value of a state dict: the
     nesting and numbers of the whole object (``seqcache.bounded_json.check_tree``),
-    then each field's type and range.
+    then each field's type and range (``bounded_json.convert`` to ``_State``),
+    then what ties fields together.
 
     Args:
       state: the decoded state.
@@ -67,9 +105,9 @@ def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None
     Raises:
       FeederStateError: one line naming ``path`` and the field: not a feeder
         state, another state or cache format version, a missing field, a value
-        of the wrong type or out of range (``feeder state: mixture[0].rate =
-        nan, expected a number in [0, 9.0072e+15]``), or a position that is not
-        a multiple of the global batch.
+        of the wrong type or out of range (``feeder state: mixture[0].rate:
+        expected `float` >= 0.0 (got -1)``), a schedule that does not fit the
+        mixture, or a position that is not a multiple of the global batch.
     """
     if not isinstance(state, Mapping):
         raise FeederStateError(f"{path}: a feeder state is a JSON object (got {type(state).__name__})")
@@ -79,7 +117,7 @@ def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None
                                f"expected {STATE_KIND!r}")
     version = state.get("version")
     if isinstance(version, bool) or version not in (STATE_VERSION, SCHEDULE_STATE_VERSION) or (
-            version == SCHEDULE_STATE_VERSION and "schedule" not in state):
+            version == SCHEDULE_STATE_VERSION and state.get("schedule") is None):
         raise FeederStateError(
             f"{path}: feeder state version is {_short(version)}, this seqcache reads version {STATE_VERSION} "
             f"(and {SCHEDULE_STATE_VERSION} with a mixture schedule): "
@@ -91,31 +129,16 @@ def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None
             f"{path}: feeder state was saved for cache format version {_short(cache_version)}, "
             f"this seqcache reads version {fmt.RECORD_FORMAT_VERSION}"
         )
-    missing = [f for f in _FIELDS if f not in state]
-    if missing:
-        raise FeederStateError(f"{path}: feeder state is missing fields {missing}")
-    _check_mixture(state, path)
-    if state["version"] == SCHEDULE_STATE_VERSION:
-        _check_schedule(state, path)
-    err = FeederStateError
-    b = bounded_json.integer(state["global_batch_size"], "global_batch_size", path=path, lo=1,
-                             hi=MAX_GLOBAL_BATCH_SIZE, error=err)
-    bounded_json.integer(state["seed"], "seed", path=path, lo=0, hi=MAX_SEED, error=err)
-    bounded_json.integer(state["sequence_length"], "sequence_length", path=path, lo=1,
-                         hi=bounded_json.MAX_SEQUENCE_LENGTH, error=err)
-    bounded_json.string(state["feature"], "feature", path=path, error=err)
-    if state["num_epochs"] is not None:
-        bounded_json.integer(state["num_epochs"], "num_epochs (null: forever)", path=path, lo=1, hi=MAX_EPOCHS,
-                             error=err)
-    p = bounded_json.integer(state["position"], "position", path=path, lo=0, hi=MAX_POSITION, error=err)
-    for j, stage in enumerate(state.get("schedule") or ()):
-        if stage["step"] * b >= MAX_POSITION:
-            raise FeederStateError(f"{path}: schedule[{j}].step = {stage['step']} starts at global position "
-                                   f"{stage['step']} * {b} (global_batch_size), beyond 2^62")
-    if p % b:
-        raise FeederStateError(
-            f"{path}: feeder state has position={p!r}: expected a non-negative multiple of global_batch_size={b}"
-        )
+    checked = bounded_json.convert(dict(state), _State, path=path, error=FeederStateError)
+    b = checked.global_batch_size
+    for i, entry in enumerate(checked.mixture):
+        if entry.rate == 0 and checked.schedule is None:
+            raise FeederStateError(f"{path}: mixture[{i}].rate = 0 (cache {_short(entry.path)}), expected a number "
+                                   "> 0: a task read at rate 0 is left out of the mixture")
+    _check_schedule(checked.schedule or [], len(checked.mixture), b, path)
+    if checked.position % b:
+        raise FeederStateError(f"{path}: feeder state has position={checked.position!r}: expected a non-negative "
+                               f"multiple of global_batch_size={b}")
 
 
 _short = bounded_json.short
@@ -179,60 +202,22 @@ def refuse_converter_state(state: Mapping[str, Any], *, path: str = "feeder stat
     )
 
 
-def _check_mixture(state: Mapping[str, Any], path: str) -> None:
-    err = FeederStateError
-    mixture = state["mixture"]
-    if not isinstance(mixture, list) or not mixture:
-        raise FeederStateError(f"{path}: mixture = {_short(mixture)}, expected a non-empty list of caches")
-    if len(mixture) > MAX_MIXTURE_ENTRIES:
-        raise FeederStateError(f"{path}: mixture has {len(mixture):,} entries, at most "
-                               f"{MAX_MIXTURE_ENTRIES:,} are allowed")
-    for i, entry in enumerate(mixture):
-        where = f"mixture[{i}]"
-        bounded_json.mapping(entry, where, path=path, error=err)
-        for key in ("path", "rate", "weight", "fingerprint", "num_examples"):
-            if key not in entry:
-                raise FeederStateError(f"{path}: {where} has no {key!r} (it has {_short(sorted(entry))})")
-        bounded_json.string(entry["path"], f"{where}.path", path=path, error=err)
-        rate = bounded_json.number(entry["rate"], f"{where}.rate", path=path, error=err)
-        if rate == 0 and state.get("schedule") is None:
-            raise FeederStateError(f"{path}: {where}.rate = 0 (cache {_short(entry['path'])}), expected a number "
-                                   "> 0: a task read at rate 0 is left out of the mixture")
-        bounded_json.integer(entry["weight"], f"{where}.weight", path=path, error=err)
-        bounded_json.string(entry["fingerprint"], f"{where}.fingerprint", path=path, error=err)
-        bounded_json.integer(entry["num_examples"], f"{where}.num_examples", path=path, error=err)
-        for key in ("task", "split"):
-            if entry.get(key) is not None:
-                bounded_json.string(entry[key], f"{where}.{key}", path=path, error=err)
-
-
-def _check_schedule(state: Mapping[str, Any], path: str) -> None:
-    err = FeederStateError
-    schedule = state.get("schedule")
-    n = len(state["mixture"])
-    if not isinstance(schedule, list) or not schedule:
-        raise FeederStateError(f"{path}: feeder state version {SCHEDULE_STATE_VERSION} has no schedule "
-                               f"(got {_short(schedule)})")
-    if len(schedule) > MAX_SCHEDULE_STAGES:
-        raise FeederStateError(f"{path}: schedule has {len(schedule):,} stages, at most "
-                               f"{MAX_SCHEDULE_STAGES:,} are allowed")
-    steps = []
+def _check_schedule(schedule: list[_Stage], n: int, b: int, path: str) -> None:
+    """Refuses a schedule whose stages do not give one rate and weight to each
+    of the ``n`` mixture entries, give weight 0 to all, do not start at step 0
+    and increase, or start past global position 2^62 (global batch ``b``)."""
     for j, stage in enumerate(schedule):
-        where = f"schedule[{j}]"
-        if not isinstance(stage, Mapping) or not all(k in stage for k in ("step", "rates", "weights")):
-            raise FeederStateError(f"{path}: {where} = {_short(stage)}, expected {{step, rates, weights}}")
-        step = bounded_json.integer(stage["step"], f"{where}.step", path=path, lo=0, hi=MAX_POSITION, error=err)
         for key in ("rates", "weights"):
-            if not isinstance(stage[key], list) or len(stage[key]) != n:
-                raise FeederStateError(f"{path}: {where}.{key} = {_short(stage[key])}, expected a list of one "
-                                       f"per mixture entry ({n})")
-        for t, (rate, weight) in enumerate(zip(stage["rates"], stage["weights"])):
-            bounded_json.number(rate, f"{where}.rates[{t}]", path=path, error=err)
-            bounded_json.integer(weight, f"{where}.weights[{t}]", path=path, error=err)
-        if not any(stage["weights"]):
-            raise FeederStateError(f"{path}: {where}.weights are all 0, expected one > 0")
-        steps.append(step)
-    if steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:])):
+            if len(getattr(stage, key)) != n:
+                raise FeederStateError(f"{path}: schedule[{j}].{key} = {_short(getattr(stage, key))}, expected a "
+                                       f"list of one per mixture entry ({n})")
+        if not any(stage.weights):
+            raise FeederStateError(f"{path}: schedule[{j}].weights are all 0, expected one > 0")
+        if stage.step * b >= MAX_POSITION:
+            raise FeederStateError(f"{path}: schedule[{j}].step = {stage.step} starts at global position "
+                                   f"{stage.step} * {b} (global_batch_size), beyond 2^62")
+    steps = [stage.step for stage in schedule]
+    if steps and (steps[0] != 0 or any(y <= x for x, y in zip(steps, steps[1:]))):
         raise FeederStateError(f"{path}: feeder state schedule steps must start at 0 and increase "
                                f"(got {_short(steps)})")
 

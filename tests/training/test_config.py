@@ -35,11 +35,11 @@ def test_overrides_parse_and_check_types():
     "override, message",
     [
         ("model.d_modle=3", "no field 'd_modle'"),
-        ("model.d_model=abc", "model.d_model: expected an integer (got 'abc')"),
+        ("model.d_model=abc", "model.d_model: expected `int` (got 'abc')"),
         ("model.d_model", "key=value"),
         ("model=3", "is a group"),
         ("steps.x=1", "not a group"),
-        ("model.tie_embeddings=3", "expected true or false"),
+        ("model.tie_embeddings=3", "model.tie_embeddings: expected `bool` (got 3)"),
     ],
 )
 def test_bad_overrides_name_the_key(override, message):

@@ -180,6 +180,8 @@ def t5_copy_caches(tmp_path_factory):
     return root, held_out
 
 
+# Slow (about 50 s on 2 cores): the decoder's copy test runs the same path in the default suite.
+@pytest.mark.slow
 def test_t5_learns_to_copy_and_seqcache_eval_scores_it(t5_copy_caches, tmp_path):
     root, held_out = t5_copy_caches
     caches, run = root / "caches", tmp_path / "run"

@@ -569,7 +569,7 @@ def convert(value: Any, model: Any, *, path: str = MANIFEST_NAME, prefix: str = 
     """
     def hook(kind, obj):  # the shard table: the codec's checks and messages, then the rest of ``Shards``
         if kind is not ShardTable:
-            raise NotImplementedError(kind)
+            raise NotImplementedError(kind)  # msgspec's answer for a type the hook does not handle
         count = obj.get("num_shards") if isinstance(obj, dict) else None
         codec.require(not (type(count) is int and count >= MAX_SHARDS), path, f"shards.num_shards = "
                       f"{_short(count)}, expected an integer in [0, {bounded_json.bound(MAX_SHARDS)})")
@@ -1138,7 +1138,7 @@ def check_shard_sizes(manifest: Manifest, path: str) -> None:
 def _schema_hook(kind: Any) -> dict:
     if kind is ShardTable:
         return {"$ref": "#/$defs/Shards"}
-    raise NotImplementedError(kind)
+    raise NotImplementedError(kind)  # msgspec's answer for a type the hook does not handle
 
 
 def json_schema() -> dict:

@@ -121,9 +121,7 @@ def cache_lengths(manifest: Any) -> dict[str, int]:
     """
     names = [f.name for f in manifest.features]
     out = built_lengths(manifest)
-    statistics = getattr(manifest, "statistics", None)  # the model's Struct, or a plain mapping
-    longest = statistics.get("max_length") if isinstance(statistics, Mapping) else getattr(
-        statistics, "max_length", None)
+    longest = getattr(manifest.statistics, "max_length", None)  # the model's ``Statistics``
     for name in names:
         most = longest.get(name) if isinstance(longest, Mapping) and name not in out else None
         if isinstance(most, numbers.Integral) and not isinstance(most, bool) and 0 < most < MAX_SEQUENCE_LENGTH:

@@ -10,7 +10,7 @@ from seqcache import lengths as L
 
 def _manifest(names, lengths=None, max_length=None):
     return SimpleNamespace(features=[fmt.FeatureSpec(n, "int32") for n in names], sequence_length=lengths,
-                           statistics={"max_length": max_length} if max_length is not None else {})
+                           statistics=SimpleNamespace(max_length=max_length))
 
 
 def test_an_int_a_mapping_or_none_become_one_mapping():

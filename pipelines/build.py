@@ -1,7 +1,7 @@
 """The deterministic cache build: the driver (the steps are in transforms.py)::
 
     driver: list the files, plan work units (splits of files, plan.py)
-    Create(units) ──> read + preprocess ──(shard, batch)──> GroupByKey ──> spread copies of identical
+    Create(unit indices) ──> read + preprocess ──(shard, batch)──> GroupByKey ──> spread copies of identical
                   records to their own keys' shards ──> GroupByKey ──> sort, pack, write shard
                                       └─(quarantine chunk)─┘            merge quarantine.jsonl
                                       └─(records read)─────┘            add up counts
@@ -421,8 +421,10 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
     task, config, num_shards = plan.task, plan.config, plan.num_shards
     reader = transforms.ReadPreprocess(task, seed=config.seed, sequence_length=config.sequence_length,
                                        num_shards=num_shards, exclusion=plan.exclusion)
-    read = transforms.ReadUnit(reader, paths=[f.path for f in plan.files], sizes=[f.num_bytes for f in plan.files],
-                               spill_dir=spill_dir, exchange=plan.exchange, fs_options=plan.fs_options,
+    work = transforms.WorkTable.store(spill_dir, [f.path for f in plan.files], [f.num_bytes for f in plan.files],
+                                      [splits for _, splits in units])
+    read = transforms.ReadUnit(reader, paths=work, spill_dir=spill_dir, exchange=plan.exchange,
+                               fs_options=plan.fs_options,
                                encoding_threads=transforms.driver_encoding_threads())
     write = transforms.WriteGroup(task, out_dir=build_dir, scratch_dir=spill_dir, num_shards=num_shards,
                                   sequence_length=config.sequence_length, fs_options=plan.fs_options)
@@ -439,7 +441,7 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
     pipeline = beam.Pipeline(runner=engine, options=plan.options)
     _ = (
         pipeline
-        | "ListWork" >> beam.Create(units)
+        | "ListWork" >> beam.Create([unit_index for unit_index, _ in units])
         | "SpreadWork" >> beam.Reshuffle()
         | "ReadPreprocess" >> beam.FlatMap(read)
         | "GroupByShard" >> beam.GroupByKey()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 
 import pytest
 
@@ -301,3 +302,32 @@ def test_a_file_that_changes_after_it_is_listed_stops_the_build_in_one_line(tmp_
         _build(pattern, tmp_path / "c")
     assert len(str(raised.value).strip().splitlines()) == 1
     assert not os.path.exists(tmp_path / "c" / "small_files" / "train" / fmt.MANIFEST_NAME)
+
+
+def test_a_stored_work_table_pickles_as_its_file_and_reads_back_what_was_stored(tmp_path):
+    paths = [f"/data/part-{k:05d}.txt" for k in range(5000)]
+    sizes = [k % 300 for k in range(5000)]
+    units = [plan.UnitSplits([(k, 0, None) for k in range(i, i + 1000)]) for i in range(0, 5000, 1000)]
+    table = transforms.WorkTable.store(str(tmp_path), paths, sizes, units)
+    stored = [p for p in os.listdir(tmp_path) if p.startswith("work-table-")]
+    assert len(stored) == 1
+    data = pickle.dumps(table)
+    assert len(data) < 300  # the file's name and checksum, not the paths
+    back = pickle.loads(data)
+    assert back.paths.unpacked() == paths and back.paths.sizes() == sizes
+    assert back.units == units
+    # A unit named by its index reads that unit's splits.
+    inline = pickle.loads(pickle.dumps(transforms.WorkTable(paths, sizes, units)))
+    assert inline.paths.unpacked() == paths and inline.units[3] == units[3]
+
+
+def test_a_work_table_changed_or_gone_is_refused_naming_its_file(tmp_path):
+    table = transforms.WorkTable.store(str(tmp_path), ["/a.txt", "/b.txt"], [1, 2], [])
+    path = tmp_path / os.listdir(tmp_path)[0]
+    path.write_bytes(path.read_bytes() + b"x")
+    with pytest.raises(ValueError, match=r"work-table-.*changed since the build wrote it"):
+        pickle.loads(pickle.dumps(table)).paths
+    path.unlink()
+    transforms._read_work_table.cache_clear()
+    with pytest.raises(ValueError, match=r"work-table-.*cannot be read"):
+        pickle.loads(pickle.dumps(table)).units

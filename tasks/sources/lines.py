@@ -150,22 +150,20 @@ def small_whole_files(splits: Sequence[Any], block_bytes: int) -> Iterator[tuple
     compressed = set(compression.paths_ending_in([s.path for s in splits], compression.COMPRESSED_SUFFIXES))
     open_file, stat_of, read, close, flags = os.open, os.fstat, os.read, os.close, os.O_RDONLY
     for k, split in enumerate(splits):
-        path, data, size = split.path, None, split.num_bytes
-        if split.start == 0 and split.stop is None and size <= block_bytes and k not in compressed \
-                and "://" not in path:
+        _, path, start, stop, listed = split  # one unpacking: no attribute look-ups per file
+        data = size = None
+        if not start and stop is None and listed <= block_bytes and k not in compressed and "://" not in path:
             try:
                 fd = open_file(path, flags)
                 try:
-                    if not size:
-                        size = stat_of(fd).st_size
-                    if size <= block_bytes:
-                        data = read(fd, size + 1)
+                    size = listed or stat_of(fd).st_size
+                    data = read(fd, size + 1) if size <= block_bytes else None
                 finally:
                     close(fd)
             except OSError:
                 data = None
             if data is not None and len(data) != size:
-                if split.num_bytes:  # its size as listed: it changed since, and the fingerprint says otherwise
+                if listed:  # its size as listed: it changed since, and the fingerprint says otherwise
                     raise file_changed(path, size, len(data))
                 data = None
         yield split, data

@@ -123,7 +123,15 @@ class TextLineSource(LineSplits, TextSource):
         # file that cannot be read that way, as a range (which names the file in its errors).
         # A whole file's data is one segment, its last line maybe without a newline.
         for split, data in small_whole_files(splits, block_bytes):
-            for offset, block in self._split_blocks(split) if data is None else ((0, data),) if data else ():
+            if data is not None:  # a whole file (no loop of its blocks)
+                if data:
+                    pending.append((split[0], split[1], 0, data))
+                    size += len(data)
+                    if size >= block_bytes:
+                        yield from self._segment_batches(pending, batch_records)
+                        pending, size = [], 0
+                continue
+            for offset, block in self._split_blocks(split):
                 pending.append((split.file_index, split.path, offset, block))
                 size += len(block)
                 if size >= block_bytes:

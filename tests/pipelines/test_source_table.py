@@ -225,3 +225,14 @@ def test_a_format_2_cache_with_the_table_inline_still_reads(copy, many):
     assert verify_cache(copy).problems == []
     report = json.loads(_cli("report", copy, "--json").output)["caches"][0]
     assert report["sources"]["num_files"] == NUM_FILES and report["sources"]["recorded"] is True
+
+
+@pytest.mark.parametrize("odd", [None, 1.5e-7, True, 2**70, "a\x00\x1f\"\\\u2028é😀", {"nested": [1.0]}])
+def test_canonical_json_of_a_long_file_list_is_json_dumps_bytes(odd):
+    # Long lists of objects are encoded by msgspec; the bytes must be json.dumps's, whatever a row holds.
+    rows = [{"path": f"/d/p\u00e9rt-{k:05d}\t.txt", "num_bytes": k * 7, "mtime_ns": None if k % 5 else 10**18 + k}
+            for k in range(3000)]
+    rows[1234]["odd"] = odd
+    obj = {"task": {"source": {"files": rows, "kind": "text"}, "rate": 0.1}, "b": [rows[:2], 1e16]}
+    expected = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    assert codec.canonical_json(obj) == expected

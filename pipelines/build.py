@@ -429,11 +429,11 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
     write = transforms.WriteGroup(task, out_dir=build_dir, scratch_dir=spill_dir, num_shards=num_shards,
                                   sequence_length=config.sequence_length, fs_options=plan.fs_options)
     duplicates = _duplicate_action(task.source)
-    # The paths word the entries of skipped copies only: a step is pickled (and bz2-compressed) with what it holds.
+    # The paths word the entries of skipped copies only.
     spread = transforms.SpreadCopies(seed=config.seed, num_features=len(reader.features), spill_dir=spill_dir,
                                      exchange=plan.exchange, num_shards=num_shards, fs_options=plan.fs_options,
                                      duplicates=duplicates,
-                                     paths=[f.path for f in plan.files] if duplicates == "skip" else (),
+                                     paths=work if duplicates == "skip" else (),
                                      locator=getattr(task.source, "locator", "record"))
     summarize = transforms.WriteSummary(scratch_dir=scratch, fs_options=plan.fs_options)
     _pickle_user_modules_by_value()

@@ -37,7 +37,7 @@ paths; randomness comes only from the record keys.
 from __future__ import annotations
 
 import bisect
-import collections.abc
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -387,130 +387,68 @@ def driver_encoding_threads() -> int | None:
     return encoding_threads() if os.environ.get(ENCODING_THREADS_ENV, "").strip() else None
 
 
-class PackedPaths(collections.abc.Sequence):
-    """The input files' paths by file index (a sequence of str), as the steps
-    that word records by their file hold them, and optionally their sizes
-    (bytes, as listed): pickled as one zlib-compressed string of the paths
-    joined by NUL (no path holds one) and one of the sizes (in the narrowest
-    unsigned integer type that holds them), unpacked
-    at the first look. A step is pickled, and Beam compresses the pickle with
-    bz2: a list of 50,000 paths took 0.3 s to compress that way, their packed
-    form a tenth of that. Paths that are not UTF-8 (``os.fsdecode``'s
-    surrogate escapes) come back as they were."""
-
-    __slots__ = ("_paths", "_packed", "_count", "_sizes")
-
-    def __init__(self, paths: Sequence[str] = (), sizes: Sequence[int] | None = None):
-        self._paths, self._packed, self._count = list(paths), None, None
-        self._sizes = None if sizes is None else list(sizes)
-        if self._sizes is not None and len(self._sizes) != len(self._paths):
-            raise ValueError(f"{len(self._paths)} paths but {len(self._sizes)} sizes")
-
-    def unpacked(self) -> list[str]:
-        """The paths as a list (not to be changed)."""
-        if self._paths is None:
-            text = zlib.decompress(self._packed).decode("utf-8", "surrogateescape")
-            self._paths = text.split("\0") if self._count else []
-            self._packed = None
-        return self._paths
-
-    def sizes(self) -> list[int] | None:
-        """The files' sizes in bytes as listed, by file index (not to be
-        changed), or None when not given."""
-        if isinstance(self._sizes, tuple):
-            packed, dtype = self._sizes
-            self._sizes = np.frombuffer(zlib.decompress(packed), dtype=dtype).tolist()
-        return self._sizes
-
-    def __len__(self) -> int:
-        return len(self._paths) if self._paths is not None else self._count
-
-    def __getitem__(self, index):
-        return self.unpacked()[index]
-
-    def __reduce__(self):
-        paths, sizes = self.unpacked(), self.sizes()
-        packed = zlib.compress("\0".join(paths).encode("utf-8", "surrogateescape"), 1)
-        if sizes is not None:  # in the narrowest unsigned type that holds them (most files are small)
-            column = np.asarray(sizes, dtype=np.int64)
-            column = column.astype(np.min_scalar_type(int(column.max()) if len(column) else 0))
-            sizes = (zlib.compress(column.tobytes(), 1), column.dtype.str)
-        return _packed_paths, (packed, len(paths), sizes)
-
-
-def _packed_paths(packed: bytes, count: int, sizes: tuple[bytes, str] | None = None) -> PackedPaths:
-    """The ``PackedPaths`` of a pickle (``PackedPaths.__reduce__``)."""
-    out = PackedPaths()
-    out._paths, out._packed, out._count, out._sizes = None, packed, count, sizes
-    return out
-
-
 class WorkTable:
     """What every read step needs of the whole build: the input files' paths
-    and sizes by file index (``paths``, a ``PackedPaths``) and the work units'
-    splits by unit index (``units``: ``plan.UnitSplits``).
+    (``paths``, by file index), their sizes as listed (``sizes``, bytes, or
+    None) and the work units' splits (``units``, ``plan.UnitSplits`` by unit
+    index).
 
-    ``WorkTable.store`` writes it once, pickled, to a file in a folder every
-    worker reads (the build's spill folder); the table then pickles as that
-    file's URL and sha256, and a worker process reads the file once, at its
-    first look, checking the sha256 (``ValueError`` naming the file when it
-    is gone or changed). Beam pickles a step, bz2-compressed, each time it
-    looks at it, and encodes ``Create``'s elements at each step boundary:
-    carrying the paths and splits of 50,000 small files that way took 0.2 s
-    of a 2 s build. A table made with the constructor pickles whole.
+    ``WorkTable.store`` writes it once, pickled and zlib-compressed, to a
+    file in a folder every worker reads (the build's spill folder); the table
+    then pickles as that file's URL and sha256, and a worker process reads
+    the file once, at its first look, checking the sha256 (``ValueError``
+    naming the file when it is gone or changed). Beam pickles a step,
+    bz2-compressed, each time it looks at it, and encodes ``Create``'s
+    elements at each step boundary: carrying the paths and splits of 50,000
+    small files that way took 0.2 s of a 2 s build. A table made with the
+    constructor pickles whole.
     """
 
-    __slots__ = ("_paths", "_units", "url", "sha256")
+    __slots__ = ("_columns", "url", "sha256")
 
     def __init__(self, paths: Sequence[str] = (), sizes: Sequence[int] | None = None, units: Sequence = ()):
-        self._paths = paths if isinstance(paths, PackedPaths) else PackedPaths(paths, sizes)
-        self._units, self.url, self.sha256 = list(units), None, None
+        if sizes is not None and len(sizes) != len(paths):
+            raise ValueError(f"{len(paths)} paths but {len(sizes)} sizes")
+        self._columns = (list(paths), None if sizes is None else list(sizes), list(units))
+        self.url = self.sha256 = None
 
     @classmethod
     def store(cls, folder: str, paths: Sequence[str], sizes: Sequence[int] | None, units: Sequence) -> "WorkTable":
         """The table of ``paths``, ``sizes`` and ``units``, written to
-        ``{folder}/work-table-<sha256>.pickle``."""
+        ``{folder}/work-table-<sha256>.pickle.z``."""
         table = cls(paths, sizes, units)
-        data = pickle.dumps((table._paths, table._units), protocol=pickle.HIGHEST_PROTOCOL)
+        data = zlib.compress(pickle.dumps(table._columns, protocol=pickle.HIGHEST_PROTOCOL), 1)
         table.sha256 = hashlib.sha256(data).hexdigest()
-        table.url = fs.join(folder, f"work-table-{table.sha256[:16]}.pickle")
+        table.url = fs.join(folder, f"work-table-{table.sha256[:16]}.pickle.z")
         fs.write_bytes(table.url, data)
         return table
 
-    def _loaded(self) -> None:
-        if self._paths is None:
-            self._paths, self._units = _read_work_table(self.url, self.sha256)
+    def _loaded(self) -> tuple[list, list | None, list]:
+        if self._columns is None:
+            self._columns = _read_work_table(self.url, self.sha256)
+        return self._columns
 
-    @property
-    def paths(self) -> "PackedPaths":
-        """The input files' paths (and sizes as listed) by file index."""
-        self._loaded()
-        return self._paths
-
-    @property
-    def units(self) -> list:
-        """The work units' splits by unit index (empty for a table made without them)."""
-        self._loaded()
-        return self._units
+    paths = property(lambda self: self._loaded()[0], doc="The input files' paths by file index.")
+    sizes = property(lambda self: self._loaded()[1], doc="Their sizes as listed (bytes), or None.")
+    units = property(lambda self: self._loaded()[2], doc="The work units' splits by unit index.")
 
     def __reduce__(self):
         if self.url is None:
-            return WorkTable, (self._paths, None, self._units)
+            return WorkTable, self._columns
         return _stored_work_table, (self.url, self.sha256)
 
 
 def _stored_work_table(url: str, sha256: str) -> WorkTable:
     """The ``WorkTable`` of a pickle of a stored one (read at its first look)."""
     table = WorkTable.__new__(WorkTable)
-    table._paths = table._units = None
-    table.url, table.sha256 = url, sha256
+    table._columns, table.url, table.sha256 = None, url, sha256
     return table
 
 
 @functools.lru_cache(maxsize=2)
-def _read_work_table(url: str, sha256: str) -> tuple["PackedPaths", list]:
-    """The paths and units ``WorkTable.store`` wrote to ``url``, once per
-    process; ValueError when the file is missing or not the one written."""
+def _read_work_table(url: str, sha256: str) -> tuple[list, list | None, list]:
+    """The columns ``WorkTable.store`` wrote to ``url``, once per process;
+    ValueError when the file is missing or not the one written."""
     try:
         data = fs.read_bytes(url)
     except OSError as e:
@@ -518,7 +456,7 @@ def _read_work_table(url: str, sha256: str) -> tuple["PackedPaths", list]:
                          "while it ran?") from None
     if hashlib.sha256(data).hexdigest() != sha256:
         raise ValueError(f"{url}: the build's work table changed since the build wrote it (sha256 differs)")
-    return pickle.loads(data)
+    return pickle.loads(zlib.decompress(data))
 
 
 class ReadUnit:
@@ -567,8 +505,7 @@ class ReadUnit:
         bad_input = stats_mod.BadInputCounts()
         # A Split per range, made without its keyword defaults; a whole file's with its listed size
         # (a small file is then read without asking its size: lines.small_whole_files).
-        packed = self.work.paths
-        paths, sizes, make = packed.unpacked(), packed.sizes(), tuple.__new__
+        paths, sizes, make = self.work.paths, self.work.sizes, tuple.__new__
         splits = [make(Split, (file_index, paths[file_index], start, stop,
                                sizes[file_index] if sizes is not None and stop is None and not start else 0))
                   for file_index, start, stop in ranges]
@@ -651,8 +588,9 @@ class SpreadCopies:
     with the copies' examples and tokens taken off, bad-input counts))``
     (``WriteGroup`` counts it once, not as a work unit). Both come from
     ``process``, from the one shard where all copies meet, so they do not
-    depend on how records were split or bundled. ``paths`` (by file index)
-    and ``locator`` (the source's) word the entries; required with ``"skip"``.
+    depend on how records were split or bundled. ``paths`` (by file index, a
+    sequence or the build's ``WorkTable``) and ``locator`` (the source's)
+    word the entries; required with ``"skip"``.
 
     Memory: one shard's columns (``load_batches``) and at most ``flush_bytes``
     of moved examples at a time.
@@ -660,14 +598,14 @@ class SpreadCopies:
 
     def __init__(self, *, seed: int, num_features: int, spill_dir: str, exchange: str, num_shards: int,
                  flush_bytes: int | None = None, fs_options: Sequence[str] = (), duplicates: str = "keep",
-                 paths: Sequence[str] = (), locator: str | None = None):
+                 paths: "WorkTable | Sequence[str]" = (), locator: str | None = None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
         if duplicates not in ("keep", "skip"):
             raise ValueError(f"duplicates must be 'keep' or 'skip' (got {duplicates!r})")
         self.seed, self.num_features, self.num_shards = seed, int(num_features), int(num_shards)
         self.spill_dir, self.exchange, self.fs_options = spill_dir, exchange, list(fs_options)
-        self.duplicates, self.paths, self.locator = duplicates, PackedPaths(paths), locator
+        self.duplicates, self.work, self.locator = duplicates, paths if isinstance(paths, WorkTable) else WorkTable(paths), locator
         if flush_bytes is None:
             flush_bytes = spill.SPILL_BYTES if exchange == "spill" else spill.RUNNER_FLUSH_BYTES
         self.flush_bytes = int(flush_bytes)
@@ -706,7 +644,7 @@ class SpreadCopies:
         for row, first in zip(records.tolist(), kept.tolist()):
             fi, rn = int(entries.file_index[row]), int(entries.record_number[row])
             kfi, krn = int(entries.file_index[first]), int(entries.record_number[first])
-            path, kept_path = self.paths[fi], self.paths[kfi]
+            path, kept_path = self.work.paths[fi], self.work.paths[kfi]
             message = (f"{describe_record(path, self.locator, rn, stable=True)} is identical to {kept_path}: "
                        f"{describe_record(kept_path, self.locator, krn, stable=True)}, which is kept "
                        "(on_error duplicate=skip)")

@@ -314,11 +314,11 @@ def test_a_stored_work_table_pickles_as_its_file_and_reads_back_what_was_stored(
     data = pickle.dumps(table)
     assert len(data) < 300  # the file's name and checksum, not the paths
     back = pickle.loads(data)
-    assert back.paths.unpacked() == paths and back.paths.sizes() == sizes
+    assert back.paths == paths and back.sizes == sizes
     assert back.units == units
     # A unit named by its index reads that unit's splits.
     inline = pickle.loads(pickle.dumps(transforms.WorkTable(paths, sizes, units)))
-    assert inline.paths.unpacked() == paths and inline.units[3] == units[3]
+    assert inline.paths == paths and inline.sizes == sizes and inline.units[3] == units[3]
 
 
 def test_a_work_table_changed_or_gone_is_refused_naming_its_file(tmp_path):

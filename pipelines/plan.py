@@ -9,19 +9,16 @@ Work units: each input file is cut into splits by its source
 (``Source.splits``: byte ranges of uncompressed text and JSON lines, row groups
 of Parquet, whole files otherwise) of about ``split_size`` bytes; consecutive
 small splits (small files) are grouped into one unit of about ``split_size``.
-A unit is ``(unit_index, UnitSplits)``, a sequence of ``(file_index, start,
-stop)``: small, picklable, and independent of everything but the file list
-and the split size. How the
-work is cut never changes the cache: record ids are byte offsets or row
-indices, and shards are key ranges.
+A unit is ``(unit_index, splits)``, an int64 array of ``(file_index, start,
+stop)`` rows: small, picklable, and independent of everything but the file
+list and the split size. How the work is cut never changes the cache: record
+ids are byte offsets or row indices, and shards are key ranges.
 """
 
 from __future__ import annotations
 
-import collections.abc
 import concurrent.futures
 import dataclasses
-import zlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -85,65 +82,6 @@ class BuildPlan:
     exclusion: Any = None
 
 
-class UnitSplits(collections.abc.Sequence):
-    """The splits of one work unit, a sequence of ``(file_index, start,
-    stop)`` (ints; ``stop`` None for the end of the file), held and pickled
-    as one zlib-compressed int64 array (n, 3) (``stop`` None as -1) and
-    unpacked at the first look. Beam encodes ``Create``'s elements at every
-    step boundary and bz2-compresses its pickled values: a tuple of tuples
-    took 0.1 s a build for the 50,000 splits of 50,000 small files, and as
-    one tuple per split ``Create`` inferred (and printed) a type hint with a
-    member per split (0.1 ms a split)."""
-
-    __slots__ = ("_packed", "_splits")
-
-    def __init__(self, splits: Sequence[tuple[int, int, int | None]] = ()):
-        table = np.array([(f, a, -1 if b is None else b) for f, a, b in splits], dtype=np.int64).reshape(-1, 3)
-        self._packed, self._splits = zlib.compress(table.tobytes(), 1), None
-
-    @classmethod
-    def from_table(cls, table: np.ndarray) -> "UnitSplits":
-        """The splits of an int64 array (n, 3) of ``(file_index, start, stop)``,
-        ``stop`` -1 for None."""
-        out = cls.__new__(cls)
-        out._packed = zlib.compress(np.ascontiguousarray(table, dtype=np.int64).tobytes(), 1)
-        out._splits = None
-        return out
-
-    def _unpacked(self) -> list[tuple[int, int, int | None]]:
-        if self._splits is None:
-            table = np.frombuffer(zlib.decompress(self._packed), dtype=np.int64).reshape(-1, 3).tolist()
-            self._splits = [(f, a, None if b < 0 else b) for f, a, b in table]
-        return self._splits
-
-    def __len__(self) -> int:
-        return len(self._unpacked())
-
-    def __getitem__(self, index):
-        return self._unpacked()[index]
-
-    def __iter__(self):
-        return iter(self._unpacked())
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, UnitSplits) and self._packed == other._packed
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return f"UnitSplits({self._unpacked()!r})"
-
-    def __reduce__(self):
-        return _unit_splits, (self._packed,)
-
-
-def _unit_splits(packed: bytes) -> UnitSplits:
-    """The ``UnitSplits`` of a pickle (``UnitSplits.__reduce__``)."""
-    out = UnitSplits.__new__(UnitSplits)
-    out._packed, out._splits = packed, None
-    return out
-
-
 def choose_split_size(total_bytes: int) -> int:
     """Bytes per work unit: about 64 units for a small corpus (so that every
     worker has work), ``DEFAULT_SPLIT_BYTES`` for a large one, and large enough
@@ -152,7 +90,7 @@ def choose_split_size(total_bytes: int) -> int:
     return max(size, -(-int(total_bytes) // MAX_UNITS))
 
 
-def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int, "UnitSplits"]]:
+def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int, np.ndarray]]:
     """The work units of a build (see the module docstring).
 
     Args:
@@ -161,8 +99,10 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
       split_size: bytes of input per unit (>= 1).
 
     Returns:
-      ``[(unit_index, UnitSplits(((file_index, start, stop), ...))), ...]``,
-      in file order.
+      ``[(unit_index, splits), ...]`` in file order, ``splits`` an int64
+      array (n, 3) of ``(file_index, start, stop)``, ``stop`` -1 for the end
+      of the file (one array a unit: the build's work table pickles it as
+      its bytes).
 
     Raises:
       ValueError: ``split_size`` < 1, or a source's read error for a file whose
@@ -181,7 +121,7 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
     while i < n:
         j = int(np.searchsorted(ends, ends[i] + split_size, side="right")) - 1
         j = min(max(j, i + 1), i + MAX_SPLITS_PER_UNIT, n)
-        units.append((len(units), UnitSplits.from_table(table[i:j])))
+        units.append((len(units), table[i:j]))
         i = j
     return units
 

@@ -390,8 +390,8 @@ def driver_encoding_threads() -> int | None:
 class WorkTable:
     """What every read step needs of the whole build: the input files' paths
     (``paths``, by file index), their sizes as listed (``sizes``, bytes, or
-    None) and the work units' splits (``units``, ``plan.UnitSplits`` by unit
-    index).
+    None) and the work units' splits (``units``, by unit index: int64 arrays
+    of ``(file_index, start, stop)`` rows, ``plan.plan_units``).
 
     ``WorkTable.store`` writes it once, pickled and zlib-compressed, to a
     file in a folder every worker reads (the build's spill folder); the table
@@ -460,9 +460,11 @@ def _read_work_table(url: str, sha256: str) -> tuple[list, list | None, list]:
 
 
 class ReadUnit:
-    """The read step (a ``beam.FlatMap`` callable): one work unit ``(unit_index,
-    ((file_index, start, stop), ...))`` in, ``(key, value)`` pairs out (see the
-    module docstring).
+    """The read step (a ``beam.FlatMap`` callable): one work unit in, ``(key,
+    value)`` pairs out (see the module docstring). A unit is its index in
+    the ``WorkTable``'s units, or ``(unit_index, splits)``: ``((file_index,
+    start, stop), ...)`` (``stop`` None for the file's end) or an int64 array
+    of such rows (``stop`` -1), as ``plan.plan_units`` gives.
 
     Memory: the shard buffers (about ``flush_bytes``: default
     ``spill.SPILL_BYTES`` for the spill exchange, ``spill.RUNNER_FLUSH_BYTES``
@@ -496,8 +498,9 @@ class ReadUnit:
         settle_worker()
         if self.encoding_threads is not None:
             os.environ[ENCODING_THREADS_ENV] = str(self.encoding_threads)
-        # A unit index (of the work table's units), or (unit index, ((file_index, start, stop), ...)).
         unit_index, ranges = (unit, self.work.units[unit]) if isinstance(unit, int) else unit
+        if isinstance(ranges, np.ndarray):
+            ranges = [(f, a, None if b < 0 else b) for f, a, b in ranges.tolist()]
         token = f"{unit_index:07d}-{os.urandom(6).hex()}"  # unique per attempt: retries never collide
         state = _UnitState()
         records = 0

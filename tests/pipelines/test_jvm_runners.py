@@ -140,6 +140,8 @@ def _shard_hashes(result):
     return sums
 
 
+# Slow (30 s): the first-fit SentencePiece test below runs both runners in the default suite.
+@pytest.mark.slow
 def test_flink_and_spark_write_the_local_engines_shards(tmp_path, corpus, job_servers):
     """G1 on a plain byte-vocabulary task, the work cut into several units,
     through the runner's shuffle and through spill files."""

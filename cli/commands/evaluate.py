@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 
 import click
@@ -15,7 +14,7 @@ import jax
 from seqcache import format as fmt
 from seqcache import pipelines, tasks
 from seqcache.cli.commands import common
-from seqcache.cli.commands.train import start_distributed, summary_line
+from seqcache.cli.commands.train import _fail, start_distributed, summary_line  # _fail: one line, exit 1
 from seqcache.feeders import FeederStateError
 from seqcache.feeders.reader import CacheReader
 from seqcache.tasks import preprocessors as P
@@ -196,11 +195,3 @@ def _run_vocabulary(cache_dir: str, manifest):
         raise click.UsageError(f"{cache_dir}: the run's cache records no vocabulary for {feature!r}, so --source "
                                "cannot be tokenised as it was trained; build a cache and give --task")
     return vocab
-
-
-def _fail(error: BaseException) -> None:
-    """``error: MESSAGE`` on one line and exit status 1."""
-    click.echo(f"error: {error}", err=True)
-    sys.exit(1)
-
-

@@ -116,12 +116,6 @@ def _check_file(cache_dir, name, num_bytes, sha256, num_records, features, decod
     return ShardReport(name, not problems, problems, count)
 
 
-def _sha256_of(path: str) -> str:
-    """Hex sha256 of a file (local or URL), streaming."""
-    with fs.open_read(path) as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
     """Verifies every shard of the cache at ``cache_dir`` (a local path or a URL).
 
@@ -175,7 +169,8 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
         if not fs.isfile(path):
             problems.append(f"{path}: vocabulary file of feature {name!r} is missing (or not a file)")
         elif desc.sha256:
-            actual = _sha256_of(path)
+            with fs.open_read(path) as f:  # streamed (a local file or a URL)
+                actual = hashlib.file_digest(f, "sha256").hexdigest()
             if actual != desc.sha256:
                 problems.append(f"{path}: vocabulary model of feature {name!r} has sha256 {actual}, "
                                 f"the manifest expects {desc.sha256}")

@@ -329,26 +329,29 @@ def mapping(value: Any, name: str, *, path: str, error: type[Exception] = ValueE
     return value
 
 
-def convert(value: Any, model: Any, *, path: str, error: type[Exception] = ValueError) -> Any:
+def convert(value: Any, model: Any, *, path: str, error: type[Exception] = ValueError, prefix: str = "") -> Any:
     """``msgspec.convert(value, model, strict=True)``: ``value`` as the type
     ``model`` (a ``msgspec.Struct``, a dataclass, ``int | None``, ...) without
     coercion (an int is taken where a float is expected; a bool is never a
     number), its ``msgspec.Meta`` bounds checked.
 
+    Args:
+      prefix: how messages name ``value`` (``model``; empty: by its fields alone).
+
     Raises:
-      error: one line naming ``path``, the field and its value, in msgspec's
-        words: ``{path}: mixture[0].rate: expected `float` >= 0.0 (got -1)``,
-        or ``{path}: mixture[0]: object missing required field `rate```.
+      error: one line naming ``path`` (when not empty), the field and its value,
+        in msgspec's words: ``{path}: mixture[0].rate: expected `float` >= 0.0
+        (got -1)``, or ``{path}: mixture[0]: object missing required field `rate```.
     """
     try:
         return msgspec.convert(value, model, strict=True)
     except msgspec.ValidationError as e:
         text, _, where = str(e).partition(" - at `$")
-    name = ""
+    name = prefix
     for key, index in re.findall(r"\.(\w+)|\[(\d+|\.\.\.)\]", where):  # the field path of a value msgspec reached
         if index == "...":  # a value of a dict, whose key msgspec does not give: the dict is shown
             break
         name, value = (f"{name}.{key}", value[key]) if key else (f"{name}[{index}]", value[int(index)])
     text = re.sub(r", got `[^`]*`$", "", text[:1].lower() + text[1:])
-    place = f"{path}: {name.removeprefix('.')}" if name else path
+    place = ": ".join(p for p in (path, name.removeprefix(".")) if p)
     raise error(f"{place}: {text}" + ("" if text.startswith("object missing") else f" (got {short(value)})"))

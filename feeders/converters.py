@@ -38,6 +38,7 @@ import numpy as np
 from seqcache import bounded_json
 from seqcache.feeders import state as state_lib
 from seqcache.feeders.feeder import Feeder, MixtureArg, restore_with
+from seqcache.feeders.reader import ClosedOnExit
 from seqcache.feeders.stream import (CONVERTER_FEATURES, check_same_features, describe_features, open_mixture,
                                      token_features)
 from seqcache.lengths import sequence_lengths
@@ -155,7 +156,7 @@ def _check_caches(converter: str, feeder_args: Mapping[str, Any]) -> None:
         opened.close()
 
 
-class ConvertedFeeder:
+class ConvertedFeeder(ClosedOnExit):
     """A feeder of t5x fields: one ``Feeder`` per feature, all at the same step.
 
     Args (keyword-only):
@@ -291,9 +292,3 @@ class ConvertedFeeder:
     def close(self) -> None:
         for f in self.feeders.values():
             f.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -39,6 +39,7 @@ from seqcache.feeders import compat, inverse, provenance
 from seqcache.feeders import state as state_lib
 from seqcache.feeders.compat import check_hosts, divisors, host_counts_for  # noqa: F401 (public here too)
 from seqcache.feeders.decode import decode_batch
+from seqcache.feeders.reader import ClosedOnExit
 from seqcache.feeders.stream import Rate, check_same_features, check_step, feature_layout, open_mixture
 from seqcache.lengths import fit_lengths, sequence_lengths
 
@@ -84,7 +85,7 @@ def resolve_hosts(host_index: int | None, host_count: int | None) -> tuple[int, 
     return host_index, host_count
 
 
-class Feeder:
+class Feeder(ClosedOnExit):
     """Exactly-once, resumable batches from a task cache or a mixture of them.
 
     Args (keyword-only):
@@ -560,12 +561,6 @@ class Feeder:
                 pool.shutdown(wait=True, cancel_futures=True)
         for r in self.readers:
             r.close()
-
-    def __enter__(self) -> "Feeder":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (

@@ -47,7 +47,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Iterable, Sequence
+from typing import Iterable, Self, Sequence
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
@@ -82,7 +82,17 @@ class CacheRebuiltError(fmt.CacheError):
 _ARRAY_RECORD_ERRORS = (RuntimeError, OSError, ValueError)
 
 
-class CacheReader:
+class ClosedOnExit:
+    """``with obj:`` gives ``obj`` and calls its ``close()`` on leaving the block."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class CacheReader(ClosedOnExit):
     """Batched random access to the records of one task cache.
 
     Args:
@@ -487,12 +497,6 @@ class CacheReader:
         except ValueError:
             self.check_generation()  # ... as a rebuild, when that is what it is
             raise
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def describe(self, index: int, *, provenance: bool = False) -> str:
         """'CACHE/data.array_record-00001-of-00004 record 17 (cache index 1041)'."""

@@ -21,6 +21,7 @@ With one task, P_end = E * N and padding appears only in the last step.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import threading
@@ -418,27 +419,29 @@ def open_mixture(*, cache=None, mixture=None, caches_root=None, split: str = "tr
         if schedule is not None:
             return _open_schedule(schedule, name=getattr(mixture, "name", None))
     entries, name = _resolve_mixture(cache, mixture, caches_root, split)
-    readers: list[CacheReader] = []
-    try:
-        _open_readers([path for path, _ in entries], readers)
+    with _readers([path for path, _ in entries]) as readers:
         rates = [_rate_value(path, rate, reader) for (path, rate), reader in zip(entries, readers)]
         for (path, _), rate in zip(entries, rates):
             if rate == 0:
                 raise ValueError(f"mixture rate of {path} is 0 (expected a finite number > 0); remove the task "
                                  "instead of giving it rate 0")
         weights = mixing.integer_weights(rates)
+    return OpenedMixture(paths=[p for p, _ in entries], readers=readers, rates=rates, weights=weights, name=name)
+
+
+@contextlib.contextmanager
+def _readers(paths: Sequence[str]):
+    """A reader of each cache, all closed when the block (or opening one) fails;
+    O(1) in the number of shards: each shard is checked at its first read."""
+    readers: list[CacheReader] = []
+    try:
+        for path in paths:
+            readers.append(CacheReader(path, open_shards=False))
+        yield readers
     except BaseException:
         for r in readers:
             r.close()
         raise
-    return OpenedMixture(paths=[p for p, _ in entries], readers=readers, rates=rates, weights=weights, name=name)
-
-
-def _open_readers(paths: Sequence[str], readers: list[CacheReader]) -> None:
-    """Appends a reader of each cache to ``readers`` (the caller closes them on
-    failure); O(1) in the number of shards: each shard is checked at its first read."""
-    for path in paths:
-        readers.append(CacheReader(path, open_shards=False))
 
 
 def _rate_value(path: str, rate: Rate, reader: CacheReader) -> float:
@@ -457,9 +460,7 @@ def _open_schedule(schedule, *, name: str | None = None) -> OpenedMixture:
     callables evaluated with the cache's example count; 0 for caches the stage does
     not name) and integer weights (``mixing.integer_weights`` of its positive rates)."""
     paths, stages = _resolve_schedule(schedule)
-    readers: list[CacheReader] = []
-    try:
-        _open_readers(paths, readers)
+    with _readers(paths) as readers:
         by_path = dict(zip(paths, readers))
         out = []
         for step, stage in stages:
@@ -479,9 +480,5 @@ def _open_schedule(schedule, *, name: str | None = None) -> OpenedMixture:
             for t, w in zip(positive, ws):
                 weights[t] = w
             out.append({"step": step, "rates": rates, "weights": weights})
-    except BaseException:
-        for r in readers:
-            r.close()
-        raise
     return OpenedMixture(paths=paths, readers=readers, rates=list(out[0]["rates"]), weights=list(out[0]["weights"]),
                          name=name, stages=out)

@@ -153,11 +153,6 @@ class BenchmarkRef:
             return bench
 
 
-def _vocabularies(reader, features: Sequence[str]) -> dict:
-    """feature -> its vocabulary, rebuilt from the cache (``CacheReader.vocabulary``)."""
-    return {f: reader.vocabulary(f) for f in features}
-
-
 def scan_range(bench, reader, *, task_index: int, start: int, stop: int,
                features: Sequence[str] | None = None) -> tuple[list[dict], dict]:
     """The matches of cache indices ``[start, stop)`` of one cache.
@@ -188,7 +183,7 @@ def scan_range(bench, reader, *, task_index: int, start: int, stop: int,
       ValueError: the vocabulary cannot be rebuilt from the cache.
     """
     features = list(text_features(reader.manifest) if features is None else features)
-    vocabs = _vocabularies(reader, features)
+    vocabs = {f: reader.vocabulary(f) for f in features}  # rebuilt from the cache
     merge = _span_corruption_pair(reader.manifest, features)
     counts = {"examples": 0, "segments": 0, "tokens": 0, "characters": 0}
     found: list[tuple[int, str, int, str, list]] = []

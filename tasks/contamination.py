@@ -175,25 +175,18 @@ def ngram_hashes_of(hashes: np.ndarray, n: int) -> np.ndarray:
     """
     if n < 1:
         raise ValueError(f"n-gram length must be >= 1 (got n={n})")
-    m = len(hashes) - n + 1
-    if m <= 0:
-        return np.zeros(0, dtype=np.uint64)
-    out = hashes[:m].copy()
-    for k in range(1, n):
-        out *= _BASE  # uint64 arithmetic wraps: mod 2^64
-        out += hashes[k:k + m]
-    return out
+    return _extend(hashes, hashes, 1, n)  # the 1-gram hashes are the words' own
 
 
 def _extend(grams: np.ndarray, hashes: np.ndarray, k0: int, k: int) -> np.ndarray:
-    """The k-gram hashes from the k0-gram hashes ``grams`` (``k > k0``), as
-    ``ngram_hashes_of(hashes, k)`` computes them."""
+    """The k-gram hashes from the k0-gram hashes ``grams`` (``k >= k0``) and the
+    words' ``hashes``: Horner's rule, one word at a time, in base ``_BASE``."""
     m = len(hashes) - k + 1
     if m <= 0:
         return np.zeros(0, dtype=np.uint64)
     out = grams[:m].copy()
     for j in range(k0, k):
-        out *= _BASE
+        out *= _BASE  # uint64 arithmetic wraps: mod 2^64
         out += hashes[j:j + m]
     return out
 

@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 
 from seqcache.feeders import checkpoint as feeder_checkpoint
 from seqcache.feeders import compat
+from seqcache.feeders.reader import ClosedOnExit
 
 STATE_ITEM = "state"
 FEEDER_ITEM = feeder_checkpoint.ITEM_NAME  # "feeder"
@@ -53,7 +54,7 @@ class Restored:
     path: str
 
 
-class Checkpointer:
+class Checkpointer(ClosedOnExit):
     """Saves and restores training state with an Orbax CheckpointManager in
     ``directory`` (created if missing), keeping the last ``max_to_keep`` steps;
     ``async_save`` writes in a background thread (``wait()`` blocks until done)."""
@@ -147,10 +148,4 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 

@@ -30,7 +30,9 @@ import json
 import math
 import re
 import typing
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Sequence
+
+from msgspec import Meta
 
 from seqcache import bounded_json
 from seqcache.training import models
@@ -42,6 +44,9 @@ MAX_INTEGER = bounded_json.MAX_COUNT
 MAX_GLOBAL_BATCH_SIZE = 2**24
 MAX_SEQUENCE_LENGTH = bounded_json.MAX_SEQUENCE_LENGTH
 MLP_ACTIVATIONS = ("swiglu", "geglu", "relu")
+# The bounds a field's value must keep (``msgspec.Meta``, checked by ``validate``).
+Positive = Annotated[int, Meta(ge=1)]
+Count = Annotated[int, Meta(ge=0)]
 # ``ModelConfig.attention``: the attention kernel (``seqcache.training.models.attention``).
 ATTENTION_KERNELS = ("auto", "xla", "splash")
 # The splash kernel's smallest block: its sequence lengths are multiples of it.
@@ -58,6 +63,12 @@ class ConfigError(ValueError):
 def _check_choice(field: str, value: Any, choices: Sequence) -> None:
     if value not in choices:
         raise ConfigError(f"{field} must be one of {choices} (got {value!r})")
+
+
+def _check_bounds(config: Any, prefix: str) -> None:
+    """Checks every field of the dataclass ``config`` against its type and
+    ``msgspec.Meta`` bounds; ConfigError naming the field (after ``prefix``)."""
+    bounded_json.convert(dataclasses.asdict(config), type(config), path="", prefix=prefix, error=ConfigError)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,19 +132,19 @@ class ModelConfig:
     """
 
     architecture: str = "decoder"
-    vocab_size: int | None = None
-    d_model: int = 64
-    num_layers: int = 2
-    num_decoder_layers: int | None = None
-    num_heads: int = 4
+    vocab_size: Positive | None = None
+    d_model: Positive = 64
+    num_layers: Positive = 2
+    num_decoder_layers: Positive | None = None
+    num_heads: Positive = 4
     head_dim: int | None = None
-    mlp_dim: int = 256
+    mlp_dim: Positive = 256
     mlp_activation: str = "swiglu"
     rope_theta: float = 10000.0
-    relative_attention_num_buckets: int = 32
-    relative_attention_max_distance: int = 128
+    relative_attention_num_buckets: Positive = 32
+    relative_attention_max_distance: Positive = 128
     norm_eps: float = 1e-6
-    dropout_rate: float = 0.0
+    dropout_rate: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.0
     dtype: str = "float32"
     tie_embeddings: bool = True
     share_embeddings: bool = True
@@ -151,17 +162,14 @@ class ModelConfig:
         return self.num_decoder_layers if self.num_decoder_layers is not None else self.num_layers
 
     def validate(self) -> None:
-        """Raises ConfigError naming the field when a value cannot work."""
+        """Raises ConfigError naming the field when a value cannot work
+        (``model.d_model: expected `int` >= 1 (got 0)`` for a field's bounds)."""
         _check_choice("model.architecture", self.architecture, sorted(models.ARCHITECTURES))
         if self.vocab_size is None:
             raise ConfigError(
                 "model.vocab_size is not set: pass a cache (the vocabulary size is read from its manifest) "
                 "or set it, e.g. --set model.vocab_size=32128")
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "resolved_num_decoder_layers",
-                     "relative_attention_num_buckets", "relative_attention_max_distance"):
-            if getattr(self, name) < 1:
-                field = name.replace("resolved_", "")
-                raise ConfigError(f"model.{field} must be >= 1 (got {getattr(self, name)})")
+        _check_bounds(self, "model")
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}; "
@@ -177,8 +185,6 @@ class ModelConfig:
             raise ConfigError(
                 f"model.relative_attention_num_buckets must be >= 4 for t5 (got {self.relative_attention_num_buckets})")
         _check_choice("model.dtype", self.dtype, COMPUTE_DTYPES)
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ConfigError(f"model.dropout_rate must be in [0, 1) (got {self.dropout_rate})")
         _check_choice("model.attention", self.attention, ATTENTION_KERNELS)
         _check_choice("model.remat", self.remat, REMAT_POLICIES)
         if self.attention == "splash" and self.dropout_rate > 0 and self.architecture == "decoder":
@@ -231,7 +237,7 @@ class OptimizerConfig:
     """
 
     lr: float = 3e-3
-    warmup_steps: int = 10
+    warmup_steps: Count = 10
     decay_steps: int | None = None
     end_lr_ratio: float = 0.1
     b1: float = 0.9
@@ -263,8 +269,8 @@ class CheckpointConfig:
     """
 
     directory: str | None = None
-    every_steps: int = 100
-    max_to_keep: int = 3
+    every_steps: Positive = 100
+    max_to_keep: Positive = 3
     async_save: bool = True
 
 
@@ -337,13 +343,13 @@ class TrainConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     rules: str = "dp"
-    steps: int = 100
-    global_batch_size: int = 8
-    sequence_length: int | None = None
-    inputs_sequence_length: int | None = None
-    num_microbatches: int = 1
-    loss_chunks: int = 1
-    seed: int = 0
+    steps: Positive = 100
+    global_batch_size: Annotated[int, Meta(ge=1, lt=MAX_GLOBAL_BATCH_SIZE)] = 8
+    sequence_length: Annotated[int, Meta(ge=1, lt=MAX_SEQUENCE_LENGTH)] | None = None
+    inputs_sequence_length: Annotated[int, Meta(lt=MAX_SEQUENCE_LENGTH)] | None = None
+    num_microbatches: Positive = 1
+    loss_chunks: Positive = 1
+    seed: Annotated[int, Meta(ge=0, lt=2**32)] = 0
     eval_every: int = 0
     eval_metrics: bool = True
     metrics_file: str | None = None
@@ -370,29 +376,16 @@ class TrainConfig:
         return self.global_batch_size * sum(self.lengths.values())
 
     def validate(self) -> None:
-        """Raises ConfigError naming the field when a value cannot work."""
+        """Raises ConfigError naming the field when a value cannot work
+        (``global_batch_size: expected `int` >= 1 (got 0)`` for a field's bounds)."""
         self.model.validate()
-        for name in ("steps", "global_batch_size", "sequence_length", "num_microbatches", "loss_chunks"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
-        for name, most in (("global_batch_size", MAX_GLOBAL_BATCH_SIZE), ("sequence_length", MAX_SEQUENCE_LENGTH),
-                           ("inputs_sequence_length", MAX_SEQUENCE_LENGTH)):
-            if (getattr(self, name) or 0) >= most:
-                raise ConfigError(f"{name} must be below {bounded_json.bound(most)} (got {getattr(self, name)})")
+        _check_bounds(self, "")
         self._validate_converter()
         self._validate_attention()
         if self.global_batch_size % self.num_microbatches:
             raise ConfigError(
                 f"global_batch_size={self.global_batch_size} is not divisible by "
                 f"num_microbatches={self.num_microbatches}")
-        if self.checkpoint.every_steps < 1 or self.checkpoint.max_to_keep < 1:
-            raise ConfigError(
-                f"checkpoint.every_steps and checkpoint.max_to_keep must be >= 1 (got "
-                f"{self.checkpoint.every_steps}, {self.checkpoint.max_to_keep})")
-        if self.seed < 0 or self.seed >= 2**32:
-            raise ConfigError(f"seed must be in [0, 2**32) (got {self.seed})")
-        if self.optimizer.warmup_steps < 0:
-            raise ConfigError(f"optimizer.warmup_steps must be >= 0 (got {self.optimizer.warmup_steps})")
         if self.sequence_length is None:
             raise ConfigError("sequence_length is not set: give it (the cache's own is filled in by seqcache train)")
 

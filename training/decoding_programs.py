@@ -237,14 +237,6 @@ _PROGRAMS: dict = {}
 _MAX_PROGRAMS = 32
 
 
-def _rules_table(rules) -> dict[str, Any]:
-    return partitioning.get_rules(rules) if isinstance(rules, str) else dict(rules)
-
-
-def _hashable(rule: Any) -> Any:
-    return tuple(rule) if isinstance(rule, list) else rule
-
-
 def _pad_rows(arrays: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
     rows = next(iter(arrays.values())).shape[0]
     extra = -rows % multiple
@@ -266,10 +258,11 @@ def run(fn: Callable, model, arrays: dict[str, np.ndarray], knob: dict[str, np.n
     if mesh is None:
         table, context = None, contextlib.nullcontext()
     else:
-        table = _rules_table(rules)
+        table = partitioning.get_rules(rules) if isinstance(rules, str) else dict(rules)
         context = partitioning.activation_rules(mesh, table)
         arrays = _pad_rows(arrays, partitioning.data_parallel_size(mesh))
-    rules_key = None if table is None else tuple(sorted((k, _hashable(v)) for k, v in table.items()))
+    rules_key = None if table is None else tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                                        for k, v in table.items()))  # lists made hashable
     cache_key = (graphdef, key, mesh, rules_key, layout)
     entry = _PROGRAMS.get(cache_key)
     if entry is None:

@@ -138,10 +138,6 @@ def parse_mesh_flag(text: str) -> dict[str, int]:
     return out
 
 
-def _mesh_axes_of(rule: Any) -> tuple[str, ...]:
-    return () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
-
-
 def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], rules: Mapping[str, Any], mesh: Mesh,
                     *, path: str = "<array>") -> P:
     """The PartitionSpec on ``mesh`` of an array of ``shape`` with one logical
@@ -169,7 +165,8 @@ def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], ru
             raise PartitioningError(
                 f"parameter {path} with shape {shape}: logical axis {name!r} (dimension {dim}) has no rule; "
                 f"the rules table knows {sorted(rules)}")
-        axes = _mesh_axes_of(rules[name])
+        rule = rules[name]
+        axes = () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
         total = 1
         for axis in axes:
             if axis not in mesh.shape:

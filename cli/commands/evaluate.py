@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 
 import click
@@ -15,7 +14,7 @@ import jax
 from seqcache import format as fmt
 from seqcache import pipelines, tasks
 from seqcache.cli.commands import common
-from seqcache.cli.commands.train import start_distributed, summary_line
+from seqcache.cli.commands.train import fail_line, start_distributed, summary_line
 from seqcache.feeders import FeederStateError
 from seqcache.feeders.reader import CacheReader
 from seqcache.tasks import preprocessors as P
@@ -121,12 +120,12 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
         result = evaluator.evaluate(run.model, step=run.step, out_root=output_dir or checkpoint_dir)
     except (config_lib.ConfigError, ValueError) as e:
         if type(e).__name__ in _FAILURES or isinstance(e, (fmt.CacheError, FeederStateError)):
-            _fail(e)
+            fail_line(e)
         raise click.UsageError(str(e)) from None
     except Exception as e:  # CheckpointError is a RuntimeError
         if type(e).__name__ not in _FAILURES:
             raise
-        _fail(e)
+        fail_line(e)
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -196,11 +195,3 @@ def _run_vocabulary(cache_dir: str, manifest):
         raise click.UsageError(f"{cache_dir}: the run's cache records no vocabulary for {feature!r}, so --source "
                                "cannot be tokenised as it was trained; build a cache and give --task")
     return vocab
-
-
-def _fail(error: BaseException) -> None:
-    """``error: MESSAGE`` on one line and exit status 1."""
-    click.echo(f"error: {error}", err=True)
-    sys.exit(1)
-
-

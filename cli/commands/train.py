@@ -205,7 +205,7 @@ def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_sche
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
     except (fmt.CacheError, lengths_lib.SequenceLengthError) as e:
-        _fail(e)
+        fail_line(e)
     return cfg, source, eval_source
 
 
@@ -227,7 +227,7 @@ def _make_trainer(cfg, *, modules=(), evaluate_tasks=False):
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
     except evaluation.EvalError as e:  # a packed eval split: refused before the first step
-        _fail(e)
+        fail_line(e)
 
 
 def _open_feeders(cfg, source, eval_source):
@@ -243,7 +243,7 @@ def _open_feeders(cfg, source, eval_source):
         if feeder is not None:
             feeder.close()
         if isinstance(e, fmt.CacheError):
-            _fail(e)
+            fail_line(e)
         raise click.UsageError(str(e)) from None
     return feeder, eval_fn
 
@@ -278,7 +278,7 @@ def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
             fmt.check_shard_files(reader.cache_dir, reader.manifest)
     except fmt.CacheError as e:
         feeder.close()
-        _fail(e)
+        fail_line(e)
     feeder.close()
     if is_chief:
         click.echo(config_lib.to_json(cfg), nl=False)
@@ -292,11 +292,11 @@ def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step, evaluator=None) -
     try:
         result = trainer.fit(feeder, eval_feeder_fn=eval_fn, stop_at=stop_at_step, evaluator=evaluator)
     except (CheckpointError, FeederStateError, fmt.CacheError) as e:
-        _fail(e)
+        fail_line(e)
     except ValueError as e:  # a task metric that failed (MetricError) or an eval split read wrongly (EvalError)
         if type(e).__name__ not in ("MetricError", "EvalError"):
             raise
-        _fail(e)
+        fail_line(e)
     click.echo(summary_line(_summary(result)))
     bad = next((result.start_step + i + 1 for i, x in enumerate(result.losses) if not math.isfinite(float(x))), None)
     if bad is not None:
@@ -387,8 +387,9 @@ def _lengths_flag(value):
         raise click.BadParameter(str(e)) from None
 
 
-def _fail(error: BaseException) -> None:
-    """``error: MESSAGE`` and exit status 1 (a damaged cache, a checkpoint that cannot be resumed)."""
+def fail_line(error: BaseException) -> None:
+    """``error: MESSAGE`` on one line (plain text) and exit status 1: a damaged cache, a
+    checkpoint that cannot be resumed (``seqcache train`` and ``seqcache eval``)."""
     click.echo(f"error: {error}", err=True)
     sys.exit(1)
 

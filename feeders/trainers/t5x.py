@@ -118,10 +118,6 @@ def latest_checkpoint_step(model_dir: str) -> int | None:
     return max(steps) if steps else None
 
 
-def _mixture_name(value: Any) -> str:
-    return value if isinstance(value, str) else str(getattr(value, "name", value))
-
-
 def feeder_source(name_or_task: Any, *, split: str, caches_root: str | None) -> dict[str, Any]:
     """The ``Feeder`` arguments (``cache=`` or ``mixture=, caches_root=, split=``)
     for a ``DatasetConfig.mixture_or_task_name``.
@@ -134,7 +130,7 @@ def feeder_source(name_or_task: Any, *, split: str, caches_root: str | None) -> 
     Raises:
       ValueError: none of these matches; the message names what was looked for.
     """
-    name = _mixture_name(name_or_task)
+    name = name_or_task if isinstance(name_or_task, str) else str(getattr(name_or_task, "name", name_or_task))
     with _TASK_LOCK:
         cache = _TASK_CACHES.get(name)
     if cache is not None:

@@ -50,6 +50,7 @@ import torch.utils.data
 
 from seqcache import bounded_json
 from seqcache.feeders.feeder import Feeder
+from seqcache.feeders.reader import ClosedOnExit
 from seqcache.feeders.state import FeederStateError
 
 IGNORE_INDEX = -100
@@ -98,7 +99,7 @@ def next_token_labels(tokens: np.ndarray, segment_ids: np.ndarray, loss_weights:
     return labels
 
 
-class FeederLoader:
+class FeederLoader(ClosedOnExit):
     """Batches of the Feeder's global stream as torch tensors, for rank r of R.
 
     Each step's B rows are split between ranks as the Feeder splits them between
@@ -326,12 +327,6 @@ class FeederLoader:
     def close(self) -> None:
         """Stops the Feeder's reader threads. Idempotent."""
         self._feeder.close()
-
-    def __enter__(self) -> "FeederLoader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"FeederLoader(rank {self.rank}/{self.world_size}, local_batch_size={self.local_batch_size}, "

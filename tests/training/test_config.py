@@ -80,3 +80,17 @@ def test_the_sequence_length_flag_sets_both_length_fields():
     assert C.apply_flags(C.TrainConfig(), C.CommandLineFlags(sequence_length=64)).sequence_length == 64
     with pytest.raises(C.ConfigError, match=r"not \['labels'\]"):
         C.apply_flags(C.TrainConfig(), C.CommandLineFlags(sequence_length={"labels": 8}))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.d_model=0", "model.d_model: expected `int` >= 1 (got 0)"),
+    ("model.dropout_rate=1.0", "model.dropout_rate: expected `float` < 1.0 (got 1.0)"),
+    ("checkpoint.every_steps=0", "checkpoint.every_steps: expected `int` >= 1 (got 0)"),
+    ("optimizer.warmup_steps=-1", "optimizer.warmup_steps: expected `int` >= 0 (got -1)"),
+    ("seed=4294967296", "seed: expected `int` <= 4294967295 (got 4294967296)"),
+])
+def test_validate_names_a_field_out_of_its_bounds(override, message):
+    # Read as given (a later layer may still replace it), refused by validate.
+    cfg = C.apply_overrides(C.TrainConfig(), ["model.vocab_size=10", "sequence_length=16", override])
+    with pytest.raises(C.ConfigError, match="^" + re.escape(message) + "$"):
+        cfg.validate()

@@ -406,22 +406,22 @@ class WorkTable:
 
     __slots__ = ("_columns", "url", "sha256")
 
-    def __init__(self, paths: Sequence[str] = (), sizes: Sequence[int] | None = None, units: Sequence = ()):
+    def __init__(self, paths: Sequence[str] = (), sizes: Sequence[int] | None = None, units: Sequence = (),
+                 url: str | None = None, sha256: str | None = None):
         if sizes is not None and len(sizes) != len(paths):
             raise ValueError(f"{len(paths)} paths but {len(sizes)} sizes")
-        self._columns = (list(paths), None if sizes is None else list(sizes), list(units))
-        self.url = self.sha256 = None
+        self._columns = None if url else (list(paths), None if sizes is None else list(sizes), list(units))
+        self.url, self.sha256 = url, sha256
 
     @classmethod
     def store(cls, folder: str, paths: Sequence[str], sizes: Sequence[int] | None, units: Sequence) -> "WorkTable":
         """The table of ``paths``, ``sizes`` and ``units``, written to
         ``{folder}/work-table-<sha256>.pickle.z``."""
-        table = cls(paths, sizes, units)
-        data = zlib.compress(pickle.dumps(table._columns, protocol=pickle.HIGHEST_PROTOCOL), 1)
-        table.sha256 = hashlib.sha256(data).hexdigest()
-        table.url = fs.join(folder, f"work-table-{table.sha256[:16]}.pickle.z")
-        fs.write_bytes(table.url, data)
-        return table
+        data = zlib.compress(pickle.dumps(cls(paths, sizes, units)._columns, protocol=pickle.HIGHEST_PROTOCOL), 1)
+        sha256 = hashlib.sha256(data).hexdigest()
+        url = fs.join(folder, f"work-table-{sha256[:16]}.pickle.z")
+        fs.write_bytes(url, data)
+        return cls(url=url, sha256=sha256)
 
     def _loaded(self) -> tuple[list, list | None, list]:
         if self._columns is None:
@@ -433,16 +433,7 @@ class WorkTable:
     units = property(lambda self: self._loaded()[2], doc="The work units' splits by unit index.")
 
     def __reduce__(self):
-        if self.url is None:
-            return WorkTable, self._columns
-        return _stored_work_table, (self.url, self.sha256)
-
-
-def _stored_work_table(url: str, sha256: str) -> WorkTable:
-    """The ``WorkTable`` of a pickle of a stored one (read at its first look)."""
-    table = WorkTable.__new__(WorkTable)
-    table._columns, table.url, table.sha256 = None, url, sha256
-    return table
+        return (WorkTable, self._columns) if self.url is None else (WorkTable, ((), None, (), self.url, self.sha256))
 
 
 @functools.lru_cache(maxsize=2)

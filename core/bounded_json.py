@@ -24,11 +24,9 @@ comes out, with one line naming the file:
 ``check_tree`` applies the same nesting, size and number rules to a value that
 is already decoded (a feeder state handed over as a dict by Orbax or a user, a
 YAML mixture schedule).
-``integer``, ``number``, ``string`` and ``mapping`` check one field's value
-and name it: ``caches/x/train/manifest.json: shards[3].num_records = -1,
-expected an integer in [0, 2^40)``; ``convert`` checks a whole value against
-a type (a ``msgspec.Struct`` with ``msgspec.Meta`` bounds) and names the field
-that fails: ``state.json: mixture[0].rate: expected `float` >= 0.0 (got -1)``.
+``convert`` checks a whole value against a type (a ``msgspec.Struct`` with
+``msgspec.Meta`` bounds) and names the field that fails: ``state.json:
+mixture[0].rate: expected `float` >= 0.0 (got -1)``.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ import json
 import math
 import re
 import reprlib
-from typing import Any, Mapping
+from typing import Any
 
 import msgspec
 
@@ -277,56 +275,6 @@ def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, ma
                         "disagree on which value counts); keep one")
         else:
             raise error(f"{path}: {where or what} is a {type(node).__name__}, not a JSON value")
-
-
-def integer(value: Any, name: str, *, path: str, lo: int = 0, hi: int = MAX_COUNT,
-            error: type[Exception] = ValueError) -> int:
-    """``value`` when it is an integer (not a bool) in ``[lo, hi)``.
-
-    Raises:
-      error: ``{path}: {name} = {value}, expected an integer in [lo, hi)``.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < hi:
-        raise error(f"{path}: {name} = {short(value)}, expected an integer in [{bound(lo)}, {bound(hi)})")
-    return value
-
-
-def number(value: Any, name: str, *, path: str, lo: float = 0.0, hi: float = float(MAX_COUNT),
-           error: type[Exception] = ValueError) -> float:
-    """``float(value)`` when it is a finite number (int or float, not a bool)
-    in ``[lo, hi]``.
-
-    Raises:
-      error: ``{path}: {name} = {value}, expected a number in [lo, hi]``.
-    """
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok and isinstance(value, int):
-        ok = -MAX_INTEGER < value < MAX_INTEGER
-    if not ok or not math.isfinite(value) or not lo <= value <= hi:
-        raise error(f"{path}: {name} = {short(value)}, expected a number in [{lo:g}, {hi:g}]")
-    return float(value)
-
-
-def string(value: Any, name: str, *, path: str, error: type[Exception] = ValueError, max_chars: int = 4096) -> str:
-    """``value`` when it is a string of at most ``max_chars`` characters.
-
-    Raises:
-      error: ``{path}: {name} = {value}, expected a string``.
-    """
-    if not isinstance(value, str) or len(value) > max_chars:
-        raise error(f"{path}: {name} = {short(value)}, expected a string of at most {max_chars:,} characters")
-    return value
-
-
-def mapping(value: Any, name: str, *, path: str, error: type[Exception] = ValueError) -> Mapping:
-    """``value`` when it is a JSON object (a ``Mapping``).
-
-    Raises:
-      error: ``{path}: {name} = {value}, expected a JSON object``.
-    """
-    if not isinstance(value, Mapping):
-        raise error(f"{path}: {name} = {short(value)}, expected a JSON object")
-    return value
 
 
 def convert(value: Any, model: Any, *, path: str, error: type[Exception] = ValueError, prefix: str = "") -> Any:

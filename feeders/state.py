@@ -78,6 +78,13 @@ class _Stage(Struct):
     weights: list[_Count]
 
 
+class _Converter(Struct, forbid_unknown_fields=True):
+    """A ``ConvertedFeeder``'s state's ``converter`` field (``check_converter``)."""
+
+    name: str
+    sequence_length: dict[str, Annotated[int, Meta(ge=1, lt=bounded_json.MAX_SEQUENCE_LENGTH)]]
+
+
 class _State(Struct):
     """The fields of a state after its kind and versions (other keys are not read here).
     The seed's upper bound, ``MAX_SEED``, is ``check_tree``'s (msgspec's bounds fit in int64)."""
@@ -159,23 +166,17 @@ def check_converter(state: Mapping[str, Any], *, path: str = "feeder state") -> 
       FeederStateError: one line naming ``path`` and the field, with the value
         shortened (``seqcache.bounded_json.short``).
     """
-    err = FeederStateError
-    converter = bounded_json.mapping(state.get("converter"), "converter", path=path, error=err)
-    extra = sorted(str(k) for k in converter if k not in ("name", "sequence_length"))
-    if extra or "name" not in converter or "sequence_length" not in converter:
-        raise FeederStateError(f"{path}: converter has keys {_short(sorted(map(str, converter)))}, expected "
-                               "['name', 'sequence_length']")
-    name = converter["name"]
-    if not isinstance(name, str) or name not in CONVERTER_FEATURES:
+    converter = bounded_json.convert(state.get("converter"), _Converter, path=path, error=FeederStateError,
+                                     prefix="converter")
+    name, lengths = converter.name, converter.sequence_length
+    if name not in CONVERTER_FEATURES:
         raise FeederStateError(f"{path}: converter.name = {_short(name)}, expected one of "
                                f"{tuple(CONVERTER_FEATURES)}")
-    lengths = bounded_json.mapping(converter["sequence_length"], "converter.sequence_length", path=path, error=err)
     names = CONVERTER_FEATURES[name]
-    if sorted(map(str, lengths)) != sorted(names):
-        raise FeederStateError(f"{path}: converter.sequence_length has features {_short(sorted(map(str, lengths)))}, "
+    if sorted(lengths) != sorted(names):
+        raise FeederStateError(f"{path}: converter.sequence_length has features {_short(sorted(lengths))}, "
                                f"converter {name!r} reads {list(names)}")
-    out = {n: bounded_json.integer(lengths[n], f"converter.sequence_length.{n}", path=path, lo=1,
-                                   hi=bounded_json.MAX_SEQUENCE_LENGTH, error=err) for n in names}
+    out = {n: lengths[n] for n in names}
     if state.get("feature") != "targets" or state.get("sequence_length") != out["targets"]:
         raise FeederStateError(
             f"{path}: feature = {_short(state.get('feature'))} and sequence_length = "

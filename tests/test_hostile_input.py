@@ -258,7 +258,9 @@ def test_a_schedule_file_is_read_within_bounds(pristine, tmp_path):
     for text, words in (('{"0": {"c": NaN}}', "NaN is not a JSON number"),
                         ('{"0": ' + _nested(DEEP) + "}", "nested deeper than 64 levels"),
                         ('{"1' + "0" * 30 + '": {"c": 1}}', "is not a step number in [0, 2^62)"),
-                        ('{"0": {"c": -1}}', "rate of 'c' = -1, expected a number in [0,")):
+                        ('{"0": {"c": -1}}', "stage 0: expected `float` >= 0.0 (got {'c': -1})"),
+                        ('{"0": {"c": true}}', "stage 0: expected `float` (got {'c': True})"),
+                        ('{"0": []}', "stage 0: expected `object` (got [])")):
         path = tmp_path / "schedule.json"
         path.write_text(text)
         out = run_cli("which", root, "--mixture-schedule", path, "--step", 0, "--row", 0, "--batch-size", B)

@@ -6,9 +6,11 @@ import json
 import os
 import sys
 import time
+from typing import Annotated
 
 import click
 import pyarrow.parquet as pq
+from msgspec import Meta
 
 from seqcache import bounded_json, layout
 from seqcache import format as fmt
@@ -62,6 +64,10 @@ def _checkpoint_steps(folder: str) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit() and os.path.isfile(os.path.join(folder, n, FEEDER_STATE_IN_STEP)))
 
 
+# A stage of a mixture schedule file: {cache path: rate}, each rate a number in [0, 2^53].
+_Rates = dict[str, Annotated[float, Meta(ge=0, le=bounded_json.MAX_COUNT)]]
+
+
 def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
     """A mixture schedule file: JSON ``{"STEP": {"CACHE_PATH": RATE, ...}, ...}``
     (e.g. ``{"0": {"wiki": 1, "code": 1}, "10000": {"wiki": 3, "code": 1}}``);
@@ -78,10 +84,8 @@ def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
             s = int(step) if step.isdigit() and len(step) <= 18 else -1
             if not 0 <= s < 2**62:
                 raise _Bad(f"{path}: stage key {bounded_json.short(step)} is not a step number in [0, 2^62)")
-            bounded_json.mapping(rates, f"stage {step}", path=path, error=_Bad)
-            for p, r in rates.items():
-                bounded_json.number(r, f"stage {step}: rate of {bounded_json.short(p)}", path=path, error=_Bad)
-            out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): float(r) for p, r in rates.items()}
+            rates = bounded_json.convert(rates, _Rates, path=path, error=_Bad, prefix=f"stage {step}")
+            out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): r for p, r in rates.items()}
     except _Bad as e:  # a damaged file, not a usage mistake: one line, exit 1
         common.fail(f"--mixture-schedule: {e}")
     return out

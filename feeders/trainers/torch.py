@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Annotated, Any, Callable, Iterator, Mapping
 
+import msgspec
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -63,6 +64,41 @@ STATE_KEY = "seqcache_feeder_state"
 MICROBATCH_KEY = "microbatches_served"
 """Key of the number of microbatches of the current step already served (0 at a
 step boundary, where every checkpoint of a training loop is taken)."""
+
+_Steps = Annotated[int, msgspec.Meta(ge=0, lt=2**62)]
+_Size = Annotated[int, msgspec.Meta(ge=1, lt=2**40)]
+
+
+class _Served(msgspec.Struct):
+    """What ``FeederLoader.load_state_dict`` reads of a state besides its JSON
+    text (other keys are not read here)."""
+
+    microbatch: Annotated[int, msgspec.Meta(ge=0, lt=2**31)] = msgspec.field(default=0, name=MICROBATCH_KEY)
+
+
+class _Slicing(_Served, kw_only=True):
+    """A saved worker state's slicing (``_position``); the bounds that depend on
+    the global batch size are checked there."""
+
+    world_size: _Size
+    local_batch_size: _Size
+
+
+class _Place(msgspec.Struct):
+    """The fields of a Feeder state that place it in the stream (``_position``;
+    other keys are not read here)."""
+
+    global_batch_size: _Size
+    position: _Steps
+
+
+class _Worker(msgspec.Struct):
+    """A worker's part of its saved state (``WORKER_KEY``); ``ahead`` is below
+    ``num_workers``, checked after."""
+
+    worker: Annotated[int, msgspec.Meta(ge=0, lt=2**16)]
+    num_workers: Annotated[int, msgspec.Meta(ge=1, lt=2**16)]
+    ahead: Annotated[int, msgspec.Meta(ge=0, lt=2**16)]
 
 
 def dist_rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -292,8 +328,7 @@ class FeederLoader(ClosedOnExit):
         if not isinstance(text, (str, bytes)):
             raise FeederStateError(f"{where}: {STATE_KEY} is a {type(text).__name__}, expected JSON text")
         state = bounded_json.loads(text, path=where, error=FeederStateError, what="feeder state")
-        microbatch = bounded_json.integer(state_dict.get(MICROBATCH_KEY, 0), MICROBATCH_KEY, path=where,
-                                          error=FeederStateError, hi=2**31)
+        microbatch = bounded_json.convert(dict(state_dict), _Served, path=where, error=FeederStateError).microbatch
         if microbatch:
             self._check_mid_step(state_dict, microbatch)
         self._feeder.set_state(state)
@@ -395,17 +430,17 @@ class _WorkerPart:
             raise FeederStateError(
                 f"{where}: no {WORKER_KEY!r} (keys: {sorted(state_dict)[:8]}); a state of the whole loader is "
                 "loaded into the FeederDataset before the loader is built (dataset.load_state_dict(state))")
-        worker = bounded_json.integer(saved.get("worker"), "worker", path=where, error=FeederStateError, hi=2**16)
-        count = bounded_json.integer(saved.get("num_workers"), "num_workers", path=where, error=FeederStateError,
-                                     lo=1, hi=2**16)
+        saved = bounded_json.convert(dict(saved), _Worker, path=where, error=FeederStateError, prefix=WORKER_KEY)
+        worker, count = saved.worker, saved.num_workers
         if (worker, count) != (self.worker, self.num_workers):
             raise FeederStateError(
                 f"{where}: saved by worker {worker} of {count}, loaded into worker {self.worker} of "
                 f"{self.num_workers}; load the loader's state into the FeederDataset instead "
                 "(dataset.load_state_dict(state)), which resumes on any number of workers")
-        ahead = bounded_json.integer(saved.get("ahead"), "ahead", path=where, error=FeederStateError, hi=count)
+        if saved.ahead >= count:
+            raise FeederStateError(f"{where}: {WORKER_KEY}.ahead = {saved.ahead}, expected an integer in [0, {count})")
         self.loader.load_state_dict({k: v for k, v in state_dict.items() if k != WORKER_KEY})
-        self.ahead = ahead
+        self.ahead = saved.ahead
 
 
 def dataset_state_of(state_dict: Mapping[str, Any]) -> dict[str, Any]:
@@ -450,20 +485,16 @@ def _position(state: Mapping[str, Any], where: str) -> tuple[dict, int, int]:
         raise FeederStateError(f"{where}: {STATE_KEY} is a {type(text).__name__}, expected JSON text")
     feeder = bounded_json.loads(bytes(text) if isinstance(text, bytearray) else text, path=where,
                                 error=FeederStateError, what="feeder state")
-    if not isinstance(feeder, dict):
-        raise FeederStateError(f"{where}: {STATE_KEY} is not a JSON object")
-    g = bounded_json.integer(feeder.get("global_batch_size"), "global_batch_size", path=where,
-                             error=FeederStateError, lo=1, hi=2**40)
-    p = bounded_json.integer(feeder.get("position"), "position", path=where, error=FeederStateError, hi=2**62)
-    r = bounded_json.integer(state.get("world_size"), "world_size", path=where, error=FeederStateError, lo=1, hi=g + 1)
-    b = bounded_json.integer(state.get("local_batch_size"), "local_batch_size", path=where, error=FeederStateError,
-                             lo=1, hi=g + 1)
-    if g % (r * b) or p % g:
+    place = bounded_json.convert(feeder, _Place, path=where, error=FeederStateError, prefix=STATE_KEY)
+    slicing = bounded_json.convert(dict(state), _Slicing, path=where, error=FeederStateError)
+    g, p = place.global_batch_size, place.position
+    r, b, m = slicing.world_size, slicing.local_batch_size, slicing.microbatch
+    if g % (r * b) or p % g:  # also refuses a world_size or local_batch_size above g
         raise FeederStateError(f"{where}: position {p}, world_size={r} and local_batch_size={b} do not slice "
                                f"global_batch_size={g} into whole steps and microbatches")
     per_step = g // (r * b)
-    m = bounded_json.integer(state.get(MICROBATCH_KEY, 0), MICROBATCH_KEY, path=where, error=FeederStateError,
-                             hi=per_step)
+    if m >= per_step:
+        raise FeederStateError(f"{where}: {MICROBATCH_KEY} = {m}, expected an integer in [0, {per_step})")
     return feeder, p // g * per_step + m, per_step
 
 
@@ -471,7 +502,7 @@ def _furthest_worker_state(workers: Mapping[str, Any], since: Any) -> dict[str, 
     """The position of a StatefulDataLoader with workers: the furthest of its
     workers' states, ``since`` microbatches further on (see ``dataset_state_of``)."""
     where = "dataloader state"
-    since = bounded_json.integer(since, "_steps_since_snapshot", path=where, error=FeederStateError, hi=2**62)
+    since = bounded_json.convert(since, _Steps, path=where, error=FeederStateError, prefix="_steps_since_snapshot")
     best = None
     for key in sorted(workers):
         state = workers[key].get("dataset_state") if isinstance(workers[key], Mapping) else None

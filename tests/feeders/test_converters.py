@@ -248,17 +248,20 @@ def test_a_plain_feeder_refuses_a_converted_state(caches):
 
 
 @pytest.mark.parametrize("converter, expected", [
-    ("encdec", "converter = 'encdec', expected a JSON object"),
+    ("encdec", "converter: expected `object` (got 'encdec')"),
     ({"name": "bert" * 5000, "sequence_length": {"targets": 96}}, "converter.name = 'bertbert"),
     ({"name": "lm", "sequence_length": {"targets": 10**30}}, "is out of range"),
-    ({"name": "lm", "sequence_length": {"targets": 2**40}}, "converter.sequence_length.targets = 1099511627776, "
-                                                             "expected an integer in [1, 2^24)"),
-    ({"name": "lm", "sequence_length": {"targets": 96.5}}, "converter.sequence_length.targets = 96.5"),
+    ({"name": "lm", "sequence_length": {"targets": 2**40}}, "converter.sequence_length: expected `int` <= 16777215 "
+                                                             "(got {'targets': 1099511627776})"),
+    ({"name": "lm", "sequence_length": {"targets": 96.5}}, "converter.sequence_length: expected `int` "
+                                                            "(got {'targets': 96.5})"),
     ({"name": "lm", "sequence_length": {"targets": float("nan")}}, "expected a finite number"),
     ({"name": "lm", "sequence_length": {"targets": 96, "inputs": 96}}, "converter 'lm' reads ['targets']"),
     ({"name": "encdec", "sequence_length": {"inputs": 64, "targets": 48}}, "disagree with converter 'encdec'"),
-    ({"name": "lm", "sequence_length": {"targets": 96}, "x": 1}, "expected ['name', 'sequence_length']"),
-    ({"name": [[[[[[["lm"] * 100]]]]]], "sequence_length": {"targets": 96}}, "converter.name = [[[[...]]]]"),
+    ({"name": "lm", "sequence_length": {"targets": 96}, "x": 1}, "converter: object contains unknown field `x`"),
+    ({"name": "lm"}, "converter: object missing required field `sequence_length`"),
+    ({"name": [[[[[[["lm"] * 100]]]]]], "sequence_length": {"targets": 96}}, "converter.name: expected `str` "
+                                                                             "(got [[[[...]]]])"),
 ])
 def test_hostile_converter_fields_are_one_short_line(caches, converter, expected):
     from seqcache.feeders import FeederStateError, restore_feeder

@@ -445,12 +445,31 @@ def test_spawned_workers_get_the_arguments_and_the_position(packed):
         ds.close()
 
 
+AT_STEP_0 = '{"global_batch_size": 8, "position": 0}'  # the fields of a Feeder state that _position reads
+
+
+def worker_snapshot(feeder_json: str, **fields) -> dict:
+    """A StatefulDataLoader state of one worker whose FeederDataset state has
+    the Feeder state ``feeder_json`` and the other ``fields``."""
+    state = {STATE_KEY: feeder_json, **fields}
+    return {"_snapshot": {"_worker_snapshots": {"worker_0": {"dataset_state": state}}}, "_steps_since_snapshot": 0}
+
+
 @pytest.mark.parametrize("sd,match", [
     ({"_snapshot": {"_worker_snapshots": {"worker_0": {"dataset_state": None}}}, "_steps_since_snapshot": 0},
      "worker snapshot 'worker_0' holds no FeederDataset state"),
     ({"_snapshot": {"_worker_snapshots": {}}, "_steps_since_snapshot": 0}, "no worker snapshots"),
     ({"_snapshot": {"_worker_snapshots": {"worker_0": {"dataset_state": {STATE_KEY: "{"}}}}},
      "not valid JSON"),
+    (worker_snapshot('{"global_batch_size": 0, "position": 0}', world_size=1, local_batch_size=1),
+     r"seqcache_feeder_state.global_batch_size: expected `int` >= 1 \(got 0\)"),
+    (worker_snapshot(AT_STEP_0, world_size=1), "missing required field `local_batch_size`"),
+    (worker_snapshot(AT_STEP_0, world_size=16, local_batch_size=1),
+     "world_size=16 and local_batch_size=1 do not slice global_batch_size=8"),
+    (worker_snapshot(AT_STEP_0, world_size=1, local_batch_size=4, microbatches_served=2),
+     r"microbatches_served = 2, expected an integer in \[0, 2\)"),
+    ({**worker_snapshot(AT_STEP_0, world_size=1, local_batch_size=8),
+      "_steps_since_snapshot": -1}, r"_steps_since_snapshot: expected `int` >= 0 \(got -1\)"),
 ])
 def test_foreign_worker_states_are_refused(packed, sd, match):
     ds = FeederDataset(**args(packed))

@@ -380,6 +380,11 @@ def _build_into(plan: BuildPlan, *, progress, build_dir) -> Manifest:
         with vocab_mod.stored_models(stored):
             _run_pipeline(plan, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
                           units=units)
+    except Exception:
+        if not fs.exists(scratch):  # its own working folder gone: say so, not which spill file went first
+            raise BuildError(f"{plan.out_dir}: the build's working folder {scratch} was removed while it ran; "
+                             "nothing was published (a cache there before is untouched); run the build again") from None
+        raise
     finally:
         if local_scratch is not None:
             shutil.rmtree(local_scratch, ignore_errors=True)
@@ -637,8 +642,9 @@ def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
                 else:
                     walk(a[k], b[k], f"{path}{k}.")
         elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-            for i, (x, y) in enumerate(zip(a, b)):
-                walk(x, y, f"{path[:-1]}[{i}].")
+            for i, (x, y) in enumerate(zip(a, b)):  # a file by its path too, not by its index alone
+                named = isinstance(x, dict) and isinstance(y, dict) and x.get("path") == y.get("path") is not None
+                walk(x, y, f"{path[:-1]}[{i}] ({x['path']})." if named else f"{path[:-1]}[{i}].")
         elif a != b:
             diffs.append(f"{path[:-1]}: {short(a)} -> {short(b)}")
 

@@ -16,6 +16,7 @@ from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.cli.main import main as cli
 from seqcache.pipelines import BuildConfig, BuildError, build_task
+from seqcache.pipelines import build as build_mod
 from seqcache.feeders.reader import CacheReader
 from seqcache.cli.verify import verify_cache
 from testsupport import byte_task, write_files
@@ -274,6 +275,30 @@ def test_refusal_names_what_changed(tmp_path, corpus, cache):
     root = os.path.dirname(os.path.dirname(cache))
     with pytest.raises(BuildError, match=r"what changed: task\.seed: 0 -> 7"):
         build_task(_task(corpus), cache_dir=root, config=BuildConfig(num_shards=3, seed=7))
+
+
+def test_refusal_names_a_changed_file_by_its_path(tmp_path, shakespeare_halves):
+    folder = shakespeare_halves(4000)
+    corpus = str(folder / "*.txt")
+    build_task(_task(corpus), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
+    changed = sorted(folder.glob("*.txt"))[1]
+    os.utime(changed, ns=(10**18, 10**18))
+    with pytest.raises(BuildError, match=r"task\.source\.files\[1\] \(" + re.escape(str(changed)) + r"\)\.mtime_ns: "):
+        build_task(_task(corpus), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
+
+
+def test_a_working_folder_removed_during_the_build_is_one_line_and_nothing_is_published(tmp_path, corpus,
+                                                                                          monkeypatch):
+    real = build_mod._run_pipeline
+
+    def removing(plan, **kw):  # the scratch folder goes away while the pipeline runs
+        shutil.rmtree(kw["scratch"])
+        return real(plan, **kw)
+
+    monkeypatch.setattr(build_mod, "_run_pipeline", removing)
+    with pytest.raises(BuildError, match=r"working folder .*_tmp was removed while it ran; nothing was published"):
+        build_task(_task(corpus), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2))
+    assert not os.path.exists(tmp_path / "c" / "lines" / "train" / "manifest.json")
 
 
 def test_pattern_spelling_does_not_change_the_fingerprint(tmp_path, corpus, cache, monkeypatch):

@@ -305,6 +305,22 @@ def test_a_file_that_changes_after_it_is_listed_stops_the_build_in_one_line(tmp_
     assert not os.path.exists(tmp_path / "c" / "small_files" / "train" / fmt.MANIFEST_NAME)
 
 
+def test_a_file_deleted_after_it_is_listed_stops_the_build_in_one_line(tmp_path, monkeypatch):
+    pattern = _write_parts(tmp_path / "in", [f"line {i}" for i in range(60)], 30)
+    listing = fs.match
+
+    def listed_before_a_file_was_deleted(p):
+        files = listing(p)
+        os.unlink(files[11].path)
+        return files
+
+    monkeypatch.setattr(fs, "match", listed_before_a_file_was_deleted)
+    with pytest.raises(Exception, match=r"part-00011\.txt: cannot be read \(FileNotFoundError\)") as raised:
+        _build(pattern, tmp_path / "c")
+    assert len(str(raised.value).strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "c" / "small_files" / "train" / fmt.MANIFEST_NAME)
+
+
 def test_a_stored_work_table_pickles_as_its_file_and_reads_back_what_was_stored(tmp_path):
     paths = [f"/data/part-{k:05d}.txt" for k in range(5000)]
     sizes = [k % 300 for k in range(5000)]

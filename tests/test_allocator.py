@@ -93,3 +93,15 @@ def test_the_build_command_tunes_its_process_and_other_commands_do_not(tmp_path)
                                  {"MALLOC_TRIM_THRESHOLD_": "131072"}])
 def test_malloc_settings_in_the_environment_are_left_alone(env):
     assert _faults("tune", **env) > 3000
+
+
+def test_own_processes_collect_the_young_generation_less_often_and_library_users_keep_theirs():
+    code = ("import gc, json; before = gc.get_threshold(); import seqcache.pipelines, seqcache.feeders; "
+            "from seqcache import process; library = gc.get_threshold(); process.own_process(); "
+            "print(json.dumps([before, library, gc.get_threshold()]))")
+    before, library, own = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                     check=True).stdout)
+    assert library == before  # importing the package changes nothing
+    from seqcache import process
+
+    assert own == list(process.GC_THRESHOLDS) and own[0] > before[0]

@@ -42,12 +42,12 @@ import dataclasses
 import functools
 import hashlib
 import itertools
-import json
 import os
 import pickle
 import zlib
 from typing import Any, Iterator, Sequence
 
+import msgspec
 import numpy as np
 
 from seqcache import format as fmt
@@ -906,8 +906,7 @@ class WriteSummary:
         set_worker_options(self.fs_options)
         _, results = element
         results = sorted(results, key=lambda r: (r["kind"], r.get("shard", -1)))
-        fs.write_bytes_atomic(fs.join(self.scratch_dir, SUMMARY_NAME),
-                              json.dumps({"results": results}).encode("utf-8"))
+        fs.write_bytes_atomic(fs.join(self.scratch_dir, SUMMARY_NAME), msgspec.json.encode({"results": results}))
         yield len(results)
 
 
@@ -921,7 +920,7 @@ def read_summary(scratch_dir: str) -> dict | None:
     path = fs.join(scratch_dir, SUMMARY_NAME)
     if not fs.exists(path):
         return None
-    results = json.loads(fs.read_text(path))["results"]
+    results = msgspec.json.decode(fs.read_bytes(path))["results"]  # per-file columns: msgspec, 5x json's speed
     out = {"shards": {}, "records": None, "units": None, "quarantine": None, "files": None, "bad_input": None}
     for r in results:
         if r["kind"] == "shard":

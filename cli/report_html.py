@@ -240,8 +240,9 @@ def _templates() -> jinja2.Environment:
 
 
 def render(report: Mapping[str, Any], *, title: str | None = None, elapsed_s: float | None = None) -> str:
-    """The HTML page of a report (``seqcache.cli.report.build_report``'s dict).
-    Raises ``jinja2.UndefinedError`` where the dict lacks a key the page shows."""
+    """The HTML page of a report (``seqcache.cli.report.build_report``'s dict), every
+    value in it escaped. Raises ``KeyError`` or ``jinja2.UndefinedError`` where the
+    dict lacks a key the page shows."""
     caches, mixture, overlaps = report["caches"], report.get("mixture"), report.get("overlap") or ()
     if title is None:
         title = ("mixture of " + ", ".join(c["summary"]["task"] for c in caches)) if mixture \

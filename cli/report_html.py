@@ -37,7 +37,8 @@ def _png(fig) -> str:
 
 
 def _num(value: Any) -> str:
-    """A count or a measure as the page shows it: thousands separated, 4 digits, "—" for none."""
+    """A count or a measure as the page shows it: thousands separated, a float to 4
+    significant digits (one decimal from 1,000 up), "—" for None."""
     if isinstance(value, bool) or value is None:
         return "—" if value is None else str(value)
     if isinstance(value, int):

@@ -4,17 +4,19 @@ Plots are drawn by matplotlib (Agg backend) and embedded as base64 PNG ``data:``
 URLs; the page has no script and no external file, so it opens offline. Every
 number comes from the dict ``seqcache report --json`` prints (``seqcache.cli.report``);
 the summary cells carry ``data-key`` (a dotted path into ``seqcache info --json``)
-and ``data-value`` (the exact value), so that a script can read them back.
+and ``data-value`` (the exact value), so that a script can read them back. The
+markup is Jinja2 templates (``cli/templates/*.html.j2``), autoescaped.
 """
 
 from __future__ import annotations
 
 import base64
-import html
+import functools
 import io
 import json
 from typing import Any, Mapping
 
+import jinja2
 import matplotlib
 
 matplotlib.use("Agg", force=True)
@@ -34,33 +36,20 @@ def _png(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
 def _num(value: Any) -> str:
+    """A count or a measure as the page shows it: thousands separated, a float to 4
+    significant digits (one decimal from 1,000 up), "—" for None."""
     if isinstance(value, bool) or value is None:
         return "—" if value is None else str(value)
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.1f}"
-    return _e(value)
+    return str(value)
 
 
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.2f} %"
-
-
-def _figure(src: str, alt: str, caption: str) -> str:
-    return (f'<figure class="plot"><img src="{src}" alt="{_e(alt)}">'
-            f"<figcaption>{caption}</figcaption></figure>")
-
-
-def _cell(key: str, value: Any) -> str:
-    """A summary value the page shows, tagged with its path in ``info --json``."""
-    raw = json.dumps(value)
-    return f'<td class="num" data-key="{_e(key)}" data-value="{_e(raw)}">{_num(value)}</td>'
 
 
 # --- plots ---------------------------------------------------------------------
@@ -240,248 +229,32 @@ def plot_first_reads(ov: Mapping[str, Any]) -> str:
 
 # --- page ----------------------------------------------------------------------
 
-_STYLE = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 72em;
-       padding: 0 1em; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
-h3 { font-size: 1.05em; }
-table { border-collapse: collapse; margin: .5em 0 1em; }
-td, th { border: 1px solid #ddd; padding: .2em .6em; vertical-align: top; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-th { background: #f4f4f4; }
-figure.plot { margin: .5em 0 1em; } figure.plot img { max-width: 100%; height: auto; }
-figcaption, .note { color: #555; font-size: .92em; }
-code { font-size: .92em; } .warn { color: #a00; }
-"""
+
+@functools.cache
+def _templates() -> jinja2.Environment:
+    """The page's templates (``cli/templates``, shipped as package data) and their filters."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("seqcache.cli", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(num=_num, pct=_pct, short=_short, json=json.dumps,
+                       fmt=lambda value, spec=",": format(value, spec))
+    return env
 
 
 def render(report: Mapping[str, Any], *, title: str | None = None, elapsed_s: float | None = None) -> str:
-    """The HTML page of a report (``seqcache.cli.report.build_report``'s dict)."""
-    caches = report["caches"]
+    """The HTML page of a report (``seqcache.cli.report.build_report``'s dict), every
+    value in it escaped. Raises ``KeyError`` or ``jinja2.UndefinedError`` where the
+    dict lacks a key the page shows."""
+    caches, mixture, overlaps = report["caches"], report.get("mixture"), report.get("overlap") or ()
     if title is None:
-        title = ("mixture of " + ", ".join(c["summary"]["task"] for c in caches)) if report.get("mixture") \
+        title = ("mixture of " + ", ".join(c["summary"]["task"] for c in caches)) if mixture \
             else f"{caches[0]['summary']['task']}/{caches[0]['summary']['split']}"
-    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>seqcache report: {_e(title)}"
-             f"</title><style>{_STYLE}</style></head><body>", f"<h1>seqcache report: {_e(title)}</h1>"]
-    if report.get("mixture"):
-        parts.append(_mixture_section(report["mixture"]))
-    for ov in report.get("overlap") or ():
-        parts.append(_overlap_section(ov))
-    for c in caches:
-        parts.append(_cache_section(c, heading=len(caches) > 1 or bool(report.get("mixture"))))
-    foot = f"report format {report.get('report_version')}"
-    if elapsed_s is not None:
-        foot += f", computed in {elapsed_s:.2f} s"
-    parts.append(f'<p class="note">{_e(foot)}; the numbers come from each manifest and quarantine file '
-                 "(<code>seqcache report --json</code> prints them).</p></body></html>")
-    return "\n".join(parts)
-
-
-def _cache_section(c: Mapping[str, Any], *, heading: bool) -> str:
-    """One cache's part of the page: summary, lengths, packing, sources, skips, shards."""
-    parts = [_summary_part(c, heading=heading), _lengths_part(c), _packing_part(c), _sources_part(c),
-             _quarantine_part(c), _shards_part(c)]
-    return "\n".join(p for part in parts for p in part)
-
-
-def _summary_part(c: Mapping[str, Any], *, heading: bool) -> list[str]:
-    s = c["summary"]
-    st = s["statistics"]
-    out = []
-    if heading:
-        out.append(f"<h2>{_e(s['task'])}/{_e(s['split'])}</h2>")
-    out.append(f'<p>Cache <code>{_e(c["cache_dir"])}</code>, fingerprint <code>{_e(s["fingerprint"][:16])}</code>…, '
-               f'built {_e(s.get("created"))} by seqcache {_e(s.get("seqcache_version"))}.</p>')
-    if c.get("problem"):
-        out.append(f'<p class="warn">warning: {_e(c["problem"])}</p>')
-    rows = [("examples", "num_examples", s["num_examples"]), ("shards", "num_shards", s["num_shards"]),
-            ("bytes (data shards)", "num_bytes", s["num_bytes"]), ("source files", "num_sources", s["num_sources"]),
-            ("seed", "seed", s["seed"])]
-    for key in ("source_records", "source_examples", "segments", "truncated_tokens", "skipped_records",
-                "replaced_records"):
-        if key in st:
-            rows.append((key.replace("_", " "), f"statistics.{key}", st[key]))
-    for name, n in st.get("tokens", {}).items():
-        rows.append((f"tokens ({name})", f"statistics.tokens.{name}", n))
-        if name in st.get("mean_length", {}):
-            rows.append((f"mean length ({name})", f"statistics.mean_length.{name}", st["mean_length"][name]))
-        if name in st.get("max_length", {}):
-            rows.append((f"max length ({name})", f"statistics.max_length.{name}", st["max_length"][name]))
-    out.append('<table class="summary"><tbody>' + "".join(
-        f"<tr><th>{_e(label)}</th>{_cell(key, value)}</tr>" for label, key, value in rows) + "</tbody></table>")
-    out.append(f"<p>Sequence length <code>{_e(json.dumps(s['sequence_length']))}</code>, packing "
-               f"<code>{_e(s['packing'])}</code>.</p>")
-    return out
-
-
-def _lengths_part(c: Mapping[str, Any]) -> list[str]:
-    s = c["summary"]
-    out = ["<h3>Example lengths</h3>"]
-    img = plot_lengths(c["lengths"])
-    lines = []
-    for name, e in c["lengths"].items():
-        if not e["recorded"]:
-            lines.append(f"<li>{_e(name)}: histogram {_e(e['reason'])}; mean {_num(e['mean_length'])}, "
-                         f"max {_num(e['max_length'])} tokens.</li>")
-            continue
-        text = (f"<li>{_e(name)}: {e['count']:,} {_e(e['of'])}; median at most {e['p50_at_most']:,}, 90 % at most "
-                f"{e['p90_at_most']:,}, 99 % at most {e['p99_at_most']:,} tokens; mean {_num(e['mean_length'])}, "
-                f"max {_num(e['max_length'])}")
-        if "longer_than_sequence_length_at_least" in e:
-            text += (f"; at least {e['longer_than_sequence_length_at_least']:,} longer than the sequence length "
-                     f"{e['sequence_length']:,}" + (" (split by packing)" if s["packing"] else " (trimmed)"))
-        lines.append(text + ".</li>")
-    if img:
-        out.append(_figure(img, "histogram of example lengths",
-                           "Examples per length bucket (buckets about 9 % wide, exact below 16 tokens); the red line "
-                           "is the sequence length."))
-    out.append("<ul>" + "".join(lines) + "</ul>")
-    return out
-
-
-def _packing_part(c: Mapping[str, Any]) -> list[str]:
-    out = ["<h3>Packing efficiency</h3>"]
-    img = plot_packing(c["packing"])
-    if img:
-        out.append(_figure(img, "packing efficiency", "Tokens against padding in examples x sequence length: what a "
-                                                      "feeder at the cache's sequence length fills."))
-    items = []
-    for name, e in c["packing"].items():
-        if e["efficiency"] is None:
-            items.append(f"<li>{_e(name)}: {_e(e['reason'])}.</li>")
-        else:
-            extra = (f"; {e['segments_per_example']:.2f} segments per example"
-                     if "segments_per_example" in e else "")
-            items.append(f"<li>{_e(name)}: {_pct(e['efficiency'])} ({e['tokens']:,} tokens in {e['examples']:,} x "
-                         f"{e['sequence_length']:,}; {e['padding_tokens']:,} padding tokens){extra}; "
-                         f"{e['truncated_tokens']:,} tokens trimmed by the build.</li>")
-    out.append("<ul>" + "".join(items) + "</ul>")
-    return out
-
-
-def _sources_part(c: Mapping[str, Any]) -> list[str]:
-    src = c["sources"]
-    out = [f"<h3>Source files ({src['num_files']:,})</h3>"]
-    img = plot_sources(src)
-    if not src["recorded"]:
-        out.append(f'<p class="note">Tokens and examples per file: {_e(src["reason"])}. Shown: file sizes.</p>')
-    if img:
-        out.append(_figure(img, "tokens and examples per source file",
-                           (f"The {len(src['top'])} files with the most {_e(src['ranked_by'])}"
-                            if len(src["top"]) > 1 else f"The only file, by {_e(src['ranked_by'])}")
-                           + (", then the rest in one bar." if src.get("other") else ".")))
-    out.append(_sources_table(src))
-    return out
-
-
-def _quarantine_part(c: Mapping[str, Any]) -> list[str]:
-    q = c["quarantine"]
-    out = [f"<h3>Skipped and repaired records ({q['skipped_records']:,} skipped, "
-           f"{q['replaced_records']:,} repaired)</h3>"]
-    img = plot_quarantine(q)
-    if not img:
-        out.append('<p class="note">None: every source record gave its examples as read.</p>')
-        return out
-    out.append(_figure(img, "skipped and repaired records by kind",
-                       f"From <code>{_e(q['file'])}</code>: red skipped (no example), orange repaired (cached)."))
-    for k in q["kinds"]:
-        out.append(f"<p><b>{_e(k['action'])}: {_e(k['kind'])}</b>, {k['records']:,} records; the first "
-                   f"{len(k['first'])}:</p><table><thead><tr><th>file</th><th>where</th><th>what</th></tr>"
-                   "</thead><tbody>" + "".join(
-                       f"<tr><td><code>{_e(f['path'])}</code></td><td>{_e(f['location'])}</td>"
-                       f"<td>{_e(f['error'])}</td></tr>" for f in k["first"]) + "</tbody></table>")
-    return out
-
-
-def _shards_part(c: Mapping[str, Any]) -> list[str]:
-    sh = c["shards"]
-    out = [f"<h3>Shards ({sh['num_shards']:,})</h3>"]
-    img = plot_shards(sh)
-    if img:
-        rs, bs = sh["records_skew"], sh["bytes_skew"]
-        out.append(_figure(img, "records and bytes per shard", "Records and megabytes per shard; the red line is the "
-                                                               "mean."))
-        out.append(f"<p>Records per shard {rs['min']:,} to {rs['max']:,} (largest / mean "
-                   f"{_num(rs['max_over_mean'])}); bytes {bs['min']:,} to {bs['max']:,} (largest / mean "
-                   f"{_num(bs['max_over_mean'])}).</p>")
-    return out
-
-
-def _sources_table(src: Mapping[str, Any]) -> str:
-    recorded = src["recorded"]
-    names = list(src["top"][0]["tokens"]) if recorded and src["top"] else []
-    head = "<tr><th>#</th><th>file</th><th>bytes</th>" + ("<th>examples</th>" if recorded else "") + "".join(
-        f"<th>tokens ({_e(n)})</th>" for n in names) + "</tr>"
-    body = []
-    for r in src["top"]:
-        body.append(f"<tr><td class=\"num\">{r['source_index']}</td><td><code>{_e(r['path'])}</code></td>"
-                    f"<td class=\"num\">{_num(r['num_bytes'])}</td>"
-                    + (f"<td class=\"num\">{r['examples']:,}</td>" if recorded else "")
-                    + "".join(f"<td class=\"num\">{r['tokens'][n]:,}</td>" for n in names) + "</tr>")
-    other = src.get("other")
-    if other:
-        body.append(f"<tr><td></td><td>other {other['files']:,} files</td><td class=\"num\">{other['num_bytes']:,}</td>"
-                    + (f"<td class=\"num\">{other['examples']:,}</td>" if recorded else "")
-                    + "".join(f"<td class=\"num\">{other['tokens'][n]:,}</td>" for n in names) + "</tr>")
-    return f"<table><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _mixture_section(mx: Mapping[str, Any]) -> str:
-    out = ["<h2>Mixture</h2>",
-           f"<p>Global batch {mx['global_batch_size']:,}; the first {mx['steps']:,} steps"
-           + (f"; {mx['num_epochs']} epochs per task (then padding rows)" if mx.get("num_epochs") else "")
-           + (f"; the saved state is at step {mx['state_step']:,}" if mx.get("state_step") is not None else "")
-           + ".</p>"]
-    out.append(_figure(plot_shares(mx), "each task's share of the stream over the first steps",
-                       "Share of the rows of the first s steps (solid) against the target rate (dashed): exact, "
-                       "from the feeder's mixing."))
-    out.append(_figure(plot_epochs(mx), "epochs read by each task over the steps",
-                       f"Epochs read by each task; the red line is step {mx['at_step']:,}."))
-    rows = "".join(
-        f"<tr><td>{_e(t['name'])}</td><td class=\"num\">{_num(t['rate'])}</td><td class=\"num\">"
-        f"{_pct(t['target_share'])}</td><td class=\"num\">{_pct(t['share_at_steps'][-1])}</td><td class=\"num\">"
-        f"{100 * t['max_share_error']:.3f} pp</td><td class=\"num\">{t['num_examples']:,}</td>"
-        f"<td class=\"num\">{t['epoch_at_step']:,}</td><td class=\"num\">{t['epochs_at_step']:.3f}</td></tr>"
-        for t in mx["tasks"])
-    out.append("<table><thead><tr><th>task</th><th>rate</th><th>target share</th>"
-               f"<th>share of {mx['steps']:,} steps</th><th>largest gap</th><th>examples</th>"
-               f"<th>epoch at step {mx['at_step']:,}</th><th>epochs read</th></tr></thead>"
-               f"<tbody>{rows}</tbody></table>")
-    return "\n".join(out)
-
-
-def _overlap_section(ov: Mapping[str, Any]) -> str:
-    """A result of ``seqcache overlap``: its counts, the curve of items read by
-    step, and its first items."""
-    b, s, run = ov["benchmark"], ov["summary"], ov.get("run")
-    out = [f"<h2>Benchmark overlap: {_e(b['name'])}</h2>",
-           f"<p>{s['items_with_overlap']:,} of {s['items']:,} items share an n-gram of {b['n']} normalised words "
-           f"with {s['overlapping_examples']:,} example(s) ({s['matches']:,} match(es)); {s['too_short']:,} item(s) "
-           f"too short to match (under {b['min_words']} words)"
-           + (f", {s['empty']:,} empty benchmark record(s) skipped" if s.get("empty") else "")
-           + ". Benchmark fingerprint "
-           f"<code>{_e(b['fingerprint'][:16])}</code>….</p>"]
-    if run is not None:
-        out.append(f"<p>Run: seed {run['seed']}, global batch {run['global_batch_size']:,}"
-                   + (f", saved state at step {run['state_step']:,}" if run.get("state_step") is not None else "")
-                   + f": {s['items_seen']:,} item(s) read"
-                   + (f", {s['items_seen_before_step']:,} before step {s['before_step']:,}"
-                      if s.get("items_seen_before_step") is not None else "") + ".</p>")
-        if ov["first_reads"]:
-            out.append(_figure(plot_first_reads(ov), "benchmark items read by step",
-                               "Items whose first overlapping example the run has read by step s (epoch 0)."))
-    if ov.get("problem"):
-        out.append(f'<p class="warn">warning: {_e(ov["problem"])}</p>')
-    rows = []
-    for it in ov["items"]:
-        first, m = it.get("first_seen"), it.get("first_match") or {}
-        rows.append(f"<tr><td class=\"num\">{it['item']:,}</td><td>{_e(it.get('location'))}</td>"
-                    f"<td class=\"num\">{_num(it.get('num_examples'))}</td>"
-                    f"<td class=\"num\">{_num(None if first is None else first['step'])}</td>"
-                    f"<td>{_e(m.get('task'))} #{_num(m.get('cache_index'))} ({_e(m.get('feature'))}): "
-                    f"{_e(_short(m.get('source')))} {_e(m.get('location'))}</td><td>{_e(m.get('span'))}</td></tr>")
-    if rows:
-        out.append("<table><thead><tr><th>item</th><th>where</th><th>examples</th><th>first step</th>"
-                   "<th>first match: task #index (feature): source</th><th>matched span</th></tr></thead>"
-                   f"<tbody>{''.join(rows)}</tbody></table>")
-    return "\n".join(out)
+    plots = [{"lengths": plot_lengths(c["lengths"]), "packing": plot_packing(c["packing"]),
+              "sources": plot_sources(c["sources"]), "quarantine": plot_quarantine(c["quarantine"]),
+              "shards": plot_shards(c["shards"])} for c in caches]
+    first_reads = [plot_first_reads(ov) if ov.get("run") is not None and ov["first_reads"] else None
+                   for ov in overlaps]
+    return _templates().get_template("report.html.j2").render(
+        title=title, report_version=report.get("report_version"), elapsed_s=elapsed_s, mixture=mixture,
+        mixture_plots=(plot_shares(mixture), plot_epochs(mixture)) if mixture else (),
+        overlaps=list(zip(overlaps, first_reads)), caches=list(zip(caches, plots)),
+        headings=len(caches) > 1 or bool(mixture))

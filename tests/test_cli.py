@@ -359,11 +359,11 @@ def test_info_says_none_the_same_way_and_show_names_the_index_out_of_range(tmp_p
     assert runner.invoke(main, ["show", cache, "--index", "39"]).exit_code == 0
     with CacheReader(cache) as reader, pytest.raises(IndexError, match=r"out of range \[0, 40\) \(got 40, 42\)$"):
         reader.read_examples([3, 42, 40])
-    # --help and info, in a fresh process: neither Beam nor JAX nor matplotlib is imported.
+    # --help and info, in a fresh process: neither Beam nor JAX nor matplotlib nor Jinja2 is imported.
     probe = ("import sys\nfrom click.testing import CliRunner\nfrom seqcache.cli.main import main\n"
              "for args in (['--help'], ['info', sys.argv[1]]):\n"
              "    assert CliRunner().invoke(main, args).exit_code == 0, args\n"
-             "print(sorted(m for m in ('apache_beam', 'jax', 'matplotlib') if m in sys.modules))")
+             "print(sorted(m for m in ('apache_beam', 'jax', 'matplotlib', 'jinja2') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe, cache], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout

@@ -53,6 +53,8 @@ def test_the_package_data_is_installed():
     assert schema.is_file() and '"$schema"' in schema.read_text(encoding="utf-8")
     gins = sorted(p.name for p in pathlib.Path(t5x.gin_dir()).glob("*.gin"))
     assert gins == sorted(p.name for p in (ROOT / "feeders" / "trainers" / "t5x_gin").glob("*.gin")) and gins
+    templates = sorted(p.name for p in importlib.resources.files("seqcache.cli").joinpath("templates").iterdir())
+    assert templates == sorted(p.name for p in (ROOT / "cli" / "templates").glob("*.j2")) and templates
 
 
 def test_the_seqcache_command_is_the_executable():

@@ -163,6 +163,28 @@ def test_report_of_a_mixture(c4_cache, tmp_path):
     assert out.read_text().count("<img ") == 2 + 2 * 5
 
 
+def test_the_page_escapes_what_files_and_users_wrote(c4_cache):
+    """A path, an error and a warning with markup in them are text on the page
+    (the templates autoescape), and a data-value attribute holds any JSON."""
+    from seqcache.cli import report_html
+
+    rep = json.loads(_invoke("report", c4_cache, "--json").stdout)
+    c = rep["caches"][0]
+    mark = "<script>alert('x')</script> & \"q\""
+    c["cache_dir"] += mark
+    c["problem"] = "odd manifest " + mark
+    c["quarantine"]["kinds"][0]["first"][0]["error"] += mark
+    c["sources"]["top"][0]["path"] += mark
+    c["summary"]["seed"] = mark  # a string where a number belongs: its JSON, quoted, in an attribute
+    page = report_html.render(rep, title=mark)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    escaped = page.count("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &#34;q&#34;")
+    assert escaped == 2 + 5, escaped  # the title twice; the folder, warning, error, file and seed
+    assert 'data-key="seed" data-value="&#34;&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; ' \
+           '\\&#34;q\\&#34;&#34;"' in page
+    assert page.count("<img ") == 5 and page.count("data:image/png;base64,") == 5
+
+
 # --- in a browser ---------------------------------------------------------------
 
 

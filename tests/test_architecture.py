@@ -318,7 +318,7 @@ def test_no_private_name_crosses_a_module():
 # The packages pyproject.toml requires (import names). An import of any other
 # package (jax, torch, boto3, the trainers, ...) is of an optional dependency.
 REQUIRED = frozenset({"seqcache", "apache_beam", "array_record", "sentencepiece", "tokenizers", "pyarrow", "numpy",
-                      "click", "rich", "matplotlib", "psutil", "msgspec", "grpc", "google"})  # google: protobuf
+                      "click", "rich", "matplotlib", "jinja2", "psutil", "msgspec", "grpc", "google"})  # google: protobuf
 # Imports inside functions of the standard library, the required packages and
 # seqcache itself, each with a comment saying why (Beam kept out of the feeder's
 # and the light commands' import, pyarrow.parquet and protobuf out of the tasks',

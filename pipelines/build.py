@@ -381,7 +381,7 @@ def _build_into(plan: BuildPlan, *, progress, build_dir) -> Manifest:
             _run_pipeline(plan, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
                           units=units)
     except Exception:
-        if not fs.exists(scratch):  # its own working folder gone: say so, not which spill file went first
+        if fs.is_local(scratch) and not fs.exists(scratch):  # its working folder gone (an object store has none)
             raise BuildError(f"{plan.out_dir}: the build's working folder {scratch} was removed while it ran; "
                              "nothing was published (a cache there before is untouched); run the build again") from None
         raise

@@ -260,7 +260,9 @@ def test_a_schedule_file_is_read_within_bounds(pristine, tmp_path):
                         ('{"1' + "0" * 30 + '": {"c": 1}}', "is not a step number in [0, 2^62)"),
                         ('{"0": {"c": -1}}', "stage 0: expected `float` >= 0.0 (got {'c': -1})"),
                         ('{"0": {"c": true}}', "stage 0: expected `float` (got {'c': True})"),
-                        ('{"0": []}', "stage 0: expected `object` (got [])")):
+                        ('{"0": []}', "stage 0: expected `object` (got [])"),
+                        ('{"0": {"c": 1}, "00": {"c": 2}}', "step 0 is given twice"),
+                        ('{"0": {"c": 1}, "\u0661": {"c": 2}}', "is not a step number in [0, 2^62)")):
         path = tmp_path / "schedule.json"
         path.write_text(text)
         out = run_cli("which", root, "--mixture-schedule", path, "--step", 0, "--row", 0, "--batch-size", B)

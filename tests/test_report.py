@@ -8,6 +8,8 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -93,6 +95,17 @@ def test_report_json_matches_info_and_the_corpus(c4_cache, corpora):
     assert sh["records"] == [x["num_records"] for x in info["shards"]]
     assert sh["num_bytes"] == [x["num_bytes"] for x in info["shards"]]
     assert sh["records_skew"]["max_over_mean"] == max(sh["records"]) / (sum(sh["records"]) / 4)
+
+
+def test_report_without_overlap_does_not_import_beam(c4_cache, tmp_path):
+    probe = ("import sys\nfrom click.testing import CliRunner\nfrom seqcache.cli.main import main\n"
+             "out = CliRunner().invoke(main, ['report', sys.argv[1], '--output', sys.argv[2]])\n"
+             "assert out.exit_code == 0, out.output\n"
+             "print('apache_beam' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe, c4_cache, str(tmp_path / "r.html")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
 
 
 def test_report_of_a_cache_built_before_the_new_statistics(c4_cache, tmp_path):

@@ -91,7 +91,8 @@ def report(target, output, as_json, steps, at_step, batch_size, num_epochs, mixt
     try:
         caches, mixture = _mixture_section(kw, steps, at_step)
         rep = report_lib.build_report(caches=caches, mixture=mixture, top_files=top_files,
-                                      first_entries=first_entries, overlaps=_read_overlaps(overlaps))
+                                      first_entries=first_entries,
+                                      overlaps=_read_overlaps(overlaps) if overlaps else [])
     except (fmt.CacheError, ValueError) as e:
         common.stderr_console().print(f"[red]error:[/red] {e}", highlight=False)
         sys.exit(1)

@@ -81,9 +81,11 @@ def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
             raise _Bad(f"{path}: expected a JSON object {{step: {{cache: rate}}}}")
         out: dict[int, dict[str, float]] = {}
         for step, rates in raw.items():
-            s = int(step) if step.isdigit() and len(step) <= 18 else -1
+            s = int(step) if step.isascii() and step.isdigit() and len(step) <= 18 else -1
             if not 0 <= s < 2**62:
                 raise _Bad(f"{path}: stage key {bounded_json.short(step)} is not a step number in [0, 2^62)")
+            if s in out:  # "0" and "00": which stage counts would depend on the keys' order
+                raise _Bad(f"{path}: step {s} is given twice (stage keys {bounded_json.short(step)} and another)")
             rates = bounded_json.convert(rates, _Rates, path=path, error=_Bad, prefix=f"stage {step}")
             out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): r for p, r in rates.items()}
     except _Bad as e:  # a damaged file, not a usage mistake: one line, exit 1

@@ -140,15 +140,15 @@ class ModelConfig:
     head_dim: int | None = None
     mlp_dim: Positive = 256
     mlp_activation: str = "swiglu"
-    rope_theta: float = 10000.0
+    rope_theta: Annotated[float, Meta(gt=0.0)] = 10000.0
     relative_attention_num_buckets: Positive = 32
     relative_attention_max_distance: Positive = 128
-    norm_eps: float = 1e-6
+    norm_eps: Annotated[float, Meta(gt=0.0)] = 1e-6
     dropout_rate: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.0
     dtype: str = "float32"
     tie_embeddings: bool = True
     share_embeddings: bool = True
-    init_std: float = 0.02
+    init_std: Annotated[float, Meta(gt=0.0)] = 0.02
     attention: str = "auto"
     remat: str = "none"
     scan_layers: bool = False
@@ -236,15 +236,15 @@ class OptimizerConfig:
       clip_norm: maximum global L2 norm of the gradient; None disables clipping.
     """
 
-    lr: float = 3e-3
+    lr: Annotated[float, Meta(ge=0.0)] = 3e-3
     warmup_steps: Count = 10
-    decay_steps: int | None = None
-    end_lr_ratio: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    clip_norm: float | None = 1.0
+    decay_steps: Positive | None = None
+    end_lr_ratio: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.1
+    b1: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.9
+    b2: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.95
+    eps: Annotated[float, Meta(gt=0.0)] = 1e-8
+    weight_decay: Annotated[float, Meta(ge=0.0)] = 0.1
+    clip_norm: Annotated[float, Meta(gt=0.0)] | None = 1.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -350,7 +350,7 @@ class TrainConfig:
     num_microbatches: Positive = 1
     loss_chunks: Positive = 1
     seed: Annotated[int, Meta(ge=0, lt=2**32)] = 0
-    eval_every: int = 0
+    eval_every: Count = 0
     eval_metrics: bool = True
     metrics_file: str | None = None
     tensorboard: bool = True

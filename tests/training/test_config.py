@@ -88,6 +88,14 @@ def test_the_sequence_length_flag_sets_both_length_fields():
     ("checkpoint.every_steps=0", "checkpoint.every_steps: expected `int` >= 1 (got 0)"),
     ("optimizer.warmup_steps=-1", "optimizer.warmup_steps: expected `int` >= 0 (got -1)"),
     ("seed=4294967296", "seed: expected `int` <= 4294967295 (got 4294967296)"),
+    # A sign or a range that would train another way without a word (clip_norm < 0: gradient ascent).
+    ("optimizer.clip_norm=-1", "optimizer.clip_norm: expected `float` > 0.0 (got -1.0)"),
+    ("optimizer.lr=-0.001", "optimizer.lr: expected `float` >= 0.0 (got -0.001)"),
+    ("optimizer.b2=1", "optimizer.b2: expected `float` < 1.0 (got 1.0)"),
+    ("optimizer.end_lr_ratio=5", "optimizer.end_lr_ratio: expected `float` <= 1.0 (got 5.0)"),
+    ("optimizer.decay_steps=0", "optimizer.decay_steps: expected `int` >= 1 (got 0)"),
+    ("model.norm_eps=0", "model.norm_eps: expected `float` > 0.0 (got 0.0)"),
+    ("eval_every=-1", "eval_every: expected `int` >= 0 (got -1)"),
 ])
 def test_validate_names_a_field_out_of_its_bounds(override, message):
     # Read as given (a later layer may still replace it), refused by validate.

@@ -291,15 +291,12 @@ def test_a_training_schedule_file_is_read_within_bounds(tmp_path):
     ('{"steps": 1' + "0" * 40 + "}", "out of range"),
     ('{"data": {"mixture": ' + _nested(DEEP) + "}}", "nested deeper than 16 levels"),
     ('{"steps": 1e999}', "overflows to infinity"),
-    ('{"global_batch_size": 1099511627776, "model": {"vocab_size": 300}}', None),
+    ('{"global_batch_size": 1099511627776, "model": {"vocab_size": 300}}',
+     "global_batch_size: expected `int` <= 16777215 (got 1099511627776)"),
 ])
 def test_a_hostile_config_file_is_a_config_error_naming_it(tmp_path, text, words):
     path = tmp_path / "config.json"
     path.write_text(text)
-    if words is None:  # read, then refused by validation
-        with pytest.raises(config_lib.ConfigError, match=r"^global_batch_size: expected `int` <= 16777215 \(got"):
-            config_lib.load_config_file(str(path)).validate()
-        return
     with pytest.raises(config_lib.ConfigError, match=f"^{path}: ") as e:
         config_lib.load_config_file(str(path))
     assert words in str(e.value)

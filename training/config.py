@@ -505,13 +505,17 @@ def load_config_file(path: str, base: TrainConfig | None = None) -> TrainConfig:
     """Reads a JSON config file (nested like ``to_json`` writes it) over ``base``.
 
     Raises:
-      ConfigError: the file cannot be read or parsed, or has a bad field.
+      ConfigError: the file cannot be read or parsed, or has a bad field: of
+        an unknown name, the wrong type or outside its bounds (named with the
+        file, even where a later layer would set the field again).
     """
     raw = bounded_json.read_file(path, error=ConfigError, max_bytes=1 << 20, max_depth=16, what="config file")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a config file must hold a JSON object (got {type(raw).__name__})")
     try:
-        return config_from_dict(raw, base)
+        config = config_from_dict(raw, base)
+        _check_bounds(config, "")
+        return config
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 

@@ -102,3 +102,13 @@ def test_validate_names_a_field_out_of_its_bounds(override, message):
     cfg = C.apply_overrides(C.TrainConfig(), ["model.vocab_size=10", "sequence_length=16", override])
     with pytest.raises(C.ConfigError, match="^" + re.escape(message) + "$"):
         cfg.validate()
+
+
+def test_a_config_file_value_out_of_bounds_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text('{"steps": 0, "optimizer": {"lr": 0.01}}')
+    with pytest.raises(C.ConfigError, match="^" + re.escape(f"{path}: steps: expected `int` >= 1 (got 0)") + "$"):
+        C.load_config_file(str(path))
+    path.write_text('{"model": {"dropout_rate": 1.0}}')
+    with pytest.raises(C.ConfigError, match=re.escape(f"{path}: model.dropout_rate: expected `float` < 1.0")):
+        C.config_from_layers(config_file=str(path), overrides=["model.dropout_rate=0.1"])

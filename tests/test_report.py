@@ -108,6 +108,13 @@ def test_report_without_overlap_does_not_import_beam(c4_cache, tmp_path):
     assert done.stdout.strip() == "False"
 
 
+def test_steps_past_any_run_are_refused_as_which_refuses_them(c4_cache):
+    for option in ("--steps", "--at-step"):
+        out = CliRunner().invoke(main, ["report", c4_cache, "--batch-size", "8", option, str(10**20), "--json"])
+        assert out.exit_code == 2 and "global position 2^62 or beyond, past any run" in out.output, out.output
+        assert option in out.output
+
+
 def test_report_of_a_cache_built_before_the_new_statistics(c4_cache, tmp_path):
     """A manifest without length histograms or per-file counts still reports
     everything else, and says what is missing."""

@@ -13,7 +13,7 @@ from seqcache import fs
 from seqcache.cli import report_html
 from seqcache.cli import report as report_lib
 from seqcache.cli.commands import common
-from seqcache.cli.commands.which import resolve
+from seqcache.cli.commands.which import check_position, resolve
 from seqcache.feeders import state as state_lib
 from seqcache.feeders.stream import open_mixture
 
@@ -44,6 +44,8 @@ def _mixture_section(kw: dict, steps: int, at_step: int | None) -> tuple[list[st
             if len(paths) > 1:
                 raise click.UsageError("--batch-size is required for a mixture (the global batch size B of the run)")
             return paths, None
+        check_position(steps + 1, int(batch), "--steps")
+        check_position(max(steps, at_step or 0) + 1, int(batch), "--at-step")
         section = report_lib.mixture_report(
             paths=paths, names=[r.manifest.task for r in opened.readers], rates=opened.rates, weights=opened.weights,
             num_examples=[r.num_examples for r in opened.readers], global_batch_size=int(batch), steps=steps,

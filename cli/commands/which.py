@@ -262,7 +262,7 @@ def which(target, step, row, steps_text, output, example, source, task, until_st
         raise click.UsageError("--task and --until-step go with --example INDEX or --source FILE:LINE")
     if steps_text is not None:
         steps = _parse_steps(steps_text)
-        _check_position(steps.stop, kw["global_batch_size"], "--steps")
+        check_position(steps.stop, kw["global_batch_size"], "--steps")
         _which_steps(kw, steps, output, feature, with_text)
         return
     if step is None or row is None:
@@ -270,7 +270,7 @@ def which(target, step, row, steps_text, output, example, source, task, until_st
                                "or --example INDEX / --source FILE:LINE (where an example is)")
     if row >= kw["global_batch_size"]:
         raise click.UsageError(f"--row {row} is outside the global batch of {kw['global_batch_size']} rows")
-    _check_position(step + 1, kw["global_batch_size"], "--step")
+    check_position(step + 1, kw["global_batch_size"], "--step")
     d = _located(kw, locate_row_in_state, locate_row, step=step, row=row, feature=feature, tokens=tokens)
     if as_json:
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
@@ -292,9 +292,13 @@ def _located(kw: dict, in_state, in_run, **args):
         sys.exit(1)
 
 
-def _check_position(stop_step: int, global_batch_size: int, option: str) -> None:
+def check_position(stop_step: int, global_batch_size: int, option: str) -> None:
     """Refuses steps whose global positions (step * B + row) reach 2^62, where
-    the feeder's int64 arithmetic ends."""
+    the feeder's int64 arithmetic ends.
+
+    Raises:
+      click.BadParameter: naming ``option``, the steps and the global batch.
+    """
     if stop_step * global_batch_size > 2**62:
         raise click.BadParameter(f"steps up to {stop_step - 1} with a global batch of {global_batch_size} rows reach "
                                  "global position 2^62 or beyond, past any run", param_hint=option)
@@ -320,7 +324,7 @@ def _which_where(kw: dict, *, example, source, task, until_step, host_count, as_
     if b % host_count:
         raise click.UsageError(f"--hosts {host_count} does not divide the global batch of {b} rows")
     if until_step is not None:
-        _check_position(until_step, b, "--until-step")
+        check_position(until_step, b, "--until-step")
     query = {"cache_index": example, "source": source, "task": task, "host_count": host_count}
     if until_step is not None:
         query["until_step"] = until_step

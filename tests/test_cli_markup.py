@@ -1,6 +1,7 @@
 """Paths, task names and manifest text that look like rich markup (``[/]``,
 ``[red]x[/red]``, ``[bold]``, ``\\[``, ``:smile:``) are printed as they are by
-every command's text output: no ``MarkupError``, nothing dropped, no emoji."""
+the text output of build, info, verify, show, scan, which, report and
+train --dry-run: no ``MarkupError``, nothing dropped, no emoji."""
 
 from __future__ import annotations
 

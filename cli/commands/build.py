@@ -527,7 +527,7 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
         except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
             if not interrupted_in_step(e):
                 message = common.error_line(e)
-                console.print(f"[red]error:[/red] {message}", highlight=False)
+                common.print_error(message, console)
                 if _is_bad_input(e, message):
                     console.print("(`seqcache scan` with the same task or --source lists every kind of bad input "
                                   "in the corpus at once)", highlight=False)
@@ -539,8 +539,8 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
     if not as_json:
         verb = "reused" if result.reused else f"built in {result.seconds:.1f} s"
         console.print(
-            f"[green]{task.name}/{split}[/green]: {common.plural(m.num_examples, 'example')} in "
-            f"{common.plural(len(m.shards), 'shard')}, {verb} -> {result.cache_dir}",
+            common.styled("green", f"{task.name}/{split}", f": {common.plural(m.num_examples, 'example')} in "
+                          f"{common.plural(len(m.shards), 'shard')}, {verb} -> {result.cache_dir}"),
             highlight=False,
         )
     stats = m.statistics.to_json()
@@ -557,20 +557,22 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
     for line in common.describe_bad_input(stats):  # the source's on_error policy: counted, never silent
         where = ("counted in the manifest's statistics" if line.startswith("kept")
                  else f"listed with the reason in {result.cache_dir}/quarantine.jsonl")
-        console.print(f"[yellow]note[/yellow]: {line} under the source's on_error policy; {where}", highlight=False)
+        console.print(common.styled("yellow", "note", f": {line} under the source's on_error policy; {where}"),
+                      highlight=False)
     if "excluded_by_benchmark" in stats:  # decontamination: counted per benchmark, never silent
         per = ", ".join(f"{name} {n:,}" for name, n in stats["excluded_by_benchmark"].items())
         listed = (f"; listed with the item and the matched n-gram in {result.cache_dir}/{m.quarantine}"
                   if stats.get("excluded_records") and m.quarantine else "")
-        console.print(f"[yellow]note[/yellow]: excluded {common.plural(stats.get('excluded_records', 0), 'record')} "
-                      f"that overlap benchmarks ({per}){listed}", highlight=False)
+        excluded = common.plural(stats.get("excluded_records", 0), "record")
+        console.print(common.styled("yellow", "note", f": excluded {excluded} that overlap benchmarks ({per}){listed}"),
+                      highlight=False)
     return result
 
 
 def _interrupted(console, task, split, cache_dir):
     """Says that the build of ``task`` was interrupted ("interrupted by SIGTERM"
     after SIGTERM) and what is left of its cache; exits 130 or 143."""
-    console.print(f"[yellow]{interrupts.describe()}[/yellow]: {_interrupt_text(task, split, cache_dir)}",
+    console.print(common.styled("yellow", interrupts.describe(), f": {_interrupt_text(task, split, cache_dir)}"),
                   highlight=False)
     sys.exit(interrupts.exit_status())
 

@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from seqcache import fs, process
 from seqcache.cli import interrupts
@@ -23,10 +23,25 @@ from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, par
 
 
 def stderr_console(file=None) -> Console:
-    """A rich console on standard error (or on ``file``, a text stream)."""
+    """A rich console on standard error (or on ``file``, a text stream); it
+    never replaces emoji codes (``:smile:``), which a path may hold."""
     if file is not None:
-        return Console(file=file, soft_wrap=True)
-    return Console(stderr=True, soft_wrap=True)
+        return Console(file=file, soft_wrap=True, emoji=False)
+    return Console(stderr=True, soft_wrap=True, emoji=False)
+
+
+def styled(style: str, head: str, tail: str = "") -> Text:
+    """A line for a rich console: ``head`` in ``style`` (rich style words:
+    ``"red"``, ``"bold"``), then ``tail``, both shown exactly as they are.
+
+    What a user, a file or a manifest wrote (a path, a task name, an error
+    message) goes into a printed line through here, or as a table cell printed
+    with ``markup=False``: a rich markup string would read its ``[/]`` or
+    ``[red]`` as tags (a ``MarkupError``, or text silently dropped), and
+    ``rich.markup.escape`` drops the backslash of ``\\[``. A ``Text`` is
+    neither parsed for markup nor for emoji codes.
+    """
+    return Text.assemble((head, style), tail)
 
 
 @contextlib.contextmanager
@@ -34,7 +49,7 @@ def shard_progress(console: Console, label: str):
     """A progress bar of shards written; yields the callback a build reports to."""
     with Progress(
         SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.description}", style="bold", markup=False),  # a task or folder name: not markup
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("shards"),
@@ -96,7 +111,7 @@ def filesystem_options(args) -> list[str]:
 
 def print_error(message, console: Console | None = None) -> None:
     """``error: MESSAGE`` on standard error, the message printed as is (no markup)."""
-    (console or stderr_console()).print(f"[red]error:[/red] {escape(str(message))}", highlight=False)
+    (console or stderr_console()).print(styled("red", "error:", f" {message}"), highlight=False)
 
 
 def fail(message) -> None:

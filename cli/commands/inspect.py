@@ -13,6 +13,7 @@ import sys
 import click
 from rich.console import Console
 from rich.table import Column, Table
+from rich.text import Text
 
 from seqcache import bounded_json, fs, layout, tasks
 from seqcache import format as fmt
@@ -149,8 +150,10 @@ def info(ctx, cache_dir, as_json, shards):
     if as_json:
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
         sys.exit(1 if problem else 0)
-    console = Console()
-    t = Table(Column("field", style="bold"), "value", title=f"{m.task}/{m.split}", show_header=False)
+    console = Console(emoji=False)
+    # The title and the cells hold manifest text and paths: a Text, and printed with markup=False.
+    t = Table(Column("field", style="bold"), "value", title=Text(f"{m.task}/{m.split}", style="table.title"),
+              show_header=False)
     stats = m.statistics
     t.add_row("cache", cache_dir)
     t.add_row("fingerprint", m.fingerprint)
@@ -175,15 +178,15 @@ def info(ctx, cache_dir, as_json, shards):
     _record_rows(t, m)
     t.add_row("sources", common.plural(m.num_sources, "file"))
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
-    console.print(t)
+    console.print(t, markup=False)
     if shards:
         st = Table("file", "records", "bytes", title="shards")
         for s in m.shards:
             st.add_row(s.file, f"{s.num_records:,}", f"{s.num_bytes:,}")
-        console.print(st)
+        console.print(st, markup=False)
     if problem:
-        common.stderr_console().print(f"[red]warning:[/red] {problem}; run `seqcache verify {cache_dir}`",
-                                      highlight=False)
+        common.stderr_console().print(
+            common.styled("red", "warning:", f" {problem}; run `seqcache verify {cache_dir}`"), highlight=False)
         sys.exit(1)
 
 
@@ -218,23 +221,24 @@ def show(ctx, cache_dir, indices, count, ids, max_chars, as_json):
     if as_json:
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))
         return
-    console = Console(soft_wrap=True)
+    console = Console(soft_wrap=True, emoji=False)
     for item in out:
         console.rule(f"[bold]example {item['index']}")
         for name, entry in item["features"].items():
             if "segments" not in entry:  # the source's text that an evaluation cache keeps (UTF-8 bytes)
-                console.print(f"[bold]{name}[/bold]: {entry['length']} bytes of source text", highlight=False)
+                console.print(common.styled("bold", name, f": {entry['length']} bytes of source text"), highlight=False)
                 console.out(_cut(entry["text"], max_chars), highlight=False)
                 continue
-            console.print(f"[bold]{name}[/bold]: {entry['length']} tokens, {len(entry['segments'])} segment(s)",
-                          highlight=False)
+            console.print(common.styled("bold", name, f": {entry['length']} tokens, "
+                                        f"{len(entry['segments'])} segment(s)"), highlight=False)
             for k, seg in enumerate(entry["segments"], 1):
                 p = seg.get("provenance") or {}
                 where = f"{p.get('path')} {describe_record(p.get('path'), p.get('locator'), p.get('record_number'))}" \
                     if p else "unknown source"
                 if p.get("token_offset"):
                     where += f", from token {p['token_offset']}"
-                console.print(f"[cyan]segment {k}[/cyan] ({seg['length']} tokens) <- {where}", highlight=False)
+                console.print(common.styled("cyan", f"segment {k}", f" ({seg['length']} tokens) <- {where}"),
+                              highlight=False)
                 if seg.get("text") is not None:
                     console.out(_cut(seg["text"], max_chars), highlight=False)
                 if "ids" in seg:
@@ -349,18 +353,19 @@ def verify(ctx, cache_dir, as_json):
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        console = Console(soft_wrap=True)
+        console = Console(soft_wrap=True, emoji=False)
         n = len(report.shards)
         bad = [s for s in report.shards if not s.ok]
         if report.ok:
-            console.print(f"[green]ok[/green]: {cache_dir}: {n} files verified (sizes, sha256, record counts, every "
-                          "record decoded), and the vocabulary models, quarantine file and source table against the "
-                          "manifest")
+            console.print(console.highlighter(common.styled(
+                "green", "ok", f": {cache_dir}: {n} files verified (sizes, sha256, record counts, every record "
+                "decoded), and the vocabulary models, quarantine file and source table against the manifest")))
         else:
-            console.print(f"[red]FAILED[/red]: {cache_dir}: {common.plural(len(report.problems), 'problem')}"
-                          + (f", {len(bad)} of {n} files bad" if bad else ""))
+            console.print(console.highlighter(common.styled(
+                "red", "FAILED", f": {cache_dir}: {common.plural(len(report.problems), 'problem')}"
+                + (f", {len(bad)} of {n} files bad" if bad else ""))))
             for p in report.problems:
-                console.print(f"  - {p}", highlight=False)
+                console.print(f"  - {p}", highlight=False, markup=False)
     sys.exit(0 if report.ok else 1)
 
 
@@ -385,13 +390,13 @@ def tasks_cmd(modules, as_json):
     if as_json:
         click.echo(json.dumps({"tasks": task_rows, "mixtures": mixture_rows}, indent=2))
         return
-    console = Console()
+    console = Console(emoji=False)
     t = Table("name", "splits", "source", "features", "packing", title="tasks")
     for r in task_rows:
         t.add_row(r["name"], ", ".join(r["splits"]) if r["splits"] else "any", r["source"], ", ".join(r["features"]),
                   str(r["packing"]))
-    console.print(t)
+    console.print(t, markup=False)  # the sources' globs and paths: not markup
     m = Table("name", "tasks", title="mixtures")
     for r in mixture_rows:
         m.add_row(r["name"], ", ".join(r["tasks"]))
-    console.print(m)
+    console.print(m, markup=False)

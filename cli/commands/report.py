@@ -96,7 +96,7 @@ def report(target, output, as_json, steps, at_step, batch_size, num_epochs, mixt
                                       first_entries=first_entries,
                                       overlaps=_read_overlaps(overlaps) if overlaps else [])
     except (fmt.CacheError, ValueError) as e:
-        common.stderr_console().print(f"[red]error:[/red] {e}", highlight=False)
+        common.print_error(e)
         sys.exit(1)
     computed = time.perf_counter() - t0
     if as_json:

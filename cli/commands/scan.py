@@ -8,6 +8,7 @@ import sys
 import click
 from rich.console import Console
 from rich.table import Column, Table
+from rich.text import Text
 
 from seqcache.cli.commands import common
 from seqcache.cli.commands.build import adhoc_task
@@ -56,31 +57,32 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, sp
     for task in task_list:
         try:
             label = task.name if task.split is None else f"{task.name}/{task.split}"
-            with err.status(f"scanning {label}") as status:
+            with err.status(Text(f"scanning {label}")) as status:
                 reports.append(scan_task(task, max_records=max_records,
-                                         progress=lambda n: status.update(f"scanning {label}: {n:,} records")))
+                                         progress=lambda n: status.update(Text(f"scanning {label}: {n:,} records"))))
         except (ValueError, FileNotFoundError, OSError) as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False)
+            common.print_error(e, err)
             sys.exit(1)
     stops = [r for r in reports if r.stops_build or r.unreadable_files]
     if as_json:
         click.echo(json.dumps([r.to_json() for r in reports], indent=2, ensure_ascii=False))
         sys.exit(1 if stops else 0)
-    console = Console(soft_wrap=True)
+    console = Console(soft_wrap=True, emoji=False)
     for r in reports:
         title = (f"{r.label}: {common.plural(r.records, 'record')} in {common.plural(r.files, 'file')}"
                  + ("" if r.complete else " (stopped at --max-records)"))
         for message in r.unreadable_files:
-            console.print(f"[red]unreadable file[/red] (a build stops here whatever the policy): {message}",
-                          highlight=False)
+            console.print(common.styled("red", "unreadable file",
+                                        f" (a build stops here whatever the policy): {message}"), highlight=False)
         if not r.kinds:
             if not r.unreadable_files:
-                console.print(f"{title}: no bad input", highlight=False)
+                console.print(f"{title}: no bad input", highlight=False, markup=False)
             continue
-        t = Table(*(Column(c, overflow="fold") for c in ("kind", "records", "policy", "first")), title=title)
+        t = Table(*(Column(c, overflow="fold") for c in ("kind", "records", "policy", "first")),
+                  title=Text(title, style="table.title"))
         for k in r.kinds:
             t.add_row(k.kind, f"{k.records:,}", k.action, k.first)
-        console.print(t)
+        console.print(t, markup=False)  # the first record's file and text: not markup
         if r.stops_build:
             raising = [k.kind for k in r.kinds if k.action == "raise"]
             if source_spec:
@@ -89,7 +91,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, sp
                 fix = "on_error=" + repr({kind: "skip" for kind in raising}) + " in the task's source"
             console.print(f"a build of {r.label} stops at its first record of a kind whose policy is raise. To skip "
                           f"them all (counted, and listed in the cache's quarantine file): {fix}. "
-                          "`seqcache build --help` explains replace and keep.", highlight=False)
+                          "`seqcache build --help` explains replace and keep.", highlight=False, markup=False)
     sys.exit(1 if stops else 0)
 
 

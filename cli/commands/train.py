@@ -400,4 +400,4 @@ def _print_derived(derived: dict) -> None:
         if isinstance(value, int) and not isinstance(value, bool):
             value = f"{value:,}"
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
-    Console(stderr=True).print(table)
+    Console(stderr=True, emoji=False).print(table, markup=False)  # paths and the cache's name: not markup

@@ -71,7 +71,7 @@ def train(sources, exclude, on_error, model, vocab_size, output, max_records, se
     The same sources, options and seed give a byte-identical file. The bad input
     met while sampling is printed per kind: records skipped, replaced and kept.
     """
-    console = Console(stderr=True)
+    console = Console(stderr=True, emoji=False)
     if model != "sentencepiece" and model_type is not None:
         raise click.BadParameter(f"--model-type chooses SentencePiece's algorithm; --model {model} is one already",
                                  param_hint="--model-type")
@@ -130,7 +130,7 @@ def train(sources, exclude, on_error, model, vocab_size, output, max_records, se
     if tokens:
         table.add_row("characters / token", f"{chars_head / tokens:.2f} (first {min(len(texts), 2000):,} records)")
     table.add_row("time", f"{sample_s:.1f} s sampling, {total_s - sample_s:.1f} s training")
-    console.print(table)
+    console.print(table, markup=False)  # the --output path: not markup
 
 
 def _print_counts(console, counts) -> None:
@@ -143,7 +143,7 @@ def _print_counts(console, counts) -> None:
                   title=f"bad input in {counts.records:,} records read")
     for kind, skipped, replaced, kept in rows:
         table.add_row(kind, f"{skipped:,}", f"{replaced:,}", f"{kept:,}")
-    console.print(table)
+    console.print(table, markup=False)
 
 
 _SP_INTERNAL = re.compile(r"\b[A-Z_]+: src/\S+\(\d+\) \[[^\]]*\] ")

@@ -38,7 +38,8 @@ from seqcache.tasks.registry import DefinitionsError  # noqa: E402
 from seqcache.tasks.vocabularies import encoding_threads  # noqa: E402
 
 # Every command: name -> (module under seqcache.cli.commands, attribute).
-_COMMANDS = {"build": ("build", "build"), "eval": ("evaluate", "eval_cmd"), "export": ("export", "export"),
+_COMMANDS = {"build": ("build", "build"), "clean": ("clean", "clean"), "eval": ("evaluate", "eval_cmd"),
+             "export": ("export", "export"),
              "infer": ("evaluate", "infer"), "info": ("inspect", "info"),
              "overlap": ("overlap", "overlap"), "report": ("report", "report"), "scan": ("scan", "scan"),
              "show": ("inspect", "show"), "tasks": ("inspect", "tasks_cmd"), "train": ("train", "train"),

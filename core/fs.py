@@ -249,6 +249,18 @@ def remove_tree(path: str) -> None:
             fsys.delete(sorted(set(targets)))
 
 
+def remove_file(path: str) -> None:
+    """Removes one file (nothing when there is none)."""
+    if is_local(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(local_path(path))
+        return
+    fsys = _beam(path)
+    with _url_errors(path, "delete"):
+        if fsys.exists(path):
+            fsys.delete([path])
+
+
 def rename(sources: Sequence[str], destinations: Sequence[str]) -> None:
     """Moves each file of ``sources`` to the same position of ``destinations``
     (locally ``os.replace``; on an object store, copy then delete, one object

@@ -41,7 +41,7 @@ import msgspec
 import numpy as np
 from msgspec import Meta, Struct
 
-from seqcache import __version__, bounded_json, codec, fs, layout
+from seqcache import __version__, bounded_json, codec, fs, layout, process
 from seqcache.codec import (MANIFEST_NAME, SHARD_CHECKSUMS_NAME, SOURCE_TABLE_NAME, CacheError, IncompleteCacheError,
                             ShardTable)
 
@@ -130,6 +130,22 @@ class Sharding(Entry, kw_only=True):
     input_bytes: Annotated[Count, _doc("the source files' total size (bytes)")] = None
     content_bytes: Annotated[Int64 | None, _doc("the sources' decompressed content size (bytes) where measured, "
                                                 "or null")] = None
+
+
+class Work(Entry, kw_only=True):
+    """``work``: what the build's work folder gave it (a build that kept its
+    work: a rerun after it died, a build of a grown corpus). It describes how
+    this cache was made, like ``created``: two builds of the same inputs,
+    one of them resumed, have equal shards, statistics and source table, and
+    different ``work``."""
+
+    units: Annotated[Count, _doc("work units of the build")]
+    units_reused: Annotated[Count, _doc("units taken whole from the work folder (not read)")] = 0
+    units_resumed: Annotated[Count, _doc("units read on from a checkpoint in the work folder")] = 0
+    checkpoints_reused: Annotated[Count, _doc("checkpoints of units taken from the work folder")] = 0
+    checkpoints_rejected: Annotated[Count, _doc("checkpoints found whose files did not match their sha256 "
+                                                "(torn or changed): read again")] = 0
+    shards_reused: Annotated[Count, _doc("shards written by an earlier run of the same build, kept")] = 0
 
 
 class Evaluation(Entry, kw_only=True):
@@ -301,6 +317,8 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
     sharding: Annotated[Sharding, _doc("how the build chose its shard count")] = None
     evaluation: Annotated[Evaluation | None, _doc("the task's metrics and postprocess function, or null for a "
                                                   "task without", 3)] = None
+    work: Annotated[Work, _doc("what the build's work folder gave it: units and shards reused (absent: a build "
+                               "that kept no work)", 3)] = None
 
     shard_checksums = None  # (not fields) set by create and read
     source_table_bytes = None
@@ -478,6 +496,8 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
             "seqcache_version": __version__, **fields}
         if "sharding" in values:
             values["sharding"] = ordered(values["sharding"], Sharding, what="sharding")
+        if values.get("work") is not None:
+            values["work"] = ordered(values["work"], Work, what="work")
         values = ordered(values, cls)
         manifest = cls.parse(values)
         manifest._text = json.dumps(values, indent=2, ensure_ascii=False) + "\n"
@@ -512,6 +532,7 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
             raise ValueError(f"{cache_dir}: {e}") from None
         fs.write_bytes_atomic(fs.join(cache_dir, SHARD_CHECKSUMS_NAME), self.shard_checksums)
         fs.write_bytes_atomic(fs.join(cache_dir, SOURCE_TABLE_NAME), self.source_table_bytes)
+        process.fault_point("manifest")
         fs.write_bytes_atomic(fs.join(cache_dir, MANIFEST_NAME), text.encode("utf-8"))
 
 

@@ -9,6 +9,7 @@ import ctypes
 import gc
 import logging
 import os
+import signal
 import sys
 
 _own_process = False
@@ -106,3 +107,83 @@ def import_beam():
             if hidden and sys.modules.get("pandas", 0) is None:
                 del sys.modules["pandas"]
     return sys.modules["apache_beam"]
+
+
+# Fault injection, for the tests of builds that die at a chosen moment (docs/bad-input.md,
+# "A build that dies"). Unset, ``fault_point`` is one dictionary lookup.
+FAULT_VARIABLE = "SEQCACHE_FAULT"
+FAULT_LOG_VARIABLE = "SEQCACHE_FAULT_LOG"
+FAULT_ACTIONS = ("kill", "killgroup", "stop", "raise")
+_fault_counts: dict[str, int] = {}  # passages of each point under _fault_spec (counted anew when it changes)
+_fault_spec: list = [None, None]  # the spec counted under; the spec ``inherit_fault`` set
+
+
+class InjectedFault(RuntimeError):
+    """Raised at a fault point by ``SEQCACHE_FAULT=<point>:<n>:raise``."""
+
+
+def fault_point(name: str) -> None:
+    """A moment of a build at which a test can make this process die
+    (``$SEQCACHE_FAULT`` = ``<name>:<n>:<action>``: at the n-th time this
+    process passes the point ``name``, ``kill`` sends itself SIGKILL,
+    ``killgroup`` SIGKILLs its process group, ``stop`` sends itself SIGSTOP
+    and ``raise`` raises ``InjectedFault``), and record the moments it passes
+    (``$SEQCACHE_FAULT_LOG``: a file the name is appended to, one line each).
+    Neither variable set: nothing happens.
+
+    Raises:
+      InjectedFault: the ``raise`` action.
+      ValueError: ``$SEQCACHE_FAULT`` is not ``<name>:<n>:<action>``.
+    """
+    env = os.environ
+    log_path = env.get(FAULT_LOG_VARIABLE)
+    spec = env.get(FAULT_VARIABLE)
+    if not spec and not log_path:
+        return
+    if log_path:
+        with open(log_path, "a", encoding="utf-8") as f:
+            f.write(name + "\n")
+    if not spec:
+        return
+    try:
+        point, n, action = spec.rsplit(":", 2)
+        n = int(n)
+    except ValueError:
+        raise ValueError(f"${FAULT_VARIABLE}={spec!r} is not <point>:<n>:<action>") from None
+    if action not in FAULT_ACTIONS:
+        raise ValueError(f"${FAULT_VARIABLE}={spec!r}: the action must be one of {', '.join(FAULT_ACTIONS)}")
+    if _fault_spec[0] != spec:
+        _fault_spec[0] = spec
+        _fault_counts.clear()
+    if point != name:
+        return
+    count = _fault_counts[name] = _fault_counts.get(name, 0) + 1
+    if count != n:
+        return
+    if action == "raise":
+        raise InjectedFault(f"fault injected at {name} #{n} (${FAULT_VARIABLE})")
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    if action == "killgroup":
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def inherit_fault(spec: str | None) -> None:
+    """Hands a fault spec (``$SEQCACHE_FAULT`` of the process that made a
+    build's steps) to a worker that did not inherit the variable (a Dask
+    worker), so that a test's fault follows the build to any runner; None
+    (a build without one) takes back a spec set so before."""
+    if spec:
+        if not os.environ.get(FAULT_VARIABLE):
+            os.environ[FAULT_VARIABLE] = _fault_spec[1] = spec
+    elif _fault_spec[1] is not None and os.environ.get(FAULT_VARIABLE) == _fault_spec[1]:
+        del os.environ[FAULT_VARIABLE]  # the build that set it is over: a worker that lives on forgets it
+        _fault_spec[1] = None
+
+
+def reset_faults() -> None:
+    """Forgets the passages counted (a test that sets the same ``$SEQCACHE_FAULT`` again in one process)."""
+    _fault_counts.clear()
+    _fault_spec[0] = None

@@ -42,7 +42,7 @@ from seqcache.manifest import Manifest
 from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
-from seqcache.pipelines import shuffle, spill, stats as stats_mod, transforms, writer
+from seqcache.pipelines import shuffle, spill, stats as stats_mod, transforms, work as work_mod, writer
 from seqcache.pipelines.plan import BuildPlan
 from seqcache.pipelines.runner import RunnerError
 from seqcache.tasks import vocabularies as vocab_mod
@@ -69,11 +69,14 @@ class BuildError(Exception):
     Attributes:
       bad_input: the build stopped because every record was skipped and some
         of them are of kinds the source's ``on_error`` policy can keep.
+      final: the pipeline ran to its end and the build failed on what it
+        made (zero examples, a shard that fails its check): the same build
+        run again would fail the same way, so it leaves no work behind.
     """
 
-    def __init__(self, message: str, *, bad_input: bool = False):
+    def __init__(self, message: str, *, bad_input: bool = False, final: bool = False):
         super().__init__(message)
-        self.bad_input = bad_input
+        self.bad_input, self.final = bad_input, final
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +196,10 @@ def build_task(
     progress: Callable[[int, int], None] | None = None,
     split_size: int | None = None,
     exchange: str = "auto",
+    resume: bool = True,
+    work_dir: str | None = None,
+    keep_work: bool = False,
+    unit_progress: Callable[[int, int, int], None] | None = None,
 ) -> BuildResult:
     """Builds (or reuses) the cache of one task at ``cache_dir/<task>/<split>``.
 
@@ -213,9 +220,17 @@ def build_task(
       exchange: how examples reach the shard writers: ``"auto"``, ``"runner"``
         (the runner's shuffle) or ``"spill"`` (spill files; runner.py). It never
         changes the cache's bytes.
+      resume: keep the build's work in its work folder (work.py): a rerun
+        after it died reuses every unit read and shard written, a build of a
+        grown corpus every unit whose inputs are unchanged; False: nothing.
+      work_dir: the work folder (default ``work.work_path(<the cache>)``).
+      keep_work: keep it once the cache is complete (for a grown corpus).
+      unit_progress: ``unit_progress(reused, done, total)``: work units found
+        complete when the build started, complete now, in all (local folders).
 
     Returns:
-      A ``BuildResult``. A cache whose fingerprint matches is reused without work.
+      A ``BuildResult``. A cache whose fingerprint matches is reused without
+      work. The manifest's ``work`` says what the work folder gave.
 
     Raises:
       FileNotFoundError: the task's source matches no file.
@@ -229,6 +244,30 @@ def build_task(
     start = time.monotonic()
     task = task_for_split(task, config.split)
     config = _check_task(task, config)
+    options, runner, exchange, fs_options = _runner(pipeline_args, exchange)
+    process.freeze_heap()  # what is imported lives on: a listing's collections (many files) skip it
+    files = task.source.list_files()
+    if not files:
+        raise FileNotFoundError(f"task {task.name!r}: source {task.source.describe()} matches no file")
+    total_bytes = sum(f.num_bytes for f in files)
+    num_shards, shard_size, content = _shard_count(task, config, files, total_bytes)
+    exclusion = _exclusion(config)
+    inputs = task_fingerprint_inputs(task, config, num_shards, exclusion=exclusion, files=files)
+    out_dir = cache_path(cache_dir, task.name, config.split)
+    plan = BuildPlan(
+        task=task, config=config, files=files, total_bytes=total_bytes, num_shards=num_shards,
+        shard_size=None if config.num_shards else shard_size, inputs=inputs, fingerprint=fmt.fingerprint_of(inputs),
+        out_dir=out_dir, runner=runner, exchange=exchange, split_size=split_size or plan_mod.choose_split_size(total_bytes),
+        options=options, fs_options=fs_options, content_bytes=content, exclusion=exclusion,
+        work_dir=(work_dir or work_mod.work_path(out_dir)) if resume else None, keep_work=bool(keep_work and resume))
+    with cache_lock(plan.out_dir), _work_lock(plan):
+        return _build_locked(plan, overwrite=overwrite, progress=progress, start=start, unit_progress=unit_progress)
+
+
+def _runner(pipeline_args, exchange: str) -> tuple[Any, str, str, list]:
+    """(options, runner, exchange, file-system options) of a build, the runner
+    checked (BuildError in one line) and the file systems given the options
+    before the first file access (object-store endpoints and credentials)."""
     options, runner = runner_mod.pipeline_options(pipeline_args)
     try:
         runner_mod.check_runner_available(runner, options)
@@ -236,32 +275,23 @@ def build_task(
     except (RunnerError, ValueError) as e:
         raise BuildError(str(e)) from None
     fs_options = runner_mod.fs_options(pipeline_args)
-    fs.set_options(options)  # before the first file access: object-store endpoints and credentials
-    process.freeze_heap()  # what is imported lives on: a listing's collections (many files) skip it
-    files = task.source.list_files()
-    if not files:
-        raise FileNotFoundError(f"task {task.name!r}: source {task.source.describe()} matches no file")
-    total_bytes = sum(f.num_bytes for f in files)
+    fs.set_options(options)
+    return options, runner, exchange, fs_options
+
+
+def _shard_count(task, config: BuildConfig, files, total_bytes: int) -> tuple[int, int, int | None]:
+    """(shard count, shard size, content bytes or None) of a build: the count
+    given, or the one the uncompressed size of the text (Parquet footers,
+    sampled compression ratios; ``plan.content_bytes``), not the file bytes,
+    gives; BuildError for more shards than the input can fill."""
     shard_size = config.shard_size or shuffle.DEFAULT_SHARD_BYTES
-    # The shard count follows the uncompressed size of the text (Parquet
-    # footers, sampled compression ratios; plan.content_bytes), not file bytes.
     content = None if config.num_shards else plan_mod.content_bytes(task.source, files)
     num_shards = config.num_shards or shuffle.choose_num_shards(content, target_shard_bytes=shard_size)
     max_shards = max(FREE_SHARDS, max(total_bytes, content or 0) // MIN_SHARD_BYTES)
     if num_shards > max_shards:
         raise BuildError(f"task {task.name!r}: {num_shards:,} shards for {total_bytes:,} bytes of input is too many "
                          f"(each shard, even empty, is a file); use at most {max_shards:,}, or leave --num-shards out")
-    exclusion = _exclusion(config)
-    inputs = task_fingerprint_inputs(task, config, num_shards, exclusion=exclusion, files=files)
-    plan = BuildPlan(
-        task=task, config=config, files=files, total_bytes=total_bytes, num_shards=num_shards,
-        shard_size=None if config.num_shards else shard_size, inputs=inputs, fingerprint=fmt.fingerprint_of(inputs),
-        out_dir=cache_path(cache_dir, task.name, config.split), runner=runner, exchange=exchange,
-        split_size=split_size or plan_mod.choose_split_size(total_bytes), options=options, fs_options=fs_options,
-        content_bytes=content, exclusion=exclusion,
-    )
-    with _build_lock(plan.out_dir):
-        return _build_locked(plan, overwrite=overwrite, progress=progress, start=start)
+    return num_shards, shard_size, content
 
 
 def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
@@ -276,19 +306,35 @@ def _exclusion(config: BuildConfig) -> "exclusion_mod.Exclusion | None":
 
 
 @contextlib.contextmanager
-def _build_lock(out_dir: str):
+def _work_lock(plan: BuildPlan):
+    """The lock of a work folder given apart from the cache (``--work-dir``,
+    local): ``<work>/.lock``, as ``cache_lock``. The default work folder
+    lies beside the cache and its lock covers it."""
+    work_dir = plan.work_dir
+    if work_dir is None or not fs.is_local(work_dir) or work_dir == work_mod.work_path(plan.out_dir):
+        yield
+        return
+    fs.makedirs(work_dir)
+    with cache_lock(os.path.join(fs.local_path(work_dir), "folder"), lock_name=work_mod.WORK_LOCK,
+                     what="work folder"):
+        yield
+
+
+@contextlib.contextmanager
+def cache_lock(out_dir: str, *, lock_name: str | None = None, what: str = "cache"):
     """An exclusive lock on one cache folder for the length of a build (local
-    file systems: ``fcntl.flock`` on ``<task>/.<split>.lock``); a second build
-    fails at once, saying so. The lock file is removed at the end (a taker
-    checks that the file it locked is still the one at the path), and so are
-    the folders the build created when left empty. Object stores have no such
-    lock; there, run one build per cache at a time."""
+    file systems: ``fcntl.flock`` on ``<task>/.<split>.lock``, or
+    ``lock_name`` beside ``out_dir``); a second build fails at once, saying
+    so. The lock file is removed at the end (a taker checks that the file it
+    locked is still the one at the path), and so are the folders the build
+    created when left empty. Object stores have no such lock; there, run one
+    build per cache at a time."""
     if not fs.is_local(out_dir):
         yield
         return
     path = fs.local_path(out_dir)
     parent = os.path.dirname(path)
-    lock_path = os.path.join(parent, f".{os.path.basename(path)}.lock")
+    lock_path = os.path.join(parent, lock_name or f".{os.path.basename(path)}.lock")
     made = []  # the folders this build creates, deepest first: removed again when left empty
     missing = os.path.abspath(parent)
     while not os.path.isdir(missing):
@@ -301,7 +347,8 @@ def _build_lock(out_dir: str):
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise BuildError(f"{out_dir}: another build of this cache is running (it holds {lock_path}); "
+            where = out_dir if lock_name is None else parent
+            raise BuildError(f"{where}: another build of this {what} is running (it holds {lock_path}); "
                              "wait for it to finish, or build into another --cache-dir") from None
         with contextlib.suppress(FileNotFoundError):
             if os.path.samestat(os.fstat(f.fileno()), os.stat(lock_path)):
@@ -321,13 +368,18 @@ def _build_lock(out_dir: str):
                 break
 
 
-def _build_locked(plan: BuildPlan, *, overwrite, progress, start) -> BuildResult:
+def _build_locked(plan: BuildPlan, *, overwrite, progress, start, unit_progress=None) -> BuildResult:
     out_dir = plan.out_dir
-    writer.recover_publish(out_dir)  # a killed replacement: the old cache back, staging leftovers gone
+    staging = writer.staging_path(out_dir)
+    # a killed replacement: the old cache back, staging leftovers gone (kept when this build can resume them)
+    writer.recover_publish(out_dir, keep_staging=_resumable(staging, plan))
     existing = _read_existing(out_dir, overwrite=overwrite)
     if existing is not None:
         if existing.fingerprint == plan.fingerprint:
             log.info("cache %s is up to date (fingerprint %s); reusing it", out_dir, plan.fingerprint[:12])
+            writer.remove_cache_tree(staging)
+            fs.remove_tree(fs.join(out_dir, writer.TMP_DIR_NAME))  # a build killed once its manifest was written
+            _finish_work(plan, None, completed_now=False)
             return BuildResult(out_dir, existing, reused=True, seconds=time.monotonic() - start)
         if not overwrite:
             changed = describe_changes(_recorded_inputs(existing), plan.inputs)
@@ -337,25 +389,77 @@ def _build_locked(plan: BuildPlan, *, overwrite, progress, start) -> BuildResult
     # A complete cache is replaced through a staging folder published when the
     # new cache is complete; else (no cache, or leftovers) the build goes in place.
     staged = existing is not None
-    build_dir = writer.staging_path(out_dir) if staged else out_dir
-    writer.remove_cache_tree(build_dir)
-    try:
-        manifest = _build_into(plan, progress=progress, build_dir=build_dir)
-    except BaseException:
+    build_dir = staging if staged else out_dir
+    if not _resumable(build_dir, plan):
         writer.remove_cache_tree(build_dir)
+    try:
+        manifest, units = _build_into(plan, progress=progress, build_dir=build_dir, unit_progress=unit_progress)
+    except BaseException as e:
+        final = isinstance(e, BuildError) and e.final
+        if plan.work_dir is None or final:
+            writer.remove_cache_tree(build_dir)
+            if final and not plan.keep_work:
+                work_mod.remove(plan.work_dir)
+        else:  # a build that died keeps its work folder and the shards it wrote, for the rerun
+            with contextlib.suppress(OSError):
+                fs.remove_tree(fs.join(build_dir, writer.TMP_DIR_NAME, "spill"))
         raise
     if staged:
         log.info("publishing %s over the cache with fingerprint %s", out_dir, existing.fingerprint[:12])
         writer.publish_dir(build_dir, out_dir)
+    _finish_work(plan, units, completed_now=True)
     return BuildResult(out_dir, manifest, reused=False, seconds=time.monotonic() - start)
 
 
-def _build_into(plan: BuildPlan, *, progress, build_dir) -> Manifest:
+# What a build that keeps its work records of itself in its folder: its fingerprint (``_resumable``).
+BUILD_RECORD = "build.json"
+
+
+def _resumable(build_dir: str, plan: BuildPlan) -> bool:
+    """Whether ``build_dir`` holds an unfinished run of this very build (its
+    ``_tmp/build.json`` names the plan's fingerprint), whose written shards a
+    rerun reuses (``WriteGroup``'s marks); never for a build keeping nothing."""
+    if plan.work_dir is None:
+        return False
+    url = fs.join(build_dir, writer.TMP_DIR_NAME, BUILD_RECORD)
+    try:
+        return fs.exists(url) and json.loads(fs.read_bytes(url)).get("fingerprint") == plan.fingerprint
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _finish_work(plan: BuildPlan, units, *, completed_now: bool) -> None:
+    """The work folder once the cache is complete: removed, or (``keep_work``)
+    kept with this build's units only and their plan (``work.write_plan``,
+    for the next build of a grown corpus). A cache found complete leaves a
+    kept folder (one with a plan) as it is, and removes a leftover one."""
+    work_dir = plan.work_dir
+    if work_dir is None or not (completed_now or fs.exists(fs.join(work_dir, work_mod.UNITS_DIR))):
+        return
+    kept = fs.exists(fs.join(work_dir, work_mod.PLAN_NAME))
+    if not plan.keep_work:
+        if completed_now or not kept:
+            process.fault_point("work:remove")
+            work_mod.remove(work_dir)
+        return
+    if units is None:  # nothing was built: the plan and the units stay as they are
+        return
+    units, sizes, base, attempts = units
+    work_mod.write_plan(work_dir, base, plan.files, units, sizes)
+    removed = work_mod.keep_only(work_dir, attempts)
+    log.info("kept the work folder %s for a later build (%d files of other builds removed)", work_dir, removed)
+
+
+def _build_into(plan: BuildPlan, *, progress, build_dir, unit_progress=None) -> tuple[Manifest, Any]:
     """Runs the pipeline into ``build_dir`` (``out_dir`` itself, or its staging
-    folder) and writes the manifest there last; returns the manifest. The steps
-    carry the vocabulary models the cache stores by reference to those files
-    (``vocabularies.stored_models``): Beam compresses every pickle of a step with bz2."""
-    units = plan_mod.plan_units(plan.task.source, plan.files, plan.split_size)
+    folder) and writes the manifest there last; returns the manifest and, for
+    a build keeping its work, ``(units, split sizes, address base, attempts
+    per unit)`` for ``_finish_work``. The steps carry the vocabulary models
+    the cache stores by reference to those files
+    (``vocabularies.stored_models``): Beam compresses every pickle of a step
+    with bz2."""
+    work = _plan_work(plan)
+    units = work.units
     log.info(
         "building %s: %d files, %.1f MB, %d work units, %d shards, examples through %s -> %s", plan.task.name,
         len(plan.files), plan.total_bytes / 1e6, len(units), plan.num_shards,
@@ -363,7 +467,14 @@ def _build_into(plan: BuildPlan, *, progress, build_dir) -> Manifest:
     )
     fs.makedirs(build_dir)
     scratch = fs.join(build_dir, writer.TMP_DIR_NAME)
+    fs.remove_tree(fs.join(scratch, "spill"))  # a killed run's: what it wrote there is named by nothing now
+    fs.remove_file(fs.join(scratch, transforms.SUMMARY_NAME))
     fs.makedirs(scratch)
+    if plan.work_dir is not None:
+        fs.makedirs(fs.join(scratch, SHARD_MARKS))
+        fs.write_bytes_atomic(fs.join(scratch, BUILD_RECORD), json.dumps({"fingerprint": plan.fingerprint}).encode())
+        for folder in (work_mod.UNITS_DIR, work_mod.RUNS_DIR):
+            fs.makedirs(fs.join(plan.work_dir, folder))
     vocabularies, stored = _write_vocabularies(plan.task, build_dir)
     # Spill files and quarantine chunks go to the cache's _tmp/, where every
     # worker reads them; the local engine's (and Prism's, as a build starts it) workers
@@ -379,7 +490,7 @@ def _build_into(plan: BuildPlan, *, progress, build_dir) -> Manifest:
     try:
         with vocab_mod.stored_models(stored):
             _run_pipeline(plan, progress=progress, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
-                          units=units)
+                          work=work, unit_progress=unit_progress)
     except Exception:
         if fs.is_local(scratch) and not fs.exists(scratch):  # its working folder gone (an object store has none)
             raise BuildError(f"{plan.out_dir}: the build's working folder {scratch} was removed while it ran; "
@@ -389,11 +500,72 @@ def _build_into(plan: BuildPlan, *, progress, build_dir) -> Manifest:
         if local_scratch is not None:
             shutil.rmtree(local_scratch, ignore_errors=True)
     summary = _read_summary(plan, scratch, units)
-    entries, statistics, quarantine = _gather(plan, summary, build_dir)
-    manifest = _manifest(plan, entries, statistics, quarantine, vocabularies)
-    fs.remove_tree(scratch)
+    try:
+        entries, statistics, quarantine = _gather(plan, summary, build_dir)
+    except BuildError as e:
+        e.final = True
+        raise
+    manifest = _manifest(plan, entries, statistics, quarantine, vocabularies, work=_work_record(plan, work, summary))
+    _remove_strays(build_dir, manifest)
     manifest.write(build_dir)
-    return manifest
+    fs.remove_tree(scratch)  # after the manifest: a build killed while writing it still finds its shards
+    done = summary.get("work") or {}
+    return manifest, (units, work.sizes, work.base, done.get("attempts", {})) if plan.work_dir else None
+
+
+# Where a build that keeps its work records each shard it wrote (``WriteGroup``), in its _tmp/.
+SHARD_MARKS = "shards"
+
+
+@dataclasses.dataclass
+class _Work:
+    """A build's units: ``units`` (``plan.plan_units``), their split sizes
+    (bytes), the address base and addresses (work.py; None for a build
+    keeping nothing), and the units found complete when it started."""
+
+    units: list
+    sizes: list
+    base: str | None = None
+    addresses: list | None = None
+    completed: set = dataclasses.field(default_factory=set)
+
+
+def _plan_work(plan: BuildPlan) -> _Work:
+    """Plans the units (keeping those of a kept plan in the work folder) and their addresses."""
+    if plan.work_dir is None:
+        sizes: list = []
+        return _Work(plan_mod.plan_units(plan.task.source, plan.files, plan.split_size, sizes=sizes), sizes)
+    base = work_mod.address_base(plan.inputs, plan.files)
+    kept = work_mod.read_plan(plan.work_dir, base)
+    sizes = []
+    units = plan_mod.plan_units(plan.task.source, plan.files, plan.split_size, kept=kept, sizes=sizes)
+    addresses = work_mod.unit_addresses(base, plan.files, units)
+    done = work_mod.completed(plan.work_dir, addresses)
+    if done:
+        log.info("%s: %d of %d work units are in the work folder %s", plan.task.name, len(done), len(units),
+                 plan.work_dir)
+    return _Work(units, sizes, base, addresses, done)
+
+
+def _work_record(plan: BuildPlan, work: _Work, summary: dict) -> dict | None:
+    """The manifest's ``work``: what the work folder gave this build (None
+    for a build keeping nothing)."""
+    if plan.work_dir is None:
+        return None
+    done = summary.get("work") or {}
+    shards = sum(1 for r in summary["shards"].values() if r.get("reused"))
+    return {"units": len(work.units), "units_reused": int(done.get("reused", 0)),
+            "units_resumed": int(done.get("resumed", 0)), "checkpoints_reused": int(done.get("found", 0)),
+            "checkpoints_rejected": int(done.get("rejected", 0)), "shards_reused": shards}
+
+
+def _remove_strays(build_dir: str, manifest: Manifest) -> None:
+    """Removes what a killed run of the build left in its folder that is not
+    part of the cache (temporary files of writes it did not finish)."""
+    names = {e.file for e in manifest.shards} | {e.provenance_file for e in manifest.shards}
+    for name in fs.sizes_in(build_dir):
+        if name.startswith(".tmp-") or (name.startswith((fmt.DATA_PREFIX, fmt.PROVENANCE_PREFIX)) and name not in names):
+            fs.remove_file(fs.join(build_dir, name))
 
 
 def _write_vocabularies(task, build_dir: str) -> tuple[dict, dict]:
@@ -420,33 +592,40 @@ def _duplicate_action(source) -> str:
     return policy.action("duplicate") if policy is not None else "keep"
 
 
-def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, units) -> None:
-    """The Beam pipeline, one straight line with one leaf, run to its end;
-    BuildError when the runner failed (one line) or the disk filled up."""
+def _steps(plan: BuildPlan, *, build_dir, scratch, spill_dir, work: _Work) -> tuple:
+    """The pipeline's steps: (read, spread, write, summarize)."""
     task, config, num_shards = plan.task, plan.config, plan.num_shards
     reader = transforms.ReadPreprocess(task, seed=config.seed, sequence_length=config.sequence_length,
                                        num_shards=num_shards, exclusion=plan.exclusion)
-    work = transforms.WorkTable.store(spill_dir, [f.path for f in plan.files], [f.num_bytes for f in plan.files],
-                                      [splits for _, splits in units])
-    read = transforms.ReadUnit(reader, paths=work, spill_dir=spill_dir, exchange=plan.exchange,
-                               fs_options=plan.fs_options,
-                               encoding_threads=transforms.driver_encoding_threads())
+    table = transforms.WorkTable.store(spill_dir, [f.path for f in plan.files], [f.num_bytes for f in plan.files],
+                                       [splits for _, splits in work.units], addresses=work.addresses)
+    read = transforms.ReadUnit(reader, paths=table, spill_dir=spill_dir, exchange=plan.exchange,
+                               fs_options=plan.fs_options, encoding_threads=transforms.driver_encoding_threads(),
+                               work_dir=plan.work_dir)
+    keeps = plan.work_dir is not None
     write = transforms.WriteGroup(task, out_dir=build_dir, scratch_dir=spill_dir, num_shards=num_shards,
-                                  sequence_length=config.sequence_length, fs_options=plan.fs_options)
-    duplicates = _duplicate_action(task.source)
-    # The paths word the entries of skipped copies only.
+                                  sequence_length=config.sequence_length, fs_options=plan.fs_options, work=table,
+                                  marks_dir=fs.join(scratch, SHARD_MARKS) if keeps else None,
+                                  fingerprint=plan.fingerprint if keeps else None)
+    # The work table maps the units' file indices, and words the entries of skipped copies.
     spread = transforms.SpreadCopies(seed=config.seed, num_features=len(reader.features), spill_dir=spill_dir,
                                      exchange=plan.exchange, num_shards=num_shards, fs_options=plan.fs_options,
-                                     duplicates=duplicates,
-                                     paths=work if duplicates == "skip" else (),
+                                     duplicates=_duplicate_action(task.source), paths=table,
                                      locator=getattr(task.source, "locator", "record"))
     summarize = transforms.WriteSummary(scratch_dir=scratch, fs_options=plan.fs_options)
+    return read, spread, write, summarize
+
+
+def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, work: _Work, unit_progress=None) -> None:
+    """The Beam pipeline, one straight line with one leaf, run to its end;
+    BuildError when the runner failed (one line) or the disk filled up."""
+    read, spread, write, summarize = _steps(plan, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir, work=work)
     _pickle_user_modules_by_value()
     engine = runner_mod.local_engine(plan.options) if plan.runner == runner_mod.LOCAL_ENGINE else None
     pipeline = beam.Pipeline(runner=engine, options=plan.options)
     _ = (
         pipeline
-        | "ListWork" >> beam.Create([unit_index for unit_index, _ in units])
+        | "ListWork" >> beam.Create([unit_index for unit_index, _ in work.units])
         | "SpreadWork" >> beam.Reshuffle()
         | "ReadPreprocess" >> beam.FlatMap(read)
         | "GroupByShard" >> beam.GroupByKey()
@@ -457,16 +636,20 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, u
         | "WriteSummary" >> beam.FlatMap(summarize)
     )
     process.freeze_heap()
+    watch = _Progress(build_dir, plan.num_shards, progress, plan.work_dir, work, unit_progress)
     try:
-        with _shard_progress(build_dir, num_shards, progress) if progress else contextlib.nullcontext():
+        with watch.running():
             runner_mod.run(pipeline, plan.runner)
     except RunnerError as e:
         raise BuildError(str(e)) from None
-    except BaseException as e:  # no manifest: nothing looks complete, and the caller removes it
+    except BaseException as e:  # no manifest: nothing looks complete
         if _is_no_space(e):
+            kept = (f"; the work done so far is kept in {plan.work_dir} for that rerun (seqcache clean removes it)"
+                    if plan.work_dir is not None else "")
             raise BuildError(f"{plan.out_dir}: no space left on the device while building; nothing was published "
-                             "(no manifest). Free space (the build needs about twice the cache's size while it runs) "
-                             "or use another --cache-dir, then run the build again") from e
+                             "(no manifest). Free space (the build needs about twice the cache's size while it runs, "
+                             "and its work folder about the tokenized size) or use another --cache-dir, then run the "
+                             f"build again{kept}") from e
         raise
 
 
@@ -526,7 +709,7 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
     return entries, statistics, quarantine
 
 
-def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) -> Manifest:
+def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies, work: dict | None = None) -> Manifest:
     """The manifest of the build (``Manifest.create``), not yet written."""
     task, config = plan.task, plan.config
     out_features = transforms.features_out(task, config.sequence_length)
@@ -553,6 +736,7 @@ def _manifest(plan: BuildPlan, entries, statistics, quarantine, vocabularies) ->
         sharding={"num_shards": plan.num_shards, "shard_size": plan.shard_size, "input_bytes": plan.total_bytes,
                   "content_bytes": plan.content_bytes},
         evaluation=task.evaluation() if hasattr(task, "evaluation") else None,
+        **({"work": work} if work is not None else {}),
     )
 
 
@@ -730,34 +914,47 @@ def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
     return inputs
 
 
-@contextlib.contextmanager
-def _shard_progress(build_dir: str, num_shards: int, callback, interval_s: float = 0.5):
-    """Polls the cache folder while the pipeline runs and reports
-    ``callback(shards_written, num_shards)`` from the data shards already in
-    place (a shard gets its final name only when complete): progress that works
-    on any runner whose workers write to the file system the driver reads
-    (local folders only)."""
-    if not fs.is_local(build_dir):
-        yield
-        return
-    stop = threading.Event()
+class _Progress:
+    """Reports a build's progress while its pipeline runs, polling folders
+    the driver reads (local folders only): ``shards(written, num_shards)``
+    from the data shards in place in ``build_dir`` (a shard gets its final
+    name only when complete), and ``units(reused, done, total)`` from the
+    complete ledgers in the work folder (``work.completed``): a progress
+    that works on any runner whose workers write where the driver reads."""
 
-    def report():
+    def __init__(self, build_dir: str, num_shards: int, shards, work_dir: str | None, work: "_Work", units,
+                 interval_s: float = 0.5):
+        self.build_dir, self.num_shards, self.shards, self.interval_s = build_dir, num_shards, shards, interval_s
+        self.work_dir, self.work, self.units = work_dir, work, units if work_dir and work.addresses else None
+
+    def report(self) -> None:
+        if self.shards is not None and fs.is_local(self.build_dir):
+            try:
+                n = sum(1 for name in os.listdir(fs.local_path(self.build_dir)) if name.startswith(fmt.DATA_PREFIX))
+            except OSError:
+                n = 0
+            self.shards(n, self.num_shards)
+        if self.units is not None:
+            done = len(work_mod.completed(self.work_dir, self.work.addresses)) if fs.is_local(self.work_dir) else 0
+            self.units(len(self.work.completed), max(done, len(self.work.completed)), len(self.work.units))
+
+    @contextlib.contextmanager
+    def running(self):
+        if self.shards is None and self.units is None:
+            yield
+            return
+        stop = threading.Event()
+
+        def poll():
+            while not stop.wait(self.interval_s):
+                self.report()
+
+        self.report()
+        thread = threading.Thread(target=poll, name="seqcache-build-progress", daemon=True)
+        thread.start()
         try:
-            n = sum(1 for name in os.listdir(fs.local_path(build_dir)) if name.startswith(fmt.DATA_PREFIX))
-        except OSError:
-            n = 0
-        callback(n, num_shards)
-
-    def poll():
-        while not stop.wait(interval_s):
-            report()
-
-    thread = threading.Thread(target=poll, name="seqcache-build-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-        report()
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            self.report()

@@ -62,6 +62,9 @@ class BuildPlan:
       fs_options: the pipeline options that file systems read, for workers.
       exclusion: the benchmarks whose overlapping records the build leaves
         out (``exclusion.Exclusion``), or None.
+      work_dir: the work folder the build keeps its work in (work.py), or
+        None (a build that keeps nothing); keep_work: keep it once the cache
+        is complete (for a build of a grown corpus).
     """
 
     task: Any
@@ -80,6 +83,8 @@ class BuildPlan:
     fs_options: Sequence[str] = ()
     content_bytes: int | None = None
     exclusion: Any = None
+    work_dir: str | None = None
+    keep_work: bool = False
 
 
 def choose_split_size(total_bytes: int) -> int:
@@ -90,13 +95,20 @@ def choose_split_size(total_bytes: int) -> int:
     return max(size, -(-int(total_bytes) // MAX_UNITS))
 
 
-def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int, np.ndarray]]:
+def plan_units(source, files: Sequence[Any], split_size: int, *, kept=None,
+               sizes: list | None = None) -> list[tuple[int, np.ndarray]]:
     """The work units of a build (see the module docstring).
 
     Args:
       source: the task's source (its ``splits`` cuts each file).
       files: ``source.list_files()``.
       split_size: bytes of input per unit (>= 1).
+      kept: the plan of a build kept for growing (``work.KeptPlan``) or None:
+        each of its units whose files are all unchanged (path, size and
+        modification time) is kept as it is, so that its work is reused; the
+        other splits of unchanged files keep their ranges, and only new or
+        changed files are cut again (``plan_kept``).
+      sizes: when a list, it gets each unit's split sizes (int64 arrays, bytes).
 
     Returns:
       ``[(unit_index, splits), ...]`` in file order, ``splits`` an int64
@@ -111,19 +123,76 @@ def plan_units(source, files: Sequence[Any], split_size: int) -> list[tuple[int,
     if split_size < 1:
         raise ValueError(f"split_size must be >= 1 byte (got {split_size})")
     whole_when_small = type(source).splits is Source.splits or getattr(source, "small_files_whole", False)
-    table, sizes = _split_table(source, files, split_size, whole_when_small)
-    # Greedy, in order: a unit takes the next splits while they fit in split_size
-    # bytes and MAX_SPLITS_PER_UNIT splits (at least one split).
-    ends = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(np.maximum(sizes, 1), out=ends[1:])
+    if kept is not None:
+        return plan_kept(source, files, split_size, kept, whole_when_small, sizes)
+    table, row_sizes = _split_table(source, files, split_size, whole_when_small)
+    return _grouped(table, row_sizes, split_size, sizes)
+
+
+def _grouped(table: np.ndarray, row_sizes: np.ndarray, split_size: int, sizes: list | None,
+             first_index: int = 0) -> list[tuple[int, np.ndarray]]:
+    """Splits (rows of ``table``, in order) grouped greedily into units: a unit
+    takes the next splits while they fit in ``split_size`` bytes and
+    ``MAX_SPLITS_PER_UNIT`` splits (at least one split)."""
+    ends = np.zeros(len(row_sizes) + 1, dtype=np.int64)
+    np.cumsum(np.maximum(row_sizes, 1), out=ends[1:])
     units: list = []
-    i, n = 0, len(sizes)
+    i, n = 0, len(row_sizes)
     while i < n:
         j = int(np.searchsorted(ends, ends[i] + split_size, side="right")) - 1
         j = min(max(j, i + 1), i + MAX_SPLITS_PER_UNIT, n)
-        units.append((len(units), table[i:j]))
+        units.append((first_index + len(units), table[i:j]))
+        if sizes is not None:
+            sizes.append(np.asarray(row_sizes[i:j], dtype=np.int64))
         i = j
     return units
+
+
+def plan_kept(source, files: Sequence[Any], split_size: int, kept, whole_when_small: bool,
+              sizes: list | None = None) -> list[tuple[int, np.ndarray]]:
+    """``plan_units`` given the plan of a kept build (``work.KeptPlan``).
+
+    A kept unit stays a unit when every file of it is in ``files`` unchanged
+    (same path, size and modification time) and its splits stay in file
+    order; the splits of the other kept units whose files are unchanged
+    keep their ranges (every split of a file comes from one plan, so none
+    overlaps another) and are grouped again with the splits of new and
+    changed files, cut as ``plan_units`` cuts them. Units are numbered in the
+    order of their first split. The result depends only on ``files`` and
+    ``kept``, so a rerun of a build that died plans the same units.
+    """
+    where = {f[0]: (i, int(f[1]), int(f[2])) for i, f in enumerate(files)}
+    same = np.full(len(kept.files), -1, dtype=np.int64)  # kept file -> its index in files, or -1
+    for k, (path, size, mtime) in enumerate(kept.files):
+        now = where.get(path)
+        if now is not None and now[1:] == (int(size), int(mtime)):
+            same[k] = now[0]
+    kept_units, loose = [], []
+    for unit in kept.units:
+        rows = np.asarray(unit.rows, dtype=np.int64).reshape(-1, 4)
+        mapped = rows.copy()
+        mapped[:, 0] = same[rows[:, 0]]
+        step_file, step_start = np.diff(mapped[:, 0]), np.diff(mapped[:, 1])
+        ordered = bool(np.all((step_file > 0) | ((step_file == 0) & (step_start > 0))))
+        if len(mapped) and (mapped[:, 0] >= 0).all() and ordered:
+            kept_units.append(mapped)
+        else:
+            loose.append(mapped[mapped[:, 0] >= 0])
+    covered = np.zeros(len(files), dtype=bool)
+    covered[same[same >= 0]] = True
+    fresh = np.flatnonzero(~covered)
+    table, row_sizes = _split_table(source, [files[i] for i in fresh.tolist()], split_size, whole_when_small)
+    table[:, 0] = fresh[table[:, 0]] if len(table) else table[:, 0]
+    loose_rows = np.concatenate([*loose, np.concatenate([table, row_sizes[:, None]], axis=1)])
+    loose_rows = loose_rows[np.lexsort((loose_rows[:, 1], loose_rows[:, 0]))]
+    new_sizes: list = []
+    grouped = _grouped(loose_rows[:, :3], loose_rows[:, 3], split_size, new_sizes)
+    every = [(rows[:, :3], rows[:, 3]) for rows in kept_units]
+    every += [(rows, unit_sizes) for (_, rows), unit_sizes in zip(grouped, new_sizes)]
+    every.sort(key=lambda u: (int(u[0][0, 0]), int(u[0][0, 1])))
+    if sizes is not None:
+        sizes.extend(np.asarray(s, dtype=np.int64) for _, s in every)
+    return [(i, np.ascontiguousarray(rows, dtype=np.int64)) for i, (rows, _) in enumerate(every)]
 
 
 def _split_table(source, files: Sequence[Any], split_size: int,

@@ -194,19 +194,63 @@ class SpillBuffer:
 
 FLUSH_MAGIC = b"SQSPILL1"
 _SECTION = struct.Struct("<IQQ")
+_TRAILER = struct.Struct("<I8s")  # the section count, then FLUSH_MAGIC: a flush file's last 12 bytes
+
+
+class FlushWriter:
+    """Writes one flush file to ``f`` a section at a time, in increasing shard
+    order, hashing every byte it writes (sha256): a unit's checkpoint in the
+    build's work folder (work.py) records the file's size and digest, and a
+    later build reads it only if both still match. ``close`` writes the index
+    and the trailer and returns the sections ``(shard, offset, length)``."""
+
+    __slots__ = ("f", "num_features", "index", "num_bytes", "digest")
+
+    def __init__(self, f: BinaryIO, num_features: int):
+        self.f, self.num_features = f, int(num_features)
+        self.index: list[tuple[int, int, int]] = []
+        self.num_bytes = 0
+        self.digest = hashlib.sha256()
+
+    def write(self, data) -> None:
+        """Writes ``data`` (bytes or a contiguous array), counting and hashing it."""
+        view = memoryview(data)
+        if not view.c_contiguous:
+            view = memoryview(bytes(view))
+        self.f.write(view)
+        self.digest.update(view)
+        self.num_bytes += view.nbytes
+
+    def add(self, shard: int, buffer: "SpillBuffer") -> int:
+        """Writes ``buffer`` (emptied) as the section of ``shard``; returns its length in bytes."""
+        start = self.num_bytes
+        for piece in buffer._pieces(self.num_features, release=True):
+            self.write(piece)
+        self.index.append((int(shard), start, self.num_bytes - start))
+        return self.num_bytes - start
+
+    def add_bytes(self, shard: int, section: bytes) -> None:
+        """Writes a section already in the spill format (``SpillBuffer.to_bytes``)."""
+        self.index.append((int(shard), self.num_bytes, len(section)))
+        self.write(section)
+
+    def close(self) -> list[tuple[int, int, int]]:
+        """Writes the index of the sections and the trailer; returns the sections."""
+        self.write(b"".join(_SECTION.pack(*s) for s in self.index) + _TRAILER.pack(len(self.index), FLUSH_MAGIC))
+        return list(self.index)
+
+    def sha256(self) -> str:
+        return self.digest.hexdigest()
 
 
 def write_flush(f: BinaryIO, buffers: dict, num_features: int) -> list[tuple[int, int, int]]:
     """Writes one flush file of ``buffers`` (shard -> ``SpillBuffer``, emptied
     as written) to ``f``; returns its sections as ``(shard, offset, length)``,
     in shard order."""
-    index, pos = [], 0
+    out = FlushWriter(f, num_features)
     for shard in sorted(buffers):
-        length = buffers.pop(shard).write_to(f, num_features)
-        index.append((shard, pos, length))
-        pos += length
-    f.write(b"".join(_SECTION.pack(*s) for s in index) + struct.pack("<I", len(index)) + FLUSH_MAGIC)
-    return index
+        out.add(shard, buffers.pop(shard))
+    return out.close()
 
 
 def flush_bytes(buffers: dict, num_features: int) -> tuple[bytes, list[tuple[int, int, int]]]:
@@ -215,6 +259,66 @@ def flush_bytes(buffers: dict, num_features: int) -> tuple[bytes, list[tuple[int
     out = io.BytesIO()
     index = write_flush(out, dict(buffers), num_features)
     return out.getvalue(), index
+
+
+def read_flush_index(read: Callable[[int, int], bytes], size: int, where: str) -> list[tuple[int, int, int]]:
+    """The sections ``(shard, offset, length)`` of a flush file of ``size``
+    bytes, from its index (``read(begin, end)`` reads its bytes).
+
+    Raises:
+      ValueError: not a flush file, or a truncated one (``where`` names it).
+    """
+    if size < _TRAILER.size:
+        raise ValueError(f"{where}: {size} bytes is too short for a spill file")
+    count, magic = _TRAILER.unpack(read(size - _TRAILER.size, size))
+    index_start = size - _TRAILER.size - count * _SECTION.size
+    if magic != FLUSH_MAGIC or index_start < 0:
+        raise ValueError(f"{where}: not a spill file (no {FLUSH_MAGIC!r} trailer)")
+    raw = read(index_start, size - _TRAILER.size)
+    sections = [_SECTION.unpack_from(raw, k * _SECTION.size) for k in range(count)]
+    end = 0
+    for shard, offset, length in sections:
+        if offset != end:
+            raise ValueError(f"{where}: spill file index names a section at byte {offset}, expected {end}")
+        end = offset + length
+    if end != index_start:
+        raise ValueError(f"{where}: spill file sections end at byte {end}, its index starts at {index_start}")
+    return sections
+
+
+def section_keys(read: Callable[[int, int], bytes], where: str) -> np.ndarray:
+    """The shuffle keys (``V16`` (n,)) of one section, sorted (``read(begin,
+    end)`` reads the section's bytes, from its first byte)."""
+    head = read(0, _HEAD.size)
+    if len(head) < _HEAD.size:
+        raise ValueError(f"{where}: truncated spill file ({len(head)} bytes)")
+    n, _ = _HEAD.unpack(head)
+    return np.frombuffer(read(_HEAD.size, _HEAD.size + 16 * n), dtype="V16")
+
+
+def row_ranges(keys: np.ndarray, num_shards: int, shard_of_keys: Callable) -> list[tuple[int, int, int]]:
+    """``(shard, lo, hi)``: the contiguous rows of sorted ``keys`` (``V16``)
+    that fall in each shard of ``num_shards`` (``shard_of_keys(bytes, S)``),
+    in shard order: a section written for one shard count, cut for another."""
+    if not len(keys):
+        return []
+    shards = shard_of_keys(np.ascontiguousarray(keys).tobytes(), num_shards)
+    cuts = np.flatnonzero(np.diff(shards)) + 1
+    starts = [0, *cuts.tolist()]
+    stops = [*cuts.tolist(), len(shards)]
+    return [(int(shards[a]), a, b) for a, b in zip(starts, stops)]
+
+
+def slice_section(buf: bytes, num_features: int, lo: int, hi: int, where: str) -> bytes:
+    """Rows ``lo`` to ``hi`` of a whole section (its bytes), as a section of
+    their own (the same order: still sorted)."""
+    cols = _parse(buf, num_features, where)
+    offsets = cols["offsets"][lo:hi + 1].astype(np.int64)
+    data = memoryview(cols["data"])[cols["base"] + int(offsets[0]):cols["base"] + int(offsets[-1])]
+    pieces = [_HEAD.pack(hi - lo, num_features)]
+    pieces += [np.ascontiguousarray(cols[name][lo:hi]) for name, _, _ in _COLUMNS]
+    pieces += [(offsets - offsets[0]).astype("<u8"), data]
+    return b"".join(memoryview(p) if not isinstance(p, bytes) else p for p in pieces)
 
 
 @dataclasses.dataclass
@@ -419,6 +523,66 @@ def _parse(buf: bytes, num_features: int, where: str, *, section_length: int | N
     return cols
 
 
+def _select(cols: dict, where: str, rows: tuple[int, int] | None, files: np.ndarray | None) -> dict:
+    """``cols`` (``_parse``) restricted to the rows ``[lo, hi)`` of ``rows``
+    (None: all), with each file index ``i`` read as ``files[i]`` (None: as
+    it is): a section written with the file indices of its work unit.
+
+    Raises:
+      ValueError: rows outside the section, or a file index outside ``files``.
+    """
+    n = len(cols["sub_index"])
+    if rows is not None:
+        lo, hi = rows
+        if not 0 <= lo <= hi <= n:
+            raise ValueError(f"{where}: rows [{lo}, {hi}) of a section of {n} rows")
+        for name, _, _ in _COLUMNS:
+            cols[name] = cols[name][lo:hi]
+        cols["offsets"] = cols["offsets"][lo:hi + 1]
+    if files is not None:
+        local = cols["file_index"]
+        if len(local) and int(local.max()) >= len(files):
+            raise ValueError(f"{where}: file index {int(local.max())} of a work unit of {len(files)} files")
+        cols["file_index"] = np.asarray(files, dtype="<u4")[local]
+    return cols
+
+
+def parse_section(buf: bytes, num_features: int, where: str, *, rows: tuple[int, int] | None = None,
+                  files: np.ndarray | None = None) -> dict:
+    """The columns of a whole section in memory (its bytes), for ``load_shard``:
+    the rows ``[lo, hi)`` of ``rows`` (None: all), file indices read through
+    ``files`` (``_select``).
+
+    Raises:
+      ValueError: a truncated or inconsistent section (``where`` names it).
+    """
+    return _select(_parse(buf, num_features, where), where, rows, files)
+
+
+def load_section(read: Callable[[int, int], bytes], where: str, length: int, num_features: int, *,
+                 rows: tuple[int, int] | None = None, files: np.ndarray | None = None) -> dict:
+    """The columns of a section on disk, for ``load_shard``: one read of
+    ``MIN_READ_BYTES`` (the head, the columns, the first example bytes), a
+    second when the columns are longer; the example bytes stay on disk
+    (``SectionOnDisk``), read from the first row wanted. ``read(begin, end)``
+    reads the section's bytes (from its first byte); ``length``: its size in
+    bytes; ``rows`` and ``files`` as ``parse_section``.
+
+    Raises:
+      ValueError: a truncated or inconsistent section (``where`` names it).
+    """
+    first = read(0, min(length, MIN_READ_BYTES))
+    head_bytes = section_head_bytes(first, where)
+    if head_bytes > length:
+        raise ValueError(f"{where}: truncated spill file: its columns end at byte {head_bytes} of {length}")
+    head = first[:head_bytes] if head_bytes <= len(first) else first + read(len(first), head_bytes)
+    cols = _select(_parse(head, num_features, where, section_length=length), where, rows, files)
+    data_start = head_bytes + int(cols["offsets"][0])
+    initial = first[data_start:] if data_start < len(first) else b""
+    cols["data"] = SectionOnDisk(where, read, data_start, length, initial)
+    return cols
+
+
 def sort_order(hi: np.ndarray, lo: np.ndarray, sub: np.ndarray, files: np.ndarray,
                recs: np.ndarray) -> np.ndarray:
     """int64 (n,): ``np.lexsort((recs, files, sub, lo, hi))``, the order by (key's
@@ -440,27 +604,17 @@ def sort_order(hi: np.ndarray, lo: np.ndarray, sub: np.ndarray, files: np.ndarra
     return order
 
 
-def load_shard(buffers: Iterable[tuple[str, "bytes | tuple[bytes, SectionOnDisk, int]"]],
-               num_features: int) -> ShardEntries:
+def load_shard(buffers: Iterable[tuple[str, "bytes | dict"]], num_features: int) -> ShardEntries:
     """Loads the sections of one shard and sorts its entries.
 
     Args:
-      buffers: ``(where, section)`` pairs: a whole section's bytes, or ``(its
-        head and columns, SectionOnDisk, its size in bytes)`` for a section
-        whose example bytes are read later, range by range.
+      buffers: ``(where, section)`` pairs: a whole section's bytes, or its
+        columns already loaded (``parse_section``, ``load_section``).
 
     Raises:
       ValueError: a truncated or inconsistent spill file (named).
     """
-    parts = []
-    for where, buf in buffers:
-        if isinstance(buf, tuple):
-            head, section, length = buf
-            cols = _parse(head, num_features, where, section_length=length)
-            cols["data"] = section
-        else:
-            cols = _parse(buf, num_features, where)
-        parts.append(cols)
+    parts = [buf if isinstance(buf, dict) else _parse(buf, num_features, where) for where, buf in buffers]
     if not parts:
         empty = np.zeros(0, dtype=np.uint32)
         none = np.zeros(0, np.int64)

@@ -52,7 +52,7 @@ import numpy as np
 
 from seqcache import format as fmt
 from seqcache import fs, process
-from seqcache.pipelines import shuffle, spill, stats as stats_mod, writer
+from seqcache.pipelines import shuffle, spill, stats as stats_mod, work as work_mod, writer
 from seqcache.pipelines.spill import ragged_take
 from seqcache.tasks import Split, pack_first_fit, pack_lm
 from seqcache.tasks.sources.base import RecordBatch, describe_record
@@ -129,8 +129,10 @@ class ReadPreprocess:
         self.sequence_length = dict(sequence_length) if sequence_length else None
         self.features = features_in(task)
 
-    def read(self, splits) -> Iterator[tuple[str, Any]]:
-        """The outputs of the class docstring for ``splits``.
+    def read(self, splits, *, skip: int = 0) -> Iterator[tuple[str, Any]]:
+        """The outputs of the class docstring for ``splits``; with ``skip``,
+        for the records after the first ``skip`` (read, not preprocessed: a
+        unit resumed at a checkpoint).
 
         Raises:
           ValueError: a source error (naming the file and record), or a
@@ -138,20 +140,26 @@ class ReadPreprocess:
         """
         splits = [splits] if isinstance(splits, Split) else list(splits)
         key = shuffle.seed_key(self.seed)
-        for batch in self._batches(splits):
+        for batch in self._batches(splits, skip):
             try:
                 yield from self._flush(batch, key)
             except ValueError as e:
                 raise self._named_error(batch, key, {int(s.file_index): str(s.path) for s in splits}, e) from None
 
-    def _batches(self, splits) -> Iterator[RecordBatch]:
-        """The records of ``splits`` in batches of at most ``batch_records``
-        records and ``batch_bytes`` raw bytes (a larger record is a batch of
-        its own), each as full as the records allow, across splits."""
+    def _batches(self, splits, skip: int = 0) -> Iterator[RecordBatch]:
+        """The records of ``splits`` after the first ``skip``, in batches of at
+        most ``batch_records`` records and ``batch_bytes`` raw bytes (a larger
+        record is a batch of its own), each as full as the records allow,
+        across splits."""
         limit_records, limit_bytes = self.batch_records, self.batch_bytes
         pending: list[RecordBatch] = []
         count = size = 0
         for batch in self.task.source.read_batches_of(splits, self.batch_records):
+            if skip:
+                if len(batch) <= skip:
+                    skip -= len(batch)
+                    continue
+                batch, skip = batch.take(skip, len(batch)), 0
             n = len(batch)
             sums = [0, *itertools.accumulate(map(len, batch.raws))]
             i = 0
@@ -388,10 +396,11 @@ def driver_encoding_threads() -> int | None:
 
 
 class WorkTable:
-    """What every read step needs of the whole build: the input files' paths
+    """What every step needs of the whole build: the input files' paths
     (``paths``, by file index), their sizes as listed (``sizes``, bytes, or
-    None) and the work units' splits (``units``, by unit index: int64 arrays
-    of ``(file_index, start, stop)`` rows, ``plan.plan_units``).
+    None), the work units' splits (``units``, by unit index: int64 arrays of
+    ``(file_index, start, stop)`` rows, ``plan.plan_units``) and, for a build
+    that keeps its work (work.py), each unit's address (``addresses``, or None).
 
     ``WorkTable.store`` writes it once, pickled and zlib-compressed, to a
     file in a folder every worker reads (the build's spill folder); the table
@@ -404,26 +413,31 @@ class WorkTable:
     constructor pickles whole.
     """
 
-    __slots__ = ("_columns", "url", "sha256")
+    __slots__ = ("_columns", "url", "sha256", "_unit_files")
 
     def __init__(self, paths: Sequence[str] = (), sizes: Sequence[int] | None = None, units: Sequence = (),
-                 url: str | None = None, sha256: str | None = None):
+                 url: str | None = None, sha256: str | None = None, addresses: Sequence[str] | None = None):
         if sizes is not None and len(sizes) != len(paths):
             raise ValueError(f"{len(paths)} paths but {len(sizes)} sizes")
-        self._columns = None if url else (list(paths), None if sizes is None else list(sizes), list(units))
-        self.url, self.sha256 = url, sha256
+        if addresses is not None and len(addresses) != len(units):
+            raise ValueError(f"{len(units)} units but {len(addresses)} addresses")
+        self._columns = None if url else (list(paths), None if sizes is None else list(sizes), list(units),
+                                          None if addresses is None else list(addresses))
+        self.url, self.sha256, self._unit_files = url, sha256, {}
 
     @classmethod
-    def store(cls, folder: str, paths: Sequence[str], sizes: Sequence[int] | None, units: Sequence) -> "WorkTable":
-        """The table of ``paths``, ``sizes`` and ``units``, written to
-        ``{folder}/work-table-<sha256>.pickle.z``."""
-        data = zlib.compress(pickle.dumps(cls(paths, sizes, units)._columns, protocol=pickle.HIGHEST_PROTOCOL), 1)
+    def store(cls, folder: str, paths: Sequence[str], sizes: Sequence[int] | None, units: Sequence,
+              addresses: Sequence[str] | None = None) -> "WorkTable":
+        """The table of ``paths``, ``sizes``, ``units`` and ``addresses``,
+        written to ``{folder}/work-table-<sha256>.pickle.z``."""
+        columns = cls(paths, sizes, units, addresses=addresses)._columns
+        data = zlib.compress(pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL), 1)
         sha256 = hashlib.sha256(data).hexdigest()
         url = fs.join(folder, f"work-table-{sha256[:16]}.pickle.z")
         fs.write_bytes(url, data)
         return cls(url=url, sha256=sha256)
 
-    def _loaded(self) -> tuple[list, list | None, list]:
+    def _loaded(self) -> tuple[list, list | None, list, list | None]:
         if self._columns is None:
             self._columns = _read_work_table(self.url, self.sha256)
         return self._columns
@@ -431,13 +445,34 @@ class WorkTable:
     paths = property(lambda self: self._loaded()[0], doc="The input files' paths by file index.")
     sizes = property(lambda self: self._loaded()[1], doc="Their sizes as listed (bytes), or None.")
     units = property(lambda self: self._loaded()[2], doc="The work units' splits by unit index.")
+    addresses = property(lambda self: self._loaded()[3], doc="The units' addresses (work.py), or None.")
+
+    def unit_files(self, unit_index: int) -> np.ndarray:
+        """uint32 (k,): the file indices of unit ``unit_index``'s splits, in
+        increasing order: a section the unit wrote names its i-th file i
+        (work.py, "File indices").
+
+        Raises:
+          ValueError: no such unit.
+        """
+        files = self._unit_files.get(unit_index)
+        if files is None:
+            units = self.units
+            if not 0 <= unit_index < len(units):
+                raise ValueError(f"work unit {unit_index} is not in the build's work table ({len(units)} units)")
+            rows = np.asarray(units[unit_index], dtype=np.int64).reshape(-1, 3)
+            files = self._unit_files[unit_index] = np.unique(rows[:, 0]).astype(np.uint32)
+        return files
 
     def __reduce__(self):
-        return (WorkTable, self._columns) if self.url is None else (WorkTable, ((), None, (), self.url, self.sha256))
+        if self.url is None:
+            paths, sizes, units, addresses = self._columns
+            return (WorkTable, (paths, sizes, units, None, None, addresses))
+        return (WorkTable, ((), None, (), self.url, self.sha256))
 
 
 @functools.lru_cache(maxsize=2)
-def _read_work_table(url: str, sha256: str) -> tuple[list, list | None, list]:
+def _read_work_table(url: str, sha256: str) -> tuple[list, list | None, list, list | None]:
     """The columns ``WorkTable.store`` wrote to ``url``, once per process;
     ValueError when the file is missing or not the one written."""
     try:
@@ -457,6 +492,18 @@ class ReadUnit:
     start, stop), ...)`` (``stop`` None for the file's end) or an int64 array
     of such rows (``stop`` -1), as ``plan.plan_units`` gives.
 
+    A unit named by its index writes its sections with its own file indices
+    (``WorkTable.unit_files``) and names itself in its values (``(unit,
+    bytes)`` through the runner's shuffle, ``(path, offset, length, unit, -1,
+    -1)`` for a spill file's section; ``load_batches`` maps them back); a
+    unit given with its splits writes the build's file indices (unit -1).
+
+    With ``work_dir`` (a build that keeps its work, work.py), a unit named by
+    its index keeps its output in the work folder, checkpointed every
+    ``checkpoint_bytes`` of examples; a unit whose ledger is found there is
+    read from its checkpoints (checked by sha256) and read from the source
+    only past the last one. Its counts value then says so (``"work"``).
+
     Memory: the shard buffers (about ``flush_bytes``: default
     ``spill.SPILL_BYTES`` for the spill exchange, ``spill.RUNNER_FLUSH_BYTES``
     for the runner's), one preprocessing batch (``BATCH_BYTES`` of raw
@@ -474,7 +521,8 @@ class ReadUnit:
 
     def __init__(self, reader: ReadPreprocess, *, paths: "WorkTable | Sequence[str]", spill_dir: str, exchange: str,
                  flush_bytes: int | None = None, fs_options: Sequence[str] = (),
-                 encoding_threads: int | None = None, sizes: Sequence[int] | None = None):
+                 encoding_threads: int | None = None, sizes: Sequence[int] | None = None,
+                 work_dir: str | None = None, checkpoint_bytes: int | None = None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
         self.work = paths if isinstance(paths, WorkTable) else WorkTable(paths, sizes)
@@ -483,81 +531,232 @@ class ReadUnit:
             flush_bytes = spill.SPILL_BYTES if exchange == "spill" else spill.RUNNER_FLUSH_BYTES
         self.flush_bytes, self.fs_options = int(flush_bytes), list(fs_options)
         self.encoding_threads = None if encoding_threads is None else int(encoding_threads)
+        self.work_dir, self.fault = work_dir, os.environ.get(process.FAULT_VARIABLE)
+        if work_dir and checkpoint_bytes is None:
+            checkpoint_bytes = work_mod.checkpoint_bytes(reader.num_shards, self.flush_bytes)
+        self.checkpoint_bytes = int(checkpoint_bytes) if work_dir else self.flush_bytes
 
     def __call__(self, unit) -> Iterator[tuple[int, Any]]:
         set_worker_options(self.fs_options)
         settle_worker()
+        process.inherit_fault(self.fault)
         if self.encoding_threads is not None:
             os.environ[ENCODING_THREADS_ENV] = str(self.encoding_threads)
-        unit_index, ranges = (unit, self.work.units[unit]) if isinstance(unit, int) else unit
+        named = isinstance(unit, int)
+        unit_index, ranges = (unit, self.work.units[unit]) if named else unit
         if isinstance(ranges, np.ndarray):
             ranges = [(f, a, None if b < 0 else b) for f, a, b in ranges.tolist()]
-        token = f"{unit_index:07d}-{os.urandom(6).hex()}"  # unique per attempt: retries never collide
-        state = _UnitState()
-        records = 0
-        per_file = FileCounts()  # source examples and tokens per file
-        bad_input = stats_mod.BadInputCounts()
+        state = _UnitState(f"{unit_index:07d}-{os.urandom(6).hex()}", unit_index,
+                           self.work.unit_files(unit_index) if named else None)
+        ledger = None
+        if named and self.work_dir and self.work.addresses is not None:
+            ledger = work_mod.UnitLedger(self.work_dir, self.work.addresses[unit_index])
+            ledger.restore()
+            for cp in ledger.checkpoints:
+                yield from self._replay(ledger, cp, state)
+            if ledger.complete:
+                yield COUNTS_KEY, state.counts_value(ledger)
+                return
         # A Split per range, made without its keyword defaults; a whole file's with its listed size
         # (a small file is then read without asking its size: lines.small_whole_files).
         paths, sizes, make = self.work.paths, self.work.sizes, tuple.__new__
         splits = [make(Split, (file_index, paths[file_index], start, stop,
                                sizes[file_index] if sizes is not None and stop is None and not start else 0))
                   for file_index, start, stop in ranges]
-        for kind, payload in self.reader.read(splits) if splits else ():
-            if kind == "records":
-                records += payload
+        skip = ledger.records_done() if ledger is not None else 0
+        for kind, payload in self.reader.read(splits, skip=skip) if splits else ():
+            if kind == "records":  # the batches before it are done: a checkpoint may cover them
+                if state.buffered >= self.checkpoint_bytes or state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
+                    yield from self._checkpoint(state, ledger, complete=False)
+                state.records += payload
+                process.fault_point("read:batch")
+            elif kind == "examples":
+                state.add_examples(payload)
             elif kind == "kept":
-                bad_input.add_counts("kept", *payload)
-            elif kind in ("issue", "excluded"):
-                if kind == "issue":
-                    record_file, record_number, action, message, error_kind = payload
-                    bad_input.add(action, error_kind.split(","))
-                    fields = None
-                else:
-                    (record_file, record_number, message, fields), action, error_kind = payload, kind, "benchmark"
-                state.quarantine.add(record_file, record_number, action, paths[record_file], message,
-                                     error_kind, fields)
-                if state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
-                    yield QUARANTINE_KEY, self._write_quarantine(state, token)
+                state.bad_input.add_counts("kept", *payload)
             else:
-                for shard, part in payload.by_shard():
-                    state.buffers[shard].add_batch(part)
-                    state.buffered += spill.batch_bytes(part)
-                per_file.add(payload.file_index, payload.lengths)
-                if state.buffered >= self.flush_bytes:
-                    yield from self._flush(state, token)
+                state.add_issue(kind, payload, paths)
+        yield from self._checkpoint(state, ledger, complete=True)
+        yield COUNTS_KEY, state.counts_value(ledger)
+
+    def _checkpoint(self, state: "_UnitState", ledger, *, complete: bool) -> Iterator[tuple[int, Any]]:
+        """Hands on what the unit holds. Without a ledger, as a build that
+        keeps nothing: the shard buffers past the flush size (or at the end)
+        as a spill file or runner elements, the quarantine entries past
+        ``QUARANTINE_BYTES`` (or at the end) as a chunk. With one, everything,
+        into the work folder, then the ledger (``UnitLedger.commit``)."""
+        if ledger is None:
+            if state.buffered >= self.flush_bytes or (complete and state.buffered):
+                yield from emit_buffers(state.buffers, exchange=self.exchange, num_features=len(self.reader.features),
+                                        path=fs.join(self.spill_dir, f"{state.token}-{state.flushes:05d}.bin"),
+                                        unit=state.unit)
+                state.flushes += 1
+                state.new_buffers()
+            if state.quarantine.nbytes >= spill.QUARANTINE_BYTES or (complete and state.quarantine):
+                yield QUARANTINE_KEY, self._write_quarantine(state)
+            return
+        k = len(ledger.checkpoints)
+        run, out = None, []
         if state.buffered:
-            yield from self._flush(state, token)
+            name = ledger.run_name(state.token, k, work_mod.RUN_SUFFIX)
+            url = ledger.url(work_mod.RUNS_DIR, name)
+            with fs.open_write(url) as f:
+                writer = spill.FlushWriter(f, len(self.reader.features))
+                for shard in sorted(state.buffers):
+                    buffer = state.buffers.pop(shard)
+                    if self.exchange == "runner":
+                        section = buffer.to_bytes(len(self.reader.features))
+                        writer.add_bytes(shard, section)
+                        yield shard, (state.unit, section)
+                    else:
+                        offset = writer.num_bytes
+                        out.append((shard, (url, offset, writer.add(shard, buffer), state.unit, -1, -1)))
+                writer.close()
+            run = work_mod.FileRecord(name, writer.num_bytes, writer.sha256())
+        chunk = None
         if state.quarantine:
-            yield QUARANTINE_KEY, self._write_quarantine(state, token)
-        yield COUNTS_KEY, (int(unit_index), records, per_file.columns(), bad_input.to_json())
+            name = ledger.run_name(state.token, k, work_mod.CHUNK_SUFFIX)
+            data = state.quarantine.to_bytes()
+            fs.write_bytes(ledger.url(work_mod.RUNS_DIR, name), data)
+            chunk = work_mod.FileRecord(name, len(data), hashlib.sha256(data).hexdigest())
+            out.append((QUARANTINE_KEY, ledger.url(work_mod.RUNS_DIR, name)))
+        process.fault_point("unit:files")
+        ledger.commit(state.checkpoint(run, chunk, self.reader.num_shards), complete=complete)
+        process.fault_point("unit:ledger")
+        yield from out
 
-    def _flush(self, state, token):
-        yield from emit_buffers(state.buffers, exchange=self.exchange, num_features=len(self.reader.features),
-                                path=fs.join(self.spill_dir, f"{token}-{state.flushes:05d}.bin"))
-        state.flushes, state.buffered = state.flushes + 1, 0
-        state.buffers = collections.defaultdict(spill.SpillBuffer)
+    def _replay(self, ledger, cp, state: "_UnitState") -> Iterator[tuple[int, Any]]:
+        """The values of a checkpoint found in the work folder (its files
+        checked), its counts added to the unit's."""
+        num_features, num_shards = len(self.reader.features), self.reader.num_shards
+        if cp.run is not None:
+            for shard, value in work_mod.replay_run(ledger.url(work_mod.RUNS_DIR, cp.run.name), cp.run.num_bytes,
+                                                    unit=state.unit, written_for=cp.num_shards, num_shards=num_shards,
+                                                    num_features=num_features, exchange=self.exchange,
+                                                    shard_of_keys=shard_of_keys):
+                yield shard, value
+        if cp.chunk is not None:
+            yield QUARANTINE_KEY, work_mod.replay_chunk(ledger.url(work_mod.RUNS_DIR, cp.chunk.name), cp.chunk_files,
+                                                        state.files, scratch_dir=self.spill_dir)
+        state.add_checkpoint(cp)
 
-    def _write_quarantine(self, state, token) -> str:
-        path = fs.join(self.spill_dir, f"{spill.QUARANTINE_PREFIX}{token}-{state.quarantine_chunks:05d}.txt")
+    def _write_quarantine(self, state) -> str:
+        path = fs.join(self.spill_dir, f"{spill.QUARANTINE_PREFIX}{state.token}-{state.quarantine_chunks:05d}.txt")
         fs.write_bytes(path, state.quarantine.to_bytes())
         state.quarantine_chunks += 1
         state.quarantine = spill.QuarantineBuffer()
         return path
 
 
-def emit_buffers(buffers: dict, *, exchange: str, num_features: int, path: str) -> Iterator[tuple[int, Any]]:
+class _UnitState:
+    """What one attempt at a work unit holds: the shard buffers and the
+    quarantine entries since the last checkpoint, the counts since then, and
+    the unit's counts so far (its checkpoints', found or made).
+
+    Attributes:
+      token: names this attempt's files (unique to it).
+      unit_index: the unit; unit: the same, or -1 when its sections carry
+        the build's file indices (``files`` None).
+      files: the build's file index of each of the unit's files (uint32), or None.
+    """
+
+    __slots__ = ("token", "unit_index", "unit", "files", "buffers", "buffered", "flushes", "quarantine",
+                 "quarantine_chunks", "records", "per_file", "bad_input", "done_records", "done_files", "done_bad",
+                 "found")
+
+    def __init__(self, token: str, unit_index: int, files: np.ndarray | None):
+        self.token, self.unit_index, self.files = token, int(unit_index), files
+        self.unit = self.unit_index if files is not None else -1
+        self.quarantine = spill.QuarantineBuffer()
+        self.flushes = self.quarantine_chunks = self.done_records = self.found = 0
+        self.done_files, self.done_bad = [], []
+        self.new_buffers()
+        self._new_counts()
+
+    def new_buffers(self) -> None:
+        self.buffers, self.buffered = collections.defaultdict(spill.SpillBuffer), 0
+
+    def _new_counts(self) -> None:
+        self.records, self.per_file, self.bad_input = 0, FileCounts(), stats_mod.BadInputCounts()
+
+    def add_examples(self, payload: "EncodedExamples") -> None:
+        """Buffers a batch's examples (with the unit's own file indices) and counts them per file."""
+        self.per_file.add(payload.file_index, payload.lengths)
+        if self.files is not None:
+            payload.file_index = np.searchsorted(self.files, payload.file_index).astype(np.uint32)
+        for shard, part in payload.by_shard():
+            self.buffers[shard].add_batch(part)
+            self.buffered += spill.batch_bytes(part)
+
+    def add_issue(self, kind: str, payload, paths) -> None:
+        """A quarantine entry: a record its source skipped or repaired, or one excluded."""
+        if kind == "issue":
+            record_file, record_number, action, message, error_kind = payload
+            self.bad_input.add(action, error_kind.split(","))
+            fields = None
+        else:
+            (record_file, record_number, message, fields), action, error_kind = payload, kind, "benchmark"
+        self.quarantine.add(record_file, record_number, action, paths[record_file], message, error_kind, fields)
+
+    def _close_counts(self) -> None:
+        """The counts since the last checkpoint become the unit's."""
+        self.done_records += self.records
+        self.done_files.append(self.per_file.columns())
+        self.done_bad.append(self.bad_input.to_json())
+
+    def checkpoint(self, run, chunk, num_shards: int) -> "work_mod.Checkpoint":
+        """The checkpoint of what was read since the last one (its counts with
+        the unit's own file indices); buffers, entries and counts start anew."""
+        columns = self.per_file.columns()
+        if columns and self.files is not None:
+            columns = [np.searchsorted(self.files, columns[0]).tolist(), *columns[1:]]
+        cp = work_mod.Checkpoint(records=self.records, run=run, num_shards=num_shards if run else 0, chunk=chunk,
+                                 chunk_files=self.files.tolist() if chunk is not None else [],
+                                 files=columns, bad_input=self.bad_input.to_json())
+        self._close_counts()
+        self._new_counts()
+        self.new_buffers()
+        self.quarantine = spill.QuarantineBuffer()
+        return cp
+
+    def add_checkpoint(self, cp) -> None:
+        """Counts a checkpoint found in the work folder."""
+        self.done_records += cp.records
+        if cp.files:
+            self.done_files.append([self.files[np.asarray(cp.files[0], dtype=np.int64)].tolist(), *cp.files[1:]])
+        self.done_bad.append(cp.bad_input)
+        self.found += 1
+
+    def counts_value(self, ledger) -> tuple:
+        """``(unit, records, per-file columns, bad-input counts, work)``: the
+        unit's counts (``WriteGroup``'s ``COUNTS_KEY``). ``work``, with a
+        ledger: its address, checkpoints, those found and reused, those
+        rejected (redone) and the attempts whose files it names; else ``{}``."""
+        self._close_counts()
+        self._new_counts()
+        info = {}
+        if ledger is not None:
+            info = {"address": ledger.address, "checkpoints": len(ledger.checkpoints), "found": self.found,
+                    "rejected": ledger.rejected, "attempts": ledger.attempts()}
+        return (self.unit_index, self.done_records, merge_file_columns(self.done_files),
+                stats_mod.BadInputCounts.merge(self.done_bad), info)
+
+
+def emit_buffers(buffers: dict, *, exchange: str, num_features: int, path: str,
+                 unit: int = -1) -> Iterator[tuple[int, Any]]:
     """``(shard, value)`` for each shard of ``buffers`` (shard -> ``SpillBuffer``),
-    in shard order: the buffer's bytes (``exchange="runner"``) or ``(path,
-    offset, length)``, its section of the flush file written to ``path``."""
+    in shard order: ``(unit, the buffer's bytes)`` (``exchange="runner"``) or
+    ``(path, offset, length, unit, -1, -1)``, its section of the flush file
+    written to ``path``. ``unit``: the work unit whose file indices the
+    sections hold (-1: the build's)."""
     if exchange == "runner":
         for shard in sorted(buffers):
-            yield shard, buffers[shard].to_bytes(num_features)
+            yield shard, (unit, buffers[shard].to_bytes(num_features))
         return
     with fs.open_write(path) as f:
         sections = spill.write_flush(f, buffers, num_features)
     for shard, offset, length in sections:
-        yield shard, (path, offset, length)
+        yield shard, (path, offset, length, unit, -1, -1)
 
 
 class SpreadCopies:
@@ -613,7 +812,7 @@ class SpreadCopies:
             yield key, v
         if key in (QUARANTINE_KEY, COUNTS_KEY):
             return
-        entries = load_batches(values, self.num_features)
+        entries = load_batches(values, self.num_features, self.work.unit_files)
         try:
             if self.duplicates == "skip":
                 yield from self._skipped(int(key), entries)
@@ -751,47 +950,53 @@ def merge_file_columns(tables: Sequence[Sequence[Sequence[int]]]) -> list[list[i
     return [files.tolist(), *sums.T.tolist()]
 
 
-class _UnitState:
-    __slots__ = ("buffers", "buffered", "flushes", "quarantine", "quarantine_chunks")
+def load_batches(values, num_features: int, unit_files=None) -> spill.ShardEntries:
+    """One shard's entries from its values, sorted (``spill.load_shard``):
+    ``(unit, section bytes)`` (runner exchange; plain bytes too) or ``(path,
+    offset, length, unit, lo, hi)`` sections of spill files (``(path,
+    offset, length)`` too), rows ``[lo, hi)`` of it when ``lo >= 0``. A
+    section of unit ``unit >= 0`` holds the unit's own file indices, mapped
+    to the build's by ``unit_files(unit)`` (``WorkTable.unit_files``). A
+    spill file section is loaded with its columns and at most
+    ``spill.MIN_READ_BYTES`` of its example bytes; the rest is read window by
+    window while the shard is written (``spill.SectionOnDisk``).
 
-    def __init__(self):
-        self.buffers, self.quarantine = collections.defaultdict(spill.SpillBuffer), spill.QuarantineBuffer()
-        self.buffered = self.flushes = self.quarantine_chunks = 0
-
-
-def load_batches(values, num_features: int) -> spill.ShardEntries:
-    """One shard's entries from its values: batch bytes (runner exchange) or
-    ``(path, offset, length)`` sections of spill files, sorted
-    (``spill.load_shard``). A spill file section is loaded with its columns
-    and at most ``spill.MIN_READ_BYTES`` of its example bytes; the rest is read
-    window by window while the shard is written (``spill.SectionOnDisk``)."""
+    Raises:
+      ValueError: a truncated or inconsistent section (named), or a value
+        of a work unit without ``unit_files``.
+    """
     inline, refs = [], collections.defaultdict(list)
     for v in values:
         if isinstance(v, (bytes, bytearray, memoryview)):
-            inline.append(bytes(v))
+            inline.append((-1, bytes(v)))
+        elif len(v) == 2:
+            inline.append((int(v[0]), bytes(v[1])))
         else:
-            path, offset, length = v
-            refs[path].append((int(offset), int(length)))
-    buffers = [(f"batch {i} of the shard", b) for i, b in enumerate(sorted(inline))]
+            path, offset, length, *rest = v
+            unit, lo, hi = rest if rest else (-1, -1, -1)
+            refs[path].append((int(offset), int(length), int(unit), int(lo), int(hi)))
+
+    def files_of(unit: int, where: str):
+        if unit < 0:
+            return None
+        if unit_files is None:
+            raise ValueError(f"{where}: a section of work unit {unit}, but no work table to map its file indices")
+        return unit_files(unit)
+
+    parts = []
+    for i, (unit, data) in enumerate(sorted(inline, key=lambda x: (x[1], x[0]))):
+        where = f"batch {i} of the shard"
+        parts.append((where, spill.parse_section(data, num_features, where, files=files_of(unit, where))))
     files = fs.RangeReader()
-    for path in sorted(refs):
-        for offset, length in sorted(refs[path]):
-            where = f"{path} at byte {offset}"
-            # One read for the head, the columns and the first example bytes; a second for long columns.
-            first = files.read(path, offset, min(length, spill.MIN_READ_BYTES))
-            head_bytes = spill.section_head_bytes(first, where)
-            if head_bytes > length:
-                raise ValueError(f"{where}: truncated spill file: its columns end at byte {head_bytes} of {length}")
-            if head_bytes > len(first):
-                head = first + files.read(path, offset + len(first), head_bytes - len(first))
-                initial = b""
-            else:
-                head, initial = first[:head_bytes], first[head_bytes:]
-            read = lambda begin, end, p=path, at=offset: files.read(p, at + begin, end - begin)  # noqa: E731
-            section = spill.SectionOnDisk(where, read, head_bytes, length, initial)
-            buffers.append((where, (head, section, length)))
     try:
-        entries = spill.load_shard(buffers, num_features)
+        for path in sorted(refs):
+            for offset, length, unit, lo, hi in sorted(refs[path]):
+                where = f"{path} at byte {offset}"
+                read = lambda begin, end, p=path, at=offset: files.read(p, at + begin, end - begin)  # noqa: E731
+                parts.append((where, spill.load_section(read, where, length, num_features,
+                                                        rows=(lo, hi) if lo >= 0 else None,
+                                                        files=files_of(unit, where))))
+        entries = spill.load_shard(parts, num_features)
     except BaseException:
         files.close()
         raise
@@ -813,11 +1018,19 @@ class WriteGroup:
       ``{"kind": "quarantine", "summary": <QuarantineSummary>}``;
     - ``COUNTS_KEY``: ``{"kind": "counts", "records": n, "units": u, "files":
       [[file indices], [source examples], [tokens of each feature]...] (columns,
-      ``merge_file_columns``), "bad_input":
-      <BadInputCounts>}``, each unit counted once.
+      ``merge_file_columns``), "bad_input": <BadInputCounts>, "work": <what
+      the work folder gave, ``work_summary``>}``, each unit counted once.
+
+    With ``marks_dir`` and ``fingerprint`` (a build that keeps its work), a
+    written shard is recorded in ``marks_dir/<shard>.json`` with the build's
+    fingerprint; a rerun of the same build finds it, checks both files'
+    sizes and sha256, and returns the recorded result (``"reused": true``)
+    instead of writing the shard again. ``work``: the build's ``WorkTable``
+    (its ``unit_files`` map the sections of work units).
     """
 
-    def __init__(self, task, *, out_dir, scratch_dir, num_shards, sequence_length, fs_options=()):
+    def __init__(self, task, *, out_dir, scratch_dir, num_shards, sequence_length, fs_options=(), work=None,
+                 marks_dir: str | None = None, fingerprint: str | None = None):
         self.task_name, self.packing = task.name, task.packing
         self.features_in = features_in(task)
         self.features_out = features_out(task, sequence_length)
@@ -827,10 +1040,13 @@ class WriteGroup:
                             if task.packing == "first_fit" else None)
         self.out_dir, self.scratch_dir, self.num_shards = out_dir, scratch_dir, num_shards
         self.fs_options = list(fs_options)
+        self.work, self.marks_dir, self.fingerprint = work, marks_dir, fingerprint
+        self.fault = os.environ.get(process.FAULT_VARIABLE)
 
     def __call__(self, element) -> Iterator[tuple[int, dict]]:
         set_worker_options(self.fs_options)
         settle_worker()
+        process.inherit_fault(self.fault)
         key, values = element
         if key == COUNTS_KEY:
             # A unit read twice (a retried attempt) counts once; the entries of
@@ -840,7 +1056,7 @@ class WriteGroup:
             yield 0, {"kind": "counts", "records": int(sum(v[0] for v in per_unit.values())),
                       "units": sum(1 for u in per_unit if not isinstance(u, str)),
                       "files": merge_file_columns([v[1] for v in per_unit.values() if len(v) > 1]),
-                      "bad_input": bad_input}
+                      "bad_input": bad_input, "work": work_summary(v[3] for v in per_unit.values() if len(v) > 3)}
         elif key == QUARANTINE_KEY:
             yield 0, {"kind": "quarantine", "summary": self._quarantine(sorted(set(values)))}
         else:
@@ -853,13 +1069,44 @@ class WriteGroup:
         return summary.to_json()
 
     def _shard(self, shard: int, values) -> dict:
-        entries = load_batches(values, len(self.features_in))
+        found = self._written_before(shard)
+        if found is not None:
+            return found
+        entries = load_batches(values, len(self.features_in), self.work.unit_files if self.work else None)
         try:
             rank = shuffle.copy_ranks(entries.key, entries.sub_index)
             stay = entries.take(np.flatnonzero(rank == 0)) if rank.any() else entries
-            return self._write(shard, stay)
+            result = self._write(shard, stay)
         finally:
             entries.close()
+        if self.marks_dir is not None:
+            process.fault_point("write:shard")
+            mark = msgspec.json.encode({"fingerprint": self.fingerprint, "result": result})
+            fs.write_bytes_atomic(fs.join(self.marks_dir, f"{shard:07d}.json"), mark, fsync=False)
+        return result
+
+    def _written_before(self, shard: int) -> dict | None:
+        """The result recorded for ``shard`` by an earlier run of this build,
+        when both its files are still the ones written; else None."""
+        if self.marks_dir is None:
+            return None
+        url = fs.join(self.marks_dir, f"{shard:07d}.json")
+        try:
+            if fs.size(url) is None:
+                return None
+            mark = msgspec.json.decode(fs.read_bytes(url))
+            result = mark["result"]
+            entry = result["entry"]
+            if mark.get("fingerprint") != self.fingerprint or result.get("shard") != shard:
+                return None
+            for name, size, digest in ((entry["file"], entry["num_bytes"], entry["sha256"]),
+                                       (entry["provenance_file"], entry["provenance_num_bytes"],
+                                        entry["provenance_sha256"])):
+                if work_mod.file_sha256(fs.join(self.out_dir, name)) != (size, digest):
+                    return None
+        except (OSError, ValueError, KeyError, TypeError, msgspec.DecodeError):
+            return None  # absent, torn or changed: the shard is written again
+        return {**result, "reused": True}
 
     def _write(self, shard: int, entries: spill.ShardEntries) -> dict:
         st = stats_mod.ShardStats(self.features_out)
@@ -894,6 +1141,28 @@ class WriteGroup:
         return {"kind": "shard", "shard": shard, "entry": entry, "statistics": st.to_json()}
 
 
+def work_summary(infos) -> dict:
+    """What the work folder gave a build, from its units' ``work`` (see
+    ``_UnitState.counts_value``): units ``reused`` (every checkpoint
+    found), ``resumed`` (some), ``read`` (none); checkpoints ``found`` and
+    ``rejected`` (their files did not check out: redone); and ``attempts``:
+    unit address -> the attempts whose files its ledger names (what a kept
+    work folder keeps). Empty for a build that keeps no work."""
+    out = {"reused": 0, "resumed": 0, "read": 0, "checkpoints": 0, "found": 0, "rejected": 0, "attempts": {}}
+    seen = False
+    for info in infos:
+        if not info:
+            continue
+        seen = True
+        found, total = int(info["found"]), int(info["checkpoints"])
+        out["reused" if found == total else "resumed" if found else "read"] += 1
+        out["checkpoints"] += total
+        out["found"] += found
+        out["rejected"] += int(info["rejected"])
+        out["attempts"][info["address"]] = list(info["attempts"])
+    return out if seen else {}
+
+
 class WriteSummary:
     """The last step: every ``WriteGroup`` result in one element, written to
     ``<scratch>/summary.json`` (atomically) for the driver. Emits the number of
@@ -915,13 +1184,15 @@ def read_summary(scratch_dir: str) -> dict | None:
     None, "units": u or None, "quarantine": summary dict or None, "files":
     [[file indices], [source examples], [tokens of each feature]...] (columns,
     one entry per file counted) or None, "bad_input":
-    ``BadInputCounts`` JSON or None}``; None when there is no summary (the
-    pipeline did not finish)."""
+    ``BadInputCounts`` JSON or None, "work": ``work_summary`` (``{}``: no
+    work folder)}``; None when there is no summary (the pipeline did not
+    finish)."""
     path = fs.join(scratch_dir, SUMMARY_NAME)
     if not fs.exists(path):
         return None
     results = msgspec.json.decode(fs.read_bytes(path))["results"]  # per-file columns: msgspec, 5x json's speed
-    out = {"shards": {}, "records": None, "units": None, "quarantine": None, "files": None, "bad_input": None}
+    out = {"shards": {}, "records": None, "units": None, "quarantine": None, "files": None, "bad_input": None,
+           "work": {}}
     for r in results:
         if r["kind"] == "shard":
             out["shards"][int(r["shard"])] = r
@@ -929,6 +1200,7 @@ def read_summary(scratch_dir: str) -> dict | None:
             out["records"], out["units"] = int(r["records"]), int(r["units"])
             out["files"] = r.get("files") or []
             out["bad_input"] = r.get("bad_input")
+            out["work"] = r.get("work") or {}
         elif r["kind"] == "quarantine":
             out["quarantine"] = r["summary"]
     return out

@@ -120,14 +120,16 @@ def publish_dir(staging: str, cache_dir: str) -> None:
     remove_tree(staging)
 
 
-def recover_publish(cache_dir: str) -> None:
+def recover_publish(cache_dir: str, *, keep_staging: bool = False) -> None:
     """Cleans up after a build killed while replacing ``cache_dir``: an old cache
     caught between the two renames of ``publish_dir`` is put back, and staging
-    and old-cache leftovers are removed. Call it holding the cache's build lock."""
+    and old-cache leftovers are removed (the staging folder is kept with
+    ``keep_staging``: a rerun of the same build resumes it). Call it holding
+    the cache's build lock."""
     old = replaced_path(cache_dir)
     if is_local(cache_dir) and not exists(cache_dir) and exists(join(old, fmt.MANIFEST_NAME)):
         os.rename(local_path(old), local_path(cache_dir))
-    for leftover in (staging_path(cache_dir), old):
+    for leftover in ((old,) if keep_staging else (staging_path(cache_dir), old)):
         remove_cache_tree(leftover)  # nothing to do when absent (object stores: no such prefix)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import socket
 import subprocess
@@ -29,56 +28,23 @@ moto_server = pytest.importorskip("moto.server")
 
 from seqcache import format as fmt  # noqa: E402
 from seqcache.cli.main import main  # noqa: E402
+from testsupport import S3_BUCKET, S3_KEY_ID, S3_REGION, S3_SECRET, moto_s3, one_botocore_loader  # noqa: E402
 
-BUCKET = "seqcache-test"
-KEY_ID, SECRET, REGION = "testing-key", "testing-secret", "us-east-1"
+BUCKET, KEY_ID, SECRET, REGION = S3_BUCKET, S3_KEY_ID, S3_SECRET, S3_REGION
 NUM_LINES = 300
 
 
 @pytest.fixture(scope="module")
 def s3():
-    """An S3 server on 127.0.0.1 with one bucket: yields
-    {"endpoint", "options" (the Beam options for it), "client" (boto3)}."""
-    import boto3
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
-                              region_name=REGION)
-        client.create_bucket(Bucket=BUCKET)
-        yield {
-            "endpoint": endpoint,
-            "client": client,
-            "options": [f"--s3_endpoint_url={endpoint}", f"--s3_access_key_id={KEY_ID}",
-                        f"--s3_secret_access_key={SECRET}", f"--s3_region_name={REGION}"],
-        }
-    finally:
-        server.stop()
-        from apache_beam.io.filesystems import FileSystems
-
-        FileSystems.set_options(None)  # the commands set them for this process: leave none behind
+    """An S3 server on 127.0.0.1 with one bucket (``testsupport.moto_s3``)."""
+    with moto_s3() as server:
+        yield server
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_botocore_loader():
-    """One botocore data loader for every session of this process. Beam makes a
-    new boto3 session, so a new loader, for each file operation, and each parses
-    botocore's service-model files again (about 0.1 s of CPU per operation); a
-    shared loader is what botocore itself does for the clients of one session."""
-    import functools
-
-    import botocore.session
-
-    create = botocore.session.create_loader
-    botocore.session.create_loader = functools.lru_cache(maxsize=None)(create)
-    try:
+    with one_botocore_loader():
         yield
-    finally:
-        botocore.session.create_loader = create
 
 
 @pytest.fixture(autouse=True)

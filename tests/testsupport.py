@@ -253,6 +253,57 @@ def local_dask_cluster(**config):
                                         dashboard_address="127.0.0.1:0", protocol="tcp")
 
 
+S3_BUCKET = "seqcache-test"
+S3_KEY_ID, S3_SECRET, S3_REGION = "testing-key", "testing-secret", "us-east-1"
+
+
+@contextlib.contextmanager
+def moto_s3():
+    """An S3 server (moto's ``ThreadedMotoServer``) on 127.0.0.1, on a free
+    port, with one bucket, ``S3_BUCKET``: yields {"endpoint", "client"
+    (boto3), "options" (the Beam pipeline options for it)}; stopped after."""
+    import logging
+
+    import boto3
+    from moto import server as moto_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_KEY_ID,
+                              aws_secret_access_key=S3_SECRET, region_name=S3_REGION)
+        client.create_bucket(Bucket=S3_BUCKET)
+        yield {"endpoint": endpoint, "client": client,
+               "options": [f"--s3_endpoint_url={endpoint}", f"--s3_access_key_id={S3_KEY_ID}",
+                           f"--s3_secret_access_key={S3_SECRET}", f"--s3_region_name={S3_REGION}"]}
+    finally:
+        server.stop()
+        from apache_beam.io.filesystems import FileSystems
+
+        FileSystems.set_options(None)  # the builds set them for this process: leave none behind
+
+
+@contextlib.contextmanager
+def one_botocore_loader():
+    """One botocore data loader for every session of this process. Beam makes a
+    new boto3 session, so a new loader, for each file operation, and each parses
+    botocore's service-model files again (about 0.1 s of CPU per operation); a
+    shared loader is what botocore itself does for the clients of one session."""
+    import functools
+
+    import botocore.session
+
+    create = botocore.session.create_loader
+    botocore.session.create_loader = functools.lru_cache(maxsize=None)(create)
+    try:
+        yield
+    finally:
+        botocore.session.create_loader = create
+
+
 def dask_args(cluster) -> list[str]:
     """The pipeline options that run a build or a scan on ``cluster`` with Beam's DaskRunner."""
     return ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}",

@@ -10,6 +10,7 @@ import logging
 import sys
 
 import click
+import msgspec
 
 from seqcache import format as fmt
 from seqcache import fs, pipelines, process, tasks
@@ -40,6 +41,8 @@ OBJECTIVES = ("lm", "span_corruption", "prefix_lm", "supervised")
 PACKINGS = ("lm", "first_fit", "none")
 PACK_DEFAULT = "auto"
 SPAN_CORRUPTION_DEFAULTS = {"noise_density": 0.15, "mean_noise_span_length": 3.0}
+# ``--work``: keep the build's work while it runs (auto), after too (keep), or not at all (off).
+WORK_MODES = ("auto", "keep", "off")
 
 
 def _source_keys(source) -> list[str]:
@@ -305,20 +308,32 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
               "Beam's local engine and on Prism, whose steps run in this process; the runner's shuffle elsewhere). "
               "Never changes the cache's bytes.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help=common.WORKERS_HELP)
+@click.option("--work", "work", type=click.Choice(WORK_MODES), default="auto", show_default=True,
+              help="The build's work folder (its units read and tokenized, its shards written): auto keeps it "
+              "while the build runs, so that the same command run again after the build died pays only for what "
+              "is left, and removes it once the cache is complete; keep keeps it then too, so that a build of "
+              "the corpus grown or changed (with --overwrite) reads only the new and changed files (about the "
+              "tokenized size on disk); off keeps nothing. Never changes the cache's bytes.")
+@click.option("--work-dir", "work_dir", help="Where the work folder goes (default CACHE_DIR/TASK/.SPLIT.work; a "
+              "local path or URL that every worker reads and writes).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing cache whose fingerprint differs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log Beam's progress.")
 @click.pass_context
 def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
           objective, noise_density, mean_noise_span_length, pack, no_pack, seed, num_shards, shard_size, split_size,
-          exchange, workers, overwrite, as_json, verbose, tfds_data_dir, exclude_benchmarks, exclude_ngram):
+          exchange, workers, overwrite, as_json, verbose, tfds_data_dir, exclude_benchmarks, exclude_ngram, work,
+          work_dir):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 
     The cache of task T goes to CACHE_DIR/T/SPLIT; a task with a source per
     split reads SPLIT's (one it lacks is refused). A cache with the same
     fingerprint is reused; a different one is refused unless --overwrite.
+    A build that died is finished by the same command (--work).
     """
+    if work_dir is not None and work == "off":
+        raise click.UsageError("--work-dir names the work folder that --work off does without")
     name, pipeline_args = _name_and_pipeline_args(ctx, args)
     pipeline_args = common.with_workers(pipeline_args, workers)
     beam_logging(pipeline_args, verbose=verbose)
@@ -371,9 +386,18 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
                            if task.name in lengths_of else config)
             results.append(_build_one(console, task, split=split, cache_dir=cache_dir, config=task_config,
                                       pipeline_args=pipeline_args, overwrite=overwrite, as_json=as_json,
-                                      split_size=split_size, exchange=exchange))
+                                      split_size=split_size, exchange=exchange,
+                                      work=_work_options(work, work_dir, len(task_list), task.name)))
     if as_json:
         click.echo(json.dumps([_result_json(r) for r in results], indent=2))
+
+
+def _work_options(work: str, work_dir: str | None, num_tasks: int, task_name: str) -> dict:
+    """``build_task``'s keywords for ``--work`` and ``--work-dir`` (a mixture's
+    tasks each get a folder of their own under ``--work-dir``)."""
+    if work_dir is not None and num_tasks > 1:
+        work_dir = fs.join(work_dir, task_name)
+    return {"resume": work != "off", "keep_work": work == "keep", "work_dir": work_dir}
 
 
 def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
@@ -490,8 +514,11 @@ def _how_a_task_sets(given) -> str:
 
 
 def _result_json(r) -> dict:
-    """One built (or reused) cache, as ``build --json`` prints it."""
+    """One built (or reused) cache, as ``build --json`` prints it: its
+    counts, and (``work``) what its work folder gave it (absent for a cache
+    reused whole or built with --work off)."""
     stats = r.manifest.statistics.to_json()
+    work = msgspec.structs.asdict(r.manifest.work) if r.manifest.work is not None and not r.reused else None
     return {"task": r.manifest.task, "split": r.manifest.split, "cache_dir": r.cache_dir, "reused": r.reused,
             "seconds": round(r.seconds, 3), "num_examples": r.manifest.num_examples,
             "num_shards": len(r.manifest.shards), "fingerprint": r.manifest.fingerprint,
@@ -499,7 +526,8 @@ def _result_json(r) -> dict:
                for k in ("source_records", "skipped_records", "replaced_records", "truncated_tokens")},
             "bad_input_records": stats.get("bad_input_records"),
             **({k: stats.get(k) for k in ("excluded_records", "excluded_by_benchmark")}
-               if "excluded_by_benchmark" in stats else {})}
+               if "excluded_by_benchmark" in stats else {}),
+            **({"work": work} if work is not None else {})}
 
 
 def _is_bad_input(error: BaseException, message: str) -> bool:
@@ -515,7 +543,7 @@ def _is_bad_input(error: BaseException, message: str) -> bool:
 
 
 def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
-               exchange="auto"):
+               exchange="auto", work=None):
     """Builds one task's cache and prints its summary and notes; exits 1 on
     failure, 130 after Ctrl-C and 143 after SIGTERM (``interrupts.exit_status``)."""
     deadline = functools.partial(_interrupt_deadline, task, split, cache_dir)
@@ -523,7 +551,8 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             interrupts.handled(on_deadline=deadline):
         try:
             result = pipelines.build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
-                                overwrite=overwrite, progress=progress, split_size=split_size, exchange=exchange)
+                                          overwrite=overwrite, progress=progress, split_size=split_size,
+                                          exchange=exchange, unit_progress=progress.units, **(work or {}))
         except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
             if not interrupted_in_step(e):
                 message = common.error_line(e)
@@ -537,7 +566,7 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             _interrupted(console, task, split, cache_dir)
     m = result.manifest
     if not as_json:
-        verb = "reused" if result.reused else f"built in {result.seconds:.1f} s"
+        verb = "reused" if result.reused else f"built in {result.seconds:.1f} s{_work_note(m.work)}"
         console.print(
             common.styled("green", f"{task.name}/{split}", f": {common.plural(m.num_examples, 'example')} in "
                           f"{common.plural(len(m.shards), 'shard')}, {verb} -> {result.cache_dir}"),
@@ -569,6 +598,25 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
     return result
 
 
+def _work_note(work) -> str:
+    """`` (5 of 8 work units and 1 of 2 shards from the work folder)``, or
+    nothing when the work folder gave nothing."""
+    if work is None:
+        return ""
+    units = work.units_reused + work.units_resumed
+    parts = []
+    if units:
+        resumed = f", {work.units_resumed} of them in part" if work.units_resumed else ""
+        parts.append(f"{units} of {common.plural(work.units, 'work unit')}{resumed}")
+    if work.shards_reused:
+        parts.append(f"{common.plural(work.shards_reused, 'shard')} written before")
+    redone = (f"; {common.plural(work.checkpoints_rejected, 'checkpoint')} that did not match "
+              "its checksum read again" if work.checkpoints_rejected else "")
+    if not parts:
+        return f" ({redone[2:]})" if redone else ""
+    return f" ({' and '.join(parts)} from the work folder{redone})"
+
+
 def _interrupted(console, task, split, cache_dir):
     """Says that the build of ``task`` was interrupted ("interrupted by SIGTERM"
     after SIGTERM) and what is left of its cache; exits 130 or 143."""
@@ -586,5 +634,6 @@ def _interrupt_text(task, split, cache_dir) -> str:
     try:  # a replacing build (--overwrite) is staged: the old cache is still there
         fmt.read_manifest(cache_path(cache_dir, task.name, split))
     except Exception:
-        return f"{task.name}/{split} has no manifest, so it is not a cache; run the same command again to build it"
+        return (f"{task.name}/{split} has no manifest, so it is not a cache; run the same command again to finish "
+                "it (the work done so far is kept, unless --work off)")
     return f"{task.name}/{split} still holds the cache from before, untouched; run the same command again to replace it"

@@ -46,13 +46,16 @@ def styled(style: str, head: str, tail: str = "") -> Text:
 
 @contextlib.contextmanager
 def shard_progress(console: Console, label: str):
-    """A progress bar of shards written; yields the callback a build reports to."""
+    """Progress bars of a build: work units done (those found done in the
+    work folder named as reused) and shards written. Yields the callback of
+    shards (``update(written, num_shards)``), whose ``units`` attribute is
+    that of units (``units(reused, done, total)``)."""
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}", style="bold", markup=False),  # a task or folder name: not markup
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("shards"),
+        TextColumn("{task.fields[what]}", markup=False),
         TimeElapsedColumn(),
         console=console,
         transient=True,
@@ -61,11 +64,17 @@ def shard_progress(console: Console, label: str):
         redirect_stdout=False,
         redirect_stderr=False,
     ) as progress:
-        task_id = progress.add_task(f"building {label}", total=None)
+        unit_id = progress.add_task(f"reading {label}", total=None, what="work units", visible=False)
+        task_id = progress.add_task(f"building {label}", total=None, what="shards")
 
         def update(done: int, total: int):
             progress.update(task_id, completed=done, total=total)
 
+        def units(reused: int, done: int, total: int):
+            what = f"work units ({reused} reused)" if reused else "work units"
+            progress.update(unit_id, completed=done, total=total, what=what, visible=True)
+
+        update.units = units
         yield update
 
 

@@ -18,10 +18,10 @@ class _FlakyReader:
     ``fail_after`` batches (None: only where the test makes it fail)."""
 
     def __init__(self, inner, fail_after):
-        self.inner, self.fail_after, self.features = inner, fail_after, inner.features
+        self.inner, self.fail_after, self.features, self.num_shards = inner, fail_after, inner.features, inner.num_shards
 
-    def read(self, split):
-        for n, item in enumerate(self.inner.read(split)):
+    def read(self, split, skip=0):
+        for n, item in enumerate(self.inner.read(split, skip=skip)):
             if self.fail_after is not None and n == self.fail_after:
                 raise RuntimeError("worker lost (first attempt)")
             yield item

@@ -304,4 +304,12 @@ def test_a_build_that_loses_its_worker_for_good_fails_in_one_line_and_leaves_no_
     message = str(info.value)
     assert "\n" not in message and "a worker died" in message and "nothing was published" in message
     assert marker.exists()
-    assert not os.path.exists(tmp_path / "c")  # no manifest, no folder, no lock file
+    # No manifest and no lock file; the work folder keeps what was read, for the same build run again,
+    # which finishes it with every record once.
+    assert not os.path.exists(tmp_path / "c" / "killer" / "train" / fmt.MANIFEST_NAME)
+    assert sorted(os.listdir(tmp_path / "c" / "killer")) == [".train.work", "train"]
+    again = build_task(task, cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=2),
+                       pipeline_args=dask_args(dask_cluster), split_size=25_000)
+    want = collections.Counter(line for p in sorted(corpus.glob("*.txt"))
+                               for line in p.read_text(encoding="utf-8").split("\n")[:-1] if line.strip())
+    assert _decoded(again.cache_dir) == want and not again.reused and again.manifest.work is not None

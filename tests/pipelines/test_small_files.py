@@ -56,10 +56,10 @@ class _CountingReader:
     preprocessing batch it made (its ``("records", n)`` outputs)."""
 
     def __init__(self, inner):
-        self.inner, self.features, self.batches = inner, inner.features, []
+        self.inner, self.features, self.num_shards, self.batches = inner, inner.features, inner.num_shards, []
 
-    def read(self, splits):
-        for kind, payload in self.inner.read(splits):
+    def read(self, splits, skip=0):
+        for kind, payload in self.inner.read(splits, skip=skip):
             if kind == "records":
                 self.batches.append(payload)
             yield kind, payload

@@ -4,11 +4,15 @@ The packers produce no positions: the feeder derives them from the segment ids
 (``positions_from_segment_ids``), so the positions checked here are the ones a
 batch carries."""
 
+import struct
+
 import numpy as np
 import pytest
 
+from seqcache import format as fmt
 from seqcache.feeders import positions_from_segment_ids
 from seqcache.tasks import pack_lm
+from seqcache.tasks.packing import pack_lm_encoded
 
 
 def _positions(chunk, feature="targets"):
@@ -146,3 +150,128 @@ def test_first_fit_is_deterministic_and_bounded():
     assert len(wide) <= len(a)
     with pytest.raises(ValueError, match="has no feature 'targets'"):
         list(pack_first_fit([({"inputs": np.arange(3)}, "x")], sequence_length=lengths))
+
+
+# ------------------------------------------- LM packing of encoded examples
+#
+# ``pack_lm_encoded`` must give, byte for byte, what the writer made of
+# ``pack_lm``'s chunks: ``encode_example`` of the row, ``encode_provenance`` of
+# its segments, and ``ShardStats.add(row, segments)``'s counts.
+
+
+def _encoded_examples(lengths, dtype="uint16", seed=0):
+    """``(records, file_index, record_number, lengths)`` of examples with these
+    token counts, random tokens of ``dtype`` and random provenance."""
+    rng = np.random.default_rng(seed)
+    spec = [fmt.FeatureSpec("targets", dtype)]
+    top = min(int(np.iinfo(fmt.DTYPES[dtype]).max), 1 << 30)
+    records = [fmt.encode_example(spec, {"targets": rng.integers(0, top, int(n)).astype(fmt.DTYPES[dtype])})
+               for n in lengths]
+    file_index = rng.integers(0, 1 << 32, len(lengths), dtype=np.uint64).astype(np.uint32)
+    record_number = rng.integers(0, 1 << 63, len(lengths), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    return records, file_index, record_number, np.asarray(lengths, dtype=np.uint32)
+
+
+def _reference(examples, sequence_length, dtype="uint16", segment_dtype="uint16"):
+    """(rows, provenance records, tokens per row, segments per row) as the
+    writer encoded ``pack_lm``'s chunks of the decoded examples."""
+    records, file_index, record_number, _ = examples
+    specs_in = [fmt.FeatureSpec("targets", dtype)]
+    specs_out = specs_in + [fmt.FeatureSpec("targets_segment_ids", segment_dtype)]
+    decoded = ((fmt.decode_example(specs_in, r), (int(f), int(n)))
+               for r, f, n in zip(records, file_index, record_number))
+    out = ([], [], [], [])
+    for row, segments in pack_lm(decoded, sequence_length=sequence_length):
+        out[0].append(fmt.encode_example(specs_out, row))
+        out[1].append(fmt.encode_provenance([(f, n, offset) for (f, n), offset in segments]))
+        out[2].append(len(row["targets"]))
+        out[3].append(len(segments))
+    return out
+
+
+def _packed(examples, cuts, sequence_length, **options):
+    """``pack_lm_encoded`` on ``examples`` cut into batches at ``cuts``, flattened as ``_reference``."""
+    bounds = [0, *cuts, len(examples[0])]
+    batches = [tuple(column[a:b] for column in examples) for a, b in zip(bounds[:-1], bounds[1:])]
+    out = ([], [], [], [])
+    for rows in pack_lm_encoded(batches, sequence_length=sequence_length, **options):
+        assert len(rows.records) == len(rows.provenances) == len(rows.lengths) == len(rows.segments) > 0
+        out[0].extend(rows.records)
+        out[1].extend(rows.provenances)
+        out[2].extend(rows.lengths.tolist())
+        out[3].extend(rows.segments.tolist())
+    return out
+
+
+def test_encoded_rows_written_out():
+    # Two examples of 3 and 4 tokens, rows of 5: the bytes a reader sees.
+    examples = ([fmt.encode_example([fmt.FeatureSpec("targets", "uint16")], {"targets": np.array(t)})
+                 for t in ([7, 8, 9], [1, 2, 3, 4])], np.array([3, 5], np.uint32), np.array([10, 2**40], np.uint64),
+                np.array([3, 4], np.uint32))
+    rows, provenances, lengths, segments = _packed(examples, [], 5, dtype="uint16")
+    assert rows == [struct.pack("<I5HI5H", 5, 7, 8, 9, 1, 2, 5, 1, 1, 1, 2, 2),
+                    struct.pack("<I2HI2H", 2, 3, 4, 2, 1, 1)]
+    assert provenances == [struct.pack("<I2II2QI2I", 2, 3, 5, 2, 10, 2**40, 2, 0, 0),
+                           struct.pack("<IIIQII", 1, 5, 1, 2**40, 1, 2)]
+    assert (lengths, segments) == ([5, 2], [2, 1])
+
+
+# Empty examples, examples of exactly one row, longer than several rows, a last partial row.
+EDGE_LENGTHS = [0, 5, 16, 16, 0, 40, 1, 15, 17, 0, 3, 33, 2, 0, 64, 7]
+
+
+@pytest.mark.parametrize("rows_per_batch", [1, 2, 4096])
+def test_encoded_rows_are_pack_lm_s_at_every_batch_boundary(rows_per_batch):
+    examples = _encoded_examples(EDGE_LENGTHS)
+    want = _reference(examples, 16)
+    assert len(want[0]) == -(-sum(EDGE_LENGTHS) // 16) and want[2][-1] == sum(EDGE_LENGTHS) % 16
+    n = len(EDGE_LENGTHS)
+    for cut in range(n + 1):  # one boundary, at every position (empty batches at the ends)
+        assert _packed(examples, [cut], 16, dtype="uint16", rows_per_batch=rows_per_batch) == want, cut
+    for size in range(1, n + 1):  # batches of every size
+        cuts = list(range(size, n, size))
+        assert _packed(examples, cuts, 16, dtype="uint16", rows_per_batch=rows_per_batch) == want, size
+
+
+@pytest.mark.parametrize("dtype, segment_dtype", [("uint16", "uint16"), ("int32", "uint16"), ("int32", "int32"),
+                                                  ("uint8", "uint16"), ("int64", "int32")])
+def test_encoded_rows_are_pack_lm_s_on_random_examples(dtype, segment_dtype):
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        length = int(rng.integers(1, 24))
+        choices = [0, 0, 1, length - 1, length, length + 1, 3 * length + 2, int(rng.integers(0, 60))]
+        lengths = rng.choice(choices, size=int(rng.integers(0, 40)))
+        examples = _encoded_examples(lengths, dtype, seed=trial)
+        cuts = sorted(rng.integers(0, len(lengths) + 1, int(rng.integers(0, 6))).tolist())
+        got = _packed(examples, cuts, length, dtype=dtype, segment_dtype=segment_dtype,
+                      rows_per_batch=int(rng.integers(1, 5)))
+        assert got == _reference(examples, length, dtype, segment_dtype), (trial, length, lengths.tolist(), cuts)
+
+
+def test_a_long_example_is_encoded_a_few_rows_at_a_time():
+    examples = _encoded_examples([10 * 8 + 3, 2])
+    sizes = [len(rows.records) for rows in pack_lm_encoded([examples], sequence_length=8, dtype="uint16",
+                                                           rows_per_batch=3)]
+    assert sizes == [3, 3, 3, 1, 1]  # 10 full rows in parts of 3, then the last partial row
+    assert _packed(examples, [], 8, dtype="uint16", rows_per_batch=3) == _reference(examples, 8)
+
+
+def test_no_examples_or_only_empty_ones_give_no_rows():
+    assert list(pack_lm_encoded([], sequence_length=4, dtype="uint16")) == []
+    assert _packed(_encoded_examples([0, 0, 0]), [1], 4, dtype="uint16") == ([], [], [], [])
+
+
+def test_encoded_packing_errors_name_the_record():
+    records, files, numbers, lengths = _encoded_examples([3, 4])
+    files[1], numbers[1] = 6, 99
+    with pytest.raises(ValueError, match=r"source file 6, record 99: its example has 12 bytes, expected 14"):
+        list(pack_lm_encoded([(records, files, numbers, [3, 5])], sequence_length=4, dtype="uint16"))
+    lying = [records[0], struct.pack("<I", 3) + records[1][4:]]  # the count says 3, the bytes hold 4 tokens
+    with pytest.raises(ValueError, match=r"source file 6, record 99: its example counts 3 tokens, expected 4"):
+        list(pack_lm_encoded([(lying, files, numbers, lengths)], sequence_length=4, dtype="uint16"))
+    with pytest.raises(ValueError, match="sequence_length must be >= 1"):
+        list(pack_lm_encoded([], sequence_length=0, dtype="uint16"))
+    with pytest.raises(ValueError, match="uint8 cannot number the segments of a row of 300 tokens"):
+        list(pack_lm_encoded([], sequence_length=300, dtype="uint16", segment_dtype="uint8"))
+    with pytest.raises(ValueError, match=r"file index values in \[-1, 0\] do not fit uint32"):
+        list(pack_lm_encoded([(records, [-1, 0], numbers, lengths)], sequence_length=4, dtype="uint16"))

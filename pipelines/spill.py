@@ -432,6 +432,12 @@ class ShardEntries:
                 begin, end = begin - window_start[part], end - window_start[part]
             yield lo, hi, [windows[p][x:y] for p, x, y in zip(part.tolist(), begin.tolist(), end.tolist())]
 
+    def example_chunks(self, chunk: int = 1 << 16) -> Iterator[tuple[int, int, list[bytes]]]:
+        """``(lo, hi, the encoded examples lo..hi)`` in sorted order, a chunk at
+        a time (``chunk_bounds``), read as ``items`` reads them: for callers
+        that take the entries' columns ``[lo:hi]`` beside the bytes."""
+        return self._chunks(chunk)
+
     def items(self, chunk: int = 1 << 16) -> Iterable[tuple[bytes, tuple[int, int]]]:
         """(encoded example, (file_index, record_number)) in sorted order, a
         chunk at a time (``chunk_bounds``)."""

@@ -114,11 +114,13 @@ class ShardStats:
             self.tokens[name] += n
             self.max_length[name] = max(self.max_length[name], n)
 
-    def add_many(self, lengths):
-        """Unpacked examples, one segment each; ``lengths`` (n, F) in ``self.names`` order."""
+    def add_many(self, lengths, segments=None):
+        """Many examples at once, the counts of ``add`` on each: ``lengths``
+        (n, F) tokens in ``self.names`` order; ``segments`` (n,) segments of
+        each (packed rows), or None for one each (unpacked examples)."""
         n = int(lengths.shape[0])
         self.examples += n
-        self.segments += n
+        self.segments += n if segments is None else int(np.sum(segments, dtype=np.int64))
         for k, name in enumerate(self.names):
             if n:
                 self.tokens[name] += int(lengths[:, k].sum(dtype=np.int64))

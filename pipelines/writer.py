@@ -209,18 +209,18 @@ def _chunks_and_group_size(features, examples, group_size: int | None):
 
 
 # Examples given one by one are encoded in chunks of this many (the first chunk
-# also sets the data file's group size).
-_FIRST_CHUNK = 4096
+# also sets the data file's group size: the mean size of these first records).
+FIRST_CHUNK = 4096
 
 
 def _encoded_chunks(features, examples) -> Iterator[tuple[list[bytes], list[bytes]]]:
     """(records, provenance records) of ``examples`` (``write_shard``), encoded
-    ``_FIRST_CHUNK`` at a time."""
+    ``FIRST_CHUNK`` at a time."""
     records, provenances = [], []
     for example, provenance in examples:
         records.append(example if isinstance(example, bytes) else fmt.encode_example(features, example))
         provenances.append(provenance if isinstance(provenance, bytes) else fmt.encode_provenance(provenance))
-        if len(records) >= _FIRST_CHUNK:
+        if len(records) >= FIRST_CHUNK:
             yield records, provenances
             records, provenances = [], []
     if records:

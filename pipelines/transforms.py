@@ -52,9 +52,9 @@ import numpy as np
 
 from seqcache import format as fmt
 from seqcache import fs, process
-from seqcache.pipelines import shuffle, spill, stats as stats_mod, work as work_mod, writer
+from seqcache.pipelines import packed_shard, shuffle, spill, stats as stats_mod, work as work_mod, writer
 from seqcache.pipelines.spill import ragged_take
-from seqcache.tasks import Split, pack_first_fit, pack_lm
+from seqcache.tasks import Split, pack_first_fit
 from seqcache.tasks.sources.base import RecordBatch, describe_record
 from seqcache.tasks.sources.policy import with_path
 from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV, encoding_threads
@@ -1011,7 +1011,8 @@ class WriteGroup:
     - a shard key: the copies ``SpreadCopies`` moved away are left out (the
       entries ranked k >= 1 by ``shuffle.copy_ranks``: copies it brought have
       keys of their own, rank 0), the shard is sorted, packed if the task packs (``lm``:
-      ``pack_lm``; ``first_fit``: ``pack_first_fit``), and written
+      ``packed_shard.pack_lm_shard``, ``pack_lm``'s rows from the encoded examples;
+      ``first_fit``: ``pack_first_fit``), and written
       with its provenance sidecar: ``{"kind": "shard", "shard": i, "entry":
       <manifest entry>, "statistics": <ShardStats>}``;
     - ``QUARANTINE_KEY``: the chunks are merged into quarantine.jsonl:
@@ -1120,24 +1121,28 @@ class WriteGroup:
             # Already encoded, data and provenance: written as they are.
             return writer.EncodedChunks(entries.record_chunks())
 
-        def packed():
+        def first_fit():
             stream = ((fmt.decode_example(self.features_in, data), prov) for data, prov in entries.items())
-            if self.packing == "lm":
-                rows = ((example, segments, 0) for example, segments
-                        in pack_lm(stream, feature=self.pack_feature, sequence_length=self.pack_length))
-            else:
-                rows = pack_first_fit(stream, sequence_length=self.fit_lengths)
-            for row, segments, cut in rows:
+            for row, segments, cut in pack_first_fit(stream, sequence_length=self.fit_lengths):
                 st.add(row, len(segments))
                 st.truncated_tokens += cut
                 yield row, [(prov[0], prov[1], offset) for prov, offset in segments]
 
-        is_packed = self.packing in ("lm", "first_fit")
-        # Unpacked, the format's group size rule (the mean of the first 65,536
-        # records) is applied here: the writer's first chunk may be fewer records.
-        group_size = fmt.group_size_for(entries.mean_example_bytes(1 << 16)) if not is_packed and len(entries) else None
+        if self.packing == "lm":
+            # Encoded examples to encoded rows, a chunk of examples at a time: the
+            # bytes of pack_lm's rows as the writer encodes them, group size included.
+            examples, group_size = packed_shard.pack_lm_shard(
+                entries, features_in=self.features_in, features_out=self.features_out,
+                sequence_length=self.pack_length, stats=st)
+        elif self.packing == "first_fit":
+            examples, group_size = first_fit(), None
+        else:
+            # Unpacked, the format's group size rule (the mean of the first 65,536
+            # records) is applied here: the writer's first chunk may be fewer records.
+            examples = unpacked()
+            group_size = fmt.group_size_for(entries.mean_example_bytes(1 << 16)) if len(entries) else None
         entry = writer.write_shard(self.out_dir, index=shard, num_shards=self.num_shards, features=self.features_out,
-                                   examples=packed() if is_packed else unpacked(), group_size=group_size)
+                                   examples=examples, group_size=group_size)
         return {"kind": "shard", "shard": shard, "entry": entry, "statistics": st.to_json()}
 
 

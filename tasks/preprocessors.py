@@ -79,8 +79,14 @@ def cut_tokens(values: np.ndarray, offsets: np.ndarray, keep: int | None = None,
     lengths = offsets[1:] - offsets[:-1]
     cut = np.zeros(len(lengths), dtype=np.int64)
     if keep is not None and (lengths > keep).any():
-        position = np.arange(values.size, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
-        values = values[position < keep]
+        # One byte a value: -1 where a cut range starts, +1 where it ends; the running
+        # sum is -1 inside a cut range (never int64 positions of every value: a 30 MB
+        # line of bytes would take 720 MB).
+        over = np.flatnonzero(lengths > keep)
+        marks = np.zeros(values.size + 1, dtype=np.int8)
+        marks[offsets[over] + keep] = -1
+        marks[offsets[over + 1]] += 1
+        values = values[np.cumsum(marks[:-1], dtype=np.int8) == 0]
         cut = np.maximum(lengths - keep, 0)
         lengths = lengths - cut
         offsets = _offsets(lengths)

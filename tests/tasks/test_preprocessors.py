@@ -124,3 +124,23 @@ def test_function_preprocessor_and_run():
     assert out[1][1]["draw"] == int(ctx.rng(2).integers(0, 1 << 30))
     with pytest.raises(ValueError, match="returned 1 outputs for 2 examples"):
         P.FunctionPreprocessor(lambda exs, c: exs[:1], "bad", batched=True).process_batch([{}, {}], _ctx(2))
+
+
+@pytest.mark.parametrize("keep", [0, 1, 3, 7, None])
+@pytest.mark.parametrize("eos", [None, 1])
+def test_cut_tokens_keeps_each_examples_first_tokens(keep, eos):
+    """Every example's first ``keep`` tokens, then ``eos``, examples of every
+    length (empty ones, exactly ``keep``, longer), against a loop over them."""
+    from seqcache.tasks.preprocessors import cut_tokens
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(0, 12, size=200)
+    lengths[:4] = [0, keep or 0, (keep or 0) + 1, 11]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    values = rng.integers(2, 1000, size=int(offsets[-1])).astype(np.int32)
+    got, got_offsets, cut = cut_tokens(values, offsets, keep, eos)
+    want = [values[a:b][:keep].tolist() + ([eos] if eos is not None else [])
+            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+    assert [got[a:b].tolist() for a, b in zip(got_offsets[:-1].tolist(), got_offsets[1:].tolist())] == want
+    assert cut.tolist() == [max(n - keep, 0) if keep is not None else 0 for n in lengths.tolist()]
+    assert got.dtype == np.int32

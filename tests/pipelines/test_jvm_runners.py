@@ -156,6 +156,37 @@ def test_flink_and_spark_write_the_local_engines_shards(tmp_path, corpus, job_se
             assert result.manifest.statistics == local.manifest.statistics, (name, exchange)
 
 
+# Slow (four builds a runner): .ci/run runs the module's slow tests.
+@pytest.mark.slow
+def test_a_failed_build_resumes_on_flink_and_spark(tmp_path, corpus, job_servers, monkeypatch):
+    """A read step raises at its 3rd batch (``$SEQCACHE_FAULT``; the Python
+    steps run in this process, LOOPBACK, so the work folder is a folder every
+    step shares); the same build run again reuses every unit completed and
+    writes the local engine's bytes, through the runner's shuffle and through
+    spill files."""
+    from seqcache import process
+    from seqcache.pipelines import work as work_mod
+
+    task, config = _byte_task(corpus, "jvm_resumed"), BuildConfig(num_shards=3)
+    local = build_task(task, cache_dir=str(tmp_path / "local"), config=config, resume=False)
+    for name, server in job_servers.items():
+        for exchange in ("runner", "spill"):
+            kw = dict(cache_dir=str(tmp_path / f"{name}-{exchange}"), config=config, pipeline_args=server.args(),
+                      split_size=20_000, exchange=exchange)
+            monkeypatch.setenv(process.FAULT_VARIABLE, "read:batch:3:raise")
+            process.reset_faults()
+            with pytest.raises(Exception, match="fault injected at read:batch #3"):
+                build_task(task, **kw)
+            monkeypatch.delenv(process.FAULT_VARIABLE)
+            units = tmp_path / f"{name}-{exchange}" / "jvm_resumed" / ".train.work" / work_mod.UNITS_DIR
+            done = sum(1 for p in units.iterdir() if p.name.endswith(work_mod.DONE_SUFFIX))
+            assert done >= 1, (name, exchange)
+            again = build_task(task, **kw)
+            assert again.manifest.work.units_reused == done, (name, exchange)
+            assert _shard_hashes(again) == _shard_hashes(local), (name, exchange)
+            assert again.manifest.statistics == local.manifest.statistics, (name, exchange)
+
+
 @pytest.fixture(scope="module")
 def span_task(tmp_path_factory, corpora):
     """T5's span corruption over 120 C4 documents (3 Parquet files of 10-row row

@@ -259,7 +259,8 @@ def build_task(
         shard_size=None if config.num_shards else shard_size, inputs=inputs, fingerprint=fmt.fingerprint_of(inputs),
         out_dir=out_dir, runner=runner, exchange=exchange, split_size=split_size or plan_mod.choose_split_size(total_bytes),
         options=options, fs_options=fs_options, content_bytes=content, exclusion=exclusion,
-        work_dir=(work_dir or work_mod.work_path(out_dir)) if resume else None, keep_work=bool(keep_work and resume))
+        work_dir=(work_dir or work_mod.work_path(out_dir, steps_run_here=runner_mod.steps_run_here(runner, options)))
+        if resume else None, keep_work=bool(keep_work and resume))
     with cache_lock(plan.out_dir), _work_lock(plan):
         return _build_locked(plan, overwrite=overwrite, progress=progress, start=start, unit_progress=unit_progress)
 
@@ -311,7 +312,8 @@ def _work_lock(plan: BuildPlan):
     local): ``<work>/.lock``, as ``cache_lock``. The default work folder
     lies beside the cache and its lock covers it."""
     work_dir = plan.work_dir
-    if work_dir is None or not fs.is_local(work_dir) or work_dir == work_mod.work_path(plan.out_dir):
+    if work_dir is None or not fs.is_local(work_dir) or (fs.is_local(plan.out_dir)
+                                                         and work_dir == work_mod.work_path(plan.out_dir)):
         yield
         return
     fs.makedirs(work_dir)

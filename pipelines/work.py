@@ -62,6 +62,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import zlib
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -90,12 +91,24 @@ CHECKPOINT_BYTES = 1 << 20
 MIN_SECTION_BYTES = 64 << 10
 
 
-def work_path(cache_dir: str) -> str:
-    """``<task>/.<split>.work``: the default work folder of the cache at ``cache_dir``."""
+def work_path(cache_dir: str, *, steps_run_here: bool = False) -> str:
+    """The default work folder of the cache at ``cache_dir``:
+    ``<task>/.<split>.work`` beside it; for a cache at a URL whose build runs
+    every step on this machine (``steps_run_here``: the local engine, Prism),
+    ``local_work_path(cache_dir)`` instead, on this machine's disk, where the
+    shard writers read their sections without a request each."""
+    if steps_run_here and not fs.is_local(cache_dir):
+        return local_work_path(cache_dir)
     parent, _, name = cache_dir.rstrip("/").rpartition("/")
     if fs.is_local(cache_dir):
         parent, name = os.path.split(os.path.normpath(fs.local_path(cache_dir)))
     return fs.join(parent, f".{name}.work")
+
+
+def local_work_path(cache_dir: str) -> str:
+    """``<temp>/seqcache-work/<sha256 of the URL, 16 hex>``: the work folder
+    on this machine of a cache at a URL (``work_path``)."""
+    return os.path.join(tempfile.gettempdir(), "seqcache-work", hashlib.sha256(cache_dir.encode()).hexdigest()[:16])
 
 
 def checkpoint_bytes(num_shards: int, flush_bytes: int) -> int:

@@ -29,14 +29,17 @@ def _tree_bytes(path: str) -> int:
     return sum(f.num_bytes for f in fs.match(path.rstrip("/") + "/**"))
 
 
-def _leftovers(cache_path: str, work_dir: str) -> list[tuple[str, str]]:
-    """``(what, path)`` of each thing ``clean`` removes that exists."""
+def _leftovers(cache_path: str, work_dir: str, *, with_cache: bool = True) -> list[tuple[str, str]]:
+    """``(what, path)`` of each thing ``clean`` removes that exists: the work
+    folder, and (``with_cache``) what builds that died left beside the cache."""
     found = []
     units, ledgers, _ = work.usage(work_dir)
     if ledgers or fs.exists(fs.join(work_dir, work.PLAN_NAME)):
         kept = " kept for a grown corpus" if fs.exists(fs.join(work_dir, work.PLAN_NAME)) else ""
         found.append((f"work folder{kept}: {common.plural(units, 'work unit')} complete, {ledgers - units} begun",
                       work_dir))
+    if not with_cache:
+        return found
     if fs.isdir(cache_path) and not fs.exists(fs.join(cache_path, fmt.MANIFEST_NAME)):
         found.append(("a build that did not finish (no manifest)", cache_path))
     elif fs.exists(fs.join(cache_path, writer.TMP_DIR_NAME)):
@@ -53,7 +56,8 @@ def _leftovers(cache_path: str, work_dir: str) -> list[tuple[str, str]]:
 @click.argument("cache_path")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--work-dir", "work_dir", help="The work folder, where the builds were given --work-dir "
-              "(default CACHE_PATH's sibling .SPLIT.work).")
+              "(default CACHE_PATH's sibling .SPLIT.work, and for a cache at a URL also the folder on this "
+              "machine that a build running its steps here uses).")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed, and its size; remove nothing.")
 def clean(cache_path, args, work_dir, dry_run):
     """Remove a cache's work folder and what builds that died left beside it.
@@ -63,17 +67,19 @@ def clean(cache_path, args, work_dir, dry_run):
     no one: clean refuses in one line while it holds the cache's lock.
     """
     common.filesystem_options(args)
-    work_dir = work_dir or work.work_path(cache_path)
+    # A cache at a URL built on this machine keeps its work here (work.work_path): both places are looked at.
+    work_dirs = [work_dir] if work_dir else list(dict.fromkeys([work.work_path(cache_path),
+                                                                work.work_path(cache_path, steps_run_here=True)]))
     try:
         with build.cache_lock(cache_path):
-            found = _leftovers(cache_path, work_dir)
+            found = [item for w in work_dirs for item in _leftovers(cache_path, w, with_cache=w == work_dirs[0])]
             if not found:
                 click.echo(f"nothing to remove beside {cache_path}")
                 return
             for what, path in found:
                 size = _tree_bytes(path)
                 if not dry_run:
-                    (writer.remove_cache_tree if path != work_dir else work.remove)(path)
+                    (work.remove if path in work_dirs else writer.remove_cache_tree)(path)
                 verb = "would remove" if dry_run else "removed"
                 click.echo(f"{verb} {path}: {what}, {size / 1e6:,.1f} MB")
     except BuildError as e:

@@ -12,7 +12,9 @@ runner, one worker, spill-file exchange) and reports:
       seconds (psutil: RSS summed over the child and all its descendants), and
       ru_maxrss from wait4 (the largest single process of that tree);
   temporary files: the most files and the most bytes seen at once under the
-      cache's ``_tmp/`` folder (spill files, quarantine chunks, the summary),
+      cache's ``_tmp/`` folder (the summary, quarantine merges; spill files with
+      ``--work off``) and its work folder (``.<split>.work``: the units' spill
+      files and ledgers, docs/scaling.md),
       the shard writers' ``.tmp-*`` files in the cache folder, and what the
       build created under its system temp folder (the child's TMPDIR points at
       an empty folder of its own, so everything there is the build's);
@@ -269,7 +271,8 @@ def build(spec: str, cache_dir: pathlib.Path, sys_tmp: pathlib.Path, *, vocabula
     sys_tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TMPDIR=str(sys_tmp), TEMP=str(sys_tmp), TMP=str(sys_tmp))
     out_dir = cache_dir / NAME / "train"
-    folders = {"tmp": (out_dir / "_tmp", None), "shard_tmp": (out_dir, ".tmp-"), "sys_tmp": (sys_tmp, None)}
+    folders = {"tmp": (out_dir / "_tmp", None), "shard_tmp": (out_dir, ".tmp-"), "sys_tmp": (sys_tmp, None),
+               "work": (out_dir.parent / f".{out_dir.name}.work", None)}
     if dask_dir is not None:
         folders["dask"] = (dask_dir, None)
     stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
@@ -308,6 +311,8 @@ def build(spec: str, cache_dir: pathlib.Path, sys_tmp: pathlib.Path, *, vocabula
         "sys_tmp_files_max": sampler.peak_files["sys_tmp"],
         "sys_tmp_mb_max": round(sampler.peak_bytes["sys_tmp"] / 1e6, 1),
         "sys_tmp_files_left": leftover[0],
+        "work_files_max": sampler.peak_files["work"],
+        "work_mb_max": round(sampler.peak_bytes["work"] / 1e6, 1),
         **({"dask_dir_files_max": sampler.peak_files["dask"],
             "dask_dir_mb_max": round(sampler.peak_bytes["dask"] / 1e6, 1)} if dask_dir is not None else {}),
         "tmp_left": (out_dir / "_tmp").exists(),
@@ -358,6 +363,7 @@ COLUMNS = [  # (header, key, format spec)
     ("MB/s", "mb_s", ".2f"), ("tree RSS MB", "peak_tree_rss_mb", ",d"), ("1-proc MB", "ru_maxrss_mb", ",d"),
     ("workers RSS MB", "peak_workers_rss_mb", ",d"),
     ("_tmp files", "tmp_files_max", ",d"), ("_tmp MB", "tmp_mb_max", ",.1f"),
+    ("work files", "work_files_max", ",d"), ("work MB", "work_mb_max", ",.1f"),
     ("sys tmp files", "sys_tmp_files_max", ",d"), ("shards", "shards", ",d"), ("examples", "examples", ",d"),
     ("units", "work_units", "d"),
 ]

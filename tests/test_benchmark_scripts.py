@@ -153,3 +153,19 @@ def test_decode_benchmark_gives_the_same_tokens_with_and_without_the_cache(tmp_p
     report = json.loads(out.read_text())
     assert [row["model"] for row in report] == ["tiny", "t5-tiny"]
     assert all(row["same_tokens"] and row["cache_tokens_per_s"] > 0 for row in report), report
+
+
+@pytest.mark.slow  # nine builds of a small corpus (about 25 s)
+def test_resume_benchmark_kills_grows_changes_and_compares_the_bytes(tmp_path):
+    out = tmp_path / "resume.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/resume.py", "--mb", "1", "--files", "4", "--repeat", "1", "--kill-at", "0.3",
+         "--work-dir", str(tmp_path), "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["bytes_equal"] and set(report["ratios"]) == {"rerun_after_kill", "grown", "one_file_changed",
+                                                                "cpu_keeping_work"}
+    (round_,) = report["rounds"]
+    grown = round_["grown"]["work"]
+    assert grown["units_reused"] >= 1 and grown["units_reused"] < grown["units"]

@@ -16,7 +16,7 @@ EXTRAS ?= train,test,tfds
 BEAM_VERSION := $(shell sed -n 's/^apache-beam==//p' constraints.txt)
 PRISM := build/bin/prism
 
-.PHONY: install prism jars demo test test-slow test-trainers bench clean
+.PHONY: install prism jars gcp demo test test-slow test-trainers bench clean
 
 # Beam's Flink and Spark job servers (Java), for `seqcache build --runner=flink|spark`:
 # Maven fetches Beam's runner libraries and their dependencies from Maven Central
@@ -52,12 +52,23 @@ $(PRISM): constraints.txt
 prism: $(VENV)/.deps $(PRISM)
 	ln -sf $(CURDIR)/$(PRISM) $(VENV)/bin/prism
 
+# Beam's Dataflow runner for tests/pipelines/test_dataflow_graph.py (a build's job translated offline):
+# the client libraries of Beam's GCP extras and `build`, pinned in runners/dataflow/requirements.txt,
+# from PyPI into build/gcp, beside the venv: in it, every process that imports Beam would import them too.
+GCP := build/gcp
+$(GCP)/.installed: runners/dataflow/requirements.txt $(VENV)/.deps
+	rm -rf $(GCP)
+	$(PY) -m pip install -q --no-deps --disable-pip-version-check --target $(GCP) -r runners/dataflow/requirements.txt
+	touch $@
+
+gcp: $(GCP)/.installed
+
 demo: install
 	DEMO=$(DEMO) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
 
 # Each test module runs in one worker (its module-scoped fixtures are built once), the
 # costliest modules first (tests/conftest.py, HEAVY_FIRST).
-test: install prism
+test: install prism gcp
 	$(VENV)/bin/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The slow tests compile with XLA's default optimization (the default suite's

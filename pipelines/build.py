@@ -39,6 +39,7 @@ from seqcache import fs, process
 from seqcache.layout import cache_path  # noqa: F401  (re-exported: seqcache.pipelines.cache_path)
 from seqcache.lengths import sequence_lengths
 from seqcache.manifest import Manifest
+from seqcache.pipelines import dataflow
 from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
@@ -239,6 +240,7 @@ def build_task(
         produced zero examples; a shard failed verification; the runner could
         not start or lost its workers (one line; nothing is left behind); a
         benchmark of ``config.exclude_benchmarks`` cannot be read.
+      pipelines.dataflow.DryRun: Dataflow's ``--dry_run=True`` translated the job (it carries it); nothing was built.
       Any error of the task's sources or preprocessors, naming file and record.
     """
     start = time.monotonic()
@@ -392,10 +394,14 @@ def _build_locked(plan: BuildPlan, *, overwrite, progress, start, unit_progress=
     # new cache is complete; else (no cache, or leftovers) the build goes in place.
     staged = existing is not None
     build_dir = staging if staged else out_dir
-    if not _resumable(build_dir, plan):
+    resumable, had_work = _resumable(build_dir, plan), plan.work_dir is not None and fs.exists(plan.work_dir)
+    if not resumable:
         writer.remove_cache_tree(build_dir)
     try:
         manifest, units = _build_into(plan, progress=progress, build_dir=build_dir, unit_progress=unit_progress)
+    except dataflow.DryRun:
+        _after_dry_run(plan, build_dir, resumable=resumable, had_work=had_work)
+        raise
     except BaseException as e:
         final = isinstance(e, BuildError) and e.final
         if plan.work_dir is None or final:
@@ -411,6 +417,18 @@ def _build_locked(plan: BuildPlan, *, overwrite, progress, start, unit_progress=
         writer.publish_dir(build_dir, out_dir)
     _finish_work(plan, units, completed_now=True)
     return BuildResult(out_dir, manifest, reused=False, seconds=time.monotonic() - start)
+
+
+def _after_dry_run(plan: BuildPlan, build_dir: str, *, resumable: bool, had_work: bool) -> None:
+    """After Dataflow's dry run, which ran no step: the folders this build
+    made are removed, and what was there before stays (the shards of a build
+    that died, ``resumable``, and a work folder that existed, ``had_work``)."""
+    if resumable:
+        fs.remove_tree(fs.join(build_dir, writer.TMP_DIR_NAME, "spill"))
+    else:
+        writer.remove_cache_tree(build_dir)
+    if plan.work_dir is not None and not had_work:
+        work_mod.remove(plan.work_dir)
 
 
 # What a build that keeps its work records of itself in its folder: its fingerprint (``_resumable``).

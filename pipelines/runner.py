@@ -37,6 +37,10 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
 - **Starting and finishing.** A runner that cannot start (a job server that
   would have to be downloaded, a Dask scheduler that does not answer) raises
   ``RunnerError`` with one line that says which runner and why.
+- **Dataflow's dry run.** With ``--dry_run=True`` Beam's DataflowRunner
+  translates the job and submits nothing; ``run`` then raises
+  ``dataflow.DryRun``, which carries the job (dataflow.py). The flag with any
+  other runner, which would build the cache, is refused before the build starts.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ import grpc
 from google.protobuf import json_format, text_format
 
 from seqcache import process
-from seqcache.pipelines import workers
+from seqcache.pipelines import dataflow, workers
 
 process.import_beam()  # before Beam's modules below: quietly, without pandas
 from apache_beam.options import pipeline_options as po  # noqa: E402
@@ -415,8 +419,12 @@ def check_runner_available(runner: str, options=None) -> None:
     for ``--prism_location`` and the jar's option).
 
     Raises:
-      RunnerError: one line naming the runner and what to do.
+      RunnerError: one line naming the runner and what to do; also for
+        ``--dry_run`` with a runner other than Dataflow (which would build
+        the cache), or with a value that looks false (Beam's DataflowRunner
+        makes a dry run of any value).
     """
+    _check_dry_run(runner, options)
     if is_prism(runner):
         _check_prism(options)
     server = job_server(runner)
@@ -436,6 +444,22 @@ def check_runner_available(runner: str, options=None) -> None:
         known = ", ".join(sorted({v.rsplit(".", 1)[-1] for v in RUNNER_ALIASES.values()}))
         why = "is unknown" if _is_unknown_runner(e) else f"is not available: {first_line(e)}"
         raise RunnerError(f"runner {runner!r} {why} (runners: {known}, or a fully qualified class name)") from None
+
+
+def _check_dry_run(runner: str, options) -> None:
+    """RunnerError for a ``--dry_run`` that would not do what it says: with a
+    runner other than Dataflow (the only one that reads it) or with a value
+    that looks false (Beam's DataflowRunner reads any value as a dry run)."""
+    value = dataflow.dry_run_value(options)
+    if value is None:
+        return
+    if not dataflow.is_dataflow(runner):
+        raise RunnerError(f"--dry_run={value}: only DataflowRunner makes a dry run; runner "
+                          f"{runner.rsplit('.', 1)[-1]} would build the cache (leave the flag out, or add "
+                          "--runner=DataflowRunner)")
+    if value.lower() in dataflow.FALSE_LOOKING:
+        raise RunnerError(f"--dry_run={value}: Beam's DataflowRunner makes a dry run of any value of --dry_run; "
+                          "leave the flag out to submit the job")
 
 
 def _is_unknown_runner(error: Exception) -> bool:
@@ -461,6 +485,8 @@ def run(pipeline, runner: str) -> None:
 
     Raises:
       RunnerError: the runner could not start or lost its workers (one line).
+      dataflow.DryRun: Dataflow with ``--dry_run=True`` translated the job
+        and ran nothing (it carries the job).
       The error a step raised (a bad record, a full disk), as the runner reports it.
     """
     short = runner.rsplit(".", 1)[-1]
@@ -472,6 +498,8 @@ def run(pipeline, runner: str) -> None:
         # The local engine runs the whole pipeline here: it started, then failed.
         how = "failed" if is_local_engine(runner) else "could not start"
         raise RunnerError(f"runner {short} {how}: {first_line(e)}") from e
+    if dataflow.is_dataflow(runner) and dataflow.dry_run_value(pipeline.options):
+        raise dataflow.DryRun(result.job)  # the job translated, nothing submitted: no summary will come
     try:
         result.wait_until_finish()
     except KeyboardInterrupt:

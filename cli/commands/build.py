@@ -18,6 +18,7 @@ from seqcache import lengths as lengths_lib
 from seqcache.cli import interrupts
 from seqcache.cli.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
+from seqcache.pipelines.dataflow import DryRun
 from seqcache.pipelines.runner import causes, interrupted_in_step, option_value_errors, unknown_flags
 from seqcache.tasks.sources.base import SPEC_KINDS
 from seqcache.tasks.sources.policy import BadInputError
@@ -389,7 +390,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
                                       split_size=split_size, exchange=exchange,
                                       work=_work_options(work, work_dir, len(task_list), task.name)))
     if as_json:
-        click.echo(json.dumps([_result_json(r) for r in results], indent=2))
+        click.echo(json.dumps([r if isinstance(r, dict) else _result_json(r) for r in results], indent=2))
 
 
 def _work_options(work: str, work_dir: str | None, num_tasks: int, task_name: str) -> dict:
@@ -545,7 +546,9 @@ def _is_bad_input(error: BaseException, message: str) -> bool:
 def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
                exchange="auto", work=None):
     """Builds one task's cache and prints its summary and notes; exits 1 on
-    failure, 130 after Ctrl-C and 143 after SIGTERM (``interrupts.exit_status``)."""
+    failure, 130 after Ctrl-C and 143 after SIGTERM (``interrupts.exit_status``).
+    Returns the ``BuildResult``, or for Dataflow's dry run (``--dry_run=True``)
+    what ``--json`` prints of it (a dict)."""
     deadline = functools.partial(_interrupt_deadline, task, split, cache_dir)
     with common.shard_progress(console, f"{task.name}/{split}") as progress, \
             interrupts.handled(on_deadline=deadline):
@@ -553,6 +556,8 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             result = pipelines.build_task(task, cache_dir=cache_dir, config=config, pipeline_args=pipeline_args,
                                           overwrite=overwrite, progress=progress, split_size=split_size,
                                           exchange=exchange, unit_progress=progress.units, **(work or {}))
+        except DryRun as dry:  # the job translated for Dataflow, nothing submitted or built
+            return _dry_run(console, task, split, cache_dir, dry, as_json=as_json)
         except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
             if not interrupted_in_step(e):
                 message = common.error_line(e)
@@ -615,6 +620,15 @@ def _work_note(work) -> str:
     if not parts:
         return f" ({redone[2:]})" if redone else ""
     return f" ({' and '.join(parts)} from the work folder{redone})"
+
+
+def _dry_run(console, task, split, cache_dir, dry: DryRun, *, as_json) -> dict:
+    """Says what Dataflow's dry run of ``task`` made (unless ``as_json``);
+    returns it as ``--json`` prints it."""
+    if not as_json:
+        console.print(common.styled("green", f"{task.name}/{split}", f": nothing built ({dry})"), highlight=False)
+    return {"task": task.name, "split": split, "cache_dir": cache_path(cache_dir, task.name, split), "dry_run": True,
+            **dry.to_json()}
 
 
 def _interrupted(console, task, split, cache_dir):

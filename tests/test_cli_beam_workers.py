@@ -130,7 +130,7 @@ def test_interrupted_build_exits_130_or_143_and_leaves_no_worker(tmp_path, signu
     assert proc.returncode == 128 + signum, stderr  # 130, 143: as a shell reports the signal
     said = "interrupted" if signum == signal.SIGINT else "interrupted by SIGTERM"
     assert stderr == (f"{said}: gated/train has no manifest, so it is not a cache; "
-                      "run the same command again to build it\n")
+                      "run the same command again to finish it (the work done so far is kept, unless --work off)\n")
     assert stdout == ""
     assert processes_with(marker) == {}
     assert not (tmp_path / "c" / "gated" / "train" / "manifest.json").exists()

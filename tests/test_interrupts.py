@@ -166,7 +166,7 @@ def test_sigterm_while_the_pipeline_runs_in_memory_exits_143_and_says_what_is_le
             proc.communicate()
     assert proc.returncode == 143, stderr
     assert stderr == ("interrupted by SIGTERM: gated/train has no manifest, so it is not a cache; "
-                      "run the same command again to build it\n")
+                      "run the same command again to finish it (the work done so far is kept, unless --work off)\n")
     assert stdout == ""
     assert not (tmp_path / "c" / "gated" / "train" / "manifest.json").exists()
 

@@ -132,6 +132,8 @@ def one_round(work: pathlib.Path, folder: pathlib.Path, vocab: str, extra: list[
     row["rerun"] = build(folder, vocab, r / "killed")
     _same(r / "killed", r / "full", "the rerun after a kill")
     build(folder, vocab, r / "kept", "--work", "keep")
+    kept = r / "kept" / "docs" / ".train.work"
+    row["work_bytes"] = sum(p.stat().st_size for p in kept.rglob("*") if p.is_file())
     new_file = folder / "part-999.parquet"
     pq.write_table(pa.table({"text": extra}), new_file)
     try:
@@ -168,7 +170,10 @@ def measure(work: pathlib.Path, *, mb: float, files: int, grow: float, kill_at: 
         "cpu_keeping_work": [x["full"]["cpu_s"] / x["off"]["cpu_s"] for x in rounds],
     }
     size = sum(p.stat().st_size for p in folder.glob("*.parquet"))
-    return {"mb": mb, "files": files, "corpus_bytes": size, "grow": grow, "kill_at": kill_at, "repeat": repeat,
+    text = sum(len(t.encode()) for p in folder.glob("*.parquet") for t in pq.read_table(p).column("text").to_pylist())
+    work_bytes = [x["work_bytes"] for x in rounds]
+    return {"mb": mb, "files": files, "corpus_bytes": size, "text_bytes": text, "work_bytes": statistics.median(work_bytes),
+            "grow": grow, "kill_at": kill_at, "repeat": repeat,
             "bytes_equal": True, "ratios": {k: _summary(v) for k, v in ratios.items()},
             "full_wall_s": _summary([x["full"]["wall_s"] for x in rounds]), "rounds": rounds}
 
@@ -182,9 +187,10 @@ LABELS = {"rerun_after_kill": "rerun after a kill at {kill:.0%}, wall / full",
 
 def print_report(res: dict) -> None:
     full = res["full_wall_s"]
-    print(f"{res['corpus_bytes'] / 1e6:.1f} MB of documents in {res['files']} Parquet files, BPE 8,000, "
-          f"1 worker; full build {full['median']:.1f} s [{full['min']:.1f}, {full['max']:.1f}], "
-          f"{res['repeat']} rounds; identical bytes in every case")
+    print(f"{res['text_bytes'] / 1e6:.1f} MB of documents ({res['corpus_bytes'] / 1e6:.1f} MB of Parquet) in "
+          f"{res['files']} files, BPE 8,000, 1 worker; full build {full['median']:.1f} s "
+          f"[{full['min']:.1f}, {full['max']:.1f}], {res['repeat']} rounds; identical bytes in every case; "
+          f"the kept work folder {res['work_bytes'] / 1e6:.1f} MB")
     print("| case | ratio | target |\n|---|---|---|")
     for key, s in res["ratios"].items():
         label = LABELS[key].format(kill=res["kill_at"], grow=res["grow"], files=res["files"])

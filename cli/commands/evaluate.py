@@ -173,7 +173,7 @@ def _source_cache(config, spec: str, root: str) -> str:
                       preprocessors=[P.rekey(rekey), P.tokenize(), P.append_eos_after_trim()])
     lengths = {"inputs": config.lengths.get("inputs") or config.sequence_length, "targets": config.sequence_length}
     pipelines.build_task(task, cache_dir=root, config=pipelines.BuildConfig(
-        split=SOURCE_SPLIT, num_shards=1, sequence_length=lengths))
+        split=SOURCE_SPLIT, num_shards=1, sequence_length=lengths), resume=False)  # a cache for this command only
     return os.path.join(root, SOURCE_TASK, SOURCE_SPLIT)
 
 

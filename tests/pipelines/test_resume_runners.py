@@ -48,6 +48,7 @@ class Runner:
     s3: bool = False
     exchange: str = "auto"
     missing: Callable[[], str | None] = lambda: None
+    slow: bool = False
 
 
 def _dask(request) -> list[str]:
@@ -58,9 +59,10 @@ def _dask(request) -> list[str]:
 RUNNERS = [
     Runner("local engine, spill files", lambda request: []),
     Runner("local engine, runner shuffle", lambda request: [], exchange="runner"),
-    Runner("multi_processing x2", lambda request: list(MULTI_PROCESSING)),
     Runner("prism", lambda request: ["--runner=prism"], missing=_prism_missing),
-    Runner("dask x2, cache on s3", _dask, s3=True),
+    # Slow (worker processes, a Dask cluster and an S3 server: 10-40 s each): .ci/run runs them.
+    Runner("multi_processing x2", lambda request: list(MULTI_PROCESSING), slow=True),
+    Runner("dask x2, cache on s3", _dask, s3=True, slow=True),
 ]
 
 
@@ -90,7 +92,8 @@ def _complete_units(work_dir: str) -> int:
     return sum(1 for name in fs.sizes_in(fs.join(work_dir, work_mod.UNITS_DIR)) if name.endswith(work_mod.DONE_SUFFIX))
 
 
-@pytest.mark.parametrize("runner", RUNNERS, ids=[r.name for r in RUNNERS])
+@pytest.mark.parametrize("runner", [pytest.param(r, marks=pytest.mark.slow) if r.slow else r for r in RUNNERS],
+                         ids=[r.name for r in RUNNERS])
 def test_a_failed_build_resumes_and_a_grown_corpus_reads_only_its_new_file_on_every_runner(
         runner, request, corpus, tmp_path, monkeypatch):
     why = runner.missing()

@@ -16,10 +16,11 @@ under an address that names everything it depends on::
         plan.json                the units of the last build kept for growing
 
 - **The address** (``unit_addresses``): the sha256 of the work folder's
-  format version, the cache's fingerprint inputs less the shard count and the
-  file list (``address_base``: the task with its source's kind, parameters
-  and ``on_error``, its preprocessors, vocabularies, seed, sequence lengths,
-  packing, the record format and the shuffle scheme), and the unit's splits:
+  format version, the cache's fingerprint inputs less the shard count, the
+  file list and the ``duplicate`` action (``address_base``: the task with its
+  source's kind, parameters and ``on_error``, its preprocessors,
+  vocabularies, seed, sequence lengths, packing, the record format and the
+  shuffle scheme), and the unit's splits:
   each file's path, size and modification time, and the byte or row range.
   A unit of another vocabulary, seed, preprocessing or format has another
   address, so it is never read. A source whose fingerprint does not list its

@@ -56,7 +56,7 @@ def test_keep_off_and_the_work_reported_in_json(tmp_path, corpora):
     write_lines(corpus / "part-3.txt", corpora.shakespeare_lines(6500)[6000:])
     grown = runner.invoke(main, _build_args(corpus, tmp_path / "c", "--overwrite"), catch_exceptions=False)
     assert grown.exit_code == 0, grown.output
-    assert f"({units} of {units + 1} work units from the work folder)" in grown.output
+    assert f"(from the work folder: {units} of {units + 1} work units)" in grown.output
     assert not work_dir.exists()  # --work auto: removed once the cache is complete
 
     bad = runner.invoke(main, _build_args(corpus, tmp_path / "x", "--work", "off", "--work-dir", str(tmp_path / "w")))
@@ -73,7 +73,7 @@ def test_a_killed_build_says_how_to_finish_it_and_its_rerun_says_what_it_reused(
     again = subprocess.run([*CLI, *_build_args(corpus, tmp_path / "c")], env=env, capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 0, again.stderr
-    assert "(2 of " in again.stderr and " work units from the work folder)" in again.stderr
+    assert "(from the work folder: 2 of " in again.stderr and " work units)" in again.stderr
 
 
 def test_clean_removes_the_work_folder_and_a_build_that_died_and_refuses_while_a_build_runs(tmp_path, corpora):

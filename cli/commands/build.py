@@ -604,8 +604,8 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
 
 
 def _work_note(work) -> str:
-    """`` (5 of 8 work units and 1 of 2 shards from the work folder)``, or
-    nothing when the work folder gave nothing."""
+    """`` (from the work folder: 5 of 8 work units, 1 of them in part, and 1
+    shard written before)``, or nothing when the work folder gave nothing."""
     if work is None:
         return ""
     units = work.units_reused + work.units_resumed
@@ -615,20 +615,11 @@ def _work_note(work) -> str:
         parts.append(f"{units} of {common.plural(work.units, 'work unit')}{resumed}")
     if work.shards_reused:
         parts.append(f"{common.plural(work.shards_reused, 'shard')} written before")
-    redone = (f"; {common.plural(work.checkpoints_rejected, 'checkpoint')} that did not match "
-              "its checksum read again" if work.checkpoints_rejected else "")
+    redone = (f"{common.plural(work.checkpoints_rejected, 'checkpoint')} that did not match its checksum "
+              "read again" if work.checkpoints_rejected else "")
     if not parts:
-        return f" ({redone[2:]})" if redone else ""
-    return f" ({' and '.join(parts)} from the work folder{redone})"
-
-
-def _dry_run(console, task, split, cache_dir, dry: DryRun, *, as_json) -> dict:
-    """Says what Dataflow's dry run of ``task`` made (unless ``as_json``);
-    returns it as ``--json`` prints it."""
-    if not as_json:
-        console.print(common.styled("green", f"{task.name}/{split}", f": nothing built ({dry})"), highlight=False)
-    return {"task": task.name, "split": split, "cache_dir": cache_path(cache_dir, task.name, split), "dry_run": True,
-            **dry.to_json()}
+        return f" ({redone})" if redone else ""
+    return f" (from the work folder: {', and '.join(parts)}{'; ' + redone if redone else ''})"
 
 
 def _interrupted(console, task, split, cache_dir):

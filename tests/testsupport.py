@@ -253,6 +253,18 @@ def local_dask_cluster(**config):
                                         dashboard_address="127.0.0.1:0", protocol="tcp")
 
 
+def prism_missing() -> str | None:
+    """Why Prism cannot run here (the build's own check, on the binary it would use), or None."""
+    from seqcache.pipelines import runner as runner_mod
+
+    options, runner = runner_mod.pipeline_options(["--runner=prism"])
+    try:
+        runner_mod.check_runner_available(runner, options)
+    except runner_mod.RunnerError as e:
+        return str(e)
+    return None
+
+
 S3_BUCKET = "seqcache-test"
 S3_KEY_ID, S3_SECRET, S3_REGION = "testing-key", "testing-secret", "us-east-1"
 

@@ -21,22 +21,12 @@ import pytest
 from seqcache import format as fmt
 from seqcache import fs, process, tasks
 from seqcache.pipelines import BuildConfig, build_task
-from seqcache.pipelines import runner as runner_mod
 from seqcache.pipelines import work as work_mod
-from testsupport import MULTI_PROCESSING, S3_BUCKET, dask_args, moto_s3, one_botocore_loader
+from testsupport import MULTI_PROCESSING, S3_BUCKET, dask_args, moto_s3, one_botocore_loader, prism_missing
 
 LINES = 9_000
 SPLIT_SIZE = 40_000
 FAULT = "read:batch:4:raise"
-
-
-def _prism_missing() -> str | None:
-    options, runner = runner_mod.pipeline_options(["--runner=prism"])
-    try:
-        runner_mod.check_runner_available(runner, options)
-    except runner_mod.RunnerError as e:
-        return str(e)
-    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +49,7 @@ def _dask(request) -> list[str]:
 RUNNERS = [
     Runner("local engine, spill files", lambda request: []),
     Runner("local engine, runner shuffle", lambda request: [], exchange="runner"),
-    Runner("prism", lambda request: ["--runner=prism"], missing=_prism_missing),
+    Runner("prism", lambda request: ["--runner=prism"], missing=prism_missing),
     # Slow (worker processes, a Dask cluster and an S3 server: 10-40 s each): .ci/run runs them.
     Runner("multi_processing x2", lambda request: list(MULTI_PROCESSING), slow=True),
     Runner("dask x2, cache on s3", _dask, s3=True, slow=True),

@@ -37,7 +37,7 @@ from seqcache import tasks
 from seqcache.pipelines import BuildConfig, build_task
 from seqcache.pipelines import runner as runner_mod
 from seqcache.tasks import preprocessors as P
-from testsupport import MULTI_PROCESSING, dask_args
+from testsupport import MULTI_PROCESSING, dask_args, prism_missing
 
 PLAIN_LINES = 6_000
 SPAN_DOCUMENTS = 240
@@ -58,16 +58,6 @@ def _missing_module(name: str) -> Callable[[], str | None]:
     return check
 
 
-def _prism_missing() -> str | None:
-    """Why Prism cannot run here (the build's own check, on the binary it would use), or None."""
-    options, runner = runner_mod.pipeline_options(["--runner=prism"])
-    try:
-        runner_mod.check_runner_available(runner, options)
-    except runner_mod.RunnerError as e:
-        return str(e)
-    return None
-
-
 @dataclasses.dataclass(frozen=True)
 class Runner:
     """A runner of the table: ``args(request)`` gives the build's pipeline
@@ -85,8 +75,8 @@ RUNNERS = [
     Runner("multi_processing x2", lambda request: list(MULTI_PROCESSING)),
     Runner("dask x2", lambda request: dask_args(request.getfixturevalue("dask_cluster")),
            missing=_missing_module("distributed")),
-    Runner("prism", lambda request: ["--runner=prism"], missing=_prism_missing),  # spill files (auto)
-    Runner("prism, runner shuffle", lambda request: ["--runner=prism"], missing=_prism_missing, exchange="runner"),
+    Runner("prism", lambda request: ["--runner=prism"], missing=prism_missing),  # spill files (auto)
+    Runner("prism, runner shuffle", lambda request: ["--runner=prism"], missing=prism_missing, exchange="runner"),
 ]
 
 

@@ -622,6 +622,15 @@ def _work_note(work) -> str:
     return f" (from the work folder: {', and '.join(parts)}{'; ' + redone if redone else ''})"
 
 
+def _dry_run(console, task, split, cache_dir, dry: DryRun, *, as_json) -> dict:
+    """Says what Dataflow's dry run of ``task`` made (unless ``as_json``);
+    returns it as ``--json`` prints it."""
+    if not as_json:
+        console.print(common.styled("green", f"{task.name}/{split}", f": nothing built ({dry})"), highlight=False)
+    return {"task": task.name, "split": split, "cache_dir": cache_path(cache_dir, task.name, split), "dry_run": True,
+            **dry.to_json()}
+
+
 def _interrupted(console, task, split, cache_dir):
     """Says that the build of ``task`` was interrupted ("interrupted by SIGTERM"
     after SIGTERM) and what is left of its cache; exits 130 or 143."""

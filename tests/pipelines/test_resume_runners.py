@@ -104,11 +104,16 @@ def test_a_failed_build_resumes_and_a_grown_corpus_reads_only_its_new_file_on_ev
     work_dir = work_mod.work_path(f"{root}/resumed/train")
     done_before = _complete_units(work_dir)
     assert done_before >= 1  # three batches or more were read, and checkpointed with their units
-    again = build_task(_task(folder), config=BuildConfig(num_shards=2), keep_work=True, **kw)
+    reports = []  # the progress of work units: (found done when the build started, done, in all)
+    again = build_task(_task(folder), config=BuildConfig(num_shards=2), keep_work=True,
+                       unit_progress=lambda *r: reports.append(r), **kw)
     assert not again.reused and _bytes(again) == _bytes(reference)
     work = again.manifest.work
     assert work.units_reused == done_before and work.checkpoints_rejected == 0
     assert work.units_reused + work.units_resumed < work.units
+    if not runner.s3:  # progress polls local work folders
+        assert reports[0] == (done_before, done_before, work.units) and reports[-1] == (done_before, work.units,
+                                                                                        work.units)
 
     # The corpus grows by a file; built over the cache, with another shard count: only its units are read.
     (folder / "part-3.txt").write_text("\n".join(f"a new line, number {i}" for i in range(300)) + "\n")

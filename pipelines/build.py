@@ -139,12 +139,14 @@ class BuildConfig:
 @dataclasses.dataclass
 class BuildResult:
     """What ``build_task`` did: the cache folder, its manifest, whether an existing
-    cache with the same fingerprint was reused without work, and the seconds taken."""
+    cache with the same fingerprint was reused without work, the seconds taken,
+    and the work folder kept for a later build (``keep_work``), or None."""
 
     cache_dir: str
     manifest: fmt.Manifest
     reused: bool
     seconds: float
+    work_dir: str | None = None
 
 
 def task_for_split(task, split: str):
@@ -263,6 +265,9 @@ def build_task(
         options=options, fs_options=fs_options, content_bytes=content, exclusion=exclusion,
         work_dir=(work_dir or work_mod.work_path(out_dir, steps_run_here=runner_mod.steps_run_here(runner, options)))
         if resume else None, keep_work=bool(keep_work and resume))
+    if not resume and fs.isdir(work_mod.work_path(out_dir)):
+        log.warning("%s: the work folder of an earlier build is left as it is (a build with --work off neither reads "
+                    "nor removes it; seqcache clean does)", work_mod.work_path(out_dir))
     with cache_lock(plan.out_dir), _work_lock(plan):
         return _build_locked(plan, overwrite=overwrite, progress=progress, start=start, unit_progress=unit_progress)
 
@@ -318,14 +323,16 @@ def _work_lock(plan: BuildPlan):
                                                          and work_dir == work_mod.work_path(plan.out_dir)):
         yield
         return
-    fs.makedirs(work_dir)
+    if fs.exists(work_dir) and not fs.isdir(work_dir):
+        raise BuildError(f"--work-dir {work_dir} is a file, not a folder: give a folder (it is created if missing)")
     with cache_lock(os.path.join(fs.local_path(work_dir), "folder"), lock_name=work_mod.WORK_LOCK,
-                     what="work folder"):
+                    what="work folder", advice="give this build another --work-dir"):
         yield
 
 
 @contextlib.contextmanager
-def cache_lock(out_dir: str, *, lock_name: str | None = None, what: str = "cache"):
+def cache_lock(out_dir: str, *, lock_name: str | None = None, what: str = "cache",
+               advice: str = "build into another --cache-dir"):
     """An exclusive lock on one cache folder for the length of a build (local
     file systems: ``fcntl.flock`` on ``<task>/.<split>.lock``, or
     ``lock_name`` beside ``out_dir``); a second build fails at once, saying
@@ -336,7 +343,7 @@ def cache_lock(out_dir: str, *, lock_name: str | None = None, what: str = "cache
     if not fs.is_local(out_dir):
         yield
         return
-    path = fs.local_path(out_dir)
+    path = os.path.abspath(fs.local_path(out_dir))
     parent = os.path.dirname(path)
     lock_path = os.path.join(parent, lock_name or f".{os.path.basename(path)}.lock")
     made = []  # the folders this build creates, deepest first: removed again when left empty
@@ -353,7 +360,7 @@ def cache_lock(out_dir: str, *, lock_name: str | None = None, what: str = "cache
             f.close()
             where = out_dir if lock_name is None else parent
             raise BuildError(f"{where}: another build of this {what} is running (it holds {lock_path}); "
-                             "wait for it to finish, or build into another --cache-dir") from None
+                             f"wait for it to finish, or {advice}") from None
         with contextlib.suppress(FileNotFoundError):
             if os.path.samestat(os.fstat(f.fileno()), os.stat(lock_path)):
                 break
@@ -374,6 +381,12 @@ def cache_lock(out_dir: str, *, lock_name: str | None = None, what: str = "cache
 
 def _build_locked(plan: BuildPlan, *, overwrite, progress, start, unit_progress=None) -> BuildResult:
     out_dir = plan.out_dir
+    had_work = plan.work_dir is not None and fs.exists(plan.work_dir)
+    if plan.work_dir is not None:
+        try:
+            work_mod.claim(plan.work_dir, out_dir)
+        except ValueError as e:
+            raise BuildError(str(e)) from None
     staging = writer.staging_path(out_dir)
     # a killed replacement: the old cache back, staging leftovers gone (kept when this build can resume them)
     writer.recover_publish(out_dir, keep_staging=_resumable(staging, plan))
@@ -384,7 +397,8 @@ def _build_locked(plan: BuildPlan, *, overwrite, progress, start, unit_progress=
             writer.remove_cache_tree(staging)
             fs.remove_tree(fs.join(out_dir, writer.TMP_DIR_NAME))  # a build killed once its manifest was written
             _finish_work(plan, None, completed_now=False)
-            return BuildResult(out_dir, existing, reused=True, seconds=time.monotonic() - start)
+            return BuildResult(out_dir, existing, reused=True, seconds=time.monotonic() - start,
+                               work_dir=plan.work_dir if plan.keep_work and fs.isdir(plan.work_dir) else None)
         if not overwrite:
             changed = describe_changes(_recorded_inputs(existing), plan.inputs)
             raise BuildError(f"{out_dir}: holds a cache with fingerprint {existing.fingerprint[:12]}, this build's "
@@ -394,7 +408,7 @@ def _build_locked(plan: BuildPlan, *, overwrite, progress, start, unit_progress=
     # new cache is complete; else (no cache, or leftovers) the build goes in place.
     staged = existing is not None
     build_dir = staging if staged else out_dir
-    resumable, had_work = _resumable(build_dir, plan), plan.work_dir is not None and fs.exists(plan.work_dir)
+    resumable = _resumable(build_dir, plan)
     if not resumable:
         writer.remove_cache_tree(build_dir)
     try:
@@ -416,7 +430,8 @@ def _build_locked(plan: BuildPlan, *, overwrite, progress, start, unit_progress=
         log.info("publishing %s over the cache with fingerprint %s", out_dir, existing.fingerprint[:12])
         writer.publish_dir(build_dir, out_dir)
     _finish_work(plan, units, completed_now=True)
-    return BuildResult(out_dir, manifest, reused=False, seconds=time.monotonic() - start)
+    return BuildResult(out_dir, manifest, reused=False, seconds=time.monotonic() - start,
+                       work_dir=plan.work_dir if plan.keep_work else None)
 
 
 def _after_dry_run(plan: BuildPlan, build_dir: str, *, resumable: bool, had_work: bool) -> None:
@@ -454,7 +469,7 @@ def _finish_work(plan: BuildPlan, units, *, completed_now: bool) -> None:
     for the next build of a grown corpus). A cache found complete leaves a
     kept folder (one with a plan) as it is, and removes a leftover one."""
     work_dir = plan.work_dir
-    if work_dir is None or not (completed_now or fs.exists(fs.join(work_dir, work_mod.UNITS_DIR))):
+    if work_dir is None or not (completed_now or fs.isdir(work_dir)):
         return
     kept = fs.exists(fs.join(work_dir, work_mod.PLAN_NAME))
     if not plan.keep_work:
@@ -849,13 +864,33 @@ def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:
             for i, (x, y) in enumerate(zip(a, b)):  # a file by its path too, not by its index alone
                 named = isinstance(x, dict) and isinstance(y, dict) and x.get("path") == y.get("path") is not None
                 walk(x, y, f"{path[:-1]}[{i}] ({x['path']})." if named else f"{path[:-1]}[{i}].")
+        elif isinstance(a, list) and isinstance(b, list) and _paths(a) is not None and _paths(b) is not None:
+            files_changed(a, b, path[:-1])
         elif a != b:
             diffs.append(f"{path[:-1]}: {short(a)} -> {short(b)}")
+
+    def files_changed(a, b, where):
+        """Two file lists of other lengths: the paths added and removed, then the files changed."""
+        before, after = _paths(a), _paths(b)
+        for word, paths in (("added", [p for p in after if p not in before]),
+                            ("removed", [p for p in before if p not in after])):
+            if paths:
+                more = f" and {len(paths) - 2:,} more" if len(paths) > 2 else ""
+                diffs.append(f"{where}: {word} {', '.join(paths[:2])}{more}")
+        for p in (p for p in after if p in before):
+            walk(before[p], after[p], f"{where} ({p}).")
 
     walk(old, new, "")
     if not diffs:
         return "nothing recorded differs (an older seqcache wrote it)"
     return "; ".join(diffs[:limit]) + ("; and more" if len(diffs) > limit else "")
+
+
+def _paths(files: list) -> dict | None:
+    """{path: entry} of a fingerprint's file list (dicts with a ``path``), or None for another list."""
+    if not all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files):
+        return None
+    return {f["path"]: f for f in files}
 
 
 import_beam = process.import_beam  # Beam imported quietly, without pandas; returns ``apache_beam``

@@ -42,6 +42,7 @@ import dataclasses
 import functools
 import hashlib
 import itertools
+import logging
 import os
 import pickle
 import zlib
@@ -58,6 +59,8 @@ from seqcache.tasks import Split, pack_first_fit
 from seqcache.tasks.sources.base import RecordBatch, describe_record
 from seqcache.tasks.sources.policy import with_path
 from seqcache.tasks.vocabularies import ENCODING_THREADS_ENV, encoding_threads
+
+log = logging.getLogger(__name__)
 
 QUARANTINE_KEY = -1
 COUNTS_KEY = -2
@@ -551,7 +554,7 @@ class ReadUnit:
         ledger = None
         if named and self.work_dir and self.work.addresses is not None:
             ledger = work_mod.UnitLedger(self.work_dir, self.work.addresses[unit_index])
-            ledger.restore()
+            ledger.restore(len(state.files))
             for cp in ledger.checkpoints:
                 yield from self._replay(ledger, cp, state)
             if ledger.complete:
@@ -1082,7 +1085,7 @@ class WriteGroup:
             entries.close()
         if self.marks_dir is not None:
             process.fault_point("write:shard")
-            mark = msgspec.json.encode({"fingerprint": self.fingerprint, "result": result})
+            mark = work_mod.seal(msgspec.json.encode({"fingerprint": self.fingerprint, "result": result}))
             fs.write_bytes_atomic(fs.join(self.marks_dir, f"{shard:07d}.json"), mark, fsync=False)
         return result
 
@@ -1095,7 +1098,7 @@ class WriteGroup:
         try:
             if fs.size(url) is None:
                 return None
-            mark = msgspec.json.decode(fs.read_bytes(url))
+            mark = msgspec.json.decode(work_mod.unseal(fs.read_bytes(url), url))
             result = mark["result"]
             entry = result["entry"]
             if mark.get("fingerprint") != self.fingerprint or result.get("shard") != shard:
@@ -1104,9 +1107,12 @@ class WriteGroup:
                                        (entry["provenance_file"], entry["provenance_num_bytes"],
                                         entry["provenance_sha256"])):
                 if work_mod.file_sha256(fs.join(self.out_dir, name)) != (size, digest):
-                    return None
-        except (OSError, ValueError, KeyError, TypeError, msgspec.DecodeError):
-            return None  # absent, torn or changed: the shard is written again
+                    raise ValueError(f"{name} is not the file written then (size or sha256)")
+        except (OSError, ValueError, KeyError, TypeError, msgspec.DecodeError) as e:
+            if not isinstance(e, FileNotFoundError):  # a shard written, then damaged: said, and written again
+                log.warning("shard %d of an earlier run of this build cannot be reused (%s); it is written again",
+                            shard, e)
+            return None
         return {**result, "reused": True}
 
     def _write(self, shard: int, entries: spill.ShardEntries) -> dict:

@@ -14,6 +14,7 @@ under an address that names everything it depends on::
         runs/<address>-<attempt>-<k>.bin      the flush file of checkpoint k (spill.py)
         runs/<address>-<attempt>-<k>.q        the quarantine chunk of checkpoint k
         plan.json                the units of the last build kept for growing
+        cache.json               the cache it serves (one cache a work folder)
 
 - **The address** (``unit_addresses``): the sha256 of the work folder's
   format version, the cache's fingerprint inputs less the shard count, the
@@ -78,7 +79,7 @@ log = logging.getLogger(__name__)
 # The work folder's own format: the ledgers, the flush files and their file
 # indices (unit-local). A change makes every unit of an older folder unread.
 WORK_VERSION = 1
-UNITS_DIR, RUNS_DIR, PLAN_NAME = "units", "runs", "plan.json"
+UNITS_DIR, RUNS_DIR, PLAN_NAME, OWNER_NAME = "units", "runs", "plan.json", "cache.json"
 PART_SUFFIX, DONE_SUFFIX, RUN_SUFFIX, CHUNK_SUFFIX = ".part", ".json", ".bin", ".q"
 WORK_LOCK = ".lock"
 # Characters of an address in file names (128 bits).
@@ -195,6 +196,25 @@ class Ledger(msgspec.Struct):
     complete: bool = False
 
 
+def seal(data: bytes) -> bytes:
+    """``data``, a newline and its sha256 (hex) and a newline: how the work
+    folder's own files (ledgers, shard marks, the kept plan) are written, so
+    that one flipped bit in them is found (``unseal``) rather than trusted."""
+    return data + b"\n" + hashlib.sha256(data).hexdigest().encode() + b"\n"
+
+
+def unseal(sealed: bytes, what: str) -> bytes:
+    """The data ``seal`` sealed.
+
+    Raises:
+      ValueError: the sha256 is missing or does not match (``what`` names the file).
+    """
+    data, _, digest = sealed.rstrip(b"\n").rpartition(b"\n")
+    if not _ or hashlib.sha256(data).hexdigest().encode() != digest:
+        raise ValueError(f"{what}: its sha256 does not match its content (a torn or changed file)")
+    return data
+
+
 def file_sha256(url: str) -> tuple[int, str]:
     """(size in bytes, sha256 hex) of a file, read in blocks of 4 MiB."""
     if fs.is_local(url):
@@ -236,14 +256,15 @@ class UnitLedger:
     def _ledger_url(self, suffix: str) -> str:
         return self.url(UNITS_DIR, self.address[:NAME_CHARS] + suffix)
 
-    def restore(self) -> None:
+    def restore(self, num_files: int | None = None) -> None:
         """Reads the unit's ledger, if any, and keeps the checkpoints whose
-        files check out (size and sha256), up to the first that does not."""
+        files check out (size and sha256; the unit's ``num_files`` files),
+        up to the first that does not."""
         found = self._read()
         if found is None:
             return
         for k, cp in enumerate(found.checkpoints):
-            bad = self._check(cp)
+            bad = self._check(cp, num_files)
             if bad is not None:
                 self.rejected = len(found.checkpoints) - k
                 log.warning("work unit %s: %s; its last %d checkpoint(s) are read again", self.address[:12], bad,
@@ -265,7 +286,7 @@ class UnitLedger:
             try:
                 if len(data) > MAX_LEDGER_BYTES:
                     raise ValueError(f"{len(data):,} bytes")
-                ledger = msgspec.json.decode(data, type=Ledger)
+                ledger = msgspec.json.decode(unseal(data, "the ledger"), type=Ledger)
                 if ledger.version != WORK_VERSION or ledger.address != self.address:
                     raise ValueError(f"version {ledger.version}, address {ledger.address[:12]}")
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
@@ -275,11 +296,20 @@ class UnitLedger:
             return ledger
         return None
 
-    def _check(self, cp: Checkpoint) -> str | None:
-        """Why a checkpoint's files cannot be used, or None."""
+    def _check(self, cp: Checkpoint, num_files: int | None = None) -> str | None:
+        """Why a checkpoint's files cannot be used, or None: each must be one
+        of this unit's, of its recorded size and sha256, and its counts must
+        name the unit's ``num_files`` files."""
+        if num_files is not None and ((cp.chunk is not None and len(cp.chunk_files) != num_files) or any(
+                i < 0 or i >= num_files for i in (cp.files[0] if cp.files else ()))):
+            return f"a checkpoint names files the unit does not have ({num_files} files)"
+        if cp.records < 0:
+            return f"a checkpoint of {cp.records} records"
         for record in (cp.run, cp.chunk):
             if record is None:
                 continue
+            if not record.name.startswith(self.address[:NAME_CHARS] + "-") or "/" in record.name:
+                return f"a checkpoint names {record.name!r}, not a file of this unit"
             url = self.url(RUNS_DIR, record.name)
             try:
                 size, digest = file_sha256(url)
@@ -304,7 +334,7 @@ class UnitLedger:
         ledger atomically; a complete unit's ledger takes its final name."""
         self.checkpoints.append(cp)
         ledger = Ledger(WORK_VERSION, self.address, self.checkpoints, complete)
-        data = msgspec.json.encode(ledger)
+        data = seal(msgspec.json.encode(ledger))
         if complete:
             fs.write_bytes_atomic(self._ledger_url(DONE_SUFFIX), data, fsync=False)
             with contextlib.suppress(OSError):
@@ -404,8 +434,49 @@ def usage(folder: str) -> tuple[int, int, int]:
     return done, len(ledgers), sum(ledgers.values()) + sum(runs.values()) + plan
 
 
+# What a work folder holds (``foreign_entry``).
+WORK_NAMES = (UNITS_DIR, RUNS_DIR, PLAN_NAME, WORK_LOCK, OWNER_NAME)
+
+
+def claim(folder: str, cache_dir: str) -> None:
+    """Makes ``folder`` the work folder of the cache at ``cache_dir``
+    (``cache.json`` names it), or checks that it is: a work folder serves one
+    cache, since a build that keeps its work keeps only its own units.
+
+    Raises:
+      ValueError: the folder is another cache's (names both), or is a file.
+    """
+    if fs.is_local(cache_dir):
+        cache_dir = os.path.realpath(fs.local_path(cache_dir))
+    url = fs.join(folder, OWNER_NAME)
+    try:
+        owner = json.loads(fs.read_bytes(url)).get("cache") if fs.exists(url) else None
+    except (OSError, ValueError, AttributeError):
+        owner = None  # unreadable: this build's from now on (its units are checked one by one anyway)
+    if owner is not None and owner != cache_dir:
+        raise ValueError(f"{folder} is the work folder of the cache {owner}, not of {cache_dir}: give each cache "
+                         "a work folder of its own (--work-dir), or remove that one (seqcache clean)")
+    if owner is None:
+        fs.makedirs(folder)
+        fs.write_bytes_atomic(url, json.dumps({"cache": cache_dir}).encode(), fsync=False)
+
+
+def foreign_entry(folder: str) -> str | None:
+    """The first entry of ``folder`` that no build writes in a work folder, or
+    None: a folder to be removed whole must be one."""
+    if fs.is_local(folder):
+        names = sorted(os.listdir(fs.local_path(folder)))
+    else:
+        prefix = folder.rstrip("/") + "/"
+        names = sorted({f.path[len(prefix):].split("/", 1)[0] for f in fs.match(prefix + "**")
+                        if f.path.startswith(prefix)})
+    return next((n for n in names if n not in WORK_NAMES), None)
+
+
 def remove(folder: str) -> None:
-    """Removes a work folder (nothing when there is none)."""
+    """Removes a work folder (nothing when there is none): its plan first, so
+    that a removal killed half way leaves a folder no build keeps."""
+    fs.remove_file(fs.join(folder, PLAN_NAME))
     fs.remove_tree(folder)
 
 
@@ -457,7 +528,7 @@ def write_plan(folder: str, base: str, files: Sequence[Any], units: Sequence[Any
                     [PlannedUnit([(int(r[0]), int(r[1]), int(r[2]), int(n))
                                   for r, n in zip(rows.tolist() if hasattr(rows, "tolist") else rows, unit_sizes)])
                      for (_, rows), unit_sizes in zip(units, sizes)])
-    fs.write_bytes_atomic(fs.join(folder, PLAN_NAME), zlib.compress(msgspec.json.encode(plan), 1), fsync=False)
+    fs.write_bytes_atomic(fs.join(folder, PLAN_NAME), zlib.compress(seal(msgspec.json.encode(plan)), 1), fsync=False)
 
 
 def read_plan(folder: str, base: str) -> "KeptPlan | None":
@@ -470,7 +541,7 @@ def read_plan(folder: str, base: str) -> "KeptPlan | None":
             return None
         if size > MAX_LEDGER_BYTES:
             raise ValueError(f"{size:,} bytes")
-        plan = msgspec.json.decode(zlib.decompress(fs.read_bytes(url)), type=KeptPlan)
+        plan = msgspec.json.decode(unseal(zlib.decompress(fs.read_bytes(url)), "the plan"), type=KeptPlan)
     except (OSError, ValueError, zlib.error, msgspec.DecodeError, msgspec.ValidationError) as e:
         log.warning("%s: cannot be read (%s); the work units are planned anew", url, e)
         return None

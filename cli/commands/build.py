@@ -18,6 +18,7 @@ from seqcache import lengths as lengths_lib
 from seqcache.cli import interrupts
 from seqcache.cli.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
+from seqcache.pipelines import work as workmod
 from seqcache.pipelines.dataflow import DryRun
 from seqcache.pipelines.runner import causes, interrupted_in_step, option_value_errors, unknown_flags
 from seqcache.tasks.sources.base import SPEC_KINDS
@@ -565,6 +566,11 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
                 if _is_bad_input(e, message):
                     console.print("(`seqcache scan` with the same task or --source lists every kind of bad input "
                                   "in the corpus at once)", highlight=False)
+                kept = _work_kept(task, split, cache_dir, work)
+                if kept is not None:
+                    console.print(f"(the work done so far is kept in {kept}: the same command run again, once "
+                                  "the cause is fixed, reads only what is left; seqcache clean removes it)",
+                                  highlight=False, markup=False)
                 sys.exit(1)
             _interrupted(console, task, split, cache_dir)
         except KeyboardInterrupt:
@@ -578,6 +584,10 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             highlight=False,
         )
     stats = m.statistics.to_json()
+    if result.work_dir is not None and not as_json:
+        console.print(common.styled("yellow", "note", f": the work folder is kept in {result.work_dir} for a build "
+                                    "of the corpus grown or changed (--overwrite); seqcache clean removes it"),
+                      highlight=False)
     if stats.get("truncated_tokens"):
         total = stats["truncated_tokens"] + sum(stats.get("tokens", {}).values())
         # First-fit packing places whole examples, so it trims too: only a longer length keeps them.
@@ -601,6 +611,21 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
         console.print(common.styled("yellow", "note", f": excluded {excluded} that overlap benchmarks ({per}){listed}"),
                       highlight=False)
     return result
+
+
+def _work_kept(task, split, cache_dir, work) -> str | None:
+    """The work folder a failed build left with work in it, or None."""
+    if not work or not work.get("resume"):
+        return None
+    out_dir = cache_path(cache_dir, task.name, split)
+    for folder in ([work["work_dir"]] if work.get("work_dir") else
+                   [workmod.work_path(out_dir), workmod.work_path(out_dir, steps_run_here=True)]):
+        try:
+            if workmod.usage(folder)[1]:
+                return folder
+        except OSError:
+            pass
+    return None
 
 
 def _work_note(work) -> str:

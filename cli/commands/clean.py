@@ -29,18 +29,47 @@ def _tree_bytes(path: str) -> int:
     return sum(f.num_bytes for f in fs.match(path.rstrip("/") + "/**"))
 
 
+# What a build writes in a cache folder: the only names ``clean`` removes a folder without a manifest for.
+_BUILD_NAMES = (fmt.DATA_PREFIX, fmt.PROVENANCE_PREFIX, "vocabulary-", fmt.QUARANTINE_NAME, fmt.SHARD_CHECKSUMS_NAME,
+                fmt.SOURCE_TABLE_NAME, ".tmp-")
+
+
+def _foreign(folder: str) -> str | None:
+    """The first entry of ``folder`` that no build writes there (a file of
+    another name, a folder but ``_tmp``), or None."""
+    if fs.is_local(folder):
+        entries = [(e.name, e.is_dir()) for e in os.scandir(fs.local_path(folder))]
+    else:
+        prefix = folder.rstrip("/") + "/"
+        names = {f.path[len(prefix):] for f in fs.match(prefix + "**") if f.path.startswith(prefix)}
+        entries = [(n.split("/", 1)[0], "/" in n) for n in names]
+    for name, is_dir in sorted(entries):
+        if is_dir and name != writer.TMP_DIR_NAME or not is_dir and not name.startswith(_BUILD_NAMES):
+            return f"{name}/" if is_dir else name
+    return None
+
+
 def _leftovers(cache_path: str, work_dir: str, *, with_cache: bool = True) -> list[tuple[str, str]]:
     """``(what, path)`` of each thing ``clean`` removes that exists: the work
     folder, and (``with_cache``) what builds that died left beside the cache."""
     found = []
     units, ledgers, _ = work.usage(work_dir)
-    if ledgers or fs.exists(fs.join(work_dir, work.PLAN_NAME)):
+    if fs.isdir(work_dir):  # a folder half removed (a build killed while removing it) too
+        stray = work.foreign_entry(work_dir)
+        if stray is not None:
+            raise click.ClickException(f"{work_dir} is not a work folder: it holds {stray}, which no build writes "
+                                       "there; clean removes nothing")
         kept = " kept for a grown corpus" if fs.exists(fs.join(work_dir, work.PLAN_NAME)) else ""
         found.append((f"work folder{kept}: {common.plural(units, 'work unit')} complete, {ledgers - units} begun",
                       work_dir))
     if not with_cache:
         return found
     if fs.isdir(cache_path) and not fs.exists(fs.join(cache_path, fmt.MANIFEST_NAME)):
+        foreign = _foreign(cache_path)
+        if foreign is not None:
+            raise click.ClickException(
+                f"{cache_path} is neither a cache folder (CACHE_DIR/TASK/SPLIT) nor what a build of one left: it "
+                f"holds {foreign}, which no build writes; clean removes nothing (give the cache's own folder)")
         found.append(("a build that did not finish (no manifest)", cache_path))
     elif fs.exists(fs.join(cache_path, writer.TMP_DIR_NAME)):
         found.append(("the working files of a build that ended while writing the manifest",
@@ -68,8 +97,11 @@ def clean(cache_path, args, work_dir, dry_run):
     """
     common.filesystem_options(args)
     # A cache at a URL built on this machine keeps its work here (work.work_path): both places are looked at.
-    work_dirs = [work_dir] if work_dir else list(dict.fromkeys([work.work_path(cache_path),
-                                                                work.work_path(cache_path, steps_run_here=True)]))
+    # A mixture's tasks keep theirs in --work-dir/<task>.
+    task = cache_path.rstrip("/").rsplit("/", 2)[-2] if cache_path.rstrip("/").count("/") else None
+    work_dirs = ([w for w in (work_dir, fs.join(work_dir, task) if task else None) if w] if work_dir else
+                 [work.work_path(cache_path), work.work_path(cache_path, steps_run_here=True)])
+    work_dirs = list(dict.fromkeys(work_dirs))
     try:
         with build.cache_lock(cache_path):
             found = [item for w in work_dirs for item in _leftovers(cache_path, w, with_cache=w == work_dirs[0])]
@@ -83,4 +115,5 @@ def clean(cache_path, args, work_dir, dry_run):
                 verb = "would remove" if dry_run else "removed"
                 click.echo(f"{verb} {path}: {what}, {size / 1e6:,.1f} MB")
     except BuildError as e:
-        common.fail(e)
+        common.fail(str(e).replace("wait for it to finish, or build into another --cache-dir",
+                                   "wait for it to finish, then clean"))

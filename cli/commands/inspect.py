@@ -11,6 +11,7 @@ import json
 import sys
 
 import click
+import msgspec
 from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
@@ -79,6 +80,7 @@ def info_dict(manifest: fmt.Manifest, cache_dir: str) -> dict:
             "statistics": m.statistics.to_json(), "packing_efficiency": packing_efficiency(m),
             "num_sources": m.num_sources, "created": m.created, "seqcache_version": m.seqcache_version,
             "evaluation": None if m.evaluation is None else m.evaluation.to_json(),
+            "work": None if m.work is None else msgspec.structs.asdict(m.work),
             "shards": [{"file": s.file, "num_records": s.num_records, "num_bytes": s.num_bytes} for s in manifest.shards]}
 
 
@@ -178,6 +180,10 @@ def info(ctx, cache_dir, as_json, shards):
     _record_rows(t, m)
     t.add_row("sources", common.plural(m.num_sources, "file"))
     t.add_row("created", f"{d['created']} by seqcache {d['seqcache_version']}")
+    if m.work is not None and (m.work.units_reused or m.work.units_resumed or m.work.shards_reused):
+        w = m.work
+        t.add_row("work folder", f"{w.units_reused + w.units_resumed} of {common.plural(w.units, 'work unit')} "
+                  f"({w.units_resumed} in part) and {common.plural(w.shards_reused, 'shard')} reused from it")
     console.print(t, markup=False)
     if shards:
         st = Table("file", "records", "bytes", title="shards")

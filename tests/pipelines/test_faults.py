@@ -12,6 +12,7 @@ import pytest
 
 from seqcache import format as fmt
 from seqcache.pipelines import BuildConfig, BuildError, build_task
+from seqcache.pipelines import work as work_mod
 from testsupport import lines_task
 
 
@@ -41,7 +42,8 @@ def test_full_disk_is_a_clear_error_and_a_rerun_succeeds(tmp_path, small_disk, c
     assert not (out_dir / fmt.MANIFEST_NAME).exists()
     assert not (out_dir / "_tmp" / "spill").exists()  # the build's scratch was freed
     # What was read before the disk filled up is kept for the rerun: each unit's committed checkpoints.
-    ledgers = [json.loads(p.read_bytes()) for p in (small_disk / "lines" / ".train.work" / "units").iterdir()]
+    ledgers = [json.loads(work_mod.unseal(p.read_bytes(), str(p)))
+               for p in (small_disk / "lines" / ".train.work" / "units").iterdir()]
     committed = sum(len(ledger["checkpoints"]) for ledger in ledgers)
     # Space freed (the file system grown), the same build in the same place succeeds,
     # with the bytes of a build that never failed.

@@ -34,6 +34,7 @@ import sys
 import pytest
 
 from seqcache import format as fmt
+from seqcache.pipelines import work as work_mod
 
 HERE = pathlib.Path(__file__).resolve().parent
 SEED = 20261206
@@ -186,13 +187,13 @@ def _run_files(work: pathlib.Path) -> list[pathlib.Path]:
     """The flush files its ledgers name, in the order of the ledgers' names and checkpoints."""
     out = []
     for ledger in sorted((work / "units").iterdir()):
-        for cp in json.loads(ledger.read_bytes())["checkpoints"]:
+        for cp in json.loads(work_mod.unseal(ledger.read_bytes(), str(ledger)))["checkpoints"]:
             if cp.get("run"):
                 out.append(work / "runs" / cp["run"]["name"])
     return out
 
 
-@pytest.mark.parametrize("damage", ["bit flip", "truncation", "torn ledger"])
+@pytest.mark.parametrize("damage", ["bit flip", "truncation", "torn ledger", "a ledger's count off by one bit"])
 def test_a_damaged_work_folder_is_found_and_redone_never_read(server, corpus, reference, tmp_path, damage):
     want, _ = reference
     cache = tmp_path / "c"
@@ -208,9 +209,15 @@ def test_a_damaged_work_folder_is_found_and_redone_never_read(server, corpus, re
     elif damage == "truncation":
         target = runs[2]
         target.write_bytes(target.read_bytes()[:-7])
-    else:
+    elif damage == "torn ledger":
         target = sorted((work / "units").iterdir())[0]
         target.write_bytes(target.read_bytes()[:-20])
+    else:  # still valid JSON, a plausible count: only the ledger's own sha256 tells
+        target = sorted((work / "units").iterdir())[0]
+        data = bytearray(target.read_bytes())
+        at = data.index(b'"records":') + len(b'"records":')
+        data[at] ^= 0x01  # one digit changed into another
+        target.write_bytes(bytes(data))
     again = server.build(corpus, cache, split_size=SPLIT_SIZE)
     assert again["result"]["ok"], again
     assert _cache_bytes(cache / "lines" / "train") == want
@@ -259,3 +266,24 @@ def test_a_build_of_a_grown_corpus_killed_in_the_middle_resumes_to_the_bytes_of_
     # from the killed one (4 checkpoints), part-2's were read again.
     assert work["units_reused"] >= 2 and work["units_reused"] + work["units_resumed"] < work["units"]
     assert work["checkpoints_reused"] > 4
+
+
+def test_a_shard_mark_off_by_one_bit_is_found_and_the_shard_written_again(server, corpus, reference, tmp_path):
+    """A build killed while writing its manifest (every shard written and
+    marked); one digit of a shard's recorded statistics changed: its mark's
+    sha256 no longer matches, so the shard is written again and the
+    statistics are right."""
+    want, _ = reference
+    cache = tmp_path / "c"
+    killed = server.build(corpus, cache, split_size=SPLIT_SIZE, fault="manifest:1:kill")
+    assert killed["status"]["signal"] == signal.SIGKILL
+    marks = sorted((cache / "lines" / "train" / "_tmp" / "shards").iterdir())
+    assert len(marks) == 2
+    data = bytearray(marks[0].read_bytes())
+    at = data.index(b'"examples":') + len(b'"examples":')
+    data[at] ^= 0x01
+    marks[0].write_bytes(bytes(data))
+    again = server.build(corpus, cache, split_size=SPLIT_SIZE)
+    assert again["result"]["ok"], again
+    assert again["result"]["work"]["shards_reused"] == 1
+    assert _cache_bytes(cache / "lines" / "train") == want

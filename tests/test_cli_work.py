@@ -131,3 +131,43 @@ def test_a_work_dir_of_its_own_is_used_locked_and_removed(tmp_path, corpora):
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)[0]["work"]["units_reused"] == 2
     assert not (work_dir / "units").exists()
+
+
+def test_clean_refuses_a_folder_that_is_not_a_caches_and_removes_nothing(tmp_path, corpora, monkeypatch):
+    corpus = _corpus(tmp_path, corpora, parts=1)
+    runner = CliRunner()
+    assert runner.invoke(main, _build_args(corpus, tmp_path / "c"), catch_exceptions=False).exit_code == 0
+    cache = tmp_path / "c" / "shk" / "train"
+    before = sorted(str(p) for p in (tmp_path / "c").rglob("*"))
+    for wrong in (tmp_path / "c", tmp_path / "c" / "shk", tmp_path):  # folders above the cache
+        out = runner.invoke(main, ["clean", str(wrong)])
+        assert out.exit_code == 1 and "is neither a cache folder" in out.output, out.output
+        assert len(out.output.strip().splitlines()) == 1
+    out = runner.invoke(main, ["clean", str(cache), "--work-dir", str(tmp_path / "in")])
+    assert out.exit_code == 1 and "is not a work folder" in out.output and (tmp_path / "in").is_dir()
+    monkeypatch.chdir(tmp_path / "c")  # a one-part relative path
+    out = runner.invoke(main, ["clean", "shk"])
+    assert out.exit_code == 1 and "is neither a cache folder" in out.output
+    assert sorted(str(p) for p in (tmp_path / "c").rglob("*")) == before
+
+
+def test_a_work_folder_serves_one_cache_and_a_half_removed_one_is_cleaned(tmp_path, corpora):
+    corpus = _corpus(tmp_path, corpora, parts=1)
+    runner = CliRunner()
+    work_dir = tmp_path / "w"
+    assert runner.invoke(main, _build_args(corpus, tmp_path / "a", "--work-dir", str(work_dir), "--work", "keep"),
+                         catch_exceptions=False).exit_code == 0
+    other = runner.invoke(main, _build_args(corpus, tmp_path / "b", "--work-dir", str(work_dir)))
+    assert other.exit_code == 1 and "is the work folder of the cache" in other.output
+    assert (work_dir / "plan.json").is_file()  # the first cache's kept work is intact
+    # A work folder half removed (its units and plan gone, its runs left) is found and removed.
+    default = tmp_path / "a2" / "shk" / ".train.work"
+    assert runner.invoke(main, _build_args(corpus, tmp_path / "a2", "--work", "keep"),
+                         catch_exceptions=False).exit_code == 0
+    for p in (default / "units").iterdir():
+        p.unlink()
+    (default / "plan.json").unlink()
+    assert any((default / "runs").iterdir())
+    out = runner.invoke(main, ["clean", str(tmp_path / "a2" / "shk" / "train")])
+    assert out.exit_code == 0 and out.output.startswith(f"removed {default}: work folder: 0 work units complete")
+    assert not default.exists()

@@ -265,11 +265,17 @@ def build_task(
         options=options, fs_options=fs_options, content_bytes=content, exclusion=exclusion,
         work_dir=(work_dir or work_mod.work_path(out_dir, steps_run_here=runner_mod.steps_run_here(runner, options)))
         if resume else None, keep_work=bool(keep_work and resume))
-    if not resume and fs.isdir(work_mod.work_path(out_dir)):
-        log.warning("%s: the work folder of an earlier build is left as it is (a build with --work off neither reads "
-                    "nor removes it; seqcache clean does)", work_mod.work_path(out_dir))
+    if not resume:
+        _note_work_left(out_dir)
     with cache_lock(plan.out_dir), _work_lock(plan):
         return _build_locked(plan, overwrite=overwrite, progress=progress, start=start, unit_progress=unit_progress)
+
+
+def _note_work_left(out_dir: str) -> None:
+    """Says (a warning) that a build keeping nothing leaves an earlier build's work folder as it is."""
+    if fs.isdir(work_mod.work_path(out_dir)):
+        log.warning("%s: the work folder of an earlier build is left as it is (a build with --work off neither reads "
+                    "nor removes it; seqcache clean does)", work_mod.work_path(out_dir))
 
 
 def _runner(pipeline_args, exchange: str) -> tuple[Any, str, str, list]:

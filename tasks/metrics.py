@@ -15,12 +15,19 @@ metrics ``mean_log_likelihood`` and ``perplexity``. sacrebleu and rouge-score
 are imported inside the metrics that use them, so importing this module (or
 ``seqcache.tasks``) costs neither.
 
+``check_postprocessed`` refuses, before any metric runs, a postprocessed
+target or prediction that the task's metrics do not take (``postprocess_fn``
+returned None, or a type one of this module's metrics does not take), naming
+the postprocess_fn and the example.
+
 ``pretokenized_text`` reads the source's target text that an evaluation cache
 keeps (``"targets_pretokenized"``, uint8 UTF-8 bytes).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import numbers
 import re
@@ -149,6 +156,91 @@ def postprocess(task, outputs: list[str], examples: list[Mapping] | None, *, is_
             raise MetricError(f"task {name!r}, postprocess_fn {fn_name!r} raised {type(e).__name__} on {which} "
                               f"{i}: {_one_line(e)}") from e
     return out
+
+
+def check_postprocessed(task, *, targets: Sequence, predictions: Sequence | None, examples: Sequence[str]) -> None:
+    """Refuses a postprocessed target or prediction that the task's metrics do
+    not take, before any metric runs: the first one, in the order given, that
+    ``refusal`` finds fault with.
+
+    Without this a ``postprocess_fn`` that returns None would be scored as
+    if it meant something (``accuracy`` counts None == None as a hit) or
+    would fail inside a metric, whose error then names the metric.
+
+    Args:
+      task: the task (``name``, ``metric_fns``, ``postprocess_fn``).
+      targets: the postprocessed targets, one per example.
+      predictions: the postprocessed predictions, one per example; None when
+        no predict metric takes them (they are not checked then).
+      examples: each example in words, for the message (the Evaluator gives
+        ``"cache index 3 (/data/val.txt, line 4)"``).
+
+    Raises:
+      MetricError: one line naming the task, the postprocess_fn, what it
+        returned (cut to 80 characters) and its type, the example, and what
+        the metrics take.
+    """
+    metric_fns = tuple(getattr(task, "metric_fns", ()) or ())
+    fn = getattr(task, "postprocess_fn", None)
+    returned = f"postprocess_fn {function_names([fn])[0]!r} returned" if fn is not None else "the decoded text is"
+    checks = [("target", targets, True)]
+    if predictions is not None:
+        checks.append(("prediction", predictions, False))
+    for i, example in enumerate(examples):
+        for which, values, is_target in checks:
+            why = refusal(metric_fns, values[i], is_target=is_target)
+            if why is not None:
+                value = values[i]
+                raise MetricError(f"task {getattr(task, 'name', '?')!r}: {returned} {_one_line(repr(value), 80)} "
+                                  f"({type(value).__name__}) for the {which} of {example}, but {why}")
+
+
+def refusal(metric_fns: Sequence[Callable], value, *, is_target: bool) -> str | None:
+    """Why ``metric_fns`` do not take ``value`` as a postprocessed target
+    (``is_target``) or prediction of an example, in words, or None when they do.
+
+    None is refused whatever the metrics: seqio's and t5's metrics compare
+    texts, labels or numbers, and none means anything by None. This module's
+    metrics (also inside a ``functools.partial``) are held to what they take:
+    ``bleu``, ``chrf`` and ``exact_match`` a string prediction and a string
+    target or a non-empty list of strings (several references); ``rouge`` a
+    string each; ``accuracy`` a label (a string or a number); ``sequence_accuracy``
+    a string or a token sequence (a list, a tuple or a 1-D array);
+    ``perplexity`` a target of text, token ids or a token count. Other
+    metrics' types are their own and are not checked.
+    """
+    if value is None:
+        return "no metric takes None (return text, a label or a number)"
+    for fn, name in zip(metric_fns, metric_names(metric_fns)):
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        takes = _TAKES.get(fn)
+        kind = None if takes is None else takes[0 if is_target else 1]
+        if kind is not None and not kind.accepts(value):
+            return f"metric {name!r} takes {kind.words}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+    """What a metric takes per example: ``words`` for messages, ``accepts`` the check."""
+
+    words: str
+    accepts: Callable[[Any], bool]
+
+
+def _is_sequence(value) -> bool:
+    return isinstance(value, (str, list, tuple)) or (isinstance(value, np.ndarray) and value.ndim == 1)
+
+
+_TEXT = _Kind("a string", lambda v: isinstance(v, str))
+_REFERENCES = _Kind("a string or a non-empty list of strings",
+                    lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and len(v) > 0
+                                                     and all(isinstance(x, str) for x in v)))
+_LABEL = _Kind("a label (a string or a number)", lambda v: isinstance(v, (str, bytes, numbers.Number, np.generic)))
+_SEQUENCE = _Kind("a string or a token sequence (a list, a tuple or a 1-D array)", _is_sequence)
+_UNITS = _Kind("text, token ids or a token count",
+               lambda v: (isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))) or _is_sequence(v))
 
 
 def pretokenized_text(example: Mapping[str, Any], feature: str = "targets") -> str | None:
@@ -379,7 +471,16 @@ def perplexity(targets, scores) -> dict[str, float]:
     return {"perplexity": math.exp(exponent) if exponent < 709.0 else math.inf}
 
 
+# What each metric of this module takes per example: (target, prediction); None: not checked
+# beyond None (``refusal``), or not given (a score metric's predictions).
+_TAKES: dict[Callable, tuple[_Kind | None, _Kind | None]] = {
+    bleu: (_REFERENCES, _TEXT), chrf: (_REFERENCES, _TEXT), rouge: (_TEXT, _TEXT),
+    exact_match: (_REFERENCES, _TEXT), accuracy: (_LABEL, _LABEL), sequence_accuracy: (_SEQUENCE, _SEQUENCE),
+    mean_log_likelihood: (None, None), perplexity: (_UNITS, None),
+}
+
 __all__ = [
-    "MetricError", "accuracy", "bleu", "chrf", "exact_match", "mean_log_likelihood", "metric_names", "perplexity",
-    "postprocess", "pretokenized_text", "rouge", "run_metrics", "sequence_accuracy",
+    "MetricError", "accuracy", "bleu", "check_postprocessed", "chrf", "exact_match", "mean_log_likelihood",
+    "metric_names", "perplexity", "postprocess", "pretokenized_text", "refusal", "rouge", "run_metrics",
+    "sequence_accuracy",
 ]

@@ -33,7 +33,11 @@ metrics have been computed, so a metric that fails leaves neither behind.
 
 Errors: a metric that raises or returns a non-number raises
 ``seqcache.tasks.metrics.MetricError`` (a ValueError) whose one-line message
-names the task and the metric; ``EvalError`` (a ValueError) for an eval split
+names the task and the metric; so does a postprocessed target or prediction
+that the metrics do not take (``metrics.check_postprocessed``: None, or a
+type one of seqcache's metrics refuses), checked before any metric runs,
+the message naming the postprocess_fn and the example (its cache index and
+source); ``EvalError`` (a ValueError) for an eval split
 that did not give every example exactly once.
 """
 
@@ -186,7 +190,9 @@ class Evaluator:
         ``out_root`` (process 0; None: nothing written).
 
         Raises:
-          MetricError: a metric raised or returned a non-number (nothing written for that task).
+          MetricError: a metric raised or returned a non-number, or the
+            postprocess_fn returned what the metrics do not take (nothing
+            written for that task).
           EvalError: an example was not read exactly once.
         """
         result = EvalResult(step=step, metrics={}, rows={}, paths={})
@@ -301,8 +307,21 @@ class Evaluator:
         if not task.metric_fns:
             return {}
         scores = [r["score"] for r in rows] if task.score_metric_fns else None
-        return metrics_lib.run_metrics(task.name, task.metric_fns, targets=[r["target"] for r in rows],
-                                       predictions=[r["prediction"] for r in rows], scores=scores)
+        targets = [r["target"] for r in rows]
+        predictions = [r["prediction"] for r in rows]
+        predicted = len(task.score_metric_fns) < len(task.metric_fns)  # a predict metric takes them
+        metrics_lib.check_postprocessed(task.task, targets=targets, predictions=predictions if predicted else None,
+                                        examples=[example_words(r["record"]) for r in rows])
+        return metrics_lib.run_metrics(task.name, task.metric_fns, targets=targets, predictions=predictions,
+                                       scores=scores)
+
+
+def example_words(record: Mapping) -> str:
+    """An example of a ``predictions.jsonl`` record in words, for messages:
+    ``"cache index 3 (/data/val.txt, line 4)"``; the cache index alone when
+    the cache has no provenance for it."""
+    where = ", ".join(str(record[k]) for k in ("source", "place") if record.get(k) is not None)
+    return f"cache index {record['cache_index']}" + (f" ({where})" if where else "")
 
 
 def refuse_packed(task: EvalTask, split: str) -> None:

@@ -219,6 +219,62 @@ def test_postprocess(tmp_path):
         metrics.postprocess(t, ["a"], [{}, {}], is_target=True)
 
 
+def _none(output, example=None, is_target=False):
+    return None
+
+
+def _label(output, example=None, is_target=False):
+    return {"yes": 1, "no": 0}.get(output.strip(), -1)
+
+
+def test_refusal_names_what_the_metrics_take():
+    # None, whatever the metrics: accuracy would count None == None as a hit.
+    assert metrics.accuracy([None, None], [None, None]) == {"accuracy": 100.0}
+    for fns in ([metrics.accuracy], [metrics.sequence_accuracy], [_raises], []):
+        assert metrics.refusal(fns, None, is_target=False) == "no metric takes None (return text, a label or a number)"
+    assert metrics.refusal([metrics.bleu], 3, is_target=False) == "metric 'bleu' takes a string"
+    assert metrics.refusal([functools.partial(metrics.bleu, tokenizer="13a")], ["a"], is_target=False) == \
+        "metric 'bleu' takes a string"
+    assert metrics.refusal([metrics.bleu], ["a", "b"], is_target=True) is None  # two references
+    assert metrics.refusal([metrics.exact_match], [], is_target=True) == \
+        "metric 'exact_match' takes a string or a non-empty list of strings"
+    assert metrics.refusal([metrics.accuracy], 1, is_target=True) is None
+    assert metrics.refusal([metrics.accuracy], np.int64(1), is_target=False) is None
+    assert metrics.refusal([metrics.accuracy], [1, 2], is_target=False) == \
+        "metric 'accuracy' takes a label (a string or a number)"
+    assert metrics.refusal([metrics.sequence_accuracy], np.array([1, 2]), is_target=False) is None
+    assert metrics.refusal([metrics.sequence_accuracy], np.zeros((2, 2)), is_target=False).startswith(
+        "metric 'sequence_accuracy' takes a string or a token sequence")
+    assert metrics.refusal([metrics.perplexity], 7, is_target=True) is None
+    assert metrics.refusal([metrics.perplexity], 7.5, is_target=True) == \
+        "metric 'perplexity' takes text, token ids or a token count"
+    assert metrics.refusal([metrics.mean_log_likelihood], {"any": "thing"}, is_target=True) is None
+    # Another library's metric: its types are its own, only None is refused.
+    assert metrics.refusal([_text], {"answer": 1}, is_target=False) is None
+
+
+def test_check_postprocessed_names_the_postprocess_fn_and_the_example(tmp_path):
+    t = _task(tmp_path, postprocess_fn=_none, metric_fns=[metrics.accuracy, metrics.sequence_accuracy])
+    where = ["cache index 0 (/data/val.txt, line 1)", "cache index 1 (/data/val.txt, line 2)"]
+    with pytest.raises(metrics.MetricError) as e:
+        metrics.check_postprocessed(t, targets=["a", "b"], predictions=[None, None], examples=where)
+    assert str(e.value) == ("task 'eval_task': postprocess_fn '_none' returned None (NoneType) for the prediction of "
+                            "cache index 0 (/data/val.txt, line 1), but no metric takes None (return text, a "
+                            "label or a number)")
+    # The first example at fault, the target before the prediction.
+    with pytest.raises(metrics.MetricError, match=r"for the target of cache index 1 \(/data/val.txt, line 2\)"):
+        metrics.check_postprocessed(t, targets=["a", None], predictions=["a", None], examples=where)
+    t = _task(tmp_path, postprocess_fn=_label, metric_fns=[metrics.bleu])
+    with pytest.raises(metrics.MetricError, match="postprocess_fn '_label' returned 1 \\(int\\) for the target of "
+                                                  "cache index 0 .*, but metric 'bleu' takes a string or a non-empty"):
+        metrics.check_postprocessed(t, targets=[1, 0], predictions=["yes", "no"], examples=where)
+    t = _task(tmp_path, postprocess_fn=_label, metric_fns=[metrics.accuracy])
+    metrics.check_postprocessed(t, targets=[1, 0], predictions=[1, -1], examples=where)  # labels: taken
+    # Score metrics take no predictions: those are not checked.
+    t = _task(tmp_path, postprocess_fn=_none, metric_fns=[metrics.perplexity])
+    metrics.check_postprocessed(t, targets=["a b", "c"], predictions=None, examples=where)
+
+
 def test_pretokenized_text():
     text = "Zwei Hunde spielen im Schnee. ☃"
     stored = np.frombuffer(text.encode("utf-8"), np.uint8)

@@ -1,7 +1,9 @@
 """Tasks for the evaluation tests, imported with ``--module``: a copy task
 (targets = inputs: each line of a text file, byte vocabulary) with the metric
 exact_match, registered as ``copy`` and ``copy_t5`` (two runs in one test
-session), and ``copy_bad_metric`` with a metric that raises.
+session), ``copy_bad_metric`` with a metric that raises, and
+``copy_none_postprocess`` whose postprocess_fn returns None, with accuracy
+and sequence_accuracy (which would count None == None as a hit).
 
 ``copy_task(name, pattern)`` builds the same task over other files (the
 tests build the train and validation caches with it; ``packing=`` packs them)."""
@@ -16,7 +18,12 @@ def broken_metric(targets, predictions):
     raise ZeroDivisionError("no examples counted")
 
 
-def copy_task(name, pattern, metric_fns=(metrics.exact_match,), packing=None):
+def no_text(output, example=None, is_target=False):
+    """A postprocess_fn that returns None: the evaluation must refuse it in one line naming it."""
+    return None
+
+
+def copy_task(name, pattern, metric_fns=(metrics.exact_match,), packing=None, postprocess_fn=None):
     vocab = tasks.ByteVocabulary()
     return tasks.Task(
         name,
@@ -25,6 +32,7 @@ def copy_task(name, pattern, metric_fns=(metrics.exact_match,), packing=None):
         preprocessors=[P.rekey({"inputs": "text", "targets": "text"}), P.tokenize(), P.append_eos_after_trim()],
         metric_fns=metric_fns,
         packing=packing,
+        postprocess_fn=postprocess_fn,
     )
 
 
@@ -32,6 +40,9 @@ for _name, _fns in (("copy", (metrics.exact_match,)), ("copy_t5", (metrics.exact
                     ("copy_bad_metric", (metrics.exact_match, broken_metric))):
     if _name not in tasks.TaskRegistry.names():
         tasks.TaskRegistry.add(copy_task(_name, "unused.txt", _fns))
+NONE_METRICS = (metrics.accuracy, metrics.sequence_accuracy)
+if "copy_none_postprocess" not in tasks.TaskRegistry.names():
+    tasks.TaskRegistry.add(copy_task("copy_none_postprocess", "unused.txt", NONE_METRICS, postprocess_fn=no_text))
 
 
 def translation_task(name, inputs_pattern, targets_pattern):

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from seqcache import format as fmt
 from seqcache import pipelines
 from seqcache.cli.main import main
+from seqcache.feeders.reader import CacheReader
 from seqcache.training.metrics import read_metrics, read_tensorboard
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -336,6 +337,31 @@ def test_eval_of_a_cache_naming_metrics_of_an_unregistered_task_says_to_give_mod
     res = _invoke(["infer", "--checkpoint-dir", str(tiny_run), "--task", str(cache), "--output-dir",
                    str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
+
+
+def test_a_postprocess_fn_returning_none_is_refused_naming_it_and_the_example(copy_caches, tiny_run, tmp_path):
+    """accuracy and sequence_accuracy would score None against None as 100."""
+    root, _ = copy_caches
+    copy_tasks = _load_copy_tasks()
+    source = root / "validation.txt"
+    task = copy_tasks.copy_task("copy_none_postprocess", str(source), copy_tasks.NONE_METRICS,
+                                postprocess_fn=copy_tasks.no_text)
+    pipelines.build_task(task, cache_dir=str(tmp_path), config=pipelines.BuildConfig(split="validation",
+                                                                                     num_shards=1))
+    before = (tiny_run / "metrics.jsonl").read_text()
+    res = _invoke(["eval", "--checkpoint-dir", str(tiny_run), "--module", MODULE, "--task",
+                   str(tmp_path / "copy_none_postprocess" / "validation"), "--output-dir", str(tmp_path / "out")])
+    assert res.exit_code == 1, res.output
+    cache = tmp_path / "copy_none_postprocess" / "validation"
+    reader = CacheReader(str(cache))
+    offset = int(reader.read_provenance(np.array([0]))[0]["record_number"][0])  # the first example's byte offset
+    reader.close()
+    line = source.read_bytes()[:offset].count(b"\n") + 1
+    errors = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert errors == [f"error: task 'copy_none_postprocess': postprocess_fn 'no_text' returned None (NoneType) for "
+                      f"the target of cache index 0 ({source}, line {line} (byte {offset:,})), but no metric takes "
+                      "None (return text, a label or a number)"], res.output
+    assert not (tmp_path / "out").exists() and (tiny_run / "metrics.jsonl").read_text() == before
 
 
 def test_eval_of_a_split_that_does_not_exist_lists_the_splits_there(copy_caches, tiny_run):

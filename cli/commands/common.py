@@ -142,6 +142,37 @@ def _stderr_is_fd2() -> bool:
         return False
 
 
+def stdout_for_output_only() -> None:
+    """For the rest of the process, file descriptor 1 is the standard error,
+    and ``sys.stdout`` (what ``click.echo`` and ``print`` write to) alone
+    writes to the real standard output, through a copy of its descriptor.
+
+    Libraries print to descriptor 1 from C and C++, beyond ``sys.stdout``:
+    Gloo, the CPU collectives of a multi-process JAX run, prints ``[Gloo] Rank
+    0 is connected to 1 peer ranks. ...`` whenever it connects a group of
+    devices, which happens during the run, not only at
+    ``jax.distributed.initialize``. A command whose standard output is its
+    result (``seqcache eval``'s one JSON line) calls this before JAX starts, so
+    that those messages go to the standard error; child processes inherit
+    descriptor 1 as it is then. Nothing is changed when ``sys.stdout`` is not
+    descriptor 1 (click's test runner) or the descriptors cannot be copied.
+    """
+    try:
+        if sys.stdout.fileno() != 1:
+            return
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return
+    try:
+        os.dup2(2, 1)
+    except OSError:
+        os.close(saved)
+        return
+    old = sys.stdout
+    sys.stdout = open(saved, "w", encoding=old.encoding, errors=old.errors, buffering=1)
+
+
 def _drain(read_fd: int, write_fd: int) -> None:
     """Copies ``read_fd`` to ``write_fd`` until end of file, dropping the bytes once a write fails."""
     broken = False

@@ -17,6 +17,7 @@ from rich.table import Column, Table
 
 from seqcache import format as fmt
 from seqcache import lengths as lengths_lib
+from seqcache.cli.commands import common
 from seqcache.feeders import FeederStateError
 from seqcache.training import config as config_lib
 from seqcache.training import data as data_lib
@@ -164,7 +165,10 @@ def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distr
 def start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed) -> None:
     """Checks the multi-process flags, sets up logging and initialises JAX's
     distributed runtime, before anything asks JAX for devices (``train`` and
-    ``evaluate`` both start this way).
+    ``evaluate`` both start this way). From then on the standard output
+    carries only what the command prints: what JAX's libraries print to it
+    (Gloo's connection messages) goes to the standard error
+    (``common.stdout_for_output_only``).
 
     Raises:
       click.UsageError: flags that do not make one valid multi-process setup.
@@ -179,6 +183,7 @@ def start_distributed(*, coordinator_address, num_processes, process_id, jax_dis
     logging.basicConfig(level=logging.INFO, format=f"{prefix}%(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    common.stdout_for_output_only()
     distributed.initialize(settings)
 
 

@@ -5,7 +5,9 @@ split are exactly one per example either way, and the same ones.
 The run is trained for two steps on the copy task in this process (8 CPU
 devices); the single-process evaluation runs here too, the two-process one in
 two fresh processes of 4 devices each. The eval split (40 examples, batches of
-16) ends with a partial batch: 8 padding rows, on process 1 only."""
+16) ends with a partial batch: 8 padding rows, on process 1 only. Process
+0's standard output is its one JSON line, and process 1's is empty: what
+Gloo prints to file descriptor 1 goes to the standard error."""
 
 import importlib.util
 import json
@@ -93,12 +95,29 @@ def test_two_processes_predict_each_example_once_like_one(small_run, tmp_path, c
                 os.killpg(p.pid, 9)
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], [e.decode()[-3000:] for _, e in outs]
-    # Only process 0 prints the summary and writes the files.
-    assert json.loads(outs[0][0].decode().splitlines()[-1])["examples"] == {"copy": EVAL_LINES}
-    assert not [x for x in outs[1][0].decode().splitlines() if x.startswith("{")]
+    # Only process 0 prints the summary and writes the files. Its standard
+    # output is that one JSON line and nothing else: what Gloo and JAX print
+    # while the processes connect goes to standard error.
+    stdout = [out.decode() for out, _ in outs]
+    assert stdout[0].count("\n") == 1 and stdout[0].endswith("\n"), stdout[0][:2000]
+    assert json.loads(stdout[0])["examples"] == {"copy": EVAL_LINES}
+    assert stdout[1] == "", stdout[1][:2000]
     two = _rows(tmp_path / "two")
     # Exactly one prediction per example, in cache order, on 1 and on 2 processes.
     assert [r["cache_index"] for r in one] == [r["cache_index"] for r in two] == list(range(EVAL_LINES))
     for a, b in zip(one, two):
         assert (a["source"], a["line"], a["targets"]) == (b["source"], b["line"], b["targets"])
         assert a["prediction"] == b["prediction"]
+
+
+def test_what_a_library_prints_to_descriptor_1_goes_to_stderr_and_print_to_stdout():
+    """``stdout_for_output_only``, as ``seqcache train`` and ``eval`` call it
+    before JAX starts: a write to descriptor 1 (as Gloo's C++ makes) goes to
+    the standard error, ``print`` and ``click.echo`` to the standard output,
+    and so does a child process's descriptor 1 (it inherits the standard error)."""
+    code = ("import os, subprocess, sys, click; from seqcache.cli.commands import common; "
+            "common.stdout_for_output_only(); os.write(1, b'native\\n'); print('printed'); click.echo('echoed'); "
+            "subprocess.run(['echo', 'child'], check=True)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == ("printed\nechoed\n", "native\nchild\n")

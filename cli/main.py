@@ -59,6 +59,8 @@ class _Commands(click.Group):
     that a command does not report itself, such as one during its start-up,
     exits with 130 (143 after SIGTERM) and says so in one line, "interrupted"
     ("interrupted by SIGTERM"), instead of click's "Aborted!" and 1.
+    Values longer than a few hundred characters are cut in the messages of
+    click's usage errors, as in every ``error:`` line (``common.cut_values``).
     A ``seqcache.format.CacheError`` or ``FeederStateError`` that a command does
     not report itself is one ``error:`` line on standard error and exit status 1,
     and so is a ``--module`` that raised while it was imported
@@ -85,6 +87,9 @@ class _Commands(click.Group):
     def make_context(self, *args, **kwargs):
         try:
             return super().make_context(*args, **kwargs)
+        except click.ClickException as e:
+            _cut_values(e)
+            raise
         except KeyboardInterrupt:
             _exit_interrupted()
 
@@ -92,6 +97,9 @@ class _Commands(click.Group):
         args = [*getattr(ctx, "_protected_args", ()), *ctx.args]  # the command's name and arguments
         try:
             return super().invoke(ctx)
+        except click.ClickException as e:  # a usage error: click prints it
+            _cut_values(e)
+            raise
         except DefinitionsError as e:  # a --module that raised while it was imported
             if {"-v", "--verbose"} & set(args):
                 traceback.print_exception(e.__cause__ or e, file=sys.stderr)
@@ -104,6 +112,11 @@ class _Commands(click.Group):
             sys.exit(1)
         except KeyboardInterrupt:
             _exit_interrupted()
+
+
+def _cut_values(error: click.ClickException) -> None:
+    """Cuts the long values in the message click will print (``common.cut_values``)."""
+    error.message = common.cut_values(error.message)
 
 
 def _exit_interrupted():

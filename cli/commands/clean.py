@@ -117,3 +117,5 @@ def clean(cache_path, args, work_dir, dry_run):
     except BuildError as e:
         common.fail(str(e).replace("wait for it to finish, or build into another --cache-dir",
                                    "wait for it to finish, then clean"))
+    except OSError as e:  # a path the file system refuses (too long)
+        common.fail(e)

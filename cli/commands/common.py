@@ -118,9 +118,71 @@ def filesystem_options(args) -> list[str]:
     return args
 
 
+# The most characters of one value (a path, a name, an argument) that an error
+# line repeats; a longer one keeps its first VALUE_HEAD and last VALUE_TAIL
+# characters and says how long it was (``cut_value``).
+VALUE_LIMIT = 300
+VALUE_HEAD, VALUE_TAIL = 200, 60
+# A run of more than VALUE_LIMIT characters without a space: a path or a name
+# that a message was built with (its quotes and brackets are left outside the cut).
+_LONG_RUN = re.compile(r"(?P<open>['\"(\[{<]*)(?P<value>[^\s\ue000\ue001]{%d,}?)(?P<close>['\")\]}>,;:]*)"
+                       r"(?=[\s\ue000]|$)" % (VALUE_LIMIT + 1))
+
+
+def cut_value(value: str, length: int | None = None) -> str:
+    """``value`` as an error line shows it: as it is up to ``VALUE_LIMIT``
+    characters; a longer one as its first ``VALUE_HEAD`` and last
+    ``VALUE_TAIL`` characters around ``...``, then how long it was:
+    ``/data/aaaa...aaaa.txt [120,000 characters]`` (``length``: the length to
+    state, when ``value`` is a form of a longer or shorter original)."""
+    if len(value) <= VALUE_LIMIT:
+        return value
+    return f"{value[:VALUE_HEAD]}...{value[-VALUE_TAIL:]} [{len(value) if length is None else length:,} characters]"
+
+
+def cut_values(message, values=None) -> str:
+    """``message`` with each value in it longer than ``VALUE_LIMIT`` characters
+    cut by ``cut_value``, so that a 120 KB ``--cache-dir`` makes an error line
+    of a few hundred characters that still says which value it was and how
+    long: every one of ``values`` (default: the command's arguments and the
+    option values of click's current context) that the message holds, as it
+    is or as ``repr`` writes it inside quotes (a value may hold spaces), then
+    any other run of more than ``VALUE_LIMIT`` characters without a space (a
+    path or a name the message was built from, such as a file beside the
+    cache folder). Every ``error:`` line of the command line goes through
+    here (``print_error``, ``fail``, ``error_line``'s text when printed, the
+    training commands' ``fail_line``, and click's usage errors)."""
+    text = str(message)
+    if len(text) <= VALUE_LIMIT:
+        return text
+    given = _given_values() if values is None else values
+    cuts: list[str] = []
+    for value in sorted({v for v in given if isinstance(v, str) and len(v) > VALUE_LIMIT}, key=len, reverse=True):
+        for form in dict.fromkeys((value, repr(value)[1:-1])):
+            if form in text:  # a placeholder without spaces or long runs stands for the cut value until the end
+                cuts.append(cut_value(form, len(value)))
+                text = text.replace(form, f"\ue000{len(cuts) - 1}\ue001")
+    text = _LONG_RUN.sub(lambda m: m["open"] + cut_value(m["value"]) + m["close"], text)
+    return re.sub("\ue000([0-9]+)\ue001", lambda m: cuts[int(m[1])], text)
+
+
+def _given_values() -> list:
+    """The command line's arguments and the option and argument values of
+    click's current context and its parents (what a user typed, with spaces
+    if it had any)."""
+    values = list(sys.argv[1:])
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        for value in [*ctx.params.values(), *ctx.args]:
+            values.extend(value if isinstance(value, (list, tuple)) else [value])
+        ctx = ctx.parent
+    return values
+
+
 def print_error(message, console: Console | None = None) -> None:
-    """``error: MESSAGE`` on standard error, the message printed as is (no markup)."""
-    (console or stderr_console()).print(styled("red", "error:", f" {message}"), highlight=False)
+    """``error: MESSAGE`` on standard error, the message printed as is (no
+    markup), with values longer than ``VALUE_LIMIT`` cut (``cut_values``)."""
+    (console or stderr_console()).print(styled("red", "error:", f" {cut_values(message)}"), highlight=False)
 
 
 def fail(message) -> None:
@@ -393,7 +455,8 @@ def error_line(error: BaseException) -> str:
     it (``RuntimeError: ValueError: ...``, `` [while running 'STEP']``, a
     worker's traceback): what ``build`` and ``overlap`` print after ``error:``.
     Beam hands a worker's error back as text only (across processes the
-    original exception is gone), so this is the one place that reads it."""
+    original exception is gone), so this is the one place that reads it.
+    Printed with ``print_error``, its long values are cut (``cut_values``)."""
     text = str(error)
     if "Traceback (most recent call last):" in text:
         text = _last_exception_line(text) or text

@@ -59,8 +59,8 @@ def export(target, export_format, output, batch_size, sequence_length, steps, se
     """
     output = os.path.normpath(output)
     if os.path.exists(os.path.join(output, EXPORT_NAME)) and not overwrite:
-        click.echo(f"error: {output} already holds an export ({EXPORT_NAME}); pass --overwrite or choose another "
-                   "folder", err=True)
+        click.echo(f"error: {common.cut_value(output)} already holds an export ({EXPORT_NAME}); pass --overwrite or "
+                   "choose another folder", err=True)
         sys.exit(1)
     kw = resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     args = {"steps": steps, "host_count": host_count, "column": column, "overwrite": overwrite}
@@ -76,7 +76,7 @@ def export(target, export_format, output, batch_size, sequence_length, steps, se
     try:
         done = export_maxtext(output, **args)
     except (fmt.CacheError, ValueError) as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {common.cut_values(e)}", err=True)
         sys.exit(1)
     if as_json:
         click.echo(json.dumps(done, indent=2, sort_keys=True))

@@ -394,8 +394,9 @@ def _lengths_flag(value):
 
 def fail_line(error: BaseException) -> None:
     """``error: MESSAGE`` on one line (plain text) and exit status 1: a damaged cache, a
-    checkpoint that cannot be resumed (``seqcache train`` and ``seqcache eval``)."""
-    click.echo(f"error: {error}", err=True)
+    checkpoint that cannot be resumed (``seqcache train`` and ``seqcache eval``); long
+    values cut (``common.cut_values``)."""
+    click.echo(f"error: {common.cut_values(error)}", err=True)
     sys.exit(1)
 
 

@@ -288,7 +288,7 @@ def _located(kw: dict, in_state, in_run, **args):
             args["feature"] = args["feature"] or "targets"
         return in_run(**dict(kw, seed=0 if kw["seed"] is None else kw["seed"]), **args)
     except (fmt.CacheError, ValueError) as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {common.cut_values(e)}", err=True)
         sys.exit(1)
 
 

@@ -1,6 +1,12 @@
 """The benchmark scripts run from the repository root (which comes first on
 sys.path and holds no ``seqcache/`` folder: they import the installed package),
-child processes included."""
+child processes included.
+
+A script that reads the corpora of ../shared/data (tinyshakespeare, C4,
+NTREX-128, WikiText-2: ``DATA`` in scale.py, small_files.py, pipeline.py) is
+tested with the ``shared_data`` fixture, so that a checkout without them
+skips the test, saying why, and CI fails it (tests/conftest.py;
+tests/test_ci_requires_data.py runs this file without the corpora)."""
 
 import json
 import os
@@ -28,7 +34,7 @@ def test_feeder_benchmark_runs_from_the_repository_root(tmp_path):
 
 
 @pytest.mark.slow  # a fresh interpreter importing JAX and Beam: the slow tests run it
-def test_scale_benchmark_builds_with_a_sentencepiece_model(tmp_path):
+def test_scale_benchmark_builds_with_a_sentencepiece_model(tmp_path, shared_data):
     out = tmp_path / "scale.json"
     done = subprocess.run(
         [sys.executable, "benchmarks/scale.py", "--mb", "0.5", "--dask-mb", "0", "--vocabulary", "sentencepiece",
@@ -43,7 +49,7 @@ def test_scale_benchmark_builds_with_a_sentencepiece_model(tmp_path):
     assert row["examples"] == row["records"] > 0 and 0 < row["cache_mb"] < 2 * row["mb"], row
 
 
-def test_small_files_benchmark_builds_both_and_compares_the_shards(tmp_path):
+def test_small_files_benchmark_builds_both_and_compares_the_shards(tmp_path, shared_data):
     out = tmp_path / "small_files.json"
     done = subprocess.run(
         [sys.executable, "benchmarks/small_files.py", "--files", "40", "--repeat", "1", "--work-dir", str(tmp_path),
@@ -60,7 +66,7 @@ def test_small_files_benchmark_builds_both_and_compares_the_shards(tmp_path):
     assert report["many_source_table_bytes"] > report["one_source_table_bytes"] + 39 * len("part-00000.txt"), report
 
 
-def test_small_files_corpus_of_one_line_files_repeats_the_lines_with_a_copy_number():
+def test_small_files_corpus_of_one_line_files_repeats_the_lines_with_a_copy_number(shared_data):
     sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
     try:
         import small_files
@@ -75,7 +81,7 @@ def test_small_files_corpus_of_one_line_files_repeats_the_lines_with_a_copy_numb
     assert small_files.corpus_lines(5, 2) == lines[:10]
 
 
-def test_overlap_benchmark_builds_scans_and_measures_memory(tmp_path):
+def test_overlap_benchmark_builds_scans_and_measures_memory(tmp_path, shared_data):
     out = tmp_path / "overlap.json"
     done = subprocess.run(
         [sys.executable, "benchmarks/overlap.py", "--mb", "1", "--mb2", "0", "--repeat", "1", "--bench-mb",
@@ -126,7 +132,7 @@ def test_accelerator_benchmark_searches_the_batch_and_trains_from_a_cache(tmp_pa
 
 
 @pytest.mark.slow  # a build on every runner (about 15-35 s)
-def test_runners_benchmark_builds_on_each_runner_and_compares_the_shards(tmp_path):
+def test_runners_benchmark_builds_on_each_runner_and_compares_the_shards(tmp_path, shared_data):
     out = tmp_path / "runners.json"
     done = subprocess.run(
         [sys.executable, "benchmarks/runners.py", "--mb", "0.3", "--runners", "local,multi_processing,prism",
@@ -156,7 +162,7 @@ def test_decode_benchmark_gives_the_same_tokens_with_and_without_the_cache(tmp_p
 
 
 @pytest.mark.slow  # nine builds of a small corpus (about 25 s)
-def test_resume_benchmark_kills_grows_changes_and_compares_the_bytes(tmp_path):
+def test_resume_benchmark_kills_grows_changes_and_compares_the_bytes(tmp_path, shared_data):
     out = tmp_path / "resume.json"
     done = subprocess.run(
         [sys.executable, "benchmarks/resume.py", "--mb", "1", "--files", "4", "--repeat", "1", "--kill-at", "0.3",

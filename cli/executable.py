@@ -21,7 +21,8 @@ def run() -> None:
     status 130 or 143 (``interrupts.exit_status``). Once the command has
     ended, a signal ends the process at once (``interrupts.exit_at_once``);
     an interrupted one ends through ``interrupts.end_process``, with the
-    status the command gave.
+    status the command gave, or 130 or 143 and the line "interrupted"
+    when it failed otherwise after the signal (``interrupts.status_after``).
 
     Raises:
       SystemExit: with the command's exit status (when no signal came).
@@ -44,4 +45,4 @@ def run() -> None:
         interrupts.exit_at_once()
     if interrupts.received() is None:
         sys.exit(status)
-    interrupts.end_process(status)  # not the interpreter's exit, which may end with SIGINT instead
+    interrupts.end_process(interrupts.status_after(status))  # not the interpreter's exit, which may end with SIGINT

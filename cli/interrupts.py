@@ -7,7 +7,9 @@ folder, which never holds a manifest); the command then says so in one line
 on standard error that starts with ``describe()`` ("interrupted", or
 "interrupted by SIGTERM") and exits with ``exit_status()``, 128 + the number
 of the first signal: 130 after SIGINT, 143 after SIGTERM, as a shell reports a
-process a signal ended. After the first signal the shutdown gets
+process a signal ended; also when something else failed once the signal
+had come (Ctrl-C reaches a runner's job server and workers too, and the runner
+may report their loss first): ``status_after``. After the first signal the shutdown gets
 ``INTERRUPT_GRACE_S`` seconds; then this process's descendants (a build's
 worker processes) are killed, ``on_deadline`` says what the user needs to
 know, and the process exits with that status anyway.
@@ -93,6 +95,23 @@ def write_stderr(text: str) -> None:
 def say_interrupted() -> None:
     """Writes ``describe()`` as one line to the real standard error (``write_stderr``)."""
     write_stderr(f"{describe()}\n")
+
+
+def status_after(code):
+    """The exit status of a command that ended with ``code`` (as ``SystemExit``
+    carries it) once ``received()`` is set: ``code`` when the command finished
+    (0 or None) or said it was interrupted (``exit_status()``); any other, a
+    failure that came after the signal (Ctrl-C reaches a runner's job server
+    and workers too, whose loss the runner may report first), becomes
+    ``exit_status()``, after ``say_interrupted`` (and a message ``code``
+    carries, as ``end_process`` would write it): an interrupted command exits
+    130 or 143 whatever else broke."""
+    if code is None or (isinstance(code, int) and code in (0, exit_status())):
+        return code
+    if not isinstance(code, int):
+        write_stderr(f"{code}\n")
+    say_interrupted()
+    return exit_status()
 
 
 def _handler(on_deadline, grace_s: float):

@@ -7,9 +7,11 @@ Beam are imported) to the pipeline, SIGTERM exits 143 and SIGINT 130, each
 with one line on standard error ("interrupted by SIGTERM", "interrupted"),
 with no manifest and no worker process left behind, also when the interrupt
 is raised inside code that ``exec`` runs (which CPython would turn into an
-exit by SIGINT); a build started with SIGINT ignored (``nohup``, a shell
-script's background job) keeps it ignored, in its worker processes too, and
-finishes when SIGINT reaches its process group.
+exit by SIGINT), and when something else fails after the signal came (a
+runner that lost its job server to the same Ctrl-C); a build started with
+SIGINT ignored (``nohup``, a shell script's background job) keeps it
+ignored, in its worker processes too, and finishes when SIGINT reaches its
+process group.
 
 Each moment is found by watching the command (its signal handlers, its child
 processes, its output, a worker blocked on a FIFO), never by waiting a set
@@ -24,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -169,6 +172,104 @@ def test_sigterm_while_the_pipeline_runs_in_memory_exits_143_and_says_what_is_le
                       "run the same command again to finish it (the work done so far is kept, unless --work off)\n")
     assert stdout == ""
     assert not (tmp_path / "c" / "gated" / "train" / "manifest.json").exists()
+
+
+# A module for ``build --module``: the task ``lost`` (one record) and a runner
+# whose job server is lost to the signal that reached the command, as on Flink
+# and Spark, where Ctrl-C reaches the job server's JVM too (the terminal's
+# process group), without JVMs: the signal ``LOST_SIGNAL`` comes first (the
+# command's handler records it and raises KeyboardInterrupt, which the runner
+# loses, as Beam's clean-up does when it raises an error of its own in its
+# place), then the job service's connection fails (gRPC UNAVAILABLE), which
+# seqcache.pipelines.runner.run reports as "lost its job server".
+LOST_JOB_SERVER = textwrap.dedent(
+    """
+    import os
+    import signal
+
+    import grpc
+
+    from seqcache import tasks
+    from seqcache.pipelines import runner
+
+
+    def records():
+        yield {"text": "one"}
+
+
+    tasks.TaskRegistry.add(
+        "lost",
+        source=tasks.FunctionSource(records, name="lost"),
+        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())},
+        preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize()],
+    )
+
+
+    class Closed(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "Socket closed"
+
+
+    class Result:
+        def wait_until_finish(self):
+            try:
+                signal.raise_signal(getattr(signal, os.environ["LOST_SIGNAL"]))
+            except KeyboardInterrupt:
+                pass
+            raise Closed()
+
+
+    real_run = runner.run
+
+
+    def run(pipeline, name):
+        pipeline.run = Result
+        return real_run(pipeline, name)
+
+
+    runner.run = run
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "SIGTERM"])
+def test_a_runner_that_fails_after_the_signal_still_exits_as_interrupted(tmp_path, signum):
+    """The runner reports its lost job server after the signal came: the build
+    says "interrupted" (with what is left of its cache), not the runner's
+    error, and exits 130 (143), as for any interrupt."""
+    (tmp_path / "lost_job_server.py").write_text(LOST_JOB_SERVER)
+    done = subprocess.run(_seqcache("build", "--cache-dir", str(tmp_path / "c"), "--module", "lost_job_server", "lost"),
+                          cwd=tmp_path, env={**os.environ, "LOST_SIGNAL": signum.name}, capture_output=True,
+                          text=True, timeout=TIMEOUT_S, preexec_fn=default_signals)
+    said = "interrupted" if signum == signal.SIGINT else "interrupted by SIGTERM"
+    assert (done.returncode, done.stdout) == (128 + signum, ""), done.stderr
+    assert done.stderr == (f"{said}: lost/train has no manifest, so it is not a cache; run the same command again "
+                           "to finish it (the work done so far is kept, unless --work off)\n")
+    assert not list(tmp_path.rglob("manifest.json"))
+
+
+# A --module whose import receives the signal, loses the KeyboardInterrupt and then raises.
+FAILS_AFTER_THE_SIGNAL = ("import os, signal\ntry:\n    signal.raise_signal(getattr(signal, os.environ['LOST_SIGNAL']))\n"
+                          "except KeyboardInterrupt:\n    pass\nraise RuntimeError('broken after the signal')\n")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "SIGTERM"])
+def test_any_command_that_fails_after_the_signal_exits_130_or_143_saying_interrupted(tmp_path, signum):
+    """Whatever command fails after the signal came, the executable ends it
+    with the signal's status and the line "interrupted", after the command's
+    own error line."""
+    (tmp_path / "fails_after_the_signal.py").write_text(FAILS_AFTER_THE_SIGNAL)
+    done = subprocess.run(_seqcache("tasks", "--module", "fails_after_the_signal"), cwd=tmp_path,
+                          env={**os.environ, "LOST_SIGNAL": signum.name}, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, preexec_fn=default_signals)
+    assert (done.returncode, done.stdout) == (128 + signum, ""), done.stderr
+    error, said = done.stderr.splitlines()
+    assert error.startswith("error: --module fails_after_the_signal: importing it raised RuntimeError: broken after "
+                            "the signal"), done.stderr
+    assert said == ("interrupted" if signum == signal.SIGINT else "interrupted by SIGTERM")
 
 
 def _ignore_sigint() -> None:

@@ -547,7 +547,11 @@ def _is_bad_input(error: BaseException, message: str) -> bool:
 def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
                exchange="auto", work=None):
     """Builds one task's cache and prints its summary and notes; exits 1 on
-    failure, 130 after Ctrl-C and 143 after SIGTERM (``interrupts.exit_status``).
+    failure, 130 after Ctrl-C and 143 after SIGTERM (``interrupts.exit_status``),
+    also when the build failed otherwise after the signal came: Ctrl-C reaches
+    a runner's job server or workers as well (the terminal's process group),
+    whose loss the runner may report before, or instead of, the interrupt
+    (``runner FlinkRunner: lost its job server``).
     Returns the ``BuildResult``, or for Dataflow's dry run (``--dry_run=True``)
     what ``--json`` prints of it (a dict)."""
     deadline = functools.partial(_interrupt_deadline, task, split, cache_dir)
@@ -560,7 +564,7 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
         except DryRun as dry:  # the job translated for Dataflow, nothing submitted or built
             return _dry_run(console, task, split, cache_dir, dry, as_json=as_json)
         except (BuildError, FileNotFoundError, ValueError, OSError, RuntimeError, ImportError) as e:
-            if not interrupted_in_step(e):
+            if not (interrupted_in_step(e) or interrupts.received() is not None):
                 message = common.error_line(e)
                 common.print_error(message, console)
                 if _is_bad_input(e, message):

@@ -347,7 +347,7 @@ def test_preempted_on_two_processes_resumes_on_one_two_and_four(caches, tmp_path
     stderr_tail = []
     try:
         paused = []
-        for line in launcher.stdout:  # (gloo prints its connections there too)
+        for line in launcher.stdout:  # (gloo prints its connections to stderr: stdout_for_output_only)
             if line.startswith(b"PAUSED"):
                 paused.append(line.decode().strip())
                 if len(paused) == 2:

@@ -77,7 +77,8 @@ def _command(folder: pathlib.Path, vocab: str, cache_dir: pathlib.Path, *extra: 
 def build(folder, vocab, cache_dir, *extra, kill_after: float | None = None) -> dict:
     """One ``seqcache build`` in a child process of its own process group:
     ``{"wall_s", "cpu_s", "work": the manifest's work or None}``; with
-    ``kill_after`` (seconds), the group is SIGKILLed then and ``{"killed_at_s"}``."""
+    ``kill_after`` (seconds), the group is SIGKILLed then and ``{"killed_at_s"}``,
+    or ``{"ended_before_s"}`` when the build ended first."""
     before = _cpu_children()
     start = time.perf_counter()
     proc = subprocess.Popen(_command(folder, vocab, cache_dir, *extra), stdout=subprocess.PIPE,
@@ -89,11 +90,12 @@ def build(folder, vocab, cache_dir, *extra, kill_after: float | None = None) -> 
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             return {"killed_at_s": time.perf_counter() - start}
-        raise SystemExit(f"the build ended before it was killed at {kill_after:.1f} s: raise --kill-at")
     out, err = proc.communicate()
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"seqcache build failed:\n{err.decode(errors='replace')[-3000:]}")
+    if kill_after is not None:
+        return {"ended_before_s": wall}
     (report,) = json.loads(out)
     return {"wall_s": wall, "cpu_s": _cpu_children() - before, "work": report.get("work")}
 
@@ -121,14 +123,31 @@ def make_corpus(work: pathlib.Path, mb: float, files: int, grow: float) -> tuple
     return folder, vocab, extra
 
 
-def one_round(work: pathlib.Path, folder: pathlib.Path, vocab: str, extra: list[str], kill_at: float) -> dict:
+def _killed(folder, vocab, cache_dir: pathlib.Path, kill_at: float, full_s: float, attempts: int = 4) -> dict:
+    """The build killed at ``kill_at`` of a full build's wall time. On a busy
+    machine the full build's time is a poor guess: a build that ends before
+    its kill is a full build too, so its own time sets the next attempt's
+    kill (its cache removed first), at most ``attempts`` times."""
+    for _ in range(attempts):
+        row = build(folder, vocab, cache_dir, kill_after=kill_at * full_s)
+        if "killed_at_s" in row:
+            return row
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        full_s = row["ended_before_s"]
+    raise SystemExit(f"the build ended before its kill {attempts} times: lower --kill-at")
+
+
+def one_round(work: pathlib.Path, folder: pathlib.Path, vocab: str, extra: list[str], kill_at: float,
+              index: int = 0) -> dict:
     row: dict = {}
     shutil.rmtree(work / "round", ignore_errors=True)
     r = work / "round"
-    row["full"] = build(folder, vocab, r / "full")
-    row["off"] = build(folder, vocab, r / "off", "--work", "off")
+    # The pair whose CPU is compared runs in turns, first one then the other
+    # first, so that neither always meets a cold page cache.
+    for name in (("full", "off") if index % 2 == 0 else ("off", "full")):
+        row[name] = build(folder, vocab, r / name, *(("--work", "off") if name == "off" else ()))
     _same(r / "off", r / "full", "--work off")
-    row["killed"] = build(folder, vocab, r / "killed", kill_after=kill_at * row["full"]["wall_s"])
+    row["killed"] = _killed(folder, vocab, r / "killed", kill_at, row["full"]["wall_s"])
     row["rerun"] = build(folder, vocab, r / "killed")
     _same(r / "killed", r / "full", "the rerun after a kill")
     build(folder, vocab, r / "kept", "--work", "keep")
@@ -162,7 +181,7 @@ def _summary(values: list[float]) -> dict:
 
 def measure(work: pathlib.Path, *, mb: float, files: int, grow: float, kill_at: float, repeat: int) -> dict:
     folder, vocab, extra = make_corpus(work, mb, files, grow)
-    rounds = [one_round(work, folder, vocab, extra, kill_at) for _ in range(repeat)]
+    rounds = [one_round(work, folder, vocab, extra, kill_at, k) for k in range(repeat)]
     ratios = {
         "rerun_after_kill": [x["rerun"]["wall_s"] / x["full"]["wall_s"] for x in rounds],
         "grown": [x["grown"]["wall_s"] / x["grown_full"]["wall_s"] for x in rounds],

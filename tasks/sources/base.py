@@ -539,6 +539,16 @@ class Source(abc.ABC):
         self._require_whole(split)
         return self.read_file(split.file_index, split.path)
 
+    def overrides_read_split(self, cls: type["Source"]) -> bool:
+        """Whether this source's class overrides ``cls.read_split``. A class
+        whose batch path (``read_batches``, ``read_batches_of``) reads its
+        files without calling ``read_split`` (``TextLineSource``,
+        ``ParquetSource``) asks this first, and reads through ``read_split``
+        (``Source.read_batches``) when a subclass overrides it: a subclass
+        that changes ``read_split`` alone is honoured by every path (build,
+        scan, ``read_all``)."""
+        return type(self).read_split is not cls.read_split
+
     def read_batches(self, split: Split, batch_records: int) -> Iterator[RecordBatch]:
         """The records of ``read_split(split)`` in ``RecordBatch``es of up to
         ``batch_records``; a columnar fast path gives the same records.

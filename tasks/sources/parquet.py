@@ -122,7 +122,7 @@ class ParquetSource(FileSource):
         """``read_split`` in batches; a single text column in column form (the
         suspect values found and the canonical JSON escaped for the whole
         column at once), only the rows those checks find read one by one."""
-        if len(self.columns) != 1:
+        if len(self.columns) != 1 or self.overrides_read_split(ParquetSource):  # else read_split's path
             yield from super().read_batches(split, batch_records)
             return
         [(key, column)] = self.columns.items()

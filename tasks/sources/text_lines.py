@@ -13,6 +13,7 @@ from seqcache.tasks.sources.base import (
     BOM,
     READ_ERRORS,
     RecordBatch,
+    Source,
     Split,
     SourceFile,
     SourceRecord,
@@ -111,12 +112,17 @@ class TextLineSource(LineSplits, TextSource):
 
         Raises:
           ValueError: as ``read_split`` (naming the last line read)."""
+        if self.overrides_read_split(TextLineSource):  # a subclass's read_split: the plain path
+            return Source.read_batches(self, split, batch_records)
         return self.read_batches_of([split], batch_records)
 
     def read_batches_of(self, splits: Sequence[Split], batch_records: int) -> Iterator[RecordBatch]:
         """``read_batches`` of consecutive splits, the blocks of small files
         gathered up to ``block_bytes`` and read together (a batch may hold the
         lines of several files). Raises ``ValueError`` as ``read_batches``."""
+        if self.overrides_read_split(TextLineSource):
+            yield from Source.read_batches_of(self, splits, batch_records)
+            return
         pending: list[tuple[int, str, int, bytes]] = []
         size, block_bytes = 0, self.block_bytes
         # Small whole files are read in one loop (no generators per file); anything else, or a

@@ -262,6 +262,68 @@ def test_a_source_with_a_kind_and_from_spec_is_a_command_line_form(tmp_path):
         del SPEC_KINDS["upper"]
 
 
+UPPER_SOURCES = """
+from seqcache.tasks import sources as S
+
+
+class UpperLines(S.TextLineSource):
+    kind = "upper"
+    spec_forms = "'upper:PATTERN' (lines, upper-cased)"
+
+    def read_split(self, split):
+        return (r._replace(data={"text": r.data["text"].upper()}) for r in super().read_split(split))
+
+
+class UpperRows(S.ParquetSource):
+    kind = "upperpq"
+    spec_forms = "'upperpq:PATTERN#COLUMN' (rows, upper-cased)"
+
+    def read_split(self, split):
+        return (r._replace(data={k: v.upper() for k, v in r.data.items()}) for r in super().read_split(split))
+"""
+
+
+def _built_texts(tmp_path, name, *args) -> list[str]:
+    """The texts of the cache that ``seqcache build --vocabulary byte ARGS`` makes, sorted."""
+    from click.testing import CliRunner
+
+    from seqcache.cli.main import main
+    from seqcache.feeders.reader import CacheReader
+    from seqcache.tasks.vocabularies import ByteVocabulary
+
+    out = CliRunner().invoke(main, ["build", *args, "--name", name, "--vocabulary", "byte", "--sequence-length", "64",
+                                    "--cache-dir", str(tmp_path / "c"), "--num-shards", "1"])
+    assert out.exit_code == 0, out.output
+    with CacheReader(str(tmp_path / "c" / name / "train")) as r:
+        examples = list(r.read_examples(list(range(len(r)))))
+    vocab = ByteVocabulary()
+    return sorted(vocab.decode([int(t) for t in ex["targets"] if t > 1]) for ex in examples)
+
+
+def test_a_subclass_that_overrides_read_split_is_what_a_build_reads(tmp_path):
+    """The batch paths of text lines and Parquet read the files without
+    calling read_split; a subclass that overrides it alone is read through it
+    by the build, as by read_all and scan."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from seqcache.tasks.sources.base import SPEC_KINDS
+
+    module = tmp_path / "upper_sources.py"
+    module.write_text(UPPER_SOURCES, encoding="utf-8")
+    lines = [f"line {i} of the corpus, mixed Case" for i in range(40)]
+    (tmp_path / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pq.write_table(pa.table({"text": lines}), tmp_path / "a.parquet")
+    expected = sorted(x.upper() for x in lines)
+    try:
+        assert _built_texts(tmp_path, "up", "--module", str(module), "--source", f"upper:{tmp_path}/a.txt") == expected
+        assert _built_texts(tmp_path, "uppq", "--module", str(module),
+                            "--source", f"upperpq:{tmp_path}/a.parquet#text") == expected
+        assert _built_texts(tmp_path, "plain", "--source", f"text:{tmp_path}/a.txt") == sorted(lines)
+    finally:
+        SPEC_KINDS.pop("upper", None)
+        SPEC_KINDS.pop("upperpq", None)
+
+
 def test_describe_record_is_the_one_wording_of_a_place(tmp_path):
     p = tmp_path / "a.txt"
     p.write_text("x\n" * 600)

@@ -73,11 +73,12 @@ def _beam(path: str):
     FileSystems = _beam_fs()
     from apache_beam.options import pipeline_options, value_provider  # keeps Beam out of the feeder's import
 
-    # FileSystems has no public getter; this is the attribute its get_filesystem reads.
-    options = FileSystems._pipeline_options or value_provider.RuntimeValueProvider.runtime_options
+    # FileSystems has no getter of its options: the ones set here (set_options), else a
+    # Beam worker's (the SDK harness sets the runtime options), else Beam's defaults.
+    options = _OPTIONS[0] if _OPTIONS else value_provider.RuntimeValueProvider.runtime_options
     if options is None:
-        options = pipeline_options.PipelineOptions([])
-        FileSystems.set_options(options)
+        set_options(pipeline_options.PipelineOptions([]))
+        options = _OPTIONS[0]
     scheme = path.partition("://")[0].lower()
     try:
         FileSystems.get_filesystem(path)
@@ -619,10 +620,21 @@ def set_options(options: Any) -> None:
     ``--flag=value`` strings) to Beam's ``FileSystems``: object-store endpoints
     and credentials (``--s3_endpoint_url``, ``--s3_access_key_id``, ...). Call
     it before the first file-system call on a URL that needs them; Beam's
-    ``Pipeline`` sets its own options again when it is created."""
+    ``Pipeline`` sets its own options again when it is created. None: no
+    options at all, as in a fresh process (Beam's defaults at the next
+    request)."""
     FileSystems = _beam_fs()
     from apache_beam.options.pipeline_options import PipelineOptions  # keeps Beam out of the feeder's import
 
+    if options is None:
+        FileSystems.set_options(None)
+        _OPTIONS.clear()
+        return
     if not isinstance(options, PipelineOptions):
         options = PipelineOptions(list(options or []))
     FileSystems.set_options(options)
+    _OPTIONS[:] = [options]
+
+
+# The options last handed to FileSystems by set_options (none yet: empty).
+_OPTIONS: list = []

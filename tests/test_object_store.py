@@ -240,9 +240,9 @@ def test_show_decodes_the_example_of_the_local_build(s3, caches, tmp_path, monke
 
 
 def test_options_from_boto3_environment_variables(s3, caches):
-    from apache_beam.io.filesystems import FileSystems
+    from seqcache import fs
 
-    FileSystems.set_options(None)  # as in a fresh process: no Beam options at all
+    fs.set_options(None)  # as in a fresh process: no Beam options at all
     env = {"AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
            "AWS_DEFAULT_REGION": REGION}
     out = CliRunner().invoke(main, ["info", caches["url"], "--json"], env=env, catch_exceptions=False)
@@ -253,9 +253,9 @@ def test_options_from_boto3_environment_variables(s3, caches):
 
 
 def test_no_credentials_is_one_clear_line(s3, caches):
-    from apache_beam.io.filesystems import FileSystems
+    from seqcache import fs
 
-    FileSystems.set_options(None)
+    fs.set_options(None)
     env = {"AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
            "AWS_SESSION_TOKEN": None, "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
            "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONTAINER_CREDENTIALS_FULL_URI": None,
@@ -366,13 +366,12 @@ def _without_aws_credentials(monkeypatch):
 
 
 def test_build_task_hands_its_pipeline_args_to_filesystems(s3, caches, monkeypatch):
-    from apache_beam.io.filesystems import FileSystems
-
+    from seqcache import fs
     from seqcache.cli.commands.build import adhoc_task
     from seqcache.pipelines import BuildConfig, build_task
 
     _without_aws_credentials(monkeypatch)
-    FileSystems.set_options(None)  # a fresh process: only build_task's own arguments
+    fs.set_options(None)  # a fresh process: only build_task's own arguments
     corpus = _first_source(caches["local"])
     task = adhoc_task(name="api", source_spec=f"text:{corpus}", on_error={"empty": "skip"}, vocabulary_spec="byte",
                       extra_ids=0, sequence_length=None, pack=False)

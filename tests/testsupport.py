@@ -293,9 +293,9 @@ def moto_s3():
                            f"--s3_secret_access_key={S3_SECRET}", f"--s3_region_name={S3_REGION}"]}
     finally:
         server.stop()
-        from apache_beam.io.filesystems import FileSystems
+        from seqcache import fs
 
-        FileSystems.set_options(None)  # the builds set them for this process: leave none behind
+        fs.set_options(None)  # the builds set them for this process: leave none behind
 
 
 @contextlib.contextmanager

@@ -333,7 +333,7 @@ MODULES_OPTION = click.option("--module", "modules", multiple=True,
                               help="Python module that registers tasks and mixtures (repeatable).")
 
 
-def schedule_option(help_text: str = "A JSON file {step: {PATH: rate}}: rates that change at given steps; PATH is "
+def schedule_option(help_text: str = "A JSON or YAML file {step: {PATH: rate}}: rates that change at given steps; PATH is "
                     "relative to CACHE_OR_MIXTURE."):
     return click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False), help=help_text)
 

@@ -16,7 +16,7 @@ from seqcache.cli.commands import common
 from seqcache.feeders.inverse import excluded_entries, where_in_run, where_in_state
 from seqcache.feeders.provenance import open_checked, locate_row, locate_row_in_state, trace_rows, trace_rows_in_state
 from seqcache.feeders.schedule_file import read_schedule_file
-from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE, FeederStateError, load_state
+from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE, STATE_IN_STEP, FeederStateError, load_state
 from seqcache.feeders.stream import open_mixture
 from seqcache.tasks import describe_record, registry
 
@@ -33,11 +33,6 @@ def _parse_rates(pairs, root: str) -> list[tuple[str, float]]:
             raise click.BadParameter(f"rate {rate!r} of {path} is not a number", param_hint="--mixture-rate") from None
         out.append((path if os.path.isabs(path) else os.path.join(root, path), value))
     return out
-
-
-# Where a checkpoint step folder of ``seqcache train`` (an Orbax CheckpointManager
-# step) keeps the feeder state: the "feeder" item, a JSON file named "metadata".
-FEEDER_STATE_IN_STEP = os.path.join("feeder", "metadata")
 
 
 def read_state(path: str, batch_size, seed, num_epochs) -> dict:
@@ -60,7 +55,7 @@ def _checkpoint_steps(folder: str) -> list[int]:
         names = os.listdir(folder)
     except OSError:
         return []
-    return sorted(int(n) for n in names if n.isdigit() and os.path.isfile(os.path.join(folder, n, FEEDER_STATE_IN_STEP)))
+    return sorted(int(n) for n in names if n.isdigit() and os.path.isfile(os.path.join(folder, n, STATE_IN_STEP)))
 
 
 def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
@@ -101,10 +96,10 @@ def resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, 
         # A saved feeder state (the "feeder" item of a checkpoint): it fixes the stream.
         return read_state(target, batch_size, seed, num_epochs)
     if os.path.isdir(target):
-        in_step = os.path.join(target, FEEDER_STATE_IN_STEP)
+        in_step = os.path.join(target, STATE_IN_STEP)
         if os.path.isfile(in_step):
             # A checkpoint step folder of `seqcache train`: its saved feeder state.
-            return read_state(in_step, batch_size, seed, num_epochs)
+            return read_state(target, batch_size, seed, num_epochs)
         if not layout.is_cache(target):
             steps = _checkpoint_steps(target)
             if steps:

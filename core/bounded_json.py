@@ -228,10 +228,12 @@ def decode_text(data: str | bytes, *, path: str, error: type[Exception] = ValueE
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         if first_line == 1 and data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-            raise error(f"{path}: the {what} is UTF-16 text (it starts with a UTF-16 byte order mark): save it "
-                        "as UTF-8") from None
-        raise error(f"{path}: {place(data, e.start, first_line)}: the {what} is not UTF-8 text (byte "
-                    f"0x{data[e.start]:02x}: {e.reason}); save it as UTF-8") from None
+            refusal = f"the {what} is UTF-16 text (it starts with a UTF-16 byte order mark): save it as UTF-8"
+        else:
+            refusal = (f"{place(data, e.start, first_line)}: the {what} is not UTF-8 text (byte 0x{data[e.start]:02x}: "
+                       f"{e.reason}); save it as UTF-8")
+    del data  # the error's traceback keeps this frame: not the file's bytes
+    raise error(f"{path}: {refusal}")
 
 
 # scan's classes of bytes: brackets, colons and commas (structure outside strings), quotes, backslashes.
@@ -399,28 +401,36 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
         key 'rate' twice ...``).
     """
     text = decode_text(data, path=path, error=error, what=what, max_bytes=max_bytes, first_line=first_line)
+    # The bytes scan reads: the file's own (without its byte order mark), not a second copy of the text.
+    raw = (data.removeprefix(BOM) if first_line == 1 else data) if isinstance(data, bytes) else text
     bounds = dict(max_depth=max_depth, max_nodes=max_nodes, max_keys=max_keys)
+    refusal = None
     if text.count(":") > max_keys or 1 + text.count(",") + text.count("[") + text.count("{") > max_nodes:
-        _refuse_at_bound(text, path=path, error=error, what=what, first_line=first_line, **bounds)
-    try:
-        value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
-                           object_pairs_hook=_unique_or_refused)
-    except RecursionError:
-        _refuse_at_bound(text, path=path, error=error, what=what, first_line=first_line, **bounds)
-        raise error(f"{path}: the {what} is nested deeper than {max_depth} levels") from None
-    except json.JSONDecodeError as e:
-        raise error(f"{path}: {place(text, e.pos, first_line)}: the {what} is not valid JSON: {e.msg}") from None
+        refusal = _bound_refusal(raw, what=what, first_line=first_line, **bounds)
+    if refusal is None:
+        try:
+            value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
+                               object_pairs_hook=_unique_or_refused)
+        except RecursionError:
+            refusal = (_bound_refusal(raw, what=what, first_line=first_line, **bounds)
+                       or f"the {what} is nested deeper than {max_depth} levels")
+        except json.JSONDecodeError as e:
+            refusal = f"{place(text, e.pos, first_line)}: the {what} is not valid JSON: {e.msg}"
+    if refusal is not None:
+        del data, raw, text  # the error's traceback keeps this frame: not the file's text
+        raise error(f"{path}: {refusal}")
     check_tree(value, path=path, error=error, what=what, **bounds)
     return value
 
 
-def _refuse_at_bound(text: str, *, path: str, error: type[Exception], what: str, first_line: int, **bounds) -> None:
-    """Raises ``error`` at the first place ``scan`` finds past a bound; returns when there is none."""
-    data = text.encode("utf-8", "surrogatepass")
+def _bound_refusal(data: str | bytes, *, what: str, first_line: int, **bounds) -> str | None:
+    """Where and which bound ``scan`` finds passed, in words; None when none is."""
+    data = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     found = scan(data, **bounds)
-    if found is not None:
-        offset, kind = found
-        raise error(f"{path}: {place(data, offset, first_line)}: {_bound_words(what, kind, **bounds)}")
+    if found is None:
+        return None
+    offset, kind = found
+    return f"{place(data, offset, first_line)}: {_bound_words(what, kind, **bounds)}"
 
 
 def read_file(path: str, *, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,

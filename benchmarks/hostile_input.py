@@ -13,9 +13,10 @@ YAML; ``seqcache which --mixture-schedule`` and ``seqcache train``'s
 checkpoint step's ``feeder/metadata`` as a resume reads it) and a manifest
 (``seqcache info``, ``show``, ``verify``, ``report --json``).
 
-The same script runs against another checkout's installed package (put it
-first on ``PYTHONPATH``), which is how the "before" column of
-docs/bad-input.md ("Hostile files: time and memory") was measured.
+The same script runs against another release's installed package (run it
+with that environment's ``python``): a reader without the bounds shows its
+time and memory, up to ``--timeout``. The figures are in benchmarks/README.md
+and docs/bad-input.md ("Time and memory").
 
 Usage: python benchmarks/hostile_input.py [--timeout 60] [--only info,which] [--json out.json]
 """
@@ -163,8 +164,9 @@ def cases(root: str) -> list[tuple[str, str, list[str]]]:
     with Feeder(cache=cache, global_batch_size=4, sequence_length=8, host_index=0, host_count=1) as f:
         state = json.loads(json.dumps(f.state()))
     out = []
-    schedule = {"0": {"c": 1}, "5": {"c": 2}}
-    for name, data in list(json_shapes(schedule, ["0"], "0").items()) + list(yaml_shapes().items()):
+    schedule = {"0": {"train": 1}, "5": {"train": 2}}  # the cache's folder, relative to the folder which is given
+    yaml = {name: data.replace(b"{c:", b"{train:") for name, data in yaml_shapes().items()}
+    for name, data in list(json_shapes(schedule, ["0"], "0").items()) + list(yaml.items()):
         path = os.path.join(root, name.replace(" ", "_") + (".yaml" if name.startswith("yaml") else ".json"))
         with open(path, "wb") as f:
             f.write(data)

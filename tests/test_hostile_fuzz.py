@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import json
 import os
 import re
@@ -440,7 +441,8 @@ def yaml_alias_schedules(draw):
 
 def test_fuzz_yaml_schedules_with_anchors_or_aliases_are_refused(tmp_path):
     # Before anything is built, whatever the alias stands for (9 aliases over
-    # 10 lines once hung `seqcache train` for as long as anyone waited).
+    # 10 lines once hung `seqcache train` for as long as anyone waited); a merge
+    # key met before its alias is refused as a merge key.
     from seqcache.training import data as data_lib
 
     path = tmp_path / "schedule.yaml"
@@ -452,8 +454,8 @@ def test_fuzz_yaml_schedules_with_anchors_or_aliases_are_refused(tmp_path):
     def run(text):
         path.write_text(text)
         with pytest.raises(config_lib.ConfigError, match=f"^{re.escape(str(path))}: line [0-9]+, column [0-9]+: "
-                           "(anchor &|alias \\*)"
-                           ".* a mixture schedule may not use YAML anchors or aliases"):
+                           "(anchor &|alias \\*|merge key <<)"
+                           ".* a mixture schedule may not use YAML (anchors or aliases|merge keys)"):
             data_lib.load_mixture_schedule(str(path))
 
     run()
@@ -601,7 +603,7 @@ def test_fuzz_yaml_schedules_read_as_yaml_1_2_or_refused_in_one_line(tmp_path):
             message = str(e)
             assert message.startswith(f"{path}: ") and "\n" not in message, message
             values = [YAML_SCALARS[s] for s in scalars]
-            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in values)
             assert refused is not None or not numbers, message  # a refusal has a reason
             if refused is not None and refused not in ("inf", "nan", "huge integer", "long number", "second document"):
                 assert re.search(r": line \d+, column \d+: ", message), message
@@ -678,6 +680,7 @@ def run_child(tmp_path, cases: list[dict], *, warm=()) -> list[dict]:
     return report["results"]
 
 
+@functools.lru_cache(maxsize=2)
 def _keys_text(n: int) -> str:
     return "{" + ",".join(f'"k{i:07d}":1' for i in range(n)) + "}"
 
@@ -718,6 +721,23 @@ def hostile_yaml() -> dict[str, bytes]:
             "yaml BOM": b"\xef\xbb\xbf0: {c: 1}\n"}
 
 
+# The shapes every entry point reads in the default suite: one of each kind of
+# refusal (a bound counted before anything is built, a number refused by its
+# length, text that is not UTF-8, a key twice, YAML 1.1's quadratic base-60,
+# merge keys and aliases) and the byte order mark, which is read. ``-m slow``
+# reads every shape (a float and NaN, syntax errors, YAML tags, nesting and
+# numbers, manifests' other contradicting fields) at every entry point.
+REPRESENTATIVE = ("1e6 keys", "deep 1e5", "int 100,001 digits", "bad UTF-8", "duplicate key", "BOM", "yaml 1e6 keys",
+                  "yaml base-60 3 MB", "yaml merge key", "yaml alias bomb", "yaml BOM", "sequence_length of no feature")
+EVERY_SHAPE = pytest.mark.parametrize("every", [pytest.param(False, id="representative"),
+                                                pytest.param(True, id="every-shape", marks=pytest.mark.slow)])
+
+
+def pick(shapes: dict, every: bool) -> dict:
+    """``shapes``, or only the ``REPRESENTATIVE`` ones."""
+    return shapes if every else {k: v for k, v in shapes.items() if k in REPRESENTATIVE}
+
+
 def check_refusals(results: list[dict], paths: dict[str, str], *, accepted=("BOM", "yaml BOM")) -> None:
     """Every case refused in one line naming its file (a command: one
     ``error:`` line, exit status 1, no traceback; a function: its documented
@@ -746,14 +766,15 @@ def _write_shapes(folder, shapes: dict[str, bytes], suffix: str) -> dict[str, st
     return paths
 
 
-def test_hostile_schedules_end_within_bounds_in_one_line(pristine, tmp_path):
+@EVERY_SHAPE
+def test_hostile_schedules_end_within_bounds_in_one_line(pristine, tmp_path, every):
     """``seqcache which --mixture-schedule`` and ``seqcache train``'s reader
     (``load_mixture_schedule``), on JSON and YAML schedules."""
     root = os.path.dirname(pristine)
     name = os.path.basename(pristine)
-    shapes = hostile_json({"0": {name: 1}, "5": {name: 2}}, ["5"], duplicate="0")
+    shapes = pick(hostile_json({"0": {name: 1}, "5": {name: 2}}, ["5"], duplicate="0"), every)
     paths = _write_shapes(tmp_path / "json", shapes, ".json")
-    yaml_shapes = {k: v.replace(b"{c:", f"{{{name}:".encode()) for k, v in hostile_yaml().items()}
+    yaml_shapes = {k: v.replace(b"{c:", f"{{{name}:".encode()) for k, v in pick(hostile_yaml(), every).items()}
     paths.update(_write_shapes(tmp_path / "yaml", yaml_shapes, ".yaml"))
     cases = []
     for shape, path in paths.items():
@@ -768,11 +789,12 @@ def test_hostile_schedules_end_within_bounds_in_one_line(pristine, tmp_path):
             assert r["error"] is None and r.get("exit_code", 0) == 0, r
 
 
-def test_hostile_feeder_states_end_within_bounds_in_one_line(pristine, saved_state, tmp_path):
+@EVERY_SHAPE
+def test_hostile_feeder_states_end_within_bounds_in_one_line(pristine, saved_state, tmp_path, every):
     """A feeder state file and a checkpoint step's ``feeder/metadata``: read by
     ``seqcache which``, ``Feeder.restore_file`` and the trainer's resume
     (``load_checkpoint_state``), every refusal naming the file (and the step)."""
-    shapes = hostile_json(saved_state, ["mixture"], duplicate="seed")
+    shapes = pick(hostile_json(saved_state, ["mixture"], duplicate="seed"), every)
     files = _write_shapes(tmp_path / "states", shapes, ".json")
     cases, paths = [], dict(files)
     for shape, path in files.items():
@@ -795,16 +817,19 @@ def test_hostile_feeder_states_end_within_bounds_in_one_line(pristine, saved_sta
         assert shape == "BOM" or r["output"].startswith(f"checkpoint step 3: {step_files[shape]}: "), r
 
 
-def test_hostile_manifests_end_within_bounds_in_one_line(pristine, raw_manifest, tmp_path):
+@EVERY_SHAPE
+def test_hostile_manifests_end_within_bounds_in_one_line(pristine, raw_manifest, tmp_path, every):
     """``seqcache info``, ``show``, ``verify`` and ``report`` on manifests with
     the hostile shapes, a million vocabularies, and fields naming features the
     cache does not have."""
     shapes = hostile_json(raw_manifest, ["statistics", "tokens"], duplicate="seed")
-    shapes["1e6 vocabularies"] = hostile_json(raw_manifest, ["vocabularies"], duplicate="seed")["1e6 keys"]
+    if every:
+        shapes["1e6 vocabularies"] = hostile_json(raw_manifest, ["vocabularies"], duplicate="seed")["1e6 keys"]
     for field, value in (("sequence_length", {"bogus": 1}), ("vocabularies", {"bogus": {"kind": "byte"}})):
         shapes[f"{field} of no feature"] = json.dumps(dict(raw_manifest, **{field: value})).encode()
     shapes["tokens of no feature"] = json.dumps(dict(raw_manifest, statistics=dict(
         raw_manifest["statistics"], tokens={"bogus": 1}))).encode()
+    shapes = pick(shapes, every)
     cases, paths = [], {}
     for shape, data in shapes.items():
         cache = tmp_path / "caches" / re.sub(r"\W+", "_", shape)
@@ -815,3 +840,16 @@ def test_hostile_manifests_end_within_bounds_in_one_line(pristine, raw_manifest,
             cases.append({"name": f"{shape} @ {command[0]}", "cli": [command[0], str(cache)] + command[1:]})
     results = run_child(tmp_path, cases, warm=["info", "show", "verify", "report"])
     check_refusals(results, paths, accepted=("BOM",))  # a byte order mark is dropped: the cache is read
+
+
+@EVERY_SHAPE
+def test_hostile_config_files_end_within_bounds_in_one_line(tmp_path, every):
+    """``seqcache train --config``'s reader (``load_config_file``): a config
+    file holds at most 1 MiB, so a million keys is refused by its size."""
+    shapes = pick(hostile_json({"steps": 5, "seed": 1, "optimizer": {"lr": 0.001}}, ["optimizer", "lr"],
+                               duplicate="steps"), every)
+    paths = _write_shapes(tmp_path / "configs", shapes, ".json")
+    cases = [{"name": f"{shape} @ train --config", "call": "seqcache.training.config:load_config_file",
+              "args": [path]} for shape, path in paths.items()]
+    results = run_child(tmp_path, cases)
+    check_refusals(results, paths)

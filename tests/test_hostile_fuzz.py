@@ -624,9 +624,15 @@ def test_fuzz_yaml_schedules_read_as_yaml_1_2_or_refused_in_one_line(tmp_path):
 # (docs/bad-input.md, "Hostile files: time and memory").
 MAX_SECONDS = 2.0
 MAX_RSS_MB = 300
+# The child's address space (RLIMIT_AS, Linux): a reader that builds what it
+# should refuse fails there with MemoryError (a failed case) instead of
+# swapping the machine. The child's own imports reserve about 360 MB of it.
+MAX_ADDRESS_SPACE = 2 << 30
 
 _CHILD = """
 import importlib, json, resource, sys, time
+if sys.platform == "linux":  # whatever a reader does, the child cannot take the machine's memory
+    resource.setrlimit(resource.RLIMIT_AS, (%d, %d))
 from click.testing import CliRunner
 from seqcache.cli.main import main
 
@@ -658,7 +664,7 @@ status = open("/proc/self/status").read() if sys.platform == "linux" else ""
 hwm = [int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")]
 rss_kb = hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"results": results, "peak_rss_mb": rss_kb / 1024}))
-"""
+""" % (MAX_ADDRESS_SPACE, MAX_ADDRESS_SPACE)
 
 
 def run_child(tmp_path, cases: list[dict], *, warm=()) -> list[dict]:

@@ -621,24 +621,35 @@ def test_fuzz_yaml_schedules_read_as_yaml_1_2_or_refused_in_one_line(tmp_path):
 # machine moves wall time, not this) and the child's peak RSS (VmHWM, which
 # starts at the child's own exec; ru_maxrss would count the pages of the
 # forking test process). The measured figures are a quarter of these and less
-# (docs/bad-input.md, "Hostile files: time and memory").
+# (docs/bad-input.md, "Time and memory").
 MAX_SECONDS = 2.0
 MAX_RSS_MB = 300
-# The child's address space (RLIMIT_AS, Linux): a reader that builds what it
-# should refuse fails there with MemoryError (a failed case) instead of
-# swapping the machine. The child's own imports reserve about 360 MB of it.
+# The address space the child may add to what its imports mapped (RLIMIT_AS,
+# Linux, set once they are done): a reader that builds what it should refuse
+# fails the case with MemoryError instead of taking the machine's memory.
 MAX_ADDRESS_SPACE = 2 << 30
 
 _CHILD = """
 import importlib, json, resource, sys, time
-if sys.platform == "linux":  # whatever a reader does, the child cannot take the machine's memory
-    resource.setrlimit(resource.RLIMIT_AS, (%d, %d))
 from click.testing import CliRunner
 from seqcache.cli.main import main
+
+
+def function(call):
+    module, _, name = call.partition(":")
+    fn = importlib.import_module(module)
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    return fn
+
 
 spec = json.load(open(sys.argv[1]))
 for command in spec.get("warm", []):  # import each command's module before anything is measured
     CliRunner().invoke(main, [command, "--help"])
+calls = {case["call"]: function(case["call"]) for case in spec["cases"] if "call" in case}
+if sys.platform == "linux":  # whatever a reader does, the child cannot take the machine's memory
+    mapped = [int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:")]
+    resource.setrlimit(resource.RLIMIT_AS, (mapped[0] + %d,) * 2)
 results = []
 for case in spec["cases"]:
     out = {"name": case["name"]}
@@ -648,12 +659,8 @@ for case in spec["cases"]:
         out.update(output=r.output, exit_code=r.exit_code,
                    error=None if r.exception is None or isinstance(r.exception, SystemExit) else repr(r.exception))
     else:
-        module, _, name = case["call"].partition(":")
-        fn = importlib.import_module(module)
-        for part in name.split("."):
-            fn = getattr(fn, part)
         try:
-            value = fn(*case["args"], **case.get("kwargs", {}))
+            value = calls[case["call"]](*case["args"], **case.get("kwargs", {}))
             getattr(value, "close", lambda: None)()
             out.update(output="", error=None)
         except Exception as e:
@@ -664,7 +671,7 @@ status = open("/proc/self/status").read() if sys.platform == "linux" else ""
 hwm = [int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")]
 rss_kb = hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"results": results, "peak_rss_mb": rss_kb / 1024}))
-""" % (MAX_ADDRESS_SPACE, MAX_ADDRESS_SPACE)
+""" % MAX_ADDRESS_SPACE
 
 
 def run_child(tmp_path, cases: list[dict], *, warm=()) -> list[dict]:

@@ -806,3 +806,25 @@ def test_a_bad_mixture_rate_names_the_cache_and_the_state_file(pristine, tmp_pat
     path.write_text(json.dumps(state))
     out = run_cli("which", path, "--step", 0, "--row", 0)
     assert f"{path}: mixture[0].rate = 0 (cache '{pristine}'), expected a number > 0" in out, out
+
+
+def test_the_report_page_bounds_its_lists():
+    """The HTML report shows at most MAX_ROWS features, kinds and tasks a list,
+    then "… and K more" (``--json`` keeps every one): a manifest of 250
+    features' statistics or a quarantine of 250 kinds makes a page of 100."""
+    from seqcache.cli import report_html
+    from seqcache.cli.commands import common
+
+    many = {f"f{i:03d}": i for i in range(250)}
+    report = {"caches": [{"summary": {"statistics": {"tokens": many, "mean_length": many, "examples": 3}},
+                          "lengths": dict(many), "packing": dict(many),
+                          "quarantine": {"kinds": [{"kind": f"k{i}"} for i in range(250)], "file": None}}],
+              "mixture": {"tasks": [{"task": f"t{i}"} for i in range(250)]}}
+    page = report_html.bounded(report)
+    (cache,) = page["caches"]
+    assert list(cache["summary"]["statistics"]["tokens"]) == [f"f{i:03d}" for i in range(common.MAX_ROWS)]
+    assert cache["summary"]["statistics"]["examples"] == 3
+    assert len(cache["lengths"]) == len(cache["packing"]) == len(cache["quarantine"]["kinds"]) == common.MAX_ROWS
+    assert cache["more"] == {key: "… and 150 more" for key in ("tokens", "mean_length", "lengths", "packing", "kinds")}
+    assert len(page["mixture"]["tasks"]) == common.MAX_ROWS and page["mixture"]["more_tasks"] == "… and 150 more"
+    assert len(report["caches"][0]["lengths"]) == 250  # the report itself (and --json) keeps every one

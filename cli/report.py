@@ -60,7 +60,7 @@ def cache_report(cache_dir: str, *, top_files: int = TOP_FILES, first_entries: i
         that is missing or does not match the manifest, or a quarantine file
         that is missing or not JSON lines (naming the file and line).
     """
-    m = fmt.read_manifest(cache_dir)
+    m = fmt.read_manifest(cache_dir, check_shards=True)  # checked as verify checks it
     try:
         fmt.check_shard_files(cache_dir, m)
         problem = None

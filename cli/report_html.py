@@ -19,6 +19,8 @@ from typing import Any, Mapping
 import jinja2
 import matplotlib
 
+from seqcache.cli.commands.common import MAX_ROWS, head
+
 matplotlib.use("Agg", force=True)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
@@ -169,7 +171,10 @@ def plot_shards(shards: Mapping[str, Any]) -> str | None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 2.8))
     for ax, values, label, color in ((axes[0], shards["records"], "records", _BLUE),
                                      (axes[1], [b / 1e6 for b in shards["num_bytes"]], "MB", _GREEN)):
-        ax.bar(xs, values, color=color, width=0.9 if len(xs) < 200 else 1.0)
+        if len(xs) > MAX_BARS:  # a bar a shard would take minutes to draw
+            ax.plot(xs, values, color=color, linewidth=0.5)
+        else:
+            ax.bar(xs, values, color=color, width=0.9 if len(xs) < 200 else 1.0)
         mean = sum(values) / len(values)
         ax.axhline(mean, color=_RED, linewidth=1, label=f"mean {mean:,.1f}")
         ax.set_xlabel("shard")
@@ -240,15 +245,59 @@ def _templates() -> jinja2.Environment:
     return env
 
 
+# The most panels (features) of the lengths plot: one of 5 inches a feature.
+MAX_PANELS = 8
+# The most shards drawn as bars; more are drawn as one line.
+MAX_BARS = 2000
+
+
+def _first(items, limit: int = MAX_ROWS):
+    """(the first ``limit`` entries of a dict or list, as the same type; "… and K more" or None)."""
+    shown, more = head(items.items() if isinstance(items, Mapping) else items, limit)
+    return (dict(shown) if isinstance(items, Mapping) else shown), more
+
+
+def bounded(report: Mapping[str, Any]) -> dict:
+    """The report as the page shows it: each cache's features (statistics,
+    lengths, packing) and skipped or repaired kinds, and the mixture's tasks,
+    at most ``MAX_ROWS`` each; ``more`` holds the "… and K more" of each list
+    cut (``--json`` prints the whole report)."""
+    out = dict(report)
+    caches = []
+    for c in report["caches"]:
+        c, more = dict(c), {}
+        summary = dict(c["summary"])
+        stats = dict(summary["statistics"])
+        for key in ("tokens", "mean_length", "max_length"):
+            if isinstance(stats.get(key), Mapping):
+                stats[key], more[key] = _first(stats[key])
+        summary["statistics"] = stats
+        c["summary"] = summary
+        c["lengths"], more["lengths"] = _first(c["lengths"])
+        c["packing"], more["packing"] = _first(c["packing"])
+        quarantine = dict(c["quarantine"])
+        quarantine["kinds"], more["kinds"] = _first(quarantine.get("kinds") or [])
+        c["quarantine"], c["more"] = quarantine, more
+        caches.append(c)
+    out["caches"] = caches
+    if report.get("mixture"):
+        mixture = dict(report["mixture"])
+        mixture["tasks"], mixture["more_tasks"] = _first(mixture["tasks"])
+        out["mixture"] = mixture
+    return out
+
+
 def render(report: Mapping[str, Any], *, title: str | None = None, elapsed_s: float | None = None) -> str:
     """The HTML page of a report (``seqcache.cli.report.build_report``'s dict), every
-    value in it escaped. Raises ``KeyError`` or ``jinja2.UndefinedError`` where the
-    dict lacks a key the page shows."""
+    value in it escaped; its lists at most ``MAX_ROWS`` long (``bounded``).
+    Raises ``KeyError`` or ``jinja2.UndefinedError`` where the dict lacks a key
+    the page shows."""
+    report = bounded(report)
     caches, mixture, overlaps = report["caches"], report.get("mixture"), report.get("overlap") or ()
     if title is None:
         title = ("mixture of " + ", ".join(c["summary"]["task"] for c in caches)) if mixture \
             else f"{caches[0]['summary']['task']}/{caches[0]['summary']['split']}"
-    plots = [{"lengths": plot_lengths(c["lengths"]), "packing": plot_packing(c["packing"]),
+    plots = [{"lengths": plot_lengths(_first(c["lengths"], MAX_PANELS)[0]), "packing": plot_packing(c["packing"]),
               "sources": plot_sources(c["sources"]), "quarantine": plot_quarantine(c["quarantine"]),
               "shards": plot_shards(c["shards"])} for c in caches]
     first_reads = [plot_first_reads(ov) if ov.get("run") is not None and ov["first_reads"] else None

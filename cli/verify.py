@@ -21,7 +21,6 @@ from array_record.python.array_record_module import ArrayRecordReader
 from seqcache import bounded_json
 from seqcache import format as fmt
 from seqcache import fs, layout
-from seqcache import manifest as schema
 
 
 @dataclasses.dataclass
@@ -132,12 +131,11 @@ def verify_cache(cache_dir: str, *, decode_batch: int = 1024) -> VerifyReport:
       seqcache.fs.FileSystemError: (URLs) the object store cannot be reached or
         refused a request.
     """
-    manifest = fmt.read_manifest(cache_dir)
+    # Every field, the features its fields name, every shard's entry and its sizes against its records.
+    manifest = fmt.read_manifest(cache_dir, check_shards=True)
     manifest_path = fs.join(cache_dir, fmt.MANIFEST_NAME)
     # One listing of an object-store folder gives every size (one request per file otherwise).
     listed = None if fs.is_local(cache_dir) else fs.sizes_in(cache_dir)
-    manifest.shards.check_all()
-    schema.check_shard_sizes(manifest, manifest_path)
     checksum_problems = []
     try:
         sha256, provenance_sha256 = fmt.read_shard_checksums(cache_dir, manifest)

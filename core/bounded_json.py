@@ -5,8 +5,13 @@ config or a quarantine line may come from anywhere: edited by hand, damaged,
 or made to break the reader. ``loads`` and ``read_file`` parse such text so
 that nothing but the caller's own error class (``seqcache.format.CacheError``,
 ``seqcache.feeders.FeederStateError``, ``seqcache.training.config.ConfigError``)
-comes out, with one line naming the file:
+comes out, with one line naming the file (and, for text that is not JSON or
+not UTF-8, the line and column):
 
+- text: UTF-8; a byte order mark at the file's first byte is dropped, as every
+  reader of seqcache drops it (``decode_text``: YAML schedules, and the
+  sources of a build, ``seqcache.tasks.sources.base.BOM``); one anywhere else
+  is a character like any other;
 - size: at most ``max_bytes`` bytes (a local file is not read past them);
 - nesting: at most ``max_depth`` levels of objects and lists (Python's JSON
   parser recurses, and so does everything that walks the result);
@@ -14,12 +19,23 @@ comes out, with one line naming the file:
   a value reached twice, as YAML aliases or a dict handed over with shared
   parts make it, counts twice), so that the walk ends after that many steps
   whatever the input;
-- numbers: ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's ``json``
-  accepts, but JSON does not) are refused, and so are floats that overflow to
-  infinity (``1e999``) and integers of 2^64 or more in magnitude;
-- keys: an object that has a key twice is refused (Python's ``json`` keeps
-  the last value without a word, other readers the first: an edited file
-  would mean one thing to one reader and another to the next).
+- keys: at most ``max_keys`` keys in one object, and no key twice (Python's
+  ``json`` keeps the last value without a word, other readers the first: an
+  edited file would mean one thing to one reader and another to the next);
+- numbers: at most ``MAX_NUMBER_CHARS`` characters; ``NaN``, ``Infinity`` and
+  ``-Infinity`` (which Python's ``json`` accepts, but JSON does not) are
+  refused, and so are floats that overflow to infinity (``1e999``) and
+  integers of 2^64 or more in magnitude.
+
+The counts are bounded before anything is built: ``scan`` walks the text once
+with numpy, a block of ``SCAN_BLOCK`` bytes at a time (strings told apart by
+their quotes), and refuses an object of too many keys, too many values or too
+deep a nesting at its line and column, so that a file of a million keys costs
+a scan, not a million-entry dict. Text it passes goes to Python's JSON parser,
+whose cost is then linear in the bounded counts; the scan runs only when the
+text holds more colons than ``max_keys`` or more commas and brackets than
+``max_nodes`` (strings can only lower the counts), which what seqcache
+writes seldom does.
 
 ``check_tree`` applies the same nesting, size and number rules to a value that
 is already decoded (a feeder state handed over as a dict by Orbax or a user, a
@@ -38,6 +54,7 @@ import reprlib
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from seqcache import fs
 
@@ -52,6 +69,21 @@ MAX_BYTES = 64 << 20
 # 2^20 shards 2^21), walked in a few seconds, where 400 bytes of YAML aliases
 # ("billion laughs") expand to 9^10 values that would take hours.
 MAX_NODES = 2**23
+# The most keys one object may have: far above what seqcache writes (a
+# manifest's largest object, fingerprint_inputs or a feature table, has tens;
+# a version-2 manifest's source file table is a list of small objects), and
+# what Python's JSON parser builds in about 0.1 s; a million keys took 1.5 s and
+# 150 MB before anything could look at them.
+MAX_KEYS = 2**16
+# The most characters a number may have: an int64 has at most 20, the
+# shortest text of a double at most 24 (``repr``). Longer ones are refused
+# before they are converted (int() of many digits is quadratic).
+MAX_NUMBER_CHARS = 40
+# The UTF-8 byte order mark. Every file seqcache reads drops one at its first
+# byte (``decode_text``; the sources of a build too) and nowhere else.
+BOM = b"\xef\xbb\xbf"
+# The bytes ``scan`` looks at in one numpy pass (its memory: about 20 bytes a byte of a block).
+SCAN_BLOCK = 1 << 20
 # Integers a JSON file may hold at all, in magnitude: the uint64 range (each
 # field has its own, tighter range).
 MAX_INTEGER = 2**64
@@ -149,6 +181,9 @@ def _parse_int(text: str):
 
 
 def _parse_float(text: str):
+    if len(text) > MAX_NUMBER_CHARS:
+        return _Refused(f"{text[:12]}...({len(text)} characters)",
+                        f"has more than the {MAX_NUMBER_CHARS} characters a number may have")
     value = float(text)
     if not math.isfinite(value):
         return _Refused(text[:40], "overflows to infinity (expected a finite number)")
@@ -159,50 +194,248 @@ def _parse_constant(name: str):
     return _Refused(name, "is not a JSON number (expected a finite number)")
 
 
+def place(text: str | bytes, offset: int, first_line: int = 1) -> str:
+    """``line L, column C`` (1-based, C in characters) of ``offset`` in
+    ``text`` (characters of a str, bytes of UTF-8 bytes); ``first_line``: the
+    line the text starts at in its file."""
+    newline = b"\n" if isinstance(text, bytes) else "\n"
+    start = text.rfind(newline, 0, offset) + 1
+    line = text.count(newline, 0, offset) + first_line
+    head = text[start:offset]
+    column = len(head.decode("utf-8", "replace")) if isinstance(head, bytes) else len(head)
+    return f"line {line}, column {column + 1}"
+
+
+def decode_text(data: str | bytes, *, path: str, error: type[Exception] = ValueError, what: str = "file",
+                max_bytes: int = MAX_BYTES, first_line: int = 1) -> str:
+    """The text of a file seqcache reads (JSON, YAML): at most ``max_bytes``
+    bytes of UTF-8, without the byte order mark (``BOM``) its first byte may
+    carry (``first_line`` 1: ``data`` starts the file). The one rule for
+    every such file; the sources of a build follow it too.
+
+    Raises:
+      error: ``{path}: ...`` one line: too large; not UTF-8, naming the line
+        and column of the first byte that is not (UTF-16 named as such).
+    """
+    size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise error(f"{path}: the {what} is larger than the {max_bytes:,} bytes allowed")
+    if isinstance(data, str):
+        return data.removeprefix("\ufeff") if first_line == 1 else data
+    if first_line == 1:
+        data = data.removeprefix(BOM)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if first_line == 1 and data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            refusal = f"the {what} is UTF-16 text (it starts with a UTF-16 byte order mark): save it as UTF-8"
+        else:
+            refusal = (f"{place(data, e.start, first_line)}: the {what} is not UTF-8 text (byte 0x{data[e.start]:02x}: "
+                       f"{e.reason}); save it as UTF-8")
+    del data  # the error's traceback keeps this frame: not the file's bytes
+    raise error(f"{path}: {refusal}")
+
+
+# scan's classes of bytes: brackets, colons and commas (structure outside strings), quotes, backslashes.
+_OPEN, _CLOSE, _COLON, _COMMA, _QUOTE, _ESCAPE = 1, 2, 3, 4, 5, 6
+_CLASS = np.zeros(256, np.uint8)
+for _chars, _kind in ((b"[{", _OPEN), (b"]}", _CLOSE), (b":", _COLON), (b",", _COMMA), (b'"', _QUOTE),
+                      (b"\\", _ESCAPE)):
+    _CLASS[list(_chars)] = _kind
+
+
+class _Scan:
+    """``scan``'s state from one block to the next: inside a string or not,
+    the backslashes that end the block, the depth, the values so far, and the
+    keys and offset of each open object or list (outermost first)."""
+
+    def __init__(self, max_depth: int, max_nodes: int, max_keys: int):
+        self.max_depth, self.max_nodes, self.max_keys = max_depth, max_nodes, max_keys
+        self.in_string, self.backslashes, self.depth, self.nodes = False, 0, 0, 1
+        self.keys = np.zeros(0, np.int64)
+        self.starts = np.zeros(0, np.int64)
+
+    def feed(self, block: np.ndarray, offset: int) -> tuple[int, str] | None:
+        """Scans the bytes ``block`` found at ``offset``: the first bound passed,
+        as (offset, ``"depth"``, ``"values"`` or ``"keys"``), or None."""
+        kinds = _CLASS[block]
+        pos = np.flatnonzero(kinds)
+        kind = kinds[pos]
+        pos += offset
+        quotes = self._real_quotes(pos, kind, offset, offset + len(block))
+        structure = kind <= _COMMA
+        pos, kind = pos[structure], kind[structure]
+        # A byte is inside a string after an odd number of the quotes that open and close strings.
+        outside = (np.searchsorted(quotes, pos) % 2 == 1) == self.in_string
+        self.in_string ^= bool(len(quotes) % 2)
+        pos, kind = pos[outside], kind[outside]
+        if not pos.size:
+            return None
+        depth = self.depth + np.cumsum((kind == _OPEN).astype(np.int64) - (kind == _CLOSE))
+        nodes = self.nodes + np.cumsum((kind == _OPEN) | (kind == _COMMA))
+        # Each bound passed: (where it is passed, where it is reported, which).
+        found = [(int(pos[i[0]]), int(pos[i[0]]), what) for i, what in (
+            (np.flatnonzero(depth > self.max_depth), "depth"), (np.flatnonzero(nodes > self.max_nodes), "values"))
+            if i.size]
+        keys, stack = self._count_keys(pos, kind, depth)
+        found += keys
+        if found:
+            _, offset, what = min(found)
+            return offset, what
+        self.keys, self.starts = stack
+        self.depth, self.nodes = int(depth[-1]), int(nodes[-1])
+        return None
+
+    def _real_quotes(self, pos: np.ndarray, kind: np.ndarray, offset: int, end: int) -> np.ndarray:
+        """The offsets of the quotes that open or close a string (those not
+        after an odd run of backslashes); keeps the run that ends the block."""
+        quotes, escapes = pos[kind == _QUOTE], pos[kind == _ESCAPE]
+        if not escapes.size:
+            run = np.where(quotes == offset, self.backslashes, 0)
+            self.backslashes = 0
+            return quotes[run % 2 == 0]
+        first = np.ones(len(escapes), bool)
+        first[1:] = np.diff(escapes) != 1
+        start = escapes[np.maximum.accumulate(np.where(first, np.arange(len(escapes)), 0))]  # each run's first
+        carried = np.where(start == offset, self.backslashes, 0)  # a run that began in the block before
+        i = np.minimum(np.searchsorted(escapes, quotes - 1), len(escapes) - 1)
+        run = np.where(escapes[i] == quotes - 1, quotes - start[i] + carried[i],
+                       np.where(quotes == offset, self.backslashes, 0))
+        self.backslashes = int(end - start[-1] + carried[-1]) if escapes[-1] == end - 1 else 0
+        return quotes[run % 2 == 0]
+
+    def _count_keys(self, pos: np.ndarray, kind: np.ndarray, depth: np.ndarray) -> tuple[list, tuple]:
+        """Adds the block's keys (colons) to the object each belongs to: the
+        last opened at its depth, in this block or before it. Returns the
+        objects of more than ``max_keys`` keys, as ``feed`` words them (at
+        the key past the bound, reported at the object's bracket), and the
+        key counts and offsets of the objects left open."""
+        opens, colons = np.flatnonzero(kind == _OPEN), np.flatnonzero(kind == _COLON)
+        order = np.lexsort((opens, depth[opens]))  # by level, then place
+        opens, levels = opens[order], depth[opens][order]
+        n = len(kind)
+        j = np.searchsorted(levels * n + opens, depth[colons] * n + colons) - 1
+        own = (j >= 0) & (levels[np.maximum(j, 0)] == depth[colons]) if opens.size else np.zeros(len(colons), bool)
+        counts = np.bincount(j[own], minlength=len(opens))
+        before = depth[colons][~own]
+        inside = (before >= 1) & (before <= len(self.keys))
+        carried = self.keys + np.bincount(before[inside] - 1, minlength=len(self.keys))
+        found = []
+        for groups, colon, past, total, start in (
+                (j[own], colons[own], np.zeros(len(opens), np.int64), counts, pos[opens]),
+                (before[inside] - 1, colons[~own][inside], self.keys, carried, self.starts)):
+            over = np.flatnonzero(total > self.max_keys)
+            if over.size:  # the key past the bound: the (max_keys - past + 1)-th of its object in this block
+                rank = np.argsort(groups, kind="stable")
+                at = colon[rank[np.searchsorted(groups[rank], over) + self.max_keys - past[over]]]
+                k = int(np.argmin(at))
+                found.append((int(pos[at[k]]), int(start[over[k]]), "keys"))
+        level = np.arange(1, max(int(depth[-1]), 0) + 1)
+        last = np.searchsorted(levels, level, side="right") - 1
+        mine = (last >= 0) & (levels[np.maximum(last, 0)] == level) if opens.size else np.zeros(len(level), bool)
+        last = np.maximum(last, 0)
+        kept = min(len(level), len(self.keys))
+        keys, starts = np.zeros(len(level), np.int64), np.full(len(level), pos[0], np.int64)
+        keys[:kept], starts[:kept] = carried[:kept], self.starts[:kept]
+        if opens.size:
+            keys, starts = np.where(mine, counts[last], keys), np.where(mine, pos[opens[last]], starts)
+        return found, (keys, starts)
+
+
+def scan(data: bytes, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
+         max_keys: int = MAX_KEYS) -> tuple[int, str] | None:
+    """The first place where the JSON text ``data`` (UTF-8) passes a bound,
+    found before anything is built: ``(byte offset, what)``, ``what`` one of
+    ``"depth"`` (the bracket that opens level ``max_depth`` + 1), ``"values"``
+    (the comma or bracket of value ``max_nodes`` + 1) and ``"keys"`` (the
+    bracket that opens an object of more than ``max_keys`` keys); None when
+    it passes none. Strings are told apart by their quotes (a quote after an
+    odd run of backslashes is escaped); text that is not JSON gets some
+    answer, and is refused by the parser in any case. Linear time, one numpy
+    pass of each ``SCAN_BLOCK`` bytes; memory O(``SCAN_BLOCK``)."""
+    state = _Scan(max_depth, max_nodes, max_keys)
+    for offset in range(0, len(data), SCAN_BLOCK):
+        block = np.frombuffer(data, np.uint8, count=min(SCAN_BLOCK, len(data) - offset), offset=offset)
+        found = state.feed(block, offset)
+        if found is not None:
+            return found
+    return None
+
+
+def _bound_words(what: str, found: str, *, max_depth: int, max_nodes: int, max_keys: int) -> str:
+    return {"depth": f"the {what} is nested deeper than {max_depth} levels",
+            "values": f"the {what} holds more than {max_nodes:,} values",
+            "keys": f"an object of the {what} has more than {max_keys:,} keys"}[found]
+
+
 def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
-          max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES, what: str = "JSON file") -> Any:
+          max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES, max_keys: int = MAX_KEYS,
+          what: str = "JSON file", first_line: int = 1) -> Any:
     """Parses JSON text within bounds.
 
     Args:
-      data: the text, or UTF-8 bytes.
+      data: the text, or UTF-8 bytes (``decode_text``: a byte order mark
+        that starts the file is dropped).
       path: the file (or option) it came from, for messages.
       error: the exception class to raise.
       max_depth: most levels of nested objects and lists.
       max_bytes: most bytes (UTF-8).
       max_nodes: most values in all (``check_tree``).
+      max_keys: most keys in one object.
       what: what the file is, for messages ("manifest", "feeder state").
+      first_line: the line of the file ``data`` starts at (a JSON-lines file's
+        line), for messages.
 
     Returns:
       The decoded value (dicts, lists, str, int with |n| < 2^64, finite float,
       bool, None).
 
     Raises:
-      error: ``{path}: ...`` one line: too large, not UTF-8, not JSON, nested
-        too deep, more than ``max_nodes`` values, NaN or Infinity, a number
+      error: ``{path}: ...`` one line: too large; not UTF-8 or not JSON (``{path}:
+        line L, column C: the {what} is not valid JSON: Expecting value``);
+        nested too deep, more than ``max_nodes`` values or an object of more
+        than ``max_keys`` keys (at the line and column of the bracket, found
+        by ``scan`` before anything is built, or at the field); a number of
+        more than ``MAX_NUMBER_CHARS`` characters, NaN or Infinity, a number
         out of range, an object with a key twice (``{path}: mixture[0] has the
         key 'rate' twice ...``).
     """
-    size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
-    if size > max_bytes:
-        raise error(f"{path}: the {what} is larger than the {max_bytes:,} bytes allowed")
-    if isinstance(data, bytes):
+    text = decode_text(data, path=path, error=error, what=what, max_bytes=max_bytes, first_line=first_line)
+    # The bytes scan reads: the file's own (without its byte order mark), not a second copy of the text.
+    raw = (data.removeprefix(BOM) if first_line == 1 else data) if isinstance(data, bytes) else text
+    bounds = dict(max_depth=max_depth, max_nodes=max_nodes, max_keys=max_keys)
+    refusal = None
+    if text.count(":") > max_keys or 1 + text.count(",") + text.count("[") + text.count("{") > max_nodes:
+        refusal = _bound_refusal(raw, what=what, first_line=first_line, **bounds)
+    if refusal is None:
         try:
-            data = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise error(f"{path}: the {what} is not UTF-8 text: {e}") from None
-    try:
-        value = json.loads(data, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
-                           object_pairs_hook=_unique_or_refused)
-    except RecursionError:
-        raise error(f"{path}: the {what} is nested deeper than {max_depth} levels") from None
-    except ValueError as e:  # json.JSONDecodeError, and int() of too many digits
-        raise error(f"{path}: the {what} is not valid JSON: {e}") from None
-    check_tree(value, path=path, error=error, max_depth=max_depth, max_nodes=max_nodes, what=what)
+            value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
+                               object_pairs_hook=_unique_or_refused)
+        except RecursionError:
+            refusal = (_bound_refusal(raw, what=what, first_line=first_line, **bounds)
+                       or f"the {what} is nested deeper than {max_depth} levels")
+        except json.JSONDecodeError as e:
+            refusal = f"{place(text, e.pos, first_line)}: the {what} is not valid JSON: {e.msg}"
+    if refusal is not None:
+        del data, raw, text  # the error's traceback keeps this frame: not the file's text
+        raise error(f"{path}: {refusal}")
+    check_tree(value, path=path, error=error, what=what, **bounds)
     return value
 
 
+def _bound_refusal(data: str | bytes, *, what: str, first_line: int, **bounds) -> str | None:
+    """Where and which bound ``scan`` finds passed, in words; None when none is."""
+    data = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    found = scan(data, **bounds)
+    if found is None:
+        return None
+    offset, kind = found
+    return f"{place(data, offset, first_line)}: {_bound_words(what, kind, **bounds)}"
+
+
 def read_file(path: str, *, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
-              max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES, what: str = "JSON file") -> Any:
+              max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES, max_keys: int = MAX_KEYS,
+              what: str = "JSON file") -> Any:
     """``loads`` of the file at ``path`` (a local path or a URL, through
     ``seqcache.fs``); a local file is read no further than one byte past
     ``max_bytes``.
@@ -211,22 +444,33 @@ def read_file(path: str, *, error: type[Exception] = ValueError, max_depth: int 
       error: as ``loads``; also a file that cannot be read (``OSError``).
       seqcache.fs.FileSystemError: (URLs) the object store cannot be reached.
     """
+    return loads(read_bytes(path, error=error, max_bytes=max_bytes, what=what), path=path, error=error,
+                 max_depth=max_depth, max_bytes=max_bytes, max_nodes=max_nodes, max_keys=max_keys, what=what)
+
+
+def read_bytes(path: str, *, error: type[Exception] = ValueError, max_bytes: int = MAX_BYTES,
+               what: str = "file") -> bytes:
+    """The bytes of the file at ``path`` (a local path or a URL): a local file
+    read no further than one byte past ``max_bytes`` (the readers refuse more).
+
+    Raises:
+      error: ``{path}: cannot read the {what}: ...`` (``OSError``).
+      seqcache.fs.FileSystemError: (URLs) the object store cannot be reached.
+    """
     try:
         if fs.is_local(path):
             with open(fs.local_path(path), "rb") as f:
-                data = f.read(max_bytes + 1)  # no more than one byte past the bound
-        else:
-            data = fs.read_bytes(path)
+                return f.read(max_bytes + 1)  # no more than one byte past the bound
+        return fs.read_bytes(path)
     except OSError as e:
         raise error(f"{path}: cannot read the {what}: {e}") from None
-    return loads(data, path=path, error=error, max_depth=max_depth, max_bytes=max_bytes, max_nodes=max_nodes,
-                 what=what)
 
 
 def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
-               max_nodes: int = MAX_NODES, what: str = "JSON file") -> None:
+               max_nodes: int = MAX_NODES, max_keys: int = MAX_KEYS, what: str = "JSON file") -> None:
     """Checks a decoded value without recursion: at most ``max_depth`` levels
-    of dicts and lists, at most ``max_nodes`` values in all (the value itself,
+    of dicts and lists, at most ``max_keys`` keys in a dict, at most
+    ``max_nodes`` values in all (the value itself,
     every dict and list, every key's value and item, a shared one counted each
     time it is reached, so that a value built from aliases or shared parts is
     refused after ``max_nodes`` steps, not walked for hours; a cycle is refused
@@ -249,6 +493,9 @@ def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, ma
             if nodes > max_nodes:
                 raise error(f"{path}: the {what} holds more than {max_nodes:,} values (at {where or 'top'}; a "
                             "value reached twice, through an alias or a shared part, counts twice)")
+            if isinstance(node, dict) and len(node) > max_keys:
+                raise error(f"{path}: {where or 'the ' + what} has {len(node):,} keys, more than the {max_keys:,} "
+                            "an object may have")
             if isinstance(node, dict):
                 for key, item in node.items():
                     if isinstance(key, int) and not isinstance(key, bool) and not -MAX_INTEGER < key < MAX_INTEGER \

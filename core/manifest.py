@@ -416,13 +416,33 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
             manifest.shards.check_all()
         _check_counts(manifest, path, check_shards=check_shards)
         check_fingerprint(manifest, path)
+        check_feature_names(manifest, path)
         manifest.num_examples = int(manifest.shards.starts[-1])
         return manifest
 
+    def check_shards(self, path: str | None = None) -> None:
+        """The checks ``parse`` leaves to each shard's first read when
+        ``check_shards`` is False (what ``read`` does): every shard entry
+        decoded and checked, and each uncompressed shard's byte sizes against
+        its records (``check_shard_sizes``). What ``seqcache verify``,
+        ``info``, ``show`` and ``report`` check before they say anything of a
+        cache. Cost: O(number of shards) in numpy operations.
+
+        Raises:
+          CacheError: naming ``path`` (default: the manifest's file), the shard and both values.
+        """
+        if path is None:
+            path = MANIFEST_NAME if self.cache_dir is None else fs.join(self.cache_dir, MANIFEST_NAME)
+        self.shards.check_all()
+        _check_counts(self, path, check_shards=True)
+
     @classmethod
-    def read(cls, cache_dir: str) -> "Manifest":
+    def read(cls, cache_dir: str, *, check_shards: bool = False) -> "Manifest":
         """Reads ``cache_dir/manifest.json`` (a local path or a URL) through
-        ``seqcache.bounded_json`` and ``parse``-s it (``check_shards=False``).
+        ``seqcache.bounded_json`` and ``parse``-s it (by default with
+        ``check_shards=False``: opening a cache does not decode every shard's
+        entry; ``check_shards=True`` is what the commands that describe a
+        cache read it with).
 
         Raises:
           IncompleteCacheError: there is no manifest (an unfinished build, a
@@ -444,7 +464,7 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
                 f"{cache_dir}: no {MANIFEST_NAME}: the cache is incomplete (an unfinished or failed build) "
                 "or this is not a cache folder; re-run the build")
         raw = bounded_json.read_file(path, error=CacheError, what="manifest")
-        manifest = cls.parse(raw, path=path, check_shards=False)
+        manifest = cls.parse(raw, path=path, check_shards=check_shards)
         manifest.cache_dir = cache_dir
         return manifest
 
@@ -1062,6 +1082,36 @@ def read_source_table(cache_dir: str | None, manifest: "Manifest") -> SourceTabl
         raise CacheError(f"{path}: holds no fingerprint_files, but the manifest's source_table.fingerprint_files "
                          f"is {recorded.fingerprint_files}")
     return table
+
+
+def check_feature_names(manifest: Manifest, path: str) -> None:
+    """Refuses a manifest whose fields name a feature it does not have: the
+    keys of ``sequence_length`` (when a mapping), of ``vocabularies``, of the
+    per-feature statistics (``statistics.tokens``, ``max_length``,
+    ``mean_length``, ``length_histogram``, ``source_files.tokens``). A build
+    writes each of them for its features only; an edited or damaged manifest
+    that contradicts its ``features`` would otherwise reach every reader (a
+    length for no feature, a million vocabularies to load). Cost: one set
+    look-up a key (``bounded_json.MAX_KEYS`` at most a field).
+
+    Raises:
+      CacheError: one line naming the manifest, the field, the first unknown
+        feature (and how many more) and the features the cache has.
+    """
+    names = {f.name for f in manifest.features}
+    stats = manifest.statistics
+    fields = (("sequence_length", manifest.sequence_length if isinstance(manifest.sequence_length, dict) else None),
+              ("vocabularies", manifest.vocabularies), ("statistics.tokens", stats.tokens),
+              ("statistics.max_length", stats.max_length), ("statistics.mean_length", stats.mean_length),
+              ("statistics.length_histogram", stats.length_histogram),
+              ("statistics.source_files.tokens", stats.source_files.tokens if stats.source_files else None))
+    for field, keys in fields:
+        unknown = [k for k in keys or () if k not in names]
+        if unknown:
+            more = f" (and {len(unknown) - 1:,} more)" if len(unknown) > 1 else ""
+            raise CacheError(f"{path}: {field} names the feature {_short(unknown[0])}{more}, which the cache does "
+                             f"not have (its features: {_short(sorted(names))}): the manifest was edited or damaged; "
+                             "rebuild the cache")
 
 
 def check_fingerprint(manifest: Manifest, path: str) -> None:

@@ -289,6 +289,18 @@ class ConvertedFeeder(ClosedOnExit):
                             cache=cache, mixture=mixture, caches_root=caches_root, split=split,
                             host_index=host_index, host_count=host_count, num_threads=num_threads, prefetch=prefetch)
 
+    @classmethod
+    def restore_file(cls, path: str | os.PathLike, **kwargs: Any) -> "ConvertedFeeder":
+        """``restore`` of the state saved at ``path`` (a JSON file or a
+        checkpoint step folder), read by ``seqcache.feeders.state.load_state``
+        (bounded, no key twice): as ``Feeder.restore_file``.
+
+        Raises:
+          FeederStateError, ValueError, seqcache.format.CacheError: as
+            ``Feeder.restore_file`` and ``restore``.
+        """
+        return cls.restore(state_lib.load_state(path), **kwargs)
+
     def close(self) -> None:
         for f in self.feeders.values():
             f.close()

@@ -515,6 +515,25 @@ class Feeder(ClosedOnExit):
                             cache=cache, mixture=mixture, caches_root=caches_root, split=split,
                             host_index=host_index, host_count=host_count, num_threads=num_threads, prefetch=prefetch)
 
+    @classmethod
+    def restore_file(cls, path: str | os.PathLike, **kwargs: Any) -> "Feeder":
+        """``restore`` of the state saved at ``path``: a JSON file (``json.dump``
+        of ``state()``) or a checkpoint step folder (``<step>/feeder/metadata``,
+        as ``seqcache train`` and ``feeder_save_args`` save it). The file is read
+        by ``seqcache.feeders.state.load_state``: within bounds (16 MiB, depth,
+        values, keys and numbers), no key twice, one line naming the file for
+        what it cannot read. The safe way to restore a state you did not just
+        make: ``json.load`` keeps the last of two equal keys without a word, and
+        ``restore(dict)`` cannot know there were two. ``kwargs``: ``restore``'s.
+
+        Raises:
+          FeederStateError (a ValueError): the file cannot be read (naming it,
+            and the line and column of text that is not JSON), and what
+            ``restore`` refuses.
+          ValueError, seqcache.format.CacheError: as ``restore``.
+        """
+        return cls.restore(state_lib.load_state(path), **kwargs)
+
     # --- provenance --------------------------------------------------------------
 
     def which(self, step: int, row: int, *, tokens: bool = True) -> dict:

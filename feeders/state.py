@@ -28,7 +28,7 @@ from typing import Annotated, Any, Mapping, Sequence
 
 from msgspec import Meta, Struct
 
-from seqcache import bounded_json
+from seqcache import bounded_json, fs
 from seqcache import format as fmt
 from seqcache.feeders import compat
 from seqcache.feeders.compat import FeederStateError  # defined with the rules; this module's error
@@ -223,15 +223,67 @@ def _check_schedule(schedule: list[_Stage], n: int, b: int, path: str) -> None:
                                f"(got {_short(steps)})")
 
 
-def load_state(path: str) -> dict:
-    """Reads and checks a feeder state file (JSON, within
-    ``seqcache.bounded_json``'s bounds; 16 MiB at most).
+# A checkpoint's feeder state: the Orbax item "feeder" of a step folder (an
+# Orbax CheckpointManager step, as ``seqcache train`` saves), a JSON file that
+# Orbax's JsonCheckpointHandler names "metadata".
+CHECKPOINT_ITEM = "feeder"
+STATE_IN_STEP = os.path.join(CHECKPOINT_ITEM, "metadata")
+# The most bytes a feeder state file may have (a mixture of 2^16 caches and a
+# schedule of thousands of stages take a few MB).
+MAX_STATE_BYTES = 16 << 20
+
+
+def load_state(path: str | os.PathLike) -> dict:
+    """Reads and checks a feeder state: a JSON file (``Feeder.state()`` as
+    written, e.g., by ``json.dump``), or a checkpoint step folder holding one
+    (``STATE_IN_STEP``, ``load_checkpoint_state``). The file is read by
+    ``seqcache.bounded_json`` (at most ``MAX_STATE_BYTES``, its depth, values,
+    keys and numbers bounded, no key twice, a byte order mark at its first
+    byte dropped), then checked field by field (``check_state``).
 
     Raises:
-      FeederStateError: naming the file and the field (``check_state``).
+      FeederStateError: one line naming the file (and the checkpoint step):
+        not readable, not UTF-8 or not JSON (with the line and column), out
+        of bounds, a key twice, a bad field.
     """
-    state = bounded_json.read_file(path, error=FeederStateError, max_bytes=16 << 20, what="feeder state")
+    path = os.fspath(path)
+    if fs.isdir(path):
+        return load_checkpoint_state(path)
+    state = bounded_json.read_file(path, error=FeederStateError, max_bytes=MAX_STATE_BYTES, what="feeder state")
     check_state(state, path=path)
+    return state
+
+
+def load_checkpoint_state(step_dir: str | os.PathLike, *, step: int | None = None, any_feeder: bool = False) -> Any:
+    """The feeder state of a checkpoint step folder (``<step>/feeder/metadata``),
+    read as ``load_state`` reads a file: what ``seqcache train`` resumes from,
+    and the safe way to restore a feeder from an Orbax checkpoint (Orbax's
+    ``JsonRestore`` reads the file with Python's ``json``: no bounds, and a
+    key given twice is read silently).
+
+    Args:
+      step_dir: the step folder (a local path or a URL).
+      step: its step, for messages (default: the folder's name).
+      any_feeder: take the JSON state of any feeder (a trainer's checkpoints
+        hold its feeder's, whatever the feeder): checked by ``check_state``
+        only when its ``kind`` is ``STATE_KIND``.
+
+    Raises:
+      FeederStateError: ``checkpoint step {step}: {file}: ...`` in one line.
+    """
+    step_dir = os.fspath(step_dir)
+    name = step if step is not None else os.path.basename(os.path.normpath(step_dir))
+    path = fs.join(step_dir, STATE_IN_STEP)
+    try:
+        if not fs.isfile(path):
+            raise FeederStateError(f"{path}: no feeder state here (the checkpoint was saved without its "
+                                   f"{CHECKPOINT_ITEM!r} item)")
+        state = bounded_json.read_file(path, error=FeederStateError, max_bytes=MAX_STATE_BYTES,
+                                       what="feeder state")
+        if not any_feeder or isinstance(state, Mapping) and state.get("kind") == STATE_KIND:
+            check_state(state, path=path)
+    except FeederStateError as e:
+        raise FeederStateError(f"checkpoint step {name}: {e}") from None
     return state
 
 

@@ -5,7 +5,7 @@ inside functions too, so that a lazy import cannot hide a cycle.
 Each top-level folder of the repository is one area (``PACKAGE_DIRS``,
 pyproject.toml's package-dir): ``core/`` is ``seqcache``, ``cli/`` is
 ``seqcache.cli``, and so on. The core (``CORE``: the codec, the manifest's
-fields, the layout, the format, the file system, bounded JSON, compression,
+fields, the layout, the format, the file system, bounded JSON and YAML, compression,
 the process's settings, mixing rates, sequence lengths) is in no import
 cycle, and imports nothing of seqcache but the core: never the areas (tasks,
 pipelines, feeders, training) nor the application (``seqcache.cli``: the executable, the click
@@ -34,8 +34,8 @@ PACKAGE_DIRS = {
     "seqcache.training": "training",
 }
 CORE = frozenset({
-    "seqcache.codec", "seqcache.compression", "seqcache.fs", "seqcache.bounded_json", "seqcache.manifest",
-    "seqcache.layout", "seqcache.format", "seqcache.process", "seqcache.rates", "seqcache.lengths",
+    "seqcache.codec", "seqcache.compression", "seqcache.fs", "seqcache.bounded_json", "seqcache.bounded_yaml",
+    "seqcache.manifest", "seqcache.layout", "seqcache.format", "seqcache.process", "seqcache.rates", "seqcache.lengths",
 })
 # ``python -m seqcache``: the application's entry, which Python looks for in the package's own folder.
 MAIN = "seqcache.__main__"

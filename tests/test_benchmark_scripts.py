@@ -175,3 +175,17 @@ def test_resume_benchmark_kills_grows_changes_and_compares_the_bytes(tmp_path, s
     (round_,) = report["rounds"]
     grown = round_["grown"]["work"]
     assert grown["units_reused"] >= 1 and grown["units_reused"] < grown["units"]
+
+
+@pytest.mark.slow  # fourteen fresh interpreters (about 20 s)
+def test_hostile_input_benchmark_refuses_every_shape_in_one_line(tmp_path):
+    out = tmp_path / "hostile.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/hostile_input.py", "--only", "resume,info", "--timeout", "60", "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {row["entry"] for row in rows} == {"resume: feeder/metadata", "info"} and len(rows) == 14, rows
+    for row in rows:  # every refusal one line; the byte order mark read as the rest of the file
+        assert (row["exit"], row["lines"] == 1) == ((0, False) if row["shape"] == "BOM" else (1, True)), row
+        assert 0 < row["peak_rss_mb"] < 300 and row["seconds"] < 60, row

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import json
 import os
 import re
 import shutil
+from typing import Sequence
 
 import numpy as np
 import pytest
@@ -439,7 +441,8 @@ def yaml_alias_schedules(draw):
 
 def test_fuzz_yaml_schedules_with_anchors_or_aliases_are_refused(tmp_path):
     # Before anything is built, whatever the alias stands for (9 aliases over
-    # 10 lines once hung `seqcache train` for as long as anyone waited).
+    # 10 lines once hung `seqcache train` for as long as anyone waited); a merge
+    # key met before its alias is refused as a merge key.
     from seqcache.training import data as data_lib
 
     path = tmp_path / "schedule.yaml"
@@ -451,8 +454,8 @@ def test_fuzz_yaml_schedules_with_anchors_or_aliases_are_refused(tmp_path):
     def run(text):
         path.write_text(text)
         with pytest.raises(config_lib.ConfigError, match=f"^{re.escape(str(path))}: line [0-9]+, column [0-9]+: "
-                           "(anchor &|alias \\*)"
-                           ".* a mixture schedule may not use YAML anchors or aliases"):
+                           "(anchor &|alias \\*|merge key <<)"
+                           ".* a mixture schedule may not use YAML (anchors or aliases|merge keys)"):
             data_lib.load_mixture_schedule(str(path))
 
     run()
@@ -502,3 +505,364 @@ def test_fuzz_everything_longer(raw_manifest, work, pristine, saved_state, tmp_p
 
     manifests_run()
     states_run()
+
+
+# --- the scan that bounds JSON before it is built --------------------------------
+
+
+def sequential_scan(data: bytes, max_depth: int, max_nodes: int, max_keys: int):
+    """What ``bounded_json.scan`` finds, a byte at a time: the first bound
+    passed (an object's keys reported at its bracket), or None."""
+    in_string = escaped = False
+    depth, nodes, open_keys = 0, 1, []
+    for i, c in enumerate(data):
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (c == 0x5C, c != 0x22)
+            continue
+        if c == 0x22:
+            in_string = True
+        elif c in b"[{":
+            depth, nodes = depth + 1, nodes + 1
+            if depth > max_depth:
+                return i, "depth"
+            if nodes > max_nodes:
+                return i, "values"
+            open_keys.append([0, i])
+        elif c in b"]}":
+            depth -= 1
+            if open_keys:
+                open_keys.pop()
+        elif c == 0x2C:
+            nodes += 1
+            if nodes > max_nodes:
+                return i, "values"
+        elif c == 0x3A and open_keys:
+            open_keys[-1][0] += 1
+            if open_keys[-1][0] > max_keys:
+                return open_keys[-1][1], "keys"
+    return None
+
+
+json_values = st.recursive(
+    st.one_of(st.integers(-5, 5), st.none(), st.booleans(),
+              st.sampled_from(['a"b', "x:y,{[", "\\", "\\\\", '\\"', "q\\", "]}", ""])),
+    lambda children: st.one_of(st.lists(children, max_size=6),
+                               st.dictionaries(st.sampled_from(["k", "a:b", '"', "c,d", "[", "\\", "k2", "k3"]),
+                                               children, max_size=6)),
+    max_leaves=40)
+
+
+def test_fuzz_the_scan_finds_each_bound_where_a_sequential_reader_does(monkeypatch):
+    """Strings full of quotes, backslashes, brackets, colons and commas, cut
+    into blocks of any size: the numpy scan agrees with a byte-at-a-time one."""
+    from seqcache import bounded_json
+
+    @FAST_PARSE
+    @given(json_values, st.integers(1, 8), st.integers(1, 60), st.integers(0, 5), st.sampled_from([1, 2, 3, 7, 64]),
+           st.booleans())
+    def run(value, max_depth, max_nodes, max_keys, block, indent):
+        data = json.dumps(value, indent=1 if indent else None).encode()
+        monkeypatch.setattr(bounded_json, "SCAN_BLOCK", block)
+        assert bounded_json.scan(data, max_depth=max_depth, max_nodes=max_nodes, max_keys=max_keys) == \
+            sequential_scan(data, max_depth, max_nodes, max_keys)
+
+    run()
+
+
+# --- YAML: the 1.2 core schema, or one line ---------------------------------------
+
+# Plain scalars and what the YAML 1.2 core schema makes of them (a YAML 1.1
+# reader makes 5399, False, 8, a date, ...).
+YAML_SCALARS = {"1:29:59": "1:29:59", "yes": "yes", "no": "no", "on": "on", "010": 10, "0o10": 8, "0x1f": 31,
+                "2024-01-01": "2024-01-01", "1_000": "1_000", "0b101": "0b101", "1e3": 1000.0, ".5": 0.5,
+                "true": True, "False": False, "~": None, "null": None, "-7": -7, "+3": 3, "wiki": "wiki"}
+# Fragments every one of which is refused, naming the line and column.
+YAML_REFUSED = {"anchor": "{c: &a 1}", "alias": "{c: *a}", "merge": "{<<: {c: 1}}", "tag": "{c: !!int 1}",
+                "python tag": "{c: !!python/object:os.system 1}", "key twice": "{c: 1, c: 2}",
+                "non-scalar key": "{[c]: 1}", "deep": "[" * 80 + "]" * 80, "inf": "{c: .inf}", "nan": "{c: .nan}",
+                "long number": "{c: " + "9" * 41 + "}", "huge integer": "{c: 18446744073709551616}",
+                "syntax": "{c: [1, 2}", "second document": "{c: 1}\n---\n{c: 2}"}
+
+
+def test_fuzz_yaml_schedules_read_as_yaml_1_2_or_refused_in_one_line(tmp_path):
+    from seqcache.training import data as data_lib
+
+    path = tmp_path / "schedule.yaml"
+
+    @FAST
+    @given(st.lists(st.sampled_from(sorted(YAML_SCALARS)), min_size=1, max_size=4),
+           st.one_of(st.none(), st.sampled_from(sorted(YAML_REFUSED))), st.booleans())
+    def run(scalars, refused, bom):
+        stages = [f"{10 * i}: {{task{i}: {s}}}" for i, s in enumerate(scalars)]
+        if refused is not None:
+            stages.insert(len(stages) // 2, f"{7 + 10 * len(stages)}: {YAML_REFUSED[refused]}")
+        path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + "\n".join(stages).encode() + b"\n")
+        try:
+            schedule = data_lib.load_mixture_schedule(str(path))
+        except config_lib.ConfigError as e:
+            message = str(e)
+            assert message.startswith(f"{path}: ") and "\n" not in message, message
+            values = [YAML_SCALARS[s] for s in scalars]
+            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in values)
+            assert refused is not None or not numbers, message  # a refusal has a reason
+            if refused is not None and refused not in ("inf", "nan", "huge integer", "long number", "second document"):
+                assert re.search(r": line \d+, column \d+: ", message), message
+            return
+        assert refused is None
+        assert schedule == {10 * i: {f"task{i}": float(YAML_SCALARS[s])} for i, s in enumerate(scalars)}
+
+    run()
+
+
+# --- hostile shapes: time and memory, in a child process per entry point -----------
+
+# The bounds each hostile file is read within, measured in a child process:
+# CPU seconds of the read (time.process_time around it; the load of a shared
+# machine moves wall time, not this) and the child's peak RSS (VmHWM, which
+# starts at the child's own exec; ru_maxrss would count the pages of the
+# forking test process). The measured figures are a quarter of these and less
+# (docs/bad-input.md, "Time and memory").
+MAX_SECONDS = 2.0
+MAX_RSS_MB = 300
+# The address space the child may add to what its imports mapped (RLIMIT_AS,
+# Linux, set once they are done): a reader that builds what it should refuse
+# fails the case with MemoryError instead of taking the machine's memory.
+MAX_ADDRESS_SPACE = 2 << 30
+
+_CHILD = """
+import importlib, json, resource, sys, time
+from click.testing import CliRunner
+from seqcache.cli.main import main
+
+
+def function(call):
+    module, _, name = call.partition(":")
+    fn = importlib.import_module(module)
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    return fn
+
+
+spec = json.load(open(sys.argv[1]))
+for command in spec.get("warm", []):  # import each command's module before anything is measured
+    CliRunner().invoke(main, [command, "--help"])
+calls = {case["call"]: function(case["call"]) for case in spec["cases"] if "call" in case}
+if sys.platform == "linux":  # whatever a reader does, the child cannot take the machine's memory
+    mapped = [int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:")]
+    resource.setrlimit(resource.RLIMIT_AS, (mapped[0] + %d,) * 2)
+results = []
+for case in spec["cases"]:
+    out = {"name": case["name"]}
+    start, cpu = time.perf_counter(), time.process_time()
+    if "cli" in case:
+        r = CliRunner().invoke(main, case["cli"])
+        out.update(output=r.output, exit_code=r.exit_code,
+                   error=None if r.exception is None or isinstance(r.exception, SystemExit) else repr(r.exception))
+    else:
+        try:
+            value = calls[case["call"]](*case["args"], **case.get("kwargs", {}))
+            getattr(value, "close", lambda: None)()
+            out.update(output="", error=None)
+        except Exception as e:
+            out.update(output=str(e), error=type(e).__name__)
+    out.update(cpu_s=time.process_time() - cpu, wall_s=time.perf_counter() - start)
+    results.append(out)
+status = open("/proc/self/status").read() if sys.platform == "linux" else ""
+hwm = [int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")]
+rss_kb = hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"results": results, "peak_rss_mb": rss_kb / 1024}))
+""" % MAX_ADDRESS_SPACE
+
+
+def run_child(tmp_path, cases: list[dict], *, warm=()) -> list[dict]:
+    """Runs ``cases`` (``{"name", "cli": [args]}`` or ``{"name", "call":
+    "module:function", "args": [...]}``) one after the other in one child
+    process; asserts its peak RSS; returns each case's result (output, exit
+    code or error class, CPU and wall seconds)."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "child.json"
+    spec.write_text(json.dumps({"cases": cases, "warm": list(warm)}))
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(spec)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["peak_rss_mb"] <= MAX_RSS_MB, report
+    for r in report["results"]:
+        assert r["cpu_s"] <= MAX_SECONDS, r
+    return report["results"]
+
+
+@functools.lru_cache(maxsize=2)
+def _keys_text(n: int) -> str:
+    return "{" + ",".join(f'"k{i:07d}":1' for i in range(n)) + "}"
+
+
+def hostile_json(doc: dict, place: Sequence, *, duplicate: str) -> dict[str, bytes]:
+    """The hostile shapes of a JSON file: ``doc`` with the value at ``place``
+    (a key path) replaced by a million keys (12 MB), nesting 100,000 deep, an
+    integer of 100,001 digits, a float of as many; a byte order mark before
+    it, a byte that is not UTF-8 in it, a syntax error, and the top-level key
+    ``duplicate`` given again with another value."""
+    def at(text: str | bytes) -> bytes:
+        marked = copy.deepcopy(doc)
+        node = marked
+        for key in place[:-1]:
+            node = node[key]
+        node[place[-1]] = "@@"
+        return json.dumps(marked).encode().replace(b'"@@"', text if isinstance(text, bytes) else text.encode())
+
+    good = json.dumps(doc).encode()
+    again = json.dumps({duplicate: 1 if doc[duplicate] != 1 else 2})[1:-1].encode()
+    return {"1e6 keys": at(_keys_text(10**6)), "deep 1e5": at("[" * 10**5 + "]" * 10**5),
+            "int 100,001 digits": at("1" * 100_001), "float 100,001 digits": at("0." + "1" * 100_001),
+            "NaN": at("NaN"), "syntax error": good[:-1] + b",}", "bad UTF-8": at(b'"\xff"'),
+            "duplicate key": good[:-1] + b", " + again + b"}", "BOM": b"\xef\xbb\xbf" + good}
+
+
+def hostile_yaml() -> dict[str, bytes]:
+    """The hostile shapes of a YAML mixture schedule (of the task ``c``)."""
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefghi", "bcdefghij"))
+    return {"yaml 1e6 keys": ("0:\n" + "".join(f"  k{i:07d}: 1\n" for i in range(10**6))).encode(),
+            "yaml base-60 3 MB": ("0: {c: 1}\n5: {c: " + "1" + ":59" * 1_000_000 + "}\n").encode(),
+            "yaml deep 1e5": ("0: " + "[" * 10**5 + "]" * 10**5 + "\n").encode(),
+            "yaml int 100,001 digits": ("0: {c: " + "1" * 100_001 + "}\n").encode(),
+            "yaml syntax error": b"0: {c: 1\n5: {c: 2}\n", "yaml merge key": b"base: {c: 1}\n0: {<<: {c: 2}}\n",
+            "yaml alias bomb": bomb.encode(), "yaml tag": b"0: {c: !!python/object:os.system 1}\n",
+            "yaml bad UTF-8": b"0: {c: 1}\n# \xff\n", "yaml duplicate key": b"0: {c: 1}\n0: {c: 2}\n",
+            "yaml BOM": b"\xef\xbb\xbf0: {c: 1}\n"}
+
+
+# The shapes every entry point reads in the default suite: one of each kind of
+# refusal (a bound counted before anything is built, a number refused by its
+# length, text that is not UTF-8, a key twice, YAML 1.1's quadratic base-60,
+# merge keys and aliases) and the byte order mark, which is read. ``-m slow``
+# reads every shape (a float and NaN, syntax errors, YAML tags, nesting and
+# numbers, manifests' other contradicting fields) at every entry point.
+REPRESENTATIVE = ("1e6 keys", "deep 1e5", "int 100,001 digits", "bad UTF-8", "duplicate key", "BOM", "yaml 1e6 keys",
+                  "yaml base-60 3 MB", "yaml merge key", "yaml alias bomb", "yaml BOM", "sequence_length of no feature")
+EVERY_SHAPE = pytest.mark.parametrize("every", [pytest.param(False, id="representative"),
+                                                pytest.param(True, id="every-shape", marks=pytest.mark.slow)])
+
+
+def pick(shapes: dict, every: bool) -> dict:
+    """``shapes``, or only the ``REPRESENTATIVE`` ones."""
+    return shapes if every else {k: v for k, v in shapes.items() if k in REPRESENTATIVE}
+
+
+def check_refusals(results: list[dict], paths: dict[str, str], *, accepted=("BOM", "yaml BOM")) -> None:
+    """Every case refused in one line naming its file (a command: one
+    ``error:`` line, exit status 1, no traceback; a function: its documented
+    error), but those read as they are (a byte order mark)."""
+    for r in results:
+        shape = r["name"].split(" @ ")[0]
+        if shape in accepted:
+            assert r.get("exit_code", 0) == 0 and r["error"] is None, r
+            continue
+        lines = r["output"].strip().splitlines()
+        assert len(lines) == 1 and paths[shape] in lines[0], r
+        assert "Traceback" not in r["output"], r
+        if "exit_code" in r:
+            assert r["exit_code"] == 1 and r["error"] is None and lines[0].startswith("error: "), r
+        else:
+            assert r["error"] in ("ConfigError", "FeederStateError", "CacheError"), r
+
+
+def _write_shapes(folder, shapes: dict[str, bytes], suffix: str) -> dict[str, str]:
+    folder.mkdir(exist_ok=True)
+    paths = {}
+    for name, data in shapes.items():
+        path = folder / (re.sub(r"\W+", "_", name) + suffix)
+        path.write_bytes(data)
+        paths[name] = str(path)
+    return paths
+
+
+@EVERY_SHAPE
+def test_hostile_schedules_end_within_bounds_in_one_line(pristine, tmp_path, every):
+    """``seqcache which --mixture-schedule`` and ``seqcache train``'s reader
+    (``load_mixture_schedule``), on JSON and YAML schedules."""
+    root = os.path.dirname(pristine)
+    name = os.path.basename(pristine)
+    shapes = pick(hostile_json({"0": {name: 1}, "5": {name: 2}}, ["5"], duplicate="0"), every)
+    paths = _write_shapes(tmp_path / "json", shapes, ".json")
+    yaml_shapes = {k: v.replace(b"{c:", f"{{{name}:".encode()) for k, v in pick(hostile_yaml(), every).items()}
+    paths.update(_write_shapes(tmp_path / "yaml", yaml_shapes, ".yaml"))
+    cases = []
+    for shape, path in paths.items():
+        cases.append({"name": f"{shape} @ which", "cli": ["which", root, "--mixture-schedule", path, "--step", "0",
+                                                          "--row", "0", "--batch-size", str(B)]})
+        cases.append({"name": f"{shape} @ train", "call": "seqcache.training.data:load_mixture_schedule",
+                      "args": [path]})
+    results = run_child(tmp_path, cases, warm=["which"])
+    check_refusals([r for r in results if not r["name"].startswith(("BOM", "yaml BOM"))], paths)
+    for r in results:  # a byte order mark is dropped: the schedule is read (and which answers)
+        if r["name"].startswith(("BOM", "yaml BOM")):
+            assert r["error"] is None and r.get("exit_code", 0) == 0, r
+
+
+@EVERY_SHAPE
+def test_hostile_feeder_states_end_within_bounds_in_one_line(pristine, saved_state, tmp_path, every):
+    """A feeder state file and a checkpoint step's ``feeder/metadata``: read by
+    ``seqcache which``, ``Feeder.restore_file`` and the trainer's resume
+    (``load_checkpoint_state``), every refusal naming the file (and the step)."""
+    shapes = pick(hostile_json(saved_state, ["mixture"], duplicate="seed"), every)
+    files = _write_shapes(tmp_path / "states", shapes, ".json")
+    cases, paths = [], dict(files)
+    for shape, path in files.items():
+        step = tmp_path / "ckpt" / re.sub(r"\W+", "_", shape) / "3"
+        (step / "feeder").mkdir(parents=True)
+        (step / "feeder" / "metadata").write_bytes(shapes[shape])
+        cases += [{"name": f"{shape} @ which", "cli": ["which", path, "--step", "3", "--row", "0"]},
+                  {"name": f"{shape} @ restore_file", "call": "seqcache.feeders:Feeder.restore_file", "args": [path],
+                   "kwargs": {"host_index": 0, "host_count": 1}},
+                  {"name": f"{shape} @ resume", "call": "seqcache.feeders.state:load_checkpoint_state",
+                   "args": [str(step)], "kwargs": {"step": 3, "any_feeder": True}}]
+    results = run_child(tmp_path, cases, warm=["which"])
+    step_files = {shape: str(tmp_path / "ckpt" / re.sub(r"\W+", "_", shape) / "3" / "feeder" / "metadata")
+                  for shape in shapes}
+    check_refusals([r for r in results if not r["name"].endswith("resume")], paths)
+    resumed = [r for r in results if r["name"].endswith("resume")]
+    check_refusals(resumed, step_files)
+    for r in resumed:  # the trainer's words: the step, then the file
+        shape = r["name"].split(" @ ")[0]
+        assert shape == "BOM" or r["output"].startswith(f"checkpoint step 3: {step_files[shape]}: "), r
+
+
+@EVERY_SHAPE
+def test_hostile_manifests_end_within_bounds_in_one_line(pristine, raw_manifest, tmp_path, every):
+    """``seqcache info``, ``show``, ``verify`` and ``report`` on manifests with
+    the hostile shapes, a million vocabularies, and fields naming features the
+    cache does not have."""
+    shapes = hostile_json(raw_manifest, ["statistics", "tokens"], duplicate="seed")
+    if every:
+        shapes["1e6 vocabularies"] = hostile_json(raw_manifest, ["vocabularies"], duplicate="seed")["1e6 keys"]
+    for field, value in (("sequence_length", {"bogus": 1}), ("vocabularies", {"bogus": {"kind": "byte"}})):
+        shapes[f"{field} of no feature"] = json.dumps(dict(raw_manifest, **{field: value})).encode()
+    shapes["tokens of no feature"] = json.dumps(dict(raw_manifest, statistics=dict(
+        raw_manifest["statistics"], tokens={"bogus": 1}))).encode()
+    shapes = pick(shapes, every)
+    cases, paths = [], {}
+    for shape, data in shapes.items():
+        cache = tmp_path / "caches" / re.sub(r"\W+", "_", shape)
+        shutil.copytree(pristine, cache)
+        (cache / fmt.MANIFEST_NAME).write_bytes(data)
+        paths[shape] = str(cache / fmt.MANIFEST_NAME)
+        for command in (["info"], ["show"], ["verify"], ["report", "--json"]):
+            cases.append({"name": f"{shape} @ {command[0]}", "cli": [command[0], str(cache)] + command[1:]})
+    results = run_child(tmp_path, cases, warm=["info", "show", "verify", "report"])
+    check_refusals(results, paths, accepted=("BOM",))  # a byte order mark is dropped: the cache is read
+
+
+@EVERY_SHAPE
+def test_hostile_config_files_end_within_bounds_in_one_line(tmp_path, every):
+    """``seqcache train --config``'s reader (``load_config_file``): a config
+    file holds at most 1 MiB, so a million keys is refused by its size."""
+    shapes = pick(hostile_json({"steps": 5, "seed": 1, "optimizer": {"lr": 0.001}}, ["optimizer", "lr"],
+                               duplicate="steps"), every)
+    paths = _write_shapes(tmp_path / "configs", shapes, ".json")
+    cases = [{"name": f"{shape} @ train --config", "call": "seqcache.training.config:load_config_file",
+              "args": [path]} for shape, path in paths.items()]
+    results = run_child(tmp_path, cases)
+    check_refusals(results, paths)

@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -114,6 +115,15 @@ MANIFEST_CASES = [
      "shards[2].num_records = 1000000000000000, expected an integer in [0, 2^40)"),
     ("shard-records", lambda raw: (_column(raw, "num_records", [8, 8, 2**50]), raw.update(num_examples=16 + 2**50)),
      "shards[2].num_records = 1125899906842624, expected an integer in [0, 2^40)"),
+    # Fields that name a feature the cache does not have (was: a 46-line traceback from info, "ok" from verify).
+    ("sequence-length-feature", lambda raw: raw.update(sequence_length={"bogus": 1}),
+     "sequence_length names the feature 'bogus', which the cache does not have (its features: ['targets'])"),
+    ("tokens-feature", lambda raw: raw["statistics"].update(tokens={"targets": 1, **{f"x{i}": 1 for i in range(9)}}),
+     "statistics.tokens names the feature 'x0' (and 8 more), which the cache does not have"),
+    ("vocabularies-feature", lambda raw: raw.update(vocabularies={"bogus": {"kind": "byte"}}),
+     "vocabularies names the feature 'bogus'"),
+    ("too-many-keys", lambda raw: raw["statistics"].update(tokens={f"x{i}": 1 for i in range(2**16 + 1)}),
+     "an object of the manifest has more than 65,536 keys"),
 ]
 
 
@@ -257,12 +267,12 @@ def test_a_schedule_file_is_read_within_bounds(pristine, tmp_path):
     root = os.path.dirname(pristine)
     for text, words in (('{"0": {"c": NaN}}', "NaN is not a JSON number"),
                         ('{"0": ' + _nested(DEEP) + "}", "nested deeper than 64 levels"),
-                        ('{"1' + "0" * 30 + '": {"c": 1}}', "is not a step number in [0, 2^62)"),
-                        ('{"0": {"c": -1}}', "stage 0: expected `float` >= 0.0 (got {'c': -1})"),
-                        ('{"0": {"c": true}}', "stage 0: expected `float` (got {'c': True})"),
-                        ('{"0": []}', "stage 0: expected `object` (got [])"),
+                        ('{"1' + "0" * 30 + '": {"c": 1}}', "is not an integer in [0, 2^62)"),
+                        ('{"0": {"c": -1}}', "rate of 'c' at step 0 is -1, expected a number >= 0"),
+                        ('{"0": {"c": true}}', "rate of 'c' at step 0 is True, expected a number >= 0"),
+                        ('{"0": []}', "the stage at step 0 must map tasks to rates (got [])"),
                         ('{"0": {"c": 1}, "00": {"c": 2}}', "step 0 is given twice"),
-                        ('{"0": {"c": 1}, "\u0661": {"c": 2}}', "is not a step number in [0, 2^62)")):
+                        ('{"0": {"c": 1}, "\u0661": {"c": 2}}', "is not an integer in [0, 2^62)")):
         path = tmp_path / "schedule.json"
         path.write_text(text)
         out = run_cli("which", root, "--mixture-schedule", path, "--step", 0, "--row", 0, "--batch-size", B)
@@ -377,11 +387,12 @@ def test_the_bounded_loader_counts_values_and_a_shared_one_each_time(tmp_path):
         assert inspect.signature(reader).parameters["max_nodes"].default == bounded_json.MAX_NODES == 2**23
     text = json.dumps({"a": [1, 2, [3, 4]], "b": "x"})  # 8 values: the object, a, its 3 items, 3 and 4, b
     assert bounded_json.loads(text, path="x", max_nodes=8) == json.loads(text)
-    with pytest.raises(fmt.CacheError, match=r"^x: the manifest holds more than 7 values \(at a\[2\]"):
+    # Counted in the text before anything is built, and refused where the bound is passed (the 8th value's comma).
+    with pytest.raises(fmt.CacheError, match=r"^x: line 1, column 21: the manifest holds more than 7 values$"):
         bounded_json.loads(text, path="x", error=fmt.CacheError, max_nodes=7, what="manifest")
     path = tmp_path / "m.json"
     path.write_text(text)
-    with pytest.raises(ValueError, match=f"^{path}: the JSON file holds more than 5 values"):
+    with pytest.raises(ValueError, match=f"^{path}: line 1, column 14: the JSON file holds more than 5 values"):
         bounded_json.read_file(str(path), max_nodes=5)
     # A decoded value with shared parts (a dict handed over, aliases): ten levels
     # of nine references to the level below stand for 9^10 values; the walk
@@ -499,7 +510,7 @@ def test_a_duplicate_key_is_refused_in_manifests_states_schedules_and_set_values
         data_lib.load_mixture_schedule(str(schedule))
     yaml_schedule = tmp_path / "schedule.yaml"
     yaml_schedule.write_text("0:\n  wiki: 1\n  wiki: 3\n")
-    with pytest.raises(config_lib.ConfigError, match=f"^{yaml_schedule}: the key 'wiki' appears twice"):
+    with pytest.raises(config_lib.ConfigError, match=f"^{yaml_schedule}: line 3, column 3: the key 'wiki' appears twice"):
         data_lib.load_mixture_schedule(str(yaml_schedule))
     # A --set value and a config file.
     with pytest.raises(config_lib.ConfigError, match="the key 'a' appears twice in one object") as e:
@@ -509,6 +520,155 @@ def test_a_duplicate_key_is_refused_in_manifests_states_schedules_and_set_values
     config.write_text('{"steps": 5, "steps": 50}')
     with pytest.raises(config_lib.ConfigError, match=f"^{config}: the config file has the key 'steps' twice"):
         config_lib.load_config_file(str(config))
+
+
+# --- one rule for the text of a file; parse errors at their line and column ---------
+
+
+def test_a_byte_order_mark_is_dropped_at_the_first_byte_of_every_file_and_nowhere_else(pristine, state, tmp_path):
+    """The one BOM policy (bounded_json.decode_text; the sources' BOM is the
+    same bytes): a manifest, a feeder state, a checkpoint's feeder state, a
+    JSON and a YAML schedule and a config file are read with one; one anywhere
+    else is a character, outside a string a syntax error at its line and column."""
+    import shutil
+
+    from seqcache import bounded_json, bounded_yaml
+    from seqcache.feeders import state as state_lib
+    from seqcache.tasks.sources import base
+    from seqcache.training import data as data_lib
+
+    assert base.BOM == bounded_json.BOM == "\ufeff".encode()
+    bom = bounded_json.BOM
+    assert bounded_json.loads(bom + b'{"a": 1}', path="x") == {"a": 1} == bounded_yaml.loads(bom + b"a: 1", path="x")
+    assert bounded_json.loads("\ufeff[1]", path="x") == [1]
+    with pytest.raises(ValueError, match="^x: line 1, column 7: the JSON file is not valid JSON: Expecting value$"):
+        bounded_json.loads(b'{"a": ' + bom + b"1}", path="x")
+    assert bounded_json.loads(b'{"a": "' + bom + b'"}', path="x") == {"a": "\ufeff"}
+    with pytest.raises(ValueError, match="^x: line 2, column 1: the JSON file is not valid JSON"):
+        bounded_json.loads(b'{"a": 1}\n' + bom, path="x")
+    with pytest.raises(ValueError, match="^x: the JSON file is UTF-16 text .*: save it as UTF-8$"):
+        bounded_json.loads('{"a": 1}'.encode("utf-16"), path="x")
+    cache = shutil.copytree(pristine, tmp_path / "c")
+    manifest = os.path.join(cache, fmt.MANIFEST_NAME)
+    with open(manifest, "rb") as f:
+        text = f.read()
+    with open(manifest, "wb") as f:
+        f.write(bom + text)
+    assert fmt.read_manifest(str(cache), check_shards=True).num_examples == N
+    state_file = tmp_path / "state.json"
+    state_file.write_bytes(bom + json.dumps(state).encode())
+    assert state_lib.load_state(str(state_file)) == state
+    step = tmp_path / "ckpt" / "2"
+    (step / "feeder").mkdir(parents=True)
+    (step / "feeder" / "metadata").write_bytes(bom + json.dumps(state).encode())
+    assert state_lib.load_state(str(step)) == state == state_lib.load_checkpoint_state(str(step))
+    for name, text in (("s.json", b'{"0": {"a": 1}}'), ("s.yaml", b"0: {a: 1}\n")):
+        (tmp_path / name).write_bytes(bom + text)
+        assert data_lib.load_mixture_schedule(str(tmp_path / name)) == {0: {"a": 1.0}}
+    config = tmp_path / "config.json"
+    config.write_bytes(bom + b'{"steps": 5}')
+    assert config_lib.load_config_file(str(config)).steps == 5
+
+
+@pytest.mark.parametrize("name, text, words", [
+    ("s.json", b'{"0": {"a": 1},\n "5": {"a": 2,}}', "line 2, column 15: the mixture schedule is not valid JSON: "
+                                                    "Expecting property name enclosed in double quotes"),
+    ("s.json", b'{"0": {"a": 1}}\n{"5": {"a": 2}}', "line 2, column 1: the mixture schedule is not valid JSON: "
+                                                   "Extra data"),
+    ("s.json", b'{"0": {"a": "\xe9"}}', "line 1, column 14: the mixture schedule is not UTF-8 text (byte 0xe9: "),
+    ("s.yaml", b"0: {a: 1\n5: {a: 2}\n", "line 2, column 2: the mixture schedule is not valid YAML: … "
+                                         "(while parsing a flow mapping at line 1, column 4)"),
+    ("s.yaml", b"0:\n  a: 1\n   b: 2\n", "line 3, column 5: the mixture schedule is not valid YAML: mapping "
+                                         "values are not allowed"),
+    ("s.yaml", b"0: {a: !!float 1}\n", "line 1, column 8: tag tag:yaml.org,2002:float: a mixture schedule may not "
+                                      "use YAML tags"),
+    ("s.yaml", b"0: {a: 1}\n---\n5: {a: 2}\n", "line 2, column 1: a second YAML document (---)"),
+    ("s.yaml", b"0: {? [a]: 1}\n", "line 1, column 7: a mapping key that is not a scalar"),
+])
+def test_a_file_that_does_not_parse_is_one_line_naming_the_line_and_column(tmp_path, name, text, words):
+    from seqcache.training import data as data_lib
+
+    path = tmp_path / name
+    path.write_bytes(text)
+    with pytest.raises(config_lib.ConfigError) as e:
+        data_lib.load_mixture_schedule(str(path))
+    head, _, tail = words.partition(" … ")  # the parser's own words between (libyaml's or PyYAML's)
+    message = str(e.value)
+    assert message.startswith(f"{path}: {head}") and message.endswith(tail) and "\n" not in message, message
+
+
+def test_yaml_schedules_are_read_as_yaml_1_2_core(tmp_path):
+    """What a YAML 1.1 reader (PyYAML's SafeLoader) reads otherwise: base-60
+    integers (quadratic), yes/no booleans, octal 010, dates, merge keys."""
+    from seqcache import bounded_yaml
+
+    text = "a: 1:59:59\nb: yes\nc: 010\nd: 2024-01-01\ne: 0o10\nf: 0x1F\ng: 1e3\nh: ~\ni: TRUE\nj: '<<'\nk: 0b11\n"
+    assert bounded_yaml.loads(text, path="x") == {"a": "1:59:59", "b": "yes", "c": 10, "d": "2024-01-01", "e": 8,
+                                                  "f": 31, "g": 1000.0, "h": None, "i": True, "j": "<<", "k": "0b11"}
+    for text, words in (("a: {<<: {b: 1}}", "line 1, column 5: merge key <<"),
+                        ("a: &x 1\nb: *x", "line 1, column 4: anchor &x"),
+                        ("a: " + "[" * 65 + "]" * 65, "line 1, column 67: the YAML file is nested deeper than 64"),
+                        ("{" + ", ".join(f"k{i}: 1" for i in range(11)) + "}", "a mapping of the YAML file has more "
+                                                                              "than 10 keys"),
+                        ("[" + "1, " * 100 + "1]", "the YAML file holds more than 100 values"),
+                        ("a: -.inf", "-.inf is not a finite number"),
+                        ("a: 18446744073709551616", "18446744073709551616 is out of range (|n| < 2^64)")):
+        with pytest.raises(ValueError, match="^x: " + ("line [0-9]+, column [0-9]+: " if "line" not in words else "")
+                           + re.escape(words)):
+            bounded_yaml.loads(text, path="x", max_keys=10, max_nodes=100)
+
+
+def test_feeder_restore_file_reads_a_state_file_or_a_checkpoint_step(pristine, state, tmp_path):
+    """The documented safe way to restore a state from a file: bounded, no key
+    twice; Feeder.restore(dict) cannot know json.load kept the last of two."""
+    from seqcache.feeders import restore_feeder
+
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    step = tmp_path / "ckpt" / "2"
+    (step / "feeder").mkdir(parents=True)
+    (step / "feeder" / "metadata").write_text(json.dumps(state))
+    with Feeder(cache=pristine, global_batch_size=B, sequence_length=8, host_index=0, host_count=1) as f:
+        want = f.get_batch(2)
+    for source in (path, str(path), step):
+        for restore in (Feeder.restore_file, restore_feeder):
+            with restore(source, host_index=0, host_count=1) as g:
+                assert g.step == 2
+                assert all(np.array_equal(g.get_batch(2)[k], want[k]) for k in want)
+    twice = json.dumps(state)[:-1] + ', "seed": 1}'
+    path.write_text(twice)
+    (step / "feeder" / "metadata").write_text(twice)
+    assert json.loads(twice)["seed"] == 1  # what Python's json (and Orbax's JsonRestore) would restore
+    with pytest.raises(FeederStateError, match=f"^{re.escape(str(path))}: the feeder state has the key 'seed' twice"):
+        Feeder.restore_file(path, host_index=0, host_count=1)
+    metadata = re.escape(str(step / "feeder" / "metadata"))
+    with pytest.raises(FeederStateError, match=f"^checkpoint step 2: {metadata}: the feeder state has the key 'seed' "
+                                               "twice"):
+        restore_feeder(step, host_index=0, host_count=1)
+    with pytest.raises(FeederStateError, match=f"^checkpoint step 7: {re.escape(str(tmp_path / 'ckpt' / '7'))}/feeder/"
+                                               "metadata: no feeder state here"):
+        (tmp_path / "ckpt" / "7").mkdir()
+        Feeder.restore_file(tmp_path / "ckpt" / "7", host_index=0, host_count=1)
+
+
+def test_info_and_show_bound_their_tables(pristine, tmp_path):
+    """A table shows at most MAX_ROWS rows (a cell at most MAX_ROWS items), then
+    "… and K more"; --json gives every one."""
+    import shutil
+
+    from seqcache.cli.commands import common
+
+    cache = shutil.copytree(pristine, tmp_path / "c")
+    kinds = {f"kind{i:04d}": 1 for i in range(250)}
+    edit_manifest(cache, lambda raw: raw["statistics"].update(
+        skipped_records=250, bad_input_records={"skipped": kinds, "records": {"skipped": 250}},
+        excluded_by_benchmark={f"bench{i:04d}": 0 for i in range(150)}))
+    out = CliRunner().invoke(main, ["info", str(cache)], terminal_width=10_000).output
+    assert "kind0099 1, … and 150 more" in out and "kind0100" not in out, out
+    assert "bench0099" in out and "bench0100" not in out and "… and 50 more benchmarks" in out, out
+    assert common.head(range(5), 3) == ([0, 1, 2], "… and 2 more") and common.head([1], 3) == ([1], None)
+    out = CliRunner().invoke(main, ["info", str(cache), "--json"]).output
+    assert len(json.loads(out)["statistics"]["bad_input_records"]["skipped"]) == 250
 
 
 def test_verify_refuses_token_ids_at_or_above_the_manifests_vocab_size(built_lm, tmp_path):
@@ -646,3 +806,25 @@ def test_a_bad_mixture_rate_names_the_cache_and_the_state_file(pristine, tmp_pat
     path.write_text(json.dumps(state))
     out = run_cli("which", path, "--step", 0, "--row", 0)
     assert f"{path}: mixture[0].rate = 0 (cache '{pristine}'), expected a number > 0" in out, out
+
+
+def test_the_report_page_bounds_its_lists():
+    """The HTML report shows at most MAX_ROWS features, kinds and tasks a list,
+    then "… and K more" (``--json`` keeps every one): a manifest of 250
+    features' statistics or a quarantine of 250 kinds makes a page of 100."""
+    from seqcache.cli import report_html
+    from seqcache.cli.commands import common
+
+    many = {f"f{i:03d}": i for i in range(250)}
+    report = {"caches": [{"summary": {"statistics": {"tokens": many, "mean_length": many, "examples": 3}},
+                          "lengths": dict(many), "packing": dict(many),
+                          "quarantine": {"kinds": [{"kind": f"k{i}"} for i in range(250)], "file": None}}],
+              "mixture": {"tasks": [{"task": f"t{i}"} for i in range(250)]}}
+    page = report_html.bounded(report)
+    (cache,) = page["caches"]
+    assert list(cache["summary"]["statistics"]["tokens"]) == [f"f{i:03d}" for i in range(common.MAX_ROWS)]
+    assert cache["summary"]["statistics"]["examples"] == 3
+    assert len(cache["lengths"]) == len(cache["packing"]) == len(cache["quarantine"]["kinds"]) == common.MAX_ROWS
+    assert cache["more"] == {key: "… and 150 more" for key in ("tokens", "mean_length", "lengths", "packing", "kinds")}
+    assert len(page["mixture"]["tasks"]) == common.MAX_ROWS and page["mixture"]["more_tasks"] == "… and 150 more"
+    assert len(report["caches"][0]["lengths"]) == 250  # the report itself (and --json) keeps every one

@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 
 from seqcache.feeders import checkpoint as feeder_checkpoint
 from seqcache.feeders import compat
+from seqcache.feeders import state as feeder_state_lib
 from seqcache.feeders.reader import ClosedOnExit
 
 STATE_ITEM = "state"
@@ -100,9 +101,10 @@ class Checkpointer(ClosedOnExit):
         mesh than at save time is fine).
 
         Raises:
-          CheckpointError: no checkpoint; the step has no feeder state; the feeder
-            state has no or a different global batch size (the message names both
-            values).
+          CheckpointError: no checkpoint; the step has no feeder state; a feeder
+            state that cannot be read or checked (``load_checkpoint_state``:
+            ``checkpoint step 40: DIR/40/feeder/metadata: ...``, one line); a
+            different global batch size (the message names both values).
         """
         if step is None:
             step = self.latest_step()
@@ -117,14 +119,17 @@ class Checkpointer(ClosedOnExit):
                 f"{path}: checkpoint has no feeder state (item {FEEDER_ITEM!r}; found {sorted(items)}), so "
                 "the data stream cannot be resumed exactly. Train from scratch with an empty checkpoint "
                 "directory, or restore this checkpoint's parameters yourself.")
-        feeder_state = self._manager.restore(
-            step, args=ocp.args.Composite(**{FEEDER_ITEM: feeder_checkpoint.feeder_restore_args()})
-        )[FEEDER_ITEM]
-        if not isinstance(feeder_state, dict) or "global_batch_size" not in feeder_state:
-            raise CheckpointError(
-                f"{path}: the feeder state has no 'global_batch_size' (got keys "
-                f"{sorted(feeder_state) if isinstance(feeder_state, dict) else type(feeder_state).__name__})")
-        saved = int(feeder_state["global_batch_size"])
+        try:
+            # Read by seqcache's bounded reader, not Orbax's JsonRestore (Python's json: no
+            # bounds, a key given twice kept silently, a traceback for what it cannot read).
+            feeder_state = feeder_state_lib.load_checkpoint_state(path, step=step, any_feeder=True)
+        except feeder_state_lib.FeederStateError as e:
+            raise CheckpointError(str(e)) from None
+        saved = feeder_state.get("global_batch_size") if isinstance(feeder_state, dict) else None
+        if isinstance(saved, bool) or not isinstance(saved, int):
+            keys = sorted(feeder_state) if isinstance(feeder_state, dict) else type(feeder_state).__name__
+            raise CheckpointError(f"checkpoint step {step}: {os.path.join(path, feeder_state_lib.STATE_IN_STEP)}: the "
+                                  f"feeder state has no integer 'global_batch_size' (got keys {keys})")
         try:
             compat.check_global_batch(saved, int(global_batch_size), restored_from="checkpoint was saved with",
                                       current_from="the current config has")

@@ -29,10 +29,11 @@ import os
 import types
 from typing import Any, Callable, Mapping, Sequence
 
-from seqcache import bounded_json, layout
+from seqcache import layout
 from seqcache import format as fmt
 from seqcache import lengths as lengths_lib
 from seqcache.feeders import Feeder
+from seqcache.feeders import schedule_file
 from seqcache.feeders.converters import ConvertedFeeder
 from seqcache.feeders.stream import check_same_features
 from seqcache.tasks import registry
@@ -50,130 +51,23 @@ class Source:
     name: str
 
 
-# The most bytes a mixture schedule file may have (as ``seqcache which`` and a
-# feeder state): a schedule of thousands of stages takes well under 1 MiB.
-MAX_SCHEDULE_BYTES = 16 << 20
-
-
-class _YamlAliasError(Exception):
-    """A YAML anchor (``&a``) or alias (``*a``, ``<<: *a``) in a mixture
-    schedule, at ``line`` and ``column`` (1-based)."""
-
-    def __init__(self, kind: str, name: str, line: int, column: int):
-        super().__init__(f"line {line}, column {column}: {kind} {name}")
-        self.kind, self.name, self.line, self.column = kind, name, line, column
-
-
-def _schedule_yaml_loader(yaml):
-    """PyYAML's SafeLoader for a mixture schedule. It refuses an anchor or an
-    alias (``_YamlAliasError``) as the parser meets it, before anything is
-    built: a schedule never needs them, and ten lines of aliases of the line
-    before ("billion laughs") stand for 9^10 values that nothing could walk.
-    It refuses a mapping that has a key twice (PyYAML keeps the last value)
-    with ``seqcache.bounded_json.DuplicateKeyError``."""
-    class ScheduleLoader(yaml.SafeLoader):
-        def compose_node(self, parent, index):
-            event = self.peek_event()
-            alias = isinstance(event, yaml.AliasEvent)
-            if alias or getattr(event, "anchor", None) is not None:
-                raise _YamlAliasError("alias" if alias else "anchor", ("*" if alias else "&") + event.anchor,
-                                      event.start_mark.line + 1, event.start_mark.column + 1)
-            return super().compose_node(parent, index)
-
-        def construct_mapping(self, node, deep=False):
-            seen = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    if key in seen:
-                        raise bounded_json.DuplicateKeyError(key)
-                    seen.add(key)
-                except TypeError:  # an unhashable key: SafeLoader refuses it itself
-                    continue
-            return super().construct_mapping(node, deep=deep)
-
-    return ScheduleLoader
-
-
-def _read_schedule(path: str) -> Any:
-    """The decoded schedule file (JSON, or YAML for ``.yaml``/``.yml``), within
-    ``seqcache.bounded_json``'s bounds: at most ``MAX_SCHEDULE_BYTES``, and no
-    YAML anchors or aliases.
-
-    Raises:
-      ConfigError: naming the file, and the line of a YAML anchor or alias.
-    """
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SCHEDULE_BYTES + 1)  # no more than one byte past the bound
-        if not path.endswith((".yaml", ".yml")):
-            return bounded_json.loads(data, path=path, error=ConfigError, max_bytes=MAX_SCHEDULE_BYTES,
-                                      what="mixture schedule")
-        if len(data) > MAX_SCHEDULE_BYTES:
-            raise ConfigError(f"{path}: the mixture schedule is larger than the {MAX_SCHEDULE_BYTES:,} bytes allowed")
-        import yaml  # optional: PyYAML (a JSON schedule needs none)
-
-        raw = yaml.load(data.decode("utf-8"), Loader=_schedule_yaml_loader(yaml))
-        bounded_json.check_tree(raw, path=path, error=ConfigError, what="mixture schedule")
-        return raw
-    except ConfigError:
-        raise
-    except _YamlAliasError as e:
-        raise ConfigError(f"{path}: {e}: a mixture schedule may not use YAML anchors or aliases "
-                          "(&name, *name, <<: *name); write each stage out in full") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: the mixture schedule is nested too deep") from None
-    except bounded_json.DuplicateKeyError as e:
-        raise ConfigError(f"{path}: {e} (YAML readers disagree on which value counts); keep one") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"{path}: cannot read the mixture schedule: {e}") from None
-    except ImportError:
-        raise ConfigError(f"{path}: reading a YAML mixture schedule needs PyYAML (pip install pyyaml); "
-                          "or write it as JSON") from None
-    except Exception as e:  # yaml.YAMLError
-        raise ConfigError(f"{path}: cannot parse the mixture schedule: {e}") from None
+# The most bytes a mixture schedule file may have (``seqcache.feeders.schedule_file``).
+MAX_SCHEDULE_BYTES = schedule_file.MAX_SCHEDULE_BYTES
 
 
 def load_mixture_schedule(path: str) -> dict[int, dict[str, float]]:
     """Reads a mixture schedule, JSON or YAML (``.yaml``/``.yml``), {step: {task
     or cache folder: rate}}, e.g. ``{"0": {"wiki": 1}, "10000": {"wiki": 3, "code": 1}}``:
     steps are integers >= 0, the first 0; rates numbers >= 0 (0 or left out: not read).
-    The file is read within ``seqcache.bounded_json``'s bounds (at most
-    ``MAX_SCHEDULE_BYTES`` and ``bounded_json.MAX_NODES`` values); a YAML
-    anchor or alias (``&a``, ``*a``) is refused where it stands.
+    The file is read by ``seqcache.feeders.schedule_file.read_schedule_file``
+    (bounded JSON, or YAML 1.2 without anchors, aliases, merge keys or tags).
 
     Raises:
       ConfigError: the file cannot be read or parsed, is out of bounds, uses
-        YAML anchors or aliases, or a step or rate is bad; the message names
-        the file and the entry.
+        YAML anchors, aliases, merge keys or tags, or a step or rate is bad; the
+        message names the file, and the line and column where the parser knows them.
     """
-    raw = _read_schedule(path)
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f"{path}: a mixture schedule is a mapping {{step: {{task: rate}}}} "
-                          f"(got {bounded_json.short(raw)})")
-    out: dict[int, dict[str, float]] = {}
-    for key, stage in raw.items():
-        try:
-            step = int(key) if not isinstance(key, bool) and str(key).strip().isdigit() else None
-        except ValueError:
-            step = None
-        if step is None or step >= 2**62:
-            raise ConfigError(f"{path}: schedule step {bounded_json.short(key)} is not an integer in [0, 2^62)")
-        if not isinstance(stage, dict) or not stage:
-            raise ConfigError(f"{path}: the stage at step {step} must map tasks to rates "
-                              f"(got {bounded_json.short(stage)})")
-        rates = {}
-        for name, rate in stage.items():
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 2**53:
-                raise ConfigError(f"{path}: rate of {name!r} at step {step} is {bounded_json.short(rate)}, "
-                                  "expected a number >= 0 (below 2^53)")
-            rates[str(name)] = float(rate)
-        if step in out:
-            raise ConfigError(f"{path}: step {step} is given twice")
-        out[step] = rates
-    if 0 not in out:
-        raise ConfigError(f"{path}: a mixture schedule starts at step 0 (its first stage is at step {min(out)})")
-    return dict(sorted(out.items()))
+    return schedule_file.read_schedule_file(path, error=ConfigError)
 
 
 def _schedule_source(schedule: dict[int, dict[str, float]], data: DataConfig, split: str, *,

@@ -196,6 +196,29 @@ def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
+# The most rows a table of `seqcache info`, `show` or `report` shows, and the
+# most items a list in one of its cells names; the rest is one "… and K more"
+# (`--json` gives every one). What a manifest holds is bounded by its reader,
+# not by what a terminal or a page can show: a hand-edited one once made
+# `info` print 100,000 rows in 28 s.
+MAX_ROWS = 100
+
+
+def head(items, limit: int = MAX_ROWS) -> tuple[list, str | None]:
+    """(the first ``limit`` of ``items``, ``"… and K more"`` or None when
+    there are no more)."""
+    items = items if isinstance(items, (list, tuple)) else list(items)
+    if len(items) <= limit:
+        return list(items), None
+    return list(items[:limit]), f"… and {len(items) - limit:,} more"
+
+
+def joined(items, limit: int = MAX_ROWS) -> str:
+    """``", ".join`` of the first ``limit`` of ``items`` (strings), then "… and K more"."""
+    shown, more = head(items, limit)
+    return ", ".join(shown + ([more] if more else []))
+
+
 def _stderr_is_fd2() -> bool:
     """Whether ``sys.stderr`` writes to file descriptor 2 (not under click's test runner)."""
     try:
@@ -333,7 +356,7 @@ MODULES_OPTION = click.option("--module", "modules", multiple=True,
                               help="Python module that registers tasks and mixtures (repeatable).")
 
 
-def schedule_option(help_text: str = "A JSON file {step: {PATH: rate}}: rates that change at given steps; PATH is "
+def schedule_option(help_text: str = "A JSON or YAML file {step: {PATH: rate}}: rates that change at given steps; PATH is "
                     "relative to CACHE_OR_MIXTURE."):
     return click.option("--mixture-schedule", "schedule", type=click.Path(exists=True, dir_okay=False), help=help_text)
 
@@ -508,7 +531,7 @@ def describe_bad_input(statistics: Mapping[str, Any]) -> list[str]:
         total = int(records.get(action) or (statistics.get(total_key) if total_key else 0) or 0)
         if not total:
             continue
-        detail = ", ".join(f"{kind} {n:,}" for kind, n in kinds.items())
+        detail = joined([f"{kind} {n:,}" for kind, n in kinds.items()])
         noun = "record" if total == 1 else "records"
         out.append(f"{action} {total:,} {noun}{tail}" + (f" ({detail})" if detail else ""))
     return out

@@ -19,7 +19,6 @@ from rich.text import Text
 from seqcache import bounded_json, fs, layout, tasks
 from seqcache import format as fmt
 from seqcache import lengths as lengths_lib
-from seqcache import manifest as schema
 from seqcache.cli.commands import common
 from seqcache.feeders.reader import CacheReader
 from seqcache.tasks import describe_record
@@ -30,12 +29,20 @@ from seqcache.cli.verify import verify_cache
 
 
 def _open(cache_dir, *, open_shards=True):
-    """A reader of the cache at ``cache_dir``: ``CacheReader``, or ``UrlCacheReader`` for a URL."""
+    """A reader of the cache at ``cache_dir``: ``CacheReader``, or ``UrlCacheReader``
+    for a URL, its manifest checked as verify checks it (``Manifest.check_shards``)."""
     try:
-        return (UrlCacheReader if fs.is_url(cache_dir) else CacheReader)(cache_dir, open_shards=open_shards)
+        reader = (UrlCacheReader if fs.is_url(cache_dir) else CacheReader)(cache_dir, open_shards=open_shards)
     except (fmt.CacheError, OSError) as e:
         common.print_error(e)
         sys.exit(1)
+    try:
+        reader.manifest.check_shards()
+    except fmt.CacheError as e:
+        reader.close()
+        common.print_error(e)
+        sys.exit(1)
+    return reader
 
 
 def packing_efficiency(manifest: fmt.Manifest) -> dict[str, float] | None:
@@ -102,6 +109,25 @@ def _evaluation_rows(t: Table, evaluation) -> None:
         t.add_row("target text", ", ".join(map(str, evaluation["pretokenized"])) + " (source text, UTF-8)")
 
 
+def _feature_rows(t: Table, m, efficiency) -> None:
+    """``info``'s rows of each feature: its vocabulary, tokens and packing
+    efficiency, at most ``common.MAX_ROWS`` of each."""
+    stats = m.statistics
+    for rows, label in (
+            ([(f"vocabulary ({name})", ", ".join(f"{k}={v}" for k, v in vocab.to_json().items() if k != "sha256"))
+              for name, vocab in m.vocabularies.items()], "vocabularies"),
+            ([(f"tokens ({name})", f"{n:,} (mean {(stats.mean_length or {}).get(name, 0):,.1f}, max "
+                                   f"{(stats.max_length or {}).get(name, 0):,} per example)")
+              for name, n in (stats.tokens or {}).items()], "tokens"),
+            ([(f"packing efficiency ({name})", f"{eff:.1%} (non-padding tokens / all tokens)")
+              for name, eff in (efficiency or {}).items()], "packing efficiency")):
+        shown, more = common.head(rows)
+        for row in shown:
+            t.add_row(*row)
+        if more:
+            t.add_row(label, f"{more} features")
+
+
 def _record_rows(t: Table, m) -> None:
     """``info``'s rows of the source records: counts, bad input and the records
     excluded per benchmark (the quarantine file named where it lists some)."""
@@ -112,9 +138,12 @@ def _record_rows(t: Table, m) -> None:
             t.add_row(key.replace("_", " "), f"{getattr(stats, key):,}")
     for line in common.describe_bad_input(stats.to_json()):
         t.add_row("bad input", line)
-    for name, n in (stats.excluded_by_benchmark or {}).items():
+    excluded, more = common.head((stats.excluded_by_benchmark or {}).items())
+    for name, n in excluded:
         listed = f" ({m.quarantine})" if n and m.quarantine else ""
         t.add_row("excluded", f"{common.plural(n, 'record')} overlapping benchmark {name}{listed}")
+    if more:
+        t.add_row("excluded", f"{more} benchmarks")
 
 
 @click.command(context_settings=common.BEAM_OPTIONS_CONTEXT, epilog=common.BEAM_OPTIONS_EPILOG)
@@ -132,9 +161,8 @@ def info(ctx, cache_dir, as_json, shards):
     and, with every checksum, by `seqcache verify`."""
     common.filesystem_options(ctx.args)
     try:
-        m = fmt.read_manifest(cache_dir)
-        # Every shard's sizes against its records: the totals shown must add up.
-        schema.check_shard_sizes(m, fs.join(cache_dir, fmt.MANIFEST_NAME))
+        # Checked as verify checks it (every shard's entry, its sizes against its records): the totals shown add up.
+        m = fmt.read_manifest(cache_dir, check_shards=True)
     except (fmt.CacheError, OSError) as e:
         common.print_error(e)
         sys.exit(1)
@@ -166,16 +194,8 @@ def info(ctx, cache_dir, as_json, shards):
     t.add_row("packing", _shown(d["packing"]))
     if d["preprocessors"]:
         t.add_row("preprocessors", ", ".join(d["preprocessors"]))
-    t.add_row("features", ", ".join(f"{f['name']}:{f['dtype']}" for f in d["features"]))
-    for name, vocab in m.vocabularies.items():
-        t.add_row(f"vocabulary ({name})", ", ".join(f"{k}={v}" for k, v in vocab.to_json().items() if k != "sha256"))
-    for name, n in (stats.tokens or {}).items():
-        t.add_row(
-            f"tokens ({name})",
-            f"{n:,} (mean {(stats.mean_length or {}).get(name, 0):,.1f}, max {(stats.max_length or {}).get(name, 0):,} per example)",
-        )
-    for name, eff in (d["packing_efficiency"] or {}).items():
-        t.add_row(f"packing efficiency ({name})", f"{eff:.1%} (non-padding tokens / all tokens)")
+    t.add_row("features", common.joined([f"{f['name']}:{f['dtype']}" for f in d["features"]]))
+    _feature_rows(t, m, d["packing_efficiency"])
     _evaluation_rows(t, d["evaluation"])
     _record_rows(t, m)
     t.add_row("sources", common.plural(m.num_sources, "file"))
@@ -187,8 +207,11 @@ def info(ctx, cache_dir, as_json, shards):
     console.print(t, markup=False)
     if shards:
         st = Table("file", "records", "bytes", title="shards")
-        for s in m.shards:
+        for i in range(min(len(m.shards), common.MAX_ROWS)):
+            s = m.shards[i]
             st.add_row(s.file, f"{s.num_records:,}", f"{s.num_bytes:,}")
+        if len(m.shards) > common.MAX_ROWS:
+            st.add_row(f"… and {len(m.shards) - common.MAX_ROWS:,} more (seqcache info --json lists every shard)", "", "")
         console.print(st, markup=False)
     if problem:
         common.stderr_console().print(
@@ -237,7 +260,8 @@ def show(ctx, cache_dir, indices, count, ids, max_chars, as_json):
                 continue
             console.print(common.styled("bold", name, f": {entry['length']} tokens, "
                                         f"{len(entry['segments'])} segment(s)"), highlight=False)
-            for k, seg in enumerate(entry["segments"], 1):
+            segments, more = common.head(entry["segments"])
+            for k, seg in enumerate(segments, 1):
                 p = seg.get("provenance") or {}
                 where = f"{p.get('path')} {describe_record(p.get('path'), p.get('locator'), p.get('record_number'))}" \
                     if p else "unknown source"
@@ -249,6 +273,8 @@ def show(ctx, cache_dir, indices, count, ids, max_chars, as_json):
                     console.out(_cut(seg["text"], max_chars), highlight=False)
                 if "ids" in seg:
                     console.print(f"ids: {seg['ids'][:64]}" + (" …" if seg["length"] > 64 else ""), highlight=False)
+            if more:
+                console.print(f"{more} segments (--json lists every one)", highlight=False)
 
 
 def _read_for_show(reader, cache_dir, indices, count):

@@ -91,7 +91,7 @@ def _open_run(kw: dict, state_path, *, host_count, before_step):
               help="Count the items first read before step N [default with --state: the state's step].")
 @click.option("--max-matches", type=click.IntRange(min=0), default=100, show_default=True,
               help="Matches listed per item (the counts are always whole).")
-@common.caches_options(common.schedule_option("JSON {step: {cache path: rate}}; cache paths relative to "
+@common.caches_options(common.schedule_option("JSON or YAML {step: {cache path: rate}}; cache paths relative to "
                                               "CACHE_OR_MIXTURE."))
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help=common.WORKERS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")

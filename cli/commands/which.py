@@ -6,18 +6,17 @@ import json
 import os
 import sys
 import time
-from typing import Annotated
 
 import click
 import pyarrow.parquet as pq
-from msgspec import Meta
 
-from seqcache import bounded_json, layout
+from seqcache import layout
 from seqcache import format as fmt
 from seqcache.cli.commands import common
 from seqcache.feeders.inverse import excluded_entries, where_in_run, where_in_state
 from seqcache.feeders.provenance import open_checked, locate_row, locate_row_in_state, trace_rows, trace_rows_in_state
-from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE, FeederStateError, load_state
+from seqcache.feeders.schedule_file import read_schedule_file
+from seqcache.feeders.state import MAX_GLOBAL_BATCH_SIZE, STATE_IN_STEP, FeederStateError, load_state
 from seqcache.feeders.stream import open_mixture
 from seqcache.tasks import describe_record, registry
 
@@ -34,11 +33,6 @@ def _parse_rates(pairs, root: str) -> list[tuple[str, float]]:
             raise click.BadParameter(f"rate {rate!r} of {path} is not a number", param_hint="--mixture-rate") from None
         out.append((path if os.path.isabs(path) else os.path.join(root, path), value))
     return out
-
-
-# Where a checkpoint step folder of ``seqcache train`` (an Orbax CheckpointManager
-# step) keeps the feeder state: the "feeder" item, a JSON file named "metadata".
-FEEDER_STATE_IN_STEP = os.path.join("feeder", "metadata")
 
 
 def read_state(path: str, batch_size, seed, num_epochs) -> dict:
@@ -61,36 +55,24 @@ def _checkpoint_steps(folder: str) -> list[int]:
         names = os.listdir(folder)
     except OSError:
         return []
-    return sorted(int(n) for n in names if n.isdigit() and os.path.isfile(os.path.join(folder, n, FEEDER_STATE_IN_STEP)))
-
-
-# A stage of a mixture schedule file: {cache path: rate}, each rate a number in [0, 2^53].
-_Rates = dict[str, Annotated[float, Meta(ge=0, le=bounded_json.MAX_COUNT)]]
+    return sorted(int(n) for n in names if n.isdigit() and os.path.isfile(os.path.join(folder, n, STATE_IN_STEP)))
 
 
 def read_schedule(path: str, root: str) -> dict[int, dict[str, float]]:
-    """A mixture schedule file: JSON ``{"STEP": {"CACHE_PATH": RATE, ...}, ...}``
-    (e.g. ``{"0": {"wiki": 1, "code": 1}, "10000": {"wiki": 3, "code": 1}}``);
-    relative cache paths are relative to ``root``."""
+    """A mixture schedule file (``seqcache.feeders.schedule_file``: JSON
+    ``{"STEP": {"CACHE_PATH": RATE, ...}, ...}``, e.g. ``{"0": {"wiki": 1,
+    "code": 1}, "10000": {"wiki": 3, "code": 1}}``, or YAML for ``.yaml`` and
+    ``.yml``); relative cache paths are relative to ``root``. A damaged file
+    is one ``error:`` line, exit status 1."""
     class _Bad(Exception):
         pass
 
     try:
-        raw = bounded_json.read_file(path, error=_Bad, max_bytes=16 << 20, what="mixture schedule")
-        if not isinstance(raw, dict) or not raw:
-            raise _Bad(f"{path}: expected a JSON object {{step: {{cache: rate}}}}")
-        out: dict[int, dict[str, float]] = {}
-        for step, rates in raw.items():
-            s = int(step) if step.isascii() and step.isdigit() and len(step) <= 18 else -1
-            if not 0 <= s < 2**62:
-                raise _Bad(f"{path}: stage key {bounded_json.short(step)} is not a step number in [0, 2^62)")
-            if s in out:  # "0" and "00": which stage counts would depend on the keys' order
-                raise _Bad(f"{path}: step {s} is given twice (stage keys {bounded_json.short(step)} and another)")
-            rates = bounded_json.convert(rates, _Rates, path=path, error=_Bad, prefix=f"stage {step}")
-            out[s] = {(p if os.path.isabs(p) else os.path.join(root, p)): r for p, r in rates.items()}
+        schedule = read_schedule_file(path, error=_Bad)
     except _Bad as e:  # a damaged file, not a usage mistake: one line, exit 1
         common.fail(f"--mixture-schedule: {e}")
-    return out
+    return {step: {(p if os.path.isabs(p) else os.path.join(root, p)): r for p, r in rates.items()}
+            for step, rates in schedule.items()}
 
 
 def resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule=None):
@@ -114,10 +96,10 @@ def resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, 
         # A saved feeder state (the "feeder" item of a checkpoint): it fixes the stream.
         return read_state(target, batch_size, seed, num_epochs)
     if os.path.isdir(target):
-        in_step = os.path.join(target, FEEDER_STATE_IN_STEP)
+        in_step = os.path.join(target, STATE_IN_STEP)
         if os.path.isfile(in_step):
             # A checkpoint step folder of `seqcache train`: its saved feeder state.
-            return read_state(in_step, batch_size, seed, num_epochs)
+            return read_state(target, batch_size, seed, num_epochs)
         if not layout.is_cache(target):
             steps = _checkpoint_steps(target)
             if steps:

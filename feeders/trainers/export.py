@@ -63,8 +63,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from seqcache import bounded_json, fs
 from seqcache import format as fmt
-from seqcache import fs
 from seqcache.feeders.feeder import Feeder
 
 EXPORT_FORMAT_VERSION = 1
@@ -453,17 +453,17 @@ def _description(feeder, output: str, path: str, *, options: str, start: int, st
 def read_export(folder: str | os.PathLike) -> dict:
     """The ``export.json`` of an export folder.
 
+    The file is read by ``seqcache.bounded_json`` (within its bounds, no key
+    twice, a byte order mark at its first byte dropped).
+
     Raises:
-      ValueError: no export there, or another format version (one line naming the file).
+      ValueError: no export there, a file out of bounds or not JSON (with the
+        line and column), or another format version (one line naming the file).
     """
     path = os.path.join(os.fspath(folder), EXPORT_NAME)
-    try:
-        with open(path, encoding="utf-8") as f:
-            export = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file: not a finished export (export.json is written last)") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e}); re-run the export") from None
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file: not a finished export (export.json is written last)")
+    export = bounded_json.read_file(path, error=ValueError, what="export file")
     if not isinstance(export, dict) or export.get("version") != EXPORT_FORMAT_VERSION:
         raise ValueError(f"{path}: export format version {export.get('version') if isinstance(export, dict) else '?'}"
                          f", this seqcache reads version {EXPORT_FORMAT_VERSION}")

@@ -24,14 +24,14 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from seqcache import compression, fs
+from seqcache import bounded_json, compression, fs
 from seqcache.tasks.sources.lines import check_target, line_number_at
 from seqcache.tasks.sources.policy import (BadInputError, ErrorPolicy, Where, as_where, check_text_values, error_hint,
                                            with_path)
 
 log = logging.getLogger(__name__)
 
-BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark, removed at byte 0 of a file
+BOM = bounded_json.BOM  # the UTF-8 byte order mark, removed at byte 0 of a file (as every reader of seqcache does)
 
 # The values of ``Source.locator``: what ``SourceRecord.record_number`` counts.
 LOCATORS = ("byte_offset", "row", "record", "file", "line")

@@ -91,6 +91,10 @@ class JsonLinesSource(LineSplits, FileSource):
             except ValueError as e:
                 yield self._bad("malformed", file_index, offset, raw, where, f" is not valid JSON: {e}")
                 continue
+            except RecursionError:  # Python's parser recurses: a line nested thousands deep
+                yield self._bad("malformed", file_index, offset, raw, where, " is not valid JSON: nested deeper "
+                                "than Python's JSON parser reads")
+                continue
             if not isinstance(obj, dict):
                 yield self._bad("malformed", file_index, offset, raw, where,
                                 f" is a JSON {type(obj).__name__}, expected an object")

@@ -143,6 +143,12 @@ def test_export_is_the_feeder_stream_row_by_row(tmp_path, fx):
     assert side["feeder_state"]["position"] == 0 and side["feeder_state"]["seed"] == 3
     assert "grain_use_elastic_iterator=true" in side["maxtext_flags"]
     assert "enable_data_shuffling=false" in side["maxtext_flags"]
+    assert ex.read_export(tmp_path / "out") == side
+    # Read by the bounded reader: a key given twice (Python's json keeps the last) is refused in one line.
+    sidecar = tmp_path / "out" / ex.EXPORT_NAME
+    sidecar.write_text(json.dumps(side)[:-1] + ', "version": 0}')
+    with pytest.raises(ValueError, match=f"^{sidecar}: the export file has the key 'version' twice"):
+        ex.read_export(tmp_path / "out")
 
 
 def test_export_is_written_with_group_size_1_as_grain_requires(tmp_path, fx, caplog):

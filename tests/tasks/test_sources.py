@@ -165,6 +165,13 @@ def test_jsonl_several_fields_and_errors(tmp_path):
     assert [r.issue.kind for r in records[2:]] == ["missing_field", "malformed", "malformed"]
     with pytest.raises(ValueError, match=r"x.jsonl: line 4 \(byte 57\) has no field 'a.b'"):
         _first(S.JsonLinesSource(str(p), field="a.b"))
+    deep = tmp_path / "deep.jsonl"  # was: a RecursionError out of the build
+    deep.write_text('{"text": "ok"}\n{"text": ' + "[" * 100_000 + "]" * 100_000 + '}\n{"text": "two"}\n')
+    records = _first(S.JsonLinesSource(str(deep), on_error="skip"))
+    assert [r.issue.kind for r in records if S.is_error_record(r)] == ["malformed"]
+    assert [r.data for r in records if not S.is_error_record(r)] == [{"text": "ok"}, {"text": "two"}]
+    with pytest.raises(ValueError, match=r"deep.jsonl: line 2 \(byte 15\) is not valid JSON: nested deeper"):
+        _first(S.JsonLinesSource(str(deep)))
     q = tmp_path / "y.jsonl"
     q.write_text('{"text": "ok"}\n{"text": \n')
     with pytest.raises(ValueError, match=r"y.jsonl: line 2 \(byte 15\) is not valid JSON"):

@@ -1,6 +1,7 @@
 """Checkpoints: model/optimizer/step and feeder state together, retention,
 atomicity, and the refusals (no feeder state, changed global batch size)."""
 
+import json
 import os
 import shutil
 
@@ -104,3 +105,33 @@ def test_trainer_refuses_checkpoints_it_cannot_resume(tmp_path):
     with pytest.raises(CheckpointError, match="global batch size 8, the current config has global_batch_size=16"):
         T.Trainer(cfg, devices=jax.devices()[:1]).fit(feeder)
     assert feeder.batches_read == 0
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda text: text[:-1] + b', "global_batch_size": 16}', "the feeder state has the key 'global_batch_size' twice"),
+    (lambda text: b"\xef\xbb\xbf" + text, None),  # a byte order mark at the first byte: read as the rest
+    (lambda text: text[:-1] + b', "x": "\xff"}', "is not UTF-8 text"),
+    (lambda text: text[:-1] + b', "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested deeper than 64 levels"),
+    (lambda text: text[:-1] + b', "x": ' + b"1" * 100_001 + b"}", "is out of range"),
+    (lambda text: text[:-1], "is not valid JSON"),
+])
+def test_a_damaged_feeder_state_is_refused_naming_the_step_and_file(tmp_path, damage, words):
+    """Was: Orbax's JsonRestore (Python's json) read <step>/feeder/metadata: a
+    traceback of about 100 lines for a BOM, bad UTF-8, deep nesting or a long
+    integer, and a key given twice read silently (the last one won)."""
+    with Checkpointer(str(tmp_path)) as ckpt:
+        ckpt.save(5, state=_state(5), feeder_state=_feeder_state(5))
+        ckpt.wait()
+    metadata = tmp_path / "5" / "feeder" / "metadata"
+    text = metadata.read_bytes().rstrip()
+    assert json.loads(text) == _feeder_state(5) and text.endswith(b"}")  # what the reader is given: Orbax's file as it wrote it
+    metadata.write_bytes(damage(text))
+    with Checkpointer(str(tmp_path)) as ckpt:
+        if words is None:
+            assert ckpt.restore(None, abstract_state=_abstract(), global_batch_size=8).feeder_state == _feeder_state(5)
+            return
+        with pytest.raises(CheckpointError) as e:
+            ckpt.restore(None, abstract_state=_abstract(), global_batch_size=8)
+    message = str(e.value)
+    assert message.startswith(f"checkpoint step 5: {metadata}: ") and words in message, message
+    assert "\n" not in message and len(message) < 400, message

@@ -92,6 +92,16 @@ def test_train_eval_resume_and_refuse(cache, tmp_path, caplog):
     assert "global batch size 8, the current config has global_batch_size=16" in refused.output
     assert json.loads((ckpt / "config.json").read_text())["global_batch_size"] == 8  # untouched
 
+    # The resume reads the feeder state with the bounded reader: a key given twice
+    # (Orbax's JsonRestore kept the last one) is one line naming the step and the file.
+    metadata = ckpt / "6" / "feeder" / "metadata"
+    metadata.write_text(json.dumps(feeder_state)[:-1] + ', "seed": 1}')
+    damaged = _train(cache, ckpt, "--steps", "8")
+    assert damaged.exit_code == 1
+    (line,) = [line for line in damaged.output.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: checkpoint step 6: {metadata}: the feeder state has the key 'seed' twice"), line
+    assert "Traceback" not in damaged.output, damaged.output
+
 
 def test_bad_flags_are_usage_errors(cache, tmp_path):
     bad_mesh = _train(cache, tmp_path / "a", "--mesh", "data=3,model=2")

@@ -190,7 +190,7 @@ def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
     with pytest.raises(ConfigError) as e:
         data_lib.load_mixture_schedule(path)
     assert str(e.value) == (f"{path}: line 1, column 4: anchor &a: a mixture schedule may not use YAML anchors or "
-                            "aliases (&name, *name, <<: *name); write each stage out in full")
+                            "aliases (&name, *name, <<: *name); write each value out in full")
 
 
 def test_the_train_command_refuses_a_yaml_alias_bomb_in_one_line(tmp_path):
@@ -203,7 +203,7 @@ def test_the_train_command_refuses_a_yaml_alias_bomb_in_one_line(tmp_path):
     assert out.exit_code == 2, out.output
     errors = [line for line in out.output.splitlines() if line.lower().startswith("error:")]
     assert errors == [f"Error: {path}: line 1, column 4: anchor &a: a mixture schedule may not use YAML anchors "
-                      "or aliases (&name, *name, <<: *name); write each stage out in full"], out.output
+                      "or aliases (&name, *name, <<: *name); write each value out in full"], out.output
     assert "Traceback" not in out.output
 
 

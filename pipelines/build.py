@@ -637,7 +637,8 @@ def _steps(plan: BuildPlan, *, build_dir, scratch, spill_dir, work: _Work) -> tu
     """The pipeline's steps: (read, spread, write, summarize)."""
     task, config, num_shards = plan.task, plan.config, plan.num_shards
     reader = transforms.ReadPreprocess(task, seed=config.seed, sequence_length=config.sequence_length,
-                                       num_shards=num_shards, exclusion=plan.exclusion)
+                                       num_shards=num_shards, exclusion=plan.exclusion,
+                                       note_kept=_duplicate_action(task.source) == "skip")
     table = transforms.WorkTable.store(spill_dir, [f.path for f in plan.files], [f.num_bytes for f in plan.files],
                                        [splits for _, splits in work.units], addresses=work.addresses)
     read = transforms.ReadUnit(reader, paths=table, spill_dir=spill_dir, exchange=plan.exchange,
@@ -732,7 +733,9 @@ def _gather(plan: BuildPlan, summary: dict, build_dir: str) -> tuple[list, dict,
     quarantine = spill.QuarantineSummary(**(summary["quarantine"] or {}))
     statistics["skipped_records"] = quarantine.skipped_records
     statistics["replaced_records"] = quarantine.replaced_records
-    statistics["bad_input_records"] = stats_mod.BadInputCounts.merge([summary.get("bad_input")])
+    # Copies skipped after the read step counted their kept or repaired kinds there: taken off (spill.py).
+    statistics["bad_input_records"] = stats_mod.BadInputCounts.merge([summary.get("bad_input")],
+                                                                     minus=quarantine.uncounted)
     if plan.exclusion is not None:
         statistics["excluded_records"] = quarantine.excluded_records
         statistics["excluded_by_benchmark"] = {b.name: quarantine.excluded_by_benchmark.get(b.name, 0)

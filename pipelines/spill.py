@@ -646,6 +646,13 @@ FIRST_SKIPPED = 5
 # What happened to a quarantined record: skipped or repaired under its source's
 # on_error policy, or excluded for overlapping a benchmark (``build --exclude-benchmark``).
 QUARANTINE_ACTIONS = ("skipped", "replaced", "excluded")
+# The action of a chunk line that is a note, never a line of quarantine.jsonl (``QuarantineBuffer.add_note``).
+NOTE_ACTION = b"kept"
+# A chunk line's first bytes that name its record: file index and record number (``QuarantineBuffer.add``).
+_RECORD_PREFIX = 32
+# How the entry of a record skipped as a copy names its kind (``transforms.SpreadCopies``;
+# JSON escapes quotes in values, so no message holds these bytes).
+_COPY_KINDS = (b'"kind": "duplicate"',)
 
 
 class QuarantineBuffer:
@@ -684,6 +691,19 @@ class QuarantineBuffer:
         self.lines.append(line)
         self.nbytes += len(line) + 64  # the list slot and the bytes object's header
 
+    def add_note(self, file_index: int, record_number: int, kept: Sequence[str]) -> None:
+        """Adds a note that is no line of quarantine.jsonl: record ``record_number``
+        of file ``file_index`` holds the kinds ``kept`` of bad input that its
+        policy keeps (counted in ``statistics.bad_input_records.kept`` by the
+        read step). Written only under ``duplicate=skip``: when the record is
+        then skipped as a copy, ``merge_quarantine`` takes it off those counts,
+        so that the copy counts once, as skipped."""
+        entry = json.dumps({"source_index": int(file_index), "record_number": int(record_number),
+                            "kept": list(kept)}).encode("utf-8")
+        line = b"%010d\t%020d\t%s\t%s\n" % (file_index, record_number, NOTE_ACTION, entry)
+        self.lines.append(line)
+        self.nbytes += len(line) + 64
+
     def __len__(self) -> int:
         return len(self.lines)
 
@@ -694,9 +714,15 @@ class QuarantineBuffer:
 @dataclasses.dataclass
 class QuarantineSummary:
     """What ``merge_quarantine`` wrote: counts by action (records), the file's
-    size (bytes) and sha256, the first ``FIRST_SKIPPED`` skipped entries, and
+    size (bytes) and sha256, the first ``FIRST_SKIPPED`` skipped entries,
     ``excluded_by_benchmark``: benchmark name -> excluded records that overlap
-    it (a record that overlaps several benchmarks counts for each)."""
+    it (a record that overlaps several benchmarks counts for each), and
+    ``uncounted``: what the read step counted of the records later skipped as
+    copies of another (``duplicate=skip``), to be taken off
+    ``statistics.bad_input_records`` (``BadInputCounts`` JSON: kinds kept,
+    noted by ``QuarantineBuffer.add_note``, and kinds repaired, whose
+    ``replaced`` lines are left out of the file): a skipped copy counts once,
+    as skipped."""
 
     skipped_records: int = 0
     replaced_records: int = 0
@@ -705,15 +731,68 @@ class QuarantineSummary:
     first_skipped: list = dataclasses.field(default_factory=list)
     excluded_records: int = 0
     excluded_by_benchmark: dict = dataclasses.field(default_factory=dict)
+    uncounted: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _records(lines: Iterable[bytes]) -> Iterator[list[bytes]]:
+    """The merged chunk lines, one list per record (the lines of a record are
+    consecutive: they sort by file index and record number first)."""
+    group: list[bytes] = []
+    for line in lines:
+        if group and line[:_RECORD_PREFIX] != group[0][:_RECORD_PREFIX]:
+            yield group
+            group = []
+        group.append(line)
+    if group:
+        yield group
+
+
+def _written_lines(group: list[bytes], uncounted: dict) -> list[bytes]:
+    """The lines of one record's group that belong in quarantine.jsonl: notes
+    never; a ``replaced`` line not when the record is also skipped as a copy
+    (its kinds then go to ``uncounted``, with those of a note)."""
+    if len(group) == 1:
+        return group if group[0].split(b"\t", 3)[2] != NOTE_ACTION else []
+    copy = any(line.split(b"\t", 3)[2] == b"skipped" and any(k in line for k in _COPY_KINDS) for line in group)
+    out = []
+    for line in group:
+        action, entry = line.split(b"\t", 3)[2:]
+        if action == NOTE_ACTION:
+            if copy:
+                _uncount(uncounted, "kept", json.loads(entry)["kept"])
+        elif action == b"replaced" and copy:
+            _uncount(uncounted, "replaced", json.loads(entry).get("kind", "").split(","))
+        else:
+            out.append(line)
+    return out
+
+
+def _uncount(uncounted: dict, action: str, kinds: Sequence[str]) -> None:
+    """Adds one record of ``action`` with ``kinds`` to ``uncounted`` (``BadInputCounts`` JSON)."""
+    per_kind = uncounted.setdefault(action, {})
+    for kind in dict.fromkeys(k for k in kinds if k):
+        per_kind[kind] = per_kind.get(kind, 0) + 1
+    records = uncounted.setdefault("records", {})
+    records[action] = records.get(action, 0) + 1
 
 
 def _merged_lines(paths: Sequence[str], open_read) -> Iterator[bytes]:
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(open_read(p)) for p in paths]
         yield from heapq.merge(*files)
+
+
+def _checked_lines(paths: Sequence[str], open_read) -> Iterator[bytes]:
+    """``_merged_lines``, each checked to be ``<file>\\t<record>\\t<action>\\t<entry>``
+    (``ValueError`` naming the chunks otherwise)."""
+    for line in _merged_lines(paths, open_read):
+        if line.count(b"\t") < 3:
+            raise ValueError(f"quarantine chunk line {line[:80]!r} is not <file>\\t<record>\\t<action>\\t<entry> "
+                             f"(chunks: {list(paths)[:4]})")
+        yield line
 
 
 def merge_quarantine(paths: Sequence[str], out: BinaryIO, *, scratch_dir: str, open_read, open_write,
@@ -753,12 +832,9 @@ def merge_quarantine(paths: Sequence[str], out: BinaryIO, *, scratch_dir: str, o
         paths, level = merged, level + 1
     summary = QuarantineSummary()
     digest = hashlib.sha256()
-    for line in _merged_lines(paths, open_read):
-        try:
-            _, _, action, entry = line.split(b"\t", 3)
-        except ValueError:
-            raise ValueError(f"quarantine chunk line {line[:80]!r} is not <file>\\t<record>\\t<action>\\t<entry> "
-                             f"(chunks: {list(paths)[:4]})") from None
+    for line in (kept for group in _records(_checked_lines(paths, open_read))
+                 for kept in _written_lines(group, summary.uncounted)):
+        _, _, action, entry = line.split(b"\t", 3)
         if action == b"skipped":
             summary.skipped_records += 1
             if len(summary.first_skipped) < FIRST_SKIPPED:

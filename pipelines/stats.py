@@ -60,20 +60,24 @@ class BadInputCounts:
         self.records[action] += int(records)
 
     def to_json(self) -> dict[str, dict[str, int]]:
-        """See the class docstring; kinds sorted, every action present."""
-        out = {action: dict(sorted(self.counts[action].items())) for action in BAD_INPUT_ACTIONS}
+        """See the class docstring; kinds sorted (those counted to 0 left out), every action present."""
+        out = {action: {k: n for k, n in sorted(self.counts[action].items()) if n}
+               for action in BAD_INPUT_ACTIONS}
         out["records"] = dict(self.records)
         return out
 
     @staticmethod
-    def merge(parts) -> dict[str, dict[str, int]]:
-        """The sum of several ``to_json()`` results (units or builds), as
-        ``to_json()``; None parts count as nothing."""
+    def merge(parts, minus: Mapping | None = None) -> dict[str, dict[str, int]]:
+        """The sum of several ``to_json()`` results (units or builds), less
+        ``minus`` (the same form: the counts of records skipped later as copies,
+        ``spill.QuarantineSummary.uncounted``), as ``to_json()``; None parts
+        count as nothing."""
         total = BadInputCounts()
-        for part in parts:
+        for part, sign in [*((p, 1) for p in parts), (minus, -1)]:
             part = part or {}
             for action in BAD_INPUT_ACTIONS:
-                total.add_counts(action, (part.get("records") or {}).get(action, 0), part.get(action) or {})
+                total.add_counts(action, sign * int((part.get("records") or {}).get(action, 0)),
+                                 {k: sign * int(n) for k, n in (part.get(action) or {}).items()})
         return total.to_json()
 
 

@@ -122,12 +122,16 @@ class ReadPreprocess:
     input the policy keeps (``SourceRecord.kept``: counted); and, with an
     ``exclusion`` (``exclusion.Exclusion``), ``("excluded", (file_index,
     record_number, message, entry fields))`` per record that overlaps one of
-    its benchmarks (quarantined, never preprocessed).
+    its benchmarks (quarantined, never preprocessed). With ``note_kept`` (a
+    build under ``duplicate=skip``), also ``("note", (file_index,
+    record_number, kinds))`` per record whose bad input the policy keeps, so
+    that a copy skipped later counts once (``spill.QuarantineBuffer.add_note``).
     """
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048, batch_bytes=BATCH_BYTES,
-                 exclusion=None):
+                 exclusion=None, note_kept: bool = False):
         self.task, self.exclusion, self.seed, self.num_shards = task, exclusion, seed, num_shards
+        self.note_kept = bool(note_kept)
         self.batch_records, self.batch_bytes = batch_records, int(batch_bytes)
         self.sequence_length = dict(sequence_length) if sequence_length else None
         self.features = features_in(task)
@@ -221,6 +225,8 @@ class ReadPreprocess:
             if r.kept:
                 records_kept += 1
                 kept.update(r.kept)
+                if self.note_kept:
+                    yield "note", (r.file_index, r.record_number, r.kept)
         if records_kept:
             yield "kept", (records_kept, dict(kept))
         if self.exclusion is not None:
@@ -692,7 +698,12 @@ class _UnitState:
             self.buffered += spill.batch_bytes(part)
 
     def add_issue(self, kind: str, payload, paths) -> None:
-        """A quarantine entry: a record its source skipped or repaired, or one excluded."""
+        """A quarantine entry: a record its source skipped or repaired, or one
+        excluded; or a note of the kinds a record's policy keeps (``"note"``)."""
+        if kind == "note":
+            record_file, record_number, kinds = payload
+            self.quarantine.add_note(record_file, record_number, kinds)
+            return
         if kind == "issue":
             record_file, record_number, action, message, error_kind = payload
             self.bad_input.add(action, error_kind.split(","))

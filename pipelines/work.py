@@ -18,7 +18,7 @@ under an address that names everything it depends on::
 
 - **The address** (``unit_addresses``): the sha256 of the work folder's
   format version, the cache's fingerprint inputs less the shard count, the
-  file list and the ``duplicate`` action (``address_base``: the task with its
+  file list (``address_base``: the task with its
   source's kind, parameters and ``on_error``, its preprocessors,
   vocabularies, seed, sequence lengths, packing, the record format and the
   shuffle scheme), and the unit's splits:
@@ -127,18 +127,15 @@ def address_base(inputs: Mapping[str, Any], files: Sequence[Any]) -> str:
     splits: ``WORK_VERSION`` and the fingerprint inputs ``inputs``
     (``build.task_fingerprint_inputs``) less ``num_shards``, less the
     source's file list when that list is ``files`` (``SourceFile``s: path,
-    size, modification time) as the build listed them, and less the
-    ``on_error`` action for ``duplicate`` (applied after the read step)."""
+    size, modification time) as the build listed them."""
     inputs = json.loads(json.dumps(inputs))
     inputs.pop("num_shards", None)
     source = (inputs.get("task") or {}).get("source")
     listed = [{"path": f[0], "num_bytes": int(f[1]), "mtime_ns": int(f[2])} for f in files]
     if isinstance(source, dict) and source.get("files") == listed:
         del source["files"]
-    if isinstance(source, dict) and isinstance(source.get("on_error"), dict):
-        # Copies of identical records are found after the read step, from the sections' columns
-        # (transforms.SpreadCopies): the duplicate action changes no unit's output.
-        source["on_error"].pop("duplicate", None)
+    # The duplicate action stays: copies are found after the read step (transforms.SpreadCopies), but
+    # under duplicate=skip a unit's quarantine chunks note its records' kept kinds (spill.QuarantineBuffer.add_note).
     return fmt.fingerprint_of({"work_version": WORK_VERSION, "inputs": inputs})
 
 

@@ -434,7 +434,8 @@ ON_ERROR_HELP = (
     "kind: invalid_utf8, carriage_return, control_characters, u2581, empty, whitespace, malformed, "
     "missing_field, bad_value, duplicate; ACTION is raise, skip, replace or keep (accept as is). "
     "duplicate=skip is exact deduplication (the first copy of each identical record is kept, the others "
-    "skipped); duplicate is keep unless named. Repeatable, e.g. "
+    "skipped): records compare by what the task reads, the selected field(s) of a JSON line, the selected "
+    "columns of a Parquet or TSV row, a whole text line or file; duplicate is keep unless named. Repeatable, e.g. "
     "--on-error control_characters=raise --on-error empty=keep."
 )
 

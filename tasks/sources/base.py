@@ -154,14 +154,18 @@ def json_string_bodies(data: bytes, offsets) -> tuple[bytes, list[int]]:
     return escaped, out.tolist()
 
 
-def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = None) -> bytes:
+def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = None,
+                         surrogates: bool = False) -> bytes:
     """Canonical JSON (sorted keys, no whitespace, UTF-8, not ASCII-escaped):
     ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``
-    encoded as UTF-8.
+    encoded as UTF-8; with ``surrogates``, a lone surrogate (a JSON ``\\u``
+    escape of half a pair) is encoded as its three bytes (``"surrogatepass"``)
+    instead of raising, so that the record still gets a key and the content
+    checks decide (kind ``invalid_utf8``).
 
     Raises:
       TypeError: a value has no JSON form (``default`` may give one).
-      ValueError: a string holds a lone surrogate (no UTF-8 form).
+      ValueError: a string holds a lone surrogate (no UTF-8 form), without ``surrogates``.
     """
     try:
         if type(obj) is dict and all(type(k) is str and type(v) is str for k, v in obj.items()):
@@ -170,7 +174,7 @@ def canonical_json_bytes(obj: Any, *, default: Callable[[Any], Any] | None = Non
             text = "{" + ",".join(f"{quote(k)}:{quote(obj[k])}" for k in sorted(obj)) + "}"
         else:
             text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=default)
-        return text.encode("utf-8")
+        return text.encode("utf-8", "surrogatepass" if surrogates else "strict")
     except UnicodeEncodeError as e:
         raise ValueError(f"text with no UTF-8 form: {e}") from None
 

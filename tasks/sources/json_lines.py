@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Mapping, Sequence
 
-from seqcache.tasks.sources.base import BOM, Split, SourceRecord, FileSource
+from seqcache.tasks.sources.base import BOM, Split, SourceRecord, FileSource, canonical_json_bytes
 from seqcache.tasks.sources.text_lines import LineSplits, split_lines
 
 
@@ -32,6 +32,14 @@ class JsonLinesSource(LineSplits, FileSource):
     ``fields={output_key: dotted_path, ...}`` selects several. Blank lines are
     layout. ``record_number``, the byte order mark and the splits are as for
     ``TextLineSource``.
+
+    ``raw`` (the shuffle key's input, and what ``duplicate=skip`` compares) is
+    the canonical JSON of the values read, keyed by their dotted paths
+    (``{"text": "..."}``; ``canonical_json_bytes``), not the line: the same
+    text under another ``url``, or with other spacing or key order, is the
+    same record, and a JSON line and a Parquet row holding the same selected
+    values get the same key (``ParquetSource``'s ``raw``). A line that is
+    skipped (malformed, a missing field) keeps the line as its ``raw``.
 
     Args:
       field: dotted path of the value to read.
@@ -68,7 +76,9 @@ class JsonLinesSource(LineSplits, FileSource):
         self._parts = {k: _split_path(v) for k, v in self.fields.items()}
 
     def _params(self) -> dict:
-        return {"fields": self.fields}
+        # "record": what ``raw`` holds (the selected values), so that a cache keyed by whole lines
+        # (before this choice) has another fingerprint and is never taken for this one.
+        return {"fields": self.fields, "record": "selected"}
 
     def describe(self) -> str:
         sel = ", ".join(v if k == "text" else f"{v} as {k}" for k, v in self.fields.items())
@@ -107,4 +117,5 @@ class JsonLinesSource(LineSplits, FileSource):
                 yield self._bad("missing_field", file_index, offset, raw, where,
                                 f" has no field {self.fields[key]!r} (top-level keys: {sorted(obj)[:20]})")
                 continue
-            yield self._record(file_index, offset, raw, where, data, repairs)
+            selected = canonical_json_bytes({self.fields[k]: v for k, v in data.items()}, surrogates=True)
+            yield self._record(file_index, offset, selected, where, data, repairs)

@@ -20,8 +20,10 @@ kind                    what                                                acti
 ``missing_field``       a selected JSON field that is absent                 raise, skip
 ``bad_value``           a value the task cannot use: a wrong type, a null,   raise, skip
                         a token id outside the vocabulary (``Task`` checks)
-``duplicate``           a record identical to another (the same raw bytes:   keep, skip
-                        the same shuffle key); found in the build's shuffle
+``duplicate``           a record identical to another in what the task       keep, skip
+                        reads (the same ``raw``: the selected fields or
+                        columns, a whole line or file; the same shuffle
+                        key); found in the build's shuffle
                         (``transforms.SpreadCopies``), not by the source
 ======================  ==================================================  ==========================
 
@@ -34,7 +36,11 @@ leaves it at ``"keep"``, as exact deduplication changes what a cache holds
 rather than refusing or repairing bad bytes. Under ``"skip"`` the first copy
 of each identical record in provenance order (file index, record number) is
 kept and every other copy is skipped: quarantined and counted like any
-skipped record.
+skipped record, and only so (kinds kept or repaired in the copy are not
+counted again: ``spill.QuarantineSummary.uncounted``). Records are identical
+when their ``raw`` is: a JSON line's selected values (not the line, so the
+same text under another ``url`` or with other spacing is a copy), a Parquet
+row's or a TSV line's selected columns, a text line, a whole file.
 
 ``"raise"`` raises ``BadInputError`` (a ``ValueError``) naming the file, the
 record, the problem and the option that accepts it. ``"skip"`` yields the

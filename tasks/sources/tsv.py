@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping, Sequence
 
-from seqcache.tasks.sources.base import BOM, Split, SourceRecord, FileSource
+from seqcache.tasks.sources.base import BOM, Split, SourceRecord, FileSource, canonical_json_bytes
 from seqcache.tasks.sources.text_lines import LineSplits, split_lines
 
 DEFAULT_COLUMNS = {"inputs": 0, "targets": 1}
@@ -19,8 +19,12 @@ class TsvSource(LineSplits, FileSource):
     bytes between two tabs, as ``cut -f`` reads them. A line with too few
     columns is ``malformed``; an empty field is ``empty`` / ``whitespace``; a
     blank line is layout, not a record. With ``header=True`` each file's first
-    line is not a record. ``record_number`` is the line's byte offset and
-    ``raw`` the line without its terminator, as for ``TextLineSource``.
+    line is not a record. ``record_number`` is the line's byte offset, as for
+    ``TextLineSource``. ``raw`` (the shuffle key's input, and what
+    ``duplicate=skip`` compares) is the canonical JSON of the columns read,
+    keyed by their indices (``{"0": "...", "1": "..."}``): lines that differ
+    only in columns the task does not read are the same record. A skipped
+    line keeps the line without its terminator as its ``raw``.
 
     Args:
       columns: output key -> 0-based column index.
@@ -68,7 +72,8 @@ class TsvSource(LineSplits, FileSource):
         self._needed = max(self.columns.values()) + 1
 
     def _params(self) -> dict:
-        return {"columns": self.columns, "header": self.header}
+        # "record": what ``raw`` holds (the columns read; see the class docstring).
+        return {"columns": self.columns, "header": self.header, "record": "selected"}
 
     def describe(self) -> str:
         sel = ", ".join(f"column {i} as {k}" for k, i in self.columns.items())
@@ -96,4 +101,6 @@ class TsvSource(LineSplits, FileSource):
                                 f" has {len(fields)} tab-separated column(s), column {self._needed - 1} was asked for")
                 continue
             data = {key: fields[index] for key, index in self.columns.items()}
-            yield self._record(file_index, offset, line, where, data, repairs)
+            selected = canonical_json_bytes({str(index): fields[index] for index in self.columns.values()},
+                                            surrogates=True)
+            yield self._record(file_index, offset, selected, where, data, repairs)

@@ -147,3 +147,82 @@ def test_skip_with_one_shard_and_packing_keeps_one_of_each(tmp_path, corpus):
     stats = result.manifest.statistics.to_json()
     assert stats["skipped_records"] == 6 and stats["source_examples"] == 6
     assert stats["tokens"]["targets"] == sum(len(t) + 1 for t in {t for *_, t in _lines()})
+
+
+# What the task reads: the same texts as JSON lines (under other urls, with
+# other spacing and key order) and as a Parquet column.
+TEXTS = ["alpha", "beta", "alpha", "gamma", "beta", "alpha"]
+
+
+def _jsonl_lines():
+    """Each of ``TEXTS`` as a JSON line that differs from every other line as a line."""
+    import json
+
+    out = []
+    for i, text in enumerate(TEXTS):
+        obj = {"url": f"https://example.com/{i}", "text": text}
+        out.append(json.dumps(obj) if i % 2 else json.dumps(dict(reversed(obj.items())), indent=None,
+                                                             separators=(" , ", " :  ")))
+    return out
+
+
+def test_json_lines_compare_the_field_the_task_reads(tmp_path):
+    """``jsonl:FILE#text`` under ``duplicate=skip`` keeps one record per distinct
+    text, whatever the other fields and the spacing; a Parquet file of the same
+    texts gives the same kept set, in the same cache order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from testsupport import byte_task
+
+    lines = _jsonl_lines()
+    assert len(set(lines)) == len(TEXTS)
+    write_lines(tmp_path / "in" / "a.jsonl", lines)
+    pq.write_table(pa.table({"text": TEXTS, "url": [f"u{i}" for i in range(len(TEXTS))]}), tmp_path / "in" / "a.parquet")
+    on_error = {"duplicate": "skip"}
+    built = {}
+    for kind, source in (("jsonl", tasks.JsonLinesSource(str(tmp_path / "in" / "a.jsonl"), on_error=on_error)),
+                         ("parquet", tasks.ParquetSource(str(tmp_path / "in" / "a.parquet"), on_error=on_error))):
+        result = build_task(byte_task(f"copies_{kind}", source), cache_dir=str(tmp_path / kind),
+                            config=BuildConfig(num_shards=2))
+        with CacheReader(result.cache_dir) as r:
+            built[kind] = [VOCABULARY.decode(e["targets"].tolist()) for e in r.read_examples(range(len(r)))]
+        stats = result.manifest.statistics.to_json()
+        assert stats["bad_input_records"]["skipped"] == {"duplicate": 3}, kind
+        entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
+        # The skipped copies are records 2, 4 and 5 (Parquet rows; JSON lines by their byte offsets).
+        numbers = [e["record_number"] for e in entries]
+        kept = [e["kept"]["record_number"] for e in entries]
+        if kind == "parquet":
+            assert numbers == [2, 4, 5] and kept == [0, 1, 0]
+        else:
+            starts = [sum(len(x) + 1 for x in lines[:i]) for i in range(len(lines))]
+            assert numbers == [starts[2], starts[4], starts[5]] and kept == [starts[0], starts[1], starts[0]]
+    assert sorted(built["jsonl"]) == ["alpha", "beta", "gamma"]
+    assert built["jsonl"] == built["parquet"]  # the same keys: the same order
+
+
+def test_a_skipped_copy_is_counted_once_as_skipped(tmp_path):
+    """A copy that holds a control character (kept by default) and is skipped
+    as a duplicate counts as skipped only: ``kept`` counts the record the
+    cache holds; a repaired copy skipped as a duplicate is not also listed
+    and counted as replaced."""
+    write_lines(tmp_path / "in" / "a.txt", ["one\x01", "two", "one\x01", "one\x01", "three\x02", "three\x02"])
+    task = lines_task(str(tmp_path / "in" / "*.txt"), "cc", on_error={"empty": "skip", "duplicate": "skip"})
+    result = build_task(task, cache_dir=str(tmp_path / "keep"), config=BuildConfig(num_shards=2))
+    bad = result.manifest.statistics.to_json()["bad_input_records"]
+    assert bad["skipped"] == {"duplicate": 3}
+    assert bad["kept"] == {"control_characters": 2}  # "one\x01" and "three\x02", once each
+    assert bad["records"] == {"skipped": 3, "replaced": 0, "kept": 2}
+    assert verify_cache(result.cache_dir).problems == []
+
+    task = lines_task(str(tmp_path / "in" / "*.txt"), "cc_replace",
+                      on_error={"empty": "skip", "duplicate": "skip", "control_characters": "replace"})
+    result = build_task(task, cache_dir=str(tmp_path / "replace"), config=BuildConfig(num_shards=2))
+    stats = result.manifest.statistics.to_json()
+    assert stats["bad_input_records"]["replaced"] == {"control_characters": 2}
+    assert stats["bad_input_records"]["records"] == {"skipped": 3, "replaced": 2, "kept": 0}
+    assert stats["replaced_records"] == 2 and stats["skipped_records"] == 3
+    entries = list(fmt.iter_json_lines(os.path.join(result.cache_dir, fmt.QUARANTINE_NAME)))
+    assert [(e["record_number"], e["action"]) for e in entries] == [
+        (0, "replaced"), (9, "skipped"), (14, "skipped"), (19, "replaced"), (26, "skipped")]
+    assert verify_cache(result.cache_dir).problems == []

@@ -149,9 +149,9 @@ def test_jsonl_dotted_field(corpora):
         second = len(fh.readline())
     assert [(r.file_index, r.record_number) for r in records[9:12]] == [(0, last), (1, 0), (1, second)]
     assert records[0].data == {"text": "First Teleconference Calls for Invoice Factoring, and more. — 100K Investing, LLC."}
-    # raw is the whole stripped line: it parses back to the full record.
-    full = json.loads(records[0].raw)
-    assert full["metadata"]["title"] == records[0].data["text"] and "text" in full
+    # raw is what the task reads, the selected value by its path, as canonical JSON (not the whole line).
+    assert json.loads(records[0].raw) == {"metadata.title": records[0].data["text"]}
+    assert records[0].raw == S.canonical_json_bytes({"metadata.title": records[0].data["text"]})
 
 
 def test_jsonl_several_fields_and_errors(tmp_path):

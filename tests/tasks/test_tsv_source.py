@@ -34,8 +34,9 @@ def test_columns_by_index_and_byte_offsets(tmp_path, corpora):
     records = _records(tasks.TsvSource(str(path), columns={"inputs": 2, "targets": 1}))
     assert [(r.data["targets"], r.data["inputs"]) for r in records] == pairs
     text = path.read_bytes()
-    for r in records:  # the record number is the line's byte offset
-        assert text[r.record_number:].split(b"\n", 1)[0] == r.raw
+    for r in records:  # the record number is the line's byte offset; raw, the columns read (by index)
+        line = text[r.record_number:].split(b"\n", 1)[0].decode().split("\t")
+        assert json.loads(r.raw) == {"1": line[1], "2": line[2]} == {"1": r.data["targets"], "2": r.data["inputs"]}
 
 
 def test_split_reads_give_the_records_of_a_whole_read(tmp_path, corpora):

@@ -12,6 +12,7 @@ from seqcache.tasks.preprocessors import (
     TRUNCATED_TOKENS_KEY, FunctionPreprocessor, PreprocessContext, Preprocessor, append_eos, append_eos_after_trim,
     filter_empty, rekey, run_preprocessors, tokenize, trim,
 )
+from seqcache.tasks.near_duplicates import NearDuplicates
 from seqcache.tasks.registry import MixtureRegistry, TaskRegistry, get_task_or_mixture, import_definitions
 from seqcache.tasks.sources import (
     ERROR_KINDS, ErrorPolicy, FunctionSource, HfDatasetSource, JsonLinesSource, ParallelTextSource, ParquetSource,
@@ -30,7 +31,8 @@ from seqcache.tasks.vocabulary_training import (
 __all__ = [
     "ERROR_KINDS", "ErrorPolicy", "TRUNCATED_TOKENS_KEY", "ByteVocabulary", "HfTokenizerVocabulary", "Feature",
     "FunctionPreprocessor", "FunctionSource", "HfDatasetSource", "JsonLinesSource", "KindCount", "Mixture",
-    "MixtureRegistry", "ParallelTextSource", "ParquetSource", "PreprocessContext", "Preprocessor", "RateNumExamples",
+    "MixtureRegistry", "NearDuplicates", "ParallelTextSource", "ParquetSource", "PreprocessContext", "Preprocessor",
+    "RateNumExamples",
     "ScanReport", "SampleCounts", "SentencePieceVocabulary", "Source", "SourceFile", "SourceRecord", "Task",
     "TaskRegistry", "TextFileSource", "TextLineSource", "TFRecordSource", "TsvSource", "TfdsSource", "Vocabulary",
     "append_eos", "denoise", "prefix_lm", "random_spans_helper", "resolve_sentinels", "span_corruption",

@@ -14,6 +14,7 @@ report everything else; those sections say ``"recorded": false`` and why.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 from typing import Any, Mapping, Sequence
@@ -199,8 +200,11 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
     ``first_entries`` of each and their location, streaming quarantine.jsonl.
 
     Returns ``{"file", "skipped_records", "replaced_records", "kinds": [{"action",
-    "kind", "records", "first": [{"path", "record_number", "location", "error"}]}]}``,
-    the counts as recorded in the manifest, the kinds as found in the file.
+    "kind", "records", "first": [{"path", "record_number", "location", "error"}]}],
+    "cluster_sizes": [[size, clusters], ...]}``, the counts as recorded in the
+    manifest, the kinds as found in the file; ``cluster_sizes``: the clusters
+    of near duplicates (kind ``near_duplicate``) by their number of records,
+    the kept one included, in increasing size (memory: one count per cluster).
 
     Raises:
       seqcache.format.CacheError: the manifest names a quarantine file that is
@@ -208,7 +212,7 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
     """
     stats = m.statistics
     out = {"file": m.quarantine, "skipped_records": int(stats.skipped_records or 0),
-           "replaced_records": int(stats.replaced_records or 0), "kinds": []}
+           "replaced_records": int(stats.replaced_records or 0), "kinds": [], "cluster_sizes": []}
     if m.quarantine is None:
         return out
     path = layout.cache_file(cache_dir, m.quarantine, what="quarantine file")
@@ -216,6 +220,7 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
         raise fmt.CacheError(f"{path}: the quarantine file the manifest names is missing; run `seqcache verify "
                              f"{cache_dir}`")
     kinds: dict[tuple[str, str], dict] = {}
+    clusters: collections.Counter = collections.Counter()
     decode = json.JSONDecoder().decode
     with fs.open_read(path) as f:
         for number, line in enumerate(f, 1):
@@ -235,6 +240,9 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
             k["records"] += 1
             if len(k["first"]) < first_entries:
                 k["first"].append(entry)
+            if kind == "near_duplicate" and isinstance(entry.get("kept"), dict):
+                kept = entry["kept"]
+                clusters[(kept.get("source_index"), kept.get("record_number"))] += 1
     locators = [s.get("locator", "record") for s in m.read_source_table(cache_dir)] if kinds else []
     for k in kinds.values():
         firsts = []
@@ -246,6 +254,7 @@ def quarantine_summary(cache_dir: str, m: fmt.Manifest, *, first_entries: int = 
                            "error": e.get("error")})
         k["first"] = firsts
     out["kinds"] = sorted(kinds.values(), key=lambda k: (k["action"], -k["records"], k["kind"]))
+    out["cluster_sizes"] = sorted([size, n] for size, n in collections.Counter(1 + r for r in clusters.values()).items())
     return out
 
 

@@ -163,6 +163,21 @@ def plot_quarantine(quarantine: Mapping[str, Any]) -> str | None:
     return _png(fig)
 
 
+def plot_cluster_sizes(quarantine: Mapping[str, Any]) -> str | None:
+    """Clusters of near duplicates by their size (records, the kept one included)."""
+    sizes = quarantine.get("cluster_sizes") or []
+    if not sizes:
+        return None
+    fig, ax = plt.subplots(figsize=(8.5, 2.6))
+    xs, counts = [s for s, _ in sizes], [n for _, n in sizes]
+    ax.bar([str(x) for x in xs], counts, color=_BLUE)
+    ax.set_yscale("log")
+    ax.set_xlabel("records in the cluster (one kept)")
+    ax.set_ylabel("clusters")
+    ax.grid(axis="y", alpha=0.3)
+    return _png(fig)
+
+
 def plot_shards(shards: Mapping[str, Any]) -> str | None:
     """Records and bytes per shard, with the mean."""
     if not shards["num_shards"]:
@@ -299,7 +314,7 @@ def render(report: Mapping[str, Any], *, title: str | None = None, elapsed_s: fl
             else f"{caches[0]['summary']['task']}/{caches[0]['summary']['split']}"
     plots = [{"lengths": plot_lengths(_first(c["lengths"], MAX_PANELS)[0]), "packing": plot_packing(c["packing"]),
               "sources": plot_sources(c["sources"]), "quarantine": plot_quarantine(c["quarantine"]),
-              "shards": plot_shards(c["shards"])} for c in caches]
+              "clusters": plot_cluster_sizes(c["quarantine"]), "shards": plot_shards(c["shards"])} for c in caches]
     first_reads = [plot_first_reads(ov) if ov.get("run") is not None and ov["first_reads"] else None
                    for ov in overlaps]
     return _templates().get_template("report.html.j2").render(

@@ -43,10 +43,12 @@ from seqcache.pipelines import dataflow
 from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
+from seqcache.pipelines import near as near_mod
 from seqcache.pipelines import shuffle, spill, stats as stats_mod, transforms, work as work_mod, writer
 from seqcache.pipelines.plan import BuildPlan
 from seqcache.pipelines.runner import RunnerError
 from seqcache.tasks import vocabularies as vocab_mod
+from seqcache.tasks.near_duplicates import NearDuplicates
 from seqcache.tasks.registry import USER_MODULE_PREFIX
 from seqcache.tasks.sources.policy import ERROR_KINDS, BadInputError
 import apache_beam as beam  # after runner's process.import_beam: quietly, without pandas
@@ -110,6 +112,12 @@ class BuildConfig:
       exclude_ngram: n-gram length in words for the specs of
         ``exclude_benchmarks`` (default 13, GPT-3's; a ``Benchmark`` object
         keeps its own ``n``).
+      near_duplicates: the parameters of near-duplicate removal
+        (``seqcache.tasks.NearDuplicates``: shingle, bands, rows, seed,
+        fields), used when the source's ``on_error`` sets ``near_duplicate``
+        to ``"skip"`` (then None means the defaults); each enters the
+        fingerprint. Given while ``near_duplicate`` is ``"keep"``, the build
+        refuses them (``BuildError``).
     """
 
     split: str = "train"
@@ -119,6 +127,7 @@ class BuildConfig:
     shard_size: int | None = None
     exclude_benchmarks: Sequence[Any] = ()
     exclude_ngram: int | None = None
+    near_duplicates: NearDuplicates | None = None
 
     def __post_init__(self):
         shuffle.seed_key(self.seed)  # validates the range
@@ -130,6 +139,8 @@ class BuildConfig:
             raise ValueError(f"exclude_ngram must be >= 1 word (got {self.exclude_ngram})")
         if self.num_shards is not None and self.num_shards < 1:
             raise ValueError(f"num_shards must be >= 1 (got {self.num_shards})")
+        if self.near_duplicates is not None and not isinstance(self.near_duplicates, NearDuplicates):
+            raise ValueError(f"near_duplicates must be a NearDuplicates (got {type(self.near_duplicates).__name__})")
         if self.shard_size is not None and self.shard_size < 1:
             raise ValueError(f"shard_size must be >= 1 byte (got {self.shard_size})")
         if not self.split or "/" in self.split or self.split in (".", ".."):
@@ -626,19 +637,35 @@ def _write_vocabularies(task, build_dir: str) -> tuple[dict, dict]:
     return vocabularies, stored
 
 
-def _duplicate_action(source) -> str:
-    """The source's ``on_error`` action for ``duplicate`` (``"keep"`` for a
-    source without a policy)."""
+def _duplicate_action(source, kind: str = "duplicate") -> str:
+    """The source's ``on_error`` action for ``kind`` (``"duplicate"`` or
+    ``"near_duplicate"``; ``"keep"`` for a source without a policy)."""
     policy = getattr(source, "on_error", None)
-    return policy.action("duplicate") if policy is not None else "keep"
+    return policy.action(kind) if policy is not None else "keep"
+
+
+def near_duplicates_of(task, config: BuildConfig) -> NearDuplicates | None:
+    """The near-duplicate parameters a build of ``task`` uses: None when its
+    source keeps near duplicates, else ``config.near_duplicates`` or the defaults.
+
+    Raises:
+      BuildError: parameters given while the source keeps near duplicates.
+    """
+    if _duplicate_action(task_for_split(task, config.split).source, "near_duplicate") != "skip":
+        if config.near_duplicates is not None:
+            raise BuildError(f"task {task.name!r}: near-duplicate parameters were given, but its source keeps near "
+                             "duplicates; set its on_error near_duplicate to 'skip' (--on-error near_duplicate=skip)")
+        return None
+    return config.near_duplicates or NearDuplicates()
 
 
 def _steps(plan: BuildPlan, *, build_dir, scratch, spill_dir, work: _Work) -> tuple:
     """The pipeline's steps: (read, spread, write, summarize)."""
     task, config, num_shards = plan.task, plan.config, plan.num_shards
+    near = near_duplicates_of(task, config)
     reader = transforms.ReadPreprocess(task, seed=config.seed, sequence_length=config.sequence_length,
-                                       num_shards=num_shards, exclusion=plan.exclusion,
-                                       note_kept=_duplicate_action(task.source) == "skip")
+                                       num_shards=num_shards, exclusion=plan.exclusion, near=near,
+                                       note_kept=_duplicate_action(task.source) == "skip" or near is not None)
     table = transforms.WorkTable.store(spill_dir, [f.path for f in plan.files], [f.num_bytes for f in plan.files],
                                        [splits for _, splits in work.units], addresses=work.addresses)
     read = transforms.ReadUnit(reader, paths=table, spill_dir=spill_dir, exchange=plan.exchange,
@@ -648,30 +675,61 @@ def _steps(plan: BuildPlan, *, build_dir, scratch, spill_dir, work: _Work) -> tu
     write = transforms.WriteGroup(task, out_dir=build_dir, scratch_dir=spill_dir, num_shards=num_shards,
                                   sequence_length=config.sequence_length, fs_options=plan.fs_options, work=table,
                                   marks_dir=fs.join(scratch, SHARD_MARKS) if keeps else None,
-                                  fingerprint=plan.fingerprint if keeps else None)
+                                  fingerprint=plan.fingerprint if keeps else None, near=near is not None)
     # The work table maps the units' file indices, and words the entries of skipped copies.
     spread = transforms.SpreadCopies(seed=config.seed, num_features=len(reader.features), spill_dir=spill_dir,
                                      exchange=plan.exchange, num_shards=num_shards, fs_options=plan.fs_options,
                                      duplicates=_duplicate_action(task.source), paths=table,
-                                     locator=getattr(task.source, "locator", "record"))
+                                     locator=getattr(task.source, "locator", "record"), near=near)
     summarize = transforms.WriteSummary(scratch_dir=scratch, fs_options=plan.fs_options)
-    return read, spread, write, summarize
+    clusters = None
+    if near is not None:
+        clusters = (near.rounds, near_mod.ResolveClusters(
+            paths=table, locator=getattr(task.source, "locator", "record"), spill_dir=spill_dir,
+            num_shards=num_shards, quarantine_key=transforms.QUARANTINE_KEY, counts_key=transforms.COUNTS_KEY))
+    return read, spread, write, summarize, clusters
+
+
+def _near_duplicate_clusters(spread, rounds: int, resolve, num_shards: int):
+    """The near-duplicate branch (near.py) from the copies step's output: its
+    ``bytes``-keyed values through the band buckets, ``rounds`` pairs of
+    large-star and small-star rounds, the labels and the clusters; returns
+    the quarantine chunks, counts and removed keys, keyed as the shards' values."""
+    near = spread | "NearValues" >> beam.Filter(lambda kv: isinstance(kv[0], bytes))
+    edges = (near | "Bands" >> beam.Filter(lambda kv: kv[0][:1] == near_mod.BAND_TAG)
+             | "GroupByBand" >> beam.GroupByKey() | "StarEdges" >> beam.FlatMap(near_mod.StarEdges()))
+    for k in range(rounds):
+        edges = (edges | f"GroupLarge{k}" >> beam.GroupByKey() | f"LargeStar{k}" >> beam.FlatMap(near_mod.LargeStar())
+                 | f"GroupSmall{k}" >> beam.GroupByKey() | f"SmallStar{k}" >> beam.FlatMap(near_mod.SmallStar()))
+    labels = edges | "GroupStars" >> beam.GroupByKey() | "StarLabels" >> beam.FlatMap(near_mod.StarLabels(rounds))
+    members = near | "Members" >> beam.Filter(lambda kv: kv[0][:1] == near_mod.MEMBER_TAG)
+    return ((labels, members) | "LabelsAndMembers" >> beam.Flatten() | "GroupByMember" >> beam.GroupByKey()
+            | "JoinLabels" >> beam.FlatMap(near_mod.JoinLabels(num_shards))
+            | "GroupByCluster" >> beam.GroupByKey() | "ResolveClusters" >> beam.FlatMap(resolve))
 
 
 def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, work: _Work, unit_progress=None) -> None:
     """The Beam pipeline, one straight line with one leaf, run to its end;
     BuildError when the runner failed (one line) or the disk filled up."""
-    read, spread, write, summarize = _steps(plan, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir, work=work)
+    read, spread, write, summarize, clusters = _steps(plan, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
+                                                      work=work)
     _pickle_user_modules_by_value()
     engine = runner_mod.local_engine(plan.options) if plan.runner == runner_mod.LOCAL_ENGINE else None
     pipeline = beam.Pipeline(runner=engine, options=plan.options)
-    _ = (
+    spread_out = (
         pipeline
         | "ListWork" >> beam.Create([unit_index for unit_index, _ in work.units])
         | "SpreadWork" >> beam.Reshuffle()
         | "ReadPreprocess" >> beam.FlatMap(read)
         | "GroupByShard" >> beam.GroupByKey()
         | "SpreadCopies" >> beam.FlatMap(spread)
+    )
+    if clusters is not None:  # near duplicates: a branch that joins the shards' grouping
+        removed = _near_duplicate_clusters(spread_out, clusters[0], clusters[1], plan.num_shards)
+        shards = spread_out | "ShardValues" >> beam.Filter(lambda kv: not isinstance(kv[0], bytes))
+        spread_out = (shards, removed) | "WithNearDuplicates" >> beam.Flatten()
+    _ = (
+        spread_out
         | "GroupWithCopies" >> beam.GroupByKey()
         | "SortPackWrite" >> beam.FlatMap(write)
         | "GatherResults" >> beam.GroupByKey()
@@ -975,6 +1033,9 @@ def task_fingerprint_inputs(task, config: BuildConfig, num_shards: int, *,
     }
     if exclusion is not None:
         inputs["exclude_benchmarks"] = exclusion.describe()
+    near = near_duplicates_of(task, config)
+    if near is not None:
+        inputs["near_duplicates"] = near.to_json()
     return inputs
 
 

@@ -650,9 +650,9 @@ QUARANTINE_ACTIONS = ("skipped", "replaced", "excluded")
 NOTE_ACTION = b"kept"
 # A chunk line's first bytes that name its record: file index and record number (``QuarantineBuffer.add``).
 _RECORD_PREFIX = 32
-# How the entry of a record skipped as a copy names its kind (``transforms.SpreadCopies``;
+# How the entry of a record skipped as a copy names its kind (``transforms.SpreadCopies``, near.py;
 # JSON escapes quotes in values, so no message holds these bytes).
-_COPY_KINDS = (b'"kind": "duplicate"',)
+_COPY_KINDS = (b'"kind": "duplicate"', b'"kind": "near_duplicate"')
 
 
 class QuarantineBuffer:
@@ -695,8 +695,9 @@ class QuarantineBuffer:
         """Adds a note that is no line of quarantine.jsonl: record ``record_number``
         of file ``file_index`` holds the kinds ``kept`` of bad input that its
         policy keeps (counted in ``statistics.bad_input_records.kept`` by the
-        read step). Written only under ``duplicate=skip``: when the record is
-        then skipped as a copy, ``merge_quarantine`` takes it off those counts,
+        read step). Written only under ``duplicate=skip`` or
+        ``near_duplicate=skip``: when the record is then skipped as a copy
+        (exact or near), ``merge_quarantine`` takes it off those counts,
         so that the copy counts once, as skipped."""
         entry = json.dumps({"source_index": int(file_index), "record_number": int(record_number),
                             "kept": list(kept)}).encode("utf-8")
@@ -752,8 +753,8 @@ def _records(lines: Iterable[bytes]) -> Iterator[list[bytes]]:
 
 def _written_lines(group: list[bytes], uncounted: dict) -> list[bytes]:
     """The lines of one record's group that belong in quarantine.jsonl: notes
-    never; a ``replaced`` line not when the record is also skipped as a copy
-    (its kinds then go to ``uncounted``, with those of a note)."""
+    never; a ``replaced`` line not when the record is also skipped as a copy,
+    exact or near (its kinds then go to ``uncounted``, with those of a note)."""
     if len(group) == 1:
         return group if group[0].split(b"\t", 3)[2] != NOTE_ACTION else []
     copy = any(line.split(b"\t", 3)[2] == b"skipped" and any(k in line for k in _COPY_KINDS) for line in group)

@@ -30,6 +30,13 @@ The pipeline is one straight line with one leaf::
 - ``WriteSummary`` gathers every result in one element and writes
   ``_tmp/summary.json``, from which the driver writes the manifest.
 
+Under ``near_duplicate=skip`` the line has a branch that joins it again
+(near.py): ``SpreadCopies`` also emits each distinct record's band hashes and
+member info (``bytes`` keys), which go through the band buckets and the
+clusters' rounds; their quarantine chunks, counts and removed keys are
+flattened with ``SpreadCopies``' other values into the second GroupByKey.
+Still one leaf.
+
 Every step is a plain picklable object whose state is the task and a few
 paths; randomness comes only from the record keys.
 """
@@ -53,6 +60,7 @@ import numpy as np
 
 from seqcache import format as fmt
 from seqcache import fs, process
+from seqcache.pipelines import near as near_mod
 from seqcache.pipelines import packed_shard, shuffle, spill, stats as stats_mod, work as work_mod, writer
 from seqcache.pipelines.spill import ragged_take
 from seqcache.tasks import Split, pack_first_fit
@@ -126,15 +134,18 @@ class ReadPreprocess:
     build under ``duplicate=skip``), also ``("note", (file_index,
     record_number, kinds))`` per record whose bad input the policy keeps, so
     that a copy skipped later counts once (``spill.QuarantineBuffer.add_note``).
+    With ``near`` (``NearDuplicates``: a build under ``near_duplicate=skip``),
+    each example carries its record's MinHash signature as a last feature
+    (``near.SIGNATURE_FEATURE``, in ``features``).
     """
 
     def __init__(self, task, *, seed, sequence_length, num_shards, batch_records=2048, batch_bytes=BATCH_BYTES,
-                 exclusion=None, note_kept: bool = False):
+                 exclusion=None, note_kept: bool = False, near=None):
         self.task, self.exclusion, self.seed, self.num_shards = task, exclusion, seed, num_shards
-        self.note_kept = bool(note_kept)
+        self.note_kept, self.near = bool(note_kept), near
         self.batch_records, self.batch_bytes = batch_records, int(batch_bytes)
         self.sequence_length = dict(sequence_length) if sequence_length else None
-        self.features = features_in(task)
+        self.features = features_in(task) + ([near_mod.signature_spec()] if near is not None else [])
 
     def read(self, splits, *, skip: int = 0) -> Iterator[tuple[str, Any]]:
         """The outputs of the class docstring for ``splits``; with ``skip``,
@@ -247,6 +258,11 @@ class ReadPreprocess:
             yield "issue", (r.file_index, r.record_number, "skipped", message, "bad_value")
         if not len(batch):
             return
+        if self.near is not None:
+            locator = getattr(self.task.source, "locator", "record")
+            batch.columns[near_mod.SIGNATURE_FEATURE] = near_mod.signature_column(
+                self.near, live, batch.index,
+                lambda r: describe_record(None, locator, r.record_number, stable=True))
         try:
             data, offsets = fmt.encode_batch(self.features, batch.columns, ranges=batch.ranges)
         except (KeyError, ValueError):
@@ -254,7 +270,7 @@ class ReadPreprocess:
             for idx, example in batch.examples():
                 record = live[idx]
                 try:
-                    fmt.encode_example(self.features, example)
+                    fmt.encode_example(self.features[:len(self.features) - (self.near is not None)], example)
                 except (KeyError, ValueError) as e:
                     raise ValueError(
                         f"task {self.task.name!r}: file {record.file_index} record {record.record_number}: {e}"
@@ -799,13 +815,21 @@ class SpreadCopies:
     sequence or the build's ``WorkTable``) and ``locator`` (the source's)
     word the entries; required with ``"skip"``.
 
+    With ``near`` (``NearDuplicates``: ``near_duplicate=skip``; the entries
+    carry their signatures, ``near.SIGNATURE_FEATURE``) nothing moves either:
+    every copy k >= 1 is skipped as above, of kind ``duplicate`` under
+    ``duplicates="skip"``, else ``near_duplicate`` (an exact copy is a near
+    duplicate of similarity 1); and each distinct record's band hashes and
+    member info go on to the clusters (``near.member_outputs``: keys that are
+    ``bytes``, where a shard's are ints).
+
     Memory: one shard's columns (``load_batches``) and at most ``flush_bytes``
     of moved examples at a time.
     """
 
     def __init__(self, *, seed: int, num_features: int, spill_dir: str, exchange: str, num_shards: int,
                  flush_bytes: int | None = None, fs_options: Sequence[str] = (), duplicates: str = "keep",
-                 paths: "WorkTable | Sequence[str]" = (), locator: str | None = None):
+                 paths: "WorkTable | Sequence[str]" = (), locator: str | None = None, near=None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
         if duplicates not in ("keep", "skip"):
@@ -813,6 +837,7 @@ class SpreadCopies:
         self.seed, self.num_features, self.num_shards = seed, int(num_features), int(num_shards)
         self.spill_dir, self.exchange, self.fs_options = spill_dir, exchange, list(fs_options)
         self.duplicates, self.work, self.locator = duplicates, paths if isinstance(paths, WorkTable) else WorkTable(paths), locator
+        self.near = near
         if flush_bytes is None:
             flush_bytes = spill.SPILL_BYTES if exchange == "spill" else spill.RUNNER_FLUSH_BYTES
         self.flush_bytes = int(flush_bytes)
@@ -828,16 +853,19 @@ class SpreadCopies:
             return
         entries = load_batches(values, self.num_features, self.work.unit_files)
         try:
-            if self.duplicates == "skip":
+            if self.near is not None:
+                yield from self._skipped(int(key), entries, near_mod.KIND if self.duplicates == "keep" else "duplicate")
+                yield from near_mod.member_outputs(entries, self.near)
+            elif self.duplicates == "skip":
                 yield from self._skipped(int(key), entries)
             else:
                 yield from self._moved(int(key), entries)
         finally:
             entries.close()
 
-    def _skipped(self, shard: int, entries: spill.ShardEntries) -> Iterator[tuple[int, Any]]:
+    def _skipped(self, shard: int, entries: spill.ShardEntries, kind: str = "duplicate") -> Iterator[tuple[int, Any]]:
         """The quarantine chunks and the counts of the copies k >= 1 of ``shard``
-        (see the class docstring); nothing when the shard has no copy."""
+        (see the class docstring), skipped as ``kind``; nothing when the shard has no copy."""
         rank = shuffle.copy_ranks(entries.key, entries.sub_index)
         rows = np.flatnonzero(rank)
         if not len(rows):
@@ -854,16 +882,18 @@ class SpreadCopies:
             path, kept_path = self.work.paths[fi], self.work.paths[kfi]
             message = (f"{describe_record(path, self.locator, rn, stable=True)} is identical to {kept_path}: "
                        f"{describe_record(kept_path, self.locator, krn, stable=True)}, which is kept "
-                       "(on_error duplicate=skip)")
-            buffer.add(fi, rn, "skipped", path, message, "duplicate",
-                       {"kept": {"source_index": kfi, "path": kept_path, "record_number": krn}})
+                       f"(on_error {kind}=skip)")
+            extra = {"kept": {"source_index": kfi, "path": kept_path, "record_number": krn}}
+            if kind != "duplicate":  # an exact copy as a near duplicate: similarity 1
+                extra["similarity"] = 1.0
+            buffer.add(fi, rn, "skipped", path, message, kind, extra)
             if buffer.nbytes >= spill.QUARANTINE_BYTES:
                 yield QUARANTINE_KEY, self._write_quarantine(buffer, token, chunks)
                 buffer, chunks = spill.QuarantineBuffer(), chunks + 1
         if buffer:
             yield QUARANTINE_KEY, self._write_quarantine(buffer, token, chunks)
         bad_input = stats_mod.BadInputCounts()
-        bad_input.add_counts("skipped", len(records), {"duplicate": len(records)})
+        bad_input.add_counts("skipped", len(records), {kind: len(records)})
         yield COUNTS_KEY, (f"copies-{shard}", 0, per_file.columns(), bad_input.to_json())
 
     def _write_quarantine(self, buffer: spill.QuarantineBuffer, token: str, chunk: int) -> str:
@@ -1024,7 +1054,9 @@ class WriteGroup:
 
     - a shard key: the copies ``SpreadCopies`` moved away are left out (the
       entries ranked k >= 1 by ``shuffle.copy_ranks``: copies it brought have
-      keys of their own, rank 0), the shard is sorted, packed if the task packs (``lm``:
+      keys of their own, rank 0), and with ``near`` the records removed as
+      near duplicates (values ``("near", keys)``, near.py) and the signature
+      feature, the shard is sorted, packed if the task packs (``lm``:
       ``packed_shard.pack_lm_shard``, ``pack_lm``'s rows from the encoded examples;
       ``first_fit``: ``pack_first_fit``), and written
       with its provenance sidecar: ``{"kind": "shard", "shard": i, "entry":
@@ -1045,8 +1077,8 @@ class WriteGroup:
     """
 
     def __init__(self, task, *, out_dir, scratch_dir, num_shards, sequence_length, fs_options=(), work=None,
-                 marks_dir: str | None = None, fingerprint: str | None = None):
-        self.task_name, self.packing = task.name, task.packing
+                 marks_dir: str | None = None, fingerprint: str | None = None, near: bool = False):
+        self.task_name, self.packing, self.near = task.name, task.packing, bool(near)
         self.features_in = features_in(task)
         self.features_out = features_out(task, sequence_length)
         self.pack_feature = next(iter(task.output_features)) if task.packing == "lm" else None
@@ -1087,10 +1119,18 @@ class WriteGroup:
         found = self._written_before(shard)
         if found is not None:
             return found
-        entries = load_batches(values, len(self.features_in), self.work.unit_files if self.work else None)
+        removed = None
+        if self.near:
+            values, removed = near_mod.split_removed(values)
+        entries = load_batches(values, len(self.features_in) + self.near, self.work.unit_files if self.work else None)
         try:
             rank = shuffle.copy_ranks(entries.key, entries.sub_index)
-            stay = entries.take(np.flatnonzero(rank == 0)) if rank.any() else entries
+            leave = rank != 0
+            if removed is not None:
+                leave |= near_mod.removed_rows(entries, removed)
+            stay = entries.take(np.flatnonzero(~leave)) if leave.any() else entries
+            if self.near:
+                stay = near_mod.strip_signatures(stay if stay is not entries else entries.take(np.arange(len(entries))))
             result = self._write(shard, stay)
         finally:
             entries.close()

@@ -417,6 +417,34 @@ def test_on_error_duplicate_skip_deduplicates_an_ad_hoc_source(tmp_path):
     assert verified.exit_code == 0, verified.output
 
 
+def test_on_error_near_duplicate_skip_with_parameters_on_an_ad_hoc_source(tmp_path):
+    base = "the quick brown fox jumps over the lazy dog and runs far away into the woods"
+    write_lines(tmp_path / "in" / "a.txt", [base, base.replace("lazy", "sleepy") + "!", "Something else entirely.",
+                                            base.upper()])
+    args = ["build", "--source", f"text:{tmp_path}/in/a.txt", "--name", "n", "--num-shards", "2",
+            "--cache-dir", str(tmp_path / "c")]
+    out = CliRunner().invoke(main, args + ["--on-error", "near_duplicate=skip", "--near-duplicates",
+                                           "ngram=2,bands=16,rows=2,seed=3"])
+    assert out.exit_code == 0, out.output
+    cache = os.path.join(tmp_path, "c", "n", "train")
+    manifest = fmt.read_manifest(cache)
+    assert manifest.num_examples == 2 and manifest.statistics.bad_input_records.skipped == {"near_duplicate": 2}
+    assert manifest.fingerprint_inputs["near_duplicates"] == {"version": 1, "ngram": 2, "bands": 16, "rows": 2,
+                                                              "seed": 3, "fields": []}
+    entries = list(fmt.iter_json_lines(os.path.join(cache, fmt.QUARANTINE_NAME)))
+    assert {e["kind"] for e in entries} == {"near_duplicate"} and all("similarity" in e for e in entries)
+    info = CliRunner().invoke(main, ["info", cache])
+    assert "skipped 2 records (near_duplicate 2)" in info.output, info.output
+    verified = CliRunner().invoke(main, ["verify", cache])
+    assert verified.exit_code == 0, verified.output
+
+    bad = CliRunner().invoke(main, args + ["--on-error", "near_duplicate=skip", "--near-duplicates", "grams=3"])
+    assert bad.exit_code == 2 and "'grams=3' is not NAME=VALUE" in bad.output, bad.output
+    unasked = CliRunner().invoke(main, args[:-1] + [str(tmp_path / "d"), "--near-duplicates", "bands=20"])
+    assert unasked.exit_code == 1, unasked.output
+    assert "near-duplicate parameters were given, but its source keeps near duplicates" in unasked.output
+
+
 def test_a_source_given_twice_is_refused_not_half_built(tmp_path):
     """click keeps the last of a repeated single-value option; ``build`` and ``scan`` refuse it."""
     write_lines(tmp_path / "a.txt", ["one", "two"])

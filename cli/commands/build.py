@@ -21,6 +21,7 @@ from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
 from seqcache.pipelines import work as workmod
 from seqcache.pipelines.dataflow import DryRun
 from seqcache.pipelines.runner import causes, interrupted_in_step, option_value_errors, unknown_flags
+from seqcache.tasks.near_duplicates import NearDuplicates
 from seqcache.tasks.sources.base import SPEC_KINDS
 from seqcache.tasks.sources.policy import BadInputError
 
@@ -252,6 +253,16 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
                                "(T5 uses 100)")
 
 
+def _near_duplicates(ctx, param, value):
+    """``--near-duplicates``'s value as ``NearDuplicates`` (None when not given)."""
+    if value is None:
+        return None
+    try:
+        return NearDuplicates.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @click.command(
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     epilog="Any other --flag is passed to Beam as a pipeline option, for example --runner=DataflowRunner "
@@ -277,6 +288,12 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
               "it). Its fingerprint enters the cache's.")
 @click.option("--exclude-ngram", "exclude_ngram", type=click.IntRange(min=1), metavar="N",
               help="n-gram length in words for --exclude-benchmark (default 13).")
+@click.option("--near-duplicates", "near_duplicates", metavar="NAME=VALUE,...", callback=_near_duplicates,
+              help="Parameters of near-duplicate removal, which --on-error near_duplicate=skip turns on: "
+              "ngram (words per shingle, default 5), bands (14), rows (8), seed (0), fields (the text fields "
+              "compared, joined by +; default every text field) and rounds (6: the clustering's shuffle rounds), "
+              "e.g. ngram=5,bands=20,rows=5. Words are compared after lower-casing and removing punctuation; see "
+              "docs/bad-input.md. Each but rounds enters the cache's fingerprint.")
 @click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte, a SentencePiece .model path or a Hugging Face tokenizer.json path.")
 @click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary "
               "(span_corruption needs one per noise span; T5 uses 100).")
@@ -325,7 +342,7 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
 def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
           objective, noise_density, mean_noise_span_length, pack, no_pack, seed, num_shards, shard_size, split_size,
           exchange, workers, overwrite, as_json, verbose, tfds_data_dir, exclude_benchmarks, exclude_ngram, work,
-          work_dir):
+          work_dir, near_duplicates):
     """Build the deterministic cache of NAME (a registered task or mixture), or of
     an ad-hoc task given by --source/--vocabulary/--name.
 
@@ -366,7 +383,7 @@ def build(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabul
 
     try:
         config = BuildConfig(split=split, seed=seed, sequence_length=seq_len, num_shards=num_shards, shard_size=shard_size,
-                             exclude_benchmarks=benchmarks)
+                             exclude_benchmarks=benchmarks, near_duplicates=near_duplicates)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     try:  # every task of a mixture has the split (a source for it), before anything is built

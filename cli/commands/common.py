@@ -432,10 +432,12 @@ ON_ERROR_HELP = (
     "every kind: 'raise' (strict), 'skip' or 'replace' (repair what can be repaired: bad UTF-8 and control "
     "characters -> U+FFFD, a CR inside a line -> newline, U+2581 -> space; skip the rest). KIND=ACTION sets one "
     "kind: invalid_utf8, carriage_return, control_characters, u2581, empty, whitespace, malformed, "
-    "missing_field, bad_value, duplicate; ACTION is raise, skip, replace or keep (accept as is). "
+    "missing_field, bad_value, duplicate, near_duplicate; ACTION is raise, skip, replace or keep (accept as is). "
     "duplicate=skip is exact deduplication (the first copy of each identical record is kept, the others "
     "skipped): records compare by what the task reads, the selected field(s) of a JSON line, the selected "
-    "columns of a Parquet or TSV row, a whole text line or file; duplicate is keep unless named. Repeatable, e.g. "
+    "columns of a Parquet or TSV row, a whole text line or file; duplicate is keep unless named. "
+    "near_duplicate=skip removes near copies (MinHash LSH over word 5-grams, one kept per cluster; "
+    "parameters: --near-duplicates); keep unless named. Repeatable, e.g. "
     "--on-error control_characters=raise --on-error empty=keep."
 )
 

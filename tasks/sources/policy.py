@@ -25,14 +25,19 @@ kind                    what                                                acti
                         columns, a whole line or file; the same shuffle
                         key); found in the build's shuffle
                         (``transforms.SpreadCopies``), not by the source
+``near_duplicate``      a record whose words are nearly those of another     keep, skip
+                        (MinHash LSH over word n-grams: the build's
+                        ``near_duplicates`` parameters,
+                        ``seqcache.tasks.near_duplicates``); found in the
+                        build's shuffle (``pipelines.near``)
 ======================  ==================================================  ==========================
 
 The defaults keep every record seqio and Hugging Face datasets keep, except
 empty and whitespace-only ones (layout, not documents), and raise where the
 input cannot be what was meant; docs/bad-input.md gives the reasons.
-``duplicate`` is set only by name (``{"duplicate": "skip"}``): one action for
-every kind (``"raise"``, ``"skip"``, ``"replace"``, a mapping's ``"default"``)
-leaves it at ``"keep"``, as exact deduplication changes what a cache holds
+``duplicate`` and ``near_duplicate`` are set only by name (``{"duplicate":
+"skip"}``): one action for every kind (``"raise"``, ``"skip"``, ``"replace"``,
+a mapping's ``"default"``) leaves them at ``"keep"``, as exact deduplication changes what a cache holds
 rather than refusing or repairing bad bytes. Under ``"skip"`` the first copy
 of each identical record in provenance order (file index, record number) is
 kept and every other copy is skipped: quarantined and counted like any
@@ -75,9 +80,13 @@ ERROR_KINDS: dict[str, tuple[str, ...]] = {
     "missing_field": ("raise", "skip"),
     "bad_value": ("raise", "skip"),
     "duplicate": ("keep", "skip"),
+    "near_duplicate": ("keep", "skip"),
 }
 # The kinds one action for every kind leaves at their default: set only by name.
-NAMED_ONLY_KINDS = frozenset({"duplicate"})
+NAMED_ONLY_KINDS = frozenset({"duplicate", "near_duplicate"})
+# Kinds that a policy's fingerprint names only when not at their default, so
+# that the caches built before the kind existed keep their fingerprints.
+_NEW_KINDS = frozenset({"near_duplicate"})
 # Each kind's default action (the reasons are in the module docstring).
 DEFAULT_ACTIONS: dict[str, str] = {kind: actions[0] for kind, actions in ERROR_KINDS.items()}
 _ON_ERROR = ("raise", "skip", "replace")
@@ -132,8 +141,9 @@ class ErrorPolicy:
         return self.actions[kind]
 
     def to_json(self) -> dict[str, str]:
-        """Every kind with its action (part of the source's fingerprint)."""
-        return dict(self.actions)
+        """Every kind with its action (part of the source's fingerprint);
+        ``near_duplicate`` only when it is not ``"keep"``."""
+        return {k: v for k, v in self.actions.items() if k not in _NEW_KINDS or v != DEFAULT_ACTIONS[k]}
 
     def __eq__(self, other) -> bool:
         if isinstance(other, (str, Mapping)):
@@ -224,6 +234,7 @@ _HOW = {
     "missing_field": "'skip'",
     "bad_value": "'skip'",
     "duplicate": "'skip' (keep the first copy) or 'keep'",
+    "near_duplicate": "'skip' (keep the member with the smallest shuffle key) or 'keep'",
 }
 
 

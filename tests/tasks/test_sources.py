@@ -479,8 +479,13 @@ def test_error_policy_parsing_and_fingerprint():
         "invalid_utf8", "carriage_return", "malformed", "missing_field", "bad_value"}
     assert S.ErrorPolicy(None) == S.ErrorPolicy({}) == S.TextLineSource("x.txt").on_error
     assert S.ErrorPolicy({"control_characters": "raise"}).to_json() == {**defaults, "control_characters": "raise"}
-    # Strict: every kind but duplicate, which only its name sets (exact deduplication is no error).
-    assert S.ErrorPolicy("raise").to_json() == {**{k: "raise" for k in S.ERROR_KINDS}, "duplicate": "keep"}
+    # Strict: every kind but duplicate and near_duplicate, which only their names set (deduplication is no
+    # error); near_duplicate is named in the fingerprint only when not "keep" (older caches keep theirs).
+    strict = {k: "raise" for k in S.ERROR_KINDS if k != "near_duplicate"}
+    assert S.ErrorPolicy("raise").to_json() == {**strict, "duplicate": "keep"}
+    assert "near_duplicate" not in defaults and S.ErrorPolicy("raise").action("near_duplicate") == "keep"
+    assert S.ErrorPolicy({"near_duplicate": "skip"}).to_json() == {**defaults, "near_duplicate": "skip"}
+    assert S.parse_on_error(["near_duplicate=skip"]) == {"near_duplicate": "skip"}
     assert defaults["duplicate"] == "keep" and S.ErrorPolicy({"default": "skip"}).action("duplicate") == "keep"
     assert S.ErrorPolicy({"duplicate": "skip"}).to_json() == {**defaults, "duplicate": "skip"}
     assert S.parse_on_error(["duplicate=skip"]) == {"duplicate": "skip"}
@@ -497,7 +502,8 @@ def test_error_policy_parsing_and_fingerprint():
     a = S.TextLineSource("x.txt", on_error={"empty": "skip"})
     assert pickle.loads(pickle.dumps(a)).on_error == a.on_error == {"empty": "skip"}
     assert a.on_error != S.ErrorPolicy("raise")
-    assert S.ErrorPolicy(S.ErrorPolicy("skip")).to_json() == {**{k: "skip" for k in S.ERROR_KINDS}, "duplicate": "keep"}
+    assert S.ErrorPolicy(S.ErrorPolicy("skip")).to_json() == {
+        **{k: "skip" for k in S.ERROR_KINDS if k != "near_duplicate"}, "duplicate": "keep"}
 
 
 def test_truncated_or_corrupt_gzip_names_the_file(tmp_path, corpora):

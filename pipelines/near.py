@@ -1,0 +1,310 @@
+"""Near-duplicate removal inside the build: MinHash LSH candidates, exact
+clusters, one member kept (``on_error={"near_duplicate": "skip"}``).
+
+The steps, each a plain picklable callable (build.py wires them)::
+
+    ReadPreprocess ── each example carries its record's signature as a last
+        feature, SIGNATURE_FEATURE (uint32 (bands * rows,); kept in the work
+        folder like any feature, stripped before a shard is written)
+    SpreadCopies (its shard's entries) ──> per distinct record (copy k = 0):
+        (b"B" + band hash, key)      one per band          ``member_outputs``
+        (b"M" + key, member info)    provenance, counts, signature
+    GroupByKey(band) ──> ``StarEdges``: the bucket's keys joined to its smallest
+    ROUNDS x [GroupByKey(node) ──> ``LargeStar`` ; GroupByKey(node) ──> ``SmallStar``]
+    GroupByKey(node) ──> ``StarLabels``: every node's component label (the
+        smallest key of its component), checked to be final
+    GroupByKey(b"M" + key: label and member info) ──> ``JoinLabels``
+    GroupByKey(b"C" + shard of the label) ──> ``ResolveClusters``: per cluster
+        the label's record is kept, every other member is removed: a
+        quarantine entry naming the kept record and the estimated similarity,
+        its examples and tokens taken off the counts, and its key sent to the
+        shard that holds it (``(shard, ("near", keys))``), where ``WriteGroup``
+        leaves its entries out.
+
+Connected components: the large-star and small-star rounds of Kiveris,
+Seshadri, Shah and Vassilvitskii (2014, "Connected Components in MapReduce and
+Beyond", algorithm "Alternating"), each one shuffle (GroupByKey on the node).
+Large-star links every larger neighbour of a node to the smallest node of its
+neighbourhood; small-star links every smaller neighbour (and the node) to the
+smallest of them. Neither changes the components, and a graph of stars, each
+centred on its component's smallest node, is a fixed point of both. The paper
+proves convergence to that fixed point in O(log² n) rounds for n nodes (and
+observes far fewer). A Beam pipeline is a fixed graph, so the build runs a
+fixed number of rounds (``NearDuplicates.rounds``), then checks, node by node,
+that the graph is that fixed point (``StarLabels``): a node with a smaller
+neighbour has exactly one neighbour. The clusters are then exact (a chain
+A~B~C is one cluster even where A and C share no bucket); a graph that needs
+more rounds stops the build with one line naming the parameter, never a
+wrong cluster. Candidate edges come from buckets as stars centred on the
+bucket's smallest key, so the graph has one edge per bucket member, and
+components of near copies have a small diameter: the rounds needed grow with
+the logarithm of a component's diameter (the tests and benchmarks/README.md
+give measured counts).
+
+Kept member: the smallest shuffle key of the cluster, a function of the
+records alone (G1), so the kept set is the same on every runner. Under
+``near_duplicate=skip`` exact copies are near duplicates too (similarity 1):
+``SpreadCopies`` skips every copy k >= 1 (kind ``duplicate`` under
+``duplicate=skip``, else ``near_duplicate``) and the clusters are made of
+distinct records; a record skipped counts once, as skipped.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from seqcache import format as fmt
+from seqcache import fs
+from seqcache.pipelines import shuffle, spill, stats as stats_mod
+from seqcache.tasks.near_duplicates import NearDuplicates, estimated_similarity
+from seqcache.tasks.sources.base import describe_record
+
+SIGNATURE_FEATURE = "near_duplicate_signature"
+SIGNATURE_DTYPE = "uint32"
+BAND_TAG, MEMBER_TAG, CLUSTER_TAG = b"B", b"M", b"C"
+REMOVED_TAG = "near"
+KIND = "near_duplicate"
+
+
+def signature_spec() -> fmt.FeatureSpec:
+    """The read step's last feature when near duplicates are removed."""
+    return fmt.FeatureSpec(SIGNATURE_FEATURE, SIGNATURE_DTYPE)
+
+
+def signature_column(params: NearDuplicates, records: Sequence, index: np.ndarray, where) -> tuple:
+    """``(values, offsets)`` of ``SIGNATURE_FEATURE`` for a batch's examples:
+    example i carries the signature of record ``records[index[i]]`` (uint32
+    ``(bands * rows,)``, or no value for a record with no word).
+
+    Args:
+      records: the batch's live records (each with ``data``).
+      index: int (n,): each example's record.
+      where: ``where(record) -> str`` names a record in an error.
+
+    Raises:
+      ValueError: a record lacks a field the parameters name (``where`` names it).
+    """
+    seeds = params.seeds()
+    sigs = {}
+    for i in np.unique(index).tolist():
+        record = records[i]
+        sigs[i] = params.signature(params.text_of(record.data, where(record)), seeds)
+    empty = np.zeros(0, np.uint32)
+    parts = [sigs[i] if sigs[i] is not None else empty for i in np.asarray(index).tolist()]
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    values = np.concatenate(parts) if parts else empty
+    return values.astype(np.uint32), offsets
+
+
+def strip_signatures(entries: spill.ShardEntries) -> spill.ShardEntries:
+    """``entries`` without their last feature (the signature: it ends every
+    example, 4 bytes of length then 4 a value): the examples the task made."""
+    sig_len = entries.lengths[:, -1].astype(np.int64)
+    entries.end = entries.end - 4 - 4 * sig_len
+    entries.lengths = np.ascontiguousarray(entries.lengths[:, :-1])
+    return entries
+
+
+def member_outputs(entries: spill.ShardEntries, params: NearDuplicates) -> Iterator[tuple[bytes, Any]]:
+    """The near-duplicate values of one shard (its entries sorted, the copies
+    ranked): for each distinct record with a signature, its band records
+    ``(BAND_TAG + band hash, key)`` and its member info ``(MEMBER_TAG + key,
+    (file index, record number, examples, [tokens of each read feature],
+    signature bytes))``: counts over the examples of copy k = 0."""
+    n = len(entries)
+    if not n:
+        return
+    rank = shuffle.copy_ranks(entries.key, entries.sub_index)
+    first = rank == 0
+    keys = entries.key
+    # Per distinct key (copy 0): its examples and tokens.
+    rows = np.flatnonzero(first)
+    starts = rows[np.concatenate([[True], keys[rows][1:] != keys[rows][:-1]])] if len(rows) else rows
+    group = np.searchsorted(starts, rows, side="right") - 1
+    examples = np.bincount(group, minlength=len(starts))
+    tokens = np.zeros((len(starts), entries.lengths.shape[1]), dtype=np.int64)
+    np.add.at(tokens, group, entries.lengths[rows].astype(np.int64))
+    wanted = {int(r): g for g, r in enumerate(starts.tolist())}
+    for lo, hi, data in entries.example_chunks():
+        for r in range(lo, hi):
+            g = wanted.get(r)
+            if g is None or not entries.lengths[r, -1]:
+                continue
+            size = 4 * int(entries.lengths[r, -1])
+            sig = bytes(data[r - lo][-size:])
+            key = keys[r].tobytes()
+            for h in params.band_hashes(np.frombuffer(sig, dtype="<u4")):
+                yield BAND_TAG + h, key
+            yield MEMBER_TAG + key, (int(entries.file_index[r]), int(entries.record_number[r]), int(examples[g]),
+                                     tokens[g].tolist(), sig)
+
+
+class StarEdges:
+    """``(BAND_TAG + band hash, keys)`` in: the bucket's distinct keys joined to
+    its smallest, each edge in both directions ``(node, neighbour)``."""
+
+    def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
+        _, keys = element
+        nodes = sorted(set(keys))
+        for v in nodes[1:]:
+            yield nodes[0], v
+            yield v, nodes[0]
+
+
+class LargeStar:
+    """One large-star round (Kiveris et al. 2014): ``(node u, neighbours)`` in;
+    every neighbour v > u linked to m, the smallest of u and its neighbours."""
+
+    def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
+        u, neighbours = element
+        around = set(neighbours)
+        m = min(around | {u})
+        for v in sorted(around):
+            if v > u and v != m:
+                yield v, m
+                yield m, v
+
+
+class SmallStar:
+    """One small-star round (Kiveris et al. 2014): ``(node u, neighbours)`` in;
+    every neighbour v < u, and u, linked to m, the smallest of them."""
+
+    def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
+        u, neighbours = element
+        smaller = sorted(v for v in set(neighbours) if v < u)
+        if not smaller:
+            return
+        m = smaller[0]
+        for v in [*smaller[1:], u]:
+            yield v, m
+            yield m, v
+
+
+class StarLabels:
+    """After the rounds: ``(node, neighbours)`` in, ``(MEMBER_TAG + node,
+    ("label", label))`` out, the label being the node's one smaller neighbour
+    (a leaf) or the node itself (a centre).
+
+    Raises:
+      ValueError: the graph is not yet stars (a node with a smaller neighbour
+        and another neighbour): more rounds are needed, named in the message.
+    """
+
+    def __init__(self, rounds: int):
+        self.rounds = int(rounds)
+
+    def __call__(self, element) -> Iterator[tuple[bytes, tuple]]:
+        u, neighbours = element
+        around = set(neighbours)
+        smaller = [v for v in around if v < u]
+        if smaller and len(around) != 1:
+            raise ValueError(f"near duplicates: the clusters of the candidate pairs did not settle in "
+                             f"{self.rounds} rounds (a record still links {len(around)} others); "
+                             f"run the build again with --near-duplicates rounds={2 * self.rounds}")
+        yield MEMBER_TAG + u, ("label", smaller[0] if smaller else u)
+
+
+class JoinLabels:
+    """``(MEMBER_TAG + key, [member info, maybe ("label", label)])`` in; for a
+    record in a cluster, ``(CLUSTER_TAG + the label's shard (4 bytes), (label,
+    key, info))`` out. ``num_shards``: the build's."""
+
+    def __init__(self, num_shards: int):
+        self.num_shards = int(num_shards)
+
+    def __call__(self, element) -> Iterator[tuple[bytes, tuple]]:
+        tagged, values = element
+        label = info = None
+        for v in values:
+            if len(v) == 2 and v[0] == "label":
+                label = v[1]
+            else:
+                info = v
+        if label is None:
+            return
+        if info is None:
+            raise ValueError(f"near duplicates: record key {tagged[1:].hex()} is in a cluster but has no member "
+                             "info (a lost value of the runner)")
+        shard = shuffle.shard_of(label, self.num_shards)
+        yield CLUSTER_TAG + shard.to_bytes(4, "big"), (label, tagged[1:], tuple(info))
+
+
+class ResolveClusters:
+    """``(CLUSTER_TAG + shard, [(label, key, info)])`` in: the clusters whose
+    kept record (the label) falls in that shard. For every member that is not
+    the label: a quarantine entry (action ``skipped``, kind
+    ``near_duplicate``, naming the kept record and the estimated similarity,
+    ``kept`` and ``similarity`` fields), in one chunk ``(QUARANTINE_KEY,
+    path)``; its key in ``(shard, ("near", keys))`` to the shard that holds
+    it; and one ``(COUNTS_KEY, ("near-<shard>", 0, per-file counts taken off,
+    bad-input counts))``. ``paths`` (by file index, a sequence or the build's
+    ``WorkTable``) and ``locator`` word the entries."""
+
+    def __init__(self, *, paths, locator: str | None, spill_dir: str, num_shards: int, quarantine_key: int,
+                 counts_key: int):
+        self.paths, self.locator, self.spill_dir, self.num_shards = paths, locator, spill_dir, int(num_shards)
+        self.quarantine_key, self.counts_key = quarantine_key, counts_key
+
+    def __call__(self, element) -> Iterator[tuple[int, Any]]:
+        tagged, members = element
+        shard = int.from_bytes(tagged[1:], "big")
+        clusters = collections.defaultdict(dict)
+        for label, key, info in members:
+            clusters[label][key] = info
+        buffer, removed = spill.QuarantineBuffer(), collections.defaultdict(list)
+        files, rows = [], []
+        paths = self.paths.paths if hasattr(self.paths, "paths") else self.paths
+        for label in sorted(clusters):
+            cluster = clusters[label]
+            kfi, krn, _, _, ksig = cluster[label]
+            kept_path = paths[kfi]
+            kept_sig = np.frombuffer(ksig, dtype="<u4")
+            for key in sorted(k for k in cluster if k != label):
+                fi, rn, examples, tokens, sig = cluster[key]
+                similarity = round(estimated_similarity(np.frombuffer(sig, dtype="<u4"), kept_sig), 4)
+                path = paths[fi]
+                message = (f"{describe_record(path, self.locator, rn, stable=True)} is a near duplicate of "
+                           f"{kept_path}: {describe_record(kept_path, self.locator, krn, stable=True)} (estimated "
+                           f"similarity {similarity}), which is kept (on_error near_duplicate=skip)")
+                buffer.add(fi, rn, "skipped", path, message, KIND,
+                           {"kept": {"source_index": kfi, "path": kept_path, "record_number": krn},
+                            "similarity": similarity})
+                removed[shuffle.shard_of(key, self.num_shards)].append(key)
+                files.append(fi)
+                rows.append([-examples, *(-t for t in tokens)])
+        if not len(buffer):
+            return
+        chunk = fs.join(self.spill_dir, f"{spill.QUARANTINE_PREFIX}near-{shard:07d}-{os.urandom(6).hex()}.txt")
+        fs.write_bytes(chunk, buffer.to_bytes())
+        yield self.quarantine_key, chunk
+        for target in sorted(removed):
+            yield target, (REMOVED_TAG, b"".join(sorted(removed[target])))
+        bad_input = stats_mod.BadInputCounts()
+        bad_input.add_counts("skipped", len(buffer), {KIND: len(buffer)})
+        columns = [files, *np.asarray(rows, dtype=np.int64).T.tolist()]
+        yield self.counts_key, (f"near-{shard}", 0, columns, bad_input.to_json())
+
+
+def split_removed(values) -> tuple[list, np.ndarray]:
+    """A shard's values for ``WriteGroup``: (the sections, the keys of the
+    records removed as near duplicates, ``V16`` (k,), sorted)."""
+    sections, keys = [], []
+    for v in values:
+        if isinstance(v, tuple) and len(v) == 2 and v[0] == REMOVED_TAG:
+            keys.append(v[1])
+        else:
+            sections.append(v)
+    removed = np.frombuffer(b"".join(keys), dtype="V16") if keys else np.zeros(0, "V16")
+    return sections, np.sort(removed.view("S16")).view("V16") if len(removed) else removed
+
+
+def removed_rows(entries: spill.ShardEntries, removed: np.ndarray) -> np.ndarray:
+    """bool (n,): the entries whose key is one of ``removed`` (``V16``)."""
+    if not len(removed) or not len(entries):
+        return np.zeros(len(entries), dtype=bool)
+    return np.isin(entries.key.view("S16"), removed.view("S16"))

@@ -697,10 +697,12 @@ def _near_duplicate_clusters(spread, rounds: int, resolve, num_shards: int):
     the quarantine chunks, counts and removed keys, keyed as the shards' values."""
     near = spread | "NearValues" >> beam.Filter(lambda kv: isinstance(kv[0], bytes))
     edges = (near | "Bands" >> beam.Filter(lambda kv: kv[0][:1] == near_mod.BAND_TAG)
-             | "GroupByBand" >> beam.GroupByKey() | "StarEdges" >> beam.FlatMap(near_mod.StarEdges()))
+             | "GroupByBand" >> beam.GroupByKey() | "StarEdges" >> beam.FlatMap(near_mod.StarEdges(num_shards)))
     for k in range(rounds):
-        edges = (edges | f"GroupLarge{k}" >> beam.GroupByKey() | f"LargeStar{k}" >> beam.FlatMap(near_mod.LargeStar())
-                 | f"GroupSmall{k}" >> beam.GroupByKey() | f"SmallStar{k}" >> beam.FlatMap(near_mod.SmallStar()))
+        edges = (edges | f"GroupLarge{k}" >> beam.GroupByKey()
+                 | f"LargeStar{k}" >> beam.FlatMap(near_mod.LargeStar(num_shards))
+                 | f"GroupSmall{k}" >> beam.GroupByKey()
+                 | f"SmallStar{k}" >> beam.FlatMap(near_mod.SmallStar(num_shards)))
     labels = edges | "GroupStars" >> beam.GroupByKey() | "StarLabels" >> beam.FlatMap(near_mod.StarLabels(rounds))
     members = near | "Members" >> beam.Filter(lambda kv: kv[0][:1] == near_mod.MEMBER_TAG)
     return ((labels, members) | "LabelsAndMembers" >> beam.Flatten() | "GroupByMember" >> beam.GroupByKey()

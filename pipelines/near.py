@@ -6,14 +6,15 @@ The steps, each a plain picklable callable (build.py wires them)::
     ReadPreprocess ── each example carries its record's signature as a last
         feature, SIGNATURE_FEATURE (uint32 (bands * rows,); kept in the work
         folder like any feature, stripped before a shard is written)
-    SpreadCopies (its shard's entries) ──> per distinct record (copy k = 0):
-        (b"B" + band hash, key)      one per band          ``member_outputs``
-        (b"M" + key, member info)    provenance, counts, signature
-    GroupByKey(band) ──> ``StarEdges``: the bucket's keys joined to its smallest
-    ROUNDS x [GroupByKey(node) ──> ``LargeStar`` ; GroupByKey(node) ──> ``SmallStar``]
-    GroupByKey(node) ──> ``StarLabels``: every node's component label (the
-        smallest key of its component), checked to be final
-    GroupByKey(b"M" + key: label and member info) ──> ``JoinLabels``
+    SpreadCopies (its shard's entries) ──> per distinct record (copy k = 0),
+        gathered by group (``group_of``: a key range, as many as shards):
+        (b"B" + group, rows of band hash and key)  one row per band  ``member_outputs``
+        (b"M" + group, [member info])  key, provenance, counts, signature
+    GroupByKey(band group) ──> ``StarEdges``: each bucket's keys joined to its smallest
+    ROUNDS x [GroupByKey(node group) ──> ``LargeStar`` ; GroupByKey ──> ``SmallStar``]
+    GroupByKey(node group) ──> ``StarLabels``: every node's component label
+        (the smallest key of its component), checked to be final
+    GroupByKey(b"M" + group: labels and member info) ──> ``JoinLabels``
     GroupByKey(b"C" + shard of the label) ──> ``ResolveClusters``: per cluster
         the label's record is kept, every other member is removed: a
         quarantine entry naming the kept record and the estimated similarity,
@@ -23,7 +24,9 @@ The steps, each a plain picklable callable (build.py wires them)::
 
 Connected components: the large-star and small-star rounds of Kiveris,
 Seshadri, Shah and Vassilvitskii (2014, "Connected Components in MapReduce and
-Beyond", algorithm "Alternating"), each one shuffle (GroupByKey on the node).
+Beyond", algorithm "Alternating"), each one shuffle (a GroupByKey on the
+node's group, each node's edges in one value: a runner moves a few large
+values per round, not one per edge).
 Large-star links every larger neighbour of a node to the smallest node of its
 neighbourhood; small-star links every smaller neighbour (and the node) to the
 smallest of them. Neither changes the components, and a graph of stars, each
@@ -110,26 +113,38 @@ def strip_signatures(entries: spill.ShardEntries) -> spill.ShardEntries:
     return entries
 
 
-def member_outputs(entries: spill.ShardEntries, params: NearDuplicates) -> Iterator[tuple[bytes, Any]]:
+def group_of(key: bytes, groups: int) -> int:
+    """The group (of ``groups``) of a band hash or a record key: the key range
+    of its first 8 bytes (``shuffle.shard_of``). The cluster steps work on
+    groups, one element each per sender, so that a runner moves a few large
+    values instead of one per band, edge or record."""
+    return shuffle.shard_of(key, groups)
+
+
+def _tag(tag: bytes, group: int) -> bytes:
+    return tag + group.to_bytes(4, "big")
+
+
+def member_outputs(entries: spill.ShardEntries, params: NearDuplicates, groups: int) -> Iterator[tuple[bytes, Any]]:
     """The near-duplicate values of one shard (its entries sorted, the copies
-    ranked): for each distinct record with a signature, its band records
-    ``(BAND_TAG + band hash, key)`` and its member info ``(MEMBER_TAG + key,
-    (file index, record number, examples, [tokens of each read feature],
-    signature bytes))``: counts over the examples of copy k = 0."""
-    n = len(entries)
-    if not n:
+    ranked), per group (``group_of``): ``(BAND_TAG + group, rows)``, 24-byte
+    rows of a band hash (8) and a record key (16), one per band of each
+    distinct record with a signature; and ``(MEMBER_TAG + group, [(key,
+    file index, record number, examples, [tokens of each read feature],
+    signature bytes)])``, the member info of each (counts over the examples
+    of copy k = 0), grouped by the record key's group."""
+    if not len(entries):
         return
     rank = shuffle.copy_ranks(entries.key, entries.sub_index)
-    first = rank == 0
     keys = entries.key
-    # Per distinct key (copy 0): its examples and tokens.
-    rows = np.flatnonzero(first)
+    rows = np.flatnonzero(rank == 0)
     starts = rows[np.concatenate([[True], keys[rows][1:] != keys[rows][:-1]])] if len(rows) else rows
     group = np.searchsorted(starts, rows, side="right") - 1
     examples = np.bincount(group, minlength=len(starts))
     tokens = np.zeros((len(starts), entries.lengths.shape[1]), dtype=np.int64)
     np.add.at(tokens, group, entries.lengths[rows].astype(np.int64))
     wanted = {int(r): g for g, r in enumerate(starts.tolist())}
+    bands, members = collections.defaultdict(list), collections.defaultdict(list)
     for lo, hi, data in entries.example_chunks():
         for r in range(lo, hi):
             g = wanted.get(r)
@@ -139,56 +154,108 @@ def member_outputs(entries: spill.ShardEntries, params: NearDuplicates) -> Itera
             sig = bytes(data[r - lo][-size:])
             key = keys[r].tobytes()
             for h in params.band_hashes(np.frombuffer(sig, dtype="<u4")):
-                yield BAND_TAG + h, key
-            yield MEMBER_TAG + key, (int(entries.file_index[r]), int(entries.record_number[r]), int(examples[g]),
-                                     tokens[g].tolist(), sig)
+                bands[group_of(h, groups)].append(h + key)
+            members[group_of(key, groups)].append((key, int(entries.file_index[r]), int(entries.record_number[r]),
+                                                   int(examples[g]), tokens[g].tolist(), sig))
+    for g in sorted(bands):
+        yield _tag(BAND_TAG, g), b"".join(sorted(bands[g]))
+    for g in sorted(members):
+        yield _tag(MEMBER_TAG, g), members[g]
+
+
+def _rows(blobs, size: int) -> Iterator[bytes]:
+    """The ``size``-byte rows of every blob of ``blobs``."""
+    for blob in blobs:
+        for at in range(0, len(blob), size):
+            yield blob[at:at + size]
+
+
+def _routed(edges: set, groups: int) -> Iterator[tuple[bytes, bytes]]:
+    """``(group, 32-byte rows (u, v))``: the edges, each by the group of u, rows sorted."""
+    out = collections.defaultdict(list)
+    for u, v in edges:
+        out[group_of(u, groups)].append(u + v)
+    for g in sorted(out):
+        yield g.to_bytes(4, "big"), b"".join(sorted(out[g]))
+
+
+def _adjacency(blobs) -> dict[bytes, set]:
+    """node -> its neighbours, from 32-byte edge rows (u, v)."""
+    around: dict[bytes, set] = collections.defaultdict(set)
+    for row in _rows(blobs, 32):
+        around[row[:16]].add(row[16:])
+    return around
 
 
 class StarEdges:
-    """``(BAND_TAG + band hash, keys)`` in: the bucket's distinct keys joined to
-    its smallest, each edge in both directions ``(node, neighbour)``."""
+    """``(BAND_TAG + group, [rows of band hash and key])`` in: each band
+    bucket's distinct keys joined to its smallest, each edge in both
+    directions, out as ``_routed`` rows by the group of their first node."""
+
+    def __init__(self, groups: int):
+        self.groups = int(groups)
 
     def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
-        _, keys = element
-        nodes = sorted(set(keys))
-        for v in nodes[1:]:
-            yield nodes[0], v
-            yield v, nodes[0]
+        _, blobs = element
+        buckets: dict[bytes, set] = collections.defaultdict(set)
+        for row in _rows(blobs, 24):
+            buckets[row[:8]].add(row[8:])
+        edges = set()
+        for keys in buckets.values():
+            if len(keys) > 1:
+                nodes = sorted(keys)
+                for v in nodes[1:]:
+                    edges.add((nodes[0], v))
+                    edges.add((v, nodes[0]))
+        yield from _routed(edges, self.groups)
 
 
 class LargeStar:
-    """One large-star round (Kiveris et al. 2014): ``(node u, neighbours)`` in;
-    every neighbour v > u linked to m, the smallest of u and its neighbours."""
+    """One large-star round (Kiveris et al. 2014) over a group of nodes: for
+    each node u, every neighbour v > u linked to m, the smallest of u and its
+    neighbours; rows in and out as ``StarEdges``'."""
+
+    def __init__(self, groups: int):
+        self.groups = int(groups)
 
     def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
-        u, neighbours = element
-        around = set(neighbours)
-        m = min(around | {u})
-        for v in sorted(around):
-            if v > u and v != m:
-                yield v, m
-                yield m, v
+        _, blobs = element
+        edges = set()
+        for u, around in _adjacency(blobs).items():
+            m = min(around | {u})
+            for v in around:
+                if v > u and v != m:
+                    edges.add((v, m))
+                    edges.add((m, v))
+        yield from _routed(edges, self.groups)
 
 
 class SmallStar:
-    """One small-star round (Kiveris et al. 2014): ``(node u, neighbours)`` in;
-    every neighbour v < u, and u, linked to m, the smallest of them."""
+    """One small-star round (Kiveris et al. 2014) over a group of nodes: for
+    each node u, every neighbour v < u, and u, linked to m, the smallest of
+    them; rows in and out as ``StarEdges``'."""
+
+    def __init__(self, groups: int):
+        self.groups = int(groups)
 
     def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
-        u, neighbours = element
-        smaller = sorted(v for v in set(neighbours) if v < u)
-        if not smaller:
-            return
-        m = smaller[0]
-        for v in [*smaller[1:], u]:
-            yield v, m
-            yield m, v
+        _, blobs = element
+        edges = set()
+        for u, around in _adjacency(blobs).items():
+            smaller = sorted(v for v in around if v < u)
+            if not smaller:
+                continue
+            m = smaller[0]
+            for v in [*smaller[1:], u]:
+                edges.add((v, m))
+                edges.add((m, v))
+        yield from _routed(edges, self.groups)
 
 
 class StarLabels:
-    """After the rounds: ``(node, neighbours)`` in, ``(MEMBER_TAG + node,
-    ("label", label))`` out, the label being the node's one smaller neighbour
-    (a leaf) or the node itself (a centre).
+    """After the rounds, a group of nodes: ``(MEMBER_TAG + group, ("labels",
+    32-byte rows (node, label)))`` out, the label being the node's one smaller
+    neighbour (a leaf) or the node itself (a centre).
 
     Raises:
       ValueError: the graph is not yet stars (a node with a smaller neighbour
@@ -199,43 +266,48 @@ class StarLabels:
         self.rounds = int(rounds)
 
     def __call__(self, element) -> Iterator[tuple[bytes, tuple]]:
-        u, neighbours = element
-        around = set(neighbours)
-        smaller = [v for v in around if v < u]
-        if smaller and len(around) != 1:
-            raise ValueError(f"near duplicates: the clusters of the candidate pairs did not settle in "
-                             f"{self.rounds} rounds (a record still links {len(around)} others); "
-                             f"run the build again with --near-duplicates rounds={2 * self.rounds}")
-        yield MEMBER_TAG + u, ("label", smaller[0] if smaller else u)
+        group, blobs = element
+        out = []
+        for u, around in sorted(_adjacency(blobs).items()):
+            smaller = [v for v in around if v < u]
+            if smaller and len(around) != 1:
+                raise ValueError(f"near duplicates: the clusters of the candidate pairs did not settle in "
+                                 f"{self.rounds} rounds (a record still links {len(around)} others); "
+                                 f"run the build again with --near-duplicates rounds={2 * self.rounds}")
+            out.append(u + (smaller[0] if smaller else u))
+        yield MEMBER_TAG + group, ("labels", b"".join(out))
 
 
 class JoinLabels:
-    """``(MEMBER_TAG + key, [member info, maybe ("label", label)])`` in; for a
-    record in a cluster, ``(CLUSTER_TAG + the label's shard (4 bytes), (label,
-    key, info))`` out. ``num_shards``: the build's."""
+    """``(MEMBER_TAG + group, [member lists, ("labels", rows)])`` in; for each
+    record in a cluster, its ``(label, key, info)`` in ``(CLUSTER_TAG + the
+    label's shard, [...])`` out. ``num_shards``: the build's."""
 
     def __init__(self, num_shards: int):
         self.num_shards = int(num_shards)
 
-    def __call__(self, element) -> Iterator[tuple[bytes, tuple]]:
-        tagged, values = element
-        label = info = None
+    def __call__(self, element) -> Iterator[tuple[bytes, list]]:
+        _, values = element
+        labels, members = {}, []
         for v in values:
-            if len(v) == 2 and v[0] == "label":
-                label = v[1]
+            if isinstance(v, tuple) and len(v) == 2 and v[0] == "labels":
+                labels.update((row[:16], row[16:]) for row in _rows([v[1]], 32))
             else:
-                info = v
-        if label is None:
-            return
-        if info is None:
-            raise ValueError(f"near duplicates: record key {tagged[1:].hex()} is in a cluster but has no member "
-                             "info (a lost value of the runner)")
-        shard = shuffle.shard_of(label, self.num_shards)
-        yield CLUSTER_TAG + shard.to_bytes(4, "big"), (label, tagged[1:], tuple(info))
+                members.extend(v)
+        out = collections.defaultdict(list)
+        for key, *info in members:
+            label = labels.pop(key, None)
+            if label is not None:
+                out[shuffle.shard_of(label, self.num_shards)].append((label, key, tuple(info)))
+        if labels:
+            raise ValueError(f"near duplicates: record key {next(iter(labels)).hex()} is in a cluster but has no "
+                             "member info (a lost value of the runner)")
+        for shard in sorted(out):
+            yield _tag(CLUSTER_TAG, shard), sorted(out[shard])
 
 
 class ResolveClusters:
-    """``(CLUSTER_TAG + shard, [(label, key, info)])`` in: the clusters whose
+    """``(CLUSTER_TAG + shard, [[(label, key, info)], ...])`` in: the clusters whose
     kept record (the label) falls in that shard. For every member that is not
     the label: a quarantine entry (action ``skipped``, kind
     ``near_duplicate``, naming the kept record and the estimated similarity,
@@ -251,11 +323,12 @@ class ResolveClusters:
         self.quarantine_key, self.counts_key = quarantine_key, counts_key
 
     def __call__(self, element) -> Iterator[tuple[int, Any]]:
-        tagged, members = element
+        tagged, lists = element
         shard = int.from_bytes(tagged[1:], "big")
         clusters = collections.defaultdict(dict)
-        for label, key, info in members:
-            clusters[label][key] = info
+        for members in lists:
+            for label, key, info in members:
+                clusters[label][key] = info
         buffer, removed = spill.QuarantineBuffer(), collections.defaultdict(list)
         files, rows = [], []
         paths = self.paths.paths if hasattr(self.paths, "paths") else self.paths

@@ -855,7 +855,7 @@ class SpreadCopies:
         try:
             if self.near is not None:
                 yield from self._skipped(int(key), entries, near_mod.KIND if self.duplicates == "keep" else "duplicate")
-                yield from near_mod.member_outputs(entries, self.near)
+                yield from near_mod.member_outputs(entries, self.near, self.num_shards)
             elif self.duplicates == "skip":
                 yield from self._skipped(int(key), entries)
             else:

@@ -17,7 +17,7 @@ rule of thumb (1/bands)**(1/rows) says 0.72) and gives 0.92 at J = 0.8.
 Everything here is numpy over one text's shingles at once (no Python loop per
 hash): the words' hashes from their UTF-8 bytes (``word_hashes``), the
 shingles' from the words' (``shingle_hashes``), the K hash functions as K
-seeded mixes of each shingle hash (``signature``). All arithmetic is on
+seeded multiply-adds of each shingle hash (``signature``). All arithmetic is on
 unsigned 64-bit integers modulo 2**64, so a signature is the same on every
 machine; ``NearDuplicates.version`` names the scheme in a cache's fingerprint.
 
@@ -72,15 +72,17 @@ def word_hashes(words: Sequence[str]) -> np.ndarray:
     bytes, then ``mix64`` of that sum plus the word's length in bytes."""
     if not words:
         return np.zeros(0, _U64)
-    joined = "".join(words)
-    data = np.frombuffer(joined.encode("utf-8"), dtype=np.uint8).astype(_U64)
-    sizes = np.fromiter(map(len, words) if joined.isascii() else (len(w.encode("utf-8")) for w in words),
-                        dtype=np.int64, count=len(words))
-    starts = np.zeros(len(words), dtype=np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    position = np.arange(len(data), dtype=np.int64) - np.repeat(starts, sizes)
-    powers = _powers(_BYTE_BASE, int(sizes.max()))
-    sums = np.add.reduceat(data * powers[position], starts)
+    # The words joined by spaces (a word holds no whitespace, and byte 0x20 is
+    # part of no other UTF-8 character): the spaces mark where words start.
+    raw = np.frombuffer(" ".join(words).encode("utf-8"), dtype=np.uint8)
+    spaces = np.flatnonzero(raw == 0x20)
+    starts = np.concatenate([[0], spaces + 1])
+    sizes = np.concatenate([spaces, [len(raw)]]) - starts
+    position = np.arange(len(raw), dtype=np.int64) - np.repeat(starts, sizes + 1)[:len(raw)]
+    powers = _powers(_BYTE_BASE, int(sizes.max()) + 1)
+    terms = raw.astype(_U64) * powers[position]
+    terms[spaces] = 0
+    sums = np.add.reduceat(terms, starts)
     return mix64(sums + sizes.astype(_U64))
 
 
@@ -210,20 +212,28 @@ class NearDuplicates:
         return "\n".join(out)
 
     def seeds(self) -> np.ndarray:
-        """uint64 (bands * rows,): one seed per hash function, from ``seed``."""
-        return mix64(np.arange(self.num_hashes, dtype=_U64) + mix64(np.asarray([self.seed], dtype=_U64))[0])
+        """uint64 (2, bands * rows): the multipliers (odd) and the increments of
+        the hash functions, from ``seed``."""
+        base = mix64(np.asarray([self.seed], dtype=_U64))[0]
+        k = np.arange(self.num_hashes, dtype=_U64)
+        return np.stack([mix64(k + base) | _U64(1), mix64(k + (base ^ _GAMMA))])
 
     def signature(self, text: str, seeds: np.ndarray | None = None) -> np.ndarray | None:
         """uint32 (bands * rows,): the MinHash signature of ``text``: value k is
-        the high 32 bits of min over shingles s of ``mix64(s ^ seed_k)``; None
-        for a text with no word. ``seeds``: ``self.seeds()``, given once for many texts."""
+        the high 32 bits of min over shingles s of ``a_k * s + b_k`` (mod
+        2**64; ``seeds``), None for a text with no word. The shingle hashes are
+        already uniform (``mix64``), so one multiply-add per hash function
+        (multiply-shift hashing, Dietzfelbinger et al. 1997) orders them as an
+        independent random permutation would, at two operations a value.
+        ``seeds``: ``self.seeds()``, given once for many texts."""
         shingles = shingle_hashes(normalize(text), self.ngram)
         if not len(shingles):
             return None
-        seeds = self.seeds() if seeds is None else seeds
-        out = np.full(len(seeds), np.iinfo(np.uint64).max, dtype=_U64)
+        a, b = self.seeds() if seeds is None else seeds
+        out = np.full(len(a), np.iinfo(np.uint64).max, dtype=_U64)
         for lo in range(0, len(shingles), _BLOCK_ROWS):
-            block = mix64(shingles[lo:lo + _BLOCK_ROWS, None] ^ seeds[None, :])  # (rows, K)
+            block = shingles[lo:lo + _BLOCK_ROWS, None] * a[None, :]  # (rows, K)
+            block += b[None, :]
             np.minimum(out, block.min(axis=0), out=out)
         return (out >> _U64(32)).astype(np.uint32)
 

@@ -12,6 +12,9 @@ import pytest
 from seqcache.pipelines import near
 
 
+GROUPS = 4
+
+
 def _group(pairs):
     """GroupByKey: (key, value) pairs to (key, [values]), in key order."""
     out = collections.defaultdict(list)
@@ -22,11 +25,15 @@ def _group(pairs):
 
 def _labels(edges, rounds: int) -> dict[bytes, bytes]:
     """Each node's label after ``rounds`` pairs of rounds, as the build computes it."""
-    pairs = [p for a, b in edges for p in ((a, b), (b, a))]
+    pairs = list(near._routed({p for a, b in edges for p in ((a, b), (b, a))}, GROUPS))
     for _ in range(rounds):
-        pairs = [p for element in _group(pairs) for p in near.LargeStar()(element)]
-        pairs = [p for element in _group(pairs) for p in near.SmallStar()(element)]
-    return {k[1:]: v[1] for element in _group(pairs) for k, v in near.StarLabels(rounds)(element)}
+        pairs = [p for element in _group(pairs) for p in near.LargeStar(GROUPS)(element)]
+        pairs = [p for element in _group(pairs) for p in near.SmallStar(GROUPS)(element)]
+    labels = {}
+    for element in _group(pairs):
+        for _, (_, rows) in near.StarLabels(rounds)(element):
+            labels.update((rows[at:at + 16], rows[at + 16:at + 32]) for at in range(0, len(rows), 32))
+    return labels
 
 
 def _components(edges) -> dict[bytes, bytes]:
@@ -84,5 +91,8 @@ def _settles(edges, rounds) -> bool:
 
 def test_buckets_become_stars_on_their_smallest_key():
     a, b, c = b"\x01" * 16, b"\x02" * 16, b"\x03" * 16
-    assert sorted(near.StarEdges()((b"B" + b"x" * 8, [c, a, b, a]))) == [(a, b), (a, c), (b, a), (c, a)]
-    assert list(near.StarEdges()((b"B" + b"x" * 8, [c, c]))) == []
+    h, other = b"h" * 8, b"o" * 8
+    rows = [h + c + h + a, h + b + h + a + other + c]  # bucket h: c, a, b, a; bucket "o": c alone
+    out = list(near.StarEdges(1)((b"B" + bytes(4), rows)))
+    assert out == [(bytes(4), a + b + a + c + b + a + c + a)]
+    assert list(near.StarEdges(1)((b"B" + bytes(4), [h + c + h + c]))) == []

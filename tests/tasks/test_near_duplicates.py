@@ -38,8 +38,8 @@ def test_golden_signature_values():
     assert mix64(np.asarray([0, 1], dtype=np.uint64)).tolist() == [0xE220A8397B1DCDAF, 0x910A2DEC89025CC1]
     sig = NearDuplicates().signature("the quick brown fox jumps over the lazy dog")
     assert sig.dtype == np.uint32 and sig.shape == (112,)
-    assert sig[:4].tolist() == [65999406, 99657696, 579956422, 209597718]
-    assert [h.hex() for h in NearDuplicates().band_hashes(sig)[:2]] == ["2c23c23f50b94805", "c0c63162f1b6b012"]
+    assert sig[:4].tolist() == [95303507, 1741327886, 297540114, 1444760389]
+    assert [h.hex() for h in NearDuplicates().band_hashes(sig)[:2]] == ["5428b282288db729", "b44884a6d557dab6"]
     again = NearDuplicates().signature("The quick, brown fox jumps over the LAZY dog.")
     assert np.array_equal(sig, again)
     assert not np.array_equal(sig, NearDuplicates(seed=1).signature("the quick brown fox jumps over the lazy dog"))

@@ -276,3 +276,36 @@ def jaccard(a: str, b: str, ngram: int = 5) -> float:
     sa = set(shingle_hashes(normalize(a), ngram).tolist())
     sb = set(shingle_hashes(normalize(b), ngram).tolist())
     return len(sa & sb) / len(sa | sb) if sa or sb else 0.0
+
+
+def removed_in_sample(texts, params: NearDuplicates) -> tuple[int, int]:
+    """``(texts with a signature, those a build would remove)`` among ``texts``
+    (an iterable of str: a sample, held in memory): every text is a record of
+    its own (an exact copy is a near duplicate of similarity 1), candidate
+    pairs share a band's bucket, clusters are joined by union-find, and each
+    keeps one member. Pairs with a text outside the sample are not seen: for
+    a sample of the first records, a lower bound of the corpus's share."""
+    seeds = params.seeds()
+    parent: list[int] = []
+    buckets: dict[bytes, int] = {}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for text in texts:
+        sig = params.signature(text, seeds)
+        if sig is None:
+            continue
+        i = len(parent)
+        parent.append(i)
+        for h in params.band_hashes(sig):
+            j = buckets.setdefault(h, i)
+            if j != i:
+                a, b = find(i), find(j)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    roots = sum(1 for i in range(len(parent)) if find(i) == i)
+    return len(parent), len(parent) - roots

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 from typing import Callable
 
+from seqcache.tasks.near_duplicates import NearDuplicates, removed_in_sample
 from seqcache.tasks.sources import ERROR_KINDS, ErrorPolicy, is_error_record
 from seqcache.tasks.task import Task
 
@@ -51,6 +52,10 @@ class ScanReport:
         file. A build raises on such a file whatever the policy.
       split: the split whose source was scanned, for a task with a source
         per split (``Task.for_split``); else None.
+      near_duplicates: with ``scan_task(near=...)``, ``{"sampled": records
+        with a signature among the first ``near_sample`` records that pass the
+        source's checks, "removed": those near-duplicate removal would skip
+        among them (``near_duplicates.removed_in_sample``), "parameters"}``.
     """
 
     task: str
@@ -60,6 +65,7 @@ class ScanReport:
     complete: bool
     unreadable_files: list[str] = dataclasses.field(default_factory=list)
     split: str | None = None
+    near_duplicates: dict | None = None
 
     @property
     def label(self) -> str:
@@ -74,11 +80,13 @@ class ScanReport:
 
     def to_json(self) -> dict:
         return {"task": self.task, **({"split": self.split} if self.split is not None else {}), "records": self.records, "files": self.files, "complete": self.complete,
-                "kinds": [dataclasses.asdict(k) for k in self.kinds], "unreadable_files": list(self.unreadable_files)}
+                "kinds": [dataclasses.asdict(k) for k in self.kinds], "unreadable_files": list(self.unreadable_files),
+                **({"near_duplicates": self.near_duplicates} if self.near_duplicates is not None else {})}
 
 
 def scan_task(task: Task, *, max_records: int | None = None, batch_records: int = 512,
-              progress: Callable[[int], None] | None = None) -> ScanReport:
+              progress: Callable[[int], None] | None = None, near: NearDuplicates | None = None,
+              near_sample: int = 10_000) -> ScanReport:
     """Reads ``task``'s records and counts every kind of bad input in them.
 
     The source is read with ``on_error="skip"`` for every kind, and the task's
@@ -91,6 +99,8 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
       max_records: stop after this many source records (None: all).
       batch_records: records per preprocessing batch.
       progress: called with the running count of records read, once per batch.
+      near: estimate the share of near duplicates with these parameters on
+        the first ``near_sample`` records that pass (``ScanReport.near_duplicates``).
 
     Returns:
       A ``ScanReport``.
@@ -104,6 +114,7 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
     scanning = copy.copy(task)
     scanning.source = source
     counts: dict[str, list] = {}  # kind -> [records, first message]
+    sample = _NearSample(near, near_sample)
     records = 0
     files = source.list_files()
     complete = True
@@ -111,6 +122,7 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
 
     def flush() -> None:  # a batch holds records of one file
         live = [r for r in batch if not is_error_record(r)]
+        sample.add(live, files)
         for r in batch:
             if is_error_record(r):
                 counts.setdefault(r.issue.kind, [0, r.issue.message])[0] += 1
@@ -150,4 +162,26 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
             break
     flush()
     kinds = [KindCount(k, counts[k][0], counts[k][1], own_policy.action(k)) for k in ERROR_KINDS if k in counts]
-    return ScanReport(task.name, records, len(files), kinds, complete, unreadable, getattr(task, "split", None))
+    return ScanReport(task.name, records, len(files), kinds, complete, unreadable, getattr(task, "split", None),
+                      sample.found())
+
+
+class _NearSample:
+    """The texts near-duplicate detection reads, of the first ``size`` records
+    that pass the source's checks (none without ``near``)."""
+
+    def __init__(self, near: NearDuplicates | None, size: int):
+        self.near, self.size, self.texts = near, int(size), []
+
+    def add(self, live, files) -> None:
+        if self.near is None:
+            return
+        for r in live[:max(0, self.size - len(self.texts))]:
+            self.texts.append(self.near.text_of(r.data, f"{files[r.file_index].path}: record {r.record_number}"))
+
+    def found(self) -> dict | None:
+        """``ScanReport.near_duplicates``, or None without ``near``."""
+        if self.near is None:
+            return None
+        sampled, removed = removed_in_sample(self.texts, self.near)
+        return {"sampled": sampled, "removed": removed, "parameters": self.near.to_json()}

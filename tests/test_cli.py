@@ -445,6 +445,19 @@ def test_on_error_near_duplicate_skip_with_parameters_on_an_ad_hoc_source(tmp_pa
     assert "near-duplicate parameters were given, but its source keeps near duplicates" in unasked.output
 
 
+def test_scan_estimates_the_share_of_near_duplicates_in_one_line(tmp_path):
+    base = "the quick brown fox jumps over the lazy dog and runs far away into the woods"
+    write_lines(tmp_path / "a.txt", [base, base.replace("lazy", "sleepy") + "!", "Something else entirely.",
+                                     base.upper()])
+    args = ["scan", "--source", f"text:{tmp_path}/a.txt"]
+    out = CliRunner().invoke(main, args + ["--near-duplicates", "ngram=2,bands=16,rows=2,seed=3"])
+    assert out.exit_code == 0, out.output
+    assert "adhoc: near duplicates: 50.0% of the 4 records sampled (2 would be removed" in out.output, out.output
+    small = CliRunner().invoke(main, args + ["--near-duplicates", "--near-sample", "2", "--json"])
+    assert json.loads(small.stdout)[0]["near_duplicates"]["sampled"] == 2
+    assert "near_duplicates" not in json.loads(CliRunner().invoke(main, args + ["--json"]).stdout)[0]
+
+
 def test_a_source_given_twice_is_refused_not_half_built(tmp_path):
     """click keeps the last of a repeated single-value option; ``build`` and ``scan`` refuse it."""
     write_lines(tmp_path / "a.txt", ["one", "two"])

@@ -12,7 +12,27 @@ from rich.text import Text
 
 from seqcache.cli.commands import common
 from seqcache.cli.commands.build import adhoc_task
+from seqcache.tasks.near_duplicates import NearDuplicates
 from seqcache.tasks.scan import scan_task
+
+
+def _near_option(ctx, param, value):
+    """``--near-duplicates``'s value as ``NearDuplicates`` (None when not given)."""
+    if value is None:
+        return None
+    try:
+        return NearDuplicates.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def near_line(label: str, found: dict) -> str:
+    """The one line of a source's near-duplicate estimate (``ScanReport.near_duplicates``)."""
+    sampled, removed, p = found["sampled"], found["removed"], found["parameters"]
+    share = removed / sampled if sampled else 0.0
+    return (f"{label}: near duplicates: {share:.1%} of the {sampled:,} records sampled ({removed:,} would be removed "
+            f"by --on-error near_duplicate=skip; word {p['ngram']}-grams, {p['bands']} x {p['rows']}); pairs reaching "
+            "past the sample are not seen, so the corpus may hold more")
 
 
 @click.command()
@@ -26,9 +46,16 @@ from seqcache.tasks.scan import scan_task
 @click.option("--split", default=None, help="For a task with a source per split: scan this split's source only "
               "[default: every split's]. Ad-hoc tfds: and hf: sources: the split read unless the spec names one [default: train].")
 @click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many source records.")
+@click.option("--near-duplicates", "near_duplicates", is_flag=False, flag_value="", default=None,
+              metavar="[NAME=VALUE,...]", callback=_near_option,
+              help="Also estimate the share of near duplicates (as --on-error near_duplicate=skip would remove them, "
+              "with build's --near-duplicates parameters) on the first --near-sample records of each source.")
+@click.option("--near-sample", type=click.IntRange(min=2), default=10_000, show_default=True,
+              help="Records the near-duplicate estimate reads (held in memory).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, split, max_records, as_json):
+def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, split, max_records, as_json,
+         near_duplicates, near_sample):
     """Count every kind of bad input in the sources of NAME (a registered task or
     mixture) or of an ad-hoc --source, without building anything.
 
@@ -58,7 +85,7 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, sp
         try:
             label = task.name if task.split is None else f"{task.name}/{task.split}"
             with err.status(Text(f"scanning {label}")) as status:
-                reports.append(scan_task(task, max_records=max_records,
+                reports.append(scan_task(task, max_records=max_records, near=near_duplicates, near_sample=near_sample,
                                          progress=lambda n: status.update(Text(f"scanning {label}: {n:,} records"))))
         except (ValueError, FileNotFoundError, OSError) as e:
             common.print_error(e, err)
@@ -68,6 +95,9 @@ def scan(ctx, name, modules, source_spec, exclude, on_error, vocabulary_spec, sp
         click.echo(json.dumps([r.to_json() for r in reports], indent=2, ensure_ascii=False))
         sys.exit(1 if stops else 0)
     console = Console(soft_wrap=True, emoji=False)
+    for r in reports:
+        if r.near_duplicates is not None:
+            console.print(near_line(r.label, r.near_duplicates), highlight=False, markup=False)
     for r in reports:
         title = (f"{r.label}: {common.plural(r.records, 'record')} in {common.plural(r.files, 'file')}"
                  + ("" if r.complete else " (stopped at --max-records)"))

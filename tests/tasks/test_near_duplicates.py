@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from seqcache.tasks.near_duplicates import (NearDuplicates, estimated_similarity, jaccard, mix64, normalize,
-                                            shingle_hashes, word_hashes)
+                                            removed_in_sample, shingle_hashes, word_hashes)
 
 
 def test_the_normalisation_drops_case_punctuation_and_spacing():
@@ -99,3 +99,11 @@ def test_the_text_compared_is_the_fields_named():
     assert NearDuplicates().text_of({"text": "b", "title": "a", "n": 3}) == "b\na"
     with pytest.raises(ValueError, match=r"a.jsonl: line at byte 4 has no field 'title'.*fields=\.\.\."):
         p.text_of({"text": "b"}, "a.jsonl: line at byte 4")
+
+
+def test_the_share_in_a_sample_counts_each_cluster_but_one():
+    base = "one two three four five six seven eight nine ten eleven twelve"
+    params = NearDuplicates(ngram=2, bands=16, rows=2)
+    texts = [base, base + "!", base.replace("six", "6"), "entirely other words here", "...", base]
+    assert removed_in_sample(texts, params) == (5, 3)  # "..." has no word; base, its copies and near copy: 1 kept
+    assert removed_in_sample([], params) == (0, 0)

@@ -189,3 +189,16 @@ def test_hostile_input_benchmark_refuses_every_shape_in_one_line(tmp_path):
     for row in rows:  # every refusal one line; the byte order mark read as the rest of the file
         assert (row["exit"], row["lines"] == 1) == ((0, False) if row["shape"] == "BOM" else (1, True)), row
         assert 0 < row["peak_rss_mb"] < 300 and row["seconds"] < 60, row
+
+
+@pytest.mark.slow  # a fresh interpreter importing Beam, a build of 600 documents: the slow tests run it
+def test_near_duplicates_benchmark_measures_recall_per_band_of_similarity(tmp_path, shared_data):
+    out = tmp_path / "near.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/near_duplicates.py", "--no-cost", "--quality", "300", "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    bands = json.loads(out.read_text())["quality"]["bands"]
+    assert sum(b["pairs"] for b in bands) == 300
+    top = bands[-1]  # J >= 0.9: every pair found, as the curve says
+    assert top["pairs"] and top["removed"] == top["pairs"] and top["predicted"] > 0.99

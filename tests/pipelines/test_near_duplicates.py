@@ -21,7 +21,7 @@ from seqcache.cli.verify import verify_cache
 from seqcache.feeders.reader import CacheReader
 from seqcache.pipelines import BuildConfig, BuildError, build_task, shuffle
 from seqcache.tasks.near_duplicates import NearDuplicates
-from testsupport import MULTI_PROCESSING, byte_task, prism_missing
+from testsupport import MULTI_PROCESSING, byte_task, dask_args, prism_missing
 
 VOCABULARY = tasks.ByteVocabulary()
 DOCUMENTS = 60
@@ -191,12 +191,13 @@ def _fingerprint(result) -> tuple:
     return fmt.read_shard_checksums(result.cache_dir, result.manifest), quarantine, result.manifest.statistics.to_json()
 
 
-def test_the_same_bytes_on_every_run_runner_and_split(tmp_path, corpus):
+def test_the_same_bytes_on_every_run_runner_and_split(tmp_path, corpus, dask_cluster):
     folder, _ = corpus
     runs = {
         "local engine, spill files": dict(),
         "local engine, runner shuffle, tiny splits": dict(split_size=20_000, exchange="runner"),
         "multi_processing x2": dict(pipeline_args=MULTI_PROCESSING, split_size=40_000),
+        "dask x2": dict(pipeline_args=dask_args(dask_cluster), split_size=25_000),
     }
     if prism_missing() is None:
         runs["prism"] = dict(pipeline_args=["--runner=prism"], split_size=30_000)

@@ -91,11 +91,9 @@ def signature_column(params: NearDuplicates, records: Sequence, index: np.ndarra
     Raises:
       ValueError: a record lacks a field the parameters name (``where`` names it).
     """
-    seeds = params.seeds()
-    sigs = {}
-    for i in np.unique(index).tolist():
-        record = records[i]
-        sigs[i] = params.signature(params.text_of(record.data, where(record)), seeds)
+    distinct = np.unique(index).tolist()
+    texts = [params.text_of(records[i].data, where(records[i])) for i in distinct]
+    sigs = dict(zip(distinct, params.signatures(texts)))
     empty = np.zeros(0, np.uint32)
     parts = [sigs[i] if sigs[i] is not None else empty for i in np.asarray(index).tolist()]
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)

@@ -229,7 +229,52 @@ class NearDuplicates:
         shingles = shingle_hashes(normalize(text), self.ngram)
         if not len(shingles):
             return None
-        a, b = self.seeds() if seeds is None else seeds
+        return self._minima(shingles, self.seeds() if seeds is None else seeds)
+
+    def signatures(self, texts: Sequence[str], seeds: np.ndarray | None = None) -> list:
+        """``[self.signature(t) for t in texts]``, computed for all texts at
+        once: one pass of word hashes over every word, the shingles of every
+        text with at least ``ngram`` words from them, and the minima per text
+        over blocks of about ``_BLOCK_ROWS`` shingles (``np.minimum.reduceat``),
+        so that the numpy calls are per batch, not per text."""
+        seeds = self.seeds() if seeds is None else seeds
+        words = [normalize(t) for t in texts]
+        out: list = [None] * len(texts)
+        batch = [i for i, w in enumerate(words) if len(w) >= self.ngram]
+        for i, w in enumerate(words):
+            if w and len(w) < self.ngram:  # fewer words than a shingle: one shingle of them all
+                out[i] = self._minima(shingle_hashes(w, self.ngram), seeds)
+        if not batch:
+            return out
+        all_words = word_hashes([word for i in batch for word in words[i]])
+        sizes = np.fromiter((len(words[i]) for i in batch), dtype=np.int64, count=len(batch))
+        counts = sizes - self.ngram + 1  # shingles per text
+        word_starts = np.zeros(len(batch), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=word_starts[1:])
+        firsts = np.repeat(word_starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(counts.sum())
+        acc = np.zeros(len(firsts), dtype=_U64)
+        power = 1
+        for j in range(self.ngram):  # as shingle_hashes, over the shingles of every text at once
+            acc += all_words[firsts + j] * _U64(power)
+            power = power * _WORD_BASE % 2**64
+        shingles = mix64(acc ^ _U64(self.ngram))
+        ends = np.cumsum(counts)
+        lo = k = 0
+        while k < len(batch):  # texts k..m-1 in one block: at least one text, about _BLOCK_ROWS shingles
+            m = max(k + 1, int(np.searchsorted(ends, lo + _BLOCK_ROWS, side="right")))
+            hi = int(ends[m - 1])
+            block = shingles[lo:hi, None] * seeds[0][None, :]
+            block += seeds[1][None, :]
+            starts = np.concatenate([[0], ends[k:m - 1] - lo])
+            for i, row in zip(batch[k:m], np.minimum.reduceat(block, starts, axis=0)):
+                out[i] = (row >> _U64(32)).astype(np.uint32)
+            lo, k = hi, m
+        return out
+
+    @staticmethod
+    def _minima(shingles: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+        """uint32 (K,): the signature of a text's shingle hashes (``signature``)."""
+        a, b = seeds
         out = np.full(len(a), np.iinfo(np.uint64).max, dtype=_U64)
         for lo in range(0, len(shingles), _BLOCK_ROWS):
             block = shingles[lo:lo + _BLOCK_ROWS, None] * a[None, :]  # (rows, K)

@@ -107,3 +107,13 @@ def test_the_share_in_a_sample_counts_each_cluster_but_one():
     texts = [base, base + "!", base.replace("six", "6"), "entirely other words here", "...", base]
     assert removed_in_sample(texts, params) == (5, 3)  # "..." has no word; base, its copies and near copy: 1 kept
     assert removed_in_sample([], params) == (0, 0)
+
+
+def test_signatures_of_a_batch_are_those_of_each_text():
+    rng = np.random.default_rng(2)
+    vocab = [f"w{i}" for i in range(300)] + ["é", "中文", "naïve"]
+    texts = [" ".join(rng.choice(vocab, int(n))) for n in rng.integers(0, 40, 60)] + ["", "...", "a b", "x " * 9000]
+    for params in (NearDuplicates(), NearDuplicates(ngram=1), NearDuplicates(ngram=3, bands=3, rows=2, seed=7)):
+        one, many = [params.signature(t) for t in texts], params.signatures(texts)
+        assert [s is None for s in one] == [s is None for s in many]
+        assert all(np.array_equal(a, b) for a, b in zip(one, many) if a is not None)

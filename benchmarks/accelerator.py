@@ -151,9 +151,11 @@ def check_overrides(overrides: list[str]) -> list[str]:
 
 
 def make_config(preset: str, data: Data, batch_size: int, steps: int, overrides: list[str]):
-    """The ``TrainConfig`` of one run: the preset in bfloat16 with the cache's
-    vocabulary size, length and converter, no checkpoints, metrics file,
-    TensorBoard or progress bar, then ``overrides`` (``apply_overrides``).
+    """The ``TrainConfig`` of one run: the preset (``apply_preset``: its model,
+    in bfloat16, and the run settings it brings, such as ``large``'s 4
+    microbatches) with the cache's vocabulary size, length and converter, no
+    checkpoints, metrics file, TensorBoard or progress bar, then ``overrides``
+    (``apply_overrides``).
 
     Raises:
       ConfigError: an unknown preset, a bad override, a model that cannot read the cache.
@@ -161,12 +163,13 @@ def make_config(preset: str, data: Data, batch_size: int, steps: int, overrides:
     from seqcache.training import config as config_lib
     from seqcache.training import data as data_lib
 
-    model = dataclasses.replace(config_lib.model_preset(preset), dtype="bfloat16")
     cfg = config_lib.TrainConfig(
-        model=model, steps=steps, global_batch_size=batch_size, sequence_length=data.sequence_length,
+        steps=steps, global_batch_size=batch_size, sequence_length=data.sequence_length,
         data=config_lib.DataConfig(task=data.source.name, seed=config_lib.DEFAULT_DATA_SEED),
         mesh=config_lib.MeshConfig(data=-1), checkpoint=config_lib.CheckpointConfig(directory=None),
         metrics_file=None, tensorboard=False, progress=False)
+    cfg = config_lib.apply_preset(cfg, preset)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="bfloat16"))
     cfg = config_lib.apply_overrides(cfg, overrides)
     # What seqcache train takes from the cache: converter, inputs length, vocabulary size.
     converter = data_lib.resolve_converter(cfg, data.source, model_label=preset)

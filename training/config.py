@@ -235,21 +235,39 @@ PRESET_RUN_SETTINGS: dict[str, dict[str, Any]] = {
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
-    """AdamW (Loshchilov & Hutter 2019) with linear warmup then cosine decay, and
-    clipping of the gradient's global norm (Pascanu et al. 2013) before the update.
+    """The optimizer, AdamW (Loshchilov & Hutter 2019) by default or Adafactor
+    (Shazeer & Stern 2018, arXiv 1804.04235), with linear warmup then cosine
+    decay, and clipping of the gradient's global norm (Pascanu et al. 2013)
+    before the update.
 
     Attributes:
-      lr: peak learning rate, reached at the end of warmup.
+      name: "adamw" or "adafactor" (``OPTIMIZERS``). A checkpoint resumes only
+        with the optimizer it was saved with (their states differ).
+      lr: peak learning rate, reached at the end of warmup. Adafactor's step
+        is relative to each parameter's RMS (``multiply_by_parameter_scale``):
+        t5x pre-trains T5 at 1e-2 (its rsqrt schedule after 10,000 warmup
+        steps), not at AdamW's rates.
       warmup_steps: steps of linear warmup from 0 to ``lr``.
       decay_steps: total length of the schedule (warmup included); None = the
         run's ``steps``. After it the rate stays at ``lr * end_lr_ratio``.
       end_lr_ratio: final learning rate as a fraction of ``lr``.
-      b1, b2, eps: Adam moments' decay rates and epsilon.
-      weight_decay: decoupled weight decay, applied to matrices only (not to
-        RMSNorm scales).
-      clip_norm: maximum global L2 norm of the gradient; None disables clipping.
+      b1, b2, eps: AdamW only: the moments' decay rates and epsilon.
+      weight_decay: AdamW only: decoupled weight decay, applied to matrices
+        only (not to RMSNorm scales). Adafactor has none (t5x's default).
+      clip_norm: maximum global L2 norm of the gradient; None disables
+        clipping. Both optimizers.
+      decay_rate: Adafactor only: the second moments' decay is
+        1 - (step + 1) ** -decay_rate (t5x: 0.8).
+      clipping_threshold: Adafactor only: each parameter's update is scaled
+        down to an RMS of at most this (t5x: 1.0); None: no update clipping.
+      factored: Adafactor only: second moments of a parameter with two
+        dimensions of at least 128 kept as a row and a column factor (t5x:
+        true); false keeps them whole, as large as the parameter.
+      multiply_by_parameter_scale: Adafactor only: the step is ``lr`` times the
+        parameter's RMS (at least 1e-3) (t5x: true); false: ``lr`` is absolute.
     """
 
+    name: str = "adamw"
     lr: Annotated[float, Meta(ge=0.0)] = 3e-3
     warmup_steps: Count = 10
     decay_steps: Positive | None = None
@@ -259,6 +277,19 @@ class OptimizerConfig:
     eps: Annotated[float, Meta(gt=0.0)] = 1e-8
     weight_decay: Annotated[float, Meta(ge=0.0)] = 0.1
     clip_norm: Annotated[float, Meta(gt=0.0)] | None = 1.0
+    decay_rate: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.8
+    clipping_threshold: Annotated[float, Meta(gt=0.0)] | None = 1.0
+    factored: bool = True
+    multiply_by_parameter_scale: bool = True
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the field when a value cannot work."""
+        _check_bounds(self, "optimizer")
+        _check_choice("optimizer.name", self.name, OPTIMIZERS)
+
+
+# ``OptimizerConfig.name``: the optimizers of ``seqcache.training.optimizer``.
+OPTIMIZERS = ("adamw", "adafactor")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -393,6 +424,7 @@ class TrainConfig:
         """Raises ConfigError naming the field when a value cannot work
         (``global_batch_size: expected `int` >= 1 (got 0)`` for a field's bounds)."""
         self.model.validate()
+        self.optimizer.validate()
         _check_bounds(self, "")
         self._validate_converter()
         self._validate_attention()

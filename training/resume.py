@@ -131,11 +131,12 @@ def _shape_values(model: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_structure(config_path: str, config: config_lib.TrainConfig, checkpoint: str) -> None:
-    """Refuses, before Orbax is asked, a checkpoint whose parameter
+    """Refuses, before Orbax is asked, a checkpoint whose parameter or optimizer
     tree does not fit this run, read from the run's saved config.json (without
     one, nothing is compared): another setting of ``STRUCTURE_FIELDS`` (the
-    layout) or another shape (``SHAPE_FIELDS``, e.g. a preset whose heads
-    changed).
+    layout), another shape (``SHAPE_FIELDS``, e.g. a preset whose heads
+    changed) or another optimizer (``optimizer.name``; Adafactor's
+    ``factored`` too).
 
     Raises:
       CheckpointError: one line naming the setting, both values and the fix.
@@ -155,6 +156,7 @@ def check_structure(config_path: str, config: config_lib.TrainConfig, checkpoint
                 f"model.{name}={json.dumps(new)}, which lays the parameters out otherwise (stacked layers or one "
                 f"per layer); resume with --set model.{name}={json.dumps(old)}")
     _check_shapes(model, config, checkpoint)
+    _check_optimizer(saved.get("optimizer"), config, checkpoint)
 
 
 def _check_shapes(model: Mapping[str, Any], config: config_lib.TrainConfig, checkpoint: str) -> None:
@@ -169,6 +171,24 @@ def _check_shapes(model: Mapping[str, Any], config: config_lib.TrainConfig, chec
     raise CheckpointError(
         f"{checkpoint}: the checkpoint's parameters have other shapes than this run's model (saved -> now: "
         f"{listed}){hint}; resume with --set '{fix}' or start a new run in another checkpoint directory")
+
+
+def _check_optimizer(saved: Any, config: config_lib.TrainConfig, checkpoint: str) -> None:
+    """Another optimizer keeps another state (AdamW's two moments, Adafactor's
+    factored second moments): refused, naming both."""
+    saved = saved if isinstance(saved, Mapping) else {}
+    old, new = saved.get("name", "adamw"), config.optimizer.name
+    if old != new:
+        raise CheckpointError(
+            f"{checkpoint}: the checkpoint was saved with optimizer.name={json.dumps(old)} and this run has "
+            f"optimizer.name={json.dumps(new)}, whose state differs; resume with --set optimizer.name={old} or "
+            "start a new run in another checkpoint directory")
+    if new == "adafactor" and saved.get("factored", True) != config.optimizer.factored:
+        raise CheckpointError(
+            f"{checkpoint}: the checkpoint's Adafactor state was saved with optimizer.factored="
+            f"{json.dumps(saved.get('factored', True))} and this run has optimizer.factored="
+            f"{json.dumps(config.optimizer.factored)}, whose second moments have other shapes; resume with --set "
+            f"optimizer.factored={json.dumps(saved.get('factored', True))}")
 
 
 # Config fields that change the learning-rate schedule or the optimizer of a run

@@ -380,6 +380,12 @@ class TrainConfig:
       metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``.
       tensorboard: also write TensorBoard event files next to the metrics file.
       progress: show a progress bar.
+      fit: what the fit chose (``seqcache.training.fit``, ``seqcache train
+        --fit auto``): the chosen ``num_microbatches``, ``model.remat`` and
+        ``model.scan_layers``, how, and each candidate's compiled memory and
+        probe time; None when no fit ran. A record, not a setting: the chosen
+        values are in their own fields. A resumed run takes those fields from
+        its config.json instead of fitting again.
     """
 
     model: ModelConfig = dataclasses.field(default_factory=lambda: MODEL_PRESETS["tiny"])
@@ -400,6 +406,7 @@ class TrainConfig:
     metrics_file: str | None = None
     tensorboard: bool = True
     progress: bool = True
+    fit: dict | None = None
 
     @property
     def converter(self) -> str:

@@ -123,9 +123,10 @@ def test_adamw_stays_the_default_with_the_updates_of_before():
     cfg = C.OptimizerConfig()
     assert cfg.name == "adamw"
     tx, schedule = O.make_optimizer(cfg, total_steps=20)
+    matrices = lambda tree: jax.tree.map(lambda x: x.ndim > 1, tree)  # noqa: E731
     before = optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
                          optax.adamw(learning_rate=schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p)))
+                                     weight_decay=cfg.weight_decay, mask=matrices))
     rng = np.random.default_rng(1)
     params = {"w": jnp.asarray(rng.normal(size=(8, 4)), jnp.float32), "s": jnp.asarray(rng.normal(size=4), jnp.float32)}
     state, state_before = tx.init(params), before.init(params)

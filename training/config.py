@@ -4,8 +4,8 @@ A run is fully described by one ``TrainConfig``. It is built in this order, each
 layer overriding the previous one:
 
 1. the defaults below,
-2. a model preset (``MODEL_PRESETS``: decoder-only ``tiny``, ``small``, ``base``, ``large``;
-   encoder-decoder ``t5-tiny``, ``t5-small``) and the run settings it brings
+2. a model preset (``MODEL_PRESETS``: decoder-only ``tiny``, ``small``, ``base``, ``large``,
+   ``1b``; encoder-decoder ``t5-tiny``, ``t5-small``) and the run settings it brings
    (``PRESET_RUN_SETTINGS``, ``apply_preset``),
 3. a JSON config file (``load_config_file``), nested like ``to_dict`` writes it,
 4. command line flags,
@@ -202,9 +202,9 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     # GPT-2 small shape (Radford et al. 2019: d_model 768, 12 layers) with 6 heads of 128
     # instead of 12 of 64 (a head of 128 fills the TPU's 128-wide matrix unit; 12 of 64
     # fill half of it) and SwiGLU width 2048 (about 8/3 * d_model). Unrolled, no remat.
-    # Measured on one TPU v5e (B = 32, L = 1,024, bfloat16, splash): 51.7% MFU, step peak
-    # 11.4 GB (12 heads of 64: 34.4%, 13.9 GB). A checkpoint of the earlier shape is refused
-    # on resume (``seqcache.training.resume.check_structure``).
+    # Measured on one TPU v5e (B = 32, L = 1,024, bfloat16, splash): 51.8% MFU, step peak
+    # 11.4 GB (12 heads of 64: 34.4%, 13.9 GB); the fit keeps it. A checkpoint of the
+    # earlier shape is refused on resume (``seqcache.training.resume.check_structure``).
     "base": ModelConfig(d_model=768, num_layers=12, num_heads=6, mlp_dim=2048),
     # About 480 M parameters (plus embeddings): the largest decoder whose float32 parameters,
     # gradients and AdamW moments (16 bytes a parameter) leave room on one 16 GB chip for a
@@ -212,8 +212,19 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     # matrix products kept for the backward pass (remat=dots) and the batch in 4
     # microbatches (``PRESET_RUN_SETTINGS``). Measured on one TPU v5e (B = 32, L = 1,024,
     # bfloat16, splash): 58.0% MFU, step peak 15.4 GB (remat=full, 1 microbatch: 49.9%,
-    # 12.3 GB).
+    # 12.3 GB); the fit keeps it (2 microbatches with remat=full: 12.2 GB, 12% slower).
     "large": ModelConfig(d_model=1536, num_layers=16, num_heads=12, mlp_dim=4096, remat="dots", scan_layers=True),
+    # About 1 B parameters (0.96 B with 16,000 ids): 18 layers of d_model 2048, 16 heads
+    # of 128, SwiGLU width 5632 (2.75 * d_model). With AdamW's moments (8 bytes a
+    # parameter) it would not fit one 16 GB chip; Adafactor (``PRESET_RUN_SETTINGS``)
+    # keeps a row and a column a matrix, so float32 parameters, gradients and their
+    # accumulator take 12 bytes a parameter. One compiled layer scanned over 18,
+    # attention's output kept for the backward pass (remat=attention), the batch in 8
+    # microbatches. Measured on one TPU v5e (B = 32, L = 1,024, bfloat16, splash): 55.0%
+    # MFU, step peak 14.2 GB (4 microbatches: 54.1%, 15.2 GB; 2 with remat=full: 53.1%,
+    # 15.8 GB).
+    "1b": ModelConfig(d_model=2048, num_layers=18, num_heads=16, mlp_dim=5632, remat="attention",
+                      scan_layers=True),
     # T5.1.1-style encoder-decoder (gated-GELU MLP, untied output layer, shared
     # input embeddings, relative position buckets); trains in seconds on CPU.
     "t5-tiny": ModelConfig(architecture="t5", d_model=64, num_layers=2, num_decoder_layers=2, num_heads=4,
@@ -230,6 +241,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 # config file or override still replaces them.
 PRESET_RUN_SETTINGS: dict[str, dict[str, Any]] = {
     "large": {"num_microbatches": 4},
+    "1b": {"num_microbatches": 8, "optimizer": {"name": "adafactor", "lr": 1e-2}},
 }
 
 

@@ -77,7 +77,8 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 @click.option("--checkpoint-dir", help="Checkpoints, config.json and metrics.jsonl; resumes from the latest checkpoint.")
 @click.option("--seed", type=int, help="Seed of parameter initialisation and dropout (the feeder's is data.seed).")
 @click.option("--model", "model_preset",
-              help="Model preset: tiny, small, base or large (decoder-only), t5-tiny or t5-small (encoder-decoder).")
+              help="Model preset: tiny, small, base, large or 1b (decoder-only), t5-tiny or t5-small "
+                   "(encoder-decoder).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="JSON config file (nested like the config.json a run writes).")
 @click.option("--set", "overrides", multiple=True, help="Dotted overrides, e.g. --set 'model.d_model=128 optimizer.lr=1e-3' (repeatable); JSON values "
                    "may contain spaces: --set 'data.mixture={\"wiki/train\": 3, \"code/train\": 1}'.")

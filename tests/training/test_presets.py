@@ -4,9 +4,11 @@
 import dataclasses
 import json
 
+import jax
 import pytest
 
 from seqcache.training import config as C
+from seqcache.training.models import common
 from seqcache.training.checkpoints import CheckpointError
 from seqcache.training.resume import check_structure
 
@@ -73,3 +75,17 @@ def test_other_shapes_are_refused_and_remat_is_not(tmp_path):
     # head_dim given explicitly as the value it resolved to: the same shapes.
     check_structure(path, C.apply_overrides(saved, ["model.head_dim=16"]), "runs/x")
     check_structure(path, C.apply_overrides(saved, ["model.remat=full", "num_microbatches=2"]), "runs/x")
+
+
+def test_1b_has_about_a_billion_parameters_and_brings_adafactor():
+    cfg = C.config_from_layers(preset="1b")
+    model = dataclasses.replace(cfg.model, vocab_size=16000)
+    assert (model.d_model, model.num_layers, model.num_heads, model.resolved_head_dim, model.mlp_dim) == (
+        2048, 18, 16, 128, 5632)
+    assert (model.remat, model.scan_layers, cfg.num_microbatches) == ("attention", True, 8)
+    assert (cfg.optimizer.name, cfg.optimizer.lr) == ("adafactor", 1e-2)
+    _, params = common.split_params(common.abstract_model(model))
+    assert sum(x.size for x in jax.tree.leaves(params)) == 957_687_808
+    # --set replaces what the preset brings.
+    cfg = C.config_from_layers(preset="1b", overrides=["optimizer.name=adamw", "num_microbatches=4"])
+    assert (cfg.optimizer.name, cfg.num_microbatches, cfg.optimizer.lr) == ("adamw", 4, 1e-2)

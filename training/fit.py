@@ -31,9 +31,8 @@ agree to float rounding, docs/training.md). The fit
    matrix unit is fed (microbatch and head sizes) and how the recomputation
    overlaps, which it does not see (on one v5e, ``large`` with 4 microbatches
    and remat=dots ran 16% faster than with 1 and remat=full, for more FLOPs;
-   a decoder of 1 B parameters with remat=attention ran faster with 8
-   microbatches than with 4). Every
-   candidate that fits is probed: the order of the ladder is a guess.
+   ``1b`` with remat=attention ran faster with 8 microbatches than with 4).
+   Every candidate that fits is probed: the order of the ladder is a guess.
 4. with none that fits, keeps the config's own setting (the run then fails
    as it would have, or XLA finds room the analysis did not).
 

@@ -35,6 +35,13 @@ value). A run that runs out of device memory is reported as such, and the next
 one goes on. The header gives the device kind and count, the versions of JAX
 and jaxlib, the seqcache copy imported and the command line.
 
+``--fit auto`` (the default) runs the fit of ``seqcache train --fit auto``
+before each run the search did not compile (``seqcache.training.fit``: on a
+TPU or GPU it compiles at most 4 settings of ``num_microbatches`` and
+``model.remat``, keeps those that fit and probes them; elsewhere it changes
+nothing); each row gives the setting trained and how the fit chose it.
+``--fit off`` trains the preset's settings as they are.
+
 ``--profile DIR`` wraps 3 steps after the warm-up of the first run in a JAX
 profiler trace (``jax.profiler.start_trace`` / ``stop_trace``, as
 ``jax.profiler.trace(DIR)`` does around a block) for TensorBoard's profile
@@ -42,7 +49,7 @@ plugin or xprof.
 
 Usage: python benchmarks/accelerator.py --cache CACHE_FOLDER [--models base,large]
        [--batch-sizes 32] [--steps 20] [--warmup 3] [--min-batch 8] [--max-batch 512]
-       [--no-search] [--memory-fraction 0.95] [--memory-limit BYTES] [--set 'model.remat=full ...']
+       [--no-search] [--memory-fraction 0.95] [--memory-limit BYTES] [--set 'model.remat=full ...'] [--fit off]
        [--profile DIR] [--json out.json]
 CPU smoke test: JAX_PLATFORMS=cpu python benchmarks/accelerator.py --cache CACHE
        --models tiny --batch-sizes 8 --steps 4 --warmup 1
@@ -85,6 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "(also searches on the CPU, which reports none)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="dotted config overrides, as seqcache train --set (repeatable)")
+    parser.add_argument("--fit", choices=("auto", "off"), default="auto",
+                        help="auto: before each run (not those the search compiled), the fit of seqcache train "
+                             "chooses num_microbatches and model.remat (seqcache.training.fit); off: the preset's")
     parser.add_argument("--profile", help="write a profiler trace of 3 steps of the first run to this folder")
     parser.add_argument("--json", help="write the report as JSON to this file")
     args = parser.parse_args(argv)
@@ -151,9 +161,11 @@ def check_overrides(overrides: list[str]) -> list[str]:
 
 
 def make_config(preset: str, data: Data, batch_size: int, steps: int, overrides: list[str]):
-    """The ``TrainConfig`` of one run: the preset in bfloat16 with the cache's
-    vocabulary size, length and converter, no checkpoints, metrics file,
-    TensorBoard or progress bar, then ``overrides`` (``apply_overrides``).
+    """The ``TrainConfig`` of one run: the preset (``apply_preset``: its model,
+    in bfloat16, and the run settings it brings, such as ``large``'s 4
+    microbatches) with the cache's vocabulary size, length and converter, no
+    checkpoints, metrics file, TensorBoard or progress bar, then ``overrides``
+    (``apply_overrides``).
 
     Raises:
       ConfigError: an unknown preset, a bad override, a model that cannot read the cache.
@@ -161,12 +173,13 @@ def make_config(preset: str, data: Data, batch_size: int, steps: int, overrides:
     from seqcache.training import config as config_lib
     from seqcache.training import data as data_lib
 
-    model = dataclasses.replace(config_lib.model_preset(preset), dtype="bfloat16")
     cfg = config_lib.TrainConfig(
-        model=model, steps=steps, global_batch_size=batch_size, sequence_length=data.sequence_length,
+        steps=steps, global_batch_size=batch_size, sequence_length=data.sequence_length,
         data=config_lib.DataConfig(task=data.source.name, seed=config_lib.DEFAULT_DATA_SEED),
         mesh=config_lib.MeshConfig(data=-1), checkpoint=config_lib.CheckpointConfig(directory=None),
         metrics_file=None, tensorboard=False, progress=False)
+    cfg = config_lib.apply_preset(cfg, preset)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="bfloat16"))
     cfg = config_lib.apply_overrides(cfg, overrides)
     # What seqcache train takes from the cache: converter, inputs length, vocabulary size.
     converter = data_lib.resolve_converter(cfg, data.source, model_label=preset)
@@ -314,7 +327,11 @@ def run_one(preset: str, batch_size: int, data: Data, args, overrides: list[str]
     stats_before = memory_stats()
     result = None
     try:
+        if trainer is None and getattr(args, "fit", "off") == "auto":
+            cfg, trainer, row["fit"] = run_fit(cfg, overrides)
         trainer = trainer or Trainer(cfg)
+        row["setting"] = {"num_microbatches": cfg.num_microbatches, "model.remat": cfg.model.remat,
+                          "model.scan_layers": cfg.model.scan_layers}
         row["parameters"] = trainer.num_params
         feeder = data_lib.make_feeder(cfg, data.source, seed=config_lib.DEFAULT_DATA_SEED)
         if profiler is not None and args.warmup == 0:
@@ -338,6 +355,25 @@ def run_one(preset: str, batch_size: int, data: Data, args, overrides: list[str]
     del result, trainer
     release()
     return row
+
+
+def run_fit(cfg, overrides: list[str]):
+    """(config, compiled Trainer or None, the fit's record): ``seqcache train
+    --fit auto`` for ``cfg``; the fields ``overrides`` set are not varied."""
+    import jax
+
+    from seqcache.training import fit as fit_lib
+    from seqcache.training.trainer import Trainer
+
+    device = jax.devices()[0]
+    limit = (memory_stats() or {}).get("bytes_limit")
+    result = fit_lib.fit(cfg, pinned=fit_lib.pinned_fields(overrides, None), platform=device.platform,
+                         device_kind=device.device_kind, memory_limit=limit, make_trainer=Trainer)
+    chosen = result.record.get("chosen")
+    print(f"  fit: {chosen} ({result.record.get('by')}; {len(result.record.get('candidates', []))} compiled in "
+          f"{result.record.get('compile_time_s', 0):.1f} s, probes {result.record.get('probe_time_s', 0):.1f} s)",
+          flush=True)
+    return result.config, result.trainer, result.record
 
 
 def summarize(records: list[dict], warmup: int, cfg) -> dict:
@@ -456,21 +492,27 @@ def markdown(env: dict, searches: list[dict], rows: list[dict]) -> str:
                           for t in s["tried"])
         lines.append(f"largest batch that fits, {s['model']}: {s['largest'] or 'none'} (compiled step against "
                      f"{_gb(s['tried'][0]['budget_bytes'])} GB: {tried})")
-    lines += ["", "| preset | params | B | L | tokens/s | step s | MFU | TFLOP/s/chip | data wait | compile s | "
-                  "step peak GB | arrays peak GB | status |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| preset | params | B | L | M, remat, scan | tokens/s | step s | MFU | TFLOP/s/chip | data wait | "
+                  "compile s | step peak GB | arrays peak GB | fit | status |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         arrays = _gb(r.get("peak_bytes_in_use"))
         if r.get("peak_is_upper_bound"):
             arrays = "<=" + arrays
         params = f"{r['parameters'] / 1e6:,.1f} M" if r.get("parameters") else "n/a"
+        setting = r.get("setting")
+        setting = (f"{setting['num_microbatches']}, {setting['model.remat']}, "
+                   f"{'scan' if setting['model.scan_layers'] else 'unrolled'}" if setting else "n/a")
+        fit = r.get("fit") or {}
+        fit = (f"{fit.get('by')}: {len(fit.get('candidates', []))} compiled in {fit.get('compile_time_s', 0):.0f} s"
+               if fit.get("chosen") else (fit.get("by") or "off"))
         lines.append(
-            f"| {r['model']} | {params} | {r['batch_size']} | {r['sequence_length']} | "
+            f"| {r['model']} | {params} | {r['batch_size']} | {r['sequence_length']} | {setting} | "
             f"{_cell(r.get('tokens_per_s'), ',.0f')} | {_cell(r.get('step_time_s'), '.4f')} | "
             f"{_cell(r.get('mfu'), '.1f', 100)}{'%' if r.get('mfu') is not None else ''} | "
             f"{_cell(r.get('tflops_per_s_per_device'), '.2f')} | "
             f"{_cell(r.get('data_wait_share'), '.2f', 100)}{'%' if r.get('data_wait_share') is not None else ''} | "
-            f"{_cell(r.get('compile_time_s'), '.1f')} | {_gb(r.get('program_bytes'))} | {arrays} | "
+            f"{_cell(r.get('compile_time_s'), '.1f')} | {_gb(r.get('program_bytes'))} | {arrays} | {fit} | "
             f"{r['status']} |")
     return "\n".join(lines)
 

@@ -4,8 +4,9 @@ A run is fully described by one ``TrainConfig``. It is built in this order, each
 layer overriding the previous one:
 
 1. the defaults below,
-2. a model preset (``MODEL_PRESETS``: decoder-only ``tiny``, ``small``, ``base``, ``large``;
-   encoder-decoder ``t5-tiny``, ``t5-small``),
+2. a model preset (``MODEL_PRESETS``: decoder-only ``tiny``, ``small``, ``base``, ``large``,
+   ``1b``; encoder-decoder ``t5-tiny``, ``t5-small``) and the run settings it brings
+   (``PRESET_RUN_SETTINGS``, ``apply_preset``),
 3. a JSON config file (``load_config_file``), nested like ``to_dict`` writes it,
 4. command line flags,
 5. dotted overrides such as ``model.d_model=128 optimizer.lr=1e-3``
@@ -198,16 +199,32 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(d_model=64, num_layers=2, num_heads=4, mlp_dim=256),
     # A few million parameters (plus embeddings); CPU benchmarks.
     "small": ModelConfig(d_model=256, num_layers=4, num_heads=4, mlp_dim=1024),
-    # GPT-2 small shape (Radford et al. 2019) with SwiGLU width 2048 (about 8/3 * d_model).
-    # With the splash kernel (model.attention=auto on a TPU) a global batch of 32 rows of
-    # 1024 tokens fits one 16 GB chip as it is; scan_layers=true compiles in half the time
-    # and runs slower (benchmarks/README.md, "Accelerator").
-    "base": ModelConfig(d_model=768, num_layers=12, num_heads=12, mlp_dim=2048),
+    # GPT-2 small shape (Radford et al. 2019: d_model 768, 12 layers) with 6 heads of 128
+    # instead of 12 of 64 (a head of 128 fills the TPU's 128-wide matrix unit; 12 of 64
+    # fill half of it) and SwiGLU width 2048 (about 8/3 * d_model). Unrolled, no remat.
+    # Measured on one TPU v5e (B = 32, L = 1,024, bfloat16, splash): 51.8% MFU, step peak
+    # 11.4 GB (12 heads of 64: 34.4%, 13.9 GB); the fit keeps it. A checkpoint of the
+    # earlier shape is refused on resume (``seqcache.training.resume.check_structure``).
+    "base": ModelConfig(d_model=768, num_layers=12, num_heads=6, mlp_dim=2048),
     # About 480 M parameters (plus embeddings): the largest decoder whose float32 parameters,
     # gradients and AdamW moments (16 bytes a parameter) leave room on one 16 GB chip for a
-    # global batch of 32 rows of 1024 tokens, with every layer recomputed in the backward
-    # pass, one compiled layer scanned over 16 and the splash kernel on a TPU.
-    "large": ModelConfig(d_model=1536, num_layers=16, num_heads=12, mlp_dim=4096, remat="full", scan_layers=True),
+    # global batch of 32 rows of 1024 tokens. One compiled layer scanned over 16, the
+    # matrix products kept for the backward pass (remat=dots) and the batch in 4
+    # microbatches (``PRESET_RUN_SETTINGS``). Measured on one TPU v5e (B = 32, L = 1,024,
+    # bfloat16, splash): 58.0% MFU, step peak 15.4 GB (remat=full, 1 microbatch: 49.9%,
+    # 12.3 GB); the fit keeps it (2 microbatches with remat=full: 12.2 GB, 12% slower).
+    "large": ModelConfig(d_model=1536, num_layers=16, num_heads=12, mlp_dim=4096, remat="dots", scan_layers=True),
+    # About 1 B parameters (0.96 B with 16,000 ids): 18 layers of d_model 2048, 16 heads
+    # of 128, SwiGLU width 5632 (2.75 * d_model). With AdamW's moments (8 bytes a
+    # parameter) it would not fit one 16 GB chip; Adafactor (``PRESET_RUN_SETTINGS``)
+    # keeps a row and a column a matrix, so float32 parameters, gradients and their
+    # accumulator take 12 bytes a parameter. One compiled layer scanned over 18,
+    # attention's output kept for the backward pass (remat=attention), the batch in 8
+    # microbatches. Measured on one TPU v5e (B = 32, L = 1,024, bfloat16, splash): 55.0%
+    # MFU, step peak 14.2 GB (4 microbatches: 54.1%, 15.2 GB; 2 with remat=full: 53.1%,
+    # 15.8 GB).
+    "1b": ModelConfig(d_model=2048, num_layers=18, num_heads=16, mlp_dim=5632, remat="attention",
+                      scan_layers=True),
     # T5.1.1-style encoder-decoder (gated-GELU MLP, untied output layer, shared
     # input embeddings, relative position buckets); trains in seconds on CPU.
     "t5-tiny": ModelConfig(architecture="t5", d_model=64, num_layers=2, num_decoder_layers=2, num_heads=4,
@@ -219,23 +236,50 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 }
 
 
+# Fields of ``TrainConfig`` besides the model that a preset sets too (layer 2 of
+# ``config_from_layers``): what the measurements on one TPU v5e picked. A flag,
+# config file or override still replaces them.
+PRESET_RUN_SETTINGS: dict[str, dict[str, Any]] = {
+    "large": {"num_microbatches": 4},
+    "1b": {"num_microbatches": 8, "optimizer": {"name": "adafactor", "lr": 1e-2}},
+}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
-    """AdamW (Loshchilov & Hutter 2019) with linear warmup then cosine decay, and
-    clipping of the gradient's global norm (Pascanu et al. 2013) before the update.
+    """The optimizer, AdamW (Loshchilov & Hutter 2019) by default or Adafactor
+    (Shazeer & Stern 2018, arXiv 1804.04235), with linear warmup then cosine
+    decay, and clipping of the gradient's global norm (Pascanu et al. 2013)
+    before the update.
 
     Attributes:
-      lr: peak learning rate, reached at the end of warmup.
+      name: "adamw" or "adafactor" (``OPTIMIZERS``). A checkpoint resumes only
+        with the optimizer it was saved with (their states differ).
+      lr: peak learning rate, reached at the end of warmup. Adafactor's step
+        is relative to each parameter's RMS (``multiply_by_parameter_scale``):
+        t5x pre-trains T5 at 1e-2 (its rsqrt schedule after 10,000 warmup
+        steps), not at AdamW's rates.
       warmup_steps: steps of linear warmup from 0 to ``lr``.
       decay_steps: total length of the schedule (warmup included); None = the
         run's ``steps``. After it the rate stays at ``lr * end_lr_ratio``.
       end_lr_ratio: final learning rate as a fraction of ``lr``.
-      b1, b2, eps: Adam moments' decay rates and epsilon.
-      weight_decay: decoupled weight decay, applied to matrices only (not to
-        RMSNorm scales).
-      clip_norm: maximum global L2 norm of the gradient; None disables clipping.
+      b1, b2, eps: AdamW only: the moments' decay rates and epsilon.
+      weight_decay: AdamW only: decoupled weight decay, applied to matrices
+        only (not to RMSNorm scales). Adafactor has none (t5x's default).
+      clip_norm: maximum global L2 norm of the gradient; None disables
+        clipping. Both optimizers.
+      decay_rate: Adafactor only: the second moments' decay is
+        1 - (step + 1) ** -decay_rate (t5x: 0.8).
+      clipping_threshold: Adafactor only: each parameter's update is scaled
+        down to an RMS of at most this (t5x: 1.0); None: no update clipping.
+      factored: Adafactor only: second moments of a parameter with two
+        dimensions of at least 128 kept as a row and a column factor (t5x:
+        true); false keeps them whole, as large as the parameter.
+      multiply_by_parameter_scale: Adafactor only: the step is ``lr`` times the
+        parameter's RMS (at least 1e-3) (t5x: true); false: ``lr`` is absolute.
     """
 
+    name: str = "adamw"
     lr: Annotated[float, Meta(ge=0.0)] = 3e-3
     warmup_steps: Count = 10
     decay_steps: Positive | None = None
@@ -245,6 +289,19 @@ class OptimizerConfig:
     eps: Annotated[float, Meta(gt=0.0)] = 1e-8
     weight_decay: Annotated[float, Meta(ge=0.0)] = 0.1
     clip_norm: Annotated[float, Meta(gt=0.0)] | None = 1.0
+    decay_rate: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.8
+    clipping_threshold: Annotated[float, Meta(gt=0.0)] | None = 1.0
+    factored: bool = True
+    multiply_by_parameter_scale: bool = True
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the field when a value cannot work."""
+        _check_bounds(self, "optimizer")
+        _check_choice("optimizer.name", self.name, OPTIMIZERS)
+
+
+# ``OptimizerConfig.name``: the optimizers of ``seqcache.training.optimizer``.
+OPTIMIZERS = ("adamw", "adafactor")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -335,6 +392,12 @@ class TrainConfig:
       metrics_file: JSON lines, one per step; None = ``<checkpoint dir>/metrics.jsonl``.
       tensorboard: also write TensorBoard event files next to the metrics file.
       progress: show a progress bar.
+      fit: what the fit chose (``seqcache.training.fit``, ``seqcache train
+        --fit auto``): the chosen ``num_microbatches``, ``model.remat`` and
+        ``model.scan_layers``, how, and each candidate's compiled memory and
+        probe time; None when no fit ran. A record, not a setting: the chosen
+        values are in their own fields. A resumed run takes those fields from
+        its config.json instead of fitting again.
     """
 
     model: ModelConfig = dataclasses.field(default_factory=lambda: MODEL_PRESETS["tiny"])
@@ -355,6 +418,7 @@ class TrainConfig:
     metrics_file: str | None = None
     tensorboard: bool = True
     progress: bool = True
+    fit: dict | None = None
 
     @property
     def converter(self) -> str:
@@ -379,13 +443,15 @@ class TrainConfig:
         """Raises ConfigError naming the field when a value cannot work
         (``global_batch_size: expected `int` >= 1 (got 0)`` for a field's bounds)."""
         self.model.validate()
+        self.optimizer.validate()
         _check_bounds(self, "")
         self._validate_converter()
         self._validate_attention()
         if self.global_batch_size % self.num_microbatches:
             raise ConfigError(
                 f"global_batch_size={self.global_batch_size} is not divisible by "
-                f"num_microbatches={self.num_microbatches}")
+                f"num_microbatches={self.num_microbatches}; set one that divides it, e.g. --set num_microbatches="
+                f"{math.gcd(self.global_batch_size, self.num_microbatches)}")
         if self.sequence_length is None:
             raise ConfigError("sequence_length is not set: give it (the cache's own is filled in by seqcache train)")
 
@@ -634,6 +700,17 @@ def model_preset(name: str) -> ModelConfig:
         raise ConfigError(f"unknown model preset {name!r}; presets: {sorted(MODEL_PRESETS)}") from None
 
 
+def apply_preset(config: TrainConfig, name: str) -> TrainConfig:
+    """``config`` with the preset ``name``'s model and the run settings it
+    brings (``PRESET_RUN_SETTINGS``, e.g. ``large``'s ``num_microbatches=4``).
+
+    Raises:
+      ConfigError: unknown name (the message lists the presets).
+    """
+    layer = {"model": to_dict(model_preset(name)), **PRESET_RUN_SETTINGS.get(name, {})}
+    return config_from_dict(layer, base=config)
+
+
 # -- the layers of a run's config ----------------------------------------------
 
 
@@ -708,7 +785,7 @@ def config_from_layers(*, preset: str | None = None, config_file: str | None = N
     """
     config = TrainConfig()
     if preset:
-        config = dataclasses.replace(config, model=model_preset(preset))
+        config = apply_preset(config, preset)
     if config_file:
         config = load_config_file(config_file, base=config)
     if flags is not None:

@@ -109,12 +109,34 @@ def check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str,
 # Model settings that change the checkpoint's parameter tree (not its values),
 # with the value a config.json written before the setting existed means.
 STRUCTURE_FIELDS = (("scan_layers", False),)
+# Model fields that set the parameters' shapes (head_dim and num_decoder_layers
+# compared resolved: None means d_model // num_heads and num_layers).
+SHAPE_FIELDS = ("architecture", "vocab_size", "d_model", "num_layers", "num_decoder_layers", "num_heads", "head_dim",
+                "mlp_dim", "mlp_activation", "tie_embeddings", "share_embeddings")
+# The shapes ``base`` had before its heads became 6 of 128, named in the refusal.
+_EARLIER_BASE = {"d_model": 768, "num_layers": 12, "num_heads": 12, "head_dim": 64, "mlp_dim": 2048}
+
+
+def _shape_values(model: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``SHAPE_FIELDS`` of a config.json's ``model`` dict, resolved, with
+    ``ModelConfig``'s defaults for fields it lacks."""
+    defaults = config_lib.to_dict(config_lib.ModelConfig())
+    values = {name: model.get(name, defaults[name]) for name in SHAPE_FIELDS}
+    d, heads = values["d_model"], values["num_heads"]
+    if values["head_dim"] is None and isinstance(d, int) and isinstance(heads, int) and heads > 0:
+        values["head_dim"] = d // heads
+    if values["num_decoder_layers"] is None:
+        values["num_decoder_layers"] = values["num_layers"]
+    return values
 
 
 def check_structure(config_path: str, config: config_lib.TrainConfig, checkpoint: str) -> None:
-    """Refuses, before Orbax is asked, a checkpoint whose parameter tree another
-    setting of ``STRUCTURE_FIELDS`` laid out (read from the run's saved
-    config.json; without one, nothing is compared).
+    """Refuses, before Orbax is asked, a checkpoint whose parameter or optimizer
+    tree does not fit this run, read from the run's saved config.json (without
+    one, nothing is compared): another setting of ``STRUCTURE_FIELDS`` (the
+    layout), another shape (``SHAPE_FIELDS``, e.g. a preset whose heads
+    changed) or another optimizer (``optimizer.name``; Adafactor's
+    ``factored`` too).
 
     Raises:
       CheckpointError: one line naming the setting, both values and the fix.
@@ -133,6 +155,40 @@ def check_structure(config_path: str, config: config_lib.TrainConfig, checkpoint
                 f"{checkpoint}: the checkpoint was saved with model.{name}={json.dumps(old)} and this run has "
                 f"model.{name}={json.dumps(new)}, which lays the parameters out otherwise (stacked layers or one "
                 f"per layer); resume with --set model.{name}={json.dumps(old)}")
+    _check_shapes(model, config, checkpoint)
+    _check_optimizer(saved.get("optimizer"), config, checkpoint)
+
+
+def _check_shapes(model: Mapping[str, Any], config: config_lib.TrainConfig, checkpoint: str) -> None:
+    old, new = _shape_values(model), _shape_values(config_lib.to_dict(config.model))
+    changed = [name for name in SHAPE_FIELDS if old[name] != new[name]]
+    if not changed:
+        return
+    listed = ", ".join(f"model.{name} {json.dumps(old[name])} -> {json.dumps(new[name])}" for name in changed)
+    fix = " ".join(f"model.{name}={json.dumps(old[name])}" for name in changed)
+    earlier_base = all(old[k] == v for k, v in _EARLIER_BASE.items()) and new["num_heads"] != old["num_heads"]
+    hint = (" (the preset 'base' has 6 heads of 128, no longer 12 of 64)" if earlier_base else "")
+    raise CheckpointError(
+        f"{checkpoint}: the checkpoint's parameters have other shapes than this run's model (saved -> now: "
+        f"{listed}){hint}; resume with --set '{fix}' or start a new run in another checkpoint directory")
+
+
+def _check_optimizer(saved: Any, config: config_lib.TrainConfig, checkpoint: str) -> None:
+    """Another optimizer keeps another state (AdamW's two moments, Adafactor's
+    factored second moments): refused, naming both."""
+    saved = saved if isinstance(saved, Mapping) else {}
+    old, new = saved.get("name", "adamw"), config.optimizer.name
+    if old != new:
+        raise CheckpointError(
+            f"{checkpoint}: the checkpoint was saved with optimizer.name={json.dumps(old)} and this run has "
+            f"optimizer.name={json.dumps(new)}, whose state differs; resume with --set optimizer.name={old} or "
+            "start a new run in another checkpoint directory")
+    if new == "adafactor" and saved.get("factored", True) != config.optimizer.factored:
+        raise CheckpointError(
+            f"{checkpoint}: the checkpoint's Adafactor state was saved with optimizer.factored="
+            f"{json.dumps(saved.get('factored', True))} and this run has optimizer.factored="
+            f"{json.dumps(config.optimizer.factored)}, whose second moments have other shapes; resume with --set "
+            f"optimizer.factored={json.dumps(saved.get('factored', True))}")
 
 
 # Config fields that change the learning-rate schedule or the optimizer of a run

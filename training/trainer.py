@@ -92,9 +92,12 @@ class Trainer:
         self.optimizer, self.schedule = optimizer_lib.make_optimizer(config.optimizer, config.steps)
         self.abstract_opt_state = jax.eval_shape(self.optimizer.init, self.abstract_params)
         # Optimizer moments mirror the parameters' shardings (ZeRO-3 under 'fsdp');
-        # scalars such as the update count are replicated.
+        # scalars such as the update count, and Adafactor's factored moments
+        # (a row and a column of a parameter's shape), are replicated.
         self.opt_shardings = optax.tree_map_params(
-            self.optimizer, lambda _, sharding: sharding, self.abstract_opt_state, self.param_shardings,
+            self.optimizer,
+            lambda leaf, sharding, param: sharding if tuple(leaf.shape) == tuple(param.shape) else self.replicated,
+            self.abstract_opt_state, self.param_shardings, self.abstract_params,
             transform_non_params=lambda _: self.replicated, is_leaf=lambda x: isinstance(x, NamedSharding))
         self.num_params = model_lib.count_params(self.abstract_params)
         self._compiled = None

@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Column, Table
 
+from seqcache import bounded_json
 from seqcache import format as fmt
 from seqcache import lengths as lengths_lib
 from seqcache.cli.commands import common
@@ -76,7 +77,8 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 @click.option("--checkpoint-dir", help="Checkpoints, config.json and metrics.jsonl; resumes from the latest checkpoint.")
 @click.option("--seed", type=int, help="Seed of parameter initialisation and dropout (the feeder's is data.seed).")
 @click.option("--model", "model_preset",
-              help="Model preset: tiny, small, base or large (decoder-only), t5-tiny or t5-small (encoder-decoder).")
+              help="Model preset: tiny, small, base, large or 1b (decoder-only), t5-tiny or t5-small "
+                   "(encoder-decoder).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="JSON config file (nested like the config.json a run writes).")
 @click.option("--set", "overrides", multiple=True, help="Dotted overrides, e.g. --set 'model.d_model=128 optimizer.lr=1e-3' (repeatable); JSON values "
                    "may contain spaces: --set 'data.mixture={\"wiki/train\": 3, \"code/train\": 1}'.")
@@ -87,6 +89,12 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 @click.option("--tensorboard/--no-tensorboard", default=None,
               help="Write TensorBoard event files (loss, learning rate, grad norm, tokens/s, eval) in the folder "
                    "'tensorboard' next to metrics.jsonl [default: on].")
+@click.option("--fit", "fit_mode", type=click.Choice(["auto", "off"]),
+              help="auto: before training, compile at most 4 settings of num_microbatches and model.remat for "
+                   "the global batch, keep those that fit the device's memory and train with the fastest (a "
+                   "short timed probe); off: train with the config as it is. A field given with --set or "
+                   "--config is kept; a resumed run takes the settings of its config.json [default: auto on "
+                   "a TPU or GPU; on other devices nothing is chosen].")
 @click.option("--dry-run", is_flag=True, help="Resolve the config, print the derived quantities and exit.")
 @click.option("--coordinator-address", envvar="JAX_COORDINATOR_ADDRESS", show_envvar=True,
               help="Multi-process run: HOST:PORT of process 0's coordination service (jax.distributed.initialize).")
@@ -105,7 +113,7 @@ def _without_launcher_options(args: list[str]) -> list[str]:
                    "(--xla_force_host_platform_device_count).")
 @click.pass_context
 def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, sequence_length, mesh_flag, rules,
-          checkpoint_dir, seed, model_preset, config_file, overrides, stop_at_step, tensorboard, dry_run,
+          checkpoint_dir, seed, model_preset, config_file, overrides, stop_at_step, tensorboard, fit_mode, dry_run,
           coordinator_address,
           num_processes, process_id, jax_distributed, local_processes, local_devices, mixture_schedule=None):
     """Train a decoder-only or a T5 encoder-decoder model on a cache with the
@@ -140,7 +148,9 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     cfg, source, eval_source = _resolve_config(flags, model_preset=model_preset, config_file=config_file,
                                                overrides=overrides, mixture_schedule=mixture_schedule,
                                                modules=tuple(modules))
-    trainer, evaluator = _make_trainer(cfg, modules=tuple(modules), evaluate_tasks=not mixture_schedule)
+    fit_options = {"mode": fit_mode, "overrides": overrides, "config_file": config_file, "dry_run": dry_run}
+    cfg, trainer, evaluator = _make_trainer(cfg, modules=tuple(modules), evaluate_tasks=not mixture_schedule,
+                                            fit_options=fit_options)
     feeder, eval_fn = _open_feeders(cfg, source, eval_source)
     derived = _derived_quantities(trainer, cfg, source, model_preset)  # on every process; process 0 prints it
     if is_chief:
@@ -214,21 +224,33 @@ def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_sche
     return cfg, source, eval_source
 
 
-def _make_trainer(cfg, *, modules=(), evaluate_tasks=False):
-    """(the Trainer of ``cfg``, the Evaluator of its eval split or None); a
-    config that cannot work on these devices is a usage error. With
+def _make_trainer(cfg, *, modules=(), evaluate_tasks=False, fit_options=None):
+    """(the config the fit chose, its Trainer, the Evaluator of its eval split
+    or None): the fit first (``seqcache.training.fit.for_run`` with
+    ``fit_options``: ``mode`` (``--fit``), ``overrides`` and ``config_file``,
+    whose settings it keeps, ``dry_run``), then the Trainer it compiled or a
+    new one; a config that cannot work on these devices is a usage error. With
     ``evaluate_tasks`` (and ``cfg.eval_metrics``), the Evaluator decodes the eval
     split and runs its task's metrics when a registered task of it has metric_fns."""
-    from seqcache.training import evaluation, partitioning, trainer as trainer_lib  # optional: jax
+    from seqcache.training import evaluation, fit, partitioning, trainer as trainer_lib  # optional: jax
 
+    options = fit_options or {}
+    raw = None
+    if options.get("config_file"):  # config_from_layers read it already: it parses
+        raw = bounded_json.read_file(options["config_file"], error=config_lib.ConfigError, max_bytes=1 << 20,
+                                     max_depth=16, what="config file")
+    pinned = fit.pinned_fields(config_lib.split_overrides(options.get("overrides", ())), raw)
     try:
-        trainer = trainer_lib.Trainer(cfg)
+        fitted = fit.for_run(cfg, options.get("mode"), pinned=pinned, dry_run=options.get("dry_run", False),
+                             make_trainer=trainer_lib.Trainer)
+        cfg = fitted.config
+        trainer = fitted.trainer or trainer_lib.Trainer(cfg)
         if not (evaluate_tasks and cfg.eval_metrics and cfg.data.eval_split):
-            return trainer, None
+            return cfg, trainer, None
         tasks = evaluation.eval_tasks(cfg, cfg.data.eval_split, modules=modules)
         if not any(t.metric_fns for t in tasks):
-            return trainer, None
-        return trainer, evaluation.evaluator_for(cfg, tasks, split=cfg.data.eval_split, mesh=trainer.mesh)
+            return cfg, trainer, None
+        return cfg, trainer, evaluation.evaluator_for(cfg, tasks, split=cfg.data.eval_split, mesh=trainer.mesh)
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
     except evaluation.EvalError as e:  # a packed eval split: refused before the first step
@@ -267,12 +289,26 @@ def _derived_quantities(trainer, cfg, source, model_preset) -> dict:
         derived["epochs"] = round(cfg.steps / derived["steps_per_epoch"], 3)
     derived["vocab_size"] = cfg.model.vocab_size
     derived["model"] = model_preset or "config"
+    if cfg.fit:
+        derived["fit"] = _fit_line(cfg.fit)
     derived["checkpoint_dir"] = cfg.checkpoint.directory
     metrics_path = cfg.metrics_file or (os.path.join(cfg.checkpoint.directory, METRICS_FILE)
                                         if cfg.checkpoint.directory else None)
     derived["metrics_file"] = metrics_path
     derived["tensorboard_dir"] = tensorboard_dir_for(cfg, metrics_path)
     return derived
+
+
+def _fit_line(record: dict | None) -> str | None:
+    """The fit's choice in a few words, e.g. ``num_microbatches=4 model.remat=dots
+    model.scan_layers=true (probe; 3 compiled in 58.1 s)``; None without a fit."""
+    if not record or not record.get("chosen"):
+        return None
+    chosen = " ".join(f"{k}={json.dumps(v)}" for k, v in record["chosen"].items())
+    if record.get("resumed"):
+        return f"{chosen} (resumed)"
+    return (f"{chosen} ({record.get('by')}; {len(record.get('candidates', []))} compiled in "
+            f"{record.get('compile_time_s', 0):.1f} s)")
 
 
 def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
@@ -302,7 +338,10 @@ def _fit_and_report(trainer, feeder, eval_fn, *, stop_at_step, evaluator=None) -
         if type(e).__name__ not in ("MetricError", "EvalError"):
             raise
         fail_line(e)
-    click.echo(summary_line(_summary(result)))
+    summary = _summary(result)
+    if trainer.config.fit:
+        summary["fit"] = trainer.config.fit
+    click.echo(summary_line(summary))
     bad = next((result.start_step + i + 1 for i, x in enumerate(result.losses) if not math.isfinite(float(x))), None)
     if bad is not None:
         click.echo(f"error: the loss is not finite from step {bad} on (a learning rate too high, or bad data: "

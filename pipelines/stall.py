@@ -11,9 +11,10 @@ its job while it waits, and gives up after ``timeout_s`` seconds without
 progress (``wait``):
 
 - **Progress** is a change of the job's state (``STARTING``, ``RUNNING``,
-  ...; Beam's ``PipelineResult.state``) or a **heartbeat** of one of the
-  build's steps: a work unit started, a batch of records read, a shard's
-  group spread or written (transforms.py calls ``Heartbeat.beat``).
+  ...; asked of the job service: runner.py's ``job_state``) or a
+  **heartbeat** of one of the build's steps: a work unit started, a batch of
+  records read, a shard's group spread or written (transforms.py calls
+  ``Heartbeat.beat``).
 - **Heartbeats** are files in a folder every worker writes and the driver
   reads, the build's working folder (``<cache>/_tmp/beats/``, build.py):
   one file a worker process (``<host>-<pid>``), rewritten with a count at
@@ -80,6 +81,7 @@ class Heartbeat:
         self.folder, self.every_s = folder, float(every_s)
 
     def beat(self) -> None:
+        """One heartbeat of this process (see the class); never raises."""
         if self.folder is None:
             return
         now = time.monotonic()
@@ -112,19 +114,19 @@ def progress_of(folder: str) -> Hashable:
 
 
 class _StateWatch:
-    """Counts the changes of a job's state (``result.state``, a request to
-    the job service) on a daemon thread of its own: a job service that never
-    answers stops the count, not the driver."""
+    """Counts the changes of a job's state (``state()``, a request to the job
+    service) on a daemon thread of its own: a job service that never answers
+    stops the count, not the driver."""
 
-    def __init__(self, result, every_s: float, stop: threading.Event):
-        self.changes, self._result, self._every_s, self._stop = 0, result, every_s, stop
+    def __init__(self, state: Callable[[], Hashable], every_s: float, stop: threading.Event):
+        self.changes, self._state, self._every_s, self._stop = 0, state, every_s, stop
         threading.Thread(target=self._poll, name="seqcache-job-state", daemon=True).start()
 
     def _poll(self) -> None:
         last = None
         while not self._stop.is_set():
             try:
-                state = str(self._result.state)
+                state = self._state()
             except Exception:  # the job service went away: the waiting thread reports it
                 return
             if last is not None and state != last:  # the first answer is no change
@@ -134,11 +136,15 @@ class _StateWatch:
 
 
 def wait(result, *, timeout_s: float, progress: Callable[[], Hashable],
-         clock: Callable[[], float] = time.monotonic, poll_s: float | None = None) -> None:
+         state: Callable[[], Hashable] | None = None, clock: Callable[[], float] = time.monotonic,
+         poll_s: float | None = None) -> None:
     """``result.wait_until_finish()`` (Beam's ``PipelineResult``), on a daemon
     thread, while this thread looks for progress every ``poll_s`` seconds
     (default ``poll_seconds(timeout_s)``): a change of the job's state, or of
-    ``progress()`` (``progress_of`` the heartbeats' folder). ``clock``: the
+    ``progress()`` (``progress_of`` the heartbeats' folder). ``state``: asks
+    the job service for the job's state, on a thread of its own (default
+    ``result.state``; runner.py's ``job_state`` leaves the state that Beam's
+    wait keeps alone). ``timeout_s``, ``poll_s``: seconds. ``clock``: the
     seconds the bound is measured in (tests give a fake one).
 
     Raises:
@@ -159,7 +165,7 @@ def wait(result, *, timeout_s: float, progress: Callable[[], Hashable],
 
     threading.Thread(target=waiting, name="seqcache-wait-job", daemon=True).start()
     every = poll_seconds(timeout_s) if poll_s is None else poll_s
-    states = _StateWatch(result, every, stop)
+    states = _StateWatch(state or (lambda: result.state), every, stop)
     try:
         seen: Any = (states.changes, progress())
         since = clock()

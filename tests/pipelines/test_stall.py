@@ -13,9 +13,12 @@ import socket
 import threading
 
 import pytest
+from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
+from apache_beam.runners.portability.portable_runner import PipelineResult
 
-from seqcache.pipelines import job_server, stall
+from seqcache.pipelines import BuildConfig, BuildError, build_task, job_server, stall
 from seqcache.pipelines import runner as runner_mod
+from testsupport import lines_task, write_lines
 
 
 class FakeResult:
@@ -141,6 +144,18 @@ def test_the_bound_comes_from_the_environment(monkeypatch):
                                    "progress, a number above 0 (unset: 300)")
 
 
+@pytest.mark.parametrize("runner", ["flink", "spark"])
+def test_a_bad_bound_fails_the_build_in_one_line_before_anything_is_written(tmp_path, monkeypatch, runner):
+    monkeypatch.setenv(stall.TIMEOUT_VARIABLE, "5m")
+    corpus = write_lines(tmp_path / "corpus" / "a.txt", ["one", "two"])
+    with pytest.raises(BuildError) as info:
+        build_task(lines_task(str(corpus)), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1),
+                   pipeline_args=[f"--runner={runner}"])
+    assert str(info.value) == ("$SEQCACHE_STALL_TIMEOUT='5m': expected the seconds a job may go without progress, "
+                               "a number above 0 (unset: 300)")
+    assert not (tmp_path / "c").exists()
+
+
 def test_the_runners_of_a_job_service_are_watched():
     assert [name for name in ("FlinkRunner", "SparkRunner", "PortableRunner", "PrismRunner", "FnApiRunner",
                               runner_mod.DASK_RUNNER, "DataflowRunner") if runner_mod.watches_stalls(name)] == \
@@ -202,3 +217,50 @@ def test_a_job_failed_by_a_lost_worker_connection_is_one_line_naming_the_runner(
     with pytest.raises(RuntimeError) as info:
         runner_mod.run(_FakePipeline(result, job_server.FlinkRunner()), "FlinkRunner")
     assert info.value is step
+
+
+def test_ctrl_c_while_the_job_is_watched_cancels_it_stops_the_job_server_and_is_raised(tmp_path, monkeypatch):
+    """A KeyboardInterrupt (Ctrl-C, SIGTERM: cli/interrupts.py) while the
+    driver waits for a watched job is raised as it is (the command says
+    "interrupted" and exits 130), after the job was cancelled; the job
+    server is stopped."""
+    monkeypatch.setenv(stall.TIMEOUT_VARIABLE, "300")
+    looks = []
+
+    def interrupted_at_the_third_look():
+        looks.append(1)
+        if len(looks) == 3:
+            raise KeyboardInterrupt
+        return len(looks)
+
+    monkeypatch.setattr(stall, "progress_of", lambda folder: interrupted_at_the_third_look())
+    monkeypatch.setattr(stall, "poll_seconds", lambda timeout_s: 0.001)
+    result, (flink, server) = FakeResult(), _flink_with_a_server()
+    with pytest.raises(KeyboardInterrupt):
+        runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=str(tmp_path))
+    assert len(looks) == 3 and result.cancelled.is_set() and server.stops == 1
+
+
+class _JobService(beam_job_api_pb2_grpc.JobServiceStub):
+    """A job service's stub without a channel: answers ``GetState`` with
+    ``state``, noting each request's timeout."""
+
+    def __init__(self, state):  # no channel: nothing of the stub's own is used
+        self.state, self.timeouts = state, []
+
+    def GetState(self, request, timeout=None):
+        self.timeouts.append(timeout)
+        assert request.job_id == "job-1"
+        return beam_job_api_pb2.JobStateEvent(state=beam_job_api_pb2.JobState.Enum.Value(self.state))
+
+
+def test_the_watch_asks_the_job_service_without_touching_the_state_beams_wait_keeps():
+    """Beam's ``PipelineResult.state`` stores the answer where its own
+    ``wait_until_finish`` keeps the state: an answer RUNNING arriving after
+    the job ended DONE would make the build fail "in state RUNNING". The
+    watch asks the job service itself."""
+    result = PipelineResult(_JobService("RUNNING"), "job-1", iter(()), iter(()))
+    result._state = "DONE"  # what Beam's wait has seen
+    assert runner_mod.job_state(result) == "RUNNING" and result._state == "DONE"
+    assert result._job_service.timeouts == [60.0]  # a job service that never answers ends the request
+    assert runner_mod.job_state(FakeResult()) == "RUNNING"  # no job service: its state

@@ -11,7 +11,7 @@ runner libraries from Maven Central): Flink embedded in its job server
 the build start its own job server (stall.py, job_server.py), and the
 former run the steps in Beam's worker pool (``worker_pool_main``'s service on
 127.0.0.1, an EXTERNAL environment, as in docs/scaling.md's cluster
-recipes), with a stall bound of a few seconds. Without the jars the module
+recipes), with a stall bound of a minute (STALL_S). Without the jars the module
 skips, or fails under CI. The tests that kill a job server or a worker, or
 whose workers never start, are marked slow; .ci/run runs them.
 """

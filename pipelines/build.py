@@ -44,7 +44,7 @@ from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
 from seqcache.pipelines import near as near_mod
-from seqcache.pipelines import shuffle, spill, stats as stats_mod, transforms, work as work_mod, writer
+from seqcache.pipelines import shuffle, spill, stall, stats as stats_mod, transforms, work as work_mod, writer
 from seqcache.pipelines.plan import BuildPlan
 from seqcache.pipelines.runner import RunnerError
 from seqcache.tasks import vocabularies as vocab_mod
@@ -659,8 +659,8 @@ def near_duplicates_of(task, config: BuildConfig) -> NearDuplicates | None:
     return config.near_duplicates or NearDuplicates()
 
 
-def _steps(plan: BuildPlan, *, build_dir, scratch, spill_dir, work: _Work) -> tuple:
-    """The pipeline's steps: (read, spread, write, summarize)."""
+def _steps(plan: BuildPlan, *, build_dir, scratch, spill_dir, work: _Work, heartbeat: stall.Heartbeat) -> tuple:
+    """The pipeline's steps: (read, spread, write, summarize); the first three beat into ``heartbeat``."""
     task, config, num_shards = plan.task, plan.config, plan.num_shards
     near = near_duplicates_of(task, config)
     reader = transforms.ReadPreprocess(task, seed=config.seed, sequence_length=config.sequence_length,
@@ -670,17 +670,19 @@ def _steps(plan: BuildPlan, *, build_dir, scratch, spill_dir, work: _Work) -> tu
                                        [splits for _, splits in work.units], addresses=work.addresses)
     read = transforms.ReadUnit(reader, paths=table, spill_dir=spill_dir, exchange=plan.exchange,
                                fs_options=plan.fs_options, encoding_threads=transforms.driver_encoding_threads(),
-                               work_dir=plan.work_dir)
+                               work_dir=plan.work_dir, heartbeat=heartbeat)
     keeps = plan.work_dir is not None
     write = transforms.WriteGroup(task, out_dir=build_dir, scratch_dir=spill_dir, num_shards=num_shards,
                                   sequence_length=config.sequence_length, fs_options=plan.fs_options, work=table,
                                   marks_dir=fs.join(scratch, SHARD_MARKS) if keeps else None,
-                                  fingerprint=plan.fingerprint if keeps else None, near=near is not None)
+                                  fingerprint=plan.fingerprint if keeps else None, near=near is not None,
+                                  heartbeat=heartbeat)
     # The work table maps the units' file indices, and words the entries of skipped copies.
     spread = transforms.SpreadCopies(seed=config.seed, num_features=len(reader.features), spill_dir=spill_dir,
                                      exchange=plan.exchange, num_shards=num_shards, fs_options=plan.fs_options,
                                      duplicates=_duplicate_action(task.source), paths=table,
-                                     locator=getattr(task.source, "locator", "record"), near=near)
+                                     locator=getattr(task.source, "locator", "record"), near=near,
+                                     heartbeat=heartbeat)
     summarize = transforms.WriteSummary(scratch_dir=scratch, fs_options=plan.fs_options)
     clusters = None
     if near is not None:
@@ -712,12 +714,13 @@ def _near_duplicate_clusters(spread, rounds: int, resolve, num_shards: int):
 
 def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, work: _Work, unit_progress=None) -> None:
     """The Beam pipeline, one straight line with one leaf, run to its end;
-    BuildError when the runner failed (one line) or the disk filled up."""
+    BuildError when the runner failed (one line), its job made no progress
+    for the stall bound (stall.py) or the disk filled up."""
+    heartbeat = _heartbeat(plan, scratch)
     read, spread, write, summarize, clusters = _steps(plan, build_dir=build_dir, scratch=scratch, spill_dir=spill_dir,
-                                                      work=work)
+                                                      work=work, heartbeat=heartbeat)
     _pickle_user_modules_by_value()
-    engine = runner_mod.local_engine(plan.options) if plan.runner == runner_mod.LOCAL_ENGINE else None
-    pipeline = beam.Pipeline(runner=engine, options=plan.options)
+    pipeline = beam.Pipeline(runner=runner_mod.pipeline_runner(plan.runner, plan.options), options=plan.options)
     spread_out = (
         pipeline
         | "ListWork" >> beam.Create([unit_index for unit_index, _ in work.units])
@@ -741,7 +744,7 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, w
     watch = _Progress(build_dir, plan.num_shards, progress, plan.work_dir, work, unit_progress)
     try:
         with watch.running():
-            runner_mod.run(pipeline, plan.runner)
+            runner_mod.run(pipeline, plan.runner, heartbeats=heartbeat.folder)
     except RunnerError as e:
         raise BuildError(str(e)) from None
     except BaseException as e:  # no manifest: nothing looks complete
@@ -753,6 +756,23 @@ def _run_pipeline(plan: BuildPlan, *, progress, build_dir, scratch, spill_dir, w
                              "and its work folder about the tokenized size) or use another --cache-dir, then run the "
                              f"build again{kept}") from e
         raise
+    finally:
+        if heartbeat.folder is not None:
+            with contextlib.suppress(OSError):  # the working folder goes with the build, or stays for its rerun
+                fs.remove_tree(heartbeat.folder)
+
+
+def _heartbeat(plan: BuildPlan, scratch: str) -> stall.Heartbeat:
+    """The steps' heartbeat (stall.py): into ``<scratch>/beats/``, made
+    empty, on a runner whose job the build watches (``watches_stalls``),
+    every ``stall.beat_interval`` of the bound; one that does nothing on
+    any other runner."""
+    if not runner_mod.watches_stalls(plan.runner):
+        return stall.Heartbeat(None)
+    folder = fs.join(scratch, stall.BEATS_DIR)
+    fs.remove_tree(folder)  # a killed run's
+    fs.makedirs(folder)
+    return stall.Heartbeat(folder, every_s=stall.beat_interval(runner_mod.stall_timeout()))
 
 
 def _read_summary(plan: BuildPlan, scratch: str, units) -> dict:

@@ -36,7 +36,14 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
   submitting process (Beam's LOOPBACK environment).
 - **Starting and finishing.** A runner that cannot start (a job server that
   would have to be downloaded, a Dask scheduler that does not answer) raises
-  ``RunnerError`` with one line that says which runner and why.
+  ``RunnerError`` with one line that says which runner and why. The job
+  server a Flink or Spark build starts dies with the build, also when the
+  build is killed (job_server.py: ``pipeline_runner`` gives the pipeline such a
+  runner). A job run through a job service (Flink, Spark, ``--job_endpoint``:
+  ``watches_stalls``) that makes no progress for ``stall_timeout()`` seconds
+  (``$SEQCACHE_STALL_TIMEOUT``, default 5 minutes) is cancelled and fails in
+  one line (stall.py): Beam would wait without end for a worker that died or
+  never connected.
 - **Dataflow's dry run.** With ``--dry_run=True`` Beam's DataflowRunner
   translates the job and submits nothing; ``run`` then raises
   ``dataflow.DryRun``, which carries the job (dataflow.py). The flag with any
@@ -48,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -59,12 +67,13 @@ import grpc
 from google.protobuf import json_format, text_format
 
 from seqcache import process
-from seqcache.pipelines import dataflow, workers
+from seqcache.pipelines import dataflow, job_server as job_server_mod, stall, workers
 
 process.import_beam()  # before Beam's modules below: quietly, without pandas
 from apache_beam.options import pipeline_options as po  # noqa: E402
 from apache_beam.portability import common_urns, python_urns  # noqa: E402
-from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc  # noqa: E402
+from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc, beam_job_api_pb2  # noqa: E402
+from apache_beam.portability.api import beam_job_api_pb2_grpc  # noqa: E402
 from apache_beam.portability.api import beam_runner_api_pb2, endpoints_pb2  # noqa: E402
 from apache_beam.runners import runner as beam_runner  # noqa: E402
 from apache_beam.runners.portability.fn_api_runner import fn_runner  # noqa: E402
@@ -99,6 +108,8 @@ JOB_SERVERS = {
 # Where `make jars` puts them: $SEQCACHE_JARS, else build/jars under the working directory.
 JARS_ENV = "SEQCACHE_JARS"
 DEFAULT_JARS = "build/jars"
+# Runners whose job runs through a job service, watched for a job that makes no progress (stall.py).
+_JOB_SERVICE_RUNNERS = {"flinkrunner", "sparkrunner", "portablerunner"}
 # Runners whose shuffle is Beam's local engine (in the driver's memory).
 _LOCAL_ENGINES = {"fnapirunner", "directrunner", "bundlebaseddirectrunner", "swallowingdirectrunner"}
 EXCHANGES = ("auto", "runner", "spill")
@@ -125,6 +136,35 @@ def is_dask(runner: str) -> bool:
 
 def is_prism(runner: str) -> bool:
     return runner.rsplit(".", 1)[-1].lower() == "prismrunner"
+
+
+def watches_stalls(runner: str) -> bool:
+    """True for the runners whose job runs through a Beam job service and
+    whose wait a build bounds (stall.py): Flink, Spark, and a job server
+    named by ``--job_endpoint`` (``PortableRunner``). Prism gives up on a
+    worker that does not connect by itself (after 60 s)."""
+    return runner.rsplit(".", 1)[-1].lower() in _JOB_SERVICE_RUNNERS
+
+
+def stall_timeout() -> float:
+    """Seconds a watched job may go without progress before the build gives
+    up (``watches_stalls``, stall.py): ``$SEQCACHE_STALL_TIMEOUT``, else
+    ``stall.DEFAULT_TIMEOUT_S`` (300).
+
+    Raises:
+      RunnerError: the variable is not a number of seconds above 0.
+    """
+    text = os.environ.get(stall.TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return stall.DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise RunnerError(f"${stall.TIMEOUT_VARIABLE}={text!r}: expected the seconds a job may go without progress, "
+                          f"a number above 0 (unset: {stall.DEFAULT_TIMEOUT_S:g})")
+    return seconds
 
 
 def prism_location() -> str | None:
@@ -340,6 +380,16 @@ def local_engine(options):
     return _LocalEngine(options)
 
 
+def pipeline_runner(runner: str, options):
+    """The runner object a pipeline on ``runner`` is given (``beam.Pipeline(runner=...)``):
+    the local engine (``local_engine``), Flink and Spark whose job server
+    dies with the build (job_server.py); None for any other runner, which
+    Beam makes from its name."""
+    if runner == LOCAL_ENGINE:
+        return local_engine(options)
+    return job_server_mod.runner_for(runner)
+
+
 def _unknown(args: Sequence[str]) -> set[str]:
     """The option names of ``args`` that no registered Beam options class
     defines: what ``get_all_options`` keeps only when told to retain unknown options."""
@@ -422,9 +472,12 @@ def check_runner_available(runner: str, options=None) -> None:
       RunnerError: one line naming the runner and what to do; also for
         ``--dry_run`` with a runner other than Dataflow (which would build
         the cache), or with a value that looks false (Beam's DataflowRunner
-        makes a dry run of any value).
+        makes a dry run of any value), and for a ``$SEQCACHE_STALL_TIMEOUT``
+        that is no number of seconds on a runner that reads it.
     """
     _check_dry_run(runner, options)
+    if watches_stalls(runner):
+        stall_timeout()
     if is_prism(runner):
         _check_prism(options)
     server = job_server(runner)
@@ -480,15 +533,29 @@ def _check_prism(options) -> None:
                           f"or set {PRISM_VARIABLE} or --prism_location to one")
 
 
-def run(pipeline, runner: str) -> None:
-    """Runs ``pipeline`` to the end.
+def run(pipeline, runner: str, *, heartbeats: str | None = None) -> None:
+    """Runs ``pipeline`` to the end, then stops the job server its runner
+    started (job_server.py), whatever the end.
+
+    ``heartbeats``: the folder of the steps' heartbeats (``stall.Heartbeat``)
+    on a runner that ``watches_stalls``: its job is then given up after
+    ``stall_timeout()`` seconds without progress (stall.py). None: waited for
+    without a bound.
 
     Raises:
-      RunnerError: the runner could not start or lost its workers (one line).
+      RunnerError: the runner could not start, lost its workers or its job
+        server, or its job made no progress for the bound (one line).
       dataflow.DryRun: Dataflow with ``--dry_run=True`` translated the job
         and ran nothing (it carries the job).
       The error a step raised (a bad record, a full disk), as the runner reports it.
     """
+    try:
+        _run(pipeline, runner, heartbeats)
+    finally:
+        job_server_mod.stop_job_server(pipeline.runner)
+
+
+def _run(pipeline, runner: str, heartbeats: str | None) -> None:
     short = runner.rsplit(".", 1)[-1]
     try:
         result = pipeline.run()
@@ -501,13 +568,20 @@ def run(pipeline, runner: str) -> None:
     if dataflow.is_dataflow(runner) and dataflow.dry_run_value(pipeline.options):
         raise dataflow.DryRun(result.job)  # the job translated, nothing submitted: no summary will come
     try:
-        result.wait_until_finish()
+        _wait(result, runner, heartbeats)
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: stop the runner's remaining work (Dask would go on
         # writing shards into the folder the driver is about to remove).
         with contextlib.suppress(Exception):  # cancelling is best effort
             result.cancel()
         raise
+    except stall.Stalled as e:
+        stall.cancel(result, e)
+        raise RunnerError(f"runner {short}: the job made no progress for {e.seconds:g} s (no change of its state, "
+                          "no step of the build finished any work): an SDK worker died or never connected (one "
+                          "that cannot start: a worker pool whose python lacks Beam or seqcache, a container that "
+                          "exits); nothing was published, run the build again once its workers start "
+                          f"(${stall.TIMEOUT_VARIABLE} sets the bound, in seconds)") from None
     except Exception as e:
         if any(type(c).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError") for c in causes(e)):
             raise RunnerError(f"runner {short}: a worker died and the work could not be "
@@ -518,6 +592,9 @@ def run(pipeline, runner: str) -> None:
             # Flink, Spark, any job service: its connection went away (the job server died).
             raise RunnerError(f"runner {short}: lost its job server while the job ran ({first_line(lost)}); "
                               "nothing was published, run the build again") from e
+        if _lost_worker(e):
+            raise RunnerError(f"runner {short}: the job failed when an SDK worker's connection ended: a worker "
+                              f"that died ({first_line(e)}); nothing was published, run the build again") from e
         raise
     finally:
         client = getattr(result, "client", None)  # DaskRunner: its client of the cluster
@@ -527,6 +604,43 @@ def run(pipeline, runner: str) -> None:
     state = str(getattr(result, "state", "DONE"))
     if "FAILED" in state or "CANCELLED" in state:
         raise RunnerError(f"runner {short} finished in state {state}")
+
+
+def _wait(result, runner: str, heartbeats: str | None) -> None:
+    """``result.wait_until_finish()``, bounded (``stall.wait``) on a runner
+    that ``watches_stalls`` when the steps beat into ``heartbeats``."""
+    if heartbeats is None or not watches_stalls(runner):
+        result.wait_until_finish()
+        return
+    stall.wait(result, timeout_s=stall_timeout(), progress=lambda: stall.progress_of(heartbeats),
+               state=lambda: job_state(result))
+
+
+# Seconds a request for a job's state may take (stall.py's watch asks on a thread of its own).
+_STATE_REQUEST_S = 60.0
+
+
+def job_state(result) -> str:
+    """The state of the job of ``result`` (Beam's ``PipelineResult`` of a
+    job service: ``"RUNNING"``, ``"DONE"``...), asked of the job service with
+    a timeout of ``_STATE_REQUEST_S`` seconds and without setting the state
+    that the result's ``wait_until_finish`` keeps (its property ``state``
+    sets it: an answer sent before the job ended, arriving after, would
+    make a job that ended DONE look failed in state RUNNING). A result with
+    no job service (a local engine's, a test's): its ``state``.
+
+    Raises:
+      grpc.RpcError: the job service did not answer.
+    """
+    service, job_id = getattr(result, "_job_service", None), getattr(result, "_job_id", None)
+    if service is None or job_id is None:
+        return str(result.state)
+    request = beam_job_api_pb2.GetJobStateRequest(job_id=job_id)
+    if isinstance(service, beam_job_api_pb2_grpc.JobServiceStub):
+        answer = service.GetState(request, timeout=_STATE_REQUEST_S)
+    else:  # Beam's job service in this process (--job_endpoint=embed): a plain call
+        answer = service.GetState(request)
+    return beam_job_api_pb2.JobState.Enum.Name(answer.state)
 
 
 def first_line(error: BaseException) -> str:
@@ -555,6 +669,18 @@ def interrupted_in_step(error: BaseException) -> bool:
     raised from (``causes``) its text is read, here alone."""
     return any(isinstance(e, KeyboardInterrupt) for e in causes(error, context=False)) or \
         "KeyboardInterrupt" in str(error)
+
+
+def _lost_worker(error: BaseException) -> bool:
+    """Whether ``error`` (from ``wait_until_finish``) is a Java runner's job
+    that failed because the gRPC connection of an SDK worker ended (Flink,
+    when a worker dies in the middle of a bundle: "failed in state FAILED:
+    ...StatusRuntimeException: CANCELLED: client cancelled"), not because a
+    step raised. The job service hands the failure back as text only, read
+    here alone."""
+    text = str(error)
+    return ("StatusRuntimeException" in text and ("CANCELLED" in text or "UNAVAILABLE" in text)
+            and not _is_step_error(error))
 
 
 def _is_step_error(error: BaseException) -> bool:

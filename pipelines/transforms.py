@@ -61,7 +61,7 @@ import numpy as np
 from seqcache import format as fmt
 from seqcache import fs, process
 from seqcache.pipelines import near as near_mod
-from seqcache.pipelines import packed_shard, shuffle, spill, stats as stats_mod, work as work_mod, writer
+from seqcache.pipelines import packed_shard, shuffle, spill, stall, stats as stats_mod, work as work_mod, writer
 from seqcache.pipelines.spill import ragged_take
 from seqcache.tasks import Split, pack_first_fit
 from seqcache.tasks.sources.base import RecordBatch, describe_record
@@ -542,14 +542,18 @@ class ReadUnit:
     index alone) or a sequence of paths; ``sizes``: with a sequence, the
     files' sizes as listed (bytes, by file index), or None; a whole small
     file of that size is then read without asking its size first.
+    ``heartbeat`` (stall.py): beaten as a unit starts, at each batch of
+    records read and as the unit ends; None beats nothing.
     """
 
     def __init__(self, reader: ReadPreprocess, *, paths: "WorkTable | Sequence[str]", spill_dir: str, exchange: str,
                  flush_bytes: int | None = None, fs_options: Sequence[str] = (),
                  encoding_threads: int | None = None, sizes: Sequence[int] | None = None,
-                 work_dir: str | None = None, checkpoint_bytes: int | None = None):
+                 work_dir: str | None = None, checkpoint_bytes: int | None = None,
+                 heartbeat: stall.Heartbeat | None = None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
+        self.heartbeat = heartbeat or stall.Heartbeat(None)
         self.work = paths if isinstance(paths, WorkTable) else WorkTable(paths, sizes)
         self.reader, self.spill_dir, self.exchange = reader, spill_dir, exchange
         if flush_bytes is None:
@@ -565,6 +569,7 @@ class ReadUnit:
         set_worker_options(self.fs_options)
         settle_worker()
         process.inherit_fault(self.fault)
+        self.heartbeat.beat()
         if self.encoding_threads is not None:
             os.environ[ENCODING_THREADS_ENV] = str(self.encoding_threads)
         named = isinstance(unit, int)
@@ -594,6 +599,7 @@ class ReadUnit:
                 if state.buffered >= self.checkpoint_bytes or state.quarantine.nbytes >= spill.QUARANTINE_BYTES:
                     yield from self._checkpoint(state, ledger, complete=False)
                 state.records += payload
+                self.heartbeat.beat()
                 process.fault_point("read:batch")
             elif kind == "examples":
                 state.add_examples(payload)
@@ -603,6 +609,7 @@ class ReadUnit:
                 state.add_issue(kind, payload, paths)
         yield from self._checkpoint(state, ledger, complete=True)
         yield COUNTS_KEY, state.counts_value(ledger)
+        self.heartbeat.beat()
 
     def _checkpoint(self, state: "_UnitState", ledger, *, complete: bool) -> Iterator[tuple[int, Any]]:
         """Hands on what the unit holds. Without a ledger, as a build that
@@ -824,14 +831,17 @@ class SpreadCopies:
     ``bytes``, where a shard's are ints).
 
     Memory: one shard's columns (``load_batches``) and at most ``flush_bytes``
-    of moved examples at a time.
+    of moved examples at a time. ``heartbeat`` (stall.py): beaten as a key's
+    values come in and once they are spread; None beats nothing.
     """
 
     def __init__(self, *, seed: int, num_features: int, spill_dir: str, exchange: str, num_shards: int,
                  flush_bytes: int | None = None, fs_options: Sequence[str] = (), duplicates: str = "keep",
-                 paths: "WorkTable | Sequence[str]" = (), locator: str | None = None, near=None):
+                 paths: "WorkTable | Sequence[str]" = (), locator: str | None = None, near=None,
+                 heartbeat: stall.Heartbeat | None = None):
         if exchange not in ("runner", "spill"):
             raise ValueError(f"exchange must be 'runner' or 'spill' (got {exchange!r})")
+        self.heartbeat = heartbeat or stall.Heartbeat(None)
         if duplicates not in ("keep", "skip"):
             raise ValueError(f"duplicates must be 'keep' or 'skip' (got {duplicates!r})")
         self.seed, self.num_features, self.num_shards = seed, int(num_features), int(num_shards)
@@ -845,6 +855,7 @@ class SpreadCopies:
     def __call__(self, element) -> Iterator[tuple[int, Any]]:
         set_worker_options(self.fs_options)
         settle_worker()
+        self.heartbeat.beat()
         key, values = element
         values = list(values)
         for v in values:
@@ -862,6 +873,7 @@ class SpreadCopies:
                 yield from self._moved(int(key), entries)
         finally:
             entries.close()
+        self.heartbeat.beat()
 
     def _skipped(self, shard: int, entries: spill.ShardEntries, kind: str = "duplicate") -> Iterator[tuple[int, Any]]:
         """The quarantine chunks and the counts of the copies k >= 1 of ``shard``
@@ -1073,11 +1085,15 @@ class WriteGroup:
     fingerprint; a rerun of the same build finds it, checks both files'
     sizes and sha256, and returns the recorded result (``"reused": true``)
     instead of writing the shard again. ``work``: the build's ``WorkTable``
-    (its ``unit_files`` map the sections of work units).
+    (its ``unit_files`` map the sections of work units). ``heartbeat``
+    (stall.py): beaten as a key's values come in and once its result is
+    made; None beats nothing.
     """
 
     def __init__(self, task, *, out_dir, scratch_dir, num_shards, sequence_length, fs_options=(), work=None,
-                 marks_dir: str | None = None, fingerprint: str | None = None, near: bool = False):
+                 marks_dir: str | None = None, fingerprint: str | None = None, near: bool = False,
+                 heartbeat: stall.Heartbeat | None = None):
+        self.heartbeat = heartbeat or stall.Heartbeat(None)
         self.task_name, self.packing, self.near = task.name, task.packing, bool(near)
         self.features_in = features_in(task)
         self.features_out = features_out(task, sequence_length)
@@ -1094,6 +1110,7 @@ class WriteGroup:
         set_worker_options(self.fs_options)
         settle_worker()
         process.inherit_fault(self.fault)
+        self.heartbeat.beat()
         key, values = element
         if key == COUNTS_KEY:
             # A unit read twice (a retried attempt) counts once; the entries of
@@ -1108,6 +1125,7 @@ class WriteGroup:
             yield 0, {"kind": "quarantine", "summary": self._quarantine(sorted(set(values)))}
         else:
             yield 0, self._shard(int(key), values)
+        self.heartbeat.beat()
 
     def _quarantine(self, chunk_paths) -> dict:
         with fs.open_write_atomic(fs.join(self.out_dir, fmt.QUARANTINE_NAME)) as out:

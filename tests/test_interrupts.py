@@ -225,9 +225,9 @@ LOST_JOB_SERVER = textwrap.dedent(
     real_run = runner.run
 
 
-    def run(pipeline, name):
+    def run(pipeline, name, **kwargs):
         pipeline.run = Result
-        return real_run(pipeline, name)
+        return real_run(pipeline, name, **kwargs)
 
 
     runner.run = run

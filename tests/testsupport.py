@@ -211,6 +211,27 @@ def interrupt(proc, signum, *, to_group: bool, timeout_s: float) -> tuple[str, s
     return proc.communicate(timeout=timeout_s)
 
 
+def ended(pid: int, *, timeout_s: float) -> bool:
+    """Whether the process ``pid`` has ended within ``timeout_s`` seconds:
+    gone, or a zombie (dead, not yet reaped by whatever adopted it: a
+    container's first process may never reap). Linux's /proc; polled every
+    0.05 s, bounded by the timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:  # bounded: the deadline
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in (b"Z", b"X"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
 def kill_if_running(proc) -> None:
     """Kills and reaps ``proc`` if a test left it running."""
     if proc.poll() is None:

@@ -1,32 +1,44 @@
 """Beam's Flink and Spark runners: the same cache bytes as the local engine (G1),
-and a job server killed in the middle of a build.
+a job server killed in the middle of a build, SDK workers that die or never
+start, and a build killed with SIGKILL, whose job server goes with it.
 
 The job servers are the ones ``make jars`` builds under build/jars (Beam's
 runner libraries from Maven Central): Flink embedded in its job server
 (``[local]``), Spark as ``local[2]``. The module starts one of each on
 127.0.0.1 and stops them at its end; the builds reach them with
 ``--job_endpoint`` and run their Python steps in the test's own process
-(Beam's LOOPBACK environment). Without the jars the module skips, or fails
-under CI. The tests that kill a job server are marked slow; .ci/run runs them.
+(Beam's LOOPBACK environment). The tests of dying workers and of SIGKILL let
+the build start its own job server (stall.py, job_server.py), and the
+former run the steps in Beam's worker pool (``worker_pool_main``'s service on
+127.0.0.1, an EXTERNAL environment, as in docs/scaling.md's cluster
+recipes), with a stall bound of a minute (STALL_S). Without the jars the module
+skips, or fails under CI. The tests that kill a job server or a worker, or
+whose workers never start, are marked slow; .ci/run runs them.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import pathlib
+import select
 import shutil
 import socket
 import subprocess
+import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 
 from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, BuildError, build_task
 from seqcache.pipelines import runner as runner_mod
+from seqcache.pipelines import stall
+from testsupport import ended
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 JARS = pathlib.Path(os.environ.get(runner_mod.JARS_ENV) or REPO / runner_mod.DEFAULT_JARS)
@@ -352,3 +364,239 @@ def test_a_job_server_killed_mid_build_fails_in_one_line_or_leaves_every_record_
     finally:
         server.stop()
         tasks.TaskRegistry.remove(task_name) if task_name in tasks.TaskRegistry.names() else None
+
+
+# Beam's worker pool (the service of worker_pool_main, in process mode: each
+# worker is `python -c ...SdkHarness...`, `python` from the PATH) on 127.0.0.1;
+# it prints its port.
+_POOL = """
+import sys
+from concurrent import futures
+import grpc
+from apache_beam.portability.api import beam_fn_api_pb2_grpc
+from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+port = server.add_insecure_port("127.0.0.1:0")
+beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(BeamFnExternalWorkerPoolServicer(use_process=True),
+                                                                   server)
+server.start()
+print(port, flush=True)
+server.wait_for_termination()
+"""
+# A worker's `python` that cannot start one: it notes that it was asked, and exits.
+_NO_BEAM = '#!/bin/sh\necho asked >> "{marker}"\necho "No module named apache_beam" >&2\nexit 1\n'
+# A worker's `python` that is this test's interpreter (Beam, seqcache).
+_THIS_PYTHON = '#!/bin/sh\nexec "{python}" "$@"\n'
+# The master of each runner's own job server: Spark local[2], as the users who saw it hang; Flink embedded.
+MASTERS = {"flink": [], "spark": ["--spark_master_url=local[2]"]}
+RUNNER_NAMES = {"flink": "FlinkRunner", "spark": "SparkRunner"}
+# Seconds without progress after which these tests' builds give up (stall.py): several times the longest
+# quiet moment of a healthy build here, the start of the first SDK worker after the job's state became RUNNING
+# (9 s on Spark local[2] on the 2-core machine; a 30 s bound once gave up before it under load).
+STALL_S = "60"
+
+
+class WorkerPool:
+    """Beam's worker pool for an EXTERNAL environment, whose workers run
+    ``python_script`` as ``python`` (``env``: what its workers inherit besides)."""
+
+    def __init__(self, folder: pathlib.Path, python_script: str, env: dict | None = None):
+        bin_dir = folder / "pool-bin"
+        bin_dir.mkdir()
+        (bin_dir / "python").write_text(python_script)
+        (bin_dir / "python").chmod(0o755)
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-c", _POOL], stdout=subprocess.PIPE, text=True, env=env,
+                                     stdin=subprocess.DEVNULL)
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.strip().isdigit():
+            self.stop()
+            pytest.fail(f"the worker pool did not start in {START_TIMEOUT_S} s", pytrace=False)
+        self.port = int(line)
+
+    def args(self) -> list[str]:
+        return ["--environment_type=EXTERNAL", f"--environment_config=127.0.0.1:{self.port}"]
+
+    def stop(self) -> None:
+        """Kills the pool and the workers it started."""
+        with contextlib.suppress(psutil.Error):
+            for worker in psutil.Process(self.proc.pid).children(recursive=True):
+                worker.kill()
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def _java_children() -> set[int]:
+    """The pids of this process's ``java`` descendants (the module's job servers, a build's)."""
+    found = set()
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.name() == "java":
+                found.add(p.pid)
+    return found
+
+
+def _assert_left_for_the_rerun_only(cache: pathlib.Path, task_name: str, java_before: set[int]) -> None:
+    """A build that died: no manifest, no lock file, no heartbeats; its work
+    folder and its build folder's record stay for the rerun; the job server
+    it started is gone."""
+    assert sorted(p.name for p in (cache / task_name).iterdir()) == [".train.work", "train"]
+    assert not (cache / task_name / "train" / fmt.MANIFEST_NAME).exists()
+    assert not (cache / task_name / "train" / "_tmp" / stall.BEATS_DIR).exists()
+    assert _java_children() <= java_before
+
+
+@pytest.fixture
+def own_job_server(monkeypatch):
+    """A build that starts its own job server (the jars of ``make jars``),
+    giving up after ``STALL_S`` seconds without progress."""
+    def args(name: str) -> list[str]:
+        _require(JARS / SERVERS[name][0])
+        return [f"--runner={name}", *MASTERS[name]]
+
+    monkeypatch.setenv(runner_mod.JARS_ENV, str(JARS))
+    monkeypatch.setenv(stall.TIMEOUT_VARIABLE, STALL_S)
+    return args
+
+
+# Slow (the job server's start, then the bound): .ci/run runs it.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_workers_that_cannot_start_fail_the_build_in_one_line_after_the_bound(tmp_path, corpus, name,
+                                                                              own_job_server):
+    """The pool's ``python`` lacks Beam: each worker it starts exits at once,
+    and Beam's runner waits for its connection without end. The build gives
+    up after the bound, in one line naming the runner and the cause, and
+    leaves only its work folder, for the rerun; the job server it started
+    is stopped."""
+    args, marker = own_job_server(name), tmp_path / "asked"
+    pool = WorkerPool(tmp_path, _NO_BEAM.format(marker=marker))
+    cache, java_before = tmp_path / "c", _java_children()
+    try:
+        with pytest.raises(BuildError) as info:
+            build_task(_byte_task(corpus, "jvm_no_worker"), cache_dir=str(cache), config=BuildConfig(num_shards=2),
+                       pipeline_args=[*args, *pool.args()], split_size=20_000)
+    finally:
+        pool.stop()
+    message = str(info.value)
+    assert message.startswith(f"runner {RUNNER_NAMES[name]}: the job made no progress for {STALL_S} s "), message
+    assert "an SDK worker died or never connected" in message and "nothing was published" in message, message
+    assert "\n" not in message and len(message) < 600, message
+    assert marker.read_text().split()[0] == "asked"  # the runner asked the pool for a worker, which did not start
+    _assert_left_for_the_rerun_only(cache, "jvm_no_worker", java_before)
+
+
+# A task module whose preprocessor kills the worker process it runs in (SIGKILL)
+# on reaching a marked line, once: in an EXTERNAL environment, one of the pool's workers.
+_WORKER_KILLER = '''
+import os, signal
+from seqcache import tasks
+
+MARKER = {marker!r}
+
+def _kill_this_worker(example, ctx):
+    if example["text"] == {line!r} and not os.path.exists(MARKER):
+        with open(MARKER, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return example
+
+tasks.TaskRegistry.add(
+    {name!r},
+    source=tasks.TextLineSource({pattern!r}, on_error={{"empty": "skip", "whitespace": "skip"}}),
+    output_features={{"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)}},
+    preprocessors=[tasks.preprocessors.FunctionPreprocessor(_kill_this_worker, "kill_this_worker"),
+                   tasks.preprocessors.rekey({{"targets": "text"}}), tasks.preprocessors.tokenize(),
+                   tasks.preprocessors.append_eos()],
+)
+'''
+
+
+# Slow (the job server's start, the build, then the bound): .ci/run runs it.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_a_worker_killed_mid_build_fails_in_one_line_or_leaves_every_record_once(tmp_path, corpus, name,
+                                                                                 own_job_server):
+    """A worker of the pool is killed while it reads a work unit: the build
+    either fails in one line naming the runner and a worker that died (Spark
+    waits for it without end, until the bound; Flink fails the job) and
+    leaves only its work folder, or (a runner that starts another worker)
+    holds every input line exactly once."""
+    args = own_job_server(name)
+    marker, task_name = tmp_path / "killed", f"worker_killer_{name}_{os.urandom(4).hex()}"
+    module = tmp_path / f"{task_name}.py"
+    module.write_text(textwrap.dedent(_WORKER_KILLER).format(marker=str(marker), line="MENENIUS:", name=task_name,
+                                                              pattern=str(corpus / "*.txt")))
+    tasks.import_definitions(str(module))
+    pool = WorkerPool(tmp_path, _THIS_PYTHON.format(python=sys.executable))
+    cache, java_before = tmp_path / "c", _java_children()
+    try:
+        result = build_task(tasks.TaskRegistry.get(task_name), cache_dir=str(cache), config=BuildConfig(num_shards=2),
+                            pipeline_args=[*args, *pool.args()], split_size=20_000)
+    except BuildError as e:
+        message = str(e)
+        # A worker of the pool was killed (not this process), and the build failed for that.
+        assert marker.exists() and int(marker.read_text()) != os.getpid(), f"no worker was killed: {message}"
+        assert message.startswith(f"runner {RUNNER_NAMES[name]}: "), message
+        assert "an SDK worker died or never connected" in message or "a worker that died" in message, message
+        assert "nothing was published" in message and "\n" not in message and len(message) < 700, message
+        _assert_left_for_the_rerun_only(cache, task_name, java_before)
+    else:
+        assert marker.exists() and int(marker.read_text()) != os.getpid(), "no worker was killed, and the build ended"
+        want = collections.Counter(line for p in sorted(corpus.glob("*.txt"))
+                                   for line in p.read_text(encoding="utf-8").split("\n")[:-1] if line.strip())
+        assert _decoded(result.cache_dir) == want
+    finally:
+        pool.stop()
+        tasks.TaskRegistry.remove(task_name) if task_name in tasks.TaskRegistry.names() else None
+
+
+def _listening_java_child(proc: subprocess.Popen) -> psutil.Process:
+    """The ``java`` child of ``proc`` once it listens on a port (its job
+    server serving); fails when ``proc`` exits first or after ``START_TIMEOUT_S``."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:  # bounded: the deadline, or the build's exit
+        for child in psutil.Process(proc.pid).children():
+            with contextlib.suppress(psutil.Error):
+                connections = getattr(child, "net_connections", None) or child.connections
+                if child.name() == "java" and any(c.status == psutil.CONN_LISTEN for c in connections("tcp")):
+                    return child
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"no job server listening under the build (exit status {proc.poll()})", pytrace=False)
+        time.sleep(0.2)
+
+
+# Slow (a job server's start): .ci/run runs it; test_job_server.py has the fast one, with a fake job server.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_the_job_server_of_a_build_killed_with_sigkill_dies_with_it(tmp_path, corpus, name):
+    """``seqcache build --runner=flink`` (or spark) starts its own job server;
+    the build killed with SIGKILL once it serves, the job server is gone
+    within 60 s (Linux's parent-death signal: job_server.py), where Beam's
+    stayed under init. The build's workers never start (a worker pool whose
+    ``python`` lacks Beam, and a bound far above the test's length), so the
+    build is surely running when it is killed."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    _require(JARS / SERVERS[name][0])
+    env = {**os.environ, runner_mod.JARS_ENV: str(JARS), stall.TIMEOUT_VARIABLE: "3600"}
+    exe = pathlib.Path(sys.executable).with_name("seqcache")
+    pool = WorkerPool(tmp_path, _NO_BEAM.format(marker=tmp_path / "asked"))
+    build = subprocess.Popen([str(exe), "build", "--source", f"text:{corpus}/*.txt", "--name", "plain",
+                              "--cache-dir", str(tmp_path / "c"), f"--runner={name}", *MASTERS[name], *pool.args()],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    server = None
+    try:
+        server = _listening_java_child(build)
+        build.kill()
+        assert build.wait(timeout=30) == -9
+        assert ended(server.pid, timeout_s=60), f"the {name} job server outlived the build killed with SIGKILL"
+    finally:
+        if build.poll() is None:
+            build.kill()
+            build.wait(timeout=30)
+        with contextlib.suppress(psutil.Error):
+            if server is not None and server.is_running():  # the test failed: leave no job server behind
+                server.kill()
+        pool.stop()

@@ -1,0 +1,266 @@
+"""stall.py: the bound on waiting for a job that makes no progress, the steps'
+heartbeats, and ``runner.run`` giving up a stalled job in one line. No job
+server here: a fake ``PipelineResult`` and a fake clock (each reading 10 s
+later than the one before), so that no test waits for the bound; the Flink
+and Spark jobs whose workers die or never start are in test_jvm_runners.py."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import socket
+import threading
+
+import pytest
+from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
+from apache_beam.runners.portability.portable_runner import PipelineResult
+
+from seqcache.pipelines import BuildConfig, BuildError, build_task, job_server, stall
+from seqcache.pipelines import runner as runner_mod
+from testsupport import lines_task, write_lines
+
+
+class FakeResult:
+    """A job that runs until ``finished`` is set (by ``cancel`` too), in a
+    state that does not change; its end raises ``error`` when given."""
+
+    def __init__(self, error: BaseException | None = None):
+        self.finished, self.cancelled, self.error = threading.Event(), threading.Event(), error
+
+    def wait_until_finish(self):
+        if not self.finished.wait(60):
+            raise AssertionError("the fake job was neither finished nor cancelled in 60 s")
+        if self.error is not None:
+            raise self.error
+        return "DONE"
+
+    @property
+    def state(self):
+        return "CANCELLED" if self.cancelled.is_set() else "RUNNING"
+
+    def cancel(self):
+        self.cancelled.set()
+        self.finished.set()
+
+
+def _clock():
+    """A clock each of whose readings is 10 s after the one before."""
+    ticks = itertools.count(0, 10)
+    return lambda: next(ticks)
+
+
+def test_a_job_without_progress_stalls_once_the_bound_has_passed():
+    result, calls = FakeResult(), []
+    with pytest.raises(stall.Stalled) as info:
+        stall.wait(result, timeout_s=15, progress=lambda: calls.append(1) or "same", clock=_clock(), poll_s=0.001)
+    assert info.value.seconds == 15 and str(info.value) == "no progress for 15 s"
+    # Read at 0 s, 10 s (10 s without progress) and 20 s (20 s: over the bound).
+    assert len(calls) == 3
+    assert not info.value.finished.is_set()  # Beam's wait still waits: the caller cancels the job
+    result.cancel()
+    assert info.value.finished.wait(30)
+
+
+def test_progress_puts_the_stall_off_until_it_stops():
+    """The heartbeats change at the first 5 looks, then stay: the stall comes
+    2 looks (20 s of the fake clock) after the last change, never before."""
+    result, calls = FakeResult(), []
+
+    def progress():
+        calls.append(1)
+        return min(len(calls), 6)
+
+    with pytest.raises(stall.Stalled):
+        stall.wait(result, timeout_s=15, progress=progress, clock=_clock(), poll_s=0.001)
+    assert len(calls) == 8
+    result.cancel()
+
+
+def test_a_job_that_ends_returns_and_one_that_fails_raises_its_own_error():
+    done = FakeResult()
+    done.finished.set()
+    assert stall.wait(done, timeout_s=15, progress=lambda: "same", clock=_clock(), poll_s=0.001) is None
+    error = RuntimeError("Pipeline x failed in state FAILED: a step raised")
+    failed = FakeResult(error)
+    failed.finished.set()
+    with pytest.raises(RuntimeError) as info:
+        stall.wait(failed, timeout_s=15, progress=lambda: "same", clock=_clock(), poll_s=0.001)
+    assert info.value is error
+
+
+def test_cancel_cancels_the_job_and_waits_for_beams_wait_to_end():
+    result = FakeResult()
+    with pytest.raises(stall.Stalled) as info:
+        stall.wait(result, timeout_s=15, progress=lambda: "same", clock=_clock(), poll_s=0.001)
+    stall.cancel(result, info.value)
+    assert result.cancelled.is_set() and info.value.finished.is_set()
+
+
+def test_the_bound_sets_how_often_workers_beat_and_the_driver_looks():
+    assert stall.beat_interval(300) == 10 and stall.beat_interval(30) == 5 and stall.beat_interval(2) == 1
+    assert stall.poll_seconds(300) == 5 and stall.poll_seconds(30) == 3 and stall.poll_seconds(1) == 0.5
+
+
+def test_a_heartbeat_is_a_file_per_process_rewritten_at_most_every_every_s(tmp_path):
+    folder = tmp_path / "beats"
+    folder.mkdir()
+    assert stall.progress_of(str(folder)) == ()
+    name = folder / f"{socket.gethostname()}-{os.getpid()}"
+    every = stall.Heartbeat(str(folder), every_s=0)
+    every.beat()
+    first = stall.progress_of(str(folder))
+    assert [(os.path.basename(f.path), f.num_bytes) for f in first] == [(name.name, 1)]
+    for _ in range(9):
+        every.beat()
+    assert name.read_bytes() == b"10" and stall.progress_of(str(folder)) != first
+    # A beat within every_s of the last one writes nothing.
+    rare_folder = tmp_path / "rare"
+    rare_folder.mkdir()
+    rare = stall.Heartbeat(str(rare_folder), every_s=3600)
+    rare.beat()
+    rare.beat()
+    assert (rare_folder / name.name).read_bytes() == b"1"
+
+
+def test_a_heartbeat_travels_with_the_steps_and_never_fails_one(tmp_path):
+    beat = pickle.loads(pickle.dumps(stall.Heartbeat(str(tmp_path / "gone"), every_s=0)))
+    assert beat.folder == str(tmp_path / "gone") and beat.every_s == 0
+    beat.beat()  # its folder removed (the build gave up): passed over
+    stall.Heartbeat(None).beat()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_bound_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(stall.TIMEOUT_VARIABLE, raising=False)
+    assert runner_mod.stall_timeout() == stall.DEFAULT_TIMEOUT_S == 300
+    monkeypatch.setenv(stall.TIMEOUT_VARIABLE, "42.5")
+    assert runner_mod.stall_timeout() == 42.5
+    for bad in ("0", "-3", "soon", "inf", "nan"):
+        monkeypatch.setenv(stall.TIMEOUT_VARIABLE, bad)
+        with pytest.raises(runner_mod.RunnerError) as info:
+            runner_mod.stall_timeout()
+        assert str(info.value) == (f"$SEQCACHE_STALL_TIMEOUT={bad!r}: expected the seconds a job may go without "
+                                   "progress, a number above 0 (unset: 300)")
+
+
+@pytest.mark.parametrize("runner", ["flink", "spark"])
+def test_a_bad_bound_fails_the_build_in_one_line_before_anything_is_written(tmp_path, monkeypatch, runner):
+    monkeypatch.setenv(stall.TIMEOUT_VARIABLE, "5m")
+    corpus = write_lines(tmp_path / "corpus" / "a.txt", ["one", "two"])
+    with pytest.raises(BuildError) as info:
+        build_task(lines_task(str(corpus)), cache_dir=str(tmp_path / "c"), config=BuildConfig(num_shards=1),
+                   pipeline_args=[f"--runner={runner}"])
+    assert str(info.value) == ("$SEQCACHE_STALL_TIMEOUT='5m': expected the seconds a job may go without progress, "
+                               "a number above 0 (unset: 300)")
+    assert not (tmp_path / "c").exists()
+
+
+def test_the_runners_of_a_job_service_are_watched():
+    assert [name for name in ("FlinkRunner", "SparkRunner", "PortableRunner", "PrismRunner", "FnApiRunner",
+                              runner_mod.DASK_RUNNER, "DataflowRunner") if runner_mod.watches_stalls(name)] == \
+        ["FlinkRunner", "SparkRunner", "PortableRunner"]
+
+
+class _StoppedServer:
+    def __init__(self):
+        self.stops = 0
+
+    def stop(self):
+        self.stops += 1
+
+
+class _FakePipeline:
+    """What ``runner.run`` uses of a Beam pipeline: ``run()``, ``options``, ``runner``."""
+
+    def __init__(self, result, beam_runner):
+        self.result, self.runner, self.options = result, beam_runner, None
+
+    def run(self):
+        return self.result
+
+
+def _flink_with_a_server():
+    """seqcache's FlinkRunner holding a job server (a fake) as if it had started one."""
+    flink = job_server.FlinkRunner()
+    flink.job_server = server = _StoppedServer()
+    return flink, server
+
+
+def test_a_stalled_job_is_cancelled_its_job_server_stopped_and_the_build_fails_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(stall.TIMEOUT_VARIABLE, "0.01")
+    result, (flink, server) = FakeResult(), _flink_with_a_server()
+    with pytest.raises(runner_mod.RunnerError) as info:
+        runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=str(tmp_path))
+    assert str(info.value) == (
+        "runner FlinkRunner: the job made no progress for 0.01 s (no change of its state, no step of the build "
+        "finished any work): an SDK worker died or never connected (one that cannot start: a worker pool whose "
+        "python lacks Beam or seqcache, a container that exits); nothing was published, run the build again once "
+        "its workers start ($SEQCACHE_STALL_TIMEOUT sets the bound, in seconds)")
+    assert result.cancelled.is_set() and server.stops == 1 and flink.job_server is None
+
+
+def test_a_job_failed_by_a_lost_worker_connection_is_one_line_naming_the_runner(monkeypatch):
+    text = ("Pipeline BeamApp-x failed in state FAILED: org.apache.beam.vendor.grpc.v1p60p1.io.grpc."
+            "StatusRuntimeException: CANCELLED: client cancelled")
+    result, (flink, server) = FakeResult(RuntimeError(text)), _flink_with_a_server()
+    result.finished.set()
+    with pytest.raises(runner_mod.RunnerError) as info:
+        runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=None)
+    assert str(info.value) == (f"runner FlinkRunner: the job failed when an SDK worker's connection ended: a worker "
+                               f"that died ({text}); nothing was published, run the build again")
+    assert server.stops == 1
+    # A step's own error, with the worker's traceback in it, is handed on as it is.
+    step = RuntimeError(text + " Traceback (most recent call last): ValueError: bad record")
+    result = FakeResult(step)
+    result.finished.set()
+    with pytest.raises(RuntimeError) as info:
+        runner_mod.run(_FakePipeline(result, job_server.FlinkRunner()), "FlinkRunner")
+    assert info.value is step
+
+
+def test_ctrl_c_while_the_job_is_watched_cancels_it_stops_the_job_server_and_is_raised(tmp_path, monkeypatch):
+    """A KeyboardInterrupt (Ctrl-C, SIGTERM: cli/interrupts.py) while the
+    driver waits for a watched job is raised as it is (the command says
+    "interrupted" and exits 130), after the job was cancelled; the job
+    server is stopped."""
+    monkeypatch.setenv(stall.TIMEOUT_VARIABLE, "300")
+    looks = []
+
+    def interrupted_at_the_third_look():
+        looks.append(1)
+        if len(looks) == 3:
+            raise KeyboardInterrupt
+        return len(looks)
+
+    monkeypatch.setattr(stall, "progress_of", lambda folder: interrupted_at_the_third_look())
+    monkeypatch.setattr(stall, "poll_seconds", lambda timeout_s: 0.001)
+    result, (flink, server) = FakeResult(), _flink_with_a_server()
+    with pytest.raises(KeyboardInterrupt):
+        runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=str(tmp_path))
+    assert len(looks) == 3 and result.cancelled.is_set() and server.stops == 1
+
+
+class _JobService(beam_job_api_pb2_grpc.JobServiceStub):
+    """A job service's stub without a channel: answers ``GetState`` with
+    ``state``, noting each request's timeout."""
+
+    def __init__(self, state):  # no channel: nothing of the stub's own is used
+        self.state, self.timeouts = state, []
+
+    def GetState(self, request, timeout=None):
+        self.timeouts.append(timeout)
+        assert request.job_id == "job-1"
+        return beam_job_api_pb2.JobStateEvent(state=beam_job_api_pb2.JobState.Enum.Value(self.state))
+
+
+def test_the_watch_asks_the_job_service_without_touching_the_state_beams_wait_keeps():
+    """Beam's ``PipelineResult.state`` stores the answer where its own
+    ``wait_until_finish`` keeps the state: an answer RUNNING arriving after
+    the job ended DONE would make the build fail "in state RUNNING". The
+    watch asks the job service itself."""
+    result = PipelineResult(_JobService("RUNNING"), "job-1", iter(()), iter(()))
+    result._state = "DONE"  # what Beam's wait has seen
+    assert runner_mod.job_state(result) == "RUNNING" and result._state == "DONE"
+    assert result._job_service.timeouts == [60.0]  # a job service that never answers ends the request
+    assert runner_mod.job_state(FakeResult()) == "RUNNING"  # no job service: its state

@@ -49,8 +49,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import reprlib
+import stat
 from typing import Any
 
 import msgspec
@@ -419,8 +421,12 @@ def loads(data: str | bytes, *, path: str, error: type[Exception] = ValueError, 
     if refusal is not None:
         del data, raw, text  # the error's traceback keeps this frame: not the file's text
         raise error(f"{path}: {refusal}")
-    check_tree(value, path=path, error=error, what=what, **bounds)
+    check_tree(value, path=path, error=error, what=what, strings=_SURROGATE_ESCAPE.search(text) is not None, **bounds)
     return value
+
+
+# A \\uD800-\\uDFFF escape: only a text that holds one can decode to a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _bound_refusal(data: str | bytes, *, what: str, first_line: int, **bounds) -> str | None:
@@ -459,7 +465,13 @@ def read_bytes(path: str, *, error: type[Exception] = ValueError, max_bytes: int
     """
     try:
         if fs.is_local(path):
-            with open(fs.local_path(path), "rb") as f:
+            # Opened without waiting (a FIFO would wait for a writer), then refused unless a regular file.
+            fd = os.open(fs.local_path(path), os.O_RDONLY | os.O_NONBLOCK)
+            with open(fd, "rb") as f:
+                kind = os.fstat(fd).st_mode
+                if not stat.S_ISREG(kind):
+                    raise error(f"{path}: cannot read the {what}: not a regular file "
+                                f"({'a folder' if stat.S_ISDIR(kind) else 'a pipe, socket or device'})")
                 return f.read(max_bytes + 1)  # no more than one byte past the bound
         return fs.read_bytes(path)
     except OSError as e:
@@ -467,7 +479,8 @@ def read_bytes(path: str, *, error: type[Exception] = ValueError, max_bytes: int
 
 
 def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, max_depth: int = MAX_DEPTH,
-               max_nodes: int = MAX_NODES, max_keys: int = MAX_KEYS, what: str = "JSON file") -> None:
+               max_nodes: int = MAX_NODES, max_keys: int = MAX_KEYS, what: str = "JSON file",
+               strings: bool = False) -> None:
     """Checks a decoded value without recursion: at most ``max_depth`` levels
     of dicts and lists, at most ``max_keys`` keys in a dict, at most
     ``max_nodes`` values in all (the value itself,
@@ -477,7 +490,10 @@ def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, ma
     too), no float that is NaN or infinite, no integer of 2^64 or more in
     magnitude, and nothing but JSON's types (dict with str keys, list, str,
     int, float, bool, None; tuples are taken as lists; keys are strings, or the
-    scalars YAML allows).
+    scalars YAML allows), and, with ``strings`` (``loads`` asks for it when
+    the text holds a ``\\ud800``-``\\udfff`` escape), no string or key that holds
+    a lone surrogate (``"\\ud800"`` is JSON but no Unicode text: it cannot be
+    printed or written as UTF-8).
 
     Raises:
       error: ``{path}: ...`` naming the first value that breaks a rule and where.
@@ -522,6 +538,59 @@ def check_tree(value: Any, *, path: str, error: type[Exception] = ValueError, ma
                         "disagree on which value counts); keep one")
         else:
             raise error(f"{path}: {where or what} is a {type(node).__name__}, not a JSON value")
+    if strings:
+        _check_strings(value, path=path, error=error, what=what)
+
+
+def _check_strings(value: Any, *, path: str, error: type[Exception], what: str) -> None:
+    """Refuses a string or key of ``value`` that is not Unicode text (a lone
+    surrogate), naming where. Depth first, holding one iterator a level: run
+    after the bounds are checked (``check_tree``), it reads at most their
+    number of values."""
+    stack, trail = [iter(((None, value),))], []
+    while stack:
+        step = next(stack[-1], None)
+        if step is None:
+            stack.pop()
+            if trail:
+                trail.pop()
+            continue
+        key, node = step
+        if isinstance(node, str):
+            if not _is_text(node):
+                raise error(f"{path}: {_where([*trail, key]) or what} holds a lone surrogate (a \\ud800-\\udfff "
+                            "escape without its pair), not Unicode text")
+        elif isinstance(node, dict):
+            for name in node:
+                if isinstance(name, str) and not _is_text(name):
+                    raise error(f"{path}: {_where([*trail, key]) or 'the ' + what} has a key that holds a lone "
+                                "surrogate (a \\ud800-\\udfff escape without its pair), not Unicode text")
+            stack.append(iter(node.items()))
+            trail.append(key)
+        elif isinstance(node, (list, tuple)):
+            stack.append(enumerate(node))
+            trail.append(key)
+
+
+def _where(keys: list) -> str:
+    """``a.b[0]`` of the keys and indices leading to a value (None: the top)."""
+    out = ""
+    for key in keys:
+        if key is None:
+            continue
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else str(key))
+    return out
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` can be written as UTF-8 (holds no lone surrogate)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def convert(value: Any, model: Any, *, path: str, error: type[Exception] = ValueError, prefix: str = "") -> Any:

@@ -275,9 +275,9 @@ def load_checkpoint_state(step_dir: str | os.PathLike, *, step: int | None = Non
     name = step if step is not None else os.path.basename(os.path.normpath(step_dir))
     path = fs.join(step_dir, STATE_IN_STEP)
     try:
-        if not fs.isfile(path):
+        if not fs.exists(path):
             raise FeederStateError(f"{path}: no feeder state here (the checkpoint was saved without its "
-                                   f"{CHECKPOINT_ITEM!r} item)")
+                                   f"{CHECKPOINT_ITEM!r} item)")  # anything else there is refused by the reader
         state = bounded_json.read_file(path, error=FeederStateError, max_bytes=MAX_STATE_BYTES,
                                        what="feeder state")
         if not any_feeder or isinstance(state, Mapping) and state.get("kind") == STATE_KIND:
@@ -423,8 +423,10 @@ def _scalar_difference(key: str, have: Any, want: Any) -> str:
     return f"feeder state has {key}={json.dumps(have)}, but this run has {key}={json.dumps(want)}"
 
 
-def _paths(entries: Sequence[Mapping[str, Any]]) -> str:
-    return ", ".join(str(e.get("path")) for e in entries)
+def _paths(entries: Sequence[Mapping[str, Any]], shown: int = 5) -> str:
+    """The paths of ``entries`` for a message: the first ``shown``, then how many more."""
+    text = ", ".join(str(e.get("path")) for e in entries[:shown])
+    return text + (f" and {len(entries) - shown:,} more" if len(entries) > shown else "")
 
 
 def _rate_difference(i: int, saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:

@@ -309,10 +309,11 @@ def _resolve_mixture(cache, mixture, caches_root, split) -> tuple[list[tuple[str
         except (TypeError, ValueError):
             raise ValueError(f"mixture entries are (cache path, rate) pairs (got {item!r})") from None
         out.append((os.fspath(path), rate))
-    paths = [p for p, _ in out]
-    dup = sorted({p for p in paths if paths.count(p) > 1})
+    counts = collections.Counter(p for p, _ in out)
+    dup = sorted(p for p, n in counts.items() if n > 1)
     if dup:
-        raise ValueError(f"mixture lists cache(s) {dup} more than once")
+        shown = ", ".join(repr(p) for p in dup[:5]) + (f" and {len(dup) - 5:,} more" if len(dup) > 5 else "")
+        raise ValueError(f"mixture lists cache(s) {shown} more than once")
     return out, None
 
 
@@ -357,6 +358,7 @@ def _resolve_schedule(schedule) -> tuple[list[str], list[tuple[int, dict[str, Ra
     if stages[0][0] != 0:
         raise ValueError(f"a mixture schedule starts at step 0 (its first stage is at step {stages[0][0]})")
     paths: list[str] = []
+    seen: set[str] = set()
     out = []
     for step, rates in stages:
         if not isinstance(rates, Mapping):
@@ -367,7 +369,10 @@ def _resolve_schedule(schedule) -> tuple[list[str], list[tuple[int, dict[str, Ra
         if not rates:
             raise ValueError(f"schedule stage at step {step} has no caches")
         stage = {os.fspath(path): rate for path, rate in rates.items()}
-        paths.extend(p for p in stage if p not in paths)
+        for p in stage:
+            if p not in seen:
+                seen.add(p)
+                paths.append(p)
         out.append((step, stage))
     return paths, out
 

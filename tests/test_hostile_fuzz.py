@@ -26,6 +26,7 @@ import copy
 import functools
 import json
 import os
+import pathlib
 import re
 import shutil
 from typing import Sequence
@@ -717,7 +718,20 @@ def hostile_json(doc: dict, place: Sequence, *, duplicate: str) -> dict[str, byt
     return {"1e6 keys": at(_keys_text(10**6)), "deep 1e5": at("[" * 10**5 + "]" * 10**5),
             "int 100,001 digits": at("1" * 100_001), "float 100,001 digits": at("0." + "1" * 100_001),
             "NaN": at("NaN"), "syntax error": good[:-1] + b",}", "bad UTF-8": at(b'"\xff"'),
-            "duplicate key": good[:-1] + b", " + again + b"}", "BOM": b"\xef\xbb\xbf" + good}
+            "duplicate key": good[:-1] + b", " + again + b"}", "BOM": b"\xef\xbb\xbf" + good,
+            "lone surrogate": at('"\\ud800"'), "FIFO": None}
+
+
+def put(path, data: bytes | None) -> None:
+    """Writes ``data`` to ``path``; None: a named pipe (FIFO) there, which a
+    reader that waited for a writer would wait on for ever."""
+    path = pathlib.Path(path)
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if data is None:
+        os.mkfifo(path)
+    else:
+        path.write_bytes(data)
 
 
 def hostile_yaml() -> dict[str, bytes]:
@@ -741,6 +755,7 @@ def hostile_yaml() -> dict[str, bytes]:
 # reads every shape (a float and NaN, syntax errors, YAML tags, nesting and
 # numbers, manifests' other contradicting fields) at every entry point.
 REPRESENTATIVE = ("1e6 keys", "deep 1e5", "int 100,001 digits", "bad UTF-8", "duplicate key", "BOM", "yaml 1e6 keys",
+                  "lone surrogate", "FIFO",
                   "yaml base-60 3 MB", "yaml merge key", "yaml alias bomb", "yaml BOM", "sequence_length of no feature")
 EVERY_SHAPE = pytest.mark.parametrize("every", [pytest.param(False, id="representative"),
                                                 pytest.param(True, id="every-shape", marks=pytest.mark.slow)])
@@ -774,7 +789,7 @@ def _write_shapes(folder, shapes: dict[str, bytes], suffix: str) -> dict[str, st
     paths = {}
     for name, data in shapes.items():
         path = folder / (re.sub(r"\W+", "_", name) + suffix)
-        path.write_bytes(data)
+        put(path, data)
         paths[name] = str(path)
     return paths
 
@@ -813,7 +828,7 @@ def test_hostile_feeder_states_end_within_bounds_in_one_line(pristine, saved_sta
     for shape, path in files.items():
         step = tmp_path / "ckpt" / re.sub(r"\W+", "_", shape) / "3"
         (step / "feeder").mkdir(parents=True)
-        (step / "feeder" / "metadata").write_bytes(shapes[shape])
+        put(step / "feeder" / "metadata", shapes[shape])
         cases += [{"name": f"{shape} @ which", "cli": ["which", path, "--step", "3", "--row", "0"]},
                   {"name": f"{shape} @ restore_file", "call": "seqcache.feeders:Feeder.restore_file", "args": [path],
                    "kwargs": {"host_index": 0, "host_count": 1}},
@@ -847,7 +862,7 @@ def test_hostile_manifests_end_within_bounds_in_one_line(pristine, raw_manifest,
     for shape, data in shapes.items():
         cache = tmp_path / "caches" / re.sub(r"\W+", "_", shape)
         shutil.copytree(pristine, cache)
-        (cache / fmt.MANIFEST_NAME).write_bytes(data)
+        put(cache / fmt.MANIFEST_NAME, data)
         paths[shape] = str(cache / fmt.MANIFEST_NAME)
         for command in (["info"], ["show"], ["verify"], ["report", "--json"]):
             cases.append({"name": f"{shape} @ {command[0]}", "cli": [command[0], str(cache)] + command[1:]})
@@ -866,3 +881,40 @@ def test_hostile_config_files_end_within_bounds_in_one_line(tmp_path, every):
               "args": [path]} for shape, path in paths.items()]
     results = run_child(tmp_path, cases)
     check_refusals(results, paths)
+
+
+def test_wide_schedules_and_states_are_read_in_linear_time(pristine, saved_state, tmp_path):
+    """A schedule stage of 60,000 caches and a state whose mixture lists one
+    cache 40,000 times: within the bounds of size and keys, and each read in
+    the time of one pass (a list's membership test made them minutes), refused
+    in one line of at most a few thousand characters."""
+    root, name = os.path.dirname(pristine), os.path.basename(pristine)
+    schedule = tmp_path / "wide.json"
+    schedule.write_text(json.dumps({"0": {name: 1}, "5": {f"{name}-{i}": 1 for i in range(60_000)}}))
+    state = tmp_path / "many.json"
+    state.write_text(json.dumps(dict(saved_state, mixture=[saved_state["mixture"][0]] * 40_000)))
+    cases = [{"name": "wide schedule @ which", "cli": ["which", root, "--mixture-schedule", str(schedule), "--step",
+                                                       "0", "--row", "0", "--batch-size", str(B)]},
+             {"name": "wide schedule @ train", "call": "seqcache.training.data:load_mixture_schedule",
+              "args": [str(schedule)]},
+             {"name": "many entries @ which", "cli": ["which", str(state), "--step", "3", "--row", "0"]},
+             {"name": "many entries @ restore_file", "call": "seqcache.feeders:Feeder.restore_file",
+              "args": [str(state)], "kwargs": {"host_index": 0, "host_count": 1}}]
+    results = {r["name"]: r for r in run_child(tmp_path, cases, warm=["which"])}
+    assert results["wide schedule @ train"]["error"] is None, results  # read: the caches are opened later
+    for key in ("wide schedule @ which", "many entries @ which", "many entries @ restore_file"):
+        r = results[key]
+        lines = r["output"].strip().splitlines()
+        assert len(lines) == 1 and len(lines[0]) < 3000 and "Traceback" not in r["output"], r
+    assert "more than once" in results["many entries @ which"]["output"], results
+
+
+def test_info_cuts_a_huge_value_to_one_bounded_cell(pristine, raw_manifest, tmp_path):
+    """A manifest whose task name is 100,000 characters: ``info`` prints its
+    table with the name cut (first and last characters, then the length)."""
+    cache = tmp_path / "cache"
+    shutil.copytree(pristine, cache)
+    (cache / fmt.MANIFEST_NAME).write_text(json.dumps(dict(raw_manifest, task="t" * 100_000)))
+    out = CliRunner().invoke(main, ["info", str(cache)])
+    assert out.exit_code == 0, out.output
+    assert "[100,006 characters]" in out.output and len(out.output) < 20_000, out.output[:2000]

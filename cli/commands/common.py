@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
 from rich.text import Text
 
 from seqcache import fs, process
@@ -123,6 +124,9 @@ def filesystem_options(args) -> list[str]:
 # characters and says how long it was (``cut_value``).
 VALUE_LIMIT = 300
 VALUE_HEAD, VALUE_TAIL = 200, 60
+# The most characters of a whole error line once its values are cut (many short
+# values, a list of thousands of paths): longer keeps its first MESSAGE_HEAD.
+MESSAGE_LIMIT, MESSAGE_HEAD = 2000, 1600
 # A run of more than VALUE_LIMIT characters without a space: a path or a name
 # that a message was built with (its quotes and brackets are left outside the cut).
 _LONG_RUN = re.compile(r"(?P<open>['\"(\[{<]*)(?P<value>[^\s\ue000\ue001]{%d,}?)(?P<close>['\")\]}>,;:]*)"
@@ -163,7 +167,10 @@ def cut_values(message, values=None) -> str:
                 cuts.append(cut_value(form, len(value)))
                 text = text.replace(form, f"\ue000{len(cuts) - 1}\ue001")
     text = _LONG_RUN.sub(lambda m: m["open"] + cut_value(m["value"]) + m["close"], text)
-    return re.sub("\ue000([0-9]+)\ue001", lambda m: cuts[int(m[1])], text)
+    text = re.sub("\ue000([0-9]+)\ue001", lambda m: cuts[int(m[1])], text)
+    if len(text) > MESSAGE_LIMIT:  # many short values (a list of paths): the line's middle goes
+        text = f"{text[:MESSAGE_HEAD]} ... {text[-VALUE_TAIL:]} [{len(text):,} characters in all]"
+    return text
 
 
 def _given_values() -> list:
@@ -202,6 +209,21 @@ def plural(n: int, word: str) -> str:
 # not by what a terminal or a page can show: a hand-edited one once made
 # `info` print 100,000 rows in 28 s.
 MAX_ROWS = 100
+
+
+class CutTable(Table):
+    """A rich ``Table`` whose text cells (and title) are cut as error lines
+    cut values (``cut_value``: at most ``VALUE_LIMIT`` characters, then the
+    full length), so that a manifest's 10 MB task name prints one row, not
+    thousands of wrapped lines."""
+
+    def __init__(self, *columns, title=None, **kwargs):
+        if isinstance(title, (str, Text)):
+            title = Text(cut_value(str(title)), style=title.style if isinstance(title, Text) else "")
+        super().__init__(*columns, title=title, **kwargs)
+
+    def add_row(self, *cells, **kwargs) -> None:
+        super().add_row(*(cut_value(c) if isinstance(c, str) else c for c in cells), **kwargs)
 
 
 def head(items, limit: int = MAX_ROWS) -> tuple[list, str | None]:

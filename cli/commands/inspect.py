@@ -182,7 +182,7 @@ def info(ctx, cache_dir, as_json, shards):
         sys.exit(1 if problem else 0)
     console = Console(emoji=False)
     # The title and the cells hold manifest text and paths: a Text, and printed with markup=False.
-    t = Table(Column("field", style="bold"), "value", title=Text(f"{m.task}/{m.split}", style="table.title"),
+    t = common.CutTable(Column("field", style="bold"), "value", title=Text(f"{m.task}/{m.split}", style="table.title"),
               show_header=False)
     stats = m.statistics
     t.add_row("cache", cache_dir)
@@ -206,7 +206,7 @@ def info(ctx, cache_dir, as_json, shards):
                   f"({w.units_resumed} in part) and {common.plural(w.shards_reused, 'shard')} reused from it")
     console.print(t, markup=False)
     if shards:
-        st = Table("file", "records", "bytes", title="shards")
+        st = common.CutTable("file", "records", "bytes", title="shards")
         for i in range(min(len(m.shards), common.MAX_ROWS)):
             s = m.shards[i]
             st.add_row(s.file, f"{s.num_records:,}", f"{s.num_bytes:,}")
@@ -423,12 +423,12 @@ def tasks_cmd(modules, as_json):
         click.echo(json.dumps({"tasks": task_rows, "mixtures": mixture_rows}, indent=2))
         return
     console = Console(emoji=False)
-    t = Table("name", "splits", "source", "features", "packing", title="tasks")
+    t = common.CutTable("name", "splits", "source", "features", "packing", title="tasks")
     for r in task_rows:
         t.add_row(r["name"], ", ".join(r["splits"]) if r["splits"] else "any", r["source"], ", ".join(r["features"]),
                   str(r["packing"]))
     console.print(t, markup=False)  # the sources' globs and paths: not markup
-    m = Table("name", "tasks", title="mixtures")
+    m = common.CutTable("name", "tasks", title="mixtures")
     for r in mixture_rows:
         m.add_row(r["name"], ", ".join(r["tasks"]))
     console.print(m, markup=False)

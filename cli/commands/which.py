@@ -92,8 +92,9 @@ def resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, 
         if not os.path.isdir(target):
             raise click.UsageError(f"with --mixture-rate, {target} must be the folder the cache paths are relative to")
         return {"mixture": _parse_rates(mixture_rates, target), **common_kw}
-    if os.path.isfile(target):
-        # A saved feeder state (the "feeder" item of a checkpoint): it fixes the stream.
+    if os.path.exists(target) and not os.path.isdir(target):
+        # A saved feeder state (the "feeder" item of a checkpoint): it fixes the stream. A
+        # pipe or a device there is refused by the state's reader, which names it.
         return read_state(target, batch_size, seed, num_epochs)
     if os.path.isdir(target):
         in_step = os.path.join(target, STATE_IN_STEP)

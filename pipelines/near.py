@@ -208,13 +208,18 @@ class StarEdges:
         yield from _routed(edges, self.groups)
 
 
-class LargeStar:
-    """One large-star round (Kiveris et al. 2014) over a group of nodes: for
-    each node u, every neighbour v > u linked to m, the smallest of u and its
-    neighbours; rows in and out as ``StarEdges``'."""
+class _Round:
+    """A step over the groups of nodes (``groups``: how many; rows routed by
+    ``_routed``)."""
 
     def __init__(self, groups: int):
         self.groups = int(groups)
+
+
+class LargeStar(_Round):
+    """One large-star round (Kiveris et al. 2014) over a group of nodes: for
+    each node u, every neighbour v > u linked to m, the smallest of u and its
+    neighbours; rows in and out as ``StarEdges``'."""
 
     def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
         _, blobs = element
@@ -228,13 +233,10 @@ class LargeStar:
         yield from _routed(edges, self.groups)
 
 
-class SmallStar:
+class SmallStar(_Round):
     """One small-star round (Kiveris et al. 2014) over a group of nodes: for
     each node u, every neighbour v < u, and u, linked to m, the smallest of
     them; rows in and out as ``StarEdges``'."""
-
-    def __init__(self, groups: int):
-        self.groups = int(groups)
 
     def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
         _, blobs = element

@@ -378,3 +378,31 @@ def rewrite_as_format_2(cache_dir) -> dict:
     (folder / fmt.MANIFEST_NAME).write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (folder / fmt.SOURCE_TABLE_NAME).unlink()
     return raw
+
+
+# A task module (str.format: marker, line, name, pattern) whose preprocessor
+# kills the worker process it runs in (SIGKILL, no clean-up, as a preempted
+# machine dies) on reaching the marked line, once: the marker file, written
+# first, lets the retried attempt go on.
+KILL_ONCE_TASK = '''
+import os, signal
+from seqcache import tasks
+
+MARKER = {marker!r}
+
+def _kill_once(example, ctx):
+    if example["text"] == {line!r} and not os.path.exists(MARKER):
+        with open(MARKER, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return example
+
+tasks.TaskRegistry.add(
+    {name!r},
+    source=tasks.TextLineSource({pattern!r}, on_error={{"empty": "skip", "whitespace": "skip"}}),
+    output_features={{"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)}},
+    preprocessors=[tasks.preprocessors.FunctionPreprocessor(_kill_once, "kill_once"),
+                   tasks.preprocessors.rekey({{"targets": "text"}}), tasks.preprocessors.tokenize(),
+                   tasks.preprocessors.append_eos()],
+)
+'''

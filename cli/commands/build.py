@@ -21,7 +21,6 @@ from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
 from seqcache.pipelines import work as workmod
 from seqcache.pipelines.dataflow import DryRun
 from seqcache.pipelines.runner import causes, interrupted_in_step, option_value_errors, unknown_flags
-from seqcache.tasks.near_duplicates import NearDuplicates
 from seqcache.tasks.sources.base import SPEC_KINDS
 from seqcache.tasks.sources.policy import BadInputError
 
@@ -253,16 +252,6 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
                                "(T5 uses 100)")
 
 
-def _near_duplicates(ctx, param, value):
-    """``--near-duplicates``'s value as ``NearDuplicates`` (None when not given)."""
-    if value is None:
-        return None
-    try:
-        return NearDuplicates.parse(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-
-
 @click.command(
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     epilog="Any other --flag is passed to Beam as a pipeline option, for example --runner=DataflowRunner "
@@ -288,7 +277,7 @@ def _near_duplicates(ctx, param, value):
               "it). Its fingerprint enters the cache's.")
 @click.option("--exclude-ngram", "exclude_ngram", type=click.IntRange(min=1), metavar="N",
               help="n-gram length in words for --exclude-benchmark (default 13).")
-@click.option("--near-duplicates", "near_duplicates", metavar="NAME=VALUE,...", callback=_near_duplicates,
+@click.option("--near-duplicates", "near_duplicates", metavar="NAME=VALUE,...", callback=common.near_duplicates_option,
               help="Parameters of near-duplicate removal, which --on-error near_duplicate=skip turns on: "
               "ngram (words per shingle, default 5), bands (14), rows (8), seed (0), fields (the text fields "
               "compared, joined by +; default every text field) and rounds (6: the clustering's shuffle rounds), "

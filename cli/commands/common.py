@@ -21,6 +21,7 @@ from rich.text import Text
 from seqcache import fs, process
 from seqcache.cli import interrupts
 from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, parse_on_error
+from seqcache.tasks.near_duplicates import NearDuplicates
 
 
 def stderr_console(file=None) -> Console:
@@ -560,3 +561,14 @@ def describe_bad_input(statistics: Mapping[str, Any]) -> list[str]:
         noun = "record" if total == 1 else "records"
         out.append(f"{action} {total:,} {noun}{tail}" + (f" ({detail})" if detail else ""))
     return out
+
+
+def near_duplicates_option(ctx, param, value):
+    """``--near-duplicates``'s value (``build``, ``scan``) as ``NearDuplicates``
+    (None when not given); ``click.BadParameter`` with the parser's words."""
+    if value is None:
+        return None
+    try:
+        return NearDuplicates.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None

@@ -12,18 +12,7 @@ from rich.text import Text
 
 from seqcache.cli.commands import common
 from seqcache.cli.commands.build import adhoc_task
-from seqcache.tasks.near_duplicates import NearDuplicates
 from seqcache.tasks.scan import scan_task
-
-
-def _near_option(ctx, param, value):
-    """``--near-duplicates``'s value as ``NearDuplicates`` (None when not given)."""
-    if value is None:
-        return None
-    try:
-        return NearDuplicates.parse(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
 
 
 def near_line(label: str, found: dict) -> str:
@@ -47,7 +36,7 @@ def near_line(label: str, found: dict) -> str:
               "[default: every split's]. Ad-hoc tfds: and hf: sources: the split read unless the spec names one [default: train].")
 @click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many source records.")
 @click.option("--near-duplicates", "near_duplicates", is_flag=False, flag_value="", default=None,
-              metavar="[NAME=VALUE,...]", callback=_near_option,
+              metavar="[NAME=VALUE,...]", callback=common.near_duplicates_option,
               help="Also estimate the share of near duplicates (as --on-error near_duplicate=skip would remove them, "
               "with build's --near-duplicates parameters) on the first --near-sample records of each source.")
 @click.option("--near-sample", type=click.IntRange(min=2), default=10_000, show_default=True,

@@ -38,7 +38,7 @@ from seqcache import tasks
 from seqcache.pipelines import BuildConfig, BuildError, build_task
 from seqcache.pipelines import runner as runner_mod
 from seqcache.pipelines import stall
-from testsupport import ended
+from testsupport import KILL_ONCE_TASK, ended
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 JARS = pathlib.Path(os.environ.get(runner_mod.JARS_ENV) or REPO / runner_mod.DEFAULT_JARS)
@@ -487,32 +487,6 @@ def test_workers_that_cannot_start_fail_the_build_in_one_line_after_the_bound(tm
     _assert_left_for_the_rerun_only(cache, "jvm_no_worker", java_before)
 
 
-# A task module whose preprocessor kills the worker process it runs in (SIGKILL)
-# on reaching a marked line, once: in an EXTERNAL environment, one of the pool's workers.
-_WORKER_KILLER = '''
-import os, signal
-from seqcache import tasks
-
-MARKER = {marker!r}
-
-def _kill_this_worker(example, ctx):
-    if example["text"] == {line!r} and not os.path.exists(MARKER):
-        with open(MARKER, "w") as f:
-            f.write(str(os.getpid()))
-        os.kill(os.getpid(), signal.SIGKILL)
-    return example
-
-tasks.TaskRegistry.add(
-    {name!r},
-    source=tasks.TextLineSource({pattern!r}, on_error={{"empty": "skip", "whitespace": "skip"}}),
-    output_features={{"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)}},
-    preprocessors=[tasks.preprocessors.FunctionPreprocessor(_kill_this_worker, "kill_this_worker"),
-                   tasks.preprocessors.rekey({{"targets": "text"}}), tasks.preprocessors.tokenize(),
-                   tasks.preprocessors.append_eos()],
-)
-'''
-
-
 # Slow (the job server's start, the build, then the bound): .ci/run runs it.
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SERVERS))
@@ -526,7 +500,7 @@ def test_a_worker_killed_mid_build_fails_in_one_line_or_leaves_every_record_once
     args = own_job_server(name)
     marker, task_name = tmp_path / "killed", f"worker_killer_{name}_{os.urandom(4).hex()}"
     module = tmp_path / f"{task_name}.py"
-    module.write_text(textwrap.dedent(_WORKER_KILLER).format(marker=str(marker), line="MENENIUS:", name=task_name,
+    module.write_text(textwrap.dedent(KILL_ONCE_TASK).format(marker=str(marker), line="MENENIUS:", name=task_name,
                                                               pattern=str(corpus / "*.txt")))
     tasks.import_definitions(str(module))
     pool = WorkerPool(tmp_path, _THIS_PYTHON.format(python=sys.executable))

@@ -21,7 +21,7 @@ import pytest
 from seqcache import format as fmt
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, BuildError, build_task
-from testsupport import MULTI_PROCESSING, dask_args
+from testsupport import KILL_ONCE_TASK, MULTI_PROCESSING, dask_args
 
 pytest.importorskip("distributed")
 
@@ -232,38 +232,11 @@ def test_span_corruption_first_fit_writes_the_same_shards_on_every_runner(tmp_pa
 
 
 # Last in the module, as they leave the cluster restarting a worker.
-# A task module whose preprocessor kills the worker process that runs it, once:
-# the first worker to reach the marked line dies as a preempted machine does
-# (SIGKILL, no clean-up); the marker file makes the retried attempt go on.
-_KILLER = '''
-import os, signal
-from seqcache import tasks
-
-MARKER = {marker!r}
-
-def _kill_once(example, ctx):
-    if example["text"] == {line!r} and not os.path.exists(MARKER):
-        with open(MARKER, "w") as f:
-            f.write(str(os.getpid()))
-        os.kill(os.getpid(), signal.SIGKILL)
-    return example
-
-tasks.TaskRegistry.add(
-    "killer",
-    source=tasks.TextLineSource({pattern!r}, on_error={{"empty": "skip", "whitespace": "skip"}}),
-    output_features={{"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)}},
-    preprocessors=[tasks.preprocessors.FunctionPreprocessor(_kill_once, "kill_once"),
-                   tasks.preprocessors.rekey({{"targets": "text"}}), tasks.preprocessors.tokenize(),
-                   tasks.preprocessors.append_eos()],
-)
-'''
-
-
 def _killer_task(tmp_path, corpus):
     marker = tmp_path / "killed"
     module = tmp_path / f"killer_{os.urandom(4).hex()}.py"
-    module.write_text(textwrap.dedent(_KILLER).format(marker=str(marker), line="MENENIUS:",
-                                                      pattern=str(corpus / "*.txt")))
+    module.write_text(textwrap.dedent(KILL_ONCE_TASK).format(marker=str(marker), line="MENENIUS:", name="killer",
+                                                             pattern=str(corpus / "*.txt")))
     tasks.TaskRegistry.remove("killer") if "killer" in tasks.TaskRegistry.names() else None
     tasks.import_definitions(str(module))
     return tasks.TaskRegistry.get("killer"), marker

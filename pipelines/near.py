@@ -272,8 +272,9 @@ class StarLabels:
             smaller = [v for v in around if v < u]
             if smaller and len(around) != 1:
                 raise ValueError(f"near duplicates: the clusters of the candidate pairs did not settle in "
-                                 f"{self.rounds} rounds (a record still links {len(around)} others); "
-                                 f"run the build again with --near-duplicates rounds={2 * self.rounds}")
+                                 f"{self.rounds} round{'s' if self.rounds != 1 else ''} (a record still links "
+                                 f"{len(around)} others); run the build again with --near-duplicates "
+                                 f"rounds={max(6, 4 * self.rounds)}")
             out.append(u + (smaller[0] if smaller else u))
         yield MEMBER_TAG + group, ("labels", b"".join(out))
 

@@ -595,6 +595,10 @@ def _run(pipeline, runner: str, heartbeats: str | None) -> None:
         if _lost_worker(e):
             raise RunnerError(f"runner {short}: the job failed when an SDK worker's connection ended: a worker "
                               f"that died ({first_line(e)}); nothing was published, run the build again") from e
+        if _unreachable_workers(e):
+            raise RunnerError(f"runner {short}: the job failed as its SDK workers could not be reached: no worker "
+                              "pool listening at --environment_config, or one that died "
+                              f"({first_line(e)}); nothing was published, run the build again once the pool runs") from e
         raise
     finally:
         client = getattr(result, "client", None)  # DaskRunner: its client of the cluster
@@ -681,6 +685,17 @@ def _lost_worker(error: BaseException) -> bool:
     text = str(error)
     return ("StatusRuntimeException" in text and ("CANCELLED" in text or "UNAVAILABLE" in text)
             and not _is_step_error(error))
+
+
+def _unreachable_workers(error: BaseException) -> bool:
+    """Whether ``error`` (from ``wait_until_finish``) is a Java runner's job
+    that failed because it could not connect to its SDK workers (Flink with
+    an EXTERNAL environment whose worker pool does not listen: "failed in
+    state FAILED: java.net.ConnectException: ... Connection refused", Beam
+    2.x's text, the only form the job service gives), not because a step
+    raised."""
+    text = str(error)
+    return "java.net.ConnectException" in text and not _is_step_error(error)
 
 
 def _is_step_error(error: BaseException) -> bool:

@@ -163,7 +163,7 @@ class NearDuplicates:
         seed=0,fields=text+title,rounds=6"`` (any subset; fields joined by ``+``).
 
         Raises:
-          ValueError: an unknown name or a bad value, naming it.
+          ValueError: an unknown name, a name given twice or a bad value, naming it.
         """
         values: dict = {}
         for part in (p.strip() for p in text.split(",")):
@@ -173,6 +173,8 @@ class NearDuplicates:
             name = name.strip()
             if not sep or name not in _PARAMS:
                 raise ValueError(f"--near-duplicates: {part!r} is not NAME=VALUE with NAME one of {', '.join(_PARAMS)}")
+            if name in values:
+                raise ValueError(f"--near-duplicates: {name} given twice; give each parameter once")
             if name == "fields":
                 values[name] = tuple(f for f in value.strip().split("+") if f)
                 continue

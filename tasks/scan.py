@@ -122,7 +122,6 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
 
     def flush() -> None:  # a batch holds records of one file
         live = [r for r in batch if not is_error_record(r)]
-        sample.add(live, files)
         for r in batch:
             if is_error_record(r):
                 counts.setdefault(r.issue.kind, [0, r.issue.message])[0] += 1
@@ -161,6 +160,7 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
         if not complete:
             break
     flush()
+    sample.read(task.source, files)
     kinds = [KindCount(k, counts[k][0], counts[k][1], own_policy.action(k)) for k in ERROR_KINDS if k in counts]
     return ScanReport(task.name, records, len(files), kinds, complete, unreadable, getattr(task, "split", None),
                       sample.found())
@@ -168,16 +168,28 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
 
 class _NearSample:
     """The texts near-duplicate detection reads, of the first ``size`` records
-    that pass the source's checks (none without ``near``)."""
+    that a build keeps (none without ``near``)."""
 
     def __init__(self, near: NearDuplicates | None, size: int):
         self.near, self.size, self.texts = near, int(size), []
 
-    def add(self, live, files) -> None:
+    def read(self, source, files) -> None:
+        """The first ``size`` records of ``files`` that ``source`` keeps under
+        its own policy, as a build reads them (the scan's own pass skips every
+        kind it counts, such as control characters that a build keeps); a
+        file that cannot be read, or a record the policy raises on, ends that
+        file's part of the sample."""
         if self.near is None:
             return
-        for r in live[:max(0, self.size - len(self.texts))]:
-            self.texts.append(self.near.text_of(r.data, f"{files[r.file_index].path}: record {r.record_number}"))
+        for file_index, f in enumerate(files):
+            try:
+                for r in source.read_file(file_index, f.path):
+                    if len(self.texts) >= self.size:
+                        return
+                    if not is_error_record(r):
+                        self.texts.append(self.near.text_of(r.data, f"{f.path}: record {r.record_number}"))
+            except ValueError:  # counted by the scan's own pass
+                continue
 
     def found(self) -> dict | None:
         """``ScanReport.near_duplicates``, or None without ``near``."""

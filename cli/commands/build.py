@@ -277,8 +277,10 @@ def _check_sentinels(corruption, vocabulary, lengths, extra_ids):
               "it). Its fingerprint enters the cache's.")
 @click.option("--exclude-ngram", "exclude_ngram", type=click.IntRange(min=1), metavar="N",
               help="n-gram length in words for --exclude-benchmark (default 13).")
-@click.option("--near-duplicates", "near_duplicates", metavar="NAME=VALUE,...", callback=common.near_duplicates_option,
-              help="Parameters of near-duplicate removal, which --on-error near_duplicate=skip turns on: "
+@click.option("--near-duplicates", "near_duplicates", metavar="NAME=VALUE,...", multiple=True,
+              callback=common.near_duplicates_option,
+              help="Parameters of near-duplicate removal (repeatable, each parameter once), which --on-error "
+              "near_duplicate=skip turns on: "
               "ngram (words per shingle, default 5), bands (14), rows (8), seed (0), fields (the text fields "
               "compared, joined by +; default every text field) and rounds (6: the clustering's shuffle rounds), "
               "e.g. ngram=5,bands=20,rows=5. Words are compared after lower-casing and removing punctuation; see "

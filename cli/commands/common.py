@@ -565,7 +565,11 @@ def describe_bad_input(statistics: Mapping[str, Any]) -> list[str]:
 
 def near_duplicates_option(ctx, param, value):
     """``--near-duplicates``'s value (``build``, ``scan``) as ``NearDuplicates``
-    (None when not given); ``click.BadParameter`` with the parser's words."""
+    (None when not given; the values of an option given more than once are
+    joined, a parameter in two of them refused); ``click.BadParameter`` with
+    the parser's words."""
+    if isinstance(value, tuple):
+        value = ",".join(value) if value else None
     if value is None:
         return None
     try:

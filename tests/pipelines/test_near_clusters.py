@@ -75,7 +75,8 @@ def test_a_long_chain_needs_more_rounds_and_too_few_stop_with_the_parameter():
     chain = list(zip(nodes, nodes[1:]))  # keys in random order along the chain: the worst case of the tests
     needed = next(r for r in range(1, 40) if _settles(chain, r))
     assert 2 <= needed <= 12, needed  # O(log² n) (Kiveris et al.); measured: a few rounds for 200 nodes
-    with pytest.raises(ValueError, match=rf"did not settle in {needed - 1} rounds.*rounds={2 * (needed - 1)}"):
+    few = needed - 1
+    with pytest.raises(ValueError, match=rf"did not settle in {few} rounds?\b.*rounds={max(6, 4 * few)}"):
         _labels(chain, needed - 1)
     labels = _labels(chain, needed)
     assert set(labels.values()) == {min(nodes)}

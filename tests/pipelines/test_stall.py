@@ -219,6 +219,21 @@ def test_a_job_failed_by_a_lost_worker_connection_is_one_line_naming_the_runner(
     assert info.value is step
 
 
+def test_a_job_that_cannot_reach_its_worker_pool_is_one_line_naming_the_runner():
+    """Flink with an EXTERNAL environment and no worker pool listening fails
+    its job at once (the text Beam 2.x's job service gives, seen on Flink)."""
+    text = ("Pipeline BeamApp-root-1206164229-de96c079 failed in state FAILED: java.net.ConnectException: "
+            "java.net.ConnectException: finishConnect(..) failed: Connection refused")
+    result, (flink, server) = FakeResult(RuntimeError(text)), _flink_with_a_server()
+    result.finished.set()
+    with pytest.raises(runner_mod.RunnerError) as info:
+        runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=None)
+    message = str(info.value)
+    assert message.startswith("runner FlinkRunner: the job failed as its SDK workers could not be reached: no "
+                              "worker pool listening at --environment_config") and "\n" not in message, message
+    assert "nothing was published" in message and server.stops == 1
+
+
 def test_ctrl_c_while_the_job_is_watched_cancels_it_stops_the_job_server_and_is_raised(tmp_path, monkeypatch):
     """A KeyboardInterrupt (Ctrl-C, SIGTERM: cli/interrupts.py) while the
     driver waits for a watched job is raised as it is (the command says

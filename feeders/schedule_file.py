@@ -75,6 +75,8 @@ def read_schedule_file(path: str, *, error: type[Exception] = ValueError) -> dic
                         f"(got {bounded_json.short(stage)})")
         rates = {}
         for name, rate in stage.items():
+            if "\x00" in str(name):  # no file system takes it: one line here, not "embedded null byte" later
+                raise error(f"{path}: the cache {bounded_json.short(name)} at step {step} holds a NUL character")
             if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < MAX_RATE:
                 raise error(f"{path}: rate of {bounded_json.short(name)} at step {step} is "
                             f"{bounded_json.short(rate)}, expected a number >= 0 (below 2^53)")

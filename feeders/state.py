@@ -139,6 +139,8 @@ def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None
     checked = bounded_json.convert(dict(state), _State, path=path, error=FeederStateError)
     b = checked.global_batch_size
     for i, entry in enumerate(checked.mixture):
+        if "\x00" in entry.path:  # no file system takes it: one line here, not "embedded null byte" later
+            raise FeederStateError(f"{path}: mixture[{i}].path = {_short(entry.path)} holds a NUL character")
         if entry.rate == 0 and checked.schedule is None:
             raise FeederStateError(f"{path}: mixture[{i}].rate = 0 (cache {_short(entry.path)}), expected a number "
                                    "> 0: a task read at rate 0 is left out of the mixture")

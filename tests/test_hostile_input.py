@@ -207,6 +207,7 @@ STATE_CASES = [
     ("mixture", "nested", "nested deeper than 64 levels"),
     ("rate", float("inf"), "mixture[0].rate = inf, expected a finite number"),
     ("num_examples", -5, "mixture[0].num_examples: expected `int` >= 0 (got -5)"),
+    ("path", "nul", "holds a NUL character"),
 ]
 
 
@@ -217,6 +218,8 @@ def _damage(state, field, value):
         for _ in range(DEEP):
             deep = [deep]
         state[field] = deep
+    elif field == "path":
+        state["mixture"][0]["path"] += "\x00"
     elif field in ("rate", "num_examples"):
         state["mixture"][0][field] = value
     else:
@@ -241,6 +244,15 @@ def test_a_hostile_feeder_state_is_one_line_from_the_feeder_and_which(state, tmp
         assert words in out, out
     if isinstance(value, float) and np.isnan(value):
         assert "NaN is not a JSON number" in out
+
+
+def test_a_nul_in_a_schedule_s_cache_name_is_one_line_naming_the_file(tmp_path):
+    from seqcache.feeders.schedule_file import read_schedule_file
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"0": {"a/train\x00": 1}}))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: the cache 'a/train\\x00' at step 0 holds a NUL"):
+        read_schedule_file(str(path))
 
 
 def test_which_refuses_num_epochs_minus_one_instead_of_answering_padding(state, tmp_path):

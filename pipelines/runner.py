@@ -72,8 +72,7 @@ from seqcache.pipelines import dataflow, job_server as job_server_mod, stall, wo
 process.import_beam()  # before Beam's modules below: quietly, without pandas
 from apache_beam.options import pipeline_options as po  # noqa: E402
 from apache_beam.portability import common_urns, python_urns  # noqa: E402
-from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc, beam_job_api_pb2  # noqa: E402
-from apache_beam.portability.api import beam_job_api_pb2_grpc  # noqa: E402
+from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc  # noqa: E402
 from apache_beam.portability.api import beam_runner_api_pb2, endpoints_pb2  # noqa: E402
 from apache_beam.runners import runner as beam_runner  # noqa: E402
 from apache_beam.runners.portability.fn_api_runner import fn_runner  # noqa: E402
@@ -577,8 +576,8 @@ def _run(pipeline, runner: str, heartbeats: str | None) -> None:
         raise
     except stall.Stalled as e:
         stall.cancel(result, e)
-        raise RunnerError(f"runner {short}: the job made no progress for {e.seconds:g} s (no change of its state, "
-                          "no step of the build finished any work): an SDK worker died or never connected (one "
+        raise RunnerError(f"runner {short}: the job made no progress for {e.seconds:g} s (no step of the build "
+                          "did any work): an SDK worker died or never connected (one "
                           "that cannot start: a worker pool whose python lacks Beam or seqcache, a container that "
                           "exits); nothing was published, run the build again once its workers start "
                           f"(${stall.TIMEOUT_VARIABLE} sets the bound, in seconds)") from None
@@ -616,35 +615,7 @@ def _wait(result, runner: str, heartbeats: str | None) -> None:
     if heartbeats is None or not watches_stalls(runner):
         result.wait_until_finish()
         return
-    stall.wait(result, timeout_s=stall_timeout(), progress=lambda: stall.progress_of(heartbeats),
-               state=lambda: job_state(result))
-
-
-# Seconds a request for a job's state may take (stall.py's watch asks on a thread of its own).
-_STATE_REQUEST_S = 60.0
-
-
-def job_state(result) -> str:
-    """The state of the job of ``result`` (Beam's ``PipelineResult`` of a
-    job service: ``"RUNNING"``, ``"DONE"``...), asked of the job service with
-    a timeout of ``_STATE_REQUEST_S`` seconds and without setting the state
-    that the result's ``wait_until_finish`` keeps (its property ``state``
-    sets it: an answer sent before the job ended, arriving after, would
-    make a job that ended DONE look failed in state RUNNING). A result with
-    no job service (a local engine's, a test's): its ``state``.
-
-    Raises:
-      grpc.RpcError: the job service did not answer.
-    """
-    service, job_id = getattr(result, "_job_service", None), getattr(result, "_job_id", None)
-    if service is None or job_id is None:
-        return str(result.state)
-    request = beam_job_api_pb2.GetJobStateRequest(job_id=job_id)
-    if isinstance(service, beam_job_api_pb2_grpc.JobServiceStub):
-        answer = service.GetState(request, timeout=_STATE_REQUEST_S)
-    else:  # Beam's job service in this process (--job_endpoint=embed): a plain call
-        answer = service.GetState(request)
-    return beam_job_api_pb2.JobState.Enum.Name(answer.state)
+    stall.wait(result, timeout_s=stall_timeout(), progress=lambda: stall.progress_of(heartbeats))
 
 
 def first_line(error: BaseException) -> str:

@@ -10,11 +10,11 @@ job server named by ``--job_endpoint``: ``runner.watches_stalls``) watches
 its job while it waits, and gives up after ``timeout_s`` seconds without
 progress (``wait``):
 
-- **Progress** is a change of the job's state (``STARTING``, ``RUNNING``,
-  ...; asked of the job service: runner.py's ``job_state``) or a
-  **heartbeat** of one of the build's steps: a work unit started, a batch of
-  records read, a shard's group spread or written (transforms.py calls
-  ``Heartbeat.beat``).
+- **Progress** is a **heartbeat** of one of the build's steps: a work unit
+  started, a batch of records read, a shard's group spread or written
+  (transforms.py calls ``Heartbeat.beat``). The job's state is not asked:
+  a job whose workers never start stays RUNNING, and Beam's result gives
+  its state only where its own wait keeps it.
 - **Heartbeats** are files in a folder every worker writes and the driver
   reads, the build's working folder (``<cache>/_tmp/beats/``, build.py):
   one file a worker process (``<host>-<pid>``), rewritten with a count at
@@ -113,47 +113,22 @@ def progress_of(folder: str) -> Hashable:
         return ()
 
 
-class _StateWatch:
-    """Counts the changes of a job's state (``state()``, a request to the job
-    service) on a daemon thread of its own: a job service that never answers
-    stops the count, not the driver."""
-
-    def __init__(self, state: Callable[[], Hashable], every_s: float, stop: threading.Event):
-        self.changes, self._state, self._every_s, self._stop = 0, state, every_s, stop
-        threading.Thread(target=self._poll, name="seqcache-job-state", daemon=True).start()
-
-    def _poll(self) -> None:
-        last = None
-        while not self._stop.is_set():
-            try:
-                state = self._state()
-            except Exception:  # the job service went away: the waiting thread reports it
-                return
-            if last is not None and state != last:  # the first answer is no change
-                self.changes += 1
-            last = state
-            self._stop.wait(self._every_s)
-
-
-def wait(result, *, timeout_s: float, progress: Callable[[], Hashable],
-         state: Callable[[], Hashable] | None = None, clock: Callable[[], float] = time.monotonic,
+def wait(result, *, timeout_s: float, progress: Callable[[], Hashable], clock: Callable[[], float] = time.monotonic,
          poll_s: float | None = None) -> None:
     """``result.wait_until_finish()`` (Beam's ``PipelineResult``), on a daemon
     thread, while this thread looks for progress every ``poll_s`` seconds
-    (default ``poll_seconds(timeout_s)``): a change of the job's state, or of
-    ``progress()`` (``progress_of`` the heartbeats' folder). ``state``: asks
-    the job service for the job's state, on a thread of its own (default
-    ``result.state``; runner.py's ``job_state`` leaves the state that Beam's
-    wait keeps alone). ``timeout_s``, ``poll_s``: seconds. ``clock``: the
-    seconds the bound is measured in (tests give a fake one).
+    (default ``poll_seconds(timeout_s)``): a change of ``progress()``
+    (``progress_of`` the heartbeats' folder). ``timeout_s``, ``poll_s``:
+    seconds. ``clock``: the seconds the bound is measured in (tests give a
+    fake one).
 
     Raises:
-      Stalled: neither changed for ``timeout_s`` seconds (the job is left
+      Stalled: it did not change for ``timeout_s`` seconds (the job is left
         as it is: ``cancel`` it).
       What ``wait_until_finish`` raised (a failed job, a lost job service),
       and a KeyboardInterrupt raised in this thread while it waits.
     """
-    done, stop, outcome = threading.Event(), threading.Event(), {}
+    done, outcome = threading.Event(), {}
 
     def waiting():
         try:
@@ -165,18 +140,14 @@ def wait(result, *, timeout_s: float, progress: Callable[[], Hashable],
 
     threading.Thread(target=waiting, name="seqcache-wait-job", daemon=True).start()
     every = poll_seconds(timeout_s) if poll_s is None else poll_s
-    states = _StateWatch(state or (lambda: result.state), every, stop)
-    try:
-        seen: Any = (states.changes, progress())
-        since = clock()
-        while not done.wait(every):
-            now = (states.changes, progress())
-            if now != seen:
-                seen, since = now, clock()
-            elif clock() - since >= timeout_s:
-                raise Stalled(timeout_s, done)
-    finally:
-        stop.set()
+    seen: Any = progress()
+    since = clock()
+    while not done.wait(every):
+        now = progress()
+        if now != seen:
+            seen, since = now, clock()
+        elif clock() - since >= timeout_s:
+            raise Stalled(timeout_s, done)
     if "error" in outcome:
         raise outcome["error"]
 

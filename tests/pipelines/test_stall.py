@@ -13,8 +13,6 @@ import socket
 import threading
 
 import pytest
-from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
-from apache_beam.runners.portability.portable_runner import PipelineResult
 
 from seqcache.pipelines import BuildConfig, BuildError, build_task, job_server, stall
 from seqcache.pipelines import runner as runner_mod
@@ -193,8 +191,8 @@ def test_a_stalled_job_is_cancelled_its_job_server_stopped_and_the_build_fails_i
     with pytest.raises(runner_mod.RunnerError) as info:
         runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=str(tmp_path))
     assert str(info.value) == (
-        "runner FlinkRunner: the job made no progress for 0.01 s (no change of its state, no step of the build "
-        "finished any work): an SDK worker died or never connected (one that cannot start: a worker pool whose "
+        "runner FlinkRunner: the job made no progress for 0.01 s (no step of the build "
+        "did any work): an SDK worker died or never connected (one that cannot start: a worker pool whose "
         "python lacks Beam or seqcache, a container that exits); nothing was published, run the build again once "
         "its workers start ($SEQCACHE_STALL_TIMEOUT sets the bound, in seconds)")
     assert result.cancelled.is_set() and server.stops == 1 and flink.job_server is None
@@ -254,28 +252,3 @@ def test_ctrl_c_while_the_job_is_watched_cancels_it_stops_the_job_server_and_is_
     with pytest.raises(KeyboardInterrupt):
         runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=str(tmp_path))
     assert len(looks) == 3 and result.cancelled.is_set() and server.stops == 1
-
-
-class _JobService(beam_job_api_pb2_grpc.JobServiceStub):
-    """A job service's stub without a channel: answers ``GetState`` with
-    ``state``, noting each request's timeout."""
-
-    def __init__(self, state):  # no channel: nothing of the stub's own is used
-        self.state, self.timeouts = state, []
-
-    def GetState(self, request, timeout=None):
-        self.timeouts.append(timeout)
-        assert request.job_id == "job-1"
-        return beam_job_api_pb2.JobStateEvent(state=beam_job_api_pb2.JobState.Enum.Value(self.state))
-
-
-def test_the_watch_asks_the_job_service_without_touching_the_state_beams_wait_keeps():
-    """Beam's ``PipelineResult.state`` stores the answer where its own
-    ``wait_until_finish`` keeps the state: an answer RUNNING arriving after
-    the job ended DONE would make the build fail "in state RUNNING". The
-    watch asks the job service itself."""
-    result = PipelineResult(_JobService("RUNNING"), "job-1", iter(()), iter(()))
-    result._state = "DONE"  # what Beam's wait has seen
-    assert runner_mod.job_state(result) == "RUNNING" and result._state == "DONE"
-    assert result._job_service.timeouts == [60.0]  # a job service that never answers ends the request
-    assert runner_mod.job_state(FakeResult()) == "RUNNING"  # no job service: its state

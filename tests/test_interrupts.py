@@ -162,7 +162,10 @@ def test_sigterm_while_the_pipeline_runs_in_memory_exits_143_and_says_what_is_le
     try:
         with gate_opened(gate, timeout_s=TIMEOUT_S):  # the record is being read: the pipeline runs
             proc.send_signal(signal.SIGTERM)
-            stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+        # The gate closes: the kernel may hand a process's signal to a thread other
+        # than the main one, whose read of the gate it then does not cut short;
+        # Python runs the handler in the main thread once that read returns.
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -12,7 +12,9 @@
 # build/tpu-work/corpus (outside build/tpu, which travels); a 16,000-piece
 # SentencePiece vocabulary trained on it with `seqcache vocab train`; `seqcache
 # build` packed to 1,024 tokens (language-model packing), split train: about
-# 2,400 rows, 12 MB. An existing corpus, vocabulary and cache are reused.
+# 2,400 rows, 12 MB; and T5's span corruption of the same text (inputs 512,
+# targets 114, first-fit packing) for the encoder-decoder presets. An existing
+# corpus, vocabulary and caches are reused.
 #
 # Usage: bash scripts/tpu_bundle.sh        (from anywhere; here, not on the TPU)
 # On the TPU machine, from the repository root with build/tpu carried along:
@@ -104,6 +106,21 @@ EOF
     --sequence-length 1024 --pack --seed 0 --cache-dir "$OUT/caches"
 fi
 "$SEQCACHE" info "$CACHE" | head -30
+
+# T5's objective on the same documents and vocabulary (100 sentinel ids after
+# the 16,000 pieces): span corruption, inputs of 512 and targets of 114 tokens
+# (T5's pair), first-fit packing, split train.
+SC_NAME=wiki_c4_span
+SC_CACHE="$OUT/caches/$SC_NAME/train"
+if [ -f "$SC_CACHE/manifest.json" ]; then
+  echo "== cache: $SC_CACHE exists, reused"
+else
+  echo "== build: span corruption, inputs 512 / targets 114, first-fit packing, split train"
+  "$SEQCACHE" build --source "jsonl:$WORK/corpus/*.jsonl#text" --vocabulary "$OUT/vocab/spm16k.model" \
+    --extra-ids 100 --objective span_corruption --sequence-length inputs=512 --pack first_fit \
+    --name "$SC_NAME" --seed 0 --cache-dir "$OUT/caches"
+fi
+"$SEQCACHE" info "$SC_CACHE" | head -30
 
 echo "== $OUT"
 du -sh "$OUT"/*

@@ -26,20 +26,24 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
   anything is written, when there is none. Prism runs the Python steps in the
   submitting process (Beam's ``LOOPBACK`` environment, its default there), so
   ``"auto"`` moves examples through spill files there too.
-- **Flink and Spark.** Beam's FlinkRunner and SparkRunner start a job server
-  (Java) that Beam would download from Maven Central; here it is the one
-  ``make jars`` builds (runners/flink, runners/spark: Beam's runner library and
-  its dependencies from Maven Central), found under ``$SEQCACHE_JARS`` (default ``build/jars``) unless
-  ``--flink_job_server_jar`` / ``--spark_job_server_jar`` or ``--job_endpoint``
-  names one. Without a master, Flink runs embedded in the job server
-  (``[local]``) and Spark as ``local[*]``, and the Python steps run in the
+- **Flink and Spark.** A build starts the Java job server itself
+  (``job_server_for``, job_server.py: Beam's job server jar, run by its
+  documented command line), the one ``make jars`` builds (runners/flink,
+  runners/spark: Beam's runner library and its dependencies from Maven
+  Central), found under ``$SEQCACHE_JARS`` (default ``build/jars``) unless
+  ``--flink_job_server_jar`` / ``--spark_job_server_jar`` names one; never one
+  Beam would download. Beam's public FlinkRunner or SparkRunner then submits
+  the job to it through ``--job_endpoint``, set while the pipeline runs; with
+  ``--job_endpoint`` given, or an uber jar submitted, nothing is started.
+  Without a master, Flink runs embedded in the job server (``[local]``) and
+  Spark as ``local[4]`` (Beam's defaults), and the Python steps run in the
   submitting process (Beam's LOOPBACK environment).
 - **Starting and finishing.** A runner that cannot start (a job server that
   would have to be downloaded, a Dask scheduler that does not answer) raises
   ``RunnerError`` with one line that says which runner and why. The job
   server a Flink or Spark build starts dies with the build, also when the
-  build is killed (job_server.py: ``pipeline_runner`` gives the pipeline such a
-  runner). A job run through a job service (Flink, Spark, ``--job_endpoint``:
+  build is killed, and is stopped when its pipeline ends (``run``). A job
+  run through a job service (Flink, Spark, ``--job_endpoint``:
   ``watches_stalls``) that makes no progress for ``stall_timeout()`` seconds
   (``$SEQCACHE_STALL_TIMEOUT``, default 5 minutes) is cancelled and fails in
   one line (stall.py): Beam would wait without end for a worker that died or
@@ -381,12 +385,24 @@ def local_engine(options):
 
 def pipeline_runner(runner: str, options):
     """The runner object a pipeline on ``runner`` is given (``beam.Pipeline(runner=...)``):
-    the local engine (``local_engine``), Flink and Spark whose job server
-    dies with the build (job_server.py); None for any other runner, which
+    the local engine (``local_engine``); None for any other runner, which
     Beam makes from its name."""
-    if runner == LOCAL_ENGINE:
-        return local_engine(options)
-    return job_server_mod.runner_for(runner)
+    return local_engine(options) if runner == LOCAL_ENGINE else None
+
+
+def job_server_for(runner: str, options) -> job_server_mod.JobServer | None:
+    """The job server (not yet started) a build on ``runner`` with
+    ``options`` starts (job_server.py): Flink's or Spark's jar, the one its
+    ``--flink_job_server_jar`` / ``--spark_job_server_jar`` names, else
+    ``make jars``'s (``job_server``). None for any other runner, without
+    options, with ``--job_endpoint`` or an uber jar submitted
+    (``job_server.starts_one``)."""
+    server = job_server(runner)
+    kind = runner.rsplit(".", 1)[-1].lower().removesuffix("runner")
+    if server is None or options is None or not job_server_mod.starts_one(kind, options):
+        return None
+    option, default_jar = server
+    return job_server_mod.JobServer(kind, options, options.get_all_options().get(option) or default_jar)
 
 
 def _unknown(args: Sequence[str]) -> set[str]:
@@ -533,8 +549,9 @@ def _check_prism(options) -> None:
 
 
 def run(pipeline, runner: str, *, heartbeats: str | None = None) -> None:
-    """Runs ``pipeline`` to the end, then stops the job server its runner
-    started (job_server.py), whatever the end.
+    """Runs ``pipeline`` to the end: on Flink and Spark, first starts the
+    job server (``job_server_for``) and points the pipeline's options at it,
+    then stops it whatever the end (job_server.py).
 
     ``heartbeats``: the folder of the steps' heartbeats (``stall.Heartbeat``)
     on a runner that ``watches_stalls``: its job is then given up after
@@ -548,15 +565,19 @@ def run(pipeline, runner: str, *, heartbeats: str | None = None) -> None:
         and ran nothing (it carries the job).
       The error a step raised (a bad record, a full disk), as the runner reports it.
     """
+    server = job_server_for(runner, pipeline.options)
     try:
-        _run(pipeline, runner, heartbeats)
+        _run(pipeline, runner, heartbeats, server)
     finally:
-        job_server_mod.stop_job_server(pipeline.runner)
+        if server is not None:
+            server.stop()
 
 
-def _run(pipeline, runner: str, heartbeats: str | None) -> None:
+def _run(pipeline, runner: str, heartbeats: str | None, server) -> None:
     short = runner.rsplit(".", 1)[-1]
     try:
+        if server is not None:
+            server.start()  # sets --job_endpoint: Beam's runner starts none
         result = pipeline.run()
     except Exception as e:
         if _is_step_error(e):

@@ -3,11 +3,11 @@
 Without a JVM: the wrapper that makes a child die with its parent (SIGKILL
 of the parent, checked on a child that waits for a signal), a ``JobServer``
 whose command is a fake job server (a gRPC server with no service, on
-127.0.0.1: started, stopped, and gone with a parent killed with SIGKILL), the
-runners that start seqcache's job server instead of Beam's, and a job server
-that cannot start (a jar that is no jar: one line, nothing left). The Flink
-and Spark job servers of a ``seqcache build`` killed with SIGKILL are in
-test_jvm_runners.py (slow).
+localhost: started, stopped, and gone with a parent killed with SIGKILL), the
+builds that start one and the command line of Beam's jars, and a job server
+that cannot start (a jar that is no jar: the build fails in one line, nothing
+left). The Flink and Spark job servers of a ``seqcache build`` killed with
+SIGKILL are in test_jvm_runners.py (slow).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,9 +24,7 @@ import time
 
 import psutil
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.portability.api import beam_job_api_pb2_grpc
-from apache_beam.runners.portability import spark_uber_jar_job_server
+from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions
 
 from seqcache.pipelines import job_server
 from seqcache.pipelines import runner as runner_mod
@@ -42,43 +39,37 @@ PARENT = ("import json, signal, subprocess, sys\n"
           "print(child.pid, flush=True)\n"
           "signal.pause()\n")
 START_TIMEOUT_S = 120
-# A fake job server: a gRPC server with no service at the address argv[1], until a signal ends it.
+# A fake job server: a gRPC server with no service at localhost:argv[1], until a signal ends it.
 FAKE_SERVER = ("import sys\n"
                "from concurrent import futures\n"
                "import grpc\n"
                "server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))\n"
-               "server.add_insecure_port(sys.argv[1])\n"
+               "server.add_insecure_port('localhost:' + sys.argv[1])\n"
                "server.start()\n"
-               "print('serving at', sys.argv[1], flush=True)\n"
+               "print('serving on', sys.argv[1], flush=True)\n"
                "server.wait_for_termination()\n")
 # What a build does with its job server, in a process of its own: a ``JobServer``
 # of the fake, started; its pid printed; then a wait for a signal (SIGKILL).
 BUILD = ("import signal, sys\n"
          "from seqcache.pipelines import job_server\n"
          "class Fake(job_server.JobServer):\n"
-         "    def subprocess_cmd_and_endpoint(self):\n"
-         "        return [sys.executable, '-c', sys.argv[1], sys.argv[2]], sys.argv[2]\n"
-         "server = Fake()\n"
+         "    def command(self, port, artifacts_dir):\n"
+         "        return [sys.executable, '-c', sys.argv[1], str(port)]\n"
+         "server = Fake('flink', None, 'no.jar')\n"
          "server.start()\n"
          "print(server.process.pid, flush=True)\n"
          "signal.pause()\n")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class FakeJobServer(job_server.JobServer):
-    """seqcache's ``JobServer`` whose command is ``FAKE_SERVER`` on a free port of 127.0.0.1."""
+    """seqcache's ``JobServer`` whose command is ``FAKE_SERVER`` (its
+    artifacts folder kept in ``artifacts_dir``)."""
 
-    def __init__(self):
-        self.endpoint = f"127.0.0.1:{_free_port()}"
-        self.command = [sys.executable, "-c", FAKE_SERVER, self.endpoint]
+    artifacts_dir = None
 
-    def subprocess_cmd_and_endpoint(self):
-        return self.command, self.endpoint
+    def command(self, port, artifacts_dir):
+        self.artifacts_dir = artifacts_dir
+        return [sys.executable, "-c", FAKE_SERVER, str(port)]
 
 
 def _wrapper_linux_only():
@@ -125,21 +116,22 @@ def test_a_job_server_starts_as_a_child_behind_the_wrapper_and_stops_leaving_not
     temp = tmp_path / "temp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the server's artifacts folder goes
-    server = FakeJobServer()
+    options = PipelineOptions(["--runner=FlinkRunner"])
+    server = FakeJobServer("flink", options, "no.jar")
     try:
-        assert isinstance(server.start(), beam_job_api_pb2_grpc.JobServiceStub)
+        endpoint = server.start()
+        assert endpoint.startswith("localhost:") and options.view_as(PortableOptions).job_endpoint == endpoint
         proc = psutil.Process(server.process.pid)
-        assert isinstance(server.start(), beam_job_api_pb2_grpc.JobServiceStub)  # started once
-        assert server.process.pid == proc.pid
+        assert server.start() == endpoint and server.process.pid == proc.pid  # started once
         # The wrapper exec'd the command in place: the server itself is this process's child.
-        assert proc.ppid() == os.getpid() and proc.cmdline() == server.command
-        artifacts = server.local_temp_dir(prefix="artifacts")
-        assert os.path.isdir(artifacts) and os.path.dirname(os.path.dirname(artifacts)) == str(temp)
+        assert proc.ppid() == os.getpid() and proc.cmdline()[-1] == endpoint.split(":")[1]
+        assert os.path.isdir(server.artifacts_dir) and os.path.dirname(server.artifacts_dir) == str(temp)
     finally:
         server.stop()
     assert not proc.is_running() and server.process is None
+    assert options.view_as(PortableOptions).job_endpoint is None  # the options serve the next task as they were
     assert list(temp.iterdir()) == []  # its artifacts folder removed
-    assert server.last_output() == f"serving at {server.endpoint}"
+    assert server.last_output() == f"serving on {endpoint.split(':')[1]}"
     server.stop()  # stopped already: nothing happens
 
 
@@ -149,8 +141,7 @@ def test_the_job_server_of_a_build_killed_with_sigkill_dies_with_it():
     signal), not left running under init. The same with Flink's and Spark's
     JVMs under ``seqcache build``: test_jvm_runners.py (slow)."""
     _wrapper_linux_only()
-    endpoint = f"127.0.0.1:{_free_port()}"
-    build = subprocess.Popen([sys.executable, "-c", BUILD, FAKE_SERVER, endpoint], stdout=subprocess.PIPE,
+    build = subprocess.Popen([sys.executable, "-c", BUILD, FAKE_SERVER], stdout=subprocess.PIPE,
                              stdin=subprocess.DEVNULL, text=True)
     server = None
     try:
@@ -158,7 +149,7 @@ def test_the_job_server_of_a_build_killed_with_sigkill_dies_with_it():
         line = build.stdout.readline() if ready else ""
         assert line.strip().isdigit(), f"the build printed no job server pid in {START_TIMEOUT_S} s: {line!r}"
         server = psutil.Process(int(line))
-        assert server.ppid() == build.pid and server.cmdline()[-1] == endpoint
+        assert server.ppid() == build.pid and server.cmdline()[:3] == [sys.executable, "-c", FAKE_SERVER]
         build.kill()
         assert build.wait(timeout=30) == -signal.SIGKILL
         assert ended(server.pid, timeout_s=30), "the job server outlived the build"
@@ -170,21 +161,51 @@ def test_the_job_server_of_a_build_killed_with_sigkill_dies_with_it():
             server.kill()
 
 
-def test_flink_and_spark_start_seqcaches_job_server_unless_beam_submits_an_uber_jar():
-    flink = runner_mod.pipeline_runner("FlinkRunner", None)
-    spark = runner_mod.pipeline_runner("apache_beam.runners.portability.spark_runner.SparkRunner", None)
-    assert type(flink) is job_server.FlinkRunner and type(spark) is job_server.SparkRunner
-    assert runner_mod.pipeline_runner("PrismRunner", None) is None
-    assert runner_mod.pipeline_runner("DataflowRunner", None) is None
-    server = flink.default_job_server(PipelineOptions(["--flink_job_server_jar=/jars/flink.jar"]))
-    assert type(server) is job_server.FlinkJobServer and flink.job_server is server and server.process is None
-    uber = spark.default_job_server(PipelineOptions(["--spark_submit_uber_jar", "--spark_rest_url=http://h:6066"]))
-    assert isinstance(uber, spark_uber_jar_job_server.SparkUberJarJobServer) and spark.job_server is None
-    flink.stop_job_server()  # never started: nothing to stop
-    assert flink.job_server is None
+def test_flink_and_spark_builds_start_a_job_server_unless_one_is_named_or_an_uber_jar_is_submitted(monkeypatch):
+    monkeypatch.setenv(runner_mod.JARS_ENV, "/jars")
+    flink = runner_mod.job_server_for("FlinkRunner", PipelineOptions(["--flink_job_server_jar=/mine/flink.jar"]))
+    assert (flink.kind, flink.jar, flink.process) == ("flink", "/mine/flink.jar", None)
+    spark = runner_mod.job_server_for("apache_beam.runners.portability.spark_runner.SparkRunner", PipelineOptions([]))
+    assert (spark.kind, spark.jar) == ("spark", "/jars/spark/spark-job-server.jar")  # `make jars`'s
+    for runner, args in [("PrismRunner", []), ("DataflowRunner", []), ("FlinkRunner", ["--job_endpoint=h:8099"]),
+                         ("FlinkRunner", ["--flink_submit_uber_jar", "--flink_master=h:8081"]),
+                         ("SparkRunner", ["--spark_submit_uber_jar", "--spark_rest_url=http://h:6066"])]:
+        assert runner_mod.job_server_for(runner, PipelineOptions(args)) is None, (runner, args)
+    assert runner_mod.job_server_for("FlinkRunner", None) is None
+    # An uber jar for an embedded Flink is not submitted (Beam's FlinkRunner would start its job server).
+    assert runner_mod.job_server_for("FlinkRunner", PipelineOptions(["--flink_submit_uber_jar"])) is not None
+    assert runner_mod.pipeline_runner("FlinkRunner", None) is None  # Beam's own, from its name
 
 
-def test_a_job_server_that_exits_at_start_fails_in_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+def test_the_command_line_is_the_one_beam_documents_for_its_job_server_jars():
+    def command(kind, *args):
+        return job_server.command(kind, PipelineOptions(list(args)), "s.jar", job_port=8099, artifacts_dir="/a")
+
+    ports = ["--artifacts-dir", "/a", "--job-port", "8099", "--artifact-port", "0", "--expansion-port", "0"]
+    assert command("flink") == ["java", "-jar", "s.jar", "--flink-master", "[auto]", *ports]
+    assert command("flink", "--flink_master=h:8081", "--job_server_jvm_properties=-Xmx1g")[:5] == [
+        "java", "-Xmx1g", "-jar", "s.jar", "--flink-master"]
+    assert command("flink", "--flink_master= h:8081")[4] == "http://h:8081"
+    assert command("flink", "--flink_master=https://h:8081")[4] == "https://h:8081"
+    assert command("flink", "--flink_master=[local]")[4] == "[local]"
+    spark = command("spark", "--spark_master_url=spark://h:7077", "--job_server_java_launcher=/jdk/bin/java",
+                    "--artifact_port=7000", "--job_server_jvm_property=--add-opens=java.base/java.nio=ALL-UNNAMED")
+    assert spark == ["/jdk/bin/java", "--add-opens=java.base/java.nio=ALL-UNNAMED",
+                     *[f for f in job_server.SPARK_JVM_FLAGS if "java.nio=" not in f], "-jar", "s.jar",
+                     "--spark-master-url", "spark://h:7077", *ports[:5], "7000", *ports[6:]]
+
+
+class _NeverRun:
+    """A pipeline that must not run (its job server did not start)."""
+
+    def __init__(self, options):
+        self.options = options
+
+    def run(self):
+        raise AssertionError("the pipeline ran without its job server")
+
+
+def test_a_job_server_that_exits_at_start_fails_the_build_in_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     if shutil.which("java") is None:
         pytest.skip("no `java` on the PATH")
     temp = tmp_path / "temp"
@@ -192,13 +213,12 @@ def test_a_job_server_that_exits_at_start_fails_in_one_line_and_leaves_nothing(t
     monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the server's artifacts folder goes
     jar = tmp_path / "not-a.jar"
     jar.write_text("not a jar\n")
-    server = job_server.FlinkJobServer(PipelineOptions([f"--flink_job_server_jar={jar}"]))
-    with pytest.raises(RuntimeError) as info:
-        server.start()
+    options = PipelineOptions([f"--flink_job_server_jar={jar}"])
+    with pytest.raises(runner_mod.RunnerError) as info:
+        runner_mod.run(_NeverRun(options), "FlinkRunner")
     message = str(info.value)
-    assert message.startswith("the job server exited with status 1: ") and "\n" not in message, message
+    assert message.startswith("runner FlinkRunner could not start: the job server exited with status 1: ") \
+        and "\n" not in message, message
     assert "jarfile" in message, message  # java's own words: "Error: Invalid or corrupt jarfile ..."
-    assert server.process is None and server.last_output()
     assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "java"]
-    assert list(temp.iterdir()) == []
-    server.stop()  # stopped already: nothing happens
+    assert list(temp.iterdir()) == [] and options.view_as(PortableOptions).job_endpoint is None

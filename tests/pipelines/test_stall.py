@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from seqcache.pipelines import BuildConfig, BuildError, build_task, job_server, stall
+from seqcache.pipelines import BuildConfig, BuildError, build_task, stall
 from seqcache.pipelines import runner as runner_mod
 from testsupport import lines_task, write_lines
 
@@ -160,51 +160,56 @@ def test_the_runners_of_a_job_service_are_watched():
         ["FlinkRunner", "SparkRunner", "PortableRunner"]
 
 
-class _StoppedServer:
+class _FakeServer:
+    """What ``runner.run`` uses of a ``job_server.JobServer``: counted starts and stops."""
+
     def __init__(self):
-        self.stops = 0
+        self.starts = self.stops = 0
+
+    def start(self):
+        self.starts += 1
 
     def stop(self):
         self.stops += 1
 
 
 class _FakePipeline:
-    """What ``runner.run`` uses of a Beam pipeline: ``run()``, ``options``, ``runner``."""
+    """What ``runner.run`` uses of a Beam pipeline: ``run()``, ``options``."""
 
-    def __init__(self, result, beam_runner):
-        self.result, self.runner, self.options = result, beam_runner, None
+    def __init__(self, result):
+        self.result, self.options = result, None
 
     def run(self):
         return self.result
 
 
-def _flink_with_a_server():
-    """seqcache's FlinkRunner holding a job server (a fake) as if it had started one."""
-    flink = job_server.FlinkRunner()
-    flink.job_server = server = _StoppedServer()
-    return flink, server
+def _a_server(monkeypatch):
+    """The job server (a fake) that ``runner.run`` starts for a Flink build."""
+    server = _FakeServer()
+    monkeypatch.setattr(runner_mod, "job_server_for", lambda runner, options: server)
+    return server
 
 
 def test_a_stalled_job_is_cancelled_its_job_server_stopped_and_the_build_fails_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv(stall.TIMEOUT_VARIABLE, "0.01")
-    result, (flink, server) = FakeResult(), _flink_with_a_server()
+    result, server = FakeResult(), _a_server(monkeypatch)
     with pytest.raises(runner_mod.RunnerError) as info:
-        runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=str(tmp_path))
+        runner_mod.run(_FakePipeline(result), "FlinkRunner", heartbeats=str(tmp_path))
     assert str(info.value) == (
         "runner FlinkRunner: the job made no progress for 0.01 s (no step of the build "
         "did any work): an SDK worker died or never connected (one that cannot start: a worker pool whose "
         "python lacks Beam or seqcache, a container that exits); nothing was published, run the build again once "
         "its workers start ($SEQCACHE_STALL_TIMEOUT sets the bound, in seconds)")
-    assert result.cancelled.is_set() and server.stops == 1 and flink.job_server is None
+    assert result.cancelled.is_set() and (server.starts, server.stops) == (1, 1)
 
 
 def test_a_job_failed_by_a_lost_worker_connection_is_one_line_naming_the_runner(monkeypatch):
     text = ("Pipeline BeamApp-x failed in state FAILED: org.apache.beam.vendor.grpc.v1p60p1.io.grpc."
             "StatusRuntimeException: CANCELLED: client cancelled")
-    result, (flink, server) = FakeResult(RuntimeError(text)), _flink_with_a_server()
+    result, server = FakeResult(RuntimeError(text)), _a_server(monkeypatch)
     result.finished.set()
     with pytest.raises(runner_mod.RunnerError) as info:
-        runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=None)
+        runner_mod.run(_FakePipeline(result), "FlinkRunner", heartbeats=None)
     assert str(info.value) == (f"runner FlinkRunner: the job failed when an SDK worker's connection ended: a worker "
                                f"that died ({text}); nothing was published, run the build again")
     assert server.stops == 1
@@ -213,19 +218,19 @@ def test_a_job_failed_by_a_lost_worker_connection_is_one_line_naming_the_runner(
     result = FakeResult(step)
     result.finished.set()
     with pytest.raises(RuntimeError) as info:
-        runner_mod.run(_FakePipeline(result, job_server.FlinkRunner()), "FlinkRunner")
+        runner_mod.run(_FakePipeline(result), "FlinkRunner")
     assert info.value is step
 
 
-def test_a_job_that_cannot_reach_its_worker_pool_is_one_line_naming_the_runner():
+def test_a_job_that_cannot_reach_its_worker_pool_is_one_line_naming_the_runner(monkeypatch):
     """Flink with an EXTERNAL environment and no worker pool listening fails
     its job at once (the text Beam 2.x's job service gives, seen on Flink)."""
     text = ("Pipeline BeamApp-root-1206164229-de96c079 failed in state FAILED: java.net.ConnectException: "
             "java.net.ConnectException: finishConnect(..) failed: Connection refused")
-    result, (flink, server) = FakeResult(RuntimeError(text)), _flink_with_a_server()
+    result, server = FakeResult(RuntimeError(text)), _a_server(monkeypatch)
     result.finished.set()
     with pytest.raises(runner_mod.RunnerError) as info:
-        runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=None)
+        runner_mod.run(_FakePipeline(result), "FlinkRunner", heartbeats=None)
     message = str(info.value)
     assert message.startswith("runner FlinkRunner: the job failed as its SDK workers could not be reached: no "
                               "worker pool listening at --environment_config") and "\n" not in message, message
@@ -248,7 +253,7 @@ def test_ctrl_c_while_the_job_is_watched_cancels_it_stops_the_job_server_and_is_
 
     monkeypatch.setattr(stall, "progress_of", lambda folder: interrupted_at_the_third_look())
     monkeypatch.setattr(stall, "poll_seconds", lambda timeout_s: 0.001)
-    result, (flink, server) = FakeResult(), _flink_with_a_server()
+    result, server = FakeResult(), _a_server(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        runner_mod.run(_FakePipeline(result, flink), "FlinkRunner", heartbeats=str(tmp_path))
+        runner_mod.run(_FakePipeline(result), "FlinkRunner", heartbeats=str(tmp_path))
     assert len(looks) == 3 and result.cancelled.is_set() and server.stops == 1

@@ -566,11 +566,15 @@ def run(pipeline, runner: str, *, heartbeats: str | None = None) -> None:
       The error a step raised (a bad record, a full disk), as the runner reports it.
     """
     server = job_server_for(runner, pipeline.options)
+    standard = pipeline.options.view_as(po.StandardOptions) if pipeline.options is not None else None
+    named = standard.runner if standard is not None else None
     try:
         _run(pipeline, runner, heartbeats, server)
     finally:
         if server is not None:
             server.stop()
+        if standard is not None:  # Beam's portable runner clears it: the options may serve another task
+            standard.runner = named
 
 
 def _run(pipeline, runner: str, heartbeats: str | None, server) -> None:

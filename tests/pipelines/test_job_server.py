@@ -24,7 +24,7 @@ import time
 
 import psutil
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions
+from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
 
 from seqcache.pipelines import job_server
 from seqcache.pipelines import runner as runner_mod
@@ -222,3 +222,22 @@ def test_a_job_server_that_exits_at_start_fails_the_build_in_one_line_and_leaves
     assert "jarfile" in message, message  # java's own words: "Error: Invalid or corrupt jarfile ..."
     assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "java"]
     assert list(temp.iterdir()) == [] and options.view_as(PortableOptions).job_endpoint is None
+
+
+class _ClearsTheRunner:
+    """A pipeline whose run clears its options' runner, as Beam's portable runner does."""
+
+    def __init__(self, options):
+        self.options = options
+
+    def run(self):
+        self.options.view_as(StandardOptions).runner = None
+        raise RuntimeError("the job service is not there")
+
+
+def test_a_run_leaves_the_runner_named_in_its_options_for_the_next_task():
+    options = PipelineOptions(["--runner=FlinkRunner", "--job_endpoint=localhost:1"])  # nothing to start
+    with pytest.raises(runner_mod.RunnerError, match="^runner FlinkRunner could not start: the job service"):
+        runner_mod.run(_ClearsTheRunner(options), "FlinkRunner")
+    assert options.view_as(StandardOptions).runner == "FlinkRunner"
+    assert runner_mod.pipeline_options(options)[1] == "FlinkRunner"  # a mixture's next task runs there too

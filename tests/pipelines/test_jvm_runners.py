@@ -135,10 +135,13 @@ def corpus(tmp_path_factory, corpora):
     return folder
 
 
-def _byte_task(folder, name="jvm_plain"):
+def _byte_task(folder, name="jvm_plain", **on_error):
+    """Each line of ``folder``'s text files as bytes; empty and blank lines
+    skipped, and the source's other ``on_error`` policies given by name."""
     return tasks.Task(
         name,
-        source=tasks.TextLineSource(str(folder / "*.txt"), on_error={"empty": "skip", "whitespace": "skip"}),
+        source=tasks.TextLineSource(str(folder / "*.txt"),
+                                    on_error={"empty": "skip", "whitespace": "skip", **on_error}),
         output_features={"targets": tasks.Feature(tasks.ByteVocabulary(), add_eos=True)},
         preprocessors=[tasks.preprocessors.rekey({"targets": "text"}), tasks.preprocessors.tokenize(),
                        tasks.preprocessors.append_eos()],
@@ -233,6 +236,79 @@ def test_span_corruption_first_fit_sentencepiece_is_the_same_on_flink_and_spark(
                             split_size=1)
         assert _shard_hashes(result) == _shard_hashes(local), name
         assert result.manifest.statistics == local.manifest.statistics, name
+
+
+def _near_lines(corpora, documents: int = 240) -> list[str]:
+    """The first C4 documents on one line each, and planted copies: every
+    fifth document again with two words changed (a near copy), every seventh
+    exactly (an exact copy)."""
+    import random
+
+    rng = random.Random(7)
+    texts = [" ".join(t.split()) for t in corpora.c4_texts(documents).to_pylist()]
+
+    def edit(text):
+        words = text.split()
+        for i in rng.sample(range(len(words)), min(2, len(words))):
+            words[i] = f"edit{rng.randrange(10**6)}"
+        return " ".join(words)
+
+    return texts + [edit(t) for t in texts[::5]] + texts[::7]
+
+
+def _cache_bytes(result) -> tuple:
+    """Data and provenance shards (sha256s), quarantine.jsonl, the source
+    table (bytes) and the manifest's statistics."""
+    def read(name):
+        return (pathlib.Path(result.cache_dir) / name).read_bytes()
+
+    return (_shard_hashes(result), read(fmt.QUARANTINE_NAME), read(fmt.SOURCE_TABLE_NAME),
+            result.manifest.statistics.to_json())
+
+
+# Slow (70 s: two builds a runner): .ci/run runs the module's slow tests.
+@pytest.mark.slow
+def test_near_duplicates_are_removed_the_same_on_flink_and_spark(tmp_path, corpora, job_servers):
+    """``near_duplicate=skip,duplicate=skip`` over 240 C4 documents with planted
+    near and exact copies: the local engine, Flink and Spark write the same
+    shards, quarantine, source table and statistics, through the runner's
+    shuffle and through spill files, the work cut into 9 units."""
+    folder = tmp_path / "near"
+    folder.mkdir()
+    lines = _near_lines(corpora)
+    half = len(lines) // 2
+    for k, part in enumerate((lines[:half], lines[half:])):
+        (folder / f"part-{k}.txt").write_text("\n".join(part) + "\n", encoding="utf-8")
+    task = _byte_task(folder, "jvm_near", near_duplicate="skip", duplicate="skip")
+    config = BuildConfig(num_shards=3)
+    local = build_task(task, cache_dir=str(tmp_path / "local"), config=config)
+    want = _cache_bytes(local)
+
+    # The policy removed something: every exact copy, and near copies, each naming a kept record.
+    skipped = want[3]["bad_input_records"]["skipped"]
+    assert skipped["duplicate"] == len(lines) - len(set(lines)) > 0
+    near = [e for e in fmt.iter_json_lines(os.path.join(local.cache_dir, fmt.QUARANTINE_NAME))
+            if e["kind"] == "near_duplicate"]
+    assert len(near) == skipped["near_duplicate"] >= 30  # of the 48 planted
+
+    def line_at(entry):  # a text line's record number is its byte offset
+        with open(entry["path"], "rb") as f:
+            f.seek(entry["record_number"])
+            return f.readline().decode("utf-8").rstrip("\n")
+
+    for e in near:  # another text than the record it names as kept, which is not removed
+        assert " is a near duplicate of " in e["error"] and e["action"] == "skipped", e
+        assert line_at(e) != line_at(e["kept"]) and line_at(e) in lines, e
+    kept = {(e["kept"]["path"], e["kept"]["record_number"]) for e in near}
+    assert not kept & {(e["path"], e["record_number"]) for e in near}
+
+    for name, server in job_servers.items():
+        for exchange in ("runner", "spill"):
+            result = build_task(task, cache_dir=str(tmp_path / f"{name}-{exchange}"), config=config,
+                                pipeline_args=server.args(), split_size=100_000, exchange=exchange)
+            got = _cache_bytes(result)
+            for what, a, b in zip(("shards", "quarantine", "source table", "statistics"), got, want):
+                assert a == b, (name, exchange, what)
 
 
 @pytest.mark.parametrize("name", sorted(SERVERS))

@@ -37,12 +37,51 @@ HEAVY_FIRST = (
 )
 
 
+# The costliest tests of what was the default suite (10 to 50 s each on 2 cores,
+# their module fixtures included), marked ``heavy``: ``make test`` leaves them out
+# so that the default suite stays under 5 minutes on 2 cores, ``make test-heavy``
+# runs them, and so does CI (.ci/run). Each area keeps cheaper tests of the same
+# guarantee in the default suite (the local engine and Prism against each other,
+# one-process training, a resume, a fit on the CPU). Node ids, or their start.
+HEAVY = (
+    "tests/pipelines/test_dataflow_graph.py::",
+    "tests/pipelines/test_exclude.py::test_dask_writes_the_same_cache_as_the_local_engine",
+    "tests/pipelines/test_jvm_runners.py::test_span_corruption_first_fit_sentencepiece_is_the_same_on_flink_and_spark",
+    "tests/pipelines/test_near_duplicates.py::test_the_same_bytes_on_every_run_runner_and_split",
+    "tests/pipelines/test_overlap_runners.py::",
+    "tests/pipelines/test_quarantine.py::test_skipped_records_cost_no_more_memory_than_kept_ones",
+    "tests/pipelines/test_runners.py::test_every_runner_and_exchange_writes_the_same_shards",
+    "tests/pipelines/test_runners.py::test_a_build_that_loses_its_worker_for_good_fails_in_one_line",
+    "tests/pipelines/test_runners.py::test_span_corruption_first_fit_writes_the_same_shards_on_every_runner",
+    "tests/pipelines/test_runners_g1.py::test_every_runner_writes_the_local_engines_bytes[dask x2]",
+    "tests/pipelines/test_runners_g1.py::test_every_runner_writes_the_local_engines_bytes[multi_processing x2]",
+    "tests/training/test_attention.py::test_prefix_lm_splash_agrees_with_the_einsum_path",
+    "tests/training/test_cli.py::test_train_eval_resume_and_refuse",
+    "tests/training/test_decoding.py::test_an_8_device_mesh_decodes_and_scores_like_one_device",
+    "tests/training/test_evaluation.py::test_decoder_learns_to_copy_and_seqcache_eval_scores_it",
+    "tests/training/test_evaluation.py::test_translation_reports_bleu_and_chrf_with_source_lines",
+    "tests/training/test_evaluation_multihost.py::test_two_processes_predict_each_example_once_like_one",
+    "tests/training/test_fit.py::test_real_compiles_against_a_given_memory_size",
+    "tests/training/test_multihost.py::test_two_processes_read_their_rows_and_train_like_one",
+    "tests/training/test_multihost.py::test_eval_over_two_processes_reads_every_example_once",
+    "tests/training/test_optimizer.py::test_adafactor_trains_on_8_devices_like_on_one",
+    "tests/training/test_optimizer.py::test_adafactor_first_step_by_hand",
+    "tests/training/test_sharding.py::test_t5_preset_on_8_devices_matches_one_device",
+    "tests/training/test_t5_cli.py::test_t5_trains_on_translation",
+    "tests/training/test_t5_cli.py::test_t5_stop_and_resume_on_a_real_cache_matches_an_uninterrupted_run",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """In a pytest-xdist worker, the modules of ``HEAVY_FIRST`` come first, each
-    module's tests in their order. ``make test`` runs each module in one worker
-    (``--dist loadscope``, which builds a module-scoped fixture once) and hands
-    the modules out in this order (``--no-loadscope-reorder``), so that both
-    workers finish at about the same time."""
+    """Marks the tests of ``HEAVY`` ``heavy``. In a pytest-xdist worker, the
+    modules of ``HEAVY_FIRST`` come first, each module's tests in their order.
+    ``make test`` runs each module in one worker (``--dist loadscope``, which
+    builds a module-scoped fixture once) and hands the modules out in this
+    order (``--no-loadscope-reorder``), so that both workers finish at about
+    the same time."""
+    for item in items:
+        if item.nodeid.startswith(HEAVY):
+            item.add_marker(pytest.mark.heavy)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         rank = {module: i for i, module in enumerate(HEAVY_FIRST)}
         items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import json
 import logging
@@ -39,7 +38,7 @@ from seqcache import fs, process
 from seqcache.layout import cache_path  # noqa: F401  (re-exported: seqcache.pipelines.cache_path)
 from seqcache.lengths import sequence_lengths
 from seqcache.manifest import Manifest
-from seqcache.pipelines import dataflow
+from seqcache.pipelines import beam_text, dataflow
 from seqcache.pipelines import exclusion as exclusion_mod
 from seqcache.pipelines import plan as plan_mod
 from seqcache.pipelines import runner as runner_mod
@@ -922,11 +921,9 @@ def _every_record_skipped(first_skipped) -> tuple[str, bool]:
 
 
 def _is_no_space(error: BaseException) -> bool:
-    """ENOSPC, raised here or by a worker: the one place that reads it from
-    Beam's text, since a worker's ``OSError`` comes back inside another error
-    (a ``RuntimeError``, across processes as its message only)."""
-    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
-               for e in runner_mod.causes(error))
+    """ENOSPC, raised here or by a worker (``beam_text.read``: a worker's
+    ``OSError`` comes back inside another error, across processes as text)."""
+    return beam_text.read(error).no_space
 
 
 def describe_changes(old: Any, new: Any, *, limit: int = 4) -> str:

@@ -72,6 +72,8 @@ from google.protobuf import json_format, text_format
 
 from seqcache import process
 from seqcache.pipelines import dataflow, job_server as job_server_mod, stall, workers
+from seqcache.pipelines.beam_text import causes  # noqa: F401  (runner_mod.causes, for the build and the commands)
+from seqcache.pipelines import beam_text
 
 process.import_beam()  # before Beam's modules below: quietly, without pandas
 from apache_beam.options import pipeline_options as po  # noqa: E402
@@ -584,7 +586,7 @@ def _run(pipeline, runner: str, heartbeats: str | None, server) -> None:
             server.start()  # sets --job_endpoint: Beam's runner starts none
         result = pipeline.run()
     except Exception as e:
-        if _is_step_error(e):
+        if beam_text.read(e).step_raised:
             raise
         # The local engine runs the whole pipeline here: it started, then failed.
         how = "failed" if is_local_engine(runner) else "could not start"
@@ -612,14 +614,14 @@ def _run(pipeline, runner: str, heartbeats: str | None, server) -> None:
                               f"finished ({first_line(e)}); nothing was published, run the build again") from e
         lost = next((c for c in causes(e) if isinstance(c, grpc.RpcError) and callable(getattr(c, "code", None))
                      and c.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)), None)
-        if lost is not None and not _is_step_error(e):
+        if lost is not None and not beam_text.read(e).step_raised:
             # Flink, Spark, any job service: its connection went away (the job server died).
             raise RunnerError(f"runner {short}: lost its job server while the job ran ({first_line(lost)}); "
                               "nothing was published, run the build again") from e
-        if _lost_worker(e):
+        if beam_text.read(e).worker_connection_ended:
             raise RunnerError(f"runner {short}: the job failed when an SDK worker's connection ended: a worker "
                               f"that died ({first_line(e)}); nothing was published, run the build again") from e
-        if _unreachable_workers(e):
+        if beam_text.read(e).workers_unreachable:
             raise RunnerError(f"runner {short}: the job failed as its SDK workers could not be reached: no worker "
                               "pool listening at --environment_config, or one that died "
                               f"({first_line(e)}); nothing was published, run the build again once the pool runs") from e
@@ -652,54 +654,8 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
-def causes(error: BaseException | None, *, context: bool = True):
-    """``error`` and the errors it was raised from (``__cause__``, and with
-    ``context`` ``__context__``), each once."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or (error.__context__ if context else None)
-
-
 def interrupted_in_step(error: BaseException) -> bool:
     """Whether ``error`` is a ``KeyboardInterrupt`` raised inside a step (Ctrl-C
     reaches the engine's threads and workers): Beam hands it back wrapped in
-    another error, across processes as text only, so besides the errors it was
-    raised from (``causes``) its text is read, here alone."""
-    return any(isinstance(e, KeyboardInterrupt) for e in causes(error, context=False)) or \
-        "KeyboardInterrupt" in str(error)
-
-
-def _lost_worker(error: BaseException) -> bool:
-    """Whether ``error`` (from ``wait_until_finish``) is a Java runner's job
-    that failed because the gRPC connection of an SDK worker ended (Flink,
-    when a worker dies in the middle of a bundle: "failed in state FAILED:
-    ...StatusRuntimeException: CANCELLED: client cancelled"), not because a
-    step raised. The job service hands the failure back as text only, read
-    here alone."""
-    text = str(error)
-    return ("StatusRuntimeException" in text and ("CANCELLED" in text or "UNAVAILABLE" in text)
-            and not _is_step_error(error))
-
-
-def _unreachable_workers(error: BaseException) -> bool:
-    """Whether ``error`` (from ``wait_until_finish``) is a Java runner's job
-    that failed because it could not connect to its SDK workers (Flink with
-    an EXTERNAL environment whose worker pool does not listen: "failed in
-    state FAILED: java.net.ConnectException: ... Connection refused", Beam
-    2.x's text, the only form the job service gives), not because a step
-    raised."""
-    text = str(error)
-    return "java.net.ConnectException" in text and not _is_step_error(error)
-
-
-def _is_step_error(error: BaseException) -> bool:
-    """An error raised by one of the build's own steps (bad input, a full disk),
-    not by the runner: local engines add the step's name (``[while running
-    'STEP']``) or a worker's traceback to the message. Beam hands a worker's
-    error back as text only (inside its ``RuntimeError``), so this is the one
-    place that reads that text."""
-    return isinstance(error, (KeyboardInterrupt, ValueError)) or any(
-        "[while running" in str(e) or "Traceback (most recent call last)" in str(e)
-        for e in causes(error, context=False))
+    another error, across processes as text only (``beam_text.read``)."""
+    return beam_text.read(error).interrupted

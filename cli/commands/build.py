@@ -18,7 +18,7 @@ from seqcache import lengths as lengths_lib
 from seqcache.cli import interrupts
 from seqcache.cli.commands import common
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
-from seqcache.pipelines import work as workmod
+from seqcache.pipelines import beam_text, work as workmod
 from seqcache.pipelines.dataflow import DryRun
 from seqcache.pipelines.runner import causes, interrupted_in_step, option_value_errors, unknown_flags
 from seqcache.tasks.sources.base import SPEC_KINDS
@@ -540,16 +540,16 @@ def _result_json(r) -> dict:
             **({"work": work} if work is not None else {})}
 
 
-def _is_bad_input(error: BaseException, message: str) -> bool:
+def _is_bad_input(error: BaseException) -> bool:
     """Whether ``build_task`` stopped on bad input under the source's
     ``on_error`` policy: a ``BuildError`` with ``bad_input``, or a
     ``BadInputError`` among the errors ``error`` was raised from. Beam hands a
     worker's error back as text only (inside its ``RuntimeError``, across
-    processes), so then ``message`` (``common.error_line(error)``) is read for
-    ``error_hint``'s ``on_error=`` advice, here alone."""
+    processes), so then its text is read for ``error_hint``'s ``on_error=``
+    advice (``beam_text.read``)."""
     if isinstance(error, BuildError):
         return error.bad_input
-    return any(isinstance(e, BadInputError) for e in causes(error)) or "on_error=" in message
+    return any(isinstance(e, BadInputError) for e in causes(error)) or beam_text.read(error).bad_input_advice
 
 
 def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwrite, as_json, split_size=None,
@@ -575,7 +575,7 @@ def _build_one(console, task, *, split, cache_dir, config, pipeline_args, overwr
             if not (interrupted_in_step(e) or interrupts.received() is not None):
                 message = common.error_line(e)
                 common.print_error(message, console)
-                if _is_bad_input(e, message):
+                if _is_bad_input(e):
                     console.print("(`seqcache scan` with the same task or --source lists every kind of bad input "
                                   "in the corpus at once)", highlight=False)
                 kept = _work_kept(task, split, cache_dir, work)

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from seqcache import fs, process
 from seqcache.cli import interrupts
+from seqcache.pipelines import beam_text  # the standard library only: no Beam
 from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, parse_on_error
 from seqcache.tasks.near_duplicates import NearDuplicates
 
@@ -494,33 +495,13 @@ class _ByteSize(click.ParamType):
 BYTE_SIZE = _ByteSize()
 
 
-# "ValueError: ", "seqcache.pipelines.build.BuildError: ": the name of an exception
-# class at the start of a line of a traceback or of a wrapped message.
-_EXCEPTION_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")
-
-
 def error_line(error: BaseException) -> str:
     """The message of the error a step raised, without what Beam wraps around
     it (``RuntimeError: ValueError: ...``, `` [while running 'STEP']``, a
-    worker's traceback): what ``build`` and ``overlap`` print after ``error:``.
-    Beam hands a worker's error back as text only (across processes the
-    original exception is gone), so this is the one place that reads it.
+    worker's traceback): what ``build`` and ``overlap`` print after ``error:``
+    (``seqcache.pipelines.beam_text``, the one place that reads Beam's text).
     Printed with ``print_error``, its long values are cut (``cut_values``)."""
-    text = str(error)
-    if "Traceback (most recent call last):" in text:
-        text = _last_exception_line(text) or text
-    while (m := _EXCEPTION_PREFIX.match(text)) is not None:
-        text = text[m.end():]
-    return text.split(" [while running ")[0].strip()
-
-
-def _last_exception_line(traceback_text: str) -> str | None:
-    """The ``Name: message`` line (the first unindented one) of the last traceback in ``traceback_text``."""
-    tail = traceback_text.rsplit("Traceback (most recent call last):", 1)[1]
-    for line in tail.splitlines():
-        if line and not line.startswith(" "):
-            return line
-    return None
+    return beam_text.read(error).message
 
 
 WORKERS_HELP = ("Worker processes of Beam's local engine (--direct_num_workers=N "

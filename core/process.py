@@ -1,7 +1,8 @@
 """The seqcache process's own settings, in one place: which process is one of
 seqcache's own (the ``seqcache`` executable or a worker of its local engine),
 its frozen heap (``gc.freeze``), glibc malloc's thresholds, and Beam imported
-quietly and without pandas. Each is measured in benchmarks/README.md."""
+quietly, without pandas, its IO connectors or boto3. Each is measured in
+benchmarks/README.md."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def import_beam():
     """Imports Beam (``apache_beam``) without its import-time warning about
     optional GCP client libraries (root logger, WARNING), which says nothing
     about seqcache's work, without pandas, without its IO connectors and
-    without boto3 (benchmarks/README.md, "A small build's fixed cost").
+    without boto3 (benchmarks/README.md, "Start-up: what a command imports").
 
     Beam imports pandas whenever it is installed, only to register pandas
     types for batched DoFns, which no seqcache pipeline uses: about a quarter

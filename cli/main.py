@@ -1,5 +1,7 @@
 """The ``seqcache`` command line (click): the group of the commands in
-``cli/commands``, each module imported only when its command runs.
+``cli/commands``, each module imported only when its command runs (or shows
+its help). The group itself imports click and little else: ``seqcache
+--help`` and ``--version`` load neither the tasks, numpy, rich nor Beam.
 """
 
 from __future__ import annotations
@@ -23,19 +25,15 @@ import traceback  # noqa: E402
 # numpy's OpenBLAS starts a thread per core when numpy is imported, and each of
 # them spins for about 0.1 s of CPU before it sleeps; no command here multiplies
 # matrices with numpy (JAX has its own). One BLAS thread, unless the user asks for
-# more: numpy is first imported below, so this comes first. The local engine's
-# worker processes inherit it (seqcache.pipelines.runner).
+# more: numpy is first imported by a command's module, so this comes first. The
+# local engine's worker processes inherit it (seqcache.pipelines.runner).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
 from seqcache import __version__, process  # noqa: E402
 from seqcache.cli import interrupts  # noqa: E402
-from seqcache import format as fmt  # noqa: E402
-from seqcache.cli.commands import common  # noqa: E402
 from seqcache.pipelines import workers  # noqa: E402
-from seqcache.tasks.registry import DefinitionsError  # noqa: E402
-from seqcache.tasks.vocabularies import encoding_threads  # noqa: E402
 
 # Every command: name -> (module under seqcache.cli.commands, attribute).
 _COMMANDS = {"build": ("build", "build"), "clean": ("clean", "clean"), "eval": ("evaluate", "eval_cmd"),
@@ -100,23 +98,28 @@ class _Commands(click.Group):
         except click.ClickException as e:  # a usage error: click prints it
             _cut_values(e)
             raise
-        except DefinitionsError as e:  # a --module that raised while it was imported
-            if {"-v", "--verbose"} & set(args):
-                traceback.print_exception(e.__cause__ or e, file=sys.stderr)
-            common.print_error(e)
-            sys.exit(1)
         except Exception as e:
-            if not _is_damaged_input(e):
+            definitions = _is_definitions_error(e)
+            if not (definitions or _is_damaged_input(e)):
                 raise
-            common.print_error(e)
+            if definitions and {"-v", "--verbose"} & set(args):  # a --module that raised while it was imported
+                traceback.print_exception(e.__cause__ or e, file=sys.stderr)
+            _common().print_error(e)
             sys.exit(1)
         except KeyboardInterrupt:
             _exit_interrupted()
 
 
+def _common():
+    """``seqcache.cli.commands.common``, for an error line."""
+    from seqcache.cli.commands import common  # rich and the tasks: only for an error line, not for `seqcache --help`
+
+    return common
+
+
 def _cut_values(error: click.ClickException) -> None:
     """Cuts the long values in the message click will print (``common.cut_values``)."""
-    error.message = common.cut_values(error.message)
+    error.message = _common().cut_values(error.message)
 
 
 def _exit_interrupted():
@@ -126,9 +129,18 @@ def _exit_interrupted():
 
 
 def _is_damaged_input(error: BaseException) -> bool:
-    """Whether ``error`` is a ``CacheError`` or, once the feeders are imported, a ``FeederStateError``."""
-    compat = sys.modules.get("seqcache.feeders.compat")
-    return isinstance(error, fmt.CacheError) or (compat is not None and isinstance(error, compat.FeederStateError))
+    """Whether ``error`` is a ``CacheError`` or a ``FeederStateError`` (either
+    module is imported once such an error can be raised)."""
+    codec, compat = sys.modules.get("seqcache.codec"), sys.modules.get("seqcache.feeders.compat")
+    return (codec is not None and isinstance(error, codec.CacheError)) or \
+        (compat is not None and isinstance(error, compat.FeederStateError))
+
+
+def _is_definitions_error(error: BaseException) -> bool:
+    """Whether ``error`` is a ``DefinitionsError``: a ``--module`` that raised
+    while it was imported (``seqcache.tasks.registry``, imported by then)."""
+    registry = sys.modules.get("seqcache.tasks.registry")
+    return registry is not None and isinstance(error, registry.DefinitionsError)
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -142,6 +154,8 @@ def main():
 def _check_environment() -> None:
     """Refuses, before any command runs, a ``SEQCACHE_ENCODING_THREADS`` that is
     not a positive integer (a click.ClickException naming it), which would fail a command midway."""
+    from seqcache.tasks.vocabularies import encoding_threads  # the tasks: not for `seqcache --help` or `--version`
+
     try:
         encoding_threads()
     except ValueError as e:

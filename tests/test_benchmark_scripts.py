@@ -202,3 +202,17 @@ def test_near_duplicates_benchmark_measures_recall_per_band_of_similarity(tmp_pa
     assert sum(b["pairs"] for b in bands) == 300
     top = bands[-1]  # J >= 0.9: every pair found, as the curve says
     assert top["pairs"] and top["removed"] == top["pairs"] and top["predicted"] > 0.99
+
+
+def test_startup_benchmark_counts_modules_and_times_each_command(tmp_path):
+    out = tmp_path / "startup.json"
+    done = subprocess.run([sys.executable, "benchmarks/startup.py", "--repeat", "1", "--json", str(out)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {row["command"]: row for row in json.loads(out.read_text())}
+    assert set(rows) == {"seqcache --help", "seqcache build --help", "seqcache scan (one line)",
+                         "seqcache build (one record)"}, rows
+    assert all(row["modules"] > 50 and row["cpu_s"] > 0 for row in rows.values()), rows
+    # Beam comes with the build alone (tests/test_startup.py pins the counts).
+    assert rows["seqcache --help"]["modules"] < rows["seqcache build --help"]["modules"] \
+        < rows["seqcache build (one record)"]["modules"], rows

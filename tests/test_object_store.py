@@ -367,7 +367,7 @@ def _without_aws_credentials(monkeypatch):
 
 def test_build_task_hands_its_pipeline_args_to_filesystems(s3, caches, monkeypatch):
     from seqcache import fs
-    from seqcache.cli.commands.build import adhoc_task
+    from seqcache.cli.commands.adhoc import adhoc_task
     from seqcache.pipelines import BuildConfig, build_task
 
     _without_aws_credentials(monkeypatch)

@@ -12,7 +12,7 @@ import click
 
 from seqcache import format as fmt
 from seqcache.cli.commands import common
-from seqcache.cli.commands.build import beam_logging, beam_pipeline_args
+from seqcache.cli.commands.build_run import beam_logging, beam_pipeline_args
 from seqcache.cli.commands.which import read_state, resolve
 from seqcache.feeders.provenance import open_checked, check_as_feeder
 from seqcache.feeders.stream import check_same_features, open_mixture

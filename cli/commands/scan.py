@@ -11,7 +11,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from seqcache.cli.commands import common
-from seqcache.cli.commands.build import adhoc_task
+from seqcache.cli.commands.adhoc import adhoc_task
 from seqcache.tasks.scan import scan_task
 
 

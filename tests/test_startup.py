@@ -1,0 +1,95 @@
+"""What the ``seqcache`` executable imports (benchmarks/README.md, "Start-up:
+what a command imports"): ``seqcache --help`` the group and click alone,
+``seqcache build --help`` the command's flags without Beam, and a one-record
+local build Beam's core and its local engine, without Beam's IO connectors
+(``apache_beam.io``'s ``__init__``), cloud clients, pandas, TensorFlow or JAX
+(``seqcache.process.import_beam``). Each command runs in a fresh interpreter
+that writes the names in ``sys.modules`` as it exits; the bounds are the
+counts measured when they were set, plus about 10%, so that an import that
+creeps back in fails here."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# The executable, with the modules loaded written to $SEQCACHE_MODULES_OUT at exit.
+WRAPPER = r'''
+import atexit, json, os, sys
+
+
+def _write():
+    with open(os.environ["SEQCACHE_MODULES_OUT"], "w") as f:
+        json.dump(sorted(sys.modules), f)
+
+
+atexit.register(_write)
+sys.argv[0] = "seqcache"
+from seqcache.cli.executable import run
+
+run()
+'''
+
+# Measured counts (Python 3.11, the test extras installed) and the bounds: +~10%.
+HELP_MODULES = 163
+BUILD_HELP_MODULES = 417
+ONE_RECORD_BUILD_MODULES = 1287
+HEADROOM = 1.1
+
+# Beam's IO connectors, which ``apache_beam.io``'s own __init__ imports; a seqcache build uses none.
+BEAM_CONNECTORS = ("apache_beam.io.avroio", "apache_beam.io.textio", "apache_beam.io.parquetio",
+                   "apache_beam.io.tfrecordio", "apache_beam.io.mongodbio", "apache_beam.io.gcp.bigquery",
+                   "apache_beam.io.gcp.pubsub")
+# Cloud clients and heavy libraries a local build of text needs none of.
+NOT_IN_A_LOCAL_BUILD = ("pandas", "tensorflow", "jax", "boto3", "botocore", "s3fs", "gcsfs", "pymongo", "torch",
+                        "matplotlib")
+
+
+def _modules(tmp_path, *args) -> tuple[list[str], subprocess.CompletedProcess]:
+    """The modules loaded by ``seqcache ARGS`` run in ``tmp_path``, and the finished process."""
+    script = tmp_path / "seqcache_modules.py"
+    script.write_text(WRAPPER)
+    out = tmp_path / "modules.json"
+    env = {**os.environ, "SEQCACHE_MODULES_OUT": str(out)}
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()), done
+
+
+def _under(modules, *packages) -> list[str]:
+    """The modules of ``modules`` that are one of ``packages`` or inside one."""
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in packages)]
+
+
+def test_seqcache_help_imports_the_group_alone(tmp_path):
+    modules, done = _modules(tmp_path, "--help")
+    assert "build" in done.stdout and "Commands" in done.stdout
+    assert len(modules) <= HELP_MODULES * HEADROOM, f"{len(modules)} modules (measured {HELP_MODULES})"
+    assert not _under(modules, "apache_beam", "numpy", "rich", "pyarrow", "msgspec", "seqcache.tasks")
+    assert not [m for m in modules if m.startswith("seqcache.cli.commands.")]  # the summaries come from the text
+
+
+def test_build_help_imports_no_beam(tmp_path):
+    modules, done = _modules(tmp_path, "build", "--help")
+    assert "--cache-dir" in done.stdout and "--source" in done.stdout
+    assert len(modules) <= BUILD_HELP_MODULES * HEADROOM, f"{len(modules)} modules (measured {BUILD_HELP_MODULES})"
+    assert not _under(modules, "apache_beam", "seqcache.pipelines.build", "seqcache.pipelines.runner",
+                      "seqcache.cli.commands.build_run", "grpc", "jax", "tensorflow", "pandas")
+
+
+def test_a_one_record_local_build_imports_beams_core_alone(tmp_path):
+    (tmp_path / "one.txt").write_text("hello world\n")
+    modules, done = _modules(tmp_path, "build", "--source", "text:one.txt", "--name", "one",
+                             "--cache-dir", str(tmp_path / "caches"))
+    assert "1 example in 1 shard" in done.stderr, done.stderr
+    assert (tmp_path / "caches" / "one" / "train" / "manifest.json").exists()
+    assert len(modules) <= ONE_RECORD_BUILD_MODULES * HEADROOM, \
+        f"{len(modules)} modules (measured {ONE_RECORD_BUILD_MODULES})"
+    assert "apache_beam.runners.portability.fn_api_runner" in modules  # the local engine: Beam is there
+    assert not _under(modules, *NOT_IN_A_LOCAL_BUILD, *BEAM_CONNECTORS)
+    # google.cloud alone is a namespace package (Beam's Dataflow runner tries `from google.cloud import
+    # dataflow`); a client library would be a module inside it.
+    assert not [m for m in modules if m.startswith("google.cloud.")]

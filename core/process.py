@@ -1,25 +1,16 @@
 """The seqcache process's own settings, in one place: which process is one of
 seqcache's own (the ``seqcache`` executable or a worker of its local engine),
 its frozen heap (``gc.freeze``), glibc malloc's thresholds, and Beam imported
-quietly, without pandas, its IO connectors or boto3. Each is measured in
-benchmarks/README.md."""
+quietly and without pandas. Each is measured in benchmarks/README.md."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
-import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import logging
 import os
 import signal
 import sys
-import threading
-import types
-from typing import Iterator, Sequence
 
 _own_process = False
 
@@ -95,137 +86,27 @@ def freeze_heap() -> None:
 def import_beam():
     """Imports Beam (``apache_beam``) without its import-time warning about
     optional GCP client libraries (root logger, WARNING), which says nothing
-    about seqcache's work, without pandas, without its IO connectors and
-    without boto3 (benchmarks/README.md, "Start-up: what a command imports").
+    about seqcache's work, and without pandas.
 
     Beam imports pandas whenever it is installed, only to register pandas
     types for batched DoFns, which no seqcache pipeline uses: about a quarter
     of Beam's import time. While Beam is imported here, ``import pandas``
     fails (Beam then leaves those types out); afterwards it works as before.
-    When pandas is already imported, Beam's import is left alone.
-
-    ``apache_beam.io``'s own ``__init__`` imports every IO connector (Avro,
-    Parquet, TFRecord, text, MongoDB with pymongo, BigQuery and Pub/Sub),
-    which no seqcache pipeline uses: here it runs on the first read of a name
-    it defines (``beam.io.WriteToText``; pandas hidden then too), not with
-    Beam (``_BeamIOFinder``). A submodule imports as usual, when it is
-    imported: Beam's file systems with Beam, a connector when a pipeline
-    that uses it is built or unpickled (as Beam makes it: ``textio`` imports
-    pandas). Beam's S3 client module imports boto3 (with botocore, about 100
-    modules) as Beam starts: it gets boto3 on its first use instead
-    (``_Deferred``), when an s3:// URL is first opened."""
+    When pandas is already imported, Beam's import is left alone."""
     if "apache_beam.io.filesystems" not in sys.modules:
-        finder = _BeamIOFinder() if "apache_beam.io" not in sys.modules else None
-        if finder is not None:
-            sys.meta_path.insert(0, finder)
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)
+        hidden = "pandas" not in sys.modules
+        if hidden:
+            sys.modules["pandas"] = None  # an import of it raises ImportError
         try:
-            with _beam_importing(_HIDDEN_FROM_BEAM) as hidden:
-                import apache_beam.io.filesystems  # noqa: F401  keeps Beam out of the feeder's import
+            import apache_beam.io.filesystems  # noqa: F401  keeps Beam out of the feeder's import
         finally:
-            if finder is not None:
-                sys.meta_path.remove(finder)
-        if "boto3" in hidden:
-            _defer_boto3()
+            root.setLevel(level)
+            if hidden and sys.modules.get("pandas", 0) is None:
+                del sys.modules["pandas"]
     return sys.modules["apache_beam"]
-
-
-@contextlib.contextmanager
-def _beam_importing(names: Sequence[str]) -> Iterator[list[str]]:
-    """While the block imports (part of) Beam: the root logger at ERROR
-    (Beam's imports warn there about optional GCP client libraries, apitools
-    and BigQuery), and the modules ``names`` not imported yet hidden (an
-    import of one raises ImportError). Yields the names hidden."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    hidden = [name for name in names if name not in sys.modules]
-    for name in hidden:
-        sys.modules[name] = None
-    try:
-        yield hidden
-    finally:
-        root.setLevel(level)
-        for name in hidden:
-            if sys.modules.get(name, 0) is None:
-                del sys.modules[name]
-
-
-# Hidden while ``import_beam`` imports Beam: pandas (Beam leaves its pandas
-# batch types out) and boto3 (its S3 client gets a ``_Deferred`` boto3).
-_HIDDEN_FROM_BEAM = ("pandas", "boto3")
-# The module of Beam's S3 client, which keeps boto3 (None when missing) as a global.
-_BEAM_S3_CLIENT = "apache_beam.io.aws.clients.s3.boto3_client"
-
-
-class _Deferred(types.ModuleType):
-    """Stands for a module that is imported on the first read of one of its
-    attributes (``boto3.session``), then read from the module itself."""
-
-    def __getattr__(self, name):
-        return getattr(importlib.import_module(self.__name__), name)
-
-
-def _defer_boto3() -> None:
-    """Gives Beam's S3 client, imported while boto3 was hidden, a boto3 that is
-    imported on its first use, where boto3 is installed (without it, None as
-    Beam found it)."""
-    client = sys.modules.get(_BEAM_S3_CLIENT)
-    if client is not None and getattr(client, "boto3", 0) is None and importlib.util.find_spec("boto3") is not None:
-        client.boto3 = _Deferred("boto3")
-
-
-class _BeamIOFinder(importlib.abc.MetaPathFinder):
-    """Finds ``apache_beam.io`` as usual, with a loader (``_BeamIOLoader``) that
-    leaves its ``__init__`` for the first read of a name it defines."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "apache_beam.io":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        spec.loader = _BeamIOLoader(spec.loader)
-        return spec
-
-
-class _BeamIOLoader(importlib.abc.Loader):
-    """Makes ``apache_beam.io`` a package whose ``__init__`` (every IO
-    connector) runs on the first read of an attribute it does not have that
-    is not a submodule; reading a submodule's name imports the submodule.
-    The package imports ``iobase`` at once, as its ``__init__`` does first
-    (through ``avroio``): Beam's own modules import one another in that
-    order."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        module.__spec__.loader = module.__loader__ = self.loader
-        lock = threading.RLock()
-        running = []
-
-        def __getattr__(name):  # noqa: N807  (PEP 562)
-            submodule = f"{module.__name__}.{name}"
-            if name.isidentifier() and importlib.machinery.PathFinder.find_spec(submodule, module.__path__):
-                return importlib.import_module(submodule)
-            with lock:
-                if not running and module.__dict__.get("__getattr__") is __getattr__:
-                    running.append(True)  # a read from the __init__ itself, in this thread, is a plain read
-                    try:
-                        with _beam_importing(("pandas",)):  # as when Beam was imported
-                            self.loader.exec_module(module)
-                    finally:
-                        del module.__dict__["__getattr__"]
-            try:
-                return module.__dict__[name]
-            except KeyError:
-                raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}") from None
-
-        module.__getattr__ = __getattr__
-        importlib.import_module(f"{module.__name__}.iobase")
 
 
 # Fault injection, for the tests of builds that die at a chosen moment (docs/bad-input.md,

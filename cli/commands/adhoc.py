@@ -10,6 +10,7 @@ import click
 
 from seqcache import lengths as lengths_lib
 from seqcache import tasks
+from seqcache.cli.commands import common
 
 
 def parse_sequence_length(values, default_feature="targets"):
@@ -22,6 +23,28 @@ def parse_sequence_length(values, default_feature="targets"):
         return lengths_lib.parse_sequence_length(values, default_feature) or None
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
+
+
+def source_options(command):
+    """The flags that describe an ad-hoc task's input, one definition for
+    ``build`` and ``scan``: ``--source`` (given once), ``--exclude``
+    (repeatable), ``--vocabulary``. A decorator of a click command."""
+    for option in reversed((
+        click.option("--source", "source_spec", multiple=True, callback=common.given_once,
+                     help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column | "
+                          "tfrecord:GLOB[#feature] | tfds:NAME[/CONFIG][:VERSION][@SPLIT]#feature | "
+                          "hf:PATH[@SPLIT]#column; two values per record: parallel:inputs=GLOB,targets=GLOB "
+                          "(line-aligned files) | jsonl:GLOB#inputs=FIELD,targets=FIELD | "
+                          "parquet:GLOB#inputs=COLUMN,targets=COLUMN | tsv:GLOB[#inputs=0,targets=1] "
+                          "(tab-separated columns)."),
+        click.option("--exclude", "exclude", multiple=True,
+                     help="Ad-hoc task: leave out files whose path matches this glob (repeatable)."),
+        click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,
+                     help="Ad-hoc task vocabulary: byte, a SentencePiece .model path or a Hugging Face "
+                          "tokenizer.json path (scan: for its token id checks)."),
+    )):
+        command = option(command)
+    return command
 
 
 # The objectives of an ad-hoc task (``--objective``; ``adhoc_task`` says what each makes).

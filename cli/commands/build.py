@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from seqcache.cli.commands import common
+from seqcache.cli.commands import adhoc
 from seqcache.cli.commands.adhoc import OBJECTIVES, PACK_DEFAULT, PACKINGS
 
 # ``--work``: keep the build's work while it runs (auto), after too (keep), or not at all (off).
@@ -25,15 +26,10 @@ WORK_MODES = ("auto", "keep", "off")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--cache-dir", required=True, help="Root folder of caches (local path, or gs://... / s3://... URL).")
 @common.MODULES_OPTION
-@click.option("--source", "source_spec", multiple=True, callback=common.given_once, help="Ad-hoc task source: text:GLOB | files:GLOB | jsonl:GLOB#field | "
-              "parquet:GLOB#column | tfrecord:GLOB[#feature] | tfds:NAME[/CONFIG][:VERSION][@SPLIT]#feature | "
-              "hf:PATH[@SPLIT]#column; two values per record: parallel:inputs=GLOB,targets=GLOB (line-aligned files) | "
-              "jsonl:GLOB#inputs=FIELD,targets=FIELD | parquet:GLOB#inputs=COLUMN,targets=COLUMN | "
-              "tsv:GLOB[#inputs=0,targets=1] (tab-separated columns).")
+@adhoc.source_options
 @click.option("--tfds-data-dir", "tfds_data_dir", help="Ad-hoc tfds: source: the folder the TFDS dataset was prepared "
               "into (default: $TFDS_DATA_DIR or ~/tensorflow_datasets). Nothing is downloaded.")
 @common.on_error_option()
-@click.option("--exclude", "exclude", multiple=True, help="Ad-hoc task: leave out files whose path matches this glob (repeatable).")
 @click.option("--exclude-benchmark", "exclude_benchmarks", multiple=True, metavar="[NAME=]SPEC",
               help="Leave out (quarantine) every source record that shares an n-gram of normalised words with an "
               "item of this benchmark, a source spec such as jsonl:test.jsonl#question (repeatable; NAME=SPEC names "
@@ -48,7 +44,6 @@ WORK_MODES = ("auto", "keep", "off")
               "compared, joined by +; default every text field) and rounds (6: the clustering's shuffle rounds), "
               "e.g. ngram=5,bands=20,rows=5. Words are compared after lower-casing and removing punctuation; see "
               "docs/bad-input.md. Each but rounds enters the cache's fingerprint.")
-@click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True, help="Ad-hoc task vocabulary: byte, a SentencePiece .model path or a Hugging Face tokenizer.json path.")
 @click.option("--extra-ids", default=0, show_default=True, help="Sentinel ids appended to the ad-hoc vocabulary "
               "(span_corruption needs one per noise span; T5 uses 100).")
 @click.option("--name", "adhoc_name", help="Name of the ad-hoc task (the cache folder name).")

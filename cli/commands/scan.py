@@ -11,6 +11,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from seqcache.cli.commands import common
+from seqcache.cli.commands import adhoc
 from seqcache.cli.commands.adhoc import adhoc_task
 from seqcache.tasks.scan import scan_task
 
@@ -27,11 +28,8 @@ def near_line(label: str, found: dict) -> str:
 @click.command()
 @click.argument("name", required=False)
 @common.MODULES_OPTION
-@click.option("--source", "source_spec", multiple=True, callback=common.given_once, help="Ad-hoc source: text:GLOB | files:GLOB | jsonl:GLOB#field | parquet:GLOB#column.")
-@click.option("--exclude", "exclude", multiple=True, help="Ad-hoc source: leave out files whose path matches this glob.")
+@adhoc.source_options
 @common.on_error_option("Ad-hoc source: the policy to compare against, as for build (default: each kind's default).")
-@click.option("--vocabulary", "vocabulary_spec", default="byte", show_default=True,
-              help="Ad-hoc source: vocabulary for the token id checks (byte, a SentencePiece .model path or a tokenizer.json path).")
 @click.option("--split", default=None, help="For a task with a source per split: scan this split's source only "
               "[default: every split's]. Ad-hoc tfds: and hf: sources: the split read unless the spec names one [default: train].")
 @click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many source records.")

@@ -179,6 +179,9 @@ def encode_example(specs: Sequence[FeatureSpec], example: Mapping[str, Any]) -> 
 
 
 _pack_len = struct.Struct("<I").pack
+# Mean payload bytes of a feature per example from which ``encode_batch`` copies
+# each example's piece as a slice (about 0.3 us) rather than by one index per byte.
+_SLICE_BYTES = 64
 
 
 def check_fits(name: str, dtype: str, lo: int, hi: int) -> None:
@@ -261,10 +264,14 @@ def encode_batch(specs: Sequence[FeatureSpec], columns: Mapping[str, tuple[np.nd
         if is_payload is not None:
             is_payload[where] = False
         elif payload.size:
-            # Byte j of this feature's payload of example i goes to start[i] + 4 + (j - first byte of example i).
             src_start = np.zeros(n, dtype=np.int64)
             np.cumsum(nbytes[:-1], out=src_start[1:])
-            data[np.repeat(start + 4 - src_start, nbytes) + np.arange(payload.size, dtype=np.int64)] = payload
+            if payload.size >= _SLICE_BYTES * n:  # long pieces: one slice copy each, not an index per byte
+                out, piece = memoryview(data), memoryview(np.ascontiguousarray(payload))
+                for to, at, size in zip((start + 4).tolist(), src_start.tolist(), nbytes.tolist()):
+                    out[to:to + size] = piece[at:at + size]
+            else:  # byte j of example i's payload goes to start[i] + 4 + (j - first byte of example i)
+                data[np.repeat(start + 4 - src_start, nbytes) + np.arange(payload.size, dtype=np.int64)] = payload
         start += 4 + nbytes
     if is_payload is not None:
         data[is_payload] = payloads[0]

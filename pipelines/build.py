@@ -687,27 +687,30 @@ def _steps(plan: BuildPlan, *, build_dir, scratch, spill_dir, work: _Work, heart
     if near is not None:
         clusters = (near.rounds, near_mod.ResolveClusters(
             paths=table, locator=getattr(task.source, "locator", "record"), spill_dir=spill_dir,
-            num_shards=num_shards, quarantine_key=transforms.QUARANTINE_KEY, counts_key=transforms.COUNTS_KEY))
+            num_shards=num_shards, quarantine_key=transforms.QUARANTINE_KEY, counts_key=transforms.COUNTS_KEY,
+            members=near_mod.member_dtype(len(reader.features), near)))
     return read, spread, write, summarize, clusters
 
 
 def _near_duplicate_clusters(spread, rounds: int, resolve, num_shards: int):
     """The near-duplicate branch (near.py) from the copies step's output: its
-    ``bytes``-keyed values through the band buckets, ``rounds`` pairs of
-    large-star and small-star rounds, the labels and the clusters; returns
-    the quarantine chunks, counts and removed keys, keyed as the shards' values."""
-    near = spread | "NearValues" >> beam.Filter(lambda kv: isinstance(kv[0], bytes))
-    edges = (near | "Bands" >> beam.Filter(lambda kv: kv[0][:1] == near_mod.BAND_TAG)
+    band rows through the band buckets, ``rounds`` pairs of large-star and
+    small-star rounds, then the edges and the member info joined by node group
+    (the labels) and the clusters; returns the quarantine chunks, counts and
+    removed keys, keyed as the shards' values."""
+    def tagged(tag):
+        return lambda kv: isinstance(kv[0], bytes) and kv[0][:1] == tag
+
+    edges = (spread | "Bands" >> beam.Filter(tagged(near_mod.BAND_TAG))
              | "GroupByBand" >> beam.GroupByKey() | "StarEdges" >> beam.FlatMap(near_mod.StarEdges(num_shards)))
     for k in range(rounds):
         edges = (edges | f"GroupLarge{k}" >> beam.GroupByKey()
                  | f"LargeStar{k}" >> beam.FlatMap(near_mod.LargeStar(num_shards))
                  | f"GroupSmall{k}" >> beam.GroupByKey()
                  | f"SmallStar{k}" >> beam.FlatMap(near_mod.SmallStar(num_shards)))
-    labels = edges | "GroupStars" >> beam.GroupByKey() | "StarLabels" >> beam.FlatMap(near_mod.StarLabels(rounds))
-    members = near | "Members" >> beam.Filter(lambda kv: kv[0][:1] == near_mod.MEMBER_TAG)
-    return ((labels, members) | "LabelsAndMembers" >> beam.Flatten() | "GroupByMember" >> beam.GroupByKey()
-            | "JoinLabels" >> beam.FlatMap(near_mod.JoinLabels(num_shards))
+    members = spread | "Members" >> beam.Filter(tagged(near_mod.MEMBER_TAG))
+    return ((edges, members) | "EdgesAndMembers" >> beam.Flatten() | "GroupByNode" >> beam.GroupByKey()
+            | "JoinLabels" >> beam.FlatMap(near_mod.JoinLabels(rounds, num_shards, resolve.members))
             | "GroupByCluster" >> beam.GroupByKey() | "ResolveClusters" >> beam.FlatMap(resolve))
 
 

@@ -7,20 +7,25 @@ The steps, each a plain picklable callable (build.py wires them)::
         feature, SIGNATURE_FEATURE (uint32 (bands * rows,); kept in the work
         folder like any feature, stripped before a shard is written)
     SpreadCopies (its shard's entries) ──> per distinct record (copy k = 0),
-        gathered by group (``group_of``: a key range, as many as shards):
+        gathered by group (``groups_of``: a key range, as many as shards):
         (b"B" + group, rows of band hash and key)  one row per band  ``member_outputs``
-        (b"M" + group, [member info])  key, provenance, counts, signature
+        (b"M" + group, ("members", rows))  key, provenance, counts, signature
     GroupByKey(band group) ──> ``StarEdges``: each bucket's keys joined to its smallest
     ROUNDS x [GroupByKey(node group) ──> ``LargeStar`` ; GroupByKey ──> ``SmallStar``]
-    GroupByKey(node group) ──> ``StarLabels``: every node's component label
-        (the smallest key of its component), checked to be final
-    GroupByKey(b"M" + group: labels and member info) ──> ``JoinLabels``
+    GroupByKey(b"M" + node group: the edges and the member rows) ──> ``JoinLabels``:
+        every node's component label (the smallest key of its component),
+        checked to be final, joined to its member row
     GroupByKey(b"C" + shard of the label) ──> ``ResolveClusters``: per cluster
         the label's record is kept, every other member is removed: a
         quarantine entry naming the kept record and the estimated similarity,
         its examples and tokens taken off the counts, and its key sent to the
         shard that holds it (``(shard, ("near", keys))``), where ``WriteGroup``
         leaves its entries out.
+
+Every value of these steps is one byte string of fixed-width rows (or a
+tagged one) per group and sender, and every step is numpy over its rows
+(sorts, run starts, masks): no Python object or loop per band, edge or
+record, but for the quarantine entries of the records removed.
 
 Connected components: the large-star and small-star rounds of Kiveris,
 Seshadri, Shah and Vassilvitskii (2014, "Connected Components in MapReduce and
@@ -34,7 +39,7 @@ centred on its component's smallest node, is a fixed point of both. The paper
 proves convergence to that fixed point in O(log² n) rounds for n nodes (and
 observes far fewer). A Beam pipeline is a fixed graph, so the build runs a
 fixed number of rounds (``NearDuplicates.rounds``), then checks, node by node,
-that the graph is that fixed point (``StarLabels``): a node with a smaller
+that the graph is that fixed point (``JoinLabels``): a node with a smaller
 neighbour has exactly one neighbour. The clusters are then exact (a chain
 A~B~C is one cluster even where A and C share no bucket); a graph that needs
 more rounds stops the build with one line naming the parameter, never a
@@ -54,7 +59,6 @@ distinct records; a record skipped counts once, as skipped.
 
 from __future__ import annotations
 
-import collections
 import os
 from typing import Any, Iterator, Sequence
 
@@ -63,7 +67,7 @@ import numpy as np
 from seqcache import format as fmt
 from seqcache import fs
 from seqcache.pipelines import shuffle, spill, stats as stats_mod
-from seqcache.tasks.near_duplicates import NearDuplicates, estimated_similarity
+from seqcache.tasks.near_duplicates import NearDuplicates
 from seqcache.tasks.sources.base import describe_record
 
 SIGNATURE_FEATURE = "near_duplicate_signature"
@@ -71,11 +75,25 @@ SIGNATURE_DTYPE = "uint32"
 BAND_TAG, MEMBER_TAG, CLUSTER_TAG = b"B", b"M", b"C"
 REMOVED_TAG = "near"
 KIND = "near_duplicate"
+# Rows of the cluster steps, each a plain byte string in a runner's values:
+# a band hash (big-endian, so its key range is its value's) and a record key;
+# an edge (u, v) between two record keys, sorted as bytes: by u, then v.
+_BAND_ROW = np.dtype([("band", ">u8"), ("key", "S16")])
+_EDGE_ROW = np.dtype([("u", "S16"), ("v", "S16")])
 
 
 def signature_spec() -> fmt.FeatureSpec:
     """The read step's last feature when near duplicates are removed."""
     return fmt.FeatureSpec(SIGNATURE_FEATURE, SIGNATURE_DTYPE)
+
+
+def member_dtype(num_features: int, params: NearDuplicates) -> np.dtype:
+    """A clustered record's member info, one row of the member values:
+    ``key`` (its shuffle key), ``file`` and ``record`` (its provenance),
+    ``examples`` and ``tokens`` (int64 (num_features,), per read feature)
+    over the examples of copy k = 0, and ``signature`` (uint32 (bands * rows,))."""
+    return np.dtype([("key", "S16"), ("file", "<u4"), ("record", "<u8"), ("examples", "<i8"),
+                     ("tokens", "<i8", (num_features,)), ("signature", "<u4", (params.num_hashes,))])
 
 
 def signature_column(params: NearDuplicates, records: Sequence, index: np.ndarray, where) -> tuple:
@@ -91,15 +109,18 @@ def signature_column(params: NearDuplicates, records: Sequence, index: np.ndarra
     Raises:
       ValueError: a record lacks a field the parameters name (``where`` names it).
     """
-    distinct = np.unique(index).tolist()
-    texts = [params.text_of(records[i].data, where(records[i])) for i in distinct]
-    sigs = dict(zip(distinct, params.signatures(texts)))
-    empty = np.zeros(0, np.uint32)
-    parts = [sigs[i] if sigs[i] is not None else empty for i in np.asarray(index).tolist()]
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum([len(p) for p in parts], out=offsets[1:])
-    values = np.concatenate(parts) if parts else empty
-    return values.astype(np.uint32), offsets
+    def text(record) -> str:
+        try:
+            return params.text_of(record.data)
+        except ValueError:  # again, naming the record (``where`` only on this path)
+            return params.text_of(record.data, where(record))
+
+    distinct, inverse = np.unique(np.asarray(index, dtype=np.int64), return_inverse=True)
+    sigs, has = params.signatures([text(records[i]) for i in distinct.tolist()])
+    carries = has[inverse]
+    offsets = np.zeros(len(inverse) + 1, dtype=np.int64)
+    np.cumsum(np.where(carries, params.num_hashes, 0), out=offsets[1:])
+    return sigs[inverse[carries]].reshape(-1), offsets
 
 
 def strip_signatures(entries: spill.ShardEntries) -> spill.ShardEntries:
@@ -111,78 +132,91 @@ def strip_signatures(entries: spill.ShardEntries) -> spill.ShardEntries:
     return entries
 
 
-def group_of(key: bytes, groups: int) -> int:
-    """The group (of ``groups``) of a band hash or a record key: the key range
-    of its first 8 bytes (``shuffle.shard_of``). The cluster steps work on
-    groups, one element each per sender, so that a runner moves a few large
-    values instead of one per band, edge or record."""
-    return shuffle.shard_of(key, groups)
+def groups_of(rows: np.ndarray, groups: int) -> np.ndarray:
+    """int64 (n,): the group (of ``groups``) of each row (a byte-string array
+    whose rows start with a band hash or a record key): the key range of its
+    first 8 bytes (``shuffle.shard_of``). The cluster steps work on groups,
+    one element each per sender, so that a runner moves a few large values
+    instead of one per band, edge or record."""
+    raw = np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), rows.itemsize)
+    return shuffle.shards_of(np.ascontiguousarray(raw[:, :8]).view(">u8").reshape(-1), groups)
 
 
 def _tag(tag: bytes, group: int) -> bytes:
-    return tag + group.to_bytes(4, "big")
+    return tag + int(group).to_bytes(4, "big")
+
+
+def _by_group(tag: bytes, rows: np.ndarray, groups: int, wrap=bytes) -> Iterator[tuple[bytes, Any]]:
+    """``(tag + group, wrap(bytes of its rows))`` per group of ``rows`` (sorted: groups are key ranges)."""
+    g = groups_of(rows, groups)
+    cuts = np.flatnonzero(g[1:] != g[:-1]) + 1
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)]):
+        if hi > lo:
+            yield _tag(tag, g[lo]), wrap(rows[lo:hi].tobytes())
+
+
+def _unique(rows: np.ndarray, runs: bool = False) -> np.ndarray:
+    """The distinct rows of a byte-string array, sorted. ``runs``: the rows
+    are sorted runs (several senders' values), which a stable sort merges in
+    about linear time."""
+    rows = np.sort(rows, kind="stable" if runs else None)
+    return rows[np.concatenate([[True], rows[1:] != rows[:-1]])] if len(rows) else rows
+
+
+def _run_starts(values: np.ndarray) -> np.ndarray:
+    """int64 (n,): for sorted ``values``, the index of the first of each one's run of equal values."""
+    new = np.ones(len(values), dtype=bool)
+    new[1:] = values[1:] != values[:-1]
+    return np.flatnonzero(new)[np.cumsum(new) - 1]
 
 
 def member_outputs(entries: spill.ShardEntries, params: NearDuplicates, groups: int) -> Iterator[tuple[bytes, Any]]:
     """The near-duplicate values of one shard (its entries sorted, the copies
-    ranked), per group (``group_of``): ``(BAND_TAG + group, rows)``, 24-byte
-    rows of a band hash (8) and a record key (16), one per band of each
-    distinct record with a signature; and ``(MEMBER_TAG + group, [(key,
-    file index, record number, examples, [tokens of each read feature],
-    signature bytes)])``, the member info of each (counts over the examples
-    of copy k = 0), grouped by the record key's group."""
+    ranked), per group (``groups_of``), for each distinct record with a
+    signature: ``(BAND_TAG + group, rows)``, 24-byte rows of a band hash and
+    its key (one per band); and ``(MEMBER_TAG + group, ("members", rows))``,
+    its member info (``member_dtype``) by the group of its key."""
     if not len(entries):
         return
-    rank = shuffle.copy_ranks(entries.key, entries.sub_index)
-    keys = entries.key
-    rows = np.flatnonzero(rank == 0)
-    starts = rows[np.concatenate([[True], keys[rows][1:] != keys[rows][:-1]])] if len(rows) else rows
-    group = np.searchsorted(starts, rows, side="right") - 1
-    examples = np.bincount(group, minlength=len(starts))
-    tokens = np.zeros((len(starts), entries.lengths.shape[1]), dtype=np.int64)
-    np.add.at(tokens, group, entries.lengths[rows].astype(np.int64))
-    wanted = {int(r): g for g, r in enumerate(starts.tolist())}
-    bands, members = collections.defaultdict(list), collections.defaultdict(list)
-    for lo, hi, data in entries.example_chunks():
-        for r in range(lo, hi):
-            g = wanted.get(r)
-            if g is None or not entries.lengths[r, -1]:
-                continue
-            size = 4 * int(entries.lengths[r, -1])
-            sig = bytes(data[r - lo][-size:])
-            key = keys[r].tobytes()
-            for h in params.band_hashes(np.frombuffer(sig, dtype="<u4")):
-                bands[group_of(h, groups)].append(h + key)
-            members[group_of(key, groups)].append((key, int(entries.file_index[r]), int(entries.record_number[r]),
-                                                   int(examples[g]), tokens[g].tolist(), sig))
-    for g in sorted(bands):
-        yield _tag(BAND_TAG, g), b"".join(sorted(bands[g]))
-    for g in sorted(members):
-        yield _tag(MEMBER_TAG, g), members[g]
+    rows = np.flatnonzero(shuffle.copy_ranks(entries.key, entries.sub_index) == 0)
+    keys = entries.key[rows].view("S16")
+    new = np.concatenate([[True], keys[1:] != keys[:-1]])
+    starts = np.flatnonzero(new)  # each distinct record's first example, in ``rows``
+    lengths = entries.lengths[rows].astype(np.int64)
+    signed = lengths[starts, -1] > 0  # the records with a signature (its length: the last feature's)
+    want = rows[starts[signed]]  # their first examples, as entries
+    if not len(want):
+        return
+    size, sigs = 4 * params.num_hashes, []
+    for lo, hi, data in entries.example_chunks():  # a signature: the last bytes of its example
+        sigs += [data[r - lo][-size:] for r in want[np.searchsorted(want, lo):np.searchsorted(want, hi)].tolist()]
+    members = np.zeros(len(want), dtype=member_dtype(lengths.shape[1], params))
+    members["signature"] = np.frombuffer(b"".join(sigs), dtype="<u4").reshape(len(want), -1)
+    members["key"] = keys[starts[signed]]
+    members["file"] = entries.file_index[want]
+    members["record"] = entries.record_number[want]
+    members["examples"] = np.diff(np.append(starts, len(rows)))[signed]
+    members["tokens"] = np.add.reduceat(lengths, starts, axis=0)[signed]
+    bands = np.zeros((len(want), params.bands), dtype=_BAND_ROW)
+    bands["band"] = params.band_hashes(members["signature"])
+    bands["key"] = members["key"][:, None]
+    yield from _by_group(BAND_TAG, _unique(bands.reshape(-1).view("S24")), groups)
+    yield from _by_group(MEMBER_TAG, members, groups, lambda rows: ("members", rows))
 
 
-def _rows(blobs, size: int) -> Iterator[bytes]:
-    """The ``size``-byte rows of every blob of ``blobs``."""
-    for blob in blobs:
-        for at in range(0, len(blob), size):
-            yield blob[at:at + size]
+def _routed(u: np.ndarray, v: np.ndarray, groups: int) -> Iterator[tuple[bytes, bytes]]:
+    """``(MEMBER_TAG + group, 32-byte rows (u, v))``: the edges u -> v and v -> u
+    (``S16`` (n,) each), each by the group of its first node, rows distinct and sorted."""
+    edges = np.zeros(2 * len(u), dtype=_EDGE_ROW)
+    edges["u"], edges["v"] = np.concatenate([u, v]), np.concatenate([v, u])
+    yield from _by_group(MEMBER_TAG, _unique(edges.view("S32")), groups)
 
 
-def _routed(edges: set, groups: int) -> Iterator[tuple[bytes, bytes]]:
-    """``(group, 32-byte rows (u, v))``: the edges, each by the group of u, rows sorted."""
-    out = collections.defaultdict(list)
-    for u, v in edges:
-        out[group_of(u, groups)].append(u + v)
-    for g in sorted(out):
-        yield g.to_bytes(4, "big"), b"".join(sorted(out[g]))
-
-
-def _adjacency(blobs) -> dict[bytes, set]:
-    """node -> its neighbours, from 32-byte edge rows (u, v)."""
-    around: dict[bytes, set] = collections.defaultdict(set)
-    for row in _rows(blobs, 32):
-        around[row[:16]].add(row[16:])
-    return around
+def _edges(blobs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(u, v, first)`` of the distinct 32-byte edge rows of ``blobs``, sorted
+    by u then v: ``S16`` (n,) twice, and int64 (n,), the row of u's smallest neighbour."""
+    edges = _unique(np.frombuffer(b"".join(blobs), dtype="S32"), runs=True).view(_EDGE_ROW)
+    return edges["u"], edges["v"], _run_starts(edges["u"])
 
 
 class StarEdges:
@@ -195,17 +229,10 @@ class StarEdges:
 
     def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
         _, blobs = element
-        buckets: dict[bytes, set] = collections.defaultdict(set)
-        for row in _rows(blobs, 24):
-            buckets[row[:8]].add(row[8:])
-        edges = set()
-        for keys in buckets.values():
-            if len(keys) > 1:
-                nodes = sorted(keys)
-                for v in nodes[1:]:
-                    edges.add((nodes[0], v))
-                    edges.add((v, nodes[0]))
-        yield from _routed(edges, self.groups)
+        rows = _unique(np.frombuffer(b"".join(blobs), dtype="S24"), runs=True).view(_BAND_ROW)
+        first = _run_starts(rows["band"])
+        leaf = first != np.arange(len(rows))
+        yield from _routed(rows["key"][first[leaf]], rows["key"][leaf], self.groups)
 
 
 class _Round:
@@ -222,15 +249,10 @@ class LargeStar(_Round):
     neighbours; rows in and out as ``StarEdges``'."""
 
     def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
-        _, blobs = element
-        edges = set()
-        for u, around in _adjacency(blobs).items():
-            m = min(around | {u})
-            for v in around:
-                if v > u and v != m:
-                    edges.add((v, m))
-                    edges.add((m, v))
-        yield from _routed(edges, self.groups)
+        u, v, first = _edges(element[1])
+        m = np.where(v[first] < u, v[first], u)
+        larger = v > u
+        yield from _routed(v[larger], m[larger], self.groups)
 
 
 class SmallStar(_Round):
@@ -239,129 +261,113 @@ class SmallStar(_Round):
     them; rows in and out as ``StarEdges``'."""
 
     def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
-        _, blobs = element
-        edges = set()
-        for u, around in _adjacency(blobs).items():
-            smaller = sorted(v for v in around if v < u)
-            if not smaller:
-                continue
-            m = smaller[0]
-            for v in [*smaller[1:], u]:
-                edges.add((v, m))
-                edges.add((m, v))
-        yield from _routed(edges, self.groups)
-
-
-class StarLabels:
-    """After the rounds, a group of nodes: ``(MEMBER_TAG + group, ("labels",
-    32-byte rows (node, label)))`` out, the label being the node's one smaller
-    neighbour (a leaf) or the node itself (a centre).
-
-    Raises:
-      ValueError: the graph is not yet stars (a node with a smaller neighbour
-        and another neighbour): more rounds are needed, named in the message.
-    """
-
-    def __init__(self, rounds: int):
-        self.rounds = int(rounds)
-
-    def __call__(self, element) -> Iterator[tuple[bytes, tuple]]:
-        group, blobs = element
-        out = []
-        for u, around in sorted(_adjacency(blobs).items()):
-            smaller = [v for v in around if v < u]
-            if smaller and len(around) != 1:
-                raise ValueError(f"near duplicates: the clusters of the candidate pairs did not settle in "
-                                 f"{self.rounds} round{'s' if self.rounds != 1 else ''} (a record still links "
-                                 f"{len(around)} others); run the build again with --near-duplicates "
-                                 f"rounds={max(6, 4 * self.rounds)}")
-            out.append(u + (smaller[0] if smaller else u))
-        yield MEMBER_TAG + group, ("labels", b"".join(out))
+        u, v, first = _edges(element[1])
+        m, head = v[first], first == np.arange(len(u))
+        linked = np.where(head, m < u, v < u)  # u itself on its first row (v = m), every other smaller v on its own
+        yield from _routed(np.where(head, u, v)[linked], m[linked], self.groups)
 
 
 class JoinLabels:
-    """``(MEMBER_TAG + group, [member lists, ("labels", rows)])`` in; for each
-    record in a cluster, its ``(label, key, info)`` in ``(CLUSTER_TAG + the
-    label's shard, [...])`` out. ``num_shards``: the build's."""
+    """After the rounds, a group of nodes: ``(MEMBER_TAG + group, [edge rows,
+    ("members", rows)])`` in (the rounds' edges and ``member_outputs``' member
+    info); each node's label, its one smaller neighbour (a leaf) or itself (a
+    centre), joined to its member info: ``(CLUSTER_TAG + the label's shard,
+    rows of label (16 bytes) and member info)`` out. ``members``: ``member_dtype``.
 
-    def __init__(self, num_shards: int):
-        self.num_shards = int(num_shards)
+    Raises:
+      ValueError: the graph is not yet stars (a node with a smaller neighbour
+        and another neighbour): more rounds are needed, named in the message;
+        or a node has no member info (a value the runner lost).
+    """
 
-    def __call__(self, element) -> Iterator[tuple[bytes, list]]:
+    def __init__(self, rounds: int, num_shards: int, members: np.dtype):
+        self.rounds, self.num_shards, self.members = int(rounds), int(num_shards), members
+
+    def __call__(self, element) -> Iterator[tuple[bytes, bytes]]:
         _, values = element
-        labels, members = {}, []
-        for v in values:
-            if isinstance(v, tuple) and len(v) == 2 and v[0] == "labels":
-                labels.update((row[:16], row[16:]) for row in _rows([v[1]], 32))
-            else:
-                members.extend(v)
-        out = collections.defaultdict(list)
-        for key, *info in members:
-            label = labels.pop(key, None)
-            if label is not None:
-                out[shuffle.shard_of(label, self.num_shards)].append((label, key, tuple(info)))
-        if labels:
-            raise ValueError(f"near duplicates: record key {next(iter(labels)).hex()} is in a cluster but has no "
+        u, v, first = _edges([x for x in values if isinstance(x, bytes)])
+        head = first == np.arange(len(u))
+        links = np.diff(np.append(np.flatnonzero(head), len(u)))[np.cumsum(head) - 1]
+        leaf = v[first] < u
+        unsettled = np.flatnonzero(leaf & (links != 1))
+        if len(unsettled):
+            raise ValueError(f"near duplicates: the clusters of the candidate pairs did not settle in "
+                             f"{self.rounds} round{'s' if self.rounds != 1 else ''} (a record still links "
+                             f"{links[unsettled[0]]} others); run the build again with --near-duplicates "
+                             f"rounds={max(6, 4 * self.rounds)}")
+        nodes, labels = u[head], np.where(leaf, v[first], u)[head]
+        members = np.frombuffer(b"".join(x[1] for x in values if isinstance(x, tuple)), dtype=self.members)
+        at = np.searchsorted(nodes, members["key"])
+        found = at < len(nodes)
+        found[found] = nodes[at[found]] == members["key"][found]
+        if found.sum() != len(nodes):
+            lost = nodes[~np.isin(nodes, members["key"][found])][:1]
+            raise ValueError(f"near duplicates: record key {lost.tobytes().hex()} is in a cluster but has no "
                              "member info (a lost value of the runner)")
-        for shard in sorted(out):
-            yield _tag(CLUSTER_TAG, shard), sorted(out[shard])
+        rows = np.zeros(len(nodes), dtype=[("label", "S16"), ("member", self.members)])
+        rows["label"], rows["member"] = labels[at[found]], members[found]
+        order = np.argsort(rows["label"], kind="stable")
+        yield from _by_group(CLUSTER_TAG, rows[order], self.num_shards)
 
 
 class ResolveClusters:
-    """``(CLUSTER_TAG + shard, [[(label, key, info)], ...])`` in: the clusters whose
-    kept record (the label) falls in that shard. For every member that is not
-    the label: a quarantine entry (action ``skipped``, kind
+    """``(CLUSTER_TAG + shard, [rows of label and member info])`` in: the
+    clusters whose kept record (the label) falls in that shard. For every
+    member that is not the label: a quarantine entry (action ``skipped``, kind
     ``near_duplicate``, naming the kept record and the estimated similarity,
     ``kept`` and ``similarity`` fields), in one chunk ``(QUARANTINE_KEY,
     path)``; its key in ``(shard, ("near", keys))`` to the shard that holds
     it; and one ``(COUNTS_KEY, ("near-<shard>", 0, per-file counts taken off,
     bad-input counts))``. ``paths`` (by file index, a sequence or the build's
-    ``WorkTable``) and ``locator`` word the entries."""
+    ``WorkTable``) and ``locator`` word the entries; ``members``: ``member_dtype``.
+
+    Raises:
+      ValueError: a cluster without its kept record's member info (a value the runner lost).
+    """
 
     def __init__(self, *, paths, locator: str | None, spill_dir: str, num_shards: int, quarantine_key: int,
-                 counts_key: int):
+                 counts_key: int, members: np.dtype):
         self.paths, self.locator, self.spill_dir, self.num_shards = paths, locator, spill_dir, int(num_shards)
-        self.quarantine_key, self.counts_key = quarantine_key, counts_key
+        self.quarantine_key, self.counts_key, self.members = quarantine_key, counts_key, members
 
     def __call__(self, element) -> Iterator[tuple[int, Any]]:
-        tagged, lists = element
+        tagged, blobs = element
         shard = int.from_bytes(tagged[1:], "big")
-        clusters = collections.defaultdict(dict)
-        for members in lists:
-            for label, key, info in members:
-                clusters[label][key] = info
-        buffer, removed = spill.QuarantineBuffer(), collections.defaultdict(list)
-        files, rows = [], []
-        paths = self.paths.paths if hasattr(self.paths, "paths") else self.paths
-        for label in sorted(clusters):
-            cluster = clusters[label]
-            kfi, krn, _, _, ksig = cluster[label]
-            kept_path = paths[kfi]
-            kept_sig = np.frombuffer(ksig, dtype="<u4")
-            for key in sorted(k for k in cluster if k != label):
-                fi, rn, examples, tokens, sig = cluster[key]
-                similarity = round(estimated_similarity(np.frombuffer(sig, dtype="<u4"), kept_sig), 4)
-                path = paths[fi]
-                message = (f"{describe_record(path, self.locator, rn, stable=True)} is a near duplicate of "
-                           f"{kept_path}: {describe_record(kept_path, self.locator, krn, stable=True)} (estimated "
-                           f"similarity {similarity}), which is kept (on_error near_duplicate=skip)")
-                buffer.add(fi, rn, "skipped", path, message, KIND,
-                           {"kept": {"source_index": kfi, "path": kept_path, "record_number": krn},
-                            "similarity": similarity})
-                removed[shuffle.shard_of(key, self.num_shards)].append(key)
-                files.append(fi)
-                rows.append([-examples, *(-t for t in tokens)])
-        if not len(buffer):
+        rows = np.frombuffer(b"".join(blobs), dtype=[("label", "S16"), ("member", self.members)])
+        rows = rows[np.lexsort((rows["member"]["key"], rows["label"]))]
+        label, members = rows["label"], rows["member"]
+        first = _run_starts(label)  # the label is its cluster's smallest key: its row comes first
+        if not np.array_equal(members["key"][first], label):
+            raise ValueError(f"near duplicates: the kept record of cluster {label[:1].tobytes().hex()} has no "
+                             "member info (a lost value of the runner)")
+        removed = np.flatnonzero(first != np.arange(len(rows)))
+        if not len(removed):
             return
+        kept = first[removed]
+        similarity = (members["signature"][removed] == members["signature"][kept]).mean(axis=1)
+        paths = self.paths.paths if hasattr(self.paths, "paths") else self.paths
+        files, records = members["file"].tolist(), members["record"].tolist()
+        buffer, kept_words = spill.QuarantineBuffer(), {}
+        for r, k, s in zip(removed.tolist(), kept.tolist(), similarity.tolist()):
+            fi, rn, kfi, krn, s = files[r], records[r], files[k], records[k], round(s, 4)
+            path, kept_path = paths[fi], paths[kfi]
+            if k not in kept_words:
+                kept_words[k] = f"{kept_path}: {describe_record(kept_path, self.locator, krn, stable=True)}"
+            message = (f"{describe_record(path, self.locator, rn, stable=True)} is a near duplicate of "
+                       f"{kept_words[k]} (estimated similarity {s}), which is kept (on_error near_duplicate=skip)")
+            buffer.add(fi, rn, "skipped", path, message, KIND,
+                       {"kept": {"source_index": kfi, "path": kept_path, "record_number": krn}, "similarity": s})
         chunk = fs.join(self.spill_dir, f"{spill.QUARANTINE_PREFIX}near-{shard:07d}-{os.urandom(6).hex()}.txt")
         fs.write_bytes(chunk, buffer.to_bytes())
         yield self.quarantine_key, chunk
-        for target in sorted(removed):
-            yield target, (REMOVED_TAG, b"".join(sorted(removed[target])))
+        keys = np.sort(members["key"][removed])
+        for target, blob in _by_group(b"", keys, self.num_shards):
+            yield int.from_bytes(target, "big"), (REMOVED_TAG, blob)
         bad_input = stats_mod.BadInputCounts()
-        bad_input.add_counts("skipped", len(buffer), {KIND: len(buffer)})
-        columns = [files, *np.asarray(rows, dtype=np.int64).T.tolist()]
-        yield self.counts_key, (f"near-{shard}", 0, columns, bad_input.to_json())
+        bad_input.add_counts("skipped", len(removed), {KIND: len(removed)})
+        counts = np.column_stack([members["examples"][removed], members["tokens"][removed]])
+        yield self.counts_key, (f"near-{shard}", 0, [members["file"][removed].tolist(), *(-counts).T.tolist()],
+                                bad_input.to_json())
 
 
 def split_removed(values) -> tuple[list, np.ndarray]:

@@ -106,6 +106,19 @@ def shard_of(key: bytes, num_shards: int) -> int:
     return (int.from_bytes(key[:8], "big") * num_shards) >> 64
 
 
+def shards_of(first: np.ndarray, num_shards: int) -> np.ndarray:
+    """``shard_of`` of many keys at once: int64 (n,), from the first 8 bytes of
+    each key as a uint64 (n,) (big-endian bytes read as a number):
+    floor(a * S / 2**64) in 64-bit integer arithmetic, from 32-bit halves,
+    floor((a_hi * S + floor(a_lo * S / 2**32)) / 2**32), exact for S < 2**31."""
+    first = np.asarray(first, dtype=np.uint64)
+    if num_shards >= 1 << 31:
+        return np.asarray([(int(a) * num_shards) >> 64 for a in first.tolist()], dtype=np.int64)
+    s = np.uint64(num_shards)
+    a_hi, a_lo = first >> np.uint64(32), first & np.uint64(0xFFFFFFFF)
+    return ((a_hi * s + ((a_lo * s) >> np.uint64(32))) >> np.uint64(32)).astype(np.int64)
+
+
 DEFAULT_SHARD_BYTES = 128 << 20
 
 

@@ -655,6 +655,10 @@ _RECORD_PREFIX = 32
 _COPY_KINDS = (b'"kind": "duplicate"', b'"kind": "near_duplicate"')
 
 
+# json.dumps(..., ensure_ascii=False) without making an encoder per entry.
+_JSON = json.JSONEncoder(ensure_ascii=False)
+
+
 class QuarantineBuffer:
     """The quarantine entries gathered by one bundle, before they are written as
     one sorted chunk (see the module docstring for the line format)."""
@@ -686,7 +690,7 @@ class QuarantineBuffer:
             message = message[len(path) + 2:]
         entry = {"source_index": int(file_index), "path": path, "record_number": int(record_number),
                  "action": action, "error": message, **({"kind": kind} if kind is not None else {}), **(extra or {})}
-        entry = json.dumps(entry, ensure_ascii=False).encode("utf-8")
+        entry = _JSON.encode(entry).encode("utf-8")
         line = b"%010d\t%020d\t%s\t%s\n" % (file_index, record_number, action.encode(), entry)
         self.lines.append(line)
         self.nbytes += len(line) + 64  # the list slot and the bytes object's header

@@ -346,17 +346,8 @@ def _sub_index(index: np.ndarray) -> np.ndarray:
 
 
 def shard_of_keys(keys: bytes, num_shards: int) -> np.ndarray:
-    """``shuffle.shard_of`` of many 16-byte keys at once (int64 array): floor(key_hi64
-    * S / 2**64) in 64-bit integer arithmetic, from 32-bit halves:
-    floor(a * S / 2**64) = floor((a_hi * S + floor(a_lo * S / 2**32)) / 2**32),
-    exact for S < 2**31."""
-    hi = np.frombuffer(keys, dtype=">u8")[::2].astype(np.uint64)
-    if num_shards >= 1 << 31:
-        return np.asarray([shuffle.shard_of(keys[k:k + 16], num_shards) for k in range(0, len(keys), 16)],
-                          dtype=np.int64)
-    s = np.uint64(num_shards)
-    a_hi, a_lo = hi >> np.uint64(32), hi & np.uint64(0xFFFFFFFF)
-    return ((a_hi * s + ((a_lo * s) >> np.uint64(32))) >> np.uint64(32)).astype(np.int64)
+    """``shuffle.shard_of`` of many 16-byte keys at once (int64 array; ``shuffle.shards_of``)."""
+    return shuffle.shards_of(np.frombuffer(keys, dtype=">u8")[::2], num_shards)
 
 
 @dataclasses.dataclass

@@ -14,41 +14,47 @@ defaults, word 5-grams and 14 bands of 8 rows (112 hashes), are those of
 FineWeb's deduplication (datatrove): the curve crosses 0.5 at J = 0.68 (the
 rule of thumb (1/bands)**(1/rows) says 0.72) and gives 0.92 at J = 0.8.
 
-Everything here is numpy over one text's shingles at once (no Python loop per
-hash): the words' hashes from their UTF-8 bytes (``word_hashes``), the
-shingles' from the words' (``shingle_hashes``), the K hash functions as K
-seeded multiply-adds of each shingle hash (``signature``). All arithmetic is on
-unsigned 64-bit integers modulo 2**64, so a signature is the same on every
-machine; ``NearDuplicates.version`` names the scheme in a cache's fingerprint.
+The normalisation (``normalize``), close to datatrove's ``simplify_content``:
+Unicode NFKC, then every character that is a letter or a digit
+(``str.isalnum``) lower-cased on its own (the first character of its
+``str.lower``) and every other one (punctuation, symbols, ``_``, whitespace) a
+word boundary: words are the maximal runs of letters and digits. A text with
+no word has no signature and is never a near duplicate.
 
-The normalisation (``normalize``), like datatrove's ``simplify_content``:
-Unicode NFKC, lower case, every character that is not a letter, a digit or
-whitespace (punctuation, symbols, ``_``) replaced by a space, then words are
-the runs between whitespace. A text with no word has no signature and is
-never a near duplicate.
+Everything else is numpy over a batch of texts at once, with no Python loop
+per text, word or shingle (``shingle_hashes``): the texts' characters as
+code points (UTF-32), each folded by a table of the Basic Multilingual Plane
+(a character past it on its own); each word's hash the polynomial sum of its code points c_i * B**i and
+each shingle's the polynomial sum of its words' hashes w_j * C**j (mod 2**64),
+both read off prefix sums (a window's sum times the inverse power of its
+start: B and C are odd, so invertible mod 2**64), then ``mix64`` and its high
+32 bits; the K hash functions are K odd multipliers a_k of those 32-bit
+values (mod 2**32), one numpy pass over a batch's shingles each, and the
+minima per text by ``np.minimum.reduceat``. All arithmetic is on unsigned
+integers modulo a power of two, so a signature is the same on every machine;
+``SCHEME_VERSION`` names the scheme in a cache's fingerprint.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import re
+import functools
 import unicodedata
 from typing import Mapping, Sequence
 
 import numpy as np
 
 # The signature scheme (normalisation, hashes, band hashes): in the fingerprint.
-SCHEME_VERSION = 1
-_NOT_WORD_RE = re.compile(r"[^\w\s]|_")
-_U64 = np.uint64
+# 1: words of UTF-8 bytes, 64-bit multiply-adds, blake2b band hashes; 2: this module's.
+SCHEME_VERSION = 2
+_U64, _U32 = np.uint64, np.uint32
 # splitmix64's constants (Steele, Lea and Flood 2014, "Fast splittable
 # pseudorandom number generators"): its finaliser is a bijection of 64-bit words.
 _GAMMA, _M1, _M2 = _U64(0x9E3779B97F4A7C15), _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
-# Odd multipliers of the polynomial hashes of a word's bytes and of a shingle's words.
-_BYTE_BASE, _WORD_BASE = 0x100000001B3, 0xC2B2AE3D27D4EB4F
-# Shingles hashed against the K functions at a time (bounds memory: rows x K x 8 bytes).
-_BLOCK_ROWS = 4096
+# Odd bases of the polynomial hashes of a word's code points and of a shingle's words.
+_CHAR_BASE, _WORD_BASE = 0x100000001B3, 0xC2B2AE3D27D4EB4F
+# Characters of texts hashed at a time (one text longer than this is a batch of its own).
+_BATCH_CHARS = 1 << 18
 _PARAMS = ("ngram", "bands", "rows", "seed", "fields", "rounds")
 
 
@@ -60,56 +66,102 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> _U64(31))
 
 
+def _fold_char(code: int) -> int:
+    """The code point a character stands for in a word: its lower case (the
+    first character of ``str.lower``) if it is a letter or a digit, else 0."""
+    c = chr(code)
+    return ord(c.lower()[0]) if c.isalnum() else 0
+
+
+@functools.cache
+def _fold_table() -> np.ndarray:
+    """uint32 (0x10000,): ``_fold_char`` of the Basic Multilingual Plane."""
+    return np.fromiter(map(_fold_char, range(0x10000)), dtype=_U32, count=0x10000)
+
+
+def _folded(text: str) -> np.ndarray:
+    """uint32 (len(text),): ``_fold_char`` of each character of ``text`` (0: a word boundary)."""
+    cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    out = np.take(_fold_table(), cp, mode="clip")  # past the BMP: 0xFFFF, not a character
+    astral = np.flatnonzero(cp > 0xFFFF)
+    if len(astral):
+        out[astral] = [_fold_char(c) for c in cp[astral].tolist()]
+    return out
+
+
+def _nfkc(text: str) -> str:
+    """Unicode NFKC of ``text``, line by line where it is not already (a line
+    feed never composes with its neighbours, so this is NFKC of the whole)."""
+    if text.isascii() or unicodedata.is_normalized("NFKC", text):
+        return text
+    return "\n".join(line if unicodedata.is_normalized("NFKC", line) else unicodedata.normalize("NFKC", line)
+                     for line in text.split("\n"))
+
+
 def normalize(text: str) -> list[str]:
-    """The words of ``text`` after the module's normalisation (NFKC, lower
-    case, punctuation and symbols to spaces, split on whitespace)."""
-    return _NOT_WORD_RE.sub(" ", unicodedata.normalize("NFKC", text).lower()).split()
+    """The words of ``text`` after the module's normalisation (NFKC, letters
+    and digits lower-cased one by one, every other character a boundary)."""
+    return "".join(chr(_fold_char(ord(c)) or 32) for c in _nfkc(text)).split()
 
 
-def word_hashes(words: Sequence[str]) -> np.ndarray:
-    """uint64 (len(words),): a 64-bit hash of each word's UTF-8 bytes, for all
-    words at once: the polynomial sum of byte_k * B**k (mod 2**64) over its
-    bytes, then ``mix64`` of that sum plus the word's length in bytes."""
-    if not words:
-        return np.zeros(0, _U64)
-    # The words joined by spaces (a word holds no whitespace, and byte 0x20 is
-    # part of no other UTF-8 character): the spaces mark where words start.
-    raw = np.frombuffer(" ".join(words).encode("utf-8"), dtype=np.uint8)
-    spaces = np.flatnonzero(raw == 0x20)
-    starts = np.concatenate([[0], spaces + 1])
-    sizes = np.concatenate([spaces, [len(raw)]]) - starts
-    position = np.arange(len(raw), dtype=np.int64) - np.repeat(starts, sizes + 1)[:len(raw)]
-    powers = _powers(_BYTE_BASE, int(sizes.max()) + 1)
-    terms = raw.astype(_U64) * powers[position]
-    terms[spaces] = 0
-    sums = np.add.reduceat(terms, starts)
-    return mix64(sums + sizes.astype(_U64))
+_POWERS: dict = {}  # base -> uint64 powers base**k, grown on demand (at most _BATCH_CHARS + 1 kept)
 
 
 def _powers(base: int, n: int) -> np.ndarray:
     """uint64 (n,): base**k mod 2**64 for k in [0, n)."""
-    out = np.ones(max(n, 1), dtype=_U64)
-    if n > 1:
-        out[1:] = _U64(base)
-        out = np.cumprod(out, dtype=_U64)
-    return out[:n] if n else out[:0]
+    have = _POWERS.get(base)
+    if have is not None and len(have) >= n:
+        return have[:n]
+    out = np.full(max(n, 1), base, dtype=_U64)
+    out[0] = 1
+    out = np.cumprod(out, dtype=_U64)[:n]
+    if n <= _BATCH_CHARS + 1:
+        _POWERS[base] = out
+    return out
 
 
-def shingle_hashes(words: Sequence[str], ngram: int) -> np.ndarray:
-    """uint64 (max(len(words) - ngram + 1, 1),) or (0,) for no words: a hash
-    of each run of ``ngram`` consecutive words (one shingle of every word when
-    there are fewer), from the words' hashes: ``mix64`` of sum_j w[i + j] * C**j."""
-    w = word_hashes(words)
-    if not len(w):
-        return w
-    n = min(ngram, len(w))
-    count = len(w) - n + 1
-    acc = np.zeros(count, dtype=_U64)
-    power = 1
-    for j in range(n):  # n multiply-adds over all shingles: no loop per shingle
-        acc += w[j:j + count] * _U64(power)
-        power = power * _WORD_BASE % 2**64
-    return mix64(acc ^ _U64(n))
+def _window_sums(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, base: int) -> np.ndarray:
+    """uint64 (len(starts),): sum over i in [starts[j], ends[j]) of values[i] *
+    base**(i - starts[j]) (mod 2**64), every window from one prefix sum."""
+    n = len(values)
+    prefix = np.zeros(n + 1, dtype=_U64)
+    np.cumsum(np.multiply(values, _powers(base, n), dtype=_U64), out=prefix[1:])
+    inverse = _powers(pow(base, -1, 2**64), n + 1)
+    return (prefix[ends] - prefix[starts]) * inverse[starts]
+
+
+def shingle_hashes(texts: Sequence[str], ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(hashes, counts)``: uint32 (counts.sum(),), a 32-bit hash of each
+    shingle of every text in turn (each run of ``ngram`` consecutive words,
+    or one run of all the words of a text with fewer), and int64
+    (len(texts),), each text's number of shingles (0 for a text with no word).
+    A run of words has the same hash in any text (see the module docstring)."""
+    texts = [_nfkc(t) for t in texts]
+    folded = _folded(" " + " ".join(texts) + " ")  # texts framed by spaces: no word spans two
+    in_word = folded != 0
+    edges = np.flatnonzero(in_word[1:] != in_word[:-1]) + 1  # word starts and ends, alternately
+    starts = edges[0::2]
+    words = _window_sums(folded, starts, edges[1::2], _CHAR_BASE)
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    first = np.searchsorted(starts, np.cumsum(lengths + 1) - lengths)  # each text's first word
+    sizes = np.diff(np.append(first, len(starts)))  # its words
+    counts = np.maximum(sizes - ngram + 1, np.minimum(sizes, 1))
+    before = np.cumsum(counts) - counts
+    lo = np.repeat(first - before, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+    hi = np.minimum(lo + ngram, np.repeat(first + sizes, counts))
+    shingles = _window_sums(words, lo, hi, _WORD_BASE)
+    return (mix64(shingles) >> _U64(32)).astype(_U32), counts
+
+
+def _batches(texts: Sequence[str]):
+    """``(lo, hi)``: consecutive runs of ``texts`` of about ``_BATCH_CHARS`` characters (at least one text)."""
+    ends = np.cumsum(np.fromiter((len(t) + 1 for t in texts), dtype=np.int64, count=len(texts)))
+    lo = 0
+    while lo < len(texts):
+        before = int(ends[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, before + _BATCH_CHARS, side="right")))
+        yield lo, hi
+        lo = hi
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,86 +266,58 @@ class NearDuplicates:
         return "\n".join(out)
 
     def seeds(self) -> np.ndarray:
-        """uint64 (2, bands * rows): the multipliers (odd) and the increments of
-        the hash functions, from ``seed``."""
+        """uint32 (bands * rows,): the odd multipliers of the hash functions, from ``seed``."""
         base = mix64(np.asarray([self.seed], dtype=_U64))[0]
         k = np.arange(self.num_hashes, dtype=_U64)
-        return np.stack([mix64(k + base) | _U64(1), mix64(k + (base ^ _GAMMA))])
+        return ((mix64(k + base) >> _U64(32)) | _U64(1)).astype(_U32)
 
     def signature(self, text: str, seeds: np.ndarray | None = None) -> np.ndarray | None:
-        """uint32 (bands * rows,): the MinHash signature of ``text``: value k is
-        the high 32 bits of min over shingles s of ``a_k * s + b_k`` (mod
-        2**64; ``seeds``), None for a text with no word. The shingle hashes are
-        already uniform (``mix64``), so one multiply-add per hash function
-        (multiply-shift hashing, Dietzfelbinger et al. 1997) orders them as an
-        independent random permutation would, at two operations a value.
-        ``seeds``: ``self.seeds()``, given once for many texts."""
-        shingles = shingle_hashes(normalize(text), self.ngram)
-        if not len(shingles):
-            return None
-        return self._minima(shingles, self.seeds() if seeds is None else seeds)
+        """uint32 (bands * rows,): the MinHash signature of ``text``, None for
+        a text with no word (``signatures``)."""
+        sigs, has = self.signatures([text], seeds)
+        return sigs[0] if has[0] else None
 
-    def signatures(self, texts: Sequence[str], seeds: np.ndarray | None = None) -> list:
-        """``[self.signature(t) for t in texts]``, computed for all texts at
-        once: one pass of word hashes over every word, the shingles of every
-        text with at least ``ngram`` words from them, and the minima per text
-        over blocks of about ``_BLOCK_ROWS`` shingles (``np.minimum.reduceat``),
-        so that the numpy calls are per batch, not per text."""
+    def signatures(self, texts: Sequence[str], seeds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(signatures, has)``: uint32 (len(texts), bands * rows), value k of
+        row i the least ``a_k * s (mod 2**32)`` over the shingle hashes s of
+        text i (``shingle_hashes``: already uniform, so one odd multiplier
+        per hash function, multiplicative hashing (Dietzfelbinger et al. 1997),
+        orders them as an independent random permutation would), and bool
+        (len(texts),), whether text i has a word (a row of zeros when not).
+        ``seeds``: ``self.seeds()``, given once for many calls. Computed for
+        about ``_BATCH_CHARS`` characters of texts at a time: one numpy pass
+        over their shingles per hash function, no loop per text."""
         seeds = self.seeds() if seeds is None else seeds
-        words = [normalize(t) for t in texts]
-        out: list = [None] * len(texts)
-        batch = [i for i, w in enumerate(words) if len(w) >= self.ngram]
-        for i, w in enumerate(words):
-            if w and len(w) < self.ngram:  # fewer words than a shingle: one shingle of them all
-                out[i] = self._minima(shingle_hashes(w, self.ngram), seeds)
-        if not batch:
-            return out
-        all_words = word_hashes([word for i in batch for word in words[i]])
-        sizes = np.fromiter((len(words[i]) for i in batch), dtype=np.int64, count=len(batch))
-        counts = sizes - self.ngram + 1  # shingles per text
-        word_starts = np.zeros(len(batch), dtype=np.int64)
-        np.cumsum(sizes[:-1], out=word_starts[1:])
-        firsts = np.repeat(word_starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(counts.sum())
-        acc = np.zeros(len(firsts), dtype=_U64)
-        power = 1
-        for j in range(self.ngram):  # as shingle_hashes, over the shingles of every text at once
-            acc += all_words[firsts + j] * _U64(power)
-            power = power * _WORD_BASE % 2**64
-        shingles = mix64(acc ^ _U64(self.ngram))
-        ends = np.cumsum(counts)
-        lo = k = 0
-        while k < len(batch):  # texts k..m-1 in one block: at least one text, about _BLOCK_ROWS shingles
-            m = max(k + 1, int(np.searchsorted(ends, lo + _BLOCK_ROWS, side="right")))
-            hi = int(ends[m - 1])
-            block = shingles[lo:hi, None] * seeds[0][None, :]
-            block += seeds[1][None, :]
-            starts = np.concatenate([[0], ends[k:m - 1] - lo])
-            for i, row in zip(batch[k:m], np.minimum.reduceat(block, starts, axis=0)):
-                out[i] = (row >> _U64(32)).astype(np.uint32)
-            lo, k = hi, m
-        return out
+        out = np.zeros((len(texts), self.num_hashes), dtype=_U32)
+        has = np.zeros(len(texts), dtype=bool)
+        for lo, hi in _batches(texts):
+            shingles, counts = shingle_hashes(texts[lo:hi], self.ngram)
+            rows = np.flatnonzero(counts)
+            if not len(rows):
+                continue
+            firsts = (np.cumsum(counts) - counts)[rows]
+            product = np.empty_like(shingles)
+            minima = np.empty((self.num_hashes, len(rows)), dtype=_U32)
+            for k, a in enumerate(seeds):
+                np.multiply(shingles, a, out=product)
+                np.minimum.reduceat(product, firsts, out=minima[k])
+            out[lo + rows] = minima.T
+            has[lo + rows] = True
+        return out, has
 
-    @staticmethod
-    def _minima(shingles: np.ndarray, seeds: np.ndarray) -> np.ndarray:
-        """uint32 (K,): the signature of a text's shingle hashes (``signature``)."""
-        a, b = seeds
-        out = np.full(len(a), np.iinfo(np.uint64).max, dtype=_U64)
-        for lo in range(0, len(shingles), _BLOCK_ROWS):
-            block = shingles[lo:lo + _BLOCK_ROWS, None] * a[None, :]  # (rows, K)
-            block += b[None, :]
-            np.minimum(out, block.min(axis=0), out=out)
-        return (out >> _U64(32)).astype(np.uint32)
-
-    def band_hashes(self, signature: np.ndarray) -> list[bytes]:
-        """``bands`` 8-byte hashes of ``signature``'s bands (blake2b of the band's
-        index and values under the seed): equal for two signatures exactly
-        when (a 64-bit collision aside) that band's values are all equal."""
-        sig = np.ascontiguousarray(signature, dtype="<u4")
-        key = self.seed.to_bytes(8, "little")
-        step = self.rows * 4
-        raw = sig.tobytes()
-        return [hashlib.blake2b(b.to_bytes(2, "little") + raw[b * step:(b + 1) * step], key=key,
-                                digest_size=8).digest() for b in range(self.bands)]
+    def band_hashes(self, signatures: np.ndarray) -> np.ndarray:
+        """uint64 (..., bands): a 64-bit hash of each band of each signature
+        (uint32 (..., bands * rows)): ``mix64`` chained over the band's values
+        from a start drawn from the seed and the band's index, so equal for
+        two signatures exactly when (a 64-bit collision aside) that band's
+        values are all equal, and different for equal values in two bands."""
+        sig = np.asarray(signatures, dtype=_U32)
+        values = sig.reshape(-1, self.bands, self.rows).astype(_U64)
+        h = mix64(np.arange(self.bands, dtype=_U64) ^ mix64(np.asarray([self.seed ^ 0x5EED], dtype=_U64)))
+        h = np.broadcast_to(h, values.shape[:2])
+        for r in range(self.rows):  # each step a bijection of h for a given value
+            h = mix64(h ^ values[:, :, r])
+        return h.reshape(sig.shape[:-1] + (self.bands,))
 
     def candidate_probability(self, jaccard) -> np.ndarray:
         """float64, the shape of ``jaccard``: the probability that two texts at
@@ -318,10 +342,10 @@ def estimated_similarity(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def jaccard(a: str, b: str, ngram: int = 5) -> float:
-    """The exact Jaccard similarity of the shingle sets of two texts (after
-    ``normalize``), for tests and benchmarks; 0.0 when both have no word."""
-    sa = set(shingle_hashes(normalize(a), ngram).tolist())
-    sb = set(shingle_hashes(normalize(b), ngram).tolist())
+    """The exact Jaccard similarity of the shingle sets of two texts (their
+    ``shingle_hashes``), for tests and benchmarks; 0.0 when both have no word."""
+    hashes, counts = shingle_hashes([a, b], ngram)
+    sa, sb = set(hashes[:counts[0]].tolist()), set(hashes[counts[0]:].tolist())
     return len(sa & sb) / len(sa | sb) if sa or sb else 0.0
 
 
@@ -332,9 +356,10 @@ def removed_in_sample(texts, params: NearDuplicates) -> tuple[int, int]:
     pairs share a band's bucket, clusters are joined by union-find, and each
     keeps one member. Pairs with a text outside the sample are not seen: for
     a sample of the first records, a lower bound of the corpus's share."""
-    seeds = params.seeds()
-    parent: list[int] = []
-    buckets: dict[bytes, int] = {}
+    sigs, has = params.signatures(list(texts))
+    bands = params.band_hashes(sigs[has]).tolist()
+    parent = list(range(len(bands)))
+    buckets: dict[int, int] = {}
 
     def find(i: int) -> int:
         while parent[i] != i:
@@ -342,13 +367,8 @@ def removed_in_sample(texts, params: NearDuplicates) -> tuple[int, int]:
             i = parent[i]
         return i
 
-    for text in texts:
-        sig = params.signature(text, seeds)
-        if sig is None:
-            continue
-        i = len(parent)
-        parent.append(i)
-        for h in params.band_hashes(sig):
+    for i, hashes in enumerate(bands):
+        for h in hashes:
             j = buckets.setdefault(h, i)
             if j != i:
                 a, b = find(i), find(j)

@@ -429,7 +429,7 @@ def test_on_error_near_duplicate_skip_with_parameters_on_an_ad_hoc_source(tmp_pa
     cache = os.path.join(tmp_path, "c", "n", "train")
     manifest = fmt.read_manifest(cache)
     assert manifest.num_examples == 2 and manifest.statistics.bad_input_records.skipped == {"near_duplicate": 2}
-    assert manifest.fingerprint_inputs["near_duplicates"] == {"version": 1, "ngram": 2, "bands": 16, "rows": 2,
+    assert manifest.fingerprint_inputs["near_duplicates"] == {"version": 2, "ngram": 2, "bands": 16, "rows": 2,
                                                               "seed": 3, "fields": []}
     entries = list(fmt.iter_json_lines(os.path.join(cache, fmt.QUARANTINE_NAME)))
     assert {e["kind"] for e in entries} == {"near_duplicate"} and all("similarity" in e for e in entries)

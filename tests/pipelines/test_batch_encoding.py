@@ -23,11 +23,12 @@ def _columns(examples, names):
     return out
 
 
+@pytest.mark.parametrize("length", [12, 300])  # short pieces (an index per byte) and long ones (a slice each)
 @pytest.mark.parametrize("dtypes", [["uint16"], ["uint16", "int32", "uint8"], ["int64", "float32"]])
-def test_encode_batch_equals_encode_example(dtypes):
+def test_encode_batch_equals_encode_example(dtypes, length):
     rng = np.random.default_rng(len(dtypes))
     specs = [fmt.FeatureSpec(f"f{k}", d) for k, d in enumerate(dtypes)]
-    examples = [{s.name: rng.integers(0, 200, rng.integers(0, 12)).astype(np.int32 if s.dtype != "float32" else
+    examples = [{s.name: rng.integers(0, 200, rng.integers(0, length)).astype(np.int32 if s.dtype != "float32" else
                                                                          np.float32) for s in specs}
                 for _ in range(257)]
     examples[3] = {s.name: np.zeros(0, np.int32 if s.dtype != "float32" else np.float32) for s in specs}

@@ -7,12 +7,15 @@ from __future__ import annotations
 import collections
 import random
 
+import numpy as np
 import pytest
 
 from seqcache.pipelines import near
+from seqcache.tasks.near_duplicates import NearDuplicates
 
 
 GROUPS = 4
+MEMBERS = near.member_dtype(1, NearDuplicates(bands=1, rows=1))
 
 
 def _group(pairs):
@@ -23,16 +26,26 @@ def _group(pairs):
     return sorted(out.items())
 
 
+def _keys(keys) -> np.ndarray:
+    return np.frombuffer(b"".join(keys), dtype="S16")
+
+
 def _labels(edges, rounds: int) -> dict[bytes, bytes]:
-    """Each node's label after ``rounds`` pairs of rounds, as the build computes it."""
-    pairs = list(near._routed({p for a, b in edges for p in ((a, b), (b, a))}, GROUPS))
+    """Each node's label after ``rounds`` pairs of rounds, as the build computes
+    it: the rounds' edges joined with a member row per node."""
+    pairs = list(near._routed(_keys([a for a, _ in edges]), _keys([b for _, b in edges]), GROUPS))
     for _ in range(rounds):
         pairs = [p for element in _group(pairs) for p in near.LargeStar(GROUPS)(element)]
         pairs = [p for element in _group(pairs) for p in near.SmallStar(GROUPS)(element)]
+    members = np.zeros(len({x for e in edges for x in e}), dtype=MEMBERS)
+    members["key"] = np.sort(_keys(sorted({x for e in edges for x in e})))
+    pairs += near._by_group(near.MEMBER_TAG, members, GROUPS, lambda rows: ("members", rows))
     labels = {}
     for element in _group(pairs):
-        for _, (_, rows) in near.StarLabels(rounds)(element):
-            labels.update((rows[at:at + 16], rows[at + 16:at + 32]) for at in range(0, len(rows), 32))
+        for _, blob in near.JoinLabels(rounds, 1, MEMBERS)(element):
+            rows = np.frombuffer(blob, dtype=[("label", "S16"), ("member", MEMBERS)])
+            keys, found = rows["member"]["key"].tobytes(), rows["label"].tobytes()
+            labels.update((keys[at:at + 16], found[at:at + 16]) for at in range(0, len(keys), 16))
     return labels
 
 
@@ -95,5 +108,14 @@ def test_buckets_become_stars_on_their_smallest_key():
     h, other = b"h" * 8, b"o" * 8
     rows = [h + c + h + a, h + b + h + a + other + c]  # bucket h: c, a, b, a; bucket "o": c alone
     out = list(near.StarEdges(1)((b"B" + bytes(4), rows)))
-    assert out == [(bytes(4), a + b + a + c + b + a + c + a)]
+    assert out == [(b"M" + bytes(4), a + b + a + c + b + a + c + a)]
     assert list(near.StarEdges(1)((b"B" + bytes(4), [h + c + h + c]))) == []
+
+
+def test_a_node_without_its_member_row_is_a_lost_value():
+    a, b = b"\x01" * 16, b"\x02" * 16
+    edges = [p for _, p in near._routed(_keys([a]), _keys([b]), 1)]
+    members = np.zeros(1, dtype=MEMBERS)
+    members["key"] = _keys([a])
+    with pytest.raises(ValueError, match=f"record key {b.hex()} is in a cluster but has no member info"):
+        list(near.JoinLabels(1, 1, MEMBERS)((b"M" + bytes(4), [*edges, ("members", members.tobytes())])))

@@ -38,15 +38,15 @@ def _edit(text: str, count: int, rng: random.Random) -> str:
 def corpus_lines(corpora, documents: int = DOCUMENTS) -> list[str]:
     """The first C4 documents on one line each, and planted copies: every
     fifth document again with one word changed, every seventh exactly, and a
-    chain (document 3, then 4 words changed, then 4 more of that)."""
+    chain (document 3, then 5 words changed, then 5 more of that)."""
     rng = random.Random(5)
     texts = [" ".join(t.split()) for t in corpora.c4_texts(documents).to_pylist()]
     lines = list(texts)
     lines += [_edit(t, 1, rng) for t in texts[::5]]
     lines += texts[::7]
     chain = random.Random(1)
-    b = _edit(texts[3], 4, chain)
-    lines += [b, _edit(b, 4, chain)]
+    b = _edit(texts[3], 5, chain)
+    lines += [b, _edit(b, 5, chain)]
     return lines
 
 

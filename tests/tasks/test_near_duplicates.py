@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from seqcache.tasks import near_duplicates
 from seqcache.tasks.near_duplicates import (NearDuplicates, estimated_similarity, jaccard, mix64, normalize,
-                                            removed_in_sample, shingle_hashes, word_hashes)
+                                            removed_in_sample, shingle_hashes)
 
 
 def test_the_normalisation_drops_case_punctuation_and_spacing():
@@ -17,19 +18,22 @@ def test_the_normalisation_drops_case_punctuation_and_spacing():
     assert normalize("Ｆｕｌｌ－width_and snake_case") == ["full", "width", "and", "snake", "case"]  # NFKC, "_"
     assert normalize("¡¿...!?") == []
     assert NearDuplicates().signature("...  ,, !") is None
+    for text in ("The  CAT, sat\ton the mat!\n", "Ｆｕｌｌ－width_and snake_case", "İstanbul ǅemal ﬁne \u212a",
+                 "e\u0301te\u0301 café 𝐀bc 𐐀x 中文,字 x²"):
+        words = normalize(text)  # the batch path hashes these words
+        assert shingle_hashes([text], 1)[0].tolist() == shingle_hashes(words, 1)[0].tolist()
 
 
-def test_word_and_shingle_hashes_are_per_word_and_per_run():
-    words = ["a", "bb", "a", "ccc", "é"]
-    w = word_hashes(words)
-    assert w.dtype == np.uint64 and w.shape == (5,)
-    assert w[0] == w[2] and len(set(w.tolist())) == 4
-    assert word_hashes(["é"])[0] == w[4]  # a word's hash depends on its bytes alone
-    s = shingle_hashes(words, 2)
-    assert s.shape == (4,)
-    assert shingle_hashes(["x", "a", "bb"], 2)[1] == s[0]  # the same run of words, the same hash
-    assert shingle_hashes(["one", "two"], 5).shape == (1,)  # fewer words than n: one shingle
-    assert shingle_hashes([], 5).shape == (0,)
+def test_shingle_hashes_are_per_run_of_words_whatever_the_text():
+    s, counts = shingle_hashes(["a bb a ccc é", "x a bb", "one two", "", "...", "A, BB!"], 2)
+    assert s.dtype == np.uint32
+    assert counts.tolist() == [4, 2, 1, 0, 0, 1]  # fewer words than n: one shingle
+    assert s[5] == s[0] and s[7] == s[0]  # "a bb" in any text, after the normalisation
+    assert len(set(s[:4].tolist())) == 4
+    assert shingle_hashes(["a bb a ccc é"], 2)[0].tolist() == s[:4].tolist()  # a text's alone as in a batch
+    astral = shingle_hashes(["𝐀bc 𐐀x y", "𝐀bc 𐐨x y", "abc 𐐨x y"], 3)[0]  # NFKC, lower case past the BMP
+    assert astral[0] == astral[1] == astral[2]
+    assert shingle_hashes([], 5)[0].shape == (0,)
 
 
 def test_golden_signature_values():
@@ -38,8 +42,8 @@ def test_golden_signature_values():
     assert mix64(np.asarray([0, 1], dtype=np.uint64)).tolist() == [0xE220A8397B1DCDAF, 0x910A2DEC89025CC1]
     sig = NearDuplicates().signature("the quick brown fox jumps over the lazy dog")
     assert sig.dtype == np.uint32 and sig.shape == (112,)
-    assert sig[:4].tolist() == [95303507, 1741327886, 297540114, 1444760389]
-    assert [h.hex() for h in NearDuplicates().band_hashes(sig)[:2]] == ["5428b282288db729", "b44884a6d557dab6"]
+    assert sig[:4].tolist() == [667467727, 41208019, 526578631, 399611056]
+    assert NearDuplicates().band_hashes(sig)[:2].tolist() == [0x99D3C7781BD3465F, 0xF9DEFF97E8B5BAC5]
     again = NearDuplicates().signature("The quick, brown fox jumps over the LAZY dog.")
     assert np.array_equal(sig, again)
     assert not np.array_equal(sig, NearDuplicates(seed=1).signature("the quick brown fox jumps over the lazy dog"))
@@ -65,9 +69,10 @@ def test_band_hashes_match_exactly_the_equal_bands():
     b = a.copy()
     b[5] += 1  # band 2 differs
     ha, hb = params.band_hashes(a), params.band_hashes(b)
-    assert [x == y for x, y in zip(ha, hb)] == [True, True, False, True]
-    assert len(set(ha)) == 4  # the band index is hashed too: equal values in two bands differ
-    assert all(len(h) == 8 for h in ha)
+    assert ha.dtype == np.uint64 and ha.shape == (4,)
+    assert (ha == hb).tolist() == [True, True, False, True]
+    assert len(set(params.band_hashes(np.zeros(8, np.uint32)).tolist())) == 4  # equal values in two bands differ
+    assert np.array_equal(params.band_hashes(np.stack([a, b])), np.stack([ha, hb]))  # (n, bands) at once
 
 
 def test_the_lsh_curve_of_the_defaults():
@@ -82,7 +87,7 @@ def test_parameters_parse_and_check():
     assert NearDuplicates.parse("ngram=3, bands=20,rows=5,seed=9,fields=title+text") == NearDuplicates(
         ngram=3, bands=20, rows=5, seed=9, fields=("title", "text"))
     assert NearDuplicates.parse("") == NearDuplicates()
-    assert NearDuplicates().to_json() == {"version": 1, "ngram": 5, "bands": 14, "rows": 8, "seed": 0, "fields": []}
+    assert NearDuplicates().to_json() == {"version": 2, "ngram": 5, "bands": 14, "rows": 8, "seed": 0, "fields": []}
     with pytest.raises(ValueError, match="'grams=3' is not NAME=VALUE"):
         NearDuplicates.parse("grams=3")
     with pytest.raises(ValueError, match="bands must be an integer"):
@@ -109,11 +114,14 @@ def test_the_share_in_a_sample_counts_each_cluster_but_one():
     assert removed_in_sample([], params) == (0, 0)
 
 
-def test_signatures_of_a_batch_are_those_of_each_text():
+@pytest.mark.parametrize("batch_chars", [1 << 18, 500])
+def test_signatures_of_a_batch_are_those_of_each_text(batch_chars, monkeypatch):
+    monkeypatch.setattr(near_duplicates, "_BATCH_CHARS", batch_chars)  # texts hashed in one batch, or many
     rng = np.random.default_rng(2)
     vocab = [f"w{i}" for i in range(300)] + ["é", "中文", "naïve"]
     texts = [" ".join(rng.choice(vocab, int(n))) for n in rng.integers(0, 40, 60)] + ["", "...", "a b", "x " * 9000]
     for params in (NearDuplicates(), NearDuplicates(ngram=1), NearDuplicates(ngram=3, bands=3, rows=2, seed=7)):
-        one, many = [params.signature(t) for t in texts], params.signatures(texts)
-        assert [s is None for s in one] == [s is None for s in many]
+        one, (many, has) = [params.signature(t) for t in texts], params.signatures(texts)
+        assert [s is not None for s in one] == has.tolist()
         assert all(np.array_equal(a, b) for a, b in zip(one, many) if a is not None)
+        assert not many[~has].any()

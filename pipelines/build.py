@@ -688,7 +688,7 @@ def _steps(plan: BuildPlan, *, build_dir, scratch, spill_dir, work: _Work, heart
         clusters = (near.rounds, near_mod.ResolveClusters(
             paths=table, locator=getattr(task.source, "locator", "record"), spill_dir=spill_dir,
             num_shards=num_shards, quarantine_key=transforms.QUARANTINE_KEY, counts_key=transforms.COUNTS_KEY,
-            members=near_mod.member_dtype(len(reader.features), near)))
+            members=near_mod.member_dtype(len(reader.features), near), duplicates=_duplicate_action(task.source)))
     return read, spread, write, summarize, clusters
 
 

@@ -54,7 +54,11 @@ records alone (G1), so the kept set is the same on every runner. Under
 ``near_duplicate=skip`` exact copies are near duplicates too (similarity 1):
 ``SpreadCopies`` skips every copy k >= 1 (kind ``duplicate`` under
 ``duplicate=skip``, else ``near_duplicate``) and the clusters are made of
-distinct records; a record skipped counts once, as skipped.
+distinct records; a record skipped counts once, as skipped. A copy's entry
+is written once its record's cluster is known (``member_outputs`` sends it
+as a ``COPY_ROW``, ``JoinLabels`` labels it, ``ResolveClusters`` words it),
+so that it names the record the cache holds: its first copy, or where that
+one was removed as a near duplicate, the record kept in its stead.
 """
 
 from __future__ import annotations
@@ -79,6 +83,10 @@ KIND = "near_duplicate"
 # a band hash (big-endian, so its key range is its value's) and a record key;
 # an edge (u, v) between two record keys, sorted as bytes: by u, then v.
 _BAND_ROW = np.dtype([("band", ">u8"), ("key", "S16")])
+# A skipped exact copy (k >= 1) of a record with a signature: its key (its
+# record's) and its own provenance, worded by ``ResolveClusters`` once its
+# record's cluster, and so the record kept, is known.
+COPY_ROW = np.dtype([("key", "S16"), ("file", "<u4"), ("record", "<u8")])
 _EDGE_ROW = np.dtype([("u", "S16"), ("v", "S16")])
 
 
@@ -175,10 +183,14 @@ def member_outputs(entries: spill.ShardEntries, params: NearDuplicates, groups: 
     ranked), per group (``groups_of``), for each distinct record with a
     signature: ``(BAND_TAG + group, rows)``, 24-byte rows of a band hash and
     its key (one per band); and ``(MEMBER_TAG + group, ("members", rows))``,
-    its member info (``member_dtype``) by the group of its key."""
+    its member info (``member_dtype``) by the group of its key; and
+    ``(MEMBER_TAG + group, ("copies", rows))``, ``COPY_ROW`` of each skipped
+    copy k >= 1 of such a record (``SpreadCopies`` counts them; their
+    quarantine entries, which name the record kept, come from ``ResolveClusters``)."""
     if not len(entries):
         return
-    rows = np.flatnonzero(shuffle.copy_ranks(entries.key, entries.sub_index) == 0)
+    rank = shuffle.copy_ranks(entries.key, entries.sub_index)
+    rows = np.flatnonzero(rank == 0)
     keys = entries.key[rows].view("S16")
     new = np.concatenate([[True], keys[1:] != keys[:-1]])
     starts = np.flatnonzero(new)  # each distinct record's first example, in ``rows``
@@ -202,6 +214,14 @@ def member_outputs(entries: spill.ShardEntries, params: NearDuplicates, groups: 
     bands["key"] = members["key"][:, None]
     yield from _by_group(BAND_TAG, _unique(bands.reshape(-1).view("S24")), groups)
     yield from _by_group(MEMBER_TAG, members, groups, lambda rows: ("members", rows))
+    copies = np.flatnonzero((rank != 0) & (entries.sub_index == 0))  # each skipped copy's first example
+    copies = copies[np.isin(entries.key[copies].view("S16"), members["key"])]
+    if len(copies):
+        out = np.zeros(len(copies), dtype=COPY_ROW)
+        out["key"], out["file"], out["record"] = (entries.key[copies].view("S16"), entries.file_index[copies],
+                                                  entries.record_number[copies])
+        yield from _by_group(MEMBER_TAG, out[np.argsort(out["key"], kind="stable")], groups,
+                             lambda rows: ("copies", rows))
 
 
 def _routed(u: np.ndarray, v: np.ndarray, groups: int) -> Iterator[tuple[bytes, bytes]]:
@@ -269,10 +289,14 @@ class SmallStar(_Round):
 
 class JoinLabels:
     """After the rounds, a group of nodes: ``(MEMBER_TAG + group, [edge rows,
-    ("members", rows)])`` in (the rounds' edges and ``member_outputs``' member
-    info); each node's label, its one smaller neighbour (a leaf) or itself (a
-    centre), joined to its member info: ``(CLUSTER_TAG + the label's shard,
-    rows of label (16 bytes) and member info)`` out. ``members``: ``member_dtype``.
+    ("members", rows), ("copies", rows)])`` in (the rounds' edges and
+    ``member_outputs``' member info and copies); each node's label, its one
+    smaller neighbour (a leaf) or itself (a centre), joined to its member
+    info: ``(CLUSTER_TAG + the label's shard, rows of label (16 bytes) and
+    member info)`` out, a record in no cluster that has copies as a cluster of
+    its own; and each copy with its record's label, ``(CLUSTER_TAG + the
+    label's shard, ("copies", rows of label and COPY_ROW))``. ``members``:
+    ``member_dtype``.
 
     Raises:
       ValueError: the graph is not yet stars (a node with a smaller neighbour
@@ -296,7 +320,10 @@ class JoinLabels:
                              f"{links[unsettled[0]]} others); run the build again with --near-duplicates "
                              f"rounds={max(6, 4 * self.rounds)}")
         nodes, labels = u[head], np.where(leaf, v[first], u)[head]
-        members = np.frombuffer(b"".join(x[1] for x in values if isinstance(x, tuple)), dtype=self.members)
+        members = np.frombuffer(b"".join(x[1] for x in values if isinstance(x, tuple) and x[0] == "members"),
+                                dtype=self.members)
+        copies = np.frombuffer(b"".join(x[1] for x in values if isinstance(x, tuple) and x[0] == "copies"),
+                               dtype=COPY_ROW)
         at = np.searchsorted(nodes, members["key"])
         found = at < len(nodes)
         found[found] = nodes[at[found]] == members["key"][found]
@@ -304,36 +331,61 @@ class JoinLabels:
             lost = nodes[~np.isin(nodes, members["key"][found])][:1]
             raise ValueError(f"near duplicates: record key {lost.tobytes().hex()} is in a cluster but has no "
                              "member info (a lost value of the runner)")
-        rows = np.zeros(len(nodes), dtype=[("label", "S16"), ("member", self.members)])
-        rows["label"], rows["member"] = labels[at[found]], members[found]
+        # A record in no cluster that has exact copies is a cluster of its own: its copies' entries name it.
+        alone = ~found & np.isin(members["key"], copies["key"])
+        rows = np.zeros(int(found.sum() + alone.sum()), dtype=[("label", "S16"), ("member", self.members)])
+        rows["label"] = np.concatenate([labels[at[found]], members["key"][alone]])
+        rows["member"] = np.concatenate([members[found], members[alone]])
         order = np.argsort(rows["label"], kind="stable")
         yield from _by_group(CLUSTER_TAG, rows[order], self.num_shards)
+        if len(copies):
+            keyed = np.sort(rows["member"]["key"])
+            at = np.searchsorted(keyed, copies["key"])
+            if not np.all((at < len(keyed)) & (keyed[np.minimum(at, len(keyed) - 1)] == copies["key"])):
+                raise ValueError("near duplicates: an exact copy's record has no member info (a lost value of "
+                                 "the runner)")
+            label_of = rows["label"][np.argsort(rows["member"]["key"], kind="stable")]
+            out = np.zeros(len(copies), dtype=[("label", "S16"), ("copy", COPY_ROW)])
+            out["label"], out["copy"] = label_of[at], copies
+            yield from _by_group(CLUSTER_TAG, out[np.argsort(out["label"], kind="stable")], self.num_shards,
+                                 lambda rows: ("copies", rows))
 
 
 class ResolveClusters:
-    """``(CLUSTER_TAG + shard, [rows of label and member info])`` in: the
-    clusters whose kept record (the label) falls in that shard. For every
-    member that is not the label: a quarantine entry (action ``skipped``, kind
-    ``near_duplicate``, naming the kept record and the estimated similarity,
-    ``kept`` and ``similarity`` fields), in one chunk ``(QUARANTINE_KEY,
-    path)``; its key in ``(shard, ("near", keys))`` to the shard that holds
+    """``(CLUSTER_TAG + shard, [rows of label and member info, ("copies",
+    rows of label and COPY_ROW)])`` in: the clusters whose kept record (the
+    label) falls in that shard. For every member that is not the label: a
+    quarantine entry (action ``skipped``, kind ``near_duplicate``, naming the
+    kept record and the estimated similarity, ``kept`` and ``similarity``
+    fields); its key in ``(shard, ("near", keys))`` to the shard that holds
     it; and one ``(COUNTS_KEY, ("near-<shard>", 0, per-file counts taken off,
-    bad-input counts))``. ``paths`` (by file index, a sequence or the build's
-    ``WorkTable``) and ``locator`` word the entries; ``members``: ``member_dtype``.
+    bad-input counts))``. For every exact copy k >= 1 of a member (counted by
+    ``SpreadCopies``): an entry of kind ``duplicates`` ("duplicate" under
+    ``duplicate=skip``, else ``near_duplicate`` of similarity 1) that names
+    the record it is identical to and, where that record was removed in turn,
+    the record kept: ``kept`` is always a record the cache holds. The entries
+    go in one chunk ``(QUARANTINE_KEY, path)``. ``paths`` (by file index, a
+    sequence or the build's ``WorkTable``) and ``locator`` word the entries;
+    ``members``: ``member_dtype``.
 
     Raises:
       ValueError: a cluster without its kept record's member info (a value the runner lost).
     """
 
     def __init__(self, *, paths, locator: str | None, spill_dir: str, num_shards: int, quarantine_key: int,
-                 counts_key: int, members: np.dtype):
+                 counts_key: int, members: np.dtype, duplicates: str = "keep"):
         self.paths, self.locator, self.spill_dir, self.num_shards = paths, locator, spill_dir, int(num_shards)
         self.quarantine_key, self.counts_key, self.members = quarantine_key, counts_key, members
+        self.copy_kind = "duplicate" if duplicates == "skip" else KIND
 
     def __call__(self, element) -> Iterator[tuple[int, Any]]:
         tagged, blobs = element
         shard = int.from_bytes(tagged[1:], "big")
-        rows = np.frombuffer(b"".join(blobs), dtype=[("label", "S16"), ("member", self.members)])
+        blobs = list(blobs)
+        rows = np.frombuffer(b"".join(b for b in blobs if isinstance(b, bytes)),
+                             dtype=[("label", "S16"), ("member", self.members)])
+        copies = np.frombuffer(b"".join(b[1] for b in blobs if isinstance(b, tuple)),
+                               dtype=[("label", "S16"), ("copy", COPY_ROW)])
         rows = rows[np.lexsort((rows["member"]["key"], rows["label"]))]
         label, members = rows["label"], rows["member"]
         first = _run_starts(label)  # the label is its cluster's smallest key: its row comes first
@@ -341,25 +393,52 @@ class ResolveClusters:
             raise ValueError(f"near duplicates: the kept record of cluster {label[:1].tobytes().hex()} has no "
                              "member info (a lost value of the runner)")
         removed = np.flatnonzero(first != np.arange(len(rows)))
-        if not len(removed):
-            return
         kept = first[removed]
-        similarity = (members["signature"][removed] == members["signature"][kept]).mean(axis=1)
+        similarity = (members["signature"] == members["signature"][first]).mean(axis=1)
         paths = self.paths.paths if hasattr(self.paths, "paths") else self.paths
         files, records = members["file"].tolist(), members["record"].tolist()
-        buffer, kept_words = spill.QuarantineBuffer(), {}
-        for r, k, s in zip(removed.tolist(), kept.tolist(), similarity.tolist()):
-            fi, rn, kfi, krn, s = files[r], records[r], files[k], records[k], round(s, 4)
-            path, kept_path = paths[fi], paths[kfi]
-            if k not in kept_words:
-                kept_words[k] = f"{kept_path}: {describe_record(kept_path, self.locator, krn, stable=True)}"
-            message = (f"{describe_record(path, self.locator, rn, stable=True)} is a near duplicate of "
-                       f"{kept_words[k]} (estimated similarity {s}), which is kept (on_error near_duplicate=skip)")
-            buffer.add(fi, rn, "skipped", path, message, KIND,
-                       {"kept": {"source_index": kfi, "path": kept_path, "record_number": krn}, "similarity": s})
-        chunk = fs.join(self.spill_dir, f"{spill.QUARANTINE_PREFIX}near-{shard:07d}-{os.urandom(6).hex()}.txt")
-        fs.write_bytes(chunk, buffer.to_bytes())
-        yield self.quarantine_key, chunk
+        words: dict[int, str] = {}
+
+        def named(i: int) -> str:  # a member, as the entries name it
+            if i not in words:
+                words[i] = f"{paths[files[i]]}: {describe_record(paths[files[i]], self.locator, records[i], stable=True)}"
+            return words[i]
+
+        def kept_field(i: int) -> dict:
+            return {"source_index": files[i], "path": paths[files[i]], "record_number": records[i]}
+
+        buffer = spill.QuarantineBuffer()
+        for r, k in zip(removed.tolist(), kept.tolist()):
+            s = round(float(similarity[r]), 4)
+            message = (f"{describe_record(paths[files[r]], self.locator, records[r], stable=True)} is a near "
+                       f"duplicate of {named(k)} (estimated similarity {s}), which is kept "
+                       "(on_error near_duplicate=skip)")
+            buffer.add(files[r], records[r], "skipped", paths[files[r]], message, KIND,
+                       {"kept": kept_field(k), "similarity": s})
+        if len(copies):
+            order = np.argsort(members["key"], kind="stable")
+            of = order[np.searchsorted(members["key"][order], copies["copy"]["key"])]  # each copy's record
+            for c, m in zip(copies["copy"].tolist(), of.tolist()):
+                _, fi, rn = c
+                k, path = int(first[m]), paths[fi]
+                record = describe_record(path, self.locator, rn, stable=True)
+                extra = {"kept": kept_field(k)}
+                if k == m:
+                    message = f"{record} is identical to {named(m)}, which is kept (on_error {self.copy_kind}=skip)"
+                    if self.copy_kind == KIND:
+                        extra["similarity"] = 1.0
+                else:
+                    s = round(float(similarity[m]), 4)
+                    message = (f"{record} is identical to {named(m)}, a near duplicate of {named(k)} (estimated "
+                               f"similarity {s}), which is kept (on_error {self.copy_kind}=skip)")
+                    extra["similarity"] = s
+                buffer.add(fi, rn, "skipped", path, message, self.copy_kind, extra)
+        if buffer:
+            chunk = fs.join(self.spill_dir, f"{spill.QUARANTINE_PREFIX}near-{shard:07d}-{os.urandom(6).hex()}.txt")
+            fs.write_bytes(chunk, buffer.to_bytes())
+            yield self.quarantine_key, chunk
+        if not len(removed):
+            return
         keys = np.sort(members["key"][removed])
         for target, blob in _by_group(b"", keys, self.num_shards):
             yield int.from_bytes(target, "big"), (REMOVED_TAG, blob)

@@ -856,7 +856,8 @@ class SpreadCopies:
         entries = load_batches(values, self.num_features, self.work.unit_files)
         try:
             if self.near is not None:
-                yield from self._skipped(int(key), entries, near_mod.KIND if self.duplicates == "keep" else "duplicate")
+                yield from self._skipped(int(key), entries, near_mod.KIND if self.duplicates == "keep" else "duplicate",
+                                         worded_later=True)
                 yield from near_mod.member_outputs(entries, self.near, self.num_shards)
             elif self.duplicates == "skip":
                 yield from self._skipped(int(key), entries)
@@ -866,9 +867,13 @@ class SpreadCopies:
             entries.close()
         self.heartbeat.beat()
 
-    def _skipped(self, shard: int, entries: spill.ShardEntries, kind: str = "duplicate") -> Iterator[tuple[int, Any]]:
+    def _skipped(self, shard: int, entries: spill.ShardEntries, kind: str = "duplicate",
+                 worded_later: bool = False) -> Iterator[tuple[int, Any]]:
         """The quarantine chunks and the counts of the copies k >= 1 of ``shard``
-        (see the class docstring), skipped as ``kind``; nothing when the shard has no copy."""
+        (see the class docstring), skipped as ``kind``; nothing when the shard
+        has no copy. ``worded_later`` (near duplicates): the entries of copies
+        of a record with a signature are left to ``near.ResolveClusters``,
+        which knows whether that record is kept or the record kept instead."""
         rank = shuffle.copy_ranks(entries.key, entries.sub_index)
         rows = np.flatnonzero(rank)
         if not len(rows):
@@ -879,7 +884,8 @@ class SpreadCopies:
         kept = records - rank[records].astype(np.int64)
         token = f"copies-{shard:07d}-{os.urandom(6).hex()}"  # unique per attempt
         buffer, chunks = spill.QuarantineBuffer(), 0
-        for row, first in zip(records.tolist(), kept.tolist()):
+        worded = entries.lengths[kept, -1] == 0 if worded_later else np.ones(len(records), dtype=bool)
+        for row, first in zip(records[worded].tolist(), kept[worded].tolist()):
             fi, rn = int(entries.file_index[row]), int(entries.record_number[row])
             kfi, krn = int(entries.file_index[first]), int(entries.record_number[first])
             path, kept_path = self.work.paths[fi], self.work.paths[kfi]

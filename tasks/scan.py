@@ -172,28 +172,43 @@ class _NearSample:
 
     def __init__(self, near: NearDuplicates | None, size: int):
         self.near, self.size, self.texts = near, int(size), []
+        self.stopped: list[str] = []  # why a file's part of the sample ended early, one line a file
 
     def read(self, source, files) -> None:
         """The first ``size`` records of ``files`` that ``source`` keeps under
         its own policy, as a build reads them (the scan's own pass skips every
         kind it counts, such as control characters that a build keeps); a
         file that cannot be read, or a record the policy raises on, ends that
-        file's part of the sample."""
+        file's part of the sample, and ``found`` says where.
+
+        Raises:
+          ValueError: a record lacks a field the parameters name, naming the
+            file and record (as a build stops there).
+        """
         if self.near is None:
             return
         for file_index, f in enumerate(files):
-            try:
-                for r in source.read_file(file_index, f.path):
-                    if len(self.texts) >= self.size:
-                        return
-                    if not is_error_record(r):
-                        self.texts.append(self.near.text_of(r.data, f"{f.path}: record {r.record_number}"))
-            except ValueError:  # counted by the scan's own pass
-                continue
+            reading = iter(source.read_file(file_index, f.path))
+            while len(self.texts) < self.size:
+                try:
+                    r = next(reading)
+                except StopIteration:
+                    break
+                except ValueError as e:  # counted by the scan's own pass; a build would stop there
+                    self.stopped.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
+                    break
+                if not is_error_record(r):
+                    self.texts.append(self.near.text_of(r.data, f"{f.path}: record {r.record_number}"))
+            if len(self.texts) >= self.size:
+                return
 
     def found(self) -> dict | None:
-        """``ScanReport.near_duplicates``, or None without ``near``."""
+        """``ScanReport.near_duplicates``, or None without ``near``: the
+        records sampled, those removal would skip, the parameters, and where
+        the source's policy ended a file's part of the sample (``stopped``:
+        the files' first lines, when any)."""
         if self.near is None:
             return None
         sampled, removed = removed_in_sample(self.texts, self.near)
-        return {"sampled": sampled, "removed": removed, "parameters": self.near.to_json()}
+        return {"sampled": sampled, "removed": removed, "parameters": self.near.to_json(),
+                **({"stopped": self.stopped} if self.stopped else {})}

@@ -465,6 +465,17 @@ def test_scan_estimates_the_share_of_near_duplicates_in_one_line(tmp_path):
     write_lines(tmp_path / "b.txt", [base + "\x07", base + "\x07", "Something else entirely."])
     ctrl = CliRunner().invoke(main, ["scan", "--source", f"text:{tmp_path}/b.txt", "--near-duplicates"])
     assert "of the 3 records sampled (1 would be removed" in ctrl.output, ctrl.output
+    # A record the source's policy raises on ends that file's sample, and the line says where.
+    (tmp_path / "m.jsonl").write_text('{"text": "a b c"}\n{"nope": 1}\n{"text": "d e f"}\n')
+    missing = CliRunner().invoke(main, ["scan", "--source", f"jsonl:{tmp_path}/m.jsonl#text", "--near-duplicates"])
+    assert missing.exit_code == 1, missing.output  # scan: some records a build would raise on
+    assert "of the 1 records sampled" in missing.output and "the sample stopped early in 1 file" in missing.output
+    assert "line 2 (byte 18) has no field 'text'" in missing.output, missing.output
+    # Parameters that name a field the records lack: one error line, as a build gives.
+    bogus = CliRunner().invoke(main, ["scan", "--source", f"jsonl:{tmp_path}/m.jsonl#inputs=text,targets=text",
+                                      "--near-duplicates", "fields=bogus"])
+    assert bogus.exit_code == 1 and "has no field 'bogus', which near-duplicate detection reads" in bogus.output, \
+        bogus.output
 
 
 def test_a_source_given_twice_is_refused_not_half_built(tmp_path):

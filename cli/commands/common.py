@@ -555,5 +555,5 @@ def near_duplicates_option(ctx, param, value):
         return None
     try:
         return NearDuplicates.parse(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
+    except ValueError as e:  # click names the option: the parser's own prefix goes
+        raise click.BadParameter(str(e).removeprefix("--near-duplicates: ").removeprefix("near duplicates: ")) from None

@@ -20,9 +20,12 @@ def near_line(label: str, found: dict) -> str:
     """The one line of a source's near-duplicate estimate (``ScanReport.near_duplicates``)."""
     sampled, removed, p = found["sampled"], found["removed"], found["parameters"]
     share = removed / sampled if sampled else 0.0
+    stopped = found.get("stopped") or []
+    where = (f"; the sample stopped early in {len(stopped)} file{'s' if len(stopped) > 1 else ''}, at a record the "
+             f"source's on_error policy raises on, as a build would stop there ({stopped[0]})" if stopped else "")
     return (f"{label}: near duplicates: {share:.1%} of the {sampled:,} records sampled ({removed:,} would be removed "
             f"by --on-error near_duplicate=skip; word {p['ngram']}-grams, {p['bands']} x {p['rows']}); pairs reaching "
-            "past the sample are not seen, so the corpus may hold more")
+            f"past the sample are not seen, so the corpus may hold more{where}")
 
 
 @click.command()

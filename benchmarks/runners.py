@@ -6,9 +6,12 @@ For each runner of ``--runners`` (default ``local,multi_processing,dask,prism``;
 ``RUNNERS`` below is the table, a runner is a name, the ``seqcache build``
 options that put a build on it, and how many workers it can be given) the
 benchmark runs ``seqcache build`` (the installed executable) of one
-``--mb`` corpus (default 100 MB of C4 documents, ``scale.make_corpus``: half
-in 8 files, half in one large file; byte vocabulary) in a child process and
-reports:
+``--mb`` corpus in a child process (``--corpus scale``, the default: 100 MB
+of C4 documents, ``scale.make_corpus``: half in 8 files, half in one large
+file; byte vocabulary; ``--corpus documents``: pipeline.py's documents case,
+the C4 sample repeated with a copy number in front of every document, 8
+Parquet files, the 8,000-piece SentencePiece model pipeline.py trains, 51 MB
+at ``--mb 50``) and reports:
 
   wall_s: start of the child to its exit;
   cpu_s: user + system CPU seconds of the child and every process it waited
@@ -25,8 +28,12 @@ reports:
 ``--direct_num_workers``, Dask: the cluster's worker processes), the build
 with 1 worker, and reports CPU(2 workers) / CPU(1 worker). ``--startup N``
 adds a one-record build on every runner, N times each (the median wall and
-CPU seconds). Builds of the different runners alternate round after round
-(``--repeat``), so that a change of the machine's load falls on all of them.
+CPU seconds): a one-line file, ``--source text:FILE``, with the corpus's
+vocabulary. Builds of the different runners alternate round after round
+(``--repeat``), in the opposite order every other round, so that a change of
+the machine's load falls on all of them and none always comes first; each
+pair of runners is also compared round by round (``pairs``: the median of
+one's CPU and wall seconds over the other's within a round, and their range).
 
 Runners:
   local: Beam's local engine in the build's process (the default, spill files);
@@ -40,7 +47,8 @@ Runners:
       Prism's own shuffle (``--exchange=runner``).
 
 Usage (from any folder; the runs need the corpora of ../shared/data):
-  python benchmarks/runners.py [--mb 100] [--runners local,multi_processing,dask,prism]
+  python benchmarks/runners.py [--mb 100] [--corpus scale|documents]
+                               [--runners local,multi_processing,dask,prism]
                                [--ratio] [--startup 5] [--repeat 1] [--json out.json]
 """
 
@@ -53,6 +61,7 @@ import os
 import pathlib
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -112,17 +121,27 @@ def _cpu(pids) -> float:
     return total
 
 
-def build(spec: str, cache_dir: pathlib.Path, extra_args, *, worker_pids=()) -> dict:
-    """One ``seqcache build`` of ``spec`` (byte vocabulary) in a child process,
-    sampled; the measurements of the module docstring and the shards' sha256s."""
-    args = [SEQCACHE, "build", "--source", spec, "--vocabulary", "byte", "--name", NAME, "--cache-dir", str(cache_dir),
-            "--on-error", "empty=skip", "--on-error", "whitespace=skip", "--on-error", "control_characters=keep",
-            *extra_args]
+def _default_sigint() -> None:
+    """The build starts with SIGINT's default action, as from a terminal: a
+    benchmark started in the background of a script (``cmd &``) would pass
+    SIGINT on ignored, and Prism, which then ignores Beam's SIGINT at the
+    end of a build, would add 4 s to each (Beam sends it 5 times, 1 s apart,
+    then kills it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def build(spec: str, cache_dir: pathlib.Path, extra_args, *, worker_pids=(), vocabulary: str = "byte") -> dict:
+    """One ``seqcache build`` of ``spec`` in a child process, sampled; the
+    measurements of the module docstring and the shards' sha256s."""
+    args = [SEQCACHE, "build", "--source", spec, "--vocabulary", vocabulary, "--name", NAME,
+            "--cache-dir", str(cache_dir), "--on-error", "empty=skip", "--on-error", "whitespace=skip",
+            "--on-error", "control_characters=keep", *extra_args]
     out_dir = cache_dir / NAME / "train"
     before = _cpu(worker_pids)
     with tempfile.TemporaryFile() as log:
         start = time.perf_counter()
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(),
+                                preexec_fn=_default_sigint)
         sampler = scale.Sampler(proc.pid, {}, others=worker_pids)
         sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -144,21 +163,56 @@ def build(spec: str, cache_dir: pathlib.Path, extra_args, *, worker_pids=()) -> 
     }
 
 
-def measure(name: str, workers: int, spec: str, raw_mb: float, work: pathlib.Path, clusters: Clusters) -> dict:
+def measure(name: str, workers: int, spec: str, raw_mb: float, work: pathlib.Path, clusters: Clusters,
+            vocabulary: str = "byte", round_: int = 0) -> dict:
     cache = work / f"cache-{name}-{workers}"
     shutil.rmtree(cache, ignore_errors=True)
     extra = RUNNERS[name](workers, clusters)
     pids = clusters.dask(workers)[1] if name == "dask" else ()
-    row = build(spec, cache, extra, worker_pids=pids)
+    row = build(spec, cache, extra, worker_pids=pids, vocabulary=vocabulary)
     shutil.rmtree(cache, ignore_errors=True)
-    row = {"runner": name, "workers": workers if name in TAKES_WORKERS else 1, "mb": round(raw_mb, 1), **row,
-           "cpu_s_per_mb": round(row["cpu_s"] / raw_mb, 4)}
+    row = {"runner": name, "workers": workers if name in TAKES_WORKERS else 1, "round": round_,
+           "mb": round(raw_mb, 1), **row, "cpu_s_per_mb": round(row["cpu_s"] / raw_mb, 4)}
     print(json.dumps({k: v for k, v in row.items() if k != "shard_sha256"}), flush=True)
     return row
 
 
 def _median(rows, key):
     return round(statistics.median(r[key] for r in rows), 3)
+
+
+def corpus(work: pathlib.Path, mb: float, kind: str) -> tuple[str, float, str]:
+    """``(source spec, raw bytes, vocabulary)`` of the ``--corpus`` ``kind``."""
+    if kind == "scale":
+        spec, raw, _ = scale.make_corpus(work / "corpus", int(mb * 1e6), "documents")
+        return spec, raw, "byte"
+    import pipeline  # this folder's documents case and its vocabulary (pyarrow: not in the Dask workers' import)
+
+    model, _ = pipeline.train_vocabularies(work, with_tokenizers=False)
+    spec, records = pipeline.make_documents(work / "corpus", int(mb * 1e6))
+    return spec, sum(len(r.encode()) for r in records), model
+
+
+def pairs(rows, key_of) -> list[dict]:
+    """For each two runs ``a`` before ``b`` (``key_of(row)``, in the order they
+    first appear), ``b``'s CPU and wall seconds over ``a``'s within each round
+    (the rows' ``round``): the median and the range over the rounds."""
+    keys = list(dict.fromkeys(key_of(r) for r in rows))
+    by = {(key_of(r), r["round"]): r for r in rows}
+    rounds = sorted({r["round"] for r in rows})
+    out = []
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            both = [(by[a, k], by[b, k]) for k in rounds if (a, k) in by and (b, k) in by]
+            if not both:
+                continue
+            entry = {"a": a, "b": b, "rounds": len(both)}
+            for what in ("cpu_s", "wall_s"):
+                ratios = [y[what] / x[what] for x, y in both if x[what] > 0]
+                entry[f"{what}_b_over_a"] = [round(statistics.median(ratios), 3), round(min(ratios), 3),
+                                             round(max(ratios), 3)] if ratios else None
+            out.append(entry)
+    return out
 
 
 def main(args) -> dict:
@@ -171,24 +225,24 @@ def main(args) -> dict:
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "load_average": os.getloadavg()}, "mb": args.mb, "rows": [], "startup": []}
     try:
-        spec, raw, records = scale.make_corpus(work / "corpus", int(args.mb * 1e6), "documents")
+        spec, raw, vocabulary = corpus(work, args.mb, args.corpus)
         plan = [(n, 2 if n in TAKES_WORKERS else 1) for n in names]
         if args.ratio:
             plan += [(n, 1) for n in names if n in TAKES_WORKERS]
-        for _ in range(args.repeat):
-            for name, workers in plan:
-                result["rows"].append(measure(name, workers, spec, raw / 1e6, work, clusters))
+        for k in range(args.repeat):
+            for name, workers in plan if k % 2 == 0 else plan[::-1]:
+                result["rows"].append(measure(name, workers, spec, raw / 1e6, work, clusters, vocabulary, k))
         if args.startup:
             one = work / "one"
             one.mkdir()
-            (one / "a.jsonl").write_text(json.dumps({"text": "one record"}) + "\n")
-            for _ in range(args.startup):
-                for name in names:
-                    row = build(f"jsonl:{one}/a.jsonl#text", work / f"one-{name}", RUNNERS[name](1, clusters),
-                                worker_pids=clusters.dask(1)[1] if name == "dask" else ())
+            (one / "a.txt").write_text("one record\n")
+            for k in range(args.startup):
+                for name in names if k % 2 == 0 else names[::-1]:
+                    row = build(f"text:{one}/a.txt", work / f"one-{name}", RUNNERS[name](1, clusters),
+                                worker_pids=clusters.dask(1)[1] if name == "dask" else (), vocabulary=vocabulary)
                     shutil.rmtree(work / f"one-{name}", ignore_errors=True)
-                    result["startup"].append({"runner": name, "wall_s": row["wall_s"], "cpu_s": row["cpu_s"],
-                                              "peak_tree_rss_mb": row["peak_tree_rss_mb"]})
+                    result["startup"].append({"runner": name, "round": k, "wall_s": row["wall_s"],
+                                              "cpu_s": row["cpu_s"], "peak_tree_rss_mb": row["peak_tree_rss_mb"]})
     finally:
         clusters.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -205,15 +259,19 @@ def main(args) -> dict:
         one = next((o for o in summary if o["runner"] == s["runner"] and o["workers"] == 1), None)
         s["cpu_2_over_1"] = round(s["cpu_s"] / one["cpu_s"], 3) if s["workers"] == 2 and one else None
     result["summary"] = summary
+    result["pairs"] = pairs(rows, lambda r: f"{r['runner']}/{r['workers']}")
     result["startup_summary"] = [
         {"runner": n, "builds": len(mine), "wall_s": _median(mine, "wall_s"), "cpu_s": _median(mine, "cpu_s"),
          "peak_tree_rss_mb": _median(mine, "peak_tree_rss_mb")}
         for n in names if (mine := [r for r in result["startup"] if r["runner"] == n])]
+    result["startup_pairs"] = pairs(result["startup"], lambda r: r["runner"])
     for r in rows:
         r.pop("shard_sha256")
     if args.json_out:
         pathlib.Path(args.json_out).write_text(json.dumps(result, indent=2))
-    print(f"\n{args.mb:g} MB of documents, byte vocabulary; medians of {args.repeat} build(s) each")
+    vocabulary = "byte" if args.corpus == "scale" else "SentencePiece, 8,000 pieces"
+    print(f"\n{args.mb:g} MB of documents ({args.corpus}), {vocabulary} vocabulary; "
+          f"medians of {args.repeat} build(s) each")
     print(f"{'runner':>17} {'wk':>3} {'wall s':>7} {'CPU s':>7} {'CPU s/MB':>9} {'tree RSS MB':>12} "
           f"{'1-proc MB':>10} {'CPU 2/1':>8} {'same bytes':>10}")
     for s in summary:
@@ -225,6 +283,13 @@ def main(args) -> dict:
         for s in result["startup_summary"]:
             print(f"{s['runner']:>17}  wall {s['wall_s']:.2f} s  CPU {s['cpu_s']:.2f} s  "
                   f"tree RSS {s['peak_tree_rss_mb']:,.0f} MB  ({s['builds']} builds)")
+    for title, found in (("builds", result["pairs"]), ("one-record builds", result["startup_pairs"])):
+        if found:
+            print(f"\npaired within a round, {title} (b / a: median [min, max] over the rounds):")
+        for p in found:
+            cpu, wall = p["cpu_s_b_over_a"], p["wall_s_b_over_a"]
+            print(f"  {p['b']:>20} / {p['a']:<20} CPU {cpu[0]:.3f} [{cpu[1]:.3f}, {cpu[2]:.3f}]  "
+                  f"wall {wall[0]:.3f} [{wall[1]:.3f}, {wall[2]:.3f}]  ({p['rounds']} rounds)")
     if any(s["same_bytes"] is False for s in summary):
         raise SystemExit("a runner's data shards differ from the local engine's")
     return result
@@ -234,6 +299,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=100.0, help="corpus size, MB (1e6 bytes)")
+    ap.add_argument("--corpus", choices=("scale", "documents"), default="scale",
+                    help="scale.py's documents, byte vocabulary; or pipeline.py's documents case, SentencePiece")
     ap.add_argument("--runners", default="local,multi_processing,dask,prism",
                     help=f"comma-separated, from: {', '.join(RUNNERS)}")
     ap.add_argument("--ratio", action="store_true", help="also build with 1 worker where a runner takes a count")

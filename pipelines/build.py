@@ -51,7 +51,7 @@ from seqcache.tasks.near_duplicates import NearDuplicates
 from seqcache.tasks.registry import USER_MODULE_PREFIX
 from seqcache.tasks.sources.policy import ERROR_KINDS, BadInputError
 import apache_beam as beam  # after runner's process.import_beam: quietly, without pandas
-from apache_beam.internal.cloudpickle import cloudpickle as beam_cloudpickle
+from seqcache.pipelines import beam_internals  # Beam's private names (the pickler)
 
 try:
     import cloudpickle  # what Dask sends tasks with
@@ -1006,9 +1006,9 @@ def _pickle_user_modules_by_value() -> None:
     with Beam's pickler and with the cloudpickle that Dask sends tasks with."""
     for name, module in list(sys.modules.items()):
         if name.startswith(USER_MODULE_PREFIX):
-            for pickler in (beam_cloudpickle, cloudpickle):
-                if pickler is not None:
-                    pickler.register_pickle_by_value(module)
+            beam_internals.register_pickle_by_value(module)
+            if cloudpickle is not None:
+                cloudpickle.register_pickle_by_value(module)
 
 
 def _verify_written(out_dir: str, entries) -> None:

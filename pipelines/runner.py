@@ -7,7 +7,8 @@ leaves, tagged outputs, metrics). What differs between runners is set here:
 - **The runner's name.** ``RUNNER_ALIASES`` maps short names
   (``--runner=dask``, ``--runner=direct``) to what Beam wants; ``direct``
   means Beam's local engine, ``FnApiRunner``, which Beam's DirectRunner would
-  only reach after trying to download Prism.
+  only reach after trying to download Prism (``local_engine``: a subclass of
+  it in beam_internals.py, the one module that uses Beam's private names).
 - **How examples travel to the shard writers** (``exchange``): through the
   runner's own shuffle (``"runner"``), or, on Beam's local engine, whose
   shuffle keeps every element in the driver's memory, through spill files
@@ -60,29 +61,20 @@ import contextlib
 import io
 import logging
 import math
-import multiprocessing
 import os
 import shutil
 import sys
-from concurrent import futures
 from typing import Any, Sequence
 
 import grpc
-from google.protobuf import json_format, text_format
 
 from seqcache import process
-from seqcache.pipelines import dataflow, job_server as job_server_mod, stall, workers
+from seqcache.pipelines import beam_internals, dataflow, job_server as job_server_mod, stall, workers
 from seqcache.pipelines.beam_text import causes  # noqa: F401  (runner_mod.causes, for the build and the commands)
 from seqcache.pipelines import beam_text
 
 process.import_beam()  # before Beam's modules below: quietly, without pandas
 from apache_beam.options import pipeline_options as po  # noqa: E402
-from apache_beam.portability import common_urns, python_urns  # noqa: E402
-from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc  # noqa: E402
-from apache_beam.portability.api import beam_runner_api_pb2, endpoints_pb2  # noqa: E402
-from apache_beam.runners import runner as beam_runner  # noqa: E402
-from apache_beam.runners.portability.fn_api_runner import fn_runner  # noqa: E402
-from apache_beam.runners.portability.portable_runner import JobServiceHandle  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -279,10 +271,6 @@ def pipeline_options(pipeline_args: Sequence[str] | Any = None):
     return po.PipelineOptions(out), runner
 
 
-# The worker command of Beam's local engine in multi_processing mode.
-_BEAM_WORKER_MAIN = "-m apache_beam.runners.worker.sdk_worker_main"
-
-
 def fs_options(pipeline_args) -> list[str]:
     """The pipeline options file systems read (object-store endpoints and
     credentials), for workers that never saw the pipeline options."""
@@ -292,97 +280,13 @@ def fs_options(pipeline_args) -> list[str]:
     return [a for a in pipeline_args if isinstance(a, str) and a.startswith(prefixes)]
 
 
-# The local engine's workers' log entries are logged under Beam's name, so that
-# the build shows them as it shows Beam's own logs (with -v only).
-_WORKER_LOG = logging.getLogger("apache_beam.runners.worker.logs")
-_SEVERITY = beam_fn_api_pb2.LogEntry.Severity
-_LOG_LEVELS = {_SEVERITY.TRACE: logging.DEBUG, _SEVERITY.DEBUG: logging.DEBUG, _SEVERITY.INFO: logging.INFO,
-               _SEVERITY.NOTICE: logging.INFO, _SEVERITY.WARN: logging.WARNING, _SEVERITY.ERROR: logging.ERROR,
-               _SEVERITY.CRITICAL: logging.CRITICAL}
-
-
-class _WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer, beam_fn_api_pb2_grpc.BeamFnLoggingServicer):
-    """Beam's worker-pool and logging services for the local engine's workers:
-    each ``StartWorker`` request becomes the SDK harness's environment, handed
-    to a worker process (``workers.hand_out``), whose log entries come back
-    here (``Logging``)."""
-
-    def __init__(self, pipeline_options_json: str, logging_endpoint: str):
-        self._options = pipeline_options_json
-        self._logging = endpoints_pb2.ApiServiceDescriptor(url=logging_endpoint)
-        self.processes = []  # the worker processes handed out
-
-    def StartWorker(self, request, context):  # noqa: N802  (the service's method name)
-        # The runner names the control endpoint by this host's name; the worker is local.
-        control = endpoints_pb2.ApiServiceDescriptor(url="localhost:" + request.control_endpoint.url.rsplit(":", 1)[1])
-        environment = {"CONTROL_API_SERVICE_DESCRIPTOR": text_format.MessageToString(control),
-                       "LOGGING_API_SERVICE_DESCRIPTOR": text_format.MessageToString(self._logging),
-                       "PIPELINE_OPTIONS": self._options, "WORKER_ID": request.worker_id}
-        try:
-            self.processes.append(workers.hand_out(environment))
-        except OSError as e:
-            return beam_fn_api_pb2.StartWorkerResponse(error=f"cannot start a worker process: {e}")
-        return beam_fn_api_pb2.StartWorkerResponse()
-
-    def StopWorker(self, request, context):  # noqa: N802  (a worker leaves when its control channel closes)
-        return beam_fn_api_pb2.StopWorkerResponse()
-
-    def Logging(self, request_iterator, context):  # noqa: N802  (one stream per worker, until it exits)
-        for entries in request_iterator:
-            for entry in entries.log_entries:
-                _WORKER_LOG.log(_LOG_LEVELS.get(entry.severity, logging.INFO), "worker: %s (%s)", entry.message,
-                                entry.log_location)
-        return iter([])
-
-
-class _LocalEngine(fn_runner.FnApiRunner):
-    """``FnApiRunner`` whose multi_processing workers are seqcache's
-    (``seqcache.pipelines.workers``): their environment becomes an EXTERNAL one,
-    served by a ``_WorkerPool`` on localhost while the pipeline runs; any other
-    environment is left as Beam made it."""
-
-    def __init__(self, options):
-        super().__init__()
-        # The workers' PIPELINE_OPTIONS, encoded as Beam's DirectRunner encodes them.
-        encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-        self._options_json = json_format.MessageToJson(encoded)
-
-    def run_via_runner_api(self, pipeline_proto, options):
-        beam_command = f"{sys.executable} {_BEAM_WORKER_MAIN}".encode()
-        local = [env for env in pipeline_proto.components.environments.values()
-                 if env.urn == python_urns.SUBPROCESS_SDK and env.payload == beam_command]
-        if not local:
-            return super().run_via_runner_api(pipeline_proto, options)
-        # A thread per worker's log stream, and some for its requests (threads start as
-        # needed: an unset count, 1 worker, is sized as 0, every CPU, at no cost).
-        num_workers = options.view_as(po.DirectOptions).direct_num_workers or multiprocessing.cpu_count()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=num_workers + 4))
-        # localhost, as Beam names its own endpoints (which a no_proxy setting names too).
-        port = server.add_insecure_port("localhost:0")
-        servicer = _WorkerPool(self._options_json, f"localhost:{port}")
-        beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(servicer, server)
-        beam_fn_api_pb2_grpc.add_BeamFnLoggingServicer_to_server(servicer, server)
-        server.start()
-        pool = beam_runner_api_pb2.ExternalPayload(endpoint=endpoints_pb2.ApiServiceDescriptor(url=f"localhost:{port}"))
-        for env in local:
-            env.urn, env.payload = common_urns.environments.EXTERNAL.urn, pool.SerializeToString()
-        ended = False
-        try:
-            result = super().run_via_runner_api(pipeline_proto, options)
-            ended = True
-            return result
-        finally:  # interrupted or failed: its workers are killed at once
-            server.stop(None)
-            workers.stop_waiting()
-            workers.reap(servicer.processes, kill=not ended)
-
-
 def local_engine(options):
-    """Beam's local engine for ``options``. Its multi_processing worker
+    """Beam's local engine for ``options`` (``beam_internals.LocalEngine``, a
+    subclass of Beam's ``FnApiRunner``). Its multi_processing worker
     processes are seqcache's (``seqcache.pipelines.workers``: Beam imported
     without pandas, started ahead by the ``seqcache build`` executable), and
     get ``options`` (the object-store options, the harness log level)."""
-    return _LocalEngine(options)
+    return beam_internals.LocalEngine(options)
 
 
 def pipeline_runner(runner: str, options):
@@ -509,7 +413,7 @@ def check_runner_available(runner: str, options=None) -> None:
                               "(pip install 'seqcache[dask]')") from None
         return
     try:
-        beam_runner.create_runner(runner)
+        beam_internals.create_runner(runner)
     except (ValueError, ImportError, AttributeError) as e:
         known = ", ".join(sorted({v.rsplit(".", 1)[-1] for v in RUNNER_ALIASES.values()}))
         why = "is unknown" if _is_unknown_runner(e) else f"is not available: {first_line(e)}"

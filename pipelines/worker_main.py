@@ -1,9 +1,10 @@
 """A worker process of Beam's local engine (``--direct_running_mode=multi_processing``):
-Beam's own ``sdk_worker_main``, with Beam imported as the build imports it
-(``seqcache.process.import_beam``: without pandas) and the build's steps
-imported before there is work. With ``--wait`` (``workers.WAIT_FLAG``, how
-``seqcache.pipelines.workers`` starts it) it then waits on its standard input
-for its environment, one JSON line, and exits quietly if the input ends first.
+Beam's own ``sdk_worker_main`` (``beam_internals.run_sdk_worker``), with Beam
+imported as the build imports it (``seqcache.process.import_beam``: without
+pandas) and the build's steps imported before there is work. With ``--wait``
+(``workers.WAIT_FLAG``, how ``seqcache.pipelines.workers`` starts it) it then
+waits on its standard input for its environment, one JSON line, and exits
+quietly if the input ends first.
 
 While it waits it ignores SIGINT (Ctrl-C reaches the whole process group; its
 command stops it; ``workers`` starts it with SIGINT blocked until then); once
@@ -34,8 +35,8 @@ if __name__ == "__main__" and "--wait" in sys.argv[1:]:
 
 from seqcache import process  # noqa: E402
 
-process.import_beam()  # before Beam's modules below (already done by the package's import of runner.py)
-from apache_beam.runners.worker import sdk_worker_main  # noqa: E402
+process.import_beam()  # before Beam's modules (already done by the package's import of runner.py)
+from seqcache.pipelines import beam_internals  # noqa: E402  (Beam's SDK harness)
 
 import seqcache.pipelines.transforms  # noqa: E402,F401  what unpickling the build's steps imports
 from seqcache.pipelines import workers  # noqa: E402
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
         argv = argv[:1]
         signal.signal(signal.SIGINT, INHERITED_SIGINT)  # a worker now: as its command, interrupted or not
     try:
-        sdk_worker_main.main(argv)
+        beam_internals.run_sdk_worker(argv)
     finally:
         gc.freeze()
 

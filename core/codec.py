@@ -264,18 +264,24 @@ def encode_batch(specs: Sequence[FeatureSpec], columns: Mapping[str, tuple[np.nd
         if is_payload is not None:
             is_payload[where] = False
         elif payload.size:
-            src_start = np.zeros(n, dtype=np.int64)
-            np.cumsum(nbytes[:-1], out=src_start[1:])
-            if payload.size >= _SLICE_BYTES * n:  # long pieces: one slice copy each, not an index per byte
-                out, piece = memoryview(data), memoryview(np.ascontiguousarray(payload))
-                for to, at, size in zip((start + 4).tolist(), src_start.tolist(), nbytes.tolist()):
-                    out[to:to + size] = piece[at:at + size]
-            else:  # byte j of example i's payload goes to start[i] + 4 + (j - first byte of example i)
-                data[np.repeat(start + 4 - src_start, nbytes) + np.arange(payload.size, dtype=np.int64)] = payload
+            _scatter(data, payload, start + 4, nbytes)
         start += 4 + nbytes
     if is_payload is not None:
         data[is_payload] = payloads[0]
     return data, record_offsets
+
+
+def _scatter(data: np.ndarray, payload: np.ndarray, to: np.ndarray, nbytes: np.ndarray) -> None:
+    """Copies example i's piece of ``payload`` (uint8, the examples' bytes one
+    after the other, ``nbytes[i]`` each) to ``data[to[i]:to[i] + nbytes[i]]``."""
+    src_start = np.zeros(len(nbytes), dtype=np.int64)
+    np.cumsum(nbytes[:-1], out=src_start[1:])
+    if payload.size >= _SLICE_BYTES * len(nbytes):  # long pieces: one slice copy each, not an index per byte
+        out, piece = memoryview(data), memoryview(np.ascontiguousarray(payload))
+        for at_to, at, size in zip(to.tolist(), src_start.tolist(), nbytes.tolist()):
+            out[at_to:at_to + size] = piece[at:at + size]
+    else:  # byte j of example i's payload goes to to[i] + (j - first byte of example i)
+        data[np.repeat(to - src_start, nbytes) + np.arange(payload.size, dtype=np.int64)] = payload
 
 
 def encode_provenance(segments: Sequence[tuple[int, int, int]]) -> bytes:

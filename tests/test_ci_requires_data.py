@@ -21,7 +21,8 @@ CONFTEST = TESTS / "conftest.py"
 # not run in the copy. Any other test of the file must skip there.
 NEEDS_NO_CORPUS = ("test_feeder_benchmark_runs_from_the_repository_root",
                    "test_decode_benchmark_gives_the_same_tokens_with_and_without_the_cache",
-                   "test_hostile_input_benchmark_refuses_every_shape_in_one_line")
+                   "test_hostile_input_benchmark_refuses_every_shape_in_one_line",
+                   "test_startup_benchmark_counts_modules_and_times_each_command")
 
 
 def _run(tmp_path, ci_value):

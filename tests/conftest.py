@@ -69,6 +69,15 @@ HEAVY = (
     "tests/training/test_sharding.py::test_t5_preset_on_8_devices_matches_one_device",
     "tests/training/test_t5_cli.py::test_t5_trains_on_translation",
     "tests/training/test_t5_cli.py::test_t5_stop_and_resume_on_a_real_cache_matches_an_uninterrupted_run",
+    "tests/training/test_t5_cli.py::test_decoder_only_model_reads_an_inputs_targets_cache_as_a_prefix_lm",
+    "tests/training/test_evaluation.py::test_a_failing_metric_stops_the_eval_and_writes_nothing",
+    "tests/training/test_cli.py::test_stop_at_step_then_resume_matches_an_uninterrupted_run",
+    "tests/pipelines/test_runners.py::test_every_runner_skips_the_same_duplicates",
+    "tests/pipelines/test_sizes.py::test_one_very_long_line_is_truncated_exactly_in_bounded_memory[sentencepiece",
+    "tests/pipelines/test_content.py::test_fresh_worker_processes_get_the_sentencepiece_model",
+    "tests/test_benchmark_scripts.py::test_overlap_benchmark_builds_scans_and_measures_memory",
+    "tests/test_benchmark_scripts.py::test_startup_benchmark_counts_modules_and_times_each_command",
+    "tests/test_object_store.py::test_multi_processing_workers_get_the_s3_options",
 )
 
 

@@ -95,11 +95,17 @@ def test_a_child_behind_the_wrapper_dies_when_its_parent_is_killed():
         parent.wait(timeout=30)
         assert ended(child.pid, timeout_s=30)
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(timeout=30)
-        if child is not None and child.is_running():  # the test failed: leave no process behind
-            child.kill()
+        _leave_nothing(parent, child)
+
+
+def _leave_nothing(parent: subprocess.Popen, child) -> None:
+    """Kills ``parent`` (and waits for it) and ``child`` (a ``psutil.Process``
+    or None) where a failed test left them running."""
+    if parent.poll() is None:
+        parent.kill()
+        parent.wait(timeout=30)
+    if child is not None and child.is_running():
+        child.kill()
 
 
 def test_the_wrapper_starts_nothing_when_its_parent_is_already_gone():
@@ -154,11 +160,7 @@ def test_the_job_server_of_a_build_killed_with_sigkill_dies_with_it():
         assert build.wait(timeout=30) == -signal.SIGKILL
         assert ended(server.pid, timeout_s=30), "the job server outlived the build"
     finally:
-        if build.poll() is None:
-            build.kill()
-            build.wait(timeout=30)
-        if server is not None and server.is_running():  # the test failed: leave no process behind
-            server.kill()
+        _leave_nothing(build, server)
 
 
 def test_flink_and_spark_builds_start_a_job_server_unless_one_is_named_or_an_uber_jar_is_submitted(monkeypatch):

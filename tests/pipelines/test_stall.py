@@ -11,6 +11,7 @@ import os
 import pickle
 import socket
 import threading
+from typing import Any
 
 import pytest
 
@@ -203,14 +204,21 @@ def test_a_stalled_job_is_cancelled_its_job_server_stopped_and_the_build_fails_i
     assert result.cancelled.is_set() and (server.starts, server.stops) == (1, 1)
 
 
-def test_a_job_failed_by_a_lost_worker_connection_is_one_line_naming_the_runner(monkeypatch):
-    text = ("Pipeline BeamApp-x failed in state FAILED: org.apache.beam.vendor.grpc.v1p60p1.io.grpc."
-            "StatusRuntimeException: CANCELLED: client cancelled")
-    result, server = FakeResult(RuntimeError(text)), _a_server(monkeypatch)
+def _failed_job(monkeypatch, error: Exception) -> tuple[str, Any]:
+    """The one line of ``runner.run``'s ``RunnerError`` for a Flink job whose
+    ``wait_until_finish`` raised ``error``, and the fake job server it started."""
+    result, server = FakeResult(error), _a_server(monkeypatch)
     result.finished.set()
     with pytest.raises(runner_mod.RunnerError) as info:
         runner_mod.run(_FakePipeline(result), "FlinkRunner", heartbeats=None)
-    assert str(info.value) == (f"runner FlinkRunner: the job failed when an SDK worker's connection ended: a worker "
+    return str(info.value), server
+
+
+def test_a_job_failed_by_a_lost_worker_connection_is_one_line_naming_the_runner(monkeypatch):
+    text = ("Pipeline BeamApp-x failed in state FAILED: org.apache.beam.vendor.grpc.v1p60p1.io.grpc."
+            "StatusRuntimeException: CANCELLED: client cancelled")
+    message, server = _failed_job(monkeypatch, RuntimeError(text))
+    assert message == (f"runner FlinkRunner: the job failed when an SDK worker's connection ended: a worker "
                                f"that died ({text}); nothing was published, run the build again")
     assert server.stops == 1
     # A step's own error, with the worker's traceback in it, is handed on as it is.
@@ -227,11 +235,7 @@ def test_a_job_that_cannot_reach_its_worker_pool_is_one_line_naming_the_runner(m
     its job at once (the text Beam 2.x's job service gives, seen on Flink)."""
     text = ("Pipeline BeamApp-root-1206164229-de96c079 failed in state FAILED: java.net.ConnectException: "
             "java.net.ConnectException: finishConnect(..) failed: Connection refused")
-    result, server = FakeResult(RuntimeError(text)), _a_server(monkeypatch)
-    result.finished.set()
-    with pytest.raises(runner_mod.RunnerError) as info:
-        runner_mod.run(_FakePipeline(result), "FlinkRunner", heartbeats=None)
-    message = str(info.value)
+    message, server = _failed_job(monkeypatch, RuntimeError(text))
     assert message.startswith("runner FlinkRunner: the job failed as its SDK workers could not be reached: no "
                               "worker pool listening at --environment_config") and "\n" not in message, message
     assert "nothing was published" in message and server.stops == 1

@@ -339,12 +339,12 @@ class JoinLabels:
         order = np.argsort(rows["label"], kind="stable")
         yield from _by_group(CLUSTER_TAG, rows[order], self.num_shards)
         if len(copies):
-            keyed = np.sort(rows["member"]["key"])
+            by_key = np.argsort(rows["member"]["key"], kind="stable")
+            keyed, label_of = rows["member"]["key"][by_key], rows["label"][by_key]
             at = np.searchsorted(keyed, copies["key"])
             if not np.all((at < len(keyed)) & (keyed[np.minimum(at, len(keyed) - 1)] == copies["key"])):
                 raise ValueError("near duplicates: an exact copy's record has no member info (a lost value of "
                                  "the runner)")
-            label_of = rows["label"][np.argsort(rows["member"]["key"], kind="stable")]
             out = np.zeros(len(copies), dtype=[("label", "S16"), ("copy", COPY_ROW)])
             out["label"], out["copy"] = label_of[at], copies
             yield from _by_group(CLUSTER_TAG, out[np.argsort(out["label"], kind="stable")], self.num_shards,

@@ -159,7 +159,7 @@ def cases(root: str) -> list[tuple[str, str, list[str]]]:
     """(entry point, shape, argv) of every measurement."""
     from seqcache.feeders import Feeder
 
-    py, seqcache = sys.executable, [sys.executable, "-m", "seqcache"]
+    py, seqcache = sys.executable, [sys.executable, "-m", "seqcache.cli"]
     cache = _cache(root)
     with Feeder(cache=cache, global_batch_size=4, sequence_length=8, host_index=0, host_count=1) as f:
         state = json.loads(json.dumps(f.state()))

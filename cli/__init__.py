@@ -1,7 +1,7 @@
 """seqcache.cli: the application on top of the areas: the ``seqcache``
 executable and its command line.
 
-  seqcache.cli.executable  the entry point (``seqcache``, ``python -m seqcache``):
+  seqcache.cli.executable  the entry point (``seqcache``, ``python -m seqcache.cli``):
                            SIGINT and SIGTERM handled from its first statement
   seqcache.cli.interrupts  that handling
   seqcache.cli.main        the click group (``main``) and ``run``

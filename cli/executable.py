@@ -1,5 +1,4 @@
-"""The ``seqcache`` executable (also ``python -m seqcache`` and ``python -m
-seqcache.cli``): its first statement installs the handling of SIGINT and
+"""The ``seqcache`` executable (also ``python -m seqcache.cli``): its first statement installs the handling of SIGINT and
 SIGTERM (``seqcache.cli.interrupts``), before the command line's modules are
 imported (click, then a command's own: rich and the tasks, about 0.25 s of
 CPU; Beam's 0.6 s more for ``build``), so that a signal at any moment ends

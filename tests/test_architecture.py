@@ -37,12 +37,10 @@ CORE = frozenset({
     "seqcache.codec", "seqcache.compression", "seqcache.fs", "seqcache.bounded_json", "seqcache.bounded_yaml",
     "seqcache.manifest", "seqcache.layout", "seqcache.format", "seqcache.process", "seqcache.rates", "seqcache.lengths",
 })
-# ``python -m seqcache``: the application's entry, which Python looks for in the package's own folder.
-MAIN = "seqcache.__main__"
 # Area -> the areas it may import (besides itself). The trainer room
 # (``seqcache.feeders.trainers``) is an area of its own inside ``feeders/``: it
 # imports the feeder, the feeder never imports it. Only the application imports
-# ``training``; nothing but ``python -m seqcache`` imports the application.
+# ``training``; nothing imports the application (``cli``).
 ALLOWED = {
     "core": set(),
     "tasks": {"core"},
@@ -51,7 +49,6 @@ ALLOWED = {
     "feeders.trainers": {"core", "tasks", "feeders"},
     "training": {"core", "tasks", "feeders"},
     "cli": {"core", "tasks", "pipelines", "feeders", "feeders.trainers", "training"},
-    "main": {"cli"},
 }
 AREAS = ("cli", "tasks", "pipelines", "feeders.trainers", "feeders", "training")
 
@@ -148,8 +145,6 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def area_of(module: str) -> str:
     """The area of one of the package's modules: a key of ``ALLOWED``."""
-    if module == MAIN:
-        return "main"
     for area in AREAS:
         prefix = f"seqcache.{area}"
         if module == prefix or module.startswith(prefix + "."):
@@ -179,7 +174,7 @@ def test_the_package_dirs_are_pyproject_s():
 
 def test_the_core_folder_holds_the_core_alone():
     in_core = {m for m, path in package_modules().items() if (ROOT / "core") in path.parents}
-    assert in_core == CORE | {"seqcache", MAIN}, sorted(in_core ^ (CORE | {"seqcache", MAIN}))
+    assert in_core == CORE | {"seqcache"}, sorted(in_core ^ (CORE | {"seqcache"}))
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -197,7 +192,7 @@ def test_the_areas_import_downwards_only():
 def test_the_area_check_sees_an_upward_import():
     graph = {"seqcache.feeders.reader": {"seqcache.feeders.trainers.t5x", "seqcache.fs"},
              "seqcache.feeders.trainers.t5x": {"seqcache.feeders.reader"},
-             "seqcache.training.loop": {"seqcache.cli.commands.train"}, "seqcache.__main__": {"seqcache.cli.executable"},
+             "seqcache.training.loop": {"seqcache.cli.commands.train"},
              "seqcache.fs": {"seqcache.cli.interrupts"}, "seqcache.cli.main": {"seqcache.pipelines.workers"}}
     assert upward_imports(graph) == ["seqcache.feeders.reader -> seqcache.feeders.trainers.t5x",
                                      "seqcache.fs -> seqcache.cli.interrupts",

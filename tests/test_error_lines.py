@@ -94,7 +94,7 @@ def test_the_executable_prints_one_short_line_for_a_huge_path(tmp_path, command)
     the name of the lock beside the folder)."""
     path = _huge_path(tmp_path)
     args = [a.format(path=path, tmp=tmp_path) for a in command] + ([path] if len(command) == 1 else [])
-    done = subprocess.run([sys.executable, "-m", "seqcache", *args], cwd=tmp_path, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "seqcache.cli", *args], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 1 and done.stdout == "", done.stderr[-2000:]
     (line,) = done.stderr.splitlines()

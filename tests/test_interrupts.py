@@ -1,5 +1,5 @@
 """SIGINT and SIGTERM at any moment of a command (``seqcache.cli.interrupts``),
-run as a user runs it: the executable (``python -m seqcache``) in a
+run as a user runs it: the executable (``python -m seqcache.cli``) in a
 subprocess; mostly ``seqcache build`` with 2 worker processes started ahead.
 
 What is checked: from the executable's first statement (before click, rich or
@@ -42,7 +42,7 @@ TIMEOUT_S = 120
 
 
 def _seqcache(*args: str) -> list[str]:
-    return [sys.executable, "-m", "seqcache", *args]
+    return [sys.executable, "-m", "seqcache.cli", *args]
 
 
 def _signal_mask(pid: int, field: str) -> int:
@@ -143,14 +143,12 @@ def test_a_signal_during_start_up_exits_with_its_status_and_one_line(tmp_path, s
 SELF_TERMINATING = "import os, signal, time\nexec('os.kill(os.getpid(), signal.SIGTERM)\\ntime.sleep(600)')\n"
 
 
-@pytest.mark.parametrize("entry", [["-m", "seqcache"], ["-m", "seqcache.cli"]])
-def test_sigterm_inside_code_run_by_exec_still_exits_143(tmp_path, entry):
+def test_sigterm_inside_code_run_by_exec_still_exits_143(tmp_path):
     """The interrupt raised inside code that ``exec`` runs from a string: CPython
     would end the process by SIGINT (status -2) after it exited with 143; the
-    executable ends it itself. ``python -m seqcache.cli`` (how ``seqcache
-    train`` starts its processes) is the executable too."""
+    executable ends it itself."""
     (tmp_path / "self_terminating.py").write_text(SELF_TERMINATING)
-    done = subprocess.run([sys.executable, *entry, "tasks", "--module", "self_terminating"], cwd=tmp_path,
+    done = subprocess.run([*_seqcache(), "tasks", "--module", "self_terminating"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=default_signals)
     assert (done.returncode, done.stderr, done.stdout) == (143, "interrupted by SIGTERM\n", "")
 

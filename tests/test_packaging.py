@@ -32,8 +32,8 @@ def test_the_package_imports_once_from_the_repository_root_and_elsewhere(tmp_pat
     assert done.stdout.split() == [seqcache.__file__, "None"], done.stdout
 
 
-def test_python_m_seqcache_from_the_repository_root_is_the_command():
-    done = subprocess.run([sys.executable, "-m", "seqcache", "--version"], cwd=ROOT, capture_output=True, text=True,
+def test_python_m_seqcache_cli_from_the_repository_root_is_the_command():
+    done = subprocess.run([sys.executable, "-m", "seqcache.cli", "--version"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith(seqcache.__version__), done.stdout
@@ -41,7 +41,8 @@ def test_python_m_seqcache_from_the_repository_root_is_the_command():
 
 @pytest.mark.parametrize("old", ["seqcache.seqcache", "seqcache.commands", "seqcache.verify", "seqcache.report",
                                  "seqcache.executable", "seqcache.interrupts", "seqcache.feeders.t5x",
-                                 "seqcache.feeders.export", "seqcache.feeders.t5x_gin"])
+                                 "seqcache.feeders.export", "seqcache.feeders.t5x_gin",
+                                 "seqcache.__main__"])
 def test_a_module_has_one_name(old):
     assert importlib.util.find_spec(old) is None, f"{old} is importable: a second copy under an old name"
 

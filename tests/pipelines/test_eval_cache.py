@@ -133,20 +133,20 @@ def test_the_trainer_sees_the_token_features_and_mixes_with_a_plain_cache(eval_c
 
 
 def test_info_shows_the_metrics(eval_cache):
-    run = [sys.executable, "-m", "seqcache", "info", eval_cache]
+    run = [sys.executable, "-m", "seqcache.cli", "info", eval_cache]
     table = subprocess.run(run, capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "200"})
     assert "bleu, chrf" in table.stdout and "_strip" in table.stdout and "targets_pretokenized" in table.stdout
     as_json = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True).stdout)
     assert as_json["evaluation"]["metrics"] == ["bleu", "chrf"]
     assert as_json["evaluation"]["postprocess_fn"] == "_strip"
-    shown = json.loads(subprocess.run([sys.executable, "-m", "seqcache", "show", eval_cache, "--json"],
+    shown = json.loads(subprocess.run([sys.executable, "-m", "seqcache.cli", "show", eval_cache, "--json"],
                                       capture_output=True, text=True, check=True).stdout)
     shown = shown[0] if isinstance(shown, list) else shown
     text = shown["features"]["targets_pretokenized"]["text"]
     assert text in DE
-    plain = subprocess.run([sys.executable, "-m", "seqcache", "show", eval_cache], capture_output=True, text=True,
+    plain = subprocess.run([sys.executable, "-m", "seqcache.cli", "show", eval_cache], capture_output=True, text=True,
                            env={**os.environ, "COLUMNS": "200"})
     assert plain.returncode == 0 and not plain.stderr, plain.stderr
     assert "targets_pretokenized: " in plain.stdout and text in plain.stdout
-    verified = subprocess.run([sys.executable, "-m", "seqcache", "verify", eval_cache], capture_output=True, text=True)
+    verified = subprocess.run([sys.executable, "-m", "seqcache.cli", "verify", eval_cache], capture_output=True, text=True)
     assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -1,5 +1,0 @@
-"""``python -m seqcache``: the ``seqcache`` command."""
-
-from seqcache.cli.executable import run
-
-run()

@@ -33,7 +33,6 @@ import datetime
 import hashlib
 import json
 import os
-import re
 import sys
 from typing import Annotated, Any, Literal, Mapping, Sequence
 
@@ -630,28 +629,13 @@ def convert(value: Any, model: Any, *, path: str = MANIFEST_NAME, prefix: str = 
 
 
 def _refusal(error: msgspec.ValidationError, value: Any, path: str, prefix: str) -> CacheError:
-    """The ``CacheError`` line of msgspec's ``error`` (converting ``value``):
-    its field path (``$.statistics.tokens[...]``) after ``prefix``, a dict key
-    named where the dict has only one, and the value found there."""
-    text, _, where = str(error).partition(" - at `$")
-    name, found = prefix, True
-    for key, index in re.findall(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]", where):
-        if index == "..." and isinstance(value, dict) and len(value) == 1:
-            key = next(iter(value))
-        if key:
-            name += f".{key}"
-            found = found and isinstance(value, dict) and key in value
-            value = value[key] if found else None
-        else:
-            name += f"[{index}]"
-            found = found and index.isdigit() and isinstance(value, list) and int(index) < len(value)
-            value = value[int(index)] if found else None
-    name = name.removeprefix(".")
-    text = text[:1].lower() + text[1:]
-    if not found or text.startswith("object missing"):
-        return CacheError(f"{path}: {name + ': ' if name else ''}{text}")
-    text = re.sub(r", got `[^`]*`$|(?<=^invalid enum value) .*", "", text)  # the value is shown
-    return CacheError(f"{path}: {name} is {_short(value)}: {text}")
+    """The ``CacheError`` line of msgspec's ``error`` (converting ``value``,
+    ``bounded_json.read_validation_error``): ``{path}: {field} is {value}:
+    {msgspec's words}``, or without the value where there is none."""
+    refusal = bounded_json.read_validation_error(error, value, prefix)
+    if not refusal.found:
+        return CacheError(f"{path}: {refusal.field + ': ' if refusal.field else ''}{refusal.text}")
+    return CacheError(f"{path}: {refusal.field} is {_short(refusal.value)}: {refusal.text}")
 
 
 def _siblings(cache_dir: str) -> str:

@@ -251,10 +251,10 @@ def test_a_plain_feeder_refuses_a_converted_state(caches):
     ("encdec", "converter: expected `object` (got 'encdec')"),
     ({"name": "bert" * 5000, "sequence_length": {"targets": 96}}, "converter.name = 'bertbert"),
     ({"name": "lm", "sequence_length": {"targets": 10**30}}, "is out of range"),
-    ({"name": "lm", "sequence_length": {"targets": 2**40}}, "converter.sequence_length: expected `int` <= 16777215 "
-                                                             "(got {'targets': 1099511627776})"),
-    ({"name": "lm", "sequence_length": {"targets": 96.5}}, "converter.sequence_length: expected `int` "
-                                                            "(got {'targets': 96.5})"),
+    ({"name": "lm", "sequence_length": {"targets": 2**40}}, "converter.sequence_length.targets: expected `int` "
+                                                             "<= 16777215 (got 1099511627776)"),
+    ({"name": "lm", "sequence_length": {"targets": 96.5}}, "converter.sequence_length.targets: expected `int` "
+                                                            "(got 96.5)"),
     ({"name": "lm", "sequence_length": {"targets": float("nan")}}, "expected a finite number"),
     ({"name": "lm", "sequence_length": {"targets": 96, "inputs": 96}}, "converter 'lm' reads ['targets']"),
     ({"name": "encdec", "sequence_length": {"inputs": 64, "targets": 48}}, "disagree with converter 'encdec'"),

@@ -115,3 +115,20 @@ def _last_exception_line(traceback_text: str) -> str | None:
         if line and not line.startswith(" "):
             return line
     return None
+
+
+def unknown_runner(error: BaseException) -> bool:
+    """Whether ``error`` (raised by Beam's ``create_runner``) says Beam knows no
+    runner of that name: Beam raises a plain ``ValueError`` for it ("Unexpected
+    pipeline runner: ..."), told apart from a known runner that fails to load
+    only by its words."""
+    return "Unexpected pipeline runner" in str(error)
+
+
+def option_error(stderr: str) -> str:
+    """The message of a pipeline option whose value Beam's options parser
+    (argparse) refused, from what it wrote to standard error before exiting:
+    its last ``PROG: error: MESSAGE`` line's MESSAGE ("argument
+    --direct_running_mode: invalid choice: 'x' (choose from ...)")."""
+    lines = [line for line in stderr.splitlines() if ": error: " in line]
+    return lines[-1].split(": error: ", 1)[1] if lines else stderr.strip() or "invalid option value"

@@ -342,20 +342,20 @@ def _work_lock(plan: BuildPlan):
     if fs.exists(work_dir) and not fs.isdir(work_dir):
         raise BuildError(f"--work-dir {work_dir} is a file, not a folder: give a folder (it is created if missing)")
     with cache_lock(os.path.join(fs.local_path(work_dir), "folder"), lock_name=work_mod.WORK_LOCK,
-                    what="work folder", advice="give this build another --work-dir"):
+                    what="work folder", advice="wait for it to finish, or give this build another --work-dir"):
         yield
 
 
 @contextlib.contextmanager
 def cache_lock(out_dir: str, *, lock_name: str | None = None, what: str = "cache",
-               advice: str = "build into another --cache-dir"):
+               advice: str = "wait for it to finish, or build into another --cache-dir"):
     """An exclusive lock on one cache folder for the length of a build (local
     file systems: ``fcntl.flock`` on ``<task>/.<split>.lock``, or
     ``lock_name`` beside ``out_dir``); a second build fails at once, saying
     so. The lock file is removed at the end (a taker checks that the file it
     locked is still the one at the path), and so are the folders the build
     created when left empty. Object stores have no such lock; there, run one
-    build per cache at a time."""
+    build per cache at a time. ``advice`` ends the refusal's line: what to do."""
     if not fs.is_local(out_dir):
         yield
         return
@@ -376,7 +376,7 @@ def cache_lock(out_dir: str, *, lock_name: str | None = None, what: str = "cache
             f.close()
             where = out_dir if lock_name is None else parent
             raise BuildError(f"{where}: another build of this {what} is running (it holds {lock_path}); "
-                             f"wait for it to finish, or {advice}") from None
+                             f"{advice}") from None
         with contextlib.suppress(FileNotFoundError):
             if os.path.samestat(os.fstat(f.fileno()), os.stat(lock_path)):
                 break

@@ -351,8 +351,7 @@ def option_value_errors(args: Sequence[str]) -> str | None:
             options.get_all_options()
             workers = options.view_as(po.DirectOptions).direct_num_workers
     except SystemExit:
-        lines = [line for line in message.getvalue().splitlines() if ": error: " in line]
-        return lines[-1].split(": error: ", 1)[1] if lines else message.getvalue().strip() or "invalid option value"
+        return beam_text.option_error(message.getvalue())
     if workers is not None and int(workers) < 0:
         return f"--direct_num_workers={workers}: expected 0 (every CPU) or more"
     return None
@@ -416,7 +415,7 @@ def check_runner_available(runner: str, options=None) -> None:
         beam_internals.create_runner(runner)
     except (ValueError, ImportError, AttributeError) as e:
         known = ", ".join(sorted({v.rsplit(".", 1)[-1] for v in RUNNER_ALIASES.values()}))
-        why = "is unknown" if _is_unknown_runner(e) else f"is not available: {first_line(e)}"
+        why = "is unknown" if beam_text.unknown_runner(e) else f"is not available: {first_line(e)}"
         raise RunnerError(f"runner {runner!r} {why} (runners: {known}, or a fully qualified class name)") from None
 
 
@@ -434,13 +433,6 @@ def _check_dry_run(runner: str, options) -> None:
     if value.lower() in dataflow.FALSE_LOOKING:
         raise RunnerError(f"--dry_run={value}: Beam's DataflowRunner makes a dry run of any value of --dry_run; "
                           "leave the flag out to submit the job")
-
-
-def _is_unknown_runner(error: Exception) -> bool:
-    """Whether ``error`` (raised by Beam's ``create_runner``) says Beam knows no
-    runner of that name: Beam raises a plain ``ValueError`` for it, told apart
-    from a known runner that fails to load only by its text, read here alone."""
-    return "Unexpected pipeline runner" in str(error)
 
 
 def _check_prism(options) -> None:

@@ -164,6 +164,17 @@ def _batches(texts: Sequence[str]):
         lo = hi
 
 
+class ParameterError(ValueError):
+    """A near-duplicate parameter refused: the message is ``WHERE: DETAIL``
+    (``near duplicates: ngram must be ...``); ``detail`` is the part after
+    ``WHERE``, for a caller that names the parameter's place itself (the
+    command line's option)."""
+
+    def __init__(self, where: str, detail: str):
+        super().__init__(f"{where}: {detail}")
+        self.detail = detail
+
+
 @dataclasses.dataclass(frozen=True)
 class NearDuplicates:
     """The parameters of near-duplicate detection (in the cache's fingerprint).
@@ -198,15 +209,16 @@ class NearDuplicates:
         for name in ("ngram", "bands", "rows", "rounds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
-                raise ValueError(f"near duplicates: {name} must be an integer in [1, 1024] (got {name}={value!r})")
+                raise ParameterError("near duplicates",
+                                     f"{name} must be an integer in [1, 1024] (got {name}={value!r})")
         if self.bands * self.rows > 4096:
-            raise ValueError(f"near duplicates: bands * rows must be at most 4096 hashes "
+            raise ParameterError("near duplicates", f"bands * rows must be at most 4096 hashes "
                              f"(got {self.bands} * {self.rows} = {self.bands * self.rows})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise ValueError(f"near duplicates: seed must be an integer in [0, 2**64) (got seed={self.seed!r})")
+            raise ParameterError("near duplicates", f"seed must be an integer in [0, 2**64) (got seed={self.seed!r})")
         fields = (self.fields,) if isinstance(self.fields, str) else tuple(self.fields)
         if any(not isinstance(f, str) or not f for f in fields):
-            raise ValueError(f"near duplicates: fields must be non-empty names (got {self.fields!r})")
+            raise ParameterError("near duplicates", f"fields must be non-empty names (got {self.fields!r})")
         object.__setattr__(self, "fields", fields)
 
     @classmethod
@@ -224,16 +236,18 @@ class NearDuplicates:
             name, sep, value = part.partition("=")
             name = name.strip()
             if not sep or name not in _PARAMS:
-                raise ValueError(f"--near-duplicates: {part!r} is not NAME=VALUE with NAME one of {', '.join(_PARAMS)}")
+                raise ParameterError("--near-duplicates",
+                                     f"{part!r} is not NAME=VALUE with NAME one of {', '.join(_PARAMS)}")
             if name in values:
-                raise ValueError(f"--near-duplicates: {name} given twice; give each parameter once")
+                raise ParameterError("--near-duplicates", f"{name} given twice; give each parameter once")
             if name == "fields":
                 values[name] = tuple(f for f in value.strip().split("+") if f)
                 continue
             try:
                 values[name] = int(value)
             except ValueError:
-                raise ValueError(f"--near-duplicates: {name} must be an integer (got {value.strip()!r})") from None
+                raise ParameterError("--near-duplicates",
+                                     f"{name} must be an integer (got {value.strip()!r})") from None
         return cls(**values)
 
     @property

@@ -90,6 +90,7 @@ def test_clean_removes_the_work_folder_and_a_build_that_died_and_refuses_while_a
     finally:
         lock.close()
     assert refused.exit_code == 1 and "another build of this cache is running" in refused.output
+    assert refused.output.rstrip().endswith("; wait for it to finish, then clean"), refused.output
     assert len(refused.output.strip().splitlines()) == 1 and work_dir.is_dir()
 
     dry = runner.invoke(main, ["clean", str(cache), "--dry-run"])
@@ -127,6 +128,7 @@ def test_a_work_dir_of_its_own_is_used_locked_and_removed(tmp_path, corpora):
     finally:
         lock.close()
     assert refused.exit_code == 1 and "another build of this work folder is running" in refused.output
+    assert "; wait for it to finish, or give this build another --work-dir (" in refused.output
     done = runner.invoke(main, _build_args(corpus, tmp_path / "c", "--work-dir", str(work_dir), "--json"))
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)[0]["work"]["units_reused"] == 2

@@ -103,7 +103,7 @@ def clean(cache_path, args, work_dir, dry_run):
                  [work.work_path(cache_path), work.work_path(cache_path, steps_run_here=True)])
     work_dirs = list(dict.fromkeys(work_dirs))
     try:
-        with build.cache_lock(cache_path):
+        with build.cache_lock(cache_path, advice="wait for it to finish, then clean"):
             found = [item for w in work_dirs for item in _leftovers(cache_path, w, with_cache=w == work_dirs[0])]
             if not found:
                 click.echo(f"nothing to remove beside {cache_path}")
@@ -115,7 +115,6 @@ def clean(cache_path, args, work_dir, dry_run):
                 verb = "would remove" if dry_run else "removed"
                 click.echo(f"{verb} {path}: {what}, {size / 1e6:,.1f} MB")
     except BuildError as e:
-        common.fail(str(e).replace("wait for it to finish, or build into another --cache-dir",
-                                   "wait for it to finish, then clean"))
+        common.fail(e)
     except OSError as e:  # a path the file system refuses (too long)
         common.fail(e)

@@ -22,7 +22,7 @@ from seqcache import fs, process
 from seqcache.cli import interrupts
 from seqcache.pipelines import beam_text  # the standard library only: no Beam
 from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, parse_on_error
-from seqcache.tasks.near_duplicates import NearDuplicates
+from seqcache.tasks.near_duplicates import NearDuplicates, ParameterError
 
 
 def stderr_console(file=None) -> Console:
@@ -555,5 +555,5 @@ def near_duplicates_option(ctx, param, value):
         return None
     try:
         return NearDuplicates.parse(value)
-    except ValueError as e:  # click names the option: the parser's own prefix goes
-        raise click.BadParameter(str(e).removeprefix("--near-duplicates: ").removeprefix("near duplicates: ")) from None
+    except ParameterError as e:  # click names the option
+        raise click.BadParameter(e.detail) from None

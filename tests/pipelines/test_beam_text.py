@@ -68,3 +68,24 @@ def test_a_java_runners_failures_are_told_from_a_steps():
     step = beam_text.read(RuntimeError("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
                                        "ConnectionError: java.net.ConnectException: refused [while running 'Read']"))
     assert step.step_raised and not step.workers_unreachable
+
+
+def test_an_unknown_runner_is_told_from_one_that_fails_to_load():
+    from seqcache.pipelines import beam_internals
+
+    with pytest.raises(ValueError) as unknown:
+        beam_internals.create_runner("NoSuchRunner")
+    assert beam_text.unknown_runner(unknown.value), str(unknown.value)
+    assert not beam_text.unknown_runner(ImportError("No module named 'apache_beam.runners.dask'"))
+    with pytest.raises(runner_mod.RunnerError, match=r"^runner 'NoSuchRunner' is unknown \(runners: "):
+        runner_mod.check_runner_available("NoSuchRunner")
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("--direct_running_mode=bogus", "argument --direct_running_mode: invalid choice: 'bogus' (choose from "
+                                    "'in_memory', 'multi_threading', 'multi_processing')"),
+    ("--direct_num_workers=x", "argument --direct_num_workers: invalid int value: 'x'"),
+])
+def test_a_refused_option_value_is_read_from_what_beams_parser_writes(flag, expected):
+    assert runner_mod.option_value_errors([flag]) == expected
+    assert beam_text.option_error("usage: x [-h]\nx: error: " + expected + "\n") == expected

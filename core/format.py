@@ -23,8 +23,8 @@ from seqcache.codec import (  # noqa: F401  the codec's names, as fmt.<name>
     encode_batch, encode_provenance, encode_provenance_batch, decode_example, file_sha256, canonical_json,
     fingerprint_of, ShardInfo, encode_int_column, decode_int_column, decode_base64, ShardTable,
     is_plain_file_name, PRETOKENIZED_SUFFIX, TEXT_DTYPE, DTYPES, INT_FIELDS, SHA256_RE, is_count, require)
-from seqcache.manifest import (Manifest, SourceTable, read_shard_checksums, read_source_table,  # noqa: F401
-                               shard_checksums_json)
+from seqcache.manifest import Manifest, read_shard_checksums, shard_checksums_json  # noqa: F401
+from seqcache.source_table import SourceTable, read_source_table  # noqa: F401
 
 read_manifest = Manifest.read
 parse_manifest = Manifest.parse

@@ -19,8 +19,9 @@ there the plain-name check is the whole check.
 
 from __future__ import annotations
 
+import hashlib
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from seqcache import codec, fs
 
@@ -109,3 +110,30 @@ def check_named_files(cache_dir: str, manifest: "seqcache.manifest.Manifest") ->
                        what=f"vocabulary model of feature {feature!r} (vocabularies.{feature}.file)")
     if manifest.quarantine is not None:
         cache_file(cache_dir, manifest.quarantine, what="quarantine file (quarantine)")
+
+
+def read_recorded_file(cache_dir: str, recorded: Mapping[str, Any], what: str, *,
+                       missing: str = ")") -> tuple[str, bytes]:
+    """``(path, bytes)`` of the cache file the manifest records as ``{file,
+    num_bytes, sha256}`` (the shard checksum file, the source table), checked
+    against the record.
+
+    Raises:
+      CacheError: the file is missing (the message ends with ``missing``),
+        cannot be read (a folder in its place), or its size or sha256 differs
+        from the record, naming the file.
+    """
+    path = cache_file(cache_dir, recorded["file"], what=what)
+    if not fs.exists(path):
+        raise codec.CacheError(f"{path}: {what} is missing (the manifest lists it with {recorded['num_bytes']} bytes{missing}")
+    try:
+        data = fs.read_bytes(path)
+    except OSError as e:  # a folder or an unreadable file in its place
+        raise codec.CacheError(f"{path}: {what} cannot be read ({e.strerror or type(e).__name__}); rebuild the cache") \
+            from None
+    if len(data) != recorded["num_bytes"]:
+        raise codec.CacheError(f"{path}: {what} has {len(data)} bytes, the manifest expects {recorded['num_bytes']}")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != recorded["sha256"]:
+        raise codec.CacheError(f"{path}: {what} has sha256 {actual}, the manifest expects {recorded['sha256']}")
+    return path, data

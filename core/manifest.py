@@ -3,31 +3,29 @@ shard-checksums.json and of source-table.json, and the one place that reads,
 checks and writes them.
 
 - The fields: the ``msgspec.Struct`` ``Manifest``, its attributes in the order
-  they are written; each nested object is a Struct of its own (``Feature``,
-  ``Shards``, ``Vocabulary``, ``Source``, ``Statistics``, ``Sharding``,
-  ``Evaluation``, ``SourceTableRecord``, ...), bounds and descriptions in
-  ``msgspec.Meta``. Keys a definition does not list are allowed everywhere (and
+  they are written; each nested object is a Struct of its own, in
+  ``seqcache.manifest_entries`` (``Feature``, ``Shards``, ``Vocabulary``,
+  ``Statistics``, ...), bounds and descriptions in ``msgspec.Meta``. Keys a definition does not list are allowed everywhere (and
   ignored). An optional field a manifest lacks has the attribute's default
   (None, or an empty container).
 - Reading: ``Manifest.read`` and ``Manifest.parse`` check the format and its
-  version, then every field (``msgspec.convert``), then the counts and the
+  version, then every field (``manifest_entries.convert``), then the counts and the
   fingerprint, and give a typed ``Manifest``. Every failure is one
   ``CacheError`` line naming the file and the field path
   (``manifest.json: statistics.tokens is 'x': expected `object```).
 - Writing: ``Manifest.create`` assembles a build's manifest (refusing a field
   the definition lacks, and any manifest ``parse`` would refuse; the
-  per-file source table goes to its own file, ``SourceTable``);
+  per-file source table goes to its own file, ``seqcache.source_table``);
   ``Manifest.write`` writes the shard checksum file, the source table file,
   then manifest.json, each atomically.
-- The source table (format version 3): ``read_source_table`` (or
-  ``Manifest.read_source_table``) reads and checks it, only when asked.
+- The source table (format version 3): ``Manifest.read_source_table``
+  (``seqcache.source_table``) reads and checks it, only when asked.
 - The JSON Schema: ``json_schema()``, generated from the Structs by
   ``msgspec.json.schema_components`` and published as ``manifest.schema.json``
   beside this module (``python -m seqcache.manifest --write`` regenerates it,
   ``--check`` compares).
 """
 
-import collections.abc
 import contextlib
 import datetime
 import hashlib
@@ -38,235 +36,18 @@ from typing import Annotated, Any, Literal, Mapping, Sequence
 
 import msgspec
 import numpy as np
-from msgspec import Meta, Struct
+from msgspec import Struct
 
 from seqcache import __version__, bounded_json, codec, fs, layout, process
 from seqcache.codec import (MANIFEST_NAME, SHARD_CHECKSUMS_NAME, SOURCE_TABLE_NAME, CacheError, IncompleteCacheError,
                             ShardTable)
+from seqcache.manifest_entries import (MAX_SHARD_RECORDS, Count, Evaluation, Feature, Int64, Sha256, ShardChecksums,
+                                       Sharding, Shards, Source, SourceTableFile, SourceTableRecord, Statistics,
+                                       TokenCount, Vocabulary, Work, convert, doc)
+from seqcache.source_table import SourceTable, detach_source_table, inputs_sha256, read_source_table, with_value_at
 
-_SHA256_PATTERN = "^[0-9a-f]{64}$"
-_BASE64_PATTERN = "^[A-Za-z0-9+/]*={0,2}$"
 SCHEMA_NAME = "manifest.schema.json"
 _short = bounded_json.short
-
-# A count is below MAX_INTEGER unless its definition says otherwise; any other
-# integer lies in the int64 range.
-MAX_INTEGER = bounded_json.MAX_COUNT
-# The largest shard count, shard record count and sequence length a reader accepts.
-MAX_SHARDS = 2**20
-MAX_SHARD_RECORDS = 2**40
-MAX_SEQUENCE_LENGTH = bounded_json.MAX_SEQUENCE_LENGTH
-
-# The packings (``seqcache.tasks.task.PACKING_MODES``) and vocabulary kinds
-# (``seqcache.tasks.vocabulary_from_json``) a manifest may hold; tests compare them.
-PACKINGS = ("lm", "first_fit", None)
-VOCABULARY_KINDS = ("byte", "sentencepiece", "hf_tokenizer")
-
-
-def _doc(text: str, since: int = 1) -> Meta:
-    """A field's description (and ``$comment``: the format version that introduced it)."""
-    return Meta(description=text, extra_json_schema={"$comment": f"since format version {since}"} if since > 1 else None)
-
-
-Count = Annotated[int, Meta(ge=0, lt=MAX_INTEGER)]
-Int64 = Annotated[int, Meta(ge=-2**63, le=2**63 - 1)]
-Sha256 = Annotated[str, Meta(pattern=_SHA256_PATTERN)]
-# A shard table column: decoded (and checked) by ``codec.ShardTable``, the size
-# columns at a shard's first read; the pattern is the JSON Schema's only.
-Base64 = Annotated[str, Meta(extra_json_schema={"pattern": _BASE64_PATTERN})]
-TokenCount = Annotated[int, Meta(ge=1, lt=MAX_SEQUENCE_LENGTH)]
-Records = dict[str, Count]
-
-
-class Entry(Struct, kw_only=True, omit_defaults=True):
-    """A nested object of the format: keys it does not list are allowed and
-    ignored; an optional key it lacks reads as None. ``to_json()``: the keys
-    it holds (None ones left out), as plain JSON values."""
-
-    def to_json(self) -> dict:
-        return msgspec.to_builtins(self)
-
-
-class Feature(Entry, frozen=True, kw_only=True):
-    """One entry of ``features``: a record feature (``np_dtype``: its numpy dtype)."""
-
-    name: Annotated[str, _doc("feature name, e.g. targets or targets_segment_ids")]
-    dtype: Annotated[Literal[tuple(sorted(codec.DTYPES))], _doc("storage dtype of its elements")]
-    vocabulary: Annotated[str, _doc("the key of its entry in vocabularies (token features)")] = None
-    add_eos: Annotated[bool, _doc("whether the task appends EOS to it (token features)")] = None
-
-    @property
-    def np_dtype(self) -> np.dtype:
-        return np.dtype(codec.DTYPES[self.dtype])
-
-
-class ChecksumFile(Entry, kw_only=True):
-    """``shards.checksums``: the shard checksum file (format version 2)."""
-
-    file: Annotated[Literal[SHARD_CHECKSUMS_NAME], _doc("the shard checksum file's name", 2)]
-    num_bytes: Annotated[Count, _doc("its size (bytes)", 2)]
-    sha256: Annotated[Sha256, _doc("its sha256, hex", 2)]
-
-
-class Shards(Entry, kw_only=True):
-    """``shards``: the shard table (format version 2); read as a ``codec.ShardTable``."""
-
-    num_shards: Annotated[int, Meta(ge=0, lt=MAX_SHARDS), _doc("S, the shard count (shard names follow from index "
-                                                               "and S)", 2)]
-    encoding: Annotated[str, _doc("how the integer columns are stored, for humans", 2)] = None
-    num_records: Annotated[Base64, _doc("records per shard (records), base64 of S little-endian int64", 2)]
-    num_bytes: Annotated[Base64, _doc("byte size of each data shard file (bytes), base64 of S int64", 2)]
-    provenance_num_bytes: Annotated[Base64, _doc("byte size of each provenance shard file (bytes), base64 of S "
-                                                 "int64", 2)]
-    checksums: Annotated[ChecksumFile, _doc("the shard checksum file: name, size and sha256", 2)]
-
-
-class Sharding(Entry, kw_only=True):
-    """``sharding``: how the build chose its shard count."""
-
-    num_shards: Annotated[Count, _doc("the shard count the build chose or was given")]
-    shard_size: Annotated[Int64 | None, _doc("the target shard size (bytes) it was given, or null")] = None
-    input_bytes: Annotated[Count, _doc("the source files' total size (bytes)")] = None
-    content_bytes: Annotated[Int64 | None, _doc("the sources' decompressed content size (bytes) where measured, "
-                                                "or null")] = None
-
-
-class Work(Entry, kw_only=True):
-    """``work``: what the build's work folder gave it (a build that kept its
-    work: a rerun after it died, a build of a grown corpus). It describes how
-    this cache was made, like ``created``: two builds of the same inputs,
-    one of them resumed, have equal shards, statistics and source table, and
-    different ``work``."""
-
-    units: Annotated[Count, _doc("work units of the build")]
-    units_reused: Annotated[Count, _doc("units taken whole from the work folder (not read)")] = 0
-    units_resumed: Annotated[Count, _doc("units read on from a checkpoint in the work folder")] = 0
-    checkpoints_reused: Annotated[Count, _doc("checkpoints of units taken from the work folder")] = 0
-    checkpoints_rejected: Annotated[Count, _doc("checkpoints found whose files did not match their sha256 "
-                                                "(torn or changed): read again")] = 0
-    shards_reused: Annotated[Count, _doc("shards written by an earlier run of the same build, kept")] = 0
-
-
-class Evaluation(Entry, kw_only=True):
-    """``evaluation`` (format version 3): what an evaluator runs on the cache
-    (``seqcache.tasks.Task.evaluation``)."""
-
-    metrics: Annotated[list[str], _doc("the task's metric functions' names, in order", 3)]
-    postprocess_fn: Annotated[str | None, _doc("the task's postprocess function's name, or null", 3)]
-    pretokenized: Annotated[list[str], _doc("the stored features holding the source's text "
-                                            "(<feature>_pretokenized, uint8 UTF-8 bytes)", 3)]
-
-
-class ShardChecksums(Entry, kw_only=True):
-    """shard-checksums.json (format version 2), written by ``shard_checksums_json``."""
-
-    num_shards: Annotated[Count, _doc("S, the shard count", 2)]
-    sha256: Annotated[list[Sha256], _doc("sha256 of data shard s at position s, hex", 2)]
-    provenance_sha256: Annotated[list[Sha256], _doc("sha256 of provenance shard s at position s, hex", 2)]
-
-
-class Vocabulary(Entry, kw_only=True):
-    """One entry of ``vocabularies`` (``Vocabulary.to_json()``, ``file`` renamed by the build)."""
-
-    kind: Annotated[Literal[VOCABULARY_KINDS], _doc("the vocabulary's kind")] = None
-    vocab_size: Annotated[int, Meta(ge=1, lt=MAX_INTEGER), _doc("ids in the vocabulary, extra ids included")] = None
-    extra_ids: Annotated[Count, _doc("sentinel ids appended to the model's")] = None
-    file: Annotated[str, _doc("the model file stored in the cache folder (sentencepiece, hf_tokenizer)")] = None
-    sha256: Annotated[Sha256 | None, _doc("the model file's sha256, hex")] = None
-    eos_token: Annotated[str | None, _doc("the EOS token's text (hf_tokenizer)")] = None
-    pad_token: Annotated[str | None, _doc("the pad token's text (hf_tokenizer)")] = None
-    unk_token: Annotated[str | None, _doc("the unk token's text (hf_tokenizer)")] = None
-
-
-class Source(Entry, kw_only=True):
-    """One entry of ``sources`` (format version 2), the source file table
-    (``seqcache.tasks.SourceFile`` and the source's locator)."""
-
-    path: Annotated[str, _doc("the file's path or URL")]
-    num_bytes: Annotated[Count, _doc("its size (bytes)")] = None
-    mtime_ns: Annotated[Int64, _doc("its modification time (nanoseconds since the epoch)")] = None
-    locator: Annotated[str, _doc("what a provenance record's record_number counts in it (byte_offset, line, row, "
-                                 "record, file); record when absent")] = None
-
-
-class BadInput(Entry, kw_only=True):
-    """``statistics.bad_input_records``: records per kind of bad input, by action."""
-
-    skipped: Annotated[Records, _doc("kind -> records skipped (records)")] = None
-    replaced: Annotated[Records, _doc("kind -> records repaired (records)")] = None
-    kept: Annotated[Records, _doc("kind -> records kept unchanged (records)")] = None
-    records: Annotated[Records, _doc("action -> records (records)")] = None
-
-
-class SourceFiles(Entry, kw_only=True):
-    """``statistics.source_files`` (format version 2): per source file, source examples and tokens."""
-
-    examples: Annotated[list[Count], _doc("source examples per source file (records)")]
-    tokens: Annotated[dict[str, list[Count]], _doc("feature -> tokens per source file, before packing (tokens)")]
-    units: Annotated[str, _doc("the units, for humans")] = None
-
-
-Histogram = list[Annotated[list[Count], Meta(min_length=3, max_length=3)]]
-
-
-class Statistics(Entry, kw_only=True):
-    """``statistics``: counts of the build (``seqcache.pipelines.stats``); None where not counted."""
-
-    examples: Annotated[Count, _doc("cached examples (records)")] = None
-    segments: Annotated[Count, _doc("segments, the pieces packed into them (records)")] = None
-    source_examples: Annotated[Count, _doc("preprocessed examples before packing (records)")] = None
-    tokens: Annotated[dict[str, Count], _doc("feature -> tokens in the cached examples (tokens)")] = None
-    max_length: Annotated[dict[str, Count], _doc("feature -> the longest cached example (tokens)")] = None
-    mean_length: Annotated[dict[str, Annotated[float, Meta(ge=0)]], _doc("feature -> the mean cached example "
-                                                                         "(tokens)")] = None
-    truncated_tokens: Annotated[Count, _doc("tokens trimmed to the sequence length (tokens)")] = None
-    length_histogram: Annotated[dict[str, Histogram], _doc(
-        "feature -> histogram of source example lengths: the non-empty buckets [lo, hi, examples], lo ascending, "
-        "hi exclusive (tokens)")] = None
-    skipped_records: Annotated[Count, _doc("source records skipped as bad input (records)")] = None
-    units: Annotated[str, _doc("the units, for humans")] = None
-    source_records: Annotated[Count, _doc("source records read (records)")] = None
-    source_files: Annotated[SourceFiles, _doc("per source file: source examples and tokens")] = None
-    replaced_records: Annotated[Count, _doc("source records repaired (records)")] = None
-    bad_input_records: Annotated[BadInput, _doc("records per kind of bad input, by action")] = None
-    excluded_records: Annotated[Count, _doc("source records excluded for overlapping a benchmark (records)")] = None
-    excluded_by_benchmark: Annotated[Records, _doc("benchmark name -> excluded records that overlap it "
-                                                   "(records)")] = None
-
-
-class SourceTableRecord(Entry, kw_only=True):
-    """The manifest's ``source_table`` (format version 3): the file that holds
-    the per-file source table, checked like the shard checksum file."""
-
-    file: Annotated[Literal[SOURCE_TABLE_NAME], _doc("the source table file's name", 3)]
-    num_bytes: Annotated[Count, _doc("its size (bytes)", 3)]
-    sha256: Annotated[Sha256, _doc("its sha256, hex", 3)]
-    num_files: Annotated[Count, _doc("the source files it lists (files)", 3)]
-    fingerprint_files: Annotated[list[str], _doc(
-        "the keys, from the top, of the value of fingerprint_inputs that it holds (['task', 'source', 'files']); "
-        "absent when it holds none", 3)] = None
-    inputs_sha256: Annotated[Sha256, _doc(
-        "with fingerprint_files: the sha256 of the canonical JSON of {fingerprint, fingerprint_inputs} as this "
-        "manifest records them (what opening a cache checks, where the fingerprint itself needs the file)", 3)] = None
-
-
-class SourceTableFile(Entry, kw_only=True):
-    """source-table.json (format version 3), written by ``SourceTable.to_bytes``:
-    one column per field of ``Source`` and ``SourceFiles``."""
-
-    num_files: Annotated[Count, _doc("N, the source files (files)", 3)]
-    path: Annotated[list[str], _doc("file i's path or URL at position i (i is a provenance record's "
-                                    "source_index)", 3)]
-    num_bytes: Annotated[list[Count | None], _doc("each file's size (bytes), null where not recorded", 3)] = None
-    mtime_ns: Annotated[list[Int64 | None], _doc("each file's modification time (nanoseconds since the epoch), "
-                                                 "null where not recorded", 3)] = None
-    locator: Annotated[str | list[str | None], _doc("what record_number counts in the files: one locator for "
-                                                    "every file, or one per file (null: record)", 3)] = None
-    examples: Annotated[list[Count], _doc("source examples per file (records); absent when not counted", 3)] = None
-    tokens: Annotated[dict[str, list[Count]], _doc("feature -> tokens per file, before packing (tokens)", 3)] = None
-    fingerprint_files: Annotated[dict[str, Any], _doc(
-        "the value of fingerprint_inputs at the manifest's source_table.fingerprint_files: {\"value\": V}, or "
-        "{\"from_columns\": true} for the list of {path, num_bytes, mtime_ns} of each file", 3)] = None
 
 
 class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
@@ -282,41 +63,41 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
       cache_dir: (from ``read``) the folder it was read from.
     """
 
-    format: Annotated[Literal[codec.FORMAT_NAME], _doc("the format's name")]
-    format_version: Annotated[Literal[codec.READ_FORMAT_VERSIONS], _doc(
+    format: Annotated[Literal[codec.FORMAT_NAME], doc("the format's name")]
+    format_version: Annotated[Literal[codec.READ_FORMAT_VERSIONS], doc(
         "the version of the cache as a whole: what a reader must understand")]
-    task: Annotated[str, _doc("the task's name")]
-    split: Annotated[str, _doc("the split's name")]
-    fingerprint: Annotated[str, _doc("sha256 of the canonical JSON of fingerprint_inputs")]
-    seed: Annotated[Int64, _doc("the shuffle seed")] = None
-    sequence_length: Annotated[dict[str, TokenCount | None] | TokenCount | None, _doc(
+    task: Annotated[str, doc("the task's name")]
+    split: Annotated[str, doc("the split's name")]
+    fingerprint: Annotated[str, doc("sha256 of the canonical JSON of fingerprint_inputs")]
+    seed: Annotated[Int64, doc("the shuffle seed")] = None
+    sequence_length: Annotated[dict[str, TokenCount | None] | TokenCount | None, doc(
         "feature -> tokens, or null")] = None
-    packing: Annotated[Literal["lm", "first_fit"] | None, _doc("the packing: lm, first_fit or null")] = None
-    writer_options: Annotated[str, _doc("the ArrayRecord writer options")] = None
-    record_encoding: Annotated[str, _doc("the record encoding, for humans")] = None
-    features: Annotated[tuple[Feature, ...], _doc("the record features, in record order")]
-    vocabularies: Annotated[dict[str, Vocabulary], _doc("feature -> its vocabulary: kind, vocab_size, extra_ids, "
+    packing: Annotated[Literal["lm", "first_fit"] | None, doc("the packing: lm, first_fit or null")] = None
+    writer_options: Annotated[str, doc("the ArrayRecord writer options")] = None
+    record_encoding: Annotated[str, doc("the record encoding, for humans")] = None
+    features: Annotated[tuple[Feature, ...], doc("the record features, in record order")]
+    vocabularies: Annotated[dict[str, Vocabulary], doc("feature -> its vocabulary: kind, vocab_size, extra_ids, "
                                                          "...")] = {}
-    num_examples: Annotated[Count, _doc("total examples (records); absent: the shard table's total")] = None
-    shards: Annotated[ShardTable, _doc("the shard table: the shard count and one column per shard field", 2)]
-    statistics: Annotated[Statistics, _doc("counts of the build: examples, tokens, lengths, bad input")] = \
+    num_examples: Annotated[Count, doc("total examples (records); absent: the shard table's total")] = None
+    shards: Annotated[ShardTable, doc("the shard table: the shard count and one column per shard field", 2)]
+    statistics: Annotated[Statistics, doc("counts of the build: examples, tokens, lengths, bad input")] = \
         msgspec.field(default_factory=Statistics)
-    sources: Annotated[list[Source], _doc("(format version 2) the source file table, indexed by a provenance "
+    sources: Annotated[list[Source], doc("(format version 2) the source file table, indexed by a provenance "
                                           "record's source_index; version 3 keeps it in source_table's file")] = []
-    source_table: Annotated[SourceTableRecord, _doc("the source table file: per source file its path, size, mtime, "
+    source_table: Annotated[SourceTableRecord, doc("the source table file: per source file its path, size, mtime, "
                                                     "locator, examples and tokens (read only by what needs them)",
                                                     3)] = None
-    fingerprint_inputs: Annotated[dict[str, Any], _doc("what the fingerprint is computed from")] = None
-    created: Annotated[str, _doc("when it was written, ISO 8601, UTC")] = None
-    seqcache_version: Annotated[str, _doc("the seqcache release that wrote it")] = None
-    quarantine: Annotated[Literal[codec.QUARANTINE_NAME] | None, _doc(
+    fingerprint_inputs: Annotated[dict[str, Any], doc("what the fingerprint is computed from")] = None
+    created: Annotated[str, doc("when it was written, ISO 8601, UTC")] = None
+    seqcache_version: Annotated[str, doc("the seqcache release that wrote it")] = None
+    quarantine: Annotated[Literal[codec.QUARANTINE_NAME] | None, doc(
         "quarantine.jsonl when records were skipped, repaired or excluded, else null")] = None
-    quarantine_num_bytes: Annotated[Count | None, _doc("the quarantine file's size (bytes)")] = None
-    quarantine_sha256: Annotated[Sha256 | None, _doc("the quarantine file's sha256, hex")] = None
-    sharding: Annotated[Sharding, _doc("how the build chose its shard count")] = None
-    evaluation: Annotated[Evaluation | None, _doc("the task's metrics and postprocess function, or null for a "
+    quarantine_num_bytes: Annotated[Count | None, doc("the quarantine file's size (bytes)")] = None
+    quarantine_sha256: Annotated[Sha256 | None, doc("the quarantine file's sha256, hex")] = None
+    sharding: Annotated[Sharding, doc("how the build chose its shard count")] = None
+    evaluation: Annotated[Evaluation | None, doc("the task's metrics and postprocess function, or null for a "
                                                   "task without", 3)] = None
-    work: Annotated[Work, _doc("what the build's work folder gave it: units and shards reused (absent: a build "
+    work: Annotated[Work, doc("what the build's work folder gave it: units and shards reused (absent: a build "
                                "that kept no work)", 3)] = None
 
     shard_checksums = None  # (not fields) set by create and read
@@ -502,7 +283,7 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
         """
         table, checksums = shard_table(shards)
         fields = dict(fields)
-        sources, sources_bytes = _detach_source_table(fields, fingerprint_known=fingerprint_known)
+        sources, sources_bytes = detach_source_table(fields, fingerprint_known=fingerprint_known)
         values = {
             "format": codec.FORMAT_NAME, "format_version": codec.FORMAT_VERSION,
             "sequence_length": dict(sequence_length) if sequence_length else None,
@@ -581,61 +362,6 @@ def ordered(values: Mapping[str, Any], model: type, *, what: str = "manifest") -
     if missing:
         raise ValueError(f"{what} lacks the required field(s) {missing}")
     return {n: values[n] for n in names if n in values}
-
-
-# -- Reading: msgspec.convert, and its refusals as one line naming the field path.
-
-class _Refused(Exception):
-    """A refusal inside a nested conversion (the shard table): the inner
-    ValidationError, the value converted and how messages name it."""
-
-    def __init__(self, error: msgspec.ValidationError, value: Any, prefix: str):
-        super().__init__(str(error))
-        self.error, self.value, self.prefix = error, value, prefix
-
-
-def convert(value: Any, model: Any, *, path: str = MANIFEST_NAME, prefix: str = "") -> Any:
-    """``msgspec.convert(value, model)`` (strict: no coercion), a ``ShardTable``
-    made and checked where the model has one.
-
-    Args:
-      prefix: how messages name ``value`` (``sources``; empty: the manifest).
-
-    Raises:
-      CacheError: ``{path}: {field path} is {value}: {msgspec's words}``
-        (``manifest.json: seed is '7': expected `int```), or
-        ``{path}: {object}: object missing required field `x```, or the shard
-        table's own message.
-    """
-    def hook(kind, obj):  # the shard table: the codec's checks and messages, then the rest of ``Shards``
-        if kind is not ShardTable:
-            raise NotImplementedError(kind)  # msgspec's answer for a type the hook does not handle
-        count = obj.get("num_shards") if isinstance(obj, dict) else None
-        codec.require(not (type(count) is int and count >= MAX_SHARDS), path, f"shards.num_shards = "
-                      f"{_short(count)}, expected an integer in [0, {bounded_json.bound(MAX_SHARDS)})")
-        table = ShardTable(obj, path=path)
-        try:
-            msgspec.convert(obj, Shards)
-        except msgspec.ValidationError as e:
-            raise _Refused(e, obj, "shards") from None
-        return table
-
-    try:
-        return msgspec.convert(value, model, dec_hook=hook)
-    except msgspec.ValidationError as e:
-        raise _refusal(e, value, path, prefix) from None
-    except _Refused as e:
-        raise _refusal(e.error, e.value, path, e.prefix) from None
-
-
-def _refusal(error: msgspec.ValidationError, value: Any, path: str, prefix: str) -> CacheError:
-    """The ``CacheError`` line of msgspec's ``error`` (converting ``value``,
-    ``bounded_json.read_validation_error``): ``{path}: {field} is {value}:
-    {msgspec's words}``, or without the value where there is none."""
-    refusal = bounded_json.read_validation_error(error, value, prefix)
-    if not refusal.found:
-        return CacheError(f"{path}: {refusal.field + ': ' if refusal.field else ''}{refusal.text}")
-    return CacheError(f"{path}: {refusal.field} is {_short(refusal.value)}: {refusal.text}")
 
 
 def _siblings(cache_dir: str) -> str:
@@ -721,7 +447,7 @@ def read_shard_checksums(cache_dir: str, manifest: Manifest) -> tuple[list[str],
     """
     table = manifest.shards
     recorded = table.checksums
-    path, data = _read_recorded_file(cache_dir, recorded, "shard checksum file")
+    path, data = layout.read_recorded_file(cache_dir, recorded, "shard checksum file")
     obj = bounded_json.loads(data, path=path, error=CacheError, what="shard checksum file")
     try:
         sha, prov = obj["sha256"], obj["provenance_sha256"]
@@ -734,338 +460,6 @@ def read_shard_checksums(cache_dir: str, manifest: Manifest) -> tuple[list[str],
     if len(sha) != len(table):
         raise CacheError(f"{path}: {len(sha)} shard checksums, the manifest has {len(table)} shards")
     return sha, prov
-
-
-# Where a build's fingerprint inputs keep the file list (``Task.fingerprint``'s
-# ``source``, ``FileSource.fingerprint``'s ``files``): moved to the source table file.
-FINGERPRINT_FILES_KEYS = ("task", "source", "files")
-
-
-class SourceTable(collections.abc.Sequence):
-    """The per-file source table of a cache: entry ``i`` (``table[i]``) is
-    ``{path, num_bytes?, mtime_ns?, locator?}`` of the file whose provenance
-    records carry ``source_index`` i, as the ``sources`` of a format-2
-    manifest; with the read step's counts per file (``examples``, records;
-    ``tokens``, feature -> tokens before packing; None when not counted) and
-    the value moved out of the fingerprint inputs (``fingerprint_value``).
-
-    Held as columns (``paths``, ``num_bytes``, ``mtime_ns``, ``locators``;
-    ``from_columns``), each entry made when asked for: a table of a million
-    files is a few lists, not a million dicts. In format version 3 it is the
-    file ``SOURCE_TABLE_NAME`` (``to_bytes``: one line of JSON, a column per
-    field, ``SourceTableFile``), checked against the manifest's
-    ``source_table`` by ``read_source_table``.
-    """
-
-    def __init__(self, entries: Sequence[Mapping[str, Any]] = (), *, examples: Sequence[int] | None = None,
-                 tokens: Mapping[str, Sequence[int]] | None = None, fingerprint_files: Mapping[str, Any] | None = None,
-                 path: str = SOURCE_TABLE_NAME, prefix: str = "", columns: Sequence[Any] | None = None):
-        """``entries`` (mappings), or ``columns``: ``(paths, num_bytes,
-        mtime_ns, locators)`` (``from_columns``). Raises CacheError (naming
-        ``path`` and the column, after ``prefix``): counts of another length
-        than the entries."""
-        if columns is None:
-            entries = [dict(e) for e in entries]
-            columns = ([e["path"] for e in entries], *([e.get(k) for e in entries] for k in ("num_bytes", "mtime_ns")),
-                       [e.get("locator") for e in entries])
-        paths, sizes, times, locators = columns
-        self.paths = list(paths)
-        n = len(self.paths)
-        # None for a column with no value; a locator shared by every file as one string.
-        self.num_bytes, self.mtime_ns = ((None if c is None or all(v is None for v in c) else list(c))
-                                         for c in (sizes, times))
-        if locators is not None and not isinstance(locators, str):
-            locators = list(locators)
-            distinct = set(locators)
-            locators = None if distinct <= {None} else (locators[0] if len(distinct) == 1 and n else locators)
-        self.locators = locators
-        self.examples = None if examples is None else list(examples)
-        self.tokens = None if tokens is None else {k: list(v) for k, v in tokens.items()}
-        self.fingerprint_files = None if fingerprint_files is None else dict(fingerprint_files)
-        for what, values in (("num_bytes", self.num_bytes), ("mtime_ns", self.mtime_ns),
-                             ("locator", None if isinstance(locators, str) else locators)):
-            codec.require(values is None or len(values) == n, path,
-                           f"{prefix}{what} has {len(values or ())} entries for {n} source files; rebuild the cache")
-        for what, values in (("examples", self.examples), *((f"tokens.{k}", v) for k, v in (self.tokens or {}).items())):
-            codec.require(values is None or len(values) == n, path,
-                           f"{prefix}{what} has {0 if values is None else len(values)} entries for {n} source files "
-                           "(edited or damaged); rebuild the cache")
-
-    @classmethod
-    def from_columns(cls, paths: Sequence[str], num_bytes: Sequence[int | None] | None = None,
-                     mtime_ns: Sequence[int | None] | None = None, locators: "str | Sequence[str | None] | None" = None,
-                     **kw) -> "SourceTable":
-        """The table of files given as columns (a build's listing): ``paths``
-        (str), ``num_bytes`` and ``mtime_ns`` (ints or None each, or None for
-        none), ``locators`` (one for every file, a list, or None); ``kw`` as
-        the constructor's. No dict per file is made."""
-        return cls(columns=(paths, num_bytes, mtime_ns, locators), **kw)
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        entry = {"path": self.paths[index]}
-        for key, column in (("num_bytes", self.num_bytes), ("mtime_ns", self.mtime_ns)):
-            if column is not None and column[index] is not None:
-                entry[key] = column[index]
-        locator = self.locators if isinstance(self.locators, str) or self.locators is None else self.locators[index]
-        if locator is not None:
-            entry["locator"] = locator
-        return entry
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, SourceTable):
-            return (list(self), self.examples, self.tokens) == (list(other), other.examples, other.tokens)
-        return isinstance(other, list) and list(self) == other
-
-    __hash__ = None  # mutable entries
-
-    def __repr__(self) -> str:
-        return f"SourceTable({len(self)} files)"
-
-    @property
-    def statistics(self) -> dict | None:
-        """``{"examples": [...], "tokens": {feature: [...]}}`` (records, tokens;
-        one per file), the former ``statistics.source_files``; None when the
-        build did not count them."""
-        if self.examples is None:
-            return None
-        return {"examples": self.examples, "tokens": self.tokens or {}}
-
-    def fingerprint_value(self) -> Any:
-        """The value of the fingerprint inputs this table holds: the list of
-        ``{path, num_bytes, mtime_ns}`` of each file (``from_columns``), or the
-        value stored as it was. CacheError when it holds none."""
-        moved = self.fingerprint_files
-        if moved is None:
-            raise CacheError(f"{SOURCE_TABLE_NAME}: holds no fingerprint_files, but the manifest's "
-                             "source_table.fingerprint_files says it does; rebuild the cache")
-        if moved.get("from_columns") is True:
-            return [{"path": p, "num_bytes": b, "mtime_ns": t} for p, b, t in self._file_rows()]
-        return moved.get("value")
-
-    def _file_rows(self):
-        """``(path, num_bytes, mtime_ns)`` of each file (None where not known)."""
-        nothing = [None] * len(self)
-        return zip(self.paths, self.num_bytes or nothing, self.mtime_ns or nothing)
-
-    def same_files(self, value: Any) -> bool:
-        """Whether ``value`` is the list of ``{path, num_bytes, mtime_ns}`` of
-        each file (what ``fingerprint_value`` gives ``from_columns``): compared
-        column by column, without a dict per file."""
-        if not isinstance(value, list) or len(value) != len(self):
-            return False
-        if value and (set(map(type, value)) != {dict} or set(map(len, value)) != {3}):
-            return False
-        nothing = [None] * len(self)
-        try:  # three keys each, these three: no other
-            return ([v["path"] for v in value] == self.paths
-                    and [v["num_bytes"] for v in value] == (self.num_bytes or nothing)
-                    and [v["mtime_ns"] for v in value] == (self.mtime_ns or nothing))
-        except KeyError:
-            return False
-
-    def to_json(self) -> dict:
-        """The object of the source table file: ``num_files``, then one column
-        per field (``SourceTableFile``); a locator shared by every file is
-        written once."""
-        obj: dict[str, Any] = {"num_files": len(self), "path": self.paths}
-        for key, column in (("num_bytes", self.num_bytes), ("mtime_ns", self.mtime_ns)):
-            if column is not None:
-                obj[key] = column
-        if self.locators is not None:
-            obj["locator"] = self.locators
-        if self.examples is not None:
-            obj["examples"] = self.examples
-            obj["tokens"] = self.tokens or {}
-        if self.fingerprint_files is not None:
-            obj["fingerprint_files"] = self.fingerprint_files
-        return obj
-
-    def to_bytes(self) -> bytes:
-        """The bytes of ``SOURCE_TABLE_NAME``: ``to_json`` as compact JSON
-        (UTF-8, msgspec: a tenth of ``json.dumps``'s time for 50,000 files),
-        one line and a newline; as deterministic as the file listing."""
-        return msgspec.json.encode(self.to_json()) + b"\n"
-
-    @classmethod
-    def from_json(cls, obj: Any, *, path: str = SOURCE_TABLE_NAME) -> "SourceTable":
-        """The table of a decoded source table file, checked column by column.
-
-        Raises:
-          CacheError: ``{path}: ...`` naming the first bad field: not an object,
-            a missing column, a column of another length than ``num_files`` or
-            holding a value of the wrong type.
-        """
-        codec.require(isinstance(obj, dict), path, "the source table file is not a JSON object")
-        t = convert(obj, SourceTableFile, path=path)  # each column's type (msgspec), then its length
-        n = t.num_files
-        columns = {"path": t.path, "num_bytes": t.num_bytes, "mtime_ns": t.mtime_ns, "examples": t.examples,
-                   "locator": None if isinstance(t.locator, str) else t.locator,
-                   **{f"tokens.{k}": v for k, v in (t.tokens or {}).items()}}
-        for key, column in columns.items():
-            codec.require(column is None or len(column) == n, path,
-                          f"{key} has {len(column or ())} entries, expected num_files = {n}")
-        codec.require((t.tokens is None) == (t.examples is None), path,
-                      "examples and tokens go together: one of them is missing")
-        moved = t.fingerprint_files
-        codec.require(moved is None or moved.get("from_columns") is True or "value" in moved, path,
-                      f"fingerprint_files is {_short(moved)}, expected {{\"value\": ...}} or {{\"from_columns\": true}}")
-        return cls.from_columns(t.path, t.num_bytes, t.mtime_ns, t.locator, examples=t.examples, tokens=t.tokens,
-                                fingerprint_files=moved, path=path)
-
-
-def with_value_at(obj: Mapping[str, Any], keys: Sequence[str], value: Any) -> dict:
-    """A copy of the nested object ``obj`` with ``value`` at ``keys`` (the
-    objects along the way copied, the rest shared)."""
-    out = dict(obj)
-    if len(keys) == 1:
-        out[keys[0]] = value
-    else:
-        inner = out.get(keys[0])
-        out[keys[0]] = with_value_at(inner if isinstance(inner, dict) else {}, keys[1:], value)
-    return out
-
-
-def _without_value_at(obj: Mapping[str, Any], keys: Sequence[str]) -> tuple[dict, Any] | None:
-    """(a copy of ``obj`` without the value at ``keys``, that value), or None
-    when there is none."""
-    inner: Any = obj
-    for key in keys:
-        if not isinstance(inner, dict) or key not in inner:
-            return None
-        inner = inner[key]
-    out = dict(obj)
-    if len(keys) == 1:
-        del out[keys[0]]
-    else:
-        out[keys[0]], _ = _without_value_at(obj[keys[0]], keys[1:])
-    return out, inner
-
-
-def _check_sources(entries: Sequence[Any]) -> None:
-    """Checks a build's ``sources`` against ``Source`` (one ``msgspec.convert``:
-    a million entries in well under a second).
-
-    Raises:
-      CacheError: naming the first bad entry and its field (``sources[3].path``).
-    """
-    convert(list(entries), list[Source], path=MANIFEST_NAME, prefix="sources")
-
-
-def _check_source_columns(table: SourceTable) -> None:
-    """``_check_sources`` of a table given as columns (``SourceTable.from_columns``):
-    the columns against ``SourceTableFile``, entry by entry only when one fails."""
-    try:
-        columns = {"num_bytes": table.num_bytes, "mtime_ns": table.mtime_ns, "locator": table.locators}
-        msgspec.convert({"num_files": len(table), "path": table.paths,
-                         **{k: v for k, v in columns.items() if v is not None}}, SourceTableFile)
-    except msgspec.ValidationError:
-        _check_sources(list(table))
-
-
-def _check_source_files(per_file: Any) -> None:
-    """Checks a build's ``statistics.source_files`` against ``SourceFiles``.
-    Raises CacheError as ``convert``."""
-    convert(per_file, SourceFiles, path=MANIFEST_NAME, prefix="statistics.source_files")
-
-
-def _detach_source_table(fields: dict, *, fingerprint_known: bool = False) -> tuple[SourceTable, bytes]:
-    """Moves a build's per-file source table out of its manifest fields (in
-    place): ``sources``, ``statistics.source_files`` and the fingerprint
-    inputs' file list (``FINGERPRINT_FILES_KEYS``) go into the returned
-    ``SourceTable`` (returned with the bytes of its file), and
-    ``source_table`` (its file's name, size, sha256, file count and the keys
-    of what left the fingerprint inputs) comes in.
-
-    Raises:
-      CacheError: ``fingerprint`` is not the sha256 of ``fingerprint_inputs``
-        (checked here, while the inputs are whole, unless ``fingerprint_known``);
-        columns that disagree.
-    """
-    entries = fields.pop("sources", None) or []
-    if isinstance(entries, SourceTable):
-        _check_source_columns(entries)
-    else:
-        _check_sources(entries)
-        entries = SourceTable(entries)
-    statistics = fields.get("statistics")
-    per_file = None
-    if isinstance(statistics, Mapping) and "source_files" in statistics:
-        statistics = dict(statistics)
-        per_file = statistics.pop("source_files")
-        _check_source_files(per_file)
-        fields["statistics"] = statistics
-    inputs, moved, keys = fields.get("fingerprint_inputs"), None, None
-    if isinstance(inputs, Mapping) and isinstance(fields.get("fingerprint"), str):
-        actual = fields["fingerprint"] if fingerprint_known else codec.fingerprint_of(inputs)
-        codec.require(fields["fingerprint"] == actual, MANIFEST_NAME,
-                       f"fingerprint = {_short(fields['fingerprint'])}, but the sha256 of fingerprint_inputs is "
-                       f"{actual!r}")
-        split = _without_value_at(inputs, FINGERPRINT_FILES_KEYS)
-        if split is not None:
-            fields["fingerprint_inputs"], value = split
-            keys = list(FINGERPRINT_FILES_KEYS)
-            moved = {"from_columns": True} if entries.same_files(value) else {"value": value}
-    table = SourceTable.from_columns(entries.paths, entries.num_bytes, entries.mtime_ns, entries.locators,
-                                     examples=None if per_file is None else per_file["examples"],
-                                     tokens=None if per_file is None else per_file["tokens"], fingerprint_files=moved)
-    data = table.to_bytes()
-    record = {"file": SOURCE_TABLE_NAME, "num_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-              "num_files": len(table)}
-    if keys is not None:
-        record["fingerprint_files"] = keys
-        record["inputs_sha256"] = inputs_sha256(fields["fingerprint"], fields["fingerprint_inputs"])
-    fields["source_table"] = record
-    return table, data
-
-
-def inputs_sha256(fingerprint: str, inputs: Mapping[str, Any]) -> str:
-    """``source_table.inputs_sha256``: the sha256 of the canonical JSON of
-    ``{"fingerprint": fingerprint, "fingerprint_inputs": inputs}`` (the inputs
-    as the manifest records them, without what the source table file holds)."""
-    return codec.fingerprint_of({"fingerprint": fingerprint, "fingerprint_inputs": inputs})
-
-
-def read_source_table(cache_dir: str | None, manifest: "Manifest") -> SourceTable:
-    """The cache's per-file source table: from ``SOURCE_TABLE_NAME`` in
-    ``cache_dir`` (a local path or a URL) after checking that file's size and
-    sha256 against the manifest's ``source_table`` (format version 3); or, for
-    a cache that keeps it in the manifest (``sources`` and
-    ``statistics.source_files``, format version 2), from the manifest without
-    reading anything. Opening a cache (``info``, the feeder) never reads it;
-    ``which --source``, provenance look-ups, ``report`` and ``verify`` do.
-
-    Raises:
-      CacheError: one line naming the file: missing, another size or sha256
-        than the manifest records, not a source table, or listing another
-        number of files than the manifest's ``source_table.num_files``.
-      seqcache.fs.FileSystemError: (URLs) the object store cannot be reached.
-    """
-    recorded = manifest.source_table
-    if recorded is None:
-        per_file = manifest.statistics.source_files or SourceFiles(examples=None, tokens=None)
-        where = MANIFEST_NAME if manifest.cache_dir is None else fs.join(manifest.cache_dir, MANIFEST_NAME)
-        return SourceTable([s.to_json() for s in manifest.sources], examples=per_file.examples,
-                           tokens=per_file.tokens, path=where, prefix="statistics.source_files.")
-    if cache_dir is None:
-        raise ValueError("read_source_table: the manifest keeps its source table in a file; give the cache folder")
-    path, data = _read_recorded_file(cache_dir, recorded.to_json(), "source table file",
-                                     missing=f" for {recorded.num_files:,} source files); rebuild the cache")
-    obj = bounded_json.loads(data, path=path, error=CacheError, what="source table file",
-                             max_bytes=max(bounded_json.MAX_BYTES, len(data)),
-                             max_nodes=bounded_json.MAX_NODES + 8 * recorded.num_files)
-    table = SourceTable.from_json(obj, path=path)
-    if len(table) != recorded.num_files:
-        raise CacheError(f"{path}: lists {len(table):,} source files, the manifest's source_table.num_files is "
-                         f"{recorded.num_files:,}")
-    if recorded.fingerprint_files and table.fingerprint_files is None:
-        raise CacheError(f"{path}: holds no fingerprint_files, but the manifest's source_table.fingerprint_files "
-                         f"is {recorded.fingerprint_files}")
-    return table
 
 
 def check_feature_names(manifest: Manifest, path: str) -> None:
@@ -1257,29 +651,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _read_recorded_file(cache_dir: str, recorded: collections.abc.Mapping, what: str, *, missing: str = ")") -> tuple[str, bytes]:
-    """``(path, bytes)`` of the cache file the manifest records as ``{file,
-    num_bytes, sha256}`` (the shard checksum file, the source table), checked
-    against the record.
-
-    Raises:
-      CacheError: the file is missing (the message ends with ``missing``),
-        cannot be read (a folder in its place), or its size or sha256 differs
-        from the record, naming the file.
-    """
-    path = layout.cache_file(cache_dir, recorded["file"], what=what)
-    if not fs.exists(path):
-        raise CacheError(f"{path}: {what} is missing (the manifest lists it with {recorded['num_bytes']} bytes{missing}")
-    try:
-        data = fs.read_bytes(path)
-    except OSError as e:  # a folder or an unreadable file in its place
-        raise CacheError(f"{path}: {what} cannot be read ({e.strerror or type(e).__name__}); rebuild the cache") \
-            from None
-    if len(data) != recorded["num_bytes"]:
-        raise CacheError(f"{path}: {what} has {len(data)} bytes, the manifest expects {recorded['num_bytes']}")
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != recorded["sha256"]:
-        raise CacheError(f"{path}: {what} has sha256 {actual}, the manifest expects {recorded['sha256']}")
-    return path, data

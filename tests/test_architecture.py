@@ -35,7 +35,8 @@ PACKAGE_DIRS = {
 }
 CORE = frozenset({
     "seqcache.codec", "seqcache.compression", "seqcache.fs", "seqcache.bounded_json", "seqcache.bounded_yaml",
-    "seqcache.manifest", "seqcache.layout", "seqcache.format", "seqcache.process", "seqcache.rates", "seqcache.lengths",
+    "seqcache.manifest", "seqcache.manifest_entries", "seqcache.source_table",
+    "seqcache.layout", "seqcache.format", "seqcache.process", "seqcache.rates", "seqcache.lengths",
 })
 # Area -> the areas it may import (besides itself). The trainer room
 # (``seqcache.feeders.trainers``) is an area of its own inside ``feeders/``: it

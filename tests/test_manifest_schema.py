@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from seqcache import format as fmt
-from seqcache import manifest as schema
+from seqcache import manifest as schema, manifest_entries as entries
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, build_task
 
@@ -128,7 +128,7 @@ def test_the_model_s_attributes_are_the_fields_typed_and_defaulted(built):
     assert [f.name for f in FIELDS] == NAMES  # the attributes are the fields, by their JSON names
     assert [n for n in NAMES if n not in FORMAT_2_ONLY] == list(raw)
     assert (m.seed, m.packing, m.quarantine, m.sharding, m.created, m.seqcache_version) == \
-        (raw["seed"], "lm", fmt.QUARANTINE_NAME, schema.Sharding(**raw["sharding"]), raw["created"],
+        (raw["seed"], "lm", fmt.QUARANTINE_NAME, entries.Sharding(**raw["sharding"]), raw["created"],
          raw["seqcache_version"])
     assert m.sharding.num_shards == 2 and m.sequence_length == {"targets": 32} == raw["sequence_length"]
     assert [(f.name, f.dtype, f.np_dtype) for f in m.features] == \
@@ -141,7 +141,7 @@ def test_the_model_s_attributes_are_the_fields_typed_and_defaulted(built):
     assert isinstance(m.shards, fmt.ShardTable) and m.num_examples == raw["num_examples"] == int(m.shards.starts[-1])
     bare = fmt.parse_manifest({k: v for k, v in raw.items() if k in REQUIRED})
     assert (bare.seed, bare.sources, bare.statistics, bare.vocabularies, bare.quarantine, bare.sequence_length) == \
-        (None, [], schema.Statistics(), {}, None, None)
+        (None, [], entries.Statistics(), {}, None, None)
     assert bare.num_examples == m.num_examples  # from the shard table when the field is absent
     assert "statistics" not in repr(m) and "ShardTable(2 shards" in repr(m)
 
@@ -278,8 +278,8 @@ def test_the_enums_are_the_codes(tmp_path):
     from seqcache.tasks import task as task_mod
     from seqcache.tasks import vocabulary_from_json
 
-    assert set(schema.PACKINGS) == set(task_mod.PACKING_MODES)
-    for kind in schema.VOCABULARY_KINDS:  # each kind is known (a missing model file is another error)
+    assert set(entries.PACKINGS) == set(task_mod.PACKING_MODES)
+    for kind in entries.VOCABULARY_KINDS:  # each kind is known (a missing model file is another error)
         try:
             vocabulary_from_json({"kind": kind}, str(tmp_path))
         except ValueError as e:

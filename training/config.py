@@ -114,8 +114,9 @@ class ModelConfig:
         never writes the (L, L) matrix to memory; on a TPU compiled, elsewhere
         run in Pallas interpret mode, slowly) or "auto" (splash on a TPU when
         every sequence length is a multiple of 128 and dropout is off, else
-        xla). T5 uses splash for cross-attention only: its self-attention adds
-        the relative position bias, which the kernel cannot take.
+        xla). T5 runs cross-attention in splash, and with "splash" (not "auto")
+        its self-attention, which adds the relative position bias, in Pallas
+        flash attention with the bias as a kernel input.
       remat: what each layer keeps for the backward pass (``jax.checkpoint``):
         "none" (every activation), "dots" (the outputs of matrix
         multiplications without batch dimensions, the projections and the MLP,

@@ -139,6 +139,40 @@ def test_splash_matches_the_masked_reference_on_packed_rows(prefix):
         np.testing.assert_allclose(np.asarray(got, np.float32)[real], want[real], atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_biased_flash_matches_the_masked_reference_and_gives_the_bias_its_gradient(causal):
+    """T5's self-attention in one kernel: flash attention with the (heads, q, k)
+    bias as its input (interpret mode on CPU), against softmax(q.k + bias) over
+    the packed rows' mask: outputs at every non-padding query, and the
+    gradients of q and of the bias (summed over the rows)."""
+    batch = lm_batch(8, rows=2, length=128)
+    seg = jnp.asarray(batch["targets_segment_ids"])
+    keys = jax.random.split(jax.random.key(1), 5)
+    q, k, v = (jax.random.normal(key, (2, 128, 2, 32), jnp.float32) for key in keys[:3])
+    bias = jax.random.normal(keys[3], (1, 2, 128, 128), jnp.float32)
+    real = (seg > 0)[:, :, None, None].astype(jnp.float32)
+    mask = attention_mask(seg, None)[:, None] if causal else ((seg[:, :, None] == seg[:, None, :])
+                                                              & (seg[:, :, None] > 0))[:, None]
+
+    def reference(q, bias):
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) + bias
+        probs = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
+        return jnp.einsum("bhqk,bkhd->bqhd", jnp.nan_to_num(probs), v)
+
+    def fused(q, bias):
+        return attention_lib.biased_attention(q, k, v, bias, seg, seg, causal=causal)
+
+    def loss(fn):
+        return lambda q, bias: jnp.sum((fn(q, bias) * real) ** 2)
+
+    np.testing.assert_allclose(np.asarray(fused(q, bias) * real), np.asarray(reference(q, bias) * real),
+                               atol=2e-5, rtol=2e-5)
+    got, want = jax.grad(loss(fused), (0, 1))(q, bias), jax.grad(loss(reference), (0, 1))(q, bias)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-4, rtol=2e-4)
+
+
 def test_resolve_picks_splash_only_where_it_applies():
     assert attention_lib.resolve("xla", lengths=(1024,)) == "xla"
     assert attention_lib.resolve("splash", lengths=(1024, 512)) == "splash"
@@ -272,3 +306,15 @@ def test_compiled_splash_on_the_chip_matches_the_einsum_path_in_bfloat16():
         want = loss_and_grads(decoder_config(attention="xla", **cfg), batch)
         got = loss_and_grads(decoder_config(attention="splash", **cfg), batch)
         assert_close(got, want, rtol=5e-2)
+
+
+@pytest.mark.tpu
+@pytest.mark.skipif(not ON_TPU, reason="needs a TPU")
+def test_compiled_t5_kernels_on_the_chip_match_the_einsum_path_in_bfloat16():
+    """On the chip: T5 with attention=splash (self-attention in flash attention
+    with its bias, cross-attention in splash), bfloat16, against the einsum path."""
+    batch = encdec_batch(9, rows=4, inputs_length=512, length=128, vocab=500)
+    cfg = dict(vocab_size=500, dtype="bfloat16")
+    want = loss_and_grads(t5_config(attention="xla", **cfg), batch)
+    got = loss_and_grads(t5_config(attention="splash", **cfg), batch)
+    assert_close(got, want, rtol=5e-2)

@@ -25,7 +25,17 @@ the kernel twice, causal with the segment ids and bidirectional with keys
 outside the prefix given segment id -1, and takes each query's row from the one
 that applies (twice the attention FLOPs of a language model).
 
-The kernel runs per device under ``jax.shard_map`` over the mesh of the
+Attention with an additive bias (T5's relative position bias, (heads, Lq, Lk)
+for every row) cannot run in the splash kernel, whose logits are q.k.
+``biased_attention`` runs it in Pallas flash attention of
+``jax.experimental.pallas.ops.tpu.flash_attention`` (the same algorithm, dense
+blocks), which reads the bias as a kernel input (``ab``, one (heads, Lq, Lk)
+block per row, broadcast on the device) and gives its gradient; packed rows by
+segment ids, causality by the kernel's flag. T5 takes it for self-attention
+when ``ModelConfig.attention`` is "splash" (not "auto": its pace on the chip
+against the einsum path is not measured yet).
+
+The kernels run per device under ``jax.shard_map`` over the mesh of the
 enclosing ``partitioning.activation_rules``: rows split over the batch axes,
 heads over the axis of the 'act_heads' rule (tensor parallelism).
 """
@@ -37,6 +47,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import flash_attention as fa
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from jax.sharding import PartitionSpec as P
 
@@ -157,3 +168,59 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: ja
     out = splash_attention_bhlk(jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), q_segment_ids,
                                 kv_segment_ids, causal=causal, scale=scale, prefix=prefix)
     return jnp.swapaxes(out, 1, 2)
+
+
+def _biased_local(q, k, v, bias, q_segment_ids, kv_segment_ids, *, causal: bool):
+    """Flash attention with ``bias`` over the rows and heads one device holds:
+    q (batch, heads, Lq, head_dim), k and v (batch, heads, Lk, head_dim), bias
+    (1, heads, Lq, Lk), segment ids (batch, Lq) and (batch, Lk) int32 ->
+    (batch, heads, Lq, head_dim)."""
+    if jax.default_backend() != "tpu":
+        # The kernel's forward and backward pallas_calls are traced at different
+        # times (the backward with the gradient), so interpret mode is set for the
+        # process: True, Pallas' HLO interpreter (the splash kernel's interpret
+        # flag), the only way a TPU kernel runs on another backend.
+        from jax.experimental.pallas import tpu as pltpu
+
+        pltpu.set_tpu_interpret_mode(True)
+    (b, h, lq, _), lk = q.shape, k.shape[2]
+    bq, bk = _block(lq), _block(lk)
+    sizes = fa.BlockSizes(block_q=bq, block_k_major=bk, block_k=bk, block_b=1, block_q_major_dkv=bq,
+                          block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq, block_k_major_dq=bk,
+                          block_k_dq=bk, block_q_dq=bq)
+    return fa.flash_attention(q, k, v, ab=jnp.broadcast_to(bias.astype(q.dtype), (b, h, lq, lk)),
+                              segment_ids=fa.SegmentIds(q=q_segment_ids, kv=kv_segment_ids), causal=causal,
+                              sm_scale=1.0, block_sizes=sizes)
+
+
+def biased_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, q_segment_ids: jax.Array,
+                     kv_segment_ids: jax.Array, *, causal: bool) -> jax.Array:
+    """Attention with an additive bias in one fused kernel (Pallas flash
+    attention, Dao et al. 2022, with the bias as its input), no logit scaling.
+
+    Args:
+      q: (batch, Lq, heads, head_dim) queries; k, v: (batch, Lk, heads,
+        head_dim); Lq and Lk multiples of 128; any float dtype.
+      bias: (1, heads, Lq, Lk), added to every row's logits (its gradient is
+        the sum over the rows).
+      q_segment_ids, kv_segment_ids: (batch, Lq), (batch, Lk) int: a query sees
+        only keys of its segment id.
+      causal: also key index <= query index.
+
+    Returns:
+      (batch, Lq, heads, head_dim) in q's dtype. Rows of padding queries
+      (segment 0) hold finite values that no real token reads.
+    """
+    qb, kb, vb = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
+    segments = (q_segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32))
+    fn = functools.partial(_biased_local, causal=causal)
+    active = partitioning.active()
+    if active is None:
+        out = fn(qb, kb, vb, bias, *segments)
+    else:
+        mesh, rules = active
+        qkv, seg = P(rules.get("batch"), rules.get("act_heads"), None, None), P(rules.get("batch"), None)
+        out = jax.shard_map(fn, mesh=mesh, in_specs=(qkv, qkv, qkv, P(None, rules.get("act_heads"), None, None),
+                                                     seg, seg),
+                            out_specs=qkv, check_vma=False)(qb, kb, vb, bias, *segments)
+    return jnp.swapaxes(out, 1, 2).astype(q.dtype)

@@ -36,10 +36,11 @@ changes of t5x's ``t5_1_1`` configs):
 - Attention is ``jax.nn.dot_product_attention`` with a boolean mask and the
   relative bias. Cross-attention, which has no bias, runs the fused splash
   kernel where ``ModelConfig.attention`` resolves to it
-  (``seqcache.training.models.attention``); self-attention stays on this path,
-  since the kernel of ``jax.experimental`` takes no additive bias (its logits
-  are q.k, soft-capped at most) and a (heads, L, L) bias materialised for it
-  would be the very matrix the kernel avoids. Dropout is on the embeddings, the residual branches, the MLP
+  (``seqcache.training.models.attention``). Self-attention, whose logits take
+  the bias, runs Pallas flash attention with the bias as a kernel input
+  (``attention.biased_attention``) where ``attention`` is "splash"; with
+  "auto" it stays on the einsum path until the fused one is measured on the
+  chip. Dropout is on the embeddings, the residual branches, the MLP
   hidden layer and the stacks' outputs, not on the attention probabilities
   (unlike t5x; T5.1.1 pre-trains with dropout 0 anyway).
 
@@ -152,20 +153,24 @@ class Attention(nnx.Module):
         self.wo = param(rngs, Normal((h * k) ** -0.5), (h, k, d), ("heads", "kv", "embed"))
 
     def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array, bias: jax.Array | None,
-                 segments: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+                 segments: tuple[jax.Array, jax.Array] | None = None, causal: bool = False) -> jax.Array:
         """x_q: (batch, q, d_model), x_kv: (batch, k, d_model), mask: (batch, 1, q, k)
         bool, bias: (1, heads, q, k) or None -> (batch, q, d_model). With
         ``segments`` ((batch, q), (batch, k) int32 segment ids that give the
-        same mask) and no bias, the splash kernel may run instead
-        (``ModelConfig.attention``)."""
+        same mask, with ``causal`` where it is causal) a fused kernel may run
+        instead (``ModelConfig.attention``): splash without a bias, flash
+        attention with the bias as its input where the kernel is "splash"."""
         dtype = x_q.dtype
         q = jnp.einsum("bld,dhk->blhk", x_q, self.wq[...].astype(dtype))
         k = jnp.einsum("bld,dhk->blhk", x_kv, self.wk[...].astype(dtype))
         v = jnp.einsum("bld,dhk->blhk", x_kv, self.wv[...].astype(dtype))
         q = partitioning.constrain(q, ("batch", "length", "act_heads", None))
-        if (bias is None and segments is not None
-                and attention_lib.resolve(self.kernel, lengths=(q.shape[1], k.shape[1])) == "splash"):
-            out = attention_lib.splash_attention(q, k, v, *segments, causal=False, scale=1.0)
+        fused = (segments is not None
+                 and attention_lib.resolve(self.kernel, lengths=(q.shape[1], k.shape[1])) == "splash")
+        if fused and bias is None:
+            out = attention_lib.splash_attention(q, k, v, *segments, causal=causal, scale=1.0)
+        elif fused and self.kernel == "splash":
+            out = attention_lib.biased_attention(q, k, v, bias, *segments, causal=causal)
         else:
             out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=1.0, implementation="xla")
         return jnp.einsum("bqhk,hkd->bqd", out, self.wo[...].astype(dtype))
@@ -231,10 +236,10 @@ class EncoderLayer(nnx.Module):
         self.mlp_norm = rms_norm(cfg, rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, mask, bias, dropout_key=None):
+    def __call__(self, x, mask, bias, dropout_key=None, segments=None):
         keys = split_keys(dropout_key, 3)
         h = self.attn_norm(x)
-        x = _residual(x, self.attn(h, h, mask, bias), self.rate, keys[0])
+        x = _residual(x, self.attn(h, h, mask, bias, segments=segments), self.rate, keys[0])
         return _residual(x, self.mlp(self.mlp_norm(x), keys[1]), self.rate, keys[2])
 
 
@@ -253,7 +258,9 @@ class DecoderLayer(nnx.Module):
     def __call__(self, y, encoded, self_mask, cross_mask, bias, dropout_key=None, cross_segments=None):
         keys = split_keys(dropout_key, 4)
         h = self.self_attn_norm(y)
-        y = _residual(y, self.self_attn(h, h, self_mask, bias), self.rate, keys[0])
+        self_segments = None if cross_segments is None else (cross_segments[0], cross_segments[0])
+        y = _residual(y, self.self_attn(h, h, self_mask, bias, segments=self_segments, causal=True), self.rate,
+                      keys[0])
         cross = self.cross_attn(self.cross_attn_norm(y), encoded, cross_mask, None, segments=cross_segments)
         y = _residual(y, cross, self.rate, keys[1])
         return _residual(y, self.mlp(self.mlp_norm(y), keys[2]), self.rate, keys[3])
@@ -337,7 +344,8 @@ class T5(nnx.Module):
         length = encoder_input_tokens.shape[1]
         mask = encoder_mask(encoder_segment_ids)
         bias = self.encoder_bias(length, length, dtype)
-        x = layers_lib.apply(self.encoder_layers, x, lambda layer, y, key: layer(y, mask, bias, key),
+        segments = (encoder_segment_ids, encoder_segment_ids)
+        x = layers_lib.apply(self.encoder_layers, x, lambda layer, y, key: layer(y, mask, bias, key, segments),
                              dropout_key=dropout_key, key_offset=2, remat=cfg.remat)
         return dropout(self.encoder_norm(x), cfg.dropout_rate, keys[1])
 

@@ -14,7 +14,7 @@ import hashlib
 from typing import Callable
 
 from seqcache.tasks.near_duplicates import NearDuplicates, removed_in_sample
-from seqcache.tasks.sources import ERROR_KINDS, ErrorPolicy, is_error_record
+from seqcache.tasks.sources import ERROR_KINDS, ErrorPolicy, is_error_record, read_failure
 from seqcache.tasks.task import Task
 
 
@@ -146,8 +146,8 @@ def scan_task(task: Task, *, max_records: int | None = None, batch_records: int 
                 record = next(reading)
             except StopIteration:
                 break
-            except ValueError as e:  # the file itself: every record-level kind is skipped here
-                unreadable.append(str(e))
+            except Exception as e:  # the file itself, or a source's code: every record-level kind is skipped here
+                unreadable.append(str(read_failure(e, f.path)))
                 break
             if max_records is not None and records >= max_records:
                 complete = False
@@ -194,7 +194,8 @@ class _NearSample:
                     r = next(reading)
                 except StopIteration:
                     break
-                except ValueError as e:  # counted by the scan's own pass; a build would stop there
+                except Exception as e:  # counted by the scan's own pass; a build would stop there
+                    e = read_failure(e, f.path)
                     self.stopped.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
                     break
                 if not is_error_record(r):

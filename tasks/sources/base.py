@@ -421,6 +421,17 @@ def read_error(path: str, error: BaseException, after: str | None) -> ValueError
                       "(exclude=... in the source, --exclude on the command line)")
 
 
+def read_failure(error: Exception, path: str) -> ValueError:
+    """What a read of ``path`` that raised ``error`` says, as one ``ValueError``
+    line naming the file: a ``ValueError`` with the path first (``with_path``;
+    a ``BadInputError`` stays one); any other error (a subclass's code that
+    raised ``KeyError`` or ``TypeError``) as ``"{path}: reading it raised
+    KeyError: 'text'"``."""
+    if isinstance(error, ValueError):
+        return with_path(error, path)
+    return ValueError(f"{path}: reading it raised {type(error).__name__}: {error}")
+
+
 def read_whole(path: str) -> bytes:
     """The whole (decompressed) file. Raises ``ValueError`` (``read_error``) when it cannot be read."""
     try:
@@ -472,9 +483,20 @@ class Source(abc.ABC):
     Subclasses implement ``list_files``, ``fingerprint``, ``describe`` and either
     ``read_split`` (with ``splits`` when a file can be read in parts) or
     ``read_file`` (whole files only). They are pickled to pipeline workers.
+
+    A subclass of a source that reads its files itself (``TextLineSource``,
+    ``ParquetSource``, ...) overrides ``read_split`` alone, which every path
+    reads through (docs/architecture.md, "A source"); it derives a record
+    from its parent's with ``with_data``. Overriding ``read_file`` or
+    ``read_batches`` there instead is refused when the class is defined (those
+    paths would not call it). Outside seqcache, its class (module and name)
+    and ``version`` enter the fingerprint: bump ``version`` when a change of
+    its code changes its records, as ``FunctionSource``'s.
     """
 
     kind: str = "source"
+    # A subclass outside seqcache: bump it when its code changes the records it gives (it enters the fingerprint).
+    version: int = 1
     on_error: ErrorPolicy = ErrorPolicy()
     locator: str = "record"  # what ``SourceRecord.record_number`` counts, one of ``LOCATORS``
     # Whether ``splits`` opens the file (a Parquet footer): planned in threads.
@@ -487,6 +509,7 @@ class Source(abc.ABC):
         """Registers a subclass that sets ``kind`` and has ``from_spec(spec)``
         as the command-line form ``KIND:...`` of ``parse_source_spec``."""
         super().__init_subclass__(**kwargs)
+        _check_overrides(cls)
         if "kind" in cls.__dict__ and hasattr(cls, "from_spec"):
             SPEC_KINDS[cls.kind] = cls
 
@@ -572,17 +595,19 @@ class Source(abc.ABC):
         each; a source may gather small splits into one batch).
 
         Raises:
-          ValueError: as ``read_split``, the message starting with the file's path.
+          ValueError: as ``read_split``, the message starting with the file's
+            path; any other error ``read_split`` raises as one too
+            (``read_failure``).
         """
         for split in splits:
             path = str(split.path)
             try:
                 yield from self.read_batches(split, batch_records)
-            except ValueError as e:
-                named = with_path(e, path)
+            except Exception as e:
+                named = read_failure(e, path)
                 if named is e:
                     raise
-                raise named from None
+                raise named from None if isinstance(e, ValueError) else e
 
     def read_file(self, file_index: int, path: str) -> Iterator[SourceRecord]:
         """The records of one whole file: ``read_split(Split(file_index, path))``."""
@@ -603,6 +628,35 @@ class Source(abc.ABC):
         if self.locator != "byte_offset":
             return Where(text)
         return Where(text, lambda: f"{path}: {describe_record(path, self.locator, record_number)}")
+
+    def with_data(self, record: SourceRecord, change: "Mapping[str, Any] | Callable[[dict], Mapping[str, Any]]", *,
+                  path: str) -> SourceRecord:
+        """A record derived from ``record`` (one its parent's ``read_split``
+        gave) with other data, checked again by the ``on_error`` policy (control
+        characters, empty text, ...: ``check_text_values``) as a record the
+        source made itself: a subclass's ``read_split`` changes records with it.
+
+        Args:
+          record: the record to derive from; one the policy skipped (``data``
+            is ``{}``) is returned as it is.
+          change: the new data (field -> value), or a function of the old
+            data (a dict) that returns it.
+          path: the file ``record`` comes from (``split.path``), for messages.
+
+        Returns:
+          the ``SourceRecord`` with the same file index, record number and
+          ``raw`` (the shuffle key's input, and what ``duplicate=skip``
+          compares); repaired, kept or skipped as the policy says.
+
+        Raises:
+          BadInputError: the policy raises on the new data (naming the record).
+        """
+        if is_error_record(record):
+            return record
+        data = dict(change(dict(record.data)) if callable(change) else change)
+        repairs = [(record.issue.kind, record.issue.message)] if record.issue is not None else []
+        return self._record(record.file_index, record.record_number, record.raw,
+                            self.where(str(path), record.record_number), data, repairs)
 
     def _require_whole(self, split: Split) -> None:
         if not split.whole:
@@ -668,6 +722,31 @@ class Source(abc.ABC):
         return SourceRecord(file_index, record_number, {}, raw, RecordIssue("skipped", kind, f"{where.text}{problem}"))
 
 
+def _defined_below(cls: type, name: str, base: type) -> bool:
+    """Whether a class between ``cls`` (included) and ``base`` (excluded) defines ``name``."""
+    return any(name in c.__dict__ for c in cls.__mro__[:cls.__mro__.index(base)]) if base in cls.__mro__ else False
+
+
+# (a method a subclass may override, the method that every read of a source
+# that defines the second one passes through instead): ``_check_overrides``.
+_READ_THROUGH = (("read_file", "read_split"), ("read_batches", "read_batches_of"))
+
+
+def _check_overrides(cls: type) -> None:
+    """TypeError for a subclass that overrides a reading method its parent's
+    reads do not call: ``read_file`` where a parent reads splits itself
+    (``read_split``), ``read_batches`` where a parent reads work units itself
+    (``read_batches_of``). ``read_split`` is the method to override."""
+    for method, through in _READ_THROUGH:
+        if method not in cls.__dict__ or through in cls.__dict__:
+            continue
+        parent = next((c for c in cls.__mro__[1:] if through in c.__dict__ and c is not Source), None)
+        if parent is not None:
+            raise TypeError(f"{cls.__name__} overrides {method}, which the reads of {parent.__name__} do not call "
+                            f"({parent.__name__}.{through} reads its files itself): override read_split, the "
+                            "records of one split of a file, which every path reads through")
+
+
 class FileSource(Source):
     """Shared code of the sources that read files matched by glob patterns.
 
@@ -695,16 +774,28 @@ class FileSource(Source):
         return {}
 
     def fingerprint(self) -> dict:
-        return self.fingerprint_of_files(self.list_files())
+        return self._fingerprint_of(self.list_files())
 
     def fingerprint_of_files(self, files: Sequence[SourceFile]) -> dict:
+        """``fingerprint()`` without listing the files again; for a subclass
+        that overrides ``fingerprint`` alone, its own ``fingerprint()``."""
+        if _defined_below(type(self), "fingerprint", FileSource) and not _defined_below(
+                type(self), "fingerprint_of_files", FileSource):
+            return self.fingerprint()
+        return self._fingerprint_of(files)
+
+    def _fingerprint_of(self, files: Sequence[SourceFile]) -> dict:
         # The files identify the input, not the patterns as typed.
-        return {
+        out = {
             "kind": self.kind,
             "params": self._params(),
             "on_error": self.on_error.to_json(),
             "files": [{"path": path, "num_bytes": size, "mtime_ns": mtime} for path, size, mtime in files],
         }
+        if not type(self).__module__.startswith("seqcache."):  # a subclass of the user's: its code is an input
+            out["class"] = f"{type(self).__module__}.{type(self).__qualname__}"
+            out["version"] = self.version
+        return out
 
     def _pattern_text(self) -> str:
         return ", ".join(self.patterns)

@@ -200,6 +200,7 @@ class TfdsSource(ExampleRecords):
 
     fingerprint = FileSource.fingerprint
     fingerprint_of_files = FileSource.fingerprint_of_files
+    _fingerprint_of = FileSource._fingerprint_of
 
     def describe(self) -> str:
         where = f" in {self.data_dir}" if self.data_dir else ""

@@ -278,7 +278,8 @@ class UpperLines(S.TextLineSource):
     spec_forms = "'upper:PATTERN' (lines, upper-cased)"
 
     def read_split(self, split):
-        return (r._replace(data={"text": r.data["text"].upper()}) for r in super().read_split(split))
+        for r in super().read_split(split):
+            yield self.with_data(r, lambda data: {"text": data["text"].upper()}, path=split.path)
 
 
 class UpperRows(S.ParquetSource):
@@ -286,7 +287,8 @@ class UpperRows(S.ParquetSource):
     spec_forms = "'upperpq:PATTERN#COLUMN' (rows, upper-cased)"
 
     def read_split(self, split):
-        return (r._replace(data={k: v.upper() for k, v in r.data.items()}) for r in super().read_split(split))
+        for r in super().read_split(split):
+            yield self.with_data(r, lambda data: {k: v.upper() for k, v in data.items()}, path=split.path)
 """
 
 
@@ -318,7 +320,7 @@ def test_a_subclass_that_overrides_read_split_is_what_a_build_reads(tmp_path):
     module = tmp_path / "upper_sources.py"
     module.write_text(UPPER_SOURCES, encoding="utf-8")
     lines = [f"line {i} of the corpus, mixed Case" for i in range(40)]
-    (tmp_path / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "a.txt").write_text("\n".join(lines[:20] + [""] + lines[20:]) + "\n", encoding="utf-8")  # one skipped
     pq.write_table(pa.table({"text": lines}), tmp_path / "a.parquet")
     expected = sorted(x.upper() for x in lines)
     try:
@@ -329,6 +331,75 @@ def test_a_subclass_that_overrides_read_split_is_what_a_build_reads(tmp_path):
     finally:
         SPEC_KINDS.pop("upper", None)
         SPEC_KINDS.pop("upperpq", None)
+
+
+class _Upper(S.TextLineSource):
+    def read_split(self, split):
+        for r in super().read_split(split):
+            yield self.with_data(r, lambda data: {"text": data["text"].upper()}, path=split.path)
+
+
+def test_a_subclass_is_its_own_input_and_its_derived_records_meet_the_policy(tmp_path):
+    """A subclass's class and version enter the fingerprint (a cache of the
+    parent is not reused for it), its own fingerprint() is honoured, and a
+    record it derives with with_data is checked by on_error again."""
+    p = tmp_path / "a.txt"
+    p.write_text("ab\n\ncd\n")
+    plain, upper = S.TextLineSource(str(p)), _Upper(str(p))
+    files = plain.list_files()
+    assert plain.fingerprint_of_files(files) == plain.fingerprint() and "class" not in plain.fingerprint()
+    mine = upper.fingerprint_of_files(files)
+    assert mine["class"] == f"{_Upper.__module__}._Upper" and mine["version"] == 1 and mine != plain.fingerprint()
+
+    class MinLength(S.TextLineSource):
+        def __init__(self, pattern, min_length):
+            super().__init__(pattern)
+            self.min_length = min_length
+
+        def fingerprint(self):
+            out = super().fingerprint()
+            return {**out, "params": {**out["params"], "min_length": self.min_length}}
+
+    assert MinLength(str(p), 3).fingerprint_of_files(files)["params"]["min_length"] == 3
+    assert [r.data.get("text") for r in upper.read_all()] == ["AB", None, "CD"]  # the empty line stays skipped
+
+    class Controlled(S.TextLineSource):
+        def read_split(self, split):
+            for r in super().read_split(split):
+                yield self.with_data(r, {"text": r.data.get("text", "") + "\x01"}, path=split.path)
+
+    with pytest.raises(S.BadInputError, match=r"a.txt: line 1 \(byte 0\) contains control character U\+0001"):
+        list(Controlled(str(p), on_error={"control_characters": "raise"}).read_all())
+
+
+def test_a_subclass_that_overrides_a_method_its_parent_reads_around_is_refused_and_errors_name_the_file(tmp_path):
+    with pytest.raises(TypeError, match=r"ViaFile overrides read_file, which the reads of TextLineSource do not "
+                                        r"call .*override read_split"):
+        class ViaFile(S.TextLineSource):
+            def read_file(self, file_index, path):
+                return iter(())
+
+    with pytest.raises(TypeError, match=r"ViaBatches overrides read_batches, .*override read_split"):
+        class ViaBatches(S.TextLineSource):
+            def read_batches(self, split, batch_records):
+                return iter(())
+
+    class Careless(S.TextLineSource):
+        def read_split(self, split):
+            for r in super().read_split(split):
+                yield r._replace(data={"text": r.data["text"].upper()})  # a skipped record has no "text"
+
+    p = tmp_path / "a.txt"
+    p.write_text("ab\n\ncd\n")
+    source = Careless(str(p))
+    splits = source.splits(0, source.list_files()[0], 1 << 20)
+    with pytest.raises(ValueError, match=rf"^{p}: reading it raised KeyError: 'text'$"):
+        list(source.read_batches_of(splits, 10))
+    from seqcache import tasks
+
+    report = tasks.scan_task(tasks.Task("careless", source=source,
+                                        output_features={"targets": tasks.Feature(tasks.ByteVocabulary())}))
+    assert report.unreadable_files == [f"{p}: reading it raised KeyError: 'text'"]
 
 
 def test_describe_record_is_the_one_wording_of_a_place(tmp_path):

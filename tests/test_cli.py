@@ -540,3 +540,19 @@ def test_a_bare_sequence_length_is_every_feature_of_a_registered_task(tmp_path):
             examples = list(r.read_examples(list(range(len(r)))))
         assert len(examples) == 2
         assert all(len(ex[f]) == expected[f] for ex in examples for f in expected)  # both lines are longer
+
+
+def test_tasks_names_the_class_of_a_users_source_subclass(tmp_path, monkeypatch):
+    (tmp_path / "subclassed_source_task.py").write_text(
+        "from seqcache import tasks\n"
+        "class Upper(tasks.TextLineSource):\n"
+        "    def read_split(self, split):\n"
+        "        for r in super().read_split(split):\n"
+        "            yield self.with_data(r, lambda d: {'text': d['text'].upper()}, path=split.path)\n"
+        "tasks.TaskRegistry.add('subclassed_source_task', source=Upper('/x/*.txt'),\n"
+        "                       output_features={'targets': tasks.Feature(tasks.ByteVocabulary())})\n")
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, ["tasks", "--module", "subclassed_source_task", "--json"])
+    assert out.exit_code == 0, out.output
+    [row] = [t for t in json.loads(out.output)["tasks"] if t["name"] == "subclassed_source_task"]
+    assert row["source"] == "text lines of /x/*.txt (subclassed_source_task.Upper)"

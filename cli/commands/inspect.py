@@ -401,6 +401,15 @@ def verify(ctx, cache_dir, as_json):
     sys.exit(0 if report.ok else 1)
 
 
+def _described(source) -> str:
+    """``source.describe()``, with the class of a user's subclass (``read_split``'s
+    override changes what the parent's description says)."""
+    kind = type(source)
+    if kind.__module__.startswith("seqcache."):
+        return source.describe()
+    return f"{source.describe()} ({kind.__module__}.{kind.__qualname__})"
+
+
 @click.command(name="tasks")
 @common.MODULES_OPTION
 @click.option("--json", "as_json", is_flag=True)
@@ -410,8 +419,8 @@ def tasks_cmd(modules, as_json):
     task_rows = []
     for name in tasks.TaskRegistry.names():
         t = tasks.TaskRegistry.get(name)
-        source = t.source.describe() if t.splits is None else \
-            "; ".join(f"{split}: {t.source_for(split).describe()}" for split in t.splits)
+        source = _described(t.source) if t.splits is None else \
+            "; ".join(f"{split}: {_described(t.source_for(split))}" for split in t.splits)
         task_rows.append({"name": name, "source": source, "splits": list(t.splits) if t.splits else None,
                           "features": sorted(t.output_features), "packing": t.packing,
                           "metrics": function_names(t.metric_fns)})

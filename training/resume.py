@@ -91,6 +91,7 @@ def check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str,
     if saved.get("kind") == feeder_state.STATE_KIND and current.get("kind") == feeder_state.STATE_KIND:
         try:
             saved = feeder_state.read_state(saved)  # a state of an earlier release: its int length as {feature: L}
+            current = feeder_state.read_state(current, path="this run's feeder state")
         except feeder_state.FeederStateError as e:
             raise CheckpointError(f"{path}: {e}") from None
         diff = feeder_state.stream_difference(saved, current)

@@ -174,7 +174,7 @@ def make_config(preset: str, data: Data, batch_size: int, steps: int, overrides:
     from seqcache.training import data as data_lib
 
     cfg = config_lib.TrainConfig(
-        steps=steps, global_batch_size=batch_size, sequence_length=data.sequence_length,
+        steps=steps, global_batch_size=batch_size, sequence_length={"targets": data.sequence_length},
         data=config_lib.DataConfig(task=data.source.name, seed=config_lib.DEFAULT_DATA_SEED),
         mesh=config_lib.MeshConfig(data=-1), checkpoint=config_lib.CheckpointConfig(directory=None),
         metrics_file=None, tensorboard=False, progress=False)
@@ -183,11 +183,10 @@ def make_config(preset: str, data: Data, batch_size: int, steps: int, overrides:
     cfg = config_lib.apply_overrides(cfg, overrides)
     # What seqcache train takes from the cache: converter, inputs length, vocabulary size.
     converter = data_lib.resolve_converter(cfg, data.source, model_label=preset)
-    inputs_length = (data_lib.source_lengths(data.source, cfg.inputs_sequence_length, ["inputs"])["inputs"]
-                     if converter != "lm" else None)
+    lengths = data_lib.source_lengths(data.source, {"targets": data.sequence_length},
+                                      config_lib.converter_features(converter))
     vocab = cfg.model.vocab_size or data_lib.model_vocab_size(data.source, converter)
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, converter=converter),
-                              inputs_sequence_length=cfg.inputs_sequence_length or inputs_length,
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, converter=converter), sequence_length=lengths,
                               model=dataclasses.replace(cfg.model, vocab_size=vocab))
     cfg.validate()
     return cfg
@@ -322,7 +321,7 @@ def run_one(preset: str, batch_size: int, data: Data, args, overrides: list[str]
     from seqcache.training.trainer import Trainer
 
     cfg = make_config(preset, data, batch_size, args.steps, overrides)
-    row = {"model": preset, "batch_size": batch_size, "sequence_length": cfg.sequence_length,
+    row = {"model": preset, "batch_size": batch_size, "sequence_length": cfg.sequence_length["targets"],
            "tokens_per_step": cfg.tokens_per_step, "status": "ok"}
     stats_before = memory_stats()
     result = None

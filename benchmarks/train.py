@@ -162,14 +162,13 @@ def prepare(architecture: str, root: str, args: argparse.Namespace):
         def make():
             return ConvertedFeeder(converter="encdec", cache=cache, sequence_length=lengths,
                                    global_batch_size=args.batch_size)
-        fields = {"sequence_length": lengths["targets"], "inputs_sequence_length": lengths["inputs"],
-                  "data": config_lib.DataConfig(converter="encdec")}
+        fields = {"sequence_length": lengths, "data": config_lib.DataConfig(converter="encdec")}
     else:
         cache = build_cache(root, args.length)
 
         def make():
             return Feeder(cache=cache, global_batch_size=args.batch_size, sequence_length=args.length)
-        fields = {"sequence_length": args.length}
+        fields = {"sequence_length": {"targets": args.length}}
     vocab = data_lib.vocab_size_of(data_lib.Source(kwargs={"cache": cache}, cache_dirs=(cache,), name=cache))
     with make() as f:
         replay = [{k: v.copy() for k, v in f.get_batch(s).items()} for s in range(args.steps + args.warmup)]

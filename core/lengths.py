@@ -6,7 +6,11 @@ of str -> int, each in [1, 2^24)). Where a user gives one (``BuildConfig``,
 ``Feeder(sequence_length=...)``, ``ConvertedFeeder``, ``TrainConfig``,
 ``--sequence-length``) an int is accepted as well and means that length for
 every feature; ``sequence_lengths`` turns either into the mapping, once, at
-that edge.
+that edge. Where the features are not known yet (the command line, a
+``TrainConfig`` whose converter the cache decides), an int is kept under the
+key ``ALL_FEATURES`` (``"*"``): ``{"*": 1024}``, ``{"*": 1024, "inputs": 512}``
+(``parse_sequence_length``), which ``sequence_lengths`` expands to every
+feature the mapping does not name.
 
 A cache records its own lengths (``cache_lengths``): a packed cache the row
 length it is packed to, a trimmed cache the length it is trimmed to (both its
@@ -26,6 +30,9 @@ from typing import Any, Iterable, Mapping
 from seqcache import bounded_json
 
 MAX_SEQUENCE_LENGTH = bounded_json.MAX_SEQUENCE_LENGTH
+# The key of a sequence length given for every feature (a bare N on the command
+# line): its length goes to each feature a mapping does not name.
+ALL_FEATURES = "*"
 
 
 class SequenceLengthError(ValueError):
@@ -47,12 +54,14 @@ def sequence_lengths(value: Mapping[str, int | None] | int | None, features: Ite
     Args:
       value: None (no lengths); an int L (L tokens for every feature of
         ``features``); or a mapping feature -> L or None (None: no length for
-        that feature, left out). L is an integer (not a bool) in [1, 2^24).
+        that feature, left out), which may hold ``ALL_FEATURES`` ("*"): its L
+        for every feature of ``features`` the mapping does not name. L is an
+        integer (not a bool) in [1, 2^24).
       features: the feature names the lengths are for; a mapping names only these.
 
     Returns:
       dict str -> int (features without a length left out), in the mapping's
-      order, or in ``features`` order for an int.
+      order, or in ``features`` order for an int or a mapping with "*".
 
     Raises:
       ValueError: a length that is not an integer in [1, 2^24); a mapping that
@@ -63,19 +72,29 @@ def sequence_lengths(value: Mapping[str, int | None] | int | None, features: Ite
     if value is None:
         return {}
     if isinstance(value, Mapping):
-        unknown = sorted(str(k) for k in value if k not in names)
+        unknown = sorted(str(k) for k in value if k not in names and k != ALL_FEATURES)
         if unknown:
             raise ValueError(f"sequence length given for {unknown}, which are not among the features {names}")
+        if ALL_FEATURES in value:
+            value = {n: value.get(n, value[ALL_FEATURES]) for n in names}
         return {n: _length(v, n) for n, v in value.items() if v is not None}
     if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Integral):
         raise ValueError(f"sequence_length must be an integer or a mapping feature -> integer (got {value!r})")
     return dict.fromkeys(names, _length(value, None))
 
 
-def parse_sequence_length(texts: Iterable[str], default_feature: str = "targets") -> dict[str, int]:
-    """The command line's form of a sequence length (``--sequence-length``,
-    repeatable): ``("1024",)`` or ``("inputs=512,targets=114",)`` -> {feature:
-    tokens}; a bare N is ``default_feature``'s. Nothing given: {}.
+def parse_sequence_length(texts: Iterable[str]) -> dict[str, int]:
+    """The command line's form of a sequence length, the one parser of
+    ``--sequence-length`` (every command; repeatable): ``("1024",)`` ->
+    ``{"*": 1024}``, ``("inputs=512,targets=114",)`` -> ``{"inputs": 512,
+    "targets": 114}``, ``("1024", "inputs=512")`` -> ``{"*": 1024, "inputs":
+    512}``. A bare N is the length of every feature the command reads (kept
+    under ``ALL_FEATURES`` until ``sequence_lengths`` knows them: a build's task
+    features, a converter's), FEATURE=N that feature's, over a bare N; the last
+    of two values for one key counts. Nothing given: {}.
+
+    Returns:
+      dict str -> tokens (int >= 1).
 
     Raises:
       ValueError: a part that is not N or FEATURE=N ("'x': expected N or
@@ -94,15 +113,15 @@ def parse_sequence_length(texts: Iterable[str], default_feature: str = "targets"
                 raise ValueError(f"{part!r}: expected N or FEATURE=N") from None
             if n < 1:
                 raise ValueError(f"{part!r}: a sequence length must be >= 1")
-            out[name if sep else default_feature] = n
+            out[name if sep else ALL_FEATURES] = n
     return out
 
 
 def built_lengths(manifest: Any) -> dict[str, int]:
     """The lengths (tokens) a cache was built to, from its manifest
     (``seqcache.format.Manifest``): its ``sequence_length``, the length a
-    packed cache's rows are packed to or a trimmed cache's examples trimmed to
-    (an int is every feature's). Features without one are left out.
+    packed cache's rows are packed to or a trimmed cache's examples trimmed to.
+    Features without one are left out.
 
     Raises:
       ValueError: a recorded length outside [1, 2^24) (a manifest read with

@@ -70,8 +70,9 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
     split: Annotated[str, doc("the split's name")]
     fingerprint: Annotated[str, doc("sha256 of the canonical JSON of fingerprint_inputs")]
     seed: Annotated[Int64, doc("the shuffle seed")] = None
-    sequence_length: Annotated[dict[str, TokenCount | None] | TokenCount | None, doc(
-        "feature -> tokens, or null")] = None
+    sequence_length: Annotated[dict[str, TokenCount | None] | None, doc(
+        "feature -> tokens, or null (an int, which manifests of earlier releases may hold, is read as every "
+        "feature's)")] = None
     packing: Annotated[Literal["lm", "first_fit"] | None, doc("the packing: lm, first_fit or null")] = None
     writer_options: Annotated[str, doc("the ArrayRecord writer options")] = None
     record_encoding: Annotated[str, doc("the record encoding, for humans")] = None
@@ -191,7 +192,7 @@ class Manifest(Struct, kw_only=True, dict=True, repr_omit_defaults=True):
                       "release that wrote it, or rebuild it with this one (seqcache build ... --overwrite)")
         for f in msgspec.structs.fields(cls):
             codec.require(not f.required or f.name in raw, path, f"missing field {f.name!r}")
-        manifest = convert(raw, cls, path=path)
+        manifest = convert(_lengths_as_mapping(raw), cls, path=path)
         if check_shards:
             manifest.shards.check_all()
         _check_counts(manifest, path, check_shards=check_shards)
@@ -462,9 +463,23 @@ def read_shard_checksums(cache_dir: str, manifest: Manifest) -> tuple[list[str],
     return sha, prov
 
 
+def _lengths_as_mapping(raw: dict) -> dict:
+    """``raw`` (a decoded manifest.json, not changed) with an int
+    ``sequence_length``, which manifests of earlier releases may hold, as the
+    mapping it meant: that length for every feature of ``features`` (as
+    ``seqcache.lengths.built_lengths`` read it). The one place a manifest's
+    int is read; the model then checks each length (``TokenCount``)."""
+    value = raw.get("sequence_length")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return raw
+    features = raw.get("features")
+    names = [f.get("name") for f in features if isinstance(f, dict)] if isinstance(features, list) else []
+    return {**raw, "sequence_length": {n: value for n in names if isinstance(n, str)}}
+
+
 def check_feature_names(manifest: Manifest, path: str) -> None:
     """Refuses a manifest whose fields name a feature it does not have: the
-    keys of ``sequence_length`` (when a mapping), of ``vocabularies``, of the
+    keys of ``sequence_length``, of ``vocabularies``, of the
     per-feature statistics (``statistics.tokens``, ``max_length``,
     ``mean_length``, ``length_histogram``, ``source_files.tokens``). A build
     writes each of them for its features only; an edited or damaged manifest
@@ -478,7 +493,7 @@ def check_feature_names(manifest: Manifest, path: str) -> None:
     """
     names = {f.name for f in manifest.features}
     stats = manifest.statistics
-    fields = (("sequence_length", manifest.sequence_length if isinstance(manifest.sequence_length, dict) else None),
+    fields = (("sequence_length", manifest.sequence_length),
               ("vocabularies", manifest.vocabularies), ("statistics.tokens", stats.tokens),
               ("statistics.max_length", stats.max_length), ("statistics.mean_length", stats.mean_length),
               ("statistics.length_histogram", stats.length_histogram),

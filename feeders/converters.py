@@ -171,6 +171,11 @@ class ConvertedFeeder(ClosedOnExit):
         size, hosts, seed, num_epochs, start_step, ...) except ``feature`` and
         ``sequence_length``.
 
+    Attributes:
+      sequence_length: dict str -> int, {feature: tokens per row} of every
+        feature the converter reads, in its order, e.g. ``{"inputs": 512,
+        "targets": 114}``.
+
     Batches: the converter's fields (module docstring), each (R, L), plus
     ``task_index``, ``cache_index`` and ``epoch`` (R,). A record is read once
     per feature. The converter may read fewer features than the caches have
@@ -203,7 +208,7 @@ class ConvertedFeeder(ClosedOnExit):
         except BaseException:
             self.close()
             raise
-        self.sequence_length = {n: f.sequence_length for n, f in self.feeders.items()}
+        self.sequence_length: dict[str, int] = {n: f.sequence_length[n] for n, f in self.feeders.items()}
 
     @property
     def step(self) -> int:
@@ -241,7 +246,7 @@ class ConvertedFeeder(ClosedOnExit):
           FeederStateError (a ValueError): a damaged state or converter field;
             another converter or lengths; what ``Feeder.set_state`` refuses.
         """
-        state_lib.check_state(state)
+        state = state_lib.read_state(state)
         name, lengths = state_lib.check_converter(state)
         if (name, lengths) != (self.converter, self.sequence_length):
             raise state_lib.FeederStateError(
@@ -249,7 +254,7 @@ class ConvertedFeeder(ClosedOnExit):
                 f"converter {self.converter!r} and sequence lengths {self.sequence_length}")
         for n, f in self.feeders.items():
             s = {k: v for k, v in state.items() if k != "converter"}
-            s["feature"], s["sequence_length"] = n, self.sequence_length[n]
+            s["feature"], s["sequence_length"] = n, {n: self.sequence_length[n]}
             f.set_state(s)
 
     @classmethod
@@ -271,7 +276,7 @@ class ConvertedFeeder(ClosedOnExit):
           ValueError: a bad ``host_index``, ``num_threads`` or ``prefetch``.
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """
-        state_lib.check_state(state)
+        state = state_lib.read_state(state)
         if "converter" not in state:
             raise state_lib.FeederStateError(
                 "feeder state: the state has no 'converter' field, it was saved by a Feeder of feature "

@@ -105,8 +105,8 @@ class Feeder(ClosedOnExit):
         ``seqcache.feeders.schedule``).
       caches_root, split: see ``mixture``.
       global_batch_size: B, rows per step over all hosts.
-      sequence_length: L, tokens per row: an int, or a mapping ``{feature: L}``
-        (``seqcache.lengths.sequence_lengths``). Default: the caches' own
+      sequence_length: L, tokens per row: a mapping ``{feature: L}``, or an int
+        (``seqcache.lengths.sequence_lengths``: the feature's). Default: the caches' own
         (``seqcache.lengths.fit_lengths``: the length a cache is packed or
         trimmed to, else its longest example; the longest over a mixture). A
         given L only cuts rows shorter; one longer than a packed or trimmed
@@ -122,6 +122,11 @@ class Feeder(ClosedOnExit):
         derived (``positions_from_segment_ids``).
       num_threads: reader threads (default min(4, CPU count)).
       prefetch: steps prepared ahead of the last requested one (default num_threads).
+
+    Attributes (besides the arguments'):
+      sequence_length: dict str -> int, ``{feature: L}``: the tokens per row
+        the feeder reads (given or the caches' own), e.g. ``{"targets": 1024}``;
+        ``feeder.sequence_length[feeder.feature]`` is L.
 
     Batches (``get_batch(step)`` and iteration) are dicts of numpy arrays for this
     host's B / H rows (R = B / H):
@@ -188,7 +193,7 @@ class Feeder(ClosedOnExit):
             check_same_features(self.paths, self.readers)
             self._layouts = [feature_layout(r, self.feature) for r in self.readers]
             manifests = {p: r.manifest for p, r in zip(self.paths, self.readers)}
-            self.sequence_length = fit_lengths(asked, manifests, [feature])[feature]
+            self.sequence_length: dict[str, int] = fit_lengths(asked, manifests, [feature])
             self.stream = opened.stream(seed=self.seed, num_epochs=self.num_epochs,
                                         global_batch_size=self.global_batch_size)
         except BaseException:
@@ -203,7 +208,8 @@ class Feeder(ClosedOnExit):
         self._read_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._closed = False
-        self._ar = np.arange(self.sequence_length, dtype=np.int32)
+        self._length = self.sequence_length[feature]  # L, the row length of every batch array
+        self._ar = np.arange(self._length, dtype=np.int32)
         self._constants: tuple | None = None
         try:
             self.step = start_step
@@ -237,7 +243,7 @@ class Feeder(ClosedOnExit):
     # --- batches ---------------------------------------------------------------
 
     def _compute(self, step: int) -> dict[str, np.ndarray]:
-        b_host, length, f = self.rows_per_host, self.sequence_length, self.feature
+        b_host, length, f = self.rows_per_host, self._length, self.feature
         positions = step * self.global_batch_size + self.first_row + np.arange(b_host, dtype=np.int64)
         loc = self.stream.locate(positions)
         names = (f, f"{f}_segment_ids", f"{f}_positions", f"{f}_loss_weights")
@@ -263,7 +269,7 @@ class Feeder(ClosedOnExit):
     def _compute_mixed(self, loc, tasks: list[int], names) -> dict[str, np.ndarray]:
         """The rows of a step from several tasks (or with padding rows): every task's
         reads issued together and, for one shared record layout, decoded in one batch."""
-        b_host, length = self.rows_per_host, self.sequence_length
+        b_host, length = self.rows_per_host, self._length
         rows_of = {t: np.flatnonzero((loc.task == t) & loc.valid) for t in tasks}
         records: list = [b""] * b_host
         # Every task's read in flight at once (the first on this thread): ArrayRecord's reads overlap.
@@ -314,7 +320,7 @@ class Feeder(ClosedOnExit):
                       rows: np.ndarray | None = None):
         """Decodes records laid out as task ``task``'s: 4 arrays (n, L), row r
         from records[rows[r]] when ``rows`` is given (``decode_batch``)."""
-        reader, layout, length = self.readers[task], self._layouts[task], self.sequence_length
+        reader, layout, length = self.readers[task], self._layouts[task], self._length
         wanted = {layout["tokens"]: np.int32}
         if layout["segment_ids"]:
             wanted[layout["segment_ids"]] = np.int32
@@ -346,7 +352,7 @@ class Feeder(ClosedOnExit):
         """Segment ids, positions and loss weights of n <= B/H full unpacked rows:
         built once, shared read-only by every batch."""
         if self._constants is None:
-            shape = (self.rows_per_host, self.sequence_length)
+            shape = (self.rows_per_host, self._length)
             seg = np.ones(shape, np.int32)
             pos = np.empty(shape, np.int32)
             pos[:] = self._ar
@@ -424,7 +430,7 @@ class Feeder(ClosedOnExit):
             "mixture": state_lib.mixture_entries(self.paths, self.rates, self.weights, self.readers),
             "seed": self.seed,
             "global_batch_size": self.global_batch_size,
-            "sequence_length": self.sequence_length,
+            "sequence_length": dict(self.sequence_length),
             "feature": self.feature,
             "num_epochs": self.num_epochs,
             "position": self.position,
@@ -452,7 +458,7 @@ class Feeder(ClosedOnExit):
             finite run; a ``ConvertedFeeder``'s state (restore it with
             ``ConvertedFeeder``).
         """
-        state_lib.check_state(state)
+        state = state_lib.read_state(state)
         state_lib.refuse_converter_state(state)
         current = self.state()
         if state.get("schedule") is None and self.schedule is None:
@@ -487,7 +493,9 @@ class Feeder(ClosedOnExit):
         accepted when their fingerprints (and rates, in mixture order) are the
         state's. ``seed``, ``global_batch_size``, ``sequence_length``,
         ``feature`` and ``num_epochs`` are optional expectations: a state that
-        differs is refused.
+        differs is refused (``sequence_length``: an int or {feature: L}, for
+        the state's feature). A state of an earlier release, whose sequence
+        length is an int, restores as well (``state.read_state``).
 
         Raises:
           FeederStateError (a ValueError): every refusal of ``state``: a
@@ -503,15 +511,15 @@ class Feeder(ClosedOnExit):
           ValueError: a bad ``host_index``, ``num_threads`` or ``prefetch``.
           seqcache.format.CacheError: a cache cannot be opened where it is looked for.
         """
-        state_lib.check_state(state)
+        state = state_lib.read_state(state)
         state_lib.refuse_converter_state(state)
         if sequence_length is not None:  # an int, or {feature: L}: the expectation for the state's feature
-            sequence_length = sequence_lengths(sequence_length, [feature or state["feature"]]).get(
-                feature or state["feature"])
-        return restore_with(state, lambda **arguments: cls(sequence_length=state["sequence_length"],
-                                                          feature=state["feature"], **arguments),
-                            expected=dict(seed=seed, global_batch_size=global_batch_size,
-                                          sequence_length=sequence_length, feature=feature, num_epochs=num_epochs),
+            sequence_length = sequence_lengths(sequence_length, [feature or state["feature"]])
+        own = state["sequence_length"].get(state["feature"])  # None: a damaged state, refused by set_state
+        return restore_with(state, lambda **arguments: cls(sequence_length=own, feature=state["feature"],
+                                                          **arguments),
+                            expected=dict(seed=seed, global_batch_size=global_batch_size, feature=feature,
+                                          sequence_length=sequence_length, num_epochs=num_epochs),
                             cache=cache, mixture=mixture, caches_root=caches_root, split=split,
                             host_index=host_index, host_count=host_count, num_threads=num_threads, prefetch=prefetch)
 

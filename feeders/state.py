@@ -6,8 +6,12 @@ Example (one task, position 4096 = step 16 of a global batch of 256)::
      "mixture": [{"path": "/data/caches/wiki/train", "rate": 1.0, "weight": 1,
                   "task": "wiki", "split": "train", "num_examples": 36718,
                   "fingerprint": "9f2c..."}],
-     "seed": 0, "global_batch_size": 256, "sequence_length": 512,
+     "seed": 0, "global_batch_size": 256, "sequence_length": {"targets": 512},
      "feature": "targets", "num_epochs": null, "position": 4096}
+
+``sequence_length`` is the feeder's, {feature: tokens per row}. States of
+earlier releases hold an int there, the length of the state's feature: they are
+read (``read_state``, ``load_state``) as that mapping, once, here.
 
 ``position`` is the global position of the next example to read (step * B): the
 state does not depend on the number of hosts (G5). Nothing else is needed to resume
@@ -56,6 +60,7 @@ _Count = Annotated[int, Meta(ge=0, lt=bounded_json.MAX_COUNT)]
 _Rate = Annotated[float, Meta(ge=0, lt=bounded_json.MAX_COUNT)]
 _Text = Annotated[str, Meta(max_length=4096)]
 _Position = Annotated[int, Meta(ge=0, lt=MAX_POSITION)]
+_Length = Annotated[int, Meta(ge=1, lt=bounded_json.MAX_SEQUENCE_LENGTH)]
 
 
 class _Cache(Struct):
@@ -82,7 +87,7 @@ class _Converter(Struct, forbid_unknown_fields=True):
     """A ``ConvertedFeeder``'s state's ``converter`` field (``check_converter``)."""
 
     name: str
-    sequence_length: dict[str, Annotated[int, Meta(ge=1, lt=bounded_json.MAX_SEQUENCE_LENGTH)]]
+    sequence_length: dict[str, _Length]
 
 
 class _State(Struct):
@@ -92,7 +97,8 @@ class _State(Struct):
     mixture: Annotated[list[_Cache], Meta(min_length=1, max_length=MAX_MIXTURE_ENTRIES)]
     seed: Annotated[int, Meta(ge=0)]
     global_batch_size: Annotated[int, Meta(ge=1, lt=MAX_GLOBAL_BATCH_SIZE)]
-    sequence_length: Annotated[int, Meta(ge=1, lt=bounded_json.MAX_SEQUENCE_LENGTH)]
+    # {feature: L}; an int L in a state of an earlier release (``read_state``).
+    sequence_length: dict[str, _Length] | _Length
     feature: _Text
     num_epochs: Annotated[int, Meta(ge=1, lt=MAX_EPOCHS)] | None
     position: _Position
@@ -114,7 +120,8 @@ def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None
         state, another state or cache format version, a missing field, a value
         of the wrong type or out of range (``feeder state: mixture[0].rate:
         expected `float` >= 0.0 (got -1)``), a schedule that does not fit the
-        mixture, or a position that is not a multiple of the global batch.
+        mixture, a sequence length that is not one feature's, or a position
+        that is not a multiple of the global batch.
     """
     if not isinstance(state, Mapping):
         raise FeederStateError(f"{path}: a feeder state is a JSON object (got {type(state).__name__})")
@@ -137,6 +144,9 @@ def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None
             f"this seqcache reads version {fmt.RECORD_FORMAT_VERSION}"
         )
     checked = bounded_json.convert(dict(state), _State, path=path, error=FeederStateError)
+    if isinstance(checked.sequence_length, dict) and len(checked.sequence_length) != 1:
+        raise FeederStateError(f"{path}: sequence_length = {_short(checked.sequence_length)}, expected "
+                               f"{{{checked.feature!r}: L}}, the length of the state's feature")
     b = checked.global_batch_size
     for i, entry in enumerate(checked.mixture):
         if "\x00" in entry.path:  # no file system takes it: one line here, not "embedded null byte" later
@@ -151,6 +161,22 @@ def check_state(state: Mapping[str, Any], *, path: str = "feeder state") -> None
 
 
 _short = bounded_json.short
+
+
+def read_state(state: Mapping[str, Any], *, path: str = "feeder state") -> dict:
+    """A feeder state after ``check_state``, as this release writes it: a copy
+    whose ``sequence_length`` is the mapping {feature: tokens}. A state of an
+    earlier release holds an int L there, the length of its ``feature``: it
+    is read as {feature: L}, here and nowhere else. What every restore reads.
+
+    Raises:
+      FeederStateError: what ``check_state`` refuses.
+    """
+    check_state(state, path=path)
+    out = dict(state)
+    if not isinstance(out["sequence_length"], Mapping):
+        out["sequence_length"] = {out["feature"]: int(out["sequence_length"])}
+    return out
 
 
 def check_converter(state: Mapping[str, Any], *, path: str = "feeder state") -> tuple[str, dict[str, int]]:
@@ -179,11 +205,12 @@ def check_converter(state: Mapping[str, Any], *, path: str = "feeder state") -> 
         raise FeederStateError(f"{path}: converter.sequence_length has features {_short(sorted(lengths))}, "
                                f"converter {name!r} reads {list(names)}")
     out = {n: lengths[n] for n in names}
-    if state.get("feature") != "targets" or state.get("sequence_length") != out["targets"]:
+    own = state.get("sequence_length")  # {feature: L}, or the int of an earlier release
+    if state.get("feature") != "targets" or own not in (out["targets"], {"targets": out["targets"]}):
         raise FeederStateError(
             f"{path}: feature = {_short(state.get('feature'))} and sequence_length = "
             f"{_short(state.get('sequence_length'))} disagree with converter {name!r} "
-            f"(expected 'targets' and {out['targets']}, its targets' length)")
+            f"(expected 'targets' and {{'targets': {out['targets']}}}, its targets' length)")
     return name, out
 
 
@@ -243,6 +270,9 @@ def load_state(path: str | os.PathLike) -> dict:
     keys and numbers bounded, no key twice, a byte order mark at its first
     byte dropped), then checked field by field (``check_state``).
 
+    Returns:
+      the state as ``read_state`` gives it (its sequence length a mapping).
+
     Raises:
       FeederStateError: one line naming the file (and the checkpoint step):
         not readable, not UTF-8 or not JSON (with the line and column), out
@@ -252,8 +282,7 @@ def load_state(path: str | os.PathLike) -> dict:
     if fs.isdir(path):
         return load_checkpoint_state(path)
     state = bounded_json.read_file(path, error=FeederStateError, max_bytes=MAX_STATE_BYTES, what="feeder state")
-    check_state(state, path=path)
-    return state
+    return read_state(state, path=path)
 
 
 def load_checkpoint_state(step_dir: str | os.PathLike, *, step: int | None = None, any_feeder: bool = False) -> Any:
@@ -267,8 +296,8 @@ def load_checkpoint_state(step_dir: str | os.PathLike, *, step: int | None = Non
       step_dir: the step folder (a local path or a URL).
       step: its step, for messages (default: the folder's name).
       any_feeder: take the JSON state of any feeder (a trainer's checkpoints
-        hold its feeder's, whatever the feeder): checked by ``check_state``
-        only when its ``kind`` is ``STATE_KIND``.
+        hold its feeder's, whatever the feeder): checked (and read as
+        ``read_state`` reads it) only when its ``kind`` is ``STATE_KIND``.
 
     Raises:
       FeederStateError: ``checkpoint step {step}: {file}: ...`` in one line.
@@ -283,7 +312,7 @@ def load_checkpoint_state(step_dir: str | os.PathLike, *, step: int | None = Non
         state = bounded_json.read_file(path, error=FeederStateError, max_bytes=MAX_STATE_BYTES,
                                        what="feeder state")
         if not any_feeder or isinstance(state, Mapping) and state.get("kind") == STATE_KIND:
-            check_state(state, path=path)
+            state = read_state(state, path=path)
     except FeederStateError as e:
         raise FeederStateError(f"checkpoint step {name}: {e}") from None
     return state
@@ -422,6 +451,10 @@ _STREAM_FIELDS = ("version", "cache_format_version", "seed", "global_batch_size"
 def _scalar_difference(key: str, have: Any, want: Any) -> str:
     if key == "global_batch_size" and isinstance(have, int) and isinstance(want, int):
         return compat.global_batch_difference(have, want)
+    if key == "sequence_length" and isinstance(have, Mapping) and isinstance(want, Mapping) and list(have) == list(want):
+        feature = next(f for f in have if have[f] != want[f])  # {feature: tokens}: the length that differs
+        return (f"feeder state has sequence_length={json.dumps(have[feature])}, but this run has "
+                f"sequence_length={json.dumps(want[feature])} for feature {feature!r}")
     return f"feeder state has {key}={json.dumps(have)}, but this run has {key}={json.dumps(want)}"
 
 

@@ -89,14 +89,27 @@ def test_a_cache_built_to_no_length_sets_no_limit_and_one_with_no_length_needs_o
         L.fit_lengths(513, both, ["inputs", "targets"])
 
 
-@pytest.mark.parametrize("texts, default, expected", [
-    (("1024",), "targets", {"targets": 1024}),
-    (("inputs=512,targets=114",), "targets", {"inputs": 512, "targets": 114}),
-    (("8", "inputs=4"), "*", {"*": 8, "inputs": 4}),
-    ((), "targets", {}),
+@pytest.mark.parametrize("texts, expected", [
+    (("1024",), {"*": 1024}),
+    (("inputs=512,targets=114",), {"inputs": 512, "targets": 114}),
+    (("8", "inputs=4"), {"*": 8, "inputs": 4}),
+    ((), {}),
 ])
-def test_the_command_line_form(texts, default, expected):
-    assert L.parse_sequence_length(texts, default) == expected
+def test_the_command_line_form(texts, expected):
+    assert L.parse_sequence_length(texts) == expected
+
+
+def test_a_length_for_every_feature_is_expanded_to_the_features_read():
+    """A bare N (``ALL_FEATURES``) means every feature, whoever reads it: a
+    build's task features, a converter's; a named feature keeps its own."""
+    assert L.ALL_FEATURES == "*"
+    assert L.sequence_lengths({"*": 8}, ["targets"]) == {"targets": 8}
+    assert L.sequence_lengths({"*": 8}, ["inputs", "targets"]) == {"inputs": 8, "targets": 8}
+    assert L.sequence_lengths({"targets": 4, "*": 8}, ["inputs", "targets"]) == {"inputs": 8, "targets": 4}
+    assert L.sequence_lengths(L.parse_sequence_length(("8", "inputs=4")), ["inputs", "targets"]) == \
+        {"inputs": 4, "targets": 8}
+    with pytest.raises(ValueError, match=r"sequence length given for \['bogus'\]"):
+        L.sequence_lengths({"*": 8, "bogus": 1}, ["targets"])
 
 
 @pytest.mark.parametrize("text, message", [("x", "'x': expected N or FEATURE=N"),

@@ -19,6 +19,7 @@ import msgspec
 import pytest
 
 from seqcache import format as fmt
+from seqcache import lengths as L
 from seqcache import manifest as schema, manifest_entries as entries
 from seqcache import tasks
 from seqcache.pipelines import BuildConfig, build_task
@@ -144,6 +145,22 @@ def test_the_model_s_attributes_are_the_fields_typed_and_defaulted(built):
         (None, [], entries.Statistics(), {}, None, None)
     assert bare.num_examples == m.num_examples  # from the shard table when the field is absent
     assert "statistics" not in repr(m) and "ShardTable(2 shards" in repr(m)
+
+
+def test_a_manifest_with_an_int_sequence_length_reads_as_the_mapping(built, tmp_path):
+    """Manifests of earlier releases may hold an int, every feature's length:
+    one is read as the mapping the model holds (dict only), and the readers'
+    lengths do not change; the file itself is left as it is."""
+    cache, raw, _ = built
+    old = dict(raw, sequence_length=32)
+    m = fmt.parse_manifest(old)
+    features = [f["name"] for f in raw["features"]]
+    assert m.sequence_length == dict.fromkeys(features, 32) and old["sequence_length"] == 32
+    assert L.built_lengths(m)["targets"] == 32 == L.cache_lengths(m)["targets"]
+    with pytest.raises(fmt.CacheError, match=r"sequence_length.*: expected `int` >= 1"):
+        fmt.parse_manifest(dict(raw, sequence_length=0))
+    # A build writes the mapping (read back above: {"targets": 32}).
+    assert raw["sequence_length"] == {"targets": 32}
 
 
 def test_a_read_manifest_pickles_and_copies_with_its_folder(built):

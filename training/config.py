@@ -16,10 +16,11 @@ The resolved config is written beside the checkpoints (``to_json``).
 
 Vocabulary of sizes used everywhere in ``seqcache.training``:
   global batch size B: rows per step over all hosts; host batch: B / host count.
-  sequence length L: tokens per row (of the decoder: targets). An encoder-decoder
-  model also reads encoder rows of ``inputs_sequence_length`` Li tokens, and a
-  prefix LM rows of Li + L tokens. Tokens per step: B * (Li + L), Li = 0 for a
-  language model.
+  sequence length: tokens per row of each feature the converter reads,
+  ``sequence_length = {"targets": L}`` for a language model, ``{"inputs": Li,
+  "targets": L}`` for an encoder-decoder model (encoder rows of Li tokens,
+  decoder rows of L) and a prefix LM (rows of Li + L tokens). Tokens per step:
+  B * (Li + L), Li = 0 for a language model.
   microbatches M: the global batch is split into M microbatches whose gradients
   are accumulated inside one compiled step (B must be divisible by M).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import re
 import typing
 from typing import Annotated, Any, Mapping, Sequence
@@ -36,6 +38,7 @@ from typing import Annotated, Any, Mapping, Sequence
 from msgspec import Meta
 
 from seqcache import bounded_json
+from seqcache.lengths import ALL_FEATURES
 from seqcache.training import models
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -55,6 +58,24 @@ SPLASH_BLOCK = 128
 # ``ModelConfig.remat``: what a layer keeps for the backward pass (``seqcache.training.models.layers``).
 REMAT_POLICIES = ("none", "dots", "attention", "full")
 CONVERTERS = ("lm", "prefix_lm", "encdec")
+# The features the models read (``TrainConfig.sequence_length``'s keys).
+MODEL_FEATURES = ("inputs", "targets")
+
+
+def converter_features(converter: str | None) -> tuple[str, ...]:
+    """The features feature converter ``converter`` reads, in order:
+    ("targets",) for lm, ("inputs", "targets") for encdec and prefix_lm; ()
+    for another name (``TrainConfig.validate`` refuses it)."""
+    for arch in models.ARCHITECTURES.values():
+        for name, features in arch.converters:
+            if name == converter:
+                return tuple(features)
+    return ()
+
+
+def _default_converter(architecture: str) -> str | None:
+    """``models.default_converter``, None for an unknown architecture (refused by ``validate``)."""
+    return models.default_converter(architecture) if architecture in models.ARCHITECTURES else None
 
 
 class ConfigError(ValueError):
@@ -370,14 +391,22 @@ class TrainConfig:
       steps: number of optimizer steps of the whole run (a resumed run continues
         up to this number).
       global_batch_size: rows per step over all hosts (B).
-      sequence_length: tokens per row (L) of the ``targets`` feature (of the
-        decoder for the encdec and prefix_lm converters); None: the cache's
-        own, which ``seqcache train`` fills in (``seqcache.lengths``: a given
-        length only cuts rows shorter; one longer than the cache's is
-        refused). A ``Trainer`` built in Python needs it given.
-      inputs_sequence_length: encdec and prefix_lm only: tokens of the
-        ``inputs`` feature per row (Li); None: the cache's own, as for
-        ``sequence_length``. ``lengths`` gives both as one mapping.
+      sequence_length: dict str -> int, tokens per row of each feature the
+        converter reads (``converter_features``): ``{"targets": L}`` for lm,
+        ``{"inputs": Li, "targets": L}`` for encdec (encoder rows of Li,
+        decoder rows of L) and prefix_lm (rows of Li + L). An int N, where a
+        user gives one (in Python, ``--set sequence_length=N``,
+        ``--sequence-length N``), is every feature's: kept as ``{"*": N}``
+        (``seqcache.lengths.ALL_FEATURES``) and given to each feature the
+        converter reads that the mapping does not name, when the config is
+        made (the cache decides a decoder's converter: ``seqcache train``
+        makes the config again with it). None, or a feature left out: the
+        cache's own, which ``seqcache train`` fills in (``seqcache.lengths``: a
+        given length only cuts rows shorter; one longer than the cache's is
+        refused). A ``Trainer`` built in Python needs every one given. A
+        config file of an earlier release, with an int ``sequence_length``
+        (the targets') and ``inputs_sequence_length``, is read as this
+        mapping (``config_from_dict``).
       num_microbatches: gradient accumulation inside the step (M divides B).
       loss_chunks: the output layer and the loss run over each (micro)batch in
         this many chunks of rows (``lax.scan``), each chunk's logits recomputed
@@ -409,8 +438,7 @@ class TrainConfig:
     rules: str = "dp"
     steps: Positive = 100
     global_batch_size: Annotated[int, Meta(ge=1, lt=MAX_GLOBAL_BATCH_SIZE)] = 8
-    sequence_length: Annotated[int, Meta(ge=1, lt=MAX_SEQUENCE_LENGTH)] | None = None
-    inputs_sequence_length: Annotated[int, Meta(lt=MAX_SEQUENCE_LENGTH)] | None = None
+    sequence_length: dict[str, Annotated[int, Meta(ge=1, lt=MAX_SEQUENCE_LENGTH)]] | None = None
     num_microbatches: Positive = 1
     loss_chunks: Positive = 1
     seed: Annotated[int, Meta(ge=0, lt=2**32)] = 0
@@ -427,18 +455,32 @@ class TrainConfig:
         conv = self.data.converter
         return conv if conv is not None else models.default_converter(self.model.architecture)
 
-    @property
-    def lengths(self) -> dict[str, int]:
-        """The sequence lengths (``seqcache.lengths``): feature -> tokens per
-        row of the features the converter reads, {"targets": L}, plus
-        {"inputs": Li} for encdec and prefix_lm (0 where not set)."""
-        if self.converter == "lm":
-            return {"targets": int(self.sequence_length or 0)}
-        return {"inputs": int(self.inputs_sequence_length or 0), "targets": int(self.sequence_length or 0)}
+    def __post_init__(self):
+        """The sequence length as one mapping: an int N as {"*": N}, "*" given to
+        every feature of the converter not named (``seqcache.lengths.sequence_lengths``).
+
+        Raises:
+          ConfigError: a length for a feature the models do not read."""
+        value = self.sequence_length
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            value = {ALL_FEATURES: int(value)}
+        if isinstance(value, Mapping):
+            unknown = sorted(str(k) for k in value if k not in (*MODEL_FEATURES, ALL_FEATURES))
+            if unknown:
+                raise ConfigError(f"sequence_length: the models read features {list(MODEL_FEATURES)}, "
+                                  f"not {unknown}")
+            features = converter_features(self.data.converter or _default_converter(self.model.architecture))
+            if ALL_FEATURES in value and features:
+                value = {**{n: value.get(n, value[ALL_FEATURES]) for n in features},
+                         **{n: v for n, v in value.items() if n not in features and n != ALL_FEATURES}}
+            value = dict(value)
+        object.__setattr__(self, "sequence_length", value)
 
     @property
     def tokens_per_step(self) -> int:
-        return self.global_batch_size * sum(self.lengths.values())
+        """B * (tokens per row of every feature the converter reads): B * (Li + L)."""
+        lengths = self.sequence_length or {}
+        return self.global_batch_size * sum(lengths.get(f, 0) for f in converter_features(self.converter))
 
     def validate(self) -> None:
         """Raises ConfigError naming the field when a value cannot work
@@ -453,8 +495,19 @@ class TrainConfig:
                 f"global_batch_size={self.global_batch_size} is not divisible by "
                 f"num_microbatches={self.num_microbatches}; set one that divides it, e.g. --set num_microbatches="
                 f"{math.gcd(self.global_batch_size, self.num_microbatches)}")
+        self._validate_lengths()
+
+    def _validate_lengths(self) -> None:
+        """Every feature the converter reads has a length."""
         if self.sequence_length is None:
             raise ConfigError("sequence_length is not set: give it (the cache's own is filled in by seqcache train)")
+        missing = [f for f in converter_features(self.converter) if f not in self.sequence_length]
+        if missing:
+            example = ",".join(f"{f}=512" for f in missing)
+            raise ConfigError(
+                f"converter {self.converter!r} reads features {list(converter_features(self.converter))}, but "
+                f"sequence_length = {self.sequence_length} has no length for {missing}; give it, e.g. "
+                f"--sequence-length {example}, or train on a cache that records it")
 
     def _validate_attention(self) -> None:
         """model.attention=splash needs every length its kernel reads to be a
@@ -463,7 +516,8 @@ class TrainConfig:
         if self.model.attention != "splash":
             return
         conv = self.converter
-        li, lt = self.lengths.get("inputs", 0), self.lengths["targets"]
+        given = self.sequence_length or {}
+        li, lt = given.get("inputs", 0), given.get("targets", 0)
         lengths = {"lm": [lt], "prefix_lm": [li + lt], "encdec": [lt, li]}.get(conv, [])
         if any(n % SPLASH_BLOCK for n in lengths):
             raise ConfigError(
@@ -479,10 +533,6 @@ class TrainConfig:
             raise ConfigError(
                 f"data.converter={conv!r} does not feed model architecture {self.model.architecture!r}, which reads "
                 f"converters {allowed}")
-        if conv != "lm" and (self.inputs_sequence_length is None or self.inputs_sequence_length < 1):
-            raise ConfigError(
-                f"converter {conv!r} needs inputs_sequence_length >= 1 (got {self.inputs_sequence_length}); set it, "
-                "e.g. --set inputs_sequence_length=512, or train on a cache that records it")
 
 
 # The feeder's seed when ``data.seed`` is unset.
@@ -559,13 +609,41 @@ def _from_mapping(cls, raw: Mapping[str, Any], where: str, base: Any):
 
 def config_from_dict(raw: Mapping[str, Any], base: TrainConfig | None = None) -> TrainConfig:
     """Builds a TrainConfig from nested dicts; fields not given keep ``base``'s
-    (default: ``TrainConfig()``) values.
+    (default: ``TrainConfig()``) values. The sequence lengths are read by
+    ``_one_length_field``: an int, and the ``inputs_sequence_length`` of
+    config files of earlier releases, become the one mapping, merged over
+    ``base``'s.
 
     Raises:
       ConfigError: an unknown field (the message lists the valid ones) or a value
         of the wrong type.
     """
-    return _from_mapping(TrainConfig, raw, "", base if base is not None else TrainConfig())
+    base = base if base is not None else TrainConfig()
+    return _from_mapping(TrainConfig, _one_length_field(raw, base.sequence_length), "", base)
+
+
+def _one_length_field(raw: Mapping[str, Any], before: Mapping[str, int] | None) -> Mapping[str, Any]:
+    """``raw`` (a config layer: a file, a preset, an override) with its sequence
+    lengths as the field ``sequence_length`` {feature: tokens}, over ``before``
+    (the layers below): the one place an int ``sequence_length`` (every
+    feature's, ``{"*": N}``) and the ``inputs_sequence_length`` of earlier
+    releases (the inputs') are read. A mapping with "*" replaces ``before``,
+    one without adds its features to it; null (None) leaves the lengths to the
+    cache. ``raw`` without either field is returned as it is; a value of
+    another type is left for the field's check (ConfigError)."""
+    if "sequence_length" not in raw and "inputs_sequence_length" not in raw:
+        return raw
+    out = dict(raw)
+    value = out.pop("sequence_length", {})
+    inputs = out.pop("inputs_sequence_length", None)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = {ALL_FEATURES: value}
+    if inputs is not None and (value is None or isinstance(value, Mapping)):
+        value = {**(value or {}), "inputs": inputs}
+    if isinstance(value, Mapping) and ALL_FEATURES not in value:
+        value = {**(before or {}), **value}
+    out["sequence_length"] = value
+    return out
 
 
 def load_config_file(path: str, base: TrainConfig | None = None) -> TrainConfig:
@@ -670,6 +748,8 @@ def apply_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfi
 def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
     types_ = typing.get_type_hints(type(obj))
     name = parts[0]
+    if isinstance(obj, TrainConfig) and name in ("sequence_length", "inputs_sequence_length") and len(parts) == 1:
+        return _set_lengths(obj, name, _parse_scalar(text, key), key)
     if name not in types_:
         raise ConfigError(f"override {key!r}: {type(obj).__name__} has no field {name!r}; valid fields: {sorted(types_)}")
     tp = types_[name]
@@ -687,6 +767,16 @@ def _set_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
         # for a field that cannot be null (model.remat=none is the string).
         value = text.strip()
     return dataclasses.replace(obj, **{name: _coerce(value, tp, key)})
+
+
+def _set_lengths(config: TrainConfig, name: str, value: Any, key: str) -> TrainConfig:
+    """``--set sequence_length=...`` (an int N: every feature's; a mapping) or
+    ``--set inputs_sequence_length=N`` (the inputs', as in earlier releases),
+    read as a config layer (``_one_length_field``)."""
+    try:
+        return config_from_dict({name: value}, base=config)
+    except ConfigError as e:
+        raise ConfigError(f"override {key!r}: {e}") from None
 
 
 def model_preset(name: str) -> ModelConfig:
@@ -721,10 +811,11 @@ class CommandLineFlags:
     ``mesh`` also "") leaves a field as the layers below set it. ``cache_dir``,
     ``task``, ``split``, ``eval_split`` set ``data``'s fields, ``checkpoint_dir``
     ``checkpoint.directory``, ``mesh`` (``"data=2,fsdp=4,model=1"``,
-    ``partitioning.parse_mesh_flag``) the mesh, ``sequence_length`` (an int,
-    the targets', or {feature: tokens}) the fields ``sequence_length`` and
-    ``inputs_sequence_length``; the others the ``TrainConfig`` fields of those
-    names.
+    ``partitioning.parse_mesh_flag``) the mesh, ``sequence_length``
+    ({feature: tokens}, ``"*"`` for every feature the converter reads, as
+    ``--sequence-length`` gives it; or an int, every feature's) the field of
+    that name (over the lengths of the layers below: ``_one_length_field``);
+    the others the ``TrainConfig`` fields of those names.
     """
 
     cache_dir: str | None = None
@@ -741,28 +832,19 @@ class CommandLineFlags:
     checkpoint_dir: str | None = None
 
 
-def _length_fields(lengths: Mapping[str, int]) -> dict[str, int]:
-    """{"targets": L, "inputs": Li} (either) as the fields ``sequence_length`` and
-    ``inputs_sequence_length``; ConfigError for another feature."""
-    unknown = sorted(set(lengths) - {"inputs", "targets"})
-    if unknown:
-        raise ConfigError(f"--sequence-length: the models read features 'inputs' and 'targets', not {unknown}")
-    fields = {"targets": "sequence_length", "inputs": "inputs_sequence_length"}
-    return {fields[name]: int(n) for name, n in lengths.items()}
-
-
 def apply_flags(config: TrainConfig, flags: CommandLineFlags) -> TrainConfig:
     """``config`` with the fields the flags give (those not None) replaced.
 
     Raises:
+      ConfigError: a sequence length for a feature the models do not read.
       seqcache.training.partitioning.PartitioningError: a malformed ``mesh``.
     """
     given = {f.name: getattr(flags, f.name) for f in dataclasses.fields(flags) if getattr(flags, f.name) is not None}
     data = {k: given.pop(k) for k in ("cache_dir", "task", "split", "eval_split") if k in given}
     updates: dict[str, Any] = {k: v for k, v in given.items() if k not in ("mesh", "checkpoint_dir")}
-    if isinstance(flags.sequence_length, Mapping):  # feature -> tokens: the fields of targets and inputs
-        updates.pop("sequence_length")
-        updates.update(_length_fields(flags.sequence_length))
+    if flags.sequence_length is not None:  # over the layers below, as a config file's
+        updates["sequence_length"] = _one_length_field({"sequence_length": flags.sequence_length},
+                                                       config.sequence_length)["sequence_length"]
     updates["data"] = dataclasses.replace(config.data, **data)
     if flags.mesh:
         from seqcache.training import partitioning  # optional: jax (keeps config readable without it)
@@ -774,17 +856,21 @@ def apply_flags(config: TrainConfig, flags: CommandLineFlags) -> TrainConfig:
 
 
 def config_from_layers(*, preset: str | None = None, config_file: str | None = None,
-                       flags: CommandLineFlags | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+                       flags: CommandLineFlags | None = None, overrides: Sequence[str] = (),
+                       converter: str | None = None) -> TrainConfig:
     """A run's config from its layers (see the module docstring; ``preset`` and
     ``config_file`` None or "": none), then ``resolve_seeds``. Not validated: the
-    cache may still fill in fields such as ``model.vocab_size``.
+    cache may still fill in fields such as ``model.vocab_size``. ``converter``:
+    the ``data.converter`` under the layers (``seqcache train``: the one the
+    cache decides), so that a length given for every feature (``"*"``) is given
+    to each feature it reads.
 
     Raises:
       ConfigError: an unknown preset, a bad config file, a bad override or a
         data seed outside [0, 2**32).
       seqcache.training.partitioning.PartitioningError: a malformed mesh flag.
     """
-    config = TrainConfig()
+    config = TrainConfig(data=DataConfig(converter=converter))
     if preset:
         config = apply_preset(config, preset)
     if config_file:

@@ -38,7 +38,7 @@ from seqcache.feeders.converters import ConvertedFeeder
 from seqcache.feeders.stream import check_same_features
 from seqcache.tasks import registry
 from seqcache.training import models
-from seqcache.training.config import ConfigError, DataConfig, TrainConfig
+from seqcache.training.config import ConfigError, DataConfig, TrainConfig, converter_features
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -258,11 +258,13 @@ def steps_per_epoch(source: Source, global_batch_size: int) -> int | None:
 def make_feeder(config: TrainConfig, source: Source, *, seed: int, num_epochs: int | None = None):
     """A feeder over ``source`` with the run's global batch size and sequence
     lengths: a ``Feeder`` of ``targets`` for the "lm" converter, else a
-    ``ConvertedFeeder`` of ``config.converter`` and ``config.lengths``."""
+    ``ConvertedFeeder`` of ``config.converter``; both of ``config.sequence_length``."""
     common = dict(source.kwargs, global_batch_size=config.global_batch_size, seed=seed, num_epochs=num_epochs)
+    given = config.sequence_length or {}
+    lengths = {f: given[f] for f in converter_features(config.converter) if f in given}
     if config.converter == "lm":
-        return Feeder(**common, sequence_length=config.lengths)
-    return ConvertedFeeder(converter=config.converter, sequence_length=config.lengths, **common)
+        return Feeder(**common, sequence_length=lengths)
+    return ConvertedFeeder(converter=config.converter, sequence_length=lengths, **common)
 
 
 def feeder_readers(feeder) -> list:

@@ -552,10 +552,11 @@ def evaluator_for(run_config, tasks: Sequence[EvalTask], *, split: str, mesh=Non
                   metrics: bool = True) -> Evaluator:
     """An Evaluator with the run's lengths, batch size and feeder seed; the
     decode length defaults to the run's targets length."""
-    lengths = run_config.lengths
+    lengths = run_config.sequence_length  # {"targets": L}, and "inputs" for encdec and prefix_lm
     targets_length = lengths["targets"]
+    inputs_length = lengths.get("inputs") if run_config.converter != "lm" else None
     decode = decode or decoding.DecodeConfig(max_decode_length=targets_length)
     return Evaluator(tasks, split=split, decode=decode,
                      global_batch_size=global_batch_size or run_config.global_batch_size,
-                     inputs_length=lengths.get("inputs"), targets_length=targets_length, mesh=mesh,
+                     inputs_length=inputs_length, targets_length=targets_length, mesh=mesh,
                      seed=run_config.data.seed or 0, metrics=metrics, rules=run_config.rules)

@@ -117,18 +117,18 @@ def model_flops_per_step(config) -> float:
       ValueError: an architecture or converter this count does not know.
     """
     m = config.model
-    b, length = config.global_batch_size, config.sequence_length
+    b, lengths = config.global_batch_size, config.sequence_length or {}
+    length, inputs = lengths.get("targets", 0), lengths.get("inputs", 0)
     d, heads, hd, f, vocab = m.d_model, m.num_heads, m.resolved_head_dim, m.mlp_dim, m.vocab_size
     n_mlp = 2 if m.mlp_activation == "relu" else 3
     if m.architecture == "decoder":
         conv = config.converter
         if conv not in ("lm", "prefix_lm"):
             raise ValueError(f"model_flops_per_step: the decoder reads converter 'lm' or 'prefix_lm' (got {conv!r})")
-        tokens = length + (int(config.inputs_sequence_length or 0) if conv == "prefix_lm" else 0)
+        tokens = length + (inputs if conv == "prefix_lm" else 0)
         n_mm = m.num_layers * (4 * d * heads * hd + n_mlp * d * f) + vocab * d
         return float(b * tokens * (6 * n_mm + 6 * m.num_layers * heads * hd * tokens))
     if m.architecture == "t5":
-        inputs = int(config.inputs_sequence_length or 0)
         enc_layers, dec_layers = m.num_layers, m.resolved_num_decoder_layers
         enc = 6 * enc_layers * (4 * d * heads * hd + n_mlp * d * f) + 12 * enc_layers * heads * hd * inputs
         dec = (6 * (dec_layers * (6 * d * heads * hd + n_mlp * d * f) + vocab * d)

@@ -90,7 +90,8 @@ def check_same_stream(path: str, saved: Mapping[str, Any], current: Mapping[str,
             f"run's feeder through {current.get('converter')!r}{_STREAM_HINT}")
     if saved.get("kind") == feeder_state.STATE_KIND and current.get("kind") == feeder_state.STATE_KIND:
         try:
-            feeder_state.check_state(saved)
+            saved = feeder_state.read_state(saved)  # a state of an earlier release: its int length as {feature: L}
+            current = feeder_state.read_state(current, path="this run's feeder state")
         except feeder_state.FeederStateError as e:
             raise CheckpointError(f"{path}: {e}") from None
         diff = feeder_state.stream_difference(saved, current)

@@ -79,7 +79,7 @@ class Trainer:
         self.batch_sharding = partitioning.batch_sharding(self.mesh)
         self.converter = config.converter
         # Field name -> (length, dtype) of the batches the model reads.
-        self.batch_fields = step_lib.batch_fields(self.converter, config.lengths)
+        self.batch_fields = step_lib.batch_fields(self.converter, config.sequence_length)
         self._check_batch_divisibility()
 
         abstract = model_lib.abstract_model(config.model)
@@ -135,7 +135,7 @@ class Trainer:
         cfg = self.config
         hosts, h = jax.process_count(), jax.process_index()
         b, per_host = cfg.global_batch_size, cfg.global_batch_size // jax.process_count()
-        shape = (b, cfg.sequence_length)
+        shape = (b, cfg.sequence_length["targets"])
         rows = set()
         for index in self.batch_sharding.addressable_devices_indices_map(shape).values():
             rows.update(range(*index[0].indices(b)))
@@ -155,8 +155,8 @@ class Trainer:
             "parameters": self.num_params,
             "tokens_per_step": cfg.tokens_per_step,
             "global_batch_size": cfg.global_batch_size,
-            "sequence_length": cfg.sequence_length,
-            **({"inputs_sequence_length": cfg.inputs_sequence_length} if self.converter != "lm" else {}),
+            "sequence_length": cfg.sequence_length["targets"],
+            **({"inputs_sequence_length": cfg.sequence_length["inputs"]} if self.converter != "lm" else {}),
             "architecture": cfg.model.architecture,
             "converter": self.converter,
             "microbatches": cfg.num_microbatches,

@@ -13,18 +13,6 @@ from seqcache import tasks
 from seqcache.cli.commands import common
 
 
-def parse_sequence_length(values, default_feature="targets"):
-    """``--sequence-length`` (``seqcache.lengths.parse_sequence_length``), None when not given.
-
-    Raises:
-      click.BadParameter: a value that is not N or FEATURE=N (N >= 1).
-    """
-    try:
-        return lengths_lib.parse_sequence_length(values, default_feature) or None
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-
-
 def source_options(command):
     """The flags that describe an ad-hoc task's input, one definition for
     ``build`` and ``scan``: ``--source`` (given once), ``--exclude``
@@ -200,7 +188,8 @@ def _corruption(objective, *, noise_density, mean_noise_span_length):
 
 def adhoc_sequence_length(task, sequence_length):
     """The sequence length of every feature of an ad-hoc task, from what
-    ``--sequence-length`` gave (feature -> tokens; ``"*"`` for a bare N).
+    ``--sequence-length`` gave (feature -> tokens; ``"*"``,
+    ``seqcache.lengths.ALL_FEATURES``, for a bare N).
 
     lm: as given. Span corruption: ``inputs=N`` derives the targets length as
     T5 does (``random_spans_helper``: inputs 512 -> targets 114), ``targets=N``
@@ -219,7 +208,7 @@ def adhoc_sequence_length(task, sequence_length):
         return None
     lengths = dict(sequence_length)
     names = list(task.output_features)
-    bare = lengths.pop("*", None)
+    bare = lengths.pop(lengths_lib.ALL_FEATURES, None)
     corruption = next((p for p in task.preprocessors if isinstance(p, tasks.span_corruption)), None)
     if bare is not None:
         if corruption is not None:

@@ -50,9 +50,8 @@ WORK_MODES = ("auto", "keep", "off")
 @click.option("--split", default="train", show_default=True,
               help="The split: the cache goes to CACHE_DIR/TASK/SPLIT; a task with a source per split "
               "reads SPLIT's, an ad-hoc tfds: or hf: source that split unless its spec names one.")
-@click.option("--sequence-length", "sequence_length", multiple=True, help="N or FEATURE=N (tokens), e.g. "
-              "inputs=512,targets=114; repeatable. With span_corruption one of inputs=N / targets=N derives the "
-              "other as T5 does.")
+@common.sequence_length_option("The features are the task's. With span_corruption one of inputs=N / "
+                               "targets=N derives the other as T5 does (a bare N is refused).")
 @click.option("--objective", type=click.Choice(OBJECTIVES), help="Ad-hoc task: lm (targets = the text), "
               "span_corruption or prefix_lm (T5's, inputs and targets from the text), supervised (the source's "
               "inputs and targets). Default: supervised for a source of inputs and targets, else lm.")

@@ -4,7 +4,6 @@ the tasks and their build configuration, Beam's pipeline for each task
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -17,7 +16,7 @@ from seqcache import format as fmt
 from seqcache import fs, pipelines, process
 from seqcache.cli import interrupts
 from seqcache.cli.commands import common
-from seqcache.cli.commands.adhoc import adhoc_sequence_length, adhoc_task, parse_sequence_length
+from seqcache.cli.commands.adhoc import adhoc_sequence_length, adhoc_task
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
 from seqcache.pipelines import beam_text, work as workmod
 from seqcache.pipelines.dataflow import DryRun
@@ -38,27 +37,25 @@ def run(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabular
     pipeline_args = common.with_workers(pipeline_args, workers)
     beam_logging(pipeline_args, verbose=verbose)
     common.import_modules(modules)
-    seq_len = parse_sequence_length(sequence_length)
+    # {feature: tokens} or None (``common.sequence_length_option``); a bare N, "*", is every feature of a
+    # task: a registered task's are expanded by ``build_task`` (``seqcache.lengths.sequence_lengths``).
+    seq_len = sequence_length
     benchmarks = _benchmarks(exclude_benchmarks, exclude_ngram, exclude)
-    lengths_of = {}  # task name -> its own sequence lengths, where they differ from seq_len
     if source_spec:
         if name:
             raise click.UsageError("give either NAME (a registered task) or --source (an ad-hoc task), not both")
         if not adhoc_name:
             raise click.UsageError("an ad-hoc task needs --name")
         pack = _pack_option(pack, no_pack, seq_len)
-        asked = parse_sequence_length(sequence_length, default_feature="*")
         task = adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error,
-                          vocabulary_spec=vocabulary_spec, extra_ids=extra_ids, sequence_length=asked, pack=pack,
+                          vocabulary_spec=vocabulary_spec, extra_ids=extra_ids, sequence_length=seq_len, pack=pack,
                           objective=objective, noise_density=noise_density,
                           mean_noise_span_length=mean_noise_span_length, split=split,
                           tfds_data_dir=tfds_data_dir)
-        seq_len = adhoc_sequence_length(task, asked)
+        seq_len = adhoc_sequence_length(task, seq_len)
         task_list = [task]
     elif name:
         task_list = _registered_tasks(ctx, name)
-        lengths_of = registered_sequence_lengths(task_list, parse_sequence_length(sequence_length,
-                                                                                  default_feature="*"))
     else:
         raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
 
@@ -82,9 +79,7 @@ def run(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabular
     with common.worker_stderr(verbose=verbose) as stderr:
         console = common.stderr_console(stderr)
         for task in task_list:
-            task_config = (dataclasses.replace(config, sequence_length=lengths_of[task.name])
-                           if task.name in lengths_of else config)
-            results.append(_build_one(console, task, split=split, cache_dir=cache_dir, config=task_config,
+            results.append(_build_one(console, task, split=split, cache_dir=cache_dir, config=config,
                                       pipeline_args=pipeline_args, overwrite=overwrite, as_json=as_json,
                                       split_size=split_size, exchange=exchange,
                                       work=_work_options(work, work_dir, len(task_list), task.name)))
@@ -186,20 +181,6 @@ def _registered_tasks(ctx, name) -> list:
             f"registered task sets {_how_a_task_sets(given)} itself in the module that registers it"
         )
     return common.registered_tasks(name)
-
-
-def registered_sequence_lengths(task_list, asked) -> dict:
-    """Each registered task's sequence lengths from what ``--sequence-length``
-    gave (feature -> tokens; ``"*"`` for a bare N): a bare N is the length of
-    every feature of the task, ``FEATURE=N`` that feature's (over a bare N).
-
-    Returns: task name -> {feature: tokens}; empty when no bare N was given
-    (the lengths are then the same for every task, as given).
-    """
-    if not asked or "*" not in asked:
-        return {}
-    explicit = {k: v for k, v in asked.items() if k != "*"}
-    return {t.name: {**{f: asked["*"] for f in t.output_features}, **explicit} for t in task_list}
 
 
 def _how_a_task_sets(given) -> str:

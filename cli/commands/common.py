@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from seqcache import fs, process
+from seqcache import fs, lengths, process
 from seqcache.cli import interrupts
 from seqcache.pipelines import beam_text  # the standard library only: no Beam
 from seqcache.tasks import Mixture, get_task_or_mixture, import_definitions, parse_on_error
@@ -493,6 +493,31 @@ class _ByteSize(click.ParamType):
 
 
 BYTE_SIZE = _ByteSize()
+
+# What a bare N of ``--sequence-length`` means, the same words in every command's help and in docs/cli.md.
+SEQUENCE_LENGTH_HELP = ("Tokens per row: N, the length of every feature the command reads, or FEATURE=N, e.g. "
+                        "inputs=512,targets=114 (FEATURE=N over a bare N); repeatable.")
+
+
+def _sequence_length(ctx: click.Context, param: click.Parameter, values) -> dict[str, int] | None:
+    """``--sequence-length``'s values as {feature: tokens}, a bare N under
+    ``seqcache.lengths.ALL_FEATURES`` (``lengths.parse_sequence_length``); None
+    when not given. click.BadParameter for a value that is not N or FEATURE=N."""
+    try:
+        return lengths.parse_sequence_length(values) or None
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
+def sequence_length_option(help_text: str = ""):
+    """The ``--sequence-length`` option of every command that takes one
+    (``build``, ``train``, ``export``): repeatable, parsed by one function
+    (``seqcache.lengths.parse_sequence_length``) into {feature: tokens} or
+    None, a bare N kept under ``"*"``, which the command expands to the
+    features it reads (``seqcache.lengths.sequence_lengths``). ``help_text``
+    follows ``SEQUENCE_LENGTH_HELP``. A decorator of a click command."""
+    return click.option("--sequence-length", "sequence_length", multiple=True, metavar="N|FEATURE=N",
+                        callback=_sequence_length, help=f"{SEQUENCE_LENGTH_HELP} {help_text}".strip())
 
 
 def error_line(error: BaseException) -> str:

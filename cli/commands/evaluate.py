@@ -113,7 +113,7 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
         unregistered = evaluation.unregistered_metrics(to_evaluate) if with_metrics else None
         if unregistered:  # metrics.json would be empty: refused, not written
             raise click.UsageError(unregistered)
-        decode = decoding.DecodeConfig(max_decode_length=max_decode_length or run.config.lengths["targets"],
+        decode = decoding.DecodeConfig(max_decode_length=max_decode_length or run.config.sequence_length["targets"],
                                        method=method, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         evaluator = evaluation.evaluator_for(run.config, to_evaluate, split=split, mesh=run.trainer.mesh, decode=decode,
                                              global_batch_size=batch_size, metrics=with_metrics)
@@ -171,7 +171,9 @@ def _source_cache(config, spec: str, root: str) -> str:
     rekey = {"inputs": "inputs", "targets": "targets"} if pair else {"inputs": "text", "targets": None}
     task = tasks.Task(SOURCE_TASK, source=source, output_features=features,
                       preprocessors=[P.rekey(rekey), P.tokenize(), P.append_eos_after_trim()])
-    lengths = {"inputs": config.lengths.get("inputs") or config.sequence_length, "targets": config.sequence_length}
+    targets = config.sequence_length["targets"]
+    inputs = config.sequence_length.get("inputs") if config.converter != "lm" else None
+    lengths = {"inputs": inputs or targets, "targets": targets}
     pipelines.build_task(task, cache_dir=root, config=pipelines.BuildConfig(
         split=SOURCE_SPLIT, num_shards=1, sequence_length=lengths), resume=False)  # a cache for this command only
     return os.path.join(root, SOURCE_TASK, SOURCE_SPLIT)

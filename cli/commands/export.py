@@ -23,8 +23,8 @@ from seqcache.feeders.trainers.export import EXPORT_NAME, export_maxtext, maxtex
 @click.option("--output", required=True, type=click.Path(file_okay=False), help="The export folder (local).")
 @click.option("--batch-size", "--global-batch-size", "batch_size", type=click.IntRange(min=1),
               help="Global batch size B (taken from a saved state).")
-@click.option("--sequence-length", type=click.IntRange(min=1),
-              help="Tokens per row L [default: a saved state's, else the cache's own; a given L only cuts rows].")
+@common.sequence_length_option("The feature is --feature's [default: a saved state's, else the cache's own; a "
+                               "given length only cuts rows].")
 @click.option("--steps", type=click.IntRange(min=1),
               help="Steps to export, from step 0 or a saved state's step (steps x B records) [default with "
                    "--num-epochs: the rest of the run].")

@@ -69,9 +69,8 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 @click.option("--module", "modules", multiple=True, help="Python module or .py file that registers tasks and mixtures (repeatable).")
 @click.option("--steps", type=int, help="Total optimizer steps of the run.")
 @click.option("--batch-size", type=int, help="Global batch size (rows per step over all hosts).")
-@click.option("--sequence-length", callback=lambda ctx, param, value: _lengths_flag(value),
-              help="Tokens per row: N (of targets) or FEATURE=N, e.g. inputs=512,targets=114 [default: the "
-                   "cache's own; a given length only cuts rows shorter].")
+@common.sequence_length_option("The features are the converter's: targets (lm), inputs and targets (encdec, "
+                               "prefix_lm) [default: the cache's own; a given length only cuts rows shorter].")
 @click.option("--mesh", "mesh_flag", help="Mesh shape, e.g. data=2,fsdp=4,model=1 (one axis may be -1).")
 @click.option("--rules", type=click.Choice(["dp", "fsdp", "tp", "fsdp+tp"]), help="Logical axis rules preset.")
 @click.option("--checkpoint-dir", help="Checkpoints, config.json and metrics.jsonl; resumes from the latest checkpoint.")
@@ -202,21 +201,25 @@ def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_sche
     (``config_from_layers``) completed from the cache and checked against it."""
     from seqcache.training import partitioning  # optional: jax
 
+    layers = dict(preset=model_preset, config_file=config_file, flags=flags,
+                  overrides=config_lib.split_overrides(overrides))
     try:
-        cfg = config_lib.config_from_layers(preset=model_preset, config_file=config_file, flags=flags,
-                                            overrides=config_lib.split_overrides(overrides))
+        cfg = config_lib.config_from_layers(**layers)
         if mixture_schedule and cfg.data.task:
             raise config_lib.ConfigError(f"--mixture-schedule replaces --task (data.task={cfg.data.task!r}): give one")
         schedule = data_lib.load_mixture_schedule(mixture_schedule) if mixture_schedule else None
         source = data_lib.resolve_source(cfg.data, cfg.data.split, modules, schedule=schedule)
-        cfg = _resolve_from_cache(cfg, source, model_preset)
+        converter = data_lib.resolve_converter(cfg, source, model_label=model_preset or cfg.model.architecture)
+        if converter != cfg.converter:  # a decoder on inputs and targets: a length for every feature covers both
+            cfg = config_lib.config_from_layers(**layers, converter=converter)
+        cfg = _resolve_from_cache(cfg, source, converter)
         cfg.validate()
         eval_source = (
             data_lib.resolve_source(cfg.data, cfg.data.eval_split, modules, schedule=schedule, for_eval=True)
             if cfg.data.eval_split else None
         )
         if eval_source is not None:
-            data_lib.source_lengths(eval_source, cfg.lengths, list(cfg.lengths))
+            data_lib.source_lengths(eval_source, cfg.sequence_length, list(cfg.sequence_length))
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
     except (fmt.CacheError, lengths_lib.SequenceLengthError) as e:
@@ -399,15 +402,14 @@ def throughput_summary(records: list[dict]) -> dict:
     return out
 
 
-def _resolve_from_cache(cfg, source, model_preset):
-    """The config with what the cache decides where it is unset: converter,
-    sequence lengths (``data_lib.source_lengths``), vocabulary size."""
-    converter = data_lib.resolve_converter(cfg, source, model_label=model_preset or cfg.model.architecture)
-    given = {"targets": cfg.sequence_length, **({"inputs": cfg.inputs_sequence_length} if converter != "lm" else {})}
-    lengths = data_lib.source_lengths(source, given, list(given))
-    updates = {"data": dataclasses.replace(cfg.data, converter=converter), "sequence_length": lengths["targets"]}
-    if converter != "lm":
-        updates["inputs_sequence_length"] = lengths["inputs"]
+def _resolve_from_cache(cfg, source, converter):
+    """The config with what the cache decides where it is unset: ``converter``
+    (``data_lib.resolve_converter``'s), the sequence length of every feature it
+    reads (``data_lib.source_lengths``), vocabulary size."""
+    features = config_lib.converter_features(converter)
+    given = {f: n for f, n in (cfg.sequence_length or {}).items() if f in features}
+    lengths = data_lib.source_lengths(source, given, features)
+    updates = {"data": dataclasses.replace(cfg.data, converter=converter), "sequence_length": lengths}
     if cfg.model.vocab_size is None:
         updates["model"] = dataclasses.replace(cfg.model, vocab_size=data_lib.model_vocab_size(source, converter))
         return dataclasses.replace(cfg, **updates)
@@ -421,14 +423,6 @@ def _resolve_from_cache(cfg, source, model_preset):
             f"its token ids would index outside the embedding; leave model.vocab_size unset or set it to {needed} "
             "or more")
     return dataclasses.replace(cfg, **updates)
-
-
-def _lengths_flag(value):
-    """``--sequence-length``: None, or {feature: tokens} (a bare N is targets')."""
-    try:
-        return lengths_lib.parse_sequence_length((value,), "targets") if value is not None else None
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
 
 
 def fail_line(error: BaseException) -> None:

@@ -296,7 +296,7 @@ def export_maxtext(
     output: str | os.PathLike,
     *,
     global_batch_size: int | None = None,
-    sequence_length: int | None = None,
+    sequence_length: Mapping[str, int] | int | None = None,
     steps: int | None = None,
     cache: str | os.PathLike | None = None,
     mixture: Any = None,
@@ -336,8 +336,9 @@ def export_maxtext(
     Returns:
       The content of ``export.json``: format, file, sha256, bytes,
       start_step (S), start_position (S*B), steps, records, tokens,
-      global_batch_size, sequence_length, host_count, column, feature, layout,
-      feeder_state (at step S) and maxtext_flags.
+      global_batch_size, sequence_length (the tokens of a record, an int: the
+      Feeder's ``sequence_length[feature]``), host_count, column, feature,
+      layout, feeder_state (at step S) and maxtext_flags.
 
     Raises:
       ValueError: bad arguments (host count not dividing B, a column named like a
@@ -439,7 +440,7 @@ def _description(feeder, output: str, path: str, *, options: str, start: int, st
         "records": steps * b,
         "tokens": tokens,
         "global_batch_size": b,
-        "sequence_length": feeder.sequence_length,
+        "sequence_length": feeder.sequence_length[feeder.feature],  # tokens per record (an int in export.json)
         "host_count": int(host_count),
         "column": column,
         "feature": feeder.feature,

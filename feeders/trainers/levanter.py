@@ -168,7 +168,7 @@ class FeederRows:
                     out[key] = np.empty((n,) + arr.shape[1:], arr.dtype)
                 out[key][at] = arr[idx]
         if not n:
-            out = _empty_rows(self.feature, self.sequence_length)
+            out = _empty_rows(self.feature, self.sequence_length[self.feature])
         out["position"] = p
         return out
 
@@ -226,7 +226,8 @@ class _FeederDatasetBase:
         return self._rows.global_batch_size
 
     @property
-    def sequence_length(self) -> int:
+    def sequence_length(self) -> dict[str, int]:
+        """{feature: tokens per row}, the Feeder's (``Feeder.sequence_length``)."""
         return self._rows.sequence_length
 
     @property

@@ -76,11 +76,17 @@ def test_packed_cache_keeps_segments_and_positions(tmp_path, fx):
     with Feeder(cache=str(tmp_path / "p"), global_batch_size=4, host_index=0, host_count=1) as whole, \
             Feeder(cache=str(tmp_path / "p"), global_batch_size=4, sequence_length={"targets": 8}, host_index=0,
                    host_count=1) as cut:
-        assert (whole.sequence_length, cut.sequence_length) == (12, 8)
+        # The sequence length is {feature: tokens}, whether given as an int, a mapping or not at all.
+        assert (whole.sequence_length, cut.sequence_length) == ({"targets": 12}, {"targets": 8})
+        assert cut.sequence_length[cut.feature] == 8 and cut.state()["sequence_length"] == {"targets": 8}
         full, short = whole.get_batch(1), cut.get_batch(1)
         for key in ("targets", "targets_segment_ids", "targets_positions", "targets_loss_weights"):
             assert short[key].shape == (4, 8)
             assert np.array_equal(short[key], full[key][:, :8]), key
+    with Feeder(cache=str(tmp_path / "p"), global_batch_size=4, sequence_length=8, host_index=0,
+                host_count=1) as given_int:
+        assert given_int.sequence_length == {"targets": 8}
+        assert np.array_equal(given_int.get_batch(1)["targets"], short["targets"])
     with pytest.raises(SequenceLengthError) as e:
         Feeder(cache=str(tmp_path / "p"), global_batch_size=4, sequence_length=13, host_index=0, host_count=1)
     assert str(e.value) == (f"{tmp_path / 'p'}: sequence length 13 for feature 'targets' is longer than the cache's, "

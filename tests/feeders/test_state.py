@@ -6,6 +6,7 @@ import re
 import pytest
 
 from seqcache.feeders import Feeder, FeederStateError
+from seqcache.feeders import state as state_lib
 from testsupport import batches_digest as _digest
 
 N, B = 60, 4  # one epoch = 15 steps exactly
@@ -21,7 +22,7 @@ def test_state_is_small_json(make_cache):
     assert len(json.dumps(state)) < 1024
     assert state["position"] == 5 * B
     assert state["seed"] == 3 and state["global_batch_size"] == B and state["num_epochs"] is None
-    assert state["sequence_length"] == 4 and state["version"] == 1 and state["cache_format_version"] == 1
+    assert state["sequence_length"] == {"targets": 4} and state["version"] == 1 and state["cache_format_version"] == 1
     assert [(e["path"], e["rate"]) for e in state["mixture"]] == [(path, 1.0)]
     assert state["mixture"][0]["num_examples"] == N and len(state["mixture"][0]["fingerprint"]) == 64
 
@@ -52,6 +53,45 @@ def test_resume_in_a_fresh_process_with_other_host_counts(make_cache, restore_fr
             want = far_batches if s == far else batches[s: s + steps_after]
             assert res["digest"] == _digest(want), (s, host_count)
             assert res["position"] == (s + steps_after) * B
+
+
+def test_a_state_with_an_int_sequence_length_restores_in_a_fresh_process(make_cache, restore_fresh):
+    """States written before the sequence length became {feature: L} hold an int
+    L: one restores as the state of today, into a fresh process, and gives the
+    same batches; every reader of a state sees the mapping."""
+    path = make_cache(n=N, num_shards=3, length=lambda i: 1 + i % 6)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=5, seed=2, host_index=0, host_count=1,
+                start_step=7) as f:
+        assert f.sequence_length == {"targets": 5}
+        state = f.state()
+        want = [next(f) for _ in range(3)]
+    old = dict(state, sequence_length=5)
+    assert state_lib.read_state(old) == state and old["sequence_length"] == 5  # a copy: the caller's is kept
+    for host_count in (1, 2):
+        (res,) = restore_fresh([old], host_count=host_count, steps=3)
+        assert res["digest"] == _digest(want) and res["position"] == 10 * B
+        assert res["state"]["sequence_length"] == {"targets": 5}
+    with Feeder.restore(old, host_index=0, host_count=1, sequence_length=5) as g:
+        assert g.sequence_length == {"targets": 5} and g.step == 7
+        g.set_state(old)
+    with pytest.raises(FeederStateError, match="state has sequence_length=5, but this run has sequence_length=4 "
+                                               "for feature 'targets'"):
+        Feeder.restore(old, host_index=0, host_count=1, sequence_length={"targets": 4})
+
+
+def test_a_state_s_sequence_length_is_that_of_its_feature(make_cache):
+    path = make_cache(n=N)
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        state = f.state()
+    for bad in ({"targets": 4, "inputs": 4}, {}):
+        with pytest.raises(FeederStateError, match=re.escape("expected {'targets': L}, the length of the state's")):
+            Feeder.restore(dict(state, sequence_length=bad), host_index=0, host_count=1)
+    with pytest.raises(FeederStateError, match="no sequence length for feature 'targets'"):  # the length is not
+        Feeder.restore(dict(state, sequence_length={"inputs": 4}), host_index=0, host_count=1)  # targets'
+    with Feeder(cache=path, global_batch_size=B, sequence_length=4, host_index=0, host_count=1) as f:
+        with pytest.raises(FeederStateError, match=re.escape('state has sequence_length={"inputs": 4}, but this '
+                                                             'run has sequence_length={"targets": 4}')):
+            f.set_state(dict(state, sequence_length={"inputs": 4}))
 
 
 def test_resume_at_the_far_position_costs_what_position_zero_costs(make_cache):

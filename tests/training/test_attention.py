@@ -187,7 +187,7 @@ def test_resolve_picks_splash_only_where_it_applies():
 def test_config_refuses_splash_lengths_before_compiling_and_reads_remat_none_as_a_string():
     with pytest.raises(config_lib.ConfigError, match=r"lm converter's are \[200\]"):
         config_lib.TrainConfig(model=decoder_config(attention="splash"), sequence_length=200).validate()
-    t5 = config_lib.TrainConfig(model=t5_config(attention="splash"), sequence_length=128, inputs_sequence_length=100)
+    t5 = config_lib.TrainConfig(model=t5_config(attention="splash"), sequence_length={"inputs": 100, "targets": 128})
     with pytest.raises(config_lib.ConfigError, match=r"encdec converter's are \[128, 100\]"):
         t5.validate()
     config_lib.TrainConfig(model=decoder_config(attention="auto"), sequence_length=200).validate()

@@ -135,7 +135,7 @@ def test_the_sequence_length_defaults_to_the_cache_s_and_a_given_one_cuts_rows(c
         assert res.exit_code == 0, res.output
         lines = res.output.splitlines()
         lengths.append(json.loads("\n".join(lines[lines.index("{"):]))["sequence_length"])
-    assert lengths == [L, 32, 32]
+    assert lengths == [{"targets": L}, {"targets": 32}, {"targets": 32}]
 
 
 def test_feeder_errors_are_messages_not_tracebacks(cache, tmp_path):

@@ -73,13 +73,42 @@ def test_presets_and_validation():
     dataclasses.replace(unset, sequence_length=16).validate()
 
 
-def test_the_sequence_length_flag_sets_both_length_fields():
+def test_the_sequence_length_flag_sets_the_one_field():
     flags = C.CommandLineFlags(sequence_length={"inputs": 512, "targets": 114})
-    cfg = C.apply_flags(C.TrainConfig(), flags)
-    assert (cfg.sequence_length, cfg.inputs_sequence_length) == (114, 512)
-    assert C.apply_flags(C.TrainConfig(), C.CommandLineFlags(sequence_length=64)).sequence_length == 64
+    cfg = C.apply_flags(C.TrainConfig(data=C.DataConfig(converter="prefix_lm")), flags)
+    assert cfg.sequence_length == {"inputs": 512, "targets": 114}
+    assert C.apply_flags(C.TrainConfig(), C.CommandLineFlags(sequence_length=64)).sequence_length == {"targets": 64}
+    # A bare N ("*", as --sequence-length gives it) is every feature the converter reads, FEATURE=N over it.
+    t5 = C.TrainConfig(model=C.MODEL_PRESETS["t5-tiny"])
+    assert C.apply_flags(t5, C.CommandLineFlags(sequence_length={"*": 64})).sequence_length == \
+        {"inputs": 64, "targets": 64}
+    assert C.apply_flags(t5, C.CommandLineFlags(sequence_length={"*": 64, "inputs": 32})).sequence_length == \
+        {"inputs": 32, "targets": 64}
     with pytest.raises(C.ConfigError, match=r"not \['labels'\]"):
         C.apply_flags(C.TrainConfig(), C.CommandLineFlags(sequence_length={"labels": 8}))
+
+
+def test_a_config_json_of_an_earlier_release_loads_into_the_one_field(tmp_path):
+    """config.json files written before the sequence length became one mapping
+    hold two ints, the targets' and ``inputs_sequence_length``: a resumed run
+    reads them as {"inputs": Li, "targets": L}; so does --set."""
+    t5 = C.to_dict(C.MODEL_PRESETS["t5-tiny"])
+    old = {"model": t5, "data": {"converter": "encdec"}, "sequence_length": 114, "inputs_sequence_length": 512}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(old))
+    cfg = C.load_config_file(str(path))
+    assert cfg.sequence_length == {"inputs": 512, "targets": 114}
+    assert C.config_from_dict(C.to_dict(cfg)).sequence_length == cfg.sequence_length  # config.json of today
+    assert json.loads(C.to_json(cfg))["sequence_length"] == {"inputs": 512, "targets": 114}
+    assert "inputs_sequence_length" not in C.to_dict(cfg)
+    lm = {"sequence_length": 256, "inputs_sequence_length": None, "data": {"converter": "lm"}}
+    assert C.config_from_dict(lm).sequence_length == {"targets": 256}
+    # --set, the old field over the new one (and over the layers below).
+    cfg = C.apply_overrides(C.TrainConfig(model=C.MODEL_PRESETS["t5-tiny"]),
+                            ["sequence_length=64", "inputs_sequence_length=32"])
+    assert cfg.sequence_length == {"inputs": 32, "targets": 64}
+    cfg = C.apply_overrides(cfg, ['sequence_length={"targets": 16}'])
+    assert cfg.sequence_length == {"inputs": 32, "targets": 16}
 
 
 @pytest.mark.parametrize("override, message", [

@@ -33,7 +33,7 @@ def test_each_layer_overrides_the_one_before(tmp_path):
     assert cfg.steps == 7  # the file, no flag
     assert cfg.global_batch_size == 16  # the flag, over the file
     assert cfg.data.split == "file_split"  # a flag left None keeps the file's
-    assert cfg.sequence_length == 48 and cfg.data.task == "set_task"  # --set, over the flags
+    assert cfg.sequence_length == {"targets": 48} and cfg.data.task == "set_task"  # --set, over the flags
     assert cfg.rules == "dp" and cfg.mesh == C.MeshConfig()  # untouched defaults
 
 
@@ -43,7 +43,7 @@ def test_flags_set_their_fields():
                                mesh="data=2,fsdp=4", checkpoint_dir="ckpt")
     cfg = C.config_from_layers(flags=flags)
     assert (cfg.data.cache_dir, cfg.data.task, cfg.data.split, cfg.data.eval_split) == ("caches", "t", "s", "e")
-    assert (cfg.steps, cfg.global_batch_size, cfg.sequence_length) == (3, 2, 5)
+    assert (cfg.steps, cfg.global_batch_size, cfg.sequence_length) == (3, 2, {"targets": 5})
     assert (cfg.rules, cfg.seed, cfg.tensorboard) == ("fsdp", 9, False)
     assert cfg.mesh == C.MeshConfig(data=2, fsdp=4, model=1)
     # --checkpoint-dir sets the folder only; the other checkpoint fields stay.

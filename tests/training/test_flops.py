@@ -25,8 +25,9 @@ def _param_sizes(model_cfg: C.ModelConfig) -> dict[str, int]:
 
 def _train_config(model: C.ModelConfig, *, batch: int, length: int, inputs: int | None = None,
                   converter: str | None = None) -> C.TrainConfig:
-    cfg = C.TrainConfig(model=model, global_batch_size=batch, sequence_length=length,
-                        inputs_sequence_length=inputs, data=C.DataConfig(converter=converter))
+    lengths = {"targets": length, **({"inputs": inputs} if inputs is not None else {})}
+    cfg = C.TrainConfig(model=model, global_batch_size=batch, sequence_length=lengths,
+                        data=C.DataConfig(converter=converter))
     cfg.validate()
     return cfg
 

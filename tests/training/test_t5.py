@@ -161,17 +161,22 @@ def test_a_model_that_cannot_read_a_cache_is_named_with_it():
 
 def test_config_refuses_what_cannot_work():
     t5 = C.MODEL_PRESETS["t5-tiny"]
-    with pytest.raises(C.ConfigError, match="needs inputs_sequence_length >= 1"):
+    with pytest.raises(C.ConfigError, match="sequence_length is not set"):
         C.TrainConfig(model=dataclasses.replace(t5, vocab_size=64)).validate()
+    with pytest.raises(C.ConfigError, match=r"has no length for \['inputs'\]; give it, e.g. --sequence-length "
+                                            "inputs=512"):
+        C.TrainConfig(model=dataclasses.replace(t5, vocab_size=64), sequence_length={"targets": 32}).validate()
     with pytest.raises(C.ConfigError, match=r"data.converter='lm' does not feed model architecture 't5'"):
         C.TrainConfig(model=dataclasses.replace(t5, vocab_size=64), data=C.DataConfig(converter="lm")).validate()
     with pytest.raises(C.ConfigError, match="the decoder-only model has a SwiGLU MLP only"):
         C.ModelConfig(vocab_size=64, mlp_activation="geglu").validate()
     with pytest.raises(C.ConfigError, match="model.architecture must be one of"):
         C.ModelConfig(vocab_size=64, architecture="rnn").validate()
-    ok = C.TrainConfig(model=dataclasses.replace(t5, vocab_size=64), inputs_sequence_length=128, sequence_length=32)
+    ok = C.TrainConfig(model=dataclasses.replace(t5, vocab_size=64), sequence_length={"inputs": 128, "targets": 32})
     ok.validate()
-    assert ok.converter == "encdec" and ok.lengths == {"inputs": 128, "targets": 32}
+    assert ok.converter == "encdec" and ok.sequence_length == {"inputs": 128, "targets": 32}
+    # An int is every feature the converter reads.
+    assert C.TrainConfig(model=t5, sequence_length=32).sequence_length == {"inputs": 32, "targets": 32}
     assert ok.tokens_per_step == 8 * (128 + 32)
 
 

@@ -70,12 +70,12 @@ def _losses(ckpt):
 def test_t5_loss_falls_on_span_corruption(caches, tmp_path):
     ckpt = tmp_path / "span"
     res = _train(caches, "c4_span", ckpt, "--model", "t5-tiny", "--steps", "12",
-                 "--sequence-length", str(SPAN_TARGETS), "--set", SMALL)
+                 "--sequence-length", f"targets={SPAN_TARGETS}", "--set", SMALL)
     assert res.exit_code == 0, res.output
     config = json.loads((ckpt / "config.json").read_text())
     # Resolved from the cache: the converter, the encoder length, the vocabulary
     # (256 bytes + 3 special ids + 100 sentinels).
-    assert config["data"]["converter"] == "encdec" and config["inputs_sequence_length"] == INPUTS
+    assert config["data"]["converter"] == "encdec" and config["sequence_length"]["inputs"] == INPUTS
     assert config["model"]["architecture"] == "t5" and config["model"]["vocab_size"] == 359
     assert "converter" in res.output and "encdec" in res.output
     losses = _losses(ckpt)
@@ -87,15 +87,37 @@ def test_t5_loss_falls_on_span_corruption(caches, tmp_path):
 
 def test_t5_config_is_resolved_from_the_span_cache(caches, tmp_path):
     res = _train(caches, "c4_span", tmp_path / "span", "--model", "t5-tiny", "--steps", "12",
-                 "--sequence-length", str(SPAN_TARGETS), "--set", SMALL, "--dry-run")
+                 "--sequence-length", f"targets={SPAN_TARGETS}", "--set", SMALL, "--dry-run")
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     config = json.loads("\n".join(lines[lines.index("{"):]))
     # Resolved from the cache: the converter, the encoder length, the vocabulary
     # (256 bytes + 3 special ids + 100 sentinels).
-    assert config["data"]["converter"] == "encdec" and config["inputs_sequence_length"] == INPUTS
+    assert config["data"]["converter"] == "encdec" and config["sequence_length"]["inputs"] == INPUTS
     assert config["model"]["architecture"] == "t5" and config["model"]["vocab_size"] == 359
-    assert config["sequence_length"] == SPAN_TARGETS
+    assert config["sequence_length"] == {"inputs": INPUTS, "targets": SPAN_TARGETS}
+
+
+@pytest.mark.parametrize("model, converter", [("t5-tiny", "encdec"), ("tiny", "prefix_lm")])
+def test_a_bare_sequence_length_is_every_feature_the_converter_reads(caches, tmp_path, model, converter):
+    """``--sequence-length N`` is N tokens for every feature the command reads, as
+    in ``seqcache build``: inputs and targets for encdec, and for a decoder that
+    the cache makes a prefix LM (the converter is decided by the cache)."""
+    def resolved(*lengths):
+        res = _train(caches, "c4_span", tmp_path / model, "--model", model, "--steps", "2", *lengths,
+                     "--set", SMALL, "--dry-run")
+        assert res.exit_code == 0, res.output
+        lines = res.output.splitlines()
+        return json.loads("\n".join(lines[lines.index("{"):]))
+
+    config = resolved("--sequence-length", str(SPAN_TARGETS))
+    assert config["data"]["converter"] == converter
+    assert config["sequence_length"] == {"inputs": SPAN_TARGETS, "targets": SPAN_TARGETS}
+    assert resolved("--sequence-length", f"{SPAN_TARGETS},inputs=64")["sequence_length"] == \
+        {"inputs": 64, "targets": SPAN_TARGETS}
+    # A length through --set, in the form of earlier releases: the inputs' over the targets'.
+    assert resolved("--set", f"sequence_length={SPAN_TARGETS} inputs_sequence_length=64")["sequence_length"] == \
+        {"inputs": 64, "targets": SPAN_TARGETS}
 
 
 # One T5 program for the translation runs below: 8 steps of this schedule,
@@ -121,7 +143,7 @@ def test_t5_trains_on_translation(translation_run):
     ckpt, summary = translation_run
     assert summary["end_step"] == 8
     config = json.loads((ckpt / "config.json").read_text())
-    assert config["data"]["converter"] == "encdec" and config["inputs_sequence_length"] == INPUTS
+    assert config["data"]["converter"] == "encdec" and config["sequence_length"]["inputs"] == INPUTS
     losses = _losses(ckpt)
     assert len(losses) == 8
     assert sum(losses[-3:]) / 3 < losses[0] - 1.0
@@ -129,11 +151,11 @@ def test_t5_trains_on_translation(translation_run):
 
 def test_decoder_only_model_reads_an_inputs_targets_cache_as_a_prefix_lm(caches, tmp_path):
     res = _train(caches, "c4_span", tmp_path / "prefix", "--model", "tiny", "--steps", "4",
-                 "--sequence-length", str(SPAN_TARGETS),
+                 "--sequence-length", f"targets={SPAN_TARGETS}",
                  "--set", "model.num_layers=1 progress=false optimizer.warmup_steps=1")
     assert res.exit_code == 0, res.output
     config = json.loads((tmp_path / "prefix" / "config.json").read_text())
-    assert config["data"]["converter"] == "prefix_lm" and config["inputs_sequence_length"] == INPUTS
+    assert config["data"]["converter"] == "prefix_lm" and config["sequence_length"]["inputs"] == INPUTS
     losses = _losses(tmp_path / "prefix")
     assert losses[-1] < losses[0]
 

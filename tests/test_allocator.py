@@ -57,8 +57,9 @@ def _faults(*argv, **env):
 def test_tuned_process_keeps_freed_heap_memory_for_the_next_batch():
     plain = _faults("plain")  # seqcache's own process, no build: not tuned
     tuned = _faults("tune")
-    # 20 MB is about 4,900 pages: faulted in again by default, kept when tuned.
-    assert plain > 3000, plain
+    # 20 MB is about 4,900 pages: faulted in again by default (fewer where the
+    # kernel maps part of the heap in larger pages), kept when tuned.
+    assert plain > 1000, plain
     assert tuned < plain / 10, (tuned, plain)
 
 
@@ -92,7 +93,8 @@ def test_the_build_command_tunes_its_process_and_other_commands_do_not(tmp_path)
 @pytest.mark.parametrize("env", [{"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, {"MALLOC_ARENA_MAX": "2"},
                                  {"MALLOC_TRIM_THRESHOLD_": "131072"}])
 def test_malloc_settings_in_the_environment_are_left_alone(env):
-    assert _faults("tune", **env) > 3000
+    left_alone, plain = _faults("tune", **env), _faults("plain")
+    assert plain > 1000 and left_alone > plain / 2, (left_alone, plain)
 
 
 def test_own_processes_collect_the_young_generation_less_often_and_library_users_keep_theirs():

@@ -331,8 +331,7 @@ def encode_provenance_batch(source_index: np.ndarray, record_number: np.ndarray,
                 raise ValueError(f"provenance {name} values in [{lo}, {hi}] do not fit {dtype}")
         rows[name] = values
     rows["n0"] = rows["n1"] = rows["n2"] = 1
-    blob = rows.tobytes()
-    return [blob[k:k + 28] for k in range(0, len(blob), 28)]
+    return rows.view("V28").tolist()  # one bytes object per row, made in C
 
 
 def decode_example(specs: Sequence[FeatureSpec], record: bytes, *, where: str = "record") -> dict[str, np.ndarray]:

@@ -91,14 +91,19 @@ def copy_keys(first: np.ndarray, copies: np.ndarray, key: bytes) -> np.ndarray:
     ``key``: ``blake2b(first || k as 8 bytes little-endian, key=key,
     person=COPY_PERSON, digest_size=16)``."""
     keyed = hashlib.blake2b(key=key, digest_size=KEY_BYTES, person=COPY_PERSON)
-    raw = np.ascontiguousarray(first).tobytes()
-    out = bytearray()
-    for i, k in enumerate(np.asarray(copies).tolist()):
-        h = keyed.copy()
-        h.update(raw[i * KEY_BYTES:(i + 1) * KEY_BYTES])
-        h.update(int(k).to_bytes(8, "little"))
-        out += h.digest()
-    return np.frombuffer(bytes(out), dtype="V16")
+    # Each copy's message, first key then k, as one 24-byte row: one update per
+    # copy from a copy of the keyed state (the same digests as two updates).
+    rows = np.empty(len(first), dtype=[("first", "V16"), ("k", "<u8")])
+    rows["first"] = first
+    rows["k"] = copies
+    copy = keyed.copy
+    out = []
+    append = out.append
+    for message in rows.view("V24").tolist():
+        h = copy()
+        h.update(message)
+        append(h.digest())
+    return np.frombuffer(b"".join(out), dtype="V16")
 
 
 def shard_of(key: bytes, num_shards: int) -> int:

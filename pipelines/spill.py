@@ -73,6 +73,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from seqcache import format as fmt
+from seqcache.pipelines import shuffle
 
 # Buffered bytes at which the read step flushes (``transforms.ReadUnit``): to
 # a spill file (smaller: its buffers are the read step's largest memory), or as
@@ -94,8 +95,12 @@ CHUNK_BYTES = 4 << 20
 READ_BYTES = 8 << 20
 MIN_READ_BYTES = 64 << 10
 # Mean piece size (bytes) from which ``ragged_take`` joins views of whole
-# pieces (about 0.2 us a piece) instead of one gather (an int64 index per byte).
+# pieces (about 0.2 us a piece) instead of one gather (an index per word).
 _JOIN_PIECE_BYTES = 64
+# Words ``ragged_take`` gathers at a time: its index arrays stay a few MiB
+# (reused below the allocator's mmap threshold, ``process.tune_allocator``)
+# whatever the size of the data.
+_GATHER_WORDS = 1 << 20
 
 
 def ragged_take(data: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -114,8 +119,33 @@ def ragged_take(data: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tup
         starts = offsets[:-1][order]
         pieces = [view[a:b] for a, b in zip(starts.tolist(), (starts + sizes).tolist())]
         return np.frombuffer(b"".join(pieces), dtype=np.uint8), new
-    source = np.repeat(offsets[:-1][order] - new[:-1], sizes) + np.arange(new[-1], dtype=np.int64)
-    return data[source], new
+    return _gather(np.ascontiguousarray(data, dtype=np.uint8)[:int(offsets[-1])], offsets, order, sizes, new), new
+
+
+def _gather(data: np.ndarray, offsets: np.ndarray, order: np.ndarray, sizes: np.ndarray,
+            new: np.ndarray) -> np.ndarray:
+    """``ragged_take``'s data for short pieces (uint8): one gather, in words
+    of the largest size (8, 4, 2 or 1 bytes) that divides every offset (the
+    encoded examples are whole elements of their features, and their length
+    fields 4 bytes), ``_GATHER_WORDS`` words at a time, with int32 indices
+    where they fit: an index per word, not an int64 per byte."""
+    bits = int(np.bitwise_or.reduce(offsets))
+    w = next(w for w in (8, 4, 2, 1) if bits % w == 0)
+    words = data.view(f"<u{w}") if w > 1 else data
+    index = np.int32 if len(words) < 1 << 31 else np.int64
+    shift = ((offsets[:-1][order] - new[:-1]) // w).astype(index)  # source word - destination word, per piece
+    sizes, ends = sizes // w, new[1:] // w
+    out = np.empty(int(new[-1]) // w, dtype=words.dtype)
+    lo = 0
+    while lo < len(order):
+        start = int(new[lo]) // w
+        hi = max(lo + 1, int(np.searchsorted(ends, start + _GATHER_WORDS, side="right")))
+        stop = int(ends[hi - 1])
+        source = np.repeat(shift[lo:hi], sizes[lo:hi])
+        source += np.arange(start, stop, dtype=index)
+        np.take(words, source, out=out[start:stop])
+        lo = hi
+    return out.view(np.uint8)
 
 
 def batch_bytes(batch) -> int:
@@ -610,12 +640,21 @@ def sort_order(hi: np.ndarray, lo: np.ndarray, sub: np.ndarray, files: np.ndarra
     return order
 
 
-def load_shard(buffers: Iterable[tuple[str, "bytes | dict"]], num_features: int) -> ShardEntries:
+def load_shard(buffers: Iterable[tuple[str, "bytes | dict"]], num_features: int, *,
+               drop_copies: bool = False) -> ShardEntries:
     """Loads the sections of one shard and sorts its entries.
 
     Args:
       buffers: ``(where, section)`` pairs: a whole section's bytes, or its
         columns already loaded (``parse_section``, ``load_section``).
+      drop_copies: leave out the entries that ``shuffle.copy_ranks`` ranks
+        k >= 1 (copies of an earlier entry, moved by the copies step): the
+        same entries as ``take`` of the others, with no second copy of the
+        columns.
+
+    Each column is gathered in sorted order once, and its unsorted copy
+    dropped before the next: memory holds the shard's columns and one
+    column more, not two copies of them.
 
     Raises:
       ValueError: a truncated or inconsistent spill file (named).
@@ -626,14 +665,26 @@ def load_shard(buffers: Iterable[tuple[str, "bytes | dict"]], num_features: int)
         none = np.zeros(0, np.int64)
         return ShardEntries(empty, empty, np.zeros(0, np.uint64), empty, np.zeros((0, num_features), np.uint32),
                             np.zeros(0, np.int32), none, none, [], key=np.zeros(0, "V16"))
-    keys, sub, files, recs, trunc, lengths = (np.concatenate([p[name] for p in parts]) for name, _, _ in _COLUMNS)
-    part = np.concatenate([np.full(len(p["sub_index"]), k, dtype=np.int32) for k, p in enumerate(parts)])
-    begin = np.concatenate([p["offsets"][:-1].astype(np.int64) + p["base"] for p in parts])
-    end = np.concatenate([p["offsets"][1:].astype(np.int64) + p["base"] for p in parts])
-    hi_lo = keys.view(">u8").reshape(-1, 2) if len(keys) else np.zeros((0, 2), ">u8")
-    order = sort_order(hi_lo[:, 0].astype(np.uint64), hi_lo[:, 1].astype(np.uint64), sub, files, recs)
-    return ShardEntries(sub[order], files[order], recs[order], trunc[order], lengths[order],
-                        part[order], begin[order], end[order], [p["data"] for p in parts], key=keys[order])
+    columns = {name: np.concatenate([p[name] for p in parts]) for name, _, _ in _COLUMNS}
+    keys = columns.pop("keys")
+    hi_lo = keys.view(">u8").reshape(-1, 2)
+    order = sort_order(hi_lo[:, 0].astype(np.uint64), hi_lo[:, 1].astype(np.uint64), columns["sub_index"],
+                       columns["file_index"], columns["record_number"])
+    del hi_lo
+    key, sub = keys[order], columns.pop("sub_index")[order]
+    del keys
+    if drop_copies:
+        first = shuffle.copy_ranks(key, sub) == 0
+        if not first.all():
+            order, key, sub = order[first], key[first], sub[first]
+    sorted_columns = {"sub_index": sub, "key": key}
+    for name in ("file_index", "record_number", "truncated", "lengths"):
+        sorted_columns[name] = columns.pop(name)[order]
+    sorted_columns["part"] = np.concatenate([np.full(len(p["sub_index"]), k, dtype=np.int32)
+                                             for k, p in enumerate(parts)])[order]
+    for name, at in (("begin", slice(None, -1)), ("end", slice(1, None))):
+        sorted_columns[name] = np.concatenate([p["offsets"][at].astype(np.int64) + p["base"] for p in parts])[order]
+    return ShardEntries(**sorted_columns, parts=[p["data"] for p in parts])
 
 
 # Quarantine chunks. Entries a bundle holds in memory before it writes them to a chunk file (bytes).

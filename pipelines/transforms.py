@@ -1003,8 +1003,9 @@ def merge_file_columns(tables: Sequence[Sequence[Sequence[int]]]) -> list[list[i
     return [files.tolist(), *sums.T.tolist()]
 
 
-def load_batches(values, num_features: int, unit_files=None) -> spill.ShardEntries:
-    """One shard's entries from its values, sorted (``spill.load_shard``):
+def load_batches(values, num_features: int, unit_files=None, *, drop_copies: bool = False) -> spill.ShardEntries:
+    """One shard's entries from its values, sorted (``spill.load_shard``,
+    with its ``drop_copies``):
     ``(unit, section bytes)`` (runner exchange; plain bytes too) or ``(path,
     offset, length, unit, lo, hi)`` sections of spill files (``(path,
     offset, length)`` too), rows ``[lo, hi)`` of it when ``lo >= 0``. A
@@ -1049,7 +1050,7 @@ def load_batches(values, num_features: int, unit_files=None) -> spill.ShardEntri
                 parts.append((where, spill.load_section(read, where, length, num_features,
                                                         rows=(lo, hi) if lo >= 0 else None,
                                                         files=files_of(unit, where))))
-        entries = spill.load_shard(parts, num_features)
+        entries = spill.load_shard(parts, num_features, drop_copies=drop_copies)
     except BaseException:
         files.close()
         raise
@@ -1137,14 +1138,16 @@ class WriteGroup:
         removed = None
         if self.near:
             values, removed = near_mod.split_removed(values)
-        entries = load_batches(values, len(self.features_in) + self.near, self.work.unit_files if self.work else None)
+        # The copies moved away are left out as the shard loads (no second copy of its columns).
+        entries = load_batches(values, len(self.features_in) + self.near, self.work.unit_files if self.work else None,
+                               drop_copies=not self.near)
         try:
-            rank = shuffle.copy_ranks(entries.key, entries.sub_index)
-            leave = rank != 0
-            if removed is not None:
-                leave |= near_mod.removed_rows(entries, removed)
-            stay = entries.take(np.flatnonzero(~leave)) if leave.any() else entries
+            stay = entries
             if self.near:
+                leave = shuffle.copy_ranks(entries.key, entries.sub_index) != 0
+                if removed is not None:
+                    leave |= near_mod.removed_rows(entries, removed)
+                stay = entries.take(np.flatnonzero(~leave)) if leave.any() else entries
                 stay = near_mod.strip_signatures(stay if stay is not entries else entries.take(np.arange(len(entries))))
             result = self._write(shard, stay)
         finally:

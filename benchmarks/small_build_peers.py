@@ -5,7 +5,8 @@ one task, shuffled documents, EOS after each) on the same JSON lines corpus
 of ``--mb`` MB of C4 text with the same BPE ``tokenizer.json``, each in a
 fresh interpreter, the pair run in alternating order ``--repeat`` times. The
 figure is the per-round ratio seqcache / datatrove (CPU and wall), median
-[min, max]: both pay their start-up (seqcache's is mostly Beam's import), so
+[min, max], after one untimed run of each (bytecode caches written, as an
+installed package has them): both pay their start-up (seqcache's is mostly Beam's import), so
 at 1 MB the ratio is about start-up, at 50 MB about throughput.
 
 datatrove is not a dependency of seqcache: give the Python of an environment
@@ -80,8 +81,10 @@ def tokenizer(folder: pathlib.Path, corpus_path: pathlib.Path) -> pathlib.Path:
 
 def timed(command: list[str], cwd: pathlib.Path) -> tuple[float, float]:
     """(CPU seconds of the process and its waited children, wall seconds) of ``command``."""
+    # Each with its modules' bytecode cached, as an installed package has it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     start = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     err = proc.stderr.read().decode(errors="replace")
@@ -109,6 +112,8 @@ def main():
             "datatrove": lambda r: [args.datatrove_python, "-c", DATATROVE, str(path.parent), str(tok),
                                     str(work / f"dt{r}"), str(work / f"dtlogs{r}")],
         }
+        for name, command in runs.items():  # untimed: writes each one's bytecode caches
+            timed(command("warm"), work)
         rounds = []
         for r in range(args.repeat):
             order = ["seqcache", "datatrove"] if r % 2 == 0 else ["datatrove", "seqcache"]

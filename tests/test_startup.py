@@ -45,15 +45,16 @@ HEADROOM = 1.1
 NOT_IN_A_LOCAL_BUILD = ("pandas", "tensorflow", "jax", "s3fs", "gcsfs", "torch", "matplotlib")
 
 
-def _modules(tmp_path, *args) -> tuple[list[str], subprocess.CompletedProcess]:
-    """The modules loaded by ``seqcache ARGS`` run in ``tmp_path``, and the finished process."""
+def _modules(tmp_path, *args, expect_ok=True) -> tuple[list[str], subprocess.CompletedProcess]:
+    """The modules loaded by ``seqcache ARGS`` run in ``tmp_path``, and the
+    finished process (status 0, or 2, a usage error, without ``expect_ok``)."""
     script = tmp_path / "seqcache_modules.py"
     script.write_text(WRAPPER)
     out = tmp_path / "modules.json"
     env = {**os.environ, "SEQCACHE_MODULES_OUT": str(out)}
     done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == (0 if expect_ok else 2), done.stderr[-3000:]
     return json.loads(out.read_text()), done
 
 
@@ -68,6 +69,14 @@ def test_seqcache_help_imports_the_group_alone(tmp_path):
     assert len(modules) <= HELP_MODULES * HEADROOM, f"{len(modules)} modules (measured {HELP_MODULES})"
     assert not _under(modules, "apache_beam", "numpy", "rich", "pyarrow", "msgspec", "seqcache.tasks")
     assert not [m for m in modules if m.startswith("seqcache.cli.commands.")]  # the summaries come from the text
+
+
+@pytest.mark.parametrize("flags", [["--source", "nosuchkind:x.txt", "--name", "t"], ["--source", "text:x.txt"],
+                                   ["--source", "text:x.txt", "--name", "t", "--no-pack", "--pack", "lm"]],
+                         ids=["bad source spec", "no name", "contradicting flags"])
+def test_a_bad_build_flag_is_refused_before_beam_is_imported(tmp_path, flags):
+    modules, done = _modules(tmp_path, "build", *flags, "--cache-dir", "caches", expect_ok=False)
+    assert "Error:" in done.stderr and not _under(modules, "apache_beam", "seqcache.cli.commands.build_run")
 
 
 def test_build_help_imports_no_beam(tmp_path):

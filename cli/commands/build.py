@@ -96,6 +96,84 @@ def build(ctx, **options):
     fingerprint is reused; a different one is refused unless --overwrite.
     A build that died is finished by the same command (--work).
     """
+    found = tasks_of(ctx, **options)  # before Beam: a bad flag costs no Beam import
     from seqcache.cli.commands import build_run  # Beam: imported when a build runs, not for `seqcache build --help`
 
-    build_run.run(ctx, **options)
+    build_run.run(ctx, found, **options)
+
+
+def tasks_of(ctx, *, args, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split,
+             sequence_length, objective, noise_density, mean_noise_span_length, pack, no_pack, tfds_data_dir, work,
+             work_dir, **_) -> tuple[list, dict | None]:
+    """The tasks a ``seqcache build`` command line names, for ``split``, and
+    their sequence lengths (feature -> tokens, or None; a registered task's
+    bare N, "*", is expanded by ``build_task``): the registered task or
+    mixture NAME (among ``args``), or the ad-hoc task of ``--source``.
+
+    Raises:
+      click.UsageError: flags that contradict each other or describe no task.
+      SystemExit: (``common.fail``) a task without a source for ``split``.
+    """
+    if work_dir is not None and work == "off":
+        raise click.UsageError("--work-dir names the work folder that --work off does without")
+    names = [a for a in args if not a.startswith("-")]
+    if len(names) > 1:
+        raise click.UsageError(f"one task or mixture NAME at a time (got {names}); Beam options take the "
+                               "--flag=value form")
+    common.import_modules(modules)
+    seq_len = sequence_length
+    if source_spec:
+        if names:
+            raise click.UsageError("give either NAME (a registered task) or --source (an ad-hoc task), not both")
+        if not adhoc_name:
+            raise click.UsageError("an ad-hoc task needs --name")
+        pack = _pack_option(pack, no_pack, seq_len)
+        task = adhoc.adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error,
+                                vocabulary_spec=vocabulary_spec, extra_ids=extra_ids, sequence_length=seq_len,
+                                pack=pack, objective=objective, noise_density=noise_density,
+                                mean_noise_span_length=mean_noise_span_length, split=split,
+                                tfds_data_dir=tfds_data_dir)
+        seq_len, task_list = adhoc.adhoc_sequence_length(task, seq_len), [task]
+    elif names:
+        task_list = _registered_tasks(ctx, names[0])
+    else:
+        raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
+    try:  # every task of a mixture has the split (a source for it), before anything is built
+        return [task.for_split(split) for task in task_list], seq_len
+    except ValueError as e:
+        common.fail(e)
+
+
+def _pack_option(pack, no_pack, seq_len):
+    """``--pack`` with ``--no-pack`` folded in; packing needs a sequence length."""
+    if no_pack:
+        if pack not in (None, "none"):
+            raise click.UsageError(f"give --pack {pack} or --no-pack, not both")
+        pack = "none"
+    if pack not in (None, "none") and not seq_len:
+        raise click.UsageError("--pack needs --sequence-length")
+    return pack
+
+
+def _registered_tasks(ctx, name) -> list:
+    """The tasks of registered task or mixture ``name`` (refusing the ad-hoc task options)."""
+    given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
+                                              "objective", "noise_density", "mean_noise_span_length", "pack",
+                                              "no_pack", "tfds_data_dir"))
+    if given:
+        raise click.UsageError(
+            f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
+            f"registered task sets {_how_a_task_sets(given)} itself in the module that registers it"
+        )
+    return common.registered_tasks(name)
+
+
+def _how_a_task_sets(given) -> str:
+    """What a registered task sets in place of the ad-hoc options ``given``, with examples."""
+    ways = []
+    if {"--pack", "--no-pack"} & set(given):
+        ways.append("its packing (Task(..., packing='first_fit' or 'lm'; None: unpacked))")
+    if set(given) - {"--pack", "--no-pack"}:
+        ways.append("its source's options, e.g. TextLineSource(..., on_error={'empty': 'skip'}, exclude=[...]), "
+                    "and its features' vocabularies")
+    return " and ".join(ways)

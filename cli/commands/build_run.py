@@ -16,7 +16,6 @@ from seqcache import format as fmt
 from seqcache import fs, pipelines, process
 from seqcache.cli import interrupts
 from seqcache.cli.commands import common
-from seqcache.cli.commands.adhoc import adhoc_sequence_length, adhoc_task
 from seqcache.pipelines import BuildConfig, BuildError, cache_path, exclusion
 from seqcache.pipelines import beam_text, work as workmod
 from seqcache.pipelines.dataflow import DryRun
@@ -25,49 +24,25 @@ from seqcache.tasks.sources.base import SPEC_KINDS
 from seqcache.tasks.sources.policy import BadInputError
 
 
-def run(ctx, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name, split, sequence_length,
-        objective, noise_density, mean_noise_span_length, pack, no_pack, seed, num_shards, shard_size, split_size,
-        exchange, workers, overwrite, as_json, verbose, tfds_data_dir, exclude_benchmarks, exclude_ngram, work,
-        work_dir, near_duplicates):
+def run(ctx, tasks_of, args, cache_dir, modules, source_spec, exclude, on_error, vocabulary_spec, extra_ids, adhoc_name,
+        split, sequence_length, objective, noise_density, mean_noise_span_length, pack, no_pack, seed, num_shards,
+        shard_size, split_size, exchange, workers, overwrite, as_json, verbose, tfds_data_dir, exclude_benchmarks,
+        exclude_ngram, work, work_dir, near_duplicates):
     """Runs ``seqcache build`` with its flags (``build``'s parameters): checks
-    them, builds each task's cache and prints what came of it."""
-    if work_dir is not None and work == "off":
-        raise click.UsageError("--work-dir names the work folder that --work off does without")
-    name, pipeline_args = _name_and_pipeline_args(ctx, args)
-    pipeline_args = common.with_workers(pipeline_args, workers)
+    them, builds each task's cache and prints what came of it. ``tasks_of``:
+    the tasks and their sequence lengths (``build.tasks_of``: read before Beam
+    is imported, so that a bad ad-hoc flag costs no Beam import)."""
+    task_list, seq_len = tasks_of
+    pipeline_args = common.with_workers(beam_pipeline_args(
+        [a for a in args if a.startswith("-")] + list(ctx.args),
+        "--runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL"), workers)
     beam_logging(pipeline_args, verbose=verbose)
-    common.import_modules(modules)
-    # {feature: tokens} or None (``common.sequence_length_option``); a bare N, "*", is every feature of a
-    # task: a registered task's are expanded by ``build_task`` (``seqcache.lengths.sequence_lengths``).
-    seq_len = sequence_length
     benchmarks = _benchmarks(exclude_benchmarks, exclude_ngram, exclude)
-    if source_spec:
-        if name:
-            raise click.UsageError("give either NAME (a registered task) or --source (an ad-hoc task), not both")
-        if not adhoc_name:
-            raise click.UsageError("an ad-hoc task needs --name")
-        pack = _pack_option(pack, no_pack, seq_len)
-        task = adhoc_task(name=adhoc_name, source_spec=source_spec, exclude=exclude, on_error=on_error,
-                          vocabulary_spec=vocabulary_spec, extra_ids=extra_ids, sequence_length=seq_len, pack=pack,
-                          objective=objective, noise_density=noise_density,
-                          mean_noise_span_length=mean_noise_span_length, split=split,
-                          tfds_data_dir=tfds_data_dir)
-        seq_len = adhoc_sequence_length(task, seq_len)
-        task_list = [task]
-    elif name:
-        task_list = _registered_tasks(ctx, name)
-    else:
-        raise click.UsageError("give a task or mixture NAME, or an ad-hoc --source with --name")
-
     try:
         config = BuildConfig(split=split, seed=seed, sequence_length=seq_len, num_shards=num_shards, shard_size=shard_size,
                              exclude_benchmarks=benchmarks, near_duplicates=near_duplicates)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    try:  # every task of a mixture has the split (a source for it), before anything is built
-        task_list = [task.for_split(split) for task in task_list]
-    except ValueError as e:
-        common.fail(e)
     # Object-store options (--s3_endpoint_url=..., --s3_access_key_id=...) reach Beam's
     # FileSystems before the build's first file-system call in this process (listing
     # the source files, reading an existing manifest); the pipeline hands them to its
@@ -93,16 +68,6 @@ def _work_options(work: str, work_dir: str | None, num_tasks: int, task_name: st
     if work_dir is not None and num_tasks > 1:
         work_dir = fs.join(work_dir, task_name)
     return {"resume": work != "off", "keep_work": work == "keep", "work_dir": work_dir}
-
-
-def _name_and_pipeline_args(ctx, args) -> tuple[str | None, list[str]]:
-    """(NAME or None, checked Beam pipeline options) from the free arguments."""
-    names = [a for a in args if not a.startswith("-")]
-    if len(names) > 1:
-        raise click.UsageError(f"one task or mixture NAME at a time (got {names}); Beam options take the --flag=value form")
-    pipeline_args = beam_pipeline_args([a for a in args if a.startswith("-")] + list(ctx.args),
-                                              "--runner=dask --dask_client_address=HOST:PORT or --s3_endpoint_url=URL")
-    return (names[0] if names else None), pipeline_args
 
 
 def beam_pipeline_args(args, example: str) -> list[str]:
@@ -157,41 +122,6 @@ def _benchmarks(specs, ngram, exclude) -> list:
         click.echo(f"excluding benchmark {b.name}: {common.plural(len(b.items), 'item')}, "
                    f"{common.plural(b.num_ngrams, f'{b.n}-gram')}{short}", err=True)
     return benchmarks
-
-
-def _pack_option(pack, no_pack, seq_len):
-    """``--pack`` with ``--no-pack`` folded in; packing needs a sequence length."""
-    if no_pack:
-        if pack not in (None, "none"):
-            raise click.UsageError(f"give --pack {pack} or --no-pack, not both")
-        pack = "none"
-    if pack not in (None, "none") and not seq_len:
-        raise click.UsageError("--pack needs --sequence-length")
-    return pack
-
-
-def _registered_tasks(ctx, name) -> list:
-    """The tasks of registered task or mixture ``name`` (refusing the ad-hoc task options)."""
-    given = common.adhoc_options_given(ctx, ("on_error", "exclude", "vocabulary_spec", "extra_ids", "adhoc_name",
-                                              "objective", "noise_density", "mean_noise_span_length", "pack",
-                                              "no_pack", "tfds_data_dir"))
-    if given:
-        raise click.UsageError(
-            f"{' and '.join(given)} {'describe' if len(given) > 1 else 'describes'} an ad-hoc --source; a "
-            f"registered task sets {_how_a_task_sets(given)} itself in the module that registers it"
-        )
-    return common.registered_tasks(name)
-
-
-def _how_a_task_sets(given) -> str:
-    """What a registered task sets in place of the ad-hoc options ``given``, with examples."""
-    ways = []
-    if {"--pack", "--no-pack"} & set(given):
-        ways.append("its packing (Task(..., packing='first_fit' or 'lm'; None: unpacked))")
-    if set(given) - {"--pack", "--no-pack"}:
-        ways.append("its source's options, e.g. TextLineSource(..., on_error={'empty': 'skip'}, exclude=[...]), "
-                    "and its features' vocabularies")
-    return " and ".join(ways)
 
 
 def _result_json(r) -> dict:

@@ -11,7 +11,7 @@ import runpy
 if __name__ == "__main__":
     # ``python -m seqcache.cli.main``, like ``python -m seqcache.cli`` (cli/__main__.py), is the
     # executable, whose first statement handles SIGINT and SIGTERM: before the imports below.
-    runpy.run_module("seqcache", run_name="__main__")
+    runpy.run_module("seqcache.cli", run_name="__main__")
 
 import ast  # noqa: E402
 import gc  # noqa: E402

@@ -83,9 +83,10 @@ def sequence_lengths(value: Mapping[str, int | None] | int | None, features: Ite
     return dict.fromkeys(names, _length(value, None))
 
 
-def parse_sequence_length(texts: Iterable[str]) -> dict[str, int]:
+def parse_sequence_length(texts: Iterable[str] | str) -> dict[str, int]:
     """The command line's form of a sequence length, the one parser of
-    ``--sequence-length`` (every command; repeatable): ``("1024",)`` ->
+    ``--sequence-length`` (every command; repeatable; one value may be given
+    as a str): ``("1024",)`` or ``"1024"`` ->
     ``{"*": 1024}``, ``("inputs=512,targets=114",)`` -> ``{"inputs": 512,
     "targets": 114}``, ``("1024", "inputs=512")`` -> ``{"*": 1024, "inputs":
     512}``. A bare N is the length of every feature the command reads (kept
@@ -101,7 +102,7 @@ def parse_sequence_length(texts: Iterable[str]) -> dict[str, int]:
         FEATURE=N"), or N < 1.
     """
     out = {}
-    for text in texts:
+    for text in (texts,) if isinstance(texts, str) else texts:  # one value, or the values of a repeated flag
         for part in text.split(","):
             part = part.strip()
             if not part:

@@ -146,6 +146,12 @@ class ReadPreprocess:
         self.batch_records, self.batch_bytes = batch_records, int(batch_bytes)
         self.sequence_length = dict(sequence_length) if sequence_length else None
         self.features = features_in(task) + ([near_mod.signature_spec()] if near is not None else [])
+        # An unpacked cache built to a sequence length holds no longer example (its
+        # manifest says it is trimmed to it): the limits per feature, in feature order.
+        self.limits = None
+        if self.sequence_length and getattr(task, "packing", None) is None:
+            self.limits = np.asarray([self.sequence_length.get(f.name, np.iinfo(np.uint32).max)
+                                      for f in self.features], dtype=np.int64)
 
     def read(self, splits, *, skip: int = 0) -> Iterator[tuple[str, Any]]:
         """The outputs of the class docstring for ``splits``; with ``skip``,
@@ -276,6 +282,9 @@ class ReadPreprocess:
                         f"task {self.task.name!r}: file {record.file_index} record {record.record_number}: {e}"
                     ) from None
             raise
+        lengths = batch.lengths([f.name for f in self.features])
+        if self.limits is not None:
+            self._check_lengths(lengths, batch, live)
         index = batch.index
         key_bytes = b"".join(keys)
         key_array = np.frombuffer(key_bytes, dtype="V16")[index]
@@ -286,10 +295,26 @@ class ReadPreprocess:
             file_index=live.file_index_column()[index],
             record_number=np.asarray(live.record_numbers, dtype=np.uint64)[index],
             truncated=batch.truncated.astype(np.uint32),
-            lengths=batch.lengths([f.name for f in self.features]).astype(np.uint32),
+            lengths=lengths.astype(np.uint32),
             data=data,
             offsets=offsets,
         )
+
+
+    def _check_lengths(self, lengths: np.ndarray, batch, live) -> None:
+        """ValueError for the first example longer than its feature's sequence
+        length in an unpacked cache: the task neither packs nor trims, and a
+        manifest that records the length would say the cache is trimmed to it."""
+        over = np.argwhere(lengths > self.limits)
+        if not len(over):
+            return
+        row, column = (int(x) for x in over[0])
+        name, record = self.features[column].name, live[int(batch.index[row])]
+        raise ValueError(
+            f"task {self.task.name!r}: file {record.file_index} record {record.record_number}: feature {name!r} "
+            f"has {int(lengths[row, column])} tokens, more than its sequence length {int(self.limits[column])}; "
+            "the task neither packs nor trims: add seqcache.tasks.trim() (or append_eos_after_trim()) to its "
+            "preprocessors, give it packing, or leave the sequence length out")
 
 
 class LiveRecords:

@@ -210,3 +210,22 @@ def test_fresh_worker_processes_get_the_sentencepiece_model(tmp_path, corpora, m
     assert pickled and max(pickled) < len(vocab.model_bytes()) // 4, (pickled, len(vocab.model_bytes()))
     data = corpora.botchan.read_bytes()
     assert a.manifest.num_examples == data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+
+
+def test_an_unpacked_task_that_does_not_trim_to_its_sequence_length_is_refused(tmp_path):
+    """A manifest's sequence length says the cache is trimmed (or packed) to it:
+    a task that neither trims nor packs, built to a length its examples exceed,
+    is refused naming the record and the way out, and nothing is published."""
+    p = tmp_path / "lines.txt"
+    p.write_text("short\n" + "a line much longer than eight bytes\n")
+    untrimmed = _task("untrimmed", tasks.TextLineSource(str(p)), tasks.ByteVocabulary())
+    with pytest.raises(Exception, match=r"task 'untrimmed': file 0 record 6: feature 'targets' has 36 tokens, more "
+                                        r"than its sequence length 8; the task neither packs nor trims: add "
+                                        r"seqcache.tasks.trim\(\)"):
+        build_task(untrimmed, cache_dir=str(tmp_path / "c"),
+                   config=BuildConfig(sequence_length={"targets": 8}, num_shards=1))
+    assert not (tmp_path / "c" / "untrimmed" / "train" / fmt.MANIFEST_NAME).exists()
+    trimmed = _task("trimmed", tasks.TextLineSource(str(p)), tasks.ByteVocabulary(), sequence_length=8)
+    result = build_task(trimmed, cache_dir=str(tmp_path / "c"),
+                        config=BuildConfig(sequence_length={"targets": 8}, num_shards=1))
+    assert result.manifest.statistics.max_length == {"targets": 8}

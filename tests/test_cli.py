@@ -552,7 +552,13 @@ def test_tasks_names_the_class_of_a_users_source_subclass(tmp_path, monkeypatch)
         "tasks.TaskRegistry.add('subclassed_source_task', source=Upper('/x/*.txt'),\n"
         "                       output_features={'targets': tasks.Feature(tasks.ByteVocabulary())})\n")
     monkeypatch.chdir(tmp_path)
-    out = CliRunner().invoke(main, ["tasks", "--module", "subclassed_source_task", "--json"])
+    from seqcache import tasks
+
+    try:
+        out = CliRunner().invoke(main, ["tasks", "--module", "subclassed_source_task", "--json"])
+    finally:  # the registry is the process's: other tests list its names
+        if "subclassed_source_task" in tasks.TaskRegistry.names():
+            tasks.TaskRegistry.remove("subclassed_source_task")
     assert out.exit_code == 0, out.output
     [row] = [t for t in json.loads(out.output)["tasks"] if t["name"] == "subclassed_source_task"]
     assert row["source"] == "text lines of /x/*.txt (subclassed_source_task.Upper)"

@@ -405,9 +405,17 @@ def throughput_summary(records: list[dict]) -> dict:
 def _resolve_from_cache(cfg, source, converter):
     """The config with what the cache decides where it is unset: ``converter``
     (``data_lib.resolve_converter``'s), the sequence length of every feature it
-    reads (``data_lib.source_lengths``), vocabulary size."""
+    reads (``data_lib.source_lengths``), vocabulary size.
+
+    Raises:
+      ConfigError: a sequence length given for a feature the converter does not read."""
     features = config_lib.converter_features(converter)
-    given = {f: n for f, n in (cfg.sequence_length or {}).items() if f in features}
+    given = dict(cfg.sequence_length or {})
+    extra = [f for f in given if f not in features]
+    if extra:
+        raise config_lib.ConfigError(
+            f"sequence length given for {extra[0]!r} ({extra[0]}={given[extra[0]]}), which converter {converter!r} "
+            f"does not read (it reads {list(features)}); leave it out")
     lengths = data_lib.source_lengths(source, given, features)
     updates = {"data": dataclasses.replace(cfg.data, converter=converter), "sequence_length": lengths}
     if cfg.model.vocab_size is None:

@@ -199,6 +199,13 @@ def _dry_run_config(cache, *extra) -> dict:
     return json.loads("\n".join(lines[lines.index("{"):]))
 
 
+def test_a_length_for_a_feature_the_converter_does_not_read_is_refused(cache):
+    res = CliRunner().invoke(train, ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8",
+                                     "--sequence-length", f"{L},inputs=64", "--model", "tiny", "--dry-run"])
+    assert res.exit_code != 0 and "sequence length given for 'inputs' (inputs=64), which converter 'lm' does not " \
+        "read (it reads ['targets'])" in res.output, res.output
+
+
 def test_the_init_seed_alone_leaves_the_data_stream_unchanged(cache):
     import numpy as np
 

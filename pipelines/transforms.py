@@ -300,7 +300,6 @@ class ReadPreprocess:
             offsets=offsets,
         )
 
-
     def _check_lengths(self, lengths: np.ndarray, batch, live) -> None:
         """ValueError for the first example longer than its feature's sequence
         length in an unpacked cache: the task neither packs nor trims, and a

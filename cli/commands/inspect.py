@@ -22,6 +22,7 @@ from seqcache import lengths as lengths_lib
 from seqcache.cli.commands import common
 from seqcache.feeders.reader import CacheReader
 from seqcache.tasks import describe_record
+from seqcache.tasks.sources import users_class
 from seqcache.tasks.task import function_names
 from seqcache.tasks.vocabularies import decode_with_sentinels
 from seqcache.cli.url_reader import UrlCacheReader
@@ -184,7 +185,6 @@ def info(ctx, cache_dir, as_json, shards):
     # The title and the cells hold manifest text and paths: a Text, and printed with markup=False.
     t = common.CutTable(Column("field", style="bold"), "value", title=Text(f"{m.task}/{m.split}", style="table.title"),
               show_header=False)
-    stats = m.statistics
     t.add_row("cache", cache_dir)
     t.add_row("fingerprint", m.fingerprint)
     t.add_row("examples", f"{m.num_examples:,}")
@@ -404,10 +404,8 @@ def verify(ctx, cache_dir, as_json):
 def _described(source) -> str:
     """``source.describe()``, with the class of a user's subclass (``read_split``'s
     override changes what the parent's description says)."""
-    kind = type(source)
-    if kind.__module__.startswith("seqcache."):
-        return source.describe()
-    return f"{source.describe()} ({kind.__module__}.{kind.__qualname__})"
+    own = users_class(source)
+    return source.describe() if own is None else f"{source.describe()} ({own})"
 
 
 @click.command(name="tasks")

@@ -27,7 +27,7 @@ defining ``from_spec`` (``spec.parse_source_spec``).
 
 from seqcache.tasks.sources.base import (
     LOCATORS, RecordIssue, Source, SourceFile, SourceRecord, Split, canonical_json_bytes, describe_record,
-    is_error_record, match_files, read_failure,
+    is_error_record, match_files, read_failure, users_class,
 )
 from seqcache.tasks.sources.function import FunctionSource
 from seqcache.tasks.sources.hf_datasets import HfDatasetSource
@@ -50,5 +50,5 @@ __all__ = [
     "ParallelTextSource", "ParquetSource", "RecordIssue", "Source", "SourceFile", "SourceRecord", "Split",
     "TextFileSource", "TextLineSource", "TFRecordSource", "TfdsSource", "TsvSource", "Where", "canonical_json_bytes",
     "check_text_values", "describe_record", "error_hint", "is_error_record", "match_files", "parse_on_error",
-    "parse_source_spec", "read_failure", "text_problems", "with_path",
+    "parse_source_spec", "read_failure", "text_problems", "users_class", "with_path",
 ]

@@ -722,9 +722,11 @@ class Source(abc.ABC):
         return SourceRecord(file_index, record_number, {}, raw, RecordIssue("skipped", kind, f"{where.text}{problem}"))
 
 
-def _defined_below(cls: type, name: str, base: type) -> bool:
-    """Whether a class between ``cls`` (included) and ``base`` (excluded) defines ``name``."""
-    return any(name in c.__dict__ for c in cls.__mro__[:cls.__mro__.index(base)]) if base in cls.__mro__ else False
+def users_class(source: Source) -> str | None:
+    """``module.Name`` of ``source``'s class when it is defined outside seqcache
+    (a user's subclass, whose code seqcache cannot see), else None."""
+    kind = type(source)
+    return None if kind.__module__.startswith("seqcache.") else f"{kind.__module__}.{kind.__qualname__}"
 
 
 # (a method a subclass may override, the method that every read of a source
@@ -779,8 +781,9 @@ class FileSource(Source):
     def fingerprint_of_files(self, files: Sequence[SourceFile]) -> dict:
         """``fingerprint()`` without listing the files again; for a subclass
         that overrides ``fingerprint`` alone, its own ``fingerprint()``."""
-        if _defined_below(type(self), "fingerprint", FileSource) and not _defined_below(
-                type(self), "fingerprint_of_files", FileSource):
+        kind = type(self)
+        own_fingerprint = kind.fingerprint is not FileSource.fingerprint
+        if own_fingerprint and kind.fingerprint_of_files is FileSource.fingerprint_of_files:
             return self.fingerprint()
         return self._fingerprint_of(files)
 
@@ -792,9 +795,9 @@ class FileSource(Source):
             "on_error": self.on_error.to_json(),
             "files": [{"path": path, "num_bytes": size, "mtime_ns": mtime} for path, size, mtime in files],
         }
-        if not type(self).__module__.startswith("seqcache."):  # a subclass of the user's: its code is an input
-            out["class"] = f"{type(self).__module__}.{type(self).__qualname__}"
-            out["version"] = self.version
+        own = users_class(self)
+        if own is not None:  # a subclass of the user's: its code is an input
+            out["class"], out["version"] = own, self.version
         return out
 
     def _pattern_text(self) -> str:

@@ -184,6 +184,23 @@ def test_resolve_picks_splash_only_where_it_applies():
         attention_lib.resolve("splash", lengths=(1000,))
 
 
+def test_remat_dots_keeps_the_rotated_queries_and_keys_not_their_projections(capsys):
+    """Under "dots" each layer keeps its queries and keys after the rotary
+    positions (so the backward pass does not rotate again) in place of the
+    projections they come from: four head-shaped residuals per layer (q, k, v
+    and attention's output), two of them the rotated ones."""
+    cfg = decoder_config(attention="xla", remat="dots")
+    graphdef, params = common.split_params(common.create(cfg, 0))
+    batch = {k: jnp.asarray(v) for k, v in lm_batch(2).items()}
+    jax.ad_checkpoint.print_saved_residuals(
+        lambda p: step_lib.loss_sums(graphdef, p, batch, None)["loss_sum"], params)
+    lines = capsys.readouterr().out.splitlines()
+    head_shaped = [x for x in lines if x.startswith(f"f32[2,128,{cfg.num_heads},{cfg.resolved_head_dim}]")]
+    assert len(head_shaped) == 4 * cfg.num_layers, head_shaped
+    assert sum("named 'rotated'" in x for x in head_shaped) == 2 * cfg.num_layers
+    assert sum("named 'attention'" in x for x in head_shaped) == cfg.num_layers
+
+
 def test_config_refuses_splash_lengths_before_compiling_and_reads_remat_none_as_a_string():
     with pytest.raises(config_lib.ConfigError, match=r"lm converter's are \[200\]"):
         config_lib.TrainConfig(model=decoder_config(attention="splash"), sequence_length=200).validate()

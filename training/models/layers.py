@@ -20,8 +20,9 @@ none       every intermediate kept for the backward pass
 dots       the results of matrix multiplications without batch dimensions
            (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``: the
            projections and the MLP) and attention's output (``ATTENTION_NAME``:
-           the splash kernel's output and log-sum-exp); norms, rotary
-           positions and activations recomputed
+           the splash kernel's output and log-sum-exp) and the queries and
+           keys after their rotary positions (``ROTATED_NAME``); norms and
+           activations recomputed
 attention  attention's output only: the projections and the MLP recomputed,
            the attention kernel not
 full       nothing but the layer's input (``nothing_saveable``): the layer's
@@ -42,6 +43,10 @@ LAYERS_AXIS = "layers"
 # The name (``jax.ad_checkpoint.checkpoint_name``) of attention's output: the
 # splash kernel's residuals (output and log-sum-exp), or the einsum path's output.
 ATTENTION_NAME = "attention"
+# The name of the queries and keys after their rotary positions: "dots" keeps them
+# in place of the projections they are computed from, so the backward pass does
+# not recompute the rotation (same bytes kept, less element-wise work).
+ROTATED_NAME = "rotated"
 
 
 def name_attention(x: jax.Array) -> jax.Array:
@@ -49,10 +54,16 @@ def name_attention(x: jax.Array) -> jax.Array:
     return checkpoint_name(x, ATTENTION_NAME)
 
 
+def name_rotated(x: jax.Array) -> jax.Array:
+    """``x`` (queries or keys after their rotary positions) tagged for the "dots" policy."""
+    return checkpoint_name(x, ROTATED_NAME)
+
+
 def _policy(remat: str):
     saved_attention = jax.checkpoint_policies.save_only_these_names(ATTENTION_NAME)
     return {"dots": jax.checkpoint_policies.save_from_both_policies(
-                jax.checkpoint_policies.dots_with_no_batch_dims_saveable, saved_attention),
+                jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                jax.checkpoint_policies.save_only_these_names(ATTENTION_NAME, ROTATED_NAME)),
             "attention": saved_attention,
             "full": jax.checkpoint_policies.nothing_saveable}[remat]
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from seqcache import bounded_json
 from seqcache.feeders import state as state_lib
-from seqcache.feeders.feeder import Feeder, MixtureArg, restore_with
+from seqcache.feeders.feeder import Feeder, MixtureArg, Prefetcher, resolve_threads, restore_with
 from seqcache.feeders.reader import ClosedOnExit
 from seqcache.feeders.stream import (CONVERTER_FEATURES, check_same_features, describe_features, open_mixture,
                                      token_features)
@@ -199,16 +199,23 @@ class ConvertedFeeder(ClosedOnExit):
         asked = sequence_lengths(sequence_length, names)
         if "feature" in feeder_args:
             raise ValueError("ConvertedFeeder sets feature= itself, per feature")
+        num_threads, prefetch = resolve_threads(feeder_args.pop("num_threads", None), feeder_args.pop("prefetch", None))
         _check_caches(converter, feeder_args)
         self.converter = converter
+        self.num_threads, self.prefetch = num_threads, prefetch
         self.feeders: dict[str, Feeder] = {}
+        self._prefetch: Prefetcher | None = None
         try:
             for n in names:
-                self.feeders[n] = Feeder(feature=n, sequence_length=asked.get(n), **feeder_args)
+                # Read ahead here, converted: one thread makes the whole step (every
+                # feature and the conversion), so the caller only takes it.
+                self.feeders[n] = Feeder(feature=n, sequence_length=asked.get(n), num_threads=num_threads,
+                                         prefetch=0, **feeder_args)
         except BaseException:
             self.close()
             raise
         self.sequence_length: dict[str, int] = {n: f.sequence_length[n] for n, f in self.feeders.items()}
+        self._prefetch = Prefetcher(self._convert, num_threads=num_threads, depth=prefetch, num_steps=self.num_steps)
 
     @property
     def step(self) -> int:
@@ -224,7 +231,17 @@ class ConvertedFeeder(ClosedOnExit):
         return self.feeders["targets"].num_steps
 
     def get_batch(self, step: int) -> dict[str, np.ndarray]:
-        """This host's converted rows of global batch ``step``."""
+        """This host's converted rows of global batch ``step``. Random access, as
+        ``Feeder.get_batch``; converts steps step+1 .. step+prefetch in the background.
+
+        Raises:
+          ValueError: a negative step, or a step past the end of a finite run.
+          RuntimeError: the feeder is closed.
+        """
+        self.feeders["targets"]._check_step(int(step))
+        return self._prefetch.get(int(step))
+
+    def _convert(self, step: int) -> dict[str, np.ndarray]:
         batches = {n: f.get_batch(step) for n, f in self.feeders.items()}
         if self.converter == "prefix_lm":
             return convert_prefix_lm(batches, length=sum(self.sequence_length.values()))
@@ -307,5 +324,7 @@ class ConvertedFeeder(ClosedOnExit):
         return cls.restore(state_lib.load_state(path), **kwargs)
 
     def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
         for f in self.feeders.values():
             f.close()

@@ -30,7 +30,7 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -64,6 +64,79 @@ def resolve_threads(num_threads: int | None, prefetch: int | None) -> tuple[int,
     if prefetch < 0:
         raise ValueError(f"prefetch must be >= 0 (got {prefetch})")
     return num_threads, prefetch
+
+
+class Prefetcher:
+    """Steps computed ahead on background threads.
+
+    ``get(step)`` returns ``compute(step)`` and keeps steps step+1 ..
+    step+``depth`` (those below ``num_steps``, when it is not None) started
+    on ``num_threads`` threads; a started step outside that window is
+    cancelled. A step already computed is taken before the next ones are
+    started, so the caller does not wait for the interpreter's lock behind a
+    thread it has just woken. ``depth`` 0: every step computed by the caller.
+    The values never depend on the threads or the depth.
+    """
+
+    def __init__(self, compute: Callable[[int], Any], *, num_threads: int, depth: int, num_steps: int | None):
+        self._compute, self._threads, self._depth, self._num_steps = compute, num_threads, depth, num_steps
+        self._lock = threading.Lock()
+        self._futures: dict[int, concurrent.futures.Future] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def get(self, step: int) -> Any:
+        """``compute(step)``, from a thread when it was started there.
+
+        Raises:
+          RuntimeError: after ``close``; what ``compute`` raises.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the feeder is closed")
+            fut = self._futures.pop(step, None)
+        if fut is not None and fut.done():
+            try:
+                return fut.result()
+            finally:
+                self._start_after(step)
+        self._start_after(step)
+        return fut.result() if fut is not None else self._compute(step)
+
+    def _start_after(self, step: int) -> None:
+        if not self._depth:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=self._threads, thread_name_prefix=THREAD_NAME_PREFIX)
+            window = range(step + 1, step + 1 + self._depth)
+            for s in list(self._futures):
+                if s not in window:
+                    self._futures.pop(s).cancel()
+            for s in window:
+                if self._num_steps is not None and s >= self._num_steps:
+                    break
+                if s not in self._futures:
+                    self._futures[s] = self._executor.submit(self._compute, s)
+
+    def pending(self) -> list[concurrent.futures.Future]:
+        """The steps started and not yet taken."""
+        with self._lock:
+            return list(self._futures.values())
+
+    def close(self) -> None:
+        """Cancels the steps not started and waits for the running ones. Idempotent."""
+        with self._lock:
+            self._closed = True
+            futures, self._futures = self._futures, {}
+            executor, self._executor = self._executor, None
+        for fut in futures.values():
+            fut.cancel()
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
 
 
 def default_hosts() -> tuple[int, int]:
@@ -188,6 +261,9 @@ class Feeder(ClosedOnExit):
         opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
         self.mixture_name = opened.name
         self.paths, self.readers, self.rates, self.weights = opened.paths, opened.readers, opened.rates, opened.weights
+        # Where the caches were opened, as a state records them: resolved once here (a
+        # relative path against the working directory of the opening).
+        self._locations = [state_lib.location(p) for p in self.paths]
         self.schedule = opened.stages  # None, or [{"step", "rates", "weights"}] (see ``feeders/schedule.py``)
         try:
             check_same_features(self.paths, self.readers)
@@ -203,8 +279,8 @@ class Feeder(ClosedOnExit):
         self.num_steps = self.stream.num_steps(self.global_batch_size)
         self._step = 0
         self._lock = threading.Lock()
-        self._futures: dict[int, concurrent.futures.Future] = {}
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._prefetch = Prefetcher(self._compute, num_threads=self.num_threads, depth=self.prefetch,
+                                    num_steps=self.num_steps)
         self._read_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._closed = False
@@ -389,23 +465,7 @@ class Feeder(ClosedOnExit):
         with self._lock:
             if self._closed:
                 raise RuntimeError("the feeder is closed")
-            fut = self._futures.pop(step, None)
-            if self.prefetch:
-                if self._executor is None:
-                    self._executor = concurrent.futures.ThreadPoolExecutor(
-                        max_workers=self.num_threads, thread_name_prefix=THREAD_NAME_PREFIX)
-                window = range(step + 1, step + 1 + self.prefetch)
-                for s in list(self._futures):
-                    if s not in window:
-                        self._futures.pop(s).cancel()
-                for s in window:
-                    if self.num_steps is not None and s >= self.num_steps:
-                        break
-                    if s not in self._futures:
-                        self._futures[s] = self._executor.submit(self._compute, s)
-        if fut is not None:
-            return fut.result()
-        return self._compute(step)
+        return self._prefetch.get(step)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         return self
@@ -427,7 +487,7 @@ class Feeder(ClosedOnExit):
             "kind": state_lib.STATE_KIND,
             "version": state_lib.STATE_VERSION if self.schedule is None else state_lib.SCHEDULE_STATE_VERSION,
             "cache_format_version": fmt.RECORD_FORMAT_VERSION,
-            "mixture": state_lib.mixture_entries(self.paths, self.rates, self.weights, self.readers),
+            "mixture": state_lib.mixture_entries(self._locations, self.rates, self.weights, self.readers),
             "seed": self.seed,
             "global_batch_size": self.global_batch_size,
             "sequence_length": dict(self.sequence_length),
@@ -577,15 +637,11 @@ class Feeder(ClosedOnExit):
             if self._closed:
                 return
             self._closed = True
-            futures, self._futures = self._futures, {}
-            executor, self._executor = self._executor, None
-        for fut in futures.values():
-            fut.cancel()
+        self._prefetch.close()
         with self._pool_lock:
             read_pool, self._read_pool = self._read_pool, None
-        for pool in (executor, read_pool):
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+        if read_pool is not None:
+            read_pool.shutdown(wait=True, cancel_futures=True)
         for r in self.readers:
             r.close()
 

@@ -216,3 +216,30 @@ def test_startup_benchmark_counts_modules_and_times_each_command(tmp_path):
     # Beam comes with the build alone (tests/test_startup.py pins the counts).
     assert rows["seqcache --help"]["modules"] < rows["seqcache build --help"]["modules"] \
         < rows["seqcache build (one record)"]["modules"], rows
+
+
+@pytest.mark.slow  # a fresh interpreter importing the feeders
+def test_host_wait_benchmark_measures_both_feeders_on_an_encoder_decoder_cache(tmp_path, corpora):
+    from seqcache import tasks
+    from seqcache.pipelines.build import BuildConfig, build_task
+    from seqcache.tasks import preprocessors as P
+
+    v = tasks.ByteVocabulary(extra_ids=10)
+    d = corpora.multi30k
+    task = tasks.Task("m30k_wait", source=tasks.ParallelTextSource({"en": str(d / "val.en.gz"),
+                                                                    "de": str(d / "val.de.gz")}),
+                      output_features={"inputs": tasks.Feature(v), "targets": tasks.Feature(v)},
+                      preprocessors=[P.rekey({"inputs": "en", "targets": "de"}), P.tokenize(),
+                                     P.append_eos_after_trim()])
+    built = build_task(task, cache_dir=str(tmp_path), config=BuildConfig(
+        num_shards=2, sequence_length={"inputs": 96, "targets": 96}))
+    out = tmp_path / "wait.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/host_wait.py", "--cache", built.cache_dir, "--batch-size", "8", "--step-ms",
+         "5", "--steps", "6", "--warmup", "2", "--rounds", "1", "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report) == {"read ahead", "on the caller", "ratio"}
+    assert all(len(report[k]["ms"]) == 1 and report[k]["ms"][0] > 0 for k in ("read ahead", "on the caller"))
+    assert "| read ahead |" in done.stdout

@@ -1,5 +1,7 @@
 """Feature converters with t5x field names: values, exactly once, resume, hosts."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -103,6 +105,35 @@ def test_exactly_once_resume_and_hosts(caches):
                                                         "sequence_length": {"targets": 96}}) as g:
         with pytest.raises(ValueError, match="saved with converter"):
             g.set_state(state)
+
+
+def test_converted_steps_are_read_ahead_whole_and_equal_those_read_on_demand(caches, tmp_path, monkeypatch):
+    """The feeder reads and converts steps ahead on its own threads (its
+    features' feeders read none ahead); any prefetch depth gives the same
+    batches, and a state names the cache where it was opened, wherever the
+    process runs from later."""
+    plain, _ = caches
+    kw = dict(converter="encdec", cache=plain, sequence_length={"inputs": 96, "targets": 96}, global_batch_size=8,
+              seed=1, host_index=0, host_count=1)
+    with ConvertedFeeder(prefetch=0, **kw) as on_demand:
+        want = [on_demand.get_batch(s) for s in range(6)]
+    with ConvertedFeeder(prefetch=3, num_threads=2, **kw) as f:
+        assert all(g.prefetch == 0 for g in f.feeders.values())
+        first = f.get_batch(0)
+        ahead = f._prefetch.pending()
+        assert len(ahead) == 3
+        ready = [fut.result() for fut in ahead]  # steps 1..3, converted on the feeder's threads
+        assert all("decoder_input_tokens" in b for b in ready)
+        got = [first] + [f.get_batch(s) for s in range(1, 6)]
+        state = f.state()
+    for g, w in zip(got, want):
+        assert sorted(g) == sorted(w) and all(np.array_equal(g[k], w[k]) for k in w)
+    relative = tmp_path / "here"
+    relative.mkdir()
+    monkeypatch.chdir(relative)
+    with ConvertedFeeder(prefetch=0, **{**kw, "cache": os.path.relpath(plain)}) as f:
+        monkeypatch.chdir(tmp_path)
+        assert f.state()["mixture"][0]["path"] == state["mixture"][0]["path"] == os.path.abspath(plain)
 
 
 def test_lm_and_prefix_lm(caches):

@@ -106,7 +106,7 @@ def test_a_feeder_running_across_a_rebuild_reads_old_rows_or_says_the_cache_was_
     aside = _copy_aside(cache, tmp_path)
     with _feeder(cache, prefetch=prefetch) as feeder, _feeder(aside, prefetch=0) as old_rows:
         assert _same(feeder.get_batch(0), old_rows.get_batch(0))
-        for pending in list(feeder._futures.values()):
+        for pending in feeder._prefetch.pending():
             pending.result()  # the prefetched steps read before the rebuild, not during it
         opened = _open_data_shards(feeder.readers[0])
         assert 0 < len(opened) < SHARDS  # some shards open, some not

@@ -13,7 +13,8 @@
 # SentencePiece vocabulary trained on it with `seqcache vocab train`; `seqcache
 # build` packed to 1,024 tokens (language-model packing), split train: about
 # 2,400 rows, 12 MB; and T5's span corruption of the same text (inputs 512,
-# targets 114, first-fit packing) for the encoder-decoder presets. An existing
+# targets 114, first-fit packing; and again with targets padded to 128) for the
+# encoder-decoder presets. An existing
 # corpus, vocabulary and caches are reused.
 #
 # Usage: bash scripts/tpu_bundle.sh        (from anywhere; here, not on the TPU)
@@ -121,6 +122,21 @@ else
     --name "$SC_NAME" --seed 0 --cache-dir "$OUT/caches"
 fi
 "$SEQCACHE" info "$SC_CACHE" | head -30
+
+# The same with targets padded to 128, a multiple of the fused kernels' block
+# (model.attention=splash runs T5's self-attention with its position bias fused
+# only there).
+SC128_NAME=wiki_c4_span128
+SC128_CACHE="$OUT/caches/$SC128_NAME/train"
+if [ -f "$SC128_CACHE/manifest.json" ]; then
+  echo "== cache: $SC128_CACHE exists, reused"
+else
+  echo "== build: span corruption, inputs 512 / targets 128, first-fit packing, split train"
+  "$SEQCACHE" build --source "jsonl:$WORK/corpus/*.jsonl#text" --vocabulary "$OUT/vocab/spm16k.model" \
+    --extra-ids 100 --objective span_corruption --sequence-length inputs=512,targets=128 --pack first_fit \
+    --name "$SC128_NAME" --seed 0 --cache-dir "$OUT/caches"
+fi
+"$SEQCACHE" info "$SC128_CACHE" | head -30
 
 echo "== $OUT"
 du -sh "$OUT"/*

@@ -116,6 +116,8 @@ SHAPE_FIELDS = ("architecture", "vocab_size", "d_model", "num_layers", "num_deco
                 "mlp_dim", "mlp_activation", "tie_embeddings", "share_embeddings")
 # The shapes ``base`` had before its heads became 6 of 128, named in the refusal.
 _EARLIER_BASE = {"d_model": 768, "num_layers": 12, "num_heads": 12, "head_dim": 64, "mlp_dim": 2048}
+# The presets that scanned their layers before they were measured faster unrolled.
+_EARLIER_SCANNED = ("large", "1b")
 
 
 def _shape_values(model: Mapping[str, Any]) -> dict[str, Any]:
@@ -155,9 +157,22 @@ def check_structure(config_path: str, config: config_lib.TrainConfig, checkpoint
             raise CheckpointError(
                 f"{checkpoint}: the checkpoint was saved with model.{name}={json.dumps(old)} and this run has "
                 f"model.{name}={json.dumps(new)}, which lays the parameters out otherwise (stacked layers or one "
-                f"per layer); resume with --set model.{name}={json.dumps(old)}")
+                f"per layer){_earlier_scanned_preset(model, old)}; resume with --set model.{name}={json.dumps(old)}")
     _check_shapes(model, config, checkpoint)
     _check_optimizer(saved.get("optimizer"), config, checkpoint)
+
+
+def _earlier_scanned_preset(model: Mapping[str, Any], scanned: Any) -> str:
+    """A parenthesis naming the preset, when a scanned checkpoint has the shapes of
+    a preset that scanned its layers before it was measured faster unrolled; else ""."""
+    if scanned is not True:
+        return ""
+    saved = _shape_values(model)
+    for preset in _EARLIER_SCANNED:
+        shapes = _shape_values(config_lib.to_dict(config_lib.MODEL_PRESETS[preset]))
+        if all(saved[k] == shapes[k] for k in SHAPE_FIELDS if k != "vocab_size"):
+            return f" (the preset '{preset}' no longer scans its layers: unrolled, it runs faster)"
+    return ""
 
 
 def _check_shapes(model: Mapping[str, Any], config: config_lib.TrainConfig, checkpoint: str) -> None:

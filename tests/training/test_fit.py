@@ -184,12 +184,16 @@ def test_at_most_four_candidates_are_compiled_and_none_that_fits_keeps_the_own()
     assert dataclasses.replace(result.config, fit=None) == cfg
 
 
-def test_no_compile_starts_once_the_budget_is_spent():
+@pytest.mark.parametrize("seconds, count", [(50.0, 1), (40.0, 2), (30.0, 3), (20.0, 4)])
+def test_no_compile_starts_that_would_end_past_the_budget(seconds, count):
+    """At the pace of the compiles so far: 50 s each, the own setting alone
+    (a second would end at 100 s); 30 s each, three (90 s)."""
     cfg = _config()
-    make, probe, clock, compiled, _ = _fake(_needs(), seconds_per_compile=50.0)
+    make, probe, clock, compiled, _ = _fake(_needs(), seconds_per_compile=seconds)
     result = F.fit(cfg, platform="tpu", device_kind="TPU v5 lite", memory_limit=16 * GB, make_trainer=make,
                    probe=probe, clock=clock, compile_budget_s=90.0)
-    assert len(compiled) == 2 and result.config.fit["compile_time_s"] == pytest.approx(100.0)
+    assert len(compiled) == count and result.config.fit["compile_time_s"] == pytest.approx(seconds * count)
+    assert result.config.fit["compile_time_s"] <= 90.0
 
 
 def test_an_error_that_is_not_out_of_memory_is_raised():

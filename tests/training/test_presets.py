@@ -23,9 +23,9 @@ def test_base_has_six_heads_of_128():
     assert (base.remat, base.scan_layers) == ("none", False)
 
 
-def test_large_brings_remat_dots_and_four_microbatches():
+def test_large_brings_remat_dots_and_four_microbatches_unrolled():
     large = C.config_from_layers(preset="large")
-    assert (large.model.remat, large.model.scan_layers, large.num_microbatches) == ("dots", True, 4)
+    assert (large.model.remat, large.model.scan_layers, large.num_microbatches) == ("dots", False, 4)
     # A flag or override still replaces what the preset brings.
     assert C.config_from_layers(preset="large", overrides=["num_microbatches=2"]).num_microbatches == 2
     # Other presets keep one microbatch.
@@ -65,6 +65,28 @@ def test_a_checkpoint_of_the_earlier_base_is_refused_in_one_line(tmp_path):
     check_structure(path, C.apply_overrides(now, ["model.num_heads=12", "model.head_dim=64"]), "runs/b")
 
 
+@pytest.mark.parametrize("preset", ["large", "1b"])
+def test_a_checkpoint_of_the_earlier_scanned_preset_is_refused_in_one_line_naming_the_change(tmp_path, preset):
+    now = C.apply_overrides(C.config_from_layers(preset=preset), ["model.vocab_size=16000"])
+    earlier = C.apply_overrides(now, ["model.scan_layers=true"])
+    path = _write(tmp_path / "config.json", earlier)
+    with pytest.raises(CheckpointError) as e:
+        check_structure(path, now, "runs/l")
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("runs/l: the checkpoint was saved with model.scan_layers=true and this run has "
+                              "model.scan_layers=false")
+    assert f"(the preset '{preset}' no longer scans its layers: unrolled, it runs faster)" in message
+    assert message.endswith("resume with --set model.scan_layers=true")
+    check_structure(path, earlier, "runs/l")  # the fix works
+    # A model of another shape, scanned then unrolled: no word of the presets.
+    other = C.apply_overrides(now, ["model.mlp_dim=1024"])
+    path = _write(tmp_path / "other.json", C.apply_overrides(other, ["model.scan_layers=true"]))
+    with pytest.raises(CheckpointError) as e:
+        check_structure(path, other, "runs/l")
+    assert "preset" not in str(e.value)
+
+
 def test_other_shapes_are_refused_and_remat_is_not(tmp_path):
     saved = C.TrainConfig(model=C.ModelConfig(vocab_size=100))
     path = _write(tmp_path / "config.json", saved)
@@ -82,7 +104,7 @@ def test_1b_has_about_a_billion_parameters_and_brings_adafactor():
     model = dataclasses.replace(cfg.model, vocab_size=16000)
     assert (model.d_model, model.num_layers, model.num_heads, model.resolved_head_dim, model.mlp_dim) == (
         2048, 18, 16, 128, 5632)
-    assert (model.remat, model.scan_layers, cfg.num_microbatches) == ("attention", True, 8)
+    assert (model.remat, model.scan_layers, cfg.num_microbatches) == ("dots", False, 8)
     assert (cfg.optimizer.name, cfg.optimizer.lr) == ("adafactor", 1e-2)
     _, params = common.split_params(common.abstract_model(model))
     assert sum(x.size for x in jax.tree.leaves(params)) == 957_687_808

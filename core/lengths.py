@@ -37,7 +37,22 @@ ALL_FEATURES = "*"
 
 class SequenceLengthError(ValueError):
     """A sequence length longer than the caches', or none given where a cache
-    records none; one line naming the cache, the feature and both lengths."""
+    records none; one line naming the cache, the feature and both lengths.
+
+    ``for_setting("--sequence-length ")`` gives the same refusal worded for
+    another way of giving the length (a command's flag instead of the
+    ``sequence_length=`` argument)."""
+
+    def __init__(self, template: str, setting: str = "sequence_length="):
+        self._template = template
+        super().__init__(template.replace(_SETTING, setting.rstrip(" =")))
+
+    def for_setting(self, setting: str) -> "SequenceLengthError":
+        return SequenceLengthError(self._template, setting)
+
+
+# Where a ``SequenceLengthError`` names how the length is given.
+_SETTING = "\x00setting\x00"
 
 
 def _length(value: Any, feature: str | None) -> int:
@@ -191,13 +206,13 @@ def fit_lengths(given: Mapping[str, int | None] | int | None, manifests: Mapping
             own, where = _longest(manifests, name, cache_lengths)
             if own is None:
                 raise SequenceLengthError(f"{where or 'the cache'}: the cache records no sequence length for feature "
-                                          f"{name!r}; give its length ({setting.rstrip(' =')})")
+                                          f"{name!r}; give its length ({_SETTING})", setting)
             out[name] = own
             continue
         limit, where = _longest(manifests, name, built_lengths)
         if limit is not None and asked[name] > limit:
             raise SequenceLengthError(
                 f"{where}: sequence length {asked[name]} for feature {name!r} is longer than the cache's, {limit} "
-                f"tokens; leave {setting.rstrip(' =')} out to read rows of {limit}, or give at most {limit}")
+                f"tokens; leave {_SETTING} out to read rows of {limit}, or give at most {limit}", setting)
         out[name] = asked[name]
     return out

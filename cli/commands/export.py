@@ -13,6 +13,7 @@ from seqcache import format as fmt
 from seqcache.cli.commands import common
 from seqcache.cli.commands.which import resolve
 from seqcache.feeders.trainers.export import EXPORT_NAME, export_maxtext, maxtext_flags
+from seqcache.lengths import SequenceLengthError
 
 
 @click.command()
@@ -76,6 +77,8 @@ def export(target, export_format, output, batch_size, sequence_length, steps, se
     try:
         done = export_maxtext(output, **args)
     except (fmt.CacheError, ValueError) as e:
+        if isinstance(e, SequenceLengthError):
+            e = e.for_setting("--sequence-length ")
         click.echo(f"error: {common.cut_values(e)}", err=True)
         sys.exit(1)
     if as_json:

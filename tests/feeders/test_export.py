@@ -279,6 +279,14 @@ def test_cli_export_writes_the_same_file(tmp_path, fx):
     endless = CliRunner().invoke(main, ["export", "--format", "maxtext", str(tmp_path / "c"), "--output",
                                         str(tmp_path / "x"), "--batch-size", "8", "--sequence-length", "8"])
     assert endless.exit_code == 2 and "--steps is required" in endless.output
+    # A length longer than a packed cache's: the refusal names the flag, not the Python argument.
+    fx.write_packed_cache(tmp_path / "p", n=20, sequence_length=12)
+    long = CliRunner().invoke(main, ["export", "--format", "maxtext", str(tmp_path / "p"), "--output",
+                                     str(tmp_path / "y"), "--batch-size", "4", "--sequence-length", "13", "--steps",
+                                     "1"])
+    assert long.exit_code == 1
+    assert long.output == (f"error: {tmp_path / 'p'}: sequence length 13 for feature 'targets' is longer than the "
+                           "cache's, 12 tokens; leave --sequence-length out to read rows of 12, or give at most 12\n")
 
 
 def test_export_from_a_saved_state_starts_at_its_step(tmp_path, fx):

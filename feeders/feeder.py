@@ -72,10 +72,8 @@ class Prefetcher:
     ``get(step)`` returns ``compute(step)`` and keeps steps step+1 ..
     step+``depth`` (those below ``num_steps``, when it is not None) started
     on ``num_threads`` threads; a started step outside that window is
-    cancelled. A step already computed is taken before the next ones are
-    started, so the caller does not wait for the interpreter's lock behind a
-    thread it has just woken. ``depth`` 0: every step computed by the caller.
-    The values never depend on the threads or the depth.
+    cancelled. ``depth`` 0: every step computed by the caller. The values
+    never depend on the threads or the depth.
     """
 
     def __init__(self, compute: Callable[[int], Any], *, num_threads: int, depth: int, num_steps: int | None):
@@ -95,13 +93,15 @@ class Prefetcher:
             if self._closed:
                 raise RuntimeError("the feeder is closed")
             fut = self._futures.pop(step, None)
-        if fut is not None and fut.done():
-            try:
-                return fut.result()
-            finally:
-                self._start_after(step)
         self._start_after(step)
-        return fut.result() if fut is not None else self._compute(step)
+        if fut is None:
+            return self._compute(step)
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            if self._closed:  # closed by another thread while this one waited
+                raise RuntimeError("the feeder is closed") from None
+            raise
 
     def _start_after(self, step: int) -> None:
         if not self._depth:
@@ -261,11 +261,11 @@ class Feeder(ClosedOnExit):
         opened = open_mixture(cache=cache, mixture=mixture, caches_root=caches_root, split=split)
         self.mixture_name = opened.name
         self.paths, self.readers, self.rates, self.weights = opened.paths, opened.readers, opened.rates, opened.weights
-        # Where the caches were opened, as a state records them: resolved once here (a
-        # relative path against the working directory of the opening).
-        self._locations = [state_lib.location(p) for p in self.paths]
         self.schedule = opened.stages  # None, or [{"step", "rates", "weights"}] (see ``feeders/schedule.py``)
         try:
+            # Where the caches were opened, as a state records them: resolved once here
+            # (a relative path against the working directory of the opening).
+            self._locations = [state_lib.location(p) for p in self.paths]
             check_same_features(self.paths, self.readers)
             self._layouts = [feature_layout(r, self.feature) for r in self.readers]
             manifests = {p: r.manifest for p, r in zip(self.paths, self.readers)}

@@ -234,7 +234,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     # rotated queries and keys kept for the backward pass (remat=dots), the batch in 4
     # microbatches (``PRESET_RUN_SETTINGS``). Measured on one TPU v5e (B = 32, L = 1,024,
     # bfloat16, splash): 68.6% MFU, step peak 14.2 GB, compiled in 56 s. Scanned over its 16
-    # layers (one compiled layer, 13 s) the same setting ran at 58.4% (15.4 GB): the scan
+    # layers (one compiled layer, 14 s) the same setting ran at 58.4% (15.4 GB): the scan
     # copies each layer's saved activations and gradients in and out of stacked buffers.
     "large": ModelConfig(d_model=1536, num_layers=16, num_heads=12, mlp_dim=4096, remat="dots"),
     # About 1 B parameters (0.96 B with 16,000 ids): 18 layers of d_model 2048, 16 heads

@@ -13,10 +13,11 @@ agree to float rounding, docs/training.md). The fit
    not varied; a microbatch count that does not split the batch over the
    mesh's batch shards is left out.
 2. compiles them ahead of time (``Trainer.compile``: XLA's
-   ``memory_analysis``), at most ``MAX_CANDIDATES``, and starts no compile
-   that would end past ``COMPILE_BUDGET_S`` seconds of compiling at the pace
-   of the longest one so far (an unrolled ``1b`` compiles in about 85 s on one
-   v5e: its own setting, then nothing more). A candidate fits
+   ``memory_analysis``), at most ``MAX_CANDIDATES``. Once one fits, it starts
+   no compile expected to end past ``COMPILE_BUDGET_S`` seconds of compiling
+   (at the pace of the longest compile so far: an unrolled ``1b`` compiles in
+   about 85 s on one v5e, its own setting, then nothing more); while none
+   fits, it goes on (a run with none that fits fails anyway). A candidate fits
    when its program needs at most ``MEMORY_FRACTION`` of the device's memory
    (``program_bytes``); a compile that runs out of memory does not fit. The
    config's own setting is compiled first; if it fits, the ladder is walked
@@ -66,8 +67,8 @@ log = logging.getLogger("seqcache.training")
 
 # At most this many candidates are compiled.
 MAX_CANDIDATES = 4
-# The fit's compiling ends within this many seconds: no candidate is started
-# that would end past it, at the pace of the longest compile so far.
+# Once a candidate fits, no compile is started that is expected (at the pace of
+# the longest compile so far) to end past this many seconds of compiling.
 COMPILE_BUDGET_S = 90.0
 # A program fits when it needs at most this share of the device's memory.
 MEMORY_FRACTION = 0.95
@@ -225,7 +226,7 @@ def fit(config: config_lib.TrainConfig, *, pinned: Iterable[str] = (), platform:
     fitting: dict[Setting, Any] = {}
     too_big: list[Setting] = []
     spent = longest = 0.0
-    while todo and len(tried) < max_candidates and spent + longest <= compile_budget_s:
+    while todo and len(tried) < max_candidates and (not fitting or spent + longest <= compile_budget_s):
         setting = todo.pop(0)
         if any(kept.dominates(setting) for kept in fitting) or any(setting.dominates(big) for big in too_big):
             continue  # expected slower than one that fits, or needing more memory than one that does not

@@ -2,11 +2,13 @@
 
 import hashlib
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from seqcache.feeders import Feeder, positions_from_segment_ids, rate_num_examples
+from seqcache.feeders.feeder import Prefetcher
 from seqcache.lengths import SequenceLengthError
 
 KEYS = ("targets", "targets_segment_ids", "targets_positions", "targets_loss_weights", "task_index",
@@ -395,3 +397,37 @@ def test_a_shard_arrayrecord_cannot_open_is_a_cache_error(tmp_path, fx, monkeypa
         reader_mod.CacheReader(str(tmp_path / "c"))
     assert str(e.value).startswith(f"{tmp_path / 'c' / 'data.array_record-00000-of-00002'}: cannot open the shard")
     assert f"run `seqcache verify {tmp_path / 'c'}`" in str(e.value)
+
+
+def test_a_step_awaited_while_another_thread_closes_the_feeder_says_it_is_closed():
+    """A caller waiting for a step that the close cancels gets the feeder's
+    RuntimeError, as one arriving after the close does, not a CancelledError."""
+
+    release = threading.Event()
+
+    def compute(step):
+        if step == 1:
+            release.wait(10)  # keeps the one thread busy: steps 2.. wait in the queue
+        return step
+
+    prefetcher = Prefetcher(compute, num_threads=1, depth=2, num_steps=None)
+    assert prefetcher.get(0) == 0
+    raised = []
+
+    def wait_for_step_2():
+        try:
+            prefetcher.get(2)
+        except BaseException as e:  # noqa: BLE001 (the test reads which)
+            raised.append(e)
+
+    waiter = threading.Thread(target=wait_for_step_2)
+    waiter.start()
+    time.sleep(0.2)  # the waiter is in the queued step's result() (or, late, it finds the feeder closed)
+    closer = threading.Thread(target=prefetcher.close)
+    closer.start()
+    waiter.join(10)
+    release.set()
+    closer.join(10)
+    assert not waiter.is_alive() and not closer.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], RuntimeError), raised
+    assert str(raised[0]) == "the feeder is closed"

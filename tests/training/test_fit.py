@@ -185,15 +185,28 @@ def test_at_most_four_candidates_are_compiled_and_none_that_fits_keeps_the_own()
 
 
 @pytest.mark.parametrize("seconds, count", [(50.0, 1), (40.0, 2), (30.0, 3), (20.0, 4)])
-def test_no_compile_starts_that_would_end_past_the_budget(seconds, count):
+def test_once_one_fits_no_compile_starts_that_would_end_past_the_budget(seconds, count):
     """At the pace of the compiles so far: 50 s each, the own setting alone
     (a second would end at 100 s); 30 s each, three (90 s)."""
-    cfg = _config()
-    make, probe, clock, compiled, _ = _fake(_needs(), seconds_per_compile=seconds)
+    cfg = C.apply_overrides(_config(), ["num_microbatches=4", "model.remat=dots"])  # everything fits
+    times = {s: 1.0 for s in _needs()}
+    make, probe, clock, compiled, _ = _fake(_needs(default=8 * GB), times, seconds_per_compile=seconds)
     result = F.fit(cfg, platform="tpu", device_kind="TPU v5 lite", memory_limit=16 * GB, make_trainer=make,
                    probe=probe, clock=clock, compile_budget_s=90.0)
     assert len(compiled) == count and result.config.fit["compile_time_s"] == pytest.approx(seconds * count)
     assert result.config.fit["compile_time_s"] <= 90.0
+
+
+def test_while_none_fits_the_fit_compiles_on_past_the_budget():
+    """50 s a compile and nothing fits: the budget does not end the search
+    (a run with none that fits fails anyway); at most four compiles."""
+    cfg = _config()
+    make, probe, clock, compiled, _ = _fake(_needs(m2_dots=8 * GB), seconds_per_compile=50.0)
+    result = F.fit(cfg, platform="tpu", device_kind="TPU v5 lite", memory_limit=16 * GB, make_trainer=make,
+                   probe=probe, clock=clock, compile_budget_s=90.0)
+    assert compiled == [_S(1, "none"), _S(1, "dots"), _S(2, "dots")]
+    assert result.config.fit["by"] == "the only candidate that fits"
+    assert (result.config.num_microbatches, result.config.model.remat) == (2, "dots")
 
 
 def test_an_error_that_is_not_out_of_memory_is_raised():

@@ -109,34 +109,25 @@ fi
 "$SEQCACHE" info "$CACHE" | head -30
 
 # T5's objective on the same documents and vocabulary (100 sentinel ids after
-# the 16,000 pieces): span corruption, inputs of 512 and targets of 114 tokens
-# (T5's pair), first-fit packing, split train.
-SC_NAME=wiki_c4_span
-SC_CACHE="$OUT/caches/$SC_NAME/train"
-if [ -f "$SC_CACHE/manifest.json" ]; then
-  echo "== cache: $SC_CACHE exists, reused"
-else
-  echo "== build: span corruption, inputs 512 / targets 114, first-fit packing, split train"
-  "$SEQCACHE" build --source "jsonl:$WORK/corpus/*.jsonl#text" --vocabulary "$OUT/vocab/spm16k.model" \
-    --extra-ids 100 --objective span_corruption --sequence-length inputs=512 --pack first_fit \
-    --name "$SC_NAME" --seed 0 --cache-dir "$OUT/caches"
-fi
-"$SEQCACHE" info "$SC_CACHE" | head -30
-
+# the 16,000 pieces): span corruption, first-fit packing, split train.
+span_cache() {  # NAME SEQUENCE_LENGTH
+  local cache="$OUT/caches/$1/train"
+  if [ -f "$cache/manifest.json" ]; then
+    echo "== cache: $cache exists, reused"
+  else
+    echo "== build: span corruption, --sequence-length $2, first-fit packing, split train"
+    "$SEQCACHE" build --source "jsonl:$WORK/corpus/*.jsonl#text" --vocabulary "$OUT/vocab/spm16k.model" \
+      --extra-ids 100 --objective span_corruption --sequence-length "$2" --pack first_fit \
+      --name "$1" --seed 0 --cache-dir "$OUT/caches"
+  fi
+  "$SEQCACHE" info "$cache" | head -30
+}
+# Inputs of 512 and targets of 114 tokens (T5's pair).
+span_cache wiki_c4_span inputs=512
 # The same with targets padded to 128, a multiple of the fused kernels' block
 # (model.attention=splash runs T5's self-attention with its position bias fused
 # only there).
-SC128_NAME=wiki_c4_span128
-SC128_CACHE="$OUT/caches/$SC128_NAME/train"
-if [ -f "$SC128_CACHE/manifest.json" ]; then
-  echo "== cache: $SC128_CACHE exists, reused"
-else
-  echo "== build: span corruption, inputs 512 / targets 128, first-fit packing, split train"
-  "$SEQCACHE" build --source "jsonl:$WORK/corpus/*.jsonl#text" --vocabulary "$OUT/vocab/spm16k.model" \
-    --extra-ids 100 --objective span_corruption --sequence-length inputs=512,targets=128 --pack first_fit \
-    --name "$SC128_NAME" --seed 0 --cache-dir "$OUT/caches"
-fi
-"$SEQCACHE" info "$SC128_CACHE" | head -30
+span_cache wiki_c4_span128 inputs=512,targets=128
 
 echo "== $OUT"
 du -sh "$OUT"/*

@@ -49,42 +49,42 @@ def _write(path, config):
     return str(path)
 
 
+def _refusal(path, saved, now, run: str) -> str:
+    """The one line ``check_structure`` refuses ``now`` with, a checkpoint of ``saved``'s config at ``path``."""
+    _write(path, saved)
+    with pytest.raises(CheckpointError) as e:
+        check_structure(str(path), now, run)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
 def test_a_checkpoint_of_the_earlier_base_is_refused_in_one_line(tmp_path):
     earlier = C.TrainConfig(model=dataclasses.replace(C.model_preset("base"), num_heads=12, vocab_size=16000))
     now = C.TrainConfig(model=dataclasses.replace(C.model_preset("base"), vocab_size=16000))
-    path = _write(tmp_path / "config.json", earlier)
-    with pytest.raises(CheckpointError) as e:
-        check_structure(path, now, "runs/b")
-    message = str(e.value)
-    assert "\n" not in message
+    path = tmp_path / "config.json"
+    message = _refusal(path, earlier, now, "runs/b")
     assert message.startswith("runs/b: the checkpoint's parameters have other shapes than this run's model (saved "
                               "-> now: model.num_heads 12 -> 6, model.head_dim 64 -> 128) (the preset 'base' has 6 "
                               "heads of 128, no longer 12 of 64); ")
     assert "--set 'model.num_heads=12 model.head_dim=64'" in message
     # The fix works: the earlier shape resumes.
-    check_structure(path, C.apply_overrides(now, ["model.num_heads=12", "model.head_dim=64"]), "runs/b")
+    check_structure(str(path), C.apply_overrides(now, ["model.num_heads=12", "model.head_dim=64"]), "runs/b")
 
 
 @pytest.mark.parametrize("preset", ["large", "1b"])
 def test_a_checkpoint_of_the_earlier_scanned_preset_is_refused_in_one_line_naming_the_change(tmp_path, preset):
     now = C.apply_overrides(C.config_from_layers(preset=preset), ["model.vocab_size=16000"])
     earlier = C.apply_overrides(now, ["model.scan_layers=true"])
-    path = _write(tmp_path / "config.json", earlier)
-    with pytest.raises(CheckpointError) as e:
-        check_structure(path, now, "runs/l")
-    message = str(e.value)
-    assert "\n" not in message
+    message = _refusal(tmp_path / "config.json", earlier, now, "runs/l")
     assert message.startswith("runs/l: the checkpoint was saved with model.scan_layers=true and this run has "
                               "model.scan_layers=false")
     assert f"(the preset '{preset}' no longer scans its layers: unrolled, it runs faster)" in message
     assert message.endswith("resume with --set model.scan_layers=true")
-    check_structure(path, earlier, "runs/l")  # the fix works
+    check_structure(str(tmp_path / "config.json"), earlier, "runs/l")  # the fix works
     # A model of another shape, scanned then unrolled: no word of the presets.
     other = C.apply_overrides(now, ["model.mlp_dim=1024"])
-    path = _write(tmp_path / "other.json", C.apply_overrides(other, ["model.scan_layers=true"]))
-    with pytest.raises(CheckpointError) as e:
-        check_structure(path, other, "runs/l")
-    assert "preset" not in str(e.value)
+    assert "preset" not in _refusal(tmp_path / "other.json", C.apply_overrides(other, ["model.scan_layers=true"]),
+                                    other, "runs/l")
 
 
 def test_other_shapes_are_refused_and_remat_is_not(tmp_path):

@@ -20,7 +20,7 @@ import statistics
 import time
 
 from seqcache.feeders import ConvertedFeeder, Feeder
-from seqcache.format import read_manifest
+from seqcache.format import CacheError, read_manifest
 
 
 def make_feeder(cache: str, batch_size: int, prefetch: int | None):
@@ -48,7 +48,8 @@ def host_times(cache: str, *, batch_size: int, prefetch: int | None, step_s: flo
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--cache", required=True, help="a task cache folder (with manifest.json)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--step-ms", type=float, default=56.0, help="the device step the sleep stands in for")
@@ -57,7 +58,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
+    for name in ("batch_size", "steps", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmup < 0 or args.step_ms < 0:
+        ap.error("--warmup and --step-ms must not be negative")
     step_s = args.step_ms / 1e3
+    try:
+        make_feeder(args.cache, args.batch_size, 0).close()
+    except (CacheError, ValueError, OSError) as e:
+        ap.exit(1, f"error: {e}\n")
     rows: dict[str, list[float]] = {"read ahead": [], "on the caller": []}
     for _ in range(args.rounds):
         for name, prefetch in (("read ahead", None), ("on the caller", 0)):
@@ -65,7 +75,7 @@ def main(argv=None) -> dict:
                            steps=args.steps, warmup=args.warmup)
             rows[name].append(statistics.mean(t))
     print(f"cache {args.cache}, B = {args.batch_size}, a {args.step_ms:g} ms step slept, {args.steps} steps a round")
-    print("| feeder | host ms a step (mean; rounds) | share of the step |")
+    print("| feeder | host ms a step (median of the rounds' means; each round's) | share of the step |")
     print("|---|---|---|")
     out = {}
     for name, means in rows.items():

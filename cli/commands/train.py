@@ -315,12 +315,23 @@ def _fit_line(record: dict | None) -> str | None:
 
 
 def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
-    """Checks the shard files, closes the feeder and prints the resolved config (process 0)."""
+    """Checks the shard files and, with a checkpoint to resume, its layout,
+    shapes and optimizer against the config; closes the feeder and prints the
+    resolved config (process 0)."""
+    from seqcache.training.checkpoints import CheckpointError  # optional: jax
+    from seqcache.training.report import CONFIG_FILE
+    from seqcache.training.resume import check_structure
+
     # A dry run reads no shard, so the feeder's check at the first read is made here.
     try:
         for reader in data_lib.feeder_readers(feeder):
             fmt.check_shard_files(reader.cache_dir, reader.manifest)
-    except fmt.CacheError as e:
+        directory = cfg.checkpoint.directory
+        if directory and os.path.isdir(directory) and any(n.isdigit() for n in os.listdir(directory)):
+            # What a run checks before it restores (Trainer._start_state); the feeder
+            # state, which only the restore reads, is not.
+            check_structure(os.path.join(directory, CONFIG_FILE), cfg, os.path.abspath(directory))
+    except (fmt.CacheError, CheckpointError) as e:
         feeder.close()
         fail_line(e)
     feeder.close()

@@ -199,6 +199,27 @@ def _dry_run_config(cache, *extra) -> dict:
     return json.loads("\n".join(lines[lines.index("{"):]))
 
 
+def test_a_dry_run_refuses_a_checkpoint_the_run_would_refuse(cache, tmp_path):
+    """A checkpoint saved scanned, asked for unrolled layers: the dry run stops
+    with the run's one line; with the saved layout, or with no step saved yet,
+    it passes."""
+    saved = _dry_run_config(cache, "--set", "model.scan_layers=true")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "config.json").write_text(json.dumps(saved))
+    args = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8", "--sequence-length", str(L),
+            "--model", "tiny", "--checkpoint-dir", str(runs), "--dry-run"]
+    assert CliRunner().invoke(train, args).exit_code == 0  # no step saved: a run would start afresh
+    (runs / "4").mkdir()
+    res = CliRunner().invoke(train, args + ["--set", "model.scan_layers=false"])
+    assert res.exit_code == 1, res.output
+    (line,) = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert line == (f"error: {runs}: the checkpoint was saved with model.scan_layers=true and this run has "
+                    "model.scan_layers=false, which lays the parameters out otherwise (stacked layers or one per "
+                    "layer); resume with --set model.scan_layers=true")
+    assert CliRunner().invoke(train, args).exit_code == 0  # the saved layout, taken from its config.json
+
+
 def test_a_length_for_a_feature_the_converter_does_not_read_is_refused(cache):
     res = CliRunner().invoke(train, ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8",
                                      "--sequence-length", f"{L},inputs=64", "--model", "tiny", "--dry-run"])

@@ -392,6 +392,21 @@ class Trainer:
         return restored.state["params"], restored.state["opt_state"], restored.step, feeder
 
 
+def check_resumable(config: config_lib.TrainConfig) -> None:
+    """Refuses, as ``Trainer.fit`` does before it restores, a checkpoint in
+    ``config.checkpoint.directory`` whose layout, shapes or optimizer differ from
+    ``config``'s (``resume.check_structure``); nothing without a saved step.
+    Creates nothing (``seqcache train --dry-run``). The feeder state, which
+    only the restore reads, is not checked.
+
+    Raises:
+      CheckpointError: one line naming the setting, both values and the fix.
+    """
+    directory = config.checkpoint.directory
+    if directory and os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory)):
+        check_structure(os.path.join(directory, CONFIG_FILE), config, os.path.abspath(directory))
+
+
 def train(config: config_lib.TrainConfig, feeder, *, eval_feeder_fn=None, devices=None) -> TrainResult:
     """``Trainer(config, devices=devices).fit(feeder, eval_feeder_fn=eval_feeder_fn)``."""
     return Trainer(config, devices=devices).fit(feeder, eval_feeder_fn=eval_feeder_fn)

@@ -235,7 +235,7 @@ def _make_trainer(cfg, *, modules=(), evaluate_tasks=False, fit_options=None):
     new one; a config that cannot work on these devices is a usage error. With
     ``evaluate_tasks`` (and ``cfg.eval_metrics``), the Evaluator decodes the eval
     split and runs its task's metrics when a registered task of it has metric_fns."""
-    from seqcache.training import evaluation, fit, partitioning, trainer as trainer_lib  # optional: jax
+    from seqcache.training import checkpoints, evaluation, fit, partitioning, trainer as trainer_lib  # optional: jax
 
     options = fit_options or {}
     raw = None
@@ -247,6 +247,8 @@ def _make_trainer(cfg, *, modules=(), evaluate_tasks=False, fit_options=None):
         fitted = fit.for_run(cfg, options.get("mode"), pinned=pinned, dry_run=options.get("dry_run", False),
                              make_trainer=trainer_lib.Trainer)
         cfg = fitted.config
+        if options.get("dry_run"):  # what a run checks before it restores
+            trainer_lib.check_resumable(cfg)
         trainer = fitted.trainer or trainer_lib.Trainer(cfg)
         if not (evaluate_tasks and cfg.eval_metrics and cfg.data.eval_split):
             return cfg, trainer, None
@@ -256,7 +258,9 @@ def _make_trainer(cfg, *, modules=(), evaluate_tasks=False, fit_options=None):
         return cfg, trainer, evaluation.evaluator_for(cfg, tasks, split=cfg.data.eval_split, mesh=trainer.mesh)
     except (config_lib.ConfigError, partitioning.PartitioningError) as e:
         raise click.UsageError(str(e)) from None
-    except evaluation.EvalError as e:  # a packed eval split: refused before the first step
+    except (evaluation.EvalError, checkpoints.CheckpointError) as e:
+        # A packed eval split, or (a dry run) a checkpoint of another layout, shape or
+        # optimizer: refused before the first step.
         fail_line(e)
 
 
@@ -315,23 +319,12 @@ def _fit_line(record: dict | None) -> str | None:
 
 
 def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
-    """Checks the shard files and, with a checkpoint to resume, its layout,
-    shapes and optimizer against the config; closes the feeder and prints the
-    resolved config (process 0)."""
-    from seqcache.training.checkpoints import CheckpointError  # optional: jax
-    from seqcache.training.report import CONFIG_FILE
-    from seqcache.training.resume import check_structure
-
+    """Checks the shard files, closes the feeder and prints the resolved config (process 0)."""
     # A dry run reads no shard, so the feeder's check at the first read is made here.
     try:
         for reader in data_lib.feeder_readers(feeder):
             fmt.check_shard_files(reader.cache_dir, reader.manifest)
-        directory = cfg.checkpoint.directory
-        if directory and os.path.isdir(directory) and any(n.isdigit() for n in os.listdir(directory)):
-            # What a run checks before it restores (Trainer._start_state); the feeder
-            # state, which only the restore reads, is not.
-            check_structure(os.path.join(directory, CONFIG_FILE), cfg, os.path.abspath(directory))
-    except (fmt.CacheError, CheckpointError) as e:
+    except fmt.CacheError as e:
         feeder.close()
         fail_line(e)
     feeder.close()

@@ -169,7 +169,9 @@ class ConvertedFeeder(ClosedOnExit):
         length only cuts rows shorter, a longer one is refused).
       **feeder_args: the ``Feeder`` arguments (cache or mixture, global batch
         size, hosts, seed, num_epochs, start_step, ...) except ``feature`` and
-        ``sequence_length``.
+        ``sequence_length``. ``num_threads`` and ``prefetch`` are this
+        feeder's: its threads read and convert whole steps ahead (the
+        per-feature feeders read none ahead).
 
     Attributes:
       sequence_length: dict str -> int, {feature: tokens per row} of every

@@ -1164,15 +1164,12 @@ class WriteGroup:
             values, removed = near_mod.split_removed(values)
         # The copies moved away are left out as the shard loads (no second copy of its columns).
         entries = load_batches(values, len(self.features_in) + self.near, self.work.unit_files if self.work else None,
-                               drop_copies=not self.near)
+                               drop_copies=True)
         try:
             stay = entries
             if self.near:
-                leave = shuffle.copy_ranks(entries.key, entries.sub_index) != 0
-                if removed is not None:
-                    leave |= near_mod.removed_rows(entries, removed)
-                stay = entries.take(np.flatnonzero(~leave)) if leave.any() else entries
-                stay = near_mod.strip_signatures(stay if stay is not entries else entries.take(np.arange(len(entries))))
+                leave = near_mod.removed_rows(entries, removed)
+                stay = near_mod.strip_signatures(entries.take(np.flatnonzero(~leave)) if leave.any() else entries)
             result = self._write(shard, stay)
         finally:
             entries.close()

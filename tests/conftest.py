@@ -81,6 +81,7 @@ HEAVY = (
     "tests/test_benchmark_scripts.py::test_startup_benchmark_counts_modules_and_times_each_command",
     "tests/test_object_store.py::test_multi_processing_workers_get_the_s3_options",
     "tests/training/test_tensorboard.py::test_event_files_hold_the_metrics",
+    "tests/training/test_evaluation.py::test_a_failing_metric_during_training_stops_the_run_after_its_checkpoint",
 )
 
 

@@ -231,6 +231,9 @@ def fit(config: config_lib.TrainConfig, *, pinned: Iterable[str] = (), platform:
         if any(kept.dominates(setting) for kept in fitting) or any(setting.dominates(big) for big in too_big):
             continue  # expected slower than one that fits, or needing more memory than one that does not
         row, trainer, seconds = _compile_one(setting, config, first, make_trainer, budget, clock)
+        # Process 0's compile time on every process: whether to compile another
+        # must be decided alike on every host (each compiles and probes the same).
+        (seconds,) = _from_process_0([seconds])
         spent, longest = spent + seconds, max(longest, seconds)
         tried.append(row)
         log.info("fit: %s", _describe(row))
@@ -295,7 +298,8 @@ def _probe_all(fitting: dict, tried: list[dict], probe, record: dict, clock):
             if row["num_microbatches"] == setting.num_microbatches and row["model.remat"] == setting.remat:
                 row["probe_step_time_s"] = round(times[setting], 6)
     record["probe_time_s"] = round(clock() - start, 3)
-    times = _agreed(times)
+    keys = sorted(times)
+    times = dict(zip(keys, _from_process_0([times[k] for k in keys])))
     chosen = min(times, key=lambda s: (times[s], s))
     trainer = fitting[chosen]
     fitting.clear()
@@ -303,13 +307,13 @@ def _probe_all(fitting: dict, tried: list[dict], probe, record: dict, clock):
     return chosen, trainer
 
 
-def _agreed(times: dict) -> dict:
-    """Process 0's probe times on every process (several hosts must choose alike)."""
+def _from_process_0(values: list[float]) -> list[float]:
+    """Process 0's ``values`` (seconds) on every process: several hosts must
+    decide alike (a collective: every process calls it at the same point)."""
     if jax.process_count() == 1:
-        return times
-    keys = sorted(times)
-    values = multihost_utils.broadcast_one_to_all(np.asarray([times[k] for k in keys], np.float64))
-    return dict(zip(keys, (float(v) for v in np.asarray(values))))
+        return [float(v) for v in values]
+    agreed = multihost_utils.broadcast_one_to_all(np.asarray(values, np.float64))
+    return [float(v) for v in np.asarray(agreed)]
 
 
 def synthetic_batch(trainer) -> dict:

@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import jax
+import numpy as np
 import pytest
 
 from seqcache.training import config as C
@@ -207,6 +208,28 @@ def test_while_none_fits_the_fit_compiles_on_past_the_budget():
     assert compiled == [_S(1, "none"), _S(1, "dots"), _S(2, "dots")]
     assert result.config.fit["by"] == "the only candidate that fits"
     assert (result.config.num_microbatches, result.config.model.remat) == (2, "dots")
+
+
+def test_several_hosts_decide_on_process_0s_compile_times(monkeypatch):
+    """Whether another candidate is compiled is decided on process 0's compile
+    times, broadcast, so that every host compiles and probes the same ones: a
+    host whose own clock says 50 s a compile goes on as process 0, at 10 s a
+    compile, does (four compiles, 40 s); alone it would stop after one."""
+    calls = []
+
+    def broadcast_one_to_all(values):
+        calls.append(len(values))
+        return np.full_like(values, 10.0) if len(values) == 1 else values  # process 0's
+
+    monkeypatch.setattr(F.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(F.multihost_utils, "broadcast_one_to_all", broadcast_one_to_all)
+    cfg = C.apply_overrides(_config(), ["num_microbatches=4", "model.remat=dots"])  # everything fits
+    times = {s: 1.0 for s in _needs()}
+    make, probe, clock, compiled, probed = _fake(_needs(default=8 * GB), times, seconds_per_compile=50.0)
+    result = F.fit(cfg, platform="tpu", device_kind="TPU v5 lite", memory_limit=16 * GB, make_trainer=make,
+                   probe=probe, clock=clock, compile_budget_s=90.0)
+    assert len(compiled) == 4 and result.config.fit["compile_time_s"] == pytest.approx(40.0)
+    assert calls == [1, 1, 1, 1, 4] and len(probed) == 4  # one broadcast a compile, one of the probe times
 
 
 def test_an_error_that_is_not_out_of_memory_is_raised():

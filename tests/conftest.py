@@ -74,6 +74,7 @@ HEAVY = (
     "tests/training/test_t5_cli.py::test_decoder_only_model_reads_an_inputs_targets_cache_as_a_prefix_lm",
     "tests/training/test_evaluation.py::test_a_failing_metric_stops_the_eval_and_writes_nothing",
     "tests/training/test_cli.py::test_stop_at_step_then_resume_matches_an_uninterrupted_run",
+    "tests/training/test_compile_cache.py::test_a_resumed_run_loads_its_train_step_from_the_cache",
     "tests/pipelines/test_runners.py::test_every_runner_skips_the_same_duplicates",
     "tests/pipelines/test_sizes.py::test_one_very_long_line_is_truncated_exactly_in_bounded_memory[sentencepiece",
     "tests/pipelines/test_content.py::test_fresh_worker_processes_get_the_sentencepiece_model",

@@ -509,6 +509,13 @@ def _sequence_length(ctx: click.Context, param: click.Parameter, values) -> dict
         raise click.BadParameter(str(e), ctx=ctx, param=param) from None
 
 
+compilation_cache_option = click.option(
+    "--compilation-cache", metavar="DIR|off",
+    help="JAX's persistent compilation cache: a restarted or resumed run loads its compiled programs from DIR "
+         "instead of compiling them again; off: none [default: $JAX_COMPILATION_CACHE_DIR, else "
+         "~/.cache/seqcache/jax on a TPU or GPU, none on a CPU].")
+
+
 def sequence_length_option(help_text: str = ""):
     """The ``--sequence-length`` option of every command that takes one
     (``build``, ``train``, ``export``): repeatable, parsed by one function

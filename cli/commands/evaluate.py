@@ -20,7 +20,7 @@ from seqcache.feeders.reader import CacheReader
 from seqcache.tasks import preprocessors as P
 from seqcache.training import config as config_lib
 from seqcache.training import data as data_lib
-from seqcache.training import decoding, evaluation
+from seqcache.training import compile_cache, decoding, evaluation
 from seqcache.training.metrics import MetricsWriter
 from seqcache.training.report import metrics_path_for, tensorboard_dir_for
 
@@ -51,6 +51,7 @@ def _decode_options(command):
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of --method sample."),
         click.option("--batch-size", type=click.IntRange(min=1),
                      help="Rows decoded together over all processes [default: the run's global batch size]."),
+        common.compilation_cache_option,
         click.option("--coordinator-address", envvar="JAX_COORDINATOR_ADDRESS", show_envvar=True,
                      help="Multi-process: HOST:PORT of process 0 (jax.distributed.initialize)."),
         click.option("--num-processes", type=click.IntRange(min=1), envvar="JAX_NUM_PROCESSES", show_envvar=True,
@@ -97,12 +98,12 @@ def infer(task, split, source_spec, **options):
 
 
 def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, cache_dir, modules, output_dir,
-         max_decode_length, method, temperature, top_k, top_p, seed, batch_size, coordinator_address,
-         num_processes, process_id):
+         max_decode_length, method, temperature, top_k, top_p, seed, batch_size, compilation_cache,
+         coordinator_address, num_processes, process_id):
     """Loads the run, resolves the caches, evaluates, writes and prints (see ``eval_cmd``)."""
     common.import_modules(modules)  # a module that cannot be imported stops here, before the run is loaded
     start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
-                       process_id=process_id, jax_distributed=False)
+                       process_id=process_id, jax_distributed=False, compilation_cache=compilation_cache)
     temporary = None
     try:
         run = evaluation.load_run(checkpoint_dir, step=step)
@@ -132,9 +133,11 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
     if with_metrics and result.metrics:
         _log_metrics(run, result, checkpoint_dir)
     if jax.process_index() == 0:
-        click.echo(summary_line({"step": result.step, "split": split, "metrics": result.metrics,
-                                 "examples": {t: len(r) for t, r in result.rows.items()},
-                                 "outputs": result.paths}))
+        summary = {"step": result.step, "split": split, "metrics": result.metrics,
+                   "examples": {t: len(r) for t, r in result.rows.items()}, "outputs": result.paths}
+        if compile_cache.COUNTS.directory:
+            summary["compilation_cache"] = compile_cache.COUNTS.as_dict()
+        click.echo(summary_line(summary))
 
 
 def _log_metrics(run, result, checkpoint_dir) -> None:

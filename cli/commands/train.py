@@ -20,6 +20,7 @@ from seqcache import format as fmt
 from seqcache import lengths as lengths_lib
 from seqcache.cli.commands import common
 from seqcache.feeders import FeederStateError
+from seqcache.training import compile_cache
 from seqcache.training import config as config_lib
 from seqcache.training import data as data_lib
 from seqcache.training import distributed
@@ -95,6 +96,7 @@ def _without_launcher_options(args: list[str]) -> list[str]:
                    "--config is kept; a resumed run takes the settings of its config.json [default: auto on "
                    "a TPU or GPU; on other devices nothing is chosen].")
 @click.option("--dry-run", is_flag=True, help="Resolve the config, print the derived quantities and exit.")
+@common.compilation_cache_option
 @click.option("--coordinator-address", envvar="JAX_COORDINATOR_ADDRESS", show_envvar=True,
               help="Multi-process run: HOST:PORT of process 0's coordination service (jax.distributed.initialize).")
 @click.option("--num-processes", type=click.IntRange(min=1), envvar="JAX_NUM_PROCESSES", show_envvar=True,
@@ -113,7 +115,7 @@ def _without_launcher_options(args: list[str]) -> list[str]:
 @click.pass_context
 def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, sequence_length, mesh_flag, rules,
           checkpoint_dir, seed, model_preset, config_file, overrides, stop_at_step, tensorboard, fit_mode, dry_run,
-          coordinator_address,
+          compilation_cache, coordinator_address,
           num_processes, process_id, jax_distributed, local_processes, local_devices, mixture_schedule=None):
     """Train a decoder-only or a T5 encoder-decoder model on a cache with the
     exactly-once feeder (the model reads the cache through the feature converter
@@ -136,7 +138,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
                              or jax_distributed)
         _launch_local(ctx, local_processes, local_devices, distributed_given=distributed_given)
     start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
-                       process_id=process_id, jax_distributed=jax_distributed)
+                       process_id=process_id, jax_distributed=jax_distributed, compilation_cache=compilation_cache)
     import jax  # optional: jax
 
     is_chief = jax.process_index() == 0
@@ -171,9 +173,12 @@ def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distr
     sys.exit(distributed.launch_local(argv, num_processes=local_processes, devices_per_process=local_devices))
 
 
-def start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed) -> None:
-    """Checks the multi-process flags, sets up logging and initialises JAX's
-    distributed runtime, before anything asks JAX for devices (``train`` and
+def start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed,
+                      compilation_cache=None) -> None:
+    """Checks the multi-process flags, sets up logging, initialises JAX's
+    distributed runtime, before anything asks JAX for devices, and sets the
+    persistent compilation cache (``--compilation-cache``,
+    ``seqcache.training.compile_cache``) before anything compiles (``train`` and
     ``evaluate`` both start this way). From then on the standard output
     carries only what the command prints: what JAX's libraries print to it
     (Gloo's connection messages) goes to the standard error
@@ -194,6 +199,10 @@ def start_distributed(*, coordinator_address, num_processes, process_id, jax_dis
         logging.getLogger(noisy).setLevel(logging.WARNING)
     common.stdout_for_output_only()
     distributed.initialize(settings)
+    try:
+        compile_cache.enable(compilation_cache)
+    except OSError as e:
+        raise click.UsageError(f"--compilation-cache: cannot create the folder: {e}") from None
 
 
 def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_schedule, modules):
@@ -381,6 +390,8 @@ def _summary(result) -> dict:
         "params_sha256": params_digest(result.params),
     }
     summary.update(throughput_summary(result.metrics))
+    if compile_cache.COUNTS.directory:
+        summary["compilation_cache"] = compile_cache.COUNTS.as_dict()
     if jax.process_count() > 1:
         summary["process"] = jax.process_index()
         summary["processes"] = jax.process_count()

@@ -15,8 +15,11 @@ An entry is keyed by JAX on the program, the compile options, the devices and
 the versions of jax and jaxlib, so an executable is only ever reused for the
 same program on the same kind of devices: results do not change. JAX writes
 only programs that took at least ``jax_persistent_cache_min_compile_time_secs``
-(1 s by default) to compile. Several hosts may share one folder on a shared
-file system (MaxText's ``jax_cache_dir`` works the same way).
+(1 s by default) to compile, and only from process 0; several hosts may
+share one folder on a shared file system (MaxText's ``jax_cache_dir`` works
+the same way). An entry that cannot be read (a process killed while JAX wrote
+it) is compiled again, with JAX's warning naming the program, and is not
+replaced: remove the folder to start over.
 """
 
 from __future__ import annotations
@@ -56,16 +59,18 @@ def resolve(flag: str | None, *, platform: str, environ: Mapping[str, str] = os.
 @dataclasses.dataclass
 class Counts:
     """What the cache did in this process: programs read from it (``hits``),
-    programs compiled and written to it (``written``) and the compile time the
-    hits saved, in seconds (``saved_s``, as recorded when they were written)."""
+    programs compiled for want of an entry and offered to it (``misses``: JAX
+    writes them, on process 0 only, unless an entry of the key exists) and the
+    compile time the hits saved, in seconds (``saved_s``, as measured when they
+    were written)."""
 
     directory: str | None = None
     hits: int = 0
-    written: int = 0
+    misses: int = 0
     saved_s: float = 0.0
 
     def as_dict(self) -> dict:
-        return {"dir": self.directory, "hits": self.hits, "written": self.written, "saved_s": round(self.saved_s, 3)}
+        return {"dir": self.directory, "hits": self.hits, "misses": self.misses, "saved_s": round(self.saved_s, 3)}
 
 
 COUNTS = Counts()
@@ -75,8 +80,8 @@ _listening = False
 def _on_event(event: str, **_) -> None:
     if event == "/jax/compilation_cache/cache_hits":
         COUNTS.hits += 1
-    elif event == "/jax/compilation_cache/cache_misses":  # recorded as the entry is written
-        COUNTS.written += 1
+    elif event == "/jax/compilation_cache/cache_misses":  # recorded before the entry is written
+        COUNTS.misses += 1
 
 
 def _on_duration(event: str, seconds: float, **_) -> None:

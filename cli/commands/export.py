@@ -13,7 +13,7 @@ from seqcache import format as fmt
 from seqcache.cli.commands import common
 from seqcache.cli.commands.which import resolve
 from seqcache.feeders.trainers.export import EXPORT_NAME, export_maxtext, maxtext_flags
-from seqcache.lengths import SequenceLengthError
+from seqcache.lengths import ALL_FEATURES, SequenceLengthError
 
 
 @click.command()
@@ -64,6 +64,11 @@ def export(target, export_format, output, batch_size, sequence_length, steps, se
                    "choose another folder", err=True)
         sys.exit(1)
     kw = resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
+    exported = kw["state"]["feature"] if "state" in kw else feature or "targets"
+    unknown = sorted(set(sequence_length or ()) - {exported, ALL_FEATURES})
+    if unknown:  # the export writes one feature
+        raise click.UsageError(f"--sequence-length: the export writes feature {exported!r} only, not "
+                               f"{', '.join(unknown)} (give N or {exported}=N; --feature picks the feature)")
     args = {"steps": steps, "host_count": host_count, "column": column, "overwrite": overwrite}
     if "state" in kw:
         args.update(state=kw["state"], sequence_length=sequence_length)

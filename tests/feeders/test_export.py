@@ -287,6 +287,13 @@ def test_cli_export_writes_the_same_file(tmp_path, fx):
     assert long.exit_code == 1
     assert long.output == (f"error: {tmp_path / 'p'}: sequence length 13 for feature 'targets' is longer than the "
                            "cache's, 12 tokens; leave --sequence-length out to read rows of 12, or give at most 12\n")
+    # A length for a feature the export does not write: a usage error naming the flag.
+    other = CliRunner().invoke(main, ["export", "--format", "maxtext", str(tmp_path / "p"), "--output",
+                                      str(tmp_path / "z"), "--batch-size", "4", "--sequence-length", "inputs=8",
+                                      "--steps", "1"])
+    assert other.exit_code == 2 and not (tmp_path / "z").exists()
+    assert ("--sequence-length: the export writes feature 'targets' only, not inputs (give N or targets=N; "
+            "--feature picks the feature)") in other.output
 
 
 def test_export_from_a_saved_state_starts_at_its_step(tmp_path, fx):

@@ -55,6 +55,38 @@ class Restored:
     path: str
 
 
+def saved_feeder_state(path: str, step: int, global_batch_size: int) -> dict:
+    """The feeder state saved in the checkpoint step folder ``path`` (step
+    ``step``), read by seqcache's bounded reader (``load_checkpoint_state``,
+    not Orbax's JsonRestore: Python's json has no bounds and keeps a key
+    given twice silently), with its global batch size checked against
+    ``global_batch_size``.
+
+    Raises:
+      CheckpointError: a state that cannot be read (``checkpoint step 40:
+        DIR/40/feeder/metadata: ...``), without an integer
+        ``global_batch_size``, or of another global batch size (naming both
+        and the fix); one line.
+    """
+    try:
+        feeder_state = feeder_state_lib.load_checkpoint_state(path, step=step, any_feeder=True)
+    except feeder_state_lib.FeederStateError as e:
+        raise CheckpointError(str(e)) from None
+    saved = feeder_state.get("global_batch_size") if isinstance(feeder_state, dict) else None
+    if isinstance(saved, bool) or not isinstance(saved, int):
+        keys = sorted(feeder_state) if isinstance(feeder_state, dict) else type(feeder_state).__name__
+        raise CheckpointError(f"checkpoint step {step}: {os.path.join(path, feeder_state_lib.STATE_IN_STEP)}: the "
+                              f"feeder state has no integer 'global_batch_size' (got keys {keys})")
+    try:
+        compat.check_global_batch(saved, int(global_batch_size), restored_from="checkpoint was saved with",
+                                  current_from="the current config has")
+    except compat.FeederStateError as e:
+        raise CheckpointError(
+            f"{path}: {e}. Use --batch-size {saved}, or start a new run in another checkpoint directory."
+        ) from None
+    return feeder_state
+
+
 class Checkpointer(ClosedOnExit):
     """Saves and restores training state with an Orbax CheckpointManager in
     ``directory`` (created if missing), keeping the last ``max_to_keep`` steps;
@@ -119,24 +151,7 @@ class Checkpointer(ClosedOnExit):
                 f"{path}: checkpoint has no feeder state (item {FEEDER_ITEM!r}; found {sorted(items)}), so "
                 "the data stream cannot be resumed exactly. Train from scratch with an empty checkpoint "
                 "directory, or restore this checkpoint's parameters yourself.")
-        try:
-            # Read by seqcache's bounded reader, not Orbax's JsonRestore (Python's json: no
-            # bounds, a key given twice kept silently, a traceback for what it cannot read).
-            feeder_state = feeder_state_lib.load_checkpoint_state(path, step=step, any_feeder=True)
-        except feeder_state_lib.FeederStateError as e:
-            raise CheckpointError(str(e)) from None
-        saved = feeder_state.get("global_batch_size") if isinstance(feeder_state, dict) else None
-        if isinstance(saved, bool) or not isinstance(saved, int):
-            keys = sorted(feeder_state) if isinstance(feeder_state, dict) else type(feeder_state).__name__
-            raise CheckpointError(f"checkpoint step {step}: {os.path.join(path, feeder_state_lib.STATE_IN_STEP)}: the "
-                                  f"feeder state has no integer 'global_batch_size' (got keys {keys})")
-        try:
-            compat.check_global_batch(saved, int(global_batch_size), restored_from="checkpoint was saved with",
-                                      current_from="the current config has")
-        except compat.FeederStateError as e:
-            raise CheckpointError(
-                f"{path}: {e}. Use --batch-size {saved}, or start a new run in another checkpoint directory."
-            ) from None
+        feeder_state = saved_feeder_state(path, step, global_batch_size)
         restored = self._manager.restore(
             step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state)})
         )

@@ -41,7 +41,7 @@ from seqcache.training import config as config_lib
 from seqcache.training import optimizer as optimizer_lib
 from seqcache.training import partitioning
 from seqcache.training import step as step_lib
-from seqcache.training.checkpoints import Checkpointer, CheckpointError  # noqa: F401 (raised by fit)
+from seqcache.training.checkpoints import Checkpointer, CheckpointError, saved_feeder_state  # noqa: F401 (raised by fit)
 from seqcache.training.loop import LoopIO, run_loop
 from seqcache.training.metrics import MetricsWriter, ProgressBar
 from seqcache.training.models import common as model_lib
@@ -376,6 +376,10 @@ class Trainer:
                 checkpointer.close()
             feeder.close()
 
+    def check_resumable(self, feeder=None) -> None:
+        """``check_resumable(self.config, feeder)`` (module function)."""
+        check_resumable(self.config, feeder)
+
     def _start_state(self, checkpointer, feeder):
         """(params, opt_state, start step, feeder): restored from the latest
         checkpoint (the feeder moved to its position), or initialised at step 0."""
@@ -392,19 +396,28 @@ class Trainer:
         return restored.state["params"], restored.state["opt_state"], restored.step, feeder
 
 
-def check_resumable(config: config_lib.TrainConfig) -> None:
-    """Refuses, as ``Trainer.fit`` does before it restores, a checkpoint in
-    ``config.checkpoint.directory`` whose layout, shapes or optimizer differ from
-    ``config``'s (``resume.check_structure``); nothing without a saved step.
-    Creates nothing (``seqcache train --dry-run``). The feeder state, which
-    only the restore reads, is not checked.
+def check_resumable(config: config_lib.TrainConfig, feeder=None) -> None:
+    """Refuses, as ``Trainer.fit`` does before it restores, the latest
+    checkpoint in ``config.checkpoint.directory`` when its layout, shapes or
+    optimizer differ from ``config``'s (``resume.check_structure``) and, with
+    ``feeder`` (the run's, opened), when its feeder state is of another global
+    batch size or another data stream (``checkpoints.saved_feeder_state``,
+    ``resume.check_same_stream``); nothing without a saved step. Reads only
+    config.json and the feeder state, creates nothing (``seqcache train
+    --dry-run``).
 
     Raises:
       CheckpointError: one line naming the setting, both values and the fix.
     """
     directory = config.checkpoint.directory
-    if directory and os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory)):
-        check_structure(os.path.join(directory, CONFIG_FILE), config, os.path.abspath(directory))
+    steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if directory and os.path.isdir(directory) else []
+    if not steps:
+        return
+    check_structure(os.path.join(directory, CONFIG_FILE), config, os.path.abspath(directory))
+    if feeder is not None:
+        path = os.path.join(os.path.abspath(directory), str(max(steps)))
+        saved = saved_feeder_state(path, max(steps), config.global_batch_size)
+        check_same_stream(path, saved, feeder.state())
 
 
 def train(config: config_lib.TrainConfig, feeder, *, eval_feeder_fn=None, devices=None) -> TrainResult:

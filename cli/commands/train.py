@@ -157,7 +157,7 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
     if is_chief:
         _print_derived(derived)
     if dry_run:
-        _finish_dry_run(cfg, feeder, is_chief=is_chief)
+        _finish_dry_run(cfg, trainer, feeder, is_chief=is_chief)
         return
     _fit_and_report(trainer, feeder, eval_fn, stop_at_step=stop_at_step, evaluator=evaluator)
 
@@ -256,8 +256,6 @@ def _make_trainer(cfg, *, modules=(), evaluate_tasks=False, fit_options=None):
         fitted = fit.for_run(cfg, options.get("mode"), pinned=pinned, dry_run=options.get("dry_run", False),
                              make_trainer=trainer_lib.Trainer)
         cfg = fitted.config
-        if options.get("dry_run"):  # what a run checks before it restores
-            trainer_lib.check_resumable(cfg)
         trainer = fitted.trainer or trainer_lib.Trainer(cfg)
         if not (evaluate_tasks and cfg.eval_metrics and cfg.data.eval_split):
             return cfg, trainer, None
@@ -327,14 +325,20 @@ def _fit_line(record: dict | None) -> str | None:
             f"{record.get('compile_time_s', 0):.1f} s)")
 
 
-def _finish_dry_run(cfg, feeder, *, is_chief: bool) -> None:
-    """Checks the shard files, closes the feeder and prints the resolved config (process 0)."""
+def _finish_dry_run(cfg, trainer, feeder, *, is_chief: bool) -> None:
+    """Checks the shard files and what a run checks before it restores (the
+    latest checkpoint's layout, shapes, optimizer, global batch and data
+    stream: ``Trainer.check_resumable``), closes the feeder and prints the
+    resolved config (process 0)."""
     # A dry run reads no shard, so the feeder's check at the first read is made here.
     try:
         for reader in data_lib.feeder_readers(feeder):
             fmt.check_shard_files(reader.cache_dir, reader.manifest)
-    except fmt.CacheError as e:
+        trainer.check_resumable(feeder)
+    except (fmt.CacheError, RuntimeError) as e:
         feeder.close()
+        if isinstance(e, RuntimeError) and type(e).__name__ != "CheckpointError":
+            raise
         fail_line(e)
     feeder.close()
     if is_chief:

@@ -16,7 +16,7 @@ from seqcache import format as fmt
 from seqcache.cli.main import main
 from seqcache.cli.commands.train import train
 from seqcache.training.metrics import read_metrics
-from testsupport import train_shakespeare_lm
+from testsupport import SMALL_MODEL, train_shakespeare_lm
 
 L = 64
 # The tests' runs share two training programs, compiled once per session (see
@@ -200,9 +200,12 @@ def _dry_run_config(cache, *extra) -> dict:
 
 
 def test_a_dry_run_refuses_a_checkpoint_the_run_would_refuse(cache, tmp_path):
-    """A checkpoint saved scanned, asked for unrolled layers: the dry run stops
-    with the run's one line; with the saved layout, or with no step saved yet,
-    it passes."""
+    """A checkpoint saved scanned, asked for unrolled layers; one of another
+    global batch; one of another data stream: the dry run stops with the run's
+    one line, reading only config.json and the feeder state; with the saved
+    settings, or with no step saved yet, it passes."""
+    trained = tmp_path / "trained"
+    assert _train(cache, trained, "--steps", "4", "--set", f"checkpoint.every_steps=2 {WARMUP}").exit_code == 0
     saved = _dry_run_config(cache, "--set", "model.scan_layers=true")
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -210,7 +213,7 @@ def test_a_dry_run_refuses_a_checkpoint_the_run_would_refuse(cache, tmp_path):
     args = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8", "--sequence-length", str(L),
             "--model", "tiny", "--checkpoint-dir", str(runs), "--dry-run"]
     assert CliRunner().invoke(train, args).exit_code == 0  # no step saved: a run would start afresh
-    (runs / "4").mkdir()
+    shutil.copytree(trained / "4" / "feeder", runs / "4" / "feeder")  # step 4: only its feeder state
     res = CliRunner().invoke(train, args + ["--set", "model.scan_layers=false"])
     assert res.exit_code == 1, res.output
     (line,) = [x for x in res.output.splitlines() if x.startswith("error:")]
@@ -218,6 +221,19 @@ def test_a_dry_run_refuses_a_checkpoint_the_run_would_refuse(cache, tmp_path):
                     "model.scan_layers=false, which lays the parameters out otherwise (stacked layers or one per "
                     "layer); resume with --set model.scan_layers=true")
     assert CliRunner().invoke(train, args).exit_code == 0  # the saved layout, taken from its config.json
+
+    # The feeder state, as the restore reads it: another global batch, another stream.
+    base = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--sequence-length", str(L), "--model", "tiny",
+            "--checkpoint-dir", str(trained), "--dry-run", "--set", SMALL_MODEL]
+    assert CliRunner().invoke(train, base + ["--batch-size", "8"]).exit_code == 0
+    res = CliRunner().invoke(train, base + ["--batch-size", "16"])
+    (line,) = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert res.exit_code == 1 and line.startswith(f"error: {trained / '4'}: ") and (
+        "global batch size 8, the current config has global_batch_size=16;") in line and (
+        "Use --batch-size 8, or start a new run") in line, res.output
+    res = CliRunner().invoke(train, base + ["--batch-size", "8", "--set", "data.seed=7"])
+    (line,) = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert res.exit_code == 1 and line.startswith(f"error: {trained / '4'}: ") and "seed" in line, res.output
 
 
 def test_a_length_for_a_feature_the_converter_does_not_read_is_refused(cache):

@@ -59,10 +59,11 @@ def resolve(flag: str | None, *, platform: str, environ: Mapping[str, str] = os.
 @dataclasses.dataclass
 class Counts:
     """What the cache did in this process: programs read from it (``hits``),
-    programs compiled for want of an entry and offered to it (``misses``: JAX
-    writes them, on process 0 only, unless an entry of the key exists) and the
-    compile time the hits saved, in seconds (``saved_s``, as measured when they
-    were written)."""
+    programs compiled for want of an entry and written to it (``misses``;
+    counted where JAX writes: on process 0, for programs over the minimum
+    compile time; an entry already there is kept, not replaced) and the
+    compile time the hits saved, in seconds (``saved_s``, as measured when
+    they were written)."""
 
     directory: str | None = None
     hits: int = 0

@@ -23,6 +23,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
+import jax
 import orbax.checkpoint as ocp
 
 from seqcache.feeders import checkpoint as feeder_checkpoint
@@ -53,38 +54,6 @@ class Restored:
     state: dict
     feeder_state: dict
     path: str
-
-
-def saved_feeder_state(path: str, step: int, global_batch_size: int) -> dict:
-    """The feeder state saved in the checkpoint step folder ``path`` (step
-    ``step``), read by seqcache's bounded reader (``load_checkpoint_state``,
-    not Orbax's JsonRestore: Python's json has no bounds and keeps a key
-    given twice silently), with its global batch size checked against
-    ``global_batch_size``.
-
-    Raises:
-      CheckpointError: a state that cannot be read (``checkpoint step 40:
-        DIR/40/feeder/metadata: ...``), without an integer
-        ``global_batch_size``, or of another global batch size (naming both
-        and the fix); one line.
-    """
-    try:
-        feeder_state = feeder_state_lib.load_checkpoint_state(path, step=step, any_feeder=True)
-    except feeder_state_lib.FeederStateError as e:
-        raise CheckpointError(str(e)) from None
-    saved = feeder_state.get("global_batch_size") if isinstance(feeder_state, dict) else None
-    if isinstance(saved, bool) or not isinstance(saved, int):
-        keys = sorted(feeder_state) if isinstance(feeder_state, dict) else type(feeder_state).__name__
-        raise CheckpointError(f"checkpoint step {step}: {os.path.join(path, feeder_state_lib.STATE_IN_STEP)}: the "
-                              f"feeder state has no integer 'global_batch_size' (got keys {keys})")
-    try:
-        compat.check_global_batch(saved, int(global_batch_size), restored_from="checkpoint was saved with",
-                                  current_from="the current config has")
-    except compat.FeederStateError as e:
-        raise CheckpointError(
-            f"{path}: {e}. Use --batch-size {saved}, or start a new run in another checkpoint directory."
-        ) from None
-    return feeder_state
 
 
 class Checkpointer(ClosedOnExit):
@@ -145,17 +114,85 @@ class Checkpointer(ClosedOnExit):
         path = self.step_path(step)
         if step not in self._manager.all_steps():
             raise CheckpointError(f"{path}: no complete checkpoint for step {step} (have {self.all_steps()})")
+        feeder_state = self.feeder_state(step, global_batch_size)
+        self.check_arrays(step, abstract_state)
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state)})
+        )
+        return Restored(step=step, state=restored[STATE_ITEM], feeder_state=feeder_state, path=path)
+
+    def feeder_state(self, step: int, global_batch_size: int) -> dict:
+        """The feeder state saved with complete checkpoint ``step``, read by
+        seqcache's bounded reader (``load_checkpoint_state``; not Orbax's
+        JsonRestore: Python's json has no bounds and keeps a key given twice
+        silently), its global batch size checked against ``global_batch_size``.
+        What ``restore`` reads first; ``seqcache train --dry-run`` reads only this.
+
+        Raises:
+          CheckpointError: the step has no feeder state; a state that cannot be
+            read (``checkpoint step 40: DIR/40/feeder/metadata: ...``) or has
+            no integer ``global_batch_size``; another global batch size (naming
+            both and the fix); one line.
+        """
+        path = self.step_path(step)
         items = set(self._manager.item_metadata(step).keys())  # a JSON item's metadata is None: names only
         if FEEDER_ITEM not in items:
             raise CheckpointError(
                 f"{path}: checkpoint has no feeder state (item {FEEDER_ITEM!r}; found {sorted(items)}), so "
                 "the data stream cannot be resumed exactly. Train from scratch with an empty checkpoint "
                 "directory, or restore this checkpoint's parameters yourself.")
-        feeder_state = saved_feeder_state(path, step, global_batch_size)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state)})
-        )
-        return Restored(step=step, state=restored[STATE_ITEM], feeder_state=feeder_state, path=path)
+        try:
+            feeder_state = feeder_state_lib.load_checkpoint_state(path, step=step, any_feeder=True)
+        except feeder_state_lib.FeederStateError as e:
+            raise CheckpointError(str(e)) from None
+        saved = feeder_state.get("global_batch_size") if isinstance(feeder_state, dict) else None
+        if isinstance(saved, bool) or not isinstance(saved, int):
+            keys = sorted(feeder_state) if isinstance(feeder_state, dict) else type(feeder_state).__name__
+            raise CheckpointError(f"checkpoint step {step}: {os.path.join(path, feeder_state_lib.STATE_IN_STEP)}: the "
+                                  f"feeder state has no integer 'global_batch_size' (got keys {keys})")
+        try:
+            compat.check_global_batch(saved, int(global_batch_size), restored_from="checkpoint was saved with",
+                                      current_from="the current config has")
+        except compat.FeederStateError as e:
+            raise CheckpointError(
+                f"{path}: {e}. Use --batch-size {saved}, or start a new run in another checkpoint directory."
+            ) from None
+        return feeder_state
+
+    def check_arrays(self, step: int, abstract_state: Any) -> None:
+        """Refuses checkpoint ``step`` unless its state holds the arrays of
+        ``abstract_state`` (the same tree of ``ShapeDtypeStruct``, the same
+        shapes), read from Orbax's metadata before anything is restored: a
+        checkpoint of another model or optimizer, with or without the run's
+        config.json, is one line, not Orbax's tree dump.
+
+        Raises:
+          CheckpointError: naming how many arrays are missing, extra or of
+            another shape, and the first of each.
+        """
+        metadata = self._manager.item_metadata(step)
+        if STATE_ITEM not in metadata.keys():
+            raise CheckpointError(f"{self.step_path(step)}: checkpoint has no model state (item {STATE_ITEM!r}; "
+                                  f"found {sorted(metadata.keys())}); start a new run in another checkpoint directory")
+        saved = _shapes(metadata[STATE_ITEM])
+        wanted = _shapes(abstract_state)
+        order = lambda k: (not k.startswith("params/"), k)  # noqa: E731 (the parameters named first)
+        missing = sorted(set(wanted) - set(saved), key=order)
+        extra = sorted(set(saved) - set(wanted), key=order)
+        reshaped = sorted((k for k in set(wanted) & set(saved) if wanted[k] != saved[k]), key=order)
+        if not (missing or extra or reshaped):
+            return
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} of this run's arrays are not in it (first: {missing[0]})")
+        if extra:
+            parts.append(f"{len(extra)} of its arrays are not this run's (first: {extra[0]})")
+        if reshaped:
+            k = reshaped[0]
+            parts.append(f"{len(reshaped)} have another shape (first: {k}, saved {saved[k]}, this run {wanted[k]})")
+        raise CheckpointError(f"{self.step_path(step)}: the checkpoint does not hold this run's model and optimizer: "
+                              f"{'; '.join(parts)}. Resume with the model and optimizer settings it was saved "
+                              "with, or start a new run in another checkpoint directory.")
 
     def reached_preemption(self, step: int) -> bool:
         """True when JAX's preemption service says every host should save now (multi-host runs)."""
@@ -169,3 +206,16 @@ class Checkpointer(ClosedOnExit):
         self._manager.wait_until_finished()
         self._manager.close()
 
+
+def _shapes(tree: Any) -> dict[str, tuple]:
+    """{"params/blocks/0/attn/wq": shape} of a tree of arrays, array
+    metadata or ShapeDtypeStructs (dict keys, indices and attribute names
+    alike, so an optax state and Orbax's metadata of it compare)."""
+    def name(key) -> str:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                return str(getattr(key, attr))
+        return str(key)
+
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(name(k) for k in path): tuple(getattr(leaf, "shape", ())) for path, leaf in leaves}

@@ -29,6 +29,12 @@ import os
 from typing import Mapping
 
 ENV_DIR = "JAX_COMPILATION_CACHE_DIR"
+
+
+class CompileCacheError(ValueError):
+    """A compilation cache folder that cannot be used (the message names it)."""
+
+
 OFF = "off"
 # The platforms whose compiles are long enough to keep by default.
 ACCELERATORS = ("tpu", "gpu", "cuda", "rocm")
@@ -49,10 +55,9 @@ def resolve(flag: str | None, *, platform: str, environ: Mapping[str, str] = os.
     """
     if flag == OFF:
         return None
-    if flag:
-        return os.path.abspath(os.path.expanduser(flag))
-    if environ.get(ENV_DIR):
-        return environ[ENV_DIR]
+    given = flag or environ.get(ENV_DIR)
+    if given:
+        return os.path.abspath(os.path.expanduser(given))
     return default_dir(environ) if platform in ACCELERATORS else None
 
 
@@ -96,16 +101,32 @@ def enable(flag: str | None) -> Counts:
     clears it) and counts its hits in ``COUNTS``. Call it once, before
     anything is compiled (JAX reads the setting at the first compile).
 
+    Off a GPU, JAX's extra XLA caches (the GPU autotuning cache, kept in a
+    subfolder) are turned off: their folder enters the compile options and so
+    every entry's key, and an entry would then be found only at the path it
+    was written under (a folder moved, restored elsewhere or mounted at
+    another path on another host would never hit).
+
     Raises:
-      OSError: the folder cannot be created.
+      CompileCacheError: the folder cannot be created (naming it and where it
+        came from).
     """
     import jax  # optional: jax
 
     global _listening
-    directory = resolve(flag, platform=jax.default_backend())
+    platform = jax.default_backend()
+    directory = resolve(flag, platform=platform)
     if directory is not None:
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            origin = ("--compilation-cache" if flag else ENV_DIR if os.environ.get(ENV_DIR)
+                      else f"the default on a {platform.upper()}")
+            raise CompileCacheError(f"cannot create the compilation cache folder {directory} (from {origin}): "
+                                    f"{e.strerror or e}; give another folder or --compilation-cache off") from None
         jax.config.update("jax_compilation_cache_dir", directory)
+        if platform not in ("gpu", "cuda", "rocm"):
+            jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
     elif flag == OFF:
         jax.config.update("jax_compilation_cache_dir", None)
     COUNTS.directory = jax.config.jax_compilation_cache_dir

@@ -41,7 +41,7 @@ from seqcache.training import config as config_lib
 from seqcache.training import optimizer as optimizer_lib
 from seqcache.training import partitioning
 from seqcache.training import step as step_lib
-from seqcache.training.checkpoints import Checkpointer, CheckpointError, saved_feeder_state  # noqa: F401 (raised by fit)
+from seqcache.training.checkpoints import Checkpointer, CheckpointError, Restored  # noqa: F401 (raised by fit)
 from seqcache.training.loop import LoopIO, run_loop
 from seqcache.training.metrics import MetricsWriter, ProgressBar
 from seqcache.training.models import common as model_lib
@@ -377,8 +377,8 @@ class Trainer:
             feeder.close()
 
     def check_resumable(self, feeder=None) -> None:
-        """``check_resumable(self.config, feeder)`` (module function)."""
-        check_resumable(self.config, feeder)
+        """``check_resumable(self.config, feeder, self.abstract_state())`` (module function)."""
+        check_resumable(self.config, feeder, self.abstract_state())
 
     def _start_state(self, checkpointer, feeder):
         """(params, opt_state, start step, feeder): restored from the latest
@@ -396,28 +396,37 @@ class Trainer:
         return restored.state["params"], restored.state["opt_state"], restored.step, feeder
 
 
-def check_resumable(config: config_lib.TrainConfig, feeder=None) -> None:
-    """Refuses, as ``Trainer.fit`` does before it restores, the latest
-    checkpoint in ``config.checkpoint.directory`` when its layout, shapes or
-    optimizer differ from ``config``'s (``resume.check_structure``) and, with
-    ``feeder`` (the run's, opened), when its feeder state is of another global
-    batch size or another data stream (``checkpoints.saved_feeder_state``,
-    ``resume.check_same_stream``); nothing without a saved step. Reads only
-    config.json and the feeder state, creates nothing (``seqcache train
-    --dry-run``).
+def check_resumable(config: config_lib.TrainConfig, feeder=None, abstract_state=None) -> None:
+    """Refuses what ``Trainer.fit`` refuses before it restores the latest
+    complete checkpoint in ``config.checkpoint.directory`` (Orbax's notion of
+    it, as the run's): a layout, shapes or optimizer other than ``config``'s
+    (``resume.check_structure``); with ``abstract_state`` (``Trainer.abstract_state()``)
+    arrays of other names or shapes (``Checkpointer.check_arrays``); with ``feeder`` (the run's, opened and
+    then moved to the saved position), a feeder state of another global batch
+    size or data stream, or one that does not restore to the checkpoint's step
+    (``Checkpointer.feeder_state``, ``resume.restore_feeder``). Nothing without
+    a complete step. Reads config.json and the feeder state, not the
+    parameters; writes nothing (``seqcache train --dry-run``).
 
     Raises:
       CheckpointError: one line naming the setting, both values and the fix.
     """
     directory = config.checkpoint.directory
-    steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if directory and os.path.isdir(directory) else []
-    if not steps:
+    if not directory or not os.path.isdir(directory):
         return
-    check_structure(os.path.join(directory, CONFIG_FILE), config, os.path.abspath(directory))
-    if feeder is not None:
-        path = os.path.join(os.path.abspath(directory), str(max(steps)))
-        saved = saved_feeder_state(path, max(steps), config.global_batch_size)
-        check_same_stream(path, saved, feeder.state())
+    with Checkpointer(directory, async_save=False) as checkpointer:
+        step = checkpointer.latest_step()
+        if step is None:
+            return
+        check_structure(os.path.join(directory, CONFIG_FILE), config, checkpointer.directory)
+        if abstract_state is not None:
+            checkpointer.check_arrays(step, abstract_state)
+        if feeder is not None:
+            saved = checkpointer.feeder_state(step, config.global_batch_size)
+            moved = restore_feeder(feeder, Restored(step=step, state=None, feeder_state=saved,
+                                                    path=checkpointer.step_path(step)))
+            if moved is not feeder:
+                moved.close()
 
 
 def train(config: config_lib.TrainConfig, feeder, *, eval_feeder_fn=None, devices=None) -> TrainResult:

@@ -138,7 +138,8 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
                              or jax_distributed)
         _launch_local(ctx, local_processes, local_devices, distributed_given=distributed_given)
     start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
-                       process_id=process_id, jax_distributed=jax_distributed, compilation_cache=compilation_cache)
+                       process_id=process_id, jax_distributed=jax_distributed,
+                       compilation_cache=compile_cache.OFF if dry_run else compilation_cache)  # a dry run compiles nothing
     import jax  # optional: jax
 
     is_chief = jax.process_index() == 0
@@ -201,8 +202,8 @@ def start_distributed(*, coordinator_address, num_processes, process_id, jax_dis
     distributed.initialize(settings)
     try:
         compile_cache.enable(compilation_cache)
-    except OSError as e:
-        raise click.UsageError(f"--compilation-cache: cannot create the folder: {e}") from None
+    except compile_cache.CompileCacheError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_schedule, modules):

@@ -200,40 +200,56 @@ def _dry_run_config(cache, *extra) -> dict:
 
 
 def test_a_dry_run_refuses_a_checkpoint_the_run_would_refuse(cache, tmp_path):
-    """A checkpoint saved scanned, asked for unrolled layers; one of another
-    global batch; one of another data stream: the dry run stops with the run's
-    one line, reading only config.json and the feeder state; with the saved
-    settings, or with no step saved yet, it passes."""
-    trained = tmp_path / "trained"
-    assert _train(cache, trained, "--steps", "4", "--set", f"checkpoint.every_steps=2 {WARMUP}").exit_code == 0
-    saved = _dry_run_config(cache, "--set", "model.scan_layers=true")
+    """A checkpoint of scanned layers asked for unrolled ones; of another global
+    batch; of another data stream; whose feeder state is at another step; of
+    other arrays, without its config.json: the dry run stops with the run's one
+    line, reading config.json, Orbax's metadata and the feeder state; with the
+    saved settings it passes, as it does before any step is saved."""
     runs = tmp_path / "runs"
-    runs.mkdir()
-    (runs / "config.json").write_text(json.dumps(saved))
-    args = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--batch-size", "8", "--sequence-length", str(L),
-            "--model", "tiny", "--checkpoint-dir", str(runs), "--dry-run"]
-    assert CliRunner().invoke(train, args).exit_code == 0  # no step saved: a run would start afresh
-    shutil.copytree(trained / "4" / "feeder", runs / "4" / "feeder")  # step 4: only its feeder state
-    res = CliRunner().invoke(train, args + ["--set", "model.scan_layers=false"])
-    assert res.exit_code == 1, res.output
-    (line,) = [x for x in res.output.splitlines() if x.startswith("error:")]
-    assert line == (f"error: {runs}: the checkpoint was saved with model.scan_layers=true and this run has "
-                    "model.scan_layers=false, which lays the parameters out otherwise (stacked layers or one per "
-                    "layer); resume with --set model.scan_layers=true")
-    assert CliRunner().invoke(train, args).exit_code == 0  # the saved layout, taken from its config.json
-
-    # The feeder state, as the restore reads it: another global batch, another stream.
     base = ["--cache-dir", str(cache), "--task", "shakespeare_lm", "--sequence-length", str(L), "--model", "tiny",
-            "--checkpoint-dir", str(trained), "--dry-run", "--set", SMALL_MODEL]
-    assert CliRunner().invoke(train, base + ["--batch-size", "8"]).exit_code == 0
-    res = CliRunner().invoke(train, base + ["--batch-size", "16"])
-    (line,) = [x for x in res.output.splitlines() if x.startswith("error:")]
-    assert res.exit_code == 1 and line.startswith(f"error: {trained / '4'}: ") and (
+            "--checkpoint-dir", str(runs), "--dry-run", "--set", SMALL_MODEL]
+
+    def refused(*extra) -> str:
+        res = CliRunner().invoke(train, base + list(extra))
+        lines = [x for x in res.output.splitlines() if x.startswith("error:")]
+        assert res.exit_code == 1 and len(lines) == 1 and "Traceback" not in res.output, res.output
+        return lines[0]
+
+    assert CliRunner().invoke(train, base + ["--batch-size", "8"]).exit_code == 0  # nothing saved yet
+    scanned = _train(cache, runs, "--steps", "4", "--set", f"checkpoint.every_steps=2 {WARMUP} model.scan_layers=true")
+    assert scanned.exit_code == 0, scanned.output
+    assert CliRunner().invoke(train, base + ["--batch-size", "8"]).exit_code == 0  # the layout of its config.json
+    assert refused("--batch-size", "8", "--set", "model.scan_layers=false") == (
+        f"error: {runs}: the checkpoint was saved with model.scan_layers=true and this run has "
+        "model.scan_layers=false, which lays the parameters out otherwise (stacked layers or one per layer); resume "
+        "with --set model.scan_layers=true")
+    # The feeder state, as the restore reads it: another global batch, another stream.
+    line = refused("--batch-size", "16")
+    assert line.startswith(f"error: {runs / '4'}: ") and (
         "global batch size 8, the current config has global_batch_size=16;") in line and (
-        "Use --batch-size 8, or start a new run") in line, res.output
-    res = CliRunner().invoke(train, base + ["--batch-size", "8", "--set", "data.seed=7"])
-    (line,) = [x for x in res.output.splitlines() if x.startswith("error:")]
-    assert res.exit_code == 1 and line.startswith(f"error: {trained / '4'}: ") and "seed" in line, res.output
+        "Use --batch-size 8, or start a new run") in line
+    line = refused("--batch-size", "8", "--set", "data.seed=7")
+    assert line.startswith(f"error: {runs / '4'}: ") and "seed" in line
+    # The latest step as Orbax finds it (not every name of digits).
+    (runs / "9").write_text("")
+    (runs / "\u00b2").mkdir()
+    assert CliRunner().invoke(train, base + ["--batch-size", "8"]).exit_code == 0
+    # Without config.json, the arrays themselves (Orbax's metadata): the dry run and the run say the same line.
+    (runs / "config.json").rename(tmp_path / "config.json")
+    for extra in ([], ["--steps", "6"]):
+        args = ["--batch-size", "8", *extra]
+        if extra:
+            base.remove("--dry-run")
+        line = refused(*args)
+        assert line.startswith(f"error: {runs / '4'}: the checkpoint does not hold this run's model and optimizer: ")
+        assert "of this run's arrays are not in it (first: params/blocks/0/" in line
+    base.append("--dry-run")
+    (tmp_path / "config.json").rename(runs / "config.json")
+    # A feeder state that restores to another step than its checkpoint's.
+    metadata = runs / "4" / "feeder" / "metadata"
+    metadata.write_text(metadata.read_text().replace('"position": 32', '"position": 16'))
+    assert refused("--batch-size", "8") == (f"error: {runs / '4'}: the feeder state restores to global batch 2, "
+                                            "but the checkpoint is at step 4; the checkpoint is inconsistent")
 
 
 def test_a_length_for_a_feature_the_converter_does_not_read_is_refused(cache):

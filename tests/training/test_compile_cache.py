@@ -4,6 +4,7 @@ instead of compiling it again."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ L = 64
     ("off", "tpu", {"JAX_COMPILATION_CACHE_DIR": "/env"}, None),
     ("/given", "cpu", {"JAX_COMPILATION_CACHE_DIR": "/env"}, "/given"),
     (None, "cpu", {"JAX_COMPILATION_CACHE_DIR": "/env"}, "/env"),
+    (None, "cpu", {"JAX_COMPILATION_CACHE_DIR": "~/env"}, os.path.expanduser("~/env")),
     (None, "tpu", {"XDG_CACHE_HOME": "/xdg"}, "/xdg/seqcache/jax"),
     (None, "gpu", {"XDG_CACHE_HOME": "/xdg"}, "/xdg/seqcache/jax"),
     (None, "cpu", {"XDG_CACHE_HOME": "/xdg"}, None),
@@ -59,3 +61,10 @@ def test_a_resumed_run_loads_its_train_step_from_the_cache(tmp_path, shakespeare
     assert resumed["start_step"] == 1 and resumed["end_step"] == 3
     assert resumed["compilation_cache"]["hits"] >= 1 and resumed["compilation_cache"]["misses"] == 0
     assert sorted(os.listdir(folder)) == entries
+
+    # The entries do not depend on the folder's path: a copy elsewhere serves a new run as well.
+    moved = tmp_path / "elsewhere" / "jax-cache"
+    shutil.copytree(folder, moved)
+    again = _train(root, tmp_path / "run2", moved, "--stop-at-step", "1")
+    assert again["compilation_cache"]["hits"] >= 1 and again["compilation_cache"]["misses"] == 0
+    assert again["params_sha256"] == first["params_sha256"]

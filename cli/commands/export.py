@@ -13,7 +13,7 @@ from seqcache import format as fmt
 from seqcache.cli.commands import common
 from seqcache.cli.commands.which import resolve
 from seqcache.feeders.trainers.export import EXPORT_NAME, export_maxtext, maxtext_flags
-from seqcache.lengths import ALL_FEATURES, SequenceLengthError
+from seqcache.lengths import ALL_FEATURES, SequenceLengthError, sequence_lengths
 
 
 @click.command()
@@ -24,8 +24,8 @@ from seqcache.lengths import ALL_FEATURES, SequenceLengthError
 @click.option("--output", required=True, type=click.Path(file_okay=False), help="The export folder (local).")
 @click.option("--batch-size", "--global-batch-size", "batch_size", type=click.IntRange(min=1),
               help="Global batch size B (taken from a saved state).")
-@common.sequence_length_option("The feature is --feature's [default: a saved state's, else the cache's own; a "
-                               "given length only cuts rows].")
+@common.sequence_length_option("The feature is --feature's [default: the cache's own; a given length only cuts "
+                               "rows; a saved state fixes it].")
 @click.option("--steps", type=click.IntRange(min=1),
               help="Steps to export, from step 0 or a saved state's step (steps x B records) [default with "
                    "--num-epochs: the rest of the run].")
@@ -36,7 +36,7 @@ from seqcache.lengths import ALL_FEATURES, SequenceLengthError
                    "reads the same rows at every step.")
 @click.option("--column", default="text", show_default=True,
               help="Example feature of the token ids (MaxText's train_data_columns).")
-@click.option("--feature", help="The cache's token feature [default: the state's, else targets].")
+@click.option("--feature", help="The cache's token feature [default: targets; a saved state fixes it].")
 @common.caches_options(common.schedule_option())
 @click.option("--overwrite", is_flag=True, help="Replace an export already in --output.")
 @click.option("--json", "as_json", is_flag=True, help="Print export.json instead of a summary.")
@@ -65,10 +65,19 @@ def export(target, export_format, output, batch_size, sequence_length, steps, se
         sys.exit(1)
     kw = resolve(target, mixture_rates, cache_dir, split, modules, batch_size, seed, num_epochs, schedule)
     exported = kw["state"]["feature"] if "state" in kw else feature or "targets"
+    if "state" in kw and feature not in (None, exported):
+        raise click.UsageError(f"{target} has feature={json.dumps(exported)}, but --feature {feature} was given; drop "
+                               "the option")
     unknown = sorted(set(sequence_length or ()) - {exported, ALL_FEATURES})
     if unknown:  # the export writes one feature
         raise click.UsageError(f"--sequence-length: the export writes feature {exported!r} only, not "
                                f"{', '.join(unknown)} (give N or {exported}=N; --feature picks the feature)")
+    if "state" in kw and sequence_length:  # a state fixes its stream's rows, as its batch size and seed
+        given = sequence_lengths(sequence_length, [exported])[exported]
+        own = kw["state"]["sequence_length"].get(exported)
+        if given != own:
+            raise click.UsageError(f"{target} has sequence_length={own} for feature {exported!r}, but "
+                                   f"--sequence-length {given} was given; drop the option")
     args = {"steps": steps, "host_count": host_count, "column": column, "overwrite": overwrite}
     if "state" in kw:
         args.update(state=kw["state"], sequence_length=sequence_length)

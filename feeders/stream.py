@@ -259,7 +259,7 @@ def feature_layout(reader: CacheReader, feature: str) -> dict:
     if feature not in names:
         raise ValueError(f"{reader.cache_dir}: the cache has no feature {feature!r} (its token features: "
                          f"{', '.join(token_features(reader.manifest))}); choose one of them (feature= in "
-                         f"Python, --feature in seqcache which)")
+                         f"Python, --feature on the command line)")
     layout = {"tokens": feature, "segment_ids": None}
     if f"{feature}_segment_ids" in names:
         layout["segment_ids"] = f"{feature}_segment_ids"

@@ -294,6 +294,11 @@ def test_cli_export_writes_the_same_file(tmp_path, fx):
     assert other.exit_code == 2 and not (tmp_path / "z").exists()
     assert ("--sequence-length: the export writes feature 'targets' only, not inputs (give N or targets=N; "
             "--feature picks the feature)") in other.output
+    absent = CliRunner().invoke(main, ["export", "--format", "maxtext", str(tmp_path / "p"), "--output",
+                                       str(tmp_path / "z"), "--batch-size", "4", "--feature", "inputs", "--steps", "1"])
+    assert absent.exit_code == 1 and absent.output == (
+        f"error: {tmp_path / 'p'}: the cache has no feature 'inputs' (its token features: targets); choose one of "
+        "them (feature= in Python, --feature on the command line)\n")
 
 
 def test_export_from_a_saved_state_starts_at_its_step(tmp_path, fx):

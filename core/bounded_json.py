@@ -467,11 +467,16 @@ def read_bytes(path: str, *, error: type[Exception] = ValueError, max_bytes: int
         if fs.is_local(path):
             # Opened without waiting (a FIFO would wait for a writer), then refused unless a regular file.
             fd = os.open(fs.local_path(path), os.O_RDONLY | os.O_NONBLOCK)
-            with open(fd, "rb") as f:
+            try:
                 kind = os.fstat(fd).st_mode
-                if not stat.S_ISREG(kind):
-                    raise error(f"{path}: cannot read the {what}: not a regular file "
-                                f"({'a folder' if stat.S_ISDIR(kind) else 'a pipe, socket or device'})")
+            except OSError:
+                os.close(fd)
+                raise
+            if not stat.S_ISREG(kind):  # before open(): a folder's descriptor is refused there, named by number
+                os.close(fd)
+                raise error(f"{path}: cannot read the {what}: not a regular file "
+                            f"({'a folder' if stat.S_ISDIR(kind) else 'a pipe, socket or device'})")
+            with open(fd, "rb") as f:
                 return f.read(max_bytes + 1)  # no more than one byte past the bound
         return fs.read_bytes(path)
     except OSError as e:

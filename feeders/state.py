@@ -306,9 +306,11 @@ def load_checkpoint_state(step_dir: str | os.PathLike, *, step: int | None = Non
     name = step if step is not None else os.path.basename(os.path.normpath(step_dir))
     path = fs.join(step_dir, STATE_IN_STEP)
     try:
-        if not fs.exists(path):
-            raise FeederStateError(f"{path}: no feeder state here (the checkpoint was saved without its "
-                                   f"{CHECKPOINT_ITEM!r} item)")  # anything else there is refused by the reader
+        if not fs.exists(path):  # anything else there is refused by the reader
+            item = fs.join(step_dir, CHECKPOINT_ITEM)
+            why = (f"its {CHECKPOINT_ITEM!r} item has no state file" if fs.exists(item) else
+                   f"the checkpoint was saved without its {CHECKPOINT_ITEM!r} item")
+            raise FeederStateError(f"{path}: no feeder state here ({why})")
         state = bounded_json.read_file(path, error=FeederStateError, max_bytes=MAX_STATE_BYTES,
                                        what="feeder state")
         if not any_feeder or isinstance(state, Mapping) and state.get("kind") == STATE_KIND:

@@ -58,3 +58,16 @@ def test_both_wordings_come_from_the_one_reading():
         manifest.convert({"items": [{"count": "7"}]}, Outer)
     with pytest.raises(fmt.CacheError, match=r"^manifest.json: items\[0\]: object missing required field `count`$"):
         manifest.convert({"items": [{}]}, Outer)
+
+
+def test_a_folder_or_a_pipe_is_not_read_and_is_named(tmp_path):
+    import os
+
+    (tmp_path / "dir.json").mkdir()
+    os.mkfifo(tmp_path / "pipe.json")  # opened without waiting for a writer
+    for name, kind in (("dir.json", "a folder"), ("pipe.json", "a pipe, socket or device")):
+        with pytest.raises(ValueError) as e:
+            bounded_json.read_file(str(tmp_path / name), what="feeder state")
+        assert str(e.value) == f"{tmp_path / name}: cannot read the feeder state: not a regular file ({kind})"
+    (tmp_path / "ok.json").write_text('{"a": 1}')
+    assert bounded_json.read_file(str(tmp_path / "ok.json")) == {"a": 1}

@@ -405,8 +405,10 @@ def check_resumable(config: config_lib.TrainConfig, feeder=None, abstract_state=
     then moved to the saved position), a feeder state of another global batch
     size or data stream, or one that does not restore to the checkpoint's step
     (``Checkpointer.feeder_state``, ``resume.restore_feeder``). Nothing without
-    a complete step. Reads config.json and the feeder state, not the
-    parameters; writes nothing (``seqcache train --dry-run``).
+    a complete step. Logs the step it would resume from and, as a run does,
+    a change of the learning-rate schedule. Reads config.json, Orbax's
+    metadata and the feeder state, not the parameters; writes nothing
+    (``seqcache train --dry-run``).
 
     Raises:
       CheckpointError: one line naming the setting, both values and the fix.
@@ -427,6 +429,8 @@ def check_resumable(config: config_lib.TrainConfig, feeder=None, abstract_state=
                                                     path=checkpointer.step_path(step)))
             if moved is not feeder:
                 moved.close()
+        log.info("the run would resume from %s (step %d)", checkpointer.step_path(step), step)
+        warn_schedule_changes(os.path.join(directory, CONFIG_FILE), config, step)
 
 
 def train(config: config_lib.TrainConfig, feeder, *, eval_feeder_fn=None, devices=None) -> TrainResult:

@@ -319,3 +319,16 @@ def test_a_position_past_the_end_of_a_finite_run_is_a_feeder_state_error(make_ca
             assert type(e) is FeederStateError, repr(e)
             assert str(e).startswith(f"feeder state has position={position} (global_batch_size={B}): step "
                                      f"{position // B} is past the end of this finite run: 1 epoch(s) take 15 steps")
+
+
+def test_a_checkpoint_step_without_its_feeder_state_says_which_part_is_missing(tmp_path):
+    step = tmp_path / "6"
+    step.mkdir()
+    with pytest.raises(FeederStateError) as e:
+        state_lib.load_checkpoint_state(str(step))
+    assert str(e.value) == (f"checkpoint step 6: {step / 'feeder' / 'metadata'}: no feeder state here (the "
+                            "checkpoint was saved without its 'feeder' item)")
+    (step / "feeder").mkdir()
+    with pytest.raises(FeederStateError) as e:
+        state_lib.load_checkpoint_state(str(step))
+    assert str(e.value).endswith("no feeder state here (its 'feeder' item has no state file)")

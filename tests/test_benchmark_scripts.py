@@ -243,3 +243,17 @@ def test_host_wait_benchmark_measures_both_feeders_on_an_encoder_decoder_cache(t
     assert set(report) == {"read ahead", "on the caller", "ratio"}
     assert all(len(report[k]["ms"]) == 1 and report[k]["ms"][0] > 0 for k in ("read ahead", "on the caller"))
     assert "| read ahead |" in done.stdout
+
+
+@pytest.mark.slow  # a build and five trainings in fresh interpreters (about 20 s)
+def test_compile_cache_benchmark_reads_the_resumed_train_step_from_the_cache(tmp_path, shared_data):
+    out = tmp_path / "compile_cache.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/compile_cache.py", "--models", "tiny", "--rounds", "1", "--length", "64",
+         "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = json.loads(out.read_text())
+    assert row["model"] == "tiny" and row["hits"] >= 1
+    assert row["compile_s_cache"] > 0 and row["compile_s_off"] > 0
+    assert row["ratio"] == pytest.approx(row["compile_s_cache"] / row["compile_s_off"], abs=0.01)

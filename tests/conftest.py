@@ -75,6 +75,13 @@ HEAVY = (
     "tests/training/test_evaluation.py::test_a_failing_metric_stops_the_eval_and_writes_nothing",
     "tests/training/test_cli.py::test_stop_at_step_then_resume_matches_an_uninterrupted_run",
     "tests/training/test_compile_cache.py::test_a_resumed_run_loads_its_train_step_from_the_cache",
+    "tests/training/test_fit.py::test_seqcache_train_on_a_cpu_fits_nothing_and_a_resume_keeps_the_saved_settings",
+    "tests/training/test_decoding.py::test_greedy_with_the_cache_equals_the_full_forward_pass[prefix_lm]",
+    "tests/training/test_decoding.py::test_greedy_with_the_cache_equals_the_full_forward_pass[lm_prompt]",
+    "tests/pipelines/test_overlap.py::test_a_damaged_shard_is_one_line_under_any_number_of_workers[2]",
+    "tests/pipelines/test_resume_runners.py::test_a_failed_build_resumes_and_a_grown_corpus_reads_only_its_new_file_"
+    "on_every_runner[prism]",
+    "tests/training/test_sharding.py::test_fsdp_tp_fit_on_8_devices_matches_one_device",
     "tests/pipelines/test_runners.py::test_every_runner_skips_the_same_duplicates",
     "tests/pipelines/test_sizes.py::test_one_very_long_line_is_truncated_exactly_in_bounded_memory[sentencepiece",
     "tests/pipelines/test_content.py::test_fresh_worker_processes_get_the_sentencepiece_model",

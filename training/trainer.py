@@ -400,10 +400,11 @@ def check_resumable(config: config_lib.TrainConfig, feeder=None, abstract_state=
     """Refuses what ``Trainer.fit`` refuses before it restores the latest
     complete checkpoint in ``config.checkpoint.directory`` (Orbax's notion of
     it, as the run's): a layout, shapes or optimizer other than ``config``'s
-    (``resume.check_structure``); with ``abstract_state`` (``Trainer.abstract_state()``)
-    arrays of other names or shapes (``Checkpointer.check_arrays``); with ``feeder`` (the run's, opened and
-    then moved to the saved position), a feeder state of another global batch
-    size or data stream, or one that does not restore to the checkpoint's step
+    (``resume.check_structure``); with ``abstract_state``
+    (``Trainer.abstract_state()``), arrays of other names or shapes
+    (``Checkpointer.check_arrays``); with ``feeder`` (the run's, opened, then
+    moved to the saved position), a feeder state of another global batch size
+    or data stream, or one that does not restore to the checkpoint's step
     (``Checkpointer.feeder_state``, ``resume.restore_feeder``). Nothing without
     a complete step. Logs the step it would resume from and, as a run does,
     a change of the learning-rate schedule. Reads config.json, Orbax's

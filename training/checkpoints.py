@@ -116,9 +116,12 @@ class Checkpointer(ClosedOnExit):
             raise CheckpointError(f"{path}: no complete checkpoint for step {step} (have {self.all_steps()})")
         feeder_state = self.feeder_state(step, global_batch_size)
         self.check_arrays(step, abstract_state)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state)})
-        )
+        try:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state)})
+            )
+        except Exception as e:  # noqa: BLE001 (the arrays' names and shapes were checked: this is reading them)
+            raise damaged(path, "cannot read its arrays", e) from None
         return Restored(step=step, state=restored[STATE_ITEM], feeder_state=feeder_state, path=path)
 
     def feeder_state(self, step: int, global_batch_size: int) -> dict:
@@ -135,7 +138,8 @@ class Checkpointer(ClosedOnExit):
             both and the fix); one line.
         """
         path = self.step_path(step)
-        items = set(self._manager.item_metadata(step).keys())  # a JSON item's metadata is None: names only
+        # The step's items from its folder, not Orbax's metadata (which reads every array's too).
+        items = {n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n))} if os.path.isdir(path) else set()
         if FEEDER_ITEM not in items:
             raise CheckpointError(
                 f"{path}: checkpoint has no feeder state (item {FEEDER_ITEM!r}; found {sorted(items)}), so "
@@ -170,11 +174,14 @@ class Checkpointer(ClosedOnExit):
           CheckpointError: naming how many arrays are missing, extra or of
             another shape, and the first of each.
         """
-        metadata = self._manager.item_metadata(step)
-        if STATE_ITEM not in metadata.keys():
-            raise CheckpointError(f"{self.step_path(step)}: checkpoint has no model state (item {STATE_ITEM!r}; "
-                                  f"found {sorted(metadata.keys())}); start a new run in another checkpoint directory")
-        saved = _shapes(metadata[STATE_ITEM])
+        path = self.step_path(step)
+        try:
+            metadata = self._manager.item_metadata(step)
+            saved = _shapes(metadata[STATE_ITEM]) if STATE_ITEM in metadata.keys() else {}
+        except Exception as e:  # noqa: BLE001 (Orbax and TensorStore raise many kinds for a damaged step)
+            raise damaged(path, "cannot read its arrays' metadata", e) from None
+        if not saved:
+            raise damaged(path, f"its {STATE_ITEM!r} item holds no arrays")
         wanted = _shapes(abstract_state)
         order = lambda k: (not k.startswith("params/"), k)  # noqa: E731 (the parameters named first)
         missing = sorted(set(wanted) - set(saved), key=order)
@@ -219,3 +226,14 @@ def _shapes(tree: Any) -> dict[str, tuple]:
 
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {"/".join(name(k) for k in path): tuple(getattr(leaf, "shape", ())) for path, leaf in leaves}
+
+
+def damaged(path: str, what: str, error: BaseException | None = None) -> CheckpointError:
+    """The one line for a checkpoint step that cannot be read (a damaged or
+    partly deleted step folder): what failed, the error's first line."""
+    cause = ""
+    if error is not None:
+        first = (str(error).strip().splitlines() or [""])[0]
+        cause = f" ({type(error).__name__}: {first[:300]}{'...' if len(first) > 300 else ''})"
+    return CheckpointError(f"{path}: {what}{cause}; the step folder is damaged or partly deleted: move it away "
+                           "to resume from the step before, or start a new run in another checkpoint directory")

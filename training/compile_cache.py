@@ -118,6 +118,8 @@ def enable(flag: str | None) -> Counts:
     directory = resolve(flag, platform=platform)
     if directory is not None:
         try:
+            if os.path.exists(directory) and not os.path.isdir(directory):
+                raise NotADirectoryError(0, "not a folder")
             os.makedirs(directory, exist_ok=True)
         except OSError as e:
             origin = ("--compilation-cache" if flag else ENV_DIR if os.environ.get(ENV_DIR)

@@ -68,7 +68,8 @@ def restore_feeder(feeder, restored):
 # Keys of a feeder state that say where the stream is, not which stream it is.
 _POSITION_KEYS = ("position", "step")
 _STREAM_HINT = (
-    "; the checkpoint belongs to another data stream. Train with the checkpoint's data settings, or start a new "
+    "; the checkpoint belongs to another data stream. Train with the checkpoint's data settings (the caches, "
+    "data.mixture, data.seed, which is not --seed, the parameters' seed, and --sequence-length), or start a new "
     "run in another checkpoint directory."
 )
 

@@ -422,10 +422,10 @@ def check_resumable(config: config_lib.TrainConfig, feeder=None, abstract_state=
         if step is None:
             return
         check_structure(os.path.join(directory, CONFIG_FILE), config, checkpointer.directory)
+        saved = checkpointer.feeder_state(step, config.global_batch_size)  # in the order the restore checks
         if abstract_state is not None:
             checkpointer.check_arrays(step, abstract_state)
         if feeder is not None:
-            saved = checkpointer.feeder_state(step, config.global_batch_size)
             moved = restore_feeder(feeder, Restored(step=step, state=None, feeder_state=saved,
                                                     path=checkpointer.step_path(step)))
             if moved is not feeder:

@@ -224,6 +224,10 @@ def _resolve_config(flags, *, model_preset, config_file, overrides, mixture_sche
             cfg = config_lib.config_from_layers(**layers, converter=converter)
         cfg = _resolve_from_cache(cfg, source, converter)
         cfg.validate()
+        folder = cfg.checkpoint.directory
+        if folder and os.path.exists(folder) and not os.path.isdir(folder):
+            raise config_lib.ConfigError(f"--checkpoint-dir {folder}: not a folder (a run keeps its checkpoints, "
+                                         "config.json and metrics there)")
         eval_source = (
             data_lib.resolve_source(cfg.data, cfg.data.eval_split, modules, schedule=schedule, for_eval=True)
             if cfg.data.eval_split else None

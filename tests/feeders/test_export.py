@@ -299,6 +299,12 @@ def test_cli_export_writes_the_same_file(tmp_path, fx):
     assert absent.exit_code == 1 and absent.output == (
         f"error: {tmp_path / 'p'}: the cache has no feature 'inputs' (its token features: targets); choose one of "
         "them (feature= in Python, --feature on the command line)\n")
+    segments = CliRunner().invoke(main, ["export", "--format", "maxtext", str(tmp_path / "p"), "--output",
+                                         str(tmp_path / "z"), "--batch-size", "4", "--feature", "targets_segment_ids",
+                                         "--sequence-length", "12", "--steps", "1"])
+    assert segments.exit_code == 1 and not (tmp_path / "z").exists()
+    assert ("feature 'targets_segment_ids' is not a token feature (it holds another feature's segment ids, "
+            "positions or text) (its token features: targets)") in segments.output
 
 
 def test_export_from_a_saved_state_starts_at_its_step(tmp_path, fx):

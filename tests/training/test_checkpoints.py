@@ -135,3 +135,24 @@ def test_a_damaged_feeder_state_is_refused_naming_the_step_and_file(tmp_path, da
     message = str(e.value)
     assert message.startswith(f"checkpoint step 5: {metadata}: ") and words in message, message
     assert "\n" not in message and len(message) < 400, message
+
+
+def test_a_damaged_step_is_one_line_that_says_so(tmp_path):
+    """A step folder whose array files are gone, or whose state holds no arrays:
+    one CheckpointError naming the step and the damage, not Orbax's traceback
+    or advice to change settings."""
+    with Checkpointer(str(tmp_path), async_save=False) as ckpt:
+        ckpt.save(1, state=_state(1), feeder_state=_feeder_state(1))
+        ckpt.save(2, state=_state(2), feeder_state=_feeder_state(2))
+        ckpt.wait()
+    shutil.rmtree(tmp_path / "2" / "state" / "d")
+    with Checkpointer(str(tmp_path)) as ckpt:
+        with pytest.raises(CheckpointError) as e:
+            ckpt.restore(None, abstract_state=_abstract(), global_batch_size=8)
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path / '2'}: cannot read its arrays") and "\n" not in message
+    assert message.endswith("the step folder is damaged or partly deleted: move it away to resume from the step "
+                            "before, or start a new run in another checkpoint directory")
+    shutil.move(tmp_path / "2", tmp_path.parent / "moved-away")  # as the message says: step 1 restores
+    with Checkpointer(str(tmp_path)) as ckpt:
+        assert ckpt.restore(None, abstract_state=_abstract(), global_batch_size=8).step == 1

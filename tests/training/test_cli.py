@@ -104,6 +104,9 @@ def test_train_eval_resume_and_refuse(cache, tmp_path, caplog):
 
 
 def test_bad_flags_are_usage_errors(cache, tmp_path):
+    (tmp_path / "file").write_text("x")
+    not_a_folder = _train(cache, tmp_path / "file", "--dry-run")
+    assert not_a_folder.exit_code == 2 and f"--checkpoint-dir {tmp_path / 'file'}: not a folder" in not_a_folder.output
     bad_mesh = _train(cache, tmp_path / "a", "--mesh", "data=3,model=2")
     assert bad_mesh.exit_code == 2 and "has 6 devices but 8 are available" in bad_mesh.output
     bad_set = _train(cache, tmp_path / "b", "--set", "model.d_modle=3")

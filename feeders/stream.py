@@ -253,16 +253,17 @@ def feature_layout(reader: CacheReader, feature: str) -> dict:
     ``feature``: ``{"tokens": name, "segment_ids": name or None}``.
 
     Raises:
-      ValueError: the cache has no such token feature (a stored
-        ``<feature>_segment_ids``, ``_positions`` or ``_pretokenized`` is not one).
+      ValueError: the cache has no such feature, or it is another feature's
+        ``_segment_ids`` or ``_positions`` (a ``_pretokenized`` text is read
+        as its bytes).
     """
     names = [f.name for f in reader.features]
-    tokens = token_features(reader.manifest)
-    if feature not in tokens:
-        what = (f"feature {feature!r} is not a token feature (it holds another feature's segment ids, positions "
-                "or text)" if feature in names else f"the cache has no feature {feature!r}")
-        raise ValueError(f"{reader.cache_dir}: {what} (its token features: {', '.join(tokens)}); choose one of them "
-                         "(feature= in Python, --feature on the command line)")
+    if feature not in names or feature.endswith(PER_TOKEN_SUFFIXES):
+        what = (f"feature {feature!r} holds another feature's segment ids or positions" if feature in names
+                else f"the cache has no feature {feature!r}")
+        raise ValueError(f"{reader.cache_dir}: {what} (its token features: "
+                         f"{', '.join(token_features(reader.manifest))}); choose one of them (feature= in Python, "
+                         "--feature on the command line)")
     layout = {"tokens": feature, "segment_ids": None}
     if f"{feature}_segment_ids" in names:
         layout["segment_ids"] = f"{feature}_segment_ids"

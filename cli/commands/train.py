@@ -138,8 +138,8 @@ def train(ctx, cache_dir, task, split, eval_split, modules, steps, batch_size, s
                              or jax_distributed)
         _launch_local(ctx, local_processes, local_devices, distributed_given=distributed_given)
     start_distributed(coordinator_address=coordinator_address, num_processes=num_processes,
-                       process_id=process_id, jax_distributed=jax_distributed,
-                       compilation_cache=compile_cache.OFF if dry_run else compilation_cache)  # a dry run compiles nothing
+                       process_id=process_id, jax_distributed=jax_distributed, compilation_cache=compilation_cache,
+                       compiles=not dry_run)
     import jax  # optional: jax
 
     is_chief = jax.process_index() == 0
@@ -175,12 +175,13 @@ def _launch_local(ctx, local_processes: int, local_devices: int | None, *, distr
 
 
 def start_distributed(*, coordinator_address, num_processes, process_id, jax_distributed,
-                      compilation_cache=None) -> None:
+                      compilation_cache=None, compiles: bool = True) -> None:
     """Checks the multi-process flags, sets up logging, initialises JAX's
     distributed runtime, before anything asks JAX for devices, and sets the
     persistent compilation cache (``--compilation-cache``,
-    ``seqcache.training.compile_cache``) before anything compiles (``train`` and
-    ``evaluate`` both start this way). From then on the standard output
+    ``seqcache.training.compile_cache``) before anything compiles where the
+    command ``compiles`` (a dry run does not: JAX's setting is left alone).
+    ``train`` and ``evaluate`` both start this way. From then on the standard output
     carries only what the command prints: what JAX's libraries print to it
     (Gloo's connection messages) goes to the standard error
     (``common.stdout_for_output_only``).
@@ -201,7 +202,8 @@ def start_distributed(*, coordinator_address, num_processes, process_id, jax_dis
     common.stdout_for_output_only()
     distributed.initialize(settings)
     try:
-        compile_cache.enable(compilation_cache)
+        if compiles:
+            compile_cache.enable(compilation_cache)
     except compile_cache.CompileCacheError as e:
         raise click.UsageError(str(e)) from None
 

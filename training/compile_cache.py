@@ -80,6 +80,12 @@ class Counts:
 
 
 COUNTS = Counts()
+
+
+def summary() -> dict:
+    """``{"compilation_cache": COUNTS.as_dict()}`` where a cache is in use, else
+    {}: the field of the commands' JSON summaries."""
+    return {"compilation_cache": COUNTS.as_dict()} if COUNTS.directory else {}
 _listening = False
 
 

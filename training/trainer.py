@@ -377,8 +377,40 @@ class Trainer:
             feeder.close()
 
     def check_resumable(self, feeder=None) -> None:
-        """``check_resumable(self.config, feeder, self.abstract_state())`` (module function)."""
-        check_resumable(self.config, feeder, self.abstract_state())
+        """Refuses what ``fit`` refuses before it restores the latest complete
+        checkpoint in ``config.checkpoint.directory`` (Orbax's notion of it, as
+        the run's): a layout, shapes or optimizer other than the config's
+        (``resume.check_structure``), arrays of other names or shapes
+        (``Checkpointer.check_arrays``) and, with ``feeder`` (the run's, opened,
+        then moved to the saved position), a feeder state of another global
+        batch size or data stream, or one that does not restore to the
+        checkpoint's step (``Checkpointer.feeder_state``,
+        ``resume.restore_feeder``). Nothing without a complete step. Logs the
+        step it would resume from and, as a run does, a change of the
+        learning-rate schedule. Reads config.json, Orbax's metadata and the
+        feeder state, not the parameters; writes nothing (``seqcache train
+        --dry-run``).
+
+        Raises:
+          CheckpointError: one line naming the setting, both values and the fix.
+        """
+        config, directory = self.config, self.config.checkpoint.directory
+        if not directory or not os.path.isdir(directory):
+            return
+        with Checkpointer(directory, async_save=False) as checkpointer:
+            step = checkpointer.latest_step()
+            if step is None:
+                return
+            check_structure(os.path.join(directory, CONFIG_FILE), config, checkpointer.directory)
+            saved = checkpointer.feeder_state(step, config.global_batch_size)  # in the order the restore checks
+            checkpointer.check_arrays(step, self.abstract_state())
+            if feeder is not None:
+                moved = restore_feeder(feeder, Restored(step=step, state=None, feeder_state=saved,
+                                                        path=checkpointer.step_path(step)))
+                if moved is not feeder:
+                    moved.close()
+            log.info("the run would resume from %s (step %d)", checkpointer.step_path(step), step)
+            warn_schedule_changes(os.path.join(directory, CONFIG_FILE), config, step)
 
     def _start_state(self, checkpointer, feeder):
         """(params, opt_state, start step, feeder): restored from the latest
@@ -394,44 +426,6 @@ class Trainer:
         log.info("restored %s (step %d)", restored.path, restored.step)
         warn_schedule_changes(os.path.join(cfg.checkpoint.directory, CONFIG_FILE), cfg, restored.step)
         return restored.state["params"], restored.state["opt_state"], restored.step, feeder
-
-
-def check_resumable(config: config_lib.TrainConfig, feeder=None, abstract_state=None) -> None:
-    """Refuses what ``Trainer.fit`` refuses before it restores the latest
-    complete checkpoint in ``config.checkpoint.directory`` (Orbax's notion of
-    it, as the run's): a layout, shapes or optimizer other than ``config``'s
-    (``resume.check_structure``); with ``abstract_state``
-    (``Trainer.abstract_state()``), arrays of other names or shapes
-    (``Checkpointer.check_arrays``); with ``feeder`` (the run's, opened, then
-    moved to the saved position), a feeder state of another global batch size
-    or data stream, or one that does not restore to the checkpoint's step
-    (``Checkpointer.feeder_state``, ``resume.restore_feeder``). Nothing without
-    a complete step. Logs the step it would resume from and, as a run does,
-    a change of the learning-rate schedule. Reads config.json, Orbax's
-    metadata and the feeder state, not the parameters; writes nothing
-    (``seqcache train --dry-run``).
-
-    Raises:
-      CheckpointError: one line naming the setting, both values and the fix.
-    """
-    directory = config.checkpoint.directory
-    if not directory or not os.path.isdir(directory):
-        return
-    with Checkpointer(directory, async_save=False) as checkpointer:
-        step = checkpointer.latest_step()
-        if step is None:
-            return
-        check_structure(os.path.join(directory, CONFIG_FILE), config, checkpointer.directory)
-        saved = checkpointer.feeder_state(step, config.global_batch_size)  # in the order the restore checks
-        if abstract_state is not None:
-            checkpointer.check_arrays(step, abstract_state)
-        if feeder is not None:
-            moved = restore_feeder(feeder, Restored(step=step, state=None, feeder_state=saved,
-                                                    path=checkpointer.step_path(step)))
-            if moved is not feeder:
-                moved.close()
-        log.info("the run would resume from %s (step %d)", checkpointer.step_path(step), step)
-        warn_schedule_changes(os.path.join(directory, CONFIG_FILE), config, step)
 
 
 def train(config: config_lib.TrainConfig, feeder, *, eval_feeder_fn=None, devices=None) -> TrainResult:

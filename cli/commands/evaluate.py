@@ -133,11 +133,9 @@ def _run(*, task, split, with_metrics, source_spec=None, checkpoint_dir, step, c
     if with_metrics and result.metrics:
         _log_metrics(run, result, checkpoint_dir)
     if jax.process_index() == 0:
-        summary = {"step": result.step, "split": split, "metrics": result.metrics,
-                   "examples": {t: len(r) for t, r in result.rows.items()}, "outputs": result.paths}
-        if compile_cache.COUNTS.directory:
-            summary["compilation_cache"] = compile_cache.COUNTS.as_dict()
-        click.echo(summary_line(summary))
+        click.echo(summary_line({"step": result.step, "split": split, "metrics": result.metrics,
+                                 "examples": {t: len(r) for t, r in result.rows.items()},
+                                 "outputs": result.paths, **compile_cache.summary()}))
 
 
 def _log_metrics(run, result, checkpoint_dir) -> None:

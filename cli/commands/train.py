@@ -400,9 +400,7 @@ def _summary(result) -> dict:
         "data_exhausted": result.data_exhausted,
         "params_sha256": params_digest(result.params),
     }
-    summary.update(throughput_summary(result.metrics))
-    if compile_cache.COUNTS.directory:
-        summary["compilation_cache"] = compile_cache.COUNTS.as_dict()
+    summary.update(throughput_summary(result.metrics), **compile_cache.summary())
     if jax.process_count() > 1:
         summary["process"] = jax.process_index()
         summary["processes"] = jax.process_count()
